@@ -1,0 +1,75 @@
+/* RailWave common definitions: the one status type every module returns, and logging.
+ * Errors are grouped by blast radius (STYLE.md "Errors"): a peer error drops one peer,
+ * a client error drops one client, a fatal error stops the daemon. */
+#ifndef RW_COMMON_H
+#define RW_COMMON_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum rw_status {
+	RW_OK = 0,
+
+	/* Caller/programming errors: bad arguments, state misuse (-1 .. -19). */
+	RW_ERR_INVAL = -1,         /* an argument or input field is out of range */
+	RW_ERR_NOMEM = -2,         /* allocation failed */
+	RW_ERR_UNSUPPORTED = -3,   /* operation not supported by this transport/device */
+	RW_ERR_AGAIN = -4,         /* resource busy (queue full); retry after progress */
+	RW_ERR_RANGE = -5,         /* offset/length outside a registered region */
+	RW_ERR_NOTFOUND = -6,      /* unknown id, key or name */
+	RW_ERR_EXISTS = -7,        /* duplicate id (rank, region, ...) */
+	RW_ERR_STATE = -8,         /* operation not valid in the object's current state */
+	RW_ERR_TIMEOUT = -9,       /* a bounded wait expired */
+	RW_ERR_PARSE = -10,        /* malformed text or JSON input */
+
+	/* Peer/link errors: drop one peer connection (-20 .. -39). */
+	RW_ERR_PEER = -20,         /* peer closed, reset, or sent garbage */
+	RW_ERR_PROTO = -21,        /* wire protocol violation (magic, version, bounds) */
+	RW_ERR_LINK = -22,         /* local rail/link failure (QP error, interface down) */
+
+	/* Client errors: drop one local client (-40 .. -59). */
+	RW_ERR_CLIENT = -40,       /* a local trainer rank misbehaved or went away */
+
+	/* Fatal: stop the daemon (-60 ..). */
+	RW_ERR_SYS = -60,          /* unexpected system call failure */
+	RW_ERR_FATAL = -61,
+} rw_status_t;
+
+/* Static, human-readable description of a status code. Never NULL. */
+const char *rw_status_str(rw_status_t st);
+
+static inline int rw_status_is_peer(rw_status_t st) { return st <= -20 && st > -40; }
+static inline int rw_status_is_client(rw_status_t st) { return st <= -40 && st > -60; }
+static inline int rw_status_is_fatal(rw_status_t st) { return st <= -60; }
+
+/* Logging: one line per event, with a level and a context prefix chosen by the caller
+ * ("peer 2 rail 1", "rank 5"). Messages go to stderr unless rw_log_set_sink() says otherwise.
+ * errno is preserved across the call so that "%m" keeps working. */
+typedef enum rw_log_level {
+	RW_LOG_ERROR = 0,
+	RW_LOG_WARN = 1,
+	RW_LOG_INFO = 2,
+	RW_LOG_DEBUG = 3,
+} rw_log_level_t;
+
+void rw_log_set_level(rw_log_level_t level);
+rw_log_level_t rw_log_get_level(void);
+void rw_log_set_ident(const char *ident); /* e.g. "railwaved[node 2]"; copied */
+void rw_log(rw_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void rw_vlog(rw_log_level_t level, const char *fmt, va_list ap);
+
+#define rw_err(...) rw_log(RW_LOG_ERROR, __VA_ARGS__)
+#define rw_warn(...) rw_log(RW_LOG_WARN, __VA_ARGS__)
+#define rw_info(...) rw_log(RW_LOG_INFO, __VA_ARGS__)
+#define rw_dbg(...) \
+	do { if (rw_log_get_level() >= RW_LOG_DEBUG) rw_log(RW_LOG_DEBUG, __VA_ARGS__); } while (0)
+
+/* Monotonic clock in nanoseconds. */
+uint64_t rw_now_ns(void);
+
+#define RW_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define RW_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define RW_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+#endif /* RW_COMMON_H */

@@ -1,0 +1,280 @@
+/* RailWave scheduling core: topology, demand counts, RailBalance, permutation waves, the four
+ * path plans, features, the anchor-table selector and a Birkhoff-von Neumann baseline.
+ * Pure and deterministic: no I/O, no allocation except rw_sched_anchors_parse(); the caller owns
+ * every buffer. Section numbers (§) refer to shared/DESIGN.md and docs/algorithms.md. */
+#ifndef RW_SCHED_H
+#define RW_SCHED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/common.h"
+
+#define RW_MAX_RAILS 16
+#define RW_MAX_GPUS 16
+#define RW_MAX_NODES 4096
+#define RW_MAX_TOPK 32
+
+/* ---------------------------------------------------------------------------------------------
+ * Topology (§1, §3)
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct rw_topo {
+	uint32_t nodes;                     /* N */
+	uint32_t gpus_per_node;             /* G */
+	uint32_t rails;                     /* R */
+	uint8_t gpu_rail[RW_MAX_GPUS];      /* local GPU index -> native rail */
+	/* Relative capacity of each rail (e.g. its Gbit/s). 0 = failed or masked: the rail is
+	 * removed from the eligible set S and receives no quota. Equal weights = plain RailBalance. */
+	uint32_t rail_weight[RW_MAX_RAILS];
+} rw_topo_t;
+
+/* Fill a rail-optimized topology: GPU g -> rail g % R, every rail weight 1. */
+rw_status_t rw_sched_topo_init(rw_topo_t *topo, uint32_t nodes, uint32_t gpus_per_node,
+			       uint32_t rails);
+/* Check ranges (N, G, R within limits; gpu_rail < R; at least one rail with weight > 0). */
+rw_status_t rw_sched_topo_check(const rw_topo_t *topo);
+/* Number of rails with weight > 0 (|S|). */
+uint32_t rw_sched_topo_eligible(const rw_topo_t *topo);
+
+/* ---------------------------------------------------------------------------------------------
+ * Counts and records (§3, §4.1)
+ * ------------------------------------------------------------------------------------------- */
+
+/* One local rank's routing decisions for a phase: top-k expert ids per token. */
+typedef struct rw_rank_tokens {
+	uint32_t local_gpu;       /* GPU index inside the node; its native rail is gpu_rail[] */
+	uint32_t n_tokens;
+	uint32_t topk;            /* <= RW_MAX_TOPK */
+	const int32_t *expert_ids; /* n_tokens * topk, row-major; negative = no expert (dropped) */
+} rw_rank_tokens_t;
+
+/* A record: one (token, remote destination node) pair after per-node de-duplication. */
+typedef struct rw_record {
+	uint32_t rank;  /* index into the rw_rank_tokens_t array given to the builder */
+	uint32_t token; /* token index within that rank */
+} rw_record_t;
+
+/* Expert e lives on node e / (E / N) and global rank e / (E / W), W = N * G. E must be a
+ * multiple of W. */
+static inline uint32_t rw_sched_expert_node(uint32_t n_experts, uint32_t nodes, uint32_t e)
+{
+	return e / (n_experts / nodes);
+}
+
+/* Pass 1. row[d * R + r] = number of records from node `me` to node d whose native rail is r.
+ * The d == me entries count local-node records (never rail balanced; they do not touch a NIC).
+ * Errors: RW_ERR_INVAL when an expert id is >= n_experts, topk is out of range, or E is not a
+ * multiple of W; *bad_rank_p (may be NULL) then names the offending rank index. */
+rw_status_t rw_sched_count(const rw_topo_t *topo, uint32_t n_experts, uint32_t me,
+			   const rw_rank_tokens_t *ranks, uint32_t n_ranks, uint32_t *row,
+			   uint32_t *bad_rank_p);
+
+/* Pass 2. Fill records in CSR order: the records of (d, r) are rec[offset[d*R + r] ...] in
+ * native order (ranks in array order, tokens ascending). offset is the exclusive prefix sum of
+ * the row from pass 1 (offset has N*R + 1 entries; rw_sched_prefix() computes it). */
+void rw_sched_prefix(const uint32_t *row, uint32_t n, uint32_t *offset);
+rw_status_t rw_sched_records(const rw_topo_t *topo, uint32_t n_experts, uint32_t me,
+			     const rw_rank_tokens_t *ranks, uint32_t n_ranks,
+			     const uint32_t *offset, rw_record_t *rec);
+
+/* ---------------------------------------------------------------------------------------------
+ * RailBalance (§4.2)
+ * ------------------------------------------------------------------------------------------- */
+
+/* The balance of one (source, destination) pair (or one slice of it). Records are identified by
+ * (owner rail, ordinal) with ordinal < count[owner rail]. Rail r keeps its first
+ * min(count[r], quota[r]) records at slots 0..; its surplus records, in order, fill the deficit
+ * slots of the other rails in rail order (prefix sums, no atomics). */
+typedef struct rw_pair_plan {
+	uint32_t rails;
+	uint32_t total;                          /* T = sum of count */
+	uint32_t moved;                          /* records whose egress rail != owner rail */
+	uint32_t count[RW_MAX_RAILS];            /* native records per rail */
+	uint32_t quota[RW_MAX_RAILS];            /* egress records per rail */
+	uint32_t surplus_prefix[RW_MAX_RAILS + 1]; /* exclusive prefix of max(0, count - quota) */
+	uint32_t deficit_prefix[RW_MAX_RAILS + 1]; /* exclusive prefix of max(0, quota - count) */
+} rw_pair_plan_t;
+
+/* Compute quotas and the surplus/deficit prefixes for one pair. count has topo->rails entries.
+ * rotation selects the deterministic remainder rotation (callers pass dst + slice; see
+ * docs/algorithms.md). Equal weights: quotas differ by at most one; the remainder goes first to
+ * rails whose count exceeds the base quota (move-minimal), then in rotation order. Weighted:
+ * quota_r = floor(T * w_r / sum w) plus the same count-aware remainder rule. */
+void rw_sched_balance(const rw_topo_t *topo, const uint32_t *count, uint32_t rotation,
+		      rw_pair_plan_t *plan);
+
+/* Plan that keeps every record on its native rail (quota = count). */
+void rw_sched_balance_native(const rw_topo_t *topo, const uint32_t *count, rw_pair_plan_t *plan);
+
+/* Owner -> proxy: where record (owner_rail, ordinal) travels. O(log R). */
+void rw_sched_map(const rw_pair_plan_t *plan, uint32_t owner_rail, uint32_t ordinal,
+		  uint32_t *egress_rail_p, uint32_t *slot_p);
+
+/* Proxy -> owner, the inverse of rw_sched_map (used by combine). O(log R). */
+void rw_sched_unmap(const rw_pair_plan_t *plan, uint32_t egress_rail, uint32_t slot,
+		    uint32_t *owner_rail_p, uint32_t *ordinal_p);
+
+/* Bulk mapping of all records of one owner rail: egress[i], slot[i] for i < count[owner_rail].
+ * Kept records are the identity; only surplus records are computed. */
+void rw_sched_map_rail(const rw_pair_plan_t *plan, uint32_t owner_rail, uint8_t *egress,
+		       uint32_t *slot);
+
+/* ---------------------------------------------------------------------------------------------
+ * Permutation waves and path plans (§4.3, §4.4)
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum rw_path {
+	RW_PATH_NATIVE = 0,
+	RW_PATH_RAIL_ONLY = 1,
+	RW_PATH_PERM_ONLY = 2,
+	RW_PATH_JOINT = 3,
+	RW_PATH_COUNT = 4,
+} rw_path_t;
+
+const char *rw_sched_path_name(rw_path_t path); /* "native", "rail-only", "perm-only", "joint" */
+/* Parse a path name as printed by rw_sched_path_name(); RW_ERR_INVAL otherwise. */
+rw_status_t rw_sched_path_parse(const char *name, rw_path_t *path_p);
+
+static inline int rw_path_balanced(rw_path_t p) { return p == RW_PATH_RAIL_ONLY || p == RW_PATH_JOINT; }
+static inline int rw_path_waved(rw_path_t p) { return p == RW_PATH_PERM_ONLY || p == RW_PATH_JOINT; }
+
+/* Wave k (1 <= k <= N-1): node s sends to (s + k) mod N and receives from (s - k) mod N. */
+static inline uint32_t rw_sched_wave_dst(uint32_t nodes, uint32_t s, uint32_t k) { return (s + k) % nodes; }
+static inline uint32_t rw_sched_wave_src(uint32_t nodes, uint32_t d, uint32_t k) { return (d + nodes - k) % nodes; }
+/* Wave in which s sends to d (d != s): (d - s) mod N. Non-waved paths use wave 0 for everyone. */
+static inline uint32_t rw_sched_wave_of(uint32_t nodes, uint32_t s, uint32_t d) { return (d + nodes - s) % nodes; }
+
+/* One node's send plan for a phase: per destination, its wave and its pair plan.
+ * `pairs` is caller-owned, N entries; pairs[me] is empty. Receivers build the same structures
+ * for (s, me) from the exchanged counts, so both ends agree on every slot. */
+typedef struct rw_phase_plan {
+	rw_path_t path;
+	uint32_t me;
+	uint32_t nodes;
+	uint32_t n_waves;        /* 1 for Native / Rail-only, N-1 for the waved paths */
+	rw_pair_plan_t *pairs;   /* [N] */
+	uint64_t egress[RW_MAX_RAILS]; /* records leaving `me` on each rail under this plan */
+} rw_phase_plan_t;
+
+/* counts is the full N x N x R matrix (counts[(s*N + d)*R + r]); plan->pairs must point to N
+ * entries. Builds the pair plans for source `me` (slice 0). */
+rw_status_t rw_sched_plan_build(const rw_topo_t *topo, rw_path_t path, uint32_t me,
+				const uint32_t *counts, rw_phase_plan_t *plan);
+
+/* Busiest NIC's records under `path` (max over every node's egress and ingress rails), and the
+ * lower bound: the same under the best per-pair balance (RailBalance quotas). Multiply by the
+ * record size and divide by the NIC rate for seconds (§6). */
+uint64_t rw_sched_busiest_nic(const rw_topo_t *topo, rw_path_t path, const uint32_t *counts);
+uint64_t rw_sched_lower_bound(const rw_topo_t *topo, const uint32_t *counts);
+
+/* ---------------------------------------------------------------------------------------------
+ * Features (§4.5)
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct rw_features {
+	uint64_t remote_bytes;   /* total inter-node bytes */
+	double B;                /* remote bytes per GPU: remote_bytes / W */
+	double rho_g;            /* max (node, rail) native egress / mean over all (node, rail) */
+	double kappa;            /* max destination ingress / mean destination ingress */
+	double f[3];             /* f0 = log2 B, f1 = min(1,(rho_g-1)/(R-1)), f2 = min(1,(kappa-1)/(N-1)) */
+	uint32_t max_fan_in;     /* most source nodes with demand into one destination */
+	double busiest_dst_rail_share; /* max over d of (busiest native ingress rail of d / ingress of d) */
+} rw_features_t;
+
+/* Features of the full count matrix with records of record_bytes each. Identical on every node
+ * that holds the same counts (integer sums, then one division each). */
+void rw_sched_features(const rw_topo_t *topo, const uint32_t *counts, uint64_t record_bytes,
+		       rw_features_t *feat);
+
+/* ---------------------------------------------------------------------------------------------
+ * Anchor table and selector (§4.5, §4.6)
+ * ------------------------------------------------------------------------------------------- */
+
+#define RW_ANCHOR_SCHEMA 1
+
+typedef struct rw_path_samples {
+	double median, p10, p90; /* seconds */
+	uint32_t n;
+} rw_path_samples_t;
+
+typedef struct rw_anchor {
+	uint32_t case_id;
+	double feat[3];
+	rw_path_t selected;
+	rw_path_samples_t samples[RW_PATH_COUNT];
+} rw_anchor_t;
+
+typedef struct rw_anchor_table {
+	uint32_t schema_version;
+	struct {
+		uint32_t nodes, gpus_per_node, rails;
+		double nic_gbps;
+		char transport[16];
+	} fingerprint;
+	double max_size_ratio;  /* > 1 */
+	double shape_tolerance; /* epsilon, >= 0 */
+	uint32_t n_anchors;
+	rw_anchor_t *anchors;   /* owned; freed by rw_sched_anchors_free() */
+} rw_anchor_table_t;
+
+/* Parse and validate an anchor table (JSON text, not NUL-terminated necessarily). On error
+ * returns RW_ERR_PARSE and writes a message naming the bad field into err (e.g.
+ * "anchors[3].features[1]: expected a number in [0,1]"); *table is left empty. */
+rw_status_t rw_sched_anchors_parse(const char *json, size_t len, rw_anchor_table_t *table,
+				   char *err, size_t err_len);
+void rw_sched_anchors_free(rw_anchor_table_t *table);
+/* Serialise a table to JSON (for calibration output). Returns bytes needed (excluding NUL);
+ * writes at most buf_len bytes, NUL-terminated when buf_len > 0. */
+size_t rw_sched_anchors_format(const rw_anchor_table_t *table, char *buf, size_t buf_len);
+/* Does the table's fingerprint match this cluster? 0 = mismatch. */
+int rw_sched_anchors_match(const rw_anchor_table_t *table, const rw_topo_t *topo,
+			   double nic_gbps, const char *transport);
+
+typedef enum rw_select_reason {
+	RW_SELECT_NO_REMOTE = 0,  /* no remote payload: Native */
+	RW_SELECT_ANCHOR = 1,     /* nearest eligible anchor's path */
+	RW_SELECT_NO_ANCHOR = 2,  /* no eligible anchor: Joint */
+	RW_SELECT_NO_TABLE = 3,   /* no (valid) table: Joint */
+	RW_SELECT_FORCED = 4,     /* operator forced a path (set by the caller) */
+} rw_select_reason_t;
+
+typedef struct rw_selection {
+	rw_path_t path;
+	rw_select_reason_t reason;
+	int64_t case_id;   /* anchor used, -1 if none */
+	double distance2;  /* squared feature distance to that anchor */
+} rw_selection_t;
+
+const char *rw_sched_reason_name(rw_select_reason_t reason);
+
+/* Selector of §4.5: table may be NULL. Eligible: |f0 - a0| <= log2(max_size_ratio) and
+ * max(|f1 - a1|, |f2 - a2|) <= shape_tolerance; least squared distance wins, ties by case id. */
+void rw_sched_select(const rw_anchor_table_t *table, const rw_features_t *feat,
+		     rw_selection_t *sel);
+
+/* Calibration rule of §4.6 for one anchor: keep path `alt` over Joint only if both paths' CV
+ * (from their sample arrays) is under cv_bound and alt's p90 * (1 + margin) < Joint's p10.
+ * Fills anchor->samples from the raw samples and sets anchor->selected. */
+typedef struct rw_calib_rule {
+	double cv_bound;  /* e.g. 0.10 */
+	double margin;    /* e.g. 0.05 */
+} rw_calib_rule_t;
+
+void rw_sched_anchor_decide(const rw_calib_rule_t *rule, double *const samples[RW_PATH_COUNT],
+			    const uint32_t n_samples[RW_PATH_COUNT], rw_anchor_t *anchor);
+
+/* ---------------------------------------------------------------------------------------------
+ * Birkhoff-von Neumann baseline (FAST-style), for comparison only
+ * ------------------------------------------------------------------------------------------- */
+
+/* Decompose the N x N inter-node demand (bytes, diagonal ignored) into at most max_stages
+ * weighted permutations: stage i sends perm[i*N + s] <- s for weight[i] bytes (perm value N = idle).
+ * The demand is first padded to a doubly-stochastic-like matrix (row/column sums equalised), as
+ * the Birkhoff-von Neumann theorem needs. workspace must hold rw_sched_bvn_workspace(N) bytes.
+ * Returns the number of stages, or 0 if max_stages was too small. */
+size_t rw_sched_bvn_workspace(uint32_t nodes);
+uint32_t rw_sched_bvn_plan(uint32_t nodes, const uint64_t *demand, uint32_t max_stages,
+			   uint32_t *perm, uint64_t *weight, void *workspace);
+
+#endif /* RW_SCHED_H */
