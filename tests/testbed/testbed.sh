@@ -1,0 +1,111 @@
+#!/bin/sh
+# RailWave rail test bed: an emulated rail-optimized cluster on one machine.
+#   N network namespaces (nodes) x R rails. Rail r is a Linux bridge (the rail switch); NIC r of
+#   node n is a veth pair whose inner end "rail<r>" lives in the node's namespace with address
+#   10.77.<r>.<n+1>/24 and whose outer end is a port of bridge r. tc tbf shapes BOTH the inner
+#   end's egress (NIC transmit) and the outer end's egress (switch port -> NIC = NIC receive), so
+#   receiver ingress is a real bottleneck. A management bridge (10.78.0.0/24, root side .254)
+#   gives launchers (mpirun) a path that carries no data.
+#
+#   testbed.sh up   [-n NODES] [-r RAILS] [-m MBIT] [-d DELAY_MS] [-p PREFIX]
+#   testbed.sh down [-p PREFIX]          remove everything with PREFIX (also debris of old runs)
+#   testbed.sh exec NODE CMD...          run CMD inside node NODE's namespace
+#   testbed.sh status [-p PREFIX]        list what exists
+# Requires root and iproute2. Addresses exist only inside these namespaces.
+set -eu
+
+prefix=${RW_TESTBED_PREFIX:-rwtb}
+nodes=4 rails=4 mbit=50 delay=0
+
+die() { echo "testbed: $*" >&2; exit 1; }
+ns_name() { echo "${prefix}-n$1"; }
+
+parse_opts() {
+	while getopts n:r:m:d:p: opt; do
+		case $opt in
+		n) nodes=$OPTARG ;; r) rails=$OPTARG ;; m) mbit=$OPTARG ;;
+		d) delay=$OPTARG ;; p) prefix=$OPTARG ;; *) die "bad option" ;;
+		esac
+	done
+}
+
+# Shape egress of a device to $mbit (plus optional delay via netem as the parent).
+shape() {
+	dev=$1; shift
+	burst=$(( mbit * 1000000 / 8 / 250 )) # 4 ms worth of bytes
+	[ "$burst" -lt 16000 ] && burst=16000
+	if [ "$delay" != 0 ]; then
+		"$@" tc qdisc add dev "$dev" root handle 1: netem delay "${delay}ms"
+		"$@" tc qdisc add dev "$dev" parent 1:1 handle 10: tbf rate "${mbit}mbit" burst "$burst" latency 200ms
+	else
+		"$@" tc qdisc add dev "$dev" root tbf rate "${mbit}mbit" burst "$burst" latency 200ms
+	fi
+}
+
+down() {
+	for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${prefix}-n" || true); do
+		# Kill whatever still runs inside, then the namespace (its veth ends go with it).
+		pids=$(ip netns pids "$ns" 2>/dev/null || true)
+		[ -n "$pids" ] && kill -9 $pids 2>/dev/null || true
+		ip netns del "$ns" 2>/dev/null || true
+	done
+	for dev in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep "^${prefix}-" || true); do
+		ip link del "$dev" 2>/dev/null || true
+	done
+}
+
+up() {
+	[ "$(id -u)" = 0 ] || die "needs root"
+	command -v ip >/dev/null || die "needs iproute2 (ip)"
+	[ "$nodes" -ge 2 ] && [ "$nodes" -le 200 ] || die "nodes must be 2..200"
+	[ "$rails" -ge 1 ] && [ "$rails" -le 16 ] || die "rails must be 1..16"
+	down # debris of an earlier run
+	trap 'down' INT TERM
+	ip link add "${prefix}-mgmt" type bridge
+	ip addr add 10.78.0.254/24 dev "${prefix}-mgmt"
+	ip link set "${prefix}-mgmt" up
+	r=0
+	while [ $r -lt "$rails" ]; do
+		ip link add "${prefix}-r$r" type bridge
+		ip link set "${prefix}-r$r" up
+		r=$((r + 1))
+	done
+	n=0
+	while [ $n -lt "$nodes" ]; do
+		ns=$(ns_name $n)
+		ip netns add "$ns"
+		ip -n "$ns" link set lo up
+		ip link add "${prefix}-${n}m" type veth peer name mgmt netns "$ns"
+		ip link set "${prefix}-${n}m" master "${prefix}-mgmt" up
+		ip -n "$ns" addr add "10.78.0.$((n + 1))/24" dev mgmt
+		ip -n "$ns" link set mgmt up
+		r=0
+		while [ $r -lt "$rails" ]; do
+			outer="${prefix}-${n}r$r"
+			ip link add "$outer" type veth peer name "rail$r" netns "$ns"
+			ip link set "$outer" master "${prefix}-r$r" up
+			ip -n "$ns" addr add "10.77.$r.$((n + 1))/24" dev "rail$r"
+			ip -n "$ns" link set "rail$r" up
+			shape "rail$r" ip netns exec "$ns"
+			shape "$outer"
+			r=$((r + 1))
+		done
+		n=$((n + 1))
+	done
+	trap - INT TERM
+	echo "testbed: up: $nodes nodes x $rails rails at ${mbit} Mbit/s per NIC (prefix $prefix)"
+}
+
+status() {
+	ip netns list | grep "^${prefix}-n" || true
+	ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep "^${prefix}-" || true
+}
+
+cmd=${1:-}; [ $# -gt 0 ] && shift
+case "$cmd" in
+up) parse_opts "$@"; up ;;
+down) parse_opts "$@"; down ;;
+status) parse_opts "$@"; status ;;
+exec) node=$1; shift; exec ip netns exec "$(ns_name "$node")" "$@" ;;
+*) sed -n '2,16p' "$0"; exit 2 ;;
+esac
