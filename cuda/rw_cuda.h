@@ -1,0 +1,221 @@
+/* RailWave cuda/: the daemon's (and librailwave's) only door to CUDA. The driver is loaded at run
+ * time (dlopen "libcuda.so.1"), so one build runs on CPU-only nodes: there every call reports
+ * RW_ERR_UNSUPPORTED and rw_cuda_unavailable_reason() says why. Contracts and design: docs/cuda.md.
+ *
+ * Threads: rw_cuda_init() may be called from any thread, any number of times. Every other call
+ * makes the named device's primary context current on the calling thread itself. An IPC cache or a
+ * stream is owned by one thread (the daemon's event loop); it is not locked. */
+#ifndef RW_CUDA_H
+#define RW_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/common.h"
+
+/* ---------------------------------------------------------------------------------------------
+ * Driver and devices
+ * ------------------------------------------------------------------------------------------- */
+
+typedef uint64_t rw_cuda_dptr_t; /* a device address (CUdeviceptr); 0 is never valid */
+
+/* Load the driver (once per process; later calls return the first call's result) and cuInit it.
+ * RW_ERR_UNSUPPORTED: no libcuda.so.1 (or the file named by $RW_CUDA_DRIVER), a driver too old
+ * for a required entry point, cuInit failed, or no device. Never blocks for long, never aborts. */
+rw_status_t rw_cuda_init(void);
+
+/* Why rw_cuda_init() failed (static text), or "" after success or before any call. */
+const char *rw_cuda_unavailable_reason(void);
+
+/* Number of devices visible to this process (0 when the driver is absent). */
+int rw_cuda_device_count(void);
+
+/* The device's 16-byte UUID (ordinals differ between processes with different
+ * CUDA_VISIBLE_DEVICES; the UUID does not). */
+rw_status_t rw_cuda_device_uuid(int device, uint8_t uuid_p[16]);
+
+/* Ordinal in this process of the device with this UUID; RW_ERR_NOTFOUND if none. */
+rw_status_t rw_cuda_device_by_uuid(const uint8_t uuid[16], int *device_p);
+
+/* Short name, e.g. "NVIDIA H200", into buf (always NUL-terminated). */
+rw_status_t rw_cuda_device_name(int device, char *buf, size_t len);
+
+/* Driver version as the driver reports it (e.g. 13000 for 13.0). */
+rw_status_t rw_cuda_driver_version(int *version_p);
+
+/* Release the primary contexts this module retained and forget the loaded kernels. Call once at
+ * shutdown, after every cache and stream is destroyed. rw_cuda_init() stays done (the library
+ * stays loaded: unloading a CUDA driver mid-process is not supported by the driver). */
+void rw_cuda_shutdown(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Device and pinned host memory, blocking copies (setup, tests and tools; not for the hot path)
+ * ------------------------------------------------------------------------------------------- */
+
+rw_status_t rw_cuda_mem_alloc(int device, size_t bytes, rw_cuda_dptr_t *dptr_p);
+void rw_cuda_mem_free(int device, rw_cuda_dptr_t dptr);
+rw_status_t rw_cuda_memcpy_htod(int device, rw_cuda_dptr_t dst, const void *src, size_t bytes);
+rw_status_t rw_cuda_memcpy_dtoh(int device, void *dst, rw_cuda_dptr_t src, size_t bytes);
+rw_status_t rw_cuda_memset_d8(int device, rw_cuda_dptr_t dst, uint8_t value, size_t bytes);
+
+/* Page-locked host memory usable by async copies on any device (portable). */
+rw_status_t rw_cuda_host_alloc(size_t bytes, void **ptr_p);
+void rw_cuda_host_free(void *ptr);
+/* Page-lock existing host memory (e.g. a client's memfd mapping) for async copies. */
+rw_status_t rw_cuda_host_register(void *ptr, size_t bytes);
+void rw_cuda_host_unregister(void *ptr);
+
+/* ---------------------------------------------------------------------------------------------
+ * CUDA IPC: the client exports, the daemon imports through a cache
+ * ------------------------------------------------------------------------------------------- */
+
+#define RW_CUDA_IPC_HANDLE_BYTES 64
+
+typedef struct rw_cuda_ipc_handle {
+	uint8_t bytes[RW_CUDA_IPC_HANDLE_BYTES]; /* CUipcMemHandle, opaque */
+} rw_cuda_ipc_handle_t;
+
+/* What a client sends to register a range of device memory. Plain data, safe to put on a wire
+ * (fixed-size fields; the receiver validates everything). */
+typedef struct rw_cuda_ipc_desc {
+	rw_cuda_ipc_handle_t handle; /* cuIpcGetMemHandle of the allocation that holds the range */
+	uint64_t buffer_id;          /* CU_POINTER_ATTRIBUTE_BUFFER_ID of that allocation in the
+	                                exporting process: unique there, never reused */
+	uint64_t alloc_bytes;        /* size of the whole allocation (cuMemGetAddressRange) */
+	uint64_t offset;             /* start of the registered range inside the allocation */
+	uint64_t bytes;              /* length of the registered range */
+	uint8_t device_uuid[16];     /* device of the allocation */
+} rw_cuda_ipc_desc_t;
+
+/* Client side: describe [dptr, dptr + bytes), which must lie inside one cuMemAlloc allocation of
+ * this process. RW_ERR_INVAL if it does not; RW_ERR_UNSUPPORTED if the memory cannot be exported
+ * (e.g. it was not allocated with cuMemAlloc/cudaMalloc). */
+rw_status_t rw_cuda_ipc_export(rw_cuda_dptr_t dptr, size_t bytes, rw_cuda_ipc_desc_t *desc_p);
+
+typedef struct rw_cuda_ipc_cache rw_cuda_ipc_cache_t;
+typedef struct rw_cuda_ipc_map rw_cuda_ipc_map_t; /* one imported allocation, refcounted */
+
+rw_status_t rw_cuda_ipc_cache_create(rw_cuda_ipc_cache_t **cache_p);
+/* Closes every mapping still held (and logs how many there were). */
+void rw_cuda_ipc_cache_destroy(rw_cuda_ipc_cache_t *cache);
+
+/* Daemon side: map the client's range. `owner` identifies the exporting process as the daemon
+ * knows it (e.g. a per-connection incarnation number, never reused while the daemon runs).
+ * The allocation is opened once: a later import of the same (device, handle bytes) by the same
+ * owner with the same buffer_id is a cache hit and takes another reference. Every successful
+ * import must be paired with one rw_cuda_ipc_release(); the mapping is closed when the last
+ * reference goes. On success *map_p is the reference and *dptr_p the range's address in this
+ * process (mapped base + desc->offset).
+ * Errors: RW_ERR_INVAL (range outside the allocation, zero length, sizes that disagree with
+ * what the driver reports), RW_ERR_NOTFOUND (no device with that UUID), RW_ERR_EXISTS (the
+ * handle bytes are still mapped for a different allocation or owner: the driver would hand back
+ * the old, stale mapping, so the import is refused until that one is released),
+ * RW_ERR_UNSUPPORTED (no driver), RW_ERR_CLIENT (the driver refused the handle). */
+rw_status_t rw_cuda_ipc_import(rw_cuda_ipc_cache_t *cache, const rw_cuda_ipc_desc_t *desc,
+			       uint64_t owner, rw_cuda_ipc_map_t **map_p, rw_cuda_dptr_t *dptr_p);
+
+/* Drop one reference taken by rw_cuda_ipc_import(). */
+void rw_cuda_ipc_release(rw_cuda_ipc_cache_t *cache, rw_cuda_ipc_map_t *map);
+
+/* Drop every reference still held for `owner` (a client that went away); returns how many. */
+unsigned rw_cuda_ipc_release_owner(rw_cuda_ipc_cache_t *cache, uint64_t owner);
+
+rw_cuda_dptr_t rw_cuda_ipc_map_base(const rw_cuda_ipc_map_t *map); /* mapped allocation base */
+uint64_t rw_cuda_ipc_map_bytes(const rw_cuda_ipc_map_t *map);     /* allocation size */
+int rw_cuda_ipc_map_device(const rw_cuda_ipc_map_t *map);         /* ordinal in this process */
+unsigned rw_cuda_ipc_map_refs(const rw_cuda_ipc_map_t *map);
+
+typedef struct rw_cuda_ipc_stats {
+	uint64_t hits;          /* imports served from the cache */
+	uint64_t opens;         /* cuIpcOpenMemHandle calls that produced a mapping */
+	uint64_t closes;        /* mappings closed */
+	uint64_t refused_stale; /* imports refused with RW_ERR_EXISTS */
+	uint64_t live;          /* mappings open now */
+} rw_cuda_ipc_stats_t;
+void rw_cuda_ipc_cache_stats(const rw_cuda_ipc_cache_t *cache, rw_cuda_ipc_stats_t *stats_p);
+
+/* ---------------------------------------------------------------------------------------------
+ * dmabuf export for NIC registration (ibv_reg_dmabuf_mr)
+ * ------------------------------------------------------------------------------------------- */
+
+/* 1 if the device can export device memory as a dmabuf (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
+ * and the driver has cuMemGetHandleForAddressRange), else 0. */
+int rw_cuda_dmabuf_supported(int device);
+
+/* A dmabuf fd for [dptr, dptr + bytes); both must be aligned to the host page size (callers
+ * round the registration outwards and keep the offset). The caller owns and closes the fd.
+ * RW_ERR_UNSUPPORTED when the device or driver cannot; RW_ERR_INVAL for unaligned ranges. */
+rw_status_t rw_cuda_dmabuf_export(int device, rw_cuda_dptr_t dptr, size_t bytes, int *fd_p);
+
+/* ---------------------------------------------------------------------------------------------
+ * Streams: async copies and kernels, with completions an event loop can watch
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct rw_cuda_stream rw_cuda_stream_t;
+
+/* A non-blocking stream on `device` plus an eventfd that becomes readable when a mark completes. */
+rw_status_t rw_cuda_stream_create(int device, rw_cuda_stream_t **stream_p);
+/* Waits for the stream's outstanding work, then frees it. */
+void rw_cuda_stream_destroy(rw_cuda_stream_t *stream);
+
+int rw_cuda_stream_device(const rw_cuda_stream_t *stream);
+/* The eventfd (EFD_NONBLOCK) to watch for EV_READ; rw_cuda_stream_poll() drains it. */
+int rw_cuda_stream_fd(const rw_cuda_stream_t *stream);
+
+/* Enqueue async copies. Host memory must be pinned (rw_cuda_host_alloc/_register) for the copy
+ * to be asynchronous; it must stay valid until a later mark completes. */
+rw_status_t rw_cuda_copy_dtoh_async(rw_cuda_stream_t *stream, void *dst, rw_cuda_dptr_t src,
+				    size_t bytes);
+rw_status_t rw_cuda_copy_htod_async(rw_cuda_stream_t *stream, rw_cuda_dptr_t dst,
+				    const void *src, size_t bytes);
+rw_status_t rw_cuda_copy_dtod_async(rw_cuda_stream_t *stream, rw_cuda_dptr_t dst,
+				    rw_cuda_dptr_t src, size_t bytes);
+
+/* Enqueue a completion mark carrying `token`: once all work enqueued before it has finished, the
+ * token becomes pollable and the eventfd is signalled. Marks complete in the order made.
+ * RW_ERR_AGAIN when RW_CUDA_STREAM_MAX_MARKS are outstanding (poll first). */
+#define RW_CUDA_STREAM_MAX_MARKS 1024
+rw_status_t rw_cuda_stream_mark(rw_cuda_stream_t *stream, uint64_t token);
+
+/* Never blocks: drains the eventfd and stores up to `max` completed tokens, oldest first.
+ * Returns how many were stored (0 if none), or a negative rw_status_t if the stream failed
+ * (a faulted kernel or copy: the stream is then unusable and must be destroyed). */
+int rw_cuda_stream_poll(rw_cuda_stream_t *stream, uint64_t *tokens_p, int max);
+
+/* Blocking wait for everything enqueued (tests, tools and shutdown only). */
+rw_status_t rw_cuda_stream_sync(rw_cuda_stream_t *stream);
+
+/* ---------------------------------------------------------------------------------------------
+ * Kernels (cuda/kernels.cu, embedded at build time when nvcc was found)
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum rw_cuda_dtype {
+	RW_CUDA_BF16 = 0,
+	RW_CUDA_FP32 = 1,
+} rw_cuda_dtype_t;
+
+/* 1 if this build embeds the kernels and they load on `device` (sm_90 code, or PTX the driver
+ * can compile), else 0: callers then take their host paths. */
+int rw_cuda_kernels_available(int device);
+
+/* Pack (gather): for i < nrows, slab[i] = src[idx[i]], rows of row_bytes bytes.
+ * slab, src: device memory; idx: device array of nrows uint32 row numbers (caller guarantees
+ * they are in range: the kernel does not check). Any row_bytes; 16-byte aligned rows are fastest. */
+rw_status_t rw_cuda_pack(rw_cuda_stream_t *stream, rw_cuda_dptr_t slab, rw_cuda_dptr_t src,
+			 rw_cuda_dptr_t idx, uint32_t nrows, uint32_t row_bytes);
+
+/* Unpack / forward (scatter): for i < nrows, dst[idx[i]] = slab[i]. Distinct idx[i] expected
+ * (duplicates: one of the rows wins). */
+rw_status_t rw_cuda_unpack(rw_cuda_stream_t *stream, rw_cuda_dptr_t dst, rw_cuda_dptr_t slab,
+			   rw_cuda_dptr_t idx, uint32_t nrows, uint32_t row_bytes);
+
+/* Combine-reduce, deterministic (no atomics; a fixed summation order):
+ * for t < ntokens: out[t] += sum over j in [offsets[t], offsets[t+1]) of weights[j] * rows[row_idx[j]]
+ * rows: (row dtype) × hidden per row; out: (out dtype) × hidden per token; accumulation in fp32.
+ * offsets: ntokens + 1 uint32 (CSR), row_idx: uint32, weights: fp32 — all device arrays. */
+rw_status_t rw_cuda_combine(rw_cuda_stream_t *stream, rw_cuda_dptr_t out, rw_cuda_dtype_t out_dtype,
+			    rw_cuda_dptr_t rows, rw_cuda_dtype_t row_dtype, uint32_t hidden,
+			    uint32_t ntokens, rw_cuda_dptr_t offsets, rw_cuda_dptr_t row_idx,
+			    rw_cuda_dptr_t weights);
+
+#endif /* RW_CUDA_H */
