@@ -1,1 +1,196 @@
-/* placeholder: being written */
+/* Demand counts and records of one node for a phase (DESIGN §3, §4.1; docs/algorithms.md §1).
+ * A record is one (token, destination node) pair after de-duplicating the token's top-k experts
+ * by node. Two passes over the ranks' routing: count, then fill records in CSR order. No
+ * allocation: the per-token de-duplication uses a node bitmap on the stack. */
+#include <string.h>
+
+#include "sched/sched.h"
+
+#define NODE_WORDS ((RW_MAX_NODES + 63) / 64)
+
+/* e / per_node without a hardware divide when the reciprocal is exact: with
+ * m = floor(2^32 / d) + 1, floor(e * m / 2^32) == floor(e / d) for every e < E as long as
+ * E * d <= 2^32 (the error e * (m - 2^32/d) / 2^32 < E / 2^32 <= 1/d never crosses an integer).
+ * Otherwise fall back to the divide. */
+typedef struct node_div {
+	uint64_t mul;
+	uint32_t per_node;
+	int exact;
+} node_div_t;
+
+static void node_div_init(node_div_t *nd, uint32_t n_experts, uint32_t nodes)
+{
+	nd->per_node = n_experts / nodes;
+	nd->mul = (UINT64_C(1) << 32) / nd->per_node + 1;
+	nd->exact = (uint64_t)n_experts * nd->per_node <= (UINT64_C(1) << 32);
+}
+
+static inline uint32_t node_of(const node_div_t *nd, uint32_t e)
+{
+	if (nd->exact)
+		return (uint32_t)(((uint64_t)e * nd->mul) >> 32);
+	return e / nd->per_node;
+}
+
+static rw_status_t check_args(const rw_topo_t *topo, uint32_t n_experts, uint32_t me,
+			      const rw_rank_tokens_t *ranks, uint32_t n_ranks)
+{
+	if (rw_sched_topo_check(topo) != RW_OK || me >= topo->nodes || (n_ranks && !ranks))
+		return RW_ERR_INVAL;
+	uint64_t world = (uint64_t)topo->nodes * topo->gpus_per_node;
+	if (n_experts == 0 || n_experts % world != 0)
+		return RW_ERR_INVAL;
+	return RW_OK;
+}
+
+static int rank_ok(const rw_topo_t *topo, const rw_rank_tokens_t *rk)
+{
+	if (rk->local_gpu >= topo->gpus_per_node || rk->topk > RW_MAX_TOPK)
+		return 0;
+	if (rk->n_tokens > 0 && (rk->topk == 0 || !rk->expert_ids))
+		return 0;
+	return 1;
+}
+
+/* The distinct destination nodes of one token, in the order its experts first name them.
+ * Returns their number, or -1 when an expert id is >= n_experts. `seen` (one bit per node) is
+ * all zero on entry and on return: only the words this token touched are cleared. */
+static inline int token_nodes(const int32_t *ids, uint32_t topk, const node_div_t *nd,
+			      uint32_t n_experts, uint64_t *seen, uint32_t *uniq)
+{
+	int n = 0, bad = 0;
+	for (uint32_t k = 0; k < topk; k++) {
+		int32_t e = ids[k];
+		if (e < 0)
+			continue; /* dropped slot */
+		if ((uint32_t)e >= n_experts) {
+			bad = 1;
+			break;
+		}
+		uint32_t d = node_of(nd, (uint32_t)e);
+		uint64_t bit = UINT64_C(1) << (d & 63);
+		if (seen[d >> 6] & bit)
+			continue;
+		seen[d >> 6] |= bit;
+		uniq[n++] = d;
+	}
+	for (int u = 0; u < n; u++)
+		seen[uniq[u] >> 6] = 0;
+	return bad ? -1 : n;
+}
+
+/* Count the records of one rank into row (stride R, its native rail). */
+static rw_status_t count_rank(const rw_rank_tokens_t *rk, const node_div_t *nd,
+			      uint32_t n_experts, uint32_t rails, uint32_t rail, uint32_t *row)
+{
+	uint64_t seen[NODE_WORDS] = { 0 };
+	uint32_t uniq[RW_MAX_TOPK];
+	const int32_t *ids = rk->expert_ids;
+	for (uint32_t t = 0; t < rk->n_tokens; t++, ids += rk->topk) {
+		int n = token_nodes(ids, rk->topk, nd, n_experts, seen, uniq);
+		if (n < 0)
+			return RW_ERR_INVAL;
+		for (int u = 0; u < n; u++)
+			row[uniq[u] * rails + rail]++;
+	}
+	return RW_OK;
+}
+
+rw_status_t rw_sched_count(const rw_topo_t *topo, uint32_t n_experts, uint32_t me,
+			   const rw_rank_tokens_t *ranks, uint32_t n_ranks, uint32_t *row,
+			   uint32_t *bad_rank_p)
+{
+	rw_status_t st = check_args(topo, n_experts, me, ranks, n_ranks);
+	if (st != RW_OK || !row)
+		return RW_ERR_INVAL;
+	const uint32_t rails = topo->rails;
+	memset(row, 0, (size_t)topo->nodes * rails * sizeof(*row));
+	node_div_t nd;
+	node_div_init(&nd, n_experts, topo->nodes);
+	for (uint32_t i = 0; i < n_ranks; i++) {
+		const rw_rank_tokens_t *rk = &ranks[i];
+		st = rank_ok(topo, rk) ? count_rank(rk, &nd, n_experts, rails,
+						      topo->gpu_rail[rk->local_gpu], row)
+				       : RW_ERR_INVAL;
+		if (st != RW_OK) {
+			/* Leave no half-counted row behind: a caller that ignores the status sees
+			 * no demand rather than part of it. */
+			memset(row, 0, (size_t)topo->nodes * rails * sizeof(*row));
+			if (bad_rank_p)
+				*bad_rank_p = i;
+			return st;
+		}
+	}
+	return RW_OK;
+}
+
+void rw_sched_prefix(const uint32_t *row, uint32_t n, uint32_t *offset)
+{
+	uint32_t sum = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		offset[i] = sum;
+		sum += row[i];
+	}
+	offset[n] = sum;
+}
+
+/* Fill the records of one rank whose native rail is `rail`: cursor[d] is the next free index
+ * of segment (d, rail); a cursor reaching the segment's end means the offsets do not match the
+ * routing (the caller changed it between the passes). */
+static rw_status_t fill_rank(const rw_rank_tokens_t *rk, uint32_t rank, const node_div_t *nd,
+			     uint32_t n_experts, const uint32_t *offset, uint32_t rails,
+			     uint32_t rail, uint32_t *cursor, rw_record_t *rec)
+{
+	uint64_t seen[NODE_WORDS] = { 0 };
+	uint32_t uniq[RW_MAX_TOPK];
+	const int32_t *ids = rk->expert_ids;
+	for (uint32_t t = 0; t < rk->n_tokens; t++, ids += rk->topk) {
+		int n = token_nodes(ids, rk->topk, nd, n_experts, seen, uniq);
+		if (n < 0)
+			return RW_ERR_INVAL;
+		for (int u = 0; u < n; u++) {
+			uint32_t d = uniq[u];
+			uint32_t at = cursor[d]++;
+			if (at >= offset[d * rails + rail + 1])
+				return RW_ERR_INVAL;
+			rec[at].rank = rank;
+			rec[at].token = t;
+		}
+	}
+	return RW_OK;
+}
+
+rw_status_t rw_sched_records(const rw_topo_t *topo, uint32_t n_experts, uint32_t me,
+			     const rw_rank_tokens_t *ranks, uint32_t n_ranks,
+			     const uint32_t *offset, rw_record_t *rec)
+{
+	rw_status_t st = check_args(topo, n_experts, me, ranks, n_ranks);
+	if (st != RW_OK || !offset || (!rec && offset[topo->nodes * topo->rails] > 0))
+		return RW_ERR_INVAL;
+	const uint32_t nodes = topo->nodes, rails = topo->rails;
+	node_div_t nd;
+	node_div_init(&nd, n_experts, nodes);
+	/* Native order inside a (d, r) segment is rank order then token order, and only ranks
+	 * of rail r write there: one rail at a time needs N cursors, not N * R. */
+	uint32_t cursor[RW_MAX_NODES];
+	uint32_t rails_present = 0;
+	for (uint32_t i = 0; i < n_ranks; i++) {
+		if (!rank_ok(topo, &ranks[i]))
+			return RW_ERR_INVAL;
+		rails_present |= UINT32_C(1) << topo->gpu_rail[ranks[i].local_gpu];
+	}
+	for (uint32_t rail = 0; rail < rails; rail++) {
+		if (!(rails_present & (UINT32_C(1) << rail)))
+			continue;
+		for (uint32_t d = 0; d < nodes; d++)
+			cursor[d] = offset[d * rails + rail];
+		for (uint32_t i = 0; i < n_ranks; i++) {
+			if (topo->gpu_rail[ranks[i].local_gpu] != rail)
+				continue;
+			st = fill_rank(&ranks[i], i, &nd, n_experts, offset, rails, rail, cursor, rec);
+			if (st != RW_OK)
+				return st;
+		}
+	}
+	return RW_OK;
+}

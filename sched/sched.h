@@ -29,10 +29,15 @@ typedef struct rw_topo {
 	uint32_t rail_weight[RW_MAX_RAILS];
 } rw_topo_t;
 
+/* Largest rail weight rw_sched_topo_check() accepts, so that T * w_r never overflows 64 bits
+ * in the weighted quota of §4.2 (T < 2^32 records per pair). */
+#define RW_MAX_RAIL_WEIGHT (1u << 24)
+
 /* Fill a rail-optimized topology: GPU g -> rail g % R, every rail weight 1. */
 rw_status_t rw_sched_topo_init(rw_topo_t *topo, uint32_t nodes, uint32_t gpus_per_node,
 			       uint32_t rails);
-/* Check ranges (N, G, R within limits; gpu_rail < R; at least one rail with weight > 0). */
+/* Check ranges (N, G, R within limits; gpu_rail < R; weights <= RW_MAX_RAIL_WEIGHT; at least
+ * one rail with weight > 0). */
 rw_status_t rw_sched_topo_check(const rw_topo_t *topo);
 /* Number of rails with weight > 0 (|S|). */
 uint32_t rw_sched_topo_eligible(const rw_topo_t *topo);
