@@ -6,10 +6,11 @@
 
 #include "sched/sched.h"
 
-/* Quotas of §4.2 into quota[0..R) (masked rails get 0). Returns T. Count-aware remainder: the
- * eligible rails are walked in rotation order (starting at eligible index rotation % |S|); the
- * first pass gives the extra record to rails whose native count exceeds their base quota (each
- * such +1 saves one move), the second to the rest, until the remainder is spent. */
+/* Quotas of §4.2 into quota[0..R) (masked rails get 0). Returns T. Base quota floor(T w_r / W)
+ * (floor(T / |S|) with equal weights); count-aware remainder: the eligible rails are walked in
+ * rotation order (starting at eligible index rotation % |S|); the first pass gives the extra
+ * record to candidate rails whose native count exceeds their base quota (each such +1 saves one
+ * move), the second to the remaining candidates, until the remainder is spent. */
 static uint64_t compute_quotas(const rw_topo_t *topo, const uint32_t *count, uint32_t rotation,
 			       uint32_t *quota)
 {
@@ -35,36 +36,44 @@ static uint64_t compute_quotas(const rw_topo_t *topo, const uint32_t *count, uin
 		return total;
 	}
 
+	/* Candidates for the remainder, one bit per eligible index: rails whose exact share
+	 * T w_r / W is not an integer (so every quota stays strictly within one of its share).
+	 * With equal weights that is every rail whenever there is a remainder. */
+	uint32_t candidate = 0;
 	uint64_t given = 0;
 	if (equal) {
 		uint32_t base = (uint32_t)(total / m);
 		for (uint32_t i = 0; i < m; i++)
 			quota[eligible[i]] = base;
 		given = (uint64_t)base * m;
+		candidate = (UINT32_C(1) << m) - 1; /* m <= RW_MAX_RAILS < 32 */
 	} else {
 		/* total < 2^32 and w <= RW_MAX_RAIL_WEIGHT (2^24): the product fits 64 bits. */
 		for (uint32_t i = 0; i < m; i++) {
-			uint32_t r = eligible[i];
-			quota[r] = (uint32_t)(total * topo->rail_weight[r] / weight_sum);
-			given += quota[r];
+			uint64_t share = total * topo->rail_weight[eligible[i]];
+			quota[eligible[i]] = (uint32_t)(share / weight_sum);
+			given += quota[eligible[i]];
+			if (share % weight_sum)
+				candidate |= UINT32_C(1) << i;
 		}
 	}
 
-	uint32_t rem = (uint32_t)(total - given); /* < m: each floor loses less than one */
+	/* rem < number of candidates: the fractional parts (each < 1, non-zero exactly for the
+	 * candidates) sum to rem. */
+	uint32_t rem = (uint32_t)(total - given);
 	if (rem == 0)
 		return total;
 	uint32_t start = rotation % m;
-	uint32_t bumped = 0; /* bit per eligible index */
 	for (uint32_t i = 0, k = start; i < m && rem > 0; i++, k = (k + 1 == m) ? 0 : k + 1) {
 		uint32_t r = eligible[k];
-		if (count[r] > quota[r]) {
+		if ((candidate & (UINT32_C(1) << k)) && count[r] > quota[r]) {
 			quota[r]++;
-			bumped |= UINT32_C(1) << k;
+			candidate &= ~(UINT32_C(1) << k); /* at most one extra per rail */
 			rem--;
 		}
 	}
 	for (uint32_t i = 0, k = start; i < m && rem > 0; i++, k = (k + 1 == m) ? 0 : k + 1) {
-		if (bumped & (UINT32_C(1) << k))
+		if (!(candidate & (UINT32_C(1) << k)))
 			continue;
 		quota[eligible[k]]++;
 		rem--;
