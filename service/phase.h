@@ -1,0 +1,70 @@
+/* railwaved's phase executor, private to service/: the pure per-phase math (receive layout,
+ * forwarding targets, combine accumulation, dtype conversion) and the executor's entry points
+ * used by the mesh and the IPC glue. docs/dataflow.md is the full description; the section
+ * names cited below are its headings. */
+#ifndef RW_SVC_PHASE_H
+#define RW_SVC_PHASE_H
+
+#include <stdint.h>
+
+#include "common/common.h"
+#include "sched/sched.h"
+#include "service/wire.h"
+
+/* ---- receive layout ("Receive-region layout") ------------------------------------------------
+ * For a phase at node `me`, from the full N x N x R count matrix: on every rail r, my dispatch
+ * area holds, for each source s in ascending order, a contiguous range of quota(s -> me, r)
+ * records; my send area (and, for the returning combine, my combine area) holds for each
+ * destination d in ascending order quota(me -> d, r) records. Both ends derive the same numbers
+ * from the same counts, so no offsets travel on the wire. Slots are record indices; byte offset =
+ * slot * record size. */
+typedef struct rw_svc_layout {
+	uint32_t nodes, rails, me;
+	rw_path_t path;
+	rw_pair_plan_t *out_pairs; /* [N]: me -> d (RailBalance or native); [me] is empty */
+	uint32_t *in_quota;        /* [N*R]: quota(s -> me, r); the s == me row is 0 */
+	uint32_t *in_first;        /* [N*R]: first slot of source s on rail r in my receive area */
+	uint32_t *out_first;       /* [N*R]: first slot of destination d on rail r in my send area */
+	uint32_t in_total[RW_MAX_RAILS];  /* records arriving on rail r */
+	uint32_t out_total[RW_MAX_RAILS]; /* records leaving on rail r */
+} rw_svc_layout_t;
+
+/* Allocate the arrays for N nodes x R rails. RW_ERR_NOMEM. */
+rw_status_t rw_svc_layout_alloc(rw_svc_layout_t *l, uint32_t nodes, uint32_t rails);
+void rw_svc_layout_free(rw_svc_layout_t *l);
+/* Fill the layout of `me` for `path` from counts[(s*N + d)*R + r]. Deterministic: every node
+ * computes quota(s -> d, r) exactly as the sender s does (rw_sched_plan_build for the sender's
+ * own pairs, rw_sched_balance with rotation = destination for the others). */
+rw_status_t rw_svc_layout_build(rw_svc_layout_t *l, const rw_topo_t *topo, rw_path_t path,
+				uint32_t me, const uint32_t *counts);
+/* The most records any node receives on any rail, and sends on any rail, under this layout's
+ * counts and path: every node checks the same bound before a phase starts (identical verdict
+ * everywhere, "Region sizing"). */
+void rw_svc_layout_max(const rw_topo_t *topo, rw_path_t path, const uint32_t *counts,
+		       uint64_t *max_in_p, uint64_t *max_out_p);
+
+/* ---- forwarding ("Receive and forward") ------------------------------------------------------
+ * Expert e lives on global rank e / (E / W), W = N * G; the record goes to every local rank of
+ * `me` that hosts one of its top-k experts. Returns the bitmask of local GPU indices (bit g);
+ * 0 when no expert of the record lives on `me` (a peer bug: the caller fails the phase).
+ * Negative ids are skipped; ids >= E make the function return 0 too. */
+uint32_t rw_svc_fwd_mask(uint32_t n_experts, uint32_t nodes, uint32_t gpus, uint32_t me,
+			 const int32_t *ids, uint32_t topk);
+/* Same from a dispatch record's top-k block. */
+uint32_t rw_svc_fwd_mask_rec(uint32_t n_experts, uint32_t nodes, uint32_t gpus, uint32_t me,
+			     const uint8_t *rec, uint32_t topk);
+
+/* ---- dtype and accumulation ("Combine") ------------------------------------------------------
+ * fp32 accumulation for both dtypes; bf16 stores round to nearest even (NaN stays NaN). */
+static inline float rw_svc_bf16_to_f32(uint16_t v)
+{
+	union { uint32_t u; float f; } x = { .u = (uint32_t)v << 16 };
+	return x.f;
+}
+uint16_t rw_svc_f32_to_bf16(float f);
+/* acc[i] += row[i] for i < hidden, row of dtype (rw_wire_dtype_t). */
+void rw_svc_row_acc(float *acc, const void *row, uint32_t dtype, uint32_t hidden);
+/* dst[i] = (dtype) acc[i]. */
+void rw_svc_row_store(void *dst, uint32_t dtype, const float *acc, uint32_t hidden);
+
+#endif /* RW_SVC_PHASE_H */

@@ -1,0 +1,300 @@
+/* service/wire.h: every peer message and record format round-trips, and the decoders reject
+ * malformed input (wrong sizes, magic, version, out-of-range fields, random bytes) without
+ * touching their outputs. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "service/phase.h"
+#include "service/wire.h"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void)
+{
+	rng_state ^= rng_state << 13;
+	rng_state ^= rng_state >> 7;
+	rng_state ^= rng_state << 17;
+	return (uint32_t)(rng_state >> 11);
+}
+
+static void test_hdr_roundtrip_and_reject(void **state)
+{
+	(void)state;
+	uint8_t b[RW_WIRE_HDR_SIZE];
+	rw_wire_hdr_t h = { .type = RW_WIRE_COUNTS, .length = 1234, .seq = 77 }, o;
+	rw_wire_hdr_pack(&h, b);
+	assert_int_equal(rw_wire_hdr_unpack(b, &o), RW_OK);
+	assert_int_equal(o.type, RW_WIRE_COUNTS);
+	assert_int_equal(o.length, 1234);
+	assert_int_equal(o.seq, 77);
+
+	uint8_t bad[RW_WIRE_HDR_SIZE];
+	memcpy(bad, b, sizeof(b));
+	bad[0] ^= 1; /* magic */
+	assert_int_equal(rw_wire_hdr_unpack(bad, &o), RW_ERR_PROTO);
+	memcpy(bad, b, sizeof(b));
+	rw_wire_put16(bad + 4, RW_WIRE_VERSION + 1);
+	assert_int_equal(rw_wire_hdr_unpack(bad, &o), RW_ERR_PROTO);
+	memcpy(bad, b, sizeof(b));
+	rw_wire_put16(bad + 6, 0);
+	assert_int_equal(rw_wire_hdr_unpack(bad, &o), RW_ERR_PROTO);
+	rw_wire_put16(bad + 6, RW_WIRE_TYPE_MAX + 1);
+	assert_int_equal(rw_wire_hdr_unpack(bad, &o), RW_ERR_PROTO);
+	memcpy(bad, b, sizeof(b));
+	rw_wire_put32(bad + 8, RW_WIRE_MAX_PAYLOAD + 1);
+	assert_int_equal(rw_wire_hdr_unpack(bad, &o), RW_ERR_PROTO);
+	/* "GET / HTTP/1.1" and the like are refused at the first header. */
+	memcpy(bad, "GET / HTTP/1.1\r\n", 16);
+	assert_int_equal(rw_wire_hdr_unpack(bad, &o), RW_ERR_PROTO);
+}
+
+static void test_hello_roundtrip(void **state)
+{
+	(void)state;
+	rw_wire_hello_t h;
+	memset(&h, 0, sizeof(h));
+	strcpy(h.cluster, "lab");
+	h.node = 2;
+	h.nodes = 4;
+	h.gpus = 2;
+	h.rails = 3;
+	h.fingerprint = 0x1122334455667788ull;
+	h.boot_id = 99;
+	for (uint32_t r = 0; r < h.rails; r++) {
+		memset(h.desc[r], (int)(r + 1), RW_WIRE_DESC_SIZE);
+		snprintf(h.rail_addr[r], RW_WIRE_ADDR_MAX, "127.0.%u.3:%u", r, 4000 + r);
+	}
+	uint8_t buf[4096];
+	size_t n = rw_wire_hello_pack(&h, buf, sizeof(buf));
+	assert_int_equal(n, rw_wire_hello_size(3));
+	assert_int_equal(rw_wire_hello_pack(&h, buf, n - 1), 0);
+	rw_wire_hello_t o;
+	assert_int_equal(rw_wire_hello_unpack(buf, n, &o), RW_OK);
+	assert_string_equal(o.cluster, "lab");
+	assert_int_equal(o.node, 2);
+	assert_int_equal(o.nodes, 4);
+	assert_int_equal(o.gpus, 2);
+	assert_int_equal(o.rails, 3);
+	assert_true(o.fingerprint == h.fingerprint);
+	assert_true(o.boot_id == 99);
+	for (uint32_t r = 0; r < 3; r++) {
+		assert_memory_equal(o.desc[r], h.desc[r], RW_WIRE_DESC_SIZE);
+		assert_string_equal(o.rail_addr[r], h.rail_addr[r]);
+	}
+	/* Wrong lengths, node >= nodes, unterminated strings. */
+	assert_int_equal(rw_wire_hello_unpack(buf, n - 1, &o), RW_ERR_PROTO);
+	assert_int_equal(rw_wire_hello_unpack(buf, n + 1, &o), RW_ERR_PROTO);
+	uint8_t bad[4096];
+	memcpy(bad, buf, n);
+	rw_wire_put32(bad + RW_WIRE_CLUSTER_MAX, 4);
+	assert_int_equal(rw_wire_hello_unpack(bad, n, &o), RW_ERR_PROTO);
+	memcpy(bad, buf, n);
+	memset(bad, 'x', RW_WIRE_CLUSTER_MAX);
+	assert_int_equal(rw_wire_hello_unpack(bad, n, &o), RW_ERR_PROTO);
+	memcpy(bad, buf, n);
+	memset(bad + n - RW_WIRE_ADDR_MAX, 'x', RW_WIRE_ADDR_MAX);
+	assert_int_equal(rw_wire_hello_unpack(bad, n, &o), RW_ERR_PROTO);
+	memcpy(bad, buf, n);
+	rw_wire_put32(bad + RW_WIRE_CLUSTER_MAX + 12, RW_MAX_RAILS + 1);
+	assert_int_equal(rw_wire_hello_unpack(bad, n, &o), RW_ERR_PROTO);
+}
+
+static void test_counts_roundtrip(void **state)
+{
+	(void)state;
+	uint32_t row[3 * 4];
+	for (uint32_t i = 0; i < 12; i++)
+		row[i] = rnd();
+	rw_wire_counts_t c = {
+		.key = { .group = rw_wire_group_hash("moe.ep0"), .layer = 7, .step = 1ull << 40 },
+		.node = 1, .nodes = 3, .rails = 4, .slot = 1,
+		.params = { .n_experts = 48, .topk = 4, .hidden = 64, .dtype = RW_WIRE_BF16,
+			    .requested_path = RW_WIRE_PATH_AUTO },
+		.row = row,
+	};
+	strcpy(c.group_name, "moe.ep0");
+	uint8_t buf[1024];
+	size_t n = rw_wire_counts_pack(&c, buf, sizeof(buf));
+	assert_int_equal(n, rw_wire_counts_size(3, 4));
+	rw_wire_counts_t o;
+	assert_int_equal(rw_wire_counts_unpack(buf, n, &o), RW_OK);
+	assert_true(rw_wire_key_eq(&o.key, &c.key));
+	assert_string_equal(o.group_name, "moe.ep0");
+	assert_int_equal(o.node, 1);
+	assert_int_equal(o.slot, 1);
+	assert_int_equal(o.params.n_experts, 48);
+	assert_int_equal(o.params.dtype, RW_WIRE_BF16);
+	assert_int_equal(o.params.requested_path, RW_WIRE_PATH_AUTO);
+	for (uint32_t i = 0; i < 12; i++)
+		assert_int_equal(rw_wire_counts_row(&o, i), row[i]);
+
+	uint8_t bad[1024];
+	assert_int_equal(rw_wire_counts_unpack(buf, n - 4, &o), RW_ERR_PROTO);
+	struct { size_t off; uint32_t v; } cases[] = {
+		{ RW_WIRE_GROUP_MAX + 16, 3 },      /* node >= nodes */
+		{ RW_WIRE_GROUP_MAX + 24, 2 },      /* nodes: size no longer matches */
+		{ RW_WIRE_GROUP_MAX + 24, 0 },      /* rails 0 */
+		{ RW_WIRE_GROUP_MAX + 28, RW_WIRE_MAX_SLOTS }, /* slot */
+		{ 0, 12345 },                       /* group hash does not match the name */
+		{ RW_WIRE_GROUP_MAX + 36, 0 },      /* topk 0 */
+		{ RW_WIRE_GROUP_MAX + 36, RW_MAX_TOPK + 1 },
+		{ RW_WIRE_GROUP_MAX + 44, RW_WIRE_DTYPE_COUNT },
+		{ RW_WIRE_GROUP_MAX + 48, RW_PATH_COUNT },
+	};
+	for (size_t i = 0; i < RW_ARRAY_SIZE(cases); i++) {
+		memcpy(bad, buf, n);
+		rw_wire_put32(bad + cases[i].off, cases[i].v);
+		assert_int_equal(rw_wire_counts_unpack(bad, n, &o), RW_ERR_PROTO);
+	}
+	memcpy(bad, buf, n);
+	memset(bad + 16, 'g', RW_WIRE_GROUP_MAX); /* unterminated group name */
+	assert_int_equal(rw_wire_counts_unpack(bad, n, &o), RW_ERR_PROTO);
+}
+
+static void test_phase_err_and_heartbeat(void **state)
+{
+	(void)state;
+	rw_wire_phase_err_t e = { .key = { 1, 2, 3 }, .kind = 1, .status = RW_ERR_TIMEOUT, .node = 3 };
+	strcpy(e.msg, "node 3: phase timed out");
+	uint8_t buf[512];
+	size_t n = rw_wire_phase_err_pack(&e, buf, sizeof(buf));
+	assert_int_equal(n, RW_WIRE_PHASE_ERR_SIZE);
+	rw_wire_phase_err_t o;
+	assert_int_equal(rw_wire_phase_err_unpack(buf, n, &o), RW_OK);
+	assert_int_equal(o.status, RW_ERR_TIMEOUT);
+	assert_int_equal(o.kind, 1);
+	assert_string_equal(o.msg, e.msg);
+	buf[20] = 5; /* a positive status is not an error */
+	buf[21] = buf[22] = buf[23] = 0;
+	assert_int_equal(rw_wire_phase_err_unpack(buf, n, &o), RW_ERR_PROTO);
+
+	rw_wire_heartbeat_t hb = { .stamp = 123456789012ull, .echo = 42 }, hbo;
+	assert_int_equal(rw_wire_heartbeat_pack(&hb, buf, sizeof(buf)), RW_WIRE_HEARTBEAT_SIZE);
+	assert_int_equal(rw_wire_heartbeat_unpack(buf, RW_WIRE_HEARTBEAT_SIZE, &hbo), RW_OK);
+	assert_true(hbo.stamp == hb.stamp && hbo.echo == 42);
+	assert_int_equal(rw_wire_heartbeat_unpack(buf, 15, &hbo), RW_ERR_PROTO);
+}
+
+/* Random bytes of random lengths never crash a decoder, and a decoder that accepts them
+ * produced in-range fields. */
+static void test_decoders_random_input(void **state)
+{
+	(void)state;
+	uint8_t buf[2048];
+	for (int it = 0; it < 20000; it++) {
+		size_t len = rnd() % sizeof(buf);
+		for (size_t i = 0; i < len; i++)
+			buf[i] = (uint8_t)rnd();
+		if (it % 4 == 0 && len >= RW_WIRE_CLUSTER_MAX + 32) { /* plausible hello prefix */
+			rw_wire_put32(buf + RW_WIRE_CLUSTER_MAX, rnd() % 4);
+			rw_wire_put32(buf + RW_WIRE_CLUSTER_MAX + 4, 4);
+			rw_wire_put32(buf + RW_WIRE_CLUSTER_MAX + 8, 2);
+			rw_wire_put32(buf + RW_WIRE_CLUSTER_MAX + 12, 1 + rnd() % 4);
+		}
+		rw_wire_hello_t h;
+		if (rw_wire_hello_unpack(buf, len, &h) == RW_OK) {
+			assert_true(h.node < h.nodes && h.rails >= 1 && h.rails <= RW_MAX_RAILS);
+			assert_true(strlen(h.cluster) < RW_WIRE_CLUSTER_MAX);
+		}
+		rw_wire_counts_t c;
+		if (rw_wire_counts_unpack(buf, len, &c) == RW_OK)
+			assert_true(c.node < c.nodes && len == rw_wire_counts_size(c.nodes, c.rails));
+		rw_wire_phase_err_t e;
+		if (rw_wire_phase_err_unpack(buf, len, &e) == RW_OK)
+			assert_true(e.status < 0 && strlen(e.msg) < RW_WIRE_ERRMSG_MAX);
+		rw_wire_hdr_t hdr;
+		if (len >= RW_WIRE_HDR_SIZE && rw_wire_hdr_unpack(buf, &hdr) == RW_OK)
+			assert_true(hdr.length <= RW_WIRE_MAX_PAYLOAD);
+	}
+}
+
+static void test_imm_and_records(void **state)
+{
+	(void)state;
+	for (int it = 0; it < 1000; it++) {
+		uint32_t tag = rnd(), kind = rnd() & 1, last = rnd() & 1, src = rnd() % 4096,
+			 rail = rnd() % 16;
+		rw_wire_imm_t i;
+		rw_wire_imm_unpack(rw_wire_imm_pack(tag, kind, last, src, rail), &i);
+		assert_int_equal(i.tag14, tag & 0x3fff);
+		assert_int_equal(i.kind, kind);
+		assert_int_equal(i.last, last);
+		assert_int_equal(i.src, src);
+		assert_int_equal(i.rail, rail);
+	}
+	/* Tags differ for neighbouring keys (layer, step, group). */
+	rw_wire_key_t a = { 1, 5, 10 }, b = { 1, 5, 11 }, c = { 1, 6, 10 }, d = { 2, 5, 10 };
+	assert_int_not_equal(rw_wire_key_tag(&a), rw_wire_key_tag(&b));
+	assert_int_not_equal(rw_wire_key_tag(&a), rw_wire_key_tag(&c));
+	assert_int_not_equal(rw_wire_key_tag(&a), rw_wire_key_tag(&d));
+
+	const uint32_t topk = 5;
+	assert_int_equal(rw_wire_rec_row_off(topk) % 16, 0);
+	assert_int_equal(rw_wire_rec_size(topk, 7, RW_WIRE_BF16) % 16, 0);
+	assert_true(rw_wire_rec_size(topk, 7, RW_WIRE_BF16) >= 16 + topk * 8 + 14);
+	uint8_t rec[256];
+	int32_t ids[5] = { 3, -1, 17, 0, 40 };
+	float w[5] = { 0.5f, 0.0f, 0.25f, 1.0f, -2.0f };
+	rw_wire_rec_hdr_t h = { .tag = 0xdeadbeef, .src_node = 3, .owner = 1, .token = 999,
+				.topk = topk }, o;
+	rw_wire_rec_pack(rec, &h, ids, w);
+	assert_int_equal(rw_wire_rec_unpack(rec, topk, &o), RW_OK);
+	assert_true(o.tag == 0xdeadbeef && o.src_node == 3 && o.owner == 1 && o.token == 999);
+	for (uint32_t i = 0; i < topk; i++) {
+		assert_int_equal(rw_wire_rec_id(rec, i), ids[i]);
+		assert_true(rw_wire_rec_weight(rec, topk, i) == w[i]);
+	}
+	assert_int_equal(rw_wire_rec_unpack(rec, topk + 1, &o), RW_ERR_PROTO);
+
+	rw_wire_crec_hdr_t ch = { .tag = 5, .src_node = 2, .rail = 3, .slot = 70000 }, co;
+	rw_wire_crec_pack(rec, &ch);
+	rw_wire_crec_unpack(rec, &co);
+	assert_true(co.tag == 5 && co.src_node == 2 && co.rail == 3 && co.slot == 70000);
+}
+
+static void test_bf16(void **state)
+{
+	(void)state;
+	/* Exact values survive; ties round to even; NaN stays NaN. */
+	float exact[] = { 0.0f, 1.0f, -2.5f, 256.0f, 1.0f / 1024, -65536.0f };
+	for (size_t i = 0; i < RW_ARRAY_SIZE(exact); i++)
+		assert_true(rw_svc_bf16_to_f32(rw_svc_f32_to_bf16(exact[i])) == exact[i]);
+	assert_true(rw_svc_bf16_to_f32(rw_svc_f32_to_bf16(1.0f + 1.0f / 256)) == 1.0f); /* tie: even */
+	assert_true(rw_svc_bf16_to_f32(rw_svc_f32_to_bf16(1.0f + 3.0f / 256)) == 1.0f + 4.0f / 256);
+	float nan = __builtin_nanf("");
+	float back = rw_svc_bf16_to_f32(rw_svc_f32_to_bf16(nan));
+	assert_true(back != back);
+
+	float acc[4] = { 1, 2, 3, 4 };
+	uint16_t row16[4];
+	for (int i = 0; i < 4; i++)
+		row16[i] = rw_svc_f32_to_bf16((float)(i * 10));
+	rw_svc_row_acc(acc, row16, RW_WIRE_BF16, 4);
+	assert_true(acc[0] == 1 && acc[1] == 12 && acc[2] == 23 && acc[3] == 34);
+	float row32[4] = { 0.5f, 0.5f, 0.5f, 0.5f };
+	rw_svc_row_acc(acc, row32, RW_WIRE_F32, 4);
+	assert_true(acc[3] == 34.5f);
+	uint16_t out16[4];
+	rw_svc_row_store(out16, RW_WIRE_BF16, acc, 4);
+	assert_true(rw_svc_bf16_to_f32(out16[1]) == 12.5f);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_hdr_roundtrip_and_reject),
+		cmocka_unit_test(test_hello_roundtrip),
+		cmocka_unit_test(test_counts_roundtrip),
+		cmocka_unit_test(test_phase_err_and_heartbeat),
+		cmocka_unit_test(test_decoders_random_input),
+		cmocka_unit_test(test_imm_and_records),
+		cmocka_unit_test(test_bf16),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
