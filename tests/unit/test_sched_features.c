@@ -1,0 +1,241 @@
+/* Features of DESIGN §4.5 (docs/algorithms.md §5): rw_sched_features equals a straightforward
+ * double-loop recomputation on random matrices (including matrices large enough for the
+ * blocked column pass), the neutral values when there is no remote payload, the clamps, and the
+ * R == 1 / N == 1 guards. Random cases are seeded: RW_TEST_SEED=<n> reproduces a run. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <setjmp.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "sched/sched.h"
+
+static uint64_t rng_state;
+
+static uint64_t rng_next(void) /* splitmix64 */
+{
+	uint64_t z = (rng_state += UINT64_C(0x9e3779b97f4a7c15));
+	z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+	z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+	return z ^ (z >> 31);
+}
+
+static uint32_t rng_below(uint32_t n) { return n ? (uint32_t)(rng_next() % n) : 0; }
+
+static void seed_rng(const char *test)
+{
+	const char *env = getenv("RW_TEST_SEED");
+	uint64_t seed = env ? strtoull(env, NULL, 0) : UINT64_C(20240611);
+	rng_state = seed;
+	printf("%s: seed %" PRIu64 " (RW_TEST_SEED=%" PRIu64 " reproduces)\n", test, seed, seed);
+}
+
+static size_t at(uint32_t n, uint32_t rails, uint32_t s, uint32_t d, uint32_t r)
+{
+	return ((size_t)s * n + d) * rails + r;
+}
+
+/* The definitions of §4.5 written out directly, in bytes and doubles. */
+static void reference(const rw_topo_t *t, const uint32_t *counts, uint64_t rb, rw_features_t *f)
+{
+	const uint32_t n = t->nodes, rails = t->rails;
+	double total = 0, max_egress = 0, max_ingress = 0, share = 0;
+	uint32_t fan = 0;
+	for (uint32_t s = 0; s < n; s++)
+		for (uint32_t r = 0; r < rails; r++) {
+			double e = 0;
+			for (uint32_t d = 0; d < n; d++)
+				if (d != s)
+					e += (double)counts[at(n, rails, s, d, r)] * (double)rb;
+			total += e;
+			if (e > max_egress)
+				max_egress = e;
+		}
+	for (uint32_t d = 0; d < n; d++) {
+		double in = 0, top = 0;
+		uint32_t senders = 0;
+		for (uint32_t s = 0; s < n; s++) {
+			if (s == d)
+				continue;
+			int any = 0;
+			for (uint32_t r = 0; r < rails; r++)
+				any |= counts[at(n, rails, s, d, r)] != 0;
+			senders += any;
+		}
+		for (uint32_t r = 0; r < rails; r++) {
+			double rail_in = 0;
+			for (uint32_t s = 0; s < n; s++)
+				if (s != d)
+					rail_in += (double)counts[at(n, rails, s, d, r)] * (double)rb;
+			in += rail_in;
+			if (rail_in > top)
+				top = rail_in;
+		}
+		if (in > max_ingress)
+			max_ingress = in;
+		if (in > 0 && top / in > share)
+			share = top / in;
+		if (senders > fan)
+			fan = senders;
+	}
+	memset(f, 0, sizeof(*f));
+	f->remote_bytes = (uint64_t)total;
+	f->rho_g = 1;
+	f->kappa = 1;
+	if (total == 0)
+		return;
+	f->B = total / ((double)n * t->gpus_per_node);
+	f->rho_g = max_egress / (total / ((double)n * rails));
+	f->kappa = max_ingress / (total / n);
+	f->f[0] = log2(f->B);
+	f->f[1] = rails == 1 ? 0 : fmin(1.0, (f->rho_g - 1) / (rails - 1));
+	f->f[2] = n == 1 ? 0 : fmin(1.0, (f->kappa - 1) / (n - 1));
+	f->max_fan_in = fan;
+	f->busiest_dst_rail_share = share;
+}
+
+static void assert_close(double got, double want)
+{
+	double tol = 1e-12 * fmax(1.0, fabs(want));
+	if (fabs(got - want) > tol) {
+		print_error("got %.17g want %.17g\n", got, want);
+		fail();
+	}
+}
+
+static void assert_features_equal(const rw_features_t *got, const rw_features_t *want)
+{
+	assert_int_equal(got->remote_bytes, want->remote_bytes);
+	assert_close(got->B, want->B);
+	assert_close(got->rho_g, want->rho_g);
+	assert_close(got->kappa, want->kappa);
+	for (int i = 0; i < 3; i++)
+		assert_close(got->f[i], want->f[i]);
+	assert_int_equal(got->max_fan_in, want->max_fan_in);
+	assert_close(got->busiest_dst_rail_share, want->busiest_dst_rail_share);
+}
+
+/* Random matrices of several shapes; some with N * R above the column pass's block so the
+ * blocked path is exercised. Two calls give bit-identical results (every node agrees). */
+static void test_features_random(void **state)
+{
+	(void)state;
+	seed_rng("features_random");
+	static uint32_t counts[300 * 300 * 4];
+	for (uint32_t c = 0; c < 400; c++) {
+		rw_topo_t t;
+		uint32_t n, rails = 1 + rng_below(RW_MAX_RAILS), gpus = 1 + rng_below(8);
+		n = 1 + rng_below(24);
+		if (c % 40 == 0) { /* N R > 1024: the column pass runs in blocks of 256 nodes */
+			n = 260 + rng_below(40);
+			rails = 4;
+		}
+		assert_int_equal(rw_sched_topo_init(&t, n, gpus, rails), RW_OK);
+		uint32_t shape = rng_below(5), cap = 1 + rng_below(1000);
+		uint32_t hot_s = rng_below(n), hot_d = rng_below(n), hot_r = rng_below(rails);
+		for (uint32_t s = 0; s < n; s++)
+			for (uint32_t d = 0; d < n; d++)
+				for (uint32_t r = 0; r < rails; r++) {
+					uint32_t v;
+					switch (shape) {
+					case 0: v = rng_below(cap + 1); break;               /* uniform */
+					case 1: v = d == hot_d ? rng_below(cap) : rng_below(3); break; /* incast */
+					case 2: v = r == hot_r ? rng_below(cap) : rng_below(3); break; /* hot rail */
+					case 3: v = s == hot_s ? rng_below(cap) : 0; break;  /* one sender */
+					default: v = rng_below(10) == 0 ? rng_below(cap) : 0; break; /* sparse */
+					}
+					counts[at(n, rails, s, d, r)] = v;
+				}
+		uint64_t rb = 1 + rng_below(3) * (uint64_t)rng_below(1 << 16);
+		rw_features_t got, again, want;
+		rw_sched_features(&t, counts, rb, &got);
+		reference(&t, counts, rb, &want);
+		assert_features_equal(&got, &want);
+		rw_sched_features(&t, counts, rb, &again);
+		assert_memory_equal(&got, &again, sizeof(got));
+	}
+}
+
+/* No remote payload (only local records, or nothing): f0 = 0 and everything neutral. */
+static void test_no_remote_is_neutral(void **state)
+{
+	(void)state;
+	rw_topo_t t;
+	assert_int_equal(rw_sched_topo_init(&t, 3, 8, 8), RW_OK);
+	uint32_t counts[3 * 3 * 8] = { 0 };
+	for (uint32_t v = 0; v < 3; v++)
+		counts[at(3, 8, v, v, v)] = 1000; /* local only */
+	rw_features_t f;
+	rw_sched_features(&t, counts, 8192, &f);
+	assert_int_equal(f.remote_bytes, 0);
+	assert_true(f.B == 0 && f.f[0] == 0 && f.f[1] == 0 && f.f[2] == 0);
+	assert_true(f.rho_g == 1 && f.kappa == 1);
+	assert_int_equal(f.max_fan_in, 0);
+	assert_true(f.busiest_dst_rail_share == 0);
+	/* N = 1: there is no remote node at all. */
+	assert_int_equal(rw_sched_topo_init(&t, 1, 8, 8), RW_OK);
+	rw_sched_features(&t, counts, 8192, &f);
+	assert_int_equal(f.remote_bytes, 0);
+	assert_true(f.f[0] == 0 && f.f[1] == 0 && f.f[2] == 0);
+}
+
+/* One (node, rail) sends everything to one node: rho_g = N R and kappa = N, both clamped to
+ * f = 1; fan-in 1; the destination's busiest rail carries it all. */
+static void test_extremes_and_guards(void **state)
+{
+	(void)state;
+	rw_topo_t t;
+	assert_int_equal(rw_sched_topo_init(&t, 4, 8, 8), RW_OK);
+	uint32_t counts[4 * 4 * 8] = { 0 };
+	counts[at(4, 8, 2, 1, 5)] = 64;
+	rw_features_t f;
+	rw_sched_features(&t, counts, 1024, &f);
+	assert_int_equal(f.remote_bytes, 64 * 1024);
+	assert_close(f.B, 64.0 * 1024 / 32);
+	assert_close(f.f[0], log2(64.0 * 1024 / 32));
+	assert_close(f.rho_g, 32);
+	assert_close(f.kappa, 4);
+	assert_close(f.f[1], 1);
+	assert_close(f.f[2], 1);
+	assert_int_equal(f.max_fan_in, 1);
+	assert_close(f.busiest_dst_rail_share, 1);
+
+	/* Perfectly even: every pair the same on every rail -> rho = kappa = 1, f1 = f2 = 0,
+	 * fan-in N - 1, busiest rail share 1/R. */
+	for (uint32_t s = 0; s < 4; s++)
+		for (uint32_t d = 0; d < 4; d++)
+			for (uint32_t r = 0; r < 8; r++)
+				counts[at(4, 8, s, d, r)] = 3;
+	rw_sched_features(&t, counts, 100, &f);
+	assert_close(f.rho_g, 1);
+	assert_close(f.kappa, 1);
+	assert_close(f.f[1], 0);
+	assert_close(f.f[2], 0);
+	assert_int_equal(f.max_fan_in, 3);
+	assert_close(f.busiest_dst_rail_share, 1.0 / 8);
+
+	/* R = 1: f1 is 0 (no rail skew is possible), not 0/0. */
+	assert_int_equal(rw_sched_topo_init(&t, 3, 2, 1), RW_OK);
+	uint32_t one[3 * 3] = { 0, 5, 0, 0, 0, 0, 1, 0, 0 };
+	rw_sched_features(&t, one, 10, &f);
+	assert_true(f.f[1] == 0);
+	assert_close(f.rho_g, 3.0 * 5 / 6);
+	assert_close(f.kappa, 3.0 * 5 / 6);
+	assert_close(f.f[2], (2.5 - 1) / 2);
+	assert_false(isnan(f.f[0]) || isnan(f.f[1]) || isnan(f.f[2]));
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_features_random),
+		cmocka_unit_test(test_no_remote_is_neutral),
+		cmocka_unit_test(test_extremes_and_guards),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
