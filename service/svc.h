@@ -180,8 +180,6 @@ typedef enum rw_svc_peer_state {
 
 const char *rw_svc_peer_state_name(rw_svc_peer_state_t s);
 const char *rw_svc_kind_name(rw_svc_phase_kind_t k);       /* "dispatch" | "combine" */
-const char *rw_svc_path_name(int path);                     /* rw_path_t name, or "?" */
-const char *rw_svc_reason_name(int reason);                 /* rw_select_reason_t name */
 const char *rw_svc_err_name(rw_status_t st);                /* short label: "peer", "timeout" */
 
 /* Latency histogram in nanoseconds, log-linear buckets (see rw_svc_hist_bucket()). */
