@@ -1,0 +1,75 @@
+/* cuda/absent.c: the module as built without the CUDA toolkit's cuda.h (RW_HAVE_CUDA_H 0).
+ * Every entry point answers RW_ERR_UNSUPPORTED (or 0 / nothing), like a node without a driver. */
+#include "config.h"
+
+#if !RW_HAVE_CUDA_H
+#include "cuda/rw_cuda.h"
+
+#define RW_NO_CUDA RW_ERR_UNSUPPORTED
+
+rw_status_t rw_cuda_init(void) { return RW_NO_CUDA; }
+const char *rw_cuda_unavailable_reason(void)
+{
+	return "built without the CUDA toolkit's cuda.h: CUDA buffers and kernels are disabled";
+}
+int rw_cuda_device_count(void) { return 0; }
+rw_status_t rw_cuda_device_uuid(int d, uint8_t u[16]) { (void)d; (void)u; return RW_NO_CUDA; }
+rw_status_t rw_cuda_device_by_uuid(const uint8_t u[16], int *d) { (void)u; (void)d; return RW_NO_CUDA; }
+rw_status_t rw_cuda_device_name(int d, char *b, size_t l) { (void)d; (void)b; (void)l; return RW_NO_CUDA; }
+rw_status_t rw_cuda_driver_version(int *v) { (void)v; return RW_NO_CUDA; }
+void rw_cuda_shutdown(void) {}
+rw_status_t rw_cuda_mem_alloc(int d, size_t n, rw_cuda_dptr_t *p) { (void)d; (void)n; (void)p; return RW_NO_CUDA; }
+void rw_cuda_mem_free(int d, rw_cuda_dptr_t p) { (void)d; (void)p; }
+rw_status_t rw_cuda_memcpy_htod(int d, rw_cuda_dptr_t a, const void *b, size_t n)
+{ (void)d; (void)a; (void)b; (void)n; return RW_NO_CUDA; }
+rw_status_t rw_cuda_memcpy_dtoh(int d, void *a, rw_cuda_dptr_t b, size_t n)
+{ (void)d; (void)a; (void)b; (void)n; return RW_NO_CUDA; }
+rw_status_t rw_cuda_memset_d8(int d, rw_cuda_dptr_t a, uint8_t v, size_t n)
+{ (void)d; (void)a; (void)v; (void)n; return RW_NO_CUDA; }
+rw_status_t rw_cuda_host_alloc(size_t n, void **p) { (void)n; (void)p; return RW_NO_CUDA; }
+void rw_cuda_host_free(void *p) { (void)p; }
+rw_status_t rw_cuda_host_register(void *p, size_t n) { (void)p; (void)n; return RW_NO_CUDA; }
+void rw_cuda_host_unregister(void *p) { (void)p; }
+rw_status_t rw_cuda_ipc_export(rw_cuda_dptr_t p, size_t n, rw_cuda_ipc_desc_t *d)
+{ (void)p; (void)n; (void)d; return RW_NO_CUDA; }
+rw_status_t rw_cuda_ipc_cache_create(rw_cuda_ipc_cache_t **c) { (void)c; return RW_NO_CUDA; }
+void rw_cuda_ipc_cache_destroy(rw_cuda_ipc_cache_t *c) { (void)c; }
+rw_status_t rw_cuda_ipc_import(rw_cuda_ipc_cache_t *c, const rw_cuda_ipc_desc_t *d, uint64_t o,
+			       rw_cuda_ipc_map_t **m, rw_cuda_dptr_t *p)
+{ (void)c; (void)d; (void)o; (void)m; (void)p; return RW_NO_CUDA; }
+void rw_cuda_ipc_release(rw_cuda_ipc_cache_t *c, rw_cuda_ipc_map_t *m) { (void)c; (void)m; }
+unsigned rw_cuda_ipc_release_owner(rw_cuda_ipc_cache_t *c, uint64_t o) { (void)c; (void)o; return 0; }
+rw_cuda_dptr_t rw_cuda_ipc_map_base(const rw_cuda_ipc_map_t *m) { (void)m; return 0; }
+uint64_t rw_cuda_ipc_map_bytes(const rw_cuda_ipc_map_t *m) { (void)m; return 0; }
+int rw_cuda_ipc_map_device(const rw_cuda_ipc_map_t *m) { (void)m; return -1; }
+unsigned rw_cuda_ipc_map_refs(const rw_cuda_ipc_map_t *m) { (void)m; return 0; }
+void rw_cuda_ipc_cache_stats(const rw_cuda_ipc_cache_t *c, rw_cuda_ipc_stats_t *s)
+{ (void)c; *s = (rw_cuda_ipc_stats_t){ 0 }; }
+int rw_cuda_dmabuf_supported(int d) { (void)d; return 0; }
+rw_status_t rw_cuda_dmabuf_export(int d, rw_cuda_dptr_t p, size_t n, int *fd)
+{ (void)d; (void)p; (void)n; (void)fd; return RW_NO_CUDA; }
+rw_status_t rw_cuda_stream_create(int d, rw_cuda_stream_t **s) { (void)d; (void)s; return RW_NO_CUDA; }
+void rw_cuda_stream_destroy(rw_cuda_stream_t *s) { (void)s; }
+int rw_cuda_stream_device(const rw_cuda_stream_t *s) { (void)s; return -1; }
+int rw_cuda_stream_fd(const rw_cuda_stream_t *s) { (void)s; return -1; }
+rw_status_t rw_cuda_copy_dtoh_async(rw_cuda_stream_t *s, void *a, rw_cuda_dptr_t b, size_t n)
+{ (void)s; (void)a; (void)b; (void)n; return RW_NO_CUDA; }
+rw_status_t rw_cuda_copy_htod_async(rw_cuda_stream_t *s, rw_cuda_dptr_t a, const void *b, size_t n)
+{ (void)s; (void)a; (void)b; (void)n; return RW_NO_CUDA; }
+rw_status_t rw_cuda_copy_dtod_async(rw_cuda_stream_t *s, rw_cuda_dptr_t a, rw_cuda_dptr_t b, size_t n)
+{ (void)s; (void)a; (void)b; (void)n; return RW_NO_CUDA; }
+rw_status_t rw_cuda_stream_mark(rw_cuda_stream_t *s, uint64_t t) { (void)s; (void)t; return RW_NO_CUDA; }
+int rw_cuda_stream_poll(rw_cuda_stream_t *s, uint64_t *t, int m) { (void)s; (void)t; (void)m; return RW_NO_CUDA; }
+rw_status_t rw_cuda_stream_sync(rw_cuda_stream_t *s) { (void)s; return RW_NO_CUDA; }
+int rw_cuda_kernels_available(int d) { (void)d; return 0; }
+rw_status_t rw_cuda_pack(rw_cuda_stream_t *s, rw_cuda_dptr_t a, rw_cuda_dptr_t b, rw_cuda_dptr_t i,
+			 uint32_t n, uint32_t l)
+{ (void)s; (void)a; (void)b; (void)i; (void)n; (void)l; return RW_NO_CUDA; }
+rw_status_t rw_cuda_unpack(rw_cuda_stream_t *s, rw_cuda_dptr_t a, rw_cuda_dptr_t b, rw_cuda_dptr_t i,
+			   uint32_t n, uint32_t l)
+{ (void)s; (void)a; (void)b; (void)i; (void)n; (void)l; return RW_NO_CUDA; }
+rw_status_t rw_cuda_combine(rw_cuda_stream_t *s, rw_cuda_dptr_t o, rw_cuda_dtype_t od, rw_cuda_dptr_t r,
+			    rw_cuda_dtype_t rd, uint32_t h, uint32_t n, rw_cuda_dptr_t off,
+			    rw_cuda_dptr_t ri, rw_cuda_dptr_t w)
+{ (void)s; (void)o; (void)od; (void)r; (void)rd; (void)h; (void)n; (void)off; (void)ri; (void)w; return RW_NO_CUDA; }
+#endif /* !RW_HAVE_CUDA_H */

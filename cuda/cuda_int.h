@@ -1,0 +1,84 @@
+/* cuda/ private: the run-time driver table and per-device state shared by the module's files.
+ * Compiled against the toolkit's cuda.h for types and names only; nothing links libcuda.
+ * cuda.h #defines the versioned entry points (cuMemAlloc -> cuMemAlloc_v2, ...), so a table field
+ * named after the plain API takes the _v2 name and type, and RW_CU_NAME() gives the exact symbol
+ * string that dlsym must look up. */
+#ifndef RW_CUDA_INT_H
+#define RW_CUDA_INT_H
+
+#include "config.h"
+
+#if RW_HAVE_CUDA_H
+#include <pthread.h>
+
+#include <cuda.h>
+
+#include "cuda/rw_cuda.h"
+
+/* Entry points without which the module reports RW_ERR_UNSUPPORTED (all exist since CUDA 11.4). */
+#define RW_CU_REQUIRED(X) \
+	X(cuInit) X(cuDriverGetVersion) X(cuGetErrorString) X(cuGetErrorName) \
+	X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetUuid) \
+	X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) \
+	X(cuCtxSetCurrent) X(cuCtxGetCurrent) \
+	X(cuMemAlloc) X(cuMemFree) X(cuMemGetAddressRange) X(cuMemcpyHtoD) X(cuMemcpyDtoH) \
+	X(cuMemsetD8) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemHostRegister) X(cuMemHostUnregister) \
+	X(cuPointerGetAttribute) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) \
+	X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamQuery) X(cuStreamSynchronize) \
+	X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuLaunchHostFunc)
+
+/* Entry points a feature needs; absent -> that feature reports RW_ERR_UNSUPPORTED. */
+#define RW_CU_OPTIONAL(X) \
+	X(cuMemGetHandleForAddressRange) \
+	X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel)
+
+#define RW_CU_STR_(x) #x
+#define RW_CU_NAME(x) RW_CU_STR_(x) /* expands the cuda.h version macro first */
+
+typedef struct rw_cu_api {
+#define RW_CU_FIELD(fn) __typeof__(fn) *fn;
+	RW_CU_REQUIRED(RW_CU_FIELD)
+	RW_CU_OPTIONAL(RW_CU_FIELD)
+#undef RW_CU_FIELD
+} rw_cu_api_t;
+
+extern rw_cu_api_t rw_cu; /* valid once rw_cuda_init() returned RW_OK */
+
+/* Kernels loaded into one device's primary context (cuda/kernels.c). */
+enum {
+	RW_K_PACK16, RW_K_UNPACK16, RW_K_PACK1, RW_K_UNPACK1,
+	RW_K_COMB_BB_V, RW_K_COMB_BF_V, RW_K_COMB_FB_V, RW_K_COMB_FF_V, /* out, row: b=bf16 f=fp32 */
+	RW_K_COMB_BB_S, RW_K_COMB_BF_S, RW_K_COMB_FB_S, RW_K_COMB_FF_S, /* _V 16-byte, _S scalar */
+	RW_K_COUNT
+};
+
+typedef struct rw_cu_device {
+	CUdevice dev;
+	CUcontext ctx;          /* retained primary context, or NULL */
+	int kernels_state;      /* 0 not tried, 1 loaded, -1 failed */
+	CUmodule module;
+	CUfunction fn[RW_K_COUNT];
+} rw_cu_device_t;
+
+extern rw_cu_device_t *rw_cu_devices;
+extern int rw_cu_ndevices;
+extern pthread_mutex_t rw_cu_lock; /* guards ctx retain/release and kernel loading */
+
+/* Make `device`'s primary context current on this thread (retained on first use). */
+rw_status_t rw_cu_enter(int device);
+
+/* Log "cuda: <what>: <driver message>" once and map the CUresult to a status. */
+rw_status_t rw_cu_fail(CUresult res, const char *what);
+
+/* Status for a failed call without logging (expected failures decided by the caller). */
+rw_status_t rw_cu_status(CUresult res);
+
+/* The CUstream behind a stream (cuda/stream.c), for kernel launches. */
+CUstream rw_cu_stream_handle(rw_cuda_stream_t *s);
+
+/* Load the embedded kernels into the device's context (caller holds nothing); 0 ok, -1 absent. */
+int rw_cu_kernels_load(int device);
+void rw_cu_kernels_unload_locked(rw_cu_device_t *d);
+
+#endif /* RW_HAVE_CUDA_H */
+#endif /* RW_CUDA_INT_H */

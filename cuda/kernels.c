@@ -1,0 +1,166 @@
+/* cuda/kernels.c: load the embedded kernel fatbin into each device's primary context on first
+ * use and launch pack / unpack / combine on a stream. Builds without nvcc embed an empty image
+ * (cuda/kernels_none.c): then rw_cuda_kernels_available() is 0 and callers use host paths. */
+#include "cuda/cuda_int.h"
+
+#if RW_HAVE_CUDA_H
+#include <stddef.h>
+
+extern const unsigned char rw_cuda_kernels_fatbin[];
+extern const size_t rw_cuda_kernels_fatbin_len;
+
+static const char *const kernel_names[RW_K_COUNT] = {
+	[RW_K_PACK16] = "rw_pack16",         [RW_K_UNPACK16] = "rw_unpack16",
+	[RW_K_PACK1] = "rw_pack1",           [RW_K_UNPACK1] = "rw_unpack1",
+	[RW_K_COMB_BB_V] = "rw_combine_bb_v", [RW_K_COMB_BF_V] = "rw_combine_bf_v",
+	[RW_K_COMB_FB_V] = "rw_combine_fb_v", [RW_K_COMB_FF_V] = "rw_combine_ff_v",
+	[RW_K_COMB_BB_S] = "rw_combine_bb_s", [RW_K_COMB_BF_S] = "rw_combine_bf_s",
+	[RW_K_COMB_FB_S] = "rw_combine_fb_s", [RW_K_COMB_FF_S] = "rw_combine_ff_s",
+};
+
+void rw_cu_kernels_unload_locked(rw_cu_device_t *d)
+{
+	if (d->kernels_state == 1 && rw_cu.cuModuleUnload)
+		rw_cu.cuModuleUnload(d->module);
+	d->kernels_state = 0;
+	d->module = NULL;
+}
+
+int rw_cu_kernels_load(int device)
+{
+	rw_cu_device_t *d;
+	CUresult res;
+	int state;
+
+	if (rw_cu_enter(device) != RW_OK)
+		return -1;
+	d = &rw_cu_devices[device];
+	pthread_mutex_lock(&rw_cu_lock);
+	if (d->kernels_state != 0)
+		goto out;
+	d->kernels_state = -1;
+	if (rw_cuda_kernels_fatbin_len == 0) {
+		rw_info("cuda: built without nvcc: no GPU kernels (host paths will be used)");
+		goto out;
+	}
+	if (!rw_cu.cuModuleLoadData || !rw_cu.cuModuleGetFunction || !rw_cu.cuLaunchKernel) {
+		rw_info("cuda: driver lacks the module API: no GPU kernels");
+		goto out;
+	}
+	res = rw_cu.cuModuleLoadData(&d->module, rw_cuda_kernels_fatbin);
+	if (res != CUDA_SUCCESS) {
+		rw_cu_fail(res, "cuModuleLoadData(kernels: sm_90 code + compute_90 PTX)");
+		goto out;
+	}
+	for (int k = 0; k < RW_K_COUNT; k++) {
+		res = rw_cu.cuModuleGetFunction(&d->fn[k], d->module, kernel_names[k]);
+		if (res != CUDA_SUCCESS) {
+			rw_cu_fail(res, kernel_names[k]);
+			rw_cu.cuModuleUnload(d->module);
+			d->module = NULL;
+			goto out;
+		}
+	}
+	d->kernels_state = 1;
+out:
+	state = d->kernels_state;
+	pthread_mutex_unlock(&rw_cu_lock);
+	return state == 1 ? 0 : -1;
+}
+
+int rw_cuda_kernels_available(int device)
+{
+	return rw_cu_kernels_load(device) == 0;
+}
+
+static rw_status_t launch(rw_cuda_stream_t *s, int k, unsigned grid, unsigned block, void **args)
+{
+	int device = rw_cuda_stream_device(s);
+	CUresult res;
+
+	if (rw_cu_kernels_load(device) != 0)
+		return RW_ERR_UNSUPPORTED;
+	/* rw_cu_kernels_load() left the device's context current. */
+	res = rw_cu.cuLaunchKernel(rw_cu_devices[device].fn[k], grid, 1, 1, block, 1, 1, 0,
+				   rw_cu_stream_handle(s), args, NULL);
+	return res == CUDA_SUCCESS ? RW_OK : rw_cu_fail(res, kernel_names[k]);
+}
+
+/* Enough blocks to fill the chip several times over (132 SMs on an H200), fewer for few rows:
+ * the kernels loop over rows, so any grid size is correct. */
+static unsigned grid_for(uint32_t nrows)
+{
+	return nrows < 4096 ? nrows : 4096;
+}
+
+static rw_status_t move_rows(rw_cuda_stream_t *s, int gather, rw_cuda_dptr_t dst, rw_cuda_dptr_t src,
+			     rw_cuda_dptr_t idx, uint32_t nrows, uint32_t row_bytes)
+{
+	CUdeviceptr d = dst, sr = src, ix = idx;
+	uint32_t n = nrows, len = row_bytes;
+	void *args[] = { &d, &sr, &ix, &n, &len };
+	unsigned block;
+	int k;
+
+	if (s == NULL || dst == 0 || src == 0 || idx == 0 || idx % 4 != 0)
+		return RW_ERR_INVAL;
+	if (nrows == 0 || row_bytes == 0)
+		return RW_OK;
+	if ((dst | src) % 16 == 0 && row_bytes % 16 == 0) {
+		len = row_bytes / 16;
+		k = gather ? RW_K_PACK16 : RW_K_UNPACK16;
+		block = len >= 1024 ? 256 : 128;
+	} else {
+		k = gather ? RW_K_PACK1 : RW_K_UNPACK1;
+		block = 256;
+	}
+	return launch(s, k, grid_for(nrows), block, args);
+}
+
+rw_status_t rw_cuda_pack(rw_cuda_stream_t *stream, rw_cuda_dptr_t slab, rw_cuda_dptr_t src,
+			 rw_cuda_dptr_t idx, uint32_t nrows, uint32_t row_bytes)
+{
+	return move_rows(stream, 1, slab, src, idx, nrows, row_bytes);
+}
+
+rw_status_t rw_cuda_unpack(rw_cuda_stream_t *stream, rw_cuda_dptr_t dst, rw_cuda_dptr_t slab,
+			   rw_cuda_dptr_t idx, uint32_t nrows, uint32_t row_bytes)
+{
+	return move_rows(stream, 0, dst, slab, idx, nrows, row_bytes);
+}
+
+rw_status_t rw_cuda_combine(rw_cuda_stream_t *stream, rw_cuda_dptr_t out, rw_cuda_dtype_t out_dtype,
+			    rw_cuda_dptr_t rows, rw_cuda_dtype_t row_dtype, uint32_t hidden,
+			    uint32_t ntokens, rw_cuda_dptr_t offsets, rw_cuda_dptr_t row_idx,
+			    rw_cuda_dptr_t weights)
+{
+	CUdeviceptr o = out, r = rows, off = offsets, ri = row_idx, w = weights;
+	uint32_t h = hidden, nt = ntokens;
+	void *args[] = { &o, &r, &h, &nt, &off, &ri, &w };
+	unsigned vec, block;
+	int pair, k, out_b, row_b;
+
+	if (stream == NULL || out == 0 || rows == 0 || offsets == 0 || row_idx == 0 || weights == 0 ||
+	    (out_dtype != RW_CUDA_BF16 && out_dtype != RW_CUDA_FP32) ||
+	    (row_dtype != RW_CUDA_BF16 && row_dtype != RW_CUDA_FP32) ||
+	    (offsets | row_idx | weights) % 4 != 0)
+		return RW_ERR_INVAL;
+	if (ntokens == 0 || hidden == 0)
+		return RW_OK;
+	out_b = out_dtype == RW_CUDA_BF16;
+	row_b = row_dtype == RW_CUDA_BF16;
+	if (out % (out_b ? 2 : 4) != 0 || rows % (row_b ? 2 : 4) != 0)
+		return RW_ERR_INVAL;
+	pair = out_b ? (row_b ? 0 : 1) : (row_b ? 2 : 3); /* bb, bf, fb, ff */
+	vec = (out_b && row_b) ? 8 : 4;
+	if (hidden % vec == 0 && (out | rows) % 16 == 0) {
+		k = RW_K_COMB_BB_V + pair;
+	} else {
+		k = RW_K_COMB_BB_S + pair;
+		vec = 1;
+	}
+	block = hidden / vec >= 256 ? 256 : 128;
+	return launch(stream, k, grid_for(ntokens), block, args);
+}
+
+#endif /* RW_HAVE_CUDA_H */

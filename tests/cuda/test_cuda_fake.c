@@ -1,0 +1,445 @@
+/* tests/cuda/test_cuda_fake.c: the IPC import cache, streams and driver loading of cuda/, run
+ * against tests/cuda/fake_libcuda.c (loaded through $RW_CUDA_DRIVER), so they run in CI with no
+ * GPU. The fake reuses handle bytes after a free, the worst case for the cache. */
+#include <dlfcn.h>
+#include <libgen.h>
+#include <limits.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "config.h"
+#include "cuda/rw_cuda.h"
+
+#if RW_HAVE_CUDA_H
+static char fake_path[PATH_MAX];
+static void (*fake_hold)(int);
+static int (*fake_ctx_refs)(void);
+static int (*fake_live_blocks)(void);
+
+static int setup(void **state)
+{
+	void *h;
+
+	(void)state;
+	if (rw_cuda_init() != RW_OK) {
+		fprintf(stderr, "fake driver did not load: %s\n", rw_cuda_unavailable_reason());
+		return -1;
+	}
+	h = dlopen(fake_path, RTLD_NOW | RTLD_NOLOAD);
+	if (h == NULL)
+		return -1;
+	fake_hold = (void (*)(int))dlsym(h, "rw_fake_cuda_hold");
+	fake_ctx_refs = (int (*)(void))dlsym(h, "rw_fake_cuda_ctx_refs");
+	fake_live_blocks = (int (*)(void))dlsym(h, "rw_fake_cuda_live_blocks");
+	dlclose(h); /* drops the NOLOAD reference only */
+	return fake_hold && fake_ctx_refs && fake_live_blocks ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	rw_cuda_shutdown();
+	return 0;
+}
+
+/* Allocate `bytes` on the fake device and fill it with `seed`-derived bytes. */
+static rw_cuda_dptr_t alloc_filled(size_t bytes, uint8_t seed)
+{
+	rw_cuda_dptr_t d = 0;
+	uint8_t *buf = malloc(bytes);
+
+	assert_non_null(buf);
+	for (size_t i = 0; i < bytes; i++)
+		buf[i] = (uint8_t)(seed + i * 7);
+	assert_int_equal(rw_cuda_mem_alloc(0, bytes, &d), RW_OK);
+	assert_int_equal(rw_cuda_memcpy_htod(0, d, buf, bytes), RW_OK);
+	free(buf);
+	return d;
+}
+
+static void assert_reads(rw_cuda_dptr_t d, size_t bytes, uint8_t seed)
+{
+	uint8_t *buf = malloc(bytes);
+
+	assert_non_null(buf);
+	assert_int_equal(rw_cuda_memcpy_dtoh(0, buf, d, bytes), RW_OK);
+	for (size_t i = 0; i < bytes; i++)
+		assert_int_equal(buf[i], (uint8_t)(seed + i * 7));
+	free(buf);
+}
+
+static void test_devices(void **state)
+{
+	uint8_t uuid[16];
+	char name[64];
+	int dev = -1;
+
+	(void)state;
+	assert_int_equal(rw_cuda_device_count(), 1);
+	assert_string_equal(rw_cuda_unavailable_reason(), "");
+	assert_int_equal(rw_cuda_device_name(0, name, sizeof(name)), RW_OK);
+	assert_string_equal(name, "RailWave fake GPU");
+	assert_int_equal(rw_cuda_device_uuid(0, uuid), RW_OK);
+	assert_int_equal(rw_cuda_device_by_uuid(uuid, &dev), RW_OK);
+	assert_int_equal(dev, 0);
+	uuid[0] ^= 1;
+	assert_int_equal(rw_cuda_device_by_uuid(uuid, &dev), RW_ERR_NOTFOUND);
+	assert_int_equal(rw_cuda_device_uuid(1, uuid), RW_ERR_INVAL);
+}
+
+static void test_export_describes_range(void **state)
+{
+	rw_cuda_dptr_t d = alloc_filled(4096, 1);
+	rw_cuda_ipc_desc_t desc, desc2;
+	uint8_t uuid[16];
+
+	(void)state;
+	assert_int_equal(rw_cuda_ipc_export(d + 256, 1024, &desc), RW_OK);
+	assert_int_equal(desc.offset, 256);
+	assert_int_equal(desc.bytes, 1024);
+	assert_int_equal(desc.alloc_bytes, 4096);
+	assert_int_not_equal(desc.buffer_id, 0);
+	assert_int_equal(rw_cuda_device_uuid(0, uuid), RW_OK);
+	assert_memory_equal(desc.device_uuid, uuid, 16);
+	/* past the end of the allocation, or empty: refused */
+	assert_int_equal(rw_cuda_ipc_export(d + 4000, 200, &desc2), RW_ERR_INVAL);
+	assert_int_equal(rw_cuda_ipc_export(d, 0, &desc2), RW_ERR_INVAL);
+	rw_cuda_mem_free(0, d);
+}
+
+static void test_import_hit_refcount_and_close(void **state)
+{
+	rw_cuda_dptr_t d = alloc_filled(8192, 3), p1 = 0, p2 = 0, p3 = 0;
+	rw_cuda_ipc_cache_t *cache;
+	rw_cuda_ipc_map_t *m1, *m2, *m3;
+	rw_cuda_ipc_desc_t desc, half;
+	rw_cuda_ipc_stats_t st;
+
+	(void)state;
+	assert_int_equal(rw_cuda_ipc_cache_create(&cache), RW_OK);
+	assert_int_equal(rw_cuda_ipc_export(d, 8192, &desc), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc, 7, &m1, &p1), RW_OK);
+	assert_reads(p1, 8192, 3);
+	/* same allocation again (another range of it): the same mapping, one more reference */
+	assert_int_equal(rw_cuda_ipc_export(d + 4096, 4096, &half), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &half, 7, &m2, &p2), RW_OK);
+	assert_ptr_equal(m1, m2);
+	assert_int_equal(p2, p1 + 4096);
+	assert_int_equal(rw_cuda_ipc_map_refs(m1), 2);
+	assert_int_equal(rw_cuda_ipc_map_bytes(m1), 8192);
+	assert_int_equal(rw_cuda_ipc_map_device(m1), 0);
+	rw_cuda_ipc_cache_stats(cache, &st);
+	assert_int_equal(st.opens, 1);
+	assert_int_equal(st.hits, 1);
+	assert_int_equal(st.live, 1);
+	rw_cuda_ipc_release(cache, m2);
+	assert_int_equal(rw_cuda_ipc_map_refs(m1), 1);
+	rw_cuda_ipc_release(cache, m1); /* last reference: closed */
+	rw_cuda_ipc_cache_stats(cache, &st);
+	assert_int_equal(st.closes, 1);
+	assert_int_equal(st.live, 0);
+	/* after release: a miss that opens again */
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc, 7, &m3, &p3), RW_OK);
+	rw_cuda_ipc_cache_stats(cache, &st);
+	assert_int_equal(st.opens, 2);
+	assert_int_equal(st.hits, 1);
+	assert_reads(p3, 8192, 3);
+	rw_cuda_ipc_release(cache, m3);
+	rw_cuda_ipc_cache_destroy(cache);
+	rw_cuda_mem_free(0, d);
+}
+
+/* The exporter frees a buffer that the daemon still maps and allocates a new one that gets the
+ * same handle bytes. The driver would return the old mapping: the cache must refuse, and serve
+ * the new buffer once the old registration is released. */
+static void test_freed_and_reallocated_not_stale(void **state)
+{
+	rw_cuda_dptr_t d1 = alloc_filled(4096, 10), d2, p1 = 0, p2 = 0;
+	rw_cuda_ipc_desc_t desc1, desc2;
+	rw_cuda_ipc_cache_t *cache;
+	rw_cuda_ipc_map_t *m1, *m2 = NULL;
+	rw_cuda_ipc_stats_t st;
+
+	(void)state;
+	assert_int_equal(rw_cuda_ipc_cache_create(&cache), RW_OK);
+	assert_int_equal(rw_cuda_ipc_export(d1, 4096, &desc1), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc1, 7, &m1, &p1), RW_OK);
+	rw_cuda_mem_free(0, d1); /* the client frees without deregistering */
+	d2 = alloc_filled(4096, 99);
+	assert_int_equal(rw_cuda_ipc_export(d2, 4096, &desc2), RW_OK);
+	/* the scenario: identical handle bytes, a different allocation */
+	assert_memory_equal(desc1.handle.bytes, desc2.handle.bytes, RW_CUDA_IPC_HANDLE_BYTES);
+	assert_int_not_equal(desc1.buffer_id, desc2.buffer_id);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc2, 7, &m2, &p2), RW_ERR_EXISTS);
+	rw_cuda_ipc_cache_stats(cache, &st);
+	assert_int_equal(st.refused_stale, 1);
+	assert_int_equal(st.live, 1);
+	assert_reads(p1, 4096, 10); /* the old registration still sees its own memory */
+	rw_cuda_ipc_release(cache, m1);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc2, 7, &m2, &p2), RW_OK);
+	assert_reads(p2, 4096, 99);
+	/* and the stale descriptor no longer hits: its buffer id is not the mapping's */
+	rw_cuda_ipc_release(cache, m2);
+	rw_cuda_ipc_cache_destroy(cache);
+	rw_cuda_mem_free(0, d2);
+}
+
+static void test_reallocated_after_release_is_fresh(void **state)
+{
+	rw_cuda_dptr_t d1 = alloc_filled(2048, 5), d2, p = 0;
+	rw_cuda_ipc_desc_t desc1, desc2;
+	rw_cuda_ipc_cache_t *cache;
+	rw_cuda_ipc_map_t *m;
+	rw_cuda_ipc_stats_t st;
+
+	(void)state;
+	assert_int_equal(rw_cuda_ipc_cache_create(&cache), RW_OK);
+	assert_int_equal(rw_cuda_ipc_export(d1, 2048, &desc1), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc1, 1, &m, &p), RW_OK);
+	rw_cuda_ipc_release(cache, m);
+	rw_cuda_mem_free(0, d1);
+	d2 = alloc_filled(2048, 77);
+	assert_int_equal(rw_cuda_ipc_export(d2, 2048, &desc2), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc2, 1, &m, &p), RW_OK);
+	assert_reads(p, 2048, 77);
+	rw_cuda_ipc_cache_stats(cache, &st);
+	assert_int_equal(st.hits, 0);
+	assert_int_equal(st.opens, 2);
+	rw_cuda_ipc_release(cache, m);
+	rw_cuda_ipc_cache_destroy(cache);
+	rw_cuda_mem_free(0, d2);
+}
+
+static void test_import_rejects_bad_descriptors(void **state)
+{
+	rw_cuda_dptr_t d = alloc_filled(4096, 2), p = 0;
+	rw_cuda_ipc_desc_t desc, bad;
+	rw_cuda_ipc_cache_t *cache;
+	rw_cuda_ipc_map_t *m = NULL;
+	rw_cuda_ipc_stats_t st;
+
+	(void)state;
+	assert_int_equal(rw_cuda_ipc_cache_create(&cache), RW_OK);
+	assert_int_equal(rw_cuda_ipc_export(d, 4096, &desc), RW_OK);
+	bad = desc;
+	bad.bytes = 0;
+	assert_int_equal(rw_cuda_ipc_import(cache, &bad, 1, &m, &p), RW_ERR_INVAL);
+	bad = desc;
+	bad.offset = 1;
+	assert_int_equal(rw_cuda_ipc_import(cache, &bad, 1, &m, &p), RW_ERR_INVAL);
+	bad = desc;
+	bad.offset = UINT64_MAX - 10;
+	bad.bytes = 100;
+	assert_int_equal(rw_cuda_ipc_import(cache, &bad, 1, &m, &p), RW_ERR_INVAL);
+	/* a client claiming a larger allocation than the driver maps */
+	bad = desc;
+	bad.alloc_bytes = 1 << 20;
+	bad.bytes = 8192;
+	assert_int_equal(rw_cuda_ipc_import(cache, &bad, 1, &m, &p), RW_ERR_INVAL);
+	bad = desc;
+	bad.device_uuid[3] ^= 0xff;
+	assert_int_equal(rw_cuda_ipc_import(cache, &bad, 1, &m, &p), RW_ERR_NOTFOUND);
+	bad = desc;
+	memcpy(bad.handle.bytes, "garbage", 7);
+	assert_int_equal(rw_cuda_ipc_import(cache, &bad, 1, &m, &p), RW_ERR_CLIENT);
+	rw_cuda_ipc_cache_stats(cache, &st);
+	assert_int_equal(st.live, 0);
+	/* a hit that lies about the allocation size is refused too */
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc, 1, &m, &p), RW_OK);
+	bad = desc;
+	bad.alloc_bytes = 8192;
+	assert_int_equal(rw_cuda_ipc_import(cache, &bad, 1, &m, &p), RW_ERR_INVAL);
+	assert_int_equal(rw_cuda_ipc_map_refs(m), 1);
+	rw_cuda_ipc_release(cache, m);
+	rw_cuda_ipc_cache_destroy(cache);
+	rw_cuda_mem_free(0, d);
+}
+
+static void test_owners_are_separate(void **state)
+{
+	rw_cuda_dptr_t a = alloc_filled(4096, 1), b = alloc_filled(4096, 2), p = 0;
+	rw_cuda_ipc_desc_t da, db;
+	rw_cuda_ipc_cache_t *cache;
+	rw_cuda_ipc_map_t *m1, *m2, *m3, *mx = NULL;
+	rw_cuda_ipc_stats_t st;
+
+	(void)state;
+	assert_int_equal(rw_cuda_ipc_cache_create(&cache), RW_OK);
+	assert_int_equal(rw_cuda_ipc_export(a, 4096, &da), RW_OK);
+	assert_int_equal(rw_cuda_ipc_export(b, 4096, &db), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &da, 7, &m1, &p), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &da, 7, &m2, &p), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &db, 8, &m3, &p), RW_OK);
+	/* another owner presenting owner 7's live handle is not given owner 7's mapping */
+	assert_int_equal(rw_cuda_ipc_import(cache, &da, 8, &mx, &p), RW_ERR_EXISTS);
+	assert_int_equal(rw_cuda_ipc_release_owner(cache, 7), 2);
+	rw_cuda_ipc_cache_stats(cache, &st);
+	assert_int_equal(st.live, 1);
+	assert_int_equal(rw_cuda_ipc_map_refs(m3), 1);
+	assert_int_equal(rw_cuda_ipc_release_owner(cache, 7), 0);
+	(void)m1;
+	(void)m2;
+	/* destroy closes what owner 8 still holds */
+	rw_cuda_ipc_cache_destroy(cache);
+	rw_cuda_mem_free(0, a);
+	rw_cuda_mem_free(0, b);
+	assert_int_equal(fake_live_blocks(), 0);
+}
+
+static int fd_readable(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	return poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+}
+
+static void test_stream_marks_in_order_and_wake_fd(void **state)
+{
+	rw_cuda_stream_t *s;
+	uint64_t tok[8];
+	uint8_t *host;
+	rw_cuda_dptr_t d = alloc_filled(256, 4);
+
+	(void)state;
+	assert_int_equal(rw_cuda_stream_create(0, &s), RW_OK);
+	assert_int_equal(rw_cuda_host_alloc(256, (void **)&host), RW_OK);
+	assert_true(rw_cuda_stream_fd(s) >= 0);
+	assert_int_equal(rw_cuda_stream_device(s), 0);
+	fake_hold(1);
+	assert_int_equal(rw_cuda_copy_dtoh_async(s, host, d, 256), RW_OK);
+	for (uint64_t t = 1; t <= 3; t++)
+		assert_int_equal(rw_cuda_stream_mark(s, t * 100), RW_OK);
+	assert_false(fd_readable(rw_cuda_stream_fd(s)));
+	assert_int_equal(rw_cuda_stream_poll(s, tok, 8), 0);
+	fake_hold(0); /* the "GPU" reaches the marks */
+	assert_true(fd_readable(rw_cuda_stream_fd(s)));
+	assert_int_equal(rw_cuda_stream_poll(s, tok, 2), 2);
+	assert_int_equal(tok[0], 100);
+	assert_int_equal(tok[1], 200);
+	assert_int_equal(rw_cuda_stream_poll(s, tok, 8), 1);
+	assert_int_equal(tok[0], 300);
+	assert_false(fd_readable(rw_cuda_stream_fd(s)));
+	assert_int_equal(rw_cuda_stream_poll(s, tok, 8), 0);
+	for (int i = 0; i < 256; i++)
+		assert_int_equal(host[i], (uint8_t)(4 + i * 7));
+	rw_cuda_host_free(host);
+	rw_cuda_stream_destroy(s);
+	rw_cuda_mem_free(0, d);
+}
+
+static void test_stream_mark_queue_bounded(void **state)
+{
+	rw_cuda_stream_t *s;
+	uint64_t tok[64];
+	uint64_t next = 0;
+	int n;
+
+	(void)state;
+	assert_int_equal(rw_cuda_stream_create(0, &s), RW_OK);
+	fake_hold(1);
+	for (int i = 0; i < 60; i++) /* the fake queues 64 host functions at most */
+		assert_int_equal(rw_cuda_stream_mark(s, (uint64_t)i), RW_OK);
+	fake_hold(0);
+	while ((n = rw_cuda_stream_poll(s, tok, 7)) > 0)
+		for (int i = 0; i < n; i++)
+			assert_int_equal(tok[i], next++);
+	assert_int_equal(next, 60);
+	/* marks never completed block new ones only at RW_CUDA_STREAM_MAX_MARKS outstanding */
+	for (int i = 0; i < RW_CUDA_STREAM_MAX_MARKS; i++)
+		assert_int_equal(rw_cuda_stream_mark(s, (uint64_t)i), RW_OK);
+	for (int i = 0; i < RW_CUDA_STREAM_MAX_MARKS; i++)
+		assert_int_equal(rw_cuda_stream_poll(s, tok, 1), 1);
+	fake_hold(1);
+	for (int i = 0; i < 64; i++)
+		assert_int_equal(rw_cuda_stream_mark(s, (uint64_t)i), RW_OK);
+	fake_hold(0);
+	next = 0;
+	while ((n = rw_cuda_stream_poll(s, tok, 64)) > 0)
+		next += (uint64_t)n;
+	assert_int_equal(next, 64);
+	rw_cuda_stream_destroy(s);
+}
+
+static void test_stream_mark_again_when_full(void **state)
+{
+	rw_cuda_stream_t *s;
+	uint64_t tok[RW_CUDA_STREAM_MAX_MARKS];
+
+	(void)state;
+	assert_int_equal(rw_cuda_stream_create(0, &s), RW_OK);
+	/* completed but not yet polled marks count as outstanding */
+	for (int i = 0; i < RW_CUDA_STREAM_MAX_MARKS; i++)
+		assert_int_equal(rw_cuda_stream_mark(s, (uint64_t)i), RW_OK);
+	assert_int_equal(rw_cuda_stream_mark(s, 9999), RW_ERR_AGAIN);
+	assert_int_equal(rw_cuda_stream_poll(s, tok, RW_CUDA_STREAM_MAX_MARKS), RW_CUDA_STREAM_MAX_MARKS);
+	assert_int_equal(tok[RW_CUDA_STREAM_MAX_MARKS - 1], RW_CUDA_STREAM_MAX_MARKS - 1);
+	assert_int_equal(rw_cuda_stream_mark(s, 9999), RW_OK);
+	assert_int_equal(rw_cuda_stream_sync(s), RW_OK);
+	assert_int_equal(rw_cuda_stream_poll(s, tok, 4), 1);
+	assert_int_equal(tok[0], 9999);
+	rw_cuda_stream_destroy(s);
+}
+
+static void test_dmabuf_and_kernels_report_unsupported(void **state)
+{
+	rw_cuda_dptr_t d = alloc_filled(8192, 0);
+	int fd = -1;
+
+	(void)state;
+	assert_int_equal(rw_cuda_dmabuf_supported(0), 0);
+	assert_int_equal(rw_cuda_dmabuf_export(0, d, 4096, &fd), RW_ERR_UNSUPPORTED);
+	assert_int_equal(fd, -1);
+	/* the fake has no module API: kernels absent, launches refused */
+	assert_int_equal(rw_cuda_kernels_available(0), 0);
+	rw_cuda_mem_free(0, d);
+}
+
+static void test_shutdown_releases_contexts(void **state)
+{
+	(void)state;
+	assert_true(fake_ctx_refs() > 0);
+	rw_cuda_shutdown();
+	assert_int_equal(fake_ctx_refs(), 0);
+	assert_int_equal(fake_live_blocks(), 0);
+}
+
+int main(int argc, char **argv)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_devices),
+		cmocka_unit_test(test_export_describes_range),
+		cmocka_unit_test(test_import_hit_refcount_and_close),
+		cmocka_unit_test(test_freed_and_reallocated_not_stale),
+		cmocka_unit_test(test_reallocated_after_release_is_fresh),
+		cmocka_unit_test(test_import_rejects_bad_descriptors),
+		cmocka_unit_test(test_owners_are_separate),
+		cmocka_unit_test(test_stream_marks_in_order_and_wake_fd),
+		cmocka_unit_test(test_stream_mark_queue_bounded),
+		cmocka_unit_test(test_stream_mark_again_when_full),
+		cmocka_unit_test(test_dmabuf_and_kernels_report_unsupported),
+		cmocka_unit_test(test_shutdown_releases_contexts),
+	};
+	char self[PATH_MAX];
+
+	(void)argc;
+	/* build/test/cuda_fake -> build/tests/cuda/libfakecuda.so */
+	snprintf(self, sizeof(self), "%s", argv[0]);
+	snprintf(fake_path, sizeof(fake_path), "%s/../tests/cuda/libfakecuda.so", dirname(self));
+	setenv("RW_CUDA_DRIVER", fake_path, 1);
+	rw_log_set_level(RW_LOG_WARN);
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
+#else
+int main(void)
+{
+	printf("cuda_fake: built without cuda.h; skipped\n");
+	return 77;
+}
+#endif
