@@ -1,0 +1,85 @@
+/* `railwave`: the one front end for RailWave's tools. A subcommand is one row of the table
+ * below (name, one-line summary, entry point declared in tools/tools.h); `railwave help` lists
+ * them. Later subcommands (demo, bench, sim, analyze, calibrate, stats, top) add a row. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/tools.h"
+
+static int cmd_help(int argc, char **argv);
+
+static const rw_tool_cmd_t commands[] = {
+	{ "help", "list the subcommands (railwave help CMD: that subcommand's options)", cmd_help },
+	{ "plan", "plan one phase on the built-in example cluster and print the chosen path", rw_tool_plan },
+	{ "bench-plan", "time counts, features, selection, RailBalance, mapping vs. Birkhoff", rw_tool_bench_plan },
+};
+
+static const rw_tool_cmd_t *find(const char *name)
+{
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		if (strcmp(commands[i].name, name) == 0)
+			return &commands[i];
+	return NULL;
+}
+
+static int cmd_help(int argc, char **argv)
+{
+	if (argc > 1) {
+		const rw_tool_cmd_t *c = find(argv[1]);
+		if (!c || c->main == cmd_help) {
+			fprintf(stderr, "railwave: no subcommand '%s'\n", argv[1]);
+			return 2;
+		}
+		char *sub[] = { argv[1], "--help", NULL };
+		return c->main(2, sub);
+	}
+	printf("usage: railwave COMMAND [OPTIONS]\n\ncommands:\n");
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		printf("  %-12s %s\n", commands[i].name, commands[i].summary);
+	printf("\n'railwave COMMAND --help' shows a command's options.\n");
+	return 0;
+}
+
+int rw_tool_parse_u64(const char *cmd, const char *opt, const char *arg, unsigned long long *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = arg ? strtoull(arg, &end, 0) : 0;
+	if (!arg || errno || end == arg || *end || arg[0] == '-') {
+		fprintf(stderr, "railwave %s: bad value for %s: '%s'\n", cmd, opt, arg ? arg : "");
+		return -1;
+	}
+	*out = v;
+	return 0;
+}
+
+int rw_tool_parse_double(const char *cmd, const char *opt, const char *arg, double *out)
+{
+	char *end;
+	errno = 0;
+	double v = arg ? strtod(arg, &end) : 0.0;
+	if (!arg || errno || end == arg || *end) {
+		fprintf(stderr, "railwave %s: bad value for %s: '%s'\n", cmd, opt, arg ? arg : "");
+		return -1;
+	}
+	*out = v;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		cmd_help(1, argv);
+		return 2;
+	}
+	if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)
+		return cmd_help(1, argv);
+	const rw_tool_cmd_t *c = find(argv[1]);
+	if (!c) {
+		fprintf(stderr, "railwave: unknown command '%s' (try 'railwave help')\n", argv[1]);
+		return 2;
+	}
+	return c->main(argc - 1, argv + 1);
+}
