@@ -36,6 +36,14 @@ static int mini_outcome; /* 0 ok, 1 failed, 2 skipped */
 	     if (a_ == b_) mini_fail("%lld == %lld (%s, %s)", a_, b_, #a, #b); } while (0)
 #define assert_memory_equal(a, b, n) assert_true(memcmp((a), (b), (n)) == 0)
 
+static int mini_run_one(const struct CMUnitTest *t)
+{
+	mini_outcome = 0;
+	if (setjmp(mini_jmp) == 0)
+		t->fn(NULL);
+	return mini_outcome;
+}
+
 static int mini_run(const struct CMUnitTest *t, size_t n)
 {
 	int passed = 0, failed = 0, skipped = 0;
@@ -44,9 +52,7 @@ static int mini_run(const struct CMUnitTest *t, size_t n)
 	for (size_t i = 0; i < n; i++) {
 		printf("[ RUN      ] %s\n", t[i].name);
 		fflush(stdout);
-		mini_outcome = 0;
-		if (setjmp(mini_jmp) == 0)
-			t[i].fn(NULL);
+		mini_run_one(&t[i]);
 		if (mini_outcome == 0) { passed++; printf("[       OK ] %s\n", t[i].name); }
 		else if (mini_outcome == 1) { failed++; printf("[  FAILED  ] %s\n", t[i].name); }
 		else { skipped++; printf("[  SKIPPED ] %s\n", t[i].name); }
