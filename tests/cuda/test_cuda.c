@@ -582,11 +582,11 @@ static void test_dmabuf_probe(void **state)
 		      supported ? "supported" : "unsupported", rw_status_str(st), fd);
 	if (st == RW_OK) {
 		char link[64], target[128] = "";
-		ssize_t n;
+		ssize_t len;
 		snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
-		n = readlink(link, target, sizeof(target) - 1);
-		if (n > 0)
-			target[n] = '\0';
+		len = readlink(link, target, sizeof(target) - 1);
+		if (len > 0)
+			target[len] = '\0';
 		print_message("dmabuf: fd %d is %s\n", fd, target);
 		assert_true(supported);
 		assert_true(fd >= 0);
