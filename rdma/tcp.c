@@ -1,0 +1,884 @@
+/* The `tcp` rail transport: rw_rail_ops_t's one-sided writes over one TCP connection per
+ * (peer, rail), bound to the rail's local address so traffic leaves through that rail's NIC.
+ * Single-threaded on the caller's libev loop (docs/rdma.md says why that is enough).
+ *
+ * A write travels as a 48-byte header (rdma/tcp_wire.h) plus payload; the target validates the
+ * header as untrusted input, then receives the payload straight into the registered region at
+ * the declared offset (readv into place, no staging copy). The target acknowledges with a
+ * cumulative ACK frame once the data is in place, batched per read wake-up; the writer reports
+ * on_write_done only then, so completion means "in the remote region", as on an RC QP. */
+#include "rdma/rail.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <ev.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "rdma/tcp_wire.h"
+
+#define TCP_DEFAULT_MAX_WRITES 1024
+#define TCP_MAX_WRITE_LENGTH (1ull << 30)
+#define TCP_HANDSHAKE_TIMEOUT_S 10.0
+#define TCP_IOV_MAX 64
+#define TCP_IO_BUDGET (8u << 20) /* bytes per wake-up and direction: keep other rails fair */
+
+typedef struct tcp_conn tcp_conn_t;
+typedef struct tcp_listener tcp_listener_t;
+
+typedef struct tcp_dev {
+	rw_rail_dev_t base;
+	struct sockaddr_in local_sa;
+	rw_rail_region_t **regions; /* registered regions; few per device, searched linearly */
+	size_t nregions, cap_regions;
+	uint32_t key_salt, key_counter;
+	tcp_conn_t *conns;          /* every connection not yet freed */
+	tcp_listener_t *listeners;
+} tcp_dev_t;
+
+struct tcp_listener {
+	rw_rail_listener_t base;
+	int fd;
+	ev_io io;
+	tcp_listener_t *next, **pprev;
+};
+
+typedef struct tx_entry {
+	rw_rail_region_t *local;
+	uint64_t local_offset, length;
+	void *ctx;
+	uint8_t hdr[RW_TCP_HDR_SIZE];
+} tx_entry_t;
+
+enum hs_state {
+	HS_CONNECTING,     /* connector: waiting for connect() to finish */
+	HS_WAIT_HELLO_ACK, /* connector: HELLO sent */
+	HS_WAIT_HELLO,     /* acceptor: waiting for the peer's HELLO */
+	HS_DONE,
+};
+
+struct tcp_conn {
+	rw_rail_conn_t base;
+	tcp_dev_t *dev;
+	int fd;
+	ev_io rio, wio;
+	ev_timer timer;          /* handshake timeout, or a deferred failure (after 0 s) */
+	enum hs_state hs;
+	rw_status_t pending_fail; /* set by fail_later(); reported from the timer */
+	int user_known;          /* the user holds this conn (connector, or accept announced) */
+	int cb_depth;            /* > 0 while inside one of our ev callbacks */
+	int closed;              /* rw_rail_conn_close() called: free when cb_depth drops to 0 */
+	int want_writable;       /* rw_rail_write() said AGAIN: on_writable() owed */
+
+	/* Outgoing writes: ring of max_writes (rounded up to a power of two) entries. Counters are
+	 * free-running; entry k carries seq k + 1. acked <= sent <= posted. */
+	tx_entry_t *ring;
+	uint64_t ring_mask;
+	uint64_t tx_acked, tx_sent, tx_posted;
+	uint64_t tx_off; /* bytes of entry tx_sent (header + payload) already sent */
+
+	/* Control frame being sent (HELLO, HELLO_ACK, ACK): only between whole write frames. */
+	uint8_t ctl[RW_TCP_HDR_SIZE];
+	uint32_t ctl_len, ctl_off;
+	uint64_t rx_done;  /* incoming writes in place and reported */
+	uint64_t ack_sent; /* highest rx_done put into an ACK frame */
+
+	/* Incoming frame. */
+	uint8_t rx_hdr[RW_TCP_HDR_SIZE];
+	uint32_t rx_hdr_have;
+	int rx_in_payload;
+	rw_tcp_hdr_t rx_cur;
+	rw_rail_region_t *rx_region;
+	uint64_t rx_have;
+
+	tcp_conn_t *next, **pprev;
+};
+
+/* ---- helpers ---------------------------------------------------------------------------- */
+
+static void fmt_sa(const struct sockaddr_in *sa, char *buf, size_t len)
+{
+	char ip[INET_ADDRSTRLEN];
+	inet_ntop(AF_INET, &sa->sin_addr, ip, sizeof(ip));
+	snprintf(buf, len, "%s:%u", ip, (unsigned)ntohs(sa->sin_port));
+}
+
+/* "a.b.c.d:port" (port optional when allow_no_port) -> sockaddr. */
+static int parse_sa(const char *s, int allow_no_port, struct sockaddr_in *sa)
+{
+	char ip[INET_ADDRSTRLEN];
+	const char *colon = strrchr(s, ':');
+	size_t iplen = colon ? (size_t)(colon - s) : strlen(s);
+	if (iplen == 0 || iplen >= sizeof(ip) || (!colon && !allow_no_port))
+		return -1;
+	memcpy(ip, s, iplen);
+	ip[iplen] = '\0';
+	memset(sa, 0, sizeof(*sa));
+	sa->sin_family = AF_INET;
+	if (inet_pton(AF_INET, ip, &sa->sin_addr) != 1)
+		return -1;
+	if (colon) {
+		char *end;
+		unsigned long port = strtoul(colon + 1, &end, 10);
+		if (*end || end == colon + 1 || port > 65535)
+			return -1;
+		sa->sin_port = htons((uint16_t)port);
+	}
+	return 0;
+}
+
+static void set_nodelay(int fd)
+{
+	int one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+static rw_rail_region_t *region_find(tcp_dev_t *dev, uint64_t key)
+{
+	for (size_t i = 0; i < dev->nregions; i++)
+		if (dev->regions[i]->key == key)
+			return dev->regions[i];
+	return NULL;
+}
+
+/* ---- connection lifetime ---------------------------------------------------------------- */
+
+static void conn_stop_io(tcp_conn_t *c)
+{
+	struct ev_loop *loop = c->dev->base.loop;
+	ev_io_stop(loop, &c->rio);
+	ev_io_stop(loop, &c->wio);
+	if (c->fd >= 0) {
+		close(c->fd);
+		c->fd = -1;
+	}
+}
+
+static void conn_free(tcp_conn_t *c)
+{
+	free(c->ring);
+	free(c);
+}
+
+/* Unlink, stop everything; free now or, inside one of its callbacks, when that returns. */
+static void conn_destroy(tcp_conn_t *c)
+{
+	conn_stop_io(c);
+	ev_timer_stop(c->dev->base.loop, &c->timer);
+	if (c->pprev) {
+		*c->pprev = c->next;
+		if (c->next)
+			c->next->pprev = c->pprev;
+		c->pprev = NULL;
+	}
+	c->closed = 1;
+	if (c->cb_depth == 0)
+		conn_free(c);
+}
+
+static void cb_enter(tcp_conn_t *c) { c->cb_depth++; }
+
+/* Returns 0 when the connection was freed (the caller must not touch it). */
+static int cb_leave(tcp_conn_t *c)
+{
+	if (--c->cb_depth == 0 && c->closed) {
+		conn_free(c);
+		return 0;
+	}
+	return 1;
+}
+
+/* Terminal failure, reported from inside an ev callback (cb_depth > 0). */
+static void conn_fail(tcp_conn_t *c, rw_status_t st)
+{
+	if (c->closed || c->base.state == RW_RAIL_CONN_DOWN)
+		return;
+	conn_stop_io(c);
+	ev_timer_stop(c->dev->base.loop, &c->timer);
+	c->base.state = RW_RAIL_CONN_DOWN;
+	if (!c->user_known) { /* an accepted connection that never got announced */
+		conn_destroy(c);
+		return;
+	}
+	while (c->tx_acked < c->tx_posted) {
+		tx_entry_t *e = &c->ring[c->tx_acked & c->ring_mask];
+		c->tx_acked++;
+		if (c->base.cbs.on_write_done)
+			c->base.cbs.on_write_done(&c->base, c->base.ctx, e->ctx, st);
+		if (c->closed)
+			return;
+	}
+	if (c->base.cbs.on_error)
+		c->base.cbs.on_error(&c->base, c->base.ctx, st);
+}
+
+static void timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	tcp_conn_t *c = w->data;
+	cb_enter(c);
+	if (c->pending_fail != RW_OK) {
+		conn_fail(c, c->pending_fail);
+	} else {
+		rw_err("rail %u peer %s: handshake timed out", c->dev->base.rail, c->base.peer);
+		conn_fail(c, RW_ERR_TIMEOUT);
+	}
+	cb_leave(c);
+}
+
+/* Failure decided outside a callback (inside an rw_rail_* call): stop the I/O now so nothing
+ * more lands, report from the loop. */
+static void conn_fail_later(tcp_conn_t *c, rw_status_t st)
+{
+	struct ev_loop *loop = c->dev->base.loop;
+	conn_stop_io(c);
+	if (c->pending_fail == RW_OK)
+		c->pending_fail = st;
+	ev_timer_stop(loop, &c->timer);
+	ev_timer_set(&c->timer, 0., 0.);
+	ev_timer_start(loop, &c->timer);
+}
+
+static void rio_cb(struct ev_loop *loop, ev_io *w, int revents);
+static void wio_cb(struct ev_loop *loop, ev_io *w, int revents);
+
+static tcp_conn_t *conn_new(tcp_dev_t *dev, int fd, const rw_rail_conn_cbs_t *cbs, void *ctx)
+{
+	tcp_conn_t *c = calloc(1, sizeof(*c));
+	if (!c)
+		return NULL;
+	uint64_t ring_size = 1;
+	while (ring_size < dev->base.max_writes)
+		ring_size <<= 1;
+	c->ring = calloc(ring_size, sizeof(*c->ring));
+	if (!c->ring) {
+		free(c);
+		return NULL;
+	}
+	c->ring_mask = ring_size - 1;
+	c->dev = dev;
+	c->fd = fd;
+	c->base.dev = &dev->base;
+	c->base.cbs = *cbs;
+	c->base.ctx = ctx;
+	c->base.state = RW_RAIL_CONN_CONNECTING;
+	ev_io_init(&c->rio, rio_cb, fd, EV_READ);
+	ev_io_init(&c->wio, wio_cb, fd, EV_WRITE);
+	ev_timer_init(&c->timer, timer_cb, TCP_HANDSHAKE_TIMEOUT_S, 0.);
+	c->rio.data = c->wio.data = c->timer.data = c;
+	c->next = dev->conns;
+	if (c->next)
+		c->next->pprev = &c->next;
+	dev->conns = c;
+	c->pprev = &dev->conns;
+	return c;
+}
+
+/* ---- sending ---------------------------------------------------------------------------- */
+
+static void ctl_queue(tcp_conn_t *c, uint8_t type, uint64_t key, uint64_t offset, uint64_t seq)
+{
+	rw_tcp_hdr_t h = {.type = type, .key = key, .offset = offset, .seq = seq};
+	rw_tcp_hdr_encode(&h, c->ctl);
+	c->ctl_len = RW_TCP_HDR_SIZE;
+	c->ctl_off = 0;
+}
+
+static int tx_pending(const tcp_conn_t *c)
+{
+	return c->ctl_off < c->ctl_len || c->tx_sent < c->tx_posted ||
+	       (c->hs == HS_DONE && c->rx_done > c->ack_sent);
+}
+
+/* Send as much as the socket takes: control frame first (only at a write-frame boundary), then
+ * queued writes as header+payload iovecs. Returns 0, or -1 after conn_fail(). */
+static int tx_flush(tcp_conn_t *c)
+{
+	size_t budget = TCP_IO_BUDGET;
+	if (c->fd < 0) /* failing (fail_later) */
+		return 0;
+	while (budget > 0) {
+		struct iovec iov[TCP_IOV_MAX];
+		int n = 0;
+		size_t total = 0;
+		if (c->ctl_off >= c->ctl_len && c->tx_off == 0 && c->hs == HS_DONE &&
+		    c->rx_done > c->ack_sent) {
+			ctl_queue(c, RW_TCP_ACK, 0, 0, c->rx_done);
+			c->ack_sent = c->rx_done;
+		}
+		if (c->ctl_off < c->ctl_len) {
+			iov[n].iov_base = c->ctl + c->ctl_off;
+			iov[n].iov_len = c->ctl_len - c->ctl_off;
+			total += iov[n++].iov_len;
+		}
+		/* An ACK waiting behind a half-sent write goes right after that write. */
+		int stop_after_first = c->tx_off > 0 && c->rx_done > c->ack_sent;
+		uint64_t off = c->tx_off;
+		for (uint64_t k = c->tx_sent; k < c->tx_posted && n + 2 <= TCP_IOV_MAX; k++) {
+			tx_entry_t *e = &c->ring[k & c->ring_mask];
+			if (off < RW_TCP_HDR_SIZE) {
+				iov[n].iov_base = e->hdr + off;
+				iov[n].iov_len = RW_TCP_HDR_SIZE - off;
+				total += iov[n++].iov_len;
+				off = RW_TCP_HDR_SIZE;
+			}
+			uint64_t done = off - RW_TCP_HDR_SIZE;
+			if (done < e->length) {
+				iov[n].iov_base = (uint8_t *)e->local->addr + e->local_offset + done;
+				iov[n].iov_len = e->length - done;
+				total += iov[n++].iov_len;
+			}
+			off = 0;
+			if (stop_after_first || total >= budget)
+				break;
+		}
+		if (n == 0)
+			break;
+		struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+		ssize_t sent = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (sent < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				break;
+			rw_err("rail %u peer %s: send: %m", c->dev->base.rail, c->base.peer);
+			conn_fail(c, RW_ERR_PEER);
+			return -1;
+		}
+		size_t left = (size_t)sent;
+		budget = left >= budget ? 0 : budget - left;
+		if (c->ctl_off < c->ctl_len) {
+			size_t take = RW_MIN(left, (size_t)(c->ctl_len - c->ctl_off));
+			c->ctl_off += (uint32_t)take;
+			left -= take;
+		}
+		while (left > 0) {
+			tx_entry_t *e = &c->ring[c->tx_sent & c->ring_mask];
+			uint64_t frame = RW_TCP_HDR_SIZE + e->length;
+			uint64_t take = RW_MIN((uint64_t)left, frame - c->tx_off);
+			c->tx_off += take;
+			left -= take;
+			if (c->tx_off == frame) {
+				c->tx_sent++;
+				c->tx_off = 0;
+			}
+		}
+		if ((size_t)sent < total)
+			break; /* socket buffer full */
+	}
+	struct ev_loop *loop = c->dev->base.loop;
+	if (tx_pending(c))
+		ev_io_start(loop, &c->wio);
+	else
+		ev_io_stop(loop, &c->wio);
+	return 0;
+}
+
+static void announce_up(tcp_conn_t *c)
+{
+	ev_timer_stop(c->dev->base.loop, &c->timer);
+	c->hs = HS_DONE;
+	c->base.state = RW_RAIL_CONN_UP;
+	c->user_known = 1;
+	if (c->base.cbs.on_connected)
+		c->base.cbs.on_connected(&c->base, c->base.ctx);
+}
+
+static void wio_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	(void)revents;
+	tcp_conn_t *c = w->data;
+	cb_enter(c);
+	if (c->hs == HS_CONNECTING) {
+		int err = 0;
+		socklen_t len = sizeof(err);
+		if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+			err = errno;
+		if (err) {
+			errno = err;
+			rw_err("rail %u peer %s: connect: %m", c->dev->base.rail, c->base.peer);
+			conn_fail(c, RW_ERR_PEER);
+			goto out;
+		}
+		ctl_queue(c, RW_TCP_HELLO, c->base.tag, c->dev->base.rail, 0);
+		c->hs = HS_WAIT_HELLO_ACK;
+		ev_io_start(loop, &c->rio);
+	}
+	tx_flush(c);
+out:
+	cb_leave(c);
+}
+
+/* ---- receiving -------------------------------------------------------------------------- */
+
+static void proto_fail(tcp_conn_t *c, const char *why, const rw_tcp_hdr_t *h)
+{
+	if (h)
+		rw_err("rail %u peer %s: protocol violation: %s (type %u key %#llx offset %llu "
+		       "length %llu seq %llu); dropping connection", c->dev->base.rail, c->base.peer,
+		       why, h->type, (unsigned long long)h->key, (unsigned long long)h->offset,
+		       (unsigned long long)h->length, (unsigned long long)h->seq);
+	else
+		rw_err("rail %u peer %s: protocol violation: %s; dropping connection",
+		       c->dev->base.rail, c->base.peer, why);
+	conn_fail(c, RW_ERR_PROTO);
+}
+
+static void arrival(tcp_conn_t *c)
+{
+	rw_rail_arrival_t a = {.region = c->rx_region, .offset = c->rx_cur.offset,
+			       .length = c->rx_cur.length, .imm = c->rx_cur.imm};
+	c->rx_in_payload = 0;
+	c->rx_region = NULL;
+	c->rx_done++;
+	if (c->base.cbs.on_arrival)
+		c->base.cbs.on_arrival(&c->base, c->base.ctx, &a);
+}
+
+/* Handle one complete header in rx_hdr. Returns 0 to go on, -1 when the conn failed/closed. */
+static int rx_frame(tcp_conn_t *c)
+{
+	rw_tcp_hdr_t h;
+	c->rx_hdr_have = 0;
+	if (rw_tcp_hdr_decode(c->rx_hdr, &h) != 0) {
+		proto_fail(c, "bad magic, version or frame type", NULL);
+		return -1;
+	}
+	switch (h.type) {
+	case RW_TCP_HELLO:
+		if (c->hs != HS_WAIT_HELLO) {
+			proto_fail(c, "unexpected HELLO", &h);
+			return -1;
+		}
+		if (h.offset != c->dev->base.rail) {
+			proto_fail(c, "peer is on another rail", &h);
+			return -1;
+		}
+		c->base.tag = h.key;
+		ctl_queue(c, RW_TCP_HELLO_ACK, 0, c->dev->base.rail, 0);
+		if (tx_flush(c) < 0)
+			return -1;
+		announce_up(c);
+		return c->closed || c->base.state != RW_RAIL_CONN_UP ? -1 : 0;
+	case RW_TCP_HELLO_ACK:
+		if (c->hs != HS_WAIT_HELLO_ACK || h.offset != c->dev->base.rail) {
+			proto_fail(c, "unexpected HELLO_ACK", &h);
+			return -1;
+		}
+		announce_up(c);
+		return c->closed || c->base.state != RW_RAIL_CONN_UP ? -1 : 0;
+	case RW_TCP_WRITE: {
+		if (c->hs != HS_DONE) {
+			proto_fail(c, "WRITE before handshake", &h);
+			return -1;
+		}
+		rw_rail_region_t *r = region_find(c->dev, h.key);
+		if (!r) {
+			proto_fail(c, "unknown region key", &h);
+			return -1;
+		}
+		if (h.length > TCP_MAX_WRITE_LENGTH ||
+		    rw_rail_range_check(r->length, h.offset, h.length) != RW_OK) {
+			proto_fail(c, "range outside the region", &h);
+			return -1;
+		}
+		if (h.seq != c->rx_done + 1) {
+			proto_fail(c, "out-of-order sequence number", &h);
+			return -1;
+		}
+		c->rx_cur = h;
+		c->rx_region = r;
+		c->rx_have = 0;
+		c->rx_in_payload = 1;
+		if (h.length == 0) {
+			arrival(c);
+			return c->closed || c->base.state != RW_RAIL_CONN_UP ? -1 : 0;
+		}
+		return 0;
+	}
+	case RW_TCP_ACK: {
+		if (c->hs != HS_DONE || h.seq < c->tx_acked || h.seq > c->tx_sent) {
+			proto_fail(c, "ACK for writes never sent", &h);
+			return -1;
+		}
+		while (c->tx_acked < h.seq) {
+			tx_entry_t *e = &c->ring[c->tx_acked & c->ring_mask];
+			c->tx_acked++;
+			if (c->base.cbs.on_write_done)
+				c->base.cbs.on_write_done(&c->base, c->base.ctx, e->ctx, RW_OK);
+			if (c->closed || c->base.state != RW_RAIL_CONN_UP)
+				return -1;
+		}
+		if (c->want_writable && c->tx_posted - c->tx_acked < c->dev->base.max_writes) {
+			c->want_writable = 0;
+			if (c->base.cbs.on_writable)
+				c->base.cbs.on_writable(&c->base, c->base.ctx);
+			if (c->closed || c->base.state != RW_RAIL_CONN_UP)
+				return -1;
+		}
+		return 0;
+	}
+	}
+	return 0;
+}
+
+static void rio_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	tcp_conn_t *c = w->data;
+	size_t budget = TCP_IO_BUDGET;
+	cb_enter(c);
+	while (budget > 0 && c->fd >= 0) {
+		struct iovec iov[2];
+		int n = 0;
+		if (c->rx_in_payload) {
+			/* Payload straight into the region; the next header rides along. */
+			iov[n].iov_base = (uint8_t *)c->rx_region->addr + c->rx_cur.offset + c->rx_have;
+			iov[n++].iov_len = c->rx_cur.length - c->rx_have;
+		}
+		iov[n].iov_base = c->rx_hdr + c->rx_hdr_have;
+		iov[n++].iov_len = RW_TCP_HDR_SIZE - c->rx_hdr_have;
+		ssize_t got = readv(c->fd, iov, n);
+		if (got < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				break;
+			rw_err("rail %u peer %s: receive: %m", c->dev->base.rail, c->base.peer);
+			conn_fail(c, RW_ERR_PEER);
+			goto out;
+		}
+		if (got == 0) {
+			if (c->user_known)
+				rw_warn("rail %u peer %s: connection closed by peer%s", c->dev->base.rail,
+					c->base.peer,
+					c->rx_in_payload || c->rx_hdr_have ? " mid-frame" : "");
+			conn_fail(c, RW_ERR_PEER);
+			goto out;
+		}
+		size_t left = (size_t)got;
+		budget = left >= budget ? 0 : budget - left;
+		if (c->rx_in_payload) {
+			size_t take = RW_MIN(left, (size_t)(c->rx_cur.length - c->rx_have));
+			c->rx_have += take;
+			left -= take;
+			if (c->rx_have == c->rx_cur.length) {
+				arrival(c);
+				if (c->closed || c->base.state != RW_RAIL_CONN_UP)
+					goto out;
+			}
+		}
+		c->rx_hdr_have += (uint32_t)left;
+		if (c->rx_hdr_have == RW_TCP_HDR_SIZE && rx_frame(c) < 0)
+			goto out;
+	}
+	if (c->hs == HS_DONE && c->rx_done > c->ack_sent && c->fd >= 0)
+		tx_flush(c); /* the batched ACK for everything that landed in this wake-up */
+out:
+	cb_leave(c);
+}
+
+/* ---- listener --------------------------------------------------------------------------- */
+
+static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	(void)revents;
+	tcp_listener_t *l = w->data;
+	tcp_dev_t *dev = (tcp_dev_t *)l->base.dev;
+	for (int i = 0; i < 64; i++) {
+		struct sockaddr_in sa;
+		socklen_t salen = sizeof(sa);
+		int fd = accept4(l->fd, (struct sockaddr *)&sa, &salen, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
+			    errno != ECONNABORTED)
+				rw_err("rail %u: accept on %s: %m", dev->base.rail, l->base.addr);
+			return;
+		}
+		set_nodelay(fd);
+		tcp_conn_t *c = conn_new(dev, fd, &l->base.cbs, l->base.ctx);
+		if (!c) {
+			rw_err("rail %u: out of memory accepting a connection", dev->base.rail);
+			close(fd);
+			continue;
+		}
+		c->base.accepted = 1;
+		fmt_sa(&sa, c->base.peer, sizeof(c->base.peer));
+		c->hs = HS_WAIT_HELLO;
+		ev_io_start(loop, &c->rio);
+		ev_timer_start(loop, &c->timer);
+	}
+}
+
+static rw_status_t tcp_listen(rw_rail_dev_t *base, const rw_rail_conn_cbs_t *cbs, void *ctx,
+			      rw_rail_listener_t **listener_p)
+{
+	tcp_dev_t *dev = (tcp_dev_t *)base;
+	rw_status_t st = RW_ERR_SYS;
+	tcp_listener_t *l = calloc(1, sizeof(*l));
+	if (!l)
+		return RW_ERR_NOMEM;
+	l->fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (l->fd < 0) {
+		rw_err("rail %u: socket: %m", base->rail);
+		goto free_listener;
+	}
+	int one = 1;
+	setsockopt(l->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	struct sockaddr_in sa = dev->local_sa;
+	sa.sin_port = htons(base->port);
+	if (bind(l->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		rw_err("rail %u: bind %s port %u: %m", base->rail, base->local, base->port);
+		goto close_fd;
+	}
+	if (listen(l->fd, 128) < 0) {
+		rw_err("rail %u: listen: %m", base->rail);
+		goto close_fd;
+	}
+	socklen_t salen = sizeof(sa);
+	if (getsockname(l->fd, (struct sockaddr *)&sa, &salen) < 0)
+		goto close_fd;
+	fmt_sa(&sa, l->base.addr, sizeof(l->base.addr));
+	l->base.dev = base;
+	l->base.cbs = *cbs;
+	l->base.ctx = ctx;
+	ev_io_init(&l->io, accept_cb, l->fd, EV_READ);
+	l->io.data = l;
+	ev_io_start(base->loop, &l->io);
+	l->next = dev->listeners;
+	if (l->next)
+		l->next->pprev = &l->next;
+	dev->listeners = l;
+	l->pprev = &dev->listeners;
+	*listener_p = &l->base;
+	return RW_OK;
+
+close_fd:
+	close(l->fd);
+free_listener:
+	free(l);
+	return st;
+}
+
+static void tcp_listener_close(rw_rail_listener_t *base)
+{
+	tcp_listener_t *l = (tcp_listener_t *)base;
+	ev_io_stop(base->dev->loop, &l->io);
+	close(l->fd);
+	*l->pprev = l->next;
+	if (l->next)
+		l->next->pprev = l->pprev;
+	free(l);
+}
+
+/* ---- connect / write / close ------------------------------------------------------------ */
+
+static rw_status_t tcp_connect(rw_rail_dev_t *base, const char *peer_addr, uint64_t tag,
+			       const rw_rail_conn_cbs_t *cbs, void *ctx, rw_rail_conn_t **conn_p)
+{
+	tcp_dev_t *dev = (tcp_dev_t *)base;
+	struct sockaddr_in peer;
+	if (parse_sa(peer_addr, 0, &peer) < 0 || peer.sin_port == 0) {
+		rw_err("rail %u: bad peer address '%s' (want a.b.c.d:port)", base->rail, peer_addr);
+		return RW_ERR_INVAL;
+	}
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		rw_err("rail %u: socket: %m", base->rail);
+		return RW_ERR_SYS;
+	}
+	/* Bind to the rail's address: the route out follows the source on a rail-per-subnet
+	 * setup, and the peer sees which rail we are. */
+	struct sockaddr_in local = dev->local_sa;
+	local.sin_port = 0;
+	if (bind(fd, (struct sockaddr *)&local, sizeof(local)) < 0) {
+		rw_err("rail %u: bind %s: %m", base->rail, base->local);
+		close(fd);
+		return RW_ERR_SYS;
+	}
+	set_nodelay(fd);
+	tcp_conn_t *c = conn_new(dev, fd, cbs, ctx);
+	if (!c) {
+		close(fd);
+		return RW_ERR_NOMEM;
+	}
+	c->base.tag = tag;
+	c->user_known = 1;
+	c->hs = HS_CONNECTING;
+	snprintf(c->base.peer, sizeof(c->base.peer), "%s", peer_addr);
+	ev_timer_start(base->loop, &c->timer);
+	if (connect(fd, (struct sockaddr *)&peer, sizeof(peer)) < 0 && errno != EINPROGRESS) {
+		rw_err("rail %u peer %s: connect: %m", base->rail, peer_addr);
+		conn_fail_later(c, RW_ERR_PEER); /* on_error() from the loop, as promised */
+	} else {
+		ev_io_start(base->loop, &c->wio);
+	}
+	*conn_p = &c->base;
+	return RW_OK;
+}
+
+static rw_status_t tcp_write(rw_rail_conn_t *base, const rw_rail_write_t *w)
+{
+	tcp_conn_t *c = (tcp_conn_t *)base;
+	if (base->state != RW_RAIL_CONN_UP || c->closed || c->fd < 0)
+		return RW_ERR_STATE; /* fd < 0: a failure is about to be reported */
+	if (c->tx_posted - c->tx_acked >= c->dev->base.max_writes) {
+		c->want_writable = 1;
+		return RW_ERR_AGAIN;
+	}
+	tx_entry_t *e = &c->ring[c->tx_posted & c->ring_mask];
+	e->local = w->local;
+	e->local_offset = w->local_offset;
+	e->length = w->length;
+	e->ctx = w->ctx;
+	rw_tcp_hdr_t h = {.type = RW_TCP_WRITE, .imm = w->imm, .key = w->remote.key,
+			  .offset = w->remote_offset, .length = w->length, .seq = c->tx_posted + 1};
+	rw_tcp_hdr_encode(&h, e->hdr);
+	c->tx_posted++;
+	ev_io_start(c->dev->base.loop, &c->wio); /* sent from the loop: no callbacks from here */
+	return RW_OK;
+}
+
+static void tcp_conn_close(rw_rail_conn_t *base)
+{
+	conn_destroy((tcp_conn_t *)base);
+}
+
+/* ---- regions ---------------------------------------------------------------------------- */
+
+static rw_status_t tcp_reg_host(rw_rail_dev_t *base, void *addr, uint64_t length,
+				rw_rail_region_t **region_p)
+{
+	tcp_dev_t *dev = (tcp_dev_t *)base;
+	if (dev->nregions == dev->cap_regions) {
+		size_t cap = dev->cap_regions ? 2 * dev->cap_regions : 16;
+		rw_rail_region_t **grown = realloc(dev->regions, cap * sizeof(*grown));
+		if (!grown)
+			return RW_ERR_NOMEM;
+		dev->regions = grown;
+		dev->cap_regions = cap;
+	}
+	rw_rail_region_t *r = calloc(1, sizeof(*r));
+	if (!r)
+		return RW_ERR_NOMEM;
+	r->dev = base;
+	r->addr = addr;
+	r->length = length;
+	/* Salted per device so that a stale or foreign key is very unlikely to name a live one. */
+	r->key = ((uint64_t)dev->key_salt << 32) | ++dev->key_counter;
+	r->base = 0;
+	dev->regions[dev->nregions++] = r;
+	*region_p = r;
+	return RW_OK;
+}
+
+static rw_status_t tcp_reg_dmabuf(rw_rail_dev_t *dev, int fd, uint64_t fd_offset,
+				  uint64_t length, uint64_t iova, rw_rail_region_t **region_p)
+{
+	(void)dev, (void)fd, (void)fd_offset, (void)length, (void)iova, (void)region_p;
+	return RW_ERR_UNSUPPORTED; /* sockets need a CPU mapping: stage through host memory */
+}
+
+static void tcp_dereg(rw_rail_region_t *r)
+{
+	tcp_dev_t *dev = (tcp_dev_t *)r->dev;
+	for (size_t i = 0; i < dev->nregions; i++) {
+		if (dev->regions[i] == r) {
+			dev->regions[i] = dev->regions[--dev->nregions];
+			break;
+		}
+	}
+	/* A peer's write still landing in it: stop receiving and fail that connection. */
+	for (tcp_conn_t *c = dev->conns; c; c = c->next) {
+		if (c->rx_in_payload && c->rx_region == r) {
+			rw_err("rail %u peer %s: region %#llx deregistered while a write was landing",
+			       dev->base.rail, c->base.peer, (unsigned long long)r->key);
+			c->rx_in_payload = 0;
+			c->rx_region = NULL;
+			conn_fail_later(c, RW_ERR_PROTO);
+		}
+	}
+	free(r);
+}
+
+/* ---- device ----------------------------------------------------------------------------- */
+
+static rw_status_t tcp_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loop,
+				rw_rail_dev_t **dev_p)
+{
+	rw_status_t st;
+	tcp_dev_t *dev = calloc(1, sizeof(*dev));
+	if (!dev)
+		return RW_ERR_NOMEM;
+	st = rw_rail_dev_init_base(&dev->base, &rw_rail_tcp_ops, cfg, loop, TCP_DEFAULT_MAX_WRITES);
+	if (st != RW_OK)
+		goto free_dev;
+	if (parse_sa(cfg->local, 1, &dev->local_sa) < 0 || dev->local_sa.sin_port != 0) {
+		rw_err("rail %u: tcp wants an IPv4 address for the rail, got '%s'", cfg->rail,
+		       cfg->local);
+		st = RW_ERR_INVAL;
+		goto free_dev;
+	}
+	/* Probe that the address is ours (EADDRNOTAVAIL otherwise). */
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		st = RW_ERR_SYS;
+		goto free_dev;
+	}
+	int rc = bind(fd, (struct sockaddr *)&dev->local_sa, sizeof(dev->local_sa));
+	int saved = errno;
+	close(fd);
+	if (rc < 0) {
+		errno = saved;
+		rw_err("rail %u: address %s is not usable here: %m", cfg->rail, cfg->local);
+		st = saved == EADDRNOTAVAIL ? RW_ERR_NOTFOUND : RW_ERR_SYS;
+		goto free_dev;
+	}
+	if (getrandom(&dev->key_salt, sizeof(dev->key_salt), GRND_NONBLOCK) != sizeof(dev->key_salt))
+		dev->key_salt = (uint32_t)(rw_now_ns() ^ (uint64_t)getpid() << 16);
+	dev->base.caps.flags = RW_RAIL_CAP_ARRIVAL_WHERE;
+	dev->base.caps.max_writes = dev->base.max_writes;
+	dev->base.caps.max_write_length = TCP_MAX_WRITE_LENGTH;
+	*dev_p = &dev->base;
+	return RW_OK;
+
+free_dev:
+	free(dev);
+	return st;
+}
+
+static void tcp_dev_close(rw_rail_dev_t *base)
+{
+	tcp_dev_t *dev = (tcp_dev_t *)base;
+	while (dev->listeners)
+		tcp_listener_close(&dev->listeners->base);
+	while (dev->conns)
+		conn_destroy(dev->conns);
+	for (size_t i = 0; i < dev->nregions; i++)
+		free(dev->regions[i]);
+	free(dev->regions);
+	free(dev);
+}
+
+const rw_rail_ops_t rw_rail_tcp_ops = {
+	.name = "tcp",
+	.dev_open = tcp_dev_open,
+	.dev_close = tcp_dev_close,
+	.reg_host = tcp_reg_host,
+	.reg_dmabuf = tcp_reg_dmabuf,
+	.dereg = tcp_dereg,
+	.listen = tcp_listen,
+	.listener_close = tcp_listener_close,
+	.connect = tcp_connect,
+	.write = tcp_write,
+	.conn_close = tcp_conn_close,
+};

@@ -1,0 +1,74 @@
+/* Private: the `tcp` rail transport's wire format, shared by rdma/tcp.c and the conformance
+ * suite's hostile-peer tests. Not part of the module's public face (that is rdma/rail.h).
+ *
+ * Every frame starts with one fixed 48-byte little-endian header; only WRITE carries a payload
+ * (exactly `length` bytes, received straight into the target region).
+ *   0 u32 magic   4 u8 version   5 u8 type   6 u16 reserved (0)
+ *   8 u32 imm    12 u32 reserved (0)
+ *  16 u64 key    24 u64 offset  32 u64 length  40 u64 seq
+ * HELLO (connector -> acceptor): key = tag, offset = rail index. HELLO_ACK: offset = rail.
+ * WRITE: key/offset/length name the target range, imm is delivered, seq = 1, 2, 3, ... per
+ * direction. ACK: seq = number of writes whose data is in place (cumulative). */
+#ifndef RW_RDMA_TCP_WIRE_H
+#define RW_RDMA_TCP_WIRE_H
+
+#include <endian.h>
+#include <stdint.h>
+#include <string.h>
+
+#define RW_TCP_MAGIC 0x43545752u /* "RWTC" little-endian */
+#define RW_TCP_VERSION 1
+#define RW_TCP_HDR_SIZE 48
+
+enum rw_tcp_frame_type {
+	RW_TCP_HELLO = 1,
+	RW_TCP_HELLO_ACK = 2,
+	RW_TCP_WRITE = 3,
+	RW_TCP_ACK = 4,
+};
+
+typedef struct rw_tcp_hdr {
+	uint8_t type;
+	uint32_t imm;
+	uint64_t key, offset, length, seq;
+} rw_tcp_hdr_t;
+
+static inline void rw_tcp_hdr_encode(const rw_tcp_hdr_t *h, uint8_t out[RW_TCP_HDR_SIZE])
+{
+	uint32_t u32;
+	uint64_t u64;
+	memset(out, 0, RW_TCP_HDR_SIZE);
+	u32 = htole32(RW_TCP_MAGIC); memcpy(out + 0, &u32, 4);
+	out[4] = RW_TCP_VERSION;
+	out[5] = h->type;
+	u32 = htole32(h->imm); memcpy(out + 8, &u32, 4);
+	u64 = htole64(h->key); memcpy(out + 16, &u64, 8);
+	u64 = htole64(h->offset); memcpy(out + 24, &u64, 8);
+	u64 = htole64(h->length); memcpy(out + 32, &u64, 8);
+	u64 = htole64(h->seq); memcpy(out + 40, &u64, 8);
+}
+
+/* Decode and check the fixed fields; returns 0 on success, -1 on bad magic/version/reserved
+ * or an unknown type (the caller drops the connection). */
+static inline int rw_tcp_hdr_decode(const uint8_t in[RW_TCP_HDR_SIZE], rw_tcp_hdr_t *h)
+{
+	uint32_t u32;
+	uint64_t u64;
+	memcpy(&u32, in + 0, 4);
+	if (le32toh(u32) != RW_TCP_MAGIC || in[4] != RW_TCP_VERSION)
+		return -1;
+	if (in[5] < RW_TCP_HELLO || in[5] > RW_TCP_ACK || in[6] || in[7])
+		return -1;
+	memcpy(&u32, in + 12, 4);
+	if (u32)
+		return -1;
+	h->type = in[5];
+	memcpy(&u32, in + 8, 4); h->imm = le32toh(u32);
+	memcpy(&u64, in + 16, 8); h->key = le64toh(u64);
+	memcpy(&u64, in + 24, 8); h->offset = le64toh(u64);
+	memcpy(&u64, in + 32, 8); h->length = le64toh(u64);
+	memcpy(&u64, in + 40, 8); h->seq = le64toh(u64);
+	return 0;
+}
+
+#endif /* RW_RDMA_TCP_WIRE_H */
