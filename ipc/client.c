@@ -1,0 +1,528 @@
+/* librailwave (ipc/railwave.h): a trainer rank's side of node-local IPC. Control requests are
+ * synchronous request/reply datagrams on the Unix socket; submissions and completions go through
+ * the two shared-memory rings the daemon created, with no system call unless the other side
+ * sleeps. Links libc only: CUDA buffers arrive as raw IPC handle bytes. */
+#include "ipc/railwave.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ipc/proto.h"
+#include "ipc/ring.h"
+
+#define MIN_U(a, b) ((a) < (b) ? (a) : (b))
+
+typedef struct host_buf {
+	uint32_t id;
+	void *addr;
+	size_t size;
+} host_buf_t;
+
+struct rw_client {
+	int fd;
+	uint32_t seq;
+	int timeout_ms;
+	uint32_t id;
+	int closed; /* the daemon is gone or dropped us: every call fails with closed_code */
+	int closed_code;
+	char last_msg[RW_IPC_ERRMSG_MAX];
+	void *ring_map;
+	size_t ring_bytes;
+	int sq_efd;
+	int cq_efd;
+	rw_ring_t sq; /* we produce */
+	rw_ring_t cq; /* we consume */
+	uint32_t inflight;
+	host_buf_t *bufs;
+	size_t nbufs, capbufs;
+	rw_ipc_hello_ok_t limits;
+};
+
+static void debug_msg(const rw_client_t *c, int code)
+{
+	if (getenv("RAILWAVE_DEBUG"))
+		fprintf(stderr, "librailwave: %s: %s\n", rw_client_strerror(code), c->last_msg);
+}
+
+static void hdr_init(rw_client_t *c, rw_ipc_hdr_t *hdr, uint16_t type)
+{
+	memset(hdr, 0, sizeof(*hdr));
+	hdr->magic = RW_IPC_MAGIC;
+	hdr->version = RW_IPC_VERSION;
+	hdr->type = type;
+	hdr->seq = ++c->seq;
+}
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void close_fds(int *fds, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+}
+
+/* Receive one datagram (blocking up to deadline) with up to RW_IPC_MAX_FDS fds. Returns its
+ * length, 0 when the daemon closed the connection, or a negative RW_E_*. */
+static int recv_msg(rw_client_t *c, rw_ipc_msg_t *msg, int *fds, unsigned *nfds_p,
+		    int64_t deadline)
+{
+	*nfds_p = 0;
+	for (;;) {
+		int wait = -1;
+		if (deadline >= 0) {
+			int64_t left = deadline - now_ms();
+			wait = left > 0 ? (int)left : 0;
+		}
+		struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
+		int r = poll(&pfd, 1, wait);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return RW_E_SYS;
+		if (r == 0)
+			return RW_E_TIMEOUT;
+		union {
+			char buf[CMSG_SPACE(sizeof(int) * RW_IPC_MAX_FDS)];
+			struct cmsghdr align;
+		} cbuf;
+		struct iovec iov = {.iov_base = msg, .iov_len = sizeof(*msg)};
+		struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.buf,
+				    .msg_controllen = sizeof(cbuf.buf)};
+		ssize_t n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+		if (n < 0 && (errno == EINTR || errno == EAGAIN))
+			continue;
+		if (n < 0)
+			return errno == ECONNRESET ? 0 : RW_E_SYS;
+		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+			if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+				continue;
+			size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+			for (size_t i = 0; i < k && *nfds_p < RW_IPC_MAX_FDS; i++)
+				memcpy(&fds[(*nfds_p)++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+		}
+		if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+			close_fds(fds, *nfds_p);
+			*nfds_p = 0;
+			return RW_E_BADREPLY;
+		}
+		return (int)n;
+	}
+}
+
+static int mark_closed(rw_client_t *c, int code)
+{
+	c->closed = 1;
+	c->closed_code = code;
+	return code;
+}
+
+/* An ERROR datagram from the daemon: remember its text; a fatal one ends the connection. */
+static int take_error(rw_client_t *c, const rw_ipc_msg_t *msg, int len)
+{
+	if (len != (int)sizeof(rw_ipc_error_t) || msg->error.code >= 0)
+		return RW_E_BADREPLY;
+	memcpy(c->last_msg, msg->error.message, sizeof(c->last_msg));
+	c->last_msg[sizeof(c->last_msg) - 1] = '\0';
+	debug_msg(c, msg->error.code);
+	if (msg->error.fatal)
+		mark_closed(c, msg->error.code);
+	return msg->error.code;
+}
+
+/* Send a request (with an optional fd) and wait for its reply of `reply_type`, exactly
+ * `reply_len` bytes and `reply_nfds` fds (stored in fds_out). Returns 0 or RW_E_*. */
+static int request(rw_client_t *c, const void *req, size_t len, int fd, uint16_t reply_type,
+		   rw_ipc_msg_t *reply, size_t reply_len, int *fds_out, unsigned reply_nfds)
+{
+	if (c->closed)
+		return c->closed_code;
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} cbuf;
+	struct iovec iov = {.iov_base = (void *)req, .iov_len = len};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+	if (fd >= 0) {
+		memset(&cbuf, 0, sizeof(cbuf));
+		mh.msg_control = cbuf.buf;
+		mh.msg_controllen = sizeof(cbuf.buf);
+		struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+	}
+	ssize_t n;
+	do
+		n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return (errno == EPIPE || errno == ECONNRESET) ? mark_closed(c, RW_E_CLOSED) : RW_E_SYS;
+
+	uint32_t seq = ((const rw_ipc_hdr_t *)req)->seq;
+	int64_t deadline = now_ms() + c->timeout_ms;
+	int fds[RW_IPC_MAX_FDS];
+	unsigned nfds;
+	int got = recv_msg(c, reply, fds, &nfds, deadline);
+	if (got == 0)
+		return mark_closed(c, RW_E_CLOSED);
+	if (got < 0)
+		return got;
+	int rc = 0;
+	if (got < (int)sizeof(rw_ipc_hdr_t) || reply->hdr.magic != RW_IPC_MAGIC ||
+	    reply->hdr.version != RW_IPC_VERSION)
+		rc = RW_E_BADREPLY;
+	else if (reply->hdr.type == RW_IPC_ERROR)
+		rc = take_error(c, reply, got);
+	else if (reply->hdr.seq != seq || reply->hdr.type != reply_type ||
+		 (size_t)got != reply_len || nfds != reply_nfds)
+		rc = RW_E_BADREPLY;
+	if (rc) {
+		close_fds(fds, nfds);
+		return rc;
+	}
+	memcpy(fds_out, fds, sizeof(int) * nfds);
+	return 0;
+}
+
+/* Map the daemon's rings after checking that RING_OK describes a layout that fits its memfd. */
+static int map_rings(rw_client_t *c, const rw_ipc_ring_ok_t *ok, uint32_t sq_entries,
+		     uint32_t cq_entries, int *fds)
+{
+	struct stat st;
+	uint64_t sq_end = ok->sq_slots_off + (uint64_t)sq_entries * sizeof(rw_sqe_t);
+	uint64_t cq_end = ok->cq_slots_off + (uint64_t)cq_entries * sizeof(rw_cqe_t);
+	if (ok->sq_entries != sq_entries || ok->cq_entries != cq_entries ||
+	    ok->sqe_size != sizeof(rw_sqe_t) || ok->cqe_size != sizeof(rw_cqe_t) ||
+	    ok->sq_ctl_off % RW_RING_CACHELINE || ok->cq_ctl_off % RW_RING_CACHELINE ||
+	    ok->sq_ctl_off + sizeof(rw_ring_ctl_t) > ok->map_bytes ||
+	    ok->cq_ctl_off + sizeof(rw_ring_ctl_t) > ok->map_bytes || sq_end > ok->map_bytes ||
+	    cq_end > ok->map_bytes || fstat(fds[0], &st) < 0 ||
+	    (uint64_t)st.st_size != ok->map_bytes)
+		return RW_E_BADREPLY;
+	void *map = mmap(NULL, ok->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+	if (map == MAP_FAILED)
+		return RW_E_SYS;
+	uint8_t *base = map;
+	c->ring_map = map;
+	c->ring_bytes = ok->map_bytes;
+	c->sq_efd = fds[1];
+	c->cq_efd = fds[2];
+	fds[1] = fds[2] = -1;
+	rw_ring_init(&c->sq, (rw_ring_ctl_t *)(base + ok->sq_ctl_off), base + ok->sq_slots_off,
+		     sq_entries, sizeof(rw_sqe_t), c->sq_efd, 1);
+	rw_ring_init(&c->cq, (rw_ring_ctl_t *)(base + ok->cq_ctl_off), base + ok->cq_slots_off,
+		     cq_entries, sizeof(rw_cqe_t), -1, 0);
+	/* Freeing completion slots wakes the daemon if it stopped for lack of them. */
+	rw_ring_set_prod_efd(&c->cq, c->sq_efd);
+	return 0;
+}
+
+int rw_client_connect(const rw_client_opts_t *opts, rw_client_t **client_p)
+{
+	if (!opts || !client_p || !opts->group)
+		return RW_E_INVAL;
+	uint32_t sq_entries = opts->sq_entries ? opts->sq_entries : 256;
+	uint32_t cq_entries = opts->cq_entries ? opts->cq_entries : 2 * sq_entries;
+	const char *path = opts->socket_path;
+	if (!path)
+		path = getenv("RAILWAVE_SOCKET");
+	if (!path)
+		path = RW_DEFAULT_SOCKET;
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	size_t glen = strlen(opts->group);
+	if (strlen(path) >= sizeof(addr.sun_path) || glen == 0 || glen >= RW_GROUP_NAME_MAX)
+		return RW_E_INVAL;
+	strcpy(addr.sun_path, path);
+
+	rw_client_t *c = calloc(1, sizeof(*c));
+	if (!c)
+		return RW_E_NOMEM;
+	c->sq_efd = c->cq_efd = -1;
+	c->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : 10000;
+	int rc;
+	c->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (c->fd < 0) {
+		rc = RW_E_SYS;
+		goto fail_free;
+	}
+	if (connect(c->fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
+		rc = RW_E_CONNECT;
+		goto fail_close;
+	}
+
+	rw_ipc_hello_t hello;
+	memset(&hello, 0, sizeof(hello));
+	hdr_init(c, &hello.hdr, RW_IPC_HELLO);
+	memcpy(hello.group, opts->group, glen);
+	hello.rank = opts->rank;
+	hello.world_size = opts->world_size;
+	hello.node = opts->node;
+	hello.local_gpu = opts->local_gpu;
+	memcpy(hello.gpu_uuid, opts->gpu_uuid, sizeof(hello.gpu_uuid));
+	rw_ipc_msg_t reply;
+	int fds[RW_IPC_MAX_FDS];
+	rc = request(c, &hello, sizeof(hello), -1, RW_IPC_HELLO_OK, &reply,
+		     sizeof(rw_ipc_hello_ok_t), fds, 0);
+	if (rc)
+		goto fail_close;
+	c->limits = reply.hello_ok;
+	c->id = reply.hello_ok.client_id;
+
+	rw_ipc_ring_setup_t setup;
+	memset(&setup, 0, sizeof(setup));
+	hdr_init(c, &setup.hdr, RW_IPC_RING_SETUP);
+	setup.sq_entries = sq_entries;
+	setup.cq_entries = cq_entries;
+	rc = request(c, &setup, sizeof(setup), -1, RW_IPC_RING_OK, &reply, sizeof(rw_ipc_ring_ok_t),
+		     fds, 3);
+	if (rc)
+		goto fail_close;
+	rc = map_rings(c, &reply.ring_ok, sq_entries, cq_entries, fds);
+	close_fds(fds, 3);
+	if (rc)
+		goto fail_close;
+	*client_p = c;
+	return 0;
+fail_close:
+	close(c->fd);
+fail_free:
+	free(c);
+	return rc;
+}
+
+void rw_client_close(rw_client_t *c)
+{
+	if (!c)
+		return;
+	if (!c->closed) {
+		rw_ipc_hdr_t bye;
+		hdr_init(c, &bye, RW_IPC_GOODBYE);
+		ssize_t n = send(c->fd, &bye, sizeof(bye), MSG_NOSIGNAL | MSG_DONTWAIT);
+		(void)n;
+	}
+	for (size_t i = 0; i < c->nbufs; i++)
+		munmap(c->bufs[i].addr, c->bufs[i].size);
+	free(c->bufs);
+	if (c->ring_map)
+		munmap(c->ring_map, c->ring_bytes);
+	if (c->sq_efd >= 0)
+		close(c->sq_efd);
+	if (c->cq_efd >= 0)
+		close(c->cq_efd);
+	close(c->fd);
+	free(c);
+}
+
+const char *rw_client_last_message(const rw_client_t *c) { return c->last_msg; }
+uint32_t rw_client_id(const rw_client_t *c) { return c->id; }
+unsigned rw_client_inflight(const rw_client_t *c) { return c->inflight; }
+
+int rw_client_register_host(rw_client_t *c, size_t size, uint32_t *buf_id_p, void **addr_p)
+{
+	if (!c || size == 0 || !buf_id_p || !addr_p)
+		return RW_E_INVAL;
+	if (c->closed)
+		return c->closed_code;
+	if (c->nbufs == c->capbufs) {
+		size_t cap = c->capbufs ? 2 * c->capbufs : 8;
+		host_buf_t *grown = realloc(c->bufs, cap * sizeof(*grown));
+		if (!grown)
+			return RW_E_NOMEM;
+		c->bufs = grown;
+		c->capbufs = cap;
+	}
+	int rc = RW_E_SYS;
+	void *addr = MAP_FAILED;
+	int fd = memfd_create("railwave-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return RW_E_SYS;
+	/* Sealed so neither side can resize it under the other's mapping. */
+	if (ftruncate(fd, (off_t)size) < 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+		goto fail;
+	addr = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (addr == MAP_FAILED)
+		goto fail;
+	rw_ipc_reg_host_t req;
+	memset(&req, 0, sizeof(req));
+	hdr_init(c, &req.hdr, RW_IPC_REG_HOST);
+	req.size = size;
+	rw_ipc_msg_t reply;
+	int fds[RW_IPC_MAX_FDS];
+	rc = request(c, &req, sizeof(req), fd, RW_IPC_REG_OK, &reply, sizeof(rw_ipc_reg_ok_t), fds, 0);
+	if (rc)
+		goto fail;
+	close(fd);
+	c->bufs[c->nbufs++] = (host_buf_t){.id = reply.reg_ok.buf_id, .addr = addr, .size = size};
+	*buf_id_p = reply.reg_ok.buf_id;
+	*addr_p = addr;
+	return 0;
+fail:
+	if (addr != MAP_FAILED)
+		munmap(addr, size);
+	close(fd);
+	return rc;
+}
+
+int rw_client_register_cuda(rw_client_t *c, const rw_client_cuda_desc_t *desc, uint32_t *buf_id_p)
+{
+	if (!c || !desc || !buf_id_p)
+		return RW_E_INVAL;
+	rw_ipc_reg_cuda_t req;
+	memset(&req, 0, sizeof(req));
+	hdr_init(c, &req.hdr, RW_IPC_REG_CUDA);
+	memcpy(req.ipc_handle, desc->ipc_handle, sizeof(req.ipc_handle));
+	req.alloc_id = desc->alloc_id;
+	req.alloc_bytes = desc->alloc_bytes;
+	req.offset = desc->offset;
+	req.bytes = desc->bytes;
+	memcpy(req.device_uuid, desc->device_uuid, sizeof(req.device_uuid));
+	req.device = desc->device;
+	rw_ipc_msg_t reply;
+	int fds[RW_IPC_MAX_FDS];
+	int rc = request(c, &req, sizeof(req), -1, RW_IPC_REG_OK, &reply, sizeof(rw_ipc_reg_ok_t),
+			 fds, 0);
+	if (rc)
+		return rc;
+	*buf_id_p = reply.reg_ok.buf_id;
+	return 0;
+}
+
+int rw_client_deregister(rw_client_t *c, uint32_t buf_id)
+{
+	if (!c)
+		return RW_E_INVAL;
+	rw_ipc_dereg_t req;
+	memset(&req, 0, sizeof(req));
+	hdr_init(c, &req.hdr, RW_IPC_DEREG);
+	req.buf_id = buf_id;
+	rw_ipc_msg_t reply;
+	int fds[RW_IPC_MAX_FDS];
+	int rc = request(c, &req, sizeof(req), -1, RW_IPC_DEREG_OK, &reply, sizeof(rw_ipc_dereg_t),
+			 fds, 0);
+	if (rc)
+		return rc;
+	for (size_t i = 0; i < c->nbufs; i++) {
+		if (c->bufs[i].id != buf_id)
+			continue;
+		munmap(c->bufs[i].addr, c->bufs[i].size);
+		c->bufs[i] = c->bufs[--c->nbufs];
+		break;
+	}
+	return 0;
+}
+
+int rw_client_submit(rw_client_t *c, const rw_sqe_t *entries, unsigned n)
+{
+	if (!c || (!entries && n))
+		return RW_E_INVAL;
+	if (c->closed)
+		return c->closed_code;
+	if (n == 0)
+		return 0;
+	int space = rw_ring_prod_space(&c->sq, n);
+	if (space < 0)
+		return mark_closed(c, RW_E_BADREPLY);
+	if ((unsigned)space < n)
+		return RW_E_AGAIN;
+	for (unsigned i = 0; i < n; i++) {
+		memcpy(rw_ring_prod_next(&c->sq), &entries[i], sizeof(rw_sqe_t));
+		rw_ring_prod_push(&c->sq);
+	}
+	rw_ring_prod_publish(&c->sq);
+	c->inflight += n;
+	return 0;
+}
+
+int rw_client_poll(rw_client_t *c, rw_cqe_t *out, unsigned max)
+{
+	if (!c || (!out && max))
+		return RW_E_INVAL;
+	if (c->closed)
+		return c->closed_code;
+	int avail = rw_ring_cons_avail(&c->cq);
+	if (avail < 0)
+		return mark_closed(c, RW_E_BADREPLY);
+	unsigned n = MIN_U((unsigned)avail, max);
+	for (unsigned i = 0; i < n; i++)
+		memcpy(&out[i], rw_ring_cons_peek(&c->cq, i), sizeof(rw_cqe_t));
+	rw_ring_cons_release(&c->cq, n);
+	c->inflight -= MIN_U(n, c->inflight);
+	return (int)n;
+}
+
+/* The daemon wrote to our control socket while we waited: EOF, or a fatal error message. */
+static int socket_event(rw_client_t *c)
+{
+	rw_ipc_msg_t msg;
+	int fds[RW_IPC_MAX_FDS];
+	unsigned nfds;
+	int got = recv_msg(c, &msg, fds, &nfds, 0);
+	close_fds(fds, nfds);
+	if (got == 0)
+		return mark_closed(c, RW_E_CLOSED);
+	if (got < 0)
+		return got == RW_E_TIMEOUT ? 0 : got;
+	if (got >= (int)sizeof(rw_ipc_hdr_t) && msg.hdr.type == RW_IPC_ERROR) {
+		int rc = take_error(c, &msg, got);
+		return c->closed ? rc : 0;
+	}
+	return mark_closed(c, RW_E_BADREPLY); /* nothing else is unsolicited */
+}
+
+int rw_client_wait(rw_client_t *c, rw_cqe_t *out, unsigned max, int timeout_ms)
+{
+	int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+	for (;;) {
+		int n = rw_client_poll(c, out, max);
+		if (n != 0 || max == 0)
+			return n;
+		int ready = rw_ring_cons_arm(&c->cq);
+		if (ready < 0)
+			return mark_closed(c, RW_E_BADREPLY);
+		if (ready > 0)
+			continue;
+		int wait = -1;
+		if (deadline >= 0) {
+			int64_t left = deadline - now_ms();
+			if (left <= 0) {
+				rw_ring_cons_disarm(&c->cq);
+				return 0;
+			}
+			wait = (int)left;
+		}
+		struct pollfd pfd[2] = {{.fd = c->cq_efd, .events = POLLIN},
+					{.fd = c->fd, .events = POLLIN}};
+		int r = poll(pfd, 2, wait);
+		if (r < 0 && errno != EINTR)
+			return RW_E_SYS;
+		if (r > 0 && (pfd[0].revents & POLLIN)) {
+			uint64_t count;
+			ssize_t k = read(c->cq_efd, &count, sizeof(count));
+			(void)k;
+		}
+		if (r > 0 && (pfd[1].revents & (POLLIN | POLLHUP | POLLERR))) {
+			int rc = socket_event(c);
+			if (rc < 0)
+				return rc;
+		}
+		rw_ring_cons_disarm(&c->cq);
+	}
+}

@@ -1,0 +1,150 @@
+/* ipc/ daemon face: the node-local IPC server railwaved runs on its libev loop. It accepts trainer
+ * ranks on a Unix SOCK_SEQPACKET socket, validates every control message, maps their host
+ * buffers (memfd) and imports their CUDA buffers (cuda/), owns each client's shared-memory rings,
+ * and hands validated submissions to the service through callbacks. The client face of the same
+ * module is ipc/railwave.h (librailwave); docs/ipc.md explains why there are two.
+ *
+ * Threads: everything here runs on the loop's thread; nothing blocks it. Callbacks are made from
+ * the loop. Clients are never freed inside a callback: rw_ipc_client_drop() marks the client,
+ * and it is torn down (client_left, then buffers, rings, fds, CUDA imports) from the loop's next
+ * prepare phase, after the current callback returned. */
+#ifndef RW_IPC_H
+#define RW_IPC_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "common/common.h"
+#include "ipc/railwave.h"
+
+struct ev_loop;
+
+typedef struct rw_ipc_server rw_ipc_server_t;
+typedef struct rw_ipc_client rw_ipc_client_t; /* daemon-side view of one connected rank */
+
+/* Why a client left (client_left's `reason`). */
+typedef enum rw_ipc_leave {
+	RW_IPC_LEFT_GOODBYE = 0,  /* it said goodbye */
+	RW_IPC_LEFT_EOF = 1,      /* its socket closed or reset (process died) */
+	RW_IPC_LEFT_PROTOCOL = 2, /* it broke the protocol; `error` holds the RW_E_* code */
+	RW_IPC_LEFT_DROPPED = 3,  /* the service called rw_ipc_client_drop() */
+	RW_IPC_LEFT_SHUTDOWN = 4, /* rw_ipc_server_destroy() */
+} rw_ipc_leave_t;
+
+const char *rw_ipc_leave_str(rw_ipc_leave_t reason);
+
+/* Identity from the hello, plus the peer's credentials from SO_PEERCRED. */
+typedef struct rw_ipc_client_info {
+	uint32_t id;        /* connection id, unique while the daemon runs */
+	char group[RW_GROUP_NAME_MAX];
+	uint32_t rank;
+	uint32_t world_size;
+	uint32_t node;
+	int32_t local_gpu;
+	uint8_t gpu_uuid[16];
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+} rw_ipc_client_info_t;
+
+typedef enum rw_ipc_buf_kind { RW_IPC_BUF_HOST = 1, RW_IPC_BUF_CUDA = 2 } rw_ipc_buf_kind_t;
+
+/* A registered buffer as the daemon sees it. Valid until the client deregisters it (refused while
+ * it has submissions in flight) or leaves (after client_left returned). */
+typedef struct rw_ipc_buffer {
+	uint32_t id;
+	rw_ipc_buf_kind_t kind;
+	uint64_t size;
+	void *host;        /* HOST: the daemon's mapping (MAP_SHARED, read/write) */
+	uint64_t dptr;     /* CUDA: the range's device address in this process */
+	int device;        /* CUDA: device ordinal in this process; HOST: -1 */
+} rw_ipc_buffer_t;
+
+/* Callbacks (all optional except submission). `ctx` is the pointer given at creation.
+ * The client pointer stays valid until client_left returns. */
+typedef struct rw_ipc_server_ops {
+	/* A rank completed hello (identity validated and unique in its group). */
+	void (*client_joined)(void *ctx, rw_ipc_client_t *client);
+	/* A joined rank is going away; after this returns its buffers are unmapped and its pointer
+	 * is dead. Stop using its buffers before returning. error: RW_E_* or 0. */
+	void (*client_left)(void *ctx, rw_ipc_client_t *client, rw_ipc_leave_t reason, int error);
+	/* A submission passed every check (copied out of shared memory: the service owns *sqe only
+	 * during the call). Each one must be answered by exactly one rw_ipc_complete() — from this
+	 * callback or later. Invalid submissions never get here: the server completes them itself
+	 * with RW_CQ_ERROR. */
+	void (*submission)(void *ctx, rw_ipc_client_t *client, const rw_sqe_t *sqe);
+	/* A buffer was registered (after the daemon mapped/imported it). */
+	void (*buffer_registered)(void *ctx, rw_ipc_client_t *client, const rw_ipc_buffer_t *buf);
+} rw_ipc_server_ops_t;
+
+typedef struct rw_ipc_server_config {
+	const char *socket_path;    /* required; a stale socket file there is replaced */
+	unsigned mode;              /* socket file mode; 0 = 0660 */
+	const char *group;          /* chown the socket to this group (name); NULL: leave it */
+	int32_t node;               /* this daemon's node; hellos must match; -1: take the first */
+	uint32_t max_clients;       /* 0 = 256 */
+	uint32_t max_buffers;       /* per client; 0 = 64 */
+	uint64_t max_buffer_bytes;  /* 0 = 1 TiB */
+	uint32_t max_tokens;        /* per submission; 0 = 1 << 20 */
+	uint32_t max_hidden;        /* 0 = 65536 */
+	uint32_t max_topk;          /* 0 = 64 */
+	uint32_t max_ring_entries;  /* 0 = 4096 */
+	uint32_t max_world;         /* 0 = 1 << 20 */
+	int32_t max_local_gpu;      /* 0 = 64 */
+	/* After ring activity, keep polling every client's submission ring for this long before
+	 * arming the eventfds and sleeping (an ev_idle watcher; the loop still serves its other
+	 * watchers between polls). 0: never poll, always sleep on the eventfds. */
+	uint32_t busy_poll_us;
+} rw_ipc_server_config_t;
+
+/* Bind and listen on cfg->socket_path (mode, then group via chown), start accepting on `loop`.
+ * Errors: RW_ERR_INVAL (bad config, path too long, unknown group), RW_ERR_EXISTS (a live
+ * daemon answers on that path), RW_ERR_SYS (socket/bind/listen/chmod/chown failed; logged). */
+rw_status_t rw_ipc_server_create(struct ev_loop *loop, const rw_ipc_server_config_t *cfg,
+				 const rw_ipc_server_ops_t *ops, void *ctx,
+				 rw_ipc_server_t **server_p);
+
+/* Drop every client (client_left with RW_IPC_LEFT_SHUTDOWN), stop the watchers, close and
+ * unlink the socket. Not from inside one of this server's callbacks. NULL is a no-op. */
+void rw_ipc_server_destroy(rw_ipc_server_t *server);
+
+/* Answer one submission of `client`. Staged in the completion ring; published (one index store
+ * and at most one eventfd write) when the server finishes the current batch of submissions, in
+ * the loop's next prepare phase, or at rw_ipc_server_flush(). Never blocks, never fails for lack
+ * of room: the server only takes a submission off the ring when a completion slot is reserved
+ * for it. RW_ERR_STATE if the client has no submission awaiting completion (or is leaving: the
+ * completion is discarded). */
+rw_status_t rw_ipc_complete(rw_ipc_server_t *server, rw_ipc_client_t *client, const rw_cqe_t *cqe);
+
+/* Publish every staged completion now. */
+void rw_ipc_server_flush(rw_ipc_server_t *server);
+
+/* Look a client's buffer up. RW_ERR_NOTFOUND for an unknown id. */
+rw_status_t rw_ipc_buffer_lookup(const rw_ipc_client_t *client, uint32_t buf_id,
+				 rw_ipc_buffer_t *buf_p);
+
+/* Drop a client (deferred: safe from any callback, including its own). Its pending completions
+ * are discarded; client_left follows with RW_IPC_LEFT_DROPPED and `error`. */
+void rw_ipc_client_drop(rw_ipc_server_t *server, rw_ipc_client_t *client, int error);
+
+const rw_ipc_client_info_t *rw_ipc_client_info(const rw_ipc_client_t *client);
+void rw_ipc_client_set_data(rw_ipc_client_t *client, void *data); /* service's per-client data */
+void *rw_ipc_client_data(const rw_ipc_client_t *client);
+
+/* Counters (the stats socket and the tests read them). */
+typedef struct rw_ipc_server_stats {
+	uint32_t clients;        /* connections open (joined or not) */
+	uint32_t groups;         /* groups with at least one joined member */
+	uint32_t buffers;        /* buffers registered, all clients */
+	uint32_t rings;          /* clients with rings set up */
+	uint64_t accepted;       /* connections ever accepted */
+	uint64_t submissions;    /* submissions handed to the service */
+	uint64_t rejected;       /* submissions completed with an error by the server */
+	uint64_t completions;    /* completions published */
+	uint64_t errors_sent;    /* control-message error replies */
+	uint64_t dropped;        /* clients dropped for a protocol violation or by the service */
+	uint64_t wakeups;        /* eventfd writes to clients */
+} rw_ipc_server_stats_t;
+void rw_ipc_server_stats(const rw_ipc_server_t *server, rw_ipc_server_stats_t *stats_p);
+
+#endif /* RW_IPC_H */

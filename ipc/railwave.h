@@ -1,0 +1,226 @@
+/* librailwave: the client library a trainer rank links to talk to its node's railwaved.
+ * Control (hello, buffer registration, ring setup) goes over a Unix SOCK_SEQPACKET socket; the
+ * per-phase path (submit dispatch/combine, reap completions) goes over two shared-memory rings and
+ * makes no system call while both sides are busy. Full contract and examples: docs/ipc.md.
+ *
+ * This header is self-contained (libc types only) and is the library's only public face; the
+ * daemon side of the same protocol is ipc/ipc.h. The entry layouts below are the ring ABI: both
+ * sides compile them from this one definition.
+ *
+ * Threads: an rw_client_t is not locked. One thread may submit while another thread reaps
+ * completions (the rings are single-producer/single-consumer each way); every other call
+ * (registration, close) must not run concurrently with any call on the same client. */
+#ifndef RW_RAILWAVE_H
+#define RW_RAILWAVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Error codes. Every function returns 0 or one of these (negative). The codes from -20 down are
+ * decided by the daemon and travel on the wire: their values are part of the protocol.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum rw_client_error {
+	RW_E_OK = 0,
+	/* Decided by the library. */
+	RW_E_INVAL = -1,        /* bad argument to a library call */
+	RW_E_NOMEM = -2,        /* allocation failed */
+	RW_E_SYS = -3,          /* a system call failed; errno tells which */
+	RW_E_CONNECT = -4,      /* cannot connect to the daemon's socket */
+	RW_E_CLOSED = -5,       /* the daemon closed the connection (this client was dropped) */
+	RW_E_TIMEOUT = -6,      /* a bounded wait expired */
+	RW_E_AGAIN = -7,        /* submission ring full: reap completions, then retry */
+	RW_E_BADREPLY = -8,     /* the daemon's reply made no sense (wrong type, size or fds) */
+	/* Decided by the daemon (wire values). Those marked [drop] end the connection. */
+	RW_E_VERSION = -20,         /* [drop] protocol version mismatch */
+	RW_E_MAGIC = -21,           /* [drop] message header magic wrong */
+	RW_E_MSG_TYPE = -22,        /* [drop] unknown message type */
+	RW_E_MSG_SIZE = -23,        /* [drop] message length wrong for its type */
+	RW_E_TRUNC = -24,           /* [drop] message or its fds were truncated (MSG_TRUNC/CTRUNC) */
+	RW_E_FDS = -25,             /* wrong number of file descriptors for the message */
+	RW_E_STATE = -26,           /* [drop if before hello] message not valid in this state */
+	RW_E_FIELD = -27,           /* a reserved field or flag is not zero, or an enum is unknown */
+	RW_E_GROUP_NAME = -28,      /* [drop] group name empty, unterminated or not [A-Za-z0-9._:-] */
+	RW_E_RANK_RANGE = -29,      /* [drop] world size 0 or too large, or rank >= world size */
+	RW_E_RANK_DUP = -30,        /* [drop] this rank of this group is already connected */
+	RW_E_WORLD_MISMATCH = -31,  /* [drop] world size differs from the group's earlier members */
+	RW_E_NODE_MISMATCH = -32,   /* [drop] node differs from the group's earlier members / daemon */
+	RW_E_GPU = -33,             /* [drop] local GPU index out of range or taken in this group */
+	RW_E_BUF_SIZE = -34,        /* buffer size 0, too large, or not what fstat says */
+	RW_E_BUF_FD = -35,          /* the fd is not a sealable memfd, or cannot be mapped */
+	RW_E_BUF_SEAL = -36,        /* the memfd is not sealed against shrinking (F_SEAL_SHRINK) */
+	RW_E_BUF_ID = -37,          /* unknown buffer id */
+	RW_E_BUF_LIMIT = -38,       /* too many buffers registered by this client */
+	RW_E_BUF_BUSY = -39,        /* deregister while submissions are in flight */
+	RW_E_RING_SIZE = -40,       /* ring entries not a power of two or out of range */
+	RW_E_RING_STATE = -41,      /* rings already set up (or submission before setup) */
+	RW_E_RING_INDEX = -42,      /* [drop] shared ring indices corrupted by the client */
+	RW_E_KIND = -43,            /* submission: unknown kind */
+	RW_E_DTYPE = -44,           /* submission: unknown dtype */
+	RW_E_TOKENS = -45,          /* submission: token count, topk or hidden zero or too large */
+	RW_E_RANGE = -46,           /* submission: data outside its registered buffer */
+	RW_E_OVERFLOW = -47,        /* submission: offset + length overflows */
+	RW_E_HANDLE = -48,          /* combine: unknown handle id */
+	RW_E_NO_CUDA = -49,         /* the daemon has no usable CUDA driver */
+	RW_E_CUDA = -50,            /* the daemon could not import the CUDA IPC handle */
+	RW_E_LIMIT = -51,           /* daemon limit reached (clients, groups) */
+	RW_E_INTERNAL = -52,        /* the daemon failed on its side (memory, fds); not your fault */
+	RW_E_PHASE = -53,           /* the service failed the phase (peer loss, cancelled, ...) */
+} rw_client_error_t;
+
+/* Static description of an error code; never NULL. */
+const char *rw_client_strerror(int err);
+
+/* ---------------------------------------------------------------------------------------------
+ * Ring entries (ABI: fixed sizes, little-endian host, checked by _Static_assert below)
+ * ------------------------------------------------------------------------------------------- */
+
+#define RW_BUF_NONE 0xffffffffu /* "no buffer" in a span */
+
+enum rw_kind { RW_KIND_DISPATCH = 1, RW_KIND_COMBINE = 2 };
+enum rw_dtype { RW_DTYPE_BF16 = 1, RW_DTYPE_FP16 = 2, RW_DTYPE_FP8 = 3, RW_DTYPE_FP32 = 4 };
+
+/* Where a piece of a phase's data lives: a registered buffer and a byte offset inside it. */
+typedef struct rw_span {
+	uint32_t buf_id; /* from rw_client_register_*(), or RW_BUF_NONE */
+	uint32_t reserved; /* must be 0 */
+	uint64_t offset;
+} rw_span_t;
+
+/* Submission: one dispatch or one combine of one MoE layer (DESIGN.md §3 "Phase").
+ * Lengths are derived, not sent: tokens = token_count × hidden × sizeof(dtype),
+ * topk_ids = token_count × topk × 4 (int32), topk_weights = token_count × topk × 4 (fp32);
+ * the output span has an explicit capacity. Every byte of every span must lie inside its buffer.
+ * Dispatch needs tokens, topk_ids and topk_weights; combine needs tokens (the expert outputs),
+ * the handle_id its dispatch completed with, and may omit topk spans (RW_BUF_NONE). */
+typedef struct rw_sqe {
+	uint8_t kind;          /* enum rw_kind */
+	uint8_t dtype;         /* enum rw_dtype of the token rows */
+	uint16_t topk;         /* experts per token, 1..daemon limit */
+	uint32_t layer;        /* group-local MoE layer index */
+	uint64_t phase_id;     /* caller's id of the phase; echoed in the completion */
+	uint64_t step;         /* training step */
+	uint64_t user_data;    /* opaque, echoed in the completion */
+	uint32_t token_count;  /* rows in `tokens`, 1..daemon limit */
+	uint32_t hidden;       /* elements per row, 1..daemon limit */
+	uint32_t handle_id;    /* combine: the dispatch completion's handle_id; dispatch: 0 */
+	uint32_t flags;        /* must be 0 */
+	rw_span_t tokens;      /* token rows (dispatch: inputs; combine: expert outputs) */
+	rw_span_t topk_ids;    /* int32 [token_count][topk] */
+	rw_span_t topk_weights; /* fp32 [token_count][topk] */
+	rw_span_t output;      /* where received rows (dispatch) / reduced rows (combine) go */
+	uint64_t output_capacity; /* bytes available at output.offset */
+	uint64_t reserved;     /* must be 0 */
+} rw_sqe_t;
+
+#define RW_CQE_INLINE_COUNTS 16
+
+enum rw_cq_status { RW_CQ_OK = 0, RW_CQ_ERROR = 1 };
+
+/* Completion: exactly one per accepted or rejected submission, in no promised order. */
+typedef struct rw_cqe {
+	uint8_t status;        /* enum rw_cq_status */
+	uint8_t kind;          /* copied from the submission */
+	uint8_t n_inline;      /* counts[] entries valid (0 when counts are in a buffer) */
+	uint8_t reserved0;
+	int32_t error;         /* RW_E_* when status is RW_CQ_ERROR, else 0 */
+	uint64_t phase_id;     /* copied from the submission */
+	uint64_t user_data;    /* copied from the submission */
+	uint32_t recv_tokens;  /* dispatch: rows written to the output span */
+	uint32_t handle_id;    /* dispatch: pass to the matching combine */
+	uint32_t counts_buf;   /* per-expert received counts as uint32[n_experts] at */
+	uint32_t n_experts;    /*   counts_buf/counts_offset, or RW_BUF_NONE and inline */
+	uint64_t counts_offset;
+	uint32_t counts[RW_CQE_INLINE_COUNTS]; /* inline per-expert counts (n_inline of them) */
+	uint8_t reserved[16];
+} rw_cqe_t;
+
+_Static_assert(sizeof(rw_span_t) == 16, "rw_span_t is ABI");
+_Static_assert(sizeof(rw_sqe_t) == 128, "rw_sqe_t is ABI");
+_Static_assert(sizeof(rw_cqe_t) == 128, "rw_cqe_t is ABI");
+
+/* ---------------------------------------------------------------------------------------------
+ * The client
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct rw_client rw_client_t;
+
+#define RW_GROUP_NAME_MAX 64 /* including the NUL */
+#define RW_DEFAULT_SOCKET "/run/railwave/railwaved.sock"
+
+typedef struct rw_client_opts {
+	const char *socket_path; /* NULL: $RAILWAVE_SOCKET, else RW_DEFAULT_SOCKET */
+	const char *group;       /* expert-parallel group name, [A-Za-z0-9._:-], < 64 chars */
+	uint32_t rank;           /* rank in the group, < world_size */
+	uint32_t world_size;     /* ranks in the group (all nodes) */
+	uint32_t node;           /* this node's index in the group */
+	int32_t local_gpu;       /* local GPU index, or -1 for none */
+	uint8_t gpu_uuid[16];    /* the GPU's UUID (all zero if unknown) */
+	uint32_t sq_entries;     /* submission ring size, power of two; 0 = 256 */
+	uint32_t cq_entries;     /* completion ring size, power of two; 0 = 2 × sq_entries */
+	int timeout_ms;          /* control-reply timeout; 0 = 10000 */
+} rw_client_opts_t;
+
+/* Connect, say hello, and set up the rings. Blocks for the daemon's replies (timeout_ms each).
+ * On failure nothing is left open and the daemon's message (if any) is logged to stderr only
+ * when $RAILWAVE_DEBUG is set; the return code says what went wrong. */
+int rw_client_connect(const rw_client_opts_t *opts, rw_client_t **client_p);
+
+/* Say goodbye and release everything (socket, rings, host buffer mappings). NULL is a no-op.
+ * Submissions still in flight are abandoned: the daemon drops them. */
+void rw_client_close(rw_client_t *client);
+
+/* Message text of the last error the daemon sent this client ("" if none). */
+const char *rw_client_last_message(const rw_client_t *client);
+
+/* Daemon-assigned id of this connection (for logs). */
+uint32_t rw_client_id(const rw_client_t *client);
+
+/* Create a host buffer the daemon can read and write: a memfd of `size` bytes sealed against
+ * resizing, mapped here, sent to the daemon (SCM_RIGHTS). *addr_p is its mapping, valid until
+ * rw_client_deregister() or rw_client_close(). */
+int rw_client_register_host(rw_client_t *client, size_t size, uint32_t *buf_id_p, void **addr_p);
+
+/* Register device memory by its CUDA IPC handle. The library does not link CUDA: fill this from
+ * cuIpcGetMemHandle / cuMemGetAddressRange / CU_POINTER_ATTRIBUTE_BUFFER_ID (cuda/rw_cuda.h's
+ * rw_cuda_ipc_export() produces exactly these fields). RW_E_NO_CUDA if the daemon has no GPU. */
+typedef struct rw_client_cuda_desc {
+	uint8_t ipc_handle[64];  /* CUipcMemHandle bytes */
+	uint64_t alloc_id;       /* CU_POINTER_ATTRIBUTE_BUFFER_ID of the allocation */
+	uint64_t alloc_bytes;    /* size of the whole allocation */
+	uint64_t offset;         /* registered range: offset inside the allocation ... */
+	uint64_t bytes;          /* ... and its length */
+	uint8_t device_uuid[16]; /* the allocation's device */
+	int32_t device;          /* its ordinal in the caller's process (informational) */
+} rw_client_cuda_desc_t;
+int rw_client_register_cuda(rw_client_t *client, const rw_client_cuda_desc_t *desc,
+			    uint32_t *buf_id_p);
+
+/* Forget a buffer (host: also unmapped here). RW_E_BUF_BUSY while submissions are in flight. */
+int rw_client_deregister(rw_client_t *client, uint32_t buf_id);
+
+/* Queue n submissions and publish them with one index store (and at most one wake-up write if
+ * the daemon sleeps). All or nothing: RW_E_AGAIN if fewer than n slots are free. The daemon
+ * validates every entry; a bad one comes back as an RW_CQ_ERROR completion. */
+int rw_client_submit(rw_client_t *client, const rw_sqe_t *entries, unsigned n);
+
+/* Busy-poll: copy up to max completions into out, never blocks, no system call.
+ * Returns how many (0..max) or a negative error (RW_E_CLOSED once the daemon is gone). */
+int rw_client_poll(rw_client_t *client, rw_cqe_t *out, unsigned max);
+
+/* Like rw_client_poll(), but when none is ready, sleep on the completion eventfd until one is
+ * or timeout_ms passes (-1: forever). Returns how many, 0 on timeout, or a negative error. */
+int rw_client_wait(rw_client_t *client, rw_cqe_t *out, unsigned max, int timeout_ms);
+
+/* Submissions accepted by the library and not yet completed. */
+unsigned rw_client_inflight(const rw_client_t *client);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RW_RAILWAVE_H */

@@ -1,0 +1,1180 @@
+/* The daemon side of node-local IPC (contract in ipc/ipc.h, protocol and design in docs/ipc.md):
+ * accept trainer ranks on a Unix SOCK_SEQPACKET socket, validate every control message, own
+ * each client's buffers and rings, drain submission rings (checking each entry), publish
+ * completions. Every client input is hostile: a bad one gets an error reply or an error
+ * completion and, where the connection cannot continue, that one client is dropped; every fd
+ * received is closed on every path; nothing here can be made to crash or to block the loop. */
+#include "ipc/ipc.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <ev.h>
+
+#include "cuda/rw_cuda.h"
+#include "ipc/proto.h"
+#include "ipc/ring.h"
+
+#define RECV_BURST 16  /* control messages handled per readable event (fairness) */
+#define DRAIN_BATCH 64 /* submissions taken per pass before the ring's tail is stored */
+#define MAX_BUFFER_SLOTS 256 /* buffer id = generation << 8 | slot */
+
+typedef struct buf_slot {
+	uint32_t id; /* 0: free */
+	rw_ipc_buffer_t pub;
+	void *map;                   /* HOST mapping */
+	rw_cuda_ipc_map_t *cuda_map; /* CUDA import reference */
+} buf_slot_t;
+
+typedef struct ipc_group {
+	char name[RW_GROUP_NAME_MAX];
+	uint32_t world_size;
+	uint32_t node;
+	rw_ipc_client_t *members; /* joined clients, linked by group_next */
+	struct ipc_group *next;
+} ipc_group_t;
+
+struct rw_ipc_client {
+	rw_ipc_server_t *srv;
+	rw_ipc_client_t *prev, *next; /* server's list of connections */
+	rw_ipc_client_t *group_next;
+	rw_ipc_client_t *reap_next;
+	rw_ipc_client_t *flush_next;
+	ipc_group_t *group;
+	int fd;
+	ev_io io;
+	rw_ipc_client_info_t info;
+	int joined;
+	int dying;
+	int on_flush_list;
+	rw_ipc_leave_t leave_reason;
+	int leave_error;
+	void *data;
+
+	buf_slot_t *bufs; /* max_buffers slots */
+	uint32_t nbufs;
+	uint32_t buf_gen;
+
+	int rings_up;
+	void *ring_map;
+	size_t ring_bytes;
+	int sq_efd; /* client writes it: "submissions ready" or "completion slots freed" */
+	int cq_efd; /* daemon writes it: "completions ready" */
+	ev_io sq_io;
+	rw_ring_t sq; /* daemon consumes */
+	rw_ring_t cq; /* daemon produces */
+	uint32_t reserved; /* completions owed for submissions handed to the service */
+	int cq_blocked;    /* stopped draining for lack of completion slots */
+};
+
+struct rw_ipc_server {
+	struct ev_loop *loop;
+	char *socket_path;
+	rw_ipc_server_config_t cfg;
+	rw_ipc_limits_t lim;
+	rw_ipc_server_ops_t ops;
+	void *ctx;
+	int listen_fd;
+	ev_io accept_io;
+	ev_prepare prepare;
+	ev_idle idle;
+	int polling;
+	uint64_t poll_deadline_ns;
+	rw_ipc_client_t *clients;
+	uint32_t nclients;
+	ipc_group_t *groups;
+	rw_ipc_client_t *reap;
+	rw_ipc_client_t *flush;
+	uint32_t next_id;
+	int32_t node;
+	int cuda_state; /* 0 not tried, 1 ready, -1 unavailable */
+	rw_cuda_ipc_cache_t *cuda;
+	rw_ipc_server_stats_t stats;
+};
+
+const char *rw_ipc_leave_str(rw_ipc_leave_t reason)
+{
+	switch (reason) {
+	case RW_IPC_LEFT_GOODBYE: return "goodbye";
+	case RW_IPC_LEFT_EOF: return "connection closed";
+	case RW_IPC_LEFT_PROTOCOL: return "protocol violation";
+	case RW_IPC_LEFT_DROPPED: return "dropped by the service";
+	case RW_IPC_LEFT_SHUTDOWN: return "daemon shutdown";
+	}
+	return "unknown";
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Sending
+ * ------------------------------------------------------------------------------------------- */
+
+static void client_kill(rw_ipc_client_t *c, rw_ipc_leave_t reason, int error);
+
+static void hdr_init(rw_ipc_hdr_t *hdr, uint16_t type, uint32_t seq)
+{
+	memset(hdr, 0, sizeof(*hdr));
+	hdr->magic = RW_IPC_MAGIC;
+	hdr->version = RW_IPC_VERSION;
+	hdr->type = type;
+	hdr->seq = seq;
+}
+
+/* One datagram, never blocking. A client whose socket buffer is full is not reading its
+ * replies (one per request): it is dropped rather than allowed to stall the loop. */
+static int send_msg(rw_ipc_client_t *c, const void *msg, size_t len, const int *fds,
+		    unsigned nfds)
+{
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * RW_IPC_MAX_FDS)];
+		struct cmsghdr align;
+	} cbuf;
+	struct iovec iov = {.iov_base = (void *)msg, .iov_len = len};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+	if (nfds) {
+		memset(&cbuf, 0, sizeof(cbuf));
+		mh.msg_control = cbuf.buf;
+		mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+		struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+		memcpy(CMSG_DATA(cm), fds, sizeof(int) * nfds);
+	}
+	ssize_t n;
+	do
+		n = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+	while (n < 0 && errno == EINTR);
+	if (n == (ssize_t)len)
+		return 0;
+	if (n < 0 && errno != EPIPE && errno != ECONNRESET)
+		rw_warn("ipc client %u: send: %m (dropping it)", c->info.id);
+	client_kill(c, RW_IPC_LEFT_EOF, 0);
+	return -1;
+}
+
+/* Returns 0 so handlers can `return send_error(...)`. */
+static int send_error(rw_ipc_client_t *c, uint32_t seq, int code, const char *why, int fatal)
+{
+	rw_ipc_server_t *srv = c->srv;
+	srv->stats.errors_sent++;
+	if (c->joined)
+		rw_warn("ipc client %u (group %s rank %u pid %d): %s: %s%s", c->info.id,
+			c->info.group, c->info.rank, (int)c->info.pid, rw_client_strerror(code), why,
+			fatal ? " (dropping it)" : "");
+	else
+		rw_warn("ipc client %u (pid %d): %s: %s%s", c->info.id, (int)c->info.pid,
+			rw_client_strerror(code), why, fatal ? " (dropping it)" : "");
+	rw_ipc_error_t err;
+	memset(&err, 0, sizeof(err));
+	hdr_init(&err.hdr, RW_IPC_ERROR, seq);
+	err.code = code;
+	err.fatal = fatal ? 1 : 0;
+	snprintf(err.message, sizeof(err.message), "%s", why);
+	send_msg(c, &err, sizeof(err), NULL, 0);
+	if (fatal && !c->dying) {
+		srv->stats.dropped++;
+		client_kill(c, RW_IPC_LEFT_PROTOCOL, code);
+	}
+	return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Buffers
+ * ------------------------------------------------------------------------------------------- */
+
+static buf_slot_t *buf_find(const rw_ipc_client_t *c, uint32_t id)
+{
+	if (!c->bufs || id == 0 || id == RW_BUF_NONE)
+		return NULL;
+	uint32_t slot = id & 0xff;
+	if (slot >= c->srv->lim.max_buffers || c->bufs[slot].id != id)
+		return NULL;
+	return &c->bufs[slot];
+}
+
+static uint64_t buf_size_of(void *ctx, uint32_t id)
+{
+	const buf_slot_t *b = buf_find(ctx, id);
+	return b ? b->pub.size : 0;
+}
+
+static buf_slot_t *buf_alloc_slot(rw_ipc_client_t *c)
+{
+	for (uint32_t i = 0; i < c->srv->lim.max_buffers; i++) {
+		if (c->bufs[i].id)
+			continue;
+		c->buf_gen = c->buf_gen % 0xfffffeu + 1; /* 1 .. 0xfffffe: never 0, never NONE */
+		memset(&c->bufs[i], 0, sizeof(c->bufs[i]));
+		c->bufs[i].pub.id = (c->buf_gen << 8) | i;
+		return &c->bufs[i];
+	}
+	return NULL;
+}
+
+static void buf_release(rw_ipc_client_t *c, buf_slot_t *b)
+{
+	if (b->pub.kind == RW_IPC_BUF_HOST && b->map)
+		munmap(b->map, b->pub.size);
+	if (b->pub.kind == RW_IPC_BUF_CUDA && b->cuda_map)
+		rw_cuda_ipc_release(c->srv->cuda, b->cuda_map);
+	memset(b, 0, sizeof(*b));
+	c->nbufs--;
+	c->srv->stats.buffers--;
+}
+
+static void reply_reg_ok(rw_ipc_client_t *c, uint32_t seq, buf_slot_t *b)
+{
+	rw_ipc_reg_ok_t ok;
+	memset(&ok, 0, sizeof(ok));
+	hdr_init(&ok.hdr, RW_IPC_REG_OK, seq);
+	ok.buf_id = b->pub.id;
+	ok.size = b->pub.size;
+	if (send_msg(c, &ok, sizeof(ok), NULL, 0) == 0 && c->srv->ops.buffer_registered)
+		c->srv->ops.buffer_registered(c->srv->ctx, c, &b->pub);
+}
+
+/* The memfd in *fd_p is the client's: checked (regular, sealable, sealed against shrinking so a
+ * later ftruncate cannot turn our mapping into SIGBUS, size equal to what it claims), mapped,
+ * then closed by the caller (the mapping keeps the memory). */
+static int handle_reg_host(rw_ipc_client_t *c, const rw_ipc_reg_host_t *req, int fd)
+{
+	uint32_t seq = req->hdr.seq;
+	rw_ipc_server_t *srv = c->srv;
+	if (c->nbufs >= srv->lim.max_buffers)
+		return send_error(c, seq, RW_E_BUF_LIMIT, "too many buffers registered", 0);
+	if (req->size == 0 || req->size > srv->lim.max_buffer_bytes || req->size > SIZE_MAX)
+		return send_error(c, seq, RW_E_BUF_SIZE, "buffer size zero or above the limit", 0);
+	struct stat st;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
+		return send_error(c, seq, RW_E_BUF_FD, "fd is not a regular file (memfd)", 0);
+	int seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0)
+		return send_error(c, seq, RW_E_BUF_FD, "fd is not a sealable memfd", 0);
+	if (!(seals & F_SEAL_SHRINK))
+		return send_error(c, seq, RW_E_BUF_SEAL, "memfd not sealed with F_SEAL_SHRINK", 0);
+	if ((uint64_t)st.st_size != req->size)
+		return send_error(c, seq, RW_E_BUF_SIZE, "size does not match the memfd (fstat)", 0);
+	void *map = mmap(NULL, req->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (map == MAP_FAILED)
+		return send_error(c, seq, RW_E_BUF_FD, "memfd cannot be mapped read/write", 0);
+	buf_slot_t *b = buf_alloc_slot(c);
+	b->pub.kind = RW_IPC_BUF_HOST;
+	b->pub.size = req->size;
+	b->pub.host = map;
+	b->pub.device = -1;
+	b->map = map;
+	b->id = b->pub.id;
+	c->nbufs++;
+	srv->stats.buffers++;
+	reply_reg_ok(c, seq, b);
+	return 0;
+}
+
+static int cuda_ready(rw_ipc_server_t *srv)
+{
+	if (srv->cuda_state == 0) {
+		srv->cuda_state = -1;
+		if (rw_cuda_init() != RW_OK)
+			rw_info("ipc: CUDA buffers unavailable: %s", rw_cuda_unavailable_reason());
+		else if (rw_cuda_ipc_cache_create(&srv->cuda) == RW_OK)
+			srv->cuda_state = 1;
+	}
+	return srv->cuda_state == 1;
+}
+
+static int handle_reg_cuda(rw_ipc_client_t *c, const rw_ipc_reg_cuda_t *req)
+{
+	uint32_t seq = req->hdr.seq;
+	rw_ipc_server_t *srv = c->srv;
+	if (c->nbufs >= srv->lim.max_buffers)
+		return send_error(c, seq, RW_E_BUF_LIMIT, "too many buffers registered", 0);
+	uint64_t end;
+	if (req->bytes == 0 || req->bytes > srv->lim.max_buffer_bytes ||
+	    __builtin_add_overflow(req->offset, req->bytes, &end) || end > req->alloc_bytes)
+		return send_error(c, seq, RW_E_BUF_SIZE,
+				  "cuda range empty, above the limit or outside its allocation", 0);
+	if (!cuda_ready(srv))
+		return send_error(c, seq, RW_E_NO_CUDA, "the daemon has no usable CUDA driver", 0);
+	rw_cuda_ipc_desc_t desc;
+	memset(&desc, 0, sizeof(desc));
+	memcpy(desc.handle.bytes, req->ipc_handle, sizeof(desc.handle.bytes));
+	desc.buffer_id = req->alloc_id;
+	desc.alloc_bytes = req->alloc_bytes;
+	desc.offset = req->offset;
+	desc.bytes = req->bytes;
+	memcpy(desc.device_uuid, req->device_uuid, sizeof(desc.device_uuid));
+	rw_cuda_ipc_map_t *map = NULL;
+	rw_cuda_dptr_t dptr = 0;
+	rw_status_t st = rw_cuda_ipc_import(srv->cuda, &desc, c->info.id, &map, &dptr);
+	switch (st) {
+	case RW_OK: break;
+	case RW_ERR_INVAL:
+		return send_error(c, seq, RW_E_BUF_SIZE, "cuda sizes disagree with the driver", 0);
+	case RW_ERR_NOTFOUND:
+		return send_error(c, seq, RW_E_CUDA, "no device with that UUID on this node", 0);
+	case RW_ERR_EXISTS:
+		return send_error(c, seq, RW_E_CUDA,
+				  "handle still mapped for another allocation (stale)", 0);
+	case RW_ERR_UNSUPPORTED:
+		return send_error(c, seq, RW_E_NO_CUDA, "the daemon has no usable CUDA driver", 0);
+	default:
+		return send_error(c, seq, RW_E_CUDA, "the driver refused the IPC handle", 0);
+	}
+	buf_slot_t *b = buf_alloc_slot(c);
+	b->pub.kind = RW_IPC_BUF_CUDA;
+	b->pub.size = req->bytes;
+	b->pub.dptr = dptr;
+	b->pub.device = rw_cuda_ipc_map_device(map);
+	b->cuda_map = map;
+	b->id = b->pub.id;
+	c->nbufs++;
+	srv->stats.buffers++;
+	reply_reg_ok(c, seq, b);
+	return 0;
+}
+
+static int handle_dereg(rw_ipc_client_t *c, const rw_ipc_dereg_t *req)
+{
+	buf_slot_t *b = buf_find(c, req->buf_id);
+	if (!b)
+		return send_error(c, req->hdr.seq, RW_E_BUF_ID, "deregister: unknown buffer id", 0);
+	if (c->reserved)
+		return send_error(c, req->hdr.seq, RW_E_BUF_BUSY,
+				  "deregister while submissions are in flight", 0);
+	buf_release(c, b);
+	rw_ipc_dereg_t ok;
+	memset(&ok, 0, sizeof(ok));
+	hdr_init(&ok.hdr, RW_IPC_DEREG_OK, req->hdr.seq);
+	ok.buf_id = req->buf_id;
+	send_msg(c, &ok, sizeof(ok), NULL, 0);
+	return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Rings
+ * ------------------------------------------------------------------------------------------- */
+
+static void sq_cb(struct ev_loop *loop, ev_io *w, int revents);
+
+static void rings_free(rw_ipc_client_t *c)
+{
+	if (!c->rings_up)
+		return;
+	ev_io_stop(c->srv->loop, &c->sq_io);
+	munmap(c->ring_map, c->ring_bytes);
+	close(c->sq_efd);
+	close(c->cq_efd);
+	c->rings_up = 0;
+	c->srv->stats.rings--;
+}
+
+/* The daemon makes the ring memory, so the client can neither size it wrong nor shrink it:
+ * the memfd is sealed (no shrink, no grow, no new seals) before the client ever sees it. */
+static int handle_ring_setup(rw_ipc_client_t *c, const rw_ipc_ring_setup_t *req)
+{
+	uint32_t seq = req->hdr.seq;
+	rw_ipc_server_t *srv = c->srv;
+	const char *why;
+	if (c->rings_up)
+		return send_error(c, seq, RW_E_RING_STATE, "rings already set up", 0);
+	int code = rw_ipc_check_ring_setup(req, &srv->lim, &why);
+	if (code)
+		return send_error(c, seq, code, why, 0);
+
+	rw_ipc_ring_ok_t ok;
+	memset(&ok, 0, sizeof(ok));
+	hdr_init(&ok.hdr, RW_IPC_RING_OK, seq);
+	ok.sq_entries = req->sq_entries;
+	ok.cq_entries = req->cq_entries;
+	ok.sq_ctl_off = 0;
+	ok.cq_ctl_off = RW_IPC_RING_CTL_BYTES;
+	ok.sq_slots_off = 2 * RW_IPC_RING_CTL_BYTES;
+	ok.cq_slots_off = ok.sq_slots_off + rw_ring_slots_bytes(req->sq_entries, sizeof(rw_sqe_t));
+	ok.map_bytes = ok.cq_slots_off + rw_ring_slots_bytes(req->cq_entries, sizeof(rw_cqe_t));
+	ok.sqe_size = sizeof(rw_sqe_t);
+	ok.cqe_size = sizeof(rw_cqe_t);
+
+	int memfd = -1, sq_efd = -1, cq_efd = -1;
+	void *map = MAP_FAILED;
+	memfd = memfd_create("railwave-rings", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (memfd < 0)
+		goto fail;
+	if (ftruncate(memfd, (off_t)ok.map_bytes) < 0 ||
+	    fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+		goto fail;
+	map = mmap(NULL, ok.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+	if (map == MAP_FAILED)
+		goto fail;
+	sq_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	cq_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (sq_efd < 0 || cq_efd < 0)
+		goto fail;
+
+	uint8_t *base = map;
+	rw_ring_init(&c->sq, (rw_ring_ctl_t *)(base + ok.sq_ctl_off), base + ok.sq_slots_off,
+		     ok.sq_entries, sizeof(rw_sqe_t), -1, 0);
+	rw_ring_init(&c->cq, (rw_ring_ctl_t *)(base + ok.cq_ctl_off), base + ok.cq_slots_off,
+		     ok.cq_entries, sizeof(rw_cqe_t), cq_efd, 1);
+	/* The daemon starts asleep on the submission ring: the first submit wakes it. */
+	atomic_store_explicit(&c->sq.ctl->armed, 1, memory_order_relaxed);
+
+	int fds[3] = {memfd, sq_efd, cq_efd};
+	c->ring_map = map;
+	c->ring_bytes = ok.map_bytes;
+	c->sq_efd = sq_efd;
+	c->cq_efd = cq_efd;
+	c->rings_up = 1;
+	srv->stats.rings++;
+	ev_io_init(&c->sq_io, sq_cb, sq_efd, EV_READ);
+	c->sq_io.data = c;
+	ev_io_start(srv->loop, &c->sq_io);
+	send_msg(c, &ok, sizeof(ok), fds, 3);
+	close(memfd); /* the mapping and the client's copy keep it */
+	return 0;
+fail:
+	rw_err("ipc client %u: ring setup: %m", c->info.id);
+	if (map != MAP_FAILED)
+		munmap(map, ok.map_bytes);
+	if (memfd >= 0)
+		close(memfd);
+	if (sq_efd >= 0)
+		close(sq_efd);
+	if (cq_efd >= 0)
+		close(cq_efd);
+	return send_error(c, seq, RW_E_INTERNAL, "daemon could not create the rings", 0);
+}
+
+static void flush_client(rw_ipc_client_t *c)
+{
+	if (!c->rings_up || c->dying)
+		return;
+	uint32_t n = c->cq.local - c->cq.published;
+	if (n == 0)
+		return;
+	c->srv->stats.completions += n;
+	c->srv->stats.wakeups += (uint64_t)rw_ring_prod_publish(&c->cq);
+}
+
+static void push_cqe(rw_ipc_client_t *c, const rw_cqe_t *cqe)
+{
+	memcpy(rw_ring_prod_next(&c->cq), cqe, sizeof(*cqe));
+	rw_ring_prod_push(&c->cq);
+	if (!c->on_flush_list) {
+		c->on_flush_list = 1;
+		c->flush_next = c->srv->flush;
+		c->srv->flush = c;
+	}
+}
+
+static void ring_corrupt(rw_ipc_client_t *c, const char *which)
+{
+	char why[96];
+	snprintf(why, sizeof(why), "%s ring indices corrupted", which);
+	send_error(c, 0, RW_E_RING_INDEX, why, 1);
+	client_kill(c, RW_IPC_LEFT_PROTOCOL, RW_E_RING_INDEX); /* also if the send failed */
+}
+
+/* Take submissions off the ring while completion slots can be reserved for them. Returns the
+ * number taken (>= 0), or -1 if the client was dropped. Sets cq_blocked when it stopped for lack
+ * of completion slots with submissions still waiting. */
+static int drain(rw_ipc_client_t *c)
+{
+	rw_ipc_server_t *srv = c->srv;
+	int taken_total = 0;
+	c->cq_blocked = 0;
+	while (!c->dying) {
+		int avail = rw_ring_cons_avail(&c->sq);
+		if (avail < 0)
+			return ring_corrupt(c, "submission"), -1;
+		if (avail == 0)
+			break;
+		int space = rw_ring_prod_space(&c->cq, (uint32_t)c->reserved + 1);
+		if (space < 0)
+			return ring_corrupt(c, "completion"), -1;
+		int room = space - (int)c->reserved;
+		if (room <= 0) {
+			c->cq_blocked = 1;
+			break;
+		}
+		uint32_t take = (uint32_t)RW_MIN(RW_MIN(avail, room), DRAIN_BATCH);
+		uint32_t i;
+		for (i = 0; i < take && !c->dying; i++) {
+			rw_sqe_t sqe; /* copy first: the client can rewrite the slot at any time */
+			memcpy(&sqe, rw_ring_cons_peek(&c->sq, i), sizeof(sqe));
+			const char *why;
+			int code = rw_ipc_check_sqe(&sqe, &srv->lim, buf_size_of, c, &why);
+			if (code) {
+				rw_cqe_t cqe;
+				memset(&cqe, 0, sizeof(cqe));
+				cqe.status = RW_CQ_ERROR;
+				cqe.error = code;
+				cqe.kind = sqe.kind;
+				cqe.phase_id = sqe.phase_id;
+				cqe.user_data = sqe.user_data;
+				cqe.counts_buf = RW_BUF_NONE;
+				push_cqe(c, &cqe);
+				srv->stats.rejected++;
+				rw_dbg("ipc client %u: submission rejected: %s: %s", c->info.id,
+				       rw_client_strerror(code), why);
+				continue;
+			}
+			c->reserved++;
+			srv->stats.submissions++;
+			srv->ops.submission(srv->ctx, c, &sqe);
+		}
+		if (c->dying)
+			return -1;
+		rw_ring_cons_release(&c->sq, i);
+		taken_total += (int)i;
+	}
+	if (c->dying)
+		return -1;
+	flush_client(c);
+	return taken_total;
+}
+
+/* Drain, then either keep the client in the server's poll rotation or arm its eventfd. Returns
+ * submissions taken, or -1 if the client was dropped. */
+static int pump(rw_ipc_client_t *c)
+{
+	int total = 0;
+	for (;;) {
+		int n = drain(c);
+		if (n < 0)
+			return -1;
+		total += n;
+		if (c->cq_blocked) {
+			/* Sleep until the client frees completion slots (it writes sq_efd). */
+			int space = rw_ring_prod_arm_space(&c->cq);
+			if (space < 0)
+				return ring_corrupt(c, "completion"), -1;
+			if (space > (int)c->reserved)
+				continue;
+			return total;
+		}
+		if (c->srv->polling)
+			return total;
+		int ready = rw_ring_cons_arm(&c->sq);
+		if (ready < 0)
+			return ring_corrupt(c, "submission"), -1;
+		if (ready == 0)
+			return total;
+	}
+}
+
+static void start_polling(rw_ipc_server_t *srv)
+{
+	if (!srv->cfg.busy_poll_us)
+		return;
+	srv->poll_deadline_ns = rw_now_ns() + (uint64_t)srv->cfg.busy_poll_us * 1000u;
+	if (!srv->polling) {
+		srv->polling = 1;
+		ev_idle_start(srv->loop, &srv->idle);
+	}
+}
+
+static void sq_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	rw_ipc_client_t *c = w->data;
+	uint64_t count;
+	while (read(c->sq_efd, &count, sizeof(count)) > 0) {
+	}
+	rw_ring_cons_disarm(&c->sq);
+	start_polling(c->srv);
+	pump(c);
+}
+
+/* Busy-poll phase: every client's submission ring, until none had work for busy_poll_us. Each
+ * call spins a few rounds before returning to the loop, which then serves its other watchers
+ * (without sleeping: an active idle watcher makes the loop poll with a zero timeout). */
+static void idle_cb(struct ev_loop *loop, ev_idle *w, int revents)
+{
+	(void)revents;
+	rw_ipc_server_t *srv = w->data;
+	for (int spin = 0; spin < 64; spin++) {
+		int progress = 0;
+		for (rw_ipc_client_t *c = srv->clients; c; c = c->next)
+			if (c->rings_up && !c->dying && pump(c) > 0)
+				progress = 1;
+		uint64_t now = rw_now_ns();
+		if (progress) {
+			srv->poll_deadline_ns = now + (uint64_t)srv->cfg.busy_poll_us * 1000u;
+			return;
+		}
+		if (now >= srv->poll_deadline_ns)
+			break;
+	}
+	if (rw_now_ns() < srv->poll_deadline_ns)
+		return;
+	srv->polling = 0;
+	ev_idle_stop(loop, &srv->idle);
+	for (rw_ipc_client_t *c = srv->clients; c; c = c->next)
+		if (c->rings_up && !c->dying && pump(c) > 0)
+			start_polling(srv); /* work arrived while arming: keep polling */
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Hello and groups
+ * ------------------------------------------------------------------------------------------- */
+
+static ipc_group_t *group_find(rw_ipc_server_t *srv, const char *name)
+{
+	for (ipc_group_t *g = srv->groups; g; g = g->next)
+		if (strcmp(g->name, name) == 0)
+			return g;
+	return NULL;
+}
+
+static void group_leave(rw_ipc_client_t *c)
+{
+	ipc_group_t *g = c->group;
+	if (!g)
+		return;
+	for (rw_ipc_client_t **pp = &g->members; *pp; pp = &(*pp)->group_next)
+		if (*pp == c) {
+			*pp = c->group_next;
+			break;
+		}
+	c->group = NULL;
+	if (g->members)
+		return;
+	rw_ipc_server_t *srv = c->srv;
+	for (ipc_group_t **pp = &srv->groups; *pp; pp = &(*pp)->next)
+		if (*pp == g) {
+			*pp = g->next;
+			break;
+		}
+	free(g);
+	srv->stats.groups--;
+}
+
+static int handle_hello(rw_ipc_client_t *c, const rw_ipc_hello_t *req)
+{
+	rw_ipc_server_t *srv = c->srv;
+	uint32_t seq = req->hdr.seq;
+	const char *why;
+	int code = rw_ipc_check_hello(req, &srv->lim, &why);
+	if (code)
+		return send_error(c, seq, code, why, 1);
+	c->bufs = calloc(srv->lim.max_buffers, sizeof(*c->bufs));
+	if (!c->bufs)
+		return send_error(c, seq, RW_E_INTERNAL, "daemon out of memory", 1);
+	if (srv->node >= 0 && req->node != (uint32_t)srv->node)
+		return send_error(c, seq, RW_E_NODE_MISMATCH, "node differs from this daemon's node",
+				  1);
+	ipc_group_t *g = group_find(srv, req->group);
+	if (g) {
+		if (g->world_size != req->world_size)
+			return send_error(c, seq, RW_E_WORLD_MISMATCH,
+					  "world size differs from the group's earlier members", 1);
+		if (g->node != req->node)
+			return send_error(c, seq, RW_E_NODE_MISMATCH,
+					  "node differs from the group's earlier members", 1);
+		for (rw_ipc_client_t *m = g->members; m; m = m->group_next) {
+			if (m->info.rank == req->rank)
+				return send_error(c, seq, RW_E_RANK_DUP,
+						  "this rank of this group is already connected", 1);
+			if (req->local_gpu >= 0 && m->info.local_gpu == req->local_gpu)
+				return send_error(c, seq, RW_E_GPU,
+						  "local GPU already used by another rank of the group",
+						  1);
+		}
+	} else {
+		g = calloc(1, sizeof(*g));
+		if (!g)
+			return send_error(c, seq, RW_E_INTERNAL, "daemon out of memory", 1);
+		memcpy(g->name, req->group, sizeof(g->name));
+		g->world_size = req->world_size;
+		g->node = req->node;
+		g->next = srv->groups;
+		srv->groups = g;
+		srv->stats.groups++;
+	}
+	memcpy(c->info.group, req->group, sizeof(c->info.group));
+	c->info.rank = req->rank;
+	c->info.world_size = req->world_size;
+	c->info.node = req->node;
+	c->info.local_gpu = req->local_gpu;
+	memcpy(c->info.gpu_uuid, req->gpu_uuid, sizeof(c->info.gpu_uuid));
+	c->group = g;
+	c->group_next = g->members;
+	g->members = c;
+	c->joined = 1;
+
+	rw_ipc_hello_ok_t ok;
+	memset(&ok, 0, sizeof(ok));
+	hdr_init(&ok.hdr, RW_IPC_HELLO_OK, seq);
+	ok.client_id = c->info.id;
+	ok.max_buffers = srv->lim.max_buffers;
+	ok.max_tokens = srv->lim.max_tokens;
+	ok.max_hidden = srv->lim.max_hidden;
+	ok.max_topk = srv->lim.max_topk;
+	ok.max_ring_entries = srv->lim.max_ring_entries;
+	ok.max_buffer_bytes = srv->lim.max_buffer_bytes;
+	if (send_msg(c, &ok, sizeof(ok), NULL, 0) < 0)
+		return 0;
+	rw_info("ipc client %u joined: group %s rank %u/%u node %u gpu %d (pid %d uid %d)",
+		c->info.id, c->info.group, c->info.rank, c->info.world_size, c->info.node,
+		c->info.local_gpu, (int)c->info.pid, (int)c->info.uid);
+	if (srv->ops.client_joined)
+		srv->ops.client_joined(srv->ctx, c);
+	return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Control messages
+ * ------------------------------------------------------------------------------------------- */
+
+/* One received datagram. fds[] are owned by the caller, which closes every entry still >= 0
+ * afterwards: handlers never need to close one on an error path. */
+static int handle_message(rw_ipc_client_t *c, const void *buf, size_t len, int flags, int *fds,
+			   unsigned nfds, int bad_cmsg)
+{
+	rw_ipc_msg_t msg;
+	const char *why;
+	uint32_t seq = 0;
+	if (len >= sizeof(rw_ipc_hdr_t))
+		memcpy(&seq, (const uint8_t *)buf + offsetof(rw_ipc_hdr_t, seq), sizeof(seq));
+	if (bad_cmsg)
+		return send_error(c, seq, RW_E_FDS, "control data other than SCM_RIGHTS", !c->joined);
+	int code = rw_ipc_parse_request(buf, len, flags, nfds, &msg, &why);
+	if (code)
+		return send_error(c, seq, code, why, !c->joined || rw_ipc_error_is_fatal(code));
+	if (!c->joined && msg.hdr.type != RW_IPC_HELLO && msg.hdr.type != RW_IPC_GOODBYE)
+		return send_error(c, seq, RW_E_STATE, "first message must be hello", 1);
+	switch (msg.hdr.type) {
+	case RW_IPC_HELLO:
+		if (c->joined)
+			return send_error(c, seq, RW_E_STATE, "hello twice", 0);
+		return handle_hello(c, &msg.hello);
+	case RW_IPC_REG_HOST: return handle_reg_host(c, &msg.reg_host, fds[0]);
+	case RW_IPC_REG_CUDA: return handle_reg_cuda(c, &msg.reg_cuda);
+	case RW_IPC_DEREG: return handle_dereg(c, &msg.dereg);
+	case RW_IPC_RING_SETUP: return handle_ring_setup(c, &msg.ring_setup);
+	case RW_IPC_GOODBYE: client_kill(c, RW_IPC_LEFT_GOODBYE, 0); return 0;
+	}
+	return 0;
+}
+
+static void client_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	rw_ipc_client_t *c = w->data;
+	for (int burst = 0; burst < RECV_BURST && !c->dying; burst++) {
+		rw_ipc_msg_t raw;
+		union {
+			char buf[CMSG_SPACE(sizeof(int) * RW_IPC_MAX_FDS)];
+			struct cmsghdr align;
+		} cbuf;
+		struct iovec iov = {.iov_base = &raw, .iov_len = sizeof(raw)};
+		struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.buf,
+				    .msg_controllen = sizeof(cbuf.buf)};
+		ssize_t n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return;
+		if (n <= 0) {
+			if (n < 0 && errno != ECONNRESET)
+				rw_warn("ipc client %u: recv: %m", c->info.id);
+			client_kill(c, RW_IPC_LEFT_EOF, 0);
+			return;
+		}
+		int fds[RW_IPC_MAX_FDS];
+		unsigned nfds = 0;
+		int bad_cmsg = 0;
+		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+			if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) {
+				bad_cmsg = 1;
+				continue;
+			}
+			size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+			for (size_t i = 0; i < k; i++) {
+				int fd;
+				memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(fd));
+				if (nfds < RW_IPC_MAX_FDS)
+					fds[nfds++] = fd;
+				else
+					close(fd); /* cannot happen with our cmsg space; be safe */
+			}
+		}
+		handle_message(c, &raw, (size_t)n, mh.msg_flags, fds, nfds, bad_cmsg);
+		for (unsigned i = 0; i < nfds; i++)
+			if (fds[i] >= 0)
+				close(fds[i]);
+	}
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Connections
+ * ------------------------------------------------------------------------------------------- */
+
+static void client_kill(rw_ipc_client_t *c, rw_ipc_leave_t reason, int error)
+{
+	if (c->dying)
+		return;
+	rw_ipc_server_t *srv = c->srv;
+	c->dying = 1;
+	c->leave_reason = reason;
+	c->leave_error = error;
+	ev_io_stop(srv->loop, &c->io);
+	if (c->rings_up)
+		ev_io_stop(srv->loop, &c->sq_io);
+	c->reap_next = srv->reap;
+	srv->reap = c;
+}
+
+/* Free everything a client holds. Only from the prepare watcher or destroy: never while a
+ * callback for this client is on the stack. */
+static void client_free(rw_ipc_client_t *c)
+{
+	rw_ipc_server_t *srv = c->srv;
+	if (c->joined) {
+		if (srv->ops.client_left)
+			srv->ops.client_left(srv->ctx, c, c->leave_reason, c->leave_error);
+		rw_info("ipc client %u left: group %s rank %u: %s%s%s", c->info.id, c->info.group,
+			c->info.rank, rw_ipc_leave_str(c->leave_reason), c->leave_error ? ": " : "",
+			c->leave_error ? rw_client_strerror(c->leave_error) : "");
+	}
+	group_leave(c);
+	if (c->bufs) {
+		for (uint32_t i = 0; i < srv->lim.max_buffers; i++)
+			if (c->bufs[i].id)
+				buf_release(c, &c->bufs[i]);
+		free(c->bufs);
+	}
+	rings_free(c);
+	close(c->fd);
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		srv->clients = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	srv->nclients--;
+	srv->stats.clients--;
+	free(c);
+}
+
+static void reap(rw_ipc_server_t *srv)
+{
+	/* Drop dying clients from the flush list first. */
+	for (rw_ipc_client_t **pp = &srv->flush; *pp;) {
+		if ((*pp)->dying) {
+			(*pp)->on_flush_list = 0;
+			*pp = (*pp)->flush_next;
+		} else {
+			pp = &(*pp)->flush_next;
+		}
+	}
+	while (srv->reap) {
+		rw_ipc_client_t *c = srv->reap;
+		srv->reap = c->reap_next;
+		client_free(c); /* client_left may drop others: they join srv->reap */
+	}
+}
+
+void rw_ipc_server_flush(rw_ipc_server_t *srv)
+{
+	while (srv->flush) {
+		rw_ipc_client_t *c = srv->flush;
+		srv->flush = c->flush_next;
+		c->on_flush_list = 0;
+		flush_client(c);
+	}
+}
+
+static void prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	rw_ipc_server_t *srv = w->data;
+	rw_ipc_server_flush(srv);
+	reap(srv);
+}
+
+static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	(void)revents;
+	rw_ipc_server_t *srv = w->data;
+	for (;;) {
+		int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+				rw_warn("ipc: accept: %m");
+			return;
+		}
+		struct ucred cred = {.pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1};
+		socklen_t clen = sizeof(cred);
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0)
+			rw_warn("ipc: SO_PEERCRED: %m");
+		rw_ipc_client_t *c = NULL;
+		if (srv->nclients < srv->cfg.max_clients)
+			c = calloc(1, sizeof(*c));
+		if (!c) {
+			rw_warn("ipc: refusing connection from pid %d uid %d: %s", (int)cred.pid,
+				(int)cred.uid, srv->nclients >= srv->cfg.max_clients ?
+				"too many clients" : "out of memory");
+			rw_ipc_error_t err;
+			memset(&err, 0, sizeof(err));
+			hdr_init(&err.hdr, RW_IPC_ERROR, 0);
+			err.code = RW_E_LIMIT;
+			err.fatal = 1;
+			snprintf(err.message, sizeof(err.message), "daemon client limit reached");
+			ssize_t n = send(fd, &err, sizeof(err), MSG_DONTWAIT | MSG_NOSIGNAL);
+			(void)n;
+			close(fd);
+			continue;
+		}
+		c->srv = srv;
+		c->fd = fd;
+		c->sq_efd = c->cq_efd = -1;
+		c->info.id = ++srv->next_id;
+		c->info.pid = cred.pid;
+		c->info.uid = cred.uid;
+		c->info.gid = cred.gid;
+		c->info.local_gpu = -1;
+		c->next = srv->clients;
+		if (srv->clients)
+			srv->clients->prev = c;
+		srv->clients = c;
+		srv->nclients++;
+		srv->stats.clients++;
+		srv->stats.accepted++;
+		rw_info("ipc client %u connected: pid %d uid %d gid %d", c->info.id, (int)cred.pid,
+			(int)cred.uid, (int)cred.gid);
+		ev_io_init(&c->io, client_cb, fd, EV_READ);
+		c->io.data = c;
+		ev_io_start(loop, &c->io);
+	}
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Server
+ * ------------------------------------------------------------------------------------------- */
+
+/* A socket file already at `path`: refuse if a daemon answers there, replace it if stale, and
+ * never delete something that is not a socket. */
+static rw_status_t clear_stale_socket(const struct sockaddr_un *addr)
+{
+	struct stat st;
+	if (lstat(addr->sun_path, &st) < 0)
+		return errno == ENOENT ? RW_OK : RW_ERR_SYS;
+	if (!S_ISSOCK(st.st_mode)) {
+		rw_err("ipc: %s exists and is not a socket", addr->sun_path);
+		return RW_ERR_EXISTS;
+	}
+	int probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (probe < 0)
+		return RW_ERR_SYS;
+	int live = connect(probe, (const struct sockaddr *)addr, sizeof(*addr)) == 0;
+	close(probe);
+	if (live) {
+		rw_err("ipc: a daemon already listens on %s", addr->sun_path);
+		return RW_ERR_EXISTS;
+	}
+	if (unlink(addr->sun_path) < 0 && errno != ENOENT)
+		return RW_ERR_SYS;
+	return RW_OK;
+}
+
+static rw_status_t listen_socket(rw_ipc_server_t *srv)
+{
+	const rw_ipc_server_config_t *cfg = &srv->cfg;
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	if (strlen(cfg->socket_path) >= sizeof(addr.sun_path)) {
+		rw_err("ipc: socket path too long: %s", cfg->socket_path);
+		return RW_ERR_INVAL;
+	}
+	strcpy(addr.sun_path, cfg->socket_path);
+	gid_t gid = (gid_t)-1;
+	if (cfg->group && *cfg->group) {
+		struct group grp, *found = NULL;
+		char buf[4096];
+		if (getgrnam_r(cfg->group, &grp, buf, sizeof(buf), &found) != 0 || !found) {
+			rw_err("ipc: unknown group %s for the socket", cfg->group);
+			return RW_ERR_INVAL;
+		}
+		gid = found->gr_gid;
+	}
+	rw_status_t st = clear_stale_socket(&addr);
+	if (st != RW_OK)
+		return st;
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		rw_err("ipc: socket: %m");
+		return RW_ERR_SYS;
+	}
+	/* Create the file owner-only, so nobody can connect between bind and chmod. umask is
+	 * process-wide: the daemon creates its server before it starts other threads. */
+	mode_t old = umask(0177);
+	int rc = bind(fd, (struct sockaddr *)&addr, sizeof(addr));
+	umask(old);
+	if (rc < 0) {
+		rw_err("ipc: bind %s: %m", addr.sun_path);
+		goto fail_close;
+	}
+	if (gid != (gid_t)-1 && chown(addr.sun_path, (uid_t)-1, gid) < 0) {
+		rw_err("ipc: chown %s to group %s: %m", addr.sun_path, cfg->group);
+		goto fail_unlink;
+	}
+	if (chmod(addr.sun_path, cfg->mode) < 0) {
+		rw_err("ipc: chmod %s: %m", addr.sun_path);
+		goto fail_unlink;
+	}
+	if (listen(fd, 128) < 0) {
+		rw_err("ipc: listen %s: %m", addr.sun_path);
+		goto fail_unlink;
+	}
+	srv->listen_fd = fd;
+	return RW_OK;
+fail_unlink:
+	unlink(addr.sun_path);
+fail_close:
+	close(fd);
+	return RW_ERR_SYS;
+}
+
+#define DEFAULT(field, value) \
+	do { if (!cfg.field) cfg.field = (value); } while (0)
+
+rw_status_t rw_ipc_server_create(struct ev_loop *loop, const rw_ipc_server_config_t *config,
+				 const rw_ipc_server_ops_t *ops, void *ctx,
+				 rw_ipc_server_t **server_p)
+{
+	if (!loop || !config || !config->socket_path || !ops || !ops->submission || !server_p)
+		return RW_ERR_INVAL;
+	rw_ipc_server_config_t cfg = *config;
+	DEFAULT(mode, 0660);
+	DEFAULT(max_clients, 256);
+	DEFAULT(max_buffers, 64);
+	DEFAULT(max_buffer_bytes, 1ull << 40);
+	DEFAULT(max_tokens, 1u << 20);
+	DEFAULT(max_hidden, 65536);
+	DEFAULT(max_topk, 64);
+	DEFAULT(max_ring_entries, 4096);
+	DEFAULT(max_world, 1u << 20);
+	DEFAULT(max_local_gpu, 64);
+	if (cfg.max_buffers > MAX_BUFFER_SLOTS || cfg.max_ring_entries > (1u << 20) ||
+	    cfg.max_topk > 0xffff || cfg.mode > 0777) {
+		rw_err("ipc: server limits out of range");
+		return RW_ERR_INVAL;
+	}
+	rw_ipc_server_t *srv = calloc(1, sizeof(*srv));
+	if (!srv)
+		return RW_ERR_NOMEM;
+	srv->socket_path = strdup(cfg.socket_path);
+	if (!srv->socket_path) {
+		free(srv);
+		return RW_ERR_NOMEM;
+	}
+	cfg.socket_path = srv->socket_path;
+	cfg.group = NULL; /* used only while binding */
+	srv->loop = loop;
+	srv->cfg = cfg;
+	srv->ops = *ops;
+	srv->ctx = ctx;
+	srv->node = cfg.node;
+	srv->listen_fd = -1;
+	srv->lim = (rw_ipc_limits_t){
+		.max_buffers = cfg.max_buffers,
+		.max_buffer_bytes = cfg.max_buffer_bytes,
+		.max_tokens = cfg.max_tokens,
+		.max_hidden = cfg.max_hidden,
+		.max_topk = cfg.max_topk,
+		.max_ring_entries = cfg.max_ring_entries,
+		.max_world = cfg.max_world,
+		.max_local_gpu = cfg.max_local_gpu,
+	};
+	srv->cfg.group = config->group;
+	rw_status_t st = listen_socket(srv);
+	srv->cfg.group = NULL;
+	if (st != RW_OK) {
+		free(srv->socket_path);
+		free(srv);
+		return st;
+	}
+	ev_io_init(&srv->accept_io, accept_cb, srv->listen_fd, EV_READ);
+	srv->accept_io.data = srv;
+	ev_io_start(loop, &srv->accept_io);
+	ev_prepare_init(&srv->prepare, prepare_cb);
+	srv->prepare.data = srv;
+	ev_prepare_start(loop, &srv->prepare);
+	ev_idle_init(&srv->idle, idle_cb);
+	srv->idle.data = srv;
+	rw_info("ipc: listening on %s (mode %04o%s%s)", srv->socket_path, cfg.mode,
+		config->group ? ", group " : "", config->group ? config->group : "");
+	*server_p = srv;
+	return RW_OK;
+}
+
+void rw_ipc_server_destroy(rw_ipc_server_t *srv)
+{
+	if (!srv)
+		return;
+	for (rw_ipc_client_t *c = srv->clients; c; c = c->next)
+		client_kill(c, RW_IPC_LEFT_SHUTDOWN, 0);
+	reap(srv);
+	ev_io_stop(srv->loop, &srv->accept_io);
+	ev_prepare_stop(srv->loop, &srv->prepare);
+	ev_idle_stop(srv->loop, &srv->idle);
+	close(srv->listen_fd);
+	unlink(srv->socket_path);
+	if (srv->cuda)
+		rw_cuda_ipc_cache_destroy(srv->cuda);
+	free(srv->socket_path);
+	free(srv);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Service-facing calls
+ * ------------------------------------------------------------------------------------------- */
+
+rw_status_t rw_ipc_complete(rw_ipc_server_t *srv, rw_ipc_client_t *c, const rw_cqe_t *cqe)
+{
+	if (c->dying || !c->rings_up || c->reserved == 0)
+		return RW_ERR_STATE;
+	c->reserved--;
+	push_cqe(c, cqe);
+	(void)srv;
+	return RW_OK;
+}
+
+rw_status_t rw_ipc_buffer_lookup(const rw_ipc_client_t *c, uint32_t buf_id, rw_ipc_buffer_t *buf_p)
+{
+	const buf_slot_t *b = buf_find(c, buf_id);
+	if (!b)
+		return RW_ERR_NOTFOUND;
+	*buf_p = b->pub;
+	return RW_OK;
+}
+
+void rw_ipc_client_drop(rw_ipc_server_t *srv, rw_ipc_client_t *c, int error)
+{
+	if (c->dying)
+		return;
+	srv->stats.dropped++;
+	client_kill(c, RW_IPC_LEFT_DROPPED, error);
+}
+
+const rw_ipc_client_info_t *rw_ipc_client_info(const rw_ipc_client_t *c) { return &c->info; }
+void rw_ipc_client_set_data(rw_ipc_client_t *c, void *data) { c->data = data; }
+void *rw_ipc_client_data(const rw_ipc_client_t *c) { return c->data; }
+
+void rw_ipc_server_stats(const rw_ipc_server_t *srv, rw_ipc_server_stats_t *stats_p)
+{
+	*stats_p = srv->stats;
+}
