@@ -161,6 +161,31 @@ static void test_features_random(void **state)
 	}
 }
 
+/* Counts near 2^32: the 32-bit column sums must be flushed and the per-source rail sums redone
+ * in 64 bits; results still equal the recomputation (exact in doubles below 2^53). Rail counts
+ * 8 and 16 run the vector kernel, 3 the generic one; N = 300 at R = 8 also runs the blocks. */
+static void test_large_counts(void **state)
+{
+	(void)state;
+	seed_rng("large_counts");
+	static uint32_t counts[300 * 300 * 8];
+	const uint32_t shapes[][2] = { { 5, 8 }, { 17, 16 }, { 9, 3 }, { 40, 8 }, { 300, 8 } };
+	for (uint32_t c = 0; c < 40; c++) {
+		uint32_t n = shapes[c % 5][0], rails = shapes[c % 5][1];
+		rw_topo_t t;
+		assert_int_equal(rw_sched_topo_init(&t, n, 8, rails), RW_OK);
+		for (uint32_t i = 0; i < n * n * rails; i++) {
+			uint32_t roll = rng_below(4);
+			counts[i] = roll == 0 ? UINT32_MAX - rng_below(3)
+				  : roll == 1 ? (uint32_t)rng_next() : roll == 2 ? rng_below(9) : 0;
+		}
+		rw_features_t got, want;
+		rw_sched_features(&t, counts, 1, &got);
+		reference(&t, counts, 1, &want);
+		assert_features_equal(&got, &want);
+	}
+}
+
 /* No remote payload (only local records, or nothing): f0 = 0 and everything neutral. */
 static void test_no_remote_is_neutral(void **state)
 {
@@ -234,6 +259,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_features_random),
+		cmocka_unit_test(test_large_counts),
 		cmocka_unit_test(test_no_remote_is_neutral),
 		cmocka_unit_test(test_extremes_and_guards),
 	};
