@@ -86,6 +86,9 @@ static void answer_summary(const rw_svc_t *svc, rw_svc_buf_t *o)
 		rw_svc_buf_printf(o, "anchors %u\n", svc->anchors->n_anchors);
 	else
 		rw_svc_buf_printf(o, "anchors none\n");
+	rw_svc_buf_printf(o, "anchor_reloads %llu\n", (unsigned long long)m->anchor_reloads);
+	rw_svc_buf_printf(o, "anchor_reloads_refused %llu\n",
+			  (unsigned long long)m->anchor_reload_failures);
 	rw_svc_buf_printf(o, "errors %llu\n", (unsigned long long)errors);
 	for (uint32_t k = 1; k < RW_SVC_ERR_KINDS; k++)
 		if (m->errors[k])

@@ -400,7 +400,8 @@ typedef struct rw_svc {
  * then rw_svc_ipc_stop(), rw_svc_mesh_stop(), HTTP, stats. main.c defines weak no-op versions
  * so the daemon builds and runs without the mesh/executor/IPC; the real definitions (strong
  * symbols) win at link time PROVIDED their objects are linked directly into $b/railwaved (the
- * object list in service/build.ninja), not pulled from an archive. */
+ * object list in service/build.ninja), not pulled from an archive. A *_stop() is called even
+ * when its *_start() failed (it must cope with a half-started state) and never twice. */
 
 /* Connect the peer mesh and start the phase executor. Non-blocking (connections complete on
  * the loop). An error aborts start-up. */
