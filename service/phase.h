@@ -25,6 +25,8 @@ typedef struct rw_svc_layout {
 	uint32_t *in_quota;        /* [N*R]: quota(s -> me, r); the s == me row is 0 */
 	uint32_t *in_first;        /* [N*R]: first slot of source s on rail r in my receive area */
 	uint32_t *out_first;       /* [N*R]: first slot of destination d on rail r in my send area */
+	uint32_t *peer_in_first;   /* [N*R]: where my range starts in d's receive area on rail r */
+	uint32_t *peer_ret_first;  /* [N*R]: where my combine range starts in s's combine area */
 	uint32_t in_total[RW_MAX_RAILS];  /* records arriving on rail r */
 	uint32_t out_total[RW_MAX_RAILS]; /* records leaving on rail r */
 } rw_svc_layout_t;
@@ -37,6 +39,29 @@ void rw_svc_layout_free(rw_svc_layout_t *l);
  * own pairs, rw_sched_balance with rotation = destination for the others). */
 rw_status_t rw_svc_layout_build(rw_svc_layout_t *l, const rw_topo_t *topo, rw_path_t path,
 				uint32_t me, const uint32_t *counts);
+/* Dispatch output span of one rank (docs/dataflow.md "Dispatch output"): per-expert counts
+ * first when they do not fit the completion inline (n_experts > RW_CQE_INLINE_COUNTS: u32 each,
+ * area padded to 16 bytes), then rows_cap rows (hidden x dtype each), then rows_cap metadata
+ * entries: u32 src_node | u32 src_rank (global) | u32 token | u32 reserved | i32 ids[topk] |
+ * f32 weights[topk]. rows_cap = what fits. */
+typedef struct rw_svc_out_layout {
+	uint64_t counts_off, rows_off, meta_off;
+	uint64_t rows_cap;
+	uint64_t meta_bytes;
+} rw_svc_out_layout_t;
+
+static inline void rw_svc_out_layout(uint64_t capacity, uint32_t n_experts, uint32_t topk,
+				     uint64_t row_bytes, uint32_t inline_max,
+				     rw_svc_out_layout_t *o)
+{
+	uint64_t counts = n_experts > inline_max ? rw_wire_align16(4ull * n_experts) : 0;
+	o->meta_bytes = 16 + 8ull * topk;
+	o->counts_off = 0;
+	o->rows_off = counts;
+	o->rows_cap = capacity > counts ? (capacity - counts) / (row_bytes + o->meta_bytes) : 0;
+	o->meta_off = counts + o->rows_cap * row_bytes;
+}
+
 /* The most records any node receives on any rail, and sends on any rail, under this layout's
  * counts and path: every node checks the same bound before a phase starts (identical verdict
  * everywhere, "Region sizing"). */

@@ -14,7 +14,10 @@ rw_status_t rw_svc_layout_alloc(rw_svc_layout_t *l, uint32_t nodes, uint32_t rai
 	l->in_quota = calloc(nr, sizeof(uint32_t));
 	l->in_first = calloc(nr, sizeof(uint32_t));
 	l->out_first = calloc(nr, sizeof(uint32_t));
-	if (!l->out_pairs || !l->in_quota || !l->in_first || !l->out_first) {
+	l->peer_in_first = calloc(nr, sizeof(uint32_t));
+	l->peer_ret_first = calloc(nr, sizeof(uint32_t));
+	if (!l->out_pairs || !l->in_quota || !l->in_first || !l->out_first || !l->peer_in_first ||
+	    !l->peer_ret_first) {
 		rw_svc_layout_free(l);
 		return RW_ERR_NOMEM;
 	}
@@ -29,6 +32,8 @@ void rw_svc_layout_free(rw_svc_layout_t *l)
 	free(l->in_quota);
 	free(l->in_first);
 	free(l->out_first);
+	free(l->peer_in_first);
+	free(l->peer_ret_first);
 	memset(l, 0, sizeof(*l));
 }
 
@@ -77,6 +82,27 @@ rw_status_t rw_svc_layout_build(rw_svc_layout_t *l, const rw_topo_t *topo, rw_pa
 		for (uint32_t r = 0; r < rails; r++) {
 			first[r] = l->out_total[r];
 			l->out_total[r] += d == me ? 0 : l->out_pairs[d].quota[r];
+		}
+	}
+	/* The peers' views: my range in d's receive area is after every source s' < me sending to
+	 * d; my combine range in s's combine area is after every destination d' < me of s. This is
+	 * O(N * me) pair balances, done once per phase. */
+	for (uint32_t p = 0; p < nodes; p++) {
+		uint32_t *in_first = l->peer_in_first + (size_t)p * rails;
+		uint32_t *ret_first = l->peer_ret_first + (size_t)p * rails;
+		memset(in_first, 0, rails * sizeof(uint32_t));
+		memset(ret_first, 0, rails * sizeof(uint32_t));
+		if (p == me)
+			continue;
+		for (uint32_t x = 0; x < me; x++) {
+			if (x == p)
+				continue;
+			pair_quota(topo, path, counts, x, p, &pp); /* x -> p: before me in p's area */
+			for (uint32_t r = 0; r < rails; r++)
+				in_first[r] += pp.quota[r];
+			pair_quota(topo, path, counts, p, x, &pp); /* p -> x: before me in p's send order */
+			for (uint32_t r = 0; r < rails; r++)
+				ret_first[r] += pp.quota[r];
 		}
 	}
 	return RW_OK;

@@ -116,6 +116,12 @@ static void run_case(uint32_t N, uint32_t G, uint32_t R, uint32_t topk, uint32_t
 				uint32_t q_in = node[d].layout.in_quota[s * R + r];
 				uint32_t q_out = s == d ? 0 : node[s].layout.out_pairs[d].quota[r];
 				assert_int_equal(q_in, q_out);
+				if (s != d) { /* each side knows where it writes in the other's memory */
+					assert_int_equal(node[s].layout.peer_in_first[d * R + r],
+							 node[d].layout.in_first[s * R + r]);
+					assert_int_equal(node[d].layout.peer_ret_first[s * R + r],
+							 node[s].layout.out_first[d * R + r]);
+				}
 				if (s != d && !rw_path_balanced(path))
 					assert_int_equal(q_in, counts[((size_t)s * N + d) * R + r]);
 			}

@@ -1,0 +1,1476 @@
+/* railwaved's phase executor (docs/dataflow.md): gathers every local rank's dispatch of a group,
+ * all-gathers count rows with the peers, decides path and plan identically on every node, packs
+ * and writes each (destination, rail) slab wave by wave, forwards arriving records to the local
+ * ranks hosting their experts, and runs combine back along the same (rail, slot)s, summing in
+ * fp32 into the owners' token positions. Also the daemon hooks rw_svc_mesh_start/stop,
+ * rw_svc_ipc_start/stop and rw_svc_shutdown_begin. Everything runs on the loop thread. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ipc/ipc.h"
+#include "service/mesh.h"
+#include "service/phase.h"
+#include "service/svc.h"
+
+#define SLOTS 2               /* pairs (of different groups) in flight at once per node */
+#define SUB_RD 0              /* receive: dispatch records */
+#define SUB_RC 1              /* receive: combine records */
+#define SUB_SD 2              /* send: dispatch slabs */
+#define SUB_SC 3              /* send: combine slabs */
+#define CHUNK_MAX (4u << 20)  /* largest single rail write we post */
+#define TICK_S 0.05           /* slot waits, stale rows */
+
+enum stage {
+	ST_GATHER_D = 0, /* waiting for local dispatch submissions */
+	ST_WAIT_SLOT,    /* gathered; waiting for a free receive slot */
+	ST_EXCHANGE,     /* our row sent; waiting for the peers' rows */
+	ST_RUN_D,        /* sending and receiving dispatch records */
+	ST_WAIT_C,       /* dispatch completed; waiting for combine submissions */
+	ST_RUN_C,        /* sending and receiving combine records */
+};
+
+typedef struct exec_pair exec_pair_t;
+typedef struct exec_group exec_group_t;
+
+typedef struct exec_member {
+	exec_group_t *g;
+	rw_ipc_client_t *client;
+	uint32_t local;
+} exec_member_t;
+
+struct exec_group {
+	exec_group_t *next;
+	char name[RW_GROUP_NAME_MAX];
+	uint32_t hash;
+	uint32_t world;
+	exec_member_t *member[RW_MAX_GPUS];
+	uint32_t n_members;
+	exec_pair_t *pair;           /* the open pair, or NULL */
+};
+
+typedef struct exec_sub {
+	int have;
+	rw_sqe_t sqe;
+	rw_ipc_client_t *client;
+	const uint8_t *tokens;
+	const int32_t *ids;          /* dispatch only */
+	const float *weights;        /* dispatch only */
+	uint8_t *out;
+	uint32_t out_buf;
+	uint64_t out_cap;
+} exec_sub_t;
+
+typedef struct exec_row {         /* a peer's row that came before we were ready for it */
+	struct exec_row *next;
+	char group[RW_WIRE_GROUP_MAX];
+	rw_wire_key_t key;
+	uint32_t node, slot;
+	rw_wire_phase_params_t params;
+	uint64_t t_ns;
+	uint32_t row[];
+} exec_row_t;
+
+struct exec_pair {
+	exec_pair_t *next;           /* exec->pairs */
+	struct rw_svc_exec *x;
+	exec_group_t *g;
+	rw_wire_key_t key;
+	uint32_t tag;
+	enum stage stage;
+	int dead;                    /* failed/closed; freed when no write is outstanding */
+	uint32_t outstanding;        /* our rail writes not yet done */
+	uint64_t t0;
+	ev_timer timer;
+	rw_wire_phase_params_t params; /* ours (from local submissions) */
+	uint32_t n_experts, topk, hidden, dtype;
+	uint64_t row_bytes, rec_size, crec_size;
+	exec_sub_t dsub[RW_MAX_GPUS], csub[RW_MAX_GPUS];
+	uint32_t n_dsub, n_csub;
+	int slot;                    /* ours, -1 until held */
+	uint32_t *peer_slot;         /* [N] */
+	uint8_t *have_row;           /* [N] */
+	uint32_t n_rows;
+	uint32_t *counts;            /* [N*N*R] */
+	rw_wire_phase_params_t *peer_params; /* [N] */
+	rw_rank_tokens_t rt[RW_MAX_GPUS];
+	uint32_t *row_off;           /* [N*R+1] CSR of our records */
+	rw_record_t *rec;
+	rw_svc_layout_t layout;
+	int have_layout;
+	rw_path_t path;
+	uint64_t phase_t0;
+	/* sending */
+	uint32_t wave, send_pending;
+	int sends_done;
+	/* receiving, per kind: bytes arrived and ranges completed per (peer, rail) */
+	uint64_t *arrived[2];        /* [N*R] */
+	uint8_t *range_done[2];      /* [N*R] */
+	uint32_t ranges_left[2];
+	uint32_t rail_base[RW_MAX_RAILS + 1];
+	uint32_t n_in, n_local;
+	uint32_t *local_ref;         /* [n_local]: rank << 24 | token ... stored as pairs */
+	uint32_t *fwd_ref[RW_MAX_GPUS];
+	uint32_t fwd_n[RW_MAX_GPUS];
+	rw_svc_out_layout_t out[RW_MAX_GPUS];
+	uint32_t *expert_counts[RW_MAX_GPUS];
+	uint32_t handle[RW_MAX_GPUS];
+	float *owner_acc[RW_MAX_GPUS];
+};
+
+struct rw_svc_exec {
+	rw_svc_t *svc;
+	rw_svc_mesh_t *mesh;
+	rw_ipc_server_t *ipc;
+	uint32_t nodes, rails, gpus, me;
+	uint64_t area_bytes, sub_bytes;
+	int slot_busy[SLOTS];
+	uint64_t slot_free_at[SLOTS];
+	exec_group_t *groups;
+	exec_pair_t *pairs;          /* open and dead-but-draining pairs */
+	exec_row_t *rows;            /* early rows */
+	uint32_t next_handle;
+	uint32_t n_experts_env;      /* RAILWAVE_EXPERTS, 0 = one expert per rank */
+	ev_timer tick;
+};
+
+typedef struct rw_svc_exec rw_svc_exec_t;
+
+static void pair_fail(exec_pair_t *p, rw_status_t st, int client_err, const char *msg, int tell);
+static void pair_try_decide(exec_pair_t *p);
+static void pair_send_wave(exec_pair_t *p, int kind);
+static void pair_check_done(exec_pair_t *p);
+
+static uint64_t sub_off(const rw_svc_exec_t *x, int slot, int sub)
+{
+	return ((uint64_t)slot * 4u + (uint64_t)sub) * x->sub_bytes;
+}
+
+static uint32_t wire_dtype(uint8_t d) { return d == RW_DTYPE_BF16 ? RW_WIRE_BF16 : RW_WIRE_F32; }
+
+static int phase_running(const exec_pair_t *p)
+{
+	return !p->dead && p->stage != ST_WAIT_C;
+}
+
+/* ---- completions ------------------------------------------------------------------------- */
+
+static void complete_err(rw_svc_exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe, int err)
+{
+	if (!x->ipc)
+		return;
+	rw_cqe_t c;
+	memset(&c, 0, sizeof(c));
+	c.status = RW_CQ_ERROR;
+	c.kind = sqe->kind;
+	c.error = err;
+	c.phase_id = sqe->phase_id;
+	c.user_data = sqe->user_data;
+	c.counts_buf = RW_BUF_NONE;
+	rw_ipc_complete(x->ipc, client, &c);
+}
+
+/* ---- pair lifetime ----------------------------------------------------------------------- */
+
+static void pair_release_slot(exec_pair_t *p, int clean)
+{
+	rw_svc_exec_t *x = p->x;
+	if (p->slot < 0)
+		return;
+	x->slot_busy[p->slot] = 0;
+	/* After a failure a peer may still have writes in flight towards this slot; keep it idle
+	 * for a heartbeat timeout (docs/dataflow.md "Region reuse"). */
+	x->slot_free_at[p->slot] = clean ? 0 :
+		rw_now_ns() + (uint64_t)x->svc->cfg.heartbeat_timeout_ms * 1000000ull;
+	p->slot = -1;
+}
+
+static void pair_free_mem(exec_pair_t *p)
+{
+	free(p->peer_slot);
+	free(p->have_row);
+	free(p->counts);
+	free(p->peer_params);
+	free(p->row_off);
+	free(p->rec);
+	rw_svc_layout_free(&p->layout);
+	for (int k = 0; k < 2; k++) {
+		free(p->arrived[k]);
+		free(p->range_done[k]);
+		p->arrived[k] = NULL;
+		p->range_done[k] = NULL;
+	}
+	free(p->local_ref);
+	for (uint32_t g = 0; g < RW_MAX_GPUS; g++) {
+		free(p->fwd_ref[g]);
+		free(p->expert_counts[g]);
+		free(p->owner_acc[g]);
+		p->fwd_ref[g] = NULL;
+		p->expert_counts[g] = NULL;
+		p->owner_acc[g] = NULL;
+	}
+	p->peer_slot = NULL;
+	p->have_row = NULL;
+	p->counts = NULL;
+	p->peer_params = NULL;
+	p->row_off = NULL;
+	p->rec = NULL;
+	p->local_ref = NULL;
+}
+
+static void pair_unlink(exec_pair_t *p)
+{
+	for (exec_pair_t **pp = &p->x->pairs; *pp; pp = &(*pp)->next)
+		if (*pp == p) {
+			*pp = p->next;
+			return;
+		}
+}
+
+/* Close a pair (success or failure): stop using client buffers at once; the struct lives until
+ * its last outstanding write reports. */
+static void pair_close(exec_pair_t *p, int clean)
+{
+	rw_svc_exec_t *x = p->x;
+	if (p->dead)
+		return;
+	p->dead = 1;
+	ev_timer_stop(x->svc->loop, &p->timer);
+	pair_release_slot(p, clean);
+	if (p->g && p->g->pair == p)
+		p->g->pair = NULL;
+	p->g = NULL;
+	pair_free_mem(p);
+	if (p->outstanding == 0) {
+		pair_unlink(p);
+		free(p);
+	}
+	if (x->svc->draining) {
+		int busy = 0;
+		for (exec_pair_t *q = x->pairs; q; q = q->next)
+			busy |= phase_running(q);
+		if (!busy)
+			rw_svc_stop(x->svc);
+	}
+}
+
+static void timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	exec_pair_t *p = w->data;
+	char msg[128];
+	snprintf(msg, sizeof(msg), "phase timed out in stage %d after %u ms", (int)p->stage,
+		 p->x->svc->cfg.phase_timeout_ms);
+	pair_fail(p, RW_ERR_TIMEOUT, RW_E_PHASE, msg, 1);
+}
+
+static void pair_arm_timer(exec_pair_t *p)
+{
+	ev_timer_stop(p->x->svc->loop, &p->timer);
+	ev_timer_set(&p->timer, p->x->svc->cfg.phase_timeout_ms / 1000.0, 0.);
+	ev_timer_start(p->x->svc->loop, &p->timer);
+}
+
+static exec_pair_t *pair_new(rw_svc_exec_t *x, exec_group_t *g, const rw_wire_key_t *key)
+{
+	exec_pair_t *p = calloc(1, sizeof(*p));
+	if (!p)
+		return NULL;
+	p->x = x;
+	p->g = g;
+	p->key = *key;
+	p->tag = rw_wire_key_tag(key);
+	p->slot = -1;
+	p->stage = ST_GATHER_D;
+	p->t0 = rw_now_ns();
+	size_t n = x->nodes, nr = (size_t)x->nodes * x->rails;
+	p->peer_slot = calloc(n, sizeof(uint32_t));
+	p->have_row = calloc(n, 1);
+	p->counts = calloc(n * nr, sizeof(uint32_t));
+	p->peer_params = calloc(n, sizeof(*p->peer_params));
+	for (int k = 0; k < 2; k++) {
+		p->arrived[k] = calloc(nr, sizeof(uint64_t));
+		p->range_done[k] = calloc(nr, 1);
+	}
+	if (!p->peer_slot || !p->have_row || !p->counts || !p->peer_params || !p->arrived[0] ||
+	    !p->arrived[1] || !p->range_done[0] || !p->range_done[1] ||
+	    rw_svc_layout_alloc(&p->layout, x->nodes, x->rails) != RW_OK) {
+		pair_free_mem(p);
+		free(p);
+		return NULL;
+	}
+	ev_timer_init(&p->timer, timer_cb, 0., 0.);
+	p->timer.data = p;
+	p->next = x->pairs;
+	x->pairs = p;
+	g->pair = p;
+	pair_arm_timer(p);
+	return p;
+}
+
+/* Fail the pair on this node: every local rank with a submission of the running kind gets an
+ * error completion; `tell` broadcasts PHASE_ERR so the peers fail it too. */
+static void pair_fail(exec_pair_t *p, rw_status_t st, int client_err, const char *msg, int tell)
+{
+	rw_svc_exec_t *x = p->x;
+	if (p->dead)
+		return;
+	int kind = p->stage >= ST_WAIT_C ? RW_SVC_COMBINE : RW_SVC_DISPATCH;
+	rw_warn("group %s layer %u step %llu: %s failed (%s): %s", p->g ? p->g->name : "?",
+		p->key.layer, (unsigned long long)p->key.step, rw_svc_kind_name(kind),
+		rw_status_str(st), msg);
+	rw_svc_metrics_error(&x->svc->metrics, st);
+	rw_svc_metrics_phase(&x->svc->metrics, p->have_layout ? p->path : RW_PATH_JOINT,
+			     (rw_svc_phase_kind_t)kind, 0, 0);
+	exec_sub_t *subs = kind == RW_SVC_COMBINE ? p->csub : p->dsub;
+	for (uint32_t g = 0; g < x->gpus; g++)
+		if (subs[g].have) {
+			complete_err(x, subs[g].client, &subs[g].sqe, client_err);
+			subs[g].have = 0;
+		}
+	if (tell) {
+		rw_wire_phase_err_t e = { .key = p->key, .kind = (uint32_t)kind, .status = st,
+					  .node = x->me };
+		snprintf(e.msg, sizeof(e.msg), "node %u: %s", x->me, msg);
+		uint8_t buf[RW_WIRE_PHASE_ERR_SIZE];
+		size_t n = rw_wire_phase_err_pack(&e, buf, sizeof(buf));
+		for (uint32_t peer = 0; peer < x->nodes; peer++)
+			if (peer != x->me)
+				rw_svc_mesh_send(x->mesh, peer, RW_WIRE_PHASE_ERR, buf, (uint32_t)n);
+	}
+	pair_close(p, 0);
+}
+
+/* ---- groups and clients ------------------------------------------------------------------ */
+
+static exec_group_t *group_find(rw_svc_exec_t *x, const char *name)
+{
+	for (exec_group_t *g = x->groups; g; g = g->next)
+		if (strcmp(g->name, name) == 0)
+			return g;
+	return NULL;
+}
+
+static void ipc_client_joined(void *ctx, rw_ipc_client_t *client)
+{
+	rw_svc_exec_t *x = ctx;
+	const rw_ipc_client_info_t *info = rw_ipc_client_info(client);
+	x->svc->metrics.clients++;
+	if (info->world_size != x->nodes * x->gpus || info->rank / x->gpus != x->me) {
+		rw_warn("rank %u of group %s: world %u / node does not fit this cluster (N=%u G=%u me=%u)",
+			info->rank, info->group, info->world_size, x->nodes, x->gpus, x->me);
+		rw_ipc_client_drop(x->ipc, client, RW_E_WORLD_MISMATCH);
+		return;
+	}
+	exec_group_t *g = group_find(x, info->group);
+	if (!g) {
+		g = calloc(1, sizeof(*g));
+		if (!g) {
+			rw_ipc_client_drop(x->ipc, client, RW_E_INTERNAL);
+			return;
+		}
+		snprintf(g->name, sizeof(g->name), "%s", info->group);
+		g->hash = rw_wire_group_hash(g->name);
+		g->world = info->world_size;
+		g->next = x->groups;
+		x->groups = g;
+	}
+	uint32_t local = info->rank % x->gpus;
+	if (g->member[local]) {
+		rw_ipc_client_drop(x->ipc, client, RW_E_RANK_DUP);
+		return;
+	}
+	exec_member_t *mb = calloc(1, sizeof(*mb));
+	if (!mb) {
+		rw_ipc_client_drop(x->ipc, client, RW_E_INTERNAL);
+		return;
+	}
+	mb->g = g;
+	mb->client = client;
+	mb->local = local;
+	g->member[local] = mb;
+	g->n_members++;
+	rw_ipc_client_set_data(client, mb);
+	rw_info("rank %u of group %s joined (local %u, pid %d)", info->rank, g->name, local,
+		(int)info->pid);
+}
+
+static void ipc_client_left(void *ctx, rw_ipc_client_t *client, rw_ipc_leave_t reason, int error)
+{
+	rw_svc_exec_t *x = ctx;
+	exec_member_t *mb = rw_ipc_client_data(client);
+	if (x->svc->metrics.clients)
+		x->svc->metrics.clients--;
+	if (!mb)
+		return;
+	rw_ipc_client_set_data(client, NULL);
+	exec_group_t *g = mb->g;
+	rw_info("rank %u of group %s left (%s, %d)", rw_ipc_client_info(client)->rank, g->name,
+		rw_ipc_leave_str(reason), error);
+	if (g->pair) {
+		/* The pair may use this rank's buffers: fail it everywhere (its data is gone). */
+		exec_pair_t *p = g->pair;
+		for (uint32_t i = 0; i < x->gpus; i++) { /* no completions to the leaving client */
+			if (p->dsub[i].client == client)
+				p->dsub[i].have = 0;
+			if (p->csub[i].client == client)
+				p->csub[i].have = 0;
+		}
+		char msg[96];
+		snprintf(msg, sizeof(msg), "local rank %u left", rw_ipc_client_info(client)->rank);
+		pair_fail(p, RW_ERR_CLIENT, RW_E_PHASE, msg, 1);
+	}
+	g->member[mb->local] = NULL;
+	g->n_members--;
+	free(mb);
+	if (g->n_members == 0) {
+		for (exec_group_t **gp = &x->groups; *gp; gp = &(*gp)->next)
+			if (*gp == g) {
+				*gp = g->next;
+				break;
+			}
+		free(g);
+	}
+}
+
+/* Resolve a span to host memory: NULL when not host memory. */
+static uint8_t *span_host(rw_ipc_client_t *client, const rw_span_t *span, uint32_t *buf_p)
+{
+	rw_ipc_buffer_t b;
+	if (span->buf_id == RW_BUF_NONE || rw_ipc_buffer_lookup(client, span->buf_id, &b) != RW_OK ||
+	    b.kind != RW_IPC_BUF_HOST || !b.host)
+		return NULL;
+	if (buf_p)
+		*buf_p = b.id;
+	return (uint8_t *)b.host + span->offset;
+}
+
+/* ---- gather and count exchange ----------------------------------------------------------- */
+
+static int slot_take(rw_svc_exec_t *x)
+{
+	uint64_t now = rw_now_ns();
+	for (int s = 0; s < SLOTS; s++)
+		if (!x->slot_busy[s] && now >= x->slot_free_at[s]) {
+			x->slot_busy[s] = 1;
+			return s;
+		}
+	return -1;
+}
+
+static void pair_take_row(exec_pair_t *p, uint32_t node, uint32_t slot,
+			  const rw_wire_phase_params_t *params, const uint32_t *row)
+{
+	rw_svc_exec_t *x = p->x;
+	if (p->have_row[node])
+		return;
+	size_t nr = (size_t)x->nodes * x->rails;
+	memcpy(p->counts + node * nr, row, nr * sizeof(uint32_t));
+	p->peer_slot[node] = slot;
+	p->peer_params[node] = *params;
+	p->have_row[node] = 1;
+	p->n_rows++;
+}
+
+static void pair_exchange(exec_pair_t *p)
+{
+	rw_svc_exec_t *x = p->x;
+	int slot = slot_take(x);
+	if (slot < 0) {
+		p->stage = ST_WAIT_SLOT; /* the tick retries */
+		return;
+	}
+	p->slot = slot;
+	p->stage = ST_EXCHANGE;
+	for (uint32_t peer = 0; peer < x->nodes; peer++)
+		if (!rw_svc_mesh_peer_up(x->mesh, peer)) {
+			char msg[64];
+			snprintf(msg, sizeof(msg), "peer %u is not connected", peer);
+			pair_fail(p, RW_ERR_PEER, RW_E_PHASE, msg, 1);
+			return;
+		}
+	size_t nr = (size_t)x->nodes * x->rails;
+	rw_wire_counts_t c = { .key = p->key, .node = x->me, .nodes = x->nodes, .rails = x->rails,
+			       .slot = (uint32_t)slot, .params = p->params,
+			       .row = p->counts + x->me * nr };
+	snprintf(c.group_name, sizeof(c.group_name), "%s", p->g->name);
+	size_t len = rw_wire_counts_size(x->nodes, x->rails);
+	uint8_t *buf = malloc(len);
+	if (!buf) {
+		pair_fail(p, RW_ERR_NOMEM, RW_E_INTERNAL, "out of memory", 1);
+		return;
+	}
+	rw_wire_counts_pack(&c, buf, len);
+	pair_take_row(p, x->me, (uint32_t)slot, &p->params, c.row);
+	p->have_row[x->me] = 1;
+	for (uint32_t peer = 0; peer < x->nodes; peer++)
+		if (peer != x->me && rw_svc_mesh_send(x->mesh, peer, RW_WIRE_COUNTS, buf, (uint32_t)len) != RW_OK) {
+			free(buf);
+			pair_fail(p, RW_ERR_PEER, RW_E_PHASE, "cannot send counts", 1);
+			return;
+		}
+	free(buf);
+	/* Rows that came early. */
+	for (exec_row_t **rp = &x->rows; *rp;) {
+		exec_row_t *r = *rp;
+		if (strcmp(r->group, p->g->name) == 0 && rw_wire_key_eq(&r->key, &p->key)) {
+			pair_take_row(p, r->node, r->slot, &r->params, r->row);
+			*rp = r->next;
+			free(r);
+		} else {
+			rp = &r->next;
+		}
+	}
+	pair_try_decide(p);
+}
+
+/* All local dispatch submissions are in: count, then exchange. */
+static void pair_gathered(exec_pair_t *p)
+{
+	rw_svc_exec_t *x = p->x;
+	const rw_topo_t *topo = &x->svc->topo;
+	for (uint32_t g = 0; g < x->gpus; g++) {
+		const exec_sub_t *s = &p->dsub[g];
+		p->rt[g] = (rw_rank_tokens_t){ .local_gpu = g, .n_tokens = s->sqe.token_count,
+					       .topk = p->topk, .expert_ids = s->ids };
+	}
+	uint32_t bad = 0;
+	size_t nr = (size_t)x->nodes * x->rails;
+	rw_status_t st = rw_sched_count(topo, p->n_experts, x->me, p->rt, x->gpus,
+					p->counts + x->me * nr, &bad);
+	if (st != RW_OK) {
+		char msg[128];
+		snprintf(msg, sizeof(msg), "local rank %u: expert id out of range (E=%u) or bad top-k",
+			 x->me * x->gpus + bad, p->n_experts);
+		if (bad < x->gpus && p->dsub[bad].have) {
+			complete_err(x, p->dsub[bad].client, &p->dsub[bad].sqe, RW_E_TOKENS);
+			p->dsub[bad].have = 0;
+		}
+		pair_fail(p, RW_ERR_INVAL, RW_E_PHASE, msg, 1);
+		return;
+	}
+	p->row_off = calloc(nr + 1, sizeof(uint32_t));
+	if (!p->row_off) {
+		pair_fail(p, RW_ERR_NOMEM, RW_E_INTERNAL, "out of memory", 1);
+		return;
+	}
+	rw_sched_prefix(p->counts + x->me * nr, (uint32_t)nr, p->row_off);
+	p->rec = calloc((size_t)p->row_off[nr] + 1, sizeof(rw_record_t));
+	if (!p->rec ||
+	    rw_sched_records(topo, p->n_experts, x->me, p->rt, x->gpus, p->row_off, p->rec) != RW_OK) {
+		pair_fail(p, RW_ERR_NOMEM, RW_E_INTERNAL, "cannot build records", 1);
+		return;
+	}
+	pair_exchange(p);
+}
+
+static void exec_submit_dispatch(rw_svc_exec_t *x, exec_member_t *mb, rw_ipc_client_t *client,
+				 const rw_sqe_t *sqe)
+{
+	exec_group_t *g = mb->g;
+	rw_wire_key_t key = { .group = g->hash, .layer = sqe->layer, .step = sqe->step };
+	if (sqe->dtype != RW_DTYPE_BF16 && sqe->dtype != RW_DTYPE_FP32) {
+		complete_err(x, client, sqe, RW_E_DTYPE);
+		return;
+	}
+	if (sqe->topk > RW_MAX_TOPK) {
+		complete_err(x, client, sqe, RW_E_TOKENS);
+		return;
+	}
+	exec_pair_t *p = g->pair;
+	if (p && !rw_wire_key_eq(&p->key, &key)) {
+		if (p->stage == ST_WAIT_C && p->n_csub == 0) {
+			pair_close(p, 1); /* the trainer moved on without a combine */
+			p = NULL;
+		} else {
+			complete_err(x, client, sqe, RW_E_STATE);
+			return;
+		}
+	}
+	if (!p) {
+		if (x->svc->draining) {
+			complete_err(x, client, sqe, RW_E_STATE);
+			return;
+		}
+		p = pair_new(x, g, &key);
+		if (!p) {
+			complete_err(x, client, sqe, RW_E_INTERNAL);
+			return;
+		}
+		p->topk = sqe->topk;
+		p->hidden = sqe->hidden;
+		p->dtype = wire_dtype(sqe->dtype);
+		p->n_experts = x->n_experts_env ? x->n_experts_env : g->world;
+		p->row_bytes = rw_wire_row_bytes(p->hidden, p->dtype);
+		p->rec_size = rw_wire_rec_size(p->topk, p->hidden, p->dtype);
+		p->crec_size = rw_wire_crec_size(p->hidden, p->dtype);
+		int force = x->svc->cfg.force_path;
+		p->params = (rw_wire_phase_params_t){
+			.n_experts = p->n_experts, .topk = p->topk, .hidden = p->hidden, .dtype = p->dtype,
+			.requested_path = force >= 0 && force < RW_PATH_COUNT ? (uint32_t)force : RW_WIRE_PATH_AUTO };
+		p->phase_t0 = rw_now_ns();
+	}
+	if (p->stage != ST_GATHER_D || p->dsub[mb->local].have) {
+		complete_err(x, client, sqe, RW_E_STATE);
+		return;
+	}
+	if (sqe->topk != p->topk || sqe->hidden != p->hidden || wire_dtype(sqe->dtype) != p->dtype) {
+		complete_err(x, client, sqe, RW_E_FIELD);
+		pair_fail(p, RW_ERR_INVAL, RW_E_PHASE, "local ranks disagree on topk/hidden/dtype", 1);
+		return;
+	}
+	exec_sub_t *s = &p->dsub[mb->local];
+	s->sqe = *sqe;
+	s->client = client;
+	s->tokens = span_host(client, &sqe->tokens, NULL);
+	s->ids = (const int32_t *)(const void *)span_host(client, &sqe->topk_ids, NULL);
+	s->weights = (const float *)(const void *)span_host(client, &sqe->topk_weights, NULL);
+	s->out = span_host(client, &sqe->output, &s->out_buf);
+	s->out_cap = sqe->output_capacity;
+	if (!s->tokens || !s->ids || !s->weights || !s->out) {
+		complete_err(x, client, sqe, RW_E_NO_CUDA);
+		pair_fail(p, RW_ERR_UNSUPPORTED, RW_E_PHASE, "a local rank gave non-host buffers", 1);
+		return;
+	}
+	s->have = 1;
+	if (++p->n_dsub == x->gpus)
+		pair_gathered(p);
+}
+
+/* ---- decision and dispatch --------------------------------------------------------------- */
+
+static void pair_try_decide(exec_pair_t *p)
+{
+	rw_svc_exec_t *x = p->x;
+	rw_svc_t *svc = x->svc;
+	if (p->dead || p->stage != ST_EXCHANGE || p->n_rows < x->nodes)
+		return;
+	/* Every node holds the same rows, so every verdict below is the same everywhere. */
+	int forced = -1;
+	for (uint32_t n = 0; n < x->nodes; n++) {
+		const rw_wire_phase_params_t *pp = &p->peer_params[n];
+		if (pp->n_experts != p->params.n_experts || pp->topk != p->params.topk ||
+		    pp->hidden != p->params.hidden || pp->dtype != p->params.dtype) {
+			char msg[128];
+			snprintf(msg, sizeof(msg), "node %u disagrees on E/topk/hidden/dtype (%u/%u/%u/%u)",
+				 n, pp->n_experts, pp->topk, pp->hidden, pp->dtype);
+			pair_fail(p, RW_ERR_INVAL, RW_E_PHASE, msg, 0);
+			return;
+		}
+		if (forced < 0 && pp->requested_path != RW_WIRE_PATH_AUTO)
+			forced = (int)pp->requested_path;
+	}
+	rw_features_t feat;
+	rw_selection_t sel;
+	rw_sched_features(&svc->topo, p->counts, p->rec_size, &feat);
+	if (forced >= 0) {
+		sel = (rw_selection_t){ .path = (rw_path_t)forced, .reason = RW_SELECT_FORCED,
+					.case_id = -1 };
+	} else {
+		rw_sched_select(svc->anchors, &feat, &sel);
+	}
+	p->path = sel.path;
+	rw_svc_metrics_decision(&svc->metrics, p->key.group, p->key.layer, p->key.step, &feat, &sel);
+	rw_dbg("group %s layer %u step %llu: path %s (%s) f=[%.2f %.3f %.3f]", p->g->name,
+	       p->key.layer, (unsigned long long)p->key.step, rw_sched_path_name(sel.path),
+	       rw_sched_reason_name(sel.reason), feat.f[0], feat.f[1], feat.f[2]);
+
+	uint64_t max_in, max_out;
+	rw_svc_layout_max(&svc->topo, p->path, p->counts, &max_in, &max_out);
+	uint64_t need = RW_MAX(max_in, max_out) * p->rec_size;
+	if (need > x->sub_bytes) {
+		char msg[128];
+		snprintf(msg, sizeof(msg), "a rail needs %llu bytes, the region area holds %llu "
+			 "(raise recv_region_mib)", (unsigned long long)need,
+			 (unsigned long long)x->sub_bytes);
+		pair_fail(p, RW_ERR_RANGE, RW_E_PHASE, msg, 0);
+		return;
+	}
+	if (rw_svc_layout_build(&p->layout, &svc->topo, p->path, x->me, p->counts) != RW_OK) {
+		pair_fail(p, RW_ERR_INVAL, RW_E_INTERNAL, "layout", 0);
+		return;
+	}
+	p->have_layout = 1;
+	const rw_svc_layout_t *l = &p->layout;
+	p->rail_base[0] = 0;
+	for (uint32_t r = 0; r < x->rails; r++)
+		p->rail_base[r + 1] = p->rail_base[r] + l->in_total[r];
+	p->n_in = p->rail_base[x->rails];
+
+	/* Expected ranges (zero-size ones are done already). */
+	for (int k = 0; k < 2; k++)
+		p->ranges_left[k] = 0;
+	for (uint32_t s = 0; s < x->nodes; s++)
+		for (uint32_t r = 0; r < x->rails; r++) {
+			size_t i = (size_t)s * x->rails + r;
+			uint32_t qin = l->in_quota[i];
+			uint32_t qret = s == x->me ? 0 : l->out_pairs[s].quota[r];
+			p->range_done[0][i] = qin == 0;
+			p->range_done[1][i] = qret == 0;
+			p->ranges_left[0] += qin != 0;
+			p->ranges_left[1] += qret != 0;
+		}
+
+	/* Local records: tokens with an expert on this node. */
+	uint32_t n_local = 0;
+	for (uint32_t g = 0; g < x->gpus; g++)
+		for (uint32_t t = 0; t < p->rt[g].n_tokens; t++)
+			n_local += rw_svc_fwd_mask(p->n_experts, x->nodes, x->gpus, x->me,
+						   p->rt[g].expert_ids + (size_t)t * p->topk, p->topk) != 0;
+	p->n_local = n_local;
+	p->local_ref = calloc(2 * (size_t)n_local + 1, sizeof(uint32_t));
+	uint64_t total = (uint64_t)p->n_in + n_local;
+	int oom = !p->local_ref;
+	for (uint32_t g = 0; g < x->gpus && !oom; g++) {
+		const exec_sub_t *s = &p->dsub[g];
+		rw_svc_out_layout(s->out_cap, p->n_experts, p->topk, p->row_bytes, RW_CQE_INLINE_COUNTS,
+				  &p->out[g]);
+		p->fwd_ref[g] = calloc(RW_MIN(total, p->out[g].rows_cap) + 1, sizeof(uint32_t));
+		p->expert_counts[g] = calloc(p->n_experts, sizeof(uint32_t));
+		p->owner_acc[g] = calloc((size_t)p->rt[g].n_tokens * p->hidden + 1, sizeof(float));
+		oom |= !p->fwd_ref[g] || !p->expert_counts[g] || !p->owner_acc[g];
+	}
+	if (oom) {
+		pair_fail(p, RW_ERR_NOMEM, RW_E_INTERNAL, "out of memory", 1);
+		return;
+	}
+	n_local = 0;
+	for (uint32_t g = 0; g < x->gpus; g++)
+		for (uint32_t t = 0; t < p->rt[g].n_tokens; t++)
+			if (rw_svc_fwd_mask(p->n_experts, x->nodes, x->gpus, x->me,
+					    p->rt[g].expert_ids + (size_t)t * p->topk, p->topk)) {
+				p->local_ref[2 * n_local] = g;
+				p->local_ref[2 * n_local + 1] = t;
+				n_local++;
+			}
+
+	/* Pack every (destination, egress rail) slab in slot order: records keep their owner's
+	 * order; only RailBalance's surplus records change rail (rw_sched_map_rail). */
+	uint8_t *egress = malloc(RW_MAX(1u, p->row_off[(size_t)x->nodes * x->rails]));
+	uint32_t *slot = malloc(sizeof(uint32_t) * RW_MAX(1u, p->row_off[(size_t)x->nodes * x->rails]));
+	if (!egress || !slot) {
+		free(egress);
+		free(slot);
+		pair_fail(p, RW_ERR_NOMEM, RW_E_INTERNAL, "out of memory", 1);
+		return;
+	}
+	for (uint32_t d = 0; d < x->nodes; d++) {
+		if (d == x->me)
+			continue;
+		for (uint32_t r = 0; r < x->rails; r++) {
+			uint32_t first = p->row_off[d * x->rails + r];
+			uint32_t cnt = p->row_off[d * x->rails + r + 1] - first;
+			if (!cnt)
+				continue;
+			rw_sched_map_rail(&l->out_pairs[d], r, egress, slot);
+			for (uint32_t i = 0; i < cnt; i++) {
+				const rw_record_t *rec = &p->rec[first + i];
+				const exec_sub_t *s = &p->dsub[rec->rank];
+				uint32_t e = egress[i];
+				uint8_t *dst = rw_svc_mesh_mem(x->mesh, e) + sub_off(x, p->slot, SUB_SD) +
+					       ((uint64_t)l->out_first[d * x->rails + e] + slot[i]) * p->rec_size;
+				rw_wire_rec_hdr_t h = { .tag = p->tag, .src_node = x->me, .owner = rec->rank,
+							.token = rec->token, .topk = p->topk };
+				rw_wire_rec_pack(dst, &h, s->ids + (size_t)rec->token * p->topk,
+						 s->weights + (size_t)rec->token * p->topk);
+				memcpy(dst + rw_wire_rec_row_off(p->topk),
+				       s->tokens + (size_t)rec->token * p->row_bytes, p->row_bytes);
+			}
+		}
+	}
+	free(egress);
+	free(slot);
+	p->stage = ST_RUN_D;
+	p->wave = 0;
+	p->sends_done = 0;
+	pair_send_wave(p, 0);
+}
+
+/* Forward one record to every local rank hosting one of its experts. row/ids/weights are the
+ * record's; ref is its id in this pair (combine sums per id). -1: a rank's output is full. */
+static int forward_one(exec_pair_t *p, uint32_t ref, uint32_t src_node, uint32_t src_rank,
+		       uint32_t token, const int32_t *ids, const float *weights, const uint8_t *row)
+{
+	rw_svc_exec_t *x = p->x;
+	uint32_t mask = rw_svc_fwd_mask(p->n_experts, x->nodes, x->gpus, x->me, ids, p->topk);
+	uint32_t per_rank = p->n_experts / (x->nodes * x->gpus);
+	for (uint32_t g = 0; g < x->gpus; g++) {
+		if (!(mask & (1u << g)))
+			continue;
+		exec_sub_t *s = &p->dsub[g];
+		rw_svc_out_layout_t *o = &p->out[g];
+		uint32_t j = p->fwd_n[g];
+		if (j >= o->rows_cap)
+			return -1;
+		memcpy(s->out + o->rows_off + (uint64_t)j * p->row_bytes, row, p->row_bytes);
+		uint8_t *meta = s->out + o->meta_off + (uint64_t)j * o->meta_bytes;
+		rw_wire_put32(meta, src_node);
+		rw_wire_put32(meta + 4, src_rank);
+		rw_wire_put32(meta + 8, token);
+		rw_wire_put32(meta + 12, 0);
+		memcpy(meta + 16, ids, 4u * p->topk);
+		memcpy(meta + 16 + 4u * p->topk, weights, 4u * p->topk);
+		for (uint32_t k = 0; k < p->topk; k++)
+			if (ids[k] >= 0 && (uint32_t)ids[k] / per_rank == x->me * x->gpus + g)
+				p->expert_counts[g][ids[k]]++;
+		p->fwd_ref[g][j] = ref;
+		p->fwd_n[g] = j + 1;
+	}
+	return 0;
+}
+
+/* A complete dispatch range from `src` on `rail`: validate and forward each record. */
+static int forward_range(exec_pair_t *p, uint32_t src, uint32_t rail, char *why, size_t why_len)
+{
+	rw_svc_exec_t *x = p->x;
+	const rw_svc_layout_t *l = &p->layout;
+	size_t i = (size_t)src * x->rails + rail;
+	uint32_t first = l->in_first[i];
+	int32_t ids[RW_MAX_TOPK];
+	float w[RW_MAX_TOPK];
+	for (uint32_t k = 0; k < l->in_quota[i]; k++) {
+		const uint8_t *rec = rw_svc_mesh_mem(x->mesh, rail) + sub_off(x, p->slot, SUB_RD) +
+				     ((uint64_t)first + k) * p->rec_size;
+		rw_wire_rec_hdr_t h;
+		if (rw_wire_rec_unpack(rec, p->topk, &h) != RW_OK || h.tag != p->tag ||
+		    h.src_node != src || h.owner >= x->gpus) {
+			snprintf(why, why_len, "bad record header from node %u rail %u slot %u", src, rail, k);
+			return -1;
+		}
+		for (uint32_t t = 0; t < p->topk; t++) {
+			ids[t] = rw_wire_rec_id(rec, t);
+			w[t] = rw_wire_rec_weight(rec, p->topk, t);
+		}
+		if (!rw_svc_fwd_mask(p->n_experts, x->nodes, x->gpus, x->me, ids, p->topk)) {
+			snprintf(why, why_len, "record from node %u has no expert on this node", src);
+			return -1;
+		}
+		if (forward_one(p, p->rail_base[rail] + first + k, src, src * x->gpus + h.owner, h.token,
+				ids, w, rec + rw_wire_rec_row_off(p->topk)) < 0) {
+			snprintf(why, why_len, "a local rank's dispatch output is full");
+			return -2;
+		}
+	}
+	return 0;
+}
+
+static void forward_local(exec_pair_t *p)
+{
+	rw_svc_exec_t *x = p->x;
+	for (uint32_t i = 0; i < p->n_local; i++) {
+		uint32_t g = p->local_ref[2 * i], t = p->local_ref[2 * i + 1];
+		const exec_sub_t *s = &p->dsub[g];
+		if (forward_one(p, p->n_in + i, x->me, x->me * x->gpus + g, t,
+				s->ids + (size_t)t * p->topk, s->weights + (size_t)t * p->topk,
+				s->tokens + (size_t)t * p->row_bytes) < 0) {
+			pair_fail(p, RW_ERR_RANGE, RW_E_RANGE, "a local rank's dispatch output is full", 1);
+			return;
+		}
+	}
+}
+
+/* A complete combine range from `d` on egress rail `e`: add each row into its owner token. */
+static int combine_range(exec_pair_t *p, uint32_t d, uint32_t e, char *why, size_t why_len)
+{
+	rw_svc_exec_t *x = p->x;
+	const rw_svc_layout_t *l = &p->layout;
+	const rw_pair_plan_t *pp = &l->out_pairs[d];
+	uint32_t first = l->out_first[d * x->rails + e];
+	for (uint32_t k = 0; k < pp->quota[e]; k++) {
+		const uint8_t *rec = rw_svc_mesh_mem(x->mesh, e) + sub_off(x, p->slot, SUB_RC) +
+				     ((uint64_t)first + k) * p->crec_size;
+		rw_wire_crec_hdr_t h;
+		rw_wire_crec_unpack(rec, &h);
+		if (h.tag != p->tag || h.src_node != d || h.rail != e || h.slot != k) {
+			snprintf(why, why_len, "bad combine record from node %u rail %u slot %u", d, e, k);
+			return -1;
+		}
+		uint32_t owner_rail, ord;
+		rw_sched_unmap(pp, e, k, &owner_rail, &ord);
+		const rw_record_t *r = &p->rec[p->row_off[d * x->rails + owner_rail] + ord];
+		rw_svc_row_acc(p->owner_acc[r->rank] + (size_t)r->token * p->hidden,
+			       rec + RW_WIRE_CREC_HDR, p->dtype, p->hidden);
+	}
+	return 0;
+}
+
+static void pair_range_arrived(exec_pair_t *p, int kind, uint32_t src, uint32_t rail)
+{
+	char why[128];
+	int rc = kind == 0 ? forward_range(p, src, rail, why, sizeof(why))
+			   : combine_range(p, src, rail, why, sizeof(why));
+	if (rc == -1) {
+		rw_svc_mesh_fail_peer(p->x->mesh, src, RW_ERR_PROTO, why);
+		if (!p->dead)
+			pair_fail(p, RW_ERR_PROTO, RW_E_PHASE, why, 1);
+		return;
+	}
+	if (rc == -2) {
+		pair_fail(p, RW_ERR_RANGE, RW_E_RANGE, why, 1);
+		return;
+	}
+	p->range_done[kind][(size_t)src * p->x->rails + rail] = 1;
+	p->ranges_left[kind]--;
+}
+
+/* Ranges whose bytes all arrived before the layout was known. */
+static void pair_scan_ranges(exec_pair_t *p, int kind)
+{
+	rw_svc_exec_t *x = p->x;
+	for (uint32_t s = 0; s < x->nodes && !p->dead; s++)
+		for (uint32_t r = 0; r < x->rails && !p->dead; r++) {
+			size_t i = (size_t)s * x->rails + r;
+			uint64_t rsz = kind == 0 ? p->rec_size : p->crec_size;
+			uint64_t q = kind == 0 ? p->layout.in_quota[i]
+					       : (s == x->me ? 0 : p->layout.out_pairs[s].quota[r]);
+			if (p->range_done[kind][i])
+				continue;
+			if (p->arrived[kind][i] > q * rsz) {
+				pair_fail(p, RW_ERR_PROTO, RW_E_PHASE, "more data than expected", 1);
+				return;
+			}
+			if (p->arrived[kind][i] == q * rsz)
+				pair_range_arrived(p, kind, s, r);
+		}
+}
+
+/* Post the writes of the current wave (all destinations at once for non-waved paths). */
+static void pair_send_wave(exec_pair_t *p, int kind)
+{
+	rw_svc_exec_t *x = p->x;
+	const rw_svc_layout_t *l = &p->layout;
+	int waved = rw_path_waved(p->path) && x->nodes > 2;
+	if (kind == 0 && p->wave == 0) {
+		forward_local(p);
+		if (p->dead)
+			return;
+		pair_scan_ranges(p, 0);
+		if (p->dead)
+			return;
+	}
+	for (;;) {
+		if (p->dead)
+			return;
+		uint32_t k_lo, k_hi;
+		if (!waved) {
+			if (p->wave > 0)
+				break;
+			k_lo = 1;
+			k_hi = x->nodes - 1;
+		} else {
+			if (p->wave >= x->nodes - 1)
+				break;
+			k_lo = k_hi = p->wave + 1;
+		}
+		p->wave++;
+		for (uint32_t k = k_lo; k <= k_hi; k++) {
+			uint32_t d = rw_sched_wave_dst(x->nodes, x->me, k);
+			for (uint32_t r = 0; r < x->rails; r++) {
+				size_t i = (size_t)d * x->rails + r;
+				uint32_t q = kind == 0 ? l->out_pairs[d].quota[r] : l->in_quota[i];
+				if (!q)
+					continue;
+				uint64_t rsz = kind == 0 ? p->rec_size : p->crec_size;
+				uint64_t local = sub_off(x, p->slot, kind == 0 ? SUB_SD : SUB_SC) +
+						 (uint64_t)(kind == 0 ? l->out_first[i] : l->in_first[i]) * rsz;
+				uint64_t remote = sub_off(x, (int)p->peer_slot[d], kind == 0 ? SUB_RD : SUB_RC) +
+						  (uint64_t)(kind == 0 ? l->peer_in_first[i] : l->peer_ret_first[i]) * rsz;
+				uint64_t len = (uint64_t)q * rsz;
+				uint64_t chunk = RW_MIN((uint64_t)CHUNK_MAX, rw_svc_mesh_max_write(x->mesh, r));
+				for (uint64_t off = 0; off < len; off += chunk) {
+					uint64_t n = RW_MIN(chunk, len - off);
+					uint32_t imm = rw_wire_imm_pack(p->tag, (uint32_t)kind, off + n == len,
+									x->me, r);
+					rw_status_t st = rw_svc_mesh_write(x->mesh, d, r, local + off, remote + off,
+									   n, imm, p);
+					if (st != RW_OK) {
+						char msg[96];
+						snprintf(msg, sizeof(msg), "cannot write to node %u rail %u: %s", d, r,
+							 rw_status_str(st));
+						pair_fail(p, RW_ERR_PEER, RW_E_PHASE, msg, 1);
+						return;
+					}
+					p->outstanding++;
+					p->send_pending++;
+					rw_svc_metrics_tx(&x->svc->metrics, r, n, off + n == len ? q : 0, 0);
+				}
+			}
+		}
+		if (p->send_pending)
+			return; /* the next wave starts when these writes are done */
+	}
+	p->sends_done = 1;
+	pair_check_done(p);
+}
+
+static void complete_dispatch(exec_pair_t *p)
+{
+	rw_svc_exec_t *x = p->x;
+	uint64_t ns = rw_now_ns() - p->phase_t0;
+	for (uint32_t g = 0; g < x->gpus; g++) {
+		exec_sub_t *s = &p->dsub[g];
+		rw_cqe_t c;
+		memset(&c, 0, sizeof(c));
+		c.status = RW_CQ_OK;
+		c.kind = RW_KIND_DISPATCH;
+		c.phase_id = s->sqe.phase_id;
+		c.user_data = s->sqe.user_data;
+		c.recv_tokens = p->fwd_n[g];
+		if (++x->next_handle == 0)
+			x->next_handle = 1;
+		p->handle[g] = x->next_handle;
+		c.handle_id = p->handle[g];
+		c.n_experts = p->n_experts;
+		if (p->n_experts <= RW_CQE_INLINE_COUNTS) {
+			c.counts_buf = RW_BUF_NONE;
+			c.n_inline = (uint8_t)p->n_experts;
+			memcpy(c.counts, p->expert_counts[g], 4u * p->n_experts);
+		} else {
+			c.counts_buf = s->out_buf;
+			c.counts_offset = s->sqe.output.offset + p->out[g].counts_off;
+			memcpy(s->out + p->out[g].counts_off, p->expert_counts[g], 4u * p->n_experts);
+		}
+		rw_ipc_complete(x->ipc, s->client, &c);
+		s->have = 0;
+	}
+	rw_svc_metrics_phase(&x->svc->metrics, p->path, RW_SVC_DISPATCH, 1, ns);
+	p->stage = ST_WAIT_C;
+	ev_timer_stop(x->svc->loop, &p->timer);
+	if (x->svc->draining)
+		pair_close(p, 1);
+}
+
+static void complete_combine(exec_pair_t *p)
+{
+	rw_svc_exec_t *x = p->x;
+	uint64_t ns = rw_now_ns() - p->phase_t0;
+	for (uint32_t g = 0; g < x->gpus; g++) {
+		exec_sub_t *s = &p->csub[g];
+		rw_svc_row_store(s->out, p->dtype, p->owner_acc[g], p->rt[g].n_tokens * p->hidden);
+		rw_cqe_t c;
+		memset(&c, 0, sizeof(c));
+		c.status = RW_CQ_OK;
+		c.kind = RW_KIND_COMBINE;
+		c.phase_id = s->sqe.phase_id;
+		c.user_data = s->sqe.user_data;
+		c.recv_tokens = p->rt[g].n_tokens;
+		c.handle_id = p->handle[g];
+		c.counts_buf = RW_BUF_NONE;
+		rw_ipc_complete(x->ipc, s->client, &c);
+		s->have = 0;
+	}
+	rw_svc_metrics_phase(&x->svc->metrics, p->path, RW_SVC_COMBINE, 1, ns);
+	pair_close(p, 1);
+}
+
+static void pair_check_done(exec_pair_t *p)
+{
+	if (p->dead || !p->sends_done)
+		return;
+	if (p->stage == ST_RUN_D && p->ranges_left[0] == 0)
+		complete_dispatch(p);
+	else if (p->stage == ST_RUN_C && p->ranges_left[1] == 0)
+		complete_combine(p);
+}
+
+/* ---- combine ----------------------------------------------------------------------------- */
+
+static void pair_start_combine(exec_pair_t *p)
+{
+	rw_svc_exec_t *x = p->x;
+	const rw_svc_layout_t *l = &p->layout;
+	uint64_t total = (uint64_t)p->n_in + p->n_local;
+	float *acc = calloc(total * p->hidden + 1, sizeof(float));
+	if (!acc) {
+		pair_fail(p, RW_ERR_NOMEM, RW_E_INTERNAL, "out of memory", 1);
+		return;
+	}
+	/* Sum the copies of each record over the local ranks that computed it. */
+	for (uint32_t g = 0; g < x->gpus; g++) {
+		const exec_sub_t *s = &p->csub[g];
+		for (uint32_t j = 0; j < p->fwd_n[g]; j++)
+			rw_svc_row_acc(acc + (size_t)p->fwd_ref[g][j] * p->hidden,
+				       s->tokens + (size_t)j * p->row_bytes, p->dtype, p->hidden);
+	}
+	/* Local records go straight into their owners' sums. */
+	for (uint32_t i = 0; i < p->n_local; i++) {
+		float *dst = p->owner_acc[p->local_ref[2 * i]] + (size_t)p->local_ref[2 * i + 1] * p->hidden;
+		const float *src = acc + ((size_t)p->n_in + i) * p->hidden;
+		for (uint32_t h = 0; h < p->hidden; h++)
+			dst[h] += src[h];
+	}
+	/* Pack each remote record back at its (rail, slot). */
+	for (uint32_t s = 0; s < x->nodes; s++) {
+		if (s == x->me)
+			continue;
+		for (uint32_t r = 0; r < x->rails; r++) {
+			size_t i = (size_t)s * x->rails + r;
+			for (uint32_t k = 0; k < l->in_quota[i]; k++) {
+				uint32_t pos = l->in_first[i] + k;
+				uint8_t *dst = rw_svc_mesh_mem(x->mesh, r) + sub_off(x, p->slot, SUB_SC) +
+					       (uint64_t)pos * p->crec_size;
+				rw_wire_crec_hdr_t h = { .tag = p->tag, .src_node = x->me, .rail = r, .slot = k };
+				rw_wire_crec_pack(dst, &h);
+				rw_svc_row_store(dst + RW_WIRE_CREC_HDR, p->dtype,
+						 acc + ((size_t)p->rail_base[r] + pos) * p->hidden, p->hidden);
+			}
+		}
+	}
+	free(acc);
+	p->stage = ST_RUN_C;
+	p->phase_t0 = rw_now_ns();
+	p->wave = 0;
+	p->sends_done = 0;
+	pair_arm_timer(p);
+	pair_scan_ranges(p, 1);
+	if (!p->dead)
+		pair_send_wave(p, 1);
+}
+
+static void exec_submit_combine(rw_svc_exec_t *x, exec_member_t *mb, rw_ipc_client_t *client,
+				const rw_sqe_t *sqe)
+{
+	exec_pair_t *p = mb->g->pair;
+	uint32_t g = mb->local;
+	if (!p || p->dead || p->stage != ST_WAIT_C || p->handle[g] != sqe->handle_id) {
+		complete_err(x, client, sqe, RW_E_HANDLE);
+		return;
+	}
+	if (p->csub[g].have) {
+		complete_err(x, client, sqe, RW_E_STATE);
+		return;
+	}
+	if (sqe->token_count != p->fwd_n[g] || sqe->hidden != p->hidden ||
+	    wire_dtype(sqe->dtype) != p->dtype ||
+	    (sqe->dtype != RW_DTYPE_BF16 && sqe->dtype != RW_DTYPE_FP32)) {
+		complete_err(x, client, sqe, RW_E_TOKENS);
+		return;
+	}
+	exec_sub_t *s = &p->csub[g];
+	s->sqe = *sqe;
+	s->client = client;
+	s->tokens = span_host(client, &sqe->tokens, NULL);
+	s->out = span_host(client, &sqe->output, &s->out_buf);
+	s->out_cap = sqe->output_capacity;
+	if (!s->out || (!s->tokens && sqe->token_count)) {
+		complete_err(x, client, sqe, RW_E_NO_CUDA);
+		return;
+	}
+	if (s->out_cap < (uint64_t)p->rt[g].n_tokens * p->row_bytes) {
+		complete_err(x, client, sqe, RW_E_RANGE);
+		return;
+	}
+	s->have = 1;
+	if (p->n_csub++ == 0) {
+		p->phase_t0 = rw_now_ns();
+		pair_arm_timer(p);
+	}
+	if (p->n_csub == x->gpus)
+		pair_start_combine(p);
+}
+
+static void ipc_submission(void *ctx, rw_ipc_client_t *client, const rw_sqe_t *sqe)
+{
+	rw_svc_exec_t *x = ctx;
+	exec_member_t *mb = rw_ipc_client_data(client);
+	if (!mb) {
+		complete_err(x, client, sqe, RW_E_STATE);
+		return;
+	}
+	if (sqe->kind == RW_KIND_DISPATCH)
+		exec_submit_dispatch(x, mb, client, sqe);
+	else if (sqe->kind == RW_KIND_COMBINE)
+		exec_submit_combine(x, mb, client, sqe);
+	else
+		complete_err(x, client, sqe, RW_E_KIND);
+}
+
+/* ---- mesh callbacks ---------------------------------------------------------------------- */
+
+static exec_pair_t *pair_by_key(rw_svc_exec_t *x, const rw_wire_key_t *key)
+{
+	for (exec_pair_t *p = x->pairs; p; p = p->next)
+		if (!p->dead && rw_wire_key_eq(&p->key, key))
+			return p;
+	return NULL;
+}
+
+static void mesh_counts(void *ctx, uint32_t peer, const rw_wire_counts_t *c)
+{
+	rw_svc_exec_t *x = ctx;
+	size_t nr = (size_t)x->nodes * x->rails;
+	exec_pair_t *p = pair_by_key(x, &c->key);
+	if (p && p->g && strcmp(p->g->name, c->group_name) == 0 && p->stage == ST_EXCHANGE) {
+		uint32_t *row = malloc(nr * sizeof(uint32_t));
+		if (!row) {
+			pair_fail(p, RW_ERR_NOMEM, RW_E_INTERNAL, "out of memory", 1);
+			return;
+		}
+		for (size_t i = 0; i < nr; i++)
+			row[i] = rw_wire_counts_row(c, (uint32_t)i);
+		if (c->slot < SLOTS)
+			pair_take_row(p, peer, c->slot, &c->params, row);
+		free(row);
+		pair_try_decide(p);
+		return;
+	}
+	if (c->slot >= SLOTS)
+		return;
+	/* Early: keep it until our own ranks get there (or it goes stale). */
+	exec_row_t *r = malloc(sizeof(*r) + nr * sizeof(uint32_t));
+	if (!r)
+		return;
+	snprintf(r->group, sizeof(r->group), "%s", c->group_name);
+	r->key = c->key;
+	r->node = peer;
+	r->slot = c->slot;
+	r->params = c->params;
+	r->t_ns = rw_now_ns();
+	for (size_t i = 0; i < nr; i++)
+		r->row[i] = rw_wire_counts_row(c, (uint32_t)i);
+	r->next = x->rows;
+	x->rows = r;
+}
+
+static void mesh_phase_err(void *ctx, uint32_t peer, const rw_wire_phase_err_t *e)
+{
+	rw_svc_exec_t *x = ctx;
+	exec_pair_t *p = pair_by_key(x, &e->key);
+	if (!p)
+		return;
+	char msg[RW_WIRE_ERRMSG_MAX + 32];
+	snprintf(msg, sizeof(msg), "peer %u failed it: %s", peer, e->msg);
+	pair_fail(p, (rw_status_t)e->status, RW_E_PHASE, msg, 0);
+}
+
+static void mesh_arrival(void *ctx, uint32_t peer, uint32_t rail, const rw_rail_arrival_t *a)
+{
+	rw_svc_exec_t *x = ctx;
+	rw_wire_imm_t imm;
+	rw_wire_imm_unpack(a->imm, &imm);
+	rw_svc_metrics_rx(&x->svc->metrics, rail, a->length, 0, 0);
+	if (imm.src != peer || imm.rail != rail) {
+		rw_svc_mesh_fail_peer(x->mesh, peer, RW_ERR_PROTO, "immediate names another node/rail");
+		return;
+	}
+	exec_pair_t *p = NULL;
+	for (exec_pair_t *q = x->pairs; q; q = q->next)
+		if (!q->dead && (q->tag & 0x3fffu) == imm.tag14 && q->stage >= ST_EXCHANGE) {
+			p = q;
+			break;
+		}
+	if (!p) { /* a write of a phase that already ended here */
+		rw_svc_metrics_error(&x->svc->metrics, RW_ERR_STATE);
+		return;
+	}
+	int kind = (int)imm.kind;
+	size_t i = (size_t)peer * x->rails + rail;
+	if (p->range_done[kind][i] && p->have_layout) {
+		pair_fail(p, RW_ERR_PROTO, RW_E_PHASE, "data for a range already complete", 1);
+		return;
+	}
+	p->arrived[kind][i] += a->length;
+	if (!p->have_layout)
+		return;
+	uint64_t rsz = kind == 0 ? p->rec_size : p->crec_size;
+	uint64_t q = kind == 0 ? p->layout.in_quota[i] : p->layout.out_pairs[peer].quota[rail];
+	if (p->arrived[kind][i] > q * rsz || (imm.last && p->arrived[kind][i] != q * rsz)) {
+		pair_fail(p, RW_ERR_PROTO, RW_E_PHASE, "slab size differs from the counts", 1);
+		return;
+	}
+	if (p->arrived[kind][i] == q * rsz) {
+		x->svc->metrics.rail[rail].rx_records += q;
+		pair_range_arrived(p, kind, peer, rail);
+		pair_check_done(p);
+	}
+}
+
+static void mesh_write_done(void *ctx, void *write_ctx, rw_status_t st)
+{
+	(void)ctx;
+	exec_pair_t *p = write_ctx;
+	p->outstanding--;
+	if (p->dead) {
+		if (p->outstanding == 0) {
+			pair_unlink(p);
+			free(p);
+		}
+		return;
+	}
+	if (st != RW_OK) {
+		pair_fail(p, st, RW_E_PHASE, "a rail write failed", 1);
+		return;
+	}
+	if (--p->send_pending == 0)
+		pair_send_wave(p, p->stage == ST_RUN_C ? 1 : 0);
+}
+
+static void mesh_peer_up(void *ctx, uint32_t peer)
+{
+	(void)ctx;
+	(void)peer;
+}
+
+static void mesh_peer_down(void *ctx, uint32_t peer, rw_status_t st)
+{
+	rw_svc_exec_t *x = ctx;
+	char msg[64];
+	snprintf(msg, sizeof(msg), "peer %u went down", peer);
+	/* Every open pair involves every node. */
+	for (exec_pair_t *p = x->pairs, *next; p; p = next) {
+		next = p->next;
+		if (!p->dead && p->stage != ST_GATHER_D)
+			pair_fail(p, st == RW_OK ? RW_ERR_PEER : st, RW_E_PHASE, msg, 1);
+	}
+	for (exec_row_t **rp = &x->rows; *rp;) {
+		exec_row_t *r = *rp;
+		if (r->node == peer) {
+			*rp = r->next;
+			free(r);
+		} else {
+			rp = &r->next;
+		}
+	}
+}
+
+static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	rw_svc_exec_t *x = w->data;
+	for (exec_pair_t *p = x->pairs, *next; p; p = next) {
+		next = p->next;
+		if (!p->dead && p->stage == ST_WAIT_SLOT)
+			pair_exchange(p);
+	}
+	uint64_t stale = rw_now_ns() - (uint64_t)x->svc->cfg.phase_timeout_ms * 1000000ull;
+	for (exec_row_t **rp = &x->rows; *rp;) {
+		exec_row_t *r = *rp;
+		if (r->t_ns < stale) {
+			*rp = r->next;
+			free(r);
+		} else {
+			rp = &r->next;
+		}
+	}
+}
+
+/* ---- daemon hooks ------------------------------------------------------------------------ */
+
+rw_status_t rw_svc_mesh_start(rw_svc_t *svc)
+{
+	rw_svc_exec_t *x = calloc(1, sizeof(*x));
+	if (!x)
+		return RW_ERR_NOMEM;
+	x->svc = svc;
+	x->nodes = svc->cfg.n_nodes;
+	x->rails = svc->cfg.rails;
+	x->gpus = svc->cfg.gpus_per_node;
+	x->me = svc->cfg.me;
+	const char *e = getenv("RAILWAVE_EXPERTS");
+	x->n_experts_env = e ? (uint32_t)strtoul(e, NULL, 10) : 0;
+	/* recv_region_mib is the receive memory of the node; each rail gets an equal share, and
+	 * the same again for send staging: 4 sub-areas per slot. */
+	uint64_t recv = (uint64_t)svc->cfg.recv_region_mib << 20;
+	x->area_bytes = 2 * recv / x->rails;
+	x->sub_bytes = (x->area_bytes / (4 * SLOTS)) & ~(uint64_t)63;
+	x->area_bytes = x->sub_bytes * 4 * SLOTS;
+	rw_svc_mesh_cbs_t cbs = { .peer_up = mesh_peer_up, .peer_down = mesh_peer_down,
+				  .counts = mesh_counts, .phase_err = mesh_phase_err,
+				  .arrival = mesh_arrival, .write_done = mesh_write_done };
+	rw_status_t st = rw_svc_mesh_create(svc, x->area_bytes, &cbs, x, &x->mesh);
+	if (st != RW_OK) {
+		free(x);
+		return st;
+	}
+	ev_timer_init(&x->tick, tick_cb, TICK_S, TICK_S);
+	x->tick.data = x;
+	ev_timer_start(svc->loop, &x->tick);
+	svc->exec = x;
+	svc->mesh = (struct rw_svc_mesh *)x->mesh;
+	return RW_OK;
+}
+
+void rw_svc_mesh_stop(rw_svc_t *svc)
+{
+	rw_svc_exec_t *x = svc->exec;
+	if (!x)
+		return;
+	ev_timer_stop(svc->loop, &x->tick);
+	for (exec_pair_t *p = x->pairs; p; p = p->next)
+		if (!p->dead)
+			pair_fail(p, RW_ERR_STATE, RW_E_PHASE, "daemon stopping", 0);
+	rw_svc_mesh_destroy(x->mesh); /* reclaims outstanding writes (frees dead pairs) */
+	while (x->pairs) {
+		exec_pair_t *p = x->pairs;
+		x->pairs = p->next;
+		free(p);
+	}
+	while (x->rows) {
+		exec_row_t *r = x->rows;
+		x->rows = r->next;
+		free(r);
+	}
+	while (x->groups) {
+		exec_group_t *g = x->groups;
+		x->groups = g->next;
+		for (uint32_t i = 0; i < RW_MAX_GPUS; i++)
+			free(g->member[i]);
+		free(g);
+	}
+	free(x);
+	svc->exec = NULL;
+	svc->mesh = NULL;
+}
+
+static const rw_ipc_server_ops_t ipc_ops = {
+	.client_joined = ipc_client_joined,
+	.client_left = ipc_client_left,
+	.submission = ipc_submission,
+};
+
+rw_status_t rw_svc_ipc_start(rw_svc_t *svc)
+{
+	rw_svc_exec_t *x = svc->exec;
+	if (!x)
+		return RW_ERR_STATE;
+	rw_ipc_server_config_t cfg = {
+		.socket_path = svc->cfg.ipc_socket,
+		.group = svc->cfg.ipc_group[0] ? svc->cfg.ipc_group : NULL,
+		.node = (int32_t)svc->cfg.me,
+		.max_local_gpu = (int32_t)svc->cfg.gpus_per_node,
+		.max_topk = RW_MAX_TOPK,
+	};
+	rw_status_t st = rw_ipc_server_create(svc->loop, &cfg, &ipc_ops, x, &x->ipc);
+	if (st != RW_OK)
+		return st;
+	svc->ipc = x->ipc;
+	return RW_OK;
+}
+
+void rw_svc_ipc_stop(rw_svc_t *svc)
+{
+	rw_svc_exec_t *x = svc->exec;
+	if (x && x->ipc) {
+		/* Fail what is open before the clients' buffers go away. */
+		for (exec_pair_t *p = x->pairs; p; p = p->next)
+			if (!p->dead)
+				pair_fail(p, RW_ERR_STATE, RW_E_PHASE, "daemon stopping", 0);
+		rw_ipc_server_destroy(x->ipc);
+		x->ipc = NULL;
+	}
+	svc->ipc = NULL;
+}
+
+void rw_svc_shutdown_begin(rw_svc_t *svc)
+{
+	rw_svc_exec_t *x = svc->exec;
+	svc->draining = 1;
+	int busy = 0;
+	if (x)
+		for (exec_pair_t *p = x->pairs; p; p = p->next)
+			busy |= phase_running(p);
+	if (!busy)
+		rw_svc_stop(svc);
+}
