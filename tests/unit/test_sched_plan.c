@@ -173,7 +173,7 @@ static void test_plan_build_random(void **state)
  *   - node 0 sending to nodes 1..4: egress rails [8,4,4,4];
  *   - nodes 1..4 sending to node 0: ingress rails of node 0 [8,4,4,4].
  * A global assignment could give 5 per rail (20 records over 4 rails); RailBalance, being per
- * pair and move-minimal, keeps 8 on rail 0. docs/algorithms.md §2.6 discusses it. */
+ * pair and move-minimal, keeps 8 on rail 0. docs/algorithms.md §2.4 discusses it. */
 static void test_aggregate_not_balanced(void **state)
 {
 	(void)state;
@@ -208,6 +208,24 @@ static void test_aggregate_not_balanced(void **state)
 	}
 	assert_memory_equal(ingress, egress, sizeof(egress));
 	assert_int_equal(rw_sched_lower_bound(&t, counts), 8); /* not 5 */
+
+	/* Rotations coincide at a receiver (every source uses rotation = 0 towards node 0):
+	 * nodes 1..4 send [0,0,0,3]; T = 3, base 0, rem 3: rail 3 by count, then rails 0 and 1 in
+	 * rotation order. Each pair [1,1,0,1] (within one); node 0's ingress [4,4,0,4]. */
+	memset(counts, 0, sizeof(counts));
+	const uint32_t late[4] = { 0, 0, 0, 3 };
+	for (uint32_t s = 1; s < 5; s++)
+		memcpy(counts + (s * 5 + 0) * 4, late, sizeof(late));
+	memset(ingress, 0, sizeof(ingress));
+	for (uint32_t s = 1; s < 5; s++) {
+		assert_int_equal(rw_sched_plan_build(&t, RW_PATH_JOINT, s, counts, &plan), RW_OK);
+		const uint32_t pair_q[4] = { 1, 1, 0, 1 };
+		assert_memory_equal(pairs[0].quota, pair_q, sizeof(pair_q));
+		for (uint32_t r = 0; r < 4; r++)
+			ingress[r] += pairs[0].quota[r];
+	}
+	const uint64_t idle_rail[4] = { 4, 4, 0, 4 };
+	assert_memory_equal(ingress, idle_rail, sizeof(idle_rail));
 }
 
 /* Where one GPU owns every remote token, RailBalance spreads it: the busiest NIC falls from
