@@ -70,14 +70,17 @@ static inline uint32_t rw_sched_expert_node(uint32_t n_experts, uint32_t nodes, 
 /* Pass 1. row[d * R + r] = number of records from node `me` to node d whose native rail is r.
  * The d == me entries count local-node records (never rail balanced; they do not touch a NIC).
  * Errors: RW_ERR_INVAL when an expert id is >= n_experts, topk is out of range, or E is not a
- * multiple of W; *bad_rank_p (may be NULL) then names the offending rank index. */
+ * multiple of W; *bad_rank_p (may be NULL) then names the offending rank index and the row is
+ * left all zero. Negative expert ids are dropped slots and skipped. */
 rw_status_t rw_sched_count(const rw_topo_t *topo, uint32_t n_experts, uint32_t me,
 			   const rw_rank_tokens_t *ranks, uint32_t n_ranks, uint32_t *row,
 			   uint32_t *bad_rank_p);
 
 /* Pass 2. Fill records in CSR order: the records of (d, r) are rec[offset[d*R + r] ...] in
  * native order (ranks in array order, tokens ascending). offset is the exclusive prefix sum of
- * the row from pass 1 (offset has N*R + 1 entries; rw_sched_prefix() computes it). */
+ * the row from pass 1 (offset has N*R + 1 entries; rw_sched_prefix() computes it).
+ * rw_sched_records fails with RW_ERR_INVAL on the same inputs as rw_sched_count, and when the
+ * routing no longer matches offset (a segment would overflow; nothing is written past it). */
 void rw_sched_prefix(const uint32_t *row, uint32_t n, uint32_t *offset);
 rw_status_t rw_sched_records(const rw_topo_t *topo, uint32_t n_experts, uint32_t me,
 			     const rw_rank_tokens_t *ranks, uint32_t n_ranks,
@@ -105,7 +108,8 @@ typedef struct rw_pair_plan {
  * rotation selects the deterministic remainder rotation (callers pass dst + slice; see
  * docs/algorithms.md). Equal weights: quotas differ by at most one; the remainder goes first to
  * rails whose count exceeds the base quota (move-minimal), then in rotation order. Weighted:
- * quota_r = floor(T * w_r / sum w) plus the same count-aware remainder rule. */
+ * quota_r = floor(T * w_r / sum w) plus the same count-aware remainder rule, given only to rails
+ * whose exact share is not an integer (so |quota_r - T w_r / sum w| < 1). */
 void rw_sched_balance(const rw_topo_t *topo, const uint32_t *count, uint32_t rotation,
 		      rw_pair_plan_t *plan);
 
