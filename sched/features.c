@@ -291,11 +291,17 @@ static void column_pass(const uint32_t *counts, uint32_t nodes, uint32_t rails, 
 void rw_sched_features(const rw_topo_t *topo, const uint32_t *counts, uint64_t record_bytes,
 		       rw_features_t *feat)
 {
-	const uint32_t nodes = topo->nodes, rails = topo->rails;
-	const uint32_t block = COLUMN_ACC / rails;
 	feature_sums_t fs;
 
 	memset(&fs, 0, sizeof(fs));
+	memset(feat, 0, sizeof(*feat));
+	feat->rho_g = 1.0; /* neutral values: what a phase without remote bytes reports */
+	feat->kappa = 1.0;
+	if (rw_sched_topo_check(topo) != RW_OK || !counts)
+		return; /* contract violation: report "no remote payload" rather than crash */
+
+	const uint32_t nodes = topo->nodes, rails = topo->rails;
+	const uint32_t block = COLUMN_ACC / rails;
 	if (nodes <= block) {
 		column_pass(counts, nodes, rails, 0, nodes, &fs);
 	} else {
@@ -304,9 +310,6 @@ void rw_sched_features(const rw_topo_t *topo, const uint32_t *counts, uint64_t r
 			column_pass(counts, nodes, rails, d0, RW_MIN(nodes, d0 + block), &fs);
 	}
 
-	memset(feat, 0, sizeof(*feat));
-	feat->rho_g = 1.0; /* neutral values: what a phase without remote bytes reports */
-	feat->kappa = 1.0;
 	feat->remote_bytes = fs.total * record_bytes;
 	if (feat->remote_bytes == 0)
 		return;

@@ -207,6 +207,11 @@ static void test_no_remote_is_neutral(void **state)
 	rw_sched_features(&t, counts, 8192, &f);
 	assert_int_equal(f.remote_bytes, 0);
 	assert_true(f.f[0] == 0 && f.f[1] == 0 && f.f[2] == 0);
+	/* A topology that fails rw_sched_topo_check gets the neutral answer, not a crash. */
+	t.rails = 0;
+	rw_sched_features(&t, counts, 8192, &f);
+	assert_int_equal(f.remote_bytes, 0);
+	assert_true(f.rho_g == 1 && f.kappa == 1);
 }
 
 /* One (node, rail) sends everything to one node: rho_g = N R and kappa = N, both clamped to
