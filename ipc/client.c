@@ -105,10 +105,13 @@ static int recv_msg(rw_client_t *c, rw_ipc_msg_t *msg, int *fds, unsigned *nfds_
 		struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.buf,
 				    .msg_controllen = sizeof(cbuf.buf)};
 		ssize_t n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-		if (n < 0 && (errno == EINTR || errno == EAGAIN))
+		/* ECONNRESET: the daemon closed with our requests unread. The error is reported
+		 * (once) before the messages it queued, such as the error that explains why: read
+		 * on; the socket then yields those messages, then end-of-file. */
+		if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == ECONNRESET))
 			continue;
 		if (n < 0)
-			return errno == ECONNRESET ? 0 : RW_E_SYS;
+			return RW_E_SYS;
 		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
 			if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
 				continue;
@@ -172,13 +175,22 @@ static int request(rw_client_t *c, const void *req, size_t len, int fd, uint16_t
 	do
 		n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
 	while (n < 0 && errno == EINTR);
-	if (n < 0)
-		return (errno == EPIPE || errno == ECONNRESET) ? mark_closed(c, RW_E_CLOSED) : RW_E_SYS;
+	if (n < 0 && errno != EPIPE && errno != ECONNRESET)
+		return RW_E_SYS;
+	int fds[RW_IPC_MAX_FDS];
+	unsigned nfds;
+	if (n < 0) {
+		/* The daemon closed on us; it may have said why first (e.g. its client limit). */
+		int got = recv_msg(c, reply, fds, &nfds, 0);
+		close_fds(fds, nfds);
+		if (got >= (int)sizeof(rw_ipc_hdr_t) && reply->hdr.magic == RW_IPC_MAGIC &&
+		    reply->hdr.type == RW_IPC_ERROR && take_error(c, reply, got) < 0)
+			return mark_closed(c, reply->error.code);
+		return mark_closed(c, RW_E_CLOSED);
+	}
 
 	uint32_t seq = ((const rw_ipc_hdr_t *)req)->seq;
 	int64_t deadline = now_ms() + c->timeout_ms;
-	int fds[RW_IPC_MAX_FDS];
-	unsigned nfds;
 	int got = recv_msg(c, reply, fds, &nfds, deadline);
 	if (got == 0)
 		return mark_closed(c, RW_E_CLOSED);

@@ -1,0 +1,1756 @@
+/* ipc/ against a real server on a real socket: the server runs on its libev loop in a second
+ * thread of this process (one case runs it in a forked process); clients are librailwave or a
+ * raw socket speaking ipc/proto.h directly, so every bad input the daemon must reject can be
+ * sent. Each case checks the specific error code, that the offender is (or is not) dropped, that
+ * other clients are unaffected, and that fds and buffers return to their baseline. */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <grp.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <ev.h>
+
+#include "config.h"
+#include "cuda/rw_cuda.h"
+#include "ipc/ipc.h"
+#include "ipc/proto.h"
+#include "ipc/railwave.h"
+#include "ipc/ring.h"
+
+/* ---------------------------------------------------------------------------------------------
+ * Harness: a server in a loop thread, calls into it through an ev_async
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct harness harness_t;
+typedef void (*call_fn)(harness_t *h, void *arg);
+
+struct harness {
+	char dir[64];
+	char path[96];
+	struct ev_loop *loop;
+	rw_ipc_server_t *srv;
+	pthread_t thread;
+	ev_async wake;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	call_fn fn;
+	void *arg;
+	int pending;
+	int stop;
+	/* Service state: touched only on the loop thread (read it through h_call). */
+	int echo;           /* complete every submission at once */
+	int drop_in_submit; /* drop the client from inside its submission callback */
+	int joined, left;
+	rw_ipc_leave_t last_reason;
+	int last_error;
+	uint64_t submissions;
+	rw_ipc_client_t *last_client;
+	rw_sqe_t last_sqe;
+	int registered;
+	rw_ipc_buffer_t last_buf;
+	rw_ipc_client_t *held_client[256];
+	rw_sqe_t held_sqe[256];
+	unsigned nheld;
+};
+
+static harness_t H;
+
+static void on_joined(void *ctx, rw_ipc_client_t *c)
+{
+	harness_t *h = ctx;
+	h->joined++;
+	h->last_client = c;
+}
+
+static void on_left(void *ctx, rw_ipc_client_t *c, rw_ipc_leave_t reason, int error)
+{
+	harness_t *h = ctx;
+	h->left++;
+	h->last_reason = reason;
+	h->last_error = error;
+	/* Forget the client's held submissions: its pointer dies after this returns. */
+	unsigned k = 0;
+	for (unsigned i = 0; i < h->nheld; i++)
+		if (h->held_client[i] != c) {
+			h->held_client[k] = h->held_client[i];
+			h->held_sqe[k++] = h->held_sqe[i];
+		}
+	h->nheld = k;
+	if (h->last_client == c)
+		h->last_client = NULL;
+}
+
+static void echo_complete(harness_t *h, rw_ipc_client_t *c, const rw_sqe_t *sqe)
+{
+	rw_cqe_t cqe;
+	memset(&cqe, 0, sizeof(cqe));
+	cqe.status = RW_CQ_OK;
+	cqe.kind = sqe->kind;
+	cqe.phase_id = sqe->phase_id;
+	cqe.user_data = sqe->user_data;
+	cqe.recv_tokens = sqe->token_count;
+	cqe.handle_id = sqe->kind == RW_KIND_DISPATCH ? (uint32_t)sqe->phase_id + 1 : 0;
+	cqe.counts_buf = RW_BUF_NONE;
+	cqe.n_inline = 2;
+	cqe.counts[0] = sqe->token_count;
+	cqe.counts[1] = sqe->topk;
+	assert_int_equal(rw_ipc_complete(h->srv, c, &cqe), RW_OK);
+}
+
+static void on_submission(void *ctx, rw_ipc_client_t *c, const rw_sqe_t *sqe)
+{
+	harness_t *h = ctx;
+	h->submissions++;
+	h->last_client = c;
+	h->last_sqe = *sqe;
+	if (h->drop_in_submit) {
+		rw_ipc_client_drop(h->srv, c, RW_E_PHASE);
+		return;
+	}
+	if (h->echo) {
+		echo_complete(h, c, sqe);
+		return;
+	}
+	assert_true(h->nheld < 256);
+	h->held_client[h->nheld] = c;
+	h->held_sqe[h->nheld++] = *sqe;
+}
+
+static void on_registered(void *ctx, rw_ipc_client_t *c, const rw_ipc_buffer_t *buf)
+{
+	harness_t *h = ctx;
+	(void)c;
+	h->registered++;
+	h->last_buf = *buf;
+}
+
+static const rw_ipc_server_ops_t ops = {
+	.client_joined = on_joined,
+	.client_left = on_left,
+	.submission = on_submission,
+	.buffer_registered = on_registered,
+};
+
+static void async_cb(struct ev_loop *loop, ev_async *w, int revents)
+{
+	(void)revents;
+	harness_t *h = w->data;
+	pthread_mutex_lock(&h->mu);
+	if (h->pending) {
+		h->fn(h, h->arg);
+		h->pending = 0;
+		pthread_cond_broadcast(&h->cv);
+	}
+	if (h->stop)
+		ev_break(loop, EVBREAK_ALL);
+	pthread_mutex_unlock(&h->mu);
+}
+
+static void *loop_thread(void *arg)
+{
+	harness_t *h = arg;
+	ev_run(h->loop, 0);
+	return NULL;
+}
+
+/* Run fn(h, arg) on the loop thread and wait for it. */
+static void h_call(harness_t *h, call_fn fn, void *arg)
+{
+	pthread_mutex_lock(&h->mu);
+	h->fn = fn;
+	h->arg = arg;
+	h->pending = 1;
+	ev_async_send(h->loop, &h->wake);
+	while (h->pending)
+		pthread_cond_wait(&h->cv, &h->mu);
+	pthread_mutex_unlock(&h->mu);
+}
+
+static void base_config(rw_ipc_server_config_t *cfg, const char *path)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->socket_path = path;
+	cfg->node = -1;
+	cfg->max_buffers = 4;
+	cfg->max_tokens = 4096;
+	cfg->max_hidden = 8192;
+	cfg->max_topk = 16;
+	cfg->max_ring_entries = 1024;
+	cfg->max_world = 1024;
+	cfg->max_local_gpu = 8;
+}
+
+static void h_start_cfg(harness_t *h, const rw_ipc_server_config_t *over)
+{
+	memset(h, 0, sizeof(*h));
+	snprintf(h->dir, sizeof(h->dir), "/tmp/rw-ipc-test.XXXXXX");
+	assert_non_null(mkdtemp(h->dir));
+	snprintf(h->path, sizeof(h->path), "%s/rw.sock", h->dir);
+	h->loop = ev_loop_new(EVFLAG_AUTO);
+	assert_non_null(h->loop);
+	rw_ipc_server_config_t cfg;
+	base_config(&cfg, h->path);
+	if (over) {
+		cfg = *over;
+		cfg.socket_path = h->path;
+	}
+	h->echo = 1;
+	assert_int_equal(rw_ipc_server_create(h->loop, &cfg, &ops, h, &h->srv), RW_OK);
+	pthread_mutex_init(&h->mu, NULL);
+	pthread_cond_init(&h->cv, NULL);
+	ev_async_init(&h->wake, async_cb);
+	h->wake.data = h;
+	ev_async_start(h->loop, &h->wake);
+	assert_int_equal(pthread_create(&h->thread, NULL, loop_thread, h), 0);
+}
+
+static void h_start(harness_t *h) { h_start_cfg(h, NULL); }
+
+static void noop(harness_t *h, void *arg) { (void)h; (void)arg; }
+
+static void h_stop(harness_t *h)
+{
+	pthread_mutex_lock(&h->mu);
+	h->stop = 1;
+	pthread_mutex_unlock(&h->mu);
+	h_call(h, noop, NULL);
+	pthread_join(h->thread, NULL);
+	rw_ipc_server_destroy(h->srv);
+	ev_async_stop(h->loop, &h->wake);
+	ev_loop_destroy(h->loop);
+	pthread_mutex_destroy(&h->mu);
+	pthread_cond_destroy(&h->cv);
+	rmdir(h->dir);
+}
+
+static void get_stats(harness_t *h, void *arg) { rw_ipc_server_stats(h->srv, arg); }
+
+static rw_ipc_server_stats_t h_stats(harness_t *h)
+{
+	rw_ipc_server_stats_t st;
+	h_call(h, get_stats, &st);
+	return st;
+}
+
+typedef struct snapshot {
+	int joined, left, registered;
+	rw_ipc_leave_t last_reason;
+	int last_error;
+	uint64_t submissions;
+	unsigned nheld;
+} snapshot_t;
+
+static void get_snapshot(harness_t *h, void *arg)
+{
+	snapshot_t *s = arg;
+	s->joined = h->joined;
+	s->left = h->left;
+	s->registered = h->registered;
+	s->last_reason = h->last_reason;
+	s->last_error = h->last_error;
+	s->submissions = h->submissions;
+	s->nheld = h->nheld;
+}
+
+static snapshot_t h_snap(harness_t *h)
+{
+	snapshot_t s;
+	h_call(h, get_snapshot, &s);
+	return s;
+}
+
+/* Wait (liveness bound, not a timing assertion) until the server has `clients` connections. */
+static void h_wait_clients(harness_t *h, uint32_t clients)
+{
+	for (int i = 0; i < 10000; i++) {
+		if (h_stats(h).clients == clients)
+			return;
+		usleep(1000);
+	}
+	fail_msg("server never reached %u clients", clients);
+}
+
+static int count_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	assert_non_null(d);
+	int n = 0;
+	while (readdir(d))
+		n++;
+	closedir(d);
+	return n;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Raw protocol client
+ * ------------------------------------------------------------------------------------------- */
+
+static int raw_connect(const char *path)
+{
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	assert_true(fd >= 0);
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path);
+	assert_int_equal(connect(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+	return fd;
+}
+
+static void raw_send(int fd, const void *msg, size_t len, const int *fds, unsigned nfds)
+{
+	char cbuf[CMSG_SPACE(sizeof(int) * 8)];
+	struct iovec iov = {.iov_base = (void *)msg, .iov_len = len};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+	if (nfds) {
+		memset(cbuf, 0, sizeof(cbuf));
+		mh.msg_control = cbuf;
+		mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+		struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+		memcpy(CMSG_DATA(cm), fds, sizeof(int) * nfds);
+	}
+	assert_int_equal(sendmsg(fd, &mh, MSG_NOSIGNAL), (ssize_t)len);
+}
+
+/* Receive one reply (5 s liveness bound). Returns its length, 0 at EOF. */
+static int raw_recv(int fd, rw_ipc_msg_t *msg, int *fds, unsigned *nfds_p)
+{
+	struct pollfd pfd = {.fd = fd, .events = POLLIN};
+	assert_int_equal(poll(&pfd, 1, 5000), 1);
+	char cbuf[CMSG_SPACE(sizeof(int) * 8)];
+	struct iovec iov = {.iov_base = msg, .iov_len = sizeof(*msg)};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+			    .msg_controllen = sizeof(cbuf)};
+	ssize_t n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+	if (n < 0 && errno == ECONNRESET) /* reported once, before any queued message */
+		n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+	if (n < 0 && (errno == ECONNRESET || errno == EAGAIN))
+		n = 0;
+	assert_true(n >= 0);
+	unsigned nfds = 0;
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+		size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < k; i++) {
+			int f;
+			memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+			if (fds)
+				fds[nfds] = f;
+			else
+				close(f);
+			nfds++;
+		}
+	}
+	if (nfds_p)
+		*nfds_p = nfds;
+	return (int)n;
+}
+
+static void hdr(rw_ipc_hdr_t *h, uint16_t type, uint32_t seq)
+{
+	memset(h, 0, sizeof(*h));
+	h->magic = RW_IPC_MAGIC;
+	h->version = RW_IPC_VERSION;
+	h->type = type;
+	h->seq = seq;
+}
+
+static rw_ipc_hello_t make_hello(const char *group, uint32_t rank, uint32_t world, uint32_t node,
+				 int32_t gpu)
+{
+	rw_ipc_hello_t m;
+	memset(&m, 0, sizeof(m));
+	hdr(&m.hdr, RW_IPC_HELLO, 1);
+	snprintf(m.group, sizeof(m.group), "%s", group);
+	m.rank = rank;
+	m.world_size = world;
+	m.node = node;
+	m.local_gpu = gpu;
+	return m;
+}
+
+/* Expect an ERROR reply with `code`; if fatal, the connection must then be closed. */
+static void expect_error(int fd, int code, int fatal)
+{
+	rw_ipc_msg_t msg;
+	int n = raw_recv(fd, &msg, NULL, NULL);
+	assert_int_equal(n, sizeof(rw_ipc_error_t));
+	assert_int_equal(msg.hdr.type, RW_IPC_ERROR);
+	if (msg.error.code != code)
+		fail_msg("expected %s, got %s (%s)", rw_client_strerror(code),
+			 rw_client_strerror(msg.error.code), msg.error.message);
+	assert_int_equal(msg.error.fatal, fatal);
+	assert_true(strlen(msg.error.message) > 0);
+	if (fatal)
+		assert_int_equal(raw_recv(fd, &msg, NULL, NULL), 0);
+}
+
+static void expect_reply(int fd, uint16_t type, rw_ipc_msg_t *msg)
+{
+	int n = raw_recv(fd, msg, NULL, NULL);
+	assert_true(n >= (int)sizeof(rw_ipc_hdr_t));
+	if (msg->hdr.type == RW_IPC_ERROR)
+		fail_msg("unexpected error %s: %s", rw_client_strerror(msg->error.code),
+			 msg->error.message);
+	assert_int_equal(msg->hdr.type, type);
+}
+
+static int raw_joined(const char *path, const char *group, uint32_t rank)
+{
+	int fd = raw_connect(path);
+	rw_ipc_hello_t m = make_hello(group, rank, 8, 0, -1);
+	raw_send(fd, &m, sizeof(m), NULL, 0);
+	rw_ipc_msg_t reply;
+	expect_reply(fd, RW_IPC_HELLO_OK, &reply);
+	return fd;
+}
+
+static int sealed_memfd(size_t size, int seals)
+{
+	int fd = memfd_create("test-buf", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	assert_true(fd >= 0);
+	assert_int_equal(ftruncate(fd, (off_t)size), 0);
+	if (seals)
+		assert_int_equal(fcntl(fd, F_ADD_SEALS, seals), 0);
+	return fd;
+}
+
+static void send_reg_host(int fd, uint64_t size, int memfd)
+{
+	rw_ipc_reg_host_t m;
+	memset(&m, 0, sizeof(m));
+	hdr(&m.hdr, RW_IPC_REG_HOST, 2);
+	m.size = size;
+	raw_send(fd, &m, sizeof(m), memfd >= 0 ? &memfd : NULL, memfd >= 0 ? 1 : 0);
+}
+
+static uint32_t raw_reg_host(int fd, uint64_t size)
+{
+	int memfd = sealed_memfd(size, F_SEAL_SHRINK);
+	send_reg_host(fd, size, memfd);
+	close(memfd);
+	rw_ipc_msg_t reply;
+	expect_reply(fd, RW_IPC_REG_OK, &reply);
+	return reply.reg_ok.buf_id;
+}
+
+typedef struct raw_rings {
+	void *map;
+	size_t bytes;
+	int sq_efd, cq_efd;
+	rw_ring_t sq, cq;
+} raw_rings_t;
+
+static void raw_ring_setup(int fd, uint32_t sq, uint32_t cq, raw_rings_t *r)
+{
+	rw_ipc_ring_setup_t m;
+	memset(&m, 0, sizeof(m));
+	hdr(&m.hdr, RW_IPC_RING_SETUP, 3);
+	m.sq_entries = sq;
+	m.cq_entries = cq;
+	raw_send(fd, &m, sizeof(m), NULL, 0);
+	rw_ipc_msg_t reply;
+	int fds[8];
+	unsigned nfds;
+	assert_int_equal(raw_recv(fd, &reply, fds, &nfds), sizeof(rw_ipc_ring_ok_t));
+	assert_int_equal(reply.hdr.type, RW_IPC_RING_OK);
+	assert_int_equal(nfds, 3);
+	r->bytes = reply.ring_ok.map_bytes;
+	r->map = mmap(NULL, r->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+	assert_true(r->map != MAP_FAILED);
+	/* The daemon sealed the ring memfd: the client cannot shrink it under the daemon. */
+	assert_int_equal(ftruncate(fds[0], 0), -1);
+	close(fds[0]);
+	r->sq_efd = fds[1];
+	r->cq_efd = fds[2];
+	uint8_t *b = r->map;
+	rw_ring_init(&r->sq, (rw_ring_ctl_t *)(b + reply.ring_ok.sq_ctl_off),
+		     b + reply.ring_ok.sq_slots_off, sq, sizeof(rw_sqe_t), r->sq_efd, 1);
+	rw_ring_init(&r->cq, (rw_ring_ctl_t *)(b + reply.ring_ok.cq_ctl_off),
+		     b + reply.ring_ok.cq_slots_off, cq, sizeof(rw_cqe_t), -1, 0);
+}
+
+static void raw_rings_free(raw_rings_t *r)
+{
+	munmap(r->map, r->bytes);
+	close(r->sq_efd);
+	close(r->cq_efd);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * librailwave helpers
+ * ------------------------------------------------------------------------------------------- */
+
+static rw_client_opts_t opts_for(const char *group, uint32_t rank)
+{
+	rw_client_opts_t o;
+	memset(&o, 0, sizeof(o));
+	o.socket_path = H.path;
+	o.group = group;
+	o.rank = rank;
+	o.world_size = 8;
+	o.node = 0;
+	o.local_gpu = -1;
+	o.sq_entries = 16;
+	o.timeout_ms = 5000;
+	return o;
+}
+
+static rw_client_t *connect_rank(const char *group, uint32_t rank)
+{
+	rw_client_opts_t o = opts_for(group, rank);
+	rw_client_t *c = NULL;
+	int rc = rw_client_connect(&o, &c);
+	if (rc)
+		fail_msg("connect: %s", rw_client_strerror(rc));
+	return c;
+}
+
+/* A valid dispatch over one 64 KiB buffer: 16 tokens × 64 bf16, topk 2. */
+static rw_sqe_t valid_sqe(uint32_t buf, uint64_t phase)
+{
+	rw_sqe_t e;
+	memset(&e, 0, sizeof(e));
+	e.kind = RW_KIND_DISPATCH;
+	e.dtype = RW_DTYPE_BF16;
+	e.topk = 2;
+	e.layer = 3;
+	e.phase_id = phase;
+	e.step = 7;
+	e.user_data = phase * 10;
+	e.token_count = 16;
+	e.hidden = 64;
+	e.tokens = (rw_span_t){.buf_id = buf, .offset = 0};
+	e.topk_ids = (rw_span_t){.buf_id = buf, .offset = 4096};
+	e.topk_weights = (rw_span_t){.buf_id = buf, .offset = 8192};
+	e.output = (rw_span_t){.buf_id = buf, .offset = 16384};
+	e.output_capacity = 4096;
+	return e;
+}
+
+static rw_cqe_t wait_one(rw_client_t *c)
+{
+	rw_cqe_t cqe;
+	int n = rw_client_wait(c, &cqe, 1, 5000);
+	if (n != 1)
+		fail_msg("wait: %d (%s)", n, n < 0 ? rw_client_strerror(n) : "timeout");
+	return cqe;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Cases: lifecycle
+ * ------------------------------------------------------------------------------------------- */
+
+static void test_socket_mode_and_group(void **state)
+{
+	(void)state;
+	/* The group option chowns the socket: use our own primary group (always allowed). */
+	struct group *g = getgrgid(getgid());
+	rw_ipc_server_config_t cfg;
+	base_config(&cfg, "");
+	cfg.mode = 0660;
+	cfg.group = g ? g->gr_name : NULL;
+	h_start_cfg(&H, &cfg);
+	struct stat st;
+	assert_int_equal(stat(H.path, &st), 0);
+	assert_true(S_ISSOCK(st.st_mode));
+	assert_int_equal(st.st_mode & 0777, 0660);
+	assert_int_equal(st.st_gid, getgid());
+	h_stop(&H);
+	/* destroy unlinks it */
+	assert_int_equal(stat(H.path, &st), -1);
+
+	/* An unknown group is a configuration error, not a silent world-writable socket. */
+	char dir[] = "/tmp/rw-ipc-test.XXXXXX";
+	assert_non_null(mkdtemp(dir));
+	char path[96];
+	snprintf(path, sizeof(path), "%s/rw.sock", dir);
+	struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+	rw_ipc_server_t *srv = NULL;
+	base_config(&cfg, path);
+	cfg.group = "no-such-group-railwave";
+	assert_int_equal(rw_ipc_server_create(loop, &cfg, &ops, NULL, &srv), RW_ERR_INVAL);
+	assert_int_equal(stat(path, &st), -1);
+	ev_loop_destroy(loop);
+	rmdir(dir);
+}
+
+static void test_stale_and_live_socket(void **state)
+{
+	(void)state;
+	h_start(&H);
+	/* A second server on a live daemon's path is refused. */
+	struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+	rw_ipc_server_config_t cfg;
+	base_config(&cfg, H.path);
+	rw_ipc_server_t *srv = NULL;
+	assert_int_equal(rw_ipc_server_create(loop, &cfg, &ops, NULL, &srv), RW_ERR_EXISTS);
+	h_stop(&H);
+
+	/* A stale socket file (nobody listening) is replaced. */
+	char dir[] = "/tmp/rw-ipc-test.XXXXXX";
+	assert_non_null(mkdtemp(dir));
+	char path[96];
+	snprintf(path, sizeof(path), "%s/rw.sock", dir);
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path);
+	assert_int_equal(bind(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+	close(fd);
+	base_config(&cfg, path);
+	assert_int_equal(rw_ipc_server_create(loop, &cfg, &ops, NULL, &srv), RW_OK);
+	rw_ipc_server_destroy(srv);
+
+	/* A regular file is never deleted. */
+	fd = open(path, O_CREAT | O_WRONLY, 0600);
+	close(fd);
+	assert_int_equal(rw_ipc_server_create(loop, &cfg, &ops, NULL, &srv), RW_ERR_EXISTS);
+	unlink(path);
+	rmdir(dir);
+	ev_loop_destroy(loop);
+}
+
+static void test_hello_goodbye_peercred(void **state)
+{
+	(void)state;
+	h_start(&H);
+	int base = count_fds();
+	rw_client_t *c = connect_rank("moe.a", 3);
+	snapshot_t s = h_snap(&H);
+	assert_int_equal(s.joined, 1);
+	rw_ipc_server_stats_t st = h_stats(&H);
+	assert_int_equal(st.clients, 1);
+	assert_int_equal(st.groups, 1);
+	assert_int_equal(st.rings, 1);
+	assert_true(rw_client_id(c) > 0);
+	rw_client_close(c);
+	h_wait_clients(&H, 0);
+	s = h_snap(&H);
+	assert_int_equal(s.left, 1);
+	assert_int_equal(s.last_reason, RW_IPC_LEFT_GOODBYE);
+	st = h_stats(&H);
+	assert_int_equal(st.groups, 0);
+	assert_int_equal(st.rings, 0);
+	assert_int_equal(count_fds(), base);
+	h_stop(&H);
+}
+
+static void get_last_info(harness_t *h, void *arg)
+{
+	*(rw_ipc_client_info_t *)arg = *rw_ipc_client_info(h->last_client);
+}
+
+static void test_info_from_hello_and_peercred(void **state)
+{
+	(void)state;
+	h_start(&H);
+	rw_client_opts_t o = opts_for("grp", 5);
+	o.local_gpu = 2;
+	o.node = 0;
+	memset(o.gpu_uuid, 0xab, 16);
+	rw_client_t *c = NULL;
+	assert_int_equal(rw_client_connect(&o, &c), 0);
+	rw_ipc_client_info_t info;
+	h_call(&H, get_last_info, &info);
+	assert_string_equal(info.group, "grp");
+	assert_int_equal(info.rank, 5);
+	assert_int_equal(info.world_size, 8);
+	assert_int_equal(info.local_gpu, 2);
+	assert_int_equal(info.gpu_uuid[15], 0xab);
+	assert_int_equal(info.pid, getpid());
+	assert_int_equal(info.uid, getuid());
+	rw_client_close(c);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Cases: framing
+ * ------------------------------------------------------------------------------------------- */
+
+static void test_version_mismatch(void **state)
+{
+	(void)state;
+	h_start(&H);
+	int fd = raw_connect(H.path);
+	rw_ipc_hello_t m = make_hello("g", 0, 2, 0, -1);
+	m.hdr.version = RW_IPC_VERSION + 1;
+	raw_send(fd, &m, sizeof(m), NULL, 0);
+	expect_error(fd, RW_E_VERSION, 1);
+	close(fd);
+	h_wait_clients(&H, 0);
+	assert_int_equal(h_stats(&H).dropped, 1);
+	h_stop(&H);
+}
+
+static void test_bad_magic_type_size(void **state)
+{
+	(void)state;
+	h_start(&H);
+	int fd = raw_connect(H.path);
+	rw_ipc_hello_t m = make_hello("g", 0, 2, 0, -1);
+	m.hdr.magic ^= 1;
+	raw_send(fd, &m, sizeof(m), NULL, 0);
+	expect_error(fd, RW_E_MAGIC, 1);
+	close(fd);
+
+	/* After hello, an unknown type and a wrong size are still fatal: the stream is garbage. */
+	fd = raw_joined(H.path, "g", 0);
+	rw_ipc_hdr_t h;
+	hdr(&h, 77, 9);
+	raw_send(fd, &h, sizeof(h), NULL, 0);
+	expect_error(fd, RW_E_MSG_TYPE, 1);
+	close(fd);
+
+	fd = raw_joined(H.path, "g", 0);
+	rw_ipc_dereg_t d;
+	memset(&d, 0, sizeof(d));
+	hdr(&d.hdr, RW_IPC_DEREG, 4);
+	raw_send(fd, &d, sizeof(d) - 1, NULL, 0);
+	expect_error(fd, RW_E_MSG_SIZE, 1);
+	close(fd);
+
+	/* Shorter than a header. */
+	fd = raw_connect(H.path);
+	raw_send(fd, "abc", 3, NULL, 0);
+	expect_error(fd, RW_E_MSG_SIZE, 1);
+	close(fd);
+
+	/* A daemon-to-client type sent to the daemon. */
+	fd = raw_connect(H.path);
+	hdr(&h, RW_IPC_HELLO_OK, 1);
+	raw_send(fd, &h, sizeof(h), NULL, 0);
+	expect_error(fd, RW_E_MSG_TYPE, 1);
+	close(fd);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
+static void test_truncated_message(void **state)
+{
+	(void)state;
+	h_start(&H);
+	int fd = raw_joined(H.path, "g", 0);
+	char big[4096];
+	memset(big, 0, sizeof(big));
+	rw_ipc_hdr_t h;
+	hdr(&h, RW_IPC_HELLO, 1);
+	memcpy(big, &h, sizeof(h));
+	raw_send(fd, big, sizeof(big), NULL, 0);
+	expect_error(fd, RW_E_TRUNC, 1);
+	close(fd);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
+static void test_too_many_fds_all_closed(void **state)
+{
+	(void)state;
+	h_start(&H);
+	int base = count_fds();
+	int fd = raw_joined(H.path, "g", 0);
+	int fds[6];
+	for (int i = 0; i < 6; i++)
+		fds[i] = sealed_memfd(4096, F_SEAL_SHRINK);
+	rw_ipc_reg_host_t m;
+	memset(&m, 0, sizeof(m));
+	hdr(&m.hdr, RW_IPC_REG_HOST, 2);
+	m.size = 4096;
+	raw_send(fd, &m, sizeof(m), fds, 6); /* more than the daemon's cmsg space: MSG_CTRUNC */
+	expect_error(fd, RW_E_FDS, 0);
+	/* Two fds on a register (needs exactly one). */
+	raw_send(fd, &m, sizeof(m), fds, 2);
+	expect_error(fd, RW_E_FDS, 0);
+	/* No fd on a register. */
+	send_reg_host(fd, 4096, -1);
+	expect_error(fd, RW_E_FDS, 0);
+	/* An fd on a message that carries none. */
+	rw_ipc_dereg_t d;
+	memset(&d, 0, sizeof(d));
+	hdr(&d.hdr, RW_IPC_DEREG, 5);
+	d.buf_id = 1;
+	raw_send(fd, &d, sizeof(d), fds, 1);
+	expect_error(fd, RW_E_FDS, 0);
+	for (int i = 0; i < 6; i++)
+		close(fds[i]);
+	/* Still connected and serving. */
+	uint32_t id = raw_reg_host(fd, 8192);
+	assert_true(id != 0);
+	close(fd);
+	h_wait_clients(&H, 0);
+	/* Every fd the daemon received was closed (ours are closed too). */
+	assert_int_equal(count_fds(), base);
+	assert_int_equal(h_stats(&H).buffers, 0);
+	h_stop(&H);
+}
+
+static void test_reserved_fields(void **state)
+{
+	(void)state;
+	h_start(&H);
+	int fd = raw_joined(H.path, "g", 0);
+	rw_ipc_dereg_t d;
+	memset(&d, 0, sizeof(d));
+	hdr(&d.hdr, RW_IPC_DEREG, 5);
+	d.reserved = 1;
+	raw_send(fd, &d, sizeof(d), NULL, 0);
+	expect_error(fd, RW_E_FIELD, 0);
+	int memfd = sealed_memfd(4096, F_SEAL_SHRINK);
+	rw_ipc_reg_host_t m;
+	memset(&m, 0, sizeof(m));
+	hdr(&m.hdr, RW_IPC_REG_HOST, 2);
+	m.size = 4096;
+	m.flags = 2;
+	raw_send(fd, &m, sizeof(m), &memfd, 1);
+	close(memfd);
+	expect_error(fd, RW_E_FIELD, 0);
+	close(fd);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Cases: hello and groups
+ * ------------------------------------------------------------------------------------------- */
+
+static void test_state_errors(void **state)
+{
+	(void)state;
+	h_start(&H);
+	/* Anything before hello drops the connection. */
+	int fd = raw_connect(H.path);
+	rw_ipc_ring_setup_t r;
+	memset(&r, 0, sizeof(r));
+	hdr(&r.hdr, RW_IPC_RING_SETUP, 1);
+	r.sq_entries = r.cq_entries = 8;
+	raw_send(fd, &r, sizeof(r), NULL, 0);
+	expect_error(fd, RW_E_STATE, 1);
+	close(fd);
+	/* Hello twice is an error but not fatal. */
+	fd = raw_joined(H.path, "g", 0);
+	rw_ipc_hello_t m = make_hello("g", 0, 8, 0, -1);
+	raw_send(fd, &m, sizeof(m), NULL, 0);
+	expect_error(fd, RW_E_STATE, 0);
+	raw_send(fd, &r, sizeof(r), NULL, 0);
+	rw_ipc_msg_t reply;
+	int fds[8];
+	unsigned nfds;
+	assert_int_equal(raw_recv(fd, &reply, fds, &nfds), sizeof(rw_ipc_ring_ok_t));
+	assert_int_equal(nfds, 3);
+	for (unsigned i = 0; i < nfds; i++)
+		close(fds[i]);
+	close(fd);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
+static void hello_expect(const char *group, uint32_t rank, uint32_t world, uint32_t node,
+			 int32_t gpu, int code)
+{
+	int fd = raw_connect(H.path);
+	rw_ipc_hello_t m = make_hello(group, rank, world, node, gpu);
+	raw_send(fd, &m, sizeof(m), NULL, 0);
+	expect_error(fd, code, 1);
+	close(fd);
+}
+
+static void test_hello_field_errors(void **state)
+{
+	(void)state;
+	h_start(&H);
+	hello_expect("", 0, 8, 0, -1, RW_E_GROUP_NAME);
+	hello_expect("bad name", 0, 8, 0, -1, RW_E_GROUP_NAME);
+	hello_expect("g/x", 0, 8, 0, -1, RW_E_GROUP_NAME);
+	/* Unterminated: 64 non-NUL bytes. */
+	int fd = raw_connect(H.path);
+	rw_ipc_hello_t m = make_hello("g", 0, 8, 0, -1);
+	memset(m.group, 'a', sizeof(m.group));
+	raw_send(fd, &m, sizeof(m), NULL, 0);
+	expect_error(fd, RW_E_GROUP_NAME, 1);
+	close(fd);
+	/* Garbage after the NUL. */
+	fd = raw_connect(H.path);
+	m = make_hello("g", 0, 8, 0, -1);
+	m.group[10] = 'x';
+	raw_send(fd, &m, sizeof(m), NULL, 0);
+	expect_error(fd, RW_E_GROUP_NAME, 1);
+	close(fd);
+	hello_expect("g", 8, 8, 0, -1, RW_E_RANK_RANGE);
+	hello_expect("g", 0, 0, 0, -1, RW_E_RANK_RANGE);
+	hello_expect("g", 0, 100000, 0, -1, RW_E_RANK_RANGE); /* above max_world */
+	hello_expect("g", 0, 8, 0, 8, RW_E_GPU);              /* max_local_gpu 8 */
+	hello_expect("g", 0, 8, 0, -2, RW_E_GPU);
+	h_wait_clients(&H, 0);
+	assert_int_equal(h_stats(&H).groups, 0);
+	assert_int_equal(h_snap(&H).joined, 0);
+	h_stop(&H);
+}
+
+static void test_group_consistency(void **state)
+{
+	(void)state;
+	h_start(&H);
+	rw_client_t *first = connect_rank("moe", 1);
+	rw_client_opts_t o = opts_for("moe", 2);
+	o.local_gpu = 1;
+	rw_client_t *second = NULL;
+	assert_int_equal(rw_client_connect(&o, &second), 0);
+
+	hello_expect("moe", 1, 8, 0, -1, RW_E_RANK_DUP);
+	hello_expect("moe", 3, 16, 0, -1, RW_E_WORLD_MISMATCH);
+	hello_expect("moe", 3, 8, 1, -1, RW_E_NODE_MISMATCH);
+	hello_expect("moe", 3, 8, 0, 1, RW_E_GPU); /* GPU 1 is rank 2's */
+	/* librailwave reports the same codes. */
+	rw_client_opts_t dup = opts_for("moe", 1);
+	rw_client_t *x = NULL;
+	assert_int_equal(rw_client_connect(&dup, &x), RW_E_RANK_DUP);
+	assert_null(x);
+	/* Another group is independent: same rank, other world size. */
+	rw_client_opts_t other = opts_for("other", 1);
+	other.world_size = 4;
+	assert_int_equal(rw_client_connect(&other, &x), 0);
+	rw_client_close(x);
+
+	/* The earlier members were not affected. */
+	uint32_t buf;
+	void *addr;
+	assert_int_equal(rw_client_register_host(first, 65536, &buf, &addr), 0);
+	rw_sqe_t e = valid_sqe(buf, 1);
+	assert_int_equal(rw_client_submit(first, &e, 1), 0);
+	rw_cqe_t cqe = wait_one(first);
+	assert_int_equal(cqe.status, RW_CQ_OK);
+	rw_client_close(first);
+	rw_client_close(second);
+	h_wait_clients(&H, 0);
+	/* After everyone left, the rank is free again. */
+	first = connect_rank("moe", 1);
+	rw_client_close(first);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
+static void test_daemon_node_enforced(void **state)
+{
+	(void)state;
+	rw_ipc_server_config_t cfg;
+	base_config(&cfg, "");
+	cfg.node = 2;
+	h_start_cfg(&H, &cfg);
+	hello_expect("g", 0, 8, 1, -1, RW_E_NODE_MISMATCH);
+	int fd = raw_connect(H.path);
+	rw_ipc_hello_t m = make_hello("g", 0, 8, 2, -1);
+	raw_send(fd, &m, sizeof(m), NULL, 0);
+	rw_ipc_msg_t reply;
+	expect_reply(fd, RW_IPC_HELLO_OK, &reply);
+	close(fd);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
+static void test_client_limit(void **state)
+{
+	(void)state;
+	rw_ipc_server_config_t cfg;
+	base_config(&cfg, "");
+	cfg.max_clients = 1;
+	h_start_cfg(&H, &cfg);
+	rw_client_t *a = connect_rank("g", 0);
+	h_wait_clients(&H, 1);
+	rw_client_opts_t o = opts_for("g", 1);
+	rw_client_t *b = NULL;
+	assert_int_equal(rw_client_connect(&o, &b), RW_E_LIMIT);
+	rw_client_close(a);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Cases: buffers
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct peek_arg {
+	uint32_t buf_id;
+	size_t off;
+	uint8_t value;
+	int write;
+	rw_status_t st;
+} peek_arg_t;
+
+/* Read or write one byte of the last client's host buffer through the daemon's mapping. */
+static void peek_buf(harness_t *h, void *arg)
+{
+	peek_arg_t *p = arg;
+	rw_ipc_buffer_t b;
+	p->st = rw_ipc_buffer_lookup(h->last_client, p->buf_id, &b);
+	if (p->st != RW_OK)
+		return;
+	assert_int_equal(b.kind, RW_IPC_BUF_HOST);
+	uint8_t *mem = b.host;
+	if (p->write)
+		mem[p->off] = p->value;
+	else
+		p->value = mem[p->off];
+}
+
+static void test_host_buffer_shared_both_ways(void **state)
+{
+	(void)state;
+	h_start(&H);
+	int base = count_fds();
+	rw_client_t *c = connect_rank("g", 0);
+	uint32_t id;
+	uint8_t *addr;
+	assert_int_equal(rw_client_register_host(c, 1 << 20, &id, (void **)&addr), 0);
+	snapshot_t s = h_snap(&H);
+	assert_int_equal(s.registered, 1);
+	addr[12345] = 0x5a;
+	peek_arg_t p = {.buf_id = id, .off = 12345};
+	h_call(&H, peek_buf, &p);
+	assert_int_equal(p.st, RW_OK);
+	assert_int_equal(p.value, 0x5a);
+	p = (peek_arg_t){.buf_id = id, .off = 999, .value = 0xc3, .write = 1};
+	h_call(&H, peek_buf, &p);
+	assert_int_equal(addr[999], 0xc3);
+	/* Unknown id through the daemon API. */
+	p = (peek_arg_t){.buf_id = id + 1, .off = 0};
+	h_call(&H, peek_buf, &p);
+	assert_int_equal(p.st, RW_ERR_NOTFOUND);
+
+	assert_int_equal(rw_client_deregister(c, id), 0);
+	assert_int_equal(h_stats(&H).buffers, 0);
+	p = (peek_arg_t){.buf_id = id, .off = 0};
+	h_call(&H, peek_buf, &p);
+	assert_int_equal(p.st, RW_ERR_NOTFOUND);
+	/* Twice: unknown now. */
+	assert_int_equal(rw_client_deregister(c, id), RW_E_BUF_ID);
+	rw_client_close(c);
+	h_wait_clients(&H, 0);
+	assert_int_equal(count_fds(), base);
+	h_stop(&H);
+}
+
+static void test_register_errors(void **state)
+{
+	(void)state;
+	h_start(&H);
+	int base = count_fds();
+	int fd = raw_joined(H.path, "g", 0);
+	/* Size does not match fstat. */
+	int memfd = sealed_memfd(8192, F_SEAL_SHRINK);
+	send_reg_host(fd, 4096, memfd);
+	expect_error(fd, RW_E_BUF_SIZE, 0);
+	send_reg_host(fd, 16384, memfd);
+	expect_error(fd, RW_E_BUF_SIZE, 0);
+	send_reg_host(fd, 0, memfd);
+	expect_error(fd, RW_E_BUF_SIZE, 0);
+	close(memfd);
+	/* Not sealed against shrinking: the daemon would SIGBUS after an ftruncate. */
+	memfd = sealed_memfd(4096, 0);
+	send_reg_host(fd, 4096, memfd);
+	expect_error(fd, RW_E_BUF_SEAL, 0);
+	close(memfd);
+	/* Not a memfd at all. */
+	int pipefd[2];
+	assert_int_equal(pipe(pipefd), 0);
+	send_reg_host(fd, 4096, pipefd[0]);
+	expect_error(fd, RW_E_BUF_FD, 0);
+	close(pipefd[0]);
+	close(pipefd[1]);
+	/* A regular file that cannot be sealed. */
+	char tmpl[] = "/tmp/rw-ipc-file.XXXXXX";
+	int file = mkstemp(tmpl);
+	assert_true(file >= 0);
+	unlink(tmpl);
+	assert_int_equal(ftruncate(file, 4096), 0);
+	send_reg_host(fd, 4096, file);
+	expect_error(fd, RW_E_BUF_FD, 0);
+	close(file);
+	/* Write-sealed: cannot be mapped writable. */
+	memfd = sealed_memfd(4096, F_SEAL_SHRINK | F_SEAL_WRITE);
+	send_reg_host(fd, 4096, memfd);
+	expect_error(fd, RW_E_BUF_FD, 0);
+	close(memfd);
+	/* Too many: max_buffers is 4. */
+	for (int i = 0; i < 4; i++)
+		raw_reg_host(fd, 4096);
+	memfd = sealed_memfd(4096, F_SEAL_SHRINK);
+	send_reg_host(fd, 4096, memfd);
+	close(memfd);
+	expect_error(fd, RW_E_BUF_LIMIT, 0);
+	/* Unknown id. */
+	rw_ipc_dereg_t d;
+	memset(&d, 0, sizeof(d));
+	hdr(&d.hdr, RW_IPC_DEREG, 5);
+	d.buf_id = 0xdead;
+	raw_send(fd, &d, sizeof(d), NULL, 0);
+	expect_error(fd, RW_E_BUF_ID, 0);
+	d.buf_id = RW_BUF_NONE;
+	raw_send(fd, &d, sizeof(d), NULL, 0);
+	expect_error(fd, RW_E_BUF_ID, 0);
+	assert_int_equal(h_stats(&H).buffers, 4);
+	close(fd);
+	h_wait_clients(&H, 0);
+	assert_int_equal(h_stats(&H).buffers, 0);
+	assert_int_equal(count_fds(), base);
+	h_stop(&H);
+}
+
+static void test_stale_buffer_id_after_reuse(void **state)
+{
+	(void)state;
+	h_start(&H);
+	rw_client_t *c = connect_rank("g", 0);
+	uint32_t a, b;
+	void *addr;
+	assert_int_equal(rw_client_register_host(c, 65536, &a, &addr), 0);
+	assert_int_equal(rw_client_deregister(c, a), 0);
+	/* Same slot reused, new generation: the old id stays unknown. */
+	assert_int_equal(rw_client_register_host(c, 65536, &b, &addr), 0);
+	assert_int_not_equal(a, b);
+	rw_sqe_t e = valid_sqe(a, 1);
+	assert_int_equal(rw_client_submit(c, &e, 1), 0);
+	rw_cqe_t cqe = wait_one(c);
+	assert_int_equal(cqe.status, RW_CQ_ERROR);
+	assert_int_equal(cqe.error, RW_E_BUF_ID);
+	rw_client_close(c);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
+static void set_echo(harness_t *h, void *arg) { h->echo = *(int *)arg; }
+
+static void complete_held(harness_t *h, void *arg)
+{
+	(void)arg;
+	for (unsigned i = 0; i < h->nheld; i++)
+		echo_complete(h, h->held_client[i], &h->held_sqe[i]);
+	h->nheld = 0;
+}
+
+static void test_deregister_busy(void **state)
+{
+	(void)state;
+	h_start(&H);
+	int off = 0;
+	h_call(&H, set_echo, &off);
+	rw_client_t *c = connect_rank("g", 0);
+	uint32_t id;
+	void *addr;
+	assert_int_equal(rw_client_register_host(c, 65536, &id, &addr), 0);
+	rw_sqe_t e = valid_sqe(id, 1);
+	assert_int_equal(rw_client_submit(c, &e, 1), 0);
+	for (int i = 0; i < 5000 && h_snap(&H).nheld == 0; i++)
+		usleep(1000);
+	assert_int_equal(h_snap(&H).nheld, 1);
+	assert_int_equal(rw_client_deregister(c, id), RW_E_BUF_BUSY);
+	h_call(&H, complete_held, NULL);
+	rw_cqe_t cqe = wait_one(c);
+	assert_int_equal(cqe.status, RW_CQ_OK);
+	assert_int_equal(rw_client_deregister(c, id), 0);
+	rw_client_close(c);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Cases: rings and submissions
+ * ------------------------------------------------------------------------------------------- */
+
+static void test_ring_setup_errors(void **state)
+{
+	(void)state;
+	h_start(&H);
+	int fd = raw_joined(H.path, "g", 0);
+	rw_ipc_ring_setup_t r;
+	memset(&r, 0, sizeof(r));
+	hdr(&r.hdr, RW_IPC_RING_SETUP, 3);
+	r.sq_entries = 12;
+	r.cq_entries = 16;
+	raw_send(fd, &r, sizeof(r), NULL, 0);
+	expect_error(fd, RW_E_RING_SIZE, 0);
+	r.sq_entries = 2048; /* above max_ring_entries 1024 */
+	raw_send(fd, &r, sizeof(r), NULL, 0);
+	expect_error(fd, RW_E_RING_SIZE, 0);
+	r.sq_entries = 1;
+	raw_send(fd, &r, sizeof(r), NULL, 0);
+	expect_error(fd, RW_E_RING_SIZE, 0);
+	raw_rings_t rings;
+	raw_ring_setup(fd, 8, 16, &rings);
+	r.sq_entries = 8;
+	raw_send(fd, &r, sizeof(r), NULL, 0);
+	expect_error(fd, RW_E_RING_STATE, 0);
+	raw_rings_free(&rings);
+	close(fd);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
+static void test_submission_round_trip(void **state)
+{
+	(void)state;
+	h_start(&H);
+	rw_client_t *c = connect_rank("g", 0);
+	uint32_t id;
+	void *addr;
+	assert_int_equal(rw_client_register_host(c, 65536, &id, &addr), 0);
+	rw_sqe_t e[3] = {valid_sqe(id, 10), valid_sqe(id, 11), valid_sqe(id, 12)};
+	e[2].kind = RW_KIND_COMBINE;
+	e[2].handle_id = 11;
+	e[2].topk_ids = (rw_span_t){.buf_id = RW_BUF_NONE};
+	e[2].topk_weights = (rw_span_t){.buf_id = RW_BUF_NONE};
+	assert_int_equal(rw_client_submit(c, e, 3), 0);
+	assert_int_equal(rw_client_inflight(c), 3);
+	rw_cqe_t got[3];
+	int n = 0;
+	while (n < 3) {
+		int k = rw_client_wait(c, got + n, (unsigned)(3 - n), 5000);
+		assert_true(k > 0);
+		n += k;
+	}
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(got[i].status, RW_CQ_OK);
+		assert_int_equal(got[i].phase_id, 10 + i);
+		assert_int_equal(got[i].user_data, (10 + i) * 10);
+		assert_int_equal(got[i].recv_tokens, 16);
+		assert_int_equal(got[i].n_inline, 2);
+	}
+	assert_int_equal(got[2].kind, RW_KIND_COMBINE);
+	assert_int_equal(rw_client_inflight(c), 0);
+	assert_int_equal(h_stats(&H).submissions, 3);
+	rw_client_close(c);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
+/* Each hostile entry gets an error completion with its code; the client stays connected. */
+static void test_bad_entries_rejected(void **state)
+{
+	(void)state;
+	h_start(&H);
+	rw_client_t *c = connect_rank("g", 0);
+	uint32_t id;
+	void *addr;
+	assert_int_equal(rw_client_register_host(c, 65536, &id, &addr), 0);
+	struct {
+		rw_sqe_t e;
+		int code;
+	} cases[24];
+	int n = 0;
+	rw_sqe_t e;
+#define CASE(mutation, want)                        \
+	do {                                        \
+		e = valid_sqe(id, (uint64_t)n + 100); \
+		mutation;                           \
+		cases[n].e = e;                     \
+		cases[n++].code = (want);           \
+	} while (0)
+	CASE(e.kind = 0, RW_E_KIND);
+	CASE(e.kind = 9, RW_E_KIND);
+	CASE(e.dtype = 0, RW_E_DTYPE);
+	CASE(e.dtype = 77, RW_E_DTYPE);
+	CASE(e.flags = 1, RW_E_FIELD);
+	CASE(e.reserved = 1, RW_E_FIELD);
+	CASE(e.token_count = 0, RW_E_TOKENS);
+	CASE(e.token_count = 4097, RW_E_TOKENS);
+	CASE(e.hidden = 0, RW_E_TOKENS);
+	CASE(e.hidden = 100000, RW_E_TOKENS);
+	CASE(e.topk = 17, RW_E_TOKENS);
+	CASE(e.tokens.buf_id = id + 256, RW_E_BUF_ID);
+	CASE(e.output.buf_id = RW_BUF_NONE, RW_E_BUF_ID);
+	CASE(e.tokens.offset = 65536 - 2047, RW_E_RANGE);
+	CASE(e.topk_ids.offset = 65536, RW_E_RANGE);
+	CASE(e.output_capacity = 65536, RW_E_RANGE);
+	CASE(e.output_capacity = 0, RW_E_RANGE);
+	CASE(e.topk_weights.offset = UINT64_MAX - 10, RW_E_OVERFLOW);
+	CASE(e.output.offset = UINT64_MAX, RW_E_OVERFLOW);
+	CASE(e.tokens.reserved = 1, RW_E_FIELD);
+	CASE(e.handle_id = 5, RW_E_FIELD); /* dispatch with a handle */
+	CASE((e.kind = RW_KIND_COMBINE, e.handle_id = 0), RW_E_HANDLE);
+	CASE(e.topk_ids.buf_id = RW_BUF_NONE, RW_E_BUF_ID); /* dispatch needs topk ids */
+#undef CASE
+	assert_int_equal(rw_client_submit(c, &cases[0].e, 1), 0);
+	for (int i = 0; i < n; i++) {
+		if (i > 0)
+			assert_int_equal(rw_client_submit(c, &cases[i].e, 1), 0);
+		rw_cqe_t cqe = wait_one(c);
+		assert_int_equal(cqe.status, RW_CQ_ERROR);
+		assert_int_equal(cqe.phase_id, (uint64_t)i + 100);
+		if (cqe.error != cases[i].code)
+			fail_msg("case %d: expected %s, got %s", i, rw_client_strerror(cases[i].code),
+				 rw_client_strerror(cqe.error));
+	}
+	/* None reached the service; a valid one still does. */
+	assert_int_equal(h_stats(&H).submissions, 0);
+	assert_int_equal(h_stats(&H).rejected, (uint64_t)n);
+	e = valid_sqe(id, 1);
+	assert_int_equal(rw_client_submit(c, &e, 1), 0);
+	assert_int_equal(wait_one(c).status, RW_CQ_OK);
+	rw_client_close(c);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
+static void test_sq_index_corruption_drops_only_that_client(void **state)
+{
+	(void)state;
+	h_start(&H);
+	int base = count_fds();
+	rw_client_t *good = connect_rank("g", 1);
+	int fd = raw_joined(H.path, "g", 0);
+	raw_rings_t r;
+	raw_ring_setup(fd, 8, 16, &r);
+	/* Claim 9 entries in an 8-entry ring, then wake the daemon. */
+	atomic_store(&r.sq.ctl->head, 9);
+	uint64_t one = 1;
+	assert_int_equal(write(r.sq_efd, &one, sizeof(one)), sizeof(one));
+	expect_error(fd, RW_E_RING_INDEX, 1);
+	raw_rings_free(&r);
+	close(fd);
+	h_wait_clients(&H, 1);
+	snapshot_t s = h_snap(&H);
+	assert_int_equal(s.last_reason, RW_IPC_LEFT_PROTOCOL);
+	assert_int_equal(s.last_error, RW_E_RING_INDEX);
+	/* The other client is unaffected. */
+	uint32_t id;
+	void *addr;
+	assert_int_equal(rw_client_register_host(good, 65536, &id, &addr), 0);
+	rw_sqe_t e = valid_sqe(id, 1);
+	assert_int_equal(rw_client_submit(good, &e, 1), 0);
+	assert_int_equal(wait_one(good).status, RW_CQ_OK);
+	rw_client_close(good);
+	h_wait_clients(&H, 0);
+	assert_int_equal(count_fds(), base);
+	h_stop(&H);
+}
+
+static void test_cq_index_corruption(void **state)
+{
+	(void)state;
+	h_start(&H);
+	int fd = raw_joined(H.path, "g", 0);
+	uint32_t id = raw_reg_host(fd, 65536);
+	raw_rings_t r;
+	raw_ring_setup(fd, 4, 2, &r);
+	atomic_store(&r.cq.ctl->tail, 1000); /* consumed completions that never existed */
+	for (int i = 0; i < 3; i++) {
+		rw_sqe_t e = valid_sqe(id, (uint64_t)i);
+		memcpy(rw_ring_prod_next(&r.sq), &e, sizeof(e));
+		rw_ring_prod_push(&r.sq);
+	}
+	rw_ring_prod_publish(&r.sq);
+	expect_error(fd, RW_E_RING_INDEX, 1);
+	raw_rings_free(&r);
+	close(fd);
+	h_wait_clients(&H, 0);
+	assert_int_equal(h_stats(&H).buffers, 0);
+	h_stop(&H);
+}
+
+/* More submissions than completion slots, completions not reaped: the daemon must stop taking
+ * submissions (never overrun the completion ring), then resume when the client reaps. */
+static void test_completion_backpressure(void **state)
+{
+	(void)state;
+	h_start(&H);
+	rw_client_opts_t o = opts_for("g", 0);
+	o.sq_entries = 8;
+	o.cq_entries = 4;
+	rw_client_t *c = NULL;
+	assert_int_equal(rw_client_connect(&o, &c), 0);
+	uint32_t id;
+	void *addr;
+	assert_int_equal(rw_client_register_host(c, 65536, &id, &addr), 0);
+	rw_sqe_t e[8];
+	for (int i = 0; i < 8; i++)
+		e[i] = valid_sqe(id, (uint64_t)i);
+	assert_int_equal(rw_client_submit(c, e, 8), 0);
+	/* The ring is full until the daemon takes some. */
+	rw_sqe_t more = valid_sqe(id, 99);
+	for (int i = 0; i < 5000 && h_stats(&H).submissions < 4; i++)
+		usleep(1000);
+	assert_int_equal(h_stats(&H).submissions, 4); /* only as many as completion slots */
+	uint64_t seen[12] = {0};
+	int got = 0;
+	while (got < 8) {
+		rw_cqe_t cqe[4];
+		int k = rw_client_wait(c, cqe, 4, 5000);
+		assert_true(k > 0);
+		for (int i = 0; i < k; i++) {
+			assert_int_equal(cqe[i].status, RW_CQ_OK);
+			seen[cqe[i].phase_id]++;
+		}
+		got += k;
+	}
+	for (int i = 0; i < 8; i++)
+		assert_int_equal(seen[i], 1);
+	assert_int_equal(rw_client_submit(c, &more, 1), 0);
+	assert_int_equal(wait_one(c).phase_id, 99);
+	rw_client_close(c);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
+static void set_drop(harness_t *h, void *arg) { h->drop_in_submit = *(int *)arg; }
+
+static void test_drop_inside_callback(void **state)
+{
+	(void)state;
+	h_start(&H);
+	int on = 1;
+	h_call(&H, set_drop, &on);
+	rw_client_t *c = connect_rank("g", 0);
+	uint32_t id;
+	void *addr;
+	assert_int_equal(rw_client_register_host(c, 65536, &id, &addr), 0);
+	rw_sqe_t e[2] = {valid_sqe(id, 1), valid_sqe(id, 2)};
+	assert_int_equal(rw_client_submit(c, e, 2), 0);
+	h_wait_clients(&H, 0);
+	snapshot_t s = h_snap(&H);
+	assert_int_equal(s.last_reason, RW_IPC_LEFT_DROPPED);
+	assert_int_equal(s.last_error, RW_E_PHASE);
+	assert_int_equal(s.submissions, 1); /* the second was never handed over */
+	rw_cqe_t cqe;
+	assert_int_equal(rw_client_wait(c, &cqe, 1, 5000), RW_E_CLOSED);
+	rw_client_close(c);
+	h_stop(&H);
+}
+
+static void test_busy_poll_server(void **state)
+{
+	(void)state;
+	rw_ipc_server_config_t cfg;
+	base_config(&cfg, "");
+	cfg.busy_poll_us = 2000;
+	h_start_cfg(&H, &cfg);
+	rw_client_t *c = connect_rank("g", 0);
+	uint32_t id;
+	void *addr;
+	assert_int_equal(rw_client_register_host(c, 65536, &id, &addr), 0);
+	for (int i = 0; i < 200; i++) {
+		rw_sqe_t e = valid_sqe(id, (uint64_t)i);
+		assert_int_equal(rw_client_submit(c, &e, 1), 0);
+		rw_cqe_t cqe = wait_one(c);
+		assert_int_equal(cqe.phase_id, (uint64_t)i);
+		if (i % 50 == 0)
+			usleep(5000); /* let the server stop polling and re-arm */
+	}
+	rw_client_close(c);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Cases: a client killed mid-session
+ * ------------------------------------------------------------------------------------------- */
+
+static void test_client_killed_mid_session(void **state)
+{
+	(void)state;
+	h_start(&H);
+	int off = 0;
+	h_call(&H, set_echo, &off); /* keep its submissions in flight */
+	int base = count_fds();
+	int ready[2];
+	assert_int_equal(pipe(ready), 0);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		close(ready[0]);
+		rw_client_opts_t o = opts_for("g", 4);
+		rw_client_t *c = NULL;
+		uint32_t a, b;
+		void *addr;
+		if (rw_client_connect(&o, &c) || rw_client_register_host(c, 1 << 20, &a, &addr) ||
+		    rw_client_register_host(c, 65536, &b, &addr))
+			_exit(1);
+		rw_sqe_t e[2] = {valid_sqe(b, 1), valid_sqe(b, 2)};
+		if (rw_client_submit(c, e, 2))
+			_exit(1);
+		char x = 'r';
+		if (write(ready[1], &x, 1) != 1)
+			_exit(1);
+		pause();
+		_exit(0);
+	}
+	close(ready[1]);
+	char x;
+	assert_int_equal(read(ready[0], &x, 1), 1);
+	close(ready[0]);
+	for (int i = 0; i < 5000 && h_snap(&H).nheld < 2; i++)
+		usleep(1000);
+	rw_ipc_server_stats_t st = h_stats(&H);
+	assert_int_equal(st.clients, 1);
+	assert_int_equal(st.buffers, 2);
+	assert_int_equal(st.rings, 1);
+	assert_int_equal(h_snap(&H).nheld, 2);
+	assert_true(count_fds() > base); /* its socket, ring eventfds */
+
+	kill(pid, SIGKILL);
+	int status;
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	h_wait_clients(&H, 0);
+	st = h_stats(&H);
+	assert_int_equal(st.buffers, 0);
+	assert_int_equal(st.rings, 0);
+	assert_int_equal(st.groups, 0);
+	snapshot_t s = h_snap(&H);
+	assert_int_equal(s.last_reason, RW_IPC_LEFT_EOF);
+	assert_int_equal(s.nheld, 0);
+	assert_int_equal(count_fds(), base);
+	/* Its rank can join again. */
+	rw_client_t *c = connect_rank("g", 4);
+	rw_client_close(c);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Cases: CUDA registration
+ * ------------------------------------------------------------------------------------------- */
+
+static char fake_driver[PATH_MAX];
+
+typedef struct cuda_peek {
+	uint32_t buf_id;
+	rw_ipc_buffer_t buf;
+	rw_status_t st;
+	uint8_t first, last;
+} cuda_peek_t;
+
+static void peek_cuda(harness_t *h, void *arg)
+{
+	cuda_peek_t *p = arg;
+	p->st = rw_ipc_buffer_lookup(h->last_client, p->buf_id, &p->buf);
+	if (p->st != RW_OK || p->buf.kind != RW_IPC_BUF_CUDA)
+		return;
+	/* Read back through the import (the fake driver's "device memory" is host memory). */
+	if (rw_cuda_memcpy_dtoh(p->buf.device, &p->first, p->buf.dptr, 1) != RW_OK ||
+	    rw_cuda_memcpy_dtoh(p->buf.device, &p->last, p->buf.dptr + p->buf.size - 1, 1) != RW_OK)
+		p->st = RW_ERR_SYS;
+}
+
+/* The registration path through cuda/'s import, against the fake driver (no GPU needed): a
+ * range of an exported allocation is imported, readable at the right offset, and released when
+ * the client leaves. Bogus handles and ranges are refused with specific codes. */
+static void test_cuda_registration(void **state)
+{
+	(void)state;
+#if !RW_HAVE_CUDA_H
+	skip();
+#else
+	if (access(fake_driver, R_OK) != 0) {
+		print_message("skipped: fake CUDA driver %s not built\n", fake_driver);
+		skip();
+	}
+	h_start(&H);
+	rw_cuda_dptr_t dptr;
+	const size_t alloc = 1 << 20;
+	assert_int_equal(rw_cuda_mem_alloc(0, alloc, &dptr), RW_OK);
+	uint8_t *pattern = malloc(alloc);
+	for (size_t i = 0; i < alloc; i++)
+		pattern[i] = (uint8_t)(i * 7 + 1);
+	assert_int_equal(rw_cuda_memcpy_htod(0, dptr, pattern, alloc), RW_OK);
+	rw_cuda_ipc_desc_t desc;
+	assert_int_equal(rw_cuda_ipc_export(dptr + 4096, 8192, &desc), RW_OK);
+
+	rw_client_t *c = connect_rank("g", 0);
+	rw_client_cuda_desc_t d;
+	memset(&d, 0, sizeof(d));
+	memcpy(d.ipc_handle, desc.handle.bytes, 64);
+	d.alloc_id = desc.buffer_id;
+	d.alloc_bytes = desc.alloc_bytes;
+	d.offset = desc.offset;
+	d.bytes = desc.bytes;
+	memcpy(d.device_uuid, desc.device_uuid, 16);
+	uint32_t id;
+	assert_int_equal(rw_client_register_cuda(c, &d, &id), 0);
+	cuda_peek_t p = {.buf_id = id};
+	h_call(&H, peek_cuda, &p);
+	assert_int_equal(p.st, RW_OK);
+	assert_int_equal(p.buf.kind, RW_IPC_BUF_CUDA);
+	assert_int_equal(p.buf.size, 8192);
+	assert_int_equal(p.first, pattern[4096]);
+	assert_int_equal(p.last, pattern[4096 + 8191]);
+	assert_int_equal(h_stats(&H).buffers, 1);
+
+	/* A CUDA buffer is a normal span target. */
+	uint32_t host;
+	void *addr;
+	assert_int_equal(rw_client_register_host(c, 65536, &host, &addr), 0);
+	rw_sqe_t e = valid_sqe(host, 5);
+	e.output.buf_id = id;
+	e.output.offset = 4096;
+	e.output_capacity = 4096;
+	assert_int_equal(rw_client_submit(c, &e, 1), 0);
+	assert_int_equal(wait_one(c).status, RW_CQ_OK);
+	e.output_capacity = 4097;
+	assert_int_equal(rw_client_submit(c, &e, 1), 0);
+	assert_int_equal(wait_one(c).error, RW_E_RANGE);
+
+	/* Range outside its allocation; zero bytes; an unknown device UUID. */
+	rw_client_cuda_desc_t bad = d;
+	bad.offset = alloc - 100;
+	assert_int_equal(rw_client_register_cuda(c, &bad, &id), RW_E_BUF_SIZE);
+	bad = d;
+	bad.bytes = 0;
+	assert_int_equal(rw_client_register_cuda(c, &bad, &id), RW_E_BUF_SIZE);
+	bad = d;
+	memset(bad.device_uuid, 0x11, 16);
+	assert_int_equal(rw_client_register_cuda(c, &bad, &id), RW_E_CUDA);
+	rw_client_close(c);
+	h_wait_clients(&H, 0);
+	assert_int_equal(h_stats(&H).buffers, 0);
+	h_stop(&H); /* destroys the import cache: it must hold nothing now */
+	rw_cuda_mem_free(0, dptr);
+	free(pattern);
+#endif
+}
+
+/* With no usable driver the daemon answers RW_E_NO_CUDA. rw_cuda_init() is once per process and
+ * this process loaded the fake, so the server runs in a child with no driver. */
+static void test_cuda_without_driver(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/rw-ipc-test.XXXXXX";
+	assert_non_null(mkdtemp(dir));
+	char path[96];
+	snprintf(path, sizeof(path), "%s/rw.sock", dir);
+	int ready[2];
+	assert_int_equal(pipe(ready), 0);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		close(ready[0]);
+		setenv("RW_CUDA_DRIVER", "/nonexistent/libcuda.so.1", 1);
+		struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+		rw_ipc_server_config_t cfg;
+		base_config(&cfg, path);
+		rw_ipc_server_t *srv = NULL;
+		harness_t local;
+		memset(&local, 0, sizeof(local));
+		local.echo = 1;
+		if (!loop || rw_ipc_server_create(loop, &cfg, &ops, &local, &srv) != RW_OK)
+			_exit(1);
+		local.srv = srv;
+		char x = 'r';
+		if (write(ready[1], &x, 1) != 1)
+			_exit(1);
+		ev_run(loop, 0); /* until killed */
+		_exit(0);
+	}
+	close(ready[1]);
+	char x;
+	assert_int_equal(read(ready[0], &x, 1), 1);
+	close(ready[0]);
+	rw_client_opts_t o = opts_for("g", 0);
+	o.socket_path = path;
+	rw_client_t *c = NULL;
+	assert_int_equal(rw_client_connect(&o, &c), 0);
+	rw_client_cuda_desc_t d;
+	memset(&d, 0, sizeof(d));
+	d.alloc_bytes = 1 << 20;
+	d.bytes = 4096;
+	uint32_t id;
+	assert_int_equal(rw_client_register_cuda(c, &d, &id), RW_E_NO_CUDA);
+	assert_true(strlen(rw_client_last_message(c)) > 0);
+	/* Still connected. */
+	void *addr;
+	assert_int_equal(rw_client_register_host(c, 4096, &id, &addr), 0);
+	rw_client_close(c);
+	kill(pid, SIGTERM);
+	int status;
+	waitpid(pid, &status, 0);
+	unlink(path);
+	rmdir(dir);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The example program against this server
+ * ------------------------------------------------------------------------------------------- */
+
+static char example_path[PATH_MAX];
+
+static void test_example_program(void **state)
+{
+	(void)state;
+	if (access(example_path, X_OK) != 0) {
+		print_message("skipped: %s not built\n", example_path);
+		skip();
+	}
+	h_start(&H);
+	char cmd[PATH_MAX + 256];
+	snprintf(cmd, sizeof(cmd), "%s %s >/dev/null 2>&1", example_path, H.path);
+	int rc = system(cmd);
+	assert_int_equal(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, 0);
+	h_wait_clients(&H, 0);
+	assert_true(h_stats(&H).submissions >= 2);
+	h_stop(&H);
+}
+
+int main(int argc, char **argv)
+{
+	(void)argc;
+	char self[PATH_MAX];
+	snprintf(self, sizeof(self), "%s", argv[0]);
+	const char *dir = dirname(self);
+	/* build/test/ipc_server -> build/tests/cuda/libfakecuda.so, build/examples/ipc_example */
+	snprintf(fake_driver, sizeof(fake_driver), "%s/../tests/cuda/libfakecuda.so", dir);
+	snprintf(example_path, sizeof(example_path), "%s/../examples/ipc_example", dir);
+	setenv("RW_CUDA_DRIVER", fake_driver, 1);
+	rw_log_set_level(getenv("RW_TEST_VERBOSE") ? RW_LOG_DEBUG : RW_LOG_ERROR);
+	signal(SIGPIPE, SIG_IGN);
+
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_socket_mode_and_group),
+		cmocka_unit_test(test_stale_and_live_socket),
+		cmocka_unit_test(test_hello_goodbye_peercred),
+		cmocka_unit_test(test_info_from_hello_and_peercred),
+		cmocka_unit_test(test_version_mismatch),
+		cmocka_unit_test(test_bad_magic_type_size),
+		cmocka_unit_test(test_truncated_message),
+		cmocka_unit_test(test_too_many_fds_all_closed),
+		cmocka_unit_test(test_reserved_fields),
+		cmocka_unit_test(test_state_errors),
+		cmocka_unit_test(test_hello_field_errors),
+		cmocka_unit_test(test_group_consistency),
+		cmocka_unit_test(test_daemon_node_enforced),
+		cmocka_unit_test(test_client_limit),
+		cmocka_unit_test(test_host_buffer_shared_both_ways),
+		cmocka_unit_test(test_register_errors),
+		cmocka_unit_test(test_stale_buffer_id_after_reuse),
+		cmocka_unit_test(test_deregister_busy),
+		cmocka_unit_test(test_ring_setup_errors),
+		cmocka_unit_test(test_submission_round_trip),
+		cmocka_unit_test(test_bad_entries_rejected),
+		cmocka_unit_test(test_sq_index_corruption_drops_only_that_client),
+		cmocka_unit_test(test_cq_index_corruption),
+		cmocka_unit_test(test_completion_backpressure),
+		cmocka_unit_test(test_drop_inside_callback),
+		cmocka_unit_test(test_busy_poll_server),
+		cmocka_unit_test(test_client_killed_mid_session),
+		/* Before test_cuda_registration: a forked child must not inherit a loaded driver. */
+		cmocka_unit_test(test_cuda_without_driver),
+		cmocka_unit_test(test_cuda_registration),
+		cmocka_unit_test(test_example_program),
+	};
+	return cmocka_run_group_tests_name("ipc_server", tests, NULL, NULL);
+}
