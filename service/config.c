@@ -680,6 +680,12 @@ static rw_status_t find_me(loader_t *ld)
 {
 	rw_svc_config_t *cfg = ld->cfg;
 	if (ld->node_sel[0]) {
+		/* A name first (a node may be called "3"), then an index. */
+		for (uint32_t i = 0; i < cfg->n_nodes; i++)
+			if (!strcmp(cfg->nodes[i].name, ld->node_sel)) {
+				cfg->me = i;
+				return RW_OK;
+			}
 		unsigned long long idx;
 		if (parse_uint(ld->node_sel, 0, UINT32_MAX, &idx)) {
 			if (idx >= cfg->n_nodes) {
@@ -690,11 +696,6 @@ static rw_status_t find_me(loader_t *ld)
 			cfg->me = (uint32_t)idx;
 			return RW_OK;
 		}
-		for (uint32_t i = 0; i < cfg->n_nodes; i++)
-			if (!strcmp(cfg->nodes[i].name, ld->node_sel)) {
-				cfg->me = i;
-				return RW_OK;
-			}
 		fail(ld, "node: '%s' not found in nodes[] (%u nodes: %s%s%s)", ld->node_sel,
 		     cfg->n_nodes, cfg->nodes[0].name, cfg->n_nodes > 1 ? ", " : "",
 		     cfg->n_nodes > 2 ? "..." : cfg->n_nodes > 1 ? cfg->nodes[1].name : "");

@@ -437,6 +437,20 @@ static void test_identity_by_hostname(void **state)
 	assert_int_equal(rw_svc_config_load_text(two, NULL, &flag, 1, &cfg, err, sizeof(err)), RW_OK);
 	assert_int_equal(cfg.me, 1);
 	rw_svc_config_free(&cfg);
+
+	/* A name that looks like an index is matched as a name first. */
+	const char *digits = "{\"nodes\": [{\"name\": \"1\", \"rails\": [\"127.0.0.1\"]},"
+			     "{\"name\": \"0\", \"rails\": [\"127.0.0.2\"]},"
+			     "{\"name\": \"x\", \"rails\": [\"127.0.0.3\"]}]}";
+	rw_svc_kv_t by_name = {"node", "1"}, by_index = {"node", "2"};
+	assert_int_equal(rw_svc_config_load_text(digits, NULL, &by_name, 1, &cfg, err, sizeof(err)),
+			 RW_OK);
+	assert_int_equal(cfg.me, 0);
+	rw_svc_config_free(&cfg);
+	assert_int_equal(rw_svc_config_load_text(digits, NULL, &by_index, 1, &cfg, err, sizeof(err)),
+			 RW_OK);
+	assert_int_equal(cfg.me, 2);
+	rw_svc_config_free(&cfg);
 }
 
 static void test_files(void **state)
