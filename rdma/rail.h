@@ -114,7 +114,8 @@ typedef struct rw_rail_conn_cbs {
 	 * notification (set a per-connection context here: arrivals come only after it returns). */
 	void (*on_connected)(rw_rail_conn_t *conn, void *ctx);
 	/* Terminal failure (RW_ERR_PEER: peer closed/reset/unreachable; RW_ERR_PROTO: peer broke
-	 * the protocol; RW_ERR_LINK: local rail failure; RW_ERR_TIMEOUT: handshake timed out).
+	 * the protocol; RW_ERR_LINK: local rail failure; RW_ERR_TIMEOUT: handshake timed out;
+	 * RW_ERR_NOMEM: no memory for the connection's queues).
 	 * Reported once, after every outstanding write got on_write_done(err). */
 	void (*on_error)(rw_rail_conn_t *conn, void *ctx, rw_status_t st);
 	/* One posted write finished: RW_OK = its data is in the remote region; else it failed and
@@ -171,7 +172,7 @@ struct rw_rail_ops {
 	rw_status_t (*dev_open)(const rw_rail_config_t *cfg, struct ev_loop *loop,
 				rw_rail_dev_t **dev_p);
 	/* Free the device and whatever is still open on it (regions, listeners, connections),
-	 * without callbacks. Non-blocking. */
+	 * without callbacks. Non-blocking. Not from inside one of the device's callbacks. */
 	void (*dev_close)(rw_rail_dev_t *dev);
 	/* Register host memory [addr, addr+length) as source and remote-writable target. The
 	 * caller keeps ownership of the memory and must keep it mapped until dereg. May block

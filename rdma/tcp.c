@@ -255,15 +255,6 @@ static tcp_conn_t *conn_new(tcp_dev_t *dev, int fd, const rw_rail_conn_cbs_t *cb
 	tcp_conn_t *c = calloc(1, sizeof(*c));
 	if (!c)
 		return NULL;
-	uint64_t ring_size = 1;
-	while (ring_size < dev->base.max_writes)
-		ring_size <<= 1;
-	c->ring = calloc(ring_size, sizeof(*c->ring));
-	if (!c->ring) {
-		free(c);
-		return NULL;
-	}
-	c->ring_mask = ring_size - 1;
 	c->dev = dev;
 	c->fd = fd;
 	c->base.dev = &dev->base;
@@ -382,14 +373,28 @@ static int tx_flush(tcp_conn_t *c)
 	return 0;
 }
 
-static void announce_up(tcp_conn_t *c)
+/* The handshake is done: allocate the write queue (only now, so that unauthenticated sockets
+ * cost little) and tell the user. Returns -1 when the connection failed. */
+static int announce_up(tcp_conn_t *c)
 {
+	uint64_t ring_size = 1;
+	while (ring_size < c->dev->base.max_writes)
+		ring_size <<= 1;
+	c->ring = calloc(ring_size, sizeof(*c->ring));
+	if (!c->ring) {
+		rw_err("rail %u peer %s: out of memory for the write queue", c->dev->base.rail,
+		       c->base.peer);
+		conn_fail(c, RW_ERR_NOMEM);
+		return -1;
+	}
+	c->ring_mask = ring_size - 1;
 	ev_timer_stop(c->dev->base.loop, &c->timer);
 	c->hs = HS_DONE;
 	c->base.state = RW_RAIL_CONN_UP;
 	c->user_known = 1;
 	if (c->base.cbs.on_connected)
 		c->base.cbs.on_connected(&c->base, c->base.ctx);
+	return 0;
 }
 
 static void wio_cb(struct ev_loop *loop, ev_io *w, int revents)
@@ -466,14 +471,16 @@ static int rx_frame(tcp_conn_t *c)
 		ctl_queue(c, RW_TCP_HELLO_ACK, 0, c->dev->base.rail, 0);
 		if (tx_flush(c) < 0)
 			return -1;
-		announce_up(c);
+		if (announce_up(c) < 0)
+			return -1;
 		return c->closed || c->base.state != RW_RAIL_CONN_UP ? -1 : 0;
 	case RW_TCP_HELLO_ACK:
 		if (c->hs != HS_WAIT_HELLO_ACK || h.offset != c->dev->base.rail) {
 			proto_fail(c, "unexpected HELLO_ACK", &h);
 			return -1;
 		}
-		announce_up(c);
+		if (announce_up(c) < 0)
+			return -1;
 		return c->closed || c->base.state != RW_RAIL_CONN_UP ? -1 : 0;
 	case RW_TCP_WRITE: {
 		if (c->hs != HS_DONE) {

@@ -463,6 +463,7 @@ enum ctl_op {
 	OP_CHECK,     /* plan, a7 = region index, status = how many items -> a0 = bad items */
 	OP_WRITE_TO,  /* plan, desc, s = address to connect to -> writer verdict when done */
 	OP_RESET,     /* close the connection, free regions -> ack */
+	OP_DEREG,     /* a0 = region index: deregister it (memory kept) -> ack */
 	OP_QUIT,
 	OP_VERDICT,
 };
@@ -639,6 +640,18 @@ static void responder_ctl(struct ev_loop *loop, ev_io *w, int revents)
 		r->pending = OP_WRITE_TO;
 		r->started = 0;
 		return; /* the verdict is the reply */
+	}
+	case OP_DEREG: {
+		region_buf_t *rb = m.a[0] < MAX_REGIONS ? &ep->regions[m.a[0]] : NULL;
+		if (!rb || !rb->region) {
+			reply.status = 1;
+			break;
+		}
+		rw_rail_dereg(rb->region);
+		rb->region = NULL;
+		munmap(rb->mem, rb->size);
+		memset(rb, 0, sizeof(*rb));
+		break;
 	}
 	case OP_RESET:
 		r->pending = 0; /* a verdict still owed is dropped: the driver moved on */
@@ -1194,6 +1207,28 @@ static void test_peer_close_mid_transfer(void **state)
 	assert_int_equal(v.a[1], 0);
 }
 
+/* Writing to a region the peer has deregistered (a stale key) fails that connection: the write
+ * comes back with an error and on_error follows; nothing hangs. */
+static void test_stale_remote_key(void **state)
+{
+	fixture_t *f = *state;
+	endpoint_t *ep = &f->ep;
+	plan_params_t p = {.seed = opt.seed + 13, .count = 4, .region_size = 65536,
+			   .min_len = 1, .max_len = 4096};
+	uint64_t index;
+	connect_peer(f, &f->peer);
+	rw_rail_remote_t remote = peer_region(&f->peer, p.region_size, &index);
+	ctl_msg_t m = {.op = OP_DEREG, .a = {index}};
+	assert_int_equal(peer_call(&f->peer, &m), 0);
+	assert_int_equal(writer_start(ep, &p, remote), 0);
+	assert_true(run_until(ep, pred_failed_and_drained));
+	assert_int_equal(ep->errors, 1);
+	assert_int_not_equal(ep->last_error, RW_OK);
+	assert_int_equal(ep->done, ep->posted);
+	assert_true(ep->done_err >= 1);
+	assert_int_equal(ep->order_bad, 0);
+}
+
 /* A responder process SIGKILLed while we write to it. */
 static void test_peer_killed_while_writing(void **state)
 {
@@ -1575,6 +1610,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_teardown(test_done_means_placed, test_teardown),
 		cmocka_unit_test_teardown(test_bidirectional, test_teardown),
 		cmocka_unit_test_teardown(test_peer_close_mid_transfer, test_teardown),
+		cmocka_unit_test_teardown(test_stale_remote_key, test_teardown),
 		cmocka_unit_test_teardown(test_peer_killed_while_writing, test_teardown),
 		cmocka_unit_test_teardown(test_writer_killed, test_teardown),
 		cmocka_unit_test_teardown(test_connect_refused, test_teardown),
