@@ -336,7 +336,7 @@ int rw_tool_bench_plan(int argc, char **argv)
 	unsigned long long u;
 	int c;
 
-	optind = 1;
+	optind = 0; /* GNU getopt: full re-initialisation (subcommands may run more than once in tests) */
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'n': {

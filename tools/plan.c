@@ -135,7 +135,7 @@ int rw_tool_plan(int argc, char **argv)
 	unsigned long long u;
 	int c, rc = 1;
 
-	optind = 1;
+	optind = 0; /* GNU getopt: full re-initialisation (subcommands may run more than once in tests) */
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case 's':

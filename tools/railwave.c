@@ -1,7 +1,6 @@
 /* `railwave`: the one front end for RailWave's tools. A subcommand is one row of the table
  * below (name, one-line summary, entry point declared in tools/tools.h); `railwave help` lists
  * them. Later subcommands (demo, bench, sim, analyze, calibrate, stats, top) add a row. */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,32 +38,6 @@ static int cmd_help(int argc, char **argv)
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
 		printf("  %-12s %s\n", commands[i].name, commands[i].summary);
 	printf("\n'railwave COMMAND --help' shows a command's options.\n");
-	return 0;
-}
-
-int rw_tool_parse_u64(const char *cmd, const char *opt, const char *arg, unsigned long long *out)
-{
-	char *end;
-	errno = 0;
-	unsigned long long v = arg ? strtoull(arg, &end, 0) : 0;
-	if (!arg || errno || end == arg || *end || arg[0] == '-') {
-		fprintf(stderr, "railwave %s: bad value for %s: '%s'\n", cmd, opt, arg ? arg : "");
-		return -1;
-	}
-	*out = v;
-	return 0;
-}
-
-int rw_tool_parse_double(const char *cmd, const char *opt, const char *arg, double *out)
-{
-	char *end;
-	errno = 0;
-	double v = arg ? strtod(arg, &end) : 0.0;
-	if (!arg || errno || end == arg || *end) {
-		fprintf(stderr, "railwave %s: bad value for %s: '%s'\n", cmd, opt, arg ? arg : "");
-		return -1;
-	}
-	*out = v;
 	return 0;
 }
 
