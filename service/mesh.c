@@ -68,6 +68,7 @@ typedef struct mesh_peer {
 	mesh_rail_t rail[RW_MAX_RAILS];
 	uint64_t last_rx_ns;
 	uint64_t last_stamp;          /* newest heartbeat stamp from the peer (echoed back) */
+	uint64_t last_stamp_rx_ns;    /* when it came */
 	ev_timer retry;
 	uint32_t backoff_ms;
 } mesh_peer_t;
@@ -140,7 +141,7 @@ static void unknown_remove(rw_svc_mesh_t *m, mesh_ctl_t *c)
 static void ctl_update_events(mesh_ctl_t *c)
 {
 	int ev = EV_READ | (c->connecting || c->tx_off < c->tx_len ? EV_WRITE : 0);
-	if ((c->io.events & (EV_READ | EV_WRITE)) != ev) {
+	if (!ev_is_active(&c->io) || (c->io.events & (EV_READ | EV_WRITE)) != ev) {
 		ev_io_stop(c->mesh->loop, &c->io);
 		ev_io_set(&c->io, c->fd, ev);
 		ev_io_start(c->mesh->loop, &c->io);
@@ -589,10 +590,11 @@ static int ctl_on_message(mesh_ctl_t *c, const rw_wire_hdr_t *h, const uint8_t *
 		rw_wire_heartbeat_t hb;
 		if (rw_wire_heartbeat_unpack(payload, h->length, &hb) != RW_OK)
 			break;
-		p->last_stamp = hb.stamp;
 		uint64_t now = rw_now_ns();
-		if (hb.echo && hb.echo <= now)
-			m->svc->metrics.peer[p->idx].heartbeat_rtt_ns = now - hb.echo;
+		p->last_stamp = hb.stamp;
+		p->last_stamp_rx_ns = now;
+		if (hb.echo && hb.echo + hb.hold <= now)
+			m->svc->metrics.peer[p->idx].heartbeat_rtt_ns = now - hb.echo - hb.hold;
 		return 0;
 	}
 	case RW_WIRE_COUNTS: {
@@ -764,7 +766,8 @@ static void hb_cb(struct ev_loop *loop, ev_timer *w, int revents)
 			continue;
 		}
 		uint8_t buf[RW_WIRE_HEARTBEAT_SIZE];
-		rw_wire_heartbeat_t hb = { .stamp = now, .echo = p->last_stamp };
+		rw_wire_heartbeat_t hb = { .stamp = now, .echo = p->last_stamp,
+					   .hold = p->last_stamp ? now - p->last_stamp_rx_ns : 0 };
 		rw_wire_heartbeat_pack(&hb, buf, sizeof(buf));
 		rw_svc_mesh_send(m, i, RW_WIRE_HEARTBEAT, buf, sizeof(buf));
 	}

@@ -1141,7 +1141,9 @@ static void exec_submit_combine(rw_svc_exec_t *x, exec_member_t *mb, rw_ipc_clie
 		complete_err(x, client, sqe, RW_E_STATE);
 		return;
 	}
-	if (sqe->token_count != p->fwd_n[g] || sqe->hidden != p->hidden ||
+	/* token_count = rows received; a rank that received none submits one ignored row (the
+	 * IPC contract has no empty submissions). */
+	if (sqe->token_count != RW_MAX(p->fwd_n[g], 1u) || sqe->hidden != p->hidden ||
 	    wire_dtype(sqe->dtype) != p->dtype ||
 	    (sqe->dtype != RW_DTYPE_BF16 && sqe->dtype != RW_DTYPE_FP32)) {
 		complete_err(x, client, sqe, RW_E_TOKENS);
@@ -1439,7 +1441,6 @@ rw_status_t rw_svc_ipc_start(rw_svc_t *svc)
 		.socket_path = svc->cfg.ipc_socket,
 		.group = svc->cfg.ipc_group[0] ? svc->cfg.ipc_group : NULL,
 		.node = (int32_t)svc->cfg.me,
-		.max_local_gpu = (int32_t)svc->cfg.gpus_per_node,
 		.max_topk = RW_MAX_TOPK,
 	};
 	rw_status_t st = rw_ipc_server_create(svc->loop, &cfg, &ipc_ops, x, &x->ipc);

@@ -257,6 +257,7 @@ size_t rw_wire_heartbeat_pack(const rw_wire_heartbeat_t *hb, uint8_t *buf, size_
 		return 0;
 	rw_wire_put64(buf, hb->stamp);
 	rw_wire_put64(buf + 8, hb->echo);
+	rw_wire_put64(buf + 16, hb->hold);
 	return RW_WIRE_HEARTBEAT_SIZE;
 }
 
@@ -266,6 +267,7 @@ rw_status_t rw_wire_heartbeat_unpack(const uint8_t *in, size_t len, rw_wire_hear
 		return RW_ERR_PROTO;
 	hb_p->stamp = rw_wire_get64(in);
 	hb_p->echo = rw_wire_get64(in + 8);
+	hb_p->hold = rw_wire_get64(in + 16);
 	return RW_OK;
 }
 

@@ -128,13 +128,15 @@ size_t rw_wire_phase_err_pack(const rw_wire_phase_err_t *e, uint8_t *buf, size_t
 rw_status_t rw_wire_phase_err_unpack(const uint8_t *in, size_t len, rw_wire_phase_err_t *e_p);
 
 /* HEARTBEAT: stamp = sender's rw_now_ns(); echo = the last stamp received from the peer (0 =
- * none), so the peer measures the round trip. */
+ * none) and hold = how long the sender held it before this reply, so the peer measures the
+ * round trip as now - echo - hold. */
 typedef struct rw_wire_heartbeat {
 	uint64_t stamp;
 	uint64_t echo;
+	uint64_t hold;
 } rw_wire_heartbeat_t;
 
-#define RW_WIRE_HEARTBEAT_SIZE 16
+#define RW_WIRE_HEARTBEAT_SIZE 24
 size_t rw_wire_heartbeat_pack(const rw_wire_heartbeat_t *hb, uint8_t *buf, size_t buf_len);
 rw_status_t rw_wire_heartbeat_unpack(const uint8_t *in, size_t len, rw_wire_heartbeat_t *hb_p);
 

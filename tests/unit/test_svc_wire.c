@@ -174,11 +174,11 @@ static void test_phase_err_and_heartbeat(void **state)
 	buf[21] = buf[22] = buf[23] = 0;
 	assert_int_equal(rw_wire_phase_err_unpack(buf, n, &o), RW_ERR_PROTO);
 
-	rw_wire_heartbeat_t hb = { .stamp = 123456789012ull, .echo = 42 }, hbo;
+	rw_wire_heartbeat_t hb = { .stamp = 123456789012ull, .echo = 42, .hold = 7 }, hbo;
 	assert_int_equal(rw_wire_heartbeat_pack(&hb, buf, sizeof(buf)), RW_WIRE_HEARTBEAT_SIZE);
 	assert_int_equal(rw_wire_heartbeat_unpack(buf, RW_WIRE_HEARTBEAT_SIZE, &hbo), RW_OK);
-	assert_true(hbo.stamp == hb.stamp && hbo.echo == 42);
-	assert_int_equal(rw_wire_heartbeat_unpack(buf, 15, &hbo), RW_ERR_PROTO);
+	assert_true(hbo.stamp == hb.stamp && hbo.echo == 42 && hbo.hold == 7);
+	assert_int_equal(rw_wire_heartbeat_unpack(buf, RW_WIRE_HEARTBEAT_SIZE - 1, &hbo), RW_ERR_PROTO);
 }
 
 /* Random bytes of random lengths never crash a decoder, and a decoder that accepts them

@@ -1,0 +1,291 @@
+/* One trainer rank for the multi-daemon integration tests (tests/integration/test_dataflow.sh):
+ * connects to its node's railwaved through librailwave, runs dispatch + combine for many layers
+ * and steps, and checks every result against a reference it computes itself. The workload of
+ * every rank is a pure function of (seed, step, layer, rank), so each rank knows exactly which
+ * tokens of which ranks must reach it, with which data, ids and weights, and what combine must
+ * return - without asking anyone.
+ *
+ *   rw_rank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS SEED MODE
+ *   MODE: ok        run everything, exit 0 iff every check passed
+ *         fail      submit one dispatch, expect an error completion (exit 0), else exit 1
+ *         idle      connect, then sleep until killed (a rank that dies mid-phase)
+ *
+ * Experts: rank r hosts experts [r*E/W, (r+1)*E/W); expert e's "MLP" multiplies by (e % 3 + 1).
+ * Values are small integers and weights 0.5 or 1, so every sum is exact in fp32 and bf16. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ipc/railwave.h"
+
+enum { HIDDEN = 24, TOPK = 4, MAX_TOKENS = 48 };
+
+static uint32_t nodes, gpus, world, experts, per_rank;
+
+typedef struct work {
+	uint32_t n;
+	int32_t ids[3 * MAX_TOKENS][TOPK];
+	float w[3 * MAX_TOKENS][TOPK];
+	float x[3 * MAX_TOKENS][HIDDEN];
+} work_t;
+
+static uint64_t mix(uint64_t z)
+{
+	z += 0x9e3779b97f4a7c15ull;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+typedef struct rng { uint64_t s; } rng_t;
+static uint32_t next(rng_t *r) { r->s = mix(r->s); return (uint32_t)(r->s >> 32); }
+
+/* The workload of `rank` at (step, layer): skewed experts (a hot quarter chosen half the time,
+ * shifted per rank: per-source heterogeneity) and skewed rails (local GPU 0 owns 3x tokens). */
+static void gen(uint64_t seed, uint32_t step, uint32_t layer, uint32_t rank, work_t *wk)
+{
+	rng_t r = { mix(seed ^ ((uint64_t)step << 40) ^ ((uint64_t)layer << 20) ^ rank) };
+	uint32_t base = 1 + next(&r) % MAX_TOKENS;
+	wk->n = rank % gpus == 0 ? base * 3 : base;
+	uint32_t hot = experts / 4 ? experts / 4 : 1, shift = (rank * 7 + layer) % experts;
+	for (uint32_t t = 0; t < wk->n; t++) {
+		for (uint32_t k = 0; k < TOPK; k++) {
+			int32_t e;
+			for (;;) {
+				uint32_t u = next(&r);
+				if (u % 8 == 0) {
+					e = -1;
+					break;
+				}
+				e = (int32_t)(u % 2 ? (shift + next(&r) % hot) % experts : next(&r) % experts);
+				int dup = 0;
+				for (uint32_t j = 0; j < k; j++)
+					dup |= wk->ids[t][j] == e;
+				if (!dup)
+					break;
+			}
+			wk->ids[t][k] = e;
+			wk->w[t][k] = next(&r) % 2 ? 0.5f : 1.0f;
+		}
+		for (uint32_t h = 0; h < HIDDEN; h++)
+			wk->x[t][h] = (float)((int)(next(&r) % 9) - 4);
+	}
+}
+
+static float factor(int32_t e) { return (float)(e % 3 + 1); }
+
+static uint16_t to_bf16(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return (uint16_t)(u >> 16);
+}
+
+static float from_bf16(uint16_t v)
+{
+	uint32_t u = (uint32_t)v << 16;
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+static void put_row(uint8_t *dst, int bf16, const float *v)
+{
+	for (uint32_t h = 0; h < HIDDEN; h++) {
+		if (bf16) {
+			uint16_t b = to_bf16(v[h]);
+			memcpy(dst + 2 * h, &b, 2);
+		} else {
+			memcpy(dst + 4 * h, &v[h], 4);
+		}
+	}
+}
+
+static float get_elem(const uint8_t *src, int bf16, uint32_t h)
+{
+	if (bf16) {
+		uint16_t b;
+		memcpy(&b, src + 2 * h, 2);
+		return from_bf16(b);
+	}
+	float f;
+	memcpy(&f, src + 4 * h, 4);
+	return f;
+}
+
+#define CHECK(cond, ...) do { if (!(cond)) { fprintf(stderr, "rank %u: ", me); \
+	fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); return 1; } } while (0)
+
+static uint32_t me;
+
+static int wait_one(rw_client_t *c, rw_cqe_t *cqe, int timeout_ms)
+{
+	int n = rw_client_wait(c, cqe, 1, timeout_ms);
+	return n == 1 ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 11) {
+		fprintf(stderr, "usage: rw_rank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS SEED MODE\n");
+		return 2;
+	}
+	const char *sock = argv[1], *group = argv[2], *mode = argv[10];
+	me = (uint32_t)atoi(argv[3]);
+	nodes = (uint32_t)atoi(argv[4]);
+	gpus = (uint32_t)atoi(argv[5]);
+	experts = (uint32_t)atoi(argv[6]);
+	uint32_t layers = (uint32_t)atoi(argv[7]), steps = (uint32_t)atoi(argv[8]);
+	uint64_t seed = strtoull(argv[9], NULL, 10);
+	world = nodes * gpus;
+	per_rank = experts / world;
+
+	rw_client_opts_t o = { .socket_path = sock, .group = group, .rank = me, .world_size = world,
+			       .node = me / gpus, .local_gpu = (int32_t)(me % gpus) };
+	rw_client_t *c = NULL;
+	int rc = rw_client_connect(&o, &c);
+	CHECK(rc == 0, "connect: %s", rw_client_strerror(rc));
+	if (strcmp(mode, "idle") == 0) {
+		printf("ready\n");
+		fflush(stdout);
+		for (;;)
+			pause();
+	}
+
+	/* One buffer: inputs, dispatch output, combine inputs and output. */
+	const size_t in_bytes = 3 * MAX_TOKENS * (HIDDEN * 4 + TOPK * 8);
+	const size_t out_cap = (size_t)world * 3 * MAX_TOKENS * (HIDDEN * 4 + 16 + TOPK * 8) + 4 * experts + 64;
+	const size_t comb_in = (size_t)world * 3 * MAX_TOKENS * HIDDEN * 4;
+	const size_t comb_out = 3 * MAX_TOKENS * HIDDEN * 4;
+	size_t total = in_bytes + out_cap + comb_in + comb_out;
+	uint32_t buf_id;
+	uint8_t *mem;
+	rc = rw_client_register_host(c, total, &buf_id, (void **)&mem);
+	CHECK(rc == 0, "register: %s", rw_client_strerror(rc));
+	const uint64_t off_tok = 0, off_ids = 3 * MAX_TOKENS * HIDDEN * 4,
+		       off_w = off_ids + 3 * MAX_TOKENS * TOPK * 4, off_out = in_bytes,
+		       off_cin = off_out + out_cap, off_cout = off_cin + comb_in;
+
+	static work_t mine, other;
+	uint32_t *expect_n = calloc(world, sizeof(uint32_t));
+	uint8_t *seen = malloc((size_t)world * 3 * MAX_TOKENS);
+	for (uint32_t step = 0; step < steps; step++)
+		for (uint32_t layer = 0; layer < layers; layer++) {
+			int bf16 = (layer + step) % 2;
+			uint32_t esz = bf16 ? 2 : 4, row = HIDDEN * esz;
+			gen(seed, step, layer, me, &mine);
+			for (uint32_t t = 0; t < mine.n; t++) {
+				put_row(mem + off_tok + (uint64_t)t * row, bf16, mine.x[t]);
+				memcpy(mem + off_ids + (uint64_t)t * TOPK * 4, mine.ids[t], TOPK * 4);
+				memcpy(mem + off_w + (uint64_t)t * TOPK * 4, mine.w[t], TOPK * 4);
+			}
+			rw_sqe_t s = { .kind = RW_KIND_DISPATCH, .dtype = bf16 ? RW_DTYPE_BF16 : RW_DTYPE_FP32,
+				       .topk = TOPK, .layer = layer, .phase_id = step * 1000 + layer,
+				       .step = step, .user_data = 7, .token_count = mine.n, .hidden = HIDDEN,
+				       .tokens = { buf_id, 0, off_tok }, .topk_ids = { buf_id, 0, off_ids },
+				       .topk_weights = { buf_id, 0, off_w }, .output = { buf_id, 0, off_out },
+				       .output_capacity = out_cap };
+			rc = rw_client_submit(c, &s, 1);
+			CHECK(rc == 0, "submit dispatch: %s", rw_client_strerror(rc));
+			rw_cqe_t cq;
+			CHECK(wait_one(c, &cq, 30000) == 0, "no dispatch completion");
+			if (strcmp(mode, "fail") == 0) {
+				CHECK(cq.status == RW_CQ_ERROR, "dispatch succeeded but should have failed");
+				printf("failed as expected: %s\n", rw_client_strerror(cq.error));
+				rw_client_close(c);
+				return 0;
+			}
+			CHECK(cq.status == RW_CQ_OK, "step %u layer %u dispatch failed: %s (%s)", step, layer,
+			      rw_client_strerror(cq.error), rw_client_last_message(c));
+			CHECK(cq.phase_id == s.phase_id && cq.user_data == 7, "completion ids");
+
+			/* Which rows must arrive: every token of every rank with an expert on me. */
+			uint32_t expect_total = 0;
+			memset(seen, 0, (size_t)world * 3 * MAX_TOKENS);
+			uint32_t ecount[4096] = { 0 };
+			for (uint32_t q = 0; q < world; q++) {
+				gen(seed, step, layer, q, &other);
+				expect_n[q] = other.n;
+				for (uint32_t t = 0; t < other.n; t++) {
+					int hit = 0;
+					for (uint32_t k = 0; k < TOPK; k++)
+						if (other.ids[t][k] >= 0 && (uint32_t)other.ids[t][k] / per_rank == me) {
+							hit = 1;
+							ecount[other.ids[t][k]]++;
+						}
+					expect_total += hit;
+				}
+			}
+			CHECK(cq.recv_tokens == expect_total, "step %u layer %u: received %u rows, expected %u",
+			      step, layer, cq.recv_tokens, expect_total);
+			CHECK(cq.n_experts == experts, "n_experts %u", cq.n_experts);
+			const uint32_t *counts = cq.n_inline ? cq.counts :
+				(const uint32_t *)(const void *)(mem + (cq.counts_offset));
+			for (uint32_t e = 0; e < experts; e++)
+				CHECK(counts[e] == ecount[e], "expert %u count %u, expected %u", e, counts[e], ecount[e]);
+			/* Output layout (docs/dataflow.md "Dispatch output"). */
+			uint64_t cbytes = experts > RW_CQE_INLINE_COUNTS ? ((4ull * experts + 15) & ~15ull) : 0;
+			uint64_t meta_bytes = 16 + 8 * TOPK;
+			uint64_t cap = (out_cap - cbytes) / (row + meta_bytes);
+			const uint8_t *rows = mem + off_out + cbytes, *metas = rows + cap * row;
+			float outv[HIDDEN];
+			for (uint32_t j = 0; j < cq.recv_tokens; j++) {
+				const uint8_t *m = metas + j * meta_bytes;
+				uint32_t src_node, src_rank, token;
+				memcpy(&src_node, m, 4);
+				memcpy(&src_rank, m + 4, 4);
+				memcpy(&token, m + 8, 4);
+				CHECK(src_rank < world && src_rank / gpus == src_node, "row %u: bad source", j);
+				gen(seed, step, layer, src_rank, &other);
+				CHECK(token < other.n, "row %u: bad token %u", j, token);
+				uint8_t *sn = &seen[src_rank * 3 * MAX_TOKENS + token];
+				CHECK(!*sn, "row %u: rank %u token %u delivered twice", j, src_rank, token);
+				*sn = 1;
+				CHECK(memcmp(m + 16, other.ids[token], TOPK * 4) == 0, "row %u: ids differ", j);
+				CHECK(memcmp(m + 16 + 4 * TOPK, other.w[token], TOPK * 4) == 0, "row %u: weights differ", j);
+				for (uint32_t h = 0; h < HIDDEN; h++)
+					CHECK(get_elem(rows + (uint64_t)j * row, bf16, h) == other.x[token][h],
+					      "row %u (rank %u token %u): data differs at %u", j, src_rank, token, h);
+				/* Expert compute: sum over my own experts of w * f(e) * x. */
+				for (uint32_t h = 0; h < HIDDEN; h++)
+					outv[h] = 0;
+				for (uint32_t k = 0; k < TOPK; k++) {
+					int32_t e = other.ids[token][k];
+					if (e >= 0 && (uint32_t)e / per_rank == me)
+						for (uint32_t h = 0; h < HIDDEN; h++)
+							outv[h] += other.w[token][k] * factor(e) * other.x[token][h];
+				}
+				put_row(mem + off_cin + (uint64_t)j * row, bf16, outv);
+			}
+
+			rw_sqe_t cs = { .kind = RW_KIND_COMBINE, .dtype = s.dtype, .topk = TOPK, .layer = layer,
+					.phase_id = s.phase_id + 500, .step = step, .user_data = 8,
+					.token_count = cq.recv_tokens ? cq.recv_tokens : 1, .hidden = HIDDEN,
+					.handle_id = cq.handle_id, .tokens = { buf_id, 0, off_cin },
+					.topk_ids = { RW_BUF_NONE, 0, 0 }, .topk_weights = { RW_BUF_NONE, 0, 0 },
+					.output = { buf_id, 0, off_cout }, .output_capacity = comb_out };
+			rc = rw_client_submit(c, &cs, 1);
+			CHECK(rc == 0, "submit combine: %s", rw_client_strerror(rc));
+			CHECK(wait_one(c, &cq, 30000) == 0, "no combine completion");
+			CHECK(cq.status == RW_CQ_OK, "step %u layer %u combine failed: %s (%s)", step, layer,
+			      rw_client_strerror(cq.error), rw_client_last_message(c));
+			for (uint32_t t = 0; t < mine.n; t++)
+				for (uint32_t h = 0; h < HIDDEN; h++) {
+					float ref = 0;
+					for (uint32_t k = 0; k < TOPK; k++)
+						if (mine.ids[t][k] >= 0)
+							ref += mine.w[t][k] * factor(mine.ids[t][k]) * mine.x[t][h];
+					float got = get_elem(mem + off_cout + (uint64_t)t * row, bf16, h);
+					CHECK(got == ref, "step %u layer %u token %u elem %u: combine %g, expected %g",
+					      step, layer, t, h, got, ref);
+				}
+		}
+	free(expect_n);
+	free(seen);
+	rw_client_close(c);
+	printf("rank %u: %u steps x %u layers verified\n", me, steps, layers);
+	return 0;
+}

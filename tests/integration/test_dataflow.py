@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""Multi-daemon integration test (docs/dataflow.md "Tests"): real railwaved processes on loopback
+(rail r of node n on 127.0.r.(n+1)), real rank processes (tests/integration/rw_rank.c, 2 per node)
+that verify every dispatched row and every combined sum against their own reference; for every
+forced path and the selector; then faults: a peer daemon killed mid-phase, a rank killed
+mid-phase, garbage on the stats socket, a control port and a rail port. After every scenario the
+daemons must stop cleanly on SIGTERM (exit 0: under ASan that also means no leak).
+
+Run by tests/run as $b/test/integration_dataflow; exits 0 pass, 1 fail, 77 skip."""
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DAEMON = os.path.join(B, "railwaved")
+RANK = os.path.join(B, "tests", "integration", "rw_rank")
+GPUS, RAILS = 2, 2
+WAIT = 60.0  # bound on any wait (never a pass/fail timing criterion)
+
+
+def free_port(ip):
+    s = socket.socket()
+    s.bind((ip, 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Cluster:
+    def __init__(self, tmp, nodes, path="auto", experts=None, extra=None):
+        self.tmp, self.nodes, self.path = tmp, nodes, path
+        self.experts = experts or nodes * GPUS * 2
+        self.procs = {}
+        cfg = {
+            "cluster": "it", "transport": "tcp", "gpus_per_node": GPUS,
+            "control_port": 7400, "rail_port": 7500,
+            "phase_timeout_ms": 8000, "heartbeat_interval_ms": 100,
+            "heartbeat_timeout_ms": 1000, "recv_region_mib": 16, "http": "0",
+            "log_level": "info", "nodes": [],
+        }
+        cfg.update(extra or {})
+        for n in range(nodes):
+            ctl = "127.0.0.%d" % (n + 1)
+            cfg["nodes"].append({
+                "name": "n%d" % n,
+                "control": "%s:%d" % (ctl, free_port(ctl)),
+                "rails": [{"address": "127.0.%d.%d" % (r, n + 1),
+                           "port": free_port("127.0.%d.%d" % (r, n + 1))} for r in range(RAILS)],
+                "ipc_socket": os.path.join(tmp, "n%d.sock" % n),
+                "stats_socket": os.path.join(tmp, "n%d.stats" % n),
+            })
+        self.cfg = cfg
+        self.cfg_path = os.path.join(tmp, "cluster.json")
+        with open(self.cfg_path, "w") as f:
+            json.dump(cfg, f)
+
+    def start(self, n):
+        log = open(os.path.join(self.tmp, "d%d.log" % n), "a")
+        env = dict(os.environ, RAILWAVE_EXPERTS=str(self.experts))
+        self.procs[n] = subprocess.Popen(
+            [DAEMON, "--config", self.cfg_path, "--node", str(n), "--path", self.path],
+            stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def start_all(self):
+        for n in range(self.nodes):
+            self.start(n)
+        self.wait_mesh()
+
+    def stats(self, n, cmd):
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(5)
+        s.connect(self.cfg["nodes"][n]["stats_socket"])
+        s.sendall(cmd.encode() + b"\n")
+        out = b""
+        while not out.endswith(b"\n\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+        s.close()
+        return out.decode()
+
+    def wait_mesh(self, nodes=None):
+        nodes = range(self.nodes) if nodes is None else nodes
+        deadline = time.time() + WAIT
+        while time.time() < deadline:
+            try:
+                if all(self.stats(n, "stats peers").count("state=up") == self.nodes - 1 for n in nodes):
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("mesh did not come up\n" + self.logs())
+
+    def kill(self, n, sig=signal.SIGKILL):
+        self.procs[n].send_signal(sig)
+        self.procs[n].wait()
+        del self.procs[n]
+
+    def stop(self):
+        """SIGTERM every daemon; each must exit 0 (ASan: no leak, no error)."""
+        bad = []
+        for n, p in sorted(self.procs.items()):
+            p.send_signal(signal.SIGTERM)
+        for n, p in sorted(self.procs.items()):
+            try:
+                rc = p.wait(WAIT)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                rc = "hang"
+            if rc != 0:
+                bad.append((n, rc))
+        self.procs = {}
+        if bad:
+            raise RuntimeError("daemons exited badly: %s\n%s" % (bad, self.logs()))
+
+    def logs(self):
+        out = []
+        for n in range(self.nodes):
+            path = os.path.join(self.tmp, "d%d.log" % n)
+            if os.path.exists(path):
+                with open(path) as f:
+                    lines = f.read().splitlines()
+                out += ["  d%d| %s" % (n, l) for l in lines[-25:]]
+        return "\n".join(out)
+
+    def rank(self, r, group, layers, steps, seed, mode="ok"):
+        node = r // GPUS
+        return subprocess.Popen(
+            [RANK, self.cfg["nodes"][node]["ipc_socket"], group, str(r), str(self.nodes), str(GPUS),
+             str(self.experts), str(layers), str(steps), str(seed), mode],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def run_ranks(self, group, layers, steps, seed, ranks=None):
+        ranks = range(self.nodes * GPUS) if ranks is None else ranks
+        procs = [(r, self.rank(r, group, layers, steps, seed)) for r in ranks]
+        fails = []
+        for r, p in procs:
+            try:
+                out, _ = p.communicate(timeout=WAIT)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, _ = p.communicate()
+            if p.returncode != 0:
+                fails.append("rank %d rc %s: %s" % (r, p.returncode, out.decode().strip()[-400:]))
+        if fails:
+            raise RuntimeError("\n".join(fails) + "\n" + self.logs())
+
+
+def scenario_paths(tmp, seed):
+    """Every forced path and the selector, several steps x layers, fp32 and bf16 alternating."""
+    for i, (path, nodes) in enumerate([("native", 3), ("rail-only", 4), ("perm-only", 4),
+                                       ("joint", 3), ("auto", 4)]):
+        c = Cluster(tmp, nodes, path=path)
+        try:
+            c.start_all()
+            c.run_ranks("g." + path, layers=3, steps=2, seed=seed + i)
+            st = c.stats(0, "stats selector")
+            if path != "auto" and ("path=" + path) not in st and path not in st:
+                raise RuntimeError("selector stats do not show the forced path %s:\n%s" % (path, st))
+        finally:
+            c.stop()
+        print("ok   path %-9s N=%d R=%d G=%d (%s)" % (path, nodes, RAILS, GPUS, seed + i))
+
+
+def scenario_peer_dies(tmp, seed):
+    """Nodes 0 and 1 are in a phase waiting for node 2's counts when node 2's daemon is killed:
+    their ranks get an error completion, the daemons keep serving, node 2 comes back and a
+    full run passes."""
+    c = Cluster(tmp, 3)
+    try:
+        c.start_all()
+        waiting = [c.rank(r, "g.fault", 1, 1, seed, mode="fail") for r in range(4)]
+        time.sleep(0.3)  # let them submit (not a pass criterion: the kill works either way)
+        c.kill(2)
+        for p in waiting:
+            out, _ = p.communicate(timeout=WAIT)
+            if p.returncode != 0:
+                raise RuntimeError("rank did not see its phase fail: %s\n%s" % (out, c.logs()))
+        c.start(2)
+        c.wait_mesh()
+        c.run_ranks("g.fault", layers=2, steps=1, seed=seed + 1)
+    finally:
+        c.stop()
+    print("ok   peer daemon killed mid-phase, others failed the phase and recovered")
+
+
+def scenario_rank_dies(tmp, seed):
+    """Rank 3 (node 1) connects and then dies while everyone else is in the phase: every other
+    rank's dispatch fails; afterwards a complete run passes."""
+    c = Cluster(tmp, 2)
+    try:
+        c.start_all()
+        idle = c.rank(3, "g.rank", 1, 1, seed, mode="idle")
+        assert idle.stdout.readline().strip() == b"ready"
+        waiting = [c.rank(r, "g.rank", 1, 1, seed, mode="fail") for r in range(3)]
+        time.sleep(0.3)
+        idle.kill()
+        idle.wait()
+        idle.stdout.close()
+        for p in waiting:
+            out, _ = p.communicate(timeout=WAIT)
+            if p.returncode != 0:
+                raise RuntimeError("rank did not see its phase fail: %s\n%s" % (out, c.logs()))
+        c.run_ranks("g.rank", layers=2, steps=1, seed=seed + 1)
+    finally:
+        c.stop()
+    print("ok   rank killed mid-phase, its group's phase failed everywhere, then recovered")
+
+
+def scenario_garbage(tmp, seed):
+    """Random bytes on the stats socket, on a peer's control port and on a rail port, plus a
+    well-framed hello with a wrong fingerprint: the daemons keep working."""
+    c = Cluster(tmp, 3)
+    rnd = random.Random(seed)
+    try:
+        c.start_all()
+        targets = []
+        for n in range(3):
+            ip, port = c.cfg["nodes"][n]["control"].split(":")
+            targets.append((ip, int(port)))
+            r = c.cfg["nodes"][n]["rails"][1]
+            targets.append((r["address"], r["port"]))
+        for ip, port in targets:
+            for _ in range(3):
+                s = socket.create_connection((ip, port), timeout=5)
+                s.sendall(bytes(rnd.getrandbits(8) for _ in range(rnd.randint(1, 4096))))
+                s.close()
+            # A valid frame header announcing a huge payload, then silence and close.
+            s = socket.create_connection((ip, port), timeout=5)
+            s.sendall(b"RWMC\x01\x00\x01\x00" + (1 << 30).to_bytes(4, "little") + b"\0\0\0\0")
+            s.close()
+        for n in range(3):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(c.cfg["nodes"][n]["stats_socket"])
+            s.sendall(bytes(rnd.getrandbits(8) for _ in range(2000)) + b"\n")
+            s.close()
+        c.wait_mesh()
+        c.run_ranks("g.garbage", layers=2, steps=1, seed=seed)
+    finally:
+        c.stop()
+    print("ok   garbage on stats, control and rail ports")
+
+
+def main():
+    if not (os.access(DAEMON, os.X_OK) and os.access(RANK, os.X_OK)):
+        print("skip: railwaved or rw_rank not built")
+        return 77
+    seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or random.randrange(1, 1 << 30)
+    print("seed %d (RW_TEST_SEED=%d reproduces)" % (seed, seed))
+    only = os.environ.get("RW_IT_ONLY", "")
+    with tempfile.TemporaryDirectory(prefix="rwit.", dir="/tmp") as tmp:
+        for name, fn in [("paths", scenario_paths), ("peer", scenario_peer_dies),
+                         ("rank", scenario_rank_dies), ("garbage", scenario_garbage)]:
+            if only and name not in only.split(","):
+                continue
+            try:
+                fn(tmp, seed)
+            except Exception as e:  # report and fail
+                print("FAIL %s: %s" % (name, e))
+                return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
