@@ -87,6 +87,8 @@ struct rw_svc_mesh {
 	uint8_t *mem[RW_MAX_RAILS];
 	rw_rail_region_t *region[RW_MAX_RAILS];
 	rw_rail_listener_t *listener[RW_MAX_RAILS];
+	uint32_t inflight[RW_MAX_RAILS];   /* our writes outstanding per rail, all peers */
+	uint64_t busy_since[RW_MAX_RAILS]; /* when inflight last went 0 -> 1 */
 	int listen_fd;
 	ev_io listen_io;
 	ev_timer hb_timer;
@@ -245,6 +247,19 @@ static void peer_check_up(mesh_peer_t *p)
 		m->cbs.peer_up(m->ctx, p->idx);
 }
 
+/* Per-rail busy time = the union of intervals with a write of ours outstanding. */
+static void busy_begin(rw_svc_mesh_t *m, uint32_t rail)
+{
+	if (m->inflight[rail]++ == 0)
+		m->busy_since[rail] = rw_now_ns();
+}
+
+static void busy_end(rw_svc_mesh_t *m, uint32_t rail)
+{
+	if (m->inflight[rail] && --m->inflight[rail] == 0)
+		m->svc->metrics.rail[rail].tx_busy_ns += rw_now_ns() - m->busy_since[rail];
+}
+
 static void rail_reclaim(mesh_rail_t *mr, rw_status_t st)
 {
 	rw_svc_mesh_t *m = mr->peer->mesh;
@@ -256,6 +271,7 @@ static void rail_reclaim(mesh_rail_t *mr, rw_status_t st)
 		mesh_wq_t *next = q->next;
 		void *wctx = q->w.ctx;
 		free(q);
+		busy_end(m, mr->rail);
 		if (m->cbs.write_done)
 			m->cbs.write_done(m->ctx, wctx, st);
 		q = next;
@@ -439,6 +455,7 @@ static void rail_on_write_done(rw_rail_conn_t *conn, void *ctx, void *write_ctx,
 	void *wctx = q->w.ctx;
 	(void)write_ctx;
 	free(q);
+	busy_end(m, mr->rail);
 	if (m->cbs.write_done)
 		m->cbs.write_done(m->ctx, wctx, st);
 	rail_pump(mr);
@@ -844,6 +861,7 @@ rw_status_t rw_svc_mesh_write(rw_svc_mesh_t *m, uint32_t peer, uint32_t rail, ui
 	else
 		mr->head = q;
 	mr->tail = q;
+	busy_begin(m, rail);
 	rail_pump(mr);
 	return RW_OK;
 }

@@ -195,6 +195,8 @@ int main(int argc, char **argv)
 			if (strcmp(mode, "fail") == 0) {
 				CHECK(cq.status == RW_CQ_ERROR, "dispatch succeeded but should have failed");
 				printf("failed as expected: %s\n", rw_client_strerror(cq.error));
+				free(expect_n);
+				free(seen);
 				rw_client_close(c);
 				return 0;
 			}

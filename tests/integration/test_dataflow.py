@@ -160,7 +160,7 @@ def scenario_paths(tmp, seed):
         c = Cluster(tmp, nodes, path=path)
         try:
             c.start_all()
-            c.run_ranks("g." + path, layers=3, steps=2, seed=seed + i)
+            c.run_ranks("g." + path, layers=4, steps=3, seed=seed + i)
             st = c.stats(0, "stats selector")
             if path != "auto" and ("path=" + path) not in st and path not in st:
                 raise RuntimeError("selector stats do not show the forced path %s:\n%s" % (path, st))
