@@ -119,10 +119,10 @@ static int recv_msg(rw_client_t *c, rw_ipc_msg_t *msg, int *fds, unsigned *nfds_
 			for (size_t i = 0; i < k && *nfds_p < RW_IPC_MAX_FDS; i++)
 				memcpy(&fds[(*nfds_p)++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
 		}
-		if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+		if (n == 0 || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
 			close_fds(fds, *nfds_p);
 			*nfds_p = 0;
-			return RW_E_BADREPLY;
+			return n == 0 ? 0 : RW_E_BADREPLY;
 		}
 		return (int)n;
 	}

@@ -787,8 +787,8 @@ static void client_cb(struct ev_loop *loop, ev_io *w, int revents)
 			continue;
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
 			return;
-		if (n <= 0) {
-			if (n < 0 && errno != ECONNRESET)
+		if (n < 0) {
+			if (errno != ECONNRESET)
 				rw_warn("ipc client %u: recv: %m", c->info.id);
 			client_kill(c, RW_IPC_LEFT_EOF, 0);
 			return;
@@ -811,7 +811,12 @@ static void client_cb(struct ev_loop *loop, ev_io *w, int revents)
 					close(fd); /* cannot happen with our cmsg space; be safe */
 			}
 		}
-		handle_message(c, &raw, (size_t)n, mh.msg_flags, fds, nfds, bad_cmsg);
+		/* 0 bytes is end-of-file, or an empty datagram that SOCK_SEQPACKET cannot tell from
+		 * it: either way the connection ends (after closing any fds the datagram carried). */
+		if (n == 0)
+			client_kill(c, RW_IPC_LEFT_EOF, 0);
+		else
+			handle_message(c, &raw, (size_t)n, mh.msg_flags, fds, nfds, bad_cmsg);
 		for (unsigned i = 0; i < nfds; i++)
 			if (fds[i] >= 0)
 				close(fds[i]);

@@ -803,6 +803,25 @@ static void test_too_many_fds_all_closed(void **state)
 	h_stop(&H);
 }
 
+/* Regression (found by the fuzzer): an empty datagram reads as end-of-file on SOCK_SEQPACKET,
+ * and the fd it carried was never closed. */
+static void test_empty_datagram_with_fd(void **state)
+{
+	(void)state;
+	h_start(&H);
+	int base = count_fds();
+	int fd = raw_joined(H.path, "g", 0);
+	int memfd = sealed_memfd(4096, F_SEAL_SHRINK);
+	raw_send(fd, "", 0, &memfd, 1);
+	close(memfd);
+	rw_ipc_msg_t msg;
+	assert_int_equal(raw_recv(fd, &msg, NULL, NULL), 0); /* dropped */
+	close(fd);
+	h_wait_clients(&H, 0);
+	assert_int_equal(count_fds(), base);
+	h_stop(&H);
+}
+
 static void test_reserved_fields(void **state)
 {
 	(void)state;
@@ -1728,6 +1747,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_bad_magic_type_size),
 		cmocka_unit_test(test_truncated_message),
 		cmocka_unit_test(test_too_many_fds_all_closed),
+		cmocka_unit_test(test_empty_datagram_with_fd),
 		cmocka_unit_test(test_reserved_fields),
 		cmocka_unit_test(test_state_errors),
 		cmocka_unit_test(test_hello_field_errors),
