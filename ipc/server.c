@@ -855,6 +855,12 @@ static void client_free(rw_ipc_client_t *c)
 			c->leave_error ? rw_client_strerror(c->leave_error) : "");
 	}
 	group_leave(c);
+	if (c->on_flush_list) /* e.g. completed, then dropped, by another client's client_left */
+		for (rw_ipc_client_t **pp = &srv->flush; *pp; pp = &(*pp)->flush_next)
+			if (*pp == c) {
+				*pp = c->flush_next;
+				break;
+			}
 	if (c->bufs) {
 		for (uint32_t i = 0; i < srv->lim.max_buffers; i++)
 			if (c->bufs[i].id)
@@ -876,15 +882,6 @@ static void client_free(rw_ipc_client_t *c)
 
 static void reap(rw_ipc_server_t *srv)
 {
-	/* Drop dying clients from the flush list first. */
-	for (rw_ipc_client_t **pp = &srv->flush; *pp;) {
-		if ((*pp)->dying) {
-			(*pp)->on_flush_list = 0;
-			*pp = (*pp)->flush_next;
-		} else {
-			pp = &(*pp)->flush_next;
-		}
-	}
 	while (srv->reap) {
 		rw_ipc_client_t *c = srv->reap;
 		srv->reap = c->reap_next;

@@ -59,6 +59,7 @@ struct harness {
 	/* Service state: touched only on the loop thread (read it through h_call). */
 	int echo;           /* complete every submission at once */
 	int drop_in_submit; /* drop the client from inside its submission callback */
+	int left_hook;      /* in client_left: complete and drop every other client's held work */
 	int joined, left;
 	rw_ipc_leave_t last_reason;
 	int last_error;
@@ -73,6 +74,8 @@ struct harness {
 };
 
 static harness_t H;
+
+static void echo_complete(harness_t *h, rw_ipc_client_t *c, const rw_sqe_t *sqe);
 
 static void on_joined(void *ctx, rw_ipc_client_t *c)
 {
@@ -97,6 +100,14 @@ static void on_left(void *ctx, rw_ipc_client_t *c, rw_ipc_leave_t reason, int er
 	h->nheld = k;
 	if (h->last_client == c)
 		h->last_client = NULL;
+	if (h->left_hook) {
+		h->left_hook = 0;
+		for (unsigned i = 0; i < h->nheld; i++) {
+			echo_complete(h, h->held_client[i], &h->held_sqe[i]);
+			rw_ipc_client_drop(h->srv, h->held_client[i], RW_E_PHASE);
+		}
+		h->nheld = 0;
+	}
 }
 
 static void echo_complete(harness_t *h, rw_ipc_client_t *c, const rw_sqe_t *sqe)
@@ -1453,6 +1464,34 @@ static void test_drop_inside_callback(void **state)
 	h_stop(&H);
 }
 
+static void set_left_hook(harness_t *h, void *arg) { h->left_hook = *(int *)arg; }
+
+/* Regression: a client_left callback that completes another client's work (putting it on the
+ * flush list) and drops it made the server free it while still listed (use after free, ASan). */
+static void test_drop_other_client_from_left_callback(void **state)
+{
+	(void)state;
+	h_start(&H);
+	int off = 0, on = 1;
+	h_call(&H, set_echo, &off);
+	rw_client_t *b = connect_rank("g", 1);
+	uint32_t id;
+	void *addr;
+	assert_int_equal(rw_client_register_host(b, 65536, &id, &addr), 0);
+	rw_sqe_t e = valid_sqe(id, 1);
+	assert_int_equal(rw_client_submit(b, &e, 1), 0);
+	for (int i = 0; i < 5000 && h_snap(&H).nheld == 0; i++)
+		usleep(1000);
+	rw_client_t *a = connect_rank("g", 0);
+	h_call(&H, set_left_hook, &on);
+	rw_client_close(a);
+	h_wait_clients(&H, 0);
+	h_call(&H, noop, NULL); /* one more loop turn: flush and reap with nothing listed */
+	assert_int_equal(h_snap(&H).left, 2);
+	rw_client_close(b);
+	h_stop(&H);
+}
+
 static void test_busy_poll_server(void **state)
 {
 	(void)state;
@@ -1765,6 +1804,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_cq_index_corruption),
 		cmocka_unit_test(test_completion_backpressure),
 		cmocka_unit_test(test_drop_inside_callback),
+		cmocka_unit_test(test_drop_other_client_from_left_callback),
 		cmocka_unit_test(test_busy_poll_server),
 		cmocka_unit_test(test_client_killed_mid_session),
 		/* Before test_cuda_registration: a forked child must not inherit a loaded driver. */
