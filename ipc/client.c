@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,8 +34,9 @@ struct rw_client {
 	uint32_t seq;
 	int timeout_ms;
 	uint32_t id;
-	int closed; /* the daemon is gone or dropped us: every call fails with closed_code */
-	int closed_code;
+	/* The daemon is gone or dropped us: every call fails with the code stored here (0: open).
+	 * Atomic because the submitting and the reaping thread may both discover it. */
+	_Atomic int closed_code;
 	char last_msg[RW_IPC_ERRMSG_MAX];
 	void *ring_map;
 	size_t ring_bytes;
@@ -42,7 +44,8 @@ struct rw_client {
 	int cq_efd;
 	rw_ring_t sq; /* we produce */
 	rw_ring_t cq; /* we consume */
-	uint32_t inflight;
+	_Atomic uint32_t submitted; /* written by the submitting thread */
+	_Atomic uint32_t completed; /* written by the reaping thread */
 	host_buf_t *bufs;
 	size_t nbufs, capbufs;
 	rw_ipc_hello_ok_t limits;
@@ -130,9 +133,9 @@ static int recv_msg(rw_client_t *c, rw_ipc_msg_t *msg, int *fds, unsigned *nfds_
 
 static int mark_closed(rw_client_t *c, int code)
 {
-	c->closed = 1;
-	c->closed_code = code;
-	return code;
+	int open = 0;
+	atomic_compare_exchange_strong(&c->closed_code, &open, code); /* the first reason wins */
+	return atomic_load(&c->closed_code);
 }
 
 /* An ERROR datagram from the daemon: remember its text; a fatal one ends the connection. */
@@ -153,8 +156,9 @@ static int take_error(rw_client_t *c, const rw_ipc_msg_t *msg, int len)
 static int request(rw_client_t *c, const void *req, size_t len, int fd, uint16_t reply_type,
 		   rw_ipc_msg_t *reply, size_t reply_len, int *fds_out, unsigned reply_nfds)
 {
-	if (c->closed)
-		return c->closed_code;
+	int closed = atomic_load(&c->closed_code);
+	if (closed)
+		return closed;
 	union {
 		char buf[CMSG_SPACE(sizeof(int))];
 		struct cmsghdr align;
@@ -323,7 +327,7 @@ void rw_client_close(rw_client_t *c)
 {
 	if (!c)
 		return;
-	if (!c->closed) {
+	if (!atomic_load(&c->closed_code)) {
 		rw_ipc_hdr_t bye;
 		hdr_init(c, &bye, RW_IPC_GOODBYE);
 		ssize_t n = send(c->fd, &bye, sizeof(bye), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -344,14 +348,19 @@ void rw_client_close(rw_client_t *c)
 
 const char *rw_client_last_message(const rw_client_t *c) { return c->last_msg; }
 uint32_t rw_client_id(const rw_client_t *c) { return c->id; }
-unsigned rw_client_inflight(const rw_client_t *c) { return c->inflight; }
+unsigned rw_client_inflight(const rw_client_t *c)
+{
+	return atomic_load_explicit(&c->submitted, memory_order_relaxed) -
+	       atomic_load_explicit(&c->completed, memory_order_relaxed);
+}
 
 int rw_client_register_host(rw_client_t *c, size_t size, uint32_t *buf_id_p, void **addr_p)
 {
 	if (!c || size == 0 || !buf_id_p || !addr_p)
 		return RW_E_INVAL;
-	if (c->closed)
-		return c->closed_code;
+	int closed = atomic_load(&c->closed_code);
+	if (closed)
+		return closed;
 	if (c->nbufs == c->capbufs) {
 		size_t cap = c->capbufs ? 2 * c->capbufs : 8;
 		host_buf_t *grown = realloc(c->bufs, cap * sizeof(*grown));
@@ -445,8 +454,9 @@ int rw_client_submit(rw_client_t *c, const rw_sqe_t *entries, unsigned n)
 {
 	if (!c || (!entries && n))
 		return RW_E_INVAL;
-	if (c->closed)
-		return c->closed_code;
+	int closed = atomic_load(&c->closed_code);
+	if (closed)
+		return closed;
 	if (n == 0)
 		return 0;
 	int space = rw_ring_prod_space(&c->sq, n);
@@ -459,7 +469,7 @@ int rw_client_submit(rw_client_t *c, const rw_sqe_t *entries, unsigned n)
 		rw_ring_prod_push(&c->sq);
 	}
 	rw_ring_prod_publish(&c->sq);
-	c->inflight += n;
+	atomic_fetch_add_explicit(&c->submitted, n, memory_order_relaxed);
 	return 0;
 }
 
@@ -467,8 +477,9 @@ int rw_client_poll(rw_client_t *c, rw_cqe_t *out, unsigned max)
 {
 	if (!c || (!out && max))
 		return RW_E_INVAL;
-	if (c->closed)
-		return c->closed_code;
+	int closed = atomic_load(&c->closed_code);
+	if (closed)
+		return closed;
 	int avail = rw_ring_cons_avail(&c->cq);
 	if (avail < 0)
 		return mark_closed(c, RW_E_BADREPLY);
@@ -476,7 +487,7 @@ int rw_client_poll(rw_client_t *c, rw_cqe_t *out, unsigned max)
 	for (unsigned i = 0; i < n; i++)
 		memcpy(&out[i], rw_ring_cons_peek(&c->cq, i), sizeof(rw_cqe_t));
 	rw_ring_cons_release(&c->cq, n);
-	c->inflight -= MIN_U(n, c->inflight);
+	atomic_fetch_add_explicit(&c->completed, n, memory_order_relaxed);
 	return (int)n;
 }
 
@@ -494,7 +505,7 @@ static int socket_event(rw_client_t *c)
 		return got == RW_E_TIMEOUT ? 0 : got;
 	if (got >= (int)sizeof(rw_ipc_hdr_t) && msg.hdr.type == RW_IPC_ERROR) {
 		int rc = take_error(c, &msg, got);
-		return c->closed ? rc : 0;
+		return atomic_load(&c->closed_code) ? rc : 0;
 	}
 	return mark_closed(c, RW_E_BADREPLY); /* nothing else is unsolicited */
 }

@@ -9,6 +9,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -29,6 +30,7 @@
 #include <cmocka.h>
 #include <ev.h>
 
+#include "common/common.h"
 #include "config.h"
 #include "cuda/rw_cuda.h"
 #include "ipc/ipc.h"
@@ -1439,6 +1441,74 @@ static void test_completion_backpressure(void **state)
 	h_stop(&H);
 }
 
+typedef struct submitter {
+	rw_client_t *c;
+	uint32_t buf;
+	unsigned count;
+	int rc;
+} submitter_t;
+
+static void *submit_thread(void *arg)
+{
+	submitter_t *st = arg;
+	for (unsigned i = 0; i < st->count;) {
+		rw_sqe_t e[4];
+		unsigned n = RW_MIN(4u, st->count - i);
+		for (unsigned k = 0; k < n; k++)
+			e[k] = valid_sqe(st->buf, i + k);
+		int rc = rw_client_submit(st->c, e, n);
+		if (rc == RW_E_AGAIN) {
+			sched_yield();
+			continue;
+		}
+		if (rc) {
+			st->rc = rc;
+			return NULL;
+		}
+		i += n;
+	}
+	return NULL;
+}
+
+/* The documented split: one thread submits while another reaps (rings are SPSC each way). */
+static void test_submit_and_reap_on_two_threads(void **state)
+{
+	(void)state;
+	h_start(&H);
+	rw_client_opts_t o = opts_for("g", 0);
+	o.sq_entries = 8;
+	o.cq_entries = 8;
+	rw_client_t *c = NULL;
+	assert_int_equal(rw_client_connect(&o, &c), 0);
+	submitter_t st = {.c = c, .count = 20000};
+	void *addr;
+	assert_int_equal(rw_client_register_host(c, 65536, &st.buf, &addr), 0);
+	uint8_t *seen = calloc(st.count, 1);
+	pthread_t th;
+	assert_int_equal(pthread_create(&th, NULL, submit_thread, &st), 0);
+	unsigned got = 0;
+	while (got < st.count) {
+		rw_cqe_t cqe[8];
+		int k = rw_client_wait(c, cqe, 8, 5000);
+		assert_true(k > 0);
+		for (int i = 0; i < k; i++) {
+			assert_int_equal(cqe[i].status, RW_CQ_OK);
+			assert_true(cqe[i].phase_id < st.count);
+			seen[cqe[i].phase_id]++;
+		}
+		got += (unsigned)k;
+	}
+	pthread_join(th, NULL);
+	assert_int_equal(st.rc, 0);
+	for (unsigned i = 0; i < st.count; i++)
+		assert_int_equal(seen[i], 1);
+	assert_int_equal(rw_client_inflight(c), 0);
+	free(seen);
+	rw_client_close(c);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
 static void set_drop(harness_t *h, void *arg) { h->drop_in_submit = *(int *)arg; }
 
 static void test_drop_inside_callback(void **state)
@@ -1803,6 +1873,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_sq_index_corruption_drops_only_that_client),
 		cmocka_unit_test(test_cq_index_corruption),
 		cmocka_unit_test(test_completion_backpressure),
+		cmocka_unit_test(test_submit_and_reap_on_two_threads),
 		cmocka_unit_test(test_drop_inside_callback),
 		cmocka_unit_test(test_drop_other_client_from_left_callback),
 		cmocka_unit_test(test_busy_poll_server),
