@@ -139,9 +139,15 @@ typedef struct rw_cqe {
 	uint8_t reserved[16];
 } rw_cqe_t;
 
+#ifdef __cplusplus
+static_assert(sizeof(rw_span_t) == 16, "rw_span_t is ABI");
+static_assert(sizeof(rw_sqe_t) == 128, "rw_sqe_t is ABI");
+static_assert(sizeof(rw_cqe_t) == 128, "rw_cqe_t is ABI");
+#else
 _Static_assert(sizeof(rw_span_t) == 16, "rw_span_t is ABI");
 _Static_assert(sizeof(rw_sqe_t) == 128, "rw_sqe_t is ABI");
 _Static_assert(sizeof(rw_cqe_t) == 128, "rw_cqe_t is ABI");
+#endif
 
 /* ---------------------------------------------------------------------------------------------
  * The client
