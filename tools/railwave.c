@@ -13,6 +13,9 @@ static const rw_tool_cmd_t commands[] = {
 	{ "help", "list the subcommands (railwave help CMD: that subcommand's options)", cmd_help },
 	{ "plan", "plan one phase on the built-in example cluster and print the chosen path", rw_tool_plan },
 	{ "bench-plan", "time counts, features, selection, RailBalance, mapping vs. Birkhoff", rw_tool_bench_plan },
+	{ "demo", "run the main job on the rail test bed: every path and the selector, verified", rw_tool_demo },
+	{ "bench", "sweep skew, size and fan-in: four paths, selector and MPI_Alltoallv side by side", rw_tool_bench },
+	{ "bench-workload", "a test-bed workload as JSON (counts, features, loads, lower bound); calibrate", rw_tool_bench_workload },
 };
 
 static const rw_tool_cmd_t *find(const char *name)

@@ -18,6 +18,9 @@ typedef struct rw_tool_cmd {
 
 int rw_tool_plan(int argc, char **argv);       /* tools/plan.c */
 int rw_tool_bench_plan(int argc, char **argv); /* tools/bench_plan.c */
+int rw_tool_bench_workload(int argc, char **argv); /* tools/bench_workload.c */
+int rw_tool_demo(int argc, char **argv);        /* tools/demo.c */
+int rw_tool_bench(int argc, char **argv);       /* tools/demo.c */
 
 /* Shared option helpers (tools/railwave.c): parse a whole decimal / floating argument or
  * print "railwave CMD: bad value for OPT" and return -1. */
