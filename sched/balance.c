@@ -5,96 +5,122 @@
 #include <string.h>
 
 #include "sched/sched.h"
+#include "sched/sched_priv.h"
 
-/* Quotas of §4.2 into quota[0..R) (masked rails get 0). Returns T. Base quota floor(T w_r / W)
- * (floor(T / |S|) with equal weights); count-aware remainder: the eligible rails are walked in
- * rotation order (starting at eligible index rotation % |S|); the first pass gives the extra
- * record to candidate rails whose native count exceeds their base quota (each such +1 saves one
- * move), the second to the remaining candidates, until the remainder is spent. */
-static uint64_t compute_quotas(const rw_topo_t *topo, const uint32_t *count, uint32_t rotation,
-			       uint32_t *quota)
+void rw_sched_rail_set(const rw_topo_t *topo, rw_rail_set_t *set)
 {
 	const uint32_t rails = topo->rails;
-	uint32_t eligible[RW_MAX_RAILS];
-	uint32_t m = 0;
-	uint64_t total = 0, weight_sum = 0;
-	int equal = 1;
-
+	uint32_t m = 0, w0 = 0, unequal = 0;
+	uint64_t weight_sum = 0;
 	for (uint32_t r = 0; r < rails; r++) {
-		total += count[r];
-		quota[r] = 0;
-		uint32_t w = topo->rail_weight[r];
+		const uint32_t w = topo->rail_weight[r];
 		if (w == 0)
 			continue;
-		if (m > 0 && w != topo->rail_weight[eligible[0]])
-			equal = 0;
-		eligible[m++] = r;
+		w0 = m == 0 ? w : w0;
+		unequal |= w ^ w0;
+		set->eligible[m++] = (uint8_t)r;
 		weight_sum += w;
 	}
-	if (m == 0) { /* no eligible rail (topo_check rejects this): keep records native */
-		memcpy(quota, count, rails * sizeof(*quota));
-		return total;
-	}
-
-	/* Candidates for the remainder, one bit per eligible index: rails whose exact share
-	 * T w_r / W is not an integer (so every quota stays strictly within one of its share).
-	 * With equal weights that is every rail whenever there is a remainder. */
-	uint32_t candidate = 0;
-	uint64_t given = 0;
-	if (equal) {
-		uint32_t base = (uint32_t)(total / m);
-		for (uint32_t i = 0; i < m; i++)
-			quota[eligible[i]] = base;
-		given = (uint64_t)base * m;
-		candidate = (UINT32_C(1) << m) - 1; /* m <= RW_MAX_RAILS < 32 */
-	} else {
-		/* total < 2^32 and w <= RW_MAX_RAIL_WEIGHT (2^24): the product fits 64 bits. */
-		for (uint32_t i = 0; i < m; i++) {
-			uint64_t share = total * topo->rail_weight[eligible[i]];
-			quota[eligible[i]] = (uint32_t)(share / weight_sum);
-			given += quota[eligible[i]];
-			if (share % weight_sum)
-				candidate |= UINT32_C(1) << i;
-		}
-	}
-
-	/* rem < number of candidates: the fractional parts (each < 1, non-zero exactly for the
-	 * candidates) sum to rem. */
-	uint32_t rem = (uint32_t)(total - given);
-	if (rem == 0)
-		return total;
-	uint32_t start = rotation % m;
-	for (uint32_t i = 0, k = start; i < m && rem > 0; i++, k = (k + 1 == m) ? 0 : k + 1) {
-		uint32_t r = eligible[k];
-		if ((candidate & (UINT32_C(1) << k)) && count[r] > quota[r]) {
-			quota[r]++;
-			candidate &= ~(UINT32_C(1) << k); /* at most one extra per rail */
-			rem--;
-		}
-	}
-	for (uint32_t i = 0, k = start; i < m && rem > 0; i++, k = (k + 1 == m) ? 0 : k + 1) {
-		if (!(candidate & (UINT32_C(1) << k)))
-			continue;
-		quota[eligible[k]]++;
-		rem--;
-	}
-	return total;
+	set->rails = rails;
+	set->m = m;
+	set->equal = !unequal;
+	set->plain = m == rails && !unequal;
+	set->weight_sum = weight_sum;
+	set->rail_weight = topo->rail_weight;
 }
 
-/* Fill count, the prefixes and `moved` once quota is set. */
-static void finish_plan(uint32_t rails, const uint32_t *count, uint64_t total,
-			rw_pair_plan_t *plan)
+/* The lowest n set bits of x (all of them if x has fewer); *taken_p = how many that is. */
+static inline uint32_t lowest_bits(uint32_t x, uint32_t n, uint32_t *taken_p)
+{
+	uint32_t rest = x, taken = 0;
+	while (taken < n && rest) {
+		rest &= rest - 1;
+		taken++;
+	}
+	*taken_p = taken;
+	return x & ~rest;
+}
+
+/* Rotate an m-bit mask right by `start` (< m <= 16): bit `start` becomes bit 0. */
+static inline uint32_t rotate_right(uint32_t x, uint32_t start, uint32_t m)
+{
+	return ((x >> start) | (x << (m - start))) & ((UINT32_C(1) << m) - 1);
+}
+
+/* The count-aware remainder of §4.2 over m eligible indices: which `rem` of the candidates
+ * get one extra record. Walking the indices in rotation order from `start`, the first pass
+ * takes candidates above their base quota, the second the remaining candidates, until rem is
+ * spent. With the masks rotated so that `start` is bit 0, "the first n in rotation order" is
+ * "the lowest n set bits": no per-rail branches. Returns the winners' mask (index space). */
+static uint32_t remainder_winners(uint32_t above, uint32_t other, uint32_t rem, uint32_t start,
+				  uint32_t m)
+{
+	uint32_t taken, taken_other;
+	uint32_t win = lowest_bits(rotate_right(above, start, m), rem, &taken);
+	win |= lowest_bits(rotate_right(other, start, m), rem - taken, &taken_other);
+	return rotate_right(win, (m - start) % m, m); /* back: rotate left by start */
+}
+
+/* Quotas of §4.2 into quota[0..R) for a pair of T = total > 0 records, any rail set.
+ * Base quota floor(T w_r / W) (floor(T / |S|) with equal weights), masked rails 0, then the
+ * count-aware rotated remainder (remainder_winners) over the candidates: rails whose exact
+ * share T w_r / W is not an integer (so every quota stays strictly within one of its share;
+ * with equal weights every eligible rail whenever there is a remainder). */
+static void compute_quotas(const rw_rail_set_t *set, const uint32_t *count, uint64_t total,
+			   uint32_t rotation, uint32_t *quota)
+{
+	const uint32_t m = set->m;
+	uint32_t candidate = 0, above = 0;
+	uint64_t given = 0;
+
+	for (uint32_t r = 0; r < set->rails; r++)
+		quota[r] = 0;
+	for (uint32_t k = 0; k < m; k++) {
+		const uint32_t r = set->eligible[k];
+		uint32_t q;
+		if (set->equal) {
+			q = (uint32_t)total / m; /* total < 2^32 */
+			candidate |= UINT32_C(1) << k;
+		} else {
+			/* total < 2^32 and w <= RW_MAX_RAIL_WEIGHT (2^24): fits 64 bits. */
+			const uint64_t share = total * set->rail_weight[r];
+			q = (uint32_t)(share / set->weight_sum);
+			candidate |= (uint32_t)(share % set->weight_sum != 0) << k;
+		}
+		quota[r] = q;
+		given += q;
+		above |= (uint32_t)(count[r] > q) << k;
+	}
+	/* rem < number of candidates: the fractional parts (each < 1, non-zero exactly for the
+	 * candidates) sum to rem. */
+	const uint32_t rem = (uint32_t)(total - given);
+	if (rem == 0)
+		return;
+	above &= candidate;
+	const uint32_t win = remainder_winners(above, candidate & ~above, rem, rotation % m, m);
+	for (uint32_t k = 0; k < m; k++)
+		quota[set->eligible[k]] += (win >> k) & 1;
+}
+
+/* Fill quota = base[r] + bit r of extra (base NULL: `base1` on every rail), count, the
+ * prefixes and `moved`. One pass over the rails, no per-rail branches. */
+static inline __attribute__((always_inline)) void fill_plan(uint32_t rails, const uint32_t *count,
+							    uint64_t total, const uint32_t *base,
+							    uint32_t base1, uint32_t extra,
+							    rw_pair_plan_t *plan)
 {
 	uint32_t sur = 0, def = 0;
 	plan->rails = rails;
 	plan->total = (uint32_t)total;
 	for (uint32_t r = 0; r < rails; r++) {
-		uint32_t c = count[r], q = plan->quota[r];
+		const uint32_t c = count[r], q = (base ? base[r] : base1) + ((extra >> r) & 1);
+		const uint32_t over = -(uint32_t)(c > q); /* all ones when c > q */
 		plan->count[r] = c;
+		plan->quota[r] = q;
 		plan->surplus_prefix[r] = sur;
 		plan->deficit_prefix[r] = def;
-		sur += c > q ? c - q : 0;
-		def += q > c ? q - c : 0;
+		sur += (c - q) & over;
+		def += (q - c) & ~over; /* 0 when c == q */
 	}
 	for (uint32_t r = rails; r < RW_MAX_RAILS; r++) {
 		plan->count[r] = 0;
@@ -107,21 +133,74 @@ static void finish_plan(uint32_t rails, const uint32_t *count, uint64_t total,
 	plan->moved = sur; /* == def: both sum to T */
 }
 
+/* The plan of a pair without records: everything zero. */
+static void empty_plan(uint32_t rails, rw_pair_plan_t *plan)
+{
+	memset(plan, 0, sizeof(*plan));
+	plan->rails = rails;
+}
+
+void rw_sched_balance_set(const rw_rail_set_t *set, const uint32_t *count, uint32_t rotation,
+			  rw_pair_plan_t *plan)
+{
+	const uint32_t rails = set->rails;
+	uint64_t total = 0;
+	for (uint32_t r = 0; r < rails; r++)
+		total += count[r];
+	if (total == 0) {
+		empty_plan(rails, plan);
+		return;
+	}
+	if (set->plain) {
+		/* Every rail eligible, equal weights (the common case): index space is rail space
+		 * and every rail is a candidate. Same rule as compute_quotas, fewer passes. */
+		const uint32_t base = (uint32_t)total / rails, rem = (uint32_t)total - base * rails;
+		uint32_t win = 0;
+		if (rem) {
+			uint32_t above = 0;
+			for (uint32_t r = 0; r < rails; r++)
+				above |= (uint32_t)(count[r] > base) << r;
+			win = remainder_winners(above, ~above & ((UINT32_C(1) << rails) - 1), rem,
+						rotation % rails, rails);
+		}
+		fill_plan(rails, count, total, NULL, base, win, plan);
+		return;
+	}
+	uint32_t quota[RW_MAX_RAILS];
+	if (set->m == 0) /* no eligible rail (topo_check rejects this): keep native */
+		memcpy(quota, count, rails * sizeof(*count));
+	else
+		compute_quotas(set, count, total, rotation, quota);
+	fill_plan(rails, count, total, quota, 0, 0, plan);
+}
+
 void rw_sched_balance(const rw_topo_t *topo, const uint32_t *count, uint32_t rotation,
 		      rw_pair_plan_t *plan)
 {
-	uint64_t total = compute_quotas(topo, count, rotation, plan->quota);
-	finish_plan(topo->rails, count, total, plan);
+	rw_rail_set_t set;
+	rw_sched_rail_set(topo, &set);
+	rw_sched_balance_set(&set, count, rotation, plan);
+}
+
+void rw_sched_balance_native_set(const rw_rail_set_t *set, const uint32_t *count,
+				 rw_pair_plan_t *plan)
+{
+	const uint32_t rails = set->rails;
+	uint64_t total = 0;
+	empty_plan(rails, plan); /* quota = count: no surplus, no deficit, prefixes zero */
+	for (uint32_t r = 0; r < rails; r++) {
+		plan->count[r] = count[r];
+		plan->quota[r] = count[r];
+		total += count[r];
+	}
+	plan->total = (uint32_t)total;
 }
 
 void rw_sched_balance_native(const rw_topo_t *topo, const uint32_t *count, rw_pair_plan_t *plan)
 {
-	uint64_t total = 0;
-	for (uint32_t r = 0; r < topo->rails; r++) {
-		plan->quota[r] = count[r];
-		total += count[r];
-	}
-	finish_plan(topo->rails, count, total, plan);
+	rw_rail_set_t set;
+	rw_sched_rail_set(topo, &set);
+	rw_sched_balance_native_set(&set, count, plan);
 }
 
 /* The rail i with prefix[i] <= j < prefix[i + 1], for j < prefix[rails]: the last i whose

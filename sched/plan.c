@@ -4,20 +4,47 @@
 #include <string.h>
 
 #include "sched/sched.h"
+#include "sched/sched_priv.h"
 
-/* Slice 0 of pair (s, d) uses rotation d (callers splitting a pair pass d + slice), so one
- * source's remainders rotate across its destinations. Receivers use the same rule for (s, me). */
-static inline uint32_t pair_rotation(uint32_t d) { return d; }
+/* Pair (s, d) under the path with the rail set computed once by the caller: the one place the
+ * rotation rule is applied, so senders and receivers agree. */
+static inline void pair_plan(const rw_rail_set_t *set, int balanced, uint32_t s, uint32_t d,
+			     const uint32_t *count, rw_pair_plan_t *pp)
+{
+	if (balanced)
+		rw_sched_balance_set(set, count, rw_sched_pair_rotation(s, d, 0), pp);
+	else
+		rw_sched_balance_native_set(set, count, pp);
+}
+
+void rw_sched_plan_pair(const rw_topo_t *topo, rw_path_t path, uint32_t s, uint32_t d,
+			const uint32_t *count, rw_pair_plan_t *pp)
+{
+	rw_rail_set_t set;
+	rw_sched_rail_set(topo, &set);
+	pair_plan(&set, rw_path_balanced(path), s, d, count, pp);
+}
+
+static rw_status_t plan_check(const rw_topo_t *topo, rw_path_t path, uint32_t me,
+			      const uint32_t *counts, const void *pairs)
+{
+	if (rw_sched_topo_check(topo) != RW_OK || (unsigned)path >= RW_PATH_COUNT ||
+	    me >= topo->nodes || !counts || !pairs)
+		return RW_ERR_INVAL;
+	return RW_OK;
+}
 
 rw_status_t rw_sched_plan_build(const rw_topo_t *topo, rw_path_t path, uint32_t me,
 				const uint32_t *counts, rw_phase_plan_t *plan)
 {
-	if (rw_sched_topo_check(topo) != RW_OK || (unsigned)path >= RW_PATH_COUNT ||
-	    me >= topo->nodes || !counts || !plan || !plan->pairs)
+	if (!plan || plan_check(topo, path, me, counts, plan->pairs) != RW_OK)
 		return RW_ERR_INVAL;
 	const uint32_t nodes = topo->nodes, rails = topo->rails;
 	const int balanced = rw_path_balanced(path);
+	const uint32_t *row = counts + (size_t)me * nodes * rails;
+	rw_rail_set_t set;
 
+	rw_sched_rail_set(topo, &set);
 	plan->path = path;
 	plan->me = me;
 	plan->nodes = nodes;
@@ -25,31 +52,46 @@ rw_status_t rw_sched_plan_build(const rw_topo_t *topo, rw_path_t path, uint32_t 
 	memset(plan->egress, 0, sizeof(plan->egress));
 	for (uint32_t d = 0; d < nodes; d++) {
 		rw_pair_plan_t *pp = &plan->pairs[d];
-		const uint32_t *count = counts + ((size_t)me * nodes + d) * rails;
 		if (d == me) { /* local records never touch a NIC */
 			memset(pp, 0, sizeof(*pp));
 			pp->rails = rails;
 			continue;
 		}
-		if (balanced)
-			rw_sched_balance(topo, count, pair_rotation(d), pp);
-		else
-			rw_sched_balance_native(topo, count, pp);
+		pair_plan(&set, balanced, me, d, row + (size_t)d * rails, pp);
+		if (pp->total == 0)
+			continue;
 		for (uint32_t r = 0; r < rails; r++)
 			plan->egress[r] += pp->quota[r];
 	}
 	return RW_OK;
 }
 
-/* The per-rail egress records of pair (s, d) under the path: native counts, or quotas. */
-static inline void pair_load(const rw_topo_t *topo, int balanced, const uint32_t *counts,
-			     uint32_t s, uint32_t d, rw_pair_plan_t *pp)
+rw_status_t rw_sched_plan_build_recv(const rw_topo_t *topo, rw_path_t path, uint32_t me,
+				     const uint32_t *counts, rw_pair_plan_t *pairs)
 {
-	const uint32_t *count = counts + ((size_t)s * topo->nodes + d) * topo->rails;
-	if (balanced)
-		rw_sched_balance(topo, count, pair_rotation(d), pp);
-	else
-		rw_sched_balance_native(topo, count, pp);
+	if (plan_check(topo, path, me, counts, pairs) != RW_OK)
+		return RW_ERR_INVAL;
+	const uint32_t nodes = topo->nodes, rails = topo->rails;
+	const int balanced = rw_path_balanced(path);
+	rw_rail_set_t set;
+
+	rw_sched_rail_set(topo, &set);
+	for (uint32_t s = 0; s < nodes; s++) {
+		if (s == me) {
+			memset(&pairs[s], 0, sizeof(pairs[s]));
+			pairs[s].rails = rails;
+			continue;
+		}
+		pair_plan(&set, balanced, s, me, counts + ((size_t)s * nodes + me) * rails, &pairs[s]);
+	}
+	return RW_OK;
+}
+
+/* The per-rail egress records of pair (s, d) under the path: native counts, or quotas. */
+static inline void pair_load(const rw_rail_set_t *set, int balanced, const uint32_t *counts,
+			     uint32_t nodes, uint32_t s, uint32_t d, rw_pair_plan_t *pp)
+{
+	pair_plan(set, balanced, s, d, counts + ((size_t)s * nodes + d) * set->rails, pp);
 }
 
 /* Rails are symmetric (§1): a record leaving s on egress rail r arrives at d on ingress rail r.
@@ -64,13 +106,16 @@ uint64_t rw_sched_busiest_nic(const rw_topo_t *topo, rw_path_t path, const uint3
 	const int balanced = rw_path_balanced(path);
 	uint64_t busiest = 0;
 	rw_pair_plan_t pp;
+	rw_rail_set_t set;
+
+	rw_sched_rail_set(topo, &set);
 
 	for (uint32_t s = 0; s < nodes; s++) {
 		uint64_t load[RW_MAX_RAILS] = { 0 };
 		for (uint32_t d = 0; d < nodes; d++) {
 			if (d == s)
 				continue;
-			pair_load(topo, balanced, counts, s, d, &pp);
+			pair_load(&set, balanced, counts, nodes, s, d, &pp);
 			for (uint32_t r = 0; r < rails; r++)
 				load[r] += pp.quota[r];
 		}
@@ -82,7 +127,7 @@ uint64_t rw_sched_busiest_nic(const rw_topo_t *topo, rw_path_t path, const uint3
 		for (uint32_t s = 0; s < nodes; s++) {
 			if (s == d)
 				continue;
-			pair_load(topo, balanced, counts, s, d, &pp);
+			pair_load(&set, balanced, counts, nodes, s, d, &pp);
 			for (uint32_t r = 0; r < rails; r++)
 				load[r] += pp.quota[r];
 		}

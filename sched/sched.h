@@ -166,10 +166,31 @@ typedef struct rw_phase_plan {
 	uint64_t egress[RW_MAX_RAILS]; /* records leaving `me` on each rail under this plan */
 } rw_phase_plan_t;
 
+/* Remainder rotation (docs/algorithms.md §2.1) of slice `slice` of pair (s, d). Both ends of a
+ * pair derive it from (s, d) alone, so they agree without exchanging the plan. */
+static inline uint32_t rw_sched_pair_rotation(uint32_t s, uint32_t d, uint32_t slice)
+{
+	(void)s;
+	return d + slice;
+}
+
+/* The plan of pair (s, d), slice 0, under `path`: RailBalance with rw_sched_pair_rotation(s, d, 0)
+ * on the balanced paths, native otherwise; count = count[s][d][0..R). rw_sched_plan_build builds
+ * the sender's pairs with it, so a receiver calling it for (s, me) agrees with sender s on every
+ * slot. The topology must pass rw_sched_topo_check (not re-checked here). */
+void rw_sched_plan_pair(const rw_topo_t *topo, rw_path_t path, uint32_t s, uint32_t d,
+			const uint32_t *count, rw_pair_plan_t *pp);
+
 /* counts is the full N x N x R matrix (counts[(s*N + d)*R + r]); plan->pairs must point to N
  * entries. Builds the pair plans for source `me` (slice 0). */
 rw_status_t rw_sched_plan_build(const rw_topo_t *topo, rw_path_t path, uint32_t me,
 				const uint32_t *counts, rw_phase_plan_t *plan);
+
+/* The receive side of the same phase: pairs[s] = the plan of (s, me) exactly as sender s builds
+ * it (rw_sched_plan_pair), for every source; pairs[me] empty. pairs has N entries. Errors as
+ * rw_sched_plan_build. */
+rw_status_t rw_sched_plan_build_recv(const rw_topo_t *topo, rw_path_t path, uint32_t me,
+				     const uint32_t *counts, rw_pair_plan_t *pairs);
 
 /* Busiest NIC's records under `path` (max over every node's egress and ingress rails), and the
  * lower bound: the same under the best per-pair balance (RailBalance quotas). Multiply by the
@@ -192,9 +213,42 @@ typedef struct rw_features {
 } rw_features_t;
 
 /* Features of the full count matrix with records of record_bytes each. Identical on every node
- * that holds the same counts (integer sums, then one division each). */
+ * that holds the same counts (integer sums, then one division each). An invalid topology or a
+ * NULL matrix gets the neutral answer (no remote payload). Reads the matrix once: O(N^2 R). */
 void rw_sched_features(const rw_topo_t *topo, const uint32_t *counts, uint64_t record_bytes,
 		       rw_features_t *feat);
+
+/* The same features, built one source row at a time as the rows arrive (the daemon folds each
+ * peer's row in during the count exchange; after the last row only an O(N R) finish remains).
+ * The accumulator points into a caller-owned workspace of rw_sched_feat_workspace(N, R) bytes,
+ * 8-byte aligned, that must outlive it; the fields are read-only for callers. Per phase:
+ *   rw_sched_feat_begin(&acc, topo, ws, len);                   O(N R): clears the workspace
+ *   rw_sched_feat_add_row(&acc, s, row_s);  for every s, any order, O(N R) each
+ *   rw_sched_feat_finish(&acc, record_bytes, &feat);            O(N R)
+ * row_s[d * R + r] = count[s][d][r] (rw_sched_count's row of node s; the diagonal d == s is
+ * ignored). finish gives exactly rw_sched_features() of the assembled matrix, bit for bit,
+ * whatever the row order. No allocation, no I/O. */
+typedef struct rw_sched_feat_acc {
+	uint32_t nodes, rails, gpus_per_node;
+	uint32_t rows;          /* rows added so far */
+	uint64_t total;         /* remote records in those rows */
+	uint64_t max_egress;    /* largest (s, r) native egress among those rows */
+	uint64_t *ingress;      /* [N * R]: sum over added s != d of count[s][d][r] */
+	uint64_t *added;        /* [ceil(N / 64)]: bit s set once row s is in */
+	uint32_t *fan_in;       /* [N]: added sources with demand into d */
+} rw_sched_feat_acc_t;
+
+size_t rw_sched_feat_workspace(uint32_t nodes, uint32_t rails);
+/* RW_ERR_INVAL: topology fails rw_sched_topo_check, workspace NULL, misaligned or short. */
+rw_status_t rw_sched_feat_begin(rw_sched_feat_acc_t *acc, const rw_topo_t *topo, void *workspace,
+				size_t workspace_len);
+/* RW_ERR_INVAL: s >= N, row NULL, acc not begun; RW_ERR_EXISTS: row s was already added (a
+ * duplicate from a peer). On error the accumulator is unchanged. */
+rw_status_t rw_sched_feat_add_row(rw_sched_feat_acc_t *acc, uint32_t s, const uint32_t *row);
+/* RW_ERR_STATE until all N rows are in (feat untouched); RW_ERR_INVAL: acc not begun. The
+ * accumulator is not consumed: finish may be called again (e.g. with another record size). */
+rw_status_t rw_sched_feat_finish(const rw_sched_feat_acc_t *acc, uint64_t record_bytes,
+				 rw_features_t *feat);
 
 /* ---------------------------------------------------------------------------------------------
  * Anchor table and selector (§4.5, §4.6)

@@ -1,7 +1,9 @@
 /* RailBalance (DESIGN §4.2, docs/algorithms.md §2): a brute-force oracle over every small case
  * (quotas within one, sum T, moved records minimal over every valid quota vector, for equal
  * weights, every rail mask and small weights), the documented counter-example to the plain
- * rotation, and randomised properties of the owner -> proxy map and its inverse.
+ * rotation, the exact remainder rule against a literal two-pass transcription of it (both ends of
+ * a pair must pick the same rails), and randomised properties of the owner -> proxy map and its
+ * inverse.
  * Random cases are seeded: RW_TEST_SEED=<n> reproduces a run; the seed is printed. */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -207,6 +209,77 @@ static void test_oracle_weighted(void **state)
 		}
 	}
 	printf("oracle (weighted): %" PRIu64 " cases\n", cases);
+}
+
+/* docs/algorithms.md §2.1 written out literally: bases, candidates, then pass 1 (candidates
+ * above base) and pass 2 (remaining candidates), each walking the eligible rails cyclically from
+ * index rotation mod m while the remainder lasts. */
+static void rule_quotas(const rw_topo_t *t, const uint32_t *count, uint32_t rotation,
+			uint32_t *quota)
+{
+	const uint32_t rails = t->rails;
+	uint32_t eligible[RW_MAX_RAILS], m = 0;
+	uint64_t total = 0, wsum = 0, given = 0;
+	int candidate[RW_MAX_RAILS] = { 0 };
+	for (uint32_t r = 0; r < rails; r++) {
+		total += count[r];
+		quota[r] = 0;
+		if (t->rail_weight[r]) {
+			eligible[m++] = r;
+			wsum += t->rail_weight[r];
+		}
+	}
+	for (uint32_t k = 0; k < m; k++) {
+		uint64_t share = total * t->rail_weight[eligible[k]];
+		quota[eligible[k]] = (uint32_t)(share / wsum);
+		given += quota[eligible[k]];
+		candidate[k] = share % wsum != 0;
+	}
+	uint64_t rem = total - given;
+	for (uint32_t pass = 0; pass < 2; pass++)
+		for (uint32_t i = 0; i < m && rem > 0; i++) {
+			uint32_t k = (rotation % m + i) % m, r = eligible[k];
+			if (!candidate[k] || (pass == 0 && count[r] <= quota[r]))
+				continue;
+			quota[r]++;
+			candidate[k] = 0;
+			rem--;
+		}
+}
+
+/* The quotas are exactly the documented rule for random counts, weights, masks and rotations:
+ * a faster implementation must not pick different rails, or the two ends of a pair (built by
+ * different code paths: the sender's plan, the receiver's pair plans) could disagree. */
+static void test_rule_exact(void **state)
+{
+	(void)state;
+	seed_rng("rule_exact");
+	for (uint32_t c = 0; c < 200000; c++) {
+		uint32_t rails = 1 + rng_below(RW_MAX_RAILS);
+		uint32_t count[RW_MAX_RAILS] = { 0 }, weight[RW_MAX_RAILS];
+		uint32_t shape = rng_below(4), cap = shape == 0 ? 3 : shape == 1 ? 40 : 100000;
+		for (uint32_t r = 0; r < rails; r++)
+			count[r] = rng_below(4) == 0 ? 0 : rng_below(cap);
+		uint32_t eligible = 0;
+		while (eligible == 0) {
+			eligible = 0;
+			for (uint32_t r = 0; r < rails; r++) {
+				weight[r] = shape == 3 ? 1 + rng_below(5) : 1;
+				if (rng_below(5) == 0 && c % 2)
+					weight[r] = 0;
+				eligible += weight[r] > 0;
+			}
+		}
+		rw_topo_t t = topo_of(rails, weight);
+		uint32_t rot = rng_below(3) == 0 ? (uint32_t)rng_next() : rng_below(64);
+		uint32_t want[RW_MAX_RAILS];
+		rule_quotas(&t, count, rot, want);
+		rw_pair_plan_t p;
+		rw_sched_balance(&t, count, rot, &p);
+		assert_memory_equal(p.quota, want, rails * sizeof(want[0]));
+		for (uint32_t r = rails; r < RW_MAX_RAILS; r++)
+			assert_int_equal(p.quota[r], 0);
+	}
 }
 
 /* The plain rotation: base to every rail, the remainder to rails in rotation order, counts
@@ -481,6 +554,7 @@ int main(void)
 		cmocka_unit_test(test_topo_checks),
 		cmocka_unit_test(test_oracle_equal_weights),
 		cmocka_unit_test(test_oracle_weighted),
+		cmocka_unit_test(test_rule_exact),
 		cmocka_unit_test(test_plain_rotation_not_minimal),
 		cmocka_unit_test(test_rotation_spreads_remainder),
 		cmocka_unit_test(test_masked_rail),

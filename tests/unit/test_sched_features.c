@@ -1,7 +1,9 @@
 /* Features of DESIGN §4.5 (docs/algorithms.md §5): rw_sched_features equals a straightforward
  * double-loop recomputation on random matrices (including matrices large enough for the
  * blocked column pass), the neutral values when there is no remote payload, the clamps, and the
- * R == 1 / N == 1 guards. Random cases are seeded: RW_TEST_SEED=<n> reproduces a run. */
+ * R == 1 / N == 1 guards; the row accumulator (rw_sched_feat_*) gives bit-identical features
+ * whatever the row order, rejects a duplicate row and refuses to finish early.
+ * Random cases are seeded: RW_TEST_SEED=<n> reproduces a run. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -120,6 +122,37 @@ static void assert_features_equal(const rw_features_t *got, const rw_features_t 
 	assert_close(got->busiest_dst_rail_share, want->busiest_dst_rail_share);
 }
 
+/* Features through the accumulator, rows added in a random order. */
+static void features_by_rows(const rw_topo_t *t, const uint32_t *counts, uint64_t rb,
+			     rw_features_t *f)
+{
+	const uint32_t n = t->nodes, rails = t->rails;
+	size_t len = rw_sched_feat_workspace(n, rails);
+	uint64_t *ws = malloc(len);
+	uint32_t *order = malloc(n * sizeof(*order));
+	assert_non_null(ws);
+	assert_non_null(order);
+	for (uint32_t i = 0; i < n; i++)
+		order[i] = i;
+	for (uint32_t i = n; i > 1; i--) { /* Fisher-Yates */
+		uint32_t j = rng_below(i), tmp = order[i - 1];
+		order[i - 1] = order[j];
+		order[j] = tmp;
+	}
+	rw_sched_feat_acc_t acc;
+	assert_int_equal(rw_sched_feat_begin(&acc, t, ws, len), RW_OK);
+	for (uint32_t i = 0; i < n; i++) {
+		if (i > 0) /* not all rows in yet */
+			assert_int_equal(rw_sched_feat_finish(&acc, rb, f), RW_ERR_STATE);
+		assert_int_equal(rw_sched_feat_add_row(&acc, order[i], counts + (size_t)order[i] * n * rails),
+				 RW_OK);
+	}
+	assert_int_equal(acc.rows, n);
+	assert_int_equal(rw_sched_feat_finish(&acc, rb, f), RW_OK);
+	free(order);
+	free(ws);
+}
+
 /* Random matrices of several shapes; some with N * R above the column pass's block so the
  * blocked path is exercised. Two calls give bit-identical results (every node agrees). */
 static void test_features_random(void **state)
@@ -158,12 +191,16 @@ static void test_features_random(void **state)
 		assert_features_equal(&got, &want);
 		rw_sched_features(&t, counts, rb, &again);
 		assert_memory_equal(&got, &again, sizeof(got));
+		/* Row by row in a random order: the same bits as the one-shot pass. */
+		rw_features_t by_rows;
+		features_by_rows(&t, counts, rb, &by_rows);
+		assert_memory_equal(&by_rows, &got, sizeof(got));
 	}
 }
 
-/* Counts near 2^32: the 32-bit column sums must be flushed and the per-source rail sums redone
- * in 64 bits; results still equal the recomputation (exact in doubles below 2^53). Rail counts
- * 8 and 16 run the vector kernel, 3 the generic one; N = 300 at R = 8 also runs the blocks. */
+/* Counts near 2^32: every sum must be carried in 64 bits; results still equal the
+ * recomputation (exact in doubles below 2^53), one-shot and row by row. R = 8 runs the
+ * constant-rail kernel, 16 and 3 the generic one; N = 300 at R = 8 also runs the blocks. */
 static void test_large_counts(void **state)
 {
 	(void)state;
@@ -179,10 +216,12 @@ static void test_large_counts(void **state)
 			counts[i] = roll == 0 ? UINT32_MAX - rng_below(3)
 				  : roll == 1 ? (uint32_t)rng_next() : roll == 2 ? rng_below(9) : 0;
 		}
-		rw_features_t got, want;
+		rw_features_t got, want, by_rows;
 		rw_sched_features(&t, counts, 1, &got);
 		reference(&t, counts, 1, &want);
 		assert_features_equal(&got, &want);
+		features_by_rows(&t, counts, 1, &by_rows);
+		assert_memory_equal(&by_rows, &got, sizeof(got));
 	}
 }
 
@@ -260,6 +299,88 @@ static void test_extremes_and_guards(void **state)
 	assert_false(isnan(f.f[0]) || isnan(f.f[1]) || isnan(f.f[2]));
 }
 
+/* The same row twice is refused (a peer's duplicate) and leaves the accumulator as it was; so
+ * do out-of-range rows and bad arguments. finish is repeatable and does not consume. */
+static void test_acc_errors(void **state)
+{
+	(void)state;
+	rw_topo_t t;
+	assert_int_equal(rw_sched_topo_init(&t, 70, 8, 8), RW_OK); /* 70 > 64: two bitmap words */
+	static uint32_t counts[70 * 70 * 8];
+	for (uint32_t i = 0; i < 70 * 70 * 8; i++)
+		counts[i] = (i * 2654435761u) >> 26;
+	const size_t len = rw_sched_feat_workspace(70, 8);
+	uint64_t *ws = malloc(len + 8), *copy = malloc(len);
+	assert_non_null(ws);
+	assert_non_null(copy);
+	rw_sched_feat_acc_t acc, acc_copy;
+
+	assert_int_equal(rw_sched_feat_begin(&acc, &t, ws, len - 1), RW_ERR_INVAL);
+	assert_int_equal(rw_sched_feat_begin(&acc, &t, (char *)ws + 4, len), RW_ERR_INVAL);
+	assert_int_equal(rw_sched_feat_begin(&acc, &t, NULL, len), RW_ERR_INVAL);
+	t.rails = 0;
+	assert_int_equal(rw_sched_feat_begin(&acc, &t, ws, len), RW_ERR_INVAL);
+	t.rails = 8;
+	assert_int_equal(rw_sched_feat_begin(&acc, &t, ws, len), RW_OK);
+
+	for (uint32_t s = 0; s < 70; s += 2)
+		assert_int_equal(rw_sched_feat_add_row(&acc, s, counts + (size_t)s * 70 * 8), RW_OK);
+	memcpy(copy, ws, len);
+	acc_copy = acc;
+	for (uint32_t s = 0; s < 70; s += 2) /* every duplicate, including rows past bit 63 */
+		assert_int_equal(rw_sched_feat_add_row(&acc, s, counts + (size_t)s * 70 * 8),
+				 RW_ERR_EXISTS);
+	assert_int_equal(rw_sched_feat_add_row(&acc, 70, counts), RW_ERR_INVAL);
+	assert_int_equal(rw_sched_feat_add_row(&acc, 1, NULL), RW_ERR_INVAL);
+	assert_memory_equal(ws, copy, len);
+	assert_memory_equal(&acc, &acc_copy, sizeof(acc));
+
+	rw_features_t f, sentinel;
+	memset(&f, 0x5a, sizeof(f));
+	sentinel = f;
+	assert_int_equal(rw_sched_feat_finish(&acc, 64, &f), RW_ERR_STATE);
+	assert_memory_equal(&f, &sentinel, sizeof(f)); /* untouched on error */
+	for (uint32_t s = 1; s < 70; s += 2)
+		assert_int_equal(rw_sched_feat_add_row(&acc, s, counts + (size_t)s * 70 * 8), RW_OK);
+	rw_features_t want, again;
+	assert_int_equal(rw_sched_feat_finish(&acc, 64, &f), RW_OK);
+	rw_sched_features(&t, counts, 64, &want);
+	assert_memory_equal(&f, &want, sizeof(f));
+	assert_int_equal(rw_sched_feat_finish(&acc, 64, &again), RW_OK);
+	assert_memory_equal(&again, &want, sizeof(f));
+
+	/* begin resets: a new phase starts from nothing. */
+	assert_int_equal(rw_sched_feat_begin(&acc, &t, ws, len), RW_OK);
+	assert_int_equal(acc.rows, 0);
+	assert_int_equal(rw_sched_feat_add_row(&acc, 0, counts), RW_OK);
+	rw_sched_feat_acc_t blank;
+	memset(&blank, 0, sizeof(blank));
+	assert_int_equal(rw_sched_feat_add_row(&blank, 0, counts), RW_ERR_INVAL);
+	assert_int_equal(rw_sched_feat_finish(&blank, 64, &f), RW_ERR_INVAL);
+	free(copy);
+	free(ws);
+}
+
+/* N = 1: the single row is all local; the accumulator answers neutral like the one-shot. */
+static void test_acc_single_node(void **state)
+{
+	(void)state;
+	rw_topo_t t;
+	assert_int_equal(rw_sched_topo_init(&t, 1, 8, 8), RW_OK);
+	uint32_t row[8] = { 5, 0, 0, 0, 0, 0, 0, 9 };
+	uint64_t ws[32];
+	assert_true(rw_sched_feat_workspace(1, 8) <= sizeof(ws));
+	rw_sched_feat_acc_t acc;
+	assert_int_equal(rw_sched_feat_begin(&acc, &t, ws, sizeof(ws)), RW_OK);
+	assert_int_equal(rw_sched_feat_add_row(&acc, 0, row), RW_OK);
+	rw_features_t f, want;
+	assert_int_equal(rw_sched_feat_finish(&acc, 100, &f), RW_OK);
+	rw_sched_features(&t, row, 100, &want);
+	assert_memory_equal(&f, &want, sizeof(f));
+	assert_int_equal(f.remote_bytes, 0);
+	assert_true(f.rho_g == 1 && f.kappa == 1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -267,6 +388,8 @@ int main(void)
 		cmocka_unit_test(test_large_counts),
 		cmocka_unit_test(test_no_remote_is_neutral),
 		cmocka_unit_test(test_extremes_and_guards),
+		cmocka_unit_test(test_acc_errors),
+		cmocka_unit_test(test_acc_single_node),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

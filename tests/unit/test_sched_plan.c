@@ -90,6 +90,9 @@ static void random_counts(const rw_topo_t *t, uint32_t *counts)
 	uint32_t cap = 1 + rng_below(50);
 	for (uint32_t i = 0; i < n * n * rails; i++)
 		counts[i] = rng_below(3) == 0 ? 0 : rng_below(cap + 1);
+	for (uint32_t i = 0; i < n * n; i++) /* some pairs without any record */
+		if (rng_below(6) == 0)
+			memset(counts + i * rails, 0, rails * sizeof(*counts));
 }
 
 /* Independent loads: egress[s][r] and ingress[d][r] from every pair's quota, then the max. */
@@ -164,6 +167,45 @@ static void test_plan_build_random(void **state)
 		}
 		assert_int_equal(rw_sched_lower_bound(&t, counts), recompute_busiest(&t, 1, counts));
 	}
+}
+
+/* Both ends agree: the receive side (rw_sched_plan_build_recv for me, rw_sched_plan_pair for
+ * (s, me)) equals what each sender s put in its own send plan for me, on random clusters
+ * (weights, masks, empty pairs), every path and every node. */
+static void test_recv_matches_send(void **state)
+{
+	(void)state;
+	seed_rng("recv_matches_send");
+	static uint32_t counts[MAXN * MAXN * 8];
+	static rw_pair_plan_t send[MAXN][MAXN];
+	rw_pair_plan_t recv[MAXN], one;
+	for (uint32_t c = 0; c < 300; c++) {
+		rw_topo_t t;
+		random_topo(&t);
+		random_counts(&t, counts);
+		const uint32_t n = t.nodes, rails = t.rails;
+		for (uint32_t p = 0; p < RW_PATH_COUNT; p++) {
+			for (uint32_t s = 0; s < n; s++) {
+				rw_phase_plan_t plan = { .pairs = send[s] };
+				assert_int_equal(rw_sched_plan_build(&t, (rw_path_t)p, s, counts, &plan), RW_OK);
+			}
+			for (uint32_t me = 0; me < n; me++) {
+				memset(recv, 0xa5, sizeof(recv));
+				assert_int_equal(rw_sched_plan_build_recv(&t, (rw_path_t)p, me, counts, recv),
+						 RW_OK);
+				for (uint32_t s = 0; s < n; s++) {
+					assert_memory_equal(&recv[s], &send[s][me], sizeof(recv[s]));
+					rw_sched_plan_pair(&t, (rw_path_t)p, s, me,
+							   counts + (s * n + me) * rails, &one);
+					if (s != me)
+						assert_memory_equal(&one, &send[s][me], sizeof(one));
+				}
+				assert_int_equal(recv[me].total, 0);
+				assert_int_equal(recv[me].rails, rails);
+			}
+		}
+	}
+	assert_int_equal(rw_sched_plan_build_recv(NULL, RW_PATH_JOINT, 0, counts, recv), RW_ERR_INVAL);
 }
 
 /* Per-pair balance is not aggregate balance. N = 5, R = 4; every pair that exists carries
@@ -282,6 +324,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_waves),
 		cmocka_unit_test(test_plan_build_random),
+		cmocka_unit_test(test_recv_matches_send),
 		cmocka_unit_test(test_aggregate_not_balanced),
 		cmocka_unit_test(test_lower_bound_hot_rail),
 		cmocka_unit_test(test_plan_bad_args),
