@@ -1247,7 +1247,7 @@ static rw_status_t vb_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loop
 	ev_io_start(loop, &d->cm_io);
 	ev_io_start(loop, &d->cq_io);
 	ev_io_start(loop, &d->async_io);
-	rw_info("verbs: rail %u: %s port %u (%s), %s, dmabuf %s, max write %u bytes", cfg->rail,
+	rw_info("verbs: rail %u: %s port %u (%s), %s, dmabuf %s, message limit %u bytes", cfg->rail,
 		ibv_get_device_name(d->ctx->device), d->port_num, inet_ntoa(d->addr.sin_addr),
 		imm ? "write with immediate" : "write + send",
 		d->base.caps.flags & RW_RAIL_CAP_DMABUF ? "yes" : "no", pa.max_msg_sz);
