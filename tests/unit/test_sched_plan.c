@@ -107,7 +107,7 @@ static uint64_t recompute_busiest(const rw_topo_t *t, int balanced, const uint32
 			const uint32_t *c = counts + (s * n + d) * rails;
 			rw_pair_plan_t p;
 			if (balanced)
-				rw_sched_balance(t, c, d, &p);
+				rw_sched_balance(t, c, rw_sched_pair_rotation(s, d, 0), &p);
 			for (uint32_t r = 0; r < rails; r++) {
 				uint32_t q = balanced ? p.quota[r] : c[r];
 				egress[s][r] += q;
@@ -122,7 +122,8 @@ static uint64_t recompute_busiest(const rw_topo_t *t, int balanced, const uint32
 }
 
 /* Random clusters, every node, every path: pair plans are native or RailBalance with rotation
- * = destination, identical to what the receiver computes for (s, me); egress totals; waves. */
+ * s + d (rw_sched_pair_rotation), identical to what the receiver computes for (s, me); egress
+ * totals; waves. */
 static void test_plan_build_random(void **state)
 {
 	(void)state;
@@ -149,8 +150,8 @@ static void test_plan_build_random(void **state)
 						continue;
 					const uint32_t *cnt = counts + (me * n + d) * rails;
 					rw_pair_plan_t expect;
-					if (rw_path_balanced((rw_path_t)p))
-						rw_sched_balance(&t, cnt, d, &expect); /* as receiver d builds it */
+					if (rw_path_balanced((rw_path_t)p)) /* as receiver d builds it */
+						rw_sched_balance(&t, cnt, me + d, &expect);
 					else
 						rw_sched_balance_native(&t, cnt, &expect);
 					assert_memory_equal(&pairs[d], &expect, sizeof(expect));
@@ -242,32 +243,45 @@ static void test_aggregate_not_balanced(void **state)
 	assert_memory_equal(plan.egress, egress, sizeof(egress)); /* aggregate: differ by 4 */
 
 	uint64_t ingress[4] = { 0 };
-	for (uint32_t s = 1; s < 5; s++) {
+	for (uint32_t s = 1; s < 5; s++) { /* as receiver 0 builds them */
 		rw_pair_plan_t p;
-		rw_sched_balance(&t, counts + (s * 5 + 0) * 4, 0, &p);
+		rw_sched_plan_pair(&t, RW_PATH_JOINT, s, 0, counts + (s * 5 + 0) * 4, &p);
 		for (uint32_t r = 0; r < 4; r++)
 			ingress[r] += p.quota[r];
 	}
 	assert_memory_equal(ingress, egress, sizeof(egress));
 	assert_int_equal(rw_sched_lower_bound(&t, counts), 8); /* not 5 */
 
-	/* Rotations coincide at a receiver (every source uses rotation = 0 towards node 0):
-	 * nodes 1..4 send [0,0,0,3]; T = 3, base 0, rem 3: rail 3 by count, then rails 0 and 1 in
-	 * rotation order. Each pair [1,1,0,1] (within one); node 0's ingress [4,4,0,4]. */
+	/* Rotation decides only among equally good rails, so it can spread but not balance. Nodes
+	 * 1..4 send node 0 [0,0,0,3]: T = 3, base 0, rem 3; rail 3 wins one extra by count, the
+	 * other two go to the next rails in rotation order. Rotation s + d = s gives the sources
+	 * [0,1,1,1], [1,0,1,1], [1,1,0,1], [1,1,0,1]: node 0's ingress [3,3,2,4], within one per
+	 * pair, but 4 on rail 3 where 3 per rail is possible. A rotation by destination only
+	 * (every source rotation 0 here) would have stacked them: [1,1,0,1] each, ingress
+	 * [4,4,0,4] with rail 2 idle. */
 	memset(counts, 0, sizeof(counts));
 	const uint32_t late[4] = { 0, 0, 0, 3 };
 	for (uint32_t s = 1; s < 5; s++)
 		memcpy(counts + (s * 5 + 0) * 4, late, sizeof(late));
+	const uint32_t pair_q[5][4] = {
+		[1] = { 0, 1, 1, 1 }, [2] = { 1, 0, 1, 1 }, [3] = { 1, 1, 0, 1 }, [4] = { 1, 1, 0, 1 },
+	};
+	uint64_t by_dst_only[4] = { 0 };
 	memset(ingress, 0, sizeof(ingress));
 	for (uint32_t s = 1; s < 5; s++) {
 		assert_int_equal(rw_sched_plan_build(&t, RW_PATH_JOINT, s, counts, &plan), RW_OK);
-		const uint32_t pair_q[4] = { 1, 1, 0, 1 };
-		assert_memory_equal(pairs[0].quota, pair_q, sizeof(pair_q));
-		for (uint32_t r = 0; r < 4; r++)
+		assert_memory_equal(pairs[0].quota, pair_q[s], sizeof(pair_q[s]));
+		rw_pair_plan_t p;
+		rw_sched_balance(&t, late, 0, &p);
+		for (uint32_t r = 0; r < 4; r++) {
 			ingress[r] += pairs[0].quota[r];
+			by_dst_only[r] += p.quota[r];
+		}
 	}
-	const uint64_t idle_rail[4] = { 4, 4, 0, 4 };
-	assert_memory_equal(ingress, idle_rail, sizeof(idle_rail));
+	const uint64_t spread[4] = { 3, 3, 2, 4 }, stacked[4] = { 4, 4, 0, 4 };
+	assert_memory_equal(ingress, spread, sizeof(spread));
+	assert_memory_equal(by_dst_only, stacked, sizeof(stacked));
+	assert_int_equal(rw_sched_lower_bound(&t, counts), 4); /* not 3 */
 }
 
 /* Where one GPU owns every remote token, RailBalance spreads it: the busiest NIC falls from
