@@ -389,7 +389,11 @@ static vb_conn_t *conn_new(vb_dev_t *d, const rw_rail_conn_cbs_t *cbs, void *ctx
 
 /* ---- queue pair and receive slots ------------------------------------------------------ */
 
-static uint8_t *recv_slot(vb_conn_t *c, uint32_t i) { return c->slots + (size_t)i * RW_VB_SENDMSG_SIZE; }
+static uint8_t *recv_slot(vb_conn_t *c, uint32_t i)
+{
+	return c->slots + (size_t)i * RW_VB_SENDMSG_SIZE;
+}
+
 static uint8_t *send_slot(vb_conn_t *c, uint64_t seq)
 {
 	return c->slots + ((size_t)c->recv_depth + seq % c->max_writes) * RW_VB_SENDMSG_SIZE;
