@@ -160,7 +160,7 @@ static inline __attribute__((always_inline)) void balance_plain(uint32_t rails,
 }
 
 /* R = 8, the usual shape, with the rail count a constant: the divisions become shifts and the
- * tails straight stores (about 30% less per pair in sched_bench). */
+ * tails straight stores (about 10% less per pair; docs/perf/sched-decision.md). */
 static void balance_plain_8(const uint32_t *count, uint64_t total, uint32_t rotation,
 			    rw_pair_plan_t *plan)
 {

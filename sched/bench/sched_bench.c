@@ -75,7 +75,7 @@ static void make_counts(uint32_t *counts, uint32_t nodes, uint32_t rails, uint32
 			int empty = rng_below(100) < sparse_pct;
 			uint32_t t = empty ? 0 : per_pair / 2 + rng_below(per_pair);
 			for (uint32_t r = 0; r < rails; r++)
-				c[r] = (uint32_t)((uint64_t)t * share[r] / sum) + rng_below(3);
+				c[r] = empty ? 0 : (uint32_t)((uint64_t)t * share[r] / sum) + rng_below(3);
 		}
 	}
 }
