@@ -37,15 +37,12 @@ void rw_svc_layout_free(rw_svc_layout_t *l)
 	memset(l, 0, sizeof(*l));
 }
 
-/* quota(s -> d, r) exactly as sender s computes it in rw_sched_plan_build (rotation = d). */
+/* quota(s -> d, r) exactly as sender s computes it in rw_sched_plan_build. */
 static void pair_quota(const rw_topo_t *topo, rw_path_t path, const uint32_t *counts, uint32_t s,
 		       uint32_t d, rw_pair_plan_t *pp)
 {
 	const uint32_t *count = counts + ((size_t)s * topo->nodes + d) * topo->rails;
-	if (rw_path_balanced(path))
-		rw_sched_balance(topo, count, d, pp);
-	else
-		rw_sched_balance_native(topo, count, pp);
+	rw_sched_plan_pair(topo, path, s, d, count, pp);
 }
 
 rw_status_t rw_svc_layout_build(rw_svc_layout_t *l, const rw_topo_t *topo, rw_path_t path,
