@@ -38,7 +38,7 @@ case $rails in [1-4]) ;; *) echo "railvm: -r wants 1..4" >&2; exit 2 ;; esac
 skip() { echo "railvm: SKIP: $*"; exit 77; }
 log() { echo "railvm: $*" >&2; }
 
-cache=${RW_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/railwave-vm}
+cache=${RW_VM_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/railwave-vm}
 modules_wanted="crc32_generic virtio_pci virtio_net rdma_rxe rdma_ucm ib_uverbs"
 
 # --- kernel: vmlinuz + the modules we need, depmod'ed and ordered, cached per version -------
