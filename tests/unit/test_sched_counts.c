@@ -15,25 +15,7 @@
 
 #include "sched/sched.h"
 
-static uint64_t rng_state;
-
-static uint64_t rng_next(void) /* splitmix64 */
-{
-	uint64_t z = (rng_state += UINT64_C(0x9e3779b97f4a7c15));
-	z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-	z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
-	return z ^ (z >> 31);
-}
-
-static uint32_t rng_below(uint32_t n) { return n ? (uint32_t)(rng_next() % n) : 0; }
-
-static void seed_rng(const char *test)
-{
-	const char *env = getenv("RW_TEST_SEED");
-	uint64_t seed = env ? strtoull(env, NULL, 0) : UINT64_C(20240611);
-	rng_state = seed;
-	printf("%s: seed %" PRIu64 " (RW_TEST_SEED=%" PRIu64 " reproduces)\n", test, seed, seed);
-}
+#include "tests/unit/test_rng.h"
 
 /* Independent reference: node of expert e is floor(e * N / E) (equal to e / (E / N) because N
  * divides E); a token makes one record per distinct node among its valid experts. */
