@@ -10,6 +10,7 @@
 #define TOKENS 32
 #define HIDDEN 128
 #define TOPK 4
+#define EXPERTS 8
 
 int main(int argc, char **argv)
 {
@@ -58,6 +59,7 @@ int main(int argc, char **argv)
 	d.topk_weights = (rw_span_t){.buf_id = buf, .offset = rows + ids};
 	d.output = (rw_span_t){.buf_id = buf, .offset = 2 * rows};
 	d.output_capacity = 2 * rows;
+	d.n_experts = EXPERTS; /* the group's experts: a multiple of its world size */
 	rw_cqe_t cqe;
 	if ((rc = rw_client_submit(c, &d, 1)) || (rc = rw_client_wait(c, &cqe, 1, 10000)) != 1) {
 		fprintf(stderr, "dispatch: %s\n", rc ? rw_client_strerror(rc) : "timed out");

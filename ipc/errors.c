@@ -48,6 +48,7 @@ const char *rw_client_strerror(int err)
 	case RW_E_LIMIT: return "railwaved client limit reached";
 	case RW_E_INTERNAL: return "railwaved internal error";
 	case RW_E_PHASE: return "phase failed";
+	case RW_E_EXPERTS: return "n_experts missing, not a multiple of the world size, or not the phase's";
 	}
 	return "unknown error";
 }

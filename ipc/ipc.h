@@ -91,6 +91,7 @@ typedef struct rw_ipc_server_config {
 	uint32_t max_ring_entries;  /* 0 = 4096 */
 	uint32_t max_world;         /* 0 = 1 << 20 */
 	int32_t max_local_gpu;      /* 0 = 64 */
+	uint32_t max_experts;       /* n_experts of a submission; 0 = 1 << 20 */
 	/* After ring activity, keep polling every client's submission ring for this long before
 	 * arming the eventfds and sleeping (an ev_idle watcher; the loop still serves its other
 	 * watchers between polls). 0: never poll, always sleep on the eventfds. */

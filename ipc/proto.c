@@ -36,7 +36,7 @@ int rw_ipc_parse_request(const void *buf, size_t len, int msg_flags, unsigned nf
 	if (hdr.magic != RW_IPC_MAGIC)
 		return fail(why_p, "bad magic in message header", RW_E_MAGIC);
 	if (hdr.version != RW_IPC_VERSION)
-		return fail(why_p, "protocol version mismatch (daemon speaks version 1)",
+		return fail(why_p, "protocol version mismatch (daemon speaks version 2)",
 			    RW_E_VERSION);
 	if (hdr.reserved != 0)
 		return fail(why_p, "header reserved field not zero", RW_E_FIELD);
@@ -131,12 +131,18 @@ unsigned rw_ipc_dtype_size(unsigned dtype)
 	return 0;
 }
 
-/* One span: buffer known, reserved zero, [offset, offset + len) inside it without overflow. */
+/* One span: buffer known, reserved zero, [offset, offset + len) inside it without overflow.
+ * A span of length 0 may name no buffer (RW_BUF_NONE, offset 0). */
 static int check_span(const rw_span_t *span, uint64_t len, rw_ipc_buf_size_fn size_of, void *ctx,
 		      const char *name_unknown, const char *name_range, const char **why_p)
 {
 	if (span->reserved != 0)
 		return fail(why_p, "span reserved field not zero", RW_E_FIELD);
+	if (len == 0 && span->buf_id == RW_BUF_NONE) {
+		if (span->offset != 0)
+			return fail(why_p, "span offset without a buffer", RW_E_FIELD);
+		return 0;
+	}
 	uint64_t size = span->buf_id == RW_BUF_NONE ? 0 : size_of(ctx, span->buf_id);
 	if (size == 0)
 		return fail(why_p, name_unknown, RW_E_BUF_ID);
@@ -158,12 +164,17 @@ int rw_ipc_check_sqe(const rw_sqe_t *sqe, const rw_ipc_limits_t *lim, rw_ipc_buf
 		return fail(why_p, "unknown dtype", RW_E_DTYPE);
 	if (sqe->flags != 0 || sqe->reserved != 0)
 		return fail(why_p, "submission flags/reserved not zero", RW_E_FIELD);
-	if (sqe->token_count == 0 || sqe->token_count > lim->max_tokens)
-		return fail(why_p, "token count zero or above the daemon's limit", RW_E_TOKENS);
+	if (sqe->token_count > lim->max_tokens)
+		return fail(why_p, "token count above the daemon's limit", RW_E_TOKENS);
 	if (sqe->hidden == 0 || sqe->hidden > lim->max_hidden)
 		return fail(why_p, "hidden zero or above the daemon's limit", RW_E_TOKENS);
 	if (sqe->topk == 0 || sqe->topk > lim->max_topk)
 		return fail(why_p, "topk zero or above the daemon's limit", RW_E_TOKENS);
+	if (sqe->kind == RW_KIND_DISPATCH && sqe->n_experts == 0)
+		return fail(why_p, "dispatch without n_experts (the group's number of experts)",
+			    RW_E_EXPERTS);
+	if (sqe->n_experts > lim->max_experts)
+		return fail(why_p, "n_experts above the daemon's limit", RW_E_EXPERTS);
 	if (sqe->kind == RW_KIND_DISPATCH && sqe->handle_id != 0)
 		return fail(why_p, "dispatch with a handle id", RW_E_FIELD);
 	if (sqe->kind == RW_KIND_COMBINE && sqe->handle_id == 0)
@@ -199,7 +210,10 @@ int rw_ipc_check_sqe(const rw_sqe_t *sqe, const rw_ipc_limits_t *lim, rw_ipc_buf
 	} else if (sqe->topk_weights.offset || sqe->topk_weights.reserved) {
 		return fail(why_p, "topk weights: offset without a buffer", RW_E_FIELD);
 	}
-	if (sqe->output_capacity == 0)
+	/* A dispatch always has somewhere to put what it receives; a combine's output may be
+	 * absent (capacity 0) when the rank sent no token: the service checks the size. */
+	if (sqe->output_capacity == 0 &&
+	    (sqe->kind == RW_KIND_DISPATCH || sqe->output.buf_id != RW_BUF_NONE))
 		return fail(why_p, "output capacity zero", RW_E_RANGE);
 	return check_span(&sqe->output, sqe->output_capacity, size_of, ctx,
 			  "output: unknown buffer id", "output: outside the registered buffer",

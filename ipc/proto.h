@@ -11,7 +11,7 @@
 #include "ipc/railwave.h"
 
 #define RW_IPC_MAGIC 0x50495752u /* "RWIP" as little-endian bytes */
-#define RW_IPC_VERSION 1
+#define RW_IPC_VERSION RW_PROTOCOL_VERSION /* ipc/railwave.h */
 #define RW_IPC_MAX_FDS 4 /* cmsg space the daemon offers; more arrive as MSG_CTRUNC */
 #define RW_IPC_ERRMSG_MAX 112
 
@@ -154,6 +154,7 @@ typedef struct rw_ipc_limits {
 	uint32_t max_ring_entries;
 	uint32_t max_world;
 	int32_t max_local_gpu;     /* local_gpu must be -1 or < this */
+	uint32_t max_experts;      /* n_experts of a submission */
 } rw_ipc_limits_t;
 
 /* ---- daemon side: pure checks (proto.c) ----
@@ -176,8 +177,10 @@ int rw_ipc_check_ring_setup(const rw_ipc_ring_setup_t *setup, const rw_ipc_limit
 /* Size of a registered buffer, or 0 if buf_id is unknown. */
 typedef uint64_t (*rw_ipc_buf_size_fn)(void *ctx, uint32_t buf_id);
 
-/* A submission copied out of the ring: kind, dtype, counts against limits, every span inside
- * its buffer with overflow-checked arithmetic. */
+/* A submission copied out of the ring: kind, dtype, counts against limits (token_count may be
+ * 0; n_experts nonzero for a dispatch, at most max_experts), every span inside its buffer with
+ * overflow-checked arithmetic (a span of length 0 may be RW_BUF_NONE). Whether n_experts fits
+ * the group (a multiple of its world size, the phase's E) is the service's check. */
 int rw_ipc_check_sqe(const rw_sqe_t *sqe, const rw_ipc_limits_t *lim, rw_ipc_buf_size_fn size_of,
 		     void *ctx, const char **why_p);
 

@@ -70,6 +70,8 @@ typedef enum rw_client_error {
 	RW_E_LIMIT = -51,           /* daemon limit reached (clients, groups) */
 	RW_E_INTERNAL = -52,        /* the daemon failed on its side (memory, fds); not your fault */
 	RW_E_PHASE = -53,           /* the service failed the phase (peer loss, cancelled, ...) */
+	RW_E_EXPERTS = -54,         /* n_experts 0, not a multiple of the world size, above the
+	                               daemon's limit, or not the phase's (ranks/nodes disagree) */
 } rw_client_error_t;
 
 /* Static description of an error code; never NULL. */
@@ -78,6 +80,11 @@ const char *rw_client_strerror(int err);
 /* ---------------------------------------------------------------------------------------------
  * Ring entries (ABI: fixed sizes, little-endian host, checked by _Static_assert below)
  * ------------------------------------------------------------------------------------------- */
+
+/* Version of the protocol (control messages and these entries), carried in every control
+ * message header; the daemon refuses any other (RW_E_VERSION). 2: rw_sqe_t.n_experts, empty
+ * dispatches and combines. */
+#define RW_PROTOCOL_VERSION 2
 
 #define RW_BUF_NONE 0xffffffffu /* "no buffer" in a span */
 
@@ -96,7 +103,13 @@ typedef struct rw_span {
  * topk_ids = token_count × topk × 4 (int32), topk_weights = token_count × topk × 4 (fp32);
  * the output span has an explicit capacity. Every byte of every span must lie inside its buffer.
  * Dispatch needs tokens, topk_ids and topk_weights; combine needs tokens (the expert outputs),
- * the handle_id its dispatch completed with, and may omit topk spans (RW_BUF_NONE). */
+ * the handle_id its dispatch completed with, and may omit topk spans (RW_BUF_NONE).
+ * token_count may be 0: a dispatch that routes nothing, or the combine of a rank that received
+ * nothing; a span whose length is then 0 may be RW_BUF_NONE (offset 0). A combine output span
+ * may be RW_BUF_NONE with output_capacity 0 when the rank dispatched no token.
+ * n_experts (protocol version 2): the group's number of experts E. Dispatch: required, a
+ * multiple of the world size, the same for every rank of the phase (expert e lives on rank
+ * e / (E / world)). Combine: 0 or the dispatch's E. */
 typedef struct rw_sqe {
 	uint8_t kind;          /* enum rw_kind */
 	uint8_t dtype;         /* enum rw_dtype of the token rows */
@@ -105,7 +118,7 @@ typedef struct rw_sqe {
 	uint64_t phase_id;     /* caller's id of the phase; echoed in the completion */
 	uint64_t step;         /* training step */
 	uint64_t user_data;    /* opaque, echoed in the completion */
-	uint32_t token_count;  /* rows in `tokens`, 1..daemon limit */
+	uint32_t token_count;  /* rows in `tokens`, 0..daemon limit */
 	uint32_t hidden;       /* elements per row, 1..daemon limit */
 	uint32_t handle_id;    /* combine: the dispatch completion's handle_id; dispatch: 0 */
 	uint32_t flags;        /* must be 0 */
@@ -114,7 +127,8 @@ typedef struct rw_sqe {
 	rw_span_t topk_weights; /* fp32 [token_count][topk] */
 	rw_span_t output;      /* where received rows (dispatch) / reduced rows (combine) go */
 	uint64_t output_capacity; /* bytes available at output.offset */
-	uint64_t reserved;     /* must be 0 */
+	uint32_t n_experts;    /* experts E of the group (see above); was reserved in version 1 */
+	uint32_t reserved;     /* must be 0 */
 } rw_sqe_t;
 
 #define RW_CQE_INLINE_COUNTS 16
@@ -143,10 +157,12 @@ typedef struct rw_cqe {
 static_assert(sizeof(rw_span_t) == 16, "rw_span_t is ABI");
 static_assert(sizeof(rw_sqe_t) == 128, "rw_sqe_t is ABI");
 static_assert(sizeof(rw_cqe_t) == 128, "rw_cqe_t is ABI");
+static_assert(offsetof(rw_sqe_t, n_experts) == 120, "rw_sqe_t is ABI");
 #else
 _Static_assert(sizeof(rw_span_t) == 16, "rw_span_t is ABI");
 _Static_assert(sizeof(rw_sqe_t) == 128, "rw_sqe_t is ABI");
 _Static_assert(sizeof(rw_cqe_t) == 128, "rw_cqe_t is ABI");
+_Static_assert(offsetof(rw_sqe_t, n_experts) == 120, "rw_sqe_t is ABI");
 #endif
 
 /* ---------------------------------------------------------------------------------------------

@@ -1070,6 +1070,7 @@ rw_status_t rw_ipc_server_create(struct ev_loop *loop, const rw_ipc_server_confi
 	DEFAULT(max_ring_entries, 4096);
 	DEFAULT(max_world, 1u << 20);
 	DEFAULT(max_local_gpu, 64);
+	DEFAULT(max_experts, 1u << 20);
 	if (cfg.max_buffers > MAX_BUFFER_SLOTS || cfg.max_ring_entries > (1u << 20) ||
 	    cfg.max_topk > 0xffff || cfg.mode > 0777) {
 		rw_err("ipc: server limits out of range");
@@ -1100,6 +1101,7 @@ rw_status_t rw_ipc_server_create(struct ev_loop *loop, const rw_ipc_server_confi
 		.max_ring_entries = cfg.max_ring_entries,
 		.max_world = cfg.max_world,
 		.max_local_gpu = cfg.max_local_gpu,
+		.max_experts = cfg.max_experts,
 	};
 	srv->cfg.group = config->group;
 	rw_status_t st = listen_socket(srv);

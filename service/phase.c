@@ -49,6 +49,19 @@ struct exec_group {
 	exec_pair_t *pair;           /* the open pair, or NULL */
 };
 
+/* A dispatch key that failed here or at a peer ("Failures": a failed phase's stragglers): a
+ * local rank that submits it and was not answered yet gets RW_E_PHASE at once instead of
+ * opening a pair that would wait for a phase timeout. Kept per node, not per group, so it
+ * outlives a group whose ranks all left and precedes one whose ranks have not joined yet.
+ * Gone once every local rank was answered (or left), when an answered rank submits the key
+ * again (a retry), or after phase_timeout_ms. */
+typedef struct exec_tomb {
+	struct exec_tomb *next;
+	rw_wire_key_t key;           /* key.group: the group's hash */
+	uint32_t answered;           /* bit g: local rank g got its error (or left) */
+	uint64_t t_ns;
+} exec_tomb_t;
+
 typedef struct exec_sub {
 	int have;
 	rw_sqe_t sqe;
@@ -87,6 +100,7 @@ struct exec_pair {
 	uint64_t row_bytes, rec_size, crec_size;
 	exec_sub_t dsub[RW_MAX_GPUS], csub[RW_MAX_GPUS];
 	uint32_t n_dsub, n_csub;
+	uint32_t answered;           /* local ranks already answered with an error for this key */
 	int slot;                    /* ours, -1 until held */
 	uint32_t *peer_slot;         /* [N] */
 	uint8_t *have_row;           /* [N] */
@@ -129,8 +143,8 @@ struct rw_svc_exec {
 	exec_group_t *groups;
 	exec_pair_t *pairs;          /* open and dead-but-draining pairs */
 	exec_row_t *rows;            /* early rows */
+	exec_tomb_t *tombs;          /* failed keys */
 	uint32_t next_handle;
-	uint32_t n_experts_env;      /* RAILWAVE_EXPERTS, 0 = one expert per rank */
 	ev_timer tick;
 };
 
@@ -309,6 +323,110 @@ static exec_pair_t *pair_new(rw_svc_exec_t *x, exec_group_t *g, const rw_wire_ke
 	return p;
 }
 
+/* ---- failed keys ------------------------------------------------------------------------- */
+
+static void rows_drop_key(rw_svc_exec_t *x, const char *group, const rw_wire_key_t *key)
+{
+	for (exec_row_t **rp = &x->rows; *rp;) {
+		exec_row_t *r = *rp;
+		if (strcmp(r->group, group) == 0 && rw_wire_key_eq(&r->key, key)) {
+			*rp = r->next;
+			free(r);
+		} else {
+			rp = &r->next;
+		}
+	}
+}
+
+static uint32_t all_local(const rw_svc_exec_t *x) { return (uint32_t)((1ull << x->gpus) - 1); }
+
+static exec_tomb_t **tomb_find(rw_svc_exec_t *x, const rw_wire_key_t *key)
+{
+	for (exec_tomb_t **tp = &x->tombs; *tp; tp = &(*tp)->next)
+		if (rw_wire_key_eq(&(*tp)->key, key))
+			return tp;
+	return NULL;
+}
+
+static void tomb_unlink(exec_tomb_t **tp)
+{
+	exec_tomb_t *t = *tp;
+	*tp = t->next;
+	free(t);
+}
+
+/* Record that `key` failed; `answered`: local ranks that already got their error. */
+static void tomb_add(rw_svc_exec_t *x, const char *group, const rw_wire_key_t *key,
+		     uint32_t answered)
+{
+	if (group)
+		rows_drop_key(x, group, key);
+	exec_tomb_t **tp = tomb_find(x, key);
+	exec_tomb_t *t = tp ? *tp : NULL;
+	if (!t) {
+		if ((answered & all_local(x)) == all_local(x))
+			return;
+		t = calloc(1, sizeof(*t));
+		if (!t)
+			return; /* stragglers then wait for a phase timeout instead */
+		t->key = *key;
+		t->next = x->tombs;
+		x->tombs = t;
+		tp = &x->tombs;
+	}
+	t->answered |= answered;
+	t->t_ns = rw_now_ns();
+	if ((t->answered & all_local(x)) == all_local(x))
+		tomb_unlink(tp);
+}
+
+/* 1 when a dispatch of `key` by local rank `local` must fail at once (its phase already failed
+ * here); counts the answer. */
+static int tomb_hit(rw_svc_exec_t *x, const rw_wire_key_t *key, uint32_t local)
+{
+	exec_tomb_t **tp = tomb_find(x, key);
+	if (!tp)
+		return 0;
+	exec_tomb_t *t = *tp;
+	if (rw_now_ns() - t->t_ns > (uint64_t)x->svc->cfg.phase_timeout_ms * 1000000ull ||
+	    (t->answered & (1u << local))) {
+		tomb_unlink(tp); /* stale, or a retry by a rank that already had its answer */
+		return 0;
+	}
+	t->answered |= 1u << local;
+	if ((t->answered & all_local(x)) == all_local(x))
+		tomb_unlink(tp);
+	return 1;
+}
+
+/* Local rank `local` of the group with this hash left: it will not come for its answer. */
+static void tomb_left(rw_svc_exec_t *x, uint32_t group_hash, uint32_t local)
+{
+	for (exec_tomb_t **tp = &x->tombs; *tp;) {
+		exec_tomb_t *t = *tp;
+		if (t->key.group == group_hash) {
+			t->answered |= 1u << local;
+			if ((t->answered & all_local(x)) == all_local(x)) {
+				tomb_unlink(tp);
+				continue;
+			}
+		}
+		tp = &t->next;
+	}
+}
+
+static void tell_peers_failed(rw_svc_exec_t *x, const rw_wire_key_t *key, int kind,
+			      rw_status_t st, const char *msg)
+{
+	rw_wire_phase_err_t e = { .key = *key, .kind = (uint32_t)kind, .status = st, .node = x->me };
+	snprintf(e.msg, sizeof(e.msg), "node %u: %s", x->me, msg);
+	uint8_t buf[RW_WIRE_PHASE_ERR_SIZE];
+	size_t n = rw_wire_phase_err_pack(&e, buf, sizeof(buf));
+	for (uint32_t peer = 0; peer < x->nodes; peer++)
+		if (peer != x->me)
+			rw_svc_mesh_send(x->mesh, peer, RW_WIRE_PHASE_ERR, buf, (uint32_t)n);
+}
+
 /* Fail the pair on this node: every local rank with a submission of the running kind gets an
  * error completion; `tell` broadcasts PHASE_ERR so the peers fail it too. */
 static void pair_fail(exec_pair_t *p, rw_status_t st, int client_err, const char *msg, int tell)
@@ -324,21 +442,17 @@ static void pair_fail(exec_pair_t *p, rw_status_t st, int client_err, const char
 	rw_svc_metrics_phase(&x->svc->metrics, p->have_layout ? p->path : RW_PATH_JOINT,
 			     (rw_svc_phase_kind_t)kind, 0, 0);
 	exec_sub_t *subs = kind == RW_SVC_COMBINE ? p->csub : p->dsub;
+	uint32_t answered = 0;
 	for (uint32_t g = 0; g < x->gpus; g++)
 		if (subs[g].have) {
 			complete_err(x, subs[g].client, &subs[g].sqe, client_err);
 			subs[g].have = 0;
+			answered |= 1u << g;
 		}
-	if (tell) {
-		rw_wire_phase_err_t e = { .key = p->key, .kind = (uint32_t)kind, .status = st,
-					  .node = x->me };
-		snprintf(e.msg, sizeof(e.msg), "node %u: %s", x->me, msg);
-		uint8_t buf[RW_WIRE_PHASE_ERR_SIZE];
-		size_t n = rw_wire_phase_err_pack(&e, buf, sizeof(buf));
-		for (uint32_t peer = 0; peer < x->nodes; peer++)
-			if (peer != x->me)
-				rw_svc_mesh_send(x->mesh, peer, RW_WIRE_PHASE_ERR, buf, (uint32_t)n);
-	}
+	if (kind == RW_SVC_DISPATCH)
+		tomb_add(x, p->g ? p->g->name : NULL, &p->key, answered | p->answered);
+	if (tell)
+		tell_peers_failed(x, &p->key, kind, st, msg);
 	pair_close(p, 0);
 }
 
@@ -423,6 +537,7 @@ static void ipc_client_left(void *ctx, rw_ipc_client_t *client, rw_ipc_leave_t r
 	}
 	g->member[mb->local] = NULL;
 	g->n_members--;
+	tomb_left(x, g->hash, mb->local);
 	free(mb);
 	if (g->n_members == 0) {
 		for (exec_group_t **gp = &x->groups; *gp; gp = &(*gp)->next)
@@ -565,6 +680,26 @@ static void pair_gathered(exec_pair_t *p)
 	pair_exchange(p);
 }
 
+/* A dispatch that cannot join its phase: answer it with `err` and fail the phase on every
+ * node (the open pair, or, when there is none yet, a tombstone here and PHASE_ERR to the
+ * peers), so no rank waits for a phase timeout. */
+static void dispatch_refuse(rw_svc_exec_t *x, exec_group_t *g, uint32_t local,
+			    rw_ipc_client_t *client, const rw_sqe_t *sqe, const rw_wire_key_t *key,
+			    int err, const char *msg)
+{
+	rw_warn("group %s layer %u step %llu: local rank %u: %s", g->name, key->layer,
+		(unsigned long long)key->step, local, msg);
+	complete_err(x, client, sqe, err);
+	exec_pair_t *p = g->pair;
+	if (p && rw_wire_key_eq(&p->key, key) && p->stage < ST_WAIT_C) {
+		p->answered |= 1u << local;
+		pair_fail(p, RW_ERR_INVAL, RW_E_PHASE, msg, 1);
+		return;
+	}
+	tomb_add(x, g->name, key, 1u << local);
+	tell_peers_failed(x, key, RW_SVC_DISPATCH, RW_ERR_INVAL, msg);
+}
+
 static void exec_submit_dispatch(rw_svc_exec_t *x, exec_member_t *mb, rw_ipc_client_t *client,
 				 const rw_sqe_t *sqe)
 {
@@ -578,6 +713,10 @@ static void exec_submit_dispatch(rw_svc_exec_t *x, exec_member_t *mb, rw_ipc_cli
 		complete_err(x, client, sqe, RW_E_TOKENS);
 		return;
 	}
+	if (tomb_hit(x, &key, mb->local)) {
+		complete_err(x, client, sqe, RW_E_PHASE);
+		return;
+	}
 	exec_pair_t *p = g->pair;
 	if (p && !rw_wire_key_eq(&p->key, &key)) {
 		if (p->stage == ST_WAIT_C && p->n_csub == 0) {
@@ -587,6 +726,32 @@ static void exec_submit_dispatch(rw_svc_exec_t *x, exec_member_t *mb, rw_ipc_cli
 			complete_err(x, client, sqe, RW_E_STATE);
 			return;
 		}
+	}
+	if (p && (p->stage != ST_GATHER_D || p->dsub[mb->local].have)) {
+		complete_err(x, client, sqe, RW_E_STATE);
+		return;
+	}
+	/* E: the group's experts, evenly over its W ranks, the same for every rank of the phase
+	 * (docs/dataflow.md "Groups, ranks, experts"). */
+	if (sqe->n_experts % g->world != 0) {
+		char msg[128];
+		snprintf(msg, sizeof(msg), "n_experts %u is not a multiple of the world size %u",
+			 sqe->n_experts, g->world);
+		dispatch_refuse(x, g, mb->local, client, sqe, &key, RW_E_EXPERTS, msg);
+		return;
+	}
+	if (p && sqe->n_experts != p->n_experts) {
+		char msg[128];
+		snprintf(msg, sizeof(msg), "n_experts %u differs from the phase's %u (local ranks disagree)",
+			 sqe->n_experts, p->n_experts);
+		dispatch_refuse(x, g, mb->local, client, sqe, &key, RW_E_EXPERTS, msg);
+		return;
+	}
+	if (p && (sqe->topk != p->topk || sqe->hidden != p->hidden ||
+		  wire_dtype(sqe->dtype) != p->dtype)) {
+		dispatch_refuse(x, g, mb->local, client, sqe, &key, RW_E_FIELD,
+				"local ranks disagree on topk/hidden/dtype");
+		return;
 	}
 	if (!p) {
 		if (x->svc->draining) {
@@ -601,7 +766,7 @@ static void exec_submit_dispatch(rw_svc_exec_t *x, exec_member_t *mb, rw_ipc_cli
 		p->topk = sqe->topk;
 		p->hidden = sqe->hidden;
 		p->dtype = wire_dtype(sqe->dtype);
-		p->n_experts = x->n_experts_env ? x->n_experts_env : g->world;
+		p->n_experts = sqe->n_experts;
 		p->row_bytes = rw_wire_row_bytes(p->hidden, p->dtype);
 		p->rec_size = rw_wire_rec_size(p->topk, p->hidden, p->dtype);
 		p->crec_size = rw_wire_crec_size(p->hidden, p->dtype);
@@ -611,15 +776,6 @@ static void exec_submit_dispatch(rw_svc_exec_t *x, exec_member_t *mb, rw_ipc_cli
 			.requested_path = force >= 0 && force < RW_PATH_COUNT ? (uint32_t)force : RW_WIRE_PATH_AUTO };
 		p->phase_t0 = rw_now_ns();
 	}
-	if (p->stage != ST_GATHER_D || p->dsub[mb->local].have) {
-		complete_err(x, client, sqe, RW_E_STATE);
-		return;
-	}
-	if (sqe->topk != p->topk || sqe->hidden != p->hidden || wire_dtype(sqe->dtype) != p->dtype) {
-		complete_err(x, client, sqe, RW_E_FIELD);
-		pair_fail(p, RW_ERR_INVAL, RW_E_PHASE, "local ranks disagree on topk/hidden/dtype", 1);
-		return;
-	}
 	exec_sub_t *s = &p->dsub[mb->local];
 	s->sqe = *sqe;
 	s->client = client;
@@ -628,7 +784,8 @@ static void exec_submit_dispatch(rw_svc_exec_t *x, exec_member_t *mb, rw_ipc_cli
 	s->weights = (const float *)(const void *)span_host(client, &sqe->topk_weights, NULL);
 	s->out = span_host(client, &sqe->output, &s->out_buf);
 	s->out_cap = sqe->output_capacity;
-	if (!s->tokens || !s->ids || !s->weights || !s->out) {
+	int empty = sqe->token_count == 0; /* routes nothing: its input spans may be absent */
+	if ((!empty && (!s->tokens || !s->ids || !s->weights)) || !s->out) {
 		complete_err(x, client, sqe, RW_E_NO_CUDA);
 		pair_fail(p, RW_ERR_UNSUPPORTED, RW_E_PHASE, "a local rank gave non-host buffers", 1);
 		return;
@@ -655,7 +812,8 @@ static void pair_try_decide(exec_pair_t *p)
 			char msg[128];
 			snprintf(msg, sizeof(msg), "node %u disagrees on E/topk/hidden/dtype (%u/%u/%u/%u)",
 				 n, pp->n_experts, pp->topk, pp->hidden, pp->dtype);
-			pair_fail(p, RW_ERR_INVAL, RW_E_PHASE, msg, 0);
+			pair_fail(p, RW_ERR_INVAL,
+				  pp->n_experts != p->params.n_experts ? RW_E_EXPERTS : RW_E_PHASE, msg, 0);
 			return;
 		}
 		if (forced < 0 && pp->requested_path != RW_WIRE_PATH_AUTO)
@@ -1047,7 +1205,8 @@ static void complete_combine(exec_pair_t *p)
 	uint64_t ns = rw_now_ns() - p->phase_t0;
 	for (uint32_t g = 0; g < x->gpus; g++) {
 		exec_sub_t *s = &p->csub[g];
-		rw_svc_row_store(s->out, p->dtype, p->owner_acc[g], p->rt[g].n_tokens * p->hidden);
+		if (p->rt[g].n_tokens)
+			rw_svc_row_store(s->out, p->dtype, p->owner_acc[g], p->rt[g].n_tokens * p->hidden);
 		rw_cqe_t c;
 		memset(&c, 0, sizeof(c));
 		c.status = RW_CQ_OK;
@@ -1141,12 +1300,20 @@ static void exec_submit_combine(rw_svc_exec_t *x, exec_member_t *mb, rw_ipc_clie
 		complete_err(x, client, sqe, RW_E_STATE);
 		return;
 	}
-	/* token_count = rows received; a rank that received none submits one ignored row (the
-	 * IPC contract has no empty submissions). */
-	if (sqe->token_count != RW_MAX(p->fwd_n[g], 1u) || sqe->hidden != p->hidden ||
-	    wire_dtype(sqe->dtype) != p->dtype ||
+	/* token_count = rows received, 0 when none. Protocol-1 clients sent one ignored row
+	 * instead of an empty combine: still accepted. */
+	if ((sqe->token_count != p->fwd_n[g] && !(p->fwd_n[g] == 0 && sqe->token_count == 1)) ||
+	    sqe->hidden != p->hidden || wire_dtype(sqe->dtype) != p->dtype ||
 	    (sqe->dtype != RW_DTYPE_BF16 && sqe->dtype != RW_DTYPE_FP32)) {
 		complete_err(x, client, sqe, RW_E_TOKENS);
+		return;
+	}
+	if (sqe->n_experts != 0 && sqe->n_experts != p->n_experts) {
+		complete_err(x, client, sqe, RW_E_EXPERTS);
+		return;
+	}
+	if (sqe->output_capacity < (uint64_t)p->rt[g].n_tokens * p->row_bytes) {
+		complete_err(x, client, sqe, RW_E_RANGE);
 		return;
 	}
 	exec_sub_t *s = &p->csub[g];
@@ -1155,12 +1322,8 @@ static void exec_submit_combine(rw_svc_exec_t *x, exec_member_t *mb, rw_ipc_clie
 	s->tokens = span_host(client, &sqe->tokens, NULL);
 	s->out = span_host(client, &sqe->output, &s->out_buf);
 	s->out_cap = sqe->output_capacity;
-	if (!s->out || (!s->tokens && sqe->token_count)) {
+	if ((!s->out && p->rt[g].n_tokens) || (!s->tokens && p->fwd_n[g])) {
 		complete_err(x, client, sqe, RW_E_NO_CUDA);
-		return;
-	}
-	if (s->out_cap < (uint64_t)p->rt[g].n_tokens * p->row_bytes) {
-		complete_err(x, client, sqe, RW_E_RANGE);
 		return;
 	}
 	s->have = 1;
@@ -1219,6 +1382,8 @@ static void mesh_counts(void *ctx, uint32_t peer, const rw_wire_counts_t *c)
 	}
 	if (c->slot >= SLOTS)
 		return;
+	if (tomb_find(x, &c->key))
+		return; /* that phase already failed here */
 	/* Early: keep it until our own ranks get there (or it goes stale). */
 	exec_row_t *r = malloc(sizeof(*r) + nr * sizeof(uint32_t));
 	if (!r)
@@ -1239,8 +1404,12 @@ static void mesh_phase_err(void *ctx, uint32_t peer, const rw_wire_phase_err_t *
 {
 	rw_svc_exec_t *x = ctx;
 	exec_pair_t *p = pair_by_key(x, &e->key);
-	if (!p)
+	if (!p) {
+		/* Failed before our ranks got there: they fail at once when they come. */
+		if (e->kind == RW_SVC_DISPATCH)
+			tomb_add(x, NULL, &e->key, 0);
 		return;
+	}
 	char msg[RW_WIRE_ERRMSG_MAX + 32];
 	snprintf(msg, sizeof(msg), "peer %u failed it: %s", peer, e->msg);
 	pair_fail(p, (rw_status_t)e->status, RW_E_PHASE, msg, 0);
@@ -1347,6 +1516,12 @@ static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 			pair_exchange(p);
 	}
 	uint64_t stale = rw_now_ns() - (uint64_t)x->svc->cfg.phase_timeout_ms * 1000000ull;
+	for (exec_tomb_t **tp = &x->tombs; *tp;) {
+		if ((*tp)->t_ns < stale)
+			tomb_unlink(tp);
+		else
+			tp = &(*tp)->next;
+	}
 	for (exec_row_t **rp = &x->rows; *rp;) {
 		exec_row_t *r = *rp;
 		if (r->t_ns < stale) {
@@ -1370,8 +1545,6 @@ rw_status_t rw_svc_mesh_start(rw_svc_t *svc)
 	x->rails = svc->cfg.rails;
 	x->gpus = svc->cfg.gpus_per_node;
 	x->me = svc->cfg.me;
-	const char *e = getenv("RAILWAVE_EXPERTS");
-	x->n_experts_env = e ? (uint32_t)strtoul(e, NULL, 10) : 0;
 	/* recv_region_mib is the receive memory of the node; each rail gets an equal share, and
 	 * the same again for send staging: 4 sub-areas per slot. */
 	uint64_t recv = (uint64_t)svc->cfg.recv_region_mib << 20;
@@ -1414,6 +1587,8 @@ void rw_svc_mesh_stop(rw_svc_t *svc)
 		x->rows = r->next;
 		free(r);
 	}
+	while (x->tombs)
+		tomb_unlink(&x->tombs);
 	while (x->groups) {
 		exec_group_t *g = x->groups;
 		x->groups = g->next;

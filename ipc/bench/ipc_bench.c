@@ -176,6 +176,7 @@ static int ring_round_trips(const char *path, int busy, unsigned warmup, unsigne
 	e.topk_weights = (rw_span_t){.buf_id = buf, .offset = 266240};
 	e.output = (rw_span_t){.buf_id = buf, .offset = 524288};
 	e.output_capacity = 262144;
+	e.n_experts = 64;
 	for (unsigned i = 0; i < warmup + n; i++) {
 		e.phase_id = i;
 		rw_cqe_t cqe;

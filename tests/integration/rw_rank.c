@@ -1,34 +1,48 @@
-/* One trainer rank for the multi-daemon integration tests (tests/integration/test_dataflow.sh):
+/* One trainer rank for the multi-daemon integration tests (tests/integration/test_dataflow.py):
  * connects to its node's railwaved through librailwave, runs dispatch + combine for many layers
  * and steps, and checks every result against a reference it computes itself. The workload of
  * every rank is a pure function of (seed, step, layer, rank), so each rank knows exactly which
  * tokens of which ranks must reach it, with which data, ids and weights, and what combine must
  * return - without asking anyone.
  *
- *   rw_rank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS SEED MODE
+ *   rw_rank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS SEED MODE [FLAGS]
  *   MODE: ok        run everything, exit 0 iff every check passed
  *         fail      submit one dispatch, expect an error completion (exit 0), else exit 1
  *         idle      connect, then sleep until killed (a rank that dies mid-phase)
+ *   FLAGS (after the positional arguments; every one optional):
+ *     --hidden H          elements per row (default 24)
+ *     --submit-experts E  n_experts put in the dispatch submissions (default EXPERTS): a wrong
+ *                         value must be refused (mode fail)
+ *     --empty             some ranks route nothing in some phases and some phases route nothing
+ *                         at all (0-token dispatches, 0-row combines)
+ *     --cuda              buffers in CUDA device memory (driver loaded at run time through
+ *                         cuda/rw_cuda.h, exported by IPC handle and registered with
+ *                         rw_client_register_cuda); inputs are copied in and results copied back
+ *                         for the same checks. Exit 77 when no CUDA driver/device is usable.
  *
  * Experts: rank r hosts experts [r*E/W, (r+1)*E/W); expert e's "MLP" multiplies by (e % 3 + 1).
- * Values are small integers and weights 0.5 or 1, so every sum is exact in fp32 and bf16. */
+ * Values are small integers and weights 0.5 or 1, so every sum is exact in fp32 and bf16.
+ * Output: "rank R: S steps x L layers verified" (ok), "failed as expected: <error>" (fail),
+ * "ready" (idle). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "cuda/rw_cuda.h"
 #include "ipc/railwave.h"
 
-enum { HIDDEN = 24, TOPK = 4, MAX_TOKENS = 48 };
+enum { TOPK = 4, MAX_TOKENS = 48, MAX_ROWS = 3 * MAX_TOKENS };
 
-static uint32_t nodes, gpus, world, experts, per_rank;
+static uint32_t nodes, gpus, world, experts, per_rank, hidden = 24;
+static int empty_phases;
 
 typedef struct work {
 	uint32_t n;
-	int32_t ids[3 * MAX_TOKENS][TOPK];
-	float w[3 * MAX_TOKENS][TOPK];
-	float x[3 * MAX_TOKENS][HIDDEN];
+	int32_t ids[MAX_ROWS][TOPK];
+	float w[MAX_ROWS][TOPK];
+	float *x; /* [MAX_ROWS][hidden] */
 } work_t;
 
 static uint64_t mix(uint64_t z)
@@ -43,12 +57,20 @@ typedef struct rng { uint64_t s; } rng_t;
 static uint32_t next(rng_t *r) { r->s = mix(r->s); return (uint32_t)(r->s >> 32); }
 
 /* The workload of `rank` at (step, layer): skewed experts (a hot quarter chosen half the time,
- * shifted per rank: per-source heterogeneity) and skewed rails (local GPU 0 owns 3x tokens). */
+ * shifted per rank: per-source heterogeneity) and skewed rails (local GPU 0 owns 3x tokens).
+ * With --empty, phase (step 0, layer 1) and one phase in five route nothing anywhere (every
+ * rank dispatches 0 tokens and combines 0 rows) and one rank in four routes nothing in the
+ * others. */
 static void gen(uint64_t seed, uint32_t step, uint32_t layer, uint32_t rank, work_t *wk)
 {
 	rng_t r = { mix(seed ^ ((uint64_t)step << 40) ^ ((uint64_t)layer << 20) ^ rank) };
 	uint32_t base = 1 + next(&r) % MAX_TOKENS;
 	wk->n = rank % gpus == 0 ? base * 3 : base;
+	if (empty_phases) {
+		uint64_t ph = mix(seed ^ 0x5eedull ^ ((uint64_t)step << 40) ^ ((uint64_t)layer << 20));
+		if (ph % 5 == 1 || (step == 0 && layer == 1) || next(&r) % 4 == 0)
+			wk->n = 0;
+	}
 	uint32_t hot = experts / 4 ? experts / 4 : 1, shift = (rank * 7 + layer) % experts;
 	for (uint32_t t = 0; t < wk->n; t++) {
 		for (uint32_t k = 0; k < TOPK; k++) {
@@ -69,8 +91,8 @@ static void gen(uint64_t seed, uint32_t step, uint32_t layer, uint32_t rank, wor
 			wk->ids[t][k] = e;
 			wk->w[t][k] = next(&r) % 2 ? 0.5f : 1.0f;
 		}
-		for (uint32_t h = 0; h < HIDDEN; h++)
-			wk->x[t][h] = (float)((int)(next(&r) % 9) - 4);
+		for (uint32_t h = 0; h < hidden; h++)
+			wk->x[(size_t)t * hidden + h] = (float)((int)(next(&r) % 9) - 4);
 	}
 }
 
@@ -94,7 +116,7 @@ static float from_bf16(uint16_t v)
 
 static void put_row(uint8_t *dst, int bf16, const float *v)
 {
-	for (uint32_t h = 0; h < HIDDEN; h++) {
+	for (uint32_t h = 0; h < hidden; h++) {
 		if (bf16) {
 			uint16_t b = to_bf16(v[h]);
 			memcpy(dst + 2 * h, &b, 2);
@@ -120,6 +142,10 @@ static float get_elem(const uint8_t *src, int bf16, uint32_t h)
 	fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); return 1; } } while (0)
 
 static uint32_t me;
+static work_t mine, other;   /* scratch of run(), allocated by main() */
+static uint8_t *seen;
+static uint32_t *ecount;
+static float *outv;
 
 static int wait_one(rw_client_t *c, rw_cqe_t *cqe, int timeout_ms)
 {
@@ -127,90 +153,130 @@ static int wait_one(rw_client_t *c, rw_cqe_t *cqe, int timeout_ms)
 	return n == 1 ? 0 : -1;
 }
 
-int main(int argc, char **argv)
+/* Where the rank's buffer lives: a memfd mapping the daemon shares, or device memory with a host
+ * mirror that every check reads (copied in before a submission, back after a completion). */
+typedef struct rank_buf {
+	int cuda;
+	int device;
+	rw_cuda_dptr_t dptr;
+	uint8_t *mem; /* host mapping, or the mirror */
+	uint32_t id;
+} rank_buf_t;
+
+static int buf_to_dev(const rank_buf_t *b, uint64_t off, uint64_t len)
 {
-	if (argc != 11) {
-		fprintf(stderr, "usage: rw_rank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS SEED MODE\n");
-		return 2;
-	}
-	const char *sock = argv[1], *group = argv[2], *mode = argv[10];
-	me = (uint32_t)atoi(argv[3]);
-	nodes = (uint32_t)atoi(argv[4]);
-	gpus = (uint32_t)atoi(argv[5]);
-	experts = (uint32_t)atoi(argv[6]);
-	uint32_t layers = (uint32_t)atoi(argv[7]), steps = (uint32_t)atoi(argv[8]);
-	uint64_t seed = strtoull(argv[9], NULL, 10);
-	world = nodes * gpus;
-	per_rank = experts / world;
+	if (!b->cuda || len == 0)
+		return 0;
+	return rw_cuda_memcpy_htod(b->device, b->dptr + off, b->mem + off, len) == RW_OK ? 0 : -1;
+}
 
-	rw_client_opts_t o = { .socket_path = sock, .group = group, .rank = me, .world_size = world,
-			       .node = me / gpus, .local_gpu = (int32_t)(me % gpus) };
-	rw_client_t *c = NULL;
-	int rc = rw_client_connect(&o, &c);
-	CHECK(rc == 0, "connect: %s", rw_client_strerror(rc));
-	if (strcmp(mode, "idle") == 0) {
-		printf("ready\n");
-		fflush(stdout);
-		for (;;)
-			pause();
-	}
+static int buf_from_dev(const rank_buf_t *b, uint64_t off, uint64_t len)
+{
+	if (!b->cuda || len == 0)
+		return 0;
+	return rw_cuda_memcpy_dtoh(b->device, b->mem + off, b->dptr + off, len) == RW_OK ? 0 : -1;
+}
 
+static int buf_register(rw_client_t *c, size_t total, rank_buf_t *b)
+{
+	if (!b->cuda) {
+		int rc = rw_client_register_host(c, total, &b->id, (void **)&b->mem);
+		CHECK(rc == 0, "register host: %s", rw_client_strerror(rc));
+		return 0;
+	}
+	int ndev = rw_cuda_device_count();
+	CHECK(ndev > 0, "no CUDA device");
+	b->device = (int)(me % gpus) % ndev;
+	CHECK(rw_cuda_mem_alloc(b->device, total, &b->dptr) == RW_OK, "cuda alloc %zu bytes", total);
+	CHECK(rw_cuda_memset_d8(b->device, b->dptr, 0, total) == RW_OK, "cuda memset");
+	b->mem = calloc(1, total);
+	CHECK(b->mem, "out of memory");
+	rw_cuda_ipc_desc_t d;
+	CHECK(rw_cuda_ipc_export(b->dptr, total, &d) == RW_OK, "cuda ipc export");
+	rw_client_cuda_desc_t cd;
+	memset(&cd, 0, sizeof(cd));
+	memcpy(cd.ipc_handle, d.handle.bytes, sizeof(cd.ipc_handle));
+	cd.alloc_id = d.buffer_id;
+	cd.alloc_bytes = d.alloc_bytes;
+	cd.offset = d.offset;
+	cd.bytes = d.bytes;
+	memcpy(cd.device_uuid, d.device_uuid, sizeof(cd.device_uuid));
+	cd.device = b->device;
+	int rc = rw_client_register_cuda(c, &cd, &b->id);
+	CHECK(rc == 0, "register cuda: %s (%s)", rw_client_strerror(rc), rw_client_last_message(c));
+	return 0;
+}
+
+static void buf_release(rank_buf_t *b)
+{
+	if (!b->cuda)
+		return;
+	free(b->mem);
+	if (b->dptr)
+		rw_cuda_mem_free(b->device, b->dptr);
+	b->mem = NULL;
+	b->dptr = 0;
+}
+
+static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers, uint32_t steps,
+	       uint64_t seed, uint32_t submit_experts)
+{
 	/* One buffer: inputs, dispatch output, combine inputs and output. */
-	const size_t in_bytes = 3 * MAX_TOKENS * (HIDDEN * 4 + TOPK * 8);
-	const size_t out_cap = (size_t)world * 3 * MAX_TOKENS * (HIDDEN * 4 + 16 + TOPK * 8) + 4 * experts + 64;
-	const size_t comb_in = (size_t)world * 3 * MAX_TOKENS * HIDDEN * 4;
-	const size_t comb_out = 3 * MAX_TOKENS * HIDDEN * 4;
+	const size_t in_bytes = (size_t)MAX_ROWS * (hidden * 4 + TOPK * 8);
+	const size_t out_cap = (size_t)world * MAX_ROWS * (hidden * 4 + 16 + TOPK * 8) + 4 * experts + 64;
+	const size_t comb_in = (size_t)world * MAX_ROWS * hidden * 4;
+	const size_t comb_out = (size_t)MAX_ROWS * hidden * 4;
 	size_t total = in_bytes + out_cap + comb_in + comb_out;
-	uint32_t buf_id;
-	uint8_t *mem;
-	rc = rw_client_register_host(c, total, &buf_id, (void **)&mem);
-	CHECK(rc == 0, "register: %s", rw_client_strerror(rc));
-	const uint64_t off_tok = 0, off_ids = 3 * MAX_TOKENS * HIDDEN * 4,
-		       off_w = off_ids + 3 * MAX_TOKENS * TOPK * 4, off_out = in_bytes,
+	if (buf_register(c, total, b))
+		return 1;
+	uint8_t *mem = b->mem;
+	const uint32_t buf_id = b->id;
+	const uint64_t off_tok = 0, off_ids = (uint64_t)MAX_ROWS * hidden * 4,
+		       off_w = off_ids + MAX_ROWS * TOPK * 4, off_out = in_bytes,
 		       off_cin = off_out + out_cap, off_cout = off_cin + comb_in;
 
-	static work_t mine, other;
-	uint32_t *expect_n = calloc(world, sizeof(uint32_t));
-	uint8_t *seen = malloc((size_t)world * 3 * MAX_TOKENS);
+	CHECK(mine.x && other.x && seen && ecount && outv, "out of memory");
 	for (uint32_t step = 0; step < steps; step++)
 		for (uint32_t layer = 0; layer < layers; layer++) {
 			int bf16 = (layer + step) % 2;
-			uint32_t esz = bf16 ? 2 : 4, row = HIDDEN * esz;
+			uint32_t esz = bf16 ? 2 : 4, row = hidden * esz;
 			gen(seed, step, layer, me, &mine);
 			for (uint32_t t = 0; t < mine.n; t++) {
-				put_row(mem + off_tok + (uint64_t)t * row, bf16, mine.x[t]);
+				put_row(mem + off_tok + (uint64_t)t * row, bf16, mine.x + (size_t)t * hidden);
 				memcpy(mem + off_ids + (uint64_t)t * TOPK * 4, mine.ids[t], TOPK * 4);
 				memcpy(mem + off_w + (uint64_t)t * TOPK * 4, mine.w[t], TOPK * 4);
 			}
+			CHECK(buf_to_dev(b, 0, in_bytes) == 0, "copy inputs to the device");
+			/* A rank that routes nothing names no input buffers (allowed for empty spans). */
+			rw_span_t none = { RW_BUF_NONE, 0, 0 };
 			rw_sqe_t s = { .kind = RW_KIND_DISPATCH, .dtype = bf16 ? RW_DTYPE_BF16 : RW_DTYPE_FP32,
 				       .topk = TOPK, .layer = layer, .phase_id = step * 1000 + layer,
-				       .step = step, .user_data = 7, .token_count = mine.n, .hidden = HIDDEN,
+				       .step = step, .user_data = 7, .token_count = mine.n, .hidden = hidden,
 				       .tokens = { buf_id, 0, off_tok }, .topk_ids = { buf_id, 0, off_ids },
 				       .topk_weights = { buf_id, 0, off_w }, .output = { buf_id, 0, off_out },
-				       .output_capacity = out_cap };
-			rc = rw_client_submit(c, &s, 1);
+				       .output_capacity = out_cap, .n_experts = submit_experts };
+			if (mine.n == 0 && (step + layer + me) % 2)
+				s.tokens = s.topk_ids = s.topk_weights = none;
+			int rc = rw_client_submit(c, &s, 1);
 			CHECK(rc == 0, "submit dispatch: %s", rw_client_strerror(rc));
 			rw_cqe_t cq;
 			CHECK(wait_one(c, &cq, 30000) == 0, "no dispatch completion");
 			if (strcmp(mode, "fail") == 0) {
 				CHECK(cq.status == RW_CQ_ERROR, "dispatch succeeded but should have failed");
 				printf("failed as expected: %s\n", rw_client_strerror(cq.error));
-				free(expect_n);
-				free(seen);
-				rw_client_close(c);
 				return 0;
 			}
 			CHECK(cq.status == RW_CQ_OK, "step %u layer %u dispatch failed: %s (%s)", step, layer,
 			      rw_client_strerror(cq.error), rw_client_last_message(c));
 			CHECK(cq.phase_id == s.phase_id && cq.user_data == 7, "completion ids");
+			CHECK(buf_from_dev(b, off_out, out_cap) == 0, "copy the dispatch output back");
 
 			/* Which rows must arrive: every token of every rank with an expert on me. */
 			uint32_t expect_total = 0;
-			memset(seen, 0, (size_t)world * 3 * MAX_TOKENS);
-			uint32_t ecount[4096] = { 0 };
+			memset(seen, 0, (size_t)world * MAX_ROWS);
+			memset(ecount, 0, sizeof(uint32_t) * experts);
 			for (uint32_t q = 0; q < world; q++) {
 				gen(seed, step, layer, q, &other);
-				expect_n[q] = other.n;
 				for (uint32_t t = 0; t < other.n; t++) {
 					int hit = 0;
 					for (uint32_t k = 0; k < TOPK; k++)
@@ -233,7 +299,6 @@ int main(int argc, char **argv)
 			uint64_t meta_bytes = 16 + 8 * TOPK;
 			uint64_t cap = (out_cap - cbytes) / (row + meta_bytes);
 			const uint8_t *rows = mem + off_out + cbytes, *metas = rows + cap * row;
-			float outv[HIDDEN];
 			for (uint32_t j = 0; j < cq.recv_tokens; j++) {
 				const uint8_t *m = metas + j * meta_bytes;
 				uint32_t src_node, src_rank, token;
@@ -243,51 +308,136 @@ int main(int argc, char **argv)
 				CHECK(src_rank < world && src_rank / gpus == src_node, "row %u: bad source", j);
 				gen(seed, step, layer, src_rank, &other);
 				CHECK(token < other.n, "row %u: bad token %u", j, token);
-				uint8_t *sn = &seen[src_rank * 3 * MAX_TOKENS + token];
+				uint8_t *sn = &seen[src_rank * MAX_ROWS + token];
 				CHECK(!*sn, "row %u: rank %u token %u delivered twice", j, src_rank, token);
 				*sn = 1;
 				CHECK(memcmp(m + 16, other.ids[token], TOPK * 4) == 0, "row %u: ids differ", j);
 				CHECK(memcmp(m + 16 + 4 * TOPK, other.w[token], TOPK * 4) == 0, "row %u: weights differ", j);
-				for (uint32_t h = 0; h < HIDDEN; h++)
-					CHECK(get_elem(rows + (uint64_t)j * row, bf16, h) == other.x[token][h],
+				const float *xt = other.x + (size_t)token * hidden;
+				for (uint32_t h = 0; h < hidden; h++)
+					CHECK(get_elem(rows + (uint64_t)j * row, bf16, h) == xt[h],
 					      "row %u (rank %u token %u): data differs at %u", j, src_rank, token, h);
 				/* Expert compute: sum over my own experts of w * f(e) * x. */
-				for (uint32_t h = 0; h < HIDDEN; h++)
+				for (uint32_t h = 0; h < hidden; h++)
 					outv[h] = 0;
 				for (uint32_t k = 0; k < TOPK; k++) {
 					int32_t e = other.ids[token][k];
 					if (e >= 0 && (uint32_t)e / per_rank == me)
-						for (uint32_t h = 0; h < HIDDEN; h++)
-							outv[h] += other.w[token][k] * factor(e) * other.x[token][h];
+						for (uint32_t h = 0; h < hidden; h++)
+							outv[h] += other.w[token][k] * factor(e) * xt[h];
 				}
 				put_row(mem + off_cin + (uint64_t)j * row, bf16, outv);
 			}
+			CHECK(buf_to_dev(b, off_cin, (uint64_t)cq.recv_tokens * row) == 0,
+			      "copy the combine input to the device");
 
+			/* Empty combines: no rows received -> 0 rows and no input buffer; no token
+			 * sent -> no output buffer either (every other phase, to cover both forms). */
 			rw_sqe_t cs = { .kind = RW_KIND_COMBINE, .dtype = s.dtype, .topk = TOPK, .layer = layer,
 					.phase_id = s.phase_id + 500, .step = step, .user_data = 8,
-					.token_count = cq.recv_tokens ? cq.recv_tokens : 1, .hidden = HIDDEN,
+					.token_count = cq.recv_tokens, .hidden = hidden,
 					.handle_id = cq.handle_id, .tokens = { buf_id, 0, off_cin },
-					.topk_ids = { RW_BUF_NONE, 0, 0 }, .topk_weights = { RW_BUF_NONE, 0, 0 },
-					.output = { buf_id, 0, off_cout }, .output_capacity = comb_out };
+					.topk_ids = none, .topk_weights = none,
+					.output = { buf_id, 0, off_cout }, .output_capacity = comb_out,
+					.n_experts = (step + layer) % 2 ? experts : 0 };
+			if (cq.recv_tokens == 0 && (step + layer + me) % 2)
+				cs.tokens = none;
+			if (mine.n == 0 && (step + layer + me) % 2) {
+				cs.output = none;
+				cs.output_capacity = 0;
+			}
 			rc = rw_client_submit(c, &cs, 1);
 			CHECK(rc == 0, "submit combine: %s", rw_client_strerror(rc));
 			CHECK(wait_one(c, &cq, 30000) == 0, "no combine completion");
 			CHECK(cq.status == RW_CQ_OK, "step %u layer %u combine failed: %s (%s)", step, layer,
 			      rw_client_strerror(cq.error), rw_client_last_message(c));
+			CHECK(cq.recv_tokens == mine.n, "combine returned %u rows, expected %u",
+			      cq.recv_tokens, mine.n);
+			CHECK(buf_from_dev(b, off_cout, (uint64_t)mine.n * row) == 0,
+			      "copy the combine output back");
 			for (uint32_t t = 0; t < mine.n; t++)
-				for (uint32_t h = 0; h < HIDDEN; h++) {
+				for (uint32_t h = 0; h < hidden; h++) {
 					float ref = 0;
 					for (uint32_t k = 0; k < TOPK; k++)
 						if (mine.ids[t][k] >= 0)
-							ref += mine.w[t][k] * factor(mine.ids[t][k]) * mine.x[t][h];
+							ref += mine.w[t][k] * factor(mine.ids[t][k]) *
+							       mine.x[(size_t)t * hidden + h];
 					float got = get_elem(mem + off_cout + (uint64_t)t * row, bf16, h);
 					CHECK(got == ref, "step %u layer %u token %u elem %u: combine %g, expected %g",
 					      step, layer, t, h, got, ref);
 				}
 		}
-	free(expect_n);
-	free(seen);
-	rw_client_close(c);
-	printf("rank %u: %u steps x %u layers verified\n", me, steps, layers);
+	printf("rank %u: %u steps x %u layers verified%s\n", me, steps, layers,
+	       b->cuda ? " (CUDA buffers)" : "");
 	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 11) {
+		fprintf(stderr, "usage: rw_rank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS SEED MODE "
+				"[--hidden H] [--submit-experts E] [--empty] [--cuda]\n");
+		return 2;
+	}
+	const char *sock = argv[1], *group = argv[2], *mode = argv[10];
+	me = (uint32_t)atoi(argv[3]);
+	nodes = (uint32_t)atoi(argv[4]);
+	gpus = (uint32_t)atoi(argv[5]);
+	experts = (uint32_t)atoi(argv[6]);
+	uint32_t layers = (uint32_t)atoi(argv[7]), steps = (uint32_t)atoi(argv[8]);
+	uint64_t seed = strtoull(argv[9], NULL, 10);
+	uint32_t submit_experts = experts;
+	rank_buf_t b = { 0 };
+	for (int i = 11; i < argc; i++) {
+		if (strcmp(argv[i], "--hidden") == 0 && i + 1 < argc) {
+			hidden = (uint32_t)atoi(argv[++i]);
+		} else if (strcmp(argv[i], "--submit-experts") == 0 && i + 1 < argc) {
+			submit_experts = (uint32_t)strtoul(argv[++i], NULL, 10);
+		} else if (strcmp(argv[i], "--empty") == 0) {
+			empty_phases = 1;
+		} else if (strcmp(argv[i], "--cuda") == 0) {
+			b.cuda = 1;
+		} else {
+			fprintf(stderr, "rw_rank: unknown flag %s\n", argv[i]);
+			return 2;
+		}
+	}
+	world = nodes * gpus;
+	if (!gpus || !experts || !world || experts % world || !hidden || hidden > 65536) {
+		fprintf(stderr, "rw_rank: need GPUS > 0, EXPERTS a multiple of NODES*GPUS, 0 < H <= 65536\n");
+		return 2;
+	}
+	per_rank = experts / world;
+	if (b.cuda && (rw_cuda_init() != RW_OK || rw_cuda_device_count() < 1)) {
+		printf("skip: no CUDA: %s\n", rw_cuda_unavailable_reason());
+		return 77;
+	}
+
+	rw_client_opts_t o = { .socket_path = sock, .group = group, .rank = me, .world_size = world,
+			       .node = me / gpus, .local_gpu = (int32_t)(me % gpus) };
+	rw_client_t *c = NULL;
+	int rc = rw_client_connect(&o, &c);
+	CHECK(rc == 0, "connect: %s", rw_client_strerror(rc));
+	if (strcmp(mode, "idle") == 0) {
+		printf("ready\n");
+		fflush(stdout);
+		for (;;)
+			pause();
+	}
+	mine.x = malloc(sizeof(float) * MAX_ROWS * hidden);
+	other.x = malloc(sizeof(float) * MAX_ROWS * hidden);
+	seen = malloc((size_t)world * MAX_ROWS);
+	ecount = malloc(sizeof(uint32_t) * experts);
+	outv = malloc(sizeof(float) * hidden);
+	rc = run(c, &b, mode, layers, steps, seed, submit_experts);
+	free(mine.x);
+	free(other.x);
+	free(seen);
+	free(ecount);
+	free(outv);
+	rw_client_close(c); /* the daemon releases its import before we free the memory */
+	buf_release(&b);
+	if (b.cuda)
+		rw_cuda_shutdown();
+	return rc;
 }

@@ -37,6 +37,8 @@ class Cluster:
         self.tmp, self.nodes, self.path = tmp, nodes, path
         self.experts = experts or nodes * GPUS * 2
         self.procs = {}
+        self.env = dict(os.environ)
+        self.rank_flags = []
         cfg = {
             "cluster": "it", "transport": "tcp", "gpus_per_node": GPUS,
             "control_port": 7400, "rail_port": 7500,
@@ -62,10 +64,9 @@ class Cluster:
 
     def start(self, n):
         log = open(os.path.join(self.tmp, "d%d.log" % n), "a")
-        env = dict(os.environ, RAILWAVE_EXPERTS=str(self.experts))
         self.procs[n] = subprocess.Popen(
             [DAEMON, "--config", self.cfg_path, "--node", str(n), "--path", self.path],
-            stdout=log, stderr=subprocess.STDOUT, env=env)
+            stdout=log, stderr=subprocess.STDOUT, env=self.env)
 
     def start_all(self):
         for n in range(self.nodes):
@@ -130,27 +131,34 @@ class Cluster:
                 out += ["  d%d| %s" % (n, l) for l in lines[-25:]]
         return "\n".join(out)
 
-    def rank(self, r, group, layers, steps, seed, mode="ok"):
+    def rank(self, r, group, layers, steps, seed, mode="ok", flags=()):
         node = r // GPUS
         return subprocess.Popen(
             [RANK, self.cfg["nodes"][node]["ipc_socket"], group, str(r), str(self.nodes), str(GPUS),
-             str(self.experts), str(layers), str(steps), str(seed), mode],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             str(self.experts), str(layers), str(steps), str(seed), mode]
+            + list(self.rank_flags) + list(flags),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env)
 
-    def run_ranks(self, group, layers, steps, seed, ranks=None):
-        ranks = range(self.nodes * GPUS) if ranks is None else ranks
-        procs = [(r, self.rank(r, group, layers, steps, seed)) for r in ranks]
-        fails = []
+    def collect(self, procs, want=0):
+        """Wait for (rank, process) pairs; each must exit `want`. Returns their outputs."""
+        fails, outs = [], {}
         for r, p in procs:
             try:
                 out, _ = p.communicate(timeout=WAIT)
             except subprocess.TimeoutExpired:
                 p.kill()
                 out, _ = p.communicate()
-            if p.returncode != 0:
-                fails.append("rank %d rc %s: %s" % (r, p.returncode, out.decode().strip()[-400:]))
+            outs[r] = out.decode()
+            if p.returncode != want:
+                fails.append("rank %d rc %s: %s" % (r, p.returncode, outs[r].strip()[-400:]))
         if fails:
             raise RuntimeError("\n".join(fails) + "\n" + self.logs())
+        return outs
+
+    def run_ranks(self, group, layers, steps, seed, ranks=None, flags=()):
+        ranks = range(self.nodes * GPUS) if ranks is None else ranks
+        return self.collect([(r, self.rank(r, group, layers, steps, seed, flags=flags))
+                             for r in ranks])
 
 
 def scenario_paths(tmp, seed):
@@ -160,13 +168,42 @@ def scenario_paths(tmp, seed):
         c = Cluster(tmp, nodes, path=path)
         try:
             c.start_all()
-            c.run_ranks("g." + path, layers=4, steps=3, seed=seed + i)
+            c.run_ranks("g." + path, layers=4, steps=3, seed=seed + i, flags=["--empty"])
             st = c.stats(0, "stats selector")
             if path != "auto" and ("path=" + path) not in st and path not in st:
                 raise RuntimeError("selector stats do not show the forced path %s:\n%s" % (path, st))
         finally:
             c.stop()
         print("ok   path %-9s N=%d R=%d G=%d (%s)" % (path, nodes, RAILS, GPUS, seed + i))
+
+
+def scenario_experts(tmp, seed):
+    """E travels in the submission: a rank whose n_experts is not a multiple of W, or differs
+    from its phase's, gets RW_E_EXPERTS and every other rank of the phase, on every node, fails
+    at once (no phase timeout); then runs with the right E (and another E) pass."""
+    c = Cluster(tmp, 2, extra={"phase_timeout_ms": 60000})
+    w = c.nodes * GPUS
+    try:
+        c.start_all()
+        for bad in (c.experts + 1, 2 * c.experts):
+            t0 = time.time()
+            procs = [(r, c.rank(r, "g.experts", 1, 1, seed, mode="fail",
+                                flags=["--submit-experts", str(bad)] if r == 0 else []))
+                     for r in range(w)]
+            outs = c.collect(procs)
+            # E not a multiple of W: rank 0 is refused. A valid E that differs from the
+            # phase's: whichever rank of node 0 came second is refused.
+            refused = [r for r in outs if "n_experts" in outs[r]]
+            if (0 not in refused) if bad % w else not refused:
+                raise RuntimeError("E=%d: RW_E_EXPERTS went to ranks %s:\n%s" % (bad, refused, outs))
+            if time.time() - t0 > WAIT / 2:  # a bound, not a timing test: the timeout is 60 s
+                raise RuntimeError("the phase failed only by timeout")
+        c.run_ranks("g.experts", layers=2, steps=2, seed=seed)
+        c.experts = 3 * w  # another E for the same group: E is per phase
+        c.run_ranks("g.experts", layers=2, steps=1, seed=seed + 1)
+    finally:
+        c.stop()
+    print("ok   n_experts validated per rank and per phase; wrong E fails the phase everywhere")
 
 
 def scenario_peer_dies(tmp, seed):
@@ -256,7 +293,8 @@ def main():
     print("seed %d (RW_TEST_SEED=%d reproduces)" % (seed, seed))
     only = os.environ.get("RW_IT_ONLY", "")
     with tempfile.TemporaryDirectory(prefix="rwit.", dir="/tmp") as tmp:
-        for name, fn in [("paths", scenario_paths), ("peer", scenario_peer_dies),
+        for name, fn in [("paths", scenario_paths), ("experts", scenario_experts),
+                         ("peer", scenario_peer_dies),
                          ("rank", scenario_rank_dies), ("garbage", scenario_garbage)]:
             if only and name not in only.split(","):
                 continue

@@ -4,7 +4,7 @@ Each seed is an op stream (format in fuzz_ipc.c) built from the wire structs of 
 import os
 import struct
 
-MAGIC, VERSION = 0x50495752, 1
+MAGIC, VERSION = 0x50495752, 2
 HELLO, REG_HOST, REG_CUDA, DEREG, RING_SETUP, GOODBYE = 1, 3, 4, 6, 8, 10
 
 
@@ -45,10 +45,10 @@ def span(buf, off):
     return struct.pack('<IIQ', buf, 0, off)
 
 
-def sqe(buf=0x100, phase=2, kind=1, handle=0, tokens=16, hidden=64, topk=2):
+def sqe(buf=0x100, phase=2, kind=1, handle=0, tokens=16, hidden=64, topk=2, experts=8):
     body = struct.pack('<BBHIQQQIIII', kind, 1, topk, 0, phase, 0, 0, tokens, hidden, handle, 0)
     body += span(buf, 0) + span(buf, 2048) + span(buf, 2176) + span(buf, 2304)
-    body += struct.pack('<QQ', 1024, 0)
+    body += struct.pack('<QII', 1024, experts if kind == 1 else 0, 0)
     assert len(body) == 128
     return body
 
@@ -65,7 +65,7 @@ REAP = bytes([3])
 
 seeds = {
     'hello': send(hello()),
-    'bad-version': send(hello(version=2)),
+    'bad-version': send(hello(version=1)),
     'session': send(hello()) + send(ring_setup()) + send(reg_host(), 1, 0)
     + entries(sqe(), sqe(phase=3), sqe(kind=7)) + REAP + send(dereg(0x100)) + send(goodbye()),
     'combine': send(hello()) + send(ring_setup(4, 2)) + send(reg_host(), 1, 0)
@@ -77,6 +77,8 @@ seeds = {
     'corrupt-sq': send(hello()) + send(ring_setup()) + index(0, 100),
     'corrupt-cq': send(hello()) + send(ring_setup(4, 2)) + send(reg_host(), 1, 0) + index(2, 77)
     + entries(sqe(), sqe(phase=4), sqe(phase=6)),
+    'empty-phase': send(hello()) + send(ring_setup()) + send(reg_host(), 1, 0)
+    + entries(sqe(tokens=0), sqe(phase=3, tokens=0, experts=0), sqe(phase=5, kind=2, handle=1, tokens=0)),
     'empty-with-fd': send(hello()) + send(b'', 1, 0),  # regression: the fd leaked
     'limits': send(hello()) + b''.join(send(reg_host(), 1, 0) for _ in range(5)) + send(ring_setup(3, 8)),
 }

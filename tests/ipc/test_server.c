@@ -557,6 +557,7 @@ static rw_sqe_t valid_sqe(uint32_t buf, uint64_t phase)
 	e.topk_weights = (rw_span_t){.buf_id = buf, .offset = 8192};
 	e.output = (rw_span_t){.buf_id = buf, .offset = 16384};
 	e.output_capacity = 4096;
+	e.n_experts = 8;
 	return e;
 }
 
@@ -1285,7 +1286,7 @@ static void test_bad_entries_rejected(void **state)
 	struct {
 		rw_sqe_t e;
 		int code;
-	} cases[24];
+	} cases[32];
 	int n = 0;
 	rw_sqe_t e;
 #define CASE(mutation, want)                        \
@@ -1301,7 +1302,11 @@ static void test_bad_entries_rejected(void **state)
 	CASE(e.dtype = 77, RW_E_DTYPE);
 	CASE(e.flags = 1, RW_E_FIELD);
 	CASE(e.reserved = 1, RW_E_FIELD);
-	CASE(e.token_count = 0, RW_E_TOKENS);
+	CASE(e.n_experts = 0, RW_E_EXPERTS); /* a dispatch must say E */
+	CASE(e.n_experts = (1u << 20) + 1, RW_E_EXPERTS);
+	CASE((e.token_count = 0, e.tokens.buf_id = RW_BUF_NONE, e.tokens.offset = 8), RW_E_FIELD);
+	CASE((e.kind = RW_KIND_COMBINE, e.handle_id = 1, e.output.buf_id = RW_BUF_NONE), RW_E_BUF_ID);
+	CASE((e.kind = RW_KIND_COMBINE, e.handle_id = 1, e.output_capacity = 0), RW_E_RANGE);
 	CASE(e.token_count = 4097, RW_E_TOKENS);
 	CASE(e.hidden = 0, RW_E_TOKENS);
 	CASE(e.hidden = 100000, RW_E_TOKENS);
@@ -1336,6 +1341,21 @@ static void test_bad_entries_rejected(void **state)
 	e = valid_sqe(id, 1);
 	assert_int_equal(rw_client_submit(c, &e, 1), 0);
 	assert_int_equal(wait_one(c).status, RW_CQ_OK);
+	/* Empty phases reach the service: a dispatch that routes nothing (no input buffers) and
+	 * a combine of nothing with no output. */
+	e = valid_sqe(id, 2);
+	e.token_count = 0;
+	e.tokens = e.topk_ids = e.topk_weights = (rw_span_t){ .buf_id = RW_BUF_NONE };
+	assert_int_equal(rw_client_submit(c, &e, 1), 0);
+	assert_int_equal(wait_one(c).status, RW_CQ_OK);
+	e.kind = RW_KIND_COMBINE;
+	e.handle_id = 3;
+	e.n_experts = 0;
+	e.output = (rw_span_t){ .buf_id = RW_BUF_NONE };
+	e.output_capacity = 0;
+	assert_int_equal(rw_client_submit(c, &e, 1), 0);
+	assert_int_equal(wait_one(c).status, RW_CQ_OK);
+	assert_int_equal(h_stats(&H).submissions, 3);
 	rw_client_close(c);
 	h_wait_clients(&H, 0);
 	h_stop(&H);
