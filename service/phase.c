@@ -114,9 +114,13 @@ struct exec_pair {
 	int have_layout;
 	rw_path_t path;
 	uint64_t phase_t0;
-	/* sending */
+	/* sending: the wave being posted and, while `posting`, where posting resumes */
 	uint32_t wave, send_pending;
 	int sends_done;
+	int posting, pace_wait;
+	uint32_t cur_k, k_hi, cur_r;
+	uint64_t cur_off;
+	ev_timer pace;               /* test hook RAILWAVE_TEST_WRITE_GAP_MS */
 	/* receiving, per kind: bytes arrived and ranges completed per (peer, rail) */
 	uint64_t *arrived[2];        /* [N*R] */
 	uint8_t *range_done[2];      /* [N*R] */
@@ -146,6 +150,10 @@ struct rw_svc_exec {
 	exec_tomb_t *tombs;          /* failed keys */
 	uint32_t next_handle;
 	ev_timer tick;
+	/* Test hooks (docs/dataflow.md "Tests"): cap every rail write at test_chunk bytes and post
+	 * one write per test_gap_s per pair, so a test can act while writes are in flight. */
+	uint64_t test_chunk;
+	double test_gap_s;
 };
 
 typedef struct rw_svc_exec rw_svc_exec_t;
@@ -250,6 +258,7 @@ static void pair_close(exec_pair_t *p, int clean)
 		return;
 	p->dead = 1;
 	ev_timer_stop(x->svc->loop, &p->timer);
+	ev_timer_stop(x->svc->loop, &p->pace);
 	pair_release_slot(p, clean);
 	if (p->g && p->g->pair == p)
 		p->g->pair = NULL;
@@ -277,6 +286,15 @@ static void timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	snprintf(msg, sizeof(msg), "phase timed out in stage %d after %u ms", (int)p->stage,
 		 p->x->svc->cfg.phase_timeout_ms);
 	pair_fail(p, RW_ERR_TIMEOUT, RW_E_PHASE, msg, 1);
+}
+
+static void pace_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	exec_pair_t *p = w->data;
+	p->pace_wait = 0;
+	pair_send_wave(p, p->stage == ST_RUN_C ? 1 : 0);
 }
 
 static void pair_arm_timer(exec_pair_t *p)
@@ -316,6 +334,8 @@ static exec_pair_t *pair_new(rw_svc_exec_t *x, exec_group_t *g, const rw_wire_ke
 	}
 	ev_timer_init(&p->timer, timer_cb, 0., 0.);
 	p->timer.data = p;
+	ev_timer_init(&p->pace, pace_cb, 0., 0.);
+	p->pace.data = p;
 	p->next = x->pairs;
 	x->pairs = p;
 	g->pair = p;
@@ -1093,13 +1113,15 @@ static void pair_scan_ranges(exec_pair_t *p, int kind)
 		}
 }
 
-/* Post the writes of the current wave (all destinations at once for non-waved paths). */
+/* Post the writes of the current wave (all destinations at once for non-waved paths); the next
+ * wave starts when this one's writes are all done. Resumable: with the write-gap test hook only
+ * one write is posted per call and the pace timer calls again (cur_k/cur_r/cur_off say where). */
 static void pair_send_wave(exec_pair_t *p, int kind)
 {
 	rw_svc_exec_t *x = p->x;
 	const rw_svc_layout_t *l = &p->layout;
 	int waved = rw_path_waved(p->path) && x->nodes > 2;
-	if (kind == 0 && p->wave == 0) {
+	if (kind == 0 && p->wave == 0 && !p->posting) {
 		forward_local(p);
 		if (p->dead)
 			return;
@@ -1107,37 +1129,53 @@ static void pair_send_wave(exec_pair_t *p, int kind)
 		if (p->dead)
 			return;
 	}
+	if (p->pace_wait)
+		return;
+	int budget = x->test_gap_s > 0 ? 1 : -1; /* writes we may post now; -1: all */
+	const uint64_t rsz = kind == 0 ? p->rec_size : p->crec_size;
 	for (;;) {
 		if (p->dead)
 			return;
-		uint32_t k_lo, k_hi;
-		if (!waved) {
-			if (p->wave > 0)
-				break;
-			k_lo = 1;
-			k_hi = x->nodes - 1;
-		} else {
-			if (p->wave >= x->nodes - 1)
-				break;
-			k_lo = k_hi = p->wave + 1;
+		if (!p->posting) {
+			if (!waved) {
+				if (p->wave > 0)
+					break;
+				p->cur_k = 1;
+				p->k_hi = x->nodes - 1;
+			} else {
+				if (p->wave >= x->nodes - 1)
+					break;
+				p->cur_k = p->k_hi = p->wave + 1;
+			}
+			p->wave++;
+			p->cur_r = 0;
+			p->cur_off = 0;
+			p->posting = 1;
 		}
-		p->wave++;
-		for (uint32_t k = k_lo; k <= k_hi; k++) {
-			uint32_t d = rw_sched_wave_dst(x->nodes, x->me, k);
-			for (uint32_t r = 0; r < x->rails; r++) {
+		for (; p->cur_k <= p->k_hi; p->cur_k++, p->cur_r = 0) {
+			uint32_t d = rw_sched_wave_dst(x->nodes, x->me, p->cur_k);
+			for (; p->cur_r < x->rails; p->cur_r++, p->cur_off = 0) {
+				uint32_t r = p->cur_r;
 				size_t i = (size_t)d * x->rails + r;
 				uint32_t q = kind == 0 ? l->out_pairs[d].quota[r] : l->in_quota[i];
 				if (!q)
 					continue;
-				uint64_t rsz = kind == 0 ? p->rec_size : p->crec_size;
 				uint64_t local = sub_off(x, p->slot, kind == 0 ? SUB_SD : SUB_SC) +
 						 (uint64_t)(kind == 0 ? l->out_first[i] : l->in_first[i]) * rsz;
 				uint64_t remote = sub_off(x, (int)p->peer_slot[d], kind == 0 ? SUB_RD : SUB_RC) +
 						  (uint64_t)(kind == 0 ? l->peer_in_first[i] : l->peer_ret_first[i]) * rsz;
 				uint64_t len = (uint64_t)q * rsz;
 				uint64_t chunk = RW_MIN((uint64_t)CHUNK_MAX, rw_svc_mesh_max_write(x->mesh, r));
-				for (uint64_t off = 0; off < len; off += chunk) {
-					uint64_t n = RW_MIN(chunk, len - off);
+				if (x->test_chunk)
+					chunk = RW_MIN(chunk, x->test_chunk);
+				while (p->cur_off < len) {
+					if (budget == 0) {
+						p->pace_wait = 1;
+						ev_timer_set(&p->pace, x->test_gap_s, 0.);
+						ev_timer_start(x->svc->loop, &p->pace);
+						return;
+					}
+					uint64_t off = p->cur_off, n = RW_MIN(chunk, len - off);
 					uint32_t imm = rw_wire_imm_pack(p->tag, (uint32_t)kind, off + n == len,
 									x->me, r);
 					rw_status_t st = rw_svc_mesh_write(x->mesh, d, r, local + off, remote + off,
@@ -1152,9 +1190,13 @@ static void pair_send_wave(exec_pair_t *p, int kind)
 					p->outstanding++;
 					p->send_pending++;
 					rw_svc_metrics_tx(&x->svc->metrics, r, n, off + n == len ? q : 0, 0);
+					p->cur_off = off + n;
+					if (budget > 0)
+						budget--;
 				}
 			}
 		}
+		p->posting = 0;
 		if (p->send_pending)
 			return; /* the next wave starts when these writes are done */
 	}
@@ -1280,6 +1322,7 @@ static void pair_start_combine(exec_pair_t *p)
 	p->stage = ST_RUN_C;
 	p->phase_t0 = rw_now_ns();
 	p->wave = 0;
+	p->posting = 0;
 	p->sends_done = 0;
 	pair_arm_timer(p);
 	pair_scan_ranges(p, 1);
@@ -1473,7 +1516,7 @@ static void mesh_write_done(void *ctx, void *write_ctx, rw_status_t st)
 		pair_fail(p, st, RW_E_PHASE, "a rail write failed", 1);
 		return;
 	}
-	if (--p->send_pending == 0)
+	if (--p->send_pending == 0 && !p->posting)
 		pair_send_wave(p, p->stage == ST_RUN_C ? 1 : 0);
 }
 
@@ -1545,6 +1588,13 @@ rw_status_t rw_svc_mesh_start(rw_svc_t *svc)
 	x->rails = svc->cfg.rails;
 	x->gpus = svc->cfg.gpus_per_node;
 	x->me = svc->cfg.me;
+	const char *hook = getenv("RAILWAVE_TEST_CHUNK_KIB");
+	x->test_chunk = hook ? strtoull(hook, NULL, 10) << 10 : 0;
+	hook = getenv("RAILWAVE_TEST_WRITE_GAP_MS");
+	x->test_gap_s = hook ? strtod(hook, NULL) / 1000.0 : 0;
+	if (x->test_chunk || x->test_gap_s > 0)
+		rw_warn("test hooks on: rail writes of at most %llu bytes, one per %.0f ms per phase",
+			(unsigned long long)(x->test_chunk ? x->test_chunk : CHUNK_MAX), x->test_gap_s * 1000);
 	/* recv_region_mib is the receive memory of the node; each rail gets an equal share, and
 	 * the same again for send staging: 4 sub-areas per slot. */
 	uint64_t recv = (uint64_t)svc->cfg.recv_region_mib << 20;

@@ -11,6 +11,8 @@
  *         idle      connect, then sleep until killed (a rank that dies mid-phase)
  *   FLAGS (after the positional arguments; every one optional):
  *     --hidden H          elements per row (default 24)
+ *     --tokens T          every rank dispatches exactly T tokens (1..144) instead of 1..48 (x3
+ *                         on local GPU 0); --empty still empties some phases
  *     --submit-experts E  n_experts put in the dispatch submissions (default EXPERTS): a wrong
  *                         value must be refused (mode fail)
  *     --empty             some ranks route nothing in some phases and some phases route nothing
@@ -37,6 +39,7 @@ enum { TOPK = 4, MAX_TOKENS = 48, MAX_ROWS = 3 * MAX_TOKENS };
 
 static uint32_t nodes, gpus, world, experts, per_rank, hidden = 24;
 static int empty_phases;
+static uint32_t fixed_tokens; /* --tokens */
 
 typedef struct work {
 	uint32_t n;
@@ -66,6 +69,8 @@ static void gen(uint64_t seed, uint32_t step, uint32_t layer, uint32_t rank, wor
 	rng_t r = { mix(seed ^ ((uint64_t)step << 40) ^ ((uint64_t)layer << 20) ^ rank) };
 	uint32_t base = 1 + next(&r) % MAX_TOKENS;
 	wk->n = rank % gpus == 0 ? base * 3 : base;
+	if (fixed_tokens)
+		wk->n = fixed_tokens;
 	if (empty_phases) {
 		uint64_t ph = mix(seed ^ 0x5eedull ^ ((uint64_t)step << 40) ^ ((uint64_t)layer << 20));
 		if (ph % 5 == 1 || (step == 0 && layer == 1) || next(&r) % 4 == 0)
@@ -376,7 +381,7 @@ int main(int argc, char **argv)
 {
 	if (argc < 11) {
 		fprintf(stderr, "usage: rw_rank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS SEED MODE "
-				"[--hidden H] [--submit-experts E] [--empty] [--cuda]\n");
+				"[--hidden H] [--tokens T] [--submit-experts E] [--empty] [--cuda]\n");
 		return 2;
 	}
 	const char *sock = argv[1], *group = argv[2], *mode = argv[10];
@@ -391,6 +396,12 @@ int main(int argc, char **argv)
 	for (int i = 11; i < argc; i++) {
 		if (strcmp(argv[i], "--hidden") == 0 && i + 1 < argc) {
 			hidden = (uint32_t)atoi(argv[++i]);
+		} else if (strcmp(argv[i], "--tokens") == 0 && i + 1 < argc) {
+			fixed_tokens = (uint32_t)atoi(argv[++i]);
+			if (fixed_tokens < 1 || fixed_tokens > MAX_ROWS) {
+				fprintf(stderr, "rw_rank: --tokens must be 1..%d\n", MAX_ROWS);
+				return 2;
+			}
 		} else if (strcmp(argv[i], "--submit-experts") == 0 && i + 1 < argc) {
 			submit_experts = (uint32_t)strtoul(argv[++i], NULL, 10);
 		} else if (strcmp(argv[i], "--empty") == 0) {

@@ -228,6 +228,48 @@ def scenario_peer_dies(tmp, seed):
     print("ok   peer daemon killed mid-phase, others failed the phase and recovered")
 
 
+def rx_bytes(c, n):
+    return sum(int(f.split("=")[1]) for f in c.stats(n, "stats rails").split()
+               if f.startswith("rx_bytes="))
+
+
+def scenario_in_flight(tmp, seed):
+    """A peer daemon dies while rail writes are in flight: large rows on the Native path, and
+    the executor's test hook posts 32 KiB writes one per 20 ms, so the slabs take seconds; node
+    2 is killed as soon as node 0 or 1 has received its first bytes. Every local rank of the
+    survivors gets its error (long before the 60 s phase timeout), the survivors keep serving,
+    node 2 comes back and a full run passes; every daemon exits cleanly (ASan: no leak)."""
+    c = Cluster(tmp, 3, path="native", extra={"phase_timeout_ms": 60000, "recv_region_mib": 64})
+    c.env.update(RAILWAVE_TEST_CHUNK_KIB="32", RAILWAVE_TEST_WRITE_GAP_MS="20")
+    try:
+        c.start_all()
+        flags = ["--hidden", "2048", "--tokens", "96"]
+        procs = [(r, c.rank(r, "g.flight", 1, 1, seed, mode="fail", flags=flags))
+                 for r in range(c.nodes * GPUS)]
+        deadline = time.time() + WAIT
+        while rx_bytes(c, 0) + rx_bytes(c, 1) == 0:
+            if time.time() > deadline:
+                raise RuntimeError("no rail data arrived\n" + c.logs())
+            time.sleep(0.005)
+        t_kill = time.time()
+        c.kill(2)
+        in_flight = sum(int(f.split("=")[1]) for n in (0, 1)
+                        for f in c.stats(n, "stats rails").split() if f.startswith("tx_bytes="))
+        c.collect([rp for rp in procs if rp[0] < 4])  # survivors: an error completion each
+        took = time.time() - t_kill
+        for r, p in procs[4:]:  # node 2's ranks lost their daemon
+            p.communicate(timeout=WAIT)
+        if took > WAIT / 2:
+            raise RuntimeError("survivors failed the phase only by timeout (%.1f s)" % took)
+        c.start(2)
+        c.wait_mesh()
+        c.run_ranks("g.flight", layers=2, steps=1, seed=seed + 1)
+    finally:
+        c.stop()
+    print("ok   peer daemon killed with rail writes in flight (%d bytes posted by survivors), "
+          "survivors failed every rank in %.2f s, recovered" % (in_flight, took))
+
+
 def scenario_rank_dies(tmp, seed):
     """Rank 3 (node 1) connects and then dies while everyone else is in the phase: every other
     rank's dispatch fails; afterwards a complete run passes."""
@@ -294,7 +336,7 @@ def main():
     only = os.environ.get("RW_IT_ONLY", "")
     with tempfile.TemporaryDirectory(prefix="rwit.", dir="/tmp") as tmp:
         for name, fn in [("paths", scenario_paths), ("experts", scenario_experts),
-                         ("peer", scenario_peer_dies),
+                         ("peer", scenario_peer_dies), ("flight", scenario_in_flight),
                          ("rank", scenario_rank_dies), ("garbage", scenario_garbage)]:
             if only and name not in only.split(","):
                 continue
