@@ -2,7 +2,7 @@
  * (peer, rail), bound to the rail's local address so traffic leaves through that rail's NIC.
  * Single-threaded on the caller's libev loop (docs/rdma.md says why that is enough).
  *
- * A write travels as a 48-byte header (rdma/tcp_wire.h) plus payload; the target validates the
+ * A write travels as a 64-byte header (rdma/tcp_wire.h) plus payload; the target validates the
  * header as untrusted input, then receives the payload straight into the registered region at
  * the declared offset (readv into place, no staging copy). The target acknowledges with a
  * cumulative ACK frame once the data is in place, batched per read wake-up; the writer reports

@@ -1,11 +1,14 @@
 /* Private: the `tcp` rail transport's wire format, shared by rdma/tcp.c and the conformance
  * suite's hostile-peer tests. Not part of the module's public face (that is rdma/rail.h).
  *
- * Every frame starts with one fixed 48-byte little-endian header; only WRITE carries a payload
+ * Every frame starts with one fixed 64-byte little-endian header; only WRITE carries a payload
  * (exactly `length` bytes, received straight into the target region).
  *   0 u32 magic   4 u8 version   5 u8 type   6 u16 reserved (0)
  *   8 u32 imm    12 u32 reserved (0)
- *  16 u64 key    24 u64 offset  32 u64 length  40 u64 seq
+ *  16 u64 key    24 u64 offset  32 u64 length  40 u64 seq   48..63 reserved (0)
+ * 64 bytes, not 48: a cache-line header keeps payloads 64-byte aligned in the byte stream when
+ * lengths are multiples of 64 (the daemon's records are), so the kernel's copies out of and
+ * into page-aligned regions stay mutually aligned (measured: docs/perf/rail-tcp.md).
  * HELLO (connector -> acceptor): key = tag, offset = rail index. HELLO_ACK: offset = rail.
  * WRITE: key/offset/length name the target range, imm is delivered, seq = 1, 2, 3, ... per
  * direction. ACK: seq = number of writes whose data is in place (cumulative). */
@@ -18,7 +21,7 @@
 
 #define RW_TCP_MAGIC 0x43545752u /* "RWTC" little-endian */
 #define RW_TCP_VERSION 1
-#define RW_TCP_HDR_SIZE 48
+#define RW_TCP_HDR_SIZE 64
 
 enum rw_tcp_frame_type {
 	RW_TCP_HELLO = 1,
@@ -62,6 +65,9 @@ static inline int rw_tcp_hdr_decode(const uint8_t in[RW_TCP_HDR_SIZE], rw_tcp_hd
 	memcpy(&u32, in + 12, 4);
 	if (u32)
 		return -1;
+	for (int i = 48; i < RW_TCP_HDR_SIZE; i++)
+		if (in[i])
+			return -1;
 	h->type = in[5];
 	memcpy(&u32, in + 8, 4); h->imm = le32toh(u32);
 	memcpy(&u64, in + 16, 8); h->key = le64toh(u64);
