@@ -163,7 +163,7 @@ class Daemons:
             "cluster": "testbed" if ctx.bed.mode == "testbed" else "loopback",
             "transport": "tcp", "gpus_per_node": a.gpus,
             "nic_gbps": a.mbit / 1000.0,
-            "phase_timeout_ms": 120000, "heartbeat_interval_ms": 500,
+            "phase_timeout_ms": a.phase_timeout_ms, "heartbeat_interval_ms": 500,
             "heartbeat_timeout_ms": 15000, "recv_region_mib": region_mib,
             "http": "0", "log_level": "warn", "path": path,
             "anchors": anchors or "", "nodes": [],
@@ -179,7 +179,7 @@ class Daemons:
         self.cfg_path = os.path.join(tmp, "cluster.json")
         with open(self.cfg_path, "w") as f:
             json.dump(cfg, f, indent=1)
-        self.env = dict(os.environ, RAILWAVE_EXPERTS=str(experts))
+        self.env = dict(os.environ)
 
     def start(self):
         for n in range(self.n):
@@ -269,6 +269,8 @@ class Ctx:
         self.build = args.build
 
     def bin(self, name):
+        if name == "railwaved" and os.environ.get("RAILWAVE_DAEMON"):
+            return os.environ["RAILWAVE_DAEMON"]  # another build of the daemon
         for p in (os.path.join(self.build, name), os.path.join(self.build, "tools", name),
                   os.path.join(self.build, "bin", name)):
             if os.access(p, os.X_OK):
@@ -516,12 +518,16 @@ def demo(ctx, tmp):
     say("")
     res = {}
     for path in PATHS:
+        if path not in a.paths.split(","):
+            continue
         say("[%s] %s" % (path, WHAT[path]))
         res[path] = run_contender(ctx, tmp, wl, desc, path, a.pairs, path)
     # The selector: calibrate one anchor from the forced paths' samples, then let it choose.
     table_path = os.path.join(tmp, "anchors.json")
     case = {"case_id": 1, "features": f["f"],
-            "samples": {p: res[p]["dispatch"]["samples"] for p in PATHS}}
+            "samples": {p: res[p]["dispatch"]["samples"] for p in PATHS if p in res}}
+    if len(case["samples"]) < len(PATHS):
+        return {"mode": ctx.bed.mode, "results": res}  # --paths: a debugging subset, no tables
     table = calibrate(ctx, [case], table_path)
     say("[auto] selector with an anchor table calibrated from the runs above (DESIGN 4.6 rule)")
     res["auto"] = run_contender(ctx, tmp, wl, desc, "auto", a.pairs, "auto", anchors=table_path)
@@ -534,6 +540,7 @@ def demo(ctx, tmp):
     native = res["native"]["dispatch"]["median"]
     native_c = res["native"]["combine"]["median"]
     W = a.nodes * a.gpus
+    mismatched = []
     for path in PATHS + ["auto"]:
         r = res[path]
         planned = path if path != "auto" else r["decision"].get("path", "joint")
@@ -561,6 +568,8 @@ def demo(ctx, tmp):
             "exact; daemons' per-NIC tx bytes %s the plan" % (W, r["pairs"],
                                                               "match" if match else "DIFFER FROM"))
         say("")
+        if not match:
+            mismatched.append(path)
     if "mpi" in res and "dispatch" in res["mpi"]:
         m = res["mpi"]["dispatch"]
         say("== mpi: %s" % WHAT["mpi"])
@@ -587,6 +596,8 @@ def demo(ctx, tmp):
         m = res[p]["dispatch"]["median"]
         say("  %-10s %7.3f s  %5.2f  %5.2fx vs native%s" % (
             p, m, m / desc["lower_bound_s"]["dispatch"], native / m, "  <- fastest forced path" if p == best else ""))
+    if mismatched:
+        raise RuntimeError("daemon byte counters differ from the plan for: " + ", ".join(mismatched))
     return {"mode": ctx.bed.mode, "describe": {k: v for k, v in desc.items() if k not in ("mpi_matrix",)},
             "results": res, "anchors": table}
 
@@ -617,6 +628,7 @@ def bench_points(a):
 def bench(ctx, tmp):
     a = ctx.args
     pts = bench_points(a)
+    os.makedirs(a.out, exist_ok=True)
     shaped = ctx.bed.mode == "testbed"
     say("bench: %d nodes x %d rails x %d ranks/node, %s, %d points x (4 paths + MPI, then the "
         "selector), %d pairs each" % (a.nodes, a.rails, a.gpus,
@@ -780,6 +792,11 @@ def main():
     ap.add_argument("--out", default="bench-out", help="bench: output directory")
     ap.add_argument("--name", default="testbed-bench", help="bench: output file name stem")
     ap.add_argument("--json", default=None, help="demo: also write the results as JSON here")
+    ap.add_argument("--paths", default=",".join(PATHS), help="demo: forced paths to run (debugging)")
+    ap.add_argument("--phase-timeout-ms", type=int, default=120000)
+    ap.add_argument("--require-testbed", action="store_true", help="fail instead of falling back to loopback")
+    ap.add_argument("--workdir", default=None, help="directory for cluster files and logs (default: a new one in /tmp)")
+    ap.add_argument("--keep", action="store_true", help="keep logs and cluster files")
     ap.add_argument("--verbose", action="store_true", help="bench: a progress line per pair")
     a = ap.parse_args()
     if a.gpus is None:
@@ -790,7 +807,7 @@ def main():
         if a.short and a.mode == "demo":
             a.tokens = 40
         else:
-            a.tokens = 550 if a.mode == "demo" else 280
+            a.tokens = 550 if a.mode == "demo" else 400
     if a.short and a.mode == "demo":
         a.hidden = min(a.hidden, 1024)
     src = os.environ.get("RAILWAVE_SRC") or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -804,9 +821,15 @@ def main():
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGHUP, on_term)
     rc = 1
-    tmp = tempfile.mkdtemp(prefix="railwave-%s." % a.mode)
+    if a.workdir:
+        os.makedirs(a.workdir, exist_ok=True)
+        tmp = a.workdir
+    else:
+        tmp = tempfile.mkdtemp(prefix="railwave-%s." % a.mode)
     try:
         mode = bed.up()
+        if a.require_testbed and mode != "testbed":
+            raise RuntimeError("no test bed: " + bed.why)
         say("railwave %s: %s%s" % (a.mode, "rail test bed (network namespaces, prefix %s)" % a.prefix
                                    if mode == "testbed" else "loopback", "" if mode == "testbed"
                                    else " - " + bed.why))
@@ -821,7 +844,10 @@ def main():
     except KeyboardInterrupt:
         say("\ninterrupted: stopping everything")
         rc = 130
-    except RuntimeError as e:
+    except Exception as e:  # report, then tear everything down below
+        if not isinstance(e, RuntimeError):
+            import traceback
+            traceback.print_exc()
         say("railwave %s: FAILED: %s" % (a.mode, e))
         say("  (logs kept in %s)" % tmp)
         rc = 1
@@ -834,7 +860,7 @@ def main():
             rc = rc or 1
         elif mode_was_testbed(bed):
             say("teardown: daemons and ranks stopped, test bed %s removed" % a.prefix)
-        if rc == 0:
+        if rc == 0 and not a.keep and not a.workdir:
             shutil.rmtree(tmp, ignore_errors=True)
     return rc
 

@@ -178,7 +178,7 @@ int main(int argc, char **argv)
 			       .layer = wl.layer, .phase_id = step * 2, .step = step, .user_data = 1,
 			       .token_count = T, .hidden = H, .tokens = { buf, 0, off_tok },
 			       .topk_ids = { buf, 0, off_ids }, .topk_weights = { buf, 0, off_w },
-			       .output = { buf, 0, off_out }, .output_capacity = out_cap };
+			       .output = { buf, 0, off_out }, .output_capacity = out_cap, .n_experts = E };
 		uint64_t t_ds = now_ns();
 		rc = rw_client_submit(cl, &s, 1);
 		CHECK(rc == 0, "submit dispatch: %s", rw_client_strerror(rc));
@@ -232,7 +232,7 @@ int main(int argc, char **argv)
 
 		rw_sqe_t cs = { .kind = RW_KIND_COMBINE, .dtype = RW_DTYPE_BF16, .topk = (uint16_t)K,
 				.layer = wl.layer, .phase_id = step * 2 + 1, .step = step, .user_data = 2,
-				.token_count = cq.recv_tokens ? cq.recv_tokens : 1, .hidden = H,
+				.token_count = cq.recv_tokens, .hidden = H, .n_experts = E,
 				.handle_id = cq.handle_id, .tokens = { buf, 0, off_cin },
 				.topk_ids = { RW_BUF_NONE, 0, 0 }, .topk_weights = { RW_BUF_NONE, 0, 0 },
 				.output = { buf, 0, off_cout }, .output_capacity = (uint64_t)T * row };
