@@ -8,7 +8,7 @@
  *  16 u64 key    24 u64 offset  32 u64 length  40 u64 seq   48..63 reserved (0)
  * 64 bytes, not 48: a cache-line header keeps payloads 64-byte aligned in the byte stream when
  * lengths are multiples of 64 (the daemon's records are), so the kernel's copies out of and
- * into page-aligned regions stay mutually aligned (measured: docs/perf/rail-tcp.md).
+ * into page-aligned regions stay mutually aligned (docs/perf/rail-tcp.md).
  * HELLO (connector -> acceptor): key = tag, offset = rail index. HELLO_ACK: offset = rail.
  * WRITE: key/offset/length name the target range, imm is delivered, seq = 1, 2, 3, ... per
  * direction. ACK: seq = number of writes whose data is in place (cumulative). */
