@@ -37,6 +37,11 @@ typedef struct exec_member {
 	exec_group_t *g;
 	rw_ipc_client_t *client;
 	uint32_t local;
+	/* Pinned host staging of a rank with CUDA buffers ("CUDA buffers"): `in` holds its
+	 * dispatch inputs (tokens | ids | weights), later its combine rows; `out` its dispatch
+	 * output (counts | rows | metadata), later its combine output. One pair of a group runs at
+	 * a time and each use ends before the next starts, so two buffers per rank suffice. */
+	rw_svc_pinned_t in, out;
 } exec_member_t;
 
 struct exec_group {
@@ -63,15 +68,20 @@ typedef struct exec_tomb {
 } exec_tomb_t;
 
 typedef struct exec_sub {
-	int have;
+	int have;                    /* a completion is owed to this rank */
+	int ready;                   /* its inputs are readable on the host (staged if CUDA) */
+	uint32_t marks;              /* staging copies of its inputs not yet done */
 	rw_sqe_t sqe;
 	rw_ipc_client_t *client;
-	const uint8_t *tokens;
+	const uint8_t *tokens;       /* host: the rank's memory, or its staging */
 	const int32_t *ids;          /* dispatch only */
 	const float *weights;        /* dispatch only */
-	uint8_t *out;
+	uint8_t *out;                /* host output, or NULL when it is CUDA memory: */
+	int out_dev;                 /*   its device (-1: host) */
+	uint64_t out_dptr;           /*   and address in this process */
 	uint32_t out_buf;
 	uint64_t out_cap;
+	uint8_t *counts_dst, *rows_dst, *meta_dst; /* dispatch output, host side (maybe staging) */
 } exec_sub_t;
 
 typedef struct exec_row {         /* a peer's row that came before we were ready for it */
@@ -101,6 +111,10 @@ struct exec_pair {
 	exec_sub_t dsub[RW_MAX_GPUS], csub[RW_MAX_GPUS];
 	uint32_t n_dsub, n_csub;
 	uint32_t answered;           /* local ranks already answered with an error for this key */
+	uint32_t serial;             /* names the pair in staging tokens */
+	uint32_t cuda_pending;       /* staging marks not yet delivered */
+	int flushing;                /* outputs are being copied to CUDA ranks; then complete */
+	uint32_t flush_pending;
 	int slot;                    /* ours, -1 until held */
 	uint32_t *peer_slot;         /* [N] */
 	uint8_t *have_row;           /* [N] */
@@ -148,6 +162,8 @@ struct rw_svc_exec {
 	exec_pair_t *pairs;          /* open and dead-but-draining pairs */
 	exec_row_t *rows;            /* early rows */
 	exec_tomb_t *tombs;          /* failed keys */
+	rw_svc_stage_t *stage;       /* CUDA staging streams */
+	uint32_t next_serial;
 	uint32_t next_handle;
 	ev_timer tick;
 	/* Test hooks (docs/dataflow.md "Tests"): cap every rail write at test_chunk bytes and post
@@ -162,6 +178,19 @@ static void pair_fail(exec_pair_t *p, rw_status_t st, int client_err, const char
 static void pair_try_decide(exec_pair_t *p);
 static void pair_send_wave(exec_pair_t *p, int kind);
 static void pair_check_done(exec_pair_t *p);
+static void pair_gathered(exec_pair_t *p);
+static void pair_start_combine(exec_pair_t *p);
+static void pair_maybe_gathered(exec_pair_t *p);
+static void pair_maybe_start_combine(exec_pair_t *p);
+static void complete_dispatch(exec_pair_t *p);
+static void complete_combine(exec_pair_t *p);
+
+enum { OP_DIN = 1, OP_CIN = 2, OP_FLUSH = 3 }; /* staging mark kinds */
+
+static uint64_t stage_token(const exec_pair_t *p, int op, uint32_t g)
+{
+	return (uint64_t)p->serial << 32 | (uint64_t)op << 8 | g;
+}
 
 static uint64_t sub_off(const rw_svc_exec_t *x, int slot, int sub)
 {
@@ -314,6 +343,7 @@ static exec_pair_t *pair_new(rw_svc_exec_t *x, exec_group_t *g, const rw_wire_ke
 	p->key = *key;
 	p->tag = rw_wire_key_tag(key);
 	p->slot = -1;
+	p->serial = ++x->next_serial;
 	p->stage = ST_GATHER_D;
 	p->t0 = rw_now_ns();
 	size_t n = x->nodes, nr = (size_t)x->nodes * x->rails;
@@ -455,6 +485,13 @@ static void pair_fail(exec_pair_t *p, rw_status_t st, int client_err, const char
 	if (p->dead)
 		return;
 	int kind = p->stage >= ST_WAIT_C ? RW_SVC_COMBINE : RW_SVC_DISPATCH;
+	if (p->cuda_pending) {
+		/* Copies into or out of ranks' memory are still queued: wait for them (failure
+		 * path only; copies take microseconds to milliseconds), so nothing touches a rank's
+		 * memory after it got its error and may reuse or free it. */
+		rw_svc_stage_sync(x->stage);
+		p->cuda_pending = 0;
+	}
 	rw_warn("group %s layer %u step %llu: %s failed (%s): %s", p->g ? p->g->name : "?",
 		p->key.layer, (unsigned long long)p->key.step, rw_svc_kind_name(kind),
 		rw_status_str(st), msg);
@@ -530,6 +567,14 @@ static void ipc_client_joined(void *ctx, rw_ipc_client_t *client)
 		(int)info->pid);
 }
 
+/* No copy touches a member's staging once its pairs ended (pair_fail waits for them). */
+static void member_free(exec_member_t *mb)
+{
+	rw_svc_pinned_free(&mb->in);
+	rw_svc_pinned_free(&mb->out);
+	free(mb);
+}
+
 static void ipc_client_left(void *ctx, rw_ipc_client_t *client, rw_ipc_leave_t reason, int error)
 {
 	rw_svc_exec_t *x = ctx;
@@ -558,7 +603,7 @@ static void ipc_client_left(void *ctx, rw_ipc_client_t *client, rw_ipc_leave_t r
 	g->member[mb->local] = NULL;
 	g->n_members--;
 	tomb_left(x, g->hash, mb->local);
-	free(mb);
+	member_free(mb);
 	if (g->n_members == 0) {
 		for (exec_group_t **gp = &x->groups; *gp; gp = &(*gp)->next)
 			if (*gp == g) {
@@ -569,16 +614,83 @@ static void ipc_client_left(void *ctx, rw_ipc_client_t *client, rw_ipc_leave_t r
 	}
 }
 
-/* Resolve a span to host memory: NULL when not host memory. */
-static uint8_t *span_host(rw_ipc_client_t *client, const rw_span_t *span, uint32_t *buf_p)
+/* Where a span's bytes are: host memory (a memfd mapping) or CUDA memory (device, address). */
+typedef struct span_mem {
+	uint8_t *host;
+	int dev;                     /* -1: host (or absent) */
+	uint64_t dptr;
+	uint32_t buf;
+} span_mem_t;
+
+/* 0: resolved; 1: absent (RW_BUF_NONE, allowed where the length is 0); -1: unknown buffer
+ * (deregistration is refused while submissions are in flight, so not expected). */
+static int span_resolve(rw_ipc_client_t *client, const rw_span_t *span, span_mem_t *m)
 {
 	rw_ipc_buffer_t b;
-	if (span->buf_id == RW_BUF_NONE || rw_ipc_buffer_lookup(client, span->buf_id, &b) != RW_OK ||
-	    b.kind != RW_IPC_BUF_HOST || !b.host)
-		return NULL;
-	if (buf_p)
-		*buf_p = b.id;
-	return (uint8_t *)b.host + span->offset;
+	*m = (span_mem_t){ .dev = -1, .buf = RW_BUF_NONE };
+	if (span->buf_id == RW_BUF_NONE)
+		return 1;
+	if (rw_ipc_buffer_lookup(client, span->buf_id, &b) != RW_OK)
+		return -1;
+	m->buf = b.id;
+	if (b.kind == RW_IPC_BUF_CUDA) {
+		m->dev = b.device;
+		m->dptr = b.dptr + span->offset;
+		return 0;
+	}
+	if (!b.host)
+		return -1;
+	m->host = (uint8_t *)b.host + span->offset;
+	return 0;
+}
+
+/* Stage a rank's CUDA inputs: `n` spans with their lengths; host ones are used in place, CUDA
+ * ones are copied (async) into consecutive 64-byte aligned pieces of `stage` and `*host_p[i]`
+ * points there. One mark per device used; s->marks counts them. Returns RW_OK or an error
+ * (nothing is left half-enqueued that matters: the pair fails and waits for the stream). */
+static rw_status_t stage_inputs(exec_pair_t *p, exec_sub_t *s, rw_svc_pinned_t *stage, int op,
+				uint32_t g, const span_mem_t *m, const uint64_t *len,
+				const uint8_t **host_p[], unsigned n)
+{
+	rw_svc_exec_t *x = p->x;
+	uint64_t need = 0;
+	for (unsigned i = 0; i < n; i++)
+		if (m[i].dev >= 0)
+			need += (len[i] + 63) & ~(uint64_t)63;
+	s->marks = 0;
+	for (unsigned i = 0; i < n; i++)
+		*host_p[i] = m[i].host;
+	if (need == 0)
+		return RW_OK;
+	rw_status_t st = rw_svc_pinned_reserve(stage, need);
+	if (st != RW_OK)
+		return st;
+	uint64_t off = 0;
+	int devs[4];
+	unsigned ndev = 0;
+	for (unsigned i = 0; i < n; i++) {
+		if (m[i].dev < 0)
+			continue;
+		uint8_t *dst = (uint8_t *)stage->ptr + off;
+		st = rw_svc_stage_d2h(x->stage, m[i].dev, dst, m[i].dptr, len[i]);
+		if (st != RW_OK)
+			return st;
+		*host_p[i] = dst;
+		off += (len[i] + 63) & ~(uint64_t)63;
+		unsigned k = 0;
+		while (k < ndev && devs[k] != m[i].dev)
+			k++;
+		if (k == ndev)
+			devs[ndev++] = m[i].dev;
+	}
+	for (unsigned k = 0; k < ndev; k++) {
+		st = rw_svc_stage_mark(x->stage, devs[k], stage_token(p, op, g));
+		if (st != RW_OK)
+			return st;
+		s->marks++;
+		p->cuda_pending++;
+	}
+	return RW_OK;
 }
 
 /* ---- gather and count exchange ----------------------------------------------------------- */
@@ -658,6 +770,16 @@ static void pair_exchange(exec_pair_t *p)
 		}
 	}
 	pair_try_decide(p);
+}
+
+static void pair_maybe_gathered(exec_pair_t *p)
+{
+	if (p->dead || p->stage != ST_GATHER_D || p->n_dsub < p->x->gpus)
+		return;
+	for (uint32_t g = 0; g < p->x->gpus; g++)
+		if (!p->dsub[g].ready)
+			return;
+	pair_gathered(p);
 }
 
 /* All local dispatch submissions are in: count, then exchange. */
@@ -799,20 +921,39 @@ static void exec_submit_dispatch(rw_svc_exec_t *x, exec_member_t *mb, rw_ipc_cli
 	exec_sub_t *s = &p->dsub[mb->local];
 	s->sqe = *sqe;
 	s->client = client;
-	s->tokens = span_host(client, &sqe->tokens, NULL);
-	s->ids = (const int32_t *)(const void *)span_host(client, &sqe->topk_ids, NULL);
-	s->weights = (const float *)(const void *)span_host(client, &sqe->topk_weights, NULL);
-	s->out = span_host(client, &sqe->output, &s->out_buf);
 	s->out_cap = sqe->output_capacity;
-	int empty = sqe->token_count == 0; /* routes nothing: its input spans may be absent */
-	if ((!empty && (!s->tokens || !s->ids || !s->weights)) || !s->out) {
-		complete_err(x, client, sqe, RW_E_NO_CUDA);
-		pair_fail(p, RW_ERR_UNSUPPORTED, RW_E_PHASE, "a local rank gave non-host buffers", 1);
+	span_mem_t m[4];
+	int absent = 0, unknown = 0;
+	const rw_span_t *spans[4] = { &sqe->tokens, &sqe->topk_ids, &sqe->topk_weights, &sqe->output };
+	for (int i = 0; i < 4; i++) {
+		int rc = span_resolve(client, spans[i], &m[i]);
+		absent |= (rc == 1) << i;
+		unknown |= rc < 0;
+	}
+	/* A rank that routes nothing may omit its inputs (0-byte spans); the output is needed. */
+	if (unknown || (absent & 8) || (sqe->token_count && (absent & 7))) {
+		dispatch_refuse(x, g, mb->local, client, sqe, &key, RW_E_BUF_ID,
+				"a local rank's buffer is gone");
 		return;
 	}
+	s->out = m[3].host;
+	s->out_dev = m[3].dev;
+	s->out_dptr = m[3].dptr;
+	s->out_buf = m[3].buf;
+	const uint64_t n = sqe->token_count;
+	const uint64_t len[3] = { n * p->row_bytes, n * p->topk * 4, n * p->topk * 4 };
+	const uint8_t **dst[3] = { &s->tokens, (const uint8_t **)(void *)&s->ids,
+				   (const uint8_t **)(void *)&s->weights };
 	s->have = 1;
-	if (++p->n_dsub == x->gpus)
-		pair_gathered(p);
+	p->n_dsub++;
+	rw_status_t st = stage_inputs(p, s, &mb->in, OP_DIN, mb->local, m, len, dst, 3);
+	if (st != RW_OK) {
+		pair_fail(p, st, RW_E_CUDA, "cannot stage a local rank's CUDA inputs", 1);
+		return;
+	}
+	s->ready = s->marks == 0;
+	if (s->ready)
+		pair_maybe_gathered(p);
 }
 
 /* ---- decision and dispatch --------------------------------------------------------------- */
@@ -901,9 +1042,27 @@ static void pair_try_decide(exec_pair_t *p)
 	uint64_t total = (uint64_t)p->n_in + n_local;
 	int oom = !p->local_ref;
 	for (uint32_t g = 0; g < x->gpus && !oom; g++) {
-		const exec_sub_t *s = &p->dsub[g];
-		rw_svc_out_layout(s->out_cap, p->n_experts, p->topk, p->row_bytes, RW_CQE_INLINE_COUNTS,
-				  &p->out[g]);
+		exec_sub_t *s = &p->dsub[g];
+		rw_svc_out_layout_t *o = &p->out[g];
+		rw_svc_out_layout(s->out_cap, p->n_experts, p->topk, p->row_bytes, RW_CQE_INLINE_COUNTS, o);
+		if (s->out_dev < 0) {
+			s->counts_dst = s->out + o->counts_off;
+			s->rows_dst = s->out + o->rows_off;
+			s->meta_dst = s->out + o->meta_off;
+		} else {
+			/* A CUDA output is assembled in the rank's pinned staging, compactly (at most
+			 * every record of the phase arrives), and copied out when the phase is done. */
+			uint64_t n_max = RW_MIN(total, o->rows_cap);
+			uint64_t bytes = o->rows_off + n_max * (p->row_bytes + o->meta_bytes);
+			rw_svc_pinned_t *st = &p->g->member[g]->out;
+			if (rw_svc_pinned_reserve(st, bytes) != RW_OK) {
+				oom = 1;
+				break;
+			}
+			s->counts_dst = st->ptr;
+			s->rows_dst = (uint8_t *)st->ptr + o->rows_off;
+			s->meta_dst = s->rows_dst + n_max * p->row_bytes;
+		}
 		p->fwd_ref[g] = calloc(RW_MIN(total, p->out[g].rows_cap) + 1, sizeof(uint32_t));
 		p->expert_counts[g] = calloc(p->n_experts, sizeof(uint32_t));
 		p->owner_acc[g] = calloc((size_t)p->rt[g].n_tokens * p->hidden + 1, sizeof(float));
@@ -981,8 +1140,8 @@ static int forward_one(exec_pair_t *p, uint32_t ref, uint32_t src_node, uint32_t
 		uint32_t j = p->fwd_n[g];
 		if (j >= o->rows_cap)
 			return -1;
-		memcpy(s->out + o->rows_off + (uint64_t)j * p->row_bytes, row, p->row_bytes);
-		uint8_t *meta = s->out + o->meta_off + (uint64_t)j * o->meta_bytes;
+		memcpy(s->rows_dst + (uint64_t)j * p->row_bytes, row, p->row_bytes);
+		uint8_t *meta = s->meta_dst + (uint64_t)j * o->meta_bytes;
 		rw_wire_put32(meta, src_node);
 		rw_wire_put32(meta + 4, src_rank);
 		rw_wire_put32(meta + 8, token);
@@ -1226,16 +1385,16 @@ static void complete_dispatch(exec_pair_t *p)
 			c.counts_buf = RW_BUF_NONE;
 			c.n_inline = (uint8_t)p->n_experts;
 			memcpy(c.counts, p->expert_counts[g], 4u * p->n_experts);
-		} else {
+		} else { /* written into the output by flush_outputs() */
 			c.counts_buf = s->out_buf;
 			c.counts_offset = s->sqe.output.offset + p->out[g].counts_off;
-			memcpy(s->out + p->out[g].counts_off, p->expert_counts[g], 4u * p->n_experts);
 		}
 		rw_ipc_complete(x->ipc, s->client, &c);
 		s->have = 0;
 	}
 	rw_svc_metrics_phase(&x->svc->metrics, p->path, RW_SVC_DISPATCH, 1, ns);
 	p->stage = ST_WAIT_C;
+	p->flushing = 0;
 	ev_timer_stop(x->svc->loop, &p->timer);
 	if (x->svc->draining)
 		pair_close(p, 1);
@@ -1247,8 +1406,6 @@ static void complete_combine(exec_pair_t *p)
 	uint64_t ns = rw_now_ns() - p->phase_t0;
 	for (uint32_t g = 0; g < x->gpus; g++) {
 		exec_sub_t *s = &p->csub[g];
-		if (p->rt[g].n_tokens)
-			rw_svc_row_store(s->out, p->dtype, p->owner_acc[g], p->rt[g].n_tokens * p->hidden);
 		rw_cqe_t c;
 		memset(&c, 0, sizeof(c));
 		c.status = RW_CQ_OK;
@@ -1265,14 +1422,103 @@ static void complete_combine(exec_pair_t *p)
 	pair_close(p, 1);
 }
 
+/* Every byte of the phase is here: write the ranks' outputs (host memory directly; CUDA memory
+ * from the pinned staging by async copies, one mark per CUDA rank), then complete the ranks
+ * once the last copy is done (stage_done). */
+static void flush_outputs(exec_pair_t *p)
+{
+	rw_svc_exec_t *x = p->x;
+	int combine = p->stage == ST_RUN_C;
+	p->flushing = 1;
+	p->flush_pending = 0;
+	for (uint32_t g = 0; g < x->gpus; g++) {
+		exec_sub_t *s = combine ? &p->csub[g] : &p->dsub[g];
+		rw_status_t st = RW_OK;
+		if (!combine) {
+			const rw_svc_out_layout_t *o = &p->out[g];
+			uint64_t counts = p->n_experts > RW_CQE_INLINE_COUNTS ? 4ull * p->n_experts : 0;
+			memcpy(s->counts_dst, p->expert_counts[g], counts);
+			if (s->out_dev < 0)
+				continue;
+			uint64_t n = p->fwd_n[g];
+			st = rw_svc_stage_h2d(x->stage, s->out_dev, s->out_dptr + o->counts_off,
+					      s->counts_dst, counts);
+			if (st == RW_OK)
+				st = rw_svc_stage_h2d(x->stage, s->out_dev, s->out_dptr + o->rows_off,
+						      s->rows_dst, n * p->row_bytes);
+			if (st == RW_OK)
+				st = rw_svc_stage_h2d(x->stage, s->out_dev, s->out_dptr + o->meta_off,
+						      s->meta_dst, n * o->meta_bytes);
+		} else {
+			uint64_t n = p->rt[g].n_tokens;
+			if (n == 0)
+				continue;
+			uint8_t *dst = s->out;
+			if (s->out_dev >= 0) {
+				rw_svc_pinned_t *stage = &p->g->member[g]->out;
+				st = rw_svc_pinned_reserve(stage, n * p->row_bytes);
+				dst = stage->ptr;
+			}
+			if (st == RW_OK)
+				rw_svc_row_store(dst, p->dtype, p->owner_acc[g], (uint32_t)(n * p->hidden));
+			if (s->out_dev < 0)
+				continue;
+			if (st == RW_OK)
+				st = rw_svc_stage_h2d(x->stage, s->out_dev, s->out_dptr, dst, n * p->row_bytes);
+		}
+		if (st == RW_OK)
+			st = rw_svc_stage_mark(x->stage, s->out_dev, stage_token(p, OP_FLUSH, g));
+		if (st != RW_OK) {
+			pair_fail(p, st, RW_E_CUDA, "cannot copy results into a local rank's CUDA memory", 1);
+			return;
+		}
+		p->flush_pending++;
+		p->cuda_pending++;
+	}
+	if (p->flush_pending == 0)
+		(combine ? complete_combine : complete_dispatch)(p);
+}
+
 static void pair_check_done(exec_pair_t *p)
 {
-	if (p->dead || !p->sends_done)
+	if (p->dead || !p->sends_done || p->flushing)
 		return;
-	if (p->stage == ST_RUN_D && p->ranges_left[0] == 0)
-		complete_dispatch(p);
-	else if (p->stage == ST_RUN_C && p->ranges_left[1] == 0)
-		complete_combine(p);
+	if ((p->stage == ST_RUN_D && p->ranges_left[0] == 0) ||
+	    (p->stage == ST_RUN_C && p->ranges_left[1] == 0))
+		flush_outputs(p);
+}
+
+/* A staging mark completed (the loop's ev_io on the stream's eventfd). */
+static void stage_done(void *ctx, uint64_t token, rw_status_t st)
+{
+	rw_svc_exec_t *x = ctx;
+	if (token == RW_SVC_STAGE_ALL) { /* a stream faulted: every pair waiting on one fails */
+		for (exec_pair_t *p = x->pairs, *next; p; p = next) {
+			next = p->next;
+			if (!p->dead && p->cuda_pending)
+				pair_fail(p, st, RW_E_CUDA, "a CUDA copy failed", 1);
+		}
+		return;
+	}
+	uint32_t serial = (uint32_t)(token >> 32), op = (uint32_t)(token >> 8) & 0xffu,
+		 g = (uint32_t)token & 0xffu;
+	exec_pair_t *p = x->pairs;
+	while (p && (p->dead || p->serial != serial))
+		p = p->next;
+	if (!p || g >= x->gpus || !p->cuda_pending)
+		return; /* a pair that failed meanwhile (it waited for its copies then) */
+	p->cuda_pending--;
+	if (op == OP_DIN || op == OP_CIN) {
+		exec_sub_t *s = op == OP_DIN ? &p->dsub[g] : &p->csub[g];
+		if (s->marks && --s->marks == 0)
+			s->ready = 1;
+		if (op == OP_DIN)
+			pair_maybe_gathered(p);
+		else
+			pair_maybe_start_combine(p);
+	} else if (op == OP_FLUSH && p->flushing && --p->flush_pending == 0) {
+		(p->stage == ST_RUN_C ? complete_combine : complete_dispatch)(p);
+	}
 }
 
 /* ---- combine ----------------------------------------------------------------------------- */
@@ -1360,22 +1606,44 @@ static void exec_submit_combine(rw_svc_exec_t *x, exec_member_t *mb, rw_ipc_clie
 		return;
 	}
 	exec_sub_t *s = &p->csub[g];
-	s->sqe = *sqe;
-	s->client = client;
-	s->tokens = span_host(client, &sqe->tokens, NULL);
-	s->out = span_host(client, &sqe->output, &s->out_buf);
-	s->out_cap = sqe->output_capacity;
-	if ((!s->out && p->rt[g].n_tokens) || (!s->tokens && p->fwd_n[g])) {
-		complete_err(x, client, sqe, RW_E_NO_CUDA);
+	span_mem_t m[2];
+	int rt = span_resolve(client, &sqe->tokens, &m[0]), ro = span_resolve(client, &sqe->output, &m[1]);
+	if (rt < 0 || ro < 0 || (ro == 1 && p->rt[g].n_tokens) || (rt == 1 && p->fwd_n[g])) {
+		complete_err(x, client, sqe, RW_E_BUF_ID);
 		return;
 	}
+	s->sqe = *sqe;
+	s->client = client;
+	s->out = m[1].host;
+	s->out_dev = m[1].dev;
+	s->out_dptr = m[1].dptr;
+	s->out_buf = m[1].buf;
+	s->out_cap = sqe->output_capacity;
 	s->have = 1;
 	if (p->n_csub++ == 0) {
 		p->phase_t0 = rw_now_ns();
 		pair_arm_timer(p);
 	}
-	if (p->n_csub == x->gpus)
-		pair_start_combine(p);
+	/* Only the rows it received are read (a protocol-1 client's one ignored row is not). */
+	const uint64_t len = (uint64_t)p->fwd_n[g] * p->row_bytes;
+	const uint8_t **dst[1] = { &s->tokens };
+	rw_status_t st = stage_inputs(p, s, &mb->in, OP_CIN, g, m, &len, dst, 1);
+	if (st != RW_OK) {
+		pair_fail(p, st, RW_E_CUDA, "cannot stage a local rank's CUDA combine rows", 1);
+		return;
+	}
+	s->ready = s->marks == 0;
+	pair_maybe_start_combine(p);
+}
+
+static void pair_maybe_start_combine(exec_pair_t *p)
+{
+	if (p->dead || p->stage != ST_WAIT_C || p->n_csub < p->x->gpus)
+		return;
+	for (uint32_t g = 0; g < p->x->gpus; g++)
+		if (!p->csub[g].ready)
+			return;
+	pair_start_combine(p);
 }
 
 static void ipc_submission(void *ctx, rw_ipc_client_t *client, const rw_sqe_t *sqe)
@@ -1604,8 +1872,14 @@ rw_status_t rw_svc_mesh_start(rw_svc_t *svc)
 	rw_svc_mesh_cbs_t cbs = { .peer_up = mesh_peer_up, .peer_down = mesh_peer_down,
 				  .counts = mesh_counts, .phase_err = mesh_phase_err,
 				  .arrival = mesh_arrival, .write_done = mesh_write_done };
-	rw_status_t st = rw_svc_mesh_create(svc, x->area_bytes, &cbs, x, &x->mesh);
+	rw_status_t st = rw_svc_stage_create(svc->loop, stage_done, x, &x->stage);
 	if (st != RW_OK) {
+		free(x);
+		return st;
+	}
+	st = rw_svc_mesh_create(svc, x->area_bytes, &cbs, x, &x->mesh);
+	if (st != RW_OK) {
+		rw_svc_stage_destroy(x->stage);
 		free(x);
 		return st;
 	}
@@ -1639,11 +1913,13 @@ void rw_svc_mesh_stop(rw_svc_t *svc)
 	}
 	while (x->tombs)
 		tomb_unlink(&x->tombs);
+	rw_svc_stage_destroy(x->stage); /* after the IPC server closed its CUDA imports */
 	while (x->groups) {
 		exec_group_t *g = x->groups;
 		x->groups = g->next;
 		for (uint32_t i = 0; i < RW_MAX_GPUS; i++)
-			free(g->member[i]);
+			if (g->member[i])
+				member_free(g->member[i]);
 		free(g);
 	}
 	free(x);

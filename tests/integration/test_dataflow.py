@@ -20,6 +20,7 @@ import time
 B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DAEMON = os.path.join(B, "railwaved")
 RANK = os.path.join(B, "tests", "integration", "rw_rank")
+FAKE_CUDA = os.path.join(B, "tests", "integration", "libfakecuda_ipc.so")
 GPUS, RAILS = 2, 2
 WAIT = 60.0  # bound on any wait (never a pass/fail timing criterion)
 
@@ -131,13 +132,13 @@ class Cluster:
                 out += ["  d%d| %s" % (n, l) for l in lines[-25:]]
         return "\n".join(out)
 
-    def rank(self, r, group, layers, steps, seed, mode="ok", flags=()):
+    def rank(self, r, group, layers, steps, seed, mode="ok", flags=(), env=None):
         node = r // GPUS
         return subprocess.Popen(
             [RANK, self.cfg["nodes"][node]["ipc_socket"], group, str(r), str(self.nodes), str(GPUS),
              str(self.experts), str(layers), str(steps), str(seed), mode]
             + list(self.rank_flags) + list(flags),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env)
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env or self.env)
 
     def collect(self, procs, want=0):
         """Wait for (rank, process) pairs; each must exit `want`. Returns their outputs."""
@@ -204,6 +205,58 @@ def scenario_experts(tmp, seed):
     finally:
         c.stop()
     print("ok   n_experts validated per rank and per phase; wrong E fails the phase everywhere")
+
+
+def scenario_cuda(tmp, seed):
+    """Ranks with CUDA buffers (rw_rank --cuda: device memory exported by IPC handle): the
+    daemons stage through pinned host memory with async copies watched by the loop. Two daemons,
+    2 ranks per node sharing one GPU, every forced path and the selector, verified like the host
+    runs; with the stand-in driver also mixed nodes (CUDA and host ranks side by side) and a
+    daemon without a driver refusing CUDA registration. RW_IT_CUDA=real uses the system's
+    driver and GPU (the GPU machine); otherwise the stand-in driver (CI), or skip."""
+    real = os.environ.get("RW_IT_CUDA") == "real"
+    if not real and not os.path.exists(FAKE_CUDA):
+        print("skip cuda: no stand-in driver built")
+        return
+    runs = [(p, [0, 1, 2, 3]) for p in ("native", "rail-only", "perm-only", "joint", "auto")]
+    if not real:
+        runs += [("joint", [0, 3]), ("auto", [1, 2])]
+    for i, (path, cuda_ranks) in enumerate(runs):
+        c = Cluster(tmp, 2, path=path)
+        if not real:
+            c.env["RW_CUDA_DRIVER"] = FAKE_CUDA
+        try:
+            c.start_all()
+            procs = [(r, c.rank(r, "g.cuda", 4, 2, seed + i,
+                                flags=["--empty"] + (["--cuda"] if r in cuda_ranks else [])))
+                     for r in range(c.nodes * GPUS)]
+            skipped = [r for r, p in procs if p.wait(WAIT) == 77]
+            if skipped:
+                print("skip cuda: %s" % procs[skipped[0]][1].stdout.read().decode().strip())
+                return
+            outs = c.collect(procs)
+            for r in cuda_ranks:
+                if "(CUDA buffers)" not in outs[r]:
+                    raise RuntimeError("rank %d did not run with CUDA buffers: %s" % (r, outs[r]))
+        finally:
+            c.stop()
+        print("ok   cuda %-9s CUDA ranks %s N=2 R=%d G=%d (%s, %s driver)"
+              % (path, cuda_ranks, RAILS, GPUS, seed + i, "real" if real else "stand-in"))
+    if real:
+        return
+    # A daemon without a driver refuses CUDA registration with a clear error and keeps the rank.
+    c = Cluster(tmp, 1)
+    c.env["RW_CUDA_DRIVER"] = "/nonexistent/libcuda.so.1"
+    try:
+        c.start_all()
+        p = c.rank(0, "g.nocuda", 1, 1, seed, flags=["--cuda"],
+                   env=dict(os.environ, RW_CUDA_DRIVER=FAKE_CUDA))
+        out = p.communicate(timeout=WAIT)[0].decode()
+        if p.returncode != 1 or "railwaved has no CUDA" not in out:
+            raise RuntimeError("CUDA registration without a driver: rc %s: %s" % (p.returncode, out))
+    finally:
+        c.stop()
+    print("ok   cuda registration refused by a daemon without a driver: %s" % out.strip()[-80:])
 
 
 def scenario_peer_dies(tmp, seed):
@@ -336,6 +389,7 @@ def main():
     only = os.environ.get("RW_IT_ONLY", "")
     with tempfile.TemporaryDirectory(prefix="rwit.", dir="/tmp") as tmp:
         for name, fn in [("paths", scenario_paths), ("experts", scenario_experts),
+                         ("cuda", scenario_cuda),
                          ("peer", scenario_peer_dies), ("flight", scenario_in_flight),
                          ("rank", scenario_rank_dies), ("garbage", scenario_garbage)]:
             if only and name not in only.split(","):

@@ -1,0 +1,238 @@
+/* tests/integration/fake_cuda_ipc.c: a stand-in libcuda.so.1 whose IPC works across processes,
+ * so the integration test runs railwaved's CUDA staging path and rw_rank --cuda on machines
+ * without a GPU (loaded through $RW_CUDA_DRIVER by cuda/'s run-time loader). "Device memory" is
+ * a memfd mapped shared; an IPC handle names (pid, fd, allocation id, size) and the importer
+ * opens /proc/<pid>/fd/<fd> and maps the same pages, so a rank's writes and the daemon's copies
+ * meet in the same memory, as with the real driver. Copies run at once; host functions run at
+ * once on the calling thread (the daemon still learns of them only through the stream's eventfd,
+ * on its next loop iteration). One device, no kernels (the optional entry points are absent).
+ * Not thread-safe: each process uses it from one thread. */
+#include "config.h"
+
+#if RW_HAVE_CUDA_H
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cuda.h>
+
+#define NBLOCKS 256
+
+struct block {
+	unsigned char *mem;
+	size_t size;
+	int fd;                  /* exporter: the memfd; importer: -1 */
+	unsigned long long id;   /* the exporter's allocation id */
+	int imported;
+	int refs;                /* importer: opens of this handle */
+	char handle[CU_IPC_HANDLE_SIZE];
+};
+
+static struct block blocks[NBLOCKS];
+static unsigned long long next_id = 1;
+static int ctx_refs;
+static int stream_obj;
+
+struct handle_bytes {
+	char magic[8]; /* "RWFKIPC" */
+	int pid;
+	int fd;
+	unsigned long long id;
+	unsigned long long size;
+};
+
+static struct block *find(CUdeviceptr p)
+{
+	for (int i = 0; i < NBLOCKS; i++)
+		if (blocks[i].mem && p >= (uintptr_t)blocks[i].mem &&
+		    p < (uintptr_t)blocks[i].mem + blocks[i].size)
+			return &blocks[i];
+	return NULL;
+}
+
+static struct block *slot(void)
+{
+	for (int i = 0; i < NBLOCKS; i++)
+		if (!blocks[i].mem)
+			return &blocks[i];
+	return NULL;
+}
+
+CUresult CUDAAPI cuInit(unsigned int flags) { (void)flags; return CUDA_SUCCESS; }
+CUresult CUDAAPI cuDriverGetVersion(int *v) { *v = CUDA_VERSION; return CUDA_SUCCESS; }
+CUresult CUDAAPI cuGetErrorString(CUresult e, const char **s) { (void)e; *s = "fake error"; return CUDA_SUCCESS; }
+CUresult CUDAAPI cuGetErrorName(CUresult e, const char **s) { (void)e; *s = "CUDA_ERROR_FAKE"; return CUDA_SUCCESS; }
+CUresult CUDAAPI cuDeviceGetCount(int *n) { *n = 1; return CUDA_SUCCESS; }
+CUresult CUDAAPI cuDeviceGet(CUdevice *d, int ord) { *d = ord; return CUDA_SUCCESS; }
+CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice d)
+{
+	(void)d;
+	snprintf(name, (size_t)len, "RailWave fake IPC GPU");
+	return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuDeviceGetUuid(CUuuid *u, CUdevice d)
+{
+	for (int i = 0; i < 16; i++)
+		u->bytes[i] = (char)(0x5A + i + d);
+	return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d)
+{
+	(void)a;
+	(void)d;
+	*v = 0;
+	return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
+{
+	(void)d;
+	ctx_refs++;
+	*c = (CUcontext)&ctx_refs;
+	return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice d) { (void)d; ctx_refs--; return CUDA_SUCCESS; }
+CUresult CUDAAPI cuCtxSetCurrent(CUcontext c) { (void)c; return CUDA_SUCCESS; }
+CUresult CUDAAPI cuCtxGetCurrent(CUcontext *c) { *c = NULL; return CUDA_SUCCESS; }
+
+CUresult CUDAAPI cuMemAlloc(CUdeviceptr *p, size_t n)
+{
+	struct block *b = slot();
+	if (!b || n == 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	int fd = memfd_create("rw-fake-cuda", MFD_CLOEXEC);
+	if (fd < 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	void *m = MAP_FAILED;
+	if (ftruncate(fd, (off_t)n) == 0)
+		m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED) {
+		close(fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	*b = (struct block){ .mem = m, .size = n, .fd = fd, .id = next_id++ };
+	*p = (CUdeviceptr)(uintptr_t)m;
+	return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuMemFree(CUdeviceptr p)
+{
+	struct block *b = find(p);
+	if (!b || b->imported || (uintptr_t)b->mem != p)
+		return CUDA_ERROR_INVALID_VALUE;
+	munmap(b->mem, b->size);
+	close(b->fd);
+	memset(b, 0, sizeof(*b));
+	return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdeviceptr p)
+{
+	struct block *b = find(p);
+	if (!b)
+		return CUDA_ERROR_NOT_FOUND;
+	if (base)
+		*base = (CUdeviceptr)(uintptr_t)b->mem;
+	if (size)
+		*size = b->size;
+	return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr d, const void *s, size_t n) { memcpy((void *)(uintptr_t)d, s, n); return CUDA_SUCCESS; }
+CUresult CUDAAPI cuMemcpyDtoH(void *d, CUdeviceptr s, size_t n) { memcpy(d, (const void *)(uintptr_t)s, n); return CUDA_SUCCESS; }
+CUresult CUDAAPI cuMemsetD8(CUdeviceptr d, unsigned char v, size_t n) { memset((void *)(uintptr_t)d, v, n); return CUDA_SUCCESS; }
+CUresult CUDAAPI cuMemHostAlloc(void **p, size_t n, unsigned int f) { (void)f; *p = malloc(n); return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY; }
+CUresult CUDAAPI cuMemFreeHost(void *p) { free(p); return CUDA_SUCCESS; }
+CUresult CUDAAPI cuMemHostRegister(void *p, size_t n, unsigned int f) { (void)p; (void)n; (void)f; return CUDA_SUCCESS; }
+CUresult CUDAAPI cuMemHostUnregister(void *p) { (void)p; return CUDA_SUCCESS; }
+
+CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdeviceptr p)
+{
+	struct block *b = find(p);
+	if (!b)
+		return CUDA_ERROR_INVALID_VALUE;
+	switch (a) {
+	case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned int *)data = CU_MEMORYTYPE_DEVICE; break;
+	case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = 0; break;
+	case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)data = b->id; break;
+	default: return CUDA_ERROR_INVALID_VALUE;
+	}
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
+{
+	struct block *b = find(p);
+	if (!b || b->imported || (uintptr_t)b->mem != p)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct handle_bytes hb = { .magic = "RWFKIPC", .pid = getpid(), .fd = b->fd, .id = b->id,
+				   .size = b->size };
+	memset(h, 0, sizeof(*h));
+	memcpy(h->reserved, &hb, sizeof(hb));
+	return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h, unsigned int f)
+{
+	(void)f;
+	for (int i = 0; i < NBLOCKS; i++) /* the driver's rule: an open handle maps once */
+		if (blocks[i].imported && memcmp(blocks[i].handle, h.reserved, CU_IPC_HANDLE_SIZE) == 0) {
+			blocks[i].refs++;
+			*p = (CUdeviceptr)(uintptr_t)blocks[i].mem;
+			return CUDA_SUCCESS;
+		}
+	struct handle_bytes hb;
+	memcpy(&hb, h.reserved, sizeof(hb));
+	if (memcmp(hb.magic, "RWFKIPC", 8) != 0 || hb.size == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct block *b = slot();
+	if (!b)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", hb.pid, hb.fd);
+	int fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct stat stt;
+	void *m = MAP_FAILED;
+	if (fstat(fd, &stt) == 0 && (unsigned long long)stt.st_size == hb.size)
+		m = mmap(NULL, hb.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (m == MAP_FAILED)
+		return CUDA_ERROR_INVALID_VALUE;
+	*b = (struct block){ .mem = m, .size = hb.size, .fd = -1, .id = 1000000 + next_id++,
+			     .imported = 1, .refs = 1 };
+	memcpy(b->handle, h.reserved, CU_IPC_HANDLE_SIZE);
+	*p = (CUdeviceptr)(uintptr_t)m;
+	return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr p)
+{
+	struct block *b = find(p);
+	if (!b || !b->imported || (uintptr_t)b->mem != p)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (--b->refs == 0) {
+		munmap(b->mem, b->size);
+		memset(b, 0, sizeof(*b));
+	}
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamCreate(CUstream *s, unsigned int f) { (void)f; *s = (CUstream)&stream_obj; return CUDA_SUCCESS; }
+CUresult CUDAAPI cuStreamDestroy(CUstream s) { (void)s; return CUDA_SUCCESS; }
+CUresult CUDAAPI cuStreamQuery(CUstream s) { (void)s; return CUDA_SUCCESS; }
+CUresult CUDAAPI cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
+CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr d, const void *s, size_t n, CUstream st) { (void)st; return cuMemcpyHtoD(d, s, n); }
+CUresult CUDAAPI cuMemcpyDtoHAsync(void *d, CUdeviceptr s, size_t n, CUstream st) { (void)st; return cuMemcpyDtoH(d, s, n); }
+CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
+{
+	(void)st;
+	memmove((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n);
+	return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuLaunchHostFunc(CUstream s, CUhostFn fn, void *arg)
+{
+	(void)s;
+	fn(arg);
+	return CUDA_SUCCESS;
+}
+#endif /* RW_HAVE_CUDA_H */
