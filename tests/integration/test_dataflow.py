@@ -211,7 +211,7 @@ def scenario_cuda(tmp, seed):
     """Ranks with CUDA buffers (rw_rank --cuda: device memory exported by IPC handle): the
     daemons stage through pinned host memory with async copies watched by the loop. Two daemons,
     2 ranks per node sharing one GPU, every forced path and the selector, verified like the host
-    runs; with the stand-in driver also mixed nodes (CUDA and host ranks side by side) and a
+    runs, and mixed nodes (CUDA and host ranks side by side); with the stand-in driver also a
     daemon without a driver refusing CUDA registration. RW_IT_CUDA=real uses the system's
     driver and GPU (the GPU machine); otherwise the stand-in driver (CI), or skip."""
     real = os.environ.get("RW_IT_CUDA") == "real"
@@ -219,10 +219,14 @@ def scenario_cuda(tmp, seed):
         print("skip cuda: no stand-in driver built")
         return
     runs = [(p, [0, 1, 2, 3]) for p in ("native", "rail-only", "perm-only", "joint", "auto")]
-    if not real:
-        runs += [("joint", [0, 3]), ("auto", [1, 2])]
+    runs += [("joint", [0, 3]), ("auto", [1, 2])]  # CUDA and host ranks side by side
+    # Knobs for a heavier run by hand (docs/perf/gpu-e2e.md): extra rank flags (--hidden,
+    # --tokens), a bigger receive region, and each daemon's phase statistics printed at the end.
+    extra_flags = os.environ.get("RW_IT_RANK_FLAGS", "").split()
+    recv_mib = int(os.environ.get("RW_IT_RECV_MIB", "16"))
     for i, (path, cuda_ranks) in enumerate(runs):
-        c = Cluster(tmp, 2, path=path)
+        c = Cluster(tmp, 2, path=path, extra={"recv_region_mib": recv_mib})
+        c.rank_flags = extra_flags
         if not real:
             c.env["RW_CUDA_DRIVER"] = FAKE_CUDA
         try:
@@ -238,6 +242,11 @@ def scenario_cuda(tmp, seed):
             for r in cuda_ranks:
                 if "(CUDA buffers)" not in outs[r]:
                     raise RuntimeError("rank %d did not run with CUDA buffers: %s" % (r, outs[r]))
+            if os.environ.get("RW_IT_STATS"):
+                for n in range(c.nodes):
+                    for line in c.stats(n, "stats phases").splitlines():
+                        if line.strip() and " ok=0 failed=0 " not in line:
+                            print("  node %d %s" % (n, line))
         finally:
             c.stop()
         print("ok   cuda %-9s CUDA ranks %s N=2 R=%d G=%d (%s, %s driver)"
