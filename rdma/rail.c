@@ -47,6 +47,7 @@ rw_status_t rw_rail_dev_init_base(rw_rail_dev_t *dev, const rw_rail_ops_t *ops,
 	dev->rail = cfg->rail;
 	dev->port = cfg->port;
 	dev->max_writes = cfg->max_writes ? cfg->max_writes : default_max_writes;
+	dev->pace_bps = cfg->pace_bps;
 	snprintf(dev->transport, sizeof(dev->transport), "%s", ops->name);
 	snprintf(dev->local, sizeof(dev->local), "%s", cfg->local);
 	return RW_OK;

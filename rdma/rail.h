@@ -59,6 +59,9 @@ typedef struct rw_rail_config {
 	unsigned rail;          /* rail index; a connection only joins equal rail indices */
 	uint16_t port;          /* listen port; 0 = ephemeral (tests) */
 	uint32_t max_writes;    /* writes in flight per connection; 0 = transport default */
+	uint64_t pace_bps;      /* transmit rate of the device in bits/s, shared by all its
+	                         * connections like a NIC's line rate; 0 = unpaced. tcp only
+	                         * (emulates a slower NIC on loopback); verbs logs and ignores it */
 } rw_rail_config_t;
 
 #define RW_RAIL_CAP_DMABUF (1u << 0)        /* reg_dmabuf can succeed on this device */
@@ -69,6 +72,13 @@ typedef struct rw_rail_caps {
 	uint32_t max_writes;       /* writes in flight per connection (the RW_ERR_AGAIN bound) */
 	uint64_t max_write_length; /* largest single write, bytes */
 } rw_rail_caps_t;
+
+/* Per-device counters, written by the transport on the loop thread (read them there too). */
+typedef struct rw_rail_dev_stats {
+	uint64_t tx_bytes;       /* bytes handed to the wire, headers included (tcp) */
+	uint64_t pace_waits;     /* times a connection with data to send waited for the pacing
+	                          * timer because the device's rate budget was spent (tcp) */
+} rw_rail_dev_stats_t;
 
 /* ---- objects (transports embed these as the FIRST member of their own structs) ------------
  * Callers may read the fields; only the transport (and rail.c) writes them. */
@@ -82,6 +92,8 @@ struct rw_rail_dev {
 	char transport[RW_RAIL_NAME_MAX];
 	char local[RW_RAIL_ADDR_MAX];  /* copy of config.local */
 	rw_rail_caps_t caps;
+	uint64_t pace_bps;             /* the rate being enforced; 0 = unpaced (or not supported) */
+	rw_rail_dev_stats_t stats;
 };
 
 struct rw_rail_region {
@@ -253,7 +265,8 @@ rw_rail_remote_t rw_rail_region_remote(const rw_rail_region_t *region);
 /* ---- helpers for transport implementations ------------------------------------------------ */
 
 /* Fill the common device fields from cfg (name copied, max_writes resolved against
- * default_max_writes). RW_ERR_INVAL when cfg->local does not fit. */
+ * default_max_writes, pace_bps copied: a transport that cannot pace sets it back to 0).
+ * RW_ERR_INVAL when cfg->local does not fit. */
 rw_status_t rw_rail_dev_init_base(rw_rail_dev_t *dev, const rw_rail_ops_t *ops,
 				  const rw_rail_config_t *cfg, struct ev_loop *loop,
 				  uint32_t default_max_writes);

@@ -6,7 +6,12 @@
  * header as untrusted input, then receives the payload straight into the registered region at
  * the declared offset (readv into place, no staging copy). The target acknowledges with a
  * cumulative ACK frame once the data is in place, batched per read wake-up; the writer reports
- * on_write_done only then, so completion means "in the remote region", as on an RC QP. */
+ * on_write_done only then, so completion means "in the remote region", as on an RC QP.
+ *
+ * Optional rate pacing (rw_rail_config_t.pace_bps): a token bucket per device limits the bytes
+ * all its connections hand to their sockets, so a loopback "NIC" behaves like a slower one.
+ * A connection that finds the bucket empty waits in the device's FIFO; a timer refills the
+ * bucket and gives each waiter a turn, round robin. Nothing blocks the loop. */
 #include "rdma/rail.h"
 
 #include <arpa/inet.h>
@@ -29,6 +34,7 @@
 #define TCP_HANDSHAKE_TIMEOUT_S 10.0
 #define TCP_IOV_MAX 64
 #define TCP_IO_BUDGET (8u << 20) /* bytes per wake-up and direction: keep other rails fair */
+#define PACE_MIN_BURST (64u << 10) /* bucket depth: the larger of this and 1 ms at the rate */
 
 typedef struct tcp_conn tcp_conn_t;
 typedef struct tcp_listener tcp_listener_t;
@@ -41,6 +47,18 @@ typedef struct tcp_dev {
 	uint32_t key_salt, key_counter;
 	tcp_conn_t *conns;          /* every connection not yet freed */
 	tcp_listener_t *listeners;
+
+	/* Rate pacing (docs/rdma.md "Rate pacing"); pace_Bps == 0: off. The bucket holds bytes;
+	 * control frames (ACK, HELLO) are never held back but are charged, so it may go below 0. */
+	double pace_Bps;            /* bytes per second */
+	double pace_tokens;         /* bytes that may be sent now, <= pace_burst */
+	double pace_burst;          /* bucket depth */
+	double pace_wake;           /* waiters are served once the bucket holds this much */
+	uint64_t pace_last_ns;      /* last refill */
+	ev_timer pace_timer;
+	tcp_conn_t *pace_head;      /* FIFO of connections waiting for tokens (pace_next) */
+	tcp_conn_t *pace_tail;
+	size_t pace_n;
 } tcp_dev_t;
 
 struct tcp_listener {
@@ -76,6 +94,9 @@ struct tcp_conn {
 	int cb_depth;            /* > 0 while inside one of our ev callbacks */
 	int closed;              /* rw_rail_conn_close() called: free when cb_depth drops to 0 */
 	int want_writable;       /* rw_rail_write() said AGAIN: on_writable() owed */
+	int pace_waiting;        /* in the device's pacing FIFO (write watcher stopped) */
+	int pace_turn;           /* being served by the pacing timer: may pass the FIFO */
+	tcp_conn_t *pace_next;
 
 	/* Outgoing writes: ring of max_writes (rounded up to a power of two) entries. Counters are
 	 * free-running; entry k carries seq k + 1. acked <= sent <= posted. */
@@ -148,11 +169,69 @@ static rw_rail_region_t *region_find(tcp_dev_t *dev, uint64_t key)
 	return NULL;
 }
 
+/* ---- rate pacing ------------------------------------------------------------------------ */
+
+static void pace_refill(tcp_dev_t *dev)
+{
+	uint64_t now = rw_now_ns();
+	dev->pace_tokens += (double)(now - dev->pace_last_ns) * 1e-9 * dev->pace_Bps;
+	if (dev->pace_tokens > dev->pace_burst)
+		dev->pace_tokens = dev->pace_burst;
+	dev->pace_last_ns = now;
+}
+
+/* Arm the refill timer for when the bucket reaches pace_wake (at once if it already has). */
+static void pace_arm(tcp_dev_t *dev)
+{
+	if (ev_is_active(&dev->pace_timer))
+		return;
+	pace_refill(dev);
+	double wait = (dev->pace_wake - dev->pace_tokens) / dev->pace_Bps;
+	ev_timer_set(&dev->pace_timer, wait > 0 ? wait : 0., 0.);
+	ev_timer_start(dev->base.loop, &dev->pace_timer);
+}
+
+static void pace_enqueue(tcp_conn_t *c)
+{
+	tcp_dev_t *dev = c->dev;
+	if (c->pace_waiting)
+		return;
+	c->pace_waiting = 1;
+	c->pace_next = NULL;
+	if (dev->pace_tail)
+		dev->pace_tail->pace_next = c;
+	else
+		dev->pace_head = c;
+	dev->pace_tail = c;
+	dev->pace_n++;
+	dev->base.stats.pace_waits++;
+	pace_arm(dev);
+}
+
+static void pace_unlink(tcp_conn_t *c)
+{
+	tcp_dev_t *dev = c->dev;
+	if (!c->pace_waiting)
+		return;
+	tcp_conn_t **pp = &dev->pace_head, *prev = NULL;
+	while (*pp != c) {
+		prev = *pp;
+		pp = &(*pp)->pace_next;
+	}
+	*pp = c->pace_next;
+	if (dev->pace_tail == c)
+		dev->pace_tail = prev;
+	dev->pace_n--;
+	c->pace_waiting = 0;
+	c->pace_next = NULL;
+}
+
 /* ---- connection lifetime ---------------------------------------------------------------- */
 
 static void conn_stop_io(tcp_conn_t *c)
 {
 	struct ev_loop *loop = c->dev->base.loop;
+	pace_unlink(c);
 	ev_io_stop(loop, &c->rio);
 	ev_io_stop(loop, &c->wio);
 	if (c->fd >= 0) {
@@ -289,13 +368,18 @@ static int tx_pending(const tcp_conn_t *c)
 	       (c->hs == HS_DONE && c->rx_done > c->ack_sent);
 }
 
-/* Send as much as the socket takes: control frame first (only at a write-frame boundary), then
- * queued writes as header+payload iovecs. Returns 0, or -1 after conn_fail(). */
+/* Send as much as the socket (and, when paced, the device's bucket) takes: control frame first
+ * (only at a write-frame boundary), then queued writes as header+payload iovecs. Returns 0, or
+ * -1 after conn_fail(). */
 static int tx_flush(tcp_conn_t *c)
 {
+	tcp_dev_t *dev = c->dev;
 	size_t budget = TCP_IO_BUDGET;
+	int sock_full = 0, pace_blocked = 0;
 	if (c->fd < 0) /* failing (fail_later) */
 		return 0;
+	if (dev->pace_Bps > 0)
+		pace_refill(dev);
 	while (budget > 0) {
 		struct iovec iov[TCP_IOV_MAX];
 		int n = 0;
@@ -310,21 +394,38 @@ static int tx_flush(tcp_conn_t *c)
 			iov[n].iov_len = c->ctl_len - c->ctl_off;
 			total += iov[n++].iov_len;
 		}
+		/* Write-frame bytes allowed now: paced, only what the bucket holds, and only for the
+		 * connection whose turn it is while others wait (FIFO, so rails' peers share fairly). */
+		size_t allow = SIZE_MAX;
+		if (dev->pace_Bps > 0 && c->tx_sent < c->tx_posted) {
+			if ((dev->pace_head && !c->pace_turn) || dev->pace_tokens < 1.)
+				allow = 0;
+			else if (dev->pace_tokens < (double)allow)
+				allow = (size_t)dev->pace_tokens;
+			if (allow == 0)
+				pace_blocked = 1;
+		}
 		/* An ACK waiting behind a half-sent write goes right after that write. */
 		int stop_after_first = c->tx_off > 0 && c->rx_done > c->ack_sent;
 		uint64_t off = c->tx_off;
-		for (uint64_t k = c->tx_sent; k < c->tx_posted && n + 2 <= TCP_IOV_MAX; k++) {
+		size_t data = 0;
+		for (uint64_t k = c->tx_sent; k < c->tx_posted && n + 2 <= TCP_IOV_MAX && data < allow;
+		     k++) {
 			tx_entry_t *e = &c->ring[k & c->ring_mask];
 			if (off < RW_TCP_HDR_SIZE) {
 				iov[n].iov_base = e->hdr + off;
-				iov[n].iov_len = RW_TCP_HDR_SIZE - off;
+				iov[n].iov_len = RW_MIN((size_t)(RW_TCP_HDR_SIZE - off), allow - data);
+				data += iov[n].iov_len;
+				off += iov[n].iov_len;
 				total += iov[n++].iov_len;
-				off = RW_TCP_HDR_SIZE;
+				if (off < RW_TCP_HDR_SIZE)
+					break; /* allowance ends inside the header */
 			}
 			uint64_t done = off - RW_TCP_HDR_SIZE;
-			if (done < e->length) {
+			if (done < e->length && data < allow) {
 				iov[n].iov_base = (uint8_t *)e->local->addr + e->local_offset + done;
-				iov[n].iov_len = e->length - done;
+				iov[n].iov_len = (size_t)RW_MIN(e->length - done, (uint64_t)(allow - data));
+				data += iov[n].iov_len;
 				total += iov[n++].iov_len;
 			}
 			off = 0;
@@ -338,14 +439,19 @@ static int tx_flush(tcp_conn_t *c)
 		if (sent < 0) {
 			if (errno == EINTR)
 				continue;
-			if (errno == EAGAIN || errno == EWOULDBLOCK)
+			if (errno == EAGAIN || errno == EWOULDBLOCK) {
+				sock_full = 1;
 				break;
+			}
 			rw_err("rail %u peer %s: send: %m", c->dev->base.rail, c->base.peer);
 			conn_fail(c, RW_ERR_PEER);
 			return -1;
 		}
 		size_t left = (size_t)sent;
 		budget = left >= budget ? 0 : budget - left;
+		dev->base.stats.tx_bytes += (uint64_t)sent;
+		if (dev->pace_Bps > 0)
+			dev->pace_tokens -= (double)sent;
 		if (c->ctl_off < c->ctl_len) {
 			size_t take = RW_MIN(left, (size_t)(c->ctl_len - c->ctl_off));
 			c->ctl_off += (uint32_t)take;
@@ -362,15 +468,43 @@ static int tx_flush(tcp_conn_t *c)
 				c->tx_off = 0;
 			}
 		}
-		if ((size_t)sent < total)
+		if ((size_t)sent < total) {
+			sock_full = 1;
 			break; /* socket buffer full */
+		}
 	}
 	struct ev_loop *loop = c->dev->base.loop;
-	if (tx_pending(c))
+	if (pace_blocked && !sock_full && c->ctl_off >= c->ctl_len && c->tx_sent < c->tx_posted) {
+		ev_io_stop(loop, &c->wio); /* the pacing timer resumes us, not the socket */
+		pace_enqueue(c);
+	} else if (tx_pending(c)) {
 		ev_io_start(loop, &c->wio);
-	else
+	} else {
 		ev_io_stop(loop, &c->wio);
+	}
 	return 0;
+}
+
+/* The pacing timer: refill, then give each connection that was waiting one turn, in FIFO
+ * order, while the bucket lasts; whoever is still short goes to the back of the queue. */
+static void pace_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	tcp_dev_t *dev = w->data;
+	pace_refill(dev);
+	for (size_t k = 0, n = dev->pace_n; k < n && dev->pace_head && dev->pace_tokens >= 1.;
+	     k++) {
+		tcp_conn_t *c = dev->pace_head;
+		pace_unlink(c);
+		cb_enter(c);
+		c->pace_turn = 1;
+		tx_flush(c); /* may fail the connection (callbacks) or queue it again */
+		c->pace_turn = 0;
+		cb_leave(c);
+	}
+	if (dev->pace_head)
+		pace_arm(dev);
 }
 
 /* The handshake is done: allocate the write queue (only now, so that unauthenticated sockets
@@ -751,7 +885,8 @@ static rw_status_t tcp_write(rw_rail_conn_t *base, const rw_rail_write_t *w)
 			  .offset = w->remote_offset, .length = w->length, .seq = c->tx_posted + 1};
 	rw_tcp_hdr_encode(&h, e->hdr);
 	c->tx_posted++;
-	ev_io_start(c->dev->base.loop, &c->wio); /* sent from the loop: no callbacks from here */
+	if (!c->pace_waiting) /* a waiting connection is resumed by the pacing timer */
+		ev_io_start(c->dev->base.loop, &c->wio); /* sent from the loop: no callbacks here */
 	return RW_OK;
 }
 
@@ -852,6 +987,15 @@ static rw_status_t tcp_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loo
 	}
 	if (getrandom(&dev->key_salt, sizeof(dev->key_salt), GRND_NONBLOCK) != sizeof(dev->key_salt))
 		dev->key_salt = (uint32_t)(rw_now_ns() ^ (uint64_t)getpid() << 16);
+	if (cfg->pace_bps) {
+		dev->pace_Bps = (double)cfg->pace_bps / 8.;
+		dev->pace_burst = RW_MAX((double)PACE_MIN_BURST, dev->pace_Bps * 1e-3);
+		dev->pace_wake = dev->pace_burst / 4.;
+		dev->pace_tokens = dev->pace_burst;
+		dev->pace_last_ns = rw_now_ns();
+	}
+	ev_timer_init(&dev->pace_timer, pace_timer_cb, 0., 0.);
+	dev->pace_timer.data = dev;
 	dev->base.caps.flags = RW_RAIL_CAP_ARRIVAL_WHERE;
 	dev->base.caps.max_writes = dev->base.max_writes;
 	dev->base.caps.max_write_length = TCP_MAX_WRITE_LENGTH;
@@ -870,6 +1014,7 @@ static void tcp_dev_close(rw_rail_dev_t *base)
 		tcp_listener_close(&dev->listeners->base);
 	while (dev->conns)
 		conn_destroy(dev->conns);
+	ev_timer_stop(base->loop, &dev->pace_timer);
 	for (size_t i = 0; i < dev->nregions; i++)
 		free(dev->regions[i]);
 	free(dev->regions);

@@ -13,6 +13,7 @@
 #include <infiniband/verbs.h>
 #include <netinet/in.h>
 #include <rdma/rdma_cma.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1163,6 +1164,14 @@ static rw_status_t vb_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loop
 	if (st != RW_OK) {
 		free(d);
 		return st;
+	}
+	if (d->base.pace_bps) {
+		/* Pacing emulates a slower NIC for tcp test beds; an RDMA NIC has its own rate. */
+		static atomic_int pace_logged;
+		if (!atomic_exchange(&pace_logged, 1))
+			rw_warn("verbs: rail %u: pace_bps ignored (rate pacing is a tcp transport "
+				"feature)", cfg->rail);
+		d->base.pace_bps = 0;
 	}
 	d->anchor_owner.kind = VB_KIND_ANCHOR;
 	d->anchor_owner.obj = d;

@@ -55,6 +55,7 @@ static struct {
 	const char *peer_local; /* role a, thread mode: the responder's rail address */
 	const char *child_local;
 	uint64_t seed;
+	uint64_t pace_bps;  /* --pace=BPS: pace every device of the suite (a stress run) */
 } opt = {.transport = RW_CONF_TRANSPORT, .role = "a", .rail = 1, .ctl_fd = -1};
 
 static char local_buf[3][RW_RAIL_ADDR_MAX];
@@ -304,13 +305,13 @@ static void writer_pump(endpoint_t *ep)
 }
 
 static rw_status_t ep_open(endpoint_t *ep, struct ev_loop *loop, const char *local,
-			   uint32_t max_writes)
+			   uint32_t max_writes, uint64_t pace_bps)
 {
 	memset(ep, 0, sizeof(*ep));
 	ep->loop = loop;
 	ep->post_limit = UINT64_MAX;
 	rw_rail_config_t cfg = {.transport = opt.transport, .local = local, .rail = opt.rail,
-				.max_writes = max_writes};
+				.max_writes = max_writes, .pace_bps = pace_bps};
 	return rw_rail_dev_open(&cfg, loop, &ep->dev);
 }
 
@@ -671,7 +672,7 @@ static int responder_main(int ctl_fd, const char *local)
 	int rc = 1;
 	if (!loop)
 		return 1;
-	if (ep_open(&r.ep, loop, local, 0) != RW_OK)
+	if (ep_open(&r.ep, loop, local, 0, opt.pace_bps) != RW_OK)
 		goto out_loop;
 	if (rw_rail_listen(r.ep.dev, &cbs, &r.ep, &r.ep.listener) != RW_OK)
 		goto out_ep;
@@ -761,14 +762,15 @@ static int peer_start_child(peer_t *pr, const char *local)
 	if (pid < 0)
 		return -1;
 	if (pid == 0) {
-		char fdarg[32], localarg[96], transportarg[64], railarg[32];
+		char fdarg[32], localarg[96], transportarg[64], railarg[32], pacearg[48];
 		int fd = dup(sv[1]); /* without CLOEXEC */
 		snprintf(fdarg, sizeof(fdarg), "--ctl-fd=%d", fd);
 		snprintf(localarg, sizeof(localarg), "--local=%s", local);
 		snprintf(transportarg, sizeof(transportarg), "--transport=%s", opt.transport);
 		snprintf(railarg, sizeof(railarg), "--rail=%u", opt.rail);
+		snprintf(pacearg, sizeof(pacearg), "--pace=%llu", (unsigned long long)opt.pace_bps);
 		execl("/proc/self/exe", "rail_conformance", "--role=b", fdarg, localarg,
-		      transportarg, railarg, (char *)NULL);
+		      transportarg, railarg, pacearg, (char *)NULL);
 		_exit(127);
 	}
 	close(sv[1]);
@@ -840,7 +842,7 @@ static int group_setup(void **state)
 {
 	fixture_t *f = calloc(1, sizeof(*f));
 	f->loop = ev_loop_new(EVFLAG_AUTO);
-	if (ep_open(&f->ep, f->loop, opt.local, 0) != RW_OK) {
+	if (ep_open(&f->ep, f->loop, opt.local, 0, opt.pace_bps) != RW_OK) {
 		fprintf(stderr, "cannot open %s rail device at %s: skipping\n", opt.transport,
 			opt.local);
 		ev_loop_destroy(f->loop);
@@ -1286,6 +1288,108 @@ static void test_writer_killed(void **state)
 	peer_stop(&child);
 }
 
+/* ---- tests: rate pacing -------------------------------------------------------------------- */
+
+static endpoint_t *pace_other;
+static int pred_either_done(endpoint_t *ep)
+{
+	return ep->errors > 0 || pace_other->errors > 0 || ep->done == ep->wp.count ||
+	       pace_other->done == pace_other->wp.count;
+}
+
+/* rw_rail_config_t.pace_bps: a paced device still delivers every byte, on two connections at
+ * once that share its bucket, and pacing really engages (the transport counts the sends that
+ * waited for its refill timer), while an unpaced device never waits. No timing is asserted:
+ * the achieved rate is measured by rail_bench --pace (docs/perf/rail-tcp.md). verbs ignores
+ * pacing (pace_bps reads back 0) and must still pass the data checks. */
+static void test_paced_writes(void **state)
+{
+	fixture_t *f = *state;
+	endpoint_t *ep = &f->ep;
+	const int tcp = strcmp(opt.transport, "tcp") == 0;
+	const uint64_t rate = 400000000; /* bits/s: the ~1.6 MiB below take ~30 ms */
+	plan_params_t p0 = {.seed = opt.seed + 14, .count = 64, .region_size = 4u << 20,
+			    .min_len = 1, .max_len = 32768};
+	plan_params_t pa = {.seed = opt.seed + 15, .count = 100, .region_size = 4u << 20,
+			    .min_len = 1, .max_len = 16384};
+	plan_params_t pb = {.seed = opt.seed + 16, .count = 100, .region_size = 4u << 20,
+			    .min_len = 1, .max_len = 16384};
+	uint64_t index;
+
+	/* A paced device with two connections: a -> the responder, b -> our own listener. */
+	endpoint_t a, b;
+	assert_int_equal(ep_open(&a, ep->loop, opt.local, 0, rate), RW_OK);
+	assert_int_equal(a.dev->pace_bps, tcp ? rate : 0);
+	memset(&b, 0, sizeof(b));
+	b.loop = ep->loop;
+	b.dev = a.dev; /* a second connection on the same device */
+	b.post_limit = UINT64_MAX;
+	assert_int_equal(rw_rail_connect(a.dev, f->peer.rail_addr, 43, &cbs, &a, &a.conn), RW_OK);
+	assert_true(run_until(&a, pred_connected));
+	assert_int_equal(a.errors, 0);
+	rw_rail_remote_t remote = peer_region(&f->peer, pa.region_size, &index);
+	peer_expect(&f->peer, &pa, index, 0);
+	region_buf_t *dst = NULL;
+	if (tcp) {
+		dst = ep_region(ep, pb.region_size, 0);
+		assert_non_null(dst);
+		assert_int_equal(verifier_start(ep, &pb, dst), 0);
+		ep->connected = 0;
+		assert_int_equal(rw_rail_connect(b.dev, ep->listener->addr, 44, &cbs, &b, &b.conn),
+				 RW_OK);
+		assert_true(run_until(&b, pred_connected));
+		assert_true(run_until(ep, pred_connected));
+		assert_int_equal(b.errors + ep->errors, 0);
+		assert_int_equal(writer_start(&b, &pb, rw_rail_region_remote(dst->region)), 0);
+	}
+	assert_int_equal(writer_start(&a, &pa, remote), 0);
+	if (tcp) {
+		/* Round robin between the device's connections: when the first one has all its
+		 * writes back, the other has had turns too (no connection hogs the bucket). */
+		pace_other = &b;
+		assert_true(run_until(&a, pred_either_done));
+		assert_true(a.done >= 1 && b.done >= 1);
+		assert_true(run_until(&b, pred_writes_done));
+		assert_int_equal(b.errors, 0);
+		assert_int_equal(b.done_ok, pb.count);
+		assert_int_equal(b.order_bad, 0);
+		assert_true(run_until(ep, pred_arrivals_done));
+		assert_int_equal(ep->arrivals, pb.count);
+		assert_int_equal(ep->bad_data + ep->bad_imm + ep->bad_len + ep->bad_where, 0);
+	}
+	assert_true(run_until(&a, pred_writes_done));
+	assert_int_equal(a.errors, 0);
+	assert_int_equal(a.done_ok, pa.count);
+	assert_int_equal(a.order_bad, 0);
+	ctl_msg_t v = peer_verdict(&f->peer);
+	assert_int_equal(v.a[0], pa.count);
+	assert_int_equal(v.a[1] + v.a[2] + v.a[3] + v.a[4] + v.a[5] + v.a[6], 0);
+
+	if (tcp) {
+		uint64_t payload = 0;
+		for (uint64_t k = 0; k < pa.count; k++)
+			payload += a.witems[k].len + b.witems[k].len;
+		assert_true(a.dev->stats.pace_waits > 0); /* pacing engaged */
+		assert_true(a.dev->stats.tx_bytes >= payload + (pa.count + pb.count) * RW_TCP_HDR_SIZE);
+	} else {
+		assert_int_equal(a.dev->stats.pace_waits, 0);
+	}
+	ep_reset(&b); /* b's connection and source region, on a's device */
+	ep_close(&a);
+
+	/* Unpaced: the fixture's device, which has sent plenty in earlier tests, never waited. */
+	ctl_msg_t reset = {.op = OP_RESET};
+	assert_int_equal(peer_call(&f->peer, &reset), 0); /* its end of a's connection */
+	rw_rail_conn_close(ep->conn); /* b's, accepted */
+	ep->conn = NULL;
+	write_plan_and_verify(f, &p0);
+	if (!opt.pace_bps) {
+		assert_int_equal(ep->dev->pace_bps, 0);
+		assert_true(ep->dev->stats.tx_bytes > 0 || !tcp);
+		assert_int_equal(ep->dev->stats.pace_waits, 0);
+	}
+}
+
 /* Connecting to nothing reports on_error from the loop, never from inside connect(). */
 static void test_connect_refused(void **state)
 {
@@ -1376,7 +1480,7 @@ static void test_hostile_headers(void **state)
 	plan_params_t good = {.seed = opt.seed + 12, .count = 64, .region_size = size / 2,
 			      .min_len = 1, .max_len = 256};
 	endpoint_t writer;
-	assert_int_equal(ep_open(&writer, ep->loop, opt.child_local, 0), RW_OK);
+	assert_int_equal(ep_open(&writer, ep->loop, opt.child_local, 0, 0), RW_OK);
 	writer.connected = 0;
 	assert_int_equal(rw_rail_connect(writer.dev, ep->listener->addr, 5, &cbs, &writer,
 					 &writer.conn), RW_OK);
@@ -1508,9 +1612,12 @@ static void usage(void)
 	fprintf(stderr,
 		"usage: rail_conformance [--transport=tcp|verbs] [--rail=R]\n"
 		"  one machine (default): --local=127.0.R.1, responder thread on 127.0.R.2\n"
+		"    (--peer-local=ADDR), killable responder/writer child on 127.0.R.3\n"
+		"    (--child-local=ADDR); all three may be one address\n"
 		"  two machines: on B: --role=b --local=RAIL_ADDR_B --ctl=IP:PORT\n"
 		"                on A: --role=a --local=RAIL_ADDR_A --peer=IP_OF_B:PORT\n"
-		"  --seed=N  plan seed (printed)\n");
+		"  --seed=N  plan seed (printed)\n"
+		"  --pace=BPS  pace every device at BPS bits/s (stress run; default unpaced)\n");
 }
 
 static int ctl_listen_accept(const char *addr)
@@ -1550,6 +1657,9 @@ int main(int argc, char **argv)
 		else if (!strncmp(a, "--ctl=", 6)) opt.ctl = a + 6;
 		else if (!strncmp(a, "--ctl-fd=", 9)) opt.ctl_fd = atoi(a + 9);
 		else if (!strncmp(a, "--seed=", 7)) opt.seed = strtoull(a + 7, NULL, 0);
+		else if (!strncmp(a, "--peer-local=", 13)) opt.peer_local = a + 13;
+		else if (!strncmp(a, "--child-local=", 14)) opt.child_local = a + 14;
+		else if (!strncmp(a, "--pace=", 7)) opt.pace_bps = strtoull(a + 7, NULL, 0);
 		else { usage(); return 2; }
 	}
 	if (getenv("RW_RAIL_DEBUG"))
@@ -1574,11 +1684,13 @@ int main(int argc, char **argv)
 	rw_log_set_ident("conformance[a]");
 	if (!opt.local)
 		opt.local = local_buf[0];
-	opt.peer_local = local_buf[1];
-	opt.child_local = local_buf[2];
-	printf("rail conformance: transport %s, rail %u, local %s, peer %s, seed %llu\n",
-	       opt.transport, opt.rail, opt.local, opt.peer ? opt.peer : "(thread)",
-	       (unsigned long long)opt.seed);
+	if (!opt.peer_local)
+		opt.peer_local = local_buf[1];
+	if (!opt.child_local)
+		opt.child_local = local_buf[2];
+	printf("rail conformance: transport %s, rail %u, local %s, peer %s, seed %llu%s\n",
+	       opt.transport, opt.rail, opt.local, opt.peer ? opt.peer : opt.peer_local,
+	       (unsigned long long)opt.seed, opt.pace_bps ? ", paced" : "");
 	if (!rw_rail_transport_find(opt.transport)) {
 		printf("transport %s not built (have: %s): skipping\n", opt.transport,
 		       rw_rail_transport_names());
@@ -1613,6 +1725,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_teardown(test_stale_remote_key, test_teardown),
 		cmocka_unit_test_teardown(test_peer_killed_while_writing, test_teardown),
 		cmocka_unit_test_teardown(test_writer_killed, test_teardown),
+		cmocka_unit_test_teardown(test_paced_writes, test_teardown),
 		cmocka_unit_test_teardown(test_connect_refused, test_teardown),
 		cmocka_unit_test_teardown(test_hostile_headers, test_teardown),
 	};
