@@ -58,6 +58,7 @@ typedef enum field_kind {
 	K_LOGLEVEL,
 	K_FORCEPATH,
 	K_HTTP,      /* "ADDR:PORT" | "0" | "off" | "" */
+	K_BOOL,      /* JSON true/false; text on|off, true|false, yes|no, 1|0 */
 } field_kind_t;
 
 typedef struct field {
@@ -91,6 +92,7 @@ static const field_t fields[] = {
 	{"stats_timeout_ms", K_U32, OFF(stats_timeout_ms), 0, 1, 3600000},
 	{"log_level", K_LOGLEVEL, OFF(log_level), 0, 0, 0},
 	{"path", K_FORCEPATH, OFF(force_path), 0, 0, 0},
+	{"pace", K_BOOL, OFF(pace), 0, 0, 0},
 };
 #define N_FIELDS RW_ARRAY_SIZE(fields)
 
@@ -117,6 +119,7 @@ const rw_svc_option_t rw_svc_options[] = {
 	{"recv_region_mib", "recv-region-mib", "RAILWAVE_RECV_REGION_MIB", "MIB", "receive region"},
 	{"stats_timeout_ms", "stats-timeout-ms", "RAILWAVE_STATS_TIMEOUT_MS", "MS",
 	 "stats client line deadline"},
+	{"pace", "pace", "RAILWAVE_PACE", "on|off", "pace every rail at its rate_gbps (tcp)"},
 	{NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -368,6 +371,11 @@ static rw_status_t set_field(loader_t *ld, size_t fi, const json_t *v, const cha
 		snprintf(ld->http_text, sizeof(ld->http_text), "%s", s);
 		break;
 	}
+	case K_BOOL:
+		if (!json_is_boolean(v))
+			return fail(ld, "%s: expected true or false, got %s", where, json_type_name(v));
+		*(int *)(void *)(base + f->off) = json_is_true(v);
+		break;
 	}
 	ld->src[fi] = src;
 	return RW_OK;
@@ -393,6 +401,16 @@ static rw_status_t set_field_text(loader_t *ld, size_t fi, const char *text, con
 		if (!parse_uint(text, 0, UINT32_MAX, &x))
 			return fail(ld, "%s: '%s' is not a non-negative integer", where, text);
 		v = json_integer((json_int_t)x);
+	} else if (f->kind == K_BOOL) {
+		static const char *const on[] = {"on", "true", "yes", "1"};
+		static const char *const off[] = {"off", "false", "no", "0"};
+		if (lookup_name(on, RW_ARRAY_SIZE(on), text) >= 0)
+			v = json_true();
+		else if (lookup_name(off, RW_ARRAY_SIZE(off), text) >= 0)
+			v = json_false();
+		else
+			return fail(ld, "%s: '%s' is not on or off (also true/false, yes/no, 1/0)",
+				    where, text);
 	} else if (f->kind == K_F64) {
 		char *end = NULL;
 		errno = 0;
@@ -791,6 +809,10 @@ static rw_status_t finish(loader_t *ld)
 				return fail(ld, "nodes[%u].rails[%u].address: missing (the tcp transport "
 					    "needs an address)", i, r);
 		}
+	if (cfg->pace && cfg->transport != RW_SVC_TRANSPORT_TCP)
+		return fail(ld, "pace: on, but the %s transport cannot pace (an RDMA NIC runs at its "
+			    "own rate); pacing emulates slower NICs with tcp",
+			    rw_svc_transport_name(cfg->transport));
 	if ((st = check_duplicates(ld)))
 		return st;
 	if ((st = find_me(ld)))
@@ -1080,6 +1102,9 @@ char *rw_svc_config_dump(const rw_svc_config_t *cfg)
 			break;
 		case K_HTTP:
 			v = cfg->http_enabled ? ep_json(&cfg->http) : json_string("0");
+			break;
+		case K_BOOL:
+			v = json_boolean(*(const int *)(const void *)(base + f->off));
 			break;
 		}
 		put(root, f->key, v, &oom);

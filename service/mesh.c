@@ -928,8 +928,11 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 			snprintf(local, sizeof(local), "%s", rc->addr.text);
 		else
 			snprintf(local, sizeof(local), "%s:%u", rc->device, rc->device_port);
+		/* pace (tcp only, config.c checks): the rail sends at its configured rate, so a
+		 * loopback cluster behaves like one with NICs of that speed (docs/rdma.md). */
 		rw_rail_config_t rcfg = { .transport = transport, .local = local, .rail = r,
-					  .port = rc->has_addr ? rc->addr.port : 0 };
+					  .port = rc->has_addr ? rc->addr.port : 0,
+					  .pace_bps = cfg->pace ? (uint64_t)(rc->rate_gbps * 1e9) : 0 };
 		st = rw_rail_dev_open(&rcfg, m->loop, &m->dev[r]);
 		if (st != RW_OK) {
 			rw_err("rail %u: cannot open %s device %s: %s", r, transport, local, rw_status_str(st));
@@ -977,8 +980,8 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 
 	for (uint32_t i = m->me + 1; i < m->nodes; i++)
 		peer_connect(&m->peer[i]);
-	rw_info("mesh: node %u of %u, %u rails over %s, control %s:%u", m->me, m->nodes, m->rails,
-		transport, ep->text, ep->port);
+	rw_info("mesh: node %u of %u, %u rails over %s%s, control %s:%u", m->me, m->nodes, m->rails,
+		transport, cfg->pace ? " (paced at each rail's rate_gbps)" : "", ep->text, ep->port);
 	*mesh_p = m;
 	return RW_OK;
 fail:

@@ -93,6 +93,8 @@ typedef struct rw_svc_config {
 	uint32_t stats_timeout_ms;   /* a stats client must finish each line within this */
 	rw_log_level_t log_level;
 	int force_path;              /* RW_SVC_PATH_AUTO or an rw_path_t */
+	int pace;                    /* tcp: pace each rail's sends at its rate_gbps (emulates
+	                              * slower NICs on loopback; rdma/rail.h pace_bps) */
 } rw_svc_config_t;
 
 /* One override: `key` is a top-level field name as in the JSON file ("http", "node", ...).

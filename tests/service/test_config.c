@@ -77,6 +77,11 @@ static const bad_case_t bad_cases[] = {
 	{"\"log_level\": \"verbose\",", 0, 0, 0, "log_level: expected one of error, warn, info, debug", RW_ERR_PARSE},
 	{"\"path\": \"fastest\",", 0, 0, 0, "path: expected one of auto, native", RW_ERR_PARSE},
 	{"\"node\": [1],", 0, 0, 0, "node: expected a node name or index, got an array", RW_ERR_PARSE},
+	{"\"pace\": \"yes\",", 0, 0, 0, "pace: expected true or false, got a string", RW_ERR_PARSE},
+	{"\"pace\": 1,", 0, 0, 0, "pace: expected true or false, got an integer", RW_ERR_PARSE},
+	{"\"pace\": null,", 0, 0, 0, "pace: expected true or false, got null", RW_ERR_PARSE},
+	{"\"pace\": true, \"transport\": \"verbs\",", 0, 0, 0,
+	 "pace: on, but the verbs transport cannot pace", RW_ERR_PARSE},
 	/* gpu_rail */
 	{"\"gpu_rail\": [0, 1, 0],", 0, 0, 0, "gpu_rail: 3 entries, but gpus_per_node is 2", RW_ERR_PARSE},
 	{"\"gpu_rail\": [0, 5],", 0, 0, 0, "gpu_rail[1]: expected a rail index in [0, 1]", RW_ERR_PARSE},
@@ -191,6 +196,10 @@ static void test_bad_env_and_flags(void **state)
 		{NULL, {"rail_port", "-3"}, "--rail-port: '-3' is not a non-negative integer"},
 		{NULL, {"nodes", "x"}, "--nodes: not a setting that a flag may change"},
 		{NULL, {"node", "7"}, "node: index 7 out of range"},
+		{"RAILWAVE_PACE=maybe", {0, 0}, "RAILWAVE_PACE: 'maybe' is not on or off"},
+		{NULL, {"pace", ""}, "--pace: '' is not on or off"},
+		{NULL, {"pace", "ON"}, "--pace: 'ON' is not on or off"},
+		{"RAILWAVE_PACE=on", {"transport", "verbs"}, "pace: on, but the verbs transport"},
 	};
 	for (size_t i = 0; i < RW_ARRAY_SIZE(cases); i++) {
 		char *envp[] = {(char *)cases[i].env, NULL};
@@ -292,6 +301,7 @@ static char *round_trip(const char *json, char *const *envp, const rw_svc_kv_t *
 	assert_int_equal(a.http_enabled, b.http_enabled);
 	assert_int_equal(a.http.port, b.http.port);
 	assert_int_equal(a.force_path, b.force_path);
+	assert_int_equal(a.pace, b.pace);
 	for (uint32_t i = 0; i < a.n_nodes; i++)
 		for (uint32_t r = 0; r < a.rails; r++) {
 			assert_string_equal(a.nodes[i].rails[r].addr.text, b.nodes[i].rails[r].addr.text);
@@ -338,7 +348,50 @@ static void test_dump_round_trip(void **state)
 	assert_non_null(strstr(dump, "\"http\": \"10.0.0.2:9999\""));
 	assert_non_null(strstr(dump, "\"path\": \"rail-only\""));
 	assert_non_null(strstr(dump, "\"device_port\": 2"));
+	assert_non_null(strstr(dump, "\"pace\": false"));
 	free(dump);
+	dump = round_trip(make_json("\"pace\": true,", NULL, NULL), NULL, node0_flag, 1);
+	assert_non_null(strstr(dump, "\"pace\": true"));
+	free(dump);
+}
+
+/* pace: off by default; file < environment < flag; the text forms of on and off. */
+static void test_pace(void **state)
+{
+	(void)state;
+	rw_svc_config_t cfg;
+	char err[256];
+	char json[2048]; /* make_json's buffer is reused */
+	snprintf(json, sizeof(json), "%.2000s", make_json("\"pace\": true,", NULL, NULL));
+	assert_int_equal(rw_svc_config_load_text(make_json(NULL, NULL, NULL), NULL, node0_flag, 1,
+						 &cfg, err, sizeof(err)), RW_OK);
+	assert_false(cfg.pace);
+	rw_svc_config_free(&cfg);
+	assert_int_equal(rw_svc_config_load_text(json, NULL, node0_flag, 1, &cfg, err, sizeof(err)),
+			 RW_OK);
+	assert_true(cfg.pace);
+	rw_svc_config_free(&cfg);
+	static const struct {
+		const char *text;
+		int on;
+	} forms[] = {{"on", 1}, {"true", 1}, {"yes", 1}, {"1", 1},
+		     {"off", 0}, {"false", 0}, {"no", 0}, {"0", 0}};
+	for (size_t i = 0; i < RW_ARRAY_SIZE(forms); i++) {
+		char var[64];
+		snprintf(var, sizeof(var), "RAILWAVE_PACE=%s", forms[i].text);
+		char *env[] = {var, NULL};
+		/* The environment beats the file (which says true) ... */
+		assert_int_equal(rw_svc_config_load_text(json, env, node0_flag, 1, &cfg, err,
+							 sizeof(err)), RW_OK);
+		assert_int_equal(cfg.pace, forms[i].on);
+		rw_svc_config_free(&cfg);
+		/* ... and a flag beats the environment. */
+		rw_svc_kv_t flags[] = {{"node", "0"}, {"pace", forms[i].on ? "off" : "on"}};
+		assert_int_equal(rw_svc_config_load_text(json, env, flags, 2, &cfg, err, sizeof(err)),
+				 RW_OK);
+		assert_int_equal(cfg.pace, !forms[i].on);
+		rw_svc_config_free(&cfg);
+	}
 }
 
 static void test_precedence(void **state)
@@ -541,6 +594,7 @@ int main(void)
 		cmocka_unit_test(test_bad_env_and_flags),
 		cmocka_unit_test(test_embedded_default),
 		cmocka_unit_test(test_dump_round_trip),
+		cmocka_unit_test(test_pace),
 		cmocka_unit_test(test_precedence),
 		cmocka_unit_test(test_identity_by_hostname),
 		cmocka_unit_test(test_files),
