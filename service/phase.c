@@ -1826,16 +1826,18 @@ static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		if (!p->dead && p->stage == ST_WAIT_SLOT)
 			pair_exchange(p);
 	}
-	uint64_t stale = rw_now_ns() - (uint64_t)x->svc->cfg.phase_timeout_ms * 1000000ull;
+	/* Ages as now - then (never now - timeout: the monotonic clock starts at boot, and a node
+	 * up for less than a phase timeout would find everything stale). */
+	const uint64_t now = rw_now_ns(), timeout = (uint64_t)x->svc->cfg.phase_timeout_ms * 1000000ull;
 	for (exec_tomb_t **tp = &x->tombs; *tp;) {
-		if ((*tp)->t_ns < stale)
+		if (now - (*tp)->t_ns > timeout)
 			tomb_unlink(tp);
 		else
 			tp = &(*tp)->next;
 	}
 	for (exec_row_t **rp = &x->rows; *rp;) {
 		exec_row_t *r = *rp;
-		if (r->t_ns < stale) {
+		if (now - r->t_ns > timeout) {
 			*rp = r->next;
 			free(r);
 		} else {
