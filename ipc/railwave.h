@@ -209,7 +209,11 @@ int rw_client_register_host(rw_client_t *client, size_t size, uint32_t *buf_id_p
 
 /* Register device memory by its CUDA IPC handle. The library does not link CUDA: fill this from
  * cuIpcGetMemHandle / cuMemGetAddressRange / CU_POINTER_ATTRIBUTE_BUFFER_ID (cuda/rw_cuda.h's
- * rw_cuda_ipc_export() produces exactly these fields). RW_E_NO_CUDA if the daemon has no GPU. */
+ * rw_cuda_ipc_export() produces exactly these fields). RW_E_NO_CUDA if the daemon has no GPU.
+ * Ordering: the daemon reads and writes the memory on its own streams, in its own process. Work
+ * that writes a submission's inputs must have completed before rw_client_submit() (synchronize
+ * the stream that wrote them; note that a cuMemcpyHtoD from pageable memory may return before
+ * its DMA is done), and the outputs are complete when the completion is reaped. */
 typedef struct rw_client_cuda_desc {
 	uint8_t ipc_handle[64];  /* CUipcMemHandle bytes */
 	uint64_t alloc_id;       /* CU_POINTER_ATTRIBUTE_BUFFER_ID of the allocation */

@@ -163,23 +163,32 @@ static int wait_one(rw_client_t *c, rw_cqe_t *cqe, int timeout_ms)
 typedef struct rank_buf {
 	int cuda;
 	int device;
+	rw_cuda_stream_t *stream; /* copies, each waited for (see buf_to_dev) */
 	rw_cuda_dptr_t dptr;
 	uint8_t *mem; /* host mapping, or the mirror */
 	uint32_t id;
 } rank_buf_t;
 
+/* The daemon reads a rank's device memory on its own stream, in its own process: whatever
+ * writes the inputs must have *finished* before the submission (a trainer synchronizes its
+ * stream). A plain cuMemcpyHtoD from pageable memory may return before its DMA is done, so
+ * every copy here goes on a stream that is synchronized. */
 static int buf_to_dev(const rank_buf_t *b, uint64_t off, uint64_t len)
 {
 	if (!b->cuda || len == 0)
 		return 0;
-	return rw_cuda_memcpy_htod(b->device, b->dptr + off, b->mem + off, len) == RW_OK ? 0 : -1;
+	if (rw_cuda_copy_htod_async(b->stream, b->dptr + off, b->mem + off, len) != RW_OK)
+		return -1;
+	return rw_cuda_stream_sync(b->stream) == RW_OK ? 0 : -1;
 }
 
 static int buf_from_dev(const rank_buf_t *b, uint64_t off, uint64_t len)
 {
 	if (!b->cuda || len == 0)
 		return 0;
-	return rw_cuda_memcpy_dtoh(b->device, b->mem + off, b->dptr + off, len) == RW_OK ? 0 : -1;
+	if (rw_cuda_copy_dtoh_async(b->stream, b->mem + off, b->dptr + off, len) != RW_OK)
+		return -1;
+	return rw_cuda_stream_sync(b->stream) == RW_OK ? 0 : -1;
 }
 
 static int buf_register(rw_client_t *c, size_t total, rank_buf_t *b)
@@ -192,6 +201,7 @@ static int buf_register(rw_client_t *c, size_t total, rank_buf_t *b)
 	int ndev = rw_cuda_device_count();
 	CHECK(ndev > 0, "no CUDA device");
 	b->device = (int)(me % gpus) % ndev;
+	CHECK(rw_cuda_stream_create(b->device, &b->stream) == RW_OK, "cuda stream");
 	CHECK(rw_cuda_mem_alloc(b->device, total, &b->dptr) == RW_OK, "cuda alloc %zu bytes", total);
 	CHECK(rw_cuda_memset_d8(b->device, b->dptr, 0, total) == RW_OK, "cuda memset");
 	b->mem = calloc(1, total);
@@ -217,6 +227,8 @@ static void buf_release(rank_buf_t *b)
 	if (!b->cuda)
 		return;
 	free(b->mem);
+	if (b->stream)
+		rw_cuda_stream_destroy(b->stream);
 	if (b->dptr)
 		rw_cuda_mem_free(b->device, b->dptr);
 	b->mem = NULL;
