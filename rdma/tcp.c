@@ -34,7 +34,13 @@
 #define TCP_HANDSHAKE_TIMEOUT_S 10.0
 #define TCP_IOV_MAX 64
 #define TCP_IO_BUDGET (8u << 20) /* bytes per wake-up and direction: keep other rails fair */
-#define PACE_MIN_BURST (64u << 10) /* bucket depth: the larger of this and 1 ms at the rate */
+/* Bucket depth: the larger of 64 KiB and 2 ms at the rate. Not less than 2 ms: libev's epoll
+ * backend sleeps in whole milliseconds, so a refill timer can fire ~1 ms late, and a shallower
+ * bucket would overflow while waiting (the rate falls short: 0.81 of 1 Gb/s with 1 ms). A
+ * waiting connection gets its turn once half the bucket has refilled. */
+#define PACE_MIN_BURST (64u << 10)
+#define PACE_BURST_S 2e-3
+#define PACE_BACKLOG_S 20e-3 /* credit kept for waiting connections when the timer is late */
 
 typedef struct tcp_conn tcp_conn_t;
 typedef struct tcp_listener tcp_listener_t;
@@ -51,8 +57,9 @@ typedef struct tcp_dev {
 	/* Rate pacing (docs/rdma.md "Rate pacing"); pace_Bps == 0: off. The bucket holds bytes;
 	 * control frames (ACK, HELLO) are never held back but are charged, so it may go below 0. */
 	double pace_Bps;            /* bytes per second */
-	double pace_tokens;         /* bytes that may be sent now, <= pace_burst */
+	double pace_tokens;         /* bytes that may be sent now, <= pace_burst (idle) */
 	double pace_burst;          /* bucket depth */
+	double pace_backlog;        /* depth while connections wait: late timers catch up */
 	double pace_wake;           /* waiters are served once the bucket holds this much */
 	uint64_t pace_last_ns;      /* last refill */
 	ev_timer pace_timer;
@@ -175,8 +182,12 @@ static void pace_refill(tcp_dev_t *dev)
 {
 	uint64_t now = rw_now_ns();
 	dev->pace_tokens += (double)(now - dev->pace_last_ns) * 1e-9 * dev->pace_Bps;
-	if (dev->pace_tokens > dev->pace_burst)
-		dev->pace_tokens = dev->pace_burst;
+	/* An idle link saves up at most a small burst. While connections wait, the time a late
+	 * timer (a busy loop, a descheduled process) lost is credited, up to pace_backlog: a real
+	 * NIC keeps draining its queue whatever the host CPU is doing. */
+	double cap = dev->pace_head ? dev->pace_backlog : dev->pace_burst;
+	if (dev->pace_tokens > cap)
+		dev->pace_tokens = cap;
 	dev->pace_last_ns = now;
 }
 
@@ -375,7 +386,7 @@ static int tx_flush(tcp_conn_t *c)
 {
 	tcp_dev_t *dev = c->dev;
 	size_t budget = TCP_IO_BUDGET;
-	int sock_full = 0, pace_blocked = 0;
+	int sock_full = 0, pace_blocked = 0, pace_granted = 0;
 	if (c->fd < 0) /* failing (fail_later) */
 		return 0;
 	if (dev->pace_Bps > 0)
@@ -394,14 +405,15 @@ static int tx_flush(tcp_conn_t *c)
 			iov[n].iov_len = c->ctl_len - c->ctl_off;
 			total += iov[n++].iov_len;
 		}
-		/* Write-frame bytes allowed now: paced, only what the bucket holds, and only for the
-		 * connection whose turn it is while others wait (FIFO, so rails' peers share fairly). */
+		/* Write-frame bytes allowed now. Paced: a send starts only with pace_wake bytes in
+		 * the bucket (no slivers) and, while others wait, only in this connection's turn
+		 * (FIFO: the connections of a rail share it fairly); then it may use the bucket. */
 		size_t allow = SIZE_MAX;
 		if (dev->pace_Bps > 0 && c->tx_sent < c->tx_posted) {
-			if ((dev->pace_head && !c->pace_turn) || dev->pace_tokens < 1.)
-				allow = 0;
-			else if (dev->pace_tokens < (double)allow)
-				allow = (size_t)dev->pace_tokens;
+			if (!pace_granted && !(dev->pace_head && !c->pace_turn) &&
+			    dev->pace_tokens >= dev->pace_wake)
+				pace_granted = 1;
+			allow = pace_granted && dev->pace_tokens >= 1. ? (size_t)dev->pace_tokens : 0;
 			if (allow == 0)
 				pace_blocked = 1;
 		}
@@ -486,15 +498,16 @@ static int tx_flush(tcp_conn_t *c)
 }
 
 /* The pacing timer: refill, then give each connection that was waiting one turn, in FIFO
- * order, while the bucket lasts; whoever is still short goes to the back of the queue. */
+ * order, while the bucket holds pace_wake bytes; whoever is still short goes to the back of
+ * the queue. */
 static void pace_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	(void)loop;
 	(void)revents;
 	tcp_dev_t *dev = w->data;
 	pace_refill(dev);
-	for (size_t k = 0, n = dev->pace_n; k < n && dev->pace_head && dev->pace_tokens >= 1.;
-	     k++) {
+	for (size_t k = 0, n = dev->pace_n; k < n && dev->pace_head &&
+	     dev->pace_tokens >= dev->pace_wake; k++) {
 		tcp_conn_t *c = dev->pace_head;
 		pace_unlink(c);
 		cb_enter(c);
@@ -989,8 +1002,9 @@ static rw_status_t tcp_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loo
 		dev->key_salt = (uint32_t)(rw_now_ns() ^ (uint64_t)getpid() << 16);
 	if (cfg->pace_bps) {
 		dev->pace_Bps = (double)cfg->pace_bps / 8.;
-		dev->pace_burst = RW_MAX((double)PACE_MIN_BURST, dev->pace_Bps * 1e-3);
-		dev->pace_wake = dev->pace_burst / 4.;
+		dev->pace_burst = RW_MAX((double)PACE_MIN_BURST, dev->pace_Bps * PACE_BURST_S);
+		dev->pace_wake = dev->pace_burst / 2.;
+		dev->pace_backlog = RW_MAX(dev->pace_burst, dev->pace_Bps * PACE_BACKLOG_S);
 		dev->pace_tokens = dev->pace_burst;
 		dev->pace_last_ns = rw_now_ns();
 	}

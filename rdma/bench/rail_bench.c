@@ -4,7 +4,13 @@
  * single-threaded on one event loop / poll loop, so the two are compared like for like.
  * Prints GB/s, the transport/plain ratio (target >= 0.8 for >= 1 MiB writes) and CPU seconds
  * per GB (sender + receiver, getrusage). Results: docs/perf/rail-tcp.md.
- *   rail_bench [--rails=1,2,4] [--sizes=64K,256K,1M,4M,16M] [--bytes=2G] [--reps=3] */
+ *   rail_bench [--rails=1,2,4] [--sizes=64K,256K,1M,4M,16M] [--bytes=2G] [--reps=3]
+ * --pace=RATE[,RATE...] measures the transport's rate pacing instead (rw_rail_config_t.pace_bps,
+ * bits/s with K/M/G suffixes): each rail device paced at RATE carries --conns connections (to
+ * the same receiver, sharing the device's bucket) for about --seconds; prints achieved/requested
+ * per rail, each connection's finish time relative to the run, and the unpaced rate of the same
+ * setup measured in the same run.
+ *   rail_bench --pace=50M,200M,1G [--rails=1,4] [--sizes=64K,4M] [--conns=2] [--seconds=2] */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <ev.h>
@@ -40,13 +46,27 @@ static uint64_t parse_size(const char *s)
 	return (uint64_t)v;
 }
 
-static int parse_list(const char *s, uint64_t *out, int max)
+/* Rates are decimal (50M = 50e6 bits/s), like NIC speeds. */
+static uint64_t parse_rate(const char *s)
+{
+	char *end;
+	double v = strtod(s, &end);
+	switch (*end) {
+	case 'k': case 'K': v *= 1e3; break;
+	case 'm': case 'M': v *= 1e6; break;
+	case 'g': case 'G': v *= 1e9; break;
+	default: break;
+	}
+	return (uint64_t)v;
+}
+
+static int parse_list(const char *s, uint64_t *out, int max, uint64_t (*parse)(const char *))
 {
 	int n = 0;
 	char buf[256];
 	snprintf(buf, sizeof(buf), "%s", s);
 	for (char *save, *t = strtok_r(buf, ",", &save); t && n < max; t = strtok_r(NULL, ",", &save))
-		out[n++] = parse_size(t);
+		out[n++] = parse(t);
 	return n;
 }
 
@@ -186,14 +206,15 @@ static const rw_rail_conn_cbs_t bench_cbs = {
 	.on_writable = b_writable,
 };
 
-static int open_rails(rail_side_t *s, unsigned rails, unsigned node, uint64_t region_len)
+static int open_rails(rail_side_t *s, unsigned rails, unsigned node, uint64_t region_len,
+		      uint64_t pace_bps)
 {
 	s->rails = rails;
 	for (unsigned r = 0; r < rails; r++) {
 		char local[32];
 		snprintf(local, sizeof(local), "127.0.%u.%u", r + 1, node);
 		rw_rail_config_t cfg = {.transport = "tcp", .local = local, .rail = r + 1,
-					.max_writes = 4096};
+					.max_writes = 4096, .pace_bps = pace_bps};
 		if (rw_rail_dev_open(&cfg, s->loop, &s->dev[r]) != RW_OK)
 			return -1;
 		s->mem[r] = map(region_len);
@@ -235,7 +256,7 @@ static int rail_receiver(int ctl, unsigned rails)
 {
 	rail_side_t s = {.loop = ev_loop_new(EVFLAG_AUTO), .ctl = ctl};
 	msg_t m = {.op = 1, .rails = rails};
-	if (open_rails(&s, rails, 2, WINDOW_BYTES) < 0)
+	if (open_rails(&s, rails, 2, WINDOW_BYTES, 0) < 0)
 		return 1;
 	for (unsigned r = 0; r < rails; r++) {
 		if (rw_rail_listen(s.dev[r], &bench_cbs, &s, &s.listener[r]) != RW_OK)
@@ -287,7 +308,7 @@ static int rail_sender_open(rail_sender_t *rs, unsigned rails, uint64_t max_size
 	rs->pid = spawn(rail_receiver, rails, &rs->ctl);
 	if (rs->pid < 0 || xrecv(rs->ctl, &m) < 0)
 		return -1;
-	if (open_rails(&rs->s, rails, 1, max_size) < 0)
+	if (open_rails(&rs->s, rails, 1, max_size, 0) < 0)
 		return -1;
 	for (unsigned r = 0; r < rails; r++) {
 		if (rw_rail_remote_unpack(m.desc[r], RW_RAIL_DESC_SIZE, &rs->s.remote[r]) != RW_OK ||
@@ -518,6 +539,256 @@ static double iperf3_gbps(unsigned streams)
 	return strtod(strchr(bps, ':') + 1, NULL) / 8 / 1e9;
 }
 
+/* ---- rate pacing (--pace) ------------------------------------------------------------------ */
+
+#define MAX_CONNS 8
+
+typedef struct pace_conn {
+	struct pace_sender *ps;
+	unsigned rail;
+	rw_rail_conn_t *conn;
+	uint64_t posted, done, count;
+	double t_done;
+} pace_conn_t;
+
+typedef struct pace_sender {
+	rail_side_t s; /* devices, regions, the receiver's descriptors */
+	pace_conn_t pc[MAX_RAILS][MAX_CONNS];
+	unsigned conns, connected, failed;
+	uint64_t size, depth;
+	int ctl;
+	pid_t pid;
+} pace_sender_t;
+
+static void p_pump(pace_conn_t *pc)
+{
+	pace_sender_t *ps = pc->ps;
+	while (pc->posted < pc->count && pc->posted - pc->done < ps->depth) {
+		rw_rail_write_t w = {
+			.local = ps->s.region[pc->rail],
+			.length = ps->size,
+			.remote = ps->s.remote[pc->rail],
+			.remote_offset = (pc->posted % ps->depth) * ps->size,
+		};
+		rw_status_t st = rw_rail_write(pc->conn, &w);
+		if (st == RW_ERR_AGAIN)
+			return;
+		if (st != RW_OK) {
+			ps->failed++;
+			return;
+		}
+		pc->posted++;
+	}
+}
+
+static void p_connected(rw_rail_conn_t *c, void *ctx)
+{
+	(void)c;
+	((pace_conn_t *)ctx)->ps->connected++;
+}
+
+static void p_error(rw_rail_conn_t *c, void *ctx, rw_status_t st)
+{
+	fprintf(stderr, "rail_bench: connection to %s failed: %s\n", c->peer, rw_status_str(st));
+	((pace_conn_t *)ctx)->ps->failed++;
+}
+
+static void p_write_done(rw_rail_conn_t *c, void *ctx, void *wctx, rw_status_t st)
+{
+	pace_conn_t *pc = ctx;
+	(void)c, (void)wctx;
+	if (st != RW_OK)
+		pc->ps->failed++;
+	if (++pc->done == pc->count)
+		pc->t_done = now_s();
+	p_pump(pc);
+}
+
+static void p_writable(rw_rail_conn_t *c, void *ctx)
+{
+	(void)c;
+	p_pump(ctx);
+}
+
+static const rw_rail_conn_cbs_t pace_cbs = {
+	.on_connected = p_connected,
+	.on_error = p_error,
+	.on_write_done = p_write_done,
+	.on_writable = p_writable,
+};
+
+static int pace_open(pace_sender_t *ps, unsigned rails, unsigned conns, uint64_t max_size,
+		     uint64_t pace_bps)
+{
+	msg_t m;
+	memset(ps, 0, sizeof(*ps));
+	ps->conns = conns;
+	ps->s.loop = ev_loop_new(EVFLAG_AUTO);
+	ps->pid = spawn(rail_receiver, rails, &ps->ctl);
+	if (ps->pid < 0 || xrecv(ps->ctl, &m) < 0)
+		return -1;
+	if (open_rails(&ps->s, rails, 1, max_size, pace_bps) < 0)
+		return -1;
+	for (unsigned r = 0; r < rails; r++) {
+		if (rw_rail_remote_unpack(m.desc[r], RW_RAIL_DESC_SIZE, &ps->s.remote[r]) != RW_OK)
+			return -1;
+		for (unsigned k = 0; k < conns; k++) {
+			pace_conn_t *pc = &ps->pc[r][k];
+			pc->ps = ps;
+			pc->rail = r;
+			if (rw_rail_connect(ps->s.dev[r], m.addr[r], r, &pace_cbs, pc, &pc->conn))
+				return -1;
+		}
+	}
+	while (ps->connected < rails * conns && !ps->failed)
+		ev_run(ps->s.loop, EVRUN_ONCE);
+	return ps->failed ? -1 : 0;
+}
+
+typedef struct pace_result {
+	double gbps_min, gbps_max;  /* per rail, payload bits */
+	double first_done;          /* earliest connection finish, fraction of the run */
+	uint64_t waits;             /* pacing timer waits, all rails */
+} pace_result_t;
+
+/* Each connection writes `per_conn` writes of `size`; time from the first post to the last
+ * completion (completion = in the receiver's region). */
+static int pace_run(pace_sender_t *ps, uint64_t size, uint64_t per_conn, pace_result_t *res)
+{
+	rail_side_t *s = &ps->s;
+	msg_t m = {.op = 2};
+	uint64_t waits0 = 0;
+	ps->size = size;
+	ps->depth = RW_MAX(2, WINDOW_BYTES / size / ps->conns);
+	for (unsigned r = 0; r < s->rails; r++) {
+		waits0 += s->dev[r]->stats.pace_waits;
+		for (unsigned k = 0; k < ps->conns; k++) {
+			pace_conn_t *pc = &ps->pc[r][k];
+			pc->posted = pc->done = 0;
+			pc->count = per_conn;
+			pc->t_done = 0;
+		}
+	}
+	if (xsend(ps->ctl, &m) < 0 || xrecv(ps->ctl, &m) < 0)
+		return -1;
+	double t0 = now_s();
+	for (unsigned r = 0; r < s->rails; r++)
+		for (unsigned k = 0; k < ps->conns; k++)
+			p_pump(&ps->pc[r][k]);
+	double t_rail[MAX_RAILS] = {0}, first = 0;
+	for (;;) {
+		unsigned finished = 0;
+		for (unsigned r = 0; r < s->rails; r++)
+			for (unsigned k = 0; k < ps->conns; k++)
+				finished += ps->pc[r][k].done == per_conn;
+		if (finished == s->rails * ps->conns || ps->failed)
+			break;
+		ev_run(s->loop, EVRUN_ONCE);
+	}
+	if (ps->failed)
+		return -1;
+	m.op = 3;
+	if (xsend(ps->ctl, &m) < 0 || xrecv(ps->ctl, &m) < 0)
+		return -1;
+	res->waits = 0;
+	for (unsigned r = 0; r < s->rails; r++) {
+		res->waits += s->dev[r]->stats.pace_waits;
+		for (unsigned k = 0; k < ps->conns; k++) {
+			double t = ps->pc[r][k].t_done - t0;
+			t_rail[r] = RW_MAX(t_rail[r], t);
+			first = first == 0 ? t : RW_MIN(first, t);
+		}
+	}
+	res->waits -= waits0;
+	double last = 0;
+	res->gbps_min = 1e30, res->gbps_max = 0;
+	for (unsigned r = 0; r < s->rails; r++) {
+		double g = (double)per_conn * ps->conns * size * 8 / t_rail[r] / 1e9;
+		res->gbps_min = RW_MIN(res->gbps_min, g);
+		res->gbps_max = RW_MAX(res->gbps_max, g);
+		last = RW_MAX(last, t_rail[r]);
+	}
+	res->first_done = first / last;
+	return 0;
+}
+
+static void pace_close(pace_sender_t *ps, uint64_t max_size)
+{
+	msg_t m = {.op = 4};
+	xsend(ps->ctl, &m);
+	waitpid(ps->pid, NULL, 0);
+	close(ps->ctl);
+	close_rails(&ps->s, max_size);
+	ev_loop_destroy(ps->s.loop);
+}
+
+static void size_label(uint64_t size, char *buf, size_t len)
+{
+	if (size >= (1u << 20))
+		snprintf(buf, len, "%lluMiB", (unsigned long long)(size >> 20));
+	else
+		snprintf(buf, len, "%lluKiB", (unsigned long long)(size >> 10));
+}
+
+static int pace_main(const uint64_t *rates, int nrates, const uint64_t *rails_list, int nrails,
+		     const uint64_t *sizes, int nsizes, unsigned conns, double seconds)
+{
+	uint64_t max_size = 0;
+	for (int i = 0; i < nsizes; i++)
+		max_size = RW_MAX(max_size, sizes[i]);
+	printf("rail_bench --pace: tcp transport rate pacing on loopback, %u connection(s) per "
+	       "rail device, ~%.1f s per point, %ld CPUs online\n", conns, seconds,
+	       sysconf(_SC_NPROCESSORS_ONLN));
+	printf("achieved = payload bits per rail / time to the last completion; first = when the "
+	       "first connection finished, fraction of the run (1.00 = all together)\n");
+	printf("%-5s %-8s %11s %11s %11s %7s %6s %8s %13s\n", "rails", "write", "req Gb/s",
+	       "min Gb/s", "max Gb/s", "ach/req", "first", "waits", "unpaced Gb/s");
+	for (int ri = 0; ri < nrails; ri++) {
+		unsigned rails = (unsigned)rails_list[ri];
+		if (rails < 1 || rails > MAX_RAILS || conns < 1 || conns > MAX_CONNS) {
+			fprintf(stderr, "rail_bench: 1..%d rails, 1..%d conns\n", MAX_RAILS, MAX_CONNS);
+			return 1;
+		}
+		/* The ceiling: the same setup unpaced, measured in the same run. */
+		double ceiling[16] = {0};
+		pace_sender_t ps;
+		if (pace_open(&ps, rails, conns, max_size, 0) < 0) {
+			fprintf(stderr, "rail_bench: setup for %u rails failed\n", rails);
+			return 1;
+		}
+		for (int si = 0; si < nsizes && si < 16; si++) {
+			pace_result_t res;
+			uint64_t per_conn = RW_MAX(8, (256ull << 20) / conns / sizes[si]);
+			if (pace_run(&ps, sizes[si], per_conn, &res) < 0)
+				return 1;
+			ceiling[si] = res.gbps_min;
+		}
+		pace_close(&ps, max_size);
+		for (int qi = 0; qi < nrates; qi++) {
+			if (pace_open(&ps, rails, conns, max_size, rates[qi]) < 0) {
+				fprintf(stderr, "rail_bench: setup for %u rails failed\n", rails);
+				return 1;
+			}
+			for (int si = 0; si < nsizes && si < 16; si++) {
+				pace_result_t res;
+				double bytes = (double)rates[qi] / 8 * seconds; /* per rail */
+				uint64_t per_conn = RW_MAX(2, (uint64_t)(bytes / conns / (double)sizes[si]));
+				if (pace_run(&ps, sizes[si], per_conn, &res) < 0)
+					return 1;
+				char label[32];
+				size_label(sizes[si], label, sizeof(label));
+				double req = (double)rates[qi] / 1e9;
+				printf("%-5u %-8s %11.3f %11.3f %11.3f %7.3f %6.2f %8llu %13.2f\n", rails,
+				       label, req, res.gbps_min, res.gbps_max, res.gbps_min / req,
+				       res.first_done, (unsigned long long)res.waits, ceiling[si]);
+				fflush(stdout);
+			}
+			pace_close(&ps, max_size);
+		}
+	}
+	return 0;
+}
+
 /* ---- main -------------------------------------------------------------------------------- */
 
 static int cmp_double(const void *a, const void *b)
@@ -544,23 +815,39 @@ int main(int argc, char **argv)
 {
 	uint64_t rails_list[8] = {1, 2, 4}, sizes[16] = {64 << 10, 256 << 10, 1 << 20, 4 << 20,
 							 16 << 20};
-	int nrails = 3, nsizes = 5, reps = 3, only_rail = 0, only_plain = 0;
-	uint64_t total = 2ull << 30;
+	int nrails = 3, nsizes = 5, reps = 3, only_rail = 0, only_plain = 0, nrates = 0;
+	uint64_t total = 2ull << 30, rates[16];
+	unsigned conns = 2;
+	double seconds = 2;
+	int sizes_given = 0;
 	for (int i = 1; i < argc; i++) {
-		if (!strncmp(argv[i], "--rails=", 8)) nrails = parse_list(argv[i] + 8, rails_list, 8);
-		else if (!strncmp(argv[i], "--sizes=", 8)) nsizes = parse_list(argv[i] + 8, sizes, 16);
+		if (!strncmp(argv[i], "--rails=", 8)) nrails = parse_list(argv[i] + 8, rails_list, 8, parse_size);
+		else if (!strncmp(argv[i], "--sizes=", 8)) nsizes = parse_list(argv[i] + 8, sizes, 16, parse_size),
+							       sizes_given = 1;
+		else if (!strncmp(argv[i], "--pace=", 7)) nrates = parse_list(argv[i] + 7, rates, 16, parse_rate);
+		else if (!strncmp(argv[i], "--conns=", 8)) conns = (unsigned)atoi(argv[i] + 8);
+		else if (!strncmp(argv[i], "--seconds=", 10)) seconds = atof(argv[i] + 10);
 		else if (!strncmp(argv[i], "--bytes=", 8)) total = parse_size(argv[i] + 8);
 		else if (!strncmp(argv[i], "--reps=", 7)) reps = atoi(argv[i] + 7);
 		else if (!strcmp(argv[i], "--only-rail")) only_rail = 1; /* for profiling */
 		else if (!strcmp(argv[i], "--only-plain")) only_plain = 1;
 		else {
 			fprintf(stderr, "usage: rail_bench [--rails=1,2,4] [--sizes=64K,...,16M] "
-					"[--bytes=2G] [--reps=3]\n");
+					"[--bytes=2G] [--reps=3]\n"
+					"       rail_bench --pace=50M,200M,1G [--rails=..] [--sizes=..] "
+					"[--conns=2] [--seconds=2]\n");
 			return 2;
 		}
 	}
 	signal(SIGPIPE, SIG_IGN);
 	rw_log_set_level(RW_LOG_WARN);
+	if (nrates > 0) {
+		if (!sizes_given) { /* the daemon's largest write, and a small one */
+			sizes[0] = 64 << 10, sizes[1] = 4 << 20;
+			nsizes = 2;
+		}
+		return pace_main(rates, nrates, rails_list, nrails, sizes, nsizes, conns, seconds);
+	}
 	uint64_t max_size = 0;
 	for (int i = 0; i < nsizes; i++)
 		max_size = RW_MAX(max_size, sizes[i]);
