@@ -56,6 +56,7 @@ static struct {
 	const char *child_local;
 	uint64_t seed;
 	uint64_t pace_bps;  /* --pace=BPS: pace every device of the suite (a stress run) */
+	const char *tests;  /* --tests=a,b: only tests whose names contain one of these */
 } opt = {.transport = RW_CONF_TRANSPORT, .role = "a", .rail = 1, .ctl_fd = -1};
 
 static char local_buf[3][RW_RAIL_ADDR_MAX];
@@ -1617,7 +1618,8 @@ static void usage(void)
 		"  two machines: on B: --role=b --local=RAIL_ADDR_B --ctl=IP:PORT\n"
 		"                on A: --role=a --local=RAIL_ADDR_A --peer=IP_OF_B:PORT\n"
 		"  --seed=N  plan seed (printed)\n"
-		"  --pace=BPS  pace every device at BPS bits/s (stress run; default unpaced)\n");
+		"  --pace=BPS  pace every device at BPS bits/s (stress run; default unpaced)\n"
+		"  --tests=SUB[,SUB...]  run only the tests whose names contain one of these\n");
 }
 
 static int ctl_listen_accept(const char *addr)
@@ -1660,6 +1662,7 @@ int main(int argc, char **argv)
 		else if (!strncmp(a, "--peer-local=", 13)) opt.peer_local = a + 13;
 		else if (!strncmp(a, "--child-local=", 14)) opt.child_local = a + 14;
 		else if (!strncmp(a, "--pace=", 7)) opt.pace_bps = strtoull(a + 7, NULL, 0);
+		else if (!strncmp(a, "--tests=", 8)) opt.tests = a + 8;
 		else { usage(); return 2; }
 	}
 	if (getenv("RW_RAIL_DEBUG"))
@@ -1729,7 +1732,23 @@ int main(int argc, char **argv)
 		cmocka_unit_test_teardown(test_connect_refused, test_teardown),
 		cmocka_unit_test_teardown(test_hostile_headers, test_teardown),
 	};
+	struct CMUnitTest chosen[RW_ARRAY_SIZE(tests)];
+	size_t n_chosen = 0;
+	for (size_t i = 0; i < RW_ARRAY_SIZE(tests); i++) {
+		int keep = !opt.tests;
+		char list[256];
+		snprintf(list, sizeof(list), "%s", opt.tests ? opt.tests : "");
+		for (char *save, *t = strtok_r(list, ",", &save); t && !keep;
+		     t = strtok_r(NULL, ",", &save))
+			keep = strstr(tests[i].name, t) != NULL;
+		if (keep)
+			chosen[n_chosen++] = tests[i];
+	}
+	if (n_chosen == 0) {
+		fprintf(stderr, "--tests=%s matches no test\n", opt.tests);
+		return 2;
+	}
 	char name[64];
 	snprintf(name, sizeof(name), "rail_conformance_%s", opt.transport);
-	return cmocka_run_group_tests_name(name, tests, group_setup, group_teardown);
+	return _cmocka_run_group_tests(name, chosen, n_chosen, group_setup, group_teardown);
 }
