@@ -1437,7 +1437,8 @@ static void flush_outputs(exec_pair_t *p)
 		if (!combine) {
 			const rw_svc_out_layout_t *o = &p->out[g];
 			uint64_t counts = p->n_experts > RW_CQE_INLINE_COUNTS ? 4ull * p->n_experts : 0;
-			memcpy(s->counts_dst, p->expert_counts[g], counts);
+			if (counts)
+				memcpy(s->counts_dst, p->expert_counts[g], counts);
 			if (s->out_dev < 0)
 				continue;
 			uint64_t n = p->fwd_n[g];

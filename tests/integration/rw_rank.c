@@ -15,6 +15,8 @@
  *                         on local GPU 0); --empty still empties some phases
  *     --submit-experts E  n_experts put in the dispatch submissions (default EXPERTS): a wrong
  *                         value must be refused (mode fail)
+ *     --first-step S      number the steps S, S+1, ... (default 0): a run after a failed phase
+ *                         moves on to new keys, as a trainer does
  *     --empty             some ranks route nothing in some phases and some phases route nothing
  *                         at all (0-token dispatches, 0-row combines)
  *     --cuda              buffers in CUDA device memory (driver loaded at run time through
@@ -40,6 +42,7 @@ enum { TOPK = 4, MAX_TOKENS = 48, MAX_ROWS = 3 * MAX_TOKENS };
 static uint32_t nodes, gpus, world, experts, per_rank, hidden = 24;
 static int empty_phases;
 static uint32_t fixed_tokens; /* --tokens */
+static uint32_t first_step;   /* --first-step */
 
 typedef struct work {
 	uint32_t n;
@@ -253,7 +256,7 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 		       off_cin = off_out + out_cap, off_cout = off_cin + comb_in;
 
 	CHECK(mine.x && other.x && seen && ecount && outv, "out of memory");
-	for (uint32_t step = 0; step < steps; step++)
+	for (uint32_t step = first_step; step < first_step + steps; step++)
 		for (uint32_t layer = 0; layer < layers; layer++) {
 			int bf16 = (layer + step) % 2;
 			uint32_t esz = bf16 ? 2 : 4, row = hidden * esz;
@@ -393,7 +396,7 @@ int main(int argc, char **argv)
 {
 	if (argc < 11) {
 		fprintf(stderr, "usage: rw_rank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS SEED MODE "
-				"[--hidden H] [--tokens T] [--submit-experts E] [--empty] [--cuda]\n");
+				"[--hidden H] [--tokens T] [--first-step S] [--submit-experts E] [--empty] [--cuda]\n");
 		return 2;
 	}
 	const char *sock = argv[1], *group = argv[2], *mode = argv[10];
@@ -414,6 +417,8 @@ int main(int argc, char **argv)
 				fprintf(stderr, "rw_rank: --tokens must be 1..%d\n", MAX_ROWS);
 				return 2;
 			}
+		} else if (strcmp(argv[i], "--first-step") == 0 && i + 1 < argc) {
+			first_step = (uint32_t)strtoul(argv[++i], NULL, 10);
 		} else if (strcmp(argv[i], "--submit-experts") == 0 && i + 1 < argc) {
 			submit_experts = (uint32_t)strtoul(argv[++i], NULL, 10);
 		} else if (strcmp(argv[i], "--empty") == 0) {

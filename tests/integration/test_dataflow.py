@@ -284,7 +284,7 @@ def scenario_peer_dies(tmp, seed):
                 raise RuntimeError("rank did not see its phase fail: %s\n%s" % (out, c.logs()))
         c.start(2)
         c.wait_mesh()
-        c.run_ranks("g.fault", layers=2, steps=1, seed=seed + 1)
+        c.run_ranks("g.fault", layers=2, steps=1, seed=seed + 1, flags=["--first-step", "1"])
     finally:
         c.stop()
     print("ok   peer daemon killed mid-phase, others failed the phase and recovered")
@@ -325,7 +325,7 @@ def scenario_in_flight(tmp, seed):
             raise RuntimeError("survivors failed the phase only by timeout (%.1f s)" % took)
         c.start(2)
         c.wait_mesh()
-        c.run_ranks("g.flight", layers=2, steps=1, seed=seed + 1)
+        c.run_ranks("g.flight", layers=2, steps=1, seed=seed + 1, flags=["--first-step", "1"])
     finally:
         c.stop()
     print("ok   peer daemon killed with rail writes in flight (%d bytes posted by survivors), "
@@ -349,7 +349,7 @@ def scenario_rank_dies(tmp, seed):
             out, _ = p.communicate(timeout=WAIT)
             if p.returncode != 0:
                 raise RuntimeError("rank did not see its phase fail: %s\n%s" % (out, c.logs()))
-        c.run_ranks("g.rank", layers=2, steps=1, seed=seed + 1)
+        c.run_ranks("g.rank", layers=2, steps=1, seed=seed + 1, flags=["--first-step", "1"])
     finally:
         c.stop()
     print("ok   rank killed mid-phase, its group's phase failed everywhere, then recovered")
