@@ -120,6 +120,8 @@ struct exec_pair {
 	uint8_t *have_row;           /* [N] */
 	uint32_t n_rows;
 	uint32_t *counts;            /* [N*N*R] */
+	rw_sched_feat_acc_t feat_acc; /* features folded in row by row as rows arrive */
+	void *feat_ws;
 	rw_wire_phase_params_t *peer_params; /* [N] */
 	rw_rank_tokens_t rt[RW_MAX_GPUS];
 	uint32_t *row_off;           /* [N*R+1] CSR of our records */
@@ -240,6 +242,8 @@ static void pair_free_mem(exec_pair_t *p)
 {
 	free(p->peer_slot);
 	free(p->have_row);
+	free(p->feat_ws);
+	p->feat_ws = NULL;
 	free(p->counts);
 	free(p->peer_params);
 	free(p->row_off);
@@ -350,12 +354,19 @@ static exec_pair_t *pair_new(rw_svc_exec_t *x, exec_group_t *g, const rw_wire_ke
 	p->peer_slot = calloc(n, sizeof(uint32_t));
 	p->have_row = calloc(n, 1);
 	p->counts = calloc(n * nr, sizeof(uint32_t));
+	size_t ws_len = rw_sched_feat_workspace(x->nodes, x->rails);
+	p->feat_ws = malloc(ws_len);
+	if (p->feat_ws &&
+	    rw_sched_feat_begin(&p->feat_acc, &x->svc->topo, p->feat_ws, ws_len) != RW_OK) {
+		free(p->feat_ws);
+		p->feat_ws = NULL;
+	}
 	p->peer_params = calloc(n, sizeof(*p->peer_params));
 	for (int k = 0; k < 2; k++) {
 		p->arrived[k] = calloc(nr, sizeof(uint64_t));
 		p->range_done[k] = calloc(nr, 1);
 	}
-	if (!p->peer_slot || !p->have_row || !p->counts || !p->peer_params || !p->arrived[0] ||
+	if (!p->peer_slot || !p->have_row || !p->counts || !p->feat_ws || !p->peer_params || !p->arrived[0] ||
 	    !p->arrived[1] || !p->range_done[0] || !p->range_done[1] ||
 	    rw_svc_layout_alloc(&p->layout, x->nodes, x->rails) != RW_OK) {
 		pair_free_mem(p);
@@ -713,7 +724,11 @@ static void pair_take_row(exec_pair_t *p, uint32_t node, uint32_t slot,
 	if (p->have_row[node])
 		return;
 	size_t nr = (size_t)x->nodes * x->rails;
-	memcpy(p->counts + node * nr, row, nr * sizeof(uint32_t));
+	if (row != p->counts + node * nr) /* our own row is built in place */
+		memcpy(p->counts + node * nr, row, nr * sizeof(uint32_t));
+	/* Fold the row into the features now, while the other rows are still on their way: what is
+	 * left after the last row is O(N R) (docs/algorithms.md §5). */
+	rw_sched_feat_add_row(&p->feat_acc, node, p->counts + node * nr);
 	p->peer_slot[node] = slot;
 	p->peer_params[node] = *params;
 	p->have_row[node] = 1;
@@ -982,7 +997,10 @@ static void pair_try_decide(exec_pair_t *p)
 	}
 	rw_features_t feat;
 	rw_selection_t sel;
-	rw_sched_features(&svc->topo, p->counts, p->rec_size, &feat);
+	if (rw_sched_feat_finish(&p->feat_acc, p->rec_size, &feat) != RW_OK) {
+		pair_fail(p, RW_ERR_STATE, RW_E_INTERNAL, "feature accumulator incomplete", 0);
+		return;
+	}
 	if (forced >= 0) {
 		sel = (rw_selection_t){ .path = (rw_path_t)forced, .reason = RW_SELECT_FORCED,
 					.case_id = -1 };
