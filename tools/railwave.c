@@ -16,6 +16,7 @@ static const rw_tool_cmd_t commands[] = {
 	{ "demo", "run the main job on the rail test bed: every path and the selector, verified", rw_tool_demo },
 	{ "bench", "sweep skew, size and fan-in: four paths, selector and MPI_Alltoallv side by side", rw_tool_bench },
 	{ "stats", "ask a running railwaved over its stats socket (rails, peers, phases, selector)", rw_tool_stats },
+	{ "sim", "simulate one phase of the four paths at scale (lossless PFC and max-min fabric models)", rw_tool_sim },
 	{ "bench-workload", "a test-bed workload as JSON (counts, features, loads, lower bound); calibrate", rw_tool_bench_workload },
 };
 
