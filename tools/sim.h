@@ -18,6 +18,12 @@ typedef enum rw_sim_model {
 } rw_sim_model_t;
 
 const char *rw_sim_model_name(rw_sim_model_t model); /* "lossless", "maxmin" */
+
+/* Saturation throughput of a k x k input-queued switch with FIFO (head-of-line blocked) inputs
+ * under uniform traffic, as a share of line rate (Karol, Hluchyj and Morgan, 1987): 1, 0.75,
+ * 0.6825, 0.6553, 0.6399, 0.6302, 0.6234, 0.6184 for k = 1..8, then 0.5858 + 0.0326 * 8 / k
+ * (-> 2 - sqrt(2)). k = 0 gives 1. */
+double rw_sim_hol_throughput(uint32_t k);
 rw_status_t rw_sim_model_parse(const char *name, rw_sim_model_t *model_p);
 
 /* N nodes x R rails; NIC r of every node has `rail_Bps[r]` bytes/s of egress and the same of
@@ -29,13 +35,16 @@ typedef struct rw_sim_fabric {
 
 typedef struct rw_sim_opts {
 	rw_sim_model_t model;
-	/* Lossless only: the share of its line rate that an oversubscribed ingress port (one whose
-	 * senders' egress-only rates sum above its capacity, so PFC paces them) still delivers,
-	 * (0, 1]. 1 = ideal pause/resume. */
-	double pause_eff;
-	/* Completion batching, >= 0: when the first pending completion is flow f at time t1, every
-	 * flow finishing by t1 + batch_eps * (t1 - start of f) completes at its own time, and the
-	 * rates are recomputed once, at the end of that window. 0 = exact event-driven. */
+	/* Lossless only, in [0, 1]: the weight of burst-level head-of-line blocking. An ingress
+	 * port with k >= 2 sender NICs active toward it is PFC-paced and delivers
+	 * C * (1 - hol * (1 - h(k))), h(k) the saturation throughput of a k x k FIFO input-queued
+	 * switch (rw_sim_hol_throughput). 0 = fluid spreading only; 1 = the full HOL loss. */
+	double hol;
+	/* Completion batching, >= 0, on dense rails (more than 2N active flows, recomputed whole):
+	 * when the first pending completion there is flow f at time t1, every flow of the rail
+	 * finishing by t1 + batch_eps * (t1 - start of f) completes at its own time, and the rates
+	 * are recomputed once, at the end of that window. Sparse components are always exact;
+	 * 0 = exact everywhere. docs/sim.md §2.3. */
 	double batch_eps;
 	/* Tests: after every allocation check that no port carries more than its capacity and
 	 * count the offending ports in rw_sim_result_t.violations. */
@@ -46,7 +55,7 @@ typedef struct rw_sim_opts {
 	uint32_t threads;
 } rw_sim_opts_t;
 
-/* Defaults: lossless, pause_eff 1, batch_eps 1e-3, no verification, threads 0. */
+/* Defaults: lossless, hol 1, batch_eps 1e-3, no verification, threads 0. */
 void rw_sim_opts_default(rw_sim_opts_t *opts);
 
 /* One flow: `bytes` from egress NIC `rail` of node src to ingress NIC `rail` of node dst.

@@ -53,7 +53,7 @@ static void usage(FILE *f)
 		"usage: railwave sim [--nodes N] [--rails R] [--gpus G] [--shape dsv3|glm] [--tokens T]\n"
 		"                    [--seed S] [--layer L] [--zipf A] [--dirichlet C] [--rail-skew X]\n"
 		"                    [--fan-in K] [--gbps C | --rail-gbps C0,C1,...] [--phase dispatch|combine]\n"
-		"                    [--model lossless|maxmin|both] [--pause-eff E] [--eps E]\n"
+		"                    [--model lossless|maxmin|both] [--hol H] [--eps E]\n"
 		"                    [--paths LIST] [--anchors FILE] [--transport T] [--threads N] [--json]\n"
 		"       railwave sim --testbed BENCH.json [--model ...] [--eps E] [--json]\n\n"
 		"Simulates one MoE phase on N nodes x R rails (flow-level, docs/sim.md) through the four\n"
@@ -73,7 +73,8 @@ static void usage(FILE *f)
 		"  --rail-gbps LIST   per-rail rates (R values); RailBalance then weights rails by rate\n"
 		"  --phase P          dispatch (default) or combine (the reverse flows, combine records)\n"
 		"  --model M          lossless (default: PFC back-pressure), maxmin, or both\n"
-		"  --pause-eff E      lossless: share of line rate a PFC-paced ingress port delivers (1)\n"
+		"  --hol H            lossless: weight in [0,1] of burst-level head-of-line blocking at a\n"
+		"                     port with several senders (1; 0 = fluid congestion spreading only)\n"
 		"  --eps E            completion batching window, relative (default 1e-3; 0 = exact)\n"
 		"  --paths LIST       comma-separated subset of native,rail-only,perm-only,joint\n"
 		"  --anchors FILE     anchor table for the selector (default none: Joint)\n"
@@ -348,7 +349,7 @@ static int run_synthetic(const sim_args_t *a, int argc, char **argv)
 					      "note", note));
 		json_object_set_new(out, "lower_bound_s", json_real(lb));
 		json_object_set_new(out, "model_params",
-				    json_pack("{s:f,s:f}", "pause_eff", a->opts.pause_eff, "eps", a->opts.batch_eps));
+				    json_pack("{s:f,s:f}", "hol", a->opts.hol, "eps", a->opts.batch_eps));
 		json_object_set_new(out, "generate_s", json_real(ph.gen_s));
 		for (int p = 0; p < RW_PATH_COUNT; p++) {
 			json_t *pj = NULL;
@@ -401,8 +402,8 @@ static int run_synthetic(const sim_args_t *a, int argc, char **argv)
 		printf(", case %lld, distance^2 %.4f", (long long)sel.case_id, sel.distance2);
 	printf(")%s%s\n", note[0] ? "; " : "", note);
 	printf("lower bound: %.3f ms (busiest NIC after the best per-pair balance / its rate)\n", lb * 1e3);
-	printf("models: lossless = PFC back-pressure, a paused NIC stalls all its flows (pause-eff %g); "
-	       "maxmin = ideal fair sharing; batching eps %g\n\n", a->opts.pause_eff, a->opts.batch_eps);
+	printf("models: lossless = PFC back-pressure, a paused NIC stalls all its flows, head-of-line "
+	       "weight %g; maxmin = ideal fair sharing; batching eps %g\n\n", a->opts.hol, a->opts.batch_eps);
 	printf("%-10s", "path");
 	for (int m = 0; m < RW_SIM_MODEL_COUNT; m++)
 		if (a->models >> m & 1)
@@ -593,7 +594,7 @@ static int run_testbed(const sim_args_t *a)
 	}
 	if (a->json) {
 		json_t *top = json_pack("{s:s,s:o,s:f,s:f}", "testbed", a->testbed, "points", out,
-					"pause_eff", a->opts.pause_eff, "eps", a->opts.batch_eps);
+					"hol", a->opts.hol, "eps", a->opts.batch_eps);
 		out = NULL;
 		char *text = json_dumps(top, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
 		json_decref(top);
@@ -614,7 +615,7 @@ cleanup:
 
 enum {
 	O_NODES = 0x300, O_RAILS, O_GPUS, O_SHAPE, O_TOKENS, O_SEED, O_LAYER, O_ZIPF, O_DIRICHLET,
-	O_RAIL_SKEW, O_FAN_IN, O_GBPS, O_RAIL_GBPS, O_PHASE, O_MODEL, O_PAUSE, O_EPS, O_PATHS,
+	O_RAIL_SKEW, O_FAN_IN, O_GBPS, O_RAIL_GBPS, O_PHASE, O_MODEL, O_HOL, O_EPS, O_PATHS,
 	O_ANCHORS, O_TRANSPORT, O_TESTBED, O_JSON, O_THREADS, O_HELP,
 };
 
@@ -662,7 +663,7 @@ int rw_tool_sim(int argc, char **argv)
 		{ "rail-gbps", required_argument, NULL, O_RAIL_GBPS },
 		{ "phase", required_argument, NULL, O_PHASE },
 		{ "model", required_argument, NULL, O_MODEL },
-		{ "pause-eff", required_argument, NULL, O_PAUSE },
+		{ "hol", required_argument, NULL, O_HOL },
 		{ "eps", required_argument, NULL, O_EPS },
 		{ "paths", required_argument, NULL, O_PATHS },
 		{ "anchors", required_argument, NULL, O_ANCHORS },
@@ -735,9 +736,7 @@ int rw_tool_sim(int argc, char **argv)
 			}
 			break;
 		}
-		case O_PAUSE:
-			bad = f64_range("--pause-eff", optarg, 1e-3, 1, &a.opts.pause_eff);
-			break;
+		case O_HOL: bad = f64_range("--hol", optarg, 0, 1, &a.opts.hol); break;
 		case O_EPS: bad = f64_range("--eps", optarg, 0, 1, &a.opts.batch_eps); break;
 		case O_PATHS:
 			a.paths = parse_paths(optarg);

@@ -85,16 +85,18 @@ static void test_single_flow(void **state)
 static void test_incast_two(void **state)
 {
 	(void)state;
-	/* Two senders into one ingress port: each gets C/2, so the pair takes twice one flow. */
+	/* Two senders into one ingress port: each gets C/2, so the pair takes twice one flow.
+	 * Lossless adds the head-of-line loss of two senders contending: h(2) = 0.75 of C. */
 	rw_sim_fabric_t fab = fabric(3, 1, 1e9);
 	rw_sim_flow_t fl[2] = { { .src = 1, .dst = 0, .bytes = 5e8 }, { .src = 2, .dst = 0, .bytes = 5e8 } };
 	rw_sim_result_t res[2];
 	double a[2], b[2], *fin[2] = { a, b };
 	run_both(&fab, fl, 2, res, fin);
+	const double want[2] = { [RW_SIM_MAXMIN] = 1.0, [RW_SIM_LOSSLESS] = 1.0 / 0.75 };
 	for (int m = 0; m < 2; m++) {
-		assert_close(res[m].time, 2 * 0.5, 1e-12);
-		assert_close(fin[m][0], 1.0, 1e-12);
-		assert_close(fin[m][1], 1.0, 1e-12);
+		assert_close(res[m].time, want[m], 1e-12);
+		assert_close(fin[m][0], want[m], 1e-12);
+		assert_close(fin[m][1], want[m], 1e-12);
 		assert_int_equal(res[m].max_fan_in, 2);
 	}
 }
@@ -125,9 +127,10 @@ static void test_maxmin_classic(void **state)
 	assert_close(fin[0], 4.0 / 3, 1e-12); /* 2/3 by t = 1, the last 1/3 at rate 1 */
 	assert_close(res.time, 4.0 / 3, 1e-12);
 	assert_int_equal(res.events, 2);
-	/* Lossless: A's two flows are locked at Y's share 1/3, so A -> X has moved only 1/3 by
-	 * t = 1 and needs 2/3 more at the full rate. */
+	/* Lossless, fluid part only (hol 0): A's two flows are locked at Y's share 1/3, so A -> X
+	 * has moved only 1/3 by t = 1 and needs 2/3 more at the full rate. */
 	o = exact(RW_SIM_LOSSLESS);
+	o.hol = 0;
 	assert_int_equal(rw_sim_run(&fab, &o, fl, 4, fin, &res), RW_OK);
 	for (int i = 1; i < 4; i++)
 		assert_close(fin[i], 1.0, 1e-12);
@@ -139,9 +142,10 @@ static void test_congestion_spreading(void **state)
 	(void)state;
 	/* Incast: nodes 1, 2, 3 send a lot to node 0. Node 1 also sends B bytes to node 4, whose
 	 * ingress is free: the "unrelated" flow. Max-min: ingress 0 gives each sender 1/3 and the
-	 * unrelated flow takes the other 2/3 of node 1's egress: B / (2C/3). Lossless: ingress 0
-	 * is oversubscribed (offered C/2 + C + C), PFC paces node 1's NIC to its share there, and
-	 * the pause stalls the unrelated flow too: B / (C/3), twice as long. */
+	 * unrelated flow takes the other 2/3 of node 1's egress: B / (2C/3). Lossless: PFC paces
+	 * node 1's NIC to its share at ingress 0 and the pause stalls the unrelated flow too:
+	 * B / (C/3), twice as long (hol 0); with head-of-line contention at ingress 0 (three
+	 * senders: h(3) = 0.6825) that share is 0.6825 C / 3. */
 	rw_sim_fabric_t fab = fabric(5, 1, 1e9);
 	const double B = 1e8;
 	rw_sim_flow_t fl[4] = {
@@ -154,10 +158,16 @@ static void test_congestion_spreading(void **state)
 	double a[4], b[4], *fin[2] = { a, b };
 	run_both(&fab, fl, 4, res, fin);
 	assert_close(fin[RW_SIM_MAXMIN][3], B / (2e9 / 3), 1e-12);
-	assert_close(fin[RW_SIM_LOSSLESS][3], B / (1e9 / 3), 1e-12);
-	/* The incast itself finishes when ingress 0 has drained 3e10 bytes in both models. */
+	assert_close(fin[RW_SIM_LOSSLESS][3], B / (0.6825e9 / 3), 1e-12);
+	/* The incast itself: ingress 0 drains 3e10 bytes at C, or at 0.6825 C when lossless. */
 	assert_close(res[RW_SIM_MAXMIN].time, 3e10 / 1e9, 1e-9);
-	assert_close(res[RW_SIM_LOSSLESS].time, 3e10 / 1e9, 1e-9);
+	assert_close(res[RW_SIM_LOSSLESS].time, 3e10 / 0.6825e9, 1e-9);
+	rw_sim_opts_t o = exact(RW_SIM_LOSSLESS);
+	o.hol = 0;
+	rw_sim_result_t r;
+	assert_int_equal(rw_sim_run(&fab, &o, fl, 4, a, &r), RW_OK);
+	assert_close(a[3], B / (1e9 / 3), 1e-12);
+	assert_close(r.time, 3e10 / 1e9, 1e-9);
 
 	/* No incast (one sender into node 0): no pause, so no spreading; the models agree. */
 	rw_sim_flow_t calm[2] = { fl[0], fl[3] };
@@ -166,27 +176,37 @@ static void test_congestion_spreading(void **state)
 	assert_close(fin[RW_SIM_LOSSLESS][1], B / 0.5e9, 1e-12);
 }
 
-static void test_pause_efficiency(void **state)
+static void test_hol_weight(void **state)
 {
 	(void)state;
-	/* Three senders into one port: PFC-paced, it delivers pause_eff of its rate under the
-	 * lossless model; max-min ignores the parameter. A lone flow is never paced. */
+	/* Three senders into one port: under the lossless model it delivers
+	 * C (1 - hol (1 - h(3))); max-min ignores the parameter; a lone flow is never paced. */
+	assert_close(rw_sim_hol_throughput(1), 1.0, 0);
+	assert_close(rw_sim_hol_throughput(2), 0.75, 0);
+	assert_close(rw_sim_hol_throughput(8), 0.6184, 0);
+	assert_close(rw_sim_hol_throughput(9), 0.5858 + 0.0326 * 8 / 9, 1e-12);
+	for (uint32_t k = 1; k < 100; k++) /* more contenders, less throughput, never below the limit */
+		assert_true(rw_sim_hol_throughput(k + 1) < rw_sim_hol_throughput(k) &&
+			    rw_sim_hol_throughput(k + 1) > 2 - sqrt(2));
 	rw_sim_fabric_t fab = fabric(4, 1, 1e9);
 	rw_sim_flow_t fl[3] = { { .src = 1, .dst = 0, .bytes = 1e9 }, { .src = 2, .dst = 0, .bytes = 1e9 },
 				{ .src = 3, .dst = 0, .bytes = 1e9 } };
 	rw_sim_opts_t o = exact(RW_SIM_LOSSLESS);
-	o.pause_eff = 0.8;
 	rw_sim_result_t res;
-	assert_int_equal(rw_sim_run(&fab, &o, fl, 3, NULL, &res), RW_OK);
-	/* Until the last two flows: 3 senders (paced, 0.8). They all end together at 3 / 0.8. */
-	assert_close(res.time, 3.0 / 0.8, 1e-12);
+	const double hol[3] = { 1.0, 0.5, 0.0 };
+	for (int i = 0; i < 3; i++) {
+		o.hol = hol[i];
+		assert_int_equal(rw_sim_run(&fab, &o, fl, 3, NULL, &res), RW_OK);
+		assert_close(res.time, 3.0 / (1 - hol[i] * (1 - 0.6825)), 1e-12);
+	}
 	o.model = RW_SIM_MAXMIN;
+	o.hol = 1;
 	assert_int_equal(rw_sim_run(&fab, &o, fl, 3, NULL, &res), RW_OK);
 	assert_close(res.time, 3.0, 1e-12);
 	o.model = RW_SIM_LOSSLESS;
 	assert_int_equal(rw_sim_run(&fab, &o, fl, 1, NULL, &res), RW_OK);
 	assert_close(res.time, 1.0, 1e-12);
-	o.pause_eff = 0;
+	o.hol = 1.5;
 	assert_int_equal(rw_sim_run(&fab, &o, fl, 1, NULL, &res), RW_ERR_INVAL);
 }
 
@@ -297,7 +317,7 @@ static void test_random_properties(void **state)
 			for (int batched = 0; batched < 2; batched++) {
 				rw_sim_opts_t o = exact((rw_sim_model_t)m);
 				o.batch_eps = batched ? 0.01 : 0;
-				o.pause_eff = m == RW_SIM_LOSSLESS && iter % 3 == 0 ? 0.9 : 1.0;
+				o.hol = iter % 3 == 0 ? 0.5 : 1.0;
 				o.threads = 1 + rng_below(3);
 				rw_sim_result_t res;
 				assert_int_equal(rw_sim_run(&fab, &o, fl, n, fin, &res), RW_OK);
@@ -636,7 +656,7 @@ int main(void)
 		cmocka_unit_test(test_incast_two),
 		cmocka_unit_test(test_maxmin_classic),
 		cmocka_unit_test(test_congestion_spreading),
-		cmocka_unit_test(test_pause_efficiency),
+		cmocka_unit_test(test_hol_weight),
 		cmocka_unit_test(test_waves_sum_of_maxima),
 		cmocka_unit_test(test_random_properties),
 		cmocka_unit_test(test_order_and_threads),
