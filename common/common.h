@@ -1,4 +1,5 @@
-/* RailWave common definitions: the one status type every module returns, and logging.
+/* RailWave common definitions: the one status type every module returns, logging and
+ * whole-file reads.
  * Errors are grouped by blast radius (STYLE.md "Errors"): a peer error drops one peer,
  * a client error drops one client, a fatal error stops the daemon. */
 #ifndef RW_COMMON_H
@@ -64,6 +65,15 @@ void rw_vlog(rw_log_level_t level, const char *fmt, va_list ap);
 #define rw_info(...) rw_log(RW_LOG_INFO, __VA_ARGS__)
 #define rw_dbg(...) \
 	do { if (rw_log_get_level() >= RW_LOG_DEBUG) rw_log(RW_LOG_DEBUG, __VA_ARGS__); } while (0)
+
+/* Read the whole file at path into a malloc'd buffer with a NUL after the last byte; the caller
+ * frees *text_p. A file of more than max_bytes bytes is refused (RW_ERR_PARSE, "PATH is larger
+ * than 64 MiB"). With len_p the byte count is returned there and the text may hold NUL bytes;
+ * without it the text is meant as a C string, so a NUL byte inside is refused (RW_ERR_PARSE).
+ * Errors: RW_ERR_NOTFOUND (no such file), RW_ERR_SYS (cannot open or read), RW_ERR_NOMEM; each
+ * writes a message naming the path into err (may be NULL). Outputs are set only on success. */
+rw_status_t rw_read_file(const char *path, size_t max_bytes, char **text_p, size_t *len_p,
+			 char *err, size_t err_len);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t rw_now_ns(void);

@@ -14,6 +14,8 @@
 
 #include <jansson.h>
 
+#define CONFIG_MAX_BYTES (64u << 20) /* a cluster file is kilobytes; this only stops a wrong path */
+
 /* ---------------------------------------------------------------------------------------------
  * The embedded default: 4 nodes x 4 rails on loopback, rail r of node n on 127.0.r.(n+1).
  * deploy/clusters/loopback-4x4.json holds the same cluster (a test checks they agree).
@@ -966,46 +968,13 @@ rw_status_t rw_svc_config_load(const char *path, char *const *envp, const rw_svc
 		return rw_svc_config_load_text(rw_svc_default_config_json, envp, flags, n_flags, cfg,
 					       err, err_len);
 	memset(cfg, 0, sizeof(*cfg));
-	FILE *f = fopen(path, "rb");
-	if (!f) {
-		if (err && err_len)
-			snprintf(err, err_len, "config: cannot open %s: %m", path);
-		return errno == ENOENT ? RW_ERR_NOTFOUND : RW_ERR_SYS;
-	}
 	char *text = NULL;
-	size_t len = 0, cap = 0;
-	rw_status_t st = RW_OK;
-	for (;;) {
-		if (len + 4096 + 1 > cap) {
-			if (cap >= (64u << 20)) {
-				snprintf(err, err_len, "config: %s is larger than 64 MiB", path);
-				st = RW_ERR_PARSE;
-				goto close_file;
-			}
-			size_t ncap = cap ? cap * 2 : 65536;
-			char *t = realloc(text, ncap);
-			if (!t) {
-				st = RW_ERR_NOMEM;
-				goto close_file;
-			}
-			text = t;
-			cap = ncap;
-		}
-		size_t n = fread(text + len, 1, cap - len - 1, f);
-		len += n;
-		if (n == 0)
-			break;
-	}
-	if (ferror(f)) {
-		snprintf(err, err_len, "config: reading %s failed", path);
-		st = RW_ERR_SYS;
-		goto close_file;
-	}
-	text[len] = '\0';
-	if (strlen(text) != len) {
-		snprintf(err, err_len, "config: %s contains a NUL byte", path);
-		st = RW_ERR_PARSE;
-		goto close_file;
+	char why[512];
+	rw_status_t st = rw_read_file(path, CONFIG_MAX_BYTES, &text, NULL, why, sizeof(why));
+	if (st) {
+		if (err && err_len)
+			snprintf(err, err_len, "config: %s", why);
+		return st;
 	}
 	st = rw_svc_config_load_text(text, envp, flags, n_flags, cfg, err, err_len);
 	if (st == RW_ERR_PARSE && err && err_len) {
@@ -1014,8 +983,6 @@ rw_status_t rw_svc_config_load(const char *path, char *const *envp, const rw_svc
 		snprintf(msg, sizeof(msg), "%s", err);
 		snprintf(err, err_len, "%s: %s", path, msg);
 	}
-close_file:
-	fclose(f);
 	free(text);
 	return st;
 }

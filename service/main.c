@@ -15,6 +15,7 @@
 extern char **environ;
 
 #define RAILWAVED_VERSION "0.1"
+#define ANCHORS_MAX_BYTES (64u << 20) /* a table is kilobytes; this only stops a wrong path */
 
 /* ---------------------------------------------------------------------------------------------
  * Hooks other parts of the daemon define (svc.h). Weak no-ops so railwaved builds and runs
@@ -61,53 +62,23 @@ void rw_svc_stop(rw_svc_t *svc)
 static rw_status_t anchors_load(const rw_svc_t *svc, const char *path, rw_anchor_table_t **table_p,
 				char *why, size_t why_len)
 {
-	rw_status_t st = RW_OK;
 	char *text = NULL;
-	FILE *f = fopen(path, "rb");
-	if (!f) {
-		snprintf(why, why_len, "cannot open %s: %m", path);
-		return RW_ERR_NOTFOUND;
-	}
-	size_t len = 0, cap = 0;
-	for (;;) {
-		if (len + 4096 + 1 > cap) {
-			if (cap >= (64u << 20)) {
-				snprintf(why, why_len, "%s is larger than 64 MiB", path);
-				st = RW_ERR_PARSE;
-				goto close_file;
-			}
-			size_t ncap = cap ? cap * 2 : 65536;
-			char *t = realloc(text, ncap);
-			if (!t) {
-				snprintf(why, why_len, "out of memory");
-				st = RW_ERR_NOMEM;
-				goto close_file;
-			}
-			text = t;
-			cap = ncap;
-		}
-		size_t n = fread(text + len, 1, cap - len - 1, f);
-		len += n;
-		if (n == 0)
-			break;
-	}
-	if (ferror(f)) {
-		snprintf(why, why_len, "reading %s failed", path);
-		st = RW_ERR_SYS;
-		goto close_file;
-	}
+	size_t len = 0;
+	rw_status_t st = rw_read_file(path, ANCHORS_MAX_BYTES, &text, &len, why, why_len);
+	if (st)
+		return st;
 	rw_anchor_table_t *table = calloc(1, sizeof(*table));
 	if (!table) {
 		snprintf(why, why_len, "out of memory");
 		st = RW_ERR_NOMEM;
-		goto close_file;
+		goto free_text;
 	}
 	char perr[256] = "";
 	st = rw_sched_anchors_parse(text, len, table, perr, sizeof(perr));
 	if (st) {
 		snprintf(why, why_len, "%s: %s", path, perr);
 		free(table);
-		goto close_file;
+		goto free_text;
 	}
 	const char *transport = rw_svc_transport_name(svc->cfg.transport);
 	if (!rw_sched_anchors_match(table, &svc->topo, svc->cfg.nic_gbps, transport)) {
@@ -120,11 +91,10 @@ static rw_status_t anchors_load(const rw_svc_t *svc, const char *path, rw_anchor
 		rw_sched_anchors_free(table);
 		free(table);
 		st = RW_ERR_PARSE;
-		goto close_file;
+		goto free_text;
 	}
 	*table_p = table;
-close_file:
-	fclose(f);
+free_text:
 	free(text);
 	return st;
 }

@@ -20,48 +20,21 @@
 #define GLM_TOPK 8
 #define GLM_HIDDEN 4096
 #define DEFAULT_ANCHORS "deploy/anchors/example-4x8x8.json"
+#define ANCHORS_MAX_BYTES (64u << 20) /* as railwaved: a table is kilobytes */
 
 rw_status_t rw_tool_load_anchors(const char *path, rw_anchor_table_t *table, char *err,
 				 size_t err_len)
 {
-	FILE *f = fopen(path, "rb");
-	if (!f) {
-		snprintf(err, err_len, "%s: %m", path);
-		return RW_ERR_NOTFOUND;
-	}
-	size_t cap = 1 << 16, len = 0;
-	char *buf = malloc(cap);
-	rw_status_t st = RW_ERR_NOMEM;
-	while (buf) {
-		size_t got = fread(buf + len, 1, cap - len, f);
-		len += got;
-		if (len < cap)
-			break;
-		char *bigger = cap < (64u << 20) ? realloc(buf, cap * 2) : NULL;
-		if (!bigger) {
-			snprintf(err, err_len, "%s: too large", path);
-			goto free_buf;
-		}
-		buf = bigger;
-		cap *= 2;
-	}
-	if (!buf) {
-		snprintf(err, err_len, "%s: out of memory", path);
-		goto close_file;
-	}
-	if (ferror(f)) {
-		snprintf(err, err_len, "%s: read error", path);
-		st = RW_ERR_SYS;
-		goto free_buf;
-	}
+	char *text = NULL;
+	size_t len = 0;
+	rw_status_t st = rw_read_file(path, ANCHORS_MAX_BYTES, &text, &len, err, err_len);
+	if (st != RW_OK)
+		return st;
 	char perr[200];
-	st = rw_sched_anchors_parse(buf, len, table, perr, sizeof(perr));
+	st = rw_sched_anchors_parse(text, len, table, perr, sizeof(perr));
 	if (st != RW_OK)
 		snprintf(err, err_len, "%s: %s", path, perr);
-free_buf:
-	free(buf);
-close_file:
-	fclose(f);
+	free(text);
 	return st;
 }
 

@@ -29,8 +29,9 @@ int rw_tool_sim(int argc, char **argv);         /* tools/sim_cmd.c */
 int rw_tool_parse_u64(const char *cmd, const char *opt, const char *arg, unsigned long long *out);
 int rw_tool_parse_double(const char *cmd, const char *opt, const char *arg, double *out);
 
-/* Read and parse an anchor table file (tools/plan.c). On error writes "PATH: reason" (the
- * parser's message names the bad field) into err and leaves *table empty. */
+/* Read and parse an anchor table file (tools/plan.c). On error writes a message naming PATH
+ * (for a parse error "PATH: reason", the parser's message naming the bad field) into err and
+ * leaves *table empty. */
 rw_status_t rw_tool_load_anchors(const char *path, rw_anchor_table_t *table, char *err,
 				 size_t err_len);
 
