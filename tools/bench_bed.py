@@ -245,6 +245,19 @@ class Daemons:
         except OSError:
             return ""
 
+    def cpu_seconds(self):
+        """CPU time (user + system) the daemons have used so far, from /proc."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0.0
+        for p in self.procs:
+            try:
+                with open("/proc/%d/stat" % p.pid) as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick
+            except (OSError, IndexError, ValueError):
+                pass
+        return total
+
     def stop(self):
         for p in self.procs:
             if p.poll() is None:
@@ -370,7 +383,10 @@ def run_contender(ctx, tmp_root, wl, desc, path, steps, label, anchors=None, pro
     try:
         d.start()
         tx0 = d.rail_tx()
+        cpu0, wall0 = d.cpu_seconds(), time.time()
         disp, comb = run_ranks(ctx, d, wl, "rw.%s" % path, steps, label, progress)
+        cpu = d.cpu_seconds() - cpu0
+        wall = time.time() - wall0
         tx1 = d.rail_tx()
         decision = d.last_decision()
     finally:
@@ -379,7 +395,9 @@ def run_contender(ctx, tmp_root, wl, desc, path, steps, label, anchors=None, pro
         raise RuntimeError("daemons did not stop cleanly: %s" % ", ".join(bad))
     tx = [[tx1[n][r] - tx0[n][r] for r in range(len(tx0[n]))] for n in range(len(tx0))]
     return {"dispatch": summary(disp), "combine": summary(comb), "tx_bytes": tx,
-            "decision": decision, "pairs": steps + 1}
+            "decision": decision, "pairs": steps + 1,
+            "daemon_cpu_s_per_pair": cpu / (steps + 1), "run_wall_s": wall,
+            "loadavg": os.getloadavg()[0]}
 
 
 def run_mpi(ctx, tmp_root, wl, desc, steps, progress=True, tries=3):
@@ -509,8 +527,9 @@ def demo(ctx, tmp):
     rec, crec = desc["record_bytes"], desc["combine_record_bytes"]
     rate = a.mbit * 1e6 / 8
     shaped = ctx.bed.mode == "testbed"
-    say("cluster: %d nodes x %d rails, %d ranks per node, one railwaved per node (tcp transport)"
-        % (a.nodes, a.rails, a.gpus))
+    say("cluster: %d nodes x %d rails, %d ranks per node, one railwaved per node (tcp transport); "
+        "this machine: %d CPUs, load average %.1f" % (a.nodes, a.rails, a.gpus, os.cpu_count(),
+                                                      os.getloadavg()[0]))
     if shaped:
         say("network: rail test bed, %d Mbit/s per NIC (tc tbf on both directions of every NIC), "
             "control channel on the management bridge" % a.mbit)
@@ -578,6 +597,8 @@ def demo(ctx, tmp):
                                                 "" if shaped else "*", c["median"] / desc["lower_bound_s"]["combine"],
                                                 "" if shaped else "*"))
         say("   %-34s %8.2fx       %8.2fx" % ("speedup vs native", native / d["median"], native_c / c["median"]))
+        say("   %-34s %8.3f s per dispatch+combine pair (all %d daemons)" % (
+            "daemon CPU time", r["daemon_cpu_s_per_pair"], a.nodes))
         say("   verified: %d ranks x %d pairs, every row, id, weight, expert count and combined sum "
             "exact; daemons' per-NIC tx bytes %s the plan" % (W, r["pairs"],
                                                               "match" if match else "DIFFER FROM"))
@@ -701,7 +722,7 @@ def bench(ctx, tmp):
         say("point %d/%d selector -> %s (%s, case %s): dispatch %.3f s" % (
             i + 1, len(pts), r["decision"].get("path"), r["decision"].get("reason"),
             r["decision"].get("case"), r["dispatch"]["median"]))
-    doc = {"command": " ".join(["railwave", "bench"] + sys.argv[3:]), "mode": ctx.bed.mode,
+    doc = {"command": " ".join(["railwave", "bench"] + sys.argv[4:]), "mode": ctx.bed.mode,
            "nodes": a.nodes, "rails": a.rails, "gpus": a.gpus, "mbit": a.mbit, "pairs": a.pairs,
            "time": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg_start": load0,
            "loadavg_end": os.getloadavg(), "anchors": table, "points": results}
