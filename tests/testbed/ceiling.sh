@@ -10,7 +10,7 @@ while getopts n:r:m:b: o; do
 	case $o in n) nodes=$OPTARG ;; r) rails=$OPTARG ;; m) mbit=$OPTARG ;; b) bytes=$OPTARG ;; *) exit 2 ;; esac
 done
 here=$(cd "$(dirname "$0")" && pwd)
-export RW_TESTBED_PREFIX=rwceil$$
+export RW_TESTBED_PREFIX=rwc$$ # short: link names must fit 15 bytes
 tb="sh $here/testbed.sh"
 trap '$tb down' EXIT INT TERM
 $tb up -n "$nodes" -r "$rails" -m "$mbit" >/dev/null
