@@ -1,5 +1,5 @@
-/* RailWave common definitions: the one status type every module returns, logging and
- * whole-file reads.
+/* RailWave common definitions: the one status type every module returns, logging, whole-file
+ * reads and little-endian field access.
  * Errors are grouped by blast radius (STYLE.md "Errors"): a peer error drops one peer,
  * a client error drops one client, a fatal error stops the daemon. */
 #ifndef RW_COMMON_H
@@ -74,6 +74,26 @@ void rw_vlog(rw_log_level_t level, const char *fmt, va_list ap);
  * writes a message naming the path into err (may be NULL). Outputs are set only on success. */
 rw_status_t rw_read_file(const char *path, size_t max_bytes, char **text_p, size_t *len_p,
 			 char *err, size_t err_len);
+
+/* Little-endian fields of every wire format (rail descriptors, verbs and tcp handshakes, the
+ * daemon's peer messages): the low `bytes` (1..8) bytes of v at p, whatever the host order and
+ * alignment. Unrolled, so that with a constant `bytes` GCC (-O2) merges each into one load or
+ * store; without the pragma it keeps an 8-byte read as a loop of byte loads. */
+static inline void rw_put_le(uint8_t *p, uint64_t v, unsigned bytes)
+{
+#pragma GCC unroll 8
+	for (unsigned i = 0; i < bytes; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline uint64_t rw_get_le(const uint8_t *p, unsigned bytes)
+{
+	uint64_t v = 0;
+#pragma GCC unroll 8
+	for (unsigned i = 0; i < bytes; i++)
+		v |= (uint64_t)p[i] << (8 * i);
+	return v;
+}
 
 /* Monotonic clock in nanoseconds. */
 uint64_t rw_now_ns(void);

@@ -157,20 +157,6 @@ void rw_rail_conn_set_ctx(rw_rail_conn_t *conn, void *ctx)
 #define DESC_MAGIC 0x44525752u /* "RWRD" read as little-endian */
 #define DESC_VERSION 1
 
-static void put_le(uint8_t *p, uint64_t v, int bytes)
-{
-	for (int i = 0; i < bytes; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, int bytes)
-{
-	uint64_t v = 0;
-	for (int i = 0; i < bytes; i++)
-		v |= (uint64_t)p[i] << (8 * i);
-	return v;
-}
-
 rw_rail_remote_t rw_rail_region_remote(const rw_rail_region_t *region)
 {
 	rw_rail_remote_t r = {.key = region->key, .length = region->length, .base = region->base};
@@ -180,22 +166,22 @@ rw_rail_remote_t rw_rail_region_remote(const rw_rail_region_t *region)
 void rw_rail_region_desc_pack(const rw_rail_region_t *region, uint8_t out[RW_RAIL_DESC_SIZE])
 {
 	memset(out, 0, RW_RAIL_DESC_SIZE);
-	put_le(out + 0, DESC_MAGIC, 4);
-	put_le(out + 4, DESC_VERSION, 2);
-	put_le(out + 8, region->key, 8);
-	put_le(out + 16, region->length, 8);
-	put_le(out + 24, region->base, 8);
+	rw_put_le(out + 0, DESC_MAGIC, 4);
+	rw_put_le(out + 4, DESC_VERSION, 2);
+	rw_put_le(out + 8, region->key, 8);
+	rw_put_le(out + 16, region->length, 8);
+	rw_put_le(out + 24, region->base, 8);
 }
 
 rw_status_t rw_rail_remote_unpack(const uint8_t *in, size_t len, rw_rail_remote_t *remote_p)
 {
 	if (!in || !remote_p || len != RW_RAIL_DESC_SIZE)
 		return RW_ERR_PARSE;
-	if (get_le(in + 0, 4) != DESC_MAGIC || get_le(in + 4, 2) != DESC_VERSION ||
-	    get_le(in + 6, 2) != 0)
+	if (rw_get_le(in + 0, 4) != DESC_MAGIC || rw_get_le(in + 4, 2) != DESC_VERSION ||
+	    rw_get_le(in + 6, 2) != 0)
 		return RW_ERR_PARSE;
-	remote_p->key = get_le(in + 8, 8);
-	remote_p->length = get_le(in + 16, 8);
-	remote_p->base = get_le(in + 24, 8);
+	remote_p->key = rw_get_le(in + 8, 8);
+	remote_p->length = rw_get_le(in + 16, 8);
+	remote_p->base = rw_get_le(in + 24, 8);
 	return RW_OK;
 }

@@ -15,9 +15,10 @@
 #ifndef RW_RDMA_TCP_WIRE_H
 #define RW_RDMA_TCP_WIRE_H
 
-#include <endian.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "common/common.h"
 
 #define RW_TCP_MAGIC 0x43545752u /* "RWTC" little-endian */
 #define RW_TCP_VERSION 1
@@ -38,42 +39,36 @@ typedef struct rw_tcp_hdr {
 
 static inline void rw_tcp_hdr_encode(const rw_tcp_hdr_t *h, uint8_t out[RW_TCP_HDR_SIZE])
 {
-	uint32_t u32;
-	uint64_t u64;
 	memset(out, 0, RW_TCP_HDR_SIZE);
-	u32 = htole32(RW_TCP_MAGIC); memcpy(out + 0, &u32, 4);
+	rw_put_le(out + 0, RW_TCP_MAGIC, 4);
 	out[4] = RW_TCP_VERSION;
 	out[5] = h->type;
-	u32 = htole32(h->imm); memcpy(out + 8, &u32, 4);
-	u64 = htole64(h->key); memcpy(out + 16, &u64, 8);
-	u64 = htole64(h->offset); memcpy(out + 24, &u64, 8);
-	u64 = htole64(h->length); memcpy(out + 32, &u64, 8);
-	u64 = htole64(h->seq); memcpy(out + 40, &u64, 8);
+	rw_put_le(out + 8, h->imm, 4);
+	rw_put_le(out + 16, h->key, 8);
+	rw_put_le(out + 24, h->offset, 8);
+	rw_put_le(out + 32, h->length, 8);
+	rw_put_le(out + 40, h->seq, 8);
 }
 
 /* Decode and check the fixed fields; returns 0 on success, -1 on bad magic/version/reserved
  * or an unknown type (the caller drops the connection). */
 static inline int rw_tcp_hdr_decode(const uint8_t in[RW_TCP_HDR_SIZE], rw_tcp_hdr_t *h)
 {
-	uint32_t u32;
-	uint64_t u64;
-	memcpy(&u32, in + 0, 4);
-	if (le32toh(u32) != RW_TCP_MAGIC || in[4] != RW_TCP_VERSION)
+	if (rw_get_le(in + 0, 4) != RW_TCP_MAGIC || in[4] != RW_TCP_VERSION)
 		return -1;
 	if (in[5] < RW_TCP_HELLO || in[5] > RW_TCP_ACK || in[6] || in[7])
 		return -1;
-	memcpy(&u32, in + 12, 4);
-	if (u32)
+	if (rw_get_le(in + 12, 4))
 		return -1;
 	for (int i = 48; i < RW_TCP_HDR_SIZE; i++)
 		if (in[i])
 			return -1;
 	h->type = in[5];
-	memcpy(&u32, in + 8, 4); h->imm = le32toh(u32);
-	memcpy(&u64, in + 16, 8); h->key = le64toh(u64);
-	memcpy(&u64, in + 24, 8); h->offset = le64toh(u64);
-	memcpy(&u64, in + 32, 8); h->length = le64toh(u64);
-	memcpy(&u64, in + 40, 8); h->seq = le64toh(u64);
+	h->imm = (uint32_t)rw_get_le(in + 8, 4);
+	h->key = rw_get_le(in + 16, 8);
+	h->offset = rw_get_le(in + 24, 8);
+	h->length = rw_get_le(in + 32, 8);
+	h->seq = rw_get_le(in + 40, 8);
 	return 0;
 }
 

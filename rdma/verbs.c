@@ -19,28 +19,14 @@
 #include <string.h>
 
 /* ---- pure parts (verbs_priv.h): codecs, parsing, status mapping; unit-tested without a device */
-static void put_le(uint8_t *p, uint64_t v, int bytes)
-{
-	for (int i = 0; i < bytes; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, int bytes)
-{
-	uint64_t v = 0;
-	for (int i = 0; i < bytes; i++)
-		v |= (uint64_t)p[i] << (8 * i);
-	return v;
-}
-
 void rw_vb_hello_pack(const rw_vb_hello_t *hello, uint8_t out[RW_VB_HELLO_SIZE])
 {
-	put_le(out + 0, RW_VB_HELLO_MAGIC, 4);
-	put_le(out + 4, RW_VB_HELLO_VERSION, 2);
-	put_le(out + 6, hello->flags, 2);
-	put_le(out + 8, hello->tag, 8);
-	put_le(out + 16, hello->max_writes, 4);
-	put_le(out + 20, hello->rail, 4);
+	rw_put_le(out + 0, RW_VB_HELLO_MAGIC, 4);
+	rw_put_le(out + 4, RW_VB_HELLO_VERSION, 2);
+	rw_put_le(out + 6, hello->flags, 2);
+	rw_put_le(out + 8, hello->tag, 8);
+	rw_put_le(out + 16, hello->max_writes, 4);
+	rw_put_le(out + 20, hello->rail, 4);
 }
 
 rw_status_t rw_vb_hello_unpack(const void *in, size_t len, rw_vb_hello_t *hello_p)
@@ -48,32 +34,32 @@ rw_status_t rw_vb_hello_unpack(const void *in, size_t len, rw_vb_hello_t *hello_
 	const uint8_t *p = in;
 	if (!p || len < RW_VB_HELLO_SIZE)
 		return RW_ERR_PROTO;
-	if (get_le(p + 0, 4) != RW_VB_HELLO_MAGIC || get_le(p + 4, 2) != RW_VB_HELLO_VERSION)
+	if (rw_get_le(p + 0, 4) != RW_VB_HELLO_MAGIC || rw_get_le(p + 4, 2) != RW_VB_HELLO_VERSION)
 		return RW_ERR_PROTO;
-	uint16_t flags = (uint16_t)get_le(p + 6, 2);
+	uint16_t flags = (uint16_t)rw_get_le(p + 6, 2);
 	if (flags & ~RW_VB_HELLO_IMM)
 		return RW_ERR_PROTO;
 	hello_p->flags = flags;
-	hello_p->tag = get_le(p + 8, 8);
-	hello_p->max_writes = (uint32_t)get_le(p + 16, 4);
-	hello_p->rail = (uint32_t)get_le(p + 20, 4);
+	hello_p->tag = rw_get_le(p + 8, 8);
+	hello_p->max_writes = (uint32_t)rw_get_le(p + 16, 4);
+	hello_p->rail = (uint32_t)rw_get_le(p + 20, 4);
 	return RW_OK;
 }
 
 void rw_vb_sendmsg_pack(uint32_t imm, uint64_t length, uint8_t out[RW_VB_SENDMSG_SIZE])
 {
-	put_le(out + 0, RW_VB_SENDMSG_MAGIC, 4);
-	put_le(out + 4, imm, 4);
-	put_le(out + 8, length, 8);
+	rw_put_le(out + 0, RW_VB_SENDMSG_MAGIC, 4);
+	rw_put_le(out + 4, imm, 4);
+	rw_put_le(out + 8, length, 8);
 }
 
 rw_status_t rw_vb_sendmsg_unpack(const void *in, size_t len, uint32_t *imm_p, uint64_t *length_p)
 {
 	const uint8_t *p = in;
-	if (!p || len != RW_VB_SENDMSG_SIZE || get_le(p, 4) != RW_VB_SENDMSG_MAGIC)
+	if (!p || len != RW_VB_SENDMSG_SIZE || rw_get_le(p, 4) != RW_VB_SENDMSG_MAGIC)
 		return RW_ERR_PROTO;
-	*imm_p = (uint32_t)get_le(p + 4, 4);
-	*length_p = get_le(p + 8, 8);
+	*imm_p = (uint32_t)rw_get_le(p + 4, 4);
+	*length_p = rw_get_le(p + 8, 8);
 	return RW_OK;
 }
 

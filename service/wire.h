@@ -239,25 +239,12 @@ typedef struct rw_wire_crec_hdr {
 void rw_wire_crec_pack(uint8_t *rec, const rw_wire_crec_hdr_t *h);
 void rw_wire_crec_unpack(const uint8_t *rec, rw_wire_crec_hdr_t *h_p);
 
-/* ---- little-endian helpers ---- */
-static inline void rw_wire_put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static inline void rw_wire_put32(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
-}
-static inline void rw_wire_put64(uint8_t *p, uint64_t v)
-{
-	rw_wire_put32(p, (uint32_t)v);
-	rw_wire_put32(p + 4, (uint32_t)(v >> 32));
-}
-static inline uint16_t rw_wire_get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static inline uint32_t rw_wire_get32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-static inline uint64_t rw_wire_get64(const uint8_t *p)
-{
-	return (uint64_t)rw_wire_get32(p) | ((uint64_t)rw_wire_get32(p + 4) << 32);
-}
+/* ---- little-endian fields, typed (common/common.h rw_put_le / rw_get_le) ---- */
+static inline void rw_wire_put16(uint8_t *p, uint16_t v) { rw_put_le(p, v, 2); }
+static inline void rw_wire_put32(uint8_t *p, uint32_t v) { rw_put_le(p, v, 4); }
+static inline void rw_wire_put64(uint8_t *p, uint64_t v) { rw_put_le(p, v, 8); }
+static inline uint16_t rw_wire_get16(const uint8_t *p) { return (uint16_t)rw_get_le(p, 2); }
+static inline uint32_t rw_wire_get32(const uint8_t *p) { return (uint32_t)rw_get_le(p, 4); }
+static inline uint64_t rw_wire_get64(const uint8_t *p) { return rw_get_le(p, 8); }
 
 #endif /* RW_SVC_WIRE_H */
