@@ -1,9 +1,11 @@
 /* Rail transport registry and the caller-facing wrappers: argument checks common to every
  * transport, then dispatch through the device's rw_rail_ops_t. Also the region descriptor
- * wire format used for the out-of-band key exchange. */
+ * wire format used for the out-of-band key exchange, and the rail address syntax. */
 #include "rdma/rail.h"
 
+#include <arpa/inet.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
@@ -149,6 +151,30 @@ void rw_rail_conn_close(rw_rail_conn_t *conn)
 void rw_rail_conn_set_ctx(rw_rail_conn_t *conn, void *ctx)
 {
 	conn->ctx = ctx;
+}
+
+/* Rail addresses: one syntax for every transport (rail.h). */
+rw_status_t rw_rail_addr_parse(const char *s, uint32_t *addr_be_p, uint16_t *port_p)
+{
+	char host[INET_ADDRSTRLEN];
+	const char *colon = s ? strrchr(s, ':') : NULL;
+	if (!colon || (size_t)(colon - s) >= sizeof(host) || colon == s)
+		return RW_ERR_INVAL;
+	memcpy(host, s, (size_t)(colon - s));
+	host[colon - s] = '\0';
+	struct in_addr a;
+	if (inet_pton(AF_INET, host, &a) != 1)
+		return RW_ERR_INVAL;
+	const char *ps = colon + 1;
+	if (*ps < '0' || *ps > '9')
+		return RW_ERR_INVAL;
+	char *end;
+	unsigned long port = strtoul(ps, &end, 10);
+	if (*end != '\0' || port == 0 || port > 65535)
+		return RW_ERR_INVAL;
+	*addr_be_p = a.s_addr;
+	*port_p = (uint16_t)port;
+	return RW_OK;
 }
 
 /* Descriptor wire format (little-endian):

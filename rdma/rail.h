@@ -254,6 +254,12 @@ void rw_rail_conn_close(rw_rail_conn_t *conn);
 /* Replace the context passed to this connection's callbacks (e.g. in on_connected). */
 void rw_rail_conn_set_ctx(rw_rail_conn_t *conn, void *ctx);
 
+/* Parse a rail address "a.b.c.d:port" (what rw_rail_listener_t.addr holds and
+ * rw_rail_connect() takes, for every transport): IPv4 only, port 1..65535 in decimal digits.
+ * RW_ERR_INVAL on anything else; outputs (network-order address, host-order port) set only on
+ * success. */
+rw_status_t rw_rail_addr_parse(const char *s, uint32_t *addr_be_p, uint16_t *port_p);
+
 /* Region descriptors for the out-of-band exchange: a fixed RW_RAIL_DESC_SIZE-byte,
  * little-endian record (magic, version, key, length, base). unpack treats its input as
  * untrusted: RW_ERR_PARSE on wrong size, magic or version; remote_p set only on success. */

@@ -138,30 +138,6 @@ static void fmt_sa(const struct sockaddr_in *sa, char *buf, size_t len)
 	snprintf(buf, len, "%s:%u", ip, (unsigned)ntohs(sa->sin_port));
 }
 
-/* "a.b.c.d:port" (port optional when allow_no_port) -> sockaddr. */
-static int parse_sa(const char *s, int allow_no_port, struct sockaddr_in *sa)
-{
-	char ip[INET_ADDRSTRLEN];
-	const char *colon = strrchr(s, ':');
-	size_t iplen = colon ? (size_t)(colon - s) : strlen(s);
-	if (iplen == 0 || iplen >= sizeof(ip) || (!colon && !allow_no_port))
-		return -1;
-	memcpy(ip, s, iplen);
-	ip[iplen] = '\0';
-	memset(sa, 0, sizeof(*sa));
-	sa->sin_family = AF_INET;
-	if (inet_pton(AF_INET, ip, &sa->sin_addr) != 1)
-		return -1;
-	if (colon) {
-		char *end;
-		unsigned long port = strtoul(colon + 1, &end, 10);
-		if (*end || end == colon + 1 || port > 65535)
-			return -1;
-		sa->sin_port = htons((uint16_t)port);
-	}
-	return 0;
-}
-
 static void set_nodelay(int fd)
 {
 	int one = 1;
@@ -840,11 +816,13 @@ static rw_status_t tcp_connect(rw_rail_dev_t *base, const char *peer_addr, uint6
 			       const rw_rail_conn_cbs_t *cbs, void *ctx, rw_rail_conn_t **conn_p)
 {
 	tcp_dev_t *dev = (tcp_dev_t *)base;
-	struct sockaddr_in peer;
-	if (parse_sa(peer_addr, 0, &peer) < 0 || peer.sin_port == 0) {
+	struct sockaddr_in peer = {.sin_family = AF_INET};
+	uint16_t peer_port;
+	if (rw_rail_addr_parse(peer_addr, &peer.sin_addr.s_addr, &peer_port) != RW_OK) {
 		rw_err("rail %u: bad peer address '%s' (want a.b.c.d:port)", base->rail, peer_addr);
 		return RW_ERR_INVAL;
 	}
+	peer.sin_port = htons(peer_port);
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0) {
 		rw_err("rail %u: socket: %m", base->rail);
@@ -977,7 +955,8 @@ static rw_status_t tcp_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loo
 	st = rw_rail_dev_init_base(&dev->base, &rw_rail_tcp_ops, cfg, loop, TCP_DEFAULT_MAX_WRITES);
 	if (st != RW_OK)
 		goto free_dev;
-	if (parse_sa(cfg->local, 1, &dev->local_sa) < 0 || dev->local_sa.sin_port != 0) {
+	dev->local_sa.sin_family = AF_INET;
+	if (!cfg->local || inet_pton(AF_INET, cfg->local, &dev->local_sa.sin_addr) != 1) {
 		rw_err("rail %u: tcp wants an IPv4 address for the rail, got '%s'", cfg->rail,
 		       cfg->local);
 		st = RW_ERR_INVAL;

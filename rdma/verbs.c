@@ -63,29 +63,6 @@ rw_status_t rw_vb_sendmsg_unpack(const void *in, size_t len, uint32_t *imm_p, ui
 	return RW_OK;
 }
 
-rw_status_t rw_vb_parse_ipv4_port(const char *s, uint32_t *addr_be_p, uint16_t *port_p)
-{
-	char host[INET_ADDRSTRLEN];
-	const char *colon = s ? strrchr(s, ':') : NULL;
-	if (!colon || (size_t)(colon - s) >= sizeof(host) || colon == s)
-		return RW_ERR_INVAL;
-	memcpy(host, s, (size_t)(colon - s));
-	host[colon - s] = '\0';
-	struct in_addr a;
-	if (inet_pton(AF_INET, host, &a) != 1)
-		return RW_ERR_INVAL;
-	const char *ps = colon + 1;
-	if (*ps < '0' || *ps > '9')
-		return RW_ERR_INVAL;
-	char *end;
-	unsigned long port = strtoul(ps, &end, 10);
-	if (*end != '\0' || port == 0 || port > 65535)
-		return RW_ERR_INVAL;
-	*addr_be_p = a.s_addr;
-	*port_p = (uint16_t)port;
-	return RW_OK;
-}
-
 rw_status_t rw_vb_parse_dev_port(const char *s, char name_p[64], uint8_t *port_p)
 {
 	if (!s || !*s)
@@ -889,7 +866,7 @@ static rw_status_t vb_connect(rw_rail_dev_t *base, const char *peer_addr, uint64
 	vb_dev_t *d = (vb_dev_t *)base;
 	uint32_t ip;
 	uint16_t port;
-	if (rw_vb_parse_ipv4_port(peer_addr, &ip, &port) != RW_OK) {
+	if (rw_rail_addr_parse(peer_addr, &ip, &port) != RW_OK) {
 		rw_err("verbs: rail %u: bad peer address '%s' (want a.b.c.d:port)", base->rail,
 		       peer_addr);
 		return RW_ERR_INVAL;

@@ -1,5 +1,5 @@
 /* Private to the verbs transport (rdma/verbs*.c) and its unit test: the connection hello carried
- * in librdmacm's private data, write-mode negotiation, address parsing and the mapping of work
+ * in librdmacm's private data, write-mode negotiation, device-spec parsing and the mapping of work
  * completion statuses to rail errors. Pure functions, no rdma-core objects, so they are tested
  * on machines without an RDMA device. */
 #ifndef RW_RDMA_VERBS_PRIV_H
@@ -43,10 +43,6 @@ static inline int rw_vb_use_write_send(uint16_t local_flags, uint16_t peer_flags
 #define RW_VB_SENDMSG_MAGIC 0x53565752u
 void rw_vb_sendmsg_pack(uint32_t imm, uint64_t length, uint8_t out[RW_VB_SENDMSG_SIZE]);
 rw_status_t rw_vb_sendmsg_unpack(const void *in, size_t len, uint32_t *imm_p, uint64_t *length_p);
-
-/* Parse "a.b.c.d:port" (IPv4 only, port 1..65535) into network-order address and port.
- * RW_ERR_INVAL on anything else. */
-rw_status_t rw_vb_parse_ipv4_port(const char *s, uint32_t *addr_be_p, uint16_t *port_p);
 
 /* Parse a device spec "name:port" (port 1..255, name 1..63 chars without ':') or a bare
  * "name" (port 1). RW_ERR_INVAL on anything else. name_p must hold 64 bytes. */

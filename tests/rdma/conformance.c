@@ -970,6 +970,27 @@ static void test_registry(void **state)
 	ev_loop_destroy(loop);
 }
 
+/* One address syntax for every transport (rdma/rail.c). */
+static void test_addr_parse(void **state)
+{
+	(void)state;
+	uint32_t ip = 0;
+	uint16_t port = 0;
+	assert_int_equal(rw_rail_addr_parse("169.254.2.1:18515", &ip, &port), RW_OK);
+	assert_int_equal(ip, inet_addr("169.254.2.1"));
+	assert_int_equal(port, 18515);
+	static const char *bad[] = {
+		"", ":1", "169.254.2.1", "169.254.2.1:", "169.254.2.1:0", "169.254.2.1:65536",
+		"169.254.2.1:12x", "169.254.2.1:-1", "169.254.2.1:+80", "169.254.2.1: 80",
+		"host:80", "1.2.3:80", "[::1]:80", "1.2.3.4:5:6",
+		"definitely not an address",
+	};
+	for (size_t i = 0; i < RW_ARRAY_SIZE(bad); i++)
+		assert_int_equal(rw_rail_addr_parse(bad[i], &ip, &port), RW_ERR_INVAL);
+	assert_int_equal(rw_rail_addr_parse(NULL, &ip, &port), RW_ERR_INVAL);
+	assert_int_equal(port, 18515); /* untouched on failure */
+}
+
 static void test_registration(void **state)
 {
 	fixture_t *f = *state;
@@ -1715,6 +1736,7 @@ int main(int argc, char **argv)
 	}
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_registry),
+		cmocka_unit_test(test_addr_parse),
 		cmocka_unit_test_teardown(test_registration, test_teardown),
 		cmocka_unit_test_teardown(test_write_checks, test_teardown),
 		cmocka_unit_test_teardown(test_sizes_ladder, test_teardown),

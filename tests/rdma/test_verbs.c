@@ -1,5 +1,5 @@
 /* Verbs transport checks that need no RDMA device: the connection hello and WRITE + SEND
- * message codecs (untrusted input), write-mode negotiation, address parsing, completion status
+ * message codecs (untrusted input), write-mode negotiation, device-spec parsing, completion status
  * mapping, and a clean, leak-free failure of rw_rail_dev_open() where the configured address or
  * device does not exist (which, on a machine without RDMA, is every address). The data path
  * itself is tested for real by the conformance suite inside Soft-RoCE guests (rdma_softroce). */
@@ -87,25 +87,6 @@ static void test_sendmsg(void **state)
 	assert_int_equal(imm, 5);
 }
 
-static void test_parse_ipv4_port(void **state)
-{
-	(void)state;
-	uint32_t ip = 0;
-	uint16_t port = 0;
-	assert_int_equal(rw_vb_parse_ipv4_port("169.254.2.1:18515", &ip, &port), RW_OK);
-	assert_int_equal(ip, inet_addr("169.254.2.1"));
-	assert_int_equal(port, 18515);
-	static const char *bad[] = {
-		"", ":1", "169.254.2.1", "169.254.2.1:", "169.254.2.1:0", "169.254.2.1:65536",
-		"169.254.2.1:12x", "169.254.2.1:-1", "host:80", "1.2.3:80", "[::1]:80",
-		"definitely not an address",
-	};
-	for (size_t i = 0; i < RW_ARRAY_SIZE(bad); i++)
-		assert_int_equal(rw_vb_parse_ipv4_port(bad[i], &ip, &port), RW_ERR_INVAL);
-	assert_int_equal(rw_vb_parse_ipv4_port(NULL, &ip, &port), RW_ERR_INVAL);
-	assert_int_equal(port, 18515); /* untouched on failure */
-}
-
 static void test_parse_dev_port(void **state)
 {
 	(void)state;
@@ -180,7 +161,6 @@ int main(void)
 		cmocka_unit_test(test_hello_untrusted),
 		cmocka_unit_test(test_write_mode_negotiation),
 		cmocka_unit_test(test_sendmsg),
-		cmocka_unit_test(test_parse_ipv4_port),
 		cmocka_unit_test(test_parse_dev_port),
 		cmocka_unit_test(test_wc_status_blast_radius),
 		cmocka_unit_test(test_dev_open_fails_cleanly),
