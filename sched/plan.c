@@ -94,6 +94,26 @@ static inline void pair_load(const rw_rail_set_t *set, int balanced, const uint3
 	pair_plan(set, balanced, s, d, counts + ((size_t)s * nodes + d) * set->rails, pp);
 }
 
+/* The most records one rail of node x carries: its egress (pairs (x, y), summed over x's row)
+ * or its ingress (pairs (y, x), summed over x's column). */
+static uint64_t node_busiest_rail(const rw_rail_set_t *set, int balanced, const uint32_t *counts,
+				  uint32_t nodes, uint32_t x, int ingress)
+{
+	uint64_t load[RW_MAX_RAILS] = { 0 };
+	uint64_t busiest = 0;
+	rw_pair_plan_t pp;
+	for (uint32_t y = 0; y < nodes; y++) {
+		if (y == x)
+			continue;
+		pair_load(set, balanced, counts, nodes, ingress ? y : x, ingress ? x : y, &pp);
+		for (uint32_t r = 0; r < set->rails; r++)
+			load[r] += pp.quota[r];
+	}
+	for (uint32_t r = 0; r < set->rails; r++)
+		busiest = RW_MAX(busiest, load[r]);
+	return busiest;
+}
+
 /* Rails are symmetric (§1): a record leaving s on egress rail r arrives at d on ingress rail r.
  * Egress loads are summed over a source's row, ingress loads over a destination's column, so
  * only R accumulators are live at a time. Waves change when bytes move, not how many each NIC
@@ -102,37 +122,14 @@ uint64_t rw_sched_busiest_nic(const rw_topo_t *topo, rw_path_t path, const uint3
 {
 	if (rw_sched_topo_check(topo) != RW_OK || !counts)
 		return 0;
-	const uint32_t nodes = topo->nodes, rails = topo->rails;
 	const int balanced = rw_path_balanced(path);
 	uint64_t busiest = 0;
-	rw_pair_plan_t pp;
 	rw_rail_set_t set;
 
 	rw_sched_rail_set(topo, &set);
-
-	for (uint32_t s = 0; s < nodes; s++) {
-		uint64_t load[RW_MAX_RAILS] = { 0 };
-		for (uint32_t d = 0; d < nodes; d++) {
-			if (d == s)
-				continue;
-			pair_load(&set, balanced, counts, nodes, s, d, &pp);
-			for (uint32_t r = 0; r < rails; r++)
-				load[r] += pp.quota[r];
-		}
-		for (uint32_t r = 0; r < rails; r++)
-			busiest = RW_MAX(busiest, load[r]);
-	}
-	for (uint32_t d = 0; d < nodes; d++) {
-		uint64_t load[RW_MAX_RAILS] = { 0 };
-		for (uint32_t s = 0; s < nodes; s++) {
-			if (s == d)
-				continue;
-			pair_load(&set, balanced, counts, nodes, s, d, &pp);
-			for (uint32_t r = 0; r < rails; r++)
-				load[r] += pp.quota[r];
-		}
-		for (uint32_t r = 0; r < rails; r++)
-			busiest = RW_MAX(busiest, load[r]);
+	for (uint32_t x = 0; x < topo->nodes; x++) {
+		busiest = RW_MAX(busiest, node_busiest_rail(&set, balanced, counts, topo->nodes, x, 0));
+		busiest = RW_MAX(busiest, node_busiest_rail(&set, balanced, counts, topo->nodes, x, 1));
 	}
 	return busiest;
 }
