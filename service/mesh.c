@@ -640,24 +640,35 @@ static int ctl_on_message(mesh_ctl_t *c, const rw_wire_hdr_t *h, const uint8_t *
 	return -1;
 }
 
+/* One recv into buf[0..want) (want > 0). Returns the bytes received; 0 when nothing is there
+ * now (EAGAIN; EINTR is retried); -1 when c was dropped (peer closed, or a read error). */
+static ssize_t ctl_recv(mesh_ctl_t *c, void *buf, size_t want)
+{
+	for (;;) {
+		ssize_t n = recv(c->fd, buf, want, 0);
+		if (n > 0)
+			return n;
+		if (n == 0) {
+			ctl_drop(c, RW_ERR_PEER, "connection closed");
+			return -1;
+		}
+		if (errno == EINTR)
+			continue;
+		if (errno == EAGAIN || errno == EWOULDBLOCK)
+			return 0;
+		ctl_drop(c, RW_ERR_PEER, "read error");
+		return -1;
+	}
+}
+
 /* Read what is there and handle every complete message. -1: c was dropped. */
 static int ctl_read(mesh_ctl_t *c)
 {
 	for (;;) {
 		if (c->hdr_have < RW_WIRE_HDR_SIZE) {
-			ssize_t n = recv(c->fd, c->hdr + c->hdr_have, RW_WIRE_HDR_SIZE - c->hdr_have, 0);
-			if (n == 0) {
-				ctl_drop(c, RW_ERR_PEER, "connection closed");
-				return -1;
-			}
-			if (n < 0) {
-				if (errno == EAGAIN || errno == EWOULDBLOCK)
-					return 0;
-				if (errno == EINTR)
-					continue;
-				ctl_drop(c, RW_ERR_PEER, "read error");
-				return -1;
-			}
+			ssize_t n = ctl_recv(c, c->hdr + c->hdr_have, RW_WIRE_HDR_SIZE - c->hdr_have);
+			if (n <= 0)
+				return (int)n;
 			c->hdr_have += (uint32_t)n;
 			if (c->hdr_have < RW_WIRE_HDR_SIZE)
 				continue;
@@ -674,19 +685,9 @@ static int ctl_read(mesh_ctl_t *c)
 			c->rx_have = 0;
 		}
 		if (c->rx_have < c->cur.length) {
-			ssize_t n = recv(c->fd, c->rx + c->rx_have, c->cur.length - c->rx_have, 0);
-			if (n == 0) {
-				ctl_drop(c, RW_ERR_PEER, "connection closed");
-				return -1;
-			}
-			if (n < 0) {
-				if (errno == EAGAIN || errno == EWOULDBLOCK)
-					return 0;
-				if (errno == EINTR)
-					continue;
-				ctl_drop(c, RW_ERR_PEER, "read error");
-				return -1;
-			}
+			ssize_t n = ctl_recv(c, c->rx + c->rx_have, c->cur.length - c->rx_have);
+			if (n <= 0)
+				return (int)n;
 			c->rx_have += (uint32_t)n;
 			if (c->rx_have < c->cur.length)
 				continue;

@@ -208,18 +208,26 @@ static int phase_running(const exec_pair_t *p)
 
 /* ---- completions ------------------------------------------------------------------------- */
 
+/* The completion of submission sqe with what every completion carries (kind, phase id and
+ * user data copied from it; no counts buffer); the caller fills in the rest. */
+static rw_cqe_t cqe_for(const rw_sqe_t *sqe, uint8_t status)
+{
+	rw_cqe_t c;
+	memset(&c, 0, sizeof(c));
+	c.status = status;
+	c.kind = sqe->kind;
+	c.phase_id = sqe->phase_id;
+	c.user_data = sqe->user_data;
+	c.counts_buf = RW_BUF_NONE;
+	return c;
+}
+
 static void complete_err(rw_svc_exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe, int err)
 {
 	if (!x->ipc)
 		return;
-	rw_cqe_t c;
-	memset(&c, 0, sizeof(c));
-	c.status = RW_CQ_ERROR;
-	c.kind = sqe->kind;
+	rw_cqe_t c = cqe_for(sqe, RW_CQ_ERROR);
 	c.error = err;
-	c.phase_id = sqe->phase_id;
-	c.user_data = sqe->user_data;
-	c.counts_buf = RW_BUF_NONE;
 	rw_ipc_complete(x->ipc, client, &c);
 }
 
@@ -787,14 +795,22 @@ static void pair_exchange(exec_pair_t *p)
 	pair_try_decide(p);
 }
 
+/* Every local rank has submitted its part of the phase (n_sub of them) and its inputs are
+ * staged. */
+static int subs_ready(const rw_svc_exec_t *x, const exec_sub_t *sub, uint32_t n_sub)
+{
+	if (n_sub < x->gpus)
+		return 0;
+	for (uint32_t g = 0; g < x->gpus; g++)
+		if (!sub[g].ready)
+			return 0;
+	return 1;
+}
+
 static void pair_maybe_gathered(exec_pair_t *p)
 {
-	if (p->dead || p->stage != ST_GATHER_D || p->n_dsub < p->x->gpus)
-		return;
-	for (uint32_t g = 0; g < p->x->gpus; g++)
-		if (!p->dsub[g].ready)
-			return;
-	pair_gathered(p);
+	if (!p->dead && p->stage == ST_GATHER_D && subs_ready(p->x, p->dsub, p->n_dsub))
+		pair_gathered(p);
 }
 
 /* All local dispatch submissions are in: count, then exchange. */
@@ -1387,12 +1403,7 @@ static void complete_dispatch(exec_pair_t *p)
 	uint64_t ns = rw_now_ns() - p->phase_t0;
 	for (uint32_t g = 0; g < x->gpus; g++) {
 		exec_sub_t *s = &p->dsub[g];
-		rw_cqe_t c;
-		memset(&c, 0, sizeof(c));
-		c.status = RW_CQ_OK;
-		c.kind = RW_KIND_DISPATCH;
-		c.phase_id = s->sqe.phase_id;
-		c.user_data = s->sqe.user_data;
+		rw_cqe_t c = cqe_for(&s->sqe, RW_CQ_OK);
 		c.recv_tokens = p->fwd_n[g];
 		if (++x->next_handle == 0)
 			x->next_handle = 1;
@@ -1400,7 +1411,6 @@ static void complete_dispatch(exec_pair_t *p)
 		c.handle_id = p->handle[g];
 		c.n_experts = p->n_experts;
 		if (p->n_experts <= RW_CQE_INLINE_COUNTS) {
-			c.counts_buf = RW_BUF_NONE;
 			c.n_inline = (uint8_t)p->n_experts;
 			memcpy(c.counts, p->expert_counts[g], 4u * p->n_experts);
 		} else { /* written into the output by flush_outputs() */
@@ -1424,15 +1434,9 @@ static void complete_combine(exec_pair_t *p)
 	uint64_t ns = rw_now_ns() - p->phase_t0;
 	for (uint32_t g = 0; g < x->gpus; g++) {
 		exec_sub_t *s = &p->csub[g];
-		rw_cqe_t c;
-		memset(&c, 0, sizeof(c));
-		c.status = RW_CQ_OK;
-		c.kind = RW_KIND_COMBINE;
-		c.phase_id = s->sqe.phase_id;
-		c.user_data = s->sqe.user_data;
+		rw_cqe_t c = cqe_for(&s->sqe, RW_CQ_OK);
 		c.recv_tokens = p->rt[g].n_tokens;
 		c.handle_id = p->handle[g];
-		c.counts_buf = RW_BUF_NONE;
 		rw_ipc_complete(x->ipc, s->client, &c);
 		s->have = 0;
 	}
@@ -1657,12 +1661,8 @@ static void exec_submit_combine(rw_svc_exec_t *x, exec_member_t *mb, rw_ipc_clie
 
 static void pair_maybe_start_combine(exec_pair_t *p)
 {
-	if (p->dead || p->stage != ST_WAIT_C || p->n_csub < p->x->gpus)
-		return;
-	for (uint32_t g = 0; g < p->x->gpus; g++)
-		if (!p->csub[g].ready)
-			return;
-	pair_start_combine(p);
+	if (!p->dead && p->stage == ST_WAIT_C && subs_ready(p->x, p->csub, p->n_csub))
+		pair_start_combine(p);
 }
 
 static void ipc_submission(void *ctx, rw_ipc_client_t *client, const rw_sqe_t *sqe)
