@@ -16,7 +16,8 @@ enum { FLOW_PENDING = 0, FLOW_ACTIVE = 1, FLOW_DONE = 2 };
  * i.e. while port_comp[root] == comp (any reallocation renumbers all of its ports). */
 typedef struct sim_ev {
 	double t;      /* earliest finish in the component */
-	double dur;    /* that flow's duration so far (start .. t): scales the batching window */
+	double dur;    /* scales the batching window: from that flow's start to the projected end
+		        * of its rail (whole-rail components; else to its own finish) */
 	uint32_t comp, root;
 	uint32_t rail; /* 0: a component found from root; r + 1: the whole of rail r */
 } sim_ev_t;
@@ -39,6 +40,8 @@ typedef struct sim {
 
 	/* flows */
 	double *rem, *rate, *t_upd, *t_start, *fin;
+	double *nrate;         /* rates being computed (-1: unfrozen); rate[] keeps the old ones */
+	double *work;          /* [P] scratch: a port's remaining seconds of work */
 	uint32_t *pos_e, *pos_i;
 	uint8_t *state;
 	double *finish_out;
@@ -351,7 +354,7 @@ static rw_status_t fill_maxmin(sim_t *s)
 {
 	s->n_ph = 0;
 	for (uint32_t j = 0; j < s->n_comp_flows; j++)
-		s->rate[s->comp_flows[j]] = -1.0;
+		s->nrate[s->comp_flows[j]] = -1.0;
 	for (uint32_t j = 0; j < s->n_comp_ports; j++) {
 		uint32_t p = s->comp_ports[j];
 		s->cap[p] = port_rate(s, p);
@@ -374,9 +377,9 @@ static rw_status_t fill_maxmin(sim_t *s)
 		int eg = is_egress(s, p);
 		for (uint32_t j = 0; j < s->port_len[p]; j++) {
 			uint32_t f = list[j];
-			if (s->rate[f] >= 0)
+			if (s->nrate[f] >= 0)
 				continue;
-			s->rate[f] = cur;
+			s->nrate[f] = cur;
 			uint32_t q = eg ? iport(s, f) : eport(s, f);
 			s->cap[q] -= cur;
 			s->kcnt[q]--;
@@ -392,7 +395,7 @@ static void freeze_egress(sim_t *s, uint32_t e, double level)
 	s->frozen[e] = 1;
 	for (uint32_t j = 0; j < s->port_len[e]; j++) {
 		uint32_t f = list[j], i = iport(s, f);
-		s->rate[f] = level;
+		s->nrate[f] = level;
 		s->cap[i] -= level;
 		s->kcnt[i]--;
 	}
@@ -470,7 +473,7 @@ static void verify(sim_t *s)
 		double sum = 0;
 		int bad = 0;
 		for (uint32_t k = 0; k < s->port_len[p]; k++) {
-			double r = s->rate[list[k]];
+			double r = s->nrate[list[k]];
 			bad |= !(r > 0);
 			sum += r;
 		}
@@ -488,34 +491,50 @@ static rw_status_t allocate(sim_t *s, uint32_t root, uint32_t rail, double t)
 		s->port_comp[s->comp_ports[j]] = id;
 	if (s->n_comp_flows == 0)
 		return RW_OK;
+	rw_status_t st = s->opts->model == RW_SIM_MAXMIN ? fill_maxmin(s) : fill_lossless(s);
+	if (st != RW_OK)
+		return st;
+	if (s->opts->verify)
+		verify(s);
+	/* One pass: bytes moved since the last allocation at the old rate, then the new rate
+	 * and the predicted finish. On a whole rail also each port's remaining work, whose
+	 * maximum projects when the rail will be done: the scale of its batching window. */
+	sim_ev_t ev = { .t = INFINITY, .comp = id, .root = root, .rail = rail };
+	uint32_t first = 0;
 	double delivered = 0;
+	if (rail)
+		for (uint32_t j = 0; j < s->n_comp_ports; j++)
+			s->work[s->comp_ports[j]] = 0;
 	for (uint32_t j = 0; j < s->n_comp_flows; j++) {
 		uint32_t f = s->comp_flows[j];
 		double moved = s->rate[f] * (t - s->t_upd[f]);
 		if (moved > s->rem[f])
 			moved = s->rem[f]; /* rounding: it was due by t */
 		delivered += moved;
-		s->rem[f] -= moved;
+		double rem = s->rem[f] - moved;
+		s->rem[f] = rem;
 		s->t_upd[f] = t;
-	}
-	s->delivered += delivered;
-	rw_status_t st = s->opts->model == RW_SIM_MAXMIN ? fill_maxmin(s) : fill_lossless(s);
-	if (st != RW_OK)
-		return st;
-	if (s->opts->verify)
-		verify(s);
-	sim_ev_t ev = { .t = INFINITY, .comp = id, .root = root, .rail = rail };
-	uint32_t first = 0;
-	for (uint32_t j = 0; j < s->n_comp_flows; j++) {
-		uint32_t f = s->comp_flows[j];
-		double fin = t + s->rem[f] / s->rate[f];
+		s->rate[f] = s->nrate[f];
+		double fin = t + rem / s->rate[f];
 		s->fin[f] = fin;
 		if (fin < ev.t) {
 			ev.t = fin;
 			first = f;
 		}
+		if (rail) {
+			s->work[s->ep[f]] += rem;
+			s->work[s->ip[f]] += rem;
+		}
 	}
-	ev.dur = ev.t - s->t_start[first];
+	s->delivered += delivered;
+	double end = ev.t;
+	if (rail)
+		for (uint32_t j = 0; j < s->n_comp_ports; j++) {
+			uint32_t p = s->comp_ports[j];
+			double e = t + s->work[p] / port_rate(s, p);
+			end = e > end ? e : end;
+		}
+	ev.dur = end - s->t_start[first];
 	return ev_push(s, ev);
 }
 
@@ -591,7 +610,7 @@ static int cmp_tag(const void *a, const void *b)
 static void sim_free(sim_t *s)
 {
 	free(s->fl); free(s->orig); free(s->rail_active); free(s->rail_whole); free(s->ep); free(s->ip);
-	free(s->rem); free(s->rate); free(s->t_upd); free(s->t_start); free(s->fin);
+	free(s->rem); free(s->rate); free(s->nrate); free(s->work); free(s->t_upd); free(s->t_start); free(s->fin);
 	free(s->pos_e); free(s->pos_i); free(s->state);
 	free(s->port_off); free(s->port_len); free(s->port_list); free(s->port_comp);
 	free(s->stamp); free(s->kcnt); free(s->cap); free(s->frozen);
@@ -627,6 +646,8 @@ static rw_status_t engine_run(const rw_sim_fabric_t *fab, const rw_sim_opts_t *o
 	s.ip = malloc(F * sizeof(uint32_t));
 	s.rem = malloc(F * sizeof(double));
 	s.rate = calloc(F, sizeof(double));
+	s.nrate = calloc(F, sizeof(double));
+	s.work = calloc(P, sizeof(double));
 	s.t_upd = malloc(F * sizeof(double));
 	s.t_start = malloc(F * sizeof(double));
 	s.fin = malloc(F * sizeof(double));
@@ -654,7 +675,7 @@ static rw_status_t engine_run(const rw_sim_fabric_t *fab, const rw_sim_opts_t *o
 	s.pair_active = calloc(N * N, sizeof(uint32_t));
 	s.src_active = calloc(N, sizeof(uint32_t));
 	keys = malloc(F * sizeof(uint64_t));
-	if (!s.fl || !s.orig || !s.rail_active || !s.rail_whole || !s.ep || !s.ip || !s.rem || !s.rate || !s.t_upd || !s.t_start ||
+	if (!s.nrate || !s.work || !s.fl || !s.orig || !s.rail_active || !s.rail_whole || !s.ep || !s.ip || !s.rem || !s.rate || !s.t_upd || !s.t_start ||
 	    !s.fin || !s.pos_e || !s.pos_i || !s.state || !s.port_off || !s.port_len ||
 	    !s.port_list || !s.port_comp || !s.stamp || !s.kcnt || !s.cap || !s.frozen ||
 	    !s.touched || !s.touch_stamp || !s.stack || !s.comp_ports || !s.comp_flows ||

@@ -42,7 +42,8 @@ typedef struct rw_sim_opts {
 	double hol;
 	/* Completion batching, >= 0, on dense rails (more than 2N active flows, recomputed whole):
 	 * when the first pending completion there is flow f at time t1, every flow of the rail
-	 * finishing by t1 + batch_eps * (t1 - start of f) completes at its own time, and the rates
+	 * finishing by t1 + batch_eps * (T - start of f), T the rail's projected end (its busiest
+	 * port's remaining work at the last allocation), completes at its own time, and the rates
 	 * are recomputed once, at the end of that window. Sparse components are always exact;
 	 * 0 = exact everywhere. docs/sim.md §2.3. */
 	double batch_eps;
