@@ -7,7 +7,9 @@
  *  - handle bytes name an allocation *slot*, reused after cuMemFree, so a freed-and-reallocated
  *    buffer gets the same handle bytes (the worst case the cache must survive), while the old
  *    memory lives on as long as an importer keeps it open.
- * Host functions run when the stream is not held (rw_fake_cuda_hold), else on synchronize. */
+ * Host functions run when the stream is not held (rw_fake_cuda_hold), else on synchronize.
+ * Devices, contexts and copies: tests/cuda/fake_cuda_base.c (shared with the cross-process
+ * fake of tests/integration/). */
 #include "config.h"
 
 #if RW_HAVE_CUDA_H
@@ -31,7 +33,6 @@ struct block {
 static struct block *slots[NSLOTS]; /* the exporter's allocations; a slot is reused after free */
 static struct { char bytes[CU_IPC_HANDLE_SIZE]; struct block *blk; int refs; } opens[NOPEN];
 static unsigned long long next_buffer_id = 1;
-static int ctx_refs;
 static int held;
 static struct { CUhostFn fn; void *arg; } queued[NHOST];
 static int nqueued;
@@ -39,7 +40,6 @@ static int fake_stream_obj;
 
 /* Test hooks (found with dlsym). */
 void rw_fake_cuda_hold(int hold);
-int rw_fake_cuda_ctx_refs(void);
 int rw_fake_cuda_live_blocks(void);
 
 static int live_blocks;
@@ -58,7 +58,6 @@ void rw_fake_cuda_hold(int hold)
 		run_queued();
 }
 
-int rw_fake_cuda_ctx_refs(void) { return ctx_refs; }
 int rw_fake_cuda_live_blocks(void) { return live_blocks; }
 
 static void block_maybe_free(struct block *b)
@@ -85,46 +84,6 @@ static struct block *find_block(CUdeviceptr p)
 			return opens[o].blk;
 	return NULL;
 }
-
-CUresult CUDAAPI cuInit(unsigned int flags) { (void)flags; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuDriverGetVersion(int *v) { *v = CUDA_VERSION; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuGetErrorString(CUresult e, const char **s) { (void)e; *s = "fake error"; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuGetErrorName(CUresult e, const char **s) { (void)e; *s = "CUDA_ERROR_FAKE"; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuDeviceGetCount(int *n)
-{
-	const char *e = getenv("RW_FAKE_CUDA_DEVICES");
-	*n = e ? atoi(e) : 1;
-	return CUDA_SUCCESS;
-}
-CUresult CUDAAPI cuDeviceGet(CUdevice *d, int ord) { *d = ord; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice d)
-{
-	(void)d;
-	strncpy(name, "RailWave fake GPU", (size_t)len);
-	return CUDA_SUCCESS;
-}
-CUresult CUDAAPI cuDeviceGetUuid(CUuuid *u, CUdevice d)
-{
-	for (int i = 0; i < 16; i++)
-		u->bytes[i] = (char)(0xA0 + i + d);
-	return CUDA_SUCCESS;
-}
-CUresult CUDAAPI cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d)
-{
-	(void)a; (void)d;
-	*v = 0; /* no dmabuf, nothing else asked */
-	return CUDA_SUCCESS;
-}
-CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
-{
-	(void)d;
-	ctx_refs++;
-	*c = (CUcontext)&ctx_refs;
-	return CUDA_SUCCESS;
-}
-CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice d) { (void)d; ctx_refs--; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuCtxSetCurrent(CUcontext c) { (void)c; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuCtxGetCurrent(CUcontext *c) { *c = NULL; return CUDA_SUCCESS; }
 
 CUresult CUDAAPI cuMemAlloc(CUdeviceptr *p, size_t n)
 {
@@ -169,14 +128,6 @@ CUresult CUDAAPI cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdevicep
 	if (size) *size = b->size;
 	return CUDA_SUCCESS;
 }
-CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr d, const void *s, size_t n) { memcpy((void *)(uintptr_t)d, s, n); return CUDA_SUCCESS; }
-CUresult CUDAAPI cuMemcpyDtoH(void *d, CUdeviceptr s, size_t n) { memcpy(d, (void *)(uintptr_t)s, n); return CUDA_SUCCESS; }
-CUresult CUDAAPI cuMemsetD8(CUdeviceptr d, unsigned char v, size_t n) { memset((void *)(uintptr_t)d, v, n); return CUDA_SUCCESS; }
-CUresult CUDAAPI cuMemHostAlloc(void **p, size_t n, unsigned int f) { (void)f; *p = malloc(n); return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY; }
-CUresult CUDAAPI cuMemFreeHost(void *p) { free(p); return CUDA_SUCCESS; }
-CUresult CUDAAPI cuMemHostRegister(void *p, size_t n, unsigned int f) { (void)p; (void)n; (void)f; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuMemHostUnregister(void *p) { (void)p; return CUDA_SUCCESS; }
-
 CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdeviceptr p)
 {
 	struct block *b = find_block(p);
@@ -247,14 +198,6 @@ CUresult CUDAAPI cuStreamCreate(CUstream *s, unsigned int f) { (void)f; *s = (CU
 CUresult CUDAAPI cuStreamDestroy(CUstream s) { (void)s; return CUDA_SUCCESS; }
 CUresult CUDAAPI cuStreamQuery(CUstream s) { (void)s; return nqueued ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS; }
 CUresult CUDAAPI cuStreamSynchronize(CUstream s) { (void)s; run_queued(); return CUDA_SUCCESS; }
-CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr d, const void *s, size_t n, CUstream st) { (void)st; return cuMemcpyHtoD(d, s, n); }
-CUresult CUDAAPI cuMemcpyDtoHAsync(void *d, CUdeviceptr s, size_t n, CUstream st) { (void)st; return cuMemcpyDtoH(d, s, n); }
-CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
-{
-	(void)st;
-	memmove((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n);
-	return CUDA_SUCCESS;
-}
 CUresult CUDAAPI cuLaunchHostFunc(CUstream s, CUhostFn fn, void *arg)
 {
 	(void)s;

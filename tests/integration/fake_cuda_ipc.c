@@ -6,7 +6,8 @@
  * meet in the same memory, as with the real driver. Copies run at once; host functions run at
  * once on the calling thread (the daemon still learns of them only through the stream's eventfd,
  * on its next loop iteration). One device, no kernels (the optional entry points are absent).
- * Not thread-safe: each process uses it from one thread. */
+ * Not thread-safe: each process uses it from one thread. Devices, contexts and copies:
+ * tests/cuda/fake_cuda_base.c (shared with the in-process fake). */
 #include "config.h"
 
 #if RW_HAVE_CUDA_H
@@ -34,7 +35,6 @@ struct block {
 
 static struct block blocks[NBLOCKS];
 static unsigned long long next_id = 1;
-static int ctx_refs;
 static int stream_obj;
 
 struct handle_bytes {
@@ -61,42 +61,6 @@ static struct block *slot(void)
 			return &blocks[i];
 	return NULL;
 }
-
-CUresult CUDAAPI cuInit(unsigned int flags) { (void)flags; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuDriverGetVersion(int *v) { *v = CUDA_VERSION; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuGetErrorString(CUresult e, const char **s) { (void)e; *s = "fake error"; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuGetErrorName(CUresult e, const char **s) { (void)e; *s = "CUDA_ERROR_FAKE"; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuDeviceGetCount(int *n) { *n = 1; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuDeviceGet(CUdevice *d, int ord) { *d = ord; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice d)
-{
-	(void)d;
-	snprintf(name, (size_t)len, "RailWave fake IPC GPU");
-	return CUDA_SUCCESS;
-}
-CUresult CUDAAPI cuDeviceGetUuid(CUuuid *u, CUdevice d)
-{
-	for (int i = 0; i < 16; i++)
-		u->bytes[i] = (char)(0x5A + i + d);
-	return CUDA_SUCCESS;
-}
-CUresult CUDAAPI cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d)
-{
-	(void)a;
-	(void)d;
-	*v = 0;
-	return CUDA_SUCCESS;
-}
-CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
-{
-	(void)d;
-	ctx_refs++;
-	*c = (CUcontext)&ctx_refs;
-	return CUDA_SUCCESS;
-}
-CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice d) { (void)d; ctx_refs--; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuCtxSetCurrent(CUcontext c) { (void)c; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuCtxGetCurrent(CUcontext *c) { *c = NULL; return CUDA_SUCCESS; }
 
 CUresult CUDAAPI cuMemAlloc(CUdeviceptr *p, size_t n)
 {
@@ -138,14 +102,6 @@ CUresult CUDAAPI cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdevicep
 		*size = b->size;
 	return CUDA_SUCCESS;
 }
-CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr d, const void *s, size_t n) { memcpy((void *)(uintptr_t)d, s, n); return CUDA_SUCCESS; }
-CUresult CUDAAPI cuMemcpyDtoH(void *d, CUdeviceptr s, size_t n) { memcpy(d, (const void *)(uintptr_t)s, n); return CUDA_SUCCESS; }
-CUresult CUDAAPI cuMemsetD8(CUdeviceptr d, unsigned char v, size_t n) { memset((void *)(uintptr_t)d, v, n); return CUDA_SUCCESS; }
-CUresult CUDAAPI cuMemHostAlloc(void **p, size_t n, unsigned int f) { (void)f; *p = malloc(n); return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY; }
-CUresult CUDAAPI cuMemFreeHost(void *p) { free(p); return CUDA_SUCCESS; }
-CUresult CUDAAPI cuMemHostRegister(void *p, size_t n, unsigned int f) { (void)p; (void)n; (void)f; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuMemHostUnregister(void *p) { (void)p; return CUDA_SUCCESS; }
-
 CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdeviceptr p)
 {
 	struct block *b = find(p);
@@ -221,14 +177,6 @@ CUresult CUDAAPI cuStreamCreate(CUstream *s, unsigned int f) { (void)f; *s = (CU
 CUresult CUDAAPI cuStreamDestroy(CUstream s) { (void)s; return CUDA_SUCCESS; }
 CUresult CUDAAPI cuStreamQuery(CUstream s) { (void)s; return CUDA_SUCCESS; }
 CUresult CUDAAPI cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr d, const void *s, size_t n, CUstream st) { (void)st; return cuMemcpyHtoD(d, s, n); }
-CUresult CUDAAPI cuMemcpyDtoHAsync(void *d, CUdeviceptr s, size_t n, CUstream st) { (void)st; return cuMemcpyDtoH(d, s, n); }
-CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
-{
-	(void)st;
-	memmove((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n);
-	return CUDA_SUCCESS;
-}
 CUresult CUDAAPI cuLaunchHostFunc(CUstream s, CUhostFn fn, void *arg)
 {
 	(void)s;
