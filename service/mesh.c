@@ -260,6 +260,15 @@ static void busy_end(rw_svc_mesh_t *m, uint32_t rail)
 		m->svc->metrics.rail[rail].tx_busy_ns += rw_now_ns() - m->busy_since[rail];
 }
 
+/* Copy the transport's counters of rail's device into the metrics (svc.h). */
+static void rail_dev_sample(rw_svc_mesh_t *m, uint32_t rail)
+{
+	const rw_rail_dev_t *dev = m->dev[rail];
+	if (dev)
+		rw_svc_metrics_rail_dev(&m->svc->metrics, rail, dev->stats.tx_bytes,
+					dev->stats.pace_waits);
+}
+
 static void rail_reclaim(mesh_rail_t *mr, rw_status_t st)
 {
 	rw_svc_mesh_t *m = mr->peer->mesh;
@@ -456,6 +465,7 @@ static void rail_on_write_done(rw_rail_conn_t *conn, void *ctx, void *write_ctx,
 	(void)write_ctx;
 	free(q);
 	busy_end(m, mr->rail);
+	rail_dev_sample(m, mr->rail);
 	if (m->cbs.write_done)
 		m->cbs.write_done(m->ctx, wctx, st);
 	rail_pump(mr);
@@ -770,6 +780,8 @@ static void hb_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	rw_svc_mesh_t *m = w->data;
 	uint64_t now = rw_now_ns();
 	uint64_t timeout = (uint64_t)m->svc->cfg.heartbeat_timeout_ms * 1000000ull;
+	for (uint32_t r = 0; r < m->rails; r++)
+		rail_dev_sample(m, r); /* also while a long write is in flight, and on a pure receiver */
 	for (uint32_t i = 0; i < m->nodes; i++) {
 		mesh_peer_t *p = &m->peer[i];
 		if (i == m->me || !p->ctl || p->ctl->connecting)
@@ -1021,8 +1033,10 @@ void rw_svc_mesh_destroy(rw_svc_mesh_t *m)
 			rw_rail_listener_close(m->listener[r]);
 		if (m->region[r])
 			rw_rail_dereg(m->region[r]);
-		if (m->dev[r])
+		if (m->dev[r]) {
+			rail_dev_sample(m, r); /* the final counts, for the last publish */
 			rw_rail_dev_close(m->dev[r]);
+		}
 		if (m->mem[r])
 			munmap(m->mem[r], m->area_bytes);
 	}

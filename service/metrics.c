@@ -271,6 +271,12 @@ void rw_svc_metrics_prometheus(const rw_svc_config_t *cfg, const rw_svc_metrics_
 	RAIL("railwave_rail_rx_busy_seconds_total", "counter",
 	     "Time each rail was receiving.", rx_busy_ns, 1e-9);
 	RAIL("railwave_rail_errors_total", "counter", "Transport errors on each rail.", errors, 1);
+	RAIL("railwave_rail_wire_tx_bytes_total", "counter",
+	     "Bytes the transport handed to each rail's wire, framing and acks included (tcp).",
+	     wire_tx_bytes, 1);
+	RAIL("railwave_rail_pace_waits_total", "counter",
+	     "Times a send on each rail waited for its pacing budget (tcp with pace on).",
+	     pace_waits, 1);
 #undef RAIL
 
 	head(o, "railwave_peer_state", "gauge",

@@ -107,12 +107,15 @@ static void answer_rails(const rw_svc_t *svc, rw_svc_buf_t *o)
 		double rx_gbps = x->rx_busy_ns ? (double)x->rx_bytes * 8 / (double)x->rx_busy_ns : 0;
 		rw_svc_buf_printf(o, "rail=%u tx_bytes=%llu tx_records=%llu tx_writes=%llu "
 				  "tx_busy_s=%.6f tx_gbps=%.3f rx_bytes=%llu rx_records=%llu "
-				  "rx_writes=%llu rx_busy_s=%.6f rx_gbps=%.3f errors=%llu\n", r,
+				  "rx_writes=%llu rx_busy_s=%.6f rx_gbps=%.3f errors=%llu "
+				  "wire_tx_bytes=%llu pace_waits=%llu\n", r,
 				  (unsigned long long)x->tx_bytes, (unsigned long long)x->tx_records,
 				  (unsigned long long)x->tx_writes, (double)x->tx_busy_ns * 1e-9,
 				  tx_gbps, (unsigned long long)x->rx_bytes,
 				  (unsigned long long)x->rx_records, (unsigned long long)x->rx_writes,
-				  (double)x->rx_busy_ns * 1e-9, rx_gbps, (unsigned long long)x->errors);
+				  (double)x->rx_busy_ns * 1e-9, rx_gbps, (unsigned long long)x->errors,
+				  (unsigned long long)x->wire_tx_bytes,
+				  (unsigned long long)x->pace_waits);
 	}
 }
 

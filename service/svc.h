@@ -196,6 +196,11 @@ typedef struct rw_svc_rail_metrics {
 	uint64_t tx_bytes, tx_records, tx_writes, tx_busy_ns;
 	uint64_t rx_bytes, rx_records, rx_writes, rx_busy_ns;
 	uint64_t errors;
+	/* The transport's own counters of the rail's device (rdma/rail.h rw_rail_dev_stats_t),
+	 * copied in by the mesh at every heartbeat tick and write completion: bytes it handed to
+	 * the wire, frame headers and acks included (tcp; 0 with verbs), and times a send waited
+	 * for the pacing budget (tcp with "pace": true). */
+	uint64_t wire_tx_bytes, pace_waits;
 } rw_svc_rail_metrics_t;
 
 typedef struct rw_svc_peer_metrics {
@@ -291,6 +296,16 @@ static inline void rw_svc_metrics_rx(rw_svc_metrics_t *m, uint32_t rail, uint64_
 	m->rail[rail].rx_records += records;
 	m->rail[rail].rx_writes++;
 	m->rail[rail].rx_busy_ns += busy_ns;
+}
+
+/* The rail device's counters as the transport reports them now (they only grow). */
+static inline void rw_svc_metrics_rail_dev(rw_svc_metrics_t *m, uint32_t rail,
+					   uint64_t wire_tx_bytes, uint64_t pace_waits)
+{
+	if (rail >= m->rails)
+		return;
+	m->rail[rail].wire_tx_bytes = wire_tx_bytes;
+	m->rail[rail].pace_waits = pace_waits;
 }
 
 static inline void rw_svc_metrics_error(rw_svc_metrics_t *m, rw_status_t st)

@@ -178,6 +178,36 @@ def scenario_paths(tmp, seed):
         print("ok   path %-9s N=%d R=%d G=%d (%s)" % (path, nodes, RAILS, GPUS, seed + i))
 
 
+def rail_lines(c, n):
+    """`stats rails` of daemon n as one {key: number} dict per rail."""
+    return [{k: float(v) for k, v in (w.split("=", 1) for w in line.split() if "=" in w)}
+            for line in c.stats(n, "stats rails").splitlines() if line.startswith("rail=")]
+
+
+def scenario_pace(tmp, seed):
+    """Paced tcp rails (0.2 Gbit/s, so a phase's rows overflow the 2 ms bucket): the transport's
+    device counters reach `stats rails` - every rail's wire bytes cover its payload plus framing
+    once the run is done, and the senders waited for the pacing budget."""
+    c = Cluster(tmp, 2, path="native", extra={"pace": True, "nic_gbps": 0.2})
+    try:
+        c.start_all()
+        c.run_ranks("g.pace", layers=1, steps=1, seed=seed,
+                     flags=["--hidden", "1024", "--tokens", "64"])
+        waits = 0
+        for n in range(c.nodes):
+            for x in rail_lines(c, n):
+                if x["wire_tx_bytes"] < x["tx_bytes"] or (x["tx_bytes"] and
+                                                         x["wire_tx_bytes"] == x["tx_bytes"]):
+                    raise RuntimeError("node %d rail %d: wire_tx_bytes %d, payload %d" % (
+                        n, x["rail"], x["wire_tx_bytes"], x["tx_bytes"]))
+                waits += x["pace_waits"]
+        if waits == 0:
+            raise RuntimeError("paced rails never waited:\n" + c.stats(0, "stats rails"))
+    finally:
+        c.stop()
+    print("ok   paced rails: wire bytes and pacing waits in stats rails (%d waits)" % waits)
+
+
 def scenario_experts(tmp, seed):
     """E travels in the submission: a rank whose n_experts is not a multiple of W, or differs
     from its phase's, gets RW_E_EXPERTS and every other rank of the phase, on every node, fails
@@ -398,7 +428,7 @@ def main():
     only = os.environ.get("RW_IT_ONLY", "")
     with tempfile.TemporaryDirectory(prefix="rwit.", dir="/tmp") as tmp:
         for name, fn in [("paths", scenario_paths), ("experts", scenario_experts),
-                         ("cuda", scenario_cuda),
+                         ("cuda", scenario_cuda), ("pace", scenario_pace),
                          ("peer", scenario_peer_dies), ("flight", scenario_in_flight),
                          ("rank", scenario_rank_dies), ("garbage", scenario_garbage)]:
             if only and name not in only.split(","):

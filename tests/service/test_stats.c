@@ -216,6 +216,13 @@ static void test_metrics_helpers(void **state)
 	assert_int_equal(m.peer[1].reconnects, 1);
 	rw_svc_metrics_peer_state(&m, 9, RW_SVC_PEER_UP); /* out of range: ignored */
 	rw_svc_metrics_tx(&m, 9, 1, 1, 1);                /* likewise */
+	rw_svc_metrics_rail_dev(&m, 9, 1, 1);             /* likewise */
+	/* The device counters are the transport's totals: stored, not added. */
+	rw_svc_metrics_rail_dev(&m, 2, 100, 1);
+	rw_svc_metrics_rail_dev(&m, 2, 250, 3);
+	assert_int_equal(m.rail[2].wire_tx_bytes, 250);
+	assert_int_equal(m.rail[2].pace_waits, 3);
+	assert_int_equal(m.rail[1].wire_tx_bytes, 0);
 
 	rw_svc_metrics_error(&m, RW_ERR_PEER);
 	rw_svc_metrics_error(&m, RW_ERR_PEER);
@@ -274,6 +281,7 @@ static void fill_metrics(rw_svc_metrics_t *m)
 {
 	rw_svc_metrics_tx(m, 1, 12345, 10, 1000000);
 	rw_svc_metrics_rx(m, 1, 777, 3, 2000000);
+	rw_svc_metrics_rail_dev(m, 1, 12345 + 64 * 10 + 48, 6); /* + frame headers and acks */
 	rw_svc_metrics_peer_state(m, 1, RW_SVC_PEER_UP);
 	rw_svc_metrics_peer_state(m, 1, RW_SVC_PEER_FAILED);
 	rw_svc_metrics_peer_state(m, 1, RW_SVC_PEER_UP);
@@ -415,6 +423,10 @@ static void test_stats_commands(void **state)
 	assert_true(field_of(r, "rail=1 ", "rx_bytes") == 777);
 	assert_true(field_of(r, "rail=1 ", "tx_busy_s") == 0.001);
 	assert_true(field_of(r, "rail=0 ", "tx_bytes") == 0);
+	assert_true(field_of(r, "rail=1 ", "wire_tx_bytes") == 12345 + 64 * 10 + 48);
+	assert_true(field_of(r, "rail=1 ", "pace_waits") == 6);
+	assert_true(field_of(r, "rail=0 ", "wire_tx_bytes") == 0);
+	assert_true(field_of(r, "rail=0 ", "pace_waits") == 0);
 	free(r);
 
 	r = ask(fd, "  stats   peers \r\n"); /* extra blanks and CRLF are fine */
@@ -813,6 +825,9 @@ static void test_prometheus_text(void **state)
 	const char *b = out.data;
 	assert_true(sample(b, "railwave_rail_tx_bytes_total{rail=\"1\"}") == 12345);
 	assert_true(sample(b, "railwave_rail_tx_busy_seconds_total{rail=\"1\"}") == 0.001);
+	assert_true(sample(b, "railwave_rail_wire_tx_bytes_total{rail=\"1\"}") == 12345 + 64 * 10 + 48);
+	assert_true(sample(b, "railwave_rail_pace_waits_total{rail=\"1\"}") == 6);
+	assert_true(sample(b, "railwave_rail_pace_waits_total{rail=\"0\"}") == 0);
 	assert_true(sample(b, "railwave_peer_state{peer=\"b\"}") == RW_SVC_PEER_UP);
 	assert_true(sample(b, "railwave_peer_state{peer=\"a\"}") == RW_SVC_PEER_SELF);
 	assert_true(sample(b, "railwave_peer_reconnects_total{peer=\"b\"}") == 1);
@@ -883,6 +898,7 @@ static void test_http(void **state)
 	check_exposition(body);
 	assert_true(sample(body, "railwave_rail_tx_bytes_total{rail=\"0\"}") == 4242);
 	assert_true(sample(body, "railwave_rail_tx_bytes_total{rail=\"1\"}") == 12345);
+	assert_true(sample(body, "railwave_rail_pace_waits_total{rail=\"1\"}") == 6);
 	assert_true(sample(body, "railwave_phase_duration_seconds_count{path=\"joint\",kind=\"dispatch\"}") == 100);
 	free(body);
 
