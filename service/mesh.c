@@ -641,6 +641,14 @@ static int ctl_on_message(mesh_ctl_t *c, const rw_wire_hdr_t *h, const uint8_t *
 			m->cbs.phase_err(m->ctx, p->idx, &e);
 		return p->ctl == c ? 0 : -1;
 	}
+	case RW_WIRE_GRANT: {
+		rw_wire_grant_t g;
+		if (rw_wire_grant_unpack(payload, h->length, &g) != RW_OK || g.wave >= m->nodes)
+			break;
+		if (m->cbs.grant)
+			m->cbs.grant(m->ctx, p->idx, &g);
+		return p->ctl == c ? 0 : -1;
+	}
 	default:
 		break;
 	}

@@ -24,6 +24,8 @@ typedef struct rw_svc_mesh_cbs {
 	/* A validated COUNTS message (c->row_le points into a buffer valid during the call). */
 	void (*counts)(void *ctx, uint32_t peer, const rw_wire_counts_t *c);
 	void (*phase_err)(void *ctx, uint32_t peer, const rw_wire_phase_err_t *e);
+	/* A validated GRANT (wave < N). */
+	void (*grant)(void *ctx, uint32_t peer, const rw_wire_grant_t *g);
 	/* A peer's write landed in our memory of `rail`. */
 	void (*arrival)(void *ctx, uint32_t peer, uint32_t rail, const rw_rail_arrival_t *a);
 	/* A write posted with rw_svc_mesh_write() finished (RW_OK: the data is remote). */

@@ -135,6 +135,14 @@ struct exec_pair {
 	int sends_done;
 	int posting, pace_wait;
 	uint32_t cur_k, k_hi, cur_r;
+	int grant_wait;              /* kind + 1: waiting for the grant of wave `wave` + 1 */
+	/* waved paths, per kind (docs/dataflow.md "Send"): granted[k][w] = our wave-w destination
+	 * admitted us; as receiver, in_lo[k] = the lowest wave whose inbound data is not all here
+	 * and grant_hi[k] the highest wave granted; src_active[k][s] = bytes of s arrived, its
+	 * ranges not all complete; n_active[k] how many such sources. */
+	uint8_t *granted[2];         /* [N], by wave */
+	uint8_t *src_active[2];      /* [N], by source */
+	uint32_t in_lo[2], grant_hi[2], n_active[2];
 	uint64_t cur_off;
 	ev_timer pace;               /* test hook RAILWAVE_TEST_WRITE_GAP_MS */
 	/* receiving, per kind: bytes arrived and ranges completed per (peer, rail) */
@@ -262,6 +270,10 @@ static void pair_free_mem(exec_pair_t *p)
 		free(p->range_done[k]);
 		p->arrived[k] = NULL;
 		p->range_done[k] = NULL;
+		free(p->granted[k]);
+		free(p->src_active[k]);
+		p->granted[k] = NULL;
+		p->src_active[k] = NULL;
 	}
 	free(p->local_ref);
 	for (uint32_t g = 0; g < RW_MAX_GPUS; g++) {
@@ -373,8 +385,13 @@ static exec_pair_t *pair_new(rw_svc_exec_t *x, exec_group_t *g, const rw_wire_ke
 	for (int k = 0; k < 2; k++) {
 		p->arrived[k] = calloc(nr, sizeof(uint64_t));
 		p->range_done[k] = calloc(nr, 1);
+		p->granted[k] = calloc(n, 1);
+		p->src_active[k] = calloc(n, 1);
+		p->in_lo[k] = 1;
+		p->grant_hi[k] = 1;
 	}
-	if (!p->peer_slot || !p->have_row || !p->counts || !p->feat_ws || !p->peer_params || !p->arrived[0] ||
+	if (!p->granted[0] || !p->granted[1] || !p->src_active[0] || !p->src_active[1] ||
+	    !p->peer_slot || !p->have_row || !p->counts || !p->feat_ws || !p->peer_params || !p->arrived[0] ||
 	    !p->arrived[1] || !p->range_done[0] || !p->range_done[1] ||
 	    rw_svc_layout_alloc(&p->layout, x->nodes, x->rails) != RW_OK) {
 		pair_free_mem(p);
@@ -1266,6 +1283,95 @@ static int combine_range(exec_pair_t *p, uint32_t d, uint32_t e, char *why, size
 	return 0;
 }
 
+/* ---- the receiver gate of the waved paths (docs/dataflow.md "Send") ------------------------ */
+
+static int pair_gated(const exec_pair_t *p)
+{
+	return rw_path_waved(p->path) && p->x->nodes > 2;
+}
+
+/* Records of kind `kind` that node src writes to node dst in this pair, from the count matrix
+ * (rail-independent, so the same on every node): dispatch carries src's records for dst, and
+ * combine returns dst's records that src hosted. */
+static uint64_t pair_flow(const exec_pair_t *p, int kind, uint32_t src, uint32_t dst)
+{
+	const rw_svc_exec_t *x = p->x;
+	size_t nr = (size_t)x->nodes * x->rails;
+	uint32_t a = kind == 0 ? src : dst, b = kind == 0 ? dst : src;
+	uint64_t t = 0;
+	for (uint32_t r = 0; r < x->rails; r++)
+		t += p->counts[a * nr + (size_t)b * x->rails + r];
+	return t;
+}
+
+/* Whether node s must wait for d = (s + k) mod N to grant wave k: it has data for d, and some
+ * earlier wave brings d data (if none does, d would grant at once: the round is skipped). Every
+ * node computes the same answer from the matrix. */
+static int pair_needs_grant(const exec_pair_t *p, int kind, uint32_t k, uint32_t s)
+{
+	uint32_t n = p->x->nodes, d = (s + k) % n;
+	if (k < 2 || !pair_flow(p, kind, s, d))
+		return 0;
+	for (uint32_t j = 1; j < k; j++)
+		if (pair_flow(p, kind, (d + n - j) % n, d))
+			return 1;
+	return 0;
+}
+
+/* Every range of kind `kind` from src has arrived (or has nothing to bring). */
+static int pair_src_done(const exec_pair_t *p, int kind, uint32_t src)
+{
+	const rw_svc_exec_t *x = p->x;
+	for (uint32_t r = 0; r < x->rails; r++) {
+		size_t i = (size_t)src * x->rails + r;
+		uint32_t q = kind == 0 ? p->layout.in_quota[i] : p->layout.out_pairs[src].quota[r];
+		if (q && !p->range_done[kind][i])
+			return 0;
+	}
+	return 1;
+}
+
+/* Grant every wave whose earlier waves have all arrived here. */
+static void pair_grant(exec_pair_t *p, int kind)
+{
+	rw_svc_exec_t *x = p->x;
+	uint32_t n = x->nodes;
+	if (!pair_gated(p) || !p->have_layout)
+		return;
+	while (p->in_lo[kind] < n && pair_src_done(p, kind, (x->me + n - p->in_lo[kind]) % n))
+		p->in_lo[kind]++;
+	for (uint32_t k = p->grant_hi[kind] + 1; k <= p->in_lo[kind] && k < n; k++) {
+		uint32_t s = (x->me + n - k) % n;
+		p->grant_hi[kind] = k;
+		if (!pair_needs_grant(p, kind, k, s))
+			continue;
+		rw_wire_grant_t gr = { .key = p->key, .kind = (uint32_t)kind, .wave = k };
+		uint8_t buf[RW_WIRE_GRANT_SIZE];
+		size_t len = rw_wire_grant_pack(&gr, buf, sizeof(buf));
+		/* A failed send means s is down: the peer-down path fails the phase. */
+		(void)rw_svc_mesh_send(x->mesh, s, RW_WIRE_GRANT, buf, (uint32_t)len);
+	}
+}
+
+/* Fan-in bookkeeping: src is sending to us (bytes arrived, its ranges not all complete). */
+static void pair_src_note(exec_pair_t *p, int kind, uint32_t src, int arrived)
+{
+	rw_svc_exec_t *x = p->x;
+	if (!pair_gated(p) && p->have_layout)
+		return;
+	if (arrived && !p->src_active[kind][src] &&
+	    !(p->have_layout && pair_src_done(p, kind, src))) {
+		p->src_active[kind][src] = 1;
+		p->n_active[kind]++;
+		if (p->have_layout && pair_gated(p) &&
+		    p->n_active[kind] > x->svc->metrics.wave_fanin_max)
+			x->svc->metrics.wave_fanin_max = p->n_active[kind];
+	} else if (!arrived && p->src_active[kind][src] && pair_src_done(p, kind, src)) {
+		p->src_active[kind][src] = 0;
+		p->n_active[kind]--;
+	}
+}
+
 static void pair_range_arrived(exec_pair_t *p, int kind, uint32_t src, uint32_t rail)
 {
 	char why[128];
@@ -1283,6 +1389,8 @@ static void pair_range_arrived(exec_pair_t *p, int kind, uint32_t src, uint32_t 
 	}
 	p->range_done[kind][(size_t)src * p->x->rails + rail] = 1;
 	p->ranges_left[kind]--;
+	pair_src_note(p, kind, src, 0);
+	pair_grant(p, kind);
 }
 
 /* Ranges whose bytes all arrived before the layout was known. */
@@ -1338,6 +1446,11 @@ static void pair_send_wave(exec_pair_t *p, int kind)
 			} else {
 				if (p->wave >= x->nodes - 1)
 					break;
+				if (pair_needs_grant(p, kind, p->wave + 1, x->me) &&
+				    !p->granted[kind][p->wave + 1]) {
+					p->grant_wait = kind + 1;
+					return; /* mesh_grant resumes */
+				}
 				p->cur_k = p->k_hi = p->wave + 1;
 			}
 			p->wave++;
@@ -1772,6 +1885,7 @@ static void mesh_arrival(void *ctx, uint32_t peer, uint32_t rail, const rw_rail_
 		return;
 	}
 	p->arrived[kind][i] += a->length;
+	pair_src_note(p, kind, peer, 1);
 	if (!p->have_layout)
 		return;
 	uint64_t rsz = kind == 0 ? p->rec_size : p->crec_size;
@@ -1805,6 +1919,27 @@ static void mesh_write_done(void *ctx, void *write_ctx, rw_status_t st)
 	}
 	if (--p->send_pending == 0 && !p->posting)
 		pair_send_wave(p, p->stage == ST_RUN_C ? 1 : 0);
+}
+
+/* Our wave-`wave` destination admits us. Kept in the pair until the sender gets to that wave;
+ * a grant always finds its pair (the grantor had our count row, which we send only with the
+ * pair open), unless the pair already ended here: then it is dropped. */
+static void mesh_grant(void *ctx, uint32_t peer, const rw_wire_grant_t *gr)
+{
+	rw_svc_exec_t *x = ctx;
+	if (peer != (x->me + gr->wave) % x->nodes) {
+		rw_svc_mesh_fail_peer(x->mesh, peer, RW_ERR_PROTO, "grant from a node that is not that wave's");
+		return;
+	}
+	exec_pair_t *p = pair_by_key(x, &gr->key);
+	if (!p)
+		return;
+	int kind = (int)gr->kind;
+	p->granted[kind][gr->wave] = 1;
+	if (p->grant_wait == kind + 1 && p->wave + 1 == gr->wave) {
+		p->grant_wait = 0;
+		pair_send_wave(p, kind);
+	}
 }
 
 static void mesh_peer_up(void *ctx, uint32_t peer)
@@ -1891,7 +2026,7 @@ rw_status_t rw_svc_mesh_start(rw_svc_t *svc)
 	x->sub_bytes = (x->area_bytes / (4 * SLOTS)) & ~(uint64_t)63;
 	x->area_bytes = x->sub_bytes * 4 * SLOTS;
 	rw_svc_mesh_cbs_t cbs = { .peer_up = mesh_peer_up, .peer_down = mesh_peer_down,
-				  .counts = mesh_counts, .phase_err = mesh_phase_err,
+				  .counts = mesh_counts, .phase_err = mesh_phase_err, .grant = mesh_grant,
 				  .arrival = mesh_arrival, .write_done = mesh_write_done };
 	rw_status_t st = rw_svc_stage_create(svc->loop, stage_done, x, &x->stage);
 	if (st != RW_OK) {

@@ -241,6 +241,9 @@ typedef struct rw_svc_metrics {
 	uint32_t stats_clients;      /* stats socket connections open */
 	uint64_t stats_rejected;     /* stats clients dropped for bad input/timeouts/limits */
 	uint64_t anchor_reloads, anchor_reload_failures;
+	/* Waved paths: the most sources seen writing one phase's data into this node at once (1 under
+	 * the receiver gate, docs/dataflow.md "Send"). */
+	uint32_t wave_fanin_max;
 	rw_svc_peer_metrics_t *peer; /* [peers], owned */
 } rw_svc_metrics_t;
 

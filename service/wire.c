@@ -249,6 +249,31 @@ rw_status_t rw_wire_phase_err_unpack(const uint8_t *in, size_t len, rw_wire_phas
 	return RW_OK;
 }
 
+/* ---- GRANT: key(16) | kind wave (u32) ---- */
+
+size_t rw_wire_grant_pack(const rw_wire_grant_t *g, uint8_t *buf, size_t buf_len)
+{
+	if (buf_len < RW_WIRE_GRANT_SIZE)
+		return 0;
+	key_pack(buf, &g->key);
+	rw_wire_put32(buf + 16, g->kind);
+	rw_wire_put32(buf + 20, g->wave);
+	return RW_WIRE_GRANT_SIZE;
+}
+
+rw_status_t rw_wire_grant_unpack(const uint8_t *in, size_t len, rw_wire_grant_t *g_p)
+{
+	if (len != RW_WIRE_GRANT_SIZE)
+		return RW_ERR_PROTO;
+	uint32_t kind = rw_wire_get32(in + 16), wave = rw_wire_get32(in + 20);
+	if (kind > 1 || wave < 2)
+		return RW_ERR_PROTO;
+	key_unpack(in, &g_p->key);
+	g_p->kind = kind;
+	g_p->wave = wave;
+	return RW_OK;
+}
+
 /* ---- HEARTBEAT ---- */
 
 size_t rw_wire_heartbeat_pack(const rw_wire_heartbeat_t *hb, uint8_t *buf, size_t buf_len)

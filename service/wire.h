@@ -32,7 +32,8 @@ typedef enum rw_wire_type {
 	RW_WIRE_COUNTS = 2,    /* one node's count row for one dispatch phase */
 	RW_WIRE_PHASE_ERR = 3, /* a node failed a phase: everyone fails it */
 	RW_WIRE_HEARTBEAT = 4, /* liveness (and RTT: echo = the peer's stamp being answered) */
-	RW_WIRE_TYPE_MAX = 4,
+	RW_WIRE_GRANT = 5,     /* a receiver admits its wave-k source (docs/dataflow.md "Send") */
+	RW_WIRE_TYPE_MAX = 5,
 } rw_wire_type_t;
 
 typedef struct rw_wire_hdr {
@@ -126,6 +127,19 @@ typedef struct rw_wire_phase_err {
 #define RW_WIRE_PHASE_ERR_SIZE (16 + 16 + RW_WIRE_ERRMSG_MAX)
 size_t rw_wire_phase_err_pack(const rw_wire_phase_err_t *e, uint8_t *buf, size_t buf_len);
 rw_status_t rw_wire_phase_err_unpack(const uint8_t *in, size_t len, rw_wire_phase_err_t *e_p);
+
+/* GRANT: the sender, node d, lets its wave-`wave` source (d - wave) mod N write (key, kind) to it
+ * now: d has received all its data of the earlier waves of that phase. wave >= 2. */
+typedef struct rw_wire_grant {
+	rw_wire_key_t key;
+	uint32_t kind;           /* 0 dispatch, 1 combine */
+	uint32_t wave;
+} rw_wire_grant_t;
+
+#define RW_WIRE_GRANT_SIZE 24
+size_t rw_wire_grant_pack(const rw_wire_grant_t *g, uint8_t *buf, size_t buf_len);
+/* RW_ERR_PROTO on a wrong size, kind > 1 or wave < 2 (the caller checks wave < N). */
+rw_status_t rw_wire_grant_unpack(const uint8_t *in, size_t len, rw_wire_grant_t *g_p);
 
 /* HEARTBEAT: stamp = sender's rw_now_ns(); echo = the last stamp received from the peer (0 =
  * none) and hold = how long the sender held it before this reply, so the peer measures the

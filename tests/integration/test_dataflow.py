@@ -173,9 +173,36 @@ def scenario_paths(tmp, seed):
             st = c.stats(0, "stats selector")
             if path != "auto" and ("path=" + path) not in st and path not in st:
                 raise RuntimeError("selector stats do not show the forced path %s:\n%s" % (path, st))
+            if path in ("perm-only", "joint"):
+                # The receiver gate: one wave source at a time writes into any node.
+                for n in range(nodes):
+                    fan = [l for l in c.stats(n, "stats").splitlines()
+                           if l.startswith("wave_fanin_max ")]
+                    if fan != ["wave_fanin_max 1"]:
+                        raise RuntimeError("node %d: %s with the receiver gate" % (n, fan))
         finally:
             c.stop()
         print("ok   path %-9s N=%d R=%d G=%d (%s)" % (path, nodes, RAILS, GPUS, seed + i))
+
+
+def scenario_gate(tmp, seed):
+    """The receiver gate of the waved paths (docs/dataflow.md "Send"): with writes slowed by the
+    test hooks (4 KiB chunks, one per 2 ms per phase) senders with little data would run ahead
+    into later waves; under the gate every node still sees one wave source at a time
+    (`wave_fanin_max 1`), and all data verifies."""
+    for i, (path, nodes) in enumerate([("perm-only", 5), ("joint", 4)]):
+        c = Cluster(tmp, nodes, path=path)
+        c.env.update(RAILWAVE_TEST_CHUNK_KIB="4", RAILWAVE_TEST_WRITE_GAP_MS="2")
+        try:
+            c.start_all()
+            c.run_ranks("g.gate", layers=1, steps=2, seed=seed + i, flags=["--hidden", "256"])
+            for n in range(nodes):
+                fan = [l for l in c.stats(n, "stats").splitlines() if l.startswith("wave_fanin_max ")]
+                if fan != ["wave_fanin_max 1"]:
+                    raise RuntimeError("node %d: %s with the receiver gate" % (n, fan))
+        finally:
+            c.stop()
+        print("ok   gate %-9s N=%d: one wave source at a time at every receiver" % (path, nodes))
 
 
 def rail_lines(c, n):
@@ -428,7 +455,7 @@ def main():
     only = os.environ.get("RW_IT_ONLY", "")
     with tempfile.TemporaryDirectory(prefix="rwit.", dir="/tmp") as tmp:
         for name, fn in [("paths", scenario_paths), ("experts", scenario_experts),
-                         ("cuda", scenario_cuda), ("pace", scenario_pace),
+                         ("cuda", scenario_cuda), ("pace", scenario_pace), ("gate", scenario_gate),
                          ("peer", scenario_peer_dies), ("flight", scenario_in_flight),
                          ("rank", scenario_rank_dies), ("garbage", scenario_garbage)]:
             if only and name not in only.split(","):

@@ -181,6 +181,25 @@ static void test_phase_err_and_heartbeat(void **state)
 	assert_int_equal(rw_wire_heartbeat_unpack(buf, RW_WIRE_HEARTBEAT_SIZE - 1, &hbo), RW_ERR_PROTO);
 }
 
+static void test_grant(void **state)
+{
+	(void)state;
+	rw_wire_grant_t g = { .key = { 7, 8, 9 }, .kind = 1, .wave = 5 }, o;
+	uint8_t buf[64];
+	assert_int_equal(rw_wire_grant_pack(&g, buf, RW_WIRE_GRANT_SIZE - 1), 0);
+	size_t n = rw_wire_grant_pack(&g, buf, sizeof(buf));
+	assert_int_equal(n, RW_WIRE_GRANT_SIZE);
+	assert_int_equal(rw_wire_grant_unpack(buf, n, &o), RW_OK);
+	assert_true(rw_wire_key_eq(&o.key, &g.key) && o.kind == 1 && o.wave == 5);
+	assert_int_equal(rw_wire_grant_unpack(buf, n - 1, &o), RW_ERR_PROTO);
+	assert_int_equal(rw_wire_grant_unpack(buf, n + 1, &o), RW_ERR_PROTO);
+	rw_wire_put32(buf + 16, 2); /* no such kind */
+	assert_int_equal(rw_wire_grant_unpack(buf, n, &o), RW_ERR_PROTO);
+	rw_wire_put32(buf + 16, 0);
+	rw_wire_put32(buf + 20, 1); /* wave 1 is never granted */
+	assert_int_equal(rw_wire_grant_unpack(buf, n, &o), RW_ERR_PROTO);
+}
+
 /* Random bytes of random lengths never crash a decoder, and a decoder that accepts them
  * produced in-range fields. */
 static void test_decoders_random_input(void **state)
@@ -208,6 +227,9 @@ static void test_decoders_random_input(void **state)
 		rw_wire_phase_err_t e;
 		if (rw_wire_phase_err_unpack(buf, len, &e) == RW_OK)
 			assert_true(e.status < 0 && strlen(e.msg) < RW_WIRE_ERRMSG_MAX);
+		rw_wire_grant_t gr;
+		if (rw_wire_grant_unpack(buf, len, &gr) == RW_OK)
+			assert_true(len == RW_WIRE_GRANT_SIZE && gr.kind <= 1 && gr.wave >= 2);
 		rw_wire_hdr_t hdr;
 		if (len >= RW_WIRE_HDR_SIZE && rw_wire_hdr_unpack(buf, &hdr) == RW_OK)
 			assert_true(hdr.length <= RW_WIRE_MAX_PAYLOAD);
@@ -292,6 +314,7 @@ int main(void)
 		cmocka_unit_test(test_hello_roundtrip),
 		cmocka_unit_test(test_counts_roundtrip),
 		cmocka_unit_test(test_phase_err_and_heartbeat),
+		cmocka_unit_test(test_grant),
 		cmocka_unit_test(test_decoders_random_input),
 		cmocka_unit_test(test_imm_and_records),
 		cmocka_unit_test(test_bf16),
