@@ -61,6 +61,14 @@ typedef struct sim {
 	uint32_t *order, *node_off, *node_next, *node_left, *ready;
 	size_t n_ready;
 
+	/* receiver gate (opts->wave_gate): flows into each node by wave (CSR), the first not yet
+	 * finished, nodes waiting to be admitted (a list per receiver), receivers whose gate moved */
+	uint32_t *in_off, *in_order, *in_ptr;
+	uint32_t *wait_head, *wait_next;
+	uint32_t *moved;
+	uint8_t *moved_flag;
+	size_t n_moved;
+
 	/* fan-in */
 	uint32_t *pair_active, *src_active;
 	uint32_t max_fan_in;
@@ -274,9 +282,37 @@ static void flow_finish(sim_t *s, uint32_t f, double tf)
 	size_t pair = (size_t)s->fl[f].src * s->N + s->fl[f].dst;
 	if (--s->pair_active[pair] == 0)
 		s->src_active[s->fl[f].dst]--;
+	if (s->opts->wave_gate) {
+		uint32_t d = s->fl[f].dst, a = s->in_ptr[d];
+		while (s->in_ptr[d] < s->in_off[d + 1] && s->state[s->in_order[s->in_ptr[d]]] == FLOW_DONE)
+			s->in_ptr[d]++;
+		if (s->in_ptr[d] != a && s->wait_head[d] != UINT32_MAX && !s->moved_flag[d]) {
+			s->moved_flag[d] = 1;
+			s->moved[s->n_moved++] = d;
+		}
+	}
 	uint32_t src = s->fl[f].src;
 	if (--s->node_left[src] == 0)
 		s->ready[s->n_ready++] = src;
+}
+
+/* Receiver d admits a flow of wave w: every flow into d of a lower wave has finished. */
+static int gate_open(const sim_t *s, uint32_t d, uint32_t w)
+{
+	return s->in_ptr[d] == s->in_off[d + 1] || s->fl[s->in_order[s->in_ptr[d]]].wave >= w;
+}
+
+/* Receivers whose gate moved: their waiting senders try again (node_start_next). */
+static void gate_wake(sim_t *s)
+{
+	for (size_t j = 0; j < s->n_moved; j++) {
+		uint32_t d = s->moved[j];
+		s->moved_flag[d] = 0;
+		for (uint32_t n = s->wait_head[d]; n != UINT32_MAX; n = s->wait_next[n])
+			s->ready[s->n_ready++] = n;
+		s->wait_head[d] = UINT32_MAX;
+	}
+	s->n_moved = 0;
 }
 
 /* Start node n's next group of equal-wave flows at t (nothing when it has sent everything). */
@@ -287,7 +323,17 @@ static void node_start_next(sim_t *s, uint32_t n, double t)
 		return;
 	uint32_t wave = s->fl[s->order[a]].wave;
 	while (b < end && s->fl[s->order[b]].wave == wave)
-		flow_start(s, s->order[b++], t);
+		b++;
+	for (uint32_t j = a; j < b && s->opts->wave_gate; j++) {
+		uint32_t d = s->fl[s->order[j]].dst;
+		if (!gate_open(s, d, wave)) { /* wait for d; gate_wake puts n back */
+			s->wait_next[n] = s->wait_head[d];
+			s->wait_head[d] = n;
+			return;
+		}
+	}
+	for (uint32_t j = a; j < b; j++)
+		flow_start(s, s->order[j], t);
 	s->node_next[n] = b;
 	s->node_left[n] = b - a;
 }
@@ -617,6 +663,8 @@ static void sim_free(sim_t *s)
 	free(s->touched); free(s->touch_stamp); free(s->stack); free(s->comp_ports);
 	free(s->comp_flows); free(s->order); free(s->node_off); free(s->node_next);
 	free(s->node_left); free(s->ready); free(s->pair_active); free(s->src_active);
+	free(s->in_off); free(s->in_order); free(s->in_ptr); free(s->wait_head); free(s->wait_next);
+	free(s->moved); free(s->moved_flag);
 	free(s->ev); free(s->ph);
 }
 
@@ -674,14 +722,24 @@ static rw_status_t engine_run(const rw_sim_fabric_t *fab, const rw_sim_opts_t *o
 	s.ready = malloc(N * sizeof(uint32_t));
 	s.pair_active = calloc(N * N, sizeof(uint32_t));
 	s.src_active = calloc(N, sizeof(uint32_t));
+	s.in_off = calloc(N + 1, sizeof(uint32_t));
+	s.in_order = malloc(F * sizeof(uint32_t));
+	s.in_ptr = calloc(N, sizeof(uint32_t));
+	s.wait_head = malloc(N * sizeof(uint32_t));
+	s.wait_next = malloc(N * sizeof(uint32_t));
+	s.moved = malloc(N * sizeof(uint32_t));
+	s.moved_flag = calloc(N, 1);
 	keys = malloc(F * sizeof(uint64_t));
 	if (!s.nrate || !s.work || !s.fl || !s.orig || !s.rail_active || !s.rail_whole || !s.ep || !s.ip || !s.rem || !s.rate || !s.t_upd || !s.t_start ||
 	    !s.fin || !s.pos_e || !s.pos_i || !s.state || !s.port_off || !s.port_len ||
 	    !s.port_list || !s.port_comp || !s.stamp || !s.kcnt || !s.cap || !s.frozen ||
 	    !s.touched || !s.touch_stamp || !s.stack || !s.comp_ports || !s.comp_flows ||
 	    !s.order || !s.node_off || !s.node_next || !s.node_left || !s.ready ||
-	    !s.pair_active || !s.src_active || !keys)
+	    !s.pair_active || !s.src_active || !keys || !s.in_off || !s.in_order || !s.in_ptr ||
+	    !s.wait_head || !s.wait_next || !s.moved || !s.moved_flag)
 		goto cleanup;
+	for (uint32_t n = 0; n < N; n++)
+		s.wait_head[n] = UINT32_MAX;
 
 	/* Internal order (rail, src, wave, dst, bytes, input index): a port's flows sit together
 	 * in memory, and the result does not depend on the order the caller listed them in. */
@@ -725,6 +783,23 @@ static rw_status_t engine_run(const rw_sim_fabric_t *fab, const rw_sim_opts_t *o
 			s.order[j] = (uint32_t)keys[j];
 	}
 	memcpy(s.node_next, s.node_off, N * sizeof(uint32_t));
+	/* Flows into each node by wave (keys reused: per-node sort by (wave, index)). */
+	for (uint32_t f = 0; f < n_flows; f++)
+		s.in_off[s.fl[f].dst + 1]++;
+	for (uint32_t n = 0; n < N; n++)
+		s.in_off[n + 1] += s.in_off[n];
+	memcpy(s.in_ptr, s.in_off, N * sizeof(uint32_t));
+	for (uint32_t f = 0; f < n_flows; f++) {
+		uint32_t d = s.fl[f].dst;
+		keys[s.in_ptr[d]++] = (uint64_t)s.fl[f].wave << 32 | f;
+	}
+	for (uint32_t n = 0; n < N; n++) {
+		uint32_t a = s.in_off[n], b = s.in_off[n + 1];
+		qsort(keys + a, b - a, sizeof(uint64_t), cmp_u64);
+		for (uint32_t j = a; j < b; j++)
+			s.in_order[j] = (uint32_t)keys[j];
+	}
+	memcpy(s.in_ptr, s.in_off, N * sizeof(uint32_t));
 	s.epoch = s.touch_epoch = 1;
 	s.next_comp = 1; /* port_comp 0 = never allocated */
 
@@ -751,6 +826,7 @@ static rw_status_t engine_run(const rw_sim_fabric_t *fab, const rw_sim_opts_t *o
 		/* Exact: the rates change when the last of these completions happens; batched: at
 		 * the end of the window. */
 		double t = window > 0 && h > s.batch_end ? h : s.batch_end;
+		gate_wake(&s);
 		for (size_t j = 0; j < s.n_ready; j++)
 			node_start_next(&s, s.ready[j], t);
 		s.n_ready = 0;
@@ -921,9 +997,14 @@ static rw_status_t check_input(const rw_sim_fabric_t *fab, const rw_sim_opts_t *
 	return RW_OK;
 }
 
-/* Rails are independent when no flow starts after t = 0: every node's flows share one wave. */
-static int rails_independent(const rw_sim_fabric_t *fab, const rw_sim_flow_t *flows, size_t n)
+/* Rails are independent when no flow starts after t = 0: every node's flows share one wave
+ * (with the receiver gate: every flow has the same wave, or a gate couples the rails). */
+static int rails_independent(const rw_sim_fabric_t *fab, const rw_sim_flow_t *flows, size_t n,
+			     int gate)
 {
+	for (size_t f = 1; f < n && gate; f++)
+		if (flows[f].wave != flows[0].wave)
+			return 0;
 	uint32_t *wave = malloc(fab->nodes * sizeof(uint32_t));
 	uint8_t *seen = calloc(fab->nodes, 1);
 	int indep = wave && seen;
@@ -947,7 +1028,7 @@ rw_status_t rw_sim_run(const rw_sim_fabric_t *fab, const rw_sim_opts_t *opts,
 	rw_status_t st = check_input(fab, opts, flows, n_flows);
 	if (st != RW_OK || !res)
 		return st != RW_OK ? st : RW_ERR_INVAL;
-	if (fab->rails > 1 && rails_independent(fab, flows, n_flows))
+	if (fab->rails > 1 && rails_independent(fab, flows, n_flows, opts->wave_gate))
 		return run_by_rail(fab, opts, flows, n_flows, finish, res);
 	return engine_run(fab, opts, flows, n_flows, finish, res);
 }
@@ -956,7 +1037,8 @@ rw_status_t rw_sim_run(const rw_sim_fabric_t *fab, const rw_sim_opts_t *opts,
 
 void rw_sim_opts_default(rw_sim_opts_t *opts)
 {
-	*opts = (rw_sim_opts_t){ .model = RW_SIM_LOSSLESS, .hol = 1.0, .batch_eps = 1e-3 };
+	*opts = (rw_sim_opts_t){ .model = RW_SIM_LOSSLESS, .hol = 1.0, .batch_eps = 1e-3,
+				 .wave_gate = 1 };
 }
 
 double rw_sim_hol_throughput(uint32_t k)

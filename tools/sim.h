@@ -54,15 +54,21 @@ typedef struct rw_sim_opts {
 	 * wave, so no flow starts after t = 0 and each rail is its own simulation); 0 = one per
 	 * online CPU, at most R. The result does not depend on it. */
 	uint32_t threads;
+	/* The daemons' receiver gate (docs/dataflow.md "Send"): a flow of wave w into node d starts
+	 * only when every flow into d of a lower wave has finished (and, as always, its sender's
+	 * previous wave). 0 = each node advances on its own completions only (the daemon before the
+	 * gate: nodes drift apart and a receiver is fed by several waves at once). */
+	int wave_gate;
 } rw_sim_opts_t;
 
-/* Defaults: lossless, hol 1, batch_eps 1e-3, no verification, threads 0. */
+/* Defaults: lossless, hol 1, batch_eps 1e-3, no verification, threads 0, wave_gate 1. */
 void rw_sim_opts_default(rw_sim_opts_t *opts);
 
 /* One flow: `bytes` from egress NIC `rail` of node src to ingress NIC `rail` of node dst.
  * A node sends its flows in increasing `wave` order: the flows of its smallest wave start at
  * t = 0, those of its next wave when every flow of the previous one has finished (the per-node
- * progression of DESIGN §4.3); equal waves start together. */
+ * progression of DESIGN §4.3) and, with opts->wave_gate, when their receivers admit them;
+ * equal waves start together. */
 typedef struct rw_sim_flow {
 	uint32_t src, dst, rail;
 	uint32_t wave;

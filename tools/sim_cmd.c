@@ -53,7 +53,7 @@ static void usage(FILE *f)
 		"usage: railwave sim [--nodes N] [--rails R] [--gpus G] [--shape dsv3|glm] [--tokens T]\n"
 		"                    [--seed S] [--layer L] [--zipf A] [--dirichlet C] [--rail-skew X]\n"
 		"                    [--fan-in K] [--gbps C | --rail-gbps C0,C1,...] [--phase dispatch|combine]\n"
-		"                    [--model lossless|maxmin|both] [--hol H] [--eps E]\n"
+		"                    [--model lossless|maxmin|both] [--hol H] [--eps E] [--no-gate]\n"
 		"                    [--paths LIST] [--anchors FILE] [--transport T] [--threads N] [--json]\n"
 		"       railwave sim --testbed BENCH.json [--model ...] [--eps E] [--json]\n\n"
 		"Simulates one MoE phase on N nodes x R rails (flow-level, docs/sim.md) through the four\n"
@@ -76,6 +76,8 @@ static void usage(FILE *f)
 		"  --hol H            lossless: weight in [0,1] of burst-level head-of-line blocking at a\n"
 		"                     port with several senders (1; 0 = fluid congestion spreading only)\n"
 		"  --eps E            completion batching window, relative (default 1e-3; 0 = exact)\n"
+		"  --no-gate          waved paths without the receiver gate (each node advances on its\n"
+		"                     own completions only, as the daemon did before; docs/dataflow.md)\n"
 		"  --paths LIST       comma-separated subset of native,rail-only,perm-only,joint\n"
 		"  --anchors FILE     anchor table for the selector (default none: Joint)\n"
 		"  --transport T      transport in the cluster fingerprint (default verbs)\n"
@@ -349,7 +351,8 @@ static int run_synthetic(const sim_args_t *a, int argc, char **argv)
 					      "note", note));
 		json_object_set_new(out, "lower_bound_s", json_real(lb));
 		json_object_set_new(out, "model_params",
-				    json_pack("{s:f,s:f}", "hol", a->opts.hol, "eps", a->opts.batch_eps));
+				    json_pack("{s:f,s:f,s:b}", "hol", a->opts.hol, "eps", a->opts.batch_eps,
+					      "wave_gate", a->opts.wave_gate));
 		json_object_set_new(out, "generate_s", json_real(ph.gen_s));
 		for (int p = 0; p < RW_PATH_COUNT; p++) {
 			json_t *pj = NULL;
@@ -403,7 +406,8 @@ static int run_synthetic(const sim_args_t *a, int argc, char **argv)
 	printf(")%s%s\n", note[0] ? "; " : "", note);
 	printf("lower bound: %.3f ms (busiest NIC after the best per-pair balance / its rate)\n", lb * 1e3);
 	printf("models: lossless = PFC back-pressure, a paused NIC stalls all its flows, head-of-line "
-	       "weight %g; maxmin = ideal fair sharing; batching eps %g\n\n", a->opts.hol, a->opts.batch_eps);
+	       "weight %g; maxmin = ideal fair sharing; batching eps %g; waved paths %s receiver gate\n\n",
+	       a->opts.hol, a->opts.batch_eps, a->opts.wave_gate ? "with the" : "without the");
 	printf("%-10s", "path");
 	for (int m = 0; m < RW_SIM_MODEL_COUNT; m++)
 		if (a->models >> m & 1)
@@ -615,7 +619,7 @@ cleanup:
 
 enum {
 	O_NODES = 0x300, O_RAILS, O_GPUS, O_SHAPE, O_TOKENS, O_SEED, O_LAYER, O_ZIPF, O_DIRICHLET,
-	O_RAIL_SKEW, O_FAN_IN, O_GBPS, O_RAIL_GBPS, O_PHASE, O_MODEL, O_HOL, O_EPS, O_PATHS,
+	O_RAIL_SKEW, O_FAN_IN, O_GBPS, O_RAIL_GBPS, O_PHASE, O_MODEL, O_HOL, O_EPS, O_NO_GATE, O_PATHS,
 	O_ANCHORS, O_TRANSPORT, O_TESTBED, O_JSON, O_THREADS, O_HELP,
 };
 
@@ -665,6 +669,7 @@ int rw_tool_sim(int argc, char **argv)
 		{ "model", required_argument, NULL, O_MODEL },
 		{ "hol", required_argument, NULL, O_HOL },
 		{ "eps", required_argument, NULL, O_EPS },
+		{ "no-gate", no_argument, NULL, O_NO_GATE },
 		{ "paths", required_argument, NULL, O_PATHS },
 		{ "anchors", required_argument, NULL, O_ANCHORS },
 		{ "transport", required_argument, NULL, O_TRANSPORT },
@@ -738,6 +743,7 @@ int rw_tool_sim(int argc, char **argv)
 		}
 		case O_HOL: bad = f64_range("--hol", optarg, 0, 1, &a.opts.hol); break;
 		case O_EPS: bad = f64_range("--eps", optarg, 0, 1, &a.opts.batch_eps); break;
+		case O_NO_GATE: a.opts.wave_gate = 0; break;
 		case O_PATHS:
 			a.paths = parse_paths(optarg);
 			if (a.paths <= 0) {
