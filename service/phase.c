@@ -1704,6 +1704,7 @@ static void pair_start_combine(exec_pair_t *p)
 	p->stage = ST_RUN_C;
 	p->phase_t0 = rw_now_ns();
 	p->wave = 0;
+	p->grant_wait = 0;
 	p->posting = 0;
 	p->sends_done = 0;
 	pair_arm_timer(p);

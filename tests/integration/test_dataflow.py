@@ -353,40 +353,48 @@ def rx_bytes(c, n):
 
 
 def scenario_in_flight(tmp, seed):
-    """A peer daemon dies while rail writes are in flight: large rows on the Native path, and
-    the executor's test hook posts 32 KiB writes one per 20 ms, so the slabs take seconds; node
-    2 is killed as soon as node 0 or 1 has received its first bytes. Every local rank of the
-    survivors gets its error (long before the 60 s phase timeout), the survivors keep serving,
-    node 2 comes back and a full run passes; every daemon exits cleanly (ASan: no leak)."""
-    c = Cluster(tmp, 3, path="native", extra={"phase_timeout_ms": 60000, "recv_region_mib": 64})
+    """A peer daemon dies while rail writes are in flight: large rows, and the executor's test
+    hook posts 32 KiB writes one per 20 ms, so the slabs take seconds; the last node is killed as
+    soon as another has received its first bytes. Every local rank of the survivors gets its
+    error (long before the 60 s phase timeout), the survivors keep serving, the node comes back
+    and a full run passes; every daemon exits cleanly (ASan: no leak). Native at N = 3, and
+    Joint at N = 4, where survivors are then also waiting for wave grants (the receiver gate,
+    docs/dataflow.md "Send"): a dead grantor must fail the phase just as fast."""
+    for path, nodes in (("native", 3), ("joint", 4)):
+        in_flight_one(tmp, seed, path, nodes)
+
+
+def in_flight_one(tmp, seed, path, nodes):
+    c = Cluster(tmp, nodes, path=path, extra={"phase_timeout_ms": 60000, "recv_region_mib": 64})
     c.env.update(RAILWAVE_TEST_CHUNK_KIB="32", RAILWAVE_TEST_WRITE_GAP_MS="20")
+    victim = nodes - 1
     try:
         c.start_all()
         flags = ["--hidden", "2048", "--tokens", "96"]
         procs = [(r, c.rank(r, "g.flight", 1, 1, seed, mode="fail", flags=flags))
                  for r in range(c.nodes * GPUS)]
         deadline = time.time() + WAIT
-        while rx_bytes(c, 0) + rx_bytes(c, 1) == 0:
+        while sum(rx_bytes(c, n) for n in range(victim)) == 0:
             if time.time() > deadline:
                 raise RuntimeError("no rail data arrived\n" + c.logs())
             time.sleep(0.005)
         t_kill = time.time()
-        c.kill(2)
-        in_flight = sum(int(f.split("=")[1]) for n in (0, 1)
+        c.kill(victim)
+        in_flight = sum(int(f.split("=")[1]) for n in range(victim)
                         for f in c.stats(n, "stats rails").split() if f.startswith("tx_bytes="))
-        c.collect([rp for rp in procs if rp[0] < 4])  # survivors: an error completion each
+        c.collect([rp for rp in procs if rp[0] < victim * GPUS])  # survivors: an error each
         took = time.time() - t_kill
-        for r, p in procs[4:]:  # node 2's ranks lost their daemon
+        for r, p in procs[victim * GPUS:]:  # the victim's ranks lost their daemon
             p.communicate(timeout=WAIT)
         if took > WAIT / 2:
             raise RuntimeError("survivors failed the phase only by timeout (%.1f s)" % took)
-        c.start(2)
+        c.start(victim)
         c.wait_mesh()
         c.run_ranks("g.flight", layers=2, steps=1, seed=seed + 1, flags=["--first-step", "1"])
     finally:
         c.stop()
-    print("ok   peer daemon killed with rail writes in flight (%d bytes posted by survivors), "
-          "survivors failed every rank in %.2f s, recovered" % (in_flight, took))
+    print("ok   %s N=%d: peer daemon killed with rail writes in flight (%d bytes posted by "
+          "survivors), survivors failed every rank in %.2f s, recovered" % (path, nodes, in_flight, took))
 
 
 def scenario_rank_dies(tmp, seed):
