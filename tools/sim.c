@@ -635,6 +635,29 @@ static int cmp_u64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+/* Group the flows by their source node (by_dst = 0) or destination node (1), each group in
+ * (wave, flow index) order: off[] gets the CSR offsets (N + 1 entries, zeroed by the caller),
+ * order[] the flow indices, and ptr[] a copy of off[] (each group's cursor). keys holds n_flows
+ * entries of scratch. */
+static void group_by_wave(const rw_sim_flow_t *fl, uint32_t n_flows, uint32_t nodes, int by_dst,
+			  uint64_t *keys, uint32_t *off, uint32_t *ptr, uint32_t *order)
+{
+	for (uint32_t f = 0; f < n_flows; f++)
+		off[(by_dst ? fl[f].dst : fl[f].src) + 1]++;
+	for (uint32_t n = 0; n < nodes; n++)
+		off[n + 1] += off[n];
+	memcpy(ptr, off, nodes * sizeof(uint32_t));
+	for (uint32_t f = 0; f < n_flows; f++)
+		keys[ptr[by_dst ? fl[f].dst : fl[f].src]++] = (uint64_t)fl[f].wave << 32 | f;
+	for (uint32_t n = 0; n < nodes; n++) {
+		uint32_t a = off[n], b = off[n + 1];
+		qsort(keys + a, b - a, sizeof(uint64_t), cmp_u64);
+		for (uint32_t j = a; j < b; j++)
+			order[j] = (uint32_t)keys[j];
+	}
+	memcpy(ptr, off, nodes * sizeof(uint32_t));
+}
+
 typedef struct sim_tag {
 	rw_sim_flow_t fl;
 	uint32_t idx;
@@ -766,40 +789,9 @@ static rw_status_t engine_run(const rw_sim_fabric_t *fab, const rw_sim_opts_t *o
 	}
 	for (uint32_t p = 0; p < P; p++)
 		s.port_off[p + 1] += s.port_off[p];
-	/* Per-node send order: by wave, then internal order. */
-	for (uint32_t f = 0; f < n_flows; f++)
-		s.node_off[s.fl[f].src + 1]++;
-	for (uint32_t n = 0; n < N; n++)
-		s.node_off[n + 1] += s.node_off[n];
-	memcpy(s.node_next, s.node_off, N * sizeof(uint32_t));
-	for (uint32_t f = 0; f < n_flows; f++) {
-		uint32_t n = s.fl[f].src;
-		keys[s.node_next[n]++] = (uint64_t)s.fl[f].wave << 32 | f;
-	}
-	for (uint32_t n = 0; n < N; n++) {
-		uint32_t a = s.node_off[n], b = s.node_off[n + 1];
-		qsort(keys + a, b - a, sizeof(uint64_t), cmp_u64);
-		for (uint32_t j = a; j < b; j++)
-			s.order[j] = (uint32_t)keys[j];
-	}
-	memcpy(s.node_next, s.node_off, N * sizeof(uint32_t));
-	/* Flows into each node by wave (keys reused: per-node sort by (wave, index)). */
-	for (uint32_t f = 0; f < n_flows; f++)
-		s.in_off[s.fl[f].dst + 1]++;
-	for (uint32_t n = 0; n < N; n++)
-		s.in_off[n + 1] += s.in_off[n];
-	memcpy(s.in_ptr, s.in_off, N * sizeof(uint32_t));
-	for (uint32_t f = 0; f < n_flows; f++) {
-		uint32_t d = s.fl[f].dst;
-		keys[s.in_ptr[d]++] = (uint64_t)s.fl[f].wave << 32 | f;
-	}
-	for (uint32_t n = 0; n < N; n++) {
-		uint32_t a = s.in_off[n], b = s.in_off[n + 1];
-		qsort(keys + a, b - a, sizeof(uint64_t), cmp_u64);
-		for (uint32_t j = a; j < b; j++)
-			s.in_order[j] = (uint32_t)keys[j];
-	}
-	memcpy(s.in_ptr, s.in_off, N * sizeof(uint32_t));
+	/* Per-node send order and flows into each node, both by (wave, index). */
+	group_by_wave(s.fl, (uint32_t)n_flows, (uint32_t)N, 0, keys, s.node_off, s.node_next, s.order);
+	group_by_wave(s.fl, (uint32_t)n_flows, (uint32_t)N, 1, keys, s.in_off, s.in_ptr, s.in_order);
 	s.epoch = s.touch_epoch = 1;
 	s.next_comp = 1; /* port_comp 0 = never allocated */
 

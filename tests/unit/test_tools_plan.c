@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "tools/tools.h"
+#include "tests/unit/test_capture.h"
 
 #define EXAMPLE_TABLE "deploy/anchors/example-4x8x8.json"
 
@@ -51,29 +52,9 @@ static void test_example_table(void **state)
 	assert_int_equal(t.n_anchors, 0);
 }
 
-/* Run `railwave plan ARGS...` in-process with stdout captured; returns the text (malloc'd). */
 static char *run_plan(int *rc_p, int argc, char **argv)
 {
-	char path[] = "/tmp/rw-test-plan-XXXXXX";
-	int fd = mkstemp(path);
-	assert_true(fd >= 0);
-	unlink(path);
-	fflush(stdout);
-	int saved = dup(1);
-	assert_true(saved >= 0);
-	assert_true(dup2(fd, 1) == 1);
-	*rc_p = rw_tool_plan(argc, argv);
-	fflush(stdout);
-	assert_true(dup2(saved, 1) == 1);
-	close(saved);
-	off_t len = lseek(fd, 0, SEEK_END);
-	assert_true(len >= 0);
-	char *text = malloc((size_t)len + 1);
-	assert_non_null(text);
-	assert_int_equal(pread(fd, text, (size_t)len, 0), len);
-	text[len] = '\0';
-	close(fd);
-	return text;
+	return run_captured(rw_tool_plan, rc_p, argc, argv);
 }
 
 static void test_plan_with_table(void **state)

@@ -20,6 +20,7 @@
 #include "tools/sim.h"
 #include "tools/synth.h"
 #include "tools/tools.h"
+#include "tests/unit/test_capture.h"
 
 #define GBPS(x) ((x) * 1e9 / 8)
 
@@ -594,26 +595,7 @@ static void test_fold_fan_in(void **state)
 
 static char *run_sim(int *rc_p, int argc, char **argv)
 {
-	char path[] = "/tmp/rw-test-sim-XXXXXX";
-	int fd = mkstemp(path);
-	assert_true(fd >= 0);
-	unlink(path);
-	fflush(stdout);
-	int saved = dup(1);
-	assert_true(saved >= 0);
-	assert_true(dup2(fd, 1) == 1);
-	*rc_p = rw_tool_sim(argc, argv);
-	fflush(stdout);
-	assert_true(dup2(saved, 1) == 1);
-	close(saved);
-	off_t len = lseek(fd, 0, SEEK_END);
-	assert_true(len >= 0);
-	char *text = malloc((size_t)len + 1);
-	assert_non_null(text);
-	assert_int_equal(pread(fd, text, (size_t)len, 0), len);
-	text[len] = '\0';
-	close(fd);
-	return text;
+	return run_captured(rw_tool_sim, rc_p, argc, argv);
 }
 
 static void test_command(void **state)
