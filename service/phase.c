@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ipc/ipc.h"
 #include "service/mesh.h"
@@ -742,6 +743,28 @@ static int slot_take(rw_svc_exec_t *x)
 	return -1;
 }
 
+/* This node's attempt number for a pair: never 0, different for every pair it opens (a reused
+ * key gets a new one), so writes of an earlier attempt cannot be taken for this one's. */
+static uint32_t pair_epoch(const exec_pair_t *p)
+{
+	uint64_t h = rw_now_ns() ^ ((uint64_t)p->serial << 32) ^ ((uint64_t)getpid() << 16);
+	h ^= h >> 33;
+	h *= UINT64_C(0xff51afd7ed558ccd);
+	h ^= h >> 33;
+	return (uint32_t)h ? (uint32_t)h : 1u;
+}
+
+/* Tag of this pair's writes into node d (d's epoch), and of writes into this node. */
+static uint32_t pair_tag_to(const exec_pair_t *p, uint32_t d)
+{
+	return rw_wire_tag_for(p->tag, p->peer_params[d].epoch);
+}
+
+static uint32_t pair_tag_in(const exec_pair_t *p)
+{
+	return rw_wire_tag_for(p->tag, p->params.epoch);
+}
+
 static void pair_take_row(exec_pair_t *p, uint32_t node, uint32_t slot,
 			  const rw_wire_phase_params_t *params, const uint32_t *row)
 {
@@ -963,7 +986,8 @@ static void exec_submit_dispatch(rw_svc_exec_t *x, exec_member_t *mb, rw_ipc_cli
 		int force = x->svc->cfg.force_path;
 		p->params = (rw_wire_phase_params_t){
 			.n_experts = p->n_experts, .topk = p->topk, .hidden = p->hidden, .dtype = p->dtype,
-			.requested_path = force >= 0 && force < RW_PATH_COUNT ? (uint32_t)force : RW_WIRE_PATH_AUTO };
+			.requested_path = force >= 0 && force < RW_PATH_COUNT ? (uint32_t)force : RW_WIRE_PATH_AUTO,
+			.epoch = pair_epoch(p) };
 		p->phase_t0 = rw_now_ns();
 	}
 	exec_sub_t *s = &p->dsub[mb->local];
@@ -1158,7 +1182,7 @@ static void pair_try_decide(exec_pair_t *p)
 				uint32_t e = egress[i];
 				uint8_t *dst = rw_svc_mesh_mem(x->mesh, e) + sub_off(x, p->slot, SUB_SD) +
 					       ((uint64_t)l->out_first[d * x->rails + e] + slot[i]) * p->rec_size;
-				rw_wire_rec_hdr_t h = { .tag = p->tag, .src_node = x->me, .owner = rec->rank,
+				rw_wire_rec_hdr_t h = { .tag = pair_tag_to(p, d), .src_node = x->me, .owner = rec->rank,
 							.token = rec->token, .topk = p->topk };
 				rw_wire_rec_pack(dst, &h, s->ids + (size_t)rec->token * p->topk,
 						 s->weights + (size_t)rec->token * p->topk);
@@ -1221,7 +1245,7 @@ static int forward_range(exec_pair_t *p, uint32_t src, uint32_t rail, char *why,
 		const uint8_t *rec = rw_svc_mesh_mem(x->mesh, rail) + sub_off(x, p->slot, SUB_RD) +
 				     ((uint64_t)first + k) * p->rec_size;
 		rw_wire_rec_hdr_t h;
-		if (rw_wire_rec_unpack(rec, p->topk, &h) != RW_OK || h.tag != p->tag ||
+		if (rw_wire_rec_unpack(rec, p->topk, &h) != RW_OK || h.tag != pair_tag_in(p) ||
 		    h.src_node != src || h.owner >= x->gpus) {
 			snprintf(why, why_len, "bad record header from node %u rail %u slot %u", src, rail, k);
 			return -1;
@@ -1270,7 +1294,7 @@ static int combine_range(exec_pair_t *p, uint32_t d, uint32_t e, char *why, size
 				     ((uint64_t)first + k) * p->crec_size;
 		rw_wire_crec_hdr_t h;
 		rw_wire_crec_unpack(rec, &h);
-		if (h.tag != p->tag || h.src_node != d || h.rail != e || h.slot != k) {
+		if (h.tag != pair_tag_in(p) || h.src_node != d || h.rail != e || h.slot != k) {
 			snprintf(why, why_len, "bad combine record from node %u rail %u slot %u", d, e, k);
 			return -1;
 		}
@@ -1482,7 +1506,7 @@ static void pair_send_wave(exec_pair_t *p, int kind)
 						return;
 					}
 					uint64_t off = p->cur_off, n = RW_MIN(chunk, len - off);
-					uint32_t imm = rw_wire_imm_pack(p->tag, (uint32_t)kind, off + n == len,
+					uint32_t imm = rw_wire_imm_pack(pair_tag_to(p, d), (uint32_t)kind, off + n == len,
 									x->me, r);
 					rw_status_t st = rw_svc_mesh_write(x->mesh, d, r, local + off, remote + off,
 									   n, imm, p);
@@ -1693,7 +1717,7 @@ static void pair_start_combine(exec_pair_t *p)
 				uint32_t pos = l->in_first[i] + k;
 				uint8_t *dst = rw_svc_mesh_mem(x->mesh, r) + sub_off(x, p->slot, SUB_SC) +
 					       (uint64_t)pos * p->crec_size;
-				rw_wire_crec_hdr_t h = { .tag = p->tag, .src_node = x->me, .rail = r, .slot = k };
+				rw_wire_crec_hdr_t h = { .tag = pair_tag_to(p, s), .src_node = x->me, .rail = r, .slot = k };
 				rw_wire_crec_pack(dst, &h);
 				rw_svc_row_store(dst + RW_WIRE_CREC_HDR, p->dtype,
 						 acc + ((size_t)p->rail_base[r] + pos) * p->hidden, p->hidden);
@@ -1871,11 +1895,11 @@ static void mesh_arrival(void *ctx, uint32_t peer, uint32_t rail, const rw_rail_
 	}
 	exec_pair_t *p = NULL;
 	for (exec_pair_t *q = x->pairs; q; q = q->next)
-		if (!q->dead && (q->tag & 0x3fffu) == imm.tag14 && q->stage >= ST_EXCHANGE) {
+		if (!q->dead && q->stage >= ST_EXCHANGE && (pair_tag_in(q) & 0x3fffu) == imm.tag14) {
 			p = q;
 			break;
 		}
-	if (!p) { /* a write of a phase that already ended here */
+	if (!p) { /* a write of a phase (or an earlier attempt at it) that already ended here */
 		rw_svc_metrics_error(&x->svc->metrics, RW_ERR_STATE);
 		return;
 	}

@@ -149,7 +149,7 @@ static void key_unpack(const uint8_t *p, rw_wire_key_t *k)
 
 /* ---- COUNTS (layout in wire.h) ---- */
 
-#define COUNTS_FIXED (16 + RW_WIRE_GROUP_MAX + 36)
+#define COUNTS_FIXED (16 + RW_WIRE_GROUP_MAX + 40)
 
 size_t rw_wire_counts_size(uint32_t nodes, uint32_t rails)
 {
@@ -174,6 +174,7 @@ size_t rw_wire_counts_pack(const rw_wire_counts_t *c, uint8_t *buf, size_t buf_l
 	rw_wire_put32(p + 24, c->params.hidden);
 	rw_wire_put32(p + 28, c->params.dtype);
 	rw_wire_put32(p + 32, c->params.requested_path);
+	rw_wire_put32(p + 36, c->params.epoch);
 	for (size_t i = 0; i < (size_t)c->nodes * c->rails; i++)
 		rw_wire_put32(buf + COUNTS_FIXED + 4 * i, c->row[i]);
 	return need;
@@ -197,11 +198,12 @@ rw_status_t rw_wire_counts_unpack(const uint8_t *in, size_t len, rw_wire_counts_
 	c.params.hidden = rw_wire_get32(p + 24);
 	c.params.dtype = rw_wire_get32(p + 28);
 	c.params.requested_path = rw_wire_get32(p + 32);
+	c.params.epoch = rw_wire_get32(p + 36);
 	if (c.nodes == 0 || c.nodes > RW_MAX_NODES || c.node >= c.nodes || c.rails == 0 ||
 	    c.rails > RW_MAX_RAILS || c.slot >= RW_WIRE_MAX_SLOTS ||
 	    len != rw_wire_counts_size(c.nodes, c.rails))
 		return RW_ERR_PROTO;
-	if (c.params.topk == 0 || c.params.topk > RW_MAX_TOPK || c.params.n_experts == 0 ||
+	if (c.params.epoch == 0 || c.params.topk == 0 || c.params.topk > RW_MAX_TOPK || c.params.n_experts == 0 ||
 	    c.params.hidden == 0 || c.params.dtype >= RW_WIRE_DTYPE_COUNT ||
 	    (c.params.requested_path >= RW_PATH_COUNT && c.params.requested_path != RW_WIRE_PATH_AUTO))
 		return RW_ERR_PROTO;

@@ -17,7 +17,7 @@
  *   u32 magic "RWMC" | u16 version | u16 type | u32 length | u32 seq (sender's message counter) */
 
 #define RW_WIRE_MAGIC 0x434d5752u   /* "RWMC" read as little-endian bytes R W M C */
-#define RW_WIRE_VERSION 1
+#define RW_WIRE_VERSION 2
 #define RW_WIRE_HDR_SIZE 16
 #define RW_WIRE_MAX_PAYLOAD (1u << 20) /* a count row of 4096 nodes x 16 rails is 256 KiB */
 #define RW_WIRE_CLUSTER_MAX 64         /* cluster name field, NUL-padded */
@@ -77,6 +77,12 @@ uint32_t rw_wire_group_hash(const char *name);
 /* 32-bit tag of a key (FNV-1a over its little-endian bytes): written into every record header
  * and (its low 14 bits) into every immediate, so stale writes of another phase are detected. */
 uint32_t rw_wire_key_tag(const rw_wire_key_t *key);
+/* The tag of writes into a node: the key's tag mixed with the receiver's epoch. */
+static inline uint32_t rw_wire_tag_for(uint32_t key_tag, uint32_t epoch)
+{
+	uint32_t h = key_tag ^ (epoch * 0x9e3779b1u);
+	return h ^ (h >> 15);
+}
 static inline int rw_wire_key_eq(const rw_wire_key_t *a, const rw_wire_key_t *b)
 {
 	return a->group == b->group && a->layer == b->layer && a->step == b->step;
@@ -89,6 +95,10 @@ typedef struct rw_wire_phase_params {
 	uint32_t hidden;
 	uint32_t dtype;          /* rw_wire_dtype_t */
 	uint32_t requested_path; /* an rw_path_t forced by this node, or RW_WIRE_PATH_AUTO */
+	/* This node's attempt at the pair (random, never 0). Every write INTO this node for the
+	 * pair carries rw_wire_tag_for(key tag, epoch), so a late write of an earlier attempt with
+	 * the same key is told apart and dropped (docs/dataflow.md "Failures"). */
+	uint32_t epoch;
 } rw_wire_phase_params_t;
 
 #define RW_WIRE_PATH_AUTO 0xffu

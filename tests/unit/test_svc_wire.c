@@ -115,7 +115,7 @@ static void test_counts_roundtrip(void **state)
 		.key = { .group = rw_wire_group_hash("moe.ep0"), .layer = 7, .step = 1ull << 40 },
 		.node = 1, .nodes = 3, .rails = 4, .slot = 1,
 		.params = { .n_experts = 48, .topk = 4, .hidden = 64, .dtype = RW_WIRE_BF16,
-			    .requested_path = RW_WIRE_PATH_AUTO },
+			    .requested_path = RW_WIRE_PATH_AUTO, .epoch = 0xdeadbeef },
 		.row = row,
 	};
 	strcpy(c.group_name, "moe.ep0");
@@ -131,6 +131,7 @@ static void test_counts_roundtrip(void **state)
 	assert_int_equal(o.params.n_experts, 48);
 	assert_int_equal(o.params.dtype, RW_WIRE_BF16);
 	assert_int_equal(o.params.requested_path, RW_WIRE_PATH_AUTO);
+	assert_int_equal(o.params.epoch, 0xdeadbeef);
 	for (uint32_t i = 0; i < 12; i++)
 		assert_int_equal(rw_wire_counts_row(&o, i), row[i]);
 
@@ -146,6 +147,7 @@ static void test_counts_roundtrip(void **state)
 		{ RW_WIRE_GROUP_MAX + 36, RW_MAX_TOPK + 1 },
 		{ RW_WIRE_GROUP_MAX + 44, RW_WIRE_DTYPE_COUNT },
 		{ RW_WIRE_GROUP_MAX + 48, RW_PATH_COUNT },
+		{ RW_WIRE_GROUP_MAX + 52, 0 },      /* epoch 0 */
 	};
 	for (size_t i = 0; i < RW_ARRAY_SIZE(cases); i++) {
 		memcpy(bad, buf, n);
