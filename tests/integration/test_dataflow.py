@@ -238,17 +238,18 @@ def scenario_pace(tmp, seed):
 def scenario_experts(tmp, seed):
     """E travels in the submission: a rank whose n_experts is not a multiple of W, or differs
     from its phase's, gets RW_E_EXPERTS and every other rank of the phase, on every node, fails
-    at once (no phase timeout); then runs with the right E (and another E) pass. Every attempt
-    reuses the key (layer 0, step 0) of the failed ones at once: late writes of a failed attempt
-    must be told apart by the receivers' epochs, not taken for the new attempt's."""
+    at once (no phase timeout); then runs with the right E (and another E) pass."""
     c = Cluster(tmp, 2, extra={"phase_timeout_ms": 60000})
     w = c.nodes * GPUS
     try:
         c.start_all()
-        for bad in (c.experts + 1, 2 * c.experts):
+        # Each attempt gets its own step, as a trainer's would: a failed phase's key is not
+        # reused (docs/dataflow.md "Failures").
+        for attempt, bad in enumerate((c.experts + 1, 2 * c.experts)):
             t0 = time.time()
+            first = ["--first-step", str(attempt)]
             procs = [(r, c.rank(r, "g.experts", 1, 1, seed, mode="fail",
-                                flags=["--submit-experts", str(bad)] if r == 0 else []))
+                                flags=(["--submit-experts", str(bad)] if r == 0 else []) + first))
                      for r in range(w)]
             outs = c.collect(procs)
             # E not a multiple of W: rank 0 is refused. A valid E that differs from the
@@ -258,9 +259,9 @@ def scenario_experts(tmp, seed):
                 raise RuntimeError("E=%d: RW_E_EXPERTS went to ranks %s:\n%s" % (bad, refused, outs))
             if time.time() - t0 > WAIT / 2:  # a bound, not a timing test: the timeout is 60 s
                 raise RuntimeError("the phase failed only by timeout")
-        c.run_ranks("g.experts", layers=2, steps=2, seed=seed)
+        c.run_ranks("g.experts", layers=2, steps=2, seed=seed, flags=["--first-step", "2"])
         c.experts = 3 * w  # another E for the same group: E is per phase
-        c.run_ranks("g.experts", layers=2, steps=1, seed=seed + 1)
+        c.run_ranks("g.experts", layers=2, steps=1, seed=seed + 1, flags=["--first-step", "4"])
     finally:
         c.stop()
     print("ok   n_experts validated per rank and per phase; wrong E fails the phase everywhere")
