@@ -159,6 +159,20 @@ struct exec_pair {
 	uint32_t *expert_counts[RW_MAX_GPUS];
 	uint32_t handle[RW_MAX_GPUS];
 	float *owner_acc[RW_MAX_GPUS];
+	/* combine ("Combine"): contrib[ref * G + g] = 1 + the row of received record ref in local
+	 * rank g's combine input (0: not sent to g); crow: one fp32 row for summing copies. */
+	uint32_t *contrib;           /* [n_in * G] */
+	float *crow;                 /* [hidden] */
+	/* packed[kind][d]: d's slabs of that kind are packed (each just before its wave is
+	 * posted); pack_egress/pack_slot: rw_sched_map_rail's output for one dispatch slab. */
+	uint8_t *packed[2];          /* [N] */
+	uint8_t *pack_egress;
+	uint32_t *pack_slot;
+	/* local-node records' work (pair_local_work), sliced on the idle watcher: bg_on = pending,
+	 * of kind bg_kind, resuming at local rank bg_g, row/record bg_i */
+	int local_started[2], local_done[2];
+	int bg_on, bg_kind;
+	uint32_t bg_g, bg_i;
 };
 
 struct rw_svc_exec {
@@ -177,6 +191,7 @@ struct rw_svc_exec {
 	uint32_t next_serial;
 	uint32_t next_handle;
 	ev_timer tick;
+	ev_idle bg;                  /* runs pairs' local work between network events */
 	/* Test hooks (docs/dataflow.md "Tests"): cap every rail write at test_chunk bytes and post
 	 * one write per test_gap_s per pair, so a test can act while writes are in flight. */
 	uint64_t test_chunk;
@@ -193,6 +208,9 @@ static void pair_gathered(exec_pair_t *p);
 static void pair_start_combine(exec_pair_t *p);
 static void pair_maybe_gathered(exec_pair_t *p);
 static void pair_maybe_start_combine(exec_pair_t *p);
+static void csub_ready(exec_pair_t *p, uint32_t g);
+static void combine_pack(exec_pair_t *p, uint32_t d);
+static void combine_local(exec_pair_t *p, uint32_t budget);
 static void complete_dispatch(exec_pair_t *p);
 static void complete_combine(exec_pair_t *p);
 
@@ -207,6 +225,12 @@ static uint64_t sub_off(const rw_svc_exec_t *x, int slot, int sub)
 {
 	return ((uint64_t)slot * 4u + (uint64_t)sub) * x->sub_bytes;
 }
+
+/* Phase milestones at debug level, in ms since the phase began here (docs/dataflow.md). */
+#define PTRACE(p, fmt, ...) /* t= monotonic ms, comparable with the ranks' clocks */          \
+	rw_dbg("L%u s%llu %s t=%.1f +%.1f ms: " fmt, (p)->key.layer,                              \
+	       (unsigned long long)(p)->key.step, (p)->stage >= ST_RUN_C ? "combine" : "dispatch",  \
+	       (double)rw_now_ns() / 1e6, (double)(rw_now_ns() - (p)->phase_t0) / 1e6, __VA_ARGS__)
 
 static uint32_t wire_dtype(uint8_t d) { return d == RW_DTYPE_BF16 ? RW_WIRE_BF16 : RW_WIRE_F32; }
 
@@ -277,6 +301,18 @@ static void pair_free_mem(exec_pair_t *p)
 		p->src_active[k] = NULL;
 	}
 	free(p->local_ref);
+	free(p->contrib);
+	free(p->crow);
+	p->contrib = NULL;
+	p->crow = NULL;
+	for (int k = 0; k < 2; k++) {
+		free(p->packed[k]);
+		p->packed[k] = NULL;
+	}
+	free(p->pack_egress);
+	free(p->pack_slot);
+	p->pack_egress = NULL;
+	p->pack_slot = NULL;
 	for (uint32_t g = 0; g < RW_MAX_GPUS; g++) {
 		free(p->fwd_ref[g]);
 		free(p->expert_counts[g]);
@@ -858,6 +894,7 @@ static void pair_gathered(exec_pair_t *p)
 {
 	rw_svc_exec_t *x = p->x;
 	const rw_topo_t *topo = &x->svc->topo;
+	PTRACE(p, "%s", "gathered");
 	for (uint32_t g = 0; g < x->gpus; g++) {
 		const exec_sub_t *s = &p->dsub[g];
 		p->rt[g] = (rw_rank_tokens_t){ .local_gpu = g, .n_tokens = s->sqe.token_count,
@@ -1115,7 +1152,9 @@ static void pair_try_decide(exec_pair_t *p)
 	p->n_local = n_local;
 	p->local_ref = calloc(2 * (size_t)n_local + 1, sizeof(uint32_t));
 	uint64_t total = (uint64_t)p->n_in + n_local;
-	int oom = !p->local_ref;
+	p->contrib = calloc((size_t)p->n_in * x->gpus + 1, sizeof(uint32_t));
+	p->crow = malloc(sizeof(float) * ((size_t)p->hidden + 1));
+	int oom = !p->local_ref || !p->contrib || !p->crow;
 	for (uint32_t g = 0; g < x->gpus && !oom; g++) {
 		exec_sub_t *s = &p->dsub[g];
 		rw_svc_out_layout_t *o = &p->out[g];
@@ -1157,45 +1196,19 @@ static void pair_try_decide(exec_pair_t *p)
 				n_local++;
 			}
 
-	/* Pack every (destination, egress rail) slab in slot order: records keep their owner's
-	 * order; only RailBalance's surplus records change rail (rw_sched_map_rail). */
-	uint8_t *egress = malloc(RW_MAX(1u, p->row_off[(size_t)x->nodes * x->rails]));
-	uint32_t *slot = malloc(sizeof(uint32_t) * RW_MAX(1u, p->row_off[(size_t)x->nodes * x->rails]));
-	if (!egress || !slot) {
-		free(egress);
-		free(slot);
+	uint32_t n_rec = p->row_off[(size_t)x->nodes * x->rails];
+	p->pack_egress = malloc(RW_MAX(1u, n_rec));
+	p->pack_slot = malloc(sizeof(uint32_t) * RW_MAX(1u, n_rec));
+	for (int k = 0; k < 2; k++)
+		p->packed[k] = calloc(x->nodes, 1);
+	if (!p->pack_egress || !p->pack_slot || !p->packed[0] || !p->packed[1]) {
 		pair_fail(p, RW_ERR_NOMEM, RW_E_INTERNAL, "out of memory", 1);
 		return;
 	}
-	for (uint32_t d = 0; d < x->nodes; d++) {
-		if (d == x->me)
-			continue;
-		for (uint32_t r = 0; r < x->rails; r++) {
-			uint32_t first = p->row_off[d * x->rails + r];
-			uint32_t cnt = p->row_off[d * x->rails + r + 1] - first;
-			if (!cnt)
-				continue;
-			rw_sched_map_rail(&l->out_pairs[d], r, egress, slot);
-			for (uint32_t i = 0; i < cnt; i++) {
-				const rw_record_t *rec = &p->rec[first + i];
-				const exec_sub_t *s = &p->dsub[rec->rank];
-				uint32_t e = egress[i];
-				uint8_t *dst = rw_svc_mesh_mem(x->mesh, e) + sub_off(x, p->slot, SUB_SD) +
-					       ((uint64_t)l->out_first[d * x->rails + e] + slot[i]) * p->rec_size;
-				rw_wire_rec_hdr_t h = { .tag = pair_tag_to(p, d), .src_node = x->me, .owner = rec->rank,
-							.token = rec->token, .topk = p->topk };
-				rw_wire_rec_pack(dst, &h, s->ids + (size_t)rec->token * p->topk,
-						 s->weights + (size_t)rec->token * p->topk);
-				memcpy(dst + rw_wire_rec_row_off(p->topk),
-				       s->tokens + (size_t)rec->token * p->row_bytes, p->row_bytes);
-			}
-		}
-	}
-	free(egress);
-	free(slot);
 	p->stage = ST_RUN_D;
 	p->wave = 0;
 	p->sends_done = 0;
+	PTRACE(p, "decided %s", rw_sched_path_name(p->path));
 	pair_send_wave(p, 0);
 }
 
@@ -1227,6 +1240,8 @@ static int forward_one(exec_pair_t *p, uint32_t ref, uint32_t src_node, uint32_t
 			if (ids[k] >= 0 && (uint32_t)ids[k] / per_rank == x->me * x->gpus + g)
 				p->expert_counts[g][ids[k]]++;
 		p->fwd_ref[g][j] = ref;
+		if (ref < p->n_in)
+			p->contrib[(size_t)ref * x->gpus + g] = j + 1;
 		p->fwd_n[g] = j + 1;
 	}
 	return 0;
@@ -1267,13 +1282,14 @@ static int forward_range(exec_pair_t *p, uint32_t src, uint32_t rail, char *why,
 	return 0;
 }
 
-static void forward_local(exec_pair_t *p)
+/* Forward up to `budget` local-node records (from bg_i on) to their local ranks. */
+static void forward_local(exec_pair_t *p, uint32_t budget)
 {
 	rw_svc_exec_t *x = p->x;
-	for (uint32_t i = 0; i < p->n_local; i++) {
-		uint32_t g = p->local_ref[2 * i], t = p->local_ref[2 * i + 1];
+	for (; p->bg_i < p->n_local && budget; p->bg_i++, budget--) {
+		uint32_t g = p->local_ref[2 * p->bg_i], t = p->local_ref[2 * p->bg_i + 1];
 		const exec_sub_t *s = &p->dsub[g];
-		if (forward_one(p, p->n_in + i, x->me, x->me * x->gpus + g, t,
+		if (forward_one(p, p->n_in + p->bg_i, x->me, x->me * x->gpus + g, t,
 				s->ids + (size_t)t * p->topk, s->weights + (size_t)t * p->topk,
 				s->tokens + (size_t)t * p->row_bytes) < 0) {
 			pair_fail(p, RW_ERR_RANGE, RW_E_RANGE, "a local rank's dispatch output is full", 1);
@@ -1369,6 +1385,7 @@ static void pair_grant(exec_pair_t *p, int kind)
 		p->grant_hi[kind] = k;
 		if (!pair_needs_grant(p, kind, k, s))
 			continue;
+		PTRACE(p, "grant wave %u to node %u", k, s);
 		rw_wire_grant_t gr = { .key = p->key, .kind = (uint32_t)kind, .wave = k };
 		uint8_t buf[RW_WIRE_GRANT_SIZE];
 		size_t len = rw_wire_grant_pack(&gr, buf, sizeof(buf));
@@ -1413,6 +1430,7 @@ static void pair_range_arrived(exec_pair_t *p, int kind, uint32_t src, uint32_t 
 	}
 	p->range_done[kind][(size_t)src * p->x->rails + rail] = 1;
 	p->ranges_left[kind]--;
+	PTRACE(p, "range from node %u rail %u complete, %u left", src, rail, p->ranges_left[kind]);
 	pair_src_note(p, kind, src, 0);
 	pair_grant(p, kind);
 }
@@ -1438,6 +1456,89 @@ static void pair_scan_ranges(exec_pair_t *p, int kind)
 		}
 }
 
+/* Pack the dispatch slabs for node d, each (egress rail) slab in slot order: records keep their
+ * owner's order; only RailBalance's surplus records change rail (rw_sched_map_rail). */
+static void dispatch_pack(exec_pair_t *p, uint32_t d)
+{
+	rw_svc_exec_t *x = p->x;
+	const rw_svc_layout_t *l = &p->layout;
+	for (uint32_t r = 0; r < x->rails; r++) {
+		uint32_t first = p->row_off[d * x->rails + r];
+		uint32_t cnt = p->row_off[d * x->rails + r + 1] - first;
+		if (!cnt)
+			continue;
+		rw_sched_map_rail(&l->out_pairs[d], r, p->pack_egress, p->pack_slot);
+		for (uint32_t i = 0; i < cnt; i++) {
+			const rw_record_t *rec = &p->rec[first + i];
+			const exec_sub_t *s = &p->dsub[rec->rank];
+			uint32_t e = p->pack_egress[i];
+			uint8_t *dst = rw_svc_mesh_mem(x->mesh, e) + sub_off(x, p->slot, SUB_SD) +
+				       ((uint64_t)l->out_first[d * x->rails + e] + p->pack_slot[i]) * p->rec_size;
+			rw_wire_rec_hdr_t h = { .tag = pair_tag_to(p, d), .src_node = x->me, .owner = rec->rank,
+						.token = rec->token, .topk = p->topk };
+			rw_wire_rec_pack(dst, &h, s->ids + (size_t)rec->token * p->topk,
+					 s->weights + (size_t)rec->token * p->topk);
+			memcpy(dst + rw_wire_rec_row_off(p->topk),
+			       s->tokens + (size_t)rec->token * p->row_bytes, p->row_bytes);
+		}
+	}
+}
+
+/* The slabs of kind `kind` for node d, packed once, just before d's wave is posted: later waves'
+ * packing overlaps earlier waves' sending. */
+static void pack_dst(exec_pair_t *p, int kind, uint32_t d)
+{
+	if (p->packed[kind][d])
+		return;
+	p->packed[kind][d] = 1;
+	if (kind == 0)
+		dispatch_pack(p, d);
+	else
+		combine_pack(p, d);
+}
+
+/* The work on local-node records, once per kind: dispatch forwards them to their local ranks,
+ * combine folds the local ranks' rows of them into their owners' sums. It starts once the first
+ * writes are posted and runs in slices of BG_SLICE records on the idle watcher, between network
+ * events, so the loop keeps the rail connections fed meanwhile (docs/dataflow.md "Send"). */
+#define BG_SLICE 32u
+
+static void pair_local_work(exec_pair_t *p, int kind)
+{
+	if (p->local_started[kind])
+		return;
+	p->local_started[kind] = 1;
+	p->bg_on = 1;
+	p->bg_kind = kind;
+	p->bg_g = p->bg_i = 0;
+	ev_idle_start(p->x->svc->loop, &p->x->bg);
+}
+
+static void bg_cb(struct ev_loop *loop, ev_idle *w, int revents)
+{
+	(void)revents;
+	rw_svc_exec_t *x = w->data;
+	exec_pair_t *p = x->pairs;
+	while (p && (p->dead || !p->bg_on))
+		p = p->next;
+	if (!p) {
+		ev_idle_stop(loop, w);
+		return;
+	}
+	int kind = p->bg_kind;
+	if (kind == 0)
+		forward_local(p, BG_SLICE);
+	else
+		combine_local(p, BG_SLICE);
+	if (p->dead)
+		return;
+	if (kind == 0 ? p->bg_i < p->n_local : p->bg_g < x->gpus)
+		return;
+	p->bg_on = 0;
+	p->local_done[kind] = 1;
+	pair_check_done(p);
+}
+
 /* Post the writes of the current wave (all destinations at once for non-waved paths); the next
  * wave starts when this one's writes are all done. Resumable: with the write-gap test hook only
  * one write is posted per call and the pace timer calls again (cur_k/cur_r/cur_off say where). */
@@ -1447,9 +1548,6 @@ static void pair_send_wave(exec_pair_t *p, int kind)
 	const rw_svc_layout_t *l = &p->layout;
 	int waved = rw_path_waved(p->path) && x->nodes > 2;
 	if (kind == 0 && p->wave == 0 && !p->posting) {
-		forward_local(p);
-		if (p->dead)
-			return;
 		pair_scan_ranges(p, 0);
 		if (p->dead)
 			return;
@@ -1478,12 +1576,14 @@ static void pair_send_wave(exec_pair_t *p, int kind)
 				p->cur_k = p->k_hi = p->wave + 1;
 			}
 			p->wave++;
+			PTRACE(p, "post wave %u", p->wave);
 			p->cur_r = 0;
 			p->cur_off = 0;
 			p->posting = 1;
 		}
 		for (; p->cur_k <= p->k_hi; p->cur_k++, p->cur_r = 0) {
 			uint32_t d = rw_sched_wave_dst(x->nodes, x->me, p->cur_k);
+			pack_dst(p, kind, d);
 			for (; p->cur_r < x->rails; p->cur_r++, p->cur_off = 0) {
 				uint32_t r = p->cur_r;
 				size_t i = (size_t)d * x->rails + r;
@@ -1527,9 +1627,14 @@ static void pair_send_wave(exec_pair_t *p, int kind)
 			}
 		}
 		p->posting = 0;
+		/* While these writes drain: pack the next wave's slabs, then (once) the local work. */
+		if (waved && p->wave + 1 < x->nodes)
+			pack_dst(p, kind, rw_sched_wave_dst(x->nodes, x->me, p->wave + 1));
+		pair_local_work(p, kind);
 		if (p->send_pending)
 			return; /* the next wave starts when these writes are done */
 	}
+	pair_local_work(p, kind); /* nothing was sent */
 	p->sends_done = 1;
 	pair_check_done(p);
 }
@@ -1588,6 +1693,7 @@ static void flush_outputs(exec_pair_t *p)
 {
 	rw_svc_exec_t *x = p->x;
 	int combine = p->stage == ST_RUN_C;
+	PTRACE(p, "%s", "all data here, flush");
 	p->flushing = 1;
 	p->flush_pending = 0;
 	for (uint32_t g = 0; g < x->gpus; g++) {
@@ -1641,7 +1747,7 @@ static void flush_outputs(exec_pair_t *p)
 
 static void pair_check_done(exec_pair_t *p)
 {
-	if (p->dead || !p->sends_done || p->flushing)
+	if (p->dead || !p->sends_done || p->flushing || !p->local_done[p->stage == ST_RUN_C])
 		return;
 	if ((p->stage == ST_RUN_D && p->ranges_left[0] == 0) ||
 	    (p->stage == ST_RUN_C && p->ranges_left[1] == 0))
@@ -1670,12 +1776,14 @@ static void stage_done(void *ctx, uint64_t token, rw_status_t st)
 	p->cuda_pending--;
 	if (op == OP_DIN || op == OP_CIN) {
 		exec_sub_t *s = op == OP_DIN ? &p->dsub[g] : &p->csub[g];
-		if (s->marks && --s->marks == 0)
+		if (!s->marks || --s->marks)
+			return;
+		if (op == OP_DIN) {
 			s->ready = 1;
-		if (op == OP_DIN)
 			pair_maybe_gathered(p);
-		else
-			pair_maybe_start_combine(p);
+		} else {
+			csub_ready(p, g);
+		}
 	} else if (op == OP_FLUSH && p->flushing && --p->flush_pending == 0) {
 		(p->stage == ST_RUN_C ? complete_combine : complete_dispatch)(p);
 	}
@@ -1683,48 +1791,77 @@ static void stage_done(void *ctx, uint64_t token, rw_status_t st)
 
 /* ---- combine ----------------------------------------------------------------------------- */
 
-static void pair_start_combine(exec_pair_t *p)
+/* Fold up to `budget` local ranks' rows of local-node records (from rank bg_g, row bg_i on)
+ * into their owners' fp32 output sums. Rows of received records are read when their
+ * destination is packed. */
+static void combine_local(exec_pair_t *p, uint32_t budget)
+{
+	for (; p->bg_g < p->x->gpus; p->bg_g++, p->bg_i = 0) {
+		const exec_sub_t *s = &p->csub[p->bg_g];
+		for (; p->bg_i < p->fwd_n[p->bg_g]; p->bg_i++) {
+			uint32_t ref = p->fwd_ref[p->bg_g][p->bg_i];
+			if (ref < p->n_in)
+				continue;
+			if (!budget--)
+				return;
+			const uint32_t *lr = &p->local_ref[2 * (size_t)(ref - p->n_in)];
+			rw_svc_row_acc(p->owner_acc[lr[0]] + (size_t)lr[1] * p->hidden,
+				       s->tokens + (size_t)p->bg_i * p->row_bytes, p->dtype, p->hidden);
+		}
+	}
+}
+
+static void csub_ready(exec_pair_t *p, uint32_t g)
+{
+	p->csub[g].ready = 1;
+	pair_maybe_start_combine(p);
+}
+
+/* Pack the combine records node d gets back, each at the (rail, slot) it came in on. A record
+ * computed by one local rank is that rank's row as it is (bf16 -> fp32 -> bf16 is exact); one
+ * computed by several is their fp32 sum, rounded once. */
+static void combine_pack(exec_pair_t *p, uint32_t d)
 {
 	rw_svc_exec_t *x = p->x;
 	const rw_svc_layout_t *l = &p->layout;
-	uint64_t total = (uint64_t)p->n_in + p->n_local;
-	float *acc = calloc(total * p->hidden + 1, sizeof(float));
-	if (!acc) {
-		pair_fail(p, RW_ERR_NOMEM, RW_E_INTERNAL, "out of memory", 1);
-		return;
-	}
-	/* Sum the copies of each record over the local ranks that computed it. */
-	for (uint32_t g = 0; g < x->gpus; g++) {
-		const exec_sub_t *s = &p->csub[g];
-		for (uint32_t j = 0; j < p->fwd_n[g]; j++)
-			rw_svc_row_acc(acc + (size_t)p->fwd_ref[g][j] * p->hidden,
-				       s->tokens + (size_t)j * p->row_bytes, p->dtype, p->hidden);
-	}
-	/* Local records go straight into their owners' sums. */
-	for (uint32_t i = 0; i < p->n_local; i++) {
-		float *dst = p->owner_acc[p->local_ref[2 * i]] + (size_t)p->local_ref[2 * i + 1] * p->hidden;
-		const float *src = acc + ((size_t)p->n_in + i) * p->hidden;
-		for (uint32_t h = 0; h < p->hidden; h++)
-			dst[h] += src[h];
-	}
-	/* Pack each remote record back at its (rail, slot). */
-	for (uint32_t s = 0; s < x->nodes; s++) {
-		if (s == x->me)
-			continue;
-		for (uint32_t r = 0; r < x->rails; r++) {
-			size_t i = (size_t)s * x->rails + r;
-			for (uint32_t k = 0; k < l->in_quota[i]; k++) {
-				uint32_t pos = l->in_first[i] + k;
-				uint8_t *dst = rw_svc_mesh_mem(x->mesh, r) + sub_off(x, p->slot, SUB_SC) +
-					       (uint64_t)pos * p->crec_size;
-				rw_wire_crec_hdr_t h = { .tag = pair_tag_to(p, s), .src_node = x->me, .rail = r, .slot = k };
-				rw_wire_crec_pack(dst, &h);
-				rw_svc_row_store(dst + RW_WIRE_CREC_HDR, p->dtype,
-						 acc + ((size_t)p->rail_base[r] + pos) * p->hidden, p->hidden);
+	const uint64_t row_bytes = p->row_bytes;
+	for (uint32_t r = 0; r < x->rails; r++) {
+		size_t i = (size_t)d * x->rails + r;
+		for (uint32_t k = 0; k < l->in_quota[i]; k++) {
+			uint32_t pos = l->in_first[i] + k, ref = p->rail_base[r] + pos;
+			uint8_t *dst = rw_svc_mesh_mem(x->mesh, r) + sub_off(x, p->slot, SUB_SC) +
+				       (uint64_t)pos * p->crec_size;
+			rw_wire_crec_hdr_t h = { .tag = pair_tag_to(p, d), .src_node = x->me, .rail = r,
+						 .slot = k };
+			rw_wire_crec_pack(dst, &h);
+			uint8_t *out = dst + RW_WIRE_CREC_HDR;
+			const uint32_t *c = &p->contrib[(size_t)ref * x->gpus];
+			uint32_t n = 0;
+			for (uint32_t g = 0; g < x->gpus; g++) {
+				if (!c[g])
+					continue;
+				const uint8_t *row = p->csub[g].tokens + (uint64_t)(c[g] - 1) * row_bytes;
+				if (n == 0)
+					memcpy(out, row, row_bytes);
+				else if (n == 1)
+					rw_svc_row_load(p->crow, out, p->dtype, p->hidden);
+				if (n >= 1)
+					rw_svc_row_acc(p->crow, row, p->dtype, p->hidden);
+				n++;
 			}
+			if (n >= 2)
+				rw_svc_row_store(out, p->dtype, p->crow, p->hidden);
+			else if (n == 0) /* never: every received record went to a local rank */
+				memset(out, 0, row_bytes);
 		}
 	}
-	free(acc);
+}
+
+/* Every local rank's combine rows are folded in: send (packing each destination's slabs just
+ * before its wave). */
+static void pair_start_combine(exec_pair_t *p)
+{
+	PTRACE(p, "%s", "combine inputs folded");
 	p->stage = ST_RUN_C;
 	p->phase_t0 = rw_now_ns();
 	p->wave = 0;
@@ -1793,8 +1930,8 @@ static void exec_submit_combine(rw_svc_exec_t *x, exec_member_t *mb, rw_ipc_clie
 		pair_fail(p, st, RW_E_CUDA, "cannot stage a local rank's CUDA combine rows", 1);
 		return;
 	}
-	s->ready = s->marks == 0;
-	pair_maybe_start_combine(p);
+	if (s->marks == 0)
+		csub_ready(p, g);
 }
 
 static void pair_maybe_start_combine(exec_pair_t *p)
@@ -1942,8 +2079,10 @@ static void mesh_write_done(void *ctx, void *write_ctx, rw_status_t st)
 		pair_fail(p, st, RW_E_PHASE, "a rail write failed", 1);
 		return;
 	}
-	if (--p->send_pending == 0 && !p->posting)
+	if (--p->send_pending == 0 && !p->posting) {
+		PTRACE(p, "wave %u writes done", p->wave);
 		pair_send_wave(p, p->stage == ST_RUN_C ? 1 : 0);
+	}
 }
 
 /* Our wave-`wave` destination admits us. Kept in the pair until the sender gets to that wave;
@@ -1961,6 +2100,7 @@ static void mesh_grant(void *ctx, uint32_t peer, const rw_wire_grant_t *gr)
 		return;
 	int kind = (int)gr->kind;
 	p->granted[kind][gr->wave] = 1;
+	PTRACE(p, "granted wave %u by node %u", gr->wave, peer);
 	if (p->grant_wait == kind + 1 && p->wave + 1 == gr->wave) {
 		p->grant_wait = 0;
 		pair_send_wave(p, kind);
@@ -2065,6 +2205,8 @@ rw_status_t rw_svc_mesh_start(rw_svc_t *svc)
 		return st;
 	}
 	ev_timer_init(&x->tick, tick_cb, TICK_S, TICK_S);
+	ev_idle_init(&x->bg, bg_cb);
+	x->bg.data = x;
 	x->tick.data = x;
 	ev_timer_start(svc->loop, &x->tick);
 	svc->exec = x;
@@ -2078,6 +2220,7 @@ void rw_svc_mesh_stop(rw_svc_t *svc)
 	if (!x)
 		return;
 	ev_timer_stop(svc->loop, &x->tick);
+	ev_idle_stop(svc->loop, &x->bg);
 	for (exec_pair_t *p = x->pairs; p; p = p->next)
 		if (!p->dead)
 			pair_fail(p, RW_ERR_STATE, RW_E_PHASE, "daemon stopping", 0);

@@ -89,6 +89,8 @@ static inline float rw_svc_bf16_to_f32(uint16_t v)
 uint16_t rw_svc_f32_to_bf16(float f);
 /* acc[i] += row[i] for i < hidden, row of dtype (rw_wire_dtype_t). */
 void rw_svc_row_acc(float *acc, const void *row, uint32_t dtype, uint32_t hidden);
+/* acc[i] = row[i] for i < hidden: the first copy of a sum. */
+void rw_svc_row_load(float *acc, const void *row, uint32_t dtype, uint32_t hidden);
 /* dst[i] = (dtype) acc[i]. */
 void rw_svc_row_store(void *dst, uint32_t dtype, const float *acc, uint32_t hidden);
 

@@ -742,10 +742,10 @@ def bench(ctx, tmp):
 CONT = PATHS + ["auto", "mpi"]
 
 
-def bench_table(doc):
-    lines = []
-    lines.append("time / lower bound (dispatch median; p10-p90 in brackets); lower bound = busiest "
-                 "NIC after the best per-pair balance / NIC rate")
+def phase_table(doc, phase):
+    """time / lower bound of every contender at every point, for one phase."""
+    lines = ["%s time / lower bound (median; p10-p90 in brackets); lower bound = busiest NIC "
+             "after the best per-pair balance / NIC rate" % phase]
     hdr = "%-11s %5s %5s %4s %8s" % ("axis", "rho_g", "kappa", "fan", "LB s")
     for c in CONT:
         hdr += " %17s" % c
@@ -753,17 +753,25 @@ def bench_table(doc):
     lines.append(hdr)
     for p in doc["points"]:
         f = p["features"]
-        lb = p["lower_bound_s"]["dispatch"]
+        lb = p["lower_bound_s"][phase]
         s = "%-11s %5.2f %5.2f %4d %8.3f" % (p["axis"], f["rho_g"], f["kappa"], f["max_fan_in"], lb)
         for c in CONT:
             r = p["results"].get(c, {})
-            if "dispatch" not in r:
+            if phase not in r:
                 s += " %17s" % "-"
                 continue
-            d = r["dispatch"]
+            d = r[phase]
             s += " %5.2f [%4.2f-%4.2f]" % (d["median"] / lb, d["p10"] / lb, d["p90"] / lb)
         s += "  %-9s" % p["results"].get("auto", {}).get("decision", {}).get("path", "-")
         lines.append(s)
+    return lines
+
+
+def bench_table(doc):
+    lines = []
+    for phase in ("dispatch", "combine"):
+        lines += phase_table(doc, phase) + [""]
+    del lines[-1]
     lines.append("")
     lines.append("ratios measured in the same run, per point (dispatch medians):")
     for p in doc["points"]:

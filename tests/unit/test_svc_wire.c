@@ -309,6 +309,58 @@ static void test_bf16(void **state)
 	assert_true(rw_svc_bf16_to_f32(out16[1]) == 12.5f);
 }
 
+/* The blocked row loops against one element at a time, for every tail length around the block
+ * size and at unaligned row addresses (rows sit inside records at any 2-byte offset). */
+static void test_row_loops_match_scalar(void **state)
+{
+	(void)state;
+	enum { MAXH = 70 };
+	static const uint32_t hs[] = { 1, 2, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, MAXH };
+	uint32_t seed = 12345;
+	for (size_t t = 0; t < RW_ARRAY_SIZE(hs); t++) {
+		uint32_t h = hs[t];
+		for (uint32_t dtype = 0; dtype < 2; dtype++) {
+			uint32_t wire = dtype ? RW_WIRE_F32 : RW_WIRE_BF16;
+			uint8_t raw[MAXH * 4 + 2];
+			uint8_t *row = raw + 2; /* 2-byte aligned only */
+			float acc[MAXH], ref[MAXH], vals[MAXH];
+			for (uint32_t i = 0; i < h; i++) {
+				seed = seed * 1103515245u + 12345u;
+				vals[i] = (float)((int)(seed >> 16) % 2001 - 1000) / 8.0f; /* exact in bf16 */
+				if (dtype) {
+					memcpy(row + 4 * i, &vals[i], 4);
+				} else {
+					uint16_t b = rw_svc_f32_to_bf16(vals[i]);
+					memcpy(row + 2 * i, &b, 2);
+					vals[i] = rw_svc_bf16_to_f32(b);
+				}
+				acc[i] = ref[i] = (float)i * 0.25f;
+			}
+			rw_svc_row_acc(acc, row, wire, h);
+			for (uint32_t i = 0; i < h; i++)
+				assert_true(acc[i] == ref[i] + vals[i]);
+			rw_svc_row_load(acc, row, wire, h);
+			for (uint32_t i = 0; i < h; i++)
+				assert_true(acc[i] == vals[i]);
+			for (uint32_t i = 0; i < h; i++)
+				acc[i] = vals[i] + 1.0f / 512; /* not representable: rounds */
+			uint8_t out[MAXH * 4 + 2];
+			rw_svc_row_store(out + 2, wire, acc, h);
+			for (uint32_t i = 0; i < h; i++) {
+				if (dtype) {
+					float f;
+					memcpy(&f, out + 2 + 4 * i, 4);
+					assert_true(f == acc[i]);
+				} else {
+					uint16_t b;
+					memcpy(&b, out + 2 + 2 * i, 2);
+					assert_int_equal(b, rw_svc_f32_to_bf16(acc[i]));
+				}
+			}
+		}
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -320,6 +372,7 @@ int main(void)
 		cmocka_unit_test(test_decoders_random_input),
 		cmocka_unit_test(test_imm_and_records),
 		cmocka_unit_test(test_bf16),
+		cmocka_unit_test(test_row_loops_match_scalar),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
