@@ -145,6 +145,8 @@ struct exec_pair {
 	uint8_t *src_active[2];      /* [N], by source */
 	uint32_t in_lo[2], grant_hi[2], n_active[2];
 	uint64_t cur_off;
+	uint64_t wave_t0, wave_slab_max; /* for the debug trace: when this wave was posted, and
+					  * its largest single (destination, rail) slab */
 	ev_timer pace;               /* test hook RAILWAVE_TEST_WRITE_GAP_MS */
 	/* receiving, per kind: bytes arrived and ranges completed per (peer, rail) */
 	uint64_t *arrived[2];        /* [N*R] */
@@ -1577,6 +1579,8 @@ static void pair_send_wave(exec_pair_t *p, int kind)
 			}
 			p->wave++;
 			PTRACE(p, "post wave %u", p->wave);
+			p->wave_t0 = rw_now_ns();
+			p->wave_slab_max = 0;
 			p->cur_r = 0;
 			p->cur_off = 0;
 			p->posting = 1;
@@ -1595,6 +1599,7 @@ static void pair_send_wave(exec_pair_t *p, int kind)
 				uint64_t remote = sub_off(x, (int)p->peer_slot[d], kind == 0 ? SUB_RD : SUB_RC) +
 						  (uint64_t)(kind == 0 ? l->peer_in_first[i] : l->peer_ret_first[i]) * rsz;
 				uint64_t len = (uint64_t)q * rsz;
+				p->wave_slab_max = RW_MAX(p->wave_slab_max, len);
 				uint64_t chunk = RW_MIN((uint64_t)CHUNK_MAX, rw_svc_mesh_max_write(x->mesh, r));
 				if (x->test_chunk)
 					chunk = RW_MIN(chunk, x->test_chunk);
@@ -2080,7 +2085,8 @@ static void mesh_write_done(void *ctx, void *write_ctx, rw_status_t st)
 		return;
 	}
 	if (--p->send_pending == 0 && !p->posting) {
-		PTRACE(p, "wave %u writes done", p->wave);
+		PTRACE(p, "wave %u writes done: largest slab %.0f kB at %.1f Mbit/s", p->wave,
+		       p->wave_slab_max / 1e3, p->wave_slab_max * 8e3 / (double)(rw_now_ns() - p->wave_t0));
 		pair_send_wave(p, p->stage == ST_RUN_C ? 1 : 0);
 	}
 }
