@@ -714,12 +714,17 @@ def bench(ctx, tmp):
     table = calibrate(ctx, cases, table_path)
     say("anchor table calibrated from the forced paths: %s (%s)" % (
         table_path, ", ".join("case %d %s" % (x["case_id"], x["selected"]) for x in table["anchors"])))
+    # The selector is judged out of sample: at point i it runs with a table calibrated from
+    # every other point's forced runs (leave one point out), so it never sees the point's own
+    # measurements.
     for i, (axis, wl) in enumerate(pts):
         desc = describe(ctx, wl)
-        r = run_retry(ctx, tmp, wl, desc, "auto", a.pairs, "auto", anchors=table_path,
+        loo_path = os.path.join(tmp, "anchors-without-%d.json" % (i + 1))
+        calibrate(ctx, [c for c in cases if c["case_id"] != i + 1], loo_path)
+        r = run_retry(ctx, tmp, wl, desc, "auto", a.pairs, "auto", anchors=loo_path,
                       progress=a.verbose)
         results[i]["results"]["auto"] = r
-        say("point %d/%d selector -> %s (%s, case %s): dispatch %.3f s" % (
+        say("point %d/%d selector (table without this point) -> %s (%s, case %s): dispatch %.3f s" % (
             i + 1, len(pts), r["decision"].get("path"), r["decision"].get("reason"),
             r["decision"].get("case"), r["dispatch"]["median"]))
     doc = {"command": " ".join(["railwave", "bench"] + sys.argv[4:]), "mode": ctx.bed.mode,
@@ -785,7 +790,43 @@ def bench_table(doc):
         if "auto" in med:
             s += "  selector/best %5.3f (best %s)" % (med["auto"] / med[best], best)
         lines.append(s)
+    lines += [""] + target_lines(doc)
     return "\n".join(lines) + "\n"
+
+
+def target_lines(doc):
+    """The issue's targets, checked on this run's medians (docs/perf/testbed.md)."""
+    def ratio(p, c, phase):
+        r = p["results"].get(c, {})
+        return r[phase]["median"] / p["lower_bound_s"][phase] if phase in r else None
+
+    skewed = [p for p in doc["points"] if p["features"]["rho_g"] >= 2.95]
+    lines = ["targets on the %d points with rho_g >= 3 (medians):" % len(skewed)]
+    for c in ("rail-only", "joint"):
+        for phase in ("dispatch", "combine"):
+            v = [ratio(p, c, phase) for p in skewed]
+            v = [x for x in v if x is not None]
+            if v:
+                lines.append("  %-9s %-8s time / lower bound: worst %.2f, %d of %d within 1.15" % (
+                    c, phase, max(v), sum(x <= 1.15 for x in v), len(v)))
+    nj = [p["results"]["native"]["dispatch"]["median"] / p["results"]["joint"]["dispatch"]["median"]
+          for p in skewed if "dispatch" in p["results"].get("native", {})]
+    if nj:
+        lines.append("  native / joint (dispatch): lowest %.2f, %d of %d at least 2" % (
+            min(nj), sum(x >= 2 for x in nj), len(nj)))
+    mj = [p["results"]["mpi"]["dispatch"]["median"] / p["results"]["joint"]["dispatch"]["median"]
+          for p in doc["points"] if "dispatch" in p["results"].get("mpi", {})]
+    if mj:
+        lines.append("  mpi / joint (dispatch, all points): lowest %.2f, %d of %d above 1" % (
+            min(mj), sum(x > 1 for x in mj), len(mj)))
+    uni = [p for p in doc["points"] if p["features"]["rho_g"] < 1.2 and "auto" in p["results"]]
+    for p in uni:
+        best = min(PATHS, key=lambda c: p["results"][c]["dispatch"]["median"])
+        lines.append("  uniform point (rho_g %.2f): selector %s, %.3f x the best path (%s)" % (
+            p["features"]["rho_g"], p["results"]["auto"].get("decision", {}).get("path", "-"),
+            p["results"]["auto"]["dispatch"]["median"] / p["results"][best]["dispatch"]["median"],
+            best))
+    return lines
 
 
 def write_bench(a, doc):
