@@ -531,7 +531,7 @@ def demo(ctx, tmp):
         "this machine: %d CPUs, load average %.1f" % (a.nodes, a.rails, a.gpus, os.cpu_count(),
                                                       os.getloadavg()[0]))
     if shaped:
-        say("network: rail test bed, %d Mbit/s per NIC (tc tbf on both directions of every NIC), "
+        say("network: rail test bed, %d Mbit/s per NIC (tc tbf on both directions of every NIC, packets < 512 B first), "
             "control channel on the management bridge" % a.mbit)
     else:
         say("network: LOOPBACK (%s). The tcp transport has no rate pacing, so this run is "
