@@ -89,31 +89,28 @@ static inline float elem_in(const uint8_t *p, uint32_t dtype, size_t i)
 	return dtype == RW_WIRE_BF16 ? bf16_at(p, i) : f32_at(p, i);
 }
 
-void rw_svc_row_acc(float *acc, const void *row, uint32_t dtype, uint32_t hidden)
+/* acc = row (add 0) or acc += row (add 1); inlined with a constant `add`, so both vectorize. */
+static inline void row_in(float *acc, const uint8_t *p, uint32_t dtype, uint32_t hidden, int add)
 {
-	const uint8_t *p = row;
 	size_t i = 0;
 	for (; i + ROW_BLOCK <= hidden; i += ROW_BLOCK) {
 		float v[ROW_BLOCK];
 		block_in(v, p, dtype, i);
 		for (size_t j = 0; j < ROW_BLOCK; j++)
-			acc[i + j] += v[j];
+			acc[i + j] = add ? acc[i + j] + v[j] : v[j];
 	}
 	for (; i < hidden; i++)
-		acc[i] += elem_in(p, dtype, i);
+		acc[i] = add ? acc[i] + elem_in(p, dtype, i) : elem_in(p, dtype, i);
+}
+
+void rw_svc_row_acc(float *acc, const void *row, uint32_t dtype, uint32_t hidden)
+{
+	row_in(acc, row, dtype, hidden, 1);
 }
 
 void rw_svc_row_load(float *acc, const void *row, uint32_t dtype, uint32_t hidden)
 {
-	const uint8_t *p = row;
-	size_t i = 0;
-	for (; i + ROW_BLOCK <= hidden; i += ROW_BLOCK) {
-		float v[ROW_BLOCK];
-		block_in(v, p, dtype, i);
-		memcpy(acc + i, v, sizeof(v));
-	}
-	for (; i < hidden; i++)
-		acc[i] = elem_in(p, dtype, i);
+	row_in(acc, row, dtype, hidden, 0);
 }
 
 void rw_svc_row_store(void *dst, uint32_t dtype, const float *acc, uint32_t hidden)
