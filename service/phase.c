@@ -68,6 +68,16 @@ typedef struct exec_tomb {
 	uint64_t t_ns;
 } exec_tomb_t;
 
+/* A peer's attempt at a key that ended here: its count row (epoch) was in a pair that failed
+ * here, or came while the key was a tomb. A PHASE_ERR that names that epoch later is about that
+ * attempt, not about a retry of the key that may be running now. Kept for a phase timeout. */
+typedef struct exec_dead {
+	struct exec_dead *next;
+	rw_wire_key_t key;
+	uint32_t node, epoch;
+	uint64_t t_ns;
+} exec_dead_t;
+
 typedef struct exec_sub {
 	int have;                    /* a completion is owed to this rank */
 	int ready;                   /* its inputs are readable on the host (staged if CUDA) */
@@ -189,6 +199,7 @@ struct rw_svc_exec {
 	exec_pair_t *pairs;          /* open and dead-but-draining pairs */
 	exec_row_t *rows;            /* early rows */
 	exec_tomb_t *tombs;          /* failed keys */
+	exec_dead_t *dead;           /* peers' attempts that ended here */
 	rw_svc_stage_t *stage;       /* CUDA staging streams */
 	uint32_t next_serial;
 	uint32_t next_handle;
@@ -450,11 +461,15 @@ static exec_pair_t *pair_new(rw_svc_exec_t *x, exec_group_t *g, const rw_wire_ke
 
 /* ---- failed keys ------------------------------------------------------------------------- */
 
-static void rows_drop_key(rw_svc_exec_t *x, const char *group, const rw_wire_key_t *key)
+/* Drop the early rows of (group, key): all of them, or (node >= 0) node's, or (node >= 0,
+ * epoch != 0) node's of that epoch only. group NULL: any group. */
+static void rows_drop(rw_svc_exec_t *x, const char *group, const rw_wire_key_t *key, int node,
+		      uint32_t epoch)
 {
 	for (exec_row_t **rp = &x->rows; *rp;) {
 		exec_row_t *r = *rp;
-		if (strcmp(r->group, group) == 0 && rw_wire_key_eq(&r->key, key)) {
+		if ((!group || strcmp(r->group, group) == 0) && rw_wire_key_eq(&r->key, key) &&
+		    (node < 0 || r->node == (uint32_t)node) && (!epoch || r->params.epoch == epoch)) {
 			*rp = r->next;
 			free(r);
 		} else {
@@ -485,7 +500,7 @@ static void tomb_add(rw_svc_exec_t *x, const char *group, const rw_wire_key_t *k
 		     uint32_t answered)
 {
 	if (group)
-		rows_drop_key(x, group, key);
+		rows_drop(x, group, key, -1, 0);
 	exec_tomb_t **tp = tomb_find(x, key);
 	exec_tomb_t *t = tp ? *tp : NULL;
 	if (!t) {
@@ -540,10 +555,30 @@ static void tomb_left(rw_svc_exec_t *x, uint32_t group_hash, uint32_t local)
 	}
 }
 
-static void tell_peers_failed(rw_svc_exec_t *x, const rw_wire_key_t *key, int kind,
-			      rw_status_t st, const char *msg)
+static void dead_add(rw_svc_exec_t *x, const rw_wire_key_t *key, uint32_t node, uint32_t epoch)
 {
-	rw_wire_phase_err_t e = { .key = *key, .kind = (uint32_t)kind, .status = st, .node = x->me };
+	exec_dead_t *d = malloc(sizeof(*d));
+	if (!d)
+		return; /* only costs a retry that a late PHASE_ERR may fail */
+	*d = (exec_dead_t){ .next = x->dead, .key = *key, .node = node, .epoch = epoch,
+			    .t_ns = rw_now_ns() };
+	x->dead = d;
+}
+
+static int dead_find(const rw_svc_exec_t *x, const rw_wire_key_t *key, uint32_t node,
+		     uint32_t epoch)
+{
+	for (const exec_dead_t *d = x->dead; d; d = d->next)
+		if (d->node == node && d->epoch == epoch && rw_wire_key_eq(&d->key, key))
+			return 1;
+	return 0;
+}
+
+static void tell_peers_failed(rw_svc_exec_t *x, const rw_wire_key_t *key, int kind,
+			      rw_status_t st, const char *msg, uint32_t epoch, int relay)
+{
+	rw_wire_phase_err_t e = { .key = *key, .kind = (uint32_t)kind, .status = st, .node = x->me,
+				  .epoch = epoch, .relay = (uint32_t)relay };
 	snprintf(e.msg, sizeof(e.msg), "node %u: %s", x->me, msg);
 	uint8_t buf[RW_WIRE_PHASE_ERR_SIZE];
 	size_t n = rw_wire_phase_err_pack(&e, buf, sizeof(buf));
@@ -583,8 +618,11 @@ static void pair_fail(exec_pair_t *p, rw_status_t st, int client_err, const char
 		}
 	if (kind == RW_SVC_DISPATCH)
 		tomb_add(x, p->g ? p->g->name : NULL, &p->key, answered | p->answered);
+	for (uint32_t n = 0; p->have_row && n < x->nodes; n++)
+		if (n != x->me && p->have_row[n] && p->peer_params[n].epoch)
+			dead_add(x, &p->key, n, p->peer_params[n].epoch);
 	if (tell)
-		tell_peers_failed(x, &p->key, kind, st, msg);
+		tell_peers_failed(x, &p->key, kind, st, msg, p->params.epoch, 0);
 	pair_close(p, 0);
 }
 
@@ -949,7 +987,7 @@ static void dispatch_refuse(rw_svc_exec_t *x, exec_group_t *g, uint32_t local,
 		return;
 	}
 	tomb_add(x, g->name, key, 1u << local);
-	tell_peers_failed(x, key, RW_SVC_DISPATCH, RW_ERR_INVAL, msg);
+	tell_peers_failed(x, key, RW_SVC_DISPATCH, RW_ERR_INVAL, msg, 0, 0);
 }
 
 static void exec_submit_dispatch(rw_svc_exec_t *x, exec_member_t *mb, rw_ipc_client_t *client,
@@ -1992,9 +2030,14 @@ static void mesh_counts(void *ctx, uint32_t peer, const rw_wire_counts_t *c)
 	}
 	if (c->slot >= SLOTS)
 		return;
-	if (tomb_find(x, &c->key))
-		return; /* that phase already failed here */
-	/* Early: keep it until our own ranks get there (or it goes stale). */
+	if (tomb_find(x, &c->key)) { /* that phase already failed here */
+		if (c->params.epoch)
+			dead_add(x, &c->key, peer, c->params.epoch);
+		return;
+	}
+	/* Early: keep it until our own ranks get there (or it goes stale). A node sends one row
+	 * per attempt, in order, so a second row of the same key replaces the first. */
+	rows_drop(x, c->group_name, &c->key, (int)peer, 0);
 	exec_row_t *r = malloc(sizeof(*r) + nr * sizeof(uint32_t));
 	if (!r)
 		return;
@@ -2014,15 +2057,39 @@ static void mesh_phase_err(void *ctx, uint32_t peer, const rw_wire_phase_err_t *
 {
 	rw_svc_exec_t *x = ctx;
 	exec_pair_t *p = pair_by_key(x, &e->key);
+	char msg[RW_WIRE_ERRMSG_MAX + 32];
+	snprintf(msg, sizeof(msg), "peer %u failed it: %s", peer, e->msg);
+	/* The peer's count row of the failed attempt is dead wherever it is; an attempt that
+	 * already ended here has nothing more to fail. */
+	if (e->epoch) {
+		rows_drop(x, NULL, &e->key, (int)peer, e->epoch);
+		if (dead_find(x, &e->key, peer, e->epoch))
+			return;
+	}
+	if (e->relay) {
+		/* The peer passed on another node's failure after its row had gone out: only a pair
+		 * that took that row belongs to the failed attempt (a retry here that took it would
+		 * write with a dead epoch and wait for data that never comes). */
+		if (p && !p->dead && p->have_row && p->have_row[peer] &&
+		    p->peer_params[peer].epoch == e->epoch)
+			pair_fail(p, (rw_status_t)e->status, RW_E_PHASE, msg, 1);
+		return;
+	}
 	if (!p) {
 		/* Failed before our ranks got there: they fail at once when they come. */
 		if (e->kind == RW_SVC_DISPATCH)
 			tomb_add(x, NULL, &e->key, 0);
 		return;
 	}
-	char msg[RW_WIRE_ERRMSG_MAX + 32];
-	snprintf(msg, sizeof(msg), "peer %u failed it: %s", peer, e->msg);
+	/* Our row of this attempt may still be on its way to a node that has already moved on
+	 * to a retry of the key: tell everyone it is dead. */
+	int row_out = p->stage == ST_EXCHANGE || p->stage == ST_RUN_D;
+	rw_wire_key_t key = p->key;
+	uint32_t epoch = p->params.epoch;
+	int kind = p->stage >= ST_WAIT_C ? RW_SVC_COMBINE : RW_SVC_DISPATCH;
 	pair_fail(p, (rw_status_t)e->status, RW_E_PHASE, msg, 0);
+	if (row_out)
+		tell_peers_failed(x, &key, kind, (rw_status_t)e->status, msg, epoch, 1);
 }
 
 static void mesh_arrival(void *ctx, uint32_t peer, uint32_t rail, const rw_rail_arrival_t *a)
@@ -2160,6 +2227,15 @@ static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		else
 			tp = &(*tp)->next;
 	}
+	for (exec_dead_t **dp = &x->dead; *dp;) {
+		exec_dead_t *d = *dp;
+		if (now - d->t_ns > timeout) {
+			*dp = d->next;
+			free(d);
+		} else {
+			dp = &d->next;
+		}
+	}
 	for (exec_row_t **rp = &x->rows; *rp;) {
 		exec_row_t *r = *rp;
 		if (now - r->t_ns > timeout) {
@@ -2243,6 +2319,11 @@ void rw_svc_mesh_stop(rw_svc_t *svc)
 	}
 	while (x->tombs)
 		tomb_unlink(&x->tombs);
+	while (x->dead) {
+		exec_dead_t *d = x->dead;
+		x->dead = d->next;
+		free(d);
+	}
 	rw_svc_stage_destroy(x->stage); /* after the IPC server closed its CUDA imports */
 	while (x->groups) {
 		exec_group_t *g = x->groups;

@@ -220,7 +220,7 @@ uint32_t rw_wire_counts_row(const rw_wire_counts_t *c, uint32_t i)
 	return rw_wire_get32(c->row_le + 4u * i);
 }
 
-/* ---- PHASE_ERR: key(16) | kind status node reserved (u32) | msg[128] ---- */
+/* ---- PHASE_ERR: key(16) | kind+relay<<16 status node epoch (u32) | msg[128] ---- */
 
 size_t rw_wire_phase_err_pack(const rw_wire_phase_err_t *e, uint8_t *buf, size_t buf_len)
 {
@@ -228,9 +228,10 @@ size_t rw_wire_phase_err_pack(const rw_wire_phase_err_t *e, uint8_t *buf, size_t
 		return 0;
 	memset(buf, 0, RW_WIRE_PHASE_ERR_SIZE);
 	key_pack(buf, &e->key);
-	rw_wire_put32(buf + 16, e->kind);
+	rw_wire_put32(buf + 16, e->kind | (e->relay ? 1u << 16 : 0));
 	rw_wire_put32(buf + 20, (uint32_t)e->status);
 	rw_wire_put32(buf + 24, e->node);
+	rw_wire_put32(buf + 28, e->epoch);
 	str_field_put(buf + 32, e->msg, RW_WIRE_ERRMSG_MAX);
 	return RW_WIRE_PHASE_ERR_SIZE;
 }
@@ -239,14 +240,16 @@ rw_status_t rw_wire_phase_err_unpack(const uint8_t *in, size_t len, rw_wire_phas
 {
 	if (len != RW_WIRE_PHASE_ERR_SIZE || !str_field_ok((const char *)in + 32, RW_WIRE_ERRMSG_MAX))
 		return RW_ERR_PROTO;
-	uint32_t kind = rw_wire_get32(in + 16);
+	uint32_t kind = rw_wire_get32(in + 16) & 0xffffu, relay = rw_wire_get32(in + 16) >> 16;
 	int32_t status = (int32_t)rw_wire_get32(in + 20);
-	if (kind > 1 || status >= 0 || status < -1000)
+	if (kind > 1 || relay > 1 || status >= 0 || status < -1000)
 		return RW_ERR_PROTO;
 	key_unpack(in, &e_p->key);
 	e_p->kind = kind;
+	e_p->relay = relay;
 	e_p->status = status;
 	e_p->node = rw_wire_get32(in + 24);
+	e_p->epoch = rw_wire_get32(in + 28);
 	memcpy(e_p->msg, in + 32, RW_WIRE_ERRMSG_MAX);
 	return RW_OK;
 }

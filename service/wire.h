@@ -17,7 +17,7 @@
  *   u32 magic "RWMC" | u16 version | u16 type | u32 length | u32 seq (sender's message counter) */
 
 #define RW_WIRE_MAGIC 0x434d5752u   /* "RWMC" read as little-endian bytes R W M C */
-#define RW_WIRE_VERSION 2
+#define RW_WIRE_VERSION 3
 #define RW_WIRE_HDR_SIZE 16
 #define RW_WIRE_MAX_PAYLOAD (1u << 20) /* a count row of 4096 nodes x 16 rails is 256 KiB */
 #define RW_WIRE_CLUSTER_MAX 64         /* cluster name field, NUL-padded */
@@ -125,12 +125,18 @@ size_t rw_wire_counts_pack(const rw_wire_counts_t *c, uint8_t *buf, size_t buf_l
 rw_status_t rw_wire_counts_unpack(const uint8_t *in, size_t len, rw_wire_counts_t *c_p);
 uint32_t rw_wire_counts_row(const rw_wire_counts_t *c, uint32_t i);
 
-/* PHASE_ERR: node `node` failed (key, kind) with status; the receiver fails it too. */
+/* PHASE_ERR: node `node` failed (key, kind) with status; the receiver fails it too. `epoch` is
+ * the sender's epoch for the key (the one in its count row; 0 = it had none). A `relay` says
+ * the sender only passed on someone else's failure after its count row had gone out: receivers
+ * drop that row wherever they hold it, and fail only a pair that had taken it
+ * (docs/dataflow.md "Failures"). */
 typedef struct rw_wire_phase_err {
 	rw_wire_key_t key;
 	uint32_t kind;           /* 0 dispatch, 1 combine */
 	int32_t status;          /* an rw_status_t */
 	uint32_t node;
+	uint32_t epoch;
+	uint32_t relay;          /* 0 or 1 */
 	char msg[RW_WIRE_ERRMSG_MAX];
 } rw_wire_phase_err_t;
 

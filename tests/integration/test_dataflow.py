@@ -243,11 +243,12 @@ def scenario_experts(tmp, seed):
     w = c.nodes * GPUS
     try:
         c.start_all()
-        # Each attempt gets its own step, as a trainer's would: a failed phase's key is not
-        # reused (docs/dataflow.md "Failures").
-        for attempt, bad in enumerate((c.experts + 1, 2 * c.experts)):
+        # Every attempt reuses the key of the one that just failed (step 0), as a trainer that
+        # retries a failed layer would: a failed attempt's late count rows and writes must not
+        # be taken for the retry's (docs/dataflow.md "Failures").
+        for bad in (c.experts + 1, 2 * c.experts):
             t0 = time.time()
-            first = ["--first-step", str(attempt)]
+            first = ["--first-step", "0"]
             procs = [(r, c.rank(r, "g.experts", 1, 1, seed, mode="fail",
                                 flags=(["--submit-experts", str(bad)] if r == 0 else []) + first))
                      for r in range(w)]
@@ -259,7 +260,7 @@ def scenario_experts(tmp, seed):
                 raise RuntimeError("E=%d: RW_E_EXPERTS went to ranks %s:\n%s" % (bad, refused, outs))
             if time.time() - t0 > WAIT / 2:  # a bound, not a timing test: the timeout is 60 s
                 raise RuntimeError("the phase failed only by timeout")
-        c.run_ranks("g.experts", layers=2, steps=2, seed=seed, flags=["--first-step", "2"])
+        c.run_ranks("g.experts", layers=2, steps=2, seed=seed, flags=["--first-step", "0"])
         c.experts = 3 * w  # another E for the same group: E is per phase
         c.run_ranks("g.experts", layers=2, steps=1, seed=seed + 1, flags=["--first-step", "4"])
     finally:
@@ -344,10 +345,11 @@ def scenario_peer_dies(tmp, seed):
                 raise RuntimeError("rank did not see its phase fail: %s\n%s" % (out, c.logs()))
         c.start(2)
         c.wait_mesh()
-        c.run_ranks("g.fault", layers=2, steps=1, seed=seed + 1, flags=["--first-step", "1"])
+        # The failed key (layer 0, step 0) again at once, as a retrying trainer would.
+        c.run_ranks("g.fault", layers=2, steps=1, seed=seed + 1, flags=["--first-step", "0"])
     finally:
         c.stop()
-    print("ok   peer daemon killed mid-phase, others failed the phase and recovered")
+    print("ok   peer daemon killed mid-phase, others failed the phase and recovered (same key retried)")
 
 
 def rx_bytes(c, n):
@@ -393,11 +395,12 @@ def in_flight_one(tmp, seed, path, nodes):
             raise RuntimeError("survivors failed the phase only by timeout (%.1f s)" % took)
         c.start(victim)
         c.wait_mesh()
-        c.run_ranks("g.flight", layers=2, steps=1, seed=seed + 1, flags=["--first-step", "1"])
+        # The failed key again at once (docs/dataflow.md "Failures").
+        c.run_ranks("g.flight", layers=2, steps=1, seed=seed + 1, flags=["--first-step", "0"])
     finally:
         c.stop()
     print("ok   %s N=%d: peer daemon killed with rail writes in flight (%d bytes posted by "
-          "survivors), survivors failed every rank in %.2f s, recovered" % (path, nodes, in_flight, took))
+          "survivors), survivors failed every rank in %.2f s, recovered (same key retried)" % (path, nodes, in_flight, took))
 
 
 def scenario_rank_dies(tmp, seed):
@@ -417,10 +420,11 @@ def scenario_rank_dies(tmp, seed):
             out, _ = p.communicate(timeout=WAIT)
             if p.returncode != 0:
                 raise RuntimeError("rank did not see its phase fail: %s\n%s" % (out, c.logs()))
-        c.run_ranks("g.rank", layers=2, steps=1, seed=seed + 1, flags=["--first-step", "1"])
+        # The failed key again at once (docs/dataflow.md "Failures").
+        c.run_ranks("g.rank", layers=2, steps=1, seed=seed + 1, flags=["--first-step", "0"])
     finally:
         c.stop()
-    print("ok   rank killed mid-phase, its group's phase failed everywhere, then recovered")
+    print("ok   rank killed mid-phase, its group's phase failed everywhere, then recovered (same key retried)")
 
 
 def scenario_garbage(tmp, seed):

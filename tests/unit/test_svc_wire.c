@@ -162,7 +162,8 @@ static void test_counts_roundtrip(void **state)
 static void test_phase_err_and_heartbeat(void **state)
 {
 	(void)state;
-	rw_wire_phase_err_t e = { .key = { 1, 2, 3 }, .kind = 1, .status = RW_ERR_TIMEOUT, .node = 3 };
+	rw_wire_phase_err_t e = { .key = { 1, 2, 3 }, .kind = 1, .status = RW_ERR_TIMEOUT, .node = 3,
+				  .epoch = 0xdeadbeef, .relay = 1 };
 	strcpy(e.msg, "node 3: phase timed out");
 	uint8_t buf[512];
 	size_t n = rw_wire_phase_err_pack(&e, buf, sizeof(buf));
@@ -171,7 +172,14 @@ static void test_phase_err_and_heartbeat(void **state)
 	assert_int_equal(rw_wire_phase_err_unpack(buf, n, &o), RW_OK);
 	assert_int_equal(o.status, RW_ERR_TIMEOUT);
 	assert_int_equal(o.kind, 1);
+	assert_int_equal(o.relay, 1);
+	assert_true(o.epoch == 0xdeadbeef);
 	assert_string_equal(o.msg, e.msg);
+	buf[18] = 2; /* relay is 0 or 1 */
+	assert_int_equal(rw_wire_phase_err_unpack(buf, n, &o), RW_ERR_PROTO);
+	buf[18] = 0;
+	assert_int_equal(rw_wire_phase_err_unpack(buf, n, &o), RW_OK);
+	assert_int_equal(o.relay, 0);
 	buf[20] = 5; /* a positive status is not an error */
 	buf[21] = buf[22] = buf[23] = 0;
 	assert_int_equal(rw_wire_phase_err_unpack(buf, n, &o), RW_ERR_PROTO);
