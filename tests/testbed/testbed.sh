@@ -69,11 +69,24 @@ down() {
 	done
 }
 
+# Whether this kernel has a qdisc: try it on a throwaway veth pair.
+qdisc_works() {
+	probe="${prefix}-probe"
+	ip link add "$probe" type veth peer name "${probe}p" 2>/dev/null || return 1
+	tc qdisc add dev "$probe" root "$@" 2>/dev/null
+	rc=$?
+	ip link del "$probe" 2>/dev/null
+	return $rc
+}
+
 up() {
 	[ "$(id -u)" = 0 ] || die "needs root"
 	command -v ip >/dev/null || die "needs iproute2 (ip)"
 	[ "$nodes" -ge 2 ] && [ "$nodes" -le 200 ] || die "nodes must be 2..200"
 	[ "$rails" -ge 1 ] && [ "$rails" -le 16 ] || die "rails must be 1..16"
+	[ "$delay" = 0 ] || qdisc_works netem delay 1ms ||
+		die "-d needs the netem qdisc (CONFIG_NET_SCH_NETEM), which this kernel lacks"
+	qdisc_works htb || die "needs the htb qdisc (CONFIG_NET_SCH_HTB) for the NICs' priority band"
 	down # debris of an earlier run
 	trap 'down' INT TERM
 	ip link add "${prefix}-mgmt" type bridge
