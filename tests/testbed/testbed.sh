@@ -71,7 +71,7 @@ down() {
 
 # Whether this kernel has a qdisc: try it on a throwaway veth pair.
 qdisc_works() {
-	probe="${prefix}-probe"
+	probe="${prefix}-q"
 	ip link add "$probe" type veth peer name "${probe}p" 2>/dev/null || return 1
 	tc qdisc add dev "$probe" root "$@" 2>/dev/null
 	rc=$?
