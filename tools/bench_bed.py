@@ -423,12 +423,17 @@ def run_mpi_once(ctx, tmp_root, wl, desc, steps, progress=True):
     except RuntimeError as e:
         return {"skipped": str(e)}
     tmp = tempfile.mkdtemp(prefix="mpi.", dir=tmp_root)
-    mfile = os.path.join(tmp, "matrix.txt")
+    mfile, rfile = os.path.join(tmp, "matrix.txt"), os.path.join(tmp, "return.txt")
     m = desc["mpi_matrix"]
-    with open(mfile, "w") as f:
-        f.write("%d\n" % W)
-        for s in range(W):
-            f.write(" ".join(str(x) for x in m[s * W:(s + 1) * W]) + "\n")
+    # The combine's trip back: every record returns from the rank that got it, at the combine
+    # record size (the transpose of the dispatch matrix, in records, times combine bytes).
+    crec = desc["combine_record_bytes"]
+    back = [m[d * W + s] // desc["record_bytes"] * crec for s in range(W) for d in range(W)]
+    for path, mat in ((mfile, m), (rfile, back)):
+        with open(path, "w") as f:
+            f.write("%d\n" % W)
+            for s in range(W):
+                f.write(" ".join(str(x) for x in mat[s * W:(s + 1) * W]) + "\n")
     argv = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(W)]
     env = dict(os.environ, RW_TESTBED_PREFIX=ctx.bed.prefix, OMPI_MCA_btl_tcp_links="1")
     if ctx.bed.mode == "testbed":
@@ -440,7 +445,8 @@ def run_mpi_once(ctx, tmp_root, wl, desc, steps, progress=True):
         argv += ["--host", "localhost:%d" % W, "--mca", "btl_tcp_if_include", "lo"]
     # routed=direct: ORTE's default tree routing sometimes loses its way between the namespaces
     # ("does not know how to route a message to the specified daemon").
-    argv += ["--mca", "routed", "direct", "--mca", "btl", "tcp,self", prog, mfile, str(steps + 1)]
+    argv += ["--mca", "routed", "direct", "--mca", "btl", "tcp,self", prog, mfile, str(steps + 1),
+             rfile]
     log = os.path.join(tmp, "mpirun.log")
     with open(log, "w") as lf:
         p = ctx.procs.spawn(argv, stdout=subprocess.PIPE, stderr=lf, env=env, text=True)
@@ -459,10 +465,11 @@ def run_mpi_once(ctx, tmp_root, wl, desc, steps, progress=True):
         with open(log) as lf:
             tail = lf.read()[-800:]
         raise RuntimeError("MPI_Alltoallv run failed (exit %s): %s" % (p.returncode, tail))
-    secs = res["seconds"][1:]
+    secs, back_secs = res["seconds"][1:], res["return_seconds"][1:]
     if progress:
-        say("  %-10s %d alltoallv: median %.3f s" % ("mpi", len(secs), pct(secs, 0.5)))
-    return {"dispatch": summary(secs), "bytes": res["bytes"]}
+        say("  %-10s %d alltoallv: median %.3f s, return trip %.3f s" % (
+            "mpi", len(secs), pct(secs, 0.5), pct(back_secs, 0.5)))
+    return {"dispatch": summary(secs), "combine": summary(back_secs), "bytes": res["bytes"]}
 
 
 def calibrate(ctx, cases, out_path):
@@ -611,6 +618,10 @@ def demo(ctx, tmp):
         say("   alltoallv of the same bytes, median %.3f s (p10 %.3f, p90 %.3f): %.2f x lower bound, "
             "%.2fx vs native dispatch" % (m["median"], m["p10"], m["p90"],
                                           m["median"] / desc["lower_bound_s"]["dispatch"], native / m["median"]))
+        if "combine" in res["mpi"]:
+            c = res["mpi"]["combine"]
+            say("   return trip (the combine's bytes), median %.3f s (p10 %.3f, p90 %.3f): %.2f x lower "
+                "bound" % (c["median"], c["p10"], c["p90"], c["median"] / desc["lower_bound_s"]["combine"]))
         say("")
     dec = res["auto"]["decision"]
     anc = table["anchors"][0]
@@ -814,11 +825,12 @@ def target_lines(doc):
     if nj:
         lines.append("  native / joint (dispatch): lowest %.2f, %d of %d at least 2" % (
             min(nj), sum(x >= 2 for x in nj), len(nj)))
-    mj = [p["results"]["mpi"]["dispatch"]["median"] / p["results"]["joint"]["dispatch"]["median"]
-          for p in doc["points"] if "dispatch" in p["results"].get("mpi", {})]
-    if mj:
-        lines.append("  mpi / joint (dispatch, all points): lowest %.2f, %d of %d above 1" % (
-            min(mj), sum(x > 1 for x in mj), len(mj)))
+    for phase in ("dispatch", "combine"):
+        mj = [p["results"]["mpi"][phase]["median"] / p["results"]["joint"][phase]["median"]
+              for p in doc["points"] if phase in p["results"].get("mpi", {})]
+        if mj:
+            lines.append("  mpi / joint (%s, all points): lowest %.2f, %d of %d above 1" % (
+                phase, min(mj), sum(x > 1 for x in mj), len(mj)))
     uni = [p for p in doc["points"] if p["features"]["rho_g"] < 1.2 and "auto" in p["results"]]
     for p in uni:
         best = min(PATHS, key=lambda c: p["results"][c]["dispatch"]["median"])
