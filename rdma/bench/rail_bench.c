@@ -300,15 +300,23 @@ typedef struct rail_sender {
 	pid_t pid;
 } rail_sender_t;
 
+/* Start the receiver process and open this side's rails; *m gets the receiver's descriptors
+ * and addresses. */
+static int rail_sender_start(rail_sender_t *rs, unsigned rails, uint64_t max_size,
+			     uint64_t pace_bps, msg_t *m)
+{
+	rs->s.loop = ev_loop_new(EVFLAG_AUTO);
+	rs->pid = spawn(rail_receiver, rails, &rs->ctl);
+	if (rs->pid < 0 || xrecv(rs->ctl, m) < 0)
+		return -1;
+	return open_rails(&rs->s, rails, 1, max_size, pace_bps);
+}
+
 static int rail_sender_open(rail_sender_t *rs, unsigned rails, uint64_t max_size)
 {
 	msg_t m;
 	memset(rs, 0, sizeof(*rs));
-	rs->s.loop = ev_loop_new(EVFLAG_AUTO);
-	rs->pid = spawn(rail_receiver, rails, &rs->ctl);
-	if (rs->pid < 0 || xrecv(rs->ctl, &m) < 0)
-		return -1;
-	if (open_rails(&rs->s, rails, 1, max_size, 0) < 0)
+	if (rail_sender_start(rs, rails, max_size, 0, &m) < 0)
 		return -1;
 	for (unsigned r = 0; r < rails; r++) {
 		if (rw_rail_remote_unpack(m.desc[r], RW_RAIL_DESC_SIZE, &rs->s.remote[r]) != RW_OK ||
@@ -552,12 +560,10 @@ typedef struct pace_conn {
 } pace_conn_t;
 
 typedef struct pace_sender {
-	rail_side_t s; /* devices, regions, the receiver's descriptors */
+	rail_sender_t rs; /* receiver process; devices, regions, the receiver's descriptors */
 	pace_conn_t pc[MAX_RAILS][MAX_CONNS];
 	unsigned conns, connected, failed;
 	uint64_t size, depth;
-	int ctl;
-	pid_t pid;
 } pace_sender_t;
 
 static void p_pump(pace_conn_t *pc)
@@ -565,9 +571,9 @@ static void p_pump(pace_conn_t *pc)
 	pace_sender_t *ps = pc->ps;
 	while (pc->posted < pc->count && pc->posted - pc->done < ps->depth) {
 		rw_rail_write_t w = {
-			.local = ps->s.region[pc->rail],
+			.local = ps->rs.s.region[pc->rail],
 			.length = ps->size,
-			.remote = ps->s.remote[pc->rail],
+			.remote = ps->rs.s.remote[pc->rail],
 			.remote_offset = (pc->posted % ps->depth) * ps->size,
 		};
 		rw_status_t st = rw_rail_write(pc->conn, &w);
@@ -623,25 +629,21 @@ static int pace_open(pace_sender_t *ps, unsigned rails, unsigned conns, uint64_t
 	msg_t m;
 	memset(ps, 0, sizeof(*ps));
 	ps->conns = conns;
-	ps->s.loop = ev_loop_new(EVFLAG_AUTO);
-	ps->pid = spawn(rail_receiver, rails, &ps->ctl);
-	if (ps->pid < 0 || xrecv(ps->ctl, &m) < 0)
-		return -1;
-	if (open_rails(&ps->s, rails, 1, max_size, pace_bps) < 0)
+	if (rail_sender_start(&ps->rs, rails, max_size, pace_bps, &m) < 0)
 		return -1;
 	for (unsigned r = 0; r < rails; r++) {
-		if (rw_rail_remote_unpack(m.desc[r], RW_RAIL_DESC_SIZE, &ps->s.remote[r]) != RW_OK)
+		if (rw_rail_remote_unpack(m.desc[r], RW_RAIL_DESC_SIZE, &ps->rs.s.remote[r]) != RW_OK)
 			return -1;
 		for (unsigned k = 0; k < conns; k++) {
 			pace_conn_t *pc = &ps->pc[r][k];
 			pc->ps = ps;
 			pc->rail = r;
-			if (rw_rail_connect(ps->s.dev[r], m.addr[r], r, &pace_cbs, pc, &pc->conn))
+			if (rw_rail_connect(ps->rs.s.dev[r], m.addr[r], r, &pace_cbs, pc, &pc->conn))
 				return -1;
 		}
 	}
 	while (ps->connected < rails * conns && !ps->failed)
-		ev_run(ps->s.loop, EVRUN_ONCE);
+		ev_run(ps->rs.s.loop, EVRUN_ONCE);
 	return ps->failed ? -1 : 0;
 }
 
@@ -655,7 +657,7 @@ typedef struct pace_result {
  * completion (completion = in the receiver's region). */
 static int pace_run(pace_sender_t *ps, uint64_t size, uint64_t per_conn, pace_result_t *res)
 {
-	rail_side_t *s = &ps->s;
+	rail_side_t *s = &ps->rs.s;
 	msg_t m = {.op = 2};
 	uint64_t waits0 = 0;
 	ps->size = size;
@@ -669,7 +671,7 @@ static int pace_run(pace_sender_t *ps, uint64_t size, uint64_t per_conn, pace_re
 			pc->t_done = 0;
 		}
 	}
-	if (xsend(ps->ctl, &m) < 0 || xrecv(ps->ctl, &m) < 0)
+	if (xsend(ps->rs.ctl, &m) < 0 || xrecv(ps->rs.ctl, &m) < 0)
 		return -1;
 	double t0 = now_s();
 	for (unsigned r = 0; r < s->rails; r++)
@@ -688,7 +690,7 @@ static int pace_run(pace_sender_t *ps, uint64_t size, uint64_t per_conn, pace_re
 	if (ps->failed)
 		return -1;
 	m.op = 3;
-	if (xsend(ps->ctl, &m) < 0 || xrecv(ps->ctl, &m) < 0)
+	if (xsend(ps->rs.ctl, &m) < 0 || xrecv(ps->rs.ctl, &m) < 0)
 		return -1;
 	res->waits = 0;
 	for (unsigned r = 0; r < s->rails; r++) {
@@ -712,15 +714,6 @@ static int pace_run(pace_sender_t *ps, uint64_t size, uint64_t per_conn, pace_re
 	return 0;
 }
 
-static void pace_close(pace_sender_t *ps, uint64_t max_size)
-{
-	msg_t m = {.op = 4};
-	xsend(ps->ctl, &m);
-	waitpid(ps->pid, NULL, 0);
-	close(ps->ctl);
-	close_rails(&ps->s, max_size);
-	ev_loop_destroy(ps->s.loop);
-}
 
 static void size_label(uint64_t size, char *buf, size_t len)
 {
@@ -763,7 +756,7 @@ static int pace_main(const uint64_t *rates, int nrates, const uint64_t *rails_li
 				return 1;
 			ceiling[si] = res.gbps_min;
 		}
-		pace_close(&ps, max_size);
+		rail_sender_close(&ps.rs, max_size);
 		for (int qi = 0; qi < nrates; qi++) {
 			if (pace_open(&ps, rails, conns, max_size, rates[qi]) < 0) {
 				fprintf(stderr, "rail_bench: setup for %u rails failed\n", rails);
@@ -783,7 +776,7 @@ static int pace_main(const uint64_t *rates, int nrates, const uint64_t *rails_li
 				       res.first_done, (unsigned long long)res.waits, ceiling[si]);
 				fflush(stdout);
 			}
-			pace_close(&ps, max_size);
+			rail_sender_close(&ps.rs, max_size);
 		}
 	}
 	return 0;
