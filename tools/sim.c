@@ -96,21 +96,53 @@ static int ev_less(const sim_ev_t *a, const sim_ev_t *b)
 	return a->t < b->t || (a->t == b->t && a->comp < b->comp); /* comp: deterministic ties */
 }
 
-static void ev_sift_down(sim_ev_t *h, size_t n, size_t i)
+static int pk_less(const sim_pk_t *a, const sim_pk_t *b)
 {
-	for (;;) {
-		size_t l = 2 * i + 1, m = i;
-		if (l < n && ev_less(&h[l], &h[m]))
-			m = l;
-		if (l + 1 < n && ev_less(&h[l + 1], &h[m]))
-			m = l + 1;
-		if (m == i)
-			return;
-		sim_ev_t t = h[i];
-		h[i] = h[m];
-		h[m] = t;
-		i = m;
+	return a->key < b->key || (a->key == b->key && a->port < b->port);
+}
+
+/* NAME_up(h, i) / NAME_down(h, n, i): restore the heap order of h[0..n) after h[i] got smaller /
+ * larger; typed (no comparator calls through a pointer in the simulator's inner loop). */
+#define SIM_HEAP(NAME, TYPE, LESS)                                                              \
+	static void NAME##_up(TYPE *h, size_t i)                                                \
+	{                                                                                       \
+		for (size_t up; i > 0 && LESS(&h[i], &h[up = (i - 1) / 2]); i = up) {           \
+			TYPE t = h[i];                                                          \
+			h[i] = h[up];                                                           \
+			h[up] = t;                                                              \
+		}                                                                               \
+	}                                                                                       \
+	static void NAME##_down(TYPE *h, size_t n, size_t i)                                    \
+	{                                                                                       \
+		for (;;) {                                                                      \
+			size_t l = 2 * i + 1, m = i;                                            \
+			if (l < n && LESS(&h[l], &h[m]))                                        \
+				m = l;                                                          \
+			if (l + 1 < n && LESS(&h[l + 1], &h[m]))                                \
+				m = l + 1;                                                      \
+			if (m == i)                                                             \
+				return;                                                         \
+			TYPE t = h[i];                                                          \
+			h[i] = h[m];                                                            \
+			h[m] = t;                                                               \
+			i = m;                                                                  \
+		}                                                                               \
 	}
+SIM_HEAP(ev_heap, sim_ev_t, ev_less)
+SIM_HEAP(pk_heap, sim_pk_t, pk_less)
+
+/* Make room for one more element in a doubling array of *cap elements of `size` bytes. */
+static rw_status_t heap_reserve(void **arr, size_t n, size_t *cap, size_t size)
+{
+	if (n < *cap)
+		return RW_OK;
+	size_t nc = *cap ? 2 * *cap : 1024;
+	void *p = realloc(*arr, nc * size);
+	if (!p)
+		return RW_ERR_NOMEM;
+	*arr = p;
+	*cap = nc;
+	return RW_OK;
 }
 
 static int ev_valid(const sim_t *s, const sim_ev_t *e) { return s->port_comp[e->root] == e->comp; }
@@ -125,41 +157,27 @@ static void ev_compact(sim_t *s)
 			s->ev[n++] = s->ev[i];
 	s->n_ev = n;
 	for (size_t i = n / 2; i-- > 0;)
-		ev_sift_down(s->ev, n, i);
+		ev_heap_down(s->ev, n, i);
 }
 
 static rw_status_t ev_push(sim_t *s, sim_ev_t e)
 {
-	if (s->n_ev == s->cap_ev) {
-		if (s->n_ev > 2 * (size_t)s->P + 1024)
-			ev_compact(s);
-		if (s->n_ev == s->cap_ev) {
-			size_t nc = s->cap_ev ? 2 * s->cap_ev : 1024;
-			sim_ev_t *p = realloc(s->ev, nc * sizeof(*p));
-			if (!p)
-				return RW_ERR_NOMEM;
-			s->ev = p;
-			s->cap_ev = nc;
-		}
-	}
-	size_t i = s->n_ev++;
-	s->ev[i] = e;
-	while (i > 0) {
-		size_t up = (i - 1) / 2;
-		if (!ev_less(&s->ev[i], &s->ev[up]))
-			break;
-		sim_ev_t t = s->ev[i];
-		s->ev[i] = s->ev[up];
-		s->ev[up] = t;
-		i = up;
-	}
+	if (s->n_ev == s->cap_ev && s->n_ev > 2 * (size_t)s->P + 1024)
+		ev_compact(s);
+	void *arr = s->ev;
+	rw_status_t st = heap_reserve(&arr, s->n_ev, &s->cap_ev, sizeof(sim_ev_t));
+	s->ev = arr;
+	if (st != RW_OK)
+		return st;
+	s->ev[s->n_ev] = e;
+	ev_heap_up(s->ev, s->n_ev++);
 	return RW_OK;
 }
 
 static void ev_pop(sim_t *s)
 {
 	s->ev[0] = s->ev[--s->n_ev];
-	ev_sift_down(s->ev, s->n_ev, 0);
+	ev_heap_down(s->ev, s->n_ev, 0);
 }
 
 /* Pop stale entries off the top; 1 if a valid one is left on top. */
@@ -170,32 +188,15 @@ static int ev_top_valid(sim_t *s)
 	return s->n_ev > 0;
 }
 
-static int pk_less(const sim_pk_t *a, const sim_pk_t *b)
-{
-	return a->key < b->key || (a->key == b->key && a->port < b->port);
-}
-
 static rw_status_t pk_push(sim_t *s, double key, uint32_t port)
 {
-	if (s->n_ph == s->cap_ph) {
-		size_t nc = s->cap_ph ? 2 * s->cap_ph : 1024;
-		sim_pk_t *p = realloc(s->ph, nc * sizeof(*p));
-		if (!p)
-			return RW_ERR_NOMEM;
-		s->ph = p;
-		s->cap_ph = nc;
-	}
-	size_t i = s->n_ph++;
-	s->ph[i] = (sim_pk_t){ key, port };
-	while (i > 0) {
-		size_t up = (i - 1) / 2;
-		if (!pk_less(&s->ph[i], &s->ph[up]))
-			break;
-		sim_pk_t t = s->ph[i];
-		s->ph[i] = s->ph[up];
-		s->ph[up] = t;
-		i = up;
-	}
+	void *arr = s->ph;
+	rw_status_t st = heap_reserve(&arr, s->n_ph, &s->cap_ph, sizeof(sim_pk_t));
+	s->ph = arr;
+	if (st != RW_OK)
+		return st;
+	s->ph[s->n_ph] = (sim_pk_t){ key, port };
+	pk_heap_up(s->ph, s->n_ph++);
 	return RW_OK;
 }
 
@@ -203,20 +204,7 @@ static sim_pk_t pk_pop(sim_t *s)
 {
 	sim_pk_t top = s->ph[0];
 	s->ph[0] = s->ph[--s->n_ph];
-	size_t i = 0, n = s->n_ph;
-	for (;;) {
-		size_t l = 2 * i + 1, m = i;
-		if (l < n && pk_less(&s->ph[l], &s->ph[m]))
-			m = l;
-		if (l + 1 < n && pk_less(&s->ph[l + 1], &s->ph[m]))
-			m = l + 1;
-		if (m == i)
-			break;
-		sim_pk_t t = s->ph[i];
-		s->ph[i] = s->ph[m];
-		s->ph[m] = t;
-		i = m;
-	}
+	pk_heap_down(s->ph, s->n_ph, 0);
 	return top;
 }
 
