@@ -384,6 +384,20 @@ static int rail_dense(const sim_t *s, uint32_t r) { return s->rail_active[r] > 2
  * rate together; when a port fills, freeze its flows at the level reached. Keys (remaining
  * capacity / unfrozen flows) only grow as other ports freeze flows below them, so a popped
  * entry whose key grew is pushed back with the new key instead of being updated in place. */
+/* A port entry just popped, whose key is updated lazily: 1 when its fill level *cur (remaining
+ * capacity / unfrozen flows) is the key it was pushed with, so it fills now; 0 when the port is
+ * done, or its level grew and it went back in with the new key; -1 when that push failed. */
+static int pk_settled(sim_t *s, sim_pk_t top, double *cur)
+{
+	uint32_t p = top.port;
+	if (s->kcnt[p] == 0)
+		return 0;
+	*cur = (s->cap[p] > 0 ? s->cap[p] : 0) / s->kcnt[p];
+	if (*cur > top.key * (1 + 1e-12))
+		return pk_push(s, *cur, p) == RW_OK ? 0 : -1;
+	return 1;
+}
+
 static rw_status_t fill_maxmin(sim_t *s)
 {
 	s->n_ph = 0;
@@ -399,11 +413,10 @@ static rw_status_t fill_maxmin(sim_t *s)
 	while (s->n_ph > 0) {
 		sim_pk_t top = pk_pop(s);
 		uint32_t p = top.port;
-		if (s->kcnt[p] == 0)
-			continue;
-		double cur = (s->cap[p] > 0 ? s->cap[p] : 0) / s->kcnt[p];
-		if (cur > top.key * (1 + 1e-12)) {
-			if (pk_push(s, cur, p) != RW_OK)
+		double cur;
+		int st = pk_settled(s, top, &cur);
+		if (st <= 0) {
+			if (st < 0)
 				return RW_ERR_NOMEM;
 			continue;
 		}
@@ -481,11 +494,10 @@ static rw_status_t fill_lossless(sim_t *s)
 				freeze_egress(s, p, top.key); /* C / n_e: its key never changes */
 			continue;
 		}
-		if (s->kcnt[p] == 0)
-			continue;
-		double cur = (s->cap[p] > 0 ? s->cap[p] : 0) / s->kcnt[p];
-		if (cur > top.key * (1 + 1e-12)) {
-			if (pk_push(s, cur, p) != RW_OK)
+		double cur;
+		int st = pk_settled(s, top, &cur);
+		if (st <= 0) {
+			if (st < 0)
 				return RW_ERR_NOMEM;
 			continue;
 		}
