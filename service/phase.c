@@ -180,10 +180,9 @@ struct exec_pair {
 	uint8_t *packed[2];          /* [N] */
 	uint8_t *pack_egress;
 	uint32_t *pack_slot;
-	/* local-node records' work (pair_local_work), sliced on the idle watcher: bg_on = pending,
-	 * of kind bg_kind, resuming at local rank bg_g, row/record bg_i */
-	int local_started[2], local_done[2];
-	int bg_on, bg_kind;
+	/* local-node records' work per kind (pair_local_work), sliced on the idle watcher; the
+	 * running kind resumes at local rank bg_g, row/record bg_i */
+	uint8_t local[2];            /* LOCAL_* */
 	uint32_t bg_g, bg_i;
 };
 
@@ -228,6 +227,10 @@ static void complete_dispatch(exec_pair_t *p);
 static void complete_combine(exec_pair_t *p);
 
 enum { OP_DIN = 1, OP_CIN = 2, OP_FLUSH = 3 }; /* staging mark kinds */
+enum { LOCAL_IDLE, LOCAL_RUNNING, LOCAL_DONE };  /* exec_pair.local[kind] */
+
+/* The kind of the phase a pair is in: 0 dispatch, 1 combine. */
+static int pair_kind(const exec_pair_t *p) { return p->stage >= ST_WAIT_C; }
 
 static uint64_t stage_token(const exec_pair_t *p, int op, uint32_t g)
 {
@@ -397,7 +400,7 @@ static void pace_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	(void)revents;
 	exec_pair_t *p = w->data;
 	p->pace_wait = 0;
-	pair_send_wave(p, p->stage == ST_RUN_C ? 1 : 0);
+	pair_send_wave(p, pair_kind(p));
 }
 
 static void pair_arm_timer(exec_pair_t *p)
@@ -1545,11 +1548,9 @@ static void pack_dst(exec_pair_t *p, int kind, uint32_t d)
 
 static void pair_local_work(exec_pair_t *p, int kind)
 {
-	if (p->local_started[kind])
+	if (p->local[kind] != LOCAL_IDLE)
 		return;
-	p->local_started[kind] = 1;
-	p->bg_on = 1;
-	p->bg_kind = kind;
+	p->local[kind] = LOCAL_RUNNING;
 	p->bg_g = p->bg_i = 0;
 	ev_idle_start(p->x->svc->loop, &p->x->bg);
 }
@@ -1559,13 +1560,13 @@ static void bg_cb(struct ev_loop *loop, ev_idle *w, int revents)
 	(void)revents;
 	rw_svc_exec_t *x = w->data;
 	exec_pair_t *p = x->pairs;
-	while (p && (p->dead || !p->bg_on))
+	while (p && (p->dead || p->local[pair_kind(p)] != LOCAL_RUNNING))
 		p = p->next;
 	if (!p) {
 		ev_idle_stop(loop, w);
 		return;
 	}
-	int kind = p->bg_kind;
+	int kind = pair_kind(p);
 	if (kind == 0)
 		forward_local(p, BG_SLICE);
 	else
@@ -1574,8 +1575,7 @@ static void bg_cb(struct ev_loop *loop, ev_idle *w, int revents)
 		return;
 	if (kind == 0 ? p->bg_i < p->n_local : p->bg_g < x->gpus)
 		return;
-	p->bg_on = 0;
-	p->local_done[kind] = 1;
+	p->local[kind] = LOCAL_DONE;
 	pair_check_done(p);
 }
 
@@ -1790,7 +1790,7 @@ static void flush_outputs(exec_pair_t *p)
 
 static void pair_check_done(exec_pair_t *p)
 {
-	if (p->dead || !p->sends_done || p->flushing || !p->local_done[p->stage == ST_RUN_C])
+	if (p->dead || !p->sends_done || p->flushing || p->local[pair_kind(p)] != LOCAL_DONE)
 		return;
 	if ((p->stage == ST_RUN_D && p->ranges_left[0] == 0) ||
 	    (p->stage == ST_RUN_C && p->ranges_left[1] == 0))
@@ -1879,22 +1879,25 @@ static void combine_pack(exec_pair_t *p, uint32_t d)
 			rw_wire_crec_pack(dst, &h);
 			uint8_t *out = dst + RW_WIRE_CREC_HDR;
 			const uint32_t *c = &p->contrib[(size_t)ref * x->gpus];
+			const uint8_t *first = NULL;
 			uint32_t n = 0;
 			for (uint32_t g = 0; g < x->gpus; g++) {
 				if (!c[g])
 					continue;
 				const uint8_t *row = p->csub[g].tokens + (uint64_t)(c[g] - 1) * row_bytes;
-				if (n == 0)
-					memcpy(out, row, row_bytes);
-				else if (n == 1)
-					rw_svc_row_load(p->crow, out, p->dtype, p->hidden);
-				if (n >= 1)
-					rw_svc_row_acc(p->crow, row, p->dtype, p->hidden);
-				n++;
+				if (n++ == 0) {
+					first = row;
+					continue;
+				}
+				if (n == 2)
+					rw_svc_row_load(p->crow, first, p->dtype, p->hidden);
+				rw_svc_row_acc(p->crow, row, p->dtype, p->hidden);
 			}
-			if (n >= 2)
+			if (n == 1)
+				memcpy(out, first, row_bytes);
+			else if (n >= 2)
 				rw_svc_row_store(out, p->dtype, p->crow, p->hidden);
-			else if (n == 0) /* never: every received record went to a local rank */
+			else /* never: every received record went to a local rank */
 				memset(out, 0, row_bytes);
 		}
 	}
@@ -2086,10 +2089,9 @@ static void mesh_phase_err(void *ctx, uint32_t peer, const rw_wire_phase_err_t *
 	int row_out = p->stage == ST_EXCHANGE || p->stage == ST_RUN_D;
 	rw_wire_key_t key = p->key;
 	uint32_t epoch = p->params.epoch;
-	int kind = p->stage >= ST_WAIT_C ? RW_SVC_COMBINE : RW_SVC_DISPATCH;
 	pair_fail(p, (rw_status_t)e->status, RW_E_PHASE, msg, 0);
 	if (row_out)
-		tell_peers_failed(x, &key, kind, (rw_status_t)e->status, msg, epoch, 1);
+		tell_peers_failed(x, &key, RW_SVC_DISPATCH, (rw_status_t)e->status, msg, epoch, 1);
 }
 
 static void mesh_arrival(void *ctx, uint32_t peer, uint32_t rail, const rw_rail_arrival_t *a)
@@ -2154,7 +2156,7 @@ static void mesh_write_done(void *ctx, void *write_ctx, rw_status_t st)
 	if (--p->send_pending == 0 && !p->posting) {
 		PTRACE(p, "wave %u writes done: largest slab %.0f kB at %.1f Mbit/s", p->wave,
 		       p->wave_slab_max / 1e3, p->wave_slab_max * 8e3 / (double)(rw_now_ns() - p->wave_t0));
-		pair_send_wave(p, p->stage == ST_RUN_C ? 1 : 0);
+		pair_send_wave(p, pair_kind(p));
 	}
 }
 
