@@ -21,6 +21,7 @@
 #define SUB_SC 3              /* send: combine slabs */
 #define CHUNK_MAX (4u << 20)  /* largest single rail write we post */
 #define TICK_S 0.05           /* slot waits, stale rows */
+#define BG_SLICE 32u          /* local-node records per idle slice (pair_local_work) */
 
 enum stage {
 	ST_GATHER_D = 0, /* waiting for local dispatch submissions */
@@ -208,6 +209,7 @@ struct rw_svc_exec {
 	 * one write per test_gap_s per pair, so a test can act while writes are in flight. */
 	uint64_t test_chunk;
 	double test_gap_s;
+	uint32_t bg_slice;           /* records per idle slice: BG_SLICE, or RAILWAVE_TEST_LOCAL_SLICE */
 };
 
 typedef struct rw_svc_exec rw_svc_exec_t;
@@ -1544,7 +1546,6 @@ static void pack_dst(exec_pair_t *p, int kind, uint32_t d)
  * combine folds the local ranks' rows of them into their owners' sums. It starts once the first
  * writes are posted and runs in slices of BG_SLICE records on the idle watcher, between network
  * events, so the loop keeps the rail connections fed meanwhile (docs/dataflow.md "Send"). */
-#define BG_SLICE 32u
 
 static void pair_local_work(exec_pair_t *p, int kind)
 {
@@ -1568,9 +1569,9 @@ static void bg_cb(struct ev_loop *loop, ev_idle *w, int revents)
 	}
 	int kind = pair_kind(p);
 	if (kind == 0)
-		forward_local(p, BG_SLICE);
+		forward_local(p, x->bg_slice);
 	else
-		combine_local(p, BG_SLICE);
+		combine_local(p, x->bg_slice);
 	if (p->dead)
 		return;
 	if (kind == 0 ? p->bg_i < p->n_local : p->bg_g < x->gpus)
@@ -2265,9 +2266,13 @@ rw_status_t rw_svc_mesh_start(rw_svc_t *svc)
 	x->test_chunk = hook ? strtoull(hook, NULL, 10) << 10 : 0;
 	hook = getenv("RAILWAVE_TEST_WRITE_GAP_MS");
 	x->test_gap_s = hook ? strtod(hook, NULL) / 1000.0 : 0;
-	if (x->test_chunk || x->test_gap_s > 0)
-		rw_warn("test hooks on: rail writes of at most %llu bytes, one per %.0f ms per phase",
-			(unsigned long long)(x->test_chunk ? x->test_chunk : CHUNK_MAX), x->test_gap_s * 1000);
+	hook = getenv("RAILWAVE_TEST_LOCAL_SLICE");
+	x->bg_slice = hook && strtoul(hook, NULL, 10) ? (uint32_t)strtoul(hook, NULL, 10) : BG_SLICE;
+	if (x->test_chunk || x->test_gap_s > 0 || x->bg_slice != BG_SLICE)
+		rw_warn("test hooks on: rail writes of at most %llu bytes, one per %.0f ms per phase, "
+			"%u local records per idle slice",
+			(unsigned long long)(x->test_chunk ? x->test_chunk : CHUNK_MAX), x->test_gap_s * 1000,
+			x->bg_slice);
 	/* recv_region_mib is the receive memory of the node; each rail gets an equal share, and
 	 * the same again for send staging: 4 sub-areas per slot. */
 	uint64_t recv = (uint64_t)svc->cfg.recv_region_mib << 20;

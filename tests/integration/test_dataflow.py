@@ -167,6 +167,9 @@ def scenario_paths(tmp, seed):
     for i, (path, nodes) in enumerate([("native", 3), ("rail-only", 4), ("perm-only", 4),
                                        ("joint", 3), ("auto", 4)]):
         c = Cluster(tmp, nodes, path=path)
+        # One local-node record per idle slice: the forwarding and combine folding of local
+        # records resume across many loop iterations, interleaved with the network.
+        c.env.update(RAILWAVE_TEST_LOCAL_SLICE="1")
         try:
             c.start_all()
             c.run_ranks("g." + path, layers=4, steps=3, seed=seed + i, flags=["--empty"])
@@ -192,7 +195,8 @@ def scenario_gate(tmp, seed):
     (`wave_fanin_max 1`), and all data verifies."""
     for i, (path, nodes) in enumerate([("perm-only", 5), ("joint", 4)]):
         c = Cluster(tmp, nodes, path=path)
-        c.env.update(RAILWAVE_TEST_CHUNK_KIB="4", RAILWAVE_TEST_WRITE_GAP_MS="2")
+        c.env.update(RAILWAVE_TEST_CHUNK_KIB="4", RAILWAVE_TEST_WRITE_GAP_MS="2",
+                     RAILWAVE_TEST_LOCAL_SLICE="1")
         try:
             c.start_all()
             c.run_ranks("g.gate", layers=1, steps=2, seed=seed + i, flags=["--hidden", "256"])
