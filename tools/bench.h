@@ -48,4 +48,11 @@ static inline int rw_bench_x(const rw_bench_tok_t *t, uint32_t h) { return (int)
 static inline float rw_bench_w(const rw_bench_tok_t *t, uint32_t k) { return (t->wbits >> k) & 1u ? 0.5f : 1.0f; }
 static inline float rw_bench_factor(int32_t e) { return (float)(e % 3 + 1); }
 
+/* Token tk's row (hidden bf16 elements) scaled by c, into dst; whether got[] is exactly that row
+ * (0: no, and *bad_h = the first element that differs). Every element is checked. */
+#define RW_BENCH_ROW_PERIOD 9u
+void rw_bench_put_row(uint16_t *dst, const rw_bench_tok_t *tk, float c, uint32_t hidden);
+int rw_bench_row_equals(const uint16_t *got, const rw_bench_tok_t *tk, float c, uint32_t hidden,
+			uint32_t *bad_h);
+
 #endif /* RW_TOOLS_BENCH_H */

@@ -121,3 +121,58 @@ rw_bench_tok_t rw_bench_tok(uint64_t seed, uint64_t step, uint32_t rank, uint32_
 	return (rw_bench_tok_t){ .a = (uint32_t)(z % 9), .b = 1 + (uint32_t)((z >> 8) % 8),
 				 .wbits = (uint32_t)(z >> 32) };
 }
+
+static uint16_t to_bf16(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return (uint16_t)(u >> 16);
+}
+
+/* Row of token tk (hidden bf16 elements) scaled by c: exact for the small values used here.
+ * Element h is lut[(a + b·h) mod 9], so a row repeats with period 9 (RW_BENCH_ROW_PERIOD): the
+ * first period is computed, the rest copied in doubling blocks, and a check compares the first
+ * period element by element and every later element with the one a period before (one memcmp)
+ * — every element checked, at memcpy speed, so the ranks leave the CPU to the daemons. */
+static void row_period(uint16_t pat[RW_BENCH_ROW_PERIOD], const rw_bench_tok_t *tk, float c)
+{
+	uint16_t lut[9];
+	for (int v = 0; v < 9; v++)
+		lut[v] = to_bf16(c * (float)(v - 4));
+	for (uint32_t h = 0; h < RW_BENCH_ROW_PERIOD; h++)
+		pat[h] = lut[(tk->a + tk->b * h) % 9u];
+}
+
+void rw_bench_put_row(uint16_t *dst, const rw_bench_tok_t *tk, float c, uint32_t hidden)
+{
+	uint16_t pat[RW_BENCH_ROW_PERIOD];
+	row_period(pat, tk, c);
+	uint32_t n = RW_MIN(hidden, RW_BENCH_ROW_PERIOD);
+	memcpy(dst, pat, 2u * n);
+	while (n < hidden) { /* [0, n) holds whole periods (or all of a short row) */
+		uint32_t m = RW_MIN(n, hidden - n);
+		memcpy(dst + n, dst, 2u * m);
+		n += m;
+	}
+}
+
+int rw_bench_row_equals(const uint16_t *got, const rw_bench_tok_t *tk, float c, uint32_t hidden,
+		      uint32_t *bad_h)
+{
+	uint16_t pat[RW_BENCH_ROW_PERIOD];
+	row_period(pat, tk, c);
+	for (uint32_t h = 0; h < RW_MIN(hidden, RW_BENCH_ROW_PERIOD); h++)
+		if (got[h] != pat[h]) {
+			*bad_h = h;
+			return 0;
+		}
+	if (hidden <= RW_BENCH_ROW_PERIOD || !memcmp(got + RW_BENCH_ROW_PERIOD, got, 2u * (hidden - RW_BENCH_ROW_PERIOD)))
+		return 1;
+	for (uint32_t h = RW_BENCH_ROW_PERIOD; h < hidden; h++) /* name the first bad element */
+		if (got[h] != got[h - RW_BENCH_ROW_PERIOD]) {
+			*bad_h = h;
+			break;
+		}
+	return 0;
+}

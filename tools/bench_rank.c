@@ -31,63 +31,6 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static uint16_t to_bf16(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return (uint16_t)(u >> 16);
-}
-
-/* Row of token tk (hidden bf16 elements) scaled by c: exact for the small values used here.
- * Element h is lut[(a + b·h) mod 9], so a row repeats with period 9 (ROW_PERIOD): the first
- * period is computed, the rest copied in doubling blocks, and a check compares the first
- * period element by element and every later element with the one a period before (one memcmp)
- * — every element checked, at memcpy speed, so the ranks leave the CPU to the daemons. */
-#define ROW_PERIOD 9u
-
-static void row_period(uint16_t pat[ROW_PERIOD], const rw_bench_tok_t *tk, float c)
-{
-	uint16_t lut[9];
-	for (int v = 0; v < 9; v++)
-		lut[v] = to_bf16(c * (float)(v - 4));
-	for (uint32_t h = 0; h < ROW_PERIOD; h++)
-		pat[h] = lut[(tk->a + tk->b * h) % 9u];
-}
-
-static void put_row(uint16_t *dst, const rw_bench_tok_t *tk, float c, uint32_t hidden)
-{
-	uint16_t pat[ROW_PERIOD];
-	row_period(pat, tk, c);
-	uint32_t n = RW_MIN(hidden, ROW_PERIOD);
-	memcpy(dst, pat, 2u * n);
-	while (n < hidden) { /* [0, n) holds whole periods (or all of a short row) */
-		uint32_t m = RW_MIN(n, hidden - n);
-		memcpy(dst + n, dst, 2u * m);
-		n += m;
-	}
-}
-
-static int row_equals(const uint16_t *got, const rw_bench_tok_t *tk, float c, uint32_t hidden,
-		      uint32_t *bad_h)
-{
-	uint16_t pat[ROW_PERIOD];
-	row_period(pat, tk, c);
-	for (uint32_t h = 0; h < RW_MIN(hidden, ROW_PERIOD); h++)
-		if (got[h] != pat[h]) {
-			*bad_h = h;
-			return 0;
-		}
-	if (hidden <= ROW_PERIOD || !memcmp(got + ROW_PERIOD, got, 2u * (hidden - ROW_PERIOD)))
-		return 1;
-	for (uint32_t h = ROW_PERIOD; h < hidden; h++) /* name the first bad element */
-		if (got[h] != got[h - ROW_PERIOD]) {
-			*bad_h = h;
-			break;
-		}
-	return 0;
-}
-
 static int wait_one(rw_client_t *c, rw_cqe_t *cqe)
 {
 	return rw_client_wait(c, cqe, 1, 120000) == 1 ? 0 : -1;
@@ -195,7 +138,7 @@ int main(int argc, char **argv)
 		float *wt = (float *)(void *)(mem + off_w);
 		for (uint32_t t = 0; t < T; t++) {
 			rw_bench_tok_t tk = rw_bench_tok(wl.seed, step, me, t);
-			put_row((uint16_t *)(void *)(mem + off_tok + t * row), &tk, 1.0f, H);
+			rw_bench_put_row((uint16_t *)(void *)(mem + off_tok + t * row), &tk, 1.0f, H);
 			for (uint32_t k = 0; k < K; k++)
 				wt[(size_t)t * K + k] = rw_bench_w(&tk, k);
 		}
@@ -248,11 +191,11 @@ int main(int argc, char **argv)
 				if (id[k] >= 0 && (uint32_t)id[k] / per_rank == me)
 					coef += w * rw_bench_factor(id[k]);
 			}
-			CHECK(row_equals((const uint16_t *)(const void *)(rows + j * row), &tk, 1.0f, H, &bad_h),
+			CHECK(rw_bench_row_equals((const uint16_t *)(const void *)(rows + j * row), &tk, 1.0f, H, &bad_h),
 			      "step %llu rank %u token %u: data differs at element %u", (unsigned long long)step,
 			      src_rank, token, bad_h);
 			CHECK(coef != 0, "rank %u token %u has no expert here", src_rank, token);
-			put_row((uint16_t *)(void *)(mem + off_cin + j * row), &tk, coef, H);
+			rw_bench_put_row((uint16_t *)(void *)(mem + off_cin + j * row), &tk, coef, H);
 		}
 
 		rw_sqe_t cs = { .kind = RW_KIND_COMBINE, .dtype = RW_DTYPE_BF16, .topk = (uint16_t)K,
@@ -275,7 +218,7 @@ int main(int argc, char **argv)
 			for (uint32_t k = 0; k < K; k++)
 				if (my_ids[(size_t)t * K + k] >= 0)
 					coef += rw_bench_w(&tk, k) * rw_bench_factor(my_ids[(size_t)t * K + k]);
-			CHECK(row_equals((const uint16_t *)(const void *)(mem + off_cout + t * row), &tk, coef, H,
+			CHECK(rw_bench_row_equals((const uint16_t *)(const void *)(mem + off_cout + t * row), &tk, coef, H,
 					 &bad_h),
 			      "step %llu token %u: combined sum differs at element %u", (unsigned long long)step,
 			      t, bad_h);
