@@ -14,8 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "common/common.h"
 #include "ipc/railwave.h"
 #include "tools/bench.h"
 
@@ -23,13 +23,6 @@ static uint32_t me;
 
 #define CHECK(cond, ...) do { if (!(cond)) { fprintf(stderr, "rank %u: ", me); \
 	fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); goto out; } } while (0)
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static int wait_one(rw_client_t *c, rw_cqe_t *cqe)
 {
@@ -147,12 +140,12 @@ int main(int argc, char **argv)
 			       .token_count = T, .hidden = H, .tokens = { buf, 0, off_tok },
 			       .topk_ids = { buf, 0, off_ids }, .topk_weights = { buf, 0, off_w },
 			       .output = { buf, 0, off_out }, .output_capacity = out_cap, .n_experts = E };
-		uint64_t t_ds = now_ns();
+		uint64_t t_ds = rw_now_ns();
 		rc = rw_client_submit(cl, &s, 1);
 		CHECK(rc == 0, "submit dispatch: %s", rw_client_strerror(rc));
 		rw_cqe_t cq;
 		CHECK(wait_one(cl, &cq) == 0, "step %llu: no dispatch completion", (unsigned long long)step);
-		uint64_t t_dd = now_ns();
+		uint64_t t_dd = rw_now_ns();
 		CHECK(cq.status == RW_CQ_OK, "step %llu dispatch failed: %s (%s)", (unsigned long long)step,
 		      rw_client_strerror(cq.error), rw_client_last_message(cl));
 		CHECK(cq.recv_tokens == want_rows, "step %llu: received %u rows, expected %u",
@@ -204,11 +197,11 @@ int main(int argc, char **argv)
 				.handle_id = cq.handle_id, .tokens = { buf, 0, off_cin },
 				.topk_ids = { RW_BUF_NONE, 0, 0 }, .topk_weights = { RW_BUF_NONE, 0, 0 },
 				.output = { buf, 0, off_cout }, .output_capacity = (uint64_t)T * row };
-		uint64_t t_cs = now_ns();
+		uint64_t t_cs = rw_now_ns();
 		rc = rw_client_submit(cl, &cs, 1);
 		CHECK(rc == 0, "submit combine: %s", rw_client_strerror(rc));
 		CHECK(wait_one(cl, &cq) == 0, "step %llu: no combine completion", (unsigned long long)step);
-		uint64_t t_cd = now_ns();
+		uint64_t t_cd = rw_now_ns();
 		CHECK(cq.status == RW_CQ_OK, "step %llu combine failed: %s (%s)", (unsigned long long)step,
 		      rw_client_strerror(cq.error), rw_client_last_message(cl));
 		for (uint32_t t = 0; t < T; t++) {
