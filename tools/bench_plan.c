@@ -17,15 +17,6 @@
 #define RAILS 8
 #define TOPK 8
 
-typedef struct shape {
-	const char *name;
-	uint32_t experts, n_groups, topk_groups, hidden;
-} shape_t;
-
-static const shape_t shapes[] = {
-	{ "dsv3", 256, 8, 4, 7168 }, /* DeepSeek-V3: 256 routed experts, 8 groups, top-4 groups */
-	{ "glm", 128, 0, 0, 4096 },  /* GLM-4.5-Air: 128 routed experts */
-};
 
 /* ---- timing: median over batches, each batch long enough for the clock ---- */
 
@@ -200,11 +191,11 @@ static void usage(FILE *out)
 }
 
 /* One (shape, N) row. Returns 0 on success. */
-static int bench_one(const shape_t *sh, uint32_t N, uint32_t tokens, uint64_t seed,
+static int bench_one(const rw_synth_shape_t *sh, uint32_t N, uint32_t tokens, uint64_t seed,
 		     double min_time, double *plan_us_p, double *map_rate_p)
 {
 	rw_synth_cfg_t cfg = {
-		.nodes = N, .gpus_per_node = GPUS, .n_experts = sh->experts, .topk = TOPK,
+		.nodes = N, .gpus_per_node = GPUS, .n_experts = sh->n_experts, .topk = TOPK,
 		.n_groups = sh->n_groups, .topk_groups = sh->topk_groups, .tokens_per_rank = tokens,
 		.seed = seed, .zipf_s = 0.8, .dirichlet = 100.0, .rail_skew = 0.5,
 	};
@@ -342,7 +333,7 @@ int rw_tool_bench_plan(int argc, char **argv)
 	};
 	uint32_t nodes[32] = { 4, 8, 16, 32, 64, 128 };
 	unsigned n_nodes = 6;
-	int want[2] = { 1, 1 };
+	int want[RW_SYNTH_N_SHAPES] = { 1, 1 };
 	uint64_t seed = 1;
 	uint32_t tokens = 4096;
 	double min_time = 0.2;
@@ -418,13 +409,13 @@ int rw_tool_bench_plan(int argc, char **argv)
 	printf("shape    N     W  slots  records  count(a)  records fold/row  fin+sel  plan(c)     recv"
 	       "     ours  map(d)  moved     bvn(e) stages  bvn/ours\n");
 	int rc = 0;
-	double ours_128[2] = { -1, -1 }, worst_rate = INFINITY;
-	for (unsigned s = 0; s < 2; s++) {
+	double ours_128[RW_SYNTH_N_SHAPES] = { -1, -1 }, worst_rate = INFINITY;
+	for (unsigned s = 0; s < RW_SYNTH_N_SHAPES; s++) {
 		if (!want[s])
 			continue;
 		for (unsigned i = 0; i < n_nodes; i++) {
 			double ours, rate;
-			if (bench_one(&shapes[s], nodes[i], tokens, seed, min_time, &ours, &rate)) {
+			if (bench_one(&rw_synth_shapes[s], nodes[i], tokens, seed, min_time, &ours, &rate)) {
 				rc = 1;
 				continue;
 			}
@@ -434,9 +425,9 @@ int rw_tool_bench_plan(int argc, char **argv)
 		}
 	}
 	printf("\ntargets: (b)+(c)+recv <= 20 us at N = 128:");
-	for (unsigned s = 0; s < 2; s++)
+	for (unsigned s = 0; s < RW_SYNTH_N_SHAPES; s++)
 		if (ours_128[s] >= 0)
-			printf(" %s %.2f us %s;", shapes[s].name, ours_128[s], ours_128[s] <= 20.0 ? "met" : "MISSED");
+			printf(" %s %.2f us %s;", rw_synth_shapes[s].name, ours_128[s], ours_128[s] <= 20.0 ? "met" : "MISSED");
 	if (ours_128[0] < 0 && ours_128[1] < 0)
 		printf(" (N = 128 not run);");
 	printf("  mapping >= 50 M records/s: slowest %.1f M/s %s\n", worst_rate,

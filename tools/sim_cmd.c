@@ -21,19 +21,10 @@
 
 static const char CMD[] = "sim";
 
-typedef struct sim_shape {
-	const char *name;
-	uint32_t experts, groups, topk_groups, hidden;
-} sim_shape_t;
-
-static const sim_shape_t shapes[] = {
-	{ "dsv3", 256, 8, 4, 7168 }, /* DeepSeek-V3: 256 routed experts, 8 groups, top-4 groups */
-	{ "glm", 128, 0, 0, 4096 },  /* GLM-4.5-Air: 128 routed experts */
-};
 
 typedef struct sim_args {
 	uint32_t nodes, rails, gpus, tokens, layer, fan_in, topk;
-	const sim_shape_t *shape;
+	const rw_synth_shape_t *shape;
 	uint64_t seed;
 	double zipf, dirichlet, rail_skew;
 	double rail_gbps[RW_MAX_RAILS];
@@ -282,8 +273,8 @@ static json_t *report_json(const sim_cell_t *c)
 static int run_synthetic(const sim_args_t *a, int argc, char **argv)
 {
 	rw_synth_cfg_t scfg = {
-		.nodes = a->nodes, .gpus_per_node = a->gpus, .n_experts = a->shape->experts,
-		.topk = a->topk, .n_groups = a->shape->groups, .topk_groups = a->shape->topk_groups,
+		.nodes = a->nodes, .gpus_per_node = a->gpus, .n_experts = a->shape->n_experts,
+		.topk = a->topk, .n_groups = a->shape->n_groups, .topk_groups = a->shape->topk_groups,
 		.tokens_per_rank = a->tokens, .layer = a->layer, .seed = a->seed, .zipf_s = a->zipf,
 		.dirichlet = a->dirichlet, .rail_skew = a->rail_skew,
 	};
@@ -334,7 +325,7 @@ static int run_synthetic(const sim_args_t *a, int argc, char **argv)
 							       "rail_gbps", rates));
 		json_object_set_new(out, "workload",
 				    json_pack("{s:s,s:i,s:i,s:i,s:I,s:i,s:f,s:f,s:f,s:i}", "shape", a->shape->name,
-					      "experts", (int)a->shape->experts, "topk", (int)a->topk,
+					      "experts", (int)a->shape->n_experts, "topk", (int)a->topk,
 					      "tokens", (int)a->tokens, "seed", (json_int_t)a->seed,
 					      "layer", (int)a->layer, "zipf", a->zipf, "dirichlet", a->dirichlet,
 					      "rail_skew", a->rail_skew, "fan_in_fold", (int)a->fan_in));
@@ -391,7 +382,7 @@ static int run_synthetic(const sim_args_t *a, int argc, char **argv)
 	printf(" Gbit/s%s\n", a->n_rail_gbps ? " (per rail)" : " on every NIC");
 	printf("workload: %s (%u experts, top-%u%s, hidden %u bf16, %llu B records), %u tokens/rank, "
 	       "layer %u, zipf %g, dirichlet %g, rail-skew %g%s\n",
-	       a->shape->name, a->shape->experts, a->topk, a->shape->groups ? ", 8 groups / top-4" : "",
+	       a->shape->name, a->shape->n_experts, a->topk, a->shape->n_groups ? ", 8 groups / top-4" : "",
 	       a->shape->hidden, (unsigned long long)rec, a->tokens, a->layer, a->zipf, a->dirichlet,
 	       a->rail_skew, a->fan_in ? "" : "");
 	if (a->fan_in)
@@ -680,7 +671,7 @@ int rw_tool_sim(int argc, char **argv)
 		{ NULL, 0, NULL, 0 },
 	};
 	sim_args_t a = {
-		.nodes = 32, .rails = 8, .gpus = 8, .tokens = 4096, .topk = 8, .shape = &shapes[0],
+		.nodes = 32, .rails = 8, .gpus = 8, .tokens = 4096, .topk = 8, .shape = &rw_synth_shapes[0],
 		.seed = 1, .zipf = 0.8, .dirichlet = 100, .gbps = 400,
 		.models = 1 << RW_SIM_LOSSLESS, .paths = (1 << RW_PATH_COUNT) - 1, .transport = "verbs",
 	};
@@ -702,10 +693,7 @@ int rw_tool_sim(int argc, char **argv)
 			a.seed = u;
 			break;
 		case O_SHAPE:
-			a.shape = NULL;
-			for (size_t i = 0; i < RW_ARRAY_SIZE(shapes); i++)
-				if (strcmp(optarg, shapes[i].name) == 0)
-					a.shape = &shapes[i];
+			a.shape = rw_synth_shape(optarg);
 			if (!a.shape) {
 				fprintf(stderr, "railwave %s: --shape must be dsv3 or glm\n", CMD);
 				bad = 1;

@@ -355,3 +355,16 @@ rw_status_t rw_synth_counts(rw_synth_t *gen, const rw_topo_t *topo, int32_t *ids
 	}
 	return RW_OK;
 }
+
+const rw_synth_shape_t rw_synth_shapes[RW_SYNTH_N_SHAPES] = {
+	{ "dsv3", 256, 8, 4, 7168 }, /* DeepSeek-V3: 256 routed experts, 8 groups, top-4 groups */
+	{ "glm", 128, 0, 0, 4096 },  /* GLM-4.5-Air: 128 routed experts */
+};
+
+const rw_synth_shape_t *rw_synth_shape(const char *name)
+{
+	for (size_t i = 0; i < RW_SYNTH_N_SHAPES; i++)
+		if (strcmp(name, rw_synth_shapes[i].name) == 0)
+			return &rw_synth_shapes[i];
+	return NULL;
+}

@@ -53,6 +53,16 @@ typedef struct rw_synth {
  * (counts > 0, topk <= min(E, RW_MAX_TOPK), topk_groups <= n_groups, E % n_groups == 0,
  * knobs in range). */
 rw_status_t rw_synth_init(rw_synth_t *gen, const rw_synth_cfg_t *cfg);
+
+/* The model shapes the tools draw workloads for: rw_synth_shapes[0] DeepSeek-V3 ("dsv3"),
+ * [1] GLM-4.5-Air ("glm"). rw_synth_shape() finds one by name (NULL if unknown). */
+typedef struct rw_synth_shape {
+	const char *name;
+	uint32_t n_experts, n_groups, topk_groups, hidden;
+} rw_synth_shape_t;
+#define RW_SYNTH_N_SHAPES 2
+extern const rw_synth_shape_t rw_synth_shapes[RW_SYNTH_N_SHAPES];
+const rw_synth_shape_t *rw_synth_shape(const char *name);
 void rw_synth_free(rw_synth_t *gen);
 
 /* Expert ids (slots < phys_experts) of rank (node, gpu): tokens_per_rank * topk, row-major,
