@@ -31,6 +31,17 @@ typedef enum rw_status {
 
 	/* Client errors: drop one local client (-40 .. -59). */
 	RW_ERR_CLIENT = -40,       /* a local trainer rank misbehaved or went away */
+	/* A rank's submission was refused (the rank stays; its phase may fail, docs/ipc.md). */
+	RW_ERR_SUB_KIND = -41,     /* unknown submission kind */
+	RW_ERR_SUB_DTYPE = -42,    /* unknown or unsupported dtype */
+	RW_ERR_SUB_TOKENS = -43,   /* token count, top-k, hidden or an expert id out of range */
+	RW_ERR_SUB_EXPERTS = -44,  /* n_experts not a multiple of the world, or not the phase's */
+	RW_ERR_SUB_FIELD = -45,    /* local ranks disagree on top-k, hidden or dtype */
+	RW_ERR_SUB_BUFFER = -46,   /* a span names an unknown buffer, or a needed one is absent */
+	RW_ERR_SUB_HANDLE = -47,   /* combine: not the handle of the group's open dispatch */
+	RW_ERR_SUB_STATE = -48,    /* not valid now (duplicate, another key is running, draining) */
+	RW_ERR_SUB_SPACE = -49,    /* an output span is too small for what the phase delivers */
+	RW_ERR_DEVICE = -50,       /* a copy to or from a rank's GPU memory failed */
 
 	/* Fatal: stop the daemon (-60 ..). */
 	RW_ERR_SYS = -60,          /* unexpected system call failure */

@@ -92,6 +92,7 @@ typedef struct rw_ipc_server_config {
 	uint32_t max_world;         /* 0 = 1 << 20 */
 	int32_t max_local_gpu;      /* 0 = 64 */
 	uint32_t max_experts;       /* n_experts of a submission; 0 = 1 << 20 */
+	uint32_t dtypes;            /* bit d: submissions of dtype d are carried; 0 = every dtype */
 	/* After ring activity, keep polling every client's submission ring for this long before
 	 * arming the eventfds and sleeping (an ev_idle watcher; the loop still serves its other
 	 * watchers between polls). 0: never poll, always sleep on the eventfds. */
@@ -127,6 +128,10 @@ rw_status_t rw_ipc_buffer_lookup(const rw_ipc_client_t *client, uint32_t buf_id,
 /* Drop a client (deferred: safe from any callback, including its own). Its pending completions
  * are discarded; client_left follows with RW_IPC_LEFT_DROPPED and `error`. */
 void rw_ipc_client_drop(rw_ipc_server_t *server, rw_ipc_client_t *client, int error);
+/* Tell a client why one of its submissions failed, before its error completion: a non-fatal
+ * ERROR message with seq 0 (a notice) that the client keeps as rw_client_last_message(). */
+void rw_ipc_client_notice(rw_ipc_server_t *server, rw_ipc_client_t *client, int code,
+			  const char *msg);
 
 const rw_ipc_client_info_t *rw_ipc_client_info(const rw_ipc_client_t *client);
 void rw_ipc_client_set_data(rw_ipc_client_t *client, void *data); /* service's per-client data */

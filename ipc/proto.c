@@ -162,6 +162,8 @@ int rw_ipc_check_sqe(const rw_sqe_t *sqe, const rw_ipc_limits_t *lim, rw_ipc_buf
 	unsigned esize = rw_ipc_dtype_size(sqe->dtype);
 	if (esize == 0)
 		return fail(why_p, "unknown dtype", RW_E_DTYPE);
+	if (!(lim->dtypes & (1u << sqe->dtype)))
+		return fail(why_p, "dtype not carried by this daemon", RW_E_DTYPE);
 	if (sqe->flags != 0 || sqe->reserved != 0)
 		return fail(why_p, "submission flags/reserved not zero", RW_E_FIELD);
 	if (sqe->token_count > lim->max_tokens)

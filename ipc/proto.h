@@ -155,6 +155,7 @@ typedef struct rw_ipc_limits {
 	uint32_t max_world;
 	int32_t max_local_gpu;     /* local_gpu must be -1 or < this */
 	uint32_t max_experts;      /* n_experts of a submission */
+	uint32_t dtypes;           /* bit d: dtype d is carried (RW_E_DTYPE otherwise) */
 } rw_ipc_limits_t;
 
 /* ---- daemon side: pure checks (proto.c) ----

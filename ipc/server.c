@@ -1102,6 +1102,7 @@ rw_status_t rw_ipc_server_create(struct ev_loop *loop, const rw_ipc_server_confi
 		.max_world = cfg.max_world,
 		.max_local_gpu = cfg.max_local_gpu,
 		.max_experts = cfg.max_experts,
+		.dtypes = cfg.dtypes ? cfg.dtypes : UINT32_MAX,
 	};
 	srv->cfg.group = config->group;
 	rw_status_t st = listen_socket(srv);
@@ -1164,6 +1165,24 @@ rw_status_t rw_ipc_buffer_lookup(const rw_ipc_client_t *c, uint32_t buf_id, rw_i
 		return RW_ERR_NOTFOUND;
 	*buf_p = b->pub;
 	return RW_OK;
+}
+
+void rw_ipc_client_notice(rw_ipc_server_t *srv, rw_ipc_client_t *c, int code, const char *msg)
+{
+	(void)srv;
+	if (c->dying || code >= 0)
+		return;
+	rw_ipc_error_t err;
+	memset(&err, 0, sizeof(err));
+	hdr_init(&err.hdr, RW_IPC_ERROR, 0);
+	err.code = code;
+	snprintf(err.message, sizeof(err.message), "%s", msg);
+	/* Best effort: a full socket buffer means the client reads no notices; it still gets
+	 * its completion, so the notice is dropped rather than the client. */
+	ssize_t n;
+	do
+		n = send(c->fd, &err, sizeof(err), MSG_DONTWAIT | MSG_NOSIGNAL);
+	while (n < 0 && errno == EINTR);
 }
 
 void rw_ipc_client_drop(rw_ipc_server_t *srv, rw_ipc_client_t *c, int error)

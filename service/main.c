@@ -2,6 +2,8 @@
  * libev default loop with, in start order, the stats socket, the Prometheus endpoint, the peer
  * mesh/phase executor and the trainer IPC server. SIGTERM/SIGINT drain, SIGHUP reloads the
  * anchor table. Exit status: 0 clean stop, 1 runtime failure, 2 bad usage or configuration. */
+#include "service/exec.h"
+#include "service/mover.h"
 #include "service/svc.h"
 
 #include <errno.h>
@@ -16,34 +18,6 @@ extern char **environ;
 
 #define RAILWAVED_VERSION "0.1"
 #define ANCHORS_MAX_BYTES (64u << 20) /* a table is kilobytes; this only stops a wrong path */
-
-/* ---------------------------------------------------------------------------------------------
- * Hooks other parts of the daemon define (svc.h). Weak no-ops so railwaved builds and runs
- * (stats, metrics, signals) before or without them.
- * ------------------------------------------------------------------------------------------- */
-
-__attribute__((weak)) rw_status_t rw_svc_mesh_start(rw_svc_t *svc)
-{
-	(void)svc;
-	rw_warn("mesh: not built into this railwaved; no peers, no phases");
-	return RW_OK;
-}
-
-__attribute__((weak)) void rw_svc_mesh_stop(rw_svc_t *svc) { (void)svc; }
-
-__attribute__((weak)) rw_status_t rw_svc_ipc_start(rw_svc_t *svc)
-{
-	(void)svc;
-	rw_warn("ipc: not built into this railwaved; trainer ranks cannot connect");
-	return RW_OK;
-}
-
-__attribute__((weak)) void rw_svc_ipc_stop(rw_svc_t *svc) { (void)svc; }
-
-__attribute__((weak)) void rw_svc_shutdown_begin(rw_svc_t *svc)
-{
-	rw_svc_stop(svc); /* nothing in flight without an executor */
-}
 
 void rw_svc_stop(rw_svc_t *svc)
 {
@@ -163,7 +137,7 @@ static void term_cb(struct ev_loop *loop, ev_signal *w, int revents)
 	svc->draining = 1;
 	ev_timer_set(&svc->drain_timer, (svc->cfg.phase_timeout_ms + 1000) / 1e3, 0.);
 	ev_timer_start(svc->loop, &svc->drain_timer);
-	rw_svc_shutdown_begin(svc);
+	rw_svc_exec_drain(svc->exec);
 }
 
 static void hup_cb(struct ev_loop *loop, ev_signal *w, int revents)
@@ -331,23 +305,28 @@ int main(int argc, char **argv)
 	rw_svc_metrics_publish(&svc.pub, &svc.metrics);
 	if (rw_svc_http_start(&svc, &svc.http))
 		goto stop_stats;
-	if ((st = rw_svc_mesh_start(&svc))) {
-		rw_err("mesh: start failed: %s", rw_status_str(st));
-		goto stop_mesh;
+	/* The data movers, tried in this order for every pair; the host mover takes anything. */
+	static const rw_svc_mover_ops_t *const movers[] = { &rw_svc_mover_host };
+	rw_svc_exec_hooks_t hooks;
+	rw_svc_exec_hooks_from_env(environ, &hooks);
+	if ((st = rw_svc_exec_create(&svc, movers, 1, &hooks, &svc.exec))) {
+		rw_err("executor: start failed: %s", rw_status_str(st));
+		goto stop_http;
 	}
-	if ((st = rw_svc_ipc_start(&svc))) {
+	if ((st = rw_svc_exec_ipc_start(svc.exec))) {
 		rw_err("ipc: start failed: %s", rw_status_str(st));
-		goto stop_ipc;
+		goto stop_exec;
 	}
 	rw_info("running");
 	ev_run(svc.loop, 0);
 	rc = 0;
 	rw_info("stopping");
 
-stop_ipc:
-	rw_svc_ipc_stop(&svc);
-stop_mesh:
-	rw_svc_mesh_stop(&svc);
+	rw_svc_exec_ipc_stop(svc.exec);
+stop_exec:
+	rw_svc_exec_destroy(svc.exec);
+	svc.exec = NULL;
+stop_http:
 	rw_svc_http_stop(svc.http);
 stop_stats:
 	rw_svc_stats_stop(svc.stats);

@@ -44,6 +44,16 @@ const char *rw_svc_err_name(rw_status_t st)
 	case RW_ERR_PROTO: return "proto";
 	case RW_ERR_LINK: return "link";
 	case RW_ERR_CLIENT: return "client";
+	case RW_ERR_SUB_KIND: return "sub_kind";
+	case RW_ERR_SUB_DTYPE: return "sub_dtype";
+	case RW_ERR_SUB_TOKENS: return "sub_tokens";
+	case RW_ERR_SUB_EXPERTS: return "sub_experts";
+	case RW_ERR_SUB_FIELD: return "sub_field";
+	case RW_ERR_SUB_BUFFER: return "sub_buffer";
+	case RW_ERR_SUB_HANDLE: return "sub_handle";
+	case RW_ERR_SUB_STATE: return "sub_state";
+	case RW_ERR_SUB_SPACE: return "sub_space";
+	case RW_ERR_DEVICE: return "device";
 	case RW_ERR_SYS: return "sys";
 	case RW_ERR_FATAL: return "fatal";
 	}

@@ -406,40 +406,15 @@ typedef struct rw_svc {
 	ev_timer publish_timer;
 	ev_timer drain_timer;           /* forces the stop if the drain overruns */
 
-	/* ---- mesh and phase executor (service/mesh*.c, service/phase*.c) ----
-	 * Additive section for the mesh/executor owner; add fields here only. */
-	struct rw_svc_mesh *mesh;
+	/* The phase executor with the peer mesh and the IPC server (service/exec.h). */
 	struct rw_svc_exec *exec;
-
-	/* ---- node IPC server (ipc/) ---- */
-	void *ipc;
 } rw_svc_t;
 
-/* ---- hooks between the daemon's parts --------------------------------------------------------
- * main.c calls these in this order: stats, HTTP, rw_svc_mesh_start(), rw_svc_ipc_start(), loop,
- * then rw_svc_ipc_stop(), rw_svc_mesh_stop(), HTTP, stats. main.c defines weak no-op versions
- * so the daemon builds and runs without the mesh/executor/IPC; the real definitions (strong
- * symbols) win at link time PROVIDED their objects are linked directly into $b/railwaved (the
- * object list in service/build.ninja), not pulled from an archive. A *_stop() is called even
- * when its *_start() failed (it must cope with a half-started state) and never twice. */
-
-/* Connect the peer mesh and start the phase executor. Non-blocking (connections complete on
- * the loop). An error aborts start-up. */
-rw_status_t rw_svc_mesh_start(rw_svc_t *svc);
-/* Tear the mesh/executor down after the loop has returned; frees everything it owns. */
-void rw_svc_mesh_stop(rw_svc_t *svc);
-/* Start the node IPC server (trainer ranks) on cfg.ipc_socket; it hands phases to the
- * executor. An error aborts start-up. */
-rw_status_t rw_svc_ipc_start(rw_svc_t *svc);
-void rw_svc_ipc_stop(rw_svc_t *svc);
-
-/* SIGTERM/SIGINT: begin a graceful stop. Sets svc->draining (already set by main.c when
- * called), must make the executor refuse new phases (ranks get RW_ERR_STATE), and must let the
- * in-flight phases finish or fail by their phase timeout; once none is left it calls
- * rw_svc_stop(). Returns at once (never blocks the loop). main.c also arms drain_timer at
- * phase_timeout_ms + 1 s and calls rw_svc_stop() itself if the drain has not finished by then.
- * The weak default calls rw_svc_stop() immediately. */
-void rw_svc_shutdown_begin(rw_svc_t *svc);
+/* main.c starts, in order: stats, HTTP, the executor (rw_svc_exec_create: mesh and movers),
+ * its IPC server, the loop; and stops them in reverse. SIGTERM/SIGINT call rw_svc_exec_drain(),
+ * which refuses new phases, lets the running ones finish or fail by their phase timeout and
+ * then calls rw_svc_stop(); main.c also arms drain_timer at phase_timeout_ms + 1 s and stops
+ * the daemon itself if the drain has not finished by then. */
 
 /* Stop the daemon: ev_break the loop (idempotent). */
 void rw_svc_stop(rw_svc_t *svc);

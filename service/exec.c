@@ -1,0 +1,755 @@
+/* The phase executor's state machine (docs/dataflow.md "Phase executor"): one pair per group
+ * moves GATHER_D -> [WAIT_SLOT ->] EXCHANGE -> RUN_D -> WAIT_C -> RUN_C -> CLOSED, and any
+ * stage can fail to CLOSED. Events come from the adapters (exec_ipc.c, exec_mesh.c), the mover's
+ * reports and the timers; the leaves do the work and return a status; only this file changes a
+ * pair's stage or fails it. A closed pair's memory is freed at once, but its struct lives until
+ * its last rail write has reported, and is freed by the reaper (an ev_prepare watcher) — never
+ * inside a callback chain that may still hold it. Everything runs on the loop thread. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "service/exec_int.h"
+
+static void pair_try_decide(exec_pair_t *p);
+static void pair_check_done(exec_pair_t *p);
+
+/* ---- lifetime ------------------------------------------------------------------------------ */
+
+static void slot_release(exec_pair_t *p, int clean)
+{
+	exec_t *x = p->x;
+	int slot = p->xchg.slot;
+	if (slot < 0)
+		return;
+	x->slot_busy[slot] = 0;
+	/* After a failure a peer may still have writes in flight towards this slot; keep it idle
+	 * for a heartbeat timeout (docs/dataflow.md "Region reuse"). */
+	x->slot_free_at[slot] = clean ? 0 :
+		rw_now_ns() + (uint64_t)x->svc->cfg.heartbeat_timeout_ms * 1000000ull;
+	p->xchg.slot = -1;
+}
+
+static int any_running(const exec_t *x)
+{
+	const exec_pair_t *q;
+	rw_list_for_each(&x->pairs, q, link)
+		if (exec_open(q) && q->stage != ST_WAIT_C)
+			return 1;
+	return 0;
+}
+
+/* Close a pair (success or failure): stop using the ranks' buffers at once. */
+static void pair_close(exec_pair_t *p, int clean)
+{
+	exec_t *x = p->x;
+	if (!exec_open(p))
+		return;
+	p->stage = ST_CLOSED;
+	ev_timer_stop(x->svc->loop, &p->timer);
+	ev_timer_stop(x->svc->loop, &p->pace);
+	slot_release(p, clean);
+	if (p->g && p->g->pair == p)
+		p->g->pair = NULL;
+	p->g = NULL;
+	if (p->mv_state)
+		p->mv->close(p->mv_mover, p->mv_state);
+	p->mv_state = NULL;
+	rw_svc_layout_free(&p->plan.layout);
+	rw_arena_free(&p->mem);
+	if (x->svc->draining && !any_running(x))
+		rw_svc_stop(x->svc);
+}
+
+static void reaper_cb(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+	(void)loop, (void)revents;
+	exec_t *x = w->data;
+	exec_pair_t *p, *nx;
+	rw_list_for_each_safe(&x->pairs, p, nx, link)
+		if (!exec_open(p) && p->outstanding == 0) {
+			rw_list_del(&p->link);
+			free(p);
+		}
+}
+
+/* Act on the pair's recorded failure: every local rank with a submission of the running kind
+ * gets its error (what failed, in its message), the key becomes a tomb, the peers are told, and a
+ * peer that sent bad data is dropped — in that order, after the pair is closed, so whatever
+ * those calls trigger finds it closed. */
+static void pair_failed(exec_pair_t *p)
+{
+	exec_t *x = p->x;
+	if (!exec_open(p))
+		return;
+	const exec_error_t e = p->err;
+	const int kind = exec_kind(p);
+	const rw_wire_key_t key = p->key;
+	const uint32_t epoch = p->xchg.params.epoch;
+	if (p->mv_state) /* nothing may touch a rank's memory once it has its error */
+		p->mv->quiesce(p->mv_mover, p->mv_state);
+	rw_warn("group %s layer %u step %llu: %s failed (%s): %s", p->g ? p->g->name : "?",
+		key.layer, (unsigned long long)key.step, rw_svc_kind_name(kind), rw_status_str(e.st),
+		e.msg);
+	rw_svc_metrics_error(&x->svc->metrics, e.st);
+	rw_svc_metrics_phase(&x->svc->metrics, p->plan.have_layout ? p->plan.path : RW_PATH_JOINT,
+			     (rw_svc_phase_kind_t)kind, 0, 0);
+	uint32_t answered = 0;
+	for (uint32_t g = 0; g < x->gpus; g++) {
+		exec_sub_t *s = &p->in[kind].sub[g];
+		if (!s->have)
+			continue;
+		exec_answer_err(x, s->client, &s->sqe, e.st, e.remote, e.msg);
+		s->have = 0;
+		answered |= 1u << g;
+	}
+	if (kind == RW_MV_DISPATCH)
+		exec_tomb_add(x, p->g ? p->g->name : NULL, &key, answered | p->answered);
+	for (uint32_t n = 0; p->xchg.have_row && n < x->nodes; n++)
+		if (n != x->me && p->xchg.have_row[n] && p->xchg.peer_params[n].epoch)
+			exec_ended_add(x, &key, n, p->xchg.peer_params[n].epoch);
+	pair_close(p, 0);
+	if (e.tell)
+		exec_tell_peers(x, &key, kind, e.st, e.msg, epoch, 0);
+	if (e.blame_peer)
+		rw_svc_mesh_fail_peer(x->mesh, (uint32_t)e.blame_peer - 1, RW_ERR_PROTO, e.msg);
+}
+
+void exec_pair_fail(exec_pair_t *p, rw_status_t st, int remote, int tell, const char *fmt, ...)
+{
+	if (!exec_open(p))
+		return;
+	if (p->err.st == RW_OK) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(p->err.msg, sizeof(p->err.msg), fmt, ap);
+		va_end(ap);
+		p->err.st = st;
+		p->err.tell = tell;
+		p->err.remote = remote;
+	}
+	pair_failed(p);
+}
+
+void exec_pair_abandon(exec_pair_t *p) { pair_close(p, 1); }
+
+/* ---- timers ----------------------------------------------------------------------------------- */
+
+static void list_missing_ranks(const exec_pair_t *p, int kind, char *buf, size_t len)
+{
+	const exec_t *x = p->x;
+	size_t used = 0;
+	buf[0] = '\0';
+	for (uint32_t g = 0; g < x->gpus && used + 16 < len; g++) {
+		const exec_sub_t *s = &p->in[kind].sub[g];
+		if (!s->have || !s->ready)
+			used += (size_t)snprintf(buf + used, len - used, "%s%u", used ? ", " : "",
+						 x->me * x->gpus + g);
+	}
+}
+
+/* What a pair is waiting for, in words: a timeout names it. */
+static void describe_wait(const exec_pair_t *p, char *buf, size_t len)
+{
+	const exec_t *x = p->x;
+	char who[96];
+	int kind = exec_kind(p);
+	switch (p->stage) {
+	case ST_GATHER_D:
+	case ST_WAIT_C:
+		list_missing_ranks(p, kind, who, sizeof(who));
+		snprintf(buf, len, "local ranks %s (their %s submission or its staging)", who,
+			 rw_svc_kind_name(kind));
+		return;
+	case ST_WAIT_SLOT:
+		snprintf(buf, len, "a free receive slot (other groups' pairs hold both)");
+		return;
+	case ST_EXCHANGE: {
+		size_t used = 0;
+		who[0] = '\0';
+		for (uint32_t n = 0; n < x->nodes && used + 24 < sizeof(who); n++)
+			if (!p->xchg.have_row[n])
+				used += (size_t)snprintf(who + used, sizeof(who) - used, "%s%u (%s)",
+							 used ? ", " : "", n, x->svc->cfg.nodes[n].name);
+		snprintf(buf, len, "the count rows of node %s", who);
+		return;
+	}
+	default:
+		break;
+	}
+	uint32_t d = rw_sched_wave_dst(x->nodes, x->me, p->send.wave + (p->send.state == SEND_WAIT_GRANT));
+	if (p->send.state == SEND_WAIT_GRANT) {
+		snprintf(buf, len, "node %u (%s) to grant wave %u", d, x->svc->cfg.nodes[d].name,
+			 p->send.wave + 1);
+	} else if (p->send.state == SEND_DRAINING || p->send.state == SEND_PACED) {
+		snprintf(buf, len, "%u rail writes of wave %u to be acknowledged", p->send.pending,
+			 p->send.wave);
+	} else if (p->recv[kind].ranges_left) {
+		exec_recv_waiting(p, kind, who, sizeof(who));
+		snprintf(buf, len, "data from %s", who);
+	} else if (p->out.flushing) {
+		snprintf(buf, len, "%u copies of the outputs into the ranks' GPU memory", p->out.pending);
+	} else {
+		snprintf(buf, len, "this node's local work");
+	}
+}
+
+static void timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop, (void)revents;
+	exec_pair_t *p = w->data;
+	char what[192];
+	describe_wait(p, what, sizeof(what));
+	exec_pair_fail(p, RW_ERR_TIMEOUT, 0, 1, "timed out after %u ms waiting for %s",
+		       p->x->svc->cfg.phase_timeout_ms, what);
+}
+
+static void pair_arm_timer(exec_pair_t *p)
+{
+	ev_timer_stop(p->x->svc->loop, &p->timer);
+	ev_timer_set(&p->timer, p->x->svc->cfg.phase_timeout_ms / 1000.0, 0.);
+	ev_timer_start(p->x->svc->loop, &p->timer);
+}
+
+/* ---- sending and local work ----------------------------------------------------------------- */
+
+static void local_start(exec_pair_t *p, int kind)
+{
+	if (p->local.state[kind] != LOCAL_IDLE)
+		return;
+	p->local.state[kind] = LOCAL_RUNNING;
+	ev_idle_start(p->x->svc->loop, &p->x->local_idle);
+}
+
+/* After the sender moved: arm the pace timer, start the local work once the first writes are
+ * out (it then overlaps the network), and see whether the phase is done. */
+static void after_send(exec_pair_t *p)
+{
+	exec_t *x = p->x;
+	if (p->send.state == SEND_PACED) {
+		ev_timer_set(&p->pace, x->hooks.write_gap_s, 0.);
+		ev_timer_start(x->svc->loop, &p->pace);
+	}
+	if (p->send.waves_posted > 0 || p->send.state == SEND_DONE)
+		local_start(p, p->send.kind);
+	pair_check_done(p);
+}
+
+static void send_progress(exec_pair_t *p)
+{
+	if (exec_send_progress(p) != RW_OK)
+		return pair_failed(p);
+	after_send(p);
+}
+
+static void pace_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop, (void)revents;
+	exec_pair_t *p = w->data;
+	if (exec_open(p) && p->send.state == SEND_PACED)
+		send_progress(p);
+}
+
+/* Run one kind: bytes that came before are checked first, then the first wave is posted. */
+static void pair_run(exec_pair_t *p, int kind)
+{
+	exec_send_begin(p, kind);
+	if (exec_recv_scan(p, kind) != RW_OK)
+		return pair_failed(p);
+	send_progress(p);
+}
+
+static void local_cb(struct ev_loop *loop, ev_idle *w, int revents)
+{
+	(void)revents;
+	exec_t *x = w->data;
+	exec_pair_t *p, *found = NULL;
+	rw_list_for_each(&x->pairs, p, link)
+		if (exec_open(p) && p->local.state[exec_kind(p)] == LOCAL_RUNNING) {
+			found = p;
+			break;
+		}
+	if (!found) {
+		ev_idle_stop(loop, w);
+		return;
+	}
+	p = found;
+	int kind = exec_kind(p), done = 0;
+	char why[RW_SVC_WHY_MAX];
+	rw_status_t st = p->mv->local(p->mv_mover, p->mv_state, &p->ph, kind,
+				      x->hooks.local_slice ? x->hooks.local_slice : EXEC_LOCAL_SLICE,
+				      &done, why);
+	if (st != RW_OK)
+		return exec_pair_fail(p, st, 0, 1, "%s", why);
+	if (!done)
+		return;
+	p->local.state[kind] = LOCAL_DONE;
+	pair_check_done(p);
+}
+
+/* ---- completion ----------------------------------------------------------------------------- */
+
+static void complete_dispatch(exec_pair_t *p)
+{
+	exec_t *x = p->x;
+	for (uint32_t g = 0; g < x->gpus; g++)
+		exec_answer_dispatch(x, p, g);
+	rw_svc_metrics_phase(&x->svc->metrics, p->plan.path, RW_SVC_DISPATCH, 1,
+			     rw_now_ns() - p->phase_t0);
+	p->stage = ST_WAIT_C;
+	p->out.flushing = 0;
+	ev_timer_stop(x->svc->loop, &p->timer);
+	if (x->svc->draining)
+		pair_close(p, 1);
+}
+
+static void complete_combine(exec_pair_t *p)
+{
+	exec_t *x = p->x;
+	for (uint32_t g = 0; g < x->gpus; g++)
+		exec_answer_combine(x, p, g);
+	rw_svc_metrics_phase(&x->svc->metrics, p->plan.path, RW_SVC_COMBINE, 1,
+			     rw_now_ns() - p->phase_t0);
+	pair_close(p, 1);
+}
+
+static void complete(exec_pair_t *p)
+{
+	if (p->stage == ST_RUN_C)
+		complete_combine(p);
+	else
+		complete_dispatch(p);
+}
+
+/* Every byte of the running kind is here, sent, and the local work is done: the mover writes
+ * the ranks' outputs (maybe asynchronously), then the ranks are answered. */
+static void pair_check_done(exec_pair_t *p)
+{
+	int kind = exec_kind(p);
+	if ((p->stage != ST_RUN_D && p->stage != ST_RUN_C) || p->send.state != SEND_DONE ||
+	    p->out.flushing || p->local.state[kind] != LOCAL_DONE || p->recv[kind].ranges_left)
+		return;
+	PTRACE(p, "%s", "all data here, flush");
+	p->out.flushing = 1;
+	char why[RW_SVC_WHY_MAX];
+	uint32_t pending = 0;
+	rw_status_t st = p->mv->finish(p->mv_mover, p->mv_state, &p->ph, kind, &pending, why);
+	p->out.pending = pending;
+	if (st != RW_OK)
+		return exec_pair_fail(p, st, 0, 1, "%s", why);
+	if (pending == 0)
+		complete(p);
+}
+
+/* ---- gather, exchange, decide ----------------------------------------------------------------- */
+
+static int slot_take(exec_t *x)
+{
+	uint64_t now = rw_now_ns();
+	for (int s = 0; s < EXEC_SLOTS; s++)
+		if (!x->slot_busy[s] && now >= x->slot_free_at[s]) {
+			x->slot_busy[s] = 1;
+			return s;
+		}
+	return -1;
+}
+
+static void pair_exchange(exec_pair_t *p)
+{
+	exec_t *x = p->x;
+	int slot = slot_take(x);
+	if (slot < 0) {
+		p->stage = ST_WAIT_SLOT; /* the tick retries */
+		return;
+	}
+	p->xchg.slot = slot;
+	for (uint32_t r = 0; r < x->rails; r++) {
+		uint8_t *mem = rw_svc_mesh_mem(x->mesh, r);
+		p->ph.send_area[0][r] = mem + exec_sub_off(x, slot, SUB_SD);
+		p->ph.send_area[1][r] = mem + exec_sub_off(x, slot, SUB_SC);
+		p->ph.recv_area[0][r] = mem + exec_sub_off(x, slot, SUB_RD);
+		p->ph.recv_area[1][r] = mem + exec_sub_off(x, slot, SUB_RC);
+	}
+	p->stage = ST_EXCHANGE;
+	if (exec_plan_send_row(p) != RW_OK)
+		return pair_failed(p);
+	exec_rows_take(x, p); /* rows that came early */
+	pair_try_decide(p);
+}
+
+/* Every local rank has submitted its dispatch and its inputs are readable: count, exchange. */
+static void pair_gathered(exec_pair_t *p)
+{
+	PTRACE(p, "%s", "gathered");
+	if (exec_plan_count(p) != RW_OK)
+		return pair_failed(p);
+	pair_exchange(p);
+}
+
+static void pair_try_decide(exec_pair_t *p)
+{
+	if (p->stage != ST_EXCHANGE || p->xchg.n_rows < p->x->nodes)
+		return;
+	if (exec_plan_decide(p) != RW_OK)
+		return pair_failed(p);
+	exec_recv_begin(p, RW_MV_DISPATCH);
+	exec_recv_begin(p, RW_MV_COMBINE);
+	p->stage = ST_RUN_D;
+	PTRACE(p, "decided %s", rw_sched_path_name(p->plan.path));
+	pair_run(p, RW_MV_DISPATCH);
+}
+
+static int subs_ready(const exec_pair_t *p, int kind)
+{
+	if (p->in[kind].n_sub < p->x->gpus)
+		return 0;
+	for (uint32_t g = 0; g < p->x->gpus; g++)
+		if (!p->in[kind].sub[g].ready)
+			return 0;
+	return 1;
+}
+
+/* A kind's inputs may all be in: move on. */
+static void pair_inputs_moved(exec_pair_t *p, int kind)
+{
+	if (!subs_ready(p, kind))
+		return;
+	if (kind == RW_MV_DISPATCH && p->stage == ST_GATHER_D) {
+		pair_gathered(p);
+	} else if (kind == RW_MV_COMBINE && p->stage == ST_WAIT_C) {
+		PTRACE(p, "%s", "combine inputs folded");
+		p->stage = ST_RUN_C;
+		p->phase_t0 = rw_now_ns();
+		pair_arm_timer(p);
+		pair_run(p, RW_MV_COMBINE);
+	}
+}
+
+/* ---- events from the adapters ------------------------------------------------------------------ */
+
+exec_pair_t *exec_pair_open(exec_t *x, exec_group_t *g, const rw_wire_key_t *key,
+			    const rw_sqe_t *sqe)
+{
+	exec_pair_t *p = calloc(1, sizeof(*p));
+	if (!p)
+		return NULL;
+	p->x = x;
+	p->key = *key;
+	p->tag = rw_wire_key_tag(key);
+	p->serial = ++x->next_serial;
+	p->stage = ST_GATHER_D;
+	p->t0 = p->phase_t0 = rw_now_ns();
+	if (exec_plan_init(p, sqe) != RW_OK || exec_recv_init(p) != RW_OK) {
+		rw_svc_layout_free(&p->plan.layout);
+		rw_arena_free(&p->mem);
+		free(p);
+		return NULL;
+	}
+	ev_timer_init(&p->timer, timer_cb, 0., 0.);
+	p->timer.data = p;
+	ev_timer_init(&p->pace, pace_cb, 0., 0.);
+	p->pace.data = p;
+	rw_list_add(&x->pairs, &p->link);
+	p->g = g;
+	g->pair = p;
+	pair_arm_timer(p);
+	return p;
+}
+
+exec_pair_t *exec_pair_by_key(exec_t *x, const rw_wire_key_t *key)
+{
+	exec_pair_t *p;
+	rw_list_for_each(&x->pairs, p, link)
+		if (exec_open(p) && rw_wire_key_eq(&p->key, key))
+			return p;
+	return NULL;
+}
+
+exec_pair_t *exec_pair_by_tag(exec_t *x, uint32_t tag14)
+{
+	exec_pair_t *p;
+	rw_list_for_each(&x->pairs, p, link)
+		if (exec_open(p) && p->stage >= ST_EXCHANGE && (p->ph.tag_in & 0x3fffu) == tag14)
+			return p;
+	return NULL;
+}
+
+void exec_on_submit(exec_pair_t *p, int kind, uint32_t g)
+{
+	exec_t *x = p->x;
+	char why[RW_SVC_WHY_MAX];
+	if (kind == RW_MV_COMBINE && p->in[kind].n_sub == 1) { /* the combine's clock starts */
+		p->phase_t0 = rw_now_ns();
+		pair_arm_timer(p);
+	}
+	if (!p->mv) {
+		for (uint32_t i = 0; i < x->n_movers && !p->mv; i++)
+			if (x->movers[i].ops->accepts(x->movers[i].mover, &p->ph, kind, g)) {
+				p->mv = x->movers[i].ops;
+				p->mv_mover = x->movers[i].mover;
+			}
+		if (!p->mv || p->mv->open(p->mv_mover, &p->ph, &p->mv_state) != RW_OK)
+			return exec_pair_fail(p, RW_ERR_NOMEM, 0, 1, "cannot open a data mover");
+	} else if (!p->mv->accepts(p->mv_mover, &p->ph, kind, g)) {
+		return exec_pair_fail(p, RW_ERR_SUB_BUFFER, 0, 1, "local rank %u's buffers need another "
+				      "data mover than the phase's (%s)", x->me * x->gpus + g, p->mv->name);
+	}
+	int pending = 0;
+	rw_status_t st = p->mv->stage(p->mv_mover, p->mv_state, &p->ph, kind, g, &pending, why);
+	if (st != RW_OK)
+		return exec_pair_fail(p, st, 0, 1, "%s", why);
+	if (pending) {
+		p->in[kind].staging++;
+		return; /* the mover reports */
+	}
+	p->in[kind].sub[g].ready = 1;
+	pair_inputs_moved(p, kind);
+}
+
+static void mover_done(void *ctx, uint32_t serial, rw_svc_mover_op_t op, uint32_t g, rw_status_t st)
+{
+	exec_t *x = ctx;
+	exec_pair_t *p, *nx;
+	if (op == RW_MV_OP_ALL) { /* a device faulted: every pair waiting on it fails */
+		rw_list_for_each_safe(&x->pairs, p, nx, link)
+			if (exec_open(p) && (p->in[0].staging || p->in[1].staging || p->out.pending))
+				exec_pair_fail(p, RW_ERR_DEVICE, 0, 1, "a CUDA copy failed: %s",
+					       rw_status_str(st));
+		return;
+	}
+	exec_pair_t *found = NULL;
+	rw_list_for_each(&x->pairs, p, link)
+		if (exec_open(p) && p->serial == serial) {
+			found = p;
+			break;
+		}
+	if (!found || g >= x->gpus)
+		return; /* a pair that ended meanwhile */
+	p = found;
+	if (st != RW_OK)
+		return exec_pair_fail(p, RW_ERR_DEVICE, 0, 1, "a CUDA copy for local rank %u failed: %s",
+				      x->me * x->gpus + g, rw_status_str(st));
+	if (op == RW_MV_OP_STAGE_D || op == RW_MV_OP_STAGE_C) {
+		int kind = op == RW_MV_OP_STAGE_C;
+		if (p->in[kind].staging)
+			p->in[kind].staging--;
+		p->in[kind].sub[g].ready = 1;
+		pair_inputs_moved(p, kind);
+	} else if (op == RW_MV_OP_FINISH && p->out.flushing && p->out.pending &&
+		   --p->out.pending == 0) {
+		complete(p);
+	}
+}
+
+void exec_on_row(exec_pair_t *p, uint32_t node, uint32_t slot,
+		 const rw_wire_phase_params_t *params, const uint32_t *row)
+{
+	exec_plan_take_row(p, node, slot, params, row);
+	pair_try_decide(p);
+}
+
+void exec_on_data(exec_pair_t *p, int kind, uint32_t peer, uint32_t rail, uint64_t len, int last)
+{
+	if (exec_recv_data(p, kind, peer, rail, len, last) != RW_OK)
+		return pair_failed(p);
+	pair_check_done(p);
+}
+
+void exec_on_write_done(exec_pair_t *p, rw_status_t st)
+{
+	p->outstanding--;
+	if (!exec_open(p))
+		return; /* the reaper frees it once the last write reported */
+	if (st != RW_OK)
+		return exec_pair_fail(p, st, 0, 1, "a rail write failed: %s", rw_status_str(st));
+	if (--p->send.pending == 0 && p->send.state == SEND_DRAINING) {
+		PTRACE(p, "wave %u writes done: largest slab %.0f kB at %.1f Mbit/s", p->send.wave,
+		       p->send.wave_slab_max / 1e3,
+		       p->send.wave_slab_max * 8e3 / (double)(rw_now_ns() - p->send.wave_t0));
+		send_progress(p);
+	}
+}
+
+void exec_on_grant(exec_pair_t *p, int kind, uint32_t wave)
+{
+	p->send.granted[kind][wave] = 1;
+	PTRACE(p, "granted wave %u", wave);
+	if ((p->stage == ST_RUN_D || p->stage == ST_RUN_C) && p->send.kind == kind &&
+	    p->send.state == SEND_WAIT_GRANT && p->send.wave + 1 == wave)
+		send_progress(p);
+}
+
+void exec_on_peer_down(exec_t *x, uint32_t peer, rw_status_t st)
+{
+	exec_pair_t *p, *nx;
+	/* Every open pair involves every node. */
+	rw_list_for_each_safe(&x->pairs, p, nx, link)
+		if (exec_open(p) && p->stage != ST_GATHER_D)
+			exec_pair_fail(p, st == RW_OK ? RW_ERR_PEER : st, 0, 1, "peer %u (%s) went down",
+				       peer, x->svc->cfg.nodes[peer].name);
+	exec_rows_drop_node(x, peer);
+}
+
+void exec_on_rank_left(exec_pair_t *p, rw_ipc_client_t *client, uint32_t rank)
+{
+	for (int k = 0; k < 2; k++) /* no completions to the leaving client */
+		for (uint32_t g = 0; g < p->x->gpus; g++)
+			if (p->in[k].sub[g].client == client)
+				p->in[k].sub[g].have = 0;
+	exec_pair_fail(p, RW_ERR_CLIENT, 0, 1, "local rank %u left", rank);
+}
+
+/* ---- the daemon's calls (exec.h) ---------------------------------------------------------------- */
+
+static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop, (void)revents;
+	exec_t *x = w->data;
+	exec_pair_t *p, *nx;
+	rw_list_for_each_safe(&x->pairs, p, nx, link)
+		if (p->stage == ST_WAIT_SLOT)
+			pair_exchange(p);
+	exec_keys_expire(x, rw_now_ns(), (uint64_t)x->svc->cfg.phase_timeout_ms * 1000000ull);
+}
+
+void rw_svc_exec_hooks_from_env(char *const *envp, rw_svc_exec_hooks_t *hooks_p)
+{
+	rw_svc_exec_hooks_t h = { 0 };
+	for (char *const *e = envp; e && *e; e++) {
+		const char *v = strchr(*e, '=');
+		if (!v)
+			continue;
+		size_t n = (size_t)(v++ - *e);
+		if (n == 23 && !strncmp(*e, "RAILWAVE_TEST_CHUNK_KIB", n))
+			h.chunk_bytes = strtoull(v, NULL, 10) << 10;
+		else if (n == 26 && !strncmp(*e, "RAILWAVE_TEST_WRITE_GAP_MS", n))
+			h.write_gap_s = strtod(v, NULL) / 1000.0;
+		else if (n == 25 && !strncmp(*e, "RAILWAVE_TEST_LOCAL_SLICE", n))
+			h.local_slice = (uint32_t)strtoul(v, NULL, 10);
+	}
+	if (h.chunk_bytes || h.write_gap_s > 0 || h.local_slice)
+		rw_warn("test hooks on: rail writes of at most %llu bytes, one per %.0f ms per phase, "
+			"%u local records per idle slice",
+			(unsigned long long)(h.chunk_bytes ? h.chunk_bytes : EXEC_CHUNK_MAX),
+			h.write_gap_s * 1000, h.local_slice ? h.local_slice : EXEC_LOCAL_SLICE);
+	*hooks_p = h;
+}
+
+rw_status_t rw_svc_exec_create(rw_svc_t *svc, const rw_svc_mover_ops_t *const *movers,
+			       uint32_t n_movers, const rw_svc_exec_hooks_t *hooks,
+			       rw_svc_exec_t **exec_p)
+{
+	if (n_movers == 0 || n_movers > EXEC_MOVERS_MAX)
+		return RW_ERR_INVAL;
+	exec_t *x = calloc(1, sizeof(*x));
+	if (!x)
+		return RW_ERR_NOMEM;
+	x->svc = svc;
+	x->nodes = svc->cfg.n_nodes;
+	x->rails = svc->cfg.rails;
+	x->gpus = svc->cfg.gpus_per_node;
+	x->me = svc->cfg.me;
+	x->hooks = *hooks;
+	rw_list_init(&x->groups);
+	rw_list_init(&x->pairs);
+	rw_list_init(&x->rows);
+	rw_list_init(&x->tombs);
+	rw_list_init(&x->ended);
+	/* recv_region_mib is the receive memory of the node; each rail gets an equal share, and
+	 * the same again for send staging: 4 sub-areas per slot. */
+	uint64_t recv = (uint64_t)svc->cfg.recv_region_mib << 20;
+	x->area_bytes = 2 * recv / x->rails;
+	x->sub_bytes = (x->area_bytes / (4 * EXEC_SLOTS)) & ~(uint64_t)63;
+	x->area_bytes = x->sub_bytes * 4 * EXEC_SLOTS;
+	rw_status_t st = RW_OK;
+	for (uint32_t i = 0; i < n_movers && st == RW_OK; i++) {
+		x->movers[i].ops = movers[i];
+		st = movers[i]->create(svc->loop, mover_done, x, &x->movers[i].mover);
+		if (st == RW_OK)
+			x->n_movers++;
+	}
+	if (st == RW_OK)
+		st = rw_svc_mesh_create(svc, x->area_bytes, &exec_mesh_cbs, x, &x->mesh);
+	if (st != RW_OK) {
+		while (x->n_movers--)
+			x->movers[x->n_movers].ops->destroy(x->movers[x->n_movers].mover);
+		free(x);
+		return st;
+	}
+	ev_timer_init(&x->tick, tick_cb, EXEC_TICK_S, EXEC_TICK_S);
+	x->tick.data = x;
+	ev_timer_start(svc->loop, &x->tick);
+	ev_idle_init(&x->local_idle, local_cb);
+	x->local_idle.data = x;
+	ev_prepare_init(&x->reaper, reaper_cb);
+	x->reaper.data = x;
+	ev_prepare_start(svc->loop, &x->reaper);
+	*exec_p = x;
+	return RW_OK;
+}
+
+static void fail_open_pairs(exec_t *x, const char *why)
+{
+	exec_pair_t *p, *nx;
+	rw_list_for_each_safe(&x->pairs, p, nx, link)
+		if (exec_open(p))
+			exec_pair_fail(p, RW_ERR_STATE, 0, 0, "%s", why);
+}
+
+rw_status_t rw_svc_exec_ipc_start(rw_svc_exec_t *x)
+{
+	rw_svc_t *svc = x->svc;
+	rw_ipc_server_config_t cfg = {
+		.socket_path = svc->cfg.ipc_socket,
+		.group = svc->cfg.ipc_group[0] ? svc->cfg.ipc_group : NULL,
+		.node = (int32_t)svc->cfg.me,
+		.max_topk = RW_MAX_TOPK,
+		.dtypes = 1u << RW_DTYPE_BF16 | 1u << RW_DTYPE_FP32, /* what the movers carry */
+	};
+	return rw_ipc_server_create(svc->loop, &cfg, &exec_ipc_ops, x, &x->ipc);
+}
+
+void rw_svc_exec_ipc_stop(rw_svc_exec_t *x)
+{
+	if (!x || !x->ipc)
+		return;
+	fail_open_pairs(x, "daemon stopping"); /* before the clients' buffers go away */
+	rw_ipc_server_destroy(x->ipc);
+	x->ipc = NULL;
+}
+
+void rw_svc_exec_drain(rw_svc_exec_t *x)
+{
+	x->svc->draining = 1;
+	if (!any_running(x))
+		rw_svc_stop(x->svc);
+}
+
+void rw_svc_exec_destroy(rw_svc_exec_t *x)
+{
+	if (!x)
+		return;
+	rw_svc_t *svc = x->svc;
+	ev_timer_stop(svc->loop, &x->tick);
+	ev_idle_stop(svc->loop, &x->local_idle);
+	ev_prepare_stop(svc->loop, &x->reaper);
+	fail_open_pairs(x, "daemon stopping");
+	rw_svc_mesh_destroy(x->mesh); /* reports every outstanding write */
+	exec_pair_t *p, *nx;
+	rw_list_for_each_safe(&x->pairs, p, nx, link) {
+		rw_list_del(&p->link);
+		free(p);
+	}
+	exec_keys_free(x);
+	/* After the IPC server closed its CUDA imports. */
+	for (uint32_t i = 0; i < x->n_movers; i++)
+		x->movers[i].ops->destroy(x->movers[i].mover);
+	exec_group_t *g, *gn;
+	rw_list_for_each_safe(&x->groups, g, gn, link) {
+		for (uint32_t i = 0; i < RW_MAX_GPUS; i++)
+			if (g->member[i])
+				exec_member_free(g->member[i]);
+		rw_list_del(&g->link);
+		free(g);
+	}
+	free(x);
+}

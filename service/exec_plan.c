@@ -1,0 +1,228 @@
+/* Gather, count exchange and decision (docs/dataflow.md "Gather", "Count exchange (COUNTS)",
+ * "Decide"): this node's count row from its ranks' top-k ids, the row sent to every peer, the
+ * peers' rows folded into the features as they come, and — once every row is here — the path
+ * and the receive layout, which every node derives identically from the same numbers. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "service/exec_int.h"
+
+/* This node's attempt number for a pair: never 0, different for every pair it opens (a reused
+ * key gets a new one), so writes of an earlier attempt cannot be taken for this one's. */
+static uint32_t pair_epoch(uint64_t serial)
+{
+	uint64_t h = rw_now_ns() ^ (serial << 32) ^ ((uint64_t)getpid() << 16);
+	h ^= h >> 33;
+	h *= UINT64_C(0xff51afd7ed558ccd);
+	h ^= h >> 33;
+	return (uint32_t)h ? (uint32_t)h : 1u;
+}
+
+rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe)
+{
+	exec_t *x = p->x;
+	rw_svc_phase_t *ph = &p->ph;
+	size_t n = x->nodes, nr = (size_t)x->nodes * x->rails;
+	ph->serial = p->serial;
+	ph->nodes = x->nodes;
+	ph->rails = x->rails;
+	ph->gpus = x->gpus;
+	ph->me = x->me;
+	ph->topk = sqe->topk;
+	ph->hidden = sqe->hidden;
+	ph->dtype = exec_wire_dtype(sqe->dtype);
+	ph->n_experts = sqe->n_experts;
+	ph->row_bytes = rw_wire_row_bytes(ph->hidden, ph->dtype);
+	ph->rec_size = rw_wire_rec_size(ph->topk, ph->hidden, ph->dtype);
+	ph->crec_size = rw_wire_crec_size(ph->hidden, ph->dtype);
+	int force = x->svc->cfg.force_path;
+	p->xchg.params = (rw_wire_phase_params_t){
+		.n_experts = ph->n_experts, .topk = ph->topk, .hidden = ph->hidden, .dtype = ph->dtype,
+		.requested_path = force >= 0 && force < RW_PATH_COUNT ? (uint32_t)force : RW_WIRE_PATH_AUTO,
+		.epoch = pair_epoch(p->serial) };
+	ph->tag_in = rw_wire_tag_for(p->tag, p->xchg.params.epoch);
+	p->xchg.slot = -1;
+	p->xchg.peer_slot = rw_arena_alloc(&p->mem, n, sizeof(uint32_t));
+	p->xchg.have_row = rw_arena_alloc(&p->mem, n, 1);
+	p->xchg.counts = rw_arena_alloc(&p->mem, n * nr, sizeof(uint32_t));
+	p->xchg.peer_params = rw_arena_alloc(&p->mem, n, sizeof(rw_wire_phase_params_t));
+	p->xchg.tag_to = rw_arena_alloc(&p->mem, n, sizeof(uint32_t));
+	size_t ws_len = rw_sched_feat_workspace(x->nodes, x->rails);
+	p->xchg.feat_ws = rw_arena_alloc(&p->mem, 1, ws_len);
+	if (!p->xchg.peer_slot || !p->xchg.have_row || !p->xchg.counts || !p->xchg.peer_params ||
+	    !p->xchg.tag_to || !p->xchg.feat_ws ||
+	    rw_sched_feat_begin(&p->xchg.feat_acc, &x->svc->topo, p->xchg.feat_ws, ws_len) != RW_OK ||
+	    rw_svc_layout_alloc(&p->plan.layout, x->nodes, x->rails) != RW_OK)
+		return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
+	ph->tag_to = p->xchg.tag_to;
+	return RW_OK;
+}
+
+/* Whether a later rank's submission fits the phase the first one opened. */
+rw_status_t exec_plan_fits(const exec_pair_t *p, const rw_sqe_t *sqe, char *why, size_t len)
+{
+	if (sqe->n_experts != p->ph.n_experts) {
+		snprintf(why, len, "n_experts %u differs from the phase's %u (local ranks disagree)",
+			 sqe->n_experts, p->ph.n_experts);
+		return RW_ERR_SUB_EXPERTS;
+	}
+	if (sqe->topk != p->ph.topk || sqe->hidden != p->ph.hidden ||
+	    exec_wire_dtype(sqe->dtype) != p->ph.dtype) {
+		snprintf(why, len, "local ranks disagree on topk/hidden/dtype");
+		return RW_ERR_SUB_FIELD;
+	}
+	return RW_OK;
+}
+
+rw_status_t exec_plan_count(exec_pair_t *p)
+{
+	exec_t *x = p->x;
+	const rw_topo_t *topo = &x->svc->topo;
+	rw_svc_phase_t *ph = &p->ph;
+	for (uint32_t g = 0; g < x->gpus; g++)
+		p->plan.rt[g] = (rw_rank_tokens_t){
+			.local_gpu = g, .n_tokens = p->in[RW_MV_DISPATCH].sub[g].sqe.token_count,
+			.topk = ph->topk, .expert_ids = ph->io[RW_MV_DISPATCH][g].ids };
+	uint32_t bad = 0;
+	size_t nr = (size_t)x->nodes * x->rails;
+	uint32_t *row = p->xchg.counts + x->me * nr;
+	if (rw_sched_count(topo, ph->n_experts, x->me, p->plan.rt, x->gpus, row, &bad) != RW_OK) {
+		char msg[RW_SVC_WHY_MAX];
+		snprintf(msg, sizeof(msg), "local rank %u: expert id out of range (E=%u) or bad top-k",
+			 x->me * x->gpus + bad, ph->n_experts);
+		exec_sub_t *s = bad < x->gpus ? &p->in[RW_MV_DISPATCH].sub[bad] : NULL;
+		if (s && s->have) { /* the culprit hears what it did; the others that the phase failed */
+			exec_answer_err(x, s->client, &s->sqe, RW_ERR_SUB_TOKENS, 0, msg);
+			s->have = 0;
+		}
+		return exec_err(p, RW_ERR_INVAL, 1, "%s", msg);
+	}
+	p->plan.row_off = rw_arena_alloc(&p->mem, nr + 1, sizeof(uint32_t));
+	if (!p->plan.row_off)
+		return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
+	rw_sched_prefix(row, (uint32_t)nr, p->plan.row_off);
+	p->plan.rec = rw_arena_alloc(&p->mem, (size_t)p->plan.row_off[nr] + 1, sizeof(rw_record_t));
+	if (!p->plan.rec || rw_sched_records(topo, ph->n_experts, x->me, p->plan.rt, x->gpus,
+					     p->plan.row_off, p->plan.rec) != RW_OK)
+		return exec_err(p, RW_ERR_NOMEM, 1, "cannot build records");
+	return RW_OK;
+}
+
+void exec_plan_take_row(exec_pair_t *p, uint32_t node, uint32_t slot,
+			const rw_wire_phase_params_t *params, const uint32_t *row)
+{
+	exec_t *x = p->x;
+	if (p->xchg.have_row[node])
+		return;
+	size_t nr = (size_t)x->nodes * x->rails;
+	uint32_t *dst = p->xchg.counts + node * nr;
+	if (row != dst) /* our own row is built in place */
+		memcpy(dst, row, nr * sizeof(uint32_t));
+	/* Fold the row into the features now, while the other rows are still on their way: what is
+	 * left after the last row is O(N R) (docs/algorithms.md §5). */
+	rw_sched_feat_add_row(&p->xchg.feat_acc, node, dst);
+	p->xchg.peer_slot[node] = slot;
+	p->xchg.peer_params[node] = *params;
+	p->xchg.tag_to[node] = rw_wire_tag_for(p->tag, params->epoch);
+	p->xchg.have_row[node] = 1;
+	p->xchg.n_rows++;
+}
+
+rw_status_t exec_plan_send_row(exec_pair_t *p)
+{
+	exec_t *x = p->x;
+	for (uint32_t peer = 0; peer < x->nodes; peer++)
+		if (!rw_svc_mesh_peer_up(x->mesh, peer))
+			return exec_err(p, RW_ERR_PEER, 1, "peer %u (%s) is not connected", peer,
+					x->svc->cfg.nodes[peer].name);
+	size_t nr = (size_t)x->nodes * x->rails;
+	rw_wire_counts_t c = { .key = p->key, .node = x->me, .nodes = x->nodes, .rails = x->rails,
+			       .slot = (uint32_t)p->xchg.slot, .params = p->xchg.params,
+			       .row = p->xchg.counts + x->me * nr };
+	snprintf(c.group_name, sizeof(c.group_name), "%s", p->g->name);
+	size_t len = rw_wire_counts_size(x->nodes, x->rails);
+	uint8_t *buf = malloc(len);
+	if (!buf)
+		return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
+	rw_wire_counts_pack(&c, buf, len);
+	exec_plan_take_row(p, x->me, (uint32_t)p->xchg.slot, &p->xchg.params, c.row);
+	rw_status_t st = RW_OK;
+	for (uint32_t peer = 0; peer < x->nodes && st == RW_OK; peer++)
+		if (peer != x->me &&
+		    rw_svc_mesh_send(x->mesh, peer, RW_WIRE_COUNTS, buf, (uint32_t)len) != RW_OK)
+			st = exec_err(p, RW_ERR_PEER, 1, "cannot send counts to node %u (%s)", peer,
+				      x->svc->cfg.nodes[peer].name);
+	free(buf);
+	return st;
+}
+
+/* Every node must agree on the phase's parameters; the first forced path wins. */
+static rw_status_t check_params(exec_pair_t *p, int *forced_p)
+{
+	const exec_t *x = p->x;
+	const rw_wire_phase_params_t *ours = &p->xchg.params;
+	*forced_p = -1;
+	for (uint32_t n = 0; n < x->nodes; n++) {
+		const rw_wire_phase_params_t *pp = &p->xchg.peer_params[n];
+		if (pp->n_experts != ours->n_experts || pp->topk != ours->topk ||
+		    pp->hidden != ours->hidden || pp->dtype != ours->dtype)
+			return exec_err(p, pp->n_experts != ours->n_experts ? RW_ERR_SUB_EXPERTS : RW_ERR_INVAL,
+					0, "node %u disagrees on E/topk/hidden/dtype (%u/%u/%u/%u)", n,
+					pp->n_experts, pp->topk, pp->hidden, pp->dtype);
+		if (*forced_p < 0 && pp->requested_path != RW_WIRE_PATH_AUTO)
+			*forced_p = (int)pp->requested_path;
+	}
+	return RW_OK;
+}
+
+rw_status_t exec_plan_decide(exec_pair_t *p)
+{
+	exec_t *x = p->x;
+	rw_svc_t *svc = x->svc;
+	rw_svc_phase_t *ph = &p->ph;
+	/* Every node holds the same rows, so every verdict below is the same everywhere: no
+	 * failure here is told to the peers (they find it themselves). */
+	int forced;
+	if (check_params(p, &forced) != RW_OK)
+		return p->err.st;
+	rw_features_t feat;
+	rw_selection_t sel;
+	if (rw_sched_feat_finish(&p->xchg.feat_acc, ph->rec_size, &feat) != RW_OK)
+		return exec_err(p, RW_ERR_SYS, 0, "feature accumulator incomplete");
+	if (forced >= 0)
+		sel = (rw_selection_t){ .path = (rw_path_t)forced, .reason = RW_SELECT_FORCED,
+					.case_id = -1 };
+	else
+		rw_sched_select(svc->anchors, &feat, &sel);
+	p->plan.path = sel.path;
+	rw_svc_metrics_decision(&svc->metrics, p->key.group, p->key.layer, p->key.step, &feat, &sel);
+	rw_dbg("group %s layer %u step %llu: path %s (%s) f=[%.2f %.3f %.3f]", p->g->name,
+	       p->key.layer, (unsigned long long)p->key.step, rw_sched_path_name(sel.path),
+	       rw_sched_reason_name(sel.reason), feat.f[0], feat.f[1], feat.f[2]);
+
+	uint64_t max_in, max_out;
+	rw_svc_layout_max(&svc->topo, p->plan.path, p->xchg.counts, &max_in, &max_out);
+	uint64_t need = RW_MAX(max_in, max_out) * ph->rec_size;
+	if (need > x->sub_bytes)
+		return exec_err(p, RW_ERR_RANGE, 0, "a rail needs %llu bytes, the region area holds "
+				"%llu (raise recv_region_mib)", (unsigned long long)need,
+				(unsigned long long)x->sub_bytes);
+	rw_svc_layout_t *l = &p->plan.layout;
+	if (rw_svc_layout_build(l, &svc->topo, p->plan.path, x->me, p->xchg.counts) != RW_OK)
+		return exec_err(p, RW_ERR_SYS, 0, "cannot build the receive layout");
+	p->plan.have_layout = 1;
+	ph->layout = l;
+	ph->row_off = p->plan.row_off;
+	ph->rec = p->plan.rec;
+	ph->rt = p->plan.rt;
+	ph->rail_base[0] = 0;
+	for (uint32_t r = 0; r < x->rails; r++)
+		ph->rail_base[r + 1] = ph->rail_base[r] + l->in_total[r];
+	ph->n_in = ph->rail_base[x->rails];
+	char why[RW_SVC_WHY_MAX];
+	rw_status_t st = p->mv->plan(p->mv_mover, p->mv_state, ph, why);
+	if (st != RW_OK)
+		return exec_err(p, st, 1, "%s", why);
+	return RW_OK;
+}

@@ -1,0 +1,160 @@
+/* Sending a phase (docs/dataflow.md "Send"): the writes of each (destination, rail) slab, all
+ * destinations at once on the non-waved paths, one destination per permutation wave on the
+ * waved ones; the next wave starts when this one's writes are all done and, under the receiver
+ * gate, when its destination has granted it. Also the gate's arithmetic, which the receive
+ * side shares: every node computes the same answers from the count matrix. */
+#include <string.h>
+
+#include "service/exec_int.h"
+
+int exec_gated(const exec_pair_t *p)
+{
+	return rw_path_waved(p->plan.path) && p->x->nodes > 2;
+}
+
+/* Records of `kind` that node src writes to node dst in this pair, from the count matrix
+ * (rail-independent, so the same on every node): dispatch carries src's records for dst, and
+ * combine returns dst's records that src hosted. */
+static uint64_t pair_flow(const exec_pair_t *p, int kind, uint32_t src, uint32_t dst)
+{
+	const exec_t *x = p->x;
+	size_t nr = (size_t)x->nodes * x->rails;
+	uint32_t a = kind == 0 ? src : dst, b = kind == 0 ? dst : src;
+	uint64_t t = 0;
+	for (uint32_t r = 0; r < x->rails; r++)
+		t += p->xchg.counts[a * nr + (size_t)b * x->rails + r];
+	return t;
+}
+
+/* Whether node s must wait for d = (s + k) mod N to grant wave k: it has data for d, and some
+ * earlier wave brings d data (if none does, d would grant at once: the round is skipped). */
+int exec_needs_grant(const exec_pair_t *p, int kind, uint32_t k, uint32_t s)
+{
+	uint32_t n = p->x->nodes, d = (s + k) % n;
+	if (k < 2 || !pair_flow(p, kind, s, d))
+		return 0;
+	for (uint32_t j = 1; j < k; j++)
+		if (pair_flow(p, kind, (d + n - j) % n, d))
+			return 1;
+	return 0;
+}
+
+void exec_send_begin(exec_pair_t *p, int kind)
+{
+	p->send.kind = kind;
+	p->send.state = SEND_IDLE;
+	p->send.wave = p->send.pending = p->send.waves_posted = 0;
+}
+
+/* d's slabs of `kind`, packed once, just before d's wave is posted: later waves' packing
+ * overlaps earlier waves' sending. */
+static rw_status_t pack_dst(exec_pair_t *p, int kind, uint32_t d)
+{
+	if (p->send.packed[kind][d])
+		return RW_OK;
+	p->send.packed[kind][d] = 1;
+	char why[RW_SVC_WHY_MAX];
+	rw_status_t st = p->mv->pack(p->mv_mover, p->mv_state, &p->ph, kind, d, why);
+	return st == RW_OK ? RW_OK : exec_err(p, st, 1, "%s", why);
+}
+
+/* Post the slab writes of the wave being posted, from the cursor on. RW_OK with state PACED
+ * when the write-gap hook's budget ran out. */
+static rw_status_t post_wave(exec_pair_t *p, int *budget)
+{
+	exec_t *x = p->x;
+	const rw_svc_layout_t *l = &p->plan.layout;
+	const int kind = p->send.kind;
+	const uint64_t rsz = kind == 0 ? p->ph.rec_size : p->ph.crec_size;
+	for (; p->send.cur_k <= p->send.k_hi; p->send.cur_k++, p->send.cur_r = 0) {
+		uint32_t d = rw_sched_wave_dst(x->nodes, x->me, p->send.cur_k);
+		if (pack_dst(p, kind, d) != RW_OK)
+			return p->err.st;
+		for (; p->send.cur_r < x->rails; p->send.cur_r++, p->send.cur_off = 0) {
+			uint32_t r = p->send.cur_r;
+			size_t i = (size_t)d * x->rails + r;
+			uint32_t q = kind == 0 ? l->out_pairs[d].quota[r] : l->in_quota[i];
+			if (!q)
+				continue;
+			uint64_t local = exec_sub_off(x, p->xchg.slot, kind == 0 ? SUB_SD : SUB_SC) +
+					 (uint64_t)(kind == 0 ? l->out_first[i] : l->in_first[i]) * rsz;
+			uint64_t remote = exec_sub_off(x, (int)p->xchg.peer_slot[d], kind == 0 ? SUB_RD : SUB_RC) +
+					  (uint64_t)(kind == 0 ? l->peer_in_first[i] : l->peer_ret_first[i]) * rsz;
+			uint64_t len = (uint64_t)q * rsz;
+			p->send.wave_slab_max = RW_MAX(p->send.wave_slab_max, len);
+			uint64_t chunk = RW_MIN((uint64_t)EXEC_CHUNK_MAX, rw_svc_mesh_max_write(x->mesh, r));
+			if (x->hooks.chunk_bytes)
+				chunk = RW_MIN(chunk, x->hooks.chunk_bytes);
+			while (p->send.cur_off < len) {
+				if (*budget == 0) {
+					p->send.state = SEND_PACED;
+					return RW_OK;
+				}
+				uint64_t off = p->send.cur_off, n = RW_MIN(chunk, len - off);
+				uint32_t imm = rw_wire_imm_pack(p->xchg.tag_to[d], (uint32_t)kind, off + n == len,
+								x->me, r);
+				rw_status_t st = rw_svc_mesh_write(x->mesh, d, r, local + off, remote + off, n,
+								   imm, p);
+				if (st != RW_OK)
+					return exec_err(p, RW_ERR_PEER, 1, "cannot write to node %u (%s) rail %u: %s",
+							d, x->svc->cfg.nodes[d].name, r, rw_status_str(st));
+				p->outstanding++;
+				p->send.pending++;
+				rw_svc_metrics_tx(&x->svc->metrics, r, n, off + n == len ? q : 0, 0);
+				p->send.cur_off = off + n;
+				if (*budget > 0)
+					(*budget)--;
+			}
+		}
+	}
+	return RW_OK;
+}
+
+rw_status_t exec_send_progress(exec_pair_t *p)
+{
+	exec_t *x = p->x;
+	const int kind = p->send.kind;
+	const int waved = exec_gated(p);
+	int budget = x->hooks.write_gap_s > 0 ? 1 : -1; /* writes we may post now; -1: all */
+	for (;;) {
+		if (p->send.state != SEND_PACED) {
+			/* Start the next wave, if there is one and we may. */
+			if (!waved) {
+				if (p->send.wave > 0)
+					break;
+				p->send.cur_k = 1;
+				p->send.k_hi = x->nodes - 1;
+			} else {
+				if (p->send.wave >= x->nodes - 1)
+					break;
+				if (exec_needs_grant(p, kind, p->send.wave + 1, x->me) &&
+				    !p->send.granted[kind][p->send.wave + 1]) {
+					p->send.state = SEND_WAIT_GRANT;
+					return RW_OK;
+				}
+				p->send.cur_k = p->send.k_hi = p->send.wave + 1;
+			}
+			p->send.wave++;
+			PTRACE(p, "post wave %u", p->send.wave);
+			p->send.wave_t0 = rw_now_ns();
+			p->send.wave_slab_max = 0;
+			p->send.cur_r = 0;
+			p->send.cur_off = 0;
+		}
+		p->send.state = SEND_POSTING;
+		if (post_wave(p, &budget) != RW_OK)
+			return p->err.st;
+		if (p->send.state == SEND_PACED)
+			return RW_OK;
+		p->send.state = SEND_DRAINING;
+		p->send.waves_posted++;
+		/* While these writes drain: pack the next wave's slabs. */
+		if (waved && p->send.wave + 1 < x->nodes &&
+		    pack_dst(p, kind, rw_sched_wave_dst(x->nodes, x->me, p->send.wave + 1)) != RW_OK)
+			return p->err.st;
+		if (p->send.pending)
+			return RW_OK; /* the next wave starts when these writes are done */
+	}
+	p->send.state = SEND_DONE;
+	return RW_OK;
+}

@@ -1,0 +1,135 @@
+/* railwaved's data-mover interface, private to service/ (docs/dataflow.md "Data movers"): what
+ * moves a phase's payload bytes. The executor (service/exec*.c) decides what goes where and
+ * when — plan, waves, grants, completions — and never touches a payload byte; a mover packs the
+ * send slabs, forwards arrived dispatch ranges to the local ranks, folds combine rows and
+ * writes the ranks' outputs. The host mover (service/mover_host.c) does it with the loop's CPU
+ * (staging CUDA ranks through pinned host memory); a CUDA mover does it with kernels on the
+ * ranks' GPUs. Adding a mover means a new rw_svc_mover_ops_t and a line where the daemon lists
+ * its movers (service/main.c); the state machine stays as it is. */
+#ifndef RW_SVC_MOVER_H
+#define RW_SVC_MOVER_H
+
+#include <stdint.h>
+
+#include "common/common.h"
+#include "ipc/railwave.h"
+#include "sched/sched.h"
+#include "service/phase.h"
+
+struct ev_loop;
+
+/* Kinds of a pair's phases (index of per-kind arrays). */
+enum { RW_MV_DISPATCH = 0, RW_MV_COMBINE = 1 };
+
+/* Where one span of a rank's memory is: host memory mapped here, or CUDA memory (device,
+ * address in this process). */
+typedef struct rw_svc_span_mem {
+	uint8_t *host;               /* NULL for CUDA memory or an absent span */
+	int dev;                     /* -1: host (or absent) */
+	uint64_t dptr;
+	uint32_t buf;                /* the rank's buffer id (RW_BUF_NONE: absent) */
+} rw_svc_span_mem_t;
+
+/* One local rank's part of one phase, as the executor resolved it from the submission. */
+typedef struct rw_svc_rank_io {
+	uint32_t n_tokens;           /* dispatch: its tokens; combine: rows it gives back */
+	rw_svc_span_mem_t in[3];     /* dispatch: tokens, top-k ids, top-k weights; combine: rows */
+	rw_svc_span_mem_t out;       /* dispatch: the output span; combine: the combined rows */
+	uint64_t out_offset;         /* the output span's offset in its buffer (for the CQE) */
+	uint64_t out_cap;            /* bytes at out */
+	/* Filled by the mover once the inputs are readable by the CPU (host memory as is, CUDA
+	 * memory staged): what the executor may read (the count pass reads ids). */
+	const uint8_t *tokens;
+	const int32_t *ids;
+	const float *weights;
+} rw_svc_rank_io_t;
+
+/* A pair as a mover sees it: geometry, the phase's parameters, the plan, and where the send
+ * and receive areas of this pair's slot are. Filled by the executor; read-only for the mover
+ * except rank_io[].tokens/ids/weights, which the mover's stage() sets. */
+typedef struct rw_svc_phase {
+	uint32_t serial;             /* names the pair in the mover's asynchronous reports */
+	uint32_t nodes, rails, gpus, me;
+	uint32_t n_experts, topk, hidden, dtype; /* dtype: rw_wire_dtype_t */
+	uint64_t row_bytes, rec_size, crec_size;
+	uint32_t tag_in;             /* tag of writes into this node (docs/dataflow.md "Failures") */
+	const uint32_t *tag_to;      /* [N]: tag of our writes into node d */
+	/* Known from the decision on (all NULL before): */
+	const rw_svc_layout_t *layout;
+	const uint32_t *row_off;     /* [N*R+1]: CSR of our records by (destination, native rail) */
+	const rw_record_t *rec;
+	const rw_rank_tokens_t *rt;  /* [G]: our ranks' dispatch tokens */
+	uint32_t rail_base[RW_MAX_RAILS + 1]; /* received record ref = rail_base[r] + slot */
+	uint32_t n_in;               /* records received (all rails) */
+	/* This pair's areas on each rail (send and receive, per kind), in the mesh's memory. */
+	uint8_t *send_area[2][RW_MAX_RAILS];
+	const uint8_t *recv_area[2][RW_MAX_RAILS];
+	rw_svc_rank_io_t io[2][RW_MAX_GPUS]; /* [kind][local rank] */
+	/* Each local rank's pinned host staging (grows; kept across pairs by the executor). */
+	rw_svc_pinned_t *stage_in[RW_MAX_GPUS], *stage_out[RW_MAX_GPUS];
+} rw_svc_phase_t;
+
+/* A mover's asynchronous report: `op` of local rank g of the pair with this serial finished.
+ * Always called from the loop, never from inside a mover call. */
+typedef enum rw_svc_mover_op {
+	RW_MV_OP_STAGE_D = 1,        /* dispatch inputs of rank g are readable (rank_io set) */
+	RW_MV_OP_STAGE_C = 2,        /* combine rows of rank g are readable */
+	RW_MV_OP_FINISH = 3,         /* outputs of rank g are written */
+	RW_MV_OP_ALL = 255,          /* a device faulted: every pending op of every pair failed */
+} rw_svc_mover_op_t;
+typedef void (*rw_svc_mover_done_fn)(void *ctx, uint32_t serial, rw_svc_mover_op_t op,
+				     uint32_t g, rw_status_t st);
+
+/* Every operation runs on the loop thread. A `why` buffer (RW_SVC_WHY_MAX) gets a sentence
+ * naming what failed whenever an operation returns an error; the error tells the executor the
+ * blast radius: RW_ERR_PROTO = the peer that sent the range is at fault (the executor drops
+ * it), RW_ERR_SUB_SPACE = a rank's output is too small, RW_ERR_DEVICE = a copy to or from a
+ * rank's GPU failed, RW_ERR_NOMEM. A mover never fails or frees a pair itself. */
+#define RW_SVC_WHY_MAX 160
+typedef struct rw_svc_mover_ops {
+	const char *name;
+	/* Per daemon: create the mover on `loop`; done() reports asynchronous completions. */
+	rw_status_t (*create)(struct ev_loop *loop, rw_svc_mover_done_fn done, void *ctx,
+			      void **mover_p);
+	/* Waits for everything in flight (no report follows), then frees. */
+	void (*destroy)(void *mover);
+	/* 1 when this mover can carry a pair whose ranks gave these buffers (kind's io). The
+	 * executor asks its movers in order at the first submission and keeps the first that says
+	 * yes for the whole pair; the host mover says yes to everything. */
+	int (*accepts)(void *mover, const rw_svc_phase_t *ph, int kind, uint32_t g);
+	/* Per pair: private state, freed by close(). */
+	rw_status_t (*open)(void *mover, const rw_svc_phase_t *ph, void **state_p);
+	/* Make rank g's `kind` inputs readable. *pending_p = 0: done now; 1: report
+	 * RW_MV_OP_STAGE_D/C follows. */
+	rw_status_t (*stage)(void *mover, void *state, rw_svc_phase_t *ph, int kind, uint32_t g,
+			     int *pending_p, char *why);
+	/* The decision is known (ph->layout ...): size the outputs and forwarding tables. */
+	rw_status_t (*plan)(void *mover, void *state, const rw_svc_phase_t *ph, char *why);
+	/* Write the slabs of `kind` for destination d into ph->send_area (every rail), each record
+	 * at its (egress rail, slot). Called once per (kind, d), just before d's wave is posted. */
+	rw_status_t (*pack)(void *mover, void *state, const rw_svc_phase_t *ph, int kind, uint32_t d,
+			    char *why);
+	/* Every byte of `kind` from `src` on `rail` is in ph->recv_area: dispatch forwards each
+	 * record to the local ranks hosting its experts; combine adds each row into its owner
+	 * token's sum. Validates every record header (RW_ERR_PROTO names the slot). */
+	rw_status_t (*arrived)(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
+			       uint32_t src, uint32_t rail, char *why);
+	/* The local-node records of `kind`: at most `budget` records per call, resumable;
+	 * *done_p = 1 once all are done. */
+	rw_status_t (*local)(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
+			     uint32_t budget, int *done_p, char *why);
+	/* Every byte of `kind` is here: write the ranks' outputs. *pending_p = reports of
+	 * RW_MV_OP_FINISH still to come (0: written now). */
+	rw_status_t (*finish)(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
+			      uint32_t *pending_p, char *why);
+	/* Rank g's dispatch result: rows written and per-expert counts ([n_experts]). */
+	void (*result)(void *state, uint32_t g, uint32_t *recv_rows_p, const uint32_t **counts_p);
+	/* The pair failed: return only once nothing of this mover touches the ranks' memory for
+	 * this pair any more (reports may still follow; the executor ignores them). */
+	void (*quiesce)(void *mover, void *state);
+	void (*close)(void *mover, void *state);
+} rw_svc_mover_ops_t;
+
+extern const rw_svc_mover_ops_t rw_svc_mover_host;
+
+#endif /* RW_SVC_MOVER_H */
