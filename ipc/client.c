@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,9 @@ struct rw_client {
 	/* The daemon is gone or dropped us: every call fails with the code stored here (0: open).
 	 * Atomic because the submitting and the reaping thread may both discover it. */
 	_Atomic int closed_code;
+	/* Reads of the control socket: a request waits for its reply holding it; the reaping
+	 * thread reads notices only when it can take it at once. */
+	pthread_mutex_t sock_lock;
 	char last_msg[RW_IPC_ERRMSG_MAX];
 	void *ring_map;
 	size_t ring_bytes;
@@ -153,8 +157,9 @@ static int take_error(rw_client_t *c, const rw_ipc_msg_t *msg, int len)
 
 /* Send a request (with an optional fd) and wait for its reply of `reply_type`, exactly
  * `reply_len` bytes and `reply_nfds` fds (stored in fds_out). Returns 0 or RW_E_*. */
-static int request(rw_client_t *c, const void *req, size_t len, int fd, uint16_t reply_type,
-		   rw_ipc_msg_t *reply, size_t reply_len, int *fds_out, unsigned reply_nfds)
+static int request_locked(rw_client_t *c, const void *req, size_t len, int fd,
+			  uint16_t reply_type, rw_ipc_msg_t *reply, size_t reply_len, int *fds_out,
+			  unsigned reply_nfds)
 {
 	int closed = atomic_load(&c->closed_code);
 	if (closed)
@@ -195,7 +200,15 @@ static int request(rw_client_t *c, const void *req, size_t len, int fd, uint16_t
 
 	uint32_t seq = ((const rw_ipc_hdr_t *)req)->seq;
 	int64_t deadline = now_ms() + c->timeout_ms;
-	int got = recv_msg(c, reply, fds, &nfds, deadline);
+	int got;
+	for (;;) { /* a notice (an ERROR with seq 0) about a submission is not the reply */
+		got = recv_msg(c, reply, fds, &nfds, deadline);
+		if (got != (int)sizeof(rw_ipc_error_t) || reply->hdr.type != RW_IPC_ERROR ||
+		    reply->hdr.seq != 0 || reply->error.fatal)
+			break;
+		close_fds(fds, nfds);
+		take_error(c, reply, got);
+	}
 	if (got == 0)
 		return mark_closed(c, RW_E_CLOSED);
 	if (got < 0)
@@ -215,6 +228,42 @@ static int request(rw_client_t *c, const void *req, size_t len, int fd, uint16_t
 	}
 	memcpy(fds_out, fds, sizeof(int) * nfds);
 	return 0;
+}
+
+static int request(rw_client_t *c, const void *req, size_t len, int fd, uint16_t reply_type,
+		   rw_ipc_msg_t *reply, size_t reply_len, int *fds_out, unsigned reply_nfds)
+{
+	pthread_mutex_lock(&c->sock_lock);
+	int rc = request_locked(c, req, len, fd, reply_type, reply, reply_len, fds_out, reply_nfds);
+	pthread_mutex_unlock(&c->sock_lock);
+	return rc;
+}
+
+/* Read the notices the daemon queued (why a submission failed) without waiting; only when no
+ * request is reading the socket. A fatal message or end-of-file closes the client. */
+static void take_notices(rw_client_t *c)
+{
+	if (pthread_mutex_trylock(&c->sock_lock) != 0)
+		return;
+	for (;;) {
+		rw_ipc_msg_t msg;
+		int fds[RW_IPC_MAX_FDS];
+		unsigned nfds;
+		int got = recv_msg(c, &msg, fds, &nfds, 0);
+		close_fds(fds, nfds);
+		if (got == 0) {
+			mark_closed(c, RW_E_CLOSED);
+			break;
+		}
+		if (got < 0)
+			break; /* nothing more (RW_E_TIMEOUT) */
+		if (got < (int)sizeof(rw_ipc_hdr_t) || msg.hdr.type != RW_IPC_ERROR) {
+			mark_closed(c, RW_E_BADREPLY); /* nothing else is unsolicited */
+			break;
+		}
+		take_error(c, &msg, got);
+	}
+	pthread_mutex_unlock(&c->sock_lock);
 }
 
 /* Map the daemon's rings after checking that RING_OK describes a layout that fits its memfd. */
@@ -270,6 +319,7 @@ int rw_client_connect(const rw_client_opts_t *opts, rw_client_t **client_p)
 	rw_client_t *c = calloc(1, sizeof(*c));
 	if (!c)
 		return RW_E_NOMEM;
+	pthread_mutex_init(&c->sock_lock, NULL);
 	c->sq_efd = c->cq_efd = -1;
 	c->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : 10000;
 	int rc;
@@ -319,6 +369,7 @@ int rw_client_connect(const rw_client_opts_t *opts, rw_client_t **client_p)
 fail_close:
 	close(c->fd);
 fail_free:
+	pthread_mutex_destroy(&c->sock_lock);
 	free(c);
 	return rc;
 }
@@ -343,6 +394,7 @@ void rw_client_close(rw_client_t *c)
 	if (c->cq_efd >= 0)
 		close(c->cq_efd);
 	close(c->fd);
+	pthread_mutex_destroy(&c->sock_lock);
 	free(c);
 }
 
@@ -484,10 +536,15 @@ int rw_client_poll(rw_client_t *c, rw_cqe_t *out, unsigned max)
 	if (avail < 0)
 		return mark_closed(c, RW_E_BADREPLY);
 	unsigned n = MIN_U((unsigned)avail, max);
-	for (unsigned i = 0; i < n; i++)
+	int failed = 0;
+	for (unsigned i = 0; i < n; i++) {
 		memcpy(&out[i], rw_ring_cons_peek(&c->cq, i), sizeof(rw_cqe_t));
+		failed |= out[i].status == RW_CQ_ERROR;
+	}
 	rw_ring_cons_release(&c->cq, n);
 	atomic_fetch_add_explicit(&c->completed, n, memory_order_relaxed);
+	if (failed) /* the daemon said why before it posted the completion */
+		take_notices(c);
 	return (int)n;
 }
 
@@ -497,7 +554,10 @@ static int socket_event(rw_client_t *c)
 	rw_ipc_msg_t msg;
 	int fds[RW_IPC_MAX_FDS];
 	unsigned nfds;
+	if (pthread_mutex_trylock(&c->sock_lock) != 0)
+		return 0; /* a request is reading it */
 	int got = recv_msg(c, &msg, fds, &nfds, 0);
+	pthread_mutex_unlock(&c->sock_lock);
 	close_fds(fds, nfds);
 	if (got == 0)
 		return mark_closed(c, RW_E_CLOSED);

@@ -48,11 +48,7 @@ void exec_answer_err(exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe, rw
 	if (!x->ipc)
 		return;
 	int code = exec_client_code(st, remote);
-	char text[RW_SVC_WHY_MAX + 48];
-	snprintf(text, sizeof(text), "layer %u step %llu %s: %s", sqe->layer,
-		 (unsigned long long)sqe->step, sqe->kind == RW_KIND_COMBINE ? "combine" : "dispatch",
-		 msg && msg[0] ? msg : rw_status_str(st));
-	rw_ipc_client_notice(x->ipc, client, code, text);
+	rw_ipc_client_notice(x->ipc, client, code, msg && msg[0] ? msg : rw_status_str(st));
 	rw_cqe_t c = cqe_for(sqe, RW_CQ_ERROR);
 	c.error = code;
 	rw_ipc_complete(x->ipc, client, &c);

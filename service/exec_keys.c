@@ -219,7 +219,7 @@ void exec_tell_peers(exec_t *x, const rw_wire_key_t *key, int kind, rw_status_t 
 {
 	rw_wire_phase_err_t e = { .key = *key, .kind = (uint32_t)kind, .status = st, .node = x->me,
 				  .epoch = epoch, .relay = (uint32_t)relay };
-	snprintf(e.msg, sizeof(e.msg), "node %u: %s", x->me, msg);
+	snprintf(e.msg, sizeof(e.msg), "node %u (%s): %s", x->me, x->svc->cfg.nodes[x->me].name, msg);
 	uint8_t buf[RW_WIRE_PHASE_ERR_SIZE];
 	size_t n = rw_wire_phase_err_pack(&e, buf, sizeof(buf));
 	for (uint32_t peer = 0; peer < x->nodes; peer++)

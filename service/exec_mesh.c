@@ -40,9 +40,8 @@ static void mesh_phase_err(void *ctx, uint32_t peer, const rw_wire_phase_err_t *
 {
 	exec_t *x = ctx;
 	exec_pair_t *p = exec_pair_by_key(x, &e->key);
-	char msg[RW_WIRE_ERRMSG_MAX + RW_SVC_NAME_MAX + 48];
-	snprintf(msg, sizeof(msg), "peer %u (%s) failed it: %s", peer, x->svc->cfg.nodes[peer].name,
-		 e->msg);
+	char msg[RW_WIRE_ERRMSG_MAX];
+	snprintf(msg, sizeof(msg), "%s", e->msg); /* "node N (name): why", from the node that failed */
 	/* The peer's count row of the failed attempt is dead wherever it is; an attempt that
 	 * already ended here has nothing more to fail. */
 	if (e->epoch) {

@@ -26,7 +26,7 @@
  *
  * Experts: rank r hosts experts [r*E/W, (r+1)*E/W); expert e's "MLP" multiplies by (e % 3 + 1).
  * Values are small integers and weights 0.5 or 1, so every sum is exact in fp32 and bf16.
- * Output: "rank R: S steps x L layers verified" (ok), "failed as expected: <error>" (fail),
+ * Output: "rank R: S steps x L layers verified" (ok), "failed as expected: <error>: <the daemon's reason>" (fail),
  * "ready" (idle). */
 #include <stdint.h>
 #include <stdio.h>
@@ -283,7 +283,8 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 			CHECK(wait_one(c, &cq, 30000) == 0, "no dispatch completion");
 			if (strcmp(mode, "fail") == 0) {
 				CHECK(cq.status == RW_CQ_ERROR, "dispatch succeeded but should have failed");
-				printf("failed as expected: %s\n", rw_client_strerror(cq.error));
+				printf("failed as expected: %s: %s\n", rw_client_strerror(cq.error),
+				       rw_client_last_message(c));
 				return 0;
 			}
 			CHECK(cq.status == RW_CQ_OK, "step %u layer %u dispatch failed: %s (%s)", step, layer,

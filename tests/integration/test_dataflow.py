@@ -343,10 +343,13 @@ def scenario_peer_dies(tmp, seed):
         waiting = [c.rank(r, "g.fault", 1, 1, seed, mode="fail") for r in range(4)]
         time.sleep(0.3)  # let them submit (not a pass criterion: the kill works either way)
         c.kill(2)
-        for p in waiting:
+        for r, p in enumerate(waiting):
             out, _ = p.communicate(timeout=WAIT)
             if p.returncode != 0:
                 raise RuntimeError("rank did not see its phase fail: %s\n%s" % (out, c.logs()))
+            # rw_client_last_message says what failed: the dead node, by index and name.
+            if b"peer 2 (n2)" not in out:
+                raise RuntimeError("rank %d's error does not name node 2: %s" % (r, out))
         c.start(2)
         c.wait_mesh()
         # The failed key (layer 0, step 0) again at once, as a retrying trainer would.
@@ -420,15 +423,42 @@ def scenario_rank_dies(tmp, seed):
         idle.kill()
         idle.wait()
         idle.stdout.close()
-        for p in waiting:
+        for r, p in enumerate(waiting):
             out, _ = p.communicate(timeout=WAIT)
             if p.returncode != 0:
                 raise RuntimeError("rank did not see its phase fail: %s\n%s" % (out, c.logs()))
+            if b"local rank 3 left" not in out:
+                raise RuntimeError("rank %d's error does not name rank 3: %s" % (r, out))
         # The failed key again at once (docs/dataflow.md "Failures").
         c.run_ranks("g.rank", layers=2, steps=1, seed=seed + 1, flags=["--first-step", "0"])
     finally:
         c.stop()
     print("ok   rank killed mid-phase, its group's phase failed everywhere, then recovered (same key retried)")
+
+
+def scenario_timeout(tmp, seed):
+    """Rank 3 (node 1) joins but never submits: the phase times out, and every rank's error
+    names what was waited for — node 1's rank 3, or node 1's count row — never another node.
+    Then a complete run passes."""
+    c = Cluster(tmp, 2, extra={"phase_timeout_ms": 1500})
+    try:
+        c.start_all()
+        idle = c.rank(3, "g.late", 1, 1, seed, mode="idle")
+        assert idle.stdout.readline().strip() == b"ready"
+        outs = c.collect([(r, c.rank(r, "g.late", 1, 1, seed, mode="fail")) for r in range(3)])
+        idle.kill()
+        idle.wait()
+        idle.stdout.close()
+        # Whichever node's timer fires first decides, and the others hear its reason.
+        for r in range(3):
+            if ("waiting for local ranks 3" not in outs[r] and
+                    "waiting for the count rows of node 1 (n1)" not in outs[r]):
+                raise RuntimeError("rank %d was not told the phase waited for node 1's rank 3: %s"
+                                   % (r, outs[r]))
+        c.run_ranks("g.late", layers=1, steps=1, seed=seed + 1, flags=["--first-step", "1"])
+    finally:
+        c.stop()
+    print("ok   a phase timeout names what it waited for: %s" % outs[0].strip().split(": ", 2)[-1])
 
 
 def scenario_garbage(tmp, seed):
@@ -476,7 +506,8 @@ def main():
         for name, fn in [("paths", scenario_paths), ("experts", scenario_experts),
                          ("cuda", scenario_cuda), ("pace", scenario_pace), ("gate", scenario_gate),
                          ("peer", scenario_peer_dies), ("flight", scenario_in_flight),
-                         ("rank", scenario_rank_dies), ("garbage", scenario_garbage)]:
+                         ("rank", scenario_rank_dies), ("timeout", scenario_timeout),
+                         ("garbage", scenario_garbage)]:
             if only and name not in only.split(","):
                 continue
             try:
