@@ -60,6 +60,20 @@ typedef struct rw_record {
 	uint32_t token; /* token index within that rank */
 } rw_record_t;
 
+/* Bytes one record occupies in a rail slab (docs/dataflow.md "Record formats"), for the tools
+ * that size phases as the daemon does. A dispatch record: a 16-byte header, then top-k ids and
+ * weights (4 + 4 bytes each), padded to 16 bytes, then the row padded to 16 bytes. A combine
+ * record: a 16-byte header and the padded row. elem_bytes: 2 for bf16, 4 for fp32. */
+static inline uint64_t rw_sched_rec_bytes(uint32_t topk, uint32_t hidden, uint32_t elem_bytes)
+{
+	return ((16u + (uint64_t)topk * 8u + 15u) & ~(uint64_t)15u) +
+	       (((uint64_t)hidden * elem_bytes + 15u) & ~(uint64_t)15u);
+}
+static inline uint64_t rw_sched_crec_bytes(uint32_t hidden, uint32_t elem_bytes)
+{
+	return 16u + (((uint64_t)hidden * elem_bytes + 15u) & ~(uint64_t)15u);
+}
+
 /* Expert e lives on node e / (E / N) and global rank e / (E / W), W = N * G. E must be a
  * multiple of W. */
 static inline uint32_t rw_sched_expert_node(uint32_t n_experts, uint32_t nodes, uint32_t e)

@@ -233,13 +233,15 @@ static inline uint64_t rw_wire_row_bytes(uint32_t hidden, uint32_t dtype)
 {
 	return (uint64_t)hidden * rw_wire_dtype_size(dtype);
 }
+/* The sizes are sched/'s (rw_sched_rec_bytes), the arithmetic the tools share; the layout's
+ * constants above must match it (checked in tests/unit/test_svc_wire.c). */
 static inline uint64_t rw_wire_rec_size(uint32_t topk, uint32_t hidden, uint32_t dtype)
 {
-	return rw_wire_rec_row_off(topk) + rw_wire_align16(rw_wire_row_bytes(hidden, dtype));
+	return rw_sched_rec_bytes(topk, hidden, rw_wire_dtype_size(dtype));
 }
 static inline uint64_t rw_wire_crec_size(uint32_t hidden, uint32_t dtype)
 {
-	return RW_WIRE_CREC_HDR + rw_wire_align16(rw_wire_row_bytes(hidden, dtype));
+	return rw_sched_crec_bytes(hidden, rw_wire_dtype_size(dtype));
 }
 
 typedef struct rw_wire_rec_hdr {

@@ -17,7 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "service/wire.h" /* record sizes on the wire (header-only) */
 #include "tools/bench.h"
 #include "tools/tools.h"
 
@@ -83,8 +82,8 @@ static int describe(int argc, char **argv)
 	}
 	const uint32_t N = wl.nodes, G = wl.gpus, R = wl.rails, W = N * G, T = wl.tokens, K = wl.topk;
 	const uint32_t E = gen.phys_experts;
-	const uint64_t rec = rw_wire_rec_size(K, wl.hidden, RW_WIRE_BF16);
-	const uint64_t crec = rw_wire_crec_size(wl.hidden, RW_WIRE_BF16);
+	const uint64_t rec = rw_sched_rec_bytes(K, wl.hidden, 2);
+	const uint64_t crec = rw_sched_crec_bytes(wl.hidden, 2);
 	int rc = 1;
 	json_t *out = NULL;
 	rw_anchor_table_t table;

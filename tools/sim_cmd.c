@@ -13,7 +13,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "service/wire.h" /* record sizes on the wire (header-only) */
 #include "tools/bench.h"
 #include "tools/sim.h"
 #include "tools/synth.h"
@@ -218,8 +217,8 @@ static rw_status_t phase_build(const rw_synth_cfg_t *scfg, uint32_t rails, const
 		ph->counts = folded;
 		folded = NULL;
 	}
-	ph->rec = rw_wire_rec_size(scfg->topk, hidden, RW_WIRE_BF16);
-	ph->crec = rw_wire_crec_size(hidden, RW_WIRE_BF16);
+	ph->rec = rw_sched_rec_bytes(scfg->topk, hidden, 2);
+	ph->crec = rw_sched_crec_bytes(hidden, 2);
 	rw_sched_features(&ph->topo, ph->counts, ph->rec, &ph->feat);
 	ph->gen_s = (rw_now_ns() - t0) / 1e9;
 	st = RW_OK;

@@ -270,6 +270,14 @@ static void test_imm_and_records(void **state)
 	assert_int_equal(rw_wire_rec_row_off(topk) % 16, 0);
 	assert_int_equal(rw_wire_rec_size(topk, 7, RW_WIRE_BF16) % 16, 0);
 	assert_true(rw_wire_rec_size(topk, 7, RW_WIRE_BF16) >= 16 + topk * 8 + 14);
+	/* The sizes the tools take from sched/ are the layout the daemon packs. */
+	for (uint32_t k = 1; k <= 9; k++)
+		for (uint32_t hid = 1; hid <= 40; hid += 3)
+			for (uint32_t dt = 0; dt < 2; dt++) { /* RW_WIRE_F32, RW_WIRE_BF16 */
+				uint64_t row = rw_wire_align16(rw_wire_row_bytes(hid, dt));
+				assert_int_equal(rw_wire_rec_size(k, hid, dt), rw_wire_rec_row_off(k) + row);
+				assert_int_equal(rw_wire_crec_size(hid, dt), RW_WIRE_CREC_HDR + row);
+			}
 	uint8_t rec[256];
 	int32_t ids[5] = { 3, -1, 17, 0, 40 };
 	float w[5] = { 0.5f, 0.0f, 0.25f, 1.0f, -2.0f };
