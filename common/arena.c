@@ -1,14 +1,14 @@
-/* common/arena.h: one malloc per allocation, chained, so a large array costs no copy and an
- * arena of a few dozen arrays frees in one walk. */
+/* common/arena.h: one calloc per allocation, chained, so a large array costs no copy, its pages
+ * are zeroed lazily by the kernel (calloc of a large block maps fresh zero pages: a pair's fp32
+ * sums of megabytes cost nothing until written), and an arena frees in one walk. */
 #include "common/arena.h"
 
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 struct rw_arena_block {
 	struct rw_arena_block *next;
-	unsigned char pad[56];       /* the payload starts 64 bytes in */
+	unsigned char pad[8];        /* the payload starts 16 bytes in: malloc's alignment */
 };
 
 void *rw_arena_alloc(rw_arena_t *a, size_t n, size_t size)
@@ -16,10 +16,9 @@ void *rw_arena_alloc(rw_arena_t *a, size_t n, size_t size)
 	if (size && n > (SIZE_MAX - sizeof(struct rw_arena_block)) / size)
 		return NULL;
 	size_t bytes = n * size;
-	struct rw_arena_block *b = NULL;
-	if (posix_memalign((void **)&b, 64, sizeof(*b) + (bytes ? bytes : 1)) != 0)
+	struct rw_arena_block *b = calloc(1, sizeof(*b) + bytes);
+	if (!b)
 		return NULL;
-	memset(b, 0, sizeof(*b) + bytes);
 	b->next = a->blocks;
 	a->blocks = b;
 	return b + 1;

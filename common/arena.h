@@ -9,7 +9,7 @@ typedef struct rw_arena {
 	struct rw_arena_block *blocks;
 } rw_arena_t;
 
-/* n * size zeroed bytes, 64-byte aligned, owned by the arena; NULL on overflow or ENOMEM. */
+/* n * size zeroed bytes, aligned as malloc's, owned by the arena; NULL on overflow or ENOMEM. */
 void *rw_arena_alloc(rw_arena_t *a, size_t n, size_t size);
 /* Free everything allocated from the arena; it is empty (and usable) again. */
 void rw_arena_free(rw_arena_t *a);

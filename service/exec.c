@@ -121,10 +121,8 @@ void exec_pair_fail(exec_pair_t *p, rw_status_t st, int remote, int tell, const 
 	if (p->err.st == RW_OK) {
 		va_list ap;
 		va_start(ap, fmt);
-		vsnprintf(p->err.msg, sizeof(p->err.msg), fmt, ap);
+		exec_err_v(p, st, tell, fmt, ap);
 		va_end(ap);
-		p->err.st = st;
-		p->err.tell = tell;
 		p->err.remote = remote;
 	}
 	pair_failed(p);
@@ -288,36 +286,23 @@ static void local_cb(struct ev_loop *loop, ev_idle *w, int revents)
 
 /* ---- completion ----------------------------------------------------------------------------- */
 
-static void complete_dispatch(exec_pair_t *p)
-{
-	exec_t *x = p->x;
-	for (uint32_t g = 0; g < x->gpus; g++)
-		exec_answer_dispatch(x, p, g);
-	rw_svc_metrics_phase(&x->svc->metrics, p->plan.path, RW_SVC_DISPATCH, 1,
-			     rw_now_ns() - p->phase_t0);
-	p->stage = ST_WAIT_C;
-	p->out.flushing = 0;
-	ev_timer_stop(x->svc->loop, &p->timer);
-	if (x->svc->draining)
-		pair_close(p, 1);
-}
-
-static void complete_combine(exec_pair_t *p)
-{
-	exec_t *x = p->x;
-	for (uint32_t g = 0; g < x->gpus; g++)
-		exec_answer_combine(x, p, g);
-	rw_svc_metrics_phase(&x->svc->metrics, p->plan.path, RW_SVC_COMBINE, 1,
-			     rw_now_ns() - p->phase_t0);
-	pair_close(p, 1);
-}
-
+/* Every rank of the running kind gets its completion. A dispatch leaves the pair waiting for
+ * its combine (or closes it while draining); a combine closes it. */
 static void complete(exec_pair_t *p)
 {
-	if (p->stage == ST_RUN_C)
-		complete_combine(p);
-	else
-		complete_dispatch(p);
+	exec_t *x = p->x;
+	const int kind = exec_kind(p);
+	for (uint32_t g = 0; g < x->gpus; g++)
+		(kind == RW_MV_COMBINE ? exec_answer_combine : exec_answer_dispatch)(x, p, g);
+	rw_svc_metrics_phase(&x->svc->metrics, p->plan.path, (rw_svc_phase_kind_t)kind, 1,
+			     rw_now_ns() - p->phase_t0);
+	if (kind == RW_MV_DISPATCH && !x->svc->draining) {
+		p->stage = ST_WAIT_C;
+		p->out.flushing = 0;
+		ev_timer_stop(x->svc->loop, &p->timer);
+		return;
+	}
+	pair_close(p, 1);
 }
 
 /* Every byte of the running kind is here, sent, and the local work is done: the mover writes
@@ -505,7 +490,7 @@ void exec_on_submit(exec_pair_t *p, int kind, uint32_t g)
 	pair_inputs_moved(p, kind);
 }
 
-static void mover_done(void *ctx, uint32_t serial, rw_svc_mover_op_t op, uint32_t g, rw_status_t st)
+void exec_on_mover_done(void *ctx, uint32_t serial, rw_svc_mover_op_t op, uint32_t g, rw_status_t st)
 {
 	exec_t *x = ctx;
 	exec_pair_t *p, *nx;
@@ -540,10 +525,9 @@ static void mover_done(void *ctx, uint32_t serial, rw_svc_mover_op_t op, uint32_
 	}
 }
 
-void exec_on_row(exec_pair_t *p, uint32_t node, uint32_t slot,
-		 const rw_wire_phase_params_t *params, const uint32_t *row)
+void exec_on_counts(exec_pair_t *p, uint32_t node, const rw_wire_counts_t *c)
 {
-	exec_plan_take_row(p, node, slot, params, row);
+	exec_plan_take_counts(p, node, c);
 	pair_try_decide(p);
 }
 
@@ -598,7 +582,7 @@ void exec_on_rank_left(exec_pair_t *p, rw_ipc_client_t *client, uint32_t rank)
 	exec_pair_fail(p, RW_ERR_CLIENT, 0, 1, "local rank %u left", rank);
 }
 
-/* ---- the daemon's calls (exec.h) ---------------------------------------------------------------- */
+/* ---- the executor's own watchers ------------------------------------------------------------ */
 
 static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
@@ -611,83 +595,20 @@ static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	exec_keys_expire(x, rw_now_ns(), (uint64_t)x->svc->cfg.phase_timeout_ms * 1000000ull);
 }
 
-void rw_svc_exec_hooks_from_env(char *const *envp, rw_svc_exec_hooks_t *hooks_p)
+void exec_start(exec_t *x)
 {
-	rw_svc_exec_hooks_t h = { 0 };
-	for (char *const *e = envp; e && *e; e++) {
-		const char *v = strchr(*e, '=');
-		if (!v)
-			continue;
-		size_t n = (size_t)(v++ - *e);
-		if (n == 23 && !strncmp(*e, "RAILWAVE_TEST_CHUNK_KIB", n))
-			h.chunk_bytes = strtoull(v, NULL, 10) << 10;
-		else if (n == 26 && !strncmp(*e, "RAILWAVE_TEST_WRITE_GAP_MS", n))
-			h.write_gap_s = strtod(v, NULL) / 1000.0;
-		else if (n == 25 && !strncmp(*e, "RAILWAVE_TEST_LOCAL_SLICE", n))
-			h.local_slice = (uint32_t)strtoul(v, NULL, 10);
-	}
-	if (h.chunk_bytes || h.write_gap_s > 0 || h.local_slice)
-		rw_warn("test hooks on: rail writes of at most %llu bytes, one per %.0f ms per phase, "
-			"%u local records per idle slice",
-			(unsigned long long)(h.chunk_bytes ? h.chunk_bytes : EXEC_CHUNK_MAX),
-			h.write_gap_s * 1000, h.local_slice ? h.local_slice : EXEC_LOCAL_SLICE);
-	*hooks_p = h;
-}
-
-rw_status_t rw_svc_exec_create(rw_svc_t *svc, const rw_svc_mover_ops_t *const *movers,
-			       uint32_t n_movers, const rw_svc_exec_hooks_t *hooks,
-			       rw_svc_exec_t **exec_p)
-{
-	if (n_movers == 0 || n_movers > EXEC_MOVERS_MAX)
-		return RW_ERR_INVAL;
-	exec_t *x = calloc(1, sizeof(*x));
-	if (!x)
-		return RW_ERR_NOMEM;
-	x->svc = svc;
-	x->nodes = svc->cfg.n_nodes;
-	x->rails = svc->cfg.rails;
-	x->gpus = svc->cfg.gpus_per_node;
-	x->me = svc->cfg.me;
-	x->hooks = *hooks;
-	rw_list_init(&x->groups);
-	rw_list_init(&x->pairs);
-	rw_list_init(&x->rows);
-	rw_list_init(&x->tombs);
-	rw_list_init(&x->ended);
-	/* recv_region_mib is the receive memory of the node; each rail gets an equal share, and
-	 * the same again for send staging: 4 sub-areas per slot. */
-	uint64_t recv = (uint64_t)svc->cfg.recv_region_mib << 20;
-	x->area_bytes = 2 * recv / x->rails;
-	x->sub_bytes = (x->area_bytes / (4 * EXEC_SLOTS)) & ~(uint64_t)63;
-	x->area_bytes = x->sub_bytes * 4 * EXEC_SLOTS;
-	rw_status_t st = RW_OK;
-	for (uint32_t i = 0; i < n_movers && st == RW_OK; i++) {
-		x->movers[i].ops = movers[i];
-		st = movers[i]->create(svc->loop, mover_done, x, &x->movers[i].mover);
-		if (st == RW_OK)
-			x->n_movers++;
-	}
-	if (st == RW_OK)
-		st = rw_svc_mesh_create(svc, x->area_bytes, &exec_mesh_cbs, x, &x->mesh);
-	if (st != RW_OK) {
-		while (x->n_movers--)
-			x->movers[x->n_movers].ops->destroy(x->movers[x->n_movers].mover);
-		free(x);
-		return st;
-	}
+	struct ev_loop *loop = x->svc->loop;
 	ev_timer_init(&x->tick, tick_cb, EXEC_TICK_S, EXEC_TICK_S);
 	x->tick.data = x;
-	ev_timer_start(svc->loop, &x->tick);
+	ev_timer_start(loop, &x->tick);
 	ev_idle_init(&x->local_idle, local_cb);
 	x->local_idle.data = x;
 	ev_prepare_init(&x->reaper, reaper_cb);
 	x->reaper.data = x;
-	ev_prepare_start(svc->loop, &x->reaper);
-	*exec_p = x;
-	return RW_OK;
+	ev_prepare_start(loop, &x->reaper);
 }
 
-static void fail_open_pairs(exec_t *x, const char *why)
+void exec_fail_open(exec_t *x, const char *why)
 {
 	exec_pair_t *p, *nx;
 	rw_list_for_each_safe(&x->pairs, p, nx, link)
@@ -695,61 +616,22 @@ static void fail_open_pairs(exec_t *x, const char *why)
 			exec_pair_fail(p, RW_ERR_STATE, 0, 0, "%s", why);
 }
 
-rw_status_t rw_svc_exec_ipc_start(rw_svc_exec_t *x)
+void exec_stop(exec_t *x)
 {
-	rw_svc_t *svc = x->svc;
-	rw_ipc_server_config_t cfg = {
-		.socket_path = svc->cfg.ipc_socket,
-		.group = svc->cfg.ipc_group[0] ? svc->cfg.ipc_group : NULL,
-		.node = (int32_t)svc->cfg.me,
-		.max_topk = RW_MAX_TOPK,
-		.dtypes = 1u << RW_DTYPE_BF16 | 1u << RW_DTYPE_FP32, /* what the movers carry */
-	};
-	return rw_ipc_server_create(svc->loop, &cfg, &exec_ipc_ops, x, &x->ipc);
+	struct ev_loop *loop = x->svc->loop;
+	ev_timer_stop(loop, &x->tick);
+	ev_idle_stop(loop, &x->local_idle);
+	ev_prepare_stop(loop, &x->reaper);
+	exec_fail_open(x, "daemon stopping");
 }
 
-void rw_svc_exec_ipc_stop(rw_svc_exec_t *x)
+void exec_free_pairs(exec_t *x)
 {
-	if (!x || !x->ipc)
-		return;
-	fail_open_pairs(x, "daemon stopping"); /* before the clients' buffers go away */
-	rw_ipc_server_destroy(x->ipc);
-	x->ipc = NULL;
-}
-
-void rw_svc_exec_drain(rw_svc_exec_t *x)
-{
-	x->svc->draining = 1;
-	if (!any_running(x))
-		rw_svc_stop(x->svc);
-}
-
-void rw_svc_exec_destroy(rw_svc_exec_t *x)
-{
-	if (!x)
-		return;
-	rw_svc_t *svc = x->svc;
-	ev_timer_stop(svc->loop, &x->tick);
-	ev_idle_stop(svc->loop, &x->local_idle);
-	ev_prepare_stop(svc->loop, &x->reaper);
-	fail_open_pairs(x, "daemon stopping");
-	rw_svc_mesh_destroy(x->mesh); /* reports every outstanding write */
 	exec_pair_t *p, *nx;
 	rw_list_for_each_safe(&x->pairs, p, nx, link) {
 		rw_list_del(&p->link);
 		free(p);
 	}
-	exec_keys_free(x);
-	/* After the IPC server closed its CUDA imports. */
-	for (uint32_t i = 0; i < x->n_movers; i++)
-		x->movers[i].ops->destroy(x->movers[i].mover);
-	exec_group_t *g, *gn;
-	rw_list_for_each_safe(&x->groups, g, gn, link) {
-		for (uint32_t i = 0; i < RW_MAX_GPUS; i++)
-			if (g->member[i])
-				exec_member_free(g->member[i]);
-		rw_list_del(&g->link);
-		free(g);
-	}
-	free(x);
 }
+
+int exec_drained(exec_t *x) { return !any_running(x); }

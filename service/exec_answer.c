@@ -1,6 +1,6 @@
 /* The executor's answers to the trainer ranks (docs/dataflow.md "Dispatch output", "Failures"):
  * completion entries, and the one place where an internal rw_status_t becomes the client's
- * RW_E_* code. A failed submission's reason travels first as a notice on the rank's control
+ * RW_E_* code (exec_client_code, and exec_drop_client for a rank refused at joining). A failed submission's reason travels first as a notice on the rank's control
  * socket, so rw_client_last_message() names what failed when the error completion is read. */
 #include <string.h>
 
@@ -26,6 +26,13 @@ int exec_client_code(rw_status_t st, int remote)
 	case RW_ERR_FATAL: return RW_E_INTERNAL;
 	default: return RW_E_PHASE; /* peer lost, timeout, protocol, a rank left, stopping */
 	}
+}
+
+void exec_drop_client(exec_t *x, rw_ipc_client_t *client, rw_status_t st)
+{
+	int code = st == RW_ERR_EXISTS ? RW_E_RANK_DUP :
+		   st == RW_ERR_NOMEM ? RW_E_INTERNAL : RW_E_WORLD_MISMATCH;
+	rw_ipc_client_drop(x->ipc, client, code);
 }
 
 /* The completion of submission sqe with what every completion carries (kind, phase id and

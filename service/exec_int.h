@@ -1,6 +1,7 @@
 /* The phase executor's private header (docs/dataflow.md "Phase executor"): the executor, its
  * groups and members, and the pair — one dispatch and its combine — built from per-concern
  * parts. Files and who may change what:
+ *   exec_daemon.c  what the daemon calls (exec.h): creation and teardown, the IPC socket, drain.
  *   exec.c         the state machine: pair lifecycle, stages, failure, completion, timers. The
  *                  only file that changes a pair's stage or fails it.
  *   exec_ipc.c     adapter for the trainer ranks (ipc/): joins, leaves, submissions.
@@ -11,8 +12,9 @@
  *   exec_keys.c    what outlives a pair: failed keys (tombs), ended attempts, early rows.
  *   exec_answer.c  completions to the ranks; the one map from rw_status_t to the client's codes.
  *   mover_host.c   the host data mover (service/mover.h).
- * The adapters call exec.c; exec.c calls the leaves; a leaf calls only other leaves, the mesh,
- * the mover and ipc/, records a failure with exec_err() and returns its status. */
+ * exec_daemon.c calls the adapters and exec.c; the adapters call exec.c; exec.c calls the
+ * leaves; a leaf calls only other leaves, the mesh, the mover and ipc/, records a failure with
+ * exec_err() and returns its status. No file calls back up that order. */
 #ifndef RW_SVC_EXEC_INT_H
 #define RW_SVC_EXEC_INT_H
 
@@ -209,18 +211,26 @@ static inline int exec_kind(const exec_pair_t *p) { return p->stage >= ST_WAIT_C
 static inline int exec_open(const exec_pair_t *p) { return p->stage != ST_CLOSED; }
 
 /* Record the pair's first failure and return st (leaves: `return exec_err(p, ...)`). */
+static inline void exec_err_v(exec_pair_t *p, rw_status_t st, int tell, const char *fmt,
+			      va_list ap) __attribute__((format(printf, 4, 0)));
+static inline void exec_err_v(exec_pair_t *p, rw_status_t st, int tell, const char *fmt,
+			      va_list ap)
+{
+	if (p->err.st != RW_OK)
+		return;
+	vsnprintf(p->err.msg, sizeof(p->err.msg), fmt, ap);
+	p->err.st = st;
+	p->err.tell = tell;
+}
+
 static inline rw_status_t exec_err(exec_pair_t *p, rw_status_t st, int tell, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 static inline rw_status_t exec_err(exec_pair_t *p, rw_status_t st, int tell, const char *fmt, ...)
 {
-	if (p->err.st == RW_OK) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(p->err.msg, sizeof(p->err.msg), fmt, ap);
-		va_end(ap);
-		p->err.st = st;
-		p->err.tell = tell;
-	}
+	va_list ap;
+	va_start(ap, fmt);
+	exec_err_v(p, st, tell, fmt, ap);
+	va_end(ap);
 	return st;
 }
 
@@ -250,6 +260,9 @@ int exec_client_code(rw_status_t st, int remote);
 /* Answer a submission with an error: `msg` first (rw_client_last_message), then the CQE. */
 void exec_answer_err(exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe, rw_status_t st,
 		     int remote, const char *msg);
+/* Refuse a joining rank: RW_ERR_INVAL (its world or node does not fit this cluster),
+ * RW_ERR_EXISTS (its rank is taken), RW_ERR_NOMEM. */
+void exec_drop_client(exec_t *x, rw_ipc_client_t *client, rw_status_t st);
 void exec_answer_dispatch(exec_t *x, exec_pair_t *p, uint32_t g);
 void exec_answer_combine(exec_t *x, exec_pair_t *p, uint32_t g);
 
@@ -283,6 +296,8 @@ rw_status_t exec_plan_count(exec_pair_t *p);           /* our count row and reco
 rw_status_t exec_plan_send_row(exec_pair_t *p);        /* COUNTS to every peer */
 void exec_plan_take_row(exec_pair_t *p, uint32_t node, uint32_t slot,
 			const rw_wire_phase_params_t *params, const uint32_t *row);
+/* A peer's COUNTS message for this pair. */
+void exec_plan_take_counts(exec_pair_t *p, uint32_t node, const rw_wire_counts_t *c);
 /* Every row is here: path, layout, receive bookkeeping, the mover's plan. */
 rw_status_t exec_plan_decide(exec_pair_t *p);
 
@@ -316,14 +331,26 @@ void exec_pair_fail(exec_pair_t *p, rw_status_t st, int remote, int tell, const 
 void exec_pair_abandon(exec_pair_t *p);
 /* Submission of local rank g recorded in p->in[kind].sub[g] with p->ph.io[kind][g] resolved. */
 void exec_on_submit(exec_pair_t *p, int kind, uint32_t g);
-void exec_on_row(exec_pair_t *p, uint32_t node, uint32_t slot,
-		 const rw_wire_phase_params_t *params, const uint32_t *row);
+void exec_on_counts(exec_pair_t *p, uint32_t node, const rw_wire_counts_t *c);
 void exec_on_data(exec_pair_t *p, int kind, uint32_t peer, uint32_t rail, uint64_t len, int last);
 void exec_on_write_done(exec_pair_t *p, rw_status_t st);
 void exec_on_grant(exec_pair_t *p, int kind, uint32_t wave);
 void exec_on_peer_down(exec_t *x, uint32_t peer, rw_status_t st);
 /* Local rank `local` of the pair's group left: its data is gone. */
 void exec_on_rank_left(exec_pair_t *p, rw_ipc_client_t *client, uint32_t rank);
+
+/* The mover's asynchronous report (rw_svc_mover_done_fn; ctx: the executor). */
+void exec_on_mover_done(void *ctx, uint32_t serial, rw_svc_mover_op_t op, uint32_t g,
+			rw_status_t st);
+/* The executor's watchers: the tick (slot waits, ageing), the idle local work, the reaper. */
+void exec_start(exec_t *x);
+/* Stop the watchers and fail every open pair ("daemon stopping"). */
+void exec_stop(exec_t *x);
+void exec_fail_open(exec_t *x, const char *why);
+/* After the mesh reported every outstanding write: free every pair struct. */
+void exec_free_pairs(exec_t *x);
+/* No phase is running (a drain may end). */
+int exec_drained(exec_t *x);
 
 /* ---- exec_ipc.c / exec_mesh.c ------------------------------------------------------------ */
 extern const rw_ipc_server_ops_t exec_ipc_ops;

@@ -25,14 +25,14 @@ static void client_joined(void *ctx, rw_ipc_client_t *client)
 	if (info->world_size != x->nodes * x->gpus || info->rank / x->gpus != x->me) {
 		rw_warn("rank %u of group %s: world %u / node does not fit this cluster (N=%u G=%u me=%u)",
 			info->rank, info->group, info->world_size, x->nodes, x->gpus, x->me);
-		rw_ipc_client_drop(x->ipc, client, RW_E_WORLD_MISMATCH);
+		exec_drop_client(x, client, RW_ERR_INVAL);
 		return;
 	}
 	exec_group_t *g = group_find(x, info->group);
 	if (!g) {
 		g = calloc(1, sizeof(*g));
 		if (!g) {
-			rw_ipc_client_drop(x->ipc, client, RW_E_INTERNAL);
+			exec_drop_client(x, client, RW_ERR_NOMEM);
 			return;
 		}
 		snprintf(g->name, sizeof(g->name), "%s", info->group);
@@ -42,12 +42,12 @@ static void client_joined(void *ctx, rw_ipc_client_t *client)
 	}
 	uint32_t local = info->rank % x->gpus;
 	if (g->member[local]) {
-		rw_ipc_client_drop(x->ipc, client, RW_E_RANK_DUP);
+		exec_drop_client(x, client, RW_ERR_EXISTS);
 		return;
 	}
 	exec_member_t *mb = calloc(1, sizeof(*mb));
 	if (!mb) {
-		rw_ipc_client_drop(x->ipc, client, RW_E_INTERNAL);
+		exec_drop_client(x, client, RW_ERR_NOMEM);
 		return;
 	}
 	mb->g = g;

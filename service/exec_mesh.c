@@ -14,16 +14,8 @@ static void mesh_counts(void *ctx, uint32_t peer, const rw_wire_counts_t *c)
 	exec_t *x = ctx;
 	exec_pair_t *p = exec_pair_by_key(x, &c->key);
 	if (p && p->g && strcmp(p->g->name, c->group_name) == 0 && p->stage == ST_EXCHANGE) {
-		if (c->slot >= EXEC_SLOTS)
-			return;
-		size_t nr = (size_t)x->nodes * x->rails;
-		uint32_t *row = malloc(nr * sizeof(uint32_t));
-		if (!row)
-			return exec_pair_fail(p, RW_ERR_NOMEM, 0, 1, "out of memory");
-		for (size_t i = 0; i < nr; i++) /* decoded once, straight into the pair's matrix */
-			row[i] = rw_wire_counts_row(c, (uint32_t)i);
-		exec_on_row(p, peer, c->slot, &c->params, row);
-		free(row);
+		if (c->slot < EXEC_SLOTS)
+			exec_on_counts(p, peer, c);
 		return;
 	}
 	if (c->slot >= EXEC_SLOTS)

@@ -117,7 +117,7 @@ void exec_plan_take_row(exec_pair_t *p, uint32_t node, uint32_t slot,
 		return;
 	size_t nr = (size_t)x->nodes * x->rails;
 	uint32_t *dst = p->xchg.counts + node * nr;
-	if (row != dst) /* our own row is built in place */
+	if (row != dst) /* our own row and a wire row are decoded in place */
 		memcpy(dst, row, nr * sizeof(uint32_t));
 	/* Fold the row into the features now, while the other rows are still on their way: what is
 	 * left after the last row is O(N R) (docs/algorithms.md §5). */
@@ -127,6 +127,18 @@ void exec_plan_take_row(exec_pair_t *p, uint32_t node, uint32_t slot,
 	p->xchg.tag_to[node] = rw_wire_tag_for(p->tag, params->epoch);
 	p->xchg.have_row[node] = 1;
 	p->xchg.n_rows++;
+}
+
+void exec_plan_take_counts(exec_pair_t *p, uint32_t node, const rw_wire_counts_t *c)
+{
+	exec_t *x = p->x;
+	if (p->xchg.have_row[node])
+		return; /* one row per node and attempt; a repeat changes nothing */
+	size_t nr = (size_t)x->nodes * x->rails;
+	uint32_t *dst = p->xchg.counts + node * nr;
+	for (size_t i = 0; i < nr; i++) /* decoded once, straight into the matrix */
+		dst[i] = rw_wire_counts_row(c, (uint32_t)i);
+	exec_plan_take_row(p, node, c->slot, &c->params, dst);
 }
 
 rw_status_t exec_plan_send_row(exec_pair_t *p)

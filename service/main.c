@@ -19,15 +19,6 @@ extern char **environ;
 #define RAILWAVED_VERSION "0.1"
 #define ANCHORS_MAX_BYTES (64u << 20) /* a table is kilobytes; this only stops a wrong path */
 
-void rw_svc_stop(rw_svc_t *svc)
-{
-	if (svc->stopping)
-		return;
-	svc->stopping = 1;
-	ev_timer_stop(svc->loop, &svc->drain_timer);
-	ev_break(svc->loop, EVBREAK_ALL);
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Anchor table (SIGHUP)
  * ------------------------------------------------------------------------------------------- */

@@ -416,8 +416,16 @@ typedef struct rw_svc {
  * then calls rw_svc_stop(); main.c also arms drain_timer at phase_timeout_ms + 1 s and stops
  * the daemon itself if the drain has not finished by then. */
 
-/* Stop the daemon: ev_break the loop (idempotent). */
-void rw_svc_stop(rw_svc_t *svc);
+/* Stop the daemon: ev_break the loop (idempotent). Inline, so the parts that end a drain need
+ * not call back into main.c. */
+static inline void rw_svc_stop(rw_svc_t *svc)
+{
+	if (svc->stopping)
+		return;
+	svc->stopping = 1;
+	ev_timer_stop(svc->loop, &svc->drain_timer);
+	ev_break(svc->loop, EVBREAK_ALL);
+}
 
 /* SIGHUP: re-read cfg.anchors. A table that does not parse or whose fingerprint does not match
  * this cluster is refused (the old one stays; the reason is logged and counted). An empty
