@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "service/svc.h"
 #include "tests/service/exec_fakes.h"
 
 fk_world_t *fk_world;
@@ -204,7 +205,7 @@ static uint32_t chan_of(const fk_ev_t *ev)
 	return cls << 10 | (ev->src & 7u) << 7 | (ev->dst & 7u) << 4 | (rail & 15u);
 }
 
-static int ev_ready(const fk_world_t *w, const fk_ev_t *ev)
+static int ev_ready(const fk_ev_t *ev)
 {
 	const fk_node_t *d = &fk_nodes[ev->dst];
 	switch (ev->kind) {
@@ -255,7 +256,7 @@ int fk_step(fk_world_t *w)
 		uint32_t ch = chan_of(ev);
 		int first = !(used[ch >> 3] & (1u << (ch & 7)));
 		used[ch >> 3] |= (uint8_t)(1u << (ch & 7));
-		if (!first || (w->hold && w->hold(ev, w->hold_ctx)) || !ev_ready(w, ev))
+		if (!first || (w->hold && w->hold(ev, w->hold_ctx)) || !ev_ready(ev))
 			continue;
 		cand[n_cand++] = i;
 		if (!w->random_order || n_cand == RW_ARRAY_SIZE(cand))
@@ -314,9 +315,11 @@ static void peer_down_now(fk_world_t *w, uint32_t x, uint32_t y)
 		if (i == fk_qn)
 			break;
 		fk_ev_t *ev = q_take(i);
-		write_done(w, x, ev->wctx, RW_ERR_PEER);
+		if (!ev->injected)
+			write_done(w, x, ev->wctx, RW_ERR_PEER);
 		ev_free(ev);
 	}
+	w->cnt.peer_down[x]++;
 	if (n->created && n->alive && n->cbs.peer_down)
 		n->cbs.peer_down(n->ctx, y, RW_ERR_PEER);
 }
@@ -368,7 +371,9 @@ static void write_deliver(fk_world_t *w, fk_ev_t *ev)
 	if (!d->alive || ev->gen != fk_linkgen[ev->src][ev->dst]) {
 		/* The connection is gone: a silently dead receiver fails this write now; otherwise
 		 * the sender's peer-down sweep fails it, unless its view already went down. */
-		if (d->silent || !s->view[ev->dst]) {
+		if (ev->injected) {
+			/* nobody waits for it */
+		} else if (d->silent || !s->view[ev->dst]) {
 			write_done(w, ev->src, ev->wctx, RW_ERR_PEER);
 		} else {
 			fk_ev_t *fail = ev_new(FK_EV_WDONE, ev->src, ev->dst);
@@ -384,12 +389,14 @@ static void write_deliver(fk_world_t *w, fk_ev_t *ev)
 	memcpy(dst, s->mem[ev->rail] + ev->local_off, ev->wlen);
 	if (w->on_write)
 		w->on_write(ev, dst, w->on_write_ctx);
-	fk_ev_t *done = ev_new(FK_EV_WDONE, ev->src, ev->dst);
-	done->rail = ev->rail;
-	done->wctx = ev->wctx;
-	done->st = RW_OK;
-	done->gen = ev->gen;
-	q_push(done);
+	if (!ev->injected) {
+		fk_ev_t *done = ev_new(FK_EV_WDONE, ev->src, ev->dst);
+		done->rail = ev->rail;
+		done->wctx = ev->wctx;
+		done->st = RW_OK;
+		done->gen = ev->gen;
+		q_push(done);
+	}
 	rw_rail_arrival_t a = { .region = NULL, .offset = ev->remote_off, .length = ev->wlen,
 				.imm = ev->imm };
 	if (d->cbs.arrival)
@@ -628,6 +635,20 @@ rw_status_t rw_svc_mesh_write(rw_svc_mesh_t *mesh, uint32_t peer, uint32_t rail,
 	return RW_OK;
 }
 
+void fk_inject_write(fk_world_t *w, uint32_t src, uint32_t dst, uint32_t rail, uint64_t remote_off,
+		     uint64_t len, uint32_t imm)
+{
+	(void)w;
+	fk_ev_t *ev = ev_new(FK_EV_WRITE, src, dst);
+	ev->rail = rail;
+	ev->remote_off = remote_off;
+	ev->wlen = len;
+	ev->imm = imm;
+	ev->injected = 1;
+	ev->gen = fk_nodes[src].conn_gen[dst];
+	q_push(ev);
+}
+
 uint64_t rw_svc_mesh_max_write(const rw_svc_mesh_t *mesh, uint32_t rail)
 {
 	(void)mesh;
@@ -643,6 +664,7 @@ void rw_svc_mesh_fail_peer(rw_svc_mesh_t *mesh, uint32_t peer, rw_status_t st, c
 	(void)why;
 	if (peer >= w->nodes || peer == me || !fk_nodes[me].view[peer])
 		return;
+	w->cnt.fail_peer[me][peer]++;
 	/* The connection closes: both ends see the peer down (this end within the call, as
 	 * service/mesh.c does; mesh.h promises loop callbacks only, so sync_teardown decides),
 	 * and the lower index reconnects at once. */

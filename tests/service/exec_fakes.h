@@ -47,6 +47,7 @@ typedef struct fk_ev {
 	uint32_t imm;
 	void *wctx;
 	rw_status_t st;
+	int injected;            /* a write the test made up: no write_done goes back */
 } fk_ev_t;
 
 /* A test's choice about one event: 1 = this one (hold it back / drop it), 0 = not. */
@@ -61,6 +62,8 @@ typedef struct fk_counters {
 	uint32_t ctrl_posted[8][FK_MAX_NODES][FK_MAX_NODES];
 	uint32_t ctrl_delivered[8][FK_MAX_NODES][FK_MAX_NODES];
 	uint32_t write_errors[FK_MAX_NODES]; /* write_done(error) delivered to a node */
+	uint32_t fail_peer[FK_MAX_NODES][FK_MAX_NODES]; /* rw_svc_mesh_fail_peer(node, peer) */
+	uint32_t peer_down[FK_MAX_NODES];    /* peer_down callbacks made to a node */
 } fk_counters_t;
 
 typedef struct fk_world {
@@ -103,6 +106,10 @@ void fk_kill(fk_world_t *w, uint32_t n);
  * a control send to it tears the peer down inside the send, as service/mesh.c does). */
 void fk_kill_silent(fk_world_t *w, uint32_t n);
 int fk_alive(const fk_world_t *w, uint32_t n);
+/* A write from src's memory of `rail` (offset 0) to dst's at remote_off that no executor posted
+ * (a peer that misbehaves): delivered like any other, but no write_done goes back. */
+void fk_inject_write(fk_world_t *w, uint32_t src, uint32_t dst, uint32_t rail, uint64_t remote_off,
+		     uint64_t len, uint32_t imm);
 /* 1 when every live node sees every other live node up and no peer notice is queued. */
 int fk_all_up(const fk_world_t *w);
 
