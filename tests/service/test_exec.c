@@ -1338,10 +1338,12 @@ static void test_bad_submissions(void **state)
 	}
 	/* output too small for what arrives: RW_E_RANGE on that node, RW_E_PHASE on the peer */
 	sub_opts_t small = { .output_capacity = 200 };
+	hold(c, m_wdone(ANY)); /* writes outstanding (none: test_bug_output_full_writes_done) */
 	for (uint32_t r = 0; r < c->W; r++)
 		dispatch_submit(c, r, 1, 0, r == 0 ? &small : NULL);
 	for (uint32_t r = 0; r < c->W; r++)
 		expect_err(c, r, r < c->G ? RW_E_RANGE : RW_E_PHASE, "output too small");
+	release_all(c);
 	run_pair(c, 1, 0);
 	/* a new key after a dispatch whose combine never came: the trainer moved on */
 	dispatch_all(c, 1, 1);
@@ -1397,10 +1399,19 @@ static void test_peer_bad_data(void **state)
 	corrupt_once = 1;
 	c->w->on_write = corrupt_tag;
 	memset(&c->w->cnt, 0, sizeof(c->w->cnt));
+	/* The bad record arrives after node 0 decided (before: test_bug_bad_record_before_layout)
+	 * and while node 0's own writes are outstanding (none: test_bug_bad_record_writes_done). */
+	hold(c, m_write(1, 0, 0));
+	hold(c, m_wdone(0));
 	for (uint32_t r = 0; r < c->W; r++)
 		dispatch_submit(c, r, 0, 0, NULL);
+	settle(c);
+	CHECK(c->w->cnt.writes[0][0][1] > 0, "node 0 did not decide");
+	release_all(c);
+	hold(c, m_wdone(0));
 	for (uint32_t r = 0; r < c->W; r++)
 		expect_err(c, r, RW_E_PHASE, "bad record from node 1");
+	release_all(c);
 	CHECK(!corrupt_once, "no write was corrupted");
 	CHECK(c->w->cnt.fail_peer[0][1] == 1, "node 0 did not declare node 1 down");
 	c->w->on_write = NULL;
@@ -1817,6 +1828,88 @@ static void test_bug_relay_retry_tomb(void **state)
 	cl_free(c);
 }
 
+/* A peer's bad record that arrived before this node could decide (it lacked a count row) is
+ * found when the layout is known: pair_send_wave -> pair_scan_ranges -> pair_range_arrived ->
+ * pair_fail frees the pair (no write outstanding yet), and pair_scan_ranges' loop condition
+ * (!p->dead) then reads it; pair_send_wave reads p->dead again after the scan. ASan:
+ * heap-use-after-free in pair_scan_ranges (service/phase.c). The same holds for "more data than
+ * expected" found by the scan. Expected once fixed: every rank gets RW_E_PHASE, the link comes
+ * back and the key passes. */
+static void test_bug_bad_record_before_layout(void **state)
+{
+	(void)state;
+	if (!getenv("RW_EXEC_BUGS"))
+		skip();
+	opts_t o = { .nodes = 2, .path = "native", .tokens = 16, .fifo = 1 };
+	cl_t *c = cl_new(&o, 902);
+	corrupt_once = 1;
+	c->w->on_write = corrupt_tag;
+	hold(c, m_ctrl(RW_WIRE_COUNTS, 1, 0)); /* node 0 cannot decide; node 1 can and writes */
+	for (uint32_t r = 0; r < c->W; r++)
+		dispatch_submit(c, r, 0, 0, NULL);
+	settle(c);
+	CHECK(!corrupt_once, "node 1's write did not arrive before node 0 decided");
+	release_all(c); /* node 0 decides, scans the early range: the use-after-free */
+	for (uint32_t r = 0; r < c->W; r++)
+		expect_err(c, r, RW_E_PHASE, "bad early record");
+	c->w->on_write = NULL;
+	pump_until(c, mesh_up, NULL, "the link back");
+	run_pair(c, 0, 0);
+	cl_free(c);
+}
+
+/* The same bad record as test_peer_bad_data, but node 0's own writes have all completed, so
+ * pair_fail (from pair_range_arrived, inside mesh_arrival) frees the pair and mesh_arrival then
+ * calls pair_check_done on it. ASan: heap-use-after-free in pair_check_done (service/phase.c).
+ * Expected once fixed: every rank gets RW_E_PHASE, the link comes back, the key passes. */
+static void test_bug_bad_record_writes_done(void **state)
+{
+	(void)state;
+	if (!getenv("RW_EXEC_BUGS"))
+		skip();
+	opts_t o = { .nodes = 2, .path = "native", .tokens = 16, .fifo = 1 };
+	cl_t *c = cl_new(&o, 903);
+	corrupt_once = 1;
+	c->w->on_write = corrupt_tag;
+	hold(c, m_write(1, 0, 0));
+	for (uint32_t r = 0; r < c->W; r++)
+		dispatch_submit(c, r, 0, 0, NULL);
+	settle(c); /* node 0's writes to node 1 done */
+	release_all(c);
+	for (uint32_t r = 0; r < c->W; r++)
+		expect_err(c, r, RW_E_PHASE, "bad record, no write outstanding");
+	c->w->on_write = NULL;
+	pump_until(c, mesh_up, NULL, "the link back");
+	run_pair(c, 0, 0);
+	cl_free(c);
+}
+
+/* A rank's output too small, found by the local-node work (forward_local, in an idle slice)
+ * when the pair has no write outstanding: pair_fail frees the pair and bg_cb then reads
+ * p->dead. ASan: heap-use-after-free in bg_cb (service/phase.c). Expected once fixed: node 0's
+ * ranks get RW_E_RANGE, node 1's RW_E_PHASE, and the key passes. */
+static void test_bug_output_full_writes_done(void **state)
+{
+	(void)state;
+	if (!getenv("RW_EXEC_BUGS"))
+		skip();
+	setenv("RAILWAVE_TEST_LOCAL_SLICE", "1", 1);
+	opts_t o = { .nodes = 2, .path = "native", .tokens = 40, .fifo = 1 };
+	cl_t *c = cl_new(&o, 904);
+	unsetenv("RAILWAVE_TEST_LOCAL_SLICE");
+	hold(c, m_write(1, 0, 0)); /* node 0 overflows on its local rows, not on node 1's */
+	sub_opts_t small = { .output_capacity = 200 };
+	for (uint32_t r = 0; r < c->W; r++)
+		dispatch_submit(c, r, 0, 0, r == 0 ? &small : NULL);
+	for (uint32_t r = 0; r < c->G; r++)
+		expect_err(c, r, RW_E_RANGE, "output full");
+	release_all(c);
+	for (uint32_t r = c->G; r < c->W; r++)
+		expect_err(c, r, RW_E_PHASE, "output full at the peer");
+	retry_key(c, 0, 0);
+	cl_free(c);
+}
+
 /* ---- main ----------------------------------------------------------------------------------------- */
 
 int main(void)
@@ -1861,6 +1954,9 @@ int main(void)
 		cmocka_unit_test(test_bug_issue15_uaf),
 		cmocka_unit_test(test_bug_stop_with_open_pair),
 		cmocka_unit_test(test_bug_relay_retry_tomb),
+		cmocka_unit_test(test_bug_bad_record_before_layout),
+		cmocka_unit_test(test_bug_bad_record_writes_done),
+		cmocka_unit_test(test_bug_output_full_writes_done),
 	};
 	int rc = cmocka_run_group_tests_name("svc_exec", tests, NULL, NULL);
 	printf("immediate same-key retries that failed once (issue 15 point 6): %u\n", retries_failed);
