@@ -426,6 +426,7 @@ typedef struct sub_opts {
 	uint32_t tokens_buf;       /* 0: the rank's buffer */
 	int32_t bad_id;            /* != 0: token 0's first id becomes this */
 	uint64_t output_capacity;  /* 0: all of it */
+	int local_only;            /* every id moved to an expert of the rank's own node */
 } sub_opts_t;
 
 static int phase_bf16(uint32_t step, uint32_t layer) { return (int)((layer + step) % 2); }
@@ -436,6 +437,12 @@ static void dispatch_submit(cl_t *c, uint32_t r, uint32_t step, uint32_t layer, 
 	int bf16 = phase_bf16(step, layer);
 	uint32_t row = c->hidden * (bf16 ? 2 : 4);
 	gen(c, step, layer, r, &c->mine);
+	if (so && so->local_only) {
+		uint32_t per_node = c->G * c->per_rank;
+		for (uint32_t i = 0; i < c->mine.n; i++)
+			for (uint32_t k = 0; k < TOPK; k++)
+				c->mine.ids[i][k] = (int32_t)(t->node * per_node + (uint32_t)i % per_node);
+	}
 	for (uint32_t i = 0; i < c->mine.n; i++) {
 		put_row(c, t->mem + c->off_tok + (uint64_t)i * row, bf16, c->mine.x + (size_t)i * c->hidden);
 		memcpy(t->mem + c->off_ids + (uint64_t)i * TOPK * 4, c->mine.ids[i], TOPK * 4);
@@ -1797,12 +1804,14 @@ static void test_bug_stop_with_open_pair(void **state)
 	cl_free(c);
 }
 
-/* Issue 15 point 6, after a relayed failure: node 2 refuses a rank's E (origin PHASE_ERR, held
- * on its way to node 0); node 1 fails and relays; node 0 fails by the relay and, as the docs say,
- * starts the failure anew: an origin PHASE_ERR with its epoch. Node 2 had dropped node 0's early
- * row when it made its tombstone, without remembering its epoch, so that PHASE_ERR plants a new
- * tombstone there (nobody answered). Every rank then retries the key at once: node 2's ranks fail
- * at once (RW_E_PHASE) without telling anyone, and nodes 0 and 1 wait for their phase timeout.
+/* Issue 15 point 6, after a relayed failure: node 2 refuses a rank's E (dispatch_refuse: no pair,
+ * so its origin PHASE_ERR carries epoch 0) and that PHASE_ERR to node 0 is held; node 1 fails and
+ * relays; node 0 fails by the relay. Then node 2's origin reaches node 0: with epoch 0 it cannot
+ * be told from a failure of a new attempt, node 0 has no pair, so it plants a tombstone that no
+ * rank has answered. Every rank retries the key at once: node 0's ranks fail at once
+ * (RW_E_PHASE, from the tombstone) without telling anyone, and nodes 1 and 2 wait for their
+ * phase timeout. (The same happens when a node that failed by a relay re-originates with its own
+ * epoch towards a node that had dropped that node's early row without remembering its epoch.)
  * Expected (docs/dataflow.md "Failures": a failed key may be retried at once): the retry passes. */
 static void test_bug_relay_retry_tomb(void **state)
 {
@@ -1885,9 +1894,10 @@ static void test_bug_bad_record_writes_done(void **state)
 }
 
 /* A rank's output too small, found by the local-node work (forward_local, in an idle slice)
- * when the pair has no write outstanding: pair_fail frees the pair and bg_cb then reads
- * p->dead. ASan: heap-use-after-free in bg_cb (service/phase.c). Expected once fixed: node 0's
- * ranks get RW_E_RANGE, node 1's RW_E_PHASE, and the key passes. */
+ * when the pair has no write outstanding (node 0's ranks route only to their own node, so node
+ * 0 sends nothing): pair_fail frees the pair and bg_cb then reads p->dead. ASan:
+ * heap-use-after-free in bg_cb (service/phase.c). Expected once fixed: node 0's ranks get
+ * RW_E_RANGE, node 1's RW_E_PHASE, and the key passes. */
 static void test_bug_output_full_writes_done(void **state)
 {
 	(void)state;
@@ -1898,9 +1908,9 @@ static void test_bug_output_full_writes_done(void **state)
 	cl_t *c = cl_new(&o, 904);
 	unsetenv("RAILWAVE_TEST_LOCAL_SLICE");
 	hold(c, m_write(1, 0, 0)); /* node 0 overflows on its local rows, not on node 1's */
-	sub_opts_t small = { .output_capacity = 200 };
+	sub_opts_t small = { .output_capacity = 200, .local_only = 1 }, local = { .local_only = 1 };
 	for (uint32_t r = 0; r < c->W; r++)
-		dispatch_submit(c, r, 0, 0, r == 0 ? &small : NULL);
+		dispatch_submit(c, r, 0, 0, r == 0 ? &small : r < c->G ? &local : NULL);
 	for (uint32_t r = 0; r < c->G; r++)
 		expect_err(c, r, RW_E_RANGE, "output full");
 	release_all(c);
