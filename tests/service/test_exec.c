@@ -42,7 +42,8 @@ void rw_svc_stop(rw_svc_t *svc)
 
 /* ---- workload (tests/integration/rw_rank.c's, byte for byte) ----------------------------------- */
 
-enum { TOPK = 4, MAX_TOKENS = 48, MAX_ROWS = 3 * MAX_TOKENS, MAX_RANKS = FK_MAX_NODES * 4 };
+enum { TOPK = 4, MAX_TOKENS = 48, MAX_ROWS = 3 * MAX_TOKENS, MAX_RANKS = FK_MAX_NODES * 4,
+       MAX_GROUPS = 3 };
 
 typedef struct work {
 	uint32_t n;
@@ -108,13 +109,15 @@ typedef struct trank {
 typedef struct cl {
 	opts_t o;
 	uint32_t N, G, R, W, E, per_rank, hidden;
-	uint64_t seed;
+	uint64_t seed, seed0;      /* seed: the current group's (seed0 for group 0) */
 	struct ev_loop *loop;
 	fk_world_t *w;
 	rw_svc_t svc[FK_MAX_NODES];
 	int running[FK_MAX_NODES];
-	trank_t rk[MAX_RANKS];
-	char group[32];
+	trank_t rks[MAX_GROUPS][MAX_RANKS];
+	char groups[MAX_GROUPS][32];
+	trank_t *rk;               /* the current group's ranks (use_group) */
+	char *group;
 	work_t mine, other;
 	uint8_t *seen;
 	uint32_t *ecount;
@@ -362,8 +365,11 @@ static cl_t *cl_new(const opts_t *o, uint64_t seed_salt)
 	c->E = o->experts ? o->experts : c->W * 2;
 	c->per_rank = c->E / c->W;
 	c->hidden = o->hidden ? o->hidden : 24;
-	c->seed = mix(base_seed ^ seed_salt);
-	snprintf(c->group, sizeof(c->group), "g.exec");
+	c->seed = c->seed0 = mix(base_seed ^ seed_salt);
+	for (uint32_t g = 0; g < MAX_GROUPS; g++)
+		snprintf(c->groups[g], sizeof(c->groups[g]), g ? "g.exec%u" : "g.exec", g);
+	c->rk = c->rks[0];
+	c->group = c->groups[0];
 	c->loop = ev_loop_new(EVFLAG_AUTO);
 	assert_non_null(c->loop);
 	c->w = fk_world_new(c->loop, c->N, c->R, !o->fifo, c->seed);
@@ -396,6 +402,14 @@ static cl_t *cl_new(const opts_t *o, uint64_t seed_salt)
 		rank_connect(c, r);
 	settle(c);
 	return c;
+}
+
+/* The ranks, group name and workload seed of group g (several groups share the nodes). */
+static void use_group(cl_t *c, uint32_t g)
+{
+	c->rk = c->rks[g];
+	c->group = c->groups[g];
+	c->seed = g ? mix(c->seed0 + g) : c->seed0;
 }
 
 /* Stop every node (everything must be freed: ASan's leak check runs at exit) and check that the
@@ -1311,6 +1325,10 @@ static void test_bad_submissions(void **state)
 	sub_opts_t fp16 = { .dtype = RW_DTYPE_FP16 };
 	dispatch_submit(c, 2, 0, 1, &fp16);
 	expect_err_now(c, 2, RW_E_DTYPE, "fp16");
+	/* a combine before its dispatch completed: no handle yet */
+	rw_sqe_t early = combine_sqe(c, 3, 0, 1);
+	fk_client_submit(c->rk[3].c, &early);
+	expect_err_now(c, 3, RW_E_HANDLE, "combine before any dispatch");
 	/* unknown kind */
 	rw_sqe_t k = c->rk[2].ds;
 	k.kind = 9;
@@ -1690,6 +1708,69 @@ static void test_rank_leaves_between_pairs(void **state)
 }
 
 /* ================================================================================================
+ * Several groups: receive slots
+ * ================================================================================================ */
+
+/* Two groups' pairs run at once, each in its own receive slot (SLOTS = 2); a third group's
+ * gathered pair waits for a slot (it sends no count row) until a pair ends, then runs. Every
+ * group's data is distinct and checked exactly, so a record taken by the wrong pair shows. */
+static void test_slots(void **state)
+{
+	(void)state;
+	opts_t o = { .nodes = 2, .path = "rail-only" };
+	cl_t *c = cl_new(&o, 800);
+	for (uint32_t g = 1; g < 3; g++) {
+		use_group(c, g);
+		for (uint32_t r = 0; r < c->W; r++)
+			rank_connect(c, r);
+	}
+	settle(c);
+	use_group(c, 0);
+	dispatch_all(c, 0, 0);
+	use_group(c, 1);
+	dispatch_all(c, 0, 0);
+	uint32_t rows_before = c->w->cnt.ctrl_posted[RW_WIRE_COUNTS][0][1];
+	use_group(c, 2);
+	for (uint32_t r = 0; r < c->W; r++)
+		dispatch_submit(c, r, 0, 0, NULL);
+	settle(c);
+	for (uint32_t r = 0; r < c->W; r++)
+		expect_no_cqe(c, r);
+	CHECK(c->w->cnt.ctrl_posted[RW_WIRE_COUNTS][0][1] == rows_before,
+	      "a third pair sent its count row without a free slot");
+	use_group(c, 0);
+	for (uint32_t r = 0; r < c->W; r++)
+		combine_submit(c, r, 0, 0);
+	for (uint32_t r = 0; r < c->W; r++) {
+		rw_cqe_t q = next_cqe(c, r);
+		combine_check(c, r, 0, 0, &q);
+	}
+	use_group(c, 2);
+	for (uint32_t r = 0; r < c->W; r++) {
+		rw_cqe_t q = next_cqe(c, r);
+		dispatch_check(c, r, 0, 0, &q);
+	}
+	/* groups 1 and 2 combine interleaved */
+	for (uint32_t r = 0; r < c->W; r++) {
+		use_group(c, 1);
+		combine_submit(c, r, 0, 0);
+		use_group(c, 2);
+		combine_submit(c, r, 0, 0);
+		pump_once(c);
+	}
+	for (uint32_t g = 1; g < 3; g++) {
+		use_group(c, g);
+		for (uint32_t r = 0; r < c->W; r++) {
+			rw_cqe_t q = next_cqe(c, r);
+			combine_check(c, r, 0, 0, &q);
+		}
+	}
+	use_group(c, 0);
+	run_pair(c, 0, 1);
+	cl_free(c);
+}
+
+/* ================================================================================================
  * Drain
  * ================================================================================================ */
 
@@ -1958,6 +2039,7 @@ int main(void)
 		cmocka_unit_test(test_peer_dies_silently),
 		cmocka_unit_test(test_rank_lost),
 		cmocka_unit_test(test_rank_leaves_between_pairs),
+		cmocka_unit_test(test_slots),
 		cmocka_unit_test(test_drain),
 	};
 	const struct CMUnitTest bugs[] = {
