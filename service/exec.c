@@ -102,8 +102,10 @@ static void pair_failed(exec_pair_t *p)
 		s->have = 0;
 		answered |= 1u << g;
 	}
-	if (kind == RW_MV_DISPATCH)
-		exec_tomb_add(x, p->g ? p->g->name : NULL, &key, answered | p->answered);
+	/* Ranks of this phase that come later get its error at once (a dispatch retry of the key
+	 * by an answered rank starts afresh). */
+	exec_tomb_add(x, p->g ? p->g->name : NULL, &key, kind,
+		      answered | (kind == RW_MV_DISPATCH ? p->answered : 0), e.msg);
 	for (uint32_t n = 0; p->xchg.have_row && n < x->nodes; n++)
 		if (n != x->me && p->xchg.have_row[n] && p->xchg.peer_params[n].epoch)
 			exec_ended_add(x, &key, n, p->xchg.peer_params[n].epoch);

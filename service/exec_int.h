@@ -267,8 +267,13 @@ void exec_answer_dispatch(exec_t *x, exec_pair_t *p, uint32_t g);
 void exec_answer_combine(exec_t *x, exec_pair_t *p, uint32_t g);
 
 /* ---- exec_keys.c: failed keys, ended attempts, early rows --------------------------------- */
-void exec_tomb_add(exec_t *x, const char *group, const rw_wire_key_t *key, uint32_t answered);
-int exec_tomb_hit(exec_t *x, const rw_wire_key_t *key, uint32_t local);
+/* Phase `kind` of `key` failed (msg: why); `answered`: local ranks that already got their error. */
+void exec_tomb_add(exec_t *x, const char *group, const rw_wire_key_t *key, int kind,
+		   uint32_t answered, const char *msg);
+/* Why a submission of `kind` by local rank `local` must fail at once (its phase already failed
+ * here), or NULL; counts the answer. The text is valid until the next call. */
+const char *exec_tomb_hit(exec_t *x, const rw_wire_key_t *key, int kind, uint32_t local);
+/* A dispatch tomb of `key` exists (its peers' count rows are dead). */
 int exec_tomb_exists(exec_t *x, const rw_wire_key_t *key);
 void exec_tomb_left(exec_t *x, uint32_t group_hash, uint32_t local);
 void exec_ended_add(exec_t *x, const rw_wire_key_t *key, uint32_t node, uint32_t epoch);

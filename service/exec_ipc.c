@@ -130,7 +130,7 @@ static void dispatch_refuse(exec_t *x, exec_group_t *g, uint32_t local, rw_ipc_c
 		exec_pair_fail(p, RW_ERR_INVAL, 0, 1, "local rank %u: %s", x->me * x->gpus + local, msg);
 		return;
 	}
-	exec_tomb_add(x, g->name, key, 1u << local);
+	exec_tomb_add(x, g->name, key, RW_MV_DISPATCH, 1u << local, msg);
 	exec_tell_peers(x, key, RW_MV_DISPATCH, RW_ERR_INVAL, msg, 0, 0);
 }
 
@@ -155,9 +155,9 @@ static void submit_dispatch(exec_t *x, exec_member_t *mb, rw_ipc_client_t *clien
 	exec_group_t *g = mb->g;
 	rw_wire_key_t key = { .group = g->hash, .layer = sqe->layer, .step = sqe->step };
 	char why[RW_SVC_WHY_MAX];
-	if (exec_tomb_hit(x, &key, mb->local)) {
-		exec_answer_err(x, client, sqe, RW_ERR_STATE, 1,
-				"this (layer, step) already failed on this node or a peer");
+	const char *failed = exec_tomb_hit(x, &key, RW_MV_DISPATCH, mb->local);
+	if (failed) {
+		exec_answer_err(x, client, sqe, RW_ERR_STATE, 1, failed);
 		return;
 	}
 	exec_pair_t *p = g->pair;
@@ -230,6 +230,12 @@ static void submit_combine(exec_t *x, exec_member_t *mb, rw_ipc_client_t *client
 	exec_pair_t *p = mb->g->pair;
 	uint32_t g = mb->local;
 	char why[RW_SVC_WHY_MAX];
+	rw_wire_key_t key = { .group = mb->g->hash, .layer = sqe->layer, .step = sqe->step };
+	const char *failed = p ? NULL : exec_tomb_hit(x, &key, RW_MV_COMBINE, g);
+	if (failed) { /* its pair failed while the rank computed the combine */
+		exec_answer_err(x, client, sqe, RW_ERR_STATE, 1, failed);
+		return;
+	}
 	if (!p || p->stage != ST_WAIT_C || p->out.handle[g] != sqe->handle_id) {
 		snprintf(why, sizeof(why), "handle %u is not this rank's open dispatch", sqe->handle_id);
 		exec_answer_err(x, client, sqe, RW_ERR_SUB_HANDLE, 0, why);

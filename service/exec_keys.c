@@ -1,7 +1,8 @@
 /* What the executor keeps beyond one pair (docs/dataflow.md "Failures", "Count exchange"):
- *   tombs  a dispatch key that failed here or at a peer. A local rank that submits it and was
- *          not answered yet gets its error at once instead of opening a pair that would wait
- *          for a phase timeout. Kept per node, not per group, so it outlives a group whose
+ *   tombs  a phase (key and kind) that failed here or at a peer. A local rank that submits it
+ *          and was not answered yet gets its error, with the original reason, at once instead of
+ *          opening a pair that would wait for a phase timeout (dispatch) or being told its
+ *          handle is unknown (a combine whose pair failed while the rank computed it). Kept per node, not per group, so it outlives a group whose
  *          ranks all left and precedes one whose ranks have not joined yet. Gone once every
  *          local rank was answered (or left), when an answered rank submits the key again (a
  *          retry), or after phase_timeout_ms.
@@ -18,8 +19,10 @@
 typedef struct exec_tomb {
 	rw_list_t link;
 	rw_wire_key_t key;           /* key.group: the group's hash */
+	int kind;                    /* the phase that failed: its submissions get the error */
 	uint32_t answered;           /* bit g: local rank g got its error (or left) */
 	uint64_t t_ns;
+	char msg[RW_SVC_WHY_MAX];    /* why it failed, for the ranks that come late */
 } exec_tomb_t;
 
 typedef struct exec_ended {
@@ -41,11 +44,11 @@ typedef struct exec_row {
 
 /* ---- tombs -------------------------------------------------------------------------------- */
 
-static exec_tomb_t *tomb_find(exec_t *x, const rw_wire_key_t *key)
+static exec_tomb_t *tomb_find(exec_t *x, const rw_wire_key_t *key, int kind)
 {
 	exec_tomb_t *t;
 	rw_list_for_each(&x->tombs, t, link)
-		if (rw_wire_key_eq(&t->key, key))
+		if (t->kind == kind && rw_wire_key_eq(&t->key, key))
 			return t;
 	return NULL;
 }
@@ -63,11 +66,12 @@ static void tomb_settle(exec_t *x, exec_tomb_t *t)
 		tomb_free(t);
 }
 
-void exec_tomb_add(exec_t *x, const char *group, const rw_wire_key_t *key, uint32_t answered)
+void exec_tomb_add(exec_t *x, const char *group, const rw_wire_key_t *key, int kind,
+		   uint32_t answered, const char *msg)
 {
-	if (group)
+	if (group && kind == RW_MV_DISPATCH)
 		exec_rows_drop(x, group, key, -1, 0);
-	exec_tomb_t *t = tomb_find(x, key);
+	exec_tomb_t *t = tomb_find(x, key, kind);
 	if (!t) {
 		if ((answered & exec_all_local(x)) == exec_all_local(x))
 			return;
@@ -75,6 +79,8 @@ void exec_tomb_add(exec_t *x, const char *group, const rw_wire_key_t *key, uint3
 		if (!t)
 			return; /* stragglers then wait for a phase timeout instead */
 		t->key = *key;
+		t->kind = kind;
+		snprintf(t->msg, sizeof(t->msg), "%s", msg);
 		rw_list_add(&x->tombs, &t->link);
 	}
 	t->answered |= answered;
@@ -82,22 +88,28 @@ void exec_tomb_add(exec_t *x, const char *group, const rw_wire_key_t *key, uint3
 	tomb_settle(x, t);
 }
 
-int exec_tomb_hit(exec_t *x, const rw_wire_key_t *key, uint32_t local)
+const char *exec_tomb_hit(exec_t *x, const rw_wire_key_t *key, int kind, uint32_t local)
 {
-	exec_tomb_t *t = tomb_find(x, key);
+	exec_tomb_t *t = tomb_find(x, key, kind);
 	if (!t)
-		return 0;
+		return NULL;
 	if (rw_now_ns() - t->t_ns > (uint64_t)x->svc->cfg.phase_timeout_ms * 1000000ull ||
 	    (t->answered & (1u << local))) {
 		tomb_free(t); /* stale, or a retry by a rank that already had its answer */
-		return 0;
+		return NULL;
 	}
 	t->answered |= 1u << local;
+	/* The reason outlives the tomb for this answer (the executor copies it at once). */
+	static char why[RW_SVC_WHY_MAX];
+	snprintf(why, sizeof(why), "%s", t->msg);
 	tomb_settle(x, t);
-	return 1;
+	return why;
 }
 
-int exec_tomb_exists(exec_t *x, const rw_wire_key_t *key) { return tomb_find(x, key) != NULL; }
+int exec_tomb_exists(exec_t *x, const rw_wire_key_t *key)
+{
+	return tomb_find(x, key, RW_MV_DISPATCH) != NULL;
+}
 
 void exec_tomb_left(exec_t *x, uint32_t group_hash, uint32_t local)
 {

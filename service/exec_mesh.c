@@ -52,7 +52,7 @@ static void mesh_phase_err(void *ctx, uint32_t peer, const rw_wire_phase_err_t *
 	if (!p) {
 		/* Failed before our ranks got there: they fail at once when they come. */
 		if (e->kind == RW_SVC_DISPATCH)
-			exec_tomb_add(x, NULL, &e->key, 0);
+			exec_tomb_add(x, NULL, &e->key, RW_MV_DISPATCH, 0, msg);
 		return;
 	}
 	/* Our row of this attempt may still be on its way to a node that has already moved on

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "service/svc.h"
+#include "ipc/proto.h"
 #include "tests/service/exec_fakes.h"
 
 fk_world_t *fk_world;
@@ -22,6 +23,7 @@ struct rw_ipc_server {
 	uint32_t node;
 	rw_ipc_server_ops_t ops;
 	void *ctx;
+	rw_ipc_limits_t lim;         /* the real server's entry check runs on every submission */
 };
 
 typedef struct fk_buf {
@@ -44,6 +46,8 @@ struct rw_ipc_client {
 	uint32_t n_cqe, cap_cqe;
 	uint32_t owed;
 	int joined, left, dropped, drop_pending, drop_error;
+	char notice[128];            /* the last notice (why a submission failed) */
+	uint32_t n_notices;
 };
 
 typedef struct fk_node {
@@ -710,6 +714,11 @@ rw_status_t rw_ipc_server_create(struct ev_loop *loop, const rw_ipc_server_confi
 	s->node = (uint32_t)cfg->node;
 	s->ops = *ops;
 	s->ctx = ctx;
+	/* ipc/server.c's defaults for what the executor does not set */
+	s->lim = (rw_ipc_limits_t){ .max_tokens = 1u << 20, .max_hidden = 65536,
+				    .max_topk = cfg->max_topk ? cfg->max_topk : 64,
+				    .max_experts = 1u << 20,
+				    .dtypes = cfg->dtypes ? cfg->dtypes : UINT32_MAX };
 	fk_nodes[s->node].ipc = s;
 	*server_p = s;
 	return RW_OK;
@@ -788,6 +797,18 @@ void rw_ipc_client_drop(rw_ipc_server_t *server, rw_ipc_client_t *client, int er
 	client->drop_error = error;
 }
 
+void rw_ipc_client_notice(rw_ipc_server_t *server, rw_ipc_client_t *client, int code,
+			  const char *msg)
+{
+	(void)server, (void)code;
+	snprintf(client->notice, sizeof(client->notice), "%s", msg);
+	client->n_notices++;
+}
+
+const char *fk_client_notice(const rw_ipc_client_t *c) { return c->notice; }
+
+rw_svc_mesh_t *fk_mesh(uint32_t node) { return &fk_nodes[node].mesh; }
+
 const rw_ipc_client_info_t *rw_ipc_client_info(const rw_ipc_client_t *client)
 {
 	return &client->info;
@@ -853,6 +874,15 @@ void fk_client_forget_buffer(rw_ipc_client_t *c, uint32_t id)
 			c->buf[i].known = 0;
 }
 
+static uint64_t buf_size_of(void *ctx, uint32_t buf_id)
+{
+	const rw_ipc_client_t *c = ctx;
+	for (uint32_t i = 0; i < c->n_buf; i++)
+		if (c->buf[i].known && c->buf[i].id == buf_id)
+			return c->buf[i].size;
+	return 0;
+}
+
 void fk_client_submit(rw_ipc_client_t *c, const rw_sqe_t *sqe)
 {
 	rw_ipc_server_t *s = fk_nodes[c->node].ipc;
@@ -862,6 +892,15 @@ void fk_client_submit(rw_ipc_client_t *c, const rw_sqe_t *sqe)
 	}
 	rw_sqe_t copy = *sqe; /* the service owns it only during the call */
 	c->owed++;
+	const char *why;
+	int code = rw_ipc_check_sqe(&copy, &s->lim, buf_size_of, c, &why);
+	if (code) { /* refused at the IPC boundary, as ipc/server.c does: the service never sees it */
+		rw_cqe_t cqe = { .status = RW_CQ_ERROR, .error = code, .kind = sqe->kind,
+				 .phase_id = sqe->phase_id, .user_data = sqe->user_data,
+				 .counts_buf = RW_BUF_NONE };
+		rw_ipc_complete(s, c, &cqe);
+		return;
+	}
 	s->ops.submission(s->ctx, c, &copy);
 	memset(&copy, 0xa5, sizeof(copy));
 }

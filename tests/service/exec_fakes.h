@@ -138,5 +138,9 @@ void fk_client_die(rw_ipc_client_t *c);
 void fk_client_stats(const rw_ipc_client_t *c, fk_client_stats_t *s);
 /* Completion i (0-based) received by the client. */
 const rw_cqe_t *fk_client_cqe(const rw_ipc_client_t *c, uint32_t i);
+/* Node's fake mesh, to inject a peer's messages as if that node had sent them. */
+rw_svc_mesh_t *fk_mesh(uint32_t node);
+/* The reason the executor gave with the client's last error completion ("" if none). */
+const char *fk_client_notice(const rw_ipc_client_t *c);
 
 #endif /* RW_TEST_EXEC_FAKES_H */
