@@ -71,6 +71,12 @@ typedef struct mesh_peer {
 	uint64_t last_stamp_rx_ns;    /* when it came */
 	ev_timer retry;
 	uint32_t backoff_ms;
+	/* A failure found inside a mesh call (a send, a write, fail_peer): carried out by fail_cb
+	 * from the loop, so the caller never sees write_done or peer_down inside its own call
+	 * (mesh.h). Until then the peer counts as down for sends and writes. */
+	int failing;
+	rw_status_t fail_st;
+	char fail_why[128];
 } mesh_peer_t;
 
 struct rw_svc_mesh {
@@ -92,6 +98,7 @@ struct rw_svc_mesh {
 	int listen_fd;
 	ev_io listen_io;
 	ev_timer hb_timer;
+	ev_timer fail_timer;          /* runs the peers' deferred failures (peer_fail_soon) */
 	mesh_peer_t *peer;            /* [nodes] */
 	mesh_ctl_t *unknown;          /* accepted control connections before HELLO */
 };
@@ -333,6 +340,31 @@ static void peer_fail(mesh_peer_t *p, rw_status_t st, const char *why)
 	peer_schedule_retry(p);
 }
 
+/* Fail the peer from the loop, not from inside the mesh call that found the failure. */
+static void peer_fail_soon(mesh_peer_t *p, rw_status_t st, const char *why)
+{
+	rw_svc_mesh_t *m = p->mesh;
+	if (p->failing)
+		return;
+	p->failing = 1;
+	p->fail_st = st;
+	snprintf(p->fail_why, sizeof(p->fail_why), "%s", why);
+	ev_timer_start(m->loop, &m->fail_timer);
+}
+
+static void fail_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop, (void)revents;
+	rw_svc_mesh_t *m = w->data;
+	for (uint32_t i = 0; i < m->nodes; i++) {
+		mesh_peer_t *p = &m->peer[i];
+		if (p->failing) {
+			p->failing = 0;
+			peer_fail(p, p->fail_st, p->fail_why);
+		}
+	}
+}
+
 static void peer_connect(mesh_peer_t *p)
 {
 	rw_svc_mesh_t *m = p->mesh;
@@ -389,7 +421,7 @@ static void rail_pump(mesh_rail_t *mr)
 			return;
 		}
 		if (st != RW_OK) {
-			peer_fail(mr->peer, RW_ERR_LINK, "rail write refused");
+			peer_fail_soon(mr->peer, RW_ERR_LINK, "rail write refused");
 			return;
 		}
 		mr->posted++;
@@ -822,6 +854,8 @@ uint8_t *rw_svc_mesh_mem(rw_svc_mesh_t *mesh, uint32_t rail) { return mesh->mem[
 
 int rw_svc_mesh_peer_up(const rw_svc_mesh_t *mesh, uint32_t peer)
 {
+	if (peer < mesh->nodes && peer != mesh->me && mesh->peer[peer].failing)
+		return 0;
 	return peer < mesh->nodes && (peer == mesh->me || mesh->peer[peer].state == RW_SVC_PEER_UP);
 }
 
@@ -844,16 +878,16 @@ rw_status_t rw_svc_mesh_send(rw_svc_mesh_t *m, uint32_t peer, uint16_t type,
 	if (peer >= m->nodes || peer == m->me)
 		return RW_ERR_INVAL;
 	mesh_peer_t *p = &m->peer[peer];
-	if (!p->ctl || !p->hello_ok)
+	if (!p->ctl || !p->hello_ok || p->failing)
 		return RW_ERR_STATE;
 	mesh_ctl_t *c = p->ctl;
 	rw_status_t st = ctl_queue(c, type, payload, len);
 	if (st != RW_OK) {
-		peer_fail(p, RW_ERR_PEER, "control channel backed up");
+		peer_fail_soon(p, RW_ERR_PEER, "control channel backed up");
 		return RW_ERR_STATE;
 	}
 	if (ctl_flush(c) < 0) {
-		peer_fail(p, RW_ERR_PEER, "control write error");
+		peer_fail_soon(p, RW_ERR_PEER, "control write error");
 		return RW_ERR_STATE;
 	}
 	return RW_OK;
@@ -866,7 +900,7 @@ rw_status_t rw_svc_mesh_write(rw_svc_mesh_t *m, uint32_t peer, uint32_t rail, ui
 		return RW_ERR_INVAL;
 	mesh_peer_t *p = &m->peer[peer];
 	mesh_rail_t *mr = &p->rail[rail];
-	if (p->state != RW_SVC_PEER_UP || !mr->up)
+	if (p->state != RW_SVC_PEER_UP || !mr->up || p->failing)
 		return RW_ERR_STATE;
 	if (rw_rail_range_check(m->area_bytes, local_off, len) != RW_OK ||
 	    rw_rail_range_check(p->remote[rail].length, remote_off, len) != RW_OK)
@@ -890,7 +924,7 @@ rw_status_t rw_svc_mesh_write(rw_svc_mesh_t *m, uint32_t peer, uint32_t rail, ui
 void rw_svc_mesh_fail_peer(rw_svc_mesh_t *mesh, uint32_t peer, rw_status_t st, const char *why)
 {
 	if (peer < mesh->nodes && peer != mesh->me)
-		peer_fail(&mesh->peer[peer], st, why);
+		peer_fail_soon(&mesh->peer[peer], st, why);
 }
 
 static uint64_t random_u64(void)
@@ -997,6 +1031,8 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 	double hb = cfg->heartbeat_interval_ms / 1000.0;
 	ev_timer_init(&m->hb_timer, hb_cb, hb, hb);
 	m->hb_timer.data = m;
+	ev_timer_init(&m->fail_timer, fail_cb, 0., 0.);
+	m->fail_timer.data = m;
 	ev_timer_start(m->loop, &m->hb_timer);
 
 	for (uint32_t i = m->me + 1; i < m->nodes; i++)
@@ -1032,6 +1068,7 @@ void rw_svc_mesh_destroy(rw_svc_mesh_t *m)
 		ctl_free(c);
 	}
 	ev_timer_stop(m->loop, &m->hb_timer);
+	ev_timer_stop(m->loop, &m->fail_timer);
 	if (m->listen_fd >= 0) {
 		ev_io_stop(m->loop, &m->listen_io);
 		close(m->listen_fd);
