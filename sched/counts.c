@@ -53,7 +53,8 @@ static int rank_ok(const rw_topo_t *topo, const rw_rank_tokens_t *rk)
 }
 
 /* The distinct destination nodes of one token, in the order its experts first name them.
- * Returns their number, or -1 when an expert id is >= n_experts. `seen` (one bit per node) is
+ * Returns their number, or -1 when an expert id is >= n_experts or negative other than -1 (the
+ * one "no expert" value). `seen` (one bit per node) is
  * all zero on entry and on return: only the words this token touched are cleared. */
 static inline int token_nodes(const int32_t *ids, uint32_t topk, const node_div_t *nd,
 			      uint32_t n_experts, uint64_t *seen, uint32_t *uniq)
@@ -61,9 +62,9 @@ static inline int token_nodes(const int32_t *ids, uint32_t topk, const node_div_
 	int n = 0, bad = 0;
 	for (uint32_t k = 0; k < topk; k++) {
 		int32_t e = ids[k];
-		if (e < 0)
+		if (e == -1)
 			continue; /* dropped slot */
-		if ((uint32_t)e >= n_experts) {
+		if (e < 0 || (uint32_t)e >= n_experts) { /* -5, INT_MIN: not an id, not "none" */
 			bad = 1;
 			break;
 		}

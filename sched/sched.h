@@ -51,7 +51,7 @@ typedef struct rw_rank_tokens {
 	uint32_t local_gpu;       /* GPU index inside the node; its native rail is gpu_rail[] */
 	uint32_t n_tokens;
 	uint32_t topk;            /* <= RW_MAX_TOPK */
-	const int32_t *expert_ids; /* n_tokens * topk, row-major; negative = no expert (dropped) */
+	const int32_t *expert_ids; /* n_tokens * topk, row-major; -1 = no expert (dropped slot) */
 } rw_rank_tokens_t;
 
 /* A record: one (token, remote destination node) pair after per-node de-duplication. */
@@ -85,7 +85,7 @@ static inline uint32_t rw_sched_expert_node(uint32_t n_experts, uint32_t nodes, 
  * The d == me entries count local-node records (never rail balanced; they do not touch a NIC).
  * Errors: RW_ERR_INVAL when an expert id is >= n_experts, topk is out of range, or E is not a
  * multiple of W; *bad_rank_p (may be NULL) then names the offending rank index and the row is
- * left all zero. Negative expert ids are dropped slots and skipped. */
+ * left all zero. An id of -1 is a dropped slot and skipped; any other negative id is an error. */
 rw_status_t rw_sched_count(const rw_topo_t *topo, uint32_t n_experts, uint32_t me,
 			   const rw_rank_tokens_t *ranks, uint32_t n_ranks, uint32_t *row,
 			   uint32_t *bad_rank_p);

@@ -215,6 +215,18 @@ static void test_bad_input(void **state)
 	for (uint32_t i = 0; i < 4; i++)
 		assert_int_equal(row[i], 0);
 	assert_int_equal(rw_sched_count(&topo, 8, 0, rk, 3, row, NULL), RW_ERR_INVAL);
+	/* Only -1 means "no expert": -5 and INT_MIN are refused, naming the rank (issue 15). */
+	const int32_t minus5[4] = { 0, -5, 1, 2 }, intmin[4] = { INT32_MIN, 1, -1, -1 };
+	const int32_t minus1[4] = { -1, 1, -1, -1 };
+	rk[2].expert_ids = minus5;
+	assert_int_equal(rw_sched_count(&topo, 8, 0, rk, 3, row, &bad_rank), RW_ERR_INVAL);
+	assert_int_equal(bad_rank, 2);
+	rk[2].expert_ids = intmin;
+	bad_rank = 99;
+	assert_int_equal(rw_sched_count(&topo, 8, 0, rk, 3, row, &bad_rank), RW_ERR_INVAL);
+	assert_int_equal(bad_rank, 2);
+	rk[2].expert_ids = minus1;
+	assert_int_equal(rw_sched_count(&topo, 8, 0, rk, 3, row, NULL), RW_OK);
 
 	rk[2].expert_ids = good;
 	rk[1].topk = RW_MAX_TOPK + 1;
