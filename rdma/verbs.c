@@ -1114,6 +1114,32 @@ static int dmabuf_supported(struct ibv_pd *pd)
 	return errno != EOPNOTSUPP && errno != EPROTONOSUPPORT && errno != ENOSYS;
 }
 
+/* Test knobs from the environment (docs/rdma-verbs.md "Configuration"). */
+static uint64_t env_u64(const char *name)
+{
+	const char *v = getenv(name);
+	char *end;
+	if (!v || *v < '0' || *v > '9')
+		return 0;
+	unsigned long long x = strtoull(v, &end, 10);
+	return *end ? 0 : (uint64_t)x;
+}
+
+/* Does the comma-separated list of rail indices in the environment variable name list rail? */
+static int env_lists_rail(const char *name, unsigned rail)
+{
+	const char *v = getenv(name);
+	while (v && *v) {
+		char *end;
+		unsigned long x = strtoul(v, &end, 10);
+		if (end != v && x == rail && (*end == ',' || *end == '\0'))
+			return 1;
+		v = strchr(v, ',');
+		v = v ? v + 1 : NULL;
+	}
+	return 0;
+}
+
 static void vb_dev_close(rw_rail_dev_t *base);
 
 static rw_status_t vb_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loop,
@@ -1185,10 +1211,17 @@ static rw_status_t vb_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loop
 			d->base.max_writes, ibv_get_device_name(d->ctx->device), limit);
 		d->base.max_writes = limit;
 	}
+	uint64_t test_writes = env_u64("RW_VERBS_MAX_WRITES");
+	if (test_writes && test_writes < d->base.max_writes) { /* test knob: shallow queues */
+		rw_info("verbs: rail %u: RW_VERBS_MAX_WRITES: %llu writes in flight", cfg->rail,
+			(unsigned long long)test_writes);
+		d->base.max_writes = (uint32_t)test_writes;
+	}
 	const char *force = getenv("RW_VERBS_WRITE_SEND");
 	int imm = d->ctx->device->transport_type == IBV_TRANSPORT_IB; /* IB and RoCE; not iWARP */
-	if (force && *force && strcmp(force, "0") != 0)
-		imm = 0; /* RW_VERBS_WRITE_SEND=1: exercise the iWARP path on any device */
+	if ((force && *force && strcmp(force, "0") != 0) ||
+	    env_lists_rail("RW_VERBS_WRITE_SEND_RAILS", cfg->rail))
+		imm = 0; /* exercise the iWARP path on any device (all rails, or the listed ones) */
 	d->hello_flags = imm ? RW_VB_HELLO_IMM : 0;
 
 	d->pd = ibv_alloc_pd(d->ctx);
@@ -1213,6 +1246,12 @@ static rw_status_t vb_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loop
 	/* Longer writes are split into max_msg_sz chunks (rxe: 8 MiB) plus the SEND that carries
 	 * the immediate; one write must fit the send queue whole. */
 	d->chunk = pa.max_msg_sz ? pa.max_msg_sz : 1u << 30;
+	uint64_t test_msg = env_u64("RW_VERBS_MAX_MSG");
+	if (test_msg && test_msg < d->chunk) { /* test knob: a device with a small message limit */
+		rw_info("verbs: rail %u: RW_VERBS_MAX_MSG: messages of at most %llu bytes", cfg->rail,
+			(unsigned long long)test_msg);
+		d->chunk = (uint32_t)test_msg;
+	}
 	d->base.caps.max_write_length = RW_MIN((uint64_t)d->chunk * (2 * d->base.max_writes - 1),
 					       1ull << 40);
 
@@ -1226,7 +1265,7 @@ static rw_status_t vb_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loop
 	rw_info("verbs: rail %u: %s port %u (%s), %s, dmabuf %s, message limit %u bytes", cfg->rail,
 		ibv_get_device_name(d->ctx->device), d->port_num, inet_ntoa(d->addr.sin_addr),
 		imm ? "write with immediate" : "write + send",
-		d->base.caps.flags & RW_RAIL_CAP_DMABUF ? "yes" : "no", pa.max_msg_sz);
+		d->base.caps.flags & RW_RAIL_CAP_DMABUF ? "yes" : "no", d->chunk);
 	*dev_p = &d->base;
 	return RW_OK;
 fail:
