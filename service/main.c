@@ -3,6 +3,9 @@
  * mesh/phase executor and the trainer IPC server. SIGTERM/SIGINT drain, SIGHUP reloads the
  * anchor table. Exit status: 0 clean stop, 1 runtime failure, 2 bad usage or configuration. */
 #include "service/svc.h"
+#include "service/health.h" /* deploy: readiness and sd_notify (issue 16) */
+
+#include "config.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -14,7 +17,6 @@
 
 extern char **environ;
 
-#define RAILWAVED_VERSION "0.1"
 #define ANCHORS_MAX_BYTES (64u << 20) /* a table is kilobytes; this only stops a wrong path */
 
 /* ---------------------------------------------------------------------------------------------
@@ -161,6 +163,7 @@ static void term_cb(struct ev_loop *loop, ev_signal *w, int revents)
 	}
 	rw_info("shutdown: signal %d, draining in-flight phases", w->signum);
 	svc->draining = 1;
+	rw_svc_health_stopping(svc); /* deploy: STOPPING=1, /ready fails (service/health.h) */
 	ev_timer_set(&svc->drain_timer, (svc->cfg.phase_timeout_ms + 1000) / 1e3, 0.);
 	ev_timer_start(svc->loop, &svc->drain_timer);
 	rw_svc_shutdown_begin(svc);
@@ -237,7 +240,7 @@ int main(int argc, char **argv)
 			rc = 0;
 			goto free_args;
 		} else if (c == OPT_VERSION) {
-			printf("railwaved %s\n", RAILWAVED_VERSION);
+			printf("railwaved %s\n", RW_VERSION);
 			rc = 0;
 			goto free_args;
 		} else if (c == OPT_CONFIG) {
@@ -281,7 +284,7 @@ int main(int argc, char **argv)
 
 	rc = 1;
 	char ident[96];
-	snprintf(ident, sizeof(ident), "railwaved[%s]", svc.cfg.nodes[svc.cfg.me].name);
+	snprintf(ident, sizeof(ident), "railwaved node=%s", svc.cfg.nodes[svc.cfg.me].name);
 	rw_log_set_ident(ident);
 	rw_log_set_level(svc.cfg.log_level);
 	rw_svc_config_topo(&svc.cfg, &svc.topo);
@@ -340,11 +343,15 @@ int main(int argc, char **argv)
 		goto stop_ipc;
 	}
 	rw_info("running");
+	/* ---- deploy (issue 16): health tick, READY=1, watchdog (service/health.h) ---- */
+	rw_svc_health_start(&svc);
+	/* ---- end deploy ---- */
 	ev_run(svc.loop, 0);
 	rc = 0;
 	rw_info("stopping");
 
 stop_ipc:
+	rw_svc_health_stop(&svc); /* deploy: idempotent, fine when never started */
 	rw_svc_ipc_stop(&svc);
 stop_mesh:
 	rw_svc_mesh_stop(&svc);
