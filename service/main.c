@@ -197,11 +197,15 @@ static void usage(FILE *out)
 	fprintf(out, "usage: railwaved [options]\n"
 		"RailWave per-node daemon: MoE dispatch/combine over every rail (docs/service.md).\n\n"
 		"  --dump-config                 print the effective configuration as JSON and exit\n"
-		"  --help, --version\n");
+		"  -h, --help                    this text\n"
+		"  -V, --version                 print the version and exit\n");
 	for (const rw_svc_option_t *o = rw_svc_options; o->key; o++) {
 		char lhs[64];
 		snprintf(lhs, sizeof(lhs), "--%s %s", o->flag, o->arg);
-		fprintf(out, "  %-29s %s [%s]\n", lhs, o->help, o->env);
+		if (strlen(lhs) > 29) /* deploy: a long placeholder gets its own line */
+			fprintf(out, "  %s\n  %-29s %s [%s]\n", lhs, "", o->help, o->env);
+		else
+			fprintf(out, "  %-29s %s [%s]\n", lhs, o->help, o->env);
 	}
 	fprintf(out, "\nPrecedence: flags > environment > file > defaults. Exit status: 0 stopped "
 		"cleanly, 1 runtime failure, 2 bad usage or configuration.\n");
@@ -232,14 +236,15 @@ int main(int argc, char **argv)
 						OPT_FIRST_FIELD + (int)i};
 	size_t n_kv = 0;
 	int c;
-	while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+	opterr = 0; /* deploy: we name the bad flag ourselves, below */
+	while ((c = getopt_long(argc, argv, ":hV", longopts, NULL)) != -1) {
 		if (c == OPT_DUMP) {
 			dump = 1;
-		} else if (c == OPT_HELP) {
+		} else if (c == OPT_HELP || c == 'h') {
 			usage(stdout);
 			rc = 0;
 			goto free_args;
-		} else if (c == OPT_VERSION) {
+		} else if (c == OPT_VERSION || c == 'V') {
 			printf("railwaved %s\n", RW_VERSION);
 			rc = 0;
 			goto free_args;
@@ -254,7 +259,12 @@ int main(int argc, char **argv)
 			if (j == n_kv)
 				n_kv++;
 		} else {
-			usage(stderr);
+			/* deploy: one line naming the flag instead of the whole usage */
+			const char *bad = argv[optind - 1];
+			if (c == ':')
+				fprintf(stderr, "railwaved: %s needs a value (see --help)\n", bad);
+			else
+				fprintf(stderr, "railwaved: unknown option %s (see --help)\n", bad);
 			goto free_args;
 		}
 	}

@@ -549,7 +549,11 @@ rw_status_t rw_svc_stats_start(rw_svc_t *svc, rw_svc_stats_t **stats_p)
 	if (slash && slash != dir) {
 		*slash = '\0';
 		if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-			rw_err("stats: cannot create %s: %m", dir);
+			/* /run/railwave is the default everywhere; systemd, tmpfiles.d and the
+			 * launchers create it, a user trying the loopback cluster may not have. */
+			rw_err("stats: cannot create %s: %m%s", dir, errno == EACCES ?
+			       " (create it once with 'sudo install -d -o $USER /run/railwave', "
+			       "or pass --stats-socket and --ipc-socket)" : "");
 			st = RW_ERR_SYS;
 			goto free_srv;
 		}
