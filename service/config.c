@@ -29,8 +29,8 @@ const char rw_svc_default_config_json[] =
 	"  \"nic_gbps\": 100,\n"
 	"  \"control_port\": 7400,\n"
 	"  \"rail_port\": 7500,\n"
-	"  \"ipc_socket\": \"/tmp/railwave/{node}.sock\",\n"
-	"  \"stats_socket\": \"/tmp/railwave/{node}.stats\",\n"
+	"  \"ipc_socket\": \"/run/railwave/{node}.sock\",\n"
+	"  \"stats_socket\": \"/run/railwave/{node}.stats\",\n"
 	"  \"http\": \"127.0.0.1:9470\",\n"
 	"  \"nodes\": [\n"
 	"    {\"name\": \"node0\", \"control\": \"127.0.0.1\", \"http\": \"127.0.0.1:9470\",\n"
@@ -104,7 +104,8 @@ const rw_svc_option_t rw_svc_options[] = {
 	{"transport", "transport", "RAILWAVE_TRANSPORT", "tcp|verbs", "rail transport"},
 	{"anchors", "anchors", "RAILWAVE_ANCHORS", "FILE", "anchor table (\"\" = none: Joint)"},
 	{"path", "path", "RAILWAVE_PATH", "auto|native|rail-only|perm-only|joint", "force a path"},
-	{"ipc_socket", "ipc-socket", "RAILWAVE_IPC_SOCKET", "PATH", "trainer rank socket"},
+	{"ipc_socket", "ipc-socket", "RAILWAVE_SOCKET", "PATH",
+	 "trainer rank socket (librailwave reads the same variable)"},
 	{"ipc_group", "ipc-group", "RAILWAVE_IPC_GROUP", "GROUP", "group owning the sockets"},
 	{"stats_socket", "stats-socket", "RAILWAVE_STATS_SOCKET", "PATH", "stats socket (\"\" = off)"},
 	{"http", "http", "RAILWAVE_HTTP", "ADDR:PORT|0", "Prometheus endpoint (0 = off)"},
@@ -897,6 +898,9 @@ static rw_status_t load(loader_t *ld, json_t *root, char *const *envp, const rw_
 		if ((st = set_field(ld, (size_t)fi, v, key, SRC_FILE)))
 			return st;
 	}
+	if (env_get(envp, "RAILWAVE_IPC_SOCKET"))
+		return fail(ld, "RAILWAVE_IPC_SOCKET: renamed RAILWAVE_SOCKET (the variable librailwave "
+			    "reads too); set that instead");
 	for (const rw_svc_option_t *o = rw_svc_options; o->key; o++) {
 		const char *val = env_get(envp, o->env);
 		int fi = find_field(o->key);
@@ -977,8 +981,10 @@ rw_status_t rw_svc_config_load(const char *path, char *const *envp, const rw_svc
 		return st;
 	}
 	st = rw_svc_config_load_text(text, envp, flags, n_flags, cfg, err, err_len);
-	if (st == RW_ERR_PARSE && err && err_len) {
-		/* Prefix the file name so the operator knows which file. */
+	if (st == RW_ERR_PARSE && err && err_len && strncmp(err, "--", 2) != 0 &&
+	    strncmp(err, "RAILWAVE_", 9) != 0) {
+		/* Prefix the file name so the operator knows which file; errors in a flag or an
+		 * environment variable start with its name and are not the file's. */
 		char msg[512];
 		snprintf(msg, sizeof(msg), "%s", err);
 		snprintf(err, err_len, "%s: %s", path, msg);

@@ -69,6 +69,7 @@ typedef struct mesh_peer {
 	uint64_t last_rx_ns;
 	uint64_t last_stamp;          /* newest heartbeat stamp from the peer (echoed back) */
 	uint64_t last_stamp_rx_ns;    /* when it came */
+	int said_bye;                 /* it sent BYE: its close is a clean stop, not a failure */
 	ev_timer retry;
 	uint32_t backoff_ms;
 	/* A failure found inside a mesh call (a send, a write, fail_peer): carried out by fail_cb
@@ -104,6 +105,12 @@ struct rw_svc_mesh {
 };
 
 static void ctl_io_cb(struct ev_loop *loop, ev_io *w, int revents);
+
+/* Logs name peers as key=value by their configured name, as the stats and metrics do. */
+static const char *peer_name(const rw_svc_mesh_t *m, uint32_t idx)
+{
+	return m->svc->cfg.nodes[idx].name;
+}
 static void peer_fail(mesh_peer_t *p, rw_status_t st, const char *why);
 static void ctl_send_hello(mesh_ctl_t *c);
 
@@ -166,7 +173,7 @@ static void ctl_drop(mesh_ctl_t *c, rw_status_t st, const char *why)
 		return;
 	}
 	if (c->peer >= 0)
-		rw_warn("peer %d: control connection closed: %s", c->peer, why);
+		rw_warn("peer=%s: control connection closed: %s", peer_name(m, (uint32_t)c->peer), why);
 	else
 		rw_warn("control connection (fd %d, before hello) closed: %s", c->fd, why);
 	rw_svc_metrics_error(&m->svc->metrics, st);
@@ -249,7 +256,7 @@ static void peer_check_up(mesh_peer_t *p)
 		return;
 	peer_set_state(p, RW_SVC_PEER_UP);
 	p->backoff_ms = 0;
-	rw_info("peer %u: up (control and %u rails)", p->idx, m->rails);
+	rw_info("peer=%s: up (control and %u rails)", peer_name(m, p->idx), m->rails);
 	if (m->cbs.peer_up)
 		m->cbs.peer_up(m->ctx, p->idx);
 }
@@ -271,9 +278,11 @@ static void busy_end(rw_svc_mesh_t *m, uint32_t rail)
 static void rail_dev_sample(rw_svc_mesh_t *m, uint32_t rail)
 {
 	const rw_rail_dev_t *dev = m->dev[rail];
-	if (dev)
+	if (dev) {
 		rw_svc_metrics_rail_dev(&m->svc->metrics, rail, dev->stats.tx_bytes,
 					dev->stats.pace_waits);
+		rw_svc_metrics_rail_transport(&m->svc->metrics, rail, &dev->stats);
+	}
 }
 
 static void rail_reclaim(mesh_rail_t *mr, rw_status_t st)
@@ -320,9 +329,13 @@ static void peer_schedule_retry(mesh_peer_t *p)
 static void peer_fail(mesh_peer_t *p, rw_status_t st, const char *why)
 {
 	rw_svc_mesh_t *m = p->mesh;
-	int was_up = p->state == RW_SVC_PEER_UP;
-	if (p->ctl || was_up || peer_rails_up(p)) {
-		rw_warn("peer %u: down (%s): %s", p->idx, rw_status_str(st), why);
+	int was_up = p->state == RW_SVC_PEER_UP, bye = p->said_bye;
+	p->said_bye = 0;
+	if (bye) { /* a clean stop: it said so before closing; not an error */
+		rw_info("peer=%s: left (clean shutdown); reconnecting when it is back",
+			peer_name(m, p->idx));
+	} else if (p->ctl || was_up || peer_rails_up(p)) {
+		rw_warn("peer=%s: down (%s): %s", peer_name(m, p->idx), rw_status_str(st), why);
 		rw_svc_metrics_error(&m->svc->metrics, st);
 		m->svc->metrics.peer[p->idx].errors++;
 	}
@@ -334,7 +347,7 @@ static void peer_fail(mesh_peer_t *p, rw_status_t st, const char *why)
 	for (uint32_t r = 0; r < m->rails; r++)
 		rail_close(&p->rail[r], RW_ERR_PEER);
 	m->svc->metrics.peer[p->idx].rails_up = 0;
-	peer_set_state(p, RW_SVC_PEER_FAILED);
+	peer_set_state(p, bye ? RW_SVC_PEER_DOWN : RW_SVC_PEER_FAILED);
 	if (was_up && m->cbs.peer_down)
 		m->cbs.peer_down(m->ctx, p->idx, st);
 	peer_schedule_retry(p);
@@ -371,7 +384,7 @@ static void peer_connect(mesh_peer_t *p)
 	const rw_svc_endpoint_t *ep = &m->svc->cfg.nodes[p->idx].control;
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0) {
-		rw_err("peer %u: socket: %m", p->idx);
+		rw_err("peer=%s: socket: %m", peer_name(m, p->idx));
 		peer_schedule_retry(p);
 		return;
 	}
@@ -379,7 +392,7 @@ static void peer_connect(mesh_peer_t *p)
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	if (connect(fd, (const struct sockaddr *)&ep->sin, sizeof(ep->sin)) < 0 &&
 	    errno != EINPROGRESS) {
-		rw_dbg("peer %u: connect %s:%u: %m", p->idx, ep->text, ep->port);
+		rw_dbg("peer=%s: connect %s:%u: %m", peer_name(m, p->idx), ep->text, ep->port);
 		close(fd);
 		peer_schedule_retry(p);
 		return;
@@ -447,7 +460,7 @@ static void rail_on_connected(rw_rail_conn_t *conn, void *ctx)
 		uint64_t tag = conn->tag;
 		uint32_t rail = conn->dev->rail;
 		if (tag >= m->me || rail >= m->rails) { /* only lower nodes connect to us */
-			rw_warn("rail %u: refusing connection from %s (tag %llu)", rail, conn->peer,
+			rw_warn("rail=%u: refusing connection from %s (tag %llu)", rail, conn->peer,
 				(unsigned long long)tag);
 			rw_rail_conn_close(conn);
 			return;
@@ -464,8 +477,28 @@ static void rail_on_connected(rw_rail_conn_t *conn, void *ctx)
 		m = mr->peer->mesh;
 	}
 	mr->up = 1;
-	rw_dbg("peer %u rail %u: connected (%s)", mr->peer->idx, mr->rail, conn->peer);
+	rw_dbg("peer=%s rail=%u: connected (%s)", peer_name(m, mr->peer->idx), mr->rail, conn->peer);
 	peer_check_up(mr->peer);
+}
+
+/* Whether a BYE frame waits unread in c's socket, looked at without consuming anything (no
+ * message is handled here, so no callback runs). Only between messages, which is where a
+ * peer that stops is. */
+static int ctl_bye_pending(const mesh_ctl_t *c)
+{
+	uint8_t buf[4096];
+	if (c->connecting || c->hdr_have) /* hdr_have = 0: no message half read */
+		return 0;
+	ssize_t n = recv(c->fd, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
+	for (ssize_t off = 0; n > 0 && off + RW_WIRE_HDR_SIZE <= n;) {
+		rw_wire_hdr_t h;
+		if (rw_wire_hdr_unpack(buf + off, &h) != RW_OK)
+			return 0;
+		if (h.type == RW_WIRE_BYE)
+			return 1;
+		off += RW_WIRE_HDR_SIZE + (ssize_t)h.length;
+	}
+	return 0;
 }
 
 static void rail_on_error(rw_rail_conn_t *conn, void *ctx, rw_status_t st)
@@ -474,10 +507,18 @@ static void rail_on_error(rw_rail_conn_t *conn, void *ctx, rw_status_t st)
 	if (!mr)
 		return;
 	rw_svc_mesh_t *m = mr->peer->mesh;
+	mesh_peer_t *p = mr->peer;
+	/* A peer that stops cleanly says BYE on its control channel before closing its rails,
+	 * but the rail's close may be seen first. */
+	if (p->ctl && p->hello_ok && ctl_bye_pending(p->ctl)) {
+		p->said_bye = 1;
+		peer_fail(p, RW_ERR_PEER, "said goodbye");
+		return;
+	}
 	m->svc->metrics.rail[mr->rail].errors++;
 	char why[64];
 	snprintf(why, sizeof(why), "rail %u connection failed", mr->rail);
-	peer_fail(mr->peer, st, why);
+	peer_fail(p, st, why);
 }
 
 static void rail_on_write_done(rw_rail_conn_t *conn, void *ctx, void *write_ctx, rw_status_t st)
@@ -614,7 +655,7 @@ static int ctl_on_hello(mesh_ctl_t *c, const uint8_t *payload, uint32_t len)
 			return -1;
 	}
 	if (p->boot_id && p->boot_id != h.boot_id)
-		rw_info("peer %u: restarted (new boot id)", p->idx);
+		rw_info("peer=%s: restarted (new boot id)", peer_name(m, p->idx));
 	p->boot_id = h.boot_id;
 	memcpy(p->remote, remote, sizeof(remote));
 	for (uint32_t r = 0; r < m->rails; r++)
@@ -673,6 +714,14 @@ static int ctl_on_message(mesh_ctl_t *c, const rw_wire_hdr_t *h, const uint8_t *
 			m->cbs.phase_err(m->ctx, p->idx, &e);
 		return p->ctl == c ? 0 : -1;
 	}
+	case RW_WIRE_BYE:
+		/* The close that follows is a clean stop; fail the peer now so that phases with it
+		 * end at once rather than at their timeout. */
+		if (h->length)
+			break;
+		p->said_bye = 1;
+		peer_fail(p, RW_ERR_PEER, "said goodbye");
+		return -1;
 	case RW_WIRE_GRANT: {
 		rw_wire_grant_t g;
 		if (rw_wire_grant_unpack(payload, h->length, &g) != RW_OK || g.wave >= m->nodes)
@@ -765,7 +814,8 @@ static void ctl_io_cb(struct ev_loop *loop, ev_io *w, int revents)
 		getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len);
 		if (err != 0) {
 			mesh_peer_t *p = &c->mesh->peer[c->peer];
-			rw_dbg("peer %d: connect: %s", c->peer, strerror(err));
+			rw_dbg("peer=%s: connect: %s", peer_name(c->mesh, (uint32_t)c->peer),
+			       strerror(err));
 			p->ctl = NULL;
 			ctl_free(c);
 			peer_set_state(p, RW_SVC_PEER_CONNECTING);
@@ -820,6 +870,7 @@ static void hb_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	rw_svc_mesh_t *m = w->data;
 	uint64_t now = rw_now_ns();
 	uint64_t timeout = (uint64_t)m->svc->cfg.heartbeat_timeout_ms * 1000000ull;
+	char why[96];
 	for (uint32_t r = 0; r < m->rails; r++)
 		rail_dev_sample(m, r); /* also while a long write is in flight, and on a pure receiver */
 	for (uint32_t i = 0; i < m->nodes; i++) {
@@ -827,12 +878,17 @@ static void hb_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		if (i == m->me || !p->ctl || p->ctl->connecting)
 			continue;
 		if (!p->hello_ok) {
-			if (now - p->ctl->opened_ns > timeout)
-				peer_fail(p, RW_ERR_TIMEOUT, "no hello within heartbeat_timeout");
+			if (now - p->ctl->opened_ns > timeout) {
+				snprintf(why, sizeof(why), "no hello within %u ms (heartbeat_timeout_ms)",
+					 m->svc->cfg.heartbeat_timeout_ms);
+				peer_fail(p, RW_ERR_TIMEOUT, why);
+			}
 			continue;
 		}
 		if (now - p->last_rx_ns > timeout) {
-			peer_fail(p, RW_ERR_TIMEOUT, "silent for heartbeat_timeout");
+			snprintf(why, sizeof(why), "nothing heard for %u ms (heartbeat_timeout_ms)",
+				 m->svc->cfg.heartbeat_timeout_ms);
+			peer_fail(p, RW_ERR_TIMEOUT, why);
 			continue;
 		}
 		uint8_t buf[RW_WIRE_HEARTBEAT_SIZE];
@@ -843,8 +899,11 @@ static void hb_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	}
 	for (mesh_ctl_t *c = m->unknown, *next; c; c = next) {
 		next = c->next;
-		if (now - c->opened_ns > timeout)
-			ctl_drop(c, RW_ERR_TIMEOUT, "no hello within heartbeat_timeout");
+		if (now - c->opened_ns > timeout) {
+			snprintf(why, sizeof(why), "no hello within %u ms (heartbeat_timeout_ms)",
+				 m->svc->cfg.heartbeat_timeout_ms);
+			ctl_drop(c, RW_ERR_TIMEOUT, why);
+		}
 	}
 }
 
@@ -921,11 +980,6 @@ rw_status_t rw_svc_mesh_write(rw_svc_mesh_t *m, uint32_t peer, uint32_t rail, ui
 	return RW_OK;
 }
 
-const rw_rail_dev_stats_t *rw_svc_mesh_rail_stats(const rw_svc_mesh_t *mesh, uint32_t rail)
-{
-	return mesh && rail < mesh->rails && mesh->dev[rail] ? &mesh->dev[rail]->stats : NULL;
-}
-
 void rw_svc_mesh_fail_peer(rw_svc_mesh_t *mesh, uint32_t peer, rw_status_t st, const char *why)
 {
 	if (peer < mesh->nodes && peer != mesh->me)
@@ -995,12 +1049,12 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 					  .pace_bps = cfg->pace ? (uint64_t)(rc->rate_gbps * 1e9) : 0 };
 		st = rw_rail_dev_open(&rcfg, m->loop, &m->dev[r]);
 		if (st != RW_OK) {
-			rw_err("rail %u: cannot open %s device %s: %s", r, transport, local, rw_status_str(st));
+			rw_err("rail=%u: cannot open %s device %s: %s", r, transport, local, rw_status_str(st));
 			goto fail;
 		}
 		void *mem = mmap(NULL, area_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		if (mem == MAP_FAILED) {
-			rw_err("rail %u: cannot map %llu bytes: %m", r, (unsigned long long)area_bytes);
+			rw_err("rail=%u: cannot map %llu bytes: %m", r, (unsigned long long)area_bytes);
 			m->mem[r] = NULL;
 			st = RW_ERR_NOMEM;
 			goto fail;
@@ -1008,12 +1062,12 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 		m->mem[r] = mem;
 		st = rw_rail_reg_host(m->dev[r], mem, area_bytes, &m->region[r]);
 		if (st != RW_OK) {
-			rw_err("rail %u: cannot register memory: %s", r, rw_status_str(st));
+			rw_err("rail=%u: cannot register memory: %s", r, rw_status_str(st));
 			goto fail;
 		}
 		st = rw_rail_listen(m->dev[r], &rail_cbs, m, &m->listener[r]);
 		if (st != RW_OK) {
-			rw_err("rail %u: cannot listen on %s: %s", r, local, rw_status_str(st));
+			rw_err("rail=%u: cannot listen on %s: %s", r, local, rw_status_str(st));
 			goto fail;
 		}
 	}
@@ -1073,6 +1127,15 @@ void rw_svc_mesh_destroy(rw_svc_mesh_t *m)
 	rw_svc_mesh_cbs_t none = { 0 };
 	m->cbs = none; /* no callbacks during teardown */
 	if (m->peer) {
+		/* Goodbye to every peer before closing anything, so that each logs a clean stop
+		 * rather than a failure. Best effort: one non-blocking send after what is queued;
+		 * a peer whose channel is backed up sees a plain close. */
+		for (uint32_t i = 0; i < m->nodes; i++) {
+			mesh_ctl_t *c = m->peer[i].ctl;
+			if (c && m->peer[i].hello_ok && !c->connecting &&
+			    ctl_queue(c, RW_WIRE_BYE, NULL, 0) == RW_OK)
+				ctl_flush(c);
+		}
 		for (uint32_t i = 0; i < m->nodes; i++) {
 			mesh_peer_t *p = &m->peer[i];
 			ev_timer_stop(m->loop, &p->retry);

@@ -3,7 +3,10 @@
  * Threading contract (svc.h "Metrics"): one writer (the loop) on the live copy with plain
  * stores; readers on other threads only ever see published snapshots, copied under a mutex
  * that is held for one memcpy on each side. */
+#include "service/health.h"
 #include "service/svc.h"
+
+#include "config.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -262,6 +265,15 @@ void rw_svc_metrics_prometheus(const rw_svc_config_t *cfg, const rw_svc_metrics_
 	rw_svc_buf_printf(o, "railwave_info{cluster=\"%s\",node=\"%s\",transport=\"%s\"} 1\n",
 			  cfg->cluster, cfg->nodes[cfg->me].name,
 			  rw_svc_transport_name(cfg->transport));
+	head(o, "railwave_build_info", "gauge", "Constant 1 with the daemon's version as a label.");
+	rw_svc_buf_printf(o, "railwave_build_info{version=\"%s\"} 1\n", RW_VERSION);
+	uint32_t up;
+	rw_svc_ready_eval(cfg, m, 0, &up, NULL);
+	head(o, "railwave_peers_up", "gauge",
+	     "Other nodes with the control channel and every rail connected.");
+	rw_svc_buf_printf(o, "railwave_peers_up %u\n", up);
+	head(o, "railwave_peers_configured", "gauge", "Other nodes in the cluster configuration.");
+	rw_svc_buf_printf(o, "railwave_peers_configured %u\n", cfg->n_nodes - 1);
 	head(o, "railwave_uptime_seconds", "gauge", "Seconds since the daemon started.");
 	rw_svc_buf_printf(o, "railwave_uptime_seconds %.3f\n",
 			  (double)(rw_now_ns() - m->start_ns) * 1e-9);
@@ -287,6 +299,21 @@ void rw_svc_metrics_prometheus(const rw_svc_config_t *cfg, const rw_svc_metrics_
 	RAIL("railwave_rail_pace_waits_total", "counter",
 	     "Times a send on each rail waited for its pacing budget (tcp with pace on).",
 	     pace_waits, 1);
+	RAIL("railwave_rail_conn_failures_total", "counter",
+	     "Rail connections that failed, whatever failed first.", transport.conn_failures, 1);
+	RAIL("railwave_rail_retry_exceeded_total", "counter",
+	     "Writes never acknowledged: the peer was unreachable (verbs RETRY_EXC).",
+	     transport.retry_exceeded, 1);
+	RAIL("railwave_rail_rnr_retry_exceeded_total", "counter",
+	     "Writes whose receiver had no receive posted until the retries ran out (verbs).",
+	     transport.rnr_retry_exceeded, 1);
+	RAIL("railwave_rail_remote_errors_total", "counter",
+	     "Writes the peer refused (verbs: remote access, invalid request or operation).",
+	     transport.remote_errors, 1);
+	RAIL("railwave_rail_wc_errors_total", "counter",
+	     "Other failed work completions, flushes excepted (verbs).", transport.wc_errors, 1);
+	RAIL("railwave_rail_write_again_total", "counter",
+	     "Writes refused for a full send queue and retried later.", transport.write_again, 1);
 #undef RAIL
 
 	head(o, "railwave_peer_state", "gauge",

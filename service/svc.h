@@ -12,6 +12,7 @@
 #include <ev.h>
 
 #include "common/common.h"
+#include "rdma/rail.h"
 #include "sched/sched.h"
 
 /* =============================================================================================
@@ -201,6 +202,8 @@ typedef struct rw_svc_rail_metrics {
 	 * the wire, frame headers and acks included (tcp; 0 with verbs), and times a send waited
 	 * for the pacing budget (tcp with "pace": true). */
 	uint64_t wire_tx_bytes, pace_waits;
+	/* The rest of the device's counters (failures by cause, back-pressure), sampled likewise. */
+	rw_rail_dev_stats_t transport;
 } rw_svc_rail_metrics_t;
 
 typedef struct rw_svc_peer_metrics {
@@ -309,6 +312,13 @@ static inline void rw_svc_metrics_rail_dev(rw_svc_metrics_t *m, uint32_t rail,
 		return;
 	m->rail[rail].wire_tx_bytes = wire_tx_bytes;
 	m->rail[rail].pace_waits = pace_waits;
+}
+
+static inline void rw_svc_metrics_rail_transport(rw_svc_metrics_t *m, uint32_t rail,
+						 const rw_rail_dev_stats_t *st)
+{
+	if (rail < m->rails)
+		m->rail[rail].transport = *st;
 }
 
 static inline void rw_svc_metrics_error(rw_svc_metrics_t *m, rw_status_t st)
