@@ -16,7 +16,7 @@
 #include "sched/sched.h"
 
 /* =============================================================================================
- * Configuration (service/config.c)
+ * Configuration (service/config.c; its private parts in service/config_int.h)
  * ============================================================================================= */
 
 #define RW_SVC_NAME_MAX 64     /* node and cluster names, incl. NUL: [A-Za-z0-9._-]{1,63} */
