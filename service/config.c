@@ -115,76 +115,76 @@ static rw_status_t set_field(loader_t *ld, size_t fi, const json_t *v, const cha
 	switch (f->kind) {
 	case K_NAME:
 		if (!s)
-			return fail(ld, "%s: expected a string, got %s", where, json_type_name(v));
-		if (!is_name(s))
-			return fail(ld, "%s: '%s' is not a valid name (1-63 of A-Z a-z 0-9 . _ -)",
+			return cfg_fail(ld, "%s: expected a string, got %s", where, cfg_json_type_name(v));
+		if (!cfg_is_name(s))
+			return cfg_fail(ld, "%s: '%s' is not a valid name (1-63 of A-Z a-z 0-9 . _ -)",
 				    where, s);
 		snprintf(base + f->off, f->size, "%s", s);
 		break;
 	case K_NODE:
 		if (json_is_integer(v)) {
 			if (json_integer_value(v) < 0 || json_integer_value(v) >= RW_MAX_NODES)
-				return fail(ld, "%s: index %lld out of range", where,
+				return cfg_fail(ld, "%s: index %lld out of range", where,
 					    (long long)json_integer_value(v));
 			snprintf(ld->node_sel, sizeof(ld->node_sel), "%lld",
 				 (long long)json_integer_value(v));
 			break;
 		}
 		if (!s)
-			return fail(ld, "%s: expected a node name or index, got %s", where,
-				    json_type_name(v));
-		if (!is_name(s))
-			return fail(ld, "%s: '%s' is not a valid node name or index", where, s);
+			return cfg_fail(ld, "%s: expected a node name or index, got %s", where,
+				    cfg_json_type_name(v));
+		if (!cfg_is_name(s))
+			return cfg_fail(ld, "%s: '%s' is not a valid node name or index", where, s);
 		snprintf(ld->node_sel, sizeof(ld->node_sel), "%s", s);
 		break;
 	case K_SOCK:
 	case K_FILE:
 	case K_GROUP:
 		if (!s)
-			return fail(ld, "%s: expected a string, got %s", where, json_type_name(v));
+			return cfg_fail(ld, "%s: expected a string, got %s", where, cfg_json_type_name(v));
 		if (strlen(s) >= f->size)
-			return fail(ld, "%s: longer than %zu bytes", where, f->size - 1);
-		if (f->kind == K_GROUP && *s && !is_name(s))
-			return fail(ld, "%s: '%s' is not a valid group name", where, s);
+			return cfg_fail(ld, "%s: longer than %zu bytes", where, f->size - 1);
+		if (f->kind == K_GROUP && *s && !cfg_is_name(s))
+			return cfg_fail(ld, "%s: '%s' is not a valid group name", where, s);
 		if (f->kind == K_SOCK && !strcmp(f->key, "ipc_socket") && !*s)
-			return fail(ld, "%s: must not be empty", where);
+			return cfg_fail(ld, "%s: must not be empty", where);
 		snprintf(base + f->off, f->size, "%s", s);
 		break;
 	case K_U32: {
 		if (!json_is_integer(v))
-			return fail(ld, "%s: expected an integer, got %s", where, json_type_name(v));
+			return cfg_fail(ld, "%s: expected an integer, got %s", where, cfg_json_type_name(v));
 		json_int_t x = json_integer_value(v);
 		if ((double)x < f->min || (double)x > f->max)
-			return fail(ld, "%s: %lld out of range [%.0f, %.0f]", where, (long long)x,
+			return cfg_fail(ld, "%s: %lld out of range [%.0f, %.0f]", where, (long long)x,
 				    f->min, f->max);
 		*(uint32_t *)(void *)(base + f->off) = (uint32_t)x;
 		break;
 	}
 	case K_F64: {
 		if (!json_is_number(v))
-			return fail(ld, "%s: expected a number, got %s", where, json_type_name(v));
+			return cfg_fail(ld, "%s: expected a number, got %s", where, cfg_json_type_name(v));
 		double x = json_number_value(v);
 		if (!(x >= f->min && x <= f->max))
-			return fail(ld, "%s: %g out of range [%g, %g]", where, x, f->min, f->max);
+			return cfg_fail(ld, "%s: %g out of range [%g, %g]", where, x, f->min, f->max);
 		*(double *)(void *)(base + f->off) = x;
 		break;
 	}
 	case K_TRANSPORT:
 		if (!s || (strcmp(s, "tcp") && strcmp(s, "verbs")))
-			return fail(ld, "%s: expected \"tcp\" or \"verbs\"", where);
+			return cfg_fail(ld, "%s: expected \"tcp\" or \"verbs\"", where);
 		cfg->transport = !strcmp(s, "verbs") ? RW_SVC_TRANSPORT_VERBS : RW_SVC_TRANSPORT_TCP;
 		break;
 	case K_LOGLEVEL: {
-		int i = s ? lookup_name(log_level_names, RW_ARRAY_SIZE(log_level_names), s) : -1;
+		int i = s ? cfg_lookup_name(cfg_log_level_names, RW_ARRAY_SIZE(cfg_log_level_names), s) : -1;
 		if (i < 0)
-			return fail(ld, "%s: expected one of error, warn, info, debug", where);
+			return cfg_fail(ld, "%s: expected one of error, warn, info, debug", where);
 		cfg->log_level = (rw_log_level_t)i;
 		break;
 	}
 	case K_FORCEPATH: {
 		rw_path_t path = RW_PATH_JOINT;
 		if (!s || (strcmp(s, "auto") && rw_sched_path_parse(s, &path) != RW_OK))
-			return fail(ld, "%s: expected one of auto, native, rail-only, perm-only, joint",
+			return cfg_fail(ld, "%s: expected one of auto, native, rail-only, perm-only, joint",
 				    where);
 		cfg->force_path = strcmp(s, "auto") ? (int)path : RW_SVC_PATH_AUTO;
 		break;
@@ -194,18 +194,18 @@ static rw_status_t set_field(loader_t *ld, size_t fi, const json_t *v, const cha
 		if (json_is_integer(v) && json_integer_value(v) == 0)
 			s = "0";
 		if (!s)
-			return fail(ld, "%s: expected \"ADDR:PORT\" or 0, got %s", where,
-				    json_type_name(v));
+			return cfg_fail(ld, "%s: expected \"ADDR:PORT\" or 0, got %s", where,
+				    cfg_json_type_name(v));
 		int en;
 		rw_svc_endpoint_t ep;
-		if (strlen(s) >= sizeof(buf) || !parse_http(s, &en, &ep))
-			return fail(ld, "%s: '%s' is not an IPv4 ADDR:PORT (or 0 = off)", where, s);
+		if (strlen(s) >= sizeof(buf) || !cfg_parse_http(s, &en, &ep))
+			return cfg_fail(ld, "%s: '%s' is not an IPv4 ADDR:PORT (or 0 = off)", where, s);
 		snprintf(ld->http_text, sizeof(ld->http_text), "%s", s);
 		break;
 	}
 	case K_BOOL:
 		if (!json_is_boolean(v))
-			return fail(ld, "%s: expected true or false, got %s", where, json_type_name(v));
+			return cfg_fail(ld, "%s: expected true or false, got %s", where, cfg_json_type_name(v));
 		*(int *)(void *)(base + f->off) = json_is_true(v);
 		break;
 	}
@@ -230,31 +230,31 @@ static rw_status_t set_field_text(loader_t *ld, size_t fi, const char *text, con
 	json_t *v = NULL;
 	if (f->kind == K_U32) {
 		unsigned long long x;
-		if (!parse_uint(text, 0, UINT32_MAX, &x))
-			return fail(ld, "%s: '%s' is not a non-negative integer", where, text);
+		if (!cfg_parse_uint(text, 0, UINT32_MAX, &x))
+			return cfg_fail(ld, "%s: '%s' is not a non-negative integer", where, text);
 		v = json_integer((json_int_t)x);
 	} else if (f->kind == K_BOOL) {
 		static const char *const on[] = {"on", "true", "yes", "1"};
 		static const char *const off[] = {"off", "false", "no", "0"};
-		if (lookup_name(on, RW_ARRAY_SIZE(on), text) >= 0)
+		if (cfg_lookup_name(on, RW_ARRAY_SIZE(on), text) >= 0)
 			v = json_true();
-		else if (lookup_name(off, RW_ARRAY_SIZE(off), text) >= 0)
+		else if (cfg_lookup_name(off, RW_ARRAY_SIZE(off), text) >= 0)
 			v = json_false();
 		else
-			return fail(ld, "%s: '%s' is not on or off (also true/false, yes/no, 1/0)",
+			return cfg_fail(ld, "%s: '%s' is not on or off (also true/false, yes/no, 1/0)",
 				    where, text);
 	} else if (f->kind == K_F64) {
 		char *end = NULL;
 		errno = 0;
 		double x = strtod(text, &end);
 		if (!*text || errno || !end || *end)
-			return fail(ld, "%s: '%s' is not a number", where, text);
+			return cfg_fail(ld, "%s: '%s' is not a number", where, text);
 		v = json_real(x);
 	} else {
 		v = json_string(text);
 	}
 	if (!v)
-		return fail(ld, "%s: not valid text (UTF-8 expected)", where);
+		return cfg_fail(ld, "%s: not valid text (UTF-8 expected)", where);
 	rw_status_t st = set_field(ld, fi, v, where, src);
 	json_decref(v);
 	return st;
@@ -283,7 +283,7 @@ static rw_status_t expand_sock(loader_t *ld, const char *key, const char *tmpl, 
 	}
 	out[n] = '\0';
 	if (n >= RW_SVC_SOCK_MAX)
-		return fail(ld, "%s: '%s' is longer than %d bytes after expansion", key, out,
+		return cfg_fail(ld, "%s: '%s' is longer than %d bytes after expansion", key, out,
 			    RW_SVC_SOCK_MAX - 1);
 	memcpy(dst, out, n + 1);
 	return RW_OK;
@@ -294,7 +294,7 @@ static rw_status_t finish(loader_t *ld)
 	rw_svc_config_t *cfg = ld->cfg;
 	rw_status_t st;
 	if (cfg->heartbeat_timeout_ms <= cfg->heartbeat_interval_ms)
-		return fail(ld, "heartbeat_timeout_ms: %u must exceed heartbeat_interval_ms (%u)",
+		return cfg_fail(ld, "heartbeat_timeout_ms: %u must exceed heartbeat_interval_ms (%u)",
 			    cfg->heartbeat_timeout_ms, cfg->heartbeat_interval_ms);
 	for (uint32_t i = 0; i < cfg->n_nodes; i++)
 		for (uint32_t r = 0; r < cfg->rails; r++) {
@@ -302,16 +302,16 @@ static rw_status_t finish(loader_t *ld)
 			if (rail->rate_gbps == 0)
 				rail->rate_gbps = cfg->nic_gbps;
 			if (cfg->transport == RW_SVC_TRANSPORT_TCP && !rail->has_addr)
-				return fail(ld, "nodes[%u].rails[%u].address: missing (the tcp transport "
+				return cfg_fail(ld, "nodes[%u].rails[%u].address: missing (the tcp transport "
 					    "needs an address)", i, r);
 		}
 	if (cfg->pace && cfg->transport != RW_SVC_TRANSPORT_TCP)
-		return fail(ld, "pace: on, but the %s transport cannot pace (an RDMA NIC runs at its "
+		return cfg_fail(ld, "pace: on, but the %s transport cannot pace (an RDMA NIC runs at its "
 			    "own rate); pacing emulates slower NICs with tcp",
 			    rw_svc_transport_name(cfg->transport));
-	if ((st = check_duplicates(ld)))
+	if ((st = cfg_check_duplicates(ld)))
 		return st;
-	if ((st = find_me(ld)))
+	if ((st = cfg_find_me(ld)))
 		return st;
 
 	/* Node-level overrides beat the file's cluster-wide value, not env or flags. */
@@ -327,8 +327,8 @@ static rw_status_t finish(loader_t *ld)
 		return st;
 	if ((st = expand_sock(ld, "stats_socket", cfg->stats_socket, cfg->stats_socket)))
 		return st;
-	if (!parse_http(ld->http_text, &cfg->http_enabled, &cfg->http))
-		return fail(ld, "http: '%s' is not an IPv4 ADDR:PORT", ld->http_text);
+	if (!cfg_parse_http(ld->http_text, &cfg->http_enabled, &cfg->http))
+		return cfg_fail(ld, "http: '%s' is not an IPv4 ADDR:PORT", ld->http_text);
 	return RW_OK;
 }
 
@@ -376,7 +376,7 @@ static rw_status_t load(loader_t *ld, json_t *root, char *const *envp, const rw_
 	rw_svc_config_t *cfg = ld->cfg;
 	rw_status_t st;
 	if (!json_is_object(root))
-		return fail(ld, "(top level): expected a JSON object, got %s", json_type_name(root));
+		return cfg_fail(ld, "(top level): expected a JSON object, got %s", cfg_json_type_name(root));
 
 	/* Scalars first (ports are the defaults nodes[] needs), then env and flags, so that the
 	 * defaults nodes[] inherits (rail_port, control_port) already carry every override. */
@@ -387,12 +387,12 @@ static rw_status_t load(loader_t *ld, json_t *root, char *const *envp, const rw_
 			continue;
 		int fi = find_field(key);
 		if (fi < 0)
-			return fail(ld, "%s: unknown field", key);
+			return cfg_fail(ld, "%s: unknown field", key);
 		if ((st = set_field(ld, (size_t)fi, v, key, SRC_FILE)))
 			return st;
 	}
 	if (env_get(envp, "RAILWAVE_IPC_SOCKET"))
-		return fail(ld, "RAILWAVE_IPC_SOCKET: renamed RAILWAVE_SOCKET (the variable librailwave "
+		return cfg_fail(ld, "RAILWAVE_IPC_SOCKET: renamed RAILWAVE_SOCKET (the variable librailwave "
 			    "reads too); set that instead");
 	for (const rw_svc_option_t *o = rw_svc_options; o->key; o++) {
 		const char *val = env_get(envp, o->env);
@@ -408,7 +408,7 @@ static rw_status_t load(loader_t *ld, json_t *root, char *const *envp, const rw_
 		char where[64];
 		snprintf(where, sizeof(where), "--%s", o ? o->flag : flags[i].key);
 		if (fi < 0 || !o)
-			return fail(ld, "%s: not a setting that a flag may change", where);
+			return cfg_fail(ld, "%s: not a setting that a flag may change", where);
 		if ((st = set_field_text(ld, (size_t)fi, flags[i].value ? flags[i].value : "",
 					 where, SRC_FLAG)))
 			return st;
@@ -416,14 +416,14 @@ static rw_status_t load(loader_t *ld, json_t *root, char *const *envp, const rw_
 
 	json_t *nodes = json_object_get(root, "nodes");
 	if (!nodes)
-		return fail(ld, "nodes: missing");
-	if ((st = parse_nodes(ld, nodes)))
+		return cfg_fail(ld, "nodes: missing");
+	if ((st = cfg_parse_nodes(ld, nodes)))
 		return st;
 	if (ld->src[find_field("gpus_per_node")] == SRC_DEFAULT)
 		cfg->gpus_per_node = cfg->rails;
 	json_t *gr = json_object_get(root, "gpu_rail");
 	if (gr) {
-		if ((st = parse_gpu_rail(ld, gr)))
+		if ((st = cfg_parse_gpu_rail(ld, gr)))
 			return st;
 	} else {
 		for (uint32_t g = 0; g < cfg->gpus_per_node; g++)
@@ -443,7 +443,7 @@ rw_status_t rw_svc_config_load_text(const char *json, char *const *envp,
 	json_error_t jerr;
 	json_t *root = json_loads(json, JSON_REJECT_DUPLICATES, &jerr);
 	if (!root) {
-		fail(&ld, "(JSON) line %d column %d: %s", jerr.line, jerr.column, jerr.text);
+		cfg_fail(&ld, "(JSON) line %d column %d: %s", jerr.line, jerr.column, jerr.text);
 		return RW_ERR_PARSE;
 	}
 	rw_status_t st = load(&ld, root, envp, flags, n_flags);

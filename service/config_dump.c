@@ -53,7 +53,7 @@ char *rw_svc_config_dump(const rw_svc_config_t *cfg)
 			v = json_string(rw_svc_transport_name(cfg->transport));
 			break;
 		case K_LOGLEVEL:
-			v = json_string(log_level_names[cfg->log_level]);
+			v = json_string(cfg_log_level_names[cfg->log_level]);
 			break;
 		case K_FORCEPATH:
 			v = json_string(cfg->force_path == RW_SVC_PATH_AUTO ? "auto" :

@@ -4,7 +4,7 @@
  *                    passes, checks across fields, and the public load, free and topo functions.
  *   config_nodes.c   nodes[] and gpu_rail, unique names and endpoints, this node's identity.
  *   config_dump.c    --dump-config (reads config.c's field table; calls nothing there).
- *   config_parse.c   primitive parsers, enum names, and the error helper fail().
+ *   config_parse.c   primitive parsers, enum names, and the error helper cfg_fail().
  * config.c calls config_nodes.c and config_parse.c; config_nodes.c and config_dump.c call only
  * config_parse.c; config_parse.c calls no other config file. No file calls back up that order. */
 #ifndef RW_SVC_CONFIG_INT_H
@@ -76,31 +76,31 @@ typedef struct loader {
  * outputs only when valid; the caller writes the message (it knows the field's name).
  * ------------------------------------------------------------------------------------------- */
 
-extern const char *const log_level_names[RW_LOG_DEBUG + 1]; /* indexed by rw_log_level_t */
+extern const char *const cfg_log_level_names[RW_LOG_DEBUG + 1]; /* indexed by rw_log_level_t */
 
 /* Write the message into the loader's error buffer; returns RW_ERR_PARSE. */
-rw_status_t fail(loader_t *ld, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-int is_name(const char *s); /* [A-Za-z0-9._-]{1,63} */
-const char *json_type_name(const json_t *v); /* "an object", "a string", ... for messages */
-int parse_ipv4(const char *s, rw_svc_endpoint_t *ep);
-void set_port(rw_svc_endpoint_t *ep, uint16_t port);
-int parse_uint(const char *s, unsigned long long min, unsigned long long max,
+rw_status_t cfg_fail(loader_t *ld, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int cfg_is_name(const char *s); /* [A-Za-z0-9._-]{1,63} */
+const char *cfg_json_type_name(const json_t *v); /* "an object", "a string", ... for messages */
+int cfg_parse_ipv4(const char *s, rw_svc_endpoint_t *ep);
+void cfg_set_port(rw_svc_endpoint_t *ep, uint16_t port);
+int cfg_parse_uint(const char *s, unsigned long long min, unsigned long long max,
 	       unsigned long long *v_p);
-int parse_addr_port(const char *s, int allow_zero, rw_svc_endpoint_t *ep, int *has_port_p);
-int parse_http(const char *s, int *enabled_p, rw_svc_endpoint_t *ep);
-int lookup_name(const char *const *names, size_t n, const char *s); /* index, or -1 */
+int cfg_parse_addr_port(const char *s, int allow_zero, rw_svc_endpoint_t *ep, int *has_port_p);
+int cfg_parse_http(const char *s, int *enabled_p, rw_svc_endpoint_t *ep);
+int cfg_lookup_name(const char *const *names, size_t n, const char *s); /* index, or -1 */
 
 /* ---------------------------------------------------------------------------------------------
- * config_nodes.c: each fails through fail() (or returns RW_ERR_NOMEM) and returns the status.
+ * config_nodes.c: each fails through cfg_fail() (or returns RW_ERR_NOMEM) and returns the status.
  * ------------------------------------------------------------------------------------------- */
 
 /* nodes[] into ld->cfg->nodes (allocated here; rw_svc_config_free frees it) and ->rails. The
  * rails' and control endpoints' default ports come from ld->cfg, so the scalars come first. */
-rw_status_t parse_nodes(loader_t *ld, const json_t *nodes);
-rw_status_t parse_gpu_rail(loader_t *ld, const json_t *v); /* after parse_nodes */
-rw_status_t check_duplicates(loader_t *ld); /* every control and rail ADDR:PORT unique */
+rw_status_t cfg_parse_nodes(loader_t *ld, const json_t *nodes);
+rw_status_t cfg_parse_gpu_rail(loader_t *ld, const json_t *v); /* after parse_nodes */
+rw_status_t cfg_check_duplicates(loader_t *ld); /* every control and rail ADDR:PORT unique */
 /* ld->cfg->me from ld->node_sel (name, then index) or else the host name. RW_ERR_NOTFOUND when
  * no node matches. */
-rw_status_t find_me(loader_t *ld);
+rw_status_t cfg_find_me(loader_t *ld);
 
 #endif

@@ -19,58 +19,58 @@ static rw_status_t parse_rail(loader_t *ld, const json_t *v, uint32_t ni, uint32
 	snprintf(where, sizeof(where), "nodes[%u].rails[%u]", ni, ri);
 	rail->device_port = 1;
 	rail->rate_gbps = 0; /* = nic_gbps, filled later */
-	set_port(&rail->addr, (uint16_t)ld->cfg->rail_port);
+	cfg_set_port(&rail->addr, (uint16_t)ld->cfg->rail_port);
 	if (json_is_string(v)) {
 		int has_port = 0;
-		if (!parse_addr_port(json_string_value(v), 0, &rail->addr, &has_port))
-			return fail(ld, "%s: '%s' is not an IPv4 address (ADDR or ADDR:PORT)", where,
+		if (!cfg_parse_addr_port(json_string_value(v), 0, &rail->addr, &has_port))
+			return cfg_fail(ld, "%s: '%s' is not an IPv4 address (ADDR or ADDR:PORT)", where,
 				    json_string_value(v));
 		if (!has_port)
-			set_port(&rail->addr, (uint16_t)ld->cfg->rail_port);
+			cfg_set_port(&rail->addr, (uint16_t)ld->cfg->rail_port);
 		rail->has_addr = 1;
 		return RW_OK;
 	}
 	if (!json_is_object(v))
-		return fail(ld, "%s: expected an address string or an object, got %s", where,
-			    json_type_name(v));
+		return cfg_fail(ld, "%s: expected an address string or an object, got %s", where,
+			    cfg_json_type_name(v));
 	const char *key;
 	json_t *x;
 	json_object_foreach((json_t *)v, key, x) {
 		if (key[0] == '_')
 			continue; /* comment */
 		if (!strcmp(key, "address")) {
-			if (!json_is_string(x) || !parse_ipv4(json_string_value(x), &rail->addr))
-				return fail(ld, "%s.address: not an IPv4 address", where);
+			if (!json_is_string(x) || !cfg_parse_ipv4(json_string_value(x), &rail->addr))
+				return cfg_fail(ld, "%s.address: not an IPv4 address", where);
 			rail->has_addr = 1;
 		} else if (!strcmp(key, "port")) {
 			if (!json_is_integer(x) || json_integer_value(x) < 1 ||
 			    json_integer_value(x) > 65535)
-				return fail(ld, "%s.port: expected an integer in [1, 65535]", where);
+				return cfg_fail(ld, "%s.port: expected an integer in [1, 65535]", where);
 		} else if (!strcmp(key, "device")) {
 			if (!json_is_string(x) || !json_string_length(x) ||
-			    json_string_length(x) >= RW_SVC_DEVICE_MAX || !is_name(json_string_value(x)))
-				return fail(ld, "%s.device: expected a device name like \"mlx5_0\"", where);
+			    json_string_length(x) >= RW_SVC_DEVICE_MAX || !cfg_is_name(json_string_value(x)))
+				return cfg_fail(ld, "%s.device: expected a device name like \"mlx5_0\"", where);
 			snprintf(rail->device, sizeof(rail->device), "%s", json_string_value(x));
 		} else if (!strcmp(key, "device_port")) {
 			if (!json_is_integer(x) || json_integer_value(x) < 1 ||
 			    json_integer_value(x) > 255)
-				return fail(ld, "%s.device_port: expected an integer in [1, 255]", where);
+				return cfg_fail(ld, "%s.device_port: expected an integer in [1, 255]", where);
 			rail->device_port = (uint32_t)json_integer_value(x);
 		} else if (!strcmp(key, "rate_gbps")) {
 			if (!json_is_number(x) || !(json_number_value(x) >= 0.001 &&
 						     json_number_value(x) <= 100000))
-				return fail(ld, "%s.rate_gbps: expected a number in [0.001, 100000]",
+				return cfg_fail(ld, "%s.rate_gbps: expected a number in [0.001, 100000]",
 					    where);
 			rail->rate_gbps = json_number_value(x);
 		} else {
-			return fail(ld, "%s.%s: unknown field", where, key);
+			return cfg_fail(ld, "%s.%s: unknown field", where, key);
 		}
 	}
 	json_t *port = json_object_get(v, "port");
 	if (port)
-		set_port(&rail->addr, (uint16_t)json_integer_value(port));
+		cfg_set_port(&rail->addr, (uint16_t)json_integer_value(port));
 	if (!rail->has_addr && !rail->device[0])
-		return fail(ld, "%s: needs an address (or a device for verbs)", where);
+		return cfg_fail(ld, "%s: needs an address (or a device for verbs)", where);
 	return RW_OK;
 }
 
@@ -80,22 +80,22 @@ static rw_status_t parse_node(loader_t *ld, const json_t *v, uint32_t ni, rw_svc
 	char where[48];
 	snprintf(where, sizeof(where), "nodes[%u]", ni);
 	if (!json_is_object(v))
-		return fail(ld, "%s: expected an object, got %s", where, json_type_name(v));
+		return cfg_fail(ld, "%s: expected an object, got %s", where, cfg_json_type_name(v));
 	const json_t *name = json_object_get(v, "name");
 	if (!name)
-		return fail(ld, "%s.name: missing", where);
-	if (!json_is_string(name) || !is_name(json_string_value(name)))
-		return fail(ld, "%s.name: expected a name (1-63 of A-Z a-z 0-9 . _ -)", where);
+		return cfg_fail(ld, "%s.name: missing", where);
+	if (!json_is_string(name) || !cfg_is_name(json_string_value(name)))
+		return cfg_fail(ld, "%s.name: expected a name (1-63 of A-Z a-z 0-9 . _ -)", where);
 	snprintf(node->name, sizeof(node->name), "%s", json_string_value(name));
 	snprintf(node->host, sizeof(node->host), "%s", node->name);
 
 	const json_t *rails = json_object_get(v, "rails");
 	if (!rails)
-		return fail(ld, "%s.rails: missing", where);
+		return cfg_fail(ld, "%s.rails: missing", where);
 	if (!json_is_array(rails) || json_array_size(rails) == 0)
-		return fail(ld, "%s.rails: expected a non-empty array", where);
+		return cfg_fail(ld, "%s.rails: expected a non-empty array", where);
 	if (json_array_size(rails) > RW_MAX_RAILS)
-		return fail(ld, "%s.rails: %zu rails, at most %d supported", where,
+		return cfg_fail(ld, "%s.rails: %zu rails, at most %d supported", where,
 			    json_array_size(rails), RW_MAX_RAILS);
 	size_t ri;
 	json_t *rv;
@@ -115,24 +115,24 @@ static rw_status_t parse_node(loader_t *ld, const json_t *v, uint32_t ni, rw_svc
 		if (!strcmp(key, "host")) {
 			if (!json_is_string(x) || !json_string_length(x) ||
 			    json_string_length(x) >= RW_SVC_HOST_MAX)
-				return fail(ld, "%s.host: expected a host name", where);
+				return cfg_fail(ld, "%s.host: expected a host name", where);
 			snprintf(node->host, sizeof(node->host), "%s", json_string_value(x));
 		} else if (!strcmp(key, "control")) {
 			int has_port = 0;
 			if (!json_is_string(x) ||
-			    !parse_addr_port(json_string_value(x), 0, &node->control, &has_port))
-				return fail(ld, "%s.control: not an IPv4 address (ADDR or ADDR:PORT)",
+			    !cfg_parse_addr_port(json_string_value(x), 0, &node->control, &has_port))
+				return cfg_fail(ld, "%s.control: not an IPv4 address (ADDR or ADDR:PORT)",
 					    where);
 			if (!has_port)
-				set_port(&node->control, (uint16_t)ld->cfg->control_port);
+				cfg_set_port(&node->control, (uint16_t)ld->cfg->control_port);
 			has_control = 1;
 		} else if (!strcmp(key, "ipc_socket") || !strcmp(key, "stats_socket")) {
 			char *dst = key[0] == 'i' ? node->ipc_socket : node->stats_socket;
 			if (!json_is_string(x) || json_string_length(x) >= RW_SVC_SOCK_MAX)
-				return fail(ld, "%s.%s: expected a path shorter than %d bytes", where,
+				return cfg_fail(ld, "%s.%s: expected a path shorter than %d bytes", where,
 					    key, RW_SVC_SOCK_MAX);
 			if (!json_string_length(x) && key[0] == 'i')
-				return fail(ld, "%s.%s: must not be empty", where, key);
+				return cfg_fail(ld, "%s.%s: must not be empty", where, key);
 			/* An empty per-node stats_socket turns it off: keep a marker. */
 			snprintf(dst, RW_SVC_SOCK_MAX, "%s", json_string_length(x) ?
 				 json_string_value(x) : "\x01");
@@ -141,19 +141,19 @@ static rw_status_t parse_node(loader_t *ld, const json_t *v, uint32_t ni, rw_svc
 				(json_is_integer(x) && json_integer_value(x) == 0) ? "0" : NULL;
 			int en;
 			rw_svc_endpoint_t ep;
-			if (!s || strlen(s) >= sizeof(node->http) || !parse_http(s, &en, &ep))
-				return fail(ld, "%s.http: not an IPv4 ADDR:PORT (or 0 = off)", where);
+			if (!s || strlen(s) >= sizeof(node->http) || !cfg_parse_http(s, &en, &ep))
+				return cfg_fail(ld, "%s.http: not an IPv4 ADDR:PORT (or 0 = off)", where);
 			snprintf(node->http, sizeof(node->http), "%s", *s ? s : "0");
 		} else {
-			return fail(ld, "%s.%s: unknown field", where, key);
+			return cfg_fail(ld, "%s.%s: unknown field", where, key);
 		}
 	}
 	if (!has_control) {
 		if (!node->rails[0].has_addr)
-			return fail(ld, "%s.control: missing (rails[0] has no address to default to)",
+			return cfg_fail(ld, "%s.control: missing (rails[0] has no address to default to)",
 				    where);
 		node->control = node->rails[0].addr;
-		set_port(&node->control, (uint16_t)ld->cfg->control_port);
+		cfg_set_port(&node->control, (uint16_t)ld->cfg->control_port);
 	}
 	return RW_OK;
 }
@@ -184,7 +184,7 @@ static void ep_name(const ep_ref_t *e, char *buf, size_t len)
 }
 
 /* Every control and rail endpoint (address:port) must be unique across the cluster. */
-rw_status_t check_duplicates(loader_t *ld)
+rw_status_t cfg_check_duplicates(loader_t *ld)
 {
 	rw_svc_config_t *cfg = ld->cfg;
 	size_t n = 0, cap = (size_t)cfg->n_nodes * (cfg->rails + 1);
@@ -209,7 +209,7 @@ rw_status_t check_duplicates(loader_t *ld)
 		ep_name(&eps[k - 1], b, sizeof(b));
 		const rw_svc_endpoint_t *e = eps[k].rail == UINT32_MAX ?
 			&cfg->nodes[eps[k].node].control : &cfg->nodes[eps[k].node].rails[eps[k].rail].addr;
-		st = fail(ld, "%s%s: duplicate address %s:%u, also used by %s", a,
+		st = cfg_fail(ld, "%s%s: duplicate address %s:%u, also used by %s", a,
 			  eps[k].rail == UINT32_MAX ? "" : ".address", e->text, e->port, b);
 		break;
 	}
@@ -238,20 +238,20 @@ static rw_status_t check_names(loader_t *ld)
 	rw_status_t st = RW_OK;
 	for (uint32_t k = 1; k < cfg->n_nodes && !st; k++)
 		if (!strcmp(cfg->nodes[idx[k]].name, cfg->nodes[idx[k - 1]].name))
-			st = fail(ld, "nodes[%u].name: duplicate name '%s' (also nodes[%u])", idx[k],
+			st = cfg_fail(ld, "nodes[%u].name: duplicate name '%s' (also nodes[%u])", idx[k],
 				  cfg->nodes[idx[k]].name, idx[k - 1]);
 	free(idx);
 	return st;
 }
 
 /* Node names unique; every node has the same rail count. */
-rw_status_t parse_nodes(loader_t *ld, const json_t *nodes)
+rw_status_t cfg_parse_nodes(loader_t *ld, const json_t *nodes)
 {
 	rw_svc_config_t *cfg = ld->cfg;
 	if (!json_is_array(nodes) || json_array_size(nodes) == 0)
-		return fail(ld, "nodes: expected a non-empty array");
+		return cfg_fail(ld, "nodes: expected a non-empty array");
 	if (json_array_size(nodes) > RW_MAX_NODES)
-		return fail(ld, "nodes: %zu nodes, at most %d supported", json_array_size(nodes),
+		return cfg_fail(ld, "nodes: %zu nodes, at most %d supported", json_array_size(nodes),
 			    RW_MAX_NODES);
 	cfg->n_nodes = (uint32_t)json_array_size(nodes);
 	cfg->nodes = calloc(cfg->n_nodes, sizeof(*cfg->nodes));
@@ -267,26 +267,26 @@ rw_status_t parse_nodes(loader_t *ld, const json_t *nodes)
 		if (i == 0)
 			cfg->rails = n_rails;
 		else if (n_rails != cfg->rails)
-			return fail(ld, "nodes[%zu].rails: %u rails, but nodes[0] has %u (every node "
+			return cfg_fail(ld, "nodes[%zu].rails: %u rails, but nodes[0] has %u (every node "
 				    "needs the same rail count)", i, n_rails, cfg->rails);
 	}
 	return check_names(ld);
 }
 
-rw_status_t parse_gpu_rail(loader_t *ld, const json_t *v)
+rw_status_t cfg_parse_gpu_rail(loader_t *ld, const json_t *v)
 {
 	rw_svc_config_t *cfg = ld->cfg;
 	if (!json_is_array(v))
-		return fail(ld, "gpu_rail: expected an array of rail indices");
+		return cfg_fail(ld, "gpu_rail: expected an array of rail indices");
 	if (json_array_size(v) != cfg->gpus_per_node)
-		return fail(ld, "gpu_rail: %zu entries, but gpus_per_node is %u",
+		return cfg_fail(ld, "gpu_rail: %zu entries, but gpus_per_node is %u",
 			    json_array_size(v), cfg->gpus_per_node);
 	size_t g;
 	json_t *x;
 	json_array_foreach(v, g, x) {
 		if (!json_is_integer(x) || json_integer_value(x) < 0 ||
 		    json_integer_value(x) >= cfg->rails)
-			return fail(ld, "gpu_rail[%zu]: expected a rail index in [0, %u]", g,
+			return cfg_fail(ld, "gpu_rail[%zu]: expected a rail index in [0, %u]", g,
 				    cfg->rails - 1);
 		cfg->gpu_rail[g] = (uint8_t)json_integer_value(x);
 	}
@@ -297,7 +297,7 @@ rw_status_t parse_gpu_rail(loader_t *ld, const json_t *v)
  * This node's identity
  * ------------------------------------------------------------------------------------------- */
 
-rw_status_t find_me(loader_t *ld)
+rw_status_t cfg_find_me(loader_t *ld)
 {
 	rw_svc_config_t *cfg = ld->cfg;
 	if (ld->node_sel[0]) {
@@ -308,16 +308,16 @@ rw_status_t find_me(loader_t *ld)
 				return RW_OK;
 			}
 		unsigned long long idx;
-		if (parse_uint(ld->node_sel, 0, UINT32_MAX, &idx)) {
+		if (cfg_parse_uint(ld->node_sel, 0, UINT32_MAX, &idx)) {
 			if (idx >= cfg->n_nodes) {
-				fail(ld, "node: index %llu out of range (the cluster has %u nodes)", idx,
+				cfg_fail(ld, "node: index %llu out of range (the cluster has %u nodes)", idx,
 				     cfg->n_nodes);
 				return RW_ERR_NOTFOUND;
 			}
 			cfg->me = (uint32_t)idx;
 			return RW_OK;
 		}
-		fail(ld, "node: '%s' not found in nodes[] (%u nodes: %s%s%s)", ld->node_sel,
+		cfg_fail(ld, "node: '%s' not found in nodes[] (%u nodes: %s%s%s)", ld->node_sel,
 		     cfg->n_nodes, cfg->nodes[0].name, cfg->n_nodes > 1 ? ", " : "",
 		     cfg->n_nodes > 2 ? "..." : cfg->n_nodes > 1 ? cfg->nodes[1].name : "");
 		return RW_ERR_NOTFOUND;
@@ -336,12 +336,12 @@ rw_status_t find_me(loader_t *ld)
 		if (strcmp(h, host) && strcmp(h, short_host))
 			continue;
 		if (found >= 0)
-			return fail(ld, "node: host name '%s' matches nodes[%d] and nodes[%u]; pass "
+			return cfg_fail(ld, "node: host name '%s' matches nodes[%d] and nodes[%u]; pass "
 				    "--node NAME|INDEX", host, found, i);
 		found = (int)i;
 	}
 	if (found < 0) {
-		fail(ld, "node: this host ('%s') matches no nodes[].host; pass --node NAME|INDEX "
+		cfg_fail(ld, "node: this host ('%s') matches no nodes[].host; pass --node NAME|INDEX "
 		     "or set RAILWAVE_NODE", host);
 		return RW_ERR_NOTFOUND;
 	}

@@ -11,14 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *const log_level_names[RW_LOG_DEBUG + 1] = {"error", "warn", "info", "debug"};
+const char *const cfg_log_level_names[RW_LOG_DEBUG + 1] = {"error", "warn", "info", "debug"};
 
 const char *rw_svc_transport_name(rw_svc_transport_t t)
 {
 	return t == RW_SVC_TRANSPORT_VERBS ? "verbs" : "tcp";
 }
 
-rw_status_t fail(loader_t *ld, const char *fmt, ...)
+rw_status_t cfg_fail(loader_t *ld, const char *fmt, ...)
 {
 	if (ld->err && ld->err_len) {
 		va_list ap;
@@ -29,7 +29,7 @@ rw_status_t fail(loader_t *ld, const char *fmt, ...)
 	return RW_ERR_PARSE;
 }
 
-int is_name(const char *s)
+int cfg_is_name(const char *s)
 {
 	size_t n = strlen(s);
 	if (n == 0 || n >= RW_SVC_NAME_MAX)
@@ -40,7 +40,7 @@ int is_name(const char *s)
 	return 1;
 }
 
-const char *json_type_name(const json_t *v)
+const char *cfg_json_type_name(const json_t *v)
 {
 	switch (json_typeof(v)) {
 	case JSON_OBJECT: return "an object";
@@ -56,7 +56,7 @@ const char *json_type_name(const json_t *v)
 }
 
 /* "a.b.c.d" -> endpoint (port untouched). 0 if not a dotted-quad IPv4 address. */
-int parse_ipv4(const char *s, rw_svc_endpoint_t *ep)
+int cfg_parse_ipv4(const char *s, rw_svc_endpoint_t *ep)
 {
 	struct in_addr a;
 	if (strlen(s) >= sizeof(ep->text) || inet_pton(AF_INET, s, &a) != 1)
@@ -69,14 +69,14 @@ int parse_ipv4(const char *s, rw_svc_endpoint_t *ep)
 	return 1;
 }
 
-void set_port(rw_svc_endpoint_t *ep, uint16_t port)
+void cfg_set_port(rw_svc_endpoint_t *ep, uint16_t port)
 {
 	ep->port = port;
 	ep->sin.sin_port = htons(port);
 }
 
 /* Parse a decimal integer in [min, max]; the whole string must be digits. */
-int parse_uint(const char *s, unsigned long long min, unsigned long long max,
+int cfg_parse_uint(const char *s, unsigned long long min, unsigned long long max,
 		      unsigned long long *v_p)
 {
 	if (!*s || strlen(s) > 20)
@@ -93,7 +93,7 @@ int parse_uint(const char *s, unsigned long long min, unsigned long long max,
 }
 
 /* "ADDR" or "ADDR:PORT" (port 0..65535 when allow_zero, else 1..). has_port_p may be NULL. */
-int parse_addr_port(const char *s, int allow_zero, rw_svc_endpoint_t *ep, int *has_port_p)
+int cfg_parse_addr_port(const char *s, int allow_zero, rw_svc_endpoint_t *ep, int *has_port_p)
 {
 	char buf[64];
 	if (strlen(s) >= sizeof(buf))
@@ -104,21 +104,21 @@ int parse_addr_port(const char *s, int allow_zero, rw_svc_endpoint_t *ep, int *h
 	unsigned long long port = 0;
 	if (colon) {
 		*colon = '\0';
-		if (!parse_uint(colon + 1, allow_zero ? 0 : 1, 65535, &port))
+		if (!cfg_parse_uint(colon + 1, allow_zero ? 0 : 1, 65535, &port))
 			return 0;
 		has_port = 1;
 	}
-	if (!parse_ipv4(buf, ep))
+	if (!cfg_parse_ipv4(buf, ep))
 		return 0;
 	if (has_port)
-		set_port(ep, (uint16_t)port);
+		cfg_set_port(ep, (uint16_t)port);
 	if (has_port_p)
 		*has_port_p = has_port;
 	return 1;
 }
 
 /* http value: off, or an address with a port. Returns 1 if valid. */
-int parse_http(const char *s, int *enabled_p, rw_svc_endpoint_t *ep)
+int cfg_parse_http(const char *s, int *enabled_p, rw_svc_endpoint_t *ep)
 {
 	if (!*s || !strcmp(s, "0") || !strcmp(s, "off")) {
 		*enabled_p = 0;
@@ -126,14 +126,14 @@ int parse_http(const char *s, int *enabled_p, rw_svc_endpoint_t *ep)
 	}
 	int has_port = 0;
 	rw_svc_endpoint_t tmp = {0};
-	if (!parse_addr_port(s, 1, &tmp, &has_port) || !has_port)
+	if (!cfg_parse_addr_port(s, 1, &tmp, &has_port) || !has_port)
 		return 0;
 	*ep = tmp;
 	*enabled_p = 1;
 	return 1;
 }
 
-int lookup_name(const char *const *names, size_t n, const char *s)
+int cfg_lookup_name(const char *const *names, size_t n, const char *s)
 {
 	for (size_t i = 0; i < n; i++)
 		if (!strcmp(names[i], s))
