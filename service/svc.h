@@ -181,6 +181,7 @@ typedef enum rw_svc_peer_state {
 	RW_SVC_PEER_SELF = 4,        /* this node */
 } rw_svc_peer_state_t;
 
+/* Names for logs, the stats socket and metric labels (service/text.c). */
 const char *rw_svc_peer_state_name(rw_svc_peer_state_t s);
 const char *rw_svc_kind_name(rw_svc_phase_kind_t k);       /* "dispatch" | "combine" */
 const char *rw_svc_err_name(rw_status_t st);                /* short label: "peer", "timeout" */
@@ -376,7 +377,8 @@ void rw_svc_metrics_publish(rw_svc_metrics_pub_t *pub, const rw_svc_metrics_t *l
  * snapshot's version (0 = nothing published yet; out then holds zeros). */
 uint64_t rw_svc_metrics_read(rw_svc_metrics_pub_t *pub, rw_svc_metrics_t *out);
 
-/* Text renderers, shared by the stats socket and tests. Each appends to a growable buffer. */
+/* Text renderers, shared by the stats socket and tests. Each appends to a growable buffer
+ * (rw_svc_buf_*: service/text.c). */
 typedef struct rw_svc_buf {
 	char *data;
 	size_t len, cap;
