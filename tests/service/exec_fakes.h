@@ -129,6 +129,10 @@ rw_ipc_client_t *fk_client_new(fk_world_t *w, uint32_t node, const char *group, 
 void fk_client_join(rw_ipc_client_t *c);
 /* A host buffer of `size` bytes (zeroed); returns its id, *mem_p its memory. */
 uint32_t fk_client_buffer(rw_ipc_client_t *c, uint64_t size, uint8_t **mem_p);
+/* A CUDA buffer of `size` bytes on device 0 of the stand-in driver ($RW_CUDA_DRIVER =
+ * tests/cuda/libfakecuda.so, whose device memory is host-addressable: *mem_p is that address).
+ * Returns 0 when no driver is usable. */
+uint32_t fk_client_cuda_buffer(rw_ipc_client_t *c, uint64_t size, uint8_t **mem_p);
 /* Forget a buffer (its id becomes unknown; memory kept until the world is freed). */
 void fk_client_forget_buffer(rw_ipc_client_t *c, uint32_t id);
 /* Hand a submission to the service (as if it passed the server's checks). */

@@ -29,10 +29,14 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <dlfcn.h>
+#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "cuda/rw_cuda.h"
 #include "ipc/railwave.h"
 #include "service/svc.h"
 #include "service/wire.h"
@@ -349,6 +353,20 @@ static void rank_connect(cl_t *c, uint32_t r)
 	t->c = fk_client_new(c->w, t->node, c->group, r, c->W, t->local);
 	fk_client_join(t->c);
 	t->buf = fk_client_buffer(t->c, c->total, &t->mem);
+}
+
+/* The same rank with its one buffer in (stand-in) CUDA memory: the executor stages it. */
+static void rank_connect_cuda(cl_t *c, uint32_t r)
+{
+	trank_t *t = &c->rk[r];
+	t->rank = r;
+	t->node = r / c->G;
+	t->local = r % c->G;
+	t->seen = 0;
+	t->c = fk_client_new(c->w, t->node, c->group, r, c->W, t->local);
+	fk_client_join(t->c);
+	t->buf = fk_client_cuda_buffer(t->c, c->total, &t->mem);
+	CHECK(t->buf, "rank %u: no CUDA buffer", r);
 }
 
 static void node_ranks_connect(cl_t *c, uint32_t n)
@@ -1808,6 +1826,54 @@ static void test_slots(void **state)
 }
 
 /* ================================================================================================
+ * CUDA buffers (staging through pinned host memory, docs/dataflow.md "CUDA buffers")
+ * ================================================================================================ */
+
+static void (*fake_cuda_hold)(int);
+
+/* Ranks 0 and 3 keep their buffers in CUDA memory of the stand-in driver
+ * (tests/cuda/libfakecuda.so): inputs are staged in, outputs copied back after async marks that
+ * complete through the loop; every path checks exactly as with host buffers. Then a CUDA rank
+ * dies while its input copies' marks are still pending (the stand-in holds them): the pair
+ * waits for its copies (rw_svc_stage_sync) before its ranks get RW_E_PHASE, the late marks find
+ * no pair, and the key passes again. */
+static void test_cuda_ranks(void **state)
+{
+	(void)state;
+	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+		skip();
+	for (uint32_t pi = 0; pi < RW_ARRAY_SIZE(path_names); pi += 2) {
+		opts_t o = { .nodes = 2, .path = path_names[pi], .empty = 1, .experts = 24,
+			     .timeout_ms = 500 };
+		cl_t *c = cl_new(&o, 850 + pi);
+		fk_client_die(c->rk[0].c);
+		fk_client_die(c->rk[3].c);
+		settle(c);
+		rank_connect_cuda(c, 0);
+		rank_connect_cuda(c, 3);
+		for (uint32_t layer = 0; layer < 3; layer++)
+			run_pair(c, 1, layer);
+		if (pi == 0) {
+			fake_cuda_hold(1);
+			for (uint32_t r = 0; r < c->W; r++)
+				dispatch_submit(c, r, 0, 0, NULL);
+			settle(c);
+			for (uint32_t r = 0; r < c->W; r++)
+				expect_no_cqe(c, r);
+			fk_client_die(c->rk[3].c);
+			fake_cuda_hold(0);
+			for (uint32_t r = 0; r < 3; r++)
+				expect_err(c, r, RW_E_PHASE, "a CUDA rank died with copies pending");
+			settle(c);
+			expect_no_timeouts(c);
+			rank_connect_cuda(c, 3);
+			retry_key(c, 0, 0);
+		}
+		cl_free(c);
+	}
+}
+
+/* ================================================================================================
  * Drain
  * ================================================================================================ */
 
@@ -2049,6 +2115,24 @@ int main(void)
 	const char *lv = getenv("RW_EXEC_LOG");
 	rw_log_set_level(!lv ? RW_LOG_ERROR : !strcmp(lv, "debug") ? RW_LOG_DEBUG :
 			 !strcmp(lv, "info") ? RW_LOG_INFO : RW_LOG_WARN);
+	/* CUDA buffers run on the stand-in driver next to this program (build/test/svc_exec ->
+	 * build/tests/cuda/libfakecuda.so) unless RW_CUDA_DRIVER names another. */
+	if (!getenv("RW_CUDA_DRIVER")) {
+		char self[1024], fake[1100];
+		ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+		if (n > 0) {
+			self[n] = 0;
+			snprintf(fake, sizeof(fake), "%s/../tests/cuda/libfakecuda.so", dirname(self));
+			setenv("RW_CUDA_DRIVER", fake, 1);
+		}
+	}
+	if (rw_cuda_init() == RW_OK) {
+		void *h = dlopen(getenv("RW_CUDA_DRIVER"), RTLD_NOW | RTLD_NOLOAD);
+		if (h) {
+			*(void **)&fake_cuda_hold = dlsym(h, "rw_fake_cuda_hold");
+			dlclose(h);
+		}
+	}
 	const char *only = getenv("RW_EXEC_ONLY"); /* a cmocka filter: "test_drain", "test_paths*" */
 	if (only && *only)
 		cmocka_set_test_filter(only);
@@ -2078,6 +2162,7 @@ int main(void)
 		cmocka_unit_test(test_rank_lost),
 		cmocka_unit_test(test_rank_leaves_between_pairs),
 		cmocka_unit_test(test_slots),
+		cmocka_unit_test(test_cuda_ranks),
 		cmocka_unit_test(test_drain),
 	};
 	const struct CMUnitTest bugs[] = {
