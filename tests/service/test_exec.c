@@ -1418,9 +1418,17 @@ static void test_bad_submissions(void **state)
 	}
 	/* output too small for what arrives: RW_E_RANGE on that node, RW_E_PHASE on the peer */
 	sub_opts_t small = { .output_capacity = 200 };
-	hold(c, m_wdone(ANY)); /* writes outstanding (none: test_bug_output_full_writes_done) */
+	/* node 0 decides before node 1's rows come, and keeps writes outstanding until the
+	 * overflow (otherwise: test_bug_output_full_writes_done, test_bug_bad_record_before_layout) */
+	hold(c, m_write(1, 0, 0));
+	hold(c, m_wdone(ANY));
+	memset(&c->w->cnt, 0, sizeof(c->w->cnt));
 	for (uint32_t r = 0; r < c->W; r++)
 		dispatch_submit(c, r, 1, 0, r == 0 ? &small : NULL);
+	settle(c);
+	CHECK(c->w->cnt.writes[0][0][1] > 0, "node 0 did not decide");
+	release_all(c);
+	hold(c, m_wdone(ANY));
 	for (uint32_t r = 0; r < c->W; r++)
 		expect_err(c, r, r < c->G ? RW_E_RANGE : RW_E_PHASE, "output too small");
 	release_all(c);
