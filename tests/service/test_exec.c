@@ -1841,18 +1841,14 @@ static void (*fake_cuda_hold)(int);
 
 /* Ranks 0 and 3 keep their buffers in CUDA memory of the stand-in driver
  * (tests/cuda/libfakecuda.so): inputs are staged in, outputs copied back after async marks that
- * complete through the loop; every path checks exactly as with host buffers. Then a CUDA rank
- * dies while its input copies' marks are still pending (the stand-in holds them): the pair
- * waits for its copies (rw_svc_stage_sync) before its ranks get RW_E_PHASE, the late marks find
- * no pair, and the key passes again. */
+ * complete through the loop; every path checks exactly as with host buffers, with empty phases. */
 static void test_cuda_ranks(void **state)
 {
 	(void)state;
 	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
 		skip();
 	for (uint32_t pi = 0; pi < RW_ARRAY_SIZE(path_names); pi += 2) {
-		opts_t o = { .nodes = 2, .path = path_names[pi], .empty = 1, .experts = 24,
-			     .timeout_ms = 500 };
+		opts_t o = { .nodes = 2, .path = path_names[pi], .empty = 1, .experts = 24 };
 		cl_t *c = cl_new(&o, 850 + pi);
 		fk_client_die(c->rk[0].c);
 		fk_client_die(c->rk[3].c);
@@ -1861,24 +1857,39 @@ static void test_cuda_ranks(void **state)
 		rank_connect_cuda(c, 3);
 		for (uint32_t layer = 0; layer < 3; layer++)
 			run_pair(c, 1, layer);
-		if (pi == 0) {
-			fake_cuda_hold(1);
-			for (uint32_t r = 0; r < c->W; r++)
-				dispatch_submit(c, r, 0, 0, NULL);
-			settle(c);
-			for (uint32_t r = 0; r < c->W; r++)
-				expect_no_cqe(c, r);
-			fk_client_die(c->rk[3].c);
-			fake_cuda_hold(0);
-			for (uint32_t r = 0; r < 3; r++)
-				expect_err(c, r, RW_E_PHASE, "a CUDA rank died with copies pending");
-			settle(c);
-			expect_no_timeouts(c);
-			rank_connect_cuda(c, 3);
-			retry_key(c, 0, 0);
-		}
 		cl_free(c);
 	}
+}
+
+/* A CUDA rank dies while its input copies' marks are still pending (the stand-in driver holds
+ * them): its node's pair waits for the copies (rw_svc_stage_sync) before the ranks get
+ * RW_E_PHASE, every other rank fails too, the late marks find no pair, and the key passes. */
+static void test_cuda_rank_lost(void **state)
+{
+	(void)state;
+	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+		skip();
+	opts_t o = { .nodes = 2, .path = "native", .tokens = 20, .timeout_ms = 500 };
+	cl_t *c = cl_new(&o, 860);
+	fk_client_die(c->rk[3].c);
+	settle(c);
+	rank_connect_cuda(c, 3);
+	run_pair(c, 0, 1);
+	fake_cuda_hold(1);
+	for (uint32_t r = 0; r < c->W; r++)
+		dispatch_submit(c, r, 0, 0, NULL);
+	settle(c);
+	for (uint32_t r = 0; r < c->W; r++)
+		expect_no_cqe(c, r);
+	fk_client_die(c->rk[3].c);
+	fake_cuda_hold(0);
+	for (uint32_t r = 0; r < 3; r++)
+		expect_err(c, r, RW_E_PHASE, "a CUDA rank died with copies pending");
+	settle(c);
+	expect_no_timeouts(c);
+	rank_connect_cuda(c, 3);
+	retry_key(c, 0, 0);
+	cl_free(c);
 }
 
 /* ================================================================================================
@@ -2171,6 +2182,7 @@ int main(void)
 		cmocka_unit_test(test_rank_leaves_between_pairs),
 		cmocka_unit_test(test_slots),
 		cmocka_unit_test(test_cuda_ranks),
+		cmocka_unit_test(test_cuda_rank_lost),
 		cmocka_unit_test(test_drain),
 	};
 	const struct CMUnitTest bugs[] = {
