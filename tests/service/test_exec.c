@@ -851,11 +851,14 @@ static void paths_case(uint32_t N, uint32_t G, uint32_t R, uint32_t experts, int
 			for (uint32_t p = 0; p < RW_PATH_COUNT; p++)
 				ok += m->phase[p][RW_SVC_DISPATCH].ok;
 			CHECK(ok == 6, "node %u: %llu dispatches ok", n, (unsigned long long)ok);
-			if (pi < RW_PATH_COUNT) {
-				CHECK(m->phase[pi][RW_SVC_DISPATCH].ok + m->selected[RW_PATH_NATIVE][RW_SELECT_NO_REMOTE] >= 6 &&
-				      m->phase[pi][RW_SVC_COMBINE].ok == m->phase[pi][RW_SVC_DISPATCH].ok,
+			if (pi < RW_PATH_COUNT) /* forced: every phase on that path, said so */
+				CHECK(m->phase[pi][RW_SVC_DISPATCH].ok == 6 && m->phase[pi][RW_SVC_COMBINE].ok == 6 &&
+				      m->selected[pi][RW_SELECT_FORCED] == 6,
 				      "node %u: path %s not used for every phase", n, path_names[pi]);
-			}
+			else /* the selector without an anchor table: Joint, or Native when nothing is remote */
+				CHECK(m->selected[RW_PATH_JOINT][RW_SELECT_NO_TABLE] +
+				      m->selected[RW_PATH_NATIVE][RW_SELECT_NO_REMOTE] == 6,
+				      "node %u: the selector chose otherwise", n);
 			if (pi < RW_PATH_COUNT && rw_path_waved((rw_path_t)pi) && N > 2 && !empty)
 				CHECK(m->wave_fanin_max == 1, "node %u: wave_fanin_max %u under the receiver gate",
 				      n, m->wave_fanin_max);
@@ -883,6 +886,33 @@ static void test_paths_n4(void **state)
 	(void)state;
 	paths_case(4, 2, 2, 0, 0, 5);
 	paths_case(4, 2, 1, 32, 1, 6);
+}
+
+/* The selector with an anchor table (DESIGN §4.5): one anchor that every phase is near (huge
+ * size ratio, shape tolerance 1) selects Perm-only, so every phase with remote data runs on it
+ * (reason "anchor"), identically on every node, and checks exactly. */
+static void test_selector_anchor(void **state)
+{
+	(void)state;
+	opts_t o = { .nodes = 3, .path = "auto", .empty = 1 };
+	cl_t *c = cl_new(&o, 60);
+	rw_anchor_t anchor = { .case_id = 7, .feat = { 10.0, 0.5, 0.5 }, .selected = RW_PATH_PERM_ONLY };
+	rw_anchor_table_t table = { .schema_version = RW_ANCHOR_SCHEMA, .max_size_ratio = 1e12,
+				    .shape_tolerance = 1.0, .n_anchors = 1, .anchors = &anchor };
+	for (uint32_t n = 0; n < c->N; n++)
+		c->svc[n].anchors = &table;
+	for (uint32_t layer = 0; layer < 4; layer++)
+		run_pair(c, 0, layer);
+	for (uint32_t n = 0; n < c->N; n++) {
+		const rw_svc_metrics_t *m = &c->svc[n].metrics;
+		CHECK(m->selected[RW_PATH_PERM_ONLY][RW_SELECT_ANCHOR] >= 1 &&
+		      m->selected[RW_PATH_PERM_ONLY][RW_SELECT_ANCHOR] +
+		      m->selected[RW_PATH_NATIVE][RW_SELECT_NO_REMOTE] == 4 &&
+		      m->phase[RW_PATH_PERM_ONLY][RW_SVC_COMBINE].ok == m->selected[RW_PATH_PERM_ONLY][RW_SELECT_ANCHOR],
+		      "node %u: the anchor's path was not used", n);
+		c->svc[n].anchors = NULL;
+	}
+	cl_free(c);
 }
 
 /* Slabs cut into many writes (1 KiB each), local work one record per idle slice... the same
@@ -2165,6 +2195,7 @@ int main(void)
 		cmocka_unit_test(test_paths_n3),
 		cmocka_unit_test(test_paths_n4),
 		cmocka_unit_test(test_paths_small_writes),
+		cmocka_unit_test(test_selector_anchor),
 		cmocka_unit_test(test_grants_held),
 		cmocka_unit_test(test_grant_before_wave),
 		cmocka_unit_test(test_rows_early),
