@@ -1070,6 +1070,49 @@ static void test_grant_before_wave(void **state)
 	cl_free(c);
 }
 
+/* A sender waiting for a grant is an open phase like any other: the grantor dies and the ranks
+ * of every survivor still in the dispatch fail at once (no timeout); a node whose dispatch had
+ * completed (it needed none of the held grants) loses its pair while waiting for the combine
+ * (its ranks' combines find no handle). The same key then passes with the node back. */
+static void test_grant_wait_peer_lost(void **state)
+{
+	(void)state;
+	opts_t o = { .nodes = 4, .path = "joint", .tokens = 24 };
+	cl_t *c = cl_new(&o, 104);
+	hold(c, m_ctrl(RW_WIRE_GRANT, 2, ANY));
+	memset(&c->w->cnt, 0, sizeof(c->w->cnt));
+	for (uint32_t r = 0; r < c->W; r++)
+		dispatch_submit(c, r, 0, 0, NULL);
+	settle(c);
+	CHECK(needs_grant(c, 0, 0, 2, 0) && c->w->cnt.writes[0][0][2] == 0,
+	      "node 0 is not waiting for node 2's grant");
+	int done[MAX_RANKS] = { 0 };
+	for (uint32_t r = 0; r < c->W; r++)
+		if (n_cqe(&c->rk[r]) > c->rk[r].seen) {
+			rw_cqe_t q = next_cqe(c, r);
+			dispatch_check(c, r, 0, 0, &q);
+			done[r] = 1;
+		}
+	CHECK(!done[0], "node 0 completed without its grant");
+	node_crash(c, 2);
+	release_all(c);
+	for (uint32_t r = 0; r < c->W; r++)
+		if (r / c->G != 2 && !done[r])
+			expect_err(c, r, RW_E_PHASE, "the grantor died");
+	settle(c);
+	for (uint32_t r = 0; r < c->W; r++)
+		if (r / c->G != 2 && done[r]) {
+			combine_submit(c, r, 0, 0);
+			expect_err_now(c, r, RW_E_HANDLE, "combine after the peer died");
+		}
+	expect_no_timeouts(c);
+	node_start(c, 2);
+	pump_until(c, mesh_up, NULL, "node 2 back");
+	node_ranks_connect(c, 2);
+	retry_key(c, 0, 0);
+	cl_free(c);
+}
+
 /* ================================================================================================
  * Count rows: early and late
  * ================================================================================================ */
@@ -2198,6 +2241,7 @@ int main(void)
 		cmocka_unit_test(test_selector_anchor),
 		cmocka_unit_test(test_grants_held),
 		cmocka_unit_test(test_grant_before_wave),
+		cmocka_unit_test(test_grant_wait_peer_lost),
 		cmocka_unit_test(test_rows_early),
 		cmocka_unit_test(test_rows_late),
 		cmocka_unit_test(test_data_before_layout),
