@@ -894,7 +894,7 @@ static void test_paths_n4(void **state)
 static void test_selector_anchor(void **state)
 {
 	(void)state;
-	opts_t o = { .nodes = 3, .path = "auto", .empty = 1 };
+	opts_t o = { .nodes = 3, .path = "auto" };
 	cl_t *c = cl_new(&o, 60);
 	rw_anchor_t anchor = { .case_id = 7, .feat = { 10.0, 0.5, 0.5 }, .selected = RW_PATH_PERM_ONLY };
 	rw_anchor_table_t table = { .schema_version = RW_ANCHOR_SCHEMA, .max_size_ratio = 1e12,
