@@ -64,6 +64,7 @@ static const field_t fields[] = {
 	{"heartbeat_timeout_ms", K_U32, OFF(heartbeat_timeout_ms), 0, 2, 3600000},
 	{"recv_region_mib", K_U32, OFF(recv_region_mib), 0, 1, 1048576},
 	{"stats_timeout_ms", K_U32, OFF(stats_timeout_ms), 0, 1, 3600000},
+	{"max_tokens", K_U32, OFF(max_tokens), 0, 1, 1048576},
 	{"log_level", K_LOGLEVEL, OFF(log_level), 0, 0, 0},
 	{"path", K_FORCEPATH, OFF(force_path), 0, 0, 0},
 	{"pace", K_BOOL, OFF(pace), 0, 0, 0},
@@ -95,6 +96,8 @@ const rw_svc_option_t rw_svc_options[] = {
 	{"stats_timeout_ms", "stats-timeout-ms", "RAILWAVE_STATS_TIMEOUT_MS", "MS",
 	 "stats client line deadline"},
 	{"pace", "pace", "RAILWAVE_PACE", "on|off", "pace every rail at its rate_gbps (tcp)"},
+	{"max_tokens", "max-tokens", "RAILWAVE_MAX_TOKENS", "N",
+	 "most tokens one rank may submit per phase"},
 	{NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -349,6 +352,7 @@ static void set_defaults(loader_t *ld)
 	cfg->heartbeat_timeout_ms = 3000;
 	cfg->recv_region_mib = 64;
 	cfg->stats_timeout_ms = 30000;
+	cfg->max_tokens = 65536;
 	cfg->log_level = RW_LOG_INFO;
 	cfg->force_path = RW_SVC_PATH_AUTO;
 }

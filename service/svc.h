@@ -92,6 +92,7 @@ typedef struct rw_svc_config {
 	uint32_t heartbeat_timeout_ms; /* > heartbeat_interval_ms */
 	uint32_t recv_region_mib;    /* receive region per node (all peers and rails share it) */
 	uint32_t stats_timeout_ms;   /* a stats client must finish each line within this */
+	uint32_t max_tokens;         /* tokens per submission (the IPC server refuses more) */
 	rw_log_level_t log_level;
 	int force_path;              /* RW_SVC_PATH_AUTO or an rw_path_t */
 	int pace;                    /* tcp: pace each rail's sends at its rate_gbps (emulates

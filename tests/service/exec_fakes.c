@@ -720,7 +720,8 @@ rw_status_t rw_ipc_server_create(struct ev_loop *loop, const rw_ipc_server_confi
 	s->ops = *ops;
 	s->ctx = ctx;
 	/* ipc/server.c's defaults for what the executor does not set */
-	s->lim = (rw_ipc_limits_t){ .max_tokens = 1u << 20, .max_hidden = 65536,
+	s->lim = (rw_ipc_limits_t){ .max_tokens = cfg->max_tokens ? cfg->max_tokens : 1u << 20,
+				    .max_hidden = 65536,
 				    .max_topk = cfg->max_topk ? cfg->max_topk : 64,
 				    .max_experts = 1u << 20,
 				    .dtypes = cfg->dtypes ? cfg->dtypes : UINT32_MAX };

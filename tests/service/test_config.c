@@ -74,6 +74,7 @@ static const bad_case_t bad_cases[] = {
 	 "heartbeat_timeout_ms: 1000 must exceed heartbeat_interval_ms (2000)", RW_ERR_PARSE},
 	{"\"recv_region_mib\": 0,", 0, 0, 0, "recv_region_mib: 0 out of range", RW_ERR_PARSE},
 	{"\"stats_timeout_ms\": -5,", 0, 0, 0, "stats_timeout_ms: -5 out of range", RW_ERR_PARSE},
+	{"\"max_tokens\": 2000000,", 0, 0, 0, "max_tokens: 2000000 out of range", RW_ERR_PARSE},
 	{"\"log_level\": \"verbose\",", 0, 0, 0, "log_level: expected one of error, warn, info, debug", RW_ERR_PARSE},
 	{"\"path\": \"fastest\",", 0, 0, 0, "path: expected one of auto, native", RW_ERR_PARSE},
 	{"\"node\": [1],", 0, 0, 0, "node: expected a node name or index, got an array", RW_ERR_PARSE},
