@@ -513,9 +513,15 @@ void mesh_listen_cb(struct ev_loop *loop, ev_io *w, int revents)
 	for (;;) {
 		int fd = accept4(m->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0) {
-			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+			if (!rw_listen_pause_on(&m->listen_pause, errno) && errno != EAGAIN &&
+			    errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
 				rw_warn("control accept: %m");
 			return;
+		}
+		if (m->n_unknown >= UNKNOWN_MAX) { /* strangers get a bounded budget */
+			close(fd);
+			m->svc->metrics.errors[-RW_ERR_PEER]++;
+			continue;
 		}
 		int one = 1;
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -526,6 +532,7 @@ void mesh_listen_cb(struct ev_loop *loop, ev_io *w, int revents)
 		}
 		c->next = m->unknown;
 		m->unknown = c;
+		m->n_unknown++;
 		mesh_ctl_update_events(c);
 	}
 }

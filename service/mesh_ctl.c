@@ -46,6 +46,7 @@ void mesh_unknown_remove(rw_svc_mesh_t *m, mesh_ctl_t *c)
 		if (*pp == c) {
 			*pp = c->next;
 			c->next = NULL;
+			m->n_unknown--;
 			return;
 		}
 }
@@ -168,6 +169,14 @@ int mesh_ctl_read_frame(mesh_ctl_t *c, rw_wire_hdr_t *h_p, uint8_t **payload_p, 
 				*why_p = "bad frame header (magic, version, type or length)";
 				return -1;
 			}
+			/* Before its hello a connection is nobody's: nothing but a hello-sized hello
+			 * is read, so a stranger costs a header's worth of memory, not a megabyte. */
+			if (!c->hello_seen && (c->cur.type != RW_WIRE_HELLO ||
+					       c->cur.length > rw_wire_hello_size(RW_MAX_RAILS))) {
+				*st_p = RW_ERR_PROTO;
+				*why_p = "a frame other than a hello before the hello";
+				return -1;
+			}
 			free(c->rx);
 			c->rx = c->cur.length ? malloc(c->cur.length) : NULL;
 			if (c->cur.length && !c->rx) {
@@ -186,6 +195,7 @@ int mesh_ctl_read_frame(mesh_ctl_t *c, rw_wire_hdr_t *h_p, uint8_t **payload_p, 
 				continue;
 		}
 		c->hdr_have = 0;
+		c->hello_seen |= c->cur.type == RW_WIRE_HELLO;
 		*h_p = c->cur;
 		*payload_p = c->rx;
 		c->rx = NULL;

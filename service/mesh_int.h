@@ -10,12 +10,14 @@
 
 #include <sys/types.h>
 
+#include "common/listen_pause.h"
 #include "service/mesh.h"
 #include "service/svc.h"
 
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 2000
 #define CTL_TX_MAX (64u << 20) /* a peer that lets this much control data pile up is dropped */
+#define UNKNOWN_MAX 64         /* control connections that have not said hello yet */
 
 typedef struct mesh_wq {
 	struct mesh_wq *next;
@@ -48,6 +50,7 @@ typedef struct mesh_ctl {
 	rw_wire_hdr_t cur;
 	uint8_t *rx;
 	uint32_t rx_have;
+	int hello_seen;               /* its first frame (a hello) has come: later ones may be big */
 	uint8_t *tx;
 	size_t tx_len, tx_off, tx_cap;
 } mesh_ctl_t;
@@ -94,6 +97,8 @@ struct rw_svc_mesh {
 	uint64_t busy_since[RW_MAX_RAILS]; /* when inflight last went 0 -> 1 */
 	int listen_fd;
 	ev_io listen_io;
+	rw_listen_pause_t listen_pause; /* rests the listener when descriptors run out */
+	uint32_t n_unknown;           /* accepted control connections before HELLO */
 	ev_timer hb_timer;
 	ev_timer fail_timer;          /* runs the peers' deferred failures (peer_fail_soon) */
 	mesh_peer_t *peer;            /* [nodes] */

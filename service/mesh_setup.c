@@ -128,6 +128,7 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 	}
 	ev_io_init(&m->listen_io, mesh_listen_cb, m->listen_fd, EV_READ);
 	m->listen_io.data = m;
+	rw_listen_pause_init(&m->listen_pause, m->loop, &m->listen_io, "control listener");
 	ev_io_start(m->loop, &m->listen_io);
 
 	double hb = cfg->heartbeat_interval_ms / 1000.0;
@@ -176,10 +177,12 @@ void rw_svc_mesh_destroy(rw_svc_mesh_t *m)
 	while (m->unknown) {
 		mesh_ctl_t *c = m->unknown;
 		m->unknown = c->next;
+		m->n_unknown--;
 		mesh_ctl_free(c);
 	}
 	ev_timer_stop(m->loop, &m->hb_timer);
 	ev_timer_stop(m->loop, &m->fail_timer);
+	rw_listen_pause_stop(&m->listen_pause);
 	if (m->listen_fd >= 0) {
 		ev_io_stop(m->loop, &m->listen_io);
 		close(m->listen_fd);

@@ -6,6 +6,7 @@
  * stats_timeout_ms is dropped, and clients beyond RW_SVC_STATS_CLIENTS_MAX are turned away.
  * Closed clients are freed from an idle watcher, never inside their own callback. */
 #include "service/health.h"
+#include "common/listen_pause.h"
 #include "service/svc.h"
 
 #include <errno.h>
@@ -39,6 +40,7 @@ struct rw_svc_stats {
 	dev_t dev;
 	ino_t ino;
 	ev_io accept_io;
+	rw_listen_pause_t accept_pause; /* rests the listener when descriptors run out */
 	ev_idle reaper;
 	stats_client_t *clients; /* open */
 	stats_client_t *zombies; /* closed, freed by the reaper */
@@ -472,8 +474,8 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 	for (int i = 0; i < 16; i++) { /* bounded, to stay fair to the rest of the loop */
 		int fd = accept4(srv->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0) {
-			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
-			    errno != ECONNABORTED)
+			if (!rw_listen_pause_on(&srv->accept_pause, errno) && errno != EAGAIN &&
+			    errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
 				rw_warn("stats: accept on %s: %m", srv->path);
 			return;
 		}
@@ -613,6 +615,7 @@ rw_status_t rw_svc_stats_start(rw_svc_t *svc, rw_svc_stats_t **stats_p)
 	}
 	ev_io_init(&srv->accept_io, accept_cb, srv->fd, EV_READ);
 	srv->accept_io.data = srv;
+	rw_listen_pause_init(&srv->accept_pause, svc->loop, &srv->accept_io, "stats socket");
 	ev_idle_init(&srv->reaper, reaper_cb);
 	srv->reaper.data = srv;
 	ev_io_start(svc->loop, &srv->accept_io);
@@ -638,6 +641,7 @@ void rw_svc_stats_stop(rw_svc_stats_t *srv)
 		client_close(srv->clients, 0);
 	reaper_cb(loop, &srv->reaper, 0);
 	ev_io_stop(loop, &srv->accept_io);
+	rw_listen_pause_stop(&srv->accept_pause);
 	close(srv->fd);
 	struct stat sb;
 	if (stat(srv->path, &sb) == 0 && sb.st_dev == srv->dev && sb.st_ino == srv->ino)
