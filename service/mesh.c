@@ -70,6 +70,7 @@ typedef struct mesh_peer {
 	uint64_t last_stamp;          /* newest heartbeat stamp from the peer (echoed back) */
 	uint64_t last_stamp_rx_ns;    /* when it came */
 	int said_bye;                 /* it sent BYE: its close is a clean stop, not a failure */
+	const char *fail_later;       /* a send failed: fail the peer from the loop (fail_idle) */
 	ev_timer retry;
 	uint32_t backoff_ms;
 } mesh_peer_t;
@@ -93,6 +94,7 @@ struct rw_svc_mesh {
 	int listen_fd;
 	ev_io listen_io;
 	ev_timer hb_timer;
+	ev_idle fail_idle;            /* runs the failures rw_svc_mesh_send() deferred */
 	mesh_peer_t *peer;            /* [nodes] */
 	mesh_ctl_t *unknown;          /* accepted control connections before HELLO */
 };
@@ -322,6 +324,7 @@ static void peer_fail(mesh_peer_t *p, rw_status_t st, const char *why)
 	rw_svc_mesh_t *m = p->mesh;
 	int was_up = p->state == RW_SVC_PEER_UP, bye = p->said_bye;
 	p->said_bye = 0;
+	p->fail_later = NULL;
 	if (bye) { /* a clean stop: it said so before closing; not an error */
 		rw_info("peer=%s: left (clean shutdown); reconnecting when it is back",
 			peer_name(m, p->idx));
@@ -386,6 +389,8 @@ static void retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
 
 /* ---- rail connections -------------------------------------------------------------------- */
 
+static void peer_fail_later(mesh_peer_t *p, const char *why);
+
 static void rail_pump(mesh_rail_t *mr)
 {
 	if (!mr->conn || !mr->up || mr->blocked)
@@ -399,8 +404,8 @@ static void rail_pump(mesh_rail_t *mr)
 			mr->blocked = 1;
 			return;
 		}
-		if (st != RW_OK) {
-			peer_fail(mr->peer, RW_ERR_LINK, "rail write refused");
+		if (st != RW_OK) { /* from rw_svc_mesh_write() too: not in the caller's call */
+			peer_fail_later(mr->peer, "rail write refused");
 			return;
 		}
 		mr->posted++;
@@ -904,16 +909,40 @@ rw_status_t rw_svc_mesh_send(rw_svc_mesh_t *m, uint32_t peer, uint16_t type,
 	if (!p->ctl || !p->hello_ok)
 		return RW_ERR_STATE;
 	mesh_ctl_t *c = p->ctl;
-	rw_status_t st = ctl_queue(c, type, payload, len);
-	if (st != RW_OK) {
-		peer_fail(p, RW_ERR_PEER, "control channel backed up");
+	if (p->fail_later)
 		return RW_ERR_STATE;
-	}
-	if (ctl_flush(c) < 0) {
-		peer_fail(p, RW_ERR_PEER, "control write error");
+	rw_status_t st = ctl_queue(c, type, payload, len);
+	const char *why = st != RW_OK ? "control channel backed up" :
+			  ctl_flush(c) < 0 ? "control write error" : NULL;
+	if (why) {
+		peer_fail_later(p, why);
 		return RW_ERR_STATE;
 	}
 	return RW_OK;
+}
+
+/* Fail p from the loop, not here: failing a peer runs the executor's callbacks (write_done,
+ * peer_down), and a send or write comes from inside an executor call (STYLE.md: never free
+ * what a caller is still using). Until then p takes no sends and reads nothing more. */
+static void peer_fail_later(mesh_peer_t *p, const char *why)
+{
+	rw_svc_mesh_t *m = p->mesh;
+	if (p->fail_later)
+		return;
+	p->fail_later = why;
+	if (p->ctl)
+		ev_io_stop(m->loop, &p->ctl->io);
+	ev_idle_start(m->loop, &m->fail_idle);
+}
+
+static void fail_idle_cb(struct ev_loop *loop, ev_idle *w, int revents)
+{
+	(void)revents;
+	rw_svc_mesh_t *m = w->data;
+	ev_idle_stop(loop, w);
+	for (uint32_t i = 0; i < m->nodes; i++)
+		if (m->peer[i].fail_later)
+			peer_fail(&m->peer[i], RW_ERR_PEER, m->peer[i].fail_later);
 }
 
 rw_status_t rw_svc_mesh_write(rw_svc_mesh_t *m, uint32_t peer, uint32_t rail, uint64_t local_off,
@@ -1054,6 +1083,8 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 	double hb = cfg->heartbeat_interval_ms / 1000.0;
 	ev_timer_init(&m->hb_timer, hb_cb, hb, hb);
 	m->hb_timer.data = m;
+	ev_idle_init(&m->fail_idle, fail_idle_cb);
+	m->fail_idle.data = m;
 	ev_timer_start(m->loop, &m->hb_timer);
 
 	for (uint32_t i = m->me + 1; i < m->nodes; i++)
@@ -1098,6 +1129,7 @@ void rw_svc_mesh_destroy(rw_svc_mesh_t *m)
 		ctl_free(c);
 	}
 	ev_timer_stop(m->loop, &m->hb_timer);
+	ev_idle_stop(m->loop, &m->fail_idle);
 	if (m->listen_fd >= 0) {
 		ev_io_stop(m->loop, &m->listen_io);
 		close(m->listen_fd);
