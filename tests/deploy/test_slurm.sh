@@ -11,7 +11,8 @@
 #   3. SIGTERM to the launcher while the trainer runs: its trap stops the trainer, drains the
 #      daemons, removes the run folder and exits 143.
 # Afterwards no railwaved, slurm or munge process of the test is left and nothing on disk.
-# Needs root (slurmd, munged); exits 77 (skip) otherwise or without the packages.
+# Needs root (slurmd, munged); exits 77 (skip) otherwise or without the packages. Debugging:
+# RW_TEST_KEEP=1 keeps the folder (logs, slurm.conf); RW_TEST_ONLY1=1 stops after scenario 1.
 set -u
 b=$(cd "$(dirname "$0")/.." && pwd)
 src=$(cd "$b/.." && pwd)
