@@ -123,6 +123,8 @@ static void peer_fail_soon(mesh_peer_t *p, rw_status_t st, const char *why)
 	p->failing = 1;
 	p->fail_st = st;
 	snprintf(p->fail_why, sizeof(p->fail_why), "%s", why);
+	if (p->ctl) /* it reads nothing more until it is failed */
+		ev_io_stop(m->loop, &p->ctl->io);
 	ev_timer_start(m->loop, &m->fail_timer);
 }
 

@@ -46,7 +46,8 @@ int rw_svc_mesh_peer_up(const rw_svc_mesh_t *mesh, uint32_t peer);
 int rw_svc_mesh_all_up(const rw_svc_mesh_t *mesh);
 
 /* Queue one control message to `peer` (copied). RW_ERR_STATE when the peer's control channel is
- * not up; RW_ERR_NOMEM. */
+ * not up, or when the send failed: the peer is then failed from the loop right after (its
+ * callbacks never run inside this call, nor inside rw_svc_mesh_write's); RW_ERR_NOMEM. */
 rw_status_t rw_svc_mesh_send(rw_svc_mesh_t *mesh, uint32_t peer, uint16_t type,
 			     const uint8_t *payload, uint32_t len);
 /* Queue one write of [local_off, +len) of our `rail` memory to [remote_off, +len) of the peer's

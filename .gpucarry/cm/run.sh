@@ -6,12 +6,11 @@ B=$C/b
 exec > >(tee $OUT/log) 2>&1
 echo "== $(date -u '+%F %T UTC') uptime $(cut -d' ' -f1 /proc/uptime) s"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
-uname -r; grep PRETTY /etc/os-release; nproc
-echo "== 1: GPU test build/test/cuda_mover"
-timeout 240 python3 $B/test/cuda_mover; echo "rc=$?"
-for f in /tmp/rwcm.*/d0.log; do :; done
-echo "== 2: mutations (broken kernels must be caught)"
-for v in copy acc; do timeout 60 python3 $C/mut/mut.py $B $C/mut/railwaved.$v $v 2>&1 | tail -1; done
+echo "== 1: diagnosis: RAILWAVE_CUDA_MOVER=check, seed 750654370 (failed in call 1) and 777"
+timeout 100 python3 $C/diag.py $B 750654370
+timeout 60 python3 $C/diag.py $B 777
+echo "== 2: GPU test build/test/cuda_mover"
+RW_TEST_SEED=750654370 timeout 150 python3 $B/test/cuda_mover 2>&1 | grep -v "^  d[01]|" | head -40; echo "rc=${PIPESTATUS[0]}"
 echo "== 3: benchmark build/bench/cuda_mover"
-timeout 200 python3 $B/bench/cuda_mover --hidden 7168 --tokens 256,1024 --layers 4 --steps 2; echo "rc=$?"
+timeout 180 python3 $B/bench/cuda_mover --hidden 7168 --tokens 256,1024 --layers 4 --steps 2 2>&1 | grep -v "^  d[01]|" | tail -40; echo "rc=${PIPESTATUS[0]}"
 echo "== end $(date -u '+%T')"
