@@ -59,8 +59,8 @@ class _Dispatch(torch.autograd.Function):
         recv_x, recv_idx, recv_w, counts, h = group._dispatch_key(
             x.detach(), topk_idx, topk_weights.detach(), num_experts, layer, step).wait()
         h.need_w_grad = bool(ctx.needs_input_grad[1])
-        if h.topk_idx is None:
-            raise RuntimeError("railwave: dispatch with invalid ids cannot be differentiated")
+        # The backward pair re-sends the same routing: keep it safe from in-place changes.
+        h.topk_idx, h.topk_weights = topk_idx.clone(), topk_weights.detach().clone()
         box.handle = h
         ctx.handle = h
         ctx.mark_non_differentiable(recv_idx, counts)
