@@ -33,14 +33,17 @@ from torch import nn
 HIDDEN, FFN, EXPERTS_PER_RANK, TOPK, TOKENS = 32, 64, 2, 2, 64
 
 
+DEVICE = torch.device("cpu")
+
+
 def data(rank, step):
     g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(TOKENS, HIDDEN, generator=g)
+    return torch.randn(TOKENS, HIDDEN, generator=g).to(DEVICE)
 
 
 def target_map():
     g = torch.Generator().manual_seed(7)
-    return torch.randn(HIDDEN, HIDDEN, generator=g) / HIDDEN ** 0.5
+    return (torch.randn(HIDDEN, HIDDEN, generator=g) / HIDDEN ** 0.5).to(DEVICE)
 
 
 def init_params(world):
@@ -78,7 +81,7 @@ def build(group, world, freeze_router):
             ex.w1.weight.copy_(a)
             ex.w2.weight.copy_(b)
     moe.router.weight.requires_grad_(not freeze_router)
-    return moe
+    return moe.to(DEVICE)
 
 
 def reference(world, steps, lr, freeze_router):
@@ -132,8 +135,13 @@ def main():
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--freeze-router", action="store_true",
                     help="with --reference: as a run without torchrun does")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (rank r on GPU LOCAL_RANK)")
     a = ap.parse_args()
     torch.set_num_threads(1)
+    global DEVICE
+    if a.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        DEVICE = torch.device("cuda", torch.cuda.current_device())
     if a.reference:
         reference(a.world, a.steps, a.lr, a.freeze_router)
     else:
