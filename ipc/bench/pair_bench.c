@@ -5,7 +5,8 @@
  * prints the per-pair time. Not a test.
  *   pair_bench SOCKET --rank R --world W --node N --group NAME --tokens T --hidden H --topk K
  *              --experts E --iters I --spin-us S
- * Output: one line "pairs I p50_us X mean_us Y". */
+ * Output: one line "pairs I p50_us X mean_us Y cpu_us Z" (Z: this process's CPU time per pair,
+ * which a loaded machine distorts less than wall time). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,13 @@ static double now_us(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+static double cpu_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
 	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
@@ -101,6 +109,7 @@ int main(int argc, char **argv)
 	}
 	double *pair_us = calloc((size_t)iters, sizeof(double));
 	rw_cqe_t cqe;
+	double cpu0 = 0;
 	for (long it = 0; it < iters + 100 && pair_us; it++) { /* 100 warm-up pairs */
 		float *x = in;
 		int32_t *ids = (int32_t *)((char *)in + ids_off);
@@ -113,6 +122,8 @@ int main(int argc, char **argv)
 				w[t * K + k] = 1.0f;
 			}
 		}
+		if (it == 100)
+			cpu0 = cpu_us();
 		double t0 = now_us();
 		rw_sqe_t d = {.kind = RW_KIND_DISPATCH, .dtype = RW_DTYPE_FP32, .topk = (uint16_t)K,
 			      .step = (uint64_t)it, .phase_id = 2 * (uint64_t)it + 1,
@@ -141,6 +152,7 @@ int main(int argc, char **argv)
 		if (it >= 100)
 			pair_us[it - 100] = now_us() - t0;
 	}
+	double cpu = (cpu_us() - cpu0) / (double)iters;
 	rw_client_close(c);
 	if (rc || !pair_us)
 		return 1;
@@ -148,7 +160,8 @@ int main(int argc, char **argv)
 	for (long i = 0; i < iters; i++)
 		sum += pair_us[i];
 	qsort(pair_us, (size_t)iters, sizeof(double), cmp_double);
-	printf("pairs %ld p50_us %.2f mean_us %.2f\n", iters, pair_us[iters / 2], sum / iters);
+	printf("pairs %ld p50_us %.2f mean_us %.2f cpu_us %.2f\n", iters, pair_us[iters / 2],
+	       sum / iters, cpu);
 	free(pair_us);
 	return 0;
 }

@@ -11,8 +11,9 @@ Two daemons, each measured with C then Python, for every size:
   * railwaved: one real node (G = 2 ranks, both run the same client concurrently), a purely
     node-local phase, so the daemon's work is included and the same for both clients.
 Both clients wait alike (busy-poll --spin-us, then sleep on the eventfd), use identity experts
-(each received row is combined back as is), fp32 rows, and report the median pair time after
-100 warm-up pairs."""
+(each received row is combined back as is), fp32 rows, and report the median pair time (wall)
+and the process's CPU time per pair (cpu: what the client itself spent, spinning included; on a
+shared machine it moves less than wall time) after 100 warm-up pairs."""
 import argparse
 import os
 import statistics
@@ -39,20 +40,24 @@ def worker(a):
     with railwave.Group(a.group, a.rank, a.world, socket=a.socket, node=a.node,
                         spin_us=a.spin_us) as g:
         times = []
+        idxs = [(base + it) % E for it in range(a.iters + 100)]
         for it in range(a.iters + 100):
-            idx = (base + it) % E
+            idx = idxs[it]
+            if it == 100:
+                cpu0 = time.process_time()
             t0 = time.perf_counter()
             rx, ridx, rw, cnt, h = g.dispatch(x, idx, w, E, layer=0, step=it)
             g.combine(rx, h)
             if it >= 100:
                 times.append((time.perf_counter() - t0) * 1e6)
-    print("pairs %d p50_us %.2f mean_us %.2f" % (a.iters, statistics.median(times),
-                                                 statistics.mean(times)))
+        cpu = (time.process_time() - cpu0) / a.iters * 1e6
+    print("pairs %d p50_us %.2f mean_us %.2f cpu_us %.2f" % (
+        a.iters, statistics.median(times), statistics.mean(times), cpu))
 
 
 def parse(out):
     f = out.split()
-    return float(f[f.index("p50_us") + 1])
+    return float(f[f.index("p50_us") + 1]), float(f[f.index("cpu_us") + 1])
 
 
 def run_ranks(cmds, env):
@@ -66,6 +71,7 @@ def run_ranks(cmds, env):
 
 
 def measure(build, sockets, world, per_node, group, T, H, K, E, iters, spin, env):
+    iters = max(100, min(iters, iters * 16384 // (T * H)))  # fewer pairs for the big rows
     common = ["--tokens", str(T), "--hidden", str(H), "--topk", str(K), "--experts", str(E),
               "--iters", str(iters), "--spin-us", str(spin)]
     res = {}
@@ -80,8 +86,15 @@ def measure(build, sockets, world, per_node, group, T, H, K, E, iters, spin, env
             else:
                 cmds.append([sys.executable, os.path.abspath(__file__), "--worker",
                              "--socket", sockets[r // per_node]] + args)
-        res[kind] = run_ranks(cmds, env)[0]  # rank 0's median
+        res[kind] = run_ranks(cmds, env)[0]  # rank 0's (median wall, CPU per pair)
     return res
+
+
+def row(daemon, T, H, K, E, r):
+    (cw, cc), (pw, pc) = r["c"], r["py"]
+    print("%-10s %-18s %8.1f %8.1f %8.1f %10.1f %8.1f %8.1f %8.1f %10.1f" % (
+        daemon, "%d x %d, %d, %d" % (T, H, K, E), cw, pw, pw - cw, (pw - cw) / 2,
+        cc, pc, pc - cc, (pc - cc) / 2), flush=True)
 
 
 def main():
@@ -100,10 +113,12 @@ def main():
     build = os.path.abspath(a.build)
     env = dict(os.environ, RAILWAVE_LIB=os.path.join(build, "lib", "librailwave.so.1"),
                OMP_NUM_THREADS="1")
-    print("iters %d per size, spin %d us, fp32, identity experts; medians of rank 0 (µs per "
-          "dispatch+combine pair)" % (a.iters, a.spin_us))
-    print("%-10s %-22s %9s %9s %12s %12s" % ("daemon", "T x H, topk, E", "C", "Python",
-                                             "py - C", "per call"))
+    print("up to %d pairs per size (fewer for big rows), spin %d us, fp32, identity experts; "
+          "medians of rank 0 (µs per dispatch+combine pair); load average %s"
+          % (a.iters, a.spin_us, open("/proc/loadavg").read().split()[:3]))
+    print("%-10s %-18s %8s %8s %8s %10s %8s %8s %8s %10s" % (
+        "daemon", "T x H, topk, E", "wall C", "Python", "py - C", "per call",
+        "cpu C", "Python", "py - C", "per call"))
     with tempfile.TemporaryDirectory(prefix="rwbench.", dir="/tmp") as tmp:
         sock = os.path.join(tmp, "echo.sock")
         echo = subprocess.Popen([os.path.join(build, "bench", "ipc_bench"), "--serve", sock])
@@ -113,11 +128,8 @@ def main():
                     break
                 time.sleep(0.05)
             for T, H, K, E in SIZES:
-                r = measure(build, [sock], 1, 1, "echo", T, H, K, E, a.iters, a.spin_us, env)
-                d = r["py"] - r["c"]
-                print("%-10s %-22s %9.1f %9.1f %12.1f %12.1f" % (
-                    "echo", "%d x %d, %d, %d" % (T, H, K, E), r["c"], r["py"], d, d / 2),
-                    flush=True)
+                row("echo", T, H, K, E,
+                    measure(build, [sock], 1, 1, "echo", T, H, K, E, a.iters, a.spin_us, env))
         finally:
             echo.terminate()
             echo.wait()
@@ -131,14 +143,12 @@ def main():
         c.start_all()
         try:
             for T, H, K, E in SIZES:
-                r = measure(build, [c.cfg["nodes"][0]["ipc_socket"]], td.GPUS, td.GPUS,
-                            "d", T, H, K, E, a.iters, a.spin_us, env)
-                d = r["py"] - r["c"]
-                print("%-10s %-22s %9.1f %9.1f %12.1f %12.1f" % (
-                    "railwaved", "%d x %d, %d, %d" % (T, H, K, E), r["c"], r["py"], d, d / 2),
-                    flush=True)
+                row("railwaved", T, H, K, E,
+                    measure(build, [c.cfg["nodes"][0]["ipc_socket"]], td.GPUS, td.GPUS,
+                            "d", T, H, K, E, a.iters, a.spin_us, env))
         finally:
             c.stop()
+    print("load average at the end %s" % open("/proc/loadavg").read().split()[:3])
     return 0
 
 

@@ -180,7 +180,8 @@ class Group:
         self._phase_id = 0
         self._auto_step = {}
         self._max_tokens = 0
-        self._cqe = _lib.Cqe()
+        self._cqe = _lib.Cqe()  # the one completion buffer (one operation in flight)
+        self._cqe_counts = np.frombuffer(self._cqe.counts, dtype=np.uint32)
 
     # ---- lifetime ------------------------------------------------------------------------
     def close(self):
@@ -484,7 +485,7 @@ class Group:
             np.putmask(loc, ~mine, -1)
             recv_w = meta[:, 4 + K:].view(np.float32) * mine
             if cqe.counts_buf == _lib.BUF_NONE:
-                counts = torch.tensor(cqe.counts[lo:lo + el], dtype=torch.int64)
+                counts = torch.from_numpy(self._cqe_counts[lo:lo + el].astype(np.int64))
             else:
                 c0 = cqe.counts_offset // 4 + lo
                 counts = torch.from_numpy(ob.i32[c0:c0 + el].astype(np.int64))
