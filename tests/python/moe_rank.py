@@ -149,6 +149,41 @@ def run_step(group, seed, step, E, dtype, router=False, layer=0, dev=torch.devic
     return bad, x0.shape[0]
 
 
+def run_async(group, seed, step, E, dev):
+    """Forward only, through the async form: Work.done() polls, Work.wait() returns the call's
+    result (twice: the same objects); the output must equal the reference and the per-expert
+    counts must equal the local expert ids among the received rows."""
+    ranks, experts, router_w = workload(seed, step, E, torch.float32, False)
+    moe = MoE(group, H, F, E, K, layer=7)
+    with torch.no_grad():
+        for i, ex in enumerate(moe.experts):
+            a, b = experts[moe.first + i]
+            ex.w1.weight.copy_(a)
+            ex.w2.weight.copy_(b)
+    moe.to(dev)
+    x, idx, w, _ = (t.to(dev) for t in ranks[RANK])
+    with torch.no_grad():
+        work = group.dispatch(x, idx, w, E, layer=7, step=step, async_op=True)
+        polls = 0
+        while not work.done():
+            polls += 1
+            time.sleep(0.0005)
+        res = work.wait()
+        if work.wait() is not res:
+            raise AssertionError("a second wait() returned another result")
+        rx, ridx, rw, counts, h = res
+        want = torch.stack([(ridx == e).sum() for e in range(moe.local)]).cpu() \
+            if moe.local else torch.zeros(0, dtype=torch.int64)
+        if not torch.equal(counts.cpu(), want):
+            raise AssertionError("num_recv_per_expert %s, recv_topk_idx says %s"
+                                 % (counts.tolist(), want.tolist()))
+        out = group.combine(moe.run_experts(rx, ridx, rw), h, async_op=True).wait()
+    ref, _ = reference(ranks, experts, router_w, torch.float32, False)
+    if not torch.equal(out.cpu(), ref[RANK]["out"]):
+        raise AssertionError("async step %d: output differs" % step)
+    return "async fp32 step equal, counts equal (%d polls)" % polls
+
+
 def join(c):
     """Join as torchrun would have us: everything from the environment."""
     os.environ["RAILWAVE_SOCKET"] = c["sockets"][RANK // int(os.environ["LOCAL_WORLD_SIZE"])]
@@ -168,6 +203,7 @@ def cmd_paths(c):
             if bad:
                 raise AssertionError("; ".join(bad))
             log.append("fp32 step %d T=%d equal" % (step, T))
+        log.append(run_async(g, c["seed"], 50, E, dev))
         bad, _ = run_step(g, c["seed"], 100, E, torch.bfloat16, layer=5, dev=dev)
         if bad:
             raise AssertionError("; ".join(bad))
