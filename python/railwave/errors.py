@@ -24,8 +24,8 @@ globals().update(CODES)
 _HINTS = {
     CODES["RW_E_CONNECT"]: "is railwaved running on this node, and is RAILWAVE_SOCKET its "
                            "ipc_socket?",
-    CODES["RW_E_CLOSED"]: "railwaved closed the connection (it stopped, or dropped this rank); "
-                          "see its log",
+    CODES["RW_E_CLOSED"]: "the daemon stopped or dropped this rank: close this Group (its log "
+                          "says why) and join again once it is back",
     CODES["RW_E_PHASE"]: "the daemon failed the phase for the whole group: a peer node was lost, "
                          "another rank's input was refused, a rank left, or the phase timed out "
                          "(phase_timeout_ms); railwaved's log names the cause",

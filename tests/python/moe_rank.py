@@ -307,11 +307,43 @@ def cmd_bad(c):
     return log
 
 
+KEPT = {}  # the Group kept open across the commands of the peer-loss scenario
+
+
+def cmd_open(c):
+    g = KEPT["g"] = join(c)
+    bad, _ = run_step(g, c["seed"], 0, c["experts"], torch.float32, layer=0)
+    if bad:
+        raise AssertionError("; ".join(bad))
+    return ["step before the loss equal"]
+
+
+def cmd_lost(c):
+    """The launcher killed node c["dead"]'s daemon: its ranks must learn that their daemon is
+    gone (DaemonLost), the others that the phase failed (PhaseError), both without a hang."""
+    g = KEPT.pop("g")
+    node = RANK // int(os.environ["LOCAL_WORLD_SIZE"])
+    exc = railwave.DaemonLost if node == c["dead"] else railwave.PhaseError
+    line = expect("dispatch after node %d's daemon died" % c["dead"], lambda: run_step(
+        g, c["seed"], 1, c["experts"], torch.float32, layer=0), exc)
+    g.close()
+    return [line]
+
+
+def cmd_recover(c):
+    with join(c) as g:
+        bad, _ = run_step(g, c["seed"], 2, c["experts"], torch.float32, layer=0)
+        if bad:
+            raise AssertionError("; ".join(bad))
+    return ["rejoined; step after the restart equal"]
+
+
 def main():
     for line in sys.stdin:
         c = json.loads(line)
         try:
-            log = {"paths": cmd_paths, "bad": cmd_bad}[c["op"]](c)
+            log = {"paths": cmd_paths, "bad": cmd_bad, "open": cmd_open, "lost": cmd_lost,
+                   "recover": cmd_recover}[c["op"]](c)
             print(json.dumps({"ok": True, "log": log}), flush=True)
         except Exception as e:
             print(json.dumps({"ok": False, "error": "%s: %s\n%s" % (

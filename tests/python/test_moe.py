@@ -7,11 +7,12 @@ computed in one process (exactly for fp32 integer-valued data, within the stated
 bf16 and for a softmax router). Then bad input — wrong dtype, non-contiguous tensors, expert ids
 out of range, num_experts that differ, bad combines, a join with the wrong world size or node —
 must raise a clear error on the rank that made it and fail the phase at once for the others,
-with the next step verifying exactly. Daemons must exit 0 on SIGTERM (ASan: no leak).
+with the next step verifying exactly. A daemon killed between steps: its ranks get DaemonLost,
+the others PhaseError; after its restart every rank joins again and a step verifies. Daemons must exit 0 on SIGTERM (ASan: no leak).
 `cuda` runs the paths scenario with CUDA tensors (skipped without a GPU).
 
 Run by tests/run as $b/test/python_moe (a wrapper ninja writes: test_moe.py BUILDDIR);
-RW_PY_ONLY=paths,bad,cuda picks scenarios. Exits 0 pass, 1 fail, 77 skip."""
+RW_PY_ONLY=paths,bad,peer,cuda picks scenarios. Exits 0 pass, 1 fail, 77 skip."""
 import importlib.util
 import json
 import os
@@ -129,6 +130,28 @@ def scenario_bad(td, tmp, ranks, nodes, seed):
             l.split(":")[0] for l in outs[r]["log"] if not l.startswith("peer of"))))
 
 
+def scenario_peer(td, tmp, ranks, nodes, seed):
+    """A daemon killed between steps: its ranks get DaemonLost, the others PhaseError (60 s phase
+    timeout, so waiting for it would show as a failure); the daemon restarts, every rank joins
+    again and a step verifies exactly; every daemon exits 0."""
+    c = td.Cluster(tmp, nodes, path="joint", extra={"phase_timeout_ms": 60000})
+    dead = nodes - 1
+    base = {"group": "py.peer", "experts": nodes * td.GPUS * 2, "seed": seed,
+            "sockets": [n["ipc_socket"] for n in c.cfg["nodes"]]}
+    try:
+        c.start_all()
+        check(ranks.run(dict(base, op="open")), "step before the loss", c)
+        c.kill(dead)
+        outs = check(ranks.run(dict(base, op="lost", dead=dead)), "after the loss", c)
+        c.start(dead)
+        c.wait_mesh()
+        check(ranks.run(dict(base, op="recover")), "after the restart", c)
+    finally:
+        c.stop()
+    print("ok   peer: rank 0: %s; rank %d: %s; all rejoined, next step equal" % (
+        outs[0]["log"][0], nodes * td.GPUS - 1, outs[nodes * td.GPUS - 1]["log"][0]))
+
+
 def main():
     build = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(SRC, "build"))
     try:
@@ -142,7 +165,7 @@ def main():
         print("skip: railwaved or librailwave.so.1 not built in %s" % build)
         return 77
     td = load_dataflow(build)
-    only = [s for s in os.environ.get("RW_PY_ONLY", "paths,bad,cuda").split(",") if s]
+    only = [s for s in os.environ.get("RW_PY_ONLY", "paths,bad,peer,cuda").split(",") if s]
     seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or int(time.time()) % 100000 + 1
     print("seed %d (RW_TEST_SEED=%d reproduces)" % (seed, seed))
     env = dict(os.environ, RAILWAVE_LIB=lib,
@@ -157,6 +180,8 @@ def main():
                 scenario_paths(td, tmp, ranks, nodes, seed)
             if "bad" in only:
                 scenario_bad(td, tmp, ranks, nodes, seed)
+            if "peer" in only:
+                scenario_peer(td, tmp, ranks, nodes, seed)
         except Exception as e:
             print("FAIL %s" % e)
             return 1
