@@ -187,7 +187,7 @@ def run_async(group, seed, step, E, dev):
 def join(c):
     """Join as torchrun would have us: everything from the environment."""
     os.environ["RAILWAVE_SOCKET"] = c["sockets"][RANK // int(os.environ["LOCAL_WORLD_SIZE"])]
-    return railwave.Group(c["group"], timeout=60)
+    return railwave.Group(c["group"], timeout=120)  # above the daemons' phase timeout
 
 
 def cmd_paths(c):
