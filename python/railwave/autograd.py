@@ -69,7 +69,7 @@ class _Dispatch(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_x, g_idx, g_w, g_counts):
         h = ctx.handle
-        n, K = h.num_recv, h.topk
+        n = h.num_recv
         if h.bwd is None:
             _open_backward(h, torch.zeros(h.num_tokens, _width(h), dtype=h.dtype,
                                           device=h.device))

@@ -574,7 +574,11 @@ class Group:
         if y.is_cuda:
             torch.cuda.current_stream(y.device).synchronize()
             keep = y
-            sqe.tokens = _lib.Span(self._cuda_span(y)[0], 0, self._cuda_span(y)[1]) if n else none
+            if n:
+                b, o = self._cuda_span(y)
+                sqe.tokens = _lib.Span(b, 0, o)
+            else:
+                sqe.tokens = none
             ob_t = self._cuda_out_buffer(max(T * rb, 1), y.device)
             if T:
                 b, o = self._cuda_span(ob_t)

@@ -2,7 +2,7 @@
 # The GPU runs of the railwave package (docs/python.md "Tests"), for a machine that has CUDA and
 # PyTorch but not this project's Debian libraries (the workplace's GPU image):
 #   sh tests/python/gpu_run.sh prepare [BUILD]   here, after ./configure && ninja: writes the
-#       ignored folder .gpucarry/ (the release binaries, librailwave.so.1, the shared libraries
+#       folder .gpucarry/ (in .gitignore, so the device tool can carry it) (the release binaries, librailwave.so.1, the shared libraries
 #       railwaved and ipc_bench need, wrappers that point LD_LIBRARY_PATH at them for those two
 #       binaries only, so python3 keeps its own libraries)
 #   sh tests/python/gpu_run.sh run               there, from the repository root, with .gpucarry
@@ -25,8 +25,6 @@ prepare)
 	printf '#!/bin/sh\nd=$(dirname "$(readlink -f "$0")")\nLD_LIBRARY_PATH=$d/../../lib exec "$d/ipc_bench.bin" "$@"\n' \
 		> .gpucarry/b/bench/ipc_bench
 	chmod +x .gpucarry/b/railwaved .gpucarry/b/bench/ipc_bench
-	grep -qx '/.gpucarry/' "$(git rev-parse --git-common-dir)/info/exclude" 2>/dev/null ||
-		echo '/.gpucarry/' >> "$(git rev-parse --git-common-dir)/info/exclude"
 	du -sh .gpucarry
 	;;
 run)

@@ -15,7 +15,6 @@ import traceback
 import torch
 
 import railwave
-from railwave.errors import CODES
 from railwave.moe import MoE
 
 torch.set_num_threads(1)
@@ -51,7 +50,6 @@ def workload(seed, step, E, dtype, router):
 
 def reference(ranks, experts, router_w, dtype, router):
     """The layer in one process: per source rank, output and gradients of sum(out * gout)."""
-    E = len(experts)
     params = [(a.to(dtype).requires_grad_(), b.to(dtype).requires_grad_()) for a, b in experts]
     res = []
     for x0, idx0, w0, gout in ranks:

@@ -191,7 +191,6 @@ def main():
         finally:
             ranks.stop()
         if "cuda" in only:
-            import torch
             if not torch.cuda.is_available():
                 print("skip: cuda scenario: torch sees no CUDA device")
             else:
