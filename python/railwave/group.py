@@ -163,16 +163,13 @@ class Group:
         self.spin = (50 if spin_us is None else spin_us) * 1e-6
         self.max_recv_tokens = max_recv_tokens
         self._lib = _lib.load()
-        opts = _lib.Opts()
-        opts.socket_path, opts.group = self.socket.encode(), name.encode()
+        opts = self._opts = _lib.Opts()
+        self._opts_bytes = (self.socket.encode(), name.encode())  # what opts' pointers point at
+        opts.socket_path, opts.group = self._opts_bytes
         opts.rank, opts.world_size, opts.node, opts.local_gpu = rank, world_size, node, local_gpu
         opts.timeout_ms = int(min(self.timeout, 60.0) * 1000)
-        c = ctypes.c_void_p(0)
-        rc = self._lib.rw_client_connect(ctypes.byref(opts), ctypes.byref(c))
-        if rc:
-            raise ConnectError(rc, "join group %r as rank %d of %d (node %d) at %s"
-                               % (name, rank, world_size, node, self.socket))
-        self._c = c
+        self._connect()
+        self._open = None  # the handle of the dispatch whose combine is due, if any
         self._in = self._out = None
         self._cuda = None
         self._cuda_out = None
@@ -184,6 +181,32 @@ class Group:
         self._cqe_counts = np.frombuffer(self._cqe.counts, dtype=np.uint32)
 
     # ---- lifetime ------------------------------------------------------------------------
+    def _connect(self, retry_s=0.0):
+        """Join (hello, rings). retry_s: keep retrying RW_E_RANK_DUP that long (a rejoin may
+        reach the daemon before it has let the previous connection of this rank go)."""
+        c = ctypes.c_void_p(0)
+        deadline = time.monotonic() + retry_s
+        while True:
+            rc = self._lib.rw_client_connect(ctypes.byref(self._opts), ctypes.byref(c))
+            if rc != CODES["RW_E_RANK_DUP"] or time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
+        if rc:
+            raise ConnectError(rc, "join group %r as rank %d of %d (node %d) at %s"
+                               % (self.name, self.rank, self.world_size, self.node, self.socket))
+        self._c = c
+
+    def _abort_pair(self):
+        """Fail the group's open pair for every rank now, by leaving and joining again: a rank
+        that leaves fails its group's open pair on every node at once (docs/dataflow.md
+        "Failures"). Used when this rank cannot give its combine, so that the others are told
+        at once instead of at the daemon's phase timeout. Buffers are registered anew."""
+        if self._open is not None:
+            self._open.combined = True
+            self._open = None
+        self.close()
+        self._connect(retry_s=min(self.timeout, 10.0))
+
     def close(self):
         """Leave the group: every buffer is released and the connection closed. An operation
         still in flight is abandoned (the daemon fails that phase for the group). Idempotent."""
@@ -489,8 +512,8 @@ class Group:
             else:
                 c0 = cqe.counts_offset // 4 + lo
                 counts = torch.from_numpy(ob.i32[c0:c0 + el].astype(np.int64))
-            h = Handle(self, cqe.handle_id, layer, step, dt, H, K, E, T, n, meta[:, 1:3].copy(),
-                       mine, x.device)
+            h = self._open = Handle(self, cqe.handle_id, layer, step, dt, H, K, E, T, n,
+                                    meta[:, 1:3].copy(), mine, x.device)
             return recv_x, torch.from_numpy(loc), torch.from_numpy(recv_w), counts, h
 
         def finish_cuda(cqe):
@@ -512,8 +535,8 @@ class Group:
             else:
                 co = cqe.counts_offset
                 counts = ob_t[co + 4 * lo:co + 4 * (lo + el)].view(torch.int32).to(torch.int64)
-            h = Handle(self, cqe.handle_id, layer, step, dt, H, K, E, T, n,
-                       meta[:, 1:3].to(torch.int64), mine, x.device)
+            h = self._open = Handle(self, cqe.handle_id, layer, step, dt, H, K, E, T, n,
+                                    meta[:, 1:3].to(torch.int64), mine, x.device)
             return recv_x, recv_idx, recv_w, counts, h
 
         return self._submit(sqe, op, finish_cuda if cuda else finish_host, keep)
@@ -540,8 +563,8 @@ class Group:
         sqe.output_capacity = out_bytes
         return (x, idx32, topk_weights), ob_t, first_bad
 
-    def _submit_combine(self, expert_out, handle):
-        self._check_usable()
+    def _check_combine(self, expert_out, handle):
+        """Validate a combine's arguments; returns its op name."""
         if not isinstance(handle, Handle) or handle.group is not self:
             raise ValueError("railwave: combine: handle is not from a dispatch of this group")
         op = "combine layer %d step %d" % (handle.layer & ~BACKWARD_LAYER, handle.step) + \
@@ -563,6 +586,17 @@ class Group:
         if y.device != handle.device:
             raise ValueError("railwave: %s: expert_out is on %s, the dispatch on %s"
                              % (op, y.device, handle.device))
+        return op
+
+    def _submit_combine(self, expert_out, handle):
+        self._check_usable()
+        try:
+            op = self._check_combine(expert_out, handle)
+        except (TypeError, ValueError):
+            if self._open is not None:
+                self._abort_pair()
+            raise
+        y = expert_out
         n, T, H, dt = handle.num_recv, handle.num_tokens, handle.hidden, handle.dtype
         rb = H * y.element_size()
         sqe = _lib.Sqe(kind=_lib.KIND_COMBINE, dtype=_DTYPES[dt], topk=handle.topk,
@@ -601,6 +635,8 @@ class Group:
 
         def finish(cqe):
             handle.combined = True
+            if self._open is handle:
+                self._open = None
             if cqe.status != _lib.CQ_OK:
                 raise self._error(cqe.error, op, PhaseError)
             if ob_t is not None:

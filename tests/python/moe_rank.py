@@ -280,19 +280,27 @@ def cmd_bad(c):
                                                                        step=s),
                                   railwave.PhaseError))
             good()
-        # Everyone combines with the wrong shape / dtype / a non-contiguous tensor: each is
-        # refused here; the next dispatch closes the abandoned pair.
-        rx, ridx, rw, cnt, h = g.dispatch(x, idx, w, E, layer=3, step=1)
-        for what, y, exc, needle in [
-                ("combine wrong rows", torch.zeros(rx.shape[0] + 1, H), ValueError, "received rows"),
-                ("combine wrong dtype", torch.zeros(rx.shape, dtype=torch.bfloat16), TypeError,
+        # One rank combines with the wrong shape / dtype / a non-contiguous tensor: it is refused
+        # there, and that rank leaves and rejoins so that the others' combines fail at once.
+        for i, (who, what, bad_y, exc, needle) in enumerate([
+                (0, "combine wrong rows", lambda rx: torch.zeros(rx.shape[0] + 1, H), ValueError,
+                 "received rows"),
+                (1, "combine wrong dtype", lambda rx: rx.to(torch.bfloat16), TypeError,
                  "dtype torch.bfloat16"),
-                ("combine non-contiguous", torch.zeros(H, rx.shape[0]).t(), ValueError,
-                 "not contiguous")]:
-            if rx.shape[0] == 0 and what == "combine non-contiguous":
-                continue
-            log.append(expect(what, lambda: g.combine(y, h), exc, needle))
-        good()
+                (2 % WORLD, "combine non-contiguous",
+                 lambda rx: torch.zeros(rx.shape[0], 2 * H)[:, ::2], ValueError,
+                 "not contiguous")]):
+            if RANK == who:
+                rx, ridx, rw, cnt, h = g.dispatch(x, idx, w, E, layer=3, step=10 + i)
+                y = bad_y(rx)
+                if y.is_contiguous() and what == "combine non-contiguous":
+                    # no rows received: no tensor of that shape is non-contiguous; still bad
+                    y, needle = torch.zeros(1, H), "received rows"
+                log.append(expect(what, lambda: g.combine(y, h), exc, needle))
+            else:  # the pair fails in this rank's combine, or in its dispatch if it is still there
+                log.append(expect("peer of " + what, lambda: g.combine(*(lambda r: (r[0], r[4]))(
+                    g.dispatch(x, idx, w, E, layer=3, step=10 + i))), railwave.PhaseError))
+            good()
         # Joining with the wrong world size or node is refused; the group serves on.
         log.append(expect("join with world+2", lambda: railwave.Group(
             c["group"], RANK, WORLD + 2), railwave.ConnectError,
