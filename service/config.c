@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -95,6 +96,8 @@ static const field_t fields[] = {
 	{"log_level", K_LOGLEVEL, OFF(log_level), 0, 0, 0},
 	{"path", K_FORCEPATH, OFF(force_path), 0, 0, 0},
 	{"pace", K_BOOL, OFF(pace), 0, 0, 0},
+	{"trace_dir", K_FILE, OFF(trace_dir), SZ(trace_dir), 0, 0},
+	{"trace_max_kib", K_U32, OFF(trace_max_kib), 0, 16, 1u << 30},
 };
 #define N_FIELDS RW_ARRAY_SIZE(fields)
 
@@ -122,6 +125,8 @@ const rw_svc_option_t rw_svc_options[] = {
 	{"stats_timeout_ms", "stats-timeout-ms", "RAILWAVE_STATS_TIMEOUT_MS", "MS",
 	 "stats client line deadline"},
 	{"pace", "pace", "RAILWAVE_PACE", "on|off", "pace every rail at its rate_gbps (tcp)"},
+	{"trace_dir", "trace-dir", "RAILWAVE_TRACE_DIR", "DIR", "phase traces (\"\" = off)"},
+	{"trace_max_kib", "trace-max-kib", "RAILWAVE_TRACE_MAX_KIB", "KIB", "trace files' size bound"},
 	{NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -815,6 +820,9 @@ static rw_status_t finish(loader_t *ld)
 		return fail(ld, "pace: on, but the %s transport cannot pace (an RDMA NIC runs at its "
 			    "own rate); pacing emulates slower NICs with tcp",
 			    rw_svc_transport_name(cfg->transport));
+	struct stat tsb;
+	if (cfg->trace_dir[0] && stat(cfg->trace_dir, &tsb) == 0 && !S_ISDIR(tsb.st_mode))
+		return fail(ld, "trace_dir: '%s' is not a directory", cfg->trace_dir);
 	if ((st = check_duplicates(ld)))
 		return st;
 	if ((st = find_me(ld)))
@@ -857,6 +865,7 @@ static void set_defaults(loader_t *ld)
 	cfg->stats_timeout_ms = 30000;
 	cfg->log_level = RW_LOG_INFO;
 	cfg->force_path = RW_SVC_PATH_AUTO;
+	cfg->trace_max_kib = 64u << 10;
 }
 
 static const char *env_get(char *const *envp, const char *name)
