@@ -409,6 +409,10 @@ void exec_trace_end_(exec_pair_t *p, int kind, rw_status_t st)
 	out(t, ",\"layer\":%u,\"step\":%llu,\"kind\":\"%s\",\"N\":%u,\"R\":%u,\"G\":%u,\"epoch\":%u",
 	    p->key.layer, (unsigned long long)p->key.step, rw_svc_kind_name(kind), x->nodes, x->rails,
 	    x->gpus, p->xchg.params.epoch);
+	out(t, ",\"gbps\":[");
+	for (uint32_t r = 0; r < x->rails; r++)
+		out(t, "%s%.6g", r ? "," : "", cfg->nodes[x->me].rails[r].rate_gbps);
+	out(t, "]");
 	out(t, ",\"status\":\"%s\"", st == RW_OK ? "ok" : rw_svc_err_name(st));
 	if (st != RW_OK) {
 		out(t, ",\"error\":");
@@ -437,8 +441,31 @@ void exec_trace_end_(exec_pair_t *p, int kind, rw_status_t st)
 		    (unsigned long long)f->remote_bytes, f->B, f->rho_g, f->kappa, f->f[0], f->f[1],
 		    f->f[2], f->max_fan_in, f->busiest_dst_rail_share);
 	}
-	out(t, ",\"rec_size\":%llu", (unsigned long long)(kind ? p->ph.crec_size : p->ph.rec_size));
+	out(t, ",\"rec_size\":%llu,\"experts\":%u,\"topk\":%u",
+	    (unsigned long long)(kind ? p->ph.crec_size : p->ph.rec_size), p->ph.n_experts, p->ph.topk);
 	out_counts(t, p);
+	/* A completed dispatch: the load of every expert this node hosts (token copies it got,
+	 * local ones included) and the rows each local rank received. */
+	uint32_t world = x->nodes * x->gpus;
+	if (kind == 0 && st == RW_OK && p->mv_state && p->ph.n_experts % world == 0) {
+		uint32_t per = p->ph.n_experts / world;
+		out(t, ",\"expert_first\":%u,\"expert_load\":[", x->me * x->gpus * per);
+		for (uint32_t g = 0; g < x->gpus; g++) {
+			uint32_t rows = 0;
+			const uint32_t *ec = NULL;
+			p->mv->result(p->mv_state, g, &rows, &ec);
+			for (uint32_t e = 0; e < per; e++)
+				out(t, "%s%u", g || e ? "," : "", ec ? ec[(x->me * x->gpus + g) * per + e] : 0);
+		}
+		out(t, "],\"recv_rows\":[");
+		for (uint32_t g = 0; g < x->gpus; g++) {
+			uint32_t rows = 0;
+			const uint32_t *ec = NULL;
+			p->mv->result(p->mv_state, g, &rows, &ec);
+			out(t, "%s%u", g ? "," : "", rows);
+		}
+		out(t, "]");
+	}
 	/* tx: [rail, bytes, writes, first post us, last post us, done us (its last wave's)] */
 	out(t, ",\"tx\":[");
 	int first = 1;
