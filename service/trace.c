@@ -345,10 +345,17 @@ static void out_str(rw_svc_trace_t *t, const char *s)
 	out(t, "\"");
 }
 
-/* Microseconds from the kind's start (negative: before it, e.g. data that came early). */
-static double us(const exec_trace_kind_t *k, uint64_t ns)
+/* Microseconds from the kind's start as JSON (negative: before it, e.g. data that came before
+ * this node's ranks submitted; null: never happened). The text lives until 8 more calls. */
+static const char *us(const exec_trace_kind_t *k, uint64_t ns)
 {
-	return ns ? ((double)ns - (double)k->t0_ns) / 1e3 : -1.0;
+	static char ring[8][32];
+	static unsigned next;
+	char *b = ring[next++ % 8];
+	if (!ns)
+		return "null";
+	snprintf(b, sizeof(ring[0]), "%.1f", ((double)ns - (double)k->t0_ns) / 1e3);
+	return b;
 }
 
 static void out_counts(rw_svc_trace_t *t, const exec_pair_t *p)
@@ -418,13 +425,13 @@ void exec_trace_end_(exec_pair_t *p, int kind, rw_status_t st)
 		out(t, ",\"error\":");
 		out_str(t, p->err.msg);
 	}
-	out(t, ",\"t0_ns\":%llu,\"us\":%.1f", (unsigned long long)(tr->wall0_ns + (k->t0_ns - tr->mono0_ns)),
+	out(t, ",\"t0_ns\":%llu,\"us\":%s", (unsigned long long)(tr->wall0_ns + (k->t0_ns - tr->mono0_ns)),
 	    us(k, k->end_ns));
-	out(t, ",\"last_rank\":%u,\"last_submit_us\":%.1f,\"ready_us\":%.1f,\"run_us\":%.1f",
+	out(t, ",\"last_rank\":%u,\"last_submit_us\":%s,\"ready_us\":%s,\"run_us\":%s",
 	    x->me * x->gpus + k->last_local, us(k, k->last_submit_ns), us(k, k->ready_ns),
 	    us(k, k->run_ns));
 	if (k->last_peer >= 0)
-		out(t, ",\"last_peer\":%d,\"last_peer_us\":%.1f", k->last_peer, us(k, k->last_peer_ns));
+		out(t, ",\"last_peer\":%d,\"last_peer_us\":%s", k->last_peer, us(k, k->last_peer_ns));
 	else
 		out(t, ",\"last_peer\":null");
 	if (p->plan.have_layout)
@@ -433,7 +440,7 @@ void exec_trace_end_(exec_pair_t *p, int kind, rw_status_t st)
 		out(t, ",\"path\":null");
 	if (tr->have_sel) {
 		const rw_features_t *f = &tr->feat;
-		out(t, ",\"reason\":\"%s\",\"case\":%lld,\"dist2\":%.6g,\"decided_us\":%.1f",
+		out(t, ",\"reason\":\"%s\",\"case\":%lld,\"dist2\":%.6g,\"decided_us\":%s",
 		    rw_sched_reason_name(tr->sel.reason), (long long)tr->sel.case_id, tr->sel.distance2,
 		    us(&tr->k[0], tr->decided_ns));
 		out(t, ",\"features\":{\"remote_bytes\":%llu,\"B\":%.6g,\"rho_g\":%.6g,\"kappa\":%.6g,"
@@ -474,7 +481,7 @@ void exec_trace_end_(exec_pair_t *p, int kind, rw_status_t st)
 		if (!rl->writes)
 			continue;
 		uint64_t done = rl->last_wave < x->nodes ? k->wave[rl->last_wave].done_ns : 0;
-		out(t, "%s[%u,%llu,%u,%.1f,%.1f,%.1f]", first ? "" : ",", r,
+		out(t, "%s[%u,%llu,%u,%s,%s,%s]", first ? "" : ",", r,
 		    (unsigned long long)rl->bytes, rl->writes, us(k, rl->first_ns), us(k, rl->last_ns),
 		    us(k, done));
 		first = 0;
@@ -489,7 +496,7 @@ void exec_trace_end_(exec_pair_t *p, int kind, rw_status_t st)
 			continue;
 		double wait = wv->wait_ns ? ((double)(wv->grant_ns ? wv->grant_ns : k->end_ns) -
 					     (double)wv->wait_ns) / 1e3 : 0.0;
-		out(t, "%s[%u,%d,%llu,%u,%.1f,%.1f,%.1f]", first ? "" : ",", w,
+		out(t, "%s[%u,%d,%llu,%u,%s,%s,%.1f]", first ? "" : ",", w,
 		    waved ? (int)rw_sched_wave_dst(x->nodes, x->me, w) : -1,
 		    (unsigned long long)wv->bytes, wv->writes, us(k, wv->post_ns),
 		    us(k, wv->done_ns ? wv->done_ns : wv->post_ns), wait);
@@ -503,7 +510,7 @@ void exec_trace_end_(exec_pair_t *p, int kind, rw_status_t st)
 			const exec_trace_range_t *rg = &k->rx[(size_t)s * x->rails + r];
 			if (!rg->bytes && !rg->done_ns)
 				continue;
-			out(t, "%s[%u,%u,%llu,%.1f,%.1f]", first ? "" : ",", s, r,
+			out(t, "%s[%u,%u,%llu,%s,%s]", first ? "" : ",", s, r,
 			    (unsigned long long)rg->bytes, us(k, rg->first_ns), us(k, rg->done_ns));
 			first = 0;
 		}
@@ -512,7 +519,7 @@ void exec_trace_end_(exec_pair_t *p, int kind, rw_status_t st)
 	first = 1;
 	for (uint32_t w = 2; w < x->nodes; w++)
 		if (k->granted_ns[w]) {
-			out(t, "%s[%u,%u,%.1f]", first ? "" : ",", w, (x->me + x->nodes - w) % x->nodes,
+			out(t, "%s[%u,%u,%s]", first ? "" : ",", w, (x->me + x->nodes - w) % x->nodes,
 			    us(k, k->granted_ns[w]));
 			first = 0;
 		}

@@ -148,6 +148,7 @@ class Chrome:
 
 
 def export_record(ch, r):
+    """A record's slices. Times in a record are microseconds from its t0 (null: never)."""
     pid = r["node"] + 1
     ch.proc(pid, "node %s (%d)" % (name_of(r), r["node"]))
     t0 = r["t0_ns"] / 1e3
@@ -157,29 +158,33 @@ def export_record(ch, r):
                                   "last_peer", "epoch") if k in r}
     # The phase with its gather and count exchange nested in it.
     ch.slice(pid, "phases", 0, "%s %s" % (label, r.get("path") or "?"), t0, end, args)
-    if r.get("last_submit_us", -1) > 0:
-        ch.slice(pid, "phases", 0, "gather (last: rank %d)" % r["last_rank"], t0,
-                 r["last_submit_us"], {}, nest=True)
-    if r.get("ready_us", -1) >= 0 and r.get("run_us", -1) > r.get("ready_us", -1):
+    sub, ready, run = r.get("last_submit_us"), r.get("ready_us"), r.get("run_us")
+    if sub is not None and sub > 0:
+        ch.slice(pid, "phases", 0, "gather (last: rank %d)" % r["last_rank"], t0, sub, {}, nest=True)
+    if ready is not None and run is not None and run > ready:
         ch.slice(pid, "phases", 0, "count exchange + decide" if r["kind"] == "dispatch" else "start",
-                 t0 + r["ready_us"], r["run_us"] - r["ready_us"], {}, nest=True)
+                 t0 + ready, run - ready, {}, nest=True)
     for w, dst, nbytes, writes, post, done, wait in r.get("waves", []):
+        if post is None:
+            continue
         if wait > 0:
             ch.slice(pid, "waves", 1, "grant wait %d" % w, t0 + post - wait, wait,
                      {"wave": w, "destination": dst})
-        if post >= 0:
-            ch.slice(pid, "waves", 1, "%s wave %d -> %s" % (label, w, "all" if dst < 0 else "n%d" % dst),
-                     t0 + post, (done if done >= 0 else end) - post,
-                     {"bytes": nbytes, "writes": writes, "destination": dst})
+        ch.slice(pid, "waves", 1, "%s wave %d -> %s" % (label, w, "all" if dst < 0 else "n%d" % dst),
+                 t0 + post, (done if done is not None else end) - post,
+                 {"bytes": nbytes, "writes": writes, "destination": dst})
     for w, src, at in r.get("grants", []):
         ch.instant(pid, "waves", 1, "grant wave %d to node %d" % (w, src), t0 + at, {})
     for rail, nbytes, writes, first, last, done in r.get("tx", []):
-        ch.slice(pid, "rail %d tx" % rail, 2 + 2 * rail, "%s tx" % label, t0 + first,
-                 (done if done >= 0 else last) - first, {"bytes": nbytes, "writes": writes})
+        stop = done if done is not None else (last if last is not None else end)
+        ch.slice(pid, "rail %d tx" % rail, 2 + 2 * rail, "%s tx" % label, t0 + first, stop - first,
+                 {"bytes": nbytes, "writes": writes})
     for src, rail, nbytes, first, done in r.get("rx", []):
-        stop = done if done >= 0 else end
+        if first is None:
+            continue
+        stop = done if done is not None else end
         ch.slice(pid, "rail %d rx" % rail, 3 + 2 * rail, "%s rx from node %d" % (label, src),
-                 t0 + first, stop - first, {"bytes": nbytes, "complete": done >= 0})
+                 t0 + first, stop - first, {"bytes": nbytes, "complete": done is not None})
 
 
 def cmd_export(a):
@@ -218,7 +223,7 @@ def late_rows(recs):
         if len(by_node) < 2:
             continue
         sub = sorted(((r["t0_ns"] / 1e3 + r["last_submit_us"], n, r) for n, r in by_node.items()
-                      if r.get("last_submit_us", -1) >= 0), key=lambda x: (x[0], x[1]))
+                      if r.get("last_submit_us") is not None), key=lambda x: (x[0], x[1]))
         if len(sub) < 2:
             continue
         t_last, n_last, r_last = sub[-1]
