@@ -158,20 +158,16 @@ void exec_trace_stop(exec_t *x)
 	trace_flush(t);
 	trace_drop_pending(t);
 	rw_info("trace: %llu phase records (%llu bytes, %llu rotations) written, %llu dropped, "
-		"%llu write failures", (unsigned long long)t->c.records, (unsigned long long)t->c.bytes,
-		(unsigned long long)t->c.rotations, (unsigned long long)t->c.dropped,
-		(unsigned long long)t->c.errors);
+		"%llu write failures; %.1f us of loop time per record", (unsigned long long)t->c.records,
+		(unsigned long long)t->c.bytes, (unsigned long long)t->c.rotations,
+		(unsigned long long)t->c.dropped, (unsigned long long)t->c.errors,
+		t->c.ended ? (double)t->c.end_ns / (double)t->c.ended / 1e3 : 0.0);
 	if (t->fd >= 0)
 		close(t->fd);
 	free(t->buf);
 	free(t->rec);
 	free(t);
 	x->trace = NULL;
-}
-
-void exec_trace_counters(const exec_t *x, exec_trace_counters_t *c_p)
-{
-	*c_p = x->trace ? x->trace->c : (exec_trace_counters_t){ 0 };
 }
 
 /* ---- the pair's hooks ------------------------------------------------------------------------ */
@@ -404,7 +400,8 @@ void exec_trace_end_(exec_pair_t *p, int kind, rw_status_t st)
 	exec_trace_pair_t *tr = p->tr;
 	exec_trace_kind_t *k = tk(p, kind);
 	const rw_svc_config_t *cfg = &x->svc->cfg;
-	k->end_ns = rw_now_ns();
+	const uint64_t began = k->end_ns = rw_now_ns();
+	t->c.ended++;
 	if (!k->t0_ns)
 		k->t0_ns = k->end_ns;
 	t->rec_len = 0;
@@ -527,13 +524,14 @@ void exec_trace_end_(exec_pair_t *p, int kind, rw_status_t st)
 
 	if (t->rec_bad || t->len + t->rec_len > TRACE_BUF_MAX) {
 		t->c.dropped++;
-		return;
+	} else {
+		if (t->file_bytes + t->len + t->rec_len > t->seg_bytes && t->file_bytes + t->len > 0)
+			trace_rotate(t);
+		memcpy(t->buf + t->len, t->rec, t->rec_len);
+		t->len += t->rec_len;
+		t->pending++;
+		if (t->len >= TRACE_FLUSH_AT)
+			trace_flush(t);
 	}
-	if (t->file_bytes + t->len + t->rec_len > t->seg_bytes && t->file_bytes + t->len > 0)
-		trace_rotate(t);
-	memcpy(t->buf + t->len, t->rec, t->rec_len);
-	t->len += t->rec_len;
-	t->pending++;
-	if (t->len >= TRACE_FLUSH_AT)
-		trace_flush(t);
+	t->c.end_ns += rw_now_ns() - began;
 }

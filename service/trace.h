@@ -65,12 +65,12 @@ void exec_trace_start(struct rw_svc_exec *x);
 /* Flush what is buffered, close the file, free the recorder. */
 void exec_trace_stop(struct rw_svc_exec *x);
 
-/* Counters of the recorder (tests, stats): records written, records dropped (buffer full, write
- * failed), write/open failures. All zero when tracing is off. */
+/* Counters of the recorder (logged when it stops): records written, records dropped (buffer
+ * full, write failed), write/open failures, bytes, rotations, and the loop time spent ending
+ * records (building, buffering, and the writes they triggered). Zero when tracing is off. */
 typedef struct exec_trace_counters {
-	uint64_t records, dropped, errors, bytes, rotations;
+	uint64_t records, dropped, errors, bytes, rotations, ended, end_ns;
 } exec_trace_counters_t;
-void exec_trace_counters(const struct rw_svc_exec *x, exec_trace_counters_t *c_p);
 
 /* The hooks' bodies (trace.c); call them through the inline wrappers below. */
 void exec_trace_open_(struct exec_pair *p);
