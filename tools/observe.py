@@ -28,6 +28,7 @@ import sys
 import time
 
 KINDS = ("dispatch", "combine")
+BUILD = None  # the build directory of the railwave binary that ran us
 
 
 def die(msg, rc=1):
@@ -427,11 +428,57 @@ def plots(rows, fits, outdir):
     return made
 
 
+PATHS = ("native", "rail-only", "perm-only", "joint")
+
+
+def replay(rows, recs, model):
+    """Every row's recorded count matrix through `railwave sim-replay` (tools/sim_replay.c):
+    each path's simulated dispatch and combine time and its ratio to the lower bound of DESIGN
+    §6. Rows with per-node sums only (large N) are not replayed."""
+    first = {}
+    for r in recs:
+        if r["kind"] == "dispatch" and r["status"] == "ok" and r.get("counts"):
+            first.setdefault((r["group"], r["layer"], r["step"]), r)
+    comb = {}
+    for r in recs:
+        if r["kind"] == "combine" and r["status"] == "ok":
+            comb.setdefault((r["group"], r["layer"], r["step"]), r["rec_size"])
+    lines, keys = [], []
+    for i, row in enumerate(rows):
+        key = (row["group"], row["layer"], row["step"])
+        r = first.get(key)
+        if not r or key not in comb:
+            continue
+        lines.append(json.dumps({"id": i, "nodes": r["N"], "rails": r["R"], "gpus": r["G"],
+                                 "counts": r["counts"], "record_bytes": r["rec_size"],
+                                 "combine_record_bytes": comb[key],
+                                 "gbps": r.get("gbps") or [100.0] * r["R"]}))
+        keys.append(i)
+    if not lines:
+        return 0
+    tool = os.path.join(BUILD, "tools", "railwave") if BUILD else "railwave"
+    p = subprocess.run([tool, "sim-replay", "--model", model, "-"], input="\n".join(lines) + "\n",
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        die("analyze: railwave sim-replay failed: %s" % p.stderr.strip()[-400:])
+    for line in p.stdout.splitlines():
+        res = json.loads(line)
+        row = rows[res["id"]]
+        row["sim"] = res
+        for kind in ("dispatch", "combine"):
+            lb = res[kind]["lower_bound_s"] * 1e3
+            row["sim_lb_ms_" + kind] = lb
+            if row.get(kind + "_ms") is not None and lb > 0:
+                row[kind + "_over_lb"] = row[kind + "_ms"] / lb
+    return len(lines)
+
+
 def cmd_analyze(a):
     recs, _ = load(a.trace, "analyze")
     rows = analyze_rows(recs, a.gbps)
     if not rows:
         die("analyze: no completed dispatch phase with a count matrix in the traces")
+    replayed = 0 if a.no_sim else replay(rows, recs, a.model)
     pts = [r for r in rows if r.get("expert_imb") is not None]
     xs = [r["expert_imb"] for r in pts]
     fits = (linfit(xs, [r["src_rail_imb"] for r in pts]), linfit(xs, [r["dst_rail_imb"] for r in pts]))
@@ -449,13 +496,33 @@ def cmd_analyze(a):
         p["phases"] += 1
         if r["dispatch_ms"] is not None:
             p["dispatch_ms"].append(r["dispatch_ms"])
-            if r.get("lb_ms"):
+            if r.get("dispatch_over_lb") is not None:  # the simulator's bound (DESIGN §6)
+                p["ratio"].append(r["dispatch_over_lb"])
+            elif r.get("lb_ms"):
                 p["ratio"].append(r["dispatch_ms"] / r["lb_ms"])
         if r["combine_ms"] is not None:
             p["combine_ms"].append(r["combine_ms"])
     out["paths"] = {k: {"phases": v["phases"], "dispatch_ms_p50": pct(v["dispatch_ms"], 0.5),
                         "combine_ms_p50": pct(v["combine_ms"], 0.5),
                         "dispatch_over_lb_p50": pct(v["ratio"], 0.5)} for k, v in paths.items()}
+    # What every path would have cost on the recorded demand (simulated, ratio to the bound),
+    # and how the recorded path compares with the simulated best.
+    sim_rows = [r for r in rows if "sim" in r]
+    if sim_rows:
+        what = {}
+        for kind in ("dispatch", "combine"):
+            for pth in PATHS:
+                what.setdefault(pth, {})[kind + "_over_lb_p50"] = pct(
+                    [r["sim"][kind]["paths"][pth]["ratio"] for r in sim_rows], 0.5)
+            for pth in PATHS:
+                what[pth]["best_" + kind] = sum(
+                    1 for r in sim_rows
+                    if min(PATHS, key=lambda q: (r["sim"][kind]["paths"][q]["time_s"], PATHS.index(q))) == pth)
+        regret = [r["sim"]["dispatch"]["paths"][r["path"]]["time_s"] /
+                  min(r["sim"]["dispatch"]["paths"][q]["time_s"] for q in PATHS)
+                  for r in sim_rows if r["path"] in PATHS]
+        out["replay"] = {"model": a.model, "phases": len(sim_rows), "paths": what,
+                         "chosen_over_best_p50": pct(regret, 0.5), "chosen_over_best_max": pct(regret, 1.0)}
     if a.plots:
         out["plots"] = plots(rows, fits, a.plots)
     if a.json:
@@ -473,10 +540,23 @@ def cmd_analyze(a):
                      ("dst_rail_imb", "dst-rail imb.")):
         d = dist[k]
         print("%-14s %8.3f %8.3f %8.3f %8.3f %5d" % (label, d["min"], d["p50"], d["p90"], d["max"], d["n"]))
-    print("\n%-10s %7s %14s %14s %14s" % ("path", "phases", "dispatch p50", "combine p50", "dispatch/LB p50"))
+    print("\nrecorded (phase time: the slowest node's; LB: %s):" % (
+        "DESIGN §6, from railwave sim" if "replay" in out else "every node's remote bytes over its NICs"))
+    print("%-10s %7s %14s %14s %16s" % ("path", "phases", "dispatch p50", "combine p50", "dispatch/LB p50"))
     for k, v in sorted(out["paths"].items(), key=lambda kv: str(kv[0])):
-        print("%-10s %7d %11.2f ms %11.2f ms %14.2f" % (k, v["phases"], v["dispatch_ms_p50"],
+        print("%-10s %7d %11.2f ms %11.2f ms %16.2f" % (k, v["phases"], v["dispatch_ms_p50"],
                                                         v["combine_ms_p50"], v["dispatch_over_lb_p50"]))
+    if "replay" in out:
+        rp = out["replay"]
+        print("\nevery path on the recorded matrices (railwave sim, %s model, %d phases; time / lower "
+              "bound, median; best = fastest in that many phases):" % (rp["model"], rp["phases"]))
+        print("%-10s %14s %10s %14s %10s" % ("path", "dispatch/LB", "best", "combine/LB", "best"))
+        for pth in PATHS:
+            w = rp["paths"][pth]
+            print("%-10s %14.3f %10d %14.3f %10d" % (pth, w["dispatch_over_lb_p50"], w["best_dispatch"],
+                                                     w["combine_over_lb_p50"], w["best_combine"]))
+        print("recorded path / simulated best (dispatch): median %.3f, max %.3f" % (
+            rp["chosen_over_best_p50"], rp["chosen_over_best_max"]))
     for pth in out.get("plots", []):
         print("plot: %s" % pth)
     return 0
@@ -607,9 +687,10 @@ def cmd_top(a):
 def main(argv):
     if len(argv) < 1:
         die("observe.py: no mode", 2)
+    global BUILD
     mode, rest = argv[0], argv[1:]
     if len(rest) >= 2 and rest[0] == "--build":
-        rest = rest[2:]
+        BUILD, rest = rest[1], rest[2:]
     if mode == "trace":
         p = argparse.ArgumentParser(prog="railwave trace", description="phase traces: export, late")
         sub = p.add_subparsers(dest="sub", required=True)
@@ -631,6 +712,9 @@ def main(argv):
         p.add_argument("trace", nargs="+")
         p.add_argument("--plots", metavar="DIR", help="write PNG plots (gnuplot) into DIR")
         p.add_argument("--gbps", type=float, help="NIC rate for the lower bound (default: the traces')")
+        p.add_argument("--model", default="maxmin", choices=("maxmin", "lossless"),
+                       help="simulator model for the replay (maxmin)")
+        p.add_argument("--no-sim", action="store_true", help="do not replay through railwave sim")
         p.add_argument("--json", action="store_true")
         return cmd_analyze(p.parse_args(rest))
     if mode == "top":

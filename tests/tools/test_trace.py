@@ -260,7 +260,16 @@ def scenario_record(tmp, seed):
         check(an["phases"] == layers * steps, "analyze: %d phases, want %d" % (an["phases"], layers * steps))
         check(an["fits"]["source"]["n"] == layers * steps, "analyze: fit over %d points" % an["fits"]["source"]["n"])
         check(list(an["paths"]) == [path], "analyze: paths %s" % list(an["paths"]))
+        rp = an["replay"]
+        check(rp["phases"] == layers * steps, "analyze: %d phases replayed" % rp["phases"])
+        check(sum(rp["paths"][q]["best_dispatch"] for q in rp["paths"]) == layers * steps,
+              "analyze: best-path tally %s" % rp["paths"])
         for row in an["rows"]:
+            for kind in ("dispatch", "combine"):
+                for q, v in row["sim"][kind]["paths"].items():
+                    check(v["ratio"] >= 1 - 1e-9, "sim-replay: %s %s below the lower bound: %s" % (q, kind, v))
+            check(row["dispatch_over_lb"] == row["dispatch_ms"] / row["sim_lb_ms_dispatch"], "analyze ratio")
+
             want, load = oracle(nodes, c.experts, seed + i, row["layer"], row["step"])
             check(abs(row["expert_imb"] - max(load) / (sum(load) / len(load))) < 1e-9,
                   "analyze: expert imbalance %s" % row["expert_imb"])
