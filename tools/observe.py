@@ -358,10 +358,11 @@ def analyze_rows(recs, gbps):
                     load[r["expert_first"] + i] = v
             row["expert_imb"] = imbalance(load)
         # Phase time: the slowest node's, dispatch and its combine.
-        row["dispatch_ms"] = max(r["us"] for r in ok) / 1e3 if len(ok) == N else None
+        timed = len(ok) == N and all(r["us"] is not None for r in ok)  # trace-synth: no times
+        row["dispatch_ms"] = max(r["us"] for r in ok) / 1e3 if timed else None
         comb = phases(recs).get(key[:3] + ("combine", 0), {})
         cok = [r for r in comb.values() if r["status"] == "ok"]
-        row["combine_ms"] = max(r["us"] for r in cok) / 1e3 if len(cok) == N else None
+        row["combine_ms"] = max(r["us"] for r in cok) / 1e3 if len(cok) == N and timed else None
         # Lower bound (DESIGN §6 flavour, for any plan): the busiest node's remote bytes spread
         # evenly over its R NICs, at the NIC rate.
         rate = gbps or (r0.get("gbps") or [None])[0]
@@ -447,11 +448,12 @@ def replay(rows, recs, model):
     for i, row in enumerate(rows):
         key = (row["group"], row["layer"], row["step"])
         r = first.get(key)
-        if not r or key not in comb:
+        crec = comb.get(key) or (r or {}).get("combine_rec_size")
+        if not r or not crec:
             continue
         lines.append(json.dumps({"id": i, "nodes": r["N"], "rails": r["R"], "gpus": r["G"],
                                  "counts": r["counts"], "record_bytes": r["rec_size"],
-                                 "combine_record_bytes": comb[key],
+                                 "combine_record_bytes": crec,
                                  "gbps": r.get("gbps") or [100.0] * r["R"]}))
         keys.append(i)
     if not lines:
@@ -544,8 +546,9 @@ def cmd_analyze(a):
         "DESIGN §6, from railwave sim" if "replay" in out else "every node's remote bytes over its NICs"))
     print("%-10s %7s %14s %14s %16s" % ("path", "phases", "dispatch p50", "combine p50", "dispatch/LB p50"))
     for k, v in sorted(out["paths"].items(), key=lambda kv: str(kv[0])):
-        print("%-10s %7d %11.2f ms %11.2f ms %16.2f" % (k, v["phases"], v["dispatch_ms_p50"],
-                                                        v["combine_ms_p50"], v["dispatch_over_lb_p50"]))
+        f = lambda x, unit="": "-" if math.isnan(x) else "%.2f%s" % (x, unit)  # noqa: E731
+        print("%-10s %7d %14s %14s %16s" % (k, v["phases"], f(v["dispatch_ms_p50"], " ms"),
+                                            f(v["combine_ms_p50"], " ms"), f(v["dispatch_over_lb_p50"])))
     if "replay" in out:
         rp = out["replay"]
         print("\nevery path on the recorded matrices (railwave sim, %s model, %d phases; time / lower "

@@ -27,6 +27,7 @@ int rw_tool_trace(int argc, char **argv);       /* tools/observe.c */
 int rw_tool_analyze(int argc, char **argv);     /* tools/observe.c */
 int rw_tool_top(int argc, char **argv);         /* tools/observe.c */
 int rw_tool_sim_replay(int argc, char **argv);  /* tools/sim_replay.c */
+int rw_tool_trace_synth(int argc, char **argv); /* tools/trace_synth.c */
 
 /* Exec `python3 -u <source>/tools/SCRIPT MODE --build <build dir> argv[1..]` (tools/pyexec.c);
  * returns 1 (with a message) only when that cannot be done. */

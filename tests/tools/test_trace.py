@@ -372,6 +372,11 @@ def scenario_unwritable(tmp, seed):
                        capture_output=True, text=True, timeout=30)
     check(p.returncode != 0 and "trace_dir" in p.stderr and "not a directory" in p.stderr,
           "a file as trace_dir: rc %d: %s" % (p.returncode, p.stderr[-300:]))
+    for bad, why in ((["--trace-max-kib", "8"], "--trace-max-kib: 8 out of range"),
+                     (["--trace-max-kib", "x"], "--trace-max-kib")):
+        p = subprocess.run([it.DAEMON, "--config", c.cfg_path, "--node", "0"] + bad,
+                           capture_output=True, text=True, timeout=30)
+        check(p.returncode == 2 and why in p.stderr, "%s: rc %d: %s" % (bad, p.returncode, p.stderr[-300:]))
     print("ok   unwritable trace_dir: phases ran, 1 warning, %d dropped per node; a file refused" % (
         layers * steps * 2))
 
