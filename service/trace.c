@@ -207,6 +207,7 @@ void exec_trace_submit_(exec_pair_t *p, int kind, uint32_t local)
 		k->t0_ns = now;
 	k->last_submit_ns = now;
 	k->last_local = local;
+	k->submitted |= 1u << local;
 }
 
 void exec_trace_mark_(exec_pair_t *p, int kind, int what)
@@ -427,6 +428,11 @@ void exec_trace_end_(exec_pair_t *p, int kind, rw_status_t st)
 	out(t, ",\"last_rank\":%u,\"last_submit_us\":%s,\"ready_us\":%s,\"run_us\":%s",
 	    x->me * x->gpus + k->last_local, us(k, k->last_submit_ns), us(k, k->ready_ns),
 	    us(k, k->run_ns));
+	out(t, ",\"missing\":[");
+	for (uint32_t g = 0, n = 0; g < x->gpus; g++)
+		if (!(k->submitted >> g & 1))
+			out(t, "%s%u", n++ ? "," : "", x->me * x->gpus + g);
+	out(t, "]");
 	if (k->last_peer >= 0)
 		out(t, ",\"last_peer\":%d,\"last_peer_us\":%s", k->last_peer, us(k, k->last_peer_ns));
 	else

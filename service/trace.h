@@ -36,6 +36,7 @@ typedef struct exec_trace_kind {
 	uint64_t t0_ns;              /* the kind's first local submission (rw_now_ns) */
 	uint64_t last_submit_ns, ready_ns, run_ns, end_ns;
 	uint32_t last_local;         /* local index of the last rank to submit */
+	uint32_t submitted;          /* bit g: local rank g submitted this kind */
 	int32_t last_peer;           /* node whose range completed last (-1: none) */
 	uint64_t last_peer_ns;
 	exec_trace_rail_t tx[RW_MAX_RAILS];

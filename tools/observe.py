@@ -228,6 +228,12 @@ def late_rows(recs):
         if len(sub) < 2:
             continue
         t_last, n_last, r_last = sub[-1]
+        late_by = (t_last - sub[-2][0]) / 1e3
+        last_rank = r_last["last_rank"]
+        never = sorted((n, r) for n, r in by_node.items() if r.get("missing"))
+        if never:  # a rank that never submitted held everyone up for the whole phase
+            n_last, r_last = never[0]
+            last_rank, late_by = r_last["missing"][0], None
         peers = {}
         for n, r in by_node.items():
             if r.get("last_peer") is not None and r["last_peer"] != n:
@@ -236,8 +242,8 @@ def late_rows(recs):
         rows.append({
             "group": key[0], "layer": key[1], "step": key[2], "kind": key[3], "attempt": key[4],
             "nodes": len(by_node), "last_node": n_last, "last_name": name_of(r_last),
-            "last_rank": r_last["last_rank"],
-            "late_by_ms": (t_last - sub[-2][0]) / 1e3, "spread_ms": (t_last - sub[0][0]) / 1e3,
+            "last_rank": last_rank, "never": [x for _, r in never for x in r["missing"]],
+            "late_by_ms": late_by, "spread_ms": (t_last - sub[0][0]) / 1e3,
             "phase_ms": max(r["us"] for r in by_node.values()) / 1e3,
             "status": ",".join(sorted({r["status"] for r in by_node.values()})),
             "last_peer": slow_peer, "last_peer_votes": peers.get(slow_peer, 0),
@@ -256,21 +262,22 @@ def cmd_late(a):
         json.dump(rows, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0
-    print("%-12s %5s %6s %-8s  %-16s %9s %9s %9s  %-12s %s" % (
+    print("%-12s %5s %6s %-8s  %-16s %10s %9s %9s  %-12s %s" % (
         "group", "layer", "step", "phase", "last to submit", "late by", "spread", "phase",
         "last data", "status"))
     for w in rows:
-        print("%-12s %5d %6d %-8s  %-16s %7.2f ms %6.2f ms %6.2f ms  %-12s %s" % (
+        late = "never" if w["late_by_ms"] is None else "%.2f ms" % w["late_by_ms"]
+        print("%-12s %5d %6d %-8s  %-16s %10s %6.2f ms %6.2f ms  %-12s %s" % (
             w["group"][:12], w["layer"], w["step"], w["kind"],
-            "%s rank %d" % (w["last_name"], w["last_rank"]), w["late_by_ms"], w["spread_ms"],
+            "%s rank %d" % (w["last_name"], w["last_rank"]), late, w["spread_ms"],
             w["phase_ms"], "-" if w["last_peer"] is None else "node %d (%d)" % (w["last_peer"], w["last_peer_votes"]),
             w["status"]))
     tally = {}
     for w in rows:
         t = tally.setdefault((w["last_node"], w["last_name"]), [0, 0.0])
         t[0] += 1
-        t[1] += w["late_by_ms"]
-    print("\nlast to submit, by node (phases, total ms it held the others up):")
+        t[1] += w["late_by_ms"] or 0.0
+    print("\nlast to submit, by node (phases, total ms it held the others up; 'never' phases add 0):")
     for (n, name), (cnt, ms) in sorted(tally.items(), key=lambda kv: -kv[1][1])[:a.top]:
         print("  node %d (%s): %d of %d phases, %.2f ms" % (n, name, cnt, len(rows), ms))
     return 0

@@ -316,6 +316,49 @@ def scenario_late(tmp, seed):
     print("ok   trace late names rank 3 (%.0f ms); top --once" % w["late_by_ms"])
 
 
+def scenario_fail(tmp, seed):
+    """Rank 3 (node 1) joins but never submits: every node records the failed dispatch with its
+    status, the message its ranks got and the rank that never submitted; the next step is
+    recorded ok."""
+    nodes = 2
+    tdir = os.path.join(tmp, "traces-fail")
+    os.mkdir(tdir)
+    c = it.Cluster(tmp, nodes, path="joint", extra={"trace_dir": tdir, "phase_timeout_ms": 1500})
+    try:
+        c.start_all()
+        idle = c.rank(3, "g.fail", 1, 1, seed, mode="idle")
+        check(idle.stdout.readline().strip() == b"ready", "idle rank not ready")
+        c.collect([(r, c.rank(r, "g.fail", 1, 1, seed, mode="fail")) for r in range(3)])
+        idle.kill()
+        idle.wait()
+        idle.stdout.close()
+        c.run_ranks("g.fail", layers=1, steps=1, seed=seed, flags=["--first-step", "1"])
+    finally:
+        c.stop()
+    recs = records(tdir)
+    for n in range(nodes):
+        rs = [r for r in recs.get(n, []) if r["kind"] == "dispatch"]
+        check(len(rs) == 2, "node %d: %d dispatch records, want the failed one and the next" % (n, len(rs)))
+        bad, good = rs
+        check(bad["status"] == "timeout" and "timed out after 1500 ms" in bad.get("error", ""),
+              "node %d: failed record %s" % (n, bad))
+        check((bad["layer"], bad["step"], good["layer"], good["step"]) == (0, 0, 0, 1), "keys %s %s" % (bad, good))
+        check(good["status"] == "ok" and "error" not in good, "node %d: next record %s" % (n, good))
+    # node 1 waited for its own rank 3; node 0 for node 1's count row (or heard node 1's reason)
+    check("local ranks 3" in recs[1][0]["error"] or "count rows of node 1" in recs[1][0]["error"],
+          "node 1's error: %s" % recs[1][0]["error"])
+    check(recs[1][0]["counts"] is None and recs[1][0]["path"] is None, "a phase that never decided: %s" % recs[1][0])
+    check(recs[1][0]["missing"] == [3] and recs[0][0]["missing"] == [], "missing ranks: %s, %s" % (
+        recs[0][0]["missing"], recs[1][0]["missing"]))
+    rows = json.loads(tool("trace", "late", tdir, "--json"))
+    first = [w for w in rows if w["kind"] == "dispatch" and w["step"] == 0]
+    check(len(first) == 1 and first[0]["last_rank"] == 3 and first[0]["late_by_ms"] is None and
+          first[0]["never"] == [3] and first[0]["status"] == "timeout",
+          "trace late on the failed attempt: %s" % first)
+    check("n1 rank 3" in tool("trace", "late", tdir) and "never" in tool("trace", "late", tdir), "late table")
+    print("ok   failed phase recorded (timeout, its message, the missing rank) on every node; trace late names it")
+
+
 def scenario_rotate(tmp, seed):
     """trace_max_kib 16: two files of at most 8 KiB of whole records, the newest last."""
     nodes, layers, steps = 3, 4, 3
@@ -390,7 +433,7 @@ def main():
     print("seed %d (RW_TEST_SEED=%d reproduces)" % (seed, seed))
     only = os.environ.get("RW_TRACE_ONLY", "")
     with tempfile.TemporaryDirectory(prefix="rwtrace.", dir="/tmp") as tmp:
-        for name, fn in (("record", scenario_record), ("late", scenario_late),
+        for name, fn in (("record", scenario_record), ("late", scenario_late), ("fail", scenario_fail),
                          ("rotate", scenario_rotate), ("unwritable", scenario_unwritable)):
             if only and name not in only.split(","):
                 continue
