@@ -428,7 +428,9 @@ def plots(rows, fits, outdir):
                                    [r["fan_in"] for r in rows])[col - 1] if x is not None]
         lo, hi = (min(vals), max(vals)) if vals else (0, 1)
         w = (hi - lo) / 20 if hi > lo else 1
-        script += ["set xlabel '%s'" % label,
+        script += ["set boxwidth %g" % (w * 0.9),
+                   "set xrange [%g:%g]" % (lo - w, hi + w),
+                   "set xlabel '%s'" % label,
                    "plot '%s' using (bin($%d,%g)):(1.0) smooth freq with boxes notitle" % (feat, col, w)]
     script.append("unset multiplot")
     if rows and gnuplot("\n".join(script) + "\n", "analyze"):
