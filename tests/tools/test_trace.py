@@ -12,7 +12,8 @@ Cluster helper of tests/integration/test_dataflow.py), then `railwave trace expo
   and rx bytes summed over a daemon's records equal its `stats rails` counters;
 * the export has one phase slice per record, tracks per node x rail, slices that never overlap
   without nesting, and the same rx bytes as the records; `trace late` names the rank started
-  1 s after the others; `analyze` reads them and draws its plots;
+  1 s after the others; `analyze` reads them and draws its plots; `top` runs in a real terminal
+  (tmux) and redraws in place;
 * rotation: with trace_max_kib 16 both files stay within 8 KiB each, hold whole records, and the
   newest is the last phase; an unwritable trace_dir costs no phase, is logged once and every
   record is counted as dropped; a trace_dir that is a file is refused at start.
@@ -21,6 +22,7 @@ Exit 0 pass, 1 fail, 77 skip."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -302,6 +304,7 @@ def scenario_late(tmp, seed):
         ok_lines = [l for l in top.splitlines() if " dispatch " in l]
         check(ok_lines and all(l.split()[3] == "2" for l in ok_lines[:1]), "top phases: %s" % ok_lines)
         tool("top", "--once", "--socket", os.path.join(tmp, "nobody.stats"), want=1)
+        top_in_tmux(tmp, c)
     finally:
         c.stop()
     rows = json.loads(tool("trace", "late", tdir, "--json"))
@@ -357,6 +360,46 @@ def scenario_fail(tmp, seed):
           "trace late on the failed attempt: %s" % first)
     check("n1 rank 3" in tool("trace", "late", tdir) and "never" in tool("trace", "late", tdir), "late table")
     print("ok   failed phase recorded (timeout, its message, the missing rank) on every node; trace late names it")
+
+
+def top_in_tmux(tmp, c):
+    """`railwave top` in a real terminal (tmux, 100 x 40): it redraws in place — one frame on
+    the screen, its clock moving — and Ctrl-C ends it with status 0."""
+    if not shutil.which("tmux"):
+        print("note: tmux not installed; top's live mode not tried in a terminal")
+        return
+    sess = "rwtop%d" % os.getpid()
+    done = os.path.join(tmp, "top.rc")
+    cmd = "%s top --interval 0.2 --socket %s; echo $? > %s; sleep 30" % (
+        TOOL, c.cfg["nodes"][0]["stats_socket"], done)
+    env = dict(os.environ, TMUX="")
+    subprocess.run(["tmux", "-L", sess, "new-session", "-d", "-s", sess, "-x", "100", "-y", "40", cmd],
+                   check=True, env=env, timeout=30)
+    try:
+        def screen():
+            return subprocess.run(["tmux", "-L", sess, "capture-pane", "-p", "-t", sess], capture_output=True,
+                                  text=True, timeout=10, env=env).stdout
+        shots = []
+        for _ in range(100):
+            time.sleep(0.1)
+            sc = screen()
+            if "railwave top" in sc and "peer 1" in sc:
+                shots.append(sc)
+                if len(shots) >= 2 and shots[-1].splitlines()[0] != shots[0].splitlines()[0]:
+                    break
+        check(len(shots) >= 2, "top in tmux: no frame on the screen: %s" % screen())
+        last = shots[-1]
+        check(last.count("railwave top") == 1 and last.count("state running") == 1,
+              "top in tmux: not one frame in place:\n%s" % last)
+        check(shots[-1].splitlines()[0] != shots[0].splitlines()[0], "top in tmux: the clock did not move")
+        subprocess.run(["tmux", "-L", sess, "send-keys", "-t", sess, "C-c"], check=True, env=env, timeout=10)
+        for _ in range(50):
+            if os.path.exists(done):
+                break
+            time.sleep(0.1)
+        check(os.path.exists(done) and open(done).read().strip() == "0", "top in tmux: Ctrl-C did not end it with 0")
+    finally:
+        subprocess.run(["tmux", "-L", sess, "kill-server"], env=env, timeout=10, capture_output=True)
 
 
 def scenario_rotate(tmp, seed):
