@@ -720,7 +720,12 @@ def main(argv):
         a = p.parse_args(rest)
         return cmd_export(a) if a.sub == "export" else cmd_late(a)
     if mode == "analyze":
-        p = argparse.ArgumentParser(prog="railwave analyze", description=__doc__.split("\n\n")[1])
+        p = argparse.ArgumentParser(
+            prog="railwave analyze",
+            description="Over phase traces (files or directories): expert-load vs source/destination-"
+                        "rail imbalance with linear fits, distributions of rho_g, kappa and fan-in, "
+                        "phase time / lower bound per path, and every path replayed on the recorded "
+                        "matrices through the simulator (docs/tools.md).")
         p.add_argument("trace", nargs="+")
         p.add_argument("--plots", metavar="DIR", help="write PNG plots (gnuplot) into DIR")
         p.add_argument("--gbps", type=float, help="NIC rate for the lower bound (default: the traces')")
