@@ -55,8 +55,9 @@ static inline int rw_status_is_peer(rw_status_t st) { return st <= -20 && st > -
 static inline int rw_status_is_client(rw_status_t st) { return st <= -40 && st > -60; }
 static inline int rw_status_is_fatal(rw_status_t st) { return st <= -60; }
 
-/* Logging: one line per event, with a level and a context prefix chosen by the caller
- * ("peer 2 rail 1", "rank 5"). Messages go to stderr unless rw_log_set_sink() says otherwise.
+/* Logging: one line per event on stderr, "<ISO-8601 UTC ms> <ident> <LEVEL> message" (under
+ * journald "<syslog priority>ident message": journald stamps lines itself). Messages carry their
+ * context as key=value words first ("peer=node2 rail=1: ...", "group=g layer=3 step=7: ...").
  * errno is preserved across the call so that "%m" keeps working. */
 typedef enum rw_log_level {
 	RW_LOG_ERROR = 0,
@@ -67,9 +68,12 @@ typedef enum rw_log_level {
 
 void rw_log_set_level(rw_log_level_t level);
 rw_log_level_t rw_log_get_level(void);
-void rw_log_set_ident(const char *ident); /* e.g. "railwaved[node 2]"; copied */
+void rw_log_set_ident(const char *ident); /* e.g. "railwaved node=node2"; copied */
 void rw_log(rw_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void rw_vlog(rw_log_level_t level, const char *fmt, va_list ap);
+struct timespec;
+/* ts as "2026-12-03T07:44:04.123Z" (UTC, milliseconds) into buf; returns the length written. */
+size_t rw_log_format_time(char *buf, size_t len, const struct timespec *ts);
 
 #define rw_err(...) rw_log(RW_LOG_ERROR, __VA_ARGS__)
 #define rw_warn(...) rw_log(RW_LOG_WARN, __VA_ARGS__)

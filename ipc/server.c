@@ -4,6 +4,7 @@
  * completions. Every client input is hostile: a bad one gets an error reply or an error
  * completion and, where the connection cannot continue, that one client is dropped; every fd
  * received is closed on every path; nothing here can be made to crash or to block the loop. */
+#include "common/listen_pause.h"
 #include "ipc/ipc.h"
 
 #include <errno.h>
@@ -86,6 +87,7 @@ struct rw_ipc_server {
 	void *ctx;
 	int listen_fd;
 	ev_io accept_io;
+	rw_listen_pause_t accept_pause; /* rests the listener when descriptors run out */
 	ev_prepare prepare;
 	ev_idle idle;
 	int polling;
@@ -915,7 +917,8 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 	for (;;) {
 		int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0) {
-			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+			if (!rw_listen_pause_on(&srv->accept_pause, errno) && errno != EAGAIN &&
+			    errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
 				rw_warn("ipc: accept: %m");
 			return;
 		}
@@ -1114,6 +1117,7 @@ rw_status_t rw_ipc_server_create(struct ev_loop *loop, const rw_ipc_server_confi
 	}
 	ev_io_init(&srv->accept_io, accept_cb, srv->listen_fd, EV_READ);
 	srv->accept_io.data = srv;
+	rw_listen_pause_init(&srv->accept_pause, loop, &srv->accept_io, "ipc socket");
 	ev_io_start(loop, &srv->accept_io);
 	ev_prepare_init(&srv->prepare, prepare_cb);
 	srv->prepare.data = srv;
@@ -1134,6 +1138,7 @@ void rw_ipc_server_destroy(rw_ipc_server_t *srv)
 		client_kill(c, RW_IPC_LEFT_SHUTDOWN, 0);
 	reap(srv);
 	ev_io_stop(srv->loop, &srv->accept_io);
+	rw_listen_pause_stop(&srv->accept_pause);
 	ev_prepare_stop(srv->loop, &srv->prepare);
 	ev_idle_stop(srv->loop, &srv->idle);
 	close(srv->listen_fd);

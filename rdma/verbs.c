@@ -116,6 +116,8 @@ rw_status_t rw_vb_wc_status_to_rw(int wc_status)
 #define VB_RESOLVE_TIMEOUT_MS 5000
 #define VB_LISTEN_BACKLOG 64
 #define VB_POLL_BATCH 32
+#define VB_MIN_RNR_TIMER 12 /* IB code for 0.64 ms (0 is 655 ms) */
+#define VB_POLL_BUDGET 512 /* completions handled per connection before the loop runs again */
 #define VB_WRITE_BIT (1ull << 63) /* wr_id of the unsignaled RDMA WRITE before a SEND */
 
 typedef struct vb_dev vb_dev_t;
@@ -159,11 +161,16 @@ struct vb_conn {
 	uint8_t *slots;              /* recv_depth receive slots, then max_writes send slots */
 	uint32_t recv_depth;
 	uint32_t max_writes;
+	uint32_t window;             /* writes in flight allowed: max_writes, or fewer where the
+	                              * peer posts fewer receives (its hello's max_writes), so that
+	                              * notifications do not meet RNR NAKs as a rule */
 	int write_send;              /* negotiated: 1 = RDMA WRITE + SEND carrying the immediate */
 	int announced;               /* on_connected() reported */
 	int failed;                  /* on_error() reported (or a silent drop before announce) */
 	int closed;                  /* rw_rail_conn_close() called; memory reaped later */
 	int want_writable;           /* an RW_ERR_AGAIN is waiting for on_writable() */
+	int more;                    /* the last poll stopped at its budget (the `more` timer);
+	                              * 2 while more_cb is due to poll it */
 	vb_pending_t *pend;          /* ring [max_writes], posting order */
 	uint64_t head, tail;         /* next seq to complete, next seq to post */
 	uint32_t sq_depth, sq_used;  /* send queue entries: size, held by pending writes */
@@ -187,6 +194,7 @@ struct vb_dev {
 	uint32_t chunk;              /* largest single RDMA message (port max_msg_sz) */
 	ev_io cm_io, cq_io, async_io;
 	ev_timer reap;               /* frees closed connections outside any dispatch */
+	ev_timer more;               /* polls on where a poll stopped at its budget (conn_poll) */
 	vb_conn_t *conns;            /* open (not closed) connections */
 	vb_conn_t *zombies;          /* closed, awaiting reap */
 	vb_listener_t *listeners;
@@ -279,6 +287,7 @@ static void conn_fail(vb_conn_t *c, rw_status_t st)
 		return;
 	c->failed = 1;
 	c->base.state = RW_RAIL_CONN_DOWN;
+	c->dev->base.stats.conn_failures++;
 	ev_timer_stop(c->dev->base.loop, &c->timer);
 	if (c->id && c->id->qp)
 		rdma_disconnect(c->id); /* the peer learns at once; errors here change nothing */
@@ -330,6 +339,7 @@ static vb_conn_t *conn_new(vb_dev_t *d, const rw_rail_conn_cbs_t *cbs, void *ctx
 	if (!c)
 		return NULL;
 	c->max_writes = d->base.max_writes;
+	c->window = c->max_writes;
 	c->recv_depth = d->base.max_writes;
 	c->pend = calloc(c->max_writes, sizeof(*c->pend));
 	if (!c->pend) {
@@ -431,7 +441,10 @@ static void conn_param_init(struct rdma_conn_param *p, const uint8_t *hello)
 	p->private_data_len = RW_VB_HELLO_SIZE;
 	p->responder_resources = 0; /* writes only, no RDMA READ */
 	p->initiator_depth = 0;
-	p->retry_count = 7;
+	/* 6, not 7: Soft-RoCE (rxe) takes a retry count of 7 as "retry forever" (the spec gives
+	 * that meaning only to the RNR count), so a peer that stopped answering would never fail
+	 * its writes; with 6 they fail with RETRY_EXC after 7 ack timeouts everywhere. */
+	p->retry_count = 6;
 	p->rnr_retry_count = 7; /* receiver briefly out of receives: wait, never fail */
 }
 
@@ -445,9 +458,15 @@ static void conn_up(vb_conn_t *c)
 	ev_timer_stop(d->base.loop, &c->timer);
 	c->base.state = RW_RAIL_CONN_UP;
 	c->announced = 1;
+	/* The RNR NAK timer we ask of peers when a notification finds no receive posted: the CM
+	 * leaves the spec's code 0, which means 655 ms, a stall per NAK; ours repost at once. */
+	struct ibv_qp_attr qa = {.min_rnr_timer = VB_MIN_RNR_TIMER};
+	if (ibv_modify_qp(c->id->qp, &qa, IBV_QP_MIN_RNR_TIMER))
+		rw_dbg("verbs: rail %u peer %s: cannot set the RNR timer (%m): the CM's stays",
+		       d->base.rail, c->base.peer);
 	rw_info("verbs: rail %u: %s %s (%s, %u writes in flight)", d->base.rail,
 		c->base.accepted ? "accepted" : "connected to", c->base.peer,
-		c->write_send ? "RDMA WRITE + SEND" : "RDMA WRITE WITH IMM", c->max_writes);
+		c->write_send ? "RDMA WRITE + SEND" : "RDMA WRITE WITH IMM", c->window);
 	/* Completions are looked at only from now on: no arrival before on_connected(). */
 	if (ibv_req_notify_cq(c->cq, 0)) {
 		rw_err("verbs: rail %u peer %s: ibv_req_notify_cq: %m", d->base.rail, c->base.peer);
@@ -474,7 +493,7 @@ static void write_completed(vb_conn_t *c, uint64_t wr_id)
 	c->head++;
 	if (c->base.cbs.on_write_done)
 		c->base.cbs.on_write_done(&c->base, c->base.ctx, wctx, RW_OK);
-	if (!c->closed && !c->failed && c->want_writable && c->tail - c->head < c->max_writes &&
+	if (!c->closed && !c->failed && c->want_writable && c->tail - c->head < c->window &&
 	    c->sq_used < c->sq_depth) {
 		c->want_writable = 0;
 		if (c->base.cbs.on_writable)
@@ -512,10 +531,49 @@ static void arrived(vb_conn_t *c, const struct ibv_wc *wc)
 		c->base.cbs.on_arrival(&c->base, c->base.ctx, &a);
 }
 
+/* A failed work completion, counted by kind in the device's stats (rail.h). */
+static void count_wc_error(vb_dev_t *d, enum ibv_wc_status status)
+{
+	rw_rail_dev_stats_t *s = &d->base.stats;
+	switch (status) {
+	case IBV_WC_RETRY_EXC_ERR:
+		s->retry_exceeded++;
+		break;
+	case IBV_WC_RNR_RETRY_EXC_ERR:
+		s->rnr_retry_exceeded++;
+		break;
+	case IBV_WC_REM_ACCESS_ERR:
+	case IBV_WC_REM_INV_REQ_ERR:
+	case IBV_WC_REM_OP_ERR:
+		s->remote_errors++;
+		break;
+	case IBV_WC_WR_FLUSH_ERR:
+		break; /* the consequence of an error already counted */
+	default:
+		s->wc_errors++;
+		break;
+	}
+}
+
+/* Poll c's CQ until it is empty or VB_POLL_BUDGET completions were handled in this call; in the
+ * latter case c is marked `more` and the device's `more` timer (zero delay: the loop's other
+ * watchers, control sockets and ranks, run first) polls on. The CQ is armed before polling
+ * (cq_cb), so completions left in it raise no new event: the timer is what finds them. */
 static void conn_poll(vb_conn_t *c)
 {
 	struct ibv_wc wc[VB_POLL_BATCH];
+	uint32_t budget = VB_POLL_BUDGET;
+	c->more = 0;
 	while (!c->closed && !c->failed) {
+		if (budget < VB_POLL_BATCH) {
+			vb_dev_t *d = c->dev;
+			c->more = 1;
+			d->base.stats.poll_yields++;
+			if (!ev_is_active(&d->more))
+				ev_timer_start(d->base.loop, &d->more);
+			return;
+		}
+		budget -= VB_POLL_BATCH;
 		int n = ibv_poll_cq(c->cq, VB_POLL_BATCH, wc);
 		if (n < 0) {
 			rw_err("verbs: rail %u peer %s: ibv_poll_cq failed", c->dev->base.rail,
@@ -528,6 +586,7 @@ static void conn_poll(vb_conn_t *c)
 				return;
 			if (wc[i].status != IBV_WC_SUCCESS) {
 				rw_status_t st = rw_vb_wc_status_to_rw(wc[i].status);
+				count_wc_error(c->dev, wc[i].status);
 				rw_err("verbs: rail %u peer %s: work completion failed: %s (%s)",
 				       c->dev->base.rail, c->base.peer,
 				       ibv_wc_status_str(wc[i].status), rw_status_str(st));
@@ -560,6 +619,28 @@ static void cq_cb(struct ev_loop *loop, ev_io *w, int revents)
 			conn_fail(c, RW_ERR_LINK);
 			continue;
 		}
+		conn_poll(c);
+	}
+}
+
+/* The device's `more` timer: poll on, once each, every connection whose last poll stopped at
+ * its budget (`more` 1 -> 2: due in this round; conn_poll sets it to 0, or to 1 for the next
+ * round). Callbacks may close or fail connections (they leave d->conns), so the walk restarts
+ * after each poll. */
+static void more_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	vb_dev_t *d = w->data;
+	for (vb_conn_t *c = d->conns; c; c = c->next)
+		if (c->more == 1)
+			c->more = 2;
+	for (;;) {
+		vb_conn_t *c = d->conns;
+		while (c && !(c->more == 2 && !c->closed && !c->failed))
+			c = c->next;
+		if (!c)
+			return;
 		conn_poll(c);
 	}
 }
@@ -673,6 +754,7 @@ static void on_connect_request(vb_listener_t *l, struct rdma_cm_id *id, const vo
 	id->context = &c->owner;
 	snprintf(c->base.peer, sizeof(c->base.peer), "%s", peer);
 	c->write_send = rw_vb_use_write_send(d->hello_flags, hello.flags);
+	c->window = RW_MAX(1u, RW_MIN(c->max_writes, hello.max_writes));
 	st = conn_setup_qp(c);
 	if (st != RW_OK) {
 		rdma_reject(id, NULL, 0);
@@ -740,6 +822,7 @@ static void conn_cm_event(vb_conn_t *c, enum rdma_cm_event_type type, int status
 				return;
 			}
 			c->write_send = rw_vb_use_write_send(d->hello_flags, reply.flags);
+			c->window = RW_MAX(1u, RW_MIN(c->max_writes, reply.max_writes));
 		}
 		conn_up(c);
 		return;
@@ -912,11 +995,14 @@ static rw_status_t vb_write(rw_rail_conn_t *base, const rw_rail_write_t *w)
 	uint64_t nchunks = (w->length + chunk - 1) / chunk;
 	int single = !c->write_send && w->length <= chunk;
 	uint32_t wqes = single ? 1 : (uint32_t)nchunks + 1;
-	if (c->tail - c->head >= c->max_writes || c->sq_used + wqes > c->sq_depth) {
+	if (c->tail - c->head >= c->window || c->sq_used + wqes > c->sq_depth) {
 		c->want_writable = 1;
+		c->dev->base.stats.write_again++;
 		return RW_ERR_AGAIN;
 	}
 	const vb_region_t *lr = (const vb_region_t *)w->local;
+	if (nchunks > 1)
+		c->dev->base.stats.chunked_writes++;
 	uint64_t seq = c->tail;
 	c->pend[seq % c->max_writes] = (vb_pending_t){.ctx = w->ctx, .wqes = wqes};
 	c->tail++;
@@ -1114,6 +1200,32 @@ static int dmabuf_supported(struct ibv_pd *pd)
 	return errno != EOPNOTSUPP && errno != EPROTONOSUPPORT && errno != ENOSYS;
 }
 
+/* Test knobs from the environment (docs/rdma-verbs.md "Configuration"). */
+static uint64_t env_u64(const char *name)
+{
+	const char *v = getenv(name);
+	char *end;
+	if (!v || *v < '0' || *v > '9')
+		return 0;
+	unsigned long long x = strtoull(v, &end, 10);
+	return *end ? 0 : (uint64_t)x;
+}
+
+/* Does the comma-separated list of rail indices in the environment variable name list rail? */
+static int env_lists_rail(const char *name, unsigned rail)
+{
+	const char *v = getenv(name);
+	while (v && *v) {
+		char *end;
+		unsigned long x = strtoul(v, &end, 10);
+		if (end != v && x == rail && (*end == ',' || *end == '\0'))
+			return 1;
+		v = strchr(v, ',');
+		v = v ? v + 1 : NULL;
+	}
+	return 0;
+}
+
 static void vb_dev_close(rw_rail_dev_t *base);
 
 static rw_status_t vb_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loop,
@@ -1140,6 +1252,8 @@ static rw_status_t vb_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loop
 	d->anchor_owner.obj = d;
 	ev_timer_init(&d->reap, reap_cb, 0., 0.);
 	d->reap.data = d;
+	ev_timer_init(&d->more, more_cb, 0., 0.);
+	d->more.data = d;
 	d->addr.sin_family = AF_INET;
 	if (inet_pton(AF_INET, cfg->local, &d->addr.sin_addr) != 1) {
 		st = dev_port_ipv4(cfg->local, cfg->rail, &d->addr.sin_addr);
@@ -1185,10 +1299,17 @@ static rw_status_t vb_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loop
 			d->base.max_writes, ibv_get_device_name(d->ctx->device), limit);
 		d->base.max_writes = limit;
 	}
+	uint64_t test_writes = env_u64("RW_VERBS_MAX_WRITES");
+	if (test_writes && test_writes < d->base.max_writes) { /* test knob: shallow queues */
+		rw_info("verbs: rail %u: RW_VERBS_MAX_WRITES: %llu writes in flight", cfg->rail,
+			(unsigned long long)test_writes);
+		d->base.max_writes = (uint32_t)test_writes;
+	}
 	const char *force = getenv("RW_VERBS_WRITE_SEND");
 	int imm = d->ctx->device->transport_type == IBV_TRANSPORT_IB; /* IB and RoCE; not iWARP */
-	if (force && *force && strcmp(force, "0") != 0)
-		imm = 0; /* RW_VERBS_WRITE_SEND=1: exercise the iWARP path on any device */
+	if ((force && *force && strcmp(force, "0") != 0) ||
+	    env_lists_rail("RW_VERBS_WRITE_SEND_RAILS", cfg->rail))
+		imm = 0; /* exercise the iWARP path on any device (all rails, or the listed ones) */
 	d->hello_flags = imm ? RW_VB_HELLO_IMM : 0;
 
 	d->pd = ibv_alloc_pd(d->ctx);
@@ -1213,6 +1334,12 @@ static rw_status_t vb_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loop
 	/* Longer writes are split into max_msg_sz chunks (rxe: 8 MiB) plus the SEND that carries
 	 * the immediate; one write must fit the send queue whole. */
 	d->chunk = pa.max_msg_sz ? pa.max_msg_sz : 1u << 30;
+	uint64_t test_msg = env_u64("RW_VERBS_MAX_MSG");
+	if (test_msg && test_msg < d->chunk) { /* test knob: a device with a small message limit */
+		rw_info("verbs: rail %u: RW_VERBS_MAX_MSG: messages of at most %llu bytes", cfg->rail,
+			(unsigned long long)test_msg);
+		d->chunk = (uint32_t)test_msg;
+	}
 	d->base.caps.max_write_length = RW_MIN((uint64_t)d->chunk * (2 * d->base.max_writes - 1),
 					       1ull << 40);
 
@@ -1226,7 +1353,7 @@ static rw_status_t vb_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loop
 	rw_info("verbs: rail %u: %s port %u (%s), %s, dmabuf %s, message limit %u bytes", cfg->rail,
 		ibv_get_device_name(d->ctx->device), d->port_num, inet_ntoa(d->addr.sin_addr),
 		imm ? "write with immediate" : "write + send",
-		d->base.caps.flags & RW_RAIL_CAP_DMABUF ? "yes" : "no", pa.max_msg_sz);
+		d->base.caps.flags & RW_RAIL_CAP_DMABUF ? "yes" : "no", d->chunk);
 	*dev_p = &d->base;
 	return RW_OK;
 fail:
@@ -1243,6 +1370,7 @@ static void vb_dev_close(rw_rail_dev_t *base)
 		ev_io_stop(loop, &d->cq_io);
 		ev_io_stop(loop, &d->async_io);
 		ev_timer_stop(loop, &d->reap);
+		ev_timer_stop(loop, &d->more);
 	}
 	while (d->listeners)
 		vb_listener_close(&d->listeners->base);

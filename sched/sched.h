@@ -51,7 +51,7 @@ typedef struct rw_rank_tokens {
 	uint32_t local_gpu;       /* GPU index inside the node; its native rail is gpu_rail[] */
 	uint32_t n_tokens;
 	uint32_t topk;            /* <= RW_MAX_TOPK */
-	const int32_t *expert_ids; /* n_tokens * topk, row-major; negative = no expert (dropped) */
+	const int32_t *expert_ids; /* n_tokens * topk, row-major; -1 = no expert (dropped slot) */
 } rw_rank_tokens_t;
 
 /* A record: one (token, remote destination node) pair after per-node de-duplication. */
@@ -85,10 +85,27 @@ static inline uint32_t rw_sched_expert_node(uint32_t n_experts, uint32_t nodes, 
  * The d == me entries count local-node records (never rail balanced; they do not touch a NIC).
  * Errors: RW_ERR_INVAL when an expert id is >= n_experts, topk is out of range, or E is not a
  * multiple of W; *bad_rank_p (may be NULL) then names the offending rank index and the row is
- * left all zero. Negative expert ids are dropped slots and skipped. */
+ * left all zero. An id of -1 is a dropped slot and skipped; any other negative id is an error. */
 rw_status_t rw_sched_count(const rw_topo_t *topo, uint32_t n_experts, uint32_t me,
 			   const rw_rank_tokens_t *ranks, uint32_t n_ranks, uint32_t *row,
 			   uint32_t *bad_rank_p);
+
+/* The same two passes in slices, so a caller on an event loop can do other work between them
+ * (a big submission must not starve heartbeats): each call handles at most `budget` tokens and
+ * resumes where the last one stopped. Zero the iterator to start; *done_p = 1 once the pass is
+ * complete. The results equal rw_sched_count's and rw_sched_records' (which are these with an
+ * unlimited budget); the routing must not change between the calls. */
+typedef struct rw_sched_count_iter {
+	uint32_t rank, token;
+} rw_sched_count_iter_t;
+rw_status_t rw_sched_count_step(const rw_topo_t *topo, uint32_t n_experts, uint32_t me,
+				const rw_rank_tokens_t *ranks, uint32_t n_ranks, uint32_t *row,
+				rw_sched_count_iter_t *it, uint32_t budget, int *done_p,
+				uint32_t *bad_rank_p);
+typedef struct rw_sched_records_iter {
+	uint32_t rail, rank, token;
+	uint32_t cursor[RW_MAX_NODES]; /* next free index of segment (d, rail); last member */
+} rw_sched_records_iter_t;
 
 /* Pass 2. Fill records in CSR order: the records of (d, r) are rec[offset[d*R + r] ...] in
  * native order (ranks in array order, tokens ascending). offset is the exclusive prefix sum of
@@ -99,6 +116,10 @@ void rw_sched_prefix(const uint32_t *row, uint32_t n, uint32_t *offset);
 rw_status_t rw_sched_records(const rw_topo_t *topo, uint32_t n_experts, uint32_t me,
 			     const rw_rank_tokens_t *ranks, uint32_t n_ranks,
 			     const uint32_t *offset, rw_record_t *rec);
+rw_status_t rw_sched_records_step(const rw_topo_t *topo, uint32_t n_experts, uint32_t me,
+				  const rw_rank_tokens_t *ranks, uint32_t n_ranks,
+				  const uint32_t *offset, rw_record_t *rec, rw_sched_records_iter_t *it,
+				  uint32_t budget, int *done_p);
 
 /* ---------------------------------------------------------------------------------------------
  * RailBalance (§4.2)

@@ -12,6 +12,7 @@
 
 static void pair_try_decide(exec_pair_t *p);
 static void pair_check_done(exec_pair_t *p);
+static void pair_exchange(exec_pair_t *p);
 
 /* ---- lifetime ------------------------------------------------------------------------------ */
 
@@ -162,6 +163,10 @@ static void describe_wait(const exec_pair_t *p, char *buf, size_t len)
 		snprintf(buf, len, "local ranks %s (their %s submission or its staging)", who,
 			 rw_svc_kind_name(kind));
 		return;
+	case ST_COUNT:
+		snprintf(buf, len, "this node to count its ranks' tokens (rank %u, token %u)",
+			 p->plan.count_it.rank, p->plan.count_it.token);
+		return;
 	case ST_WAIT_SLOT:
 		snprintf(buf, len, "a free receive slot (other groups' pairs hold both)");
 		return;
@@ -267,7 +272,8 @@ static void local_cb(struct ev_loop *loop, ev_idle *w, int revents)
 	exec_t *x = w->data;
 	exec_pair_t *p, *found = NULL;
 	rw_list_for_each(&x->pairs, p, link)
-		if (exec_open(p) && p->local.state[exec_kind(p)] == LOCAL_RUNNING) {
+		if (exec_open(p) &&
+		    (p->stage == ST_COUNT || p->local.state[exec_kind(p)] == LOCAL_RUNNING)) {
 			found = p;
 			break;
 		}
@@ -278,6 +284,14 @@ static void local_cb(struct ev_loop *loop, ev_idle *w, int revents)
 	p = found;
 	int kind = exec_kind(p), done = 0;
 	char why[RW_SVC_WHY_MAX];
+	if (p->stage == ST_COUNT) {
+		uint32_t budget = x->hooks.local_slice ? x->hooks.local_slice : EXEC_COUNT_SLICE;
+		if (exec_plan_count(p, budget, &done) != RW_OK)
+			return pair_failed(p);
+		if (done)
+			pair_exchange(p);
+		return;
+	}
 	rw_status_t st = p->mv->local(p->mv_mover, p->mv_state, &p->ph, kind,
 				      x->hooks.local_slice ? x->hooks.local_slice : EXEC_LOCAL_SLICE,
 				      &done, why);
@@ -367,13 +381,13 @@ static void pair_exchange(exec_pair_t *p)
 	pair_try_decide(p);
 }
 
-/* Every local rank has submitted its dispatch and its inputs are readable: count, exchange. */
+/* Every local rank has submitted its dispatch and its inputs are readable: count in idle
+ * slices (a big submission must not starve heartbeats and other groups), then exchange. */
 static void pair_gathered(exec_pair_t *p)
 {
 	PTRACE(p, "%s", "gathered");
-	if (exec_plan_count(p) != RW_OK)
-		return pair_failed(p);
-	pair_exchange(p);
+	p->stage = ST_COUNT;
+	ev_idle_start(p->x->svc->loop, &p->x->local_idle);
 }
 
 static void pair_try_decide(exec_pair_t *p)

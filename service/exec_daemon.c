@@ -84,6 +84,7 @@ rw_status_t rw_svc_exec_ipc_start(rw_svc_exec_t *x)
 		.group = svc->cfg.ipc_group[0] ? svc->cfg.ipc_group : NULL,
 		.node = (int32_t)svc->cfg.me,
 		.max_topk = RW_MAX_TOPK,
+		.max_tokens = svc->cfg.max_tokens, /* bounds every per-token pass of a phase */
 		.dtypes = 1u << RW_DTYPE_BF16 | 1u << RW_DTYPE_FP32, /* what the movers carry */
 	};
 	return rw_ipc_server_create(svc->loop, &cfg, &exec_ipc_ops, x, &x->ipc);

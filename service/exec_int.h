@@ -35,6 +35,7 @@
 #define EXEC_CHUNK_MAX (4u << 20) /* largest single rail write we post */
 #define EXEC_TICK_S 0.05        /* slot waits, stale rows */
 #define EXEC_LOCAL_SLICE 32u    /* local-node records per idle slice */
+#define EXEC_COUNT_SLICE 8192u  /* tokens counted (or put into records) per idle slice */
 #define EXEC_MOVERS_MAX 4
 
 /* The four sub-areas of a slot in each rail's memory. */
@@ -43,7 +44,8 @@ enum { SUB_RD = 0, SUB_RC = 1, SUB_SD = 2, SUB_SC = 3 };
 /* A pair's stage. Only exec.c assigns it. */
 typedef enum exec_stage {
 	ST_GATHER_D = 0, /* waiting for local dispatch submissions (and their staging) */
-	ST_WAIT_SLOT,    /* gathered; waiting for a free receive slot (the tick retries) */
+	ST_COUNT,        /* counting the ranks' tokens and building the records, in idle slices */
+	ST_WAIT_SLOT,    /* counted; waiting for a free receive slot (the tick retries) */
 	ST_EXCHANGE,     /* our row sent; waiting for the peers' rows */
 	ST_RUN_D,        /* sending and receiving dispatch records */
 	ST_WAIT_C,       /* dispatch completed; waiting for combine submissions */
@@ -140,8 +142,11 @@ struct exec_pair {
 		void *feat_ws;
 	} xchg;
 
-	struct {                     /* the decision (exec_plan.c) */
+	struct {                     /* the count and the decision (exec_plan.c) */
 		rw_rank_tokens_t rt[RW_MAX_GPUS];
+		int counted;         /* the count pass is done; the records pass runs */
+		rw_sched_count_iter_t count_it;
+		rw_sched_records_iter_t *rec_it;
 		uint32_t *row_off;   /* [N*R+1] */
 		rw_record_t *rec;
 		rw_svc_layout_t layout;
@@ -299,7 +304,9 @@ void exec_tell_peers(exec_t *x, const rw_wire_key_t *key, int kind, rw_status_t 
 rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe);
 /* Whether a later local rank's submission fits the phase (RW_ERR_SUB_*; why says how). */
 rw_status_t exec_plan_fits(const exec_pair_t *p, const rw_sqe_t *sqe, char *why, size_t len);
-rw_status_t exec_plan_count(exec_pair_t *p);           /* our count row and records */
+/* Our count row and records, at most `budget` tokens per call; *done_p once both passes are
+ * done (the first call starts them). */
+rw_status_t exec_plan_count(exec_pair_t *p, uint32_t budget, int *done_p);
 rw_status_t exec_plan_send_row(exec_pair_t *p);        /* COUNTS to every peer */
 void exec_plan_take_row(exec_pair_t *p, uint32_t node, uint32_t slot,
 			const rw_wire_phase_params_t *params, const uint32_t *row);

@@ -75,37 +75,50 @@ rw_status_t exec_plan_fits(const exec_pair_t *p, const rw_sqe_t *sqe, char *why,
 	return RW_OK;
 }
 
-rw_status_t exec_plan_count(exec_pair_t *p)
+rw_status_t exec_plan_count(exec_pair_t *p, uint32_t budget, int *done_p)
 {
 	exec_t *x = p->x;
 	const rw_topo_t *topo = &x->svc->topo;
 	rw_svc_phase_t *ph = &p->ph;
-	for (uint32_t g = 0; g < x->gpus; g++)
-		p->plan.rt[g] = (rw_rank_tokens_t){
-			.local_gpu = g, .n_tokens = p->in[RW_MV_DISPATCH].sub[g].sqe.token_count,
-			.topk = ph->topk, .expert_ids = ph->io[RW_MV_DISPATCH][g].ids };
-	uint32_t bad = 0;
 	size_t nr = (size_t)x->nodes * x->rails;
 	uint32_t *row = p->xchg.counts + x->me * nr;
-	if (rw_sched_count(topo, ph->n_experts, x->me, p->plan.rt, x->gpus, row, &bad) != RW_OK) {
-		char msg[RW_SVC_WHY_MAX];
-		snprintf(msg, sizeof(msg), "local rank %u: expert id out of range (E=%u) or bad top-k",
-			 x->me * x->gpus + bad, ph->n_experts);
-		exec_sub_t *s = bad < x->gpus ? &p->in[RW_MV_DISPATCH].sub[bad] : NULL;
-		if (s && s->have) { /* the culprit hears what it did; the others that the phase failed */
-			exec_answer_err(x, s->client, &s->sqe, RW_ERR_SUB_TOKENS, 0, msg);
-			s->have = 0;
+	*done_p = 0;
+	if (!p->plan.counted) {
+		if (p->plan.count_it.rank == 0 && p->plan.count_it.token == 0)
+			for (uint32_t g = 0; g < x->gpus; g++)
+				p->plan.rt[g] = (rw_rank_tokens_t){
+					.local_gpu = g, .n_tokens = p->in[RW_MV_DISPATCH].sub[g].sqe.token_count,
+					.topk = ph->topk, .expert_ids = ph->io[RW_MV_DISPATCH][g].ids };
+		uint32_t bad = 0;
+		int done = 0;
+		if (rw_sched_count_step(topo, ph->n_experts, x->me, p->plan.rt, x->gpus, row,
+					&p->plan.count_it, budget, &done, &bad) != RW_OK) {
+			char msg[RW_SVC_WHY_MAX];
+			snprintf(msg, sizeof(msg), "local rank %u: expert id out of range (E=%u) or bad "
+				 "top-k", x->me * x->gpus + bad, ph->n_experts);
+			exec_sub_t *s = bad < x->gpus ? &p->in[RW_MV_DISPATCH].sub[bad] : NULL;
+			if (s && s->have) { /* the culprit hears what it did; the others that it failed */
+				exec_answer_err(x, s->client, &s->sqe, RW_ERR_SUB_TOKENS, 0, msg);
+				s->have = 0;
+			}
+			return exec_err(p, RW_ERR_INVAL, 1, "%s", msg);
 		}
-		return exec_err(p, RW_ERR_INVAL, 1, "%s", msg);
+		if (!done)
+			return RW_OK;
+		p->plan.counted = 1;
+		p->plan.row_off = rw_arena_alloc(&p->mem, nr + 1, sizeof(uint32_t));
+		p->plan.rec_it = rw_arena_alloc(&p->mem, 1, sizeof(rw_sched_records_iter_t));
+		if (!p->plan.row_off || !p->plan.rec_it)
+			return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
+		rw_sched_prefix(row, (uint32_t)nr, p->plan.row_off);
+		p->plan.rec = rw_arena_alloc(&p->mem, (size_t)p->plan.row_off[nr] + 1, sizeof(rw_record_t));
+		if (!p->plan.rec)
+			return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
+		return RW_OK; /* the records pass starts in the next slice */
 	}
-	p->plan.row_off = rw_arena_alloc(&p->mem, nr + 1, sizeof(uint32_t));
-	if (!p->plan.row_off)
-		return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
-	rw_sched_prefix(row, (uint32_t)nr, p->plan.row_off);
-	p->plan.rec = rw_arena_alloc(&p->mem, (size_t)p->plan.row_off[nr] + 1, sizeof(rw_record_t));
-	if (!p->plan.rec || rw_sched_records(topo, ph->n_experts, x->me, p->plan.rt, x->gpus,
-					     p->plan.row_off, p->plan.rec) != RW_OK)
-		return exec_err(p, RW_ERR_NOMEM, 1, "cannot build records");
+	if (rw_sched_records_step(topo, ph->n_experts, x->me, p->plan.rt, x->gpus, p->plan.row_off,
+				  p->plan.rec, p->plan.rec_it, budget, done_p) != RW_OK)
+		return exec_err(p, RW_ERR_INVAL, 1, "cannot build records (a rank's ids changed)");
 	return RW_OK;
 }
 

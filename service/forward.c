@@ -13,8 +13,10 @@ uint32_t rw_svc_fwd_mask(uint32_t n_experts, uint32_t nodes, uint32_t gpus, uint
 	const uint32_t per_rank = n_experts / world;
 	uint32_t mask = 0;
 	for (uint32_t i = 0; i < topk; i++) {
-		if (ids[i] < 0)
+		if (ids[i] == -1)
 			continue;
+		if (ids[i] < 0)
+			return 0; /* only -1 means "no expert" */
 		uint32_t e = (uint32_t)ids[i];
 		if (e >= n_experts)
 			return 0;

@@ -1,7 +1,9 @@
-/* railwaved Prometheus endpoint: GET /metrics in the text exposition format, served by
- * libmicrohttpd on its own internal polling thread. That thread never touches the loop's live
- * metrics: it copies the snapshot the loop publishes (svc->pub) and renders the copy. We bind the
- * listening socket ourselves (exact address, port 0 allowed) and hand it to MHD. */
+/* railwaved HTTP endpoint: GET /metrics in the Prometheus text exposition format, /healthz
+ * (the loop answers) and /ready (every peer up; service/health.h), served by libmicrohttpd on
+ * its own internal polling thread. That thread never touches the loop's live metrics: it copies
+ * the snapshot the loop publishes (svc->pub) and renders the copy. We bind the listening socket
+ * ourselves (exact address, port 0 allowed) and hand it to MHD. */
+#include "service/health.h"
 #include "service/svc.h"
 
 #include "config.h"
@@ -38,6 +40,42 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const
 	return r;
 }
 
+/* /healthz: 200 "ok" while the loop ticks, else 503 naming how long it has been silent.
+ * /ready: 200 when healthy, not draining and every peer up in the latest snapshot (at most
+ * RW_SVC_METRICS_PUBLISH_MS old), else 503 with the reason and one "waiting peer=..." line
+ * per missing node. */
+static enum MHD_Result probe(rw_svc_http_t *http, struct MHD_Connection *conn, int ready)
+{
+	rw_svc_buf_t out = {0};
+	uint64_t age_ms;
+	int ok = rw_svc_health_live(&age_ms);
+	if (!ok && age_ms == UINT64_MAX)
+		rw_svc_buf_printf(&out, "unhealthy: the loop has not started\n");
+	else if (!ok)
+		rw_svc_buf_printf(&out, "unhealthy: the loop has not ticked for %llu ms\n",
+				  (unsigned long long)age_ms);
+	else if (ready && rw_svc_health_draining()) {
+		ok = 0;
+		rw_svc_buf_printf(&out, "not ready: draining\n");
+	} else if (ready) {
+		rw_svc_metrics_read(&http->svc->pub, &http->snap);
+		uint32_t up;
+		rw_svc_buf_t why = {0};
+		ok = rw_svc_ready_eval(&http->svc->cfg, &http->snap, 0, &up, &why);
+		rw_svc_buf_printf(&out, "%s: %u/%u peers up\n%s", ok ? "ready" : "not ready", up,
+				  http->svc->cfg.n_nodes - 1, why.data ? why.data : "");
+		rw_svc_buf_free(&why);
+	} else {
+		rw_svc_buf_printf(&out, "ok\n");
+	}
+	if (out.oom) {
+		rw_svc_buf_free(&out);
+		return MHD_NO;
+	}
+	return reply(conn, ok ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE,
+		     "text/plain; charset=utf-8", out.data, out.len, MHD_RESPMEM_MUST_FREE);
+}
+
 static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char *url,
 			      const char *method, const char *version, const char *upload,
 			      size_t *upload_size, void **con_cls)
@@ -45,19 +83,23 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
 	(void)version;
 	(void)upload;
 	rw_svc_http_t *http = cls;
-	static char not_found[] = "not found: try /metrics\n";
+	static char not_found[] = "not found: try /metrics, /healthz or /ready\n";
 	static char bad_method[] = "only GET and HEAD\n";
 	if (*upload_size) {
 		*upload_size = 0; /* ignore request bodies */
 		return MHD_YES;
 	}
 	(void)con_cls;
-	if (strcmp(url, "/metrics") != 0)
+	int metrics = !strcmp(url, "/metrics"), healthz = !strcmp(url, "/healthz"),
+	    ready = !strcmp(url, "/ready");
+	if (!metrics && !healthz && !ready)
 		return reply(conn, MHD_HTTP_NOT_FOUND, "text/plain; charset=utf-8", not_found,
 			     sizeof(not_found) - 1, MHD_RESPMEM_PERSISTENT);
 	if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
 		return reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain; charset=utf-8",
 			     bad_method, sizeof(bad_method) - 1, MHD_RESPMEM_PERSISTENT);
+	if (healthz || ready)
+		return probe(http, conn, ready);
 
 	rw_svc_metrics_read(&http->svc->pub, &http->snap);
 	rw_svc_buf_t out = {0};
@@ -128,7 +170,8 @@ rw_status_t rw_svc_http_start(rw_svc_t *svc, rw_svc_http_t **http_p)
 		st = RW_ERR_SYS;
 		goto free_snap;
 	}
-	rw_info("http: metrics on http://%s:%u/metrics", svc->cfg.http.text, http->port);
+	rw_info("http: metrics on http://%s:%u/metrics, probes on /healthz and /ready",
+		svc->cfg.http.text, http->port);
 	*http_p = http;
 	return RW_OK;
 

@@ -5,6 +5,9 @@
 #include "service/exec.h"
 #include "service/mover.h"
 #include "service/svc.h"
+#include "service/health.h" /* deploy: readiness and sd_notify (issue 16) */
+
+#include "config.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -16,7 +19,6 @@
 
 extern char **environ;
 
-#define RAILWAVED_VERSION "0.1"
 #define ANCHORS_MAX_BYTES (64u << 20) /* a table is kilobytes; this only stops a wrong path */
 
 /* ---------------------------------------------------------------------------------------------
@@ -126,6 +128,7 @@ static void term_cb(struct ev_loop *loop, ev_signal *w, int revents)
 	}
 	rw_info("shutdown: signal %d, draining in-flight phases", w->signum);
 	svc->draining = 1;
+	rw_svc_health_stopping(svc); /* deploy: STOPPING=1, /ready fails (service/health.h) */
 	ev_timer_set(&svc->drain_timer, (svc->cfg.phase_timeout_ms + 1000) / 1e3, 0.);
 	ev_timer_start(svc->loop, &svc->drain_timer);
 	rw_svc_exec_drain(svc->exec);
@@ -159,11 +162,15 @@ static void usage(FILE *out)
 	fprintf(out, "usage: railwaved [options]\n"
 		"RailWave per-node daemon: MoE dispatch/combine over every rail (docs/service.md).\n\n"
 		"  --dump-config                 print the effective configuration as JSON and exit\n"
-		"  --help, --version\n");
+		"  -h, --help                    this text\n"
+		"  -V, --version                 print the version and exit\n");
 	for (const rw_svc_option_t *o = rw_svc_options; o->key; o++) {
 		char lhs[64];
 		snprintf(lhs, sizeof(lhs), "--%s %s", o->flag, o->arg);
-		fprintf(out, "  %-29s %s [%s]\n", lhs, o->help, o->env);
+		if (strlen(lhs) > 29) /* deploy: a long placeholder gets its own line */
+			fprintf(out, "  %s\n  %-29s %s [%s]\n", lhs, "", o->help, o->env);
+		else
+			fprintf(out, "  %-29s %s [%s]\n", lhs, o->help, o->env);
 	}
 	fprintf(out, "\nPrecedence: flags > environment > file > defaults. Exit status: 0 stopped "
 		"cleanly, 1 runtime failure, 2 bad usage or configuration.\n");
@@ -194,15 +201,16 @@ int main(int argc, char **argv)
 						OPT_FIRST_FIELD + (int)i};
 	size_t n_kv = 0;
 	int c;
-	while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+	opterr = 0; /* deploy: we name the bad flag ourselves, below */
+	while ((c = getopt_long(argc, argv, ":hV", longopts, NULL)) != -1) {
 		if (c == OPT_DUMP) {
 			dump = 1;
-		} else if (c == OPT_HELP) {
+		} else if (c == OPT_HELP || c == 'h') {
 			usage(stdout);
 			rc = 0;
 			goto free_args;
-		} else if (c == OPT_VERSION) {
-			printf("railwaved %s\n", RAILWAVED_VERSION);
+		} else if (c == OPT_VERSION || c == 'V') {
+			printf("railwaved %s\n", RW_VERSION);
 			rc = 0;
 			goto free_args;
 		} else if (c == OPT_CONFIG) {
@@ -216,7 +224,12 @@ int main(int argc, char **argv)
 			if (j == n_kv)
 				n_kv++;
 		} else {
-			usage(stderr);
+			/* deploy: one line naming the flag instead of the whole usage */
+			const char *bad = argv[optind - 1];
+			if (c == ':')
+				fprintf(stderr, "railwaved: %s needs a value (see --help)\n", bad);
+			else
+				fprintf(stderr, "railwaved: unknown option %s (see --help)\n", bad);
 			goto free_args;
 		}
 	}
@@ -246,7 +259,7 @@ int main(int argc, char **argv)
 
 	rc = 1;
 	char ident[96];
-	snprintf(ident, sizeof(ident), "railwaved[%s]", svc.cfg.nodes[svc.cfg.me].name);
+	snprintf(ident, sizeof(ident), "railwaved node=%s", svc.cfg.nodes[svc.cfg.me].name);
 	rw_log_set_ident(ident);
 	rw_log_set_level(svc.cfg.log_level);
 	rw_svc_config_topo(&svc.cfg, &svc.topo);
@@ -309,10 +322,14 @@ int main(int argc, char **argv)
 		goto stop_exec;
 	}
 	rw_info("running");
+	/* ---- deploy (issue 16): health tick, READY=1, watchdog (service/health.h) ---- */
+	rw_svc_health_start(&svc);
+	/* ---- end deploy ---- */
 	ev_run(svc.loop, 0);
 	rc = 0;
 	rw_info("stopping");
 
+	rw_svc_health_stop(&svc); /* idempotent, fine when never started */
 	rw_svc_exec_ipc_stop(svc.exec);
 stop_exec:
 	rw_svc_exec_destroy(svc.exec);

@@ -46,7 +46,8 @@ int rw_svc_mesh_peer_up(const rw_svc_mesh_t *mesh, uint32_t peer);
 int rw_svc_mesh_all_up(const rw_svc_mesh_t *mesh);
 
 /* Queue one control message to `peer` (copied). RW_ERR_STATE when the peer's control channel is
- * not up; RW_ERR_NOMEM. */
+ * not up, or when the send failed: the peer is then failed from the loop right after (its
+ * callbacks never run inside this call, nor inside rw_svc_mesh_write's); RW_ERR_NOMEM. */
 rw_status_t rw_svc_mesh_send(rw_svc_mesh_t *mesh, uint32_t peer, uint16_t type,
 			     const uint8_t *payload, uint32_t len);
 /* Queue one write of [local_off, +len) of our `rail` memory to [remote_off, +len) of the peer's
@@ -58,7 +59,10 @@ rw_status_t rw_svc_mesh_write(rw_svc_mesh_t *mesh, uint32_t peer, uint32_t rail,
 			      void *write_ctx);
 /* Largest single write on `rail`. */
 uint64_t rw_svc_mesh_max_write(const rw_svc_mesh_t *mesh, uint32_t rail);
-/* Declare `peer` down now (e.g. it sent a bad record): closes everything of it; it reconnects. */
+/* Declare `peer` down (e.g. it sent a bad record): from the loop, right after this call returns,
+ * everything of it is closed (write_done errors, then peer_down); it reconnects. Sends and writes
+ * to it fail (RW_ERR_STATE) from now on. A send or write that finds the peer broken does the same:
+ * no callback ever runs inside a mesh call. */
 void rw_svc_mesh_fail_peer(rw_svc_mesh_t *mesh, uint32_t peer, rw_status_t st, const char *why);
 
 #endif /* RW_SVC_MESH_H */

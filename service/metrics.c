@@ -3,62 +3,16 @@
  * Threading contract (svc.h "Metrics"): one writer (the loop) on the live copy with plain
  * stores; readers on other threads only ever see published snapshots, copied under a mutex
  * that is held for one memcpy on each side. */
+#include "service/health.h"
 #include "service/svc.h"
+
+#include "config.h"
 
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---------------------------------------------------------------------------------------------
- * Names (labels and stats output)
- * ------------------------------------------------------------------------------------------- */
-
-const char *rw_svc_peer_state_name(rw_svc_peer_state_t s)
-{
-	static const char *const names[] = {"down", "connecting", "up", "failed", "self"};
-	return (unsigned)s < RW_ARRAY_SIZE(names) ? names[s] : "?";
-}
-
-const char *rw_svc_kind_name(rw_svc_phase_kind_t k)
-{
-	return k == RW_SVC_DISPATCH ? "dispatch" : k == RW_SVC_COMBINE ? "combine" : "?";
-}
-
-const char *rw_svc_err_name(rw_status_t st)
-{
-	switch (st) {
-	case RW_OK: return "ok";
-	case RW_ERR_INVAL: return "inval";
-	case RW_ERR_NOMEM: return "nomem";
-	case RW_ERR_UNSUPPORTED: return "unsupported";
-	case RW_ERR_AGAIN: return "again";
-	case RW_ERR_RANGE: return "range";
-	case RW_ERR_NOTFOUND: return "notfound";
-	case RW_ERR_EXISTS: return "exists";
-	case RW_ERR_STATE: return "state";
-	case RW_ERR_TIMEOUT: return "timeout";
-	case RW_ERR_PARSE: return "parse";
-	case RW_ERR_PEER: return "peer";
-	case RW_ERR_PROTO: return "proto";
-	case RW_ERR_LINK: return "link";
-	case RW_ERR_CLIENT: return "client";
-	case RW_ERR_SUB_KIND: return "sub_kind";
-	case RW_ERR_SUB_DTYPE: return "sub_dtype";
-	case RW_ERR_SUB_TOKENS: return "sub_tokens";
-	case RW_ERR_SUB_EXPERTS: return "sub_experts";
-	case RW_ERR_SUB_FIELD: return "sub_field";
-	case RW_ERR_SUB_BUFFER: return "sub_buffer";
-	case RW_ERR_SUB_HANDLE: return "sub_handle";
-	case RW_ERR_SUB_STATE: return "sub_state";
-	case RW_ERR_SUB_SPACE: return "sub_space";
-	case RW_ERR_DEVICE: return "device";
-	case RW_ERR_SYS: return "sys";
-	case RW_ERR_FATAL: return "fatal";
-	}
-	return "other";
-}
 
 /* ---------------------------------------------------------------------------------------------
  * Histograms
@@ -191,45 +145,6 @@ uint64_t rw_svc_metrics_read(rw_svc_metrics_pub_t *pub, rw_svc_metrics_t *out)
  * Growable text buffer
  * ------------------------------------------------------------------------------------------- */
 
-void rw_svc_buf_printf(rw_svc_buf_t *b, const char *fmt, ...)
-{
-	if (b->oom)
-		return;
-	for (int attempt = 0; attempt < 2; attempt++) {
-		size_t room = b->cap - b->len;
-		va_list ap;
-		va_start(ap, fmt);
-		int n = vsnprintf(b->data ? b->data + b->len : NULL, room, fmt, ap);
-		va_end(ap);
-		if (n < 0) {
-			b->oom = 1;
-			return;
-		}
-		if ((size_t)n < room) {
-			b->len += (size_t)n;
-			return;
-		}
-		size_t cap = b->cap ? b->cap : 4096;
-		while (cap < b->len + (size_t)n + 1)
-			cap *= 2;
-		char *d = realloc(b->data, cap);
-		if (!d) {
-			b->oom = 1;
-			if (b->data && b->cap)
-				b->data[b->len] = '\0';
-			return;
-		}
-		b->data = d;
-		b->cap = cap;
-	}
-}
-
-void rw_svc_buf_free(rw_svc_buf_t *b)
-{
-	free(b->data);
-	memset(b, 0, sizeof(*b));
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Prometheus text exposition format (version 0.0.4)
  * Names: railwave_<what>[_<unit>][_total]; labels rail, peer, path, kind, reason.
@@ -262,6 +177,15 @@ void rw_svc_metrics_prometheus(const rw_svc_config_t *cfg, const rw_svc_metrics_
 	rw_svc_buf_printf(o, "railwave_info{cluster=\"%s\",node=\"%s\",transport=\"%s\"} 1\n",
 			  cfg->cluster, cfg->nodes[cfg->me].name,
 			  rw_svc_transport_name(cfg->transport));
+	head(o, "railwave_build_info", "gauge", "Constant 1 with the daemon's version as a label.");
+	rw_svc_buf_printf(o, "railwave_build_info{version=\"%s\"} 1\n", RW_VERSION);
+	uint32_t up;
+	rw_svc_ready_eval(cfg, m, 0, &up, NULL);
+	head(o, "railwave_peers_up", "gauge",
+	     "Other nodes with the control channel and every rail connected.");
+	rw_svc_buf_printf(o, "railwave_peers_up %u\n", up);
+	head(o, "railwave_peers_configured", "gauge", "Other nodes in the cluster configuration.");
+	rw_svc_buf_printf(o, "railwave_peers_configured %u\n", cfg->n_nodes - 1);
 	head(o, "railwave_uptime_seconds", "gauge", "Seconds since the daemon started.");
 	rw_svc_buf_printf(o, "railwave_uptime_seconds %.3f\n",
 			  (double)(rw_now_ns() - m->start_ns) * 1e-9);
@@ -287,6 +211,21 @@ void rw_svc_metrics_prometheus(const rw_svc_config_t *cfg, const rw_svc_metrics_
 	RAIL("railwave_rail_pace_waits_total", "counter",
 	     "Times a send on each rail waited for its pacing budget (tcp with pace on).",
 	     pace_waits, 1);
+	RAIL("railwave_rail_conn_failures_total", "counter",
+	     "Rail connections that failed, whatever failed first.", transport.conn_failures, 1);
+	RAIL("railwave_rail_retry_exceeded_total", "counter",
+	     "Writes never acknowledged: the peer was unreachable (verbs RETRY_EXC).",
+	     transport.retry_exceeded, 1);
+	RAIL("railwave_rail_rnr_retry_exceeded_total", "counter",
+	     "Writes whose receiver had no receive posted until the retries ran out (verbs).",
+	     transport.rnr_retry_exceeded, 1);
+	RAIL("railwave_rail_remote_errors_total", "counter",
+	     "Writes the peer refused (verbs: remote access, invalid request or operation).",
+	     transport.remote_errors, 1);
+	RAIL("railwave_rail_wc_errors_total", "counter",
+	     "Other failed work completions, flushes excepted (verbs).", transport.wc_errors, 1);
+	RAIL("railwave_rail_write_again_total", "counter",
+	     "Writes refused for a full send queue and retried later.", transport.write_again, 1);
 #undef RAIL
 
 	head(o, "railwave_peer_state", "gauge",

@@ -225,11 +225,10 @@ static rw_status_t host_plan(void *mover, void *state, const rw_svc_phase_t *ph,
 {
 	(void)mover;
 	host_pair_t *hp = state;
-	/* Local records: tokens with an expert on this node. */
-	uint32_t n_local = 0;
-	for (uint32_t g = 0; g < ph->gpus; g++)
-		for (uint32_t t = 0; t < ph->rt[g].n_tokens; t++)
-			n_local += fwd_mask(ph, ph->rt[g].expert_ids + (size_t)t * ph->topk) != 0;
+	/* Local records: the plan's CSR segments (me, r) hold every token with an expert on this
+	 * node, so no pass over the tokens is needed here. */
+	const uint32_t *lo = &ph->row_off[(size_t)ph->me * ph->rails];
+	uint32_t n_local = lo[ph->rails] - lo[0];
 	hp->n_local = n_local;
 	hp->local_ref = rw_arena_alloc(&hp->mem, 2 * (size_t)n_local + 1, sizeof(uint32_t));
 	const uint64_t total = (uint64_t)ph->n_in + n_local;
@@ -272,14 +271,11 @@ static rw_status_t host_plan(void *mover, void *state, const rw_svc_phase_t *ph,
 		snprintf(why, RW_SVC_WHY_MAX, "out of memory");
 		return RW_ERR_NOMEM;
 	}
-	n_local = 0;
-	for (uint32_t g = 0; g < ph->gpus; g++)
-		for (uint32_t t = 0; t < ph->rt[g].n_tokens; t++)
-			if (fwd_mask(ph, ph->rt[g].expert_ids + (size_t)t * ph->topk)) {
-				hp->local_ref[2 * n_local] = g;
-				hp->local_ref[2 * n_local + 1] = t;
-				n_local++;
-			}
+	for (uint32_t i = 0; i < n_local; i++) {
+		const rw_record_t *r = &ph->rec[lo[0] + i];
+		hp->local_ref[2 * i] = r->rank;
+		hp->local_ref[2 * i + 1] = r->token;
+	}
 	return RW_OK;
 }
 

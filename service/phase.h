@@ -72,7 +72,7 @@ void rw_svc_layout_max(const rw_topo_t *topo, rw_path_t path, const uint32_t *co
  * Expert e lives on global rank e / (E / W), W = N * G; the record goes to every local rank of
  * `me` that hosts one of its top-k experts. Returns the bitmask of local GPU indices (bit g);
  * 0 when no expert of the record lives on `me` (a peer bug: the caller fails the phase).
- * Negative ids are skipped; ids >= E make the function return 0 too. */
+ * Ids of -1 (no expert) are skipped; any other negative id, or one >= E, makes it return 0. */
 uint32_t rw_svc_fwd_mask(uint32_t n_experts, uint32_t nodes, uint32_t gpus, uint32_t me,
 			 const int32_t *ids, uint32_t topk);
 /* Same from a dispatch record's top-k block. */

@@ -5,6 +5,8 @@
  * error line and a disconnect, a client that stalls (half a line, or not reading its reply) past
  * stats_timeout_ms is dropped, and clients beyond RW_SVC_STATS_CLIENTS_MAX are turned away.
  * Closed clients are freed from an idle watcher, never inside their own callback. */
+#include "service/health.h"
+#include "common/listen_pause.h"
 #include "service/svc.h"
 
 #include <errno.h>
@@ -38,6 +40,7 @@ struct rw_svc_stats {
 	dev_t dev;
 	ino_t ino;
 	ev_io accept_io;
+	rw_listen_pause_t accept_pause; /* rests the listener when descriptors run out */
 	ev_idle reaper;
 	stats_client_t *clients; /* open */
 	stats_client_t *zombies; /* closed, freed by the reaper */
@@ -53,9 +56,8 @@ static void answer_summary(const rw_svc_t *svc, rw_svc_buf_t *o)
 {
 	const rw_svc_config_t *cfg = &svc->cfg;
 	const rw_svc_metrics_t *m = &svc->metrics;
-	uint32_t up = 0;
-	for (uint32_t p = 0; p < m->peers; p++)
-		up += p != cfg->me && m->peer[p].state == RW_SVC_PEER_UP;
+	uint32_t up;
+	int ready = rw_svc_ready_eval(cfg, m, svc->draining, &up, NULL);
 	uint64_t ok = 0, failed = 0, errors = 0;
 	for (int p = 0; p < RW_PATH_COUNT; p++)
 		for (int k = 0; k < RW_SVC_KIND_COUNT; k++) {
@@ -75,6 +77,7 @@ static void answer_summary(const rw_svc_t *svc, rw_svc_buf_t *o)
 	rw_svc_buf_printf(o, "state %s\n", svc->stopping ? "stopping" :
 			  svc->draining ? "draining" : "running");
 	rw_svc_buf_printf(o, "peers_up %u/%u\n", up, cfg->n_nodes - 1);
+	rw_svc_buf_printf(o, "ready %s\n", ready ? "yes" : "no");
 	rw_svc_buf_printf(o, "clients %u\n", m->clients);
 	rw_svc_buf_printf(o, "stats_clients %u\n", m->stats_clients);
 	rw_svc_buf_printf(o, "phases_ok %llu\n", (unsigned long long)ok);
@@ -109,7 +112,7 @@ static void answer_rails(const rw_svc_t *svc, rw_svc_buf_t *o)
 		rw_svc_buf_printf(o, "rail=%u tx_bytes=%llu tx_records=%llu tx_writes=%llu "
 				  "tx_busy_s=%.6f tx_gbps=%.3f rx_bytes=%llu rx_records=%llu "
 				  "rx_writes=%llu rx_busy_s=%.6f rx_gbps=%.3f errors=%llu "
-				  "wire_tx_bytes=%llu pace_waits=%llu\n", r,
+				  "wire_tx_bytes=%llu pace_waits=%llu", r,
 				  (unsigned long long)x->tx_bytes, (unsigned long long)x->tx_records,
 				  (unsigned long long)x->tx_writes, (double)x->tx_busy_ns * 1e-9,
 				  tx_gbps, (unsigned long long)x->rx_bytes,
@@ -117,6 +120,20 @@ static void answer_rails(const rw_svc_t *svc, rw_svc_buf_t *o)
 				  (double)x->rx_busy_ns * 1e-9, rx_gbps, (unsigned long long)x->errors,
 				  (unsigned long long)x->wire_tx_bytes,
 				  (unsigned long long)x->pace_waits);
+		/* ---- the transport's failure and back-pressure counters (rdma/rail.h) ---- */
+		const rw_rail_dev_stats_t *t = &x->transport; /* sampled by the mesh */
+		rw_svc_buf_printf(o, " conn_failures=%llu retry_exceeded=%llu "
+					  "rnr_retry_exceeded=%llu remote_errors=%llu wc_errors=%llu "
+					  "write_again=%llu chunked_writes=%llu poll_yields=%llu",
+					  (unsigned long long)t->conn_failures,
+					  (unsigned long long)t->retry_exceeded,
+					  (unsigned long long)t->rnr_retry_exceeded,
+					  (unsigned long long)t->remote_errors,
+					  (unsigned long long)t->wc_errors,
+					  (unsigned long long)t->write_again,
+					  (unsigned long long)t->chunked_writes,
+					  (unsigned long long)t->poll_yields);
+		rw_svc_buf_printf(o, "\n");
 	}
 }
 
@@ -187,12 +204,32 @@ static void answer_selector(const rw_svc_t *svc, rw_svc_buf_t *o)
 	}
 }
 
+/* `ready`: what `railwave wait` polls. The stats socket is served by the loop, so an answer
+ * also proves the loop is alive; the reply says whether every peer is up and who is missing. */
+static void answer_ready(const rw_svc_t *svc, rw_svc_buf_t *o)
+{
+	uint32_t up;
+	rw_svc_buf_t why = {0};
+	int ready = rw_svc_ready_eval(&svc->cfg, &svc->metrics, svc->draining, &up, &why);
+	rw_svc_buf_printf(o, "ready %s\n", ready ? "yes" : "no");
+	rw_svc_buf_printf(o, "state %s\n", svc->stopping ? "stopping" :
+			  svc->draining ? "draining" : "running");
+	rw_svc_buf_printf(o, "peers_up %u/%u\n", up, svc->cfg.n_nodes - 1);
+	if (why.len)
+		rw_svc_buf_printf(o, "%s", why.data);
+	if (why.oom)
+		o->oom = 1;
+	rw_svc_buf_free(&why);
+}
+
 static const char help_text[] =
 	"stats            summary: node, peers up, clients, phases, errors by kind\n"
 	"stats rails      per rail: tx/rx bytes, records, writes, busy time, rate while busy\n"
 	"stats peers      per peer: state, rails up, reconnects, errors, heartbeat rtt\n"
 	"stats phases     per path and kind: ok, failed, mean/p50/p90/p99/max latency\n"
 	"stats selector   decisions by path and reason, then the latest decisions with features\n"
+	"health           'health ok' (the daemon's loop answers)\n"
+	"ready            'ready yes|no', state, peers up, and a 'waiting peer=...' line per missing peer\n"
 	"help             this list\n";
 
 int rw_svc_stats_answer(const rw_svc_t *svc, const char *line, rw_svc_buf_t *out)
@@ -211,6 +248,14 @@ int rw_svc_stats_answer(const rw_svc_t *svc, const char *line, rw_svc_buf_t *out
 	}
 	if (n == 1 && !strcmp(tok[0], "help")) {
 		rw_svc_buf_printf(out, "%s", help_text);
+		return 0;
+	}
+	if (n == 1 && !strcmp(tok[0], "health")) {
+		rw_svc_buf_printf(out, "health ok\n");
+		return 0;
+	}
+	if (n == 1 && !strcmp(tok[0], "ready")) {
+		answer_ready(svc, out);
 		return 0;
 	}
 	if (n >= 1 && n <= 2 && !strcmp(tok[0], "stats")) {
@@ -429,8 +474,8 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 	for (int i = 0; i < 16; i++) { /* bounded, to stay fair to the rest of the loop */
 		int fd = accept4(srv->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0) {
-			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
-			    errno != ECONNABORTED)
+			if (!rw_listen_pause_on(&srv->accept_pause, errno) && errno != EAGAIN &&
+			    errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
 				rw_warn("stats: accept on %s: %m", srv->path);
 			return;
 		}
@@ -520,7 +565,11 @@ rw_status_t rw_svc_stats_start(rw_svc_t *svc, rw_svc_stats_t **stats_p)
 	if (slash && slash != dir) {
 		*slash = '\0';
 		if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-			rw_err("stats: cannot create %s: %m", dir);
+			/* /run/railwave is the default everywhere; systemd, tmpfiles.d and the
+			 * launchers create it, a user trying the loopback cluster may not have. */
+			rw_err("stats: cannot create %s: %m%s", dir, errno == EACCES ?
+			       " (create it once with 'sudo install -d -o $USER /run/railwave', "
+			       "or pass --stats-socket and --ipc-socket)" : "");
 			st = RW_ERR_SYS;
 			goto free_srv;
 		}
@@ -566,6 +615,7 @@ rw_status_t rw_svc_stats_start(rw_svc_t *svc, rw_svc_stats_t **stats_p)
 	}
 	ev_io_init(&srv->accept_io, accept_cb, srv->fd, EV_READ);
 	srv->accept_io.data = srv;
+	rw_listen_pause_init(&srv->accept_pause, svc->loop, &srv->accept_io, "stats socket");
 	ev_idle_init(&srv->reaper, reaper_cb);
 	srv->reaper.data = srv;
 	ev_io_start(svc->loop, &srv->accept_io);
@@ -591,6 +641,7 @@ void rw_svc_stats_stop(rw_svc_stats_t *srv)
 		client_close(srv->clients, 0);
 	reaper_cb(loop, &srv->reaper, 0);
 	ev_io_stop(loop, &srv->accept_io);
+	rw_listen_pause_stop(&srv->accept_pause);
 	close(srv->fd);
 	struct stat sb;
 	if (stat(srv->path, &sb) == 0 && sb.st_dev == srv->dev && sb.st_ino == srv->ino)

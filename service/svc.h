@@ -12,10 +12,11 @@
 #include <ev.h>
 
 #include "common/common.h"
+#include "rdma/rail.h"
 #include "sched/sched.h"
 
 /* =============================================================================================
- * Configuration (service/config.c)
+ * Configuration (service/config.c; its private parts in service/config_int.h)
  * ============================================================================================= */
 
 #define RW_SVC_NAME_MAX 64     /* node and cluster names, incl. NUL: [A-Za-z0-9._-]{1,63} */
@@ -91,6 +92,7 @@ typedef struct rw_svc_config {
 	uint32_t heartbeat_timeout_ms; /* > heartbeat_interval_ms */
 	uint32_t recv_region_mib;    /* receive region per node (all peers and rails share it) */
 	uint32_t stats_timeout_ms;   /* a stats client must finish each line within this */
+	uint32_t max_tokens;         /* tokens per submission (the IPC server refuses more) */
 	rw_log_level_t log_level;
 	int force_path;              /* RW_SVC_PATH_AUTO or an rw_path_t */
 	int pace;                    /* tcp: pace each rail's sends at its rate_gbps (emulates
@@ -182,6 +184,7 @@ typedef enum rw_svc_peer_state {
 	RW_SVC_PEER_SELF = 4,        /* this node */
 } rw_svc_peer_state_t;
 
+/* Names for logs, the stats socket and metric labels (service/text.c). */
 const char *rw_svc_peer_state_name(rw_svc_peer_state_t s);
 const char *rw_svc_kind_name(rw_svc_phase_kind_t k);       /* "dispatch" | "combine" */
 const char *rw_svc_err_name(rw_status_t st);                /* short label: "peer", "timeout" */
@@ -203,6 +206,8 @@ typedef struct rw_svc_rail_metrics {
 	 * the wire, frame headers and acks included (tcp; 0 with verbs), and times a send waited
 	 * for the pacing budget (tcp with "pace": true). */
 	uint64_t wire_tx_bytes, pace_waits;
+	/* The rest of the device's counters (failures by cause, back-pressure), sampled likewise. */
+	rw_rail_dev_stats_t transport;
 } rw_svc_rail_metrics_t;
 
 typedef struct rw_svc_peer_metrics {
@@ -313,6 +318,13 @@ static inline void rw_svc_metrics_rail_dev(rw_svc_metrics_t *m, uint32_t rail,
 	m->rail[rail].pace_waits = pace_waits;
 }
 
+static inline void rw_svc_metrics_rail_transport(rw_svc_metrics_t *m, uint32_t rail,
+						 const rw_rail_dev_stats_t *st)
+{
+	if (rail < m->rails)
+		m->rail[rail].transport = *st;
+}
+
 static inline void rw_svc_metrics_error(rw_svc_metrics_t *m, rw_status_t st)
 {
 	uint32_t k = st < 0 ? (uint32_t)(-(int)st) : 0;
@@ -368,7 +380,8 @@ void rw_svc_metrics_publish(rw_svc_metrics_pub_t *pub, const rw_svc_metrics_t *l
  * snapshot's version (0 = nothing published yet; out then holds zeros). */
 uint64_t rw_svc_metrics_read(rw_svc_metrics_pub_t *pub, rw_svc_metrics_t *out);
 
-/* Text renderers, shared by the stats socket and tests. Each appends to a growable buffer. */
+/* Text renderers, shared by the stats socket and tests. Each appends to a growable buffer
+ * (rw_svc_buf_*: service/text.c). */
 typedef struct rw_svc_buf {
 	char *data;
 	size_t len, cap;

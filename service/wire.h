@@ -17,7 +17,7 @@
  *   u32 magic "RWMC" | u16 version | u16 type | u32 length | u32 seq (sender's message counter) */
 
 #define RW_WIRE_MAGIC 0x434d5752u   /* "RWMC" read as little-endian bytes R W M C */
-#define RW_WIRE_VERSION 3
+#define RW_WIRE_VERSION 4
 #define RW_WIRE_HDR_SIZE 16
 #define RW_WIRE_MAX_PAYLOAD (1u << 20) /* a count row of 4096 nodes x 16 rails is 256 KiB */
 #define RW_WIRE_CLUSTER_MAX 64         /* cluster name field, NUL-padded */
@@ -33,7 +33,8 @@ typedef enum rw_wire_type {
 	RW_WIRE_PHASE_ERR = 3, /* a node failed a phase: everyone fails it */
 	RW_WIRE_HEARTBEAT = 4, /* liveness (and RTT: echo = the peer's stamp being answered) */
 	RW_WIRE_GRANT = 5,     /* a receiver admits its wave-k source (docs/dataflow.md "Send") */
-	RW_WIRE_TYPE_MAX = 5,
+	RW_WIRE_BYE = 6,       /* no payload: the sender is stopping cleanly (not a crash) */
+	RW_WIRE_TYPE_MAX = 6,
 } rw_wire_type_t;
 
 typedef struct rw_wire_hdr {

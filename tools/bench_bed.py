@@ -886,39 +886,60 @@ def write_bench(a, doc):
 
 
 def main():
-    ap = argparse.ArgumentParser(prog="railwave " + (sys.argv[1] if len(sys.argv) > 1 else ""))
-    ap.add_argument("mode", choices=["demo", "bench"])
+    mode = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] in ("demo", "bench") else None
+    if mode is None:
+        sys.exit("bench_bed.py: first argument must be demo or bench (run it as 'railwave demo')")
+    what = {"demo": "Runs the main job on the rail test bed (network namespaces, shaped NICs; "
+                    "loopback when there is none): every path and the selector, every result "
+                    "verified, one table per path (docs/demo.md).",
+            "bench": "Sweeps skew, message size and fan-in on the rail test bed: the four paths, "
+                     "the selector and MPI_Alltoallv side by side, with a plot (docs/demo.md)."}[mode]
+    ap = argparse.ArgumentParser(prog="railwave " + mode, description=what,
+                                 epilog="Defaults in [brackets]; 'demo|bench:' marks an option "
+                                        "that only one of the two uses.")
     ap.add_argument("--build", required=True, help=argparse.SUPPRESS)
-    ap.add_argument("--nodes", type=int, default=4)
-    ap.add_argument("--rails", type=int, default=4)
-    ap.add_argument("--gpus", type=int, default=None, help="ranks per node (demo 2, bench = rails)")
-    ap.add_argument("--mbit", type=int, default=50, help="shaped rate of every NIC, Mbit/s")
-    ap.add_argument("--pairs", type=int, default=None, help="dispatch+combine pairs per run (after one warm-up)")
-    ap.add_argument("--experts", type=int, default=128)
-    ap.add_argument("--topk", type=int, default=8)
-    ap.add_argument("--hidden", type=int, default=4096)
-    ap.add_argument("--tokens", type=int, default=None, help="tokens per rank")
-    ap.add_argument("--zipf", type=float, default=0.8)
-    ap.add_argument("--dirichlet", type=float, default=20.0)
-    ap.add_argument("--rail-skew", type=float, default=0.67)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--layer", type=int, default=0)
+    ap.add_argument("--nodes", type=int, default=4, metavar="N", help="nodes (daemons) [4]")
+    ap.add_argument("--rails", type=int, default=4, metavar="R", help="rails (NICs) per node [4]")
+    ap.add_argument("--gpus", type=int, default=None, metavar="G",
+                    help="ranks per node [demo 2, bench = rails]")
+    ap.add_argument("--mbit", type=int, default=50, help="shaped rate of every NIC, Mbit/s [50]")
+    ap.add_argument("--pairs", type=int, default=None,
+                    help="dispatch+combine pairs per run, after one warm-up "
+                         "[demo 5 (3 with --short), bench 7 (3)]")
+    ap.add_argument("--experts", type=int, default=128, metavar="E", help="routed experts [128]")
+    ap.add_argument("--topk", type=int, default=8, metavar="K", help="experts per token [8]")
+    ap.add_argument("--hidden", type=int, default=4096, metavar="H",
+                    help="hidden size of a bf16 row [4096; demo --short at most 1024]")
+    ap.add_argument("--tokens", type=int, default=None, metavar="T",
+                    help="tokens per rank [demo 550 (40 with --short), bench 400]")
+    ap.add_argument("--zipf", type=float, default=0.8, metavar="S",
+                    help="global expert popularity skew, Zipf exponent [0.8]")
+    ap.add_argument("--dirichlet", type=float, default=20.0, metavar="A",
+                    help="per-source heterogeneity, Dirichlet concentration [20]")
+    ap.add_argument("--rail-skew", type=float, default=0.67, metavar="P",
+                    help="direct source-rail skew in [0,1] (tools/synth.h) [0.67]")
+    ap.add_argument("--seed", type=int, default=1, help="routing seed [1]")
+    ap.add_argument("--layer", type=int, default=0, help="synthetic layer drawn [0]")
     ap.add_argument("--mpi", action="store_true", help="demo: also run MPI_Alltoallv")
     ap.add_argument("--no-mpi", action="store_true", help="bench: skip MPI_Alltoallv")
     ap.add_argument("--short", action="store_true", help="bench: two points; demo: small and quick")
     ap.add_argument("--loopback", action="store_true", help="do not use network namespaces")
     ap.add_argument("--prefix", default=os.environ.get("RW_TESTBED_PREFIX", "rwdemo"),
-                    help="test-bed name prefix (default $RW_TESTBED_PREFIX or rwdemo)")
-    ap.add_argument("--out", default="bench-out", help="bench: output directory")
-    ap.add_argument("--name", default="testbed-bench", help="bench: output file name stem")
-    ap.add_argument("--json", default=None, help="demo: also write the results as JSON here")
-    ap.add_argument("--paths", default=",".join(PATHS), help="demo: forced paths to run (debugging)")
-    ap.add_argument("--phase-timeout-ms", type=int, default=120000)
+                    help="test-bed name prefix [$RW_TESTBED_PREFIX or rwdemo]")
+    ap.add_argument("--out", default="bench-out", metavar="DIR", help="bench: output directory [bench-out]")
+    ap.add_argument("--name", default="testbed-bench", help="bench: output file name stem [testbed-bench]")
+    ap.add_argument("--json", default=None, metavar="FILE", help="demo: also write the results as JSON here")
+    ap.add_argument("--paths", default=",".join(PATHS),
+                    help="demo: forced paths to run, comma-separated (debugging) [all four]")
+    ap.add_argument("--phase-timeout-ms", type=int, default=120000, metavar="MS",
+                    help="the daemons' phase_timeout_ms [120000]")
     ap.add_argument("--require-testbed", action="store_true", help="fail instead of falling back to loopback")
-    ap.add_argument("--workdir", default=None, help="directory for cluster files and logs (default: a new one in /tmp)")
+    ap.add_argument("--workdir", default=None, metavar="DIR",
+                    help="directory for cluster files and logs [a new one in /tmp]")
     ap.add_argument("--keep", action="store_true", help="keep logs and cluster files")
     ap.add_argument("--verbose", action="store_true", help="bench: a progress line per pair")
-    a = ap.parse_args()
+    a = ap.parse_args(sys.argv[2:])
+    a.mode = mode
     if a.gpus is None:
         a.gpus = 2 if a.mode == "demo" else a.rails
     if a.pairs is None:

@@ -30,7 +30,7 @@ const struct option rw_bench_wl_options[] = {
 
 const char rw_bench_wl_usage[] =
 	"workload (GLM-4.5-Air-shaped defaults):\n"
-	"  --nodes N --gpus G --rails R     cluster shape (4, 2, 4); GPU g on rail g %% R\n"
+	"  --nodes N --gpus G --rails R     cluster shape (4, 2, 4); GPU g on rail g % R\n"
 	"  --experts E --topk K --hidden H  routed experts, experts per token, bf16 row (128, 8, 4096)\n"
 	"  --tokens T                       tokens per rank (300)\n"
 	"  --zipf S --dirichlet A           global expert skew, per-source heterogeneity (0.8, 20)\n"

@@ -7,6 +7,8 @@
 
 #include "tools/tools.h"
 
+#include "config.h"
+
 static int cmd_help(int argc, char **argv);
 
 static const rw_tool_cmd_t commands[] = {
@@ -16,6 +18,7 @@ static const rw_tool_cmd_t commands[] = {
 	{ "demo", "run the main job on the rail test bed: every path and the selector, verified", rw_tool_demo },
 	{ "bench", "sweep skew, size and fan-in: four paths, selector and MPI_Alltoallv side by side", rw_tool_bench },
 	{ "stats", "ask a running railwaved over its stats socket (rails, peers, phases, selector)", rw_tool_stats },
+	{ "wait", "block until the local railwaved has every peer up on every rail (--timeout S)", rw_tool_wait },
 	{ "sim", "simulate one phase of the four paths at scale (lossless PFC and max-min fabric models)", rw_tool_sim },
 	{ "bench-workload", "a test-bed workload as JSON (counts, features, loads, lower bound); calibrate", rw_tool_bench_workload },
 	{ "trace", "phase traces: export to Chrome/Perfetto JSON, or find who was late (trace --help)", rw_tool_trace },
@@ -44,7 +47,7 @@ static int cmd_help(int argc, char **argv)
 		char *sub[] = { argv[1], "--help", NULL };
 		return c->main(2, sub);
 	}
-	printf("usage: railwave COMMAND [OPTIONS]\n\ncommands:\n");
+	printf("usage: railwave COMMAND [OPTIONS]\n       railwave --version\n\ncommands:\n");
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
 		printf("  %-12s %s\n", commands[i].name, commands[i].summary);
 	printf("\n'railwave COMMAND --help' shows a command's options.\n");
@@ -59,6 +62,10 @@ int main(int argc, char **argv)
 	}
 	if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)
 		return cmd_help(1, argv);
+	if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-V") == 0) {
+		printf("railwave %s\n", RW_VERSION);
+		return 0;
+	}
 	const rw_tool_cmd_t *c = find(argv[1]);
 	if (!c) {
 		fprintf(stderr, "railwave: unknown command '%s' (try 'railwave help')\n", argv[1]);

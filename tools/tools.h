@@ -22,6 +22,7 @@ int rw_tool_bench_workload(int argc, char **argv); /* tools/bench_workload.c */
 int rw_tool_demo(int argc, char **argv);        /* tools/demo.c */
 int rw_tool_bench(int argc, char **argv);       /* tools/demo.c */
 int rw_tool_stats(int argc, char **argv);       /* tools/stats.c */
+int rw_tool_wait(int argc, char **argv);        /* tools/stats.c */
 int rw_tool_sim(int argc, char **argv);         /* tools/sim_cmd.c */
 int rw_tool_trace(int argc, char **argv);       /* tools/observe.c */
 int rw_tool_analyze(int argc, char **argv);     /* tools/observe.c */

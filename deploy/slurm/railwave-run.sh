@@ -1,51 +1,182 @@
 #!/bin/sh
-# Run a training command under Slurm with one railwaved per allocated node.
-#   sbatch -N 4 --gpus-per-node=8 deploy/slurm/railwave-run.sh \
-#       --config /shared/railwave/cluster.json [--anchors FILE] -- python train.py ...
-# The cluster file must list every allocated node; each daemon finds itself by its Slurm node
-# name (--node "$SLURMD_NODENAME"). The daemons run as one job step (one task per node), the
-# trainer as another; when the trainer finishes the daemons get SIGTERM (they drain and exit).
-# Sockets go to a per-job folder ($RAILWAVE_RUNDIR, default /tmp/railwave-$SLURM_JOB_ID) that
-# the trainer finds through RAILWAVE_IPC_SOCKET.
-set -eu
+# Run a training command under Slurm with railwaved daemons started for the job
+# (docs/service.md "Running it: Slurm").
+#   sbatch -N 4 --ntasks-per-node=8 --gpus-per-node=8 deploy/slurm/railwave-run.sh \
+#       --config /shared/railwave/cluster.json [OPTIONS] -- python train.py ...
+# --ntasks-per-node is the number of trainer ranks per node (one per GPU, = gpus_per_node of the
+# cluster file); the daemons run as a step of their own, --daemons-per-node tasks per node, on
+# CPUs they share with the ranks (--overlap).
+# Options:
+#   --config FILE          cluster file listing exactly the nodes of this job (required)
+#   --identity name|index  name (default): the daemon on Slurm node X is the cluster's node X;
+#                          index: daemon task i of the step (block order) is the cluster's node i
+#   --daemons-per-node K   daemons on each allocated node (default 1; K > 1 needs --identity index:
+#                          loopback clusters, tests)
+#   --ready-timeout S      seconds to wait for every daemon to have every peer up (default 120)
+#   --rundir DIR           socket folder on every node (default ${TMPDIR:-/tmp}/railwave-JOBID)
+#   --daemon-output PAT    srun --output pattern for the daemons' logs (default: the job's output)
+#   --anchors FILE, --path P, --transport T, --log-level L, --phase-timeout-ms MS: for railwaved
+# The ranks get RAILWAVE_SOCKET (their node's daemon), RAILWAVE_NODE (its index in the cluster
+# file), RAILWAVE_GROUP (job-JOBID: a group key no other job shares) and RAILWAVE_RUNDIR. At the
+# end, or on SIGTERM/SIGINT, the daemons get SIGTERM through `scancel --signal=TERM` of their
+# step, drain, exit, and remove their sockets and the run folder.
+# Exit status: the trainer step's; 1 when the daemons did not start, get ready, or stop cleanly;
+# 2 bad usage. RAILWAVED and RAILWAVE name the binaries (default: from PATH).
+set -u
 
-usage() { sed -n '2,10p' "$0" >&2; exit 2; }
-config=
-extra=
+me=railwave-run
+usage() { sed -n '2,27p' "$0" >&2; exit 2; }
+die() { echo "$me: $*" >&2; exit 1; }
+bad() { echo "$me: $*" >&2; exit 2; }
+
+config= identity=name per=1 ready_timeout=120 rundir= daemon_output=
 while [ $# -gt 0 ]; do
 	case "$1" in
-	--config) config=$2; shift 2 ;;
-	--anchors|--path|--transport|--log-level) extra="$extra $1 $2"; shift 2 ;;
+	--config|--identity|--daemons-per-node|--ready-timeout|--rundir|--daemon-output|--anchors|\
+	--path|--transport|--log-level|--phase-timeout-ms)
+		[ $# -ge 2 ] || bad "$1 needs a value"
+		case "$1" in
+		--config) config=$2 ;;
+		--identity) identity=$2 ;;
+		--daemons-per-node) per=$2 ;;
+		--ready-timeout) ready_timeout=$2 ;;
+		--rundir) rundir=$2 ;;
+		--daemon-output) daemon_output=$2 ;;
+		--anchors) export RAILWAVE_ANCHORS="$2" ;;
+		--path) export RAILWAVE_PATH="$2" ;;
+		--transport) export RAILWAVE_TRANSPORT="$2" ;;
+		--log-level) export RAILWAVE_LOG_LEVEL="$2" ;;
+		--phase-timeout-ms) export RAILWAVE_PHASE_TIMEOUT_MS="$2" ;;
+		esac
+		shift 2 ;;
+	-h|--help) sed -n '2,27p' "$0"; exit 0 ;;
 	--) shift; break ;;
-	*) usage ;;
+	*) bad "unknown option '$1' (see --help)" ;;
 	esac
 done
-[ -n "$config" ] && [ $# -gt 0 ] || usage
-: "${SLURM_JOB_ID:?run inside a Slurm allocation (sbatch or salloc)}"
-: "${SLURM_JOB_NUM_NODES:?}"
-
+[ -n "$config" ] || bad "--config FILE is required"
+[ $# -gt 0 ] || bad "no training command after --"
+case "$identity" in name|index) ;; *) bad "--identity: expected name or index, not '$identity'" ;; esac
+case "$per" in ''|*[!0-9]*|0) bad "--daemons-per-node: expected a positive integer, not '$per'" ;; esac
+[ "$per" = 1 ] || [ "$identity" = index ] || bad "--daemons-per-node $per needs --identity index"
+case "$ready_timeout" in ''|*[!0-9.]*) bad "--ready-timeout: expected seconds, not '$ready_timeout'" ;; esac
+[ -n "${SLURM_JOB_ID:-}" ] || bad "run inside a Slurm allocation (sbatch or salloc)"
 RAILWAVED=${RAILWAVED:-railwaved}
-rundir=${RAILWAVE_RUNDIR:-/tmp/railwave-$SLURM_JOB_ID}
-export RAILWAVE_IPC_SOCKET="$rundir/railwaved.sock"
-export RAILWAVE_STATS_SOCKET="$rundir/stats.sock"
+RAILWAVE=${RAILWAVE:-railwave}
+command -v "$RAILWAVED" >/dev/null || die "no railwaved ($RAILWAVED); set RAILWAVED or PATH"
+command -v "$RAILWAVE" >/dev/null || die "no railwave ($RAILWAVE); set RAILWAVE or PATH"
+nnodes=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
+ndaemons=$((nnodes * per))
+rundir=${rundir:-${TMPDIR:-/tmp}/railwave-$SLURM_JOB_ID}
+unset RAILWAVE_IPC_SOCKET RAILWAVE_SOCKET RAILWAVE_STATS_SOCKET RAILWAVE_NODE
 
-# Fail early, on the first node, if the configuration does not parse.
-"$RAILWAVED" --config "$config" --node "${SLURMD_NODENAME:-0}" --dump-config >/dev/null
+# The cluster file must name every daemon of this job and nothing else (/ready waits for every
+# configured peer): check on this node before starting anything.
+if [ "$identity" = name ]; then
+	ids=$(scontrol show hostnames "${SLURM_JOB_NODELIST:?}") || die "cannot list the job's nodes"
+else
+	ids=$(seq 0 $((ndaemons - 1)))
+fi
+for id in $ids; do
+	out=$("$RAILWAVED" --config "$config" --node "$id" --dump-config 2>&1 >/dev/null) ||
+		die "the cluster file cannot run node $id: ${out#railwaved: }"
+done
+"$RAILWAVED" --config "$config" --node "$ndaemons" --dump-config >/dev/null 2>&1 &&
+	die "$config lists more than this job's $ndaemons daemons; /ready would wait for the others"
+drain_ms=$("$RAILWAVED" --config "$config" --node "$(echo "$ids" | head -n 1)" --dump-config |
+	sed -n 's/.*"phase_timeout_ms": *\([0-9]*\).*/\1/p')
+stop_bound=$(( ${drain_ms:-10000} / 1000 + 6 ))   # drain bound (phase timeout + 1 s) + teardown
 
-# shellcheck disable=SC2086,SC2016
-srun --overlap --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=0 \
-	sh -c 'mkdir -p "$0" && exec "$1" --config "$2" --node "$SLURMD_NODENAME" $3' \
-	"$rundir" "$RAILWAVED" "$config" "$extra" &
-daemons=$!
-trap 'kill -TERM $daemons 2>/dev/null; wait $daemons 2>/dev/null || true' EXIT INT TERM
+export RW_RUN_CONFIG="$config" RW_RUN_IDENTITY="$identity" RW_RUN_DIR="$rundir"
+export RW_RUN_DAEMONS="$ndaemons" RW_RUN_TIMEOUT="$ready_timeout" RAILWAVED RAILWAVE
+export RAILWAVE_RUNDIR="$rundir" RAILWAVE_GROUP="job-$SLURM_JOB_ID"
+# The daemon (or rank) id of a task: its Slurm node name, or its daemon index in block order.
+id_of_task='if [ "$RW_RUN_IDENTITY" = index ]; then
+	id=$(( SLURM_PROCID / (SLURM_STEP_NUM_TASKS / RW_RUN_DAEMONS) ))
+else id=$SLURMD_NODENAME; fi'
 
-# Wait until every node's daemon answers on its stats socket (at most 60 s).
+# ---- the daemons: one step, $per tasks per node -------------------------------------------------
+# Each task's shell stays (it does not exec) to remove the sockets and the folder after the
+# daemon; it ignores the step's SIGTERM (trap, reset for the daemon by exec) so that only the
+# daemon drains and the step ends when the daemon does.
 # shellcheck disable=SC2016
-srun --overlap --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 sh -c '
-	i=0
-	while [ ! -S "$0" ]; do
-		i=$((i + 1)); [ $i -gt 600 ] && { echo "railwaved on $(hostname) did not start" >&2; exit 1; }
-		sleep 0.1
-	done' "$RAILWAVE_STATS_SOCKET"
+srun --overlap --nodes="$nnodes" --ntasks="$ndaemons" --ntasks-per-node="$per" --distribution=block \
+	--kill-on-bad-exit=0 --job-name=railwaved ${daemon_output:+--output="$daemon_output"} \
+	sh -c "$id_of_task"'
+	trap : TERM INT
+	mkdir -p -m 0700 "$RW_RUN_DIR" || exit 1
+	RAILWAVE_SOCKET=$RW_RUN_DIR/$id.sock RAILWAVE_STATS_SOCKET=$RW_RUN_DIR/$id.stats \
+		"$RAILWAVED" --config "$RW_RUN_CONFIG" --node "$id"
+	rc=$?
+	rm -f "$RW_RUN_DIR/$id.sock" "$RW_RUN_DIR/$id.stats"
+	rmdir "$RW_RUN_DIR" 2>/dev/null
+	exit $rc' &
+daemons=$!
+trainer= trainer_rc=1
 
-srun "$@"
+# Stop the daemons with a signal that lets them drain: SIGTERM to their step's tasks.
+stop_daemons() {
+	[ -n "$daemons" ] || return 0
+	step=$(squeue --steps --jobs "$SLURM_JOB_ID" --noheader --format '%i %j' 2>/dev/null |
+		awk '$2 == "railwaved" { print $1; exit }')
+	if [ -n "$step" ]; then scancel --signal=TERM "$step"; else kill -TERM "$daemons" 2>/dev/null; fi
+	i=0
+	while kill -0 "$daemons" 2>/dev/null && [ $i -lt $((stop_bound * 10)) ]; do
+		sleep 0.1; i=$((i + 1))
+	done
+	if kill -0 "$daemons" 2>/dev/null; then
+		echo "$me: daemons still draining after ${stop_bound}s; cancelling their step" >&2
+		[ -n "$step" ] && scancel "$step"
+	fi
+	wait "$daemons"; drc=$?
+	daemons=
+	if [ $drc = 0 ]; then echo "$me: daemons drained and stopped" >&2
+	else echo "$me: daemon step ended with status $drc" >&2; fi
+	return $drc
+}
+finish() {
+	trap - EXIT INT TERM
+	if [ -n "$trainer" ] && kill -0 "$trainer" 2>/dev/null; then
+		kill -TERM "$trainer" 2>/dev/null # srun forwards it to the ranks
+		wait "$trainer"
+	fi
+	stop_daemons; drc=$?
+	[ "$trainer_rc" = 0 ] && [ $drc != 0 ] && trainer_rc=1
+	exit "$trainer_rc"
+}
+trap finish EXIT
+trap 'echo "$me: signal, stopping" >&2; trainer_rc=143; finish' TERM
+trap 'echo "$me: interrupted, stopping" >&2; trainer_rc=130; finish' INT
+
+# ---- gate: every daemon has every peer up (railwave wait), or the daemons died -------------------
+# shellcheck disable=SC2016
+srun --overlap --nodes="$nnodes" --ntasks="$ndaemons" --ntasks-per-node="$per" --distribution=block \
+	--kill-on-bad-exit=1 --job-name=railwave-wait \
+	sh -c "$id_of_task"'
+	exec "$RAILWAVE" wait --quiet --socket "$RW_RUN_DIR/$id.stats" --timeout "$RW_RUN_TIMEOUT"' &
+waiter=$!
+while kill -0 "$waiter" 2>/dev/null; do
+	if ! kill -0 "$daemons" 2>/dev/null; then
+		kill -TERM "$waiter" 2>/dev/null; wait "$waiter"
+		wait "$daemons"; drc=$?; daemons=
+		die "the daemons exited (status $drc) before the cluster was ready"
+	fi
+	sleep 0.2
+done
+wait "$waiter" || die "the daemons were not ready within ${ready_timeout}s (see above)"
+echo "$me: $ndaemons daemons ready (every peer up); starting the trainer" >&2
+
+# ---- the trainer: the allocation's tasks, each pointed at its node's daemon ------------------------
+# shellcheck disable=SC2016
+srun --overlap --distribution=block --job-name=trainer sh -c "$id_of_task"'
+	export RAILWAVE_SOCKET="$RW_RUN_DIR/$id.sock"
+	RAILWAVE_NODE=$("$RAILWAVE" stats --socket "$RW_RUN_DIR/$id.stats" | sed -n "s/^node_index //p")
+	export RAILWAVE_NODE
+	unset RW_RUN_CONFIG RW_RUN_IDENTITY RW_RUN_DIR RW_RUN_DAEMONS RW_RUN_TIMEOUT
+	exec "$@"' sh "$@" &
+trainer=$!
+wait "$trainer"   # in the background so that a signal to this script runs its trap at once
+trainer_rc=$?
+trainer=
+[ $trainer_rc = 0 ] || echo "$me: the trainer step failed (status $trainer_rc)" >&2
+exit "$trainer_rc"

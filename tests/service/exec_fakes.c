@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/rw_cuda.h"
 #include "service/svc.h"
 #include "ipc/proto.h"
 #include "tests/service/exec_fakes.h"
@@ -29,6 +30,7 @@ struct rw_ipc_server {
 typedef struct fk_buf {
 	uint32_t id;
 	int known;
+	int cuda;                 /* device memory of the stand-in driver (host-addressable) */
 	uint64_t size;
 	uint8_t *mem;
 } fk_buf_t;
@@ -116,7 +118,10 @@ static void ev_free(fk_ev_t *ev)
 static void client_release_bufs(rw_ipc_client_t *c)
 {
 	for (uint32_t i = 0; i < c->n_buf; i++) {
-		free(c->buf[i].mem);
+		if (c->buf[i].cuda && c->buf[i].mem)
+			rw_cuda_mem_free(0, (rw_cuda_dptr_t)(uintptr_t)c->buf[i].mem);
+		else
+			free(c->buf[i].mem);
 		c->buf[i].mem = NULL;
 		c->buf[i].known = 0;
 	}
@@ -715,7 +720,8 @@ rw_status_t rw_ipc_server_create(struct ev_loop *loop, const rw_ipc_server_confi
 	s->ops = *ops;
 	s->ctx = ctx;
 	/* ipc/server.c's defaults for what the executor does not set */
-	s->lim = (rw_ipc_limits_t){ .max_tokens = 1u << 20, .max_hidden = 65536,
+	s->lim = (rw_ipc_limits_t){ .max_tokens = cfg->max_tokens ? cfg->max_tokens : 1u << 20,
+				    .max_hidden = 65536,
 				    .max_topk = cfg->max_topk ? cfg->max_topk : 64,
 				    .max_experts = 1u << 20,
 				    .dtypes = cfg->dtypes ? cfg->dtypes : UINT32_MAX };
@@ -779,8 +785,12 @@ rw_status_t rw_ipc_buffer_lookup(const rw_ipc_client_t *client, uint32_t buf_id,
 	for (uint32_t i = 0; i < client->n_buf; i++) {
 		const fk_buf_t *b = &client->buf[i];
 		if (b->known && b->id == buf_id) {
-			*buf_p = (rw_ipc_buffer_t){ .id = b->id, .kind = RW_IPC_BUF_HOST, .size = b->size,
-						    .host = b->mem, .device = -1 };
+			if (b->cuda)
+				*buf_p = (rw_ipc_buffer_t){ .id = b->id, .kind = RW_IPC_BUF_CUDA, .size = b->size,
+							    .dptr = (uint64_t)(uintptr_t)b->mem, .device = 0 };
+			else
+				*buf_p = (rw_ipc_buffer_t){ .id = b->id, .kind = RW_IPC_BUF_HOST, .size = b->size,
+							    .host = b->mem, .device = -1 };
 			return RW_OK;
 		}
 	}
@@ -861,6 +871,22 @@ uint32_t fk_client_buffer(rw_ipc_client_t *c, uint64_t size, uint8_t **mem_p)
 	b->mem = calloc(1, size ? size : 1);
 	if (!b->mem)
 		abort();
+	b->known = 1;
+	c->n_buf++;
+	*mem_p = b->mem;
+	return b->id;
+}
+
+uint32_t fk_client_cuda_buffer(rw_ipc_client_t *c, uint64_t size, uint8_t **mem_p)
+{
+	rw_cuda_dptr_t dptr;
+	if (c->n_buf == FK_BUFS || rw_cuda_init() != RW_OK || rw_cuda_mem_alloc(0, size, &dptr) != RW_OK)
+		return 0;
+	fk_buf_t *b = &c->buf[c->n_buf];
+	b->id = 100 + c->n_buf;
+	b->size = size;
+	b->mem = (uint8_t *)(uintptr_t)dptr;
+	b->cuda = 1;
 	b->known = 1;
 	c->n_buf++;
 	*mem_p = b->mem;

@@ -84,7 +84,8 @@ typedef struct fk_world {
 
 extern fk_world_t *fk_world;
 
-/* A world of `nodes` nodes x `rails` rails on `loop`; delivery order from `seed` when random. */
+/* A world of `nodes` nodes x `rails` rails on `loop`; delivery order from `seed` when random.
+ * One world at a time (the fakes are link-time functions with no context): fk_world. */
 fk_world_t *fk_world_new(struct ev_loop *loop, uint32_t nodes, uint32_t rails, int random_order,
 			 uint64_t seed);
 /* Every mesh and IPC server must have been destroyed; frees the fake clients too. */
@@ -102,8 +103,9 @@ uint32_t fk_drop(fk_world_t *w, fk_hold_fn pred, void *ctx);
  * peer_down(n) (after write_done(error) for each of its writes to n). Its executor must then be
  * torn down by the test (nothing it does reaches anyone). */
 void fk_kill(fk_world_t *w, uint32_t n);
-/* Node n dies silently: its peers notice only when they next use the link (sync_teardown mode:
- * a control send to it tears the peer down inside the send, as service/mesh.c does). */
+/* Node n dies silently: no notice; each write to it fails on its own when delivered (a transport
+ * error), control messages to it are lost, and in sync_teardown mode a control send to it tears
+ * the peer down inside the send, as service/mesh.c does. fk_kill() later sends the notices. */
 void fk_kill_silent(fk_world_t *w, uint32_t n);
 int fk_alive(const fk_world_t *w, uint32_t n);
 /* A write from src's memory of `rail` (offset 0) to dst's at remote_off that no executor posted
@@ -129,6 +131,10 @@ rw_ipc_client_t *fk_client_new(fk_world_t *w, uint32_t node, const char *group, 
 void fk_client_join(rw_ipc_client_t *c);
 /* A host buffer of `size` bytes (zeroed); returns its id, *mem_p its memory. */
 uint32_t fk_client_buffer(rw_ipc_client_t *c, uint64_t size, uint8_t **mem_p);
+/* A CUDA buffer of `size` bytes on device 0 of the stand-in driver ($RW_CUDA_DRIVER =
+ * tests/cuda/libfakecuda.so, whose device memory is host-addressable: *mem_p is that address).
+ * Returns 0 when no driver is usable. */
+uint32_t fk_client_cuda_buffer(rw_ipc_client_t *c, uint64_t size, uint8_t **mem_p);
 /* Forget a buffer (its id becomes unknown; memory kept until the world is freed). */
 void fk_client_forget_buffer(rw_ipc_client_t *c, uint32_t id);
 /* Hand a submission to the service (as if it passed the server's checks). */

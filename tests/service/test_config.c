@@ -74,6 +74,7 @@ static const bad_case_t bad_cases[] = {
 	 "heartbeat_timeout_ms: 1000 must exceed heartbeat_interval_ms (2000)", RW_ERR_PARSE},
 	{"\"recv_region_mib\": 0,", 0, 0, 0, "recv_region_mib: 0 out of range", RW_ERR_PARSE},
 	{"\"stats_timeout_ms\": -5,", 0, 0, 0, "stats_timeout_ms: -5 out of range", RW_ERR_PARSE},
+	{"\"max_tokens\": 2000000,", 0, 0, 0, "max_tokens: 2000000 out of range", RW_ERR_PARSE},
 	{"\"log_level\": \"verbose\",", 0, 0, 0, "log_level: expected one of error, warn, info, debug", RW_ERR_PARSE},
 	{"\"path\": \"fastest\",", 0, 0, 0, "path: expected one of auto, native", RW_ERR_PARSE},
 	{"\"node\": [1],", 0, 0, 0, "node: expected a node name or index, got an array", RW_ERR_PARSE},
@@ -200,6 +201,8 @@ static void test_bad_env_and_flags(void **state)
 		{NULL, {"pace", ""}, "--pace: '' is not on or off"},
 		{NULL, {"pace", "ON"}, "--pace: 'ON' is not on or off"},
 		{"RAILWAVE_PACE=on", {"transport", "verbs"}, "pace: on, but the verbs transport"},
+		/* the daemon and librailwave read one variable; the old name is refused, not ignored */
+		{"RAILWAVE_IPC_SOCKET=/tmp/x.sock", {0, 0}, "RAILWAVE_IPC_SOCKET: renamed RAILWAVE_SOCKET"},
 	};
 	for (size_t i = 0; i < RW_ARRAY_SIZE(cases); i++) {
 		char *envp[] = {(char *)cases[i].env, NULL};
@@ -246,9 +249,9 @@ static void test_embedded_default(void **state)
 			for (uint32_t g = 0; g < 4; g++)
 				assert_int_equal(cfg.gpu_rail[g], g);
 			char want[64];
-			snprintf(want, sizeof(want), "/tmp/railwave/node%u.stats", n);
+			snprintf(want, sizeof(want), "/run/railwave/node%u.stats", n);
 			assert_string_equal(cfg.stats_socket, want);
-			snprintf(want, sizeof(want), "/tmp/railwave/node%u.sock", n);
+			snprintf(want, sizeof(want), "/run/railwave/node%u.sock", n);
 			assert_string_equal(cfg.ipc_socket, want);
 			snprintf(want, sizeof(want), "127.0.0.%u", n + 1);
 			assert_true(cfg.http_enabled);
@@ -429,12 +432,13 @@ static void test_precedence(void **state)
 	/* environment beats file and node-level */
 	char *env[] = {"RAILWAVE_PHASE_TIMEOUT_MS=222", "RAILWAVE_HTTP=0",
 		       "RAILWAVE_STATS_SOCKET=/tmp/env-{node}", "RAILWAVE_NODE=a", "UNRELATED=1",
-		       NULL};
+		       "RAILWAVE_SOCKET=/tmp/env-{node}.sock", NULL};
 	assert_int_equal(rw_svc_config_load_text(json, env, NULL, 0, &cfg, err, sizeof(err)), RW_OK);
 	assert_int_equal(cfg.me, 0); /* RAILWAVE_NODE */
 	assert_int_equal(cfg.phase_timeout_ms, 222);
 	assert_false(cfg.http_enabled);
 	assert_string_equal(cfg.stats_socket, "/tmp/env-a");
+	assert_string_equal(cfg.ipc_socket, "/tmp/env-a.sock");
 	rw_svc_config_free(&cfg);
 
 	/* flags beat the environment */
@@ -564,6 +568,16 @@ static void test_files(void **state)
 	assert_non_null(strstr(err, tmp));
 	assert_non_null(strstr(err, "nodes[0].rails[0]: '1.2.3' is not an IPv4 address"));
 	unlink(tmp);
+
+	/* A bad flag or variable is named on its own, not as an error of the file. */
+	rw_svc_kv_t bad_flag[] = {{"node", "0"}, {"phase_timeout_ms", "abc"}};
+	assert_int_equal(rw_svc_config_load("deploy/clusters/loopback-4x4.json", NULL, bad_flag, 2,
+					    &cfg, err, sizeof(err)), RW_ERR_PARSE);
+	assert_string_equal(err, "--phase-timeout-ms: 'abc' is not a non-negative integer");
+	char *bad_env[] = {"RAILWAVE_HTTP=x", NULL};
+	assert_int_equal(rw_svc_config_load("deploy/clusters/loopback-4x4.json", bad_env, node0_flag,
+					    1, &cfg, err, sizeof(err)), RW_ERR_PARSE);
+	assert_string_equal(err, "RAILWAVE_HTTP: 'x' is not an IPv4 ADDR:PORT (or 0 = off)");
 }
 
 static void test_topo(void **state)

@@ -127,6 +127,65 @@ static void test_counts_and_records_random(void **state)
 	printf("counts_and_records_random: %" PRIu64 " records\n", records);
 }
 
+/* The sliced passes (any budget, from 1 token on) give exactly the one-shot results, and a bad
+ * id found in a later slice still names its rank and leaves the row zero. */
+static void test_sliced_passes(void **state)
+{
+	(void)state;
+	seed_rng("sliced_passes");
+	static routing_t rt;
+	static uint32_t row[9 * RW_MAX_RAILS], ref[9 * RW_MAX_RAILS], offset[9 * RW_MAX_RAILS + 1];
+	static rw_record_t rec[MAX_RANKS * MAX_TOKENS * 8], rec_ref[MAX_RANKS * MAX_TOKENS * 8];
+	static rw_sched_records_iter_t rit;
+	uint64_t calls = 0;
+	for (uint32_t c = 0; c < 300; c++) {
+		random_routing(&rt);
+		const uint32_t nr = rt.topo.nodes * rt.topo.rails;
+		assert_int_equal(rw_sched_count(&rt.topo, rt.n_experts, rt.me, rt.ranks, rt.n_ranks,
+						ref, NULL), RW_OK);
+		const uint32_t budget = 1 + rng_below(c % 3 ? 5 : 40);
+		rw_sched_count_iter_t it = { 0 };
+		int done = 0;
+		memset(row, 0xee, sizeof(row)); /* the first slice zeroes it */
+		while (!done) {
+			assert_int_equal(rw_sched_count_step(&rt.topo, rt.n_experts, rt.me, rt.ranks,
+							     rt.n_ranks, row, &it, budget, &done, NULL), RW_OK);
+			calls++;
+		}
+		assert_memory_equal(row, ref, nr * sizeof(row[0]));
+		rw_sched_prefix(row, nr, offset);
+		assert_int_equal(rw_sched_records(&rt.topo, rt.n_experts, rt.me, rt.ranks, rt.n_ranks,
+						  offset, rec_ref), RW_OK);
+		memset(&rit, 0, sizeof(rit));
+		memset(rec, 0xff, sizeof(rec[0]) * offset[nr]);
+		done = 0;
+		while (!done)
+			assert_int_equal(rw_sched_records_step(&rt.topo, rt.n_experts, rt.me, rt.ranks,
+							       rt.n_ranks, offset, rec, &rit, budget,
+							       &done), RW_OK);
+		assert_memory_equal(rec, rec_ref, sizeof(rec[0]) * offset[nr]);
+	}
+	/* A bad id in the last token of the second rank, found by a later slice. */
+	rw_topo_t topo;
+	assert_int_equal(rw_sched_topo_init(&topo, 2, 2, 2), RW_OK);
+	const int32_t good[8] = { 0, 1, 4, 7, 2, 3, 5, 6 }, bad[8] = { 0, 1, 4, 7, 2, 3, 5, 8 };
+	rw_rank_tokens_t rk[2] = {
+		{ .local_gpu = 0, .n_tokens = 4, .topk = 2, .expert_ids = good },
+		{ .local_gpu = 1, .n_tokens = 4, .topk = 2, .expert_ids = bad },
+	};
+	uint32_t small[4], bad_rank = 99;
+	rw_sched_count_iter_t it = { 0 };
+	int done = 0;
+	rw_status_t st = RW_OK;
+	while (!done && st == RW_OK)
+		st = rw_sched_count_step(&topo, 8, 0, rk, 2, small, &it, 3, &done, &bad_rank);
+	assert_int_equal(st, RW_ERR_INVAL);
+	assert_int_equal(bad_rank, 1);
+	for (uint32_t i = 0; i < 4; i++)
+		assert_int_equal(small[i], 0);
+	printf("sliced_passes: %" PRIu64 " count slices\n", calls);
+}
+
 /* One rank, hand-written tokens: de-duplication by node, local records, dropped slots. */
 static void test_dedup_and_local(void **state)
 {
@@ -215,6 +274,18 @@ static void test_bad_input(void **state)
 	for (uint32_t i = 0; i < 4; i++)
 		assert_int_equal(row[i], 0);
 	assert_int_equal(rw_sched_count(&topo, 8, 0, rk, 3, row, NULL), RW_ERR_INVAL);
+	/* Only -1 means "no expert": -5 and INT_MIN are refused, naming the rank (issue 15). */
+	const int32_t minus5[4] = { 0, -5, 1, 2 }, intmin[4] = { INT32_MIN, 1, -1, -1 };
+	const int32_t minus1[4] = { -1, 1, -1, -1 };
+	rk[2].expert_ids = minus5;
+	assert_int_equal(rw_sched_count(&topo, 8, 0, rk, 3, row, &bad_rank), RW_ERR_INVAL);
+	assert_int_equal(bad_rank, 2);
+	rk[2].expert_ids = intmin;
+	bad_rank = 99;
+	assert_int_equal(rw_sched_count(&topo, 8, 0, rk, 3, row, &bad_rank), RW_ERR_INVAL);
+	assert_int_equal(bad_rank, 2);
+	rk[2].expert_ids = minus1;
+	assert_int_equal(rw_sched_count(&topo, 8, 0, rk, 3, row, NULL), RW_OK);
 
 	rk[2].expert_ids = good;
 	rk[1].topk = RW_MAX_TOPK + 1;
@@ -273,6 +344,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_dedup_and_local),
 		cmocka_unit_test(test_counts_and_records_random),
+		cmocka_unit_test(test_sliced_passes),
 		cmocka_unit_test(test_expert_node_division),
 		cmocka_unit_test(test_bad_input),
 		cmocka_unit_test(test_empty),

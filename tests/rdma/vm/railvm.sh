@@ -6,6 +6,8 @@
 #
 #   tests/rdma/vm/railvm.sh [-r RAILS] [-t SECS] [-o DIR] [-b HOSTBIN]... [-0 CMD] [-1 CMD]
 #   tests/rdma/vm/railvm.sh -p          (only fetch and prepare the kernel cache)
+#   tests/rdma/vm/railvm.sh -I DIR [-b HOSTBIN]...   (only build DIR/initrd.cpio and link
+#             DIR/vmlinuz, for tests/rdma/vm/cluster.py, which starts the guests itself)
 #
 #   -b FILE   copy a host executable into the guests as /usr/bin/<name>, with its ldd closure
 #   -0/-1 CMD shell command (busybox sh) for guest 0 / guest 1; it sees RW_NODE, RW_PEER,
@@ -13,6 +15,7 @@
 #   -r RAILS  rails (NICs, rxe devices) per guest, 1..4 (default 2)
 #   -t SECS   hard limit for the whole run (default 300); the guests are always killed
 #   -o DIR    keep logs there (guestN.out: the command's output, guestN.console: kernel/init)
+#   -I DIR    build the guests' initramfs and kernel link into DIR, start nothing
 # Environment: RW_VM_CACHE (default ~/.cache/railwave-vm), RW_VM_ACCEL (tcg | kvm; default tcg),
 #   RW_VM_KERNEL_PKG (e.g. linux-image-6.1.0-57-amd64; default: what linux-image-amd64 depends on).
 # Exit status: 0 when both commands exit 0; 77 when qemu, busybox or the kernel cannot be had
@@ -20,8 +23,8 @@
 set -u
 
 here=$(cd "$(dirname "$0")" && pwd)
-rails=2 limit=300 keep= bins= cmd0=true cmd1=true prepare_only=
-while getopts r:t:o:b:0:1:ph opt; do
+rails=2 limit=300 keep= bins= cmd0=true cmd1=true prepare_only= image_only=
+while getopts r:t:o:b:0:1:I:ph opt; do
 	case $opt in
 	r) rails=$OPTARG ;;
 	t) limit=$OPTARG ;;
@@ -30,7 +33,8 @@ while getopts r:t:o:b:0:1:ph opt; do
 	0) cmd0=$OPTARG ;;
 	1) cmd1=$OPTARG ;;
 	p) prepare_only=1 ;;
-	*) sed -n '2,22s/^# \{0,1\}//p' "$0"; exit 2 ;;
+	I) image_only=$OPTARG ;;
+	*) sed -n '2,25s/^# \{0,1\}//p' "$0"; exit 2 ;;
 	esac
 done
 case $rails in [1-4]) ;; *) echo "railvm: -r wants 1..4" >&2; exit 2 ;; esac
@@ -132,6 +136,7 @@ mkdir -p "$root/usr/bin" "$root/usr/sbin" "$root/usr/lib/modules/railvm" "$root/
 for d in bin sbin lib lib64; do ln -s "usr/$d" "$root/$d"; done
 cp "$busybox" "$root/usr/bin/busybox" && ln -s busybox "$root/usr/bin/sh"
 cp "$here/guest-init" "$root/init" && chmod 755 "$root/init"
+cp "$here/guest-agent" "$root/usr/bin/rwvm-agent" && chmod 755 "$root/usr/bin/rwvm-agent"
 cp "$kdir"/modules/*.ko "$kdir/modules/order" "$root/usr/lib/modules/railvm/"
 
 # copy FILE to DEST in the guest plus every shared library ldd names (same paths as the host).
@@ -157,6 +162,12 @@ done
 printf '%s\n' "$cmd0" >"$root/cmd0"
 printf '%s\n' "$cmd1" >"$root/cmd1"
 (cd "$root" && find . | cpio -o -H newc --quiet) >"$work/initrd.cpio" || { log "cpio failed"; exit 1; }
+if [ -n "$image_only" ]; then
+	mkdir -p "$image_only" && mv "$work/initrd.cpio" "$image_only/initrd.cpio" &&
+		ln -sf "$kdir/vmlinuz" "$image_only/vmlinuz" && cp "$kdir/package" "$image_only/package" ||
+		{ log "cannot write $image_only"; exit 1; }
+	exit 0
+fi
 
 # --- rails: one UDP point-to-point link per rail, on loopback ports the kernel picks ----------
 nports=$((2 * rails))

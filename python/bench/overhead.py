@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Benchmark (not a test): the railwave Python package's overhead per dispatch+combine pair
+against the C client (build/bench/pair_bench) on the same phases, in the same run. Results and
+the command: docs/perf/python.md.
+
+  /usr/bin/python3 python/bench/overhead.py [--build build] [--iters 2000]
+
+Two daemons, each measured with C then Python, for every size:
+  * echo: build/bench/ipc_bench --serve, which completes every submission at once — what is left
+    is the client side alone (submit, wait, Python's argument checks, copies, result tensors);
+  * railwaved: one real node (G = 2 ranks, both run the same client concurrently), a purely
+    node-local phase, so the daemon's work is included and the same for both clients.
+Both clients wait alike (busy-poll --spin-us, then sleep on the eventfd), use identity experts
+(each received row is combined back as is), fp32 rows, and report the median pair time (wall)
+and the process's CPU time per pair (cpu: what the client itself spent, spinning included; on a
+shared machine it moves less than wall time) after 100 warm-up pairs."""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.dirname(os.path.dirname(HERE))
+SIZES = [(16, 256, 2, 8), (128, 1024, 4, 8), (512, 4096, 8, 16)]  # tokens, hidden, topk, experts
+
+
+def worker(a):
+    """One Python rank: a.iters pairs, prints the C bench's line format."""
+    import torch
+    sys.path.insert(0, os.path.join(SRC, "python"))
+    import railwave
+    torch.set_num_threads(1)
+    T, H, K, E = a.tokens, a.hidden, a.topk, a.experts
+    x = torch.arange(T, dtype=torch.float32).unsqueeze(1).expand(T, H).contiguous()
+    w = torch.ones(T, K)
+    base = (torch.arange(T).unsqueeze(1) + torch.arange(K).unsqueeze(0) * (E // K))
+    with railwave.Group(a.group, a.rank, a.world, socket=a.socket, node=a.node,
+                        spin_us=a.spin_us) as g:
+        times = []
+        idxs = [(base + it) % E for it in range(a.iters + 100)]
+        for it in range(a.iters + 100):
+            idx = idxs[it]
+            if it == 100:
+                cpu0 = time.process_time()
+            t0 = time.perf_counter()
+            rx, ridx, rw, cnt, h = g.dispatch(x, idx, w, E, layer=0, step=it)
+            g.combine(rx, h)
+            if it >= 100:
+                times.append((time.perf_counter() - t0) * 1e6)
+        cpu = (time.process_time() - cpu0) / a.iters * 1e6
+    print("pairs %d p50_us %.2f mean_us %.2f cpu_us %.2f" % (
+        a.iters, statistics.median(times), statistics.mean(times), cpu))
+
+
+def parse(out):
+    f = out.split()
+    return float(f[f.index("p50_us") + 1]), float(f[f.index("cpu_us") + 1])
+
+
+def run_ranks(cmds, env):
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=env) for c in cmds]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, o in zip(procs, outs):
+        if p.returncode:
+            raise RuntimeError("rank failed: %s" % o[-800:])
+    return [parse(o.strip().splitlines()[-1]) for o in outs]
+
+
+def measure(build, sockets, world, per_node, group, T, H, K, E, iters, spin, env):
+    iters = max(100, min(iters, iters * 16384 // (T * H)))  # fewer pairs for the big rows
+    common = ["--tokens", str(T), "--hidden", str(H), "--topk", str(K), "--experts", str(E),
+              "--iters", str(iters), "--spin-us", str(spin)]
+    res = {}
+    for kind in ("c", "py"):
+        cmds = []
+        for r in range(world):
+            args = ["--rank", str(r), "--world", str(world), "--node", str(r // per_node),
+                    "--group", "%s.%s.%d" % (group, kind, T)] + common
+            if kind == "c":
+                cmds.append([os.path.join(build, "bench", "pair_bench"), sockets[r // per_node]]
+                            + args)
+            else:
+                cmds.append([sys.executable, os.path.abspath(__file__), "--worker",
+                             "--socket", sockets[r // per_node]] + args)
+        res[kind] = run_ranks(cmds, env)[0]  # rank 0's (median wall, CPU per pair)
+    return res
+
+
+def row(daemon, T, H, K, E, r):
+    (cw, cc), (pw, pc) = r["c"], r["py"]
+    print("%-10s %-18s %8.1f %8.1f %8.1f %10.1f %8.1f %8.1f %8.1f %10.1f" % (
+        daemon, "%d x %d, %d, %d" % (T, H, K, E), cw, pw, pw - cw, (pw - cw) / 2,
+        cc, pc, pc - cc, (pc - cc) / 2), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=os.path.join(SRC, "build"))
+    ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--spin-us", type=int, default=50)
+    ap.add_argument("--worker", action="store_true")
+    for o in ("socket", "group"):
+        ap.add_argument("--" + o)
+    for o in ("rank", "world", "node", "tokens", "hidden", "topk", "experts"):
+        ap.add_argument("--" + o, type=int, default=0)
+    a = ap.parse_args()
+    if a.worker:
+        return worker(a)
+    build = os.path.abspath(a.build)
+    env = dict(os.environ, RAILWAVE_LIB=os.path.join(build, "lib", "librailwave.so.1"),
+               OMP_NUM_THREADS="1")
+    print("up to %d pairs per size (fewer for big rows), spin %d us, fp32, identity experts; "
+          "medians of rank 0 (µs per dispatch+combine pair); load average %s"
+          % (a.iters, a.spin_us, open("/proc/loadavg").read().split()[:3]))
+    print("%-10s %-18s %8s %8s %8s %10s %8s %8s %8s %10s" % (
+        "daemon", "T x H, topk, E", "wall C", "Python", "py - C", "per call",
+        "cpu C", "Python", "py - C", "per call"))
+    with tempfile.TemporaryDirectory(prefix="rwbench.", dir="/tmp") as tmp:
+        sock = os.path.join(tmp, "echo.sock")
+        echo = subprocess.Popen([os.path.join(build, "bench", "ipc_bench"), "--serve", sock])
+        try:
+            for _ in range(100):
+                if os.path.exists(sock):
+                    break
+                time.sleep(0.05)
+            for T, H, K, E in SIZES:
+                row("echo", T, H, K, E,
+                    measure(build, [sock], 1, 1, "echo", T, H, K, E, a.iters, a.spin_us, env))
+        finally:
+            echo.terminate()
+            echo.wait()
+        import importlib.util
+        spec = importlib.util.spec_from_file_location(
+            "test_dataflow", os.path.join(SRC, "tests", "integration", "test_dataflow.py"))
+        td = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(td)
+        td.DAEMON = os.path.join(build, "railwaved")
+        c = td.Cluster(tmp, 1, path="auto", extra={"log_level": "warn"})
+        c.start_all()
+        try:
+            for T, H, K, E in SIZES:
+                row("railwaved", T, H, K, E,
+                    measure(build, [c.cfg["nodes"][0]["ipc_socket"]], td.GPUS, td.GPUS,
+                            "d", T, H, K, E, a.iters, a.spin_us, env))
+        finally:
+            c.stop()
+    print("load average at the end %s" % open("/proc/loadavg").read().split()[:3])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""ctypes face of librailwave.so (ipc/railwave.h): the structs of the ring ABI and the client
+functions. Nothing here knows torch; railwave.group builds on it.
+
+Which library: $RAILWAVE_LIB (a file, or a folder holding librailwave.so.1), else the copy that
+`pip install ./python` bundled into this package, else a build tree above this file (running from
+a source checkout with PYTHONPATH=python), else the system's (ld.so: /etc/ld.so.conf,
+$LD_LIBRARY_PATH)."""
+import ctypes
+import os
+
+SONAME = "librailwave.so.1"
+
+# Wire values of ipc/railwave.h (tests/python/test_package.py checks them against the header).
+KIND_DISPATCH, KIND_COMBINE = 1, 2
+DTYPE_BF16, DTYPE_FP16, DTYPE_FP8, DTYPE_FP32 = 1, 2, 3, 4
+BUF_NONE = 0xFFFFFFFF
+CQ_OK = 0
+CQE_INLINE_COUNTS = 16
+GROUP_NAME_MAX = 64
+DEFAULT_SOCKET = "/run/railwave/railwaved.sock"
+
+
+class Span(ctypes.Structure):
+    _fields_ = [("buf_id", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+                ("offset", ctypes.c_uint64)]
+
+
+class Sqe(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_uint8), ("dtype", ctypes.c_uint8), ("topk", ctypes.c_uint16),
+                ("layer", ctypes.c_uint32), ("phase_id", ctypes.c_uint64),
+                ("step", ctypes.c_uint64), ("user_data", ctypes.c_uint64),
+                ("token_count", ctypes.c_uint32), ("hidden", ctypes.c_uint32),
+                ("handle_id", ctypes.c_uint32), ("flags", ctypes.c_uint32),
+                ("tokens", Span), ("topk_ids", Span), ("topk_weights", Span), ("output", Span),
+                ("output_capacity", ctypes.c_uint64), ("n_experts", ctypes.c_uint32),
+                ("reserved", ctypes.c_uint32)]
+
+
+class Cqe(ctypes.Structure):
+    _fields_ = [("status", ctypes.c_uint8), ("kind", ctypes.c_uint8), ("n_inline", ctypes.c_uint8),
+                ("reserved0", ctypes.c_uint8), ("error", ctypes.c_int32),
+                ("phase_id", ctypes.c_uint64), ("user_data", ctypes.c_uint64),
+                ("recv_tokens", ctypes.c_uint32), ("handle_id", ctypes.c_uint32),
+                ("counts_buf", ctypes.c_uint32), ("n_experts", ctypes.c_uint32),
+                ("counts_offset", ctypes.c_uint64),
+                ("counts", ctypes.c_uint32 * CQE_INLINE_COUNTS), ("reserved", ctypes.c_uint8 * 16)]
+
+
+class Opts(ctypes.Structure):
+    _fields_ = [("socket_path", ctypes.c_char_p), ("group", ctypes.c_char_p),
+                ("rank", ctypes.c_uint32), ("world_size", ctypes.c_uint32),
+                ("node", ctypes.c_uint32), ("local_gpu", ctypes.c_int32),
+                ("gpu_uuid", ctypes.c_uint8 * 16), ("sq_entries", ctypes.c_uint32),
+                ("cq_entries", ctypes.c_uint32), ("timeout_ms", ctypes.c_int)]
+
+
+class CudaDesc(ctypes.Structure):
+    _fields_ = [("ipc_handle", ctypes.c_uint8 * 64), ("alloc_id", ctypes.c_uint64),
+                ("alloc_bytes", ctypes.c_uint64), ("offset", ctypes.c_uint64),
+                ("bytes", ctypes.c_uint64), ("device_uuid", ctypes.c_uint8 * 16),
+                ("device", ctypes.c_int32)]
+
+
+# The ring ABI (railwave.h's _Static_asserts): a mismatch here would corrupt every submission.
+assert ctypes.sizeof(Span) == 16 and ctypes.sizeof(Sqe) == 128 and ctypes.sizeof(Cqe) == 128
+assert Sqe.n_experts.offset == 120
+
+
+def _candidates():
+    env = os.environ.get("RAILWAVE_LIB")
+    if env:
+        yield os.path.join(env, SONAME) if os.path.isdir(env) else env
+        return  # an explicit choice is never silently replaced by another library
+    here = os.path.dirname(os.path.abspath(__file__))
+    yield os.path.join(here, SONAME)
+    d = here
+    for _ in range(4):
+        d = os.path.dirname(d)
+        yield os.path.join(d, "build", "lib", SONAME)
+    yield SONAME
+
+
+def _bind(lib):
+    c_p, u32, u32_p = ctypes.c_void_p, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)
+    sig = {
+        "rw_client_strerror": (ctypes.c_char_p, [ctypes.c_int]),
+        "rw_client_connect": (ctypes.c_int, [ctypes.POINTER(Opts), ctypes.POINTER(c_p)]),
+        "rw_client_close": (None, [c_p]),
+        "rw_client_last_message": (ctypes.c_char_p, [c_p]),
+        "rw_client_id": (u32, [c_p]),
+        "rw_client_register_host": (ctypes.c_int, [c_p, ctypes.c_size_t, u32_p,
+                                                   ctypes.POINTER(c_p)]),
+        "rw_client_register_cuda": (ctypes.c_int, [c_p, ctypes.POINTER(CudaDesc), u32_p]),
+        "rw_client_deregister": (ctypes.c_int, [c_p, u32]),
+        "rw_client_submit": (ctypes.c_int, [c_p, ctypes.POINTER(Sqe), ctypes.c_uint]),
+        "rw_client_poll": (ctypes.c_int, [c_p, ctypes.POINTER(Cqe), ctypes.c_uint]),
+        "rw_client_wait": (ctypes.c_int, [c_p, ctypes.POINTER(Cqe), ctypes.c_uint, ctypes.c_int]),
+        "rw_client_inflight": (ctypes.c_uint, [c_p]),
+    }
+    for name, (res, args) in sig.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    return lib
+
+
+_lib = None
+path = None  # the file loaded, once load() ran
+
+
+def load():
+    """The bound library (loaded once). OSError listing every place tried when none loads."""
+    global _lib, path
+    if _lib is not None:
+        return _lib
+    tried = []
+    for cand in _candidates():
+        if os.sep in cand and not os.path.exists(cand):
+            tried.append("%s (absent)" % cand)
+            continue
+        try:
+            lib = ctypes.CDLL(cand)
+        except OSError as e:
+            tried.append("%s (%s)" % (cand, e))
+            continue
+        _lib, path = _bind(lib), cand
+        return _lib
+    raise OSError("railwave: cannot load %s; set RAILWAVE_LIB to the library (build/lib/%s after "
+                  "./configure && ninja) or install it. Tried: %s" % (SONAME, SONAME,
+                                                                      "; ".join(tried)))
+
+
+def strerror(code):
+    return load().rw_client_strerror(code).decode()

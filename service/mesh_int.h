@@ -1,0 +1,145 @@
+/* The peer mesh's private header (service/mesh.h is its face to the daemon): the mesh, its peers,
+ * control connections and rail connections, and what its files share. The files, in call order
+ * (no file calls back up it):
+ *   mesh_setup.c  create and destroy: devices, memory, listeners, timers.
+ *   mesh.c        peers: state, failure, reconnection, hello, messages, heartbeats, the API.
+ *   mesh_ctl.c    a control connection's bytes: framing, queueing, flushing (returns statuses).
+ *   mesh_rail.c   a rail connection's write queue, busy time and counters (returns statuses). */
+#ifndef RW_SVC_MESH_INT_H
+#define RW_SVC_MESH_INT_H
+
+#include <sys/types.h>
+
+#include "common/listen_pause.h"
+#include "service/mesh.h"
+#include "service/svc.h"
+
+#define BACKOFF_MIN_MS 50
+#define BACKOFF_MAX_MS 2000
+#define CTL_TX_MAX (64u << 20) /* a peer that lets this much control data pile up is dropped */
+#define UNKNOWN_MAX 64         /* control connections that have not said hello yet */
+
+typedef struct mesh_wq {
+	struct mesh_wq *next;
+	rw_rail_write_t w;
+} mesh_wq_t;
+
+struct mesh_peer;
+
+typedef struct mesh_rail {
+	int is_rail;                  /* 1: tells a connection's context from the listener's (mesh) */
+	struct mesh_peer *peer;
+	uint32_t rail;
+	rw_rail_conn_t *conn;
+	int up;
+	int blocked;                  /* rw_rail_write said AGAIN; waiting for on_writable */
+	mesh_wq_t *head, *tail;       /* posted first, then queued */
+	uint32_t posted;              /* the first `posted` entries are with the transport */
+} mesh_rail_t;
+
+typedef struct mesh_ctl {
+	rw_svc_mesh_t *mesh;
+	struct mesh_ctl *next;        /* unidentified list */
+	int fd;
+	int connecting;               /* outgoing connect() in progress */
+	int peer;                     /* -1 until a valid HELLO */
+	ev_io io;
+	uint64_t opened_ns;
+	uint8_t hdr[RW_WIRE_HDR_SIZE];
+	uint32_t hdr_have;
+	rw_wire_hdr_t cur;
+	uint8_t *rx;
+	uint32_t rx_have;
+	int hello_seen;               /* its first frame (a hello) has come: later ones may be big */
+	uint8_t *tx;
+	size_t tx_len, tx_off, tx_cap;
+} mesh_ctl_t;
+
+typedef struct mesh_peer {
+	rw_svc_mesh_t *mesh;
+	uint32_t idx;
+	rw_svc_peer_state_t state;
+	mesh_ctl_t *ctl;              /* identified control channel, or NULL */
+	int hello_ok;
+	uint64_t boot_id;
+	rw_rail_remote_t remote[RW_MAX_RAILS];
+	char rail_addr[RW_MAX_RAILS][RW_WIRE_ADDR_MAX];
+	mesh_rail_t rail[RW_MAX_RAILS];
+	uint64_t last_rx_ns;
+	uint64_t last_stamp;          /* newest heartbeat stamp from the peer (echoed back) */
+	uint64_t last_stamp_rx_ns;    /* when it came */
+	int said_bye;                 /* it sent BYE: its close is a clean stop, not a failure */
+	ev_timer retry;
+	uint32_t backoff_ms;
+	/* A failure found inside a mesh call (a send, a write, fail_peer): carried out by fail_cb
+	 * from the loop, so the caller never sees write_done or peer_down inside its own call
+	 * (mesh.h). Until then the peer counts as down for sends and writes. */
+	int failing;
+	rw_status_t fail_st;
+	char fail_why[128];
+} mesh_peer_t;
+
+struct rw_svc_mesh {
+	int is_rail;                  /* 0 (see mesh_rail_t) */
+	rw_svc_t *svc;
+	struct ev_loop *loop;
+	rw_svc_mesh_cbs_t cbs;
+	void *ctx;
+	uint32_t nodes, rails, me;
+	uint64_t area_bytes;
+	uint64_t boot_id, fingerprint;
+	uint32_t tx_seq;
+	rw_rail_dev_t *dev[RW_MAX_RAILS];
+	uint8_t *mem[RW_MAX_RAILS];
+	rw_rail_region_t *region[RW_MAX_RAILS];
+	rw_rail_listener_t *listener[RW_MAX_RAILS];
+	uint32_t inflight[RW_MAX_RAILS];   /* our writes outstanding per rail, all peers */
+	uint64_t busy_since[RW_MAX_RAILS]; /* when inflight last went 0 -> 1 */
+	int listen_fd;
+	ev_io listen_io;
+	rw_listen_pause_t listen_pause; /* rests the listener when descriptors run out */
+	uint32_t n_unknown;           /* accepted control connections before HELLO */
+	ev_timer hb_timer;
+	ev_timer fail_timer;          /* runs the peers' deferred failures (peer_fail_soon) */
+	mesh_peer_t *peer;            /* [nodes] */
+	mesh_ctl_t *unknown;          /* accepted control connections before HELLO */
+};
+
+typedef void (*mesh_io_cb_t)(struct ev_loop *loop, ev_io *w, int revents);
+
+/* ---- mesh_ctl.c --------------------------------------------------------------------------- */
+mesh_ctl_t *mesh_ctl_new(rw_svc_mesh_t *m, int fd, int peer, mesh_io_cb_t io_cb);
+void mesh_ctl_free(mesh_ctl_t *c);                     /* NULL ok */
+void mesh_unknown_remove(rw_svc_mesh_t *m, mesh_ctl_t *c);
+void mesh_ctl_update_events(mesh_ctl_t *c);
+int mesh_ctl_flush(mesh_ctl_t *c);                     /* -1: write error */
+/* RW_ERR_AGAIN: more than CTL_TX_MAX queued; RW_ERR_NOMEM. */
+rw_status_t mesh_ctl_queue(mesh_ctl_t *c, uint16_t type, const uint8_t *payload, uint32_t len);
+int mesh_ctl_bye_pending(const mesh_ctl_t *c);
+/* Read what is there: 1 with a whole frame (*payload_p malloc'd or NULL; the caller frees);
+ * 0 when nothing more is there now; -1 when the connection is finished (*st_p, *why_p). */
+int mesh_ctl_read_frame(mesh_ctl_t *c, rw_wire_hdr_t *h_p, uint8_t **payload_p, rw_status_t *st_p,
+			const char **why_p);
+
+/* ---- mesh_rail.c -------------------------------------------------------------------------- */
+void mesh_busy_begin(rw_svc_mesh_t *m, uint32_t rail);
+void mesh_busy_end(rw_svc_mesh_t *m, uint32_t rail);
+void mesh_rail_dev_sample(rw_svc_mesh_t *m, uint32_t rail);
+/* Complete every queued write with st (write_done callbacks). */
+void mesh_rail_reclaim(mesh_rail_t *mr, rw_status_t st);
+void mesh_rail_close(mesh_rail_t *mr, rw_status_t st);
+/* Hand queued writes to the transport until it pushes back. RW_ERR_LINK: it refused one (the
+ * caller fails the peer). */
+rw_status_t mesh_rail_pump(mesh_rail_t *mr);
+mesh_rail_t *mesh_rail_of(rw_rail_conn_t *conn, void *ctx);
+
+/* ---- mesh.c (for mesh_setup.c) ------------------------------------------------------------ */
+extern const rw_rail_conn_cbs_t mesh_rail_cbs;
+void mesh_retry_cb(struct ev_loop *loop, ev_timer *w, int revents);
+void mesh_listen_cb(struct ev_loop *loop, ev_io *w, int revents);
+void mesh_hb_cb(struct ev_loop *loop, ev_timer *w, int revents);
+void mesh_fail_cb(struct ev_loop *loop, ev_timer *w, int revents);
+void mesh_peer_set_state(mesh_peer_t *p, rw_svc_peer_state_t s);
+void mesh_peer_connect(mesh_peer_t *p);
+
+#endif /* RW_SVC_MESH_INT_H */

@@ -1,0 +1,113 @@
+#!/bin/sh
+# scripts/install into a DESTDIR, then the installed result checked as systemd and a packager
+# would: every file where PREFIX says, the binaries run and report the VERSION, the unit names
+# the installed daemon, passes `systemd-analyze verify` without a single warning and rates at
+# most 3.0 in `systemd-analyze security` while still allowing RDMA and NVIDIA devices; the
+# sysusers.d entry creates the user inside the DESTDIR (systemd-sysusers --root) and the
+# tmpfiles.d entry the socket directory with its owner and mode; librailwave (when the build
+# has it) with its soname links, header and pkg-config file, a program compiled and linked
+# against the staged copy runs. Bad invocations fail with a message. Exit 0 / 1 / 77 (skip).
+set -u
+b=$(cd "$(dirname "$0")/.." && pwd)       # the build folder: build/ or build-asan/
+src=$(cd "$b/.." && pwd)
+[ -x "$b/railwaved" ] && [ -x "$b/tools/railwave" ] || { echo "SKIP: build first"; exit 77; }
+tmp=$(mktemp -d /tmp/rwinstall.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+no() { echo "FAIL: $*"; fail=1; }
+version=$(cat "$src/VERSION")
+
+# ---- PREFIX=/usr into a DESTDIR (what a Debian package does) ----------------------------------
+st=$tmp/usr-stage
+PREFIX=/usr DESTDIR=$st sh "$src/scripts/install" "$b" >"$tmp/list" 2>"$tmp/err" || { no "install failed"; cat "$tmp/err"; }
+for f in usr/sbin/railwaved usr/bin/railwave usr/lib/systemd/system/railwaved.service \
+	 usr/lib/sysusers.d/railwave.conf usr/lib/tmpfiles.d/railwave.conf \
+	 usr/share/doc/railwave/service.md usr/share/doc/railwave/README.md \
+	 usr/share/railwave/clusters/loopback-4x4.json usr/share/railwave/anchors/example-4x8x8.json; do
+	[ -f "$st/$f" ] || no "$f not installed"
+	grep -qx "/$f" "$tmp/list" || no "/$f not listed"
+done
+[ -d "$st/etc/railwave" ] || no "/etc/railwave not created"
+[ "$(stat -c %a "$st/usr/sbin/railwaved")" = 755 ] || no "railwaved mode"
+[ "$(stat -c %a "$st/usr/lib/systemd/system/railwaved.service")" = 644 ] || no "unit mode"
+[ "$("$st/usr/sbin/railwaved" --version)" = "railwaved $version" ] || no "railwaved --version"
+[ "$("$st/usr/bin/railwave" --version)" = "railwave $version" ] || no "railwave --version"
+[ -z "$(find "$st" -newer "$tmp/list" -prune -o -name '*.in' -print)" ] || no "a template was installed"
+
+unit=$st/usr/lib/systemd/system/railwaved.service
+grep -qx 'ExecStart=/usr/sbin/railwaved --config /etc/railwave/cluster.json' "$unit" || no "ExecStart not rewritten"
+grep -qx 'Documentation=file:///usr/share/doc/railwave/service.md' "$unit" || no "Documentation not rewritten"
+doc=$(sed -n 's|^Documentation=file://||p' "$unit")
+[ -f "$st$doc" ] || no "the unit's Documentation= ($doc) is not installed"
+for want in 'Type=notify' 'NotifyAccess=main' 'LimitMEMLOCK=infinity' 'RestartPreventExitStatus=2' \
+	    'DeviceAllow=char-infiniband_verbs rw' 'DeviceAllow=/dev/infiniband/rdma_cm rw' \
+	    'DeviceAllow=char-nvidia-frontend rw' 'DeviceAllow=char-nvidia-uvm rw' \
+	    'RuntimeDirectory=railwave'; do
+	grep -qx "$want" "$unit" || no "unit lacks '$want'"
+done
+grep -q '^RestrictAddressFamilies=.*AF_NETLINK' "$unit" || no "unit forbids netlink (libibverbs needs it)"
+grep -q '^WatchdogSec=' "$unit" || no "unit has no WatchdogSec"
+
+if command -v systemd-analyze >/dev/null 2>&1; then
+	# verify the installed unit with its binary path pointed into the stage; any output is a
+	# warning (unknown key, bad value) and counts as a failure, as does a non-zero status.
+	sed "s|^ExecStart=/usr/sbin/|ExecStart=$st/usr/sbin/|" "$unit" >"$tmp/railwaved.service"
+	out=$(cd "$tmp" && systemd-analyze verify "$tmp/railwaved.service" 2>&1); rc=$?
+	[ $rc = 0 ] && [ -z "$out" ] || no "systemd-analyze verify: rc $rc: $out"
+	score=$(systemd-analyze security --offline=yes "$tmp/railwaved.service" 2>&1 |
+		sed -n 's/.*Overall exposure level for railwaved.service: \([0-9.]*\).*/\1/p')
+	echo "systemd-analyze security: exposure $score"
+	[ -n "$score" ] && awk -v s="$score" 'BEGIN { exit !(s <= 3.0) }' || no "exposure '$score' > 3.0"
+else
+	echo "note: no systemd-analyze; unit not verified"
+fi
+
+if command -v systemd-sysusers >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+	mkdir -p "$st/etc"
+	systemd-sysusers --root="$st" >/dev/null 2>&1 || no "systemd-sysusers --root failed"
+	grep -q '^railwave:x:[0-9]*:[0-9]*:RailWave daemon:/run/railwave:/usr/sbin/nologin$' "$st/etc/passwd" ||
+		no "sysusers.d did not create user railwave: $(cat "$st/etc/passwd" 2>&1)"
+	grep -q '^railwave:x:' "$st/etc/group" || no "sysusers.d did not create group railwave"
+	systemd-tmpfiles --root="$st" --create "$st/usr/lib/tmpfiles.d/railwave.conf" 2>"$tmp/tf" || no "systemd-tmpfiles: $(cat "$tmp/tf")"
+	uid=$(awk -F: '$1 == "railwave" { print $3 }' "$st/etc/passwd")
+	[ "$(stat -c '%a %u' "$st/run/railwave" 2>&1)" = "750 $uid" ] || no "tmpfiles.d: /run/railwave is $(stat -c '%a %u' "$st/run/railwave" 2>&1), want 750 $uid"
+else
+	echo "note: not root or no systemd-sysusers; sysusers.d/tmpfiles.d not applied"
+fi
+
+if ls "$b"/lib/librailwave.so.*.*.* >/dev/null 2>&1 && [ -f "$src/ipc/railwave.pc.in" ]; then
+	lib=$st/usr/lib
+	real=$(basename "$(ls "$b"/lib/librailwave.so.*.*.* | head -n 1)")
+	[ -f "$lib/$real" ] || no "$real not installed"
+	[ "$(readlink "$lib/librailwave.so.1")" = "$real" ] || no "librailwave.so.1 link"
+	[ "$(readlink "$lib/librailwave.so")" = librailwave.so.1 ] || no "librailwave.so link"
+	[ -f "$st/usr/include/railwave.h" ] || no "railwave.h not installed"
+	pc=$lib/pkgconfig/railwave.pc
+	grep -q '@' "$pc" && no "railwave.pc keeps a placeholder: $(grep @ "$pc")"
+	flags=$(PKG_CONFIG_SYSROOT_DIR=$st PKG_CONFIG_LIBDIR=$lib/pkgconfig pkg-config --cflags --libs railwave) || no "pkg-config"
+	printf '#include <railwave.h>\n#include <stdio.h>\nint main(void) { printf("%%s\\n", RW_DEFAULT_SOCKET); return 0; }\n' >"$tmp/p.c"
+	# shellcheck disable=SC2086
+	cc "$tmp/p.c" -o "$tmp/p" $flags -Wl,--no-as-needed -lrailwave 2>"$tmp/cc" || no "compile against the staged library: $(cat "$tmp/cc")"
+	[ "$(LD_LIBRARY_PATH=$lib "$tmp/p")" = /run/railwave/railwaved.sock ] || no "the linked program did not run"
+	LD_LIBRARY_PATH=$lib ldd "$tmp/p" | grep -q "librailwave.so.1 => $lib/librailwave.so.1" || no "not linked by soname"
+else
+	echo "note: this build has no librailwave.so; library install not checked"
+fi
+
+# ---- default PREFIX=/usr/local: unit in /usr/local/lib, sysusers.d/tmpfiles.d in /etc ------------
+st2=$tmp/local-stage
+DESTDIR=$st2 sh "$src/scripts/install" "$b" >/dev/null 2>&1 || no "install (PREFIX=/usr/local) failed"
+grep -qx 'ExecStart=/usr/local/sbin/railwaved --config /usr/local/etc/railwave/cluster.json' \
+	"$st2/usr/local/lib/systemd/system/railwaved.service" || no "/usr/local unit"
+[ -f "$st2/etc/sysusers.d/railwave.conf" ] && [ -f "$st2/etc/tmpfiles.d/railwave.conf" ] ||
+	no "sysusers.d/tmpfiles.d not under /etc for PREFIX=/usr/local"
+
+# ---- bad invocations ----------------------------------------------------------------------------
+msg=$(DESTDIR=$tmp/x sh "$src/scripts/install" "$tmp/nobuild" 2>&1); rc=$?
+[ $rc = 1 ] && echo "$msg" | grep -q "no $tmp/nobuild/railwaved" || no "missing build: rc $rc: $msg"
+msg=$(PREFIX=usr DESTDIR=$tmp/x sh "$src/scripts/install" "$b" 2>&1); rc=$?
+[ $rc = 2 ] && echo "$msg" | grep -q "PREFIX must be absolute" || no "relative PREFIX: rc $rc: $msg"
+[ ! -e "$tmp/x" ] || no "a failed install wrote files"
+
+[ $fail = 0 ] && echo "install: ok"
+exit $fail

@@ -1,0 +1,179 @@
+#!/bin/sh
+# deploy/slurm/railwave-run.sh on a real Slurm (Debian's slurm-wlm 22.05 and munge): the test
+# starts its own munged, slurmctld and slurmd (one Slurm node, every file in a temporary folder,
+# its own ports), then runs the launcher in an allocation as an operator would:
+#   1. a 3-node loopback cluster (3 daemons on the one Slurm node, --identity index) and a
+#      6-rank trainer step of tests/integration/rw_rank.c that verifies every dispatched row and
+#      combined sum; each rank checks what the launcher forwarded (RAILWAVE_SOCKET,
+#      RAILWAVE_NODE, RAILWAVE_GROUP); the daemons are gated by `railwave wait`, then drained by
+#      SIGTERM (each logs the drain and exits 0), and their sockets and run folder are gone;
+#   2. a cluster file with more nodes than the job's daemons: refused before anything starts;
+#   3. SIGTERM to the launcher while the trainer runs: its trap stops the trainer, drains the
+#      daemons, removes the run folder and exits 143.
+# Afterwards no railwaved, slurm or munge process of the test is left and nothing on disk.
+# Needs root (slurmd, munged); exits 77 (skip) otherwise or without the packages. Debugging:
+# RW_TEST_KEEP=1 keeps the folder (logs, slurm.conf); RW_TEST_ONLY1=1 stops after scenario 1.
+set -u
+b=$(cd "$(dirname "$0")/.." && pwd)
+src=$(cd "$b/.." && pwd)
+run="$src/deploy/slurm/railwave-run.sh"
+[ "$(id -u)" = 0 ] || { echo "SKIP: needs root (slurmd and munged)"; exit 77; }
+for c in slurmctld slurmd munged salloc scontrol squeue scancel; do
+	command -v $c >/dev/null 2>&1 || { echo "SKIP: no $c (scripts/setup installs slurm-wlm and munge)"; exit 77; }
+done
+[ -x "$b/railwaved" ] && [ -x "$b/tools/railwave" ] && [ -x "$b/tests/integration/rw_rank" ] ||
+	{ echo "SKIP: build railwaved, railwave and rw_rank first"; exit 77; }
+
+T=$(mktemp -d /tmp/rwslurm.XXXXXX)
+chmod 755 "$T"
+fail=0
+no() { echo "FAIL: $*"; fail=1; }
+stop_pidfile() { # kill the daemon whose pid file we own, and wait until it is gone
+	[ -f "$1" ] || return 0
+	pid=$(cat "$1"); kill "$pid" 2>/dev/null
+	i=0; while kill -0 "$pid" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+	kill -9 "$pid" 2>/dev/null
+}
+cleanup() {
+	stop_pidfile "$T/slurmd.pid"; stop_pidfile "$T/slurmctld.pid"; stop_pidfile "$T/munged.pid"
+	[ -n "${RW_TEST_KEEP:-}" ] && echo "kept $T" || rm -rf "$T"
+}
+trap cleanup EXIT
+
+ports=$(python3 -c 'import socket
+ss=[socket.socket() for _ in range(14)]
+[s.bind(("127.0.0.1",0)) for s in ss]
+print(" ".join(str(s.getsockname()[1]) for s in ss))')
+set -- $ports
+ctl_port=$1 d_port=$2; shift 2
+node_ports=$*   # 3 per cluster node (control, 2 rails), up to 4 nodes
+
+# ---- munge and Slurm, all in $T ---------------------------------------------------------------
+dd if=/dev/urandom of="$T/munge.key" bs=1024 count=1 2>/dev/null; chmod 400 "$T/munge.key"
+munged --socket="$T/munge.sock" --key-file="$T/munge.key" --pid-file="$T/munged.pid" \
+	--log-file="$T/munged.log" --seed-file="$T/munged.seed" --force ||
+	{ echo "FAIL: munged did not start"; cat "$T/munged.log"; exit 1; }
+mkdir -p "$T/state" "$T/spool"
+host=$(hostname -s)
+cat > "$T/slurm.conf" <<EOC
+ClusterName=rwtest
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=$ctl_port
+SlurmdPort=$d_port
+AuthType=auth/munge
+AuthInfo=socket=$T/munge.sock
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$T/state
+SlurmdSpoolDir=$T/spool
+SlurmctldPidFile=$T/slurmctld.pid
+SlurmdPidFile=$T/slurmd.pid
+SlurmctldLogFile=$T/slurmctld.log
+SlurmdLogFile=$T/slurmd.log
+PlugStackConfig=$T/plugstack.conf
+ProctrackType=proctrack/pgid
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/builtin
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MpiDefault=none
+SwitchType=switch/none
+ReturnToService=2
+KillWait=30
+SlurmdParameters=config_overrides
+NodeName=rwnode NodeHostname=$host NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN
+PartitionName=rw Nodes=rwnode Default=YES MaxTime=INFINITE State=UP
+EOC
+: > "$T/plugstack.conf"
+export SLURM_CONF="$T/slurm.conf"
+slurmctld -i || { echo "FAIL: slurmctld"; tail "$T/slurmctld.log"; exit 1; }
+slurmd -N rwnode || { echo "FAIL: slurmd"; tail "$T/slurmd.log"; exit 1; }
+i=0
+until sinfo -h -o %t 2>/dev/null | grep -qx idle; do
+	i=$((i + 1)); [ $i -gt 300 ] && { echo "FAIL: the Slurm node never became idle"; tail "$T"/*.log; exit 1; }
+	sleep 0.1
+done
+
+# ---- a 3-node loopback cluster for 3 daemons on the one Slurm node -----------------------------
+cluster() { # cluster FILE NODES
+	python3 - "$1" "$2" $node_ports <<'EOP'
+import json, sys
+path, n, ports = sys.argv[1], int(sys.argv[2]), [int(p) for p in sys.argv[3:]]
+nodes = [{"name": "n%d" % i, "control": "127.0.0.%d:%d" % (i + 1, ports[3 * i]),
+          "rails": ["127.0.%d.%d:%d" % (r, i + 1, ports[3 * i + 1 + r]) for r in range(2)]}
+         for i in range(n)]
+json.dump({"cluster": "slurmtest", "transport": "tcp", "gpus_per_node": 2, "http": "0",
+           "phase_timeout_ms": 5000, "heartbeat_interval_ms": 100, "heartbeat_timeout_ms": 2000,
+           "recv_region_mib": 4, "nodes": nodes}, open(path, "w"))
+EOP
+}
+cluster "$T/cluster.json" 3
+cat > "$T/trainer.sh" <<EOT
+#!/bin/sh
+# One trainer rank: check what the launcher forwarded, then the verified phases.
+want_node=\$((SLURM_PROCID / 2))
+[ "\$RAILWAVE_NODE" = "\$want_node" ] || { echo "rank \$SLURM_PROCID: RAILWAVE_NODE '\$RAILWAVE_NODE', want \$want_node"; exit 3; }
+[ "\$RAILWAVE_SOCKET" = "$T/run/\$want_node.sock" ] || { echo "rank \$SLURM_PROCID: RAILWAVE_SOCKET '\$RAILWAVE_SOCKET'"; exit 3; }
+[ "\$RAILWAVE_GROUP" = "job-\$SLURM_JOB_ID" ] || { echo "rank \$SLURM_PROCID: RAILWAVE_GROUP '\$RAILWAVE_GROUP'"; exit 3; }
+[ -S "\$RAILWAVE_SOCKET" ] || { echo "rank \$SLURM_PROCID: no socket"; exit 3; }
+exec "$b/tests/integration/rw_rank" "\$RAILWAVE_SOCKET" "\$RAILWAVE_GROUP" "\$SLURM_PROCID" 3 2 12 3 4 11 \${RW_TEST_MODE:-ok}
+EOT
+chmod +x "$T/trainer.sh"
+export RAILWAVED="$b/railwaved" RAILWAVE="$b/tools/railwave"
+launch() { # launch OUT ARGS...: the launcher in a 1-node, 6-task allocation
+	out=$1; shift
+	timeout 300 salloc -N1 --ntasks-per-node=6 --job-name=rwtest \
+		sh "$run" --config "$T/cluster.json" --identity index --daemons-per-node 3 \
+		--rundir "$T/run" --ready-timeout 30 --daemon-output "$T/railwaved-%j-%t.log" "$@" >"$out" 2>&1
+}
+left_behind() { pgrep -f "railwaved --config $T/" >/dev/null || pgrep -f "$T/trainer.sh" >/dev/null; }
+
+# 1. the whole run
+launch "$T/run1.out" -- "$T/trainer.sh"; rc=$?
+[ $rc = 0 ] || no "launcher exit $rc"
+n=$(grep -c '^rank [0-5]: 4 steps x 3 layers verified' "$T/run1.out")
+[ "$n" = 6 ] || no "$n of 6 ranks verified their phases"
+grep -q 'railwave-run: 3 daemons ready (every peer up); starting the trainer' "$T/run1.out" || no "no readiness gate"
+grep -q 'railwave-run: daemons drained and stopped' "$T/run1.out" || no "daemons did not stop cleanly"
+for t in 0 1 2; do
+	f=$(ls "$T"/railwaved-*-$t.log 2>/dev/null | head -n 1)
+	[ -n "$f" ] || { no "no log of daemon $t"; continue; }
+	grep -q "node=n$t INFO shutdown: signal 15, draining in-flight phases" "$f" || no "daemon $t got no SIGTERM"
+	grep -q "node=n$t INFO stopping" "$f" || no "daemon $t did not stop"
+	grep -q " ERROR " "$f" && no "daemon $t logged an error: $(grep ' ERROR ' "$f" | head -n 3)"
+done
+[ ! -e "$T/run" ] || no "the run folder is left: $(ls -la "$T/run")"
+left_behind && no "processes left after run 1"
+[ $fail = 0 ] || { echo "---- launcher ----"; tail -n 40 "$T/run1.out"; tail -n 15 "$T"/railwaved-*.log; }
+
+[ -n "${RW_TEST_ONLY1:-}" ] && exit $fail
+# 2. a cluster file with a node no daemon of this job will be: refused up front
+cluster "$T/cluster.json" 4
+launch "$T/run2.out" -- "$T/trainer.sh"; rc=$?
+[ $rc = 1 ] && grep -q "lists more than this job's 3 daemons" "$T/run2.out" || no "4-node file for 3 daemons: rc $rc: $(cat "$T/run2.out")"
+grep -q 'starting the trainer' "$T/run2.out" && no "a refused launch started the trainer"
+cluster "$T/cluster.json" 3
+
+# 3. SIGTERM to the launcher (job cancelled) while the trainer runs
+rm -f "$T"/railwaved-*.log
+RW_TEST_MODE=idle launch "$T/run3.out" -- "$T/trainer.sh" &
+salloc_pid=$!
+i=0
+until grep -q 'starting the trainer' "$T/run3.out" 2>/dev/null && [ "$(grep -c '^ready' "$T/run3.out")" = 6 ]; do
+	i=$((i + 1)); [ $i -gt 600 ] && break; sleep 0.1
+done
+grep -c '^ready' "$T/run3.out" | grep -qx 6 || no "run 3: ranks not connected: $(cat "$T/run3.out")"
+lpid=$(pgrep -f "^sh $run --config $T/cluster.json")   # the launcher, not salloc
+[ -n "$lpid" ] && kill -TERM "$lpid"
+wait $salloc_pid; rc=$?
+grep -q 'railwave-run: signal, stopping' "$T/run3.out" || no "run 3: the launcher's trap did not run"
+grep -q 'railwave-run: daemons drained and stopped' "$T/run3.out" || no "run 3: daemons not drained: $(tail -n 5 "$T/run3.out")"
+[ $rc = 143 ] || no "run 3: launcher exit $rc, want 143"
+[ ! -e "$T/run" ] || no "run 3: the run folder is left"
+left_behind && no "processes left after run 3"
+
+[ $fail = 0 ] && echo "slurm launcher: ok"
+exit $fail

@@ -1,0 +1,65 @@
+#!/bin/sh
+# The GPU runs of the railwave package (docs/python.md "Tests"), for a machine that has CUDA and
+# PyTorch but not this project's Debian libraries (the workplace's GPU image):
+#   sh tests/python/gpu_run.sh prepare [BUILD]   here, after ./configure && ninja: writes the
+#       folder .gpucarry/ (in .gitignore, so the device tool can carry it) (the release binaries, librailwave.so.1, the shared libraries
+#       railwaved and ipc_bench need, wrappers that point LD_LIBRARY_PATH at them for those two
+#       binaries only, so python3 keeps its own libraries)
+#   sh tests/python/gpu_run.sh run               there, from the repository root, with .gpucarry
+#       carried: the CUDA scenario of test_moe.py, examples/moe_train.py on CUDA against its
+#       one-process reference, and python/bench/overhead.py. Outputs go to $OUT (or /tmp).
+set -u
+case "${1:-}" in
+prepare)
+	b=${2:-build}
+	rm -rf .gpucarry && mkdir -p .gpucarry/b/bench .gpucarry/b/lib .gpucarry/lib
+	cp "$b/railwaved" .gpucarry/b/railwaved.bin
+	cp "$b/bench/ipc_bench" .gpucarry/b/bench/ipc_bench.bin
+	cp "$b/bench/pair_bench" .gpucarry/b/bench/pair_bench
+	cp -L "$b/lib/librailwave.so.1" .gpucarry/b/lib/librailwave.so.1
+	for f in $(ldd "$b/railwaved" "$b/bench/ipc_bench" | awk '/=>/ {print $3}' | sort -u); do
+		case $f in */libc.so*|*/libm.so*) ;; *) cp -L "$f" .gpucarry/lib/ ;; esac
+	done
+	printf '#!/bin/sh\nd=$(dirname "$(readlink -f "$0")")\nLD_LIBRARY_PATH=$d/../lib exec "$d/railwaved.bin" "$@"\n' \
+		> .gpucarry/b/railwaved
+	printf '#!/bin/sh\nd=$(dirname "$(readlink -f "$0")")\nLD_LIBRARY_PATH=$d/../../lib exec "$d/ipc_bench.bin" "$@"\n' \
+		> .gpucarry/b/bench/ipc_bench
+	chmod +x .gpucarry/b/railwaved .gpucarry/b/bench/ipc_bench
+	du -sh .gpucarry
+	;;
+run)
+	B=$PWD/.gpucarry/b
+	O=${OUT:-/tmp}
+	echo "== machine"; nvidia-smi -L; uname -r; nproc
+	python3 -c 'import torch, numpy, sys; print(sys.version.split()[0], torch.__version__, numpy.__version__, torch.cuda.is_available())'
+	echo "== 1: RW_PY_ONLY=cuda python3 tests/python/test_moe.py .gpucarry/b"
+	RW_PY_ONLY=cuda RW_TEST_SEED=${SEED:-11} timeout 300 python3 tests/python/test_moe.py "$B" > "$O/test_moe_cuda.txt" 2>&1
+	echo "rc $?"; grep -v '^  d[0-9]|' "$O/test_moe_cuda.txt" | tail -30
+	echo "== 2: examples/moe_train.py --device cuda on deploy/clusters/loopback-2x2-one-ip.json"
+	mkdir -p /tmp/railwave
+	"$B/railwaved" --config deploy/clusters/loopback-2x2-one-ip.json --node 0 > "$O/train_d0.log" 2>&1 & d0=$!
+	"$B/railwaved" --config deploy/clusters/loopback-2x2-one-ip.json --node 1 > "$O/train_d1.log" 2>&1 & d1=$!
+	sleep 2
+	pids=
+	for r in 0 1 2 3; do
+		s=$([ $r -lt 2 ] && echo a || echo b)
+		RANK=$r WORLD_SIZE=4 LOCAL_RANK=$((r % 2)) LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \
+		MASTER_PORT=29511 RAILWAVE_SOCKET=/tmp/railwave/$s.sock PYTHONPATH=python \
+		RAILWAVE_LIB=$B/lib/librailwave.so.1 timeout 200 python3 examples/moe_train.py \
+			--device cuda --steps 5 > "$O/train_r$r.log" 2>&1 &
+		pids="$pids $!"
+	done
+	for p in $pids; do wait "$p"; echo "rank exit $?"; done
+	echo "-- railwave (4 ranks, CUDA):"; tail -8 "$O/train_r0.log"
+	echo "-- reference (one process, CUDA):"
+	PYTHONPATH=python RAILWAVE_LIB=$B/lib/librailwave.so.1 python3 examples/moe_train.py \
+		--reference --world 4 --device cuda --steps 5
+	kill "$d0" "$d1"; wait "$d0"; wait "$d1"
+	echo "== 3: python/bench/overhead.py --build .gpucarry/b"
+	timeout 240 python3 python/bench/overhead.py --build "$B" --iters 2000 2>&1 | grep -v 'INFO\|WARN'
+	;;
+*)
+	echo "usage: sh tests/python/gpu_run.sh prepare [BUILD] | run" >&2
+	exit 2
+	;;
+esac

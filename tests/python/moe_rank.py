@@ -1,0 +1,360 @@
+"""One trainer rank of tests/python/test_moe.py, started torchrun-style (RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE in the environment). It reads one JSON command per line on stdin,
+runs it against the daemon named in the command, and answers one JSON line on stdout:
+{"ok": true, "log": [...]} or {"ok": false, "error": "..."}.
+
+Every check compares this rank's share of a MoE layer run through RailWave with the same layer
+computed in this one process over every rank's tokens (the workload is regenerated from the
+seed, so each rank knows all of it)."""
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+import railwave
+from railwave.moe import MoE
+
+torch.set_num_threads(1)
+RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+H, F, K = 16, 8, 3
+BF16_ERR = []  # worst relative error of each bf16 comparison (logged)
+
+
+def workload(seed, step, E, dtype, router):
+    """Every rank's tokens, ids, weights and output gradient for one step, plus the experts.
+    fp32 without router: small integers, so every sum is exact in any order. bf16 and the
+    router: real-valued data, where rounding and summation order show."""
+    g = torch.Generator().manual_seed(seed * 1000 + step)
+    real = router or dtype != torch.float32
+    val = (lambda shape: torch.randn(shape, generator=g)) if real else \
+        (lambda shape: torch.randint(-1, 2, shape, generator=g).float())
+    ranks = []
+    for r in range(WORLD):
+        T = [0, 5, 9, 13][int(torch.randint(0, 4, (1,), generator=g))] if r % 3 == 1 else 11
+        x = val((T, H))
+        idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]) \
+            if T else torch.zeros(0, K, dtype=torch.int64)
+        if T:  # some top-k entries unused (-1), as a capacity-dropping router would leave them
+            idx[torch.rand(T, K, generator=g) < 0.15] = -1
+        w = torch.rand(T, K, generator=g) + 0.5 if real else \
+            torch.randint(1, 3, (T, K), generator=g).float()
+        gout = val((T, H))
+        ranks.append((x.to(dtype), idx, w, gout.to(dtype)))
+    experts = [(val((F, H)), val((H, F))) for _ in range(E)]
+    router_w = torch.randn(E, H, generator=g) * 0.5
+    return ranks, experts, router_w
+
+
+def reference(ranks, experts, router_w, dtype, router):
+    """The layer in one process: per source rank, output and gradients of sum(out * gout)."""
+    params = [(a.to(dtype).requires_grad_(), b.to(dtype).requires_grad_()) for a, b in experts]
+    res = []
+    for x0, idx0, w0, gout in ranks:
+        x = x0.clone().requires_grad_()
+        rw = router_w.clone().to(dtype).requires_grad_()
+        if router:
+            probs = torch.softmax((x @ rw.t()).float(), dim=-1)
+            w, idx = torch.topk(probs, K, dim=-1)
+            w = w / w.sum(-1, keepdim=True)
+        else:
+            idx, w = idx0, w0.clone().requires_grad_()
+        out = torch.zeros(x.shape, dtype=torch.float32)
+        for t in range(x.shape[0]):
+            for k in range(K):
+                e = int(idx[t, k])
+                if e >= 0:
+                    a, b = params[e]
+                    y = torch.relu(x[t] @ a.t()) @ b.t()
+                    out[t] = out[t] + (y * w[t, k].to(dtype)).float()
+        out = out.to(dtype)
+        if x.shape[0]:
+            (out.float() * gout.float()).sum().backward()
+        else:  # nothing routed: every gradient of this rank is empty or zero
+            x.grad = torch.zeros_like(x)
+            rw.grad = torch.zeros_like(rw)
+            if not router:
+                w.grad = torch.zeros_like(w)
+        res.append({"out": out.detach(), "gx": x.grad, "gw": None if router else w.grad,
+                    "grouter": rw.grad if router else None})
+    return res, [(a.grad, b.grad) for a, b in params]
+
+
+def close(a, b, dtype):
+    if a is None or b is None:
+        return a is None and b is None
+    a, b = a.float(), b.float()
+    if a.shape != b.shape:
+        return False
+    if dtype == torch.float32:
+        return torch.equal(a, b)
+    if b.numel() == 0:
+        return True
+    # bf16: 8 significant bits; the layer rounds a few times per element (docs/python.md):
+    # |got - want| <= 2^-6 (|want| + max |want| + 1).
+    err = (a - b).abs() / (b.abs() + b.abs().max() + 1)
+    BF16_ERR.append(float(err.max()))
+    return bool((err <= 2 ** -6).all())
+
+
+def run_step(group, seed, step, E, dtype, router=False, layer=0, dev=torch.device("cpu")):
+    """One forward + backward through RailWave; returns a list of mismatches (empty = equal)."""
+    ranks, experts, router_w = workload(seed, step, E, dtype, router)
+    moe = MoE(group, H, F, E, K, layer=layer).to(dtype)
+    with torch.no_grad():
+        moe.router.weight.copy_(router_w)
+        for i, ex in enumerate(moe.experts):
+            a, b = experts[moe.first + i]
+            ex.w1.weight.copy_(a)
+            ex.w2.weight.copy_(b)
+    moe.to(dev)
+    x0, idx, w0, gout = (t.to(dev) for t in ranks[RANK])
+    x = x0.clone().requires_grad_()
+    if router:
+        out = moe(x, step=step)
+        w = None
+    else:
+        w = w0.clone().requires_grad_()
+        out = moe(x, topk_idx=idx, topk_weights=w, step=step)
+    (out.float() * gout.float()).sum().backward()
+    ref, ref_experts = reference(ranks, experts, router_w, dtype, router)
+    mine = ref[RANK]
+    bad = []
+    tol = torch.float32 if (dtype == torch.float32 and not router) else torch.bfloat16
+    if router and dtype == torch.float32:  # softmax: same math, other summation order
+        cl = lambda a, b: a is not None and b is not None and torch.allclose(
+            a.float(), b.float(), rtol=1e-4, atol=1e-5)
+    else:
+        cl = lambda a, b: close(a, b, tol)
+    checks = [("output", out.detach(), mine["out"]), ("grad x", x.grad, mine["gx"])]
+    if router:
+        checks.append(("grad router", moe.router.weight.grad, mine["grouter"]))
+    else:
+        checks.append(("grad topk_weights", w.grad, mine["gw"]))
+    for i, ex in enumerate(moe.experts):
+        ga, gb = ref_experts[moe.first + i]
+        checks += [("grad expert %d w1" % (moe.first + i), ex.w1.weight.grad, ga),
+                   ("grad expert %d w2" % (moe.first + i), ex.w2.weight.grad, gb)]
+    for name, a, b in checks:
+        a = None if a is None else a.cpu()
+        if not cl(a, b):
+            diff = (a.float() - b.float()).abs().max().item() if a is not None and b is not None \
+                and a.shape == b.shape else "shape %s vs %s" % (
+                    None if a is None else tuple(a.shape), None if b is None else tuple(b.shape))
+            bad.append("step %d %s %s differs (max |diff| %s)" % (step, dtype, name, diff))
+    return bad, x0.shape[0]
+
+
+def run_async(group, seed, step, E, dev):
+    """Forward only, through the async form: Work.done() polls, Work.wait() returns the call's
+    result (twice: the same objects); the output must equal the reference and the per-expert
+    counts must equal the local expert ids among the received rows."""
+    ranks, experts, router_w = workload(seed, step, E, torch.float32, False)
+    moe = MoE(group, H, F, E, K, layer=7)
+    with torch.no_grad():
+        for i, ex in enumerate(moe.experts):
+            a, b = experts[moe.first + i]
+            ex.w1.weight.copy_(a)
+            ex.w2.weight.copy_(b)
+    moe.to(dev)
+    x, idx, w, _ = (t.to(dev) for t in ranks[RANK])
+    with torch.no_grad():
+        work = group.dispatch(x, idx, w, E, layer=7, step=step, async_op=True)
+        polls = 0
+        while not work.done():
+            polls += 1
+            time.sleep(0.0005)
+        res = work.wait()
+        if work.wait() is not res:
+            raise AssertionError("a second wait() returned another result")
+        rx, ridx, rw, counts, h = res
+        want = torch.stack([(ridx == e).sum() for e in range(moe.local)]).cpu() \
+            if moe.local else torch.zeros(0, dtype=torch.int64)
+        if not torch.equal(counts.cpu(), want):
+            raise AssertionError("num_recv_per_expert %s, recv_topk_idx says %s"
+                                 % (counts.tolist(), want.tolist()))
+        out = group.combine(moe.run_experts(rx, ridx, rw), h, async_op=True).wait()
+    ref, _ = reference(ranks, experts, router_w, torch.float32, False)
+    if not torch.equal(out.cpu(), ref[RANK]["out"]):
+        raise AssertionError("async step %d: output differs" % step)
+    return "async fp32 step equal, counts equal (%d polls)" % polls
+
+
+def join(c):
+    """Join as torchrun would have us: everything from the environment."""
+    os.environ["RAILWAVE_SOCKET"] = c["sockets"][RANK // int(os.environ["LOCAL_WORLD_SIZE"])]
+    return railwave.Group(c["group"], timeout=120)  # above the daemons' phase timeout
+
+
+def cmd_paths(c):
+    log = []
+    dev = torch.device(c.get("device", "cpu"))
+    if dev.type == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
+        dev = torch.device("cuda", torch.cuda.current_device())
+    with join(c) as g:
+        E = c["experts"]
+        for step in range(c["steps"]):
+            bad, T = run_step(g, c["seed"], step, E, torch.float32, layer=step % 2, dev=dev)
+            if bad:
+                raise AssertionError("; ".join(bad))
+            log.append("fp32 step %d T=%d equal" % (step, T))
+        log.append(run_async(g, c["seed"], 50, E, dev))
+        bad, _ = run_step(g, c["seed"], 100, E, torch.bfloat16, layer=5, dev=dev)
+        if bad:
+            raise AssertionError("; ".join(bad))
+        log.append("bf16 within tolerance (worst relative error %.2g, bound 2^-6 = 0.0156)" % max(BF16_ERR))
+        del BF16_ERR[:]
+        if c.get("router"):
+            bad, _ = run_step(g, c["seed"], 200, E, torch.float32, router=True, layer=6, dev=dev)
+            if bad:
+                raise AssertionError("; ".join(bad))
+            log.append("router fp32 within 1e-4")
+    return log
+
+
+def expect(what, fn, exc, *needles):
+    """fn() must raise exc whose message has every needle, and without sitting out the daemon's
+    phase timeout (60 s in this scenario: far above any real answer); returns a log line."""
+    t0 = time.monotonic()
+    try:
+        fn()
+    except exc as e:
+        msg, took = str(e), time.monotonic() - t0
+        missing = [n for n in needles if n not in msg]
+        if missing:
+            raise AssertionError("%s: %s lacks %s" % (what, msg, missing))
+        if took > 30:
+            raise AssertionError("%s: the error came after %.0f s, from the phase timeout: the "
+                                 "phase was not failed at once (%s)" % (what, took, msg))
+        return "%s -> %s: %s" % (what, type(e).__name__, msg.splitlines()[0][:160])
+    except Exception as e:
+        raise AssertionError("%s: expected %s, got %s: %s" % (what, exc.__name__,
+                                                              type(e).__name__, e))
+    raise AssertionError("%s: no error raised" % what)
+
+
+def cmd_bad(c):
+    """Bad input on one rank (or all); every rank must get an error at once, then the next
+    step must verify exactly (the daemons serve on)."""
+    log = []
+    E, seed = c["experts"], c["seed"]
+    with join(c) as g:
+        step = [0]
+
+        def good():
+            bad, _ = run_step(g, seed, 1000 + step[0], E, torch.float32, layer=1)
+            step[0] += 1
+            if bad:
+                raise AssertionError("; ".join(bad))
+
+        x = torch.ones(4, H)
+        idx = torch.tensor([[0, 1, -1]] * 4)
+        w = torch.ones(4, K)
+        cases = [
+            (0, "wrong dtype", lambda s: g.dispatch(x.double(), idx, w, E, layer=2, step=s),
+             TypeError, ("x has dtype torch.float64",)),
+            (1, "non-contiguous x", lambda s: g.dispatch(torch.ones(H, 4).t(), idx, w, E,
+                                                        layer=2, step=s),
+             ValueError, ("x is not contiguous",)),
+            (2 % WORLD, "expert id out of range", lambda s: g.dispatch(
+                x, torch.tensor([[0, E, 1]] * 4), w, E, layer=2, step=s),
+             ValueError, ("topk_idx[0, 1] = %d is not an expert id" % E,)),
+            (3 % WORLD, "negative expert id", lambda s: g.dispatch(
+                x, torch.tensor([[0, 1, -7]] * 4), w, E, layer=2, step=s),
+             ValueError, ("topk_idx[0, 2] = -7 is not an expert id",)),
+            (0, "num_experts differs from the phase's", lambda s: g.dispatch(
+                x, idx, w, E + WORLD, layer=2, step=s), railwave.PhaseError, ()),
+            (1, "wrong topk_weights dtype", lambda s: g.dispatch(x, idx, w.double(), E, layer=2,
+                                                                 step=s),
+             TypeError, ("topk_weights has dtype torch.float64",)),
+        ]
+        for i, (who, what, fn, exc, needles) in enumerate(cases):
+            s = 500 + i
+            if RANK == who:
+                log.append(expect(what, lambda: fn(s), exc, *needles))
+            else:
+                log.append(expect("peer of " + what, lambda: g.dispatch(x, idx, w, E, layer=2,
+                                                                       step=s),
+                                  railwave.PhaseError))
+            good()
+        # One rank combines with the wrong shape / dtype / a non-contiguous tensor: it is refused
+        # there, and that rank leaves and rejoins so that the others' combines fail at once.
+        for i, (who, what, bad_y, exc, needle) in enumerate([
+                (0, "combine wrong rows", lambda rx: torch.zeros(rx.shape[0] + 1, H), ValueError,
+                 "received rows"),
+                (1, "combine wrong dtype", lambda rx: rx.to(torch.bfloat16), TypeError,
+                 "dtype torch.bfloat16"),
+                (2 % WORLD, "combine non-contiguous",
+                 lambda rx: torch.zeros(rx.shape[0], 2 * H)[:, ::2], ValueError,
+                 "not contiguous")]):
+            if RANK == who:
+                rx, ridx, rw, cnt, h = g.dispatch(x, idx, w, E, layer=3, step=10 + i)
+                y = bad_y(rx)
+                if y.is_contiguous() and what == "combine non-contiguous":
+                    # no rows received: no tensor of that shape is non-contiguous; still bad
+                    y, needle = torch.zeros(1, H), "received rows"
+                log.append(expect(what, lambda: g.combine(y, h), exc, needle))
+            else:  # the pair fails in this rank's combine, or in its dispatch if it is still there
+                log.append(expect("peer of " + what, lambda: g.combine(*(lambda r: (r[0], r[4]))(
+                    g.dispatch(x, idx, w, E, layer=3, step=10 + i))), railwave.PhaseError))
+            good()
+        # Joining with the wrong world size or node is refused; the group serves on.
+        log.append(expect("join with world+2", lambda: railwave.Group(
+            c["group"], RANK, WORLD + 2), railwave.ConnectError,
+            "RW_E_WORLD_MISMATCH"))
+        log.append(expect("join with another node", lambda: railwave.Group(
+            c["group"] + ".n", RANK, WORLD, node=g.node + 1),
+            railwave.ConnectError, "RW_E_NODE_MISMATCH"))
+        good()
+        log.append("good steps verified after every bad one: %d" % step[0])
+    return log
+
+
+KEPT = {}  # the Group kept open across the commands of the peer-loss scenario
+
+
+def cmd_open(c):
+    g = KEPT["g"] = join(c)
+    bad, _ = run_step(g, c["seed"], 0, c["experts"], torch.float32, layer=0)
+    if bad:
+        raise AssertionError("; ".join(bad))
+    return ["step before the loss equal"]
+
+
+def cmd_lost(c):
+    """The launcher killed node c["dead"]'s daemon: its ranks must learn that their daemon is
+    gone (DaemonLost), the others that the phase failed (PhaseError), both without a hang."""
+    g = KEPT.pop("g")
+    node = RANK // int(os.environ["LOCAL_WORLD_SIZE"])
+    exc = railwave.DaemonLost if node == c["dead"] else railwave.PhaseError
+    line = expect("dispatch after node %d's daemon died" % c["dead"], lambda: run_step(
+        g, c["seed"], 1, c["experts"], torch.float32, layer=0), exc)
+    g.close()
+    return [line]
+
+
+def cmd_recover(c):
+    with join(c) as g:
+        bad, _ = run_step(g, c["seed"], 2, c["experts"], torch.float32, layer=0)
+        if bad:
+            raise AssertionError("; ".join(bad))
+    return ["rejoined; step after the restart equal"]
+
+
+def main():
+    for line in sys.stdin:
+        c = json.loads(line)
+        try:
+            log = {"paths": cmd_paths, "bad": cmd_bad, "open": cmd_open, "lost": cmd_lost,
+                   "recover": cmd_recover}[c["op"]](c)
+            print(json.dumps({"ok": True, "log": log}), flush=True)
+        except Exception as e:
+            print(json.dumps({"ok": False, "error": "%s: %s\n%s" % (
+                type(e).__name__, e, traceback.format_exc()[-1500:])}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

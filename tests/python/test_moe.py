@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""The railwave Python package against real daemons (docs/python.md "Tests"): 2–3 railwaved on
+loopback (tests/integration/test_dataflow.py's Cluster), 2 rank processes per node started
+torchrun-style (tests/python/moe_rank.py). A MoE layer runs forward and backward through
+RailWave on every forced path and the selector; outputs and gradients must equal the same layer
+computed in one process (exactly for fp32 integer-valued data, within the stated tolerance for
+bf16 and for a softmax router). Then bad input — wrong dtype, non-contiguous tensors, expert ids
+out of range, num_experts that differ, bad combines, a join with the wrong world size or node —
+must raise a clear error on the rank that made it and fail the phase at once for the others,
+with the next step verifying exactly. A daemon killed between steps: its ranks get DaemonLost,
+the others PhaseError; after its restart every rank joins again and a step verifies. Daemons must exit 0 on SIGTERM (ASan: no leak).
+`cuda` runs the paths scenario with CUDA tensors (skipped without a GPU).
+
+Run by tests/run as $b/test/python_moe (a wrapper ninja writes: test_moe.py BUILDDIR);
+RW_PY_ONLY=paths,bad,peer,cuda picks scenarios. Exits 0 pass, 1 fail, 77 skip."""
+import importlib.util
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.dirname(os.path.dirname(HERE))
+WAIT = 300.0  # bound on any wait for a rank (never a pass/fail timing criterion)
+# Phase timeout of every cluster here: far above any phase, so that ranks drifting apart on a
+# loaded machine (each computes the single-process reference between steps) never hit it, and
+# a rank left waiting for it instead of failing at once shows (moe_rank.py's expect()).
+PHASE_TIMEOUT = {"phase_timeout_ms": 60000}
+
+
+def load_dataflow(build):
+    """tests/integration/test_dataflow.py as a module, pointed at this build's binaries."""
+    spec = importlib.util.spec_from_file_location(
+        "test_dataflow", os.path.join(SRC, "tests", "integration", "test_dataflow.py"))
+    td = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(td)
+    td.DAEMON = os.path.join(build, "railwaved")
+    return td
+
+
+class Ranks:
+    """W long-lived rank processes (torch is imported once per process, not per scenario)."""
+
+    def __init__(self, world, per_node, env):
+        self.procs = []
+        for r in range(world):
+            e = dict(env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r % per_node),
+                     LOCAL_WORLD_SIZE=str(per_node))
+            self.procs.append(subprocess.Popen(
+                [sys.executable, os.path.join(HERE, "moe_rank.py")], env=e, text=True,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+
+    def run(self, cmd, ranks=None):
+        ranks = range(len(self.procs)) if ranks is None else ranks
+        for r in ranks:
+            self.procs[r].stdin.write(json.dumps(cmd) + "\n")
+            self.procs[r].stdin.flush()
+        out, deadline = {}, time.time() + WAIT
+        pending = {self.procs[r].stdout: r for r in ranks}
+        noise = {r: [] for r in ranks}
+        while pending and time.time() < deadline:
+            ready, _, _ = select.select(list(pending), [], [], 1.0)
+            for f in ready:
+                r = pending[f]
+                line = f.readline()
+                if not line:
+                    out[r] = {"ok": False, "error": "rank exited: " + "".join(noise[r][-20:])}
+                    del pending[f]
+                elif line.startswith("{"):
+                    out[r] = json.loads(line)
+                    del pending[f]
+                else:
+                    noise[r].append(line)
+        for r in pending.values():
+            out[r] = {"ok": False, "error": "no answer in %.0f s (hang?)" % WAIT}
+        return out
+
+    def stop(self):
+        for p in self.procs:
+            p.stdin.close()
+        for p in self.procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def check(outs, what, cluster):
+    bad = ["rank %d: %s" % (r, o["error"]) for r, o in sorted(outs.items()) if not o["ok"]]
+    if bad:
+        raise RuntimeError("%s:\n%s\n%s" % (what, "\n".join(bad), cluster.logs()))
+    return outs
+
+
+def scenario_paths(td, tmp, ranks, nodes, seed, device="cpu"):
+    for i, path in enumerate(["native", "rail-only", "perm-only", "joint", "auto"]):
+        c = td.Cluster(tmp, nodes, path=path, extra=PHASE_TIMEOUT)
+        try:
+            c.start_all()
+            outs = check(ranks.run({"op": "paths", "socket": None, "group": "py." + path,
+                                    "experts": nodes * td.GPUS * 2, "steps": 3,
+                                    "seed": seed + i, "router": path == "auto",
+                                    "device": device, "sockets": [
+                                        n["ipc_socket"] for n in c.cfg["nodes"]]}),
+                         "path " + path, c)
+            st = c.stats(0, "stats selector")
+            if path != "auto" and path not in st:
+                raise RuntimeError("selector stats do not show the forced path %s:\n%s"
+                                   % (path, st))
+        finally:
+            c.stop()
+        print("ok   %s path %-9s N=%d W=%d: %s" % (device, path, nodes, nodes * td.GPUS,
+                                                   "; ".join(outs[0]["log"])))
+
+
+def scenario_bad(td, tmp, ranks, nodes, seed):
+    c = td.Cluster(tmp, nodes, path="auto", extra=PHASE_TIMEOUT)
+    try:
+        c.start_all()
+        outs = check(ranks.run({"op": "bad", "group": "py.bad", "experts": nodes * td.GPUS * 2,
+                                "seed": seed, "sockets": [
+                                    n["ipc_socket"] for n in c.cfg["nodes"]]}), "bad input", c)
+    finally:
+        c.stop()
+    for line in outs[0]["log"]:
+        print("ok   bad input rank 0: %s" % line)
+    for r in sorted(outs)[1:]:
+        print("ok   bad input rank %d: %d checks (%s)" % (r, len(outs[r]["log"]), "; ".join(
+            l.split(":")[0] for l in outs[r]["log"] if not l.startswith("peer of"))))
+
+
+def scenario_peer(td, tmp, ranks, nodes, seed):
+    """A daemon killed between steps: its ranks get DaemonLost, the others PhaseError (60 s phase
+    timeout, so waiting for it would show as a failure); the daemon restarts, every rank joins
+    again and a step verifies exactly; every daemon exits 0."""
+    c = td.Cluster(tmp, nodes, path="joint", extra=PHASE_TIMEOUT)
+    dead = nodes - 1
+    base = {"group": "py.peer", "experts": nodes * td.GPUS * 2, "seed": seed,
+            "sockets": [n["ipc_socket"] for n in c.cfg["nodes"]]}
+    try:
+        c.start_all()
+        check(ranks.run(dict(base, op="open")), "step before the loss", c)
+        c.kill(dead)
+        outs = check(ranks.run(dict(base, op="lost", dead=dead)), "after the loss", c)
+        c.start(dead)
+        c.wait_mesh()
+        check(ranks.run(dict(base, op="recover")), "after the restart", c)
+    finally:
+        c.stop()
+    print("ok   peer: rank 0: %s; rank %d: %s; all rejoined, next step equal" % (
+        outs[0]["log"][0], nodes * td.GPUS - 1, outs[nodes * td.GPUS - 1]["log"][0]))
+
+
+def main():
+    build = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(SRC, "build"))
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("skip: no torch for %s (Debian: python3-torch, installed by scripts/setup)"
+              % sys.executable)
+        return 77
+    lib = os.path.join(build, "lib", "librailwave.so.1")
+    if not (os.access(os.path.join(build, "railwaved"), os.X_OK) and os.path.exists(lib)):
+        print("skip: railwaved or librailwave.so.1 not built in %s" % build)
+        return 77
+    td = load_dataflow(build)
+    only = [s for s in os.environ.get("RW_PY_ONLY", "paths,bad,peer,cuda").split(",") if s]
+    seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or int(time.time()) % 100000 + 1
+    print("seed %d (RW_TEST_SEED=%d reproduces)" % (seed, seed))
+    env = dict(os.environ, RAILWAVE_LIB=lib,
+               PYTHONPATH=os.path.join(SRC, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1")
+    nodes = 3
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="rwpy.", dir="/tmp") as tmp:
+        ranks = Ranks(nodes * td.GPUS, td.GPUS, env)
+        try:
+            if "paths" in only:
+                scenario_paths(td, tmp, ranks, nodes, seed)
+            if "bad" in only:
+                scenario_bad(td, tmp, ranks, nodes, seed)
+            if "peer" in only:
+                scenario_peer(td, tmp, ranks, nodes, seed)
+        except Exception as e:
+            print("FAIL %s" % e)
+            return 1
+        finally:
+            ranks.stop()
+        if "cuda" in only:
+            if not torch.cuda.is_available():
+                print("skip: cuda scenario: torch sees no CUDA device")
+            else:
+                cranks = Ranks(nodes * td.GPUS, td.GPUS, env)
+                try:
+                    scenario_paths(td, tmp, cranks, nodes, seed, device="cuda")
+                except Exception as e:
+                    print("FAIL cuda %s" % e)
+                    return 1
+                finally:
+                    cranks.stop()
+    print("python_moe: %.1f s" % (time.time() - t0))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

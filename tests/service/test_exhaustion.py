@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""Strangers cannot exhaust railwaved (issue 15 point 3). A real daemon on loopback:
+
+1. Run out of descriptors (its limit lowered to 40) with 120 idle connections to its control
+   port and its stats socket: accept() fails with EMFILE while connections stay pending. The
+   daemon rests its listeners instead of spinning: over 2 s it uses well under a second of CPU
+   (the old accept loops used all of it) and logs the shortage at most once per listener and
+   interval. Once the strangers leave it answers on its stats socket again.
+2. Before its hello a control connection may send nothing but a hello of hello size: a frame
+   that claims a 1 MiB hello, or any other type, gets the connection closed at once (no
+   megabyte allocated for it).
+3. At most 64 control connections may wait for their hello; the rest are closed at once.
+4. The daemon then stops cleanly on SIGTERM (exit 0).
+Bounds here are resource budgets (CPU seconds, log lines, connections), not timings of a
+feature. Run by tests/run as $b/test/svc_exhaustion; exits 0 pass, 1 fail, 77 skip."""
+import json
+import os
+import resource
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DAEMON = os.path.join(B, "railwaved")
+WIRE_MAGIC, WIRE_VERSION, WIRE_HELLO, WIRE_HEARTBEAT = 0x434D5752, None, 1, 4
+FAILS = []
+
+
+def check(cond, what):
+    if not cond:
+        FAILS.append(what)
+        print("FAIL: " + what)
+
+
+def free_ports(n):
+    ss = [socket.socket() for _ in range(n)]
+    for s in ss:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in ss]
+    for s in ss:
+        s.close()
+    return ports
+
+
+def cpu_seconds(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stats(path, cmd="stats"):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(5)
+    s.connect(path)
+    s.sendall((cmd + "\n").encode())
+    out = b""
+    while not out.endswith(b"\n\n"):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        out += chunk
+    s.close()
+    return out.decode()
+
+
+def wire_version():
+    with open(os.path.join(os.path.dirname(B), "service", "wire.h")) as f:
+        for line in f:
+            if line.startswith("#define RW_WIRE_VERSION"):
+                return int(line.split()[2])
+    raise RuntimeError("RW_WIRE_VERSION not found")
+
+
+def frame(typ, length, version):
+    return struct.pack("<IHHII", WIRE_MAGIC, version, typ, length, 1)
+
+
+def closed_soon(s, within=5.0):
+    """The daemon closed s (EOF or reset) within `within` seconds."""
+    s.settimeout(within)
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def start(tmp, ports, nofile=None):
+    cfg = {"cluster": "exhaust", "transport": "tcp", "gpus_per_node": 1, "nic_gbps": 10,
+           "ipc_socket": os.path.join(tmp, "{node}.sock"),
+           "stats_socket": os.path.join(tmp, "{node}.stats"), "http": "0",
+           "heartbeat_timeout_ms": 60000,
+           "nodes": [{"name": "a", "control": "127.0.0.1:%d" % ports[0],
+                      "rails": ["127.0.0.1:%d" % ports[1]]},
+                     {"name": "b", "control": "127.0.0.1:%d" % ports[2],
+                      "rails": ["127.0.0.1:%d" % ports[3]]}]}
+    path = os.path.join(tmp, "cluster.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    log = open(os.path.join(tmp, "a.log"), "w")
+
+    def limit():
+        if nofile:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+    p = subprocess.Popen([DAEMON, "--config", path, "--node", "a"], stdout=log,
+                         stderr=subprocess.STDOUT, preexec_fn=limit)
+    sp = os.path.join(tmp, "a.stats")
+    for _ in range(200):
+        if os.path.exists(sp):
+            try:
+                if "state" in stats(sp):
+                    return p, sp
+            except OSError:
+                pass
+        time.sleep(0.05)
+    raise RuntimeError("railwaved did not start:\n" + open(log.name).read())
+
+
+def stop(p):
+    p.send_signal(signal.SIGTERM)
+    try:
+        return p.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        return -9
+
+
+def main():
+    if not os.access(DAEMON, os.X_OK):
+        print("skip: railwaved not built")
+        return 77
+    resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    version = wire_version()
+    with tempfile.TemporaryDirectory(prefix="rwexh.", dir="/tmp") as tmp:
+        ports = free_ports(4)
+        # 1. Out of descriptors.
+        p, sp = start(tmp, ports, nofile=40)
+        conns = []
+        for i in range(120):
+            s = socket.socket(socket.AF_UNIX if i % 2 else socket.AF_INET)
+            s.setblocking(False)
+            try:
+                s.connect(sp if i % 2 else ("127.0.0.1", ports[0]))
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                s.close()
+                continue
+            conns.append(s)
+        time.sleep(0.3)
+        c0 = cpu_seconds(p.pid)
+        time.sleep(2.0)
+        used = cpu_seconds(p.pid) - c0
+        check(used < 0.8, "out of descriptors, the daemon used %.2f CPU s in 2 s (spinning)" % used)
+        for s in conns:
+            s.close()
+        time.sleep(0.5)
+        out = ""
+        for _ in range(50):
+            try:
+                out = stats(sp)
+                break
+            except OSError:
+                time.sleep(0.1)
+        check("state running" in out, "after the strangers left the stats socket did not answer")
+        check(p.poll() is None, "the daemon died under descriptor exhaustion")
+        rc = stop(p)
+        with open(os.path.join(tmp, "a.log")) as f:
+            log = f.read()
+        shortages = log.count("cannot accept")
+        check(1 <= shortages <= 4, "the shortage was logged %d times (want once per listener and "
+              "interval)" % shortages)
+        check(rc == 0, "railwaved exited %s after the shortage" % rc)
+        print("descriptors: %.2f CPU s in 2 s with 120 strangers at a limit of 40, %d log lines, "
+              "exit %d" % (used, shortages, rc))
+
+        # 2 and 3: what a stranger may send before its hello, and how many may wait.
+        p, sp = start(tmp, ports)
+        big = socket.create_connection(("127.0.0.1", ports[0]))
+        big.sendall(frame(WIRE_HELLO, 1 << 20, version))
+        check(closed_soon(big), "a hello claiming 1 MiB was not refused at its header")
+        other = socket.create_connection(("127.0.0.1", ports[0]))
+        other.sendall(frame(WIRE_HEARTBEAT, 24, version) + bytes(24))
+        check(closed_soon(other), "a heartbeat before the hello was not refused")
+        big.close()
+        other.close()
+        waiting = [socket.create_connection(("127.0.0.1", ports[0])) for _ in range(100)]
+        time.sleep(0.5)
+        refused = sum(1 for s in waiting if closed_soon(s, within=0.05))
+        check(refused >= 100 - 64, "only %d of 100 hello-less connections were refused (at most "
+              "64 may wait)" % refused)
+        for s in waiting:
+            s.close()
+        check("state running" in stats(sp), "the daemon stopped answering after the strangers")
+        rc = stop(p)
+        check(rc == 0, "railwaved exited %s" % rc)
+        print("before hello: %d of 100 waiting strangers "
+              "refused; exit %d" % (refused, rc))
+    if FAILS:
+        return 1
+    print("ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
