@@ -660,11 +660,15 @@ def frame(name, a, b, gbps):
 
 
 def cmd_top(a):
-    socks = list(a.socket or []) + ["/tmp/railwave/%s.stats" % n for n in (a.node or [])]
+    # The same defaults as `railwave stats` (docs/service.md "Sockets").
+    socks = list(a.socket or []) + ["/run/railwave/%s.stats" % n for n in (a.node or [])]
+    if not socks and os.environ.get("RAILWAVE_STATS_SOCKET"):
+        socks = [os.environ["RAILWAVE_STATS_SOCKET"]]
     if not socks:
-        socks = sorted(glob.glob("/tmp/railwave/*.stats"))
+        socks = sorted(glob.glob("/run/railwave/*.stats") + glob.glob("/run/railwave/stats.sock"))
     if not socks:
-        die("top: no stats socket given and none in /tmp/railwave (use --socket PATH)")
+        die("top: no stats socket given, no $RAILWAVE_STATS_SOCKET, none in /run/railwave "
+            "(use --socket PATH)")
     prev = {}
     try:
         while True:
@@ -737,7 +741,7 @@ def main(argv):
     if mode == "top":
         p = argparse.ArgumentParser(prog="railwave top", description="live view over stats sockets")
         p.add_argument("--socket", action="append", help="a stats socket (repeatable)")
-        p.add_argument("--node", action="append", help="/tmp/railwave/NAME.stats (repeatable)")
+        p.add_argument("--node", action="append", help="/run/railwave/NAME.stats (repeatable)")
         p.add_argument("--interval", type=float, default=1.0, help="refresh seconds (1)")
         p.add_argument("--gbps", type=float, default=0.0, help="NIC rate for the utilisation bars")
         p.add_argument("--once", action="store_true", help="print one frame (two samples) and exit")
