@@ -51,13 +51,18 @@ static int trace_open(rw_svc_trace_t *t)
 {
 	if (t->fd >= 0)
 		return 0;
-	t->fd = open(t->path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+	t->fd = open(t->path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
 	if (t->fd < 0) {
 		trace_failed(t, "open", errno);
 		return -1;
 	}
 	struct stat sb;
 	t->file_bytes = fstat(t->fd, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+	/* A write cut short (full disk) left half a line: end it, so the next record is whole. */
+	char last = '\n';
+	if (t->file_bytes && pread(t->fd, &last, 1, (off_t)t->file_bytes - 1) == 1 && last != '\n' &&
+	    write(t->fd, "\n", 1) == 1)
+		t->file_bytes++;
 	return 0;
 }
 
@@ -82,11 +87,9 @@ static void trace_flush(rw_svc_trace_t *t)
 			continue;
 		if (n <= 0) {
 			trace_failed(t, "write", n < 0 ? errno : ENOSPC);
-			close(t->fd); /* reopened (and the partial line ended) at the next flush */
+			close(t->fd); /* reopened (and a cut line ended) at the next flush */
 			t->fd = -1;
-			if (off && t->len - off)
-				t->c.dropped++; /* a record cut in the middle */
-			return trace_drop_pending(t);
+			return trace_drop_pending(t); /* the written ones too: they are not counted yet */
 		}
 		off += (size_t)n;
 	}
