@@ -336,7 +336,8 @@ def pct(v, q):
 
 def analyze_rows(recs, gbps):
     rows = []
-    for key, by_node in phases(recs).items():
+    by_phase = phases(recs)
+    for key, by_node in by_phase.items():
         if key[3] != "dispatch" or key[4] != 0:
             continue
         ok = [r for r in by_node.values() if r["status"] == "ok"]
@@ -367,7 +368,7 @@ def analyze_rows(recs, gbps):
         # Phase time: the slowest node's, dispatch and its combine.
         timed = len(ok) == N and all(r["us"] is not None for r in ok)  # trace-synth: no times
         row["dispatch_ms"] = max(r["us"] for r in ok) / 1e3 if timed else None
-        comb = phases(recs).get(key[:3] + ("combine", 0), {})
+        comb = by_phase.get(key[:3] + ("combine", 0), {})
         cok = [r for r in comb.values() if r["status"] == "ok"]
         row["combine_ms"] = max(r["us"] for r in cok) / 1e3 if len(cok) == N and timed else None
         # Lower bound (DESIGN §6 flavour, for any plan): the busiest node's remote bytes spread
