@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define CONFIG_MAX_BYTES (64u << 20) /* a cluster file is kilobytes; this only stops a wrong path */
 
@@ -68,6 +69,8 @@ static const field_t fields[] = {
 	{"log_level", K_LOGLEVEL, OFF(log_level), 0, 0, 0},
 	{"path", K_FORCEPATH, OFF(force_path), 0, 0, 0},
 	{"pace", K_BOOL, OFF(pace), 0, 0, 0},
+	{"trace_dir", K_FILE, OFF(trace_dir), SZ(trace_dir), 0, 0},
+	{"trace_max_kib", K_U32, OFF(trace_max_kib), 0, 16, 1u << 30},
 };
 #define N_FIELDS RW_ARRAY_SIZE(fields)
 
@@ -98,6 +101,8 @@ const rw_svc_option_t rw_svc_options[] = {
 	{"pace", "pace", "RAILWAVE_PACE", "on|off", "pace every rail at its rate_gbps (tcp)"},
 	{"max_tokens", "max-tokens", "RAILWAVE_MAX_TOKENS", "N",
 	 "most tokens one rank may submit per phase"},
+	{"trace_dir", "trace-dir", "RAILWAVE_TRACE_DIR", "DIR", "phase traces (\"\" = off)"},
+	{"trace_max_kib", "trace-max-kib", "RAILWAVE_TRACE_MAX_KIB", "KIB", "trace files' size bound"},
 	{NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -312,6 +317,9 @@ static rw_status_t finish(loader_t *ld)
 		return cfg_fail(ld, "pace: on, but the %s transport cannot pace (an RDMA NIC runs at its "
 			    "own rate); pacing emulates slower NICs with tcp",
 			    rw_svc_transport_name(cfg->transport));
+	struct stat tsb;
+	if (cfg->trace_dir[0] && stat(cfg->trace_dir, &tsb) == 0 && !S_ISDIR(tsb.st_mode))
+		return cfg_fail(ld, "trace_dir: '%s' is not a directory", cfg->trace_dir);
 	if ((st = cfg_check_duplicates(ld)))
 		return st;
 	if ((st = cfg_find_me(ld)))
@@ -355,6 +363,7 @@ static void set_defaults(loader_t *ld)
 	cfg->max_tokens = 65536;
 	cfg->log_level = RW_LOG_INFO;
 	cfg->force_path = RW_SVC_PATH_AUTO;
+	cfg->trace_max_kib = 64u << 10;
 }
 
 static const char *env_get(char *const *envp, const char *name)

@@ -57,6 +57,7 @@ static void pair_close(exec_pair_t *p, int clean)
 	p->mv_state = NULL;
 	rw_svc_layout_free(&p->plan.layout);
 	rw_arena_free(&p->mem);
+	p->tr = NULL; /* it lived in the arena */
 	if (x->svc->draining && !any_running(x))
 		rw_svc_stop(x->svc);
 }
@@ -107,6 +108,7 @@ static void pair_failed(exec_pair_t *p)
 	 * by an answered rank starts afresh). */
 	exec_tomb_add(x, p->g ? p->g->name : NULL, &key, kind,
 		      answered | (kind == RW_MV_DISPATCH ? p->answered : 0), e.msg);
+	EXEC_TRACE(p, exec_trace_end_(p, kind, e.st));
 	for (uint32_t n = 0; p->xchg.have_row && n < x->nodes; n++)
 		if (n != x->me && p->xchg.have_row[n] && p->xchg.peer_params[n].epoch)
 			exec_ended_add(x, &key, n, p->xchg.peer_params[n].epoch);
@@ -257,6 +259,7 @@ static void pace_cb(struct ev_loop *loop, ev_timer *w, int revents)
 /* Run one kind: bytes that came before are checked first, then the first wave is posted. */
 static void pair_run(exec_pair_t *p, int kind)
 {
+	EXEC_TRACE(p, exec_trace_mark_(p, kind, EXEC_TRACE_RUN));
 	exec_send_begin(p, kind);
 	if (exec_recv_scan(p, kind) != RW_OK)
 		return pair_failed(p);
@@ -312,6 +315,7 @@ static void complete(exec_pair_t *p)
 		(kind == RW_MV_COMBINE ? exec_answer_combine : exec_answer_dispatch)(x, p, g);
 	rw_svc_metrics_phase(&x->svc->metrics, p->plan.path, (rw_svc_phase_kind_t)kind, 1,
 			     rw_now_ns() - p->phase_t0);
+	EXEC_TRACE(p, exec_trace_end_(p, kind, RW_OK));
 	if (kind == RW_MV_DISPATCH && !x->svc->draining) {
 		p->stage = ST_WAIT_C;
 		p->out.flushing = 0;
@@ -392,6 +396,7 @@ static void pair_try_decide(exec_pair_t *p)
 		return;
 	if (exec_plan_decide(p) != RW_OK)
 		return pair_failed(p);
+	EXEC_TRACE(p, exec_trace_decided_(p));
 	exec_recv_begin(p, RW_MV_DISPATCH);
 	exec_recv_begin(p, RW_MV_COMBINE);
 	p->stage = ST_RUN_D;
@@ -414,6 +419,7 @@ static void pair_inputs_moved(exec_pair_t *p, int kind)
 {
 	if (!subs_ready(p, kind))
 		return;
+	EXEC_TRACE(p, exec_trace_mark_(p, kind, EXEC_TRACE_READY));
 	if (kind == RW_MV_DISPATCH && p->stage == ST_GATHER_D) {
 		pair_gathered(p);
 	} else if (kind == RW_MV_COMBINE && p->stage == ST_WAIT_C) {
@@ -452,6 +458,8 @@ exec_pair_t *exec_pair_open(exec_t *x, exec_group_t *g, const rw_wire_key_t *key
 	rw_list_add(&x->pairs, &p->link);
 	p->g = g;
 	g->pair = p;
+	if (x->trace)
+		exec_trace_open_(p);
 	pair_arm_timer(p);
 	return p;
 }
@@ -478,6 +486,7 @@ void exec_on_submit(exec_pair_t *p, int kind, uint32_t g)
 {
 	exec_t *x = p->x;
 	char why[RW_SVC_WHY_MAX];
+	EXEC_TRACE(p, exec_trace_submit_(p, kind, g));
 	if (kind == RW_MV_COMBINE && p->in[kind].n_sub == 1) { /* the combine's clock starts */
 		p->phase_t0 = rw_now_ns();
 		pair_arm_timer(p);
@@ -562,6 +571,7 @@ void exec_on_write_done(exec_pair_t *p, rw_status_t st)
 	if (st != RW_OK)
 		return exec_pair_fail(p, st, 0, 1, "a rail write failed: %s", rw_status_str(st));
 	if (--p->send.pending == 0 && p->send.state == SEND_DRAINING) {
+		EXEC_TRACE(p, exec_trace_wave_done_(p));
 		PTRACE(p, "wave %u writes done: largest slab %.0f kB at %.1f Mbit/s", p->send.wave,
 		       p->send.wave_slab_max / 1e3,
 		       p->send.wave_slab_max * 8e3 / (double)(rw_now_ns() - p->send.wave_t0));
@@ -572,6 +582,7 @@ void exec_on_write_done(exec_pair_t *p, rw_status_t st)
 void exec_on_grant(exec_pair_t *p, int kind, uint32_t wave)
 {
 	p->send.granted[kind][wave] = 1;
+	EXEC_TRACE(p, exec_trace_granted_(p, kind, wave));
 	PTRACE(p, "granted wave %u", wave);
 	if ((p->stage == ST_RUN_D || p->stage == ST_RUN_C) && p->send.kind == kind &&
 	    p->send.state == SEND_WAIT_GRANT && p->send.wave + 1 == wave)
@@ -622,6 +633,7 @@ void exec_start(exec_t *x)
 	ev_prepare_init(&x->reaper, reaper_cb);
 	x->reaper.data = x;
 	ev_prepare_start(loop, &x->reaper);
+	exec_trace_start(x);
 }
 
 void exec_fail_open(exec_t *x, const char *why)
@@ -639,6 +651,7 @@ void exec_stop(exec_t *x)
 	ev_idle_stop(loop, &x->local_idle);
 	ev_prepare_stop(loop, &x->reaper);
 	exec_fail_open(x, "daemon stopping");
+	exec_trace_stop(x); /* after the failed pairs' records */
 }
 
 void exec_free_pairs(exec_t *x)

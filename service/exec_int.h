@@ -121,6 +121,7 @@ struct exec_pair {
 	void *mv_mover, *mv_state;
 	uint32_t answered;           /* local ranks already answered with an error for this key */
 	uint32_t serial;             /* names the pair in the mover's reports */
+	struct exec_trace_pair *tr;  /* phase trace (trace.h); NULL when off or closed */
 
 	struct {                     /* gather: local submissions per kind */
 		exec_sub_t sub[RW_MAX_GPUS];
@@ -208,6 +209,7 @@ struct rw_svc_exec {
 	ev_idle local_idle;          /* runs pairs' local work between network events */
 	ev_prepare reaper;           /* frees closed pairs outside every callback chain */
 	rw_svc_exec_hooks_t hooks;
+	struct rw_svc_trace *trace;  /* phase traces (trace.h); NULL when trace_dir is unset */
 };
 
 /* ---- small shared helpers ---------------------------------------------------------------- */
@@ -368,5 +370,10 @@ int exec_drained(exec_t *x);
 extern const rw_ipc_server_ops_t exec_ipc_ops;
 void exec_member_free(exec_member_t *mb);
 extern const rw_svc_mesh_cbs_t exec_mesh_cbs;
+
+/* ---- trace.h: phase trace hooks, one branch when tracing is off ----------------------------- */
+#include "service/trace.h"
+#define EXEC_TRACE(p, call) do { if ((p)->tr) call; } while (0)
+enum { EXEC_TRACE_READY = 0, EXEC_TRACE_RUN = 1 }; /* exec_trace_mark_ */
 
 #endif /* RW_SVC_EXEC_INT_H */

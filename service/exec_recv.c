@@ -64,6 +64,7 @@ static void grant(exec_pair_t *p, int kind)
 		if (!exec_needs_grant(p, kind, k, s))
 			continue;
 		PTRACE(p, "grant wave %u to node %u", k, s);
+		EXEC_TRACE(p, exec_trace_grant_sent_(p, kind, k));
 		rw_wire_grant_t gr = { .key = p->key, .kind = (uint32_t)kind, .wave = k };
 		uint8_t buf[RW_WIRE_GRANT_SIZE];
 		size_t len = rw_wire_grant_pack(&gr, buf, sizeof(buf));
@@ -102,6 +103,7 @@ static rw_status_t range_complete(exec_pair_t *p, int kind, uint32_t src, uint32
 	}
 	p->recv[kind].range_done[(size_t)src * p->x->rails + rail] = 1;
 	p->recv[kind].ranges_left--;
+	EXEC_TRACE(p, exec_trace_range_done_(p, kind, src, rail));
 	PTRACE(p, "range from node %u rail %u complete, %u left", src, rail, p->recv[kind].ranges_left);
 	src_note(p, kind, src, 0);
 	grant(p, kind);
@@ -159,6 +161,7 @@ rw_status_t exec_recv_data(exec_pair_t *p, int kind, uint32_t peer, uint32_t rai
 		return RW_ERR_PROTO;
 	}
 	p->recv[kind].arrived[i] += len;
+	EXEC_TRACE(p, exec_trace_rx_(p, kind, peer, rail, len));
 	src_note(p, kind, peer, 1);
 	if (!p->plan.have_layout)
 		return RW_OK;

@@ -101,6 +101,7 @@ static rw_status_t post_wave(exec_pair_t *p, int *budget)
 				p->outstanding++;
 				p->send.pending++;
 				rw_svc_metrics_tx(&x->svc->metrics, r, n, off + n == len ? q : 0, 0);
+				EXEC_TRACE(p, exec_trace_tx_(p, r, n));
 				p->send.cur_off = off + n;
 				if (*budget > 0)
 					(*budget)--;
@@ -130,12 +131,14 @@ rw_status_t exec_send_progress(exec_pair_t *p)
 				if (exec_needs_grant(p, kind, p->send.wave + 1, x->me) &&
 				    !p->send.granted[kind][p->send.wave + 1]) {
 					p->send.state = SEND_WAIT_GRANT;
+					EXEC_TRACE(p, exec_trace_grant_wait_(p, kind, p->send.wave + 1));
 					return RW_OK;
 				}
 				p->send.cur_k = p->send.k_hi = p->send.wave + 1;
 			}
 			p->send.wave++;
 			PTRACE(p, "post wave %u", p->send.wave);
+			EXEC_TRACE(p, exec_trace_wave_post_(p));
 			p->send.wave_t0 = rw_now_ns();
 			p->send.wave_slab_max = 0;
 			p->send.cur_r = 0;

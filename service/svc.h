@@ -97,6 +97,8 @@ typedef struct rw_svc_config {
 	int force_path;              /* RW_SVC_PATH_AUTO or an rw_path_t */
 	int pace;                    /* tcp: pace each rail's sends at its rate_gbps (emulates
 	                              * slower NICs on loopback; rdma/rail.h pace_bps) */
+	char trace_dir[RW_SVC_PATH_MAX]; /* phase traces (docs/service.md); "" = off */
+	uint32_t trace_max_kib;      /* bound of the two trace files together */
 } rw_svc_config_t;
 
 /* One override: `key` is a top-level field name as in the JSON file ("http", "node", ...).

@@ -21,6 +21,11 @@ static const rw_tool_cmd_t commands[] = {
 	{ "wait", "block until the local railwaved has every peer up on every rail (--timeout S)", rw_tool_wait },
 	{ "sim", "simulate one phase of the four paths at scale (lossless PFC and max-min fabric models)", rw_tool_sim },
 	{ "bench-workload", "a test-bed workload as JSON (counts, features, loads, lower bound); calibrate", rw_tool_bench_workload },
+	{ "trace", "phase traces: export to Chrome/Perfetto JSON, or find who was late (trace --help)", rw_tool_trace },
+	{ "analyze", "over phase traces: expert vs rail imbalance, features, time / lower bound, other paths", rw_tool_analyze },
+	{ "trace-synth", "phase records of synthetic routing (GLM-4.5-Air-shaped) for analyze", rw_tool_trace_synth },
+	{ "sim-replay", "recorded count matrices (JSON lines) through the simulator, every path", rw_tool_sim_replay },
+	{ "top", "live view of running railwaved daemons over their stats sockets", rw_tool_top },
 };
 
 static const rw_tool_cmd_t *find(const char *name)

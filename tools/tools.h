@@ -24,6 +24,15 @@ int rw_tool_bench(int argc, char **argv);       /* tools/demo.c */
 int rw_tool_stats(int argc, char **argv);       /* tools/stats.c */
 int rw_tool_wait(int argc, char **argv);        /* tools/stats.c */
 int rw_tool_sim(int argc, char **argv);         /* tools/sim_cmd.c */
+int rw_tool_trace(int argc, char **argv);       /* tools/observe.c */
+int rw_tool_analyze(int argc, char **argv);     /* tools/observe.c */
+int rw_tool_top(int argc, char **argv);         /* tools/observe.c */
+int rw_tool_sim_replay(int argc, char **argv);  /* tools/sim_replay.c */
+int rw_tool_trace_synth(int argc, char **argv); /* tools/trace_synth.c */
+
+/* Exec `python3 -u <source>/tools/SCRIPT MODE --build <build dir> argv[1..]` (tools/pyexec.c);
+ * returns 1 (with a message) only when that cannot be done. */
+int rw_tool_exec_python(const char *script, const char *mode, int argc, char **argv);
 
 /* Shared option helpers (tools/railwave.c): parse a whole decimal / floating argument or
  * print "railwave CMD: bad value for OPT" and return -1. */
