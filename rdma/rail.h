@@ -78,6 +78,17 @@ typedef struct rw_rail_dev_stats {
 	uint64_t tx_bytes;       /* bytes handed to the wire, headers included (tcp) */
 	uint64_t pace_waits;     /* times a connection with data to send waited for the pacing
 	                          * timer because the device's rate budget was spent (tcp) */
+	/* Failures and back-pressure (verbs; 0 with tcp). Every failed connection is counted once
+	 * in conn_failures, whatever failed first (a work completion, a CM event, an async event,
+	 * the handshake timer); the work-completion causes are also counted by kind. */
+	uint64_t conn_failures;      /* connections that failed (on_error, or dropped unannounced) */
+	uint64_t retry_exceeded;     /* a write was never acknowledged (RETRY_EXC: peer unreachable) */
+	uint64_t rnr_retry_exceeded; /* the peer had no receive posted, retries ran out (RNR_RETRY) */
+	uint64_t remote_errors;      /* the peer refused a write (REM_ACCESS/INV_REQ/OP: e.g. stale key) */
+	uint64_t wc_errors;          /* every other failed work completion but flushes */
+	uint64_t write_again;        /* rw_rail_write() answered RW_ERR_AGAIN (queue at its bound) */
+	uint64_t chunked_writes;     /* writes longer than one message, sent as several */
+	uint64_t poll_yields;        /* completion handling stopped at its budget to let the loop run */
 } rw_rail_dev_stats_t;
 
 /* ---- objects (transports embed these as the FIRST member of their own structs) ------------

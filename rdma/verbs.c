@@ -116,6 +116,7 @@ rw_status_t rw_vb_wc_status_to_rw(int wc_status)
 #define VB_RESOLVE_TIMEOUT_MS 5000
 #define VB_LISTEN_BACKLOG 64
 #define VB_POLL_BATCH 32
+#define VB_POLL_BUDGET 512 /* completions handled per connection before the loop runs again */
 #define VB_WRITE_BIT (1ull << 63) /* wr_id of the unsignaled RDMA WRITE before a SEND */
 
 typedef struct vb_dev vb_dev_t;
@@ -164,6 +165,8 @@ struct vb_conn {
 	int failed;                  /* on_error() reported (or a silent drop before announce) */
 	int closed;                  /* rw_rail_conn_close() called; memory reaped later */
 	int want_writable;           /* an RW_ERR_AGAIN is waiting for on_writable() */
+	int more;                    /* the last poll stopped at its budget (the `more` timer);
+	                              * 2 while more_cb is due to poll it */
 	vb_pending_t *pend;          /* ring [max_writes], posting order */
 	uint64_t head, tail;         /* next seq to complete, next seq to post */
 	uint32_t sq_depth, sq_used;  /* send queue entries: size, held by pending writes */
@@ -187,6 +190,7 @@ struct vb_dev {
 	uint32_t chunk;              /* largest single RDMA message (port max_msg_sz) */
 	ev_io cm_io, cq_io, async_io;
 	ev_timer reap;               /* frees closed connections outside any dispatch */
+	ev_timer more;               /* polls on where a poll stopped at its budget (conn_poll) */
 	vb_conn_t *conns;            /* open (not closed) connections */
 	vb_conn_t *zombies;          /* closed, awaiting reap */
 	vb_listener_t *listeners;
@@ -279,6 +283,7 @@ static void conn_fail(vb_conn_t *c, rw_status_t st)
 		return;
 	c->failed = 1;
 	c->base.state = RW_RAIL_CONN_DOWN;
+	c->dev->base.stats.conn_failures++;
 	ev_timer_stop(c->dev->base.loop, &c->timer);
 	if (c->id && c->id->qp)
 		rdma_disconnect(c->id); /* the peer learns at once; errors here change nothing */
@@ -512,10 +517,49 @@ static void arrived(vb_conn_t *c, const struct ibv_wc *wc)
 		c->base.cbs.on_arrival(&c->base, c->base.ctx, &a);
 }
 
+/* A failed work completion, counted by kind in the device's stats (rail.h). */
+static void count_wc_error(vb_dev_t *d, enum ibv_wc_status status)
+{
+	rw_rail_dev_stats_t *s = &d->base.stats;
+	switch (status) {
+	case IBV_WC_RETRY_EXC_ERR:
+		s->retry_exceeded++;
+		break;
+	case IBV_WC_RNR_RETRY_EXC_ERR:
+		s->rnr_retry_exceeded++;
+		break;
+	case IBV_WC_REM_ACCESS_ERR:
+	case IBV_WC_REM_INV_REQ_ERR:
+	case IBV_WC_REM_OP_ERR:
+		s->remote_errors++;
+		break;
+	case IBV_WC_WR_FLUSH_ERR:
+		break; /* the consequence of an error already counted */
+	default:
+		s->wc_errors++;
+		break;
+	}
+}
+
+/* Poll c's CQ until it is empty or VB_POLL_BUDGET completions were handled in this call; in the
+ * latter case c is marked `more` and the device's `more` timer (zero delay: the loop's other
+ * watchers, control sockets and ranks, run first) polls on. The CQ is armed before polling
+ * (cq_cb), so completions left in it raise no new event: the timer is what finds them. */
 static void conn_poll(vb_conn_t *c)
 {
 	struct ibv_wc wc[VB_POLL_BATCH];
+	uint32_t budget = VB_POLL_BUDGET;
+	c->more = 0;
 	while (!c->closed && !c->failed) {
+		if (budget < VB_POLL_BATCH) {
+			vb_dev_t *d = c->dev;
+			c->more = 1;
+			d->base.stats.poll_yields++;
+			if (!ev_is_active(&d->more))
+				ev_timer_start(d->base.loop, &d->more);
+			return;
+		}
+		budget -= VB_POLL_BATCH;
 		int n = ibv_poll_cq(c->cq, VB_POLL_BATCH, wc);
 		if (n < 0) {
 			rw_err("verbs: rail %u peer %s: ibv_poll_cq failed", c->dev->base.rail,
@@ -528,6 +572,7 @@ static void conn_poll(vb_conn_t *c)
 				return;
 			if (wc[i].status != IBV_WC_SUCCESS) {
 				rw_status_t st = rw_vb_wc_status_to_rw(wc[i].status);
+				count_wc_error(c->dev, wc[i].status);
 				rw_err("verbs: rail %u peer %s: work completion failed: %s (%s)",
 				       c->dev->base.rail, c->base.peer,
 				       ibv_wc_status_str(wc[i].status), rw_status_str(st));
@@ -560,6 +605,28 @@ static void cq_cb(struct ev_loop *loop, ev_io *w, int revents)
 			conn_fail(c, RW_ERR_LINK);
 			continue;
 		}
+		conn_poll(c);
+	}
+}
+
+/* The device's `more` timer: poll on, once each, every connection whose last poll stopped at
+ * its budget (`more` 1 -> 2: due in this round; conn_poll sets it to 0, or to 1 for the next
+ * round). Callbacks may close or fail connections (they leave d->conns), so the walk restarts
+ * after each poll. */
+static void more_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	vb_dev_t *d = w->data;
+	for (vb_conn_t *c = d->conns; c; c = c->next)
+		if (c->more == 1)
+			c->more = 2;
+	for (;;) {
+		vb_conn_t *c = d->conns;
+		while (c && !(c->more == 2 && !c->closed && !c->failed))
+			c = c->next;
+		if (!c)
+			return;
 		conn_poll(c);
 	}
 }
@@ -914,9 +981,12 @@ static rw_status_t vb_write(rw_rail_conn_t *base, const rw_rail_write_t *w)
 	uint32_t wqes = single ? 1 : (uint32_t)nchunks + 1;
 	if (c->tail - c->head >= c->max_writes || c->sq_used + wqes > c->sq_depth) {
 		c->want_writable = 1;
+		c->dev->base.stats.write_again++;
 		return RW_ERR_AGAIN;
 	}
 	const vb_region_t *lr = (const vb_region_t *)w->local;
+	if (nchunks > 1)
+		c->dev->base.stats.chunked_writes++;
 	uint64_t seq = c->tail;
 	c->pend[seq % c->max_writes] = (vb_pending_t){.ctx = w->ctx, .wqes = wqes};
 	c->tail++;
@@ -1166,6 +1236,8 @@ static rw_status_t vb_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loop
 	d->anchor_owner.obj = d;
 	ev_timer_init(&d->reap, reap_cb, 0., 0.);
 	d->reap.data = d;
+	ev_timer_init(&d->more, more_cb, 0., 0.);
+	d->more.data = d;
 	d->addr.sin_family = AF_INET;
 	if (inet_pton(AF_INET, cfg->local, &d->addr.sin_addr) != 1) {
 		st = dev_port_ipv4(cfg->local, cfg->rail, &d->addr.sin_addr);
@@ -1282,6 +1354,7 @@ static void vb_dev_close(rw_rail_dev_t *base)
 		ev_io_stop(loop, &d->cq_io);
 		ev_io_stop(loop, &d->async_io);
 		ev_timer_stop(loop, &d->reap);
+		ev_timer_stop(loop, &d->more);
 	}
 	while (d->listeners)
 		vb_listener_close(&d->listeners->base);

@@ -887,6 +887,11 @@ rw_status_t rw_svc_mesh_write(rw_svc_mesh_t *m, uint32_t peer, uint32_t rail, ui
 	return RW_OK;
 }
 
+const rw_rail_dev_stats_t *rw_svc_mesh_rail_stats(const rw_svc_mesh_t *mesh, uint32_t rail)
+{
+	return mesh && rail < mesh->rails && mesh->dev[rail] ? &mesh->dev[rail]->stats : NULL;
+}
+
 void rw_svc_mesh_fail_peer(rw_svc_mesh_t *mesh, uint32_t peer, rw_status_t st, const char *why)
 {
 	if (peer < mesh->nodes && peer != mesh->me)
@@ -977,6 +982,21 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 			rw_err("rail %u: cannot listen on %s: %s", r, local, rw_status_str(st));
 			goto fail;
 		}
+	}
+
+	/* GPU memory: where a verbs rail's device cannot register a dmabuf (Soft-RoCE, older
+	 * kernels or providers: the transport's probe at open), say so once; CUDA buffers then
+	 * travel through the registered host memory above (the executor stages them). */
+	if (cfg->transport == RW_SVC_TRANSPORT_VERBS) {
+		char none[96] = "";
+		size_t len = 0;
+		for (uint32_t r = 0; r < m->rails && len < sizeof(none); r++)
+			if (!(m->dev[r]->caps.flags & RW_RAIL_CAP_DMABUF))
+				len += (size_t)snprintf(none + len, sizeof(none) - len, " %u", r);
+		if (len)
+			rw_info("mesh: no dmabuf registration on rail(s)%s (ibv_reg_dmabuf_mr unsupported "
+				"by the device): GPU buffers are staged through registered host memory",
+				none);
 	}
 
 	const rw_svc_endpoint_t *ep = &cfg->nodes[m->me].control;

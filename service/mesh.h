@@ -58,6 +58,9 @@ rw_status_t rw_svc_mesh_write(rw_svc_mesh_t *mesh, uint32_t peer, uint32_t rail,
 			      void *write_ctx);
 /* Largest single write on `rail`. */
 uint64_t rw_svc_mesh_max_write(const rw_svc_mesh_t *mesh, uint32_t rail);
+/* The transport's own counters of `rail`'s device (rdma/rail.h: failures by cause, writes
+ * refused for a full queue, ...), live: read on the loop thread. NULL without that rail. */
+const rw_rail_dev_stats_t *rw_svc_mesh_rail_stats(const rw_svc_mesh_t *mesh, uint32_t rail);
 /* Declare `peer` down now (e.g. it sent a bad record): closes everything of it; it reconnects. */
 void rw_svc_mesh_fail_peer(rw_svc_mesh_t *mesh, uint32_t peer, rw_status_t st, const char *why);
 

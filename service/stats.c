@@ -6,6 +6,11 @@
  * stats_timeout_ms is dropped, and clients beyond RW_SVC_STATS_CLIENTS_MAX are turned away.
  * Closed clients are freed from an idle watcher, never inside their own callback. */
 #include "service/svc.h"
+#include "service/mesh.h"
+
+/* The transport's per-rail counters come live from the mesh. Weak: programs that link the stats
+ * socket without the mesh (tests/service/test_stats.c) simply print none. */
+#pragma weak rw_svc_mesh_rail_stats
 
 #include <errno.h>
 #include <fcntl.h>
@@ -109,7 +114,7 @@ static void answer_rails(const rw_svc_t *svc, rw_svc_buf_t *o)
 		rw_svc_buf_printf(o, "rail=%u tx_bytes=%llu tx_records=%llu tx_writes=%llu "
 				  "tx_busy_s=%.6f tx_gbps=%.3f rx_bytes=%llu rx_records=%llu "
 				  "rx_writes=%llu rx_busy_s=%.6f rx_gbps=%.3f errors=%llu "
-				  "wire_tx_bytes=%llu pace_waits=%llu\n", r,
+				  "wire_tx_bytes=%llu pace_waits=%llu", r,
 				  (unsigned long long)x->tx_bytes, (unsigned long long)x->tx_records,
 				  (unsigned long long)x->tx_writes, (double)x->tx_busy_ns * 1e-9,
 				  tx_gbps, (unsigned long long)x->rx_bytes,
@@ -117,6 +122,22 @@ static void answer_rails(const rw_svc_t *svc, rw_svc_buf_t *o)
 				  (double)x->rx_busy_ns * 1e-9, rx_gbps, (unsigned long long)x->errors,
 				  (unsigned long long)x->wire_tx_bytes,
 				  (unsigned long long)x->pace_waits);
+		/* ---- the transport's failure and back-pressure counters (rdma/rail.h) ---- */
+		const rw_rail_dev_stats_t *t =
+			rw_svc_mesh_rail_stats && svc->mesh ? rw_svc_mesh_rail_stats(svc->mesh, r) : NULL;
+		if (t)
+			rw_svc_buf_printf(o, " conn_failures=%llu retry_exceeded=%llu "
+					  "rnr_retry_exceeded=%llu remote_errors=%llu wc_errors=%llu "
+					  "write_again=%llu chunked_writes=%llu poll_yields=%llu",
+					  (unsigned long long)t->conn_failures,
+					  (unsigned long long)t->retry_exceeded,
+					  (unsigned long long)t->rnr_retry_exceeded,
+					  (unsigned long long)t->remote_errors,
+					  (unsigned long long)t->wc_errors,
+					  (unsigned long long)t->write_again,
+					  (unsigned long long)t->chunked_writes,
+					  (unsigned long long)t->poll_yields);
+		rw_svc_buf_printf(o, "\n");
 	}
 }
 

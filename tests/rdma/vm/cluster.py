@@ -385,7 +385,8 @@ class Cluster:
         cmds = {}
         for n in nodes:
             e = dict(RW_VERBS_WRITE_SEND_RAILS="0")
-            e.update((env or {}).get(n, (env or {}).get("all", {})))
+            e.update((env or {}).get("all", {}))
+            e.update((env or {}).get(n, {}))
             envs = " ".join("%s=%s" % (k, q(v)) for k, v in sorted(e.items()))
             cmds[n] = ("echo '--- start (path %s, %s)' >>/tmp/d.log; rwvm-agent spawn d env %s "
                        "railwaved --config /tmp/cluster.json --node %d --path %s"
@@ -547,7 +548,193 @@ def scenario_paths(c, seed):
                                                                   seed + i, rails))
 
 
-SCENARIOS = [("paths", scenario_paths)]
+def transport(c, n):
+    """The transport counters of daemon n's `stats rails`, summed over its rails."""
+    keys = ("conn_failures", "retry_exceeded", "rnr_retry_exceeded", "remote_errors", "wc_errors",
+            "write_again", "chunked_writes", "poll_yields", "errors")
+    rails = c.rails(n)
+    return {k: int(sum(x.get(k, 0) for x in rails)) for k in keys}, rails
+
+
+def scenario_big(c, seed):
+    """What the daemon needs of verbs beyond the conformance suite: rows of 16 KiB (fp32) and
+    8 KiB (bf16) in slabs of hundreds of KiB, on devices that take at most 64 KiB per message
+    (RW_VERBS_MAX_MSG: every slab write is chunked into RDMA WRITEs + SEND), the executor's writes
+    cut to 256 KiB so that many are in flight; node 0 allows 4 writes in flight (its sends meet
+    the bound: back-pressure), node 2 only 2 (2 receives posted per connection: its peers'
+    notifications meet RNR NAKs, retried, never a failure). Joint path, exact checks."""
+    c.configure(recv_region_mib=48)
+    env = {"all": {"RW_VERBS_MAX_MSG": "65536", "RAILWAVE_TEST_CHUNK_KIB": "256"},
+           0: {"RW_VERBS_MAX_WRITES": "4"}, 2: {"RW_VERBS_MAX_WRITES": "2"}}
+    rnr0 = {n: (c.rxe_counter(n, "rxe0", "rcvd_rnr_err") + c.rxe_counter(n, "rxe1", "rcvd_rnr_err"))
+            for n in range(NODES)}
+    c.start(path="joint", env=env)
+    try:
+        c.wait_mesh()
+        layers, steps, hidden, tokens = 1, 2, 4096, 48
+        c.run_ranks("g.big", layers, steps, seed, flags=["--hidden", str(hidden), "--tokens",
+                                                         str(tokens)])
+        rails = check_rails(c, seed, layers, steps, "joint", hidden=hidden, empty=False,
+                            tokens=tokens)
+        t = {n: transport(c, n)[0] for n in range(NODES)}
+        rnr = {n: (c.rxe_counter(n, "rxe0", "rcvd_rnr_err") + c.rxe_counter(n, "rxe1", "rcvd_rnr_err"))
+               - rnr0[n] for n in range(NODES)}
+    finally:
+        c.stop()
+    for n in range(NODES):
+        if t[n]["chunked_writes"] == 0:
+            raise RuntimeError("node %d: no write was chunked: %s" % (n, t[n]))
+        if t[n]["conn_failures"] or t[n]["errors"]:
+            raise RuntimeError("node %d: failures in a clean run: %s" % (n, t[n]))
+    if t[0]["write_again"] == 0:
+        raise RuntimeError("node 0 (4 writes in flight) never met the bound: %s" % t[0])
+    if rnr[0] + rnr[1] == 0:
+        raise RuntimeError("no RNR NAK reached nodes 0 and 1 (node 2 posts 2 receives)")
+    log("ok   big rows over 64 KiB messages: chunked writes %s, node 0 send queue full %d times, "
+        "RNR NAKs received %s, no failure: %s" % ([t[n]["chunked_writes"] for n in range(NODES)],
+                                                 t[0]["write_again"], [rnr[n] for n in range(NODES)],
+                                                 rails))
+    c.configure()
+
+
+def scenario_cuda(c, seed):
+    """CUDA ranks (the stand-in driver, tests/integration/fake_cuda_ipc.c) next to host ranks:
+    rxe has no dmabuf registration, so each daemon says so once and stages the GPU buffers
+    through its registered host memory; every row and sum checked."""
+    fake = "/usr/bin/libfakecuda_ipc.so"
+    if c.g[0].run("[ -f %s ] && echo yes || echo no" % fake).strip() != "yes":
+        log("skip cuda: the stand-in driver is not built")
+        return
+    env = {"RW_CUDA_DRIVER": fake}
+    c.start(path="auto", env={"all": env})
+    try:
+        c.wait_mesh()
+        cuda = [0, 1, 2, 5]
+        procs = []
+        for r in range(NODES * GPUS):
+            procs += c.spawn_ranks("g.cuda", 2, 2, seed, env=env,
+                                   flags=["--empty"] + (["--cuda"] if r in cuda else []), ranks=[r])
+        outs = c.collect(procs)
+        for r in cuda:
+            if "(CUDA buffers)" not in outs[r]:
+                raise RuntimeError("rank %d did not run with CUDA buffers: %s" % (r, outs[r]))
+        rails = check_rails(c, seed, 2, 2, "auto")
+    finally:
+        c.stop()
+    for n in range(NODES):
+        text = c.daemon_log(n).split("--- start")[-1]
+        said = [l for l in text.splitlines() if "no dmabuf registration" in l]
+        if len(said) != 1 or "rail(s) 0 1 " not in said[0]:
+            raise RuntimeError("node %d: the missing dmabuf support should be logged once: %s"
+                               % (n, said))
+    log("ok   cuda ranks %s (stand-in driver) over verbs, dmabuf unsupported on rxe: logged once "
+        "per daemon, staged through host memory: %s" % (cuda, rails))
+
+
+def wait_rx(c, nodes):
+    deadline = time.time() + WAIT
+    while sum(x["rx_bytes"] for n in nodes for x in c.rails(n)) == 0:
+        if time.time() > deadline:
+            raise RuntimeError("no rail data arrived\n" + c.logs())
+        time.sleep(0.05)
+
+
+SLOW = {"RAILWAVE_TEST_CHUNK_KIB": "32", "RAILWAVE_TEST_WRITE_GAP_MS": "20"}
+FLIGHT = ["--hidden", "2048", "--tokens", "96"]
+
+
+def scenario_peer_dies(c, seed):
+    """A peer daemon is SIGKILLed while rail writes are in flight (the executor's hooks post
+    32 KiB writes one per 20 ms): the survivors' ranks all get a named error long before the
+    phase timeout, the survivors keep serving, their queue pairs to the dead node are torn down;
+    the node restarts, the rails are connected again through rdmacm, and the failed key passes."""
+    c.configure(recv_region_mib=48)
+    c.start(path="native", env={"all": SLOW})
+    victim = NODES - 1
+    try:
+        c.wait_mesh()
+        procs = c.spawn_ranks("g.flight", 1, 1, seed, mode="fail", flags=FLIGHT)
+        wait_rx(c, range(victim))
+        t_kill = time.time()
+        c.kill(victim)
+        outs = c.collect([r for r in procs if r < victim * GPUS])
+        took = time.time() - t_kill
+        c.collect([r for r in procs if r >= victim * GPUS], want=1)  # lost their daemon
+        errs = sorted({o.strip().split("failed as expected: ")[-1] for o in outs.values()})
+        if took > 25:
+            raise RuntimeError("survivors failed the phase only after %.1f s" % took)
+        before = {n: transport(c, n)[0] for n in range(victim)}
+        c.start(nodes=[victim], path="native", env={"all": SLOW})
+        c.wait_mesh()
+        text = c.daemon_log(victim).split("--- start")[-1]
+        qps = [l for l in text.splitlines() if "verbs: rail" in l and " accepted " in l]
+        if len(qps) < RAILS * victim:
+            raise RuntimeError("node %d after restart: rails not re-established through rdmacm:\n%s"
+                               % (victim, "\n".join(qps)))
+        c.run_ranks("g.flight", 2, 1, seed + 1, flags=["--first-step", "0"] + FLIGHT)
+    finally:
+        c.stop()
+        c.configure()
+    log("ok   peer daemon killed with rail writes in flight: survivors' ranks failed in %.1f s "
+        "with %s, rail connections failed %s, %d queue pairs re-established through rdmacm, "
+        "same key passed" % (took, errs, [before[n]["conn_failures"] for n in before], len(qps)))
+
+
+def scenario_rank_dies(c, seed):
+    """Rank 3 (node 1) connects and dies while every other rank is in the phase: every other
+    rank's dispatch fails on every node; then a complete run of the same key passes."""
+    c.start(path="joint")
+    try:
+        c.wait_mesh()
+        c.spawn_ranks("g.rank", 1, 1, seed, mode="idle", ranks=[3])
+        c.g[1].run("i=0; until grep -q ready /tmp/rk3.log; do i=$((i+1)); [ $i -gt 600 ] && exit 1; "
+                   "usleep 50000; done")
+        procs = c.spawn_ranks("g.rank", 1, 1, seed, mode="fail", ranks=[0, 1, 2, 4, 5])
+        time.sleep(0.5)
+        c.g[1].run("kill -9 $(cat /tmp/rk3.pid)")
+        outs = c.collect(procs)
+        c.collect([3], want=137)
+        errs = sorted({o.strip().split("failed as expected: ")[-1] for o in outs.values()})
+        c.run_ranks("g.rank", 2, 1, seed + 1, flags=["--first-step", "0"])
+    finally:
+        c.stop()
+    log("ok   rank killed mid-phase: the phase failed on every node (%s), same key passed" % errs)
+
+
+def scenario_cut(c, seed):
+    """Rail 0 of node 2 is cut off by the switch while rail writes are in flight (the control
+    link stays up): writes on it are never acknowledged, the queue pairs fail with retry
+    exceeded, every rank's phase fails with a named error, the daemons keep serving; the cable
+    goes back, the rail reconnects through rdmacm and the failed key passes."""
+    c.configure(recv_region_mib=48)
+    c.start(path="native", env={"all": SLOW})
+    try:
+        c.wait_mesh()
+        procs = c.spawn_ranks("g.cut", 1, 1, seed, mode="fail", flags=FLIGHT)
+        wait_rx(c, range(NODES))
+        t_cut = time.time()
+        c.switch.cut("rail0", 2)
+        outs = c.collect(procs)
+        took = time.time() - t_cut
+        errs = sorted({o.strip().split("failed as expected: ")[-1] for o in outs.values()})
+        t = {n: transport(c, n)[0] for n in range(NODES)}
+        c.switch.cut("rail0", 2, on=False)
+        if sum(t[n]["retry_exceeded"] for n in range(NODES)) == 0:
+            raise RuntimeError("no write failed with retry exceeded: %s\n%s" % (t, c.logs()))
+        c.wait_mesh()
+        c.run_ranks("g.cut", 2, 1, seed + 1, flags=["--first-step", "0"] + FLIGHT)
+    finally:
+        c.switch.cut("rail0", 2, on=False)
+        c.stop()
+        c.configure()
+    log("ok   rail 0 of node 2 cut mid-phase: every rank failed in %.1f s with %s; retry exceeded "
+        "%s, connection failures %s; reconnected, same key passed"
+        % (took, errs, [t[n]["retry_exceeded"] for n in range(NODES)],
+           [t[n]["conn_failures"] for n in range(NODES)]))
+
+
+SCENARIOS = [("paths", scenario_paths), ("big", scenario_big), ("cuda", scenario_cuda),
+             ("peer", scenario_peer_dies), ("rank", scenario_rank_dies), ("cut", scenario_cut)]
 
 
 def main():
