@@ -436,7 +436,10 @@ static void conn_param_init(struct rdma_conn_param *p, const uint8_t *hello)
 	p->private_data_len = RW_VB_HELLO_SIZE;
 	p->responder_resources = 0; /* writes only, no RDMA READ */
 	p->initiator_depth = 0;
-	p->retry_count = 7;
+	/* 6, not 7: Soft-RoCE (rxe) takes a retry count of 7 as "retry forever" (the spec gives
+	 * that meaning only to the RNR count), so a peer that stopped answering would never fail
+	 * its writes; with 6 they fail with RETRY_EXC after 7 ack timeouts everywhere. */
+	p->retry_count = 6;
 	p->rnr_retry_count = 7; /* receiver briefly out of receives: wait, never fail */
 }
 
