@@ -116,6 +116,7 @@ rw_status_t rw_vb_wc_status_to_rw(int wc_status)
 #define VB_RESOLVE_TIMEOUT_MS 5000
 #define VB_LISTEN_BACKLOG 64
 #define VB_POLL_BATCH 32
+#define VB_MIN_RNR_TIMER 12 /* IB code for 0.64 ms (0 is 655 ms) */
 #define VB_POLL_BUDGET 512 /* completions handled per connection before the loop runs again */
 #define VB_WRITE_BIT (1ull << 63) /* wr_id of the unsignaled RDMA WRITE before a SEND */
 
@@ -453,6 +454,12 @@ static void conn_up(vb_conn_t *c)
 	ev_timer_stop(d->base.loop, &c->timer);
 	c->base.state = RW_RAIL_CONN_UP;
 	c->announced = 1;
+	/* The RNR NAK timer we ask of peers when a notification finds no receive posted: the CM
+	 * leaves the spec's code 0, which means 655 ms, a stall per NAK; ours repost at once. */
+	struct ibv_qp_attr qa = {.min_rnr_timer = VB_MIN_RNR_TIMER};
+	if (ibv_modify_qp(c->id->qp, &qa, IBV_QP_MIN_RNR_TIMER))
+		rw_dbg("verbs: rail %u peer %s: cannot set the RNR timer (%m): the CM's stays",
+		       d->base.rail, c->base.peer);
 	rw_info("verbs: rail %u: %s %s (%s, %u writes in flight)", d->base.rail,
 		c->base.accepted ? "accepted" : "connected to", c->base.peer,
 		c->write_send ? "RDMA WRITE + SEND" : "RDMA WRITE WITH IMM", c->max_writes);
