@@ -161,6 +161,9 @@ struct vb_conn {
 	uint8_t *slots;              /* recv_depth receive slots, then max_writes send slots */
 	uint32_t recv_depth;
 	uint32_t max_writes;
+	uint32_t window;             /* writes in flight allowed: max_writes, or fewer where the
+	                              * peer posts fewer receives (its hello's max_writes), so that
+	                              * notifications do not meet RNR NAKs as a rule */
 	int write_send;              /* negotiated: 1 = RDMA WRITE + SEND carrying the immediate */
 	int announced;               /* on_connected() reported */
 	int failed;                  /* on_error() reported (or a silent drop before announce) */
@@ -336,6 +339,7 @@ static vb_conn_t *conn_new(vb_dev_t *d, const rw_rail_conn_cbs_t *cbs, void *ctx
 	if (!c)
 		return NULL;
 	c->max_writes = d->base.max_writes;
+	c->window = c->max_writes;
 	c->recv_depth = d->base.max_writes;
 	c->pend = calloc(c->max_writes, sizeof(*c->pend));
 	if (!c->pend) {
@@ -462,7 +466,7 @@ static void conn_up(vb_conn_t *c)
 		       d->base.rail, c->base.peer);
 	rw_info("verbs: rail %u: %s %s (%s, %u writes in flight)", d->base.rail,
 		c->base.accepted ? "accepted" : "connected to", c->base.peer,
-		c->write_send ? "RDMA WRITE + SEND" : "RDMA WRITE WITH IMM", c->max_writes);
+		c->write_send ? "RDMA WRITE + SEND" : "RDMA WRITE WITH IMM", c->window);
 	/* Completions are looked at only from now on: no arrival before on_connected(). */
 	if (ibv_req_notify_cq(c->cq, 0)) {
 		rw_err("verbs: rail %u peer %s: ibv_req_notify_cq: %m", d->base.rail, c->base.peer);
@@ -489,7 +493,7 @@ static void write_completed(vb_conn_t *c, uint64_t wr_id)
 	c->head++;
 	if (c->base.cbs.on_write_done)
 		c->base.cbs.on_write_done(&c->base, c->base.ctx, wctx, RW_OK);
-	if (!c->closed && !c->failed && c->want_writable && c->tail - c->head < c->max_writes &&
+	if (!c->closed && !c->failed && c->want_writable && c->tail - c->head < c->window &&
 	    c->sq_used < c->sq_depth) {
 		c->want_writable = 0;
 		if (c->base.cbs.on_writable)
@@ -750,6 +754,7 @@ static void on_connect_request(vb_listener_t *l, struct rdma_cm_id *id, const vo
 	id->context = &c->owner;
 	snprintf(c->base.peer, sizeof(c->base.peer), "%s", peer);
 	c->write_send = rw_vb_use_write_send(d->hello_flags, hello.flags);
+	c->window = RW_MAX(1u, RW_MIN(c->max_writes, hello.max_writes));
 	st = conn_setup_qp(c);
 	if (st != RW_OK) {
 		rdma_reject(id, NULL, 0);
@@ -817,6 +822,7 @@ static void conn_cm_event(vb_conn_t *c, enum rdma_cm_event_type type, int status
 				return;
 			}
 			c->write_send = rw_vb_use_write_send(d->hello_flags, reply.flags);
+			c->window = RW_MAX(1u, RW_MIN(c->max_writes, reply.max_writes));
 		}
 		conn_up(c);
 		return;
@@ -989,7 +995,7 @@ static rw_status_t vb_write(rw_rail_conn_t *base, const rw_rail_write_t *w)
 	uint64_t nchunks = (w->length + chunk - 1) / chunk;
 	int single = !c->write_send && w->length <= chunk;
 	uint32_t wqes = single ? 1 : (uint32_t)nchunks + 1;
-	if (c->tail - c->head >= c->max_writes || c->sq_used + wqes > c->sq_depth) {
+	if (c->tail - c->head >= c->window || c->sq_used + wqes > c->sq_depth) {
 		c->want_writable = 1;
 		c->dev->base.stats.write_again++;
 		return RW_ERR_AGAIN;

@@ -54,13 +54,19 @@ class Switch(threading.Thread):
         self.sock, self.guest_port, self.owner = {}, {}, {}
         self.mac, self.blocked = {}, set()
         self.frames = {l: 0 for l in LINKS}
-        self.dropped = {l: 0 for l in LINKS}
+        self.dropped = {l: 0 for l in LINKS}  # by cut()
+        self.lost = {l: 0 for l in LINKS}     # sendto failed
         self.lock = threading.Lock()
         self.nodes = nodes
         held = []
         for l in LINKS:
             for n in range(nodes):
                 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                for opt in (33, socket.SO_RCVBUF), (32, socket.SO_SNDBUF):  # *BUFFORCE, *BUF
+                    try:  # deep buffers: a busy host must not drop frames on this "fabric"
+                        s.setsockopt(socket.SOL_SOCKET, opt[0], 8 << 20)
+                    except OSError:
+                        s.setsockopt(socket.SOL_SOCKET, opt[1], 8 << 20)
                 s.bind(("127.0.0.1", 0))
                 s.setblocking(False)
                 self.sock[l, n] = s
@@ -118,8 +124,8 @@ class Switch(threading.Thread):
                 continue
             try:
                 self.sock[link, m].sendto(frame, ("127.0.0.1", self.guest_port[link, m]))
-            except OSError:
-                pass  # the guest is not up (yet, or any more): a lost frame, as on a wire
+            except OSError:  # the guest is not up (yet, or any more), or no buffer space
+                self.lost[link] += 1
 
     def stop(self):
         os.write(self.stop_w, b"x")
@@ -482,10 +488,18 @@ class Cluster:
                  if v.replace(".", "", 1).isdigit()}
                 for line in self.stats(n, "stats rails").splitlines() if line.startswith("rail=")]
 
-    def rxe_counter(self, n, dev, name):
-        out = self.g[n].run("cat /sys/class/infiniband/%s/ports/1/hw_counters/%s 2>/dev/null "
-                            "|| echo 0" % (dev, name))
-        return int(out.strip() or 0)
+    RXE = ("rcvd_rnr_err", "send_rnr_err", "out_of_seq_request", "duplicate_request",
+           "rcvd_seq_err", "completer_retry_err", "retry_exceeded_err", "sent_pkts")
+
+    def rxe_counters(self, n):
+        """Soft-RoCE's own counters of node n (sysfs hw_counters), summed over its rails."""
+        cmd = "; ".join("echo %s $(cat /sys/class/infiniband/rxe%d/ports/1/hw_counters/%s)"
+                        % (k, r, k) for k in self.RXE for r in range(RAILS))
+        out = {k: 0 for k in self.RXE}
+        for line in self.g[n].run(cmd).splitlines():
+            k, _, v = line.partition(" ")
+            out[k] += int(v or 0)
+        return out
 
 
 # ---- scenarios ------------------------------------------------------------------------------------
@@ -567,19 +581,22 @@ def scenario_big(c, seed):
     env = {"all": {"RW_VERBS_MAX_MSG": "65536", "RAILWAVE_TEST_CHUNK_KIB": "4"},
            0: {"RW_VERBS_MAX_WRITES": "4"},
            2: {"RW_VERBS_MAX_WRITES": "2", "RAILWAVE_TEST_CHUNK_KIB": "1024"}}
-    rnr0 = {n: (c.rxe_counter(n, "rxe0", "rcvd_rnr_err") + c.rxe_counter(n, "rxe1", "rcvd_rnr_err"))
-            for n in range(NODES)}
+    rxe0 = {n: c.rxe_counters(n) for n in range(NODES)}
     c.start(path="joint", env=env)
     try:
         c.wait_mesh()
         layers, steps, hidden, tokens = 1, 2, 4096, 48
         c.run_ranks("g.big", layers, steps, seed, flags=["--hidden", str(hidden), "--tokens",
                                                          str(tokens)])
-        rails = check_rails(c, seed, layers, steps, "joint", hidden=hidden, empty=False,
-                            tokens=tokens)
+        try:
+            rails = check_rails(c, seed, layers, steps, "joint", hidden=hidden, empty=False,
+                                tokens=tokens)
+        finally:
+            rxe = {n: {k: v - rxe0[n][k] for k, v in c.rxe_counters(n).items()}
+                   for n in range(NODES)}
+            log("     rxe counters during the run: %s; switch: %s lost" % (rxe, c.switch.lost))
         t = {n: transport(c, n)[0] for n in range(NODES)}
-        rnr = {n: (c.rxe_counter(n, "rxe0", "rcvd_rnr_err") + c.rxe_counter(n, "rxe1", "rcvd_rnr_err"))
-               - rnr0[n] for n in range(NODES)}
+        rnr = {n: rxe[n]["rcvd_rnr_err"] for n in range(NODES)}
     finally:
         c.stop()
     if t[2]["chunked_writes"] == 0:
