@@ -192,6 +192,7 @@ struct vb_dev {
 	uint16_t hello_flags;        /* what this device offers (RW_VB_HELLO_IMM) */
 	uint32_t max_qp_wr, max_cqe;
 	uint32_t chunk;              /* largest single RDMA message (port max_msg_sz) */
+	uint8_t ack_timeout;         /* RW_VERBS_ACK_TIMEOUT (IB code); 0 = the CM's */
 	ev_io cm_io, cq_io, async_io;
 	ev_timer reap;               /* frees closed connections outside any dispatch */
 	ev_timer more;               /* polls on where a poll stopped at its budget (conn_poll) */
@@ -432,6 +433,17 @@ static rw_status_t conn_setup_qp(vb_conn_t *c)
 		}
 	}
 	return RW_OK;
+}
+
+/* RW_VERBS_ACK_TIMEOUT: the local ack timeout of c's QP (4.096 us x 2^code per try), set on the
+ * cm_id before it connects or accepts. The CM's default on RoCE is ~2 s (code 19): a peer that
+ * stops acknowledging fails writes after 7 tries, ~17 s. */
+static void conn_set_ack_timeout(vb_conn_t *c)
+{
+	uint8_t t = c->dev->ack_timeout;
+	if (t && rdma_set_option(c->id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof(t)))
+		rw_warn("verbs: rail %u peer %s: cannot set the ack timeout: %m", c->dev->base.rail,
+			c->base.peer);
 }
 
 static void conn_param_init(struct rdma_conn_param *p, const uint8_t *hello)
@@ -761,6 +773,7 @@ static void on_connect_request(vb_listener_t *l, struct rdma_cm_id *id, const vo
 		conn_bury(c); /* frees id with c */
 		return;
 	}
+	conn_set_ack_timeout(c);
 	rw_vb_hello_t reply = {.flags = d->hello_flags, .max_writes = c->max_writes,
 			       .rail = d->base.rail};
 	uint8_t buf[RW_VB_HELLO_SIZE];
@@ -806,6 +819,7 @@ static void conn_cm_event(vb_conn_t *c, enum rdma_cm_event_type type, int status
 		rw_vb_hello_pack(&hello, buf);
 		struct rdma_conn_param param;
 		conn_param_init(&param, buf);
+		conn_set_ack_timeout(c);
 		if (rdma_connect(c->id, &param)) {
 			rw_err("verbs: rail %u peer %s: rdma_connect: %m", d->base.rail, c->base.peer);
 			conn_fail(c, RW_ERR_PEER);
@@ -1334,6 +1348,12 @@ static rw_status_t vb_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loop
 	/* Longer writes are split into max_msg_sz chunks (rxe: 8 MiB) plus the SEND that carries
 	 * the immediate; one write must fit the send queue whole. */
 	d->chunk = pa.max_msg_sz ? pa.max_msg_sz : 1u << 30;
+	uint64_t ack = env_u64("RW_VERBS_ACK_TIMEOUT");
+	if (ack >= 1 && ack <= 31) {
+		d->ack_timeout = (uint8_t)ack;
+		rw_info("verbs: rail %u: RW_VERBS_ACK_TIMEOUT: %llu (%.3f s per try)", cfg->rail,
+			(unsigned long long)ack, 4.096e-6 * (double)(1ull << ack));
+	}
 	uint64_t test_msg = env_u64("RW_VERBS_MAX_MSG");
 	if (test_msg && test_msg < d->chunk) { /* test knob: a device with a small message limit */
 		rw_info("verbs: rail %u: RW_VERBS_MAX_MSG: messages of at most %llu bytes", cfg->rail,

@@ -648,21 +648,25 @@ def scenario_cuda(c, seed):
         "per daemon, staged through host memory: %s" % (cuda, rails))
 
 
-def wait_rx(c, nodes):
+def wait_rx(c, nodes, rail=None):
+    """Until rail data (of `rail`, or any) has arrived at one of `nodes`."""
     deadline = time.time() + WAIT
-    while sum(x["rx_bytes"] for n in nodes for x in c.rails(n)) == 0:
+    while sum(x["rx_bytes"] for n in nodes for x in c.rails(n)
+              if rail is None or x["rail"] == rail) == 0:
         if time.time() > deadline:
             raise RuntimeError("no rail data arrived\n" + c.logs())
         time.sleep(0.05)
 
 
-SLOW = {"RAILWAVE_TEST_CHUNK_KIB": "32", "RAILWAVE_TEST_WRITE_GAP_MS": "20"}
+# The executor's test hooks: 16 KiB writes, one per 50 ms per phase, so that a phase's ~2 MB of
+# rows per node take seconds and a fault lands while every node still has writes to make.
+SLOW = {"RAILWAVE_TEST_CHUNK_KIB": "16", "RAILWAVE_TEST_WRITE_GAP_MS": "50"}
 FLIGHT = ["--hidden", "2048", "--tokens", "96"]
 
 
 def scenario_peer_dies(c, seed):
     """A peer daemon is SIGKILLed while rail writes are in flight (the executor's hooks post
-    32 KiB writes one per 20 ms): the survivors' ranks all get a named error long before the
+    16 KiB writes one per 50 ms): the survivors' ranks all get a named error long before the
     phase timeout, the survivors keep serving, their queue pairs to the dead node are torn down;
     the node restarts, the rails are connected again through rdmacm, and the failed key passes."""
     c.configure(recv_region_mib=48)
@@ -680,7 +684,9 @@ def scenario_peer_dies(c, seed):
         errs = sorted({o.strip().split("failed as expected: ")[-1] for o in outs.values()})
         if took > 25:
             raise RuntimeError("survivors failed the phase only after %.1f s" % took)
-        before = {n: transport(c, n)[0] for n in range(victim)}
+        how = sorted({l.split("WARN ", 1)[1] for n in range(victim)
+                      for l in c.daemon_log(n).split("--- start")[-1].splitlines()
+                      if "WARN peer %d: down" % victim in l})
         c.start(nodes=[victim], path="native", env={"all": SLOW})
         c.wait_mesh()
         text = c.daemon_log(victim).split("--- start")[-1]
@@ -693,8 +699,8 @@ def scenario_peer_dies(c, seed):
         c.stop()
         c.configure()
     log("ok   peer daemon killed with rail writes in flight: survivors' ranks failed in %.1f s "
-        "with %s, rail connections failed %s, %d queue pairs re-established through rdmacm, "
-        "same key passed" % (took, errs, [before[n]["conn_failures"] for n in before], len(qps)))
+        "with %s (survivors: %s), %d queue pairs re-established through rdmacm, same key passed"
+        % (took, errs, how, len(qps)))
 
 
 def scenario_rank_dies(c, seed):
@@ -727,11 +733,12 @@ def scenario_cut(c, seed):
     exceeded, every rank's phase fails with a named error, the daemons keep serving; the cable
     goes back, the rail reconnects through rdmacm and the failed key passes."""
     c.configure(recv_region_mib=48)
-    c.start(path="native", env={"all": SLOW})
+    # Tries of 0.27 s instead of the CM's ~2 s: a dead rail fails writes in ~2 s, not ~17 s.
+    c.start(path="native", env={"all": dict(SLOW, RW_VERBS_ACK_TIMEOUT="16")})
     try:
         c.wait_mesh()
         procs = c.spawn_ranks("g.cut", 1, 1, seed, mode="fail", flags=FLIGHT)
-        wait_rx(c, range(NODES))
+        wait_rx(c, [2], rail=0)  # a peer is writing to node 2 on rail 0: cut that now
         t_cut = time.time()
         c.switch.cut("rail0", 2)
         outs = c.collect(procs)
@@ -741,6 +748,13 @@ def scenario_cut(c, seed):
         c.switch.cut("rail0", 2, on=False)
         if sum(t[n]["retry_exceeded"] for n in range(NODES)) == 0:
             raise RuntimeError("no write failed with retry exceeded: %s\n%s" % (t, c.logs()))
+        # The failures per rail in Prometheus too (railwave_rail_errors_total, published every
+        # 250 ms): rail 0 of a node whose writes were never acknowledged.
+        n = [n for n in range(NODES) if t[n]["retry_exceeded"]][0]
+        prom = c.g[n].run("sleep 1; wget -qO- http://127.0.0.1:9100/metrics | "
+                          "grep '^railwave_rail_errors_total'")
+        if 'railwave_rail_errors_total{rail="0"} 0' in prom or 'rail="0"' not in prom:
+            raise RuntimeError("node %d: rail 0's failure is not in Prometheus:\n%s" % (n, prom))
         c.wait_mesh()
         c.run_ranks("g.cut", 2, 1, seed + 1, flags=["--first-step", "0"])
     finally:
@@ -748,9 +762,9 @@ def scenario_cut(c, seed):
         c.stop()
         c.configure()
     log("ok   rail 0 of node 2 cut mid-phase: every rank failed in %.1f s with %s; retry exceeded "
-        "%s, connection failures %s; reconnected, same key passed"
+        "%s, connection failures %s; node %d: %s; reconnected, same key passed"
         % (took, errs, [t[n]["retry_exceeded"] for n in range(NODES)],
-           [t[n]["conn_failures"] for n in range(NODES)]))
+           [t[n]["conn_failures"] for n in range(NODES)], n, " ".join(prom.split())))
 
 
 SCENARIOS = [("paths", scenario_paths), ("big", scenario_big), ("cuda", scenario_cuda),
