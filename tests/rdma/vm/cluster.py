@@ -541,6 +541,13 @@ def check_rails(c, seed, layers, steps, path, hidden=24, empty=True, tokens=0, f
     return "; ".join(rows)
 
 
+def memory_regions(c, n):
+    """Memory regions registered on each rxe device of node n (the kernel's resource table)."""
+    out = c.g[n].run("rdma resource show mr")
+    return {d: sum(1 for l in out.splitlines() if l.startswith("dev %s " % d))
+            for d in ("rxe%d" % r for r in range(RAILS))}, out
+
+
 def scenario_paths(c, seed):
     """Every forced path and the selector: 3 daemons x 2 rails over verbs, 6 ranks, 3 layers x
     2 steps (fp32 and bf16 alternating, some empty phases), rows and sums checked by the ranks,
@@ -550,7 +557,15 @@ def scenario_paths(c, seed):
         try:
             c.wait_mesh()
             layers, steps = 3, 2
+            mr0 = [memory_regions(c, n) for n in range(NODES)]
             c.run_ranks("g." + path, layers, steps, seed + i, flags=["--empty"])
+            # Registration once per rail: the daemon's region plus one small MR of receive
+            # slots per connection, the same before and after all those phases.
+            for n in range(NODES):
+                mr, text = memory_regions(c, n)
+                if mr != mr0[n][0] or any(v != 1 + (NODES - 1) for v in mr.values()):
+                    raise RuntimeError("node %d: memory regions %s before, %s after:\n%s"
+                                       % (n, mr0[n][0], mr, text))
             sel = c.stats(0, "stats selector")
             if path != "auto" and "path=%s reason=forced" % path not in sel:
                 raise RuntimeError("selector does not show the forced path %s:\n%s" % (path, sel))
@@ -558,8 +573,8 @@ def scenario_paths(c, seed):
             check_write_modes(c)
         finally:
             c.stop()
-        log("ok   path %-9s N=%d R=%d G=%d over verbs (%d): %s" % (path, NODES, RAILS, GPUS,
-                                                                  seed + i, rails))
+        log("ok   path %-9s N=%d R=%d G=%d over verbs (%d): %s; MRs per rail %d" % (
+            path, NODES, RAILS, GPUS, seed + i, rails, 1 + (NODES - 1)))
 
 
 def transport(c, n):
