@@ -87,6 +87,36 @@ rw_status_t rw_vb_parse_dev_port(const char *s, char name_p[64], uint8_t *port_p
 	return RW_OK;
 }
 
+uint64_t rw_vb_parse_count(const char *s)
+{
+	if (!s || !*s)
+		return 0;
+	uint64_t x = 0;
+	for (; *s; s++) {
+		if (*s < '0' || *s > '9' || x > (UINT64_MAX - 9) / 10)
+			return 0;
+		x = x * 10 + (uint64_t)(*s - '0');
+	}
+	return x;
+}
+
+int rw_vb_rail_listed(const char *list, unsigned rail)
+{
+	while (list && *list) {
+		const char *end = strchr(list, ',');
+		size_t n = end ? (size_t)(end - list) : strlen(list);
+		char item[16];
+		if (n > 0 && n < sizeof(item)) {
+			memcpy(item, list, n);
+			item[n] = '\0';
+			if (strspn(item, "0123456789") == n && rw_vb_parse_count(item) == rail)
+				return 1;
+		}
+		list = end ? end + 1 : NULL;
+	}
+	return 0;
+}
+
 rw_status_t rw_vb_wc_status_to_rw(int wc_status)
 {
 	switch (wc_status) {
@@ -766,7 +796,7 @@ static void on_connect_request(vb_listener_t *l, struct rdma_cm_id *id, const vo
 	id->context = &c->owner;
 	snprintf(c->base.peer, sizeof(c->base.peer), "%s", peer);
 	c->write_send = rw_vb_use_write_send(d->hello_flags, hello.flags);
-	c->window = RW_MAX(1u, RW_MIN(c->max_writes, hello.max_writes));
+	c->window = rw_vb_window(c->max_writes, hello.max_writes);
 	st = conn_setup_qp(c);
 	if (st != RW_OK) {
 		rdma_reject(id, NULL, 0);
@@ -836,7 +866,7 @@ static void conn_cm_event(vb_conn_t *c, enum rdma_cm_event_type type, int status
 				return;
 			}
 			c->write_send = rw_vb_use_write_send(d->hello_flags, reply.flags);
-			c->window = RW_MAX(1u, RW_MIN(c->max_writes, reply.max_writes));
+			c->window = rw_vb_window(c->max_writes, reply.max_writes);
 		}
 		conn_up(c);
 		return;
@@ -1215,30 +1245,7 @@ static int dmabuf_supported(struct ibv_pd *pd)
 }
 
 /* Test knobs from the environment (docs/rdma-verbs.md "Configuration"). */
-static uint64_t env_u64(const char *name)
-{
-	const char *v = getenv(name);
-	char *end;
-	if (!v || *v < '0' || *v > '9')
-		return 0;
-	unsigned long long x = strtoull(v, &end, 10);
-	return *end ? 0 : (uint64_t)x;
-}
-
-/* Does the comma-separated list of rail indices in the environment variable name list rail? */
-static int env_lists_rail(const char *name, unsigned rail)
-{
-	const char *v = getenv(name);
-	while (v && *v) {
-		char *end;
-		unsigned long x = strtoul(v, &end, 10);
-		if (end != v && x == rail && (*end == ',' || *end == '\0'))
-			return 1;
-		v = strchr(v, ',');
-		v = v ? v + 1 : NULL;
-	}
-	return 0;
-}
+static uint64_t env_u64(const char *name) { return rw_vb_parse_count(getenv(name)); }
 
 static void vb_dev_close(rw_rail_dev_t *base);
 
@@ -1322,7 +1329,7 @@ static rw_status_t vb_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loop
 	const char *force = getenv("RW_VERBS_WRITE_SEND");
 	int imm = d->ctx->device->transport_type == IBV_TRANSPORT_IB; /* IB and RoCE; not iWARP */
 	if ((force && *force && strcmp(force, "0") != 0) ||
-	    env_lists_rail("RW_VERBS_WRITE_SEND_RAILS", cfg->rail))
+	    rw_vb_rail_listed(getenv("RW_VERBS_WRITE_SEND_RAILS"), cfg->rail))
 		imm = 0; /* exercise the iWARP path on any device (all rails, or the listed ones) */
 	d->hello_flags = imm ? RW_VB_HELLO_IMM : 0;
 
