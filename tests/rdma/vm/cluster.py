@@ -23,6 +23,7 @@ import os
 import random
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -885,4 +886,7 @@ def main():
 
 
 if __name__ == "__main__":
+    # SIGTERM (a CI job cancelled, timeout(1)) unwinds like ^C: the guests are powered off or
+    # killed and the work directory removed by main's finally.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())
