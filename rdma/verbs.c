@@ -223,6 +223,7 @@ struct vb_dev {
 	uint32_t max_qp_wr, max_cqe;
 	uint32_t chunk;              /* largest single RDMA message (port max_msg_sz) */
 	uint8_t ack_timeout;         /* RW_VERBS_ACK_TIMEOUT (IB code); 0 = the CM's */
+	uint32_t poll_budget;        /* completions per connection per poll call (conn_poll) */
 	ev_io cm_io, cq_io, async_io;
 	ev_timer reap;               /* frees closed connections outside any dispatch */
 	ev_timer more;               /* polls on where a poll stopped at its budget (conn_poll) */
@@ -597,17 +598,17 @@ static void count_wc_error(vb_dev_t *d, enum ibv_wc_status status)
 	}
 }
 
-/* Poll c's CQ until it is empty or VB_POLL_BUDGET completions were handled in this call; in the
- * latter case c is marked `more` and the device's `more` timer (zero delay: the loop's other
+/* Poll c's CQ until it is empty or the device's poll_budget completions were handled in this
+ * call (VB_POLL_BUDGET; RW_VERBS_POLL_BUDGET lowers it); in the latter case c is marked `more` and the device's `more` timer (zero delay: the loop's other
  * watchers, control sockets and ranks, run first) polls on. The CQ is armed before polling
  * (cq_cb), so completions left in it raise no new event: the timer is what finds them. */
 static void conn_poll(vb_conn_t *c)
 {
 	struct ibv_wc wc[VB_POLL_BATCH];
-	uint32_t budget = VB_POLL_BUDGET;
+	uint32_t budget = c->dev->poll_budget;
 	c->more = 0;
 	while (!c->closed && !c->failed) {
-		if (budget < VB_POLL_BATCH) {
+		if (budget == 0) {
 			vb_dev_t *d = c->dev;
 			c->more = 1;
 			d->base.stats.poll_yields++;
@@ -615,14 +616,15 @@ static void conn_poll(vb_conn_t *c)
 				ev_timer_start(d->base.loop, &d->more);
 			return;
 		}
-		budget -= VB_POLL_BATCH;
-		int n = ibv_poll_cq(c->cq, VB_POLL_BATCH, wc);
+		int want = (int)RW_MIN(budget, (uint32_t)VB_POLL_BATCH);
+		int n = ibv_poll_cq(c->cq, want, wc);
 		if (n < 0) {
 			rw_err("verbs: rail %u peer %s: ibv_poll_cq failed", c->dev->base.rail,
 			       c->base.peer);
 			conn_fail(c, RW_ERR_LINK);
 			return;
 		}
+		budget -= (uint32_t)RW_MAX(n, 0);
 		for (int i = 0; i < n; i++) {
 			if (c->closed || c->failed)
 				return;
@@ -640,7 +642,7 @@ static void conn_poll(vb_conn_t *c)
 			else if (!(wc[i].wr_id & VB_WRITE_BIT))
 				write_completed(c, wc[i].wr_id);
 		}
-		if (n < VB_POLL_BATCH)
+		if (n < want)
 			return;
 	}
 }
@@ -1360,6 +1362,13 @@ static rw_status_t vb_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loop
 		d->ack_timeout = (uint8_t)ack;
 		rw_info("verbs: rail %u: RW_VERBS_ACK_TIMEOUT: %llu (%.3f s per try)", cfg->rail,
 			(unsigned long long)ack, 4.096e-6 * (double)(1ull << ack));
+	}
+	d->poll_budget = VB_POLL_BUDGET;
+	uint64_t budget = env_u64("RW_VERBS_POLL_BUDGET");
+	if (budget && budget < d->poll_budget) { /* test knob: yield to the loop early */
+		rw_info("verbs: rail %u: RW_VERBS_POLL_BUDGET: %llu completions per poll", cfg->rail,
+			(unsigned long long)budget);
+		d->poll_budget = (uint32_t)budget;
 	}
 	uint64_t test_msg = env_u64("RW_VERBS_MAX_MSG");
 	if (test_msg && test_msg < d->chunk) { /* test knob: a device with a small message limit */

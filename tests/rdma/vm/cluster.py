@@ -590,13 +590,14 @@ def scenario_big(c, seed):
     """What the daemon needs of verbs beyond the conformance suite: rows of 16 KiB in slabs of
     hundreds of KiB on devices that take at most 64 KiB per message (RW_VERBS_MAX_MSG); nodes 0
     and 1 post 8 KiB writes (the executor's test hook), so that hundreds are in flight; node 0
-    allows 4 writes in flight (its sends meet the bound: back-pressure), node 2 only 2 (2
+    allows 4 writes in flight (its sends meet the bound: back-pressure), node 1 handles at most 2
+    completions per connection before its loop runs again (RW_VERBS_POLL_BUDGET), node 2 only 2 (2
     receives posted per connection: its peers' notifications meet RNR NAKs now and then,
     retried, never a failure) and writes 192 KiB at a time (3 messages each: chunked). Joint
     path, exact checks."""
     c.configure(recv_region_mib=48)
     env = {"all": {"RW_VERBS_MAX_MSG": "65536", "RAILWAVE_TEST_CHUNK_KIB": "8"},
-           0: {"RW_VERBS_MAX_WRITES": "4"},
+           0: {"RW_VERBS_MAX_WRITES": "4"}, 1: {"RW_VERBS_POLL_BUDGET": "2"},
            2: {"RW_VERBS_MAX_WRITES": "2", "RAILWAVE_TEST_CHUNK_KIB": "1024"}}
     rxe0 = {n: c.rxe_counters(n) for n in range(NODES)}
     c.start(path="joint", env=env)
@@ -623,11 +624,15 @@ def scenario_big(c, seed):
             raise RuntimeError("node %d: failures in a clean run: %s" % (n, t[n]))
     if t[0]["write_again"] == 0:
         raise RuntimeError("node 0 (4 writes in flight) never met the bound: %s" % t[0])
+    if t[1]["poll_yields"] == 0:
+        raise RuntimeError("node 1 (2 completions per poll) never yielded to its loop: %s" % t[1])
     if rnr[0] + rnr[1] == 0:
         raise RuntimeError("no RNR NAK reached nodes 0 and 1 (node 2 posts 2 receives)")
     log("ok   big rows over 64 KiB messages: node 2 chunked %d writes, node 0 met its send queue "
-        "bound %d times, nodes 0-2 got %s RNR NAKs from node 2, no failure: %s"
-        % (t[2]["chunked_writes"], t[0]["write_again"], [rnr[n] for n in range(NODES)], rails))
+        "bound %d times, node 1's completion handling yielded to its loop %d times, nodes 0-2 "
+        "got %s RNR NAKs from node 2, no failure: %s"
+        % (t[2]["chunked_writes"], t[0]["write_again"], t[1]["poll_yields"],
+           [rnr[n] for n in range(NODES)], rails))
     c.configure()
 
 
