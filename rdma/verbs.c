@@ -87,6 +87,36 @@ rw_status_t rw_vb_parse_dev_port(const char *s, char name_p[64], uint8_t *port_p
 	return RW_OK;
 }
 
+uint64_t rw_vb_parse_count(const char *s)
+{
+	if (!s || !*s)
+		return 0;
+	uint64_t x = 0;
+	for (; *s; s++) {
+		if (*s < '0' || *s > '9' || x > (UINT64_MAX - 9) / 10)
+			return 0;
+		x = x * 10 + (uint64_t)(*s - '0');
+	}
+	return x;
+}
+
+int rw_vb_rail_listed(const char *list, unsigned rail)
+{
+	while (list && *list) {
+		const char *end = strchr(list, ',');
+		size_t n = end ? (size_t)(end - list) : strlen(list);
+		char item[16];
+		if (n > 0 && n < sizeof(item)) {
+			memcpy(item, list, n);
+			item[n] = '\0';
+			if (strspn(item, "0123456789") == n && rw_vb_parse_count(item) == rail)
+				return 1;
+		}
+		list = end ? end + 1 : NULL;
+	}
+	return 0;
+}
+
 rw_status_t rw_vb_wc_status_to_rw(int wc_status)
 {
 	switch (wc_status) {
@@ -192,6 +222,8 @@ struct vb_dev {
 	uint16_t hello_flags;        /* what this device offers (RW_VB_HELLO_IMM) */
 	uint32_t max_qp_wr, max_cqe;
 	uint32_t chunk;              /* largest single RDMA message (port max_msg_sz) */
+	uint8_t ack_timeout;         /* RW_VERBS_ACK_TIMEOUT (IB code); 0 = the CM's */
+	uint32_t poll_budget;        /* completions per connection per poll call (conn_poll) */
 	ev_io cm_io, cq_io, async_io;
 	ev_timer reap;               /* frees closed connections outside any dispatch */
 	ev_timer more;               /* polls on where a poll stopped at its budget (conn_poll) */
@@ -434,6 +466,17 @@ static rw_status_t conn_setup_qp(vb_conn_t *c)
 	return RW_OK;
 }
 
+/* RW_VERBS_ACK_TIMEOUT: the local ack timeout of c's QP (4.096 us x 2^code per try), set on the
+ * cm_id before it connects or accepts. The CM's default on RoCE is ~2 s (code 19): a peer that
+ * stops acknowledging fails writes after 7 tries, ~17 s. */
+static void conn_set_ack_timeout(vb_conn_t *c)
+{
+	uint8_t t = c->dev->ack_timeout;
+	if (t && rdma_set_option(c->id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof(t)))
+		rw_warn("verbs: rail %u peer %s: cannot set the ack timeout: %m", c->dev->base.rail,
+			c->base.peer);
+}
+
 static void conn_param_init(struct rdma_conn_param *p, const uint8_t *hello)
 {
 	memset(p, 0, sizeof(*p));
@@ -555,17 +598,17 @@ static void count_wc_error(vb_dev_t *d, enum ibv_wc_status status)
 	}
 }
 
-/* Poll c's CQ until it is empty or VB_POLL_BUDGET completions were handled in this call; in the
- * latter case c is marked `more` and the device's `more` timer (zero delay: the loop's other
+/* Poll c's CQ until it is empty or the device's poll_budget completions were handled in this
+ * call (VB_POLL_BUDGET; RW_VERBS_POLL_BUDGET lowers it); in the latter case c is marked `more` and the device's `more` timer (zero delay: the loop's other
  * watchers, control sockets and ranks, run first) polls on. The CQ is armed before polling
  * (cq_cb), so completions left in it raise no new event: the timer is what finds them. */
 static void conn_poll(vb_conn_t *c)
 {
 	struct ibv_wc wc[VB_POLL_BATCH];
-	uint32_t budget = VB_POLL_BUDGET;
+	uint32_t budget = c->dev->poll_budget;
 	c->more = 0;
 	while (!c->closed && !c->failed) {
-		if (budget < VB_POLL_BATCH) {
+		if (budget == 0) {
 			vb_dev_t *d = c->dev;
 			c->more = 1;
 			d->base.stats.poll_yields++;
@@ -573,14 +616,15 @@ static void conn_poll(vb_conn_t *c)
 				ev_timer_start(d->base.loop, &d->more);
 			return;
 		}
-		budget -= VB_POLL_BATCH;
-		int n = ibv_poll_cq(c->cq, VB_POLL_BATCH, wc);
+		int want = (int)RW_MIN(budget, (uint32_t)VB_POLL_BATCH);
+		int n = ibv_poll_cq(c->cq, want, wc);
 		if (n < 0) {
 			rw_err("verbs: rail %u peer %s: ibv_poll_cq failed", c->dev->base.rail,
 			       c->base.peer);
 			conn_fail(c, RW_ERR_LINK);
 			return;
 		}
+		budget -= (uint32_t)RW_MAX(n, 0);
 		for (int i = 0; i < n; i++) {
 			if (c->closed || c->failed)
 				return;
@@ -598,7 +642,7 @@ static void conn_poll(vb_conn_t *c)
 			else if (!(wc[i].wr_id & VB_WRITE_BIT))
 				write_completed(c, wc[i].wr_id);
 		}
-		if (n < VB_POLL_BATCH)
+		if (n < want)
 			return;
 	}
 }
@@ -754,13 +798,14 @@ static void on_connect_request(vb_listener_t *l, struct rdma_cm_id *id, const vo
 	id->context = &c->owner;
 	snprintf(c->base.peer, sizeof(c->base.peer), "%s", peer);
 	c->write_send = rw_vb_use_write_send(d->hello_flags, hello.flags);
-	c->window = RW_MAX(1u, RW_MIN(c->max_writes, hello.max_writes));
+	c->window = rw_vb_window(c->max_writes, hello.max_writes);
 	st = conn_setup_qp(c);
 	if (st != RW_OK) {
 		rdma_reject(id, NULL, 0);
 		conn_bury(c); /* frees id with c */
 		return;
 	}
+	conn_set_ack_timeout(c);
 	rw_vb_hello_t reply = {.flags = d->hello_flags, .max_writes = c->max_writes,
 			       .rail = d->base.rail};
 	uint8_t buf[RW_VB_HELLO_SIZE];
@@ -806,6 +851,7 @@ static void conn_cm_event(vb_conn_t *c, enum rdma_cm_event_type type, int status
 		rw_vb_hello_pack(&hello, buf);
 		struct rdma_conn_param param;
 		conn_param_init(&param, buf);
+		conn_set_ack_timeout(c);
 		if (rdma_connect(c->id, &param)) {
 			rw_err("verbs: rail %u peer %s: rdma_connect: %m", d->base.rail, c->base.peer);
 			conn_fail(c, RW_ERR_PEER);
@@ -822,7 +868,7 @@ static void conn_cm_event(vb_conn_t *c, enum rdma_cm_event_type type, int status
 				return;
 			}
 			c->write_send = rw_vb_use_write_send(d->hello_flags, reply.flags);
-			c->window = RW_MAX(1u, RW_MIN(c->max_writes, reply.max_writes));
+			c->window = rw_vb_window(c->max_writes, reply.max_writes);
 		}
 		conn_up(c);
 		return;
@@ -1201,30 +1247,7 @@ static int dmabuf_supported(struct ibv_pd *pd)
 }
 
 /* Test knobs from the environment (docs/rdma-verbs.md "Configuration"). */
-static uint64_t env_u64(const char *name)
-{
-	const char *v = getenv(name);
-	char *end;
-	if (!v || *v < '0' || *v > '9')
-		return 0;
-	unsigned long long x = strtoull(v, &end, 10);
-	return *end ? 0 : (uint64_t)x;
-}
-
-/* Does the comma-separated list of rail indices in the environment variable name list rail? */
-static int env_lists_rail(const char *name, unsigned rail)
-{
-	const char *v = getenv(name);
-	while (v && *v) {
-		char *end;
-		unsigned long x = strtoul(v, &end, 10);
-		if (end != v && x == rail && (*end == ',' || *end == '\0'))
-			return 1;
-		v = strchr(v, ',');
-		v = v ? v + 1 : NULL;
-	}
-	return 0;
-}
+static uint64_t env_u64(const char *name) { return rw_vb_parse_count(getenv(name)); }
 
 static void vb_dev_close(rw_rail_dev_t *base);
 
@@ -1308,7 +1331,7 @@ static rw_status_t vb_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loop
 	const char *force = getenv("RW_VERBS_WRITE_SEND");
 	int imm = d->ctx->device->transport_type == IBV_TRANSPORT_IB; /* IB and RoCE; not iWARP */
 	if ((force && *force && strcmp(force, "0") != 0) ||
-	    env_lists_rail("RW_VERBS_WRITE_SEND_RAILS", cfg->rail))
+	    rw_vb_rail_listed(getenv("RW_VERBS_WRITE_SEND_RAILS"), cfg->rail))
 		imm = 0; /* exercise the iWARP path on any device (all rails, or the listed ones) */
 	d->hello_flags = imm ? RW_VB_HELLO_IMM : 0;
 
@@ -1334,6 +1357,19 @@ static rw_status_t vb_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loop
 	/* Longer writes are split into max_msg_sz chunks (rxe: 8 MiB) plus the SEND that carries
 	 * the immediate; one write must fit the send queue whole. */
 	d->chunk = pa.max_msg_sz ? pa.max_msg_sz : 1u << 30;
+	uint64_t ack = env_u64("RW_VERBS_ACK_TIMEOUT");
+	if (ack >= 1 && ack <= 31) {
+		d->ack_timeout = (uint8_t)ack;
+		rw_info("verbs: rail %u: RW_VERBS_ACK_TIMEOUT: %llu (%.3f s per try)", cfg->rail,
+			(unsigned long long)ack, 4.096e-6 * (double)(1ull << ack));
+	}
+	d->poll_budget = VB_POLL_BUDGET;
+	uint64_t budget = env_u64("RW_VERBS_POLL_BUDGET");
+	if (budget && budget < d->poll_budget) { /* test knob: yield to the loop early */
+		rw_info("verbs: rail %u: RW_VERBS_POLL_BUDGET: %llu completions per poll", cfg->rail,
+			(unsigned long long)budget);
+		d->poll_budget = (uint32_t)budget;
+	}
 	uint64_t test_msg = env_u64("RW_VERBS_MAX_MSG");
 	if (test_msg && test_msg < d->chunk) { /* test knob: a device with a small message limit */
 		rw_info("verbs: rail %u: RW_VERBS_MAX_MSG: messages of at most %llu bytes", cfg->rail,

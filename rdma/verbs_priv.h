@@ -53,4 +53,18 @@ rw_status_t rw_vb_parse_dev_port(const char *s, char name_p[64], uint8_t *port_p
  * RW_ERR_PEER), or the local side failed (RW_ERR_LINK). */
 rw_status_t rw_vb_wc_status_to_rw(int wc_status);
 
+/* Writes a connection keeps in flight: ours, or the peer's max_writes from its hello when that
+ * is smaller (one receive is posted per write it may get); at least 1 (a hello saying 0). */
+static inline uint32_t rw_vb_window(uint32_t own, uint32_t peer_max_writes)
+{
+	uint32_t w = peer_max_writes < own ? peer_max_writes : own;
+	return w ? w : 1;
+}
+
+/* The test knobs' values (docs/rdma-verbs.md "Configuration"): a count in plain decimal digits
+ * (anything else, or NULL, gives 0 = unset), and whether a comma-separated list of rail indices
+ * ("0", "0,2") names `rail` (entries that are not plain numbers name no rail). */
+uint64_t rw_vb_parse_count(const char *s);
+int rw_vb_rail_listed(const char *list, unsigned rail);
+
 #endif /* RW_RDMA_VERBS_PRIV_H */

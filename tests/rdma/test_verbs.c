@@ -109,6 +109,34 @@ static void test_parse_dev_port(void **state)
 	assert_int_equal(rw_vb_parse_dev_port(long_name, name, &port), RW_ERR_INVAL);
 }
 
+static void test_knobs_and_window(void **state)
+{
+	(void)state;
+	assert_int_equal(rw_vb_parse_count("65536"), 65536);
+	assert_int_equal(rw_vb_parse_count("0"), 0);
+	static const char *bad[] = {"", "-1", " 4", "4 ", "4k", "0x10", "99999999999999999999999"};
+	for (size_t i = 0; i < RW_ARRAY_SIZE(bad); i++)
+		assert_int_equal(rw_vb_parse_count(bad[i]), 0);
+	assert_int_equal(rw_vb_parse_count(NULL), 0);
+
+	assert_true(rw_vb_rail_listed("0", 0));
+	assert_false(rw_vb_rail_listed("0", 1));
+	assert_true(rw_vb_rail_listed("0,2", 2));
+	assert_false(rw_vb_rail_listed("0,2", 1));
+	assert_true(rw_vb_rail_listed("10,1", 1));
+	assert_false(rw_vb_rail_listed("10", 1));
+	assert_false(rw_vb_rail_listed("1x", 1));
+	assert_false(rw_vb_rail_listed("x", 0)); /* not a number: names no rail, not rail 0 */
+	assert_false(rw_vb_rail_listed("", 0));
+	assert_false(rw_vb_rail_listed(",,", 0));
+	assert_true(rw_vb_rail_listed(",3", 3));
+	assert_false(rw_vb_rail_listed(NULL, 0));
+
+	assert_int_equal(rw_vb_window(1024, 2), 2);     /* a peer with 2 receives posted */
+	assert_int_equal(rw_vb_window(4, 1024), 4);
+	assert_int_equal(rw_vb_window(1024, 0), 1);     /* a hello saying 0 */
+}
+
 static void test_wc_status_blast_radius(void **state)
 {
 	(void)state;
@@ -162,6 +190,7 @@ int main(void)
 		cmocka_unit_test(test_write_mode_negotiation),
 		cmocka_unit_test(test_sendmsg),
 		cmocka_unit_test(test_parse_dev_port),
+		cmocka_unit_test(test_knobs_and_window),
 		cmocka_unit_test(test_wc_status_blast_radius),
 		cmocka_unit_test(test_dev_open_fails_cleanly),
 	};

@@ -17,7 +17,7 @@ if [ -n "${RW_TEST_NO_VM:-}" ]; then
 fi
 command -v python3 >/dev/null || { echo "rdma_cluster: SKIP: python3 missing"; exit 77; }
 limit=${RW_VM_CLUSTER_LIMIT:-360}
-timeout -s INT -k 20 "$limit" python3 "$root/tests/rdma/vm/cluster.py" "$b"
+timeout -k 60 "$limit" python3 "$root/tests/rdma/vm/cluster.py" "$b"
 rc=$?
 [ $rc = 124 ] && echo "rdma_cluster: FAIL: not done within ${limit}s"
 exit $rc
