@@ -18,7 +18,7 @@ static const char *const kernel_names[RW_K_COUNT] = {
 	[RW_K_COMB_FB_S] = "rw_combine_fb_s", [RW_K_COMB_FF_S] = "rw_combine_ff_s",
 	[RW_K_COPY_ROWS16] = "rw_copy_rows16", [RW_K_COPY_ROWS1] = "rw_copy_rows1",
 	[RW_K_ROWS_ACC] = "rw_rows_acc",     [RW_K_ROWS_SUM] = "rw_rows_sum",
-	[RW_K_STORE_BF16] = "rw_store_bf16",
+	[RW_K_STORE_F32] = "rw_store_f32",
 };
 
 void rw_cu_kernels_unload_locked(rw_cu_device_t *d)
@@ -224,17 +224,15 @@ rw_status_t rw_cuda_store_f32(rw_cuda_stream_t *stream, rw_cuda_dptr_t dst, rw_c
 {
 	CUdeviceptr d = dst, s = src;
 	uint64_t cnt = n;
-	void *args[] = { &d, &s, &cnt };
+	uint32_t bf16 = dtype == RW_CUDA_BF16;
+	void *args[] = { &d, &s, &cnt, &bf16 };
 
-	if (stream == NULL || dst == 0 || src == 0 || src % 4 != 0)
+	if (stream == NULL || dst == 0 || src == 0 || src % 4 != 0 ||
+	    (dtype != RW_CUDA_BF16 && dtype != RW_CUDA_FP32) || dst % (bf16 ? 2 : 4) != 0)
 		return RW_ERR_INVAL;
 	if (n == 0)
 		return RW_OK;
-	if (dtype == RW_CUDA_FP32)
-		return rw_cuda_copy_dtod_async(stream, dst, src, n * 4);
-	if (dtype != RW_CUDA_BF16 || dst % 2 != 0)
-		return RW_ERR_INVAL;
-	return launch(stream, RW_K_STORE_BF16, 4096, 256, args);
+	return launch(stream, RW_K_STORE_F32, 4096, 256, args);
 }
 
 #endif /* RW_HAVE_CUDA_H */

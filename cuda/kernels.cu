@@ -283,10 +283,15 @@ extern "C" __global__ void rw_rows_sum(const rw_row_sum *list, const uint64_t *s
 	sum_rows<false>(list, srcs, n, hidden, bf16 != 0, vec16 != 0);
 }
 
-// dst[i] = bf16(src[i]) for i < n, rounded as the host does (fp32 outputs are a plain copy).
-extern "C" __global__ void rw_store_bf16(uint16_t *dst, const float *src, uint64_t n)
+// dst[i] = src[i] for i < n fp32 sums, stored as bf16 (rounded as the host does) or fp32. dst
+// may be mapped host memory (a host-memory rank's staging), which a D2D copy cannot address.
+extern "C" __global__ void rw_store_f32(void *dst, const float *src, uint64_t n, uint32_t bf16)
 {
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-	     i += (uint64_t)gridDim.x * blockDim.x)
-		dst[i] = f32_bf16_host(src[i]);
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		if (bf16)
+			static_cast<uint16_t *>(dst)[i] = f32_bf16_host(src[i]);
+		else
+			static_cast<float *>(dst)[i] = src[i];
+	}
 }

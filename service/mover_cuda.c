@@ -85,7 +85,6 @@ struct cuda_mover {
 	rw_svc_mover_done_fn done;
 	void *ctx;
 	int off;                     /* RAILWAVE_CUDA_MOVER=0: decline every pair */
-	int used;
 	cm_dev_t dev[CM_DEVICES];
 	cm_pair_t *pairs;
 	struct { uint8_t *base; uint64_t bytes; rw_cuda_dptr_t dptr; } reg[CM_REGS];
@@ -193,7 +192,6 @@ static rw_status_t dev_stream(cuda_mover_t *m, int device, rw_cuda_stream_t **s_
 		ev_io_init(&d->io, dev_io_cb, rw_cuda_stream_fd(d->stream), EV_READ);
 		d->io.data = d;
 		ev_io_start(m->loop, &d->io);
-		m->used = 1;
 	}
 	*s_p = d->stream;
 	return RW_OK;
@@ -343,8 +341,8 @@ static void cm_destroy(void *mover)
 		rw_svc_pinned_free(&m->tabs[i].buf);
 	for (uint32_t i = 0; i < m->n_reg; i++)
 		rw_cuda_host_unregister(m->reg[i].base);
-	if (m->used)
-		rw_cuda_shutdown(); /* after the IPC cache and the streams (as service/stage.c) */
+	/* No rw_cuda_shutdown() here: the host mover (destroyed after us) may still hold streams
+	 * and the ranks' pinned staging in the same primary contexts; its stage releases them. */
 	free(m);
 }
 
