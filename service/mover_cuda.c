@@ -85,6 +85,7 @@ struct cuda_mover {
 	rw_svc_mover_done_fn done;
 	void *ctx;
 	int off;                     /* RAILWAVE_CUDA_MOVER=0: decline every pair */
+	int check;                   /* RAILWAVE_CUDA_MOVER=check: verify every row copy */
 	cm_dev_t dev[CM_DEVICES];
 	cm_pair_t *pairs;
 	struct { uint8_t *base; uint64_t bytes; rw_cuda_dptr_t dptr; } reg[CM_REGS];
@@ -267,8 +268,9 @@ static rw_status_t map_areas(cuda_mover_t *m, cm_pair_t *cp, const rw_svc_phase_
 			m->reg[i].base = base;
 			m->reg[i].bytes = 4 * sub;
 			m->n_reg++;
-			rw_info("cuda mover: rail %u slot area (%llu MiB of host memory) mapped into the GPUs",
-				r, (unsigned long long)(4 * sub) >> 20);
+			rw_info("cuda mover: rail %u slot area (%llu MiB of host memory) mapped into the GPUs%s",
+				r, (unsigned long long)(4 * sub) >> 20,
+				m->reg[i].dptr == hptr(base) ? "" : " (at another device address)");
 		}
 		for (int k = 0; k < 2; k++) {
 			cp->recv_d[k][r] = m->reg[i].dptr + (uint64_t)(ph->recv_area[k][r] - base);
@@ -324,6 +326,10 @@ static rw_status_t cm_create(struct ev_loop *loop, rw_svc_mover_done_fn done, vo
 		m->off = 1;
 		rw_warn("test hook RAILWAVE_CUDA_MOVER=0: the CUDA mover is off; the host mover stages "
 			"CUDA ranks through pinned host memory");
+	} else if (e && strcmp(e, "check") == 0) {
+		m->check = 1;
+		rw_warn("test hook RAILWAVE_CUDA_MOVER=check: every row the CUDA mover's kernels copy is "
+			"read back and compared (slow: bring-up only)");
 	}
 	*mover_p = m;
 	return RW_OK;
@@ -584,6 +590,55 @@ static void list_src(cm_list_t *l, rw_cuda_dptr_t src)
 	l->addr_bits |= src;
 }
 
+/* RAILWAVE_CUDA_MOVER=check: read `n` bytes at a kernel-visible address from the CPU: a mapped
+ * slab area through its host mapping, device memory by a blocking copy, anything else (pinned
+ * host memory, whose device address is its host address) in place. */
+static void check_read(cm_pair_t *cp, int dev, uint64_t addr, uint8_t *buf, size_t n)
+{
+	cuda_mover_t *m = cp->m;
+	for (uint32_t i = 0; i < m->n_reg; i++)
+		if (addr >= m->reg[i].dptr && addr + n <= m->reg[i].dptr + m->reg[i].bytes) {
+			memcpy(buf, m->reg[i].base + (addr - m->reg[i].dptr), n);
+			return;
+		}
+	if (rw_cuda_memcpy_dtoh(dev, buf, addr, n) != RW_OK)
+		memcpy(buf, (const void *)(uintptr_t)addr, n);
+}
+
+/* Compare entries [from, to) of a copy list with their sources (after waiting for `dev`). */
+static void check_copies(cm_pair_t *cp, const rw_svc_phase_t *ph, const cm_list_t *l, int dev,
+			 uint32_t from, uint32_t to, const char *what)
+{
+	uint8_t a[4096], b[4096];
+	uint32_t bad = 0, first = 0, at = 0;
+	const size_t rb = ph->row_bytes;
+	if (dev >= 0 && cp->m->dev[dev].stream)
+		rw_cuda_stream_sync(cp->m->dev[dev].stream);
+	for (uint32_t i = from; i < to; i++)
+		for (size_t off = 0; off < rb; off += sizeof(a)) {
+			size_t n = RW_MIN(sizeof(a), rb - off);
+			check_read(cp, dev, l->copy[i].src + off, a, n);
+			check_read(cp, dev, l->copy[i].dst + off, b, n);
+			if (memcmp(a, b, n) != 0) {
+				if (!bad++) {
+					first = i;
+					while (a[at] == b[at])
+						at++;
+					at += (uint32_t)off;
+				}
+				break;
+			}
+		}
+	if (bad)
+		rw_err("cuda mover check: pair %u %s on GPU %d: %u of %u rows differ from their source "
+		       "(first: entry %u at byte %u, src 0x%llx dst 0x%llx)", cp->serial, what, dev, bad,
+		       to - from, first, at, (unsigned long long)l->copy[first].src,
+		       (unsigned long long)l->copy[first].dst);
+	else
+		rw_info("cuda mover check: pair %u %s on GPU %d: %u rows equal their source", cp->serial,
+			what, dev, to - from);
+}
+
 /* Launch what device `dev`'s list holds beyond what was launched. kind: 0 copy, 1 owner sums
  * (fp32 accumulate), 2 combine slab sums. */
 static rw_status_t list_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, cm_list_t *l, int dev,
@@ -593,7 +648,7 @@ static rw_status_t list_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, cm_list_
 		return RW_OK;
 	rw_cuda_stream_t *s;
 	rw_status_t st = pair_stream(cp, dev, &s);
-	const uint32_t n = l->n - l->launched;
+	const uint32_t n = l->n - l->launched, from = l->launched;
 	const int aligned = (l->addr_bits & 15) == 0;
 	const rw_cuda_dtype_t dt = ph->dtype == RW_WIRE_BF16 ? RW_CUDA_BF16 : RW_CUDA_FP32;
 	if (st == RW_OK && kind == 0)
@@ -605,6 +660,8 @@ static rw_status_t list_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, cm_list_
 				      aligned);
 	l->launched = l->n;
 	l->addr_bits = 0;
+	if (st == RW_OK && kind == 0 && cp->m->check)
+		check_copies(cp, ph, l, dev, from, l->n, l == &cp->pack ? "dispatch pack" : "forward");
 	return st;
 }
 
@@ -1100,6 +1157,10 @@ static rw_status_t cm_finish(void *mover, void *state, const rw_svc_phase_t *ph,
 	(void)mover;
 	cm_pair_t *cp = state;
 	uint32_t pending = 0;
+	if (cp->m->check && kind == 0)
+		for (int d = 0; d < CM_DEVICES; d++)
+			if (cp->fwd[d].n)
+				check_copies(cp, ph, &cp->fwd[d], d, 0, cp->fwd[d].n, "forward (at finish)");
 	for (uint32_t g = 0; g < ph->gpus; g++) {
 		const rw_svc_rank_io_t *io = &ph->io[kind][g];
 		const int dev = cp->xdev[g];

@@ -155,7 +155,8 @@ static float get_elem(const uint8_t *src, int bf16, uint32_t h)
 	fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); return 1; } } while (0)
 
 static uint32_t me;
-static work_t mine, other;   /* scratch of run(), allocated by main() */
+static work_t mine;          /* scratch of run(), allocated by main() */
+static work_t *all;          /* [world]: every rank's workload of the phase being checked */
 static uint8_t *seen;
 static uint32_t *ecount;
 static float *outv;
@@ -260,8 +261,9 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 		       off_w = off_ids + MAX_ROWS * TOPK * 4, off_out = in_bytes,
 		       off_cin = off_out + out_cap, off_cout = off_cin + comb_in;
 
-	CHECK(mine.x && other.x && mine.ids && other.ids && mine.w && other.w && seen && ecount && outv,
-	      "out of memory");
+	CHECK(mine.x && mine.ids && mine.w && all && seen && ecount && outv, "out of memory");
+	for (uint32_t q = 0; q < world; q++)
+		CHECK(all[q].x && all[q].ids && all[q].w, "out of memory");
 	for (uint32_t step = first_step; step < first_step + steps; step++)
 		for (uint32_t layer = 0; layer < layers; layer++) {
 			int bf16 = (layer + step) % 2;
@@ -307,13 +309,14 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 			memset(seen, 0, (size_t)world * MAX_ROWS);
 			memset(ecount, 0, sizeof(uint32_t) * experts);
 			for (uint32_t q = 0; q < world; q++) {
-				gen(seed, step, layer, q, &other);
-				for (uint32_t t = 0; t < other.n; t++) {
+				work_t *o = &all[q];
+				gen(seed, step, layer, q, o);
+				for (uint32_t t = 0; t < o->n; t++) {
 					int hit = 0;
 					for (uint32_t k = 0; k < TOPK; k++)
-						if (other.ids[t][k] >= 0 && (uint32_t)other.ids[t][k] / per_rank == me) {
+						if (o->ids[t][k] >= 0 && (uint32_t)o->ids[t][k] / per_rank == me) {
 							hit = 1;
-							ecount[other.ids[t][k]]++;
+							ecount[o->ids[t][k]]++;
 						}
 					expect_total += hit;
 				}
@@ -337,14 +340,14 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 				memcpy(&src_rank, m + 4, 4);
 				memcpy(&token, m + 8, 4);
 				CHECK(src_rank < world && src_rank / gpus == src_node, "row %u: bad source", j);
-				gen(seed, step, layer, src_rank, &other);
-				CHECK(token < other.n, "row %u: bad token %u", j, token);
+				const work_t *other = &all[src_rank];
+				CHECK(token < other->n, "row %u: bad token %u", j, token);
 				uint8_t *sn = &seen[src_rank * MAX_ROWS + token];
 				CHECK(!*sn, "row %u: rank %u token %u delivered twice", j, src_rank, token);
 				*sn = 1;
-				CHECK(memcmp(m + 16, other.ids[token], TOPK * 4) == 0, "row %u: ids differ", j);
-				CHECK(memcmp(m + 16 + 4 * TOPK, other.w[token], TOPK * 4) == 0, "row %u: weights differ", j);
-				const float *xt = other.x + (size_t)token * hidden;
+				CHECK(memcmp(m + 16, other->ids[token], TOPK * 4) == 0, "row %u: ids differ", j);
+				CHECK(memcmp(m + 16 + 4 * TOPK, other->w[token], TOPK * 4) == 0, "row %u: weights differ", j);
+				const float *xt = other->x + (size_t)token * hidden;
 				for (uint32_t h = 0; h < hidden; h++)
 					CHECK(get_elem(rows + (uint64_t)j * row, bf16, h) == xt[h],
 					      "row %u (rank %u token %u): data differs at %u", j, src_rank, token, h);
@@ -352,10 +355,10 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 				for (uint32_t h = 0; h < hidden; h++)
 					outv[h] = 0;
 				for (uint32_t k = 0; k < TOPK; k++) {
-					int32_t e = other.ids[token][k];
+					int32_t e = other->ids[token][k];
 					if (e >= 0 && (uint32_t)e / per_rank == me)
 						for (uint32_t h = 0; h < hidden; h++)
-							outv[h] += other.w[token][k] * factor(e) * xt[h];
+							outv[h] += other->w[token][k] * factor(e) * xt[h];
 				}
 				put_row(mem + off_cin + (uint64_t)j * row, bf16, outv);
 			}
@@ -472,21 +475,27 @@ int main(int argc, char **argv)
 			pause();
 	}
 	mine.x = malloc(sizeof(float) * MAX_ROWS * hidden);
-	other.x = malloc(sizeof(float) * MAX_ROWS * hidden);
 	mine.ids = malloc(sizeof(*mine.ids) * MAX_ROWS);
-	other.ids = malloc(sizeof(*other.ids) * MAX_ROWS);
 	mine.w = malloc(sizeof(*mine.w) * MAX_ROWS);
-	other.w = malloc(sizeof(*other.w) * MAX_ROWS);
+	all = calloc(world, sizeof(*all));
+	for (uint32_t q = 0; all && q < world; q++) {
+		all[q].x = malloc(sizeof(float) * MAX_ROWS * hidden);
+		all[q].ids = malloc(sizeof(*all[q].ids) * MAX_ROWS);
+		all[q].w = malloc(sizeof(*all[q].w) * MAX_ROWS);
+	}
 	seen = malloc((size_t)world * MAX_ROWS);
 	ecount = malloc(sizeof(uint32_t) * experts);
 	outv = malloc(sizeof(float) * hidden);
 	rc = run(c, &b, mode, layers, steps, seed, submit_experts);
 	free(mine.x);
-	free(other.x);
 	free(mine.ids);
-	free(other.ids);
 	free(mine.w);
-	free(other.w);
+	for (uint32_t q = 0; all && q < world; q++) {
+		free(all[q].x);
+		free(all[q].ids);
+		free(all[q].w);
+	}
+	free(all);
 	free(seen);
 	free(ecount);
 	free(outv);
