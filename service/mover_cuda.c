@@ -77,6 +77,7 @@ typedef struct cm_pair {
 	int tab;                     /* pool index of the pinned row lists (-1: none) */
 	cm_list_t fwd[CM_DEVICES], sums[CM_DEVICES]; /* per device: forwards; owner-sum adds */
 	cm_list_t pack, cslab;       /* the dispatch slabs' rows; the combine slabs' sums */
+	uint8_t **pk_hdr;            /* [n_rec]: where each dispatch record's header goes */
 	int packed;                  /* the dispatch slabs' kernels are known done */
 } cm_pair_t;
 
@@ -123,6 +124,7 @@ static void dev_drop(cuda_mover_t *m, cm_dev_t *d)
 }
 
 static void host_copy_out(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind, uint32_t g);
+static void combine_headers(cm_pair_t *cp, const rw_svc_phase_t *ph);
 
 /* A mark completed: route it to its pair. Host-memory ranks' outputs are copied out of their
  * pinned staging here, once the kernels that wrote it are done. */
@@ -139,6 +141,7 @@ static void mark_done(cuda_mover_t *m, uint64_t token)
 			m->done(m->ctx, serial, RW_MV_OP_STAGE_D, g, RW_OK);
 	} else if (op == OP_STAGE_C) {
 		if (cp->marks_c && --cp->marks_c == 0) {
+			combine_headers(cp, cp->ph);
 			/* A report may end the pair: nothing of cp is touched after the first. */
 			const uint32_t gpus = cp->gpus;
 			for (uint32_t r = 0; r < gpus; r++)
@@ -526,6 +529,28 @@ static rw_status_t stage_dispatch(cm_pair_t *cp, rw_svc_phase_t *ph, uint32_t g,
 
 static rw_status_t combine_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why);
 
+/* The combine slabs' record headers, written by the CPU once the slab kernels are done (see
+ * dispatch_headers); a record no local rank computed (never: each went to one) gets a zero row. */
+static void combine_headers(cm_pair_t *cp, const rw_svc_phase_t *ph)
+{
+	const rw_svc_layout_t *l = ph->layout;
+	for (uint32_t d = 0; d < ph->nodes; d++)
+		for (uint32_t r = 0; r < ph->rails; r++) {
+			size_t i = (size_t)d * ph->rails + r;
+			for (uint32_t k = 0; k < l->in_quota[i]; k++) {
+				uint32_t pos = l->in_first[i] + k, ref = ph->rail_base[r] + pos, n = 0;
+				uint8_t *dst = ph->send_area[1][r] + (uint64_t)pos * ph->crec_size;
+				rw_wire_crec_hdr_t h = { .tag = ph->tag_to[d], .src_node = ph->me, .rail = r,
+							 .slot = k };
+				rw_wire_crec_pack(dst, &h);
+				for (uint32_t g = 0; g < ph->gpus; g++)
+					n += cp->contrib[(size_t)ref * ph->gpus + g] != 0;
+				if (!n)
+					memset(dst + RW_WIRE_CREC_HDR, 0, ph->row_bytes);
+			}
+		}
+}
+
 /* Combine: rows stay on the GPU (CUDA) or are copied into pinned staging (host memory). Once
  * every local rank is in, one launch per device writes every return slab and folds the
  * local-node records into the owners' sums; the ranks count as staged when those kernels are
@@ -754,16 +779,19 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 		const int host = io->out.dev < 0;
 		/* Counts and metadata are written by the CPU into the rank's pinned staging (and
 		 * copied up at the end); rows go straight to a CUDA output, or through the staging
-		 * of a host-memory one. */
-		uint64_t bytes = o->rows_off + n_max * (o->meta_bytes + (host ? ph->row_bytes : 0));
+		 * of a host-memory one (in 64-byte aligned pieces: the CPU and the GPU never write
+		 * one cache line). */
+		const uint64_t rows_at = (o->rows_off + 63) & ~(uint64_t)63;
+		const uint64_t meta_at = host ? (rows_at + n_max * ph->row_bytes + 63) & ~(uint64_t)63 : rows_at;
+		uint64_t bytes = meta_at + n_max * o->meta_bytes;
 		rw_svc_pinned_t *so = ph->stage_out[g];
 		if (rw_svc_pinned_reserve(so, RW_MAX(bytes, 64u)) != RW_OK) {
 			oom = 1;
 			break;
 		}
 		cp->counts_st[g] = so->ptr;
-		cp->rows_st[g] = (uint8_t *)so->ptr + o->rows_off;
-		cp->meta_st[g] = cp->rows_st[g] + (host ? n_max * ph->row_bytes : 0);
+		cp->rows_st[g] = (uint8_t *)so->ptr + rows_at;
+		cp->meta_st[g] = (uint8_t *)so->ptr + meta_at;
 		cp->rows_d[g] = host ? hptr(cp->rows_st[g]) : io->out.dptr + o->rows_off;
 		cp->fwd_ref[g] = rw_arena_alloc(&cp->mem, n_max + 1, sizeof(uint32_t));
 		cp->expert_counts[g] = rw_arena_alloc(&cp->mem, ph->n_experts, sizeof(uint32_t));
@@ -819,9 +847,23 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 
 /* ---- dispatch ------------------------------------------------------------------------------- */
 
-/* Every dispatch slab at once: the CPU writes each record's header and top-k block into the
- * mapped slab (the ids are on the host for the count pass anyway), a kernel per device copies
- * the token rows. Each record's (egress rail, slot) is the host mover's: rw_sched_map_rail. */
+/* Every dispatch slab at once: a kernel per device copies the token rows into the mapped slabs,
+ * each record at the host mover's (egress rail, slot) (rw_sched_map_rail); the CPU writes the
+ * headers and top-k blocks once the kernels are done (dispatch_headers): a header shares a cache
+ * line with its row's first bytes, and a line is never written by the CPU and the GPU at once. */
+static void dispatch_headers(cm_pair_t *cp, const rw_svc_phase_t *ph)
+{
+	for (uint32_t d = 0; d < ph->nodes; d++)
+		for (uint32_t i = ph->row_off[d * ph->rails]; i < ph->row_off[(d + 1) * ph->rails]; i++) {
+			const rw_record_t *rec = &ph->rec[i];
+			const rw_svc_rank_io_t *io = &ph->io[0][rec->rank];
+			rw_wire_rec_hdr_t h = { .tag = ph->tag_to[d], .src_node = ph->me,
+						.owner = rec->rank, .token = rec->token, .topk = ph->topk };
+			rw_wire_rec_pack(cp->pk_hdr[i], &h, io->ids + (size_t)rec->token * ph->topk,
+					 io->weights + (size_t)rec->token * ph->topk);
+		}
+}
+
 static rw_status_t dispatch_pack_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why)
 {
 	cm_list_t *pk = &cp->pack;
@@ -830,7 +872,8 @@ static rw_status_t dispatch_pack_launch(cm_pair_t *cp, const rw_svc_phase_t *ph,
 	uint8_t *egress = rw_arena_alloc(&cp->mem, RW_MAX(1u, n_rec), 1);
 	uint32_t *slot = rw_arena_alloc(&cp->mem, RW_MAX(1u, n_rec), sizeof(uint32_t));
 	uint64_t *dst = rw_arena_alloc(&cp->mem, RW_MAX(1u, n_rec), sizeof(uint64_t));
-	if (!egress || !slot || !dst) {
+	cp->pk_hdr = rw_arena_alloc(&cp->mem, RW_MAX(1u, n_rec), sizeof(uint8_t *));
+	if (!egress || !slot || !dst || !cp->pk_hdr) {
 		snprintf(why, RW_SVC_WHY_MAX, "out of memory");
 		return RW_ERR_NOMEM;
 	}
@@ -843,15 +886,9 @@ static rw_status_t dispatch_pack_launch(cm_pair_t *cp, const rw_svc_phase_t *ph,
 				continue;
 			rw_sched_map_rail(&l->out_pairs[d], r, egress, slot);
 			for (uint32_t i = 0; i < cnt; i++) {
-				const rw_record_t *rec = &ph->rec[first + i];
-				const rw_svc_rank_io_t *io = &ph->io[0][rec->rank];
 				uint32_t e = egress[i];
 				uint64_t pos = ((uint64_t)l->out_first[d * ph->rails + e] + slot[i]) * ph->rec_size;
-				rw_wire_rec_hdr_t h = { .tag = ph->tag_to[d], .src_node = ph->me,
-							.owner = rec->rank, .token = rec->token, .topk = ph->topk };
-				rw_wire_rec_pack(ph->send_area[0][e] + pos, &h,
-						 io->ids + (size_t)rec->token * ph->topk,
-						 io->weights + (size_t)rec->token * ph->topk);
+				cp->pk_hdr[first + i] = ph->send_area[0][e] + pos;
 				dst[first + i] = cp->send_d[0][e] + pos + row_off;
 			}
 		}
@@ -989,17 +1026,6 @@ static rw_status_t combine_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char 
 	const uint32_t G = ph->gpus;
 	cm_list_t *cs = &cp->cslab;
 	uint32_t marks_on = 0;
-	for (uint32_t d = 0; d < ph->nodes; d++)
-		for (uint32_t r = 0; r < ph->rails; r++) {
-			size_t i = (size_t)d * ph->rails + r;
-			for (uint32_t k = 0; k < l->in_quota[i]; k++) {
-				uint32_t pos = l->in_first[i] + k;
-				uint8_t *dst = ph->send_area[1][r] + (uint64_t)pos * ph->crec_size;
-				rw_wire_crec_hdr_t h = { .tag = ph->tag_to[d], .src_node = ph->me, .rail = r,
-							 .slot = k };
-				rw_wire_crec_pack(dst, &h);
-			}
-		}
 	for (int dev = 0; dev < CM_DEVICES; dev++) {
 		for (uint32_t d = 0; d < ph->nodes; d++)
 			for (uint32_t r = 0; r < ph->rails; r++) {
@@ -1010,12 +1036,8 @@ static rw_status_t combine_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char 
 					uint32_t g0 = 0;
 					while (g0 < G && !c[g0])
 						g0++;
-					if (g0 == G) { /* never: every received record went to a local rank */
-						if (dev == 0)
-							memset(ph->send_area[1][r] + (uint64_t)pos * ph->crec_size +
-							       RW_WIRE_CREC_HDR, 0, ph->row_bytes);
-						continue;
-					}
+					if (g0 == G) /* never: every received record went to a local rank */
+						continue;   /* (combine_headers zeroes its row) */
 					if (cp->xdev[g0] != dev)
 						continue;
 					list_sum(cs, cp->send_d[1][r] + (uint64_t)pos * ph->crec_size +
@@ -1106,6 +1128,7 @@ static rw_status_t cm_pack(void *mover, void *state, const rw_svc_phase_t *ph, i
 		snprintf(why, RW_SVC_WHY_MAX, "the dispatch pack kernels failed: %s", rw_status_str(st));
 		return RW_ERR_DEVICE;
 	}
+	dispatch_headers(cp, ph);
 	return RW_OK;
 }
 
