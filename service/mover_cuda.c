@@ -854,7 +854,7 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 static void dispatch_headers(cm_pair_t *cp, const rw_svc_phase_t *ph)
 {
 	for (uint32_t d = 0; d < ph->nodes; d++)
-		for (uint32_t i = ph->row_off[d * ph->rails]; i < ph->row_off[(d + 1) * ph->rails]; i++) {
+		for (uint32_t i = ph->row_off[d * ph->rails]; i < ph->row_off[(d + 1) * ph->rails] && d != ph->me; i++) {
 			const rw_record_t *rec = &ph->rec[i];
 			const rw_svc_rank_io_t *io = &ph->io[0][rec->rank];
 			rw_wire_rec_hdr_t h = { .tag = ph->tag_to[d], .src_node = ph->me,
@@ -878,8 +878,9 @@ static rw_status_t dispatch_pack_launch(cm_pair_t *cp, const rw_svc_phase_t *ph,
 		return RW_ERR_NOMEM;
 	}
 	const uint64_t row_off = rw_wire_rec_row_off(ph->topk);
+	/* The CSR holds this node's own records too (d == me): they never travel. */
 	for (uint32_t d = 0; d < ph->nodes; d++)
-		for (uint32_t r = 0; r < ph->rails; r++) {
+		for (uint32_t r = 0; r < ph->rails && d != ph->me; r++) {
 			uint32_t first = ph->row_off[d * ph->rails + r];
 			uint32_t cnt = ph->row_off[d * ph->rails + r + 1] - first;
 			if (!cnt)
@@ -892,10 +893,11 @@ static rw_status_t dispatch_pack_launch(cm_pair_t *cp, const rw_svc_phase_t *ph,
 				dst[first + i] = cp->send_d[0][e] + pos + row_off;
 			}
 		}
+	const uint32_t own_lo = ph->row_off[ph->me * ph->rails], own_hi = ph->row_off[(ph->me + 1) * ph->rails];
 	for (int dev = 0; dev < CM_DEVICES; dev++) {
 		for (uint32_t i = 0; i < n_rec; i++) {
 			const rw_record_t *rec = &ph->rec[i];
-			if (cp->xdev[rec->rank] == dev)
+			if (cp->xdev[rec->rank] == dev && (i < own_lo || i >= own_hi))
 				list_copy(pk, cp->tok[rec->rank] + (uint64_t)rec->token * ph->row_bytes, dst[i]);
 		}
 		rw_status_t st = list_launch(cp, ph, pk, dev, 0);

@@ -92,7 +92,9 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned
 		const struct row_copy *l = (const struct row_copy *)(uintptr_t)ARG(0, CUdeviceptr);
 		uint32_t n = ARG(1, uint32_t);
 		size_t len = (size_t)ARG(2, uint32_t) * (k == 1 ? 16 : 1);
-		for (uint32_t e = 0; e < n; e++)
+		/* Last entry first: a GPU promises no order among a launch's entries, and a list
+		 * naming one destination twice must not pass here by luck of order. */
+		for (uint32_t e = n; e-- > 0;)
 			memmove((void *)(uintptr_t)l[e].dst, (const void *)(uintptr_t)l[e].src, len);
 		return CUDA_SUCCESS;
 	}
