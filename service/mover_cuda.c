@@ -5,7 +5,9 @@
  * headers, metadata and the row lists the kernels follow. The slabs are the mesh's host memory,
  * registered and mapped into the GPUs, so kernels read and write them directly (no staging
  * copy). Completions come back as stream marks on an eventfd watched by the loop. The arithmetic
- * is the host mover's (service/mover_host.c) bit for bit. */
+ * is the host mover's (service/mover_host.c, service/forward.c): fp32 sums in the same order,
+ * bf16 rounded by the same formula. RAILWAVE_CUDA_MOVER=0 turns it off, =check verifies every
+ * row it copies (docs/dataflow.md "Test hooks"). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
