@@ -72,4 +72,19 @@ rw_status_t rw_cuda_combine(rw_cuda_stream_t *s, rw_cuda_dptr_t o, rw_cuda_dtype
 			    rw_cuda_dtype_t rd, uint32_t h, uint32_t n, rw_cuda_dptr_t off,
 			    rw_cuda_dptr_t ri, rw_cuda_dptr_t w)
 { (void)s; (void)o; (void)od; (void)r; (void)rd; (void)h; (void)n; (void)off; (void)ri; (void)w; return RW_NO_CUDA; }
+rw_status_t rw_cuda_host_register_mapped(void *p, size_t n, rw_cuda_dptr_t *d)
+{ (void)p; (void)n; (void)d; return RW_NO_CUDA; }
+rw_status_t rw_cuda_memset_async(rw_cuda_stream_t *s, rw_cuda_dptr_t d, uint8_t v, size_t n)
+{ (void)s; (void)d; (void)v; (void)n; return RW_NO_CUDA; }
+rw_status_t rw_cuda_copy_rows(rw_cuda_stream_t *s, rw_cuda_dptr_t l, uint32_t n, uint32_t b, int a)
+{ (void)s; (void)l; (void)n; (void)b; (void)a; return RW_NO_CUDA; }
+rw_status_t rw_cuda_rows_sum(rw_cuda_stream_t *s, rw_cuda_dptr_t l, rw_cuda_dptr_t r, uint32_t n,
+			     uint32_t h, rw_cuda_dtype_t t, int a)
+{ (void)s; (void)l; (void)r; (void)n; (void)h; (void)t; (void)a; return RW_NO_CUDA; }
+rw_status_t rw_cuda_rows_acc(rw_cuda_stream_t *s, rw_cuda_dptr_t l, rw_cuda_dptr_t r, uint32_t n,
+			     uint32_t h, rw_cuda_dtype_t t)
+{ (void)s; (void)l; (void)r; (void)n; (void)h; (void)t; return RW_NO_CUDA; }
+rw_status_t rw_cuda_store_f32(rw_cuda_stream_t *s, rw_cuda_dptr_t d, rw_cuda_dtype_t t, rw_cuda_dptr_t r,
+			      uint64_t n)
+{ (void)s; (void)d; (void)t; (void)r; (void)n; return RW_NO_CUDA; }
 #endif /* !RW_HAVE_CUDA_H */

@@ -364,6 +364,31 @@ rw_status_t rw_cuda_host_register(void *ptr, size_t bytes)
 	return res == CUDA_SUCCESS ? RW_OK : rw_cu_fail(res, "cuMemHostRegister");
 }
 
+rw_status_t rw_cuda_host_register_mapped(void *ptr, size_t bytes, rw_cuda_dptr_t *dptr_p)
+{
+	rw_status_t st = rw_cu_enter(0);
+	CUdeviceptr d = (CUdeviceptr)(uintptr_t)ptr;
+	CUresult res;
+
+	if (st != RW_OK)
+		return st;
+	if (ptr == NULL || bytes == 0)
+		return RW_ERR_INVAL;
+	res = rw_cu.cuMemHostRegister(ptr, bytes, CU_MEMHOSTREGISTER_PORTABLE |
+					      CU_MEMHOSTREGISTER_DEVICEMAP);
+	if (res != CUDA_SUCCESS)
+		return rw_cu_fail(res, "cuMemHostRegister(DEVICEMAP)");
+	/* With unified addressing (every 64-bit platform CUDA supports today) the answer is ptr
+	 * itself; ask anyway where the driver can say. */
+	if (rw_cu.cuMemHostGetDevicePointer &&
+	    (res = rw_cu.cuMemHostGetDevicePointer(&d, ptr, 0)) != CUDA_SUCCESS) {
+		rw_cu.cuMemHostUnregister(ptr);
+		return rw_cu_fail(res, "cuMemHostGetDevicePointer");
+	}
+	*dptr_p = (rw_cuda_dptr_t)d;
+	return RW_OK;
+}
+
 void rw_cuda_host_unregister(void *ptr)
 {
 	if (ptr != NULL && rw_cu_enter(0) == RW_OK)

@@ -16,6 +16,9 @@ static const char *const kernel_names[RW_K_COUNT] = {
 	[RW_K_COMB_FB_V] = "rw_combine_fb_v", [RW_K_COMB_FF_V] = "rw_combine_ff_v",
 	[RW_K_COMB_BB_S] = "rw_combine_bb_s", [RW_K_COMB_BF_S] = "rw_combine_bf_s",
 	[RW_K_COMB_FB_S] = "rw_combine_fb_s", [RW_K_COMB_FF_S] = "rw_combine_ff_s",
+	[RW_K_COPY_ROWS16] = "rw_copy_rows16", [RW_K_COPY_ROWS1] = "rw_copy_rows1",
+	[RW_K_ROWS_ACC] = "rw_rows_acc",     [RW_K_ROWS_SUM] = "rw_rows_sum",
+	[RW_K_STORE_F32] = "rw_store_f32",
 };
 
 void rw_cu_kernels_unload_locked(rw_cu_device_t *d)
@@ -161,6 +164,75 @@ rw_status_t rw_cuda_combine(rw_cuda_stream_t *stream, rw_cuda_dptr_t out, rw_cud
 	}
 	block = hidden / vec >= 256 ? 256 : 128;
 	return launch(stream, k, grid_for(ntokens), block, args);
+}
+
+/* ---- row lists (the daemon's CUDA mover) ---- */
+
+rw_status_t rw_cuda_copy_rows(rw_cuda_stream_t *stream, rw_cuda_dptr_t list, uint32_t n,
+			      uint32_t row_bytes, int aligned16)
+{
+	CUdeviceptr l = list;
+	uint32_t cnt = n, len = row_bytes;
+	void *args[] = { &l, &cnt, &len };
+	int k = RW_K_COPY_ROWS1;
+	unsigned block = 256;
+
+	if (stream == NULL || list == 0 || list % 16 != 0)
+		return RW_ERR_INVAL;
+	if (n == 0 || row_bytes == 0)
+		return RW_OK;
+	if (aligned16 && row_bytes % 16 == 0) {
+		k = RW_K_COPY_ROWS16;
+		len = row_bytes / 16;
+		block = len >= 1024 ? 256 : 128;
+	}
+	return launch(stream, k, grid_for(n), block, args);
+}
+
+static rw_status_t sum_rows(rw_cuda_stream_t *stream, int k, rw_cuda_dptr_t list,
+			    rw_cuda_dptr_t srcs, uint32_t n, uint32_t hidden, rw_cuda_dtype_t dtype,
+			    int aligned16)
+{
+	CUdeviceptr l = list, sr = srcs;
+	uint32_t cnt = n, h = hidden, bf16 = dtype == RW_CUDA_BF16, vec = aligned16 != 0;
+	void *args[] = { &l, &sr, &cnt, &h, &bf16, &vec };
+
+	if (stream == NULL || list == 0 || srcs == 0 || list % 16 != 0 || srcs % 8 != 0 ||
+	    (dtype != RW_CUDA_BF16 && dtype != RW_CUDA_FP32))
+		return RW_ERR_INVAL;
+	if (n == 0 || hidden == 0)
+		return RW_OK;
+	if ((uint64_t)hidden * (bf16 ? 2 : 4) % 16 != 0)
+		vec = 0;
+	return launch(stream, k, grid_for(n), hidden >= 1024 ? 256 : 128, args);
+}
+
+rw_status_t rw_cuda_rows_sum(rw_cuda_stream_t *stream, rw_cuda_dptr_t list, rw_cuda_dptr_t srcs,
+			     uint32_t n, uint32_t hidden, rw_cuda_dtype_t dtype, int aligned16)
+{
+	return sum_rows(stream, RW_K_ROWS_SUM, list, srcs, n, hidden, dtype, aligned16);
+}
+
+rw_status_t rw_cuda_rows_acc(rw_cuda_stream_t *stream, rw_cuda_dptr_t list, rw_cuda_dptr_t srcs,
+			     uint32_t n, uint32_t hidden, rw_cuda_dtype_t dtype)
+{
+	return sum_rows(stream, RW_K_ROWS_ACC, list, srcs, n, hidden, dtype, 0);
+}
+
+rw_status_t rw_cuda_store_f32(rw_cuda_stream_t *stream, rw_cuda_dptr_t dst, rw_cuda_dtype_t dtype,
+			      rw_cuda_dptr_t src, uint64_t n)
+{
+	CUdeviceptr d = dst, s = src;
+	uint64_t cnt = n;
+	uint32_t bf16 = dtype == RW_CUDA_BF16;
+	void *args[] = { &d, &s, &cnt, &bf16 };
+
+	if (stream == NULL || dst == 0 || src == 0 || src % 4 != 0 ||
+	    (dtype != RW_CUDA_BF16 && dtype != RW_CUDA_FP32) || dst % (bf16 ? 2 : 4) != 0)
+		return RW_ERR_INVAL;
+	if (n == 0)
+		return RW_OK;
+	return launch(stream, RW_K_STORE_F32, 4096, 256, args);
 }
 
 #endif /* RW_HAVE_CUDA_H */

@@ -168,3 +168,130 @@ RW_COMBINE(rw_combine_bb_s, __nv_bfloat16, __nv_bfloat16, 1)
 RW_COMBINE(rw_combine_bf_s, __nv_bfloat16, float, 1)
 RW_COMBINE(rw_combine_fb_s, float, __nv_bfloat16, 1)
 RW_COMBINE(rw_combine_ff_s, float, float, 1)
+
+// ---- the daemon's CUDA data mover (service/mover_cuda.c) --------------------------------------
+// Row lists instead of index arrays: every entry names its own source and destination address,
+// which may be device memory, a peer device's memory or pinned host memory mapped into the GPU
+// (the mesh's slabs). Lists themselves sit in mapped pinned host memory. Arithmetic matches the
+// host mover bit for bit (service/forward.c): fp32 adds in the listed order (__fadd_rn: never
+// contracted), bf16 rounded to nearest even with NaN kept quiet by the same bit formula.
+
+struct rw_row_copy { uint64_t src, dst; };
+struct rw_row_sum { uint64_t dst; uint32_t first, count; };
+
+// One block per entry (grid-stride); 16-byte vectors when every address and the row length
+// allow it (the host checks), bytes otherwise.
+template <typename V>
+__device__ __forceinline__ void copy_rows(const rw_row_copy *__restrict__ list, uint32_t n, uint32_t nvec)
+{
+	for (uint32_t e = blockIdx.x; e < n; e += gridDim.x) {
+		const V *s = reinterpret_cast<const V *>(list[e].src);
+		V *d = reinterpret_cast<V *>(list[e].dst);
+		for (uint32_t base = threadIdx.x; base < nvec; base += RW_UNROLL * blockDim.x) {
+			V v[RW_UNROLL];
+#pragma unroll
+			for (int k = 0; k < RW_UNROLL; k++) {
+				uint32_t i = base + k * blockDim.x;
+				if (i < nvec)
+					v[k] = s[i];
+			}
+#pragma unroll
+			for (int k = 0; k < RW_UNROLL; k++) {
+				uint32_t i = base + k * blockDim.x;
+				if (i < nvec)
+					d[i] = v[k];
+			}
+		}
+	}
+}
+
+extern "C" __global__ void rw_copy_rows16(const rw_row_copy *list, uint32_t n, uint32_t nvec)
+{
+	copy_rows<uint4>(list, n, nvec);
+}
+
+extern "C" __global__ void rw_copy_rows1(const rw_row_copy *list, uint32_t n, uint32_t nbytes)
+{
+	copy_rows<uint8_t>(list, n, nbytes);
+}
+
+__device__ __forceinline__ float elem_f32(const uint8_t *p, uint64_t i, bool bf16)
+{
+	if (bf16)
+		return __uint_as_float((uint32_t)reinterpret_cast<const uint16_t *>(p)[i] << 16);
+	return reinterpret_cast<const float *>(p)[i];
+}
+
+__device__ __forceinline__ uint16_t f32_bf16_host(float f) // = service/forward.c bf16_round
+{
+	uint32_t u = __float_as_uint(f);
+	uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+	uint32_t quiet = (u >> 16) | 0x40u;
+	return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
+
+// ACC: dst is an fp32 row and every listed row is added into it, in order (owner sums).
+// !ACC: dst is a row of the phase dtype: one listed row is copied as it is, several are summed
+// in fp32 in order (the first loaded, the others added) and rounded once (combine slabs).
+template <bool ACC>
+__device__ __forceinline__ void sum_rows(const rw_row_sum *__restrict__ list, const uint64_t *__restrict__ srcs,
+					 uint32_t n, uint32_t hidden, bool bf16, bool vec16)
+{
+	const uint32_t esz = bf16 ? 2 : 4;
+	for (uint32_t e = blockIdx.x; e < n; e += gridDim.x) {
+		const rw_row_sum s = list[e];
+		uint8_t *dst = reinterpret_cast<uint8_t *>(s.dst);
+		if (!ACC && s.count == 1) {
+			const uint8_t *src = reinterpret_cast<const uint8_t *>(srcs[s.first]);
+			if (vec16) {
+				for (uint32_t i = threadIdx.x; i < hidden * esz / 16; i += blockDim.x)
+					reinterpret_cast<uint4 *>(dst)[i] = reinterpret_cast<const uint4 *>(src)[i];
+			} else {
+				for (uint32_t i = threadIdx.x; i < hidden * esz; i += blockDim.x)
+					dst[i] = src[i];
+			}
+			continue;
+		}
+		for (uint32_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+			float acc;
+			uint32_t k = 0;
+			if (ACC) {
+				acc = reinterpret_cast<float *>(dst)[h];
+			} else {
+				acc = elem_f32(reinterpret_cast<const uint8_t *>(srcs[s.first]), h, bf16);
+				k = 1;
+			}
+			for (; k < s.count; k++)
+				acc = __fadd_rn(acc, elem_f32(reinterpret_cast<const uint8_t *>(srcs[s.first + k]), h, bf16));
+			if (ACC || !bf16)
+				reinterpret_cast<float *>(dst)[h] = acc;
+			else
+				reinterpret_cast<uint16_t *>(dst)[h] = f32_bf16_host(acc);
+		}
+	}
+}
+
+extern "C" __global__ void rw_rows_acc(const rw_row_sum *list, const uint64_t *srcs, uint32_t n,
+				       uint32_t hidden, uint32_t bf16, uint32_t vec16)
+{
+	sum_rows<true>(list, srcs, n, hidden, bf16 != 0, vec16 != 0);
+}
+
+extern "C" __global__ void rw_rows_sum(const rw_row_sum *list, const uint64_t *srcs, uint32_t n,
+				       uint32_t hidden, uint32_t bf16, uint32_t vec16)
+{
+	sum_rows<false>(list, srcs, n, hidden, bf16 != 0, vec16 != 0);
+}
+
+// dst[i] = src[i] for i < n fp32 sums, stored as bf16 (rounded as the host does) or fp32. dst
+// may be mapped host memory (a host-memory rank's staging), which a D2D copy cannot address.
+extern "C" __global__ void rw_store_f32(void *dst, const float *src, uint64_t n, uint32_t bf16)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		if (bf16)
+			static_cast<uint16_t *>(dst)[i] = f32_bf16_host(src[i]);
+		else
+			static_cast<float *>(dst)[i] = src[i];
+	}
+}

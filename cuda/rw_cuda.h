@@ -64,6 +64,11 @@ void rw_cuda_host_free(void *ptr);
 /* Page-lock existing host memory (e.g. a client's memfd mapping) for async copies. */
 rw_status_t rw_cuda_host_register(void *ptr, size_t bytes);
 void rw_cuda_host_unregister(void *ptr);
+/* Page-lock existing host memory and map it into every device (DEVICEMAP): kernels read and
+ * write it at *dptr_p (over PCIe or C2C). With unified addressing that is ptr itself. Undo with
+ * rw_cuda_host_unregister(ptr). Memory from rw_cuda_host_alloc() needs no call: with unified
+ * addressing kernels use its host pointer as it is. */
+rw_status_t rw_cuda_host_register_mapped(void *ptr, size_t bytes, rw_cuda_dptr_t *dptr_p);
 
 /* ---------------------------------------------------------------------------------------------
  * CUDA IPC: the client exports, the daemon imports through a cache
@@ -171,6 +176,10 @@ rw_status_t rw_cuda_copy_htod_async(rw_cuda_stream_t *stream, rw_cuda_dptr_t dst
 rw_status_t rw_cuda_copy_dtod_async(rw_cuda_stream_t *stream, rw_cuda_dptr_t dst,
 				    rw_cuda_dptr_t src, size_t bytes);
 
+/* Enqueue a byte fill of device memory. RW_ERR_UNSUPPORTED when the driver lacks it. */
+rw_status_t rw_cuda_memset_async(rw_cuda_stream_t *stream, rw_cuda_dptr_t dst, uint8_t value,
+				 size_t bytes);
+
 /* Enqueue a completion mark carrying `token`: once all work enqueued before it has finished, the
  * token becomes pollable and the eventfd is signalled. Marks complete in the order made.
  * RW_ERR_AGAIN when RW_CUDA_STREAM_MAX_MARKS are outstanding (poll first). */
@@ -217,5 +226,36 @@ rw_status_t rw_cuda_combine(rw_cuda_stream_t *stream, rw_cuda_dptr_t out, rw_cud
 			    rw_cuda_dptr_t rows, rw_cuda_dtype_t row_dtype, uint32_t hidden,
 			    uint32_t ntokens, rw_cuda_dptr_t offsets, rw_cuda_dptr_t row_idx,
 			    rw_cuda_dptr_t weights);
+
+/* Row lists (the daemon's CUDA data mover, service/mover_cuda.c): every entry names its own
+ * source and destination address, each of which may be device memory, another device's (peer)
+ * memory or mapped pinned host memory. The list itself must be readable by the kernel (device
+ * memory or pinned host memory, 16-byte aligned) and stay unchanged until the work is done. */
+typedef struct rw_cuda_row_copy {
+	uint64_t src, dst;
+} rw_cuda_row_copy_t;
+typedef struct rw_cuda_row_sum {
+	uint64_t dst;
+	uint32_t first, count;   /* rows srcs[first .. first + count) */
+} rw_cuda_row_sum_t;
+
+/* for i < n: copy row_bytes from list[i].src to list[i].dst. aligned16: every address is 16-byte
+ * aligned (the caller checked), so 16-byte vectors are used when row_bytes allows. */
+rw_status_t rw_cuda_copy_rows(rw_cuda_stream_t *stream, rw_cuda_dptr_t list, uint32_t n,
+			      uint32_t row_bytes, int aligned16);
+/* Combine slabs: for i < n, dst = the one row srcs[first] as it is (count 1), or the fp32 sum of
+ * count rows (the first loaded, the others added in order) stored as dtype, bf16 rounded to
+ * nearest even with a NaN kept quiet — bit for bit service/forward.c's arithmetic. Rows and dst
+ * are hidden elements of dtype; srcs: u64 addresses (8-byte aligned array). aligned16: every
+ * address is 16-byte aligned. */
+rw_status_t rw_cuda_rows_sum(rw_cuda_stream_t *stream, rw_cuda_dptr_t list, rw_cuda_dptr_t srcs,
+			     uint32_t n, uint32_t hidden, rw_cuda_dtype_t dtype, int aligned16);
+/* Owner sums: for i < n, the fp32 row dst += each of its count rows (dtype), in order. Entries
+ * of one call must name distinct dst rows. */
+rw_status_t rw_cuda_rows_acc(rw_cuda_stream_t *stream, rw_cuda_dptr_t list, rw_cuda_dptr_t srcs,
+			     uint32_t n, uint32_t hidden, rw_cuda_dtype_t dtype);
+/* dst[i] = (dtype) src[i] for i < n fp32 elements, rounded as rw_cuda_rows_sum rounds. */
+rw_status_t rw_cuda_store_f32(rw_cuda_stream_t *stream, rw_cuda_dptr_t dst, rw_cuda_dtype_t dtype,
+			      rw_cuda_dptr_t src, uint64_t n);
 
 #endif /* RW_CUDA_H */

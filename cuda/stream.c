@@ -124,6 +124,20 @@ rw_status_t rw_cuda_copy_dtod_async(rw_cuda_stream_t *s, rw_cuda_dptr_t dst, rw_
 	return res == CUDA_SUCCESS ? RW_OK : rw_cu_fail(res, "cuMemcpyDtoDAsync");
 }
 
+rw_status_t rw_cuda_memset_async(rw_cuda_stream_t *s, rw_cuda_dptr_t dst, uint8_t value,
+				 size_t bytes)
+{
+	rw_status_t st = rw_cu_enter(s->device);
+	CUresult res;
+
+	if (st != RW_OK)
+		return st;
+	if (!rw_cu.cuMemsetD8Async)
+		return RW_ERR_UNSUPPORTED;
+	res = rw_cu.cuMemsetD8Async((CUdeviceptr)dst, value, bytes, s->stream);
+	return res == CUDA_SUCCESS ? RW_OK : rw_cu_fail(res, "cuMemsetD8Async");
+}
+
 rw_status_t rw_cuda_stream_mark(rw_cuda_stream_t *s, uint64_t token)
 {
 	rw_status_t st;

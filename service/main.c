@@ -310,10 +310,10 @@ int main(int argc, char **argv)
 	if (rw_svc_http_start(&svc, &svc.http))
 		goto stop_stats;
 	/* The data movers, tried in this order for every pair; the host mover takes anything. */
-	static const rw_svc_mover_ops_t *const movers[] = { &rw_svc_mover_host };
+	static const rw_svc_mover_ops_t *const movers[] = { &rw_svc_mover_cuda, &rw_svc_mover_host };
 	rw_svc_exec_hooks_t hooks;
 	rw_svc_exec_hooks_from_env(environ, &hooks);
-	if ((st = rw_svc_exec_create(&svc, movers, 1, &hooks, &svc.exec))) {
+	if ((st = rw_svc_exec_create(&svc, movers, RW_ARRAY_SIZE(movers), &hooks, &svc.exec))) {
 		rw_err("executor: start failed: %s", rw_status_str(st));
 		goto stop_http;
 	}

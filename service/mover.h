@@ -131,5 +131,8 @@ typedef struct rw_svc_mover_ops {
 } rw_svc_mover_ops_t;
 
 extern const rw_svc_mover_ops_t rw_svc_mover_host;
+/* Kernels on the ranks' GPUs (service/mover_cuda.c): takes a pair whose first submission gives
+ * CUDA memory on a device with kernels, declines every other. */
+extern const rw_svc_mover_ops_t rw_svc_mover_cuda;
 
 #endif /* RW_SVC_MOVER_H */

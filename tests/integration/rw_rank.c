@@ -11,8 +11,11 @@
  *         idle      connect, then sleep until killed (a rank that dies mid-phase)
  *   FLAGS (after the positional arguments; every one optional):
  *     --hidden H          elements per row (default 24)
- *     --tokens T          every rank dispatches exactly T tokens (1..144) instead of 1..48 (x3
+ *     --tokens T          every rank dispatches exactly T tokens (1..8192) instead of 1..48 (x3
  *                         on local GPU 0); --empty still empties some phases
+ *     --timing            print one line per phase: "timing KIND L S submit_ns done_ns rows"
+ *                         (CLOCK_MONOTONIC, comparable across the ranks of one machine; rows:
+ *                         rows received (dispatch) or given back (combine)), for benchmarks
  *     --submit-experts E  n_experts put in the dispatch submissions (default EXPERTS): a wrong
  *                         value must be refused (mode fail)
  *     --first-step S      number the steps S, S+1, ... (default 0): a run after a failed phase
@@ -37,7 +40,9 @@
 #include "cuda/rw_cuda.h"
 #include "ipc/railwave.h"
 
-enum { TOPK = 4, MAX_TOKENS = 48, MAX_ROWS = 3 * MAX_TOKENS };
+enum { TOPK = 4, MAX_TOKENS = 48, MAX_FIXED = 8192 };
+static uint32_t MAX_ROWS = 3 * MAX_TOKENS; /* rows a rank may dispatch: --tokens raises it */
+static int timing;                         /* --timing */
 
 static uint32_t nodes, gpus, world, experts, per_rank, hidden = 24;
 static int empty_phases;
@@ -46,8 +51,8 @@ static uint32_t first_step;   /* --first-step */
 
 typedef struct work {
 	uint32_t n;
-	int32_t ids[MAX_ROWS][TOPK];
-	float w[MAX_ROWS][TOPK];
+	int32_t (*ids)[TOPK];         /* [MAX_ROWS] */
+	float (*w)[TOPK];
 	float *x; /* [MAX_ROWS][hidden] */
 } work_t;
 
@@ -150,7 +155,8 @@ static float get_elem(const uint8_t *src, int bf16, uint32_t h)
 	fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); return 1; } } while (0)
 
 static uint32_t me;
-static work_t mine, other;   /* scratch of run(), allocated by main() */
+static work_t mine;          /* scratch of run(), allocated by main() */
+static work_t *all;          /* [world]: every rank's workload of the phase being checked */
 static uint8_t *seen;
 static uint32_t *ecount;
 static float *outv;
@@ -255,7 +261,9 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 		       off_w = off_ids + MAX_ROWS * TOPK * 4, off_out = in_bytes,
 		       off_cin = off_out + out_cap, off_cout = off_cin + comb_in;
 
-	CHECK(mine.x && other.x && seen && ecount && outv, "out of memory");
+	CHECK(mine.x && mine.ids && mine.w && all && seen && ecount && outv, "out of memory");
+	for (uint32_t q = 0; q < world; q++)
+		CHECK(all[q].x && all[q].ids && all[q].w, "out of memory");
 	for (uint32_t step = first_step; step < first_step + steps; step++)
 		for (uint32_t layer = 0; layer < layers; layer++) {
 			int bf16 = (layer + step) % 2;
@@ -277,10 +285,14 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 				       .output_capacity = out_cap, .n_experts = submit_experts };
 			if (mine.n == 0 && (step + layer + me) % 2)
 				s.tokens = s.topk_ids = s.topk_weights = none;
+			uint64_t t_sub = rw_now_ns();
 			int rc = rw_client_submit(c, &s, 1);
 			CHECK(rc == 0, "submit dispatch: %s", rw_client_strerror(rc));
 			rw_cqe_t cq;
 			CHECK(wait_one(c, &cq, 30000) == 0, "no dispatch completion");
+			if (timing)
+				printf("timing dispatch %u %u %llu %llu %u %u\n", layer, step,
+				       (unsigned long long)t_sub, (unsigned long long)rw_now_ns(), cq.recv_tokens, row);
 			if (strcmp(mode, "fail") == 0) {
 				CHECK(cq.status == RW_CQ_ERROR, "dispatch succeeded but should have failed");
 				printf("failed as expected: %s: %s\n", rw_client_strerror(cq.error),
@@ -297,13 +309,14 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 			memset(seen, 0, (size_t)world * MAX_ROWS);
 			memset(ecount, 0, sizeof(uint32_t) * experts);
 			for (uint32_t q = 0; q < world; q++) {
-				gen(seed, step, layer, q, &other);
-				for (uint32_t t = 0; t < other.n; t++) {
+				work_t *o = &all[q];
+				gen(seed, step, layer, q, o);
+				for (uint32_t t = 0; t < o->n; t++) {
 					int hit = 0;
 					for (uint32_t k = 0; k < TOPK; k++)
-						if (other.ids[t][k] >= 0 && (uint32_t)other.ids[t][k] / per_rank == me) {
+						if (o->ids[t][k] >= 0 && (uint32_t)o->ids[t][k] / per_rank == me) {
 							hit = 1;
-							ecount[other.ids[t][k]]++;
+							ecount[o->ids[t][k]]++;
 						}
 					expect_total += hit;
 				}
@@ -327,14 +340,14 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 				memcpy(&src_rank, m + 4, 4);
 				memcpy(&token, m + 8, 4);
 				CHECK(src_rank < world && src_rank / gpus == src_node, "row %u: bad source", j);
-				gen(seed, step, layer, src_rank, &other);
-				CHECK(token < other.n, "row %u: bad token %u", j, token);
+				const work_t *other = &all[src_rank];
+				CHECK(token < other->n, "row %u: bad token %u", j, token);
 				uint8_t *sn = &seen[src_rank * MAX_ROWS + token];
 				CHECK(!*sn, "row %u: rank %u token %u delivered twice", j, src_rank, token);
 				*sn = 1;
-				CHECK(memcmp(m + 16, other.ids[token], TOPK * 4) == 0, "row %u: ids differ", j);
-				CHECK(memcmp(m + 16 + 4 * TOPK, other.w[token], TOPK * 4) == 0, "row %u: weights differ", j);
-				const float *xt = other.x + (size_t)token * hidden;
+				CHECK(memcmp(m + 16, other->ids[token], TOPK * 4) == 0, "row %u: ids differ", j);
+				CHECK(memcmp(m + 16 + 4 * TOPK, other->w[token], TOPK * 4) == 0, "row %u: weights differ", j);
+				const float *xt = other->x + (size_t)token * hidden;
 				for (uint32_t h = 0; h < hidden; h++)
 					CHECK(get_elem(rows + (uint64_t)j * row, bf16, h) == xt[h],
 					      "row %u (rank %u token %u): data differs at %u", j, src_rank, token, h);
@@ -342,10 +355,10 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 				for (uint32_t h = 0; h < hidden; h++)
 					outv[h] = 0;
 				for (uint32_t k = 0; k < TOPK; k++) {
-					int32_t e = other.ids[token][k];
+					int32_t e = other->ids[token][k];
 					if (e >= 0 && (uint32_t)e / per_rank == me)
 						for (uint32_t h = 0; h < hidden; h++)
-							outv[h] += other.w[token][k] * factor(e) * xt[h];
+							outv[h] += other->w[token][k] * factor(e) * xt[h];
 				}
 				put_row(mem + off_cin + (uint64_t)j * row, bf16, outv);
 			}
@@ -367,9 +380,13 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 				cs.output = none;
 				cs.output_capacity = 0;
 			}
+			t_sub = rw_now_ns();
 			rc = rw_client_submit(c, &cs, 1);
 			CHECK(rc == 0, "submit combine: %s", rw_client_strerror(rc));
 			CHECK(wait_one(c, &cq, 30000) == 0, "no combine completion");
+			if (timing)
+				printf("timing combine %u %u %llu %llu %u %u\n", layer, step,
+				       (unsigned long long)t_sub, (unsigned long long)rw_now_ns(), cs.token_count, row);
 			CHECK(cq.status == RW_CQ_OK, "step %u layer %u combine failed: %s (%s)", step, layer,
 			      rw_client_strerror(cq.error), rw_client_last_message(c));
 			CHECK(cq.recv_tokens == mine.n, "combine returned %u rows, expected %u",
@@ -414,10 +431,14 @@ int main(int argc, char **argv)
 			hidden = (uint32_t)atoi(argv[++i]);
 		} else if (strcmp(argv[i], "--tokens") == 0 && i + 1 < argc) {
 			fixed_tokens = (uint32_t)atoi(argv[++i]);
-			if (fixed_tokens < 1 || fixed_tokens > MAX_ROWS) {
-				fprintf(stderr, "rw_rank: --tokens must be 1..%d\n", MAX_ROWS);
+			if (fixed_tokens < 1 || fixed_tokens > MAX_FIXED) {
+				fprintf(stderr, "rw_rank: --tokens must be 1..%d\n", MAX_FIXED);
 				return 2;
 			}
+			if (fixed_tokens > MAX_ROWS)
+				MAX_ROWS = fixed_tokens;
+		} else if (strcmp(argv[i], "--timing") == 0) {
+			timing = 1;
 		} else if (strcmp(argv[i], "--first-step") == 0 && i + 1 < argc) {
 			first_step = (uint32_t)strtoul(argv[++i], NULL, 10);
 		} else if (strcmp(argv[i], "--submit-experts") == 0 && i + 1 < argc) {
@@ -454,13 +475,27 @@ int main(int argc, char **argv)
 			pause();
 	}
 	mine.x = malloc(sizeof(float) * MAX_ROWS * hidden);
-	other.x = malloc(sizeof(float) * MAX_ROWS * hidden);
+	mine.ids = malloc(sizeof(*mine.ids) * MAX_ROWS);
+	mine.w = malloc(sizeof(*mine.w) * MAX_ROWS);
+	all = calloc(world, sizeof(*all));
+	for (uint32_t q = 0; all && q < world; q++) {
+		all[q].x = malloc(sizeof(float) * MAX_ROWS * hidden);
+		all[q].ids = malloc(sizeof(*all[q].ids) * MAX_ROWS);
+		all[q].w = malloc(sizeof(*all[q].w) * MAX_ROWS);
+	}
 	seen = malloc((size_t)world * MAX_ROWS);
 	ecount = malloc(sizeof(uint32_t) * experts);
 	outv = malloc(sizeof(float) * hidden);
 	rc = run(c, &b, mode, layers, steps, seed, submit_experts);
 	free(mine.x);
-	free(other.x);
+	free(mine.ids);
+	free(mine.w);
+	for (uint32_t q = 0; all && q < world; q++) {
+		free(all[q].x);
+		free(all[q].ids);
+		free(all[q].w);
+	}
+	free(all);
 	free(seen);
 	free(ecount);
 	free(outv);

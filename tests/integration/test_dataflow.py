@@ -21,6 +21,8 @@ B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DAEMON = os.path.join(B, "railwaved")
 RANK = os.path.join(B, "tests", "integration", "rw_rank")
 FAKE_CUDA = os.path.join(B, "tests", "integration", "libfakecuda_ipc.so")
+# The same stand-in with the CUDA mover's kernels run on the CPU (fake_cuda_kernels.c).
+FAKE_KERN = os.path.join(B, "tests", "integration", "libfakecuda_kern.so")
 GPUS, RAILS = 2, 2
 WAIT = 60.0  # bound on any wait (never a pass/fail timing criterion)
 
@@ -285,37 +287,14 @@ def scenario_cuda(tmp, seed):
         return
     runs = [(p, [0, 1, 2, 3]) for p in ("native", "rail-only", "perm-only", "joint", "auto")]
     runs += [("joint", [0, 3]), ("auto", [1, 2])]  # CUDA and host ranks side by side
-    # Knobs for a heavier run by hand (docs/perf/gpu-e2e.md): extra rank flags (--hidden,
-    # --tokens), a bigger receive region, and each daemon's phase statistics printed at the end.
-    extra_flags = os.environ.get("RW_IT_RANK_FLAGS", "").split()
-    recv_mib = int(os.environ.get("RW_IT_RECV_MIB", "16"))
-    for i, (path, cuda_ranks) in enumerate(runs):
-        c = Cluster(tmp, 2, path=path, extra={"recv_region_mib": recv_mib})
-        c.rank_flags = extra_flags
-        if not real:
-            c.env["RW_CUDA_DRIVER"] = FAKE_CUDA
-        try:
-            c.start_all()
-            procs = [(r, c.rank(r, "g.cuda", 4, 2, seed + i,
-                                flags=["--empty"] + (["--cuda"] if r in cuda_ranks else [])))
-                     for r in range(c.nodes * GPUS)]
-            skipped = [r for r, p in procs if p.wait(WAIT) == 77]
-            if skipped:
-                print("skip cuda: %s" % procs[skipped[0]][1].stdout.read().decode().strip())
-                return
-            outs = c.collect(procs)
-            for r in cuda_ranks:
-                if "(CUDA buffers)" not in outs[r]:
-                    raise RuntimeError("rank %d did not run with CUDA buffers: %s" % (r, outs[r]))
-            if os.environ.get("RW_IT_STATS"):
-                for n in range(c.nodes):
-                    for line in c.stats(n, "stats phases").splitlines():
-                        if line.strip() and " ok=0 failed=0 " not in line:
-                            print("  node %d %s" % (n, line))
-        finally:
-            c.stop()
-        print("ok   cuda %-9s CUDA ranks %s N=2 R=%d G=%d (%s, %s driver)"
-              % (path, cuda_ranks, RAILS, GPUS, seed + i, "real" if real else "stand-in"))
+    drivers = [("stand-in", FAKE_CUDA)]
+    if not real and os.path.exists(FAKE_KERN):
+        # Again with kernels: the CUDA mover (service/mover_cuda.c) carries the pairs, its
+        # kernels emulated on the CPU — where the build embeds kernels (nvcc was found).
+        drivers.append(("stand-in with kernels", FAKE_KERN))
+    for label, driver in drivers:
+        if not scenario_cuda_runs(tmp, seed, real, runs, label, driver):
+            break
     if real:
         return
     # A daemon without a driver refuses CUDA registration with a clear error and keeps the rank.
@@ -331,6 +310,52 @@ def scenario_cuda(tmp, seed):
     finally:
         c.stop()
     print("ok   cuda registration refused by a daemon without a driver: %s" % out.strip()[-80:])
+
+
+def scenario_cuda_runs(tmp, seed, real, runs, label, driver):
+    """The cuda scenario's runs with one driver. With the kernel stand-in, each daemon must have
+    carried its pairs with the CUDA mover; a build without embedded kernels says so once and the
+    rest is skipped (False)."""
+    # Knobs for a heavier run by hand (docs/perf/gpu-e2e.md): extra rank flags (--hidden,
+    # --tokens), a bigger receive region, and each daemon's phase statistics printed at the end.
+    extra_flags = os.environ.get("RW_IT_RANK_FLAGS", "").split()
+    recv_mib = int(os.environ.get("RW_IT_RECV_MIB", "16"))
+    for i, (path, cuda_ranks) in enumerate(runs):
+        c = Cluster(tmp, 2, path=path, extra={"recv_region_mib": recv_mib})
+        c.rank_flags = extra_flags
+        if not real:
+            c.env["RW_CUDA_DRIVER"] = driver
+        try:
+            c.start_all()
+            procs = [(r, c.rank(r, "g.cuda", 4, 2, seed + i,
+                                flags=["--empty"] + (["--cuda"] if r in cuda_ranks else [])))
+                     for r in range(c.nodes * GPUS)]
+            skipped = [r for r, p in procs if p.wait(WAIT) == 77]
+            if skipped:
+                print("skip cuda: %s" % procs[skipped[0]][1].stdout.read().decode().strip())
+                return False
+            outs = c.collect(procs)
+            for r in cuda_ranks:
+                if "(CUDA buffers)" not in outs[r]:
+                    raise RuntimeError("rank %d did not run with CUDA buffers: %s" % (r, outs[r]))
+            if os.environ.get("RW_IT_STATS"):
+                for n in range(c.nodes):
+                    for line in c.stats(n, "stats phases").splitlines():
+                        if line.strip() and " ok=0 failed=0 " not in line:
+                            print("  node %d %s" % (n, line))
+            logs = [open(os.path.join(tmp, "d%d.log" % n)).read() for n in range(c.nodes)]
+        finally:
+            c.stop()
+        if driver == FAKE_KERN:
+            if any("built without nvcc" in l for l in logs):
+                print("skip cuda with the kernel stand-in: this build embeds no kernels (no nvcc)")
+                return False
+            if not all("cuda mover: kernels loaded" in l and "mapped into the GPUs" in l for l in logs):
+                raise RuntimeError("the CUDA mover did not carry the pairs with the kernel stand-in\n"
+                                   + c.logs())
+        print("ok   cuda %-9s CUDA ranks %s N=2 R=%d G=%d (%s, %s driver)"
+              % (path, cuda_ranks, RAILS, GPUS, seed + i, "real" if real else label))
+    return True
 
 
 def scenario_peer_dies(tmp, seed):

@@ -1,0 +1,150 @@
+/* tests/integration/fake_cuda_kernels.c: the module API for the stand-in libcuda.so.1 of
+ * fake_cuda_ipc.c, linked into a second stand-in (libfakecuda_kern.so) so the CUDA data mover
+ * (service/mover_cuda.c) runs its whole control path — accepting pairs, staging ids, row lists,
+ * marks, host-memory ranks' staging — on machines without a GPU. The mover's kernels run at once
+ * on the calling thread, on the CPU, with the arithmetic cuda/kernels.cu states (fp32 adds in list
+ * order, bf16 rounded to nearest even with NaN kept quiet): this checks the mover's bookkeeping,
+ * not the GPU code (the GPU test, tests/integration/test_cuda_mover.py, checks that). Device
+ * memory here is host-addressable, so every address the lists name is dereferenced as is. Only
+ * the mover's kernels exist; the index-based pack/unpack/combine are refused. The module image
+ * is not looked at. */
+#include "config.h"
+
+#if RW_HAVE_CUDA_H
+#include <stdint.h>
+#include <string.h>
+
+#include <cuda.h>
+
+static const char *const names[] = { "rw_copy_rows16", "rw_copy_rows1", "rw_rows_acc",
+				     "rw_rows_sum", "rw_store_f32" };
+static int module_obj;
+
+CUresult CUDAAPI cuModuleLoadData(CUmodule *m, const void *image)
+{
+	(void)image;
+	*m = (CUmodule)&module_obj;
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuModuleUnload(CUmodule m) { (void)m; return CUDA_SUCCESS; }
+
+CUresult CUDAAPI cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
+{
+	(void)m;
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (strcmp(name, names[i]) == 0) {
+			*f = (CUfunction)(uintptr_t)(i + 1);
+			return CUDA_SUCCESS;
+		}
+	*f = (CUfunction)(uintptr_t)1000; /* present, but launching it is refused */
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
+{
+	(void)s;
+	memset((void *)(uintptr_t)d, v, n);
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemHostGetDevicePointer(CUdeviceptr *d, void *p, unsigned int f)
+{
+	(void)f;
+	*d = (CUdeviceptr)(uintptr_t)p;
+	return CUDA_SUCCESS;
+}
+
+struct row_copy { uint64_t src, dst; };
+struct row_sum { uint64_t dst; uint32_t first, count; };
+
+static float elem(uint64_t row, uint32_t h, int bf16)
+{
+	float f;
+	if (bf16) {
+		uint16_t v;
+		memcpy(&v, (const void *)(uintptr_t)(row + 2ull * h), 2);
+		uint32_t u = (uint32_t)v << 16;
+		memcpy(&f, &u, 4);
+	} else {
+		memcpy(&f, (const void *)(uintptr_t)(row + 4ull * h), 4);
+	}
+	return f;
+}
+
+static uint16_t to_bf16(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
+	return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
+
+#define ARG(i, type) (*(type *)params[i])
+
+CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+				unsigned by, unsigned bz, unsigned shared, CUstream s, void **params,
+				void **extra)
+{
+	(void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared, (void)s, (void)extra;
+	uintptr_t k = (uintptr_t)f;
+	if (k == 1 || k == 2) { /* rw_copy_rows16 (16-byte units) / rw_copy_rows1 (bytes) */
+		const struct row_copy *l = (const struct row_copy *)(uintptr_t)ARG(0, CUdeviceptr);
+		uint32_t n = ARG(1, uint32_t);
+		size_t len = (size_t)ARG(2, uint32_t) * (k == 1 ? 16 : 1);
+		/* Last entry first: a GPU promises no order among a launch's entries, and a list
+		 * naming one destination twice must not pass here by luck of order. */
+		for (uint32_t e = n; e-- > 0;)
+			memmove((void *)(uintptr_t)l[e].dst, (const void *)(uintptr_t)l[e].src, len);
+		return CUDA_SUCCESS;
+	}
+	if (k == 3 || k == 4) { /* rw_rows_acc / rw_rows_sum */
+		const struct row_sum *l = (const struct row_sum *)(uintptr_t)ARG(0, CUdeviceptr);
+		const uint64_t *src = (const uint64_t *)(uintptr_t)ARG(1, CUdeviceptr);
+		uint32_t n = ARG(2, uint32_t), hidden = ARG(3, uint32_t);
+		int bf16 = ARG(4, uint32_t) != 0;
+		for (uint32_t e = 0; e < n; e++) {
+			uint8_t *dst = (uint8_t *)(uintptr_t)l[e].dst;
+			if (k == 4 && l[e].count == 1) {
+				memmove(dst, (const void *)(uintptr_t)src[l[e].first], (size_t)hidden * (bf16 ? 2 : 4));
+				continue;
+			}
+			for (uint32_t h = 0; h < hidden; h++) {
+				float acc;
+				uint32_t j = 0;
+				if (k == 3) {
+					memcpy(&acc, dst + 4ull * h, 4);
+				} else {
+					acc = elem(src[l[e].first], h, bf16);
+					j = 1;
+				}
+				for (; j < l[e].count; j++)
+					acc += elem(src[l[e].first + j], h, bf16);
+				if (k == 3 || !bf16) {
+					memcpy(dst + 4ull * h, &acc, 4);
+				} else {
+					uint16_t v = to_bf16(acc);
+					memcpy(dst + 2ull * h, &v, 2);
+				}
+			}
+		}
+		return CUDA_SUCCESS;
+	}
+	if (k == 5) { /* rw_store_f32 */
+		uint8_t *dst = (uint8_t *)(uintptr_t)ARG(0, CUdeviceptr);
+		const float *src = (const float *)(uintptr_t)ARG(1, CUdeviceptr);
+		uint64_t n = ARG(2, uint64_t);
+		int bf16 = ARG(3, uint32_t) != 0;
+		for (uint64_t i = 0; i < n; i++) {
+			if (bf16) {
+				uint16_t v = to_bf16(src[i]);
+				memcpy(dst + 2 * i, &v, 2);
+			} else {
+				memcpy(dst + 4 * i, &src[i], 4);
+			}
+		}
+		return CUDA_SUCCESS;
+	}
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+#endif /* RW_HAVE_CUDA_H */

@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""The CUDA data mover on a real GPU (docs/dataflow.md "CUDA buffers"): the integration test's
+cuda scenario (two railwaved, ranks with CUDA buffers, every forced path and the selector, CUDA
+and host-memory ranks side by side, every row, count and combined sum checked exactly by the
+ranks) with the system's driver, for three row shapes: hidden 24 (16-byte vector kernels), hidden
+7 (14- and 28-byte rows: the byte kernels) and hidden 4096 x 128 tokens. Each daemon must say that
+it loaded its kernels and mapped its slabs into the GPU, i.e. that the CUDA mover carried the
+pairs, not the host mover.
+
+Without a usable CUDA driver and device (CI) it skips with the reason (exit 77). Run by tests/run
+as $b/test/cuda_mover; on the GPU machine see docs/perf/cuda-mover.md for the command."""
+import ctypes
+import importlib.machinery
+import os
+import random
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def gpu_reason():
+    """None when libcuda loads, initialises and sees a device, else why not."""
+    try:
+        cu = ctypes.CDLL(os.environ.get("RW_CUDA_DRIVER") or "libcuda.so.1")
+    except OSError as e:
+        return "no CUDA driver (%s)" % e
+    if cu.cuInit(0) != 0:
+        return "cuInit failed"
+    n = ctypes.c_int(0)
+    if cu.cuDeviceGetCount(ctypes.byref(n)) != 0 or n.value < 1:
+        return "no CUDA device"
+    return None
+
+
+def main():
+    why = gpu_reason()
+    if why:
+        print("skip: the CUDA mover needs a GPU: %s" % why)
+        return 77
+    td = importlib.machinery.SourceFileLoader(
+        "test_dataflow", os.path.join(HERE, "integration_dataflow")).load_module()
+    if not (os.access(td.DAEMON, os.X_OK) and os.access(td.RANK, os.X_OK)):
+        print("skip: railwaved or rw_rank not built")
+        return 77
+    os.environ["RW_IT_CUDA"] = "real"
+    seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or random.randrange(1, 1 << 30)
+    print("seed %d (RW_TEST_SEED=%d reproduces)" % (seed, seed))
+    for flags, recv_mib in [("", 16), ("--hidden 7", 16), ("--hidden 4096 --tokens 128", 128)]:
+        os.environ["RW_IT_RANK_FLAGS"] = flags
+        os.environ["RW_IT_RECV_MIB"] = str(recv_mib)
+        with tempfile.TemporaryDirectory(prefix="rwcm.", dir="/tmp") as tmp:
+            try:
+                td.scenario_cuda(tmp, seed)
+            except Exception as e:
+                print("FAIL cuda mover (%s): %s" % (flags or "hidden 24", e))
+                return 1
+            for n in (0, 1):
+                with open(os.path.join(tmp, "d%d.log" % n)) as f:
+                    log = f.read()
+                for want in ("cuda mover: kernels loaded on device", "mapped into the GPUs"):
+                    if want not in log:
+                        print("FAIL: daemon %d never said '%s': the CUDA mover did not carry its "
+                              "pairs\n%s" % (n, want, log[-3000:]))
+                        return 1
+        print("ok   CUDA mover carried every pair (%s)" % (flags or "hidden 24"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
