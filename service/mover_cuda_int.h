@@ -1,0 +1,140 @@
+/* The CUDA data mover's private header (service/mover_cuda.c is the mover as the executor sees
+ * it; service/mover_cuda_run.c holds what it launches and keeps): its types and what the two
+ * files share. mover_cuda.c calls mover_cuda_run.c, never the other way (a stream watcher
+ * callback is handed over as a pointer). */
+#ifndef RW_SVC_MOVER_CUDA_INT_H
+#define RW_SVC_MOVER_CUDA_INT_H
+
+#include <ev.h>
+
+#include "common/arena.h"
+#include "cuda/rw_cuda.h"
+#include "service/mover.h"
+#include "service/wire.h"
+
+#define CM_DEVICES 32   /* device ordinals this mover drives (bitmasks below) */
+#define CM_REGS (2 * RW_MAX_RAILS * 4) /* mapped slot areas: slots x rails, with room */
+#define CM_BLOCKS 64    /* pooled device blocks (owner sums) */
+#define CM_TABS 4       /* pooled pinned row-list buffers (a pair holds one from plan to close) */
+#define CM_POLL_BATCH 64
+
+typedef struct cuda_mover cuda_mover_t;
+
+/* One device's stream; its completion eventfd is an ev_io on the loop. */
+typedef struct cm_dev {
+	rw_cuda_stream_t *stream;
+	ev_io io;
+	cuda_mover_t *m;
+	int kernels;                 /* 0 unknown, 1 loaded, -1 absent (logged once) */
+} cm_dev_t;
+
+/* A row list of one device: entries are appended, [launched, n) not yet launched. Copy lists
+ * use `copy`; sum lists `sum` with their source addresses in `src`. */
+typedef struct cm_list {
+	rw_cuda_row_copy_t *copy;
+	rw_cuda_row_sum_t *sum;
+	uint64_t *src;
+	uint32_t cap, n, launched, src_cap, n_src;
+	uint64_t addr_bits;          /* OR of the addresses since the last launch (alignment) */
+} cm_list_t;
+
+typedef struct cm_pair {
+	cuda_mover_t *m;
+	struct cm_pair *next;
+	uint32_t serial, gpus;
+	const rw_svc_phase_t *ph;    /* the executor's view of the pair (lives longer than cp) */
+	rw_arena_t mem;
+	int home;                    /* runs host-memory ranks' work: the pair's first CUDA device */
+	int xdev[RW_MAX_GPUS];       /* the device whose stream writes rank g's memory */
+	uint32_t devs;               /* devices with work of this pair ever enqueued */
+	uint32_t dirty;              /* devices with work enqueued after their last mark */
+	uint32_t pending;            /* marks not yet completed */
+	uint32_t marks_d[RW_MAX_GPUS]; /* dispatch staging marks per rank */
+	uint32_t marks_c;            /* marks of the combine's slab and fold kernels */
+	uint32_t c_staged;           /* ranks whose combine rows are in (bit g) */
+	/* device-readable inputs: token rows, combine rows */
+	rw_cuda_dptr_t tok[RW_MAX_GPUS], crow[RW_MAX_GPUS];
+	/* the plan */
+	uint32_t n_local, n_total;
+	uint32_t *local_ref;         /* [2 * n_local]: (rank, token) of each local-node record */
+	int local_kind;
+	uint32_t bg_i;
+	rw_svc_out_layout_t out[RW_MAX_GPUS];
+	uint8_t *counts_st[RW_MAX_GPUS], *rows_st[RW_MAX_GPUS], *meta_st[RW_MAX_GPUS];
+	rw_cuda_dptr_t rows_d[RW_MAX_GPUS];
+	uint32_t *fwd_ref[RW_MAX_GPUS];
+	uint32_t fwd_n[RW_MAX_GPUS];
+	uint32_t *expert_counts[RW_MAX_GPUS];
+	uint32_t *contrib;           /* [n_total * G]: 1 + row of record ref in rank g's combine input */
+	int acc_blk[RW_MAX_GPUS];    /* pool block of rank g's fp32 owner sums (-1: none) */
+	rw_cuda_dptr_t acc[RW_MAX_GPUS];
+	rw_cuda_dptr_t send_d[2][RW_MAX_RAILS], recv_d[2][RW_MAX_RAILS];
+	int tab;                     /* pool index of the pinned row lists (-1: none) */
+	cm_list_t fwd[CM_DEVICES], sums[CM_DEVICES]; /* per device: forwards; owner-sum adds */
+	cm_list_t pack, cslab;       /* the dispatch slabs' rows; the combine slabs' sums */
+	uint8_t **pk_hdr;            /* [n_rec]: where each dispatch record's header goes */
+	int packed;                  /* the dispatch slabs' kernels are known done */
+} cm_pair_t;
+
+struct cuda_mover {
+	struct ev_loop *loop;
+	void (*io_cb)(struct ev_loop *loop, ev_io *w, int revents); /* the stream watcher's */
+	rw_svc_mover_done_fn done;
+	void *ctx;
+	int off;                     /* RAILWAVE_CUDA_MOVER=0: decline every pair */
+	int check;                   /* RAILWAVE_CUDA_MOVER=check: verify every row copy */
+	cm_dev_t dev[CM_DEVICES];
+	cm_pair_t *pairs;
+	struct { uint8_t *base; uint64_t bytes; rw_cuda_dptr_t dptr; } reg[CM_REGS];
+	uint32_t n_reg;
+	struct { int dev; rw_cuda_dptr_t ptr; size_t size; int busy; } blk[CM_BLOCKS];
+	struct { rw_svc_pinned_t buf; int busy; } tabs[CM_TABS];
+};
+
+enum { OP_STAGE_D = 0, OP_STAGE_C = 1, OP_FLUSH_D = 2, OP_FLUSH_C = 3 };
+
+int cm_dev_kernels(cuda_mover_t *m, int dev);
+uint64_t cm_token(const cm_pair_t *cp, uint32_t op, uint32_t g);
+rw_cuda_dptr_t cm_hptr(const void *p);
+cm_pair_t *cm_pair_find(cuda_mover_t *m, uint32_t serial);
+void cm_dev_drop(cuda_mover_t *m, cm_dev_t *d);
+rw_status_t cm_dev_stream(cuda_mover_t *m, int device, rw_cuda_stream_t **s_p);
+rw_status_t cm_pair_stream(cm_pair_t *cp, int device, rw_cuda_stream_t **s_p);
+rw_status_t cm_pair_mark(cm_pair_t *cp, int device, uint32_t op, uint32_t g);
+rw_status_t cm_pair_sync(cm_pair_t *cp);
+rw_status_t cm_map_areas(cuda_mover_t *m, cm_pair_t *cp, const rw_svc_phase_t *ph, char *why);
+int cm_blk_take(cuda_mover_t *m, int dev, size_t size);
+int cm_span_dev_ok(cuda_mover_t *m, const rw_svc_span_mem_t *s);
+rw_status_t cm_stage_dispatch(cm_pair_t *cp, rw_svc_phase_t *ph, uint32_t g, int *pending_p,
+				  char *why);
+void cm_combine_headers(cm_pair_t *cp, const rw_svc_phase_t *ph);
+rw_status_t cm_stage_combine(cm_pair_t *cp, rw_svc_phase_t *ph, uint32_t g, int *pending_p,
+				 char *why);
+void cm_list_copy(cm_list_t *l, rw_cuda_dptr_t src, rw_cuda_dptr_t dst);
+void cm_list_sum(cm_list_t *l, rw_cuda_dptr_t dst);
+void cm_list_src(cm_list_t *l, rw_cuda_dptr_t src);
+void cm_check_read(cm_pair_t *cp, int dev, uint64_t addr, uint8_t *buf, size_t n);
+void cm_check_copies(cm_pair_t *cp, const rw_svc_phase_t *ph, const cm_list_t *l, int dev,
+			 uint32_t from, uint32_t to, const char *what);
+rw_status_t cm_list_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, cm_list_t *l, int dev,
+			       int kind);
+void cm_list_carve(cm_list_t *l, uint8_t *base, size_t *off, uint32_t n, uint32_t srcs, int sum);
+void cm_lists_carve(cm_pair_t *cp, const rw_svc_phase_t *ph, uint8_t *base, size_t *off,
+			const uint32_t *ranks_on, const uint32_t *recs_on, const uint32_t *local_on);
+uint32_t cm_fwd_mask(const rw_svc_phase_t *ph, const int32_t *ids);
+void cm_dispatch_headers(cm_pair_t *cp, const rw_svc_phase_t *ph);
+rw_status_t cm_dispatch_pack_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why);
+int cm_forward_one(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t ref, uint32_t src_node,
+		       uint32_t src_rank, uint32_t token, const int32_t *ids, const float *weights,
+		       rw_cuda_dptr_t row);
+rw_status_t cm_launch_all(cm_pair_t *cp, const rw_svc_phase_t *ph, int sums, char *why);
+rw_status_t cm_forward_range(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t src,
+				 uint32_t rail, char *why);
+rw_status_t cm_forward_local(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t budget,
+				 int *done_p, char *why);
+rw_status_t cm_combine_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why);
+rw_status_t cm_combine_range(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t d, uint32_t e,
+				 char *why);
+void cm_host_copy_out(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind, uint32_t g);
+
+#endif /* RW_SVC_MOVER_CUDA_INT_H */
