@@ -131,6 +131,19 @@ typedef struct rw_svc_mover_ops {
 } rw_svc_mover_ops_t;
 
 extern const rw_svc_mover_ops_t rw_svc_mover_host;
+
+/* For movers (service/mover_rec.c): check an arrived dispatch record in `slot` of src's range on
+ * `rail` (tag, source, owner) and read its header and top-k. RW_ERR_PROTO, with why naming the
+ * slot, when the header is wrong or no expert of the record lives on this node. */
+struct rw_wire_rec_hdr;
+rw_status_t rw_svc_mover_rec_read(const rw_svc_phase_t *ph, const uint8_t *rec, uint32_t src,
+				  uint32_t rail, uint32_t slot, struct rw_wire_rec_hdr *h_p,
+				  int32_t *ids, float *weights, char *why);
+/* The metadata entry of a row forwarded to local rank g (docs/dataflow.md "Dispatch output"),
+ * and its experts on g counted into expert_counts[E]. */
+void rw_svc_mover_meta_put(const rw_svc_phase_t *ph, uint8_t *meta, uint32_t src_node,
+			   uint32_t src_rank, uint32_t token, const int32_t *ids, const float *weights,
+			   uint32_t g, uint32_t *expert_counts);
 /* Kernels on the ranks' GPUs (service/mover_cuda.c): takes a pair whose first submission gives
  * CUDA memory on a device with kernels, declines every other. */
 extern const rw_svc_mover_ops_t rw_svc_mover_cuda;

@@ -315,7 +315,6 @@ static int forward_one(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t ref, 
 		       const uint8_t *row)
 {
 	uint32_t mask = fwd_mask(ph, ids);
-	uint32_t per_rank = ph->n_experts / (ph->nodes * ph->gpus);
 	for (uint32_t g = 0; g < ph->gpus; g++) {
 		if (!(mask & (1u << g)))
 			continue;
@@ -325,15 +324,8 @@ static int forward_one(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t ref, 
 			return -1;
 		memcpy(hp->rows_dst[g] + (uint64_t)j * ph->row_bytes, row, ph->row_bytes);
 		uint8_t *meta = hp->meta_dst[g] + (uint64_t)j * o->meta_bytes;
-		rw_wire_put32(meta, src_node);
-		rw_wire_put32(meta + 4, src_rank);
-		rw_wire_put32(meta + 8, token);
-		rw_wire_put32(meta + 12, 0);
-		memcpy(meta + 16, ids, 4u * ph->topk);
-		memcpy(meta + 16 + 4u * ph->topk, weights, 4u * ph->topk);
-		for (uint32_t k = 0; k < ph->topk; k++)
-			if (ids[k] >= 0 && (uint32_t)ids[k] / per_rank == ph->me * ph->gpus + g)
-				hp->expert_counts[g][ids[k]]++;
+		rw_svc_mover_meta_put(ph, meta, src_node, src_rank, token, ids, weights, g,
+				      hp->expert_counts[g]);
 		hp->fwd_ref[g][j] = ref;
 		if (ref < ph->n_in)
 			hp->contrib[(size_t)ref * ph->gpus + g] = j + 1;
@@ -354,21 +346,9 @@ static rw_status_t forward_range(host_pair_t *hp, const rw_svc_phase_t *ph, uint
 	for (uint32_t k = 0; k < l->in_quota[i]; k++) {
 		const uint8_t *rec = ph->recv_area[0][rail] + ((uint64_t)first + k) * ph->rec_size;
 		rw_wire_rec_hdr_t h;
-		if (rw_wire_rec_unpack(rec, ph->topk, &h) != RW_OK || h.tag != ph->tag_in ||
-		    h.src_node != src || h.owner >= ph->gpus) {
-			snprintf(why, RW_SVC_WHY_MAX, "bad record header from node %u rail %u slot %u",
-				 src, rail, k);
-			return RW_ERR_PROTO;
-		}
-		for (uint32_t t = 0; t < ph->topk; t++) {
-			ids[t] = rw_wire_rec_id(rec, t);
-			w[t] = rw_wire_rec_weight(rec, ph->topk, t);
-		}
-		if (!fwd_mask(ph, ids)) {
-			snprintf(why, RW_SVC_WHY_MAX, "record from node %u rail %u slot %u has no expert "
-				 "on this node", src, rail, k);
-			return RW_ERR_PROTO;
-		}
+		rw_status_t st = rw_svc_mover_rec_read(ph, rec, src, rail, k, &h, ids, w, why);
+		if (st != RW_OK)
+			return st;
 		if (forward_one(hp, ph, ph->rail_base[rail] + first + k, src, src * ph->gpus + h.owner,
 				h.token, ids, w, rec + rw_wire_rec_row_off(ph->topk)) < 0) {
 			snprintf(why, RW_SVC_WHY_MAX, "a local rank's dispatch output is full");
