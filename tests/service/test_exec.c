@@ -664,6 +664,26 @@ static void rank_order(cl_t *c, uint32_t salt, uint32_t *order)
 	}
 }
 
+/* Every rank's dispatch completion, checked exactly. */
+static void dispatch_collect(cl_t *c, uint32_t step, uint32_t layer)
+{
+	for (uint32_t r = 0; r < c->W; r++) {
+		rw_cqe_t q = next_cqe(c, r);
+		dispatch_check(c, r, step, layer, &q);
+	}
+}
+
+/* Every rank's combine, submitted and checked exactly. */
+static void combine_all(cl_t *c, uint32_t step, uint32_t layer)
+{
+	for (uint32_t r = 0; r < c->W; r++)
+		combine_submit(c, r, step, layer);
+	for (uint32_t r = 0; r < c->W; r++) {
+		rw_cqe_t q = next_cqe(c, r);
+		combine_check(c, r, step, layer, &q);
+	}
+}
+
 /* Every rank dispatches and combines (step, layer); everything checked exactly. */
 static void run_pair(cl_t *c, uint32_t step, uint32_t layer)
 {
@@ -673,10 +693,7 @@ static void run_pair(cl_t *c, uint32_t step, uint32_t layer)
 		dispatch_submit(c, order[i], step, layer, NULL);
 		jiggle(c, step * 7 + layer * 3 + i);
 	}
-	for (uint32_t r = 0; r < c->W; r++) {
-		rw_cqe_t q = next_cqe(c, r);
-		dispatch_check(c, r, step, layer, &q);
-	}
+	dispatch_collect(c, step, layer);
 	rank_order(c, step * 131 + layer + 77, order);
 	for (uint32_t i = 0; i < c->W; i++) {
 		combine_submit(c, order[i], step, layer);
@@ -693,10 +710,7 @@ static void dispatch_all(cl_t *c, uint32_t step, uint32_t layer)
 {
 	for (uint32_t r = 0; r < c->W; r++)
 		dispatch_submit(c, r, step, layer, NULL);
-	for (uint32_t r = 0; r < c->W; r++) {
-		rw_cqe_t q = next_cqe(c, r);
-		dispatch_check(c, r, step, layer, &q);
-	}
+	dispatch_collect(c, step, layer);
 }
 
 
@@ -941,16 +955,8 @@ static void test_count_sliced(void **state)
 	CHECK(c->w->cnt.ctrl_posted[RW_WIRE_COUNTS][0][1] == 1, "node 0 sent its count row twice");
 	for (uint32_t r = c->G; r < c->W; r++)
 		dispatch_submit(c, r, 0, 0, NULL);
-	for (uint32_t r = 0; r < c->W; r++) {
-		rw_cqe_t q = next_cqe(c, r);
-		dispatch_check(c, r, 0, 0, &q);
-	}
-	for (uint32_t r = 0; r < c->W; r++)
-		combine_submit(c, r, 0, 0);
-	for (uint32_t r = 0; r < c->W; r++) {
-		rw_cqe_t q = next_cqe(c, r);
-		combine_check(c, r, 0, 0, &q);
-	}
+	dispatch_collect(c, 0, 0);
+	combine_all(c, 0, 0);
 	cl_free(c);
 }
 
@@ -1040,10 +1046,7 @@ static void grants_case(const char *path, uint32_t N, uint64_t salt)
 	for (uint32_t r = 0; r < c->W; r++)
 		expect_no_cqe(c, r);
 	release_all(c);
-	for (uint32_t r = 0; r < c->W; r++) {
-		rw_cqe_t q = next_cqe(c, r);
-		dispatch_check(c, r, 0, 0, &q);
-	}
+	dispatch_collect(c, 0, 0);
 	/* Combine is gated the same way (flows reversed). */
 	hold(c, m_ctrl(RW_WIRE_GRANT, ANY, ANY));
 	memset(&c->w->cnt, 0, sizeof(c->w->cnt));
@@ -1096,16 +1099,8 @@ static void test_grant_before_wave(void **state)
 	CHECK(c->w->cnt.writes[0][0][1] > 0 && c->w->cnt.writes[0][0][2] == 0,
 	      "node 0 posted wave 2 before its wave-1 writes completed");
 	release_all(c);
-	for (uint32_t r = 0; r < c->W; r++) {
-		rw_cqe_t q = next_cqe(c, r);
-		dispatch_check(c, r, 0, 0, &q);
-	}
-	for (uint32_t r = 0; r < c->W; r++)
-		combine_submit(c, r, 0, 0);
-	for (uint32_t r = 0; r < c->W; r++) {
-		rw_cqe_t q = next_cqe(c, r);
-		combine_check(c, r, 0, 0, &q);
-	}
+	dispatch_collect(c, 0, 0);
+	combine_all(c, 0, 0);
 	cl_free(c);
 }
 
@@ -1173,16 +1168,8 @@ static void test_rows_early(void **state)
 		expect_no_cqe(c, r);
 	for (uint32_t r = 0; r < c->G; r++)
 		dispatch_submit(c, r, 0, 0, NULL);
-	for (uint32_t r = 0; r < c->W; r++) {
-		rw_cqe_t q = next_cqe(c, r);
-		dispatch_check(c, r, 0, 0, &q);
-	}
-	for (uint32_t r = 0; r < c->W; r++)
-		combine_submit(c, r, 0, 0);
-	for (uint32_t r = 0; r < c->W; r++) {
-		rw_cqe_t q = next_cqe(c, r);
-		combine_check(c, r, 0, 0, &q);
-	}
+	dispatch_collect(c, 0, 0);
+	combine_all(c, 0, 0);
 	run_pair(c, 0, 1);
 	cl_free(c);
 }
@@ -1205,16 +1192,8 @@ static void test_rows_late(void **state)
 	for (uint32_t r = 0; r < c->W; r++)
 		expect_no_cqe(c, r);
 	release_all(c);
-	for (uint32_t r = 0; r < c->W; r++) {
-		rw_cqe_t q = next_cqe(c, r);
-		dispatch_check(c, r, 0, 0, &q);
-	}
-	for (uint32_t r = 0; r < c->W; r++)
-		combine_submit(c, r, 0, 0);
-	for (uint32_t r = 0; r < c->W; r++) {
-		rw_cqe_t q = next_cqe(c, r);
-		combine_check(c, r, 0, 0, &q);
-	}
+	dispatch_collect(c, 0, 0);
+	combine_all(c, 0, 0);
 	cl_free(c);
 }
 
@@ -1232,16 +1211,8 @@ static void test_data_before_layout(void **state)
 	settle(c);
 	CHECK(c->w->cnt.writes[0][1][0] > 0, "node 1 wrote nothing to node 0");
 	release_all(c);
-	for (uint32_t r = 0; r < c->W; r++) {
-		rw_cqe_t q = next_cqe(c, r);
-		dispatch_check(c, r, 0, 0, &q);
-	}
-	for (uint32_t r = 0; r < c->W; r++)
-		combine_submit(c, r, 0, 0);
-	for (uint32_t r = 0; r < c->W; r++) {
-		rw_cqe_t q = next_cqe(c, r);
-		combine_check(c, r, 0, 0, &q);
-	}
+	dispatch_collect(c, 0, 0);
+	combine_all(c, 0, 0);
 	cl_free(c);
 }
 
@@ -1379,16 +1350,8 @@ static void test_relay_spares_retry(void **state)
 		dispatch_submit(c, r, 0, 0, NULL);
 	settle(c);
 	release_all(c);
-	for (uint32_t r = 0; r < c->W; r++) {
-		rw_cqe_t q = next_cqe(c, r);
-		dispatch_check(c, r, 0, 0, &q);
-	}
-	for (uint32_t r = 0; r < c->W; r++)
-		combine_submit(c, r, 0, 0);
-	for (uint32_t r = 0; r < c->W; r++) {
-		rw_cqe_t q = next_cqe(c, r);
-		combine_check(c, r, 0, 0, &q);
-	}
+	dispatch_collect(c, 0, 0);
+	combine_all(c, 0, 0);
 	cl_free(c);
 }
 
@@ -1924,17 +1887,9 @@ static void test_slots(void **state)
 	CHECK(c->w->cnt.ctrl_posted[RW_WIRE_COUNTS][0][1] == rows_before,
 	      "a third pair sent its count row without a free slot");
 	use_group(c, 0);
-	for (uint32_t r = 0; r < c->W; r++)
-		combine_submit(c, r, 0, 0);
-	for (uint32_t r = 0; r < c->W; r++) {
-		rw_cqe_t q = next_cqe(c, r);
-		combine_check(c, r, 0, 0, &q);
-	}
+	combine_all(c, 0, 0);
 	use_group(c, 2);
-	for (uint32_t r = 0; r < c->W; r++) {
-		rw_cqe_t q = next_cqe(c, r);
-		dispatch_check(c, r, 0, 0, &q);
-	}
+	dispatch_collect(c, 0, 0);
 	/* groups 1 and 2 combine interleaved */
 	for (uint32_t r = 0; r < c->W; r++) {
 		use_group(c, 1);
@@ -2046,10 +2001,7 @@ static void test_drain(void **state)
 	fk_client_stats(other, &st);
 	CHECK(st.n_cqe == 1 && fk_client_cqe(other, 0)->error == RW_E_STATE, "draining: a new pair was not refused");
 	release_all(c);
-	for (uint32_t r = 0; r < c->W; r++) {
-		rw_cqe_t q = next_cqe(c, r);
-		dispatch_check(c, r, 0, 0, &q);
-	}
+	dispatch_collect(c, 0, 0);
 	CHECK(c->svc[0].stopping == 1, "drain finished but the daemon was not stopped");
 	for (uint32_t r = 0; r < c->G; r++) {
 		combine_submit(c, r, 0, 0);
