@@ -818,11 +818,22 @@ static void test_prometheus_text(void **state)
 	(void)state;
 	fixture_t f;
 	svc_init(&f, "10000");
+	/* The transport's failure counters of a rail, as the mesh samples them (verbs). */
+	rw_rail_dev_stats_t dev = { .retry_exceeded = 3, .rnr_retry_exceeded = 1, .conn_failures = 4,
+				    .remote_errors = 2, .wc_errors = 5, .write_again = 7 };
+	rw_svc_metrics_rail_transport(&f.svc.metrics, 1, &dev);
 	rw_svc_buf_t out = {0};
 	rw_svc_metrics_prometheus(&f.svc.cfg, &f.svc.metrics, &out);
 	assert_false(out.oom);
 	check_exposition(out.data);
 	const char *b = out.data;
+	assert_true(sample(b, "railwave_rail_retry_exceeded_total{rail=\"1\"}") == 3);
+	assert_true(sample(b, "railwave_rail_rnr_retry_exceeded_total{rail=\"1\"}") == 1);
+	assert_true(sample(b, "railwave_rail_conn_failures_total{rail=\"1\"}") == 4);
+	assert_true(sample(b, "railwave_rail_remote_errors_total{rail=\"1\"}") == 2);
+	assert_true(sample(b, "railwave_rail_wc_errors_total{rail=\"1\"}") == 5);
+	assert_true(sample(b, "railwave_rail_write_again_total{rail=\"1\"}") == 7);
+	assert_true(sample(b, "railwave_rail_retry_exceeded_total{rail=\"0\"}") == 0);
 	assert_true(sample(b, "railwave_rail_tx_bytes_total{rail=\"1\"}") == 12345);
 	assert_true(sample(b, "railwave_rail_tx_busy_seconds_total{rail=\"1\"}") == 0.001);
 	assert_true(sample(b, "railwave_rail_wire_tx_bytes_total{rail=\"1\"}") == 12345 + 64 * 10 + 48);
