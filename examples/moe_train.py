@@ -17,7 +17,7 @@ starting any worker — "'NoneType' object has no attribute 'get'" — so the lo
   build/railwaved --config deploy/clusters/loopback-2x2-one-ip.json --node 1 &
   for r in 0 1 2 3; do s=$([ $r -lt 2 ] && echo a || echo b)
     RANK=$r WORLD_SIZE=4 LOCAL_RANK=$((r % 2)) LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \\
-    MASTER_PORT=29511 RAILWAVE_SOCKET=/tmp/railwave/$s.sock PYTHONPATH=python \\
+    MASTER_PORT=29511 RAILWAVE_SOCKET=/run/railwave/$s.sock PYTHONPATH=python \\
     python3 examples/moe_train.py & done; wait
   PYTHONPATH=python python3 examples/moe_train.py --reference --world 4
 Both print one line per step with the same losses (docs/python.md shows a run). With a working

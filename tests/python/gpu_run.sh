@@ -36,7 +36,7 @@ run)
 	RW_PY_ONLY=cuda RW_TEST_SEED=${SEED:-11} timeout 300 python3 tests/python/test_moe.py "$B" > "$O/test_moe_cuda.txt" 2>&1
 	echo "rc $?"; grep -v '^  d[0-9]|' "$O/test_moe_cuda.txt" | tail -30
 	echo "== 2: examples/moe_train.py --device cuda on deploy/clusters/loopback-2x2-one-ip.json"
-	mkdir -p /tmp/railwave
+	mkdir -p /run/railwave
 	"$B/railwaved" --config deploy/clusters/loopback-2x2-one-ip.json --node 0 > "$O/train_d0.log" 2>&1 & d0=$!
 	"$B/railwaved" --config deploy/clusters/loopback-2x2-one-ip.json --node 1 > "$O/train_d1.log" 2>&1 & d1=$!
 	sleep 2
@@ -44,7 +44,7 @@ run)
 	for r in 0 1 2 3; do
 		s=$([ $r -lt 2 ] && echo a || echo b)
 		RANK=$r WORLD_SIZE=4 LOCAL_RANK=$((r % 2)) LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \
-		MASTER_PORT=29511 RAILWAVE_SOCKET=/tmp/railwave/$s.sock PYTHONPATH=python \
+		MASTER_PORT=29511 RAILWAVE_SOCKET=/run/railwave/$s.sock PYTHONPATH=python \
 		RAILWAVE_LIB=$B/lib/librailwave.so.1 timeout 200 python3 examples/moe_train.py \
 			--device cuda --steps 5 > "$O/train_r$r.log" 2>&1 &
 		pids="$pids $!"
