@@ -162,7 +162,9 @@ rw_status_t rw_svc_http_start(rw_svc_t *svc, rw_svc_http_t **http_p)
 	http->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL,
 				     NULL, handle, http, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
 				     MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_TIMEOUT, 10u,
-				     MHD_OPTION_CONNECTION_LIMIT, 32u, MHD_OPTION_END);
+				     MHD_OPTION_CONNECTION_LIMIT, 32u,
+				     /* one address cannot take every slot from the scrapers */
+				     MHD_OPTION_PER_IP_CONNECTION_LIMIT, 4u, MHD_OPTION_END);
 	if (!http->mhd) {
 		rw_err("http: cannot start the metrics server on %s:%u", svc->cfg.http.text,
 		       http->port);

@@ -10,7 +10,9 @@
    that claims a 1 MiB hello, or any other type, gets the connection closed at once (no
    megabyte allocated for it).
 3. At most 64 control connections may wait for their hello; the rest are closed at once.
-4. The daemon then stops cleanly on SIGTERM (exit 0).
+4. Forty idle connections from one address (127.0.0.2) to the metrics endpoint do not keep a
+   scraper at another address (127.0.0.1) out: at most 4 per address are taken in.
+5. The daemon then stops cleanly on SIGTERM (exit 0).
 Bounds here are resource budgets (CPU seconds, log lines, connections), not timings of a
 feature. Run by tests/run as $b/test/svc_exhaustion; exits 0 pass, 1 fail, 77 skip."""
 import json
@@ -90,10 +92,10 @@ def closed_soon(s, within=5.0):
         return False
 
 
-def start(tmp, ports, nofile=None):
+def start(tmp, ports, nofile=None, http="0"):
     cfg = {"cluster": "exhaust", "transport": "tcp", "gpus_per_node": 1, "nic_gbps": 10,
            "ipc_socket": os.path.join(tmp, "{node}.sock"),
-           "stats_socket": os.path.join(tmp, "{node}.stats"), "http": "0",
+           "stats_socket": os.path.join(tmp, "{node}.stats"), "http": http,
            "heartbeat_timeout_ms": 60000,
            "nodes": [{"name": "a", "control": "127.0.0.1:%d" % ports[0],
                       "rails": ["127.0.0.1:%d" % ports[1]]},
@@ -179,8 +181,10 @@ def main():
         print("descriptors: %.2f CPU s in 2 s with 120 strangers at a limit of 40, %d log lines, "
               "exit %d" % (used, shortages, rc))
 
-        # 2 and 3: what a stranger may send before its hello, and how many may wait.
-        p, sp = start(tmp, ports)
+        # 2, 3 and 4: what a stranger may send before its hello, how many may wait, and the
+        # metrics endpoint under idle connections from one address.
+        hport = free_ports(1)[0]
+        p, sp = start(tmp, ports, http="127.0.0.1:%d" % hport)
         big = socket.create_connection(("127.0.0.1", ports[0]))
         big.sendall(frame(WIRE_HELLO, 1 << 20, version))
         check(closed_soon(big), "a hello claiming 1 MiB was not refused at its header")
@@ -196,11 +200,35 @@ def main():
               "64 may wait)" % refused)
         for s in waiting:
             s.close()
+        idle = []
+        for _ in range(40):
+            s = socket.socket()
+            s.bind(("127.0.0.2", 0))
+            s.connect(("127.0.0.1", hport))
+            idle.append(s)
+        answered = 0
+        for _ in range(5):
+            try:
+                with socket.create_connection(("127.0.0.1", hport), timeout=3) as c:
+                    c.sendall(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+                    body = b""
+                    while True:
+                        chunk = c.recv(65536)
+                        if not chunk:
+                            break
+                        body += chunk
+                    answered += body.startswith(b"HTTP/1.") and b" 200 " in body[:20]
+            except OSError:
+                pass
+        for s in idle:
+            s.close()
+        check(answered == 5, "with 40 idle connections from 127.0.0.2, %d of 5 scrapes from "
+              "127.0.0.1 were answered" % answered)
         check("state running" in stats(sp), "the daemon stopped answering after the strangers")
         rc = stop(p)
         check(rc == 0, "railwaved exited %s" % rc)
-        print("before hello: %d of 100 waiting strangers "
-              "refused; exit %d" % (refused, rc))
+        print("before hello: %d of 100 waiting strangers refused; %d of 5 scrapes answered "
+              "beside 40 idle connections; exit %d" % (refused, answered, rc))
     if FAILS:
         return 1
     print("ok")
