@@ -27,6 +27,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "common/listen_pause.h"
 #include "rdma/tcp_wire.h"
 
 #define TCP_DEFAULT_MAX_WRITES 1024
@@ -72,6 +73,7 @@ struct tcp_listener {
 	rw_rail_listener_t base;
 	int fd;
 	ev_io io;
+	rw_listen_pause_t pause;    /* rests the listener when descriptors run out */
 	tcp_listener_t *next, **pprev;
 };
 
@@ -729,8 +731,8 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 		socklen_t salen = sizeof(sa);
 		int fd = accept4(l->fd, (struct sockaddr *)&sa, &salen, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0) {
-			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
-			    errno != ECONNABORTED)
+			if (!rw_listen_pause_on(&l->pause, errno) && errno != EAGAIN &&
+			    errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
 				rw_err("rail %u: accept on %s: %m", dev->base.rail, l->base.addr);
 			return;
 		}
@@ -783,6 +785,7 @@ static rw_status_t tcp_listen(rw_rail_dev_t *base, const rw_rail_conn_cbs_t *cbs
 	l->base.ctx = ctx;
 	ev_io_init(&l->io, accept_cb, l->fd, EV_READ);
 	l->io.data = l;
+	rw_listen_pause_init(&l->pause, base->loop, &l->io, "tcp rail listener");
 	ev_io_start(base->loop, &l->io);
 	l->next = dev->listeners;
 	if (l->next)
@@ -803,6 +806,7 @@ static void tcp_listener_close(rw_rail_listener_t *base)
 {
 	tcp_listener_t *l = (tcp_listener_t *)base;
 	ev_io_stop(base->dev->loop, &l->io);
+	rw_listen_pause_stop(&l->pause);
 	close(l->fd);
 	*l->pprev = l->next;
 	if (l->next)
