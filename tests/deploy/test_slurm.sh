@@ -40,10 +40,24 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ports=$(python3 -c 'import socket
-ss=[socket.socket() for _ in range(14)]
-[s.bind(("127.0.0.1",0)) for s in ss]
-print(" ".join(str(s.getsockname()[1]) for s in ss))')
+# Ports below the kernel's ephemeral range: srun listens on ephemeral ports of the wildcard
+# address while the daemons start, and one of those once took a daemon's port (the daemon could
+# not bind; its peers' hellos reached srun: "failed reading io init message").
+ports=$(python3 -c 'import random, socket
+lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+picked = []
+while len(picked) < 14:
+    p = random.randrange(max(1024, lo - 12000), lo)
+    s = socket.socket()
+    try:
+        s.bind(("0.0.0.0", p))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    if p not in picked:
+        picked.append(p)
+print(" ".join(map(str, picked)))')
 set -- $ports
 ctl_port=$1 d_port=$2; shift 2
 node_ports=$*   # 3 per cluster node (control, 2 rails), up to 4 nodes
