@@ -282,6 +282,9 @@ def cmd_bad(c):
             good()
         # One rank combines with the wrong shape / dtype / a non-contiguous tensor: it is refused
         # there, and that rank leaves and rejoins so that the others' combines fail at once.
+        # Every token goes to that rank's experts (expert e lives on rank e / (E / WORLD)), so
+        # the others' combines depend on its rows (with none received, whether they saw it leave
+        # depended on timing).
         for i, (who, what, bad_y, exc, needle) in enumerate([
                 (0, "combine wrong rows", lambda rx: torch.zeros(rx.shape[0] + 1, H), ValueError,
                  "received rows"),
@@ -290,8 +293,10 @@ def cmd_bad(c):
                 (2 % WORLD, "combine non-contiguous",
                  lambda rx: torch.zeros(rx.shape[0], 2 * H)[:, ::2], ValueError,
                  "not contiguous")]):
+            per = E // WORLD
+            cidx = torch.tensor([[who * per, who * per + per - 1, -1]] * 4)
             if RANK == who:
-                rx, ridx, rw, cnt, h = g.dispatch(x, idx, w, E, layer=3, step=10 + i)
+                rx, ridx, rw, cnt, h = g.dispatch(x, cidx, w, E, layer=3, step=10 + i)
                 y = bad_y(rx)
                 if y.is_contiguous() and what == "combine non-contiguous":
                     # no rows received: no tensor of that shape is non-contiguous; still bad
@@ -299,7 +304,7 @@ def cmd_bad(c):
                 log.append(expect(what, lambda: g.combine(y, h), exc, needle))
             else:  # the pair fails in this rank's combine, or in its dispatch if it is still there
                 log.append(expect("peer of " + what, lambda: g.combine(*(lambda r: (r[0], r[4]))(
-                    g.dispatch(x, idx, w, E, layer=3, step=10 + i))), railwave.PhaseError))
+                    g.dispatch(x, cidx, w, E, layer=3, step=10 + i))), railwave.PhaseError))
             good()
         # Joining with the wrong world size or node is refused; the group serves on.
         log.append(expect("join with world+2", lambda: railwave.Group(
