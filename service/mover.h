@@ -69,6 +69,12 @@ typedef struct rw_svc_phase {
 	rw_svc_pinned_t *stage_in[RW_MAX_GPUS], *stage_out[RW_MAX_GPUS];
 } rw_svc_phase_t;
 
+/* The local ranks (bit g: rank g) hosting one of a record's top-k experts in this phase. */
+static inline uint32_t rw_svc_phase_fwd_mask(const rw_svc_phase_t *ph, const int32_t *ids)
+{
+	return rw_svc_fwd_mask(ph->n_experts, ph->nodes, ph->gpus, ph->me, ids, ph->topk);
+}
+
 /* A mover's asynchronous report: `op` of local rank g of the pair with this serial finished.
  * Always called from the loop, never from inside a mover call. */
 typedef enum rw_svc_mover_op {

@@ -226,7 +226,7 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 	uint32_t n_local = 0;
 	for (uint32_t g = 0; g < G; g++)
 		for (uint32_t t = 0; t < ph->rt[g].n_tokens; t++)
-			n_local += cm_fwd_mask(ph, ph->rt[g].expert_ids + (size_t)t * ph->topk) != 0;
+			n_local += rw_svc_phase_fwd_mask(ph, ph->rt[g].expert_ids + (size_t)t * ph->topk) != 0;
 	cp->n_local = n_local;
 	cp->n_total = ph->n_in + n_local;
 	const uint32_t n_rec = ph->row_off[(size_t)ph->nodes * ph->rails];
@@ -301,7 +301,7 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 	n_local = 0;
 	for (uint32_t g = 0; g < G; g++)
 		for (uint32_t t = 0; t < ph->rt[g].n_tokens; t++)
-			if (cm_fwd_mask(ph, ph->rt[g].expert_ids + (size_t)t * ph->topk)) {
+			if (rw_svc_phase_fwd_mask(ph, ph->rt[g].expert_ids + (size_t)t * ph->topk)) {
 				cp->local_ref[2 * n_local] = g;
 				cp->local_ref[2 * n_local + 1] = t;
 				local_on[cp->xdev[g]]++;

@@ -121,7 +121,6 @@ rw_status_t cm_list_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, cm_list_t *l
 void cm_list_carve(cm_list_t *l, uint8_t *base, size_t *off, uint32_t n, uint32_t srcs, int sum);
 void cm_lists_carve(cm_pair_t *cp, const rw_svc_phase_t *ph, uint8_t *base, size_t *off,
 			const uint32_t *ranks_on, const uint32_t *recs_on, const uint32_t *local_on);
-uint32_t cm_fwd_mask(const rw_svc_phase_t *ph, const int32_t *ids);
 void cm_dispatch_headers(cm_pair_t *cp, const rw_svc_phase_t *ph);
 rw_status_t cm_dispatch_pack_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why);
 int cm_forward_one(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t ref, uint32_t src_node,

@@ -418,11 +418,6 @@ void cm_lists_carve(cm_pair_t *cp, const rw_svc_phase_t *ph, uint8_t *base, size
 	}
 }
 
-uint32_t cm_fwd_mask(const rw_svc_phase_t *ph, const int32_t *ids)
-{
-	return rw_svc_fwd_mask(ph->n_experts, ph->nodes, ph->gpus, ph->me, ids, ph->topk);
-}
-
 /* Every dispatch slab at once: a kernel per device copies the token rows into the mapped slabs,
  * each record at the host mover's (egress rail, slot) (rw_sched_map_rail); the CPU writes the
  * headers and top-k blocks once the kernels are done (cm_dispatch_headers): a header shares a cache
@@ -493,7 +488,7 @@ int cm_forward_one(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t ref, uint32
 		       uint32_t src_rank, uint32_t token, const int32_t *ids, const float *weights,
 		       rw_cuda_dptr_t row)
 {
-	uint32_t mask = cm_fwd_mask(ph, ids);
+	uint32_t mask = rw_svc_phase_fwd_mask(ph, ids);
 	for (uint32_t g = 0; g < ph->gpus; g++) {
 		if (!(mask & (1u << g)))
 			continue;

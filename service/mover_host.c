@@ -216,11 +216,6 @@ static rw_status_t host_stage(void *mover, void *state, rw_svc_phase_t *ph, int 
 
 /* ---- plan ----------------------------------------------------------------------------------- */
 
-static uint32_t fwd_mask(const rw_svc_phase_t *ph, const int32_t *ids)
-{
-	return rw_svc_fwd_mask(ph->n_experts, ph->nodes, ph->gpus, ph->me, ids, ph->topk);
-}
-
 static rw_status_t host_plan(void *mover, void *state, const rw_svc_phase_t *ph, char *why)
 {
 	(void)mover;
@@ -314,7 +309,7 @@ static int forward_one(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t ref, 
 		       uint32_t src_rank, uint32_t token, const int32_t *ids, const float *weights,
 		       const uint8_t *row)
 {
-	uint32_t mask = fwd_mask(ph, ids);
+	uint32_t mask = rw_svc_phase_fwd_mask(ph, ids);
 	for (uint32_t g = 0; g < ph->gpus; g++) {
 		if (!(mask & (1u << g)))
 			continue;
