@@ -86,7 +86,9 @@ static void pair_failed(exec_pair_t *p)
 	const exec_error_t e = p->err;
 	const int kind = exec_kind(p);
 	const rw_wire_key_t key = p->key;
-	const uint32_t epoch = p->xchg.params.epoch;
+	const uint32_t epoch = p->xchg.params.epoch ? p->xchg.params.epoch : exec_epoch_new(p->serial);
+	const uint32_t cause_node = e.cause_id ? e.cause_node : x->me;
+	const uint32_t cause_id = e.cause_id ? e.cause_id : epoch;
 	if (p->mv_state) /* nothing may touch a rank's memory once it has its error */
 		p->mv->quiesce(p->mv_mover, p->mv_state);
 	rw_warn("group %s layer %u step %llu: %s failed (%s): %s", p->g ? p->g->name : "?",
@@ -109,12 +111,23 @@ static void pair_failed(exec_pair_t *p)
 	exec_tomb_add(x, p->g ? p->g->name : NULL, &key, kind,
 		      answered | (kind == RW_MV_DISPATCH ? p->answered : 0), e.msg);
 	EXEC_TRACE(p, exec_trace_end_(p, kind, e.st));
+	/* Each peer is told which of its attempts failed (the epoch of its row we took), so it can
+	 * tell this failure from one of a retry it has started since. */
+	uint32_t *dst_epoch = e.tell ? calloc(x->nodes, sizeof(uint32_t)) : NULL;
 	for (uint32_t n = 0; p->xchg.have_row && n < x->nodes; n++)
-		if (n != x->me && p->xchg.have_row[n] && p->xchg.peer_params[n].epoch)
+		if (n != x->me && p->xchg.have_row[n] && p->xchg.peer_params[n].epoch) {
 			exec_ended_add(x, &key, n, p->xchg.peer_params[n].epoch);
+			if (dst_epoch)
+				dst_epoch[n] = p->xchg.peer_params[n].epoch;
+		}
+	exec_ended_add(x, &key, cause_node, cause_id); /* it may reach us again, passed on */
 	pair_close(p, 0);
 	if (e.tell)
-		exec_tell_peers(x, &key, kind, e.st, e.msg, epoch, 0);
+		exec_tell_peers(x, &(exec_failure_t){ .key = &key, .kind = kind, .st = e.st,
+						     .msg = e.msg, .epoch = epoch,
+						     .cause_node = cause_node, .cause_id = cause_id,
+						     .dst_epoch = dst_epoch });
+	free(dst_epoch);
 	if (e.blame_peer)
 		rw_svc_mesh_fail_peer(x->mesh, (uint32_t)e.blame_peer - 1, RW_ERR_PROTO, e.msg);
 }
@@ -129,6 +142,19 @@ void exec_pair_fail(exec_pair_t *p, rw_status_t st, int remote, int tell, const 
 		exec_err_v(p, st, tell, fmt, ap);
 		va_end(ap);
 		p->err.remote = remote;
+	}
+	pair_failed(p);
+}
+
+void exec_pair_fail_peer(exec_pair_t *p, const rw_wire_phase_err_t *e, int tell, const char *msg)
+{
+	if (!exec_open(p))
+		return;
+	if (p->err.st == RW_OK) {
+		exec_err(p, (rw_status_t)e->status, tell, "%s", msg);
+		p->err.remote = 1;
+		p->err.cause_node = e->cause_node;
+		p->err.cause_id = e->cause_id;
 	}
 	pair_failed(p);
 }

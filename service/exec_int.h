@@ -69,6 +69,8 @@ typedef struct exec_error {
 	int tell;                    /* broadcast PHASE_ERR to the peers */
 	int remote;                  /* a peer's failure: every rank is told RW_E_PHASE */
 	int blame_peer;              /* node + 1 whose data was bad: dropped after the pair fails */
+	uint32_t cause_node;         /* a peer's failure passed on: where it began ... */
+	uint32_t cause_id;           /* ... and its id there; 0: the failure began here */
 	char msg[RW_SVC_WHY_MAX];
 } exec_error_t;
 
@@ -283,6 +285,8 @@ const char *exec_tomb_hit(exec_t *x, const rw_wire_key_t *key, int kind, uint32_
 /* A dispatch tomb of `key` exists (its peers' count rows are dead). */
 int exec_tomb_exists(exec_t *x, const rw_wire_key_t *key);
 void exec_tomb_left(exec_t *x, uint32_t group_hash, uint32_t local);
+/* A fresh attempt (or failure) id: never 0, different for every call. */
+uint32_t exec_epoch_new(uint64_t salt);
 void exec_ended_add(exec_t *x, const rw_wire_key_t *key, uint32_t node, uint32_t epoch);
 int exec_ended_find(const exec_t *x, const rw_wire_key_t *key, uint32_t node, uint32_t epoch);
 /* Keep a peer's row that came before our ranks (a newer one of (key, node) replaces it). */
@@ -295,9 +299,20 @@ void exec_rows_drop_node(exec_t *x, uint32_t node);
 void exec_rows_take(exec_t *x, exec_pair_t *p);
 void exec_keys_expire(exec_t *x, uint64_t now, uint64_t timeout);
 void exec_keys_free(exec_t *x);
-/* Tell every peer that this node failed `key` (PHASE_ERR). */
-void exec_tell_peers(exec_t *x, const rw_wire_key_t *key, int kind, rw_status_t st,
-		     const char *msg, uint32_t epoch, int relay);
+/* A PHASE_ERR to send: what failed, and which attempt (docs/dataflow.md "Failures"). */
+typedef struct exec_failure {
+	const rw_wire_key_t *key;
+	int kind;
+	rw_status_t st;
+	const char *msg;
+	uint32_t epoch;              /* this node's attempt (its count row's epoch) */
+	int relay;                   /* passing on a peer's failure after our row went out */
+	uint32_t cause_node, cause_id;
+	const uint32_t *dst_epoch;   /* per node: its epoch in the attempt, 0 if we had no row; or NULL */
+} exec_failure_t;
+
+/* Tell every peer that this node failed a phase (PHASE_ERR). */
+void exec_tell_peers(exec_t *x, const exec_failure_t *f);
 
 /* ---- exec_plan.c: gather, exchange, decide ------------------------------------------------ */
 /* Per-pair arrays (N-sized) and the phase's parameters from its first submission. */
@@ -341,6 +356,8 @@ exec_pair_t *exec_pair_by_key(exec_t *x, const rw_wire_key_t *key);
 exec_pair_t *exec_pair_by_tag(exec_t *x, uint32_t tag14);
 void exec_pair_fail(exec_pair_t *p, rw_status_t st, int remote, int tell, const char *fmt, ...)
 	__attribute__((format(printf, 5, 6)));
+/* A peer's PHASE_ERR fails the pair; its cause travels on in whatever this node tells. */
+void exec_pair_fail_peer(exec_pair_t *p, const rw_wire_phase_err_t *e, int tell, const char *msg);
 /* The trainer moved on without a combine: close quietly. */
 void exec_pair_abandon(exec_pair_t *p);
 /* Submission of local rank g recorded in p->in[kind].sub[g] with p->ph.io[kind][g] resolved. */

@@ -130,8 +130,14 @@ static void dispatch_refuse(exec_t *x, exec_group_t *g, uint32_t local, rw_ipc_c
 		exec_pair_fail(p, RW_ERR_INVAL, 0, 1, "local rank %u: %s", x->me * x->gpus + local, msg);
 		return;
 	}
+	/* No pair, so no epoch: the failure gets an id of its own, which the peers that pass it on
+	 * repeat, so a node that hears of it twice acts once. */
+	uint32_t id = exec_epoch_new(++x->next_serial);
 	exec_tomb_add(x, g->name, key, RW_MV_DISPATCH, 1u << local, msg);
-	exec_tell_peers(x, key, RW_MV_DISPATCH, RW_ERR_INVAL, msg, 0, 0);
+	exec_ended_add(x, key, x->me, id); /* it may come back, passed on by a peer */
+	exec_tell_peers(x, &(exec_failure_t){ .key = key, .kind = RW_MV_DISPATCH, .st = RW_ERR_INVAL,
+					     .msg = msg, .epoch = id, .cause_node = x->me,
+					     .cause_id = id });
 }
 
 static void io_set(exec_pair_t *p, int kind, exec_member_t *mb, const rw_sqe_t *sqe,

@@ -7,12 +7,14 @@
  *          local rank was answered (or left), when an answered rank submits the key again (a
  *          retry), or after phase_timeout_ms.
  *   ended  a peer's attempt at a key that ended here: its count row (epoch) was in a pair that
- *          failed here, or came while the key was a tomb. A PHASE_ERR that names that epoch
- *          later is about that attempt, not about a retry that may be running now.
+ *          failed here, or came while the key was a tomb; and every failure (cause: the node
+ *          where it began and its id there) that ended an attempt here. A PHASE_ERR that names
+ *          either later is about that attempt, not about a retry that may be running now.
  *   rows   a peer's count row that came before our ranks got to that phase.
  * Everything is aged out by the executor's tick. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "service/exec_int.h"
 
@@ -121,6 +123,17 @@ void exec_tomb_left(exec_t *x, uint32_t group_hash, uint32_t local)
 		}
 }
 
+/* ---- epochs --------------------------------------------------------------------------------- */
+
+uint32_t exec_epoch_new(uint64_t salt)
+{
+	uint64_t h = rw_now_ns() ^ (salt << 32) ^ ((uint64_t)getpid() << 16);
+	h ^= h >> 33;
+	h *= UINT64_C(0xff51afd7ed558ccd);
+	h ^= h >> 33;
+	return (uint32_t)h ? (uint32_t)h : 1u;
+}
+
 /* ---- ended attempts ------------------------------------------------------------------------- */
 
 void exec_ended_add(exec_t *x, const rw_wire_key_t *key, uint32_t node, uint32_t epoch)
@@ -226,15 +239,19 @@ void exec_keys_free(exec_t *x)
 
 /* ---- telling the peers ---------------------------------------------------------------------- */
 
-void exec_tell_peers(exec_t *x, const rw_wire_key_t *key, int kind, rw_status_t st,
-		     const char *msg, uint32_t epoch, int relay)
+void exec_tell_peers(exec_t *x, const exec_failure_t *f)
 {
-	rw_wire_phase_err_t e = { .key = *key, .kind = (uint32_t)kind, .status = st, .node = x->me,
-				  .epoch = epoch, .relay = (uint32_t)relay };
-	snprintf(e.msg, sizeof(e.msg), "node %u (%s): %s", x->me, x->svc->cfg.nodes[x->me].name, msg);
+	rw_wire_phase_err_t e = { .key = *f->key, .kind = (uint32_t)f->kind, .status = f->st,
+				  .node = x->me, .epoch = f->epoch, .relay = (uint32_t)f->relay,
+				  .cause_node = f->cause_node, .cause_id = f->cause_id };
+	snprintf(e.msg, sizeof(e.msg), "node %u (%s): %s", x->me, x->svc->cfg.nodes[x->me].name,
+		 f->msg);
 	uint8_t buf[RW_WIRE_PHASE_ERR_SIZE];
-	size_t n = rw_wire_phase_err_pack(&e, buf, sizeof(buf));
-	for (uint32_t peer = 0; peer < x->nodes; peer++)
-		if (peer != x->me)
-			(void)rw_svc_mesh_send(x->mesh, peer, RW_WIRE_PHASE_ERR, buf, (uint32_t)n);
+	for (uint32_t peer = 0; peer < x->nodes; peer++) {
+		if (peer == x->me)
+			continue;
+		e.dst_epoch = f->dst_epoch ? f->dst_epoch[peer] : 0;
+		size_t n = rw_wire_phase_err_pack(&e, buf, sizeof(buf));
+		(void)rw_svc_mesh_send(x->mesh, peer, RW_WIRE_PHASE_ERR, buf, (uint32_t)n);
+	}
 }

@@ -32,6 +32,10 @@ static void mesh_phase_err(void *ctx, uint32_t peer, const rw_wire_phase_err_t *
 {
 	exec_t *x = ctx;
 	exec_pair_t *p = exec_pair_by_key(x, &e->key);
+	if (e->cause_node >= x->nodes) {
+		rw_svc_mesh_fail_peer(x->mesh, peer, RW_ERR_PROTO, "phase error names a node that does not exist");
+		return;
+	}
 	char msg[RW_WIRE_ERRMSG_MAX];
 	snprintf(msg, sizeof(msg), "%s", e->msg); /* "node N (name): why", from the node that failed */
 	/* The peer's count row of the failed attempt is dead wherever it is; an attempt that
@@ -46,13 +50,23 @@ static void mesh_phase_err(void *ctx, uint32_t peer, const rw_wire_phase_err_t *
 		 * that took that row belongs to the failed attempt (a retry here that took it would
 		 * write with a dead epoch and wait for data that never comes). */
 		if (p && p->xchg.have_row[peer] && p->xchg.peer_params[peer].epoch == e->epoch)
-			exec_pair_fail(p, (rw_status_t)e->status, 1, 1, "%s", msg);
+			exec_pair_fail_peer(p, e, 1, msg);
 		return;
 	}
+	/* The peer names our attempt it failed (it had our row): the open pair's, or one that has
+	 * already ended here, whose ranks had their answers. */
+	if (e->dst_epoch && !(p && p->xchg.params.epoch == e->dst_epoch))
+		return;
+	/* A failure that already ended an attempt here (it reached us first through another
+	 * node): the pair open now, or the ranks still to come, belong to a retry. */
+	if (exec_ended_find(x, &e->key, e->cause_node, e->cause_id))
+		return;
 	if (!p) {
 		/* Failed before our ranks got there: they fail at once when they come. */
-		if (e->kind == RW_SVC_DISPATCH)
+		if (e->kind == RW_SVC_DISPATCH) {
 			exec_tomb_add(x, NULL, &e->key, RW_MV_DISPATCH, 0, msg);
+			exec_ended_add(x, &e->key, e->cause_node, e->cause_id);
+		}
 		return;
 	}
 	/* Our row of this attempt may still be on its way to a node that has already moved on
@@ -60,9 +74,13 @@ static void mesh_phase_err(void *ctx, uint32_t peer, const rw_wire_phase_err_t *
 	int row_out = p->stage == ST_EXCHANGE || p->stage == ST_RUN_D;
 	rw_wire_key_t key = p->key;
 	uint32_t epoch = p->xchg.params.epoch;
-	exec_pair_fail(p, (rw_status_t)e->status, 1, 0, "%s", msg);
+	exec_pair_fail_peer(p, e, 0, msg);
 	if (row_out)
-		exec_tell_peers(x, &key, RW_SVC_DISPATCH, (rw_status_t)e->status, msg, epoch, 1);
+		exec_tell_peers(x, &(exec_failure_t){ .key = &key, .kind = RW_SVC_DISPATCH,
+						     .st = (rw_status_t)e->status, .msg = msg,
+						     .epoch = epoch, .relay = 1,
+						     .cause_node = e->cause_node,
+						     .cause_id = e->cause_id });
 }
 
 static void mesh_arrival(void *ctx, uint32_t peer, uint32_t rail, const rw_rail_arrival_t *a)

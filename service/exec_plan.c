@@ -8,17 +8,6 @@
 
 #include "service/exec_int.h"
 
-/* This node's attempt number for a pair: never 0, different for every pair it opens (a reused
- * key gets a new one), so writes of an earlier attempt cannot be taken for this one's. */
-static uint32_t pair_epoch(uint64_t serial)
-{
-	uint64_t h = rw_now_ns() ^ (serial << 32) ^ ((uint64_t)getpid() << 16);
-	h ^= h >> 33;
-	h *= UINT64_C(0xff51afd7ed558ccd);
-	h ^= h >> 33;
-	return (uint32_t)h ? (uint32_t)h : 1u;
-}
-
 rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe)
 {
 	exec_t *x = p->x;
@@ -40,7 +29,7 @@ rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe)
 	p->xchg.params = (rw_wire_phase_params_t){
 		.n_experts = ph->n_experts, .topk = ph->topk, .hidden = ph->hidden, .dtype = ph->dtype,
 		.requested_path = force >= 0 && force < RW_PATH_COUNT ? (uint32_t)force : RW_WIRE_PATH_AUTO,
-		.epoch = pair_epoch(p->serial) };
+		.epoch = exec_epoch_new(p->serial) };
 	ph->tag_in = rw_wire_tag_for(p->tag, p->xchg.params.epoch);
 	p->xchg.slot = -1;
 	p->xchg.peer_slot = rw_arena_alloc(&p->mem, n, sizeof(uint32_t));
@@ -100,6 +89,7 @@ rw_status_t exec_plan_count(exec_pair_t *p, uint32_t budget, int *done_p)
 			if (s && s->have) { /* the culprit hears what it did; the others that it failed */
 				exec_answer_err(x, s->client, &s->sqe, RW_ERR_SUB_TOKENS, 0, msg);
 				s->have = 0;
+				p->answered |= 1u << bad; /* or its tomb would wait for it */
 			}
 			return exec_err(p, RW_ERR_INVAL, 1, "%s", msg);
 		}

@@ -220,7 +220,7 @@ uint32_t rw_wire_counts_row(const rw_wire_counts_t *c, uint32_t i)
 	return rw_wire_get32(c->row_le + 4u * i);
 }
 
-/* ---- PHASE_ERR: key(16) | kind+relay<<16 status node epoch (u32) | msg[128] ---- */
+/* ---- PHASE_ERR: key(16) | kind+relay<<16 status node epoch cause_node cause_id dst_epoch (u32) | msg[128] ---- */
 
 size_t rw_wire_phase_err_pack(const rw_wire_phase_err_t *e, uint8_t *buf, size_t buf_len)
 {
@@ -232,13 +232,16 @@ size_t rw_wire_phase_err_pack(const rw_wire_phase_err_t *e, uint8_t *buf, size_t
 	rw_wire_put32(buf + 20, (uint32_t)e->status);
 	rw_wire_put32(buf + 24, e->node);
 	rw_wire_put32(buf + 28, e->epoch);
-	str_field_put(buf + 32, e->msg, RW_WIRE_ERRMSG_MAX);
+	rw_wire_put32(buf + 32, e->cause_node);
+	rw_wire_put32(buf + 36, e->cause_id);
+	rw_wire_put32(buf + 40, e->dst_epoch);
+	str_field_put(buf + 44, e->msg, RW_WIRE_ERRMSG_MAX);
 	return RW_WIRE_PHASE_ERR_SIZE;
 }
 
 rw_status_t rw_wire_phase_err_unpack(const uint8_t *in, size_t len, rw_wire_phase_err_t *e_p)
 {
-	if (len != RW_WIRE_PHASE_ERR_SIZE || !str_field_ok((const char *)in + 32, RW_WIRE_ERRMSG_MAX))
+	if (len != RW_WIRE_PHASE_ERR_SIZE || !str_field_ok((const char *)in + 44, RW_WIRE_ERRMSG_MAX))
 		return RW_ERR_PROTO;
 	uint32_t kind = rw_wire_get32(in + 16) & 0xffffu, relay = rw_wire_get32(in + 16) >> 16;
 	int32_t status = (int32_t)rw_wire_get32(in + 20);
@@ -250,7 +253,12 @@ rw_status_t rw_wire_phase_err_unpack(const uint8_t *in, size_t len, rw_wire_phas
 	e_p->status = status;
 	e_p->node = rw_wire_get32(in + 24);
 	e_p->epoch = rw_wire_get32(in + 28);
-	memcpy(e_p->msg, in + 32, RW_WIRE_ERRMSG_MAX);
+	e_p->cause_node = rw_wire_get32(in + 32);
+	e_p->cause_id = rw_wire_get32(in + 36);
+	if (e_p->cause_id == 0)
+		return RW_ERR_PROTO;
+	e_p->dst_epoch = rw_wire_get32(in + 40);
+	memcpy(e_p->msg, in + 44, RW_WIRE_ERRMSG_MAX);
 	return RW_OK;
 }
 

@@ -17,7 +17,7 @@
  *   u32 magic "RWMC" | u16 version | u16 type | u32 length | u32 seq (sender's message counter) */
 
 #define RW_WIRE_MAGIC 0x434d5752u   /* "RWMC" read as little-endian bytes R W M C */
-#define RW_WIRE_VERSION 4
+#define RW_WIRE_VERSION 5
 #define RW_WIRE_HDR_SIZE 16
 #define RW_WIRE_MAX_PAYLOAD (1u << 20) /* a count row of 4096 nodes x 16 rails is 256 KiB */
 #define RW_WIRE_CLUSTER_MAX 64         /* cluster name field, NUL-padded */
@@ -138,10 +138,14 @@ typedef struct rw_wire_phase_err {
 	uint32_t node;
 	uint32_t epoch;
 	uint32_t relay;          /* 0 or 1 */
+	uint32_t cause_node;     /* the failure this message passes on: the node where it began */
+	uint32_t cause_id;       /* and its id there (that node's epoch for the attempt; never 0) */
+	uint32_t dst_epoch;      /* the receiver's epoch in the failed attempt, from its count row
+	                          * the sender took; 0: the sender had no row of the receiver */
 	char msg[RW_WIRE_ERRMSG_MAX];
 } rw_wire_phase_err_t;
 
-#define RW_WIRE_PHASE_ERR_SIZE (16 + 16 + RW_WIRE_ERRMSG_MAX)
+#define RW_WIRE_PHASE_ERR_SIZE (16 + 28 + RW_WIRE_ERRMSG_MAX)
 size_t rw_wire_phase_err_pack(const rw_wire_phase_err_t *e, uint8_t *buf, size_t buf_len);
 rw_status_t rw_wire_phase_err_unpack(const uint8_t *in, size_t len, rw_wire_phase_err_t *e_p);
 

@@ -27,7 +27,7 @@ def key(group=7, layer=1, step=2):
 
 def seeds():
     yield "wire_hdr", bytes([0]) + struct.pack("<IHHII", 0x434D5752, WIRE_VERSION, 2, 64, 9)
-    yield "wire_phase_err", bytes([3]) + key() + struct.pack("<IiII", 0, -9, 1, 77) + \
+    yield "wire_phase_err", bytes([3]) + key() + struct.pack("<IiIIIII", 0, -9, 1, 77, 1, 77, 5) + \
         b"node 1 (n1): timed out".ljust(ERRMSG, b"\0")
     yield "wire_grant", bytes([4]) + key() + struct.pack("<II", 0, 2)
     yield "wire_heartbeat", bytes([5]) + struct.pack("<QQQ", 1, 2, 3)

@@ -163,7 +163,8 @@ static void test_phase_err_and_heartbeat(void **state)
 {
 	(void)state;
 	rw_wire_phase_err_t e = { .key = { 1, 2, 3 }, .kind = 1, .status = RW_ERR_TIMEOUT, .node = 3,
-				  .epoch = 0xdeadbeef, .relay = 1 };
+				  .epoch = 0xdeadbeef, .relay = 1, .cause_node = 2, .cause_id = 0x1234,
+				  .dst_epoch = 0x77 };
 	strcpy(e.msg, "node 3: phase timed out");
 	uint8_t buf[512];
 	size_t n = rw_wire_phase_err_pack(&e, buf, sizeof(buf));
@@ -174,7 +175,13 @@ static void test_phase_err_and_heartbeat(void **state)
 	assert_int_equal(o.kind, 1);
 	assert_int_equal(o.relay, 1);
 	assert_true(o.epoch == 0xdeadbeef);
+	assert_int_equal(o.cause_node, 2);
+	assert_int_equal(o.cause_id, 0x1234);
+	assert_int_equal(o.dst_epoch, 0x77);
 	assert_string_equal(o.msg, e.msg);
+	rw_wire_put32(buf + 36, 0); /* a failure always has an id */
+	assert_int_equal(rw_wire_phase_err_unpack(buf, n, &o), RW_ERR_PROTO);
+	rw_wire_put32(buf + 36, 0x1234);
 	buf[18] = 2; /* relay is 0 or 1 */
 	assert_int_equal(rw_wire_phase_err_unpack(buf, n, &o), RW_ERR_PROTO);
 	buf[18] = 0;
