@@ -11,10 +11,8 @@
  * the fakes check the executor's contracts (one completion per submission, none after a rank
  * left); under ASan nothing may leak.
  *
- * The second cmocka group, skipped unless RW_EXEC_BUGS=1, reproduces bugs of today's executor
- * (each case says what fails and what is expected once fixed). The main group steers around them
- * (it holds write completions where a failure would free a pair under its caller, and drops a
- * dead node's ranks before stopping it), so it passes today.
+ * The second cmocka group (svc_exec_fixed_bugs) reproduces bugs of the executor before the split
+ * (each case says what failed then); they pass now and stay as regression tests.
  *
  * Run: build/test/svc_exec. RW_EXEC_SEED=n replays the seeded delivery orders and workloads
  * (printed first); RW_EXEC_ONLY=pattern runs some cases (cmocka filter, e.g. "test_peer*");
@@ -1254,10 +1252,10 @@ static void test_timeout_combine(void **state)
 }
 
 /* The relayed PHASE_ERR (docs/dataflow.md "Failures" 2): node 2 refuses a rank's E and tells
- * nodes 0 and 1 (origin, no epoch); its message to node 0 is held, so node 0 fails only by node
- * 1's relay, which names node 1's row that node 0 took. Node 2's other rank hits the tombstone.
- * Then the key is retried (retry_key; the strict immediate retry of this very choreography is
- * test_bug_relay_retry_tomb). */
+ * nodes 0 and 1 (origin, no pair: a fresh cause id); its message to node 0 is held, so node 0
+ * fails only by node 1's relay, which names node 1's row that node 0 took. Node 2's other rank
+ * hits the tombstone. Then the key is retried (retry_key; with node 2's origin released only
+ * after node 0 failed: test_relay_retry_after_origin). */
 static void test_relay_fails_taker(void **state)
 {
 	(void)state;
@@ -1985,7 +1983,7 @@ static void test_drain(void **state)
 }
 
 /* ================================================================================================
- * Known bugs (expected to fail today; RW_EXEC_BUGS=1 runs them)
+ * Bugs of the executor before the split, reproduced first (svc_exec_fixed_bugs)
  * ================================================================================================ */
 
 /* Issue 15 point 1: with service/mesh.c's real behaviour - a control write to a dead peer tears
