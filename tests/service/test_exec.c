@@ -101,6 +101,7 @@ typedef struct opts {
 	int empty;                 /* rw_rank --empty */
 	int fifo;                  /* deliver in post order instead of seeded random order */
 	uint64_t max_write;        /* 0: 1 MiB */
+	uint32_t stay_home;        /* bit n: node n's ranks pick only experts of node n */
 } opts_t;
 
 typedef struct trank {
@@ -169,6 +170,9 @@ static void gen(const cl_t *c, uint32_t step, uint32_t layer, uint32_t rank, wor
 					break;
 				}
 				e = (int32_t)(u % 2 ? (shift + next(&r) % hot) % experts : next(&r) % experts);
+				uint32_t node = rank / c->G, per_node = c->G * c->per_rank;
+				if (c->o.stay_home >> node & 1)
+					e = (int32_t)(node * per_node + (uint32_t)e % per_node);
 				int dup = 0;
 				for (uint32_t j = 0; j < k; j++)
 					dup |= wk->ids[t][j] == e;
@@ -1797,6 +1801,59 @@ static void test_rank_lost(void **state)
 	}
 }
 
+/* What a node's combine waits for (docs/dataflow.md "Combine"): its own ranks' combines - a rank
+ * that received no rows too - and the combine rows of every node its tokens went to; never a
+ * node that got none of its tokens. Here node 0's ranks keep their tokens at home, and node 1's
+ * local rank 1 leaves after the dispatch, so node 1's pair fails and says so. If node 0's ranks
+ * combine while that PHASE_ERR is on its way (held), node 0's combine needs nothing from node 1
+ * and completes exactly; the late report then fails nothing. If the report comes first, node 0's
+ * pair is still open and fails with it: its ranks' combines get RW_E_PHASE naming the rank that
+ * left. With node 0's tokens going to both nodes (home = 0), node 0 needs node 1's rows and its
+ * combines fail in either order. Then the key passes. */
+static void combine_sources_case(uint32_t home, int report_first, uint64_t salt)
+{
+	opts_t o = { .nodes = 2, .path = "joint", .stay_home = home, .fifo = 1 };
+	cl_t *c = cl_new(&o, salt);
+	const uint32_t victim = c->G + 1;
+	dispatch_all(c, 0, 0);
+	if (!report_first)
+		hold(c, m_ctrl(RW_WIRE_PHASE_ERR, 1, 0));
+	fk_client_die(c->rk[victim].c);
+	settle(c);
+	for (uint32_t r = 0; r < c->G; r++)
+		combine_submit(c, r, 0, 0);
+	settle(c);
+	release_all(c);
+	for (uint32_t r = 0; r < c->G; r++) {
+		rw_cqe_t q = next_cqe(c, r);
+		if (home && !report_first) {
+			combine_check(c, r, 0, 0, &q);
+			continue;
+		}
+		CHECK(q.status == RW_CQ_ERROR && q.error == RW_E_PHASE,
+		      "home %u report first %d: rank %u: status %u error %d", home, report_first, r,
+		      q.status, q.error);
+		CHECK(strstr(fk_client_notice(c->rk[r].c), "local rank 3 left"),
+		      "rank %u's reason does not name the rank that left: %s", r,
+		      fk_client_notice(c->rk[r].c));
+	}
+	combine_submit(c, c->G, 0, 0); /* node 1's other rank: the failed phase's tomb */
+	expect_err(c, c->G, RW_E_PHASE, "node 1's combine after its rank left");
+	settle(c);
+	rank_connect(c, victim);
+	retry_key(c, 0, 0);
+	cl_free(c);
+}
+
+static void test_combine_waits_for_sources(void **state)
+{
+	(void)state;
+	combine_sources_case(1u << 0, 0, 630);
+	combine_sources_case(1u << 0, 1, 631);
+	combine_sources_case(0, 0, 632);
+	combine_sources_case(0, 1, 633);
+}
+
 /* Ranks that leave between pairs fail nothing; when a node's ranks of the group have all left,
  * the group goes, and it forms again when they reconnect. */
 static void test_rank_leaves_between_pairs(void **state)
@@ -2206,6 +2263,7 @@ int main(void)
 		cmocka_unit_test(test_peer_dies_silently),
 		cmocka_unit_test(test_rank_lost),
 		cmocka_unit_test(test_rank_leaves_between_pairs),
+		cmocka_unit_test(test_combine_waits_for_sources),
 		cmocka_unit_test(test_slots),
 		cmocka_unit_test(test_cuda_ranks),
 		cmocka_unit_test(test_cuda_rank_lost),
