@@ -1258,8 +1258,11 @@ static void test_timeout_combine(void **state)
 /* The relayed PHASE_ERR (docs/dataflow.md "Failures" 2): node 2 refuses a rank's E and tells
  * nodes 0 and 1 (origin, no pair: a fresh cause id); its message to node 0 is held, so node 0
  * fails only by node 1's relay, which names node 1's row that node 0 took. Node 2's other rank
- * hits the tombstone. Then the key is retried (retry_key; with node 2's origin released only
- * after node 0 failed: test_relay_retry_after_origin). */
+ * hits the tombstone. Then node 2's origin reaches node 0, which has no pair, and every rank
+ * retries the key at once (retry_key: no refusal, no timeout). Issue 15 point 6: before failures
+ * carried their cause ("Failures" 4), node 0 could not tell that origin from a failure of a new
+ * attempt and planted a tomb no rank would answer: its ranks' retries failed at once without
+ * telling anyone and nodes 1 and 2 waited for their phase timeout. */
 static void test_relay_fails_taker(void **state)
 {
 	(void)state;
@@ -2093,38 +2096,6 @@ static void test_bug_stop_with_open_pair(void **state)
 	cl_free(c);
 }
 
-/* Issue 15 point 6, after a relayed failure: node 2 refuses a rank's E (dispatch_refuse: no pair)
- * and that PHASE_ERR to node 0 is held; node 1 fails and relays; node 0 fails by the relay. Then
- * node 2's origin reaches node 0, which has no pair. Before failures carried their cause (the
- * node where they began and an id), it could not be told from a failure of a new attempt: node 0
- * planted a tombstone that no rank had answered, every rank retried the key at once, node 0's
- * ranks failed at once (RW_E_PHASE) without telling anyone and nodes 1 and 2 waited for their
- * phase timeout. Now the relay names node 2's failure, node 0 remembers it as ended and ignores
- * the origin when it comes: the immediate retry passes, with no timeout. */
-static void test_relay_retry_after_origin(void **state)
-{
-	(void)state;
-	opts_t o = { .nodes = 3, .path = "native", .fifo = 1 };
-	cl_t *c = cl_new(&o, 302);
-	for (uint32_t r = 0; r < 2 * c->G; r++)
-		dispatch_submit(c, r, 0, 0, NULL);
-	settle(c);
-	hold(c, m_ctrl(RW_WIRE_PHASE_ERR, 2, 0));
-	sub_opts_t bad = { .n_experts = c->E + 1 };
-	dispatch_submit(c, 2 * c->G, 0, 0, &bad);
-	expect_err_now(c, 2 * c->G, RW_E_EXPERTS, "E not a multiple of W");
-	for (uint32_t r = 0; r < 2 * c->G; r++)
-		expect_err(c, r, RW_E_PHASE, "failed by the relay");
-	dispatch_submit(c, 2 * c->G + 1, 0, 0, NULL);
-	expect_err_now(c, 2 * c->G + 1, RW_E_PHASE, "node 2's tombstone");
-	release_all(c);
-	settle(c);
-	run_pair(c, 0, 0);
-	expect_no_timeouts(c);
-	run_pair(c, 0, 1);
-	cl_free(c);
-}
-
 /* A peer's bad record that arrived before this node could decide (it lacked a count row) is
  * found when the layout is known: pair_send_wave -> pair_scan_ranges -> pair_range_arrived ->
  * pair_fail frees the pair (no write outstanding yet), and pair_scan_ranges' loop condition
@@ -2252,7 +2223,6 @@ int main(void)
 		cmocka_unit_test(test_timeout_lost_row),
 		cmocka_unit_test(test_relay_fails_taker),
 		cmocka_unit_test(test_relay_spares_retry),
-		cmocka_unit_test(test_relay_retry_after_origin),
 		cmocka_unit_test(test_phase_err_before_pair),
 		cmocka_unit_test(test_bad_expert_id),
 		cmocka_unit_test(test_bad_experts),
