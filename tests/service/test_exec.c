@@ -1255,6 +1255,25 @@ static void test_timeout_combine(void **state)
 	cl_free(c);
 }
 
+/* Nodes 0 and 1 dispatch and exchange rows; node 2's PHASE_ERR (or node 1's, `held_src`) to
+ * node 0 is held; node 2's first rank gives a bad E and is refused at once, and the failure
+ * reaches every rank of nodes 0 and 1; node 2's other rank then hits the tombstone. */
+static void node2_refuses(cl_t *c, uint32_t held_src, const char *how)
+{
+	for (uint32_t r = 0; r < 2 * c->G; r++)
+		dispatch_submit(c, r, 0, 0, NULL);
+	settle(c); /* nodes 0 and 1 exchanged rows, wait for node 2 */
+	hold(c, m_ctrl(RW_WIRE_PHASE_ERR, (int)held_src, 0));
+	memset(&c->w->cnt, 0, sizeof(c->w->cnt));
+	sub_opts_t bad = { .n_experts = c->E + 1 };
+	dispatch_submit(c, 2 * c->G, 0, 0, &bad);
+	expect_err_now(c, 2 * c->G, RW_E_EXPERTS, "E not a multiple of W");
+	for (uint32_t r = 0; r < 2 * c->G; r++)
+		expect_err(c, r, RW_E_PHASE, how);
+	dispatch_submit(c, 2 * c->G + 1, 0, 0, NULL);
+	expect_err_now(c, 2 * c->G + 1, RW_E_PHASE, "node 2's tombstone");
+}
+
 /* The relayed PHASE_ERR (docs/dataflow.md "Failures" 2): node 2 refuses a rank's E and tells
  * nodes 0 and 1 (origin, no pair: a fresh cause id); its message to node 0 is held, so node 0
  * fails only by node 1's relay, which names node 1's row that node 0 took. Node 2's other rank
@@ -1268,22 +1287,10 @@ static void test_relay_fails_taker(void **state)
 	(void)state;
 	opts_t o = { .nodes = 3, .path = "native", .fifo = 1 };
 	cl_t *c = cl_new(&o, 302);
-	for (uint32_t r = 0; r < 2 * c->G; r++)
-		dispatch_submit(c, r, 0, 0, NULL);
-	settle(c); /* nodes 0 and 1 exchanged rows, wait for node 2 */
-	hold(c, m_ctrl(RW_WIRE_PHASE_ERR, 2, 0));
-	memset(&c->w->cnt, 0, sizeof(c->w->cnt));
-	sub_opts_t bad = { .n_experts = c->E + 1 };
-	dispatch_submit(c, 2 * c->G, 0, 0, &bad);
-	expect_err_now(c, 2 * c->G, RW_E_EXPERTS, "E not a multiple of W");
-	for (uint32_t r = 0; r < 2 * c->G; r++)
-		expect_err(c, r, RW_E_PHASE, "failed by the relay");
+	node2_refuses(c, 2, "failed by the relay");
 	CHECK(c->w->cnt.ctrl_delivered[RW_WIRE_PHASE_ERR][2][0] == 0, "the origin reached node 0");
 	CHECK(c->w->cnt.ctrl_posted[RW_WIRE_PHASE_ERR][1][0] == 1, "node 1 relayed %u times",
 	      c->w->cnt.ctrl_posted[RW_WIRE_PHASE_ERR][1][0]);
-	/* node 2's other rank: the tombstone */
-	dispatch_submit(c, 2 * c->G + 1, 0, 0, NULL);
-	expect_err_now(c, 2 * c->G + 1, RW_E_PHASE, "node 2's tombstone");
 	expect_no_timeouts(c);
 	release_all(c);
 	retry_key(c, 0, 0);
@@ -1299,17 +1306,7 @@ static void test_relay_spares_retry(void **state)
 	(void)state;
 	opts_t o = { .nodes = 3, .path = "joint", .fifo = 1 };
 	cl_t *c = cl_new(&o, 303);
-	for (uint32_t r = 0; r < 2 * c->G; r++)
-		dispatch_submit(c, r, 0, 0, NULL);
-	settle(c);
-	hold(c, m_ctrl(RW_WIRE_PHASE_ERR, 1, 0));
-	sub_opts_t bad = { .n_experts = c->E + 1 };
-	dispatch_submit(c, 2 * c->G, 0, 0, &bad);
-	expect_err_now(c, 2 * c->G, RW_E_EXPERTS, "E not a multiple of W");
-	for (uint32_t r = 0; r < 2 * c->G; r++)
-		expect_err(c, r, RW_E_PHASE, "failed by the origin");
-	dispatch_submit(c, 2 * c->G + 1, 0, 0, NULL);
-	expect_err_now(c, 2 * c->G + 1, RW_E_PHASE, "node 2's tombstone");
+	node2_refuses(c, 1, "failed by the origin");
 	/* everyone retries the key while node 1's relay to node 0 is still held */
 	for (uint32_t r = 0; r < c->W; r++)
 		dispatch_submit(c, r, 0, 0, NULL);
@@ -2103,25 +2100,35 @@ static void test_bug_stop_with_open_pair(void **state)
  * heap-use-after-free in pair_scan_ranges (service/phase.c). The same holds for "more data than
  * expected" found by the scan. Expected once fixed: every rank gets RW_E_PHASE, the link comes
  * back and the key passes. */
-static void test_bug_bad_record_before_layout(void **state)
+/* Node 1's first dispatch write to node 0 is corrupted while `hold_back` is held; released, every
+ * rank's dispatch fails (node 0 drops node 1 for its bad data), the link comes back, the key
+ * passes. `early`: the corrupted write has arrived before the release. */
+static void bad_record_case(match_t hold_back, int early, uint64_t salt, const char *what)
 {
-	(void)state;
 	opts_t o = { .nodes = 2, .path = "native", .tokens = 16, .fifo = 1 };
-	cl_t *c = cl_new(&o, 902);
+	cl_t *c = cl_new(&o, salt);
 	corrupt_once = 1;
 	c->w->on_write = corrupt_tag;
-	hold(c, m_ctrl(RW_WIRE_COUNTS, 1, 0)); /* node 0 cannot decide; node 1 can and writes */
+	hold(c, hold_back);
 	for (uint32_t r = 0; r < c->W; r++)
 		dispatch_submit(c, r, 0, 0, NULL);
 	settle(c);
-	CHECK(!corrupt_once, "node 1's write did not arrive before node 0 decided");
-	release_all(c); /* node 0 decides, scans the early range: the use-after-free */
+	CHECK(!early || !corrupt_once, "node 1's write did not arrive before node 0 decided");
+	release_all(c);
 	for (uint32_t r = 0; r < c->W; r++)
-		expect_err(c, r, RW_E_PHASE, "bad early record");
+		expect_err(c, r, RW_E_PHASE, what);
 	c->w->on_write = NULL;
 	pump_until(c, mesh_up, NULL, "the link back");
 	run_pair(c, 0, 0);
 	cl_free(c);
+}
+
+static void test_bug_bad_record_before_layout(void **state)
+{
+	(void)state;
+	/* node 0 cannot decide; node 1 can and writes. Released, node 0 decides and scans the
+	 * early range: the use-after-free */
+	bad_record_case(m_ctrl(RW_WIRE_COUNTS, 1, 0), 1, 902, "bad early record");
 }
 
 /* The same bad record as test_peer_bad_data, but node 0's own writes have all completed, so
@@ -2131,21 +2138,8 @@ static void test_bug_bad_record_before_layout(void **state)
 static void test_bug_bad_record_writes_done(void **state)
 {
 	(void)state;
-	opts_t o = { .nodes = 2, .path = "native", .tokens = 16, .fifo = 1 };
-	cl_t *c = cl_new(&o, 903);
-	corrupt_once = 1;
-	c->w->on_write = corrupt_tag;
-	hold(c, m_write(1, 0, 0));
-	for (uint32_t r = 0; r < c->W; r++)
-		dispatch_submit(c, r, 0, 0, NULL);
-	settle(c); /* node 0's writes to node 1 done */
-	release_all(c);
-	for (uint32_t r = 0; r < c->W; r++)
-		expect_err(c, r, RW_E_PHASE, "bad record, no write outstanding");
-	c->w->on_write = NULL;
-	pump_until(c, mesh_up, NULL, "the link back");
-	run_pair(c, 0, 0);
-	cl_free(c);
+	/* held until node 0's own writes to node 1 are done */
+	bad_record_case(m_write(1, 0, 0), 0, 903, "bad record, no write outstanding");
 }
 
 /* A rank's output too small, found by the local-node work (forward_local, in an idle slice)
