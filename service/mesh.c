@@ -22,7 +22,7 @@ static const char *peer_name(const rw_svc_mesh_t *m, uint32_t idx)
 	return m->svc->cfg.nodes[idx].name;
 }
 static void peer_fail(mesh_peer_t *p, rw_status_t st, const char *why);
-static void ctl_send_hello(mesh_ctl_t *c);
+static int ctl_send_hello(mesh_ctl_t *c);
 static void ctl_io_cb(struct ev_loop *loop, ev_io *w, int revents);
 
 /* ---- control connections ---------------------------------------------------------------- */
@@ -105,6 +105,7 @@ static void peer_fail(mesh_peer_t *p, rw_status_t st, const char *why)
 		p->ctl = NULL;
 	}
 	p->hello_ok = 0;
+	mesh_auth_wipe(p->session, sizeof(p->session));
 	for (uint32_t r = 0; r < m->rails; r++)
 		mesh_rail_close(&p->rail[r], RW_ERR_PEER);
 	m->svc->metrics.peer[p->idx].rails_up = 0;
@@ -167,6 +168,7 @@ void mesh_peer_connect(mesh_peer_t *p)
 		return;
 	}
 	c->connecting = 1;
+	c->claim = p->idx;
 	p->ctl = c;
 	mesh_peer_set_state(p, RW_SVC_PEER_CONNECTING);
 	mesh_ctl_update_events(c);
@@ -197,9 +199,18 @@ static void rail_on_connected(rw_rail_conn_t *conn, void *ctx)
 			rw_rail_conn_close(conn);
 			return;
 		}
-		mr = &m->peer[tag].rail[rail];
-		if (mr->conn) /* the peer reconnected this rail: the old one is stale */
-			mesh_rail_close(mr, RW_ERR_PEER);
+		mesh_peer_t *p = &m->peer[tag];
+		mr = &p->rail[rail];
+		/* One rail connection per (peer, rail) and control session, and only once the
+		 * peer has proven the key: a later one (a stranger's, a replay) is closed and the
+		 * live one is left alone. A rail the peer reconnects comes with a new session. */
+		if (!p->ctl || !p->ctl->authed || mr->conn) {
+			rw_warn("peer=%s rail=%u: refusing a rail connection from %s (%s)",
+				peer_name(m, p->idx), rail, conn->peer,
+				mr->conn ? "the rail is already connected" : "no authenticated session");
+			rw_rail_conn_close(conn);
+			return;
+		}
 		mr->conn = conn;
 		rw_rail_conn_set_ctx(conn, mr);
 	} else {
@@ -278,7 +289,31 @@ static void rail_on_writable(rw_rail_conn_t *conn, void *ctx)
 		peer_fail_soon(mr->peer, RW_ERR_LINK, "rail write refused");
 }
 
+/* The rail handshake's proofs (transports with RW_RAIL_CAP_PROOF): MACs with the peer's
+ * session key, so a rail connection is bound to the authenticated control session. */
+static int rail_on_verify(rw_rail_conn_t *conn, void *ctx, const uint8_t proof[RW_RAIL_PROOF_SIZE],
+			  uint8_t *reply_p)
+{
+	if (!conn->accepted) {
+		mesh_rail_t *mr = mesh_rail_of(conn, ctx);
+		return mr && mesh_auth_rail_proof_ok(mr->peer->session, MESH_AUTH_ACCEPTOR, mr->rail,
+						     proof) ? 0 : -1;
+	}
+	rw_svc_mesh_t *m = ctx; /* the listener's context */
+	uint64_t tag = conn->tag;
+	uint32_t rail = conn->dev->rail;
+	if (tag >= m->me || rail >= m->rails || !reply_p)
+		return -1;
+	mesh_peer_t *p = &m->peer[tag];
+	if (!p->ctl || !p->ctl->authed || p->rail[rail].conn ||
+	    !mesh_auth_rail_proof_ok(p->session, MESH_AUTH_CONNECTOR, rail, proof))
+		return -1;
+	mesh_auth_rail_proof(p->session, MESH_AUTH_ACCEPTOR, rail, reply_p);
+	return 0;
+}
+
 const rw_rail_conn_cbs_t mesh_rail_cbs = {
+	.on_verify = rail_on_verify,
 	.on_connected = rail_on_connected,
 	.on_error = rail_on_error,
 	.on_write_done = rail_on_write_done,
@@ -299,13 +334,73 @@ static void peer_connect_rails(mesh_peer_t *p)
 			peer_fail(p, RW_ERR_LINK, "cannot start a rail connection");
 			return;
 		}
+		uint8_t proof[RW_RAIL_PROOF_SIZE];
+		mesh_auth_rail_proof(p->session, MESH_AUTH_CONNECTOR, r, proof);
+		rw_rail_conn_set_proof(conn, proof); /* before the loop runs its handshake */
 		mr->conn = conn;
 	}
 }
 
-/* ---- control messages -------------------------------------------------------------------- */
+/* ---- the handshake (docs/security.md "Peer authentication") ---------------------------------
+ * Connector (the lower node index)        Acceptor
+ *   HELLO(nonce_c)                  ->      checks identity; nothing adopted yet
+ *                                   <-      HELLO(nonce_a), AUTH(acceptor proof)
+ *   checks the proof; AUTH(connector proof), REGIONS  ->  checks the proof; adopts the
+ *                                                         connection as the peer's; REGIONS
+ * A proof is a MAC with the cluster key over both nonces and both node ids (mesh_auth.c), so
+ * it cannot be replayed on another connection; region keys and rail addresses go out only
+ * once the other side's proof checked out; the session key derived from the same inputs
+ * binds the rail connections. Without a key_file the key is all zeros ("auth none"). */
 
-static void ctl_send_hello(mesh_ctl_t *c)
+/* A stranger's connection that failed the handshake: counted, logged at most once a second
+ * (a flood of strangers must not flood the log), closed. The peer's own session is untouched. */
+static void ctl_refuse(mesh_ctl_t *c, const char *why)
+{
+	rw_svc_mesh_t *m = c->mesh;
+	if (c->peer >= 0) { /* our own connection to the node's configured address */
+		ctl_drop(c, RW_ERR_PROTO, why);
+		return;
+	}
+	uint64_t now = rw_now_ns();
+	m->auth_refused++;
+	if (!m->auth_log_ns || now - m->auth_log_ns >= 1000000000ull) {
+		rw_warn("control: refused %llu unauthenticated connection(s) since the last report; "
+			"latest (fd %d): %s", (unsigned long long)(m->auth_refused - m->auth_refused_logged),
+			c->fd, why);
+		m->auth_refused_logged = m->auth_refused;
+		m->auth_log_ns = now;
+	}
+	rw_svc_metrics_error(&m->svc->metrics, RW_ERR_PROTO);
+	mesh_unknown_remove(m, c);
+	mesh_ctl_free(c);
+}
+
+static mesh_auth_role_t my_role(const rw_svc_mesh_t *m, uint32_t peer)
+{
+	return m->me < peer ? MESH_AUTH_CONNECTOR : MESH_AUTH_ACCEPTOR;
+}
+
+static void ctl_auth_ids(const mesh_ctl_t *c, mesh_auth_ids_t *ids)
+{
+	const rw_svc_mesh_t *m = c->mesh;
+	int connector = my_role(m, c->claim) == MESH_AUTH_CONNECTOR;
+	ids->connector = connector ? m->me : c->claim;
+	ids->acceptor = connector ? c->claim : m->me;
+	ids->fingerprint = m->fingerprint;
+	memcpy(ids->nonce_c, connector ? c->nonce_mine : c->nonce_peer, RW_WIRE_NONCE_SIZE);
+	memcpy(ids->nonce_a, connector ? c->nonce_peer : c->nonce_mine, RW_WIRE_NONCE_SIZE);
+}
+
+/* Queue one handshake frame and flush. -1: the connection was dropped (c is gone). */
+static int ctl_hs_send(mesh_ctl_t *c, uint16_t type, const uint8_t *buf, size_t n, const char *what)
+{
+	if (n && mesh_ctl_queue(c, type, buf, (uint32_t)n) == RW_OK && mesh_ctl_flush(c) == 0)
+		return 0;
+	ctl_drop(c, RW_ERR_PEER, what);
+	return -1;
+}
+
+static int ctl_send_hello(mesh_ctl_t *c)
 {
 	rw_svc_mesh_t *m = c->mesh;
 	rw_wire_hello_t h;
@@ -317,14 +412,36 @@ static void ctl_send_hello(mesh_ctl_t *c)
 	h.rails = m->rails;
 	h.fingerprint = m->fingerprint;
 	h.boot_id = m->boot_id;
-	for (uint32_t r = 0; r < m->rails; r++) {
-		rw_rail_region_desc_pack(m->region[r], h.desc[r]);
-		snprintf(h.rail_addr[r], RW_WIRE_ADDR_MAX, "%s", m->listener[r]->addr);
-	}
-	uint8_t buf[sizeof(rw_wire_hello_t) + 64];
+	h.flags = m->keyed ? RW_WIRE_HELLO_KEYED : 0;
+	mesh_auth_nonce(c->nonce_mine);
+	memcpy(h.nonce, c->nonce_mine, RW_WIRE_NONCE_SIZE);
+	uint8_t buf[RW_WIRE_HELLO_SIZE];
 	size_t n = rw_wire_hello_pack(&h, buf, sizeof(buf));
-	if (mesh_ctl_queue(c, RW_WIRE_HELLO, buf, (uint32_t)n) != RW_OK || mesh_ctl_flush(c) < 0)
-		ctl_drop(c, RW_ERR_PEER, "cannot send hello");
+	return ctl_hs_send(c, RW_WIRE_HELLO, buf, n, "cannot send hello");
+}
+
+static int ctl_send_proof(mesh_ctl_t *c)
+{
+	mesh_auth_ids_t ids;
+	uint8_t proof[RW_WIRE_PROOF_SIZE];
+	ctl_auth_ids(c, &ids);
+	mesh_auth_proof(c->mesh->key, &ids, my_role(c->mesh, c->claim), proof);
+	return ctl_hs_send(c, RW_WIRE_AUTH, proof, sizeof(proof), "cannot send proof");
+}
+
+static int ctl_send_regions(mesh_ctl_t *c)
+{
+	rw_svc_mesh_t *m = c->mesh;
+	rw_wire_regions_t r;
+	memset(&r, 0, sizeof(r));
+	r.rails = m->rails;
+	for (uint32_t i = 0; i < m->rails; i++) {
+		rw_rail_region_desc_pack(m->region[i], r.desc[i]);
+		snprintf(r.rail_addr[i], RW_WIRE_ADDR_MAX, "%s", m->listener[i]->addr);
+	}
+	uint8_t buf[sizeof(rw_wire_regions_t) + 16];
+	size_t n = rw_wire_regions_pack(&r, buf, sizeof(buf));
+	return ctl_hs_send(c, RW_WIRE_REGIONS, buf, n, "cannot send regions");
 }
 
 /* Returns 0 to keep reading, -1 when the connection was dropped (c is gone). */
@@ -332,48 +449,106 @@ static int ctl_on_hello(mesh_ctl_t *c, const uint8_t *payload, uint32_t len)
 {
 	rw_svc_mesh_t *m = c->mesh;
 	rw_wire_hello_t h;
-	char why[160];
+	if (c->hello_in) {
+		ctl_refuse(c, "second hello");
+		return -1;
+	}
 	if (rw_wire_hello_unpack(payload, len, &h) != RW_OK) {
-		ctl_drop(c, RW_ERR_PROTO, "malformed hello");
+		ctl_refuse(c, "malformed hello");
 		return -1;
 	}
 	if (strcmp(h.cluster, m->svc->cfg.cluster) != 0 || h.nodes != m->nodes || h.rails != m->rails ||
 	    h.gpus != m->svc->cfg.gpus_per_node || h.fingerprint != m->fingerprint) {
-		snprintf(why, sizeof(why), "hello from node %u refused: cluster/size/fingerprint mismatch "
-			 "(cluster '%s' N=%u R=%u G=%u)", h.node, h.cluster, h.nodes, h.rails, h.gpus);
-		ctl_drop(c, RW_ERR_PROTO, why);
+		snprintf(c->why, sizeof(c->why), "hello from node %u refused: cluster/size/fingerprint "
+			 "mismatch (cluster '%.16s' N=%u R=%u G=%u)", h.node, h.cluster, h.nodes,
+			 h.rails, h.gpus);
+		ctl_refuse(c, c->why);
+		return -1;
+	}
+	if (!!(h.flags & RW_WIRE_HELLO_KEYED) != m->keyed) {
+		snprintf(c->why, sizeof(c->why), "hello from node %u refused: %s", h.node, m->keyed ?
+			 "it has no cluster key (auth none), this daemon has one" :
+			 "it has a cluster key, this daemon none (set key_file)");
+		ctl_refuse(c, c->why);
 		return -1;
 	}
 	if (c->peer >= 0 ? h.node != (uint32_t)c->peer : h.node >= m->me) {
-		snprintf(why, sizeof(why), "hello names node %u on a connection that cannot be its", h.node);
-		ctl_drop(c, RW_ERR_PROTO, why);
+		snprintf(c->why, sizeof(c->why), "hello names node %u on a connection that cannot be "
+			 "its", h.node);
+		ctl_refuse(c, c->why);
 		return -1;
 	}
-	rw_rail_remote_t remote[RW_MAX_RAILS];
-	for (uint32_t r = 0; r < m->rails; r++)
-		if (rw_rail_remote_unpack(h.desc[r], RW_WIRE_DESC_SIZE, &remote[r]) != RW_OK ||
-		    remote[r].length < m->area_bytes) {
-			ctl_drop(c, RW_ERR_PROTO, "hello carries a bad region descriptor");
-			return -1;
-		}
-	mesh_peer_t *p = &m->peer[h.node];
-	if (c->peer < 0) { /* accepted: adopt it, replacing whatever the peer had before */
+	c->hello_in = 1;
+	c->claim = h.node;
+	c->claim_boot = h.boot_id;
+	memcpy(c->nonce_peer, h.nonce, RW_WIRE_NONCE_SIZE);
+	if (c->peer >= 0) /* we connected: the acceptor's hello and proof come together */
+		return 0;
+	/* Accepted: answer with our challenge and our proof over its; adopt nothing yet. */
+	if (ctl_send_hello(c) < 0)
+		return -1;
+	return ctl_send_proof(c);
+}
+
+/* The other side's AUTH: its proof over both nonces. */
+static int ctl_on_auth(mesh_ctl_t *c, const uint8_t *payload, uint32_t len)
+{
+	rw_svc_mesh_t *m = c->mesh;
+	mesh_auth_ids_t ids;
+	if (!c->hello_in || c->authed || len != RW_WIRE_AUTH_SIZE) {
+		ctl_refuse(c, "proof out of turn");
+		return -1;
+	}
+	mesh_auth_role_t theirs = my_role(m, c->claim) == MESH_AUTH_CONNECTOR ? MESH_AUTH_ACCEPTOR
+									    : MESH_AUTH_CONNECTOR;
+	ctl_auth_ids(c, &ids);
+	if (!mesh_auth_proof_ok(m->key, &ids, theirs, payload)) {
+		snprintf(c->why, sizeof(c->why), "node %u did not prove the cluster key (wrong or no "
+			 "key_file, or a replayed proof)", c->claim);
+		ctl_refuse(c, c->why);
+		return -1;
+	}
+	c->authed = 1;
+	mesh_peer_t *p = &m->peer[c->claim];
+	if (c->peer < 0) { /* accepted and proven: adopt it, replacing the peer's old session */
 		mesh_unknown_remove(m, c);
 		if (p->ctl || p->state == RW_SVC_PEER_UP)
 			peer_fail(p, RW_ERR_PEER, "peer reconnected");
 		ev_timer_stop(m->loop, &p->retry);
-		c->peer = (int)h.node;
+		c->peer = (int)c->claim;
 		p->ctl = c;
-		ctl_send_hello(c);
-		if (p->ctl != c)
-			return -1;
+	} else if (ctl_send_proof(c) < 0) {
+		return -1;
 	}
-	if (p->boot_id && p->boot_id != h.boot_id)
+	if (p->boot_id && p->boot_id != c->claim_boot)
 		rw_info("peer=%s: restarted (new boot id)", peer_name(m, p->idx));
-	p->boot_id = h.boot_id;
+	p->boot_id = c->claim_boot;
+	mesh_auth_session(m->key, &ids, p->session);
+	return ctl_send_regions(c);
+}
+
+/* The other side's REGIONS (read only once it is authenticated, mesh_ctl_read_frame). */
+static int ctl_on_regions(mesh_ctl_t *c, const uint8_t *payload, uint32_t len)
+{
+	rw_svc_mesh_t *m = c->mesh;
+	rw_wire_regions_t rg;
+	mesh_peer_t *p = &m->peer[c->peer];
+	if (p->hello_ok) {
+		ctl_drop(c, RW_ERR_PROTO, "second regions message");
+		return -1;
+	}
+	rw_rail_remote_t remote[RW_MAX_RAILS];
+	int ok = rw_wire_regions_unpack(payload, len, &rg) == RW_OK && rg.rails == m->rails;
+	for (uint32_t r = 0; ok && r < m->rails; r++)
+		ok = rw_rail_remote_unpack(rg.desc[r], RW_WIRE_DESC_SIZE, &remote[r]) == RW_OK &&
+		     remote[r].length >= m->area_bytes;
+	if (!ok) {
+		ctl_drop(c, RW_ERR_PROTO, "bad regions message (rails or region descriptors)");
+		return -1;
+	}
 	memcpy(p->remote, remote, sizeof(remote));
 	for (uint32_t r = 0; r < m->rails; r++)
-		memcpy(p->rail_addr[r], h.rail_addr[r], RW_WIRE_ADDR_MAX);
+		memcpy(p->rail_addr[r], rg.rail_addr[r], RW_WIRE_ADDR_MAX);
 	p->hello_ok = 1;
 	p->last_rx_ns = rw_now_ns();
 	if (m->me < p->idx)
@@ -386,13 +561,12 @@ static int ctl_on_hello(mesh_ctl_t *c, const uint8_t *payload, uint32_t len)
 static int ctl_on_message(mesh_ctl_t *c, const rw_wire_hdr_t *h, const uint8_t *payload)
 {
 	rw_svc_mesh_t *m = c->mesh;
-	if (h->type == RW_WIRE_HELLO) {
-		if (c->peer >= 0 && m->peer[c->peer].hello_ok) {
-			ctl_drop(c, RW_ERR_PROTO, "second hello");
-			return -1;
-		}
+	if (h->type == RW_WIRE_HELLO)
 		return ctl_on_hello(c, payload, h->length);
-	}
+	if (h->type == RW_WIRE_AUTH)
+		return ctl_on_auth(c, payload, h->length);
+	if (h->type == RW_WIRE_REGIONS) /* authed: mesh_ctl_read_frame takes none before */
+		return ctl_on_regions(c, payload, h->length);
 	if (c->peer < 0 || !m->peer[c->peer].hello_ok) {
 		ctl_drop(c, RW_ERR_PROTO, "message before hello");
 		return -1;
@@ -466,8 +640,7 @@ static int ctl_read(mesh_ctl_t *c)
 			ctl_drop(c, st, why);
 		if (rc <= 0)
 			return rc;
-		rc = ctl_on_message(c, &h, payload);
-		free(payload);
+		rc = ctl_on_message(c, &h, payload); /* payload is c's: gone with it */
 		if (rc < 0)
 			return -1;
 	}
@@ -557,7 +730,8 @@ void mesh_hb_cb(struct ev_loop *loop, ev_timer *w, int revents)
 			continue;
 		if (!p->hello_ok) {
 			if (now - p->ctl->opened_ns > timeout) {
-				snprintf(why, sizeof(why), "no hello within %u ms (heartbeat_timeout_ms)",
+				snprintf(why, sizeof(why), "no authenticated hello within %u ms "
+					 "(heartbeat_timeout_ms)",
 					 m->svc->cfg.heartbeat_timeout_ms);
 				peer_fail(p, RW_ERR_TIMEOUT, why);
 			}
@@ -578,9 +752,9 @@ void mesh_hb_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	for (mesh_ctl_t *c = m->unknown, *next; c; c = next) {
 		next = c->next;
 		if (now - c->opened_ns > timeout) {
-			snprintf(why, sizeof(why), "no hello within %u ms (heartbeat_timeout_ms)",
+			snprintf(why, sizeof(why), "not authenticated within %u ms (heartbeat_timeout_ms)",
 				 m->svc->cfg.heartbeat_timeout_ms);
-			ctl_drop(c, RW_ERR_TIMEOUT, why);
+			ctl_refuse(c, why);
 		}
 	}
 }
