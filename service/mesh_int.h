@@ -2,7 +2,9 @@
  * control connections and rail connections, and what its files share. The files, in call order
  * (no file calls back up it):
  *   mesh_setup.c  create and destroy: devices, memory, listeners, timers.
- *   mesh.c        peers: state, failure, reconnection, hello, messages, heartbeats, the API.
+ *   mesh_session.c control sessions: connect, accept, the authenticated handshake, messages,
+ *                 heartbeats (calls mesh.c to change a peer).
+ *   mesh.c        peers: state, failure, reconnection, rail connections, the API.
  *   mesh_ctl.c    a control connection's bytes: framing, queueing, flushing (returns statuses).
  *   mesh_rail.c   a rail connection's write queue, busy time and counters (returns statuses).
  *   mesh_auth.c   the cluster key, nonces, proofs and session keys (libsodium; returns statuses). */
@@ -183,13 +185,22 @@ int mesh_auth_rail_proof_ok(const uint8_t session[MESH_KEY_SIZE], mesh_auth_role
 			    uint32_t rail, const uint8_t proof[RW_RAIL_PROOF_SIZE]);
 void mesh_auth_wipe(void *p, size_t len);
 
-/* ---- mesh.c (for mesh_setup.c) ------------------------------------------------------------ */
+/* ---- mesh.c (for mesh_setup.c and mesh_session.c) ------------------------------------------ */
 extern const rw_rail_conn_cbs_t mesh_rail_cbs;
+void mesh_fail_cb(struct ev_loop *loop, ev_timer *w, int revents);
+void mesh_peer_set_state(mesh_peer_t *p, rw_svc_peer_state_t s);
+const char *mesh_peer_name(const rw_svc_mesh_t *m, uint32_t idx);
+/* Take the peer down now: its control session and rails closed, writes completed with errors,
+ * peer_down if it was up, a reconnect scheduled. Only from the loop, never inside a mesh call. */
+void mesh_peer_fail(mesh_peer_t *p, rw_status_t st, const char *why);
+void mesh_peer_check_up(mesh_peer_t *p);          /* UP once authenticated and every rail is */
+void mesh_peer_connect_rails(mesh_peer_t *p);     /* the connector's rails, with their proofs */
+void mesh_peer_schedule_retry(mesh_peer_t *p);
+
+/* ---- mesh_session.c (for mesh_setup.c) ---------------------------------------------------- */
 void mesh_retry_cb(struct ev_loop *loop, ev_timer *w, int revents);
 void mesh_listen_cb(struct ev_loop *loop, ev_io *w, int revents);
 void mesh_hb_cb(struct ev_loop *loop, ev_timer *w, int revents);
-void mesh_fail_cb(struct ev_loop *loop, ev_timer *w, int revents);
-void mesh_peer_set_state(mesh_peer_t *p, rw_svc_peer_state_t s);
 void mesh_peer_connect(mesh_peer_t *p);
 
 #endif /* RW_SVC_MESH_INT_H */
