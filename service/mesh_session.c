@@ -18,9 +18,11 @@ static int ctl_send_hello(mesh_ctl_t *c);
 static void ctl_io_cb(struct ev_loop *loop, ev_io *w, int revents);
 
 /* ---- control connections ---------------------------------------------------------------- */
-/* ---- control connections ---------------------------------------------------------------- */
 
-/* Close a control connection that failed: an identified one takes its peer down. */
+/* Close a control connection that failed: an identified one takes its peer down. One that
+ * nobody has adopted (a stranger's, or a peer's before it proved the key) is counted and
+ * logged at most once a second, so that a flood of strangers cannot flood the log; the peer's
+ * own session is untouched. */
 static void ctl_drop(mesh_ctl_t *c, rw_status_t st, const char *why)
 {
 	rw_svc_mesh_t *m = c->mesh;
@@ -28,10 +30,15 @@ static void ctl_drop(mesh_ctl_t *c, rw_status_t st, const char *why)
 		mesh_peer_fail(&m->peer[c->peer], st, why);
 		return;
 	}
-	if (c->peer >= 0)
-		rw_warn("peer=%s: control connection closed: %s", mesh_peer_name(m, (uint32_t)c->peer), why);
-	else
-		rw_warn("control connection (fd %d, before hello) closed: %s", c->fd, why);
+	uint64_t now = rw_now_ns();
+	m->auth_refused++;
+	if (!m->auth_log_ns || now - m->auth_log_ns >= 1000000000ull) {
+		rw_warn("control: closed %llu unauthenticated connection(s) since the last report; "
+			"latest (fd %d): %s", (unsigned long long)(m->auth_refused - m->auth_refused_logged),
+			c->fd, why);
+		m->auth_refused_logged = m->auth_refused;
+		m->auth_log_ns = now;
+	}
 	rw_svc_metrics_error(&m->svc->metrics, st);
 	mesh_unknown_remove(m, c);
 	mesh_ctl_free(c);
@@ -89,27 +96,11 @@ void mesh_retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
  * once the other side's proof checked out; the session key derived from the same inputs
  * binds the rail connections. Without a key_file the key is all zeros ("auth none"). */
 
-/* A stranger's connection that failed the handshake: counted, logged at most once a second
- * (a flood of strangers must not flood the log), closed. The peer's own session is untouched. */
+/* A handshake that failed: our own connection takes the peer down (ctl_drop), a stranger's is
+ * closed quietly. */
 static void ctl_refuse(mesh_ctl_t *c, const char *why)
 {
-	rw_svc_mesh_t *m = c->mesh;
-	if (c->peer >= 0) { /* our own connection to the node's configured address */
-		ctl_drop(c, RW_ERR_PROTO, why);
-		return;
-	}
-	uint64_t now = rw_now_ns();
-	m->auth_refused++;
-	if (!m->auth_log_ns || now - m->auth_log_ns >= 1000000000ull) {
-		rw_warn("control: refused %llu unauthenticated connection(s) since the last report; "
-			"latest (fd %d): %s", (unsigned long long)(m->auth_refused - m->auth_refused_logged),
-			c->fd, why);
-		m->auth_refused_logged = m->auth_refused;
-		m->auth_log_ns = now;
-	}
-	rw_svc_metrics_error(&m->svc->metrics, RW_ERR_PROTO);
-	mesh_unknown_remove(m, c);
-	mesh_ctl_free(c);
+	ctl_drop(c, RW_ERR_PROTO, why);
 }
 
 static mesh_auth_role_t my_role(const rw_svc_mesh_t *m, uint32_t peer)
