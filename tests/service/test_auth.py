@@ -57,7 +57,6 @@ def load_dataflow():
     df.B = B
     df.DAEMON = os.path.join(B, "railwaved")
     df.RANK = os.path.join(B, "tests", "integration", "rw_rank")
-    df.RAILWAVE = RAILWAVE
     return df
 
 
