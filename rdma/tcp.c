@@ -303,6 +303,22 @@ static void conn_fail(tcp_conn_t *c, rw_status_t st)
 		c->base.cbs.on_error(&c->base, c->base.ctx, st);
 }
 
+/* An accepted connection dropped before its handshake was taken (refused proof, silence):
+ * counted, logged at most once per TCP_REFUSED_LOG_NS, so strangers cannot flood the log. */
+static void log_refused(tcp_conn_t *c, const char *why)
+{
+	tcp_dev_t *dev = c->dev;
+	uint64_t now = rw_now_ns();
+	dev->refused++;
+	if (dev->refused_logged_ns && now - dev->refused_logged_ns < TCP_REFUSED_LOG_NS)
+		return;
+	rw_warn("rail %u: dropped %llu incoming connection(s) before their handshake (latest from "
+		"%s: %s); live connections are unaffected", dev->base.rail,
+		(unsigned long long)dev->refused, c->base.peer, why);
+	dev->refused = 0;
+	dev->refused_logged_ns = now;
+}
+
 static void timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	(void)loop;
@@ -312,7 +328,10 @@ static void timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	if (c->pending_fail != RW_OK) {
 		conn_fail(c, c->pending_fail);
 	} else {
-		rw_err("rail %u peer %s: handshake timed out", c->dev->base.rail, c->base.peer);
+		if (c->user_known)
+			rw_err("rail %u peer %s: handshake timed out", c->dev->base.rail, c->base.peer);
+		else
+			log_refused(c, "no handshake within 10 s");
 		conn_fail(c, RW_ERR_TIMEOUT);
 	}
 	cb_leave(c);
@@ -583,20 +602,6 @@ static void proto_fail(tcp_conn_t *c, const char *why, const rw_tcp_hdr_t *h)
 	conn_fail(c, RW_ERR_PROTO);
 }
 
-/* A handshake the user refused: counted, logged at most once per TCP_REFUSED_LOG_NS. */
-static void log_refused(tcp_conn_t *c, uint64_t tag)
-{
-	tcp_dev_t *dev = c->dev;
-	uint64_t now = rw_now_ns();
-	dev->refused++;
-	if (dev->refused_logged_ns && now - dev->refused_logged_ns < TCP_REFUSED_LOG_NS)
-		return;
-	rw_warn("rail %u: refused %llu connection(s) without a valid proof (latest from %s, tag "
-		"%llu); live connections are unaffected", dev->base.rail,
-		(unsigned long long)dev->refused, c->base.peer, (unsigned long long)tag);
-	dev->refused = 0;
-	dev->refused_logged_ns = now;
-}
 
 static void arrival(tcp_conn_t *c)
 {
@@ -634,7 +639,7 @@ static int rx_frame(tcp_conn_t *c)
 		 * refused one is closed unannounced, and no region sees a byte of it. */
 		if (c->base.cbs.on_verify &&
 		    c->base.cbs.on_verify(&c->base, c->base.ctx, h.proof, reply) != 0) {
-			log_refused(c, h.key);
+			log_refused(c, "no valid proof");
 			conn_fail(c, RW_ERR_PROTO);
 			return -1;
 		}

@@ -122,20 +122,26 @@ def hello_with_nonce(hello_payload, nonce):
     return hello_payload[:-32] + nonce
 
 
-def stranger_handshake(addr, hello_payload, make_proof):
-    """Send a hello (fresh nonce) and then make_proof(victim's hello) as AUTH; returns the
-    frame types the victim sent before it closed the connection (None: it did not close)."""
+def open_handshake(addr, hello_payload):
+    """Connect, send a hello with a fresh nonce, read the victim's first two frames (its HELLO
+    and AUTH). Returns (socket, nonce, bytes read, frames)."""
     nonce = os.urandom(32)
     s = socket.create_connection(addr, timeout=5)
     s.sendall(frame(HELLO, hello_with_nonce(hello_payload, nonce)))
     data, got = b"", []
-    s.settimeout(5)
     while len(got) < 2:
         chunk = s.recv(65536)
         if not chunk:
             break
         data += chunk
         got = frames(data)
+    return s, nonce, data, got
+
+
+def stranger_handshake(addr, hello_payload, make_proof):
+    """Send a hello (fresh nonce) and then make_proof(victim's hello) as AUTH; returns the
+    frame types the victim sent before it closed the connection (None: it did not close)."""
+    s, nonce, data, got = open_handshake(addr, hello_payload)
     if len(got) == 2 and got[0][0] == HELLO:
         s.sendall(frame(AUTH, make_proof(nonce, got[0][1])))
     rest = read_all(s)
@@ -449,16 +455,7 @@ def part_positive_control(victim, key, hello0):
     """A client that holds the key is taken: the model of the protocol above is right."""
     fp = struct.unpack_from("<Q", hello0, 64 + 16)[0]
     k = bytes.fromhex(open(key).read().strip())
-    s = socket.create_connection(victim, timeout=5)
-    nonce = os.urandom(32)
-    s.sendall(frame(HELLO, hello_with_nonce(hello0, nonce)))
-    data, got = b"", []
-    while len(got) < 2:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-        got = frames(data)
+    s, nonce, data, got = open_handshake(victim, hello0)
     ok = len(got) == 2 and got[1][1] == proof(k, 2, 0, 1, fp, nonce, got[0][1][-32:])
     s.sendall(frame(AUTH, proof(k, 1, 0, 1, fp, nonce, got[0][1][-32:])))
     s.settimeout(5)
