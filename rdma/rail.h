@@ -49,6 +49,7 @@ typedef struct rw_rail_conn rw_rail_conn_t;
 #define RW_RAIL_NAME_MAX 16   /* transport name, with NUL */
 #define RW_RAIL_ADDR_MAX 64   /* printable address ("127.0.1.2:40001", "rxe0:1"), with NUL */
 #define RW_RAIL_DESC_SIZE 32  /* serialized region descriptor, bytes */
+#define RW_RAIL_PROOF_SIZE 32 /* a connection's handshake proof (RW_RAIL_CAP_PROOF), bytes */
 
 /* ---- configuration and capabilities ---------------------------------------------------- */
 
@@ -66,6 +67,7 @@ typedef struct rw_rail_config {
 
 #define RW_RAIL_CAP_DMABUF (1u << 0)        /* reg_dmabuf can succeed on this device */
 #define RW_RAIL_CAP_ARRIVAL_WHERE (1u << 1) /* on_arrival reports region and offset */
+#define RW_RAIL_CAP_PROOF (1u << 2)         /* handshakes carry proofs (on_verify) */
 
 typedef struct rw_rail_caps {
 	uint32_t flags;            /* RW_RAIL_CAP_* */
@@ -148,6 +150,15 @@ typedef struct rw_rail_conn_cbs {
 	void (*on_arrival)(rw_rail_conn_t *conn, void *ctx, const rw_rail_arrival_t *arrival);
 	/* After rw_rail_write() returned RW_ERR_AGAIN: the queue has room again. Once per AGAIN. */
 	void (*on_writable)(rw_rail_conn_t *conn, void *ctx);
+	/* Optional; only on devices with RW_RAIL_CAP_PROOF (NULL: every handshake is accepted).
+	 * Called once per handshake, before on_connected and before any write is taken in.
+	 * Acceptor: `proof` is the connector's (rw_rail_conn_set_proof), conn->tag is set and ctx
+	 * is the listener's; return 0 and fill reply_p to accept, non-zero to refuse: the
+	 * connection is then closed unannounced and nothing of it reaches a region.
+	 * Connector: `proof` is the acceptor's reply, reply_p is NULL; non-zero fails the
+	 * connection (on_error(RW_ERR_PROTO)). */
+	int (*on_verify)(rw_rail_conn_t *conn, void *ctx, const uint8_t proof[RW_RAIL_PROOF_SIZE],
+			 uint8_t *reply_p);
 } rw_rail_conn_cbs_t;
 
 typedef enum rw_rail_conn_state {
@@ -164,6 +175,7 @@ struct rw_rail_conn {
 	uint64_t tag;                /* connector's tag (e.g. its node id), known on both sides */
 	int accepted;                /* 1 on the listening side */
 	char peer[RW_RAIL_ADDR_MAX]; /* printable peer address, for logs */
+	uint8_t proof[RW_RAIL_PROOF_SIZE]; /* connector: what its handshake presents */
 };
 
 struct rw_rail_listener {
@@ -264,6 +276,14 @@ rw_status_t rw_rail_write(rw_rail_conn_t *conn, const rw_rail_write_t *write);
 void rw_rail_conn_close(rw_rail_conn_t *conn);
 /* Replace the context passed to this connection's callbacks (e.g. in on_connected). */
 void rw_rail_conn_set_ctx(rw_rail_conn_t *conn, void *ctx);
+/* The proof a connection's handshake presents (RW_RAIL_CAP_PROOF; zeros by default). Set it
+ * right after rw_rail_connect(), before returning to the loop: the handshake starts from there. */
+static inline void rw_rail_conn_set_proof(rw_rail_conn_t *conn,
+					  const uint8_t proof[RW_RAIL_PROOF_SIZE])
+{
+	for (unsigned i = 0; i < RW_RAIL_PROOF_SIZE; i++)
+		conn->proof[i] = proof[i];
+}
 
 /* Parse a rail address "a.b.c.d:port" (what rw_rail_listener_t.addr holds and
  * rw_rail_connect() takes, for every transport): IPv4 only, port 1..65535 in decimal digits.

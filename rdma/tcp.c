@@ -35,6 +35,10 @@
 #define TCP_HANDSHAKE_TIMEOUT_S 10.0
 #define TCP_IOV_MAX 64
 #define TCP_IO_BUDGET (8u << 20) /* bytes per wake-up and direction: keep other rails fair */
+/* Accepted connections whose HELLO has not been taken yet, per device: strangers get this many
+ * (a struct each, no queue) for TCP_HANDSHAKE_TIMEOUT_S; more are closed at once. */
+#define TCP_PENDING_MAX 64
+#define TCP_REFUSED_LOG_NS 1000000000ull /* refused handshakes: one log line per second at most */
 /* Bucket depth: the larger of 64 KiB and 2 ms at the rate. Not less than 2 ms: libev's epoll
  * backend sleeps in whole milliseconds, so a refill timer can fire ~1 ms late, and a shallower
  * bucket would overflow while waiting (the rate falls short: 0.81 of 1 Gb/s with 1 ms). A
@@ -54,6 +58,8 @@ typedef struct tcp_dev {
 	uint32_t key_salt, key_counter;
 	tcp_conn_t *conns;          /* every connection not yet freed */
 	tcp_listener_t *listeners;
+	uint32_t n_pending;         /* accepted, HELLO not taken yet (TCP_PENDING_MAX) */
+	uint64_t refused, refused_logged_ns; /* refused handshakes since the last log line */
 
 	/* Rate pacing (docs/rdma.md "Rate pacing"); pace_Bps == 0: off. The bucket holds bytes;
 	 * control frames (ACK, HELLO) are never held back but are charged, so it may go below 0. */
@@ -105,6 +111,7 @@ struct tcp_conn {
 	int want_writable;       /* rw_rail_write() said AGAIN: on_writable() owed */
 	int pace_waiting;        /* in the device's pacing FIFO (write watcher stopped) */
 	int pace_turn;           /* being served by the pacing timer: may pass the FIFO */
+	int pending;             /* counted in dev->n_pending */
 	tcp_conn_t *pace_next;
 
 	/* Outgoing writes: ring of max_writes (rounded up to a power of two) entries. Counters are
@@ -236,8 +243,17 @@ static void conn_free(tcp_conn_t *c)
 }
 
 /* Unlink, stop everything; free now or, inside one of its callbacks, when that returns. */
+static void conn_unpend(tcp_conn_t *c)
+{
+	if (c->pending) {
+		c->pending = 0;
+		c->dev->n_pending--;
+	}
+}
+
 static void conn_destroy(tcp_conn_t *c)
 {
+	conn_unpend(c);
 	conn_stop_io(c);
 	ev_timer_stop(c->dev->base.loop, &c->timer);
 	if (c->pprev) {
@@ -287,6 +303,22 @@ static void conn_fail(tcp_conn_t *c, rw_status_t st)
 		c->base.cbs.on_error(&c->base, c->base.ctx, st);
 }
 
+/* An accepted connection dropped before its handshake was taken (refused proof, silence):
+ * counted, logged at most once per TCP_REFUSED_LOG_NS, so strangers cannot flood the log. */
+static void log_refused(tcp_conn_t *c, const char *why)
+{
+	tcp_dev_t *dev = c->dev;
+	uint64_t now = rw_now_ns();
+	dev->refused++;
+	if (dev->refused_logged_ns && now - dev->refused_logged_ns < TCP_REFUSED_LOG_NS)
+		return;
+	rw_warn("rail %u: dropped %llu incoming connection(s) before their handshake (latest from "
+		"%s: %s); live connections are unaffected", dev->base.rail,
+		(unsigned long long)dev->refused, c->base.peer, why);
+	dev->refused = 0;
+	dev->refused_logged_ns = now;
+}
+
 static void timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	(void)loop;
@@ -296,7 +328,10 @@ static void timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	if (c->pending_fail != RW_OK) {
 		conn_fail(c, c->pending_fail);
 	} else {
-		rw_err("rail %u peer %s: handshake timed out", c->dev->base.rail, c->base.peer);
+		if (c->user_known)
+			rw_err("rail %u peer %s: handshake timed out", c->dev->base.rail, c->base.peer);
+		else
+			log_refused(c, "no handshake within 10 s");
 		conn_fail(c, RW_ERR_TIMEOUT);
 	}
 	cb_leave(c);
@@ -343,9 +378,13 @@ static tcp_conn_t *conn_new(tcp_dev_t *dev, int fd, const rw_rail_conn_cbs_t *cb
 
 /* ---- sending ---------------------------------------------------------------------------- */
 
-static void ctl_queue(tcp_conn_t *c, uint8_t type, uint64_t key, uint64_t offset, uint64_t seq)
+/* proof: HELLO and HELLO_ACK only (NULL = zeros). */
+static void ctl_queue(tcp_conn_t *c, uint8_t type, uint64_t key, uint64_t offset, uint64_t seq,
+		      const uint8_t *proof)
 {
 	rw_tcp_hdr_t h = {.type = type, .key = key, .offset = offset, .seq = seq};
+	if (proof)
+		memcpy(h.proof, proof, RW_TCP_PROOF_SIZE);
 	rw_tcp_hdr_encode(&h, c->ctl);
 	c->ctl_len = RW_TCP_HDR_SIZE;
 	c->ctl_off = 0;
@@ -375,7 +414,7 @@ static int tx_flush(tcp_conn_t *c)
 		size_t total = 0;
 		if (c->ctl_off >= c->ctl_len && c->tx_off == 0 && c->hs == HS_DONE &&
 		    c->rx_done > c->ack_sent) {
-			ctl_queue(c, RW_TCP_ACK, 0, 0, c->rx_done);
+			ctl_queue(c, RW_TCP_ACK, 0, 0, c->rx_done, NULL);
 			c->ack_sent = c->rx_done;
 		}
 		if (c->ctl_off < c->ctl_len) {
@@ -513,6 +552,7 @@ static int announce_up(tcp_conn_t *c)
 		return -1;
 	}
 	c->ring_mask = ring_size - 1;
+	conn_unpend(c);
 	ev_timer_stop(c->dev->base.loop, &c->timer);
 	c->hs = HS_DONE;
 	c->base.state = RW_RAIL_CONN_UP;
@@ -538,7 +578,7 @@ static void wio_cb(struct ev_loop *loop, ev_io *w, int revents)
 			conn_fail(c, RW_ERR_PEER);
 			goto out;
 		}
-		ctl_queue(c, RW_TCP_HELLO, c->base.tag, c->dev->base.rail, 0);
+		ctl_queue(c, RW_TCP_HELLO, c->base.tag, c->dev->base.rail, 0, c->base.proof);
 		c->hs = HS_WAIT_HELLO_ACK;
 		ev_io_start(loop, &c->rio);
 	}
@@ -561,6 +601,7 @@ static void proto_fail(tcp_conn_t *c, const char *why, const rw_tcp_hdr_t *h)
 		       c->dev->base.rail, c->base.peer, why);
 	conn_fail(c, RW_ERR_PROTO);
 }
+
 
 static void arrival(tcp_conn_t *c)
 {
@@ -593,7 +634,16 @@ static int rx_frame(tcp_conn_t *c)
 			return -1;
 		}
 		c->base.tag = h.key;
-		ctl_queue(c, RW_TCP_HELLO_ACK, 0, c->dev->base.rail, 0);
+		uint8_t reply[RW_RAIL_PROOF_SIZE] = {0};
+		/* The user's check comes before anything of this connection is taken in: a
+		 * refused one is closed unannounced, and no region sees a byte of it. */
+		if (c->base.cbs.on_verify &&
+		    c->base.cbs.on_verify(&c->base, c->base.ctx, h.proof, reply) != 0) {
+			log_refused(c, "no valid proof");
+			conn_fail(c, RW_ERR_PROTO);
+			return -1;
+		}
+		ctl_queue(c, RW_TCP_HELLO_ACK, 0, c->dev->base.rail, 0, reply);
 		if (tx_flush(c) < 0)
 			return -1;
 		if (announce_up(c) < 0)
@@ -602,6 +652,11 @@ static int rx_frame(tcp_conn_t *c)
 	case RW_TCP_HELLO_ACK:
 		if (c->hs != HS_WAIT_HELLO_ACK || h.offset != c->dev->base.rail) {
 			proto_fail(c, "unexpected HELLO_ACK", &h);
+			return -1;
+		}
+		if (c->base.cbs.on_verify &&
+		    c->base.cbs.on_verify(&c->base, c->base.ctx, h.proof, NULL) != 0) {
+			proto_fail(c, "the acceptor's proof is not valid", &h);
 			return -1;
 		}
 		if (announce_up(c) < 0)
@@ -736,6 +791,10 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 				rw_err("rail %u: accept on %s: %m", dev->base.rail, l->base.addr);
 			return;
 		}
+		if (dev->n_pending >= TCP_PENDING_MAX) { /* strangers get a bounded budget */
+			close(fd);
+			continue;
+		}
 		set_nodelay(fd);
 		tcp_conn_t *c = conn_new(dev, fd, &l->base.cbs, l->base.ctx);
 		if (!c) {
@@ -744,6 +803,8 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 			continue;
 		}
 		c->base.accepted = 1;
+		c->pending = 1;
+		dev->n_pending++;
 		fmt_sa(&sa, c->base.peer, sizeof(c->base.peer));
 		c->hs = HS_WAIT_HELLO;
 		ev_io_start(loop, &c->rio);
@@ -993,7 +1054,7 @@ static rw_status_t tcp_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loo
 	}
 	ev_timer_init(&dev->pace_timer, pace_timer_cb, 0., 0.);
 	dev->pace_timer.data = dev;
-	dev->base.caps.flags = RW_RAIL_CAP_ARRIVAL_WHERE;
+	dev->base.caps.flags = RW_RAIL_CAP_ARRIVAL_WHERE | RW_RAIL_CAP_PROOF;
 	dev->base.caps.max_writes = dev->base.max_writes;
 	dev->base.caps.max_write_length = TCP_MAX_WRITE_LENGTH;
 	*dev_p = &dev->base;

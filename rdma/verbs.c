@@ -27,6 +27,7 @@ void rw_vb_hello_pack(const rw_vb_hello_t *hello, uint8_t out[RW_VB_HELLO_SIZE])
 	rw_put_le(out + 8, hello->tag, 8);
 	rw_put_le(out + 16, hello->max_writes, 4);
 	rw_put_le(out + 20, hello->rail, 4);
+	memcpy(out + 24, hello->proof, RW_VB_PROOF_SIZE);
 }
 
 rw_status_t rw_vb_hello_unpack(const void *in, size_t len, rw_vb_hello_t *hello_p)
@@ -43,6 +44,7 @@ rw_status_t rw_vb_hello_unpack(const void *in, size_t len, rw_vb_hello_t *hello_
 	hello_p->tag = rw_get_le(p + 8, 8);
 	hello_p->max_writes = (uint32_t)rw_get_le(p + 16, 4);
 	hello_p->rail = (uint32_t)rw_get_le(p + 20, 4);
+	memcpy(hello_p->proof, p + 24, RW_VB_PROOF_SIZE);
 	return RW_OK;
 }
 
@@ -797,6 +799,17 @@ static void on_connect_request(vb_listener_t *l, struct rdma_cm_id *id, const vo
 	c->id = id;
 	id->context = &c->owner;
 	snprintf(c->base.peer, sizeof(c->base.peer), "%s", peer);
+	rw_vb_hello_t reply = {.flags = d->hello_flags, .rail = d->base.rail};
+	/* The user's check of the connector's proof, before a QP is made for it: a refused
+	 * connection costs no queue pair and is never announced. */
+	if (l->base.cbs.on_verify &&
+	    l->base.cbs.on_verify(&c->base, l->base.ctx, hello.proof, reply.proof) != 0) {
+		rw_warn("verbs: rail %u: rejected a connection from %s (tag %llu): no valid proof",
+			d->base.rail, peer, (unsigned long long)hello.tag);
+		rdma_reject(id, NULL, 0);
+		conn_bury(c); /* frees id with c */
+		return;
+	}
 	c->write_send = rw_vb_use_write_send(d->hello_flags, hello.flags);
 	c->window = rw_vb_window(c->max_writes, hello.max_writes);
 	st = conn_setup_qp(c);
@@ -806,8 +819,7 @@ static void on_connect_request(vb_listener_t *l, struct rdma_cm_id *id, const vo
 		return;
 	}
 	conn_set_ack_timeout(c);
-	rw_vb_hello_t reply = {.flags = d->hello_flags, .max_writes = c->max_writes,
-			       .rail = d->base.rail};
+	reply.max_writes = c->max_writes;
 	uint8_t buf[RW_VB_HELLO_SIZE];
 	rw_vb_hello_pack(&reply, buf);
 	struct rdma_conn_param param;
@@ -847,6 +859,7 @@ static void conn_cm_event(vb_conn_t *c, enum rdma_cm_event_type type, int status
 	case RDMA_CM_EVENT_ROUTE_RESOLVED: {
 		rw_vb_hello_t hello = {.flags = d->hello_flags, .tag = c->base.tag,
 				       .max_writes = c->max_writes, .rail = d->base.rail};
+		memcpy(hello.proof, c->base.proof, RW_VB_PROOF_SIZE);
 		uint8_t buf[RW_VB_HELLO_SIZE];
 		rw_vb_hello_pack(&hello, buf);
 		struct rdma_conn_param param;
@@ -863,6 +876,13 @@ static void conn_cm_event(vb_conn_t *c, enum rdma_cm_event_type type, int status
 			rw_vb_hello_t reply;
 			if (rw_vb_hello_unpack(pdata, pdata_len, &reply) != RW_OK) {
 				rw_err("verbs: rail %u peer %s: accepted without a valid hello",
+				       d->base.rail, c->base.peer);
+				conn_fail(c, RW_ERR_PROTO);
+				return;
+			}
+			if (c->base.cbs.on_verify &&
+			    c->base.cbs.on_verify(&c->base, c->base.ctx, reply.proof, NULL) != 0) {
+				rw_err("verbs: rail %u peer %s: the acceptor's proof is not valid",
 				       d->base.rail, c->base.peer);
 				conn_fail(c, RW_ERR_PROTO);
 				return;
@@ -1352,7 +1372,7 @@ static rw_status_t vb_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loop
 		st = RW_ERR_SYS;
 		goto fail;
 	}
-	d->base.caps.flags = dmabuf_supported(d->pd) ? RW_RAIL_CAP_DMABUF : 0;
+	d->base.caps.flags = (dmabuf_supported(d->pd) ? RW_RAIL_CAP_DMABUF : 0) | RW_RAIL_CAP_PROOF;
 	d->base.caps.max_writes = d->base.max_writes;
 	/* Longer writes are split into max_msg_sz chunks (rxe: 8 MiB) plus the SEND that carries
 	 * the immediate; one write must fit the send queue whole. */

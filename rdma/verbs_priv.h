@@ -10,12 +10,15 @@
 
 #include "common/common.h"
 
-/* Hello (connect request and accept reply private data), little-endian, 24 bytes; fits the
- * 56 bytes an IB/RoCE REQ allows and iWARP's MPA limit:
- *   0 u32 magic "RWVB"  4 u16 version  6 u16 flags  8 u64 tag  16 u32 max_writes  20 u32 rail */
-#define RW_VB_HELLO_SIZE 24
+/* Hello (connect request and accept reply private data), little-endian, 56 bytes: exactly the
+ * 56 an IB/RoCE REQ allows, within iWARP's MPA limit:
+ *   0 u32 magic "RWVB"  4 u16 version  6 u16 flags  8 u64 tag  16 u32 max_writes  20 u32 rail
+ *  24 proof[32] (rw_rail_conn_cbs_t.on_verify: the connector's, or the acceptor's reply)
+ * Version 2 added the proof; a version-1 hello is refused. */
+#define RW_VB_HELLO_SIZE 56
 #define RW_VB_HELLO_MAGIC 0x42565752u /* "RWVB" read as little-endian */
-#define RW_VB_HELLO_VERSION 1
+#define RW_VB_HELLO_VERSION 2
+#define RW_VB_PROOF_SIZE 32
 #define RW_VB_HELLO_IMM (1u << 0) /* sender can and will use RDMA WRITE WITH IMMEDIATE */
 
 typedef struct rw_vb_hello {
@@ -23,6 +26,7 @@ typedef struct rw_vb_hello {
 	uint64_t tag;        /* connector's tag (0 in the reply) */
 	uint32_t max_writes; /* sender's writes in flight per connection */
 	uint32_t rail;       /* rail index; both ends must agree */
+	uint8_t proof[RW_VB_PROOF_SIZE]; /* see the layout above; zeros when nobody checks */
 } rw_vb_hello_t;
 
 void rw_vb_hello_pack(const rw_vb_hello_t *hello, uint8_t out[RW_VB_HELLO_SIZE]);

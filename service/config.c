@@ -71,6 +71,8 @@ static const field_t fields[] = {
 	{"pace", K_BOOL, OFF(pace), 0, 0, 0},
 	{"trace_dir", K_FILE, OFF(trace_dir), SZ(trace_dir), 0, 0},
 	{"trace_max_kib", K_U32, OFF(trace_max_kib), 0, 16, 1u << 30},
+	/* peer authentication */
+	{"key_file", K_FILE, OFF(key_file), SZ(key_file), 0, 0},
 };
 #define N_FIELDS RW_ARRAY_SIZE(fields)
 
@@ -103,6 +105,9 @@ const rw_svc_option_t rw_svc_options[] = {
 	 "most tokens one rank may submit per phase"},
 	{"trace_dir", "trace-dir", "RAILWAVE_TRACE_DIR", "DIR", "phase traces (\"\" = off)"},
 	{"trace_max_kib", "trace-max-kib", "RAILWAVE_TRACE_MAX_KIB", "KIB", "trace files' size bound"},
+	/* peer authentication */
+	{"key_file", "key-file", "RAILWAVE_KEY_FILE", "FILE",
+	 "cluster key from 'railwave keygen' (\"\" = none: peers unauthenticated)"},
 	{NULL, NULL, NULL, NULL, NULL},
 };
 

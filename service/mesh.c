@@ -1,8 +1,9 @@
-/* railwaved's peer mesh (service/mesh.h, docs/dataflow.md "Peer mesh"): control channels over
- * TCP with framed, validated messages; one rail connection per (peer, rail) through rdma/rail.h;
- * per-rail registered memory; heartbeats; failure detection; reconnect with bounded back-off.
- * Everything runs on the daemon's loop. Peer input is untrusted: a bad frame closes that peer's
- * channel (it reconnects), never anything else. */
+/* railwaved's peer mesh (service/mesh.h, docs/dataflow.md "Peer mesh"): the peers' state,
+ * failure (deferred out of mesh calls) and reconnect back-off; one rail connection per (peer,
+ * rail) through rdma/rail.h, bound to the peer's authenticated session; the public API. The
+ * control sessions that bring a peer up are mesh_session.c's. Everything runs on the daemon's
+ * loop. Peer input is untrusted: a bad frame closes that peer's channel (it reconnects), never
+ * anything else. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -17,31 +18,9 @@
 #include "service/mesh_int.h"
 
 /* Logs name peers as key=value by their configured name, as the stats and metrics do. */
-static const char *peer_name(const rw_svc_mesh_t *m, uint32_t idx)
+const char *mesh_peer_name(const rw_svc_mesh_t *m, uint32_t idx)
 {
 	return m->svc->cfg.nodes[idx].name;
-}
-static void peer_fail(mesh_peer_t *p, rw_status_t st, const char *why);
-static void ctl_send_hello(mesh_ctl_t *c);
-static void ctl_io_cb(struct ev_loop *loop, ev_io *w, int revents);
-
-/* ---- control connections ---------------------------------------------------------------- */
-
-/* Close a control connection that failed: an identified one takes its peer down. */
-static void ctl_drop(mesh_ctl_t *c, rw_status_t st, const char *why)
-{
-	rw_svc_mesh_t *m = c->mesh;
-	if (c->peer >= 0 && m->peer[c->peer].ctl == c) {
-		peer_fail(&m->peer[c->peer], st, why);
-		return;
-	}
-	if (c->peer >= 0)
-		rw_warn("peer=%s: control connection closed: %s", peer_name(m, (uint32_t)c->peer), why);
-	else
-		rw_warn("control connection (fd %d, before hello) closed: %s", c->fd, why);
-	rw_svc_metrics_error(&m->svc->metrics, st);
-	mesh_unknown_remove(m, c);
-	mesh_ctl_free(c);
 }
 
 /* ---- peers ------------------------------------------------------------------------------- */
@@ -60,7 +39,7 @@ static uint32_t peer_rails_up(const mesh_peer_t *p)
 	return n;
 }
 
-static void peer_check_up(mesh_peer_t *p)
+void mesh_peer_check_up(mesh_peer_t *p)
 {
 	rw_svc_mesh_t *m = p->mesh;
 	uint32_t up = peer_rails_up(p);
@@ -69,14 +48,12 @@ static void peer_check_up(mesh_peer_t *p)
 		return;
 	mesh_peer_set_state(p, RW_SVC_PEER_UP);
 	p->backoff_ms = 0;
-	rw_info("peer=%s: up (control and %u rails)", peer_name(m, p->idx), m->rails);
+	rw_info("peer=%s: up (control and %u rails)", mesh_peer_name(m, p->idx), m->rails);
 	if (m->cbs.peer_up)
 		m->cbs.peer_up(m->ctx, p->idx);
 }
 
-void mesh_retry_cb(struct ev_loop *loop, ev_timer *w, int revents);
-
-static void peer_schedule_retry(mesh_peer_t *p)
+void mesh_peer_schedule_retry(mesh_peer_t *p)
 {
 	rw_svc_mesh_t *m = p->mesh;
 	if (m->me > p->idx || m->svc->stopping) /* the lower index connects */
@@ -87,16 +64,16 @@ static void peer_schedule_retry(mesh_peer_t *p)
 	ev_timer_start(m->loop, &p->retry);
 }
 
-static void peer_fail(mesh_peer_t *p, rw_status_t st, const char *why)
+void mesh_peer_fail(mesh_peer_t *p, rw_status_t st, const char *why)
 {
 	rw_svc_mesh_t *m = p->mesh;
 	int was_up = p->state == RW_SVC_PEER_UP, bye = p->said_bye;
 	p->said_bye = 0;
 	if (bye) { /* a clean stop: it said so before closing; not an error */
 		rw_info("peer=%s: left (clean shutdown); reconnecting when it is back",
-			peer_name(m, p->idx));
+			mesh_peer_name(m, p->idx));
 	} else if (p->ctl || was_up || peer_rails_up(p)) {
-		rw_warn("peer=%s: down (%s): %s", peer_name(m, p->idx), rw_status_str(st), why);
+		rw_warn("peer=%s: down (%s): %s", mesh_peer_name(m, p->idx), rw_status_str(st), why);
 		rw_svc_metrics_error(&m->svc->metrics, st);
 		m->svc->metrics.peer[p->idx].errors++;
 	}
@@ -105,13 +82,14 @@ static void peer_fail(mesh_peer_t *p, rw_status_t st, const char *why)
 		p->ctl = NULL;
 	}
 	p->hello_ok = 0;
+	mesh_auth_wipe(p->session, sizeof(p->session));
 	for (uint32_t r = 0; r < m->rails; r++)
 		mesh_rail_close(&p->rail[r], RW_ERR_PEER);
 	m->svc->metrics.peer[p->idx].rails_up = 0;
 	mesh_peer_set_state(p, bye ? RW_SVC_PEER_DOWN : RW_SVC_PEER_FAILED);
 	if (was_up && m->cbs.peer_down)
 		m->cbs.peer_down(m->ctx, p->idx, st);
-	peer_schedule_retry(p);
+	mesh_peer_schedule_retry(p);
 }
 
 /* Fail the peer from the loop, not from inside the mesh call that found the failure. */
@@ -136,49 +114,9 @@ void mesh_fail_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		mesh_peer_t *p = &m->peer[i];
 		if (p->failing) {
 			p->failing = 0;
-			peer_fail(p, p->fail_st, p->fail_why);
+			mesh_peer_fail(p, p->fail_st, p->fail_why);
 		}
 	}
-}
-
-void mesh_peer_connect(mesh_peer_t *p)
-{
-	rw_svc_mesh_t *m = p->mesh;
-	const rw_svc_endpoint_t *ep = &m->svc->cfg.nodes[p->idx].control;
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0) {
-		rw_err("peer=%s: socket: %m", peer_name(m, p->idx));
-		peer_schedule_retry(p);
-		return;
-	}
-	int one = 1;
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	if (connect(fd, (const struct sockaddr *)&ep->sin, sizeof(ep->sin)) < 0 &&
-	    errno != EINPROGRESS) {
-		rw_dbg("peer=%s: connect %s:%u: %m", peer_name(m, p->idx), ep->text, ep->port);
-		close(fd);
-		peer_schedule_retry(p);
-		return;
-	}
-	mesh_ctl_t *c = mesh_ctl_new(m, fd, (int)p->idx, ctl_io_cb);
-	if (!c) {
-		close(fd);
-		peer_schedule_retry(p);
-		return;
-	}
-	c->connecting = 1;
-	p->ctl = c;
-	mesh_peer_set_state(p, RW_SVC_PEER_CONNECTING);
-	mesh_ctl_update_events(c);
-}
-
-void mesh_retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
-{
-	(void)loop;
-	(void)revents;
-	mesh_peer_t *p = w->data;
-	if (!p->ctl)
-		mesh_peer_connect(p);
 }
 
 /* ---- rail connections -------------------------------------------------------------------- */
@@ -197,9 +135,18 @@ static void rail_on_connected(rw_rail_conn_t *conn, void *ctx)
 			rw_rail_conn_close(conn);
 			return;
 		}
-		mr = &m->peer[tag].rail[rail];
-		if (mr->conn) /* the peer reconnected this rail: the old one is stale */
-			mesh_rail_close(mr, RW_ERR_PEER);
+		mesh_peer_t *p = &m->peer[tag];
+		mr = &p->rail[rail];
+		/* One rail connection per (peer, rail) and control session, and only once the
+		 * peer has proven the key: a later one (a stranger's, a replay) is closed and the
+		 * live one is left alone. A rail the peer reconnects comes with a new session. */
+		if (!p->ctl || !p->ctl->authed || mr->conn) {
+			rw_warn("peer=%s rail=%u: refusing a rail connection from %s (%s)",
+				mesh_peer_name(m, p->idx), rail, conn->peer,
+				mr->conn ? "the rail is already connected" : "no authenticated session");
+			rw_rail_conn_close(conn);
+			return;
+		}
 		mr->conn = conn;
 		rw_rail_conn_set_ctx(conn, mr);
 	} else {
@@ -209,8 +156,8 @@ static void rail_on_connected(rw_rail_conn_t *conn, void *ctx)
 		m = mr->peer->mesh;
 	}
 	mr->up = 1;
-	rw_dbg("peer=%s rail=%u: connected (%s)", peer_name(m, mr->peer->idx), mr->rail, conn->peer);
-	peer_check_up(mr->peer);
+	rw_dbg("peer=%s rail=%u: connected (%s)", mesh_peer_name(m, mr->peer->idx), mr->rail, conn->peer);
+	mesh_peer_check_up(mr->peer);
 }
 
 static void rail_on_error(rw_rail_conn_t *conn, void *ctx, rw_status_t st)
@@ -224,13 +171,13 @@ static void rail_on_error(rw_rail_conn_t *conn, void *ctx, rw_status_t st)
 	 * but the rail's close may be seen first. */
 	if (p->ctl && p->hello_ok && mesh_ctl_bye_pending(p->ctl)) {
 		p->said_bye = 1;
-		peer_fail(p, RW_ERR_PEER, "said goodbye");
+		mesh_peer_fail(p, RW_ERR_PEER, "said goodbye");
 		return;
 	}
 	m->svc->metrics.rail[mr->rail].errors++;
 	char why[64];
 	snprintf(why, sizeof(why), "rail %u connection failed", mr->rail);
-	peer_fail(p, st, why);
+	mesh_peer_fail(p, st, why);
 }
 
 static void rail_on_write_done(rw_rail_conn_t *conn, void *ctx, void *write_ctx, rw_status_t st)
@@ -278,7 +225,31 @@ static void rail_on_writable(rw_rail_conn_t *conn, void *ctx)
 		peer_fail_soon(mr->peer, RW_ERR_LINK, "rail write refused");
 }
 
+/* The rail handshake's proofs (transports with RW_RAIL_CAP_PROOF): MACs with the peer's
+ * session key, so a rail connection is bound to the authenticated control session. */
+static int rail_on_verify(rw_rail_conn_t *conn, void *ctx, const uint8_t proof[RW_RAIL_PROOF_SIZE],
+			  uint8_t *reply_p)
+{
+	if (!conn->accepted) {
+		mesh_rail_t *mr = mesh_rail_of(conn, ctx);
+		return mr && mesh_auth_rail_proof_ok(mr->peer->session, MESH_AUTH_ACCEPTOR, mr->rail,
+						     proof) ? 0 : -1;
+	}
+	rw_svc_mesh_t *m = ctx; /* the listener's context */
+	uint64_t tag = conn->tag;
+	uint32_t rail = conn->dev->rail;
+	if (tag >= m->me || rail >= m->rails || !reply_p)
+		return -1;
+	mesh_peer_t *p = &m->peer[tag];
+	if (!p->ctl || !p->ctl->authed || p->rail[rail].conn ||
+	    !mesh_auth_rail_proof_ok(p->session, MESH_AUTH_CONNECTOR, rail, proof))
+		return -1;
+	mesh_auth_rail_proof(p->session, MESH_AUTH_ACCEPTOR, rail, reply_p);
+	return 0;
+}
+
 const rw_rail_conn_cbs_t mesh_rail_cbs = {
+	.on_verify = rail_on_verify,
 	.on_connected = rail_on_connected,
 	.on_error = rail_on_error,
 	.on_write_done = rail_on_write_done,
@@ -286,7 +257,7 @@ const rw_rail_conn_cbs_t mesh_rail_cbs = {
 	.on_writable = rail_on_writable,
 };
 
-static void peer_connect_rails(mesh_peer_t *p)
+void mesh_peer_connect_rails(mesh_peer_t *p)
 {
 	rw_svc_mesh_t *m = p->mesh;
 	for (uint32_t r = 0; r < m->rails; r++) {
@@ -296,292 +267,13 @@ static void peer_connect_rails(mesh_peer_t *p)
 		rw_rail_conn_t *conn;
 		rw_status_t st = rw_rail_connect(m->dev[r], p->rail_addr[r], m->me, &mesh_rail_cbs, mr, &conn);
 		if (st != RW_OK) {
-			peer_fail(p, RW_ERR_LINK, "cannot start a rail connection");
+			mesh_peer_fail(p, RW_ERR_LINK, "cannot start a rail connection");
 			return;
 		}
+		uint8_t proof[RW_RAIL_PROOF_SIZE];
+		mesh_auth_rail_proof(p->session, MESH_AUTH_CONNECTOR, r, proof);
+		rw_rail_conn_set_proof(conn, proof); /* before the loop runs its handshake */
 		mr->conn = conn;
-	}
-}
-
-/* ---- control messages -------------------------------------------------------------------- */
-
-static void ctl_send_hello(mesh_ctl_t *c)
-{
-	rw_svc_mesh_t *m = c->mesh;
-	rw_wire_hello_t h;
-	memset(&h, 0, sizeof(h));
-	snprintf(h.cluster, sizeof(h.cluster), "%s", m->svc->cfg.cluster);
-	h.node = m->me;
-	h.nodes = m->nodes;
-	h.gpus = m->svc->cfg.gpus_per_node;
-	h.rails = m->rails;
-	h.fingerprint = m->fingerprint;
-	h.boot_id = m->boot_id;
-	for (uint32_t r = 0; r < m->rails; r++) {
-		rw_rail_region_desc_pack(m->region[r], h.desc[r]);
-		snprintf(h.rail_addr[r], RW_WIRE_ADDR_MAX, "%s", m->listener[r]->addr);
-	}
-	uint8_t buf[sizeof(rw_wire_hello_t) + 64];
-	size_t n = rw_wire_hello_pack(&h, buf, sizeof(buf));
-	if (mesh_ctl_queue(c, RW_WIRE_HELLO, buf, (uint32_t)n) != RW_OK || mesh_ctl_flush(c) < 0)
-		ctl_drop(c, RW_ERR_PEER, "cannot send hello");
-}
-
-/* Returns 0 to keep reading, -1 when the connection was dropped (c is gone). */
-static int ctl_on_hello(mesh_ctl_t *c, const uint8_t *payload, uint32_t len)
-{
-	rw_svc_mesh_t *m = c->mesh;
-	rw_wire_hello_t h;
-	char why[160];
-	if (rw_wire_hello_unpack(payload, len, &h) != RW_OK) {
-		ctl_drop(c, RW_ERR_PROTO, "malformed hello");
-		return -1;
-	}
-	if (strcmp(h.cluster, m->svc->cfg.cluster) != 0 || h.nodes != m->nodes || h.rails != m->rails ||
-	    h.gpus != m->svc->cfg.gpus_per_node || h.fingerprint != m->fingerprint) {
-		snprintf(why, sizeof(why), "hello from node %u refused: cluster/size/fingerprint mismatch "
-			 "(cluster '%s' N=%u R=%u G=%u)", h.node, h.cluster, h.nodes, h.rails, h.gpus);
-		ctl_drop(c, RW_ERR_PROTO, why);
-		return -1;
-	}
-	if (c->peer >= 0 ? h.node != (uint32_t)c->peer : h.node >= m->me) {
-		snprintf(why, sizeof(why), "hello names node %u on a connection that cannot be its", h.node);
-		ctl_drop(c, RW_ERR_PROTO, why);
-		return -1;
-	}
-	rw_rail_remote_t remote[RW_MAX_RAILS];
-	for (uint32_t r = 0; r < m->rails; r++)
-		if (rw_rail_remote_unpack(h.desc[r], RW_WIRE_DESC_SIZE, &remote[r]) != RW_OK ||
-		    remote[r].length < m->area_bytes) {
-			ctl_drop(c, RW_ERR_PROTO, "hello carries a bad region descriptor");
-			return -1;
-		}
-	mesh_peer_t *p = &m->peer[h.node];
-	if (c->peer < 0) { /* accepted: adopt it, replacing whatever the peer had before */
-		mesh_unknown_remove(m, c);
-		if (p->ctl || p->state == RW_SVC_PEER_UP)
-			peer_fail(p, RW_ERR_PEER, "peer reconnected");
-		ev_timer_stop(m->loop, &p->retry);
-		c->peer = (int)h.node;
-		p->ctl = c;
-		ctl_send_hello(c);
-		if (p->ctl != c)
-			return -1;
-	}
-	if (p->boot_id && p->boot_id != h.boot_id)
-		rw_info("peer=%s: restarted (new boot id)", peer_name(m, p->idx));
-	p->boot_id = h.boot_id;
-	memcpy(p->remote, remote, sizeof(remote));
-	for (uint32_t r = 0; r < m->rails; r++)
-		memcpy(p->rail_addr[r], h.rail_addr[r], RW_WIRE_ADDR_MAX);
-	p->hello_ok = 1;
-	p->last_rx_ns = rw_now_ns();
-	if (m->me < p->idx)
-		peer_connect_rails(p);
-	if (p->ctl == c)
-		peer_check_up(p);
-	return p->ctl == c ? 0 : -1;
-}
-
-static int ctl_on_message(mesh_ctl_t *c, const rw_wire_hdr_t *h, const uint8_t *payload)
-{
-	rw_svc_mesh_t *m = c->mesh;
-	if (h->type == RW_WIRE_HELLO) {
-		if (c->peer >= 0 && m->peer[c->peer].hello_ok) {
-			ctl_drop(c, RW_ERR_PROTO, "second hello");
-			return -1;
-		}
-		return ctl_on_hello(c, payload, h->length);
-	}
-	if (c->peer < 0 || !m->peer[c->peer].hello_ok) {
-		ctl_drop(c, RW_ERR_PROTO, "message before hello");
-		return -1;
-	}
-	mesh_peer_t *p = &m->peer[c->peer];
-	p->last_rx_ns = rw_now_ns();
-	switch (h->type) {
-	case RW_WIRE_HEARTBEAT: {
-		rw_wire_heartbeat_t hb;
-		if (rw_wire_heartbeat_unpack(payload, h->length, &hb) != RW_OK)
-			break;
-		uint64_t now = rw_now_ns();
-		p->last_stamp = hb.stamp;
-		p->last_stamp_rx_ns = now;
-		if (hb.echo && hb.echo + hb.hold <= now)
-			m->svc->metrics.peer[p->idx].heartbeat_rtt_ns = now - hb.echo - hb.hold;
-		return 0;
-	}
-	case RW_WIRE_COUNTS: {
-		rw_wire_counts_t cnt;
-		if (rw_wire_counts_unpack(payload, h->length, &cnt) != RW_OK || cnt.node != p->idx ||
-		    cnt.nodes != m->nodes || cnt.rails != m->rails)
-			break;
-		if (m->cbs.counts)
-			m->cbs.counts(m->ctx, p->idx, &cnt);
-		return p->ctl == c ? 0 : -1; /* the callback may have failed this peer */
-	}
-	case RW_WIRE_PHASE_ERR: {
-		rw_wire_phase_err_t e;
-		if (rw_wire_phase_err_unpack(payload, h->length, &e) != RW_OK)
-			break;
-		if (m->cbs.phase_err)
-			m->cbs.phase_err(m->ctx, p->idx, &e);
-		return p->ctl == c ? 0 : -1;
-	}
-	case RW_WIRE_BYE:
-		/* The close that follows is a clean stop; fail the peer now so that phases with it
-		 * end at once rather than at their timeout. */
-		if (h->length)
-			break;
-		p->said_bye = 1;
-		peer_fail(p, RW_ERR_PEER, "said goodbye");
-		return -1;
-	case RW_WIRE_GRANT: {
-		rw_wire_grant_t g;
-		if (rw_wire_grant_unpack(payload, h->length, &g) != RW_OK || g.wave >= m->nodes)
-			break;
-		if (m->cbs.grant)
-			m->cbs.grant(m->ctx, p->idx, &g);
-		return p->ctl == c ? 0 : -1;
-	}
-	default:
-		break;
-	}
-	char why[64];
-	snprintf(why, sizeof(why), "malformed message (type %u, %u bytes)", h->type, h->length);
-	ctl_drop(c, RW_ERR_PROTO, why);
-	return -1;
-}
-
-/* Read what is there and handle every complete message. -1: c was dropped. */
-static int ctl_read(mesh_ctl_t *c)
-{
-	for (;;) {
-		rw_wire_hdr_t h;
-		uint8_t *payload = NULL;
-		rw_status_t st;
-		const char *why;
-		int rc = mesh_ctl_read_frame(c, &h, &payload, &st, &why);
-		if (rc < 0)
-			ctl_drop(c, st, why);
-		if (rc <= 0)
-			return rc;
-		rc = ctl_on_message(c, &h, payload);
-		free(payload);
-		if (rc < 0)
-			return -1;
-	}
-}
-
-static void ctl_io_cb(struct ev_loop *loop, ev_io *w, int revents)
-{
-	(void)loop;
-	mesh_ctl_t *c = w->data;
-	if (c->connecting) {
-		if (!(revents & EV_WRITE))
-			return;
-		int err = 0;
-		socklen_t len = sizeof(err);
-		getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len);
-		if (err != 0) {
-			mesh_peer_t *p = &c->mesh->peer[c->peer];
-			rw_dbg("peer=%s: connect: %s", peer_name(c->mesh, (uint32_t)c->peer),
-			       strerror(err));
-			p->ctl = NULL;
-			mesh_ctl_free(c);
-			mesh_peer_set_state(p, RW_SVC_PEER_CONNECTING);
-			peer_schedule_retry(p);
-			return;
-		}
-		c->connecting = 0;
-		ctl_send_hello(c);
-		return;
-	}
-	if (revents & EV_WRITE) {
-		if (mesh_ctl_flush(c) < 0) {
-			ctl_drop(c, RW_ERR_PEER, "write error");
-			return;
-		}
-	}
-	if (revents & EV_READ)
-		ctl_read(c);
-}
-
-void mesh_listen_cb(struct ev_loop *loop, ev_io *w, int revents)
-{
-	(void)loop;
-	(void)revents;
-	rw_svc_mesh_t *m = w->data;
-	for (;;) {
-		int fd = accept4(m->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-		if (fd < 0) {
-			if (!rw_listen_pause_on(&m->listen_pause, errno) && errno != EAGAIN &&
-			    errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
-				rw_warn("control accept: %m");
-			return;
-		}
-		if (m->n_unknown >= UNKNOWN_MAX) { /* strangers get a bounded budget */
-			close(fd);
-			m->svc->metrics.errors[-RW_ERR_PEER]++;
-			continue;
-		}
-		int one = 1;
-		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-		mesh_ctl_t *c = mesh_ctl_new(m, fd, -1, ctl_io_cb);
-		if (!c) {
-			close(fd);
-			continue;
-		}
-		c->next = m->unknown;
-		m->unknown = c;
-		m->n_unknown++;
-		mesh_ctl_update_events(c);
-	}
-}
-
-/* ---- heartbeats and timeouts ------------------------------------------------------------- */
-
-void mesh_hb_cb(struct ev_loop *loop, ev_timer *w, int revents)
-{
-	(void)loop;
-	(void)revents;
-	rw_svc_mesh_t *m = w->data;
-	uint64_t now = rw_now_ns();
-	uint64_t timeout = (uint64_t)m->svc->cfg.heartbeat_timeout_ms * 1000000ull;
-	char why[96];
-	for (uint32_t r = 0; r < m->rails; r++)
-		mesh_rail_dev_sample(m, r); /* also while a long write is in flight, and on a pure receiver */
-	for (uint32_t i = 0; i < m->nodes; i++) {
-		mesh_peer_t *p = &m->peer[i];
-		if (i == m->me || !p->ctl || p->ctl->connecting)
-			continue;
-		if (!p->hello_ok) {
-			if (now - p->ctl->opened_ns > timeout) {
-				snprintf(why, sizeof(why), "no hello within %u ms (heartbeat_timeout_ms)",
-					 m->svc->cfg.heartbeat_timeout_ms);
-				peer_fail(p, RW_ERR_TIMEOUT, why);
-			}
-			continue;
-		}
-		if (now - p->last_rx_ns > timeout) {
-			snprintf(why, sizeof(why), "nothing heard for %u ms (heartbeat_timeout_ms)",
-				 m->svc->cfg.heartbeat_timeout_ms);
-			peer_fail(p, RW_ERR_TIMEOUT, why);
-			continue;
-		}
-		uint8_t buf[RW_WIRE_HEARTBEAT_SIZE];
-		rw_wire_heartbeat_t hb = { .stamp = now, .echo = p->last_stamp,
-					   .hold = p->last_stamp ? now - p->last_stamp_rx_ns : 0 };
-		rw_wire_heartbeat_pack(&hb, buf, sizeof(buf));
-		rw_svc_mesh_send(m, i, RW_WIRE_HEARTBEAT, buf, sizeof(buf));
-	}
-	for (mesh_ctl_t *c = m->unknown, *next; c; c = next) {
-		next = c->next;
-		if (now - c->opened_ns > timeout) {
-			snprintf(why, sizeof(why), "no hello within %u ms (heartbeat_timeout_ms)",
-				 m->svc->cfg.heartbeat_timeout_ms);
-			ctl_drop(c, RW_ERR_TIMEOUT, why);
-		}
 	}
 }
 

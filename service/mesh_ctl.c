@@ -93,7 +93,7 @@ rw_status_t mesh_ctl_queue(mesh_ctl_t *c, uint16_t type, const uint8_t *payload,
 			need = c->tx_len + RW_WIRE_HDR_SIZE + len;
 		}
 		if (need > c->tx_cap) {
-			size_t cap = c->tx_cap ? c->tx_cap : 4096;
+			size_t cap = c->tx_cap ? c->tx_cap : 512; /* a handshake's worth first */
 			while (cap < need)
 				cap *= 2;
 			uint8_t *tx = realloc(c->tx, cap);
@@ -167,27 +167,40 @@ int mesh_ctl_read_frame(mesh_ctl_t *c, rw_wire_hdr_t *h_p, uint8_t **payload_p, 
 			if (rw_wire_hdr_unpack(c->hdr, &c->cur) != RW_OK) {
 				*st_p = RW_ERR_PROTO;
 				*why_p = "bad frame header (magic, version, type or length)";
+				if (rw_wire_get32(c->hdr) == RW_WIRE_MAGIC &&
+				    rw_wire_get16(c->hdr + 4) != RW_WIRE_VERSION) {
+					snprintf(c->why, sizeof(c->why), "it speaks wire version %u, this "
+						 "daemon %u: upgrade every node together",
+						 rw_wire_get16(c->hdr + 4), RW_WIRE_VERSION);
+					*why_p = c->why;
+				}
 				return -1;
 			}
-			/* Before its hello a connection is nobody's: nothing but a hello-sized hello
-			 * is read, so a stranger costs a header's worth of memory, not a megabyte. */
-			if (!c->hello_seen && (c->cur.type != RW_WIRE_HELLO ||
-					       c->cur.length > rw_wire_hello_size(RW_MAX_RAILS))) {
-				*st_p = RW_ERR_PROTO;
-				*why_p = "a frame other than a hello before the hello";
-				return -1;
-			}
+			/* Before it has proven the key a connection is nobody's: nothing but a
+			 * HELLO and an AUTH of their fixed sizes is read, into the connection's own
+			 * small buffer, so a stranger costs no allocation beyond its struct. */
 			free(c->rx);
-			c->rx = c->cur.length ? malloc(c->cur.length) : NULL;
-			if (c->cur.length && !c->rx) {
-				*st_p = RW_ERR_NOMEM;
-				*why_p = "out of memory";
-				return -1;
-			}
+			c->rx = NULL;
 			c->rx_have = 0;
+			if (!c->authed) {
+				if (!((c->cur.type == RW_WIRE_HELLO && c->cur.length == RW_WIRE_HELLO_SIZE) ||
+				      (c->cur.type == RW_WIRE_AUTH && c->cur.length == RW_WIRE_AUTH_SIZE))) {
+					*st_p = RW_ERR_PROTO;
+					*why_p = "a frame other than a hello or a proof before authentication";
+					return -1;
+				}
+			} else if (c->cur.length) {
+				c->rx = malloc(c->cur.length);
+				if (!c->rx) {
+					*st_p = RW_ERR_NOMEM;
+					*why_p = "out of memory";
+					return -1;
+				}
+			}
 		}
+		uint8_t *into = c->rx ? c->rx : c->pre;
 		if (c->rx_have < c->cur.length) {
-			ssize_t n = ctl_recv(c, c->rx + c->rx_have, c->cur.length - c->rx_have, why_p);
+			ssize_t n = ctl_recv(c, into + c->rx_have, c->cur.length - c->rx_have, why_p);
 			if (n <= 0)
 				return (int)n;
 			c->rx_have += (uint32_t)n;
@@ -195,10 +208,8 @@ int mesh_ctl_read_frame(mesh_ctl_t *c, rw_wire_hdr_t *h_p, uint8_t **payload_p, 
 				continue;
 		}
 		c->hdr_have = 0;
-		c->hello_seen |= c->cur.type == RW_WIRE_HELLO;
 		*h_p = c->cur;
-		*payload_p = c->rx;
-		c->rx = NULL;
+		*payload_p = c->cur.length ? into : NULL;
 		return 1;
 	}
 }

@@ -2,9 +2,12 @@
  * control connections and rail connections, and what its files share. The files, in call order
  * (no file calls back up it):
  *   mesh_setup.c  create and destroy: devices, memory, listeners, timers.
- *   mesh.c        peers: state, failure, reconnection, hello, messages, heartbeats, the API.
+ *   mesh_session.c control sessions: connect, accept, the authenticated handshake, messages,
+ *                 heartbeats (calls mesh.c to change a peer).
+ *   mesh.c        peers: state, failure, reconnection, rail connections, the API.
  *   mesh_ctl.c    a control connection's bytes: framing, queueing, flushing (returns statuses).
- *   mesh_rail.c   a rail connection's write queue, busy time and counters (returns statuses). */
+ *   mesh_rail.c   a rail connection's write queue, busy time and counters (returns statuses).
+ *   mesh_auth.c   the cluster key, nonces, proofs and session keys (libsodium; returns statuses). */
 #ifndef RW_SVC_MESH_INT_H
 #define RW_SVC_MESH_INT_H
 
@@ -17,7 +20,8 @@
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 2000
 #define CTL_TX_MAX (64u << 20) /* a peer that lets this much control data pile up is dropped */
-#define UNKNOWN_MAX 64         /* control connections that have not said hello yet */
+#define UNKNOWN_MAX 64         /* control connections that have not authenticated yet */
+#define MESH_KEY_SIZE 32       /* cluster key and session key: crypto_auth keys */
 
 typedef struct mesh_wq {
 	struct mesh_wq *next;
@@ -42,15 +46,23 @@ typedef struct mesh_ctl {
 	struct mesh_ctl *next;        /* unidentified list */
 	int fd;
 	int connecting;               /* outgoing connect() in progress */
-	int peer;                     /* -1 until a valid HELLO */
+	int peer;                     /* -1 until it has proven the key (accepted connections) */
 	ev_io io;
 	uint64_t opened_ns;
 	uint8_t hdr[RW_WIRE_HDR_SIZE];
 	uint32_t hdr_have;
 	rw_wire_hdr_t cur;
-	uint8_t *rx;
+	uint8_t *rx;                  /* payload of an authenticated connection's frame */
 	uint32_t rx_have;
-	int hello_seen;               /* its first frame (a hello) has come: later ones may be big */
+	/* The handshake (docs/security.md "Peer authentication"): until `authed` only a HELLO and
+	 * an AUTH of their fixed sizes are read, into `pre` (nothing allocated for a stranger). */
+	uint8_t pre[RW_WIRE_HELLO_SIZE];
+	int authed;                   /* the peer proved the cluster key on this connection */
+	int hello_in;                 /* its HELLO came (claim, nonce_peer are set) */
+	uint32_t claim;               /* the node its HELLO named */
+	uint64_t claim_boot;          /* and that hello's boot id */
+	uint8_t nonce_mine[RW_WIRE_NONCE_SIZE], nonce_peer[RW_WIRE_NONCE_SIZE];
+	char why[160];                /* a failure message built for this connection */
 	uint8_t *tx;
 	size_t tx_len, tx_off, tx_cap;
 } mesh_ctl_t;
@@ -60,7 +72,8 @@ typedef struct mesh_peer {
 	uint32_t idx;
 	rw_svc_peer_state_t state;
 	mesh_ctl_t *ctl;              /* identified control channel, or NULL */
-	int hello_ok;
+	int hello_ok;                 /* authenticated and its REGIONS came: rails may connect */
+	uint8_t session[MESH_KEY_SIZE]; /* this control session's key (rail proofs) */
 	uint64_t boot_id;
 	rw_rail_remote_t remote[RW_MAX_RAILS];
 	char rail_addr[RW_MAX_RAILS][RW_WIRE_ADDR_MAX];
@@ -88,6 +101,11 @@ struct rw_svc_mesh {
 	uint32_t nodes, rails, me;
 	uint64_t area_bytes;
 	uint64_t boot_id, fingerprint;
+	int keyed;                    /* a cluster key is loaded (else "auth none": a zero key) */
+	uint8_t key[MESH_KEY_SIZE];
+	uint64_t auth_refused;        /* handshakes refused for a bad or missing proof */
+	uint64_t auth_refused_logged; /* auth_refused at the last log line */
+	uint64_t auth_log_ns;         /* when that line was written */
 	uint32_t tx_seq;
 	rw_rail_dev_t *dev[RW_MAX_RAILS];
 	uint8_t *mem[RW_MAX_RAILS];
@@ -116,8 +134,10 @@ int mesh_ctl_flush(mesh_ctl_t *c);                     /* -1: write error */
 /* RW_ERR_AGAIN: more than CTL_TX_MAX queued; RW_ERR_NOMEM. */
 rw_status_t mesh_ctl_queue(mesh_ctl_t *c, uint16_t type, const uint8_t *payload, uint32_t len);
 int mesh_ctl_bye_pending(const mesh_ctl_t *c);
-/* Read what is there: 1 with a whole frame (*payload_p malloc'd or NULL; the caller frees);
- * 0 when nothing more is there now; -1 when the connection is finished (*st_p, *why_p). */
+/* Read what is there: 1 with a whole frame (*payload_p: its bytes, NULL when empty, owned by c
+ * and valid until the next call or mesh_ctl_free); 0 when nothing more is there now; -1 when
+ * the connection is finished (*st_p, *why_p). Before c->authed only a HELLO and an AUTH of
+ * their sizes are taken. */
 int mesh_ctl_read_frame(mesh_ctl_t *c, rw_wire_hdr_t *h_p, uint8_t **payload_p, rw_status_t *st_p,
 			const char **why_p);
 
@@ -133,13 +153,54 @@ void mesh_rail_close(mesh_rail_t *mr, rw_status_t st);
 rw_status_t mesh_rail_pump(mesh_rail_t *mr);
 mesh_rail_t *mesh_rail_of(rw_rail_conn_t *conn, void *ctx);
 
-/* ---- mesh.c (for mesh_setup.c) ------------------------------------------------------------ */
+/* ---- mesh_auth.c -------------------------------------------------------------------------- */
+typedef enum mesh_auth_role {
+	MESH_AUTH_CONNECTOR = 1,      /* the lower node index: it opened the connection */
+	MESH_AUTH_ACCEPTOR = 2,
+} mesh_auth_role_t;
+
+/* What a handshake binds: both node ids, the configuration fingerprint, both nonces. */
+typedef struct mesh_auth_ids {
+	uint32_t connector, acceptor;
+	uint64_t fingerprint;
+	uint8_t nonce_c[RW_WIRE_NONCE_SIZE], nonce_a[RW_WIRE_NONCE_SIZE];
+} mesh_auth_ids_t;
+
+rw_status_t mesh_auth_init(void);                      /* RW_ERR_SYS: libsodium unusable */
+/* Read a key file: 64 hex digits (railwave keygen). RW_ERR_INVAL: group/world bits in its
+ * mode; RW_ERR_PARSE: not a key; RW_ERR_NOTFOUND, RW_ERR_SYS. `why` says which, naming path. */
+rw_status_t mesh_auth_key_load(const char *path, uint8_t key_p[MESH_KEY_SIZE], char *why,
+			       size_t why_len);
+void mesh_auth_nonce(uint8_t nonce[RW_WIRE_NONCE_SIZE]);
+void mesh_auth_proof(const uint8_t key[MESH_KEY_SIZE], const mesh_auth_ids_t *ids,
+		     mesh_auth_role_t role, uint8_t proof[RW_WIRE_PROOF_SIZE]);
+/* 1 when proof is role's proof over ids with key (constant-time compare). */
+int mesh_auth_proof_ok(const uint8_t key[MESH_KEY_SIZE], const mesh_auth_ids_t *ids,
+		       mesh_auth_role_t role, const uint8_t proof[RW_WIRE_PROOF_SIZE]);
+void mesh_auth_session(const uint8_t key[MESH_KEY_SIZE], const mesh_auth_ids_t *ids,
+		       uint8_t session[MESH_KEY_SIZE]);
+void mesh_auth_rail_proof(const uint8_t session[MESH_KEY_SIZE], mesh_auth_role_t role,
+			  uint32_t rail, uint8_t proof[RW_RAIL_PROOF_SIZE]);
+int mesh_auth_rail_proof_ok(const uint8_t session[MESH_KEY_SIZE], mesh_auth_role_t role,
+			    uint32_t rail, const uint8_t proof[RW_RAIL_PROOF_SIZE]);
+void mesh_auth_wipe(void *p, size_t len);
+
+/* ---- mesh.c (for mesh_setup.c and mesh_session.c) ------------------------------------------ */
 extern const rw_rail_conn_cbs_t mesh_rail_cbs;
+void mesh_fail_cb(struct ev_loop *loop, ev_timer *w, int revents);
+void mesh_peer_set_state(mesh_peer_t *p, rw_svc_peer_state_t s);
+const char *mesh_peer_name(const rw_svc_mesh_t *m, uint32_t idx);
+/* Take the peer down now: its control session and rails closed, writes completed with errors,
+ * peer_down if it was up, a reconnect scheduled. Only from the loop, never inside a mesh call. */
+void mesh_peer_fail(mesh_peer_t *p, rw_status_t st, const char *why);
+void mesh_peer_check_up(mesh_peer_t *p);          /* UP once authenticated and every rail is */
+void mesh_peer_connect_rails(mesh_peer_t *p);     /* the connector's rails, with their proofs */
+void mesh_peer_schedule_retry(mesh_peer_t *p);
+
+/* ---- mesh_session.c (for mesh_setup.c) ---------------------------------------------------- */
 void mesh_retry_cb(struct ev_loop *loop, ev_timer *w, int revents);
 void mesh_listen_cb(struct ev_loop *loop, ev_io *w, int revents);
 void mesh_hb_cb(struct ev_loop *loop, ev_timer *w, int revents);
-void mesh_fail_cb(struct ev_loop *loop, ev_timer *w, int revents);
-void mesh_peer_set_state(mesh_peer_t *p, rw_svc_peer_state_t s);
 void mesh_peer_connect(mesh_peer_t *p);
 
 #endif /* RW_SVC_MESH_INT_H */

@@ -46,6 +46,25 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 	m->boot_id = random_u64();
 	const char *transport = rw_svc_transport_name(cfg->transport);
 	m->fingerprint = rw_wire_fingerprint(cfg->cluster, &svc->topo, transport, area_bytes);
+	if (mesh_auth_init() != RW_OK) {
+		rw_err("mesh: cannot initialise libsodium");
+		st = RW_ERR_SYS;
+		goto fail;
+	}
+	if (cfg->key_file[0]) {
+		char why[RW_SVC_PATH_MAX + 128];
+		st = mesh_auth_key_load(cfg->key_file, m->key, why, sizeof(why));
+		if (st != RW_OK) {
+			rw_err("mesh: %s", why);
+			goto fail;
+		}
+		m->keyed = 1;
+		rw_info("mesh: peers authenticate with the cluster key in %s", cfg->key_file);
+	} else {
+		rw_warn("mesh: AUTH NONE: no key_file is configured, so peers are NOT authenticated: "
+			"any host that reaches the control and rail ports can join this cluster and "
+			"write into its memory (docs/security.md; railwave keygen makes a key)");
+	}
 	m->peer = calloc(m->nodes, sizeof(*m->peer));
 	if (!m->peer)
 		goto fail;
@@ -200,5 +219,6 @@ void rw_svc_mesh_destroy(rw_svc_mesh_t *m)
 			munmap(m->mem[r], m->area_bytes);
 	}
 	free(m->peer);
+	mesh_auth_wipe(m->key, sizeof(m->key));
 	free(m);
 }

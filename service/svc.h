@@ -99,6 +99,9 @@ typedef struct rw_svc_config {
 	                              * slower NICs on loopback; rdma/rail.h pace_bps) */
 	char trace_dir[RW_SVC_PATH_MAX]; /* phase traces (docs/service.md); "" = off */
 	uint32_t trace_max_kib;      /* bound of the two trace files together */
+	/* ---- peer authentication (docs/security.md "Peer authentication") ---- */
+	char key_file[RW_SVC_PATH_MAX]; /* cluster key (railwave keygen), mode 0600 or stricter;
+	                                 * "" = none: peers are not authenticated ("auth none") */
 } rw_svc_config_t;
 
 /* One override: `key` is a top-level field name as in the JSON file ("http", "node", ...).

@@ -28,17 +28,6 @@ rw_status_t rw_wire_hdr_unpack(const uint8_t in[RW_WIRE_HDR_SIZE], rw_wire_hdr_t
 	return RW_OK;
 }
 
-/* ---- HELLO: cluster[64] | node nodes gpus rails (u32) | fingerprint boot_id (u64) |
- *              rails x (desc[32] addr[64]) ---- */
-
-#define HELLO_FIXED (RW_WIRE_CLUSTER_MAX + 16 + 16)
-#define HELLO_PER_RAIL (RW_WIRE_DESC_SIZE + RW_WIRE_ADDR_MAX)
-
-size_t rw_wire_hello_size(uint32_t rails)
-{
-	return HELLO_FIXED + (size_t)rails * HELLO_PER_RAIL;
-}
-
 static int str_field_ok(const char *s, size_t n)
 {
 	return memchr(s, '\0', n) != NULL;
@@ -51,59 +40,100 @@ static void str_field_put(uint8_t *field, const char *s, size_t n)
 	memcpy(field, s, len);
 }
 
+/* ---- HELLO (layout in wire.h) ---- */
+
+#define HELLO_IDS RW_WIRE_CLUSTER_MAX
+#define HELLO_FLAGS (HELLO_IDS + 32)
+#define HELLO_NONCE (HELLO_FLAGS + 8)
+
 size_t rw_wire_hello_pack(const rw_wire_hello_t *h, uint8_t *buf, size_t buf_len)
 {
-	if (h->rails == 0 || h->rails > RW_MAX_RAILS)
+	if (buf_len < RW_WIRE_HELLO_SIZE)
 		return 0;
-	size_t need = rw_wire_hello_size(h->rails);
-	if (buf_len < need)
-		return 0;
-	memset(buf, 0, need);
+	memset(buf, 0, RW_WIRE_HELLO_SIZE);
 	str_field_put(buf, h->cluster, RW_WIRE_CLUSTER_MAX);
-	uint8_t *p = buf + RW_WIRE_CLUSTER_MAX;
+	uint8_t *p = buf + HELLO_IDS;
 	rw_wire_put32(p, h->node);
 	rw_wire_put32(p + 4, h->nodes);
 	rw_wire_put32(p + 8, h->gpus);
 	rw_wire_put32(p + 12, h->rails);
 	rw_wire_put64(p + 16, h->fingerprint);
 	rw_wire_put64(p + 24, h->boot_id);
-	p = buf + HELLO_FIXED;
-	for (uint32_t r = 0; r < h->rails; r++, p += HELLO_PER_RAIL) {
-		memcpy(p, h->desc[r], RW_WIRE_DESC_SIZE);
-		str_field_put(p + RW_WIRE_DESC_SIZE, h->rail_addr[r], RW_WIRE_ADDR_MAX);
-	}
-	return need;
+	rw_wire_put32(buf + HELLO_FLAGS, h->flags);
+	memcpy(buf + HELLO_NONCE, h->nonce, RW_WIRE_NONCE_SIZE);
+	return RW_WIRE_HELLO_SIZE;
 }
 
 rw_status_t rw_wire_hello_unpack(const uint8_t *in, size_t len, rw_wire_hello_t *h_p)
 {
-	if (len < HELLO_FIXED)
+	if (len != RW_WIRE_HELLO_SIZE || !str_field_ok((const char *)in, RW_WIRE_CLUSTER_MAX))
 		return RW_ERR_PROTO;
-	const uint8_t *p = in + RW_WIRE_CLUSTER_MAX;
+	const uint8_t *p = in + HELLO_IDS;
 	uint32_t node = rw_wire_get32(p), nodes = rw_wire_get32(p + 4);
 	uint32_t gpus = rw_wire_get32(p + 8), rails = rw_wire_get32(p + 12);
+	uint32_t flags = rw_wire_get32(in + HELLO_FLAGS);
 	if (rails == 0 || rails > RW_MAX_RAILS || nodes == 0 || nodes > RW_MAX_NODES ||
-	    node >= nodes || gpus == 0 || gpus > RW_MAX_GPUS)
+	    node >= nodes || gpus == 0 || gpus > RW_MAX_GPUS || (flags & ~RW_WIRE_HELLO_KEYED) ||
+	    rw_wire_get32(in + HELLO_FLAGS + 4) != 0)
 		return RW_ERR_PROTO;
-	if (len != rw_wire_hello_size(rails) || !str_field_ok((const char *)in, RW_WIRE_CLUSTER_MAX))
-		return RW_ERR_PROTO;
-	p = in + HELLO_FIXED;
-	for (uint32_t r = 0; r < rails; r++, p += HELLO_PER_RAIL)
-		if (!str_field_ok((const char *)p + RW_WIRE_DESC_SIZE, RW_WIRE_ADDR_MAX))
-			return RW_ERR_PROTO;
-
 	memset(h_p, 0, sizeof(*h_p));
 	memcpy(h_p->cluster, in, RW_WIRE_CLUSTER_MAX);
 	h_p->node = node;
 	h_p->nodes = nodes;
 	h_p->gpus = gpus;
 	h_p->rails = rails;
-	h_p->fingerprint = rw_wire_get64(in + RW_WIRE_CLUSTER_MAX + 16);
-	h_p->boot_id = rw_wire_get64(in + RW_WIRE_CLUSTER_MAX + 24);
-	p = in + HELLO_FIXED;
-	for (uint32_t r = 0; r < rails; r++, p += HELLO_PER_RAIL) {
-		memcpy(h_p->desc[r], p, RW_WIRE_DESC_SIZE);
-		memcpy(h_p->rail_addr[r], p + RW_WIRE_DESC_SIZE, RW_WIRE_ADDR_MAX);
+	h_p->fingerprint = rw_wire_get64(p + 16);
+	h_p->boot_id = rw_wire_get64(p + 24);
+	h_p->flags = flags;
+	memcpy(h_p->nonce, in + HELLO_NONCE, RW_WIRE_NONCE_SIZE);
+	return RW_OK;
+}
+
+/* ---- REGIONS: rails reserved (u32) | rails x (desc[32] addr[64]) ---- */
+
+#define REGIONS_FIXED 8
+#define REGIONS_PER_RAIL (RW_WIRE_DESC_SIZE + RW_WIRE_ADDR_MAX)
+
+size_t rw_wire_regions_size(uint32_t rails)
+{
+	return REGIONS_FIXED + (size_t)rails * REGIONS_PER_RAIL;
+}
+
+size_t rw_wire_regions_pack(const rw_wire_regions_t *r, uint8_t *buf, size_t buf_len)
+{
+	if (r->rails == 0 || r->rails > RW_MAX_RAILS)
+		return 0;
+	size_t need = rw_wire_regions_size(r->rails);
+	if (buf_len < need)
+		return 0;
+	memset(buf, 0, need);
+	rw_wire_put32(buf, r->rails);
+	uint8_t *p = buf + REGIONS_FIXED;
+	for (uint32_t i = 0; i < r->rails; i++, p += REGIONS_PER_RAIL) {
+		memcpy(p, r->desc[i], RW_WIRE_DESC_SIZE);
+		str_field_put(p + RW_WIRE_DESC_SIZE, r->rail_addr[i], RW_WIRE_ADDR_MAX);
+	}
+	return need;
+}
+
+rw_status_t rw_wire_regions_unpack(const uint8_t *in, size_t len, rw_wire_regions_t *r_p)
+{
+	if (len < REGIONS_FIXED)
+		return RW_ERR_PROTO;
+	uint32_t rails = rw_wire_get32(in);
+	if (rails == 0 || rails > RW_MAX_RAILS || rw_wire_get32(in + 4) != 0 ||
+	    len != rw_wire_regions_size(rails))
+		return RW_ERR_PROTO;
+	const uint8_t *p = in + REGIONS_FIXED;
+	for (uint32_t i = 0; i < rails; i++, p += REGIONS_PER_RAIL)
+		if (!str_field_ok((const char *)p + RW_WIRE_DESC_SIZE, RW_WIRE_ADDR_MAX))
+			return RW_ERR_PROTO;
+	memset(r_p, 0, sizeof(*r_p));
+	r_p->rails = rails;
+	p = in + REGIONS_FIXED;
+	for (uint32_t i = 0; i < rails; i++, p += REGIONS_PER_RAIL) {
+		memcpy(r_p->desc[i], p, RW_WIRE_DESC_SIZE);
+		memcpy(r_p->rail_addr[i], p + RW_WIRE_DESC_SIZE, RW_WIRE_ADDR_MAX);
 	}
 	return RW_OK;
 }

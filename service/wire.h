@@ -17,6 +17,9 @@
  *   u32 magic "RWMC" | u16 version | u16 type | u32 length | u32 seq (sender's message counter) */
 
 #define RW_WIRE_MAGIC 0x434d5752u   /* "RWMC" read as little-endian bytes R W M C */
+/* 5: the hello carries a nonce instead of region descriptors; AUTH proves the cluster key and
+ * REGIONS follows it (docs/security.md "Peer authentication"). PHASE_ERR names
+ * its cause and the receiver's attempt (docs/dataflow.md "Failures"). A peer speaking 4 is refused. */
 #define RW_WIRE_VERSION 5
 #define RW_WIRE_HDR_SIZE 16
 #define RW_WIRE_MAX_PAYLOAD (1u << 20) /* a count row of 4096 nodes x 16 rails is 256 KiB */
@@ -26,15 +29,19 @@
 #define RW_WIRE_ERRMSG_MAX 128
 #define RW_WIRE_GROUP_MAX 64           /* group name field, NUL-padded */
 #define RW_WIRE_MAX_SLOTS 16           /* receive-area slots a node may announce */
+#define RW_WIRE_NONCE_SIZE 32          /* hello challenge, fresh random per connection */
+#define RW_WIRE_PROOF_SIZE 32          /* AUTH proof: crypto_auth (HMAC-SHA512-256) tag */
 
 typedef enum rw_wire_type {
-	RW_WIRE_HELLO = 1,     /* identity, fingerprint, rail addresses, receive-region descriptors */
+	RW_WIRE_HELLO = 1,     /* identity, fingerprint, auth mode, challenge nonce */
 	RW_WIRE_COUNTS = 2,    /* one node's count row for one dispatch phase */
 	RW_WIRE_PHASE_ERR = 3, /* a node failed a phase: everyone fails it */
 	RW_WIRE_HEARTBEAT = 4, /* liveness (and RTT: echo = the peer's stamp being answered) */
 	RW_WIRE_GRANT = 5,     /* a receiver admits its wave-k source (docs/dataflow.md "Send") */
 	RW_WIRE_BYE = 6,       /* no payload: the sender is stopping cleanly (not a crash) */
-	RW_WIRE_TYPE_MAX = 6,
+	RW_WIRE_AUTH = 7,      /* proof of the cluster key over both hellos' nonces */
+	RW_WIRE_REGIONS = 8,   /* rail addresses and receive-region descriptors (after AUTH only) */
+	RW_WIRE_TYPE_MAX = 8,
 } rw_wire_type_t;
 
 typedef struct rw_wire_hdr {
@@ -47,23 +54,47 @@ void rw_wire_hdr_pack(const rw_wire_hdr_t *h, uint8_t out[RW_WIRE_HDR_SIZE]);
 /* RW_ERR_PROTO on bad magic/version, unknown type or length > RW_WIRE_MAX_PAYLOAD. */
 rw_status_t rw_wire_hdr_unpack(const uint8_t in[RW_WIRE_HDR_SIZE], rw_wire_hdr_t *h_p);
 
-/* HELLO: sent by both ends right after the control connection opens. A mismatch of cluster,
- * node count, rails, GPUs or fingerprint makes the receiver refuse the peer. */
+/* HELLO: the connector sends it as soon as the control connection opens; the acceptor answers
+ * with its own HELLO and its AUTH. A mismatch of cluster, node count, rails, GPUs, fingerprint
+ * or auth mode makes the receiver refuse the peer. Nothing secret travels in it.
+ * Layout: cluster[64] | node nodes gpus rails (u32) | fingerprint boot_id (u64) | flags (u32) |
+ *         reserved (u32, 0) | nonce[32] */
+#define RW_WIRE_HELLO_KEYED 1u /* flags: the sender holds a cluster key (else "auth none") */
 typedef struct rw_wire_hello {
 	char cluster[RW_WIRE_CLUSTER_MAX]; /* NUL-terminated after unpack */
 	uint32_t node, nodes, gpus, rails;
 	uint64_t fingerprint;              /* rw_wire_fingerprint() of the sender's config */
 	uint64_t boot_id;                  /* random per daemon start: a change = the peer restarted */
-	uint8_t desc[RW_MAX_RAILS][RW_WIRE_DESC_SIZE];  /* receive region per rail */
-	char rail_addr[RW_MAX_RAILS][RW_WIRE_ADDR_MAX]; /* rail listener addresses (port 0 allowed) */
+	uint32_t flags;                    /* RW_WIRE_HELLO_* */
+	uint8_t nonce[RW_WIRE_NONCE_SIZE]; /* the sender's challenge to the receiver */
 } rw_wire_hello_t;
 
-size_t rw_wire_hello_size(uint32_t rails);
-/* Returns bytes written (rw_wire_hello_size(h->rails)) or 0 if buf_len is too small. */
+#define RW_WIRE_HELLO_SIZE (RW_WIRE_CLUSTER_MAX + 16 + 16 + 8 + RW_WIRE_NONCE_SIZE)
+/* Returns RW_WIRE_HELLO_SIZE, or 0 if buf_len is too small. */
 size_t rw_wire_hello_pack(const rw_wire_hello_t *h, uint8_t *buf, size_t buf_len);
-/* RW_ERR_PROTO: wrong size for its rail count, rails 0 or > RW_MAX_RAILS, node >= nodes,
- * unterminated strings. */
+/* RW_ERR_PROTO: wrong size, rails 0 or > RW_MAX_RAILS, node >= nodes, unknown flags, reserved
+ * bytes set, unterminated cluster name. */
 rw_status_t rw_wire_hello_unpack(const uint8_t *in, size_t len, rw_wire_hello_t *h_p);
+
+/* AUTH: proof[32], the sender's crypto_auth tag over both nonces and both node ids (what it
+ * covers: service/mesh_auth.c). The acceptor's goes with its hello, the connector's once it has
+ * checked the acceptor's; each side sends REGIONS only after the other's proof checked out. */
+#define RW_WIRE_AUTH_SIZE RW_WIRE_PROOF_SIZE
+
+/* REGIONS: rails (u32) | reserved (u32, 0) | rails x (desc[32] addr[64]): the sender's rail
+ * listener addresses and receive-region descriptors. */
+typedef struct rw_wire_regions {
+	uint32_t rails;
+	uint8_t desc[RW_MAX_RAILS][RW_WIRE_DESC_SIZE];  /* receive region per rail */
+	char rail_addr[RW_MAX_RAILS][RW_WIRE_ADDR_MAX]; /* rail listener addresses (port 0 allowed) */
+} rw_wire_regions_t;
+
+size_t rw_wire_regions_size(uint32_t rails);
+/* Returns bytes written (rw_wire_regions_size(r->rails)) or 0 if buf_len is too small. */
+size_t rw_wire_regions_pack(const rw_wire_regions_t *r, uint8_t *buf, size_t buf_len);
+/* RW_ERR_PROTO: wrong size for its rail count, rails 0 or > RW_MAX_RAILS, reserved bytes set,
+ * unterminated addresses. */
+rw_status_t rw_wire_regions_unpack(const uint8_t *in, size_t len, rw_wire_regions_t *r_p);
 
 /* The identity of a phase pair: (group, layer, step). kind travels separately. */
 typedef struct rw_wire_key {

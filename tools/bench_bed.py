@@ -175,6 +175,11 @@ class Daemons:
                 "ipc_socket": os.path.join(tmp, "node%d.sock" % n),
                 "stats_socket": os.path.join(tmp, "node%d.stats" % n),
             })
+        # Peers authenticate with a key made for this run (docs/security.md): the demo runs
+        # the shipped, authenticated path.
+        cfg["key_file"] = os.path.join(tmp, "cluster.key")
+        subprocess.run([ctx.bin("railwave"), "keygen", "--force", cfg["key_file"]], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.cfg = cfg
         self.cfg_path = os.path.join(tmp, "cluster.json")
         with open(self.cfg_path, "w") as f:

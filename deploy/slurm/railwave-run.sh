@@ -15,6 +15,10 @@
 #   --ready-timeout S      seconds to wait for every daemon to have every peer up (default 120)
 #   --rundir DIR           socket folder on every node (default ${TMPDIR:-/tmp}/railwave-JOBID)
 #   --daemon-output PAT    srun --output pattern for the daemons' logs (default: the job's output)
+#   --key FILE             the cluster key (railwave keygen, mode 0600) at FILE on every node,
+#                          e.g. on shared storage; default: the cluster file's key_file, else a
+#                          key made for this job, copied to every node with sbcast and removed
+#                          at the end (docs/install.md "The cluster key")
 #   --anchors FILE, --path P, --transport T, --log-level L, --phase-timeout-ms MS: for railwaved
 # The ranks get RAILWAVE_SOCKET (their node's daemon), RAILWAVE_NODE (its index in the cluster
 # file), RAILWAVE_GROUP (job-JOBID: a group key no other job shares) and RAILWAVE_RUNDIR. At the
@@ -25,15 +29,15 @@
 set -u
 
 me=railwave-run
-usage() { sed -n '2,27p' "$0" >&2; exit 2; }
+usage() { sed -n '2,28p' "$0" >&2; exit 2; }
 die() { echo "$me: $*" >&2; exit 1; }
 bad() { echo "$me: $*" >&2; exit 2; }
 
-config= identity=name per=1 ready_timeout=120 rundir= daemon_output=
+config= identity=name per=1 ready_timeout=120 rundir= daemon_output= key=
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--config|--identity|--daemons-per-node|--ready-timeout|--rundir|--daemon-output|--anchors|\
-	--path|--transport|--log-level|--phase-timeout-ms)
+	--path|--transport|--log-level|--phase-timeout-ms|--key)
 		[ $# -ge 2 ] || bad "$1 needs a value"
 		case "$1" in
 		--config) config=$2 ;;
@@ -42,6 +46,7 @@ while [ $# -gt 0 ]; do
 		--ready-timeout) ready_timeout=$2 ;;
 		--rundir) rundir=$2 ;;
 		--daemon-output) daemon_output=$2 ;;
+		--key) key=$2 ;;
 		--anchors) export RAILWAVE_ANCHORS="$2" ;;
 		--path) export RAILWAVE_PATH="$2" ;;
 		--transport) export RAILWAVE_TRANSPORT="$2" ;;
@@ -49,7 +54,7 @@ while [ $# -gt 0 ]; do
 		--phase-timeout-ms) export RAILWAVE_PHASE_TIMEOUT_MS="$2" ;;
 		esac
 		shift 2 ;;
-	-h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+	-h|--help) sed -n '2,28p' "$0"; exit 0 ;;
 	--) shift; break ;;
 	*) bad "unknown option '$1' (see --help)" ;;
 	esac
@@ -87,6 +92,23 @@ drain_ms=$("$RAILWAVED" --config "$config" --node "$(echo "$ids" | head -n 1)" -
 	sed -n 's/.*"phase_timeout_ms": *\([0-9]*\).*/\1/p')
 stop_bound=$(( ${drain_ms:-10000} / 1000 + 6 ))   # drain bound (phase timeout + 1 s) + teardown
 
+# ---- the cluster key: --key, the cluster file's key_file, or one made for this job ---------------
+# A job key is made here (mode 0600) and broadcast to the same path on every node (sbcast -p
+# keeps the mode); each daemon task removes its node's copy when its daemon has stopped.
+job_key=
+if [ -n "$key" ]; then
+	export RAILWAVE_KEY_FILE="$key"
+elif ! "$RAILWAVED" --config "$config" --node "$(echo "$ids" | head -n 1)" --dump-config |
+	grep -q '"key_file": *"[^"]'; then
+	job_key=${TMPDIR:-/tmp}/railwave-$SLURM_JOB_ID.key
+	src=$(mktemp "${TMPDIR:-/tmp}/railwave-key.XXXXXX") || die "cannot make a temporary file"
+	"$RAILWAVE" keygen --force "$src" 2>/dev/null || { rm -f "$src"; die "railwave keygen failed"; }
+	sbcast -p -f "$src" "$job_key" || { rm -f "$src"; die "cannot copy the job's key to its nodes (sbcast)"; }
+	rm -f "$src"
+	export RAILWAVE_KEY_FILE="$job_key"
+fi
+export RW_RUN_JOBKEY="$job_key"
+
 export RW_RUN_CONFIG="$config" RW_RUN_IDENTITY="$identity" RW_RUN_DIR="$rundir"
 export RW_RUN_DAEMONS="$ndaemons" RW_RUN_TIMEOUT="$ready_timeout" RAILWAVED RAILWAVE
 export RAILWAVE_RUNDIR="$rundir" RAILWAVE_GROUP="job-$SLURM_JOB_ID"
@@ -110,6 +132,7 @@ srun --overlap --nodes="$nnodes" --ntasks="$ndaemons" --ntasks-per-node="$per" -
 	rc=$?
 	rm -f "$RW_RUN_DIR/$id.sock" "$RW_RUN_DIR/$id.stats"
 	rmdir "$RW_RUN_DIR" 2>/dev/null
+	[ -z "$RW_RUN_JOBKEY" ] || rm -f "$RW_RUN_JOBKEY"
 	exit $rc' &
 daemons=$!
 trainer= trainer_rc=1
@@ -172,7 +195,8 @@ srun --overlap --distribution=block --job-name=trainer sh -c "$id_of_task"'
 	export RAILWAVE_SOCKET="$RW_RUN_DIR/$id.sock"
 	RAILWAVE_NODE=$("$RAILWAVE" stats --socket "$RW_RUN_DIR/$id.stats" | sed -n "s/^node_index //p")
 	export RAILWAVE_NODE
-	unset RW_RUN_CONFIG RW_RUN_IDENTITY RW_RUN_DIR RW_RUN_DAEMONS RW_RUN_TIMEOUT
+	unset RW_RUN_CONFIG RW_RUN_IDENTITY RW_RUN_DIR RW_RUN_DAEMONS RW_RUN_TIMEOUT RW_RUN_JOBKEY
+	unset RAILWAVE_KEY_FILE
 	exec "$@"' sh "$@" &
 trainer=$!
 wait "$trainer"   # in the background so that a signal to this script runs its trap at once

@@ -1,6 +1,6 @@
 /* libFuzzer target for every parser a peer, a file or an operator feeds railwaved (issue 15):
  * the peer control channel's decoders (service/wire.c: frame header, HELLO, COUNTS, PHASE_ERR,
- * GRANT, HEARTBEAT, dispatch and combine record headers), the tcp rail header (rdma/tcp_wire.h),
+ * GRANT, HEARTBEAT, REGIONS, dispatch and combine record headers), the tcp rail header (rdma/tcp_wire.h),
  * the cluster configuration (service/config*.c) and the anchor table (sched/anchors.c). The first
  * byte picks the parser, the rest is its input. Invariants beyond "no crash, no leak" (ASan,
  * UBSan, LSan): a message that decodes re-encodes to bytes that decode to the same fields; a
@@ -36,7 +36,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 static void fuzz_wire(uint8_t which, const uint8_t *in, size_t len)
 {
 	uint8_t buf[RW_WIRE_MAX_PAYLOAD < 8192 ? RW_WIRE_MAX_PAYLOAD : 8192];
-	switch (which % 7) {
+	switch (which % 8) {
 	case 0: {
 		rw_wire_hdr_t h, h2;
 		if (len < RW_WIRE_HDR_SIZE || rw_wire_hdr_unpack(in, &h) != RW_OK)
@@ -53,7 +53,8 @@ static void fuzz_wire(uint8_t which, const uint8_t *in, size_t len)
 		size_t n = rw_wire_hello_pack(&h, buf, sizeof(buf));
 		CHECK(n == len && rw_wire_hello_unpack(buf, n, &h2) == RW_OK);
 		CHECK(h2.node == h.node && h2.nodes == h.nodes && h2.rails == h.rails &&
-		      h2.fingerprint == h.fingerprint && !strcmp(h2.cluster, h.cluster));
+		      h2.fingerprint == h.fingerprint && !strcmp(h2.cluster, h.cluster) &&
+		      h2.flags == h.flags && !memcmp(h2.nonce, h.nonce, RW_WIRE_NONCE_SIZE));
 		return;
 	}
 	case 2: {
@@ -91,6 +92,17 @@ static void fuzz_wire(uint8_t which, const uint8_t *in, size_t len)
 		(void)rw_wire_heartbeat_unpack(in, len, &hb);
 		return;
 	}
+	case 6: {
+		static rw_wire_regions_t r, r2;
+		if (rw_wire_regions_unpack(in, len, &r) != RW_OK)
+			return;
+		size_t n = rw_wire_regions_pack(&r, buf, sizeof(buf));
+		CHECK(n == len && rw_wire_regions_unpack(buf, n, &r2) == RW_OK && r2.rails == r.rails);
+		for (uint32_t i = 0; i < r.rails; i++)
+			CHECK(!memcmp(r2.desc[i], r.desc[i], RW_WIRE_DESC_SIZE) &&
+			      !strcmp(r2.rail_addr[i], r.rail_addr[i]));
+		return;
+	}
 	default: { /* record headers read straight out of a receive area */
 		if (len < 1)
 			return;
@@ -115,7 +127,8 @@ static void fuzz_tcp(const uint8_t *in, size_t len)
 		return;
 	rw_tcp_hdr_encode(&h, buf);
 	CHECK(rw_tcp_hdr_decode(buf, &h2) == 0 && h2.type == h.type && h2.imm == h.imm &&
-	      h2.key == h.key && h2.offset == h.offset && h2.length == h.length && h2.seq == h.seq);
+	      h2.key == h.key && h2.offset == h.offset && h2.length == h.length && h2.seq == h.seq &&
+	      !memcmp(h2.proof, h.proof, RW_TCP_PROOF_SIZE));
 }
 
 static void fuzz_config(const uint8_t *in, size_t len)

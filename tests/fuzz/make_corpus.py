@@ -31,9 +31,15 @@ def seeds():
         b"node 1 (n1): timed out".ljust(ERRMSG, b"\0")
     yield "wire_grant", bytes([4]) + key() + struct.pack("<II", 0, 2)
     yield "wire_heartbeat", bytes([5]) + struct.pack("<QQQ", 1, 2, 3)
-    yield "wire_rec", bytes([6, 3]) + struct.pack("<IHHIHH", 0xABCD, 1, 0, 5, 4, 0) + bytes(64)
+    yield "wire_hello", bytes([1]) + b"lab".ljust(64, b"\0") + struct.pack("<IIIIQQII", 0, 2, 1, 2, 5, 6, 1, 0) + \
+        bytes(range(32))
+    yield "wire_regions", bytes([6]) + struct.pack("<II", 2, 0) + \
+        b"".join(bytes([r + 1]) * 32 + ("127.0.%d.1:4000" % r).encode().ljust(64, b"\0") for r in range(2))
+    yield "wire_rec", bytes([7, 3]) + struct.pack("<IHHIHH", 0xABCD, 1, 0, 5, 4, 0) + bytes(64)
     yield "tcp_write", bytes([0x10]) + struct.pack("<IBBxxII", TCP_MAGIC, TCP_VERSION, 3, 5, 0) + \
         struct.pack("<QQQQ", 1, 0, 4096, 1) + bytes(16)
+    yield "tcp_hello", bytes([0x10]) + struct.pack("<IBBxxII", TCP_MAGIC, TCP_VERSION, 1, 0, 0) + \
+        struct.pack("<QQ", 1, 0) + bytes(range(32))
     for p in sorted(glob.glob("deploy/clusters/*.json")):
         yield "config_" + os.path.basename(p)[:-5], bytes([0x20]) + open(p, "rb").read()
     for p in sorted(glob.glob("deploy/anchors/*.json")):

@@ -49,6 +49,12 @@ class Cluster:
             "heartbeat_timeout_ms": 1000, "recv_region_mib": 16, "http": "0",
             "log_level": "info", "nodes": [],
         }
+        # Peers authenticate with a key made for this run (docs/security.md), as deployed ones
+        # do; the keygen is the build's that DAEMON belongs to (other tests reuse this class).
+        cfg["key_file"] = os.path.join(tmp, "cluster.key")
+        subprocess.run([os.path.join(os.path.dirname(DAEMON), "tools", "railwave"), "keygen",
+                        "--force", cfg["key_file"]], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cfg.update(extra or {})
         for n in range(nodes):
             ctl = "127.0.0.%d" % (n + 1)
@@ -523,8 +529,8 @@ def scenario_garbage(tmp, seed):
 
 
 def main():
-    if not (os.access(DAEMON, os.X_OK) and os.access(RANK, os.X_OK)):
-        print("skip: railwaved or rw_rank not built")
+    if not all(os.access(p, os.X_OK) for p in (DAEMON, RANK, os.path.join(B, "tools", "railwave"))):
+        print("skip: railwaved, railwave or rw_rank not built")
         return 77
     seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or random.randrange(1, 1 << 30)
     print("seed %d (RW_TEST_SEED=%d reproduces)" % (seed, seed))

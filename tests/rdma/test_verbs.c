@@ -23,7 +23,10 @@ static void test_hello_round_trip(void **state)
 	(void)state;
 	rw_vb_hello_t h = {.flags = RW_VB_HELLO_IMM, .tag = 0x0123456789abcdefull,
 			   .max_writes = 4096, .rail = 7};
-	uint8_t buf[64];
+	for (int i = 0; i < RW_VB_PROOF_SIZE; i++)
+		h.proof[i] = (uint8_t)(3 * i + 1);
+	_Static_assert(RW_VB_HELLO_SIZE <= 56, "an IB/RoCE connect request carries 56 bytes");
+	uint8_t buf[RW_VB_HELLO_SIZE + 8];
 	memset(buf, 0xee, sizeof(buf));
 	rw_vb_hello_pack(&h, buf);
 	/* Fixed little-endian layout: magic "RWVB" first. */
@@ -36,6 +39,7 @@ static void test_hello_round_trip(void **state)
 	assert_int_equal(out.tag, h.tag);
 	assert_int_equal(out.max_writes, h.max_writes);
 	assert_int_equal(out.rail, h.rail);
+	assert_memory_equal(out.proof, h.proof, RW_VB_PROOF_SIZE);
 	/* The CM pads private data: longer input is fine. */
 	assert_int_equal(rw_vb_hello_unpack(buf, sizeof(buf), &out), RW_OK);
 }

@@ -66,13 +66,12 @@ static void test_hello_roundtrip(void **state)
 	h.rails = 3;
 	h.fingerprint = 0x1122334455667788ull;
 	h.boot_id = 99;
-	for (uint32_t r = 0; r < h.rails; r++) {
-		memset(h.desc[r], (int)(r + 1), RW_WIRE_DESC_SIZE);
-		snprintf(h.rail_addr[r], RW_WIRE_ADDR_MAX, "127.0.%u.3:%u", r, 4000 + r);
-	}
+	h.flags = RW_WIRE_HELLO_KEYED;
+	for (int i = 0; i < RW_WIRE_NONCE_SIZE; i++)
+		h.nonce[i] = (uint8_t)(i * 7 + 1);
 	uint8_t buf[4096];
 	size_t n = rw_wire_hello_pack(&h, buf, sizeof(buf));
-	assert_int_equal(n, rw_wire_hello_size(3));
+	assert_int_equal(n, RW_WIRE_HELLO_SIZE);
 	assert_int_equal(rw_wire_hello_pack(&h, buf, n - 1), 0);
 	rw_wire_hello_t o;
 	assert_int_equal(rw_wire_hello_unpack(buf, n, &o), RW_OK);
@@ -83,11 +82,9 @@ static void test_hello_roundtrip(void **state)
 	assert_int_equal(o.rails, 3);
 	assert_true(o.fingerprint == h.fingerprint);
 	assert_true(o.boot_id == 99);
-	for (uint32_t r = 0; r < 3; r++) {
-		assert_memory_equal(o.desc[r], h.desc[r], RW_WIRE_DESC_SIZE);
-		assert_string_equal(o.rail_addr[r], h.rail_addr[r]);
-	}
-	/* Wrong lengths, node >= nodes, unterminated strings. */
+	assert_int_equal(o.flags, RW_WIRE_HELLO_KEYED);
+	assert_memory_equal(o.nonce, h.nonce, RW_WIRE_NONCE_SIZE);
+	/* Wrong lengths, node >= nodes, unterminated strings, unknown flags, reserved bytes. */
 	assert_int_equal(rw_wire_hello_unpack(buf, n - 1, &o), RW_ERR_PROTO);
 	assert_int_equal(rw_wire_hello_unpack(buf, n + 1, &o), RW_ERR_PROTO);
 	uint8_t bad[4096];
@@ -98,11 +95,49 @@ static void test_hello_roundtrip(void **state)
 	memset(bad, 'x', RW_WIRE_CLUSTER_MAX);
 	assert_int_equal(rw_wire_hello_unpack(bad, n, &o), RW_ERR_PROTO);
 	memcpy(bad, buf, n);
-	memset(bad + n - RW_WIRE_ADDR_MAX, 'x', RW_WIRE_ADDR_MAX);
-	assert_int_equal(rw_wire_hello_unpack(bad, n, &o), RW_ERR_PROTO);
-	memcpy(bad, buf, n);
 	rw_wire_put32(bad + RW_WIRE_CLUSTER_MAX + 12, RW_MAX_RAILS + 1);
 	assert_int_equal(rw_wire_hello_unpack(bad, n, &o), RW_ERR_PROTO);
+	memcpy(bad, buf, n);
+	rw_wire_put32(bad + RW_WIRE_CLUSTER_MAX + 32, 2);
+	assert_int_equal(rw_wire_hello_unpack(bad, n, &o), RW_ERR_PROTO);
+	memcpy(bad, buf, n);
+	rw_wire_put32(bad + RW_WIRE_CLUSTER_MAX + 36, 1);
+	assert_int_equal(rw_wire_hello_unpack(bad, n, &o), RW_ERR_PROTO);
+}
+
+static void test_regions_roundtrip(void **state)
+{
+	(void)state;
+	rw_wire_regions_t r;
+	memset(&r, 0, sizeof(r));
+	r.rails = 3;
+	for (uint32_t i = 0; i < r.rails; i++) {
+		memset(r.desc[i], (int)(i + 1), RW_WIRE_DESC_SIZE);
+		snprintf(r.rail_addr[i], RW_WIRE_ADDR_MAX, "127.0.%u.3:%u", i, 4000 + i);
+	}
+	uint8_t buf[4096];
+	size_t n = rw_wire_regions_pack(&r, buf, sizeof(buf));
+	assert_int_equal(n, rw_wire_regions_size(3));
+	assert_int_equal(rw_wire_regions_pack(&r, buf, n - 1), 0);
+	rw_wire_regions_t o;
+	assert_int_equal(rw_wire_regions_unpack(buf, n, &o), RW_OK);
+	assert_int_equal(o.rails, 3);
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_memory_equal(o.desc[i], r.desc[i], RW_WIRE_DESC_SIZE);
+		assert_string_equal(o.rail_addr[i], r.rail_addr[i]);
+	}
+	assert_int_equal(rw_wire_regions_unpack(buf, n - 1, &o), RW_ERR_PROTO);
+	assert_int_equal(rw_wire_regions_unpack(buf, n + 1, &o), RW_ERR_PROTO);
+	uint8_t bad[4096];
+	memcpy(bad, buf, n);
+	memset(bad + n - RW_WIRE_ADDR_MAX, 'x', RW_WIRE_ADDR_MAX);
+	assert_int_equal(rw_wire_regions_unpack(bad, n, &o), RW_ERR_PROTO);
+	memcpy(bad, buf, n);
+	rw_wire_put32(bad, 0);
+	assert_int_equal(rw_wire_regions_unpack(bad, n, &o), RW_ERR_PROTO);
+	memcpy(bad, buf, n);
+	rw_wire_put32(bad + 4, 1);
+	assert_int_equal(rw_wire_regions_unpack(bad, n, &o), RW_ERR_PROTO);
 }
 
 static void test_counts_roundtrip(void **state)
@@ -227,6 +262,14 @@ static void test_decoders_random_input(void **state)
 		size_t len = rnd() % sizeof(buf);
 		for (size_t i = 0; i < len; i++)
 			buf[i] = (uint8_t)rnd();
+		if (it % 8 == 1) { /* a plausible regions message: right size, terminated addresses */
+			uint32_t rails = 1 + rnd() % 4;
+			len = rw_wire_regions_size(rails);
+			rw_wire_put32(buf, rails);
+			rw_wire_put32(buf + 4, 0);
+			for (uint32_t r = 0; r < rails && rnd() % 8; r++)
+				buf[8 + (r + 1) * (RW_WIRE_DESC_SIZE + RW_WIRE_ADDR_MAX) - 1] = 0;
+		}
 		if (it % 4 == 0 && len >= RW_WIRE_CLUSTER_MAX + 32) { /* plausible hello prefix */
 			rw_wire_put32(buf + RW_WIRE_CLUSTER_MAX, rnd() % 4);
 			rw_wire_put32(buf + RW_WIRE_CLUSTER_MAX + 4, 4);
@@ -238,6 +281,10 @@ static void test_decoders_random_input(void **state)
 			assert_true(h.node < h.nodes && h.rails >= 1 && h.rails <= RW_MAX_RAILS);
 			assert_true(strlen(h.cluster) < RW_WIRE_CLUSTER_MAX);
 		}
+		rw_wire_regions_t rg;
+		if (rw_wire_regions_unpack(buf, len, &rg) == RW_OK)
+			assert_true(rg.rails >= 1 && len == rw_wire_regions_size(rg.rails) &&
+				    strlen(rg.rail_addr[rg.rails - 1]) < RW_WIRE_ADDR_MAX);
 		rw_wire_counts_t c;
 		if (rw_wire_counts_unpack(buf, len, &c) == RW_OK)
 			assert_true(c.node < c.nodes && len == rw_wire_counts_size(c.nodes, c.rails));
@@ -389,6 +436,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_hdr_roundtrip_and_reject),
 		cmocka_unit_test(test_hello_roundtrip),
+		cmocka_unit_test(test_regions_roundtrip),
 		cmocka_unit_test(test_counts_roundtrip),
 		cmocka_unit_test(test_phase_err_and_heartbeat),
 		cmocka_unit_test(test_grant),

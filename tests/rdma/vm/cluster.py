@@ -381,11 +381,17 @@ class Cluster:
                        "rails": [{"address": "169.254.%d.%d" % (r + 1, n + 1), "port": 7500 + r}
                                  for r in range(RAILS)]} for n in range(NODES)]}
         self.running = set()
+        self.key = os.urandom(32).hex()
 
     def configure(self, **extra):
-        cfg = dict(self.cfg, **extra)
+        # Peers authenticate (docs/security.md): one key for the cluster, mode 0600 in every
+        # guest, so the verbs rails carry their session proofs in the CM hello.
+        cfg = dict(self.cfg, key_file="/tmp/cluster.key", **extra)
         text = json.dumps(cfg, separators=(",", ":"))
-        on_all(self.g, {g.n: "printf '%%s\\n' %s >/tmp/cluster.json" % q(text) for g in self.g})
+        key = self.key
+        on_all(self.g, {g.n: "umask 077 && printf '%%s\\n' %s >/tmp/cluster.key && "
+                             "printf '%%s\\n' %s >/tmp/cluster.json" % (key, q(text))
+                        for g in self.g})
 
     def start(self, nodes=None, path="auto", env=None):
         nodes = range(NODES) if nodes is None else nodes
