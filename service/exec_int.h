@@ -285,8 +285,6 @@ const char *exec_tomb_hit(exec_t *x, const rw_wire_key_t *key, int kind, uint32_
 /* A dispatch tomb of `key` exists (its peers' count rows are dead). */
 int exec_tomb_exists(exec_t *x, const rw_wire_key_t *key);
 void exec_tomb_left(exec_t *x, uint32_t group_hash, uint32_t local);
-/* A fresh attempt (or failure) id: never 0, different for every call. */
-uint32_t exec_epoch_new(uint64_t salt);
 void exec_ended_add(exec_t *x, const rw_wire_key_t *key, uint32_t node, uint32_t epoch);
 int exec_ended_find(const exec_t *x, const rw_wire_key_t *key, uint32_t node, uint32_t epoch);
 /* Keep a peer's row that came before our ranks (a newer one of (key, node) replaces it). */
@@ -315,6 +313,8 @@ typedef struct exec_failure {
 void exec_tell_peers(exec_t *x, const exec_failure_t *f);
 
 /* ---- exec_plan.c: gather, exchange, decide ------------------------------------------------ */
+/* A fresh attempt epoch (or failure id): never 0, different for every call. */
+uint32_t exec_epoch_new(uint64_t salt);
 /* Per-pair arrays (N-sized) and the phase's parameters from its first submission. */
 rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe);
 /* Whether a later local rank's submission fits the phase (RW_ERR_SUB_*; why says how). */

@@ -14,7 +14,6 @@
  * Everything is aged out by the executor's tick. */
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "service/exec_int.h"
 
@@ -121,17 +120,6 @@ void exec_tomb_left(exec_t *x, uint32_t group_hash, uint32_t local)
 			t->answered |= 1u << local;
 			tomb_settle(x, t);
 		}
-}
-
-/* ---- epochs --------------------------------------------------------------------------------- */
-
-uint32_t exec_epoch_new(uint64_t salt)
-{
-	uint64_t h = rw_now_ns() ^ (salt << 32) ^ ((uint64_t)getpid() << 16);
-	h ^= h >> 33;
-	h *= UINT64_C(0xff51afd7ed558ccd);
-	h ^= h >> 33;
-	return (uint32_t)h ? (uint32_t)h : 1u;
 }
 
 /* ---- ended attempts ------------------------------------------------------------------------- */

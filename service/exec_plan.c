@@ -8,6 +8,18 @@
 
 #include "service/exec_int.h"
 
+/* An attempt's epoch: never 0, different for every pair a node opens (a reused key gets a new
+ * one), so writes of an earlier attempt cannot be taken for this one's; also the id of a failure
+ * refused before any pair existed. */
+uint32_t exec_epoch_new(uint64_t salt)
+{
+	uint64_t h = rw_now_ns() ^ (salt << 32) ^ ((uint64_t)getpid() << 16);
+	h ^= h >> 33;
+	h *= UINT64_C(0xff51afd7ed558ccd);
+	h ^= h >> 33;
+	return (uint32_t)h ? (uint32_t)h : 1u;
+}
+
 rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe)
 {
 	exec_t *x = p->x;
