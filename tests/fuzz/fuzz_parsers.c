@@ -6,7 +6,8 @@
  * UBSan, LSan): a message that decodes re-encodes to bytes that decode to the same fields; a
  * configuration that loads dumps to JSON that loads again; an anchor table that parses formats
  * to text that parses again with as many anchors.
- * Seeds: tests/fuzz/corpus (tests/fuzz/make_corpus.py). */
+ * Seeds: tests/fuzz/corpus (tests/fuzz/make_corpus.py). RW_FUZZ_PARSER=0xNN holds the first
+ * byte at NN, so one parser gets every execution (tests/fuzz/run_long.sh, docs/perf/fuzz.md). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,10 +27,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 			__builtin_trap();                                                          \
 	} while (0)
 
+static int forced = -1; /* RW_FUZZ_PARSER, or -1: the input's first byte picks */
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
 	(void)argc, (void)argv;
 	rw_log_set_level((rw_log_level_t)-1); /* refusals are the point: keep them quiet */
+	const char *p = getenv("RW_FUZZ_PARSER");
+	if (p && *p)
+		forced = (int)(strtoul(p, NULL, 0) & 0xff);
 	return 0;
 }
 
@@ -178,7 +184,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	if (size < 1)
 		return 0;
-	const uint8_t which = data[0];
+	const uint8_t which = forced >= 0 ? (uint8_t)forced : data[0];
 	switch (which >> 4) {
 	case 0: fuzz_wire(which & 15, data + 1, size - 1); break;
 	case 1: fuzz_tcp(data + 1, size - 1); break;
