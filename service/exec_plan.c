@@ -19,6 +19,23 @@ static uint32_t pair_epoch(uint64_t serial)
 	return (uint32_t)h ? (uint32_t)h : 1u;
 }
 
+/* The path this node asks for in its count row: the ranks' request (rw_sqe_t.path, range-checked
+ * at the IPC boundary) over the configured `path` (docs/ipc.md "Path requests"). */
+static uint32_t requested_path(const exec_t *x, const rw_sqe_t *sqe)
+{
+	if (sqe->path != RW_PATH_REQ_DAEMON)
+		return (uint32_t)(sqe->path - RW_PATH_REQ_NATIVE) | RW_WIRE_PATH_BY_RANKS;
+	int force = x->svc->cfg.force_path;
+	return force >= 0 && force < RW_PATH_COUNT ? (uint32_t)force : RW_WIRE_PATH_AUTO;
+}
+
+/* What a count row's request means, for messages. */
+static const char *request_name(uint32_t req)
+{
+	return req & RW_WIRE_PATH_BY_RANKS ? rw_sched_path_name((rw_path_t)(req & 0xffu))
+		: "the daemon's choice";
+}
+
 rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe)
 {
 	exec_t *x = p->x;
@@ -36,11 +53,9 @@ rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe)
 	ph->row_bytes = rw_wire_row_bytes(ph->hidden, ph->dtype);
 	ph->rec_size = rw_wire_rec_size(ph->topk, ph->hidden, ph->dtype);
 	ph->crec_size = rw_wire_crec_size(ph->hidden, ph->dtype);
-	int force = x->svc->cfg.force_path;
 	p->xchg.params = (rw_wire_phase_params_t){
 		.n_experts = ph->n_experts, .topk = ph->topk, .hidden = ph->hidden, .dtype = ph->dtype,
-		.requested_path = force >= 0 && force < RW_PATH_COUNT ? (uint32_t)force : RW_WIRE_PATH_AUTO,
-		.epoch = pair_epoch(p->serial) };
+		.requested_path = requested_path(x, sqe), .epoch = pair_epoch(p->serial) };
 	ph->tag_in = rw_wire_tag_for(p->tag, p->xchg.params.epoch);
 	p->xchg.slot = -1;
 	p->xchg.peer_slot = rw_arena_alloc(&p->mem, n, sizeof(uint32_t));
@@ -70,6 +85,16 @@ rw_status_t exec_plan_fits(const exec_pair_t *p, const rw_sqe_t *sqe, char *why,
 	if (sqe->topk != p->ph.topk || sqe->hidden != p->ph.hidden ||
 	    exec_wire_dtype(sqe->dtype) != p->ph.dtype) {
 		snprintf(why, len, "local ranks disagree on topk/hidden/dtype");
+		return RW_ERR_SUB_FIELD;
+	}
+	const exec_t *x = p->x;
+	if (requested_path(x, sqe) != p->xchg.params.requested_path) {
+		uint32_t first = 0; /* the local rank whose submission opened the phase */
+		while (first + 1 < x->gpus && !p->in[RW_MV_DISPATCH].sub[first].have)
+			first++;
+		snprintf(why, len, "asks for path %s, rank %u for %s (ranks of a phase must ask for "
+			 "the same path)", request_name(requested_path(x, sqe)), x->me * x->gpus + first,
+			 request_name(p->xchg.params.requested_path));
 		return RW_ERR_SUB_FIELD;
 	}
 	return RW_OK;
@@ -182,11 +207,13 @@ rw_status_t exec_plan_send_row(exec_pair_t *p)
 	return st;
 }
 
-/* Every node must agree on the phase's parameters; the first forced path wins. */
+/* Every node must agree on the phase's parameters and, when any node's ranks asked for a path,
+ * on that path (node 0's row is the reference, so every node names the same culprit); otherwise
+ * the first configured path wins. */
 static rw_status_t check_params(exec_pair_t *p, int *forced_p)
 {
 	const exec_t *x = p->x;
-	const rw_wire_phase_params_t *ours = &p->xchg.params;
+	const rw_wire_phase_params_t *ours = &p->xchg.params, *first = &p->xchg.peer_params[0];
 	*forced_p = -1;
 	for (uint32_t n = 0; n < x->nodes; n++) {
 		const rw_wire_phase_params_t *pp = &p->xchg.peer_params[n];
@@ -195,8 +222,17 @@ static rw_status_t check_params(exec_pair_t *p, int *forced_p)
 			return exec_err(p, pp->n_experts != ours->n_experts ? RW_ERR_SUB_EXPERTS : RW_ERR_INVAL,
 					0, "node %u disagrees on E/topk/hidden/dtype (%u/%u/%u/%u)", n,
 					pp->n_experts, pp->topk, pp->hidden, pp->dtype);
+		uint32_t by_ranks = (pp->requested_path | first->requested_path) & RW_WIRE_PATH_BY_RANKS;
+		if (by_ranks && pp->requested_path != first->requested_path) {
+			uint32_t g = x->gpus;
+			return exec_err(p, RW_ERR_INVAL, 0, "ranks disagree on the path: ranks %u-%u "
+					"(node %s) ask for %s, ranks %u-%u (node %s) for %s", 0u, g - 1,
+					x->svc->cfg.nodes[0].name, request_name(first->requested_path),
+					n * g, n * g + g - 1, x->svc->cfg.nodes[n].name,
+					request_name(pp->requested_path));
+		}
 		if (*forced_p < 0 && pp->requested_path != RW_WIRE_PATH_AUTO)
-			*forced_p = (int)pp->requested_path;
+			*forced_p = (int)(pp->requested_path & 0xffu);
 	}
 	return RW_OK;
 }
