@@ -33,7 +33,7 @@ static uint32_t requested_path(const exec_t *x, const rw_sqe_t *sqe)
 static const char *request_name(uint32_t req)
 {
 	return req & RW_WIRE_PATH_BY_RANKS ? rw_sched_path_name((rw_path_t)(req & 0xffu))
-		: "the daemon's choice";
+		: "daemon's choice";
 }
 
 rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe)
@@ -92,8 +92,8 @@ rw_status_t exec_plan_fits(const exec_pair_t *p, const rw_sqe_t *sqe, char *why,
 		uint32_t first = 0; /* the local rank whose submission opened the phase */
 		while (first + 1 < x->gpus && !p->in[RW_MV_DISPATCH].sub[first].have)
 			first++;
-		snprintf(why, len, "asks for path %s, rank %u for %s (ranks of a phase must ask for "
-			 "the same path)", request_name(requested_path(x, sqe)), x->me * x->gpus + first,
+		snprintf(why, len, "path requests differ: this rank %s, rank %u %s",
+			 request_name(requested_path(x, sqe)), x->me * x->gpus + first,
 			 request_name(p->xchg.params.requested_path));
 		return RW_ERR_SUB_FIELD;
 	}
@@ -225,11 +225,10 @@ static rw_status_t check_params(exec_pair_t *p, int *forced_p)
 		uint32_t by_ranks = (pp->requested_path | first->requested_path) & RW_WIRE_PATH_BY_RANKS;
 		if (by_ranks && pp->requested_path != first->requested_path) {
 			uint32_t g = x->gpus;
-			return exec_err(p, RW_ERR_INVAL, 0, "ranks disagree on the path: ranks %u-%u "
-					"(node %s) ask for %s, ranks %u-%u (node %s) for %s", 0u, g - 1,
-					x->svc->cfg.nodes[0].name, request_name(first->requested_path),
-					n * g, n * g + g - 1, x->svc->cfg.nodes[n].name,
-					request_name(pp->requested_path));
+			return exec_err(p, RW_ERR_INVAL, 0, "path requests differ: ranks %u-%u (%s) %s, "
+					"ranks %u-%u (%s) %s", 0u, g - 1, x->svc->cfg.nodes[0].name,
+					request_name(first->requested_path), n * g, n * g + g - 1,
+					x->svc->cfg.nodes[n].name, request_name(pp->requested_path));
 		}
 		if (*forced_p < 0 && pp->requested_path != RW_WIRE_PATH_AUTO)
 			*forced_p = (int)(pp->requested_path & 0xffu);
