@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_bed  # noqa: E402  (pct, summary: the type-7 quantiles sched/ uses)
@@ -128,10 +129,8 @@ def points(a, held_out):
 
 
 def wl_args(cl, wl):
-    out = ["--nodes", str(cl.N), "--gpus", str(cl.G), "--rails", str(cl.R)]
-    for k in ("experts", "topk", "hidden", "tokens", "zipf", "dirichlet", "rail_skew", "seed", "layer"):
-        out += ["--" + k.replace("_", "-"), str(wl[k])]
-    return out
+    """The workload options of rw_bench_rank and bench-workload, as demo and bench pass them."""
+    return bench_bed.wl_args(types.SimpleNamespace(nodes=cl.N, gpus=cl.G, rails=cl.R), wl)
 
 
 def describe(cl, wl, table=None):
