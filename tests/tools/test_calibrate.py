@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """`railwave calibrate` and per-phase path requests end to end (docs/tools.md "Calibrating the
-anchor table", docs/ipc.md "Path requests"): two real railwaved processes on loopback
-(tests/integration/test_dataflow.py's Cluster helper), real rank programs (tools/rw_bench_rank).
+anchor table", docs/ipc.md "Path requests"): two real railwaved processes on loopback with tcp
+rails paced at 0.1 Gbit/s (tests/integration/test_dataflow.py's Cluster helper), real rank
+programs (tools/rw_bench_rank).
 
 * a dispatch asking for path 9 is refused at the IPC boundary (RW_E_FIELD) with a message that
   says what the field may hold; the daemon goes on serving;
@@ -15,8 +16,9 @@ anchor table", docs/ipc.md "Path requests"): two real railwaved processes on loo
   §4.6 rule gives for its samples, both daemons reloaded it (stats: reload counter, anchor count;
   log line), and an auto phase of a calibrated workload is then decided by an anchor;
 * `railwave calibrate --check`: held-out points with medians for every path, the table's pick,
-  regret = median(pick) / median(best) - 1 consistent with the medians, exit status = verdict; a
-  table calibrated for another cluster does not hold.
+  regret = median(pick) / median(best) - 1 and "reliably beaten" (the 4.6 test) consistent with
+  the samples, exit status = verdict; a table calibrated for another cluster does not hold; a
+  table that picks Native everywhere fails at the held-out point with rail skew 0.89.
 
 Exit 0 pass, 1 fail, 77 skip."""
 import json
@@ -36,7 +38,10 @@ it.DAEMON = os.path.join(B, "railwaved")
 TOOL = os.path.join(B, "tools", "railwave")
 RANK = os.path.join(B, "tools", "rw_bench_rank")
 PATHS = ["native", "rail-only", "perm-only", "joint"]
-WL = ["--experts", "16", "--topk", "4", "--hidden", "256", "--tokens", "64"]
+# Rails paced at 0.1 Gbit/s and phases of ~0.25 MB per node, well over the pacer's 2 ms burst:
+# a phase takes 10-20 ms, and a hot rail costs time reliably (loopback alone is all noise).
+WL = ["--experts", "16", "--topk", "4", "--hidden", "1024", "--tokens", "128"]
+GBPS = 0.1
 
 
 class Fail(Exception):
@@ -157,9 +162,9 @@ def scenario_calibrate(c, tmp, table):
     with open(rep) as f:
         cases = json.load(f)["cases"]
     check(t["fingerprint"] == {"nodes": 2, "gpus_per_node": it.GPUS, "rails": it.RAILS,
-                               "nic_gbps": 100.0, "transport": "tcp"},
+                               "nic_gbps": GBPS, "transport": "tcp"},
           "the table carries this cluster's fingerprint: %s" % t["fingerprint"])
-    d = subprocess.run([TOOL, "bench-workload", "describe", "--anchors", table, "--nic-gbps", "100",
+    d = subprocess.run([TOOL, "bench-workload", "describe", "--anchors", table, "--nic-gbps", str(GBPS),
                         "--nodes", "2", "--gpus", str(it.GPUS), "--rails", str(it.RAILS)] + WL,
                        capture_output=True, text=True)
     check(d.returncode == 0 and json.loads(d.stdout)["selection"]["table_error"] == "",
@@ -239,6 +244,34 @@ def scenario_check(c, tmp, table):
           "a table for another cluster does not hold: %s" % r.stdout.strip())
 
 
+def scenario_check_fails(c, tmp, table):
+    """A table that picks Native everywhere: on rails paced at 0.1 Gbit/s, the held-out point
+    with rail skew 0.89 puts most of a node's records on one rail under Native (about 1.7 x the
+    time of Rail-only or Joint in our runs), so the pick is reliably beaten and the table fails."""
+    with open(table) as f:
+        t = json.load(f)
+    for a in t["anchors"]:
+        a["selected"] = "native"
+    t["max_size_ratio"], t["shape_tolerance"] = 1e6, 1.0  # every point is near an anchor
+    bad = os.path.join(tmp, "native.json")
+    with open(bad, "w") as f:
+        json.dump(t, f)
+    rep = os.path.join(tmp, "check-native.json")
+    r = subprocess.run([TOOL, "calibrate", "--config", c.cfg_path, "--check", bad, "--short",
+                        "--reps", "10", "--cv-bound", "0.3", "--json", rep] + WL,
+                       capture_output=True, text=True, timeout=600)
+    print(r.stdout + r.stderr)
+    with open(rep) as f:
+        res = json.load(f)
+    skewed = [p for p in res["points"] if p["axis"] == "rail-skew 0.89"][0]
+    check(skewed["selected"] == "native" and skewed["reason"] == "anchor",
+          "the Native table picks native at the skewed held-out point")
+    check(r.returncode == 1 and "does NOT hold" in r.stdout and skewed["point"] in res["failing_points"],
+          "--check fails the Native table at the skewed point: regret %.0f%% (native %.1f ms, best %s "
+          "%.1f ms)" % (skewed["regret"] * 100, skewed["median_s"]["native"] * 1e3, skewed["best"],
+                        skewed["median_s"][skewed["best"]] * 1e3))
+
+
 def main():
     for p in (it.DAEMON, TOOL, RANK):
         if not os.access(p, os.X_OK):
@@ -248,14 +281,16 @@ def main():
         table = os.path.join(tmp, "anchors.json")
         with open(table, "w") as f:  # an empty table for this cluster: the daemons start with it
             json.dump({"schema_version": 1, "fingerprint": {
-                "nodes": 2, "gpus_per_node": it.GPUS, "rails": it.RAILS, "nic_gbps": 100,
+                "nodes": 2, "gpus_per_node": it.GPUS, "rails": it.RAILS, "nic_gbps": GBPS,
                 "transport": "tcp"}, "max_size_ratio": 4, "shape_tolerance": 0.15, "anchors": []}, f)
-        c = it.Cluster(tmp, 2, extra={"anchors": table, "recv_region_mib": 8})
+        c = it.Cluster(tmp, 2, extra={"anchors": table, "recv_region_mib": 16, "pace": True,
+                                      "nic_gbps": GBPS})
         try:
             c.start_all()
             scenario_requests(c)
             scenario_calibrate(c, tmp, table)
             scenario_check(c, tmp, table)
+            scenario_check_fails(c, tmp, table)
         except (Fail, RuntimeError, OSError, subprocess.TimeoutExpired, KeyError, ValueError) as e:
             print("FAIL %s" % e)
             print(c.logs())
