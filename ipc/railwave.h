@@ -83,7 +83,8 @@ const char *rw_client_strerror(int err);
 
 /* Version of the protocol (control messages and these entries), carried in every control
  * message header; the daemon refuses any other (RW_E_VERSION). 2: rw_sqe_t.n_experts, empty
- * dispatches and combines. */
+ * dispatches and combines; later rw_sqe_t.path, carved from a field that had to be 0, so the
+ * version stayed (a daemon without it refuses a nonzero path with RW_E_FIELD). */
 #define RW_PROTOCOL_VERSION 2
 
 #define RW_BUF_NONE 0xffffffffu /* "no buffer" in a span */
