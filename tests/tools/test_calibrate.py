@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`railwave calibrate` and per-phase path requests end to end (docs/tools.md "Calibrating the
 anchor table", docs/ipc.md "Path requests"): two real railwaved processes on loopback with tcp
-rails paced at 0.1 Gbit/s (tests/integration/test_dataflow.py's Cluster helper), real rank
+rails paced at 0.05 Gbit/s (tests/integration/test_dataflow.py's Cluster helper), real rank
 programs (tools/rw_bench_rank).
 
 * a dispatch asking for path 9 is refused at the IPC boundary (RW_E_FIELD) with a message that
@@ -38,10 +38,11 @@ it.DAEMON = os.path.join(B, "railwaved")
 TOOL = os.path.join(B, "tools", "railwave")
 RANK = os.path.join(B, "tools", "rw_bench_rank")
 PATHS = ["native", "rail-only", "perm-only", "joint"]
-# Rails paced at 0.1 Gbit/s and phases of ~0.25 MB per node, well over the pacer's 2 ms burst:
-# a phase takes 10-20 ms, and a hot rail costs time reliably (loopback alone is all noise).
+# Rails paced at 0.05 Gbit/s and phases of ~0.25 MB per node, well over the pacer's 2 ms burst:
+# a phase takes 20-40 ms, and a hot rail costs time reliably (loopback alone is all noise, and
+# on a loaded machine CPU stalls of a few ms are not).
 WL = ["--experts", "16", "--topk", "4", "--hidden", "1024", "--tokens", "128"]
-GBPS = 0.1
+GBPS = 0.05
 
 
 class Fail(Exception):
@@ -245,7 +246,7 @@ def scenario_check(c, tmp, table):
 
 
 def scenario_check_fails(c, tmp, table):
-    """A table that picks Native everywhere: on rails paced at 0.1 Gbit/s, the held-out point
+    """A table that picks Native everywhere: on rails paced at 0.05 Gbit/s, the held-out point
     with rail skew 0.89 puts most of a node's records on one rail under Native (about 1.7 x the
     time of Rail-only or Joint in our runs), so the pick is reliably beaten and the table fails."""
     with open(table) as f:
@@ -258,7 +259,7 @@ def scenario_check_fails(c, tmp, table):
         json.dump(t, f)
     rep = os.path.join(tmp, "check-native.json")
     r = subprocess.run([TOOL, "calibrate", "--config", c.cfg_path, "--check", bad, "--short",
-                        "--reps", "10", "--cv-bound", "0.3", "--json", rep] + WL,
+                        "--reps", "10", "--cv-bound", "0.5", "--json", rep] + WL,
                        capture_output=True, text=True, timeout=600)
     print(r.stdout + r.stderr)
     with open(rep) as f:
@@ -266,10 +267,12 @@ def scenario_check_fails(c, tmp, table):
     skewed = [p for p in res["points"] if p["axis"] == "rail-skew 0.89"][0]
     check(skewed["selected"] == "native" and skewed["reason"] == "anchor",
           "the Native table picks native at the skewed held-out point")
+    d = skewed["dispatch"]
     check(r.returncode == 1 and "does NOT hold" in r.stdout and skewed["point"] in res["failing_points"],
-          "--check fails the Native table at the skewed point: regret %.0f%% (native %.1f ms, best %s "
-          "%.1f ms)" % (skewed["regret"] * 100, skewed["median_s"]["native"] * 1e3, skewed["best"],
-                        skewed["median_s"][skewed["best"]] * 1e3))
+          "--check fails the Native table at the skewed point: regret %.0f%% (native p10 %.1f ms "
+          "CV %.2f, best %s p90 %.1f ms CV %.2f)" % (
+              skewed["regret"] * 100, d["native"]["p10"] * 1e3, cv(d["native"]["samples"]),
+              skewed["best"], d[skewed["best"]]["p90"] * 1e3, cv(d[skewed["best"]]["samples"])))
 
 
 def main():
