@@ -19,23 +19,6 @@ static uint32_t pair_epoch(uint64_t serial)
 	return (uint32_t)h ? (uint32_t)h : 1u;
 }
 
-/* The path this node asks for in its count row: the ranks' request (rw_sqe_t.path, range-checked
- * at the IPC boundary) over the configured `path` (docs/ipc.md "Path requests"). */
-static uint32_t requested_path(const exec_t *x, const rw_sqe_t *sqe)
-{
-	if (sqe->path != RW_PATH_REQ_DAEMON)
-		return (uint32_t)(sqe->path - RW_PATH_REQ_NATIVE) | RW_WIRE_PATH_BY_RANKS;
-	int force = x->svc->cfg.force_path;
-	return force >= 0 && force < RW_PATH_COUNT ? (uint32_t)force : RW_WIRE_PATH_AUTO;
-}
-
-/* What a count row's request means, for messages. */
-static const char *request_name(uint32_t req)
-{
-	return req & RW_WIRE_PATH_BY_RANKS ? rw_sched_path_name((rw_path_t)(req & 0xffu))
-		: "daemon's choice";
-}
-
 rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe)
 {
 	exec_t *x = p->x;
@@ -53,10 +36,14 @@ rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe)
 	ph->row_bytes = rw_wire_row_bytes(ph->hidden, ph->dtype);
 	ph->rec_size = rw_wire_rec_size(ph->topk, ph->hidden, ph->dtype);
 	ph->crec_size = rw_wire_crec_size(ph->hidden, ph->dtype);
+	int force = x->svc->cfg.force_path;
 	p->xchg.params = (rw_wire_phase_params_t){
 		.n_experts = ph->n_experts, .topk = ph->topk, .hidden = ph->hidden, .dtype = ph->dtype,
-		.requested_path = requested_path(x, sqe), .epoch = pair_epoch(p->serial) };
+		.requested_path = force >= 0 && force < RW_PATH_COUNT ? (uint32_t)force : RW_WIRE_PATH_AUTO,
+		.epoch = pair_epoch(p->serial) };
 	ph->tag_in = rw_wire_tag_for(p->tag, p->xchg.params.epoch);
+	if (sqe->path != RW_PATH_REQ_DAEMON) /* the ranks' request wins (docs/ipc.md "Path requests") */
+		p->xchg.params.requested_path = rw_wire_path_by_ranks(sqe->path - RW_PATH_REQ_NATIVE);
 	p->xchg.slot = -1;
 	p->xchg.peer_slot = rw_arena_alloc(&p->mem, n, sizeof(uint32_t));
 	p->xchg.have_row = rw_arena_alloc(&p->mem, n, 1);
@@ -74,6 +61,20 @@ rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe)
 	return RW_OK;
 }
 
+/* The path a rank asked for, as a count row carries it (rw_sqe_t.path, range-checked at the IPC
+ * boundary); 0 = none, the daemon's choice (docs/ipc.md "Path requests"). */
+static uint32_t ranks_request(const rw_sqe_t *sqe)
+{
+	return sqe->path ? rw_wire_path_by_ranks(sqe->path - RW_PATH_REQ_NATIVE) : 0;
+}
+
+/* What a count row's request means, for messages. */
+static const char *request_name(uint32_t req)
+{
+	return req & RW_WIRE_PATH_BY_RANKS ? rw_sched_path_name((rw_path_t)(req & 0xffu))
+		: "daemon's choice";
+}
+
 /* Whether a later rank's submission fits the phase the first one opened. */
 rw_status_t exec_plan_fits(const exec_pair_t *p, const rw_sqe_t *sqe, char *why, size_t len)
 {
@@ -88,13 +89,13 @@ rw_status_t exec_plan_fits(const exec_pair_t *p, const rw_sqe_t *sqe, char *why,
 		return RW_ERR_SUB_FIELD;
 	}
 	const exec_t *x = p->x;
-	if (requested_path(x, sqe) != p->xchg.params.requested_path) {
+	uint32_t req = p->xchg.params.requested_path, ours = req & RW_WIRE_PATH_BY_RANKS ? req : 0;
+	if (ranks_request(sqe) != ours) {
 		uint32_t first = 0; /* the local rank whose submission opened the phase */
 		while (first + 1 < x->gpus && !p->in[RW_MV_DISPATCH].sub[first].have)
 			first++;
 		snprintf(why, len, "path requests differ: this rank %s, rank %u %s",
-			 request_name(requested_path(x, sqe)), x->me * x->gpus + first,
-			 request_name(p->xchg.params.requested_path));
+			 request_name(ranks_request(sqe)), x->me * x->gpus + first, request_name(ours));
 		return RW_ERR_SUB_FIELD;
 	}
 	return RW_OK;

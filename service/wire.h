@@ -107,6 +107,10 @@ typedef struct rw_wire_phase_params {
 /* Set in requested_path when the node's ranks asked for the path in their submissions (not its
  * configured `path`): every node of the phase must then carry the same value. */
 #define RW_WIRE_PATH_BY_RANKS 0x100u
+static inline uint32_t rw_wire_path_by_ranks(uint32_t path) /* path: an rw_path_t */
+{
+	return path | RW_WIRE_PATH_BY_RANKS;
+}
 
 /* COUNTS: key(16) | group_name[64] | node nodes rails slot | n_experts topk hidden dtype path |
  * row[nodes * rails], all u32 but the key's step (u64).
