@@ -160,7 +160,8 @@ def time_paths(cl, wl, reps, group):
                     "--paths", ",".join(PATHS)] + wl_args(cl, wl)
             procs.append(subprocess.Popen(argv, stdout=of, stderr=ef, start_new_session=True))
             outs.append((of, ef))
-        deadline = time.time() + WAIT + steps * 10
+        limit = WAIT + steps * 10
+        deadline = time.time() + limit
         failed = None
         while any(p.poll() is None for p in procs) and not failed:
             bad = [q for q, p in enumerate(procs) if p.poll() not in (None, 0)]
@@ -169,7 +170,7 @@ def time_paths(cl, wl, reps, group):
                 failed = "rank %d exited %d: %s" % (bad[0], procs[bad[0]].returncode,
                                                     outs[bad[0]][1].read().strip()[-500:])
             elif time.time() > deadline:
-                failed = "the ranks did not finish in %d s" % (deadline - time.time() + WAIT)
+                failed = "the ranks did not finish in %d s" % limit
             time.sleep(0.05)
         for q, p in enumerate(procs):
             if not failed and p.returncode != 0:
