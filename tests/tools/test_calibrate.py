@@ -27,7 +27,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # build/ or build-asan/
 SRC = os.path.dirname(B)
