@@ -207,7 +207,7 @@ def time_paths(cl, wl, reps, group):
 
 def measure(cl, a, pts, label):
     """Every point through every path; skips points the daemons' receive region cannot hold."""
-    out = []
+    out, t0 = [], time.monotonic()
     for i, (axis, wl) in enumerate(pts):
         desc = describe(cl, wl)
         need = desc["recv_region_mib"]
@@ -231,6 +231,8 @@ def measure(cl, a, pts, label):
                     "combine": {p: bench_bed.summary(comb[p]) for p in PATHS}})
     if not out:
         die("no point of the sweep fits the daemons' receive region (lower --tokens/--hidden)", 1)
+    print("%s: %d points x 4 paths x %d pairs (with the warm-up) in %.1f s" % (
+        label, len(out), a.reps + 1, time.monotonic() - t0), flush=True)
     return out
 
 
