@@ -9,7 +9,8 @@
  * PATH is what the step's dispatch asked for (rw_sqe_t.path): `--paths LIST` cycles through
  * LIST (native, rail-only, perm-only, joint, auto = the daemon's choice, or a raw number, which
  * the daemon range-checks) step by step, so `railwave calibrate` times every path on one set
- * of running daemons; without it every step asks for auto.
+ * of running daemons; without it every step asks for auto. A combine asks for its dispatch's
+ * path, or for what `--combine-paths LIST` says (a test of the daemon's check).
  *
  * (CLOCK_MONOTONIC, which every network namespace of one machine shares, so the orchestrator can
  * compare the ranks' clocks). Exit 0 iff every check passed; a failure names the first bad value.
@@ -81,6 +82,7 @@ int main(int argc, char **argv)
 		{ "rank", required_argument, NULL, 'r' },
 		{ "steps", required_argument, NULL, 'n' },
 		{ "paths", required_argument, NULL, 'p' },
+		{ "combine-paths", required_argument, NULL, 'c' },
 		{ "help", no_argument, NULL, 'h' },
 	};
 	enum { N_OWN = sizeof(own) / sizeof(own[0]) };
@@ -92,8 +94,8 @@ int main(int argc, char **argv)
 	const char *sock = NULL, *group = "bench";
 	unsigned long steps = 1;
 	long rank_arg = -1;
-	uint16_t paths[MAX_PATHS] = { RW_PATH_REQ_DAEMON };
-	unsigned n_paths = 1;
+	uint16_t paths[MAX_PATHS] = { RW_PATH_REQ_DAEMON }, cpaths[MAX_PATHS];
+	unsigned n_paths = 1, n_cpaths = 0;
 	int c;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
@@ -102,15 +104,17 @@ int main(int argc, char **argv)
 		case 'r': rank_arg = strtol(optarg, NULL, 10); break;
 		case 'n': steps = strtoul(optarg, NULL, 10); break;
 		case 'p':
-			if (parse_paths(optarg, paths, &n_paths) != 0) {
-				fprintf(stderr, "rw_bench_rank: --paths: expected up to %d of native, "
-					"rail-only, perm-only, joint, auto or a number\n", MAX_PATHS);
+		case 'c':
+			if (parse_paths(optarg, c == 'p' ? paths : cpaths, c == 'p' ? &n_paths : &n_cpaths)) {
+				fprintf(stderr, "rw_bench_rank: --%spaths: expected up to %d of native, "
+					"rail-only, perm-only, joint, auto or a number\n",
+					c == 'p' ? "" : "combine-", MAX_PATHS);
 				return 2;
 			}
 			break;
 		case 'h':
 			printf("usage: rw_bench_rank --socket PATH --group NAME --rank R --steps S "
-			       "[--paths LIST] [workload]\n%s",
+			       "[--paths LIST] [--combine-paths LIST] [workload]\n%s",
 			       rw_bench_wl_usage);
 			return 0;
 		default:
@@ -253,7 +257,8 @@ int main(int argc, char **argv)
 				.token_count = cq.recv_tokens, .hidden = H, .n_experts = E,
 				.handle_id = cq.handle_id, .tokens = { buf, 0, off_cin },
 				.topk_ids = { RW_BUF_NONE, 0, 0 }, .topk_weights = { RW_BUF_NONE, 0, 0 },
-				.output = { buf, 0, off_cout }, .output_capacity = (uint64_t)T * row };
+				.output = { buf, 0, off_cout }, .output_capacity = (uint64_t)T * row,
+				.path = n_cpaths ? cpaths[step % n_cpaths] : s.path };
 		uint64_t t_cs = rw_now_ns();
 		rc = rw_client_submit(cl, &cs, 1);
 		CHECK(rc == 0, "submit combine: %s", rw_client_strerror(rc));

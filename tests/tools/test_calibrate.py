@@ -8,7 +8,7 @@ programs (tools/rw_bench_rank).
   says what the field may hold; the daemon goes on serving;
 * ranks on the two nodes asking for different paths fail the phase on every rank with a message
   naming both sets of ranks and what they asked for; two ranks of one node that disagree fail it
-  too; the next phase of the group, with agreeing requests, runs, on the path asked for (the
+  too; a combine asking for another path than its dispatch ran is refused; the next phase of the group, with agreeing requests, runs, on the path asked for (the
   selector's counters show it as forced);
 * `railwave calibrate --short` on the running daemons: every path ran (forced counters), the table
   it wrote parses with sched/'s parser and matches this cluster (bench-workload describe), it
@@ -134,15 +134,23 @@ def scenario_requests(c):
     check(all(r[0] == 1 for r in res) and any("path requests differ: this rank" in m for m in msgs),
           "ranks of one node asking for different paths: all 4 ranks fail: %s"
           % [m for m in msgs if "differ" in m][0].strip()[-140:])
-    # The next phases run, on the path asked for.
+    # A combine runs its dispatch's path: asking for another one is refused, with the reason.
+    res = ranks(c, "req", ["rail-only"] * 4, steps=1, extra=["--layer", "3", "--combine-paths", "joint"])
+    msgs = [e for _, _, e in res]
+    check(all(r[0] == 1 for r in res) and all(
+        "combine failed: reserved field, flag or enum value invalid (path 4: a combine runs its "
+        "dispatch's path (rail-only): ask for 0 or 2)" in m for m in msgs),
+        "a combine asking for joint after a rail-only dispatch is refused: %s" % msgs[0].strip()[-150:])
+    # The next phases run, on the path asked for (their combines ask for it too).
     res = ranks(c, "req", ["perm-only,native"] * 4, steps=4, extra=["--layer", "2"])
     check(all(r[0] == 0 for r in res) and all("verified rank" in r[1] for r in res),
           "the next phases (agreeing requests) run and verify: %s" % [r[2][-200:] for r in res if r[0]])
     after = [forced(c, n) for n in range(c.nodes)]
     for n in range(c.nodes):
         d = {p: after[n][p] - before[n][p] for p in PATHS}
-        check(d == {"native": 2, "rail-only": 0, "perm-only": 2, "joint": 0},
-              "node %d ran 2 perm-only and 2 native phases as forced, nothing for the failed ones: %s" % (n, d))
+        check(d == {"native": 2, "rail-only": 1, "perm-only": 2, "joint": 0},
+              "node %d ran 2 perm-only, 2 native and the rail-only dispatch as forced, nothing for "
+              "the failed ones: %s" % (n, d))
 
 
 def scenario_calibrate(c, tmp, table):
