@@ -54,7 +54,7 @@ def check(cond, what):
     print("ok   %s" % what)
 
 
-def ranks(c, group, per_rank_paths, steps=2, extra=(), only=None):
+def ranks(c, group, per_rank_paths, steps=2, extra=(), only=None, rank_extra=None):
     """Run rw_bench_rank for every rank (or `only` these); returns [(rc, stdout, stderr)]."""
     W = c.nodes * it.GPUS
     procs = []
@@ -63,7 +63,8 @@ def ranks(c, group, per_rank_paths, steps=2, extra=(), only=None):
             continue
         argv = [RANK, "--socket", c.cfg["nodes"][q // it.GPUS]["ipc_socket"], "--group", group,
                 "--rank", str(q), "--steps", str(steps), "--nodes", str(c.nodes), "--gpus",
-                str(it.GPUS), "--rails", str(it.RAILS)] + WL + list(extra)
+                str(it.GPUS), "--rails", str(it.RAILS)] + WL + list(extra) + \
+            (rank_extra or {}).get(q, [])
         if per_rank_paths[q]:
             argv += ["--paths", per_rank_paths[q]]
         procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -134,13 +135,18 @@ def scenario_requests(c):
     check(all(r[0] == 1 for r in res) and any("path requests differ: this rank" in m for m in msgs),
           "ranks of one node asking for different paths: all 4 ranks fail: %s"
           % [m for m in msgs if "differ" in m][0].strip()[-140:])
-    # A combine runs its dispatch's path: asking for another one is refused, with the reason.
-    res = ranks(c, "req", ["rail-only"] * 4, steps=1, extra=["--layer", "3", "--combine-paths", "joint"])
-    msgs = [e for _, _, e in res]
-    check(all(r[0] == 1 for r in res) and all(
+    # A combine runs its dispatch's path: rank 0 asking for another one is refused, with the
+    # reason; it then exits, and the others' combines fail because it left.
+    procs_res = ranks(c, "req", ["rail-only"] * 4, steps=1, extra=["--layer", "3"],
+                      rank_extra={0: ["--combine-paths", "joint"]})
+    msgs = [e.strip().splitlines()[-1] if e.strip() else "" for _, _, e in procs_res]
+    check(procs_res[0][0] == 1 and msgs[0].endswith(
         "combine failed: reserved field, flag or enum value invalid (path 4: a combine runs its "
-        "dispatch's path (rail-only): ask for 0 or 2)" in m for m in msgs),
-        "a combine asking for joint after a rail-only dispatch is refused: %s" % msgs[0].strip()[-150:])
+        "dispatch's path (rail-only): ask for 0 or 2)"),
+        "rank 0's combine asking for joint after a rail-only dispatch is refused: %s" % msgs[0][-150:])
+    check(all(r[0] == 1 and "combine failed: phase failed" in m and "local rank 0 left" in m
+              for r, m in zip(procs_res[1:], msgs[1:])),
+          "the other ranks' combines fail because rank 0 left: %s" % msgs[1][-100:])
     # The next phases run, on the path asked for (their combines ask for it too).
     res = ranks(c, "req", ["perm-only,native"] * 4, steps=4, extra=["--layer", "2"])
     check(all(r[0] == 0 for r in res) and all("verified rank" in r[1] for r in res),
