@@ -166,6 +166,9 @@ int rw_ipc_check_sqe(const rw_sqe_t *sqe, const rw_ipc_limits_t *lim, rw_ipc_buf
 		return fail(why_p, "dtype not carried by this daemon", RW_E_DTYPE);
 	if (sqe->flags != 0 || sqe->reserved != 0)
 		return fail(why_p, "submission flags/reserved not zero", RW_E_FIELD);
+	if (sqe->path > RW_PATH_REQ_JOINT)
+		return fail(why_p, "submission path unknown (0 = the daemon's choice, 1 native, "
+			    "2 rail-only, 3 perm-only, 4 joint)", RW_E_FIELD);
 	if (sqe->token_count > lim->max_tokens)
 		return fail(why_p, "token count above the daemon's limit", RW_E_TOKENS);
 	if (sqe->hidden == 0 || sqe->hidden > lim->max_hidden)

@@ -83,7 +83,8 @@ const char *rw_client_strerror(int err);
 
 /* Version of the protocol (control messages and these entries), carried in every control
  * message header; the daemon refuses any other (RW_E_VERSION). 2: rw_sqe_t.n_experts, empty
- * dispatches and combines. */
+ * dispatches and combines; later rw_sqe_t.path, carved from a field that had to be 0, so the
+ * version stayed (a daemon without it refuses a nonzero path with RW_E_FIELD). */
 #define RW_PROTOCOL_VERSION 2
 
 #define RW_BUF_NONE 0xffffffffu /* "no buffer" in a span */
@@ -128,8 +129,25 @@ typedef struct rw_sqe {
 	rw_span_t output;      /* where received rows (dispatch) / reduced rows (combine) go */
 	uint64_t output_capacity; /* bytes available at output.offset */
 	uint32_t n_experts;    /* experts E of the group (see above); was reserved in version 1 */
-	uint32_t reserved;     /* must be 0 */
+	uint16_t reserved;     /* must be 0 */
+	uint16_t path;         /* enum rw_path_request: 0 = the daemon's choice (see below) */
 } rw_sqe_t;
+
+/* rw_sqe_t.path: the data path a dispatch asks for (docs/ipc.md "Path requests", DESIGN §4.3).
+ * 0 leaves it to the daemon (its configured `path`, else the selector); any other value makes
+ * the phase run that path, as `railwave calibrate` does to time every path without restarting
+ * a daemon. Every rank of the phase (all nodes) must ask for the same value, or the phase fails
+ * on every node with RW_E_PHASE and a message naming the ranks that disagree. A value above
+ * RW_PATH_REQ_JOINT is refused at submission (RW_E_FIELD). A combine runs its dispatch's path:
+ * its `path` must be 0 or that path. The field was reserved (0) before, so older clients ask
+ * for nothing; an older daemon refuses a nonzero path with RW_E_FIELD. */
+enum rw_path_request {
+	RW_PATH_REQ_DAEMON = 0,    /* the daemon decides */
+	RW_PATH_REQ_NATIVE = 1,    /* every record on its owner GPU's rail, all destinations at once */
+	RW_PATH_REQ_RAIL_ONLY = 2, /* RailBalance over all rails, all destinations at once */
+	RW_PATH_REQ_PERM_ONLY = 3, /* native rails, N-1 permutation waves */
+	RW_PATH_REQ_JOINT = 4,     /* RailBalance inside each permutation wave */
+};
 
 #define RW_CQE_INLINE_COUNTS 16
 
@@ -158,11 +176,13 @@ static_assert(sizeof(rw_span_t) == 16, "rw_span_t is ABI");
 static_assert(sizeof(rw_sqe_t) == 128, "rw_sqe_t is ABI");
 static_assert(sizeof(rw_cqe_t) == 128, "rw_cqe_t is ABI");
 static_assert(offsetof(rw_sqe_t, n_experts) == 120, "rw_sqe_t is ABI");
+static_assert(offsetof(rw_sqe_t, path) == 126, "rw_sqe_t is ABI");
 #else
 _Static_assert(sizeof(rw_span_t) == 16, "rw_span_t is ABI");
 _Static_assert(sizeof(rw_sqe_t) == 128, "rw_sqe_t is ABI");
 _Static_assert(sizeof(rw_cqe_t) == 128, "rw_cqe_t is ABI");
 _Static_assert(offsetof(rw_sqe_t, n_experts) == 120, "rw_sqe_t is ABI");
+_Static_assert(offsetof(rw_sqe_t, path) == 126, "rw_sqe_t is ABI");
 #endif
 
 /* ---------------------------------------------------------------------------------------------

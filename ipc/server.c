@@ -516,6 +516,9 @@ static int drain(rw_ipc_client_t *c)
 			const char *why;
 			int code = rw_ipc_check_sqe(&sqe, &srv->lim, buf_size_of, c, &why);
 			if (code) {
+				/* The reason first, as a notice (rw_client_last_message), then the
+				 * completion, as the service answers a refused submission. */
+				rw_ipc_client_notice(srv, c, code, why);
 				rw_cqe_t cqe;
 				memset(&cqe, 0, sizeof(cqe));
 				cqe.status = RW_CQ_ERROR;

@@ -270,6 +270,13 @@ static void submit_combine(exec_t *x, exec_member_t *mb, rw_ipc_client_t *client
 		exec_answer_err(x, client, sqe, RW_ERR_SUB_EXPERTS, 0, why);
 		return;
 	}
+	if (sqe->path != RW_PATH_REQ_DAEMON && sqe->path != p->plan.path + RW_PATH_REQ_NATIVE) {
+		snprintf(why, sizeof(why), "path %u: a combine runs its dispatch's path (%s): ask for "
+			 "0 or %u", sqe->path, rw_sched_path_name(p->plan.path),
+			 p->plan.path + RW_PATH_REQ_NATIVE);
+		exec_answer_err(x, client, sqe, RW_ERR_SUB_FIELD, 0, why);
+		return;
+	}
 	if (sqe->output_capacity < (uint64_t)p->plan.rt[g].n_tokens * p->ph.row_bytes) {
 		snprintf(why, sizeof(why), "output holds %llu bytes, the combine writes %llu",
 			 (unsigned long long)sqe->output_capacity,

@@ -43,6 +43,8 @@ rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe)
 		.requested_path = force >= 0 && force < RW_PATH_COUNT ? (uint32_t)force : RW_WIRE_PATH_AUTO,
 		.epoch = exec_epoch_new(p->serial) };
 	ph->tag_in = rw_wire_tag_for(p->tag, p->xchg.params.epoch);
+	if (sqe->path != RW_PATH_REQ_DAEMON) /* the ranks' request wins (docs/ipc.md "Path requests") */
+		p->xchg.params.requested_path = rw_wire_path_by_ranks(sqe->path - RW_PATH_REQ_NATIVE);
 	p->xchg.slot = -1;
 	p->xchg.peer_slot = rw_arena_alloc(&p->mem, n, sizeof(uint32_t));
 	p->xchg.have_row = rw_arena_alloc(&p->mem, n, 1);
@@ -60,6 +62,20 @@ rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe)
 	return RW_OK;
 }
 
+/* The path a rank asked for, as a count row carries it (rw_sqe_t.path, range-checked at the IPC
+ * boundary); 0 = none, the daemon's choice (docs/ipc.md "Path requests"). */
+static uint32_t ranks_request(const rw_sqe_t *sqe)
+{
+	return sqe->path ? rw_wire_path_by_ranks(sqe->path - RW_PATH_REQ_NATIVE) : 0;
+}
+
+/* What a count row's request means, for messages. */
+static const char *request_name(uint32_t req)
+{
+	return req & RW_WIRE_PATH_BY_RANKS ? rw_sched_path_name((rw_path_t)(req & 0xffu))
+		: "daemon's choice";
+}
+
 /* Whether a later rank's submission fits the phase the first one opened. */
 rw_status_t exec_plan_fits(const exec_pair_t *p, const rw_sqe_t *sqe, char *why, size_t len)
 {
@@ -71,6 +87,16 @@ rw_status_t exec_plan_fits(const exec_pair_t *p, const rw_sqe_t *sqe, char *why,
 	if (sqe->topk != p->ph.topk || sqe->hidden != p->ph.hidden ||
 	    exec_wire_dtype(sqe->dtype) != p->ph.dtype) {
 		snprintf(why, len, "local ranks disagree on topk/hidden/dtype");
+		return RW_ERR_SUB_FIELD;
+	}
+	const exec_t *x = p->x;
+	uint32_t req = p->xchg.params.requested_path, ours = req & RW_WIRE_PATH_BY_RANKS ? req : 0;
+	if (ranks_request(sqe) != ours) {
+		uint32_t first = 0; /* the local rank whose submission opened the phase */
+		while (first + 1 < x->gpus && !p->in[RW_MV_DISPATCH].sub[first].have)
+			first++;
+		snprintf(why, len, "path requests differ: this rank %s, rank %u %s",
+			 request_name(ranks_request(sqe)), x->me * x->gpus + first, request_name(ours));
 		return RW_ERR_SUB_FIELD;
 	}
 	return RW_OK;
@@ -184,11 +210,13 @@ rw_status_t exec_plan_send_row(exec_pair_t *p)
 	return st;
 }
 
-/* Every node must agree on the phase's parameters; the first forced path wins. */
+/* Every node must agree on the phase's parameters and, when any node's ranks asked for a path,
+ * on that path (node 0's row is the reference, so every node names the same culprit); otherwise
+ * the first configured path wins. */
 static rw_status_t check_params(exec_pair_t *p, int *forced_p)
 {
 	const exec_t *x = p->x;
-	const rw_wire_phase_params_t *ours = &p->xchg.params;
+	const rw_wire_phase_params_t *ours = &p->xchg.params, *first = &p->xchg.peer_params[0];
 	*forced_p = -1;
 	for (uint32_t n = 0; n < x->nodes; n++) {
 		const rw_wire_phase_params_t *pp = &p->xchg.peer_params[n];
@@ -197,8 +225,16 @@ static rw_status_t check_params(exec_pair_t *p, int *forced_p)
 			return exec_err(p, pp->n_experts != ours->n_experts ? RW_ERR_SUB_EXPERTS : RW_ERR_INVAL,
 					0, "node %u disagrees on E/topk/hidden/dtype (%u/%u/%u/%u)", n,
 					pp->n_experts, pp->topk, pp->hidden, pp->dtype);
+		uint32_t by_ranks = (pp->requested_path | first->requested_path) & RW_WIRE_PATH_BY_RANKS;
+		if (by_ranks && pp->requested_path != first->requested_path) {
+			uint32_t g = x->gpus;
+			return exec_err(p, RW_ERR_INVAL, 0, "path requests differ: ranks %u-%u (%s) %s, "
+					"ranks %u-%u (%s) %s", 0u, g - 1, x->svc->cfg.nodes[0].name,
+					request_name(first->requested_path), n * g, n * g + g - 1,
+					x->svc->cfg.nodes[n].name, request_name(pp->requested_path));
+		}
 		if (*forced_p < 0 && pp->requested_path != RW_WIRE_PATH_AUTO)
-			*forced_p = (int)pp->requested_path;
+			*forced_p = (int)(pp->requested_path & 0xffu);
 	}
 	return RW_OK;
 }

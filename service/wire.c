@@ -210,6 +210,13 @@ size_t rw_wire_counts_pack(const rw_wire_counts_t *c, uint8_t *buf, size_t buf_l
 	return need;
 }
 
+/* An rw_path_t, RW_WIRE_PATH_AUTO, or an rw_path_t | RW_WIRE_PATH_BY_RANKS. */
+static int path_ok(uint32_t v)
+{
+	uint32_t p = v & ~RW_WIRE_PATH_BY_RANKS;
+	return p < RW_PATH_COUNT || v == RW_WIRE_PATH_AUTO;
+}
+
 rw_status_t rw_wire_counts_unpack(const uint8_t *in, size_t len, rw_wire_counts_t *c_p)
 {
 	if (len < COUNTS_FIXED || !str_field_ok((const char *)in + 16, RW_WIRE_GROUP_MAX))
@@ -235,7 +242,7 @@ rw_status_t rw_wire_counts_unpack(const uint8_t *in, size_t len, rw_wire_counts_
 		return RW_ERR_PROTO;
 	if (c.params.epoch == 0 || c.params.topk == 0 || c.params.topk > RW_MAX_TOPK || c.params.n_experts == 0 ||
 	    c.params.hidden == 0 || c.params.dtype >= RW_WIRE_DTYPE_COUNT ||
-	    (c.params.requested_path >= RW_PATH_COUNT && c.params.requested_path != RW_WIRE_PATH_AUTO))
+	    !path_ok(c.params.requested_path))
 		return RW_ERR_PROTO;
 	if (c.key.group != rw_wire_group_hash(c.group_name))
 		return RW_ERR_PROTO;

@@ -126,7 +126,8 @@ typedef struct rw_wire_phase_params {
 	uint32_t topk;
 	uint32_t hidden;
 	uint32_t dtype;          /* rw_wire_dtype_t */
-	uint32_t requested_path; /* an rw_path_t forced by this node, or RW_WIRE_PATH_AUTO */
+	uint32_t requested_path; /* an rw_path_t forced by this node, or RW_WIRE_PATH_AUTO; with
+	                          * RW_WIRE_PATH_BY_RANKS: the path its ranks asked for (rw_sqe_t.path) */
 	/* This node's attempt at the pair (random, never 0). Every write INTO this node for the
 	 * pair carries rw_wire_tag_for(key tag, epoch), so a late write of an earlier attempt with
 	 * the same key is told apart and dropped (docs/dataflow.md "Failures"). */
@@ -134,6 +135,13 @@ typedef struct rw_wire_phase_params {
 } rw_wire_phase_params_t;
 
 #define RW_WIRE_PATH_AUTO 0xffu
+/* Set in requested_path when the node's ranks asked for the path in their submissions (not its
+ * configured `path`): every node of the phase must then carry the same value. */
+#define RW_WIRE_PATH_BY_RANKS 0x100u
+static inline uint32_t rw_wire_path_by_ranks(uint32_t path) /* path: an rw_path_t */
+{
+	return path | RW_WIRE_PATH_BY_RANKS;
+}
 
 /* COUNTS: key(16) | group_name[64] | node nodes rails slot | n_experts topk hidden dtype path |
  * row[nodes * rails], all u32 but the key's step (u64).

@@ -4,12 +4,18 @@
  * checks every received row (source, token, ids, weights, all data), every per-expert count and
  * every combined sum against a reference it computes itself, and prints one timing line per pair:
  *
- *   pair STEP DISPATCH_SUBMIT_NS DISPATCH_DONE_NS COMBINE_SUBMIT_NS COMBINE_DONE_NS ROWS
+ *   pair STEP DISPATCH_SUBMIT_NS DISPATCH_DONE_NS COMBINE_SUBMIT_NS COMBINE_DONE_NS ROWS PATH
+ *
+ * PATH is what the step's dispatch asked for (rw_sqe_t.path): `--paths LIST` cycles through
+ * LIST (native, rail-only, perm-only, joint, auto = the daemon's choice, or a raw number, which
+ * the daemon range-checks) step by step, so `railwave calibrate` times every path on one set
+ * of running daemons; without it every step asks for auto. A combine asks for its dispatch's
+ * path, or for what `--combine-paths LIST` says (a test of the daemon's check).
  *
  * (CLOCK_MONOTONIC, which every network namespace of one machine shares, so the orchestrator can
  * compare the ranks' clocks). Exit 0 iff every check passed; a failure names the first bad value.
  *
- *   rw_bench_rank --socket PATH --group NAME --rank R --steps S [workload options] */
+ *   rw_bench_rank --socket PATH --group NAME --rank R --steps S [--paths LIST] [workload] */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,12 +23,51 @@
 
 #include "common/common.h"
 #include "ipc/railwave.h"
+#include "sched/sched.h"
 #include "tools/bench.h"
 
 static uint32_t me;
 
 #define CHECK(cond, ...) do { if (!(cond)) { fprintf(stderr, "rank %u: ", me); \
 	fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); goto out; } } while (0)
+
+#define MAX_PATHS 16
+
+/* --paths: names (auto = 0, the daemon's choice) or raw numbers, comma-separated. */
+static int parse_paths(const char *arg, uint16_t *req, unsigned *n_p)
+{
+	char buf[256];
+	snprintf(buf, sizeof(buf), "%s", arg);
+	unsigned n = 0;
+	for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		rw_path_t p;
+		char *end;
+		unsigned long v;
+		if (n == MAX_PATHS)
+			return -1;
+		if (strcmp(t, "auto") == 0)
+			req[n++] = RW_PATH_REQ_DAEMON;
+		else if (rw_sched_path_parse(t, &p) == RW_OK)
+			req[n++] = (uint16_t)(p + RW_PATH_REQ_NATIVE);
+		else if ((v = strtoul(t, &end, 10)) <= 0xffff && *end == 0 && end != t)
+			req[n++] = (uint16_t)v;
+		else
+			return -1;
+	}
+	*n_p = n;
+	return n ? 0 : -1;
+}
+
+static const char *req_name(uint16_t req)
+{
+	static char num[8];
+	if (req == RW_PATH_REQ_DAEMON)
+		return "auto";
+	if (req <= RW_PATH_REQ_JOINT)
+		return rw_sched_path_name((rw_path_t)(req - RW_PATH_REQ_NATIVE));
+	snprintf(num, sizeof(num), "%u", req);
+	return num;
+}
 
 static int wait_one(rw_client_t *c, rw_cqe_t *cqe)
 {
@@ -36,16 +81,21 @@ int main(int argc, char **argv)
 		{ "group", required_argument, NULL, 'g' },
 		{ "rank", required_argument, NULL, 'r' },
 		{ "steps", required_argument, NULL, 'n' },
+		{ "paths", required_argument, NULL, 'p' },
+		{ "combine-paths", required_argument, NULL, 'c' },
 		{ "help", no_argument, NULL, 'h' },
 	};
-	struct option opts[RW_BENCH_WL_NOPTS + 6];
+	enum { N_OWN = sizeof(own) / sizeof(own[0]) };
+	struct option opts[RW_BENCH_WL_NOPTS + N_OWN + 1];
 	memcpy(opts, own, sizeof(own));
-	memcpy(opts + 5, rw_bench_wl_options, sizeof(struct option) * (RW_BENCH_WL_NOPTS + 1));
+	memcpy(opts + N_OWN, rw_bench_wl_options, sizeof(struct option) * (RW_BENCH_WL_NOPTS + 1));
 	rw_bench_wl_t wl;
 	rw_bench_wl_default(&wl);
 	const char *sock = NULL, *group = "bench";
 	unsigned long steps = 1;
 	long rank_arg = -1;
+	uint16_t paths[MAX_PATHS] = { RW_PATH_REQ_DAEMON }, cpaths[MAX_PATHS];
+	unsigned n_paths = 1, n_cpaths = 0;
 	int c;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
@@ -53,8 +103,18 @@ int main(int argc, char **argv)
 		case 'g': group = optarg; break;
 		case 'r': rank_arg = strtol(optarg, NULL, 10); break;
 		case 'n': steps = strtoul(optarg, NULL, 10); break;
+		case 'p':
+		case 'c':
+			if (parse_paths(optarg, c == 'p' ? paths : cpaths, c == 'p' ? &n_paths : &n_cpaths)) {
+				fprintf(stderr, "rw_bench_rank: --%spaths: expected up to %d of native, "
+					"rail-only, perm-only, joint, auto or a number\n",
+					c == 'p' ? "" : "combine-", MAX_PATHS);
+				return 2;
+			}
+			break;
 		case 'h':
-			printf("usage: rw_bench_rank --socket PATH --group NAME --rank R --steps S [workload]\n%s",
+			printf("usage: rw_bench_rank --socket PATH --group NAME --rank R --steps S "
+			       "[--paths LIST] [--combine-paths LIST] [workload]\n%s",
 			       rw_bench_wl_usage);
 			return 0;
 		default:
@@ -139,7 +199,8 @@ int main(int argc, char **argv)
 			       .layer = wl.layer, .phase_id = step * 2, .step = step, .user_data = 1,
 			       .token_count = T, .hidden = H, .tokens = { buf, 0, off_tok },
 			       .topk_ids = { buf, 0, off_ids }, .topk_weights = { buf, 0, off_w },
-			       .output = { buf, 0, off_out }, .output_capacity = out_cap, .n_experts = E };
+			       .output = { buf, 0, off_out }, .output_capacity = out_cap, .n_experts = E,
+			       .path = paths[step % n_paths] };
 		uint64_t t_ds = rw_now_ns();
 		rc = rw_client_submit(cl, &s, 1);
 		CHECK(rc == 0, "submit dispatch: %s", rw_client_strerror(rc));
@@ -196,7 +257,8 @@ int main(int argc, char **argv)
 				.token_count = cq.recv_tokens, .hidden = H, .n_experts = E,
 				.handle_id = cq.handle_id, .tokens = { buf, 0, off_cin },
 				.topk_ids = { RW_BUF_NONE, 0, 0 }, .topk_weights = { RW_BUF_NONE, 0, 0 },
-				.output = { buf, 0, off_cout }, .output_capacity = (uint64_t)T * row };
+				.output = { buf, 0, off_cout }, .output_capacity = (uint64_t)T * row,
+				.path = n_cpaths ? cpaths[step % n_cpaths] : s.path };
 		uint64_t t_cs = rw_now_ns();
 		rc = rw_client_submit(cl, &cs, 1);
 		CHECK(rc == 0, "submit combine: %s", rw_client_strerror(rc));
@@ -216,9 +278,9 @@ int main(int argc, char **argv)
 			      "step %llu token %u: combined sum differs at element %u", (unsigned long long)step,
 			      t, bad_h);
 		}
-		printf("pair %llu %llu %llu %llu %llu %u\n", (unsigned long long)step,
+		printf("pair %llu %llu %llu %llu %llu %u %s\n", (unsigned long long)step,
 		       (unsigned long long)t_ds, (unsigned long long)t_dd, (unsigned long long)t_cs,
-		       (unsigned long long)t_cd, want_rows);
+		       (unsigned long long)t_cd, want_rows, req_name(s.path));
 		fflush(stdout);
 	}
 	printf("verified rank %u: %lu pairs, %u rows in, %u tokens out each\n", me, steps, want_rows, T);

@@ -25,7 +25,8 @@ static const char CMD[] = "bench-workload";
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: railwave bench-workload describe [--nic-gbps G] [--anchors FILE] [workload]\n"
+		"usage: railwave bench-workload describe [--nic-gbps G] [--transport T] [--anchors FILE]\n"
+		"                                         [workload]\n"
 		"       railwave bench-workload calibrate < cases.json > anchors.json\n\n"
 		"describe prints, as one JSON object, what sched/ says about the workload: counts,\n"
 		"features, the selector's verdict, per-path NIC loads, the lower bound, wire record\n"
@@ -46,13 +47,14 @@ static int describe(int argc, char **argv)
 	rw_bench_wl_t wl;
 	rw_bench_wl_default(&wl);
 	double gbps = 0.05;
-	const char *anchors_path = NULL;
-	struct option opts[RW_BENCH_WL_NOPTS + 4];
+	const char *anchors_path = NULL, *transport = "tcp";
+	struct option opts[RW_BENCH_WL_NOPTS + 5];
 	memcpy(opts, rw_bench_wl_options, sizeof(struct option) * RW_BENCH_WL_NOPTS);
 	opts[RW_BENCH_WL_NOPTS] = (struct option){ "nic-gbps", required_argument, NULL, 'g' };
 	opts[RW_BENCH_WL_NOPTS + 1] = (struct option){ "anchors", required_argument, NULL, 'a' };
 	opts[RW_BENCH_WL_NOPTS + 2] = (struct option){ "help", no_argument, NULL, 'h' };
-	opts[RW_BENCH_WL_NOPTS + 3] = (struct option){ NULL, 0, NULL, 0 };
+	opts[RW_BENCH_WL_NOPTS + 3] = (struct option){ "transport", required_argument, NULL, 't' };
+	opts[RW_BENCH_WL_NOPTS + 4] = (struct option){ NULL, 0, NULL, 0 };
 	optind = 0;
 	int c;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -61,6 +63,8 @@ static int describe(int argc, char **argv)
 				return 2;
 		} else if (c == 'a') {
 			anchors_path = optarg;
+		} else if (c == 't') {
+			transport = optarg; /* the table's fingerprint must name it (default tcp) */
 		} else if (c == 'h') {
 			usage(stdout);
 			return 0;
@@ -128,7 +132,7 @@ static int describe(int argc, char **argv)
 	if (anchors_path) {
 		if (rw_tool_load_anchors(anchors_path, &table, err, sizeof(err)) == RW_OK) {
 			have_table = 1;
-			if (rw_sched_anchors_match(&table, &topo, gbps, "tcp"))
+			if (rw_sched_anchors_match(&table, &topo, gbps, transport))
 				rw_sched_select(&table, &feat, &sel);
 			else
 				snprintf(err, sizeof(err), "%s: calibrated for another cluster", anchors_path);

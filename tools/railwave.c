@@ -20,6 +20,7 @@ static const rw_tool_cmd_t commands[] = {
 	{ "stats", "ask a running railwaved over its stats socket (rails, peers, phases, selector)", rw_tool_stats },
 	{ "wait", "block until the local railwaved has every peer up on every rail (--timeout S)", rw_tool_wait },
 	{ "sim", "simulate one phase of the four paths at scale (lossless PFC and max-min fabric models)", rw_tool_sim },
+	{ "calibrate", "time every path on the running daemons, write and hot-load the anchor table; --check", rw_tool_calibrate },
 	{ "bench-workload", "a test-bed workload as JSON (counts, features, loads, lower bound); calibrate", rw_tool_bench_workload },
 	{ "trace", "phase traces: export to Chrome/Perfetto JSON, or find who was late (trace --help)", rw_tool_trace },
 	{ "analyze", "over phase traces: expert vs rail imbalance, features, time / lower bound, other paths", rw_tool_analyze },

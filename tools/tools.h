@@ -28,6 +28,7 @@ int rw_tool_sim(int argc, char **argv);         /* tools/sim_cmd.c */
 int rw_tool_trace(int argc, char **argv);       /* tools/observe.c */
 int rw_tool_analyze(int argc, char **argv);     /* tools/observe.c */
 int rw_tool_top(int argc, char **argv);         /* tools/observe.c */
+int rw_tool_calibrate(int argc, char **argv);   /* tools/calibrate.c */
 int rw_tool_sim_replay(int argc, char **argv);  /* tools/sim_replay.c */
 int rw_tool_trace_synth(int argc, char **argv); /* tools/trace_synth.c */
 

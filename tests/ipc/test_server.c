@@ -1302,6 +1302,7 @@ static void test_bad_entries_rejected(void **state)
 	CASE(e.dtype = 77, RW_E_DTYPE);
 	CASE(e.flags = 1, RW_E_FIELD);
 	CASE(e.reserved = 1, RW_E_FIELD);
+	CASE(e.path = RW_PATH_REQ_JOINT + 1, RW_E_FIELD); /* docs/ipc.md "Path requests" */
 	CASE(e.n_experts = 0, RW_E_EXPERTS); /* a dispatch must say E */
 	CASE(e.n_experts = (1u << 20) + 1, RW_E_EXPERTS);
 	CASE((e.token_count = 0, e.tokens.buf_id = RW_BUF_NONE, e.tokens.offset = 8), RW_E_FIELD);
@@ -1334,6 +1335,8 @@ static void test_bad_entries_rejected(void **state)
 		if (cqe.error != cases[i].code)
 			fail_msg("case %d: expected %s, got %s", i, rw_client_strerror(cases[i].code),
 				 rw_client_strerror(cqe.error));
+		if (cases[i].e.path) /* the reason arrives with the completion, as a notice */
+			assert_non_null(strstr(rw_client_last_message(c), "submission path unknown"));
 	}
 	/* None reached the service; a valid one still does. */
 	assert_int_equal(h_stats(&H).submissions, 0);

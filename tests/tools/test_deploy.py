@@ -10,9 +10,10 @@ dispatch/combine run through them, then:
 * every metric name either file uses is declared in the daemons' /metrics (a `# TYPE` line or a
   sample), and every label they group or join by is a label of some exported series (or
   instance/job/le, which Prometheus adds);
-* with promtool installed, `promtool check rules` passes (Debian's prometheus package is 96 MB
-  and starts a server on install, so scripts/setup does not install it; without it this part is
-  reported and skipped).
+* promtool (Debian's prometheus package, installed by scripts/setup; its absence is a failure):
+  `promtool check rules` passes; `promtool test rules` runs deploy/prometheus/railwave.rules.test.yml
+  (peer down, rail down and phase failures fire on synthetic series, and only then); `promtool
+  check metrics` finds nothing to fix in each daemon's real /metrics scrape (after phases ran).
 
 Exit 0 pass, 1 fail, 77 skip."""
 import json
@@ -34,6 +35,7 @@ it.DAEMON = os.path.join(B, "railwaved")
 it.RANK = os.path.join(B, "tests", "integration", "rw_rank")
 DASH = os.path.join(SRC, "deploy", "grafana", "railwave-dashboard.json")
 RULES = os.path.join(SRC, "deploy", "prometheus", "railwave.rules.yml")
+RULE_TESTS = os.path.join(SRC, "deploy", "prometheus", "railwave.rules.test.yml")
 PROM_ADDED = {"instance", "job", "le"}
 
 
@@ -48,9 +50,29 @@ def exprs_of(dash, rules):
     return out
 
 
+SCRAPES = []  # the raw /metrics texts, for promtool check metrics
+
+
+def promtool_checks(promtool, fails):
+    runs = [("check rules", [promtool, "check", "rules", RULES], None),
+            ("test rules", [promtool, "test", "rules", os.path.basename(RULE_TESTS)], None)]
+    runs += [("check metrics (node %d scrape, %d lines)" % (n, t.count("\n")),
+              [promtool, "check", "metrics"], t) for n, t in enumerate(SCRAPES)]
+    for what, argv, stdin in runs:
+        p = subprocess.run(argv, input=stdin, capture_output=True, text=True,
+                           cwd=os.path.dirname(RULE_TESTS))
+        # check metrics exits 0 with lint findings on stdout/stderr: any output is a finding.
+        out = (p.stdout + p.stderr).strip()
+        if p.returncode != 0 or (stdin is not None and out):
+            fails.append("promtool %s: %s" % (what, out[-800:]))
+        else:
+            print("ok   promtool %s" % what)
+
+
 def scrape(port):
     with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as f:
         text = f.read().decode()
+    SCRAPES.append(text)
     names, labels = set(), set()
     for line in text.splitlines():
         t = re.match(r"# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (\w+)", line)
@@ -137,13 +159,9 @@ def main():
             fails.append("railwave_info has no '%s' label (the dashboard joins it)" % lab)
     promtool = shutil.which("promtool")
     if promtool:
-        p = subprocess.run([promtool, "check", "rules", RULES], capture_output=True, text=True)
-        if p.returncode != 0:
-            fails.append("promtool check rules: %s" % (p.stdout + p.stderr)[-600:])
-        else:
-            print("ok   promtool check rules")
+        promtool_checks(promtool, fails)
     else:
-        print("note: promtool not installed; the rules' PromQL syntax was not checked")
+        fails.append("promtool not installed (Debian's prometheus package; scripts/setup installs it)")
     for f in fails:
         print("FAIL " + f)
     if not fails:

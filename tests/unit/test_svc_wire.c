@@ -182,6 +182,8 @@ static void test_counts_roundtrip(void **state)
 		{ RW_WIRE_GROUP_MAX + 36, RW_MAX_TOPK + 1 },
 		{ RW_WIRE_GROUP_MAX + 44, RW_WIRE_DTYPE_COUNT },
 		{ RW_WIRE_GROUP_MAX + 48, RW_PATH_COUNT },
+		{ RW_WIRE_GROUP_MAX + 48, RW_PATH_COUNT | RW_WIRE_PATH_BY_RANKS },
+		{ RW_WIRE_GROUP_MAX + 48, RW_WIRE_PATH_AUTO | RW_WIRE_PATH_BY_RANKS },
 		{ RW_WIRE_GROUP_MAX + 52, 0 },      /* epoch 0 */
 	};
 	for (size_t i = 0; i < RW_ARRAY_SIZE(cases); i++) {
@@ -189,6 +191,11 @@ static void test_counts_roundtrip(void **state)
 		rw_wire_put32(bad + cases[i].off, cases[i].v);
 		assert_int_equal(rw_wire_counts_unpack(bad, n, &o), RW_ERR_PROTO);
 	}
+	/* A path the ranks asked for (docs/ipc.md "Path requests") travels as is. */
+	memcpy(bad, buf, n);
+	rw_wire_put32(bad + RW_WIRE_GROUP_MAX + 48, RW_PATH_JOINT | RW_WIRE_PATH_BY_RANKS);
+	assert_int_equal(rw_wire_counts_unpack(bad, n, &o), RW_OK);
+	assert_int_equal(o.params.requested_path, RW_PATH_JOINT | RW_WIRE_PATH_BY_RANKS);
 	memcpy(bad, buf, n);
 	memset(bad + 16, 'g', RW_WIRE_GROUP_MAX); /* unterminated group name */
 	assert_int_equal(rw_wire_counts_unpack(bad, n, &o), RW_ERR_PROTO);

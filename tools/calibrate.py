@@ -1,0 +1,470 @@
+#!/usr/bin/env python3
+"""`railwave calibrate` (docs/tools.md "Calibrating the anchor table"): the offline profiling pass of
+DESIGN §4.6 against a running cluster. Run through build/tools/railwave, which passes --build.
+
+  calibrate          a sweep of workloads, every one timed through all four paths (Native,
+                     Rail-only, Permutation-only, Joint), repeated; the anchor table by the §4.6
+                     retention rule (sched/, through `railwave bench-workload calibrate`) with the
+                     cluster's fingerprint; written atomically and hot-loaded with SIGHUP into every
+                     daemon that reads its table from that file.
+  calibrate --check  held-out workloads (other points, another seed) through all four paths:
+                     what the table picks against the fastest path (regret), and a verdict.
+
+The daemons are not restarted: every dispatch asks for its path in the submission (rw_sqe_t.path,
+docs/ipc.md "Path requests"); the ranks (build/tools/rw_bench_rank) cycle through the four paths
+step by step, so drift in the machine's load touches every path alike, and verify every row.
+A phase's time is from the last rank's submission to the last rank's completion (the ranks run
+on this machine: every node's IPC socket must be reachable here)."""
+import argparse
+import json
+import math
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import types
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_bed  # noqa: E402  (pct, summary: the type-7 quantiles sched/ uses)
+import observe  # noqa: E402  (ask, kv_line: the stats socket)
+
+PATHS = bench_bed.PATHS
+BUILD = None
+WAIT = 120.0  # bound on any single wait; never a pass/fail criterion
+
+
+def die(msg, rc=2):
+    sys.stderr.write("railwave calibrate: %s\n" % msg)
+    sys.exit(rc)
+
+
+def binary(name):
+    if name == "railwaved" and os.environ.get("RAILWAVE_DAEMON"):
+        return os.environ["RAILWAVE_DAEMON"]
+    for p in (os.path.join(BUILD, name), os.path.join(BUILD, "tools", name)):
+        if os.access(p, os.X_OK):
+            return p
+    die("%s not built in %s (run ninja)" % (name, BUILD))
+
+
+# ---- the cluster ---------------------------------------------------------------------------
+
+class Cluster:
+    """The daemons as their cluster file describes them (railwaved --dump-config per node),
+    checked against what each running daemon says on its stats socket."""
+
+    def __init__(self, config):
+        self.nodes = []
+        first = self.dump(config, 0)
+        n = len(first["nodes"])
+        for i in range(n):
+            self.nodes.append(first if i == 0 else self.dump(config, i))
+        self.N, self.G = n, first["gpus_per_node"]
+        self.R = len(first["nodes"][0]["rails"])
+        self.gbps, self.transport = first["nic_gbps"], first["transport"]
+        for i, c in enumerate(self.nodes):
+            st = self.stats(i)
+            want = {"nodes": str(self.N), "rails": str(self.R), "gpus_per_node": str(self.G),
+                    "transport": self.transport, "node": c["node"]}
+            for k, v in want.items():
+                if st.get(k) != v:
+                    die("node %s: the running daemon says %s %s, the cluster file %s (another "
+                        "cluster file?)" % (c["node"], k, st.get(k), v))
+            if st.get("peers_up") != "%d/%d" % (n - 1, n - 1) or st.get("state") != "running":
+                die("node %s: not every peer is up (peers_up %s, state %s); `railwave wait` first"
+                    % (c["node"], st.get("peers_up"), st.get("state")))
+
+    @staticmethod
+    def dump(config, node):
+        r = subprocess.run([binary("railwaved"), "--config", config, "--node", str(node),
+                            "--dump-config"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if r.returncode != 0:
+            die("%s: %s" % (config, r.stderr.strip()))
+        return json.loads(r.stdout)
+
+    def stats(self, i, cmd="stats"):
+        path = self.nodes[i]["stats_socket"]
+        try:
+            lines = observe.ask(path, cmd, timeout=10)
+        except OSError as e:
+            die("node %s: stats socket %s: %s (is railwaved running?)" % (self.nodes[i]["node"], path, e))
+        return dict(l.partition(" ")[::2] for l in lines)
+
+    def fingerprint(self):
+        return {"nodes": self.N, "gpus_per_node": self.G, "rails": self.R,
+                "nic_gbps": self.gbps, "transport": self.transport}
+
+    def pid(self, i):
+        """The daemon's pid: the peer credentials of its stats socket."""
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect(self.nodes[i]["stats_socket"])
+            return struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                    struct.calcsize("3i")))[0]
+        finally:
+            s.close()
+
+
+# ---- workloads and timing ------------------------------------------------------------------
+
+def points(a, held_out):
+    """The sweep: rail skew (rho_g), payload size, receiver fan-in. Held-out points lie between
+    the calibration points and draw their routing from another seed."""
+    base = {"experts": a.experts, "topk": a.topk, "hidden": a.hidden, "tokens": a.tokens,
+            "zipf": a.zipf, "dirichlet": a.dirichlet, "rail_skew": 0.0,
+            "seed": a.seed + (1000 if held_out else 0), "layer": a.layer}
+    skews = ([0.33, 0.89] if held_out else [0.0, 1.0]) if a.short else \
+        ([0.33, 0.89] if held_out else [0.0, 0.67, 1.0])
+    pts = [("rail-skew %.2f" % s, dict(base, rail_skew=s)) for s in skews]
+    if not a.short:
+        for mult in ((0.5, 2.0) if held_out else (0.25, 4.0)):
+            pts.append(("size x%g" % mult, dict(base, rail_skew=0.67,
+                                                 tokens=max(1, int(a.tokens * mult)))))
+        pts.append(("fan-in", dict(base, rail_skew=0.67, dirichlet=0.2 if held_out else 0.05)))
+    return pts
+
+
+def wl_args(cl, wl):
+    """The workload options of rw_bench_rank and bench-workload, as demo and bench pass them."""
+    return bench_bed.wl_args(types.SimpleNamespace(nodes=cl.N, gpus=cl.G, rails=cl.R), wl)
+
+
+def describe(cl, wl, table=None):
+    argv = [binary("railwave"), "bench-workload", "describe", "--nic-gbps", str(cl.gbps),
+            "--transport", cl.transport] + wl_args(cl, wl)
+    if table:
+        argv += ["--anchors", table]
+    r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        die("bench-workload describe: " + r.stderr.strip())
+    return json.loads(r.stdout)
+
+
+def time_paths(cl, wl, reps, group):
+    """One run of every rank: 4 x (reps + 1) pairs cycling through the paths (the first cycle
+    is a warm-up). Returns {path: [dispatch seconds]}, {path: [combine seconds]}."""
+    W = cl.N * cl.G
+    steps = len(PATHS) * (reps + 1)
+    procs, outs = [], []
+    tmp = tempfile.mkdtemp(prefix="rw-calibrate.")
+    try:
+        for q in range(W):
+            of = open(os.path.join(tmp, "rank%d.out" % q), "w+")
+            ef = open(os.path.join(tmp, "rank%d.err" % q), "w+")
+            argv = [binary("rw_bench_rank"), "--socket", cl.nodes[q // cl.G]["ipc_socket"],
+                    "--group", group, "--rank", str(q), "--steps", str(steps),
+                    "--paths", ",".join(PATHS)] + wl_args(cl, wl)
+            procs.append(subprocess.Popen(argv, stdout=of, stderr=ef, start_new_session=True))
+            outs.append((of, ef))
+        limit = WAIT + steps * 10
+        deadline = time.time() + limit
+        failed = None
+        while any(p.poll() is None for p in procs) and not failed:
+            bad = [q for q, p in enumerate(procs) if p.poll() not in (None, 0)]
+            if bad:
+                outs[bad[0]][1].seek(0)
+                failed = "rank %d exited %d: %s" % (bad[0], procs[bad[0]].returncode,
+                                                    outs[bad[0]][1].read().strip()[-500:])
+            elif time.time() > deadline:
+                failed = "the ranks did not finish in %d s" % limit
+            time.sleep(0.05)
+        for q, p in enumerate(procs):
+            if not failed and p.returncode != 0:
+                outs[q][1].seek(0)
+                failed = "rank %d exited %d: %s" % (q, p.returncode, outs[q][1].read().strip()[-500:])
+        if failed:
+            raise RuntimeError(failed)
+        rows = []
+        for of, _ in outs:
+            of.seek(0)
+            rows.append([l.split() for l in of.read().splitlines() if l.startswith("pair ")])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        for of, ef in outs:
+            of.close()
+            ef.close()
+        for f in os.listdir(tmp):
+            os.remove(os.path.join(tmp, f))
+        os.rmdir(tmp)
+    disp = {p: [] for p in PATHS}
+    comb = {p: [] for p in PATHS}
+    for s in range(len(PATHS), steps):
+        st = [r[s] for r in rows]
+        path = st[0][7]
+        if any(x[7] != path for x in st) or path != PATHS[s % len(PATHS)]:
+            raise RuntimeError("step %d: the ranks ran different paths" % s)
+        disp[path].append((max(int(x[3]) for x in st) - max(int(x[2]) for x in st)) / 1e9)
+        comb[path].append((max(int(x[5]) for x in st) - max(int(x[4]) for x in st)) / 1e9)
+    return disp, comb
+
+
+def measure(cl, a, pts, label):
+    """Every point through every path; skips points the daemons' receive region cannot hold."""
+    out, t0 = [], time.monotonic()
+    for i, (axis, wl) in enumerate(pts):
+        desc = describe(cl, wl)
+        need = desc["recv_region_mib"]
+        have = min(c["recv_region_mib"] for c in cl.nodes)
+        f = desc["features"]["f"]
+        if need > have:
+            print("%s point %d [%s]: skipped, needs recv_region_mib %d (the daemons have %d)"
+                  % (label, i + 1, axis, need, have), flush=True)
+            continue
+        group = "calibrate.%d.%s.%d" % (os.getpid(), label, i + 1)
+        try:
+            disp, comb = time_paths(cl, wl, a.reps, group)
+        except RuntimeError as e:
+            die("%s point %d [%s]: %s" % (label, i + 1, axis, e), 1)
+        med = {p: bench_bed.pct(disp[p], 0.5) for p in PATHS}
+        print("%s point %d/%d [%s] f=[%.2f %.3f %.3f]: %s" % (
+            label, i + 1, len(pts), axis, f[0], f[1], f[2],
+            "  ".join("%s %.3f ms" % (p, med[p] * 1e3) for p in PATHS)), flush=True)
+        out.append({"case_id": i + 1, "axis": axis, "workload": wl, "features": f, "desc": desc,
+                    "dispatch": {p: bench_bed.summary(disp[p]) for p in PATHS},
+                    "combine": {p: bench_bed.summary(comb[p]) for p in PATHS}})
+    if not out:
+        die("no point of the sweep fits the daemons' receive region (lower --tokens/--hidden)", 1)
+    print("%s: %d points x 4 paths x %d pairs (with the warm-up) in %.1f s" % (
+        label, len(out), a.reps + 1, time.monotonic() - t0), flush=True)
+    return out
+
+
+def beats(a, fast, slow):
+    """The retention rule's test (DESIGN 4.6) between two measured paths: both stable and the
+    faster one's p90 x (1 + margin) under the slower one's p10."""
+    return (cv(fast["samples"]) < a.cv_bound and cv(slow["samples"]) < a.cv_bound and
+            fast["p90"] * (1 + a.margin) < slow["p10"])
+
+
+def cv(xs):
+    m = sum(xs) / len(xs) if xs else 0
+    if len(xs) < 2 or m <= 0:
+        return math.inf
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) / m
+
+
+# ---- calibrate -----------------------------------------------------------------------------
+
+def build_table(cl, a, cases):
+    doc = {"fingerprint": cl.fingerprint(), "max_size_ratio": a.max_size_ratio,
+           "shape_tolerance": a.shape_tolerance, "cv_bound": a.cv_bound, "margin": a.margin,
+           "cases": [{"case_id": c["case_id"], "features": c["features"],
+                      "samples": {p: c["dispatch"][p]["samples"] for p in PATHS}} for c in cases]}
+    r = subprocess.run([binary("railwave"), "bench-workload", "calibrate"], input=json.dumps(doc),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        die("calibration: " + r.stderr.strip(), 1)
+    return r.stdout
+
+
+def explain(a, case, anchor):
+    """Why the rule kept what it kept (the decision itself is sched/'s, in the table)."""
+    s = anchor["samples"]
+    j = s["joint"]
+    cj = cv(case["dispatch"]["joint"]["samples"])
+    if anchor["selected"] != "joint":
+        p = anchor["selected"]
+        return "keeps %s: CV %.1f%% / joint %.1f%% under %.0f%%, p90 %.3f ms x %.2f < joint p10 %.3f ms" % (
+            p, cv(case["dispatch"][p]["samples"]) * 100, cj * 100, a.cv_bound * 100,
+            s[p]["p90"] * 1e3, 1 + a.margin, j["p10"] * 1e3)
+    why = []
+    for p in PATHS[:-1]:
+        c = cv(case["dispatch"][p]["samples"])
+        if not (c < a.cv_bound and cj < a.cv_bound):
+            why.append("%s unstable (CV %.1f%%, joint %.1f%%)" % (p, c * 100, cj * 100))
+        elif not s[p]["p90"] * (1 + a.margin) < j["p10"]:
+            why.append("%s not conservatively faster (p90 %.3f ms x %.2f >= joint p10 %.3f ms)"
+                       % (p, s[p]["p90"] * 1e3, 1 + a.margin, j["p10"] * 1e3))
+    return "joint: " + "; ".join(why)
+
+
+def write_atomic(path, text):
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".anchors.", dir=d)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)  # a daemon reloading now reads the old file or the new one, whole
+
+
+def reload(cl, out, n_anchors):
+    """SIGHUP to every daemon whose `anchors` is this file; wait until it has taken the table."""
+    target = os.path.realpath(out)
+    done, skipped = [], []
+    for i, c in enumerate(cl.nodes):
+        if not c["anchors"] or os.path.realpath(c["anchors"]) != target:
+            skipped.append("%s (reads %s)" % (c["node"], c["anchors"] or "no table"))
+            continue
+        before = cl.stats(i)
+        pid = cl.pid(i)
+        try:
+            os.kill(pid, signal.SIGHUP)
+        except OSError as e:
+            die("node %s: cannot signal railwaved (pid %d): %s; reload it yourself "
+                "(systemctl reload railwaved, or kill -HUP)" % (c["node"], pid, e.strerror), 1)
+        deadline = time.time() + 10
+        while True:
+            st = cl.stats(i)
+            if int(st["anchor_reloads_refused"]) > int(before["anchor_reloads_refused"]):
+                die("node %s refused the new table (its log says why)" % c["node"], 1)
+            if int(st["anchor_reloads"]) > int(before["anchor_reloads"]):
+                break
+            if time.time() > deadline:
+                die("node %s did not reload in 10 s" % c["node"], 1)
+            time.sleep(0.05)
+        if st["anchors"] != str(n_anchors):
+            die("node %s holds %s anchors after the reload, the table has %d"
+                % (c["node"], st["anchors"], n_anchors), 1)
+        done.append("%s (pid %d)" % (c["node"], pid))
+    return done, skipped
+
+
+def cmd_calibrate(cl, a):
+    out = a.out or cl.nodes[0]["anchors"]
+    if not out:
+        die("no --out and the daemons have no `anchors` file configured")
+    fp = cl.fingerprint()
+    print("calibrate: %d nodes x %d GPUs x %d rails, %g Gbit/s %s; %d repetitions of 4 paths per "
+          "point; rule: CV < %.0f%%, p90 x %.2f < joint p10" % (
+              cl.N, cl.G, cl.R, cl.gbps, cl.transport, a.reps, a.cv_bound * 100, 1 + a.margin),
+          flush=True)
+    cases = measure(cl, a, points(a, False), "calibrate")
+    text = build_table(cl, a, cases)
+    table = json.loads(text)
+    table["comment"] = ("railwave calibrate %s: %d points x 4 paths x %d repetitions" % (
+        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), len(cases), a.reps))
+    anchors = {x["case_id"]: x for x in table["anchors"]}
+    for c in cases:
+        print("case %d [%s]: %s" % (c["case_id"], c["axis"], explain(a, c, anchors[c["case_id"]])))
+    write_atomic(out, json.dumps(table, indent=2) + "\n")
+    print("wrote %s: %d anchors (%s), fingerprint N=%d G=%d R=%d %g Gbit/s %s" % (
+        out, len(table["anchors"]), ", ".join("case %d %s" % (x["case_id"], x["selected"])
+                                             for x in table["anchors"]),
+        fp["nodes"], fp["gpus_per_node"], fp["rails"], fp["nic_gbps"], fp["transport"]))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"fingerprint": fp, "table": out, "cases": strip(cases)}, f, indent=1)
+    if a.no_reload:
+        return 0
+    done, skipped = reload(cl, out, len(table["anchors"]))
+    if done:
+        print("reloaded (SIGHUP): %s" % ", ".join(done))
+    if skipped:
+        print("not reloaded, their `anchors` is another file: %s" % ", ".join(skipped))
+    return 0
+
+
+def strip(cases):
+    return [{k: v for k, v in c.items() if k != "desc"} for c in cases]
+
+
+# ---- check ---------------------------------------------------------------------------------
+
+def cmd_check(cl, a):
+    try:
+        with open(a.check) as f:
+            table = json.load(f)
+    except (OSError, ValueError) as e:
+        die("%s: %s" % (a.check, e))
+    fp, tf = cl.fingerprint(), table.get("fingerprint", {})
+    same = all(tf.get(k) == fp[k] for k in ("nodes", "gpus_per_node", "rails", "transport")) and \
+        abs(float(tf.get("nic_gbps", 0)) - fp["nic_gbps"]) <= 1e-6 * fp["nic_gbps"]
+    if not same:
+        print("%s does not hold: calibrated for %s, this cluster is %s" % (a.check, tf, fp))
+        return 1
+    print("check %s (%d anchors) on %d held-out points, %d repetitions of 4 paths each" % (
+        a.check, len(table.get("anchors", [])), len(points(a, True)), a.reps), flush=True)
+    rows = []
+    for c in measure(cl, a, points(a, True), "check"):
+        sel = describe(cl, c["workload"], a.check)["selection"]
+        if sel["table_error"]:
+            die(sel["table_error"], 1)
+        d = c["dispatch"]
+        med = {p: d[p]["median"] for p in PATHS}
+        best, pick = min(PATHS, key=lambda p: med[p]), sel["path"]
+        rows.append({"point": c["case_id"], "axis": c["axis"], "features": c["features"],
+                     "selected": pick, "reason": sel["reason"], "case": sel["case_id"],
+                     "median_s": med, "best": best,
+                     "regret": med[pick] / med[best] - 1,
+                     "reliable": beats(a, d[best], d[pick]) if best != pick else False,
+                     "joint_regret": med["joint"] / med[best] - 1, "dispatch": d})
+    print("%-5s %-15s %-22s %-26s %s" % ("point", "workload", "features f0 f1 f2", "table picks",
+                                         "  ".join("%9s" % p for p in PATHS) +
+                                         "  best       regret  reliably"))
+    for r in rows:
+        f = r["features"]
+        pick = "%s (%s)" % (r["selected"], "case %d" % r["case"] if r["case"] >= 0 else r["reason"])
+        print("%-5d %-15s %6.2f %6.3f %6.3f   %-26s %s  %-9s %6.1f%%  %s" % (
+            r["point"], r["axis"], f[0], f[1], f[2], pick,
+            "  ".join("%6.3f ms" % (r["median_s"][p] * 1e3) for p in PATHS), r["best"],
+            r["regret"] * 100, "yes" if r["reliable"] else "no"))
+    worst = max(r["regret"] for r in rows)
+    mean = sum(r["regret"] for r in rows) / len(rows)
+    jw = max(r["joint_regret"] for r in rows)
+    bad = [r for r in rows if r["reliable"] and r["regret"] > a.tolerance]
+    holds = not bad
+    print("regret against the fastest path: worst %.1f%%, mean %.1f%% (always Joint: worst %.1f%%); "
+          "reliably beaten by more than %.0f%% at %d of %d points" % (
+              worst * 100, mean * 100, jw * 100, a.tolerance * 100, len(bad), len(rows)))
+    print("%s %s on this cluster" % (
+        a.check, "holds" if holds else "does NOT hold (points %s): recalibrate (railwave calibrate)"
+        % ",".join(str(r["point"]) for r in bad)))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"table": a.check, "fingerprint": fp, "holds": holds, "worst_regret": worst,
+                       "failing_points": [r["point"] for r in bad],
+                       "mean_regret": mean, "joint_worst_regret": jw, "tolerance": a.tolerance,
+                       "points": rows}, f, indent=1)
+    return 0 if holds else 1
+
+
+def main(argv):
+    global BUILD
+    if argv and argv[0] == "calibrate":  # the mode tools/pyexec.c passes first
+        argv = argv[1:]
+    if len(argv) >= 2 and argv[0] == "--build":
+        BUILD, argv = argv[1], argv[2:]
+    p = argparse.ArgumentParser(
+        prog="railwave calibrate",
+        description="Time a sweep of workloads through all four paths on the running daemons and "
+                    "write the anchor table (DESIGN 4.6 rule), hot-loaded with SIGHUP; or, with "
+                    "--check TABLE, say whether a table still holds here (docs/tools.md).")
+    p.add_argument("--config", required=True, metavar="FILE", help="the daemons' cluster file")
+    p.add_argument("--out", metavar="FILE",
+                   help="where to write the table (default: the daemons' `anchors` file)")
+    p.add_argument("--check", metavar="TABLE", help="check TABLE on held-out points instead")
+    p.add_argument("--reps", type=int, default=10, help="timed repetitions per path and point [10]")
+    p.add_argument("--short", action="store_true", help="two points (rail skew) instead of six")
+    p.add_argument("--no-reload", action="store_true", help="write the table, send no SIGHUP")
+    p.add_argument("--json", metavar="FILE", help="also write every sample and verdict as JSON")
+    p.add_argument("--cv-bound", type=float, default=0.10, help="stability bound on CV [0.10]")
+    p.add_argument("--margin", type=float, default=0.05, help="conservative margin [0.05]")
+    p.add_argument("--max-size-ratio", type=float, default=4.0, help="anchor size window [4]")
+    p.add_argument("--shape-tolerance", type=float, default=0.15, help="anchor shape window [0.15]")
+    p.add_argument("--tolerance", type=float, default=0.10,
+                   help="--check: a pick reliably beaten by more than this fails the table [0.10]")
+    g = p.add_argument_group("workload (the model's shape; the sweep varies skew, size, fan-in)")
+    g.add_argument("--experts", type=int, default=128)
+    g.add_argument("--topk", type=int, default=8)
+    g.add_argument("--hidden", type=int, default=4096, help="bf16 elements per row [4096]")
+    g.add_argument("--tokens", type=int, default=256, help="tokens per rank [256]")
+    g.add_argument("--zipf", type=float, default=0.8)
+    g.add_argument("--dirichlet", type=float, default=20.0)
+    g.add_argument("--seed", type=int, default=1)
+    g.add_argument("--layer", type=int, default=0)
+    a = p.parse_args(argv)
+    if a.reps < 2:
+        die("--reps: at least 2 (the rule needs a spread)")
+    cl = Cluster(a.config)
+    return cmd_check(cl, a) if a.check else cmd_calibrate(cl, a)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
