@@ -97,8 +97,11 @@ rw_status_t rw_svc_anchors_reload(rw_svc_t *svc)
 	anchors_free(svc->anchors);
 	svc->anchors = table;
 	svc->metrics.anchor_reloads++;
-	rw_info("anchors: loaded %u anchors from %s (max_size_ratio %g, shape_tolerance %g)",
-		table->n_anchors, path, table->max_size_ratio, table->shape_tolerance);
+	rw_info("anchors: loaded %u anchors from %s (fingerprint %ux%ux%u@%ggbps/%s, "
+		"max_size_ratio %g, shape_tolerance %g)", table->n_anchors, path,
+		table->fingerprint.nodes, table->fingerprint.gpus_per_node, table->fingerprint.rails,
+		table->fingerprint.nic_gbps, table->fingerprint.transport, table->max_size_ratio,
+		table->shape_tolerance);
 	return RW_OK;
 }
 

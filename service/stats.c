@@ -178,9 +178,13 @@ static void answer_selector(const rw_svc_t *svc, rw_svc_buf_t *o)
 	rw_svc_buf_printf(o, "mode %s\n", svc->cfg.force_path == RW_SVC_PATH_AUTO ? "auto" :
 			  rw_sched_path_name((rw_path_t)svc->cfg.force_path));
 	if (svc->anchors)
-		rw_svc_buf_printf(o, "anchors %u max_size_ratio=%g shape_tolerance=%g\n",
+		rw_svc_buf_printf(o, "anchors %u max_size_ratio=%g shape_tolerance=%g "
+				  "fingerprint=%ux%ux%u@%ggbps/%s file=%s\n",
 				  svc->anchors->n_anchors, svc->anchors->max_size_ratio,
-				  svc->anchors->shape_tolerance);
+				  svc->anchors->shape_tolerance, svc->anchors->fingerprint.nodes,
+				  svc->anchors->fingerprint.gpus_per_node,
+				  svc->anchors->fingerprint.rails, svc->anchors->fingerprint.nic_gbps,
+				  svc->anchors->fingerprint.transport, svc->cfg.anchors);
 	else
 		rw_svc_buf_printf(o, "anchors none\n");
 	for (int p = 0; p < RW_PATH_COUNT; p++)

@@ -203,6 +203,11 @@ def scenario_calibrate(c, tmp, table):
         with open(os.path.join(tmp, "d%d.log" % n)) as f:
             log = f.read()
         check("anchors: loaded 2 anchors from %s" % table in log, "node %d logged the reload" % n)
+        fp = "fingerprint=%dx%dx%d@" % (t["fingerprint"]["nodes"], t["fingerprint"]["gpus_per_node"],
+                                        t["fingerprint"]["rails"])
+        sel = [l for l in c.stats(n, "stats selector").splitlines() if l.startswith("anchors ")]
+        check(sel and fp in sel[0] and ("file=%s" % table) in sel[0],
+              "node %d's stats selector shows the table's fingerprint and file: %s" % (n, sel))
     check("reloaded (SIGHUP): n0 (pid %d), n1 (pid %d)" % (c.procs[0].pid, c.procs[1].pid) in r.stdout,
           "calibrate names the daemons it reloaded")
     # The selector now decides a calibrated workload by an anchor.
