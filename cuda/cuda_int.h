@@ -30,7 +30,9 @@
 /* Entry points a feature needs; absent -> that feature reports RW_ERR_UNSUPPORTED. */
 #define RW_CU_OPTIONAL(X) \
 	X(cuMemGetHandleForAddressRange) X(cuMemHostGetDevicePointer) X(cuMemsetD8Async) \
-	X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel)
+	X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel) \
+	X(cuEventCreate) X(cuEventRecord) X(cuEventDestroy) X(cuIpcGetEventHandle) \
+	X(cuIpcOpenEventHandle) X(cuStreamWaitEvent) X(cuStreamWriteValue32) X(cuStreamWaitValue32)
 
 #define RW_CU_STR_(x) #x
 #define RW_CU_NAME(x) RW_CU_STR_(x) /* expands the cuda.h version macro first */

@@ -626,6 +626,115 @@ static void test_ipc_two_processes(void **state)
 	free(buf);
 }
 
+/* ---- stream order across two processes (cuda/event.c) ---------------------------------------- *
+ * The trainer (this program re-executed with --order-peer) writes region A of its buffer with 64
+ * queued copies, records an IPC event behind them and at once (no host wait) hands the event
+ * and the buffer to the "daemon" (this process), then enqueues a wait for the flag to reach 1
+ * and a read of region B. The daemon's stream waits on the event and reads A: it must see every
+ * byte of the trainer's last copy. After a pause (the trainer's stream is really waiting by
+ * then) the daemon writes B and then the flag on its stream; the trainer must read B as the
+ * daemon wrote it. */
+
+#define ORDER_FLAG (2 * (size_t)IPC_BYTES) /* A = [0, 4 MiB), B = [4, 8 MiB), the flag after */
+#define ORDER_BYTES (ORDER_FLAG + 4096)
+
+struct order_msg {
+	char cmd; /* 'D': desc + event follow; 'Y'/'N': the trainer's verdict on B */
+	uint8_t event[RW_CUDA_IPC_HANDLE_BYTES];
+	rw_cuda_ipc_desc_t desc;
+};
+
+static int order_peer(int fd)
+{
+	struct order_msg m = { .cmd = 'D' };
+	rw_cuda_dptr_t d = 0;
+	rw_cuda_stream_t *s = NULL;
+	rw_cuda_event_t *ev = NULL;
+	void *a = NULL, *b = NULL;
+	if (rw_cuda_init() != RW_OK || rw_cuda_mem_alloc(0, ORDER_BYTES, &d) != RW_OK ||
+	    rw_cuda_memset_d8(0, d, 0, ORDER_BYTES) != RW_OK || rw_cuda_stream_create(0, &s) != RW_OK ||
+	    rw_cuda_host_alloc(IPC_BYTES, &a) != RW_OK || rw_cuda_host_alloc(IPC_BYTES, &b) != RW_OK ||
+	    rw_cuda_event_export(0, &ev, m.event) != RW_OK || rw_cuda_ipc_export(d, ORDER_BYTES, &m.desc) != RW_OK)
+		return 2;
+	for (int i = 0; i < 64; i++) { /* A: the last copy writes seed 0x44 */
+		fill_check(a, i == 63 ? 0x44 : (uint8_t)i, 0);
+		if (rw_cuda_copy_htod_async(s, d, a, IPC_BYTES) != RW_OK)
+			return 3;
+		if (i < 63 && rw_cuda_stream_sync(s) != RW_OK) /* the pinned source is reused */
+			return 3;
+	}
+	if (rw_cuda_event_record(ev, s) != RW_OK || send(fd, &m, sizeof(m), 0) != (ssize_t)sizeof(m))
+		return 4;
+	if (rw_cuda_stream_wait_u32(s, d + ORDER_FLAG, 1) != RW_OK ||
+	    rw_cuda_copy_dtoh_async(s, b, d + IPC_BYTES, IPC_BYTES) != RW_OK || rw_cuda_stream_sync(s) != RW_OK)
+		return 5;
+	m.cmd = fill_check(b, 0x55, 1) ? 'Y' : 'N';
+	send(fd, &m, sizeof(m), 0);
+	rw_cuda_event_destroy(ev);
+	rw_cuda_stream_destroy(s);
+	rw_cuda_host_free(a);
+	rw_cuda_host_free(b);
+	rw_cuda_mem_free(0, d);
+	rw_cuda_shutdown();
+	return 0;
+}
+
+static void test_stream_order_two_processes(void **state)
+{
+	(void)state;
+	NEED_GPU();
+	int sv[2], status = 0;
+	assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		char fdarg[16];
+		close(sv[0]);
+		snprintf(fdarg, sizeof(fdarg), "%d", sv[1]);
+		execl(self_path, self_path, "--order-peer", fdarg, (char *)NULL);
+		_exit(127);
+	}
+	close(sv[1]);
+	struct order_msg m;
+	assert_int_equal(recv(sv[0], &m, sizeof(m), MSG_WAITALL), (ssize_t)sizeof(m));
+	assert_int_equal(m.cmd, 'D');
+	rw_cuda_ipc_cache_t *cache;
+	rw_cuda_ipc_map_t *map;
+	rw_cuda_dptr_t d;
+	rw_cuda_event_t *ev;
+	rw_cuda_stream_t *s;
+	void *h;
+	assert_int_equal(rw_cuda_ipc_cache_create(&cache), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &m.desc, 1, &map, &d), RW_OK);
+	assert_int_equal(rw_cuda_event_import(0, m.event, &ev), RW_OK);
+	assert_int_equal(rw_cuda_stream_create(0, &s), RW_OK);
+	assert_int_equal(rw_cuda_host_alloc(IPC_BYTES, &h), RW_OK);
+	/* A, read behind the trainer's event: its last copy, never an earlier one or zeros */
+	assert_int_equal(rw_cuda_stream_wait_event(s, ev), RW_OK);
+	assert_int_equal(rw_cuda_copy_dtoh_async(s, h, d, IPC_BYTES), RW_OK);
+	assert_int_equal(rw_cuda_stream_sync(s), RW_OK);
+	assert_int_equal(fill_check(h, 0x44, 1), 1);
+	/* B, then the flag, on our stream; the trainer's stream has been waiting for it */
+	usleep(50000);
+	fill_check(h, 0x55, 0);
+	assert_int_equal(rw_cuda_copy_htod_async(s, d + IPC_BYTES, h, IPC_BYTES), RW_OK);
+	assert_int_equal(rw_cuda_stream_write_u32(s, d + ORDER_FLAG, 1), RW_OK);
+	assert_int_equal(rw_cuda_stream_sync(s), RW_OK);
+	assert_int_equal(recv(sv[0], &m, sizeof(m), MSG_WAITALL), (ssize_t)sizeof(m));
+	assert_int_equal(m.cmd, 'Y');
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+	print_message("stream order: the importer's stream waited on the trainer's IPC event; the "
+		      "trainer's stream waited on the flag the importer's stream wrote\n");
+	rw_cuda_host_free(h);
+	rw_cuda_stream_destroy(s);
+	rw_cuda_event_destroy(ev);
+	rw_cuda_ipc_release(cache, map);
+	rw_cuda_ipc_cache_destroy(cache);
+	close(sv[0]);
+}
+
 /* ---- dmabuf ----------------------------------------------------------------------------- */
 
 static void test_dmabuf_probe(void **state)
@@ -678,6 +787,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_kernels_combine),
 		cmocka_unit_test(test_kernels_mapped_rows),
 		cmocka_unit_test(test_ipc_two_processes),
+		cmocka_unit_test(test_stream_order_two_processes),
 		cmocka_unit_test(test_dmabuf_probe),
 		cmocka_unit_test(test_shutdown),
 	};
@@ -686,6 +796,8 @@ int main(int argc, char **argv)
 	self_path = argv[0];
 	if (argc == 3 && strcmp(argv[1], "--ipc-exporter") == 0)
 		return ipc_exporter(atoi(argv[2]));
+	if (argc == 3 && strcmp(argv[1], "--order-peer") == 0)
+		return order_peer(atoi(argv[2]));
 	rng_state = seed ? strtoull(seed, NULL, 0) : (uint64_t)getpid() * 0x9E3779B97F4A7C15ull;
 	if (rng_state == 0)
 		rng_state = 1;
