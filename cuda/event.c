@@ -104,27 +104,28 @@ rw_status_t rw_cuda_stream_wait_event(rw_cuda_stream_t *s, rw_cuda_event_t *e)
 	return res == CUDA_SUCCESS ? RW_OK : rw_cu_fail(res, "cuStreamWaitEvent");
 }
 
-rw_status_t rw_cuda_stream_write_u32(rw_cuda_stream_t *s, rw_cuda_dptr_t addr, uint32_t value)
+/* cuStreamWriteValue32 (wait 0) or cuStreamWaitValue32 with GEQ (wait 1). */
+static rw_status_t value_op(rw_cuda_stream_t *s, rw_cuda_dptr_t addr, uint32_t value, int wait)
 {
-	if (!rw_cu.cuStreamWriteValue32)
+	if (!(wait ? (void *)rw_cu.cuStreamWaitValue32 : (void *)rw_cu.cuStreamWriteValue32))
 		return RW_ERR_UNSUPPORTED;
 	rw_status_t st = rw_cu_enter(rw_cuda_stream_device(s));
 	if (st != RW_OK)
 		return st;
-	CUresult res = rw_cu.cuStreamWriteValue32(rw_cu_stream_handle(s), (CUdeviceptr)addr, value,
-						  CU_STREAM_WRITE_VALUE_DEFAULT);
-	return res == CUDA_SUCCESS ? RW_OK : rw_cu_fail(res, "cuStreamWriteValue32");
+	CUstream h = rw_cu_stream_handle(s);
+	CUresult res = wait ? rw_cu.cuStreamWaitValue32(h, (CUdeviceptr)addr, value, CU_STREAM_WAIT_VALUE_GEQ)
+			    : rw_cu.cuStreamWriteValue32(h, (CUdeviceptr)addr, value, CU_STREAM_WRITE_VALUE_DEFAULT);
+	return res == CUDA_SUCCESS ? RW_OK
+				   : rw_cu_fail(res, wait ? "cuStreamWaitValue32" : "cuStreamWriteValue32");
+}
+
+rw_status_t rw_cuda_stream_write_u32(rw_cuda_stream_t *s, rw_cuda_dptr_t addr, uint32_t value)
+{
+	return value_op(s, addr, value, 0);
 }
 
 rw_status_t rw_cuda_stream_wait_u32(rw_cuda_stream_t *s, rw_cuda_dptr_t addr, uint32_t value)
 {
-	if (!rw_cu.cuStreamWaitValue32)
-		return RW_ERR_UNSUPPORTED;
-	rw_status_t st = rw_cu_enter(rw_cuda_stream_device(s));
-	if (st != RW_OK)
-		return st;
-	CUresult res = rw_cu.cuStreamWaitValue32(rw_cu_stream_handle(s), (CUdeviceptr)addr, value,
-						 CU_STREAM_WAIT_VALUE_GEQ);
-	return res == CUDA_SUCCESS ? RW_OK : rw_cu_fail(res, "cuStreamWaitValue32");
+	return value_op(s, addr, value, 1);
 }
 #endif /* RW_HAVE_CUDA_H */
