@@ -59,8 +59,11 @@ def run_daemons(td, tmp, mode, daemon, shape, tokens, steps, seed):
     hidden, experts, topk = SHAPES[shape]
     rec = ((16 + topk * 8 + 15) & ~15) + ((hidden * 2 + 15) & ~15)
     recv_mib = 64 + 6 * GPUS * tokens * rec // (1 << 20)
+    # The staging mover's copies hold the loop for a second or more at the largest sizes: longer
+    # heartbeats, so that is measured rather than a peer declared down.
     c = td.Cluster(tmp, 2, path="joint", extra={"recv_region_mib": recv_mib,
-                                                 "phase_timeout_ms": 60000})
+                                                 "phase_timeout_ms": 60000,
+                                                 "heartbeat_timeout_ms": 10000})
     if mode == "staging":
         c.env["RAILWAVE_CUDA_MOVER"] = "0"
     else:
