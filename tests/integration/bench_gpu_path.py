@@ -5,15 +5,16 @@ buffers on the one GPU (tools/rw_bench_rank --cuda: every row, count and combine
 MoE shapes of real models, bf16, several tokens-per-rank sizes. Per (shape, tokens), in the same
 run: the staging path (the host mover: RAILWAVE_CUDA_MOVER=0), the CUDA mover, optionally a second
 daemon binary (--alt NAME=PATH, e.g. one whose executor waits for the mover's pack report), and
-the ceiling: plain TCP moving the same bytes per direction over the same number of connections
-(one per rail and direction) between the same loopback addresses.
+two ceilings: plain TCP moving the same bytes per direction over the same number of connections
+(one per rail and direction) between the same loopback addresses, with a thread per connection
+end, and with one thread per node multiplexing its connections (one core, as a daemon's loop).
 
 Per phase kind: the median over steps 1.. (step 0 warms up: IPC imports, slab mapping, kernel
 load) of the time from the last rank's submission to the last rank's completion (CLOCK_MONOTONIC
 of the one machine); the bytes one node sends the other per phase (from the daemons' rail
-counters); each daemon's user and system CPU seconds per phase (over the ranks' whole run,
-step 0 included, divided by the phases). The kernels' bandwidth against the copy engines is
-build/cuda/bench_pack's (run it beside this).
+counters); each daemon's user and system CPU seconds per phase (from the moment every rank
+printed its step 0 to the end, divided by those phases). The kernels' bandwidth against the copy
+engines is build/cuda/bench_pack's (run it beside this).
 
   python3 bench_gpu_path.py [--shapes deepseek,glm,deepseek-h1024] [--tokens 512,1024,2048,4096]
                             [--steps 4] [--modes staging,cuda] [--alt NAME=PATH]
@@ -21,6 +22,7 @@ build/cuda/bench_pack's (run it beside this).
 import argparse
 import importlib.machinery
 import os
+import selectors
 import socket
 import statistics
 import subprocess
@@ -76,7 +78,6 @@ def run_daemons(td, tmp, mode, daemon, shape, tokens, steps, seed):
         td.DAEMON = old
     res = {}
     try:
-        cpu0 = [cpu_times(c.procs[n].pid) for n in range(2)]
         wl = ["--nodes", "2", "--gpus", str(GPUS), "--rails", "2", "--experts", str(experts),
               "--topk", str(topk), "--hidden", str(hidden), "--tokens", str(tokens),
               "--seed", str(seed)]
@@ -86,9 +87,25 @@ def run_daemons(td, tmp, mode, daemon, shape, tokens, steps, seed):
             procs.append(subprocess.Popen(
                 [RANK, "--socket", sock, "--group", "bench", "--rank", str(r), "--steps", str(steps),
                  "--cuda"] + wl, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=c.env))
+        outs = [[] for _ in procs]
+
+        def reader(i, p):
+            for line in p.stdout:
+                outs[i].append(line.decode())
+
+        readers = [threading.Thread(target=reader, args=(i, p)) for i, p in enumerate(procs)]
+        for t in readers:
+            t.start()
+        cpu0 = None  # once every rank printed its step 0: the warm-up is over
+        deadline = time.monotonic() + 600
+        while any(t.is_alive() for t in readers) and time.monotonic() < deadline:
+            if cpu0 is None and all(any(l.startswith("pair 0 ") for l in o) for o in outs):
+                cpu0 = [cpu_times(c.procs[n].pid) for n in range(2)]
+            time.sleep(0.002)
         pairs = {}
         for r, p in enumerate(procs):
-            out = p.communicate(timeout=600)[0].decode()
+            p.wait(timeout=60)
+            out = "".join(outs[r])
             if p.returncode != 0 or "(CUDA buffer)" not in out:
                 raise RuntimeError("%s %s T=%d rank %d rc %s: %s\n%s" % (
                     mode, shape, tokens, r, p.returncode, out[-2000:], c.logs()))
@@ -106,7 +123,8 @@ def run_daemons(td, tmp, mode, daemon, shape, tokens, steps, seed):
     comb = [max(v[3] for v in ps) - max(v[2] for v in ps) for s, ps in sorted(pairs.items()) if s > 0]
     res["ms"] = {"dispatch": statistics.median(disp) / 1e6, "combine": statistics.median(comb) / 1e6}
     phases = 2 * steps
-    res["cpu"] = [((b[0] - a[0]) / phases, (b[1] - a[1]) / phases) for a, b in zip(cpu0, cpu1)]
+    timed = 2 * (steps - 1)  # the CPU is read from the end of step 0 on
+    res["cpu"] = [((b[0] - a[0]) / timed, (b[1] - a[1]) / timed) for a, b in zip(cpu0, cpu1)]
     # Records node n sends per phase (the same count each way for dispatch and combine), and
     # so the bytes per kind per rail: dispatch records are `rec` bytes, combine 16 + row.
     crec = 16 + ((hidden * 2 + 15) & ~15)
@@ -117,60 +135,64 @@ def run_daemons(td, tmp, mode, daemon, shape, tokens, steps, seed):
     return res
 
 
-def tcp_ceiling(nodes_cfg, per_rail):
+def tcp_ceiling(nodes_cfg, per_rail, per_node):
     """Seconds for plain TCP to move per_rail[n][r] bytes from node n to the other node on rail
-    r, every (node, rail) at once, each on its own connection between the rails' addresses."""
-    jobs, servers = [], []
+    r, every (node, rail) at once, each on its own connection between the rails' addresses.
+    per_node False: a thread per connection end (all the cores the machine has); True: one
+    thread per node multiplexing its sends and receives (one core per node, as a daemon's loop)."""
+    conns = []  # (node that sends, sending socket, receiving socket, bytes)
     for n in range(2):
         for r, nbytes in enumerate(per_rail[n]):
-            dst_ip = nodes_cfg[1 - n]["rails"][r]["address"]
-            src_ip = nodes_cfg[n]["rails"][r]["address"]
             srv = socket.socket()
-            srv.bind((dst_ip, 0))
+            srv.bind((nodes_cfg[1 - n]["rails"][r]["address"], 0))
             srv.listen(1)
-            servers.append(srv)
-            jobs.append((srv, src_ip, nbytes))
-    buf = memoryview(bytearray(8 << 20))
+            s = socket.socket()
+            s.bind((nodes_cfg[n]["rails"][r]["address"], 0))
+            s.connect(srv.getsockname())
+            conn, _ = srv.accept()
+            srv.close()
+            conns.append((n, s, conn, nbytes))
+    out = memoryview(bytearray(8 << 20))
     done = []
 
-    def recv(srv, nbytes):
-        conn, _ = srv.accept()
-        got = 0
-        while got < nbytes:
-            k = conn.recv_into(buf[:min(len(buf), nbytes - got)])
-            if not k:
-                break
-            got += k
-        done.append(time.monotonic())
-        conn.close()
+    def pump(ends):
+        """Move every (socket, direction, bytes) of `ends` to completion, multiplexed."""
+        sel = selectors.DefaultSelector()
+        for sock, send, nbytes in ends:
+            if nbytes:
+                sock.setblocking(False)
+                sel.register(sock, selectors.EVENT_WRITE if send else selectors.EVENT_READ,
+                             [send, nbytes])
+        buf = memoryview(bytearray(8 << 20))
+        while sel.get_map():
+            for key, _ in sel.select():
+                send, left = key.data
+                try:
+                    k = (key.fileobj.send(out[:min(len(out), left)]) if send else
+                         key.fileobj.recv_into(buf[:min(len(buf), left)]))
+                except BlockingIOError:
+                    continue
+                key.data[1] -= k
+                if key.data[1] == 0 or (not send and k == 0):
+                    sel.unregister(key.fileobj)
+                    if not send:
+                        done.append(time.monotonic())
 
-    def send(sock, nbytes):
-        left = nbytes
-        while left:
-            k = min(len(buf), left)
-            sock.sendall(buf[:k])
-            left -= k
-
-    socks, threads = [], []
-    for srv, src_ip, nbytes in jobs:
-        t = threading.Thread(target=recv, args=(srv, nbytes))
-        t.start()
-        threads.append(t)
-        s = socket.socket()
-        s.bind((src_ip, 0))
-        s.connect(srv.getsockname())
-        socks.append((s, nbytes))
+    if per_node:
+        groups = [[(s, True, b) for m, s, _, b in conns if m == n] +
+                  [(c, False, b) for m, _, c, b in conns if m != n] for n in range(2)]
+    else:
+        groups = [[(s, True, b)] for _, s, _, b in conns] + [[(c, False, b)] for _, _, c, b in conns]
+    threads = [threading.Thread(target=pump, args=(g,)) for g in groups]
     t0 = time.monotonic()
-    senders = [threading.Thread(target=send, args=sn) for sn in socks]
-    for t in senders:
+    for t in threads:
         t.start()
-    for t in senders + threads:
+    for t in threads:
         t.join()
-    for s, _ in socks:
+    for _, s, c, _ in conns:
         s.close()
-    for srv in servers:
-        srv.close()
-    return max(done) - t0
+        c.close()
+    return (max(done) if done else t0) - t0
 
 
 def main():
@@ -190,7 +212,7 @@ def main():
     print("== 2 railwaved (tcp loopback, R=2), %d CUDA ranks per node on one GPU, bf16, joint "
           "path, %d steps (median of steps 1..%d); ms = last submission to last completion"
           % (GPUS, a.steps, a.steps - 1))
-    print("%-14s %5s %-8s %-10s %8s %8s %7s %9s %9s %7s" % (
+    print("%-14s %5s %-8s %-14s %8s %8s %7s %9s %9s %7s" % (
         "shape", "tok/r", "kind", "mover", "MB/dir", "ms", "GB/s", "cpu usr/s", "cpu sys/s",
         "x tcp"))
     with tempfile.TemporaryDirectory(prefix="rwgp.", dir="/tmp") as tmp:
@@ -205,14 +227,15 @@ def main():
                 ref = got[modes[-1][0]]
                 for kind in ("dispatch", "combine"):
                     per_rail = ref["bytes"][kind]
-                    ceil_ms = tcp_ceiling(ref["rails"], per_rail) * 1e3
+                    ceil_ms = tcp_ceiling(ref["rails"], per_rail, False) * 1e3
+                    one_ms = tcp_ceiling(ref["rails"], per_rail, True) * 1e3
                     mb = max(sum(r) for r in per_rail) / 1e6
                     rows = [(n, g["ms"][kind], g["cpu"]) for n, g in got.items()]
-                    rows.append(("tcp ceiling", ceil_ms, None))
+                    rows += [("tcp ceiling", ceil_ms, None), ("tcp 1 thr/node", one_ms, None)]
                     for n, ms, cpu in rows:
                         cu = "%9.4f %9.4f" % (max(c[0] for c in cpu), max(c[1] for c in cpu)) \
                             if cpu else "%9s %9s" % ("-", "-")
-                        print("%-14s %5d %-8s %-10s %8.1f %8.2f %7.2f %s %7.2f" % (
+                        print("%-14s %5d %-8s %-14s %8.1f %8.2f %7.2f %s %7.2f" % (
                             shape, tokens, kind, n, mb, ms, mb / ms if ms > 0 else 0, cu,
                             ms / ceil_ms if ceil_ms > 0 else 0))
                     sys.stdout.flush()
