@@ -52,6 +52,7 @@ enum {
 	RW_K_COMB_BB_V, RW_K_COMB_BF_V, RW_K_COMB_FB_V, RW_K_COMB_FF_V, /* out, row: b=bf16 f=fp32 */
 	RW_K_COMB_BB_S, RW_K_COMB_BF_S, RW_K_COMB_FB_S, RW_K_COMB_FF_S, /* _V 16-byte, _S scalar */
 	RW_K_COPY_ROWS16, RW_K_COPY_ROWS1, RW_K_ROWS_ACC, RW_K_ROWS_SUM, RW_K_STORE_F32, /* lists */
+	RW_K_ROUTE_COUNT,
 	RW_K_COUNT
 };
 

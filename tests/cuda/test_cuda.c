@@ -25,6 +25,7 @@
 #endif
 
 #include "cuda/rw_cuda.h"
+#include "sched/sched.h"
 
 static const char *self_path;
 
@@ -442,6 +443,81 @@ static void test_kernels_combine(void **state)
 		}
 }
 
+/* ---- routing counts on the GPU ---------------------------------------------------------------- *
+ * rw_cuda_route_count, once per local rank into one row, against the executor's own pass 1
+ * (rw_sched_count): random top-k with repeated nodes and dropped slots, several shapes (the
+ * shared-memory row and, with N * R > 4096, the global one); then a bad id is reported. */
+
+static void route_count_case(uint32_t N, uint32_t R, uint32_t G, uint32_t E, uint32_t K, uint32_t T,
+			     uint32_t me)
+{
+	rw_topo_t topo = { .nodes = N, .gpus_per_node = G, .rails = R };
+	for (uint32_t g = 0; g < G; g++)
+		topo.gpu_rail[g] = (uint8_t)(g % R);
+	for (uint32_t r = 0; r < R; r++)
+		topo.rail_weight[r] = 1;
+	int32_t *ids = xmalloc((size_t)G * T * K * 4);
+	rw_rank_tokens_t rk[RW_MAX_GPUS];
+	for (uint32_t g = 0; g < G; g++) {
+		for (size_t i = 0; i < (size_t)T * K; i++) {
+			uint64_t x = rng();
+			ids[(size_t)g * T * K + i] = x % 13 == 0 ? -1 : (int32_t)((x >> 8) % E);
+		}
+		rk[g] = (rw_rank_tokens_t){ .local_gpu = g, .n_tokens = T, .topk = K,
+					    .expert_ids = ids + (size_t)g * T * K };
+	}
+	uint32_t *want = xmalloc((size_t)N * R * 4), *got = xmalloc((size_t)N * R * 4), bad = 7;
+	assert_int_equal(rw_sched_count(&topo, E, me, rk, G, want, NULL), RW_OK);
+	rw_cuda_stream_t *s;
+	rw_cuda_dptr_t d_ids, d_row, d_bad;
+	assert_int_equal(rw_cuda_stream_create(0, &s), RW_OK);
+	assert_int_equal(rw_cuda_mem_alloc(0, (size_t)G * T * K * 4, &d_ids), RW_OK);
+	assert_int_equal(rw_cuda_mem_alloc(0, (size_t)N * R * 4 + 4, &d_row), RW_OK);
+	d_bad = d_row + (size_t)N * R * 4;
+	assert_int_equal(rw_cuda_memcpy_htod(0, d_ids, ids, (size_t)G * T * K * 4), RW_OK);
+	assert_int_equal(rw_cuda_memset_d8(0, d_row, 0, (size_t)N * R * 4 + 4), RW_OK);
+	for (uint32_t g = 0; g < G; g++)
+		assert_int_equal(rw_cuda_route_count(s, d_ids + (uint64_t)g * T * K * 4, T, K, E, N, R,
+						     topo.gpu_rail[g], d_row, d_bad), RW_OK);
+	assert_int_equal(rw_cuda_stream_sync(s), RW_OK);
+	assert_int_equal(rw_cuda_memcpy_dtoh(0, got, d_row, (size_t)N * R * 4), RW_OK);
+	assert_int_equal(rw_cuda_memcpy_dtoh(0, &bad, d_bad, 4), RW_OK);
+	assert_int_equal(bad, 0);
+	assert_memory_equal(got, want, (size_t)N * R * 4);
+	/* a bad id in token 5 of rank 0: reported, the token counts nothing */
+	if (T > 5) {
+		ids[5 * K + K / 2] = (int32_t)E;
+		assert_int_equal(rw_cuda_memcpy_htod(0, d_ids, ids, (size_t)T * K * 4), RW_OK);
+		assert_int_equal(rw_cuda_route_count(s, d_ids, T, K, E, N, R, 0, d_row, d_bad), RW_OK);
+		assert_int_equal(rw_cuda_stream_sync(s), RW_OK);
+		assert_int_equal(rw_cuda_memcpy_dtoh(0, &bad, d_bad, 4), RW_OK);
+		assert_int_equal(bad, 6);
+	}
+	print_message("route count N=%u R=%u G=%u E=%u top-%u T=%u: equals rw_sched_count\n", N, R,
+		      G, E, K, T);
+	rw_cuda_mem_free(0, d_ids);
+	rw_cuda_mem_free(0, d_row);
+	rw_cuda_stream_destroy(s);
+	free(ids);
+	free(want);
+	free(got);
+}
+
+static void test_kernels_route_count(void **state)
+{
+	(void)state;
+	NEED_KERNELS();
+	route_count_case(2, 2, 4, 256, 8, 4096, 0);   /* DeepSeek-V3's routing, 2 x 4 ranks */
+	route_count_case(3, 4, 8, 96, 8, 1000, 1);
+	route_count_case(16, 8, 8, 1024, 32, 777, 5);
+	route_count_case(1024, 8, 1, 8192, 8, 3000, 3); /* 8192 counters: the global-row path */
+	rw_cuda_stream_t *s;
+	assert_int_equal(rw_cuda_stream_create(0, &s), RW_OK);
+	assert_int_equal(rw_cuda_route_count(s, 0, 0, 8, 256, 2, 2, 2, 64, 64), RW_ERR_INVAL); /* rail */
+	assert_int_equal(rw_cuda_route_count(s, 0, 0, 8, 255, 2, 2, 0, 64, 64), RW_ERR_INVAL); /* E % N */
+	rw_cuda_stream_destroy(s);
+}
+
 /* ---- CUDA IPC across two processes ------------------------------------------------------- */
 
 #define IPC_BYTES (4u << 20)
@@ -786,6 +862,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_kernels_pack_unpack),
 		cmocka_unit_test(test_kernels_combine),
 		cmocka_unit_test(test_kernels_mapped_rows),
+		cmocka_unit_test(test_kernels_route_count),
 		cmocka_unit_test(test_ipc_two_processes),
 		cmocka_unit_test(test_stream_order_two_processes),
 		cmocka_unit_test(test_dmabuf_probe),
