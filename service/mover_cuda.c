@@ -231,6 +231,15 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 	cuda_mover_t *m = mover;
 	cm_pair_t *cp = state;
 	const uint32_t G = ph->gpus;
+	if (!m->said_pack) {
+		m->said_pack = 1;
+		if (ph->pack_waits)
+			rw_info("cuda mover: the dispatch pack is asynchronous (the executor posts on the "
+				"kernels' completion report)");
+		else
+			rw_warn("cuda mover: the executor cannot wait for a pack report: the first dispatch "
+				"pack of each pair blocks the loop until its kernels are done");
+	}
 	rw_status_t st = cm_map_areas(m, cp, ph, why);
 	if (st != RW_OK)
 		return st;
@@ -348,20 +357,10 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 static rw_status_t cm_pack(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
 			   uint32_t d, char *why)
 {
-	(void)d;
-	cuda_mover_t *m = mover;
+	(void)mover, (void)d;
 	cm_pair_t *cp = state;
 	if (kind != 0 || cp->packed)
 		return RW_OK;
-	if (!m->said_pack) {
-		m->said_pack = 1;
-		if (ph->pack_waits)
-			rw_info("cuda mover: the dispatch pack is asynchronous (the executor posts on the "
-				"kernels' completion report)");
-		else
-			rw_warn("cuda mover: the executor cannot wait for a pack report: the first dispatch "
-				"pack of each pair blocks the loop until its kernels are done");
-	}
 	if (ph->pack_waits) {
 		cp->pk_waiting = 1;
 		why[0] = '\0';
