@@ -295,6 +295,7 @@ out:
 			rw_cuda_stream_destroy(dev.s);
 		if (dev.dptr)
 			rw_cuda_mem_free(dev.device, dev.dptr);
+		rw_cuda_shutdown();
 	}
 	rw_synth_free(&gen);
 	free(ids);

@@ -2,7 +2,8 @@
  * that the module says so cleanly and every GPU case skips with the reason. On the GPU machine
  * tests/cuda/gpu_run.sh builds this with plain gcc (mini_cmocka.h when libcmocka is absent).
  * The IPC case runs the exporter as a second process (this program re-executed with
- * --ipc-exporter FD): a CUDA context never crosses a fork. */
+ * --ipc-exporter FD), the stream-order case its trainer (--order-peer FD): a CUDA context never
+ * crosses a fork. */
 #include <errno.h>
 #include <math.h>
 #include <poll.h>
