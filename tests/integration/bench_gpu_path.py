@@ -178,12 +178,28 @@ def tcp_ceiling(nodes_cfg, per_rail, per_node):
                     if not send:
                         done.append(time.monotonic())
 
+    def blocking(sock, send, nbytes):
+        """One connection end in blocking calls (the GIL is released for each whole copy)."""
+        buf = memoryview(bytearray(8 << 20))
+        while nbytes:
+            k = min(len(buf), nbytes)
+            if send:
+                sock.sendall(out[:k])
+            else:
+                k = sock.recv_into(buf[:k])
+                if not k:
+                    break
+            nbytes -= k
+        if not send:
+            done.append(time.monotonic())
+
     if per_node:
         groups = [[(s, True, b) for m, s, _, b in conns if m == n] +
                   [(c, False, b) for m, _, c, b in conns if m != n] for n in range(2)]
+        threads = [threading.Thread(target=pump, args=(g,)) for g in groups]
     else:
-        groups = [[(s, True, b)] for _, s, _, b in conns] + [[(c, False, b)] for _, _, c, b in conns]
-    threads = [threading.Thread(target=pump, args=(g,)) for g in groups]
+        ends = [(s, True, b) for _, s, _, b in conns] + [(c, False, b) for _, _, c, b in conns]
+        threads = [threading.Thread(target=blocking, args=e) for e in ends]
     t0 = time.monotonic()
     for t in threads:
         t.start()
