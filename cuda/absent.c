@@ -87,4 +87,21 @@ rw_status_t rw_cuda_rows_acc(rw_cuda_stream_t *s, rw_cuda_dptr_t l, rw_cuda_dptr
 rw_status_t rw_cuda_store_f32(rw_cuda_stream_t *s, rw_cuda_dptr_t d, rw_cuda_dtype_t t, rw_cuda_dptr_t r,
 			      uint64_t n)
 { (void)s; (void)d; (void)t; (void)r; (void)n; return RW_NO_CUDA; }
+rw_status_t rw_cuda_event_export(int d, rw_cuda_event_t **e, uint8_t h[RW_CUDA_IPC_HANDLE_BYTES])
+{ (void)d; (void)e; (void)h; return RW_NO_CUDA; }
+rw_status_t rw_cuda_event_import(int d, const uint8_t h[RW_CUDA_IPC_HANDLE_BYTES], rw_cuda_event_t **e)
+{ (void)d; (void)e; (void)h; return RW_NO_CUDA; }
+void rw_cuda_event_destroy(rw_cuda_event_t *e) { (void)e; }
+rw_status_t rw_cuda_event_record(rw_cuda_event_t *e, rw_cuda_stream_t *s) { (void)e; (void)s; return RW_NO_CUDA; }
+rw_status_t rw_cuda_stream_wait_event(rw_cuda_stream_t *s, rw_cuda_event_t *e) { (void)e; (void)s; return RW_NO_CUDA; }
+rw_status_t rw_cuda_stream_write_u32(rw_cuda_stream_t *s, rw_cuda_dptr_t a, uint32_t v)
+{ (void)s; (void)a; (void)v; return RW_NO_CUDA; }
+rw_status_t rw_cuda_stream_wait_u32(rw_cuda_stream_t *s, rw_cuda_dptr_t a, uint32_t v)
+{ (void)s; (void)a; (void)v; return RW_NO_CUDA; }
+rw_status_t rw_cuda_route_count(rw_cuda_stream_t *s, rw_cuda_dptr_t i, uint32_t n, uint32_t k, uint32_t e,
+				uint32_t nodes, uint32_t rails, uint32_t rail, rw_cuda_dptr_t row, rw_cuda_dptr_t bad)
+{
+	(void)s; (void)i; (void)n; (void)k; (void)e; (void)nodes; (void)rails; (void)rail; (void)row; (void)bad;
+	return RW_NO_CUDA;
+}
 #endif /* !RW_HAVE_CUDA_H */

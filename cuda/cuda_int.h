@@ -30,7 +30,9 @@
 /* Entry points a feature needs; absent -> that feature reports RW_ERR_UNSUPPORTED. */
 #define RW_CU_OPTIONAL(X) \
 	X(cuMemGetHandleForAddressRange) X(cuMemHostGetDevicePointer) X(cuMemsetD8Async) \
-	X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel)
+	X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel) \
+	X(cuEventCreate) X(cuEventRecord) X(cuEventDestroy) X(cuIpcGetEventHandle) \
+	X(cuIpcOpenEventHandle) X(cuStreamWaitEvent) X(cuStreamWriteValue32) X(cuStreamWaitValue32)
 
 #define RW_CU_STR_(x) #x
 #define RW_CU_NAME(x) RW_CU_STR_(x) /* expands the cuda.h version macro first */
@@ -50,6 +52,7 @@ enum {
 	RW_K_COMB_BB_V, RW_K_COMB_BF_V, RW_K_COMB_FB_V, RW_K_COMB_FF_V, /* out, row: b=bf16 f=fp32 */
 	RW_K_COMB_BB_S, RW_K_COMB_BF_S, RW_K_COMB_FB_S, RW_K_COMB_FF_S, /* _V 16-byte, _S scalar */
 	RW_K_COPY_ROWS16, RW_K_COPY_ROWS1, RW_K_ROWS_ACC, RW_K_ROWS_SUM, RW_K_STORE_F32, /* lists */
+	RW_K_ROUTE_COUNT,
 	RW_K_COUNT
 };
 

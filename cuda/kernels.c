@@ -18,7 +18,7 @@ static const char *const kernel_names[RW_K_COUNT] = {
 	[RW_K_COMB_FB_S] = "rw_combine_fb_s", [RW_K_COMB_FF_S] = "rw_combine_ff_s",
 	[RW_K_COPY_ROWS16] = "rw_copy_rows16", [RW_K_COPY_ROWS1] = "rw_copy_rows1",
 	[RW_K_ROWS_ACC] = "rw_rows_acc",     [RW_K_ROWS_SUM] = "rw_rows_sum",
-	[RW_K_STORE_F32] = "rw_store_f32",
+	[RW_K_STORE_F32] = "rw_store_f32", [RW_K_ROUTE_COUNT] = "rw_route_count",
 };
 
 void rw_cu_kernels_unload_locked(rw_cu_device_t *d)
@@ -76,7 +76,8 @@ int rw_cuda_kernels_available(int device)
 	return rw_cu_kernels_load(device) == 0;
 }
 
-static rw_status_t launch(rw_cuda_stream_t *s, int k, unsigned grid, unsigned block, void **args)
+static rw_status_t launch_shared(rw_cuda_stream_t *s, int k, unsigned grid, unsigned block,
+				 unsigned shared, void **args)
 {
 	int device = rw_cuda_stream_device(s);
 	CUresult res;
@@ -84,9 +85,14 @@ static rw_status_t launch(rw_cuda_stream_t *s, int k, unsigned grid, unsigned bl
 	if (rw_cu_kernels_load(device) != 0)
 		return RW_ERR_UNSUPPORTED;
 	/* rw_cu_kernels_load() left the device's context current. */
-	res = rw_cu.cuLaunchKernel(rw_cu_devices[device].fn[k], grid, 1, 1, block, 1, 1, 0,
+	res = rw_cu.cuLaunchKernel(rw_cu_devices[device].fn[k], grid, 1, 1, block, 1, 1, shared,
 				   rw_cu_stream_handle(s), args, NULL);
 	return res == CUDA_SUCCESS ? RW_OK : rw_cu_fail(res, kernel_names[k]);
+}
+
+static rw_status_t launch(rw_cuda_stream_t *s, int k, unsigned grid, unsigned block, void **args)
+{
+	return launch_shared(s, k, grid, block, 0, args);
 }
 
 /* Enough blocks to fill the chip several times over (132 SMs on an H200), fewer for few rows:
@@ -233,6 +239,26 @@ rw_status_t rw_cuda_store_f32(rw_cuda_stream_t *stream, rw_cuda_dptr_t dst, rw_c
 	if (n == 0)
 		return RW_OK;
 	return launch(stream, RW_K_STORE_F32, 4096, 256, args);
+}
+
+rw_status_t rw_cuda_route_count(rw_cuda_stream_t *stream, rw_cuda_dptr_t ids, uint32_t n_tokens,
+				uint32_t topk, uint32_t n_experts, uint32_t nodes, uint32_t rails,
+				uint32_t rail, rw_cuda_dptr_t row, rw_cuda_dptr_t bad)
+{
+	CUdeviceptr i = ids, r = row, b = bad;
+	uint32_t nt = n_tokens, k = topk, e = n_experts, per = nodes ? n_experts / nodes : 0, nr = rails,
+		 ra = rail, shared_n = nodes * rails <= 4096 ? nodes * rails : 0;
+	void *args[] = { &i, &nt, &k, &e, &per, &nr, &ra, &r, &b, &shared_n };
+
+	if (stream == NULL || row == 0 || bad == 0 || row % 4 != 0 || bad % 4 != 0 || topk == 0 ||
+	    topk > 32 || nodes == 0 || rails == 0 || rail >= rails || per == 0 ||
+	    n_experts % nodes != 0 || (n_tokens && (ids == 0 || ids % 4 != 0)))
+		return RW_ERR_INVAL;
+	if (n_tokens == 0)
+		return RW_OK;
+	unsigned grid = (n_tokens + 255) / 256;
+	return launch_shared(stream, RW_K_ROUTE_COUNT, grid > 1024 ? 1024 : grid, 256, shared_n * 4u,
+			     args);
 }
 
 #endif /* RW_HAVE_CUDA_H */

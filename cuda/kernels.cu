@@ -283,6 +283,58 @@ extern "C" __global__ void rw_rows_sum(const rw_row_sum *list, const uint64_t *s
 	sum_rows<false>(list, srcs, n, hidden, bf16 != 0, vec16 != 0);
 }
 
+// The count row of one rank's tokens on the GPU (sched/counts.c's pass 1): each token's distinct
+// destination nodes (expert e lives on node e / per_node), one record each, counted into
+// row[d * rails + rail] (rail: the rank's native rail), so a node's row is the sum over its
+// ranks' launches and only the N x R row goes to the host. An id of -1 is a dropped slot; any
+// other id outside [0, n_experts) counts nothing for its token and sets *bad to 1 + the token.
+// Counts go through a block-local copy of the row in shared memory when it fits (nodes * rails
+// <= shared_n), then one atomic add per nonzero entry per block.
+extern "C" __global__ void rw_route_count(const int32_t *ids, uint32_t n_tokens, uint32_t topk,
+					  uint32_t n_experts, uint32_t per_node, uint32_t rails,
+					  uint32_t rail, uint32_t *row, uint32_t *bad, uint32_t shared_n)
+{
+	extern __shared__ uint32_t part[];
+	for (uint32_t i = threadIdx.x; i < shared_n; i += blockDim.x)
+		part[i] = 0;
+	__syncthreads();
+	for (uint32_t t = blockIdx.x * blockDim.x + threadIdx.x; t < n_tokens; t += gridDim.x * blockDim.x) {
+		const int32_t *id = ids + (uint64_t)t * topk;
+		uint32_t uniq[32];
+		uint32_t n = 0;
+		bool ok = true;
+		for (uint32_t k = 0; k < topk && ok; k++) {
+			int32_t e = id[k];
+			if (e == -1)
+				continue;
+			if (e < 0 || (uint32_t)e >= n_experts) {
+				ok = false;
+				break;
+			}
+			uint32_t d = (uint32_t)e / per_node, u = 0;
+			while (u < n && uniq[u] != d)
+				u++;
+			if (u == n)
+				uniq[n++] = d;
+		}
+		if (!ok) {
+			atomicExch(bad, t + 1);
+			continue;
+		}
+		for (uint32_t u = 0; u < n; u++) {
+			uint32_t i = uniq[u] * rails + rail;
+			if (shared_n)
+				atomicAdd(&part[i], 1u);
+			else
+				atomicAdd(&row[i], 1u);
+		}
+	}
+	__syncthreads();
+	for (uint32_t i = threadIdx.x; i < shared_n; i += blockDim.x)
+		if (part[i])
+			atomicAdd(&row[i], part[i]);
+}
+
 // dst[i] = src[i] for i < n fp32 sums, stored as bf16 (rounded as the host does) or fp32. dst
 // may be mapped host memory (a host-memory rank's staging), which a D2D copy cannot address.
 extern "C" __global__ void rw_store_f32(void *dst, const float *src, uint64_t n, uint32_t bf16)

@@ -258,4 +258,35 @@ rw_status_t rw_cuda_rows_acc(rw_cuda_stream_t *stream, rw_cuda_dptr_t list, rw_c
 rw_status_t rw_cuda_store_f32(rw_cuda_stream_t *stream, rw_cuda_dptr_t dst, rw_cuda_dtype_t dtype,
 			      rw_cuda_dptr_t src, uint64_t n);
 
+/* Routing counts on the GPU (sched/counts.c's pass 1, bit for bit): for one rank's n_tokens x
+ * topk int32 expert ids, add each token's distinct destination nodes (expert e on node
+ * e / (n_experts / nodes)) into the uint32 row[nodes * rails] at the rank's native `rail`;
+ * launched once per local rank into one zeroed row, it is the node's count row, the only bytes
+ * the exchange needs on the host. An id of -1 is skipped; another id outside [0, n_experts)
+ * writes 1 + that token's index into the uint32 at `bad` (zero it first) and counts nothing for
+ * the token. */
+rw_status_t rw_cuda_route_count(rw_cuda_stream_t *stream, rw_cuda_dptr_t ids, uint32_t n_tokens,
+				uint32_t topk, uint32_t n_experts, uint32_t nodes, uint32_t rails,
+				uint32_t rail, rw_cuda_dptr_t row, rw_cuda_dptr_t bad);
+
+/* ---- stream order across processes (cuda/event.c; docs/cuda.md "Stream-ordered submission") -- */
+
+typedef struct rw_cuda_event rw_cuda_event_t;
+/* Trainer side: an interprocess event (no timing) on `device` and its 64 handle bytes. */
+rw_status_t rw_cuda_event_export(int device, rw_cuda_event_t **ev_p,
+				 uint8_t handle[RW_CUDA_IPC_HANDLE_BYTES]);
+/* Daemon side: open a trainer's event by its handle bytes. RW_ERR_INVAL: not an event handle. */
+rw_status_t rw_cuda_event_import(int device, const uint8_t handle[RW_CUDA_IPC_HANDLE_BYTES],
+				 rw_cuda_event_t **ev_p);
+void rw_cuda_event_destroy(rw_cuda_event_t *ev);
+rw_status_t rw_cuda_event_record(rw_cuda_event_t *ev, rw_cuda_stream_t *stream);
+/* Work enqueued on `stream` after this waits for the event's most recent record *as of this
+ * call* (a record made later is not waited for: the recorder must record before it tells us). */
+rw_status_t rw_cuda_stream_wait_event(rw_cuda_stream_t *stream, rw_cuda_event_t *ev);
+/* Stream-ordered 32-bit flags in device memory (any process's mapping of it): write `value`
+ * once the work before it is done; make later work wait until the flag is >= `value` (a wait may
+ * be enqueued before the write it waits for). */
+rw_status_t rw_cuda_stream_write_u32(rw_cuda_stream_t *stream, rw_cuda_dptr_t addr, uint32_t value);
+rw_status_t rw_cuda_stream_wait_u32(rw_cuda_stream_t *stream, rw_cuda_dptr_t addr, uint32_t value);
+
 #endif /* RW_CUDA_H */

@@ -67,6 +67,9 @@ typedef struct rw_svc_phase {
 	rw_svc_rank_io_t io[2][RW_MAX_GPUS]; /* [kind][local rank] */
 	/* Each local rank's pinned host staging (grows; kept across pairs by the executor). */
 	rw_svc_pinned_t *stage_in[RW_MAX_GPUS], *stage_out[RW_MAX_GPUS];
+	/* Set by an executor that waits for RW_MV_OP_PACKED: pack() may then answer RW_ERR_AGAIN
+	 * instead of blocking (see pack below). 0: pack() returns only once its bytes are there. */
+	int pack_waits;
 } rw_svc_phase_t;
 
 /* The local ranks (bit g: rank g) hosting one of a record's top-k experts in this phase. */
@@ -81,6 +84,8 @@ typedef enum rw_svc_mover_op {
 	RW_MV_OP_STAGE_D = 1,        /* dispatch inputs of rank g are readable (rank_io set) */
 	RW_MV_OP_STAGE_C = 2,        /* combine rows of rank g are readable */
 	RW_MV_OP_FINISH = 3,         /* outputs of rank g are written */
+	RW_MV_OP_PACKED = 4,         /* (g 0) the slabs a pack() answered RW_ERR_AGAIN for are written:
+				      * call pack() again for the same (kind, d); it returns at once */
 	RW_MV_OP_ALL = 255,          /* a device faulted: every pending op of every pair failed */
 } rw_svc_mover_op_t;
 typedef void (*rw_svc_mover_done_fn)(void *ctx, uint32_t serial, rw_svc_mover_op_t op,
@@ -112,7 +117,10 @@ typedef struct rw_svc_mover_ops {
 	/* The decision is known (ph->layout ...): size the outputs and forwarding tables. */
 	rw_status_t (*plan)(void *mover, void *state, const rw_svc_phase_t *ph, char *why);
 	/* Write the slabs of `kind` for destination d into ph->send_area (every rail), each record
-	 * at its (egress rail, slot). Called once per (kind, d), just before d's wave is posted. */
+	 * at its (egress rail, slot). Called once per (kind, d), just before d's wave is posted.
+	 * With ph->pack_waits set, RW_ERR_AGAIN (why empty) means the bytes are being written
+	 * asynchronously: post nothing for d yet; an RW_MV_OP_PACKED report follows, and pack() is
+	 * called again for (kind, d). Without it, pack() blocks until the bytes are there. */
 	rw_status_t (*pack)(void *mover, void *state, const rw_svc_phase_t *ph, int kind, uint32_t d,
 			    char *why);
 	/* Every byte of `kind` from `src` on `rail` is in ph->recv_area: dispatch forwards each

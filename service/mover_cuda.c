@@ -29,6 +29,17 @@ static void mark_done(cuda_mover_t *m, uint64_t token)
 	if (op == OP_STAGE_D) {
 		if (cp->marks_d[g] && --cp->marks_d[g] == 0)
 			m->done(m->ctx, serial, RW_MV_OP_STAGE_D, g, RW_OK);
+	} else if (op == OP_PACK) {
+		/* The dispatch slabs' rows are in: the CPU writes the headers beside them now (never
+		 * while a kernel writes the same cache lines), then a waiting executor posts. */
+		if (cp->marks_pk && --cp->marks_pk == 0 && !cp->packed) {
+			cm_dispatch_headers(cp, cp->ph);
+			cp->packed = 1;
+			if (cp->pk_waiting) {
+				cp->pk_waiting = 0;
+				m->done(m->ctx, serial, RW_MV_OP_PACKED, 0, RW_OK);
+			}
+		}
 	} else if (op == OP_STAGE_C) {
 		if (cp->marks_c && --cp->marks_c == 0) {
 			cm_combine_headers(cp, cp->ph);
@@ -61,7 +72,7 @@ static void dev_io_cb(struct ev_loop *loop, ev_io *w, int revents)
 			       rw_status_str((rw_status_t)n));
 			cm_dev_drop(m, d);
 			for (cm_pair_t *cp = m->pairs; cp; cp = cp->next) {
-				cp->pending = cp->marks_c = 0;
+				cp->pending = cp->marks_c = cp->marks_pk = 0;
 				memset(cp->marks_d, 0, sizeof(cp->marks_d));
 			}
 			m->done(m->ctx, 0, RW_MV_OP_ALL, 0, (rw_status_t)n);
@@ -175,7 +186,7 @@ static void cm_quiesce(void *mover, void *state)
 		/* Kernels or copies touching ranks' memory (or pooled blocks) may still run: wait
 		 * (failure path; on success every device's last work is marked and done). */
 		cm_pair_sync(cp);
-		cp->pending = cp->marks_c = 0;
+		cp->pending = cp->marks_c = cp->marks_pk = 0;
 		memset(cp->marks_d, 0, sizeof(cp->marks_d));
 	}
 }
@@ -214,12 +225,21 @@ static rw_status_t cm_stage(void *mover, void *state, rw_svc_phase_t *ph, int ki
 /* ---- plan ------------------------------------------------------------------------------------- */
 
 /* Outputs, forwarding tables, owner sums (zeroed on the GPU), the mapped slabs and the row
- * lists; then the dispatch slabs' kernels start (pack() waits for them). */
+ * lists; then the dispatch slabs' kernels start (their marks complete the pack). */
 static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, char *why)
 {
 	cuda_mover_t *m = mover;
 	cm_pair_t *cp = state;
 	const uint32_t G = ph->gpus;
+	if (!m->said_pack) {
+		m->said_pack = 1;
+		if (ph->pack_waits)
+			rw_info("cuda mover: the dispatch pack is asynchronous (the executor posts on the "
+				"kernels' completion report)");
+		else
+			rw_warn("cuda mover: the executor cannot wait for a pack report: the first dispatch "
+				"pack of each pair blocks the loop until its kernels are done");
+	}
 	rw_status_t st = cm_map_areas(m, cp, ph, why);
 	if (st != RW_OK)
 		return st;
@@ -329,24 +349,30 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 
 /* ---- the ops -------------------------------------------------------------------------------- */
 
-/* The slabs were written ahead (dispatch: at plan; combine: with the ranks' staging), but a
- * write may be posted only once its bytes are there: the first dispatch pack waits for the
- * dispatch slabs' kernels. This is the one place the loop blocks (for the pack kernels' time);
- * an asynchronous pack needs the executor to wait for a report before posting. */
+/* The slabs were written ahead (dispatch: kernels launched at plan, headers written when their
+ * marks complete; combine: with the ranks' staging), but a write may be posted only once its
+ * bytes are there. An executor that waits for reports (ph->pack_waits) gets RW_ERR_AGAIN and an
+ * RW_MV_OP_PACKED report when the dispatch slabs' marks complete: the loop never blocks. One that
+ * does not is served the old way: the first dispatch pack waits for the kernels here. */
 static rw_status_t cm_pack(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
 			   uint32_t d, char *why)
 {
-	(void)mover, (void)ph, (void)d;
+	(void)mover, (void)d;
 	cm_pair_t *cp = state;
 	if (kind != 0 || cp->packed)
 		return RW_OK;
-	cp->packed = 1;
+	if (ph->pack_waits) {
+		cp->pk_waiting = 1;
+		why[0] = '\0';
+		return RW_ERR_AGAIN;
+	}
 	rw_status_t st = cm_pair_sync(cp);
 	if (st != RW_OK) {
 		snprintf(why, RW_SVC_WHY_MAX, "the dispatch pack kernels failed: %s", rw_status_str(st));
 		return RW_ERR_DEVICE;
 	}
 	cm_dispatch_headers(cp, ph);
+	cp->packed = 1;
 	return RW_OK;
 }
 

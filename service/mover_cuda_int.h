@@ -73,7 +73,9 @@ typedef struct cm_pair {
 	cm_list_t fwd[CM_DEVICES], sums[CM_DEVICES]; /* per device: forwards; owner-sum adds */
 	cm_list_t pack, cslab;       /* the dispatch slabs' rows; the combine slabs' sums */
 	uint8_t **pk_hdr;            /* [n_rec]: where each dispatch record's header goes */
-	int packed;                  /* the dispatch slabs' kernels are known done */
+	uint32_t marks_pk;           /* marks of the dispatch slabs' kernels not yet completed */
+	int packed;                  /* the dispatch slabs are complete (kernels done, headers written) */
+	int pk_waiting;              /* pack() answered RW_ERR_AGAIN: report RW_MV_OP_PACKED */
 } cm_pair_t;
 
 struct cuda_mover {
@@ -83,6 +85,7 @@ struct cuda_mover {
 	void *ctx;
 	int off;                     /* RAILWAVE_CUDA_MOVER=0: decline every pair */
 	int check;                   /* RAILWAVE_CUDA_MOVER=check: verify every row copy */
+	int said_pack;               /* how pack() waits was logged */
 	cm_dev_t dev[CM_DEVICES];
 	cm_pair_t *pairs;
 	struct { uint8_t *base; uint64_t bytes; rw_cuda_dptr_t dptr; } reg[CM_REGS];
@@ -91,7 +94,7 @@ struct cuda_mover {
 	struct { rw_svc_pinned_t buf; int busy; } tabs[CM_TABS];
 };
 
-enum { OP_STAGE_D = 0, OP_STAGE_C = 1, OP_FLUSH_D = 2, OP_FLUSH_C = 3 };
+enum { OP_STAGE_D = 0, OP_STAGE_C = 1, OP_FLUSH_D = 2, OP_FLUSH_C = 3, OP_PACK = 4 };
 
 int cm_dev_kernels(cuda_mover_t *m, int dev);
 uint64_t cm_token(const cm_pair_t *cp, uint32_t op, uint32_t g);

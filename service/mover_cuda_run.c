@@ -471,12 +471,19 @@ rw_status_t cm_dispatch_pack_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, cha
 			if (cp->xdev[rec->rank] == dev && (i < own_lo || i >= own_hi))
 				cm_list_copy(pk, cp->tok[rec->rank] + (uint64_t)rec->token * ph->row_bytes, dst[i]);
 		}
+		const int launched = pk->n > pk->launched;
 		rw_status_t st = cm_list_launch(cp, ph, pk, dev, 0);
+		if (st == RW_OK && launched && (st = cm_pair_mark(cp, dev, OP_PACK, 0)) == RW_OK)
+			cp->marks_pk++;
 		if (st != RW_OK) {
 			snprintf(why, RW_SVC_WHY_MAX, "cannot launch the dispatch pack on GPU %d: %s", dev,
 				 rw_status_str(st));
 			return RW_ERR_DEVICE;
 		}
+	}
+	if (!cp->marks_pk) { /* nothing travels on a GPU: the headers (if any) now */
+		cm_dispatch_headers(cp, ph);
+		cp->packed = 1;
 	}
 	return RW_OK;
 }

@@ -15,13 +15,19 @@
  * (CLOCK_MONOTONIC, which every network namespace of one machine shares, so the orchestrator can
  * compare the ranks' clocks). Exit 0 iff every check passed; a failure names the first bad value.
  *
- *   rw_bench_rank --socket PATH --group NAME --rank R --steps S [--paths LIST] [workload] */
+ *   rw_bench_rank --socket PATH --group NAME --rank R --steps S [--paths LIST]
+ *                 [--combine-paths LIST] [--cuda] [workload options]
+ *
+ * --cuda: the buffer is CUDA device memory (registered by IPC handle, docs/cuda.md) with a host
+ * mirror the checks read: inputs are copied up before a submission's clock starts and results
+ * down after its completion's clock stops (the GPU-path benchmark, docs/perf/gpu-path.md). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/common.h"
+#include "cuda/rw_cuda.h"
 #include "ipc/railwave.h"
 #include "sched/sched.h"
 #include "tools/bench.h"
@@ -74,6 +80,50 @@ static int wait_one(rw_client_t *c, rw_cqe_t *cqe)
 	return rw_client_wait(c, cqe, 1, 120000) == 1 ? 0 : -1;
 }
 
+/* --cuda: device memory and the stream its mirror copies go on (each waited for: the daemon
+ * reads the inputs in its own process, so they must be complete before the submission). */
+typedef struct dev_buf {
+	int device;
+	rw_cuda_stream_t *s;
+	rw_cuda_dptr_t dptr;
+} dev_buf_t;
+
+static int mirror(const dev_buf_t *d, uint8_t *mem, uint64_t off, uint64_t len, int up)
+{
+	if (!d->dptr || !len)
+		return 0;
+	rw_status_t st = up ? rw_cuda_copy_htod_async(d->s, d->dptr + off, mem + off, len)
+			    : rw_cuda_copy_dtoh_async(d->s, mem + off, d->dptr + off, len);
+	return st == RW_OK && rw_cuda_stream_sync(d->s) == RW_OK ? 0 : -1;
+}
+
+/* Allocate `total` bytes on the GPU of local rank `gpu` and register them by IPC handle. */
+static int dev_register(rw_client_t *cl, uint32_t gpu, uint64_t total, dev_buf_t *d, uint32_t *buf)
+{
+	if (rw_cuda_init() != RW_OK || rw_cuda_device_count() < 1) {
+		fprintf(stderr, "rank %u: --cuda: %s\n", me, rw_cuda_unavailable_reason());
+		return -1;
+	}
+	d->device = (int)(gpu % (uint32_t)rw_cuda_device_count());
+	rw_cuda_ipc_desc_t x;
+	if (rw_cuda_stream_create(d->device, &d->s) != RW_OK ||
+	    rw_cuda_mem_alloc(d->device, total, &d->dptr) != RW_OK ||
+	    rw_cuda_ipc_export(d->dptr, total, &x) != RW_OK) {
+		fprintf(stderr, "rank %u: --cuda: cannot allocate and export %llu bytes on GPU %d\n", me,
+			(unsigned long long)total, d->device);
+		return -1;
+	}
+	rw_client_cuda_desc_t cd = { .alloc_id = x.buffer_id, .alloc_bytes = x.alloc_bytes,
+				     .offset = x.offset, .bytes = x.bytes, .device = d->device };
+	memcpy(cd.ipc_handle, x.handle.bytes, sizeof(cd.ipc_handle));
+	memcpy(cd.device_uuid, x.device_uuid, sizeof(cd.device_uuid));
+	int rc = rw_client_register_cuda(cl, &cd, buf);
+	if (rc != 0)
+		fprintf(stderr, "rank %u: register cuda: %s (%s)\n", me, rw_client_strerror(rc),
+			rw_client_last_message(cl));
+	return rc == 0 ? 0 : -1;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option own[] = {
@@ -84,6 +134,7 @@ int main(int argc, char **argv)
 		{ "paths", required_argument, NULL, 'p' },
 		{ "combine-paths", required_argument, NULL, 'c' },
 		{ "help", no_argument, NULL, 'h' },
+		{ "cuda", no_argument, NULL, 'u' },
 	};
 	enum { N_OWN = sizeof(own) / sizeof(own[0]) };
 	struct option opts[RW_BENCH_WL_NOPTS + N_OWN + 1];
@@ -96,7 +147,8 @@ int main(int argc, char **argv)
 	long rank_arg = -1;
 	uint16_t paths[MAX_PATHS] = { RW_PATH_REQ_DAEMON }, cpaths[MAX_PATHS];
 	unsigned n_paths = 1, n_cpaths = 0;
-	int c;
+	int c, cuda = 0;
+	dev_buf_t dev = { .device = -1 };
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
 		case 's': sock = optarg; break;
@@ -112,9 +164,10 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			break;
+		case 'u': cuda = 1; break;
 		case 'h':
 			printf("usage: rw_bench_rank --socket PATH --group NAME --rank R --steps S "
-			       "[--paths LIST] [--combine-paths LIST] [workload]\n%s",
+			       "[--paths LIST] [--combine-paths LIST] [--cuda] [workload]\n%s",
 			       rw_bench_wl_usage);
 			return 0;
 		default:
@@ -181,9 +234,14 @@ int main(int argc, char **argv)
 		       off_cin = (off_out + out_cap + 63) & ~63ull,
 		       off_cout = off_cin + rows_cap * row, total = off_cout + (uint64_t)T * row;
 	uint32_t buf;
-	uint8_t *mem;
-	rc = rw_client_register_host(cl, total, &buf, (void **)&mem);
-	CHECK(rc == 0, "register %llu bytes: %s", (unsigned long long)total, rw_client_strerror(rc));
+	uint8_t *mem = NULL;
+	if (cuda) {
+		mem = calloc(1, total);
+		CHECK(mem && dev_register(cl, me % wl.gpus, total, &dev, &buf) == 0, "--cuda: no buffer");
+	} else {
+		rc = rw_client_register_host(cl, total, &buf, (void **)&mem);
+		CHECK(rc == 0, "register %llu bytes: %s", (unsigned long long)total, rw_client_strerror(rc));
+	}
 	const int32_t *my_ids = ids + (size_t)me * T * K;
 	memcpy(mem + off_ids, my_ids, (size_t)T * K * 4);
 
@@ -201,6 +259,7 @@ int main(int argc, char **argv)
 			       .topk_ids = { buf, 0, off_ids }, .topk_weights = { buf, 0, off_w },
 			       .output = { buf, 0, off_out }, .output_capacity = out_cap, .n_experts = E,
 			       .path = paths[step % n_paths] };
+		CHECK(mirror(&dev, mem, 0, off_out, 1) == 0, "--cuda: copy up");
 		uint64_t t_ds = rw_now_ns();
 		rc = rw_client_submit(cl, &s, 1);
 		CHECK(rc == 0, "submit dispatch: %s", rw_client_strerror(rc));
@@ -209,6 +268,7 @@ int main(int argc, char **argv)
 		uint64_t t_dd = rw_now_ns();
 		CHECK(cq.status == RW_CQ_OK, "step %llu dispatch failed: %s (%s)", (unsigned long long)step,
 		      rw_client_strerror(cq.error), rw_client_last_message(cl));
+		CHECK(mirror(&dev, mem, off_out, out_cap, 0) == 0, "--cuda: copy down");
 		CHECK(cq.recv_tokens == want_rows, "step %llu: received %u rows, expected %u",
 		      (unsigned long long)step, cq.recv_tokens, want_rows);
 		CHECK(cq.n_experts == E, "n_experts %u, expected %u", cq.n_experts, E);
@@ -259,6 +319,7 @@ int main(int argc, char **argv)
 				.topk_ids = { RW_BUF_NONE, 0, 0 }, .topk_weights = { RW_BUF_NONE, 0, 0 },
 				.output = { buf, 0, off_cout }, .output_capacity = (uint64_t)T * row,
 				.path = n_cpaths ? cpaths[step % n_cpaths] : s.path };
+		CHECK(mirror(&dev, mem, off_cin, (uint64_t)cq.recv_tokens * row, 1) == 0, "--cuda: copy up");
 		uint64_t t_cs = rw_now_ns();
 		rc = rw_client_submit(cl, &cs, 1);
 		CHECK(rc == 0, "submit combine: %s", rw_client_strerror(rc));
@@ -266,6 +327,7 @@ int main(int argc, char **argv)
 		uint64_t t_cd = rw_now_ns();
 		CHECK(cq.status == RW_CQ_OK, "step %llu combine failed: %s (%s)", (unsigned long long)step,
 		      rw_client_strerror(cq.error), rw_client_last_message(cl));
+		CHECK(mirror(&dev, mem, off_cout, (uint64_t)T * row, 0) == 0, "--cuda: copy down");
 		for (uint32_t t = 0; t < T; t++) {
 			rw_bench_tok_t tk = rw_bench_tok(wl.seed, step, me, t);
 			float coef = 0;
@@ -283,10 +345,19 @@ int main(int argc, char **argv)
 		       (unsigned long long)t_cd, want_rows, req_name(s.path));
 		fflush(stdout);
 	}
-	printf("verified rank %u: %lu pairs, %u rows in, %u tokens out each\n", me, steps, want_rows, T);
+	printf("verified rank %u: %lu pairs, %u rows in, %u tokens out each%s\n", me, steps, want_rows, T,
+	       cuda ? " (CUDA buffer)" : "");
 	ok = 1;
 out:
 	rw_client_close(cl);
+	if (cuda) {
+		free(mem);
+		if (dev.s)
+			rw_cuda_stream_destroy(dev.s);
+		if (dev.dptr)
+			rw_cuda_mem_free(dev.device, dev.dptr);
+		rw_cuda_shutdown();
+	}
 	rw_synth_free(&gen);
 	free(ids);
 	free(want_counts);

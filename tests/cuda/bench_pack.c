@@ -3,10 +3,16 @@
  * Bytes counted = bytes read + bytes written (a copy of N bytes moves 2N).
  *   bench_pack [rows]      (default 65536 rows per slab; needs a GPU, exits 77 without one)
  * Each figure is the median of 7 timed batches of 10 launches after 3 warm-up launches; every
- * configuration runs twice so the spread between the two is visible. */
+ * configuration runs twice so the spread between the two is visible.
+ * Then the CUDA mover's own kernels (row lists in pinned host memory, as service/mover_cuda.c
+ * launches them), each against the copy engine moving the same bytes the same way: scattered
+ * rows device to device against cuMemcpyDtoD, rows into mapped host memory (the slabs on tcp)
+ * against cuMemcpyDtoHAsync into the same pinned pages, rows out of mapped host memory against
+ * cuMemcpyHtoDAsync, and two-row fp32 sums into mapped host memory (the combine slabs). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common/common.h"
 #include "cuda/rw_cuda.h"
@@ -201,6 +207,114 @@ static int bench_combine(rw_cuda_stream_t *s, uint32_t hidden, uint32_t ntok, ui
 	return 0;
 }
 
+/* ---- the mover's kernels ---- */
+
+struct list_ctx {
+	rw_cuda_stream_t *s;
+	rw_cuda_dptr_t list, srcs, dev, host; /* host: mapped device address of the host rows */
+	uint8_t *host_ptr;
+	uint32_t n, hidden, row_bytes, sum;
+	size_t bytes;
+	int dir; /* copy engine: 0 D2D, 1 D2H, 2 H2D */
+};
+
+static rw_status_t do_list(void *p)
+{
+	struct list_ctx *c = p;
+	return c->sum ? rw_cuda_rows_sum(c->s, c->list, c->srcs, c->n, c->hidden, RW_CUDA_BF16, 1)
+		      : rw_cuda_copy_rows(c->s, c->list, c->n, c->row_bytes, 1);
+}
+
+static rw_status_t do_engine(void *p)
+{
+	struct list_ctx *c = p;
+	if (c->dir == 1)
+		return rw_cuda_copy_dtoh_async(c->s, c->host_ptr, c->dev, c->bytes);
+	if (c->dir == 2)
+		return rw_cuda_copy_htod_async(c->s, c->dev, c->host_ptr, c->bytes);
+	return rw_cuda_copy_dtod_async(c->s, c->dev + c->bytes, c->dev, c->bytes);
+}
+
+/* One line: the kernel's GB/s (bytes written; reads the same or, for sums, twice) against the
+ * copy engine's on the same bytes. */
+static int list_line(struct list_ctx *c, const char *what)
+{
+	for (int rep = 0; rep < 2; rep++) {
+		double t_eng = time_op(c->s, do_engine, c), t_k = time_op(c->s, do_list, c);
+		if (t_eng <= 0 || t_k <= 0)
+			return -1;
+		printf("mover %-26s hidden %5u rows %6u %7.1f MiB | copy engine %7.1f GB/s | kernel "
+		       "%7.1f GB/s (%.2fx) | run %d\n", what, c->hidden, c->n, c->bytes / 1048576.0,
+		       c->bytes / t_eng / 1e9, c->bytes / t_k / 1e9, t_eng / t_k, rep + 1);
+	}
+	return 0;
+}
+
+/* The list for rows i < n: src row perm[i] of `from` to row i of `to` (or the sum of rows
+ * perm[i] and perm[(i + 1) % n] of `from`). */
+static void fill_list(struct list_ctx *c, const uint32_t *perm, rw_cuda_dptr_t from,
+		      rw_cuda_dptr_t to)
+{
+	rw_cuda_row_copy_t *cl = (rw_cuda_row_copy_t *)(uintptr_t)c->list;
+	rw_cuda_row_sum_t *sl = (rw_cuda_row_sum_t *)(uintptr_t)c->list;
+	uint64_t *src = (uint64_t *)(uintptr_t)c->srcs;
+	for (uint32_t i = 0; i < c->n; i++) {
+		rw_cuda_dptr_t a = from + (uint64_t)perm[i] * c->row_bytes, b = to + (uint64_t)i * c->row_bytes;
+		if (c->sum) {
+			sl[i] = (rw_cuda_row_sum_t){ .dst = b, .first = 2 * i, .count = 2 };
+			src[2 * i] = a;
+			src[2 * i + 1] = from + (uint64_t)perm[(i + 1) % c->n] * c->row_bytes;
+		} else {
+			cl[i] = (rw_cuda_row_copy_t){ .src = a, .dst = b };
+		}
+	}
+}
+
+static int bench_mover(rw_cuda_stream_t *s, uint32_t hidden, uint32_t n)
+{
+	struct list_ctx c = { .s = s, .n = n, .hidden = hidden, .row_bytes = hidden * 2 };
+	c.bytes = (size_t)n * c.row_bytes;
+	uint32_t *perm = malloc((size_t)n * 4);
+	void *list = NULL, *srcs = NULL;
+	c.host_ptr = mmap(NULL, c.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (!perm || c.host_ptr == MAP_FAILED || rw_cuda_host_alloc((size_t)n * 16, &list) != RW_OK ||
+	    rw_cuda_host_alloc((size_t)n * 16, &srcs) != RW_OK ||
+	    rw_cuda_mem_alloc(0, 2 * c.bytes, &c.dev) != RW_OK ||
+	    rw_cuda_host_register_mapped(c.host_ptr, c.bytes, &c.host) != RW_OK || fill_random(c.dev, 2 * c.bytes))
+		return -1;
+	memset(c.host_ptr, 0x11, c.bytes);
+	c.list = (rw_cuda_dptr_t)(uintptr_t)list;
+	c.srcs = (rw_cuda_dptr_t)(uintptr_t)srcs;
+	for (uint32_t i = 0; i < n; i++)
+		perm[i] = i;
+	for (uint32_t i = n - 1; i > 0; i--) {
+		uint32_t j = (uint32_t)(rng() % (i + 1)), t = perm[i];
+		perm[i] = perm[j];
+		perm[j] = t;
+	}
+	int rc = 0;
+	c.dir = 0; /* scattered rows between ranks' device buffers (forward, CUDA output) */
+	fill_list(&c, perm, c.dev, c.dev + c.bytes);
+	rc |= list_line(&c, "copy_rows dev->dev");
+	c.dir = 1; /* token rows into the mapped send slabs (dispatch pack on tcp) */
+	fill_list(&c, perm, c.dev, c.host);
+	rc |= list_line(&c, "copy_rows dev->mapped host");
+	c.dir = 2; /* received rows out of the mapped slabs (forward on tcp) */
+	fill_list(&c, perm, c.host, c.dev);
+	rc |= list_line(&c, "copy_rows mapped host->dev");
+	c.dir = 1;
+	c.sum = 1; /* combine slabs: two ranks' rows summed into the mapped send slab */
+	fill_list(&c, perm, c.dev, c.host);
+	rc |= list_line(&c, "rows_sum(2) dev->mapped host");
+	rw_cuda_host_unregister(c.host_ptr);
+	munmap(c.host_ptr, c.bytes);
+	rw_cuda_mem_free(0, c.dev);
+	rw_cuda_host_free(list);
+	rw_cuda_host_free(srcs);
+	free(perm);
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
 	uint32_t nrows = argc > 1 ? (uint32_t)strtoul(argv[1], NULL, 0) : 65536;
@@ -225,6 +339,8 @@ int main(int argc, char **argv)
 	rc |= bench_rows(s, 4096, nrows / 16); /* 32 MiB slab: launch and L2 effects show */
 	rc |= bench_combine(s, 7168, 8192, 8);
 	rc |= bench_combine(s, 4096, 8192, 8);
+	rc |= bench_mover(s, 7168, 8192);
+	rc |= bench_mover(s, 4096, 8192);
 	rw_cuda_stream_destroy(s);
 	rw_cuda_shutdown();
 	return rc ? 1 : 0;

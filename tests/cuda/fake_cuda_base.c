@@ -2,14 +2,101 @@
  * the same way (tests/cuda/fake_libcuda.c, in-process IPC; tests/integration/fake_cuda_ipc.c,
  * cross-process IPC): devices ($RW_FAKE_CUDA_DEVICES, default 1) with fixed names and UUIDs, a
  * refcounted primary context, and copies, since "device memory" is host-addressable in both.
- * What differs between them (allocation, IPC handles, pointer lookup, streams) stays in each. */
+ * What differs between them (allocation, IPC handles, pointer lookup, streams) stays in each.
+ * The stream work queue ($RW_FAKE_CUDA_LAG_MS: a slow GPU) is here too (fake_cuda_base.h). */
 #include "config.h"
 
 #if RW_HAVE_CUDA_H
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cuda.h>
+
+#include "tests/cuda/fake_cuda_base.h"
+
+/* ---- the stream work queue ---- */
+
+#define QMAX 4096
+struct work {
+	rw_fake_work_fn fn;
+	unsigned char arg[64];
+};
+static struct work queue[QMAX];
+static unsigned q_head, q_tail; /* q_head advances once an item has run */
+static pthread_mutex_t q_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t q_more = PTHREAD_COND_INITIALIZER, q_ran = PTHREAD_COND_INITIALIZER;
+static int lag_ms = -1, worker_up;
+
+static void *worker(void *unused)
+{
+	(void)unused;
+	const struct timespec lag = { .tv_sec = lag_ms / 1000, .tv_nsec = (lag_ms % 1000) * 1000000L };
+	pthread_mutex_lock(&q_mu);
+	for (;;) {
+		while (q_head == q_tail)
+			pthread_cond_wait(&q_more, &q_mu);
+		struct work w = queue[q_head % QMAX];
+		pthread_mutex_unlock(&q_mu);
+		nanosleep(&lag, NULL);
+		w.fn(w.arg);
+		pthread_mutex_lock(&q_mu);
+		q_head++;
+		pthread_cond_broadcast(&q_ran);
+	}
+	return NULL;
+}
+
+void rw_fake_cuda_submit(rw_fake_work_fn fn, const void *arg, size_t len)
+{
+	if (lag_ms < 0) {
+		const char *e = getenv("RW_FAKE_CUDA_LAG_MS");
+		lag_ms = e ? atoi(e) : 0;
+	}
+	if (lag_ms <= 0 || len > sizeof(queue[0].arg)) {
+		fn(arg);
+		return;
+	}
+	pthread_mutex_lock(&q_mu);
+	if (!worker_up) {
+		pthread_t t;
+		if (pthread_create(&t, NULL, worker, NULL) != 0) {
+			pthread_mutex_unlock(&q_mu);
+			fn(arg);
+			return;
+		}
+		pthread_detach(t);
+		worker_up = 1;
+	}
+	while (q_tail - q_head == QMAX)
+		pthread_cond_wait(&q_ran, &q_mu);
+	queue[q_tail % QMAX].fn = fn;
+	memcpy(queue[q_tail % QMAX].arg, arg, len);
+	q_tail++;
+	pthread_cond_signal(&q_more);
+	pthread_mutex_unlock(&q_mu);
+}
+
+unsigned rw_fake_cuda_busy(void)
+{
+	pthread_mutex_lock(&q_mu);
+	unsigned n = q_tail - q_head;
+	pthread_mutex_unlock(&q_mu);
+	return n;
+}
+
+unsigned rw_fake_cuda_drain(void)
+{
+	pthread_mutex_lock(&q_mu);
+	unsigned n = q_tail - q_head;
+	while (q_head != q_tail)
+		pthread_cond_wait(&q_ran, &q_mu);
+	pthread_mutex_unlock(&q_mu);
+	return n;
+}
+
+/* ---- the driver ---- */
 
 static int ctx_refs;
 
@@ -57,7 +144,7 @@ CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice d) { (void)d; ctx_refs--; re
 CUresult CUDAAPI cuCtxSetCurrent(CUcontext c) { (void)c; return CUDA_SUCCESS; }
 CUresult CUDAAPI cuCtxGetCurrent(CUcontext *c) { *c = NULL; return CUDA_SUCCESS; }
 
-/* Copies run at once, also the "async" ones (the stream's ordering is trivially kept). */
+/* Copies: the synchronous ones at once, the async ones through the stream work queue. */
 CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr d, const void *s, size_t n) { memcpy((void *)(uintptr_t)d, s, n); return CUDA_SUCCESS; }
 CUresult CUDAAPI cuMemcpyDtoH(void *d, CUdeviceptr s, size_t n) { memcpy(d, (const void *)(uintptr_t)s, n); return CUDA_SUCCESS; }
 CUresult CUDAAPI cuMemsetD8(CUdeviceptr d, unsigned char v, size_t n) { memset((void *)(uintptr_t)d, v, n); return CUDA_SUCCESS; }
@@ -65,12 +152,27 @@ CUresult CUDAAPI cuMemHostAlloc(void **p, size_t n, unsigned int f) { (void)f; *
 CUresult CUDAAPI cuMemFreeHost(void *p) { free(p); return CUDA_SUCCESS; }
 CUresult CUDAAPI cuMemHostRegister(void *p, size_t n, unsigned int f) { (void)p; (void)n; (void)f; return CUDA_SUCCESS; }
 CUresult CUDAAPI cuMemHostUnregister(void *p) { (void)p; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr d, const void *s, size_t n, CUstream st) { (void)st; return cuMemcpyHtoD(d, s, n); }
-CUresult CUDAAPI cuMemcpyDtoHAsync(void *d, CUdeviceptr s, size_t n, CUstream st) { (void)st; return cuMemcpyDtoH(d, s, n); }
+struct copy_args {
+	void *dst;
+	const void *src;
+	size_t n;
+};
+static void copy_run(const void *a)
+{
+	const struct copy_args *c = a;
+	memmove(c->dst, c->src, c->n);
+}
+static CUresult copy_async(void *d, const void *s, size_t n)
+{
+	struct copy_args c = { d, s, n };
+	rw_fake_cuda_submit(copy_run, &c, sizeof(c));
+	return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr d, const void *s, size_t n, CUstream st) { (void)st; return copy_async((void *)(uintptr_t)d, s, n); }
+CUresult CUDAAPI cuMemcpyDtoHAsync(void *d, CUdeviceptr s, size_t n, CUstream st) { (void)st; return copy_async(d, (const void *)(uintptr_t)s, n); }
 CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
 {
 	(void)st;
-	memmove((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n);
-	return CUDA_SUCCESS;
+	return copy_async((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n);
 }
 #endif /* RW_HAVE_CUDA_H */

@@ -2,7 +2,8 @@
  * that the module says so cleanly and every GPU case skips with the reason. On the GPU machine
  * tests/cuda/gpu_run.sh builds this with plain gcc (mini_cmocka.h when libcmocka is absent).
  * The IPC case runs the exporter as a second process (this program re-executed with
- * --ipc-exporter FD): a CUDA context never crosses a fork. */
+ * --ipc-exporter FD), the stream-order case its trainer (--order-peer FD): a CUDA context never
+ * crosses a fork. */
 #include <errno.h>
 #include <math.h>
 #include <poll.h>
@@ -25,6 +26,7 @@
 #endif
 
 #include "cuda/rw_cuda.h"
+#include "sched/sched.h"
 
 static const char *self_path;
 
@@ -442,6 +444,81 @@ static void test_kernels_combine(void **state)
 		}
 }
 
+/* ---- routing counts on the GPU ---------------------------------------------------------------- *
+ * rw_cuda_route_count, once per local rank into one row, against the executor's own pass 1
+ * (rw_sched_count): random top-k with repeated nodes and dropped slots, several shapes (the
+ * shared-memory row and, with N * R > 4096, the global one); then a bad id is reported. */
+
+static void route_count_case(uint32_t N, uint32_t R, uint32_t G, uint32_t E, uint32_t K, uint32_t T,
+			     uint32_t me)
+{
+	rw_topo_t topo = { .nodes = N, .gpus_per_node = G, .rails = R };
+	for (uint32_t g = 0; g < G; g++)
+		topo.gpu_rail[g] = (uint8_t)(g % R);
+	for (uint32_t r = 0; r < R; r++)
+		topo.rail_weight[r] = 1;
+	int32_t *ids = xmalloc((size_t)G * T * K * 4);
+	rw_rank_tokens_t rk[RW_MAX_GPUS];
+	for (uint32_t g = 0; g < G; g++) {
+		for (size_t i = 0; i < (size_t)T * K; i++) {
+			uint64_t x = rng();
+			ids[(size_t)g * T * K + i] = x % 13 == 0 ? -1 : (int32_t)((x >> 8) % E);
+		}
+		rk[g] = (rw_rank_tokens_t){ .local_gpu = g, .n_tokens = T, .topk = K,
+					    .expert_ids = ids + (size_t)g * T * K };
+	}
+	uint32_t *want = xmalloc((size_t)N * R * 4), *got = xmalloc((size_t)N * R * 4), bad = 7;
+	assert_int_equal(rw_sched_count(&topo, E, me, rk, G, want, NULL), RW_OK);
+	rw_cuda_stream_t *s;
+	rw_cuda_dptr_t d_ids, d_row, d_bad;
+	assert_int_equal(rw_cuda_stream_create(0, &s), RW_OK);
+	assert_int_equal(rw_cuda_mem_alloc(0, (size_t)G * T * K * 4, &d_ids), RW_OK);
+	assert_int_equal(rw_cuda_mem_alloc(0, (size_t)N * R * 4 + 4, &d_row), RW_OK);
+	d_bad = d_row + (size_t)N * R * 4;
+	assert_int_equal(rw_cuda_memcpy_htod(0, d_ids, ids, (size_t)G * T * K * 4), RW_OK);
+	assert_int_equal(rw_cuda_memset_d8(0, d_row, 0, (size_t)N * R * 4 + 4), RW_OK);
+	for (uint32_t g = 0; g < G; g++)
+		assert_int_equal(rw_cuda_route_count(s, d_ids + (uint64_t)g * T * K * 4, T, K, E, N, R,
+						     topo.gpu_rail[g], d_row, d_bad), RW_OK);
+	assert_int_equal(rw_cuda_stream_sync(s), RW_OK);
+	assert_int_equal(rw_cuda_memcpy_dtoh(0, got, d_row, (size_t)N * R * 4), RW_OK);
+	assert_int_equal(rw_cuda_memcpy_dtoh(0, &bad, d_bad, 4), RW_OK);
+	assert_int_equal(bad, 0);
+	assert_memory_equal(got, want, (size_t)N * R * 4);
+	/* a bad id in token 5 of rank 0: reported, the token counts nothing */
+	if (T > 5) {
+		ids[5 * K + K / 2] = (int32_t)E;
+		assert_int_equal(rw_cuda_memcpy_htod(0, d_ids, ids, (size_t)T * K * 4), RW_OK);
+		assert_int_equal(rw_cuda_route_count(s, d_ids, T, K, E, N, R, 0, d_row, d_bad), RW_OK);
+		assert_int_equal(rw_cuda_stream_sync(s), RW_OK);
+		assert_int_equal(rw_cuda_memcpy_dtoh(0, &bad, d_bad, 4), RW_OK);
+		assert_int_equal(bad, 6);
+	}
+	print_message("route count N=%u R=%u G=%u E=%u top-%u T=%u: equals rw_sched_count\n", N, R,
+		      G, E, K, T);
+	rw_cuda_mem_free(0, d_ids);
+	rw_cuda_mem_free(0, d_row);
+	rw_cuda_stream_destroy(s);
+	free(ids);
+	free(want);
+	free(got);
+}
+
+static void test_kernels_route_count(void **state)
+{
+	(void)state;
+	NEED_KERNELS();
+	route_count_case(2, 2, 4, 256, 8, 4096, 0);   /* DeepSeek-V3's routing, 2 x 4 ranks */
+	route_count_case(3, 4, 8, 96, 8, 1000, 1);
+	route_count_case(16, 8, 8, 1024, 32, 777, 5);
+	route_count_case(1024, 8, 1, 8192, 8, 3000, 3); /* 8192 counters: the global-row path */
+	rw_cuda_stream_t *s;
+	assert_int_equal(rw_cuda_stream_create(0, &s), RW_OK);
+	assert_int_equal(rw_cuda_route_count(s, 0, 0, 8, 256, 2, 2, 2, 64, 64), RW_ERR_INVAL); /* rail */
+	assert_int_equal(rw_cuda_route_count(s, 0, 0, 8, 255, 2, 2, 0, 64, 64), RW_ERR_INVAL); /* E % N */
+	rw_cuda_stream_destroy(s);
+}
+
 /* ---- CUDA IPC across two processes ------------------------------------------------------- */
 
 #define IPC_BYTES (4u << 20)
@@ -626,6 +703,115 @@ static void test_ipc_two_processes(void **state)
 	free(buf);
 }
 
+/* ---- stream order across two processes (cuda/event.c) ---------------------------------------- *
+ * The trainer (this program re-executed with --order-peer) writes region A of its buffer with 64
+ * queued copies, records an IPC event behind them and at once (no host wait) hands the event
+ * and the buffer to the "daemon" (this process), then enqueues a wait for the flag to reach 1
+ * and a read of region B. The daemon's stream waits on the event and reads A: it must see every
+ * byte of the trainer's last copy. After a pause (the trainer's stream is really waiting by
+ * then) the daemon writes B and then the flag on its stream; the trainer must read B as the
+ * daemon wrote it. */
+
+#define ORDER_FLAG (2 * (size_t)IPC_BYTES) /* A = [0, 4 MiB), B = [4, 8 MiB), the flag after */
+#define ORDER_BYTES (ORDER_FLAG + 4096)
+
+struct order_msg {
+	char cmd; /* 'D': desc + event follow; 'Y'/'N': the trainer's verdict on B */
+	uint8_t event[RW_CUDA_IPC_HANDLE_BYTES];
+	rw_cuda_ipc_desc_t desc;
+};
+
+static int order_peer(int fd)
+{
+	struct order_msg m = { .cmd = 'D' };
+	rw_cuda_dptr_t d = 0;
+	rw_cuda_stream_t *s = NULL;
+	rw_cuda_event_t *ev = NULL;
+	void *a = NULL, *b = NULL;
+	if (rw_cuda_init() != RW_OK || rw_cuda_mem_alloc(0, ORDER_BYTES, &d) != RW_OK ||
+	    rw_cuda_memset_d8(0, d, 0, ORDER_BYTES) != RW_OK || rw_cuda_stream_create(0, &s) != RW_OK ||
+	    rw_cuda_host_alloc(IPC_BYTES, &a) != RW_OK || rw_cuda_host_alloc(IPC_BYTES, &b) != RW_OK ||
+	    rw_cuda_event_export(0, &ev, m.event) != RW_OK || rw_cuda_ipc_export(d, ORDER_BYTES, &m.desc) != RW_OK)
+		return 2;
+	for (int i = 0; i < 64; i++) { /* A: the last copy writes seed 0x44 */
+		fill_check(a, i == 63 ? 0x44 : (uint8_t)i, 0);
+		if (rw_cuda_copy_htod_async(s, d, a, IPC_BYTES) != RW_OK)
+			return 3;
+		if (i < 63 && rw_cuda_stream_sync(s) != RW_OK) /* the pinned source is reused */
+			return 3;
+	}
+	if (rw_cuda_event_record(ev, s) != RW_OK || send(fd, &m, sizeof(m), 0) != (ssize_t)sizeof(m))
+		return 4;
+	if (rw_cuda_stream_wait_u32(s, d + ORDER_FLAG, 1) != RW_OK ||
+	    rw_cuda_copy_dtoh_async(s, b, d + IPC_BYTES, IPC_BYTES) != RW_OK || rw_cuda_stream_sync(s) != RW_OK)
+		return 5;
+	m.cmd = fill_check(b, 0x55, 1) ? 'Y' : 'N';
+	send(fd, &m, sizeof(m), 0);
+	rw_cuda_event_destroy(ev);
+	rw_cuda_stream_destroy(s);
+	rw_cuda_host_free(a);
+	rw_cuda_host_free(b);
+	rw_cuda_mem_free(0, d);
+	rw_cuda_shutdown();
+	return 0;
+}
+
+static void test_stream_order_two_processes(void **state)
+{
+	(void)state;
+	NEED_GPU();
+	int sv[2], status = 0;
+	assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		char fdarg[16];
+		close(sv[0]);
+		snprintf(fdarg, sizeof(fdarg), "%d", sv[1]);
+		execl(self_path, self_path, "--order-peer", fdarg, (char *)NULL);
+		_exit(127);
+	}
+	close(sv[1]);
+	struct order_msg m;
+	assert_int_equal(recv(sv[0], &m, sizeof(m), MSG_WAITALL), (ssize_t)sizeof(m));
+	assert_int_equal(m.cmd, 'D');
+	rw_cuda_ipc_cache_t *cache;
+	rw_cuda_ipc_map_t *map;
+	rw_cuda_dptr_t d;
+	rw_cuda_event_t *ev;
+	rw_cuda_stream_t *s;
+	void *h;
+	assert_int_equal(rw_cuda_ipc_cache_create(&cache), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &m.desc, 1, &map, &d), RW_OK);
+	assert_int_equal(rw_cuda_event_import(0, m.event, &ev), RW_OK);
+	assert_int_equal(rw_cuda_stream_create(0, &s), RW_OK);
+	assert_int_equal(rw_cuda_host_alloc(IPC_BYTES, &h), RW_OK);
+	/* A, read behind the trainer's event: its last copy, never an earlier one or zeros */
+	assert_int_equal(rw_cuda_stream_wait_event(s, ev), RW_OK);
+	assert_int_equal(rw_cuda_copy_dtoh_async(s, h, d, IPC_BYTES), RW_OK);
+	assert_int_equal(rw_cuda_stream_sync(s), RW_OK);
+	assert_int_equal(fill_check(h, 0x44, 1), 1);
+	/* B, then the flag, on our stream; the trainer's stream has been waiting for it */
+	usleep(50000);
+	fill_check(h, 0x55, 0);
+	assert_int_equal(rw_cuda_copy_htod_async(s, d + IPC_BYTES, h, IPC_BYTES), RW_OK);
+	assert_int_equal(rw_cuda_stream_write_u32(s, d + ORDER_FLAG, 1), RW_OK);
+	assert_int_equal(rw_cuda_stream_sync(s), RW_OK);
+	assert_int_equal(recv(sv[0], &m, sizeof(m), MSG_WAITALL), (ssize_t)sizeof(m));
+	assert_int_equal(m.cmd, 'Y');
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+	print_message("stream order: the importer's stream waited on the trainer's IPC event; the "
+		      "trainer's stream waited on the flag the importer's stream wrote\n");
+	rw_cuda_host_free(h);
+	rw_cuda_stream_destroy(s);
+	rw_cuda_event_destroy(ev);
+	rw_cuda_ipc_release(cache, map);
+	rw_cuda_ipc_cache_destroy(cache);
+	close(sv[0]);
+}
+
 /* ---- dmabuf ----------------------------------------------------------------------------- */
 
 static void test_dmabuf_probe(void **state)
@@ -677,7 +863,9 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_kernels_pack_unpack),
 		cmocka_unit_test(test_kernels_combine),
 		cmocka_unit_test(test_kernels_mapped_rows),
+		cmocka_unit_test(test_kernels_route_count),
 		cmocka_unit_test(test_ipc_two_processes),
+		cmocka_unit_test(test_stream_order_two_processes),
 		cmocka_unit_test(test_dmabuf_probe),
 		cmocka_unit_test(test_shutdown),
 	};
@@ -686,6 +874,8 @@ int main(int argc, char **argv)
 	self_path = argv[0];
 	if (argc == 3 && strcmp(argv[1], "--ipc-exporter") == 0)
 		return ipc_exporter(atoi(argv[2]));
+	if (argc == 3 && strcmp(argv[1], "--order-peer") == 0)
+		return order_peer(atoi(argv[2]));
 	rng_state = seed ? strtoull(seed, NULL, 0) : (uint64_t)getpid() * 0x9E3779B97F4A7C15ull;
 	if (rng_state == 0)
 		rng_state = 1;

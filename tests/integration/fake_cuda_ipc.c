@@ -3,10 +3,12 @@
  * without a GPU (loaded through $RW_CUDA_DRIVER by cuda/'s run-time loader). "Device memory" is
  * a memfd mapped shared; an IPC handle names (pid, fd, allocation id, size) and the importer
  * opens /proc/<pid>/fd/<fd> and maps the same pages, so a rank's writes and the daemon's copies
- * meet in the same memory, as with the real driver. Copies run at once; host functions run at
- * once on the calling thread (the daemon still learns of them only through the stream's eventfd,
- * on its next loop iteration). One device, no kernels (the optional entry points are absent).
- * Not thread-safe: each process uses it from one thread. Devices, contexts and copies:
+ * meet in the same memory, as with the real driver. Stream work (async copies, host functions,
+ * the kernel stand-in's launches) runs at once on the calling thread (the daemon still learns of
+ * it only through the stream's eventfd, on its next loop iteration), or with
+ * $RW_FAKE_CUDA_LAG_MS late and in order on a worker thread, as a slow GPU would. One device, no
+ * kernels (the optional entry points are absent). The rest is not thread-safe: each process calls
+ * it from one thread. Devices, contexts, copies and the work queue:
  * tests/cuda/fake_cuda_base.c (shared with the in-process fake). */
 #include "config.h"
 
@@ -20,6 +22,8 @@
 #include <unistd.h>
 
 #include <cuda.h>
+
+#include "tests/cuda/fake_cuda_base.h"
 
 #define NBLOCKS 256
 
@@ -173,14 +177,34 @@ CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr p)
 	return CUDA_SUCCESS;
 }
 
+/* One stream's worth of ordering: all stream work goes through the queue of fake_cuda_base.c
+ * (at once, or in order on a worker thread with $RW_FAKE_CUDA_LAG_MS). A synchronize that found
+ * work queued says so on stderr (the integration tests count the daemon's blocking waits). */
 CUresult CUDAAPI cuStreamCreate(CUstream *s, unsigned int f) { (void)f; *s = (CUstream)&stream_obj; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuStreamDestroy(CUstream s) { (void)s; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuStreamQuery(CUstream s) { (void)s; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
+CUresult CUDAAPI cuStreamDestroy(CUstream s) { (void)s; rw_fake_cuda_drain(); return CUDA_SUCCESS; }
+CUresult CUDAAPI cuStreamQuery(CUstream s) { (void)s; return rw_fake_cuda_busy() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS; }
+CUresult CUDAAPI cuStreamSynchronize(CUstream s)
+{
+	(void)s;
+	unsigned n = rw_fake_cuda_drain();
+	if (n)
+		fprintf(stderr, "fake cuda: cuStreamSynchronize blocked for %u queued items\n", n);
+	return CUDA_SUCCESS;
+}
+struct host_fn_args {
+	CUhostFn fn;
+	void *arg;
+};
+static void host_fn_run(const void *a)
+{
+	const struct host_fn_args *h = a;
+	h->fn(h->arg);
+}
 CUresult CUDAAPI cuLaunchHostFunc(CUstream s, CUhostFn fn, void *arg)
 {
 	(void)s;
-	fn(arg);
+	struct host_fn_args h = { fn, arg };
+	rw_fake_cuda_submit(host_fn_run, &h, sizeof(h));
 	return CUDA_SUCCESS;
 }
 #endif /* RW_HAVE_CUDA_H */

@@ -5,7 +5,8 @@
  * on the calling thread, on the CPU, with the arithmetic cuda/kernels.cu states (fp32 adds in list
  * order, bf16 rounded to nearest even with NaN kept quiet): this checks the mover's bookkeeping,
  * not the GPU code (the GPU test, tests/integration/test_cuda_mover.py, checks that). Device
- * memory here is host-addressable, so every address the lists name is dereferenced as is. Only
+ * memory here is host-addressable, so every address the lists name is dereferenced as is. Launches
+ * and memsets are stream work: at once, or late and in order with $RW_FAKE_CUDA_LAG_MS. Only
  * the mover's kernels exist; the index-based pack/unpack/combine are refused. The module image
  * is not looked at. */
 #include "config.h"
@@ -15,6 +16,8 @@
 #include <string.h>
 
 #include <cuda.h>
+
+#include "tests/cuda/fake_cuda_base.h"
 
 static const char *const names[] = { "rw_copy_rows16", "rw_copy_rows1", "rw_rows_acc",
 				     "rw_rows_sum", "rw_store_f32" };
@@ -41,10 +44,21 @@ CUresult CUDAAPI cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name
 	return CUDA_SUCCESS;
 }
 
+struct memset_args {
+	void *dst;
+	size_t n;
+	unsigned char v;
+};
+static void memset_run(const void *a)
+{
+	const struct memset_args *m = a;
+	memset(m->dst, m->v, m->n);
+}
 CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
 {
 	(void)s;
-	memset((void *)(uintptr_t)d, v, n);
+	struct memset_args m = { (void *)(uintptr_t)d, n, v };
+	rw_fake_cuda_submit(memset_run, &m, sizeof(m));
 	return CUDA_SUCCESS;
 }
 
@@ -82,27 +96,32 @@ static uint16_t to_bf16(float f)
 
 #define ARG(i, type) (*(type *)params[i])
 
-CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-				unsigned by, unsigned bz, unsigned shared, CUstream s, void **params,
-				void **extra)
+/* A launch's arguments, read when it is submitted (as the driver does). */
+struct launch {
+	uintptr_t k;
+	uint64_t a0, a1, n64;
+	uint32_t n, w, bf16;
+};
+
+static void launch_run(const void *arg)
 {
-	(void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared, (void)s, (void)extra;
-	uintptr_t k = (uintptr_t)f;
+	const struct launch *L = arg;
+	uintptr_t k = L->k;
 	if (k == 1 || k == 2) { /* rw_copy_rows16 (16-byte units) / rw_copy_rows1 (bytes) */
-		const struct row_copy *l = (const struct row_copy *)(uintptr_t)ARG(0, CUdeviceptr);
-		uint32_t n = ARG(1, uint32_t);
-		size_t len = (size_t)ARG(2, uint32_t) * (k == 1 ? 16 : 1);
+		const struct row_copy *l = (const struct row_copy *)(uintptr_t)L->a0;
+		uint32_t n = L->n;
+		size_t len = (size_t)L->w * (k == 1 ? 16 : 1);
 		/* Last entry first: a GPU promises no order among a launch's entries, and a list
 		 * naming one destination twice must not pass here by luck of order. */
 		for (uint32_t e = n; e-- > 0;)
 			memmove((void *)(uintptr_t)l[e].dst, (const void *)(uintptr_t)l[e].src, len);
-		return CUDA_SUCCESS;
+		return;
 	}
 	if (k == 3 || k == 4) { /* rw_rows_acc / rw_rows_sum */
-		const struct row_sum *l = (const struct row_sum *)(uintptr_t)ARG(0, CUdeviceptr);
-		const uint64_t *src = (const uint64_t *)(uintptr_t)ARG(1, CUdeviceptr);
-		uint32_t n = ARG(2, uint32_t), hidden = ARG(3, uint32_t);
-		int bf16 = ARG(4, uint32_t) != 0;
+		const struct row_sum *l = (const struct row_sum *)(uintptr_t)L->a0;
+		const uint64_t *src = (const uint64_t *)(uintptr_t)L->a1;
+		uint32_t n = L->n, hidden = L->w;
+		int bf16 = L->bf16 != 0;
 		for (uint32_t e = 0; e < n; e++) {
 			uint8_t *dst = (uint8_t *)(uintptr_t)l[e].dst;
 			if (k == 4 && l[e].count == 1) {
@@ -128,23 +147,43 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned
 				}
 			}
 		}
-		return CUDA_SUCCESS;
+		return;
 	}
-	if (k == 5) { /* rw_store_f32 */
-		uint8_t *dst = (uint8_t *)(uintptr_t)ARG(0, CUdeviceptr);
-		const float *src = (const float *)(uintptr_t)ARG(1, CUdeviceptr);
-		uint64_t n = ARG(2, uint64_t);
-		int bf16 = ARG(3, uint32_t) != 0;
-		for (uint64_t i = 0; i < n; i++) {
-			if (bf16) {
-				uint16_t v = to_bf16(src[i]);
-				memcpy(dst + 2 * i, &v, 2);
-			} else {
-				memcpy(dst + 4 * i, &src[i], 4);
-			}
+	/* rw_store_f32 */
+	uint8_t *dst = (uint8_t *)(uintptr_t)L->a0;
+	const float *src = (const float *)(uintptr_t)L->a1;
+	for (uint64_t i = 0; i < L->n64; i++) {
+		if (L->bf16) {
+			uint16_t v = to_bf16(src[i]);
+			memcpy(dst + 2 * i, &v, 2);
+		} else {
+			memcpy(dst + 4 * i, &src[i], 4);
 		}
-		return CUDA_SUCCESS;
 	}
-	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+				unsigned by, unsigned bz, unsigned shared, CUstream s, void **params,
+				void **extra)
+{
+	(void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared, (void)s, (void)extra;
+	struct launch L = { .k = (uintptr_t)f, .a0 = ARG(0, CUdeviceptr) };
+	if (L.k == 1 || L.k == 2) {
+		L.n = ARG(1, uint32_t);
+		L.w = ARG(2, uint32_t);
+	} else if (L.k == 3 || L.k == 4) {
+		L.a1 = ARG(1, CUdeviceptr);
+		L.n = ARG(2, uint32_t);
+		L.w = ARG(3, uint32_t);
+		L.bf16 = ARG(4, uint32_t);
+	} else if (L.k == 5) {
+		L.a1 = ARG(1, CUdeviceptr);
+		L.n64 = ARG(2, uint64_t);
+		L.bf16 = ARG(3, uint32_t);
+	} else {
+		return CUDA_ERROR_NOT_SUPPORTED;
+	}
+	rw_fake_cuda_submit(launch_run, &L, sizeof(L));
+	return CUDA_SUCCESS;
 }
 #endif /* RW_HAVE_CUDA_H */
