@@ -708,6 +708,8 @@ static int handle_hello(rw_ipc_client_t *c, const rw_ipc_hello_t *req)
 	uint32_t seq = req->hdr.seq;
 	const char *why;
 	int code = rw_ipc_check_hello(req, &srv->lim, &why);
+	if (code == RW_E_GROUP_KEY) /* too short */
+		srv->stats.refused_key++;
 	if (code)
 		return send_error(c, seq, code, why, 1);
 	c->bufs = calloc(srv->lim.max_buffers, sizeof(*c->bufs));
