@@ -115,6 +115,10 @@ static void answer_summary(const rw_svc_t *svc, rw_svc_buf_t *o)
  * (SO_PEERCRED), so an operator can see which process holds which rank. */
 static void answer_clients(const rw_svc_t *svc, rw_svc_buf_t *o)
 {
+	rw_ipc_server_stats_t is = {0};
+	if (svc->ipc)
+		rw_ipc_server_stats(svc->ipc, &is);
+	rw_svc_buf_printf(o, "connections %u\n", is.clients); /* so the answer is never empty */
 	if (!svc->ipc)
 		return;
 	for (const rw_ipc_client_t *c = rw_ipc_server_next_client(svc->ipc, NULL); c;
