@@ -179,8 +179,9 @@ static int send_error(rw_ipc_client_t *c, uint32_t seq, int code, const char *wh
 			c->info.group, c->info.rank, (int)c->info.pid, rw_client_strerror(code), why,
 			fatal ? " (dropping it)" : "");
 	else
-		rw_warn("ipc client %u (pid %d): %s: %s%s", c->info.id, (int)c->info.pid,
-			rw_client_strerror(code), why, fatal ? " (dropping it)" : "");
+		rw_warn("ipc client %u (pid %d uid %d): %s: %s%s", c->info.id, (int)c->info.pid,
+			(int)c->info.uid, rw_client_strerror(code), why,
+			fatal ? " (dropping it)" : "");
 	rw_ipc_error_t err;
 	memset(&err, 0, sizeof(err));
 	hdr_init(&err.hdr, RW_IPC_ERROR, seq);
@@ -995,7 +996,8 @@ static void hello_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	(void)revents;
 	rw_ipc_client_t *c = w->data;
 	char why[RW_IPC_ERRMSG_MAX];
-	snprintf(why, sizeof(why), "no hello within %u ms of connecting", c->srv->cfg.hello_timeout_ms);
+	snprintf(why, sizeof(why), "no hello within %u ms of connecting",
+		 c->srv->cfg.hello_timeout_ms);
 	c->srv->stats.hello_timeouts++;
 	send_error(c, 0, RW_E_STATE, why, 1);
 }
@@ -1132,8 +1134,10 @@ rw_status_t rw_ipc_socket_dir(const char *socket_path, const char *group)
 		return RW_ERR_SYS;
 	}
 	/* chown, then chmod: mkdir's mode went through the umask. */
-	if (gid != (gid_t)-1 && (chown(dir, (uid_t)-1, gid) != 0 || chmod(dir, 0750) != 0)) {
-		rw_err("ipc: chown/chmod %s to group %s: %m", dir, group);
+	if ((gid != (gid_t)-1 && chown(dir, (uid_t)-1, gid) != 0) ||
+	    chmod(dir, gid == (gid_t)-1 ? 0755 : 0750) != 0) {
+		rw_err("ipc: chown/chmod %s%s%s: %m", dir, gid == (gid_t)-1 ? "" : " to group ",
+		       gid == (gid_t)-1 ? "" : group);
 		return RW_ERR_SYS;
 	}
 	return RW_OK;

@@ -16,7 +16,7 @@ the victim (the last node) is killed. Then:
     build the survivors run the whole test under ASan + UBSan, so one use-after-free or leak in
     any of the cycles fails it).
 
-  test_killcycle.py [--kills N] [--nodes N]   (default: 100 kills, 2 nodes; RW_KILLS overrides)
+  test_killcycle.py [--kills N] [--nodes N]   (default: 100 kills, 3 nodes; RW_KILLS overrides)
 Run by tests/run as $b/test/integration_killcycle; exits 0 pass, 1 fail, 77 skip."""
 import argparse
 import os
@@ -186,7 +186,7 @@ def run(kills, nodes, seed):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kills", type=int, default=int(os.environ.get("RW_KILLS", "100")))
-    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--nodes", type=int, default=3)
     args = ap.parse_args()
     if not (os.access(it.DAEMON, os.X_OK) and os.access(it.RANK, os.X_OK)):
         print("skip: railwaved or rw_rank not built")
