@@ -342,10 +342,25 @@ int rw_client_connect(const rw_client_opts_t *opts, rw_client_t **client_p)
 	hello.node = opts->node;
 	hello.local_gpu = opts->local_gpu;
 	memcpy(hello.gpu_uuid, opts->gpu_uuid, sizeof(hello.gpu_uuid));
+	/* Without a key the hello keeps its first form (112 bytes), which daemons from before group
+	 * keys accept too; the key fields need a daemon that knows them. */
+	size_t hello_len = RW_IPC_HELLO_BASE_BYTES;
+	const char *key = getenv("RAILWAVE_GROUP_KEY"); /* the launcher's, per job */
+	if (key && *key) {
+		size_t klen = strlen(key);
+		if (klen > RW_IPC_GROUP_KEY_MAX) {
+			rc = RW_E_INVAL;
+			goto fail_close;
+		}
+		hello.key_len = (uint32_t)klen;
+		memcpy(hello.key, key, klen);
+		hello_len = sizeof(hello);
+	}
 	rw_ipc_msg_t reply;
 	int fds[RW_IPC_MAX_FDS];
-	rc = request(c, &hello, sizeof(hello), -1, RW_IPC_HELLO_OK, &reply,
+	rc = request(c, &hello, hello_len, -1, RW_IPC_HELLO_OK, &reply,
 		     sizeof(rw_ipc_hello_ok_t), fds, 0);
+	explicit_bzero(hello.key, sizeof(hello.key));
 	if (rc)
 		goto fail_close;
 	c->limits = reply.hello_ok;

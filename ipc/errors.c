@@ -49,6 +49,7 @@ const char *rw_client_strerror(int err)
 	case RW_E_INTERNAL: return "railwaved internal error";
 	case RW_E_PHASE: return "phase failed";
 	case RW_E_EXPERTS: return "n_experts missing, not a multiple of the world size, or not the phase's";
+	case RW_E_GROUP_KEY: return "group key missing, wrong or too short (RAILWAVE_GROUP_KEY)";
 	}
 	return "unknown error";
 }

@@ -97,7 +97,18 @@ typedef struct rw_ipc_server_config {
 	 * arming the eventfds and sleeping (an ev_idle watcher; the loop still serves its other
 	 * watchers between polls). 0: never poll, always sleep on the eventfds. */
 	uint32_t busy_poll_us;
+	/* Rank authentication (docs/ipc.md "Rank authentication"). */
+	int require_group_key;      /* 1: a hello without a group key is refused (RW_E_GROUP_KEY);
+	                             * 0: a group opened without a key stays open to any rank */
+	uint32_t max_per_uid;       /* connections one uid may hold (joined or not); 0 = 64 */
+	uint32_t hello_timeout_ms;  /* a connection that has not joined by then is closed; 0 = 5000 */
 } rw_ipc_server_config_t;
+
+/* Create the folder of a socket path if it is missing: mode 0755, or 0750 and owned by `group`
+ * (a name; NULL or "" = none). A folder that exists is left as it is, with a warning when others
+ * may write it without the sticky bit (they could replace the socket). RW_ERR_INVAL for an
+ * unknown group, RW_ERR_SYS if mkdir/chown fails (logged). The stats socket uses it too. */
+rw_status_t rw_ipc_socket_dir(const char *socket_path, const char *group);
 
 /* Bind and listen on cfg->socket_path (mode, then group via chown), start accepting on `loop`.
  * Errors: RW_ERR_INVAL (bad config, path too long, unknown group), RW_ERR_EXISTS (a live
@@ -150,7 +161,17 @@ typedef struct rw_ipc_server_stats {
 	uint64_t errors_sent;    /* control-message error replies */
 	uint64_t dropped;        /* clients dropped for a protocol violation or by the service */
 	uint64_t wakeups;        /* eventfd writes to clients */
+	uint64_t refused_key;    /* hellos refused for their group key (RW_E_GROUP_KEY) */
+	uint64_t refused_uid;    /* connections refused at the per-uid cap */
+	uint64_t hello_timeouts; /* connections closed for not joining in hello_timeout_ms */
 } rw_ipc_server_stats_t;
 void rw_ipc_server_stats(const rw_ipc_server_t *server, rw_ipc_server_stats_t *stats_p);
+
+/* Walk the open connections (joined or not, not those being torn down): NULL gives the first,
+ * then the one after `prev`; NULL at the end. Only on the loop's thread, not across callbacks. */
+const rw_ipc_client_t *rw_ipc_server_next_client(const rw_ipc_server_t *server,
+						 const rw_ipc_client_t *prev);
+/* 1 once the client's hello was accepted (its info's group and rank are set). */
+int rw_ipc_client_joined(const rw_ipc_client_t *client);
 
 #endif /* RW_IPC_H */

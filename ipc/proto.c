@@ -52,7 +52,7 @@ int rw_ipc_parse_request(const void *buf, size_t len, int msg_flags, unsigned nf
 	case RW_IPC_GOODBYE: want = sizeof(rw_ipc_hdr_t); break;
 	default: return fail(why_p, "unknown or daemon-to-client message type", RW_E_MSG_TYPE);
 	}
-	if (len != want)
+	if (len != want && !(hdr.type == RW_IPC_HELLO && len == RW_IPC_HELLO_BASE_BYTES))
 		return fail(why_p, "message length does not match its type", RW_E_MSG_SIZE);
 	if (nfds != want_fds)
 		return fail(why_p, want_fds ? "register host buffer needs exactly one fd"
@@ -106,6 +106,13 @@ int rw_ipc_check_hello(const rw_ipc_hello_t *hello, const rw_ipc_limits_t *lim,
 		return fail(why_p, "rank not below world size", RW_E_RANK_RANGE);
 	if (hello->local_gpu < -1 || hello->local_gpu >= lim->max_local_gpu)
 		return fail(why_p, "local GPU index out of range", RW_E_GPU);
+	if (hello->key_reserved != 0 || hello->key_len > RW_IPC_GROUP_KEY_MAX ||
+	    !all_zero(hello->key + hello->key_len, RW_IPC_GROUP_KEY_MAX - hello->key_len))
+		return fail(why_p, "hello: key length above 64, or key padding/reserved not zero",
+			    RW_E_FIELD);
+	if (hello->key_len && hello->key_len < RW_IPC_GROUP_KEY_MIN)
+		return fail(why_p, "group key shorter than 16 bytes (RAILWAVE_GROUP_KEY: use 32 "
+			    "random bytes in hex)", RW_E_GROUP_KEY);
 	return 0;
 }
 

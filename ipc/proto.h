@@ -14,6 +14,8 @@
 #define RW_IPC_VERSION RW_PROTOCOL_VERSION /* ipc/railwave.h */
 #define RW_IPC_MAX_FDS 4 /* cmsg space the daemon offers; more arrive as MSG_CTRUNC */
 #define RW_IPC_ERRMSG_MAX 112
+#define RW_IPC_GROUP_KEY_MIN 16 /* bytes; shorter keys are refused (guessable) */
+#define RW_IPC_GROUP_KEY_MAX 64 /* bytes: 32 random bytes in hex, as deploy/slurm makes them */
 
 enum rw_ipc_type {
 	RW_IPC_HELLO = 1,      /* c→d  rw_ipc_hello_t                     → HELLO_OK | ERROR */
@@ -45,7 +47,13 @@ typedef struct rw_ipc_hello {
 	uint32_t node;
 	int32_t local_gpu; /* -1: none */
 	uint8_t gpu_uuid[16];
+	/* Group key (docs/ipc.md "Rank authentication"), added at the end: a hello of the first
+	 * form (RW_IPC_HELLO_BASE_BYTES, no key) is still accepted and means key_len 0. */
+	uint32_t key_len;  /* 0: no key; else RW_IPC_GROUP_KEY_MIN .. RW_IPC_GROUP_KEY_MAX */
+	uint32_t key_reserved; /* 0 */
+	uint8_t key[RW_IPC_GROUP_KEY_MAX]; /* $RAILWAVE_GROUP_KEY; bytes past key_len are 0 */
 } rw_ipc_hello_t;
+#define RW_IPC_HELLO_BASE_BYTES offsetof(rw_ipc_hello_t, key_len) /* hello without a key */
 
 typedef struct rw_ipc_hello_ok {
 	rw_ipc_hdr_t hdr;
@@ -117,7 +125,8 @@ typedef struct rw_ipc_error {
 } rw_ipc_error_t;
 
 _Static_assert(sizeof(rw_ipc_hdr_t) == 16, "wire size");
-_Static_assert(sizeof(rw_ipc_hello_t) == 112, "wire size");
+_Static_assert(sizeof(rw_ipc_hello_t) == 184, "wire size");
+_Static_assert(RW_IPC_HELLO_BASE_BYTES == 112, "wire size of the hello without a key");
 _Static_assert(sizeof(rw_ipc_hello_ok_t) == 48, "wire size");
 _Static_assert(sizeof(rw_ipc_reg_host_t) == 32, "wire size");
 _Static_assert(sizeof(rw_ipc_reg_cuda_t) == 136, "wire size");
@@ -167,7 +176,8 @@ typedef struct rw_ipc_limits {
 int rw_ipc_parse_request(const void *buf, size_t len, int msg_flags, unsigned nfds,
 			 rw_ipc_msg_t *msg_p, const char **why_p);
 
-/* Stateless hello checks: group name, world size, rank < world, local GPU. */
+/* Stateless hello checks: group name, world size, rank < world, local GPU, key length and
+ * padding (a key shorter than RW_IPC_GROUP_KEY_MIN is RW_E_GROUP_KEY). */
 int rw_ipc_check_hello(const rw_ipc_hello_t *hello, const rw_ipc_limits_t *lim,
 		       const char **why_p);
 

@@ -67,11 +67,13 @@ typedef enum rw_client_error {
 	RW_E_HANDLE = -48,          /* combine: unknown handle id */
 	RW_E_NO_CUDA = -49,         /* the daemon has no usable CUDA driver */
 	RW_E_CUDA = -50,            /* the daemon could not import the CUDA IPC handle */
-	RW_E_LIMIT = -51,           /* daemon limit reached (clients, groups) */
+	RW_E_LIMIT = -51,           /* daemon limit reached (clients, connections of one uid) */
 	RW_E_INTERNAL = -52,        /* the daemon failed on its side (memory, fds); not your fault */
 	RW_E_PHASE = -53,           /* the service failed the phase (peer loss, cancelled, ...) */
 	RW_E_EXPERTS = -54,         /* n_experts 0, not a multiple of the world size, above the
 	                               daemon's limit, or not the phase's (ranks/nodes disagree) */
+	RW_E_GROUP_KEY = -55,       /* [drop] group key ($RAILWAVE_GROUP_KEY) missing, wrong, too
+	                               short, or required by the daemon and not given */
 } rw_client_error_t;
 
 /* Static description of an error code; never NULL. */
@@ -208,7 +210,9 @@ typedef struct rw_client_opts {
 } rw_client_opts_t;
 
 /* Connect, say hello, and set up the rings. Blocks for the daemon's replies (timeout_ms each).
- * On failure nothing is left open and the daemon's message (if any) is logged to stderr only
+ * The hello carries the job's group key from $RAILWAVE_GROUP_KEY when it is set (16..64 bytes;
+ * RW_E_INVAL if longer): the first rank of a group sets it, every other rank must present the
+ * same (RW_E_GROUP_KEY otherwise; docs/ipc.md "Rank authentication"). On failure nothing is left open and the daemon's message (if any) is logged to stderr only
  * when $RAILWAVE_DEBUG is set; the return code says what went wrong. */
 int rw_client_connect(const rw_client_opts_t *opts, rw_client_t **client_p);
 

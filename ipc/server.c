@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <ev.h>
+#include <sodium.h>
 
 #include "cuda/rw_cuda.h"
 #include "ipc/proto.h"
@@ -43,6 +44,8 @@ typedef struct ipc_group {
 	uint32_t node;
 	rw_ipc_client_t *members; /* joined clients, linked by group_next */
 	struct ipc_group *next;
+	int keyed;                /* its first rank presented a group key */
+	uint8_t key_hash[crypto_generichash_BYTES]; /* keyed hash of it (the key is not kept) */
 } ipc_group_t;
 
 struct rw_ipc_client {
@@ -54,6 +57,7 @@ struct rw_ipc_client {
 	ipc_group_t *group;
 	int fd;
 	ev_io io;
+	ev_timer hello_timer; /* runs from accept until the hello is accepted */
 	rw_ipc_client_info_t info;
 	int joined;
 	int dying;
@@ -102,6 +106,7 @@ struct rw_ipc_server {
 	int cuda_state; /* 0 not tried, 1 ready, -1 unavailable */
 	rw_cuda_ipc_cache_t *cuda;
 	rw_ipc_server_stats_t stats;
+	uint8_t key_salt[crypto_generichash_KEYBYTES]; /* random per server: keys the group hashes */
 };
 
 const char *rw_ipc_leave_str(rw_ipc_leave_t reason)
@@ -174,8 +179,9 @@ static int send_error(rw_ipc_client_t *c, uint32_t seq, int code, const char *wh
 			c->info.group, c->info.rank, (int)c->info.pid, rw_client_strerror(code), why,
 			fatal ? " (dropping it)" : "");
 	else
-		rw_warn("ipc client %u (pid %d): %s: %s%s", c->info.id, (int)c->info.pid,
-			rw_client_strerror(code), why, fatal ? " (dropping it)" : "");
+		rw_warn("ipc client %u (pid %d uid %d): %s: %s%s", c->info.id, (int)c->info.pid,
+			(int)c->info.uid, rw_client_strerror(code), why,
+			fatal ? " (dropping it)" : "");
 	rw_ipc_error_t err;
 	memset(&err, 0, sizeof(err));
 	hdr_init(&err.hdr, RW_IPC_ERROR, seq);
@@ -665,12 +671,49 @@ static void group_leave(rw_ipc_client_t *c)
 	srv->stats.groups--;
 }
 
+/* The group key (docs/ipc.md "Rank authentication"): the first rank of a group sets it (or opens
+ * the group without one, where the daemon allows that), every later rank must present the same.
+ * Only a keyed hash is kept, compared in constant time; the check comes before any other group
+ * check so a refused rank learns nothing about the group's ranks. Refusal drops the client and
+ * leaves the group as it was. Returns 0 (hash in *hash_p) or -1 (refused). */
+static int check_group_key(rw_ipc_client_t *c, const rw_ipc_hello_t *req, const ipc_group_t *g,
+			   uint8_t hash_p[crypto_generichash_BYTES])
+{
+	rw_ipc_server_t *srv = c->srv;
+	char why[RW_IPC_ERRMSG_MAX];
+	memset(hash_p, 0, crypto_generichash_BYTES);
+	if (req->key_len)
+		crypto_generichash(hash_p, crypto_generichash_BYTES, req->key, req->key_len,
+				   srv->key_salt, sizeof(srv->key_salt));
+	if (!req->key_len && srv->cfg.require_group_key)
+		snprintf(why, sizeof(why), "group %.48s: this daemon requires a group key, none "
+			 "was given", req->group);
+	else if (!g)
+		return 0;
+	else if (g->keyed && !req->key_len)
+		snprintf(why, sizeof(why), "group %.48s has a group key and this rank gave none",
+			 req->group);
+	else if (!g->keyed && req->key_len)
+		snprintf(why, sizeof(why), "group %.48s was opened without a key; this rank gives one",
+			 req->group);
+	else if (g->keyed && sodium_memcmp(hash_p, g->key_hash, crypto_generichash_BYTES) != 0)
+		snprintf(why, sizeof(why), "group %.48s: key differs from the one its first rank set",
+			 req->group);
+	else
+		return 0;
+	srv->stats.refused_key++;
+	send_error(c, req->hdr.seq, RW_E_GROUP_KEY, why, 1);
+	return -1;
+}
+
 static int handle_hello(rw_ipc_client_t *c, const rw_ipc_hello_t *req)
 {
 	rw_ipc_server_t *srv = c->srv;
 	uint32_t seq = req->hdr.seq;
 	const char *why;
 	int code = rw_ipc_check_hello(req, &srv->lim, &why);
+	if (code == RW_E_GROUP_KEY) /* too short */
+		srv->stats.refused_key++;
 	if (code)
 		return send_error(c, seq, code, why, 1);
 	c->bufs = calloc(srv->lim.max_buffers, sizeof(*c->bufs));
@@ -679,7 +722,10 @@ static int handle_hello(rw_ipc_client_t *c, const rw_ipc_hello_t *req)
 	if (srv->node >= 0 && req->node != (uint32_t)srv->node)
 		return send_error(c, seq, RW_E_NODE_MISMATCH, "node differs from this daemon's node",
 				  1);
+	uint8_t key_hash[crypto_generichash_BYTES];
 	ipc_group_t *g = group_find(srv, req->group);
+	if (check_group_key(c, req, g, key_hash) < 0)
+		return 0;
 	if (g) {
 		if (g->world_size != req->world_size)
 			return send_error(c, seq, RW_E_WORLD_MISMATCH,
@@ -701,6 +747,12 @@ static int handle_hello(rw_ipc_client_t *c, const rw_ipc_hello_t *req)
 		if (!g)
 			return send_error(c, seq, RW_E_INTERNAL, "daemon out of memory", 1);
 		memcpy(g->name, req->group, sizeof(g->name));
+		g->keyed = req->key_len != 0;
+		memcpy(g->key_hash, key_hash, sizeof(g->key_hash));
+		if (!g->keyed)
+			rw_info("ipc: group %s opened without a group key by client %u (pid %d uid %d): "
+				"any process that can open the socket may take its other ranks",
+				g->name, c->info.id, (int)c->info.pid, (int)c->info.uid);
 		g->world_size = req->world_size;
 		g->node = req->node;
 		g->next = srv->groups;
@@ -717,6 +769,7 @@ static int handle_hello(rw_ipc_client_t *c, const rw_ipc_hello_t *req)
 	c->group_next = g->members;
 	g->members = c;
 	c->joined = 1;
+	ev_timer_stop(srv->loop, &c->hello_timer);
 
 	rw_ipc_hello_ok_t ok;
 	memset(&ok, 0, sizeof(ok));
@@ -730,9 +783,10 @@ static int handle_hello(rw_ipc_client_t *c, const rw_ipc_hello_t *req)
 	ok.max_buffer_bytes = srv->lim.max_buffer_bytes;
 	if (send_msg(c, &ok, sizeof(ok), NULL, 0) < 0)
 		return 0;
-	rw_info("ipc client %u joined: group %s rank %u/%u node %u gpu %d (pid %d uid %d)",
-		c->info.id, c->info.group, c->info.rank, c->info.world_size, c->info.node,
-		c->info.local_gpu, (int)c->info.pid, (int)c->info.uid);
+	rw_info("ipc client %u joined: group %s rank %u/%u node %u gpu %d (pid %d uid %d gid %d, "
+		"%s)", c->info.id, c->info.group, c->info.rank, c->info.world_size, c->info.node,
+		c->info.local_gpu, (int)c->info.pid, (int)c->info.uid, (int)c->info.gid,
+		g->keyed ? "keyed group" : "group without a key");
 	if (srv->ops.client_joined)
 		srv->ops.client_joined(srv->ctx, c);
 	return 0;
@@ -841,6 +895,7 @@ static void client_kill(rw_ipc_client_t *c, rw_ipc_leave_t reason, int error)
 	c->leave_reason = reason;
 	c->leave_error = error;
 	ev_io_stop(srv->loop, &c->io);
+	ev_timer_stop(srv->loop, &c->hello_timer);
 	if (c->rings_up)
 		ev_io_stop(srv->loop, &c->sq_io);
 	c->reap_next = srv->reap;
@@ -855,8 +910,10 @@ static void client_free(rw_ipc_client_t *c)
 	if (c->joined) {
 		if (srv->ops.client_left)
 			srv->ops.client_left(srv->ctx, c, c->leave_reason, c->leave_error);
-		rw_info("ipc client %u left: group %s rank %u: %s%s%s", c->info.id, c->info.group,
-			c->info.rank, rw_ipc_leave_str(c->leave_reason), c->leave_error ? ": " : "",
+		rw_info("ipc client %u left: group %s rank %u (pid %d uid %d gid %d): %s%s%s",
+			c->info.id, c->info.group, c->info.rank, (int)c->info.pid, (int)c->info.uid,
+			(int)c->info.gid, rw_ipc_leave_str(c->leave_reason),
+			c->leave_error ? ": " : "",
 			c->leave_error ? rw_client_strerror(c->leave_error) : "");
 	}
 	group_leave(c);
@@ -913,6 +970,41 @@ static void prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 	reap(srv);
 }
 
+/* A connection turned away at accept: one fatal ERROR (best effort), then closed. */
+static void refuse(int fd, int code, const char *msg)
+{
+	rw_ipc_error_t err;
+	memset(&err, 0, sizeof(err));
+	hdr_init(&err.hdr, RW_IPC_ERROR, 0);
+	err.code = code;
+	err.fatal = 1;
+	snprintf(err.message, sizeof(err.message), "%s", msg);
+	ssize_t n = send(fd, &err, sizeof(err), MSG_DONTWAIT | MSG_NOSIGNAL);
+	(void)n;
+	close(fd);
+}
+
+static uint32_t connections_of(const rw_ipc_server_t *srv, uid_t uid)
+{
+	uint32_t n = 0;
+	for (const rw_ipc_client_t *c = srv->clients; c; c = c->next)
+		n += !c->dying && c->info.uid == uid;
+	return n;
+}
+
+/* A connection that has not joined within hello_timeout_ms holds a slot for nothing. */
+static void hello_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	rw_ipc_client_t *c = w->data;
+	char why[RW_IPC_ERRMSG_MAX];
+	snprintf(why, sizeof(why), "no hello within %u ms of connecting",
+		 c->srv->cfg.hello_timeout_ms);
+	c->srv->stats.hello_timeouts++;
+	send_error(c, 0, RW_E_STATE, why, 1);
+}
+
 static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
 	(void)revents;
@@ -927,24 +1019,28 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 		}
 		struct ucred cred = {.pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1};
 		socklen_t clen = sizeof(cred);
-		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0)
-			rw_warn("ipc: SO_PEERCRED: %m");
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
+			rw_warn("ipc: SO_PEERCRED: %m (refusing the connection)");
+			refuse(fd, RW_E_INTERNAL, "daemon could not read the connection's credentials");
+			continue;
+		}
+		char why[RW_IPC_ERRMSG_MAX];
+		uint32_t held = connections_of(srv, cred.uid);
 		rw_ipc_client_t *c = NULL;
-		if (srv->nclients < srv->cfg.max_clients)
-			c = calloc(1, sizeof(*c));
+		if (srv->nclients >= srv->cfg.max_clients)
+			snprintf(why, sizeof(why), "daemon client limit reached (%u connections)",
+				 srv->cfg.max_clients);
+		else if (held >= srv->cfg.max_per_uid)
+			snprintf(why, sizeof(why), "uid %d already holds %u connections, the per-uid "
+				 "limit (ipc_max_per_uid)", (int)cred.uid, held);
+		else if (!(c = calloc(1, sizeof(*c))))
+			snprintf(why, sizeof(why), "daemon out of memory");
 		if (!c) {
-			rw_warn("ipc: refusing connection from pid %d uid %d: %s", (int)cred.pid,
-				(int)cred.uid, srv->nclients >= srv->cfg.max_clients ?
-				"too many clients" : "out of memory");
-			rw_ipc_error_t err;
-			memset(&err, 0, sizeof(err));
-			hdr_init(&err.hdr, RW_IPC_ERROR, 0);
-			err.code = RW_E_LIMIT;
-			err.fatal = 1;
-			snprintf(err.message, sizeof(err.message), "daemon client limit reached");
-			ssize_t n = send(fd, &err, sizeof(err), MSG_DONTWAIT | MSG_NOSIGNAL);
-			(void)n;
-			close(fd);
+			rw_warn("ipc: refusing connection from pid %d uid %d gid %d: %s", (int)cred.pid,
+				(int)cred.uid, (int)cred.gid, why);
+			if (srv->nclients < srv->cfg.max_clients && held >= srv->cfg.max_per_uid)
+				srv->stats.refused_uid++;
+			refuse(fd, RW_E_LIMIT, why);
 			continue;
 		}
 		c->srv = srv;
@@ -967,6 +1063,10 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 		ev_io_init(&c->io, client_cb, fd, EV_READ);
 		c->io.data = c;
 		ev_io_start(loop, &c->io);
+		ev_timer_init(&c->hello_timer, hello_timeout_cb,
+			      (double)srv->cfg.hello_timeout_ms / 1000.0, 0.);
+		c->hello_timer.data = c;
+		ev_timer_start(loop, &c->hello_timer);
 	}
 }
 
@@ -999,6 +1099,53 @@ static rw_status_t clear_stale_socket(const struct sockaddr_un *addr)
 	return RW_OK;
 }
 
+static rw_status_t group_id(const char *group, gid_t *gid_p)
+{
+	struct group grp, *found = NULL;
+	char buf[4096];
+	if (getgrnam_r(group, &grp, buf, sizeof(buf), &found) != 0 || !found) {
+		rw_err("ipc: group %s (ipc_group) does not exist on this host", group);
+		return RW_ERR_INVAL;
+	}
+	*gid_p = found->gr_gid;
+	return RW_OK;
+}
+
+rw_status_t rw_ipc_socket_dir(const char *socket_path, const char *group)
+{
+	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	if (!socket_path || strlen(socket_path) >= sizeof(dir))
+		return RW_ERR_INVAL;
+	strcpy(dir, socket_path);
+	char *slash = strrchr(dir, '/');
+	if (!slash || slash == dir)
+		return RW_OK; /* relative name or a file in / : nothing to create */
+	*slash = '\0';
+	gid_t gid = (gid_t)-1;
+	rw_status_t st;
+	if (group && *group && (st = group_id(group, &gid)) != RW_OK)
+		return st;
+	struct stat sb;
+	if (stat(dir, &sb) == 0) {
+		if ((sb.st_mode & S_IWOTH) && !(sb.st_mode & S_ISVTX))
+			rw_warn("ipc: %s is writable by every user without the sticky bit: anyone "
+				"can replace the sockets in it", dir);
+		return RW_OK;
+	}
+	if (mkdir(dir, gid == (gid_t)-1 ? 0755 : 0750) != 0 && errno != EEXIST) {
+		rw_err("ipc: cannot create %s: %m", dir);
+		return RW_ERR_SYS;
+	}
+	/* chown, then chmod: mkdir's mode went through the umask. */
+	if ((gid != (gid_t)-1 && chown(dir, (uid_t)-1, gid) != 0) ||
+	    chmod(dir, gid == (gid_t)-1 ? 0755 : 0750) != 0) {
+		rw_err("ipc: chown/chmod %s%s%s: %m", dir, gid == (gid_t)-1 ? "" : " to group ",
+		       gid == (gid_t)-1 ? "" : group);
+		return RW_ERR_SYS;
+	}
+	return RW_OK;
+}
+
 static rw_status_t listen_socket(rw_ipc_server_t *srv)
 {
 	const rw_ipc_server_config_t *cfg = &srv->cfg;
@@ -1009,16 +1156,12 @@ static rw_status_t listen_socket(rw_ipc_server_t *srv)
 	}
 	strcpy(addr.sun_path, cfg->socket_path);
 	gid_t gid = (gid_t)-1;
-	if (cfg->group && *cfg->group) {
-		struct group grp, *found = NULL;
-		char buf[4096];
-		if (getgrnam_r(cfg->group, &grp, buf, sizeof(buf), &found) != 0 || !found) {
-			rw_err("ipc: unknown group %s for the socket", cfg->group);
-			return RW_ERR_INVAL;
-		}
-		gid = found->gr_gid;
-	}
-	rw_status_t st = clear_stale_socket(&addr);
+	rw_status_t st;
+	if (cfg->group && *cfg->group && (st = group_id(cfg->group, &gid)) != RW_OK)
+		return st;
+	if ((st = rw_ipc_socket_dir(cfg->socket_path, cfg->group)) != RW_OK)
+		return st;
+	st = clear_stale_socket(&addr);
 	if (st != RW_OK)
 		return st;
 	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -1077,6 +1220,8 @@ rw_status_t rw_ipc_server_create(struct ev_loop *loop, const rw_ipc_server_confi
 	DEFAULT(max_world, 1u << 20);
 	DEFAULT(max_local_gpu, 64);
 	DEFAULT(max_experts, 1u << 20);
+	DEFAULT(max_per_uid, 64);
+	DEFAULT(hello_timeout_ms, 5000);
 	if (cfg.max_buffers > MAX_BUFFER_SLOTS || cfg.max_ring_entries > (1u << 20) ||
 	    cfg.max_topk > 0xffff || cfg.mode > 0777) {
 		rw_err("ipc: server limits out of range");
@@ -1085,6 +1230,12 @@ rw_status_t rw_ipc_server_create(struct ev_loop *loop, const rw_ipc_server_confi
 	rw_ipc_server_t *srv = calloc(1, sizeof(*srv));
 	if (!srv)
 		return RW_ERR_NOMEM;
+	if (sodium_init() < 0) { /* idempotent; fails only without a randomness source */
+		rw_err("ipc: libsodium could not initialise");
+		free(srv);
+		return RW_ERR_SYS;
+	}
+	randombytes_buf(srv->key_salt, sizeof(srv->key_salt));
 	srv->socket_path = strdup(cfg.socket_path);
 	if (!srv->socket_path) {
 		free(srv);
@@ -1127,8 +1278,11 @@ rw_status_t rw_ipc_server_create(struct ev_loop *loop, const rw_ipc_server_confi
 	ev_prepare_start(loop, &srv->prepare);
 	ev_idle_init(&srv->idle, idle_cb);
 	srv->idle.data = srv;
-	rw_info("ipc: listening on %s (mode %04o%s%s)", srv->socket_path, cfg.mode,
-		config->group ? ", group " : "", config->group ? config->group : "");
+	rw_info("ipc: listening on %s (mode %04o%s%s; group keys %s, at most %u connections per "
+		"uid, hello within %u ms)", srv->socket_path, cfg.mode,
+		config->group ? ", group " : "", config->group ? config->group : "",
+		cfg.require_group_key ? "required" : "optional", cfg.max_per_uid,
+		cfg.hello_timeout_ms);
 	*server_p = srv;
 	return RW_OK;
 }
@@ -1209,3 +1363,14 @@ void rw_ipc_server_stats(const rw_ipc_server_t *srv, rw_ipc_server_stats_t *stat
 {
 	*stats_p = srv->stats;
 }
+
+const rw_ipc_client_t *rw_ipc_server_next_client(const rw_ipc_server_t *srv,
+						 const rw_ipc_client_t *prev)
+{
+	const rw_ipc_client_t *c = prev ? prev->next : srv->clients;
+	while (c && c->dying)
+		c = c->next;
+	return c;
+}
+
+int rw_ipc_client_joined(const rw_ipc_client_t *c) { return c->joined; }

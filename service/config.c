@@ -73,6 +73,10 @@ static const field_t fields[] = {
 	{"trace_max_kib", K_U32, OFF(trace_max_kib), 0, 16, 1u << 30},
 	/* peer authentication */
 	{"key_file", K_FILE, OFF(key_file), SZ(key_file), 0, 0},
+	/* rank authentication on the IPC socket */
+	{"ipc_require_group_key", K_BOOL, OFF(ipc_require_group_key), 0, 0, 0},
+	{"ipc_max_per_uid", K_U32, OFF(ipc_max_per_uid), 0, 1, 65536},
+	{"ipc_hello_timeout_ms", K_U32, OFF(ipc_hello_timeout_ms), 0, 100, 600000},
 };
 #define N_FIELDS RW_ARRAY_SIZE(fields)
 
@@ -108,6 +112,13 @@ const rw_svc_option_t rw_svc_options[] = {
 	/* peer authentication */
 	{"key_file", "key-file", "RAILWAVE_KEY_FILE", "FILE",
 	 "cluster key from 'railwave keygen' (\"\" = none: peers unauthenticated)"},
+	/* rank authentication on the IPC socket */
+	{"ipc_require_group_key", "ipc-require-group-key", "RAILWAVE_IPC_REQUIRE_GROUP_KEY", "on|off",
+	 "refuse ranks without a group key (RAILWAVE_GROUP_KEY)"},
+	{"ipc_max_per_uid", "ipc-max-per-uid", "RAILWAVE_IPC_MAX_PER_UID", "N",
+	 "IPC connections one uid may hold"},
+	{"ipc_hello_timeout_ms", "ipc-hello-timeout-ms", "RAILWAVE_IPC_HELLO_TIMEOUT_MS", "MS",
+	 "an IPC connection must join within this"},
 	{NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -369,6 +380,9 @@ static void set_defaults(loader_t *ld)
 	cfg->log_level = RW_LOG_INFO;
 	cfg->force_path = RW_SVC_PATH_AUTO;
 	cfg->trace_max_kib = 64u << 10;
+	cfg->ipc_require_group_key = 0; /* docs/ipc.md: optional, so torchrun and the demo work */
+	cfg->ipc_max_per_uid = 64;
+	cfg->ipc_hello_timeout_ms = 5000;
 }
 
 static const char *env_get(char *const *envp, const char *name)

@@ -86,8 +86,13 @@ rw_status_t rw_svc_exec_ipc_start(rw_svc_exec_t *x)
 		.max_topk = RW_MAX_TOPK,
 		.max_tokens = svc->cfg.max_tokens, /* bounds every per-token pass of a phase */
 		.dtypes = 1u << RW_DTYPE_BF16 | 1u << RW_DTYPE_FP32, /* what the movers carry */
+		.require_group_key = svc->cfg.ipc_require_group_key,
+		.max_per_uid = svc->cfg.ipc_max_per_uid,
+		.hello_timeout_ms = svc->cfg.ipc_hello_timeout_ms,
 	};
-	return rw_ipc_server_create(svc->loop, &cfg, &exec_ipc_ops, x, &x->ipc);
+	rw_status_t st = rw_ipc_server_create(svc->loop, &cfg, &exec_ipc_ops, x, &x->ipc);
+	svc->ipc = x->ipc; /* the stats socket lists its clients */
+	return st;
 }
 
 void rw_svc_exec_ipc_stop(rw_svc_exec_t *x)
@@ -97,6 +102,7 @@ void rw_svc_exec_ipc_stop(rw_svc_exec_t *x)
 	exec_fail_open(x, "daemon stopping"); /* before the clients' buffers go away */
 	rw_ipc_server_destroy(x->ipc);
 	x->ipc = NULL;
+	x->svc->ipc = NULL;
 }
 
 void rw_svc_exec_drain(rw_svc_exec_t *x)

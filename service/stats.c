@@ -8,6 +8,7 @@
 #include "service/health.h"
 #include "common/listen_pause.h"
 #include "service/svc.h"
+#include "ipc/ipc.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -100,6 +101,37 @@ static void answer_summary(const rw_svc_t *svc, rw_svc_buf_t *o)
 			rw_svc_buf_printf(o, "error_%s %llu\n", k == RW_SVC_ERR_KINDS - 1 ? "other" :
 					  rw_svc_err_name((rw_status_t)-(int)k),
 					  (unsigned long long)m->errors[k]);
+	if (svc->ipc) { /* rank authentication refusals (docs/ipc.md "Rank authentication") */
+		rw_ipc_server_stats_t is;
+		rw_ipc_server_stats(svc->ipc, &is);
+		rw_svc_buf_printf(o, "ipc_refused_key %llu\n", (unsigned long long)is.refused_key);
+		rw_svc_buf_printf(o, "ipc_refused_uid %llu\n", (unsigned long long)is.refused_uid);
+		rw_svc_buf_printf(o, "ipc_hello_timeouts %llu\n",
+				  (unsigned long long)is.hello_timeouts);
+	}
+}
+
+/* `stats clients`: every IPC connection with the credentials the kernel vouched for
+ * (SO_PEERCRED), so an operator can see which process holds which rank. */
+static void answer_clients(const rw_svc_t *svc, rw_svc_buf_t *o)
+{
+	rw_ipc_server_stats_t is = {0};
+	if (svc->ipc)
+		rw_ipc_server_stats(svc->ipc, &is);
+	rw_svc_buf_printf(o, "connections %u\n", is.clients); /* so the answer is never empty */
+	if (!svc->ipc)
+		return;
+	for (const rw_ipc_client_t *c = rw_ipc_server_next_client(svc->ipc, NULL); c;
+	     c = rw_ipc_server_next_client(svc->ipc, c)) {
+		const rw_ipc_client_info_t *in = rw_ipc_client_info(c);
+		rw_svc_buf_printf(o, "client=%u pid=%d uid=%d gid=%d", in->id, (int)in->pid,
+				  (int)in->uid, (int)in->gid);
+		if (rw_ipc_client_joined(c))
+			rw_svc_buf_printf(o, " group=%s rank=%u world=%u gpu=%d\n", in->group,
+					  in->rank, in->world_size, in->local_gpu);
+		else
+			rw_svc_buf_printf(o, " group=- (no hello yet)\n");
+	}
 }
 
 static void answer_rails(const rw_svc_t *svc, rw_svc_buf_t *o)
@@ -233,6 +265,7 @@ static const char help_text[] =
 	"stats peers      per peer: state, rails up, reconnects, errors, heartbeat rtt\n"
 	"stats phases     per path and kind: ok, failed, mean/p50/p90/p99/max latency\n"
 	"stats selector   decisions by path and reason, then the latest decisions with features\n"
+	"stats clients    per IPC connection: pid, uid, gid (SO_PEERCRED), group, rank\n"
 	"health           'health ok' (the daemon's loop answers)\n"
 	"ready            'ready yes|no', state, peers up, and a 'waiting peer=...' line per missing peer\n"
 	"help             this list\n";
@@ -275,6 +308,8 @@ int rw_svc_stats_answer(const rw_svc_t *svc, const char *line, rw_svc_buf_t *out
 			answer_phases(svc, out);
 		else if (!strcmp(what, "selector"))
 			answer_selector(svc, out);
+		else if (!strcmp(what, "clients"))
+			answer_clients(svc, out);
 		else
 			goto unknown;
 		return 0;
@@ -563,6 +598,9 @@ rw_status_t rw_svc_stats_start(rw_svc_t *svc, rw_svc_stats_t **stats_p)
 	srv->svc = svc;
 	snprintf(srv->path, sizeof(srv->path), "%s", path);
 
+	/* The folder as the IPC socket's (mode and ipc_group), when it is missing. */
+	if ((st = rw_ipc_socket_dir(path, svc->cfg.ipc_group)) == RW_ERR_INVAL)
+		goto free_srv;
 	/* Create the parent folder if it is missing (one level, e.g. /run/railwave). */
 	char dir[RW_SVC_SOCK_MAX];
 	snprintf(dir, sizeof(dir), "%s", path);

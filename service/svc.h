@@ -102,6 +102,11 @@ typedef struct rw_svc_config {
 	/* ---- peer authentication (docs/security.md "Peer authentication") ---- */
 	char key_file[RW_SVC_PATH_MAX]; /* cluster key (railwave keygen), mode 0600 or stricter;
 	                                 * "" = none: peers are not authenticated ("auth none") */
+
+	/* ---- rank authentication on the IPC socket (docs/ipc.md "Rank authentication") ---- */
+	int ipc_require_group_key;   /* refuse a rank whose hello carries no group key */
+	uint32_t ipc_max_per_uid;    /* IPC connections one uid may hold at once */
+	uint32_t ipc_hello_timeout_ms; /* an IPC connection that has not joined by then is closed */
 } rw_svc_config_t;
 
 /* One override: `key` is a top-level field name as in the JSON file ("http", "node", ...).
@@ -426,6 +431,9 @@ typedef struct rw_svc {
 
 	/* The phase executor with the peer mesh and the IPC server (service/exec.h). */
 	struct rw_svc_exec *exec;
+	/* The executor's IPC server while it listens (NULL otherwise), for the stats socket's
+	 * client listing; loop thread only. */
+	struct rw_ipc_server *ipc;
 } rw_svc_t;
 
 /* main.c starts, in order: stats, HTTP, the executor (rw_svc_exec_create: mesh and movers),

@@ -21,7 +21,9 @@
 #                          at the end (docs/install.md "The cluster key")
 #   --anchors FILE, --path P, --transport T, --log-level L, --phase-timeout-ms MS: for railwaved
 # The ranks get RAILWAVE_SOCKET (their node's daemon), RAILWAVE_NODE (its index in the cluster
-# file), RAILWAVE_GROUP (job-JOBID: a group key no other job shares) and RAILWAVE_RUNDIR. At the
+# file), RAILWAVE_GROUP (job-JOBID: a group name no other job shares), RAILWAVE_GROUP_KEY (32
+# random bytes in hex, new for each job unless already set: the group key every rank presents,
+# docs/ipc.md "Rank authentication") and RAILWAVE_RUNDIR. At the
 # end, or on SIGTERM/SIGINT, the daemons get SIGTERM through `scancel --signal=TERM` of their
 # step, drain, exit, and remove their sockets and the run folder.
 # Exit status: the trainer step's; 1 when the daemons did not start, get ready, or stop cleanly;
@@ -29,7 +31,7 @@
 set -u
 
 me=railwave-run
-usage() { sed -n '2,28p' "$0" >&2; exit 2; }
+usage() { sed -n '2,30p' "$0" >&2; exit 2; }
 die() { echo "$me: $*" >&2; exit 1; }
 bad() { echo "$me: $*" >&2; exit 2; }
 
@@ -54,7 +56,7 @@ while [ $# -gt 0 ]; do
 		--phase-timeout-ms) export RAILWAVE_PHASE_TIMEOUT_MS="$2" ;;
 		esac
 		shift 2 ;;
-	-h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+	-h|--help) sed -n '2,30p' "$0"; exit 0 ;;
 	--) shift; break ;;
 	*) bad "unknown option '$1' (see --help)" ;;
 	esac
@@ -112,6 +114,10 @@ export RW_RUN_JOBKEY="$job_key"
 export RW_RUN_CONFIG="$config" RW_RUN_IDENTITY="$identity" RW_RUN_DIR="$rundir"
 export RW_RUN_DAEMONS="$ndaemons" RW_RUN_TIMEOUT="$ready_timeout" RAILWAVED RAILWAVE
 export RAILWAVE_RUNDIR="$rundir" RAILWAVE_GROUP="job-$SLURM_JOB_ID"
+# The job's group key, given to the trainer step only (the environment, never a command line).
+group_key=${RAILWAVE_GROUP_KEY:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
+[ ${#group_key} -ge 16 ] || die "cannot make a group key (/dev/urandom)"
+unset RAILWAVE_GROUP_KEY
 # The daemon (or rank) id of a task: its Slurm node name, or its daemon index in block order.
 id_of_task='if [ "$RW_RUN_IDENTITY" = index ]; then
 	id=$(( SLURM_PROCID / (SLURM_STEP_NUM_TASKS / RW_RUN_DAEMONS) ))
@@ -191,7 +197,7 @@ echo "$me: $ndaemons daemons ready (every peer up); starting the trainer" >&2
 
 # ---- the trainer: the allocation's tasks, each pointed at its node's daemon ------------------------
 # shellcheck disable=SC2016
-srun --overlap --distribution=block --job-name=trainer sh -c "$id_of_task"'
+RAILWAVE_GROUP_KEY=$group_key srun --overlap --distribution=block --job-name=trainer sh -c "$id_of_task"'
 	export RAILWAVE_SOCKET="$RW_RUN_DIR/$id.sock"
 	RAILWAVE_NODE=$("$RAILWAVE" stats --socket "$RW_RUN_DIR/$id.stats" | sed -n "s/^node_index //p")
 	export RAILWAVE_NODE

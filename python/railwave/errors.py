@@ -16,6 +16,7 @@ CODES = {
     "RW_E_KIND": -43, "RW_E_DTYPE": -44, "RW_E_TOKENS": -45, "RW_E_RANGE": -46,
     "RW_E_OVERFLOW": -47, "RW_E_HANDLE": -48, "RW_E_NO_CUDA": -49, "RW_E_CUDA": -50,
     "RW_E_LIMIT": -51, "RW_E_INTERNAL": -52, "RW_E_PHASE": -53, "RW_E_EXPERTS": -54,
+    "RW_E_GROUP_KEY": -55,
 }
 NAMES = {v: k for k, v in CODES.items()}
 globals().update(CODES)
@@ -38,6 +39,8 @@ _HINTS = {
     CODES["RW_E_STATE"]: "a phase of this group is still running (dispatch/combine out of order?)",
     CODES["RW_E_HANDLE"]: "the handle is not the group's open dispatch (already combined, or a "
                           "later dispatch closed it)",
+    CODES["RW_E_GROUP_KEY"]: "every rank of a job must run with the same RAILWAVE_GROUP_KEY "
+                             "(its launcher's); railwaved's log says what differed",
     CODES["RW_E_NO_CUDA"]: "railwaved has no usable CUDA driver: use CPU tensors on this node",
 }
 

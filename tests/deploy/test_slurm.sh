@@ -133,6 +133,7 @@ want_node=\$((SLURM_PROCID / 2))
 [ "\$RAILWAVE_SOCKET" = "$T/run/\$want_node.sock" ] || { echo "rank \$SLURM_PROCID: RAILWAVE_SOCKET '\$RAILWAVE_SOCKET'"; exit 3; }
 [ "\$RAILWAVE_GROUP" = "job-\$SLURM_JOB_ID" ] || { echo "rank \$SLURM_PROCID: RAILWAVE_GROUP '\$RAILWAVE_GROUP'"; exit 3; }
 [ -S "\$RAILWAVE_SOCKET" ] || { echo "rank \$SLURM_PROCID: no socket"; exit 3; }
+echo "\$RAILWAVE_GROUP_KEY" | grep -Eqx '[0-9a-f]{64}' || { echo "rank \$SLURM_PROCID: RAILWAVE_GROUP_KEY '\$RAILWAVE_GROUP_KEY'"; exit 3; }
 exec "$b/tests/integration/rw_rank" "\$RAILWAVE_SOCKET" "\$RAILWAVE_GROUP" "\$SLURM_PROCID" 3 2 12 3 4 11 \${RW_TEST_MODE:-ok}
 EOT
 chmod +x "$T/trainer.sh"

@@ -16,6 +16,11 @@ def hello(group=b'g', rank=0, world=8, node=0, gpu=-1, **kw):
     return hdr(HELLO, 1, **kw) + group.ljust(64, b'\0') + struct.pack('<IIIi', rank, world, node, gpu) + bytes(16)
 
 
+def keyed(msg, key=b'k' * 32):
+    """A hello of the second form: + key_len, reserved, key[64] (docs/ipc.md "Rank authentication")."""
+    return msg + struct.pack('<II', len(key), 0) + key.ljust(64, b'\0')
+
+
 def reg_host(size=4096):
     return hdr(REG_HOST, 2) + struct.pack('<QII', size, 0, 0)
 
@@ -66,6 +71,9 @@ REAP = bytes([3])
 seeds = {
     'hello': send(hello()),
     'bad-version': send(hello(version=1)),
+    'hello-key': send(keyed(hello())) + send(ring_setup()) + send(reg_host(), 1, 0)
+    + entries(sqe()) + REAP + send(goodbye()),
+    'hello-short-key': send(keyed(hello(), b'short')),
     'session': send(hello()) + send(ring_setup()) + send(reg_host(), 1, 0)
     + entries(sqe(), sqe(phase=3), sqe(kind=7)) + REAP + send(dereg(0x100)) + send(goodbye()),
     'combine': send(hello()) + send(ring_setup(4, 2)) + send(reg_host(), 1, 0)

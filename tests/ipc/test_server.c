@@ -1835,6 +1835,321 @@ static void test_cuda_without_driver(void **state)
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * Cases: rank authentication (docs/ipc.md "Rank authentication")
+ * ------------------------------------------------------------------------------------------- */
+
+#define KEY_A "0123456789abcdef0123456789abcdef" /* 32 bytes */
+#define KEY_B "0123456789abcdef0123456789abcdeX" /* differs in the last byte only */
+
+static rw_ipc_hello_t keyed_hello(const char *group, uint32_t rank, const char *key)
+{
+	rw_ipc_hello_t m = make_hello(group, rank, 8, 0, -1);
+	if (key) {
+		m.key_len = (uint32_t)strlen(key);
+		memcpy(m.key, key, m.key_len);
+	}
+	return m;
+}
+
+/* Send a hello and expect a fatal ERROR with `code`; returns its message. */
+static void hello_refused(const rw_ipc_hello_t *m, size_t len, int code, char *msg_out)
+{
+	int fd = raw_connect(H.path);
+	raw_send(fd, m, len, NULL, 0);
+	rw_ipc_msg_t reply;
+	assert_int_equal(raw_recv(fd, &reply, NULL, NULL), sizeof(rw_ipc_error_t));
+	assert_int_equal(reply.hdr.type, RW_IPC_ERROR);
+	if (reply.error.code != code)
+		fail_msg("expected %s, got %s (%s)", rw_client_strerror(code),
+			 rw_client_strerror(reply.error.code), reply.error.message);
+	assert_int_equal(reply.error.fatal, 1);
+	snprintf(msg_out, RW_IPC_ERRMSG_MAX, "%s", reply.error.message);
+	assert_int_equal(raw_recv(fd, &reply, NULL, NULL), 0); /* then closed */
+	close(fd);
+}
+
+static void test_group_key(void **state)
+{
+	(void)state;
+	h_start(&H);
+	int base = count_fds();
+	/* The first rank sets the key (librailwave reads it from the environment), the second
+	 * presents the same and joins. */
+	setenv("RAILWAVE_GROUP_KEY", KEY_A, 1);
+	rw_client_t *r0 = connect_rank("job.a", 0);
+	rw_client_t *r1 = connect_rank("job.a", 1);
+	unsetenv("RAILWAVE_GROUP_KEY");
+
+	char msg[RW_IPC_ERRMSG_MAX];
+	/* No key, a wrong key (one byte off), a key of the first form's hello (112 bytes): refused,
+	 * each with a message naming the group and why. Rank 0 is taken, yet the refusal is about
+	 * the key (RW_E_GROUP_KEY, not RW_E_RANK_DUP): a squatter learns nothing of the ranks. */
+	rw_ipc_hello_t m = keyed_hello("job.a", 0, NULL);
+	hello_refused(&m, sizeof(m), RW_E_GROUP_KEY, msg);
+	assert_non_null(strstr(msg, "group job.a has a group key and this rank gave none"));
+	hello_refused(&m, RW_IPC_HELLO_BASE_BYTES, RW_E_GROUP_KEY, msg);
+	m = keyed_hello("job.a", 2, KEY_B);
+	hello_refused(&m, sizeof(m), RW_E_GROUP_KEY, msg);
+	assert_non_null(strstr(msg, "group job.a: key differs from the one its first rank set"));
+	/* A key shorter than 16 bytes is refused before any group is looked at. */
+	m = keyed_hello("job.new", 0, "short-key");
+	hello_refused(&m, sizeof(m), RW_E_GROUP_KEY, msg);
+	assert_non_null(strstr(msg, "shorter than 16 bytes"));
+	/* librailwave reports the code too. */
+	setenv("RAILWAVE_GROUP_KEY", KEY_B, 1);
+	rw_client_opts_t o = opts_for("job.a", 3);
+	rw_client_t *x = NULL;
+	assert_int_equal(rw_client_connect(&o, &x), RW_E_GROUP_KEY);
+	assert_null(x);
+	/* A key longer than the wire's 64 bytes never leaves the library. */
+	setenv("RAILWAVE_GROUP_KEY", KEY_A KEY_A "!", 1);
+	assert_int_equal(rw_client_connect(&o, &x), RW_E_INVAL);
+	unsetenv("RAILWAVE_GROUP_KEY");
+
+	/* A group opened without a key cannot be joined by a keyed rank either: a squatter who
+	 * opens the job's group first gets the job refused (it sees its own error), never its
+	 * data. Another group opened without a key stays open to keyless ranks (the default). */
+	rw_client_t *open0 = connect_rank("open", 0);
+	m = keyed_hello("open", 1, KEY_A);
+	hello_refused(&m, sizeof(m), RW_E_GROUP_KEY, msg);
+	assert_non_null(strstr(msg, "group open was opened without a key; this rank gives one"));
+	rw_client_t *open1 = connect_rank("open", 1);
+
+	/* The keyed group was not disturbed: both ranks still carry submissions. */
+	rw_ipc_server_stats_t st = h_stats(&H);
+	assert_int_equal(st.refused_key, 6);
+	assert_int_equal(st.groups, 2);
+	rw_client_t *members[2] = {r0, r1};
+	for (int i = 0; i < 2; i++) {
+		uint32_t buf;
+		void *addr;
+		assert_int_equal(rw_client_register_host(members[i], 65536, &buf, &addr), 0);
+		rw_sqe_t e = valid_sqe(buf, 1);
+		assert_int_equal(rw_client_submit(members[i], &e, 1), 0);
+		assert_int_equal(wait_one(members[i]).status, RW_CQ_OK);
+	}
+	rw_client_close(r0);
+	rw_client_close(r1);
+	rw_client_close(open0);
+	rw_client_close(open1);
+	h_wait_clients(&H, 0);
+	/* Once every member left the group is forgotten with its key: the next job may reuse the
+	 * name with its own key. */
+	setenv("RAILWAVE_GROUP_KEY", KEY_B, 1);
+	r0 = connect_rank("job.a", 0);
+	unsetenv("RAILWAVE_GROUP_KEY");
+	rw_client_close(r0);
+	h_wait_clients(&H, 0);
+	assert_int_equal(count_fds(), base);
+	h_stop(&H);
+}
+
+static void test_group_key_required(void **state)
+{
+	(void)state;
+	rw_ipc_server_config_t cfg;
+	base_config(&cfg, "");
+	cfg.require_group_key = 1;
+	h_start_cfg(&H, &cfg);
+	char msg[RW_IPC_ERRMSG_MAX];
+	rw_ipc_hello_t m = keyed_hello("job.b", 0, NULL);
+	hello_refused(&m, sizeof(m), RW_E_GROUP_KEY, msg);
+	assert_non_null(strstr(msg, "group job.b: this daemon requires a group key"));
+	assert_int_equal(h_stats(&H).groups, 0); /* the refused rank opened nothing */
+	setenv("RAILWAVE_GROUP_KEY", KEY_A, 1);
+	rw_client_t *c = connect_rank("job.b", 0);
+	unsetenv("RAILWAVE_GROUP_KEY");
+	rw_client_close(c);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
+/* In a child process: become `uid`, connect to `path` and say hello as rank `rank` of group
+ * "uid.test". Exit status: 0 joined, 2 connect refused with EACCES, 3 an ERROR reply (its code
+ * is written to the pipe), 1 anything else. Never returns. */
+static void child_connect_as(uid_t uid, const char *path, uint32_t rank, int code_fd)
+{
+	if (setgroups(0, NULL) != 0 || setresgid(uid, uid, uid) != 0 ||
+	    setresuid(uid, uid, uid) != 0)
+		_exit(1);
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path);
+	if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) != 0)
+		_exit(errno == EACCES ? 2 : 1);
+	rw_ipc_hello_t m = make_hello("uid.test", rank, 8, 0, -1);
+	if (send(fd, &m, sizeof(m), MSG_NOSIGNAL) != (ssize_t)sizeof(m))
+		_exit(1);
+	rw_ipc_msg_t reply;
+	struct pollfd pfd = {.fd = fd, .events = POLLIN};
+	if (poll(&pfd, 1, 5000) != 1 || recv(fd, &reply, sizeof(reply), 0) < (ssize_t)sizeof(reply.hdr))
+		_exit(1);
+	if (reply.hdr.type == RW_IPC_ERROR) {
+		if (write(code_fd, &reply.error.code, sizeof(int)) != sizeof(int))
+			_exit(1);
+		_exit(3);
+	}
+	_exit(reply.hdr.type == RW_IPC_HELLO_OK ? 0 : 1);
+}
+
+static int run_as(uid_t uid, const char *path, uint32_t rank, int *code_p)
+{
+	int p[2];
+	assert_int_equal(pipe(p), 0);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		close(p[0]);
+		child_connect_as(uid, path, rank, p[1]);
+	}
+	close(p[1]);
+	int status = 0;
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	*code_p = 0;
+	if (read(p[0], code_p, sizeof(int)) != sizeof(int))
+		*code_p = 0;
+	close(p[0]);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+#define NOBODY 65534
+
+static void test_connections_per_uid(void **state)
+{
+	(void)state;
+	rw_ipc_server_config_t cfg;
+	base_config(&cfg, "");
+	cfg.max_per_uid = 3;
+	cfg.mode = 0666; /* so that another uid may connect at all (below) */
+	h_start_cfg(&H, &cfg);
+	int fds[3];
+	for (int i = 0; i < 3; i++)
+		fds[i] = raw_connect(H.path); /* held without a hello */
+	h_wait_clients(&H, 3);
+	/* The fourth connection of this uid is refused at once with a message naming the limit. */
+	int fd = raw_connect(H.path);
+	rw_ipc_msg_t reply;
+	assert_int_equal(raw_recv(fd, &reply, NULL, NULL), sizeof(rw_ipc_error_t));
+	assert_int_equal(reply.error.code, RW_E_LIMIT);
+	assert_int_equal(reply.error.fatal, 1);
+	char want[96];
+	snprintf(want, sizeof(want), "uid %d already holds 3 connections, the per-uid limit",
+		 (int)getuid());
+	if (!strstr(reply.error.message, want))
+		fail_msg("refusal says '%s'", reply.error.message);
+	assert_int_equal(raw_recv(fd, &reply, NULL, NULL), 0);
+	close(fd);
+	assert_int_equal(h_stats(&H).refused_uid, 1);
+	/* librailwave sees RW_E_LIMIT. */
+	rw_client_opts_t o = opts_for("g", 0);
+	rw_client_t *x = NULL;
+	assert_int_equal(rw_client_connect(&o, &x), RW_E_LIMIT);
+	/* Another uid still gets in while this one is at its cap (needs root to switch uid). */
+	if (getuid() == 0) {
+		assert_int_equal(chmod(H.dir, 0755), 0);
+		int code;
+		assert_int_equal(run_as(NOBODY, H.path, 5, &code), 0);
+	} else {
+		print_message("not root: the other-uid half is skipped\n");
+	}
+	/* A slot freed is a slot usable again. */
+	close(fds[0]);
+	h_wait_clients(&H, 2);
+	rw_client_t *c = connect_rank("g", 0);
+	rw_client_close(c);
+	close(fds[1]);
+	close(fds[2]);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
+static void test_other_uid_refused_by_socket_mode(void **state)
+{
+	(void)state;
+	if (getuid() != 0) {
+		print_message("skipped: needs root to run a client as another uid\n");
+		skip();
+	}
+	/* Mode 0660, owner and group ours: nobody (not in our group) cannot even connect. */
+	h_start(&H);
+	assert_int_equal(chmod(H.dir, 0755), 0); /* the folder is not what stops it */
+	int code;
+	assert_int_equal(run_as(NOBODY, H.path, 1, &code), 2);
+	assert_int_equal(h_stats(&H).accepted, 0);
+	h_stop(&H);
+	/* The same uid is let in when the socket's group is its group. */
+	struct group *g = getgrgid(NOBODY);
+	if (!g) {
+		print_message("no group %d: the ipc_group half is skipped\n", NOBODY);
+		return;
+	}
+	rw_ipc_server_config_t cfg;
+	base_config(&cfg, "");
+	cfg.group = g->gr_name;
+	h_start_cfg(&H, &cfg);
+	assert_int_equal(chmod(H.dir, 0755), 0);
+	assert_int_equal(run_as(NOBODY, H.path, 1, &code), 0);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
+static void test_hello_deadline(void **state)
+{
+	(void)state;
+	rw_ipc_server_config_t cfg;
+	base_config(&cfg, "");
+	cfg.hello_timeout_ms = 200;
+	h_start_cfg(&H, &cfg);
+	rw_client_t *c = connect_rank("g", 0);
+	int fd = raw_connect(H.path); /* says nothing */
+	/* It is told why and closed (raw_recv's 5 s bound is liveness only). */
+	expect_error(fd, RW_E_STATE, 1);
+	close(fd);
+	h_wait_clients(&H, 1);
+	assert_int_equal(h_stats(&H).hello_timeouts, 1);
+	/* A rank that joined in time is not touched by the deadline. */
+	usleep(300 * 1000);
+	uint32_t buf;
+	void *addr;
+	assert_int_equal(rw_client_register_host(c, 65536, &buf, &addr), 0);
+	rw_client_close(c);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
+static void test_socket_folder(void **state)
+{
+	(void)state;
+	struct group *g = getgrgid(getgid());
+	assert_non_null(g);
+	char dir[] = "/tmp/rw-ipc-test.XXXXXX";
+	assert_non_null(mkdtemp(dir));
+	char sub[96], path[128];
+	snprintf(sub, sizeof(sub), "%s/run", dir);
+	snprintf(path, sizeof(path), "%s/rw.sock", sub);
+	/* A missing folder is created 0750 and given the socket's group. */
+	assert_int_equal(rw_ipc_socket_dir(path, g->gr_name), RW_OK);
+	struct stat st;
+	assert_int_equal(stat(sub, &st), 0);
+	assert_int_equal(st.st_mode & 0777, 0750);
+	assert_int_equal(st.st_gid, getgid());
+	/* An existing one is left as the operator made it. */
+	assert_int_equal(chmod(sub, 0711), 0);
+	assert_int_equal(rw_ipc_socket_dir(path, NULL), RW_OK);
+	assert_int_equal(stat(sub, &st), 0);
+	assert_int_equal(st.st_mode & 0777, 0711);
+	assert_int_equal(rmdir(sub), 0);
+	/* Without a group: 0755. An unknown group creates nothing. */
+	assert_int_equal(rw_ipc_socket_dir(path, "no-such-group-railwave"), RW_ERR_INVAL);
+	assert_int_equal(stat(sub, &st), -1);
+	assert_int_equal(rw_ipc_socket_dir(path, NULL), RW_OK);
+	assert_int_equal(stat(sub, &st), 0);
+	assert_int_equal(st.st_mode & 0777, 0755);
+	rmdir(sub);
+	rmdir(dir);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * The example program against this server
  * ------------------------------------------------------------------------------------------- */
 
@@ -1906,6 +2221,12 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_cuda_without_driver),
 		cmocka_unit_test(test_cuda_registration),
 		cmocka_unit_test(test_example_program),
+		cmocka_unit_test(test_group_key),
+		cmocka_unit_test(test_group_key_required),
+		cmocka_unit_test(test_connections_per_uid),
+		cmocka_unit_test(test_other_uid_refused_by_socket_mode),
+		cmocka_unit_test(test_hello_deadline),
+		cmocka_unit_test(test_socket_folder),
 	};
 	return cmocka_run_group_tests_name("ipc_server", tests, NULL, NULL);
 }
