@@ -7,8 +7,11 @@
 #       binaries only, so python3 keeps its own libraries)
 #   sh tests/python/gpu_run.sh run               there, from the repository root, with .gpucarry
 #       carried: the CUDA scenario of test_moe.py, examples/moe_train.py on CUDA against its
-#       one-process reference, and python/bench/overhead.py. Outputs go to $OUT (or /tmp).
+#       one-process reference, and python/bench/overhead.py (the first two sizes, against the
+#       package of main as well: .gpucarry/before). Outputs go to $OUT (or /tmp).
+# NVLink multicast stays off in every process (the GPU machines' rule): NCCL_NVLS_ENABLE=0 etc.
 set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 case "${1:-}" in
 prepare)
 	b=${2:-build}
@@ -17,6 +20,7 @@ prepare)
 	cp "$b/bench/ipc_bench" .gpucarry/b/bench/ipc_bench.bin
 	cp "$b/bench/pair_bench" .gpucarry/b/bench/pair_bench
 	cp -L "$b/lib/librailwave.so.1" .gpucarry/b/lib/librailwave.so.1
+	mkdir -p .gpucarry/before && git archive "${BEFORE:-main}" python/railwave | tar -x -C .gpucarry/before
 	for f in $(ldd "$b/railwaved" "$b/bench/ipc_bench" | awk '/=>/ {print $3}' | sort -u); do
 		case $f in */libc.so*|*/libm.so*) ;; *) cp -L "$f" .gpucarry/lib/ ;; esac
 	done
@@ -56,7 +60,8 @@ run)
 		--reference --world 4 --device cuda --steps 5
 	kill "$d0" "$d1"; wait "$d0"; wait "$d1"
 	echo "== 3: python/bench/overhead.py --build .gpucarry/b"
-	timeout 240 python3 python/bench/overhead.py --build "$B" --iters 2000 2>&1 | grep -v 'INFO\|WARN'
+	timeout 240 python3 python/bench/overhead.py --build "$B" --iters 2000 --sizes 2 \
+		--before .gpucarry/before/python 2>&1 | grep -v 'INFO\|WARN'
 	;;
 *)
 	echo "usage: sh tests/python/gpu_run.sh prepare [BUILD] | run" >&2
