@@ -16,6 +16,9 @@ import torch
 from . import _lib
 
 _memmove = ctypes.memmove
+_min, _max = np.minimum.reduce, np.maximum.reduce
+# numpy's dtype for the rows of a phase dtype (bfloat16 as its bits; torch views them back)
+_NP_ROWS = {torch.float32: np.float32, torch.bfloat16: np.int16}
 
 
 def align(n, a=16):
@@ -48,8 +51,9 @@ class DispatchPlan:
     phase id filled in."""
 
     __slots__ = ("T", "H", "K", "E", "dtype", "rb", "x_bytes", "ids_off", "ids_bytes", "w_off",
-                 "idx64", "ids", "in_addr", "out", "out_addr", "cap", "counts_b", "meta", "lo",
-                 "el", "lut_loc", "lut_mine", "inline_counts", "sqe", "sqe_ref")
+                 "idx64", "ids", "scratch", "scratch_addr", "in_addr", "out", "out_addr", "cap",
+                 "counts_b", "rows", "meta", "lo", "el", "lut_loc", "lut_mine", "inline_counts",
+                 "combined", "sqe", "sqe_ref")
 
     def __init__(self, group, x, topk_idx, E, ib, ob, counts_b):
         T, H = x.shape
@@ -62,12 +66,20 @@ class DispatchPlan:
         self.w_off = self.ids_off + align(T * K * 4)
         self.idx64 = topk_idx.dtype == torch.int64
         self.ids = ib.i32[self.ids_off // 4:self.ids_off // 4 + T * K].reshape(T, K)
+        # int64 ids land here first (one memmove; numpy then converts and checks them: cheaper
+        # than torch operators on the caller's tensor)
+        self.scratch = np.empty((T, K), dtype=np.int64)
+        self.scratch_addr = self.scratch.ctypes.data
         self.in_addr, self.out, self.out_addr = ib.addr, ob, ob.addr
         self.counts_b = counts_b
         mb = meta_bytes(K)
         # The rows the daemon will use: what fits (rw_svc_out_layout in service/phase.h).
         self.cap = cap = (ob.size - counts_b) // (rb + mb)
         meta_off = counts_b + cap * rb
+        npd = _NP_ROWS[x.dtype]
+        self.rows = ob.np[counts_b:meta_off].view(npd).reshape(cap, H)
+        # the combine of this shape writes T rows at the buffer's start
+        self.combined = ob.np[:T * rb].view(npd).reshape(T, H)
         self.meta = ob.i32[meta_off // 4:meta_off // 4 + cap * mb // 4].reshape(cap, mb // 4)
         W = group.world_size
         self.el = el = E // W
@@ -105,10 +117,10 @@ class DispatchPlan:
         if not self.idx64:
             _memmove(a + self.ids_off, topk_idx.data_ptr(), self.ids_bytes)
             return None
-        src = topk_idx.numpy()
-        mn, mx = torch.aminmax(topk_idx)  # int64 → int32 wraps: check before converting
+        src = self.scratch
+        _memmove(self.scratch_addr, topk_idx.data_ptr(), 2 * self.ids_bytes)
         np.copyto(self.ids, src, casting="unsafe")
-        if mn.item() < -1 or mx.item() >= self.E:
+        if _min(src, axis=None) < -1 or _max(src, axis=None) >= self.E:  # before int32 wraps
             bad = (src < -1) | (src >= self.E)
             self.ids[bad] = 0x7FFFFFFF
             t, k = (int(v[0]) for v in np.nonzero(bad))
@@ -126,10 +138,8 @@ class DispatchPlan:
     def result(self, cqe, n):
         """(recv_x, recv_topk_idx, recv_topk_weights, num_recv_per_expert, Handle args) of a
         completed dispatch that delivered n rows."""
-        H, K = self.H, self.K
-        recv_x = torch.empty((n, H), dtype=self.dtype)
-        if n:
-            _memmove(recv_x.data_ptr(), self.out_addr + self.counts_b, n * self.rb)
+        K = self.K
+        recv_x = tensor(self.rows[:n].copy(), self.dtype)
         meta = self.meta[:n]
         ids = meta[:, 4:4 + K]
         mine = self.lut_mine.take(ids)
@@ -143,7 +153,16 @@ class DispatchPlan:
                 torch.from_numpy(counts), meta[:, 1:3].copy(), mine)
 
 
-def combine_result(ob, T, H, dtype, rb):
+def tensor(a, dtype):
+    """A torch tensor of dtype owning numpy array a (a fresh copy the caller made)."""
+    t = torch.from_numpy(a)
+    return t if dtype is torch.float32 else t.view(dtype)
+
+
+def combine_result(plan, ob, T, H, dtype, rb):
+    """The T rows a combine left at the start of ob, as a fresh tensor."""
+    if plan is not None and plan.out is ob:
+        return tensor(plan.combined.copy(), dtype)
     out = torch.empty((T, H), dtype=dtype)
     if T:
         _memmove(out.data_ptr(), ob.addr, T * rb)

@@ -46,7 +46,7 @@ class Handle:
 
     __slots__ = ("group", "handle_id", "layer", "step", "dtype", "hidden", "topk", "n_experts",
                  "num_tokens", "num_recv", "device", "_src", "_local_mask", "combined",
-                 "topk_idx", "topk_weights", "need_w_grad", "bwd")
+                 "topk_idx", "topk_weights", "need_w_grad", "bwd", "_plan")
 
     def __init__(self, group, handle_id, layer, step, dtype, hidden, topk, n_experts, num_tokens,
                  num_recv, src, local_mask, device):
@@ -61,6 +61,7 @@ class Handle:
         self.topk_idx = self.topk_weights = None
         self.need_w_grad = False
         self.bwd = None
+        self._plan = None  # host path: the dispatch's plan (its combine reads through it)
 
     def _tensor(self, a):
         return a if isinstance(a, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(a))
@@ -555,6 +556,7 @@ class Group:
         recv_x, loc, recv_w, counts, src, mine = plan.result(cqe, n)
         h = self._open = Handle(self, cqe.handle_id, layer, step, plan.dtype, plan.H, plan.K,
                                 plan.E, plan.T, n, src, mine, _CPU)
+        h._plan = plan
         return recv_x, loc, recv_w, counts, h
 
     def _dispatch_cuda(self, x, topk_idx, topk_weights, E, layer, step):
@@ -708,7 +710,7 @@ class Group:
 
     def _finish_combine_host(self, cqe, h, ob, T, H, dt, rb):
         self._combined(cqe, h)
-        return _host.combine_result(ob, T, H, dt, rb)
+        return _host.combine_result(h._plan, ob, T, H, dt, rb)
 
     def _finish_combine_cuda(self, cqe, h, ob_t, T, H, dt, rb):
         self._combined(cqe, h)
