@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from . import _host, _lib
-from .errors import (CODES, ConnectError, DaemonLost, PhaseError, RailWaveError, Timeout)
+from .errors import (CODES, NAMES, ConnectError, DaemonLost, PhaseError, RailWaveError,
+                     Timeout)
 
 BACKWARD_LAYER = 1 << 31  # layer bit of the pairs autograd opens for a layer's backward
 
@@ -537,8 +538,9 @@ class Group:
             (t, k), v = first_bad
             raise ValueError(
                 "railwave: %s: topk_idx[%d, %d] = %d is not an expert id (valid: -1 for "
-                "none, 0..%d); the daemon failed this phase on every rank (%s)"
-                % (op, t, k, v, E - 1, _lib.strerror(cqe.error)))
+                "none, 0..%d); the daemon failed this phase on every rank (%s: %s)"
+                % (op, t, k, v, E - 1, NAMES.get(cqe.error, cqe.error),
+                   _lib.strerror(cqe.error)))
         if cqe.error == CODES["RW_E_RANGE"]:
             raise self._room_error(op, cap, rb, mb, counts_b)
         raise self._error(cqe.error, op, PhaseError)

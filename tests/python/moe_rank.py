@@ -360,6 +360,12 @@ def cmd_bad(c):
             (1, "wrong topk_weights dtype", lambda s: g.dispatch(x, idx, w.double(), E, layer=2,
                                                                  step=s),
              TypeError, ("topk_weights has dtype torch.float64",)),
+            # int32 ids go to the daemon unchecked (it refuses them, RW_E_TOKENS); the error
+            # still names the entry
+            (4 % WORLD, "int32 expert id out of range", lambda s: g.dispatch(
+                x, torch.tensor([[0, 1, -1]] * 3 + [[1, -2, 0]], dtype=torch.int32), w, E,
+                layer=2, step=s),
+             ValueError, ("topk_idx[3, 1] = -2 is not an expert id", "RW_E_TOKENS")),
         ]
         for i, (who, what, fn, exc, needles) in enumerate(cases):
             s = 500 + i
