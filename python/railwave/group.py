@@ -337,16 +337,16 @@ class Group:
         else:
             why = ("max_tokens_per_rank unset, so world_size %d × the most tokens this rank "
                    "dispatched so far (%d): another rank dispatched more" % (W, self._max_tokens))
-        M = self.max_tokens_per_rank or "M"
-        need = ("%d rows = %d bytes" % (W * M, counts_b + W * M * per_row) if M != "M" else
-                "world_size %d × M rows = %d + %d·%d·M bytes" % (W, counts_b, W, per_row))
+        M = self.max_tokens_per_rank
+        counts = " + %d bytes of per-expert counts" % counts_b if counts_b else ""
+        need = "%d rows = %d bytes" % (W * M, counts_b + W * M * per_row) if M else \
+            "world_size %d × M rows of %d bytes (a row with its metadata)%s" % (W, per_row, counts)
         return PhaseError(CODES["RW_E_RANGE"], "%s [group %r rank %d]" % (op, self.name,
                                                                         self.rank),
                           "this rank received more rows than its receive room of %d rows (%s). "
                           "A rank receives at most one row per token of every rank: with M the "
-                          "most tokens any rank dispatches (pass it as max_tokens_per_rank or "
-                          "RAILWAVE_MAX_TOKENS_PER_RANK), the room needed is %s (%d bytes a "
-                          "row with its metadata)" % (cap, why, need, per_row))
+                          "most tokens any rank dispatches (max_tokens_per_rank, or "
+                          "RAILWAVE_MAX_TOKENS_PER_RANK), the room needed is %s" % (cap, why, need))
 
     def _buffer(self, which, nbytes):
         """The host buffer `which` ('in' or 'out'), at least nbytes, registered once and grown

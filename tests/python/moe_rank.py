@@ -280,8 +280,9 @@ def cmd_flood(c):
     names the room it needed. Then a bounded step is exact again (the daemons serve on)."""
     log = []
     dev, E, seed = device(c), c["experts"], c["seed"]
-    with join(c, max_tokens_per_rank=FLOOD_BIG) as g, \
-            join(c, c["group"] + ".small", max_tokens_per_rank=None) as small:
+    # One Group at a time: the daemon shares a CUDA segment's mapping within one connection
+    # only (a second Group of this process lending the same allocator segment is refused).
+    with join(c, max_tokens_per_rank=FLOOD_BIG) as g:
         n = flood_step(g, seed, E, dev, 20, 0)
         log.append("rank %d received %d rows for its %d tokens, equal" % (
             FLOOD_TO, n, FLOOD_SMALL) if RANK == FLOOD_TO else "sent %d tokens" % FLOOD_BIG)
@@ -293,11 +294,13 @@ def cmd_flood(c):
                           lambda: g.dispatch(x, idx, w, E, layer=20, step=1),
                           *((ValueError, "above max_tokens_per_rank %d" % FLOOD_BIG)
                             if RANK == 0 else (railwave.PhaseError,))))
+    with join(c, c["group"] + ".small", max_tokens_per_rank=None) as small:
         needles = ("RW_E_RANGE", "receive room of", "max_tokens_per_rank") \
             if RANK == FLOOD_TO else ()
         log.append(expect("flood without max_tokens_per_rank", lambda: flood_step(
             small, seed, E, dev, 20, 0), railwave.PhaseError, *needles,
             full=RANK == FLOOD_TO))
+    with join(c, c["group"] + ".again", max_tokens_per_rank=FLOOD_BIG) as g:
         flood_step(g, seed + 1, E, dev, 20, 2)
         log.append("bounded flood equal again")
     return log
