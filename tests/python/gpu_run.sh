@@ -73,7 +73,7 @@ run)
 		--before .gpucarry/before/python 2>&1 | grep -v 'INFO\|WARN'
 	;;
 *)
-	echo "usage: sh tests/python/gpu_run.sh prepare [BUILD] | run" >&2
+	echo "usage: sh tests/python/gpu_run.sh prepare [BUILD] | run [STAGES]" >&2
 	exit 2
 	;;
 esac
