@@ -103,7 +103,8 @@ def distributed(steps, lr):
     if os.environ.get("MASTER_ADDR") and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         import torch.distributed as dist
         dist.init_process_group("gloo")
-    with railwave.Group("moe_train") as group:
+    # Every rank dispatches TOKENS tokens a step: the receive room is world × that.
+    with railwave.Group("moe_train", max_tokens_per_rank=TOKENS) as group:
         world, rank = group.world_size, group.rank
         moe = build(group, world, freeze_router=dist is None)
         tmap = target_map()

@@ -3,7 +3,10 @@
 against the C client (build/bench/pair_bench) on the same phases, in the same run. Results and
 the command: docs/perf/python.md.
 
-  /usr/bin/python3 python/bench/overhead.py [--build build] [--iters 2000]
+  /usr/bin/python3 python/bench/overhead.py [--build build] [--iters 2000] [--before DIR]
+
+--before DIR also measures another copy of the package (DIR holds its railwave/, e.g. an older
+commit's python/ from `git archive`), in the same run, between the C and the current package.
 
 Two daemons, each measured with C then Python, for every size:
   * echo: build/bench/ipc_bench --serve, which completes every submission at once — what is left
@@ -30,7 +33,7 @@ SIZES = [(16, 256, 2, 8), (128, 1024, 4, 8), (512, 4096, 8, 16)]  # tokens, hidd
 def worker(a):
     """One Python rank: a.iters pairs, prints the C bench's line format."""
     import torch
-    sys.path.insert(0, os.path.join(SRC, "python"))
+    sys.path.insert(0, a.pkg or os.path.join(SRC, "python"))
     import railwave
     torch.set_num_threads(1)
     T, H, K, E = a.tokens, a.hidden, a.topk, a.experts
@@ -70,12 +73,12 @@ def run_ranks(cmds, env):
     return [parse(o.strip().splitlines()[-1]) for o in outs]
 
 
-def measure(build, sockets, world, per_node, group, T, H, K, E, iters, spin, env):
+def measure(build, sockets, world, per_node, group, T, H, K, E, iters, spin, env, before):
     iters = max(100, min(iters, iters * 16384 // (T * H)))  # fewer pairs for the big rows
     common = ["--tokens", str(T), "--hidden", str(H), "--topk", str(K), "--experts", str(E),
               "--iters", str(iters), "--spin-us", str(spin)]
     res = {}
-    for kind in ("c", "py"):
+    for kind in ("c", "before", "py") if before else ("c", "py"):
         cmds = []
         for r in range(world):
             args = ["--rank", str(r), "--world", str(world), "--node", str(r // per_node),
@@ -85,13 +88,20 @@ def measure(build, sockets, world, per_node, group, T, H, K, E, iters, spin, env
                             + args)
             else:
                 cmds.append([sys.executable, os.path.abspath(__file__), "--worker",
-                             "--socket", sockets[r // per_node]] + args)
+                             "--socket", sockets[r // per_node]] + args +
+                            (["--pkg", before] if kind == "before" else []))
         res[kind] = run_ranks(cmds, env)[0]  # rank 0's (median wall, CPU per pair)
     return res
 
 
 def row(daemon, T, H, K, E, r):
     (cw, cc), (pw, pc) = r["c"], r["py"]
+    if "before" in r:
+        (bw, bc) = r["before"]
+        print("%-10s %-18s %8.1f %8.1f %8.1f %10.1f %10.1f %8.1f %8.1f %8.1f %10.1f %10.1f" % (
+            daemon, "%d x %d, %d, %d" % (T, H, K, E), cw, bw, pw, (bw - cw) / 2, (pw - cw) / 2,
+            cc, bc, pc, (bc - cc) / 2, (pc - cc) / 2), flush=True)
+        return
     print("%-10s %-18s %8.1f %8.1f %8.1f %10.1f %8.1f %8.1f %8.1f %10.1f" % (
         daemon, "%d x %d, %d, %d" % (T, H, K, E), cw, pw, pw - cw, (pw - cw) / 2,
         cc, pc, pc - cc, (pc - cc) / 2), flush=True)
@@ -102,8 +112,9 @@ def main():
     ap.add_argument("--build", default=os.path.join(SRC, "build"))
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--spin-us", type=int, default=50)
+    ap.add_argument("--sizes", type=int, default=len(SIZES), help="the first N sizes only")
     ap.add_argument("--worker", action="store_true")
-    for o in ("socket", "group"):
+    for o in ("socket", "group", "pkg", "before"):
         ap.add_argument("--" + o)
     for o in ("rank", "world", "node", "tokens", "hidden", "topk", "experts"):
         ap.add_argument("--" + o, type=int, default=0)
@@ -116,9 +127,15 @@ def main():
     print("up to %d pairs per size (fewer for big rows), spin %d us, fp32, identity experts; "
           "medians of rank 0 (µs per dispatch+combine pair); load average %s"
           % (a.iters, a.spin_us, open("/proc/loadavg").read().split()[:3]))
-    print("%-10s %-18s %8s %8s %8s %10s %8s %8s %8s %10s" % (
-        "daemon", "T x H, topk, E", "wall C", "Python", "py - C", "per call",
-        "cpu C", "Python", "py - C", "per call"))
+    before = os.path.abspath(a.before) if a.before else None
+    if before:
+        print("%-10s %-18s %8s %8s %8s %10s %10s %8s %8s %8s %10s %10s" % (
+            "daemon", "T x H, topk, E", "wall C", "before", "after", "call-C bef",
+            "call-C aft", "cpu C", "before", "after", "call-C bef", "call-C aft"))
+    else:
+        print("%-10s %-18s %8s %8s %8s %10s %8s %8s %8s %10s" % (
+            "daemon", "T x H, topk, E", "wall C", "Python", "py - C", "per call",
+            "cpu C", "Python", "py - C", "per call"))
     with tempfile.TemporaryDirectory(prefix="rwbench.", dir="/tmp") as tmp:
         sock = os.path.join(tmp, "echo.sock")
         echo = subprocess.Popen([os.path.join(build, "bench", "ipc_bench"), "--serve", sock])
@@ -127,9 +144,10 @@ def main():
                 if os.path.exists(sock):
                     break
                 time.sleep(0.05)
-            for T, H, K, E in SIZES:
+            for T, H, K, E in SIZES[:a.sizes]:
                 row("echo", T, H, K, E,
-                    measure(build, [sock], 1, 1, "echo", T, H, K, E, a.iters, a.spin_us, env))
+                    measure(build, [sock], 1, 1, "echo", T, H, K, E, a.iters, a.spin_us, env,
+                            before))
         finally:
             echo.terminate()
             echo.wait()
@@ -142,10 +160,10 @@ def main():
         c = td.Cluster(tmp, 1, path="auto", extra={"log_level": "warn"})
         c.start_all()
         try:
-            for T, H, K, E in SIZES:
+            for T, H, K, E in SIZES[:a.sizes]:
                 row("railwaved", T, H, K, E,
                     measure(build, [c.cfg["nodes"][0]["ipc_socket"]], td.GPUS, td.GPUS,
-                            "d", T, H, K, E, a.iters, a.spin_us, env))
+                            "d", T, H, K, E, a.iters, a.spin_us, env, before))
         finally:
             c.stop()
     print("load average at the end %s" % open("/proc/loadavg").read().split()[:3])

@@ -34,8 +34,8 @@ _HINTS = {
     CODES["RW_E_NODE_MISMATCH"]: "node must be rank // ranks_per_node and this daemon's node",
     CODES["RW_E_RANK_DUP"]: "another process already joined the group with this rank",
     CODES["RW_E_EXPERTS"]: "num_experts must be a multiple of world_size and equal on every rank",
-    CODES["RW_E_RANGE"]: "the receive buffer was too small for the rows this rank received: pass "
-                         "a larger max_recv_tokens to Group()",
+    CODES["RW_E_RANGE"]: "a buffer was too small for the phase: for a dispatch's receive room "
+                         "see docs/python.md \"Receive room\"",
     CODES["RW_E_STATE"]: "a phase of this group is still running (dispatch/combine out of order?)",
     CODES["RW_E_HANDLE"]: "the handle is not the group's open dispatch (already combined, or a "
                           "later dispatch closed it)",

@@ -14,16 +14,19 @@ import time
 import numpy as np
 import torch
 
-from . import _lib
-from .errors import (CODES, ConnectError, DaemonLost, PhaseError, RailWaveError, Timeout)
+from . import _host, _lib
+from .errors import (CODES, NAMES, ConnectError, DaemonLost, PhaseError, RailWaveError,
+                     Timeout)
 
 BACKWARD_LAYER = 1 << 31  # layer bit of the pairs autograd opens for a layer's backward
 
 _DTYPES = {torch.float32: _lib.DTYPE_FP32, torch.bfloat16: _lib.DTYPE_BF16}
+_NONE = _lib.Span(_lib.BUF_NONE, 0, 0)
+_CPU = torch.device("cpu")
+_memmove = ctypes.memmove
 
 
-def _align(n, a=16):
-    return (n + a - 1) // a * a
+_align = _host.align
 
 
 def _env_int(names, what):
@@ -37,26 +40,14 @@ def _env_int(names, what):
     return None
 
 
-class _HostBuf:
-    """A memfd buffer lent to the daemon: mapped here at addr, viewed as numpy uint8/int32 (the
-    per-call work on host tensors is memmove and numpy: a torch operator costs several µs each
-    in the interpreter, numpy well under one, docs/perf/python.md)."""
-
-    def __init__(self, group, size):
-        buf, addr = ctypes.c_uint32(0), ctypes.c_void_p(0)
-        rc = group._lib.rw_client_register_host(group._c, size, ctypes.byref(buf),
-                                                ctypes.byref(addr))
-        if rc:
-            raise group._error(rc, "register a %d-byte host buffer" % size)
-        self.id, self.size, self.addr = buf.value, size, addr.value
-        self.np = np.frombuffer((ctypes.c_uint8 * size).from_address(addr.value), dtype=np.uint8)
-        self.i32 = self.np.view(np.int32)
-
-
 class Handle:
     """What a combine (and autograd) needs of a completed dispatch. Attributes: num_tokens (rows
     this rank dispatched), num_recv (rows it received), src_rank and src_token (int64 tensors
     [num_recv]: whose token each received row is), layer, step."""
+
+    __slots__ = ("group", "handle_id", "layer", "step", "dtype", "hidden", "topk", "n_experts",
+                 "num_tokens", "num_recv", "device", "_src", "_local_mask", "combined",
+                 "topk_idx", "topk_weights", "need_w_grad", "bwd", "_plan")
 
     def __init__(self, group, handle_id, layer, step, dtype, hidden, topk, n_experts, num_tokens,
                  num_recv, src, local_mask, device):
@@ -71,6 +62,7 @@ class Handle:
         self.topk_idx = self.topk_weights = None
         self.need_w_grad = False
         self.bwd = None
+        self._plan = None  # host path: the dispatch's plan (its combine reads through it)
 
     def _tensor(self, a):
         return a if isinstance(a, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(a))
@@ -92,14 +84,27 @@ class Handle:
         return self.src_rank * (1 << 32) + self.src_token
 
 
+def _op_name(kind, layer, step):
+    return "%s layer %d step %d%s" % (kind, layer & ~BACKWARD_LAYER, step,
+                                      " (backward)" if layer & BACKWARD_LAYER else "")
+
+
 class Work:
     """An operation in flight (async_op=True). wait() returns what the synchronous call would
     have returned, or raises its error; done() says, without blocking, whether wait() would."""
 
-    def __init__(self, group, phase_id, op, finish, keep):
-        self.group, self.phase_id, self.op = group, phase_id, op
-        self._finish, self._keep = finish, keep  # keep: tensors the daemon reads until done
-        self._cqe, self._result, self._exc = None, None, None
+    __slots__ = ("group", "phase_id", "_what", "_finish", "_args", "_keep", "_cqe", "_result",
+                 "_exc")
+
+    def __init__(self, group, phase_id, what, finish, args, keep):
+        self.group, self.phase_id, self._what = group, phase_id, what  # what: (kind, layer, step)
+        self._finish, self._args = finish, args  # finish(cqe, *args) gives the result
+        self._keep = keep  # tensors the daemon reads until done
+        self._cqe = self._result = self._exc = None
+
+    @property
+    def op(self):
+        return _op_name(*self._what)
 
     def done(self):
         if self._cqe is None and self._exc is None and self._result is None:
@@ -109,9 +114,9 @@ class Work:
     def wait(self, timeout=None):
         if self._result is None and self._exc is None:
             cqe = self._cqe or self.group._reap(self, block=True, timeout=timeout)
-            self.group._pending, self._keep = None, None
+            self.group._pending = self._keep = None
             try:
-                self._result = self._finish(cqe)
+                self._result = self._finish(cqe, *self._args)
             except Exception as e:  # kept: a second wait() raises the same
                 self._exc = e
         if self._exc is not None:
@@ -126,13 +131,24 @@ class Group:
     world_size ← WORLD_SIZE (SLURM_NTASKS), socket ← RAILWAVE_SOCKET (else the daemon's default
     /run/railwave/railwaved.sock), node ← RAILWAVE_NODE, else rank // LOCAL_WORLD_SIZE
     (SLURM_NTASKS_PER_NODE), else SLURM_NODEID / GROUP_RANK; local_gpu (the GPU index the daemon
-    logs and keeps unique per group) ← LOCAL_RANK (SLURM_LOCALID) when torch sees CUDA, else -1. max_recv_tokens bounds the rows one dispatch may deliver to this
-    rank (default world_size × the most tokens this rank dispatched so far). timeout (seconds)
-    bounds every wait for the daemon; spin_us is how long a wait busy-polls before sleeping
-    (RAILWAVE_SPIN_US)."""
+    logs and keeps unique per group) ← LOCAL_RANK (SLURM_LOCALID) when torch sees CUDA, else -1.
+
+    Receive room: a rank receives at most one row per token of every rank, so one dispatch
+    delivers it at most world_size × (the most tokens any rank dispatches) rows.
+    max_tokens_per_rank (RAILWAVE_MAX_TOKENS_PER_RANK; DeepEP's num_max_dispatch_tokens_per_rank)
+    is that most: every rank's receive buffer (host or CUDA) is sized for the worst case once,
+    and a dispatch of more tokens is refused. Unset, the room is world_size × the most tokens this
+    rank dispatched so far, which is right only when no rank dispatches more than this one.
+    max_recv_tokens overrides the room (rows) for a caller who knows the routing is balanced.
+    A rank that receives more rows than its room fails the phase for everyone (RW_E_RANGE, and
+    the error names the size needed). timeout (seconds) bounds every wait for the daemon;
+    spin_us is how long a wait busy-polls before sleeping (RAILWAVE_SPIN_US)."""
+
+    DTYPES = _DTYPES
 
     def __init__(self, name, rank=None, world_size=None, socket=None, *, node=None,
-                 local_gpu=None, max_recv_tokens=None, timeout=300.0, spin_us=None):
+                 local_gpu=None, max_tokens_per_rank=None, max_recv_tokens=None, timeout=300.0,
+                 spin_us=None):
         self._c = None
         if rank is None:
             rank = _env_int(["RANK", "SLURM_PROCID"], "this process's rank")
@@ -155,14 +171,22 @@ class Group:
             local_gpu = _env_int(["LOCAL_RANK", "SLURM_LOCALID"], "local rank") \
                 if torch.cuda.is_available() else None
             local_gpu = -1 if local_gpu is None else local_gpu
+        if max_tokens_per_rank is None:
+            max_tokens_per_rank = _env_int(["RAILWAVE_MAX_TOKENS_PER_RANK"],
+                                           "the most tokens a rank dispatches")
+        for n, v in (("max_tokens_per_rank", max_tokens_per_rank),
+                     ("max_recv_tokens", max_recv_tokens)):
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError("railwave: %s must be a positive int, got %r" % (n, v))
         self.socket = socket or os.environ.get("RAILWAVE_SOCKET") or _lib.DEFAULT_SOCKET
         self.name, self.rank, self.world_size, self.node = name, rank, world_size, node
         self.timeout = float(timeout)
         if spin_us is None:
             spin_us = _env_int(["RAILWAVE_SPIN_US"], "busy-poll microseconds")
         self.spin = (50 if spin_us is None else spin_us) * 1e-6
-        self.max_recv_tokens = max_recv_tokens
-        self._lib = _lib.load()
+        self.max_tokens_per_rank, self.max_recv_tokens = max_tokens_per_rank, max_recv_tokens
+        lib = self._lib = _lib.load()
+        self._submit_fn, self._poll_fn = lib.rw_client_submit, lib.rw_client_poll
         opts = self._opts = _lib.Opts()
         self._opts_bytes = (self.socket.encode(), name.encode())  # what opts' pointers point at
         opts.socket_path, opts.group = self._opts_bytes
@@ -171,14 +195,19 @@ class Group:
         self._connect()
         self._open = None  # the handle of the dispatch whose combine is due, if any
         self._in = self._out = None
+        self._plans = {}  # host dispatch shape → _host.DispatchPlan on the current buffers
         self._cuda = None
         self._cuda_out = None
         self._pending = None
         self._phase_id = 0
         self._auto_step = {}
-        self._max_tokens = 0
+        self._max_tokens = 0  # the most tokens this rank dispatched
         self._cqe = _lib.Cqe()  # the one completion buffer (one operation in flight)
+        self._cqe_ref = ctypes.byref(self._cqe)
         self._cqe_counts = np.frombuffer(self._cqe.counts, dtype=np.uint32)
+        self._csqe = _lib.Sqe(kind=_lib.KIND_COMBINE)  # the combine entry, refilled per call
+        self._csqe.topk_ids = self._csqe.topk_weights = _NONE
+        self._csqe_ref = ctypes.byref(self._csqe)
 
     # ---- lifetime ------------------------------------------------------------------------
     def _connect(self, retry_s=0.0):
@@ -217,6 +246,7 @@ class Group:
         self._lib.rw_client_close(self._c)
         self._c, self._in, self._out, self._cuda, self._cuda_out = None, None, None, None, None
         self._pending = None
+        self._plans.clear()
 
     def __enter__(self):
         return self
@@ -290,17 +320,47 @@ class Group:
             raise ValueError("railwave: step must be a non-negative int, got %r" % (step,))
         return layer, step
 
+    def _room(self):
+        """Rows one dispatch may deliver to this rank (the class docstring)."""
+        if self.max_recv_tokens:
+            return self.max_recv_tokens
+        return self.world_size * (self.max_tokens_per_rank or max(self._max_tokens, 1))
+
+    def _room_error(self, op, cap, rb, mb, counts_b):
+        """The PhaseError of a rank whose receive room was too small (RW_E_RANGE)."""
+        W = self.world_size
+        per_row = rb + mb
+        if self.max_recv_tokens:
+            why = "max_recv_tokens=%d" % self.max_recv_tokens
+        elif self.max_tokens_per_rank:
+            why = "max_tokens_per_rank=%d, so world_size %d × that" % (self.max_tokens_per_rank, W)
+        else:
+            why = ("max_tokens_per_rank unset, so world_size %d × the most tokens this rank "
+                   "dispatched so far (%d): another rank dispatched more" % (W, self._max_tokens))
+        M = self.max_tokens_per_rank
+        counts = " + %d bytes of per-expert counts" % counts_b if counts_b else ""
+        need = "%d rows = %d bytes" % (W * M, counts_b + W * M * per_row) if M else \
+            "world_size %d × M rows of %d bytes (a row with its metadata)%s" % (W, per_row, counts)
+        return PhaseError(CODES["RW_E_RANGE"], "%s [group %r rank %d]" % (op, self.name,
+                                                                        self.rank),
+                          "this rank received more rows than its receive room of %d rows (%s). "
+                          "A rank receives at most one row per token of every rank: with M the "
+                          "most tokens any rank dispatches (max_tokens_per_rank, or "
+                          "RAILWAVE_MAX_TOKENS_PER_RANK), the room needed is %s" % (cap, why, need))
+
     def _buffer(self, which, nbytes):
         """The host buffer `which` ('in' or 'out'), at least nbytes, registered once and grown
-        (re-registered, the old one released) only when a phase needs more."""
-        cur = getattr(self, "_" + which)
+        (re-registered, the old one released) only when a phase needs more. Growing one drops
+        the dispatch plans, which point into the old buffers."""
+        cur = self._in if which == "in" else self._out
         if cur is None or cur.size < nbytes:
             size = max(nbytes, 2 * cur.size if cur else 0, 1 << 16)
             size = _align(size, 4096)
-            new = _HostBuf(self, size)
+            new = _host.HostBuf(self, size)
             if cur is not None:
                 self._lib.rw_client_deregister(self._c, cur.id)
             setattr(self, "_" + which, new)
+            self._plans.clear()
             cur = new
         return cur
 
@@ -317,44 +377,51 @@ class Group:
             self._cuda_out = torch.empty(size, dtype=torch.uint8, device=device)
         return self._cuda_out
 
-    def _submit(self, sqe, op, finish, keep):
+    def _submit(self, sqe, sqe_ref, what, finish, args, keep):
+        """Post one entry (sqe, with sqe_ref its byref) and return its Work; what = (kind,
+        layer, step) names it in errors; finish(cqe, *args) makes the result."""
         self._phase_id += 1
         sqe.phase_id = self._phase_id
-        rc = self._lib.rw_client_submit(self._c, ctypes.byref(sqe), 1)
+        rc = self._submit_fn(self._c, sqe_ref, 1)
         if rc:
-            raise self._error(rc, "submit " + op)
-        self._pending = Work(self, self._phase_id, op, finish, keep)
-        return self._pending
+            raise self._error(rc, "submit " + _op_name(*what))
+        w = self._pending = Work(self, self._phase_id, what, finish, args, keep)
+        return w
 
     def _reap(self, work, block, timeout=None):
-        """The completion of `work` (Cqe copy), or None when not blocking and none is there."""
-        lib, c, cqe = self._lib, self._c, self._cqe
+        """The completion of `work` (the Group's Cqe), or None when not blocking and none is
+        there."""
+        c, cqe, ref = self._c, self._cqe, self._cqe_ref
         if c is None:
             raise RuntimeError("railwave: %r is closed" % self)
+        n = self._poll_fn(c, ref, 1)
+        if n == 1 and cqe.phase_id == work.phase_id:
+            return cqe  # one operation in flight: read by its finish before the next reap
+        lib = self._lib
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         spin_end = time.perf_counter() + self.spin
         while True:
-            n = lib.rw_client_poll(c, ctypes.byref(cqe), 1)
+            if n == 1:  # a completion of something abandoned earlier (e.g. after a Timeout)
+                n = lib.rw_client_poll(c, ref, 1)
             if n == 0 and not block:
-                n = lib.rw_client_wait(c, ctypes.byref(cqe), 1, 0)  # notices a dead daemon
+                n = lib.rw_client_wait(c, ref, 1, 0)  # notices a dead daemon
                 if n == 0:
                     return None
             while n == 0:
                 if time.perf_counter() < spin_end:
-                    n = lib.rw_client_poll(c, ctypes.byref(cqe), 1)
+                    n = lib.rw_client_poll(c, ref, 1)
                     continue
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise Timeout(CODES["RW_E_TIMEOUT"], work.op,
                                   "no completion from railwaved in %.1f s (the operation is "
                                   "still in flight: wait() again or close())" % limit)
-                n = lib.rw_client_wait(c, ctypes.byref(cqe), 1, int(min(left, 1.0) * 1000) + 1)
+                n = lib.rw_client_wait(c, ref, 1, int(min(left, 1.0) * 1000) + 1)
             if n < 0:
                 raise self._error(n, work.op)
             if cqe.phase_id == work.phase_id:
-                return cqe  # one operation in flight: read by its finish before the next reap
-            # A completion of something abandoned earlier (e.g. after a Timeout): not ours.
+                return cqe
 
     def _poison(self, layer, step, num_experts):
         """Fail this (layer, step) for the whole group at once: a one-row dispatch whose expert
@@ -374,8 +441,8 @@ class Group:
             sqe.topk_ids = _lib.Span(ib.id, 0, 16)
             sqe.topk_weights = _lib.Span(ib.id, 0, 32)
             sqe.output = _lib.Span(ob.id, 0, 0)
-            w = self._submit(sqe, "refuse dispatch layer %d step %d" % (layer, step),
-                             lambda cqe: None, None)
+            w = self._submit(sqe, ctypes.byref(sqe), ("refuse dispatch", layer, step),
+                             lambda cqe: None, (), None)
             w.wait(timeout=min(self.timeout, 30.0))
         except Exception:
             self._pending = None  # best effort: the caller raises the real error
@@ -414,6 +481,11 @@ class Group:
         if not isinstance(num_experts, int) or num_experts <= 0:
             raise ValueError("railwave: dispatch: num_experts must be a positive int, got %r"
                              % (num_experts,))
+        M = self.max_tokens_per_rank
+        if M is not None and x.shape[0] > M:
+            raise ValueError("railwave: dispatch: x has %d tokens, above max_tokens_per_rank %d "
+                             "(every rank's receive room is sized for world_size × that)"
+                             % (x.shape[0], M))
 
     def _submit_dispatch(self, x, topk_idx, topk_weights, num_experts, layer, step):
         self._check_usable()
@@ -421,107 +493,116 @@ class Group:
         return self._dispatch_key(x, topk_idx, topk_weights, num_experts, layer, step)
 
     def _dispatch_key(self, x, topk_idx, topk_weights, num_experts, layer, step):
-        op = "dispatch layer %d step %d" % (layer & ~BACKWARD_LAYER, step) + \
-            (" (backward)" if layer & BACKWARD_LAYER else "")
+        """Submit a dispatch on (layer, step); returns its Work. Host tensors of a shape seen
+        before take the plan made for it (every check a plan stands for is in its key)."""
         try:
-            self._check_dispatch(x, topk_idx, topk_weights, num_experts)
-        except (TypeError, ValueError):
-            self._poison(layer, step, num_experts)
-            raise
+            key = (x.dtype, x.shape, x.device, topk_idx.dtype, topk_idx.shape, topk_idx.device,
+                   topk_weights.dtype, topk_weights.shape, topk_weights.device, num_experts)
+            plan = self._plans.get(key)
+        except (AttributeError, TypeError):  # not tensors, or an unhashable num_experts
+            key = plan = None
+        if plan is None or not (x.is_contiguous() and topk_idx.is_contiguous() and
+                                topk_weights.is_contiguous()):
+            try:
+                self._check_dispatch(x, topk_idx, topk_weights, num_experts)
+            except (TypeError, ValueError):
+                self._poison(layer, step, num_experts)
+                raise
+            if x.shape[0] > self._max_tokens:
+                self._max_tokens = x.shape[0]
+                self._plans.clear()  # their receive room depends on it
+            if x.is_cuda:
+                return self._dispatch_cuda(x, topk_idx, topk_weights, num_experts, layer, step)
+            plan = self._host_plan(x, topk_idx, num_experts)
+            self._plans[key] = plan
+        first_bad = plan.put(x, topk_idx, topk_weights)
+        s = plan.sqe
+        s.layer, s.step = layer, step
+        return self._submit(s, plan.sqe_ref, ("dispatch", layer, step), self._finish_host,
+                            (plan, layer, step, first_bad), None)
+
+    def _host_plan(self, x, topk_idx, E):
         T, H = x.shape
         K = topk_idx.shape[1]
-        dt, cuda = x.dtype, x.is_cuda
-        E, W = num_experts, self.world_size
-        rb, mb = H * x.element_size(), 16 + 8 * K
-        self._max_tokens = max(self._max_tokens, T)
-        cap = self.max_recv_tokens or W * max(self._max_tokens, 1)
-        cap = _align(cap, 8)  # keeps the metadata 16-byte aligned for any row size
+        rb, mb = H * x.element_size(), _host.meta_bytes(K)
+        rows = _align(self._room(), 8)  # keeps the metadata 16-byte aligned for any row size
+        counts_b = _align(4 * E) if E > _lib.CQE_INLINE_COUNTS else 0
+        # Inputs: this dispatch's, and the combine's rows (as many as may be received).
+        ib = self._buffer("in", max(_align(T * rb) + 2 * _align(T * K * 4), rows * rb, 64))
+        ob = self._buffer("out", max(counts_b + rows * (rb + mb), 64))
+        return _host.DispatchPlan(self, x, topk_idx, E, ib, ob, counts_b)
+
+    def _dispatch_fail(self, cqe, what, E, cap, rb, mb, counts_b, first_bad):
+        op = _op_name(*what)
+        if first_bad is not None:
+            (t, k), v = first_bad
+            raise ValueError(
+                "railwave: %s: topk_idx[%d, %d] = %d is not an expert id (valid: -1 for "
+                "none, 0..%d); the daemon failed this phase on every rank (%s: %s)"
+                % (op, t, k, v, E - 1, NAMES.get(cqe.error, cqe.error),
+                   _lib.strerror(cqe.error)))
+        if cqe.error == CODES["RW_E_RANGE"]:
+            raise self._room_error(op, cap, rb, mb, counts_b)
+        raise self._error(cqe.error, op, PhaseError)
+
+    def _finish_host(self, cqe, plan, layer, step, first_bad):
+        if cqe.status != _lib.CQ_OK:
+            if first_bad is None and cqe.error == CODES["RW_E_TOKENS"]:
+                first_bad = plan.first_bad()  # int32 ids went unchecked: the daemon refused
+            self._dispatch_fail(cqe, ("dispatch", layer, step), plan.E, plan.cap, plan.rb,
+                                _host.meta_bytes(plan.K), plan.counts_b, first_bad)
+        n = cqe.recv_tokens
+        if n > plan.cap:
+            raise RailWaveError(CODES["RW_E_BADREPLY"], _op_name("dispatch", layer, step),
+                                "%d rows received into room for %d" % (n, plan.cap))
+        recv_x, loc, recv_w, counts, src, mine = plan.result(cqe, n)
+        h = self._open = Handle(self, cqe.handle_id, layer, step, plan.dtype, plan.H, plan.K,
+                                plan.E, plan.T, n, src, mine, _CPU)
+        h._plan = plan
+        return recv_x, loc, recv_w, counts, h
+
+    def _dispatch_cuda(self, x, topk_idx, topk_weights, E, layer, step):
+        """A CUDA dispatch: the tensors' own memory (by allocator segment), ids converted to
+        int32 on the device, the output in the Group's CUDA buffer, sized for the receive
+        room."""
+        T, H = x.shape
+        K = topk_idx.shape[1]
+        dt, W = x.dtype, self.world_size
+        rb, mb = H * x.element_size(), _host.meta_bytes(K)
+        cap = _align(self._room(), 8)
         counts_b = _align(4 * E) if E > _lib.CQE_INLINE_COUNTS else 0
         out_bytes = counts_b + cap * (rb + mb)
+        meta_off = counts_b + cap * rb
         el = E // W
         lo = self.rank * el
         sqe = _lib.Sqe(kind=_lib.KIND_DISPATCH, dtype=_DTYPES[dt], topk=K, layer=layer, step=step,
                        token_count=T, hidden=H, n_experts=E)
-        if not T:
-            sqe.tokens = sqe.topk_ids = sqe.topk_weights = _lib.Span(_lib.BUF_NONE, 0, 0)
-        # An id that is not an expert goes out as one that is out of range for sure, so the
-        # daemon fails the phase for every rank at once; this rank then raises naming it.
+        none = _lib.Span(_lib.BUF_NONE, 0, 0)
+        sqe.tokens = sqe.topk_ids = sqe.topk_weights = none
+        bad = (topk_idx < -1) | (topk_idx >= E)
         first_bad = None
-        if cuda:
-            keep, ob_t, first_bad = self._dispatch_cuda_inputs(sqe, x, topk_idx, topk_weights, E,
-                                                               out_bytes)
-        else:
-            keep = None
-            ids_off = _align(T * rb)
-            w_off = ids_off + _align(T * K * 4)
-            ib = self._buffer("in", max(w_off + T * K * 4, 64))
-            ob = self._buffer("out", out_bytes)
-            if T:
-                ctypes.memmove(ib.addr, x.data_ptr(), T * rb)
-                mn, mx = torch.aminmax(topk_idx)  # one pass; a torch call, not two numpy ones
-                dst = ib.i32[ids_off // 4:ids_off // 4 + T * K]
-                if topk_idx.dtype == torch.int32:
-                    ctypes.memmove(ib.addr + ids_off, topk_idx.data_ptr(), T * K * 4)
-                else:
-                    dst[:] = topk_idx.numpy().reshape(-1)
-                if mn.item() < -1 or mx.item() >= E:
-                    src = topk_idx.numpy()
-                    bad = (src < -1) | (src >= E)
-                    t, k = (int(v[0]) for v in np.nonzero(bad))
-                    first_bad = ((t, k), int(src[t, k]))
-                    dst[bad.reshape(-1)] = 0x7FFFFFFF
-                ctypes.memmove(ib.addr + w_off, topk_weights.data_ptr(), T * K * 4)
-                sqe.tokens = _lib.Span(ib.id, 0, 0)
-                sqe.topk_ids = _lib.Span(ib.id, 0, ids_off)
-                sqe.topk_weights = _lib.Span(ib.id, 0, w_off)
-            sqe.output = _lib.Span(ob.id, 0, 0)
-            sqe.output_capacity = ob.size
-            cap = (ob.size - counts_b) // (rb + mb)  # what the daemon will use (rw_svc_out_layout)
-        meta_off = counts_b + cap * rb
+        idx32 = topk_idx.to(torch.int32)
+        if bool(bad.any()):
+            t, k = bad.nonzero()[0].tolist()
+            first_bad = ((t, k), int(topk_idx[t, k]))
+            idx32 = idx32.masked_fill(bad, 0x7FFFFFFF)
+        torch.cuda.current_stream(x.device).synchronize()  # inputs complete (railwave.h)
+        if T:
+            for name, t in (("tokens", x), ("topk_ids", idx32), ("topk_weights", topk_weights)):
+                b, o = self._cuda_span(t)
+                setattr(sqe, name, _lib.Span(b, 0, o))
+        ob_t = self._cuda_out_buffer(out_bytes, x.device)
+        b, o = self._cuda_span(ob_t)
+        sqe.output = _lib.Span(b, 0, o)
+        sqe.output_capacity = out_bytes
 
-        def fail(cqe):
-            if first_bad is not None:
-                (t, k), v = first_bad
-                raise ValueError(
-                    "railwave: %s: topk_idx[%d, %d] = %d is not an expert id (valid: -1 for "
-                    "none, 0..%d); the daemon failed this phase on every rank (%s)"
-                    % (op, t, k, v, E - 1, _lib.strerror(cqe.error)))
-            if cqe.error == CODES["RW_E_RANGE"]:
-                raise PhaseError(cqe.error, "%s [group %r rank %d]" % (op, self.name, self.rank),
-                                 "receive capacity %d rows" % cap)
-            raise self._error(cqe.error, op, PhaseError)
-
-        def finish_host(cqe):
+        def finish(cqe):
             if cqe.status != _lib.CQ_OK:
-                fail(cqe)
+                self._dispatch_fail(cqe, ("dispatch", layer, step), E, cap, rb, mb, counts_b,
+                                    first_bad)
             n = cqe.recv_tokens
             if n > cap:
-                raise RailWaveError(CODES["RW_E_BADREPLY"], op,
-                                    "%d rows received into room for %d" % (n, cap))
-            recv_x = torch.empty((n, H), dtype=dt)
-            if n:
-                ctypes.memmove(recv_x.data_ptr(), ob.addr + counts_b, n * rb)
-            meta = ob.i32[meta_off // 4:meta_off // 4 + n * (4 + 2 * K)].reshape(n, 4 + 2 * K)
-            loc = meta[:, 4:4 + K].astype(np.int64)
-            loc -= lo
-            mine = loc.view(np.uint64) < el      # unsigned: negative ids (none, others') fail
-            np.putmask(loc, ~mine, -1)
-            recv_w = meta[:, 4 + K:].view(np.float32) * mine
-            if cqe.counts_buf == _lib.BUF_NONE:
-                counts = torch.from_numpy(self._cqe_counts[lo:lo + el].astype(np.int64))
-            else:
-                c0 = cqe.counts_offset // 4 + lo
-                counts = torch.from_numpy(ob.i32[c0:c0 + el].astype(np.int64))
-            h = self._open = Handle(self, cqe.handle_id, layer, step, dt, H, K, E, T, n,
-                                    meta[:, 1:3].copy(), mine, x.device)
-            return recv_x, torch.from_numpy(loc), torch.from_numpy(recv_w), counts, h
-
-        def finish_cuda(cqe):
-            if cqe.status != _lib.CQ_OK:
-                fail(cqe)
-            n = cqe.recv_tokens
-            if n > cap:
-                raise RailWaveError(CODES["RW_E_BADREPLY"], op,
+                raise RailWaveError(CODES["RW_E_BADREPLY"], _op_name("dispatch", layer, step),
                                     "%d rows received into room for %d" % (n, cap))
             recv_x = ob_t[counts_b:counts_b + n * rb].view(dt).view(n, H).clone()
             meta = ob_t[meta_off:meta_off + n * mb].view(torch.int32).view(n, 4 + 2 * K)
@@ -539,36 +620,14 @@ class Group:
                                     meta[:, 1:3].to(torch.int64), mine, x.device)
             return recv_x, recv_idx, recv_w, counts, h
 
-        return self._submit(sqe, op, finish_cuda if cuda else finish_host, keep)
-
-    def _dispatch_cuda_inputs(self, sqe, x, topk_idx, topk_weights, E, out_bytes):
-        """Spans of a CUDA dispatch: the tensors' own memory (by segment), ids converted to
-        int32 on the device, the output in the Group's CUDA buffer. Returns (tensors to keep
-        alive until the completion, the output buffer, first bad id or None)."""
-        bad = (topk_idx < -1) | (topk_idx >= E)
-        first_bad = None
-        idx32 = topk_idx.to(torch.int32)
-        if bool(bad.any()):
-            t, k = bad.nonzero()[0].tolist()
-            first_bad = ((t, k), int(topk_idx[t, k]))
-            idx32 = idx32.masked_fill(bad, 0x7FFFFFFF)
-        torch.cuda.current_stream(x.device).synchronize()  # inputs complete (railwave.h)
-        if x.shape[0]:
-            for name, t in (("tokens", x), ("topk_ids", idx32), ("topk_weights", topk_weights)):
-                b, o = self._cuda_span(t)
-                setattr(sqe, name, _lib.Span(b, 0, o))
-        ob_t = self._cuda_out_buffer(out_bytes, x.device)
-        b, o = self._cuda_span(ob_t)
-        sqe.output = _lib.Span(b, 0, o)
-        sqe.output_capacity = out_bytes
-        return (x, idx32, topk_weights), ob_t, first_bad
+        return self._submit(sqe, ctypes.byref(sqe), ("dispatch", layer, step),
+                            finish, (), (x, idx32, topk_weights))
 
     def _check_combine(self, expert_out, handle):
-        """Validate a combine's arguments; returns its op name."""
+        """Validate a combine's arguments (raises TypeError/ValueError naming what is wrong)."""
         if not isinstance(handle, Handle) or handle.group is not self:
             raise ValueError("railwave: combine: handle is not from a dispatch of this group")
-        op = "combine layer %d step %d" % (handle.layer & ~BACKWARD_LAYER, handle.step) + \
-            (" (backward)" if handle.layer & BACKWARD_LAYER else "")
+        op = _op_name("combine", handle.layer, handle.step)
         if handle.combined:
             raise ValueError("railwave: %s: this handle was already combined" % op)
         y = expert_out
@@ -586,64 +645,75 @@ class Group:
         if y.device != handle.device:
             raise ValueError("railwave: %s: expert_out is on %s, the dispatch on %s"
                              % (op, y.device, handle.device))
-        return op
 
     def _submit_combine(self, expert_out, handle):
-        self._check_usable()
+        if self._c is None or self._pending is not None:
+            self._check_usable()
+        h, y = handle, expert_out
         try:
-            op = self._check_combine(expert_out, handle)
-        except (TypeError, ValueError):
-            if self._open is not None:
-                self._abort_pair()
-            raise
-        y = expert_out
-        n, T, H, dt = handle.num_recv, handle.num_tokens, handle.hidden, handle.dtype
+            ok = h.group is self and not h.combined and y.dtype == h.dtype and \
+                y.shape == (h.num_recv, h.hidden) and y.device == h.device and \
+                y.is_contiguous() and type(h) is Handle
+        except AttributeError:
+            ok = False
+        if not ok:
+            try:
+                self._check_combine(expert_out, handle)
+            except (TypeError, ValueError):
+                if self._open is not None:
+                    self._abort_pair()
+                raise
+        n, T, H, dt = h.num_recv, h.num_tokens, h.hidden, h.dtype
         rb = H * y.element_size()
-        sqe = _lib.Sqe(kind=_lib.KIND_COMBINE, dtype=_DTYPES[dt], topk=handle.topk,
-                       layer=handle.layer, step=handle.step, token_count=n, hidden=H,
-                       handle_id=handle.handle_id, n_experts=handle.n_experts)
-        none = _lib.Span(_lib.BUF_NONE, 0, 0)
-        sqe.topk_ids = sqe.topk_weights = none
+        s = self._csqe
+        s.dtype, s.topk, s.layer, s.step = _DTYPES[dt], h.topk, h.layer, h.step
+        s.token_count, s.hidden, s.handle_id, s.n_experts = n, H, h.handle_id, h.n_experts
+        none = _NONE
         keep = None
         if y.is_cuda:
             torch.cuda.current_stream(y.device).synchronize()
             keep = y
             if n:
                 b, o = self._cuda_span(y)
-                sqe.tokens = _lib.Span(b, 0, o)
+                s.tokens = _lib.Span(b, 0, o)
             else:
-                sqe.tokens = none
+                s.tokens = none
             ob_t = self._cuda_out_buffer(max(T * rb, 1), y.device)
             if T:
                 b, o = self._cuda_span(ob_t)
-                sqe.output, sqe.output_capacity = _lib.Span(b, 0, o), T * rb
+                s.output, s.output_capacity = _lib.Span(b, 0, o), T * rb
             else:
-                sqe.output, sqe.output_capacity = none, 0
+                s.output, s.output_capacity = none, 0
+            finish, args = self._finish_combine_cuda, (h, ob_t, T, H, dt, rb)
         else:
-            ib = self._buffer("in", max(n * rb, 64))
-            ob = self._buffer("out", max(T * rb, 64))
+            ib, ob = self._in, self._out
+            if ib is None or ib.size < n * rb:
+                ib = self._buffer("in", max(n * rb, 64))
+            if ob is None or ob.size < T * rb:
+                ob = self._buffer("out", max(T * rb, 64))
             if n:
-                ctypes.memmove(ib.addr, y.data_ptr(), n * rb)
-                sqe.tokens = _lib.Span(ib.id, 0, 0)
+                _memmove(ib.addr, y.data_ptr(), n * rb)
+                s.tokens = ib.span
             else:
-                sqe.tokens = none
+                s.tokens = none
             if T:
-                sqe.output, sqe.output_capacity = _lib.Span(ob.id, 0, 0), ob.size
+                s.output, s.output_capacity = ob.span, ob.size
             else:
-                sqe.output, sqe.output_capacity = none, 0
-            ob_t = None
+                s.output, s.output_capacity = none, 0
+            finish, args = self._finish_combine_host, (h, ob, T, H, dt, rb)
+        return self._submit(s, self._csqe_ref, ("combine", h.layer, h.step), finish, args, keep)
 
-        def finish(cqe):
-            handle.combined = True
-            if self._open is handle:
-                self._open = None
-            if cqe.status != _lib.CQ_OK:
-                raise self._error(cqe.error, op, PhaseError)
-            if ob_t is not None:
-                return ob_t[:T * rb].view(dt).view(T, H).clone()
-            out = torch.empty((T, H), dtype=dt)
-            if T:
-                ctypes.memmove(out.data_ptr(), ob.addr, T * rb)
-            return out
+    def _combined(self, cqe, h):
+        h.combined = True
+        if self._open is h:
+            self._open = None
+        if cqe.status != _lib.CQ_OK:
+            raise self._error(cqe.error, _op_name("combine", h.layer, h.step), PhaseError)
 
-        return self._submit(sqe, op, finish, keep)
+    def _finish_combine_host(self, cqe, h, ob, T, H, dt, rb):
+        self._combined(cqe, h)
+        return _host.combine_result(h._plan, ob, T, H, dt, rb)
+
+    def _finish_combine_cuda(self, cqe, h, ob_t, T, H, dt, rb):
+        self._combined(cqe, h)
+        return ob_t[:T * rb].view(dt).view(T, H).clone()

@@ -5,10 +5,14 @@
 #       folder .gpucarry/ (in .gitignore, so the device tool can carry it) (the release binaries, librailwave.so.1, the shared libraries
 #       railwaved and ipc_bench need, wrappers that point LD_LIBRARY_PATH at them for those two
 #       binaries only, so python3 keeps its own libraries)
-#   sh tests/python/gpu_run.sh run               there, from the repository root, with .gpucarry
+#   sh tests/python/gpu_run.sh run [STAGES]      there, from the repository root, with .gpucarry
 #       carried: the CUDA scenario of test_moe.py, examples/moe_train.py on CUDA against its
-#       one-process reference, and python/bench/overhead.py. Outputs go to $OUT (or /tmp).
+#       one-process reference, and python/bench/overhead.py (the first two sizes, against the
+#       package of main as well: .gpucarry/before). Outputs go to $OUT (or /tmp). STAGES:
+#       which of the three (default "1 2 3").
+# NVLink multicast stays off in every process (the GPU machines' rule): NCCL_NVLS_ENABLE=0 etc.
 set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 case "${1:-}" in
 prepare)
 	b=${2:-build}
@@ -17,6 +21,7 @@ prepare)
 	cp "$b/bench/ipc_bench" .gpucarry/b/bench/ipc_bench.bin
 	cp "$b/bench/pair_bench" .gpucarry/b/bench/pair_bench
 	cp -L "$b/lib/librailwave.so.1" .gpucarry/b/lib/librailwave.so.1
+	mkdir -p .gpucarry/before && git archive "${BEFORE:-main}" python/railwave | tar -x -C .gpucarry/before
 	for f in $(ldd "$b/railwaved" "$b/bench/ipc_bench" | awk '/=>/ {print $3}' | sort -u); do
 		case $f in */libc.so*|*/libm.so*) ;; *) cp -L "$f" .gpucarry/lib/ ;; esac
 	done
@@ -32,9 +37,15 @@ run)
 	O=${OUT:-/tmp}
 	echo "== machine"; nvidia-smi -L; uname -r; nproc
 	python3 -c 'import torch, numpy, sys; print(sys.version.split()[0], torch.__version__, numpy.__version__, torch.cuda.is_available())'
+	stages=" ${2:-1 2 3} "
+	case $stages in *" 1 "*) ;; *) false ;; esac &&
+	{
 	echo "== 1: RW_PY_ONLY=cuda python3 tests/python/test_moe.py .gpucarry/b"
 	RW_PY_ONLY=cuda RW_TEST_SEED=${SEED:-11} timeout 300 python3 tests/python/test_moe.py "$B" > "$O/test_moe_cuda.txt" 2>&1
 	echo "rc $?"; grep -v '^  d[0-9]|' "$O/test_moe_cuda.txt" | tail -30
+	}
+	case $stages in *" 2 "*) ;; *) false ;; esac &&
+	{
 	echo "== 2: examples/moe_train.py --device cuda on deploy/clusters/loopback-2x2-one-ip.json"
 	mkdir -p /run/railwave
 	"$B/railwaved" --config deploy/clusters/loopback-2x2-one-ip.json --node 0 > "$O/train_d0.log" 2>&1 & d0=$!
@@ -55,11 +66,14 @@ run)
 	PYTHONPATH=python RAILWAVE_LIB=$B/lib/librailwave.so.1 python3 examples/moe_train.py \
 		--reference --world 4 --device cuda --steps 5
 	kill "$d0" "$d1"; wait "$d0"; wait "$d1"
+	}
+	case $stages in *" 3 "*) ;; *) exit 0 ;; esac
 	echo "== 3: python/bench/overhead.py --build .gpucarry/b"
-	timeout 240 python3 python/bench/overhead.py --build "$B" --iters 2000 2>&1 | grep -v 'INFO\|WARN'
+	timeout 240 python3 python/bench/overhead.py --build "$B" --iters 2000 --sizes 2 \
+		--before .gpucarry/before/python 2>&1 | grep -v 'INFO\|WARN'
 	;;
 *)
-	echo "usage: sh tests/python/gpu_run.sh prepare [BUILD] | run" >&2
+	echo "usage: sh tests/python/gpu_run.sh prepare [BUILD] | run [STAGES]" >&2
 	exit 2
 	;;
 esac

@@ -182,18 +182,26 @@ def run_async(group, seed, step, E, dev):
     return "async fp32 step equal, counts equal (%d polls)" % polls
 
 
-def join(c):
-    """Join as torchrun would have us: everything from the environment."""
+def join(c, group=None, **kw):
+    """Join as torchrun would have us: everything from the environment (max_tokens_per_rank
+    from the command)."""
     os.environ["RAILWAVE_SOCKET"] = c["sockets"][RANK // int(os.environ["LOCAL_WORLD_SIZE"])]
-    return railwave.Group(c["group"], timeout=120)  # above the daemons' phase timeout
+    kw.setdefault("max_tokens_per_rank", c.get("max_tokens"))
+    return railwave.Group(group or c["group"], timeout=120,  # above the daemons' phase timeout
+                          **kw)
 
 
-def cmd_paths(c):
-    log = []
+def device(c):
     dev = torch.device(c.get("device", "cpu"))
     if dev.type == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
         dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def cmd_paths(c):
+    log = []
+    dev = device(c)
     with join(c) as g:
         E = c["experts"]
         for step in range(c["steps"]):
@@ -215,9 +223,93 @@ def cmd_paths(c):
     return log
 
 
-def expect(what, fn, exc, *needles):
+FLOOD_H, FLOOD_BIG, FLOOD_SMALL, FLOOD_TO = 256, 40, 3, 1
+
+
+def flood_inputs(seed, r, E):
+    """Rank r's tokens of a flood step: every top-k entry names an expert of rank FLOOD_TO,
+    which sends FLOOD_SMALL tokens and receives one row per token of every rank. Integer
+    values: every product and sum is exact."""
+    g = torch.Generator().manual_seed(seed * 100 + r)
+    T = FLOOD_SMALL if r == FLOOD_TO else FLOOD_BIG
+    per = E // WORLD
+    x = torch.randint(-2, 3, (T, FLOOD_H), generator=g).float()
+    t = torch.arange(T)
+    idx = torch.stack([FLOOD_TO * per + t % per, FLOOD_TO * per + (t + 1) % per], 1)
+    if per == 1:
+        idx[:, 1] = -1
+    w = torch.randint(1, 3, (T, 2), generator=g).float()
+    return x, idx, w
+
+
+def flood_step(g, seed, E, dev, layer, step):
+    """One dispatch + combine of a flood; checks every received row (source, token, data), the
+    per-expert counts and the combined output (identity experts: x × Σ weights)."""
+    x, idx, w = flood_inputs(seed, RANK, E)
+    rx, ridx, rw, counts, h = g.dispatch(x.to(dev), idx.to(dev), w.to(dev), E, layer=layer,
+                                         step=step)
+    want_n = FLOOD_SMALL + (WORLD - 1) * FLOOD_BIG if RANK == FLOOD_TO else 0
+    if rx.shape[0] != want_n:
+        raise AssertionError("flood: received %d rows, want %d" % (rx.shape[0], want_n))
+    src, tok = h.src_rank.cpu(), h.src_token.cpu()
+    inputs = {}
+    for i in range(want_n):
+        s, t = int(src[i]), int(tok[i])
+        if s not in inputs:
+            inputs[s] = flood_inputs(seed, s, E)
+        if not torch.equal(rx[i].cpu(), inputs[s][0][t]):
+            raise AssertionError("flood: row %d (rank %d token %d) differs" % (i, s, t))
+    if want_n and sorted(zip(src.tolist(), tok.tolist())) != sorted(
+            (s, t) for s in range(WORLD) for t in range(flood_inputs(seed, s, E)[0].shape[0])):
+        raise AssertionError("flood: the received rows are not every token once")
+    want_counts = torch.stack([(ridx == e).sum() for e in range(E // WORLD)]).cpu()
+    if not torch.equal(counts.cpu(), want_counts):
+        raise AssertionError("flood: num_recv_per_expert %s, want %s" % (counts.tolist(),
+                                                                      want_counts.tolist()))
+    out = g.combine(rx * rw.sum(1, keepdim=True), h)
+    if not torch.equal(out.cpu(), x * w.sum(1, keepdim=True)):
+        raise AssertionError("flood: combined output differs")
+    return want_n
+
+
+def cmd_flood(c):
+    """One rank receives a row of every token of every rank (many more than it sent). With
+    max_tokens_per_rank the room is right on every rank: exact. A dispatch above that bound is
+    refused (the others get PhaseError at once). Without the bound the receiver's room is
+    world_size × its own few tokens: the phase fails for everyone, and the receiver's error
+    names the room it needed. Then a bounded step is exact again (the daemons serve on)."""
+    log = []
+    dev, E, seed = device(c), c["experts"], c["seed"]
+    # One Group at a time: the daemon shares a CUDA segment's mapping within one connection
+    # only (a second Group of this process lending the same allocator segment is refused).
+    with join(c, max_tokens_per_rank=FLOOD_BIG) as g:
+        n = flood_step(g, seed, E, dev, 20, 0)
+        log.append("rank %d received %d rows for its %d tokens, equal" % (
+            FLOOD_TO, n, FLOOD_SMALL) if RANK == FLOOD_TO else "sent %d tokens" % FLOOD_BIG)
+        x = torch.zeros(FLOOD_BIG + 1 if RANK == 0 else 1, FLOOD_H, device=dev)
+        idx = torch.zeros(x.shape[0], 2, dtype=torch.int64, device=dev)
+        w = torch.ones(x.shape[0], 2, device=dev)
+        log.append(expect("dispatch above max_tokens_per_rank" if RANK == 0 else
+                          "peer of a dispatch above max_tokens_per_rank",
+                          lambda: g.dispatch(x, idx, w, E, layer=20, step=1),
+                          *((ValueError, "above max_tokens_per_rank %d" % FLOOD_BIG)
+                            if RANK == 0 else (railwave.PhaseError,))))
+    with join(c, c["group"] + ".small", max_tokens_per_rank=None) as small:
+        needles = ("RW_E_RANGE", "receive room of", "max_tokens_per_rank") \
+            if RANK == FLOOD_TO else ()
+        log.append(expect("flood without max_tokens_per_rank", lambda: flood_step(
+            small, seed, E, dev, 20, 0), railwave.PhaseError, *needles,
+            full=RANK == FLOOD_TO))
+    with join(c, c["group"] + ".again", max_tokens_per_rank=FLOOD_BIG) as g:
+        flood_step(g, seed + 1, E, dev, 20, 2)
+        log.append("bounded flood equal again")
+    return log
+
+
+def expect(what, fn, exc, *needles, full=False):
     """fn() must raise exc whose message has every needle, and without sitting out the daemon's
-    phase timeout (60 s in this scenario: far above any real answer); returns a log line."""
+    phase timeout (60 s in this scenario: far above any real answer); returns a log line (with
+    the whole message if full)."""
     t0 = time.monotonic()
     try:
         fn()
@@ -229,7 +321,8 @@ def expect(what, fn, exc, *needles):
         if took > 30:
             raise AssertionError("%s: the error came after %.0f s, from the phase timeout: the "
                                  "phase was not failed at once (%s)" % (what, took, msg))
-        return "%s -> %s: %s" % (what, type(e).__name__, msg.splitlines()[0][:160])
+        return "%s -> %s: %s" % (what, type(e).__name__, msg if full else
+                                 msg.splitlines()[0][:160])
     except Exception as e:
         raise AssertionError("%s: expected %s, got %s: %s" % (what, exc.__name__,
                                                               type(e).__name__, e))
@@ -270,6 +363,12 @@ def cmd_bad(c):
             (1, "wrong topk_weights dtype", lambda s: g.dispatch(x, idx, w.double(), E, layer=2,
                                                                  step=s),
              TypeError, ("topk_weights has dtype torch.float64",)),
+            # int32 ids go to the daemon unchecked (it refuses them, RW_E_TOKENS); the error
+            # still names the entry
+            (4 % WORLD, "int32 expert id out of range", lambda s: g.dispatch(
+                x, torch.tensor([[0, 1, -1]] * 3 + [[1, -2, 0]], dtype=torch.int32), w, E,
+                layer=2, step=s),
+             ValueError, ("topk_idx[3, 1] = -2 is not an expert id", "RW_E_TOKENS")),
         ]
         for i, (who, what, fn, exc, needles) in enumerate(cases):
             s = 500 + i
@@ -353,8 +452,8 @@ def main():
     for line in sys.stdin:
         c = json.loads(line)
         try:
-            log = {"paths": cmd_paths, "bad": cmd_bad, "open": cmd_open, "lost": cmd_lost,
-                   "recover": cmd_recover}[c["op"]](c)
+            log = {"paths": cmd_paths, "flood": cmd_flood, "bad": cmd_bad, "open": cmd_open,
+                   "lost": cmd_lost, "recover": cmd_recover}[c["op"]](c)
             print(json.dumps({"ok": True, "log": log}), flush=True)
         except Exception as e:
             print(json.dumps({"ok": False, "error": "%s: %s\n%s" % (

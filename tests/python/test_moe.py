@@ -101,12 +101,17 @@ def scenario_paths(td, tmp, ranks, nodes, seed, device="cpu"):
         c = td.Cluster(tmp, nodes, path=path, extra=PHASE_TIMEOUT)
         try:
             c.start_all()
+            sockets = [n["ipc_socket"] for n in c.cfg["nodes"]]
             outs = check(ranks.run({"op": "paths", "socket": None, "group": "py." + path,
                                     "experts": nodes * td.GPUS * 2, "steps": 3,
                                     "seed": seed + i, "router": path == "auto",
-                                    "device": device, "sockets": [
-                                        n["ipc_socket"] for n in c.cfg["nodes"]]}),
+                                    "device": device, "sockets": sockets,
+                                    "max_tokens": 13}),  # moe_rank.workload's most
                          "path " + path, c)
+            flood = check(ranks.run({"op": "flood", "group": "py.flood." + path,
+                                     "experts": nodes * td.GPUS * 2, "seed": seed + i,
+                                     "device": device, "sockets": sockets}),
+                          "flood " + path, c)
             st = c.stats(0, "stats selector")
             if path != "auto" and path not in st:
                 raise RuntimeError("selector stats do not show the forced path %s:\n%s"
@@ -115,6 +120,7 @@ def scenario_paths(td, tmp, ranks, nodes, seed, device="cpu"):
             c.stop()
         print("ok   %s path %-9s N=%d W=%d: %s" % (device, path, nodes, nodes * td.GPUS,
                                                    "; ".join(outs[0]["log"])))
+        print("ok   %s path %-9s flood: %s" % (device, path, "; ".join(flood[1]["log"])))
 
 
 def scenario_bad(td, tmp, ranks, nodes, seed):
