@@ -52,23 +52,16 @@ void mesh_peer_set_state(mesh_peer_t *p, rw_svc_peer_state_t s)
 	rw_svc_metrics_peer_state(&p->mesh->svc->metrics, p->idx, s);
 }
 
-static uint32_t peer_rails_up(const mesh_peer_t *p)
-{
-	uint32_t n = 0;
-	for (uint32_t r = 0; r < p->mesh->rails; r++)
-		n += p->rail[r].up;
-	return n;
-}
-
 static void peer_check_up(mesh_peer_t *p)
 {
 	rw_svc_mesh_t *m = p->mesh;
-	uint32_t up = peer_rails_up(p);
-	m->svc->metrics.peer[p->idx].rails_up = up;
+	uint32_t up = mesh_rails_up(p);
+	mesh_rails_publish(p);
 	if (p->state == RW_SVC_PEER_UP || !p->ctl || !p->hello_ok || up != m->rails)
 		return;
 	mesh_peer_set_state(p, RW_SVC_PEER_UP);
 	p->backoff_ms = 0;
+	mesh_rail_fault_arm(p);
 	rw_info("peer=%s: up (control and %u rails)", peer_name(m, p->idx), m->rails);
 	if (m->cbs.peer_up)
 		m->cbs.peer_up(m->ctx, p->idx);
@@ -95,7 +88,7 @@ static void peer_fail(mesh_peer_t *p, rw_status_t st, const char *why)
 	if (bye) { /* a clean stop: it said so before closing; not an error */
 		rw_info("peer=%s: left (clean shutdown); reconnecting when it is back",
 			peer_name(m, p->idx));
-	} else if (p->ctl || was_up || peer_rails_up(p)) {
+	} else if (p->ctl || was_up || mesh_rails_up(p)) {
 		rw_warn("peer=%s: down (%s): %s", peer_name(m, p->idx), rw_status_str(st), why);
 		rw_svc_metrics_error(&m->svc->metrics, st);
 		m->svc->metrics.peer[p->idx].errors++;
@@ -105,9 +98,11 @@ static void peer_fail(mesh_peer_t *p, rw_status_t st, const char *why)
 		p->ctl = NULL;
 	}
 	p->hello_ok = 0;
-	for (uint32_t r = 0; r < m->rails; r++)
+	for (uint32_t r = 0; r < m->rails; r++) {
+		mesh_rail_reset(&p->rail[r]);
 		mesh_rail_close(&p->rail[r], RW_ERR_PEER);
-	m->svc->metrics.peer[p->idx].rails_up = 0;
+	}
+	mesh_rails_publish(p);
 	mesh_peer_set_state(p, bye ? RW_SVC_PEER_DOWN : RW_SVC_PEER_FAILED);
 	if (was_up && m->cbs.peer_down)
 		m->cbs.peer_down(m->ctx, p->idx, st);
@@ -198,7 +193,14 @@ static void rail_on_connected(rw_rail_conn_t *conn, void *ctx)
 			return;
 		}
 		mr = &m->peer[tag].rail[rail];
-		if (mr->conn) /* the peer reconnected this rail: the old one is stale */
+		if (rw_svc_rail_health_held(&mr->health, rw_now_ns())) { /* the test switch */
+			rw_dbg("peer=%s rail=%u: refused (test switch)", peer_name(m, (uint32_t)tag), rail);
+			rw_rail_conn_close(conn);
+			return;
+		}
+		if (mr->conn && mr->up && mr->peer->state == RW_SVC_PEER_UP) /* stale: it redialed */
+			mesh_rail_fail(mr, RW_ERR_LINK, "the peer connected it anew");
+		else if (mr->conn)
 			mesh_rail_close(mr, RW_ERR_PEER);
 		mr->conn = conn;
 		rw_rail_conn_set_ctx(conn, mr);
@@ -210,6 +212,7 @@ static void rail_on_connected(rw_rail_conn_t *conn, void *ctx)
 	}
 	mr->up = 1;
 	rw_dbg("peer=%s rail=%u: connected (%s)", peer_name(m, mr->peer->idx), mr->rail, conn->peer);
+	mesh_rail_joined(mr);
 	peer_check_up(mr->peer);
 }
 
@@ -227,9 +230,16 @@ static void rail_on_error(rw_rail_conn_t *conn, void *ctx, rw_status_t st)
 		peer_fail(p, RW_ERR_PEER, "said goodbye");
 		return;
 	}
-	m->svc->metrics.rail[mr->rail].errors++;
 	char why[64];
 	snprintf(why, sizeof(why), "rail %u connection failed", mr->rail);
+	/* Rail health: a rail that fails while the control channel and another rail live (or that
+	 * was already down and failed to reconnect) takes only itself down. */
+	if (p->state == RW_SVC_PEER_UP && p->ctl && p->hello_ok && !p->failing &&
+	    !m->svc->stopping && (mr->health.down || mesh_rails_up(p) > (uint32_t)mr->up)) {
+		mesh_rail_fail(mr, st, why);
+		return;
+	}
+	m->svc->metrics.rail[mr->rail].errors++;
 	peer_fail(p, st, why);
 }
 
@@ -594,6 +604,18 @@ int rw_svc_mesh_peer_up(const rw_svc_mesh_t *mesh, uint32_t peer)
 	if (peer < mesh->nodes && peer != mesh->me && mesh->peer[peer].failing)
 		return 0;
 	return peer < mesh->nodes && (peer == mesh->me || mesh->peer[peer].state == RW_SVC_PEER_UP);
+}
+
+uint32_t rw_svc_mesh_rail_mask(const rw_svc_mesh_t *mesh, uint32_t peer)
+{
+	uint32_t all = (uint32_t)((1ull << mesh->rails) - 1), mask = 0;
+	if (peer == mesh->me)
+		return all;
+	if (!rw_svc_mesh_peer_up(mesh, peer))
+		return 0;
+	for (uint32_t r = 0; r < mesh->rails; r++)
+		mask |= (uint32_t)mesh->peer[peer].rail[r].up << r;
+	return mask;
 }
 
 int rw_svc_mesh_all_up(const rw_svc_mesh_t *mesh)

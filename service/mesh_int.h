@@ -4,7 +4,8 @@
  *   mesh_setup.c  create and destroy: devices, memory, listeners, timers.
  *   mesh.c        peers: state, failure, reconnection, hello, messages, heartbeats, the API.
  *   mesh_ctl.c    a control connection's bytes: framing, queueing, flushing (returns statuses).
- *   mesh_rail.c   a rail connection's write queue, busy time and counters (returns statuses). */
+ *   mesh_rail.c   a rail connection's write queue, busy time and counters; rail health: a rail
+ *                 that fails alone, its background reconnect, the test switch. */
 #ifndef RW_SVC_MESH_INT_H
 #define RW_SVC_MESH_INT_H
 
@@ -12,6 +13,7 @@
 
 #include "common/listen_pause.h"
 #include "service/mesh.h"
+#include "service/rail_health.h"
 #include "service/svc.h"
 
 #define BACKOFF_MIN_MS 50
@@ -35,6 +37,8 @@ typedef struct mesh_rail {
 	int blocked;                  /* rw_rail_write said AGAIN; waiting for on_writable */
 	mesh_wq_t *head, *tail;       /* posted first, then queued */
 	uint32_t posted;              /* the first `posted` entries are with the transport */
+	rw_svc_rail_health_t health;  /* outages while the peer stayed up (rail_health.h) */
+	ev_timer retry;               /* background reconnect of a rail that failed alone */
 } mesh_rail_t;
 
 typedef struct mesh_ctl {
@@ -101,6 +105,9 @@ struct rw_svc_mesh {
 	uint32_t n_unknown;           /* accepted control connections before HELLO */
 	ev_timer hb_timer;
 	ev_timer fail_timer;          /* runs the peers' deferred failures (peer_fail_soon) */
+	const rw_rail_conn_cbs_t *rail_cbs; /* mesh.c's rail callbacks, for mesh_rail.c's redials */
+	rw_svc_rail_fault_t fault;    /* test switch RAILWAVE_TEST_RAIL_DOWN */
+	ev_timer fault_timer;
 	mesh_peer_t *peer;            /* [nodes] */
 	mesh_ctl_t *unknown;          /* accepted control connections before HELLO */
 };
@@ -132,6 +139,21 @@ void mesh_rail_close(mesh_rail_t *mr, rw_status_t st);
  * caller fails the peer). */
 rw_status_t mesh_rail_pump(mesh_rail_t *mr);
 mesh_rail_t *mesh_rail_of(rw_rail_conn_t *conn, void *ctx);
+uint32_t mesh_rails_up(const mesh_peer_t *p);
+/* Copy the peer's rail states into the metrics. */
+void mesh_rails_publish(mesh_peer_t *p);
+/* Rail mr failed while its peer stays up (the caller checked that another rail lives): mark it
+ * down, tell the executor (rail_down), complete its writes with errors, reconnect with back-off
+ * (the lower node dials; the higher one waits for the accept). */
+void mesh_rail_fail(mesh_rail_t *mr, rw_status_t st, const char *why);
+/* mr is connected (again): ends its outage. */
+void mesh_rail_joined(mesh_rail_t *mr);
+/* The peer went down or the mesh stops: no more background reconnects; the outage ends. */
+void mesh_rail_reset(mesh_rail_t *mr);
+void mesh_rail_retry_cb(struct ev_loop *loop, ev_timer *w, int revents);
+void mesh_rail_fault_cb(struct ev_loop *loop, ev_timer *w, int revents);
+/* The peer came up: arm the test switch if it names this peer. */
+void mesh_rail_fault_arm(mesh_peer_t *p);
 
 /* ---- mesh.c (for mesh_setup.c) ------------------------------------------------------------ */
 extern const rw_rail_conn_cbs_t mesh_rail_cbs;

@@ -201,6 +201,8 @@ typedef struct rw_svc_rail_metrics {
 	uint64_t tx_bytes, tx_records, tx_writes, tx_busy_ns;
 	uint64_t rx_bytes, rx_records, rx_writes, rx_busy_ns;
 	uint64_t errors;
+	uint32_t weight;             /* this node's capacity weight of the rail (its count rows) */
+	uint32_t pad_;
 	/* The transport's own counters of the rail's device (rdma/rail.h rw_rail_dev_stats_t),
 	 * copied in by the mesh at every heartbeat tick and write completion: bytes it handed to
 	 * the wire, frame headers and acks included (tcp; 0 with verbs), and times a send waited
@@ -218,6 +220,14 @@ typedef struct rw_svc_peer_metrics {
 	uint64_t reconnects;         /* times the peer came back up after having been up */
 	uint64_t errors;             /* peer/link errors attributed to it */
 	uint64_t heartbeat_rtt_ns;   /* last measured control round trip, 0 = none */
+	/* Rail health (docs/dataflow.md "Rail health"), published by the mesh: bit r = rail r to
+	 * this peer is connected; per rail the times it went down while the peer stayed up, the
+	 * time spent down in outages that ended, and when the running outage began (0: none). */
+	uint32_t rail_up_mask;
+	uint32_t pad2_;
+	uint64_t rail_failovers[RW_MAX_RAILS];
+	uint64_t rail_degraded_ns[RW_MAX_RAILS];
+	uint64_t rail_down_since_ns[RW_MAX_RAILS];
 } rw_svc_peer_metrics_t;
 
 typedef struct rw_svc_phase_metrics {
