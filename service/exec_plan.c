@@ -185,7 +185,7 @@ rw_status_t exec_plan_send_row(exec_pair_t *p)
 	uint32_t *weight = p->xchg.view_w + (size_t)x->me * x->rails;
 	uint32_t *up = p->xchg.view_up + (size_t)x->me * x->nodes;
 	for (uint32_t r = 0; r < x->rails; r++)
-		weight[r] = exec_rail_weight(x, r);
+		x->svc->metrics.rail[r].weight = weight[r] = exec_rail_weight(x, r);
 	for (uint32_t n = 0; n < x->nodes; n++)
 		up[n] = rw_svc_mesh_rail_mask(x->mesh, n);
 	rw_wire_counts_t c = { .key = p->key, .node = x->me, .nodes = x->nodes, .rails = x->rails,
@@ -251,7 +251,7 @@ static rw_status_t plan_rails(exec_pair_t *p)
 	uint32_t *pw = rw_arena_alloc(&p->mem, (size_t)n * n * rails, sizeof(uint32_t));
 	if (!pw)
 		return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
-	int differs = 0;
+	int differs = 0, excluded = 0;
 	for (uint32_t s = 0; s < n; s++)
 		for (uint32_t d = 0; d < n; d++) {
 			uint32_t *w = pw + ((size_t)s * n + d) * rails;
@@ -266,6 +266,7 @@ static rw_status_t plan_rails(exec_pair_t *p)
 				uint32_t ws = p->xchg.view_w[(size_t)s * rails + r];
 				uint32_t wd = p->xchg.view_w[(size_t)d * rails + r];
 				w[r] = (up >> r) & 1 ? RW_MIN(ws, wd) : 0;
+				excluded |= !((up >> r) & 1);
 				differs |= w[r] != base->rail_weight[r];
 				any |= w[r];
 				demand |= cnt[r];
@@ -277,6 +278,8 @@ static rw_status_t plan_rails(exec_pair_t *p)
 		}
 	if (differs)
 		p->plan.topo.pair_weight = pw;
+	if (excluded)
+		x->svc->metrics.phases_rail_excluded++;
 	return RW_OK;
 }
 

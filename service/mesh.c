@@ -259,6 +259,11 @@ static void rail_on_write_done(rw_rail_conn_t *conn, void *ctx, void *write_ctx,
 	void *wctx = q->w.ctx;
 	(void)write_ctx;
 	free(q);
+	/* A failed write of a rail that is about to fail alone (its on_error follows): the executor
+	 * hears which rail it was before the write's error (rail health). */
+	if (st != RW_OK && mr->up && !mr->health.down && mr->peer->state == RW_SVC_PEER_UP &&
+	    mesh_rails_up(mr->peer) > 1 && m->cbs.rail_down)
+		m->cbs.rail_down(m->ctx, mr->peer->idx, mr->rail, st);
 	mesh_busy_end(m, mr->rail);
 	mesh_rail_dev_sample(m, mr->rail);
 	if (m->cbs.write_done)
@@ -613,8 +618,8 @@ uint32_t rw_svc_mesh_rail_mask(const rw_svc_mesh_t *mesh, uint32_t peer)
 		return all;
 	if (!rw_svc_mesh_peer_up(mesh, peer))
 		return 0;
-	for (uint32_t r = 0; r < mesh->rails; r++)
-		mask |= (uint32_t)mesh->peer[peer].rail[r].up << r;
+	for (uint32_t r = 0; r < mesh->rails; r++) /* a reconnected rail counts once it settled */
+		mask |= (uint32_t)(mesh->peer[peer].rail[r].up && !mesh->peer[peer].rail[r].health.down) << r;
 	return mask;
 }
 

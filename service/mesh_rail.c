@@ -112,7 +112,7 @@ void mesh_rails_publish(mesh_peer_t *p)
 	uint32_t mask = 0;
 	for (uint32_t r = 0; r < p->mesh->rails; r++) {
 		const rw_svc_rail_health_t *h = &p->rail[r].health;
-		mask |= (uint32_t)p->rail[r].up << r;
+		mask |= (uint32_t)(p->rail[r].up && !h->down) << r;
 		pm->rail_failovers[r] = h->failovers;
 		pm->rail_degraded_ns[r] = h->degraded_ns;
 		pm->rail_down_since_ns[r] = h->down ? h->down_since_ns : 0;
@@ -141,7 +141,7 @@ void mesh_rail_fail(mesh_rail_t *mr, rw_status_t st, const char *why)
 {
 	mesh_peer_t *p = mr->peer;
 	rw_svc_mesh_t *m = p->mesh;
-	int was_up = mr->up;
+	int was_up = mr->up && !mr->health.down; /* the executor may have planned with it */
 	mr->up = 0;
 	if (rw_svc_rail_health_down(&mr->health, rw_now_ns())) {
 		rw_warn("peer=%s rail=%u: rail %u of node %u (%s) down (%s): %s; the peer stays up on "
@@ -161,6 +161,18 @@ void mesh_rail_joined(mesh_rail_t *mr)
 {
 	rw_svc_mesh_t *m = mr->peer->mesh;
 	ev_timer_stop(m->loop, &mr->retry);
+	if (mr->health.down) { /* settle first: mesh_rail_retry_cb ends the outage */
+		ev_timer_set(&mr->retry, RAIL_SETTLE_MS / 1000.0, 0.);
+		ev_timer_start(m->loop, &mr->retry);
+		return;
+	}
+	mesh_rails_publish(mr->peer);
+}
+
+/* A reconnected rail stayed up for RAIL_SETTLE_MS: its outage is over. */
+static void rail_settled(mesh_rail_t *mr)
+{
+	rw_svc_mesh_t *m = mr->peer->mesh;
 	uint64_t outage = rw_svc_rail_health_up(&mr->health, rw_now_ns());
 	if (outage)
 		rw_info("peer=%s rail=%u: rail %u of node %u (%s) back up after %.1f s; it rejoins at "
@@ -181,8 +193,13 @@ void mesh_rail_retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	mesh_rail_t *mr = w->data;
 	mesh_peer_t *p = mr->peer;
 	rw_svc_mesh_t *m = p->mesh;
-	if (p->state != RW_SVC_PEER_UP || p->failing || mr->conn || !mr->health.down)
+	if (p->state != RW_SVC_PEER_UP || p->failing || !mr->health.down)
 		return;
+	if (mr->conn) {
+		if (mr->up)
+			rail_settled(mr);
+		return;
+	}
 	if (rw_svc_rail_health_held(&mr->health, rw_now_ns())) {
 		rail_schedule(mr);
 		return;

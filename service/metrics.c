@@ -233,6 +233,34 @@ void rw_svc_metrics_prometheus(const rw_svc_config_t *cfg, const rw_svc_metrics_
 	for (uint32_t p = 0; p < m->peers && p < cfg->n_nodes; p++)
 		rw_svc_buf_printf(o, "railwave_peer_state{peer=\"%s\"} %u\n", cfg->nodes[p].name,
 				  p == cfg->me ? (unsigned)RW_SVC_PEER_SELF : m->peer[p].state);
+	head(o, "railwave_rail_weight", "gauge",
+	     "This node's capacity weight of each rail, as its count rows carry it.");
+	for (uint32_t r = 0; r < m->rails; r++)
+		rw_svc_buf_printf(o, "railwave_rail_weight{rail=\"%u\"} %u\n", r, m->rail[r].weight);
+	head(o, "railwave_rail_link_up", "gauge",
+	     "Rail connection to each peer: 1 up, 0 down (the peer itself may be up).");
+	for (uint32_t p = 0; p < m->peers && p < cfg->n_nodes; p++)
+		for (uint32_t r = 0; r < m->rails && p != cfg->me; r++)
+			rw_svc_buf_printf(o, "railwave_rail_link_up{peer=\"%s\",rail=\"%u\"} %u\n",
+					  cfg->nodes[p].name, r, (m->peer[p].rail_up_mask >> r) & 1);
+	head(o, "railwave_rail_failovers_total", "counter",
+	     "Times a rail connection went down while its peer stayed up.");
+	for (uint32_t p = 0; p < m->peers && p < cfg->n_nodes; p++)
+		for (uint32_t r = 0; r < m->rails && p != cfg->me; r++)
+			rw_svc_buf_printf(o, "railwave_rail_failovers_total{peer=\"%s\",rail=\"%u\"} %llu\n",
+					  cfg->nodes[p].name, r,
+					  (unsigned long long)m->peer[p].rail_failovers[r]);
+	head(o, "railwave_rail_degraded_seconds_total", "counter",
+	     "Time a rail connection spent down while its peer stayed up.");
+	for (uint32_t p = 0; p < m->peers && p < cfg->n_nodes; p++)
+		for (uint32_t r = 0; r < m->rails && p != cfg->me; r++)
+			rw_svc_buf_printf(o, "railwave_rail_degraded_seconds_total{peer=\"%s\",rail=\"%u\"} %.3f\n",
+					  cfg->nodes[p].name, r,
+					  rw_svc_metrics_rail_degraded_s(&m->peer[p], r, rw_now_ns()));
+	head(o, "railwave_phases_rail_excluded_total", "counter",
+	     "Phases planned without some rail for some pair of nodes (a rail down at either end).");
+	rw_svc_buf_printf(o, "railwave_phases_rail_excluded_total %llu\n",
+			  (unsigned long long)m->phases_rail_excluded);
 	head(o, "railwave_peer_rails_up", "gauge", "Rails connected to each peer.");
 	for (uint32_t p = 0; p < m->peers && p < cfg->n_nodes; p++)
 		if (p != cfg->me)

@@ -11,6 +11,9 @@
 
 #define RAIL_BACKOFF_MIN_MS 50
 #define RAIL_BACKOFF_MAX_MS 2000
+/* A reconnected rail must stay connected this long before it counts as up again (an accept
+ * that is closed at once, a flapping link, is one outage, not many). */
+#define RAIL_SETTLE_MS 200
 
 typedef struct rw_svc_rail_health {
 	int down;               /* failed while its peer stayed up; reconnecting in the background */

@@ -261,10 +261,21 @@ typedef struct rw_svc_metrics {
 	/* Waved paths: the most sources seen writing one phase's data into this node at once (1 under
 	 * the receiver gate, docs/dataflow.md "Send"). */
 	uint32_t wave_fanin_max;
+	/* Phases planned without some rail for some pair (a rail down at either end, docs/dataflow.md
+	 * "Rail health"). */
+	uint64_t phases_rail_excluded;
 	rw_svc_peer_metrics_t *peer; /* [peers], owned */
 } rw_svc_metrics_t;
 
 rw_status_t rw_svc_metrics_init(rw_svc_metrics_t *m, uint32_t rails, uint32_t peers);
+/* Seconds rail `rail` to `peer` spent down while the peer stayed up, the running outage
+ * included (rail health). */
+static inline double rw_svc_metrics_rail_degraded_s(const rw_svc_peer_metrics_t *p, uint32_t rail,
+						    uint64_t now)
+{
+	uint64_t since = p->rail_down_since_ns[rail];
+	return (double)(p->rail_degraded_ns[rail] + (since && now > since ? now - since : 0)) * 1e-9;
+}
 void rw_svc_metrics_fini(rw_svc_metrics_t *m);
 /* Copy src into dst (same rails/peers, dst initialised). */
 void rw_svc_metrics_copy(rw_svc_metrics_t *dst, const rw_svc_metrics_t *src);
