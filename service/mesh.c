@@ -256,6 +256,7 @@ static void rail_on_write_done(rw_rail_conn_t *conn, void *ctx, void *write_ctx,
 	if (!mr->head)
 		mr->tail = NULL;
 	mr->posted--;
+	mr->progress_ns = rw_now_ns();
 	void *wctx = q->w.ctx;
 	(void)write_ctx;
 	free(q);
@@ -556,6 +557,28 @@ void mesh_listen_cb(struct ev_loop *loop, ev_io *w, int revents)
 
 /* ---- heartbeats and timeouts ------------------------------------------------------------- */
 
+/* A rail whose posted writes made no progress for `stall` ns is dead even if its connection
+ * says nothing (a link that went down under TCP). Returns 1 when that took the peer down. */
+static int rail_stalled(mesh_peer_t *p, uint64_t now, uint64_t stall)
+{
+	rw_svc_mesh_t *m = p->mesh;
+	for (uint32_t r = 0; r < m->rails; r++) {
+		mesh_rail_t *mr = &p->rail[r];
+		if (!mr->up || !mr->posted || now - mr->progress_ns <= stall)
+			continue;
+		char why[96];
+		snprintf(why, sizeof(why), "rail %u: no write completed for %llu ms", r,
+			 (unsigned long long)((now - mr->progress_ns) / 1000000u));
+		if (p->state == RW_SVC_PEER_UP && mesh_rails_up(p) > 1) {
+			mesh_rail_fail(mr, RW_ERR_TIMEOUT, why);
+			continue;
+		}
+		peer_fail(p, RW_ERR_TIMEOUT, why);
+		return 1;
+	}
+	return 0;
+}
+
 void mesh_hb_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	(void)loop;
@@ -584,6 +607,8 @@ void mesh_hb_cb(struct ev_loop *loop, ev_timer *w, int revents)
 			peer_fail(p, RW_ERR_TIMEOUT, why);
 			continue;
 		}
+		if (rail_stalled(p, now, 2 * timeout))
+			continue;
 		uint8_t buf[RW_WIRE_HEARTBEAT_SIZE];
 		rw_wire_heartbeat_t hb = { .stamp = now, .echo = p->last_stamp,
 					   .hold = p->last_stamp ? now - p->last_stamp_rx_ns : 0 };

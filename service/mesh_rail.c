@@ -81,7 +81,8 @@ rw_status_t mesh_rail_pump(mesh_rail_t *mr)
 		}
 		if (st != RW_OK)
 			return RW_ERR_LINK;
-		mr->posted++;
+		if (mr->posted++ == 0)
+			mr->progress_ns = rw_now_ns(); /* the stall clock starts (mesh_hb_cb) */
 		q = q->next;
 	}
 	return RW_OK;
