@@ -237,7 +237,7 @@ void rw_sched_balance_native_set(const rw_rail_set_t *set, const uint32_t *count
 		plan->total = (uint32_t)total;
 		return;
 	}
-	/* docs/algorithms.md §2.3: the eligible rails keep their records and share the stranded
+	/* docs/algorithms.md §2.5: the eligible rails keep their records and share the stranded
 	 * ones by the weighted rule (no rail is "above" a share of records it does not own). */
 	static const uint32_t none[RW_MAX_RAILS];
 	uint32_t quota[RW_MAX_RAILS];

@@ -27,7 +27,7 @@ typedef struct rw_topo {
 	/* Relative capacity of each rail (e.g. its Gbit/s). 0 = failed or masked: the rail is
 	 * removed from the eligible set S and receives no quota. Equal weights = plain RailBalance. */
 	uint32_t rail_weight[RW_MAX_RAILS];
-	/* Optional per-pair rail weights (docs/algorithms.md §2.3, rail health): NULL, or
+	/* Optional per-pair rail weights (docs/algorithms.md §2.5, rail health): NULL, or
 	 * pair_weight[(s * N + d) * R + r] = the weight of rail r for pair (s, d), 0 = rail r is not
 	 * eligible for that pair (down at either end). When set, every pair plan (both ends, the
 	 * busiest-NIC load and the lower bound) uses it instead of rail_weight; each entry must be

@@ -27,7 +27,7 @@ const rw_rail_set_t *rw_sched_pair_set(const rw_topo_t *topo, const rw_rail_set_
 void rw_sched_balance_set(const rw_rail_set_t *set, const uint32_t *count, uint32_t rotation,
 			  rw_pair_plan_t *plan);
 /* Native plan; records of rails outside the set are spread over the set by the weighted rule
- * with `rotation` (docs/algorithms.md §2.3). */
+ * with `rotation` (docs/algorithms.md §2.5). */
 void rw_sched_balance_native_set(const rw_rail_set_t *set, const uint32_t *count,
 				 uint32_t rotation, rw_pair_plan_t *plan);
 
