@@ -229,18 +229,28 @@ static rw_status_t check_params(exec_pair_t *p, int *forced_p)
 
 /* ---- rail health (docs/dataflow.md "Rail health") ------------------------------------------ */
 
-/* This node's capacity weight of `rail`: its configured rate in Gbit/s (at least 1), rounded
- * as rw_svc_config_topo rounds the cluster's weights. */
+/* This node's capacity weight of `rail`: its configured rate in Mbit/s (1 ..
+ * RW_MAX_RAIL_WEIGHT), fine enough for the test bed's shaped NICs. */
 uint32_t exec_rail_weight(const exec_t *x, uint32_t rail)
 {
-	double g = x->svc->cfg.nodes[x->me].rails[rail].rate_gbps;
-	return g < 1 ? 1u : g > RW_MAX_RAIL_WEIGHT ? RW_MAX_RAIL_WEIGHT : (uint32_t)(g + 0.5);
+	double mbit = x->svc->cfg.nodes[x->me].rails[rail].rate_gbps * 1000.0;
+	return mbit < 1 ? 1u : mbit > RW_MAX_RAIL_WEIGHT ? RW_MAX_RAIL_WEIGHT : (uint32_t)(mbit + 0.5);
+}
+
+/* The pair's weights plan as the cluster's do: every rail eligible and the weights in the
+ * cluster's proportions (w[r] * base[0] == w[0] * base[r]). */
+static int weights_as_base(const uint32_t *w, const uint32_t *base, uint32_t rails)
+{
+	for (uint32_t r = 0; r < rails; r++)
+		if (!w[r] || (uint64_t)w[r] * base[0] != (uint64_t)w[0] * base[r])
+			return 0;
+	return 1;
 }
 
 /* The pair's topology from every node's rail view: rail r carries (s, d) only if s says its
  * rail r to d is up and d says its rail r to s is up, with the smaller of the two ends'
  * weights. Every node holds the same rows, so every node plans with the same weights. When
- * they equal the cluster's rail weights everywhere the pair plans as before (no pair weights). */
+ * every pair's are in the cluster's proportions the pairs plan as before (no pair weights). */
 static rw_status_t plan_rails(exec_pair_t *p)
 {
 	exec_t *x = p->x;
@@ -267,10 +277,10 @@ static rw_status_t plan_rails(exec_pair_t *p)
 				uint32_t wd = p->xchg.view_w[(size_t)d * rails + r];
 				w[r] = (up >> r) & 1 ? RW_MIN(ws, wd) : 0;
 				excluded |= !((up >> r) & 1);
-				differs |= w[r] != base->rail_weight[r];
 				any |= w[r];
 				demand |= cnt[r];
 			}
+			differs |= !weights_as_base(w, base->rail_weight, rails);
 			if (!any && demand)
 				return exec_err(p, RW_ERR_LINK, 0, "node %u (%s) and node %u (%s) have no rail "
 						"up between them: retry the phase", s,
