@@ -28,6 +28,7 @@
 #include "service/mesh.h"
 #include "service/mover.h"
 #include "service/phase.h"
+#include "service/rail_health.h"
 #include "service/svc.h"
 #include "service/wire.h"
 
@@ -212,6 +213,7 @@ struct rw_svc_exec {
 	ev_idle local_idle;          /* runs pairs' local work between network events */
 	ev_prepare reaper;           /* frees closed pairs outside every callback chain */
 	rw_svc_exec_hooks_t hooks;
+	rw_svc_rail_meter_t meter[RW_MAX_RAILS]; /* rail_weights: measured (rail_health.h) */
 	struct rw_svc_trace *trace;  /* phase traces (trace.h); NULL when trace_dir is unset */
 };
 

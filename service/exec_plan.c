@@ -184,8 +184,11 @@ rw_status_t exec_plan_send_row(exec_pair_t *p)
 	/* Our view of our rails goes with the row (docs/dataflow.md "Rail health"). */
 	uint32_t *weight = p->xchg.view_w + (size_t)x->me * x->rails;
 	uint32_t *up = p->xchg.view_up + (size_t)x->me * x->nodes;
-	for (uint32_t r = 0; r < x->rails; r++)
+	for (uint32_t r = 0; r < x->rails; r++) {
+		const rw_svc_rail_metrics_t *rm = &x->svc->metrics.rail[r];
+		rw_svc_rail_meter_sample(&x->meter[r], rm->tx_bytes, rm->tx_busy_ns);
 		x->svc->metrics.rail[r].weight = weight[r] = exec_rail_weight(x, r);
+	}
 	for (uint32_t n = 0; n < x->nodes; n++)
 		up[n] = rw_svc_mesh_rail_mask(x->mesh, n);
 	rw_wire_counts_t c = { .key = p->key, .node = x->me, .nodes = x->nodes, .rails = x->rails,
@@ -229,10 +232,13 @@ static rw_status_t check_params(exec_pair_t *p, int *forced_p)
 
 /* ---- rail health (docs/dataflow.md "Rail health") ------------------------------------------ */
 
-/* This node's capacity weight of `rail`: its configured rate in Mbit/s (1 ..
- * RW_MAX_RAIL_WEIGHT), fine enough for the test bed's shaped NICs. */
+/* This node's capacity weight of `rail` in Mbit/s (1 .. RW_MAX_RAIL_WEIGHT): its configured
+ * rate, or with `rail_weights: measured` its measured throughput once there is one, quantized
+ * (rail_health.h). */
 uint32_t exec_rail_weight(const exec_t *x, uint32_t rail)
 {
+	if (x->svc->cfg.rail_weights_measured && x->meter[rail].mbit > 0)
+		return rw_svc_rail_weight_quantize(x->meter[rail].mbit);
 	double mbit = x->svc->cfg.nodes[x->me].rails[rail].rate_gbps * 1000.0;
 	return mbit < 1 ? 1u : mbit > RW_MAX_RAIL_WEIGHT ? RW_MAX_RAIL_WEIGHT : (uint32_t)(mbit + 0.5);
 }

@@ -1,7 +1,10 @@
 /* Rail health bookkeeping (service/rail_health.h; docs/dataflow.md "Rail health"): one rail
  * connection's outages, its reconnect back-off and the test switch that makes one. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#include "sched/sched.h"
 
 #include "service/rail_health.h"
 
@@ -61,4 +64,28 @@ rw_status_t rw_svc_rail_fault_from_env(rw_svc_rail_fault_t *f, uint32_t nodes, u
 	rw_warn("test switch RAILWAVE_TEST_RAIL_DOWN: rail %u to node %u goes down %u ms after that "
 		"peer is up, for %u ms", rail, peer, at, len);
 	return RW_OK;
+}
+
+void rw_svc_rail_meter_sample(rw_svc_rail_meter_t *m, uint64_t tx_bytes, uint64_t tx_busy_ns)
+{
+	if (tx_bytes < m->bytes || tx_busy_ns < m->busy_ns) { /* counters restarted */
+		m->bytes = tx_bytes;
+		m->busy_ns = tx_busy_ns;
+		return;
+	}
+	uint64_t bytes = tx_bytes - m->bytes, ns = tx_busy_ns - m->busy_ns;
+	if (bytes < RAIL_METER_MIN_BYTES || ns == 0)
+		return;
+	double mbit = (double)bytes * 8e3 / (double)ns; /* bits per ns = Gbit/s */
+	m->mbit = m->mbit > 0 ? 0.7 * m->mbit + 0.3 * mbit : mbit;
+	m->bytes = tx_bytes;
+	m->busy_ns = tx_busy_ns;
+}
+
+uint32_t rw_svc_rail_weight_quantize(double mbit)
+{
+	if (!(mbit > 1))
+		return 1;
+	double w = exp2(round(4 * log2(mbit)) / 4);
+	return w >= RW_MAX_RAIL_WEIGHT ? RW_MAX_RAIL_WEIGHT : (uint32_t)lround(w);
 }

@@ -39,6 +39,22 @@ static inline int rw_svc_rail_health_held(const rw_svc_rail_health_t *h, uint64_
 	return h->hold_until_ns > now;
 }
 
+/* Measured rail weights (`rail_weights: measured`): a rail's send throughput, bytes over the
+ * time it had writes in flight (the metrics' tx_bytes and tx_busy_ns), taken once at least
+ * RAIL_METER_MIN_BYTES went out since the last sample and smoothed (new = 0.7 old + 0.3 sample).
+ * Its weight is the estimate in Mbit/s rounded to a power of 2^(1/4) (steps of 19%), so small
+ * changes do not change the plan; the count rows carry it, so every node plans with the same
+ * integers. */
+#define RAIL_METER_MIN_BYTES (1u << 20)
+typedef struct rw_svc_rail_meter {
+	uint64_t bytes, busy_ns;  /* the counters at the last sample */
+	double mbit;              /* the estimate; 0 = none yet */
+} rw_svc_rail_meter_t;
+
+void rw_svc_rail_meter_sample(rw_svc_rail_meter_t *m, uint64_t tx_bytes, uint64_t tx_busy_ns);
+/* The weight of a rate in Mbit/s: 1 .. RW_MAX_RAIL_WEIGHT, on the 2^(k/4) grid. */
+uint32_t rw_svc_rail_weight_quantize(double mbit);
+
 /* The test switch RAILWAVE_TEST_RAIL_DOWN=RAIL:PEER:AT_MS:FOR_MS (docs/dataflow.md "Tests"): AT_MS
  * after the peer PEER first came up, this node closes its connection of rail RAIL to it and
  * refuses that rail (does not dial it, closes it when accepted) for FOR_MS. */

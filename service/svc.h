@@ -95,6 +95,7 @@ typedef struct rw_svc_config {
 	uint32_t max_tokens;         /* tokens per submission (the IPC server refuses more) */
 	rw_log_level_t log_level;
 	int force_path;              /* RW_SVC_PATH_AUTO or an rw_path_t */
+	int rail_weights_measured;   /* rail weights from measured throughput, not rate_gbps */
 	int pace;                    /* tcp: pace each rail's sends at its rate_gbps (emulates
 	                              * slower NICs on loopback; rdma/rail.h pace_bps) */
 	char trace_dir[RW_SVC_PATH_MAX]; /* phase traces (docs/service.md); "" = off */
