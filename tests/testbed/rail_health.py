@@ -11,8 +11,8 @@ Two experiments, each measured in the same run, Joint path, `railwave bench` wor
      --retry), then Joint is measured on the surviving rails against their lower bound; then
      `ip link set rail1 up`, the rail rejoins, and Joint is measured again on every rail.
   B. Node 1's rail-1 NIC shaped to half rate (both directions): Joint with the daemons told
-     (rate_gbps of that NIC, the weighted quotas) and not told (equal weights), against the
-     weighted lower bound.
+     (rate_gbps of that NIC, the weighted quotas), not told (equal weights), and learning it
+     (`rail_weights: measured`), against the weighted lower bound.
 Lower bounds: every pair's records split over its eligible rails in proportion to their weights
 (min of the two ends' rates; 0 for a rail down at either end), each NIC's load over its own
 rate, the busiest NIC (DESIGN §6 with weights)."""
@@ -98,7 +98,7 @@ def main():
         down = lambda s, d, r: not (r == a.rail and a.node in (s, d))
         res["lb_rail_down_s"] = lower_bound(desc, full, down)
 
-        def daemons(tag, rate_gbps=None):
+        def daemons(tag, rate_gbps=None, measured=False):
             tmp = tempfile.mkdtemp(prefix=tag + ".", dir=tmp_root)
             d = bb.Daemons(ctx, tmp, "joint", desc["recv_region_mib"],
                            desc["workload"]["expert_slots"])
@@ -106,6 +106,8 @@ def main():
             d.cfg["heartbeat_timeout_ms"] = 4000  # a stalled rail is down after 8 s
             if rate_gbps is not None:
                 d.cfg["nodes"][a.node]["rails"][a.rail]["rate_gbps"] = rate_gbps
+            if measured:
+                d.cfg["rail_weights"] = "measured"
             with open(d.cfg_path, "w") as f:
                 json.dump(d.cfg, f, indent=1)
             d.start()
@@ -193,10 +195,15 @@ def main():
         eq = lambda s, d, r: True
         # Unweighted: equal shares, each NIC's load over its own (real) rate.
         res["lb_half_unweighted_plan_s"] = lower_bound_equal(desc, slow)
-        for tag, rate in (("b_unweighted", None), ("b_weighted", half / 1000.0)):
-            d = daemons(tag, rate)
+        for tag, rate, meas in (("b_unweighted", None, False), ("b_weighted", half / 1000.0, False),
+                                ("b_measured", None, True)):
+            d = daemons(tag, rate, meas)
             try:
                 res[tag] = measure(d, tag)
+                res[tag]["weights"] = [[int(kv["weight"]) for kv in
+                                        (dict(w.split("=", 1) for w in l.split() if "=" in w)
+                                         for l in d.stats(n, "stats rails").splitlines()
+                                         if l.startswith("rail="))] for n in range(a.nodes)]
             finally:
                 bad = d.stop()
                 if bad:
@@ -255,8 +262,12 @@ def report(res):
     print("B. rail%d of node %d at half rate" % (res["rail"], res["node"]))
     print("   " + row("unweighted (vs weighted LB)", res["b_unweighted"], res["lb_half_weighted_s"]))
     print("   " + row("weighted (vs weighted LB)", res["b_weighted"], res["lb_half_weighted_s"]))
-    print("   weighted / unweighted (dispatch medians): %.3f" % (
-        res["b_weighted"]["dispatch"]["median"] / res["b_unweighted"]["dispatch"]["median"]))
+    print("   " + row("measured weights (vs weighted LB)", res["b_measured"], res["lb_half_weighted_s"]))
+    print("   weighted / unweighted (dispatch medians): %.3f, measured / unweighted: %.3f" % (
+        res["b_weighted"]["dispatch"]["median"] / res["b_unweighted"]["dispatch"]["median"],
+        res["b_measured"]["dispatch"]["median"] / res["b_unweighted"]["dispatch"]["median"]))
+    print("   weights in the count rows (Mbit/s, per node: rails 0..R-1): configured %s, measured %s" % (
+        res["b_weighted"]["weights"], res["b_measured"]["weights"]))
 
 
 if __name__ == "__main__":
