@@ -37,8 +37,10 @@ def load_bench_bed(src):
     return mod
 
 
-def lower_bound(desc, rate, up):
-    """Busiest NIC time (s) for dispatch records: rate[n][r] in bit/s, up(s, d, r) -> bool."""
+def lower_bound(desc, rate, up, equal=False):
+    """Busiest NIC time (s) for dispatch records: rate[n][r] in bit/s, up(s, d, r) -> bool; each
+    pair's records split over its rails in proportion to min(rate[s][r], rate[d][r]) (0 when
+    not up), or equally (`equal`: what daemons plan that do not know the rates)."""
     wl = desc["workload"]
     n_nodes, rails = wl["nodes"], wl["rails"]
     counts, rec = desc["counts"], desc["record_bytes"]
@@ -49,7 +51,8 @@ def lower_bound(desc, rate, up):
             if s == d:
                 continue
             c = counts[(s * n_nodes + d) * rails:(s * n_nodes + d + 1) * rails]
-            w = [min(rate[s][r], rate[d][r]) if up(s, d, r) else 0.0 for r in range(rails)]
+            w = [(1.0 if equal else min(rate[s][r], rate[d][r])) if up(s, d, r) else 0.0
+                 for r in range(rails)]
             t, ws = sum(c), sum(w)
             for r in range(rails):
                 share = t * w[r] / ws
@@ -193,8 +196,7 @@ def main():
         slow[a.node][a.rail] = half * 1e6
         res["lb_half_weighted_s"] = lower_bound(desc, slow, lambda s, d, r: True)
         eq = lambda s, d, r: True
-        # Unweighted: equal shares, each NIC's load over its own (real) rate.
-        res["lb_half_unweighted_plan_s"] = lower_bound_equal(desc, slow)
+        res["lb_half_unweighted_plan_s"] = lower_bound(desc, slow, lambda s, d, r: True, equal=True)
         for tag, rate, meas in (("b_unweighted", None, False), ("b_weighted", half / 1000.0, False),
                                 ("b_measured", None, True)):
             d = daemons(tag, rate, meas)
@@ -216,25 +218,6 @@ def main():
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
-
-
-def lower_bound_equal(desc, rate):
-    """The busiest NIC time when every pair splits its records equally over all rails (what
-    daemons that do not know a NIC is slow plan), each NIC's load over its real rate."""
-    wl = desc["workload"]
-    n_nodes, rails = wl["nodes"], wl["rails"]
-    counts, rec = desc["counts"], desc["record_bytes"]
-    load = [[0.0] * rails for _ in range(n_nodes)]
-    load_in = [[0.0] * rails for _ in range(n_nodes)]
-    for s in range(n_nodes):
-        for d in range(n_nodes):
-            if s != d:
-                t = sum(counts[(s * n_nodes + d) * rails:(s * n_nodes + d + 1) * rails])
-                for r in range(rails):
-                    load[s][r] += t / rails
-                    load_in[d][r] += t / rails
-    return max(max(load[n][r], load_in[n][r]) * rec * 8 / rate[n][r]
-               for n in range(n_nodes) for r in range(rails))
 
 
 def report(res):
