@@ -123,14 +123,34 @@ static void peer_fail_soon(mesh_peer_t *p, rw_status_t st, const char *why)
 	ev_timer_start(m->loop, &m->fail_timer);
 }
 
+/* The transport refused a write of rail mr: from the loop, that rail fails alone when another
+ * rail lives (rail health), else its peer does. */
+static void rail_fail_soon(mesh_rail_t *mr)
+{
+	mr->fail_soon = 1;
+	ev_timer_start(mr->peer->mesh->loop, &mr->peer->mesh->fail_timer);
+}
+
 void mesh_fail_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	(void)loop, (void)revents;
 	rw_svc_mesh_t *m = w->data;
 	for (uint32_t i = 0; i < m->nodes; i++) {
 		mesh_peer_t *p = &m->peer[i];
+		for (uint32_t r = 0; r < m->rails && !p->failing; r++) {
+			mesh_rail_t *mr = &p->rail[r];
+			if (!mr->fail_soon)
+				continue;
+			mr->fail_soon = 0;
+			if (p->state == RW_SVC_PEER_UP && mesh_rails_up(p) > (uint32_t)mr->up)
+				mesh_rail_fail(mr, RW_ERR_LINK, "rail write refused");
+			else if (p->state == RW_SVC_PEER_UP)
+				peer_fail(p, RW_ERR_LINK, "rail write refused");
+		}
 		if (p->failing) {
 			p->failing = 0;
+			for (uint32_t r = 0; r < m->rails; r++)
+				p->rail[r].fail_soon = 0;
 			peer_fail(p, p->fail_st, p->fail_why);
 		}
 	}
@@ -270,7 +290,7 @@ static void rail_on_write_done(rw_rail_conn_t *conn, void *ctx, void *write_ctx,
 	if (m->cbs.write_done)
 		m->cbs.write_done(m->ctx, wctx, st);
 	if (mesh_rail_pump(mr) != RW_OK)
-		peer_fail_soon(mr->peer, RW_ERR_LINK, "rail write refused");
+		rail_fail_soon(mr);
 }
 
 static void rail_on_arrival(rw_rail_conn_t *conn, void *ctx, const rw_rail_arrival_t *a)
@@ -291,7 +311,7 @@ static void rail_on_writable(rw_rail_conn_t *conn, void *ctx)
 		return;
 	mr->blocked = 0;
 	if (mesh_rail_pump(mr) != RW_OK)
-		peer_fail_soon(mr->peer, RW_ERR_LINK, "rail write refused");
+		rail_fail_soon(mr);
 }
 
 const rw_rail_conn_cbs_t mesh_rail_cbs = {
@@ -707,7 +727,7 @@ rw_status_t rw_svc_mesh_write(rw_svc_mesh_t *m, uint32_t peer, uint32_t rail, ui
 	mr->tail = q;
 	mesh_busy_begin(m, rail);
 	if (mesh_rail_pump(mr) != RW_OK) /* this write is queued: its write_done follows the failure */
-		peer_fail_soon(p, RW_ERR_LINK, "rail write refused");
+		rail_fail_soon(mr);
 	return RW_OK;
 }
 

@@ -38,6 +38,7 @@ typedef struct mesh_rail {
 	mesh_wq_t *head, *tail;       /* posted first, then queued */
 	uint32_t posted;              /* the first `posted` entries are with the transport */
 	uint64_t progress_ns;         /* last write handed over with none posted, or completed */
+	int fail_soon;                /* the transport refused a write: fail it from the loop */
 	rw_svc_rail_health_t health;  /* outages while the peer stayed up (rail_health.h) */
 	ev_timer retry;               /* background reconnect of a rail that failed alone */
 } mesh_rail_t;

@@ -63,6 +63,7 @@ void mesh_rail_close(mesh_rail_t *mr, rw_status_t st)
 		mr->conn = NULL;
 	}
 	mr->up = 0;
+	mr->fail_soon = 0;
 	mesh_rail_reclaim(mr, st);
 }
 

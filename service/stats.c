@@ -150,13 +150,14 @@ static void answer_rails(const rw_svc_t *svc, rw_svc_buf_t *o)
 		rw_svc_buf_printf(o, " weight=%u peers_down=%u failovers=%llu degraded_s=%.3f\n",
 				  x->weight, down, (unsigned long long)failovers, degraded);
 	}
-	/* One line per (peer, rail) connection. */
+	/* One line per (peer, rail) connection, keyed link=PEER/RAIL (no rail= key: readers of the
+	 * per-rail lines pick those by it). */
 	for (uint32_t p = 0; p < m->peers && p < svc->cfg.n_nodes; p++) {
 		if (p == svc->cfg.me)
 			continue;
 		const rw_svc_peer_metrics_t *pm = &m->peer[p];
 		for (uint32_t r = 0; r < m->rails; r++)
-			rw_svc_buf_printf(o, "link peer=%s rail=%u state=%s failovers=%llu degraded_s=%.3f\n",
+			rw_svc_buf_printf(o, "link=%s/%u state=%s failovers=%llu degraded_s=%.3f\n",
 					  svc->cfg.nodes[p].name, r,
 					  pm->state != RW_SVC_PEER_UP ? "peer-down" :
 					  (pm->rail_up_mask >> r) & 1 ? "up" : "down",

