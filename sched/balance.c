@@ -9,11 +9,25 @@
 
 void rw_sched_rail_set(const rw_topo_t *topo, rw_rail_set_t *set)
 {
-	const uint32_t rails = topo->rails;
+	rw_sched_rail_set_w(topo->rails, topo->rail_weight, set);
+}
+
+const rw_rail_set_t *rw_sched_pair_set(const rw_topo_t *topo, const rw_rail_set_t *base, uint32_t s,
+				       uint32_t d, rw_rail_set_t *tmp)
+{
+	if (!topo->pair_weight)
+		return base;
+	const size_t at = ((size_t)s * topo->nodes + d) * topo->rails;
+	rw_sched_rail_set_w(topo->rails, topo->pair_weight + at, tmp);
+	return tmp;
+}
+
+void rw_sched_rail_set_w(uint32_t rails, const uint32_t *weight, rw_rail_set_t *set)
+{
 	uint32_t m = 0, w0 = 0, unequal = 0;
 	uint64_t weight_sum = 0;
 	for (uint32_t r = 0; r < rails; r++) {
-		const uint32_t w = topo->rail_weight[r];
+		const uint32_t w = weight[r];
 		if (w == 0)
 			continue;
 		w0 = m == 0 ? w : w0;
@@ -26,7 +40,7 @@ void rw_sched_rail_set(const rw_topo_t *topo, rw_rail_set_t *set)
 	set->equal = !unequal;
 	set->plain = m == rails && !unequal;
 	set->weight_sum = weight_sum;
-	set->rail_weight = topo->rail_weight;
+	set->rail_weight = weight;
 }
 
 /* The lowest n set bits of x (all of them if x has fewer); *taken_p = how many that is. */
@@ -202,24 +216,42 @@ void rw_sched_balance(const rw_topo_t *topo, const uint32_t *count, uint32_t rot
 }
 
 void rw_sched_balance_native_set(const rw_rail_set_t *set, const uint32_t *count,
-				 rw_pair_plan_t *plan)
+				 uint32_t rotation, rw_pair_plan_t *plan)
 {
 	const uint32_t rails = set->rails;
-	uint64_t total = 0;
-	empty_plan(rails, plan); /* quota = count: no surplus, no deficit, prefixes zero */
-	for (uint32_t r = 0; r < rails; r++) {
-		plan->count[r] = count[r];
-		plan->quota[r] = count[r];
+	uint64_t total = 0, stranded = 0;
+	for (uint32_t r = 0; r < rails; r++)
 		total += count[r];
+	for (uint32_t k = 0, r = 0; r < rails; r++) { /* records of rails outside the set */
+		if (k < set->m && set->eligible[k] == r)
+			k++;
+		else
+			stranded += count[r];
 	}
-	plan->total = (uint32_t)total;
+	if (stranded == 0 || set->m == 0) {
+		empty_plan(rails, plan); /* quota = count: no surplus, no deficit, prefixes zero */
+		for (uint32_t r = 0; r < rails; r++) {
+			plan->count[r] = count[r];
+			plan->quota[r] = count[r];
+		}
+		plan->total = (uint32_t)total;
+		return;
+	}
+	/* docs/algorithms.md §2.5: the eligible rails keep their records and share the stranded
+	 * ones by the weighted rule (no rail is "above" a share of records it does not own). */
+	static const uint32_t none[RW_MAX_RAILS];
+	uint32_t quota[RW_MAX_RAILS];
+	compute_quotas(set, none, stranded, rotation, quota);
+	for (uint32_t k = 0; k < set->m; k++)
+		quota[set->eligible[k]] += count[set->eligible[k]];
+	fill_plan(rails, count, total, quota, 0, 0, plan);
 }
 
 void rw_sched_balance_native(const rw_topo_t *topo, const uint32_t *count, rw_pair_plan_t *plan)
 {
 	rw_rail_set_t set;
 	rw_sched_rail_set(topo, &set);
-	rw_sched_balance_native_set(&set, count, plan);
+	rw_sched_balance_native_set(&set, count, 0, plan);
 }
 
 /* The rail i with prefix[i] <= j < prefix[i + 1], for j < prefix[rails]: the last i whose

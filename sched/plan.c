@@ -8,13 +8,15 @@
 
 /* Pair (s, d) under the path with the rail set computed once by the caller: the one place the
  * rotation rule is applied, so senders and receivers agree. */
-static inline void pair_plan(const rw_rail_set_t *set, int balanced, uint32_t s, uint32_t d,
-			     const uint32_t *count, rw_pair_plan_t *pp)
+static inline void pair_plan(const rw_topo_t *topo, const rw_rail_set_t *base, int balanced,
+			     uint32_t s, uint32_t d, const uint32_t *count, rw_pair_plan_t *pp)
 {
+	rw_rail_set_t tmp;
+	const rw_rail_set_t *set = rw_sched_pair_set(topo, base, s, d, &tmp);
 	if (balanced)
 		rw_sched_balance_set(set, count, rw_sched_pair_rotation(s, d, 0), pp);
 	else
-		rw_sched_balance_native_set(set, count, pp);
+		rw_sched_balance_native_set(set, count, rw_sched_pair_rotation(s, d, 0), pp);
 }
 
 void rw_sched_plan_pair(const rw_topo_t *topo, rw_path_t path, uint32_t s, uint32_t d,
@@ -22,7 +24,7 @@ void rw_sched_plan_pair(const rw_topo_t *topo, rw_path_t path, uint32_t s, uint3
 {
 	rw_rail_set_t set;
 	rw_sched_rail_set(topo, &set);
-	pair_plan(&set, rw_path_balanced(path), s, d, count, pp);
+	pair_plan(topo, &set, rw_path_balanced(path), s, d, count, pp);
 }
 
 static rw_status_t plan_check(const rw_topo_t *topo, rw_path_t path, uint32_t me,
@@ -57,7 +59,7 @@ rw_status_t rw_sched_plan_build(const rw_topo_t *topo, rw_path_t path, uint32_t 
 			pp->rails = rails;
 			continue;
 		}
-		pair_plan(&set, balanced, me, d, row + (size_t)d * rails, pp);
+		pair_plan(topo, &set, balanced, me, d, row + (size_t)d * rails, pp);
 		if (pp->total == 0)
 			continue;
 		for (uint32_t r = 0; r < rails; r++)
@@ -82,22 +84,22 @@ rw_status_t rw_sched_plan_build_recv(const rw_topo_t *topo, rw_path_t path, uint
 			pairs[s].rails = rails;
 			continue;
 		}
-		pair_plan(&set, balanced, s, me, counts + ((size_t)s * nodes + me) * rails, &pairs[s]);
+		pair_plan(topo, &set, balanced, s, me, counts + ((size_t)s * nodes + me) * rails, &pairs[s]);
 	}
 	return RW_OK;
 }
 
 /* The per-rail egress records of pair (s, d) under the path: native counts, or quotas. */
-static inline void pair_load(const rw_rail_set_t *set, int balanced, const uint32_t *counts,
-			     uint32_t nodes, uint32_t s, uint32_t d, rw_pair_plan_t *pp)
+static inline void pair_load(const rw_topo_t *topo, const rw_rail_set_t *set, int balanced,
+			     const uint32_t *counts, uint32_t s, uint32_t d, rw_pair_plan_t *pp)
 {
-	pair_plan(set, balanced, s, d, counts + ((size_t)s * nodes + d) * set->rails, pp);
+	pair_plan(topo, set, balanced, s, d, counts + ((size_t)s * topo->nodes + d) * set->rails, pp);
 }
 
 /* The most records one rail of node x carries: its egress (pairs (x, y), summed over x's row)
  * or its ingress (pairs (y, x), summed over x's column). */
-static uint64_t node_busiest_rail(const rw_rail_set_t *set, int balanced, const uint32_t *counts,
-				  uint32_t nodes, uint32_t x, int ingress)
+static uint64_t node_busiest_rail(const rw_topo_t *topo, const rw_rail_set_t *set, int balanced,
+				  const uint32_t *counts, uint32_t nodes, uint32_t x, int ingress)
 {
 	uint64_t load[RW_MAX_RAILS] = { 0 };
 	uint64_t busiest = 0;
@@ -105,7 +107,7 @@ static uint64_t node_busiest_rail(const rw_rail_set_t *set, int balanced, const 
 	for (uint32_t y = 0; y < nodes; y++) {
 		if (y == x)
 			continue;
-		pair_load(set, balanced, counts, nodes, ingress ? y : x, ingress ? x : y, &pp);
+		pair_load(topo, set, balanced, counts, ingress ? y : x, ingress ? x : y, &pp);
 		for (uint32_t r = 0; r < set->rails; r++)
 			load[r] += pp.quota[r];
 	}
@@ -128,8 +130,8 @@ uint64_t rw_sched_busiest_nic(const rw_topo_t *topo, rw_path_t path, const uint3
 
 	rw_sched_rail_set(topo, &set);
 	for (uint32_t x = 0; x < topo->nodes; x++) {
-		busiest = RW_MAX(busiest, node_busiest_rail(&set, balanced, counts, topo->nodes, x, 0));
-		busiest = RW_MAX(busiest, node_busiest_rail(&set, balanced, counts, topo->nodes, x, 1));
+		busiest = RW_MAX(busiest, node_busiest_rail(topo, &set, balanced, counts, topo->nodes, x, 0));
+		busiest = RW_MAX(busiest, node_busiest_rail(topo, &set, balanced, counts, topo->nodes, x, 1));
 	}
 	return busiest;
 }

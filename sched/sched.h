@@ -27,6 +27,13 @@ typedef struct rw_topo {
 	/* Relative capacity of each rail (e.g. its Gbit/s). 0 = failed or masked: the rail is
 	 * removed from the eligible set S and receives no quota. Equal weights = plain RailBalance. */
 	uint32_t rail_weight[RW_MAX_RAILS];
+	/* Optional per-pair rail weights (docs/algorithms.md §2.5, rail health): NULL, or
+	 * pair_weight[(s * N + d) * R + r] = the weight of rail r for pair (s, d), 0 = rail r is not
+	 * eligible for that pair (down at either end). When set, every pair plan (both ends, the
+	 * busiest-NIC load and the lower bound) uses it instead of rail_weight; each entry must be
+	 * <= RW_MAX_RAIL_WEIGHT. Caller-owned; the topology only points at it. A pair without any
+	 * eligible rail keeps its records native. */
+	const uint32_t *pair_weight;
 } rw_topo_t;
 
 /* Largest rail weight rw_sched_topo_check() accepts, so that T * w_r never overflows 64 bits
@@ -149,7 +156,9 @@ typedef struct rw_pair_plan {
 void rw_sched_balance(const rw_topo_t *topo, const uint32_t *count, uint32_t rotation,
 		      rw_pair_plan_t *plan);
 
-/* Plan that keeps every record on its native rail (quota = count). */
+/* Plan that keeps every record on its native rail (quota = count); with per-pair weights (see
+ * rw_topo_t.pair_weight) through rw_sched_plan_pair, records whose native rail is not eligible
+ * for the pair are spread over the eligible rails by the weighted rule (the rest stay native). */
 void rw_sched_balance_native(const rw_topo_t *topo, const uint32_t *count, rw_pair_plan_t *plan);
 
 /* Owner -> proxy: where record (owner_rail, ordinal) travels. O(log R). */

@@ -69,6 +69,7 @@ static const field_t fields[] = {
 	{"log_level", K_LOGLEVEL, OFF(log_level), 0, 0, 0},
 	{"path", K_FORCEPATH, OFF(force_path), 0, 0, 0},
 	{"pace", K_BOOL, OFF(pace), 0, 0, 0},
+	{"rail_weights", K_RAILWEIGHTS, OFF(rail_weights_measured), 0, 0, 0},
 	{"trace_dir", K_FILE, OFF(trace_dir), SZ(trace_dir), 0, 0},
 	{"trace_max_kib", K_U32, OFF(trace_max_kib), 0, 16, 1u << 30},
 	/* peer authentication */
@@ -105,6 +106,8 @@ const rw_svc_option_t rw_svc_options[] = {
 	{"stats_timeout_ms", "stats-timeout-ms", "RAILWAVE_STATS_TIMEOUT_MS", "MS",
 	 "stats client line deadline"},
 	{"pace", "pace", "RAILWAVE_PACE", "on|off", "pace every rail at its rate_gbps (tcp)"},
+	{"rail_weights", "rail-weights", "RAILWAVE_RAIL_WEIGHTS", "config|measured",
+	 "rail capacity weights: rate_gbps, or measured throughput"},
 	{"max_tokens", "max-tokens", "RAILWAVE_MAX_TOKENS", "N",
 	 "most tokens one rank may submit per phase"},
 	{"trace_dir", "trace-dir", "RAILWAVE_TRACE_DIR", "DIR", "phase traces (\"\" = off)"},
@@ -213,6 +216,11 @@ static rw_status_t set_field(loader_t *ld, size_t fi, const json_t *v, const cha
 		cfg->force_path = strcmp(s, "auto") ? (int)path : RW_SVC_PATH_AUTO;
 		break;
 	}
+	case K_RAILWEIGHTS:
+		if (!s || (strcmp(s, "config") && strcmp(s, "measured")))
+			return cfg_fail(ld, "%s: expected \"config\" or \"measured\"", where);
+		cfg->rail_weights_measured = !strcmp(s, "measured");
+		break;
 	case K_HTTP: {
 		char buf[64];
 		if (json_is_integer(v) && json_integer_value(v) == 0)

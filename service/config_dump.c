@@ -59,6 +59,9 @@ char *rw_svc_config_dump(const rw_svc_config_t *cfg)
 			v = json_string(cfg->force_path == RW_SVC_PATH_AUTO ? "auto" :
 					rw_sched_path_name((rw_path_t)cfg->force_path));
 			break;
+		case K_RAILWEIGHTS:
+			v = json_string(cfg->rail_weights_measured ? "measured" : "config");
+			break;
 		case K_HTTP:
 			v = cfg->http_enabled ? ep_json(&cfg->http) : json_string("0");
 			break;

@@ -32,6 +32,7 @@ typedef enum field_kind {
 	K_TRANSPORT,
 	K_LOGLEVEL,
 	K_FORCEPATH,
+	K_RAILWEIGHTS, /* "config" | "measured" */
 	K_HTTP,      /* "ADDR:PORT" | "0" | "off" | "" */
 	K_BOOL,      /* JSON true/false; text on|off, true|false, yes|no, 1|0 */
 } field_kind_t;

@@ -626,6 +626,19 @@ void exec_on_peer_down(exec_t *x, uint32_t peer, rw_status_t st)
 	exec_rows_drop_node(x, peer);
 }
 
+void exec_on_rail_down(exec_t *x, uint32_t peer, uint32_t rail, rw_status_t st)
+{
+	exec_pair_t *p, *nx;
+	/* Only the pairs whose plan moves records over that rail with that peer (docs/dataflow.md
+	 * "Rail health"): they fail alone with a retriable error; a retry plans without the rail. */
+	rw_list_for_each_safe(&x->pairs, p, nx, link)
+		if (exec_open(p) && exec_plan_uses_rail(p, peer, rail))
+			exec_pair_fail(p, RW_ERR_LINK, 0, 1, "rail %u between node %u (%s) and node %u "
+				       "(%s) went down (%s): retry the phase, it runs on the other rails",
+				       rail, x->me, x->svc->cfg.nodes[x->me].name, peer,
+				       x->svc->cfg.nodes[peer].name, rw_status_str(st));
+}
+
 void exec_on_rank_left(exec_pair_t *p, rw_ipc_client_t *client, uint32_t rank)
 {
 	for (int k = 0; k < 2; k++) /* no completions to the leaving client */

@@ -28,6 +28,7 @@
 #include "service/mesh.h"
 #include "service/mover.h"
 #include "service/phase.h"
+#include "service/rail_health.h"
 #include "service/svc.h"
 #include "service/wire.h"
 
@@ -140,6 +141,8 @@ struct exec_pair {
 		uint32_t *counts;                    /* [N*N*R] */
 		rw_wire_phase_params_t *peer_params; /* [N] */
 		uint32_t *tag_to;                    /* [N] */
+		uint32_t *view_w;                    /* [N*R] each node's rail weights (its row) */
+		uint32_t *view_up;                   /* [N*N] each node's rails up, per node */
 		rw_sched_feat_acc_t feat_acc;        /* rows folded in as they arrive */
 		void *feat_ws;
 	} xchg;
@@ -154,6 +157,7 @@ struct exec_pair {
 		rw_svc_layout_t layout;
 		int have_layout;
 		rw_path_t path;
+		rw_topo_t topo;      /* the cluster's, with the pair weights when rails differ */
 	} plan;
 
 	struct {                     /* sending the running kind (exec_send.c) */
@@ -211,6 +215,7 @@ struct rw_svc_exec {
 	ev_idle local_idle;          /* runs pairs' local work between network events */
 	ev_prepare reaper;           /* frees closed pairs outside every callback chain */
 	rw_svc_exec_hooks_t hooks;
+	rw_svc_rail_meter_t meter[RW_MAX_RAILS]; /* rail_weights: measured (rail_health.h) */
 	struct rw_svc_trace *trace;  /* phase traces (trace.h); NULL when trace_dir is unset */
 };
 
@@ -323,8 +328,16 @@ rw_status_t exec_plan_fits(const exec_pair_t *p, const rw_sqe_t *sqe, char *why,
  * done (the first call starts them). */
 rw_status_t exec_plan_count(exec_pair_t *p, uint32_t budget, int *done_p);
 rw_status_t exec_plan_send_row(exec_pair_t *p);        /* COUNTS to every peer */
+/* row: N*R counts; view: that node's rail view, R weights then N up-masks (NULL: already in
+ * p->xchg.view_*). */
 void exec_plan_take_row(exec_pair_t *p, uint32_t node, uint32_t slot,
-			const rw_wire_phase_params_t *params, const uint32_t *row);
+			const rw_wire_phase_params_t *params, const uint32_t *row, const uint32_t *view);
+/* This node's capacity weight of `rail` (its count rows; docs/dataflow.md "Rail health"). */
+uint32_t exec_rail_weight(const exec_t *x, uint32_t rail);
+/* A COUNTS message's rail view (R weights, N up-masks) into view[R + N]. */
+void exec_plan_view_decode(const rw_wire_counts_t *c, uint32_t *view);
+/* The decided pair moves records between this node and `peer` on `rail` (either way). */
+int exec_plan_uses_rail(const exec_pair_t *p, uint32_t peer, uint32_t rail);
 /* A peer's COUNTS message for this pair. */
 void exec_plan_take_counts(exec_pair_t *p, uint32_t node, const rw_wire_counts_t *c);
 /* Every row is here: path, layout, receive bookkeeping, the mover's plan. */
@@ -367,6 +380,8 @@ void exec_on_data(exec_pair_t *p, int kind, uint32_t peer, uint32_t rail, uint64
 void exec_on_write_done(exec_pair_t *p, rw_status_t st);
 void exec_on_grant(exec_pair_t *p, int kind, uint32_t wave);
 void exec_on_peer_down(exec_t *x, uint32_t peer, rw_status_t st);
+/* Rail `rail` to `peer` went down, the peer stays up: fail the pairs whose plan uses it. */
+void exec_on_rail_down(exec_t *x, uint32_t peer, uint32_t rail, rw_status_t st);
 /* Local rank `local` of the pair's group left: its data is gone. */
 void exec_on_rank_left(exec_pair_t *p, rw_ipc_client_t *client, uint32_t rank);
 

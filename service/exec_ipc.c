@@ -242,6 +242,13 @@ static void submit_combine(exec_t *x, exec_member_t *mb, rw_ipc_client_t *client
 		exec_answer_err(x, client, sqe, RW_ERR_STATE, 1, failed);
 		return;
 	}
+	if (p && p->stage == ST_GATHER_D && rw_wire_key_eq(&p->key, &key) &&
+	    !p->in[RW_MV_DISPATCH].sub[g].have) {
+		/* Its pair failed and a sibling's retry of the same key took the tomb with it. */
+		exec_answer_err(x, client, sqe, RW_ERR_STATE, 1, "the phase failed and another local "
+				"rank already retries it: retry the dispatch");
+		return;
+	}
 	if (!p || p->stage != ST_WAIT_C || p->out.handle[g] != sqe->handle_id) {
 		snprintf(why, sizeof(why), "handle %u is not this rank's open dispatch", sqe->handle_id);
 		exec_answer_err(x, client, sqe, RW_ERR_SUB_HANDLE, 0, why);

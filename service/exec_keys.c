@@ -40,7 +40,7 @@ typedef struct exec_row {
 	uint32_t node, slot;
 	rw_wire_phase_params_t params;
 	uint64_t t_ns;
-	uint32_t row[];
+	uint32_t row[];              /* N*R counts, then the rail view (R weights, N up-masks) */
 } exec_row_t;
 
 /* ---- tombs -------------------------------------------------------------------------------- */
@@ -171,7 +171,7 @@ void exec_row_keep(exec_t *x, const rw_wire_counts_t *c, uint32_t peer)
 	/* A node sends one row per attempt, in order: a second row of the key replaces the first. */
 	exec_rows_drop(x, c->group_name, &c->key, (int)peer, 0);
 	size_t nr = (size_t)x->nodes * x->rails;
-	exec_row_t *r = malloc(sizeof(*r) + nr * sizeof(uint32_t));
+	exec_row_t *r = malloc(sizeof(*r) + (nr + x->rails + x->nodes) * sizeof(uint32_t));
 	if (!r)
 		return; /* the phase then times out: counted like any lost row */
 	snprintf(r->group, sizeof(r->group), "%s", c->group_name);
@@ -182,6 +182,7 @@ void exec_row_keep(exec_t *x, const rw_wire_counts_t *c, uint32_t peer)
 	r->t_ns = rw_now_ns();
 	for (size_t i = 0; i < nr; i++)
 		r->row[i] = rw_wire_counts_row(c, (uint32_t)i);
+	exec_plan_view_decode(c, r->row + nr); /* its rail view follows the row */
 	rw_list_add(&x->rows, &r->link);
 }
 
@@ -190,7 +191,8 @@ void exec_rows_take(exec_t *x, exec_pair_t *p)
 	exec_row_t *r, *nx;
 	rw_list_for_each_safe(&x->rows, r, nx, link)
 		if (strcmp(r->group, p->g->name) == 0 && rw_wire_key_eq(&r->key, &p->key)) {
-			exec_plan_take_row(p, r->node, r->slot, &r->params, r->row);
+			exec_plan_take_row(p, r->node, r->slot, &r->params, r->row,
+					   r->row + (size_t)x->nodes * x->rails);
 			rw_list_del(&r->link);
 			free(r);
 		}

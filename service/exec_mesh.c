@@ -132,9 +132,15 @@ static void mesh_peer_down(void *ctx, uint32_t peer, rw_status_t st)
 	exec_on_peer_down(ctx, peer, st);
 }
 
+static void mesh_rail_down(void *ctx, uint32_t peer, uint32_t rail, rw_status_t st)
+{
+	exec_on_rail_down(ctx, peer, rail, st);
+}
+
 const rw_svc_mesh_cbs_t exec_mesh_cbs = {
 	.peer_up = mesh_peer_up,
 	.peer_down = mesh_peer_down,
+	.rail_down = mesh_rail_down,
 	.counts = mesh_counts,
 	.phase_err = mesh_phase_err,
 	.grant = mesh_grant,

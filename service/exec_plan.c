@@ -51,10 +51,12 @@ rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe)
 	p->xchg.counts = rw_arena_alloc(&p->mem, n * nr, sizeof(uint32_t));
 	p->xchg.peer_params = rw_arena_alloc(&p->mem, n, sizeof(rw_wire_phase_params_t));
 	p->xchg.tag_to = rw_arena_alloc(&p->mem, n, sizeof(uint32_t));
+	p->xchg.view_w = rw_arena_alloc(&p->mem, nr, sizeof(uint32_t));
+	p->xchg.view_up = rw_arena_alloc(&p->mem, n * n, sizeof(uint32_t));
 	size_t ws_len = rw_sched_feat_workspace(x->nodes, x->rails);
 	p->xchg.feat_ws = rw_arena_alloc(&p->mem, 1, ws_len);
 	if (!p->xchg.peer_slot || !p->xchg.have_row || !p->xchg.counts || !p->xchg.peer_params ||
-	    !p->xchg.tag_to || !p->xchg.feat_ws ||
+	    !p->xchg.tag_to || !p->xchg.view_w || !p->xchg.view_up || !p->xchg.feat_ws ||
 	    rw_sched_feat_begin(&p->xchg.feat_acc, &x->svc->topo, p->xchg.feat_ws, ws_len) != RW_OK ||
 	    rw_svc_layout_alloc(&p->plan.layout, x->nodes, x->rails) != RW_OK)
 		return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
@@ -150,8 +152,16 @@ rw_status_t exec_plan_count(exec_pair_t *p, uint32_t budget, int *done_p)
 	return RW_OK;
 }
 
+void exec_plan_view_decode(const rw_wire_counts_t *c, uint32_t *view)
+{
+	for (uint32_t r = 0; r < c->rails; r++)
+		view[r] = rw_wire_counts_weight(c, r);
+	for (uint32_t n = 0; n < c->nodes; n++)
+		view[c->rails + n] = rw_wire_counts_up(c, n);
+}
+
 void exec_plan_take_row(exec_pair_t *p, uint32_t node, uint32_t slot,
-			const rw_wire_phase_params_t *params, const uint32_t *row)
+			const rw_wire_phase_params_t *params, const uint32_t *row, const uint32_t *view)
 {
 	exec_t *x = p->x;
 	if (p->xchg.have_row[node])
@@ -160,6 +170,11 @@ void exec_plan_take_row(exec_pair_t *p, uint32_t node, uint32_t slot,
 	uint32_t *dst = p->xchg.counts + node * nr;
 	if (row != dst) /* our own row and a wire row are decoded in place */
 		memcpy(dst, row, nr * sizeof(uint32_t));
+	if (view) {
+		memcpy(p->xchg.view_w + (size_t)node * x->rails, view, x->rails * sizeof(uint32_t));
+		memcpy(p->xchg.view_up + (size_t)node * x->nodes, view + x->rails,
+		       x->nodes * sizeof(uint32_t));
+	}
 	/* Fold the row into the features now, while the other rows are still on their way: what is
 	 * left after the last row is O(N R) (docs/algorithms.md §5). */
 	rw_sched_feat_add_row(&p->xchg.feat_acc, node, dst);
@@ -179,7 +194,11 @@ void exec_plan_take_counts(exec_pair_t *p, uint32_t node, const rw_wire_counts_t
 	uint32_t *dst = p->xchg.counts + node * nr;
 	for (size_t i = 0; i < nr; i++) /* decoded once, straight into the matrix */
 		dst[i] = rw_wire_counts_row(c, (uint32_t)i);
-	exec_plan_take_row(p, node, c->slot, &c->params, dst);
+	for (uint32_t r = 0; r < x->rails; r++)
+		p->xchg.view_w[(size_t)node * x->rails + r] = rw_wire_counts_weight(c, r);
+	for (uint32_t n = 0; n < x->nodes; n++)
+		p->xchg.view_up[(size_t)node * x->nodes + n] = rw_wire_counts_up(c, n);
+	exec_plan_take_row(p, node, c->slot, &c->params, dst, NULL);
 }
 
 rw_status_t exec_plan_send_row(exec_pair_t *p)
@@ -190,16 +209,26 @@ rw_status_t exec_plan_send_row(exec_pair_t *p)
 			return exec_err(p, RW_ERR_PEER, 1, "peer %u (%s) is not connected", peer,
 					x->svc->cfg.nodes[peer].name);
 	size_t nr = (size_t)x->nodes * x->rails;
+	/* Our view of our rails goes with the row (docs/dataflow.md "Rail health"). */
+	uint32_t *weight = p->xchg.view_w + (size_t)x->me * x->rails;
+	uint32_t *up = p->xchg.view_up + (size_t)x->me * x->nodes;
+	for (uint32_t r = 0; r < x->rails; r++) {
+		const rw_svc_rail_metrics_t *rm = &x->svc->metrics.rail[r];
+		rw_svc_rail_meter_sample(&x->meter[r], rm->tx_bytes, rm->tx_busy_ns);
+		x->svc->metrics.rail[r].weight = weight[r] = exec_rail_weight(x, r);
+	}
+	for (uint32_t n = 0; n < x->nodes; n++)
+		up[n] = rw_svc_mesh_rail_mask(x->mesh, n);
 	rw_wire_counts_t c = { .key = p->key, .node = x->me, .nodes = x->nodes, .rails = x->rails,
 			       .slot = (uint32_t)p->xchg.slot, .params = p->xchg.params,
-			       .row = p->xchg.counts + x->me * nr };
+			       .row = p->xchg.counts + x->me * nr, .rail_weight = weight, .rail_up = up };
 	snprintf(c.group_name, sizeof(c.group_name), "%s", p->g->name);
 	size_t len = rw_wire_counts_size(x->nodes, x->rails);
 	uint8_t *buf = malloc(len);
 	if (!buf)
 		return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
 	rw_wire_counts_pack(&c, buf, len);
-	exec_plan_take_row(p, x->me, (uint32_t)p->xchg.slot, &p->xchg.params, c.row);
+	exec_plan_take_row(p, x->me, (uint32_t)p->xchg.slot, &p->xchg.params, c.row, NULL);
 	rw_status_t st = RW_OK;
 	for (uint32_t peer = 0; peer < x->nodes && st == RW_OK; peer++)
 		if (peer != x->me &&
@@ -239,6 +268,126 @@ static rw_status_t check_params(exec_pair_t *p, int *forced_p)
 	return RW_OK;
 }
 
+/* ---- rail health (docs/dataflow.md "Rail health") ------------------------------------------ */
+
+/* This node's capacity weight of `rail` in Mbit/s (1 .. RW_MAX_RAIL_WEIGHT): its configured
+ * rate, or with `rail_weights: measured` its measured throughput once there is one, quantized
+ * (rail_health.h). */
+uint32_t exec_rail_weight(const exec_t *x, uint32_t rail)
+{
+	if (x->svc->cfg.rail_weights_measured && x->meter[rail].mbit > 0)
+		return rw_svc_rail_weight_quantize(x->meter[rail].mbit);
+	double mbit = x->svc->cfg.nodes[x->me].rails[rail].rate_gbps * 1000.0;
+	return mbit < 1 ? 1u : mbit > RW_MAX_RAIL_WEIGHT ? RW_MAX_RAIL_WEIGHT : (uint32_t)(mbit + 0.5);
+}
+
+/* The pair's weights plan as the cluster's do: every rail eligible and the weights in the
+ * cluster's proportions (w[r] * base[0] == w[0] * base[r]). */
+static int weights_as_base(const uint32_t *w, const uint32_t *base, uint32_t rails)
+{
+	for (uint32_t r = 0; r < rails; r++)
+		if (!w[r] || (uint64_t)w[r] * base[0] != (uint64_t)w[0] * base[r])
+			return 0;
+	return 1;
+}
+
+/* The pair's topology from every node's rail view: rail r carries (s, d) only if s says its
+ * rail r to d is up and d says its rail r to s is up, with the smaller of the two ends'
+ * weights. Every node holds the same rows, so every node plans with the same weights. When
+ * every pair's are in the cluster's proportions the pairs plan as before (no pair weights). */
+static rw_status_t plan_rails(exec_pair_t *p)
+{
+	exec_t *x = p->x;
+	const uint32_t n = x->nodes, rails = x->rails;
+	const rw_topo_t *base = &x->svc->topo;
+	p->plan.topo = *base;
+	p->plan.topo.pair_weight = NULL;
+	uint32_t *pw = rw_arena_alloc(&p->mem, (size_t)n * n * rails, sizeof(uint32_t));
+	if (!pw)
+		return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
+	int differs = 0, excluded = 0;
+	for (uint32_t s = 0; s < n; s++)
+		for (uint32_t d = 0; d < n; d++) {
+			uint32_t *w = pw + ((size_t)s * n + d) * rails;
+			const uint32_t *cnt = p->xchg.counts + ((size_t)s * n + d) * rails;
+			if (s == d) {
+				memcpy(w, base->rail_weight, rails * sizeof(uint32_t));
+				continue;
+			}
+			uint32_t up = p->xchg.view_up[(size_t)s * n + d] & p->xchg.view_up[(size_t)d * n + s];
+			uint32_t any = 0, demand = 0;
+			for (uint32_t r = 0; r < rails; r++) {
+				uint32_t ws = p->xchg.view_w[(size_t)s * rails + r];
+				uint32_t wd = p->xchg.view_w[(size_t)d * rails + r];
+				w[r] = (up >> r) & 1 ? RW_MIN(ws, wd) : 0;
+				excluded |= !((up >> r) & 1);
+				any |= w[r];
+				demand |= cnt[r];
+			}
+			differs |= !weights_as_base(w, base->rail_weight, rails);
+			if (!any && demand)
+				return exec_err(p, RW_ERR_LINK, 0, "node %u (%s) and node %u (%s) have no rail "
+						"up between them: retry the phase", s,
+						x->svc->cfg.nodes[s].name, d, x->svc->cfg.nodes[d].name);
+		}
+	if (differs)
+		p->plan.topo.pair_weight = pw;
+	if (excluded)
+		x->svc->metrics.phases_rail_excluded++;
+	return RW_OK;
+}
+
+/* The selector's features. With pair weights they describe the native load that is left: the
+ * records of a rail that is down for a pair counted where that pair's native plan sends them. */
+static rw_status_t plan_features(exec_pair_t *p, rw_features_t *feat)
+{
+	exec_t *x = p->x;
+	const rw_topo_t *topo = &p->plan.topo;
+	if (!topo->pair_weight) {
+		if (rw_sched_feat_finish(&p->xchg.feat_acc, p->ph.rec_size, feat) != RW_OK)
+			return exec_err(p, RW_ERR_SYS, 0, "feature accumulator incomplete");
+		return RW_OK;
+	}
+	const uint32_t n = x->nodes, rails = x->rails;
+	uint32_t *eff = rw_arena_alloc(&p->mem, (size_t)n * n * rails, sizeof(uint32_t));
+	if (!eff)
+		return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
+	rw_pair_plan_t pp;
+	for (uint32_t s = 0; s < n; s++)
+		for (uint32_t d = 0; d < n; d++) {
+			size_t at = ((size_t)s * n + d) * rails;
+			rw_sched_plan_pair(topo, RW_PATH_NATIVE, s, d, p->xchg.counts + at, &pp);
+			memcpy(eff + at, pp.quota, rails * sizeof(uint32_t));
+		}
+	rw_sched_features(topo, eff, p->ph.rec_size, feat);
+	return RW_OK;
+}
+
+int exec_plan_uses_rail(const exec_pair_t *p, uint32_t peer, uint32_t rail)
+{
+	const rw_svc_layout_t *l = &p->plan.layout;
+	if (!p->plan.have_layout || peer == p->x->me)
+		return 0;
+	return l->out_pairs[peer].quota[rail] || l->in_quota[(size_t)peer * p->x->rails + rail];
+}
+
+/* A rail the plan uses may have gone down since the rows were sent: fail now (retriable) rather
+ * than wait for data that cannot come. Told to the peers: their view may not show it yet. */
+static rw_status_t plan_rails_now(exec_pair_t *p)
+{
+	exec_t *x = p->x;
+	for (uint32_t peer = 0; peer < x->nodes; peer++) {
+		uint32_t up = rw_svc_mesh_rail_mask(x->mesh, peer);
+		for (uint32_t r = 0; r < x->rails; r++)
+			if (!((up >> r) & 1) && exec_plan_uses_rail(p, peer, r))
+				return exec_err(p, RW_ERR_LINK, 1, "rail %u between node %u (%s) and node %u "
+						"(%s) went down: retry the phase, it runs on the other rails",
+						r, x->me, x->svc->cfg.nodes[x->me].name, peer,
+						x->svc->cfg.nodes[peer].name);
+	}
+	return RW_OK;
+}
+
 rw_status_t exec_plan_decide(exec_pair_t *p)
 {
 	exec_t *x = p->x;
@@ -249,10 +398,13 @@ rw_status_t exec_plan_decide(exec_pair_t *p)
 	int forced;
 	if (check_params(p, &forced) != RW_OK)
 		return p->err.st;
+	if (plan_rails(p) != RW_OK)
+		return p->err.st;
+	const rw_topo_t *topo = &p->plan.topo;
 	rw_features_t feat;
 	rw_selection_t sel;
-	if (rw_sched_feat_finish(&p->xchg.feat_acc, ph->rec_size, &feat) != RW_OK)
-		return exec_err(p, RW_ERR_SYS, 0, "feature accumulator incomplete");
+	if (plan_features(p, &feat) != RW_OK)
+		return p->err.st;
 	if (forced >= 0)
 		sel = (rw_selection_t){ .path = (rw_path_t)forced, .reason = RW_SELECT_FORCED,
 					.case_id = -1 };
@@ -265,16 +417,18 @@ rw_status_t exec_plan_decide(exec_pair_t *p)
 	       rw_sched_reason_name(sel.reason), feat.f[0], feat.f[1], feat.f[2]);
 
 	uint64_t max_in, max_out;
-	rw_svc_layout_max(&svc->topo, p->plan.path, p->xchg.counts, &max_in, &max_out);
+	rw_svc_layout_max(topo, p->plan.path, p->xchg.counts, &max_in, &max_out);
 	uint64_t need = RW_MAX(max_in, max_out) * ph->rec_size;
 	if (need > x->sub_bytes)
 		return exec_err(p, RW_ERR_RANGE, 0, "a rail needs %llu bytes, the region area holds "
 				"%llu (raise recv_region_mib)", (unsigned long long)need,
 				(unsigned long long)x->sub_bytes);
 	rw_svc_layout_t *l = &p->plan.layout;
-	if (rw_svc_layout_build(l, &svc->topo, p->plan.path, x->me, p->xchg.counts) != RW_OK)
+	if (rw_svc_layout_build(l, topo, p->plan.path, x->me, p->xchg.counts) != RW_OK)
 		return exec_err(p, RW_ERR_SYS, 0, "cannot build the receive layout");
 	p->plan.have_layout = 1;
+	if (plan_rails_now(p) != RW_OK)
+		return p->err.st;
 	ph->layout = l;
 	ph->row_off = p->plan.row_off;
 	ph->rec = p->plan.rec;

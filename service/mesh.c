@@ -31,23 +31,16 @@ void mesh_peer_set_state(mesh_peer_t *p, rw_svc_peer_state_t s)
 	rw_svc_metrics_peer_state(&p->mesh->svc->metrics, p->idx, s);
 }
 
-static uint32_t peer_rails_up(const mesh_peer_t *p)
-{
-	uint32_t n = 0;
-	for (uint32_t r = 0; r < p->mesh->rails; r++)
-		n += p->rail[r].up;
-	return n;
-}
-
 void mesh_peer_check_up(mesh_peer_t *p)
 {
 	rw_svc_mesh_t *m = p->mesh;
-	uint32_t up = peer_rails_up(p);
-	m->svc->metrics.peer[p->idx].rails_up = up;
+	uint32_t up = mesh_rails_up(p);
+	mesh_rails_publish(p);
 	if (p->state == RW_SVC_PEER_UP || !p->ctl || !p->hello_ok || up != m->rails)
 		return;
 	mesh_peer_set_state(p, RW_SVC_PEER_UP);
 	p->backoff_ms = 0;
+	mesh_rail_fault_arm(p);
 	rw_info("peer=%s: up (control and %u rails)", mesh_peer_name(m, p->idx), m->rails);
 	if (m->cbs.peer_up)
 		m->cbs.peer_up(m->ctx, p->idx);
@@ -72,7 +65,7 @@ void mesh_peer_fail(mesh_peer_t *p, rw_status_t st, const char *why)
 	if (bye) { /* a clean stop: it said so before closing; not an error */
 		rw_info("peer=%s: left (clean shutdown); reconnecting when it is back",
 			mesh_peer_name(m, p->idx));
-	} else if (p->ctl || was_up || peer_rails_up(p)) {
+	} else if (p->ctl || was_up || mesh_rails_up(p)) {
 		rw_warn("peer=%s: down (%s): %s", mesh_peer_name(m, p->idx), rw_status_str(st), why);
 		rw_svc_metrics_error(&m->svc->metrics, st);
 		m->svc->metrics.peer[p->idx].errors++;
@@ -83,9 +76,12 @@ void mesh_peer_fail(mesh_peer_t *p, rw_status_t st, const char *why)
 	}
 	p->hello_ok = 0;
 	mesh_auth_wipe(p->session, sizeof(p->session));
-	for (uint32_t r = 0; r < m->rails; r++)
+	for (uint32_t r = 0; r < m->rails; r++) {
+		mesh_rail_reset(&p->rail[r]);
 		mesh_rail_close(&p->rail[r], RW_ERR_PEER);
-	m->svc->metrics.peer[p->idx].rails_up = 0;
+		p->rail[r].dial = 0; /* the next session numbers its rail dials afresh */
+	}
+	mesh_rails_publish(p);
 	mesh_peer_set_state(p, bye ? RW_SVC_PEER_DOWN : RW_SVC_PEER_FAILED);
 	if (was_up && m->cbs.peer_down)
 		m->cbs.peer_down(m->ctx, p->idx, st);
@@ -106,14 +102,34 @@ static void peer_fail_soon(mesh_peer_t *p, rw_status_t st, const char *why)
 	ev_timer_start(m->loop, &m->fail_timer);
 }
 
+/* The transport refused a write of rail mr: from the loop, that rail fails alone when another
+ * rail lives (rail health), else its peer does. */
+static void rail_fail_soon(mesh_rail_t *mr)
+{
+	mr->fail_soon = 1;
+	ev_timer_start(mr->peer->mesh->loop, &mr->peer->mesh->fail_timer);
+}
+
 void mesh_fail_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	(void)loop, (void)revents;
 	rw_svc_mesh_t *m = w->data;
 	for (uint32_t i = 0; i < m->nodes; i++) {
 		mesh_peer_t *p = &m->peer[i];
+		for (uint32_t r = 0; r < m->rails && !p->failing; r++) {
+			mesh_rail_t *mr = &p->rail[r];
+			if (!mr->fail_soon)
+				continue;
+			mr->fail_soon = 0;
+			if (p->state == RW_SVC_PEER_UP && mesh_rails_up(p) > (uint32_t)mr->up)
+				mesh_rail_fail(mr, RW_ERR_LINK, "rail write refused");
+			else if (p->state == RW_SVC_PEER_UP)
+				mesh_peer_fail(p, RW_ERR_LINK, "rail write refused");
+		}
 		if (p->failing) {
 			p->failing = 0;
+			for (uint32_t r = 0; r < m->rails; r++)
+				p->rail[r].fail_soon = 0;
 			mesh_peer_fail(p, p->fail_st, p->fail_why);
 		}
 	}
@@ -137,16 +153,26 @@ static void rail_on_connected(rw_rail_conn_t *conn, void *ctx)
 		}
 		mesh_peer_t *p = &m->peer[tag];
 		mr = &p->rail[rail];
-		/* One rail connection per (peer, rail) and control session, and only once the
-		 * peer has proven the key: a later one (a stranger's, a replay) is closed and the
-		 * live one is left alone. A rail the peer reconnects comes with a new session. */
-		if (!p->ctl || !p->ctl->authed || mr->conn) {
-			rw_warn("peer=%s rail=%u: refusing a rail connection from %s (%s)",
-				mesh_peer_name(m, p->idx), rail, conn->peer,
-				mr->conn ? "the rail is already connected" : "no authenticated session");
+		/* Only once the peer has proven the key, and (transports with proofs) only a dial
+		 * whose proof carried a number above the last one taken (rail_on_verify): a
+		 * stranger's or a replayed handshake never gets here. */
+		if (!p->ctl || !p->ctl->authed) {
+			rw_warn("peer=%s rail=%u: refusing a rail connection from %s (no authenticated "
+				"session)", mesh_peer_name(m, p->idx), rail, conn->peer);
 			rw_rail_conn_close(conn);
 			return;
 		}
+		if (rw_svc_rail_health_held(&mr->health, rw_now_ns())) { /* the test switch */
+			rw_dbg("peer=%s rail=%u: refused (test switch)", mesh_peer_name(m, p->idx), rail);
+			rw_rail_conn_close(conn);
+			return;
+		}
+		/* The peer redialed this rail: the connection we still hold is stale (its failure
+		 * has not reached us yet). */
+		if (mr->conn && mr->up && p->state == RW_SVC_PEER_UP)
+			mesh_rail_fail(mr, RW_ERR_LINK, "the peer connected it anew");
+		else if (mr->conn)
+			mesh_rail_close(mr, RW_ERR_PEER);
 		mr->conn = conn;
 		rw_rail_conn_set_ctx(conn, mr);
 	} else {
@@ -157,6 +183,7 @@ static void rail_on_connected(rw_rail_conn_t *conn, void *ctx)
 	}
 	mr->up = 1;
 	rw_dbg("peer=%s rail=%u: connected (%s)", mesh_peer_name(m, mr->peer->idx), mr->rail, conn->peer);
+	mesh_rail_joined(mr);
 	mesh_peer_check_up(mr->peer);
 }
 
@@ -174,9 +201,16 @@ static void rail_on_error(rw_rail_conn_t *conn, void *ctx, rw_status_t st)
 		mesh_peer_fail(p, RW_ERR_PEER, "said goodbye");
 		return;
 	}
-	m->svc->metrics.rail[mr->rail].errors++;
 	char why[64];
 	snprintf(why, sizeof(why), "rail %u connection failed", mr->rail);
+	/* Rail health: a rail that fails while the control channel and another rail live (or that
+	 * was already down and failed to reconnect) takes only itself down. */
+	if (p->state == RW_SVC_PEER_UP && p->ctl && p->hello_ok && !p->failing &&
+	    !m->svc->stopping && (mr->health.down || mesh_rails_up(p) > (uint32_t)mr->up)) {
+		mesh_rail_fail(mr, st, why);
+		return;
+	}
+	m->svc->metrics.rail[mr->rail].errors++;
 	mesh_peer_fail(p, st, why);
 }
 
@@ -193,15 +227,21 @@ static void rail_on_write_done(rw_rail_conn_t *conn, void *ctx, void *write_ctx,
 	if (!mr->head)
 		mr->tail = NULL;
 	mr->posted--;
+	mr->progress_ns = rw_now_ns();
 	void *wctx = q->w.ctx;
 	(void)write_ctx;
 	free(q);
+	/* A failed write of a rail that is about to fail alone (its on_error follows): the executor
+	 * hears which rail it was before the write's error (rail health). */
+	if (st != RW_OK && mr->up && !mr->health.down && mr->peer->state == RW_SVC_PEER_UP &&
+	    mesh_rails_up(mr->peer) > 1 && m->cbs.rail_down)
+		m->cbs.rail_down(m->ctx, mr->peer->idx, mr->rail, st);
 	mesh_busy_end(m, mr->rail);
 	mesh_rail_dev_sample(m, mr->rail);
 	if (m->cbs.write_done)
 		m->cbs.write_done(m->ctx, wctx, st);
 	if (mesh_rail_pump(mr) != RW_OK)
-		peer_fail_soon(mr->peer, RW_ERR_LINK, "rail write refused");
+		rail_fail_soon(mr);
 }
 
 static void rail_on_arrival(rw_rail_conn_t *conn, void *ctx, const rw_rail_arrival_t *a)
@@ -222,7 +262,7 @@ static void rail_on_writable(rw_rail_conn_t *conn, void *ctx)
 		return;
 	mr->blocked = 0;
 	if (mesh_rail_pump(mr) != RW_OK)
-		peer_fail_soon(mr->peer, RW_ERR_LINK, "rail write refused");
+		rail_fail_soon(mr);
 }
 
 /* The rail handshake's proofs (transports with RW_RAIL_CAP_PROOF): MACs with the peer's
@@ -230,10 +270,11 @@ static void rail_on_writable(rw_rail_conn_t *conn, void *ctx)
 static int rail_on_verify(rw_rail_conn_t *conn, void *ctx, const uint8_t proof[RW_RAIL_PROOF_SIZE],
 			  uint8_t *reply_p)
 {
-	if (!conn->accepted) {
+	uint64_t dial;
+	if (!conn->accepted) { /* the acceptor's reply must answer this very dial */
 		mesh_rail_t *mr = mesh_rail_of(conn, ctx);
 		return mr && mesh_auth_rail_proof_ok(mr->peer->session, MESH_AUTH_ACCEPTOR, mr->rail,
-						     proof) ? 0 : -1;
+						     proof, &dial) && dial == mr->dial ? 0 : -1;
 	}
 	rw_svc_mesh_t *m = ctx; /* the listener's context */
 	uint64_t tag = conn->tag;
@@ -241,10 +282,13 @@ static int rail_on_verify(rw_rail_conn_t *conn, void *ctx, const uint8_t proof[R
 	if (tag >= m->me || rail >= m->rails || !reply_p)
 		return -1;
 	mesh_peer_t *p = &m->peer[tag];
-	if (!p->ctl || !p->ctl->authed || p->rail[rail].conn ||
-	    !mesh_auth_rail_proof_ok(p->session, MESH_AUTH_CONNECTOR, rail, proof))
+	mesh_rail_t *mr = &p->rail[rail];
+	if (!p->ctl || !p->ctl->authed ||
+	    !mesh_auth_rail_proof_ok(p->session, MESH_AUTH_CONNECTOR, rail, proof, &dial) ||
+	    dial <= mr->dial) /* a replay, or an older dial than one already taken */
 		return -1;
-	mesh_auth_rail_proof(p->session, MESH_AUTH_ACCEPTOR, rail, reply_p);
+	mr->dial = dial;
+	mesh_auth_rail_proof(p->session, MESH_AUTH_ACCEPTOR, rail, dial, reply_p);
 	return 0;
 }
 
@@ -264,17 +308,47 @@ void mesh_peer_connect_rails(mesh_peer_t *p)
 		mesh_rail_t *mr = &p->rail[r];
 		if (mr->conn)
 			continue;
-		rw_rail_conn_t *conn;
-		rw_status_t st = rw_rail_connect(m->dev[r], p->rail_addr[r], m->me, &mesh_rail_cbs, mr, &conn);
-		if (st != RW_OK) {
+		if (mesh_rail_dial(mr) != RW_OK) {
 			mesh_peer_fail(p, RW_ERR_LINK, "cannot start a rail connection");
 			return;
 		}
-		uint8_t proof[RW_RAIL_PROOF_SIZE];
-		mesh_auth_rail_proof(p->session, MESH_AUTH_CONNECTOR, r, proof);
-		rw_rail_conn_set_proof(conn, proof); /* before the loop runs its handshake */
-		mr->conn = conn;
 	}
+}
+
+rw_status_t mesh_rail_dial(mesh_rail_t *mr)
+{
+	mesh_peer_t *p = mr->peer;
+	rw_svc_mesh_t *m = p->mesh;
+	rw_rail_conn_t *conn;
+	rw_status_t st = rw_rail_connect(m->dev[mr->rail], p->rail_addr[mr->rail], m->me,
+					 &mesh_rail_cbs, mr, &conn);
+	if (st != RW_OK)
+		return st;
+	uint8_t proof[RW_RAIL_PROOF_SIZE];
+	mesh_auth_rail_proof(p->session, MESH_AUTH_CONNECTOR, mr->rail, ++mr->dial, proof);
+	rw_rail_conn_set_proof(conn, proof); /* before the loop runs its handshake */
+	mr->conn = conn;
+	return RW_OK;
+}
+
+int mesh_rail_stalled(mesh_peer_t *p, uint64_t now, uint64_t stall)
+{
+	rw_svc_mesh_t *m = p->mesh;
+	for (uint32_t r = 0; r < m->rails; r++) {
+		mesh_rail_t *mr = &p->rail[r];
+		if (!mr->up || !mr->posted || now - mr->progress_ns <= stall)
+			continue;
+		char why[96];
+		snprintf(why, sizeof(why), "rail %u: no write completed for %llu ms", r,
+			 (unsigned long long)((now - mr->progress_ns) / 1000000u));
+		if (p->state == RW_SVC_PEER_UP && mesh_rails_up(p) > 1) {
+			mesh_rail_fail(mr, RW_ERR_TIMEOUT, why);
+			continue;
+		}
+		mesh_peer_fail(p, RW_ERR_TIMEOUT, why);
+		return 1;
+	}
+	return 0;
 }
 
 /* ---- public -------------------------------------------------------------------------------- */
@@ -286,6 +360,18 @@ int rw_svc_mesh_peer_up(const rw_svc_mesh_t *mesh, uint32_t peer)
 	if (peer < mesh->nodes && peer != mesh->me && mesh->peer[peer].failing)
 		return 0;
 	return peer < mesh->nodes && (peer == mesh->me || mesh->peer[peer].state == RW_SVC_PEER_UP);
+}
+
+uint32_t rw_svc_mesh_rail_mask(const rw_svc_mesh_t *mesh, uint32_t peer)
+{
+	uint32_t all = (uint32_t)((1ull << mesh->rails) - 1), mask = 0;
+	if (peer == mesh->me)
+		return all;
+	if (!rw_svc_mesh_peer_up(mesh, peer))
+		return 0;
+	for (uint32_t r = 0; r < mesh->rails; r++) /* a reconnected rail counts once it settled */
+		mask |= (uint32_t)(mesh->peer[peer].rail[r].up && !mesh->peer[peer].rail[r].health.down) << r;
+	return mask;
 }
 
 int rw_svc_mesh_all_up(const rw_svc_mesh_t *mesh)
@@ -347,7 +433,7 @@ rw_status_t rw_svc_mesh_write(rw_svc_mesh_t *m, uint32_t peer, uint32_t rail, ui
 	mr->tail = q;
 	mesh_busy_begin(m, rail);
 	if (mesh_rail_pump(mr) != RW_OK) /* this write is queued: its write_done follows the failure */
-		peer_fail_soon(p, RW_ERR_LINK, "rail write refused");
+		rail_fail_soon(mr);
 	return RW_OK;
 }
 

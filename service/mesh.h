@@ -21,6 +21,10 @@ typedef struct rw_svc_mesh_cbs {
 	/* `peer` went down (reset, garbage, heartbeat timeout, restart). Every write to it already
 	 * got write_done(error) before this call. */
 	void (*peer_down)(void *ctx, uint32_t peer, rw_status_t st);
+	/* Rail `rail` to `peer` went down while the peer stays up (docs/dataflow.md "Rail health"):
+	 * called before the writes queued on it complete with errors. It reconnects in the
+	 * background; rw_svc_mesh_rail_mask says when it is back. */
+	void (*rail_down)(void *ctx, uint32_t peer, uint32_t rail, rw_status_t st);
 	/* A validated COUNTS message (c->row_le points into a buffer valid during the call). */
 	void (*counts)(void *ctx, uint32_t peer, const rw_wire_counts_t *c);
 	void (*phase_err)(void *ctx, uint32_t peer, const rw_wire_phase_err_t *e);
@@ -40,8 +44,11 @@ void rw_svc_mesh_destroy(rw_svc_mesh_t *mesh);
 
 /* This node's memory of `rail` (area_bytes, registered on that rail). */
 uint8_t *rw_svc_mesh_mem(rw_svc_mesh_t *mesh, uint32_t rail);
-/* 1 when `peer` is UP (control and every rail). */
+/* 1 when `peer` is UP: control channel and, once it came up with every rail, at least one rail
+ * (a rail that fails alone leaves the peer up, see rail_down). */
 int rw_svc_mesh_peer_up(const rw_svc_mesh_t *mesh, uint32_t peer);
+/* The rails whose connection to `peer` is up now (bit r); every rail for this node itself. */
+uint32_t rw_svc_mesh_rail_mask(const rw_svc_mesh_t *mesh, uint32_t peer);
 /* 1 when every peer is UP. */
 int rw_svc_mesh_all_up(const rw_svc_mesh_t *mesh);
 

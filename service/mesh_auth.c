@@ -121,31 +121,45 @@ void mesh_auth_session(const uint8_t key[MESH_KEY_SIZE], const mesh_auth_ids_t *
 	crypto_auth(session, msg, sizeof(msg), key);
 }
 
-/* A rail connection's proof: a MAC with the session key over role | rail. The session key is
- * fresh per control session and each (peer, rail) is accepted once per session, so a proof
- * replayed later names a dead session or a rail that is taken. */
-static void rail_msg(mesh_auth_role_t role, uint32_t rail, uint8_t msg[AUTH_LABEL_SIZE + 8])
+/* A rail connection's proof: a MAC with the session key over role | rail | dial, truncated to
+ * RAIL_MAC_SIZE bytes, then the dial number (u64 little-endian). The session key is fresh per
+ * control session; within one, the connector numbers its dials of a rail from 1 (a rail that
+ * fails alone is redialed while the session lives) and the acceptor takes only a number above
+ * the last one it took, so a captured handshake replayed later names a dead session or a dial
+ * already used. The acceptor's reply repeats the dial it answers. */
+#define RAIL_MAC_SIZE (RW_RAIL_PROOF_SIZE - 8)
+
+static void rail_mac(const uint8_t session[MESH_KEY_SIZE], mesh_auth_role_t role, uint32_t rail,
+		     uint64_t dial, uint8_t mac[crypto_auth_BYTES])
 {
+	uint8_t msg[AUTH_LABEL_SIZE + 16];
 	memset(msg, 0, AUTH_LABEL_SIZE);
 	memcpy(msg, "railwave-rail-5", 15);
 	rw_wire_put32(msg + AUTH_LABEL_SIZE, role);
 	rw_wire_put32(msg + AUTH_LABEL_SIZE + 4, rail);
+	rw_wire_put64(msg + AUTH_LABEL_SIZE + 8, dial);
+	crypto_auth(mac, msg, sizeof(msg), session);
 }
 
 void mesh_auth_rail_proof(const uint8_t session[MESH_KEY_SIZE], mesh_auth_role_t role,
-			  uint32_t rail, uint8_t proof[RW_RAIL_PROOF_SIZE])
+			  uint32_t rail, uint64_t dial, uint8_t proof[RW_RAIL_PROOF_SIZE])
 {
-	uint8_t msg[AUTH_LABEL_SIZE + 8];
-	rail_msg(role, rail, msg);
-	crypto_auth(proof, msg, sizeof(msg), session);
+	uint8_t mac[crypto_auth_BYTES];
+	rail_mac(session, role, rail, dial, mac);
+	memcpy(proof, mac, RAIL_MAC_SIZE);
+	rw_wire_put64(proof + RAIL_MAC_SIZE, dial);
 }
 
 int mesh_auth_rail_proof_ok(const uint8_t session[MESH_KEY_SIZE], mesh_auth_role_t role,
-			    uint32_t rail, const uint8_t proof[RW_RAIL_PROOF_SIZE])
+			    uint32_t rail, const uint8_t proof[RW_RAIL_PROOF_SIZE], uint64_t *dial_p)
 {
-	uint8_t msg[AUTH_LABEL_SIZE + 8];
-	rail_msg(role, rail, msg);
-	return crypto_auth_verify(proof, msg, sizeof(msg), session) == 0;
+	uint8_t mac[crypto_auth_BYTES];
+	uint64_t dial = rw_wire_get64(proof + RAIL_MAC_SIZE);
+	rail_mac(session, role, rail, dial, mac);
+	if (sodium_memcmp(mac, proof, RAIL_MAC_SIZE) != 0)
+		return 0;
+	*dial_p = dial;
+	return 1;
 }
 
 void mesh_auth_wipe(void *p, size_t len)

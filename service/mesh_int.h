@@ -6,7 +6,8 @@
  *                 heartbeats (calls mesh.c to change a peer).
  *   mesh.c        peers: state, failure, reconnection, rail connections, the API.
  *   mesh_ctl.c    a control connection's bytes: framing, queueing, flushing (returns statuses).
- *   mesh_rail.c   a rail connection's write queue, busy time and counters (returns statuses).
+ *   mesh_rail.c   a rail connection's write queue, busy time and counters; rail health: a rail
+ *                 that fails alone, its background reconnect, the test switch.
  *   mesh_auth.c   the cluster key, nonces, proofs and session keys (libsodium; returns statuses). */
 #ifndef RW_SVC_MESH_INT_H
 #define RW_SVC_MESH_INT_H
@@ -15,6 +16,7 @@
 
 #include "common/listen_pause.h"
 #include "service/mesh.h"
+#include "service/rail_health.h"
 #include "service/svc.h"
 
 #define BACKOFF_MIN_MS 50
@@ -39,6 +41,12 @@ typedef struct mesh_rail {
 	int blocked;                  /* rw_rail_write said AGAIN; waiting for on_writable */
 	mesh_wq_t *head, *tail;       /* posted first, then queued */
 	uint32_t posted;              /* the first `posted` entries are with the transport */
+	uint64_t progress_ns;         /* last write handed over with none posted, or completed */
+	int fail_soon;                /* the transport refused a write: fail it from the loop */
+	rw_svc_rail_health_t health;  /* outages while the peer stayed up (rail_health.h) */
+	ev_timer retry;               /* background reconnect of a rail that failed alone */
+	uint64_t dial;                /* this session's rail dials: the connector's last, the
+	                               * acceptor's last taken (mesh_auth_rail_proof) */
 } mesh_rail_t;
 
 typedef struct mesh_ctl {
@@ -119,6 +127,9 @@ struct rw_svc_mesh {
 	uint32_t n_unknown;           /* accepted control connections before HELLO */
 	ev_timer hb_timer;
 	ev_timer fail_timer;          /* runs the peers' deferred failures (peer_fail_soon) */
+	rw_status_t (*dial)(struct mesh_rail *mr); /* mesh.c's mesh_rail_dial, for mesh_rail.c's redials */
+	rw_svc_rail_fault_t fault;    /* test switch RAILWAVE_TEST_RAIL_DOWN */
+	ev_timer fault_timer;
 	mesh_peer_t *peer;            /* [nodes] */
 	mesh_ctl_t *unknown;          /* accepted control connections before HELLO */
 };
@@ -152,6 +163,21 @@ void mesh_rail_close(mesh_rail_t *mr, rw_status_t st);
  * caller fails the peer). */
 rw_status_t mesh_rail_pump(mesh_rail_t *mr);
 mesh_rail_t *mesh_rail_of(rw_rail_conn_t *conn, void *ctx);
+uint32_t mesh_rails_up(const mesh_peer_t *p);
+/* Copy the peer's rail states into the metrics. */
+void mesh_rails_publish(mesh_peer_t *p);
+/* Rail mr failed while its peer stays up (the caller checked that another rail lives): mark it
+ * down, tell the executor (rail_down), complete its writes with errors, reconnect with back-off
+ * (the lower node dials; the higher one waits for the accept). */
+void mesh_rail_fail(mesh_rail_t *mr, rw_status_t st, const char *why);
+/* mr is connected (again): ends its outage. */
+void mesh_rail_joined(mesh_rail_t *mr);
+/* The peer went down or the mesh stops: no more background reconnects; the outage ends. */
+void mesh_rail_reset(mesh_rail_t *mr);
+void mesh_rail_retry_cb(struct ev_loop *loop, ev_timer *w, int revents);
+void mesh_rail_fault_cb(struct ev_loop *loop, ev_timer *w, int revents);
+/* The peer came up: arm the test switch if it names this peer. */
+void mesh_rail_fault_arm(mesh_peer_t *p);
 
 /* ---- mesh_auth.c -------------------------------------------------------------------------- */
 typedef enum mesh_auth_role {
@@ -179,10 +205,12 @@ int mesh_auth_proof_ok(const uint8_t key[MESH_KEY_SIZE], const mesh_auth_ids_t *
 		       mesh_auth_role_t role, const uint8_t proof[RW_WIRE_PROOF_SIZE]);
 void mesh_auth_session(const uint8_t key[MESH_KEY_SIZE], const mesh_auth_ids_t *ids,
 		       uint8_t session[MESH_KEY_SIZE]);
+/* A rail handshake's proof for dial number `dial` (>= 1) of (peer, rail) in this session. */
 void mesh_auth_rail_proof(const uint8_t session[MESH_KEY_SIZE], mesh_auth_role_t role,
-			  uint32_t rail, uint8_t proof[RW_RAIL_PROOF_SIZE]);
+			  uint32_t rail, uint64_t dial, uint8_t proof[RW_RAIL_PROOF_SIZE]);
+/* 1 when proof is role's for rail with the session key; *dial_p: the dial it names. */
 int mesh_auth_rail_proof_ok(const uint8_t session[MESH_KEY_SIZE], mesh_auth_role_t role,
-			    uint32_t rail, const uint8_t proof[RW_RAIL_PROOF_SIZE]);
+			    uint32_t rail, const uint8_t proof[RW_RAIL_PROOF_SIZE], uint64_t *dial_p);
 void mesh_auth_wipe(void *p, size_t len);
 
 /* ---- mesh.c (for mesh_setup.c and mesh_session.c) ------------------------------------------ */
@@ -195,6 +223,12 @@ const char *mesh_peer_name(const rw_svc_mesh_t *m, uint32_t idx);
 void mesh_peer_fail(mesh_peer_t *p, rw_status_t st, const char *why);
 void mesh_peer_check_up(mesh_peer_t *p);          /* UP once authenticated and every rail is */
 void mesh_peer_connect_rails(mesh_peer_t *p);     /* the connector's rails, with their proofs */
+/* Dial rail mr of its peer (the connector's side), with the next dial number's proof. */
+rw_status_t mesh_rail_dial(mesh_rail_t *mr);
+/* A rail whose posted writes made no progress for `stall` ns is dead even if its connection
+ * says nothing (a link that went down under TCP): it fails alone, or takes the peer down when
+ * it was the last. Returns 1 when the peer went down. */
+int mesh_rail_stalled(mesh_peer_t *p, uint64_t now, uint64_t stall);
 void mesh_peer_schedule_retry(mesh_peer_t *p);
 
 /* ---- mesh_session.c (for mesh_setup.c) ---------------------------------------------------- */

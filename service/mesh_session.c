@@ -471,6 +471,8 @@ void mesh_hb_cb(struct ev_loop *loop, ev_timer *w, int revents)
 			mesh_peer_fail(p, RW_ERR_TIMEOUT, why);
 			continue;
 		}
+		if (mesh_rail_stalled(p, now, 2 * timeout))
+			continue;
 		uint8_t buf[RW_WIRE_HEARTBEAT_SIZE];
 		rw_wire_heartbeat_t hb = { .stamp = now, .echo = p->last_stamp,
 					   .hold = p->last_stamp ? now - p->last_stamp_rx_ns : 0 };

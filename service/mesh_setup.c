@@ -76,6 +76,8 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 			p->rail[r].is_rail = 1;
 			p->rail[r].peer = p;
 			p->rail[r].rail = r;
+			ev_timer_init(&p->rail[r].retry, mesh_rail_retry_cb, 0., 0.);
+			p->rail[r].retry.data = &p->rail[r];
 		}
 		ev_timer_init(&p->retry, mesh_retry_cb, 0., 0.);
 		p->retry.data = p;
@@ -155,6 +157,11 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 	m->hb_timer.data = m;
 	ev_timer_init(&m->fail_timer, mesh_fail_cb, 0., 0.);
 	m->fail_timer.data = m;
+	m->dial = mesh_rail_dial;
+	ev_timer_init(&m->fault_timer, mesh_rail_fault_cb, 0., 0.);
+	m->fault_timer.data = m;
+	if ((st = rw_svc_rail_fault_from_env(&m->fault, m->nodes, m->rails, m->me)) != RW_OK)
+		goto fail;
 	ev_timer_start(m->loop, &m->hb_timer);
 
 	for (uint32_t i = m->me + 1; i < m->nodes; i++)
@@ -189,8 +196,10 @@ void rw_svc_mesh_destroy(rw_svc_mesh_t *m)
 			ev_timer_stop(m->loop, &p->retry);
 			mesh_ctl_free(p->ctl);
 			p->ctl = NULL;
-			for (uint32_t r = 0; r < m->rails; r++)
+			for (uint32_t r = 0; r < m->rails; r++) {
+				mesh_rail_reset(&p->rail[r]);
 				mesh_rail_close(&p->rail[r], RW_ERR_PEER);
+			}
 		}
 	}
 	while (m->unknown) {
@@ -201,6 +210,7 @@ void rw_svc_mesh_destroy(rw_svc_mesh_t *m)
 	}
 	ev_timer_stop(m->loop, &m->hb_timer);
 	ev_timer_stop(m->loop, &m->fail_timer);
+	ev_timer_stop(m->loop, &m->fault_timer);
 	rw_listen_pause_stop(&m->listen_pause);
 	if (m->listen_fd >= 0) {
 		ev_io_stop(m->loop, &m->listen_io);

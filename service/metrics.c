@@ -157,6 +157,24 @@ static void head(rw_svc_buf_t *o, const char *name, const char *type, const char
 
 /* Label values come from the validated config (names are [A-Za-z0-9._-]) or fixed tables,
  * so they never need escaping; keep it that way when adding labels. */
+/* One series per (peer, rail) connection: rail health (docs/dataflow.md "Rail health"). */
+enum link_value { LINK_UP, LINK_FAILOVERS, LINK_DEGRADED };
+static void link_series(rw_svc_buf_t *o, const rw_svc_config_t *cfg, const rw_svc_metrics_t *m,
+			const char *name, const char *type, const char *help, enum link_value what)
+{
+	const uint64_t now = rw_now_ns();
+	head(o, name, type, help);
+	for (uint32_t p = 0; p < m->peers && p < cfg->n_nodes; p++)
+		for (uint32_t r = 0; r < m->rails && p != cfg->me; r++) {
+			const rw_svc_peer_metrics_t *pm = &m->peer[p];
+			double v = what == LINK_UP ? (double)((pm->rail_up_mask >> r) & 1) :
+				   what == LINK_FAILOVERS ? (double)pm->rail_failovers[r] :
+				   rw_svc_metrics_rail_degraded_s(pm, r, now);
+			rw_svc_buf_printf(o, "%s{peer=\"%s\",rail=\"%u\"} %.9g\n", name, cfg->nodes[p].name,
+					  r, v);
+		}
+}
+
 static void rail_series(rw_svc_buf_t *o, const rw_svc_metrics_t *m, const char *name,
 			const char *type, const char *help, size_t off, double scale)
 {
@@ -233,6 +251,20 @@ void rw_svc_metrics_prometheus(const rw_svc_config_t *cfg, const rw_svc_metrics_
 	for (uint32_t p = 0; p < m->peers && p < cfg->n_nodes; p++)
 		rw_svc_buf_printf(o, "railwave_peer_state{peer=\"%s\"} %u\n", cfg->nodes[p].name,
 				  p == cfg->me ? (unsigned)RW_SVC_PEER_SELF : m->peer[p].state);
+	head(o, "railwave_rail_weight", "gauge",
+	     "This node's capacity weight of each rail, as its count rows carry it.");
+	for (uint32_t r = 0; r < m->rails; r++)
+		rw_svc_buf_printf(o, "railwave_rail_weight{rail=\"%u\"} %u\n", r, m->rail[r].weight);
+	link_series(o, cfg, m, "railwave_rail_link_up", "gauge",
+		    "Rail connection to each peer: 1 up, 0 down (the peer itself may be up).", LINK_UP);
+	link_series(o, cfg, m, "railwave_rail_failovers_total", "counter",
+		    "Times a rail connection went down while its peer stayed up.", LINK_FAILOVERS);
+	link_series(o, cfg, m, "railwave_rail_degraded_seconds_total", "counter",
+		    "Time a rail connection spent down while its peer stayed up.", LINK_DEGRADED);
+	head(o, "railwave_phases_rail_excluded_total", "counter",
+	     "Phases planned without some rail for some pair of nodes (a rail down at either end).");
+	rw_svc_buf_printf(o, "railwave_phases_rail_excluded_total %llu\n",
+			  (unsigned long long)m->phases_rail_excluded);
 	head(o, "railwave_peer_rails_up", "gauge", "Rails connected to each peer.");
 	for (uint32_t p = 0; p < m->peers && p < cfg->n_nodes; p++)
 		if (p != cfg->me)

@@ -86,6 +86,7 @@ static void answer_summary(const rw_svc_t *svc, rw_svc_buf_t *o)
 	rw_svc_buf_printf(o, "phases_failed %llu\n", (unsigned long long)failed);
 	rw_svc_buf_printf(o, "decisions %llu\n", (unsigned long long)m->n_decisions);
 	rw_svc_buf_printf(o, "wave_fanin_max %u\n", m->wave_fanin_max);
+	rw_svc_buf_printf(o, "phases_rail_excluded %llu\n", (unsigned long long)m->phases_rail_excluded);
 	rw_svc_buf_printf(o, "path %s\n", cfg->force_path == RW_SVC_PATH_AUTO ? "auto" :
 			  rw_sched_path_name((rw_path_t)cfg->force_path));
 	if (svc->anchors)
@@ -137,6 +138,7 @@ static void answer_clients(const rw_svc_t *svc, rw_svc_buf_t *o)
 static void answer_rails(const rw_svc_t *svc, rw_svc_buf_t *o)
 {
 	const rw_svc_metrics_t *m = &svc->metrics;
+	const uint64_t now = rw_now_ns();
 	for (uint32_t r = 0; r < m->rails; r++) {
 		const rw_svc_rail_metrics_t *x = &m->rail[r];
 		/* Rate while busy: bytes over the time the rail had work in flight. */
@@ -166,7 +168,34 @@ static void answer_rails(const rw_svc_t *svc, rw_svc_buf_t *o)
 					  (unsigned long long)t->write_again,
 					  (unsigned long long)t->chunked_writes,
 					  (unsigned long long)t->poll_yields);
-		rw_svc_buf_printf(o, "\n");
+		/* ---- rail health: over every peer (docs/dataflow.md "Rail health") ---- */
+		uint32_t down = 0;
+		uint64_t failovers = 0;
+		double degraded = 0;
+		for (uint32_t p = 0; p < m->peers && p < svc->cfg.n_nodes; p++) {
+			if (p == svc->cfg.me)
+				continue;
+			const rw_svc_peer_metrics_t *pm = &m->peer[p];
+			down += pm->state == RW_SVC_PEER_UP && !((pm->rail_up_mask >> r) & 1);
+			failovers += pm->rail_failovers[r];
+			degraded += rw_svc_metrics_rail_degraded_s(pm, r, now);
+		}
+		rw_svc_buf_printf(o, " weight=%u peers_down=%u failovers=%llu degraded_s=%.3f\n",
+				  x->weight, down, (unsigned long long)failovers, degraded);
+	}
+	/* One line per (peer, rail) connection, keyed link=PEER/RAIL (no rail= key: readers of the
+	 * per-rail lines pick those by it). */
+	for (uint32_t p = 0; p < m->peers && p < svc->cfg.n_nodes; p++) {
+		if (p == svc->cfg.me)
+			continue;
+		const rw_svc_peer_metrics_t *pm = &m->peer[p];
+		for (uint32_t r = 0; r < m->rails; r++)
+			rw_svc_buf_printf(o, "link=%s/%u state=%s failovers=%llu degraded_s=%.3f\n",
+					  svc->cfg.nodes[p].name, r,
+					  pm->state != RW_SVC_PEER_UP ? "peer-down" :
+					  (pm->rail_up_mask >> r) & 1 ? "up" : "down",
+					  (unsigned long long)pm->rail_failovers[r],
+					  rw_svc_metrics_rail_degraded_s(pm, r, now));
 	}
 }
 
@@ -261,7 +290,8 @@ static void answer_ready(const rw_svc_t *svc, rw_svc_buf_t *o)
 
 static const char help_text[] =
 	"stats            summary: node, peers up, clients, phases, errors by kind\n"
-	"stats rails      per rail: tx/rx bytes, records, writes, busy time, rate while busy\n"
+	"stats rails      per rail: tx/rx bytes, records, writes, busy time, rate while busy, weight,\n"
+	"                 rail health (peers down, failovers, time degraded); per link: state\n"
 	"stats peers      per peer: state, rails up, reconnects, errors, heartbeat rtt\n"
 	"stats phases     per path and kind: ok, failed, mean/p50/p90/p99/max latency\n"
 	"stats selector   decisions by path and reason, then the latest decisions with features\n"

@@ -95,6 +95,7 @@ typedef struct rw_svc_config {
 	uint32_t max_tokens;         /* tokens per submission (the IPC server refuses more) */
 	rw_log_level_t log_level;
 	int force_path;              /* RW_SVC_PATH_AUTO or an rw_path_t */
+	int rail_weights_measured;   /* rail weights from measured throughput, not rate_gbps */
 	int pace;                    /* tcp: pace each rail's sends at its rate_gbps (emulates
 	                              * slower NICs on loopback; rdma/rail.h pace_bps) */
 	char trace_dir[RW_SVC_PATH_MAX]; /* phase traces (docs/service.md); "" = off */
@@ -209,6 +210,8 @@ typedef struct rw_svc_rail_metrics {
 	uint64_t tx_bytes, tx_records, tx_writes, tx_busy_ns;
 	uint64_t rx_bytes, rx_records, rx_writes, rx_busy_ns;
 	uint64_t errors;
+	uint32_t weight;             /* this node's capacity weight of the rail (its count rows) */
+	uint32_t pad_;
 	/* The transport's own counters of the rail's device (rdma/rail.h rw_rail_dev_stats_t),
 	 * copied in by the mesh at every heartbeat tick and write completion: bytes it handed to
 	 * the wire, frame headers and acks included (tcp; 0 with verbs), and times a send waited
@@ -226,6 +229,14 @@ typedef struct rw_svc_peer_metrics {
 	uint64_t reconnects;         /* times the peer came back up after having been up */
 	uint64_t errors;             /* peer/link errors attributed to it */
 	uint64_t heartbeat_rtt_ns;   /* last measured control round trip, 0 = none */
+	/* Rail health (docs/dataflow.md "Rail health"), published by the mesh: bit r = rail r to
+	 * this peer is connected; per rail the times it went down while the peer stayed up, the
+	 * time spent down in outages that ended, and when the running outage began (0: none). */
+	uint32_t rail_up_mask;
+	uint32_t pad2_;
+	uint64_t rail_failovers[RW_MAX_RAILS];
+	uint64_t rail_degraded_ns[RW_MAX_RAILS];
+	uint64_t rail_down_since_ns[RW_MAX_RAILS];
 } rw_svc_peer_metrics_t;
 
 typedef struct rw_svc_phase_metrics {
@@ -259,10 +270,21 @@ typedef struct rw_svc_metrics {
 	/* Waved paths: the most sources seen writing one phase's data into this node at once (1 under
 	 * the receiver gate, docs/dataflow.md "Send"). */
 	uint32_t wave_fanin_max;
+	/* Phases planned without some rail for some pair (a rail down at either end, docs/dataflow.md
+	 * "Rail health"). */
+	uint64_t phases_rail_excluded;
 	rw_svc_peer_metrics_t *peer; /* [peers], owned */
 } rw_svc_metrics_t;
 
 rw_status_t rw_svc_metrics_init(rw_svc_metrics_t *m, uint32_t rails, uint32_t peers);
+/* Seconds rail `rail` to `peer` spent down while the peer stayed up, the running outage
+ * included (rail health). */
+static inline double rw_svc_metrics_rail_degraded_s(const rw_svc_peer_metrics_t *p, uint32_t rail,
+						    uint64_t now)
+{
+	uint64_t since = p->rail_down_since_ns[rail];
+	return (double)(p->rail_degraded_ns[rail] + (since && now > since ? now - since : 0)) * 1e-9;
+}
 void rw_svc_metrics_fini(rw_svc_metrics_t *m);
 /* Copy src into dst (same rails/peers, dst initialised). */
 void rw_svc_metrics_copy(rw_svc_metrics_t *dst, const rw_svc_metrics_t *src);

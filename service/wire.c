@@ -183,7 +183,7 @@ static void key_unpack(const uint8_t *p, rw_wire_key_t *k)
 
 size_t rw_wire_counts_size(uint32_t nodes, uint32_t rails)
 {
-	return COUNTS_FIXED + (size_t)nodes * rails * 4u;
+	return COUNTS_FIXED + ((size_t)nodes * rails + rails + nodes) * 4u;
 }
 
 size_t rw_wire_counts_pack(const rw_wire_counts_t *c, uint8_t *buf, size_t buf_len)
@@ -205,8 +205,14 @@ size_t rw_wire_counts_pack(const rw_wire_counts_t *c, uint8_t *buf, size_t buf_l
 	rw_wire_put32(p + 28, c->params.dtype);
 	rw_wire_put32(p + 32, c->params.requested_path);
 	rw_wire_put32(p + 36, c->params.epoch);
-	for (size_t i = 0; i < (size_t)c->nodes * c->rails; i++)
+	const size_t nr = (size_t)c->nodes * c->rails;
+	for (size_t i = 0; i < nr; i++)
 		rw_wire_put32(buf + COUNTS_FIXED + 4 * i, c->row[i]);
+	uint8_t *view = buf + COUNTS_FIXED + 4 * nr;
+	for (uint32_t r = 0; r < c->rails; r++)
+		rw_wire_put32(view + 4 * r, c->rail_weight[r]);
+	for (uint32_t n = 0; n < c->nodes; n++)
+		rw_wire_put32(view + 4 * ((size_t)c->rails + n), c->rail_up[n]);
 	return need;
 }
 
@@ -248,6 +254,13 @@ rw_status_t rw_wire_counts_unpack(const uint8_t *in, size_t len, rw_wire_counts_
 		return RW_ERR_PROTO;
 	c.row = NULL;
 	c.row_le = in + COUNTS_FIXED;
+	c.view_le = c.row_le + 4 * (size_t)c.nodes * c.rails;
+	for (uint32_t r = 0; r < c.rails; r++)
+		if (rw_wire_counts_weight(&c, r) > RW_MAX_RAIL_WEIGHT)
+			return RW_ERR_PROTO;
+	for (uint32_t n = 0; n < c.nodes; n++)
+		if (rw_wire_counts_up(&c, n) >> c.rails)
+			return RW_ERR_PROTO;
 	*c_p = c;
 	return RW_OK;
 }
@@ -255,6 +268,16 @@ rw_status_t rw_wire_counts_unpack(const uint8_t *in, size_t len, rw_wire_counts_
 uint32_t rw_wire_counts_row(const rw_wire_counts_t *c, uint32_t i)
 {
 	return rw_wire_get32(c->row_le + 4u * i);
+}
+
+uint32_t rw_wire_counts_weight(const rw_wire_counts_t *c, uint32_t rail)
+{
+	return rw_wire_get32(c->view_le + 4u * rail);
+}
+
+uint32_t rw_wire_counts_up(const rw_wire_counts_t *c, uint32_t node)
+{
+	return rw_wire_get32(c->view_le + 4u * ((size_t)c->rails + node));
 }
 
 /* ---- PHASE_ERR: key(16) | kind+relay<<16 status node epoch cause_node cause_id dst_epoch (u32) | msg[128] ---- */

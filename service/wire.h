@@ -19,7 +19,8 @@
 #define RW_WIRE_MAGIC 0x434d5752u   /* "RWMC" read as little-endian bytes R W M C */
 /* 5: the hello carries a nonce instead of region descriptors; AUTH proves the cluster key and
  * REGIONS follows it (docs/security.md "Peer authentication"). PHASE_ERR names
- * its cause and the receiver's attempt (docs/dataflow.md "Failures"). A peer speaking 4 is refused. */
+ * its cause and the receiver's attempt (docs/dataflow.md "Failures"). COUNTS carries
+ * the sender's view of its rails (docs/dataflow.md "Rail health"). A peer speaking 4 is refused. */
 #define RW_WIRE_VERSION 5
 #define RW_WIRE_HDR_SIZE 16
 #define RW_WIRE_MAX_PAYLOAD (1u << 20) /* a count row of 4096 nodes x 16 rails is 256 KiB */
@@ -144,8 +145,11 @@ static inline uint32_t rw_wire_path_by_ranks(uint32_t path) /* path: an rw_path_
 }
 
 /* COUNTS: key(16) | group_name[64] | node nodes rails slot | n_experts topk hidden dtype path |
- * row[nodes * rails], all u32 but the key's step (u64).
- * Node `node`'s row for the dispatch of `key`: row[d * rails + r] (rw_sched_count()).
+ * row[nodes * rails] | rail_weight[rails] | rail_up[nodes], all u32 but the key's step (u64).
+ * Node `node`'s row for the dispatch of `key`: row[d * rails + r] (rw_sched_count()), and its
+ * view of its rails when it sent the row (docs/dataflow.md "Rail health"): the capacity weight
+ * of each of its rails (1..RW_MAX_RAIL_WEIGHT, 0 = not usable) and, per node n, the mask of its
+ * rails whose connection to n is up (bit r; its own entry: the rails it can use at all).
  * Sending it also promises that the sender's receive area of this group is free for the phase
  * (docs/dataflow.md "region reuse"). */
 typedef struct rw_wire_counts {
@@ -155,7 +159,10 @@ typedef struct rw_wire_counts {
 	uint32_t slot;                   /* the sender's receive-area slot for this pair */
 	rw_wire_phase_params_t params;
 	const uint32_t *row;     /* pack: nodes * rails entries (unpack leaves it NULL) */
+	const uint32_t *rail_weight; /* pack: rails entries */
+	const uint32_t *rail_up;     /* pack: nodes entries */
 	const uint8_t *row_le;   /* unpack: the row inside the input, little-endian */
+	const uint8_t *view_le;  /* unpack: rail_weight then rail_up, inside the input */
 } rw_wire_counts_t;
 
 size_t rw_wire_counts_size(uint32_t nodes, uint32_t rails);
@@ -164,6 +171,8 @@ size_t rw_wire_counts_pack(const rw_wire_counts_t *c, uint8_t *buf, size_t buf_l
  * (little-endian); read entries with rw_wire_counts_row(). */
 rw_status_t rw_wire_counts_unpack(const uint8_t *in, size_t len, rw_wire_counts_t *c_p);
 uint32_t rw_wire_counts_row(const rw_wire_counts_t *c, uint32_t i);
+uint32_t rw_wire_counts_weight(const rw_wire_counts_t *c, uint32_t rail);
+uint32_t rw_wire_counts_up(const rw_wire_counts_t *c, uint32_t node);
 
 /* PHASE_ERR: node `node` failed (key, kind) with status; the receiver fails it too. `epoch` is
  * the sender's epoch for the key (the one in its count row; 0 = it had none). A `relay` says

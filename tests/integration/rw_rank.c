@@ -22,6 +22,12 @@
  *                         moves on to new keys, as a trainer does
  *     --empty             some ranks route nothing in some phases and some phases route nothing
  *                         at all (0-token dispatches, 0-row combines)
+ *     --retry N DIR       a phase that fails with RW_E_PHASE (a peer's failure, a rail that went
+ *                         down) is retried from its dispatch, with the same key, as a trainer
+ *                         would: after each (step, layer) every rank votes through files in DIR
+ *                         (pass/fail), and all ranks redo it when any failed (a phase can fail
+ *                         on some nodes after it completed on others); at most N failed votes
+ *                         in the whole run. The last line says how many ("..., K retries")
  *     --cuda              buffers in CUDA device memory (driver loaded at run time through
  *                         cuda/rw_cuda.h, exported by IPC handle and registered with
  *                         rw_client_register_cuda); inputs are copied in and results copied back
@@ -48,6 +54,56 @@ static uint32_t nodes, gpus, world, experts, per_rank, hidden = 24;
 static int empty_phases;
 static uint32_t fixed_tokens; /* --tokens */
 static uint32_t first_step;   /* --first-step */
+static uint32_t me;
+static uint32_t retry_max, retries, attempt; /* --retry */
+static const char *vote_dir;
+
+/* Every rank says whether its (step, layer) passed, through one file per rank and attempt;
+ * returns 1 when all passed, 0 when one failed, -1 when a vote never came. */
+static int vote(uint32_t step, uint32_t layer, int ok, uint32_t world_size, uint32_t rank)
+{
+	char path[600], tmp[610];
+	snprintf(path, sizeof(path), "%s/s%u_l%u_a%u_r%u", vote_dir, step, layer, attempt, rank);
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	FILE *f = fopen(tmp, "w");
+	if (!f || fputc(ok ? '1' : '0', f) == EOF || fclose(f) != 0 || rename(tmp, path) != 0)
+		return -1;
+	int all = 1;
+	for (uint32_t q = 0; q < world_size; q++) {
+		snprintf(path, sizeof(path), "%s/s%u_l%u_a%u_r%u", vote_dir, step, layer, attempt, q);
+		uint64_t t0 = rw_now_ns();
+		while (!(f = fopen(path, "r"))) {
+			if (rw_now_ns() - t0 > 60000000000ull)
+				return -1;
+			usleep(500);
+		}
+		all &= fgetc(f) == '1';
+		fclose(f);
+	}
+	return all;
+}
+
+/* After a phase of (step, layer) failed with `cq` (ok = 0) or passed every check (ok = 1):
+ * 1 when the run must redo it (--retry), 0 to go on; -1 when it may not be retried. */
+static int redo(uint32_t step, uint32_t layer, int ok, const rw_cqe_t *cq, rw_client_t *c)
+{
+	if (!vote_dir)
+		return ok ? 0 : -1;
+	if (!ok && (cq->error != RW_E_PHASE))
+		return -1;
+	if (!ok)
+		printf("retry step %u layer %u after: %s\n", step, layer, rw_client_last_message(c));
+	int v = vote(step, layer, ok, world, me);
+	if (v < 0 || (v == 0 && retries >= retry_max))
+		return -1;
+	if (v == 1) {
+		attempt = 0;
+		return 0;
+	}
+	retries++;
+	attempt++;
+	return 1;
+}
 
 typedef struct work {
 	uint32_t n;
@@ -154,7 +210,6 @@ static float get_elem(const uint8_t *src, int bf16, uint32_t h)
 #define CHECK(cond, ...) do { if (!(cond)) { fprintf(stderr, "rank %u: ", me); \
 	fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); return 1; } } while (0)
 
-static uint32_t me;
 static work_t mine;          /* scratch of run(), allocated by main() */
 static work_t *all;          /* [world]: every rank's workload of the phase being checked */
 static uint8_t *seen;
@@ -299,6 +354,10 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 				       rw_client_last_message(c));
 				return 0;
 			}
+			if (cq.status != RW_CQ_OK && redo(step, layer, 0, &cq, c) == 1) {
+				layer--; /* the same (step, layer) again; unsigned wrap-around is defined */
+				continue;
+			}
 			CHECK(cq.status == RW_CQ_OK, "step %u layer %u dispatch failed: %s (%s)", step, layer,
 			      rw_client_strerror(cq.error), rw_client_last_message(c));
 			CHECK(cq.phase_id == s.phase_id && cq.user_data == 7, "completion ids");
@@ -387,6 +446,10 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 			if (timing)
 				printf("timing combine %u %u %llu %llu %u %u\n", layer, step,
 				       (unsigned long long)t_sub, (unsigned long long)rw_now_ns(), cs.token_count, row);
+			if (cq.status != RW_CQ_OK && redo(step, layer, 0, &cq, c) == 1) {
+				layer--;
+				continue;
+			}
 			CHECK(cq.status == RW_CQ_OK, "step %u layer %u combine failed: %s (%s)", step, layer,
 			      rw_client_strerror(cq.error), rw_client_last_message(c));
 			CHECK(cq.recv_tokens == mine.n, "combine returned %u rows, expected %u",
@@ -404,9 +467,16 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 					CHECK(got == ref, "step %u layer %u token %u elem %u: combine %g, expected %g",
 					      step, layer, t, h, got, ref);
 				}
+			int again = redo(step, layer, 1, &cq, c); /* did every rank pass it? */
+			CHECK(again >= 0, "step %u layer %u: the ranks' vote failed", step, layer);
+			if (again)
+				layer--;
 		}
-	printf("rank %u: %u steps x %u layers verified%s\n", me, steps, layers,
+	printf("rank %u: %u steps x %u layers verified%s", me, steps, layers,
 	       b->cuda ? " (CUDA buffers)" : "");
+	if (vote_dir)
+		printf(", %u retries", retries);
+	printf("\n");
 	return 0;
 }
 
@@ -414,7 +484,7 @@ int main(int argc, char **argv)
 {
 	if (argc < 11) {
 		fprintf(stderr, "usage: rw_rank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS SEED MODE "
-				"[--hidden H] [--tokens T] [--first-step S] [--submit-experts E] [--empty] [--cuda]\n");
+				"[--hidden H] [--tokens T] [--first-step S] [--submit-experts E] [--retry N DIR] [--empty] [--cuda]\n");
 		return 2;
 	}
 	const char *sock = argv[1], *group = argv[2], *mode = argv[10];
@@ -443,6 +513,9 @@ int main(int argc, char **argv)
 			first_step = (uint32_t)strtoul(argv[++i], NULL, 10);
 		} else if (strcmp(argv[i], "--submit-experts") == 0 && i + 1 < argc) {
 			submit_experts = (uint32_t)strtoul(argv[++i], NULL, 10);
+		} else if (strcmp(argv[i], "--retry") == 0 && i + 2 < argc) {
+			retry_max = (uint32_t)strtoul(argv[++i], NULL, 10);
+			vote_dir = argv[++i];
 		} else if (strcmp(argv[i], "--empty") == 0) {
 			empty_phases = 1;
 		} else if (strcmp(argv[i], "--cuda") == 0) {

@@ -3,7 +3,8 @@
 (rail r of node n on 127.0.r.(n+1)), real rank processes (tests/integration/rw_rank.c, 2 per node)
 that verify every dispatched row and every combined sum against their own reference; for every
 forced path and the selector; then faults: a peer daemon killed mid-phase, a rank killed
-mid-phase, garbage on the stats socket, a control port and a rail port. After every scenario the
+mid-phase, garbage on the stats socket, a control port and a rail port, one rail connection
+down for a while (rail health). After every scenario the
 daemons must stop cleanly on SIGTERM (exit 0: under ASan that also means no leak).
 
 Run by tests/run as $b/test/integration_dataflow; exits 0 pass, 1 fail, 77 skip."""
@@ -41,6 +42,7 @@ class Cluster:
         self.experts = experts or nodes * GPUS * 2
         self.procs = {}
         self.env = dict(os.environ)
+        self.node_env = {}  # node -> extra environment of that daemon only
         self.rank_flags = []
         cfg = {
             "cluster": "it", "transport": "tcp", "gpus_per_node": GPUS,
@@ -73,9 +75,11 @@ class Cluster:
 
     def start(self, n):
         log = open(os.path.join(self.tmp, "d%d.log" % n), "a")
+        env = dict(self.env)
+        env.update(self.node_env.get(n, {}))
         self.procs[n] = subprocess.Popen(
             [DAEMON, "--config", self.cfg_path, "--node", str(n), "--path", self.path],
-            stdout=log, stderr=subprocess.STDOUT, env=self.env)
+            stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def start_all(self):
         for n in range(self.nodes):
@@ -528,6 +532,116 @@ def scenario_garbage(tmp, seed):
     print("ok   garbage on stats, control and rail ports")
 
 
+# (path, node whose switch takes the rail down, rail, the peer it is cut from). The switch sits
+# on the acceptor of that rail connection in some runs (it refuses the redials) and on the
+# connector in others (it does not redial): either way both ends must plan alike.
+RAIL_FAULTS = [("joint", 2, 1, 0), ("native", 0, 1, 2), ("rail-only", 1, 0, 2),
+               ("perm-only", 2, 0, 1), ("auto", 0, 1, 1)]
+
+
+def link_lines(c, n):
+    """`stats rails` of daemon n: {(peer name, rail): {key: value}} for every rail connection."""
+    out = {}
+    for line in c.stats(n, "stats rails").splitlines():
+        if line.startswith("link="):
+            kv = dict(w.split("=", 1) for w in line.split())
+            peer, rail = kv["link"].rsplit("/", 1)
+            out[(peer, int(rail))] = kv
+    return out
+
+
+def stat_value(c, n, key):
+    return int([l for l in c.stats(n, "stats").splitlines() if l.startswith(key + " ")][0].split()[1])
+
+
+def scenario_rail(tmp, seed):
+    """Rail health (docs/dataflow.md "Rail health"): one rail connection of one node closes
+    mid-run and stays refused for 1.2 s (RAILWAVE_TEST_RAIL_DOWN); when a phase fails with
+    RW_E_PHASE on any rank, every rank redoes it at once (--retry: the ranks vote after each
+    phase, as a trainer's step agreement would). Every rank's rows and sums must
+    verify, no peer may go down (reconnects 0, state up), both ends must log the outage and the
+    return, every node must have planned phases without the rail (both ends agree, or the data
+    would not verify), and once the rail is back a second run plans no phase without it."""
+    for i, (path, node, rail, peer) in enumerate(RAIL_FAULTS):
+        c = Cluster(tmp, 3, path=path)
+        # Slow writes (4 KiB chunks, one per ms per phase) keep phases in flight when it closes.
+        c.env.update(RAILWAVE_TEST_CHUNK_KIB="4", RAILWAVE_TEST_WRITE_GAP_MS="1")
+        c.node_env[node] = {"RAILWAVE_TEST_RAIL_DOWN": "%d:%d:200:1200" % (rail, peer)}
+        try:
+            c.start_all()
+            votes = os.path.join(tmp, "votes.%s" % path)
+            os.makedirs(votes, exist_ok=True)
+            outs = c.run_ranks("g.rail." + path, layers=4, steps=12, seed=seed + i,
+                               flags=["--retry", "40", votes, "--empty"])
+            retries = sum(int(o.strip().split()[-2]) for o in outs.values()
+                          if o.strip().endswith("retries"))
+            why = sorted(set(l.split("after: ", 1)[1] for o in outs.values() for l in o.splitlines()
+                             if l.startswith("retry ")))
+            if any("rail %d between node" % rail not in w for w in why):
+                raise RuntimeError("a phase failed for another reason than the rail: %s" % why)
+            deadline = time.time() + WAIT  # the rail comes back (back-off after the hold)
+            while any(v["state"] != "up" for n in range(3) for v in link_lines(c, n).values()):
+                if time.time() > deadline:
+                    raise RuntimeError("rail %d of node %d did not come back\n%s" % (rail, node, c.logs()))
+                time.sleep(0.05)
+            for n in range(3):
+                st = c.stats(n, "stats peers")
+                if st.count("state=up") != 2 or "reconnects=0" not in st or "reconnects=1" in st:
+                    raise RuntimeError("node %d: a peer went down over one rail:\n%s" % (n, st))
+            for a, b in ((node, peer), (peer, node)):
+                with open(os.path.join(tmp, "d%d.log" % a)) as f:
+                    log = f.read()
+                for what in ("rail %d of node %d (n%d) down" % (rail, b, b),
+                             "rail %d of node %d (n%d) back up" % (rail, b, b)):
+                    if what not in log:
+                        raise RuntimeError("node %d did not log '%s'\n%s" % (a, what, c.logs()))
+                fo = link_lines(c, a)[("n%d" % b, rail)]
+                if int(fo["failovers"]) < 1 or float(fo["degraded_s"]) <= 0:
+                    raise RuntimeError("node %d: link to n%d rail %d: %s" % (a, b, rail, fo))
+            excluded = [stat_value(c, n, "phases_rail_excluded") for n in range(3)]
+            if min(excluded) == 0:
+                raise RuntimeError("a node never planned without the rail: %s\n%s" % (excluded, c.logs()))
+            c.run_ranks("g.rail." + path, layers=2, steps=2, seed=seed + i,
+                        flags=["--first-step", "100"])
+            after = [stat_value(c, n, "phases_rail_excluded") for n in range(3)]
+            if after != excluded:
+                raise RuntimeError("phases planned without the rail after it came back: %s -> %s"
+                                   % (excluded, after))
+        finally:
+            c.stop()
+        print("ok   rail %-9s rail %d of n%d cut from n%d: %s phases without it per node, "
+              "%d retries, no peer down, back in use" % (path, rail, node, peer, excluded, retries))
+        for w in why:
+            print("       retried after: %s" % w)
+
+
+def scenario_weights(tmp, seed):
+    """Measured rail weights (`rail_weights: measured`, docs/dataflow.md "Rail health"): paced tcp
+    rails, node 0's rail 1 at a quarter of the others' rate (0.1 vs 0.4 Gbit/s, the cluster file
+    says nothing else to the planner). After a Joint run every node's rows carry measured
+    weights: node 0's rail 1 at most half its rail 0, the other nodes' two rails within a factor
+    5/3 of each other (measured rates are noisy on a shared machine; the grid's step is 19%);
+    every row and sum verifies with the weighted plans."""
+    c = Cluster(tmp, 3, path="joint", extra={"pace": True, "rail_weights": "measured",
+                                             "nic_gbps": 0.4, "recv_region_mib": 64})
+    c.cfg["nodes"][0]["rails"][1]["rate_gbps"] = 0.1
+    with open(c.cfg_path, "w") as f:
+        json.dump(c.cfg, f)
+    try:
+        c.start_all()
+        c.run_ranks("g.weights", layers=3, steps=3, seed=seed,
+                    flags=["--hidden", "2048", "--tokens", "96"])
+        w = [[int(l["weight"]) for l in rail_lines(c, n)] for n in range(3)]
+        if not (2 * w[0][1] <= w[0][0]):
+            raise RuntimeError("node 0's slow rail is not weighted down: %s" % w)
+        for n in (1, 2):
+            if not (5 * min(w[n]) >= 3 * max(w[n])):
+                raise RuntimeError("node %d's equal rails weigh differently: %s" % (n, w))
+    finally:
+        c.stop()
+    print("ok   measured rail weights (Mbit/s, per node and rail): %s" % w)
+
+
 def main():
     if not all(os.access(p, os.X_OK) for p in (DAEMON, RANK, os.path.join(B, "tools", "railwave"))):
         print("skip: railwaved, railwave or rw_rank not built")
@@ -540,7 +654,8 @@ def main():
                          ("cuda", scenario_cuda), ("pace", scenario_pace), ("gate", scenario_gate),
                          ("peer", scenario_peer_dies), ("flight", scenario_in_flight),
                          ("rank", scenario_rank_dies), ("timeout", scenario_timeout),
-                         ("garbage", scenario_garbage)]:
+                         ("garbage", scenario_garbage), ("rail", scenario_rail),
+                         ("weights", scenario_weights)]:
             if only and name not in only.split(","):
                 continue
             try:

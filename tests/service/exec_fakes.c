@@ -577,6 +577,12 @@ int rw_svc_mesh_peer_up(const rw_svc_mesh_t *mesh, uint32_t peer)
 	return peer == mesh->me || (peer < FK_MAX_NODES && fk_nodes[mesh->me].view[peer]);
 }
 
+/* The fake mesh has no rail faults: a peer it sees has every rail. */
+uint32_t rw_svc_mesh_rail_mask(const rw_svc_mesh_t *mesh, uint32_t peer)
+{
+	return rw_svc_mesh_peer_up(mesh, peer) ? (uint32_t)((1ull << fk_world->rails) - 1) : 0;
+}
+
 int rw_svc_mesh_all_up(const rw_svc_mesh_t *mesh)
 {
 	for (uint32_t p = 0; p < fk_world->nodes; p++)

@@ -77,6 +77,8 @@ static const bad_case_t bad_cases[] = {
 	{"\"max_tokens\": 2000000,", 0, 0, 0, "max_tokens: 2000000 out of range", RW_ERR_PARSE},
 	{"\"log_level\": \"verbose\",", 0, 0, 0, "log_level: expected one of error, warn, info, debug", RW_ERR_PARSE},
 	{"\"path\": \"fastest\",", 0, 0, 0, "path: expected one of auto, native", RW_ERR_PARSE},
+	{"\"rail_weights\": \"fast\",", 0, 0, 0, "rail_weights: expected \"config\" or \"measured\"", RW_ERR_PARSE},
+	{"\"rail_weights\": 1,", 0, 0, 0, "rail_weights: expected \"config\" or \"measured\"", RW_ERR_PARSE},
 	{"\"node\": [1],", 0, 0, 0, "node: expected a node name or index, got an array", RW_ERR_PARSE},
 	{"\"pace\": \"yes\",", 0, 0, 0, "pace: expected true or false, got a string", RW_ERR_PARSE},
 	{"\"pace\": 1,", 0, 0, 0, "pace: expected true or false, got an integer", RW_ERR_PARSE},
@@ -305,6 +307,7 @@ static char *round_trip(const char *json, char *const *envp, const rw_svc_kv_t *
 	assert_int_equal(a.http.port, b.http.port);
 	assert_int_equal(a.force_path, b.force_path);
 	assert_int_equal(a.pace, b.pace);
+	assert_int_equal(a.rail_weights_measured, b.rail_weights_measured);
 	for (uint32_t i = 0; i < a.n_nodes; i++)
 		for (uint32_t r = 0; r < a.rails; r++) {
 			assert_string_equal(a.nodes[i].rails[r].addr.text, b.nodes[i].rails[r].addr.text);
@@ -355,6 +358,10 @@ static void test_dump_round_trip(void **state)
 	free(dump);
 	dump = round_trip(make_json("\"pace\": true,", NULL, NULL), NULL, node0_flag, 1);
 	assert_non_null(strstr(dump, "\"pace\": true"));
+	assert_non_null(strstr(dump, "\"rail_weights\": \"config\""));
+	free(dump);
+	dump = round_trip(make_json("\"rail_weights\": \"measured\",", NULL, NULL), NULL, node0_flag, 1);
+	assert_non_null(strstr(dump, "\"rail_weights\": \"measured\""));
 	free(dump);
 }
 

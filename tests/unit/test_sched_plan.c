@@ -50,10 +50,20 @@ static void test_waves(void **state)
 
 #define MAXN 12
 
+/* Per-pair weights of the random topologies (rail health: a rail down for some pairs, unequal
+ * capacities); one buffer, the topology points at it. */
+static uint32_t pair_w[MAXN * MAXN * 8];
+
 static void random_topo(rw_topo_t *t)
 {
 	uint32_t nodes = 1 + rng_below(MAXN), rails = 1 + rng_below(8);
 	assert_int_equal(rw_sched_topo_init(t, nodes, rails, rails), RW_OK);
+	if (rng_below(3) == 0) { /* some pairs lose rails (even all of them), some weigh them */
+		for (uint32_t i = 0; i < nodes * nodes * rails; i++)
+			pair_w[i] = rng_below(5) == 0 ? 0 : 1 + rng_below(4) * rng_below(2);
+		t->pair_weight = pair_w;
+		return;
+	}
 	if (rng_below(3) == 0) {
 		uint32_t eligible = 0;
 		while (eligible == 0) {
@@ -77,6 +87,47 @@ static void random_counts(const rw_topo_t *t, uint32_t *counts)
 			memset(counts + i * rails, 0, rails * sizeof(*counts));
 }
 
+/* The plan of pair (s, d) built independently of sched/plan.c: the pair's weights (its own or
+ * the topology's) as a plain topology; balanced paths: RailBalance with rotation s + d; native
+ * paths: every eligible rail keeps its records and the records of ineligible rails are balanced
+ * over the eligible ones as a pair of their own (counts zero on the eligible rails, so none is
+ * "above" its share); no eligible rail at all: native. Fills quota[], returns records moved. */
+static uint32_t ref_pair(const rw_topo_t *t, int balanced, uint32_t s, uint32_t d,
+			 const uint32_t *cnt, uint32_t *quota)
+{
+	const uint32_t rails = t->rails;
+	rw_topo_t w = *t;
+	w.pair_weight = NULL;
+	uint32_t eligible = 0, stranded[RW_MAX_RAILS] = { 0 }, n_stranded = 0;
+	for (uint32_t r = 0; r < rails; r++) {
+		if (t->pair_weight)
+			w.rail_weight[r] = t->pair_weight[(s * t->nodes + d) * rails + r];
+		eligible += w.rail_weight[r] > 0;
+	}
+	for (uint32_t r = 0; r < rails; r++)
+		quota[r] = cnt[r];
+	if (eligible == 0)
+		return 0;
+	rw_pair_plan_t p;
+	if (balanced) {
+		rw_sched_balance(&w, cnt, rw_sched_pair_rotation(s, d, 0), &p);
+		memcpy(quota, p.quota, rails * sizeof(*quota));
+		return p.moved;
+	}
+	for (uint32_t r = 0; r < rails; r++)
+		if (w.rail_weight[r] == 0) {
+			stranded[r] = cnt[r];
+			n_stranded += cnt[r];
+			quota[r] = 0;
+		}
+	if (n_stranded == 0)
+		return 0;
+	rw_sched_balance(&w, stranded, rw_sched_pair_rotation(s, d, 0), &p);
+	for (uint32_t r = 0; r < rails; r++)
+		quota[r] += p.quota[r];
+	return n_stranded;
+}
+
 /* Independent loads: egress[s][r] and ingress[d][r] from every pair's quota, then the max. */
 static uint64_t recompute_busiest(const rw_topo_t *t, int balanced, const uint32_t *counts)
 {
@@ -87,11 +138,10 @@ static uint64_t recompute_busiest(const rw_topo_t *t, int balanced, const uint32
 			if (s == d)
 				continue;
 			const uint32_t *c = counts + (s * n + d) * rails;
-			rw_pair_plan_t p;
-			if (balanced)
-				rw_sched_balance(t, c, rw_sched_pair_rotation(s, d, 0), &p);
+			uint32_t quota[RW_MAX_RAILS];
+			ref_pair(t, balanced, s, d, c, quota);
 			for (uint32_t r = 0; r < rails; r++) {
-				uint32_t q = balanced ? p.quota[r] : c[r];
+				uint32_t q = quota[r];
 				egress[s][r] += q;
 				ingress[d][r] += q; /* rail-symmetric: egress rail r -> ingress rail r */
 			}
@@ -101,6 +151,31 @@ static uint64_t recompute_busiest(const rw_topo_t *t, int balanced, const uint32
 		for (uint32_t r = 0; r < rails; r++)
 			best = RW_MAX(best, RW_MAX(egress[v][r], ingress[v][r]));
 	return best;
+}
+
+/* Every record of the pair maps to a distinct slot within its egress rail's quota, on a rail
+ * eligible for the pair (when it has one), and unmaps back to itself. */
+static void check_map(const rw_topo_t *t, uint32_t s, uint32_t d, const rw_pair_plan_t *pp)
+{
+	static uint8_t used[RW_MAX_RAILS][64 * MAXN];
+	uint32_t eligible = 0;
+	const uint32_t *w = t->pair_weight ? t->pair_weight + (s * t->nodes + d) * t->rails : t->rail_weight;
+	for (uint32_t r = 0; r < t->rails; r++) {
+		eligible += w[r] > 0;
+		memset(used[r], 0, sizeof(used[r]));
+	}
+	for (uint32_t o = 0; o < t->rails; o++)
+		for (uint32_t i = 0; i < pp->count[o]; i++) {
+			uint32_t e, slot, o2, i2;
+			rw_sched_map(pp, o, i, &e, &slot);
+			assert_true(e < t->rails && slot < pp->quota[e] && slot < sizeof(used[0]));
+			assert_true(eligible == 0 || w[e] > 0);
+			assert_false(used[e][slot]);
+			used[e][slot] = 1;
+			rw_sched_unmap(pp, e, slot, &o2, &i2);
+			assert_int_equal(o2, o);
+			assert_int_equal(i2, i);
+		}
 }
 
 /* Random clusters, every node, every path: pair plans are native or RailBalance with rotation
@@ -131,16 +206,18 @@ static void test_plan_build_random(void **state)
 					if (d == me)
 						continue;
 					const uint32_t *cnt = counts + (me * n + d) * rails;
-					rw_pair_plan_t expect;
-					if (rw_path_balanced((rw_path_t)p)) /* as receiver d builds it */
-						rw_sched_balance(&t, cnt, me + d, &expect);
-					else
-						rw_sched_balance_native(&t, cnt, &expect);
-					assert_memory_equal(&pairs[d], &expect, sizeof(expect));
+					uint32_t quota[RW_MAX_RAILS], total = 0;
+					uint32_t moved = ref_pair(&t, rw_path_balanced((rw_path_t)p), me, d, cnt, quota);
+					for (uint32_t r = 0; r < rails; r++) {
+						assert_int_equal(pairs[d].count[r], cnt[r]);
+						assert_int_equal(pairs[d].quota[r], quota[r]);
+						total += cnt[r];
+					}
+					assert_int_equal(pairs[d].total, total);
+					assert_int_equal(pairs[d].moved, moved);
+					check_map(&t, me, d, &pairs[d]);
 					for (uint32_t r = 0; r < rails; r++)
 						egress[r] += pairs[d].quota[r];
-					if (!rw_path_balanced((rw_path_t)p))
-						assert_int_equal(pairs[d].moved, 0);
 				}
 				for (uint32_t r = 0; r < RW_MAX_RAILS; r++)
 					assert_int_equal(plan.egress[r], egress[r]);

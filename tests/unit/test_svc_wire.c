@@ -143,7 +143,7 @@ static void test_regions_roundtrip(void **state)
 static void test_counts_roundtrip(void **state)
 {
 	(void)state;
-	uint32_t row[3 * 4];
+	uint32_t row[3 * 4], weight[4] = { 100, 50, 0, RW_MAX_RAIL_WEIGHT }, up[3] = { 0xd, 0xf, 0x1 };
 	for (uint32_t i = 0; i < 12; i++)
 		row[i] = rnd();
 	rw_wire_counts_t c = {
@@ -151,7 +151,7 @@ static void test_counts_roundtrip(void **state)
 		.node = 1, .nodes = 3, .rails = 4, .slot = 1,
 		.params = { .n_experts = 48, .topk = 4, .hidden = 64, .dtype = RW_WIRE_BF16,
 			    .requested_path = RW_WIRE_PATH_AUTO, .epoch = 0xdeadbeef },
-		.row = row,
+		.row = row, .rail_weight = weight, .rail_up = up,
 	};
 	strcpy(c.group_name, "moe.ep0");
 	uint8_t buf[1024];
@@ -169,6 +169,10 @@ static void test_counts_roundtrip(void **state)
 	assert_int_equal(o.params.epoch, 0xdeadbeef);
 	for (uint32_t i = 0; i < 12; i++)
 		assert_int_equal(rw_wire_counts_row(&o, i), row[i]);
+	for (uint32_t r = 0; r < 4; r++) /* the sender's view of its rails (rail health) */
+		assert_int_equal(rw_wire_counts_weight(&o, r), weight[r]);
+	for (uint32_t d = 0; d < 3; d++)
+		assert_int_equal(rw_wire_counts_up(&o, d), up[d]);
 
 	uint8_t bad[1024];
 	assert_int_equal(rw_wire_counts_unpack(buf, n - 4, &o), RW_ERR_PROTO);
@@ -185,6 +189,8 @@ static void test_counts_roundtrip(void **state)
 		{ RW_WIRE_GROUP_MAX + 48, RW_PATH_COUNT | RW_WIRE_PATH_BY_RANKS },
 		{ RW_WIRE_GROUP_MAX + 48, RW_WIRE_PATH_AUTO | RW_WIRE_PATH_BY_RANKS },
 		{ RW_WIRE_GROUP_MAX + 52, 0 },      /* epoch 0 */
+		{ n - 16 - 4 * 4 + 4, RW_MAX_RAIL_WEIGHT + 1 }, /* rail 1's weight out of range */
+		{ n - 4, 0x10 },                    /* node 2's up mask names rail 4 of 4 */
 	};
 	for (size_t i = 0; i < RW_ARRAY_SIZE(cases); i++) {
 		memcpy(bad, buf, n);
