@@ -213,6 +213,8 @@ static void describe_wait(const exec_pair_t *p, char *buf, size_t len)
 	if (p->send.state == SEND_WAIT_GRANT) {
 		snprintf(buf, len, "node %u (%s) to grant wave %u", d, x->svc->cfg.nodes[d].name,
 			 p->send.wave + 1);
+	} else if (p->send.state == SEND_WAIT_PACK) {
+		snprintf(buf, len, "the data mover's pack kernels for wave %u", p->send.wave);
 	} else if (p->send.state == SEND_DRAINING || p->send.state == SEND_PACED) {
 		snprintf(buf, len, "%u rail writes of wave %u to be acknowledged", p->send.pending,
 			 p->send.wave);
@@ -547,7 +549,8 @@ void exec_on_mover_done(void *ctx, uint32_t serial, rw_svc_mover_op_t op, uint32
 	exec_pair_t *p, *nx;
 	if (op == RW_MV_OP_ALL) { /* a device faulted: every pair waiting on it fails */
 		rw_list_for_each_safe(&x->pairs, p, nx, link)
-			if (exec_open(p) && (p->in[0].staging || p->in[1].staging || p->out.pending))
+			if (exec_open(p) && (p->in[0].staging || p->in[1].staging || p->out.pending ||
+					     p->send.state == SEND_WAIT_PACK))
 				exec_pair_fail(p, RW_ERR_DEVICE, 0, 1, "a CUDA copy failed: %s",
 					       rw_status_str(st));
 		return;
@@ -573,6 +576,9 @@ void exec_on_mover_done(void *ctx, uint32_t serial, rw_svc_mover_op_t op, uint32
 	} else if (op == RW_MV_OP_FINISH && p->out.flushing && p->out.pending &&
 		   --p->out.pending == 0) {
 		complete(p);
+	} else if (op == RW_MV_OP_PACKED && (p->stage == ST_RUN_D || p->stage == ST_RUN_C) &&
+		   p->send.state == SEND_WAIT_PACK) {
+		send_progress(p);
 	}
 }
 

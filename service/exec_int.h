@@ -60,6 +60,7 @@ typedef enum exec_send_state {
 	SEND_WAIT_GRANT, /* the next wave's destination has not admitted us yet */
 	SEND_POSTING,    /* posting a wave (only inside exec_send_progress) */
 	SEND_PACED,      /* posting paused by the write-gap test hook; the pace timer resumes */
+	SEND_WAIT_PACK,  /* the mover is writing this wave's slabs; its RW_MV_OP_PACKED resumes */
 	SEND_DRAINING,   /* the wave is posted; the next starts when its writes are done */
 	SEND_DONE,       /* every wave posted and done */
 } exec_send_state_t;

@@ -26,6 +26,7 @@ rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe)
 	rw_svc_phase_t *ph = &p->ph;
 	size_t n = x->nodes, nr = (size_t)x->nodes * x->rails;
 	ph->serial = p->serial;
+	ph->pack_waits = 1; /* pack_dst() waits for RW_MV_OP_PACKED */
 	ph->nodes = x->nodes;
 	ph->rails = x->rails;
 	ph->gpus = x->gpus;

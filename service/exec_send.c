@@ -47,14 +47,17 @@ void exec_send_begin(exec_pair_t *p, int kind)
 }
 
 /* d's slabs of `kind`, packed once, just before d's wave is posted: later waves' packing
- * overlaps earlier waves' sending. */
+ * overlaps earlier waves' sending. RW_ERR_AGAIN: the mover writes them asynchronously and
+ * reports RW_MV_OP_PACKED; pack() is asked again then. */
 static rw_status_t pack_dst(exec_pair_t *p, int kind, uint32_t d)
 {
 	if (p->send.packed[kind][d])
 		return RW_OK;
-	p->send.packed[kind][d] = 1;
 	char why[RW_SVC_WHY_MAX];
 	rw_status_t st = p->mv->pack(p->mv_mover, p->mv_state, &p->ph, kind, d, why);
+	if (st == RW_ERR_AGAIN)
+		return st;
+	p->send.packed[kind][d] = 1;
 	return st == RW_OK ? RW_OK : exec_err(p, st, 1, "%s", why);
 }
 
@@ -68,7 +71,12 @@ static rw_status_t post_wave(exec_pair_t *p, int *budget)
 	const uint64_t rsz = kind == 0 ? p->ph.rec_size : p->ph.crec_size;
 	for (; p->send.cur_k <= p->send.k_hi; p->send.cur_k++, p->send.cur_r = 0) {
 		uint32_t d = rw_sched_wave_dst(x->nodes, x->me, p->send.cur_k);
-		if (pack_dst(p, kind, d) != RW_OK)
+		rw_status_t pst = pack_dst(p, kind, d);
+		if (pst == RW_ERR_AGAIN) {
+			p->send.state = SEND_WAIT_PACK;
+			return RW_OK;
+		}
+		if (pst != RW_OK)
 			return p->err.st;
 		for (; p->send.cur_r < x->rails; p->send.cur_r++, p->send.cur_off = 0) {
 			uint32_t r = p->send.cur_r;
@@ -118,7 +126,7 @@ rw_status_t exec_send_progress(exec_pair_t *p)
 	const int waved = exec_gated(p);
 	int budget = x->hooks.write_gap_s > 0 ? 1 : -1; /* writes we may post now; -1: all */
 	for (;;) {
-		if (p->send.state != SEND_PACED) {
+		if (p->send.state != SEND_PACED && p->send.state != SEND_WAIT_PACK) {
 			/* Start the next wave, if there is one and we may. */
 			if (!waved) {
 				if (p->send.wave > 0)
@@ -147,14 +155,15 @@ rw_status_t exec_send_progress(exec_pair_t *p)
 		p->send.state = SEND_POSTING;
 		if (post_wave(p, &budget) != RW_OK)
 			return p->err.st;
-		if (p->send.state == SEND_PACED)
+		if (p->send.state == SEND_PACED || p->send.state == SEND_WAIT_PACK)
 			return RW_OK;
 		p->send.state = SEND_DRAINING;
 		p->send.waves_posted++;
 		/* While these writes drain: pack the next wave's slabs. */
 		if (waved && p->send.wave + 1 < x->nodes &&
-		    pack_dst(p, kind, rw_sched_wave_dst(x->nodes, x->me, p->send.wave + 1)) != RW_OK)
-			return p->err.st;
+		    pack_dst(p, kind, rw_sched_wave_dst(x->nodes, x->me, p->send.wave + 1)) != RW_OK &&
+		    p->err.st != RW_OK)
+			return p->err.st; /* RW_ERR_AGAIN: asked again when that wave is posted */
 		if (p->send.pending)
 			return RW_OK; /* the next wave starts when these writes are done */
 	}
