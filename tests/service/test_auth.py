@@ -15,7 +15,10 @@ dispatch/combine phases the whole time, in rounds; every round must pass.
    key is taken (the positive control of this model of the protocol) - that comes last.
 3. Strangers cannot break a live tcp rail link or have a byte accepted: rail HELLOs with no, a
    random or an old-version proof, and WRITE frames with and without a HELLO, to every rail of
-   n1: each connection is closed without a single byte back (no HELLO_ACK, no ACK).
+   n1: each connection is closed without a single byte back (no HELLO_ACK, no ACK). n0's own
+   rail handshake of the live session (recomputed with the key from the recorded control
+   handshake: the dial number it used) replayed: refused; the same proof with a fresh dial
+   number is answered (positive control, at the end: it takes the rail over).
 4. Unauthenticated connections cannot exhaust n1 (measured while no phase runs; phases run
    again afterwards): 300 half-open handshakes (a HELLO, then silence) and 300 silent rail
    connections cost under 8 MiB of RSS and 0.5 CPU s over 2 s; at
@@ -118,6 +121,13 @@ def proof(key, role, connector, acceptor, fp, nonce_c, nonce_a):
     return mac(key, msg + nonce_c + nonce_a)
 
 
+def rail_proof(session, rail, dial):
+    """service/mesh_auth.c's rail proof (connector): MAC(session, label | role 1 | rail | dial)
+    truncated to 24 bytes, then the dial number."""
+    msg = b"railwave-rail-5".ljust(16, b"\0") + struct.pack("<IIQ", 1, rail, dial)
+    return mac(session, msg)[:24] + struct.pack("<Q", dial)
+
+
 def hello_with_nonce(hello_payload, nonce):
     return hello_payload[:-32] + nonce
 
@@ -155,7 +165,7 @@ class Relay:
     """n0's way to n1's control port: records what n0 sends on its first connection."""
 
     def __init__(self, ip, target):
-        self.target, self.sent = target, b""
+        self.target, self.sent, self.back = target, b"", b""
         self.lsock = socket.socket()
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.lsock.bind((ip, 0))
@@ -176,17 +186,20 @@ class Relay:
                 a.close()
                 continue
             record, self.first = self.first, False
-            threading.Thread(target=self.pipe, args=(a, b, record), daemon=True).start()
-            threading.Thread(target=self.pipe, args=(b, a, False), daemon=True).start()
+            threading.Thread(target=self.pipe, args=(a, b, "sent" if record else None),
+                             daemon=True).start()
+            threading.Thread(target=self.pipe, args=(b, a, "back" if record else None),
+                             daemon=True).start()
 
     def pipe(self, src, dst, record):
+        """Copy src to dst; `record` names the attribute that keeps the bytes (first session)."""
         try:
             while True:
                 d = src.recv(65536)
                 if not d:
                     break
                 if record:
-                    self.sent += d
+                    setattr(self, record, getattr(self, record) + d)
                 dst.sendall(d)
         except OSError:
             pass
@@ -385,6 +398,48 @@ def part_rails(c):
                                                             "no" if back is None else len(back)))
 
 
+def part_rail_replay(c, relay, key):
+    """3b. A rail handshake of the live session cannot be replayed. n0 dialed each rail of n1
+    once (dial 1); the test holds the key, so it computes that very proof from the session the
+    relay saw and sends it again: refused. A member's fresh dial number would be taken (the
+    positive control, last in main)."""
+    sent, back = frames(relay.sent), frames(relay.back)
+    hello_c = [p for t, p in sent if t == HELLO][0]
+    hello_a = [p for t, p in back if t == HELLO][0]
+    fp = struct.unpack_from("<Q", hello_c, 64 + 16)[0]
+    k = bytes.fromhex(open(key).read().strip())
+    session = mac(k, b"railwave-sess-5".ljust(16, b"\0") + struct.pack("<IIIQ", 0, 0, 1, fp) +
+                  hello_c[-32:] + hello_a[-32:])
+    for r, rail in enumerate(c.cfg["nodes"][1]["rails"]):
+        addr = (rail["address"], rail["port"])
+        back_bytes = rail_attack(addr, tcp_hdr(1, key=0, offset=r, proof=rail_proof(session, r, 1)))
+        check(back_bytes == b"", "rail %d: n0's own rail handshake of the live session, replayed "
+              "(dial 1, a valid proof): closed, no HELLO_ACK (%s bytes back)"
+              % (r, "no" if back_bytes is None else len(back_bytes)))
+    return session
+
+
+def part_rail_fresh_dial(c, session):
+    """Positive control for 3b: with the session key and a dial number never used, the same
+    handshake is answered (HELLO_ACK): what refused the replay was the dial number."""
+    rail = c.cfg["nodes"][1]["rails"][0]
+    s = socket.create_connection((rail["address"], rail["port"]), timeout=5)
+    s.sendall(tcp_hdr(1, key=0, offset=0, proof=rail_proof(session, 0, 1 << 40)))
+    s.settimeout(5)
+    data = b""
+    try:
+        while len(data) < 64:
+            chunk = s.recv(64 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except socket.timeout:
+        pass
+    s.close()
+    check(len(data) == 64 and data[5] == 2, "rail 0: the session's proof with a fresh dial "
+          "number is answered with HELLO_ACK (%d bytes)" % len(data))
+
+
 def hold(addr, payload, n):
     out = []
     for _ in range(n):
@@ -506,6 +561,7 @@ def main():
             rounds = Rounds(c, "g.auth")
             part_strangers(df, tmp, c, relay, key, hello0, auth0, victim)
             part_rails(c)
+            session = part_rail_replay(c, relay, key)
             ok, errors = rounds.stop()
             # The budgets are measured on a daemon that does nothing else meanwhile; phases
             # run again afterwards.
@@ -521,6 +577,7 @@ def main():
             line = [l for l in peers.splitlines() if l.startswith("peer=0 ")][0]
             check("state=up" in line and "reconnects=0" in line and "errors=0" in line,
                   "n1 kept n0 up the whole time: %s" % line)
+            part_rail_fresh_dial(c, session)  # before the next: it takes n0's session over
             part_positive_control(victim, key, hello0)
         finally:
             if rounds:
