@@ -605,8 +605,8 @@ def worker_main(argv):
     p.add_argument("--out")
     p.add_argument("--anchor-count", type=int)
     p.add_argument("--table-z")
-    p.add_argument("rank_args", nargs="*")
-    a = p.parse_args(argv)
+    rank_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    a = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     WORKER = a.node or os.environ.get("RAILWAVE_NODE") or socket.gethostname()
     me = Cluster.dump(a.config, a.node)
     WORKER = me["node"]
@@ -619,7 +619,7 @@ def worker_main(argv):
         i, me["node"], socket.gethostname(), daemon_pid(me["stats_socket"]), me["anchors"] or "-",
         me["recv_region_mib"])]
     if a.action == "run":
-        jobs = [rank_job(me["ipc_socket"], a.group, q, a.steps, a.rank_args)
+        jobs = [rank_job(me["ipc_socket"], a.group, q, a.steps, rank_args)
                 for q in range(i * G, (i + 1) * G)]
         try:
             rows = node_steps(run_all(jobs, WAIT + a.steps * 10, "the ranks"), a.steps)
