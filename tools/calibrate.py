@@ -535,7 +535,7 @@ class Launcher:
         by = {}
         for lines in outs:
             for l in lines:
-                w = l.split()
+                w = l[l.find("rwcal "):].split() if "rwcal " in l else []  # srun --label: "0: rwcal"
                 if len(w) >= 3 and w[0] == "rwcal" and w[1].isdigit():
                     by.setdefault(int(w[1]), []).append(w[2:])
         seen = {i: sum(1 for x in by.get(i, []) if x[0] == "node") for i in range(cl.N)}
