@@ -25,19 +25,19 @@ Two ways to run the ranks (docs/tools.md "Calibrating on a cluster of hosts"):
                      one clock) and the slowest node's is the phase's. No clock is compared across
                      hosts; the workers also reload their own daemon."""
 import argparse
+import base64
 import json
 import math
 import os
+import shlex
 import signal
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
-import shlex
 import time
 import types
-import base64
 import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
