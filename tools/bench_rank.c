@@ -13,10 +13,15 @@
  * path, or for what `--combine-paths LIST` says (a test of the daemon's check).
  *
  * (CLOCK_MONOTONIC, which every network namespace of one machine shares, so the orchestrator can
- * compare the ranks' clocks). Exit 0 iff every check passed; a failure names the first bad value.
+ * compare the ranks' clocks). `--barrier` puts an empty pair (no rank routes anything; layer
+ * LAYER + 1, auto path) before every timed dispatch: its dispatch completes on every node only
+ * when every node's count row is in, so all nodes submit the timed dispatch within about one
+ * count exchange of each other, whatever the previous step left behind (`railwave calibrate`
+ * times phases per node across hosts, docs/tools.md). Exit 0 iff every check passed; a failure
+ * names the first bad value.
  *
  *   rw_bench_rank --socket PATH --group NAME --rank R --steps S [--paths LIST]
- *                 [--combine-paths LIST] [--cuda] [workload options]
+ *                 [--combine-paths LIST] [--barrier] [--cuda] [workload options]
  *
  * --cuda: the buffer is CUDA device memory (registered by IPC handle, docs/cuda.md) with a host
  * mirror the checks read: inputs are copied up before a submission's clock starts and results
@@ -124,6 +129,31 @@ static int dev_register(rw_client_t *cl, uint32_t gpu, uint64_t total, dev_buf_t
 	return rc == 0 ? 0 : -1;
 }
 
+/* --barrier: a pair in which no rank routes anything, on the layer after the timed one. */
+static int empty_pair(rw_client_t *c, const rw_sqe_t *timed, uint64_t step)
+{
+	rw_sqe_t s = *timed;
+	s.layer = timed->layer + 1;
+	s.phase_id = UINT64_MAX - 1;
+	s.user_data = 3;
+	s.token_count = 0;
+	s.tokens = s.topk_ids = s.topk_weights = (rw_span_t){ RW_BUF_NONE, 0, 0 };
+	s.path = RW_PATH_REQ_DAEMON;
+	rw_cqe_t cq;
+	if (rw_client_submit(c, &s, 1) != 0 || wait_one(c, &cq) != 0 || cq.status != RW_CQ_OK ||
+	    cq.recv_tokens != 0)
+		return -1;
+	rw_sqe_t cs = { .kind = RW_KIND_COMBINE, .dtype = s.dtype, .topk = s.topk, .layer = s.layer,
+			.phase_id = UINT64_MAX, .step = step, .user_data = 4, .token_count = 0,
+			.hidden = s.hidden, .n_experts = s.n_experts, .handle_id = cq.handle_id,
+			.tokens = { RW_BUF_NONE, 0, 0 }, .topk_ids = { RW_BUF_NONE, 0, 0 },
+			.topk_weights = { RW_BUF_NONE, 0, 0 }, .output = { RW_BUF_NONE, 0, 0 },
+			.output_capacity = 0, .path = RW_PATH_REQ_DAEMON };
+	if (rw_client_submit(c, &cs, 1) != 0 || wait_one(c, &cq) != 0 || cq.status != RW_CQ_OK)
+		return -1;
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option own[] = {
@@ -133,6 +163,7 @@ int main(int argc, char **argv)
 		{ "steps", required_argument, NULL, 'n' },
 		{ "paths", required_argument, NULL, 'p' },
 		{ "combine-paths", required_argument, NULL, 'c' },
+		{ "barrier", no_argument, NULL, 'b' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "cuda", no_argument, NULL, 'u' },
 	};
@@ -147,7 +178,7 @@ int main(int argc, char **argv)
 	long rank_arg = -1;
 	uint16_t paths[MAX_PATHS] = { RW_PATH_REQ_DAEMON }, cpaths[MAX_PATHS];
 	unsigned n_paths = 1, n_cpaths = 0;
-	int c, cuda = 0;
+	int c, cuda = 0, barrier = 0;
 	dev_buf_t dev = { .device = -1 };
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
@@ -155,6 +186,7 @@ int main(int argc, char **argv)
 		case 'g': group = optarg; break;
 		case 'r': rank_arg = strtol(optarg, NULL, 10); break;
 		case 'n': steps = strtoul(optarg, NULL, 10); break;
+		case 'b': barrier = 1; break;
 		case 'p':
 		case 'c':
 			if (parse_paths(optarg, c == 'p' ? paths : cpaths, c == 'p' ? &n_paths : &n_cpaths)) {
@@ -167,7 +199,7 @@ int main(int argc, char **argv)
 		case 'u': cuda = 1; break;
 		case 'h':
 			printf("usage: rw_bench_rank --socket PATH --group NAME --rank R --steps S "
-			       "[--paths LIST] [--combine-paths LIST] [--cuda] [workload]\n%s",
+			       "[--paths LIST] [--combine-paths LIST] [--barrier] [--cuda] [workload]\n%s",
 			       rw_bench_wl_usage);
 			return 0;
 		default:
@@ -259,6 +291,8 @@ int main(int argc, char **argv)
 			       .topk_ids = { buf, 0, off_ids }, .topk_weights = { buf, 0, off_w },
 			       .output = { buf, 0, off_out }, .output_capacity = out_cap, .n_experts = E,
 			       .path = paths[step % n_paths] };
+		CHECK(!barrier || empty_pair(cl, &s, step) == 0, "step %llu: barrier pair failed: %s",
+		      (unsigned long long)step, rw_client_last_message(cl));
 		CHECK(mirror(&dev, mem, 0, off_out, 1) == 0, "--cuda: copy up");
 		uint64_t t_ds = rw_now_ns();
 		rc = rw_client_submit(cl, &s, 1);

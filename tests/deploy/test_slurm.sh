@@ -9,7 +9,13 @@
 #      SIGTERM (each logs the drain and exits 0), and their sockets and run folder are gone;
 #   2. a cluster file with more nodes than the job's daemons: refused before anything starts;
 #   3. SIGTERM to the launcher while the trainer runs: its trap stops the trainer, drains the
-#      daemons, removes the run folder and exits 143.
+#      daemons, removes the run folder and exits 143;
+#   4. `railwave calibrate --launcher 'srun ...'` (docs/tools.md "Calibrating on a cluster of
+#      hosts") against the 3 daemons of run 1's kind, whose cluster file names an anchors file:
+#      every worker runs as a task of its own srun step and is pointed at its own daemon's sockets
+#      only (the task-to-daemon map of --identity index); the table is written and parses, every
+#      daemon reloads it (its log, its stats), and `--check` through the same launcher reports
+#      regret.
 # Afterwards no railwaved, slurm or munge process of the test is left and nothing on disk.
 # Needs root (slurmd, munged); exits 77 (skip) otherwise or without the packages. Debugging:
 # RW_TEST_KEEP=1 keeps the folder (logs, slurm.conf); RW_TEST_ONLY1=1 stops after scenario 1.
@@ -189,6 +195,55 @@ grep -q 'railwave-run: daemons drained and stopped' "$T/run3.out" || no "run 3: 
 [ $rc = 143 ] || no "run 3: launcher exit $rc, want 143"
 [ ! -e "$T/run" ] || no "run 3: the run folder is left"
 left_behind && no "processes left after run 3"
+
+# 4. railwave calibrate through srun: one worker task per daemon, each on its own sockets
+python3 - "$T/cluster.json" "$T/anchors.json" <<'EOP'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["anchors"] = sys.argv[2]
+json.dump(c, open(sys.argv[1], "w"))
+json.dump({"schema_version": 1, "fingerprint": {"nodes": 3, "gpus_per_node": 2, "rails": 2,
+           "nic_gbps": 100.0, "transport": "tcp"}, "max_size_ratio": 4, "shape_tolerance": 0.15,
+           "anchors": []}, open(sys.argv[2], "w"))
+EOP
+cat > "$T/calibrate.sh" <<'EOT'
+#!/bin/sh
+# Task 0 of the trainer step is the operator: calibrate, check, then every daemon's stats.
+[ "$SLURM_PROCID" = 0 ] || exit 0
+wl="--experts 12 --topk 2 --hidden 256 --tokens 32"
+# The workers' step: task i is daemon i's worker (--identity index), told its node and sockets.
+L='srun --overlap -n3 --ntasks-per-node=3 --kill-on-bad-exit=1 --job-name=rwcal sh -c "RAILWAVE_NODE=$SLURM_PROCID RAILWAVE_SOCKET=$RAILWAVE_RUNDIR/$SLURM_PROCID.sock RAILWAVE_STATS_SOCKET=$RAILWAVE_RUNDIR/$SLURM_PROCID.stats exec \"$@\"" worker'
+unset RAILWAVE_SOCKET RAILWAVE_STATS_SOCKET RAILWAVE_NODE
+"$RAILWAVE" calibrate --config "$RW_T/cluster.json" --launcher "$L" --short --reps 2 $wl; echo "calibrate rc $?"
+"$RAILWAVE" calibrate --config "$RW_T/cluster.json" --launcher "$L" --check "$RW_T/anchors.json" --short --reps 2 $wl
+echo "check rc $?"
+"$RAILWAVE" bench-workload describe --anchors "$RW_T/anchors.json" --nic-gbps 100 --nodes 3 --gpus 2 --rails 2 $wl |
+	python3 -c 'import json, sys; print("table_error [%s]" % json.load(sys.stdin)["selection"]["table_error"])'
+for i in 0 1 2; do
+	"$RAILWAVE" stats --socket "$RAILWAVE_RUNDIR/$i.stats" | sed -n "s/^\(node\|anchors\|anchor_reloads\) /stats $i \1 /p"
+done
+EOT
+chmod +x "$T/calibrate.sh"
+rm -f "$T"/railwaved-*.log
+RW_T=$T launch "$T/run4.out" -- "$T/calibrate.sh"; rc=$?
+[ $rc = 0 ] || no "run 4: launcher exit $rc"
+grep -q '^calibrate rc 0$' "$T/run4.out" || no "run 4: calibrate failed"
+grep -q "^wrote $T/anchors.json: 2 anchors" "$T/run4.out" || no "run 4: no table written"
+grep -q '^table_error \[\]$' "$T/run4.out" || no "run 4: the table does not parse or match the cluster"
+grep -q '^check rc [01]$' "$T/run4.out" && grep -q 'regret against the fastest path: worst' "$T/run4.out" ||
+	no "run 4: --check through srun reported no regret"
+for t in 0 1 2; do
+	grep -q "^node n$t: worker on .*, peers up" "$T/run4.out" || no "run 4: no worker for n$t"
+	grep -q "^reloaded (SIGHUP): .*n$t (pid [0-9]*, on " "$T/run4.out" || no "run 4: n$t not reloaded"
+	grep -q "^stats $t node n$t$" "$T/run4.out" && grep -q "^stats $t anchors 2$" "$T/run4.out" &&
+		grep -q "^stats $t anchor_reloads 1$" "$T/run4.out" || no "run 4: n$t's stats: $(grep "^stats $t" "$T/run4.out")"
+	f=$(ls "$T"/railwaved-*-$t.log 2>/dev/null | head -n 1)
+	grep -q "anchors: loaded 2 anchors from $T/anchors.json" "$f" 2>/dev/null || no "run 4: n$t did not log the reload"
+done
+pids=$(sed -n 's/^node n[0-2]: worker on .*, railwaved pid \([0-9]*\), peers up$/\1/p' "$T/run4.out" | sort -u | wc -l)
+[ "$pids" = 3 ] || no "run 4: the workers reached $pids distinct daemons, want 3"
+[ $fail = 0 ] || { echo "---- run 4 ----"; tail -n 40 "$T/run4.out"; }
+left_behind && no "processes left after run 4"
 
 [ $fail = 0 ] && echo "slurm launcher: ok"
 exit $fail

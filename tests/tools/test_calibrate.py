@@ -18,7 +18,12 @@ programs (tools/rw_bench_rank).
 * `railwave calibrate --check`: held-out points with medians for every path, the table's pick,
   regret = median(pick) / median(best) - 1 and "reliably beaten" (the 4.6 test) consistent with
   the samples, exit status = verdict; a table calibrated for another cluster does not hold; a
-  table that picks Native everywhere fails at the held-out point with rail skew 0.89.
+  table that picks Native everywhere fails at the held-out point with rail skew 0.89;
+* the launcher mode (`--launcher`, a cluster of hosts): a per-node local shell template starts one
+  worker per node for the probe, every point and the install (its log says so); every path ran as
+  forced on both daemons, the table is written, parses, follows the rule, and every node's worker
+  reloaded its daemon; `--check` through a `{cmd}` template reports regret; a launcher that starts
+  a worker for one node only is refused, naming the node without one, and changes nothing.
 
 Exit 0 pass, 1 fail, 77 skip."""
 import json
@@ -293,6 +298,73 @@ def scenario_check_fails(c, tmp, table):
               skewed["best"], d[skewed["best"]]["p90"] * 1e3, cv(d[skewed["best"]]["samples"])))
 
 
+def scenario_launcher(c, tmp, table):
+    log = os.path.join(tmp, "launched.log")
+    tmpl = "sh -c 'echo {name} >> %s; exec \"$@\"' worker-{node}" % log
+    before = [forced(c, n) for n in range(c.nodes)]
+    reloads = [int(summary(c, n)["anchor_reloads"]) for n in range(c.nodes)]
+    rep = os.path.join(tmp, "launcher.json")
+    r = subprocess.run([TOOL, "calibrate", "--config", c.cfg_path, "--launcher", tmpl, "--short",
+                        "--reps", "4", "--json", rep] + WL, capture_output=True, text=True, timeout=600)
+    print(r.stdout + r.stderr)
+    check(r.returncode == 0, "railwave calibrate --launcher (a per-node shell template) exits 0")
+    with open(log) as f:
+        launched = f.read().split()
+    check(sorted(launched) == ["n0"] * 4 + ["n1"] * 4,
+          "the template ran once per node for the probe, 2 points and the install: %s" % launched)
+    for n in range(c.nodes):
+        check("node n%d: worker on " % n in r.stdout and "railwaved pid %d, peers up" % c.procs[n].pid
+              in r.stdout, "node %d's worker found its own daemon (pid %d)" % (n, c.procs[n].pid))
+    after = [forced(c, n) for n in range(c.nodes)]
+    for n in range(c.nodes):
+        d = {p: after[n][p] - before[n][p] for p in PATHS}
+        check(d == {p: 2 * 5 for p in PATHS}, "node %d ran every path 10 times through its worker: %s"
+              % (n, d))
+    with open(table) as f:
+        t = json.load(f)
+    with open(rep) as f:
+        cases = json.load(f)["cases"]
+    d = subprocess.run([TOOL, "bench-workload", "describe", "--anchors", table, "--nic-gbps", str(GBPS),
+                        "--nodes", "2", "--gpus", str(it.GPUS), "--rails", str(it.RAILS)] + WL,
+                       capture_output=True, text=True)
+    check(d.returncode == 0 and json.loads(d.stdout)["selection"]["table_error"] == "" and
+          len(t["anchors"]) == 2 and "dispatch_per_node" not in cases[0],
+          "the launched table parses, matches the cluster and has 2 anchors")
+    by_id = {a["case_id"]: a for a in t["anchors"]}
+    for cs in cases:
+        samples = {p: cs["dispatch"][p]["samples"] for p in PATHS}
+        check(all(len(samples[p]) == 4 and min(samples[p]) > 0 for p in PATHS) and
+              by_id[cs["case_id"]]["selected"] == rule(samples),
+              "case %d: 4 per-node samples per path, the anchor follows the 4.6 rule (%s)"
+              % (cs["case_id"], by_id[cs["case_id"]]["selected"]))
+    for n in range(c.nodes):
+        s = summary(c, n)
+        check(int(s["anchor_reloads"]) == reloads[n] + 1 and s["anchors"] == "2",
+              "node %d's worker reloaded it (reloads %d -> %s)" % (n, reloads[n], s["anchor_reloads"]))
+    check("reloaded (SIGHUP): n0 (pid %d, on " % c.procs[0].pid in r.stdout and
+          "n1 (pid %d, on " % c.procs[1].pid in r.stdout, "calibrate names the daemons the workers reloaded")
+    # --check through a {cmd} template (the ssh form: the command as one shell word).
+    rep = os.path.join(tmp, "launcher-check.json")
+    r = subprocess.run([TOOL, "calibrate", "--config", c.cfg_path, "--launcher", "sh -c {cmd} w-{name}",
+                        "--check", table, "--short", "--reps", "3", "--json", rep] + WL,
+                       capture_output=True, text=True, timeout=600)
+    print(r.stdout + r.stderr)
+    with open(rep) as f:
+        res = json.load(f)
+    check(r.returncode == (0 if res["holds"] else 1) and len(res["points"]) == 2 and
+          all(p["dispatch"][x]["n"] == 3 for p in res["points"] for x in PATHS) and
+          "regret against the fastest path: worst" in r.stdout,
+          "--check --launcher: 2 held-out points, regret reported, exit %d = verdict" % r.returncode)
+    # A launcher that starts one worker (for n0) instead of one per node.
+    before = [forced(c, n) for n in range(c.nodes)]
+    r = subprocess.run([TOOL, "calibrate", "--config", c.cfg_path, "--launcher",
+                        "sh -c 'RAILWAVE_NODE=n0 exec \"$@\"' one", "--short"] + WL,
+                       capture_output=True, text=True, timeout=120)
+    check(r.returncode == 1 and "must start one worker per node (no worker on n1)" in r.stderr and
+          [forced(c, n) for n in range(c.nodes)] == before,
+          "one worker for two nodes is refused, naming n1, before any phase: %s" % r.stderr.strip())
+
+
 def main():
     for p in (it.DAEMON, TOOL, RANK):
         if not os.access(p, os.X_OK):
@@ -312,6 +384,7 @@ def main():
             scenario_calibrate(c, tmp, table)
             scenario_check(c, tmp, table)
             scenario_check_fails(c, tmp, table)
+            scenario_launcher(c, tmp, table)
         except (Fail, RuntimeError, OSError, subprocess.TimeoutExpired, KeyError, ValueError) as e:
             print("FAIL %s" % e)
             print(c.logs())
