@@ -103,10 +103,15 @@ static void on_submission(void *ctx, rw_ipc_client_t *c, const rw_sqe_t *sqe)
 	cqe.counts_buf = RW_BUF_NONE;
 	if (rw_ipc_complete(server, c, &cqe) != RW_OK)
 		abort();
-	/* The buffers a validated entry names must be there. */
+	/* The buffers a validated entry names must be there; a span may be RW_BUF_NONE only where
+	 * ipc/railwave.h allows it (tokens of a 0-token entry, the output of a 0-capacity
+	 * combine). */
 	rw_ipc_buffer_t b;
-	if (rw_ipc_buffer_lookup(c, sqe->tokens.buf_id, &b) != RW_OK ||
-	    rw_ipc_buffer_lookup(c, sqe->output.buf_id, &b) != RW_OK)
+	int tok_none = sqe->tokens.buf_id == RW_BUF_NONE && sqe->token_count == 0;
+	int out_none = sqe->output.buf_id == RW_BUF_NONE && sqe->kind == RW_KIND_COMBINE &&
+		       sqe->output_capacity == 0;
+	if ((!tok_none && rw_ipc_buffer_lookup(c, sqe->tokens.buf_id, &b) != RW_OK) ||
+	    (!out_none && rw_ipc_buffer_lookup(c, sqe->output.buf_id, &b) != RW_OK))
 		abort();
 }
 
