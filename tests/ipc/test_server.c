@@ -1700,6 +1700,27 @@ static void peek_cuda(harness_t *h, void *arg)
 		p->st = RW_ERR_SYS;
 }
 
+#if RW_HAVE_CUDA_H
+/* Start the harness with `alloc` bytes on the fake driver holding pattern[i] = i * mul + 1
+ * (*pattern_p, the caller frees it); skips the test when the fake driver is not built. */
+static rw_cuda_dptr_t cuda_harness_start(size_t alloc, unsigned mul, uint8_t **pattern_p)
+{
+	if (access(fake_driver, R_OK) != 0) {
+		print_message("skipped: fake CUDA driver %s not built\n", fake_driver);
+		skip();
+	}
+	h_start(&H);
+	rw_cuda_dptr_t dptr;
+	assert_int_equal(rw_cuda_mem_alloc(0, alloc, &dptr), RW_OK);
+	uint8_t *pattern = malloc(alloc);
+	assert_non_null(pattern);
+	for (size_t i = 0; i < alloc; i++)
+		pattern[i] = (uint8_t)(i * mul + 1);
+	assert_int_equal(rw_cuda_memcpy_htod(0, dptr, pattern, alloc), RW_OK);
+	*pattern_p = pattern;
+	return dptr;
+}
+
 /* What librailwave sends for an exported range. */
 static rw_client_cuda_desc_t client_desc(const rw_cuda_ipc_desc_t *desc)
 {
@@ -1713,6 +1734,7 @@ static rw_client_cuda_desc_t client_desc(const rw_cuda_ipc_desc_t *desc)
 	memcpy(d.device_uuid, desc->device_uuid, 16);
 	return d;
 }
+#endif
 
 /* The registration path through cuda/'s import, against the fake driver (no GPU needed): a
  * range of an exported allocation is imported, readable at the right offset, and released when
@@ -1723,18 +1745,9 @@ static void test_cuda_registration(void **state)
 #if !RW_HAVE_CUDA_H
 	skip();
 #else
-	if (access(fake_driver, R_OK) != 0) {
-		print_message("skipped: fake CUDA driver %s not built\n", fake_driver);
-		skip();
-	}
-	h_start(&H);
-	rw_cuda_dptr_t dptr;
 	const size_t alloc = 1 << 20;
-	assert_int_equal(rw_cuda_mem_alloc(0, alloc, &dptr), RW_OK);
-	uint8_t *pattern = malloc(alloc);
-	for (size_t i = 0; i < alloc; i++)
-		pattern[i] = (uint8_t)(i * 7 + 1);
-	assert_int_equal(rw_cuda_memcpy_htod(0, dptr, pattern, alloc), RW_OK);
+	uint8_t *pattern;
+	rw_cuda_dptr_t dptr = cuda_harness_start(alloc, 7, &pattern);
 	rw_cuda_ipc_desc_t desc;
 	assert_int_equal(rw_cuda_ipc_export(dptr + 4096, 8192, &desc), RW_OK);
 
@@ -1795,18 +1808,9 @@ static void test_cuda_two_connections_of_one_process(void **state)
 #if !RW_HAVE_CUDA_H
 	skip();
 #else
-	if (access(fake_driver, R_OK) != 0) {
-		print_message("skipped: fake CUDA driver %s not built\n", fake_driver);
-		skip();
-	}
-	h_start(&H);
-	rw_cuda_dptr_t dptr;
 	const size_t alloc = 1 << 16;
-	assert_int_equal(rw_cuda_mem_alloc(0, alloc, &dptr), RW_OK);
-	uint8_t pattern[1 << 16];
-	for (size_t i = 0; i < alloc; i++)
-		pattern[i] = (uint8_t)(i * 13 + 5);
-	assert_int_equal(rw_cuda_memcpy_htod(0, dptr, pattern, alloc), RW_OK);
+	uint8_t *pattern;
+	rw_cuda_dptr_t dptr = cuda_harness_start(alloc, 13, &pattern);
 	rw_cuda_ipc_desc_t desc;
 	assert_int_equal(rw_cuda_ipc_export(dptr, alloc, &desc), RW_OK);
 	rw_client_cuda_desc_t d = client_desc(&desc);
@@ -1860,6 +1864,7 @@ static void test_cuda_two_connections_of_one_process(void **state)
 	assert_int_equal(live_blocks(), 0);
 	dlclose(fake);
 	h_stop(&H);
+	free(pattern);
 #endif
 }
 
