@@ -34,15 +34,17 @@ rw_status_t rw_cuda_ipc_export(rw_cuda_dptr_t p, size_t n, rw_cuda_ipc_desc_t *d
 { (void)p; (void)n; (void)d; return RW_NO_CUDA; }
 rw_status_t rw_cuda_ipc_cache_create(rw_cuda_ipc_cache_t **c) { (void)c; return RW_NO_CUDA; }
 void rw_cuda_ipc_cache_destroy(rw_cuda_ipc_cache_t *c) { (void)c; }
-rw_status_t rw_cuda_ipc_import(rw_cuda_ipc_cache_t *c, const rw_cuda_ipc_desc_t *d, uint64_t o,
-			       rw_cuda_ipc_map_t **m, rw_cuda_dptr_t *p)
+rw_status_t rw_cuda_ipc_import(rw_cuda_ipc_cache_t *c, const rw_cuda_ipc_desc_t *d,
+			       const rw_cuda_ipc_owner_t *o, rw_cuda_ipc_map_t **m, rw_cuda_dptr_t *p)
 { (void)c; (void)d; (void)o; (void)m; (void)p; return RW_NO_CUDA; }
-void rw_cuda_ipc_release(rw_cuda_ipc_cache_t *c, rw_cuda_ipc_map_t *m) { (void)c; (void)m; }
+void rw_cuda_ipc_release(rw_cuda_ipc_cache_t *c, rw_cuda_ipc_map_t *m, uint64_t o)
+{ (void)c; (void)m; (void)o; }
 unsigned rw_cuda_ipc_release_owner(rw_cuda_ipc_cache_t *c, uint64_t o) { (void)c; (void)o; return 0; }
 rw_cuda_dptr_t rw_cuda_ipc_map_base(const rw_cuda_ipc_map_t *m) { (void)m; return 0; }
 uint64_t rw_cuda_ipc_map_bytes(const rw_cuda_ipc_map_t *m) { (void)m; return 0; }
 int rw_cuda_ipc_map_device(const rw_cuda_ipc_map_t *m) { (void)m; return -1; }
 unsigned rw_cuda_ipc_map_refs(const rw_cuda_ipc_map_t *m) { (void)m; return 0; }
+unsigned rw_cuda_ipc_map_users(const rw_cuda_ipc_map_t *m) { (void)m; return 0; }
 void rw_cuda_ipc_cache_stats(const rw_cuda_ipc_cache_t *c, rw_cuda_ipc_stats_t *s)
 { (void)c; *s = (rw_cuda_ipc_stats_t){ 0 }; }
 int rw_cuda_dmabuf_supported(int d) { (void)d; return 0; }

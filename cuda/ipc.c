@@ -1,21 +1,33 @@
 /* cuda/ipc.c: CUDA IPC export (client side) and the daemon's import cache.
- * The cache opens each exported allocation once and refcounts its users; docs/cuda.md
- * "IPC import cache" explains the identity rule and the freed-and-reallocated case. */
+ * The cache opens each exported allocation once per exporting process and counts references per
+ * connection; docs/cuda.md "IPC import cache" explains the identity rule, the
+ * freed-and-reallocated case and pid reuse. */
 #include "cuda/cuda_int.h"
 
 #if RW_HAVE_CUDA_H
 #include <stdlib.h>
 #include <string.h>
 
+struct ipc_user {
+	uint64_t conn;
+	unsigned refs; /* > 0 while listed */
+};
+
 struct rw_cuda_ipc_map {
 	struct rw_cuda_ipc_map *next, *prev;
 	rw_cuda_ipc_handle_t handle;
 	int device;
-	uint64_t owner;
+	/* The exporter: a process (pid, start time) whose connections all share the mapping, or,
+	 * where the process is unknown, the one connection that imported it (pid 0). */
+	int32_t pid;
+	uint64_t start_time;
+	uint64_t solo_conn;
 	uint64_t buffer_id;   /* exporter's CU_POINTER_ATTRIBUTE_BUFFER_ID */
 	rw_cuda_dptr_t base;  /* mapping in this process */
 	uint64_t bytes;       /* allocation size as the driver reports it here */
-	unsigned refs;
+	unsigned refs;        /* sum over users */
+	struct ipc_user *users;
+	unsigned nusers, users_cap;
 	int retired;          /* superseded by a newer allocation with the same handle bytes */
 };
 
@@ -121,6 +133,7 @@ static void map_close(rw_cuda_ipc_cache_t *cache, struct rw_cuda_ipc_map *m)
 		m->next->prev = m->prev;
 	cache->stats.closes++;
 	cache->stats.live--;
+	free(m->users);
 	free(m);
 }
 
@@ -137,6 +150,65 @@ void rw_cuda_ipc_cache_destroy(rw_cuda_ipc_cache_t *cache)
 	if (n)
 		rw_info("cuda: ipc cache closed %u mapping(s) still in use", n);
 	free(cache);
+}
+
+static int process_known(const rw_cuda_ipc_owner_t *o)
+{
+	return o->pid > 0 && o->start_time != 0;
+}
+
+/* Did `o`'s process export the allocation behind `m`? A pid alone is not enough: the start time
+ * tells a new process that reused the pid from the one that exported (docs/cuda.md). */
+static int same_exporter(const struct rw_cuda_ipc_map *m, const rw_cuda_ipc_owner_t *o)
+{
+	if (process_known(o))
+		return m->pid == o->pid && m->start_time == o->start_time;
+	return m->pid == 0 && m->solo_conn == o->conn;
+}
+
+static struct ipc_user *user_of(struct rw_cuda_ipc_map *m, uint64_t conn)
+{
+	for (unsigned i = 0; i < m->nusers; i++)
+		if (m->users[i].conn == conn)
+			return &m->users[i];
+	return NULL;
+}
+
+/* One more reference for `conn`; RW_ERR_NOMEM leaves `m` as it was. */
+static rw_status_t user_ref(rw_cuda_ipc_cache_t *cache, struct rw_cuda_ipc_map *m, uint64_t conn)
+{
+	struct ipc_user *u = user_of(m, conn);
+
+	if (u == NULL) {
+		if (m->nusers == m->users_cap) {
+			unsigned cap = m->users_cap ? 2 * m->users_cap : 2;
+			struct ipc_user *grown = realloc(m->users, cap * sizeof(*grown));
+			if (grown == NULL)
+				return RW_ERR_NOMEM;
+			m->users = grown;
+			m->users_cap = cap;
+		}
+		u = &m->users[m->nusers++];
+		u->conn = conn;
+		u->refs = 0;
+		if (m->refs)
+			cache->stats.shared++;
+	}
+	u->refs++;
+	m->refs++;
+	return RW_OK;
+}
+
+/* Take `n` of `u`'s references away (all of them: the user goes); closes `m` with its last. */
+static void user_unref(rw_cuda_ipc_cache_t *cache, struct rw_cuda_ipc_map *m, struct ipc_user *u,
+		       unsigned n)
+{
+	u->refs -= n;
+	m->refs -= n;
+	if (u->refs == 0)
+		*u = m->users[--m->nusers];
+	if (m->nusers == 0)
+		map_close(cache, m);
 }
 
 static struct rw_cuda_ipc_map *find_current(rw_cuda_ipc_cache_t *cache, int device,
@@ -157,10 +229,30 @@ static struct rw_cuda_ipc_map *find_base(rw_cuda_ipc_cache_t *cache, int device,
 	return NULL;
 }
 
-rw_status_t rw_cuda_ipc_import(rw_cuda_ipc_cache_t *cache, const rw_cuda_ipc_desc_t *desc,
-			       uint64_t owner, rw_cuda_ipc_map_t **map_p, rw_cuda_dptr_t *dptr_p)
+/* A hit: the mapping `m` holds this very allocation of this process. */
+static rw_status_t import_hit(rw_cuda_ipc_cache_t *cache, struct rw_cuda_ipc_map *m,
+			      const rw_cuda_ipc_desc_t *desc, const rw_cuda_ipc_owner_t *owner,
+			      rw_cuda_ipc_map_t **map_p, rw_cuda_dptr_t *dptr_p)
 {
-	struct rw_cuda_ipc_map *m, *old;
+	if (m->bytes != desc->alloc_bytes) {
+		rw_err("cuda: import (connection %llu): allocation size %llu disagrees with the mapped %llu",
+		       (unsigned long long)owner->conn, (unsigned long long)desc->alloc_bytes,
+		       (unsigned long long)m->bytes);
+		return RW_ERR_INVAL;
+	}
+	if (user_ref(cache, m, owner->conn) != RW_OK)
+		return RW_ERR_NOMEM;
+	cache->stats.hits++;
+	*map_p = m;
+	*dptr_p = m->base + desc->offset;
+	return RW_OK;
+}
+
+rw_status_t rw_cuda_ipc_import(rw_cuda_ipc_cache_t *cache, const rw_cuda_ipc_desc_t *desc,
+			       const rw_cuda_ipc_owner_t *owner, rw_cuda_ipc_map_t **map_p,
+			       rw_cuda_dptr_t *dptr_p)
+{
+	struct rw_cuda_ipc_map *m, *old, *held;
 	CUipcMemHandle h;
 	CUdeviceptr d = 0, base = 0;
 	size_t size = 0;
@@ -171,36 +263,26 @@ rw_status_t rw_cuda_ipc_import(rw_cuda_ipc_cache_t *cache, const rw_cuda_ipc_des
 	st = rw_cuda_init();
 	if (st != RW_OK)
 		return st;
-	if (cache == NULL || desc == NULL || desc->bytes == 0 || desc->alloc_bytes == 0 ||
-	    desc->bytes > desc->alloc_bytes || desc->offset > desc->alloc_bytes - desc->bytes) {
-		rw_err("cuda: import (owner %llu): range %llu+%llu outside a %llu-byte allocation",
-		       (unsigned long long)owner, (unsigned long long)(desc ? desc->offset : 0),
+	if (cache == NULL || desc == NULL || owner == NULL || desc->bytes == 0 ||
+	    desc->alloc_bytes == 0 || desc->bytes > desc->alloc_bytes ||
+	    desc->offset > desc->alloc_bytes - desc->bytes) {
+		rw_err("cuda: import (connection %llu): range %llu+%llu outside a %llu-byte allocation",
+		       (unsigned long long)(owner ? owner->conn : 0),
+		       (unsigned long long)(desc ? desc->offset : 0),
 		       (unsigned long long)(desc ? desc->bytes : 0),
 		       (unsigned long long)(desc ? desc->alloc_bytes : 0));
 		return RW_ERR_INVAL;
 	}
 	st = rw_cuda_device_by_uuid(desc->device_uuid, &device);
 	if (st != RW_OK) {
-		rw_err("cuda: import (owner %llu): no device with the buffer's UUID here",
-		       (unsigned long long)owner);
+		rw_err("cuda: import (connection %llu): no device with the buffer's UUID here",
+		       (unsigned long long)owner->conn);
 		return RW_ERR_NOTFOUND;
 	}
 
 	old = find_current(cache, device, &desc->handle);
-	if (old && old->owner == owner && old->buffer_id == desc->buffer_id) {
-		/* Same allocation, same exporter: share the mapping. */
-		if (old->bytes != desc->alloc_bytes) {
-			rw_err("cuda: import (owner %llu): allocation size %llu disagrees with the mapped %llu",
-			       (unsigned long long)owner, (unsigned long long)desc->alloc_bytes,
-			       (unsigned long long)old->bytes);
-			return RW_ERR_INVAL;
-		}
-		old->refs++;
-		cache->stats.hits++;
-		*map_p = old;
-		*dptr_p = old->base + desc->offset;
-		return RW_OK;
-	}
+	if (old && same_exporter(old, owner) && old->buffer_id == desc->buffer_id)
+		return import_hit(cache, old, desc, owner, map_p, dptr_p);
 
 	st = rw_cu_enter(device);
 	if (st != RW_OK)
@@ -209,24 +291,30 @@ rw_status_t rw_cuda_ipc_import(rw_cuda_ipc_cache_t *cache, const rw_cuda_ipc_des
 	res = rw_cu.cuIpcOpenMemHandle(&d, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
 	if (res == CUDA_ERROR_ALREADY_MAPPED) {
 		cache->stats.refused_stale++;
-		rw_err("cuda: import (owner %llu): handle already mapped in this process",
-		       (unsigned long long)owner);
+		rw_err("cuda: import (connection %llu): handle already mapped in this process",
+		       (unsigned long long)owner->conn);
 		return RW_ERR_EXISTS;
 	}
 	if (res != CUDA_SUCCESS) {
 		rw_cu_fail(res, "cuIpcOpenMemHandle");
 		return res == CUDA_ERROR_OUT_OF_MEMORY ? RW_ERR_NOMEM : RW_ERR_CLIENT;
 	}
-	/* The driver refcounts opens of one handle per context and returns the existing address.
-	 * If that address is a mapping we already hold for a *different* (owner, buffer_id), the
-	 * handle bytes were recycled by a new allocation (or claimed by another client) while the
-	 * old mapping is still referenced: using it would serve stale memory. Refuse. */
-	if (find_base(cache, device, (rw_cuda_dptr_t)d) != NULL) {
-		rw_cu.cuIpcCloseMemHandle(d); /* undo the driver's extra reference only */
+	/* The driver refcounts opens of one allocation per context and returns the existing
+	 * address. If that address is a mapping we already hold, either it is this allocation of
+	 * this process under other handle bytes (share it), or the handle bytes were recycled by a
+	 * new allocation, or presented by another process, while the old mapping is still
+	 * referenced: using it would serve stale or foreign memory. Refuse. Either way the
+	 * driver's extra reference is undone. */
+	held = find_base(cache, device, (rw_cuda_dptr_t)d);
+	if (held != NULL) {
+		rw_cu.cuIpcCloseMemHandle(d);
+		if (same_exporter(held, owner) && held->buffer_id == desc->buffer_id)
+			return import_hit(cache, held, desc, owner, map_p, dptr_p);
 		cache->stats.refused_stale++;
-		rw_err("cuda: import (owner %llu, buffer %llu): handle bytes still mapped for an earlier "
-		       "registration; release it first", (unsigned long long)owner,
-		       (unsigned long long)desc->buffer_id);
+		rw_err("cuda: import (connection %llu pid %d, buffer %llu): handle bytes still mapped for "
+		       "an earlier registration%s; release it first", (unsigned long long)owner->conn,
+		       (int)owner->pid, (unsigned long long)desc->buffer_id,
+		       same_exporter(held, owner) ? "" : " of another process");
 		return RW_ERR_EXISTS;
 	}
 	/* Trust the driver's view of the allocation, not the client's. */
@@ -235,24 +323,29 @@ rw_status_t rw_cuda_ipc_import(rw_cuda_ipc_cache_t *cache, const rw_cuda_ipc_des
 		if (res != CUDA_SUCCESS)
 			rw_cu_fail(res, "cuMemGetAddressRange");
 		else
-			rw_err("cuda: import (owner %llu): range %llu+%llu outside the %zu-byte mapping",
-			       (unsigned long long)owner, (unsigned long long)desc->offset,
+			rw_err("cuda: import (connection %llu): range %llu+%llu outside the %zu-byte mapping",
+			       (unsigned long long)owner->conn, (unsigned long long)desc->offset,
 			       (unsigned long long)desc->bytes, size);
 		rw_cu.cuIpcCloseMemHandle(d);
 		return RW_ERR_INVAL;
 	}
 	m = calloc(1, sizeof(*m));
-	if (m == NULL) {
+	if (m == NULL || user_ref(cache, m, owner->conn) != RW_OK) {
+		free(m);
 		rw_cu.cuIpcCloseMemHandle(d);
 		return RW_ERR_NOMEM;
 	}
 	m->handle = desc->handle;
 	m->device = device;
-	m->owner = owner;
+	if (process_known(owner)) {
+		m->pid = owner->pid;
+		m->start_time = owner->start_time;
+	} else {
+		m->solo_conn = owner->conn;
+	}
 	m->buffer_id = desc->buffer_id;
 	m->base = (rw_cuda_dptr_t)d;
 	m->bytes = size;
-	m->refs = 1;
 	if (old)
 		old->retired = 1; /* its holders keep it; new lookups find the new mapping */
 	m->next = cache->head;
@@ -266,27 +359,36 @@ rw_status_t rw_cuda_ipc_import(rw_cuda_ipc_cache_t *cache, const rw_cuda_ipc_des
 	return RW_OK;
 }
 
-void rw_cuda_ipc_release(rw_cuda_ipc_cache_t *cache, rw_cuda_ipc_map_t *map)
+void rw_cuda_ipc_release(rw_cuda_ipc_cache_t *cache, rw_cuda_ipc_map_t *map, uint64_t conn)
 {
-	if (cache == NULL || map == NULL || map->refs == 0)
+	struct ipc_user *u;
+
+	if (cache == NULL || map == NULL)
 		return;
-	if (--map->refs == 0)
-		map_close(cache, map);
+	u = user_of(map, conn);
+	if (u == NULL) {
+		rw_err("cuda: release by connection %llu, which holds no reference to the mapping at "
+		       "0x%llx (ignored)", (unsigned long long)conn, (unsigned long long)map->base);
+		return;
+	}
+	user_unref(cache, map, u, 1);
 }
 
-unsigned rw_cuda_ipc_release_owner(rw_cuda_ipc_cache_t *cache, uint64_t owner)
+unsigned rw_cuda_ipc_release_owner(rw_cuda_ipc_cache_t *cache, uint64_t conn)
 {
 	struct rw_cuda_ipc_map *m, *next;
+	struct ipc_user *u;
 	unsigned n = 0;
 
 	if (cache == NULL)
 		return 0;
 	for (m = cache->head; m; m = next) {
 		next = m->next;
-		if (m->owner != owner)
+		u = user_of(m, conn);
+		if (u == NULL)
 			continue;
-		n += m->refs;
-		map_close(cache, m);
+		n += u->refs;
+		user_unref(cache, m, u, u->refs);
 	}
 	return n;
 }
@@ -295,6 +397,7 @@ rw_cuda_dptr_t rw_cuda_ipc_map_base(const rw_cuda_ipc_map_t *map) { return map->
 uint64_t rw_cuda_ipc_map_bytes(const rw_cuda_ipc_map_t *map) { return map->bytes; }
 int rw_cuda_ipc_map_device(const rw_cuda_ipc_map_t *map) { return map->device; }
 unsigned rw_cuda_ipc_map_refs(const rw_cuda_ipc_map_t *map) { return map->refs; }
+unsigned rw_cuda_ipc_map_users(const rw_cuda_ipc_map_t *map) { return map->nusers; }
 
 void rw_cuda_ipc_cache_stats(const rw_cuda_ipc_cache_t *cache, rw_cuda_ipc_stats_t *stats_p)
 {

@@ -98,40 +98,58 @@ typedef struct rw_cuda_ipc_desc {
 rw_status_t rw_cuda_ipc_export(rw_cuda_dptr_t dptr, size_t bytes, rw_cuda_ipc_desc_t *desc_p);
 
 typedef struct rw_cuda_ipc_cache rw_cuda_ipc_cache_t;
-typedef struct rw_cuda_ipc_map rw_cuda_ipc_map_t; /* one imported allocation, refcounted */
+typedef struct rw_cuda_ipc_map rw_cuda_ipc_map_t; /* one imported allocation, refs per connection */
 
 rw_status_t rw_cuda_ipc_cache_create(rw_cuda_ipc_cache_t **cache_p);
 /* Closes every mapping still held (and logs how many there were). */
 void rw_cuda_ipc_cache_destroy(rw_cuda_ipc_cache_t *cache);
 
-/* Daemon side: map the client's range. `owner` identifies the exporting process as the daemon
- * knows it (e.g. a per-connection incarnation number, never reused while the daemon runs).
- * The allocation is opened once: a later import of the same (device, handle bytes) by the same
- * owner with the same buffer_id is a cache hit and takes another reference. Every successful
- * import must be paired with one rw_cuda_ipc_release(); the mapping is closed when the last
- * reference goes. On success *map_p is the reference and *dptr_p the range's address in this
+/* Who asks for an import: the connection that will hold the reference, and the process that
+ * exported the memory as the daemon knows it. Every connection of one process shares that
+ * process's mappings (docs/cuda.md "IPC import cache"). */
+typedef struct rw_cuda_ipc_owner {
+	uint64_t conn;       /* the importing connection: an incarnation number, never reused while
+	                        the daemon runs */
+	int32_t pid;         /* the exporting process (SO_PEERCRED of the connection); 0: unknown */
+	uint64_t start_time; /* that process's start time (/proc/<pid>/stat field 22), so a reused
+	                        pid never names an exited process; 0: unknown. With either unknown
+	                        the connection shares nothing with other connections. */
+} rw_cuda_ipc_owner_t;
+
+/* Daemon side: map the client's range for `owner->conn`.
+ * The allocation is opened once per exporting process: a later import of the same (device,
+ * handle bytes, buffer_id) from any connection of the same process (same pid and start time) is
+ * a cache hit and takes another reference for that connection. Every successful import must be
+ * paired with one rw_cuda_ipc_release() by the same connection (or that connection's
+ * rw_cuda_ipc_release_owner()); the mapping is closed when the last reference of its last
+ * connection goes. On success *map_p is the reference and *dptr_p the range's address in this
  * process (mapped base + desc->offset).
  * Errors: RW_ERR_INVAL (range outside the allocation, zero length, sizes that disagree with
  * what the driver reports), RW_ERR_NOTFOUND (no device with that UUID), RW_ERR_EXISTS (the
- * handle bytes are still mapped for a different allocation or owner: the driver would hand back
- * the old, stale mapping, so the import is refused until that one is released),
- * RW_ERR_UNSUPPORTED (no driver), RW_ERR_CLIENT (the driver refused the handle). */
+ * handle bytes are still mapped for a different allocation or another process: the driver would
+ * hand back the old, stale mapping, so the import is refused until that one is released),
+ * RW_ERR_UNSUPPORTED (no driver), RW_ERR_CLIENT (the driver refused the handle), RW_ERR_NOMEM. */
 rw_status_t rw_cuda_ipc_import(rw_cuda_ipc_cache_t *cache, const rw_cuda_ipc_desc_t *desc,
-			       uint64_t owner, rw_cuda_ipc_map_t **map_p, rw_cuda_dptr_t *dptr_p);
+			       const rw_cuda_ipc_owner_t *owner, rw_cuda_ipc_map_t **map_p,
+			       rw_cuda_dptr_t *dptr_p);
 
-/* Drop one reference taken by rw_cuda_ipc_import(). */
-void rw_cuda_ipc_release(rw_cuda_ipc_cache_t *cache, rw_cuda_ipc_map_t *map);
+/* Drop one reference that connection `conn` took with rw_cuda_ipc_import(). */
+void rw_cuda_ipc_release(rw_cuda_ipc_cache_t *cache, rw_cuda_ipc_map_t *map, uint64_t conn);
 
-/* Drop every reference still held for `owner` (a client that went away); returns how many. */
-unsigned rw_cuda_ipc_release_owner(rw_cuda_ipc_cache_t *cache, uint64_t owner);
+/* Drop every reference still held by connection `conn` (it went away), leaving other
+ * connections' references to the same mappings alone; returns how many. The caller must not
+ * release those references again. */
+unsigned rw_cuda_ipc_release_owner(rw_cuda_ipc_cache_t *cache, uint64_t conn);
 
 rw_cuda_dptr_t rw_cuda_ipc_map_base(const rw_cuda_ipc_map_t *map); /* mapped allocation base */
 uint64_t rw_cuda_ipc_map_bytes(const rw_cuda_ipc_map_t *map);     /* allocation size */
 int rw_cuda_ipc_map_device(const rw_cuda_ipc_map_t *map);         /* ordinal in this process */
-unsigned rw_cuda_ipc_map_refs(const rw_cuda_ipc_map_t *map);
+unsigned rw_cuda_ipc_map_refs(const rw_cuda_ipc_map_t *map);    /* all connections' references */
+unsigned rw_cuda_ipc_map_users(const rw_cuda_ipc_map_t *map);   /* connections holding any */
 
 typedef struct rw_cuda_ipc_stats {
 	uint64_t hits;          /* imports served from the cache */
+	uint64_t shared;        /* of those, hits by a connection that was not yet a user */
 	uint64_t opens;         /* cuIpcOpenMemHandle calls that produced a mapping */
 	uint64_t closes;        /* mappings closed */
 	uint64_t refused_stale; /* imports refused with RW_ERR_EXISTS */

@@ -59,6 +59,8 @@ struct rw_ipc_client {
 	ev_io io;
 	ev_timer hello_timer; /* runs from accept until the hello is accepted */
 	rw_ipc_client_info_t info;
+	uint64_t start_time; /* the peer process's, from /proc at accept (0: unknown): with the pid,
+	                        the exporter identity of its CUDA imports */
 	int joined;
 	int dying;
 	int on_flush_list;
@@ -234,7 +236,7 @@ static void buf_release(rw_ipc_client_t *c, buf_slot_t *b)
 	if (b->pub.kind == RW_IPC_BUF_HOST && b->map)
 		munmap(b->map, b->pub.size);
 	if (b->pub.kind == RW_IPC_BUF_CUDA && b->cuda_map)
-		rw_cuda_ipc_release(c->srv->cuda, b->cuda_map);
+		rw_cuda_ipc_release(c->srv->cuda, b->cuda_map, c->info.id);
 	memset(b, 0, sizeof(*b));
 	c->nbufs--;
 	c->srv->stats.buffers--;
@@ -323,7 +325,10 @@ static int handle_reg_cuda(rw_ipc_client_t *c, const rw_ipc_reg_cuda_t *req)
 	memcpy(desc.device_uuid, req->device_uuid, sizeof(desc.device_uuid));
 	rw_cuda_ipc_map_t *map = NULL;
 	rw_cuda_dptr_t dptr = 0;
-	rw_status_t st = rw_cuda_ipc_import(srv->cuda, &desc, c->info.id, &map, &dptr);
+	/* Connections of one process share its imports (two Groups lending one allocator segment) */
+	rw_cuda_ipc_owner_t owner = {
+		.conn = c->info.id, .pid = (int32_t)c->info.pid, .start_time = c->start_time};
+	rw_status_t st = rw_cuda_ipc_import(srv->cuda, &desc, &owner, &map, &dptr);
 	switch (st) {
 	case RW_OK: break;
 	case RW_ERR_INVAL:
@@ -331,10 +336,12 @@ static int handle_reg_cuda(rw_ipc_client_t *c, const rw_ipc_reg_cuda_t *req)
 	case RW_ERR_NOTFOUND:
 		return send_error(c, seq, RW_E_CUDA, "no device with that UUID on this node", 0);
 	case RW_ERR_EXISTS:
-		return send_error(c, seq, RW_E_CUDA,
-				  "handle still mapped for another allocation (stale)", 0);
+		return send_error(c, seq, RW_E_CUDA, "handle still mapped for another allocation "
+				  "or another process (stale)", 0);
 	case RW_ERR_UNSUPPORTED:
 		return send_error(c, seq, RW_E_NO_CUDA, "the daemon has no usable CUDA driver", 0);
+	case RW_ERR_NOMEM:
+		return send_error(c, seq, RW_E_CUDA, "daemon out of memory importing the handle", 0);
 	default:
 		return send_error(c, seq, RW_E_CUDA, "the driver refused the IPC handle", 0);
 	}
@@ -1005,6 +1012,38 @@ static void hello_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	send_error(c, 0, RW_E_STATE, why, 1);
 }
 
+/* The start time of process `pid` (clock ticks after boot, /proc/<pid>/stat field 22), 0 when
+ * unreadable. With the pid it names one process for the machine's uptime, so a later process
+ * that reuses the pid is never taken for the one that exported a CUDA mapping
+ * (docs/cuda.md "IPC import cache"). */
+static uint64_t proc_start_time(pid_t pid)
+{
+	char path[48], buf[1024];
+	if (pid <= 0)
+		return 0;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	/* "pid (comm) state ppid ...": comm may hold spaces and ')', so count from the last ')' */
+	char *p = strrchr(buf, ')');
+	if (!p)
+		return 0;
+	p++;
+	for (int field = 3; field < 22 && p; field++)
+		p = strchr(p + 1, ' ');
+	if (!p)
+		return 0;
+	char *end;
+	unsigned long long t = strtoull(p + 1, &end, 10);
+	return end != p + 1 ? (uint64_t)t : 0;
+}
+
 static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
 	(void)revents;
@@ -1048,6 +1087,7 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 		c->sq_efd = c->cq_efd = -1;
 		c->info.id = ++srv->next_id;
 		c->info.pid = cred.pid;
+		c->start_time = proc_start_time(cred.pid);
 		c->info.uid = cred.uid;
 		c->info.gid = cred.gid;
 		c->info.local_gpu = -1;

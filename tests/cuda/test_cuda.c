@@ -601,16 +601,19 @@ static void read_import(rw_cuda_dptr_t p, uint8_t *buf, uint8_t seed, int expect
 	assert_int_equal(fill_check(buf, seed, 1), expect_ok);
 }
 
+/* Connection `n` of the exporting child (the daemon's view: SO_PEERCRED pid, start time). */
+#define CONN_OF(n, p) (&(rw_cuda_ipc_owner_t){ .conn = (n), .pid = (p), .start_time = 1 })
+
 static void test_ipc_two_processes(void **state)
 {
 	int sv[2], status = 0;
 	pid_t pid;
 	struct ipc_msg m = { 0 }, reply;
 	rw_cuda_ipc_cache_t *cache;
-	rw_cuda_ipc_map_t *m1, *m2, *m3 = NULL;
+	rw_cuda_ipc_map_t *m1, *m2, *m3 = NULL, *mx = NULL;
 	rw_cuda_ipc_stats_t st;
 	rw_cuda_ipc_desc_t desc1;
-	rw_cuda_dptr_t p1 = 0, p2 = 0, p3 = 0;
+	rw_cuda_dptr_t p1 = 0, p2 = 0, p3 = 0, px = 0;
 	uint8_t *buf;
 	char fdarg[16];
 	rw_status_t rs;
@@ -634,7 +637,7 @@ static void test_ipc_two_processes(void **state)
 	assert_int_equal(recv_msg(sv[0], &m), 0);
 	assert_int_equal(m.cmd, 'D');
 	desc1 = m.desc;
-	assert_int_equal(rw_cuda_ipc_import(cache, &desc1, 1, &m1, &p1), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc1, CONN_OF(1, pid), &m1, &p1), RW_OK);
 	read_import(p1, buf, 0x11, 1);
 	fill_check(buf, 0x22, 0);
 	assert_int_equal(rw_cuda_memcpy_htod(0, p1, buf, IPC_BYTES), RW_OK);
@@ -645,17 +648,28 @@ static void test_ipc_two_processes(void **state)
 	assert_int_equal(reply.cmd, 'Y');
 
 	/* 2. cache hit: same mapping, two references; released twice, the next import is a miss */
-	assert_int_equal(rw_cuda_ipc_import(cache, &desc1, 1, &m2, &p2), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc1, CONN_OF(1, pid), &m2, &p2), RW_OK);
 	assert_ptr_equal(m1, m2);
 	assert_int_equal(p1, p2);
 	assert_int_equal(rw_cuda_ipc_map_refs(m1), 2);
-	rw_cuda_ipc_release(cache, m2);
-	rw_cuda_ipc_release(cache, m1);
+	/* a second connection of the exporter (a second Group) shares it; another process
+	 * presenting the same handle bytes gets the driver's existing address and is refused */
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc1, CONN_OF(2, pid), &mx, &px), RW_OK);
+	assert_ptr_equal(mx, m1);
+	assert_int_equal(px, p1);
+	assert_int_equal(rw_cuda_ipc_map_users(m1), 2);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc1, CONN_OF(3, pid + 1), &m3, &p3),
+			 RW_ERR_EXISTS);
+	assert_int_equal(rw_cuda_ipc_release_owner(cache, 1), 2);
+	read_import(px, buf, 0x22, 1); /* connection 2 still reads the client's memory */
+	rw_cuda_ipc_release(cache, mx, 2);
 	rw_cuda_ipc_cache_stats(cache, &st);
-	assert_int_equal(st.hits, 1);
+	assert_int_equal(st.hits, 2);
+	assert_int_equal(st.shared, 1);
+	assert_int_equal(st.refused_stale, 1);
 	assert_int_equal(st.opens, 1);
 	assert_int_equal(st.closes, 1);
-	assert_int_equal(rw_cuda_ipc_import(cache, &desc1, 1, &m1, &p1), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc1, CONN_OF(1, pid), &m1, &p1), RW_OK);
 	rw_cuda_ipc_cache_stats(cache, &st);
 	assert_int_equal(st.opens, 2);
 	read_import(p1, buf, 0x22, 1);
@@ -671,21 +685,21 @@ static void test_ipc_two_processes(void **state)
 		      "IDENTICAL" : "differ", (unsigned long long)desc1.buffer_id,
 		      (unsigned long long)m.desc.buffer_id);
 	assert_int_not_equal(desc1.buffer_id, m.desc.buffer_id);
-	rs = rw_cuda_ipc_import(cache, &m.desc, 1, &m3, &p3);
+	rs = rw_cuda_ipc_import(cache, &m.desc, CONN_OF(1, pid), &m3, &p3);
 	if (rs == RW_OK) {
 		print_message("ipc: new allocation imported while the old one is mapped (fresh mapping)\n");
 		assert_true(m3 != m1);
 		read_import(p3, buf, 0x33, 1); /* never the old data */
-		rw_cuda_ipc_release(cache, m3);
+		rw_cuda_ipc_release(cache, m3, 1);
 	} else {
 		print_message("ipc: import refused while the old mapping is held (%s)\n", rw_status_str(rs));
 		assert_int_equal(rs, RW_ERR_EXISTS);
 	}
 	read_import(p1, buf, 0x22, 1); /* the old registration keeps its (freed-by-client) memory */
-	rw_cuda_ipc_release(cache, m1);
-	assert_int_equal(rw_cuda_ipc_import(cache, &m.desc, 1, &m3, &p3), RW_OK);
+	rw_cuda_ipc_release(cache, m1, 1);
+	assert_int_equal(rw_cuda_ipc_import(cache, &m.desc, CONN_OF(1, pid), &m3, &p3), RW_OK);
 	read_import(p3, buf, 0x33, 1);
-	rw_cuda_ipc_release(cache, m3);
+	rw_cuda_ipc_release(cache, m3, 1);
 	rw_cuda_ipc_cache_stats(cache, &st);
 	print_message("ipc cache: hits %llu opens %llu closes %llu refused_stale %llu live %llu\n",
 		      (unsigned long long)st.hits, (unsigned long long)st.opens,
@@ -782,7 +796,7 @@ static void test_stream_order_two_processes(void **state)
 	rw_cuda_stream_t *s;
 	void *h;
 	assert_int_equal(rw_cuda_ipc_cache_create(&cache), RW_OK);
-	assert_int_equal(rw_cuda_ipc_import(cache, &m.desc, 1, &map, &d), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &m.desc, CONN_OF(1, pid), &map, &d), RW_OK);
 	assert_int_equal(rw_cuda_event_import(0, m.event, &ev), RW_OK);
 	assert_int_equal(rw_cuda_stream_create(0, &s), RW_OK);
 	assert_int_equal(rw_cuda_host_alloc(IPC_BYTES, &h), RW_OK);
@@ -807,7 +821,7 @@ static void test_stream_order_two_processes(void **state)
 	rw_cuda_host_free(h);
 	rw_cuda_stream_destroy(s);
 	rw_cuda_event_destroy(ev);
-	rw_cuda_ipc_release(cache, map);
+	rw_cuda_ipc_release(cache, map, 1);
 	rw_cuda_ipc_cache_destroy(cache);
 	close(sv[0]);
 }

@@ -50,6 +50,11 @@ static int teardown(void **state)
 	return 0;
 }
 
+/* Importers as the daemon names them: connection `conn` of process (pid, start time). PROC(n) is
+ * connection n of a process of its own; CONN(n, p, t) connection n of process p started at t. */
+#define CONN(n, p, t) (&(rw_cuda_ipc_owner_t){ .conn = (n), .pid = (p), .start_time = (t) })
+#define PROC(n) CONN(n, 1000 + (n), 5000)
+
 /* Allocate `bytes` on the fake device and fill it with `seed`-derived bytes. */
 static rw_cuda_dptr_t alloc_filled(size_t bytes, uint8_t seed)
 {
@@ -126,11 +131,11 @@ static void test_import_hit_refcount_and_close(void **state)
 	(void)state;
 	assert_int_equal(rw_cuda_ipc_cache_create(&cache), RW_OK);
 	assert_int_equal(rw_cuda_ipc_export(d, 8192, &desc), RW_OK);
-	assert_int_equal(rw_cuda_ipc_import(cache, &desc, 7, &m1, &p1), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc, PROC(7), &m1, &p1), RW_OK);
 	assert_reads(p1, 8192, 3);
 	/* same allocation again (another range of it): the same mapping, one more reference */
 	assert_int_equal(rw_cuda_ipc_export(d + 4096, 4096, &half), RW_OK);
-	assert_int_equal(rw_cuda_ipc_import(cache, &half, 7, &m2, &p2), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &half, PROC(7), &m2, &p2), RW_OK);
 	assert_ptr_equal(m1, m2);
 	assert_int_equal(p2, p1 + 4096);
 	assert_int_equal(rw_cuda_ipc_map_refs(m1), 2);
@@ -140,19 +145,19 @@ static void test_import_hit_refcount_and_close(void **state)
 	assert_int_equal(st.opens, 1);
 	assert_int_equal(st.hits, 1);
 	assert_int_equal(st.live, 1);
-	rw_cuda_ipc_release(cache, m2);
+	rw_cuda_ipc_release(cache, m2, 7);
 	assert_int_equal(rw_cuda_ipc_map_refs(m1), 1);
-	rw_cuda_ipc_release(cache, m1); /* last reference: closed */
+	rw_cuda_ipc_release(cache, m1, 7); /* last reference: closed */
 	rw_cuda_ipc_cache_stats(cache, &st);
 	assert_int_equal(st.closes, 1);
 	assert_int_equal(st.live, 0);
 	/* after release: a miss that opens again */
-	assert_int_equal(rw_cuda_ipc_import(cache, &desc, 7, &m3, &p3), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc, PROC(7), &m3, &p3), RW_OK);
 	rw_cuda_ipc_cache_stats(cache, &st);
 	assert_int_equal(st.opens, 2);
 	assert_int_equal(st.hits, 1);
 	assert_reads(p3, 8192, 3);
-	rw_cuda_ipc_release(cache, m3);
+	rw_cuda_ipc_release(cache, m3, 7);
 	rw_cuda_ipc_cache_destroy(cache);
 	rw_cuda_mem_free(0, d);
 }
@@ -171,23 +176,23 @@ static void test_freed_and_reallocated_not_stale(void **state)
 	(void)state;
 	assert_int_equal(rw_cuda_ipc_cache_create(&cache), RW_OK);
 	assert_int_equal(rw_cuda_ipc_export(d1, 4096, &desc1), RW_OK);
-	assert_int_equal(rw_cuda_ipc_import(cache, &desc1, 7, &m1, &p1), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc1, PROC(7), &m1, &p1), RW_OK);
 	rw_cuda_mem_free(0, d1); /* the client frees without deregistering */
 	d2 = alloc_filled(4096, 99);
 	assert_int_equal(rw_cuda_ipc_export(d2, 4096, &desc2), RW_OK);
 	/* the scenario: identical handle bytes, a different allocation */
 	assert_memory_equal(desc1.handle.bytes, desc2.handle.bytes, RW_CUDA_IPC_HANDLE_BYTES);
 	assert_int_not_equal(desc1.buffer_id, desc2.buffer_id);
-	assert_int_equal(rw_cuda_ipc_import(cache, &desc2, 7, &m2, &p2), RW_ERR_EXISTS);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc2, PROC(7), &m2, &p2), RW_ERR_EXISTS);
 	rw_cuda_ipc_cache_stats(cache, &st);
 	assert_int_equal(st.refused_stale, 1);
 	assert_int_equal(st.live, 1);
 	assert_reads(p1, 4096, 10); /* the old registration still sees its own memory */
-	rw_cuda_ipc_release(cache, m1);
-	assert_int_equal(rw_cuda_ipc_import(cache, &desc2, 7, &m2, &p2), RW_OK);
+	rw_cuda_ipc_release(cache, m1, 7);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc2, PROC(7), &m2, &p2), RW_OK);
 	assert_reads(p2, 4096, 99);
 	/* and the stale descriptor no longer hits: its buffer id is not the mapping's */
-	rw_cuda_ipc_release(cache, m2);
+	rw_cuda_ipc_release(cache, m2, 7);
 	rw_cuda_ipc_cache_destroy(cache);
 	rw_cuda_mem_free(0, d2);
 }
@@ -203,17 +208,17 @@ static void test_reallocated_after_release_is_fresh(void **state)
 	(void)state;
 	assert_int_equal(rw_cuda_ipc_cache_create(&cache), RW_OK);
 	assert_int_equal(rw_cuda_ipc_export(d1, 2048, &desc1), RW_OK);
-	assert_int_equal(rw_cuda_ipc_import(cache, &desc1, 1, &m, &p), RW_OK);
-	rw_cuda_ipc_release(cache, m);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc1, PROC(1), &m, &p), RW_OK);
+	rw_cuda_ipc_release(cache, m, 1);
 	rw_cuda_mem_free(0, d1);
 	d2 = alloc_filled(2048, 77);
 	assert_int_equal(rw_cuda_ipc_export(d2, 2048, &desc2), RW_OK);
-	assert_int_equal(rw_cuda_ipc_import(cache, &desc2, 1, &m, &p), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc2, PROC(1), &m, &p), RW_OK);
 	assert_reads(p, 2048, 77);
 	rw_cuda_ipc_cache_stats(cache, &st);
 	assert_int_equal(st.hits, 0);
 	assert_int_equal(st.opens, 2);
-	rw_cuda_ipc_release(cache, m);
+	rw_cuda_ipc_release(cache, m, 1);
 	rw_cuda_ipc_cache_destroy(cache);
 	rw_cuda_mem_free(0, d2);
 }
@@ -231,34 +236,34 @@ static void test_import_rejects_bad_descriptors(void **state)
 	assert_int_equal(rw_cuda_ipc_export(d, 4096, &desc), RW_OK);
 	bad = desc;
 	bad.bytes = 0;
-	assert_int_equal(rw_cuda_ipc_import(cache, &bad, 1, &m, &p), RW_ERR_INVAL);
+	assert_int_equal(rw_cuda_ipc_import(cache, &bad, PROC(1), &m, &p), RW_ERR_INVAL);
 	bad = desc;
 	bad.offset = 1;
-	assert_int_equal(rw_cuda_ipc_import(cache, &bad, 1, &m, &p), RW_ERR_INVAL);
+	assert_int_equal(rw_cuda_ipc_import(cache, &bad, PROC(1), &m, &p), RW_ERR_INVAL);
 	bad = desc;
 	bad.offset = UINT64_MAX - 10;
 	bad.bytes = 100;
-	assert_int_equal(rw_cuda_ipc_import(cache, &bad, 1, &m, &p), RW_ERR_INVAL);
+	assert_int_equal(rw_cuda_ipc_import(cache, &bad, PROC(1), &m, &p), RW_ERR_INVAL);
 	/* a client claiming a larger allocation than the driver maps */
 	bad = desc;
 	bad.alloc_bytes = 1 << 20;
 	bad.bytes = 8192;
-	assert_int_equal(rw_cuda_ipc_import(cache, &bad, 1, &m, &p), RW_ERR_INVAL);
+	assert_int_equal(rw_cuda_ipc_import(cache, &bad, PROC(1), &m, &p), RW_ERR_INVAL);
 	bad = desc;
 	bad.device_uuid[3] ^= 0xff;
-	assert_int_equal(rw_cuda_ipc_import(cache, &bad, 1, &m, &p), RW_ERR_NOTFOUND);
+	assert_int_equal(rw_cuda_ipc_import(cache, &bad, PROC(1), &m, &p), RW_ERR_NOTFOUND);
 	bad = desc;
 	memcpy(bad.handle.bytes, "garbage", 7);
-	assert_int_equal(rw_cuda_ipc_import(cache, &bad, 1, &m, &p), RW_ERR_CLIENT);
+	assert_int_equal(rw_cuda_ipc_import(cache, &bad, PROC(1), &m, &p), RW_ERR_CLIENT);
 	rw_cuda_ipc_cache_stats(cache, &st);
 	assert_int_equal(st.live, 0);
 	/* a hit that lies about the allocation size is refused too */
-	assert_int_equal(rw_cuda_ipc_import(cache, &desc, 1, &m, &p), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc, PROC(1), &m, &p), RW_OK);
 	bad = desc;
 	bad.alloc_bytes = 8192;
-	assert_int_equal(rw_cuda_ipc_import(cache, &bad, 1, &m, &p), RW_ERR_INVAL);
+	assert_int_equal(rw_cuda_ipc_import(cache, &bad, PROC(1), &m, &p), RW_ERR_INVAL);
 	assert_int_equal(rw_cuda_ipc_map_refs(m), 1);
-	rw_cuda_ipc_release(cache, m);
+	rw_cuda_ipc_release(cache, m, 1);
 	rw_cuda_ipc_cache_destroy(cache);
 	rw_cuda_mem_free(0, d);
 }
@@ -275,11 +280,11 @@ static void test_owners_are_separate(void **state)
 	assert_int_equal(rw_cuda_ipc_cache_create(&cache), RW_OK);
 	assert_int_equal(rw_cuda_ipc_export(a, 4096, &da), RW_OK);
 	assert_int_equal(rw_cuda_ipc_export(b, 4096, &db), RW_OK);
-	assert_int_equal(rw_cuda_ipc_import(cache, &da, 7, &m1, &p), RW_OK);
-	assert_int_equal(rw_cuda_ipc_import(cache, &da, 7, &m2, &p), RW_OK);
-	assert_int_equal(rw_cuda_ipc_import(cache, &db, 8, &m3, &p), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &da, PROC(7), &m1, &p), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &da, PROC(7), &m2, &p), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &db, PROC(8), &m3, &p), RW_OK);
 	/* another owner presenting owner 7's live handle is not given owner 7's mapping */
-	assert_int_equal(rw_cuda_ipc_import(cache, &da, 8, &mx, &p), RW_ERR_EXISTS);
+	assert_int_equal(rw_cuda_ipc_import(cache, &da, PROC(8), &mx, &p), RW_ERR_EXISTS);
 	assert_int_equal(rw_cuda_ipc_release_owner(cache, 7), 2);
 	rw_cuda_ipc_cache_stats(cache, &st);
 	assert_int_equal(st.live, 1);
@@ -291,6 +296,144 @@ static void test_owners_are_separate(void **state)
 	rw_cuda_ipc_cache_destroy(cache);
 	rw_cuda_mem_free(0, a);
 	rw_cuda_mem_free(0, b);
+	assert_int_equal(fake_live_blocks(), 0);
+}
+
+/* Two connections of one process (two Groups of a trainer) register the same allocation: one
+ * mapping, references counted per connection; one connection leaving keeps the other's working;
+ * the last reference of the last connection closes it. Before the fix the second connection was
+ * refused as stale (RW_ERR_EXISTS). */
+static void test_connections_of_one_process_share(void **state)
+{
+	rw_cuda_dptr_t d = alloc_filled(8192, 21), p1 = 0, p2 = 0, p3 = 0;
+	rw_cuda_ipc_desc_t desc, tail;
+	rw_cuda_ipc_cache_t *cache;
+	rw_cuda_ipc_map_t *m1, *m2, *m3;
+	rw_cuda_ipc_stats_t st;
+
+	(void)state;
+	assert_int_equal(rw_cuda_ipc_cache_create(&cache), RW_OK);
+	assert_int_equal(rw_cuda_ipc_export(d, 8192, &desc), RW_OK);
+	assert_int_equal(rw_cuda_ipc_export(d + 4096, 4096, &tail), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc, CONN(1, 300, 77), &m1, &p1), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &tail, CONN(1, 300, 77), &m2, &p2), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc, CONN(2, 300, 77), &m3, &p3), RW_OK);
+	assert_ptr_equal(m1, m3);
+	assert_ptr_equal(m2, m3);
+	assert_int_equal(p3, p1);
+	assert_int_equal(p2, p1 + 4096);
+	assert_int_equal(rw_cuda_ipc_map_refs(m1), 3);
+	assert_int_equal(rw_cuda_ipc_map_users(m1), 2);
+	rw_cuda_ipc_cache_stats(cache, &st);
+	assert_int_equal(st.opens, 1);
+	assert_int_equal(st.hits, 2);
+	assert_int_equal(st.shared, 1);
+	assert_int_equal(st.refused_stale, 0);
+	/* a release by a connection that holds nothing is ignored */
+	rw_cuda_ipc_release(cache, m1, 9);
+	assert_int_equal(rw_cuda_ipc_map_refs(m1), 3);
+	/* connection 1 leaves: its two references go, connection 2's mapping stays and reads */
+	assert_int_equal(rw_cuda_ipc_release_owner(cache, 1), 2);
+	rw_cuda_ipc_cache_stats(cache, &st);
+	assert_int_equal(st.live, 1);
+	assert_int_equal(st.closes, 0);
+	assert_int_equal(rw_cuda_ipc_map_refs(m3), 1);
+	assert_int_equal(rw_cuda_ipc_map_users(m3), 1);
+	assert_reads(p3, 8192, 21);
+	/* a third connection of the process joins the survivor, then both go one by one */
+	assert_int_equal(rw_cuda_ipc_import(cache, &tail, CONN(3, 300, 77), &m2, &p2), RW_OK);
+	assert_ptr_equal(m2, m3);
+	rw_cuda_ipc_release(cache, m3, 2);
+	rw_cuda_ipc_cache_stats(cache, &st);
+	assert_int_equal(st.live, 1);
+	assert_reads(p2, 4096, (uint8_t)(21 + 4096 * 7));
+	rw_cuda_ipc_release(cache, m2, 3); /* the last user: closed */
+	rw_cuda_ipc_cache_stats(cache, &st);
+	assert_int_equal(st.live, 0);
+	assert_int_equal(st.closes, 1);
+	assert_int_equal(rw_cuda_ipc_release_owner(cache, 2), 0);
+	rw_cuda_ipc_cache_destroy(cache);
+	rw_cuda_mem_free(0, d);
+	assert_int_equal(fake_live_blocks(), 0); /* every driver open was closed */
+}
+
+/* The handle bytes of a mapping presented by another process — a different pid, the same pid
+ * reused by a process that started later, or a connection whose process is unknown — are
+ * refused, and the driver's extra reference is undone. Within the process, a freed and
+ * reallocated buffer with the same handle bytes is refused from another connection too. */
+static void test_other_process_refused(void **state)
+{
+	rw_cuda_dptr_t d = alloc_filled(4096, 40), d2, p = 0, px = 0;
+	rw_cuda_ipc_desc_t desc, desc2;
+	rw_cuda_ipc_cache_t *cache;
+	rw_cuda_ipc_map_t *m, *mx = NULL;
+	rw_cuda_ipc_stats_t st;
+
+	(void)state;
+	assert_int_equal(rw_cuda_ipc_cache_create(&cache), RW_OK);
+	assert_int_equal(rw_cuda_ipc_export(d, 4096, &desc), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc, CONN(1, 300, 77), &m, &p), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc, CONN(2, 301, 77), &mx, &px), RW_ERR_EXISTS);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc, CONN(3, 300, 78), &mx, &px), RW_ERR_EXISTS);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc, CONN(4, 300, 0), &mx, &px), RW_ERR_EXISTS);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc, CONN(5, 0, 77), &mx, &px), RW_ERR_EXISTS);
+	assert_null(mx);
+	rw_cuda_ipc_cache_stats(cache, &st);
+	assert_int_equal(st.refused_stale, 4);
+	assert_int_equal(st.live, 1);
+	assert_int_equal(rw_cuda_ipc_map_refs(m), 1);
+	assert_int_equal(rw_cuda_ipc_map_users(m), 1);
+	/* the process frees the buffer without deregistering; a new one gets the same bytes */
+	rw_cuda_mem_free(0, d);
+	d2 = alloc_filled(4096, 41);
+	assert_int_equal(rw_cuda_ipc_export(d2, 4096, &desc2), RW_OK);
+	assert_memory_equal(desc.handle.bytes, desc2.handle.bytes, RW_CUDA_IPC_HANDLE_BYTES);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc2, CONN(6, 300, 77), &mx, &px), RW_ERR_EXISTS);
+	assert_reads(p, 4096, 40); /* connection 1 still sees its own memory */
+	/* once the old registration's last user leaves, the new buffer imports cleanly */
+	assert_int_equal(rw_cuda_ipc_release_owner(cache, 1), 1);
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc2, CONN(6, 300, 77), &mx, &px), RW_OK);
+	assert_reads(px, 4096, 41);
+	rw_cuda_ipc_release(cache, mx, 6);
+	rw_cuda_ipc_cache_stats(cache, &st);
+	assert_int_equal(st.live, 0);
+	rw_cuda_ipc_cache_destroy(cache);
+	rw_cuda_mem_free(0, d2);
+	assert_int_equal(fake_live_blocks(), 0);
+}
+
+/* A driver that gives one allocation different handle bytes on different exports still returns
+ * the existing address on open: the same process and buffer id share that mapping. */
+static void test_same_allocation_other_bytes_shares(void **state)
+{
+	rw_cuda_dptr_t d = alloc_filled(4096, 50), p1 = 0, p2 = 0;
+	rw_cuda_ipc_desc_t desc, other;
+	rw_cuda_ipc_cache_t *cache;
+	rw_cuda_ipc_map_t *m1, *m2 = NULL;
+	rw_cuda_ipc_stats_t st;
+
+	(void)state;
+	assert_int_equal(rw_cuda_ipc_cache_create(&cache), RW_OK);
+	assert_int_equal(rw_cuda_ipc_export(d, 4096, &desc), RW_OK);
+	other = desc;
+	other.handle.bytes[40] ^= 0x5a; /* the fake reads only its magic and the slot */
+	assert_int_equal(rw_cuda_ipc_import(cache, &desc, CONN(1, 300, 77), &m1, &p1), RW_OK);
+	assert_int_equal(rw_cuda_ipc_import(cache, &other, CONN(2, 300, 77), &m2, &p2), RW_OK);
+	assert_ptr_equal(m1, m2);
+	assert_int_equal(p1, p2);
+	/* ... but another buffer id behind that address is stale */
+	other.buffer_id++;
+	other.handle.bytes[41] ^= 0x5a;
+	assert_int_equal(rw_cuda_ipc_import(cache, &other, CONN(2, 300, 77), &m2, &p2), RW_ERR_EXISTS);
+	rw_cuda_ipc_cache_stats(cache, &st);
+	assert_int_equal(st.opens, 1);
+	assert_int_equal(st.hits, 1);
+	assert_int_equal(st.refused_stale, 1);
+	assert_int_equal(rw_cuda_ipc_release_owner(cache, 1), 1);
+	assert_reads(p2, 4096, 50);
+	assert_int_equal(rw_cuda_ipc_release_owner(cache, 2), 1);
+	rw_cuda_ipc_cache_destroy(cache);
+	rw_cuda_mem_free(0, d);
 	assert_int_equal(fake_live_blocks(), 0);
 }
 
@@ -420,6 +563,9 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_reallocated_after_release_is_fresh),
 		cmocka_unit_test(test_import_rejects_bad_descriptors),
 		cmocka_unit_test(test_owners_are_separate),
+		cmocka_unit_test(test_connections_of_one_process_share),
+		cmocka_unit_test(test_other_process_refused),
+		cmocka_unit_test(test_same_allocation_other_bytes_shares),
 		cmocka_unit_test(test_stream_marks_in_order_and_wake_fd),
 		cmocka_unit_test(test_stream_mark_queue_bounded),
 		cmocka_unit_test(test_stream_mark_again_when_full),

@@ -56,7 +56,8 @@ void rw_cuda_ipc_cache_destroy(rw_cuda_ipc_cache_t *cache)
 	free(cache);
 }
 rw_status_t rw_cuda_ipc_import(rw_cuda_ipc_cache_t *cache, const rw_cuda_ipc_desc_t *desc,
-			       uint64_t owner, rw_cuda_ipc_map_t **map_p, rw_cuda_dptr_t *dptr_p)
+			       const rw_cuda_ipc_owner_t *owner, rw_cuda_ipc_map_t **map_p,
+			       rw_cuda_dptr_t *dptr_p)
 {
 	(void)owner;
 	switch (desc->handle.bytes[0] & 7) { /* let the input pick the driver's answer */
@@ -75,9 +76,10 @@ rw_status_t rw_cuda_ipc_import(rw_cuda_ipc_cache_t *cache, const rw_cuda_ipc_des
 	*dptr_p = 0x10000 + desc->offset;
 	return RW_OK;
 }
-void rw_cuda_ipc_release(rw_cuda_ipc_cache_t *cache, rw_cuda_ipc_map_t *map)
+void rw_cuda_ipc_release(rw_cuda_ipc_cache_t *cache, rw_cuda_ipc_map_t *map, uint64_t conn)
 {
 	(void)cache;
+	(void)conn;
 	cuda_live--;
 	free(map);
 }

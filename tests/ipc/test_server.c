@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <grp.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -1699,6 +1700,42 @@ static void peek_cuda(harness_t *h, void *arg)
 		p->st = RW_ERR_SYS;
 }
 
+#if RW_HAVE_CUDA_H
+/* Start the harness with `alloc` bytes on the fake driver holding pattern[i] = i * mul + 1
+ * (*pattern_p, the caller frees it); skips the test when the fake driver is not built. */
+static rw_cuda_dptr_t cuda_harness_start(size_t alloc, unsigned mul, uint8_t **pattern_p)
+{
+	if (access(fake_driver, R_OK) != 0) {
+		print_message("skipped: fake CUDA driver %s not built\n", fake_driver);
+		skip();
+	}
+	h_start(&H);
+	rw_cuda_dptr_t dptr;
+	assert_int_equal(rw_cuda_mem_alloc(0, alloc, &dptr), RW_OK);
+	uint8_t *pattern = malloc(alloc);
+	assert_non_null(pattern);
+	for (size_t i = 0; i < alloc; i++)
+		pattern[i] = (uint8_t)(i * mul + 1);
+	assert_int_equal(rw_cuda_memcpy_htod(0, dptr, pattern, alloc), RW_OK);
+	*pattern_p = pattern;
+	return dptr;
+}
+
+/* What librailwave sends for an exported range. */
+static rw_client_cuda_desc_t client_desc(const rw_cuda_ipc_desc_t *desc)
+{
+	rw_client_cuda_desc_t d;
+	memset(&d, 0, sizeof(d));
+	memcpy(d.ipc_handle, desc->handle.bytes, 64);
+	d.alloc_id = desc->buffer_id;
+	d.alloc_bytes = desc->alloc_bytes;
+	d.offset = desc->offset;
+	d.bytes = desc->bytes;
+	memcpy(d.device_uuid, desc->device_uuid, 16);
+	return d;
+}
+#endif
+
 /* The registration path through cuda/'s import, against the fake driver (no GPU needed): a
  * range of an exported allocation is imported, readable at the right offset, and released when
  * the client leaves. Bogus handles and ranges are refused with specific codes. */
@@ -1708,30 +1745,14 @@ static void test_cuda_registration(void **state)
 #if !RW_HAVE_CUDA_H
 	skip();
 #else
-	if (access(fake_driver, R_OK) != 0) {
-		print_message("skipped: fake CUDA driver %s not built\n", fake_driver);
-		skip();
-	}
-	h_start(&H);
-	rw_cuda_dptr_t dptr;
 	const size_t alloc = 1 << 20;
-	assert_int_equal(rw_cuda_mem_alloc(0, alloc, &dptr), RW_OK);
-	uint8_t *pattern = malloc(alloc);
-	for (size_t i = 0; i < alloc; i++)
-		pattern[i] = (uint8_t)(i * 7 + 1);
-	assert_int_equal(rw_cuda_memcpy_htod(0, dptr, pattern, alloc), RW_OK);
+	uint8_t *pattern;
+	rw_cuda_dptr_t dptr = cuda_harness_start(alloc, 7, &pattern);
 	rw_cuda_ipc_desc_t desc;
 	assert_int_equal(rw_cuda_ipc_export(dptr + 4096, 8192, &desc), RW_OK);
 
 	rw_client_t *c = connect_rank("g", 0);
-	rw_client_cuda_desc_t d;
-	memset(&d, 0, sizeof(d));
-	memcpy(d.ipc_handle, desc.handle.bytes, 64);
-	d.alloc_id = desc.buffer_id;
-	d.alloc_bytes = desc.alloc_bytes;
-	d.offset = desc.offset;
-	d.bytes = desc.bytes;
-	memcpy(d.device_uuid, desc.device_uuid, 16);
+	rw_client_cuda_desc_t d = client_desc(&desc);
 	uint32_t id;
 	assert_int_equal(rw_client_register_cuda(c, &d, &id), 0);
 	cuda_peek_t p = {.buf_id = id};
@@ -1772,6 +1793,77 @@ static void test_cuda_registration(void **state)
 	assert_int_equal(h_stats(&H).buffers, 0);
 	h_stop(&H); /* destroys the import cache: it must hold nothing now */
 	rw_cuda_mem_free(0, dptr);
+	free(pattern);
+#endif
+}
+
+/* Two connections of one process (two railwave.Groups of a trainer) lend the same allocation:
+ * the daemon maps it once for both; the first leaving keeps the second's buffer readable; the
+ * mapping closes when the last leaves. Another process presenting the same handle bytes is
+ * refused (RW_E_CUDA). Before the import cache shared by process, the second registration was
+ * refused as stale. */
+static void test_cuda_two_connections_of_one_process(void **state)
+{
+	(void)state;
+#if !RW_HAVE_CUDA_H
+	skip();
+#else
+	const size_t alloc = 1 << 16;
+	uint8_t *pattern;
+	rw_cuda_dptr_t dptr = cuda_harness_start(alloc, 13, &pattern);
+	rw_cuda_ipc_desc_t desc;
+	assert_int_equal(rw_cuda_ipc_export(dptr, alloc, &desc), RW_OK);
+	rw_client_cuda_desc_t d = client_desc(&desc);
+
+	rw_client_t *c1 = connect_rank("layer0", 0);
+	uint32_t id1, id2;
+	assert_int_equal(rw_client_register_cuda(c1, &d, &id1), 0);
+
+	/* another process presenting this process's handle bytes: refused, this one unharmed */
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		rw_client_opts_t o = opts_for("layer2", 0);
+		rw_client_t *x = NULL;
+		uint32_t idx;
+		if (rw_client_connect(&o, &x) != 0)
+			_exit(2);
+		_exit(rw_client_register_cuda(x, &d, &idx) == RW_E_CUDA ? 0 : 1);
+	}
+	int status = 0;
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+	h_wait_clients(&H, 1);
+
+	/* a second connection of this process: shares the mapping (the harness's last client) */
+	rw_client_t *c2 = connect_rank("layer1", 0);
+	assert_int_equal(rw_client_register_cuda(c2, &d, &id2), 0);
+	assert_int_equal(h_stats(&H).buffers, 2);
+
+	/* the first connection leaves; the second's buffer is still the allocation's memory */
+	rw_client_close(c1);
+	h_wait_clients(&H, 1);
+	assert_int_equal(h_stats(&H).buffers, 1);
+	cuda_peek_t p = {.buf_id = id2};
+	h_call(&H, peek_cuda, &p); /* last_client is c2's connection */
+	assert_int_equal(p.st, RW_OK);
+	assert_int_equal(p.buf.size, alloc);
+	assert_int_equal(p.first, pattern[0]);
+	assert_int_equal(p.last, pattern[alloc - 1]);
+	rw_client_close(c2);
+	h_wait_clients(&H, 0);
+	assert_int_equal(h_stats(&H).buffers, 0);
+	/* the last user left: the daemon closed the mapping (the fake frees the memory only when
+	 * both the exporter and every importer's open are gone) */
+	rw_cuda_mem_free(0, dptr);
+	void *fake = dlopen(fake_driver, RTLD_NOW | RTLD_NOLOAD);
+	assert_non_null(fake);
+	int (*live_blocks)(void) = (int (*)(void))dlsym(fake, "rw_fake_cuda_live_blocks");
+	assert_non_null(live_blocks);
+	assert_int_equal(live_blocks(), 0);
+	dlclose(fake);
+	h_stop(&H);
 	free(pattern);
 #endif
 }
@@ -2220,6 +2312,7 @@ int main(int argc, char **argv)
 		/* Before test_cuda_registration: a forked child must not inherit a loaded driver. */
 		cmocka_unit_test(test_cuda_without_driver),
 		cmocka_unit_test(test_cuda_registration),
+		cmocka_unit_test(test_cuda_two_connections_of_one_process),
 		cmocka_unit_test(test_example_program),
 		cmocka_unit_test(test_group_key),
 		cmocka_unit_test(test_group_key_required),

@@ -280,8 +280,9 @@ def cmd_flood(c):
     names the room it needed. Then a bounded step is exact again (the daemons serve on)."""
     log = []
     dev, E, seed = device(c), c["experts"], c["seed"]
-    # One Group at a time: the daemon shares a CUDA segment's mapping within one connection
-    # only (a second Group of this process lending the same allocator segment is refused).
+    # Two Groups of this process at once, as two overlapping MoE layers hold them: with CUDA
+    # tensors both lend the same allocator segments, which the daemon maps once and shares
+    # between the Groups' connections (docs/cuda.md "IPC import cache").
     with join(c, max_tokens_per_rank=FLOOD_BIG) as g:
         n = flood_step(g, seed, E, dev, 20, 0)
         log.append("rank %d received %d rows for its %d tokens, equal" % (
@@ -294,15 +295,23 @@ def cmd_flood(c):
                           lambda: g.dispatch(x, idx, w, E, layer=20, step=1),
                           *((ValueError, "above max_tokens_per_rank %d" % FLOOD_BIG)
                             if RANK == 0 else (railwave.PhaseError,))))
-    with join(c, c["group"] + ".small", max_tokens_per_rank=None) as small:
-        needles = ("RW_E_RANGE", "receive room of", "max_tokens_per_rank") \
-            if RANK == FLOOD_TO else ()
-        log.append(expect("flood without max_tokens_per_rank", lambda: flood_step(
-            small, seed, E, dev, 20, 0), railwave.PhaseError, *needles,
-            full=RANK == FLOOD_TO))
-    with join(c, c["group"] + ".again", max_tokens_per_rank=FLOOD_BIG) as g:
+        del x, idx, w
+        with join(c, c["group"] + ".small", max_tokens_per_rank=None) as small:
+            needles = ("RW_E_RANGE", "receive room of", "max_tokens_per_rank") \
+                if RANK == FLOOD_TO else ()
+            log.append(expect("flood without max_tokens_per_rank", lambda: flood_step(
+                small, seed, E, dev, 20, 0), railwave.PhaseError, *needles,
+                full=RANK == FLOOD_TO))
+            if dev.type == "cuda":
+                shared = set(g._cuda.segs) & set(small._cuda.segs)
+                if not shared:
+                    raise AssertionError("two Groups: no allocator segment lent by both (%s, %s)"
+                                         % (sorted(g._cuda.segs), sorted(small._cuda.segs)))
+                log.append("two Groups lent %d allocator segment(s) to the daemon at once"
+                           % len(shared))
+        # The second Group has left: its references went, the first's mapping must serve on.
         flood_step(g, seed + 1, E, dev, 20, 2)
-        log.append("bounded flood equal again")
+        log.append("bounded flood equal again on the first Group after the second left")
     return log
 
 
