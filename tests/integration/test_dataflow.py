@@ -28,6 +28,15 @@ GPUS, RAILS = 2, 2
 WAIT = 60.0  # bound on any wait (never a pass/fail timing criterion)
 
 
+def rss_kib(pid):
+    """A process's resident set (VmRSS), KiB; 0 if it has none."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
 def free_port(ip):
     s = socket.socket()
     s.bind((ip, 0))

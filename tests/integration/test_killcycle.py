@@ -50,14 +50,6 @@ def fds(pid):
     return len(os.listdir("/proc/%d/fd" % pid))
 
 
-def rss_kib(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
 def settled_fds(pid, want):
     """Descriptors of `pid`, waiting (bounded) for transient ones (a stats connection being
     closed, a reconnect in progress) to go; returns the last count."""
@@ -158,14 +150,14 @@ def run(kills, nodes, seed):
                 if i + 1 == WARMUP:
                     for n in range(victim):
                         base_fds[n] = fds(pids[n])
-                        base_rss[n] = rss_kib(pids[n])
+                        base_rss[n] = it.rss_kib(pids[n])
             growth = {}
             for n in range(victim):
                 now = settled_fds(pids[n], base_fds.get(n, 0))
                 if base_fds and now != base_fds[n]:
                     raise RuntimeError("survivor %d: %d descriptors after the warm-up, %d after "
                                        "%d kills" % (n, base_fds[n], now, kills))
-                growth[n] = rss_kib(pids[n]) - base_rss.get(n, 0)
+                growth[n] = it.rss_kib(pids[n]) - base_rss.get(n, 0)
                 if base_rss and growth[n] > RSS_BOUND_KIB:
                     raise RuntimeError("survivor %d: resident memory grew %d KiB over %d kills"
                                        % (n, growth[n], kills - WARMUP))

@@ -237,14 +237,6 @@ class Rounds:
         return self.ok, self.errors
 
 
-def rss_kib(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
 def cpu_seconds(pid):
     with open("/proc/%d/stat" % pid) as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -466,9 +458,9 @@ def closed_now(s):
         return True
 
 
-def part_exhaustion(c, victim, hello0, pid):
+def part_exhaustion(df, c, victim, hello0, pid):
     """4. Budgets of unauthenticated connections."""
-    rss0, cpu0, t0 = rss_kib(pid), cpu_seconds(pid), time.time()
+    rss0, cpu0, t0 = df.rss_kib(pid), cpu_seconds(pid), time.time()
     ctl = hold(victim, frame(HELLO, hello_with_nonce(hello0, os.urandom(32))), 300)
     time.sleep(0.2)
     open_ctl = sum(not closed_now(s) for s in ctl)
@@ -480,7 +472,7 @@ def part_exhaustion(c, victim, hello0, pid):
           "at most 64 wait per listener (%.1f s in: control %d, rail %d of 300 open)" % (
               time.time() - t0, open_ctl, open_rail))
     time.sleep(max(0.0, 2.0 - (time.time() - t0)))
-    rss1, cpu1 = rss_kib(pid), cpu_seconds(pid)
+    rss1, cpu1 = df.rss_kib(pid), cpu_seconds(pid)
     check(rss1 - rss0 < 8192 and cpu1 - cpu0 < 0.5,
           "%d half-open handshakes and %d silent rail connections: RSS +%d KiB, %.2f CPU s in 2 s"
           % (len(ctl), len(rails), rss1 - rss0, cpu1 - cpu0))
@@ -565,7 +557,7 @@ def main():
             ok, errors = rounds.stop()
             # The budgets are measured on a daemon that does nothing else meanwhile; phases
             # run again afterwards.
-            part_exhaustion(c, victim, hello0, c.procs[1].pid)
+            part_exhaustion(df, c, victim, hello0, c.procs[1].pid)
             rounds = Rounds(c, "g.auth2")
             time.sleep(2.0)
             ok2, errors2 = rounds.stop()
