@@ -28,6 +28,29 @@ GPUS, RAILS = 2, 2
 WAIT = 60.0  # bound on any wait (never a pass/fail timing criterion)
 
 
+def ask_stats(path, cmd="stats"):
+    """One command on a railwaved stats socket; its reply block (ends with an empty line)."""
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(5)
+    s.connect(path)
+    s.sendall(cmd.encode() + b"\n")
+    out = b""
+    while not out.endswith(b"\n\n"):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        out += chunk
+    s.close()
+    return out.decode()
+
+
+def cpu_seconds(pid):
+    """A process's user + system CPU time so far, seconds."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_kib(pid):
     """A process's resident set (VmRSS), KiB; 0 if it has none."""
     with open("/proc/%d/status" % pid) as f:
@@ -96,18 +119,7 @@ class Cluster:
         self.wait_mesh()
 
     def stats(self, n, cmd):
-        s = socket.socket(socket.AF_UNIX)
-        s.settimeout(5)
-        s.connect(self.cfg["nodes"][n]["stats_socket"])
-        s.sendall(cmd.encode() + b"\n")
-        out = b""
-        while not out.endswith(b"\n\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            out += chunk
-        s.close()
-        return out.decode()
+        return ask_stats(self.cfg["nodes"][n]["stats_socket"], cmd)
 
     def wait_mesh(self, nodes=None):
         nodes = range(self.nodes) if nodes is None else nodes

@@ -237,12 +237,6 @@ class Rounds:
         return self.ok, self.errors
 
 
-def cpu_seconds(pid):
-    with open("/proc/%d/stat" % pid) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def keygen(path, *extra):
     return subprocess.run([RAILWAVE, "keygen"] + list(extra) + [path], capture_output=True,
                           text=True)
@@ -460,7 +454,7 @@ def closed_now(s):
 
 def part_exhaustion(df, c, victim, hello0, pid):
     """4. Budgets of unauthenticated connections."""
-    rss0, cpu0, t0 = df.rss_kib(pid), cpu_seconds(pid), time.time()
+    rss0, cpu0, t0 = df.rss_kib(pid), df.cpu_seconds(pid), time.time()
     ctl = hold(victim, frame(HELLO, hello_with_nonce(hello0, os.urandom(32))), 300)
     time.sleep(0.2)
     open_ctl = sum(not closed_now(s) for s in ctl)
@@ -472,7 +466,7 @@ def part_exhaustion(df, c, victim, hello0, pid):
           "at most 64 wait per listener (%.1f s in: control %d, rail %d of 300 open)" % (
               time.time() - t0, open_ctl, open_rail))
     time.sleep(max(0.0, 2.0 - (time.time() - t0)))
-    rss1, cpu1 = df.rss_kib(pid), cpu_seconds(pid)
+    rss1, cpu1 = df.rss_kib(pid), df.cpu_seconds(pid)
     check(rss1 - rss0 < 8192 and cpu1 - cpu0 < 0.5,
           "%d half-open handshakes and %d silent rail connections: RSS +%d KiB, %.2f CPU s in 2 s"
           % (len(ctl), len(rails), rss1 - rss0, cpu1 - cpu0))
@@ -484,14 +478,14 @@ def part_exhaustion(df, c, victim, hello0, pid):
         s.close()
     log = os.path.join(c.tmp, "d1.log")
     before = text(log).count("unauthenticated connection(s)")
-    cpu0, t0, n, answered = cpu_seconds(pid), time.time(), 500, 0
+    cpu0, t0, n, answered = df.cpu_seconds(pid), time.time(), 500, 0
     for _ in range(n):
         s = socket.create_connection(victim, timeout=5)
         s.sendall(frame(HELLO, hello_with_nonce(hello0, os.urandom(32))) + frame(AUTH, os.urandom(32)))
         back = read_all(s)
         answered += back is not None and [t for t, _ in frames(back)] == [HELLO, AUTH]
         s.close()
-    elapsed, cpu = time.time() - t0, cpu_seconds(pid) - cpu0
+    elapsed, cpu = time.time() - t0, df.cpu_seconds(pid) - cpu0
     lines = text(log).count("unauthenticated connection(s)") - before
     check(answered == n and cpu / n < 0.002 and lines <= elapsed + 2,
           "%d failed handshakes (%d went as far as the proof) in %.1f s: %.0f us CPU each, "

@@ -27,6 +27,8 @@ import tempfile
 import time
 
 B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(B), "tests", "integration"))
+from test_dataflow import ask_stats as stats, cpu_seconds  # noqa: E402  (the harness's helpers)
 DAEMON = os.path.join(B, "railwaved")
 WIRE_MAGIC, WIRE_VERSION, WIRE_HELLO, WIRE_HEARTBEAT = 0x434D5752, None, 1, 4
 FAILS = []
@@ -46,27 +48,6 @@ def free_ports(n):
     for s in ss:
         s.close()
     return ports
-
-
-def cpu_seconds(pid):
-    with open("/proc/%d/stat" % pid) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def stats(path, cmd="stats"):
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(5)
-    s.connect(path)
-    s.sendall((cmd + "\n").encode())
-    out = b""
-    while not out.endswith(b"\n\n"):
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        out += chunk
-    s.close()
-    return out.decode()
 
 
 def wire_version():
