@@ -39,7 +39,7 @@ static int stats_usage(int rc)
 		"%s"
 		"  --timeout MS   give up after MS milliseconds without a reply (2000)\n"
 		"  COMMAND        stats | stats rails | stats peers | stats phases | stats selector |\n"
-		"                 ready | health | help (default: stats)\n", socket_help);
+		"                 stats clients | ready | health | help (default: stats)\n", socket_help);
 	return rc;
 }
 
