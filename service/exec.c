@@ -595,13 +595,15 @@ void exec_on_data(exec_pair_t *p, int kind, uint32_t peer, uint32_t rail, uint64
 	pair_check_done(p);
 }
 
-void exec_on_write_done(exec_pair_t *p, rw_status_t st)
+void exec_on_write_done(exec_pair_t *p, uint32_t peer, uint32_t rail, rw_status_t st)
 {
 	p->outstanding--;
 	if (!exec_open(p))
 		return; /* the reaper frees it once the last write reported */
 	if (st != RW_OK)
-		return exec_pair_fail(p, st, 0, 1, "a rail write failed: %s", rw_status_str(st));
+		return exec_pair_fail(p, st, 0, 1, "a rail write to node %u (%s) on rail %u "
+				      "failed: %s", peer, p->x->svc->cfg.nodes[peer].name, rail,
+				      rw_status_str(st));
 	if (--p->send.pending == 0 && p->send.state == SEND_DRAINING) {
 		EXEC_TRACE(p, exec_trace_wave_done_(p));
 		PTRACE(p, "wave %u writes done: largest slab %.0f kB at %.1f Mbit/s", p->send.wave,

@@ -378,7 +378,7 @@ void exec_pair_abandon(exec_pair_t *p);
 void exec_on_submit(exec_pair_t *p, int kind, uint32_t g);
 void exec_on_counts(exec_pair_t *p, uint32_t node, const rw_wire_counts_t *c);
 void exec_on_data(exec_pair_t *p, int kind, uint32_t peer, uint32_t rail, uint64_t len, int last);
-void exec_on_write_done(exec_pair_t *p, rw_status_t st);
+void exec_on_write_done(exec_pair_t *p, uint32_t peer, uint32_t rail, rw_status_t st);
 void exec_on_grant(exec_pair_t *p, int kind, uint32_t wave);
 void exec_on_peer_down(exec_t *x, uint32_t peer, rw_status_t st);
 /* Rail `rail` to `peer` went down, the peer stays up: fail the pairs whose plan uses it. */

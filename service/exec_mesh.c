@@ -101,10 +101,11 @@ static void mesh_arrival(void *ctx, uint32_t peer, uint32_t rail, const rw_rail_
 	exec_on_data(p, (int)imm.kind, peer, rail, a->length, (int)imm.last);
 }
 
-static void mesh_write_done(void *ctx, void *write_ctx, rw_status_t st)
+static void mesh_write_done(void *ctx, uint32_t peer, uint32_t rail, void *write_ctx,
+			    rw_status_t st)
 {
 	(void)ctx;
-	exec_on_write_done(write_ctx, st);
+	exec_on_write_done(write_ctx, peer, rail, st);
 }
 
 /* Our wave-`wave` destination admits us. Kept in the pair until the sender gets to that wave;

@@ -239,7 +239,7 @@ static void rail_on_write_done(rw_rail_conn_t *conn, void *ctx, void *write_ctx,
 	mesh_busy_end(m, mr->rail);
 	mesh_rail_dev_sample(m, mr->rail);
 	if (m->cbs.write_done)
-		m->cbs.write_done(m->ctx, wctx, st);
+		m->cbs.write_done(m->ctx, mr->peer->idx, mr->rail, wctx, st);
 	if (mesh_rail_pump(mr) != RW_OK)
 		rail_fail_soon(mr);
 }

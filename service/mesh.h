@@ -32,8 +32,9 @@ typedef struct rw_svc_mesh_cbs {
 	void (*grant)(void *ctx, uint32_t peer, const rw_wire_grant_t *g);
 	/* A peer's write landed in our memory of `rail`. */
 	void (*arrival)(void *ctx, uint32_t peer, uint32_t rail, const rw_rail_arrival_t *a);
-	/* A write posted with rw_svc_mesh_write() finished (RW_OK: the data is remote). */
-	void (*write_done)(void *ctx, void *write_ctx, rw_status_t st);
+	/* A write posted with rw_svc_mesh_write() to `peer` on `rail` finished (RW_OK: the data
+	 * is remote; else the peer and rail say where it failed). */
+	void (*write_done)(void *ctx, uint32_t peer, uint32_t rail, void *write_ctx, rw_status_t st);
 } rw_svc_mesh_cbs_t;
 
 /* Open every rail device, allocate and register `area_bytes` of host memory per rail, listen

@@ -51,7 +51,7 @@ void mesh_rail_reclaim(mesh_rail_t *mr, rw_status_t st)
 		free(q);
 		mesh_busy_end(m, mr->rail);
 		if (m->cbs.write_done)
-			m->cbs.write_done(m->ctx, wctx, st);
+			m->cbs.write_done(m->ctx, mr->peer->idx, mr->rail, wctx, st);
 		q = next;
 	}
 }

@@ -297,7 +297,8 @@ uint32_t fk_drop(fk_world_t *w, fk_hold_fn pred, void *ctx)
 
 /* ---- delivery ------------------------------------------------------------------------------ */
 
-static void write_done(fk_world_t *w, uint32_t node, void *wctx, rw_status_t st)
+static void write_done(fk_world_t *w, uint32_t node, uint32_t dst, uint32_t rail, void *wctx,
+		       rw_status_t st)
 {
 	fk_node_t *s = &fk_nodes[node];
 	if (!s->created || !s->alive)
@@ -305,7 +306,7 @@ static void write_done(fk_world_t *w, uint32_t node, void *wctx, rw_status_t st)
 	if (st != RW_OK)
 		w->cnt.write_errors[node]++;
 	if (s->cbs.write_done)
-		s->cbs.write_done(s->ctx, wctx, st);
+		s->cbs.write_done(s->ctx, dst, rail, wctx, st);
 }
 
 /* Node x learns that peer y is down: every write of x to y still queued (or whose completion
@@ -325,7 +326,7 @@ static void peer_down_now(fk_world_t *w, uint32_t x, uint32_t y)
 			break;
 		fk_ev_t *ev = q_take(i);
 		if (!ev->injected)
-			write_done(w, x, ev->wctx, RW_ERR_PEER);
+			write_done(w, x, y, ev->rail, ev->wctx, RW_ERR_PEER);
 		ev_free(ev);
 	}
 	w->cnt.peer_down[x]++;
@@ -383,7 +384,7 @@ static void write_deliver(fk_world_t *w, fk_ev_t *ev)
 		if (ev->injected) {
 			/* nobody waits for it */
 		} else if (d->silent || !s->view[ev->dst]) {
-			write_done(w, ev->src, ev->wctx, RW_ERR_PEER);
+			write_done(w, ev->src, ev->dst, ev->rail, ev->wctx, RW_ERR_PEER);
 		} else {
 			fk_ev_t *fail = ev_new(FK_EV_WDONE, ev->src, ev->dst);
 			fail->rail = ev->rail;
@@ -423,7 +424,7 @@ static void deliver(fk_world_t *w, fk_ev_t *ev)
 		write_deliver(w, ev);
 		break;
 	case FK_EV_WDONE:
-		write_done(w, ev->src, ev->wctx, ev->st);
+		write_done(w, ev->src, ev->dst, ev->rail, ev->wctx, ev->st);
 		break;
 	case FK_EV_PEER_DOWN:
 		if (d->created && d->alive && d->conn_gen[ev->src] < ev->gen)
