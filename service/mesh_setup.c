@@ -26,6 +26,42 @@ static uint64_t random_u64(void)
 	return v ^ rw_now_ns() ^ ((uint64_t)getpid() << 32);
 }
 
+/* Where the rails' slabs live (docs/cuda.md "Where the slabs live"), decided once and said once
+ * in the log and in `stats` (metrics.slabs). They are host memory in every case today: the CUDA
+ * mover maps them into the GPUs (cuMemHostRegister, DEVICEMAP) and its kernels read and write
+ * them over PCIe, with no staging copy. GPU-resident slabs registered with the NIC (dmabuf,
+ * GPUDirect RDMA) need a verbs device that registers dmabufs; where every rail's device could,
+ * the reason says that the GPU-resident layout is not built (the slab headers are still written
+ * and checked by the CPU). */
+static void mesh_slab_placement(rw_svc_mesh_t *m, const rw_svc_config_t *cfg)
+{
+	char *why = m->svc->metrics.slabs;
+	const size_t cap = sizeof(m->svc->metrics.slabs);
+	if (cfg->transport != RW_SVC_TRANSPORT_VERBS) {
+		snprintf(why, cap, "host, mapped into the GPUs (no GPUDirect: %s rails are sockets)",
+			 rw_svc_transport_name(cfg->transport));
+		rw_info("mesh: slabs in host memory, mapped into the GPUs by the CUDA mover (no "
+			"GPUDirect RDMA: %s rails are sockets)", rw_svc_transport_name(cfg->transport));
+		return;
+	}
+	char none[96] = "";
+	size_t len = 0;
+	for (uint32_t r = 0; r < m->rails && len < sizeof(none); r++)
+		if (!(m->dev[r]->caps.flags & RW_RAIL_CAP_DMABUF))
+			len += (size_t)snprintf(none + len, sizeof(none) - len, " %u", r);
+	if (len) {
+		snprintf(why, cap, "host, mapped into the GPUs (no GPUDirect: no dmabuf registration "
+			 "on rail(s)%s)", none);
+		rw_info("mesh: no dmabuf registration on rail(s)%s (ibv_reg_dmabuf_mr unsupported by "
+			"the device): slabs in host memory, mapped into the GPUs by the CUDA mover", none);
+		return;
+	}
+	snprintf(why, cap, "host, mapped into the GPUs (every rail registers dmabufs; GPU-resident "
+		 "slabs are not built yet)");
+	rw_info("mesh: every rail's device registers dmabufs, but GPU-resident slabs are not built "
+		"yet: slabs in host memory, mapped into the GPUs by the CUDA mover");
+}
+
 rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_mesh_cbs_t *cbs,
 			       void *ctx, rw_svc_mesh_t **mesh_p)
 {
@@ -121,20 +157,7 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 		}
 	}
 
-	/* GPU memory: where a verbs rail's device cannot register a dmabuf (Soft-RoCE, older
-	 * kernels or providers: the transport's probe at open), say so once; CUDA buffers then
-	 * travel through the registered host memory above (the executor stages them). */
-	if (cfg->transport == RW_SVC_TRANSPORT_VERBS) {
-		char none[96] = "";
-		size_t len = 0;
-		for (uint32_t r = 0; r < m->rails && len < sizeof(none); r++)
-			if (!(m->dev[r]->caps.flags & RW_RAIL_CAP_DMABUF))
-				len += (size_t)snprintf(none + len, sizeof(none) - len, " %u", r);
-		if (len)
-			rw_info("mesh: no dmabuf registration on rail(s)%s (ibv_reg_dmabuf_mr unsupported "
-				"by the device): GPU buffers are staged through registered host memory",
-				none);
-	}
+	mesh_slab_placement(m, cfg);
 
 	const rw_svc_endpoint_t *ep = &cfg->nodes[m->me].control;
 	m->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);

@@ -72,6 +72,7 @@ static void answer_summary(const rw_svc_t *svc, rw_svc_buf_t *o)
 	rw_svc_buf_printf(o, "node_index %u\n", cfg->me);
 	rw_svc_buf_printf(o, "transport %s\n", rw_svc_transport_name(cfg->transport));
 	rw_svc_buf_printf(o, "auth %s\n", cfg->key_file[0] ? "key" : "none");
+	rw_svc_buf_printf(o, "slabs %s\n", m->slabs[0] ? m->slabs : "-");
 	rw_svc_buf_printf(o, "nodes %u\n", cfg->n_nodes);
 	rw_svc_buf_printf(o, "rails %u\n", cfg->rails);
 	rw_svc_buf_printf(o, "gpus_per_node %u\n", cfg->gpus_per_node);

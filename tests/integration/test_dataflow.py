@@ -369,6 +369,11 @@ def scenario_cuda_runs(tmp, seed, real, runs, label, driver):
             for r in cuda_ranks:
                 if "(CUDA buffers)" not in outs[r]:
                     raise RuntimeError("rank %d did not run with CUDA buffers: %s" % (r, outs[r]))
+            for n in range(c.nodes):  # where the slabs live, and why (docs/cuda.md)
+                slabs = [l for l in c.stats(n).splitlines() if l.startswith("slabs ")]
+                if slabs != ["slabs host, mapped into the GPUs (no GPUDirect: tcp rails are "
+                             "sockets)"]:
+                    raise RuntimeError("node %d: stats says %s about the slabs" % (n, slabs))
             if os.environ.get("RW_IT_STATS"):
                 for n in range(c.nodes):
                     for line in c.stats(n, "stats phases").splitlines():

@@ -664,6 +664,11 @@ def scenario_cuda(c, seed):
             if "(CUDA buffers)" not in outs[r]:
                 raise RuntimeError("rank %d did not run with CUDA buffers: %s" % (r, outs[r]))
         rails = check_rails(c, seed, 2, 2, "auto")
+        for n in range(NODES):  # the same reason in `stats` (docs/cuda.md "Where the regions live")
+            slabs = [l for l in c.stats(n).splitlines() if l.startswith("slabs ")]
+            if slabs != ["slabs host, mapped into the GPUs (no GPUDirect: no dmabuf registration "
+                         "on rail(s) 0 1)"]:
+                raise RuntimeError("node %d: stats says %s about the slabs" % (n, slabs))
     finally:
         c.stop()
     for n in range(NODES):
