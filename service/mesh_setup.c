@@ -44,7 +44,7 @@ static void mesh_slab_placement(rw_svc_mesh_t *m, const rw_svc_config_t *cfg)
 			"GPUDirect RDMA: %s rails are sockets)", rw_svc_transport_name(cfg->transport));
 		return;
 	}
-	char none[96] = "";
+	char none[64] = ""; /* " 0 1 ..": at most RW_MAX_RAILS (16) rails of 3-4 characters */
 	size_t len = 0;
 	for (uint32_t r = 0; r < m->rails && len < sizeof(none); r++)
 		if (!(m->dev[r]->caps.flags & RW_RAIL_CAP_DMABUF))

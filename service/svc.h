@@ -275,7 +275,7 @@ typedef struct rw_svc_metrics {
 	uint64_t phases_rail_excluded;
 	/* Where the rails' send and receive slabs live and why (docs/cuda.md "Where the slabs
 	 * live"): set once by the mesh at start, e.g. "host (tcp rails are sockets)". */
-	char slabs[128];
+	char slabs[160];
 	rw_svc_peer_metrics_t *peer; /* [peers], owned */
 } rw_svc_metrics_t;
 

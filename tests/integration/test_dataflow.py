@@ -25,6 +25,9 @@ FAKE_CUDA = os.path.join(B, "tests", "integration", "libfakecuda_ipc.so")
 # The same stand-in with the CUDA mover's kernels run on the CPU (fake_cuda_kernels.c).
 FAKE_KERN = os.path.join(B, "tests", "integration", "libfakecuda_kern.so")
 GPUS, RAILS = 2, 2
+# Every rank of every cluster with CUDA buffers (tests/integration/test_faults_cuda.py): None, the
+# stand-in driver to load, or "real" (the system's driver and GPU).
+CUDA_RANKS = None
 WAIT = 60.0  # bound on any wait (never a pass/fail timing criterion)
 
 
@@ -76,6 +79,10 @@ class Cluster:
         self.env = dict(os.environ)
         self.node_env = {}  # node -> extra environment of that daemon only
         self.rank_flags = []
+        if CUDA_RANKS:
+            self.rank_flags = ["--cuda"]
+            if CUDA_RANKS != "real":
+                self.env["RW_CUDA_DRIVER"] = CUDA_RANKS
         cfg = {
             "cluster": "it", "transport": "tcp", "gpus_per_node": GPUS,
             "control_port": 7400, "rail_port": 7500,
@@ -478,7 +485,11 @@ def scenario_rank_dies(tmp, seed):
     try:
         c.start_all()
         idle = c.rank(3, "g.rank", 1, 1, seed, mode="idle")
-        assert idle.stdout.readline().strip() == b"ready"
+        line = b"-"
+        while line and line.strip() != b"ready":  # (a CUDA rank logs its driver first)
+            line = idle.stdout.readline()
+        if not line:
+            raise RuntimeError("the idle rank did not get ready\n" + c.logs())
         waiting = [c.rank(r, "g.rank", 1, 1, seed, mode="fail") for r in range(3)]
         time.sleep(0.3)
         idle.kill()
@@ -505,7 +516,11 @@ def scenario_timeout(tmp, seed):
     try:
         c.start_all()
         idle = c.rank(3, "g.late", 1, 1, seed, mode="idle")
-        assert idle.stdout.readline().strip() == b"ready"
+        line = b"-"
+        while line and line.strip() != b"ready":  # (a CUDA rank logs its driver first)
+            line = idle.stdout.readline()
+        if not line:
+            raise RuntimeError("the idle rank did not get ready\n" + c.logs())
         outs = c.collect([(r, c.rank(r, "g.late", 1, 1, seed, mode="fail")) for r in range(3)])
         idle.kill()
         idle.wait()
