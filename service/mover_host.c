@@ -33,6 +33,7 @@ typedef struct host_pair {
 	uint32_t fwd_n[RW_MAX_GPUS];
 	uint32_t *expert_counts[RW_MAX_GPUS];
 	float *owner_acc[RW_MAX_GPUS]; /* fp32 sums of each owner token's combine rows */
+	int acc_slot[RW_MAX_GPUS];   /* its buffer in m->sums (-1: in the arena) */
 	/* contrib[ref * G + g] = 1 + the row of received record ref in rank g's combine input
 	 * (0: not sent to g); crow: one fp32 row for summing copies. */
 	uint32_t *contrib;
@@ -41,12 +42,44 @@ typedef struct host_pair {
 	uint32_t *pack_slot;
 } host_pair_t;
 
+/* Buffers of fp32 sums kept from pair to pair: a fresh calloc of megabytes per pair cost two
+ * page faults per page at the first add (zero page, then copy on write) and an munmap at close,
+ * about a fifth of the daemon's CPU in the unshaped demo (docs/perf/daemon-cpu.md). A pair
+ * holds one per local rank from plan to close; beyond HM_SUMS open at once, the arena serves. */
+#define HM_SUMS (4 * RW_MAX_GPUS)
+
 struct host_mover {
 	rw_svc_stage_t *stage;
 	rw_svc_mover_done_fn done;
 	void *ctx;
 	host_pair_t *pairs;
+	struct { float *p; size_t n; int busy; } sums[HM_SUMS];
 };
+
+/* n zeroed floats from the pool (its slot in *slot_p), or from the pair's arena (slot -1). */
+static float *sums_take(host_mover_t *m, host_pair_t *hp, size_t n, int *slot_p)
+{
+	int pick = -1;
+	for (int i = 0; i < HM_SUMS; i++) /* the smallest free buffer that fits, else any free */
+		if (!m->sums[i].busy && (pick < 0 || (m->sums[i].n >= n &&
+			(m->sums[pick].n < n || m->sums[i].n < m->sums[pick].n))))
+			pick = i;
+	*slot_p = -1;
+	if (pick < 0)
+		return rw_arena_alloc(&hp->mem, n, sizeof(float));
+	if (m->sums[pick].n < n) {
+		float *p = malloc(n * sizeof(float));
+		if (!p)
+			return NULL;
+		free(m->sums[pick].p);
+		m->sums[pick].p = p;
+		m->sums[pick].n = n;
+	}
+	m->sums[pick].busy = 1;
+	*slot_p = pick;
+	memset(m->sums[pick].p, 0, n * sizeof(float));
+	return m->sums[pick].p;
+}
 
 enum { OP_FLUSH = 2 }; /* stage token ops: kind (0, 1) for inputs, OP_FLUSH for outputs */
 
@@ -101,6 +134,8 @@ static void host_destroy(void *mover)
 {
 	host_mover_t *m = mover;
 	rw_svc_stage_destroy(m->stage); /* waits for every copy */
+	for (int i = 0; i < HM_SUMS; i++)
+		free(m->sums[i].p);
 	free(m);
 }
 
@@ -118,6 +153,8 @@ static rw_status_t host_open(void *mover, const rw_svc_phase_t *ph, void **state
 		return RW_ERR_NOMEM;
 	hp->m = m;
 	hp->serial = ph->serial;
+	for (uint32_t g = 0; g < RW_MAX_GPUS; g++)
+		hp->acc_slot[g] = -1;
 	hp->next = m->pairs;
 	m->pairs = hp;
 	*state_p = hp;
@@ -147,6 +184,9 @@ static void host_close(void *mover, void *state)
 			*pp = hp->next;
 			break;
 		}
+	for (uint32_t g = 0; g < RW_MAX_GPUS; g++)
+		if (hp->acc_slot[g] >= 0)
+			m->sums[hp->acc_slot[g]].busy = 0;
 	rw_arena_free(&hp->mem);
 	free(hp);
 }
@@ -258,8 +298,10 @@ static rw_status_t host_plan(void *mover, void *state, const rw_svc_phase_t *ph,
 		}
 		hp->fwd_ref[g] = rw_arena_alloc(&hp->mem, RW_MIN(total, o->rows_cap) + 1, sizeof(uint32_t));
 		hp->expert_counts[g] = rw_arena_alloc(&hp->mem, ph->n_experts, sizeof(uint32_t));
-		hp->owner_acc[g] = rw_arena_alloc(&hp->mem, (size_t)ph->rt[g].n_tokens * ph->hidden + 1,
-						  sizeof(float));
+		if (hp->acc_slot[g] >= 0) /* (plan is once per pair; a repeat must not hold two) */
+			hp->m->sums[hp->acc_slot[g]].busy = 0;
+		hp->owner_acc[g] = sums_take(hp->m, hp, (size_t)ph->rt[g].n_tokens * ph->hidden + 1,
+					     &hp->acc_slot[g]);
 		oom |= !hp->fwd_ref[g] || !hp->expert_counts[g] || !hp->owner_acc[g];
 	}
 	if (oom) {

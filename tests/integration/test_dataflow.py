@@ -377,7 +377,7 @@ def scenario_cuda_runs(tmp, seed, real, runs, label, driver):
                 if "(CUDA buffers)" not in outs[r]:
                     raise RuntimeError("rank %d did not run with CUDA buffers: %s" % (r, outs[r]))
             for n in range(c.nodes):  # where the slabs live, and why (docs/cuda.md)
-                slabs = [l for l in c.stats(n).splitlines() if l.startswith("slabs ")]
+                slabs = [l for l in c.stats(n, "stats").splitlines() if l.startswith("slabs ")]
                 if slabs != ["slabs host, mapped into the GPUs (no GPUDirect: tcp rails are "
                              "sockets)"]:
                     raise RuntimeError("node %d: stats says %s about the slabs" % (n, slabs))
