@@ -31,19 +31,67 @@ void mesh_peer_set_state(mesh_peer_t *p, rw_svc_peer_state_t s)
 	rw_svc_metrics_peer_state(&p->mesh->svc->metrics, p->idx, s);
 }
 
+static void mesh_peer_up(mesh_peer_t *p);
+
 void mesh_peer_check_up(mesh_peer_t *p)
 {
 	rw_svc_mesh_t *m = p->mesh;
 	uint32_t up = mesh_rails_up(p);
 	mesh_rails_publish(p);
-	if (p->state == RW_SVC_PEER_UP || !p->ctl || !p->hello_ok || up != m->rails)
+	if (p->state == RW_SVC_PEER_UP || !p->ctl || !p->hello_ok)
 		return;
+	if (up == m->rails) {
+		rw_info("peer=%s: up (control and %u rails)", mesh_peer_name(m, p->idx), m->rails);
+		mesh_peer_up(p);
+	} else if (!ev_is_active(&p->join)) { /* the rails get heartbeat_timeout_ms to connect */
+		ev_timer_set(&p->join, m->svc->cfg.heartbeat_timeout_ms / 1000.0, 0.);
+		ev_timer_start(m->loop, &p->join);
+	}
+}
+
+/* Up: the rails that are not connected count as down (the join timer marked them). */
+static void mesh_peer_up(mesh_peer_t *p)
+{
+	rw_svc_mesh_t *m = p->mesh;
+	ev_timer_stop(m->loop, &p->join);
 	mesh_peer_set_state(p, RW_SVC_PEER_UP);
 	p->backoff_ms = 0;
 	mesh_rail_fault_arm(p);
-	rw_info("peer=%s: up (control and %u rails)", mesh_peer_name(m, p->idx), m->rails);
 	if (m->cbs.peer_up)
 		m->cbs.peer_up(m->ctx, p->idx);
+}
+
+void mesh_peer_join_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop, (void)revents;
+	mesh_peer_t *p = w->data;
+	rw_svc_mesh_t *m = p->mesh;
+	const uint32_t ms = m->svc->cfg.heartbeat_timeout_ms;
+	if (p->state == RW_SVC_PEER_UP || !p->ctl || !p->hello_ok || p->failing)
+		return;
+	if (mesh_rails_up(p) == 0) {
+		char why[96];
+		snprintf(why, sizeof(why), "no rail connected within %u ms (heartbeat_timeout_ms)", ms);
+		mesh_peer_fail(p, RW_ERR_TIMEOUT, why);
+		return;
+	}
+	char missing[4 * RW_MAX_RAILS + 1] = "";
+	size_t len = 0;
+	for (uint32_t r = 0; r < m->rails; r++) {
+		mesh_rail_t *mr = &p->rail[r];
+		if (mr->up)
+			continue;
+		rw_svc_rail_health_down(&mr->health, rw_now_ns()); /* a dial may still be under way */
+		len += (size_t)snprintf(missing + len, sizeof(missing) - len, " %u", r);
+	}
+	rw_warn("peer=%s: up on %u of %u rails: rail(s)%s did not connect within %u ms "
+		"(heartbeat_timeout_ms); reconnecting them in the background", mesh_peer_name(m, p->idx),
+		mesh_rails_up(p), m->rails, missing, ms);
+	mesh_rails_publish(p);
+	mesh_peer_up(p);
+	for (uint32_t r = 0; r < m->rails; r++)
+		if (!p->rail[r].up && !p->rail[r].conn)
+			mesh_rail_schedule(&p->rail[r]);
 }
 
 void mesh_peer_schedule_retry(mesh_peer_t *p)
@@ -74,6 +122,7 @@ void mesh_peer_fail(mesh_peer_t *p, rw_status_t st, const char *why)
 		mesh_ctl_free(p->ctl);
 		p->ctl = NULL;
 	}
+	ev_timer_stop(m->loop, &p->join);
 	p->hello_ok = 0;
 	mesh_auth_wipe(p->session, sizeof(p->session));
 	for (uint32_t r = 0; r < m->rails; r++) {
@@ -210,6 +259,13 @@ static void rail_on_error(rw_rail_conn_t *conn, void *ctx, rw_status_t st)
 		mesh_rail_fail(mr, st, why);
 		return;
 	}
+	/* While the peer joins, a rail that fails is down, not the peer (a node with a dead NIC
+	 * joins on its other rails); the join timer decides (mesh_rail_join_cb). */
+	if (p->state != RW_SVC_PEER_UP && p->ctl && p->hello_ok && !p->failing && !m->svc->stopping) {
+		mesh_rail_join_fail(mr, st, why);
+		mesh_peer_check_up(p);
+		return;
+	}
 	m->svc->metrics.rail[mr->rail].errors++;
 	mesh_peer_fail(p, st, why);
 }
@@ -283,6 +339,8 @@ static int rail_on_verify(rw_rail_conn_t *conn, void *ctx, const uint8_t proof[R
 		return -1;
 	mesh_peer_t *p = &m->peer[tag];
 	mesh_rail_t *mr = &p->rail[rail];
+	if (rw_svc_rail_health_held(&mr->health, rw_now_ns()))
+		return -1; /* the test switch: like a dead NIC, no handshake completes */
 	if (!p->ctl || !p->ctl->authed ||
 	    !mesh_auth_rail_proof_ok(p->session, MESH_AUTH_CONNECTOR, rail, proof, &dial) ||
 	    dial <= mr->dial) /* a replay, or an older dial than one already taken */
@@ -308,10 +366,10 @@ void mesh_peer_connect_rails(mesh_peer_t *p)
 		mesh_rail_t *mr = &p->rail[r];
 		if (mr->conn)
 			continue;
-		if (mesh_rail_dial(mr) != RW_OK) {
-			mesh_peer_fail(p, RW_ERR_LINK, "cannot start a rail connection");
-			return;
-		}
+		if (rw_svc_rail_health_held(&mr->health, rw_now_ns()))
+			mesh_rail_join_fail(mr, RW_ERR_LINK, "refused by the test switch");
+		else if (mesh_rail_dial(mr) != RW_OK)
+			mesh_rail_join_fail(mr, RW_ERR_LINK, "cannot start a rail connection");
 	}
 }
 

@@ -92,6 +92,9 @@ typedef struct mesh_peer {
 	int said_bye;                 /* it sent BYE: its close is a clean stop, not a failure */
 	ev_timer retry;
 	uint32_t backoff_ms;
+	/* Joining: authenticated but not every rail connected yet. After heartbeat_timeout_ms it
+	 * comes up on the rails that did (mesh_rail_join_cb); the others are down and redialed. */
+	ev_timer join;
 	/* A failure found inside a mesh call (a send, a write, fail_peer): carried out by fail_cb
 	 * from the loop, so the caller never sees write_done or peer_down inside its own call
 	 * (mesh.h). Until then the peer counts as down for sends and writes. */
@@ -178,6 +181,11 @@ void mesh_rail_retry_cb(struct ev_loop *loop, ev_timer *w, int revents);
 void mesh_rail_fault_cb(struct ev_loop *loop, ev_timer *w, int revents);
 /* The peer came up: arm the test switch if it names this peer. */
 void mesh_rail_fault_arm(mesh_peer_t *p);
+/* A rail that fails or cannot be dialed while its peer joins: down, not the peer's failure
+ * (a node whose NIC is dead still joins on its other rails). */
+void mesh_rail_join_fail(mesh_rail_t *mr, rw_status_t st, const char *why);
+/* Dial mr again after its back-off (the lower node dials; the higher one waits). */
+void mesh_rail_schedule(mesh_rail_t *mr);
 
 /* ---- mesh_auth.c -------------------------------------------------------------------------- */
 typedef enum mesh_auth_role {
@@ -221,7 +229,12 @@ const char *mesh_peer_name(const rw_svc_mesh_t *m, uint32_t idx);
 /* Take the peer down now: its control session and rails closed, writes completed with errors,
  * peer_down if it was up, a reconnect scheduled. Only from the loop, never inside a mesh call. */
 void mesh_peer_fail(mesh_peer_t *p, rw_status_t st, const char *why);
-void mesh_peer_check_up(mesh_peer_t *p);          /* UP once authenticated and every rail is */
+/* UP once authenticated and every rail is connected; with some rails only, the join timer
+ * decides (mesh_rail_join_cb). */
+void mesh_peer_check_up(mesh_peer_t *p);
+/* The joining peer's wait for its rails is over (heartbeat_timeout_ms after its hello): it comes
+ * up on the rails that connected, the others down and redialed; with none it fails. */
+void mesh_peer_join_cb(struct ev_loop *loop, ev_timer *w, int revents);
 void mesh_peer_connect_rails(mesh_peer_t *p);     /* the connector's rails, with their proofs */
 /* Dial rail mr of its peer (the connector's side), with the next dial number's proof. */
 rw_status_t mesh_rail_dial(mesh_rail_t *mr);

@@ -128,7 +128,7 @@ static const char *node_name(const rw_svc_mesh_t *m, uint32_t idx)
 	return m->svc->cfg.nodes[idx].name;
 }
 
-static void rail_schedule(mesh_rail_t *mr)
+void mesh_rail_schedule(mesh_rail_t *mr)
 {
 	rw_svc_mesh_t *m = mr->peer->mesh;
 	if (m->me > mr->peer->idx || m->svc->stopping) /* the lower index dials */
@@ -156,7 +156,22 @@ void mesh_rail_fail(mesh_rail_t *mr, rw_status_t st, const char *why)
 	if (was_up && m->cbs.rail_down) /* before the writes complete: the executor names the rail */
 		m->cbs.rail_down(m->ctx, p->idx, mr->rail, st);
 	mesh_rail_close(mr, RW_ERR_LINK);
-	rail_schedule(mr);
+	mesh_rail_schedule(mr);
+}
+
+void mesh_rail_join_fail(mesh_rail_t *mr, rw_status_t st, const char *why)
+{
+	mesh_peer_t *p = mr->peer;
+	rw_svc_mesh_t *m = p->mesh;
+	mr->up = 0;
+	if (rw_svc_rail_health_down(&mr->health, rw_now_ns())) {
+		rw_warn("peer=%s rail=%u: rail %u to node %u (%s) failed while the peer joins (%s): %s",
+			node_name(m, p->idx), mr->rail, mr->rail, p->idx, node_name(m, p->idx),
+			rw_status_str(st), why);
+		m->svc->metrics.rail[mr->rail].errors++;
+	}
+	mesh_rail_close(mr, RW_ERR_LINK);
+	mesh_rails_publish(p);
 }
 
 void mesh_rail_joined(mesh_rail_t *mr)
@@ -203,11 +218,11 @@ void mesh_rail_retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		return;
 	}
 	if (rw_svc_rail_health_held(&mr->health, rw_now_ns())) {
-		rail_schedule(mr);
+		mesh_rail_schedule(mr);
 		return;
 	}
 	if (m->dial(mr) != RW_OK)
-		rail_schedule(mr);
+		mesh_rail_schedule(mr);
 }
 
 void mesh_rail_fault_arm(mesh_peer_t *p)

@@ -117,6 +117,8 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 		}
 		ev_timer_init(&p->retry, mesh_retry_cb, 0., 0.);
 		p->retry.data = p;
+		ev_timer_init(&p->join, mesh_peer_join_cb, 0., 0.);
+		p->join.data = p;
 		mesh_peer_set_state(p, i == m->me ? RW_SVC_PEER_SELF : RW_SVC_PEER_DOWN);
 	}
 
@@ -185,6 +187,11 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 	m->fault_timer.data = m;
 	if ((st = rw_svc_rail_fault_from_env(&m->fault, m->nodes, m->rails, m->me)) != RW_OK)
 		goto fail;
+	if (m->fault.on && m->fault.at_start) { /* a NIC dead before the peers meet */
+		m->fault.fired = 1;
+		m->peer[m->fault.peer].rail[m->fault.rail].health.hold_until_ns =
+			rw_now_ns() + (uint64_t)m->fault.for_ms * 1000000ull;
+	}
 	ev_timer_start(m->loop, &m->hb_timer);
 
 	for (uint32_t i = m->me + 1; i < m->nodes; i++)
@@ -217,6 +224,7 @@ void rw_svc_mesh_destroy(rw_svc_mesh_t *m)
 		for (uint32_t i = 0; i < m->nodes; i++) {
 			mesh_peer_t *p = &m->peer[i];
 			ev_timer_stop(m->loop, &p->retry);
+			ev_timer_stop(m->loop, &p->join);
 			mesh_ctl_free(p->ctl);
 			p->ctl = NULL;
 			for (uint32_t r = 0; r < m->rails; r++) {

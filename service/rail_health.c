@@ -52,17 +52,23 @@ rw_status_t rw_svc_rail_fault_from_env(rw_svc_rail_fault_t *f, uint32_t nodes, u
 	const char *v = getenv("RAILWAVE_TEST_RAIL_DOWN");
 	if (!v || !*v)
 		return RW_OK;
-	unsigned rail, peer, at, len;
+	unsigned rail, peer, at = 0, len;
 	char extra;
-	if (sscanf(v, "%u:%u:%u:%u%c", &rail, &peer, &at, &len, &extra) != 4 || rail >= rails ||
-	    peer >= nodes || peer == me) {
-		rw_err("RAILWAVE_TEST_RAIL_DOWN=%s: expected RAIL:PEER:AT_MS:FOR_MS with RAIL < %u and "
-		       "PEER < %u, not this node (%u)", v, rails, nodes, me);
+	int start = sscanf(v, "%u:%u:start:%u%c", &rail, &peer, &len, &extra) == 3;
+	if ((!start && sscanf(v, "%u:%u:%u:%u%c", &rail, &peer, &at, &len, &extra) != 4) ||
+	    rail >= rails || peer >= nodes || peer == me) {
+		rw_err("RAILWAVE_TEST_RAIL_DOWN=%s: expected RAIL:PEER:AT_MS:FOR_MS (AT_MS may be "
+		       "\"start\") with RAIL < %u and PEER < %u, not this node (%u)", v, rails, nodes, me);
 		return RW_ERR_INVAL;
 	}
-	*f = (rw_svc_rail_fault_t){ .on = 1, .rail = rail, .peer = peer, .at_ms = at, .for_ms = len };
-	rw_warn("test switch RAILWAVE_TEST_RAIL_DOWN: rail %u to node %u goes down %u ms after that "
-		"peer is up, for %u ms", rail, peer, at, len);
+	*f = (rw_svc_rail_fault_t){ .on = 1, .at_start = start, .rail = rail, .peer = peer,
+				    .at_ms = at, .for_ms = len };
+	if (start)
+		rw_warn("test switch RAILWAVE_TEST_RAIL_DOWN: rail %u to node %u refused from the start "
+			"for %u ms", rail, peer, len);
+	else
+		rw_warn("test switch RAILWAVE_TEST_RAIL_DOWN: rail %u to node %u goes down %u ms after "
+			"that peer is up, for %u ms", rail, peer, at, len);
 	return RW_OK;
 }
 

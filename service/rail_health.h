@@ -57,9 +57,11 @@ uint32_t rw_svc_rail_weight_quantize(double mbit);
 
 /* The test switch RAILWAVE_TEST_RAIL_DOWN=RAIL:PEER:AT_MS:FOR_MS (docs/dataflow.md "Tests"): AT_MS
  * after the peer PEER first came up, this node closes its connection of rail RAIL to it and
- * refuses that rail (does not dial it, closes it when accepted) for FOR_MS. */
+ * refuses that rail (does not dial it, closes it when accepted) for FOR_MS. AT_MS "start":
+ * refused from the daemon's start (a NIC dead before the peers meet). */
 typedef struct rw_svc_rail_fault {
 	int on, fired;
+	int at_start;           /* AT_MS was "start": refused from the daemon's start */
 	uint32_t rail, peer, at_ms, for_ms;
 } rw_svc_rail_fault_t;
 

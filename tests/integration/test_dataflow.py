@@ -656,6 +656,53 @@ def scenario_rail(tmp, seed):
             print("       retried after: %s" % w)
 
 
+def scenario_rail_join(tmp, seed):
+    """A node whose rail cannot connect when the peers meet (a NIC dead at start: the test switch
+    with AT_MS "start" makes node 1 refuse node 0's rail 1 for 5 s): the two come up on their
+    other rail after heartbeat_timeout_ms instead of waiting for every rail, both log the missing
+    rail, every phase runs exactly without it (both ends plan without it), no peer goes down,
+    and once the rail connects the next phases use it again."""
+    node, peer, rail, hold_ms = 1, 0, 1, 5000
+    c = Cluster(tmp, 3, path="joint")
+    c.node_env[node] = {"RAILWAVE_TEST_RAIL_DOWN": "%d:%d:start:%d" % (rail, peer, hold_ms)}
+    t0 = time.time()
+    try:
+        c.start_all()
+        took = time.time() - t0
+        if took > hold_ms / 1000.0:
+            raise RuntimeError("the mesh came up after %.1f s: it waited for the dead rail" % took)
+        for a, b in ((node, peer), (peer, node)):
+            state = link_lines(c, a)[("n%d" % b, rail)]["state"]
+            with open(os.path.join(tmp, "d%d.log" % a)) as f:
+                log = f.read()
+            if state != "down" or "up on 1 of 2 rails: rail(s) %d did not connect" % rail not in log:
+                raise RuntimeError("node %d: link to n%d rail %d is %s; log:\n%s"
+                                   % (a, b, rail, state, log[-2000:]))
+        c.run_ranks("g.join", layers=2, steps=2, seed=seed, flags=["--empty"])
+        excluded = [stat_value(c, n, "phases_rail_excluded") for n in range(3)]
+        if min(excluded) == 0:
+            raise RuntimeError("a node planned with the missing rail: %s\n%s" % (excluded, c.logs()))
+        deadline = time.time() + WAIT
+        while any(v["state"] != "up" for n in range(3) for v in link_lines(c, n).values()):
+            if time.time() > deadline:
+                raise RuntimeError("rail %d never joined\n%s" % (rail, c.logs()))
+            time.sleep(0.05)
+        c.run_ranks("g.join", layers=2, steps=1, seed=seed + 1, flags=["--first-step", "100"])
+        after = [stat_value(c, n, "phases_rail_excluded") for n in range(3)]
+        if after != excluded:
+            raise RuntimeError("phases planned without the rail after it joined: %s -> %s"
+                               % (excluded, after))
+        for n in range(3):
+            st = c.stats(n, "stats peers")
+            if st.count("state=up") != 2 or "reconnects=0" not in st or "reconnects=1" in st:
+                raise RuntimeError("node %d: a peer went down:\n%s" % (n, st))
+    finally:
+        c.stop()
+    print("ok   rail join: n%d refused n%d's rail %d from the start; up on the other rail in "
+          "%.1f s, %s phases planned without it per node, then it joined and was used"
+          % (node, peer, rail, took, excluded))
+
+
 def scenario_weights(tmp, seed):
     """Measured rail weights (`rail_weights: measured`, docs/dataflow.md "Rail health"): paced tcp
     rails, node 0's rail 1 at a quarter of the others' rate (0.1 vs 0.4 Gbit/s, the cluster file
@@ -696,6 +743,7 @@ def main():
                          ("peer", scenario_peer_dies), ("flight", scenario_in_flight),
                          ("rank", scenario_rank_dies), ("timeout", scenario_timeout),
                          ("garbage", scenario_garbage), ("rail", scenario_rail),
+                         ("join", scenario_rail_join),
                          ("weights", scenario_weights)]:
             if only and name not in only.split(","):
                 continue

@@ -89,7 +89,12 @@ static void test_fault_switch(void **state)
 	setenv("RAILWAVE_TEST_RAIL_DOWN", "1:2:300:1500", 1);
 	assert_int_equal(rw_svc_rail_fault_from_env(&f, 3, 2, 0), RW_OK);
 	assert_true(f.on && f.rail == 1 && f.peer == 2 && f.at_ms == 300 && f.for_ms == 1500);
-	const char *bad[] = { "2:1:0:1", "1:3:0:1", "1:0:0:1" /* itself */, "1:2:3", "1:2:3:4x", "x" };
+	assert_false(f.at_start);
+	setenv("RAILWAVE_TEST_RAIL_DOWN", "0:1:start:2500", 1); /* refused from the start */
+	assert_int_equal(rw_svc_rail_fault_from_env(&f, 3, 2, 0), RW_OK);
+	assert_true(f.on && f.at_start && f.rail == 0 && f.peer == 1 && f.for_ms == 2500);
+	const char *bad[] = { "2:1:0:1", "1:3:0:1", "1:0:0:1" /* itself */, "1:2:3", "1:2:3:4x", "x",
+			      "1:2:start", "1:2:start:5x", "1:2:begin:5", "2:1:start:5" };
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		setenv("RAILWAVE_TEST_RAIL_DOWN", bad[i], 1);
 		assert_int_equal(rw_svc_rail_fault_from_env(&f, 3, 2, 0), RW_ERR_INVAL);
