@@ -1,6 +1,6 @@
-/* Private to the verbs transport (rdma/verbs*.c) and its unit test: the connection hello carried
- * in librdmacm's private data, write-mode negotiation, device-spec parsing and the mapping of work
- * completion statuses to rail errors. Pure functions, no rdma-core objects, so they are tested
+/* Private to the verbs transport (rdma/verbs*.c; these functions live in rdma/verbs_codec.c) and
+ * its unit test: the connection hello carried in librdmacm's private data, write-mode
+ * negotiation, device-spec parsing and the mapping of work completion statuses to rail errors. Pure functions, no rdma-core objects, so they are tested
  * on machines without an RDMA device. */
 #ifndef RW_RDMA_VERBS_PRIV_H
 #define RW_RDMA_VERBS_PRIV_H
