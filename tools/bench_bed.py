@@ -16,284 +16,16 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
-PATHS = ["native", "rail-only", "perm-only", "joint"]
-WHAT = {
-    "native": "every record on its owner GPU's rail, all destinations at once",
-    "rail-only": "RailBalance over all rails, all destinations at once",
-    "perm-only": "native rails, N-1 permutation waves",
-    "joint": "RailBalance inside each of N-1 permutation waves",
-    "auto": "the selector (anchor table calibrated in this run)",
-    "mpi": "Open MPI MPI_Alltoallv, TCP BTL over every rail interface",
-}
-WAIT = 300.0  # bound on any single wait; never a pass/fail criterion
-
-
-def say(*a):
-    print(*a, flush=True)
-
-
-def pct(xs, q):
-    """Percentile with linear interpolation (q in [0, 1])."""
-    s = sorted(xs)
-    if not s:
-        return float("nan")
-    i = q * (len(s) - 1)
-    lo = int(i)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (i - lo)
-
-
-def summary(xs):
-    return {"median": pct(xs, 0.5), "p10": pct(xs, 0.1), "p90": pct(xs, 0.9), "n": len(xs),
-            "samples": [round(x, 6) for x in xs]}
-
-
-class Procs:
-    """Every child process we start, so that all of them can be killed whatever happens."""
-
-    def __init__(self):
-        self.live = []
-
-    def spawn(self, argv, **kw):
-        p = subprocess.Popen(argv, start_new_session=True, **kw)
-        self.live.append(p)
-        return p
-
-    def forget(self, p):
-        if p in self.live:
-            self.live.remove(p)
-
-    def kill_all(self):
-        for p in self.live:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-        for p in self.live:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
-        self.live = []
-
-
-class Bed:
-    """The emulated cluster: network namespaces (test bed) or loopback addresses."""
-
-    def __init__(self, args, procs, src):
-        self.args, self.procs, self.src = args, procs, src
-        self.tb = os.path.join(src, "tests", "testbed", "testbed.sh")
-        self.prefix = args.prefix
-        self.mode = None
-        self.why = ""
-        self.is_up = False
-
-    def up(self):
-        a = self.args
-        if a.loopback:
-            self.mode, self.why = "loopback", "--loopback given"
-        elif os.geteuid() != 0:
-            self.mode, self.why = "loopback", "not root: cannot create network namespaces"
-        elif not (shutil.which("ip") and shutil.which("tc")):
-            self.mode, self.why = "loopback", "no iproute2 (ip, tc)"
-        else:
-            r = subprocess.run(["sh", self.tb, "up", "-n", str(a.nodes), "-r", str(a.rails),
-                                "-m", str(a.mbit), "-p", self.prefix],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            self.is_up = True  # down() also removes a half-built bed
-            if r.returncode == 0:
-                self.mode = "testbed"
-            else:
-                self.down()
-                self.mode, self.why = "loopback", "test bed failed: " + r.stdout.strip()[-200:]
-        return self.mode
-
-    def down(self):
-        if not self.is_up:
-            return True
-        subprocess.run(["sh", self.tb, "down", "-p", self.prefix], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
-        st = subprocess.run(["sh", self.tb, "status", "-p", self.prefix], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True).stdout.strip()
-        self.is_up = bool(st)
-        return not st
-
-    def wrap(self, node, argv):
-        if self.mode == "testbed":
-            return ["ip", "netns", "exec", "%s-n%d" % (self.prefix, node)] + argv
-        return argv
-
-    def control(self, n):
-        if self.mode == "testbed":
-            return "10.78.0.%d:7400" % (n + 1)
-        ip = "127.0.0.%d" % (n + 1)
-        return "%s:%d" % (ip, free_port(ip))
-
-    def rail(self, n, r):
-        if self.mode == "testbed":
-            return {"address": "10.77.%d.%d" % (r, n + 1), "port": 7500}
-        ip = "127.0.%d.%d" % (r, n + 1)
-        return {"address": ip, "port": free_port(ip)}
-
-
-def free_port(ip):
-    s = socket.socket()
-    s.bind((ip, 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-class Daemons:
-    """One railwaved per node for one contender (a forced path, or auto with a table)."""
-
-    def __init__(self, ctx, tmp, path, region_mib, experts, anchors=None):
-        self.ctx, self.tmp, self.path = ctx, tmp, path
-        a = ctx.args
-        self.n = a.nodes
-        self.procs = []
-        cfg = {
-            "cluster": "testbed" if ctx.bed.mode == "testbed" else "loopback",
-            "transport": "tcp", "gpus_per_node": a.gpus,
-            "nic_gbps": a.mbit / 1000.0,
-            "phase_timeout_ms": a.phase_timeout_ms, "heartbeat_interval_ms": 500,
-            "heartbeat_timeout_ms": 15000, "recv_region_mib": region_mib,
-            "http": "0", "log_level": "warn", "path": path,
-            "anchors": anchors or "", "nodes": [],
-        }
-        for n in range(self.n):
-            cfg["nodes"].append({
-                "name": "node%d" % n, "control": ctx.bed.control(n),
-                "rails": [ctx.bed.rail(n, r) for r in range(a.rails)],
-                "ipc_socket": os.path.join(tmp, "node%d.sock" % n),
-                "stats_socket": os.path.join(tmp, "node%d.stats" % n),
-            })
-        # Peers authenticate with a key made for this run (docs/security.md): the demo runs
-        # the shipped, authenticated path.
-        cfg["key_file"] = os.path.join(tmp, "cluster.key")
-        subprocess.run([ctx.bin("railwave"), "keygen", "--force", cfg["key_file"]], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.cfg = cfg
-        self.cfg_path = os.path.join(tmp, "cluster.json")
-        with open(self.cfg_path, "w") as f:
-            json.dump(cfg, f, indent=1)
-        self.env = dict(os.environ)
-
-    def start(self):
-        for n in range(self.n):
-            log = open(os.path.join(self.tmp, "railwaved.node%d.log" % n), "a")
-            argv = self.ctx.bed.wrap(n, [self.ctx.bin("railwaved"), "--config", self.cfg_path,
-                                         "--node", str(n)])
-            self.procs.append(self.ctx.procs.spawn(argv, stdout=log, stderr=subprocess.STDOUT,
-                                                   env=self.env))
-            log.close()
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            for n, p in enumerate(self.procs):
-                if p.poll() is not None:
-                    raise RuntimeError("railwaved on node %d exited (%d) at start:\n%s"
-                                       % (n, p.returncode, self.log_tail(n)))
-            try:
-                if all(self.stats(n, "stats peers").count("state=up") == self.n - 1
-                       for n in range(self.n)):
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError("the daemons' mesh did not come up in 60 s\n" + self.log_tail(0))
-
-    def stats(self, n, cmd):
-        s = socket.socket(socket.AF_UNIX)
-        s.settimeout(10)
-        try:
-            s.connect(self.cfg["nodes"][n]["stats_socket"])
-            s.sendall(cmd.encode() + b"\n")
-            out = b""
-            while not out.endswith(b"\n\n"):
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                out += chunk
-        finally:
-            s.close()
-        return out.decode()
-
-    def rail_tx(self):
-        """tx_bytes[node][rail] from every daemon's counters."""
-        out = []
-        for n in range(self.n):
-            row = {}
-            for line in self.stats(n, "stats rails").splitlines():
-                kv = dict(w.split("=", 1) for w in line.split() if "=" in w)
-                if "rail" in kv and "tx_bytes" in kv:
-                    row[int(kv["rail"])] = int(kv["tx_bytes"])
-            out.append([row.get(r, 0) for r in range(self.ctx.args.rails)])
-        return out
-
-    def last_decision(self):
-        for line in self.stats(0, "stats selector").splitlines():
-            if line.startswith("decision "):
-                return dict(w.split("=", 1) for w in line.split()[1:] if "=" in w)
-        return {}
-
-    def log_tail(self, n, lines=15):
-        try:
-            with open(os.path.join(self.tmp, "railwaved.node%d.log" % n)) as f:
-                return "".join("  node%d| %s" % (n, l) for l in f.readlines()[-lines:])
-        except OSError:
-            return ""
-
-    def cpu_seconds(self):
-        """CPU time (user + system) the daemons have used so far, from /proc."""
-        tick = os.sysconf("SC_CLK_TCK")
-        total = 0.0
-        for p in self.procs:
-            try:
-                with open("/proc/%d/stat" % p.pid) as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / tick
-            except (OSError, IndexError, ValueError):
-                pass
-        return total
-
-    def stop(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        bad = []
-        for n, p in enumerate(self.procs):
-            try:
-                rc = p.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                rc = p.wait()
-            self.ctx.procs.forget(p)
-            if rc != 0:
-                bad.append("node%d exit %s" % (n, rc))
-        self.procs = []
-        return bad
-
-
-class Ctx:
-    def __init__(self, args, procs, bed, src):
-        self.args, self.procs, self.bed, self.src = args, procs, bed, src
-        self.build = args.build
-
-    def bin(self, name):
-        if name == "railwaved" and os.environ.get("RAILWAVE_DAEMON"):
-            return os.environ["RAILWAVE_DAEMON"]  # another build of the daemon
-        for p in (os.path.join(self.build, name), os.path.join(self.build, "tools", name),
-                  os.path.join(self.build, "bin", name)):
-            if os.access(p, os.X_OK):
-                return p
-        raise RuntimeError("%s not built in %s (run ninja)" % (name, self.build))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its modules, however loaded
+# (Bed, Ctx, Daemons, Procs, pct, summary and PATHS are also what calibrate.py and
+# tests/testbed/rail_health.py take from here.)
+from bench_procs import WAIT, Bed, Ctx, Daemons, Procs, pct, say, summary  # noqa: E402,F401
+from bench_report import PATHS, WHAT, write_bench  # noqa: E402,F401
 
 
 def wl_args(a, wl):
@@ -496,7 +228,7 @@ def calibrate(ctx, cases, out_path):
 def nic_view(desc, path, rec, crec):
     """Per-path NIC numbers from the plan: busiest NIC and the mean over all NICs (egress)."""
     p = desc["paths"][path]
-    eg, ig = p["egress_records"], p["ingress_records"]
+    eg = p["egress_records"]
     busiest = p["busiest_records"]
     mean_eg = sum(eg) / len(eg)
     return busiest, mean_eg
@@ -537,7 +269,6 @@ def demo(ctx, tmp):
     desc = describe(ctx, wl)
     f = desc["features"]
     rec, crec = desc["record_bytes"], desc["combine_record_bytes"]
-    rate = a.mbit * 1e6 / 8
     shaped = ctx.bed.mode == "testbed"
     say("cluster: %d nodes x %d rails, %d ranks per node, one railwaved per node (tcp transport); "
         "this machine: %d CPUs, load average %.1f" % (a.nodes, a.rails, a.gpus, os.cpu_count(),
@@ -673,7 +404,6 @@ def bench_points(a):
     """The sweep: rail skew (rho_g 1..R), payload size, expert skew, receiver fan-in."""
     base = {"experts": a.experts, "topk": a.topk, "hidden": a.hidden, "tokens": a.tokens,
             "zipf": 0.0, "dirichlet": 0.0, "rail_skew": 0.0, "seed": a.seed, "layer": a.layer}
-    G = a.gpus
     pts = []
     # rail_skew for target rho_g = t when G = R: the hot GPU owns R/t... share 1/(1+(G-1)(1-s)).
     skews = [0.0, 0.67, 0.89, 1.0] if not a.short else [0.0, 0.89]
@@ -758,136 +488,6 @@ def bench(ctx, tmp):
     if mpi_failed:
         say("MPI_Alltoallv failed at point(s) %s: see %s.json" % (mpi_failed, a.name))
     return doc
-
-
-CONT = PATHS + ["auto", "mpi"]
-
-
-def phase_table(doc, phase):
-    """time / lower bound of every contender at every point, for one phase."""
-    lines = ["%s time / lower bound (median; p10-p90 in brackets); lower bound = busiest NIC "
-             "after the best per-pair balance / NIC rate" % phase]
-    hdr = "%-11s %5s %5s %4s %8s" % ("axis", "rho_g", "kappa", "fan", "LB s")
-    for c in CONT:
-        hdr += " %17s" % c
-    hdr += "  %-9s" % "selected"
-    lines.append(hdr)
-    for p in doc["points"]:
-        f = p["features"]
-        lb = p["lower_bound_s"][phase]
-        s = "%-11s %5.2f %5.2f %4d %8.3f" % (p["axis"], f["rho_g"], f["kappa"], f["max_fan_in"], lb)
-        for c in CONT:
-            r = p["results"].get(c, {})
-            if phase not in r:
-                s += " %17s" % "-"
-                continue
-            d = r[phase]
-            s += " %5.2f [%4.2f-%4.2f]" % (d["median"] / lb, d["p10"] / lb, d["p90"] / lb)
-        s += "  %-9s" % p["results"].get("auto", {}).get("decision", {}).get("path", "-")
-        lines.append(s)
-    return lines
-
-
-def bench_table(doc):
-    lines = []
-    for phase in ("dispatch", "combine"):
-        lines += phase_table(doc, phase) + [""]
-    del lines[-1]
-    lines.append("")
-    lines.append("ratios measured in the same run, per point (dispatch medians):")
-    for p in doc["points"]:
-        r = p["results"]
-        med = {c: r[c]["dispatch"]["median"] for c in CONT if "dispatch" in r.get(c, {})}
-        best = min(PATHS, key=lambda c: med[c])
-        s = "  %-11s rho_g %4.2f: native/joint %5.2f" % (p["axis"], p["features"]["rho_g"],
-                                                        med["native"] / med["joint"])
-        if "mpi" in med:
-            s += "  mpi/joint %5.2f" % (med["mpi"] / med["joint"])
-        if "auto" in med:
-            s += "  selector/best %5.3f (best %s)" % (med["auto"] / med[best], best)
-        lines.append(s)
-    lines += [""] + target_lines(doc)
-    return "\n".join(lines) + "\n"
-
-
-def target_lines(doc):
-    """The issue's targets, checked on this run's medians (docs/perf/testbed.md)."""
-    def ratio(p, c, phase):
-        r = p["results"].get(c, {})
-        return r[phase]["median"] / p["lower_bound_s"][phase] if phase in r else None
-
-    skewed = [p for p in doc["points"] if p["features"]["rho_g"] >= 2.95]
-    lines = ["targets on the %d points with rho_g >= 3 (medians):" % len(skewed)]
-    for c in ("rail-only", "joint"):
-        for phase in ("dispatch", "combine"):
-            v = [ratio(p, c, phase) for p in skewed]
-            v = [x for x in v if x is not None]
-            if v:
-                lines.append("  %-9s %-8s time / lower bound: worst %.2f, %d of %d within 1.15" % (
-                    c, phase, max(v), sum(x <= 1.15 for x in v), len(v)))
-    nj = [p["results"]["native"]["dispatch"]["median"] / p["results"]["joint"]["dispatch"]["median"]
-          for p in skewed if "dispatch" in p["results"].get("native", {})]
-    if nj:
-        lines.append("  native / joint (dispatch): lowest %.2f, %d of %d at least 2" % (
-            min(nj), sum(x >= 2 for x in nj), len(nj)))
-    for phase in ("dispatch", "combine"):
-        mj = [p["results"]["mpi"][phase]["median"] / p["results"]["joint"][phase]["median"]
-              for p in doc["points"] if phase in p["results"].get("mpi", {})]
-        if mj:
-            lines.append("  mpi / joint (%s, all points): lowest %.2f, %d of %d above 1" % (
-                phase, min(mj), sum(x > 1 for x in mj), len(mj)))
-    uni = [p for p in doc["points"] if p["features"]["rho_g"] < 1.2 and "auto" in p["results"]]
-    for p in uni:
-        best = min(PATHS, key=lambda c: p["results"][c]["dispatch"]["median"])
-        lines.append("  uniform point (rho_g %.2f): selector %s, %.3f x the best path (%s)" % (
-            p["features"]["rho_g"], p["results"]["auto"].get("decision", {}).get("path", "-"),
-            p["results"]["auto"]["dispatch"]["median"] / p["results"][best]["dispatch"]["median"],
-            best))
-    return lines
-
-
-def write_bench(a, doc):
-    os.makedirs(a.out, exist_ok=True)
-    base = os.path.join(a.out, a.name)
-    with open(base + ".json", "w") as f:
-        json.dump(doc, f, indent=1)
-    text = bench_table(doc)
-    with open(base + ".txt", "w") as f:
-        f.write(text)
-    say("")
-    say(text)
-    pts = [p for p in doc["points"] if p["axis"] == "rail-skew"]
-    dat = base + ".dat"
-    with open(dat, "w") as f:
-        f.write("# rho_g " + " ".join(CONT) + "\n")
-        for p in sorted(pts, key=lambda p: p["features"]["rho_g"]):
-            lb = p["lower_bound_s"]["dispatch"]
-            vals = []
-            for c in CONT:
-                r = p["results"].get(c, {})
-                vals.append("%.4f" % (r["dispatch"]["median"] / lb) if "dispatch" in r else "NaN")
-            f.write("%.3f %s\n" % (p["features"]["rho_g"], " ".join(vals)))
-    if shutil.which("gnuplot"):
-        plot = ["set terminal pngcairo size 900,560 font 'sans,11'",
-                "set output '%s.png'" % base,
-                "set title 'RailWave on the rail test bed: %d nodes x %d rails x %d Mbit/s, %d ranks/node'"
-                % (doc["nodes"], doc["rails"], doc["mbit"], doc["gpus"]),
-                "set xlabel 'source-rail skew rho_g (max / mean native NIC egress)'",
-                "set ylabel 'dispatch time / lower bound'", "set key top left", "set grid",
-                "set yrange [0:*]",
-                "plot " + ", ".join("'%s' using 1:%d with linespoints lw 2 title '%s'"
-                                    % (dat, i + 2, c if c != "auto" else "selector")
-                                    for i, c in enumerate(CONT))]
-        r = subprocess.run(["gnuplot"], input="\n".join(plot) + "\n", text=True,
-                           stderr=subprocess.PIPE)
-        if r.returncode != 0:
-            say("gnuplot failed: " + r.stderr.strip())
-        else:
-            say("wrote %s.json, %s.txt, %s.png" % (base, base, base))
-    os.remove(dat)
-
-
-# ---------------------------------------------------------------------------------------------
 
 
 def main():
