@@ -94,6 +94,7 @@ rw_status_t rw_cuda_event_export(int d, rw_cuda_event_t **e, uint8_t h[RW_CUDA_I
 rw_status_t rw_cuda_event_import(int d, const uint8_t h[RW_CUDA_IPC_HANDLE_BYTES], rw_cuda_event_t **e)
 { (void)d; (void)e; (void)h; return RW_NO_CUDA; }
 void rw_cuda_event_destroy(rw_cuda_event_t *e) { (void)e; }
+rw_status_t rw_cuda_peer_enable(int d, int p) { (void)d; (void)p; return RW_NO_CUDA; }
 rw_status_t rw_cuda_event_record(rw_cuda_event_t *e, rw_cuda_stream_t *s) { (void)e; (void)s; return RW_NO_CUDA; }
 rw_status_t rw_cuda_stream_wait_event(rw_cuda_stream_t *s, rw_cuda_event_t *e) { (void)e; (void)s; return RW_NO_CUDA; }
 rw_status_t rw_cuda_stream_write_u32(rw_cuda_stream_t *s, rw_cuda_dptr_t a, uint32_t v)

@@ -287,6 +287,14 @@ rw_status_t rw_cuda_route_count(rw_cuda_stream_t *stream, rw_cuda_dptr_t ids, ui
 				uint32_t topk, uint32_t n_experts, uint32_t nodes, uint32_t rails,
 				uint32_t rail, rw_cuda_dptr_t row, rw_cuda_dptr_t bad);
 
+/* ---- several devices (cuda/peer.c; docs/cuda.md "Several GPUs") ----------------------------- */
+
+/* Let kernels on `device` read and write `peer`'s memory (cuCtxEnablePeerAccess on device's
+ * primary context; enabling it again is fine). RW_OK also for device == peer. RW_ERR_UNSUPPORTED:
+ * the two cannot reach each other (cuDeviceCanAccessPeer), or the driver lacks the entry points:
+ * a kernel on device must not touch peer's memory then (copy it over first). */
+rw_status_t rw_cuda_peer_enable(int device, int peer);
+
 /* ---- stream order across processes (cuda/event.c; docs/cuda.md "Stream-ordered submission") -- */
 
 typedef struct rw_cuda_event rw_cuda_event_t;
