@@ -4,7 +4,8 @@
  * completions. Every client input is hostile: a bad one gets an error reply or an error
  * completion and, where the connection cannot continue, that one client is dropped; every fd
  * received is closed on every path; nothing here can be made to crash or to block the loop. Rank authentication (admission, groups,
- * keys, the hello) is ipc/server_auth.c; the two share ipc/server_int.h. */
+ * keys, the hello) is ipc/server_auth.c, registered events (stream order) ipc/server_event.c;
+ * they share ipc/server_int.h. */
 #include "ipc/server_int.h"
 
 #include <errno.h>
@@ -116,7 +117,7 @@ int ipc_send_error(rw_ipc_client_t *c, uint32_t seq, int code, const char *why, 
  * Buffers
  * ------------------------------------------------------------------------------------------- */
 
-static buf_slot_t *buf_find(const rw_ipc_client_t *c, uint32_t id)
+buf_slot_t *ipc_buf_find(const rw_ipc_client_t *c, uint32_t id)
 {
 	if (!c->bufs || id == 0 || id == RW_BUF_NONE)
 		return NULL;
@@ -128,7 +129,7 @@ static buf_slot_t *buf_find(const rw_ipc_client_t *c, uint32_t id)
 
 static uint64_t buf_size_of(void *ctx, uint32_t id)
 {
-	const buf_slot_t *b = buf_find(ctx, id);
+	const buf_slot_t *b = ipc_buf_find(ctx, id);
 	return b ? b->pub.size : 0;
 }
 
@@ -204,7 +205,7 @@ static int handle_reg_host(rw_ipc_client_t *c, const rw_ipc_reg_host_t *req, int
 	return 0;
 }
 
-static int cuda_ready(rw_ipc_server_t *srv)
+int ipc_cuda_ready(rw_ipc_server_t *srv)
 {
 	if (srv->cuda_state == 0) {
 		srv->cuda_state = -1;
@@ -227,7 +228,7 @@ static int handle_reg_cuda(rw_ipc_client_t *c, const rw_ipc_reg_cuda_t *req)
 	    __builtin_add_overflow(req->offset, req->bytes, &end) || end > req->alloc_bytes)
 		return ipc_send_error(c, seq, RW_E_BUF_SIZE,
 				  "cuda range empty, above the limit or outside its allocation", 0);
-	if (!cuda_ready(srv))
+	if (!ipc_cuda_ready(srv))
 		return ipc_send_error(c, seq, RW_E_NO_CUDA, "the daemon has no usable CUDA driver", 0);
 	rw_cuda_ipc_desc_t desc;
 	memset(&desc, 0, sizeof(desc));
@@ -274,12 +275,15 @@ static int handle_reg_cuda(rw_ipc_client_t *c, const rw_ipc_reg_cuda_t *req)
 
 static int handle_dereg(rw_ipc_client_t *c, const rw_ipc_dereg_t *req)
 {
-	buf_slot_t *b = buf_find(c, req->buf_id);
+	buf_slot_t *b = ipc_buf_find(c, req->buf_id);
 	if (!b)
 		return ipc_send_error(c, req->hdr.seq, RW_E_BUF_ID, "deregister: unknown buffer id", 0);
 	if (c->reserved)
 		return ipc_send_error(c, req->hdr.seq, RW_E_BUF_BUSY,
 				  "deregister while submissions are in flight", 0);
+	if (ipc_event_of_buf(c, req->buf_id))
+		return ipc_send_error(c, req->hdr.seq, RW_E_BUF_BUSY, "deregister: the buffer holds a "
+				      "registered event's completion flag (deregister the event first)", 0);
 	buf_release(c, b);
 	rw_ipc_dereg_t ok;
 	memset(&ok, 0, sizeof(ok));
@@ -442,7 +446,13 @@ static int drain(rw_ipc_client_t *c)
 			memcpy(&sqe, rw_ring_cons_peek(&c->sq, i), sizeof(sqe));
 			const char *why;
 			int code = rw_ipc_check_sqe(&sqe, &srv->lim, buf_size_of, c, &why);
+			if (!code && sqe.flags && !ipc_event_find(c, sqe.event_id)) {
+				code = RW_E_EVENT;
+				why = "stream-ordered submission names an event id this rank has not "
+				      "registered";
+			}
 			if (code) {
+				rw_ipc_signal_now(c, &sqe); /* the flag before the CQE, errors too */
 				/* The reason first, as a notice (rw_client_last_message), then the
 				 * completion, as the service answers a refused submission. */
 				rw_ipc_client_notice(srv, c, code, why);
@@ -586,6 +596,8 @@ static int handle_message(rw_ipc_client_t *c, const void *buf, size_t len, int f
 	case RW_IPC_REG_HOST: return handle_reg_host(c, &msg.reg_host, fds[0]);
 	case RW_IPC_REG_CUDA: return handle_reg_cuda(c, &msg.reg_cuda);
 	case RW_IPC_DEREG: return handle_dereg(c, &msg.dereg);
+	case RW_IPC_REG_EVENT: return ipc_handle_reg_event(c, &msg.reg_event);
+	case RW_IPC_DEREG_EVENT: return ipc_handle_dereg_event(c, &msg.dereg);
 	case RW_IPC_RING_SETUP: return handle_ring_setup(c, &msg.ring_setup);
 	case RW_IPC_GOODBYE: client_kill(c, RW_IPC_LEFT_GOODBYE, 0); return 0;
 	}
@@ -694,6 +706,7 @@ static void client_free(rw_ipc_client_t *c)
 				buf_release(c, &c->bufs[i]);
 		free(c->bufs);
 	}
+	ipc_events_free(c);
 	rings_free(c);
 	close(c->fd);
 	if (c->prev)
@@ -920,9 +933,10 @@ rw_status_t rw_ipc_server_create(struct ev_loop *loop, const rw_ipc_server_confi
 	DEFAULT(max_world, 1u << 20);
 	DEFAULT(max_local_gpu, 64);
 	DEFAULT(max_experts, 1u << 20);
+	DEFAULT(max_events, 16);
 	DEFAULT(max_per_uid, 64);
 	DEFAULT(hello_timeout_ms, 5000);
-	if (cfg.max_buffers > MAX_BUFFER_SLOTS || cfg.max_ring_entries > (1u << 20) ||
+	if (cfg.max_buffers > MAX_BUFFER_SLOTS || cfg.max_events > MAX_EVENT_SLOTS || cfg.max_ring_entries > (1u << 20) ||
 	    cfg.max_topk > 0xffff || cfg.mode > 0777) {
 		rw_err("ipc: server limits out of range");
 		return RW_ERR_INVAL;
@@ -959,6 +973,7 @@ rw_status_t rw_ipc_server_create(struct ev_loop *loop, const rw_ipc_server_confi
 		.max_world = cfg.max_world,
 		.max_local_gpu = cfg.max_local_gpu,
 		.max_experts = cfg.max_experts,
+		.max_events = cfg.max_events,
 		.dtypes = cfg.dtypes ? cfg.dtypes : UINT32_MAX,
 	};
 	srv->cfg.group = config->group;
@@ -1022,7 +1037,7 @@ rw_status_t rw_ipc_complete(rw_ipc_server_t *srv, rw_ipc_client_t *c, const rw_c
 
 rw_status_t rw_ipc_buffer_lookup(const rw_ipc_client_t *c, uint32_t buf_id, rw_ipc_buffer_t *buf_p)
 {
-	const buf_slot_t *b = buf_find(c, buf_id);
+	const buf_slot_t *b = ipc_buf_find(c, buf_id);
 	if (!b)
 		return RW_ERR_NOTFOUND;
 	*buf_p = b->pub;

@@ -26,6 +26,17 @@ typedef struct buf_slot {
 	rw_cuda_ipc_map_t *cuda_map; /* CUDA import reference */
 } buf_slot_t;
 
+#define MAX_EVENT_SLOTS 64 /* event id = generation << 6 | slot, 1..65535 */
+
+/* A registered interprocess event and the rank's completion flag (server_event.c). */
+typedef struct ipc_event {
+	uint32_t id;                 /* 0: free */
+	rw_cuda_event_t *ev;
+	int device;                  /* the flag's (and the event's) device in this process */
+	uint32_t flag_buf;
+	uint64_t flag_dptr;
+} ipc_event_t;
+
 typedef struct ipc_group {
 	char name[RW_GROUP_NAME_MAX];
 	uint32_t world_size;
@@ -59,6 +70,10 @@ struct rw_ipc_client {
 	buf_slot_t *bufs; /* max_buffers slots */
 	uint32_t nbufs;
 	uint32_t buf_gen;
+
+	ipc_event_t *events; /* max_events slots, allocated at the first registration */
+	uint32_t nevents;
+	uint32_t event_gen;
 
 	int rings_up;
 	void *ring_map;
@@ -104,6 +119,18 @@ struct rw_ipc_server {
 void ipc_hdr_init(rw_ipc_hdr_t *hdr, uint16_t type, uint32_t seq);
 int ipc_send_msg(rw_ipc_client_t *c, const void *msg, size_t len, const int *fds, unsigned nfds);
 int ipc_send_error(rw_ipc_client_t *c, uint32_t seq, int code, const char *why, int fatal);
+
+/* Buffers and CUDA (server.c). */
+buf_slot_t *ipc_buf_find(const rw_ipc_client_t *c, uint32_t id);
+int ipc_cuda_ready(rw_ipc_server_t *srv); /* 1: CUDA imports work in this daemon */
+
+/* Stream order (server_event.c). */
+int ipc_handle_reg_event(rw_ipc_client_t *c, const rw_ipc_reg_event_t *req);
+int ipc_handle_dereg_event(rw_ipc_client_t *c, const rw_ipc_dereg_t *req);
+/* The event holding buffer buf_id's flag, or NULL (such a buffer cannot be deregistered). */
+const ipc_event_t *ipc_event_of_buf(const rw_ipc_client_t *c, uint32_t buf_id);
+const ipc_event_t *ipc_event_find(const rw_ipc_client_t *c, uint32_t id);
+void ipc_events_free(rw_ipc_client_t *c);
 
 /* Rank authentication (server_auth.c). */
 /* A freshly accepted connection: its peer credentials read (SO_PEERCRED, and the process start

@@ -84,6 +84,34 @@ void rw_cuda_ipc_release(rw_cuda_ipc_cache_t *cache, rw_cuda_ipc_map_t *map, uin
 	free(map);
 }
 int rw_cuda_ipc_map_device(const rw_cuda_ipc_map_t *map) { return map->device; }
+/* Interprocess events (stream order): heap objects too; the handle's first byte picks the
+ * driver's answer. */
+struct rw_cuda_event { int device; };
+static int events_live;
+rw_status_t rw_cuda_event_import(int device, const uint8_t handle[RW_CUDA_IPC_HANDLE_BYTES],
+				 rw_cuda_event_t **ev_p)
+{
+	switch (handle[0] & 3) {
+	case 1: return RW_ERR_INVAL;
+	case 2: return RW_ERR_UNSUPPORTED;
+	}
+	*ev_p = malloc(sizeof(**ev_p));
+	if (!*ev_p)
+		return RW_ERR_NOMEM;
+	(*ev_p)->device = device;
+	events_live++;
+	return RW_OK;
+}
+void rw_cuda_event_destroy(rw_cuda_event_t *ev)
+{
+	events_live--;
+	free(ev);
+}
+rw_status_t rw_cuda_write_u32(int device, rw_cuda_dptr_t addr, uint32_t value)
+{
+	(void)device, (void)addr, (void)value;
+	return RW_OK; /* the stand-in's "device" addresses are not memory */
+}
 
 /* ---- the server ---- */
 
@@ -379,9 +407,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		close(s.sq_efd);
 	if (s.cq_efd >= 0)
 		close(s.cq_efd);
-	if (st.clients || st.buffers || st.rings || st.groups || cuda_live) {
+	if (st.clients || st.buffers || st.rings || st.groups || cuda_live || st.events ||
+	    events_live) {
 		fprintf(stderr, "server kept state: clients %u buffers %u rings %u groups %u "
-			"cuda imports %d\n", st.clients, st.buffers, st.rings, st.groups, cuda_live);
+			"cuda imports %d events %u/%d\n", st.clients, st.buffers, st.rings, st.groups, cuda_live,
+			st.events, events_live);
 		abort();
 	}
 	int fds = count_fds();

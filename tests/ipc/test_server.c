@@ -1302,7 +1302,10 @@ static void test_bad_entries_rejected(void **state)
 	CASE(e.dtype = 0, RW_E_DTYPE);
 	CASE(e.dtype = 77, RW_E_DTYPE);
 	CASE(e.flags = 1, RW_E_FIELD);
-	CASE(e.reserved = 1, RW_E_FIELD);
+	CASE(e.event_id = 1, RW_E_FIELD); /* an event id without a stream-order flag */
+	CASE(e.flags = RW_SQE_SIGNAL, RW_E_FIELD); /* a stream-order flag without an event id */
+	CASE((e.flags = RW_SQE_WAIT_EVENT, e.event_id = 77), RW_E_EVENT); /* not registered */
+	CASE(e.flags = 4, RW_E_FIELD);
 	CASE(e.path = RW_PATH_REQ_JOINT + 1, RW_E_FIELD); /* docs/ipc.md "Path requests" */
 	CASE(e.n_experts = 0, RW_E_EXPERTS); /* a dispatch must say E */
 	CASE(e.n_experts = (1u << 20) + 1, RW_E_EXPERTS);
