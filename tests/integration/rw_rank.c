@@ -37,9 +37,9 @@
  *                         in on the rank's stream WITHOUT a synchronization, the event recorded
  *                         after them, and every submission asks the daemon to wait on it and to
  *                         write the next flag value V; the stream then waits for flag >= V before
- *                         copying the outputs back. Checks that the flag is V-1 before each
- *                         submission and exactly V after its completion, errors included
- *                         (mode fail). If the daemon goes away mid-phase, the owed flags
+ *                         copying the outputs back (what is checked is what they held when
+ *                         the flag appeared). Checks that the flag is exactly V after each
+ *                         completion, errors included (mode fail). If the daemon goes away mid-phase, the owed flags
  *                         (rw_client_lost_signals) are written here, the stream must drain, and
  *                         the rank prints "daemon lost: wrote N owed flags, stream drained" and
  *                         exits 3.
@@ -274,17 +274,12 @@ static uint32_t flag_now(const rank_buf_t *b)
 	return v;
 }
 
-/* Stream order, before submitting `e`: record the event behind the inputs' copies and ask for
- * the next flag value. The flag must still hold the previous one. */
+/* Stream order, before submitting `e`: record the event behind the inputs' copies (not
+ * synchronized) and ask for the next flag value. */
 static int ordered_submit(rw_client_t *c, rank_buf_t *b, rw_sqe_t *e)
 {
 	if (!b->ordered)
 		return rw_client_submit(c, e, 1);
-	uint32_t v = flag_now(b);
-	if (v != b->value) {
-		fprintf(stderr, "rank %u: flag is %u before submitting, expected %u\n", me, v, b->value);
-		return RW_E_INVAL;
-	}
 	if (rw_cuda_event_record(b->event, b->stream) != RW_OK)
 		return RW_E_SYS;
 	e->flags = RW_SQE_WAIT_EVENT | RW_SQE_SIGNAL;
@@ -293,15 +288,22 @@ static int ordered_submit(rw_client_t *c, rank_buf_t *b, rw_sqe_t *e)
 	return rw_client_submit(c, e, 1);
 }
 
-/* Stream order, after the submission: the stream waits for the flag (the copies back follow it
- * on the stream); after its completion the flag must be exactly the value asked for. */
-static int ordered_wait(rank_buf_t *b)
+/* Stream order, after the submission: the stream waits for the flag, then copies the outputs
+ * [off, off + len) back, so what is checked is what the outputs held when the flag appeared
+ * (a flag written before the outputs shows as stale rows). */
+static int ordered_wait(rank_buf_t *b, uint64_t off, uint64_t len)
 {
 	if (!b->ordered)
 		return 0;
-	return rw_cuda_stream_wait_u32(b->stream, b->dptr + b->off_flag, b->value) == RW_OK ? 0 : -1;
+	if (rw_cuda_stream_wait_u32(b->stream, b->dptr + b->off_flag, b->value) != RW_OK)
+		return -1;
+	if (len && rw_cuda_copy_dtoh_async(b->stream, b->mem + off, b->dptr + off, len) != RW_OK)
+		return -1;
+	return 0;
 }
 
+/* After the completion: the stream drained, and the flag holds exactly the value asked for
+ * (one write per completion, errors included). */
 static int ordered_check(rank_buf_t *b)
 {
 	if (!b->ordered)
@@ -337,6 +339,12 @@ static int buf_from_dev(const rank_buf_t *b, uint64_t off, uint64_t len)
 	if (rw_cuda_copy_dtoh_async(b->stream, b->mem + off, b->dptr + off, len) != RW_OK)
 		return -1;
 	return rw_cuda_stream_sync(b->stream) == RW_OK ? 0 : -1;
+}
+
+/* The outputs as the checks read them: copied after the flag (stream order), or now. */
+static int outputs_back(const rank_buf_t *b, uint64_t off, uint64_t len)
+{
+	return b->ordered ? 0 : buf_from_dev(b, off, len);
 }
 
 static int buf_register(rw_client_t *c, size_t total, rank_buf_t *b)
@@ -437,7 +445,7 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 			uint64_t t_sub = rw_now_ns();
 			int rc = ordered_submit(c, b, &s);
 			CHECK(rc == 0, "submit dispatch: %s", rw_client_strerror(rc));
-			CHECK(ordered_wait(b) == 0, "stream wait on the flag");
+			CHECK(ordered_wait(b, off_out, out_cap) == 0, "stream wait on the flag");
 			rw_cqe_t cq;
 			rc = wait_one(c, &cq, 30000);
 			if (rc == RW_E_CLOSED && b->ordered)
@@ -460,7 +468,7 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 			CHECK(cq.status == RW_CQ_OK, "step %u layer %u dispatch failed: %s (%s)", step, layer,
 			      rw_client_strerror(cq.error), rw_client_last_message(c));
 			CHECK(cq.phase_id == s.phase_id && cq.user_data == 7, "completion ids");
-			CHECK(buf_from_dev(b, off_out, out_cap) == 0, "copy the dispatch output back");
+			CHECK(outputs_back(b, off_out, out_cap) == 0, "copy the dispatch output back");
 
 			/* Which rows must arrive: every token of every rank with an expert on me. */
 			uint32_t expect_total = 0;
@@ -541,7 +549,8 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 			t_sub = rw_now_ns();
 			rc = ordered_submit(c, b, &cs);
 			CHECK(rc == 0, "submit combine: %s", rw_client_strerror(rc));
-			CHECK(ordered_wait(b) == 0, "stream wait on the flag");
+			CHECK(ordered_wait(b, off_cout, (uint64_t)mine.n * row) == 0,
+			      "stream wait on the flag");
 			rc = wait_one(c, &cq, 30000);
 			if (rc == RW_E_CLOSED && b->ordered)
 				return ordered_lost(c, b);
@@ -558,7 +567,7 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 			      rw_client_strerror(cq.error), rw_client_last_message(c));
 			CHECK(cq.recv_tokens == mine.n, "combine returned %u rows, expected %u",
 			      cq.recv_tokens, mine.n);
-			CHECK(buf_from_dev(b, off_cout, (uint64_t)mine.n * row) == 0,
+			CHECK(outputs_back(b, off_cout, (uint64_t)mine.n * row) == 0,
 			      "copy the combine output back");
 			for (uint32_t t = 0; t < mine.n; t++)
 				for (uint32_t h = 0; h < hidden; h++) {

@@ -403,25 +403,31 @@ def scenario_stream(tmp, seed):
     and writes the flag with a driver call); then an error still writes the flag, and a daemon
     killed mid-phase leaves the rank to write its owed flag itself (rw_client_lost_signals)."""
     if os.environ.get("RW_IT_CUDA") == "real":
-        drivers = [("real", None, ["native", "rail-only", "perm-only", "joint", "auto"])]
+        drivers = [("real", None, [(p, 0, 0) for p in ("native", "rail-only", "perm-only",
+                                                        "joint", "auto")])]
     else:
         if not os.path.exists(FAKE_CUDA):
             print("skip stream: no stand-in driver built")
             return
-        drivers = [("host mover", FAKE_CUDA, ["joint", "auto"])]
+        # (path, the daemons' and the ranks' stand-in lag in ms): a slow rank GPU catches a
+        # daemon that reads before the event; a slow daemon GPU and an immediate rank, whose
+        # copy back runs the moment the flag appears, one that writes the flag early.
+        drivers = [("host mover", FAKE_CUDA, [("joint", 2, 25), ("auto", 20, 0)])]
         if os.path.exists(FAKE_KERN):
             drivers.append(("cuda mover", FAKE_KERN,
-                            ["native", "rail-only", "perm-only", "joint", "auto"]))
+                            [(p, 2, 25) for p in ("native", "rail-only", "perm-only", "joint",
+                                                  "auto")] + [("joint", 20, 0)]))
     flags = ["--empty", "--cuda", "--stream-ordered"]
     for label, driver, paths in drivers:
-        for i, path in enumerate(paths):
+        for i, (path, d_lag, r_lag) in enumerate(paths):
             c = Cluster(tmp, 2, path=path)
             if driver:
                 c.env["RW_CUDA_DRIVER"] = driver
-                c.env["RW_FAKE_CUDA_LAG_MS"] = "2"
+                c.env["RW_FAKE_CUDA_LAG_MS"] = str(d_lag)
             try:
                 c.start_all()
-                procs = [(r, c.rank(r, "g.stream", 3, 2, seed + i, flags=flags))
+                env = dict(c.env, RW_FAKE_CUDA_LAG_MS=str(r_lag)) if driver else None
+                procs = [(r, c.rank(r, "g.stream", 3, 2, seed + i, flags=flags, env=env))
                          for r in range(c.nodes * GPUS)]
                 if any(p.wait(WAIT) == 77 for _, p in procs):
                     print("skip stream: no CUDA for the ranks")
@@ -438,9 +444,9 @@ def scenario_stream(tmp, seed):
                     print("skip stream on the CUDA mover: this build embeds no kernels")
                     break
                 raise RuntimeError("the CUDA mover did not carry the stream-ordered pairs")
-            print("ok   stream %-9s N=2 R=%d G=%d %s (%s, %s), flags exact"
-                  % (path, RAILS, GPUS, "CUDA mover" if mover_on else "host mover", seed + i,
-                     label))
+            print("ok   stream %-9s N=2 R=%d G=%d %s, lag %d/%d ms (%s, %s), flags exact"
+                  % (path, RAILS, GPUS, "CUDA mover" if mover_on else "host mover", d_lag, r_lag,
+                     seed + i, label))
     if not drivers[-1][1]:
         return
     driver = drivers[-1][1]
