@@ -597,7 +597,7 @@ static int owe_signals(rw_client_t *c, const rw_sqe_t *entries, unsigned n)
 {
 	unsigned signals = 0;
 	for (unsigned i = 0; i < n; i++) {
-		if ((entries[i].flags || entries[i].event_id) && event_slot(c, entries[i].event_id) < 0)
+		if (entries[i].flags && entries[i].event_id && event_slot(c, entries[i].event_id) < 0)
 			return RW_E_INVAL; /* the daemon could not write its flag */
 		signals += (entries[i].flags & RW_SQE_SIGNAL) != 0;
 	}
