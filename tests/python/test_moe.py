@@ -201,13 +201,14 @@ def main():
             return 1
         finally:
             ranks.stop()
-        if "cuda" in only:
+        if "cuda" in only or "stream" in only:
             if not torch.cuda.is_available():
                 print("skip: cuda scenario: torch sees no CUDA device")
             else:
                 cranks = Ranks(nodes * td.GPUS, td.GPUS, env)
                 try:
-                    scenario_paths(td, tmp, cranks, nodes, seed, device="cuda")
+                    if "cuda" in only:
+                        scenario_paths(td, tmp, cranks, nodes, seed, device="cuda")
                     if "stream" in only:  # stream order (docs/python.md "Stream order")
                         scenario_paths(td, tmp, cranks, nodes, seed, device="cuda",
                                        stream_ordered=True)
