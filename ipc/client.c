@@ -599,7 +599,7 @@ static int owe_signals(rw_client_t *c, const rw_sqe_t *entries, unsigned n)
 	for (unsigned i = 0; i < n; i++) {
 		if (entries[i].flags && entries[i].event_id && event_slot(c, entries[i].event_id) < 0)
 			return RW_E_INVAL; /* the daemon could not write its flag */
-		signals += (entries[i].flags & RW_SQE_SIGNAL) != 0;
+		signals += (entries[i].flags & RW_SQE_SIGNAL) && entries[i].event_id;
 	}
 	if (!signals)
 		return 0;
@@ -618,9 +618,9 @@ static int owe_signals(rw_client_t *c, const rw_sqe_t *entries, unsigned n)
 	}
 	for (unsigned i = 0; i < n; i++) {
 		const rw_sqe_t *e = &entries[i];
-		if (!(e->flags & RW_SQE_SIGNAL))
-			continue;
 		int slot = event_slot(c, e->event_id);
+		if (!(e->flags & RW_SQE_SIGNAL) || slot < 0)
+			continue; /* no flag (an id of 0 is refused by the daemon: no flag to owe) */
 		c->owed[c->nowed++] = (struct owed){
 			.s = { .event_id = e->event_id, .value = e->output.reserved,
 			       .flag_buf = c->events[slot].flag_buf,
