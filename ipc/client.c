@@ -481,6 +481,31 @@ fail:
 	return rc;
 }
 
+/* A registration without fds (CUDA buffer, event): the request, its REG_OK, the id it names. */
+static int request_reg(rw_client_t *c, const void *req, size_t len, uint32_t *id_p)
+{
+	rw_ipc_msg_t reply;
+	int fds[RW_IPC_MAX_FDS];
+	int rc = request(c, req, len, -1, RW_IPC_REG_OK, &reply, sizeof(rw_ipc_reg_ok_t), fds, 0);
+	if (rc)
+		return rc;
+	*id_p = reply.reg_ok.buf_id;
+	return 0;
+}
+
+/* A deregistration (DEREG of a buffer, DEREG_EVENT of an event) by id. */
+static int request_dereg(rw_client_t *c, uint16_t type, uint32_t id)
+{
+	rw_ipc_dereg_t req;
+	memset(&req, 0, sizeof(req));
+	hdr_init(c, &req.hdr, type);
+	req.buf_id = id;
+	rw_ipc_msg_t reply;
+	int fds[RW_IPC_MAX_FDS];
+	return request(c, &req, sizeof(req), -1, RW_IPC_DEREG_OK, &reply, sizeof(rw_ipc_dereg_t),
+		       fds, 0);
+}
+
 int rw_client_register_cuda(rw_client_t *c, const rw_client_cuda_desc_t *desc, uint32_t *buf_id_p)
 {
 	if (!c || !desc || !buf_id_p)
@@ -495,28 +520,14 @@ int rw_client_register_cuda(rw_client_t *c, const rw_client_cuda_desc_t *desc, u
 	req.bytes = desc->bytes;
 	memcpy(req.device_uuid, desc->device_uuid, sizeof(req.device_uuid));
 	req.device = desc->device;
-	rw_ipc_msg_t reply;
-	int fds[RW_IPC_MAX_FDS];
-	int rc = request(c, &req, sizeof(req), -1, RW_IPC_REG_OK, &reply, sizeof(rw_ipc_reg_ok_t),
-			 fds, 0);
-	if (rc)
-		return rc;
-	*buf_id_p = reply.reg_ok.buf_id;
-	return 0;
+	return request_reg(c, &req, sizeof(req), buf_id_p);
 }
 
 int rw_client_deregister(rw_client_t *c, uint32_t buf_id)
 {
 	if (!c)
 		return RW_E_INVAL;
-	rw_ipc_dereg_t req;
-	memset(&req, 0, sizeof(req));
-	hdr_init(c, &req.hdr, RW_IPC_DEREG);
-	req.buf_id = buf_id;
-	rw_ipc_msg_t reply;
-	int fds[RW_IPC_MAX_FDS];
-	int rc = request(c, &req, sizeof(req), -1, RW_IPC_DEREG_OK, &reply, sizeof(rw_ipc_dereg_t),
-			 fds, 0);
+	int rc = request_dereg(c, RW_IPC_DEREG, buf_id);
 	if (rc)
 		return rc;
 	for (size_t i = 0; i < c->nbufs; i++) {
@@ -556,18 +567,16 @@ int rw_client_register_event(rw_client_t *c, const uint8_t handle[RW_EVENT_HANDL
 	memcpy(req.handle, handle, sizeof(req.handle));
 	req.flag_buf = flag_buf;
 	req.flag_offset = flag_offset;
-	rw_ipc_msg_t reply;
-	int fds[RW_IPC_MAX_FDS];
-	int rc = request(c, &req, sizeof(req), -1, RW_IPC_REG_OK, &reply, sizeof(rw_ipc_reg_ok_t),
-			 fds, 0);
+	uint32_t id;
+	int rc = request_reg(c, &req, sizeof(req), &id);
 	if (rc)
 		return rc;
-	if (reply.reg_ok.buf_id == 0 || reply.reg_ok.buf_id > 0xffff)
+	if (id == 0 || id > 0xffff)
 		return RW_E_BADREPLY;
-	c->events[slot].id = reply.reg_ok.buf_id;
+	c->events[slot].id = id;
 	c->events[slot].flag_buf = flag_buf;
 	c->events[slot].flag_offset = flag_offset;
-	*event_id_p = reply.reg_ok.buf_id;
+	*event_id_p = id;
 	return 0;
 }
 
@@ -575,14 +584,7 @@ int rw_client_deregister_event(rw_client_t *c, uint32_t event_id)
 {
 	if (!c)
 		return RW_E_INVAL;
-	rw_ipc_dereg_t req;
-	memset(&req, 0, sizeof(req));
-	hdr_init(c, &req.hdr, RW_IPC_DEREG_EVENT);
-	req.buf_id = event_id;
-	rw_ipc_msg_t reply;
-	int fds[RW_IPC_MAX_FDS];
-	int rc = request(c, &req, sizeof(req), -1, RW_IPC_DEREG_OK, &reply, sizeof(rw_ipc_dereg_t),
-			 fds, 0);
+	int rc = request_dereg(c, RW_IPC_DEREG_EVENT, event_id);
 	if (rc)
 		return rc;
 	int slot = event_slot(c, event_id);

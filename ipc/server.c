@@ -285,6 +285,11 @@ static int handle_dereg(rw_ipc_client_t *c, const rw_ipc_dereg_t *req)
 		return ipc_send_error(c, req->hdr.seq, RW_E_BUF_BUSY, "deregister: the buffer holds a "
 				      "registered event's completion flag (deregister the event first)", 0);
 	buf_release(c, b);
+	return ipc_reply_dereg_ok(c, req);
+}
+
+int ipc_reply_dereg_ok(rw_ipc_client_t *c, const rw_ipc_dereg_t *req)
+{
 	rw_ipc_dereg_t ok;
 	memset(&ok, 0, sizeof(ok));
 	ipc_hdr_init(&ok.hdr, RW_IPC_DEREG_OK, req->hdr.seq);

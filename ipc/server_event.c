@@ -120,12 +120,7 @@ int ipc_handle_dereg_event(rw_ipc_client_t *c, const rw_ipc_dereg_t *req)
 		return ipc_send_error(c, req->hdr.seq, RW_E_BUF_BUSY,
 				      "deregister event while submissions are in flight", 0);
 	event_release(c, e);
-	rw_ipc_dereg_t ok;
-	memset(&ok, 0, sizeof(ok));
-	ipc_hdr_init(&ok.hdr, RW_IPC_DEREG_OK, req->hdr.seq);
-	ok.buf_id = req->buf_id;
-	ipc_send_msg(c, &ok, sizeof(ok), NULL, 0);
-	return 0;
+	return ipc_reply_dereg_ok(c, req);
 }
 
 /* ---- service-facing ---- */

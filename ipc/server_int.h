@@ -119,6 +119,8 @@ struct rw_ipc_server {
 void ipc_hdr_init(rw_ipc_hdr_t *hdr, uint16_t type, uint32_t seq);
 int ipc_send_msg(rw_ipc_client_t *c, const void *msg, size_t len, const int *fds, unsigned nfds);
 int ipc_send_error(rw_ipc_client_t *c, uint32_t seq, int code, const char *why, int fatal);
+/* DEREG_OK echoing the request's id (buffer or event); returns 0. */
+int ipc_reply_dereg_ok(rw_ipc_client_t *c, const rw_ipc_dereg_t *req);
 
 /* Buffers and CUDA (server.c). */
 buf_slot_t *ipc_buf_find(const rw_ipc_client_t *c, uint32_t id);

@@ -196,6 +196,13 @@ CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstr
 struct fake_event_page {
 	_Atomic unsigned long long recorded, done;
 };
+int rw_fake_open_peer_fd(int pid, int fd)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, fd);
+	return open(path, O_RDWR | O_CLOEXEC);
+}
+
 struct CUevent_st {
 	struct fake_event_page *pg;
 	int fd;       /* the creator's memfd; -1 for an opened one */
@@ -275,9 +282,7 @@ CUresult CUDAAPI cuIpcOpenEventHandle(CUevent *e, CUipcEventHandle h)
 	memcpy(&b, h.reserved, sizeof(b));
 	if (memcmp(b.magic, "RWFKEVT", 8) != 0)
 		return CUDA_ERROR_INVALID_VALUE;
-	char path[64];
-	snprintf(path, sizeof(path), "/proc/%d/fd/%d", b.pid, b.fd);
-	int fd = open(path, O_RDWR | O_CLOEXEC);
+	int fd = rw_fake_open_peer_fd(b.pid, b.fd);
 	if (fd < 0)
 		return CUDA_ERROR_INVALID_HANDLE;
 	void *pg = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

@@ -1736,6 +1736,17 @@ static rw_client_cuda_desc_t client_desc(const rw_cuda_ipc_desc_t *desc)
 	memcpy(d.device_uuid, desc->device_uuid, 16);
 	return d;
 }
+
+/* The harness started, an allocation of `alloc` bytes filled with a pattern, and what librailwave
+ * sends to register all of it. */
+static rw_client_cuda_desc_t cuda_whole(size_t alloc, unsigned mul, rw_cuda_dptr_t *dptr_p,
+					uint8_t **pattern_p)
+{
+	*dptr_p = cuda_harness_start(alloc, mul, pattern_p);
+	rw_cuda_ipc_desc_t desc;
+	assert_int_equal(rw_cuda_ipc_export(*dptr_p, alloc, &desc), RW_OK);
+	return client_desc(&desc);
+}
 #endif
 
 /* The registration path through cuda/'s import, against the fake driver (no GPU needed): a
@@ -1813,10 +1824,8 @@ static void test_stream_events(void **state)
 #else
 	const size_t alloc = 1 << 16;
 	uint8_t *pattern;
-	rw_cuda_dptr_t dptr = cuda_harness_start(alloc, 3, &pattern);
-	rw_cuda_ipc_desc_t desc;
-	assert_int_equal(rw_cuda_ipc_export(dptr, alloc, &desc), RW_OK);
-	rw_client_cuda_desc_t d = client_desc(&desc);
+	rw_cuda_dptr_t dptr;
+	rw_client_cuda_desc_t d = cuda_whole(alloc, 3, &dptr, &pattern);
 	rw_client_t *c = connect_rank("g", 0);
 	uint32_t cbuf, hbuf, eid, x;
 	void *addr;
@@ -1897,10 +1906,8 @@ static void test_cuda_two_connections_of_one_process(void **state)
 #else
 	const size_t alloc = 1 << 16;
 	uint8_t *pattern;
-	rw_cuda_dptr_t dptr = cuda_harness_start(alloc, 13, &pattern);
-	rw_cuda_ipc_desc_t desc;
-	assert_int_equal(rw_cuda_ipc_export(dptr, alloc, &desc), RW_OK);
-	rw_client_cuda_desc_t d = client_desc(&desc);
+	rw_cuda_dptr_t dptr;
+	rw_client_cuda_desc_t d = cuda_whole(alloc, 13, &dptr, &pattern);
 
 	rw_client_t *c1 = connect_rank("layer0", 0);
 	uint32_t id1, id2;
