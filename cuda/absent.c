@@ -101,6 +101,8 @@ rw_status_t rw_cuda_stream_write_u32(rw_cuda_stream_t *s, rw_cuda_dptr_t a, uint
 { (void)s; (void)a; (void)v; return RW_NO_CUDA; }
 rw_status_t rw_cuda_stream_wait_u32(rw_cuda_stream_t *s, rw_cuda_dptr_t a, uint32_t v)
 { (void)s; (void)a; (void)v; return RW_NO_CUDA; }
+rw_status_t rw_cuda_write_u32(int d, rw_cuda_dptr_t a, uint32_t v) { (void)d; (void)a; (void)v; return RW_NO_CUDA; }
+rw_status_t rw_cuda_event_sync(rw_cuda_event_t *e) { (void)e; return RW_NO_CUDA; }
 rw_status_t rw_cuda_route_count(rw_cuda_stream_t *s, rw_cuda_dptr_t i, uint32_t n, uint32_t k, uint32_t e,
 				uint32_t nodes, uint32_t rails, uint32_t rail, rw_cuda_dptr_t row, rw_cuda_dptr_t bad)
 {

@@ -95,6 +95,26 @@ rw_status_t rw_cuda_event_record(rw_cuda_event_t *e, rw_cuda_stream_t *s)
 	return res == CUDA_SUCCESS ? RW_OK : rw_cu_fail(res, "cuEventRecord");
 }
 
+rw_status_t rw_cuda_event_sync(rw_cuda_event_t *e)
+{
+	if (!rw_cu.cuEventSynchronize)
+		return RW_ERR_UNSUPPORTED;
+	rw_status_t st = rw_cu_enter(e->device);
+	if (st != RW_OK)
+		return st;
+	CUresult res = rw_cu.cuEventSynchronize(e->ev);
+	return res == CUDA_SUCCESS ? RW_OK : rw_cu_fail(res, "cuEventSynchronize");
+}
+
+rw_status_t rw_cuda_write_u32(int device, rw_cuda_dptr_t addr, uint32_t value)
+{
+	rw_status_t st = rw_cu_enter(device);
+	if (st != RW_OK)
+		return st;
+	CUresult res = rw_cu.cuMemcpyHtoD((CUdeviceptr)addr, &value, sizeof(value));
+	return res == CUDA_SUCCESS ? RW_OK : rw_cu_fail(res, "cuMemcpyHtoD(flag)");
+}
+
 rw_status_t rw_cuda_stream_wait_event(rw_cuda_stream_t *s, rw_cuda_event_t *e)
 {
 	rw_status_t st = rw_cu_enter(rw_cuda_stream_device(s));

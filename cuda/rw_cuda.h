@@ -314,5 +314,11 @@ rw_status_t rw_cuda_stream_wait_event(rw_cuda_stream_t *stream, rw_cuda_event_t 
  * be enqueued before the write it waits for). */
 rw_status_t rw_cuda_stream_write_u32(rw_cuda_stream_t *stream, rw_cuda_dptr_t addr, uint32_t value);
 rw_status_t rw_cuda_stream_wait_u32(rw_cuda_stream_t *stream, rw_cuda_dptr_t addr, uint32_t value);
+/* Write `value` into the 32-bit word at addr (device memory of `device`) now, from the host
+ * (cuMemcpyHtoD on this process's legacy stream, which no other process's stream can block):
+ * a stream-ordered submission's flag on its error paths. */
+rw_status_t rw_cuda_write_u32(int device, rw_cuda_dptr_t addr, uint32_t value);
+/* Block until the event's most recent record (as of this call) has completed. */
+rw_status_t rw_cuda_event_sync(rw_cuda_event_t *ev);
 
 #endif /* RW_CUDA_H */

@@ -24,6 +24,8 @@
 
 #define MIN_U(a, b) ((a) < (b) ? (a) : (b))
 
+#define RW_CLIENT_MAX_EVENTS 64 /* the daemon's bound is at most this */
+
 typedef struct host_buf {
 	uint32_t id;
 	void *addr;
@@ -53,6 +55,12 @@ struct rw_client {
 	host_buf_t *bufs;
 	size_t nbufs, capbufs;
 	rw_ipc_hello_ok_t limits;
+	/* Stream order: the registered events, and the flag values the daemon owes (one per
+	 * signalling submission not yet completed; both threads touch it, under sig_lock). */
+	struct { uint32_t id, flag_buf; uint64_t flag_offset; } events[RW_CLIENT_MAX_EVENTS];
+	pthread_mutex_t sig_lock;
+	struct owed { rw_client_lost_signal_t s; uint8_t kind; } *owed;
+	size_t nowed, capowed;
 };
 
 static void debug_msg(const rw_client_t *c, int code)
@@ -320,6 +328,7 @@ int rw_client_connect(const rw_client_opts_t *opts, rw_client_t **client_p)
 	if (!c)
 		return RW_E_NOMEM;
 	pthread_mutex_init(&c->sock_lock, NULL);
+	pthread_mutex_init(&c->sig_lock, NULL);
 	c->sq_efd = c->cq_efd = -1;
 	c->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : 10000;
 	int rc;
@@ -385,6 +394,7 @@ fail_close:
 	close(c->fd);
 fail_free:
 	pthread_mutex_destroy(&c->sock_lock);
+	pthread_mutex_destroy(&c->sig_lock);
 	free(c);
 	return rc;
 }
@@ -410,6 +420,8 @@ void rw_client_close(rw_client_t *c)
 		close(c->cq_efd);
 	close(c->fd);
 	pthread_mutex_destroy(&c->sock_lock);
+	pthread_mutex_destroy(&c->sig_lock);
+	free(c->owed);
 	free(c);
 }
 
@@ -469,6 +481,31 @@ fail:
 	return rc;
 }
 
+/* A registration without fds (CUDA buffer, event): the request, its REG_OK, the id it names. */
+static int request_reg(rw_client_t *c, const void *req, size_t len, uint32_t *id_p)
+{
+	rw_ipc_msg_t reply;
+	int fds[RW_IPC_MAX_FDS];
+	int rc = request(c, req, len, -1, RW_IPC_REG_OK, &reply, sizeof(rw_ipc_reg_ok_t), fds, 0);
+	if (rc)
+		return rc;
+	*id_p = reply.reg_ok.buf_id;
+	return 0;
+}
+
+/* A deregistration (DEREG of a buffer, DEREG_EVENT of an event) by id. */
+static int request_dereg(rw_client_t *c, uint16_t type, uint32_t id)
+{
+	rw_ipc_dereg_t req;
+	memset(&req, 0, sizeof(req));
+	hdr_init(c, &req.hdr, type);
+	req.buf_id = id;
+	rw_ipc_msg_t reply;
+	int fds[RW_IPC_MAX_FDS];
+	return request(c, &req, sizeof(req), -1, RW_IPC_DEREG_OK, &reply, sizeof(rw_ipc_dereg_t),
+		       fds, 0);
+}
+
 int rw_client_register_cuda(rw_client_t *c, const rw_client_cuda_desc_t *desc, uint32_t *buf_id_p)
 {
 	if (!c || !desc || !buf_id_p)
@@ -483,28 +520,14 @@ int rw_client_register_cuda(rw_client_t *c, const rw_client_cuda_desc_t *desc, u
 	req.bytes = desc->bytes;
 	memcpy(req.device_uuid, desc->device_uuid, sizeof(req.device_uuid));
 	req.device = desc->device;
-	rw_ipc_msg_t reply;
-	int fds[RW_IPC_MAX_FDS];
-	int rc = request(c, &req, sizeof(req), -1, RW_IPC_REG_OK, &reply, sizeof(rw_ipc_reg_ok_t),
-			 fds, 0);
-	if (rc)
-		return rc;
-	*buf_id_p = reply.reg_ok.buf_id;
-	return 0;
+	return request_reg(c, &req, sizeof(req), buf_id_p);
 }
 
 int rw_client_deregister(rw_client_t *c, uint32_t buf_id)
 {
 	if (!c)
 		return RW_E_INVAL;
-	rw_ipc_dereg_t req;
-	memset(&req, 0, sizeof(req));
-	hdr_init(c, &req.hdr, RW_IPC_DEREG);
-	req.buf_id = buf_id;
-	rw_ipc_msg_t reply;
-	int fds[RW_IPC_MAX_FDS];
-	int rc = request(c, &req, sizeof(req), -1, RW_IPC_DEREG_OK, &reply, sizeof(rw_ipc_dereg_t),
-			 fds, 0);
+	int rc = request_dereg(c, RW_IPC_DEREG, buf_id);
 	if (rc)
 		return rc;
 	for (size_t i = 0; i < c->nbufs; i++) {
@@ -515,6 +538,130 @@ int rw_client_deregister(rw_client_t *c, uint32_t buf_id)
 		break;
 	}
 	return 0;
+}
+
+/* ---- stream order (railwave.h "Stream-ordered submission") ---- */
+
+static int event_slot(const rw_client_t *c, uint32_t id)
+{
+	for (int i = 0; id && i < RW_CLIENT_MAX_EVENTS; i++)
+		if (c->events[i].id == id)
+			return i;
+	return -1;
+}
+
+int rw_client_register_event(rw_client_t *c, const uint8_t handle[RW_EVENT_HANDLE_BYTES],
+			     uint32_t flag_buf, uint64_t flag_offset, uint32_t *event_id_p)
+{
+	if (!c || !handle || !event_id_p)
+		return RW_E_INVAL;
+	int slot = event_slot(c, 0);
+	for (int i = 0; i < RW_CLIENT_MAX_EVENTS && slot < 0; i++)
+		if (!c->events[i].id)
+			slot = i;
+	if (slot < 0)
+		return RW_E_LIMIT;
+	rw_ipc_reg_event_t req;
+	memset(&req, 0, sizeof(req));
+	hdr_init(c, &req.hdr, RW_IPC_REG_EVENT);
+	memcpy(req.handle, handle, sizeof(req.handle));
+	req.flag_buf = flag_buf;
+	req.flag_offset = flag_offset;
+	uint32_t id;
+	int rc = request_reg(c, &req, sizeof(req), &id);
+	if (rc)
+		return rc;
+	if (id == 0 || id > 0xffff)
+		return RW_E_BADREPLY;
+	c->events[slot].id = id;
+	c->events[slot].flag_buf = flag_buf;
+	c->events[slot].flag_offset = flag_offset;
+	*event_id_p = id;
+	return 0;
+}
+
+int rw_client_deregister_event(rw_client_t *c, uint32_t event_id)
+{
+	if (!c)
+		return RW_E_INVAL;
+	int rc = request_dereg(c, RW_IPC_DEREG_EVENT, event_id);
+	if (rc)
+		return rc;
+	int slot = event_slot(c, event_id);
+	if (slot >= 0)
+		c->events[slot].id = 0;
+	return 0;
+}
+
+/* Before entries are queued: every event id they name is registered here, and each one that
+ * signals is owed until its completion is reaped (or the connection is lost). */
+static int owe_signals(rw_client_t *c, const rw_sqe_t *entries, unsigned n)
+{
+	unsigned signals = 0;
+	for (unsigned i = 0; i < n; i++) {
+		if (entries[i].flags && entries[i].event_id && event_slot(c, entries[i].event_id) < 0)
+			return RW_E_INVAL; /* the daemon could not write its flag */
+		signals += (entries[i].flags & RW_SQE_SIGNAL) && entries[i].event_id;
+	}
+	if (!signals)
+		return 0;
+	pthread_mutex_lock(&c->sig_lock);
+	if (c->nowed + signals > c->capowed) {
+		size_t cap = c->capowed ? 2 * c->capowed : 16;
+		while (cap < c->nowed + signals)
+			cap *= 2;
+		struct owed *o = realloc(c->owed, cap * sizeof(*o));
+		if (!o) {
+			pthread_mutex_unlock(&c->sig_lock);
+			return RW_E_NOMEM;
+		}
+		c->owed = o;
+		c->capowed = cap;
+	}
+	for (unsigned i = 0; i < n; i++) {
+		const rw_sqe_t *e = &entries[i];
+		int slot = event_slot(c, e->event_id);
+		if (!(e->flags & RW_SQE_SIGNAL) || slot < 0)
+			continue; /* no flag (an id of 0 is refused by the daemon: no flag to owe) */
+		c->owed[c->nowed++] = (struct owed){
+			.s = { .event_id = e->event_id, .value = e->output.reserved,
+			       .flag_buf = c->events[slot].flag_buf,
+			       .flag_offset = c->events[slot].flag_offset, .phase_id = e->phase_id,
+			       .user_data = e->user_data },
+			.kind = e->kind };
+	}
+	pthread_mutex_unlock(&c->sig_lock);
+	return 0;
+}
+
+/* A completion was reaped: its flag is written (the daemon writes it before the CQE). */
+static void paid(rw_client_t *c, const rw_cqe_t *cqe)
+{
+	pthread_mutex_lock(&c->sig_lock);
+	for (size_t i = 0; i < c->nowed; i++)
+		if (c->owed[i].kind == cqe->kind && c->owed[i].s.phase_id == cqe->phase_id &&
+		    c->owed[i].s.user_data == cqe->user_data) {
+			memmove(&c->owed[i], &c->owed[i + 1], (c->nowed - i - 1) * sizeof(c->owed[0]));
+			c->nowed--;
+			break;
+		}
+	pthread_mutex_unlock(&c->sig_lock);
+}
+
+int rw_client_lost_signals(rw_client_t *c, rw_client_lost_signal_t *out, unsigned max)
+{
+	if (!c || (!out && max))
+		return RW_E_INVAL;
+	if (!atomic_load(&c->closed_code))
+		return 0;
+	pthread_mutex_lock(&c->sig_lock);
+	unsigned n = (unsigned)MIN_U(c->nowed, (size_t)max);
+	for (unsigned i = 0; i < n; i++)
+		out[i] = c->owed[i].s;
+	memmove(c->owed, c->owed + n, (c->nowed - n) * sizeof(c->owed[0]));
+	c->nowed -= n;
+	pthread_mutex_unlock(&c->sig_lock);
+	return (int)n;
 }
 
 int rw_client_submit(rw_client_t *c, const rw_sqe_t *entries, unsigned n)
@@ -531,6 +678,9 @@ int rw_client_submit(rw_client_t *c, const rw_sqe_t *entries, unsigned n)
 		return mark_closed(c, RW_E_BADREPLY);
 	if ((unsigned)space < n)
 		return RW_E_AGAIN;
+	int rc = owe_signals(c, entries, n);
+	if (rc)
+		return rc;
 	for (unsigned i = 0; i < n; i++) {
 		memcpy(rw_ring_prod_next(&c->sq), &entries[i], sizeof(rw_sqe_t));
 		rw_ring_prod_push(&c->sq);
@@ -555,6 +705,7 @@ int rw_client_poll(rw_client_t *c, rw_cqe_t *out, unsigned max)
 	for (unsigned i = 0; i < n; i++) {
 		memcpy(&out[i], rw_ring_cons_peek(&c->cq, i), sizeof(rw_cqe_t));
 		failed |= out[i].status == RW_CQ_ERROR;
+		paid(c, &out[i]);
 	}
 	rw_ring_cons_release(&c->cq, n);
 	atomic_fetch_add_explicit(&c->completed, n, memory_order_relaxed);

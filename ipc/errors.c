@@ -50,6 +50,7 @@ const char *rw_client_strerror(int err)
 	case RW_E_PHASE: return "phase failed";
 	case RW_E_EXPERTS: return "n_experts missing, not a multiple of the world size, or not the phase's";
 	case RW_E_GROUP_KEY: return "group key missing, wrong or too short (RAILWAVE_GROUP_KEY)";
+	case RW_E_EVENT: return "unknown event id, or an unusable event registration";
 	}
 	return "unknown error";
 }

@@ -92,6 +92,7 @@ typedef struct rw_ipc_server_config {
 	uint32_t max_world;         /* 0 = 1 << 20 */
 	int32_t max_local_gpu;      /* 0 = 64 */
 	uint32_t max_experts;       /* n_experts of a submission; 0 = 1 << 20 */
+	uint32_t max_events;        /* registered events per client (stream order); 0 = 16, <= 64 */
 	uint32_t dtypes;            /* bit d: submissions of dtype d are carried; 0 = every dtype */
 	/* After ring activity, keep polling every client's submission ring for this long before
 	 * arming the eventfds and sleeping (an ev_idle watcher; the loop still serves its other
@@ -136,6 +137,23 @@ void rw_ipc_server_flush(rw_ipc_server_t *server);
 rw_status_t rw_ipc_buffer_lookup(const rw_ipc_client_t *client, uint32_t buf_id,
 				 rw_ipc_buffer_t *buf_p);
 
+/* Stream order (railwave.h "Stream-ordered submission"): a client's registered event, imported
+ * on `device`, and its completion flag's device address. Valid while the client has submissions
+ * in flight (deregistration is refused then) and until client_left returns. */
+struct rw_cuda_event;
+typedef struct rw_ipc_event {
+	uint32_t id;
+	int device;
+	struct rw_cuda_event *event;
+	uint64_t flag_dptr;
+} rw_ipc_event_t;
+/* RW_ERR_NOTFOUND for an unknown id (the server refuses such submissions itself). */
+rw_status_t rw_ipc_event_lookup(const rw_ipc_client_t *client, uint32_t id, rw_ipc_event_t *ev_p);
+/* For a submission with RW_SQE_SIGNAL whose outputs the mover will not write (refused, failed):
+ * write its flag value now, synchronously, once nothing of the daemon touches the rank's memory
+ * for it any more; before its completion. No-op without RW_SQE_SIGNAL. */
+void rw_ipc_signal_now(rw_ipc_client_t *client, const rw_sqe_t *sqe);
+
 /* Drop a client (deferred: safe from any callback, including its own). Its pending completions
  * are discarded; client_left follows with RW_IPC_LEFT_DROPPED and `error`. */
 void rw_ipc_client_drop(rw_ipc_server_t *server, rw_ipc_client_t *client, int error);
@@ -164,6 +182,8 @@ typedef struct rw_ipc_server_stats {
 	uint64_t refused_key;    /* hellos refused for their group key (RW_E_GROUP_KEY) */
 	uint64_t refused_uid;    /* connections refused at the per-uid cap */
 	uint64_t hello_timeouts; /* connections closed for not joining in hello_timeout_ms */
+	uint32_t events;         /* interprocess events registered, all clients */
+	uint64_t flags_written;  /* completion flags written by rw_ipc_signal_now (errors) */
 } rw_ipc_server_stats_t;
 void rw_ipc_server_stats(const rw_ipc_server_t *server, rw_ipc_server_stats_t *stats_p);
 

@@ -48,6 +48,8 @@ int rw_ipc_parse_request(const void *buf, size_t len, int msg_flags, unsigned nf
 	case RW_IPC_REG_HOST: want = sizeof(rw_ipc_reg_host_t); want_fds = 1; break;
 	case RW_IPC_REG_CUDA: want = sizeof(rw_ipc_reg_cuda_t); break;
 	case RW_IPC_DEREG: want = sizeof(rw_ipc_dereg_t); break;
+	case RW_IPC_REG_EVENT: want = sizeof(rw_ipc_reg_event_t); break;
+	case RW_IPC_DEREG_EVENT: want = sizeof(rw_ipc_dereg_t); break;
 	case RW_IPC_RING_SETUP: want = sizeof(rw_ipc_ring_setup_t); break;
 	case RW_IPC_GOODBYE: want = sizeof(rw_ipc_hdr_t); break;
 	default: return fail(why_p, "unknown or daemon-to-client message type", RW_E_MSG_TYPE);
@@ -71,7 +73,12 @@ int rw_ipc_parse_request(const void *buf, size_t len, int msg_flags, unsigned nf
 		if (msg.reg_cuda.reserved != 0)
 			return fail(why_p, "register cuda: reserved not zero", RW_E_FIELD);
 		break;
+	case RW_IPC_REG_EVENT:
+		if (msg.reg_event.reserved != 0)
+			return fail(why_p, "register event: reserved not zero", RW_E_FIELD);
+		break;
 	case RW_IPC_DEREG:
+	case RW_IPC_DEREG_EVENT:
 		if (msg.dereg.reserved != 0)
 			return fail(why_p, "deregister: reserved not zero", RW_E_FIELD);
 		break;
@@ -171,8 +178,13 @@ int rw_ipc_check_sqe(const rw_sqe_t *sqe, const rw_ipc_limits_t *lim, rw_ipc_buf
 		return fail(why_p, "unknown dtype", RW_E_DTYPE);
 	if (!(lim->dtypes & (1u << sqe->dtype)))
 		return fail(why_p, "dtype not carried by this daemon", RW_E_DTYPE);
-	if (sqe->flags != 0 || sqe->reserved != 0)
-		return fail(why_p, "submission flags/reserved not zero", RW_E_FIELD);
+	if (sqe->flags & ~(RW_SQE_WAIT_EVENT | RW_SQE_SIGNAL))
+		return fail(why_p, "submission flags: unknown bit (RW_SQE_WAIT_EVENT and RW_SQE_SIGNAL "
+			    "are the only ones)", RW_E_FIELD);
+	if ((sqe->flags != 0) != (sqe->event_id != 0))
+		return fail(why_p, sqe->flags ? "stream-ordered submission without an event id"
+					      : "event id without RW_SQE_WAIT_EVENT or RW_SQE_SIGNAL",
+			    RW_E_FIELD);
 	if (sqe->path > RW_PATH_REQ_JOINT)
 		return fail(why_p, "submission path unknown (0 = the daemon's choice, 1 native, "
 			    "2 rail-only, 3 perm-only, 4 joint)", RW_E_FIELD);
@@ -227,7 +239,10 @@ int rw_ipc_check_sqe(const rw_sqe_t *sqe, const rw_ipc_limits_t *lim, rw_ipc_buf
 	if (sqe->output_capacity == 0 &&
 	    (sqe->kind == RW_KIND_DISPATCH || sqe->output.buf_id != RW_BUF_NONE))
 		return fail(why_p, "output capacity zero", RW_E_RANGE);
-	return check_span(&sqe->output, sqe->output_capacity, size_of, ctx,
+	rw_span_t out = sqe->output;
+	if (sqe->flags & RW_SQE_SIGNAL)
+		out.reserved = 0; /* the flag value V */
+	return check_span(&out, sqe->output_capacity, size_of, ctx,
 			  "output: unknown buffer id", "output: outside the registered buffer",
 			  why_p);
 }

@@ -29,6 +29,9 @@ enum rw_ipc_type {
 	RW_IPC_RING_OK = 9,    /* d→c  rw_ipc_ring_ok_t + 3 fds: memfd, sq eventfd, cq eventfd */
 	RW_IPC_GOODBYE = 10,   /* c→d  rw_ipc_hdr_t only; the daemon closes the connection */
 	RW_IPC_ERROR = 11,     /* d→c  rw_ipc_error_t */
+	RW_IPC_REG_EVENT = 12, /* c→d  rw_ipc_reg_event_t                 → REG_OK (buf_id: the event
+	                        *      id, size 0) | ERROR */
+	RW_IPC_DEREG_EVENT = 13, /* c→d rw_ipc_dereg_t (buf_id: event id) → DEREG_OK | ERROR */
 };
 
 typedef struct rw_ipc_hdr {
@@ -85,6 +88,15 @@ typedef struct rw_ipc_reg_cuda {
 	uint32_t reserved;
 } rw_ipc_reg_cuda_t;
 
+/* Stream order (railwave.h "Stream-ordered submission"): an interprocess event and its flag. */
+typedef struct rw_ipc_reg_event {
+	rw_ipc_hdr_t hdr;
+	uint8_t handle[64];    /* cuIpcGetEventHandle bytes */
+	uint32_t flag_buf;     /* a CUDA buffer of this client */
+	uint32_t reserved;
+	uint64_t flag_offset;  /* 4-byte aligned, + 4 inside the buffer */
+} rw_ipc_reg_event_t;
+
 typedef struct rw_ipc_reg_ok {
 	rw_ipc_hdr_t hdr;
 	uint32_t buf_id;
@@ -131,6 +143,7 @@ _Static_assert(sizeof(rw_ipc_hello_ok_t) == 48, "wire size");
 _Static_assert(sizeof(rw_ipc_reg_host_t) == 32, "wire size");
 _Static_assert(sizeof(rw_ipc_reg_cuda_t) == 136, "wire size");
 _Static_assert(sizeof(rw_ipc_reg_ok_t) == 32, "wire size");
+_Static_assert(sizeof(rw_ipc_reg_event_t) == 96, "wire size");
 _Static_assert(sizeof(rw_ipc_dereg_t) == 24, "wire size");
 _Static_assert(sizeof(rw_ipc_ring_setup_t) == 24, "wire size");
 _Static_assert(sizeof(rw_ipc_ring_ok_t) == 72, "wire size");
@@ -144,6 +157,7 @@ typedef union rw_ipc_msg {
 	rw_ipc_reg_host_t reg_host;
 	rw_ipc_reg_cuda_t reg_cuda;
 	rw_ipc_reg_ok_t reg_ok;
+	rw_ipc_reg_event_t reg_event;
 	rw_ipc_dereg_t dereg;
 	rw_ipc_ring_setup_t ring_setup;
 	rw_ipc_ring_ok_t ring_ok;
@@ -164,6 +178,7 @@ typedef struct rw_ipc_limits {
 	uint32_t max_world;
 	int32_t max_local_gpu;     /* local_gpu must be -1 or < this */
 	uint32_t max_experts;      /* n_experts of a submission */
+	uint32_t max_events;       /* registered events per client (stream order) */
 	uint32_t dtypes;           /* bit d: dtype d is carried (RW_E_DTYPE otherwise) */
 } rw_ipc_limits_t;
 

@@ -74,6 +74,9 @@ typedef enum rw_client_error {
 	                               daemon's limit, or not the phase's (ranks/nodes disagree) */
 	RW_E_GROUP_KEY = -55,       /* [drop] group key ($RAILWAVE_GROUP_KEY) missing, wrong, too
 	                               short, or required by the daemon and not given */
+	RW_E_EVENT = -56,           /* unknown event id, or an event registration that cannot be
+	                               used (not an interprocess event, flag span not a 4-byte
+	                               aligned word of this rank's CUDA buffer) */
 } rw_client_error_t;
 
 /* Static description of an error code; never NULL. */
@@ -124,14 +127,16 @@ typedef struct rw_sqe {
 	uint32_t token_count;  /* rows in `tokens`, 0..daemon limit */
 	uint32_t hidden;       /* elements per row, 1..daemon limit */
 	uint32_t handle_id;    /* combine: the dispatch completion's handle_id; dispatch: 0 */
-	uint32_t flags;        /* must be 0 */
+	uint32_t flags;        /* RW_SQE_WAIT_EVENT | RW_SQE_SIGNAL (stream order, below), else 0 */
 	rw_span_t tokens;      /* token rows (dispatch: inputs; combine: expert outputs) */
 	rw_span_t topk_ids;    /* int32 [token_count][topk] */
 	rw_span_t topk_weights; /* fp32 [token_count][topk] */
-	rw_span_t output;      /* where received rows (dispatch) / reduced rows (combine) go */
+	rw_span_t output;      /* where received rows (dispatch) / reduced rows (combine) go;
+	                          with RW_SQE_SIGNAL its `reserved` word is the flag value V */
 	uint64_t output_capacity; /* bytes available at output.offset */
 	uint32_t n_experts;    /* experts E of the group (see above); was reserved in version 1 */
-	uint16_t reserved;     /* must be 0 */
+	uint16_t event_id;     /* with RW_SQE_WAIT_EVENT or RW_SQE_SIGNAL: the event id from
+	                          rw_client_register_event(); else 0 (was `reserved`) */
 	uint16_t path;         /* enum rw_path_request: 0 = the daemon's choice (see below) */
 } rw_sqe_t;
 
@@ -150,6 +155,47 @@ enum rw_path_request {
 	RW_PATH_REQ_PERM_ONLY = 3, /* native rails, N-1 permutation waves */
 	RW_PATH_REQ_JOINT = 4,     /* RailBalance inside each permutation wave */
 };
+
+/* ---- Stream-ordered submission and completion (docs/ipc.md "Stream order") ----------------
+ * So a trainer can enqueue dispatch -> experts -> combine on its CUDA stream without a host
+ * synchronization. Both bits were reserved (must be 0) before, so the protocol version stayed 2:
+ * an older daemon refuses them with RW_E_FIELD.
+ *
+ * Registration: rw_client_register_event() gives the daemon an interprocess CUDA event (created
+ * with CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING; its 64 cuIpcGetEventHandle bytes) and
+ * the rank's completion flag: a 4-byte aligned 32-bit word inside one of the rank's registered
+ * CUDA buffers. The flag's GPU is the event's (and must hold the outputs of every submission
+ * that signals it). The id (1..65535) names both in rw_sqe_t.event_id.
+ *
+ * RW_SQE_WAIT_EVENT: the daemon reads none of the submission's inputs before the event's most
+ * recent record *as of when the daemon received the submission* has completed. So the rank
+ * records the event on its stream after the work producing the inputs and BEFORE submitting,
+ * and must not record it again until this submission has completed (its CQE is reaped):
+ * the daemon's wait is enqueued some time after the submission is read, and a later record
+ * made before that moment is the one waited for. If that later record follows, on the rank's
+ * stream, a wait for this very submission's flag, the daemon waits for work that waits for the
+ * daemon: a deadlock. (The client library does not check this; Python's stream-ordered mode
+ * records once per submission and waits for the CQE before recording again.)
+ *
+ * RW_SQE_SIGNAL: once the submission's outputs are written (on the GPU stream that wrote them,
+ * after them), the daemon writes V = output.reserved into the flag (cuStreamWriteValue32). The
+ * rank chooses V; a stream waits with cuStreamWaitValue32(flag, V, GEQ), a cyclic comparison
+ * ((int32_t)(*flag - V) >= 0), so V may wrap: use increasing values (e.g. a counter) per flag.
+ * The flag is written for EVERY completion of a signalling submission, errors included (then
+ * after the daemon stopped touching the rank's memory for it), so a stream never hangs on a
+ * refused or failed phase; the outputs are then not valid. The CQE is still posted after the
+ * flag and is the only place the status is: check it (rw_client_poll/wait) before trusting the
+ * outputs, e.g. at the next layer's submission. Every span of a stream-ordered submission must
+ * be CUDA memory (RW_E_FIELD otherwise), and the output's GPU must be the flag's.
+ *
+ * If the daemon dies or drops the connection, nothing on its side writes the flags any more:
+ * rw_client_poll/wait return RW_E_CLOSED, and rw_client_lost_signals() hands the rank every
+ * flag value still owed (one per signalling submission not completed), which the rank must
+ * write itself (e.g. cuMemsetD32 / a copy on a stream that is not waiting on the flag) so its
+ * stream does not wait forever; those submissions failed. The Python package does this. */
+#define RW_SQE_WAIT_EVENT 0x1u
+#define RW_SQE_SIGNAL 0x2u
+#define RW_EVENT_HANDLE_BYTES 64
 
 #define RW_CQE_INLINE_COUNTS 16
 
@@ -179,12 +225,14 @@ static_assert(sizeof(rw_sqe_t) == 128, "rw_sqe_t is ABI");
 static_assert(sizeof(rw_cqe_t) == 128, "rw_cqe_t is ABI");
 static_assert(offsetof(rw_sqe_t, n_experts) == 120, "rw_sqe_t is ABI");
 static_assert(offsetof(rw_sqe_t, path) == 126, "rw_sqe_t is ABI");
+static_assert(offsetof(rw_sqe_t, event_id) == 124, "rw_sqe_t is ABI");
 #else
 _Static_assert(sizeof(rw_span_t) == 16, "rw_span_t is ABI");
 _Static_assert(sizeof(rw_sqe_t) == 128, "rw_sqe_t is ABI");
 _Static_assert(sizeof(rw_cqe_t) == 128, "rw_cqe_t is ABI");
 _Static_assert(offsetof(rw_sqe_t, n_experts) == 120, "rw_sqe_t is ABI");
 _Static_assert(offsetof(rw_sqe_t, path) == 126, "rw_sqe_t is ABI");
+_Static_assert(offsetof(rw_sqe_t, event_id) == 124, "rw_sqe_t is ABI");
 #endif
 
 /* ---------------------------------------------------------------------------------------------
@@ -252,6 +300,31 @@ int rw_client_register_cuda(rw_client_t *client, const rw_client_cuda_desc_t *de
 
 /* Forget a buffer (host: also unmapped here). RW_E_BUF_BUSY while submissions are in flight. */
 int rw_client_deregister(rw_client_t *client, uint32_t buf_id);
+
+/* Stream order (see "Stream-ordered submission" above). Register an interprocess event by its
+ * handle bytes (cuda/rw_cuda.h's rw_cuda_event_export() makes one) with the completion flag at
+ * flag_offset in CUDA buffer flag_buf (registered by this client, 4-byte aligned, inside it).
+ * RW_E_NO_CUDA: the daemon has no GPU; RW_E_EVENT: not an event, or a bad flag span;
+ * RW_E_LIMIT: too many events on this connection. Deregistering is refused (RW_E_BUF_BUSY)
+ * while submissions are in flight; closing the connection frees them all, and a buffer holding
+ * a registered event's flag cannot be deregistered before the event (RW_E_BUF_BUSY). */
+int rw_client_register_event(rw_client_t *client, const uint8_t handle[RW_EVENT_HANDLE_BYTES],
+			     uint32_t flag_buf, uint64_t flag_offset, uint32_t *event_id_p);
+int rw_client_deregister_event(rw_client_t *client, uint32_t event_id);
+
+/* A flag value the daemon still owed when the connection was lost. */
+typedef struct rw_client_lost_signal {
+	uint32_t event_id;
+	uint32_t value;       /* V of the submission */
+	uint32_t flag_buf;    /* where the flag is: as registered */
+	uint32_t reserved;
+	uint64_t flag_offset;
+	uint64_t phase_id;    /* the submission's */
+	uint64_t user_data;
+} rw_client_lost_signal_t;
+/* Once rw_client_poll/wait answered RW_E_CLOSED: copy up to max owed flag writes (oldest first)
+ * into out and forget them. Returns how many (0 when none, or while the connection is up). */
+int rw_client_lost_signals(rw_client_t *client, rw_client_lost_signal_t *out, unsigned max);
 
 /* Queue n submissions and publish them with one index store (and at most one wake-up write if
  * the daemon sleeps). All or nothing: RW_E_AGAIN if fewer than n slots are free. The daemon

@@ -3,9 +3,10 @@
  * each client's buffers and rings, drain submission rings (checking each entry), publish
  * completions. Every client input is hostile: a bad one gets an error reply or an error
  * completion and, where the connection cannot continue, that one client is dropped; every fd
- * received is closed on every path; nothing here can be made to crash or to block the loop. */
-#include "common/listen_pause.h"
-#include "ipc/ipc.h"
+ * received is closed on every path; nothing here can be made to crash or to block the loop. Rank authentication (admission, groups,
+ * keys, the hello) is ipc/server_auth.c, registered events (stream order) ipc/server_event.c;
+ * they share ipc/server_int.h. */
+#include "ipc/server_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -20,96 +21,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <ev.h>
 #include <sodium.h>
-
-#include "cuda/rw_cuda.h"
-#include "ipc/proto.h"
-#include "ipc/ring.h"
 
 #define RECV_BURST 16  /* control messages handled per readable event (fairness) */
 #define DRAIN_BATCH 64 /* submissions taken per pass before the ring's tail is stored */
-#define MAX_BUFFER_SLOTS 256 /* buffer id = generation << 8 | slot */
-
-typedef struct buf_slot {
-	uint32_t id; /* 0: free */
-	rw_ipc_buffer_t pub;
-	void *map;                   /* HOST mapping */
-	rw_cuda_ipc_map_t *cuda_map; /* CUDA import reference */
-} buf_slot_t;
-
-typedef struct ipc_group {
-	char name[RW_GROUP_NAME_MAX];
-	uint32_t world_size;
-	uint32_t node;
-	rw_ipc_client_t *members; /* joined clients, linked by group_next */
-	struct ipc_group *next;
-	int keyed;                /* its first rank presented a group key */
-	uint8_t key_hash[crypto_generichash_BYTES]; /* keyed hash of it (the key is not kept) */
-} ipc_group_t;
-
-struct rw_ipc_client {
-	rw_ipc_server_t *srv;
-	rw_ipc_client_t *prev, *next; /* server's list of connections */
-	rw_ipc_client_t *group_next;
-	rw_ipc_client_t *reap_next;
-	rw_ipc_client_t *flush_next;
-	ipc_group_t *group;
-	int fd;
-	ev_io io;
-	ev_timer hello_timer; /* runs from accept until the hello is accepted */
-	rw_ipc_client_info_t info;
-	uint64_t start_time; /* the peer process's, from /proc at accept (0: unknown): with the pid,
-	                        the exporter identity of its CUDA imports */
-	int joined;
-	int dying;
-	int on_flush_list;
-	rw_ipc_leave_t leave_reason;
-	int leave_error;
-	void *data;
-
-	buf_slot_t *bufs; /* max_buffers slots */
-	uint32_t nbufs;
-	uint32_t buf_gen;
-
-	int rings_up;
-	void *ring_map;
-	size_t ring_bytes;
-	int sq_efd; /* client writes it: "submissions ready" or "completion slots freed" */
-	int cq_efd; /* daemon writes it: "completions ready" */
-	ev_io sq_io;
-	rw_ring_t sq; /* daemon consumes */
-	rw_ring_t cq; /* daemon produces */
-	uint32_t reserved; /* completions owed for submissions handed to the service */
-	int cq_blocked;    /* stopped draining for lack of completion slots */
-};
-
-struct rw_ipc_server {
-	struct ev_loop *loop;
-	char *socket_path;
-	rw_ipc_server_config_t cfg;
-	rw_ipc_limits_t lim;
-	rw_ipc_server_ops_t ops;
-	void *ctx;
-	int listen_fd;
-	ev_io accept_io;
-	rw_listen_pause_t accept_pause; /* rests the listener when descriptors run out */
-	ev_prepare prepare;
-	ev_idle idle;
-	int polling;
-	uint64_t poll_deadline_ns;
-	rw_ipc_client_t *clients;
-	uint32_t nclients;
-	ipc_group_t *groups;
-	rw_ipc_client_t *reap;
-	rw_ipc_client_t *flush;
-	uint32_t next_id;
-	int32_t node;
-	int cuda_state; /* 0 not tried, 1 ready, -1 unavailable */
-	rw_cuda_ipc_cache_t *cuda;
-	rw_ipc_server_stats_t stats;
-	uint8_t key_salt[crypto_generichash_KEYBYTES]; /* random per server: keys the group hashes */
-};
 
 const char *rw_ipc_leave_str(rw_ipc_leave_t reason)
 {
@@ -129,7 +44,7 @@ const char *rw_ipc_leave_str(rw_ipc_leave_t reason)
 
 static void client_kill(rw_ipc_client_t *c, rw_ipc_leave_t reason, int error);
 
-static void hdr_init(rw_ipc_hdr_t *hdr, uint16_t type, uint32_t seq)
+void ipc_hdr_init(rw_ipc_hdr_t *hdr, uint16_t type, uint32_t seq)
 {
 	memset(hdr, 0, sizeof(*hdr));
 	hdr->magic = RW_IPC_MAGIC;
@@ -140,7 +55,7 @@ static void hdr_init(rw_ipc_hdr_t *hdr, uint16_t type, uint32_t seq)
 
 /* One datagram, never blocking. A client whose socket buffer is full is not reading its
  * replies (one per request): it is dropped rather than allowed to stall the loop. */
-static int send_msg(rw_ipc_client_t *c, const void *msg, size_t len, const int *fds,
+int ipc_send_msg(rw_ipc_client_t *c, const void *msg, size_t len, const int *fds,
 		    unsigned nfds)
 {
 	union {
@@ -171,8 +86,8 @@ static int send_msg(rw_ipc_client_t *c, const void *msg, size_t len, const int *
 	return -1;
 }
 
-/* Returns 0 so handlers can `return send_error(...)`. */
-static int send_error(rw_ipc_client_t *c, uint32_t seq, int code, const char *why, int fatal)
+/* Returns 0 so handlers can `return ipc_send_error(...)`. */
+int ipc_send_error(rw_ipc_client_t *c, uint32_t seq, int code, const char *why, int fatal)
 {
 	rw_ipc_server_t *srv = c->srv;
 	srv->stats.errors_sent++;
@@ -186,11 +101,11 @@ static int send_error(rw_ipc_client_t *c, uint32_t seq, int code, const char *wh
 			fatal ? " (dropping it)" : "");
 	rw_ipc_error_t err;
 	memset(&err, 0, sizeof(err));
-	hdr_init(&err.hdr, RW_IPC_ERROR, seq);
+	ipc_hdr_init(&err.hdr, RW_IPC_ERROR, seq);
 	err.code = code;
 	err.fatal = fatal ? 1 : 0;
 	snprintf(err.message, sizeof(err.message), "%s", why);
-	send_msg(c, &err, sizeof(err), NULL, 0);
+	ipc_send_msg(c, &err, sizeof(err), NULL, 0);
 	if (fatal && !c->dying) {
 		srv->stats.dropped++;
 		client_kill(c, RW_IPC_LEFT_PROTOCOL, code);
@@ -202,7 +117,7 @@ static int send_error(rw_ipc_client_t *c, uint32_t seq, int code, const char *wh
  * Buffers
  * ------------------------------------------------------------------------------------------- */
 
-static buf_slot_t *buf_find(const rw_ipc_client_t *c, uint32_t id)
+buf_slot_t *ipc_buf_find(const rw_ipc_client_t *c, uint32_t id)
 {
 	if (!c->bufs || id == 0 || id == RW_BUF_NONE)
 		return NULL;
@@ -214,7 +129,7 @@ static buf_slot_t *buf_find(const rw_ipc_client_t *c, uint32_t id)
 
 static uint64_t buf_size_of(void *ctx, uint32_t id)
 {
-	const buf_slot_t *b = buf_find(ctx, id);
+	const buf_slot_t *b = ipc_buf_find(ctx, id);
 	return b ? b->pub.size : 0;
 }
 
@@ -246,10 +161,10 @@ static void reply_reg_ok(rw_ipc_client_t *c, uint32_t seq, buf_slot_t *b)
 {
 	rw_ipc_reg_ok_t ok;
 	memset(&ok, 0, sizeof(ok));
-	hdr_init(&ok.hdr, RW_IPC_REG_OK, seq);
+	ipc_hdr_init(&ok.hdr, RW_IPC_REG_OK, seq);
 	ok.buf_id = b->pub.id;
 	ok.size = b->pub.size;
-	if (send_msg(c, &ok, sizeof(ok), NULL, 0) == 0 && c->srv->ops.buffer_registered)
+	if (ipc_send_msg(c, &ok, sizeof(ok), NULL, 0) == 0 && c->srv->ops.buffer_registered)
 		c->srv->ops.buffer_registered(c->srv->ctx, c, &b->pub);
 }
 
@@ -261,22 +176,22 @@ static int handle_reg_host(rw_ipc_client_t *c, const rw_ipc_reg_host_t *req, int
 	uint32_t seq = req->hdr.seq;
 	rw_ipc_server_t *srv = c->srv;
 	if (c->nbufs >= srv->lim.max_buffers)
-		return send_error(c, seq, RW_E_BUF_LIMIT, "too many buffers registered", 0);
+		return ipc_send_error(c, seq, RW_E_BUF_LIMIT, "too many buffers registered", 0);
 	if (req->size == 0 || req->size > srv->lim.max_buffer_bytes || req->size > SIZE_MAX)
-		return send_error(c, seq, RW_E_BUF_SIZE, "buffer size zero or above the limit", 0);
+		return ipc_send_error(c, seq, RW_E_BUF_SIZE, "buffer size zero or above the limit", 0);
 	struct stat st;
 	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
-		return send_error(c, seq, RW_E_BUF_FD, "fd is not a regular file (memfd)", 0);
+		return ipc_send_error(c, seq, RW_E_BUF_FD, "fd is not a regular file (memfd)", 0);
 	int seals = fcntl(fd, F_GET_SEALS);
 	if (seals < 0)
-		return send_error(c, seq, RW_E_BUF_FD, "fd is not a sealable memfd", 0);
+		return ipc_send_error(c, seq, RW_E_BUF_FD, "fd is not a sealable memfd", 0);
 	if (!(seals & F_SEAL_SHRINK))
-		return send_error(c, seq, RW_E_BUF_SEAL, "memfd not sealed with F_SEAL_SHRINK", 0);
+		return ipc_send_error(c, seq, RW_E_BUF_SEAL, "memfd not sealed with F_SEAL_SHRINK", 0);
 	if ((uint64_t)st.st_size != req->size)
-		return send_error(c, seq, RW_E_BUF_SIZE, "size does not match the memfd (fstat)", 0);
+		return ipc_send_error(c, seq, RW_E_BUF_SIZE, "size does not match the memfd (fstat)", 0);
 	void *map = mmap(NULL, req->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (map == MAP_FAILED)
-		return send_error(c, seq, RW_E_BUF_FD, "memfd cannot be mapped read/write", 0);
+		return ipc_send_error(c, seq, RW_E_BUF_FD, "memfd cannot be mapped read/write", 0);
 	buf_slot_t *b = buf_alloc_slot(c);
 	b->pub.kind = RW_IPC_BUF_HOST;
 	b->pub.size = req->size;
@@ -290,7 +205,7 @@ static int handle_reg_host(rw_ipc_client_t *c, const rw_ipc_reg_host_t *req, int
 	return 0;
 }
 
-static int cuda_ready(rw_ipc_server_t *srv)
+int ipc_cuda_ready(rw_ipc_server_t *srv)
 {
 	if (srv->cuda_state == 0) {
 		srv->cuda_state = -1;
@@ -307,14 +222,14 @@ static int handle_reg_cuda(rw_ipc_client_t *c, const rw_ipc_reg_cuda_t *req)
 	uint32_t seq = req->hdr.seq;
 	rw_ipc_server_t *srv = c->srv;
 	if (c->nbufs >= srv->lim.max_buffers)
-		return send_error(c, seq, RW_E_BUF_LIMIT, "too many buffers registered", 0);
+		return ipc_send_error(c, seq, RW_E_BUF_LIMIT, "too many buffers registered", 0);
 	uint64_t end;
 	if (req->bytes == 0 || req->bytes > srv->lim.max_buffer_bytes ||
 	    __builtin_add_overflow(req->offset, req->bytes, &end) || end > req->alloc_bytes)
-		return send_error(c, seq, RW_E_BUF_SIZE,
+		return ipc_send_error(c, seq, RW_E_BUF_SIZE,
 				  "cuda range empty, above the limit or outside its allocation", 0);
-	if (!cuda_ready(srv))
-		return send_error(c, seq, RW_E_NO_CUDA, "the daemon has no usable CUDA driver", 0);
+	if (!ipc_cuda_ready(srv))
+		return ipc_send_error(c, seq, RW_E_NO_CUDA, "the daemon has no usable CUDA driver", 0);
 	rw_cuda_ipc_desc_t desc;
 	memset(&desc, 0, sizeof(desc));
 	memcpy(desc.handle.bytes, req->ipc_handle, sizeof(desc.handle.bytes));
@@ -332,18 +247,18 @@ static int handle_reg_cuda(rw_ipc_client_t *c, const rw_ipc_reg_cuda_t *req)
 	switch (st) {
 	case RW_OK: break;
 	case RW_ERR_INVAL:
-		return send_error(c, seq, RW_E_BUF_SIZE, "cuda sizes disagree with the driver", 0);
+		return ipc_send_error(c, seq, RW_E_BUF_SIZE, "cuda sizes disagree with the driver", 0);
 	case RW_ERR_NOTFOUND:
-		return send_error(c, seq, RW_E_CUDA, "no device with that UUID on this node", 0);
+		return ipc_send_error(c, seq, RW_E_CUDA, "no device with that UUID on this node", 0);
 	case RW_ERR_EXISTS:
-		return send_error(c, seq, RW_E_CUDA, "handle still mapped for another allocation "
+		return ipc_send_error(c, seq, RW_E_CUDA, "handle still mapped for another allocation "
 				  "or another process (stale)", 0);
 	case RW_ERR_UNSUPPORTED:
-		return send_error(c, seq, RW_E_NO_CUDA, "the daemon has no usable CUDA driver", 0);
+		return ipc_send_error(c, seq, RW_E_NO_CUDA, "the daemon has no usable CUDA driver", 0);
 	case RW_ERR_NOMEM:
-		return send_error(c, seq, RW_E_CUDA, "daemon out of memory importing the handle", 0);
+		return ipc_send_error(c, seq, RW_E_CUDA, "daemon out of memory importing the handle", 0);
 	default:
-		return send_error(c, seq, RW_E_CUDA, "the driver refused the IPC handle", 0);
+		return ipc_send_error(c, seq, RW_E_CUDA, "the driver refused the IPC handle", 0);
 	}
 	buf_slot_t *b = buf_alloc_slot(c);
 	b->pub.kind = RW_IPC_BUF_CUDA;
@@ -360,18 +275,26 @@ static int handle_reg_cuda(rw_ipc_client_t *c, const rw_ipc_reg_cuda_t *req)
 
 static int handle_dereg(rw_ipc_client_t *c, const rw_ipc_dereg_t *req)
 {
-	buf_slot_t *b = buf_find(c, req->buf_id);
+	buf_slot_t *b = ipc_buf_find(c, req->buf_id);
 	if (!b)
-		return send_error(c, req->hdr.seq, RW_E_BUF_ID, "deregister: unknown buffer id", 0);
+		return ipc_send_error(c, req->hdr.seq, RW_E_BUF_ID, "deregister: unknown buffer id", 0);
 	if (c->reserved)
-		return send_error(c, req->hdr.seq, RW_E_BUF_BUSY,
+		return ipc_send_error(c, req->hdr.seq, RW_E_BUF_BUSY,
 				  "deregister while submissions are in flight", 0);
+	if (ipc_event_of_buf(c, req->buf_id))
+		return ipc_send_error(c, req->hdr.seq, RW_E_BUF_BUSY, "deregister: the buffer holds a "
+				      "registered event's completion flag (deregister the event first)", 0);
 	buf_release(c, b);
+	return ipc_reply_dereg_ok(c, req);
+}
+
+int ipc_reply_dereg_ok(rw_ipc_client_t *c, const rw_ipc_dereg_t *req)
+{
 	rw_ipc_dereg_t ok;
 	memset(&ok, 0, sizeof(ok));
-	hdr_init(&ok.hdr, RW_IPC_DEREG_OK, req->hdr.seq);
+	ipc_hdr_init(&ok.hdr, RW_IPC_DEREG_OK, req->hdr.seq);
 	ok.buf_id = req->buf_id;
-	send_msg(c, &ok, sizeof(ok), NULL, 0);
+	ipc_send_msg(c, &ok, sizeof(ok), NULL, 0);
 	return 0;
 }
 
@@ -401,14 +324,14 @@ static int handle_ring_setup(rw_ipc_client_t *c, const rw_ipc_ring_setup_t *req)
 	rw_ipc_server_t *srv = c->srv;
 	const char *why;
 	if (c->rings_up)
-		return send_error(c, seq, RW_E_RING_STATE, "rings already set up", 0);
+		return ipc_send_error(c, seq, RW_E_RING_STATE, "rings already set up", 0);
 	int code = rw_ipc_check_ring_setup(req, &srv->lim, &why);
 	if (code)
-		return send_error(c, seq, code, why, 0);
+		return ipc_send_error(c, seq, code, why, 0);
 
 	rw_ipc_ring_ok_t ok;
 	memset(&ok, 0, sizeof(ok));
-	hdr_init(&ok.hdr, RW_IPC_RING_OK, seq);
+	ipc_hdr_init(&ok.hdr, RW_IPC_RING_OK, seq);
 	ok.sq_entries = req->sq_entries;
 	ok.cq_entries = req->cq_entries;
 	ok.sq_ctl_off = 0;
@@ -453,7 +376,7 @@ static int handle_ring_setup(rw_ipc_client_t *c, const rw_ipc_ring_setup_t *req)
 	ev_io_init(&c->sq_io, sq_cb, sq_efd, EV_READ);
 	c->sq_io.data = c;
 	ev_io_start(srv->loop, &c->sq_io);
-	send_msg(c, &ok, sizeof(ok), fds, 3);
+	ipc_send_msg(c, &ok, sizeof(ok), fds, 3);
 	close(memfd); /* the mapping and the client's copy keep it */
 	return 0;
 fail:
@@ -466,7 +389,7 @@ fail:
 		close(sq_efd);
 	if (cq_efd >= 0)
 		close(cq_efd);
-	return send_error(c, seq, RW_E_INTERNAL, "daemon could not create the rings", 0);
+	return ipc_send_error(c, seq, RW_E_INTERNAL, "daemon could not create the rings", 0);
 }
 
 static void flush_client(rw_ipc_client_t *c)
@@ -495,7 +418,7 @@ static void ring_corrupt(rw_ipc_client_t *c, const char *which)
 {
 	char why[96];
 	snprintf(why, sizeof(why), "%s ring indices corrupted", which);
-	send_error(c, 0, RW_E_RING_INDEX, why, 1);
+	ipc_send_error(c, 0, RW_E_RING_INDEX, why, 1);
 	client_kill(c, RW_IPC_LEFT_PROTOCOL, RW_E_RING_INDEX); /* also if the send failed */
 }
 
@@ -528,7 +451,13 @@ static int drain(rw_ipc_client_t *c)
 			memcpy(&sqe, rw_ring_cons_peek(&c->sq, i), sizeof(sqe));
 			const char *why;
 			int code = rw_ipc_check_sqe(&sqe, &srv->lim, buf_size_of, c, &why);
+			if (!code && sqe.flags && !ipc_event_find(c, sqe.event_id)) {
+				code = RW_E_EVENT;
+				why = "stream-ordered submission names an event id this rank has not "
+				      "registered";
+			}
 			if (code) {
+				rw_ipc_signal_now(c, &sqe); /* the flag before the CQE, errors too */
 				/* The reason first, as a notice (rw_client_last_message), then the
 				 * completion, as the service answers a refused submission. */
 				rw_ipc_client_notice(srv, c, code, why);
@@ -644,162 +573,6 @@ static void idle_cb(struct ev_loop *loop, ev_idle *w, int revents)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Hello and groups
- * ------------------------------------------------------------------------------------------- */
-
-static ipc_group_t *group_find(rw_ipc_server_t *srv, const char *name)
-{
-	for (ipc_group_t *g = srv->groups; g; g = g->next)
-		if (strcmp(g->name, name) == 0)
-			return g;
-	return NULL;
-}
-
-static void group_leave(rw_ipc_client_t *c)
-{
-	ipc_group_t *g = c->group;
-	if (!g)
-		return;
-	for (rw_ipc_client_t **pp = &g->members; *pp; pp = &(*pp)->group_next)
-		if (*pp == c) {
-			*pp = c->group_next;
-			break;
-		}
-	c->group = NULL;
-	if (g->members)
-		return;
-	rw_ipc_server_t *srv = c->srv;
-	for (ipc_group_t **pp = &srv->groups; *pp; pp = &(*pp)->next)
-		if (*pp == g) {
-			*pp = g->next;
-			break;
-		}
-	free(g);
-	srv->stats.groups--;
-}
-
-/* The group key (docs/ipc.md "Rank authentication"): the first rank of a group sets it (or opens
- * the group without one, where the daemon allows that), every later rank must present the same.
- * Only a keyed hash is kept, compared in constant time; the check comes before any other group
- * check so a refused rank learns nothing about the group's ranks. Refusal drops the client and
- * leaves the group as it was. Returns 0 (hash in *hash_p) or -1 (refused). */
-static int check_group_key(rw_ipc_client_t *c, const rw_ipc_hello_t *req, const ipc_group_t *g,
-			   uint8_t hash_p[crypto_generichash_BYTES])
-{
-	rw_ipc_server_t *srv = c->srv;
-	char why[RW_IPC_ERRMSG_MAX];
-	memset(hash_p, 0, crypto_generichash_BYTES);
-	if (req->key_len)
-		crypto_generichash(hash_p, crypto_generichash_BYTES, req->key, req->key_len,
-				   srv->key_salt, sizeof(srv->key_salt));
-	if (!req->key_len && srv->cfg.require_group_key)
-		snprintf(why, sizeof(why), "group %.48s: this daemon requires a group key, none "
-			 "was given", req->group);
-	else if (!g)
-		return 0;
-	else if (g->keyed && !req->key_len)
-		snprintf(why, sizeof(why), "group %.48s has a group key and this rank gave none",
-			 req->group);
-	else if (!g->keyed && req->key_len)
-		snprintf(why, sizeof(why), "group %.48s was opened without a key; this rank gives one",
-			 req->group);
-	else if (g->keyed && sodium_memcmp(hash_p, g->key_hash, crypto_generichash_BYTES) != 0)
-		snprintf(why, sizeof(why), "group %.48s: key differs from the one its first rank set",
-			 req->group);
-	else
-		return 0;
-	srv->stats.refused_key++;
-	send_error(c, req->hdr.seq, RW_E_GROUP_KEY, why, 1);
-	return -1;
-}
-
-static int handle_hello(rw_ipc_client_t *c, const rw_ipc_hello_t *req)
-{
-	rw_ipc_server_t *srv = c->srv;
-	uint32_t seq = req->hdr.seq;
-	const char *why;
-	int code = rw_ipc_check_hello(req, &srv->lim, &why);
-	if (code == RW_E_GROUP_KEY) /* too short */
-		srv->stats.refused_key++;
-	if (code)
-		return send_error(c, seq, code, why, 1);
-	c->bufs = calloc(srv->lim.max_buffers, sizeof(*c->bufs));
-	if (!c->bufs)
-		return send_error(c, seq, RW_E_INTERNAL, "daemon out of memory", 1);
-	if (srv->node >= 0 && req->node != (uint32_t)srv->node)
-		return send_error(c, seq, RW_E_NODE_MISMATCH, "node differs from this daemon's node",
-				  1);
-	uint8_t key_hash[crypto_generichash_BYTES];
-	ipc_group_t *g = group_find(srv, req->group);
-	if (check_group_key(c, req, g, key_hash) < 0)
-		return 0;
-	if (g) {
-		if (g->world_size != req->world_size)
-			return send_error(c, seq, RW_E_WORLD_MISMATCH,
-					  "world size differs from the group's earlier members", 1);
-		if (g->node != req->node)
-			return send_error(c, seq, RW_E_NODE_MISMATCH,
-					  "node differs from the group's earlier members", 1);
-		for (rw_ipc_client_t *m = g->members; m; m = m->group_next) {
-			if (m->info.rank == req->rank)
-				return send_error(c, seq, RW_E_RANK_DUP,
-						  "this rank of this group is already connected", 1);
-			if (req->local_gpu >= 0 && m->info.local_gpu == req->local_gpu)
-				return send_error(c, seq, RW_E_GPU,
-						  "local GPU already used by another rank of the group",
-						  1);
-		}
-	} else {
-		g = calloc(1, sizeof(*g));
-		if (!g)
-			return send_error(c, seq, RW_E_INTERNAL, "daemon out of memory", 1);
-		memcpy(g->name, req->group, sizeof(g->name));
-		g->keyed = req->key_len != 0;
-		memcpy(g->key_hash, key_hash, sizeof(g->key_hash));
-		if (!g->keyed)
-			rw_info("ipc: group %s opened without a group key by client %u (pid %d uid %d): "
-				"any process that can open the socket may take its other ranks",
-				g->name, c->info.id, (int)c->info.pid, (int)c->info.uid);
-		g->world_size = req->world_size;
-		g->node = req->node;
-		g->next = srv->groups;
-		srv->groups = g;
-		srv->stats.groups++;
-	}
-	memcpy(c->info.group, req->group, sizeof(c->info.group));
-	c->info.rank = req->rank;
-	c->info.world_size = req->world_size;
-	c->info.node = req->node;
-	c->info.local_gpu = req->local_gpu;
-	memcpy(c->info.gpu_uuid, req->gpu_uuid, sizeof(c->info.gpu_uuid));
-	c->group = g;
-	c->group_next = g->members;
-	g->members = c;
-	c->joined = 1;
-	ev_timer_stop(srv->loop, &c->hello_timer);
-
-	rw_ipc_hello_ok_t ok;
-	memset(&ok, 0, sizeof(ok));
-	hdr_init(&ok.hdr, RW_IPC_HELLO_OK, seq);
-	ok.client_id = c->info.id;
-	ok.max_buffers = srv->lim.max_buffers;
-	ok.max_tokens = srv->lim.max_tokens;
-	ok.max_hidden = srv->lim.max_hidden;
-	ok.max_topk = srv->lim.max_topk;
-	ok.max_ring_entries = srv->lim.max_ring_entries;
-	ok.max_buffer_bytes = srv->lim.max_buffer_bytes;
-	if (send_msg(c, &ok, sizeof(ok), NULL, 0) < 0)
-		return 0;
-	rw_info("ipc client %u joined: group %s rank %u/%u node %u gpu %d (pid %d uid %d gid %d, "
-		"%s)", c->info.id, c->info.group, c->info.rank, c->info.world_size, c->info.node,
-		c->info.local_gpu, (int)c->info.pid, (int)c->info.uid, (int)c->info.gid,
-		g->keyed ? "keyed group" : "group without a key");
-	if (srv->ops.client_joined)
-		srv->ops.client_joined(srv->ctx, c);
-	return 0;
-}
-
-/* ---------------------------------------------------------------------------------------------
  * Control messages
  * ------------------------------------------------------------------------------------------- */
 
@@ -814,20 +587,22 @@ static int handle_message(rw_ipc_client_t *c, const void *buf, size_t len, int f
 	if (len >= sizeof(rw_ipc_hdr_t))
 		memcpy(&seq, (const uint8_t *)buf + offsetof(rw_ipc_hdr_t, seq), sizeof(seq));
 	if (bad_cmsg)
-		return send_error(c, seq, RW_E_FDS, "control data other than SCM_RIGHTS", !c->joined);
+		return ipc_send_error(c, seq, RW_E_FDS, "control data other than SCM_RIGHTS", !c->joined);
 	int code = rw_ipc_parse_request(buf, len, flags, nfds, &msg, &why);
 	if (code)
-		return send_error(c, seq, code, why, !c->joined || rw_ipc_error_is_fatal(code));
+		return ipc_send_error(c, seq, code, why, !c->joined || rw_ipc_error_is_fatal(code));
 	if (!c->joined && msg.hdr.type != RW_IPC_HELLO && msg.hdr.type != RW_IPC_GOODBYE)
-		return send_error(c, seq, RW_E_STATE, "first message must be hello", 1);
+		return ipc_send_error(c, seq, RW_E_STATE, "first message must be hello", 1);
 	switch (msg.hdr.type) {
 	case RW_IPC_HELLO:
 		if (c->joined)
-			return send_error(c, seq, RW_E_STATE, "hello twice", 0);
-		return handle_hello(c, &msg.hello);
+			return ipc_send_error(c, seq, RW_E_STATE, "hello twice", 0);
+		return ipc_handle_hello(c, &msg.hello);
 	case RW_IPC_REG_HOST: return handle_reg_host(c, &msg.reg_host, fds[0]);
 	case RW_IPC_REG_CUDA: return handle_reg_cuda(c, &msg.reg_cuda);
 	case RW_IPC_DEREG: return handle_dereg(c, &msg.dereg);
+	case RW_IPC_REG_EVENT: return ipc_handle_reg_event(c, &msg.reg_event);
+	case RW_IPC_DEREG_EVENT: return ipc_handle_dereg_event(c, &msg.dereg);
 	case RW_IPC_RING_SETUP: return handle_ring_setup(c, &msg.ring_setup);
 	case RW_IPC_GOODBYE: client_kill(c, RW_IPC_LEFT_GOODBYE, 0); return 0;
 	}
@@ -923,7 +698,7 @@ static void client_free(rw_ipc_client_t *c)
 			c->leave_error ? ": " : "",
 			c->leave_error ? rw_client_strerror(c->leave_error) : "");
 	}
-	group_leave(c);
+	ipc_group_leave(c);
 	if (c->on_flush_list) /* e.g. completed, then dropped, by another client's client_left */
 		for (rw_ipc_client_t **pp = &srv->flush; *pp; pp = &(*pp)->flush_next)
 			if (*pp == c) {
@@ -936,6 +711,7 @@ static void client_free(rw_ipc_client_t *c)
 				buf_release(c, &c->bufs[i]);
 		free(c->bufs);
 	}
+	ipc_events_free(c);
 	rings_free(c);
 	close(c->fd);
 	if (c->prev)
@@ -977,72 +753,6 @@ static void prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 	reap(srv);
 }
 
-/* A connection turned away at accept: one fatal ERROR (best effort), then closed. */
-static void refuse(int fd, int code, const char *msg)
-{
-	rw_ipc_error_t err;
-	memset(&err, 0, sizeof(err));
-	hdr_init(&err.hdr, RW_IPC_ERROR, 0);
-	err.code = code;
-	err.fatal = 1;
-	snprintf(err.message, sizeof(err.message), "%s", msg);
-	ssize_t n = send(fd, &err, sizeof(err), MSG_DONTWAIT | MSG_NOSIGNAL);
-	(void)n;
-	close(fd);
-}
-
-static uint32_t connections_of(const rw_ipc_server_t *srv, uid_t uid)
-{
-	uint32_t n = 0;
-	for (const rw_ipc_client_t *c = srv->clients; c; c = c->next)
-		n += !c->dying && c->info.uid == uid;
-	return n;
-}
-
-/* A connection that has not joined within hello_timeout_ms holds a slot for nothing. */
-static void hello_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
-{
-	(void)loop;
-	(void)revents;
-	rw_ipc_client_t *c = w->data;
-	char why[RW_IPC_ERRMSG_MAX];
-	snprintf(why, sizeof(why), "no hello within %u ms of connecting",
-		 c->srv->cfg.hello_timeout_ms);
-	c->srv->stats.hello_timeouts++;
-	send_error(c, 0, RW_E_STATE, why, 1);
-}
-
-/* The start time of process `pid` (clock ticks after boot, /proc/<pid>/stat field 22), 0 when
- * unreadable. With the pid it names one process for the machine's uptime, so a later process
- * that reuses the pid is never taken for the one that exported a CUDA mapping
- * (docs/cuda.md "IPC import cache"). */
-static uint64_t proc_start_time(pid_t pid)
-{
-	char path[48], buf[1024];
-	if (pid <= 0)
-		return 0;
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return 0;
-	ssize_t n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return 0;
-	buf[n] = '\0';
-	/* "pid (comm) state ppid ...": comm may hold spaces and ')', so count from the last ')' */
-	char *p = strrchr(buf, ')');
-	if (!p)
-		return 0;
-	p++;
-	for (int field = 3; field < 22 && p; field++)
-		p = strchr(p + 1, ' ');
-	if (!p)
-		return 0;
-	char *end;
-	unsigned long long t = strtoull(p + 1, &end, 10);
-	return end != p + 1 ? (uint64_t)t : 0;
-}
 
 static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
@@ -1056,41 +766,9 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 				rw_warn("ipc: accept: %m");
 			return;
 		}
-		struct ucred cred = {.pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1};
-		socklen_t clen = sizeof(cred);
-		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
-			rw_warn("ipc: SO_PEERCRED: %m (refusing the connection)");
-			refuse(fd, RW_E_INTERNAL, "daemon could not read the connection's credentials");
+		rw_ipc_client_t *c = ipc_admit(srv, fd);
+		if (!c)
 			continue;
-		}
-		char why[RW_IPC_ERRMSG_MAX];
-		uint32_t held = connections_of(srv, cred.uid);
-		rw_ipc_client_t *c = NULL;
-		if (srv->nclients >= srv->cfg.max_clients)
-			snprintf(why, sizeof(why), "daemon client limit reached (%u connections)",
-				 srv->cfg.max_clients);
-		else if (held >= srv->cfg.max_per_uid)
-			snprintf(why, sizeof(why), "uid %d already holds %u connections, the per-uid "
-				 "limit (ipc_max_per_uid)", (int)cred.uid, held);
-		else if (!(c = calloc(1, sizeof(*c))))
-			snprintf(why, sizeof(why), "daemon out of memory");
-		if (!c) {
-			rw_warn("ipc: refusing connection from pid %d uid %d gid %d: %s", (int)cred.pid,
-				(int)cred.uid, (int)cred.gid, why);
-			if (srv->nclients < srv->cfg.max_clients && held >= srv->cfg.max_per_uid)
-				srv->stats.refused_uid++;
-			refuse(fd, RW_E_LIMIT, why);
-			continue;
-		}
-		c->srv = srv;
-		c->fd = fd;
-		c->sq_efd = c->cq_efd = -1;
-		c->info.id = ++srv->next_id;
-		c->info.pid = cred.pid;
-		c->start_time = proc_start_time(cred.pid);
-		c->info.uid = cred.uid;
-		c->info.gid = cred.gid;
-		c->info.local_gpu = -1;
 		c->next = srv->clients;
 		if (srv->clients)
 			srv->clients->prev = c;
@@ -1098,12 +776,12 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 		srv->nclients++;
 		srv->stats.clients++;
 		srv->stats.accepted++;
-		rw_info("ipc client %u connected: pid %d uid %d gid %d", c->info.id, (int)cred.pid,
-			(int)cred.uid, (int)cred.gid);
+		rw_info("ipc client %u connected: pid %d uid %d gid %d", c->info.id, (int)c->info.pid,
+			(int)c->info.uid, (int)c->info.gid);
 		ev_io_init(&c->io, client_cb, fd, EV_READ);
 		c->io.data = c;
 		ev_io_start(loop, &c->io);
-		ev_timer_init(&c->hello_timer, hello_timeout_cb,
+		ev_timer_init(&c->hello_timer, ipc_hello_timeout_cb,
 			      (double)srv->cfg.hello_timeout_ms / 1000.0, 0.);
 		c->hello_timer.data = c;
 		ev_timer_start(loop, &c->hello_timer);
@@ -1260,9 +938,10 @@ rw_status_t rw_ipc_server_create(struct ev_loop *loop, const rw_ipc_server_confi
 	DEFAULT(max_world, 1u << 20);
 	DEFAULT(max_local_gpu, 64);
 	DEFAULT(max_experts, 1u << 20);
+	DEFAULT(max_events, 16);
 	DEFAULT(max_per_uid, 64);
 	DEFAULT(hello_timeout_ms, 5000);
-	if (cfg.max_buffers > MAX_BUFFER_SLOTS || cfg.max_ring_entries > (1u << 20) ||
+	if (cfg.max_buffers > MAX_BUFFER_SLOTS || cfg.max_events > MAX_EVENT_SLOTS || cfg.max_ring_entries > (1u << 20) ||
 	    cfg.max_topk > 0xffff || cfg.mode > 0777) {
 		rw_err("ipc: server limits out of range");
 		return RW_ERR_INVAL;
@@ -1299,6 +978,7 @@ rw_status_t rw_ipc_server_create(struct ev_loop *loop, const rw_ipc_server_confi
 		.max_world = cfg.max_world,
 		.max_local_gpu = cfg.max_local_gpu,
 		.max_experts = cfg.max_experts,
+		.max_events = cfg.max_events,
 		.dtypes = cfg.dtypes ? cfg.dtypes : UINT32_MAX,
 	};
 	srv->cfg.group = config->group;
@@ -1362,7 +1042,7 @@ rw_status_t rw_ipc_complete(rw_ipc_server_t *srv, rw_ipc_client_t *c, const rw_c
 
 rw_status_t rw_ipc_buffer_lookup(const rw_ipc_client_t *c, uint32_t buf_id, rw_ipc_buffer_t *buf_p)
 {
-	const buf_slot_t *b = buf_find(c, buf_id);
+	const buf_slot_t *b = ipc_buf_find(c, buf_id);
 	if (!b)
 		return RW_ERR_NOTFOUND;
 	*buf_p = b->pub;
@@ -1376,7 +1056,7 @@ void rw_ipc_client_notice(rw_ipc_server_t *srv, rw_ipc_client_t *c, int code, co
 		return;
 	rw_ipc_error_t err;
 	memset(&err, 0, sizeof(err));
-	hdr_init(&err.hdr, RW_IPC_ERROR, 0);
+	ipc_hdr_init(&err.hdr, RW_IPC_ERROR, 0);
 	err.code = code;
 	snprintf(err.message, sizeof(err.message), "%s", msg);
 	/* Best effort: a full socket buffer means the client reads no notices; it still gets

@@ -56,6 +56,7 @@ void exec_answer_err(exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe, rw
 		return;
 	int code = exec_client_code(st, remote);
 	rw_ipc_client_notice(x->ipc, client, code, msg && msg[0] ? msg : rw_status_str(st));
+	rw_ipc_signal_now(client, sqe); /* stream order: the flag before the CQE, errors too */
 	rw_cqe_t c = cqe_for(sqe, RW_CQ_ERROR);
 	c.error = code;
 	rw_ipc_complete(x->ipc, client, &c);

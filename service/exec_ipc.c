@@ -3,6 +3,7 @@
  * submission is checked here against the phase it joins — the IPC server has already checked
  * it against the daemon's limits and the rank's buffers — and is refused with an error that
  * names what is wrong; an accepted one is handed to the state machine (exec.c). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -141,10 +142,16 @@ static void dispatch_refuse(exec_t *x, exec_group_t *g, uint32_t local, rw_ipc_c
 }
 
 static void io_set(exec_pair_t *p, int kind, exec_member_t *mb, const rw_sqe_t *sqe,
-		   const rw_svc_span_mem_t *in, unsigned n_in, const rw_svc_span_mem_t *out)
+		   const rw_svc_span_mem_t *in, unsigned n_in, const rw_svc_span_mem_t *out,
+		   const rw_svc_rank_io_t *order)
 {
 	rw_svc_rank_io_t *io = &p->ph.io[kind][mb->local];
 	memset(io, 0, sizeof(*io));
+	io->wait_ev = order->wait_ev;
+	io->signal = order->signal;
+	io->flag_dev = order->flag_dev;
+	io->flag_dptr = order->flag_dptr;
+	io->flag_value = order->flag_value;
 	io->n_tokens = sqe->token_count;
 	for (unsigned i = 0; i < n_in; i++)
 		io->in[i] = in[i];
@@ -153,6 +160,40 @@ static void io_set(exec_pair_t *p, int kind, exec_member_t *mb, const rw_sqe_t *
 	io->out_cap = sqe->output_capacity;
 	p->ph.stage_in[mb->local] = &mb->in;
 	p->ph.stage_out[mb->local] = &mb->out;
+}
+
+/* Stream order (ipc/railwave.h): the rank's event and flag into its io. Every span given must
+ * be CUDA memory (the event orders device work only, and the flag is written on the stream that
+ * wrote the outputs), and the output's GPU the flag's. 0, or -1 with why set. */
+static int stream_order_set(rw_ipc_client_t *client, const rw_sqe_t *sqe, rw_svc_rank_io_t *io,
+			    unsigned n_in, char *why)
+{
+	if (!sqe->flags)
+		return 0;
+	rw_ipc_event_t ev;
+	if (rw_ipc_event_lookup(client, sqe->event_id, &ev) != RW_OK) {
+		snprintf(why, RW_SVC_WHY_MAX, "event %u is not registered", sqe->event_id);
+		return -1;
+	}
+	for (unsigned i = 0; i <= n_in; i++) {
+		const rw_svc_span_mem_t *m = i < n_in ? &io->in[i] : &io->out;
+		if (m->buf != RW_BUF_NONE && m->dev < 0) {
+			snprintf(why, RW_SVC_WHY_MAX, "stream-ordered submission (flags 0x%x) with a "
+				 "host-memory span: every span must be CUDA memory", sqe->flags);
+			return -1;
+		}
+	}
+	if ((sqe->flags & RW_SQE_SIGNAL) && io->out.buf != RW_BUF_NONE && io->out.dev != ev.device) {
+		snprintf(why, RW_SVC_WHY_MAX, "the output is on GPU %d and event %u's flag on GPU %d: "
+			 "they must be one", io->out.dev, sqe->event_id, ev.device);
+		return -1;
+	}
+	io->wait_ev = (sqe->flags & RW_SQE_WAIT_EVENT) ? ev.event : NULL;
+	io->signal = (sqe->flags & RW_SQE_SIGNAL) != 0;
+	io->flag_dev = ev.device;
+	io->flag_dptr = ev.flag_dptr;
+	io->flag_value = sqe->output.reserved;
+	return 0;
 }
 
 static void submit_dispatch(exec_t *x, exec_member_t *mb, rw_ipc_client_t *client,
@@ -221,12 +262,20 @@ static void submit_dispatch(exec_t *x, exec_member_t *mb, rw_ipc_client_t *clien
 				"a local rank's buffer is gone");
 		return;
 	}
+	rw_svc_rank_io_t io;
+	memset(&io, 0, sizeof(io));
+	memcpy(io.in, m, 3 * sizeof(m[0]));
+	io.out = m[3];
+	if (stream_order_set(client, sqe, &io, 3, why) < 0) {
+		dispatch_refuse(x, g, mb->local, client, sqe, &key, RW_ERR_SUB_FIELD, why);
+		return;
+	}
 	exec_sub_t *s = &p->in[RW_MV_DISPATCH].sub[mb->local];
 	s->sqe = *sqe;
 	s->client = client;
 	s->have = 1;
 	p->in[RW_MV_DISPATCH].n_sub++;
-	io_set(p, RW_MV_DISPATCH, mb, sqe, m, 3, &m[3]);
+	io_set(p, RW_MV_DISPATCH, mb, sqe, m, 3, &m[3], &io);
 	exec_on_submit(p, RW_MV_DISPATCH, mb->local);
 }
 
@@ -297,12 +346,20 @@ static void submit_combine(exec_t *x, exec_member_t *mb, rw_ipc_client_t *client
 		exec_answer_err(x, client, sqe, RW_ERR_SUB_BUFFER, 0, "a local rank's buffer is gone");
 		return;
 	}
+	rw_svc_rank_io_t io;
+	memset(&io, 0, sizeof(io));
+	io.in[0] = m[0];
+	io.out = m[1];
+	if (stream_order_set(client, sqe, &io, 1, why) < 0) {
+		exec_answer_err(x, client, sqe, RW_ERR_SUB_FIELD, 0, why);
+		return;
+	}
 	exec_sub_t *s = &p->in[RW_MV_COMBINE].sub[g];
 	s->sqe = *sqe;
 	s->client = client;
 	s->have = 1;
 	p->in[RW_MV_COMBINE].n_sub++;
-	io_set(p, RW_MV_COMBINE, mb, sqe, m, 1, &m[1]);
+	io_set(p, RW_MV_COMBINE, mb, sqe, m, 1, &m[1], &io);
 	exec_on_submit(p, RW_MV_COMBINE, g);
 }
 

@@ -17,6 +17,7 @@
 #include "service/phase.h"
 
 struct ev_loop;
+struct rw_cuda_event;
 
 /* Kinds of a pair's phases (index of per-kind arrays). */
 enum { RW_MV_DISPATCH = 0, RW_MV_COMBINE = 1 };
@@ -37,6 +38,18 @@ typedef struct rw_svc_rank_io {
 	rw_svc_span_mem_t out;       /* dispatch: the output span; combine: the combined rows */
 	uint64_t out_offset;         /* the output span's offset in its buffer (for the CQE) */
 	uint64_t out_cap;            /* bytes at out */
+	/* Stream order (ipc/railwave.h "Stream-ordered submission"), set by the executor from the
+	 * submission: wait_ev, when set, is the rank's event: stage() makes every stream that reads
+	 * the rank's inputs wait on it first (a host-side mover synchronizes it). With signal set,
+	 * the mover writes flag_value into the 32-bit word at flag_dptr (device flag_dev, the
+	 * output's) after the rank's outputs, on the stream that wrote them, before it reports
+	 * RW_MV_OP_FINISH. A failed pair's flags are the executor's (after quiesce). Every span of
+	 * such a rank is CUDA memory (the executor refuses others). */
+	struct rw_cuda_event *wait_ev;
+	int signal;
+	int flag_dev;
+	uint64_t flag_dptr;
+	uint32_t flag_value;
 	/* Filled by the mover once the inputs are readable by the CPU (host memory as is, CUDA
 	 * memory staged): what the executor may read (the count pass reads ids). */
 	const uint8_t *tokens;

@@ -212,10 +212,57 @@ static void cm_close(void *mover, void *state)
 
 /* ---- inputs --------------------------------------------------------------------------------- */
 
+/* Stream order (docs/cuda.md "Stream-ordered submission"): no stream may read a rank's inputs
+ * before its event. Any device's stream may read them (the pack, the local forwards, the combine
+ * sums run on the stream of the device that writes each destination rank), and those devices
+ * are the pair's ranks' and its home: at each stage, every device seen so far waits on the event
+ * of every rank staged so far that it has not waited on yet. Kernels start only once every rank
+ * is staged (the plan, the combine launch), so by then every stream they use waits on every
+ * event. Waits are enqueued, never blocking the loop. */
+static rw_status_t cm_wait_events(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind, uint32_t g,
+				  char *why)
+{
+	uint32_t devs = 1u << cp->home, any = 0;
+	for (uint32_t r = 0; r < ph->gpus; r++) {
+		const rw_svc_rank_io_t *io = &ph->io[kind][r];
+		any |= io->wait_ev != NULL;
+		for (int i = 0; i < 4; i++) {
+			const rw_svc_span_mem_t *s = i < 3 ? &io->in[i] : &io->out;
+			if (s->buf != 0 && s->buf != RW_BUF_NONE && s->dev >= 0 && s->dev < CM_DEVICES)
+				devs |= 1u << s->dev;
+		}
+	}
+	if (!any)
+		return RW_OK;
+	for (uint32_t r = 0; r < ph->gpus; r++) {
+		const rw_svc_rank_io_t *io = &ph->io[kind][r];
+		if (!io->wait_ev || (r != g && !cp->ev_waited[kind][r]))
+			continue; /* no event, or not staged yet (its own stage waits) */
+		for (int d = 0; d < CM_DEVICES; d++) {
+			if (!(devs & ~cp->ev_waited[kind][r] & (1u << d)))
+				continue;
+			rw_cuda_stream_t *s;
+			rw_status_t st = cm_pair_stream(cp, d, &s);
+			if (st == RW_OK)
+				st = rw_cuda_stream_wait_event(s, io->wait_ev);
+			if (st != RW_OK) {
+				snprintf(why, RW_SVC_WHY_MAX, "cannot make GPU %d wait for local rank %u's "
+					 "event: %s", d, r, rw_status_str(st));
+				return RW_ERR_DEVICE;
+			}
+			cp->ev_waited[kind][r] |= 1u << d;
+		}
+	}
+	return RW_OK;
+}
+
 static rw_status_t cm_stage(void *mover, void *state, rw_svc_phase_t *ph, int kind, uint32_t g,
 			    int *pending_p, char *why)
 {
 	(void)mover;
+	rw_status_t st = cm_wait_events(state, ph, kind, g, why);
+	if (st != RW_OK)
+		return st;
 	return kind == 0 ? cm_stage_dispatch(state, ph, g, pending_p, why)
 			 : cm_stage_combine(state, ph, g, pending_p, why);
 }
@@ -438,6 +485,10 @@ static rw_status_t cm_finish(void *mover, void *state, const rw_svc_phase_t *ph,
 											: RW_CUDA_FP32,
 						       cp->acc[g], n * ph->hidden);
 		}
+		/* Stream order: the flag after the outputs, on the stream that wrote them, before
+		 * the mark that reports them (so the CQE always follows the flag). */
+		if (st == RW_OK && io->signal)
+			st = rw_cuda_stream_write_u32(s, io->flag_dptr, io->flag_value);
 		if (st == RW_OK)
 			st = cm_pair_mark(cp, dev, kind ? OP_FLUSH_C : OP_FLUSH_D, g);
 		if (st != RW_OK) {

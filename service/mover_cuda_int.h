@@ -76,6 +76,8 @@ typedef struct cm_pair {
 	uint32_t marks_pk;           /* marks of the dispatch slabs' kernels not yet completed */
 	int packed;                  /* the dispatch slabs are complete (kernels done, headers written) */
 	int pk_waiting;              /* pack() answered RW_ERR_AGAIN: report RW_MV_OP_PACKED */
+	uint32_t ev_waited[2][RW_MAX_GPUS]; /* stream order: devices whose stream waits on rank g's
+	                                       event (bit d), per kind */
 } cm_pair_t;
 
 struct cuda_mover {

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/arena.h"
+#include "cuda/rw_cuda.h"
 #include "service/mover.h"
 #include "service/wire.h"
 
@@ -38,6 +39,8 @@ typedef struct host_pair {
 	 * (0: not sent to g); crow: one fp32 row for summing copies. */
 	uint32_t *contrib;
 	float *crow;
+	/* stream order: rank g's flag, written with a driver call when its outputs' mark completes */
+	const rw_svc_rank_io_t *flag_io[RW_MAX_GPUS];
 	uint8_t *pack_egress;        /* rw_sched_map_rail's output for one dispatch slab */
 	uint32_t *pack_slot;
 } host_pair_t;
@@ -88,6 +91,19 @@ static uint64_t stage_token(const host_pair_t *hp, uint32_t op, uint32_t g)
 	return (uint64_t)hp->serial << 32 | (uint64_t)op << 8 | g;
 }
 
+/* Stream order (docs/cuda.md "Stream order on the host mover"): a CUDA rank this mover carries
+ * (RAILWAVE_CUDA_MOVER=0, or no kernels) gets its flag written from the host once the copies
+ * of its outputs are done; a failed write fails the rank's phase (the executor then writes the
+ * flag again, and posts the error). */
+static rw_status_t flag_write(const rw_svc_rank_io_t *io)
+{
+	rw_status_t st = rw_cuda_write_u32(io->flag_dev, io->flag_dptr, io->flag_value);
+	if (st != RW_OK)
+		rw_warn("host mover: cannot write a completion flag on GPU %d: %s", io->flag_dev,
+			rw_status_str(st));
+	return st;
+}
+
 /* A staging mark completed (the loop's ev_io on the stream's eventfd). */
 static void stage_done(void *ctx, uint64_t token, rw_status_t st)
 {
@@ -107,6 +123,9 @@ static void stage_done(void *ctx, uint64_t token, rw_status_t st)
 		return; /* a pair that ended meanwhile (it waited for its copies then) */
 	hp->pending--;
 	if (op == OP_FLUSH) {
+		if (st == RW_OK && hp->flag_io[g])
+			st = flag_write(hp->flag_io[g]);
+		hp->flag_io[g] = NULL;
 		m->done(m->ctx, serial, RW_MV_OP_FINISH, g, st);
 	} else if (op < 2 && hp->marks[op][g] && --hp->marks[op][g] == 0) {
 		m->done(m->ctx, serial, op == 0 ? RW_MV_OP_STAGE_D : RW_MV_OP_STAGE_C, g, st);
@@ -209,6 +228,16 @@ static rw_status_t host_stage(void *mover, void *state, rw_svc_phase_t *ph, int 
 			* is not) */
 		len[0] = (uint64_t)hp->fwd_n[g] * ph->row_bytes;
 	uint64_t need = 0;
+	/* Stream order: the rank's inputs are ready once its event is (this blocks the loop; the
+	 * CUDA mover makes its streams wait instead). */
+	if (io->wait_ev) {
+		rw_status_t st = rw_cuda_event_sync(io->wait_ev);
+		if (st != RW_OK) {
+			snprintf(why, RW_SVC_WHY_MAX, "cannot wait for local rank %u's event: %s", g,
+				 rw_status_str(st));
+			return RW_ERR_DEVICE;
+		}
+	}
 	for (unsigned i = 0; i < n_in; i++) {
 		host[i] = io->in[i].host;
 		if (io->in[i].dev >= 0)
@@ -568,6 +597,12 @@ static rw_status_t host_finish(void *mover, void *state, const rw_svc_phase_t *p
 						      hp->meta_dst[g], n * o->meta_bytes);
 		} else {
 			uint64_t n = ph->rt[g].n_tokens;
+			if (n == 0 && io->signal && (st = flag_write(io)) != RW_OK) {
+				snprintf(why, RW_SVC_WHY_MAX, "cannot write local rank %u's completion "
+					 "flag: %s", g, rw_status_str(st));
+				*pending_p = pending;
+				return RW_ERR_DEVICE;
+			}
 			if (n == 0)
 				continue;
 			uint8_t *dst = io->out.host;
@@ -585,6 +620,7 @@ static rw_status_t host_finish(void *mover, void *state, const rw_svc_phase_t *p
 		}
 		if (st == RW_OK)
 			st = rw_svc_stage_mark(m->stage, io->out.dev, stage_token(hp, OP_FLUSH, g));
+		hp->flag_io[g] = st == RW_OK && io->signal ? io : NULL;
 		if (st != RW_OK) {
 			snprintf(why, RW_SVC_WHY_MAX, "cannot copy results into local rank %u's CUDA "
 				 "memory: %s", g, rw_status_str(st));

@@ -102,3 +102,101 @@ class CudaRegistry:
         for _, buf, _ in self.segs.values():
             self.lib.rw_client_deregister(self.client, buf)
         self.segs = {}
+
+
+CU_EVENT_DISABLE_TIMING, CU_EVENT_INTERPROCESS = 0x2, 0x4
+CU_STREAM_WAIT_VALUE_GEQ = 0x0
+
+
+class StreamOrder:
+    """Stream-ordered submission for one Group on one device (ipc/railwave.h "Stream-ordered
+    submission"; docs/python.md "Stream order"): an interprocess event the daemon's streams wait
+    on before reading a submission's inputs, recorded on the caller's current stream, and a
+    4-byte flag (a torch int32 tensor, lent like any CUDA tensor) the daemon sets to the
+    submission's value V once its outputs are written; the caller's stream waits for it
+    (cuStreamWaitValue32, GEQ: cyclic). One submission at a time per Group, so the event is never
+    re-recorded before the daemon's wait on it was enqueued."""
+
+    def __init__(self, registry, device):
+        drv = registry.drv if registry.drv is not None else _Driver()
+        registry.drv = drv
+        cu = self.cu = drv.cu
+        cu.cuEventCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+        cu.cuEventRecord.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        cu.cuEventDestroy_v2.argtypes = [ctypes.c_void_p]
+        cu.cuIpcGetEventHandle.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        cu.cuStreamWaitValue32_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32,
+                                              ctypes.c_uint]
+        import torch
+        self.torch, self.device = torch, device
+        self.flag = torch.zeros(1, dtype=torch.int32, device=device)
+        self.value = 0
+        self.ev = ctypes.c_void_p(0)
+        with torch.cuda.device(device):
+            drv.check(cu.cuEventCreate(ctypes.byref(self.ev),
+                                       CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING),
+                      "cuEventCreate(interprocess)")
+        h = (ctypes.c_uint8 * 64)()
+        drv.check(cu.cuIpcGetEventHandle(ctypes.byref(h), self.ev), "cuIpcGetEventHandle")
+        buf, off = registry.span(self.flag)
+        self.lib, self.client = registry.lib, registry.client
+        eid = ctypes.c_uint32(0)
+        rc = self.lib.rw_client_register_event(self.client, h, buf, off, ctypes.byref(eid))
+        if rc:
+            drv.check(cu.cuEventDestroy_v2(self.ev), "cuEventDestroy")
+            raise RailWaveError(rc, "register a stream-order event on %s" % device,
+                                self.lib.rw_client_last_message(self.client).decode())
+        self.id, self.buf, self.off = eid.value, buf, off
+
+    def before_submit(self, sqe):
+        """Record the event behind the current stream's work (the inputs) and mark sqe to wait
+        on it and to signal the next value."""
+        s = self.torch.cuda.current_stream(self.device)
+        res = self.cu.cuEventRecord(self.ev, ctypes.c_void_p(s.cuda_stream))
+        if res != 0:
+            raise RuntimeError("railwave: cuEventRecord failed (CUresult %d)" % res)
+        self.value = (self.value + 1) & 0xFFFFFFFF
+        sqe.flags = _lib.SQE_WAIT_EVENT | _lib.SQE_SIGNAL
+        sqe.event_id = self.id
+        sqe.output.reserved = self.value
+
+    def after_submit(self):
+        """Work enqueued on the current stream from now on runs once the daemon set the flag."""
+        s = self.torch.cuda.current_stream(self.device)
+        res = self.cu.cuStreamWaitValue32_v2(ctypes.c_void_p(s.cuda_stream),
+                                             self.flag.data_ptr(), self.value,
+                                             CU_STREAM_WAIT_VALUE_GEQ)
+        if res != 0:
+            raise RuntimeError("railwave: cuStreamWaitValue32 failed (CUresult %d)" % res)
+
+    def pay_lost(self):
+        """The daemon is gone: write every flag value it still owed, from a side stream (the
+        current one may be waiting on the flag), so no stream waits forever. Returns how many."""
+        out = (_lib.LostSignal * 16)()
+        n_all = 0
+        while True:
+            n = self.lib.rw_client_lost_signals(self.client, out, 16)
+            if n <= 0:
+                return n_all
+            side = self.torch.cuda.Stream(self.device)
+            with self.torch.cuda.stream(side):
+                for i in range(n):
+                    v = out[i].value
+                    self.flag.fill_(v - (1 << 32) if v >= (1 << 31) else v)
+            side.synchronize()
+            n_all += n
+
+    def settle(self):
+        """Leaving with an operation in flight (the daemon writes no flag for a rank that left):
+        set the flag to the last value asked for, so the current stream does not wait forever."""
+        v = self.value
+        side = self.torch.cuda.Stream(self.device)
+        with self.torch.cuda.stream(side):
+            self.flag.fill_(v - (1 << 32) if v >= (1 << 31) else v)
+        side.synchronize()
+
+    def release(self):
+        if self.ev:
+            self.lib.rw_client_deregister_event(self.client, self.id)
+            self.cu.cuEventDestroy_v2(self.ev)
+            self.ev = ctypes.c_void_p(0)

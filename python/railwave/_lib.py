@@ -33,7 +33,7 @@ class Sqe(ctypes.Structure):
                 ("handle_id", ctypes.c_uint32), ("flags", ctypes.c_uint32),
                 ("tokens", Span), ("topk_ids", Span), ("topk_weights", Span), ("output", Span),
                 ("output_capacity", ctypes.c_uint64), ("n_experts", ctypes.c_uint32),
-                ("reserved", ctypes.c_uint32)]
+                ("event_id", ctypes.c_uint16), ("path", ctypes.c_uint16)]
 
 
 class Cqe(ctypes.Structure):
@@ -44,6 +44,17 @@ class Cqe(ctypes.Structure):
                 ("counts_buf", ctypes.c_uint32), ("n_experts", ctypes.c_uint32),
                 ("counts_offset", ctypes.c_uint64),
                 ("counts", ctypes.c_uint32 * CQE_INLINE_COUNTS), ("reserved", ctypes.c_uint8 * 16)]
+
+
+class LostSignal(ctypes.Structure):
+    _fields_ = [("event_id", ctypes.c_uint32), ("value", ctypes.c_uint32),
+                ("flag_buf", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+                ("flag_offset", ctypes.c_uint64), ("phase_id", ctypes.c_uint64),
+                ("user_data", ctypes.c_uint64)]
+
+
+# rw_sqe_t.flags (railwave.h "Stream-ordered submission")
+SQE_WAIT_EVENT, SQE_SIGNAL = 1, 2
 
 
 class Opts(ctypes.Structure):
@@ -63,7 +74,8 @@ class CudaDesc(ctypes.Structure):
 
 # The ring ABI (railwave.h's _Static_asserts): a mismatch here would corrupt every submission.
 assert ctypes.sizeof(Span) == 16 and ctypes.sizeof(Sqe) == 128 and ctypes.sizeof(Cqe) == 128
-assert Sqe.n_experts.offset == 120
+assert Sqe.n_experts.offset == 120 and Sqe.event_id.offset == 124 and Sqe.path.offset == 126
+assert ctypes.sizeof(LostSignal) == 40
 
 
 def _candidates():
@@ -96,6 +108,11 @@ def _bind(lib):
         "rw_client_poll": (ctypes.c_int, [c_p, ctypes.POINTER(Cqe), ctypes.c_uint]),
         "rw_client_wait": (ctypes.c_int, [c_p, ctypes.POINTER(Cqe), ctypes.c_uint, ctypes.c_int]),
         "rw_client_inflight": (ctypes.c_uint, [c_p]),
+        "rw_client_register_event": (ctypes.c_int, [c_p, ctypes.POINTER(ctypes.c_uint8), u32,
+                                                    ctypes.c_uint64, u32_p]),
+        "rw_client_deregister_event": (ctypes.c_int, [c_p, u32]),
+        "rw_client_lost_signals": (ctypes.c_int, [c_p, ctypes.POINTER(LostSignal),
+                                                  ctypes.c_uint]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)

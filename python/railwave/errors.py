@@ -16,7 +16,7 @@ CODES = {
     "RW_E_KIND": -43, "RW_E_DTYPE": -44, "RW_E_TOKENS": -45, "RW_E_RANGE": -46,
     "RW_E_OVERFLOW": -47, "RW_E_HANDLE": -48, "RW_E_NO_CUDA": -49, "RW_E_CUDA": -50,
     "RW_E_LIMIT": -51, "RW_E_INTERNAL": -52, "RW_E_PHASE": -53, "RW_E_EXPERTS": -54,
-    "RW_E_GROUP_KEY": -55,
+    "RW_E_GROUP_KEY": -55, "RW_E_EVENT": -56,
 }
 NAMES = {v: k for k, v in CODES.items()}
 globals().update(CODES)

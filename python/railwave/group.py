@@ -148,7 +148,7 @@ class Group:
 
     def __init__(self, name, rank=None, world_size=None, socket=None, *, node=None,
                  local_gpu=None, max_tokens_per_rank=None, max_recv_tokens=None, timeout=300.0,
-                 spin_us=None):
+                 spin_us=None, stream_ordered=None):
         self._c = None
         if rank is None:
             rank = _env_int(["RANK", "SLURM_PROCID"], "this process's rank")
@@ -185,6 +185,10 @@ class Group:
             spin_us = _env_int(["RAILWAVE_SPIN_US"], "busy-poll microseconds")
         self.spin = (50 if spin_us is None else spin_us) * 1e-6
         self.max_tokens_per_rank, self.max_recv_tokens = max_tokens_per_rank, max_recv_tokens
+        if stream_ordered is None:
+            stream_ordered = (_env_int(["RAILWAVE_STREAM_ORDERED"], "0 or 1") or 0) != 0
+        self.stream_ordered = bool(stream_ordered)
+        self._order = None  # railwave._cuda.StreamOrder, made at the first CUDA operation
         lib = self._lib = _lib.load()
         self._submit_fn, self._poll_fn = lib.rw_client_submit, lib.rw_client_poll
         opts = self._opts = _lib.Opts()
@@ -241,6 +245,11 @@ class Group:
         still in flight is abandoned (the daemon fails that phase for the group). Idempotent."""
         if self._c is None:
             return
+        if self._order is not None:  # before the buffers: one of them holds its flag
+            if self._pending is not None:
+                self._order.settle()
+            self._order.release()
+            self._order = None
         if self._cuda is not None:
             self._cuda.release()
         self._lib.rw_client_close(self._c)
@@ -370,6 +379,20 @@ class Group:
             self._cuda = CudaRegistry(self._c, self._lib)
         return self._cuda.span(t)
 
+    def _stream_order(self, device):
+        """The Group's StreamOrder (stream_ordered=True), or None (synchronous mode)."""
+        if not self.stream_ordered:
+            return None
+        if self._order is None or self._order.device != device:
+            if self._order is not None:
+                self._order.release()
+            if self._cuda is None:
+                from ._cuda import CudaRegistry
+                self._cuda = CudaRegistry(self._c, self._lib)
+            from ._cuda import StreamOrder
+            self._order = StreamOrder(self._cuda, device)
+        return self._order
+
     def _cuda_out_buffer(self, nbytes, device):
         t = self._cuda_out
         if t is None or t.numel() < nbytes or t.device != device:
@@ -377,14 +400,22 @@ class Group:
             self._cuda_out = torch.empty(size, dtype=torch.uint8, device=device)
         return self._cuda_out
 
-    def _submit(self, sqe, sqe_ref, what, finish, args, keep):
+    def _submit(self, sqe, sqe_ref, what, finish, args, keep, order=None):
         """Post one entry (sqe, with sqe_ref its byref) and return its Work; what = (kind,
-        layer, step) names it in errors; finish(cqe, *args) makes the result."""
+        layer, step) names it in errors; finish(cqe, *args) makes the result. With `order` (a
+        StreamOrder) the entry waits on the event recorded now on the current stream, and the
+        current stream then waits for the entry's flag."""
         self._phase_id += 1
         sqe.phase_id = self._phase_id
+        if order is not None:
+            order.before_submit(sqe)
+        else:
+            sqe.flags, sqe.event_id, sqe.output.reserved = 0, 0, 0
         rc = self._submit_fn(self._c, sqe_ref, 1)
         if rc:
             raise self._error(rc, "submit " + _op_name(*what))
+        if order is not None:
+            order.after_submit()
         w = self._pending = Work(self, self._phase_id, what, finish, args, keep)
         return w
 
@@ -419,6 +450,8 @@ class Group:
                                   "still in flight: wait() again or close())" % limit)
                 n = lib.rw_client_wait(c, ref, 1, int(min(left, 1.0) * 1000) + 1)
             if n < 0:
+                if self._order is not None and n == CODES["RW_E_CLOSED"]:
+                    self._order.pay_lost()  # or the current stream waits on the flag forever
                 raise self._error(n, work.op)
             if cqe.phase_id == work.phase_id:
                 return cqe
@@ -582,11 +615,15 @@ class Group:
         bad = (topk_idx < -1) | (topk_idx >= E)
         first_bad = None
         idx32 = topk_idx.to(torch.int32)
-        if bool(bad.any()):
+        order = self._stream_order(x.device)
+        if order is not None:  # no host synchronization: the daemon names a bad id itself
+            idx32 = idx32.masked_fill(bad, 0x7FFFFFFF)
+        elif bool(bad.any()):
             t, k = bad.nonzero()[0].tolist()
             first_bad = ((t, k), int(topk_idx[t, k]))
             idx32 = idx32.masked_fill(bad, 0x7FFFFFFF)
-        torch.cuda.current_stream(x.device).synchronize()  # inputs complete (railwave.h)
+        if order is None:
+            torch.cuda.current_stream(x.device).synchronize()  # inputs complete (railwave.h)
         if T:
             for name, t in (("tokens", x), ("topk_ids", idx32), ("topk_weights", topk_weights)):
                 b, o = self._cuda_span(t)
@@ -621,7 +658,7 @@ class Group:
             return recv_x, recv_idx, recv_w, counts, h
 
         return self._submit(sqe, ctypes.byref(sqe), ("dispatch", layer, step),
-                            finish, (), (x, idx32, topk_weights))
+                            finish, (), (x, idx32, topk_weights), order)
 
     def _check_combine(self, expert_out, handle):
         """Validate a combine's arguments (raises TypeError/ValueError naming what is wrong)."""
@@ -670,8 +707,11 @@ class Group:
         s.token_count, s.hidden, s.handle_id, s.n_experts = n, H, h.handle_id, h.n_experts
         none = _NONE
         keep = None
+        order = None
         if y.is_cuda:
-            torch.cuda.current_stream(y.device).synchronize()
+            order = self._stream_order(y.device)
+            if order is None:
+                torch.cuda.current_stream(y.device).synchronize()
             keep = y
             if n:
                 b, o = self._cuda_span(y)
@@ -701,7 +741,8 @@ class Group:
             else:
                 s.output, s.output_capacity = none, 0
             finish, args = self._finish_combine_host, (h, ob, T, H, dt, rb)
-        return self._submit(s, self._csqe_ref, ("combine", h.layer, h.step), finish, args, keep)
+        return self._submit(s, self._csqe_ref, ("combine", h.layer, h.step), finish, args, keep,
+                            order)
 
     def _combined(self, cqe, h):
         h.combined = True

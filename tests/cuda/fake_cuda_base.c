@@ -3,14 +3,22 @@
  * cross-process IPC): devices ($RW_FAKE_CUDA_DEVICES, default 1) with fixed names and UUIDs, a
  * refcounted primary context, and copies, since "device memory" is host-addressable in both.
  * What differs between them (allocation, IPC handles, pointer lookup, streams) stays in each.
- * The stream work queue ($RW_FAKE_CUDA_LAG_MS: a slow GPU) is here too (fake_cuda_base.h). */
+ * The stream work queue ($RW_FAKE_CUDA_LAG_MS: a slow GPU) is here too (fake_cuda_base.h), and
+ * stream order across processes: interprocess events (a shared page of two counters, opened by
+ * another process through /proc/<pid>/fd) and 32-bit stream memory operations, all as stream
+ * work, so a wait holds every later item of its stream as a GPU's would. */
 #include "config.h"
 
 #if RW_HAVE_CUDA_H
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cuda.h>
 
@@ -174,5 +182,199 @@ CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstr
 {
 	(void)st;
 	return copy_async((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n);
+}
+
+/* ---- stream order across processes ----
+ * An event is a shared page: `recorded` counts records made (host side, at the call), `done`
+ * the records whose preceding stream work has run. A record enqueues "done = n"; a wait reads
+ * the record count at the call (the most recent record made before it, as the driver promises)
+ * and enqueues "hold the stream until done >= n". A value write enqueues the store; a value
+ * wait enqueues "hold until (int32_t)(*addr - v) >= 0". Holds give up after
+ * $RW_FAKE_CUDA_WAIT_S (default 20) seconds with a line on stderr, so a broken test fails
+ * instead of hanging. Without the lag, stream work runs on the calling thread: a wait then
+ * blocks the caller, as a synchronizing GPU would. */
+struct fake_event_page {
+	_Atomic unsigned long long recorded, done;
+};
+int rw_fake_open_peer_fd(int pid, int fd)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, fd);
+	return open(path, O_RDWR | O_CLOEXEC);
+}
+
+struct CUevent_st {
+	struct fake_event_page *pg;
+	int fd;       /* the creator's memfd; -1 for an opened one */
+};
+struct event_handle_bytes {
+	char magic[8]; /* "RWFKEVT" */
+	int pid;
+	int fd;
+};
+
+static int hold_until(int (*ready)(const void *), const void *arg, const char *what)
+{
+	static int limit_s = -1;
+	if (limit_s < 0) {
+		const char *e = getenv("RW_FAKE_CUDA_WAIT_S");
+		limit_s = e ? atoi(e) : 20;
+	}
+	const struct timespec tick = { .tv_sec = 0, .tv_nsec = 200000 };
+	for (long i = 0; !ready(arg); i++) {
+		if (i > (long)limit_s * 5000) {
+			fprintf(stderr, "fake cuda: %s still not satisfied after %d s: giving up\n", what,
+				limit_s);
+			return -1;
+		}
+		nanosleep(&tick, NULL);
+	}
+	return 0;
+}
+
+CUresult CUDAAPI cuEventCreate(CUevent *e, unsigned int flags)
+{
+	(void)flags;
+	int fd = memfd_create("fake-cuda-event", MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, 4096) < 0) {
+		if (fd >= 0)
+			close(fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	void *pg = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	struct CUevent_st *ev = pg == MAP_FAILED ? NULL : calloc(1, sizeof(*ev));
+	if (!ev) {
+		if (pg != MAP_FAILED)
+			munmap(pg, 4096);
+		close(fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	ev->pg = pg;
+	ev->fd = fd;
+	*e = ev;
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuEventDestroy(CUevent e)
+{
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	munmap(e->pg, 4096);
+	if (e->fd >= 0)
+		close(e->fd);
+	free(e);
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuIpcGetEventHandle(CUipcEventHandle *h, CUevent e)
+{
+	struct event_handle_bytes b = { .magic = "RWFKEVT", .pid = getpid(), .fd = e->fd };
+	if (e->fd < 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	memset(h, 0, sizeof(*h));
+	memcpy(h->reserved, &b, sizeof(b));
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuIpcOpenEventHandle(CUevent *e, CUipcEventHandle h)
+{
+	struct event_handle_bytes b;
+	memcpy(&b, h.reserved, sizeof(b));
+	if (memcmp(b.magic, "RWFKEVT", 8) != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	int fd = rw_fake_open_peer_fd(b.pid, b.fd);
+	if (fd < 0)
+		return CUDA_ERROR_INVALID_HANDLE;
+	void *pg = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	struct CUevent_st *ev = pg == MAP_FAILED ? NULL : calloc(1, sizeof(*ev));
+	if (!ev) {
+		if (pg != MAP_FAILED)
+			munmap(pg, 4096);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	ev->pg = pg;
+	ev->fd = -1;
+	*e = ev;
+	return CUDA_SUCCESS;
+}
+
+struct ev_args {
+	struct fake_event_page *pg;
+	unsigned long long n;
+};
+static void record_run(const void *a)
+{
+	const struct ev_args *r = a;
+	atomic_store(&r->pg->done, r->n);
+}
+static int event_ready(const void *a)
+{
+	const struct ev_args *r = a;
+	return atomic_load(&r->pg->done) >= r->n;
+}
+static void event_wait_run(const void *a)
+{
+	hold_until(event_ready, a, "cuStreamWaitEvent");
+}
+
+CUresult CUDAAPI cuEventRecord(CUevent e, CUstream s)
+{
+	(void)s;
+	struct ev_args r = { e->pg, atomic_fetch_add(&e->pg->recorded, 1) + 1 };
+	rw_fake_cuda_submit(record_run, &r, sizeof(r));
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags)
+{
+	(void)s, (void)flags;
+	struct ev_args r = { e->pg, atomic_load(&e->pg->recorded) };
+	rw_fake_cuda_submit(event_wait_run, &r, sizeof(r));
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuEventSynchronize(CUevent e)
+{
+	struct ev_args r = { e->pg, atomic_load(&e->pg->recorded) };
+	return hold_until(event_ready, &r, "cuEventSynchronize") ? CUDA_ERROR_LAUNCH_TIMEOUT
+								 : CUDA_SUCCESS;
+}
+
+struct value_args {
+	_Atomic uint32_t *addr;
+	uint32_t v;
+};
+static void value_write_run(const void *a)
+{
+	const struct value_args *w = a;
+	atomic_store(w->addr, w->v);
+}
+static int value_ready(const void *a)
+{
+	const struct value_args *w = a;
+	return (int32_t)(atomic_load(w->addr) - w->v) >= 0;
+}
+static void value_wait_run(const void *a)
+{
+	hold_until(value_ready, a, "cuStreamWaitValue32");
+}
+
+CUresult CUDAAPI cuStreamWriteValue32(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
+{
+	(void)s, (void)flags;
+	struct value_args w = { (_Atomic uint32_t *)(uintptr_t)addr, value };
+	rw_fake_cuda_submit(value_write_run, &w, sizeof(w));
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamWaitValue32(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
+{
+	(void)s;
+	if (flags != CU_STREAM_WAIT_VALUE_GEQ)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	struct value_args w = { (_Atomic uint32_t *)(uintptr_t)addr, value };
+	rw_fake_cuda_submit(value_wait_run, &w, sizeof(w));
+	return CUDA_SUCCESS;
 }
 #endif /* RW_HAVE_CUDA_H */

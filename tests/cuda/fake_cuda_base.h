@@ -16,4 +16,8 @@ unsigned rw_fake_cuda_busy(void);
 /* Wait until the queue is empty; returns how many items were queued or running. */
 unsigned rw_fake_cuda_drain(void);
 
+/* Open another process's fd `fd` (pid's /proc/<pid>/fd/<fd>) read-write: how both stand-ins
+ * share "device" memory and events across processes. -1 when it cannot. */
+int rw_fake_open_peer_fd(int pid, int fd);
+
 #endif /* RW_FAKE_CUDA_BASE_H */

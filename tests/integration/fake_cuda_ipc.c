@@ -147,9 +147,7 @@ CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h, unsigned i
 	struct block *b = slot();
 	if (!b)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	char path[64];
-	snprintf(path, sizeof(path), "/proc/%d/fd/%d", hb.pid, hb.fd);
-	int fd = open(path, O_RDWR | O_CLOEXEC);
+	int fd = rw_fake_open_peer_fd(hb.pid, hb.fd);
 	if (fd < 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	struct stat stt;

@@ -32,6 +32,17 @@
  *                         cuda/rw_cuda.h, exported by IPC handle and registered with
  *                         rw_client_register_cuda); inputs are copied in and results copied back
  *                         for the same checks. Exit 77 when no CUDA driver/device is usable.
+ *     --stream-ordered    (with --cuda) stream order (ipc/railwave.h): one interprocess event and
+ *                         one flag word (at the end of the buffer) registered; inputs are copied
+ *                         in on the rank's stream WITHOUT a synchronization, the event recorded
+ *                         after them, and every submission asks the daemon to wait on it and to
+ *                         write the next flag value V; the stream then waits for flag >= V before
+ *                         copying the outputs back (what is checked is what they held when
+ *                         the flag appeared). Checks that the flag is exactly V after each
+ *                         completion, errors included (mode fail). If the daemon goes away mid-phase, the owed flags
+ *                         (rw_client_lost_signals) are written here, the stream must drain, and
+ *                         the rank prints "daemon lost: wrote N owed flags, stream drained" and
+ *                         exits 3.
  *
  * Experts: rank r hosts experts [r*E/W, (r+1)*E/W); expert e's "MLP" multiplies by (e % 3 + 1).
  * Values are small integers and weights 0.5 or 1, so every sum is exact in fp32 and bf16.
@@ -219,13 +230,18 @@ static float *outv;
 static int wait_one(rw_client_t *c, rw_cqe_t *cqe, int timeout_ms)
 {
 	int n = rw_client_wait(c, cqe, 1, timeout_ms);
-	return n == 1 ? 0 : -1;
+	return n == 1 ? 0 : n < 0 ? n : -1;
 }
 
 /* Where the rank's buffer lives: a memfd mapping the daemon shares, or device memory with a host
  * mirror that every check reads (copied in before a submission, back after a completion). */
 typedef struct rank_buf {
 	int cuda;
+	int ordered;              /* --stream-ordered */
+	rw_cuda_event_t *event;   /* recorded after the inputs' copies */
+	uint32_t event_id;
+	uint64_t off_flag;        /* the flag word, at the end of the buffer */
+	uint32_t value;           /* the last flag value asked for */
 	int device;
 	rw_cuda_stream_t *stream; /* copies, each waited for (see buf_to_dev) */
 	rw_cuda_dptr_t dptr;
@@ -243,7 +259,77 @@ static int buf_to_dev(const rank_buf_t *b, uint64_t off, uint64_t len)
 		return 0;
 	if (rw_cuda_copy_htod_async(b->stream, b->dptr + off, b->mem + off, len) != RW_OK)
 		return -1;
+	if (b->ordered) /* the event, recorded next, orders the daemon's reads after the copy */
+		return 0;
 	return rw_cuda_stream_sync(b->stream) == RW_OK ? 0 : -1;
+}
+
+/* Stream order: the flag's value now (a synchronous read; the rank's stream is idle then). */
+static uint32_t flag_now(const rank_buf_t *b)
+{
+	uint32_t v = 0;
+	if (rw_cuda_copy_dtoh_async(b->stream, &v, b->dptr + b->off_flag, 4) != RW_OK ||
+	    rw_cuda_stream_sync(b->stream) != RW_OK)
+		return 0xdeadbeefu;
+	return v;
+}
+
+/* Stream order, before submitting `e`: record the event behind the inputs' copies (not
+ * synchronized) and ask for the next flag value. */
+static int ordered_submit(rw_client_t *c, rank_buf_t *b, rw_sqe_t *e)
+{
+	if (!b->ordered)
+		return rw_client_submit(c, e, 1);
+	if (rw_cuda_event_record(b->event, b->stream) != RW_OK)
+		return RW_E_SYS;
+	e->flags = RW_SQE_WAIT_EVENT | RW_SQE_SIGNAL;
+	e->event_id = (uint16_t)b->event_id;
+	e->output.reserved = ++b->value;
+	return rw_client_submit(c, e, 1);
+}
+
+/* Stream order, after the submission: the stream waits for the flag, then copies the outputs
+ * [off, off + len) back, so what is checked is what the outputs held when the flag appeared
+ * (a flag written before the outputs shows as stale rows). */
+static int ordered_wait(rank_buf_t *b, uint64_t off, uint64_t len)
+{
+	if (!b->ordered)
+		return 0;
+	if (rw_cuda_stream_wait_u32(b->stream, b->dptr + b->off_flag, b->value) != RW_OK)
+		return -1;
+	if (len && rw_cuda_copy_dtoh_async(b->stream, b->mem + off, b->dptr + off, len) != RW_OK)
+		return -1;
+	return 0;
+}
+
+/* After the completion: the stream drained, and the flag holds exactly the value asked for
+ * (one write per completion, errors included). */
+static int ordered_check(rank_buf_t *b)
+{
+	if (!b->ordered)
+		return 0;
+	uint32_t v = flag_now(b);
+	CHECK(v == b->value, "flag is %u after the completion, expected %u", v, b->value);
+	return 0;
+}
+
+/* The daemon went away: write every flag it owed (so the stream does not wait forever), and
+ * see the stream drain. */
+static int ordered_lost(rw_client_t *c, rank_buf_t *b)
+{
+	rw_client_lost_signal_t lost[16];
+	int n = rw_client_lost_signals(c, lost, 16), written = 0;
+	for (int i = 0; i < n; i++) {
+		if (lost[i].flag_buf != b->id || lost[i].flag_offset != b->off_flag)
+			return 1;
+		if (rw_cuda_write_u32(b->device, b->dptr + b->off_flag, lost[i].value) == RW_OK)
+			written++;
+	}
+	if (rw_cuda_stream_sync(b->stream) != RW_OK)
+		return 1;
+	printf("daemon lost: wrote %d owed flags, stream drained\n", written);
+	fflush(stdout);
+	return 3;
 }
 
 static int buf_from_dev(const rank_buf_t *b, uint64_t off, uint64_t len)
@@ -253,6 +339,12 @@ static int buf_from_dev(const rank_buf_t *b, uint64_t off, uint64_t len)
 	if (rw_cuda_copy_dtoh_async(b->stream, b->mem + off, b->dptr + off, len) != RW_OK)
 		return -1;
 	return rw_cuda_stream_sync(b->stream) == RW_OK ? 0 : -1;
+}
+
+/* The outputs as the checks read them: copied after the flag (stream order), or now. */
+static int outputs_back(const rank_buf_t *b, uint64_t off, uint64_t len)
+{
+	return b->ordered ? 0 : buf_from_dev(b, off, len);
 }
 
 static int buf_register(rw_client_t *c, size_t total, rank_buf_t *b)
@@ -283,6 +375,14 @@ static int buf_register(rw_client_t *c, size_t total, rank_buf_t *b)
 	cd.device = b->device;
 	int rc = rw_client_register_cuda(c, &cd, &b->id);
 	CHECK(rc == 0, "register cuda: %s (%s)", rw_client_strerror(rc), rw_client_last_message(c));
+	if (b->ordered) {
+		uint8_t h[RW_EVENT_HANDLE_BYTES];
+		b->off_flag = (total - 4) & ~(uint64_t)3;
+		CHECK(rw_cuda_event_export(b->device, &b->event, h) == RW_OK, "cuda event export");
+		rc = rw_client_register_event(c, h, b->id, b->off_flag, &b->event_id);
+		CHECK(rc == 0, "register event: %s (%s)", rw_client_strerror(rc),
+		      rw_client_last_message(c));
+	}
 	return 0;
 }
 
@@ -291,6 +391,8 @@ static void buf_release(rank_buf_t *b)
 	if (!b->cuda)
 		return;
 	free(b->mem);
+	if (b->event)
+		rw_cuda_event_destroy(b->event);
 	if (b->stream)
 		rw_cuda_stream_destroy(b->stream);
 	if (b->dptr)
@@ -307,7 +409,7 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 	const size_t out_cap = (size_t)world * MAX_ROWS * (hidden * 4 + 16 + TOPK * 8) + 4 * experts + 64;
 	const size_t comb_in = (size_t)world * MAX_ROWS * hidden * 4;
 	const size_t comb_out = (size_t)MAX_ROWS * hidden * 4;
-	size_t total = in_bytes + out_cap + comb_in + comb_out;
+	size_t total = in_bytes + out_cap + comb_in + comb_out + (b->ordered ? 64 : 0);
 	if (buf_register(c, total, b))
 		return 1;
 	uint8_t *mem = b->mem;
@@ -341,10 +443,15 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 			if (mine.n == 0 && (step + layer + me) % 2)
 				s.tokens = s.topk_ids = s.topk_weights = none;
 			uint64_t t_sub = rw_now_ns();
-			int rc = rw_client_submit(c, &s, 1);
+			int rc = ordered_submit(c, b, &s);
 			CHECK(rc == 0, "submit dispatch: %s", rw_client_strerror(rc));
+			CHECK(ordered_wait(b, off_out, out_cap) == 0, "stream wait on the flag");
 			rw_cqe_t cq;
-			CHECK(wait_one(c, &cq, 30000) == 0, "no dispatch completion");
+			rc = wait_one(c, &cq, 30000);
+			if (rc == RW_E_CLOSED && b->ordered)
+				return ordered_lost(c, b);
+			CHECK(rc == 0, "no dispatch completion");
+			CHECK(ordered_check(b) == 0, "flag");
 			if (timing)
 				printf("timing dispatch %u %u %llu %llu %u %u\n", layer, step,
 				       (unsigned long long)t_sub, (unsigned long long)rw_now_ns(), cq.recv_tokens, row);
@@ -361,7 +468,7 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 			CHECK(cq.status == RW_CQ_OK, "step %u layer %u dispatch failed: %s (%s)", step, layer,
 			      rw_client_strerror(cq.error), rw_client_last_message(c));
 			CHECK(cq.phase_id == s.phase_id && cq.user_data == 7, "completion ids");
-			CHECK(buf_from_dev(b, off_out, out_cap) == 0, "copy the dispatch output back");
+			CHECK(outputs_back(b, off_out, out_cap) == 0, "copy the dispatch output back");
 
 			/* Which rows must arrive: every token of every rank with an expert on me. */
 			uint32_t expect_total = 0;
@@ -440,9 +547,15 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 				cs.output_capacity = 0;
 			}
 			t_sub = rw_now_ns();
-			rc = rw_client_submit(c, &cs, 1);
+			rc = ordered_submit(c, b, &cs);
 			CHECK(rc == 0, "submit combine: %s", rw_client_strerror(rc));
-			CHECK(wait_one(c, &cq, 30000) == 0, "no combine completion");
+			CHECK(ordered_wait(b, off_cout, (uint64_t)mine.n * row) == 0,
+			      "stream wait on the flag");
+			rc = wait_one(c, &cq, 30000);
+			if (rc == RW_E_CLOSED && b->ordered)
+				return ordered_lost(c, b);
+			CHECK(rc == 0, "no combine completion");
+			CHECK(ordered_check(b) == 0, "flag");
 			if (timing)
 				printf("timing combine %u %u %llu %llu %u %u\n", layer, step,
 				       (unsigned long long)t_sub, (unsigned long long)rw_now_ns(), cs.token_count, row);
@@ -454,7 +567,7 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 			      rw_client_strerror(cq.error), rw_client_last_message(c));
 			CHECK(cq.recv_tokens == mine.n, "combine returned %u rows, expected %u",
 			      cq.recv_tokens, mine.n);
-			CHECK(buf_from_dev(b, off_cout, (uint64_t)mine.n * row) == 0,
+			CHECK(outputs_back(b, off_cout, (uint64_t)mine.n * row) == 0,
 			      "copy the combine output back");
 			for (uint32_t t = 0; t < mine.n; t++)
 				for (uint32_t h = 0; h < hidden; h++) {
@@ -472,8 +585,8 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 			if (again)
 				layer--;
 		}
-	printf("rank %u: %u steps x %u layers verified%s", me, steps, layers,
-	       b->cuda ? " (CUDA buffers)" : "");
+	printf("rank %u: %u steps x %u layers verified%s%s", me, steps, layers,
+	       b->cuda ? " (CUDA buffers)" : "", b->ordered ? " (stream-ordered)" : "");
 	if (vote_dir)
 		printf(", %u retries", retries);
 	printf("\n");
@@ -484,7 +597,7 @@ int main(int argc, char **argv)
 {
 	if (argc < 11) {
 		fprintf(stderr, "usage: rw_rank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS SEED MODE "
-				"[--hidden H] [--tokens T] [--first-step S] [--submit-experts E] [--retry N DIR] [--empty] [--cuda]\n");
+				"[--hidden H] [--tokens T] [--first-step S] [--submit-experts E] [--retry N DIR] [--empty] [--cuda] [--stream-ordered]\n");
 		return 2;
 	}
 	const char *sock = argv[1], *group = argv[2], *mode = argv[10];
@@ -520,10 +633,16 @@ int main(int argc, char **argv)
 			empty_phases = 1;
 		} else if (strcmp(argv[i], "--cuda") == 0) {
 			b.cuda = 1;
+		} else if (strcmp(argv[i], "--stream-ordered") == 0) {
+			b.ordered = 1;
 		} else {
 			fprintf(stderr, "rw_rank: unknown flag %s\n", argv[i]);
 			return 2;
 		}
+	}
+	if (b.ordered && !b.cuda) {
+		fprintf(stderr, "rw_rank: --stream-ordered needs --cuda\n");
+		return 2;
 	}
 	world = nodes * gpus;
 	if (!gpus || !experts || !world || experts % world || !hidden || hidden > 65536) {

@@ -401,6 +401,102 @@ def scenario_cuda_runs(tmp, seed, real, runs, label, driver):
     return True
 
 
+def scenario_stream(tmp, seed):
+    """Stream-ordered submission (ipc/railwave.h, docs/cuda.md "Stream-ordered submission"):
+    CUDA ranks (rw_rank --cuda --stream-ordered) copy their inputs in on their own stream WITHOUT
+    synchronizing, record an interprocess event behind the copies, and ask the daemon to wait on
+    it and to write the next flag value when the outputs are written; their stream waits on the
+    flag before copying the outputs back. On a slow stand-in GPU (RW_FAKE_CUDA_LAG_MS: every
+    stream's work runs late, in order, in the daemons and in the ranks) a daemon that read the
+    inputs before the event, or wrote the flag before the outputs, leaves stale bytes the ranks'
+    exact checks catch; each rank checks that the flag holds V-1 before each submission and
+    exactly V after its completion. Every forced path and the selector on the CUDA mover (kernel
+    stand-in), two on the host mover (the stand-in without kernels: it synchronizes the event
+    and writes the flag with a driver call); then an error still writes the flag, and a daemon
+    killed mid-phase leaves the rank to write its owed flag itself (rw_client_lost_signals)."""
+    if os.environ.get("RW_IT_CUDA") == "real":
+        drivers = [("real", None, [(p, 0, 0) for p in ("native", "rail-only", "perm-only",
+                                                        "joint", "auto")])]
+    else:
+        if not os.path.exists(FAKE_CUDA):
+            print("skip stream: no stand-in driver built")
+            return
+        # (path, the daemons' and the ranks' stand-in lag in ms): a slow rank GPU catches a
+        # daemon that reads before the event; a slow daemon GPU and an immediate rank, whose
+        # copy back runs the moment the flag appears, one that writes the flag early.
+        drivers = [("host mover", FAKE_CUDA, [("joint", 2, 25), ("auto", 20, 0)])]
+        if os.path.exists(FAKE_KERN):
+            drivers.append(("cuda mover", FAKE_KERN,
+                            [(p, 2, 25) for p in ("native", "rail-only", "perm-only", "joint",
+                                                  "auto")] + [("joint", 20, 0)]))
+    flags = ["--empty", "--cuda", "--stream-ordered"]
+    for label, driver, paths in drivers:
+        for i, (path, d_lag, r_lag) in enumerate(paths):
+            c = Cluster(tmp, 2, path=path)
+            if driver:
+                c.env["RW_CUDA_DRIVER"] = driver
+                c.env["RW_FAKE_CUDA_LAG_MS"] = str(d_lag)
+            try:
+                c.start_all()
+                env = dict(c.env, RW_FAKE_CUDA_LAG_MS=str(r_lag)) if driver else None
+                procs = [(r, c.rank(r, "g.stream", 3, 2, seed + i, flags=flags, env=env))
+                         for r in range(c.nodes * GPUS)]
+                if any(p.wait(WAIT) == 77 for _, p in procs):
+                    print("skip stream: no CUDA for the ranks")
+                    return
+                outs = c.collect(procs)
+                logs = [open(os.path.join(tmp, "d%d.log" % n)).read() for n in range(c.nodes)]
+            finally:
+                c.stop()
+            if any("(stream-ordered)" not in o for o in outs.values()):
+                raise RuntimeError("a rank did not run stream-ordered: %s" % outs)
+            mover_on = all("cuda mover: kernels loaded" in l for l in logs)
+            if driver == FAKE_KERN and not mover_on:
+                if any("built without nvcc" in l for l in logs):
+                    print("skip stream on the CUDA mover: this build embeds no kernels")
+                    break
+                raise RuntimeError("the CUDA mover did not carry the stream-ordered pairs")
+            print("ok   stream %-9s N=2 R=%d G=%d %s, lag %d/%d ms (%s, %s), flags exact"
+                  % (path, RAILS, GPUS, "CUDA mover" if mover_on else "host mover", d_lag, r_lag,
+                     seed + i, label))
+    driver = drivers[-1][1]
+    # A refused dispatch (E not a multiple of the world) still writes its flag before its CQE.
+    c = Cluster(tmp, 1)
+    if driver:
+        c.env["RW_CUDA_DRIVER"] = driver
+    try:
+        c.start_all()
+        outs = c.collect([(r, c.rank(r, "g.streamfail", 1, 1, seed, mode="fail",
+                                     flags=flags + ["--submit-experts", "3"])) for r in range(GPUS)])
+    finally:
+        c.stop()
+    print("ok   stream: a refused submission wrote its flag: %s" % outs[0].strip()[-70:])
+    # The daemon dies mid-phase (its other rank never submits): the rank's library hands it the
+    # owed flag, the rank writes it, and its stream drains instead of waiting forever.
+    c = Cluster(tmp, 1)
+    if driver:
+        c.env["RW_CUDA_DRIVER"] = driver
+        c.env["RW_FAKE_CUDA_LAG_MS"] = "2"
+    try:
+        c.start_all()
+        idle = c.rank(1, "g.streamlost", 1, 1, seed, mode="idle", flags=flags)
+        p = c.rank(0, "g.streamlost", 1, 1, seed, flags=flags)
+        deadline = time.time() + WAIT
+        while time.time() < deadline and sum("group=g.streamlost " in l for l in
+                                             c.stats(0, "stats clients").splitlines()) < 2:
+            time.sleep(0.05)
+        time.sleep(1.0)  # rank 0 registers and submits (its phase waits for rank 1: forever)
+        c.kill(0)
+        out = p.communicate(timeout=WAIT)[0].decode()
+        idle.kill()
+        idle.wait()
+        if p.returncode != 3 or "daemon lost: wrote 1 owed flags, stream drained" not in out:
+            raise RuntimeError("rank after its daemon died: rc %s: %s" % (p.returncode, out))
+    finally:
+        c.stop()
+    print("ok   stream: daemon killed mid-phase, the rank wrote its owed flag and its stream drained")
+
+
 def scenario_peer_dies(tmp, seed):
     """Nodes 0 and 1 are in a phase waiting for node 2's counts when node 2's daemon is killed:
     their ranks get an error completion, the daemons keep serving, node 2 comes back and a
@@ -739,7 +835,8 @@ def main():
     only = os.environ.get("RW_IT_ONLY", "")
     with tempfile.TemporaryDirectory(prefix="rwit.", dir="/tmp") as tmp:
         for name, fn in [("paths", scenario_paths), ("experts", scenario_experts),
-                         ("cuda", scenario_cuda), ("pace", scenario_pace), ("gate", scenario_gate),
+                         ("cuda", scenario_cuda), ("stream", scenario_stream),
+                         ("pace", scenario_pace), ("gate", scenario_gate),
                          ("peer", scenario_peer_dies), ("flight", scenario_in_flight),
                          ("rank", scenario_rank_dies), ("timeout", scenario_timeout),
                          ("garbage", scenario_garbage), ("rail", scenario_rail),

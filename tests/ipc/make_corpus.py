@@ -6,6 +6,7 @@ import struct
 
 MAGIC, VERSION = 0x50495752, 2
 HELLO, REG_HOST, REG_CUDA, DEREG, RING_SETUP, GOODBYE = 1, 3, 4, 6, 8, 10
+REG_EVENT, DEREG_EVENT = 12, 13
 
 
 def hdr(typ, seq, version=VERSION, magic=MAGIC):
@@ -34,6 +35,16 @@ def dereg(buf_id):
     return hdr(DEREG, 4) + struct.pack('<II', buf_id, 0)
 
 
+def reg_event(handle0=0, flag_buf=0x100, flag_offset=0):
+    """Stream order: an event (the fuzzer's stand-in takes handle byte 0 & 3: 1 = not an event)
+    and its flag word."""
+    return hdr(REG_EVENT, 7) + bytes([handle0]) + bytes(63) + struct.pack('<IIQ', flag_buf, 0, flag_offset)
+
+
+def dereg_event(event_id):
+    return hdr(DEREG_EVENT, 8) + struct.pack('<II', event_id, 0)
+
+
 def ring_setup(sq=8, cq=16):
     return hdr(RING_SETUP, 5) + struct.pack('<II', sq, cq)
 
@@ -50,10 +61,12 @@ def span(buf, off):
     return struct.pack('<IIQ', buf, 0, off)
 
 
-def sqe(buf=0x100, phase=2, kind=1, handle=0, tokens=16, hidden=64, topk=2, experts=8):
-    body = struct.pack('<BBHIQQQIIII', kind, 1, topk, 0, phase, 0, 0, tokens, hidden, handle, 0)
-    body += span(buf, 0) + span(buf, 2048) + span(buf, 2176) + span(buf, 2304)
-    body += struct.pack('<QII', 1024, experts if kind == 1 else 0, 0)
+def sqe(buf=0x100, phase=2, kind=1, handle=0, tokens=16, hidden=64, topk=2, experts=8, flags=0,
+        event=0, value=0):
+    body = struct.pack('<BBHIQQQIIII', kind, 1, topk, 0, phase, 0, 0, tokens, hidden, handle, flags)
+    body += span(buf, 0) + span(buf, 2048) + span(buf, 2176)
+    body += struct.pack('<IIQ', buf, value, 2304)  # output; its reserved word is V with flag 2
+    body += struct.pack('<QIHH', 1024, experts if kind == 1 else 0, event, 0)
     assert len(body) == 128
     return body
 
@@ -88,6 +101,14 @@ seeds = {
     'empty-phase': send(hello()) + send(ring_setup()) + send(reg_host(), 1, 0)
     + entries(sqe(tokens=0), sqe(phase=3, tokens=0, experts=0), sqe(phase=5, kind=2, handle=1, tokens=0)),
     'empty-with-fd': send(hello()) + send(b'', 1, 0),  # regression: the fd leaked
+    # stream order: events registered (one bad handle, one unaligned flag), flagged entries
+    # (the event id known, unknown, missing), the flag's buffer held, the event deregistered
+    'stream': send(hello()) + send(reg_cuda()) + send(reg_event()) + send(reg_event(handle0=1))
+    + send(reg_event(flag_offset=2)) + send(ring_setup()) + entries(sqe(flags=3, event=0x40, value=5),
+    sqe(phase=3, flags=2, event=0x41, value=6), sqe(phase=4, flags=1)) + REAP + send(dereg(0x100))
+    + send(dereg_event(0x40)) + send(dereg(0x100)) + send(goodbye()),
+    'stream-left': send(hello()) + send(reg_cuda()) + b''.join(send(reg_event(flag_offset=4 * i))
+                                                               for i in range(20)),
     'limits': send(hello()) + b''.join(send(reg_host(), 1, 0) for _ in range(5)) + send(ring_setup(3, 8)),
 }
 

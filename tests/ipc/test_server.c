@@ -1302,7 +1302,9 @@ static void test_bad_entries_rejected(void **state)
 	CASE(e.dtype = 0, RW_E_DTYPE);
 	CASE(e.dtype = 77, RW_E_DTYPE);
 	CASE(e.flags = 1, RW_E_FIELD);
-	CASE(e.reserved = 1, RW_E_FIELD);
+	CASE(e.event_id = 1, RW_E_FIELD); /* an event id without a stream-order flag */
+	CASE(e.flags = RW_SQE_SIGNAL, RW_E_FIELD); /* a stream-order flag without an event id */
+	CASE(e.flags = 4, RW_E_FIELD);
 	CASE(e.path = RW_PATH_REQ_JOINT + 1, RW_E_FIELD); /* docs/ipc.md "Path requests" */
 	CASE(e.n_experts = 0, RW_E_EXPERTS); /* a dispatch must say E */
 	CASE(e.n_experts = (1u << 20) + 1, RW_E_EXPERTS);
@@ -1734,6 +1736,17 @@ static rw_client_cuda_desc_t client_desc(const rw_cuda_ipc_desc_t *desc)
 	memcpy(d.device_uuid, desc->device_uuid, 16);
 	return d;
 }
+
+/* The harness started, an allocation of `alloc` bytes filled with a pattern, and what librailwave
+ * sends to register all of it. */
+static rw_client_cuda_desc_t cuda_whole(size_t alloc, unsigned mul, rw_cuda_dptr_t *dptr_p,
+					uint8_t **pattern_p)
+{
+	*dptr_p = cuda_harness_start(alloc, mul, pattern_p);
+	rw_cuda_ipc_desc_t desc;
+	assert_int_equal(rw_cuda_ipc_export(*dptr_p, alloc, &desc), RW_OK);
+	return client_desc(&desc);
+}
 #endif
 
 /* The registration path through cuda/'s import, against the fake driver (no GPU needed): a
@@ -1797,6 +1810,89 @@ static void test_cuda_registration(void **state)
 #endif
 }
 
+/* Stream order (ipc/railwave.h "Stream-ordered submission"): an interprocess event registered
+ * with its flag word in a CUDA buffer of the rank; every bad registration refused with a reason
+ * (foreign, host-memory, unaligned, out-of-range flag; bytes that are not an event; too many);
+ * the flag's buffer cannot go before the event; a refused submission still gets its flag
+ * written, before its CQE; an unregistered event id never leaves the library; events are freed
+ * on deregistration and with the connection (the fake's event objects: ASan sees a leak). */
+static void test_stream_events(void **state)
+{
+	(void)state;
+#if !RW_HAVE_CUDA_H
+	skip();
+#else
+	const size_t alloc = 1 << 16;
+	uint8_t *pattern;
+	rw_cuda_dptr_t dptr;
+	rw_client_cuda_desc_t d = cuda_whole(alloc, 3, &dptr, &pattern);
+	rw_client_t *c = connect_rank("g", 0);
+	uint32_t cbuf, hbuf, eid, x;
+	void *addr;
+	assert_int_equal(rw_client_register_cuda(c, &d, &cbuf), 0);
+	assert_int_equal(rw_client_register_host(c, 65536, &hbuf, &addr), 0);
+	rw_cuda_event_t *ev;
+	uint8_t h[RW_EVENT_HANDLE_BYTES], junk[RW_EVENT_HANDLE_BYTES];
+	assert_int_equal(rw_cuda_event_export(0, &ev, h), RW_OK);
+	memset(junk, 0x5a, sizeof(junk));
+
+	assert_int_equal(rw_client_register_event(c, h, cbuf, 2, &x), RW_E_EVENT);
+	assert_non_null(strstr(rw_client_last_message(c), "multiple of 4"));
+	assert_int_equal(rw_client_register_event(c, h, cbuf, alloc, &x), RW_E_EVENT);
+	assert_non_null(strstr(rw_client_last_message(c), "inside its buffer"));
+	assert_int_equal(rw_client_register_event(c, h, cbuf + 256, 0, &x), RW_E_EVENT);
+	assert_non_null(strstr(rw_client_last_message(c), "not one this rank registered"));
+	assert_int_equal(rw_client_register_event(c, h, hbuf, 0, &x), RW_E_EVENT);
+	assert_non_null(strstr(rw_client_last_message(c), "host memory"));
+	assert_int_equal(rw_client_register_event(c, junk, cbuf, 0, &x), RW_E_EVENT);
+	assert_non_null(strstr(rw_client_last_message(c), "not an interprocess event"));
+	assert_int_equal(h_stats(&H).events, 0);
+
+	assert_int_equal(rw_client_register_event(c, h, cbuf, 64, &eid), 0);
+	assert_int_equal(h_stats(&H).events, 1);
+	/* the flag's buffer stays while the event does */
+	assert_int_equal(rw_client_deregister(c, cbuf), RW_E_BUF_BUSY);
+	assert_int_equal(rw_client_deregister_event(c, eid + 1), RW_E_EVENT);
+
+	/* a refused submission (unknown kind) that signals: the flag holds V when its CQE is read */
+	rw_sqe_t e = valid_sqe(hbuf, 9);
+	e.kind = 9;
+	e.flags = RW_SQE_WAIT_EVENT | RW_SQE_SIGNAL;
+	e.event_id = (uint16_t)eid;
+	e.output.reserved = 77;
+	assert_int_equal(rw_client_submit(c, &e, 1), 0);
+	assert_int_equal(wait_one(c).error, RW_E_KIND);
+	uint32_t flag = 0;
+	assert_int_equal(rw_cuda_memcpy_dtoh(0, &flag, dptr + 64, 4), RW_OK);
+	assert_int_equal(flag, 77);
+	assert_true(h_stats(&H).flags_written >= 1);
+	/* an id this client never registered: refused by the library, nothing queued */
+	e.event_id = (uint16_t)(eid + 1);
+	assert_int_equal(rw_client_submit(c, &e, 1), RW_E_INVAL);
+	assert_int_equal(rw_client_inflight(c), 0);
+
+	/* the bound per connection (16 by default), then deregistration frees one */
+	uint32_t ids[16];
+	int n = 1;
+	while (n < 16 && rw_client_register_event(c, h, cbuf, 4u * (uint32_t)n, &ids[n]) == 0)
+		n++;
+	assert_int_equal(n, 16);
+	assert_int_equal(rw_client_register_event(c, h, cbuf, 0, &x), RW_E_LIMIT);
+	assert_int_equal(h_stats(&H).events, 16);
+	assert_int_equal(rw_client_deregister_event(c, eid), 0);
+	assert_int_equal(h_stats(&H).events, 15);
+	/* the connection goes with 15 events registered: all freed */
+	rw_client_close(c);
+	h_wait_clients(&H, 0);
+	assert_int_equal(h_stats(&H).events, 0);
+	assert_int_equal(h_stats(&H).buffers, 0);
+	h_stop(&H);
+	rw_cuda_event_destroy(ev);
+	rw_cuda_mem_free(0, dptr);
+	free(pattern);
+#endif
+}
+
 /* Two connections of one process (two railwave.Groups of a trainer) lend the same allocation:
  * the daemon maps it once for both; the first leaving keeps the second's buffer readable; the
  * mapping closes when the last leaves. Another process presenting the same handle bytes is
@@ -1810,10 +1906,8 @@ static void test_cuda_two_connections_of_one_process(void **state)
 #else
 	const size_t alloc = 1 << 16;
 	uint8_t *pattern;
-	rw_cuda_dptr_t dptr = cuda_harness_start(alloc, 13, &pattern);
-	rw_cuda_ipc_desc_t desc;
-	assert_int_equal(rw_cuda_ipc_export(dptr, alloc, &desc), RW_OK);
-	rw_client_cuda_desc_t d = client_desc(&desc);
+	rw_cuda_dptr_t dptr;
+	rw_client_cuda_desc_t d = cuda_whole(alloc, 13, &dptr, &pattern);
 
 	rw_client_t *c1 = connect_rank("layer0", 0);
 	uint32_t id1, id2;
@@ -1915,6 +2009,10 @@ static void test_cuda_without_driver(void **state)
 	uint32_t id;
 	assert_int_equal(rw_client_register_cuda(c, &d, &id), RW_E_NO_CUDA);
 	assert_true(strlen(rw_client_last_message(c)) > 0);
+	/* no CUDA, no stream order: an event registration is refused as clearly */
+	uint8_t handle[RW_EVENT_HANDLE_BYTES] = { 0 };
+	assert_int_equal(rw_client_register_event(c, handle, 1, 0, &id), RW_E_NO_CUDA);
+	assert_non_null(strstr(rw_client_last_message(c), "stream-ordered"));
 	/* Still connected. */
 	void *addr;
 	assert_int_equal(rw_client_register_host(c, 4096, &id, &addr), 0);
@@ -2313,6 +2411,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_cuda_without_driver),
 		cmocka_unit_test(test_cuda_registration),
 		cmocka_unit_test(test_cuda_two_connections_of_one_process),
+		cmocka_unit_test(test_stream_events),
 		cmocka_unit_test(test_example_program),
 		cmocka_unit_test(test_group_key),
 		cmocka_unit_test(test_group_key_required),

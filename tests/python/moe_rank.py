@@ -187,6 +187,7 @@ def join(c, group=None, **kw):
     from the command)."""
     os.environ["RAILWAVE_SOCKET"] = c["sockets"][RANK // int(os.environ["LOCAL_WORLD_SIZE"])]
     kw.setdefault("max_tokens_per_rank", c.get("max_tokens"))
+    kw.setdefault("stream_ordered", c.get("stream_ordered", False))
     return railwave.Group(group or c["group"], timeout=120,  # above the daemons' phase timeout
                           **kw)
 

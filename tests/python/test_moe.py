@@ -9,10 +9,12 @@ out of range, num_experts that differ, bad combines, a join with the wrong world
 must raise a clear error on the rank that made it and fail the phase at once for the others,
 with the next step verifying exactly. A daemon killed between steps: its ranks get DaemonLost,
 the others PhaseError; after its restart every rank joins again and a step verifies. Daemons must exit 0 on SIGTERM (ASan: no leak).
-`cuda` runs the paths scenario with CUDA tensors (skipped without a GPU).
+`cuda` runs the paths scenario with CUDA tensors (skipped without a GPU), and with `stream` also
+in stream-ordered mode (Group(stream_ordered=True): no host synchronization before a submission;
+the event and the flag of docs/python.md "Stream order").
 
 Run by tests/run as $b/test/python_moe (a wrapper ninja writes: test_moe.py BUILDDIR);
-RW_PY_ONLY=paths,bad,peer,cuda picks scenarios. Exits 0 pass, 1 fail, 77 skip."""
+RW_PY_ONLY=paths,bad,peer,cuda,stream picks scenarios. Exits 0 pass, 1 fail, 77 skip."""
 import importlib.util
 import json
 import os
@@ -96,7 +98,7 @@ def check(outs, what, cluster):
     return outs
 
 
-def scenario_paths(td, tmp, ranks, nodes, seed, device="cpu"):
+def scenario_paths(td, tmp, ranks, nodes, seed, device="cpu", stream_ordered=False):
     for i, path in enumerate(["native", "rail-only", "perm-only", "joint", "auto"]):
         c = td.Cluster(tmp, nodes, path=path, extra=PHASE_TIMEOUT)
         try:
@@ -106,11 +108,13 @@ def scenario_paths(td, tmp, ranks, nodes, seed, device="cpu"):
                                     "experts": nodes * td.GPUS * 2, "steps": 3,
                                     "seed": seed + i, "router": path == "auto",
                                     "device": device, "sockets": sockets,
+                                    "stream_ordered": stream_ordered,
                                     "max_tokens": 13}),  # moe_rank.workload's most
                          "path " + path, c)
             flood = check(ranks.run({"op": "flood", "group": "py.flood." + path,
                                      "experts": nodes * td.GPUS * 2, "seed": seed + i,
-                                     "device": device, "sockets": sockets}),
+                                     "device": device, "sockets": sockets,
+                                     "stream_ordered": stream_ordered}),
                           "flood " + path, c)
             st = c.stats(0, "stats selector")
             if path != "auto" and path not in st:
@@ -118,9 +122,10 @@ def scenario_paths(td, tmp, ranks, nodes, seed, device="cpu"):
                                    % (path, st))
         finally:
             c.stop()
-        print("ok   %s path %-9s N=%d W=%d: %s" % (device, path, nodes, nodes * td.GPUS,
+        dv = device + (" stream-ordered" if stream_ordered else "")
+        print("ok   %s path %-9s N=%d W=%d: %s" % (dv, path, nodes, nodes * td.GPUS,
                                                    "; ".join(outs[0]["log"])))
-        print("ok   %s path %-9s flood: %s" % (device, path, "; ".join(flood[1]["log"])))
+        print("ok   %s path %-9s flood: %s" % (dv, path, "; ".join(flood[1]["log"])))
 
 
 def scenario_bad(td, tmp, ranks, nodes, seed):
@@ -174,7 +179,7 @@ def main():
         print("skip: railwaved or librailwave.so.1 not built in %s" % build)
         return 77
     td = load_dataflow(build)
-    only = [s for s in os.environ.get("RW_PY_ONLY", "paths,bad,peer,cuda").split(",") if s]
+    only = [s for s in os.environ.get("RW_PY_ONLY", "paths,bad,peer,cuda,stream").split(",") if s]
     seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or int(time.time()) % 100000 + 1
     print("seed %d (RW_TEST_SEED=%d reproduces)" % (seed, seed))
     env = dict(os.environ, RAILWAVE_LIB=lib,
@@ -196,13 +201,17 @@ def main():
             return 1
         finally:
             ranks.stop()
-        if "cuda" in only:
+        if "cuda" in only or "stream" in only:
             if not torch.cuda.is_available():
                 print("skip: cuda scenario: torch sees no CUDA device")
             else:
                 cranks = Ranks(nodes * td.GPUS, td.GPUS, env)
                 try:
-                    scenario_paths(td, tmp, cranks, nodes, seed, device="cuda")
+                    if "cuda" in only:
+                        scenario_paths(td, tmp, cranks, nodes, seed, device="cuda")
+                    if "stream" in only:  # stream order (docs/python.md "Stream order")
+                        scenario_paths(td, tmp, cranks, nodes, seed, device="cuda",
+                                       stream_ordered=True)
                 except Exception as e:
                     print("FAIL cuda %s" % e)
                     return 1
