@@ -51,7 +51,82 @@ def real_devices():
     return n.value, None
 
 
-def run_case(td, tmp, seed, gpus, ndev, env, label):
+def stand_in_self_check():
+    """The multi-device stand-in refuses what a GPU refuses and allows what it allows, checked on
+    the driver calls themselves (in this process, three devices): a kernel of device 1 reading
+    device 0's memory faults the context (launch succeeds, the stream reports
+    CUDA_ERROR_ILLEGAL_ADDRESS, nothing is written); after cuCtxEnablePeerAccess device 2 reads
+    it exactly (a second enable: ALREADY_ENABLED); pageable host memory faults device 2; an
+    allocation says which device holds it. Raises on any difference."""
+    os.environ.update(RW_FAKE_CUDA_DEVICES="3", RW_FAKE_CUDA_LAG_MS="0")
+    os.environ.pop("RW_FAKE_CUDA_PEERS", None)
+    cu = ctypes.CDLL(FAKE_MGPU)
+    vp, u64, u32 = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32
+    cu.cuLaunchKernel.argtypes = [vp] + [ctypes.c_uint] * 7 + [vp, vp, vp]
+    cu.cuCtxEnablePeerAccess.argtypes = [vp, ctypes.c_uint]
+    cu.cuCtxSetCurrent.argtypes = [vp]
+    cu.cuStreamSynchronize.argtypes = [vp]
+    cu.cuMemcpyHtoD_v2.argtypes = cu.cuMemcpyDtoH_v2.argtypes = [vp, vp, ctypes.c_size_t]
+
+    def ok(res, what):
+        if res != 0:
+            raise RuntimeError("stand-in self-check: %s returned %d" % (what, res))
+
+    ok(cu.cuInit(0), "cuInit")
+    ctx, mem, fn, st = [], [], [], []
+    rows, row = 4, 64
+    for d in range(3):
+        c, p, f, m, s = vp(), u64(), vp(), vp(), vp()
+        ok(cu.cuDevicePrimaryCtxRetain(ctypes.byref(c), d), "retain")
+        ok(cu.cuCtxSetCurrent(c), "set current")
+        ok(cu.cuMemAlloc_v2(ctypes.byref(p), rows * row), "cuMemAlloc")
+        ok(cu.cuMemcpyHtoD_v2(vp(p.value), bytes([d + 1] * rows * row), rows * row), "HtoD")
+        ok(cu.cuModuleLoadData(ctypes.byref(m), b"x"), "module")
+        ok(cu.cuModuleGetFunction(ctypes.byref(f), m, b"rw_copy_rows1"), "function")
+        ok(cu.cuStreamCreate(ctypes.byref(s), 0), "stream")
+        ctx.append(c), mem.append(p.value), fn.append(f), st.append(s)
+        o = ctypes.c_int(-1)
+        ok(cu.cuPointerGetAttribute(ctypes.byref(o), 9, u64(p.value)), "DEVICE_ORDINAL")
+        if o.value != d:
+            raise RuntimeError("stand-in self-check: device %d's memory says device %d" % (d, o.value))
+    lst = vp()
+    ok(cu.cuMemHostAlloc(ctypes.byref(lst), 16 * rows, 0), "cuMemHostAlloc")
+    pageable = ctypes.create_string_buffer(rows * row)
+
+    def copy(dev, src):
+        """copy_rows on `dev` from src to device dev's memory: (launch, sync, dst bytes)."""
+        ok(cu.cuCtxSetCurrent(ctx[dev]), "set current")
+        ent = (u64 * (2 * rows))(*[v for i in range(rows) for v in (src + i * row, mem[dev] + i * row)])
+        ctypes.memmove(lst.value, ent, 16 * rows)
+        args = [u64(lst.value), u32(rows), u32(row)]
+        params = (vp * 3)(*[ctypes.cast(ctypes.byref(a), vp) for a in args])
+        launched = cu.cuLaunchKernel(fn[dev], 1, 1, 1, 1, 1, 1, 0, st[dev], params, None)
+        synced = cu.cuStreamSynchronize(st[dev])
+        out = ctypes.create_string_buffer(rows * row)
+        ok(cu.cuMemcpyDtoH_v2(out, vp(mem[dev]), rows * row), "DtoH")
+        return launched, synced, out.raw
+
+    got = copy(1, mem[0])
+    if got != (0, 700, bytes([2] * rows * row)):
+        raise RuntimeError("stand-in self-check: device 1 reading device 0 without peer access: "
+                           "launch %d, sync %d, rows changed %s" % (got[0], got[1], got[2] != bytes([2] * rows * row)))
+    ok(cu.cuCtxSetCurrent(ctx[2]), "set current")
+    ok(cu.cuCtxEnablePeerAccess(ctx[0], 0), "cuCtxEnablePeerAccess")
+    if cu.cuCtxEnablePeerAccess(ctx[0], 0) != 704:
+        raise RuntimeError("stand-in self-check: a second peer enable was not ALREADY_ENABLED")
+    got = copy(2, mem[0])
+    if got != (0, 0, bytes([1] * rows * row)):
+        raise RuntimeError("stand-in self-check: device 2 with peer access to device 0: launch %d "
+                           "sync %d, rows copied %s" % (got[0], got[1], got[2] == bytes([1] * rows * row)))
+    got = copy(2, ctypes.addressof(pageable))
+    if got[:2] != (0, 700):
+        raise RuntimeError("stand-in self-check: a kernel reading pageable host memory: launch %d "
+                           "sync %d" % got[:2])
+    print("ok   stand-in self-check: no peer access -> ILLEGAL_ADDRESS and nothing written; "
+          "cuCtxEnablePeerAccess -> exact copy; pageable host memory -> ILLEGAL_ADDRESS")
+
+
+def run_case(td, top, seed, gpus, ndev, env, label):
     """Every path with every rank on CUDA, then a mixed node pair; raises on any failure with
     the stand-in's fault line (if any) first."""
     td.GPUS = gpus  # test_dataflow's Cluster and rank() read it
@@ -59,6 +134,7 @@ def run_case(td, tmp, seed, gpus, ndev, env, label):
     runs = [(p, list(range(w))) for p in PATHS]
     runs += [("joint", [g for g in range(w) if g % gpus != 1]), ("auto", [1, w - 1])]
     for i, (path, cuda_ranks) in enumerate(runs):
+        tmp = tempfile.mkdtemp(dir=top)  # the daemons' logs are appended to: one folder a run
         c = td.Cluster(tmp, 2, path=path)
         c.env.update(env)
         logs = []
@@ -84,7 +160,10 @@ def run_case(td, tmp, seed, gpus, ndev, env, label):
         if any("built without nvcc" in l for l in logs):
             raise Skip("this build embeds no kernels (no nvcc)")
         for n in (0, 1):
-            devs = sorted({(r % gpus) % ndev for r in cuda_ranks if r // gpus == n})
+            # A pair is the CUDA mover's when its first submission is a CUDA rank's (docs/
+            # dataflow.md "CUDA buffers"): on a node of CUDA ranks only, every device's kernels.
+            mine = [r for r in cuda_ranks if r // gpus == n]
+            devs = sorted({(r % gpus) % ndev for r in mine}) if len(mine) == gpus else []
             for d in devs:
                 if "cuda mover: kernels loaded on device %d" % d not in logs[n]:
                     raise RuntimeError("%s G=%d %s: daemon %d never loaded kernels on device %d "
@@ -127,6 +206,20 @@ def main():
             if only in ("", "strict"):
                 cases.append((g, g, base, "stand-in, daemon's peers"))
     failed = 0
+    if not ndev:
+        # In a child: the stand-in's faults are per process and this one stays clean.
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            rc = 0
+            try:
+                stand_in_self_check()
+            except Exception as e:
+                print("FAIL %s" % e)
+                rc = 1
+            sys.stdout.flush()
+            os._exit(rc)
+        failed += os.waitpid(pid, 0)[1] != 0
     with tempfile.TemporaryDirectory(prefix="rwmg.", dir="/tmp") as tmp:
         for gpus, nd, env, label in cases:
             try:
