@@ -23,6 +23,7 @@ import ctypes
 import importlib.machinery
 import os
 import random
+import subprocess
 import sys
 import tempfile
 
@@ -177,6 +178,13 @@ def run_case(td, top, seed, gpus, ndev, env, label):
 
 
 def main():
+    if sys.argv[1:] == ["--self-check"]:
+        try:
+            stand_in_self_check()
+        except Exception as e:
+            print("FAIL %s" % e)
+            return 1
+        return 0
     td = importlib.machinery.SourceFileLoader(
         "test_dataflow", os.path.join(HERE, "integration_dataflow")).load_module()
     if not (os.access(td.DAEMON, os.X_OK) and os.access(td.RANK, os.X_OK)):
@@ -207,19 +215,17 @@ def main():
                 cases.append((g, g, base, "stand-in, daemon's peers"))
     failed = 0
     if not ndev:
-        # In a child: the stand-in's faults are per process and this one stays clean.
+        # In a process of its own: the stand-in's faults are per process. A sanitizer build's
+        # stand-in needs its runtime loaded first (python3 is not built with it).
+        env = dict(os.environ)
+        asan = [l.split("=>")[1].split()[0] for l in subprocess.run(
+            ["ldd", FAKE_MGPU], capture_output=True, text=True).stdout.splitlines()
+            if "libasan" in l and "=>" in l]
+        if asan:
+            env.update(LD_PRELOAD=asan[0], ASAN_OPTIONS="detect_leaks=0")
         sys.stdout.flush()
-        pid = os.fork()
-        if pid == 0:
-            rc = 0
-            try:
-                stand_in_self_check()
-            except Exception as e:
-                print("FAIL %s" % e)
-                rc = 1
-            sys.stdout.flush()
-            os._exit(rc)
-        failed += os.waitpid(pid, 0)[1] != 0
+        failed += subprocess.run([sys.executable, os.path.abspath(__file__), "--self-check"],
+                                 env=env).returncode != 0
     with tempfile.TemporaryDirectory(prefix="rwmg.", dir="/tmp") as tmp:
         for gpus, nd, env, label in cases:
             try:
