@@ -62,7 +62,7 @@ def node_gpus(n, per_node, ngpu):
     return [(n * per_node + g) % ngpu for g in range(per_node)]
 
 
-def railwave(td, tmp, mode, a, ngpu):
+def railwave(td, gp, tmp, mode, a, ngpu):
     """One run of the two daemons and 2G ranks; per (kind, path) median ms, and per kind the bytes
     a node sends the other per phase."""
     hidden, experts, topk = SHAPES[a.shape]
@@ -96,7 +96,7 @@ def railwave(td, tmp, mode, a, ngpu):
             if p.returncode != 0 or "(CUDA buffer)" not in outs[r]:
                 raise RuntimeError("%s rank %d rc %s: %s\n%s" % (mode, r, p.returncode,
                                                                 outs[r][-1500:], c.logs()))
-        recs = [sum(k for _, k in railwave_rails(c, n)) for n in range(2)]
+        recs = [sum(k for _, k in gp.rail_counters(c, n)) for n in range(2)]
         logs = [open(os.path.join(tmp, "d%d.log" % n)).read() for n in range(2)]
     finally:
         c.stop()
@@ -120,16 +120,6 @@ def railwave(td, tmp, mode, a, ngpu):
     per_phase = max(recs) // phases  # records one node sends the other per phase (each kind)
     return {k: statistics.median(v) for k, v in ms.items()}, {
         "dispatch": per_phase * rec, "combine": per_phase * crec}
-
-
-def railwave_rails(c, n):
-    """(tx_bytes, tx_records) per rail of node n."""
-    out = []
-    for line in c.stats(n, "stats rails").splitlines():
-        kv = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        if "tx_bytes" in kv:
-            out.append((int(kv["tx_bytes"]), int(kv["tx_records"])))
-    return out
 
 
 def nccl(a, ngpu, sizes):
@@ -220,6 +210,9 @@ def main():
     a.per_node = a.per_node or min(4, max(1, ngpu // 2))
     td = importlib.machinery.SourceFileLoader(
         "test_dataflow", os.path.join(B, "test", "integration_dataflow")).load_module()
+    # The GPU-path benchmark's reader of the daemons' rail counters.
+    gp = importlib.machinery.SourceFileLoader(
+        "bench_gpu_path", os.path.join(HERE, "gpu_path")).load_module()
     G = a.per_node
     print("== %d GPUs; 2 railwaved (tcp loopback, R=2) x %d ranks, node n on GPUs %s; %s, %d "
           "tokens/rank, bf16; ms = last submission -> last completion, median of %d steps per "
@@ -228,7 +221,7 @@ def main():
     got, sizes = {}, None
     with tempfile.TemporaryDirectory(prefix="rwmgb.", dir="/tmp") as tmp:
         for mode in a.modes.split(","):
-            got[mode], sizes = railwave(td, tmp, mode, a, ngpu)
+            got[mode], sizes = railwave(td, gp, tmp, mode, a, ngpu)
     print("%-9s %-10s %-16s %9s %9s" % ("kind", "path", "mover", "MB/node", "ms"))
     for kind in ("dispatch", "combine"):
         for path in PATHS:
