@@ -150,9 +150,12 @@ def run_case(td, top, seed, gpus, ndev, env, label):
                 logs = [open(os.path.join(tmp, "d%d.log" % n)).read() for n in (0, 1)]
         except Exception as e:
             faults = [l for log in logs for l in log.splitlines() if FAULT in l]
+            # The ranks' own words (the whole story is in the daemons' logs, above).
+            said = [l for l in str(e).splitlines() if " failed" in l and l.startswith("rank ")]
+            first = said[0] if said else "\n".join(str(e).splitlines()[:3])
             raise RuntimeError("%s G=%d %s CUDA ranks %s: %s%s" % (
                 label, gpus, path, cuda_ranks,
-                ("stand-in: %s\n" % faults[0]) if faults else "", e))
+                ("stand-in: %s\n" % faults[0]) if faults else "", first))
         finally:
             c.stop()
         for r in cuda_ranks:
@@ -236,6 +239,8 @@ def main():
             except Exception as e:
                 print("FAIL %s" % e)
                 failed += 1
+    if failed:
+        print("FAIL: %d of %d cases (above)" % (failed, len(cases) + (not ndev)))
     return 1 if failed else 0
 
 
