@@ -44,7 +44,7 @@ const char *rw_client_strerror(int err)
 	case RW_E_OVERFLOW: return "offset + length overflows";
 	case RW_E_HANDLE: return "unknown combine handle";
 	case RW_E_NO_CUDA: return "railwaved has no CUDA";
-	case RW_E_CUDA: return "CUDA IPC import failed";
+	case RW_E_CUDA: return "CUDA failed";
 	case RW_E_LIMIT: return "railwaved client limit reached";
 	case RW_E_INTERNAL: return "railwaved internal error";
 	case RW_E_PHASE: return "phase failed";

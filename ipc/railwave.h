@@ -66,7 +66,8 @@ typedef enum rw_client_error {
 	RW_E_OVERFLOW = -47,        /* submission: offset + length overflows */
 	RW_E_HANDLE = -48,          /* combine: unknown handle id */
 	RW_E_NO_CUDA = -49,         /* the daemon has no usable CUDA driver */
-	RW_E_CUDA = -50,            /* the daemon could not import the CUDA IPC handle */
+	RW_E_CUDA = -50,            /* CUDA failed in the daemon: importing an IPC handle, or a copy
+	                               or kernel on a rank's GPU mid-phase (the message says which) */
 	RW_E_LIMIT = -51,           /* daemon limit reached (clients, connections of one uid) */
 	RW_E_INTERNAL = -52,        /* the daemon failed on its side (memory, fds); not your fault */
 	RW_E_PHASE = -53,           /* the service failed the phase (peer loss, cancelled, ...) */

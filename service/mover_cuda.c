@@ -256,10 +256,53 @@ static rw_status_t cm_wait_events(cm_pair_t *cp, const rw_svc_phase_t *ph, int k
 	return RW_OK;
 }
 
+/* Kernels on one device read other local ranks' rows on theirs (forwards of local-node records,
+ * combine sums over several ranks' rows, docs/cuda.md "Several GPUs"): every two devices in
+ * `used` get peer access both ways, once per mover. Two GPUs without a peer path fail the pair
+ * with both named (staging such rows through the host is not built). */
+static rw_status_t cm_peer_reach(cuda_mover_t *m, uint32_t used, char *why)
+{
+	for (int a = 0; a < CM_DEVICES; a++)
+		for (int b = 0; b < CM_DEVICES; b++) {
+			if (a == b || !(used >> a & 1) || !(used >> b & 1) || (m->peer_ok[a] >> b & 1))
+				continue;
+			rw_status_t st = rw_cuda_peer_enable(a, b);
+			if (st != RW_OK) {
+				snprintf(why, RW_SVC_WHY_MAX, "GPU %d cannot reach GPU %d's memory (peer "
+					 "access: %s): local ranks on these GPUs need a peer path", a, b,
+					 rw_status_str(st));
+				return RW_ERR_DEVICE;
+			}
+			m->peer_ok[a] |= 1u << b;
+			rw_info("cuda mover: GPU %d reads and writes GPU %d's memory (peer access on)", a, b);
+		}
+	return RW_OK;
+}
+
+/* The devices of a rank's spans of one kind. */
+static uint32_t cm_span_devs(const rw_svc_rank_io_t *io)
+{
+	uint32_t used = 0;
+	for (int i = 0; i < 3; i++)
+		if (io->in[i].dev >= 0 && io->in[i].dev < CM_DEVICES)
+			used |= 1u << io->in[i].dev;
+	if (io->out.dev >= 0 && io->out.dev < CM_DEVICES)
+		used |= 1u << io->out.dev;
+	return used;
+}
+
 static rw_status_t cm_stage(void *mover, void *state, rw_svc_phase_t *ph, int kind, uint32_t g,
 			    int *pending_p, char *why)
 {
-	(void)mover;
+	cm_pair_t *cp = state;
+	if (kind == 1) { /* combine rows may sit on a device the dispatch did not use */
+		uint32_t used = cm_span_devs(&ph->io[1][g]);
+		for (uint32_t r = 0; r < ph->gpus; r++)
+			used |= 1u << cp->xdev[r];
+		rw_status_t pst = cm_peer_reach(mover, used, why);
+		if (pst != RW_OK)
+			return pst;
+	}
 	rw_status_t st = cm_wait_events(state, ph, kind, g, why);
 	if (st != RW_OK)
 		return st;
@@ -313,6 +356,11 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 		cp->xdev[g] = d;
 		ranks_on[d]++;
 	}
+	uint32_t used = 0;
+	for (uint32_t g = 0; g < G; g++)
+		used |= 1u << cp->xdev[g] | cm_span_devs(&ph->io[0][g]);
+	if ((st = cm_peer_reach(m, used, why)) != RW_OK)
+		return st;
 	for (uint32_t i = 0; i < n_rec; i++)
 		recs_on[cp->xdev[ph->rec[i].rank]]++;
 	for (uint32_t g = 0; g < G && !oom; g++) {

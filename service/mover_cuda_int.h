@@ -88,6 +88,7 @@ struct cuda_mover {
 	int off;                     /* RAILWAVE_CUDA_MOVER=0: decline every pair */
 	int check;                   /* RAILWAVE_CUDA_MOVER=check: verify every row copy */
 	int said_pack;               /* how pack() waits was logged */
+	uint32_t peer_ok[CM_DEVICES]; /* bit b of [a]: kernels on a may touch b's memory (enabled) */
 	cm_dev_t dev[CM_DEVICES];
 	cm_pair_t *pairs;
 	struct { uint8_t *base; uint64_t bytes; rw_cuda_dptr_t dptr; } reg[CM_REGS];

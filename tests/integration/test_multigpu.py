@@ -17,7 +17,9 @@ CUDA does, over the kernel stand-in with its lag, RW_FAKE_CUDA_LAG_MS), for G = 
     device and address), as it would on a several-GPU host.
 With the system's driver and a GPU (RW_IT_CUDA=real, or found) it runs the same scenario on the
 real devices: one GPU holds every rank; four GPUs give each rank its own. Exits 0 pass, 1 fail,
-77 skip (no stand-in built and no GPU). RW_MGPU_ONLY=granted|strict picks the stand-in cases;
+77 skip (no stand-in built and no GPU). Also on the stand-in: two GPUs without a peer path
+(the phase fails naming both, the daemons keep serving). RW_MGPU_ONLY=granted|strict|nop2p picks
+the stand-in cases;
 RW_MGPU_G=2,4 the ranks per node."""
 import ctypes
 import importlib.machinery
@@ -180,6 +182,33 @@ def run_case(td, top, seed, gpus, ndev, env, label):
               % (label, gpus, path, cuda_ranks, [(r % gpus) % ndev for r in cuda_ranks], seed + i))
 
 
+def run_no_peer_path(td, top, seed):
+    """Two GPUs that cannot reach each other (RW_FAKE_CUDA_NO_P2P=1: cuDeviceCanAccessPeer says
+    no): the phase fails on every rank with both GPUs named, nothing faults, and the same
+    daemons then carry a host-memory phase exactly."""
+    td.GPUS = 2
+    tmp = tempfile.mkdtemp(dir=top)
+    c = td.Cluster(tmp, 2, path="joint")
+    c.env.update(RW_CUDA_DRIVER=FAKE_MGPU, RW_FAKE_CUDA_DEVICES="2", RW_FAKE_CUDA_NO_P2P="1")
+    try:
+        c.start_all()
+        outs = c.collect([(r, c.rank(r, "g.nop2p", 1, 1, seed, mode="fail", flags=["--cuda"]))
+                          for r in range(4)])
+        for r, out in outs.items():
+            if "failed as expected" not in out or "cannot reach GPU" not in out:
+                raise RuntimeError("rank %d's error does not name the GPUs: %s" % (r, out.strip()))
+        c.run_ranks("g.nop2p.host", layers=2, steps=1, seed=seed + 1)
+        logs = [open(os.path.join(tmp, "d%d.log" % n)).read() for n in (0, 1)]
+    finally:
+        c.stop()
+    if any(FAULT in l for l in logs):
+        raise RuntimeError("a kernel faulted a device: %s" % [l for log in logs for l in
+                                                            log.splitlines() if FAULT in l][0])
+    said = sorted({o.strip().split("failed as expected: ")[-1][:110] for o in outs.values()})
+    print("ok   stand-in, no peer path G=2: every rank failed naming the GPUs (%s); the daemons "
+          "then carried a host phase" % said[0])
+
+
 def main():
     if sys.argv[1:] == ["--self-check"]:
         try:
@@ -236,6 +265,12 @@ def main():
             except Skip as e:
                 print("skip: %s" % e)
                 return 77
+            except Exception as e:
+                print("FAIL %s" % e)
+                failed += 1
+        if not ndev and os.environ.get("RW_MGPU_ONLY", "") in ("", "nop2p"):
+            try:
+                run_no_peer_path(td, tmp, seed)
             except Exception as e:
                 print("FAIL %s" % e)
                 failed += 1
