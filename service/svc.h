@@ -273,6 +273,9 @@ typedef struct rw_svc_metrics {
 	/* Phases planned without some rail for some pair (a rail down at either end, docs/dataflow.md
 	 * "Rail health"). */
 	uint64_t phases_rail_excluded;
+	/* Dispatches whose count row this node's CPU counted / a data mover counted on the GPU
+	 * (docs/dataflow.md "Count on the GPU"). */
+	uint64_t counts_host, counts_gpu;
 	rw_svc_peer_metrics_t *peer; /* [peers], owned */
 } rw_svc_metrics_t;
 
