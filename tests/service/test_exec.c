@@ -102,6 +102,7 @@ typedef struct opts {
 	int fifo;                  /* deliver in post order instead of seeded random order */
 	uint64_t max_write;        /* 0: 1 MiB */
 	uint32_t stay_home;        /* bit n: node n's ranks pick only experts of node n */
+	int cuda_mover;            /* list the CUDA mover first, as main.c does (kernel stand-in) */
 } opts_t;
 
 typedef struct trank {
@@ -317,10 +318,11 @@ static void node_start(cl_t *c, uint32_t n)
 	svc->metrics.peer[n].state = RW_SVC_PEER_SELF;
 	svc->loop = c->loop;
 	/* The executor's entry points, as main.c calls them. */
-	static const rw_svc_mover_ops_t *const movers[] = { &rw_svc_mover_host };
+	static const rw_svc_mover_ops_t *const movers[] = { &rw_svc_mover_cuda, &rw_svc_mover_host };
 	rw_svc_exec_hooks_t hooks;
 	rw_svc_exec_hooks_from_env(environ, &hooks);
-	assert_int_equal(rw_svc_exec_create(svc, movers, 1, &hooks, &svc->exec), RW_OK);
+	assert_int_equal(rw_svc_exec_create(svc, movers + !c->o.cuda_mover, 2 - !c->o.cuda_mover,
+					    &hooks, &svc->exec), RW_OK);
 	assert_int_equal(rw_svc_exec_ipc_start(svc->exec), RW_OK);
 	c->running[n] = 1;
 }
@@ -919,6 +921,61 @@ static void test_count_sliced(void **state)
 		dispatch_submit(c, r, 0, 0, NULL);
 	dispatch_collect(c, 0, 0);
 	combine_all(c, 0, 0);
+	cl_free(c);
+}
+
+/* The count row leaves before the records are built (issue 11): with one token per idle slice,
+ * the row goes to the peer as soon as the count pass is done and the records pass runs after it.
+ * The observable is the records pass itself: rank 0's ids, changed right after the row was
+ * posted, are what the records pass reads, and it refuses the ids that no longer give the counted
+ * records - fewer (every id dropped: the count row's segments are not filled), or more (every
+ * token also sent to node 1, which the row said got nothing from it) - naming that in the ranks'
+ * notices. Were the records built before the row left, the change would come too late for them.
+ * Every rank fails; the same key then passes. */
+static int row_posted_0_1(cl_t *c, const void *arg)
+{
+	return c->w->cnt.ctrl_posted[RW_WIRE_COUNTS][0][1] > *(const uint32_t *)arg;
+}
+
+static void test_row_before_records(void **state)
+{
+	(void)state;
+	setenv("RAILWAVE_TEST_LOCAL_SLICE", "1", 1);
+	opts_t o = { .nodes = 2, .gpus = 2, .rails = 2, .path = "native", .tokens = 24, .fifo = 1 };
+	cl_t *c = cl_new(&o, 907);
+	unsetenv("RAILWAVE_TEST_LOCAL_SLICE"); /* read at node start: the nodes keep 1 */
+	const char *want[2] = { "fewer records", "more records" };
+	for (uint32_t layer = 0; layer < 2; layer++) {
+		sub_opts_t home = { .local_only = 1 };
+		uint32_t before = c->w->cnt.ctrl_posted[RW_WIRE_COUNTS][0][1];
+		for (uint32_t r = 0; r < c->G; r++) /* node 0's ranks */
+			dispatch_submit(c, r, 0, layer, layer ? &home : NULL);
+		pump_until(c, row_posted_0_1, &before, "node 0's count row");
+		trank_t *t = &c->rk[0];
+		for (uint32_t i = 0; i < c->o.tokens; i++) {
+			int32_t ids[TOPK] = { -1, -1, -1, -1 };
+			if (layer) { /* node 0 and node 1 */
+				ids[0] = (int32_t)(i % (c->E / 2));
+				ids[1] = (int32_t)(c->E / 2 + i % (c->E / 2));
+			}
+			memcpy(t->mem + c->off_ids + (uint64_t)i * TOPK * 4, ids, sizeof(ids));
+		}
+		for (uint32_t r = c->G; r < c->W; r++)
+			dispatch_submit(c, r, 0, layer, NULL);
+		for (uint32_t r = 0; r < c->W; r++) {
+			rw_cqe_t q = next_cqe(c, r);
+			CHECK(q.status == RW_CQ_ERROR, "layer %u: rank %u's dispatch passed", layer, r);
+			if (r < c->G)
+				CHECK(strstr(fk_client_notice(c->rk[r].c), want[layer]),
+				      "layer %u: rank %u was told '%s', not that the ids give %s", layer, r,
+				      fk_client_notice(c->rk[r].c), want[layer]);
+		}
+		expect_no_timeouts(c);
+		retry_key(c, 0, layer);
+	}
+	CHECK(c->svc[0].metrics.counts_host == 4 && c->svc[0].metrics.counts_gpu == 0,
+	      "node 0 counted %llu rows on the host, %llu on a GPU", (unsigned long long)
+	      c->svc[0].metrics.counts_host, (unsigned long long)c->svc[0].metrics.counts_gpu);
 	cl_free(c);
 }
 
@@ -2205,6 +2262,7 @@ int main(void)
 		cmocka_unit_test(test_paths_n4),
 		cmocka_unit_test(test_paths_small_writes),
 		cmocka_unit_test(test_count_sliced),
+		cmocka_unit_test(test_row_before_records),
 		cmocka_unit_test(test_selector_anchor),
 		cmocka_unit_test(test_grants_held),
 		cmocka_unit_test(test_grant_before_wave),
