@@ -442,10 +442,6 @@ static void pair_gathered(exec_pair_t *p)
 static void pair_counted(exec_pair_t *p)
 {
 	exec_t *x = p->x;
-	if (p->plan.count_src == EXEC_COUNT_MOVER)
-		x->svc->metrics.counts_gpu++;
-	else
-		x->svc->metrics.counts_host++;
 	if (exec_plan_counted(p) != RW_OK)
 		return pair_failed(p);
 	PTRACE(p, "counted (%s)", p->plan.count_src == EXEC_COUNT_MOVER ? p->mv->name : "host");

@@ -115,10 +115,21 @@ void exec_plan_tokens(exec_pair_t *p)
 			.topk = p->ph.topk, .expert_ids = p->ph.io[RW_MV_DISPATCH][g].ids };
 }
 
+/* Who counted this pair's row (or found its bad id), for stats. */
+static void count_metric(exec_pair_t *p)
+{
+	rw_svc_metrics_t *m = &p->x->svc->metrics;
+	if (p->plan.count_src == EXEC_COUNT_MOVER)
+		m->counts_gpu++;
+	else
+		m->counts_host++;
+}
+
 rw_status_t exec_plan_bad_ids(exec_pair_t *p, uint32_t bad)
 {
 	exec_t *x = p->x;
 	char msg[RW_SVC_WHY_MAX];
+	count_metric(p);
 	snprintf(msg, sizeof(msg), "local rank %u: expert id out of range (E=%u) or bad top-k",
 		 x->me * x->gpus + bad, p->ph.n_experts);
 	exec_sub_t *s = bad < x->gpus ? &p->in[RW_MV_DISPATCH].sub[bad] : NULL;
@@ -149,6 +160,7 @@ rw_status_t exec_plan_counted(exec_pair_t *p)
 {
 	exec_t *x = p->x;
 	size_t nr = (size_t)x->nodes * x->rails;
+	count_metric(p);
 	p->plan.counted = 1;
 	p->plan.row_off = rw_arena_alloc(&p->mem, nr + 1, sizeof(uint32_t));
 	p->plan.rec_it = rw_arena_alloc(&p->mem, 1, sizeof(rw_sched_records_iter_t));

@@ -97,14 +97,16 @@ static uint16_t to_bf16(float f)
 
 #define ARG(i, type) (*(type *)params[i])
 
-/* A launch's arguments, read when it is submitted (as the driver does). */
+/* A launch's arguments, read when it is submitted (as the driver does). rw_route_count: a0 ids,
+ * a1 row, n64 bad, n tokens, w topk, bf16 n_experts, and the three below. A larger struct would
+ * not fit a lagging stream's queue entry and would run at once, out of stream order. */
 struct launch {
 	uintptr_t k;
 	uint64_t a0, a1, n64;
 	uint32_t n, w, bf16;
-	uint32_t topk, n_experts, per_node, rails, rail; /* rw_route_count */
-	uint64_t bad;
+	uint32_t per_node, rails, rail;
 };
+_Static_assert(sizeof(struct launch) <= 64, "a launch must fit a stream queue entry");
 
 /* rw_route_count as cuda/kernels.cu states it: each token's distinct destination nodes (expert
  * e on node e / per_node), one record each at row[d * rails + rail]; -1 is a dropped slot; any
@@ -113,14 +115,14 @@ struct launch {
 static void route_count_run(const struct launch *L)
 {
 	const int32_t *ids = (const int32_t *)(uintptr_t)L->a0;
-	uint32_t *row = (uint32_t *)(uintptr_t)L->a1, *bad = (uint32_t *)(uintptr_t)L->bad;
+	uint32_t *row = (uint32_t *)(uintptr_t)L->a1, *bad = (uint32_t *)(uintptr_t)L->n64;
 	for (uint32_t t = 0; t < L->n; t++) {
 		uint32_t uniq[32], n = 0, ok = 1;
-		for (uint32_t k = 0; k < L->topk && ok; k++) {
-			int32_t e = ids[(uint64_t)t * L->topk + k];
+		for (uint32_t k = 0; k < L->w && ok; k++) {
+			int32_t e = ids[(uint64_t)t * L->w + k];
 			if (e == -1)
 				continue;
-			if (e < 0 || (uint32_t)e >= L->n_experts) {
+			if (e < 0 || (uint32_t)e >= L->bf16) {
 				ok = 0;
 				break;
 			}
@@ -222,13 +224,13 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned
 		L.bf16 = ARG(3, uint32_t);
 	} else if (L.k == 6) { /* ids, n_tokens, topk, n_experts, per_node, rails, rail, row, bad */
 		L.n = ARG(1, uint32_t);
-		L.topk = ARG(2, uint32_t);
-		L.n_experts = ARG(3, uint32_t);
+		L.w = ARG(2, uint32_t);
+		L.bf16 = ARG(3, uint32_t);
 		L.per_node = ARG(4, uint32_t);
 		L.rails = ARG(5, uint32_t);
 		L.rail = ARG(6, uint32_t);
 		L.a1 = ARG(7, CUdeviceptr);
-		L.bad = ARG(8, CUdeviceptr);
+		L.n64 = ARG(8, CUdeviceptr);
 	} else {
 		return CUDA_ERROR_NOT_SUPPORTED;
 	}

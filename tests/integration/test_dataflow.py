@@ -380,9 +380,11 @@ def scenario_cuda_runs(tmp, seed, real, runs, label, driver):
                        for n in range(c.nodes)]
         finally:
             c.stop()
-        if driver == FAKE_KERN or real:
+        if (driver == FAKE_KERN or real) and len(cuda_ranks) == 2 * GPUS:
             # With kernels the CUDA mover counts on the GPU whenever a CUDA rank routes tokens:
-            # every node has such phases here.
+            # with every rank on the GPU every node has such phases. (A mixed node's pair goes
+            # to the host mover when a host-memory rank submits first: no assertion there; the
+            # in-process test svc_exec_gpu orders the ranks and covers mixed nodes.)
             if not all(gpu > 0 for gpu, _ in counted) and not any("built without nvcc" in l
                                                                   for l in logs):
                 raise RuntimeError("no count row came from the GPU (counts_gpu, counts_host "
