@@ -128,17 +128,22 @@ rw_status_t cm_map_areas(cuda_mover_t *m, cm_pair_t *cp, const rw_svc_phase_t *p
 	return RW_OK;
 }
 
+/* The smallest free block of `dev` that holds `size` (a count row must not hold an owner-sum
+ * sized block), else a new one. */
 int cm_blk_take(cuda_mover_t *m, int dev, size_t size)
 {
-	int freed = -1;
+	int freed = -1, fit = -1;
 	for (int i = 0; i < CM_BLOCKS; i++)
 		if (!m->blk[i].busy && m->blk[i].ptr && m->blk[i].dev == dev) {
-			if (m->blk[i].size >= size) {
-				m->blk[i].busy = 1;
-				return i;
-			}
-			freed = i;
+			if (m->blk[i].size >= size && (fit < 0 || m->blk[i].size < m->blk[fit].size))
+				fit = i;
+			else if (m->blk[i].size < size)
+				freed = i;
 		}
+	if (fit >= 0) {
+		m->blk[fit].busy = 1;
+		return fit;
+	}
 	if (freed < 0)
 		for (int i = 0; i < CM_BLOCKS && freed < 0; i++)
 			if (!m->blk[i].ptr)
