@@ -117,9 +117,12 @@ def run_daemons(td, tmp, mode, daemon, shape, tokens, steps, seed):
         rails = [rail_counters(c, n) for n in range(2)]
         with open(os.path.join(tmp, "d0.log")) as f:
             res["log"] = f.read()
-        # Who counted each dispatch's row: the CUDA mover's kernels (gpu) or the daemon's CPU.
-        res["counted"] = [(td.stat_value(c, n, "counts_gpu"), td.stat_value(c, n, "counts_host"))
-                          for n in range(2)]
+        # Who counted each dispatch's row: the CUDA mover's kernels (gpu) or the daemon's CPU
+        # (-1: a daemon from before these counters).
+        stats = [dict(l.split(None, 1) for l in c.stats(n, "stats").splitlines() if " " in l)
+                 for n in range(2)]
+        res["counted"] = [tuple(int(st.get(k, -1)) for k in ("counts_gpu", "counts_host"))
+                          for st in stats]
     finally:
         c.stop()
     disp = [max(v[1] for v in ps) - max(v[0] for v in ps) for s, ps in sorted(pairs.items()) if s > 0]
