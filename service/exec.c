@@ -13,6 +13,8 @@
 static void pair_try_decide(exec_pair_t *p);
 static void pair_check_done(exec_pair_t *p);
 static void pair_exchange(exec_pair_t *p);
+static void pair_counted(exec_pair_t *p);
+static int subs_ready(const exec_pair_t *p, int kind);
 
 /* ---- lifetime ------------------------------------------------------------------------------ */
 
@@ -190,22 +192,12 @@ static void describe_wait(const exec_pair_t *p, char *buf, size_t len)
 			 rw_svc_kind_name(kind));
 		return;
 	case ST_COUNT:
-		snprintf(buf, len, "this node to count its ranks' tokens (rank %u, token %u)",
-			 p->plan.count_it.rank, p->plan.count_it.token);
+	case ST_EXCHANGE:
+		exec_plan_waiting(p, buf, len);
 		return;
 	case ST_WAIT_SLOT:
 		snprintf(buf, len, "a free receive slot (other groups' pairs hold both)");
 		return;
-	case ST_EXCHANGE: {
-		size_t used = 0;
-		who[0] = '\0';
-		for (uint32_t n = 0; n < x->nodes && used + 24 < sizeof(who); n++)
-			if (!p->xchg.have_row[n])
-				used += (size_t)snprintf(who + used, sizeof(who) - used, "%s%u (%s)",
-							 used ? ", " : "", n, x->svc->cfg.nodes[n].name);
-		snprintf(buf, len, "the count rows of node %s", who);
-		return;
-	}
 	default:
 		break;
 	}
@@ -294,14 +286,28 @@ static void pair_run(exec_pair_t *p, int kind)
 	send_progress(p);
 }
 
+/* The host count pass runs in idle slices (no mover count, or the mover declined). */
+static int host_counting(const exec_pair_t *p)
+{
+	return p->stage == ST_COUNT && p->plan.count_src == EXEC_COUNT_HOST && !p->plan.counted;
+}
+
+/* The records pass runs in idle slices once the row is counted and every rank's ids are
+ * readable: while the row travels to the peers (WAIT_SLOT, EXCHANGE). */
+static int records_due(const exec_pair_t *p)
+{
+	return (p->stage == ST_WAIT_SLOT || p->stage == ST_EXCHANGE) && p->plan.counted &&
+	       !p->plan.recs_done && subs_ready(p, RW_MV_DISPATCH);
+}
+
 static void local_cb(struct ev_loop *loop, ev_idle *w, int revents)
 {
 	(void)revents;
 	exec_t *x = w->data;
 	exec_pair_t *p, *found = NULL;
 	rw_list_for_each(&x->pairs, p, link)
-		if (exec_open(p) &&
-		    (p->stage == ST_COUNT || p->local.state[exec_kind(p)] == LOCAL_RUNNING)) {
+		if (exec_open(p) && (host_counting(p) || records_due(p) ||
+				     p->local.state[exec_kind(p)] == LOCAL_RUNNING)) {
 			found = p;
 			break;
 		}
@@ -312,12 +318,22 @@ static void local_cb(struct ev_loop *loop, ev_idle *w, int revents)
 	p = found;
 	int kind = exec_kind(p), done = 0;
 	char why[RW_SVC_WHY_MAX];
-	if (p->stage == ST_COUNT) {
-		uint32_t budget = x->hooks.local_slice ? x->hooks.local_slice : EXEC_COUNT_SLICE;
+	const uint32_t budget = x->hooks.local_slice ? x->hooks.local_slice : EXEC_COUNT_SLICE;
+	if (host_counting(p)) {
 		if (exec_plan_count(p, budget, &done) != RW_OK)
 			return pair_failed(p);
 		if (done)
-			pair_exchange(p);
+			pair_counted(p);
+		return;
+	}
+	if (records_due(p)) {
+		if (exec_plan_records(p, budget, &done) != RW_OK)
+			return pair_failed(p);
+		if (done) {
+			p->plan.recs_done = 1;
+			PTRACE(p, "%s", "records built");
+			pair_try_decide(p);
+		}
 		return;
 	}
 	rw_status_t st = p->mv->local(p->mv_mover, p->mv_state, &p->ph, kind,
@@ -409,18 +425,62 @@ static void pair_exchange(exec_pair_t *p)
 	pair_try_decide(p);
 }
 
-/* Every local rank has submitted its dispatch and its inputs are readable: count in idle
- * slices (a big submission must not starve heartbeats and other groups), then exchange. */
+/* Every local rank has submitted its dispatch and its inputs are readable, and the mover does
+ * not count: count in idle slices (a big submission must not starve heartbeats and other
+ * groups), then exchange. */
 static void pair_gathered(exec_pair_t *p)
 {
 	PTRACE(p, "%s", "gathered");
 	p->stage = ST_COUNT;
+	p->plan.count_src = EXEC_COUNT_HOST;
 	ev_idle_start(p->x->svc->loop, &p->x->local_idle);
+}
+
+/* Our count row is complete: it goes to the peers at once (the row is all they need), and the
+ * records pass runs while their rows travel; the decision waits for both (docs/dataflow.md
+ * "Count exchange"). */
+static void pair_counted(exec_pair_t *p)
+{
+	exec_t *x = p->x;
+	if (exec_plan_counted(p) != RW_OK)
+		return pair_failed(p);
+	PTRACE(p, "counted (%s)", p->plan.count_src == EXEC_COUNT_MOVER ? p->mv->name : "host");
+	pair_exchange(p);
+	if (exec_open(p) && records_due(p))
+		ev_idle_start(x->svc->loop, &x->local_idle);
+}
+
+/* Every local rank has submitted its dispatch: a mover that counts is asked for the row now,
+ * before the ranks' ids are staged on the host (some may still be copying). */
+static void pair_count_mover(exec_pair_t *p)
+{
+	exec_t *x = p->x;
+	char why[RW_SVC_WHY_MAX] = "";
+	int pending = 0;
+	uint32_t bad = 0;
+	size_t nr = (size_t)x->nodes * x->rails;
+	rw_status_t st = p->mv->count(p->mv_mover, p->mv_state, &p->ph, p->xchg.counts + x->me * nr,
+				      &pending, &bad, why);
+	if (st == RW_ERR_UNSUPPORTED)
+		return; /* the host counts, once every rank's ids are readable */
+	p->plan.count_src = EXEC_COUNT_MOVER;
+	p->stage = ST_COUNT;
+	PTRACE(p, "%s", "gathered, the mover counts");
+	if (st == RW_ERR_SUB_TOKENS) {
+		exec_plan_bad_ids(p, bad);
+		return pair_failed(p);
+	}
+	if (st != RW_OK)
+		return exec_pair_fail(p, st, 0, 1, "%s", why);
+	if (pending)
+		p->plan.count_wait = 1;
+	else
+		pair_counted(p);
 }
 
 static void pair_try_decide(exec_pair_t *p)
 {
-	if (p->stage != ST_EXCHANGE || p->xchg.n_rows < p->x->nodes)
+	if (p->stage != ST_EXCHANGE || p->xchg.n_rows < p->x->nodes || !p->plan.recs_done)
 		return;
 	if (exec_plan_decide(p) != RW_OK)
 		return pair_failed(p);
@@ -450,6 +510,8 @@ static void pair_inputs_moved(exec_pair_t *p, int kind)
 	EXEC_TRACE(p, exec_trace_mark_(p, kind, EXEC_TRACE_READY));
 	if (kind == RW_MV_DISPATCH && p->stage == ST_GATHER_D) {
 		pair_gathered(p);
+	} else if (kind == RW_MV_DISPATCH && records_due(p)) { /* the mover counted first */
+		ev_idle_start(p->x->svc->loop, &p->x->local_idle);
 	} else if (kind == RW_MV_COMBINE && p->stage == ST_WAIT_C) {
 		PTRACE(p, "%s", "combine inputs folded");
 		p->stage = ST_RUN_C;
@@ -535,12 +597,18 @@ void exec_on_submit(exec_pair_t *p, int kind, uint32_t g)
 	rw_status_t st = p->mv->stage(p->mv_mover, p->mv_state, &p->ph, kind, g, &pending, why);
 	if (st != RW_OK)
 		return exec_pair_fail(p, st, 0, 1, "%s", why);
-	if (pending) {
-		p->in[kind].staging++;
-		return; /* the mover reports */
+	if (pending)
+		p->in[kind].staging++; /* the mover reports */
+	else
+		p->in[kind].sub[g].ready = 1;
+	if (kind == RW_MV_DISPATCH && p->in[kind].n_sub == x->gpus && p->stage == ST_GATHER_D &&
+	    p->mv->count) {
+		pair_count_mover(p);
+		if (!exec_open(p))
+			return;
 	}
-	p->in[kind].sub[g].ready = 1;
-	pair_inputs_moved(p, kind);
+	if (!pending)
+		pair_inputs_moved(p, kind);
 }
 
 void exec_on_mover_done(void *ctx, uint32_t serial, rw_svc_mover_op_t op, uint32_t g, rw_status_t st)
@@ -550,7 +618,7 @@ void exec_on_mover_done(void *ctx, uint32_t serial, rw_svc_mover_op_t op, uint32
 	if (op == RW_MV_OP_ALL) { /* a device faulted: every pair waiting on it fails */
 		rw_list_for_each_safe(&x->pairs, p, nx, link)
 			if (exec_open(p) && (p->in[0].staging || p->in[1].staging || p->out.pending ||
-					     p->send.state == SEND_WAIT_PACK))
+					     p->send.state == SEND_WAIT_PACK || p->plan.count_wait))
 				exec_pair_fail(p, RW_ERR_DEVICE, 0, 1, "a CUDA copy failed: %s",
 					       rw_status_str(st));
 		return;
@@ -564,6 +632,19 @@ void exec_on_mover_done(void *ctx, uint32_t serial, rw_svc_mover_op_t op, uint32
 	if (!found || g >= x->gpus)
 		return; /* a pair that ended meanwhile */
 	p = found;
+	if (op == RW_MV_OP_COUNTED) {
+		if (!p->plan.count_wait || p->stage != ST_COUNT)
+			return;
+		p->plan.count_wait = 0;
+		if (st == RW_ERR_SUB_TOKENS) {
+			exec_plan_bad_ids(p, g);
+			return pair_failed(p);
+		}
+		if (st != RW_OK)
+			return exec_pair_fail(p, st, 0, 1, "the data mover's count (%s) failed: %s",
+					      p->mv->name, rw_status_str(st));
+		return pair_counted(p);
+	}
 	if (st != RW_OK)
 		return exec_pair_fail(p, RW_ERR_DEVICE, 0, 1, "a CUDA copy for local rank %u failed: %s",
 				      x->me * x->gpus + g, rw_status_str(st));

@@ -38,6 +38,7 @@
 #define EXEC_LOCAL_SLICE 32u    /* local-node records per idle slice */
 #define EXEC_COUNT_SLICE 8192u  /* tokens counted (or put into records) per idle slice */
 #define EXEC_MOVERS_MAX 4
+enum { EXEC_COUNT_HOST = 1, EXEC_COUNT_MOVER = 2 }; /* plan.count_src */
 
 /* The four sub-areas of a slot in each rail's memory. */
 enum { SUB_RD = 0, SUB_RC = 1, SUB_SD = 2, SUB_SC = 3 };
@@ -45,9 +46,9 @@ enum { SUB_RD = 0, SUB_RC = 1, SUB_SD = 2, SUB_SC = 3 };
 /* A pair's stage. Only exec.c assigns it. */
 typedef enum exec_stage {
 	ST_GATHER_D = 0, /* waiting for local dispatch submissions (and their staging) */
-	ST_COUNT,        /* counting the ranks' tokens and building the records, in idle slices */
+	ST_COUNT,        /* counting the ranks' tokens: in idle slices, or the mover's count() */
 	ST_WAIT_SLOT,    /* counted; waiting for a free receive slot (the tick retries) */
-	ST_EXCHANGE,     /* our row sent; waiting for the peers' rows */
+	ST_EXCHANGE,     /* our row sent; waiting for the peers' rows and our records pass */
 	ST_RUN_D,        /* sending and receiving dispatch records */
 	ST_WAIT_C,       /* dispatch completed; waiting for combine submissions */
 	ST_RUN_C,        /* sending and receiving combine records */
@@ -150,7 +151,10 @@ struct exec_pair {
 
 	struct {                     /* the count and the decision (exec_plan.c) */
 		rw_rank_tokens_t rt[RW_MAX_GPUS];
-		int counted;         /* the count pass is done; the records pass runs */
+		int counted;         /* our count row is done (and sent, or waiting for a slot) */
+		int count_src;       /* who counts: 0 not decided, EXEC_COUNT_HOST, EXEC_COUNT_MOVER */
+		int count_wait;      /* the mover's RW_MV_OP_COUNTED report is due */
+		int recs_done;       /* the records pass is done (it runs while the rows travel) */
 		rw_sched_count_iter_t count_it;
 		rw_sched_records_iter_t *rec_it;
 		uint32_t *row_off;   /* [N*R+1] */
@@ -325,10 +329,22 @@ uint32_t exec_epoch_new(uint64_t salt);
 rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe);
 /* Whether a later local rank's submission fits the phase (RW_ERR_SUB_*; why says how). */
 rw_status_t exec_plan_fits(const exec_pair_t *p, const rw_sqe_t *sqe, char *why, size_t len);
-/* Our count row and records, at most `budget` tokens per call; *done_p once both passes are
- * done (the first call starts them). */
+/* Our ranks' token lists (plan.rt) from their submissions and staged ids. */
+void exec_plan_tokens(exec_pair_t *p);
+/* Our count row on the host, at most `budget` tokens per call; *done_p once it is done (the
+ * first call starts it). A bad id answers its rank (exec_plan_bad_ids). */
 rw_status_t exec_plan_count(exec_pair_t *p, uint32_t budget, int *done_p);
+/* Local rank `bad`'s ids hold an expert id out of range: it hears what it did (RW_E_TOKENS),
+ * the pair's error names it; returns that error. */
+rw_status_t exec_plan_bad_ids(exec_pair_t *p, uint32_t bad);
+/* Our count row is complete (whoever counted): the records pass's arrays. */
+rw_status_t exec_plan_counted(exec_pair_t *p);
+/* The records pass (needs every rank's ids readable), at most `budget` tokens per call;
+ * *done_p once every record is in place and the records match the count row. */
+rw_status_t exec_plan_records(exec_pair_t *p, uint32_t budget, int *done_p);
 rw_status_t exec_plan_send_row(exec_pair_t *p);        /* COUNTS to every peer */
+/* What a pair in ST_COUNT or ST_EXCHANGE waits for, in words (a timeout names it). */
+void exec_plan_waiting(const exec_pair_t *p, char *buf, size_t len);
 /* row: N*R counts; view: that node's rail view, R weights then N up-masks (NULL: already in
  * p->xchg.view_*). */
 void exec_plan_take_row(exec_pair_t *p, uint32_t node, uint32_t slot,

@@ -62,6 +62,7 @@ rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe)
 	    rw_svc_layout_alloc(&p->plan.layout, x->nodes, x->rails) != RW_OK)
 		return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
 	ph->tag_to = p->xchg.tag_to;
+	ph->topo = &x->svc->topo;
 	return RW_OK;
 }
 
@@ -105,52 +106,133 @@ rw_status_t exec_plan_fits(const exec_pair_t *p, const rw_sqe_t *sqe, char *why,
 	return RW_OK;
 }
 
+void exec_plan_tokens(exec_pair_t *p)
+{
+	const exec_t *x = p->x;
+	for (uint32_t g = 0; g < x->gpus; g++)
+		p->plan.rt[g] = (rw_rank_tokens_t){
+			.local_gpu = g, .n_tokens = p->in[RW_MV_DISPATCH].sub[g].sqe.token_count,
+			.topk = p->ph.topk, .expert_ids = p->ph.io[RW_MV_DISPATCH][g].ids };
+}
+
+/* Who counted this pair's row (or found its bad id), for stats. */
+static void count_metric(exec_pair_t *p)
+{
+	rw_svc_metrics_t *m = &p->x->svc->metrics;
+	if (p->plan.count_src == EXEC_COUNT_MOVER)
+		m->counts_gpu++;
+	else
+		m->counts_host++;
+}
+
+rw_status_t exec_plan_bad_ids(exec_pair_t *p, uint32_t bad)
+{
+	exec_t *x = p->x;
+	char msg[RW_SVC_WHY_MAX];
+	count_metric(p);
+	snprintf(msg, sizeof(msg), "local rank %u: expert id out of range (E=%u) or bad top-k",
+		 x->me * x->gpus + bad, p->ph.n_experts);
+	exec_sub_t *s = bad < x->gpus ? &p->in[RW_MV_DISPATCH].sub[bad] : NULL;
+	if (s && s->have) { /* the culprit hears what it did; the others that it failed */
+		exec_answer_err(x, s->client, &s->sqe, RW_ERR_SUB_TOKENS, 0, msg);
+		s->have = 0;
+		p->answered |= 1u << bad; /* or its tomb would wait for it */
+	}
+	return exec_err(p, RW_ERR_INVAL, 1, "%s", msg);
+}
+
 rw_status_t exec_plan_count(exec_pair_t *p, uint32_t budget, int *done_p)
 {
 	exec_t *x = p->x;
-	const rw_topo_t *topo = &x->svc->topo;
-	rw_svc_phase_t *ph = &p->ph;
 	size_t nr = (size_t)x->nodes * x->rails;
-	uint32_t *row = p->xchg.counts + x->me * nr;
 	*done_p = 0;
-	if (!p->plan.counted) {
-		if (p->plan.count_it.rank == 0 && p->plan.count_it.token == 0)
-			for (uint32_t g = 0; g < x->gpus; g++)
-				p->plan.rt[g] = (rw_rank_tokens_t){
-					.local_gpu = g, .n_tokens = p->in[RW_MV_DISPATCH].sub[g].sqe.token_count,
-					.topk = ph->topk, .expert_ids = ph->io[RW_MV_DISPATCH][g].ids };
-		uint32_t bad = 0;
-		int done = 0;
-		if (rw_sched_count_step(topo, ph->n_experts, x->me, p->plan.rt, x->gpus, row,
-					&p->plan.count_it, budget, &done, &bad) != RW_OK) {
-			char msg[RW_SVC_WHY_MAX];
-			snprintf(msg, sizeof(msg), "local rank %u: expert id out of range (E=%u) or bad "
-				 "top-k", x->me * x->gpus + bad, ph->n_experts);
-			exec_sub_t *s = bad < x->gpus ? &p->in[RW_MV_DISPATCH].sub[bad] : NULL;
-			if (s && s->have) { /* the culprit hears what it did; the others that it failed */
-				exec_answer_err(x, s->client, &s->sqe, RW_ERR_SUB_TOKENS, 0, msg);
-				s->have = 0;
-				p->answered |= 1u << bad; /* or its tomb would wait for it */
-			}
-			return exec_err(p, RW_ERR_INVAL, 1, "%s", msg);
-		}
-		if (!done)
-			return RW_OK;
-		p->plan.counted = 1;
-		p->plan.row_off = rw_arena_alloc(&p->mem, nr + 1, sizeof(uint32_t));
-		p->plan.rec_it = rw_arena_alloc(&p->mem, 1, sizeof(rw_sched_records_iter_t));
-		if (!p->plan.row_off || !p->plan.rec_it)
-			return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
-		rw_sched_prefix(row, (uint32_t)nr, p->plan.row_off);
-		p->plan.rec = rw_arena_alloc(&p->mem, (size_t)p->plan.row_off[nr] + 1, sizeof(rw_record_t));
-		if (!p->plan.rec)
-			return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
-		return RW_OK; /* the records pass starts in the next slice */
-	}
-	if (rw_sched_records_step(topo, ph->n_experts, x->me, p->plan.rt, x->gpus, p->plan.row_off,
-				  p->plan.rec, p->plan.rec_it, budget, done_p) != RW_OK)
-		return exec_err(p, RW_ERR_INVAL, 1, "cannot build records (a rank's ids changed)");
+	if (p->plan.count_it.rank == 0 && p->plan.count_it.token == 0)
+		exec_plan_tokens(p);
+	uint32_t bad = 0;
+	if (rw_sched_count_step(&x->svc->topo, p->ph.n_experts, x->me, p->plan.rt, x->gpus,
+				p->xchg.counts + x->me * nr, &p->plan.count_it, budget, done_p,
+				&bad) != RW_OK)
+		return exec_plan_bad_ids(p, bad);
 	return RW_OK;
+}
+
+rw_status_t exec_plan_counted(exec_pair_t *p)
+{
+	exec_t *x = p->x;
+	size_t nr = (size_t)x->nodes * x->rails;
+	count_metric(p);
+	p->plan.counted = 1;
+	p->plan.row_off = rw_arena_alloc(&p->mem, nr + 1, sizeof(uint32_t));
+	p->plan.rec_it = rw_arena_alloc(&p->mem, 1, sizeof(rw_sched_records_iter_t));
+	if (!p->plan.row_off || !p->plan.rec_it)
+		return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
+	rw_sched_prefix(p->xchg.counts + x->me * nr, (uint32_t)nr, p->plan.row_off);
+	p->plan.rec = rw_arena_alloc(&p->mem, (size_t)p->plan.row_off[nr] + 1, sizeof(rw_record_t));
+	if (!p->plan.rec)
+		return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
+	/* The records pass fills each (destination, rail) segment from its start, in order: the
+	 * segment's last entry is written exactly when the ids give as many records as the row
+	 * counted. Marked here, checked at the end, so a count that said more than the ids give
+	 * (a rank's ids changed, or a count kernel erred) fails instead of leaving holes. */
+	for (size_t i = 0; i < nr; i++)
+		if (p->plan.row_off[i + 1] > p->plan.row_off[i])
+			p->plan.rec[p->plan.row_off[i + 1] - 1].rank = UINT32_MAX;
+	return RW_OK;
+}
+
+rw_status_t exec_plan_records(exec_pair_t *p, uint32_t budget, int *done_p)
+{
+	exec_t *x = p->x;
+	const uint32_t rails = x->rails;
+	size_t nr = (size_t)x->nodes * rails;
+	if (p->plan.rec_it->rail == 0 && p->plan.rec_it->rank == 0 && p->plan.rec_it->token == 0)
+		exec_plan_tokens(p); /* every rank's ids are readable now (some were not at the count) */
+	if (rw_sched_records_step(&x->svc->topo, p->ph.n_experts, x->me, p->plan.rt, x->gpus,
+				  p->plan.row_off, p->plan.rec, p->plan.rec_it, budget, done_p) != RW_OK)
+		return exec_err(p, RW_ERR_INVAL, 1, "cannot build records: the ranks' ids give more "
+				"records than this node's count row says (a rank's ids changed)");
+	for (size_t i = 0; *done_p && i < nr; i++)
+		if (p->plan.row_off[i + 1] > p->plan.row_off[i] &&
+		    p->plan.rec[p->plan.row_off[i + 1] - 1].rank == UINT32_MAX)
+			return exec_err(p, RW_ERR_INVAL, 1, "cannot build records: the ranks' ids give fewer "
+					"records to node %u on rail %u than this node's count row says (%u)",
+					(uint32_t)(i / rails), (uint32_t)(i % rails),
+					p->plan.row_off[i + 1] - p->plan.row_off[i]);
+	return RW_OK;
+}
+
+void exec_plan_waiting(const exec_pair_t *p, char *buf, size_t len)
+{
+	const exec_t *x = p->x;
+	char who[96];
+	size_t used = 0;
+	who[0] = '\0';
+	if (p->stage == ST_COUNT) {
+		if (p->plan.count_wait)
+			snprintf(buf, len, "the data mover's count of this node's tokens (%s)", p->mv->name);
+		else
+			snprintf(buf, len, "this node to count its ranks' tokens (rank %u, token %u)",
+				 p->plan.count_it.rank, p->plan.count_it.token);
+		return;
+	}
+	for (uint32_t n = 0; n < x->nodes && used + 24 < sizeof(who); n++)
+		if (!p->xchg.have_row[n])
+			used += (size_t)snprintf(who + used, sizeof(who) - used, "%s%u (%s)",
+						 used ? ", " : "", n, x->svc->cfg.nodes[n].name);
+	if (used) {
+		snprintf(buf, len, "the count rows of node %s", who);
+		return;
+	}
+	for (uint32_t g = 0; g < x->gpus && used + 16 < sizeof(who); g++)
+		if (!p->in[RW_MV_DISPATCH].sub[g].ready)
+			used += (size_t)snprintf(who + used, sizeof(who) - used, "%s%u", used ? ", " : "",
+						 x->me * x->gpus + g);
+	if (used)
+		snprintf(buf, len, "the top-k ids of local ranks %s (their staging)", who);
+	else
+		snprintf(buf, len, "this node to build its records (rail %u, rank %u, token %u)",
+			 p->plan.rec_it ? p->plan.rec_it->rail : 0, p->plan.rec_it ? p->plan.rec_it->rank : 0,
+			 p->plan.rec_it ? p->plan.rec_it->token : 0);
 }
 
 void exec_plan_view_decode(const rw_wire_counts_t *c, uint32_t *view)

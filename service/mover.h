@@ -83,6 +83,9 @@ typedef struct rw_svc_phase {
 	/* Set by an executor that waits for RW_MV_OP_PACKED: pack() may then answer RW_ERR_AGAIN
 	 * instead of blocking (see pack below). 0: pack() returns only once its bytes are there. */
 	int pack_waits;
+	/* The cluster's topology (each local rank's native rail: topo->gpu_rail[g]); what a mover's
+	 * count() counts with, as the executor's host count pass does. */
+	const rw_topo_t *topo;
 } rw_svc_phase_t;
 
 /* The local ranks (bit g: rank g) hosting one of a record's top-k experts in this phase. */
@@ -99,6 +102,8 @@ typedef enum rw_svc_mover_op {
 	RW_MV_OP_FINISH = 3,         /* outputs of rank g are written */
 	RW_MV_OP_PACKED = 4,         /* (g 0) the slabs a pack() answered RW_ERR_AGAIN for are written:
 				      * call pack() again for the same (kind, d); it returns at once */
+	RW_MV_OP_COUNTED = 5,        /* the count row a count() answered pending for is written; g: the
+				      * culprit local rank when st is RW_ERR_SUB_TOKENS (see count) */
 	RW_MV_OP_ALL = 255,          /* a device faulted: every pending op of every pair failed */
 } rw_svc_mover_op_t;
 typedef void (*rw_svc_mover_done_fn)(void *ctx, uint32_t serial, rw_svc_mover_op_t op,
@@ -155,6 +160,17 @@ typedef struct rw_svc_mover_ops {
 	 * this pair any more (reports may still follow; the executor ignores them). */
 	void (*quiesce)(void *mover, void *state);
 	void (*close)(void *mover, void *state);
+	/* Optional (NULL: the executor counts on the host, rw_sched_count_step in idle slices).
+	 * Called once per pair, when every local rank's dispatch stage() has been called (some may
+	 * still be pending): write the node's count row — row[d * R + r], rw_sched_count's, every
+	 * local rank at its native rail — into `row` (N*R, the executor's; valid until close).
+	 * *pending_p = 0: written now; 1: an RW_MV_OP_COUNTED report follows. RW_ERR_UNSUPPORTED
+	 * (why empty): this pair is counted on the host. RW_ERR_SUB_TOKENS, now or in the report:
+	 * a rank's top-k ids hold an id outside [0, E) other than -1; *bad_p (the report's g) is
+	 * the lowest such local rank, as the host count pass names it. The count needs only the
+	 * ids on the GPU: the host copy stage() makes of them is not waited for. */
+	rw_status_t (*count)(void *mover, void *state, const rw_svc_phase_t *ph, uint32_t *row,
+			     int *pending_p, uint32_t *bad_p, char *why);
 } rw_svc_mover_ops_t;
 
 extern const rw_svc_mover_ops_t rw_svc_mover_host;

@@ -40,6 +40,8 @@ static void mark_done(cuda_mover_t *m, uint64_t token)
 				m->done(m->ctx, serial, RW_MV_OP_PACKED, 0, RW_OK);
 			}
 		}
+	} else if (op == OP_COUNT) {
+		cm_count_done(cp); /* mover_cuda_count.c */
 	} else if (op == OP_STAGE_C) {
 		if (cp->marks_c && --cp->marks_c == 0) {
 			cm_combine_headers(cp, cp->ph);
@@ -206,6 +208,7 @@ static void cm_close(void *mover, void *state)
 			m->blk[cp->acc_blk[g]].busy = 0;
 	if (cp->tab >= 0)
 		m->tabs[cp->tab].busy = 0;
+	cm_count_release(cp);
 	rw_arena_free(&cp->mem);
 	free(cp);
 }
@@ -573,4 +576,5 @@ const rw_svc_mover_ops_t rw_svc_mover_cuda = {
 	.result = cm_result,
 	.quiesce = cm_quiesce,
 	.close = cm_close,
+	.count = cm_count,
 };

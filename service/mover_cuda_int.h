@@ -78,6 +78,17 @@ typedef struct cm_pair {
 	int pk_waiting;              /* pack() answered RW_ERR_AGAIN: report RW_MV_OP_PACKED */
 	uint32_t ev_waited[2][RW_MAX_GPUS]; /* stream order: devices whose stream waits on rank g's
 	                                       event (bit d), per kind */
+	/* The count row on the GPU (mover_cuda_run.c launches, mover_cuda_count.c answers) */
+	uint32_t d_staged;           /* ranks whose dispatch stage() was called (bit g) */
+	uint32_t cnt_ranks, cnt_devs; /* ranks counted on a GPU; devices with their rows */
+	int cnt_blk[CM_DEVICES];     /* 1 + the pool block of a device's row and bad words (0: none) */
+	const uint32_t *cnt_host[CM_DEVICES]; /* where a device's row lands (pinned) */
+	uint32_t marks_cnt;          /* OP_COUNT marks not yet completed */
+	int cnt_off;                 /* a count launch failed: count() declines, the host counts */
+	int cnt_sent;                /* the rows' copies are enqueued */
+	uint32_t *cnt_row;           /* the executor's row, once count() asked (the report is due) */
+	uint32_t *cnt_part;          /* [N*R]: the host-memory ranks' part */
+	uint32_t cnt_bad;            /* 1 + the lowest host-memory rank with a bad id (0: none) */
 } cm_pair_t;
 
 struct cuda_mover {
@@ -89,6 +100,7 @@ struct cuda_mover {
 	int check;                   /* RAILWAVE_CUDA_MOVER=check: verify every row copy */
 	int said_pack;               /* how pack() waits was logged */
 	uint32_t peer_ok[CM_DEVICES]; /* bit b of [a]: kernels on a may touch b's memory (enabled) */
+	int said_count;              /* that count rows come from the GPU was logged */
 	cm_dev_t dev[CM_DEVICES];
 	cm_pair_t *pairs;
 	struct { uint8_t *base; uint64_t bytes; rw_cuda_dptr_t dptr; } reg[CM_REGS];
@@ -97,7 +109,7 @@ struct cuda_mover {
 	struct { rw_svc_pinned_t buf; int busy; } tabs[CM_TABS];
 };
 
-enum { OP_STAGE_D = 0, OP_STAGE_C = 1, OP_FLUSH_D = 2, OP_FLUSH_C = 3, OP_PACK = 4 };
+enum { OP_STAGE_D = 0, OP_STAGE_C = 1, OP_FLUSH_D = 2, OP_FLUSH_C = 3, OP_PACK = 4, OP_COUNT = 5 };
 
 int cm_dev_kernels(cuda_mover_t *m, int dev);
 uint64_t cm_token(const cm_pair_t *cp, uint32_t op, uint32_t g);
@@ -141,5 +153,11 @@ rw_status_t cm_combine_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why
 rw_status_t cm_combine_range(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t d, uint32_t e,
 				 char *why);
 void cm_host_copy_out(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind, uint32_t g);
+/* mover_cuda_count.c: the count() op; an OP_COUNT mark completed; the pair's count blocks back
+ * to the pool (close). */
+rw_status_t cm_count(void *mover, void *state, const rw_svc_phase_t *ph, uint32_t *row,
+		     int *pending_p, uint32_t *bad_p, char *why);
+void cm_count_done(cm_pair_t *cp);
+void cm_count_release(cm_pair_t *cp);
 
 #endif /* RW_SVC_MOVER_CUDA_INT_H */

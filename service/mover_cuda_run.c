@@ -128,17 +128,22 @@ rw_status_t cm_map_areas(cuda_mover_t *m, cm_pair_t *cp, const rw_svc_phase_t *p
 	return RW_OK;
 }
 
+/* The smallest free block of `dev` that holds `size` (a count row must not hold an owner-sum
+ * sized block), else a new one. */
 int cm_blk_take(cuda_mover_t *m, int dev, size_t size)
 {
-	int freed = -1;
+	int freed = -1, fit = -1;
 	for (int i = 0; i < CM_BLOCKS; i++)
 		if (!m->blk[i].busy && m->blk[i].ptr && m->blk[i].dev == dev) {
-			if (m->blk[i].size >= size) {
-				m->blk[i].busy = 1;
-				return i;
-			}
-			freed = i;
+			if (m->blk[i].size >= size && (fit < 0 || m->blk[i].size < m->blk[fit].size))
+				fit = i;
+			else if (m->blk[i].size < size)
+				freed = i;
 		}
+	if (fit >= 0) {
+		m->blk[fit].busy = 1;
+		return fit;
+	}
 	if (freed < 0)
 		for (int i = 0; i < CM_BLOCKS && freed < 0; i++)
 			if (!m->blk[i].ptr)
@@ -161,9 +166,68 @@ int cm_span_dev_ok(cuda_mover_t *m, const rw_svc_span_mem_t *s)
 	return s->dev < 0 || cm_dev_kernels(m, s->dev);
 }
 
+/* The count row on the GPU (docs/dataflow.md "Count on the GPU"): rank g's CUDA ids counted into
+ * its device's row (zeroed at the pair's first count there) by rw_cuda_route_count, its bad word
+ * at row[N*R + g]. A launch that cannot be made turns the pair's GPU count off (the executor then
+ * counts on the host); it is not a staging error. */
+static void count_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t g,
+			 const rw_svc_span_mem_t *s, rw_cuda_stream_t *str)
+{
+	const uint32_t nr = ph->nodes * ph->rails, dev = (uint32_t)s->dev;
+	rw_status_t st = RW_OK;
+	if (cp->cnt_off)
+		return;
+	if (!cp->cnt_blk[dev]) {
+		int b = cm_blk_take(cp->m, s->dev, ((size_t)nr + ph->gpus) * 4);
+		st = b < 0 ? RW_ERR_NOMEM : rw_cuda_memset_async(str, cp->m->blk[b].ptr, 0,
+								 ((size_t)nr + ph->gpus) * 4);
+		cp->cnt_blk[dev] = b + 1;
+	}
+	rw_cuda_dptr_t row = st == RW_OK ? cp->m->blk[cp->cnt_blk[dev] - 1].ptr : 0;
+	if (st == RW_OK)
+		st = rw_cuda_route_count(str, s->dptr, ph->io[0][g].n_tokens, ph->topk, ph->n_experts,
+					 ph->nodes, ph->rails, ph->topo->gpu_rail[g], row,
+					 row + ((uint64_t)nr + g) * 4);
+	if (st == RW_OK) {
+		cp->cnt_devs |= 1u << dev;
+		cp->cnt_ranks |= 1u << g;
+		return;
+	}
+	cp->cnt_off = 1;
+	rw_warn("cuda mover: cannot count local rank %u's tokens on GPU %u (%s): pair %u is counted "
+		"on the host", g, dev, rw_status_str(st), cp->serial);
+}
+
+/* Every rank's count kernels are enqueued: each device's row (and bad words) comes back into
+ * pinned host memory at dst, a mark behind it (OP_COUNT). */
+static rw_status_t count_rows(cm_pair_t *cp, const rw_svc_phase_t *ph, uint8_t *dst)
+{
+	const size_t bytes = ((size_t)ph->nodes * ph->rails + ph->gpus) * 4;
+	rw_status_t st = RW_OK;
+	if (cp->cnt_off || cp->cnt_sent)
+		return RW_OK;
+	cp->cnt_sent = 1;
+	for (int d = 0; d < CM_DEVICES && st == RW_OK; d++) {
+		if (!(cp->cnt_devs & (1u << d)))
+			continue;
+		rw_cuda_stream_t *s;
+		cp->cnt_host[d] = (const uint32_t *)(const void *)dst;
+		dst += (bytes + 63) & ~(size_t)63;
+		st = cm_pair_stream(cp, d, &s);
+		if (st == RW_OK)
+			st = rw_cuda_copy_dtoh_async(s, (void *)(uintptr_t)cp->cnt_host[d],
+						     cp->m->blk[cp->cnt_blk[d] - 1].ptr, bytes);
+		if (st == RW_OK && (st = cm_pair_mark(cp, d, OP_COUNT, 0)) == RW_OK)
+			cp->marks_cnt++;
+	}
+	return st;
+}
+
 /* Dispatch: token rows stay where they are (CUDA) or are copied into the rank's pinned staging
  * (host memory, which kernels read mapped); top-k ids and weights must be host-readable for the
- * count pass and the record headers: CUDA ones are copied down (a few bytes per token). */
+ * records pass and the record headers: CUDA ones are copied down (a few bytes per token). CUDA
+ * ids are counted on their GPU first, and the last rank's stage sends the count rows home ahead
+ * of its ids (behind them with RAILWAVE_CUDA_MOVER=check, which counts on the host too). */
 rw_status_t cm_stage_dispatch(cm_pair_t *cp, rw_svc_phase_t *ph, uint32_t g, int *pending_p,
 				  char *why)
 {
@@ -176,6 +240,15 @@ rw_status_t cm_stage_dispatch(cm_pair_t *cp, rw_svc_phase_t *ph, uint32_t g, int
 	for (int i = 0; i < 3; i++)
 		if ((i == 0) != (io->in[i].dev >= 0) && len[i])
 			need += (len[i] + 63) & ~(uint64_t)63;
+	/* The last rank to stage brings the count rows home: room for them after its inputs. */
+	const int last = !(cp->d_staged >> g & 1) &&
+			 (cp->d_staged | 1u << g) == (uint32_t)((1ull << ph->gpus) - 1);
+	cp->d_staged |= 1u << g;
+	const uint32_t cdevs = cp->cnt_devs | (io->in[1].dev >= 0 && len[1] ? 1u << io->in[1].dev : 0);
+	const uint64_t rows_at = need;
+	if (last && !cp->cnt_off && cdevs)
+		need += (uint64_t)__builtin_popcount(cdevs) *
+			((((uint64_t)ph->nodes * ph->rails + ph->gpus) * 4 + 63) & ~(uint64_t)63);
 	rw_status_t st = RW_OK;
 	rw_svc_pinned_t *stage = ph->stage_in[g];
 	if (need)
@@ -203,6 +276,10 @@ rw_status_t cm_stage_dispatch(cm_pair_t *cp, rw_svc_phase_t *ph, uint32_t g, int
 			rw_cuda_stream_t *str;
 			uint8_t *dst = (uint8_t *)stage->ptr + off;
 			st = cm_pair_stream(cp, s->dev, &str);
+			if (st == RW_OK && i == 1)
+				count_launch(cp, ph, g, s, str);
+			if (st == RW_OK && i == 1 && last && !m->check)
+				st = count_rows(cp, ph, (uint8_t *)stage->ptr + rows_at);
 			if (st == RW_OK)
 				st = rw_cuda_copy_dtoh_async(str, dst, s->dptr, len[i]);
 			host[i] = dst;
@@ -212,6 +289,8 @@ rw_status_t cm_stage_dispatch(cm_pair_t *cp, rw_svc_phase_t *ph, uint32_t g, int
 			host[i] = s->host;
 		}
 	}
+	if (st == RW_OK && last)
+		st = count_rows(cp, ph, (uint8_t *)stage->ptr + rows_at);
 	*pending_p = 0;
 	for (int d = 0; d < CM_DEVICES && st == RW_OK; d++)
 		if (devs & (1u << d)) {

@@ -270,6 +270,9 @@ typedef struct rw_svc_metrics {
 	/* Waved paths: the most sources seen writing one phase's data into this node at once (1 under
 	 * the receiver gate, docs/dataflow.md "Send"). */
 	uint32_t wave_fanin_max;
+	/* Dispatches whose count row this node's CPU counted / a data mover counted on the GPU
+	 * (docs/dataflow.md "Count on the GPU"). */
+	uint64_t counts_host, counts_gpu;
 	/* Phases planned without some rail for some pair (a rail down at either end, docs/dataflow.md
 	 * "Rail health"). */
 	uint64_t phases_rail_excluded;

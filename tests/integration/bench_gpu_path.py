@@ -117,6 +117,12 @@ def run_daemons(td, tmp, mode, daemon, shape, tokens, steps, seed):
         rails = [rail_counters(c, n) for n in range(2)]
         with open(os.path.join(tmp, "d0.log")) as f:
             res["log"] = f.read()
+        # Who counted each dispatch's row: the CUDA mover's kernels (gpu) or the daemon's CPU
+        # (-1: a daemon from before these counters).
+        stats = [dict(l.split(None, 1) for l in c.stats(n, "stats").splitlines() if " " in l)
+                 for n in range(2)]
+        res["counted"] = [tuple(int(st.get(k, -1)) for k in ("counts_gpu", "counts_host"))
+                          for st in stats]
     finally:
         c.stop()
     disp = [max(v[1] for v in ps) - max(v[0] for v in ps) for s, ps in sorted(pairs.items()) if s > 0]
@@ -240,6 +246,9 @@ def main():
                                             daemon, shape, tokens, a.steps, a.seed)
                     if name != "staging" and "kernels loaded on device" not in got[name]["log"]:
                         raise RuntimeError("%s: the CUDA mover did not carry the pairs" % name)
+                print("# %s T=%d count rows gpu/host per node: %s" % (shape, tokens, ", ".join(
+                    "%s %s" % (n, " ".join("%d/%d" % gh for gh in g["counted"]))
+                    for n, g in got.items())))
                 ref = got[modes[-1][0]]
                 for kind in ("dispatch", "combine"):
                     per_rail = ref["bytes"][kind]

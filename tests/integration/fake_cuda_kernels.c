@@ -1,14 +1,15 @@
 /* tests/integration/fake_cuda_kernels.c: the module API for the stand-in libcuda.so.1 of
  * fake_cuda_ipc.c, linked into a second stand-in (libfakecuda_kern.so) so the CUDA data mover
- * (service/mover_cuda.c) runs its whole control path — accepting pairs, staging ids, row lists,
- * marks, host-memory ranks' staging — on machines without a GPU. The mover's kernels run at once
- * on the calling thread, on the CPU, with the arithmetic cuda/kernels.cu states (fp32 adds in list
- * order, bf16 rounded to nearest even with NaN kept quiet): this checks the mover's bookkeeping,
- * not the GPU code (the GPU test, tests/integration/test_cuda_mover.py, checks that). Device
- * memory here is host-addressable, so every address the lists name is dereferenced as is. Launches
- * and memsets are stream work: at once, or late and in order with $RW_FAKE_CUDA_LAG_MS. Only
- * the mover's kernels exist; the index-based pack/unpack/combine are refused. The module image
- * is not looked at. */
+ * (service/mover_cuda.c) runs its whole control path — accepting pairs, staging ids, the count
+ * row, row lists, marks, host-memory ranks' staging — on machines without a GPU. The mover's
+ * kernels run at once on the calling thread, on the CPU, with the arithmetic cuda/kernels.cu
+ * states (fp32 adds in list order, bf16 rounded to nearest even with NaN kept quiet; the count
+ * row's distinct nodes per token, -1 skipped, a bad id flagged): this checks the mover's
+ * bookkeeping, not the GPU code (the GPU test, tests/integration/test_cuda_mover.py, checks
+ * that). Device memory here is host-addressable, so every address the lists name is
+ * dereferenced as is. Launches and memsets are stream work: at once, or late and in order with
+ * $RW_FAKE_CUDA_LAG_MS. Only the mover's kernels exist; the index-based pack/unpack/combine are
+ * refused. The module image is not looked at. */
 #include "config.h"
 
 #if RW_HAVE_CUDA_H
@@ -20,7 +21,7 @@
 #include "tests/cuda/fake_cuda_base.h"
 
 static const char *const names[] = { "rw_copy_rows16", "rw_copy_rows1", "rw_rows_acc",
-				     "rw_rows_sum", "rw_store_f32" };
+				     "rw_rows_sum", "rw_store_f32", "rw_route_count" };
 static int module_obj;
 
 CUresult CUDAAPI cuModuleLoadData(CUmodule *m, const void *image)
@@ -96,17 +97,58 @@ static uint16_t to_bf16(float f)
 
 #define ARG(i, type) (*(type *)params[i])
 
-/* A launch's arguments, read when it is submitted (as the driver does). */
+/* A launch's arguments, read when it is submitted (as the driver does). rw_route_count: a0 ids,
+ * a1 row, n64 bad, n tokens, w topk, bf16 n_experts, and the three below. A larger struct would
+ * not fit a lagging stream's queue entry and would run at once, out of stream order. */
 struct launch {
 	uintptr_t k;
 	uint64_t a0, a1, n64;
 	uint32_t n, w, bf16;
+	uint32_t per_node, rails, rail;
 };
+_Static_assert(sizeof(struct launch) <= 64, "a launch must fit a stream queue entry");
+
+/* rw_route_count as cuda/kernels.cu states it: each token's distinct destination nodes (expert
+ * e on node e / per_node), one record each at row[d * rails + rail]; -1 is a dropped slot; any
+ * other id outside [0, n_experts) counts nothing for its token and sets *bad = 1 + the token
+ * (the last such token here; on the GPU whichever thread writes last). */
+static void route_count_run(const struct launch *L)
+{
+	const int32_t *ids = (const int32_t *)(uintptr_t)L->a0;
+	uint32_t *row = (uint32_t *)(uintptr_t)L->a1, *bad = (uint32_t *)(uintptr_t)L->n64;
+	for (uint32_t t = 0; t < L->n; t++) {
+		uint32_t uniq[32], n = 0, ok = 1;
+		for (uint32_t k = 0; k < L->w && ok; k++) {
+			int32_t e = ids[(uint64_t)t * L->w + k];
+			if (e == -1)
+				continue;
+			if (e < 0 || (uint32_t)e >= L->bf16) {
+				ok = 0;
+				break;
+			}
+			uint32_t d = (uint32_t)e / L->per_node, u = 0;
+			while (u < n && uniq[u] != d)
+				u++;
+			if (u == n)
+				uniq[n++] = d;
+		}
+		if (!ok) {
+			*bad = t + 1;
+			continue;
+		}
+		for (uint32_t u = 0; u < n; u++)
+			row[uniq[u] * L->rails + L->rail]++;
+	}
+}
 
 static void launch_run(const void *arg)
 {
 	const struct launch *L = arg;
 	uintptr_t k = L->k;
+	if (k == 6) {
+		route_count_run(L);
+		return;
+	}
 	if (k == 1 || k == 2) { /* rw_copy_rows16 (16-byte units) / rw_copy_rows1 (bytes) */
 		const struct row_copy *l = (const struct row_copy *)(uintptr_t)L->a0;
 		uint32_t n = L->n;
@@ -180,6 +222,15 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned
 		L.a1 = ARG(1, CUdeviceptr);
 		L.n64 = ARG(2, uint64_t);
 		L.bf16 = ARG(3, uint32_t);
+	} else if (L.k == 6) { /* ids, n_tokens, topk, n_experts, per_node, rails, rail, row, bad */
+		L.n = ARG(1, uint32_t);
+		L.w = ARG(2, uint32_t);
+		L.bf16 = ARG(3, uint32_t);
+		L.per_node = ARG(4, uint32_t);
+		L.rails = ARG(5, uint32_t);
+		L.rail = ARG(6, uint32_t);
+		L.a1 = ARG(7, CUdeviceptr);
+		L.n64 = ARG(8, CUdeviceptr);
 	} else {
 		return CUDA_ERROR_NOT_SUPPORTED;
 	}

@@ -104,7 +104,8 @@ def main():
             for n in (0, 1):
                 with open(os.path.join(tmp, "d%d.log" % n)) as f:
                     log = f.read()
-                for want in ("cuda mover: kernels loaded on device", "mapped into the GPUs"):
+                for want in ("cuda mover: kernels loaded on device", "mapped into the GPUs",
+                             "count rows come from the GPU"):
                     if want not in log:
                         print("FAIL: daemon %d never said '%s': the CUDA mover did not carry its "
                               "pairs\n%s" % (n, want, log[-3000:]))

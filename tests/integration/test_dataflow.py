@@ -387,8 +387,20 @@ def scenario_cuda_runs(tmp, seed, real, runs, label, driver):
                         if line.strip() and " ok=0 failed=0 " not in line:
                             print("  node %d %s" % (n, line))
             logs = [open(os.path.join(tmp, "d%d.log" % n)).read() for n in range(c.nodes)]
+            # Who counted each dispatch's row (docs/dataflow.md "Count on the GPU").
+            counted = [(stat_value(c, n, "counts_gpu"), stat_value(c, n, "counts_host"))
+                       for n in range(c.nodes)]
         finally:
             c.stop()
+        if (driver == FAKE_KERN or real) and len(cuda_ranks) == 2 * GPUS:
+            # With kernels the CUDA mover counts on the GPU whenever a CUDA rank routes tokens:
+            # with every rank on the GPU every node has such phases. (A mixed node's pair goes
+            # to the host mover when a host-memory rank submits first: no assertion there; the
+            # in-process test svc_exec_gpu orders the ranks and covers mixed nodes.)
+            if not all(gpu > 0 for gpu, _ in counted) and not any("built without nvcc" in l
+                                                                  for l in logs):
+                raise RuntimeError("no count row came from the GPU (counts_gpu, counts_host "
+                                   "per node: %s)" % counted)
         if driver == FAKE_KERN:
             if any("built without nvcc" in l for l in logs):
                 print("skip cuda with the kernel stand-in: this build embeds no kernels (no nvcc)")
@@ -396,8 +408,9 @@ def scenario_cuda_runs(tmp, seed, real, runs, label, driver):
             if not all("cuda mover: kernels loaded" in l and "mapped into the GPUs" in l for l in logs):
                 raise RuntimeError("the CUDA mover did not carry the pairs with the kernel stand-in\n"
                                    + c.logs())
-        print("ok   cuda %-9s CUDA ranks %s N=2 R=%d G=%d (%s, %s driver)"
-              % (path, cuda_ranks, RAILS, GPUS, seed + i, "real" if real else label))
+        print("ok   cuda %-9s CUDA ranks %s N=2 R=%d G=%d (%s, %s driver; count rows gpu/host "
+              "per node %s)" % (path, cuda_ranks, RAILS, GPUS, seed + i, "real" if real else label,
+                                 " ".join("%d/%d" % gh for gh in counted)))
     return True
 
 

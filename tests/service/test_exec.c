@@ -102,6 +102,7 @@ typedef struct opts {
 	int fifo;                  /* deliver in post order instead of seeded random order */
 	uint64_t max_write;        /* 0: 1 MiB */
 	uint32_t stay_home;        /* bit n: node n's ranks pick only experts of node n */
+	int cuda_mover;            /* list the CUDA mover first, as main.c does (kernel stand-in) */
 } opts_t;
 
 typedef struct trank {
@@ -317,10 +318,11 @@ static void node_start(cl_t *c, uint32_t n)
 	svc->metrics.peer[n].state = RW_SVC_PEER_SELF;
 	svc->loop = c->loop;
 	/* The executor's entry points, as main.c calls them. */
-	static const rw_svc_mover_ops_t *const movers[] = { &rw_svc_mover_host };
+	static const rw_svc_mover_ops_t *const movers[] = { &rw_svc_mover_cuda, &rw_svc_mover_host };
 	rw_svc_exec_hooks_t hooks;
 	rw_svc_exec_hooks_from_env(environ, &hooks);
-	assert_int_equal(rw_svc_exec_create(svc, movers, 1, &hooks, &svc->exec), RW_OK);
+	assert_int_equal(rw_svc_exec_create(svc, movers + !c->o.cuda_mover, 2 - !c->o.cuda_mover,
+					    &hooks, &svc->exec), RW_OK);
 	assert_int_equal(rw_svc_exec_ipc_start(svc->exec), RW_OK);
 	c->running[n] = 1;
 }
@@ -919,6 +921,61 @@ static void test_count_sliced(void **state)
 		dispatch_submit(c, r, 0, 0, NULL);
 	dispatch_collect(c, 0, 0);
 	combine_all(c, 0, 0);
+	cl_free(c);
+}
+
+/* The count row leaves before the records are built (issue 11): with one token per idle slice,
+ * the row goes to the peer as soon as the count pass is done and the records pass runs after it.
+ * The observable is the records pass itself: rank 0's ids, changed right after the row was
+ * posted, are what the records pass reads, and it refuses the ids that no longer give the counted
+ * records - fewer (every id dropped: the count row's segments are not filled), or more (every
+ * token also sent to node 1, which the row said got nothing from it) - naming that in the ranks'
+ * notices. Were the records built before the row left, the change would come too late for them.
+ * Every rank fails; the same key then passes. */
+static int row_posted_0_1(cl_t *c, const void *arg)
+{
+	return c->w->cnt.ctrl_posted[RW_WIRE_COUNTS][0][1] > *(const uint32_t *)arg;
+}
+
+static void test_row_before_records(void **state)
+{
+	(void)state;
+	setenv("RAILWAVE_TEST_LOCAL_SLICE", "1", 1);
+	opts_t o = { .nodes = 2, .gpus = 2, .rails = 2, .path = "native", .tokens = 24, .fifo = 1 };
+	cl_t *c = cl_new(&o, 907);
+	unsetenv("RAILWAVE_TEST_LOCAL_SLICE"); /* read at node start: the nodes keep 1 */
+	const char *want[2] = { "fewer records", "more records" };
+	for (uint32_t layer = 0; layer < 2; layer++) {
+		sub_opts_t home = { .local_only = 1 };
+		uint32_t before = c->w->cnt.ctrl_posted[RW_WIRE_COUNTS][0][1];
+		for (uint32_t r = 0; r < c->G; r++) /* node 0's ranks */
+			dispatch_submit(c, r, 0, layer, layer ? &home : NULL);
+		pump_until(c, row_posted_0_1, &before, "node 0's count row");
+		trank_t *t = &c->rk[0];
+		for (uint32_t i = 0; i < c->o.tokens; i++) {
+			int32_t ids[TOPK] = { -1, -1, -1, -1 };
+			if (layer) { /* node 0 and node 1 */
+				ids[0] = (int32_t)(i % (c->E / 2));
+				ids[1] = (int32_t)(c->E / 2 + i % (c->E / 2));
+			}
+			memcpy(t->mem + c->off_ids + (uint64_t)i * TOPK * 4, ids, sizeof(ids));
+		}
+		for (uint32_t r = c->G; r < c->W; r++)
+			dispatch_submit(c, r, 0, layer, NULL);
+		for (uint32_t r = 0; r < c->W; r++) {
+			rw_cqe_t q = next_cqe(c, r);
+			CHECK(q.status == RW_CQ_ERROR, "layer %u: rank %u's dispatch passed", layer, r);
+			if (r < c->G)
+				CHECK(strstr(fk_client_notice(c->rk[r].c), want[layer]),
+				      "layer %u: rank %u was told '%s', not that the ids give %s", layer, r,
+				      fk_client_notice(c->rk[r].c), want[layer]);
+		}
+		expect_no_timeouts(c);
+		retry_key(c, 0, layer);
+	}
+	CHECK(c->svc[0].metrics.counts_host == 4 && c->svc[0].metrics.counts_gpu == 0,
+	      "node 0 counted %llu rows on the host, %llu on a GPU", (unsigned long long)
+	      c->svc[0].metrics.counts_host, (unsigned long long)c->svc[0].metrics.counts_gpu);
 	cl_free(c);
 }
 
@@ -1986,6 +2043,143 @@ static void test_cuda_rank_lost(void **state)
 }
 
 /* ================================================================================================
+ * The count row on the GPU (docs/dataflow.md "Count on the GPU"): the CUDA mover listed first, as
+ * main.c lists it, on the kernel stand-in (tests/integration/libfakecuda_kern.so, whose kernels
+ * run on the CPU; tests/service/svc_exec_gpu.sh runs these cases with it, at once and with a
+ * lagging stream). Elsewhere, or in a build without kernels, they skip.
+ * ================================================================================================ */
+
+static int gpu_mover_ready(void)
+{
+	return rw_cuda_init() == RW_OK && rw_cuda_kernels_available(0);
+}
+
+/* A cluster whose ranks in `cuda` (bit r: global rank r) keep their buffers in CUDA memory. */
+static cl_t *gpu_cluster(opts_t *o, uint64_t salt, uint32_t cuda)
+{
+	o->cuda_mover = 1;
+	cl_t *c = cl_new(o, salt);
+	for (uint32_t r = 0; r < c->W; r++)
+		if (cuda >> r & 1)
+			fk_client_die(c->rk[r].c);
+	settle(c);
+	for (uint32_t r = 0; r < c->W; r++)
+		if (cuda >> r & 1)
+			rank_connect_cuda(c, r);
+	settle(c);
+	return c;
+}
+
+/* The CUDA ranks submit first, so the CUDA mover takes every node's pair (the first submission
+ * picks the mover); bad: per rank, the sub_opts (NULL: none). */
+static void gpu_dispatch(cl_t *c, uint32_t cuda, uint32_t step, uint32_t layer,
+			 const sub_opts_t *const *bad)
+{
+	for (int host = 0; host < 2; host++)
+		for (uint32_t r = 0; r < c->W; r++)
+			if (((cuda >> r) & 1) == (uint32_t)!host)
+				dispatch_submit(c, r, step, layer, bad ? bad[r] : NULL);
+}
+
+static void expect_counts(cl_t *c, uint32_t n, uint64_t gpu, uint64_t host, const char *when)
+{
+	const rw_svc_metrics_t *m = &c->svc[n].metrics;
+	CHECK(m->counts_gpu == gpu && m->counts_host == host, "%s: node %u counted %llu rows on the "
+	      "GPU and %llu on the host, expected %llu and %llu", when, n,
+	      (unsigned long long)m->counts_gpu, (unsigned long long)m->counts_host,
+	      (unsigned long long)gpu, (unsigned long long)host);
+}
+
+/* Every CUDA rank: each forced path and the selector over fp32/bf16 layers, exact; every row
+ * came from the GPU. Then with empty phases: a node whose ranks route nothing is counted on the
+ * host (nothing to launch), the others on the GPU, every phase exact. */
+static void test_gpu_count_paths(void **state)
+{
+	(void)state;
+	if (!gpu_mover_ready())
+		skip();
+	for (uint32_t pi = 0; pi < RW_ARRAY_SIZE(path_names); pi++) {
+		opts_t o = { .nodes = 2, .path = path_names[pi], .experts = 24, .empty = pi == 4 };
+		cl_t *c = gpu_cluster(&o, 870 + pi, 0xf);
+		for (uint32_t layer = 0; layer < 3; layer++) {
+			gpu_dispatch(c, 0xf, 1, layer, NULL);
+			dispatch_collect(c, 1, layer);
+			combine_all(c, 1, layer);
+		}
+		for (uint32_t n = 0; n < c->N; n++) {
+			const rw_svc_metrics_t *m = &c->svc[n].metrics;
+			if (o.empty)
+				CHECK(m->counts_gpu >= 1 && m->counts_gpu + m->counts_host == 3,
+				      "node %u: %llu rows from the GPU, %llu from the host", n,
+				      (unsigned long long)m->counts_gpu, (unsigned long long)m->counts_host);
+			else
+				expect_counts(c, n, 3, 0, path_names[pi]);
+		}
+		cl_free(c);
+	}
+}
+
+/* Mixed nodes: rank 0 (node 0) and rank 3 (node 1) on the GPU, ranks 1 and 2 in host memory:
+ * the CUDA mover counts its CUDA rank on the GPU and the host-memory one on the CPU, and the
+ * sum is the row (every result exact); with RAILWAVE_CUDA_MOVER=check the daemon counts every
+ * rank on the host too and the two agree (a difference would fail the phase). */
+static void test_gpu_count_mixed(void **state)
+{
+	(void)state;
+	if (!gpu_mover_ready())
+		skip();
+	for (int check = 0; check < 2; check++) {
+		if (check)
+			setenv("RAILWAVE_CUDA_MOVER", "check", 1); /* read when the mover is created */
+		opts_t o = { .nodes = 2, .path = check ? "joint" : "auto" };
+		cl_t *c = gpu_cluster(&o, 880 + (uint64_t)check, 0x9);
+		unsetenv("RAILWAVE_CUDA_MOVER");
+		for (uint32_t layer = 0; layer < 3; layer++) {
+			gpu_dispatch(c, 0x9, 0, layer, NULL);
+			dispatch_collect(c, 0, layer);
+			combine_all(c, 0, layer);
+		}
+		for (uint32_t n = 0; n < c->N; n++)
+			expect_counts(c, n, 3, 0, check ? "mixed, check" : "mixed");
+		cl_free(c);
+	}
+}
+
+/* An expert id out of range on a CUDA rank, found by the count kernel: that rank gets
+ * RW_E_TOKENS and is named, every other rank RW_E_PHASE, on both nodes, without a timeout; the
+ * same key then passes. Rank 0 keeps host memory: when it and CUDA rank 1 both hold a bad id,
+ * rank 0 is named (the lowest, as the host count pass names it). */
+static void test_gpu_count_bad_id(void **state)
+{
+	(void)state;
+	if (!gpu_mover_ready())
+		skip();
+	opts_t o = { .nodes = 2, .path = "native", .tokens = 16 };
+	const uint32_t cuda = 0xe;
+	cl_t *c = gpu_cluster(&o, 890, cuda);
+	sub_opts_t bad = { .bad_id = (int32_t)c->E };
+	const sub_opts_t *one[4] = { NULL, &bad, NULL, NULL }, *two[4] = { &bad, &bad, NULL, NULL };
+	for (uint32_t layer = 0; layer < 2; layer++) {
+		uint32_t culprit = layer ? 0 : 1;
+		char name[32];
+		snprintf(name, sizeof(name), "local rank %u:", culprit);
+		gpu_dispatch(c, cuda, 0, layer, layer ? two : one);
+		for (uint32_t r = 0; r < c->W; r++)
+			expect_err(c, r, r == culprit ? RW_E_TOKENS : RW_E_PHASE, "bad id on a CUDA rank");
+		CHECK(strstr(fk_client_notice(c->rk[culprit].c), name), "layer %u: rank %u was told '%s'",
+		      layer, culprit, fk_client_notice(c->rk[culprit].c));
+		expect_counts(c, 0, 2 * layer + 1, 0, "bad id");
+		expect_no_timeouts(c);
+		settle(c);
+		gpu_dispatch(c, cuda, 0, layer, NULL); /* the retry of the same key */
+		dispatch_collect(c, 0, layer);
+		combine_all(c, 0, layer);
+		expect_counts(c, 0, 2 * layer + 2, 0, "retry");
+	}
+	cl_free(c);
+}
+
+/* ================================================================================================
  * Drain
  * ================================================================================================ */
 
@@ -2205,6 +2399,7 @@ int main(void)
 		cmocka_unit_test(test_paths_n4),
 		cmocka_unit_test(test_paths_small_writes),
 		cmocka_unit_test(test_count_sliced),
+		cmocka_unit_test(test_row_before_records),
 		cmocka_unit_test(test_selector_anchor),
 		cmocka_unit_test(test_grants_held),
 		cmocka_unit_test(test_grant_before_wave),
@@ -2231,6 +2426,9 @@ int main(void)
 		cmocka_unit_test(test_slots),
 		cmocka_unit_test(test_cuda_ranks),
 		cmocka_unit_test(test_cuda_rank_lost),
+		cmocka_unit_test(test_gpu_count_paths),
+		cmocka_unit_test(test_gpu_count_mixed),
+		cmocka_unit_test(test_gpu_count_bad_id),
 		cmocka_unit_test(test_drain),
 	};
 	/* Bugs of the executor before the split (phase.c), each reproduced first; fixed by the
