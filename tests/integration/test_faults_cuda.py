@@ -15,17 +15,16 @@ output reported while the mover still works on it leaves stale bytes the next ph
 checks catch, and the ASan build catches a use after free. RW_IT_CUDA=real uses the system's
 driver and GPU (docs/perf/gpu-e2e.md). A build without kernels (no nvcc) skips (exit 77).
 Run by tests/run as $b/test/integration_faults_cuda. RW_IT_ONLY picks scenarios."""
+import importlib.machinery
 import os
 import sys
 import tempfile
 
-B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(B), "tests", "integration"))
-import test_dataflow as it  # noqa: E402  (the multi-daemon harness: Cluster, rw_rank)
-it.B = B  # this build's binaries, not the source tree's
-it.DAEMON = os.path.join(B, "railwaved")
-it.RANK = os.path.join(B, "tests", "integration", "rw_rank")
-it.FAKE_KERN = os.path.join(B, "tests", "integration", "libfakecuda_kern.so")
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The multi-daemon harness (Cluster, rw_rank), as this build copied it: $b/test/integration_dataflow
+# (its paths are this build's; the GPU machine's carry has the same layout).
+it = importlib.machinery.SourceFileLoader(
+    "test_dataflow", os.path.join(HERE, "integration_dataflow")).load_module()
 
 SCENARIOS = [("paths", it.scenario_paths), ("peer", it.scenario_peer_dies),
              ("flight", it.scenario_in_flight), ("rank", it.scenario_rank_dies),
