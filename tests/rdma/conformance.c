@@ -200,6 +200,8 @@ typedef struct endpoint {
 	region_buf_t *vdst;
 	uint64_t arrivals, bad_data, bad_imm, bad_len, bad_where, extra;
 	uint64_t drop_after;   /* close the connection after this many arrivals (0 = never) */
+	uint64_t dereg_after;  /* deregister vdst after this many arrivals (0 = never) */
+	pid_t kill_after_pid;  /* SIGKILL this process at the first on_write_done or arrival */
 	int verifying;
 } endpoint_t;
 
@@ -232,6 +234,10 @@ static void on_write_done(rw_rail_conn_t *conn, void *ctx, void *write_ctx, rw_s
 	if ((uint64_t)(uintptr_t)write_ctx != ep->done)
 		ep->order_bad++;
 	ep->done++;
+	if (ep->kill_after_pid > 0) {
+		kill(ep->kill_after_pid, SIGKILL);
+		ep->kill_after_pid = 0;
+	}
 	if (st == RW_OK)
 		ep->done_ok++;
 	else
@@ -256,6 +262,18 @@ static void on_arrival(rw_rail_conn_t *conn, void *ctx, const rw_rail_arrival_t 
 		ep->bad_where++;
 	if (!pattern_ok(ep->vdst->mem + it->off, ep->vp.seed, k, it->len))
 		ep->bad_data++;
+	if (ep->kill_after_pid > 0) {
+		kill(ep->kill_after_pid, SIGKILL); /* from inside the callback: mid-transfer */
+		ep->kill_after_pid = 0;
+	}
+	if (ep->dereg_after && ep->arrivals == ep->dereg_after) {
+		/* Later writes are still landing, landed but not reported, or not sent yet:
+		 * none of their bytes may reach the region from here on. */
+		rw_rail_dereg(ep->vdst->region);
+		ep->vdst->region = NULL;
+		memset(ep->vdst->mem, 0xee, ep->vdst->size);
+		ep->verifying = 0;
+	}
 	if (ep->drop_after && ep->arrivals == ep->drop_after) {
 		rw_rail_conn_close(conn); /* abrupt close from inside the callback */
 		ep->conn = NULL;
@@ -1371,10 +1389,11 @@ static void test_close_mid_large_write(void **state)
 	for (int i = 0; i < MAX_REGIONS; i++)
 		ep_region_free(&ep->regions[i]); /* dereg + munmap: nothing of ours may touch them */
 	ctl_msg_t v = peer_verdict(&f->peer);
-	assert_int_equal(v.a[6], 1);                 /* the peer's on_error ... */
-	assert_true(rw_status_is_peer((rw_status_t)-(int)v.status));
-	assert_int_equal(v.a[0], in.count);          /* ... after every write came back */
-	assert_int_equal(v.a[3], 0);                 /* in posting order */
+	assert_int_equal(v.a[0], in.count);          /* every write came back, */
+	assert_int_equal(v.a[3], 0);                 /* in posting order, then on_error; or a
+						      * slow loop let them all land first */
+	assert_true(v.a[6] == 1 ? rw_status_is_peer((rw_status_t)-(int)v.status)
+				: v.a[1] == in.count);
 	run_for(ep->loop, 0.05);
 	assert_int_equal(ep->done, done);            /* no callback after close */
 	assert_int_equal(ep->arrivals, arrivals);
@@ -1388,9 +1407,10 @@ static void test_close_mid_large_write(void **state)
 	write_plan_and_verify(f, &again);
 }
 
-/* dereg of a region while the peer's large writes are landing in it: once dereg returns,
- * not one byte of the region changes any more; tcp fails that connection (RW_ERR_PROTO, from
- * the loop), the writer gets its writes back with an error. */
+/* dereg of a region, from inside the first arrival's callback, while the peer's other large
+ * writes are landing in it or queued behind: once dereg returns, not one byte of the region
+ * changes any more; tcp fails that connection (RW_ERR_PROTO, from the loop, reporting no
+ * arrival of the dead region), and the writer gets its writes back with an error. */
 static void test_dereg_while_landing(void **state)
 {
 	fixture_t *f = *state;
@@ -1399,25 +1419,21 @@ static void test_dereg_while_landing(void **state)
 			    .min_len = 4u << 20, .max_len = 5u << 20};
 	region_buf_t *dst = ep_region(ep, in.region_size, 0);
 	assert_non_null(dst);
+	ep->dereg_after = 1;
 	peer_writes_to_us(f, &f->peer, &in, dst);
 	pred_threshold = 1;
 	assert_true(run_until(ep, pred_arrivals_ge));
-	int errors_before = ep->errors;
-	rw_rail_dereg(dst->region);
-	dst->region = NULL;
-	assert_int_equal(ep->errors, errors_before); /* no callback from inside dereg */
-	memset(dst->mem, 0xee, dst->size);
-	ep->verifying = 0; /* arrivals reported from here on would name a dead region */
-	uint64_t arrivals = ep->arrivals;
+	assert_null(dst->region);
 	ctl_msg_t v = peer_verdict(&f->peer);
 	if (strcmp(opt.transport, "tcp") == 0) {
 		assert_true(run_until(ep, pred_errored));
 		assert_int_equal(ep->errors, 1);
 		assert_int_equal(ep->last_error, RW_ERR_PROTO);
-		assert_int_equal(ep->arrivals + ep->extra, arrivals); /* none of the dead region */
-		assert_int_equal(v.a[6], 1);  /* the writer's on_error */
-		assert_true(v.a[2] >= 1);     /* with failed writes, */
-		assert_int_equal(v.a[3], 0);  /* in posting order */
+		assert_int_equal(ep->arrivals, 1);
+		assert_int_equal(ep->extra, 0); /* nothing of the dead region reported */
+		assert_int_equal(v.a[6], 1);    /* the writer's on_error */
+		assert_true(v.a[2] >= 1);       /* with failed writes, */
+		assert_int_equal(v.a[3], 0);    /* in posting order */
 	}
 	run_for(ep->loop, 0.05);
 	for (uint64_t i = 0; i < dst->size; i++)
@@ -1474,7 +1490,9 @@ static void test_dev_close_in_flight(void **state)
 	verdict_fd = f->peer.ctl_fd;
 	assert_true(run_until(&f->ep, pred_peer_verdict_ready));
 	ctl_msg_t v = peer_verdict(&f->peer);
-	assert_int_equal(v.a[6], 1); /* the peer saw the connection go */
+	/* The peer saw the connection go, or (a slow loop let every write of it land and be
+	 * acknowledged in one turn) finished cleanly first; either way in posting order. */
+	assert_true(v.a[6] == 1 || (v.a[1] == in.count && v.a[2] == 0));
 	assert_int_equal(v.a[3], 0);
 	free(a.witems);
 	free(a.vitems);
@@ -1528,15 +1546,12 @@ static void test_killed_mid_large_write(void **state)
 	connect_peer(f, &child);
 	rw_rail_remote_t remote = peer_region(&child, p.region_size, &index);
 	peer_expect(&child, &p, index, 0);
+	ep->kill_after_pid = child.pid; /* at the first on_write_done: the rest is in flight */
 	assert_int_equal(writer_start(ep, &p, remote), 0);
-	pred_threshold = 1;
-	assert_true(run_until(ep, pred_done_ge));
-	assert_int_equal(kill(child.pid, SIGKILL), 0);
 	assert_true(run_until(ep, pred_failed_and_drained));
 	assert_int_equal(ep->errors, 1);
 	assert_int_equal(ep->last_error, RW_ERR_PEER);
 	assert_int_equal(ep->done, ep->posted);
-	assert_true(ep->done_err >= 1);
 	assert_int_equal(ep->order_bad, 0);
 	peer_stop(&child);
 	ep_reset(ep);
@@ -1544,13 +1559,12 @@ static void test_killed_mid_large_write(void **state)
 	assert_int_equal(peer_start_child(&child, opt.child_local), 0);
 	region_buf_t *dst = ep_region(ep, p.region_size, 0);
 	assert_non_null(dst);
+	ep->kill_after_pid = child.pid; /* at the first arrival */
 	peer_writes_to_us(f, &child, &p, dst);
-	assert_true(run_until(ep, pred_arrivals_ge));
-	assert_int_equal(kill(child.pid, SIGKILL), 0);
 	assert_true(run_until(ep, pred_errored));
 	assert_int_equal(ep->errors, 1);
 	assert_int_equal(ep->last_error, RW_ERR_PEER);
-	assert_true(ep->arrivals < p.count);
+	assert_true(ep->arrivals >= 1); /* what landed before the kill is reported, intact */
 	assert_int_equal(ep->bad_data + ep->bad_imm + ep->bad_len + ep->bad_where, 0);
 	peer_stop(&child);
 }
