@@ -305,6 +305,9 @@ static void *sender_main(void *arg)
 		c->tx_sending = k; /* the peer may ACK any of these before sendmsg returns */
 		pthread_mutex_unlock(&c->mu);
 
+		/* Counted before the bytes go: the peer's ACK, whose report syncs the loop's copy,
+		 * cannot come before them. */
+		atomic_fetch_add(&dev->tx_bytes, ctl_bytes + data);
 		int rc = 0;
 		if (paced) {
 			tcp_pace_charge(dev, ctl_bytes); /* control frames are charged, not held */
@@ -323,7 +326,6 @@ static void *sender_main(void *arg)
 			thread_fail(c, RW_ERR_PEER, "send", errno);
 			break;
 		}
-		atomic_fetch_add(&dev->tx_bytes, ctl_bytes + data);
 		pthread_mutex_lock(&c->mu);
 		c->tx_sent = k;
 		c->ack_sent = ack_to;
