@@ -294,6 +294,7 @@ static void *sender_main(void *arg)
 		uint64_t k = c->tx_sent;
 		uint64_t kmax = paced ? k + 1 : c->tx_posted; /* paced: frame by frame, ACKs between */
 		for (int f = 0; k < c->tx_posted && k < kmax && n + 2 <= TCP_IOV_MAX &&
+		     f < (int)RW_ARRAY_SIZE(hdrs) &&
 		     (f == 0 || data < TCP_BATCH_BYTES); k++, f++) {
 			const tx_entry_t *e = &c->ring[k & c->ring_mask];
 			memcpy(hdrs[f], e->hdr, RW_TCP_HDR_SIZE);
