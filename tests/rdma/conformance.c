@@ -1626,10 +1626,12 @@ static void test_paced_writes(void **state)
 	assert_int_equal(writer_start(&a, &pa, remote), 0);
 	if (tcp) {
 		/* Round robin between the device's connections: when the first one has all its
-		 * writes back, the other has had turns too (no connection hogs the bucket). */
+		 * writes back, the other has had turns too (no connection hogs the bucket): some
+		 * of its writes completed or at least landed (its completions take more thread
+		 * hops than a's, which a slow build, e.g. under TSan, makes visible). */
 		pace_other = &b;
 		assert_true(run_until(&a, pred_either_done));
-		assert_true(a.done >= 1 && b.done >= 1);
+		assert_true(a.done >= 1 && (b.done >= 1 || ep->arrivals >= 1));
 		assert_true(run_until(&b, pred_writes_done));
 		assert_int_equal(b.errors, 0);
 		assert_int_equal(b.done_ok, pb.count);
