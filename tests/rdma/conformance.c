@@ -1271,63 +1271,6 @@ static void test_stale_remote_key(void **state)
 	assert_int_equal(ep->order_bad, 0);
 }
 
-/* A responder process SIGKILLed while we write to it. */
-static void test_peer_killed_while_writing(void **state)
-{
-	fixture_t *f = *state;
-	endpoint_t *ep = &f->ep;
-	peer_t child;
-	if (f->remote)
-		skip();
-	assert_int_equal(peer_start_child(&child, opt.child_local), 0);
-	plan_params_t p = {.seed = opt.seed + 10, .count = 20000, .region_size = 64u << 20,
-			   .min_len = 1024, .max_len = 3000};
-	uint64_t index;
-	connect_peer(f, &child);
-	rw_rail_remote_t remote = peer_region(&child, p.region_size, &index);
-	peer_expect(&child, &p, index, 0);
-	assert_int_equal(writer_start(ep, &p, remote), 0);
-	pred_threshold = 100;
-	assert_true(run_until(ep, pred_done_ge));
-	assert_int_equal(kill(child.pid, SIGKILL), 0);
-	assert_true(run_until(ep, pred_failed_and_drained));
-	assert_int_equal(ep->errors, 1);
-	assert_int_equal(ep->last_error, RW_ERR_PEER);
-	assert_int_equal(ep->done, ep->posted);
-	assert_int_equal(ep->order_bad, 0);
-	peer_stop(&child);
-}
-
-/* A writer process SIGKILLed while it writes to us: our accepted connection reports the error
- * and the region outside the writer's planned ranges is untouched. */
-static void test_writer_killed(void **state)
-{
-	fixture_t *f = *state;
-	endpoint_t *ep = &f->ep;
-	peer_t child;
-	if (f->remote)
-		skip();
-	assert_int_equal(peer_start_child(&child, opt.child_local), 0);
-	plan_params_t in = {.seed = opt.seed + 11, .count = 20000, .region_size = 64u << 20,
-			    .min_len = 1024, .max_len = 3000};
-	region_buf_t *dst = ep_region(ep, in.region_size, 0);
-	assert_non_null(dst);
-	assert_int_equal(verifier_start(ep, &in, dst), 0);
-	ctl_msg_t m = {.op = OP_WRITE_TO};
-	plan_to_msg(&in, &m);
-	rw_rail_region_desc_pack(dst->region, m.desc);
-	snprintf(m.s, sizeof(m.s), "%s", ep->listener->addr);
-	assert_int_equal(ctl_send(child.ctl_fd, &m), 0);
-	pred_threshold = 100;
-	assert_true(run_until(ep, pred_arrivals_ge));
-	assert_int_equal(kill(child.pid, SIGKILL), 0);
-	assert_true(run_until(ep, pred_errored));
-	assert_int_equal(ep->errors, 1);
-	assert_int_equal(ep->last_error, RW_ERR_PEER);
-	assert_int_equal(ep->bad_data + ep->bad_imm + ep->bad_len + ep->bad_where, 0);
-	peer_stop(&child);
-}
-
 static int verdict_fd; /* pred_peer_verdict_ready: the control socket to poll */
 
 /* ---- tests: what worker threads make new (close, dereg, dev_close with writes in flight) ---- */
@@ -1360,6 +1303,81 @@ static void peer_writes_to_us(fixture_t *f, peer_t *pr, const plan_params_t *in,
 	assert_true(run_until(ep, pred_connected));
 	assert_non_null(ep->conn);
 	assert_true(ep->conn->accepted);
+}
+
+/* A responder process SIGKILLed while we write plan p to it: after `after` completions, or
+ * (after == 0) from inside our first on_write_done. One on_error(RW_ERR_PEER), every write back
+ * in posting order. */
+static void peer_killed_case(fixture_t *f, const plan_params_t *p, uint64_t after)
+{
+	endpoint_t *ep = &f->ep;
+	peer_t child;
+	uint64_t index;
+	assert_int_equal(peer_start_child(&child, opt.child_local), 0);
+	connect_peer(f, &child);
+	rw_rail_remote_t remote = peer_region(&child, p->region_size, &index);
+	peer_expect(&child, p, index, 0);
+	ep->kill_after_pid = after ? 0 : child.pid;
+	assert_int_equal(writer_start(ep, p, remote), 0);
+	if (after) {
+		pred_threshold = after;
+		assert_true(run_until(ep, pred_done_ge));
+		assert_int_equal(kill(child.pid, SIGKILL), 0);
+	}
+	assert_true(run_until(ep, pred_failed_and_drained));
+	assert_int_equal(ep->errors, 1);
+	assert_int_equal(ep->last_error, RW_ERR_PEER);
+	assert_int_equal(ep->done, ep->posted);
+	assert_int_equal(ep->order_bad, 0);
+	peer_stop(&child);
+}
+
+/* A writer process SIGKILLed while it writes plan p to us: after `after` arrivals, or
+ * (after == 0) from inside our first on_arrival. Our accepted connection reports the error,
+ * and what was reported as arrived is intact. */
+static void writer_killed_case(fixture_t *f, const plan_params_t *p, uint64_t after)
+{
+	endpoint_t *ep = &f->ep;
+	peer_t child;
+	assert_int_equal(peer_start_child(&child, opt.child_local), 0);
+	region_buf_t *dst = ep_region(ep, p->region_size, 0);
+	assert_non_null(dst);
+	ep->kill_after_pid = after ? 0 : child.pid;
+	peer_writes_to_us(f, &child, p, dst);
+	if (after) {
+		pred_threshold = after;
+		assert_true(run_until(ep, pred_arrivals_ge));
+		assert_int_equal(kill(child.pid, SIGKILL), 0);
+	}
+	assert_true(run_until(ep, pred_errored));
+	assert_int_equal(ep->errors, 1);
+	assert_int_equal(ep->last_error, RW_ERR_PEER);
+	assert_true(ep->arrivals >= 1);
+	assert_int_equal(ep->bad_data + ep->bad_imm + ep->bad_len + ep->bad_where, 0);
+	peer_stop(&child);
+}
+
+/* A responder process SIGKILLed while we write to it. */
+static void test_peer_killed_while_writing(void **state)
+{
+	fixture_t *f = *state;
+	if (f->remote)
+		skip();
+	plan_params_t p = {.seed = opt.seed + 10, .count = 20000, .region_size = 64u << 20,
+			   .min_len = 1024, .max_len = 3000};
+	peer_killed_case(f, &p, 100);
+}
+
+/* A writer process SIGKILLed while it writes to us: our accepted connection reports the error
+ * and the region outside the writer's planned ranges is untouched. */
+static void test_writer_killed(void **state)
+{
+	fixture_t *f = *state;
+	if (f->remote)
+		skip();
+	plan_params_t in = {.seed = opt.seed + 11, .count = 20000, .region_size = 64u << 20,
+			    .min_len = 1024, .max_len = 3000};
+	writer_killed_case(f, &in, 100);
 }
 
 /* Large writes in flight both ways on one connection, then rw_rail_conn_close() on our end:
@@ -1535,38 +1553,13 @@ static void test_backpressure_large(void **state)
 static void test_killed_mid_large_write(void **state)
 {
 	fixture_t *f = *state;
-	endpoint_t *ep = &f->ep;
-	peer_t child;
 	if (f->remote)
 		skip();
 	plan_params_t p = {.seed = opt.seed + 27, .count = 24, .region_size = 128u << 20,
 			   .min_len = 4u << 20, .max_len = 5u << 20};
-	uint64_t index;
-	assert_int_equal(peer_start_child(&child, opt.child_local), 0);
-	connect_peer(f, &child);
-	rw_rail_remote_t remote = peer_region(&child, p.region_size, &index);
-	peer_expect(&child, &p, index, 0);
-	ep->kill_after_pid = child.pid; /* at the first on_write_done: the rest is in flight */
-	assert_int_equal(writer_start(ep, &p, remote), 0);
-	assert_true(run_until(ep, pred_failed_and_drained));
-	assert_int_equal(ep->errors, 1);
-	assert_int_equal(ep->last_error, RW_ERR_PEER);
-	assert_int_equal(ep->done, ep->posted);
-	assert_int_equal(ep->order_bad, 0);
-	peer_stop(&child);
-	ep_reset(ep);
-
-	assert_int_equal(peer_start_child(&child, opt.child_local), 0);
-	region_buf_t *dst = ep_region(ep, p.region_size, 0);
-	assert_non_null(dst);
-	ep->kill_after_pid = child.pid; /* at the first arrival */
-	peer_writes_to_us(f, &child, &p, dst);
-	assert_true(run_until(ep, pred_errored));
-	assert_int_equal(ep->errors, 1);
-	assert_int_equal(ep->last_error, RW_ERR_PEER);
-	assert_true(ep->arrivals >= 1); /* what landed before the kill is reported, intact */
-	assert_int_equal(ep->bad_data + ep->bad_imm + ep->bad_len + ep->bad_where, 0);
-	peer_stop(&child);
+	peer_killed_case(f, &p, 0);
+	ep_reset(&f->ep);
+	writer_killed_case(f, &p, 0);
 }
 
 /* ---- tests: rate pacing -------------------------------------------------------------------- */
