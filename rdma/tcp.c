@@ -266,13 +266,12 @@ static int announce_up(tcp_conn_t *c)
 	conn_unpend(c);
 	ev_timer_stop(loop, &c->timer);
 	c->hs = HS_DONE;
-	c->user_known = 1;
 	rw_status_t st = tcp_io_start(c);
-	if (st != RW_OK) {
-		c->base.state = RW_RAIL_CONN_UP; /* so that the failure is reported */
+	if (st != RW_OK) { /* a connector hears of it; an unannounced acceptor is dropped */
 		tcp_conn_fail(c, st);
 		return -1;
 	}
+	c->user_known = 1;
 	c->base.state = RW_RAIL_CONN_UP;
 	if (c->base.cbs.on_connected)
 		c->base.cbs.on_connected(&c->base, c->base.ctx);
