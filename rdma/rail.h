@@ -13,6 +13,10 @@
  * callback runs on that thread from inside ev_run(). A transport may use private worker threads,
  * but reports back on the loop. No callback is ever invoked from inside an rw_rail_* call (no
  * re-entrancy): e.g. rw_rail_write() never calls on_write_done() itself.
+ * (tcp runs a sender and a receiver thread per connection once its handshake is done; they
+ * touch only registered regions, and rw_rail_conn_close, rw_rail_dereg and rw_rail_dev_close
+ * say below what they wait for so that no thread of the transport uses memory the caller is
+ * about to free. docs/rdma.md "Threads".)
  *
  * Ordering (both transports guarantee it; the conformance suite tests it):
  *  1. On one connection, on_write_done() is reported in posting order, and on_arrival() at the
@@ -75,7 +79,10 @@ typedef struct rw_rail_caps {
 	uint64_t max_write_length; /* largest single write, bytes */
 } rw_rail_caps_t;
 
-/* Per-device counters, written by the transport on the loop thread (read them there too). */
+/* Per-device counters, written by the transport on the loop thread (read them there too).
+ * tcp: its threads count into private atomics and the loop copies them here each time it
+ * hears from them; a write's bytes are counted before it is sent, so they are here by the
+ * time its on_write_done is reported (ACK frames may lag by the last few). */
 typedef struct rw_rail_dev_stats {
 	uint64_t tx_bytes;       /* bytes handed to the wire, headers included (tcp) */
 	uint64_t pace_waits;     /* times a connection with data to send waited for the pacing
@@ -207,7 +214,9 @@ struct rw_rail_ops {
 	rw_status_t (*dev_open)(const rw_rail_config_t *cfg, struct ev_loop *loop,
 				rw_rail_dev_t **dev_p);
 	/* Free the device and whatever is still open on it (regions, listeners, connections),
-	 * without callbacks. Non-blocking. Not from inside one of the device's callbacks. */
+	 * without callbacks. Non-blocking. Not from inside one of the device's callbacks.
+	 * A transport's worker threads are stopped and joined first (as conn_close): when it
+	 * returns, none of them touches any region's memory. */
 	void (*dev_close)(rw_rail_dev_t *dev);
 	/* Register host memory [addr, addr+length) as source and remote-writable target. The
 	 * caller keeps ownership of the memory and must keep it mapped until dereg. May block
@@ -219,7 +228,13 @@ struct rw_rail_ops {
 	rw_status_t (*reg_dmabuf)(rw_rail_dev_t *dev, int fd, uint64_t fd_offset, uint64_t length,
 				  uint64_t iova, rw_rail_region_t **region_p);
 	/* Deregister. The caller guarantees no write of its own uses the region any more; writes
-	 * from peers naming its key afterwards fail on their connection (RW_ERR_PROTO). */
+	 * from peers naming its key afterwards fail on their connection (RW_ERR_PROTO).
+	 * When it returns, no byte of the region changes any more. With worker threads (tcp) it
+	 * waits for that: a receiver writing a peer's write into the region is stopped (its
+	 * socket shut down, so the wait is for one system call to return, never for the peer) and
+	 * its connection fails with RW_ERR_PROTO, reported later from the loop; so does a
+	 * connection holding writes into the region that landed but were not reported yet (they
+	 * are never reported). Other connections and regions are unaffected. */
 	void (*dereg)(rw_rail_region_t *region);
 	/* Listen on the device's address and port (non-blocking). Accepted connections inherit
 	 * cbs/ctx and announce themselves with on_connected(). Handshake failures of not-yet-
@@ -241,7 +256,11 @@ struct rw_rail_ops {
 	rw_status_t (*write)(rw_rail_conn_t *conn, const rw_rail_write_t *write);
 	/* Close now, without callbacks (outstanding write_ctx are the caller's to reclaim); the
 	 * peer sees on_error(RW_ERR_PEER). Orderly close = wait for every on_write_done, then
-	 * close. Safe inside the connection's own callbacks (the free is deferred). */
+	 * close. Safe inside the connection's own callbacks (the free is deferred).
+	 * A transport's worker threads for the connection are stopped and joined before it
+	 * returns (tcp: the socket is shut down first, so this waits for at most one system call
+	 * in progress, never for the peer): afterwards the local ranges of its outstanding writes
+	 * and the regions its arrivals were landing in may be reused or freed. */
 	void (*conn_close)(rw_rail_conn_t *conn);
 };
 

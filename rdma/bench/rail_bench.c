@@ -1,9 +1,11 @@
-/* rail_bench: throughput and CPU cost of the `tcp` rail transport on loopback, against a plain
- * TCP sender/receiver (and iperf3 when installed) measured in the same run, with 1, 2 and 4
- * rails (rail r = 127.0.r.1 -> 127.0.r.2). Both sides of each run are separate processes, each
- * single-threaded on one event loop / poll loop, so the two are compared like for like.
- * Prints GB/s, the transport/plain ratio (target >= 0.8 for >= 1 MiB writes) and CPU seconds
- * per GB (sender + receiver, getrusage). Results: docs/perf/rail-tcp.md.
+/* rail_bench: throughput and CPU cost of the `tcp` rail transport on loopback, against the
+ * plain-TCP ceiling (and iperf3 when installed) measured in the same run, with 1, 2 and 4
+ * rails (rail r = 127.0.r.1 -> 127.0.r.2). Both sides of each run are separate processes. The
+ * transport's side is one event loop (the transport's own threads move the bytes); the ceiling
+ * is one blocking thread per connection end, send/recv of the same bytes.
+ * Prints GB/s, the transport/plain ratio and CPU seconds per GB (sender + receiver processes,
+ * getrusage), and the loop threads' own CPU per GB (RUSAGE_THREAD of both loops).
+ * Results: docs/perf/rail-tcp.md.
  *   rail_bench [--rails=1,2,4] [--sizes=64K,256K,1M,4M,16M] [--bytes=2G] [--reps=3]
  * --pace=RATE[,RATE...] measures the transport's rate pacing instead (rw_rail_config_t.pace_bps,
  * bits/s with K/M/G suffixes): each rail device paced at RATE carries --conns connections (to
@@ -17,6 +19,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,13 +73,16 @@ static int parse_list(const char *s, uint64_t *out, int max, uint64_t (*parse)(c
 	return n;
 }
 
-static double cpu_seconds(void)
+static double rusage_seconds(int who)
 {
 	struct rusage ru;
-	getrusage(RUSAGE_SELF, &ru);
+	getrusage(who, &ru);
 	return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
 	       ru.ru_stime.tv_usec / 1e6;
 }
+
+static double cpu_seconds(void) { return rusage_seconds(RUSAGE_SELF); }
+static double thread_cpu_seconds(void) { return rusage_seconds(RUSAGE_THREAD); }
 
 static double now_s(void) { return (double)rw_now_ns() / 1e9; }
 
@@ -86,6 +92,7 @@ typedef struct msg {
 	uint32_t rails;
 	uint64_t bytes;  /* start: bytes per rail (plain receiver waits for them) */
 	double cpu;      /* done: receiver CPU seconds since start */
+	double loop_cpu; /* done: of that, the receiver's loop thread */
 	char addr[MAX_RAILS][RW_RAIL_ADDR_MAX];
 	uint8_t desc[MAX_RAILS][RW_RAIL_DESC_SIZE];
 } msg_t;
@@ -138,7 +145,7 @@ typedef struct rail_side {
 	/* receiver */
 	int ctl;
 	ev_io ctl_io;
-	double cpu0;
+	double cpu0, loop_cpu0;
 	uint64_t arrived;
 } rail_side_t;
 
@@ -243,10 +250,12 @@ static void rx_ctl_cb(struct ev_loop *loop, ev_io *w, int revents)
 	}
 	if (m.op == 2) { /* acknowledged, so that no write can overtake the reset */
 		s->cpu0 = cpu_seconds();
+		s->loop_cpu0 = thread_cpu_seconds();
 		s->arrived = 0;
 		xsend(s->ctl, &m);
 	} else if (m.op == 3) {
 		m.cpu = cpu_seconds() - s->cpu0;
+		m.loop_cpu = thread_cpu_seconds() - s->loop_cpu0;
 		m.bytes = s->arrived;
 		xsend(s->ctl, &m);
 	}
@@ -276,7 +285,7 @@ static int rail_receiver(int ctl, unsigned rails)
 }
 
 typedef struct result {
-	double gbps, cpu_per_gb;
+	double gbps, cpu_per_gb, loop_cpu_per_gb;
 } result_t;
 
 static pid_t spawn(int (*fn)(int, unsigned), unsigned rails, int *ctl_p)
@@ -339,7 +348,7 @@ static int rail_run(rail_sender_t *rs, uint64_t size, uint64_t total, result_t *
 	memset(s->done, 0, sizeof(s->done));
 	if (xsend(rs->ctl, &m) < 0 || xrecv(rs->ctl, &m) < 0)
 		return -1;
-	double cpu0 = cpu_seconds(), t0 = now_s();
+	double cpu0 = cpu_seconds(), lcpu0 = thread_cpu_seconds(), t0 = now_s();
 	for (unsigned r = 0; r < s->rails; r++)
 		pump(s, r);
 	for (;;) {
@@ -350,7 +359,7 @@ static int rail_run(rail_sender_t *rs, uint64_t size, uint64_t total, result_t *
 			break;
 		ev_run(s->loop, EVRUN_ONCE);
 	}
-	double t1 = now_s(), cpu1 = cpu_seconds();
+	double t1 = now_s(), cpu1 = cpu_seconds(), lcpu1 = thread_cpu_seconds();
 	m.op = 3;
 	if (xsend(rs->ctl, &m) < 0 || xrecv(rs->ctl, &m) < 0 || s->failed)
 		return -1;
@@ -360,6 +369,7 @@ static int rail_run(rail_sender_t *rs, uint64_t size, uint64_t total, result_t *
 			(unsigned long long)m.bytes, bytes);
 	res->gbps = bytes / (t1 - t0) / 1e9;
 	res->cpu_per_gb = (cpu1 - cpu0 + m.cpu) / (bytes / 1e9);
+	res->loop_cpu_per_gb = (lcpu1 - lcpu0 + m.loop_cpu) / (bytes / 1e9);
 	return 0;
 }
 
@@ -373,7 +383,7 @@ static void rail_sender_close(rail_sender_t *rs, uint64_t max_size)
 	ev_loop_destroy(rs->s.loop);
 }
 
-/* ---- plain TCP baseline: same processes, same single-threaded poll loop, no framing ------ */
+/* ---- plain TCP ceiling: one blocking thread per connection end, no framing ---------------- */
 
 static int tcp_socket(unsigned rail, unsigned node, int do_listen, struct sockaddr_in *sa_p)
 {
@@ -393,6 +403,53 @@ static int tcp_socket(unsigned rail, unsigned node, int do_listen, struct sockad
 	return fd;
 }
 
+/* One connection end's share of a run: `want` bytes sent in size-byte sends from buf, or
+ * received into a window of buflen bytes, slot after slot (like the transport's region). */
+typedef struct plain_job {
+	pthread_t thread;
+	int fd, send;
+	uint8_t *buf;
+	uint64_t buflen, size, want;
+	int failed;
+} plain_job_t;
+
+static void *plain_job_main(void *p)
+{
+	plain_job_t *j = p;
+	for (uint64_t done = 0; done < j->want && !j->failed;) {
+		ssize_t n;
+		if (j->send) {
+			uint64_t off = done % j->size;
+			n = send(j->fd, j->buf + off, RW_MIN(j->size - off, j->want - done),
+				 MSG_NOSIGNAL);
+		} else {
+			uint64_t off = done % j->buflen;
+			n = recv(j->fd, j->buf + off, RW_MIN(j->buflen - off, j->want - done), 0);
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			j->failed = 1;
+		else
+			done += (uint64_t)n;
+	}
+	return NULL;
+}
+
+/* Run one job per rail on its own thread and wait for all. */
+static int plain_jobs(plain_job_t *jobs, unsigned rails)
+{
+	int failed = 0;
+	for (unsigned r = 0; r < rails; r++)
+		if (pthread_create(&jobs[r].thread, NULL, plain_job_main, &jobs[r]) != 0)
+			return -1;
+	for (unsigned r = 0; r < rails; r++) {
+		pthread_join(jobs[r].thread, NULL);
+		failed |= jobs[r].failed;
+	}
+	return failed ? -1 : 0;
+}
+
 static int plain_receiver(int ctl, unsigned rails)
 {
 	int lfd[MAX_RAILS], fd[MAX_RAILS];
@@ -409,34 +466,22 @@ static int plain_receiver(int ctl, unsigned rails)
 	}
 	xsend(ctl, &m);
 	for (unsigned r = 0; r < rails; r++) {
-		fd[r] = accept4(lfd[r], NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		fd[r] = accept4(lfd[r], NULL, NULL, SOCK_CLOEXEC);
 		close(lfd[r]);
 	}
 	for (;;) {
 		if (xrecv(ctl, &m) < 0 || m.op == 4)
 			break;
-		uint64_t want = m.bytes, got[MAX_RAILS] = {0};
-		unsigned finished = 0;
+		plain_job_t jobs[MAX_RAILS];
+		for (unsigned r = 0; r < rails; r++)
+			jobs[r] = (plain_job_t){.fd = fd[r], .buf = buf[r], .buflen = buflen,
+						.want = m.bytes};
 		double cpu0 = cpu_seconds();
-		struct pollfd pfd[MAX_RAILS];
-		while (finished < rails) {
-			for (unsigned r = 0; r < rails; r++)
-				pfd[r] = (struct pollfd){.fd = got[r] < want ? fd[r] : -1, .events = POLLIN};
-			poll(pfd, rails, -1);
-			for (unsigned r = 0; r < rails; r++) {
-				if (!(pfd[r].revents & POLLIN))
-					continue;
-				uint64_t off = got[r] % buflen;
-				ssize_t n = recv(fd[r], buf[r] + off,
-						 RW_MIN(buflen - off, want - got[r]), 0);
-				if (n > 0 && (got[r] += (uint64_t)n) == want)
-					finished++;
-				if (n == 0)
-					return 1;
-			}
-		}
+		if (plain_jobs(jobs, rails) < 0)
+			return 1;
 		m.op = 3;
 		m.cpu = cpu_seconds() - cpu0;
+		m.loop_cpu = 0;
 		xsend(ctl, &m);
 	}
 	for (unsigned r = 0; r < rails; r++) {
@@ -480,35 +525,23 @@ static int plain_open(plain_sender_t *ps, unsigned rails, uint64_t max_size)
 
 static int plain_run(plain_sender_t *ps, uint64_t size, uint64_t total, result_t *res)
 {
-	uint64_t per_rail = RW_MAX(1, total / size / ps->rails) * size, sent[MAX_RAILS] = {0};
+	uint64_t per_rail = RW_MAX(1, total / size / ps->rails) * size;
 	msg_t m = {.op = 2, .bytes = per_rail};
-	struct pollfd pfd[MAX_RAILS];
+	plain_job_t jobs[MAX_RAILS];
+	for (unsigned r = 0; r < ps->rails; r++)
+		jobs[r] = (plain_job_t){.fd = ps->fd[r], .send = 1, .buf = ps->buf, .size = size,
+					.want = per_rail};
 	xsend(ps->ctl, &m);
 	double cpu0 = cpu_seconds(), t0 = now_s();
-	unsigned finished = 0;
-	while (finished < ps->rails) {
-		for (unsigned r = 0; r < ps->rails; r++)
-			pfd[r] = (struct pollfd){.fd = sent[r] < per_rail ? ps->fd[r] : -1,
-						 .events = POLLOUT};
-		poll(pfd, ps->rails, -1);
-		for (unsigned r = 0; r < ps->rails; r++) {
-			if (!(pfd[r].revents & POLLOUT))
-				continue;
-			uint64_t off = sent[r] % size; /* "writes" of size bytes from one buffer */
-			ssize_t n = send(ps->fd[r], ps->buf + off, size - off,
-					 MSG_DONTWAIT | MSG_NOSIGNAL);
-			if (n < 0 && errno != EAGAIN)
-				return -1;
-			if (n > 0 && (sent[r] += (uint64_t)n) == per_rail)
-				finished++;
-		}
-	}
+	if (plain_jobs(jobs, ps->rails) < 0)
+		return -1;
 	if (xrecv(ps->ctl, &m) < 0) /* the receiver has every byte */
 		return -1;
 	double t1 = now_s(), cpu1 = cpu_seconds();
 	double bytes = (double)per_rail * ps->rails;
 	res->gbps = bytes / (t1 - t0) / 1e9;
 	res->cpu_per_gb = (cpu1 - cpu0 + m.cpu) / (bytes / 1e9);
+	res->loop_cpu_per_gb = 0;
 	return 0;
 }
 
@@ -859,8 +892,8 @@ int main(int argc, char **argv)
 	/* Throughput: best of the interleaved repetitions (on a shared machine the best run is the
 	 * one least disturbed by neighbours) and the median ratio of the pairs as a check; CPU:
 	 * medians (CPU time per byte is barely affected by waiting). */
-	printf("%-5s %-8s %10s %10s %6s %9s %11s %11s\n", "rails", "write", "plain GB/s",
-	       "rail GB/s", "ratio", "med.ratio", "plain cpu/GB", "rail cpu/GB");
+	printf("%-5s %-8s %10s %10s %6s %9s %11s %11s %11s\n", "rails", "write", "plain GB/s",
+	       "rail GB/s", "ratio", "med.ratio", "plain cpu/GB", "rail cpu/GB", "loop cpu/GB");
 	for (int ri = 0; ri < nrails; ri++) {
 		unsigned rails = (unsigned)rails_list[ri];
 		rail_sender_t rs;
@@ -872,16 +905,18 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		for (int si = 0; si < nsizes; si++) {
-			double pg[16] = {0}, pc[16] = {0}, rg[16] = {0}, rc[16] = {0}, ratio[16] = {0};
+			double pg[16] = {0}, pc[16] = {0}, rg[16] = {0}, rc[16] = {0}, lc[16] = {0};
+			double ratio[16] = {0};
 			int n = RW_MAX(1, RW_MIN(reps, 16));
 			for (int k = 0; k < n; k++) { /* interleaved, so drift hits both alike */
-				result_t a = {1, 1}, b = {1, 1};
+				result_t a = {1, 1, 0}, b = {1, 1, 0};
 				if ((!only_rail && plain_run(&ps, sizes[si], total, &a) < 0) ||
 				    (!only_plain && rail_run(&rs, sizes[si], total, &b) < 0)) {
 					fprintf(stderr, "rail_bench: run failed\n");
 					return 1;
 				}
 				pg[k] = a.gbps, pc[k] = a.cpu_per_gb, rg[k] = b.gbps, rc[k] = b.cpu_per_gb;
+				lc[k] = b.loop_cpu_per_gb;
 				ratio[k] = b.gbps / a.gbps;
 			}
 			double p = best(pg, n), r = best(rg, n);
@@ -892,8 +927,9 @@ int main(int argc, char **argv)
 			else
 				snprintf(label, sizeof(label), "%lluKiB",
 					 (unsigned long long)(sizes[si] >> 10));
-			printf("%-5u %-8s %10.2f %10.2f %6.2f %9.2f %10.3fs %10.3fs\n", rails, label, p,
-			       r, r / p, median(ratio, n), median(pc, n), median(rc, n));
+			printf("%-5u %-8s %10.2f %10.2f %6.2f %9.2f %10.3fs %10.3fs %10.3fs\n", rails,
+			       label, p, r, r / p, median(ratio, n), median(pc, n), median(rc, n),
+			       median(lc, n));
 			fflush(stdout);
 		}
 		if (!only_rail)
