@@ -227,9 +227,23 @@ static uint8_t *seen;
 static uint32_t *ecount;
 static float *outv;
 
+/* RW_RANK_TRACE=FILE: append where the rank is to FILE (a rank that hangs in a driver call
+ * shows where, even when its output pipe is never read). */
+static void trace(const char *what)
+{
+	const char *path = getenv("RW_RANK_TRACE");
+	FILE *f = path ? fopen(path, "a") : NULL;
+	if (f) {
+		fprintf(f, "rw_rank %d: %s\n", (int)getpid(), what);
+		fclose(f);
+	}
+}
+
 static int wait_one(rw_client_t *c, rw_cqe_t *cqe, int timeout_ms)
 {
+	trace("waiting for a completion");
 	int n = rw_client_wait(c, cqe, 1, timeout_ms);
+	trace(n == 1 ? "completion" : "no completion");
 	return n == 1 ? 0 : n < 0 ? n : -1;
 }
 
@@ -319,12 +333,25 @@ static int ordered_lost(rw_client_t *c, rank_buf_t *b)
 {
 	rw_client_lost_signal_t lost[16];
 	int n = rw_client_lost_signals(c, lost, 16), written = 0;
+	/* On a stream of its own that waits for nothing (the rank's waits for this very flag): a
+	 * synchronous copy on the default stream may wait behind it on a real GPU. */
+	rw_cuda_stream_t *side = NULL;
+	trace("daemon lost: writing the owed flags");
+	if (n > 0 && rw_cuda_stream_create(b->device, &side) != RW_OK)
+		return 1;
 	for (int i = 0; i < n; i++) {
+		uint32_t v = lost[i].value;
 		if (lost[i].flag_buf != b->id || lost[i].flag_offset != b->off_flag)
-			return 1;
-		if (rw_cuda_write_u32(b->device, b->dptr + b->off_flag, lost[i].value) == RW_OK)
+			break;
+		if (rw_cuda_copy_htod_async(side, b->dptr + b->off_flag, &v, sizeof(v)) == RW_OK &&
+		    rw_cuda_stream_sync(side) == RW_OK)
 			written++;
 	}
+	if (side)
+		rw_cuda_stream_destroy(side);
+	trace("owed flags written; draining the stream");
+	if (written != n)
+		return 1;
 	if (rw_cuda_stream_sync(b->stream) != RW_OK)
 		return 1;
 	printf("daemon lost: wrote %d owed flags, stream drained\n", written);
@@ -360,7 +387,18 @@ static int buf_register(rw_client_t *c, size_t total, rank_buf_t *b)
 	CHECK(rw_cuda_stream_create(b->device, &b->stream) == RW_OK, "cuda stream");
 	CHECK(rw_cuda_mem_alloc(b->device, total, &b->dptr) == RW_OK, "cuda alloc %zu bytes", total);
 	CHECK(rw_cuda_memset_d8(b->device, b->dptr, 0, total) == RW_OK, "cuda memset");
-	b->mem = calloc(1, total);
+	/* Stream order: the host mirror is page-locked, so the copy queued behind the flag wait is
+	 * asynchronous (a copy into pageable memory returns only once done: the rank would block
+	 * on the daemon's flag before it ever waits for the completion, and forever if the daemon
+	 * dies). */
+	if (b->ordered) {
+		void *pinned = NULL;
+		CHECK(rw_cuda_host_alloc(total, &pinned) == RW_OK, "page-locked mirror");
+		b->mem = pinned;
+		memset(b->mem, 0, total);
+	} else {
+		b->mem = calloc(1, total);
+	}
 	CHECK(b->mem, "out of memory");
 	rw_cuda_ipc_desc_t d;
 	CHECK(rw_cuda_ipc_export(b->dptr, total, &d) == RW_OK, "cuda ipc export");
@@ -390,7 +428,10 @@ static void buf_release(rank_buf_t *b)
 {
 	if (!b->cuda)
 		return;
-	free(b->mem);
+	if (b->ordered)
+		rw_cuda_host_free(b->mem);
+	else
+		free(b->mem);
 	if (b->event)
 		rw_cuda_event_destroy(b->event);
 	if (b->stream)
