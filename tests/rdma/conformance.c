@@ -1326,7 +1326,11 @@ static void peer_killed_case(fixture_t *f, const plan_params_t *p, uint64_t afte
 	}
 	assert_true(run_until(ep, pred_failed_and_drained));
 	assert_int_equal(ep->errors, 1);
-	assert_int_equal(ep->last_error, RW_ERR_PEER);
+	/* verbs (Soft-RoCE): the killed process's memory registration can go before its queue
+	 * pair, so a large write landing in between is refused by the dying target (a remote
+	 * access error: RW_ERR_PROTO) rather than left unacknowledged; either way one failure. */
+	if (ep->last_error != RW_ERR_PEER)
+		assert_true(strcmp(opt.transport, "verbs") == 0 && ep->last_error == RW_ERR_PROTO);
 	assert_int_equal(ep->done, ep->posted);
 	assert_int_equal(ep->order_bad, 0);
 	peer_stop(&child);
