@@ -293,6 +293,24 @@ void rw_cuda_mem_free(int device, rw_cuda_dptr_t dptr)
 		rw_cu_fail(res, "cuMemFree");
 }
 
+/* The "blocking" helpers below must be done when they return, for every stream and every
+ * process: cuMemsetD8 on device memory is asynchronous with respect to the host, and
+ * cuMemcpyHtoD from pageable memory may return before its DMA lands (the driver API's "API
+ * synchronization behavior"). Both run on the legacy default stream, which a NON_BLOCKING
+ * stream (all of ours) does not wait for, nor does another process reading the memory through
+ * CUDA IPC: a rank that zeroed its buffer this way and then copied its inputs on its own stream
+ * could see the zeros land after its inputs (the daemon then routed a whole rank's tokens to
+ * expert 0 on the H200, docs/perf/gpu-e2e.md). So they wait for the legacy stream. */
+static rw_status_t legacy_sync(const char *what)
+{
+	CUresult res = rw_cu.cuStreamSynchronize(NULL);
+	if (res != CUDA_SUCCESS) {
+		rw_err("cuda: %s: waiting for the legacy stream failed", what);
+		return rw_cu_fail(res, "cuStreamSynchronize");
+	}
+	return RW_OK;
+}
+
 rw_status_t rw_cuda_memcpy_htod(int device, rw_cuda_dptr_t dst, const void *src, size_t bytes)
 {
 	rw_status_t st = rw_cu_enter(device);
@@ -301,7 +319,9 @@ rw_status_t rw_cuda_memcpy_htod(int device, rw_cuda_dptr_t dst, const void *src,
 	if (st != RW_OK)
 		return st;
 	res = rw_cu.cuMemcpyHtoD((CUdeviceptr)dst, src, bytes);
-	return res == CUDA_SUCCESS ? RW_OK : rw_cu_fail(res, "cuMemcpyHtoD");
+	if (res != CUDA_SUCCESS)
+		return rw_cu_fail(res, "cuMemcpyHtoD");
+	return legacy_sync("cuMemcpyHtoD");
 }
 
 rw_status_t rw_cuda_memcpy_dtoh(int device, void *dst, rw_cuda_dptr_t src, size_t bytes)
@@ -323,7 +343,9 @@ rw_status_t rw_cuda_memset_d8(int device, rw_cuda_dptr_t dst, uint8_t value, siz
 	if (st != RW_OK)
 		return st;
 	res = rw_cu.cuMemsetD8((CUdeviceptr)dst, value, bytes);
-	return res == CUDA_SUCCESS ? RW_OK : rw_cu_fail(res, "cuMemsetD8");
+	if (res != CUDA_SUCCESS)
+		return rw_cu_fail(res, "cuMemsetD8");
+	return legacy_sync("cuMemsetD8");
 }
 
 /* Pinned host memory is not tied to one context with the PORTABLE flag, but the driver still

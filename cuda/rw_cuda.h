@@ -52,6 +52,9 @@ void rw_cuda_shutdown(void);
  * Device and pinned host memory, blocking copies (setup, tests and tools; not for the hot path)
  * ------------------------------------------------------------------------------------------- */
 
+/* memcpy_htod, memcpy_dtoh and memset_d8 are complete when they return, for every stream and
+ * every process that maps the memory (they wait for the legacy default stream they run on). */
+
 rw_status_t rw_cuda_mem_alloc(int device, size_t bytes, rw_cuda_dptr_t *dptr_p);
 void rw_cuda_mem_free(int device, rw_cuda_dptr_t dptr);
 rw_status_t rw_cuda_memcpy_htod(int device, rw_cuda_dptr_t dst, const void *src, size_t bytes);

@@ -361,6 +361,8 @@ CUresult CUDAAPI cuStreamQuery(CUstream s)
 
 CUresult CUDAAPI cuStreamSynchronize(CUstream s)
 {
+	if (!s) /* the legacy stream (the blocking copies and memsets wait for it) */
+		return REAL(cuStreamSynchronize)(NULL);
 	CUresult res = REAL(cuStreamSynchronize)(stream_of(s)->real);
 	return fault[stream_of(s)->dev] ? fault[stream_of(s)->dev] : res;
 }

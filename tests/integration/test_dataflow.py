@@ -600,6 +600,12 @@ def scenario_rank_dies(tmp, seed):
         if not line:
             raise RuntimeError("the idle rank did not get ready\n" + c.logs())
         waiting = [c.rank(r, "g.rank", 1, 1, seed, mode="fail") for r in range(3)]
+        # Every other rank in its phase first (a CUDA rank starts its driver for a second or
+        # more), and a moment for the daemons to take the submissions in.
+        for p in waiting:
+            line = b"-"
+            while line and line.strip() != b"submitted":
+                line = p.stdout.readline()
         time.sleep(0.3)
         idle.kill()
         idle.wait()
