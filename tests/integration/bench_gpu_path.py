@@ -17,10 +17,11 @@ printed its step 0 to the end, divided by those phases). The kernels' bandwidth 
 engines is build/cuda/bench_pack's (run it beside this).
 
   python3 bench_gpu_path.py [--shapes deepseek,glm,deepseek-h1024] [--tokens 512,1024,2048,4096]
-                            [--steps 4] [--modes staging,cuda] [--alt NAME=PATH]
+                            [--steps 4] [--modes staging,cuda] [--alt NAME=PATH] [--trace]
   (run from the build directory's bench/ copy: $b/bench/gpu_path)"""
 import argparse
 import importlib.machinery
+import json
 import os
 import selectors
 import socket
@@ -57,15 +58,50 @@ def rail_counters(c, n):
     return out
 
 
-def run_daemons(td, tmp, mode, daemon, shape, tokens, steps, seed):
+def trace_split(trace_dir, steps):
+    """Where a phase's time goes, from the daemons' phase traces (docs/service.md "Phase
+    traces"): per kind, the median over steps 1.. and both nodes of each milestone in ms after
+    the node's last local submission: inputs staged, path decided (count rows exchanged), first
+    and last write posted, last write done, last range complete, kind done here."""
+    recs = []
+    for f in sorted(os.listdir(trace_dir)):
+        with open(os.path.join(trace_dir, f)) as fh:
+            recs += [json.loads(l) for l in fh if l.strip()]
+    out = {}
+    for kind in ("dispatch", "combine"):
+        rows = []
+        for r in recs:
+            if r.get("kind") != kind or r.get("step", 0) < 1 or r.get("status") != "ok":
+                continue
+            base = r.get("last_submit_us") or 0
+            tx = r.get("tx") or []
+            rx = r.get("rx") or []
+
+            def rel(v):
+                return None if v is None else (v - base) / 1e3
+            rows.append([rel(r.get("ready_us")), rel(r.get("decided_us")), rel(r.get("run_us")),
+                         rel(min((t[3] for t in tx if t[3] is not None), default=None)),
+                         rel(max((t[4] for t in tx if t[4] is not None), default=None)),
+                         rel(max((t[5] for t in tx if t[5] is not None), default=None)),
+                         rel(max((x[4] for x in rx if x[4] is not None), default=None)),
+                         rel(r.get("us"))])
+        out[kind] = [statistics.median([x[i] for x in rows if x[i] is not None])
+                     if any(x[i] is not None for x in rows) else None for i in range(8)]
+    return out
+
+
+def run_daemons(td, tmp, mode, daemon, shape, tokens, steps, seed, trace=False):
     hidden, experts, topk = SHAPES[shape]
     rec = ((16 + topk * 8 + 15) & ~15) + ((hidden * 2 + 15) & ~15)
     recv_mib = 64 + 6 * GPUS * tokens * rec // (1 << 20)
     # The staging mover's copies hold the loop for a second or more at the largest sizes: longer
     # heartbeats, so that is measured rather than a peer declared down.
-    c = td.Cluster(tmp, 2, path="joint", extra={"recv_region_mib": recv_mib,
-                                                 "phase_timeout_ms": 60000,
-                                                 "heartbeat_timeout_ms": 10000})
+    extra = {"recv_region_mib": recv_mib, "phase_timeout_ms": 60000, "heartbeat_timeout_ms": 10000}
+    trace_dir = os.path.join(tmp, "trace-%s-%s-%d" % (mode, shape, tokens))
+    if trace:
+        os.makedirs(trace_dir, exist_ok=True)
+        extra["trace_dir"] = trace_dir
+    c = td.Cluster(tmp, 2, path="joint", extra=extra)
     if mode == "staging":
         c.env["RAILWAVE_CUDA_MOVER"] = "0"
     else:
@@ -138,6 +174,8 @@ def run_daemons(td, tmp, mode, daemon, shape, tokens, steps, seed):
     for kind, size in (("dispatch", rec), ("combine", crec)):
         res["bytes"][kind] = [[recs // phases * size for _, recs in rails[n]] for n in range(2)]
     res["rails"] = c.cfg["nodes"]
+    if trace:
+        res["split"] = trace_split(trace_dir, steps)
     return res
 
 
@@ -225,6 +263,8 @@ def main():
     ap.add_argument("--modes", default="staging,cuda")
     ap.add_argument("--alt", action="append", default=[], help="NAME=PATH: another railwaved")
     ap.add_argument("--seed", type=int, default=12345)
+    ap.add_argument("--trace", action="store_true",
+                    help="phase traces on: print where each daemon's phase time goes")
     a = ap.parse_args()
     td = importlib.machinery.SourceFileLoader(
         "test_dataflow", os.path.join(B, "test", "integration_dataflow")).load_module()
@@ -243,7 +283,7 @@ def main():
                 got = {}
                 for name, daemon in modes:
                     got[name] = run_daemons(td, tmp, "staging" if name == "staging" else "cuda",
-                                            daemon, shape, tokens, a.steps, a.seed)
+                                            daemon, shape, tokens, a.steps, a.seed, a.trace)
                     if name != "staging" and "kernels loaded on device" not in got[name]["log"]:
                         raise RuntimeError("%s: the CUDA mover did not carry the pairs" % name)
                 print("# %s T=%d count rows gpu/host per node: %s" % (shape, tokens, ", ".join(
@@ -264,6 +304,12 @@ def main():
                             shape, tokens, kind, n, mb, ms, mb / ms if ms > 0 else 0, cu,
                             ms / ceil_ms if ceil_ms > 0 else 0))
                     sys.stdout.flush()
+                for n, g in got.items():
+                    for kind, v in sorted(g.get("split", {}).items()):
+                        print("# split %-8s %-8s ms after the last submission: staged %s, "
+                              "decided %s, running %s, first post %s, last post %s, last write "
+                              "done %s, last range in %s, done %s" % ((n, kind) + tuple(
+                                  "-" if x is None else "%.2f" % x for x in v)))
     return 0
 
 
