@@ -91,16 +91,21 @@ static void src_note(exec_pair_t *p, int kind, uint32_t src, int arrived)
 	}
 }
 
+/* A mover's answer about src's bytes: a bad record blames src. */
+static rw_status_t mover_failed(exec_pair_t *p, rw_status_t st, uint32_t src, const char *why)
+{
+	exec_err(p, st, 1, "%s", why);
+	if (st == RW_ERR_PROTO)
+		p->err.blame_peer = (int)src + 1;
+	return st;
+}
+
 static rw_status_t range_complete(exec_pair_t *p, int kind, uint32_t src, uint32_t rail)
 {
 	char why[RW_SVC_WHY_MAX];
 	rw_status_t st = p->mv->arrived(p->mv_mover, p->mv_state, &p->ph, kind, src, rail, why);
-	if (st != RW_OK) {
-		exec_err(p, st, 1, "%s", why);
-		if (st == RW_ERR_PROTO)
-			p->err.blame_peer = (int)src + 1;
-		return st;
-	}
+	if (st != RW_OK)
+		return mover_failed(p, st, src, why);
 	p->recv[kind].range_done[(size_t)src * p->x->rails + rail] = 1;
 	p->recv[kind].ranges_left--;
 	EXEC_TRACE(p, exec_trace_range_done_(p, kind, src, rail));
@@ -123,6 +128,16 @@ static rw_status_t range_check(exec_pair_t *p, int kind, uint32_t src, uint32_t 
 	if (got == want) {
 		p->x->svc->metrics.rail[rail].rx_records += range_quota(p, kind, src, rail);
 		return range_complete(p, kind, src, rail);
+	}
+	/* Not complete: the whole records of the prefix that is here, to a mover that takes them
+	 * early (its work overlaps the rest of the range's transfer). */
+	if (p->mv->part && got >= rec_size(p, kind)) {
+		char why[RW_SVC_WHY_MAX];
+		rw_status_t st = p->mv->part(p->mv_mover, p->mv_state, &p->ph, kind, src, rail,
+					     (uint32_t)(got / rec_size(p, kind)), why);
+		if (st != RW_OK)
+			return mover_failed(p, st, src, why);
+		p->x->svc->metrics.rx_prefixes++;
 	}
 	return RW_OK;
 }

@@ -146,6 +146,15 @@ typedef struct rw_svc_mover_ops {
 	 * token's sum. Validates every record header (RW_ERR_PROTO names the slot). */
 	rw_status_t (*arrived)(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
 			       uint32_t src, uint32_t rail, char *why);
+	/* Optional (NULL: arrived() only). The first `upto` records of `kind` from `src` on `rail`
+	 * are in ph->recv_area and the range is not complete yet: the mover may forward or reduce
+	 * them now, so that its work overlaps the rest of the transfer. (A range is written from
+	 * its start in posting order on one connection, and rdma/rail.h's rules 1-2 put every
+	 * earlier write's bytes in place by an arrival, so what has arrived is a prefix.) Called
+	 * as upto grows; arrived() still follows for the whole range and does the rest. The same
+	 * validation as arrived(). */
+	rw_status_t (*part)(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
+			    uint32_t src, uint32_t rail, uint32_t upto, char *why);
 	/* The local-node records of `kind`: at most `budget` records per call, resumable;
 	 * *done_p = 1 once all are done. */
 	rw_status_t (*local)(void *mover, void *state, const rw_svc_phase_t *ph, int kind,

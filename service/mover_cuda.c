@@ -345,7 +345,9 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 	const uint32_t n_rec = ph->row_off[(size_t)ph->nodes * ph->rails];
 	cp->local_ref = rw_arena_alloc(&cp->mem, 2 * (size_t)n_local + 1, sizeof(uint32_t));
 	cp->contrib = rw_arena_alloc(&cp->mem, (size_t)cp->n_total * G + 1, sizeof(uint32_t));
-	int oom = !cp->local_ref || !cp->contrib;
+	for (int k = 0; k < 2; k++)
+		cp->rx_done[k] = rw_arena_alloc(&cp->mem, (size_t)ph->nodes * ph->rails, sizeof(uint32_t));
+	int oom = !cp->local_ref || !cp->contrib || !cp->rx_done[0] || !cp->rx_done[1];
 	/* Which device writes each rank's memory: its output's, else its inputs', else home. */
 	uint32_t ranks_on[CM_DEVICES] = { 0 }, recs_on[CM_DEVICES] = { 0 }, local_on[CM_DEVICES] = { 0 };
 	for (uint32_t g = 0; g < G; g++) {
@@ -474,12 +476,20 @@ static rw_status_t cm_pack(void *mover, void *state, const rw_svc_phase_t *ph, i
 	return RW_OK;
 }
 
+/* A range as it arrives (part) and once complete (arrived): its records from where the last
+ * call stopped, so the CPU's header pass and the kernels run while the rest is on the wire. */
+static rw_status_t cm_part(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
+			   uint32_t src, uint32_t rail, uint32_t upto, char *why)
+{
+	(void)mover;
+	return kind == 0 ? cm_forward_range(state, ph, src, rail, upto, why)
+			 : cm_combine_range(state, ph, src, rail, upto, why);
+}
+
 static rw_status_t cm_arrived(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
 			      uint32_t src, uint32_t rail, char *why)
 {
-	(void)mover;
-	return kind == 0 ? cm_forward_range(state, ph, src, rail, why)
-			 : cm_combine_range(state, ph, src, rail, why);
+	return cm_part(mover, state, ph, kind, src, rail, UINT32_MAX, why);
 }
 
 static rw_status_t cm_local(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
@@ -571,6 +581,7 @@ const rw_svc_mover_ops_t rw_svc_mover_cuda = {
 	.plan = cm_plan,
 	.pack = cm_pack,
 	.arrived = cm_arrived,
+	.part = cm_part,
 	.local = cm_local,
 	.finish = cm_finish,
 	.result = cm_result,

@@ -73,6 +73,8 @@ typedef struct cm_pair {
 	cm_list_t fwd[CM_DEVICES], sums[CM_DEVICES]; /* per device: forwards; owner-sum adds */
 	cm_list_t pack, cslab;       /* the dispatch slabs' rows; the combine slabs' sums */
 	uint8_t **pk_hdr;            /* [n_rec]: where each dispatch record's header goes */
+	uint32_t *rx_done[2];        /* per kind, [N*R]: records of each (source, rail) range already
+	                                forwarded (dispatch) or added into the sums (combine) */
 	uint32_t marks_pk;           /* marks of the dispatch slabs' kernels not yet completed */
 	int packed;                  /* the dispatch slabs are complete (kernels done, headers written) */
 	int pk_waiting;              /* pack() answered RW_ERR_AGAIN: report RW_MV_OP_PACKED */
@@ -146,12 +148,12 @@ int cm_forward_one(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t ref, uint32
 		       rw_cuda_dptr_t row);
 rw_status_t cm_launch_all(cm_pair_t *cp, const rw_svc_phase_t *ph, int sums, char *why);
 rw_status_t cm_forward_range(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t src,
-				 uint32_t rail, char *why);
+				 uint32_t rail, uint32_t upto, char *why);
 rw_status_t cm_forward_local(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t budget,
 				 int *done_p, char *why);
 rw_status_t cm_combine_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why);
 rw_status_t cm_combine_range(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t d, uint32_t e,
-				 char *why);
+				 uint32_t upto, char *why);
 void cm_host_copy_out(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind, uint32_t g);
 /* mover_cuda_count.c: the count() op; an OP_COUNT mark completed; the pair's count blocks back
  * to the pool (close). */

@@ -606,10 +606,11 @@ rw_status_t cm_launch_all(cm_pair_t *cp, const rw_svc_phase_t *ph, int sums, cha
 	return RW_OK;
 }
 
-/* A complete dispatch range: headers validated on the CPU (as the host mover does), rows
- * scattered by the kernels. */
+/* Records [done, upto) of a dispatch range (all of it once complete, a prefix while it
+ * arrives): headers validated on the CPU (as the host mover does), rows scattered by the
+ * kernels. */
 rw_status_t cm_forward_range(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t src,
-				 uint32_t rail, char *why)
+				 uint32_t rail, uint32_t upto, char *why)
 {
 	const rw_svc_layout_t *l = ph->layout;
 	size_t i = (size_t)src * ph->rails + rail;
@@ -617,7 +618,11 @@ rw_status_t cm_forward_range(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t s
 	int32_t ids[RW_MAX_TOPK];
 	float w[RW_MAX_TOPK];
 	const uint64_t row_off = rw_wire_rec_row_off(ph->topk);
-	for (uint32_t k = 0; k < l->in_quota[i]; k++) {
+	uint32_t *done = &cp->rx_done[0][i];
+	upto = RW_MIN(upto, l->in_quota[i]);
+	if (*done >= upto)
+		return RW_OK;
+	for (uint32_t k = *done; k < upto; k++) {
 		const uint64_t pos = ((uint64_t)first + k) * ph->rec_size;
 		const uint8_t *rec = ph->recv_area[0][rail] + pos;
 		rw_wire_rec_hdr_t h;
@@ -630,6 +635,7 @@ rw_status_t cm_forward_range(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t s
 			return RW_ERR_SUB_SPACE;
 		}
 	}
+	*done = upto;
 	return cm_launch_all(cp, ph, 0, why);
 }
 
@@ -719,15 +725,21 @@ rw_status_t cm_combine_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why
 	return RW_OK;
 }
 
-/* A complete combine range from `d` on egress rail `e`: headers checked on the CPU, each row
- * added into its owner token's fp32 sum by a kernel on the owner's device. */
+/* Records [done, upto) of a combine range from `d` on egress rail `e` (all of it once
+ * complete, a prefix while it arrives): headers checked on the CPU, each row added into its
+ * owner token's fp32 sum by a kernel on the owner's device. A range holds at most one record
+ * per token, so taking it in pieces adds the same rows in the same order per token. */
 rw_status_t cm_combine_range(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t d, uint32_t e,
-				 char *why)
+				 uint32_t upto, char *why)
 {
 	const rw_svc_layout_t *l = ph->layout;
 	const rw_pair_plan_t *pp = &l->out_pairs[d];
 	uint32_t first = l->out_first[d * ph->rails + e];
-	for (uint32_t k = 0; k < pp->quota[e]; k++) {
+	uint32_t *done = &cp->rx_done[1][(size_t)d * ph->rails + e];
+	upto = RW_MIN(upto, pp->quota[e]);
+	if (*done >= upto)
+		return RW_OK;
+	for (uint32_t k = *done; k < upto; k++) {
 		const uint64_t pos = ((uint64_t)first + k) * ph->crec_size;
 		rw_wire_crec_hdr_t h;
 		rw_wire_crec_unpack(ph->recv_area[1][e] + pos, &h);
@@ -743,6 +755,7 @@ rw_status_t cm_combine_range(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t d
 		cm_list_sum(sl, cp->acc[r->rank] + (uint64_t)r->token * ph->hidden * 4);
 		cm_list_src(sl, cp->recv_d[1][e] + pos + RW_WIRE_CREC_HDR);
 	}
+	*done = upto;
 	return cm_launch_all(cp, ph, 1, why);
 }
 

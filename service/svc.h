@@ -273,6 +273,10 @@ typedef struct rw_svc_metrics {
 	/* Dispatches whose count row this node's CPU counted / a data mover counted on the GPU
 	 * (docs/dataflow.md "Count on the GPU"). */
 	uint64_t counts_host, counts_gpu;
+	/* Prefixes of ranges handed to a data mover before the range completed (its forward or
+	 * reduce overlapping the transfer: rw_svc_mover_ops_t.part, docs/dataflow.md "Receive and
+	 * forward"). */
+	uint64_t rx_prefixes;
 	/* Phases planned without some rail for some pair (a rail down at either end, docs/dataflow.md
 	 * "Rail health"). */
 	uint64_t phases_rail_excluded;
