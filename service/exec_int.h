@@ -169,8 +169,8 @@ struct exec_pair {
 		int kind;
 		exec_send_state_t state;
 		uint32_t wave, pending, waves_posted;
-		uint32_t cur_k, k_hi, cur_r;         /* where posting resumes */
-		uint64_t cur_off;
+		uint32_t cur_k, k_hi, cur_r;         /* where posting resumes: wave k, write */
+		uint64_t cur_c;                      /* round cur_c (the c-th write of each rail) */
 		uint8_t *packed[2];                  /* [N]: d's slabs of a kind are packed */
 		uint8_t *granted[2];                 /* [N] by wave: our wave-w destination admits us */
 		uint64_t wave_t0, wave_slab_max;     /* debug trace */

@@ -61,15 +61,33 @@ static rw_status_t pack_dst(exec_pair_t *p, int kind, uint32_t d)
 	return st == RW_OK ? RW_OK : exec_err(p, st, 1, "%s", why);
 }
 
-/* Post the slab writes of the wave being posted, from the cursor on. RW_OK with state PACED
- * when the write-gap hook's budget ran out. */
+/* The largest write on rail r. */
+static uint64_t write_chunk(const exec_pair_t *p, uint32_t r)
+{
+	uint64_t chunk = RW_MIN((uint64_t)EXEC_CHUNK_MAX, rw_svc_mesh_max_write(p->x->mesh, r));
+	return p->x->hooks.chunk_bytes ? RW_MIN(chunk, p->x->hooks.chunk_bytes) : chunk;
+}
+
+/* Bytes of d's slab of `kind` on rail r. */
+static uint64_t slab_len(const exec_pair_t *p, int kind, uint32_t d, uint32_t r)
+{
+	const rw_svc_layout_t *l = &p->plan.layout;
+	uint32_t q = kind == 0 ? l->out_pairs[d].quota[r] : l->in_quota[(size_t)d * p->x->rails + r];
+	return (uint64_t)q * (kind == 0 ? p->ph.rec_size : p->ph.crec_size);
+}
+
+/* Post the slab writes of the wave being posted, from the cursor on: per destination, rounds
+ * of one write per rail (write c of every rail, then c + 1), so every rail starts at once and a
+ * mover that packs in pieces (ready()) has the first piece of each on the wire while it writes
+ * the next. RW_OK with state PACED when the write-gap hook's budget ran out, WAIT_PACK when the
+ * next write's bytes are not written yet. */
 static rw_status_t post_wave(exec_pair_t *p, int *budget)
 {
 	exec_t *x = p->x;
 	const rw_svc_layout_t *l = &p->plan.layout;
 	const int kind = p->send.kind;
 	const uint64_t rsz = kind == 0 ? p->ph.rec_size : p->ph.crec_size;
-	for (; p->send.cur_k <= p->send.k_hi; p->send.cur_k++, p->send.cur_r = 0) {
+	for (; p->send.cur_k <= p->send.k_hi; p->send.cur_k++, p->send.cur_c = 0, p->send.cur_r = 0) {
 		uint32_t d = rw_sched_wave_dst(x->nodes, x->me, p->send.cur_k);
 		rw_status_t pst = pack_dst(p, kind, d);
 		if (pst == RW_ERR_AGAIN) {
@@ -78,27 +96,37 @@ static rw_status_t post_wave(exec_pair_t *p, int *budget)
 		}
 		if (pst != RW_OK)
 			return p->err.st;
-		for (; p->send.cur_r < x->rails; p->send.cur_r++, p->send.cur_off = 0) {
-			uint32_t r = p->send.cur_r;
-			size_t i = (size_t)d * x->rails + r;
-			uint32_t q = kind == 0 ? l->out_pairs[d].quota[r] : l->in_quota[i];
-			if (!q)
-				continue;
-			uint64_t local = exec_sub_off(x, p->xchg.slot, kind == 0 ? SUB_SD : SUB_SC) +
-					 (uint64_t)(kind == 0 ? l->out_first[i] : l->in_first[i]) * rsz;
-			uint64_t remote = exec_sub_off(x, (int)p->xchg.peer_slot[d], kind == 0 ? SUB_RD : SUB_RC) +
-					  (uint64_t)(kind == 0 ? l->peer_in_first[i] : l->peer_ret_first[i]) * rsz;
-			uint64_t len = (uint64_t)q * rsz;
+		uint64_t rounds = 0;
+		for (uint32_t r = 0; r < x->rails; r++) {
+			uint64_t len = slab_len(p, kind, d, r), chunk = write_chunk(p, r);
+			rounds = RW_MAX(rounds, (len + chunk - 1) / chunk);
 			p->send.wave_slab_max = RW_MAX(p->send.wave_slab_max, len);
-			uint64_t chunk = RW_MIN((uint64_t)EXEC_CHUNK_MAX, rw_svc_mesh_max_write(x->mesh, r));
-			if (x->hooks.chunk_bytes)
-				chunk = RW_MIN(chunk, x->hooks.chunk_bytes);
-			while (p->send.cur_off < len) {
+		}
+		for (; p->send.cur_c < rounds; p->send.cur_c++, p->send.cur_r = 0)
+			for (; p->send.cur_r < x->rails; p->send.cur_r++) {
+				uint32_t r = p->send.cur_r;
+				size_t i = (size_t)d * x->rails + r;
+				uint64_t len = slab_len(p, kind, d, r), chunk = write_chunk(p, r);
+				uint64_t off = p->send.cur_c * chunk;
+				if (off >= len)
+					continue;
+				uint64_t n = RW_MIN(chunk, len - off);
+				if (p->mv->ready && off + n > p->mv->ready(p->mv_mover, p->mv_state, &p->ph,
+									   kind, d, r)) {
+					x->svc->metrics.tx_piece_waits++;
+					p->send.state = SEND_WAIT_PACK;
+					return RW_OK;
+				}
 				if (*budget == 0) {
 					p->send.state = SEND_PACED;
 					return RW_OK;
 				}
-				uint64_t off = p->send.cur_off, n = RW_MIN(chunk, len - off);
+				uint64_t local = exec_sub_off(x, p->xchg.slot, kind == 0 ? SUB_SD : SUB_SC) +
+						 (uint64_t)(kind == 0 ? l->out_first[i] : l->in_first[i]) * rsz;
+				uint64_t remote = exec_sub_off(x, (int)p->xchg.peer_slot[d],
+							       kind == 0 ? SUB_RD : SUB_RC) +
+						  (uint64_t)(kind == 0 ? l->peer_in_first[i]
+								       : l->peer_ret_first[i]) * rsz;
 				uint32_t imm = rw_wire_imm_pack(p->xchg.tag_to[d], (uint32_t)kind, off + n == len,
 								x->me, r);
 				rw_status_t st = rw_svc_mesh_write(x->mesh, d, r, local + off, remote + off, n,
@@ -108,13 +136,12 @@ static rw_status_t post_wave(exec_pair_t *p, int *budget)
 							d, x->svc->cfg.nodes[d].name, r, rw_status_str(st));
 				p->outstanding++;
 				p->send.pending++;
-				rw_svc_metrics_tx(&x->svc->metrics, r, n, off + n == len ? q : 0, 0);
+				rw_svc_metrics_tx(&x->svc->metrics, r, n,
+						  off + n == len ? (uint32_t)(len / rsz) : 0, 0);
 				EXEC_TRACE(p, exec_trace_tx_(p, r, n));
-				p->send.cur_off = off + n;
 				if (*budget > 0)
 					(*budget)--;
 			}
-		}
 	}
 	return RW_OK;
 }
@@ -150,7 +177,7 @@ rw_status_t exec_send_progress(exec_pair_t *p)
 			p->send.wave_t0 = rw_now_ns();
 			p->send.wave_slab_max = 0;
 			p->send.cur_r = 0;
-			p->send.cur_off = 0;
+			p->send.cur_c = 0;
 		}
 		p->send.state = SEND_POSTING;
 		if (post_wave(p, &budget) != RW_OK)

@@ -83,6 +83,9 @@ typedef struct rw_svc_phase {
 	/* Set by an executor that waits for RW_MV_OP_PACKED: pack() may then answer RW_ERR_AGAIN
 	 * instead of blocking (see pack below). 0: pack() returns only once its bytes are there. */
 	int pack_waits;
+	/* The executor's largest rail write (bytes): a mover that packs a slab in pieces and
+	 * offers them through ready() cuts them at multiples of it. */
+	uint64_t write_max;
 	/* The cluster's topology (each local rank's native rail: topo->gpu_rail[g]); what a mover's
 	 * count() counts with, as the executor's host count pass does. */
 	const rw_topo_t *topo;
@@ -141,6 +144,12 @@ typedef struct rw_svc_mover_ops {
 	 * called again for (kind, d). Without it, pack() blocks until the bytes are there. */
 	rw_status_t (*pack)(void *mover, void *state, const rw_svc_phase_t *ph, int kind, uint32_t d,
 			    char *why);
+	/* Optional (NULL: a slab pack() answered RW_OK for is whole). After pack(kind, d) answered
+	 * RW_OK: how many bytes from the start of d's slab on `rail` are written and may be posted
+	 * (a mover still writing the rest in pieces; UINT64_MAX: all). While it answers less than
+	 * the whole slab, an RW_MV_OP_PACKED report follows each time more is written. */
+	uint64_t (*ready)(void *mover, void *state, const rw_svc_phase_t *ph, int kind, uint32_t d,
+			  uint32_t rail);
 	/* Every byte of `kind` from `src` on `rail` is in ph->recv_area: dispatch forwards each
 	 * record to the local ranks hosting its experts; combine adds each row into its owner
 	 * token's sum. Validates every record header (RW_ERR_PROTO names the slot). */

@@ -30,15 +30,11 @@ static void mark_done(cuda_mover_t *m, uint64_t token)
 		if (cp->marks_d[g] && --cp->marks_d[g] == 0)
 			m->done(m->ctx, serial, RW_MV_OP_STAGE_D, g, RW_OK);
 	} else if (op == OP_PACK) {
-		/* The dispatch slabs' rows are in: the CPU writes the headers beside them now (never
-		 * while a kernel writes the same cache lines), then a waiting executor posts. */
-		if (cp->marks_pk && --cp->marks_pk == 0 && !cp->packed) {
-			cm_dispatch_headers(cp, cp->ph);
-			cp->packed = 1;
-			if (cp->pk_waiting) {
-				cp->pk_waiting = 0;
-				m->done(m->ctx, serial, RW_MV_OP_PACKED, 0, RW_OK);
-			}
+		/* A piece of the dispatch slabs is in on device g: the CPU writes its headers (never
+		 * while a kernel writes the same cache lines), and a waiting executor posts it. */
+		if (cp->marks_pk) {
+			cp->marks_pk--;
+			cm_pack_piece_done(cp, (int)g); /* may report: cp untouched after */
 		}
 	} else if (op == OP_COUNT) {
 		cm_count_done(cp); /* mover_cuda_count.c */
@@ -449,31 +445,39 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 
 /* ---- the ops -------------------------------------------------------------------------------- */
 
-/* The slabs were written ahead (dispatch: kernels launched at plan, headers written when their
- * marks complete; combine: with the ranks' staging), but a write may be posted only once its
- * bytes are there. An executor that waits for reports (ph->pack_waits) gets RW_ERR_AGAIN and an
- * RW_MV_OP_PACKED report when the dispatch slabs' marks complete: the loop never blocks. One that
- * does not is served the old way: the first dispatch pack waits for the kernels here. */
+/* The slabs were written ahead (dispatch: kernels launched at plan in pieces, each piece's
+ * headers written when its marks complete; combine: with the ranks' staging), but a write may be
+ * posted only once its bytes are there. An executor that waits for reports (ph->pack_waits)
+ * posts what ready() offers and gets an RW_MV_OP_PACKED report as each further piece is in: the
+ * loop never blocks. One that does not is served the old way: the first dispatch pack waits for
+ * every kernel here. */
 static rw_status_t cm_pack(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
 			   uint32_t d, char *why)
 {
 	(void)mover, (void)d;
 	cm_pair_t *cp = state;
-	if (kind != 0 || cp->packed)
+	if (kind != 0 || cp->packed || ph->pack_waits)
 		return RW_OK;
-	if (ph->pack_waits) {
-		cp->pk_waiting = 1;
-		why[0] = '\0';
-		return RW_ERR_AGAIN;
-	}
 	rw_status_t st = cm_pair_sync(cp);
 	if (st != RW_OK) {
 		snprintf(why, RW_SVC_WHY_MAX, "the dispatch pack kernels failed: %s", rw_status_str(st));
 		return RW_ERR_DEVICE;
 	}
-	cm_dispatch_headers(cp, ph);
-	cp->packed = 1;
+	cm_pack_all_done(cp);
 	return RW_OK;
+}
+
+/* Bytes of d's dispatch slab on `rail` whose pieces are in; while some are not, the executor
+ * asking is owed an RW_MV_OP_PACKED report. */
+static uint64_t cm_ready(void *mover, void *state, const rw_svc_phase_t *ph, int kind, uint32_t d,
+			 uint32_t rail)
+{
+	(void)mover;
+	cm_pair_t *cp = state;
+	if (kind != 0 || cp->packed)
+		return UINT64_MAX;
+	cp->pk_waiting = 1;
+	return cp->pk_ready[d * ph->rails + rail];
 }
 
 /* A range as it arrives (part) and once complete (arrived): its records from where the last
@@ -580,6 +584,7 @@ const rw_svc_mover_ops_t rw_svc_mover_cuda = {
 	.stage = cm_stage,
 	.plan = cm_plan,
 	.pack = cm_pack,
+	.ready = cm_ready,
 	.arrived = cm_arrived,
 	.part = cm_part,
 	.local = cm_local,

@@ -73,11 +73,21 @@ typedef struct cm_pair {
 	cm_list_t fwd[CM_DEVICES], sums[CM_DEVICES]; /* per device: forwards; owner-sum adds */
 	cm_list_t pack, cslab;       /* the dispatch slabs' rows; the combine slabs' sums */
 	uint8_t **pk_hdr;            /* [n_rec]: where each dispatch record's header goes */
+	/* The dispatch slabs in pieces: records ordered by (destination in posting order, piece of
+	 * its slab), a launch and a mark per piece and device; once a piece's marks (and every
+	 * earlier piece's) are done, the CPU writes its headers and ready() offers its bytes. */
+	uint64_t pk_piece;           /* bytes of a slab per piece */
+	uint32_t pk_per_dst, pk_keys, pk_next; /* pieces per destination, in all; first not done */
+	uint32_t *pk_left;           /* [keys]: its marks not yet completed */
+	uint32_t *pk_first, *pk_order; /* [keys + 1] into [records]: each piece's records */
+	uint32_t *pk_fifo[CM_DEVICES]; /* per device, the pieces of its marks in launch order */
+	uint32_t pk_fifo_h[CM_DEVICES];
+	uint64_t *pk_ready;          /* [N*R]: bytes of (destination, rail)'s slab written */
 	uint32_t *rx_done[2];        /* per kind, [N*R]: records of each (source, rail) range already
 	                                forwarded (dispatch) or added into the sums (combine) */
 	uint32_t marks_pk;           /* marks of the dispatch slabs' kernels not yet completed */
 	int packed;                  /* the dispatch slabs are complete (kernels done, headers written) */
-	int pk_waiting;              /* pack() answered RW_ERR_AGAIN: report RW_MV_OP_PACKED */
+	int pk_waiting;              /* ready() answered short: report RW_MV_OP_PACKED as pieces come */
 	uint32_t ev_waited[2][RW_MAX_GPUS]; /* stream order: devices whose stream waits on rank g's
 	                                       event (bit d), per kind */
 	/* The count row on the GPU (mover_cuda_run.c launches, mover_cuda_count.c answers) */
@@ -141,7 +151,10 @@ rw_status_t cm_list_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, cm_list_t *l
 void cm_list_carve(cm_list_t *l, uint8_t *base, size_t *off, uint32_t n, uint32_t srcs, int sum);
 void cm_lists_carve(cm_pair_t *cp, const rw_svc_phase_t *ph, uint8_t *base, size_t *off,
 			const uint32_t *ranks_on, const uint32_t *recs_on, const uint32_t *local_on);
-void cm_dispatch_headers(cm_pair_t *cp, const rw_svc_phase_t *ph);
+/* mover_cuda_pack.c: the dispatch pack in pieces; an OP_PACK mark of device dev completed;
+ * every piece is in (after a sync). */
+void cm_pack_piece_done(cm_pair_t *cp, int dev);
+void cm_pack_all_done(cm_pair_t *cp);
 rw_status_t cm_dispatch_pack_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why);
 int cm_forward_one(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t ref, uint32_t src_node,
 		       uint32_t src_rank, uint32_t token, const int32_t *ids, const float *weights,

@@ -1,6 +1,7 @@
 /* What the CUDA mover launches and keeps (service/mover_cuda_int.h): its streams and pools, the
- * inputs it stages, the row lists its kernels follow, and the launches of dispatch packing and
- * forwarding and of combine's sums. Returns statuses; service/mover_cuda.c reports them. */
+ * inputs it stages, the row lists its kernels follow, and the launches of dispatch forwarding
+ * and of combine's sums (the dispatch pack: mover_cuda_pack.c). Returns statuses;
+ * service/mover_cuda.c reports them. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -495,76 +496,6 @@ void cm_lists_carve(cm_pair_t *cp, const rw_svc_phase_t *ph, uint8_t *base, size
 		cm_list_carve(&cp->sums[d], base, off, recs_on[d] + local_on[d],
 			   recs_on[d] + local_on[d] * G, 1);
 	}
-}
-
-/* Every dispatch slab at once: a kernel per device copies the token rows into the mapped slabs,
- * each record at the host mover's (egress rail, slot) (rw_sched_map_rail); the CPU writes the
- * headers and top-k blocks once the kernels are done (cm_dispatch_headers): a header shares a cache
- * line with its row's first bytes, and a line is never written by the CPU and the GPU at once. */
-void cm_dispatch_headers(cm_pair_t *cp, const rw_svc_phase_t *ph)
-{
-	for (uint32_t d = 0; d < ph->nodes; d++)
-		for (uint32_t i = ph->row_off[d * ph->rails]; i < ph->row_off[(d + 1) * ph->rails] && d != ph->me; i++) {
-			const rw_record_t *rec = &ph->rec[i];
-			const rw_svc_rank_io_t *io = &ph->io[0][rec->rank];
-			rw_wire_rec_hdr_t h = { .tag = ph->tag_to[d], .src_node = ph->me,
-						.owner = rec->rank, .token = rec->token, .topk = ph->topk };
-			rw_wire_rec_pack(cp->pk_hdr[i], &h, io->ids + (size_t)rec->token * ph->topk,
-					 io->weights + (size_t)rec->token * ph->topk);
-		}
-}
-
-rw_status_t cm_dispatch_pack_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why)
-{
-	cm_list_t *pk = &cp->pack;
-	const rw_svc_layout_t *l = ph->layout;
-	const uint32_t n_rec = ph->row_off[(size_t)ph->nodes * ph->rails];
-	uint8_t *egress = rw_arena_alloc(&cp->mem, RW_MAX(1u, n_rec), 1);
-	uint32_t *slot = rw_arena_alloc(&cp->mem, RW_MAX(1u, n_rec), sizeof(uint32_t));
-	uint64_t *dst = rw_arena_alloc(&cp->mem, RW_MAX(1u, n_rec), sizeof(uint64_t));
-	cp->pk_hdr = rw_arena_alloc(&cp->mem, RW_MAX(1u, n_rec), sizeof(uint8_t *));
-	if (!egress || !slot || !dst || !cp->pk_hdr) {
-		snprintf(why, RW_SVC_WHY_MAX, "out of memory");
-		return RW_ERR_NOMEM;
-	}
-	const uint64_t row_off = rw_wire_rec_row_off(ph->topk);
-	/* The CSR holds this node's own records too (d == me): they never travel. */
-	for (uint32_t d = 0; d < ph->nodes; d++)
-		for (uint32_t r = 0; r < ph->rails && d != ph->me; r++) {
-			uint32_t first = ph->row_off[d * ph->rails + r];
-			uint32_t cnt = ph->row_off[d * ph->rails + r + 1] - first;
-			if (!cnt)
-				continue;
-			rw_sched_map_rail(&l->out_pairs[d], r, egress, slot);
-			for (uint32_t i = 0; i < cnt; i++) {
-				uint32_t e = egress[i];
-				uint64_t pos = ((uint64_t)l->out_first[d * ph->rails + e] + slot[i]) * ph->rec_size;
-				cp->pk_hdr[first + i] = ph->send_area[0][e] + pos;
-				dst[first + i] = cp->send_d[0][e] + pos + row_off;
-			}
-		}
-	const uint32_t own_lo = ph->row_off[ph->me * ph->rails], own_hi = ph->row_off[(ph->me + 1) * ph->rails];
-	for (int dev = 0; dev < CM_DEVICES; dev++) {
-		for (uint32_t i = 0; i < n_rec; i++) {
-			const rw_record_t *rec = &ph->rec[i];
-			if (cp->xdev[rec->rank] == dev && (i < own_lo || i >= own_hi))
-				cm_list_copy(pk, cp->tok[rec->rank] + (uint64_t)rec->token * ph->row_bytes, dst[i]);
-		}
-		const int launched = pk->n > pk->launched;
-		rw_status_t st = cm_list_launch(cp, ph, pk, dev, 0);
-		if (st == RW_OK && launched && (st = cm_pair_mark(cp, dev, OP_PACK, 0)) == RW_OK)
-			cp->marks_pk++;
-		if (st != RW_OK) {
-			snprintf(why, RW_SVC_WHY_MAX, "cannot launch the dispatch pack on GPU %d: %s", dev,
-				 rw_status_str(st));
-			return RW_ERR_DEVICE;
-		}
-	}
-	if (!cp->marks_pk) { /* nothing travels on a GPU: the headers (if any) now */
-		cm_dispatch_headers(cp, ph);
-		cp->packed = 1;
-	}
-	return RW_OK;
 }
 
 /* Forward one record to every local rank hosting one of its experts: the CPU writes its

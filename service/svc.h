@@ -277,6 +277,9 @@ typedef struct rw_svc_metrics {
 	 * reduce overlapping the transfer: rw_svc_mover_ops_t.part, docs/dataflow.md "Receive and
 	 * forward"). */
 	uint64_t rx_prefixes;
+	/* Times a write waited for the mover to finish writing its piece of a slab while earlier
+	 * pieces were already posted (rw_svc_mover_ops_t.ready, docs/dataflow.md "Send"). */
+	uint64_t tx_piece_waits;
 	/* Phases planned without some rail for some pair (a rail down at either end, docs/dataflow.md
 	 * "Rail health"). */
 	uint64_t phases_rail_excluded;

@@ -397,6 +397,7 @@ def scenario_cuda_runs(tmp, seed, real, runs, label, driver):
             counted = [(stat_value(c, n, "counts_gpu"), stat_value(c, n, "counts_host"))
                        for n in range(c.nodes)]
             prefixes = [stat_value(c, n, "rx_prefixes") for n in range(c.nodes)]
+            piece_waits = [stat_value(c, n, "tx_piece_waits") for n in range(c.nodes)]
         finally:
             c.stop()
         if (driver == FAKE_KERN or real) and len(cuda_ranks) == 2 * GPUS:
@@ -415,14 +416,17 @@ def scenario_cuda_runs(tmp, seed, real, runs, label, driver):
             if not all("cuda mover: kernels loaded" in l and "mapped into the GPUs" in l for l in logs):
                 raise RuntimeError("the CUDA mover did not carry the pairs with the kernel stand-in\n"
                                    + c.logs())
-        if pieces and len(cuda_ranks) == 2 * GPUS and not all(prefixes):
+        if pieces and len(cuda_ranks) == 2 * GPUS and not (all(prefixes) and all(piece_waits)):
             raise RuntimeError("1 KiB writes: no range was taken in pieces (rx_prefixes per "
-                               "node: %s)" % prefixes)
+                               "node: %s) or no slab sent in pieces (tx_piece_waits: %s)"
+                               % (prefixes, piece_waits))
         print("ok   cuda %-9s CUDA ranks %s N=2 R=%d G=%d (%s, %s driver; count rows gpu/host "
               "per node %s%s)" % (path, cuda_ranks, RAILS, GPUS, seed + i, "real" if real else label,
                                   " ".join("%d/%d" % gh for gh in counted),
-                                  "; 1 KiB writes, prefixes taken per node %s" %
-                                  " ".join(map(str, prefixes)) if pieces else ""))
+                                  "; 1 KiB writes, prefixes taken per node %s, waits for a "
+                                  "packed piece %s" % (" ".join(map(str, prefixes)),
+                                                       " ".join(map(str, piece_waits)))
+                                  if pieces else ""))
     return True
 
 
