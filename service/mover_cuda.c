@@ -294,13 +294,14 @@ static rw_status_t cm_stage(void *mover, void *state, rw_svc_phase_t *ph, int ki
 			    int *pending_p, char *why)
 {
 	cm_pair_t *cp = state;
-	if (kind == 1) { /* combine rows may sit on a device the dispatch did not use */
-		uint32_t used = cm_span_devs(&ph->io[1][g]);
-		for (uint32_t r = 0; r < ph->gpus; r++)
-			used |= 1u << cp->xdev[r];
+	if (kind == 1 && (cm_span_devs(&ph->io[1][g]) & ~cp->reach)) {
+		/* combine rows on a device the dispatch did not use: it and the pair's reach
+		 * each other too */
+		uint32_t used = cp->reach | cm_span_devs(&ph->io[1][g]);
 		rw_status_t pst = cm_peer_reach(mover, used, why);
 		if (pst != RW_OK)
 			return pst;
+		cp->reach = used;
 	}
 	rw_status_t st = cm_wait_events(state, ph, kind, g, why);
 	if (st != RW_OK)
@@ -362,6 +363,7 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 		used |= 1u << cp->xdev[g] | cm_span_devs(&ph->io[0][g]);
 	if ((st = cm_peer_reach(m, used, why)) != RW_OK)
 		return st;
+	cp->reach = used;
 	for (uint32_t i = 0; i < n_rec; i++)
 		recs_on[cp->xdev[ph->rec[i].rank]]++;
 	for (uint32_t g = 0; g < G && !oom; g++) {

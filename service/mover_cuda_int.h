@@ -47,6 +47,7 @@ typedef struct cm_pair {
 	int home;                    /* runs host-memory ranks' work: the pair's first CUDA device */
 	int xdev[RW_MAX_GPUS];       /* the device whose stream writes rank g's memory */
 	uint32_t devs;               /* devices with work of this pair ever enqueued */
+	uint32_t reach;              /* devices made to reach each other's memory for this pair */
 	uint32_t dirty;              /* devices with work enqueued after their last mark */
 	uint32_t pending;            /* marks not yet completed */
 	uint32_t marks_d[RW_MAX_GPUS]; /* dispatch staging marks per rank */

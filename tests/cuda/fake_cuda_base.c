@@ -24,82 +24,155 @@
 
 #include "tests/cuda/fake_cuda_base.h"
 
-/* ---- the stream work queue ---- */
+/* ---- the stream work queues ---- */
 
 #define QMAX 4096
 struct work {
 	rw_fake_work_fn fn;
 	unsigned char arg[64];
 };
-static struct work queue[QMAX];
-static unsigned q_head, q_tail; /* q_head advances once an item has run */
+/* One stream: its queue and (with the lag) its worker thread. Streams are independent, as a
+ * GPU's are: a wait held on one holds none of the others. The legacy stream (NULL) is one too. */
+struct rw_fake_stream {
+	struct rw_fake_stream *next;
+	struct work queue[QMAX];
+	unsigned head, tail; /* head advances once an item has run */
+	pthread_cond_t more, ran;
+	pthread_t thread;
+	int worker_up, dying;
+};
 static pthread_mutex_t q_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t q_more = PTHREAD_COND_INITIALIZER, q_ran = PTHREAD_COND_INITIALIZER;
-static int lag_ms = -1, worker_up;
+static struct rw_fake_stream legacy = { .more = PTHREAD_COND_INITIALIZER, .ran = PTHREAD_COND_INITIALIZER };
+static struct rw_fake_stream *streams = &legacy; /* every live stream, legacy last */
+static int lag_ms = -1;
 
-static void *worker(void *unused)
-{
-	(void)unused;
-	const struct timespec lag = { .tv_sec = lag_ms / 1000, .tv_nsec = (lag_ms % 1000) * 1000000L };
-	pthread_mutex_lock(&q_mu);
-	for (;;) {
-		while (q_head == q_tail)
-			pthread_cond_wait(&q_more, &q_mu);
-		struct work w = queue[q_head % QMAX];
-		pthread_mutex_unlock(&q_mu);
-		nanosleep(&lag, NULL);
-		w.fn(w.arg);
-		pthread_mutex_lock(&q_mu);
-		q_head++;
-		pthread_cond_broadcast(&q_ran);
-	}
-	return NULL;
-}
-
-void rw_fake_cuda_submit(rw_fake_work_fn fn, const void *arg, size_t len)
+static int lag(void)
 {
 	if (lag_ms < 0) {
 		const char *e = getenv("RW_FAKE_CUDA_LAG_MS");
 		lag_ms = e ? atoi(e) : 0;
 	}
-	if (lag_ms <= 0 || len > sizeof(queue[0].arg)) {
+	return lag_ms;
+}
+
+/* The stream s names, or the legacy one (NULL, or a handle this file did not make). Locked. */
+static struct rw_fake_stream *stream_find(const void *s)
+{
+	for (struct rw_fake_stream *q = streams; q; q = q->next)
+		if (q == s)
+			return q;
+	return &legacy;
+}
+
+static void *worker(void *arg)
+{
+	struct rw_fake_stream *q = arg;
+	const struct timespec nap = { .tv_sec = lag_ms / 1000, .tv_nsec = (lag_ms % 1000) * 1000000L };
+	pthread_mutex_lock(&q_mu);
+	for (;;) {
+		while (q->head == q->tail && !q->dying)
+			pthread_cond_wait(&q->more, &q_mu);
+		if (q->head == q->tail)
+			break;
+		struct work w = q->queue[q->head % QMAX];
+		pthread_mutex_unlock(&q_mu);
+		nanosleep(&nap, NULL);
+		w.fn(w.arg);
+		pthread_mutex_lock(&q_mu);
+		q->head++;
+		pthread_cond_broadcast(&q->ran);
+	}
+	pthread_mutex_unlock(&q_mu);
+	return NULL;
+}
+
+void *rw_fake_cuda_stream_create(void)
+{
+	struct rw_fake_stream *q = calloc(1, sizeof(*q));
+	if (!q)
+		return NULL;
+	pthread_cond_init(&q->more, NULL);
+	pthread_cond_init(&q->ran, NULL);
+	pthread_mutex_lock(&q_mu);
+	q->next = streams;
+	streams = q;
+	pthread_mutex_unlock(&q_mu);
+	return q;
+}
+
+void rw_fake_cuda_stream_destroy(void *s)
+{
+	rw_fake_cuda_drain(s);
+	pthread_mutex_lock(&q_mu);
+	struct rw_fake_stream *q = stream_find(s);
+	if (q == &legacy) {
+		pthread_mutex_unlock(&q_mu);
+		return;
+	}
+	for (struct rw_fake_stream **pp = &streams; *pp; pp = &(*pp)->next)
+		if (*pp == q) {
+			*pp = q->next;
+			break;
+		}
+	q->dying = 1;
+	pthread_cond_signal(&q->more);
+	int up = q->worker_up;
+	pthread_mutex_unlock(&q_mu);
+	if (up)
+		pthread_join(q->thread, NULL);
+	pthread_cond_destroy(&q->more);
+	pthread_cond_destroy(&q->ran);
+	free(q);
+}
+
+void rw_fake_cuda_submit(const void *s, rw_fake_work_fn fn, const void *arg, size_t len)
+{
+	if (lag() <= 0 || len > sizeof(legacy.queue[0].arg)) {
 		fn(arg);
 		return;
 	}
 	pthread_mutex_lock(&q_mu);
-	if (!worker_up) {
-		pthread_t t;
-		if (pthread_create(&t, NULL, worker, NULL) != 0) {
+	struct rw_fake_stream *q = stream_find(s);
+	if (!q->worker_up) {
+		if (pthread_create(&q->thread, NULL, worker, q) != 0) {
 			pthread_mutex_unlock(&q_mu);
 			fn(arg);
 			return;
 		}
-		pthread_detach(t);
-		worker_up = 1;
+		if (q == &legacy)
+			pthread_detach(q->thread); /* lives as long as the process */
+		q->worker_up = 1;
 	}
-	while (q_tail - q_head == QMAX)
-		pthread_cond_wait(&q_ran, &q_mu);
-	queue[q_tail % QMAX].fn = fn;
-	memcpy(queue[q_tail % QMAX].arg, arg, len);
-	q_tail++;
-	pthread_cond_signal(&q_more);
+	while (q->tail - q->head == QMAX)
+		pthread_cond_wait(&q->ran, &q_mu);
+	q->queue[q->tail % QMAX].fn = fn;
+	memcpy(q->queue[q->tail % QMAX].arg, arg, len);
+	q->tail++;
+	pthread_cond_signal(&q->more);
 	pthread_mutex_unlock(&q_mu);
 }
 
-unsigned rw_fake_cuda_busy(void)
+unsigned rw_fake_cuda_busy(const void *s)
 {
 	pthread_mutex_lock(&q_mu);
-	unsigned n = q_tail - q_head;
+	struct rw_fake_stream *q = stream_find(s);
+	unsigned n = q->tail - q->head;
 	pthread_mutex_unlock(&q_mu);
 	return n;
 }
 
-unsigned rw_fake_cuda_drain(void)
+/* Wait for one queue; NULL: every stream's (the legacy stream synchronizes with all). */
+unsigned rw_fake_cuda_drain(const void *s)
 {
+	unsigned n = 0;
 	pthread_mutex_lock(&q_mu);
-	unsigned n = q_tail - q_head;
-	while (q_head != q_tail)
-		pthread_cond_wait(&q_ran, &q_mu);
+	for (struct rw_fake_stream *q = streams; q; q = q->next) {
+		if (s && q != stream_find(s))
+			continue;
+		n += q->tail - q->head;
+		while (q->head != q->tail)
+			pthread_cond_wait(&q->ran, &q_mu);
+	}
 	pthread_mutex_unlock(&q_mu);
 	return n;
 }
@@ -156,10 +229,61 @@ CUresult CUDAAPI cuCtxGetCurrent(CUcontext *c) { *c = NULL; return CUDA_SUCCESS;
 CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr d, const void *s, size_t n) { memcpy((void *)(uintptr_t)d, s, n); return CUDA_SUCCESS; }
 CUresult CUDAAPI cuMemcpyDtoH(void *d, CUdeviceptr s, size_t n) { memcpy(d, (const void *)(uintptr_t)s, n); return CUDA_SUCCESS; }
 CUresult CUDAAPI cuMemsetD8(CUdeviceptr d, unsigned char v, size_t n) { memset((void *)(uintptr_t)d, v, n); return CUDA_SUCCESS; }
-CUresult CUDAAPI cuMemHostAlloc(void **p, size_t n, unsigned int f) { (void)f; *p = malloc(n); return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY; }
-CUresult CUDAAPI cuMemFreeHost(void *p) { free(p); return CUDA_SUCCESS; }
-CUresult CUDAAPI cuMemHostRegister(void *p, size_t n, unsigned int f) { (void)p; (void)n; (void)f; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuMemHostUnregister(void *p) { (void)p; return CUDA_SUCCESS; }
+
+/* Page-locked host memory, as the driver would know it: the ranges cuMemHostAlloc gave and
+ * cuMemHostRegister took. An asynchronous copy from the device into any other (pageable) host
+ * memory returns only once it is done, as on the real driver ("API synchronization behavior"):
+ * a caller that queued such a copy behind a stream wait blocks here as it would on a GPU. */
+#define PINNED_MAX 1024
+static struct { const char *p; size_t n; } pinned[PINNED_MAX];
+static unsigned n_pinned;
+static int pinned_lost; /* the table overflowed: no copy is taken for pageable */
+static pthread_mutex_t pin_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void pin_add(const void *p, size_t n)
+{
+	pthread_mutex_lock(&pin_mu);
+	if (n_pinned < PINNED_MAX)
+		pinned[n_pinned++].p = p, pinned[n_pinned - 1].n = n;
+	else
+		pinned_lost = 1;
+	pthread_mutex_unlock(&pin_mu);
+}
+
+static void pin_drop(const void *p)
+{
+	pthread_mutex_lock(&pin_mu);
+	for (unsigned i = 0; i < n_pinned; i++)
+		if (pinned[i].p == p) {
+			pinned[i] = pinned[--n_pinned];
+			break;
+		}
+	pthread_mutex_unlock(&pin_mu);
+}
+
+static int pinned_at(const void *p, size_t n)
+{
+	const char *c = p;
+	int yes = pinned_lost;
+	pthread_mutex_lock(&pin_mu);
+	for (unsigned i = 0; i < n_pinned && !yes; i++)
+		yes = c >= pinned[i].p && c + n <= pinned[i].p + pinned[i].n;
+	pthread_mutex_unlock(&pin_mu);
+	return yes;
+}
+
+CUresult CUDAAPI cuMemHostAlloc(void **p, size_t n, unsigned int f)
+{
+	(void)f;
+	*p = malloc(n);
+	if (!*p)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	pin_add(*p, n);
+	return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuMemFreeHost(void *p) { pin_drop(p); free(p); return CUDA_SUCCESS; }
+CUresult CUDAAPI cuMemHostRegister(void *p, size_t n, unsigned int f) { (void)f; pin_add(p, n); return CUDA_SUCCESS; }
+CUresult CUDAAPI cuMemHostUnregister(void *p) { pin_drop(p); return CUDA_SUCCESS; }
 struct copy_args {
 	void *dst;
 	const void *src;
@@ -170,18 +294,23 @@ static void copy_run(const void *a)
 	const struct copy_args *c = a;
 	memmove(c->dst, c->src, c->n);
 }
-static CUresult copy_async(void *d, const void *s, size_t n)
+static CUresult copy_async(CUstream st, void *d, const void *s, size_t n)
 {
 	struct copy_args c = { d, s, n };
-	rw_fake_cuda_submit(copy_run, &c, sizeof(c));
+	rw_fake_cuda_submit(st, copy_run, &c, sizeof(c));
 	return CUDA_SUCCESS;
 }
-CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr d, const void *s, size_t n, CUstream st) { (void)st; return copy_async((void *)(uintptr_t)d, s, n); }
-CUresult CUDAAPI cuMemcpyDtoHAsync(void *d, CUdeviceptr s, size_t n, CUstream st) { (void)st; return copy_async(d, (const void *)(uintptr_t)s, n); }
+CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr d, const void *s, size_t n, CUstream st) { return copy_async(st, (void *)(uintptr_t)d, s, n); }
+CUresult CUDAAPI cuMemcpyDtoHAsync(void *d, CUdeviceptr s, size_t n, CUstream st)
+{
+	CUresult res = copy_async(st, d, (const void *)(uintptr_t)s, n);
+	if (res == CUDA_SUCCESS && !pinned_at(d, n))
+		rw_fake_cuda_drain(st); /* into pageable memory: done when it returns */
+	return res;
+}
 CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st)
 {
-	(void)st;
-	return copy_async((void *)(uintptr_t)d, (const void *)(uintptr_t)s, n);
+	return copy_async(st, (void *)(uintptr_t)d, (const void *)(uintptr_t)s, n);
 }
 
 /* ---- stream order across processes ----
@@ -320,17 +449,16 @@ static void event_wait_run(const void *a)
 
 CUresult CUDAAPI cuEventRecord(CUevent e, CUstream s)
 {
-	(void)s;
 	struct ev_args r = { e->pg, atomic_fetch_add(&e->pg->recorded, 1) + 1 };
-	rw_fake_cuda_submit(record_run, &r, sizeof(r));
+	rw_fake_cuda_submit(s, record_run, &r, sizeof(r));
 	return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags)
 {
-	(void)s, (void)flags;
+	(void)flags;
 	struct ev_args r = { e->pg, atomic_load(&e->pg->recorded) };
-	rw_fake_cuda_submit(event_wait_run, &r, sizeof(r));
+	rw_fake_cuda_submit(s, event_wait_run, &r, sizeof(r));
 	return CUDA_SUCCESS;
 }
 
@@ -362,19 +490,18 @@ static void value_wait_run(const void *a)
 
 CUresult CUDAAPI cuStreamWriteValue32(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
 {
-	(void)s, (void)flags;
+	(void)flags;
 	struct value_args w = { (_Atomic uint32_t *)(uintptr_t)addr, value };
-	rw_fake_cuda_submit(value_write_run, &w, sizeof(w));
+	rw_fake_cuda_submit(s, value_write_run, &w, sizeof(w));
 	return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuStreamWaitValue32(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
 {
-	(void)s;
 	if (flags != CU_STREAM_WAIT_VALUE_GEQ)
 		return CUDA_ERROR_NOT_SUPPORTED;
 	struct value_args w = { (_Atomic uint32_t *)(uintptr_t)addr, value };
-	rw_fake_cuda_submit(value_wait_run, &w, sizeof(w));
+	rw_fake_cuda_submit(s, value_wait_run, &w, sizeof(w));
 	return CUDA_SUCCESS;
 }
 #endif /* RW_HAVE_CUDA_H */

@@ -39,7 +39,6 @@ struct block {
 
 static struct block blocks[NBLOCKS];
 static unsigned long long next_id = 1;
-static int stream_obj;
 
 struct handle_bytes {
 	char magic[8]; /* "RWFKIPC" */
@@ -175,16 +174,20 @@ CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr p)
 	return CUDA_SUCCESS;
 }
 
-/* One stream's worth of ordering: all stream work goes through the queue of fake_cuda_base.c
- * (at once, or in order on a worker thread with $RW_FAKE_CUDA_LAG_MS). A synchronize that found
- * work queued says so on stderr (the integration tests count the daemon's blocking waits). */
-CUresult CUDAAPI cuStreamCreate(CUstream *s, unsigned int f) { (void)f; *s = (CUstream)&stream_obj; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuStreamDestroy(CUstream s) { (void)s; rw_fake_cuda_drain(); return CUDA_SUCCESS; }
-CUresult CUDAAPI cuStreamQuery(CUstream s) { (void)s; return rw_fake_cuda_busy() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS; }
+/* Streams are fake_cuda_base.c's queues (at once, or in order on a worker thread per stream with
+ * $RW_FAKE_CUDA_LAG_MS). A synchronize that found work queued says so on stderr (the
+ * integration tests count the daemon's blocking waits). */
+CUresult CUDAAPI cuStreamCreate(CUstream *s, unsigned int f)
+{
+	(void)f;
+	*s = (CUstream)rw_fake_cuda_stream_create();
+	return *s ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+CUresult CUDAAPI cuStreamDestroy(CUstream s) { rw_fake_cuda_stream_destroy(s); return CUDA_SUCCESS; }
+CUresult CUDAAPI cuStreamQuery(CUstream s) { return rw_fake_cuda_busy(s) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS; }
 CUresult CUDAAPI cuStreamSynchronize(CUstream s)
 {
-	(void)s;
-	unsigned n = rw_fake_cuda_drain();
+	unsigned n = rw_fake_cuda_drain(s);
 	if (n)
 		fprintf(stderr, "fake cuda: cuStreamSynchronize blocked for %u queued items\n", n);
 	return CUDA_SUCCESS;
@@ -200,9 +203,8 @@ static void host_fn_run(const void *a)
 }
 CUresult CUDAAPI cuLaunchHostFunc(CUstream s, CUhostFn fn, void *arg)
 {
-	(void)s;
 	struct host_fn_args h = { fn, arg };
-	rw_fake_cuda_submit(host_fn_run, &h, sizeof(h));
+	rw_fake_cuda_submit(s, host_fn_run, &h, sizeof(h));
 	return CUDA_SUCCESS;
 }
 #endif /* RW_HAVE_CUDA_H */

@@ -57,9 +57,8 @@ static void memset_run(const void *a)
 }
 CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
 {
-	(void)s;
 	struct memset_args m = { (void *)(uintptr_t)d, n, v };
-	rw_fake_cuda_submit(memset_run, &m, sizeof(m));
+	rw_fake_cuda_submit(s, memset_run, &m, sizeof(m));
 	return CUDA_SUCCESS;
 }
 
@@ -234,7 +233,7 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned
 	} else {
 		return CUDA_ERROR_NOT_SUPPORTED;
 	}
-	rw_fake_cuda_submit(launch_run, &L, sizeof(L));
+	rw_fake_cuda_submit(s, launch_run, &L, sizeof(L));
 	return CUDA_SUCCESS;
 }
 #endif /* RW_HAVE_CUDA_H */
