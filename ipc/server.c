@@ -3,9 +3,10 @@
  * each client's buffers and rings, drain submission rings (checking each entry), publish
  * completions. Every client input is hostile: a bad one gets an error reply or an error
  * completion and, where the connection cannot continue, that one client is dropped; every fd
- * received is closed on every path; nothing here can be made to crash or to block the loop. Rank authentication (admission, groups,
- * keys, the hello) is ipc/server_auth.c, registered events (stream order) ipc/server_event.c;
- * they share ipc/server_int.h. */
+ * received is closed on every path; nothing here can be made to crash or to block the loop.
+ * Rank authentication (admission, groups, keys, the hello) is ipc/server_auth.c, registered
+ * events (stream order) ipc/server_event.c, the rings (setup, draining, completions)
+ * ipc/server_ring.c; they share ipc/server_int.h. */
 #include "ipc/server_int.h"
 
 #include <errno.h>
@@ -24,7 +25,6 @@
 #include <sodium.h>
 
 #define RECV_BURST 16  /* control messages handled per readable event (fairness) */
-#define DRAIN_BATCH 64 /* submissions taken per pass before the ring's tail is stored */
 
 const char *rw_ipc_leave_str(rw_ipc_leave_t reason)
 {
@@ -42,7 +42,6 @@ const char *rw_ipc_leave_str(rw_ipc_leave_t reason)
  * Sending
  * ------------------------------------------------------------------------------------------- */
 
-static void client_kill(rw_ipc_client_t *c, rw_ipc_leave_t reason, int error);
 
 void ipc_hdr_init(rw_ipc_hdr_t *hdr, uint16_t type, uint32_t seq)
 {
@@ -82,7 +81,7 @@ int ipc_send_msg(rw_ipc_client_t *c, const void *msg, size_t len, const int *fds
 		return 0;
 	if (n < 0 && errno != EPIPE && errno != ECONNRESET)
 		rw_warn("ipc client %u: send: %m (dropping it)", c->info.id);
-	client_kill(c, RW_IPC_LEFT_EOF, 0);
+	ipc_client_kill(c, RW_IPC_LEFT_EOF, 0);
 	return -1;
 }
 
@@ -108,7 +107,7 @@ int ipc_send_error(rw_ipc_client_t *c, uint32_t seq, int code, const char *why, 
 	ipc_send_msg(c, &err, sizeof(err), NULL, 0);
 	if (fatal && !c->dying) {
 		srv->stats.dropped++;
-		client_kill(c, RW_IPC_LEFT_PROTOCOL, code);
+		ipc_client_kill(c, RW_IPC_LEFT_PROTOCOL, code);
 	}
 	return 0;
 }
@@ -127,7 +126,7 @@ buf_slot_t *ipc_buf_find(const rw_ipc_client_t *c, uint32_t id)
 	return &c->bufs[slot];
 }
 
-static uint64_t buf_size_of(void *ctx, uint32_t id)
+uint64_t ipc_buf_size_of(void *ctx, uint32_t id)
 {
 	const buf_slot_t *b = ipc_buf_find(ctx, id);
 	return b ? b->pub.size : 0;
@@ -299,280 +298,6 @@ int ipc_reply_dereg_ok(rw_ipc_client_t *c, const rw_ipc_dereg_t *req)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Rings
- * ------------------------------------------------------------------------------------------- */
-
-static void sq_cb(struct ev_loop *loop, ev_io *w, int revents);
-
-static void rings_free(rw_ipc_client_t *c)
-{
-	if (!c->rings_up)
-		return;
-	ev_io_stop(c->srv->loop, &c->sq_io);
-	munmap(c->ring_map, c->ring_bytes);
-	close(c->sq_efd);
-	close(c->cq_efd);
-	c->rings_up = 0;
-	c->srv->stats.rings--;
-}
-
-/* The daemon makes the ring memory, so the client can neither size it wrong nor shrink it:
- * the memfd is sealed (no shrink, no grow, no new seals) before the client ever sees it. */
-static int handle_ring_setup(rw_ipc_client_t *c, const rw_ipc_ring_setup_t *req)
-{
-	uint32_t seq = req->hdr.seq;
-	rw_ipc_server_t *srv = c->srv;
-	const char *why;
-	if (c->rings_up)
-		return ipc_send_error(c, seq, RW_E_RING_STATE, "rings already set up", 0);
-	int code = rw_ipc_check_ring_setup(req, &srv->lim, &why);
-	if (code)
-		return ipc_send_error(c, seq, code, why, 0);
-
-	rw_ipc_ring_ok_t ok;
-	memset(&ok, 0, sizeof(ok));
-	ipc_hdr_init(&ok.hdr, RW_IPC_RING_OK, seq);
-	ok.sq_entries = req->sq_entries;
-	ok.cq_entries = req->cq_entries;
-	ok.sq_ctl_off = 0;
-	ok.cq_ctl_off = RW_IPC_RING_CTL_BYTES;
-	ok.sq_slots_off = 2 * RW_IPC_RING_CTL_BYTES;
-	ok.cq_slots_off = ok.sq_slots_off + rw_ring_slots_bytes(req->sq_entries, sizeof(rw_sqe_t));
-	ok.map_bytes = ok.cq_slots_off + rw_ring_slots_bytes(req->cq_entries, sizeof(rw_cqe_t));
-	ok.sqe_size = sizeof(rw_sqe_t);
-	ok.cqe_size = sizeof(rw_cqe_t);
-
-	int memfd = -1, sq_efd = -1, cq_efd = -1;
-	void *map = MAP_FAILED;
-	memfd = memfd_create("railwave-rings", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (memfd < 0)
-		goto fail;
-	if (ftruncate(memfd, (off_t)ok.map_bytes) < 0 ||
-	    fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
-		goto fail;
-	map = mmap(NULL, ok.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
-	if (map == MAP_FAILED)
-		goto fail;
-	sq_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	cq_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (sq_efd < 0 || cq_efd < 0)
-		goto fail;
-
-	uint8_t *base = map;
-	rw_ring_init(&c->sq, (rw_ring_ctl_t *)(base + ok.sq_ctl_off), base + ok.sq_slots_off,
-		     ok.sq_entries, sizeof(rw_sqe_t), -1, 0);
-	rw_ring_init(&c->cq, (rw_ring_ctl_t *)(base + ok.cq_ctl_off), base + ok.cq_slots_off,
-		     ok.cq_entries, sizeof(rw_cqe_t), cq_efd, 1);
-	/* The daemon starts asleep on the submission ring: the first submit wakes it. */
-	atomic_store_explicit(&c->sq.ctl->armed, 1, memory_order_relaxed);
-
-	int fds[3] = {memfd, sq_efd, cq_efd};
-	c->ring_map = map;
-	c->ring_bytes = ok.map_bytes;
-	c->sq_efd = sq_efd;
-	c->cq_efd = cq_efd;
-	c->rings_up = 1;
-	srv->stats.rings++;
-	ev_io_init(&c->sq_io, sq_cb, sq_efd, EV_READ);
-	c->sq_io.data = c;
-	ev_io_start(srv->loop, &c->sq_io);
-	ipc_send_msg(c, &ok, sizeof(ok), fds, 3);
-	close(memfd); /* the mapping and the client's copy keep it */
-	return 0;
-fail:
-	rw_err("ipc client %u: ring setup: %m", c->info.id);
-	if (map != MAP_FAILED)
-		munmap(map, ok.map_bytes);
-	if (memfd >= 0)
-		close(memfd);
-	if (sq_efd >= 0)
-		close(sq_efd);
-	if (cq_efd >= 0)
-		close(cq_efd);
-	return ipc_send_error(c, seq, RW_E_INTERNAL, "daemon could not create the rings", 0);
-}
-
-static void flush_client(rw_ipc_client_t *c)
-{
-	if (!c->rings_up || c->dying)
-		return;
-	uint32_t n = c->cq.local - c->cq.published;
-	if (n == 0)
-		return;
-	c->srv->stats.completions += n;
-	c->srv->stats.wakeups += (uint64_t)rw_ring_prod_publish(&c->cq);
-}
-
-static void push_cqe(rw_ipc_client_t *c, const rw_cqe_t *cqe)
-{
-	memcpy(rw_ring_prod_next(&c->cq), cqe, sizeof(*cqe));
-	rw_ring_prod_push(&c->cq);
-	if (!c->on_flush_list) {
-		c->on_flush_list = 1;
-		c->flush_next = c->srv->flush;
-		c->srv->flush = c;
-	}
-}
-
-static void ring_corrupt(rw_ipc_client_t *c, const char *which)
-{
-	char why[96];
-	snprintf(why, sizeof(why), "%s ring indices corrupted", which);
-	ipc_send_error(c, 0, RW_E_RING_INDEX, why, 1);
-	client_kill(c, RW_IPC_LEFT_PROTOCOL, RW_E_RING_INDEX); /* also if the send failed */
-}
-
-/* Take submissions off the ring while completion slots can be reserved for them. Returns the
- * number taken (>= 0), or -1 if the client was dropped. Sets cq_blocked when it stopped for lack
- * of completion slots with submissions still waiting. */
-static int drain(rw_ipc_client_t *c)
-{
-	rw_ipc_server_t *srv = c->srv;
-	int taken_total = 0;
-	c->cq_blocked = 0;
-	while (!c->dying) {
-		int avail = rw_ring_cons_avail(&c->sq);
-		if (avail < 0)
-			return ring_corrupt(c, "submission"), -1;
-		if (avail == 0)
-			break;
-		int space = rw_ring_prod_space(&c->cq, (uint32_t)c->reserved + 1);
-		if (space < 0)
-			return ring_corrupt(c, "completion"), -1;
-		int room = space - (int)c->reserved;
-		if (room <= 0) {
-			c->cq_blocked = 1;
-			break;
-		}
-		uint32_t take = (uint32_t)RW_MIN(RW_MIN(avail, room), DRAIN_BATCH);
-		uint32_t i;
-		for (i = 0; i < take && !c->dying; i++) {
-			rw_sqe_t sqe; /* copy first: the client can rewrite the slot at any time */
-			memcpy(&sqe, rw_ring_cons_peek(&c->sq, i), sizeof(sqe));
-			const char *why;
-			int code = rw_ipc_check_sqe(&sqe, &srv->lim, buf_size_of, c, &why);
-			if (!code && sqe.flags && !ipc_event_find(c, sqe.event_id)) {
-				code = RW_E_EVENT;
-				why = "stream-ordered submission names an event id this rank has not "
-				      "registered";
-			}
-			if (code) {
-				rw_ipc_signal_now(c, &sqe); /* the flag before the CQE, errors too */
-				/* The reason first, as a notice (rw_client_last_message), then the
-				 * completion, as the service answers a refused submission. */
-				rw_ipc_client_notice(srv, c, code, why);
-				rw_cqe_t cqe;
-				memset(&cqe, 0, sizeof(cqe));
-				cqe.status = RW_CQ_ERROR;
-				cqe.error = code;
-				cqe.kind = sqe.kind;
-				cqe.phase_id = sqe.phase_id;
-				cqe.user_data = sqe.user_data;
-				cqe.counts_buf = RW_BUF_NONE;
-				push_cqe(c, &cqe);
-				srv->stats.rejected++;
-				rw_dbg("ipc client %u: submission rejected: %s: %s", c->info.id,
-				       rw_client_strerror(code), why);
-				continue;
-			}
-			c->reserved++;
-			srv->stats.submissions++;
-			srv->ops.submission(srv->ctx, c, &sqe);
-		}
-		if (c->dying)
-			return -1;
-		rw_ring_cons_release(&c->sq, i);
-		taken_total += (int)i;
-	}
-	if (c->dying)
-		return -1;
-	flush_client(c);
-	return taken_total;
-}
-
-/* Drain, then either keep the client in the server's poll rotation or arm its eventfd. Returns
- * submissions taken, or -1 if the client was dropped. */
-static int pump(rw_ipc_client_t *c)
-{
-	int total = 0;
-	for (;;) {
-		int n = drain(c);
-		if (n < 0)
-			return -1;
-		total += n;
-		if (c->cq_blocked) {
-			/* Sleep until the client frees completion slots (it writes sq_efd). */
-			int space = rw_ring_prod_arm_space(&c->cq);
-			if (space < 0)
-				return ring_corrupt(c, "completion"), -1;
-			if (space > (int)c->reserved)
-				continue;
-			return total;
-		}
-		if (c->srv->polling)
-			return total;
-		int ready = rw_ring_cons_arm(&c->sq);
-		if (ready < 0)
-			return ring_corrupt(c, "submission"), -1;
-		if (ready == 0)
-			return total;
-	}
-}
-
-static void start_polling(rw_ipc_server_t *srv)
-{
-	if (!srv->cfg.busy_poll_us)
-		return;
-	srv->poll_deadline_ns = rw_now_ns() + (uint64_t)srv->cfg.busy_poll_us * 1000u;
-	if (!srv->polling) {
-		srv->polling = 1;
-		ev_idle_start(srv->loop, &srv->idle);
-	}
-}
-
-static void sq_cb(struct ev_loop *loop, ev_io *w, int revents)
-{
-	(void)loop;
-	(void)revents;
-	rw_ipc_client_t *c = w->data;
-	uint64_t count;
-	while (read(c->sq_efd, &count, sizeof(count)) > 0) {
-	}
-	rw_ring_cons_disarm(&c->sq);
-	start_polling(c->srv);
-	pump(c);
-}
-
-/* Busy-poll phase: every client's submission ring, until none had work for busy_poll_us. Each
- * call spins a few rounds before returning to the loop, which then serves its other watchers
- * (without sleeping: an active idle watcher makes the loop poll with a zero timeout). */
-static void idle_cb(struct ev_loop *loop, ev_idle *w, int revents)
-{
-	(void)revents;
-	rw_ipc_server_t *srv = w->data;
-	for (int spin = 0; spin < 64; spin++) {
-		int progress = 0;
-		for (rw_ipc_client_t *c = srv->clients; c; c = c->next)
-			if (c->rings_up && !c->dying && pump(c) > 0)
-				progress = 1;
-		uint64_t now = rw_now_ns();
-		if (progress) {
-			srv->poll_deadline_ns = now + (uint64_t)srv->cfg.busy_poll_us * 1000u;
-			return;
-		}
-		if (now >= srv->poll_deadline_ns)
-			break;
-	}
-	if (rw_now_ns() < srv->poll_deadline_ns)
-		return;
-	srv->polling = 0;
-	ev_idle_stop(loop, &srv->idle);
-	for (rw_ipc_client_t *c = srv->clients; c; c = c->next)
-		if (c->rings_up && !c->dying && pump(c) > 0)
-			start_polling(srv); /* work arrived while arming: keep polling */
-}
-
-/* ---------------------------------------------------------------------------------------------
  * Control messages
  * ------------------------------------------------------------------------------------------- */
 
@@ -603,8 +328,8 @@ static int handle_message(rw_ipc_client_t *c, const void *buf, size_t len, int f
 	case RW_IPC_DEREG: return handle_dereg(c, &msg.dereg);
 	case RW_IPC_REG_EVENT: return ipc_handle_reg_event(c, &msg.reg_event);
 	case RW_IPC_DEREG_EVENT: return ipc_handle_dereg_event(c, &msg.dereg);
-	case RW_IPC_RING_SETUP: return handle_ring_setup(c, &msg.ring_setup);
-	case RW_IPC_GOODBYE: client_kill(c, RW_IPC_LEFT_GOODBYE, 0); return 0;
+	case RW_IPC_RING_SETUP: return ipc_ring_setup(c, &msg.ring_setup);
+	case RW_IPC_GOODBYE: ipc_client_kill(c, RW_IPC_LEFT_GOODBYE, 0); return 0;
 	}
 	return 0;
 }
@@ -631,7 +356,7 @@ static void client_cb(struct ev_loop *loop, ev_io *w, int revents)
 		if (n < 0) {
 			if (errno != ECONNRESET)
 				rw_warn("ipc client %u: recv: %m", c->info.id);
-			client_kill(c, RW_IPC_LEFT_EOF, 0);
+			ipc_client_kill(c, RW_IPC_LEFT_EOF, 0);
 			return;
 		}
 		int fds[RW_IPC_MAX_FDS];
@@ -655,7 +380,7 @@ static void client_cb(struct ev_loop *loop, ev_io *w, int revents)
 		/* 0 bytes is end-of-file, or an empty datagram that SOCK_SEQPACKET cannot tell from
 		 * it: either way the connection ends (after closing any fds the datagram carried). */
 		if (n == 0)
-			client_kill(c, RW_IPC_LEFT_EOF, 0);
+			ipc_client_kill(c, RW_IPC_LEFT_EOF, 0);
 		else
 			handle_message(c, &raw, (size_t)n, mh.msg_flags, fds, nfds, bad_cmsg);
 		for (unsigned i = 0; i < nfds; i++)
@@ -668,7 +393,7 @@ static void client_cb(struct ev_loop *loop, ev_io *w, int revents)
  * Connections
  * ------------------------------------------------------------------------------------------- */
 
-static void client_kill(rw_ipc_client_t *c, rw_ipc_leave_t reason, int error)
+void ipc_client_kill(rw_ipc_client_t *c, rw_ipc_leave_t reason, int error)
 {
 	if (c->dying)
 		return;
@@ -712,7 +437,7 @@ static void client_free(rw_ipc_client_t *c)
 		free(c->bufs);
 	}
 	ipc_events_free(c);
-	rings_free(c);
+	ipc_rings_free(c);
 	close(c->fd);
 	if (c->prev)
 		c->prev->next = c->next;
@@ -740,7 +465,7 @@ void rw_ipc_server_flush(rw_ipc_server_t *srv)
 		rw_ipc_client_t *c = srv->flush;
 		srv->flush = c->flush_next;
 		c->on_flush_list = 0;
-		flush_client(c);
+		ipc_flush_client(c);
 	}
 }
 
@@ -996,7 +721,7 @@ rw_status_t rw_ipc_server_create(struct ev_loop *loop, const rw_ipc_server_confi
 	ev_prepare_init(&srv->prepare, prepare_cb);
 	srv->prepare.data = srv;
 	ev_prepare_start(loop, &srv->prepare);
-	ev_idle_init(&srv->idle, idle_cb);
+	ev_idle_init(&srv->idle, ipc_ring_idle_cb);
 	srv->idle.data = srv;
 	rw_info("ipc: listening on %s (mode %04o%s%s; group keys %s, at most %u connections per "
 		"uid, hello within %u ms)", srv->socket_path, cfg.mode,
@@ -1012,7 +737,7 @@ void rw_ipc_server_destroy(rw_ipc_server_t *srv)
 	if (!srv)
 		return;
 	for (rw_ipc_client_t *c = srv->clients; c; c = c->next)
-		client_kill(c, RW_IPC_LEFT_SHUTDOWN, 0);
+		ipc_client_kill(c, RW_IPC_LEFT_SHUTDOWN, 0);
 	reap(srv);
 	ev_io_stop(srv->loop, &srv->accept_io);
 	rw_listen_pause_stop(&srv->accept_pause);
@@ -1035,7 +760,7 @@ rw_status_t rw_ipc_complete(rw_ipc_server_t *srv, rw_ipc_client_t *c, const rw_c
 	if (c->dying || !c->rings_up || c->reserved == 0)
 		return RW_ERR_STATE;
 	c->reserved--;
-	push_cqe(c, cqe);
+	ipc_push_cqe(c, cqe);
 	(void)srv;
 	return RW_OK;
 }
@@ -1072,7 +797,7 @@ void rw_ipc_client_drop(rw_ipc_server_t *srv, rw_ipc_client_t *c, int error)
 	if (c->dying)
 		return;
 	srv->stats.dropped++;
-	client_kill(c, RW_IPC_LEFT_DROPPED, error);
+	ipc_client_kill(c, RW_IPC_LEFT_DROPPED, error);
 }
 
 const rw_ipc_client_info_t *rw_ipc_client_info(const rw_ipc_client_t *c) { return &c->info; }

@@ -146,4 +146,15 @@ int ipc_handle_hello(rw_ipc_client_t *c, const rw_ipc_hello_t *req);
 /* Leave the client's group (freed with its last member). */
 void ipc_group_leave(rw_ipc_client_t *c);
 
+/* server.c: drop a client (its leave is reported; freed by the reaper); a buffer's size by id
+ * (the submission check's lookup). */
+void ipc_client_kill(rw_ipc_client_t *c, rw_ipc_leave_t reason, int error);
+uint64_t ipc_buf_size_of(void *ctx, uint32_t id);
+/* server_ring.c: the rings. */
+int ipc_ring_setup(rw_ipc_client_t *c, const rw_ipc_ring_setup_t *req);
+void ipc_rings_free(rw_ipc_client_t *c);
+void ipc_flush_client(rw_ipc_client_t *c);
+void ipc_push_cqe(rw_ipc_client_t *c, const rw_cqe_t *cqe);
+void ipc_ring_idle_cb(struct ev_loop *loop, ev_idle *w, int revents);
+
 #endif /* RW_IPC_SERVER_INT_H */
