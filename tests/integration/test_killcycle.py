@@ -61,6 +61,20 @@ def settled_fds(pid, want):
     return n
 
 
+def quiet_fds(pid):
+    """Descriptors of `pid` once they stopped changing for half a second (bounded): the
+    baseline, taken right after a cycle, must not count the ranks' IPC connections or a stats
+    connection the daemon has not closed yet."""
+    deadline = time.time() + 5
+    n, since = fds(pid), time.time()
+    while time.time() - since < 0.5 and time.time() < deadline:
+        time.sleep(0.02)
+        m = fds(pid)
+        if m != n:
+            n, since = m, time.time()
+    return n
+
+
 def one_cycle(c, i, victim, seed):
     """Kill the victim with writes in flight, check the survivors, restart it, run a verified
     phase. Returns the bytes the survivors had posted when the kill landed and how many of the
@@ -149,7 +163,7 @@ def run(kills, nodes, seed):
                         raise RuntimeError("cycle %d: survivor %d died\n%s" % (i, n, c.logs()))
                 if i + 1 == WARMUP:
                     for n in range(victim):
-                        base_fds[n] = fds(pids[n])
+                        base_fds[n] = quiet_fds(pids[n])
                         base_rss[n] = it.rss_kib(pids[n])
             growth = {}
             for n in range(victim):
