@@ -67,7 +67,11 @@ static struct rw_fake_stream *stream_find(const void *s)
 static void *worker(void *arg)
 {
 	struct rw_fake_stream *q = arg;
-	const struct timespec nap = { .tv_sec = lag_ms / 1000, .tv_nsec = (lag_ms % 1000) * 1000000L };
+	/* The legacy stream may be slower still ($RW_FAKE_CUDA_LEGACY_LAG_MS): its work then lands
+	 * well after the caller's next steps on its own streams, unless the caller waits for it. */
+	const char *e = q == &legacy ? getenv("RW_FAKE_CUDA_LEGACY_LAG_MS") : NULL;
+	const int ms = e && atoi(e) > 0 ? atoi(e) : lag_ms;
+	const struct timespec nap = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
 	pthread_mutex_lock(&q_mu);
 	for (;;) {
 		while (q->head == q->tail && !q->dying)
@@ -228,7 +232,25 @@ CUresult CUDAAPI cuCtxGetCurrent(CUcontext *c) { *c = NULL; return CUDA_SUCCESS;
 /* Copies: the synchronous ones at once, the async ones through the stream work queue. */
 CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr d, const void *s, size_t n) { memcpy((void *)(uintptr_t)d, s, n); return CUDA_SUCCESS; }
 CUresult CUDAAPI cuMemcpyDtoH(void *d, CUdeviceptr s, size_t n) { memcpy(d, (const void *)(uintptr_t)s, n); return CUDA_SUCCESS; }
-CUresult CUDAAPI cuMemsetD8(CUdeviceptr d, unsigned char v, size_t n) { memset((void *)(uintptr_t)d, v, n); return CUDA_SUCCESS; }
+struct fill_args {
+	void *dst;
+	size_t n;
+	unsigned char v;
+};
+static void fill_run(const void *a)
+{
+	const struct fill_args *f = a;
+	memset(f->dst, f->v, f->n);
+}
+/* Asynchronous with respect to the host on device memory, on the legacy stream, as the driver
+ * does it ("API synchronization behavior"): a caller that then writes the memory on a stream of
+ * its own without waiting for the legacy stream may see the fill land on top (with the lag). */
+CUresult CUDAAPI cuMemsetD8(CUdeviceptr d, unsigned char v, size_t n)
+{
+	struct fill_args f = { (void *)(uintptr_t)d, n, v };
+	rw_fake_cuda_submit(NULL, fill_run, &f, sizeof(f));
+	return CUDA_SUCCESS;
+}
 
 /* Page-locked host memory, as the driver would know it: the ranges cuMemHostAlloc gave and
  * cuMemHostRegister took. An asynchronous copy from the device into any other (pageable) host

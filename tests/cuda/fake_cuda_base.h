@@ -7,8 +7,9 @@
 
 /* Stream work (async copies, memsets, kernels, host functions) runs at once by default. With
  * $RW_FAKE_CUDA_LAG_MS set it is queued per stream and run in submission order by the stream's
- * worker thread, which sleeps that long before each item: a slow GPU, so a caller that reads,
- * posts or reports before the completion it was promised sees stale bytes. Streams are
+ * worker thread, which sleeps that long before each item ($RW_FAKE_CUDA_LEGACY_LAG_MS for the
+ * legacy stream, if set): a slow GPU, so a caller that reads, posts or reports before the
+ * completion it was promised sees stale bytes. Streams are
  * independent (a held wait holds only its own); `stream` is a handle from
  * rw_fake_cuda_stream_create, anything else is the legacy stream. `arg` (at most 64 bytes) is
  * copied. */

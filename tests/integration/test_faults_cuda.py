@@ -12,7 +12,8 @@ were quiesced by the failures.
 Without a GPU (CI) the kernels run on the stand-in (tests/integration/fake_cuda_kernels.c) with
 its lag (copies, kernels and marks late, in order, on a worker thread), so a pair freed or an
 output reported while the mover still works on it leaves stale bytes the next phase's exact
-checks catch, and the ASan build catches a use after free. RW_IT_CUDA=real uses the system's
+checks catch, and the ASan build catches a use after free; its legacy stream is slower still, so
+a rank whose buffer fill was not waited for gets its inputs zeroed. RW_IT_CUDA=real uses the system's
 driver and GPU (docs/perf/gpu-e2e.md). A build without kernels (no nvcc) skips (exit 77).
 Run by tests/run as $b/test/integration_faults_cuda. RW_IT_ONLY picks scenarios."""
 import importlib.machinery
@@ -55,6 +56,10 @@ def main():
     it.CUDA_RANKS = "real" if real else it.FAKE_KERN
     if not real:
         os.environ.setdefault("RW_FAKE_CUDA_LAG_MS", "1")
+        # The legacy stream much slower: a rank's buffer fill (cuMemsetD8, asynchronous on the
+        # legacy stream) lands on its inputs unless rw_cuda_memset_d8 waits for it, as it did on
+        # the H200 (docs/perf/gpu-e2e.md, fourth session).
+        os.environ.setdefault("RW_FAKE_CUDA_LEGACY_LAG_MS", "50")
     seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or it.random.randrange(1, 1 << 30)
     print("seed %d (RW_TEST_SEED=%d reproduces); CUDA ranks on the %s" %
           (seed, seed, "system's driver" if real else "kernel stand-in"))
