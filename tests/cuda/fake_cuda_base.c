@@ -257,22 +257,24 @@ CUresult CUDAAPI cuMemsetD8(CUdeviceptr d, unsigned char v, size_t n)
  * memory returns only once it is done, as on the real driver ("API synchronization behavior"):
  * a caller that queued such a copy behind a stream wait blocks here as it would on a GPU. */
 #define PINNED_MAX 1024
-static struct { const char *p; size_t n; } pinned[PINNED_MAX];
+static struct { uintptr_t p; size_t n; } pinned[PINNED_MAX];
 static unsigned n_pinned;
 static int pinned_lost; /* the table overflowed: no copy is taken for pageable */
 static pthread_mutex_t pin_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static void pin_add(const void *p, size_t n)
+static void pin_add(uintptr_t p, size_t n)
 {
 	pthread_mutex_lock(&pin_mu);
-	if (n_pinned < PINNED_MAX)
-		pinned[n_pinned++].p = p, pinned[n_pinned - 1].n = n;
-	else
+	if (n_pinned < PINNED_MAX) {
+		pinned[n_pinned].p = p;
+		pinned[n_pinned++].n = n;
+	} else {
 		pinned_lost = 1;
+	}
 	pthread_mutex_unlock(&pin_mu);
 }
 
-static void pin_drop(const void *p)
+static void pin_drop(uintptr_t p)
 {
 	pthread_mutex_lock(&pin_mu);
 	for (unsigned i = 0; i < n_pinned; i++)
@@ -283,9 +285,8 @@ static void pin_drop(const void *p)
 	pthread_mutex_unlock(&pin_mu);
 }
 
-static int pinned_at(const void *p, size_t n)
+static int pinned_at(uintptr_t c, size_t n)
 {
-	const char *c = p;
 	int yes = pinned_lost;
 	pthread_mutex_lock(&pin_mu);
 	for (unsigned i = 0; i < n_pinned && !yes; i++)
@@ -297,15 +298,16 @@ static int pinned_at(const void *p, size_t n)
 CUresult CUDAAPI cuMemHostAlloc(void **p, size_t n, unsigned int f)
 {
 	(void)f;
-	*p = malloc(n);
-	if (!*p)
+	void *m = malloc(n);
+	if (!m)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	pin_add(*p, n);
+	pin_add((uintptr_t)m, n);
+	*p = m;
 	return CUDA_SUCCESS;
 }
-CUresult CUDAAPI cuMemFreeHost(void *p) { pin_drop(p); free(p); return CUDA_SUCCESS; }
-CUresult CUDAAPI cuMemHostRegister(void *p, size_t n, unsigned int f) { (void)f; pin_add(p, n); return CUDA_SUCCESS; }
-CUresult CUDAAPI cuMemHostUnregister(void *p) { pin_drop(p); return CUDA_SUCCESS; }
+CUresult CUDAAPI cuMemFreeHost(void *p) { pin_drop((uintptr_t)p); free(p); return CUDA_SUCCESS; }
+CUresult CUDAAPI cuMemHostRegister(void *p, size_t n, unsigned int f) { (void)f; pin_add((uintptr_t)p, n); return CUDA_SUCCESS; }
+CUresult CUDAAPI cuMemHostUnregister(void *p) { pin_drop((uintptr_t)p); return CUDA_SUCCESS; }
 struct copy_args {
 	void *dst;
 	const void *src;
@@ -326,7 +328,7 @@ CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr d, const void *s, size_t n, CUstr
 CUresult CUDAAPI cuMemcpyDtoHAsync(void *d, CUdeviceptr s, size_t n, CUstream st)
 {
 	CUresult res = copy_async(st, d, (const void *)(uintptr_t)s, n);
-	if (res == CUDA_SUCCESS && !pinned_at(d, n))
+	if (res == CUDA_SUCCESS && !pinned_at((uintptr_t)d, n))
 		rw_fake_cuda_drain(st); /* into pageable memory: done when it returns */
 	return res;
 }
