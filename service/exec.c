@@ -99,6 +99,20 @@ static void pair_failed(exec_pair_t *p)
 	rw_svc_metrics_error(&x->svc->metrics, e.st);
 	rw_svc_metrics_phase(&x->svc->metrics, p->plan.have_layout ? p->plan.path : RW_PATH_JOINT,
 			     (rw_svc_phase_kind_t)kind, 0, 0);
+	/* Each peer is told which of its attempts failed: the epoch of its row we took, or of its
+	 * row waiting here for this pair (the tomb below drops it) — so it can tell this failure
+	 * from one of a retry it has started since ("Failures" 5; two nodes that time out together,
+	 * one still gathering its ranks, each report their own). */
+	uint32_t *dst_epoch = e.tell ? calloc(x->nodes, sizeof(uint32_t)) : NULL;
+	for (uint32_t n = 0; n < x->nodes; n++) {
+		uint32_t ep = p->xchg.have_row && p->xchg.have_row[n] ? p->xchg.peer_params[n].epoch :
+			      p->g && kind == RW_MV_DISPATCH ? exec_row_epoch(x, p->g->name, &key, n) : 0;
+		if (n == x->me || !ep)
+			continue;
+		exec_ended_add(x, &key, n, ep);
+		if (dst_epoch)
+			dst_epoch[n] = ep;
+	}
 	uint32_t answered = 0;
 	for (uint32_t g = 0; g < x->gpus; g++) {
 		exec_sub_t *s = &p->in[kind].sub[g];
@@ -113,15 +127,6 @@ static void pair_failed(exec_pair_t *p)
 	exec_tomb_add(x, p->g ? p->g->name : NULL, &key, kind,
 		      answered | (kind == RW_MV_DISPATCH ? p->answered : 0), e.msg);
 	EXEC_TRACE(p, exec_trace_end_(p, kind, e.st));
-	/* Each peer is told which of its attempts failed (the epoch of its row we took), so it can
-	 * tell this failure from one of a retry it has started since. */
-	uint32_t *dst_epoch = e.tell ? calloc(x->nodes, sizeof(uint32_t)) : NULL;
-	for (uint32_t n = 0; p->xchg.have_row && n < x->nodes; n++)
-		if (n != x->me && p->xchg.have_row[n] && p->xchg.peer_params[n].epoch) {
-			exec_ended_add(x, &key, n, p->xchg.peer_params[n].epoch);
-			if (dst_epoch)
-				dst_epoch[n] = p->xchg.peer_params[n].epoch;
-		}
 	exec_ended_add(x, &key, cause_node, cause_id); /* it may reach us again, passed on */
 	pair_close(p, 0);
 	if (e.tell)

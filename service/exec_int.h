@@ -305,6 +305,9 @@ void exec_rows_drop(exec_t *x, const char *group, const rw_wire_key_t *key, int 
 void exec_rows_drop_node(exec_t *x, uint32_t node);
 /* Hand every early row of the pair's key to exec_plan_take_row, removing them. */
 void exec_rows_take(exec_t *x, exec_pair_t *p);
+/* The epoch of node's early row of (group, key) waiting here; 0 when none. */
+uint32_t exec_row_epoch(const exec_t *x, const char *group, const rw_wire_key_t *key,
+			uint32_t node);
 void exec_keys_expire(exec_t *x, uint64_t now, uint64_t timeout);
 void exec_keys_free(exec_t *x);
 /* A PHASE_ERR to send: what failed, and which attempt (docs/dataflow.md "Failures"). */

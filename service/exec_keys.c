@@ -186,6 +186,16 @@ void exec_row_keep(exec_t *x, const rw_wire_counts_t *c, uint32_t peer)
 	rw_list_add(&x->rows, &r->link);
 }
 
+uint32_t exec_row_epoch(const exec_t *x, const char *group, const rw_wire_key_t *key,
+			uint32_t node)
+{
+	const exec_row_t *r;
+	rw_list_for_each(&x->rows, r, link)
+		if (r->node == node && strcmp(r->group, group) == 0 && rw_wire_key_eq(&r->key, key))
+			return r->params.epoch;
+	return 0;
+}
+
 void exec_rows_take(exec_t *x, exec_pair_t *p)
 {
 	exec_row_t *r, *nx;

@@ -1288,6 +1288,31 @@ static void test_timeout_lost_row(void **state)
 	cl_free(c);
 }
 
+/* Both nodes time out on their own (integration "timeout" on a loaded machine): node 1 waits in
+ * its gather for a local rank that never submits (node 0's row waits there as an early row),
+ * node 0 waits for node 1's row, and both PHASE_ERRs are held until both have failed. Node 1's
+ * report must name node 0's attempt by the epoch of that early row ("Failures" 5): with 0 ("no
+ * row"), node 0 cannot tell it from a failure of a retry and plants a tomb that fails its
+ * ranks' retries at once. Then every rank retries the key at once (retry_key). */
+static void test_timeout_both_sides(void **state)
+{
+	(void)state;
+	opts_t o = { .nodes = 2, .path = "native", .timeout_ms = 1000 };
+	cl_t *c = cl_new(&o, 307);
+	hold(c, m_ctrl(RW_WIRE_PHASE_ERR, ANY, ANY));
+	for (uint32_t r = 0; r < c->G + 1; r++) /* node 1's second rank never comes */
+		dispatch_submit(c, r, 0, 0, NULL);
+	for (uint32_t r = 0; r < c->G + 1; r++)
+		expect_err(c, r, RW_E_PHASE, "both sides' timeouts");
+	CHECK(c->svc[0].metrics.errors[-RW_ERR_TIMEOUT] == 1 &&
+	      c->svc[1].metrics.errors[-RW_ERR_TIMEOUT] == 1, "each node did not time out on its own");
+	dispatch_submit(c, c->G + 1, 0, 0, NULL); /* late: node 1's tomb answers it */
+	expect_err_now(c, c->G + 1, RW_E_PHASE, "node 1's tombstone");
+	release_all(c);
+	retry_key(c, 0, 0);
+	cl_free(c);
+}
+
 /* A timeout in the combine: node 1's ranks dispatch but never combine. */
 static void test_timeout_combine(void **state)
 {
@@ -2410,6 +2435,7 @@ int main(void)
 		cmocka_unit_test(test_timeout_tombstone_retry),
 		cmocka_unit_test(test_timeout_combine),
 		cmocka_unit_test(test_timeout_lost_row),
+		cmocka_unit_test(test_timeout_both_sides),
 		cmocka_unit_test(test_relay_fails_taker),
 		cmocka_unit_test(test_relay_spares_retry),
 		cmocka_unit_test(test_phase_err_before_pair),
