@@ -242,13 +242,17 @@ static void fill_run(const void *a)
 	const struct fill_args *f = a;
 	memset(f->dst, f->v, f->n);
 }
+void rw_fake_cuda_fill(const void *stream, void *dst, unsigned char v, size_t n)
+{
+	struct fill_args f = { dst, n, v };
+	rw_fake_cuda_submit(stream, fill_run, &f, sizeof(f));
+}
 /* Asynchronous with respect to the host on device memory, on the legacy stream, as the driver
  * does it ("API synchronization behavior"): a caller that then writes the memory on a stream of
  * its own without waiting for the legacy stream may see the fill land on top (with the lag). */
 CUresult CUDAAPI cuMemsetD8(CUdeviceptr d, unsigned char v, size_t n)
 {
-	struct fill_args f = { (void *)(uintptr_t)d, n, v };
-	rw_fake_cuda_submit(NULL, fill_run, &f, sizeof(f));
+	rw_fake_cuda_fill(NULL, (void *)(uintptr_t)d, v, n);
 	return CUDA_SUCCESS;
 }
 

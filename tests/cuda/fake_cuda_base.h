@@ -20,6 +20,9 @@ void rw_fake_cuda_stream_destroy(void *stream);
 void rw_fake_cuda_submit(const void *stream, rw_fake_work_fn fn, const void *arg, size_t len);
 /* Items queued or running on the stream (0 without the lag). */
 unsigned rw_fake_cuda_busy(const void *stream);
+/* A fill of n bytes of v at dst as stream work (cuMemsetD8 on the legacy stream, the Async one on
+ * its stream). */
+void rw_fake_cuda_fill(const void *stream, void *dst, unsigned char v, size_t n);
 /* Wait until the stream's queue is empty (NULL: every stream's); returns how many items were
  * queued or running. */
 unsigned rw_fake_cuda_drain(const void *stream);

@@ -45,20 +45,9 @@ CUresult CUDAAPI cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name
 	return CUDA_SUCCESS;
 }
 
-struct memset_args {
-	void *dst;
-	size_t n;
-	unsigned char v;
-};
-static void memset_run(const void *a)
-{
-	const struct memset_args *m = a;
-	memset(m->dst, m->v, m->n);
-}
 CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
 {
-	struct memset_args m = { (void *)(uintptr_t)d, n, v };
-	rw_fake_cuda_submit(s, memset_run, &m, sizeof(m));
+	rw_fake_cuda_fill(s, (void *)(uintptr_t)d, v, n);
 	return CUDA_SUCCESS;
 }
 
