@@ -50,6 +50,8 @@ void rw_cuda_ipc_cache_stats(const rw_cuda_ipc_cache_t *c, rw_cuda_ipc_stats_t *
 int rw_cuda_dmabuf_supported(int d) { (void)d; return 0; }
 rw_status_t rw_cuda_dmabuf_export(int d, rw_cuda_dptr_t p, size_t n, int *fd)
 { (void)d; (void)p; (void)n; (void)fd; return RW_NO_CUDA; }
+int rw_cuda_gdr_ordering(int d) { (void)d; return 0; }
+rw_status_t rw_cuda_gdr_flush(int d, int a) { (void)d; (void)a; return RW_NO_CUDA; }
 rw_status_t rw_cuda_stream_create(int d, rw_cuda_stream_t **s) { (void)d; (void)s; return RW_NO_CUDA; }
 void rw_cuda_stream_destroy(rw_cuda_stream_t *s) { (void)s; }
 int rw_cuda_stream_device(const rw_cuda_stream_t *s) { (void)s; return -1; }

@@ -33,7 +33,8 @@
 	X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel) \
 	X(cuEventCreate) X(cuEventRecord) X(cuEventDestroy) X(cuIpcGetEventHandle) \
 	X(cuIpcOpenEventHandle) X(cuStreamWaitEvent) X(cuStreamWriteValue32) X(cuStreamWaitValue32) \
-	X(cuEventSynchronize) X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess)
+	X(cuEventSynchronize) X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess) \
+	X(cuFlushGPUDirectRDMAWrites)
 
 #define RW_CU_STR_(x) #x
 #define RW_CU_NAME(x) RW_CU_STR_(x) /* expands the cuda.h version macro first */

@@ -458,4 +458,33 @@ rw_status_t rw_cuda_dmabuf_export(int device, rw_cuda_dptr_t dptr, size_t bytes,
 	return RW_OK;
 }
 
+int rw_cuda_gdr_ordering(int device)
+{
+	int attr = 0;
+
+	if (rw_cuda_init() != RW_OK || device < 0 || device >= rw_cu_ndevices)
+		return 0;
+	if (rw_cu.cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING,
+				       rw_cu_devices[device].dev) != CUDA_SUCCESS)
+		return 0;
+	return attr;
+}
+
+rw_status_t rw_cuda_gdr_flush(int device, int all_devices)
+{
+	const int scope = all_devices ? CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_ALL_DEVICES
+				      : CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER;
+	rw_status_t st = rw_cu_enter(device);
+	if (st != RW_OK)
+		return st;
+	/* The scopes and the ordering attribute share their numbers (100 owner, 200 all). */
+	if (rw_cuda_gdr_ordering(device) >= scope)
+		return RW_OK;
+	if (rw_cu.cuFlushGPUDirectRDMAWrites == NULL)
+		return RW_ERR_UNSUPPORTED;
+	CUresult res = rw_cu.cuFlushGPUDirectRDMAWrites(CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,
+							(CUflushGPUDirectRDMAWritesScope)scope);
+	return res == CUDA_SUCCESS ? RW_OK : rw_cu_fail(res, "cuFlushGPUDirectRDMAWrites");
+}
+
 #endif /* RW_HAVE_CUDA_H */

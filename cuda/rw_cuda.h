@@ -173,6 +173,17 @@ int rw_cuda_dmabuf_supported(int device);
  * RW_ERR_UNSUPPORTED when the device or driver cannot; RW_ERR_INVAL for unaligned ranges. */
 rw_status_t rw_cuda_dmabuf_export(int device, rw_cuda_dptr_t dptr, size_t bytes, int *fd_p);
 
+/* GPUDirect RDMA consistency (docs/cuda.md "Consistency"): the widest scope in which writes a NIC
+ * made into `device`'s memory are seen in order without a flush
+ * (CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING: 0 none, 100 the owning device, 200 every
+ * device); 0 where unknown. */
+int rw_cuda_gdr_ordering(int device);
+/* Make every NIC write into `device`'s memory that completed before this call visible to the
+ * owning device's work (all_devices 0) or to every device's (1): cuFlushGPUDirectRDMAWrites,
+ * skipped where rw_cuda_gdr_ordering already covers the scope. Blocks briefly.
+ * RW_ERR_UNSUPPORTED: a flush is needed and the driver or device cannot do it. */
+rw_status_t rw_cuda_gdr_flush(int device, int all_devices);
+
 /* ---------------------------------------------------------------------------------------------
  * Streams: async copies and kernels, with completions an event loop can watch
  * ------------------------------------------------------------------------------------------- */

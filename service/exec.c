@@ -416,13 +416,7 @@ static void pair_exchange(exec_pair_t *p)
 		return;
 	}
 	p->xchg.slot = slot;
-	for (uint32_t r = 0; r < x->rails; r++) {
-		uint8_t *mem = rw_svc_mesh_mem(x->mesh, r);
-		p->ph.send_area[0][r] = mem + exec_sub_off(x, slot, SUB_SD);
-		p->ph.send_area[1][r] = mem + exec_sub_off(x, slot, SUB_SC);
-		p->ph.recv_area[0][r] = mem + exec_sub_off(x, slot, SUB_RD);
-		p->ph.recv_area[1][r] = mem + exec_sub_off(x, slot, SUB_RC);
-	}
+	exec_areas_set(p, slot);
 	p->stage = ST_EXCHANGE;
 	if (exec_plan_send_row(p) != RW_OK)
 		return pair_failed(p);

@@ -422,6 +422,8 @@ int exec_drained(exec_t *x);
 extern const rw_ipc_server_ops_t exec_ipc_ops;
 void exec_member_free(exec_member_t *mb);
 extern const rw_svc_mesh_cbs_t exec_mesh_cbs;
+/* The pair's areas of `slot` on every rail (host and, for GPU slabs, device addresses). */
+void exec_areas_set(exec_pair_t *p, int slot);
 
 /* ---- trace.h: phase trace hooks, one branch when tracing is off ----------------------------- */
 #include "service/trace.h"

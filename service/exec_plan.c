@@ -40,6 +40,8 @@ rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe)
 	ph->row_bytes = rw_wire_row_bytes(ph->hidden, ph->dtype);
 	ph->rec_size = rw_wire_rec_size(ph->topk, ph->hidden, ph->dtype);
 	ph->crec_size = rw_wire_crec_size(ph->hidden, ph->dtype);
+	for (uint32_t r = 0; r < x->rails; r++)
+		ph->slab_dev[r] = rw_svc_mesh_slab_dev(x->mesh, r, NULL);
 	int force = x->svc->cfg.force_path;
 	p->xchg.params = (rw_wire_phase_params_t){
 		.n_experts = ph->n_experts, .topk = ph->topk, .hidden = ph->hidden, .dtype = ph->dtype,

@@ -43,8 +43,13 @@ rw_status_t rw_svc_mesh_create(struct rw_svc *svc, uint64_t area_bytes,
 			       const rw_svc_mesh_cbs_t *cbs, void *ctx, rw_svc_mesh_t **mesh_p);
 void rw_svc_mesh_destroy(rw_svc_mesh_t *mesh);
 
-/* This node's memory of `rail` (area_bytes, registered on that rail). */
+/* This node's memory of `rail` (area_bytes): registered on that rail, or the host shadow of
+ * the GPU memory that is (rw_svc_mesh_slab_dev). */
 uint8_t *rw_svc_mesh_mem(rw_svc_mesh_t *mesh, uint32_t rail);
+/* Where `rail`'s slabs are (docs/cuda.md "Where the slabs live"): -1, host memory
+ * (rw_svc_mesh_mem, registered with the NIC); else the CUDA device whose memory at *dptr_p
+ * (area_bytes, same offsets) is registered with the NIC through a dmabuf (GPUDirect RDMA). */
+int rw_svc_mesh_slab_dev(const rw_svc_mesh_t *mesh, uint32_t rail, uint64_t *dptr_p);
 /* 1 when `peer` is UP: control channel and, once it came up with every rail, at least one rail
  * (a rail that fails alone leaves the peer up, see rail_down). */
 int rw_svc_mesh_peer_up(const rw_svc_mesh_t *mesh, uint32_t peer);

@@ -121,6 +121,12 @@ struct rw_svc_mesh {
 	rw_rail_dev_t *dev[RW_MAX_RAILS];
 	uint8_t *mem[RW_MAX_RAILS];
 	rw_rail_region_t *region[RW_MAX_RAILS];
+	/* Where the slabs are (mesh_slabs.c): slab_dev -1, host memory mem[r]; else GPU memory at
+	 * slab_dptr of that device, exported as dmabuf slab_fd, and mem[r] is its host shadow. */
+	int slab_dev[RW_MAX_RAILS];
+	uint64_t slab_dptr[RW_MAX_RAILS];
+	int slab_fd[RW_MAX_RAILS];
+	char host_why[128];           /* why the first host-memory rail is not on a GPU */
 	rw_rail_listener_t *listener[RW_MAX_RAILS];
 	uint32_t inflight[RW_MAX_RAILS];   /* our writes outstanding per rail, all peers */
 	uint64_t busy_since[RW_MAX_RAILS]; /* when inflight last went 0 -> 1 */
@@ -249,5 +255,12 @@ void mesh_retry_cb(struct ev_loop *loop, ev_timer *w, int revents);
 void mesh_listen_cb(struct ev_loop *loop, ev_io *w, int revents);
 void mesh_hb_cb(struct ev_loop *loop, ev_timer *w, int revents);
 void mesh_peer_connect(mesh_peer_t *p);
+
+/* mesh_slabs.c: place rail r's slabs (GPU memory registered through a dmabuf, else the host
+ * memory mem[r] registered), logged; the `stats` line once every rail is placed; free rail r's
+ * GPU slabs (after its region is deregistered). */
+rw_status_t mesh_slabs_place(rw_svc_mesh_t *m, uint32_t r);
+void mesh_slabs_summary(rw_svc_mesh_t *m);
+void mesh_slabs_free(rw_svc_mesh_t *m, uint32_t r);
 
 #endif /* RW_SVC_MESH_INT_H */

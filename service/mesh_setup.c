@@ -26,42 +26,6 @@ static uint64_t random_u64(void)
 	return v ^ rw_now_ns() ^ ((uint64_t)getpid() << 32);
 }
 
-/* Where the rails' slabs live (docs/cuda.md "Where the slabs live"), decided once and said once
- * in the log and in `stats` (metrics.slabs). They are host memory in every case today: the CUDA
- * mover maps them into the GPUs (cuMemHostRegister, DEVICEMAP) and its kernels read and write
- * them over PCIe, with no staging copy. GPU-resident slabs registered with the NIC (dmabuf,
- * GPUDirect RDMA) need a verbs device that registers dmabufs; where every rail's device could,
- * the reason says that the GPU-resident layout is not built (the slab headers are still written
- * and checked by the CPU). */
-static void mesh_slab_placement(rw_svc_mesh_t *m, const rw_svc_config_t *cfg)
-{
-	char *why = m->svc->metrics.slabs;
-	const size_t cap = sizeof(m->svc->metrics.slabs);
-	if (cfg->transport != RW_SVC_TRANSPORT_VERBS) {
-		snprintf(why, cap, "host, mapped into the GPUs (no GPUDirect: %s rails are sockets)",
-			 rw_svc_transport_name(cfg->transport));
-		rw_info("mesh: slabs in host memory, mapped into the GPUs by the CUDA mover (no "
-			"GPUDirect RDMA: %s rails are sockets)", rw_svc_transport_name(cfg->transport));
-		return;
-	}
-	char none[64] = ""; /* " 0 1 ..": at most RW_MAX_RAILS (16) rails of 3-4 characters */
-	size_t len = 0;
-	for (uint32_t r = 0; r < m->rails && len < sizeof(none); r++)
-		if (!(m->dev[r]->caps.flags & RW_RAIL_CAP_DMABUF))
-			len += (size_t)snprintf(none + len, sizeof(none) - len, " %u", r);
-	if (len) {
-		snprintf(why, cap, "host, mapped into the GPUs (no GPUDirect: no dmabuf registration "
-			 "on rail(s)%s)", none);
-		rw_info("mesh: no dmabuf registration on rail(s)%s (ibv_reg_dmabuf_mr unsupported by "
-			"the device): slabs in host memory, mapped into the GPUs by the CUDA mover", none);
-		return;
-	}
-	snprintf(why, cap, "host, mapped into the GPUs (every rail registers dmabufs; GPU-resident "
-		 "slabs are not built yet)");
-	rw_info("mesh: every rail's device registers dmabufs, but GPU-resident slabs are not built "
-		"yet: slabs in host memory, mapped into the GPUs by the CUDA mover");
-}
-
 rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_mesh_cbs_t *cbs,
 			       void *ctx, rw_svc_mesh_t **mesh_p)
 {
@@ -71,6 +35,8 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 	if (!m)
 		return RW_ERR_NOMEM;
 	m->svc = svc;
+	for (uint32_t r = 0; r < RW_MAX_RAILS; r++)
+		m->slab_dev[r] = m->slab_fd[r] = -1;
 	m->loop = svc->loop;
 	m->cbs = *cbs;
 	m->ctx = ctx;
@@ -147,11 +113,8 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 			goto fail;
 		}
 		m->mem[r] = mem;
-		st = rw_rail_reg_host(m->dev[r], mem, area_bytes, &m->region[r]);
-		if (st != RW_OK) {
-			rw_err("rail=%u: cannot register memory: %s", r, rw_status_str(st));
+		if ((st = mesh_slabs_place(m, r)) != RW_OK)
 			goto fail;
-		}
 		st = rw_rail_listen(m->dev[r], &mesh_rail_cbs, m, &m->listener[r]);
 		if (st != RW_OK) {
 			rw_err("rail=%u: cannot listen on %s: %s", r, local, rw_status_str(st));
@@ -159,7 +122,7 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 		}
 	}
 
-	mesh_slab_placement(m, cfg);
+	mesh_slabs_summary(m);
 
 	const rw_svc_endpoint_t *ep = &cfg->nodes[m->me].control;
 	m->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -252,6 +215,7 @@ void rw_svc_mesh_destroy(rw_svc_mesh_t *m)
 			rw_rail_listener_close(m->listener[r]);
 		if (m->region[r])
 			rw_rail_dereg(m->region[r]);
+		mesh_slabs_free(m, r);
 		if (m->dev[r]) {
 			mesh_rail_dev_sample(m, r); /* the final counts, for the last publish */
 			rw_rail_dev_close(m->dev[r]);

@@ -77,6 +77,19 @@ typedef struct rw_svc_phase {
 	/* This pair's areas on each rail (send and receive, per kind), in the mesh's memory. */
 	uint8_t *send_area[2][RW_MAX_RAILS];
 	const uint8_t *recv_area[2][RW_MAX_RAILS];
+	/* Where the slabs are, per rail (docs/cuda.md "Where the slabs live"; set from the pair's
+	 * start, the addresses with the areas). slab_dev[r] < 0: the areas above are the slabs, the
+	 * host memory the NIC reads and writes. >= 0: the NIC reads and writes GPU memory of that
+	 * device (GPUDirect RDMA) at send_dptr/recv_dptr, laid out as the areas, and the areas are
+	 * its host shadow. A mover then keeps two rules (service/mover_slab.c has the copies):
+	 *  - what pack() and ready() offer is on the GPU: bytes the CPU wrote into the shadow are
+	 *    copied over before the executor may post them;
+	 *  - bytes of an arrived range are read from the GPU after rw_cuda_gdr_flush() (the NIC's
+	 *    writes made visible), never from the shadow, which nothing writes into.
+	 * The host mover copies whole ranges; the CUDA mover's kernels move the rows and it copies
+	 * only the headers the CPU writes and checks. */
+	int slab_dev[RW_MAX_RAILS];
+	uint64_t send_dptr[2][RW_MAX_RAILS], recv_dptr[2][RW_MAX_RAILS];
 	rw_svc_rank_io_t io[2][RW_MAX_GPUS]; /* [kind][local rank] */
 	/* Each local rank's pinned host staging (grows; kept across pairs by the executor). */
 	rw_svc_pinned_t *stage_in[RW_MAX_GPUS], *stage_out[RW_MAX_GPUS];
@@ -192,6 +205,16 @@ typedef struct rw_svc_mover_ops {
 } rw_svc_mover_ops_t;
 
 extern const rw_svc_mover_ops_t rw_svc_mover_host;
+
+/* For movers (service/mover_slab.c), with slabs on a GPU (ph->slab_dev): the byte range of
+ * `kind`'s slab for peer `peer` on `rail` in its area, sent (send 1: peer is the destination) or
+ * received (peer is the source); copy d's send slabs of every rail from the shadow to the GPU;
+ * flush and copy the received range from src on rail into the shadow. RW_ERR_DEVICE with why. */
+void rw_svc_slab_range(const rw_svc_phase_t *ph, int kind, int send, uint32_t peer, uint32_t rail,
+		       uint64_t *off_p, uint64_t *len_p);
+rw_status_t rw_svc_slab_push(const rw_svc_phase_t *ph, int kind, uint32_t d, char *why);
+rw_status_t rw_svc_slab_pull(const rw_svc_phase_t *ph, int kind, uint32_t src, uint32_t rail,
+			     char *why);
 
 /* For movers (service/mover_rec.c): check an arrived dispatch record in `slot` of src's range on
  * `rail` (tag, source, owner) and read its header and top-k. RW_ERR_PROTO, with why naming the

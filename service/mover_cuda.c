@@ -40,7 +40,7 @@ static void mark_done(cuda_mover_t *m, uint64_t token)
 		cm_count_done(cp); /* mover_cuda_count.c */
 	} else if (op == OP_STAGE_C) {
 		if (cp->marks_c && --cp->marks_c == 0) {
-			cm_combine_headers(cp, cp->ph);
+			cm_combine_headers(cp, cp->ph, 0); /* host-memory rails' (mover_cuda_slab.c) */
 			/* A report may end the pair: nothing of cp is touched after the first. */
 			const uint32_t gpus = cp->gpus;
 			for (uint32_t r = 0; r < gpus; r++)
@@ -116,6 +116,7 @@ static rw_status_t cm_create(struct ev_loop *loop, rw_svc_mover_done_fn done, vo
 static void cm_destroy(void *mover)
 {
 	cuda_mover_t *m = mover;
+	cm_slab_close(m);
 	for (int d = 0; d < CM_DEVICES; d++)
 		cm_dev_drop(m, &m->dev[d]);
 	for (int i = 0; i < CM_BLOCKS; i++)
@@ -361,6 +362,7 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 	uint32_t used = 0;
 	for (uint32_t g = 0; g < G; g++)
 		used |= 1u << cp->xdev[g] | cm_span_devs(&ph->io[0][g]);
+	used |= cm_slab_devs(ph); /* kernels write and read the slabs on a GPU too */
 	if ((st = cm_peer_reach(m, used, why)) != RW_OK)
 		return st;
 	cp->reach = used;

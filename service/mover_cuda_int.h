@@ -36,6 +36,7 @@ typedef struct cm_list {
 	uint64_t *src;
 	uint32_t cap, n, launched, src_cap, n_src;
 	uint64_t addr_bits;          /* OR of the addresses since the last launch (alignment) */
+	uint32_t row;                /* a copy list's bytes per entry (0: the phase's row_bytes) */
 } cm_list_t;
 
 typedef struct cm_pair {
@@ -70,6 +71,14 @@ typedef struct cm_pair {
 	int acc_blk[RW_MAX_GPUS];    /* pool block of rank g's fp32 owner sums (-1: none) */
 	rw_cuda_dptr_t acc[RW_MAX_GPUS];
 	rw_cuda_dptr_t send_d[2][RW_MAX_RAILS], recv_d[2][RW_MAX_RAILS];
+	/* Slabs on a GPU (mover_cuda_slab.c): the host shadow's device addresses (where the CPU's
+	 * headers are; the same as send_d/recv_d on a host-memory rail), the header copy lists
+	 * (dispatch and combine slabs; arrived headers), and per dispatch record its egress rail's
+	 * slab device (-1: host) and its header's shadow and slab addresses. */
+	rw_cuda_dptr_t sh_send_d[2][RW_MAX_RAILS], sh_recv_d[2][RW_MAX_RAILS];
+	cm_list_t pk_hl, cs_hl, pull;
+	int8_t *pk_hdev;
+	uint64_t *pk_hsrc, *pk_hdst;
 	int tab;                     /* pool index of the pinned row lists (-1: none) */
 	cm_list_t fwd[CM_DEVICES], sums[CM_DEVICES]; /* per device: forwards; owner-sum adds */
 	cm_list_t pack, cslab;       /* the dispatch slabs' rows; the combine slabs' sums */
@@ -120,6 +129,8 @@ struct cuda_mover {
 	uint32_t n_reg;
 	struct { int dev; rw_cuda_dptr_t ptr; size_t size; int busy; } blk[CM_BLOCKS];
 	struct { rw_svc_pinned_t buf; int busy; } tabs[CM_TABS];
+	rw_cuda_stream_t *pull[CM_DEVICES]; /* per slab device: arrived headers' copies */
+	uint64_t slab_pulls;         /* header copies out of GPU slabs, waited for */
 };
 
 enum { OP_STAGE_D = 0, OP_STAGE_C = 1, OP_FLUSH_D = 2, OP_FLUSH_C = 3, OP_PACK = 4, OP_COUNT = 5 };
@@ -138,7 +149,7 @@ int cm_blk_take(cuda_mover_t *m, int dev, size_t size);
 int cm_span_dev_ok(cuda_mover_t *m, const rw_svc_span_mem_t *s);
 rw_status_t cm_stage_dispatch(cm_pair_t *cp, rw_svc_phase_t *ph, uint32_t g, int *pending_p,
 				  char *why);
-void cm_combine_headers(cm_pair_t *cp, const rw_svc_phase_t *ph);
+void cm_combine_headers(cm_pair_t *cp, const rw_svc_phase_t *ph, int gpu);
 rw_status_t cm_stage_combine(cm_pair_t *cp, rw_svc_phase_t *ph, uint32_t g, int *pending_p,
 				 char *why);
 void cm_list_copy(cm_list_t *l, rw_cuda_dptr_t src, rw_cuda_dptr_t dst);
@@ -169,6 +180,17 @@ rw_status_t cm_combine_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why
 rw_status_t cm_combine_range(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t d, uint32_t e,
 				 uint32_t upto, char *why);
 void cm_host_copy_out(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind, uint32_t g);
+/* mover_cuda_slab.c: slabs on a GPU. Any rail's / their devices; the slabs' device addresses
+ * (after the shadows are mapped); the header lists carved from the pair's pinned buffer; an
+ * arrived range's headers (n records from byte pos of the receive area) copied into the shadow
+ * and waited for; the pull streams destroyed. */
+int cm_slab_any(const rw_svc_phase_t *ph);
+uint32_t cm_slab_devs(const rw_svc_phase_t *ph);
+rw_status_t cm_slab_map(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why);
+void cm_slab_carve(cm_pair_t *cp, const rw_svc_phase_t *ph, uint8_t *base, size_t *off);
+rw_status_t cm_slab_pull(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind, uint32_t rail,
+			 uint64_t pos, uint32_t n, char *why);
+void cm_slab_close(cuda_mover_t *m);
 /* mover_cuda_count.c: the count() op; an OP_COUNT mark completed; the pair's count blocks back
  * to the pool (close). */
 rw_status_t cm_count(void *mover, void *state, const rw_svc_phase_t *ph, uint32_t *row,

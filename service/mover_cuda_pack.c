@@ -1,7 +1,8 @@
 /* The CUDA mover's dispatch pack (service/mover_cuda_int.h; docs/dataflow.md "Send": writes in
  * rounds, slabs in pieces): the token rows of every record that leaves the node copied by kernels
  * into the mapped send slabs, piece by piece in posting order, each piece's headers written by
- * the CPU and offered to the executor (ready()) once its stream marks complete. */
+ * the CPU and offered to the executor (ready()) once its stream marks complete. (Slabs on a GPU:
+ * the headers are written at launch and copied by the piece's kernels, mover_cuda_slab.c.) */
 #include <stdio.h>
 #include <string.h>
 
@@ -44,7 +45,8 @@ static void pack_advance(cm_pair_t *cp)
 	while (cp->pk_next < cp->pk_keys && !cp->pk_left[cp->pk_next]) {
 		const uint32_t key = cp->pk_next++, d = piece_dst(cp, ph, key);
 		for (uint32_t j = cp->pk_first[key]; j < cp->pk_first[key + 1]; j++)
-			pack_header(cp, ph, cp->pk_order[j], d);
+			if (!cp->pk_hdev || cp->pk_hdev[cp->pk_order[j]] < 0) /* GPU slabs: copied already */
+				pack_header(cp, ph, cp->pk_order[j], d);
 		const uint64_t upto = (uint64_t)(key % cp->pk_per_dst + 1) * cp->pk_piece;
 		for (uint32_t e = 0; e < ph->rails; e++) {
 			uint64_t len = (uint64_t)ph->layout->out_pairs[d].quota[e] * ph->rec_size;
@@ -115,6 +117,13 @@ rw_status_t cm_dispatch_pack_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, cha
 	cp->pk_first = rw_arena_alloc(&cp->mem, keys + 2, sizeof(uint32_t));
 	cp->pk_order = rw_arena_alloc(&cp->mem, RW_MAX(1u, n_rec), sizeof(uint32_t));
 	cp->pk_ready = rw_arena_alloc(&cp->mem, (size_t)N * R, sizeof(uint64_t));
+	if (cm_slab_any(ph)) {
+		cp->pk_hdev = rw_arena_alloc(&cp->mem, RW_MAX(1u, n_rec), 1);
+		cp->pk_hsrc = rw_arena_alloc(&cp->mem, RW_MAX(1u, n_rec), sizeof(uint64_t));
+		cp->pk_hdst = rw_arena_alloc(&cp->mem, RW_MAX(1u, n_rec), sizeof(uint64_t));
+		if (!cp->pk_hdev || !cp->pk_hsrc || !cp->pk_hdst)
+			egress = NULL;
+	}
 	if (!egress || !slot || !dst || !key_of || !cp->pk_hdr || !cp->pk_left || !cp->pk_first ||
 	    !cp->pk_order || !cp->pk_ready) {
 		snprintf(why, RW_SVC_WHY_MAX, "out of memory");
@@ -135,6 +144,13 @@ rw_status_t cm_dispatch_pack_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, cha
 				uint64_t pos = ((uint64_t)l->out_first[d * R + e] + slot[i]) * ph->rec_size;
 				cp->pk_hdr[first + i] = ph->send_area[0][e] + pos;
 				dst[first + i] = cp->send_d[0][e] + pos + row_off;
+				if (cp->pk_hdev) { /* a GPU slab: the header now, copied with the piece */
+					cp->pk_hdev[first + i] = (int8_t)ph->slab_dev[e];
+					cp->pk_hsrc[first + i] = cp->sh_send_d[0][e] + pos;
+					cp->pk_hdst[first + i] = cp->send_d[0][e] + pos;
+					if (ph->slab_dev[e] >= 0)
+						pack_header(cp, ph, first + i, d);
+				}
 				key_of[first + i] = wave * cp->pk_per_dst +
 						    (uint32_t)((uint64_t)slot[i] * ph->rec_size / cp->pk_piece);
 				cp->pk_first[key_of[first + i] + 1]++;
@@ -150,18 +166,23 @@ rw_status_t cm_dispatch_pack_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, cha
 	for (uint32_t k = 0; k < keys; k++)
 		for (int dev = 0; dev < CM_DEVICES; dev++) {
 			for (uint32_t j = cp->pk_first[k]; j < cp->pk_first[k + 1]; j++) {
-				const rw_record_t *rec = &ph->rec[cp->pk_order[j]];
+				const uint32_t i = cp->pk_order[j];
+				const rw_record_t *rec = &ph->rec[i];
 				if (cp->xdev[rec->rank] == dev)
 					cm_list_copy(pk, cp->tok[rec->rank] + (uint64_t)rec->token * ph->row_bytes,
-						     dst[cp->pk_order[j]]);
+						     dst[i]);
+				if (cp->pk_hdev && cp->pk_hdev[i] == dev)
+					cm_list_copy(&cp->pk_hl, cp->pk_hsrc[i], cp->pk_hdst[i]);
 			}
-			if (pk->n == pk->launched)
+			if (pk->n == pk->launched && cp->pk_hl.n == cp->pk_hl.launched)
 				continue;
 			if (!cp->pk_fifo[dev] && !(cp->pk_fifo[dev] = rw_arena_alloc(&cp->mem, keys, sizeof(uint32_t)))) {
 				snprintf(why, RW_SVC_WHY_MAX, "out of memory");
 				return RW_ERR_NOMEM;
 			}
 			rw_status_t st = cm_list_launch(cp, ph, pk, dev, 0);
+			if (st == RW_OK)
+				st = cm_list_launch(cp, ph, &cp->pk_hl, dev, 0);
 			if (st == RW_OK && (st = cm_pair_mark(cp, dev, OP_PACK, (uint32_t)dev)) == RW_OK) {
 				cp->marks_pk++;
 				cp->pk_left[k]++;

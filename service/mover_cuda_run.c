@@ -126,7 +126,7 @@ rw_status_t cm_map_areas(cuda_mover_t *m, cm_pair_t *cp, const rw_svc_phase_t *p
 			cp->send_d[k][r] = m->reg[i].dptr + (uint64_t)(ph->send_area[k][r] - base);
 		}
 	}
-	return RW_OK;
+	return cm_slab_map(cp, ph, why);
 }
 
 /* The smallest free block of `dev` that holds `size` (a count row must not hold an owner-sum
@@ -313,12 +313,14 @@ rw_status_t cm_stage_dispatch(cm_pair_t *cp, rw_svc_phase_t *ph, uint32_t g, int
 
 /* The combine slabs' record headers, written by the CPU once the slab kernels are done (see
  * cm_dispatch_headers); a record no local rank computed (never: each went to one) gets a zero row. */
-void cm_combine_headers(cm_pair_t *cp, const rw_svc_phase_t *ph)
+void cm_combine_headers(cm_pair_t *cp, const rw_svc_phase_t *ph, int gpu)
 {
 	const rw_svc_layout_t *l = ph->layout;
 	for (uint32_t d = 0; d < ph->nodes; d++)
 		for (uint32_t r = 0; r < ph->rails; r++) {
 			size_t i = (size_t)d * ph->rails + r;
+			if ((ph->slab_dev[r] >= 0) != gpu)
+				continue;
 			for (uint32_t k = 0; k < l->in_quota[i]; k++) {
 				uint32_t pos = l->in_first[i] + k, ref = ph->rail_base[r] + pos, n = 0;
 				uint8_t *dst = ph->send_area[1][r] + (uint64_t)pos * ph->crec_size;
@@ -449,7 +451,8 @@ rw_status_t cm_list_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, cm_list_t *l
 	const int aligned = (l->addr_bits & 15) == 0;
 	const rw_cuda_dtype_t dt = ph->dtype == RW_WIRE_BF16 ? RW_CUDA_BF16 : RW_CUDA_FP32;
 	if (st == RW_OK && kind == 0)
-		st = rw_cuda_copy_rows(s, cm_hptr(l->copy + l->launched), n, (uint32_t)ph->row_bytes, aligned);
+		st = rw_cuda_copy_rows(s, cm_hptr(l->copy + l->launched), n,
+				       l->row ? l->row : (uint32_t)ph->row_bytes, aligned);
 	else if (st == RW_OK && kind == 1)
 		st = rw_cuda_rows_acc(s, cm_hptr(l->sum + l->launched), cm_hptr(l->src), n, ph->hidden, dt);
 	else if (st == RW_OK)
@@ -457,7 +460,7 @@ rw_status_t cm_list_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, cm_list_t *l
 				      aligned);
 	l->launched = l->n;
 	l->addr_bits = 0;
-	if (st == RW_OK && kind == 0 && cp->m->check)
+	if (st == RW_OK && kind == 0 && cp->m->check && !l->row)
 		cm_check_copies(cp, ph, l, dev, from, l->n, l == &cp->pack ? "dispatch pack" : "forward");
 	return st;
 }
@@ -489,6 +492,7 @@ void cm_lists_carve(cm_pair_t *cp, const rw_svc_phase_t *ph, uint8_t *base, size
 	const uint32_t G = ph->gpus;
 	cm_list_carve(&cp->pack, base, off, ph->row_off[(size_t)ph->nodes * ph->rails], 0, 0);
 	cm_list_carve(&cp->cslab, base, off, ph->n_in, ph->n_in * G, 1);
+	cm_slab_carve(cp, ph, base, off);
 	for (int d = 0; d < CM_DEVICES; d++) {
 		if (!ranks_on[d] && !recs_on[d] && !local_on[d])
 			continue;
@@ -553,6 +557,10 @@ rw_status_t cm_forward_range(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t s
 	upto = RW_MIN(upto, l->in_quota[i]);
 	if (*done >= upto)
 		return RW_OK;
+	rw_status_t pst = cm_slab_pull(cp, ph, 0, rail, ((uint64_t)first + *done) * ph->rec_size,
+				       upto - *done, why);
+	if (pst != RW_OK)
+		return pst;
 	for (uint32_t k = *done; k < upto; k++) {
 		const uint64_t pos = ((uint64_t)first + k) * ph->rec_size;
 		const uint8_t *rec = ph->recv_area[0][rail] + pos;
@@ -600,6 +608,8 @@ rw_status_t cm_combine_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why
 	const uint32_t G = ph->gpus;
 	cm_list_t *cs = &cp->cslab;
 	uint32_t marks_on = 0;
+	if (cm_slab_any(ph)) /* GPU slabs: headers into the shadow now, copied below */
+		cm_combine_headers(cp, ph, 1);
 	for (int dev = 0; dev < CM_DEVICES; dev++) {
 		for (uint32_t d = 0; d < ph->nodes; d++)
 			for (uint32_t r = 0; r < ph->rails; r++) {
@@ -607,6 +617,9 @@ rw_status_t cm_combine_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why
 				for (uint32_t k = 0; k < l->in_quota[i]; k++) {
 					uint32_t pos = l->in_first[i] + k, ref = ph->rail_base[r] + pos;
 					const uint32_t *c = &cp->contrib[(size_t)ref * G];
+					const uint64_t at = (uint64_t)pos * ph->crec_size;
+					if (ph->slab_dev[r] == dev)
+						cm_list_copy(&cp->cs_hl, cp->sh_send_d[1][r] + at, cp->send_d[1][r] + at);
 					uint32_t g0 = 0;
 					while (g0 < G && !c[g0])
 						g0++;
@@ -621,9 +634,11 @@ rw_status_t cm_combine_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why
 							cm_list_src(cs, cp->crow[g] + (uint64_t)(c[g] - 1) * ph->row_bytes);
 				}
 			}
-		if (cs->n > cs->launched)
+		if (cs->n > cs->launched || cp->cs_hl.n > cp->cs_hl.launched)
 			marks_on |= 1u << dev;
 		rw_status_t st = cm_list_launch(cp, ph, cs, dev, 2);
+		if (st == RW_OK)
+			st = cm_list_launch(cp, ph, &cp->cs_hl, dev, 0);
 		if (st != RW_OK) {
 			snprintf(why, RW_SVC_WHY_MAX, "cannot launch the combine pack on GPU %d: %s", dev,
 				 rw_status_str(st));
@@ -670,6 +685,10 @@ rw_status_t cm_combine_range(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t d
 	upto = RW_MIN(upto, pp->quota[e]);
 	if (*done >= upto)
 		return RW_OK;
+	rw_status_t pst = cm_slab_pull(cp, ph, 1, e, ((uint64_t)first + *done) * ph->crec_size,
+				       upto - *done, why);
+	if (pst != RW_OK)
+		return pst;
 	for (uint32_t k = *done; k < upto; k++) {
 		const uint64_t pos = ((uint64_t)first + k) * ph->crec_size;
 		rw_wire_crec_hdr_t h;

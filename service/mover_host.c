@@ -537,18 +537,21 @@ static void combine_local(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t bu
 static rw_status_t host_pack(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
 			     uint32_t d, char *why)
 {
-	(void)mover, (void)why;
+	(void)mover;
 	if (kind == 0)
 		dispatch_pack(state, ph, d);
 	else
 		combine_pack(state, ph, d);
-	return RW_OK;
+	return rw_svc_slab_push(ph, kind, d, why); /* slabs on a GPU: the packed bytes go there */
 }
 
 static rw_status_t host_arrived(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
 				uint32_t src, uint32_t rail, char *why)
 {
 	(void)mover;
+	rw_status_t st = rw_svc_slab_pull(ph, kind, src, rail, why); /* slabs on a GPU */
+	if (st != RW_OK)
+		return st;
 	return kind == 0 ? forward_range(state, ph, src, rail, why)
 			 : combine_range(state, ph, src, rail, why);
 }

@@ -189,6 +189,19 @@ static int ctx_refs;
 int rw_fake_cuda_ctx_refs(void);
 int rw_fake_cuda_ctx_refs(void) { return ctx_refs; }
 
+/* GPUDirect RDMA flushes asked for (cuDeviceGetAttribute says every ordering is NONE, so a
+ * mover reading NIC-written device memory must flush first; tests check that it did). */
+static unsigned gdr_flushes;
+CUresult CUDAAPI cuFlushGPUDirectRDMAWrites(CUflushGPUDirectRDMAWritesTarget t,
+					    CUflushGPUDirectRDMAWritesScope s)
+{
+	(void)t; (void)s;
+	__atomic_add_fetch(&gdr_flushes, 1, __ATOMIC_RELAXED);
+	return CUDA_SUCCESS;
+}
+unsigned rw_fake_cuda_gdr_flushes(void);
+unsigned rw_fake_cuda_gdr_flushes(void) { return __atomic_load_n(&gdr_flushes, __ATOMIC_RELAXED); }
+
 CUresult CUDAAPI cuInit(unsigned int flags) { (void)flags; return CUDA_SUCCESS; }
 CUresult CUDAAPI cuDriverGetVersion(int *v) { *v = CUDA_VERSION; return CUDA_SUCCESS; }
 CUresult CUDAAPI cuGetErrorString(CUresult e, const char **s) { (void)e; *s = "fake error"; return CUDA_SUCCESS; }

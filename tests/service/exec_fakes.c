@@ -58,6 +58,7 @@ typedef struct fk_node {
 	rw_svc_mesh_cbs_t cbs;
 	void *ctx;
 	uint8_t *mem[RW_MAX_RAILS];
+	rw_cuda_dptr_t dmem[RW_MAX_RAILS]; /* dev_slabs: the rail's slabs on device 0 */
 	uint64_t area_bytes;
 	uint8_t view[FK_MAX_NODES];      /* peer seen up */
 	uint32_t conn_gen[FK_MAX_NODES]; /* generation of the connection it uses to each peer */
@@ -396,9 +397,18 @@ static void write_deliver(fk_world_t *w, fk_ev_t *ev)
 		return;
 	}
 	uint8_t *dst = d->mem[ev->rail] + ev->remote_off;
-	memcpy(dst, s->mem[ev->rail] + ev->local_off, ev->wlen);
-	if (w->on_write)
+	if (w->dev_slabs) { /* device to device; the test's hook sees the bytes in a bounce copy */
+		dst = malloc(ev->wlen ? ev->wlen : 1);
+		if (!dst || rw_cuda_memcpy_dtoh(0, dst, s->dmem[ev->rail] + ev->local_off, ev->wlen) != RW_OK ||
+		    rw_cuda_memcpy_htod(0, d->dmem[ev->rail] + ev->remote_off, dst, ev->wlen) != RW_OK)
+			violation(w, "a device slab copy failed");
+	} else {
+		memcpy(dst, s->mem[ev->rail] + ev->local_off, ev->wlen);
+	}
+	if (w->on_write && dst)
 		w->on_write(ev, dst, w->on_write_ctx);
+	if (w->dev_slabs)
+		free(dst);
 	if (!ev->injected) {
 		fk_ev_t *done = ev_new(FK_EV_WDONE, ev->src, ev->dst);
 		done->rail = ev->rail;
@@ -511,6 +521,17 @@ int fk_all_up(const fk_world_t *w)
 
 /* ---- the mesh (service/mesh.h) ---------------------------------------------------------------- */
 
+static void node_mem_free(fk_node_t *d)
+{
+	for (uint32_t r = 0; r < RW_MAX_RAILS; r++) {
+		free(d->mem[r]);
+		if (d->dmem[r])
+			rw_cuda_mem_free(0, d->dmem[r]);
+	}
+	memset(d->mem, 0, sizeof(d->mem));
+	memset(d->dmem, 0, sizeof(d->dmem));
+}
+
 rw_status_t rw_svc_mesh_create(struct rw_svc *svc, uint64_t area_bytes,
 			       const rw_svc_mesh_cbs_t *cbs, void *ctx, rw_svc_mesh_t **mesh_p)
 {
@@ -522,9 +543,9 @@ rw_status_t rw_svc_mesh_create(struct rw_svc *svc, uint64_t area_bytes,
 	memset(d, 0, sizeof(*d));
 	for (uint32_t r = 0; r < w->rails; r++) {
 		d->mem[r] = calloc(1, area_bytes);
-		if (!d->mem[r]) {
-			for (uint32_t k = 0; k < r; k++)
-				free(d->mem[k]);
+		if (!d->mem[r] || (w->dev_slabs && (rw_cuda_mem_alloc(0, area_bytes, &d->dmem[r]) != RW_OK ||
+						   rw_cuda_memset_d8(0, d->dmem[r], 0, area_bytes) != RW_OK))) {
+			node_mem_free(d);
 			return RW_ERR_NOMEM;
 		}
 	}
@@ -561,9 +582,7 @@ void rw_svc_mesh_destroy(rw_svc_mesh_t *mesh)
 		else
 			i++;
 	}
-	for (uint32_t r = 0; r < RW_MAX_RAILS; r++)
-		free(d->mem[r]);
-	memset(d->mem, 0, sizeof(d->mem));
+	node_mem_free(d);
 	d->created = 0;
 	d->silent = 0;
 }
@@ -571,6 +590,16 @@ void rw_svc_mesh_destroy(rw_svc_mesh_t *mesh)
 uint8_t *rw_svc_mesh_mem(rw_svc_mesh_t *mesh, uint32_t rail)
 {
 	return fk_nodes[mesh->me].mem[rail];
+}
+
+int rw_svc_mesh_slab_dev(const rw_svc_mesh_t *mesh, uint32_t rail, uint64_t *dptr_p)
+{
+	const fk_node_t *d = &fk_nodes[mesh->me];
+	if (!fk_world || !fk_world->dev_slabs || !d->dmem[rail])
+		return -1;
+	if (dptr_p)
+		*dptr_p = d->dmem[rail];
+	return 0;
 }
 
 int rw_svc_mesh_peer_up(const rw_svc_mesh_t *mesh, uint32_t peer)

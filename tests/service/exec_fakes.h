@@ -73,6 +73,11 @@ typedef struct fk_world {
 	int random_order;        /* 0: FIFO; 1: seeded random among the deliverable events */
 	uint64_t rng;
 	int sync_teardown;       /* emulate service/mesh.c's synchronous peer teardown (issue 15) */
+	/* Slabs on a GPU (set before the executors are created): every node's rail memory is CUDA
+	 * memory of device 0 (rw_svc_mesh_slab_dev says so), its host memory only the shadow, and a
+	 * write is copied from the writer's device memory into the target's, as a NIC does with
+	 * GPUDirect RDMA: nothing lands in the shadow. */
+	int dev_slabs;
 	fk_hold_fn hold;         /* events it says 1 for stay queued (and block their channel) */
 	void *hold_ctx;
 	fk_write_fn on_write;

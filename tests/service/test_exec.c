@@ -103,6 +103,7 @@ typedef struct opts {
 	uint64_t max_write;        /* 0: 1 MiB */
 	uint32_t stay_home;        /* bit n: node n's ranks pick only experts of node n */
 	int cuda_mover;            /* list the CUDA mover first, as main.c does (kernel stand-in) */
+	int dev_slabs;             /* every rail's slabs in device memory (fk_world_t.dev_slabs) */
 } opts_t;
 
 typedef struct trank {
@@ -407,6 +408,7 @@ static cl_t *cl_new(const opts_t *o, uint64_t seed_salt)
 	assert_non_null(c->w);
 	if (o->max_write)
 		c->w->max_write = o->max_write;
+	c->w->dev_slabs = o->dev_slabs;
 	c->mine.x = malloc(sizeof(float) * MAX_ROWS * c->hidden);
 	c->other.x = malloc(sizeof(float) * MAX_ROWS * c->hidden);
 	c->seen = malloc((size_t)c->W * MAX_ROWS);
@@ -2013,6 +2015,7 @@ static void test_slots(void **state)
  * ================================================================================================ */
 
 static void (*fake_cuda_hold)(int);
+static unsigned (*fake_gdr_flushes)(void); /* the stand-in's count of GPUDirect flushes */
 
 /* Ranks 0 and 3 keep their buffers in CUDA memory of the stand-in driver
  * (tests/cuda/libfakecuda.so): inputs are staged in, outputs copied back after async marks that
@@ -2202,6 +2205,37 @@ static void test_gpu_count_bad_id(void **state)
 		expect_counts(c, 0, 2 * layer + 2, 0, "retry");
 	}
 	cl_free(c);
+}
+
+/* Slabs on a GPU (service/mover.h "Where the slabs are"; GPUDirect RDMA with the NIC played by
+ * the fakes): every node's rail memory is device memory, each write is copied device to device
+ * and nothing lands in the host shadow, so a header the CPU wrote and did not copy over, or one
+ * it read without copying it back, breaks the phase. Over every forced path and the selector,
+ * fp32 and bf16 layers, exact: every rank CUDA (the CUDA mover: headers copied with the pieces,
+ * arrived headers pulled), CUDA and host-memory ranks mixed (the CUDA mover), and every rank in
+ * host memory (the host mover: whole slabs pushed and pulled). The stand-in orders no NIC
+ * write, so the movers must have flushed before reading. */
+static void test_gpu_dev_slabs(void **state)
+{
+	(void)state;
+	if (!gpu_mover_ready())
+		skip();
+	static const uint32_t cuda_sets[] = { 0xf, 0x9, 0x0 };
+	for (uint32_t ci = 0; ci < RW_ARRAY_SIZE(cuda_sets); ci++)
+		for (uint32_t pi = 0; pi < RW_ARRAY_SIZE(path_names); pi++) {
+			const uint32_t cuda = cuda_sets[ci];
+			opts_t o = { .nodes = 2, .path = path_names[pi], .dev_slabs = 1, .max_write = 4096 };
+			cl_t *c = gpu_cluster(&o, 940 + 8 * ci + pi, cuda);
+			const unsigned flushes = fake_gdr_flushes ? fake_gdr_flushes() : 0;
+			for (uint32_t layer = 0; layer < 2; layer++) {
+				gpu_dispatch(c, cuda, 2, layer, NULL);
+				dispatch_collect(c, 2, layer);
+				combine_all(c, 2, layer);
+			}
+			CHECK(!fake_gdr_flushes || fake_gdr_flushes() > flushes, "ranks %#x, %s: no "
+			      "GPUDirect flush before reading the slabs", cuda, path_names[pi]);
+			cl_free(c);
+		}
 }
 
 /* ================================================================================================
@@ -2412,6 +2446,7 @@ int main(void)
 		void *h = dlopen(getenv("RW_CUDA_DRIVER"), RTLD_NOW | RTLD_NOLOAD);
 		if (h) {
 			*(void **)&fake_cuda_hold = dlsym(h, "rw_fake_cuda_hold");
+			*(void **)&fake_gdr_flushes = dlsym(h, "rw_fake_cuda_gdr_flushes");
 			dlclose(h);
 		}
 	}
@@ -2455,6 +2490,7 @@ int main(void)
 		cmocka_unit_test(test_gpu_count_paths),
 		cmocka_unit_test(test_gpu_count_mixed),
 		cmocka_unit_test(test_gpu_count_bad_id),
+		cmocka_unit_test(test_gpu_dev_slabs),
 		cmocka_unit_test(test_drain),
 	};
 	/* Bugs of the executor before the split (phase.c), each reproduced first; fixed by the
