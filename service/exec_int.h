@@ -345,6 +345,8 @@ rw_status_t exec_plan_counted(exec_pair_t *p);
 /* The records pass (needs every rank's ids readable), at most `budget` tokens per call;
  * *done_p once every record is in place and the records match the count row. */
 rw_status_t exec_plan_records(exec_pair_t *p, uint32_t budget, int *done_p);
+/* The pair's areas of `slot` on every rail (host and, for GPU slabs, device addresses). */
+void exec_areas_set(exec_pair_t *p, int slot);
 rw_status_t exec_plan_send_row(exec_pair_t *p);        /* COUNTS to every peer */
 /* What a pair in ST_COUNT or ST_EXCHANGE waits for, in words (a timeout names it). */
 void exec_plan_waiting(const exec_pair_t *p, char *buf, size_t len);
@@ -422,8 +424,6 @@ int exec_drained(exec_t *x);
 extern const rw_ipc_server_ops_t exec_ipc_ops;
 void exec_member_free(exec_member_t *mb);
 extern const rw_svc_mesh_cbs_t exec_mesh_cbs;
-/* The pair's areas of `slot` on every rail (host and, for GPU slabs, device addresses). */
-void exec_areas_set(exec_pair_t *p, int slot);
 
 /* ---- trace.h: phase trace hooks, one branch when tracing is off ----------------------------- */
 #include "service/trace.h"

@@ -9,25 +9,6 @@
 
 #include "service/exec_int.h"
 
-/* The pair's areas of slot `slot` on every rail (send and receive, per kind): host addresses in
- * the mesh's memory and, where a rail's slabs are GPU memory, their device addresses. */
-void exec_areas_set(exec_pair_t *p, int slot)
-{
-	exec_t *x = p->x;
-	static const int sub[2][2] = { { SUB_RD, SUB_SD }, { SUB_RC, SUB_SC } }; /* [kind][send] */
-	for (uint32_t r = 0; r < x->rails; r++) {
-		uint8_t *mem = rw_svc_mesh_mem(x->mesh, r);
-		uint64_t dptr = 0;
-		const int gpu = rw_svc_mesh_slab_dev(x->mesh, r, &dptr) >= 0;
-		for (int k = 0; k < 2; k++) {
-			p->ph.send_area[k][r] = mem + exec_sub_off(x, slot, sub[k][1]);
-			p->ph.recv_area[k][r] = mem + exec_sub_off(x, slot, sub[k][0]);
-			p->ph.send_dptr[k][r] = gpu ? dptr + exec_sub_off(x, slot, sub[k][1]) : 0;
-			p->ph.recv_dptr[k][r] = gpu ? dptr + exec_sub_off(x, slot, sub[k][0]) : 0;
-		}
-	}
-}
-
 static void mesh_counts(void *ctx, uint32_t peer, const rw_wire_counts_t *c)
 {
 	exec_t *x = ctx;

@@ -130,12 +130,18 @@ void mesh_slabs_summary(rw_svc_mesh_t *m)
 			len += (size_t)snprintf(gpu + len, sizeof(gpu) - len, " %u", r);
 			n_gpu++;
 		}
+	int at;
 	if (n_gpu == m->rails)
-		snprintf(out, cap, "gpu (GPUDirect RDMA on every rail)");
+		at = snprintf(out, cap, "gpu (GPUDirect RDMA on every rail)");
 	else if (n_gpu)
-		snprintf(out, cap, "gpu on rail(s)%s, host on the others (%.90s)", gpu, m->host_why);
+		at = snprintf(out, cap, "gpu on rail(s)%s, host on the others (", gpu);
 	else
-		snprintf(out, cap, "host, mapped into the GPUs (no GPUDirect: %.110s)", m->host_why);
+		at = snprintf(out, cap, "host, mapped into the GPUs (no GPUDirect: ");
+	if (n_gpu < m->rails && at > 0 && (size_t)at + 2 < cap) { /* the reason, cut to what fits */
+		size_t n = strnlen(m->host_why, cap - (size_t)at - 2);
+		memcpy(out + at, m->host_why, n);
+		memcpy(out + at + n, ")", 2);
+	}
 }
 
 void mesh_slabs_free(rw_svc_mesh_t *m, uint32_t r)

@@ -13,7 +13,6 @@ uint64_t cm_token(const cm_pair_t *cp, uint32_t op, uint32_t g)
 	return (uint64_t)cp->serial << 32 | (uint64_t)op << 8 | g;
 }
 
-rw_cuda_dptr_t cm_hptr(const void *p) { return (rw_cuda_dptr_t)(uintptr_t)p; }
 
 cm_pair_t *cm_pair_find(cuda_mover_t *m, uint32_t serial)
 {
@@ -369,25 +368,8 @@ rw_status_t cm_stage_combine(cm_pair_t *cp, rw_svc_phase_t *ph, uint32_t g, int 
 	return cm_combine_launch(cp, ph, why);
 }
 
-void cm_list_copy(cm_list_t *l, rw_cuda_dptr_t src, rw_cuda_dptr_t dst)
-{
-	l->copy[l->n++] = (rw_cuda_row_copy_t){ .src = src, .dst = dst };
-	l->addr_bits |= src | dst;
-}
 
-/* Open a sum entry for dst; cm_list_src() adds its rows in order. */
-void cm_list_sum(cm_list_t *l, rw_cuda_dptr_t dst)
-{
-	l->sum[l->n++] = (rw_cuda_row_sum_t){ .dst = dst, .first = l->n_src, .count = 0 };
-	l->addr_bits |= dst;
-}
 
-void cm_list_src(cm_list_t *l, rw_cuda_dptr_t src)
-{
-	l->src[l->n_src++] = src;
-	l->sum[l->n - 1].count++;
-	l->addr_bits |= src;
-}
 
 /* RAILWAVE_CUDA_MOVER=check: read `n` bytes at a kernel-visible address from the CPU: a mapped
  * slab area through its host mapping, device memory by a blocking copy, anything else (pinned
@@ -465,22 +447,6 @@ rw_status_t cm_list_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, cm_list_t *l
 	return st;
 }
 
-/* Carve a list of `n` entries (`srcs` sum sources) from the pair's pinned buffer at *off; with
- * base NULL only count the bytes (the sizing pass). */
-void cm_list_carve(cm_list_t *l, uint8_t *base, size_t *off, uint32_t n, uint32_t srcs, int sum)
-{
-	const size_t n_bytes = ((size_t)n * 16 + 63) & ~(size_t)63;
-	const size_t src_bytes = sum ? ((size_t)srcs * 8 + 63) & ~(size_t)63 : 0;
-	if (base) {
-		*l = (cm_list_t){ .cap = n, .src_cap = srcs };
-		if (sum)
-			l->sum = (rw_cuda_row_sum_t *)(void *)(base + *off);
-		else
-			l->copy = (rw_cuda_row_copy_t *)(void *)(base + *off);
-		l->src = (uint64_t *)(void *)(base + *off + n_bytes);
-	}
-	*off += n_bytes + src_bytes;
-}
 
 /* Every row list of the pair, in one pinned buffer the kernels read mapped: the dispatch slabs'
  * rows (one per record), the combine slabs' sums (one per received record, up to G rows each),

@@ -39,7 +39,7 @@ rw_status_t cm_slab_map(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why)
 			cp->sh_recv_d[k][r] = cp->recv_d[k][r];
 			if (ph->slab_dev[r] < 0)
 				continue;
-			if (ph->slab_dev[r] >= CM_DEVICES || cm_dev_kernels(cp->m, ph->slab_dev[r]) != 1) {
+			if (ph->slab_dev[r] >= CM_DEVICES || !rw_cuda_kernels_available(ph->slab_dev[r])) {
 				snprintf(why, RW_SVC_WHY_MAX, "rail %u's slabs are on GPU %d, where this mover "
 					 "runs no kernels", r, ph->slab_dev[r]);
 				return RW_ERR_DEVICE;

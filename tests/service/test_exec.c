@@ -110,7 +110,9 @@ typedef struct trank {
 	rw_ipc_client_t *c;
 	uint32_t rank, node, local;
 	uint32_t buf;
-	uint8_t *mem;
+	uint8_t *mem;              /* what the test writes and reads (a CUDA rank's host mirror) */
+	rw_cuda_dptr_t dptr;       /* a CUDA rank's buffer (0: host memory, mem itself) */
+	uint8_t *mirror;           /* owned by the rank slot, freed with the cluster */
 	uint32_t seen;             /* completions consumed */
 	rw_sqe_t ds;               /* the last dispatch submitted */
 	rw_cqe_t dq;               /* its completion */
@@ -357,9 +359,28 @@ static void rank_connect(cl_t *c, uint32_t r)
 	t->c = fk_client_new(c->w, t->node, c->group, r, c->W, t->local);
 	fk_client_join(t->c);
 	t->buf = fk_client_buffer(t->c, c->total, &t->mem);
+	t->dptr = 0;
 }
 
-/* The same rank with its one buffer in (stand-in) CUDA memory: the executor stages it. */
+/* A CUDA rank's bytes between its host mirror and its buffer: what the test wrote goes up
+ * before a submission, what the daemon wrote comes down before the test reads it. (The stand-in's
+ * device memory is host memory, the real driver's is not: with the mirror both run.) */
+static void rank_push(cl_t *c, const trank_t *t, uint64_t off, uint64_t len)
+{
+	CHECK(!t->dptr || rw_cuda_memcpy_htod(0, t->dptr + off, t->mem + off, len) == RW_OK,
+	      "rank %u: copy to its CUDA buffer failed", t->rank);
+	(void)c;
+}
+
+static void rank_pull(cl_t *c, const trank_t *t, uint64_t off, uint64_t len)
+{
+	CHECK(!t->dptr || rw_cuda_memcpy_dtoh(0, t->mem + off, t->dptr + off, len) == RW_OK,
+	      "rank %u: copy from its CUDA buffer failed", t->rank);
+	(void)c;
+}
+
+/* The same rank with its one buffer in CUDA memory (the stand-in's, or the GPU's when svc_exec
+ * runs on the real driver): the executor stages it, the test reads and writes a host mirror. */
 static void rank_connect_cuda(cl_t *c, uint32_t r)
 {
 	trank_t *t = &c->rk[r];
@@ -369,8 +390,14 @@ static void rank_connect_cuda(cl_t *c, uint32_t r)
 	t->seen = 0;
 	t->c = fk_client_new(c->w, t->node, c->group, r, c->W, t->local);
 	fk_client_join(t->c);
-	t->buf = fk_client_cuda_buffer(t->c, c->total, &t->mem);
+	uint8_t *dmem = NULL;
+	t->buf = fk_client_cuda_buffer(t->c, c->total, &dmem);
 	CHECK(t->buf, "rank %u: no CUDA buffer", r);
+	if (!t->mirror)
+		t->mirror = calloc(1, c->total);
+	CHECK(t->mirror, "rank %u: no memory for its mirror", r);
+	t->dptr = (rw_cuda_dptr_t)(uintptr_t)dmem;
+	t->mem = t->mirror;
 }
 
 static void node_ranks_connect(cl_t *c, uint32_t n)
@@ -455,6 +482,9 @@ static void cl_free(cl_t *c)
 	snprintf(what, sizeof(what), "%s", c->w->violation);
 	fk_world_free(c->w);
 	ev_loop_destroy(c->loop);
+	for (uint32_t g = 0; g < MAX_GROUPS; g++)
+		for (uint32_t r = 0; r < MAX_RANKS; r++)
+			free(c->rks[g][r].mirror);
 	free(c->mine.x);
 	free(c->other.x);
 	free(c->seen);
@@ -496,6 +526,7 @@ static void dispatch_submit(cl_t *c, uint32_t r, uint32_t step, uint32_t layer, 
 	}
 	if (so && so->bad_id && c->mine.n)
 		memcpy(t->mem + c->off_ids, &so->bad_id, 4);
+	rank_push(c, t, 0, c->in_bytes);
 	rw_span_t none = { RW_BUF_NONE, 0, 0 };
 	uint32_t b = so && so->tokens_buf ? so->tokens_buf : t->buf;
 	rw_sqe_t s = { .kind = RW_KIND_DISPATCH, .dtype = bf16 ? RW_DTYPE_BF16 : RW_DTYPE_FP32,
@@ -525,6 +556,7 @@ static void dispatch_check(cl_t *c, uint32_t r, uint32_t step, uint32_t layer, c
 	uint32_t row = c->hidden * (bf16 ? 2 : 4);
 	CHECK(cq->status == RW_CQ_OK, "rank %u step %u layer %u dispatch failed: error %d", me, step,
 	      layer, cq->error);
+	rank_pull(c, t, c->off_out, c->out_cap);
 	CHECK(cq->kind == RW_KIND_DISPATCH && cq->phase_id == t->ds.phase_id && cq->user_data == 7,
 	      "rank %u: completion ids", me);
 	uint32_t expect_total = 0;
@@ -595,6 +627,7 @@ static void dispatch_check(cl_t *c, uint32_t r, uint32_t step, uint32_t layer, c
 		CHECK(mine, "rank %u row %u: rank %u token %u has no expert here", me, j, src_rank, token);
 		put_row(c, t->mem + c->off_cin + (uint64_t)j * row, bf16, c->outv);
 	}
+	rank_push(c, t, c->off_cin, c->comb_in);
 	t->dq = *cq;
 }
 
@@ -631,6 +664,7 @@ static void combine_check(cl_t *c, uint32_t r, uint32_t step, uint32_t layer, co
 	uint32_t row = c->hidden * (bf16 ? 2 : 4);
 	CHECK(cq->status == RW_CQ_OK, "rank %u step %u layer %u combine failed: error %d", r, step,
 	      layer, cq->error);
+	rank_pull(c, t, c->off_cout, c->comb_out);
 	gen(c, step, layer, r, &c->mine);
 	CHECK(cq->kind == RW_KIND_COMBINE && cq->phase_id == t->ds.phase_id + 500 && cq->user_data == 8,
 	      "rank %u: combine completion ids", r);
