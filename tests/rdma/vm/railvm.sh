@@ -17,6 +17,7 @@
 #   -o DIR    keep logs there (guestN.out: the command's output, guestN.console: kernel/init)
 #   -I DIR    build the guests' initramfs and kernel link into DIR, start nothing
 # Environment: RW_VM_CACHE (default ~/.cache/railwave-vm), RW_VM_ACCEL (tcg | kvm; default tcg),
+#   RW_VM_CPU (qemu -cpu; default max,-erms,-fsrm),
 #   RW_VM_KERNEL_PKG (e.g. linux-image-6.1.0-57-amd64; default: what linux-image-amd64 depends on).
 # Exit status: 0 when both commands exit 0; 77 when qemu, busybox or the kernel cannot be had
 # (skip); 1 otherwise. Each guest's output is printed with a "[gN] " prefix.
@@ -179,6 +180,9 @@ print(" ".join(str(x.getsockname()[1]) for x in s))' "$nports" 2>/dev/null) ||
 	ports=$(awk -v n="$nports" 'BEGIN { srand(); b = 20000 + int(rand() * 20000) * 2; for (i = 0; i < n; i++) printf "%d ", b + i }')
 port() { echo "$ports" | awk -v i="$1" '{ print $(i + 1) }'; } # port(rail * 2 + node)
 
+# Without ERMS/FSRM the guest kernel copies with mov loops instead of `rep movsb`, which TCG
+# emulates one iteration (byte) at a time; rxe copies every payload twice (~30% less time).
+cpu=${RW_VM_CPU:-max,-erms,-fsrm}
 case ${RW_VM_ACCEL:-tcg} in
 kvm) accel="-accel kvm -accel tcg" ;;
 *) accel="-accel tcg,thread=multi" ;;
@@ -195,7 +199,7 @@ for n in 0 1; do
 		r=$((r + 1))
 	done
 	# shellcheck disable=SC2086
-	timeout -k 5 "$limit" qemu-system-x86_64 $accel -cpu max -smp 2 -m 1024 -nodefaults -no-user-config \
+	timeout -k 5 "$limit" qemu-system-x86_64 $accel -cpu "$cpu" -smp 2 -m 1024 -nodefaults -no-user-config \
 		-display none -no-reboot -pidfile "$work/qemu$n.pid" \
 		-kernel "$kdir/vmlinuz" -initrd "$work/initrd.cpio" \
 		-append "console=ttyS0 quiet panic=-1 rwnode=$n rwrails=$rails" \
