@@ -628,9 +628,13 @@ void exec_on_mover_done(void *ctx, uint32_t serial, rw_svc_mover_op_t op, uint32
 			found = p;
 			break;
 		}
-	if (!found || g >= x->gpus)
+	if (!found || g >= (op == RW_MV_OP_REFUSED ? x->nodes : x->gpus))
 		return; /* a pair that ended meanwhile */
 	p = found;
+	if (op == RW_MV_OP_REFUSED) { /* g: the node whose range was refused */
+		exec_recv_refused(p, g, st);
+		return pair_failed(p);
+	}
 	if (op == RW_MV_OP_COUNTED) {
 		if (!p->plan.count_wait || p->stage != ST_COUNT)
 			return;

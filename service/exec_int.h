@@ -376,6 +376,9 @@ rw_status_t exec_send_progress(exec_pair_t *p);
 rw_status_t exec_recv_init(exec_pair_t *p);
 /* The layout is known: the ranges of `kind` this node waits for. */
 rw_status_t exec_recv_begin(exec_pair_t *p, int kind);
+/* The mover refused what it took of src's range after the fact (RW_MV_OP_REFUSED): the error,
+ * blaming src for RW_ERR_PROTO; the caller fails the pair. */
+void exec_recv_refused(exec_pair_t *p, uint32_t src, rw_status_t st);
 /* Catch up with the bytes of `kind` that came before the layout was known. */
 rw_status_t exec_recv_scan(exec_pair_t *p, int kind);
 /* `len` bytes of `kind` from peer on rail landed (`last`: the writer's last of the range). */

@@ -100,6 +100,15 @@ static rw_status_t mover_failed(exec_pair_t *p, rw_status_t st, uint32_t src, co
 	return st;
 }
 
+void exec_recv_refused(exec_pair_t *p, uint32_t src, rw_status_t st)
+{
+	char why[RW_SVC_WHY_MAX];
+	snprintf(why, sizeof(why), "the data mover refused %s data from node %u (%s): %s (the "
+		 "daemon's log names the record)", exec_kind(p) ? "combine" : "dispatch", src,
+		 p->x->svc->cfg.nodes[src].name, rw_status_str(st));
+	mover_failed(p, st, src, why);
+}
+
 static rw_status_t range_complete(exec_pair_t *p, int kind, uint32_t src, uint32_t rail)
 {
 	char why[RW_SVC_WHY_MAX];

@@ -120,6 +120,11 @@ typedef enum rw_svc_mover_op {
 				      * call pack() again for the same (kind, d); it returns at once */
 	RW_MV_OP_COUNTED = 5,        /* the count row a count() answered pending for is written; g: the
 				      * culprit local rank when st is RW_ERR_SUB_TOKENS (see count) */
+	RW_MV_OP_REFUSED = 6,        /* g: a source node. What part() or arrived() took of its range
+				      * was checked later (a mover that reads the headers
+				      * asynchronously) and refused: st as those ops would have
+				      * answered (RW_ERR_PROTO: the source is at fault), the sentence
+				      * in the daemon's log */
 	RW_MV_OP_ALL = 255,          /* a device faulted: every pending op of every pair failed */
 } rw_svc_mover_op_t;
 typedef void (*rw_svc_mover_done_fn)(void *ctx, uint32_t serial, rw_svc_mover_op_t op,
@@ -165,7 +170,9 @@ typedef struct rw_svc_mover_ops {
 			  uint32_t rail);
 	/* Every byte of `kind` from `src` on `rail` is in ph->recv_area: dispatch forwards each
 	 * record to the local ranks hosting its experts; combine adds each row into its owner
-	 * token's sum. Validates every record header (RW_ERR_PROTO names the slot). */
+	 * token's sum. Validates every record header (RW_ERR_PROTO names the slot), now or, where
+	 * the headers must first be read from a GPU slab, once they are: then a bad record comes
+	 * as an RW_MV_OP_REFUSED report, and finish() waits for every such check. */
 	rw_status_t (*arrived)(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
 			       uint32_t src, uint32_t rail, char *why);
 	/* Optional (NULL: arrived() only). The first `upto` records of `kind` from `src` on `rail`

@@ -16,6 +16,35 @@
 
 /* ---- streams ---------------------------------------------------------------------------------- */
 
+static void finish_run(cm_pair_t *cp);
+
+/* The oldest pull of `dev` is done: its headers are in the shadow. Checked and taken as a range
+ * arriving on a host-memory rail is; a bad one is said in the log and reported (the executor
+ * blames its source). Then a finish() that waited for the pulls runs. A report may end the pair:
+ * cp is not touched after one. */
+static void slab_pulled(cm_pair_t *cp, int dev)
+{
+	const rw_svc_phase_t *ph = cp->ph;
+	uint32_t i = dev >= 0 && dev < CM_DEVICES ? cp->pull_next[dev] : cp->n_pulls;
+	while (i < cp->n_pulls && cp->pulls[i].dev != dev)
+		i++;
+	if (i == cp->n_pulls)
+		return;
+	cp->pull_next[dev] = i + 1;
+	const cm_pull_t pl = cp->pulls[i];
+	cp->pulls_left--;
+	char why[RW_SVC_WHY_MAX];
+	rw_status_t st = pl.kind ? cm_combine_take(cp, ph, pl.src, pl.rail, pl.upto, why)
+				 : cm_forward_take(cp, ph, pl.src, pl.rail, pl.upto, why);
+	if (st != RW_OK) {
+		rw_warn("cuda mover: pair %u: %s", cp->serial, why);
+		cp->m->done(cp->m->ctx, cp->serial, RW_MV_OP_REFUSED, pl.src, st);
+		return;
+	}
+	if (!cp->pulls_left && cp->fin_wait)
+		finish_run(cp); /* may report */
+}
+
 /* A mark completed: route it to its pair. Host-memory ranks' outputs are copied out of their
  * pinned staging here, once the kernels that wrote it are done. */
 static void mark_done(cuda_mover_t *m, uint64_t token)
@@ -38,6 +67,8 @@ static void mark_done(cuda_mover_t *m, uint64_t token)
 		}
 	} else if (op == OP_COUNT) {
 		cm_count_done(cp); /* mover_cuda_count.c */
+	} else if (op == OP_PULL) {
+		slab_pulled(cp, (int)g); /* may report: cp untouched after */
 	} else if (op == OP_STAGE_C) {
 		if (cp->marks_c && --cp->marks_c == 0) {
 			cm_combine_headers(cp, cp->ph, 0); /* host-memory rails' (mover_cuda_slab.c) */
@@ -66,11 +97,13 @@ static void dev_io_cb(struct ev_loop *loop, ev_io *w, int revents)
 		int n = rw_cuda_stream_poll(d->stream, tokens, CM_POLL_BATCH);
 		if (n < 0) {
 			/* A faulted stream never completes its marks: every pending op fails. */
-			rw_err("cuda mover: stream of device %d failed: %s", (int)(d - m->dev),
+			rw_err("cuda mover: stream of device %d failed: %s", rw_cuda_stream_device(d->stream),
 			       rw_status_str((rw_status_t)n));
 			cm_dev_drop(m, d);
 			for (cm_pair_t *cp = m->pairs; cp; cp = cp->next) {
 				cp->pending = cp->marks_c = cp->marks_pk = 0;
+				cp->pulls_left = 0;
+				cp->fin_wait = 0;
 				memset(cp->marks_d, 0, sizeof(cp->marks_d));
 			}
 			m->done(m->ctx, 0, RW_MV_OP_ALL, 0, (rw_status_t)n);
@@ -116,9 +149,10 @@ static rw_status_t cm_create(struct ev_loop *loop, rw_svc_mover_done_fn done, vo
 static void cm_destroy(void *mover)
 {
 	cuda_mover_t *m = mover;
-	cm_slab_close(m);
-	for (int d = 0; d < CM_DEVICES; d++)
+	for (int d = 0; d < CM_DEVICES; d++) {
+		cm_dev_drop(m, &m->pull[d]);
 		cm_dev_drop(m, &m->dev[d]);
+	}
 	for (int i = 0; i < CM_BLOCKS; i++)
 		if (m->blk[i].ptr)
 			rw_cuda_mem_free(m->blk[i].dev, m->blk[i].ptr);
@@ -188,6 +222,8 @@ static void cm_quiesce(void *mover, void *state)
 		cp->pending = cp->marks_c = cp->marks_pk = 0;
 		memset(cp->marks_d, 0, sizeof(cp->marks_d));
 	}
+	cp->pulls_left = 0; /* what a pull brought is not taken any more */
+	cp->fin_wait = 0;
 }
 
 static void cm_close(void *mover, void *state)
@@ -515,11 +551,10 @@ static rw_status_t cm_local(void *mover, void *state, const rw_svc_phase_t *ph, 
 	return RW_OK;
 }
 
-static rw_status_t cm_finish(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
-			     uint32_t *pending_p, char *why)
+/* Every rank's results of `kind` written behind what the pair's kernels do, a mark each. */
+static rw_status_t finish_marks(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind,
+				uint32_t *pending_p, char *why)
 {
-	(void)mover;
-	cm_pair_t *cp = state;
 	uint32_t pending = 0;
 	if (cp->m->check && kind == 0)
 		for (int d = 0; d < CM_DEVICES; d++)
@@ -570,6 +605,33 @@ static rw_status_t cm_finish(void *mover, void *state, const rw_svc_phase_t *ph,
 	}
 	*pending_p = pending;
 	return RW_OK;
+}
+
+/* Header pulls out of GPU slabs still in flight take their records when they are done: the
+ * results wait for them (finish_run). One RW_MV_OP_FINISH per rank follows either way. */
+static rw_status_t cm_finish(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
+			     uint32_t *pending_p, char *why)
+{
+	(void)mover;
+	cm_pair_t *cp = state;
+	if (cp->pulls_left) {
+		cp->fin_wait = 1 + kind;
+		*pending_p = ph->gpus;
+		return RW_OK;
+	}
+	return finish_marks(cp, ph, kind, pending_p, why);
+}
+
+static void finish_run(cm_pair_t *cp)
+{
+	const int kind = cp->fin_wait - 1;
+	char why[RW_SVC_WHY_MAX];
+	uint32_t pending = 0;
+	cp->fin_wait = 0;
+	if (finish_marks(cp, cp->ph, kind, &pending, why) != RW_OK) {
+		rw_warn("cuda mover: pair %u: %s", cp->serial, why);
+		cp->m->done(cp->m->ctx, cp->serial, RW_MV_OP_FINISH, 0, RW_ERR_DEVICE);
+	}
 }
 
 static void cm_result(void *state, uint32_t g, uint32_t *recv_rows_p, const uint32_t **counts_p)

@@ -39,6 +39,12 @@ typedef struct cm_list {
 	uint32_t row;                /* a copy list's bytes per entry (0: the phase's row_bytes) */
 } cm_list_t;
 
+/* One header pull out of a GPU slab (mover_cuda_slab.c): the range's records up to `upto`. */
+typedef struct cm_pull {
+	uint32_t src, rail, upto;
+	int8_t kind, dev;
+} cm_pull_t;
+
 typedef struct cm_pair {
 	cuda_mover_t *m;
 	struct cm_pair *next;
@@ -79,6 +85,14 @@ typedef struct cm_pair {
 	cm_list_t pk_hl, cs_hl, pull;
 	int8_t *pk_hdev;
 	uint64_t *pk_hsrc, *pk_hdst;
+	/* Header pulls out of GPU slabs, in issue order: each device's are done in its order
+	 * (pull_next: its oldest not done); rx_pulled, per kind [N*R], the records of each range
+	 * pulled or being pulled; fin_wait, 1 + the kind of a finish() waiting for the pulls. */
+	cm_pull_t *pulls;
+	uint32_t n_pulls, pulls_cap, pulls_left, pull_next[CM_DEVICES];
+	uint32_t pull_devs;          /* devices whose pull lane has work of this pair */
+	uint32_t *rx_pulled[2];
+	int fin_wait;
 	int tab;                     /* pool index of the pinned row lists (-1: none) */
 	cm_list_t fwd[CM_DEVICES], sums[CM_DEVICES]; /* per device: forwards; owner-sum adds */
 	cm_list_t pack, cslab;       /* the dispatch slabs' rows; the combine slabs' sums */
@@ -129,14 +143,19 @@ struct cuda_mover {
 	uint32_t n_reg;
 	struct { int dev; rw_cuda_dptr_t ptr; size_t size; int busy; } blk[CM_BLOCKS];
 	struct { rw_svc_pinned_t buf; int busy; } tabs[CM_TABS];
-	rw_cuda_stream_t *pull[CM_DEVICES]; /* per slab device: arrived headers' copies */
-	uint64_t slab_pulls;         /* header copies out of GPU slabs, waited for */
+	cm_dev_t pull[CM_DEVICES];   /* per slab device: the lane of arrived headers' copies */
+	uint64_t slab_pulls;         /* header pulls out of GPU slabs */
 };
 
-enum { OP_STAGE_D = 0, OP_STAGE_C = 1, OP_FLUSH_D = 2, OP_FLUSH_C = 3, OP_PACK = 4, OP_COUNT = 5 };
+enum { OP_STAGE_D = 0, OP_STAGE_C = 1, OP_FLUSH_D = 2, OP_FLUSH_C = 3, OP_PACK = 4, OP_COUNT = 5,
+       OP_PULL = 6 };
 
+/* A mark's token: the pair, the op, and a local rank or a device. */
+static inline uint64_t cm_token(const cm_pair_t *cp, uint32_t op, uint32_t g)
+{
+	return (uint64_t)cp->serial << 32 | (uint64_t)op << 8 | g;
+}
 int cm_dev_kernels(cuda_mover_t *m, int dev);
-uint64_t cm_token(const cm_pair_t *cp, uint32_t op, uint32_t g);
 rw_cuda_dptr_t cm_hptr(const void *p);
 cm_pair_t *cm_pair_find(cuda_mover_t *m, uint32_t serial);
 void cm_dev_drop(cuda_mover_t *m, cm_dev_t *d);
@@ -179,18 +198,24 @@ rw_status_t cm_forward_local(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t b
 rw_status_t cm_combine_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why);
 rw_status_t cm_combine_range(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t d, uint32_t e,
 				 uint32_t upto, char *why);
+/* The same, on headers that are in the shadow: validate and launch (the *_range ops take them
+ * now from host-memory slabs, after a pull from GPU slabs). */
+rw_status_t cm_forward_take(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t src,
+				uint32_t rail, uint32_t upto, char *why);
+rw_status_t cm_combine_take(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t d, uint32_t e,
+				uint32_t upto, char *why);
+
 void cm_host_copy_out(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind, uint32_t g);
 /* mover_cuda_slab.c: slabs on a GPU. Any rail's / their devices; the slabs' device addresses
  * (after the shadows are mapped); the header lists carved from the pair's pinned buffer; an
- * arrived range's headers (n records from byte pos of the receive area) copied into the shadow
- * and waited for; the pull streams destroyed. */
+ * arrived range's headers up to record `upto` pulled into the shadow (asynchronously: an OP_PULL
+ * mark, and mover_cuda.c takes them when it is done). */
 int cm_slab_any(const rw_svc_phase_t *ph);
 uint32_t cm_slab_devs(const rw_svc_phase_t *ph);
 rw_status_t cm_slab_map(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why);
 void cm_slab_carve(cm_pair_t *cp, const rw_svc_phase_t *ph, uint8_t *base, size_t *off);
-rw_status_t cm_slab_pull(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind, uint32_t rail,
-			 uint64_t pos, uint32_t n, char *why);
-void cm_slab_close(cuda_mover_t *m);
+rw_status_t cm_slab_pull(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind, uint32_t src,
+			 uint32_t rail, uint32_t upto, char *why);
 /* mover_cuda_count.c: the count() op; an OP_COUNT mark completed; the pair's count blocks back
  * to the pool (close). */
 rw_status_t cm_count(void *mover, void *state, const rw_svc_phase_t *ph, uint32_t *row,

@@ -8,10 +8,6 @@
 
 #include "service/mover_cuda_int.h"
 
-uint64_t cm_token(const cm_pair_t *cp, uint32_t op, uint32_t g)
-{
-	return (uint64_t)cp->serial << 32 | (uint64_t)op << 8 | g;
-}
 
 
 cm_pair_t *cm_pair_find(cuda_mover_t *m, uint32_t serial)
@@ -79,6 +75,12 @@ rw_status_t cm_pair_sync(cm_pair_t *cp)
 	for (int d = 0; d < CM_DEVICES; d++)
 		if ((cp->devs & (1u << d)) && cp->m->dev[d].stream) {
 			rw_status_t st = rw_cuda_stream_sync(cp->m->dev[d].stream);
+			if (st != RW_OK)
+				res = st;
+		}
+	for (int d = 0; d < CM_DEVICES; d++) /* header pulls out of GPU slabs */
+		if ((cp->pull_devs & (1u << d)) && cp->m->pull[d].stream) {
+			rw_status_t st = rw_cuda_stream_sync(cp->m->pull[d].stream);
 			if (st != RW_OK)
 				res = st;
 		}
@@ -509,9 +511,19 @@ rw_status_t cm_launch_all(cm_pair_t *cp, const rw_svc_phase_t *ph, int sums, cha
 
 /* Records [done, upto) of a dispatch range (all of it once complete, a prefix while it
  * arrives): headers validated on the CPU (as the host mover does), rows scattered by the
- * kernels. */
+ * kernels. From a slab on a GPU, once its headers are pulled into the shadow
+ * (mover_cuda_slab.c). */
 rw_status_t cm_forward_range(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t src,
 				 uint32_t rail, uint32_t upto, char *why)
+{
+	upto = RW_MIN(upto, ph->layout->in_quota[(size_t)src * ph->rails + rail]);
+	if (ph->slab_dev[rail] >= 0)
+		return cm_slab_pull(cp, ph, 0, src, rail, upto, why);
+	return cm_forward_take(cp, ph, src, rail, upto, why);
+}
+
+rw_status_t cm_forward_take(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t src,
+				uint32_t rail, uint32_t upto, char *why)
 {
 	const rw_svc_layout_t *l = ph->layout;
 	size_t i = (size_t)src * ph->rails + rail;
@@ -523,10 +535,6 @@ rw_status_t cm_forward_range(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t s
 	upto = RW_MIN(upto, l->in_quota[i]);
 	if (*done >= upto)
 		return RW_OK;
-	rw_status_t pst = cm_slab_pull(cp, ph, 0, rail, ((uint64_t)first + *done) * ph->rec_size,
-				       upto - *done, why);
-	if (pst != RW_OK)
-		return pst;
 	for (uint32_t k = *done; k < upto; k++) {
 		const uint64_t pos = ((uint64_t)first + k) * ph->rec_size;
 		const uint8_t *rec = ph->recv_area[0][rail] + pos;
@@ -640,9 +648,19 @@ rw_status_t cm_combine_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why
 /* Records [done, upto) of a combine range from `d` on egress rail `e` (all of it once
  * complete, a prefix while it arrives): headers checked on the CPU, each row added into its
  * owner token's fp32 sum by a kernel on the owner's device. A range holds at most one record
- * per token, so taking it in pieces adds the same rows in the same order per token. */
+ * per token, so taking it in pieces adds the same rows in the same order per token. From a slab
+ * on a GPU, once its headers are pulled into the shadow (mover_cuda_slab.c). */
 rw_status_t cm_combine_range(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t d, uint32_t e,
 				 uint32_t upto, char *why)
+{
+	upto = RW_MIN(upto, ph->layout->out_pairs[d].quota[e]);
+	if (ph->slab_dev[e] >= 0)
+		return cm_slab_pull(cp, ph, 1, d, e, upto, why);
+	return cm_combine_take(cp, ph, d, e, upto, why);
+}
+
+rw_status_t cm_combine_take(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t d, uint32_t e,
+				uint32_t upto, char *why)
 {
 	const rw_svc_layout_t *l = ph->layout;
 	const rw_pair_plan_t *pp = &l->out_pairs[d];
@@ -651,10 +669,6 @@ rw_status_t cm_combine_range(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t d
 	upto = RW_MIN(upto, pp->quota[e]);
 	if (*done >= upto)
 		return RW_OK;
-	rw_status_t pst = cm_slab_pull(cp, ph, 1, e, ((uint64_t)first + *done) * ph->crec_size,
-				       upto - *done, why);
-	if (pst != RW_OK)
-		return pst;
 	for (uint32_t k = *done; k < upto; k++) {
 		const uint64_t pos = ((uint64_t)first + k) * ph->crec_size;
 		rw_wire_crec_hdr_t h;

@@ -6,9 +6,11 @@
  *    depends only on the plan and the top-k) and copied into the slab by a kernel of the same
  *    piece, before the piece's mark, so a piece ready() offers has its headers on the GPU;
  *  - the combine slabs' headers likewise, with the combine's slab kernels;
- *  - an arrived range's headers are copied from the slab into the shadow (after a GPUDirect
- *    flush, where the GPU needs one) by a kernel on a stream of their own, waited for, and then
- *    checked as before. That wait blocks the loop for one small kernel per arrival taken.
+ *  - an arrived range's headers (what part() or arrived() gives, past what was pulled before)
+ *    are copied from the slab into the shadow, after a GPUDirect flush where the GPU needs one,
+ *    by a kernel on a stream of their own with a mark behind it; the loop goes on, and when the
+ *    mark is done they are checked and the range taken as on a host-memory rail. A bad record
+ *    is reported (RW_MV_OP_REFUSED); finish() waits for every pull.
  * A rail whose slabs are host memory is unchanged (the CPU writes its headers after the rows). */
 #include <stdio.h>
 
@@ -47,6 +49,18 @@ rw_status_t cm_slab_map(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why)
 			cp->send_d[k][r] = ph->send_dptr[k][r];
 			cp->recv_d[k][r] = ph->recv_dptr[k][r];
 		}
+	if (!cm_slab_any(ph))
+		return RW_OK;
+	/* Each pull takes at least one new record: at most one per record of either kind. */
+	const size_t nr = (size_t)ph->nodes * ph->rails;
+	cp->pulls_cap = ph->row_off[nr] + ph->n_in + 1;
+	cp->pulls = rw_arena_alloc(&cp->mem, cp->pulls_cap, sizeof(cm_pull_t));
+	for (int k = 0; k < 2; k++)
+		cp->rx_pulled[k] = rw_arena_alloc(&cp->mem, nr, sizeof(uint32_t));
+	if (!cp->pulls || !cp->rx_pulled[0] || !cp->rx_pulled[1]) {
+		snprintf(why, RW_SVC_WHY_MAX, "out of memory");
+		return RW_ERR_NOMEM;
+	}
 	return RW_OK;
 }
 
@@ -57,56 +71,76 @@ void cm_slab_carve(cm_pair_t *cp, const rw_svc_phase_t *ph, uint8_t *base, size_
 	const uint32_t n_in = any ? ph->n_in : 0;
 	cm_list_carve(&cp->pk_hl, base, off, n_rec, 0, 0);
 	cm_list_carve(&cp->cs_hl, base, off, n_in, 0, 0);
-	cm_list_carve(&cp->pull, base, off, RW_MAX(n_rec, n_in), 0, 0);
+	cm_list_carve(&cp->pull, base, off, n_rec + n_in, 0, 0); /* each header is pulled once */
 	if (base) {
 		cp->pk_hl.row = (uint32_t)rw_wire_rec_row_off(ph->topk);
 		cp->cs_hl.row = RW_WIRE_CREC_HDR;
 	}
 }
 
-rw_status_t cm_slab_pull(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind, uint32_t rail,
-			 uint64_t pos, uint32_t n, char *why)
+/* The pull lane of `dev`: a stream of its own, so that a pull does not wait behind the pair's
+ * pack and forward kernels, watched from the loop as the main streams are. */
+static rw_status_t pull_lane(cuda_mover_t *m, int dev, rw_cuda_stream_t **s_p)
 {
-	const int dev = ph->slab_dev[rail];
-	if (dev < 0 || !n)
-		return RW_OK;
-	cuda_mover_t *m = cp->m;
-	const uint64_t rec = kind ? ph->crec_size : ph->rec_size;
-	cm_list_t *l = &cp->pull;
-	if (n > l->cap) { /* never: a range holds at most every record of its kind */
-		snprintf(why, RW_SVC_WHY_MAX, "%u headers from rail %u exceed the pull list (%u)", n,
-			 rail, l->cap);
-		return RW_ERR_STATE;
+	cm_dev_t *d = &m->pull[dev];
+	if (!d->stream) {
+		rw_status_t st = rw_cuda_stream_create(dev, &d->stream);
+		if (st != RW_OK)
+			return st;
+		d->m = m;
+		ev_io_init(&d->io, m->io_cb, rw_cuda_stream_fd(d->stream), EV_READ);
+		d->io.data = d;
+		ev_io_start(m->loop, &d->io);
 	}
-	l->n = l->launched = 0;
-	l->addr_bits = 0;
-	for (uint32_t i = 0; i < n; i++)
-		cm_list_copy(l, cp->recv_d[kind][rail] + pos + i * rec, cp->sh_recv_d[kind][rail] + pos + i * rec);
-	const uint32_t row = kind ? RW_WIRE_CREC_HDR : (uint32_t)rw_wire_rec_row_off(ph->topk);
-	/* The NIC's writes must be visible to every device that reads them: the header kernel's,
-	 * and the forward or sum kernels of the pair's devices launched after this. */
-	const uint32_t readers = cp->reach | 1u << dev;
-	rw_status_t st = rw_cuda_gdr_flush(dev, (readers & (readers - 1)) != 0);
-	if (st == RW_OK && !m->pull[dev])
-		st = rw_cuda_stream_create(dev, &m->pull[dev]);
-	if (st == RW_OK)
-		st = rw_cuda_copy_rows(m->pull[dev], cm_hptr(l->copy), n, row, (l->addr_bits & 15) == 0);
-	if (st == RW_OK)
-		st = rw_cuda_stream_sync(m->pull[dev]);
-	if (st != RW_OK) {
-		snprintf(why, RW_SVC_WHY_MAX, "cannot read %u %s headers from rail %u's slab on GPU %d: %s",
-			 n, kind ? "combine" : "dispatch", rail, dev, rw_status_str(st));
-		return RW_ERR_DEVICE;
-	}
-	m->slab_pulls++;
+	*s_p = d->stream;
 	return RW_OK;
 }
 
-void cm_slab_close(cuda_mover_t *m)
+rw_status_t cm_slab_pull(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind, uint32_t src,
+			 uint32_t rail, uint32_t upto, char *why)
 {
-	for (int d = 0; d < CM_DEVICES; d++)
-		if (m->pull[d]) {
-			rw_cuda_stream_destroy(m->pull[d]);
-			m->pull[d] = NULL;
-		}
+	const int dev = ph->slab_dev[rail];
+	cuda_mover_t *m = cp->m;
+	const size_t i = (size_t)src * ph->rails + rail;
+	const uint32_t from = cp->rx_pulled[kind][i];
+	if (from >= upto)
+		return RW_OK;
+	const uint64_t rec = kind ? ph->crec_size : ph->rec_size;
+	const uint64_t first = kind ? ph->layout->out_first[i] : ph->layout->in_first[i];
+	cm_list_t *l = &cp->pull;
+	if (l->n + (upto - from) > l->cap || cp->n_pulls == cp->pulls_cap) { /* never: sized at plan */
+		snprintf(why, RW_SVC_WHY_MAX, "headers from node %u rail %u exceed the pull lists", src,
+			 rail);
+		return RW_ERR_STATE;
+	}
+	l->addr_bits = 0;
+	for (uint64_t k = from, pos = (first + from) * rec; k < upto; k++, pos += rec)
+		cm_list_copy(l, cp->recv_d[kind][rail] + pos, cp->sh_recv_d[kind][rail] + pos);
+	const uint32_t row = kind ? RW_WIRE_CREC_HDR : (uint32_t)rw_wire_rec_row_off(ph->topk);
+	/* The NIC's writes must be visible to every device that reads them: the header kernel's,
+	 * and the forward or sum kernels of the pair's devices launched once it is done. */
+	const uint32_t readers = cp->reach | 1u << dev;
+	rw_cuda_stream_t *s = NULL;
+	rw_status_t st = rw_cuda_gdr_flush(dev, (readers & (readers - 1)) != 0);
+	if (st == RW_OK)
+		st = pull_lane(m, dev, &s);
+	if (st == RW_OK)
+		st = rw_cuda_copy_rows(s, cm_hptr(l->copy + l->launched), upto - from, row,
+				       (l->addr_bits & 15) == 0);
+	l->launched = l->n;
+	if (st == RW_OK)
+		st = rw_cuda_stream_mark(s, cm_token(cp, OP_PULL, (uint32_t)dev));
+	if (st != RW_OK) {
+		snprintf(why, RW_SVC_WHY_MAX, "cannot read %u %s headers from rail %u's slab on GPU %d: %s",
+			 upto - from, kind ? "combine" : "dispatch", rail, dev, rw_status_str(st));
+		return RW_ERR_DEVICE;
+	}
+	cp->pending++;
+	cp->pull_devs |= 1u << dev;
+	cp->pulls[cp->n_pulls++] = (cm_pull_t){ .src = src, .rail = rail, .upto = upto,
+					       .kind = (int8_t)kind, .dev = (int8_t)dev };
+	cp->pulls_left++;
+	cp->rx_pulled[kind][i] = upto;
+	m->slab_pulls++;
+	return RW_OK;
 }

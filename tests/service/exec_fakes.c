@@ -397,18 +397,21 @@ static void write_deliver(fk_world_t *w, fk_ev_t *ev)
 		return;
 	}
 	uint8_t *dst = d->mem[ev->rail] + ev->remote_off;
-	if (w->dev_slabs) { /* device to device; the test's hook sees the bytes in a bounce copy */
+	if (w->dev_slabs) { /* device to device through a bounce copy, which the test's hook sees
+			     * (and may change) before it lands */
 		dst = malloc(ev->wlen ? ev->wlen : 1);
-		if (!dst || rw_cuda_memcpy_dtoh(0, dst, s->dmem[ev->rail] + ev->local_off, ev->wlen) != RW_OK ||
-		    rw_cuda_memcpy_htod(0, d->dmem[ev->rail] + ev->remote_off, dst, ev->wlen) != RW_OK)
+		if (!dst || rw_cuda_memcpy_dtoh(0, dst, s->dmem[ev->rail] + ev->local_off, ev->wlen) != RW_OK)
 			violation(w, "a device slab copy failed");
+		if (w->on_write && dst)
+			w->on_write(ev, dst, w->on_write_ctx);
+		if (dst && rw_cuda_memcpy_htod(0, d->dmem[ev->rail] + ev->remote_off, dst, ev->wlen) != RW_OK)
+			violation(w, "a device slab copy failed");
+		free(dst);
 	} else {
 		memcpy(dst, s->mem[ev->rail] + ev->local_off, ev->wlen);
+		if (w->on_write)
+			w->on_write(ev, dst, w->on_write_ctx);
 	}
-	if (w->on_write && dst)
-		w->on_write(ev, dst, w->on_write_ctx);
-	if (w->dev_slabs)
-		free(dst);
 	if (!ev->injected) {
 		fk_ev_t *done = ev_new(FK_EV_WDONE, ev->src, ev->dst);
 		done->rail = ev->rail;

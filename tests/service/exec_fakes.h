@@ -52,7 +52,8 @@ typedef struct fk_ev {
 
 /* A test's choice about one event: 1 = this one (hold it back / drop it), 0 = not. */
 typedef int (*fk_hold_fn)(const fk_ev_t *ev, void *ctx);
-/* Sees a write's bytes in the destination memory right after they were copied there. */
+/* Sees a write's bytes in the destination memory right after they were copied there (with
+ * dev_slabs: in a bounce copy just before they land; a change lands too). */
 typedef void (*fk_write_fn)(const fk_ev_t *ev, uint8_t *dst_bytes, void *ctx);
 
 typedef struct fk_counters {

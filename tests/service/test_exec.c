@@ -2272,6 +2272,34 @@ static void test_gpu_dev_slabs(void **state)
 		}
 }
 
+/* A peer's bad record into a slab on a GPU: the CUDA mover reads the headers after a pull, so it
+ * refuses the range asynchronously (RW_MV_OP_REFUSED). The receiver still declares the peer
+ * down and fails the phase on both nodes, without a timeout; the link comes back and the same
+ * key passes. */
+static void test_gpu_dev_slabs_bad_record(void **state)
+{
+	(void)state;
+	if (!gpu_mover_ready())
+		skip();
+	opts_t o = { .nodes = 2, .path = "native", .tokens = 16, .dev_slabs = 1 };
+	cl_t *c = gpu_cluster(&o, 960, 0xf);
+	corrupt_once = 1;
+	c->w->on_write = corrupt_tag;
+	memset(&c->w->cnt, 0, sizeof(c->w->cnt));
+	gpu_dispatch(c, 0xf, 0, 0, NULL);
+	for (uint32_t r = 0; r < c->W; r++)
+		expect_err(c, r, RW_E_PHASE, "bad record from node 1 into a GPU slab");
+	CHECK(!corrupt_once, "no write was corrupted");
+	CHECK(c->w->cnt.fail_peer[0][1] == 1, "node 0 did not declare node 1 down");
+	expect_no_timeouts(c);
+	c->w->on_write = NULL;
+	pump_until(c, mesh_up, NULL, "the link back");
+	gpu_dispatch(c, 0xf, 0, 0, NULL);
+	dispatch_collect(c, 0, 0);
+	combine_all(c, 0, 0);
+	cl_free(c);
+}
+
 /* ================================================================================================
  * Drain
  * ================================================================================================ */
@@ -2525,6 +2553,7 @@ int main(void)
 		cmocka_unit_test(test_gpu_count_mixed),
 		cmocka_unit_test(test_gpu_count_bad_id),
 		cmocka_unit_test(test_gpu_dev_slabs),
+		cmocka_unit_test(test_gpu_dev_slabs_bad_record),
 		cmocka_unit_test(test_drain),
 	};
 	/* Bugs of the executor before the split (phase.c), each reproduced first; fixed by the
