@@ -174,10 +174,13 @@ struct exec_pair {
 		uint8_t *packed[2];                  /* [N]: d's slabs of a kind are packed */
 		uint8_t *granted[2];                 /* [N] by wave: our wave-w destination admits us */
 		uint64_t wave_t0, wave_slab_max;     /* debug trace */
+		uint64_t rounds;                     /* write rounds of destination cur_k ... */
+		uint32_t rounds_k;                   /* ... once computed for it (0: not yet) */
 	} send;
 
 	struct {                     /* receiving, per kind (exec_recv.c) */
 		uint64_t *arrived;   /* [N*R] bytes arrived per (source, rail) */
+		uint32_t *parted;    /* [N*R] whole records given to the mover's part() so far */
 		uint8_t *range_done; /* [N*R] */
 		uint32_t ranges_left;
 		/* the receiver gate: in_lo = lowest wave whose inbound data is not all here,

@@ -13,13 +13,14 @@ rw_status_t exec_recv_init(exec_pair_t *p)
 	size_t n = x->nodes, nr = (size_t)x->nodes * x->rails;
 	for (int k = 0; k < 2; k++) {
 		p->recv[k].arrived = rw_arena_alloc(&p->mem, nr, sizeof(uint64_t));
+		p->recv[k].parted = rw_arena_alloc(&p->mem, nr, sizeof(uint32_t));
 		p->recv[k].range_done = rw_arena_alloc(&p->mem, nr, 1);
 		p->recv[k].src_active = rw_arena_alloc(&p->mem, n, 1);
 		p->send.granted[k] = rw_arena_alloc(&p->mem, n, 1);
 		p->send.packed[k] = rw_arena_alloc(&p->mem, n, 1);
 		p->recv[k].in_lo = 1;
 		p->recv[k].grant_hi = 1;
-		if (!p->recv[k].arrived || !p->recv[k].range_done || !p->recv[k].src_active ||
+		if (!p->recv[k].arrived || !p->recv[k].parted || !p->recv[k].range_done || !p->recv[k].src_active ||
 		    !p->send.granted[k] || !p->send.packed[k])
 			return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
 	}
@@ -139,11 +140,13 @@ static rw_status_t range_check(exec_pair_t *p, int kind, uint32_t src, uint32_t 
 		return range_complete(p, kind, src, rail);
 	}
 	/* Not complete: the whole records of the prefix that is here, to a mover that takes them
-	 * early (its work overlaps the rest of the range's transfer). */
-	if (p->mv->part && got >= rec_size(p, kind)) {
+	 * early (its work overlaps the rest of the range's transfer), when there are new ones. */
+	const uint32_t upto = (uint32_t)(got / rec_size(p, kind));
+	if (p->mv->part && upto > p->recv[kind].parted[i]) {
 		char why[RW_SVC_WHY_MAX];
-		rw_status_t st = p->mv->part(p->mv_mover, p->mv_state, &p->ph, kind, src, rail,
-					     (uint32_t)(got / rec_size(p, kind)), why);
+		p->recv[kind].parted[i] = upto;
+		rw_status_t st = p->mv->part(p->mv_mover, p->mv_state, &p->ph, kind, src, rail, upto,
+					     why);
 		if (st != RW_OK)
 			return mover_failed(p, st, src, why);
 		p->x->svc->metrics.rx_prefixes++;

@@ -64,7 +64,8 @@ static rw_status_t pack_dst(exec_pair_t *p, int kind, uint32_t d)
 /* The largest write on rail r. */
 static uint64_t write_chunk(const exec_pair_t *p, uint32_t r)
 {
-	uint64_t chunk = RW_MIN((uint64_t)EXEC_CHUNK_MAX, rw_svc_mesh_max_write(p->x->mesh, r));
+	const uint64_t dev_max = rw_svc_mesh_max_write(p->x->mesh, r); /* 0: no limit said */
+	uint64_t chunk = dev_max ? RW_MIN((uint64_t)EXEC_CHUNK_MAX, dev_max) : EXEC_CHUNK_MAX;
 	return p->x->hooks.chunk_bytes ? RW_MIN(chunk, p->x->hooks.chunk_bytes) : chunk;
 }
 
@@ -96,13 +97,16 @@ static rw_status_t post_wave(exec_pair_t *p, int *budget)
 		}
 		if (pst != RW_OK)
 			return p->err.st;
-		uint64_t rounds = 0;
-		for (uint32_t r = 0; r < x->rails; r++) {
-			uint64_t len = slab_len(p, kind, d, r), chunk = write_chunk(p, r);
-			rounds = RW_MAX(rounds, (len + chunk - 1) / chunk);
-			p->send.wave_slab_max = RW_MAX(p->send.wave_slab_max, len);
+		if (p->send.rounds_k != p->send.cur_k) { /* once per destination, not per resume */
+			p->send.rounds_k = p->send.cur_k;
+			p->send.rounds = 0;
+			for (uint32_t r = 0; r < x->rails; r++) {
+				uint64_t len = slab_len(p, kind, d, r), chunk = write_chunk(p, r);
+				p->send.rounds = RW_MAX(p->send.rounds, (len + chunk - 1) / chunk);
+				p->send.wave_slab_max = RW_MAX(p->send.wave_slab_max, len);
+			}
 		}
-		for (; p->send.cur_c < rounds; p->send.cur_c++, p->send.cur_r = 0)
+		for (; p->send.cur_c < p->send.rounds; p->send.cur_c++, p->send.cur_r = 0)
 			for (; p->send.cur_r < x->rails; p->send.cur_r++) {
 				uint32_t r = p->send.cur_r;
 				size_t i = (size_t)d * x->rails + r;
@@ -112,7 +116,7 @@ static rw_status_t post_wave(exec_pair_t *p, int *budget)
 					continue;
 				uint64_t n = RW_MIN(chunk, len - off);
 				if (p->mv->ready && off + n > p->mv->ready(p->mv_mover, p->mv_state, &p->ph,
-									   kind, d, r)) {
+									   kind, d, r, off + n)) {
 					x->svc->metrics.tx_piece_waits++;
 					p->send.state = SEND_WAIT_PACK;
 					return RW_OK;
@@ -176,6 +180,7 @@ rw_status_t exec_send_progress(exec_pair_t *p)
 			EXEC_TRACE(p, exec_trace_wave_post_(p));
 			p->send.wave_t0 = rw_now_ns();
 			p->send.wave_slab_max = 0;
+			p->send.rounds_k = 0; /* destinations are counted from 1 */
 			p->send.cur_r = 0;
 			p->send.cur_c = 0;
 		}

@@ -164,10 +164,11 @@ typedef struct rw_svc_mover_ops {
 			    char *why);
 	/* Optional (NULL: a slab pack() answered RW_OK for is whole). After pack(kind, d) answered
 	 * RW_OK: how many bytes from the start of d's slab on `rail` are written and may be posted
-	 * (a mover still writing the rest in pieces; UINT64_MAX: all). While it answers less than
-	 * the whole slab, an RW_MV_OP_PACKED report follows each time more is written. */
+	 * (a mover still writing the rest in pieces; UINT64_MAX: all). `want`: the bytes the
+	 * executor would post up to; when the answer is less, an RW_MV_OP_PACKED report follows
+	 * once more is written (and none when the executor did not have to wait). */
 	uint64_t (*ready)(void *mover, void *state, const rw_svc_phase_t *ph, int kind, uint32_t d,
-			  uint32_t rail);
+			  uint32_t rail, uint64_t want);
 	/* Every byte of `kind` from `src` on `rail` is in ph->recv_area: dispatch forwards each
 	 * record to the local ranks hosting its experts; combine adds each row into its owner
 	 * token's sum. Validates every record header (RW_ERR_PROTO names the slot), now or, where

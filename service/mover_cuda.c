@@ -507,17 +507,19 @@ static rw_status_t cm_pack(void *mover, void *state, const rw_svc_phase_t *ph, i
 	return RW_OK;
 }
 
-/* Bytes of d's dispatch slab on `rail` whose pieces are in; while some are not, the executor
- * asking is owed an RW_MV_OP_PACKED report. */
+/* Bytes of d's dispatch slab on `rail` whose pieces are in; an executor that wants more is
+ * owed an RW_MV_OP_PACKED report. */
 static uint64_t cm_ready(void *mover, void *state, const rw_svc_phase_t *ph, int kind, uint32_t d,
-			 uint32_t rail)
+			 uint32_t rail, uint64_t want)
 {
 	(void)mover;
 	cm_pair_t *cp = state;
 	if (kind != 0 || cp->packed)
 		return UINT64_MAX;
-	cp->pk_waiting = 1;
-	return cp->pk_ready[d * ph->rails + rail];
+	const uint64_t have = cp->pk_ready[d * ph->rails + rail];
+	if (have < want)
+		cp->pk_waiting = 1;
+	return have;
 }
 
 /* A range as it arrives (part) and once complete (arrived): its records from where the last
