@@ -56,8 +56,9 @@
 
 #include "cuda/rw_cuda.h"
 #include "ipc/railwave.h"
+#include "tests/integration/rw_rank_diff.h"
 
-enum { TOPK = 4, MAX_TOKENS = 48, MAX_FIXED = 8192 };
+enum { MAX_TOKENS = 48, MAX_FIXED = 8192 }; /* TOPK: rw_rank_diff.h */
 static uint32_t MAX_ROWS = 3 * MAX_TOKENS; /* rows a rank may dispatch: --tokens raises it */
 static int timing;                         /* --timing */
 
@@ -116,12 +117,6 @@ static int redo(uint32_t step, uint32_t layer, int ok, const rw_cqe_t *cq, rw_cl
 	return 1;
 }
 
-typedef struct work {
-	uint32_t n;
-	int32_t (*ids)[TOPK];         /* [MAX_ROWS] */
-	float (*w)[TOPK];
-	float *x; /* [MAX_ROWS][hidden] */
-} work_t;
 
 static uint64_t mix(uint64_t z)
 {
@@ -442,67 +437,6 @@ static void buf_release(rank_buf_t *b)
 	b->dptr = 0;
 }
 
-/* A dispatch that delivered the wrong set of rows: which rows came that should not have (with
- * the ids their metadata carries and the ids the workload gives that token) and which are
- * missing, on stderr before the check fails (bring-up of failures seen only on a real GPU). */
-static void dispatch_diff(const rw_cqe_t *cq, const uint8_t *out, uint64_t out_cap, int bf16)
-{
-	const uint32_t row = hidden * (bf16 ? 2 : 4);
-	const uint64_t cbytes = experts > RW_CQE_INLINE_COUNTS ? ((4ull * experts + 15) & ~15ull) : 0;
-	const uint64_t meta_bytes = 16 + 8 * TOPK;
-	const uint64_t cap = (out_cap - cbytes) / (row + meta_bytes);
-	const uint8_t *metas = out + cbytes + cap * row;
-	unsigned said = 0;
-	memset(seen, 0, (size_t)world * MAX_ROWS);
-	for (uint32_t j = 0; j < cq->recv_tokens && j < cap; j++) {
-		const uint8_t *m = metas + j * meta_bytes;
-		uint32_t src_node, src_rank, token;
-		int32_t ids[TOPK];
-		memcpy(&src_node, m, 4);
-		memcpy(&src_rank, m + 4, 4);
-		memcpy(&token, m + 8, 4);
-		memcpy(ids, m + 16, sizeof(ids));
-		int mine_row = 0, known = src_rank < world && token < all[src_rank].n;
-		for (uint32_t k = 0; known && k < TOPK; k++)
-			mine_row |= all[src_rank].ids[token][k] >= 0 &&
-				    (uint32_t)all[src_rank].ids[token][k] / per_rank == me;
-		if (known && !seen[src_rank * MAX_ROWS + token] && mine_row) {
-			seen[src_rank * MAX_ROWS + token] = 1;
-			continue;
-		}
-		if (said++ < 24) {
-			fprintf(stderr, "rank %u: diff: extra row %u from node %u rank %u token %u, ids",
-				me, j, src_node, src_rank, token);
-			for (uint32_t k = 0; k < TOPK; k++)
-				fprintf(stderr, " %d", ids[k]);
-			if (known) {
-				fprintf(stderr, ", workload ids");
-				for (uint32_t k = 0; k < TOPK; k++)
-					fprintf(stderr, " %d", all[src_rank].ids[token][k]);
-			}
-			fprintf(stderr, "%s\n", known ? (seen[src_rank * MAX_ROWS + token] ? " (twice)" : "")
-						       : " (no such token)");
-		}
-	}
-	unsigned missing = 0;
-	for (uint32_t q = 0; q < world; q++)
-		for (uint32_t t = 0; t < all[q].n; t++) {
-			int hit = 0;
-			for (uint32_t k = 0; k < TOPK; k++)
-				hit |= all[q].ids[t][k] >= 0 && (uint32_t)all[q].ids[t][k] / per_rank == me;
-			if (!hit || seen[q * MAX_ROWS + t])
-				continue;
-			if (missing++ < 24) {
-				fprintf(stderr, "rank %u: diff: missing rank %u token %u, ids", me, q, t);
-				for (uint32_t k = 0; k < TOPK; k++)
-					fprintf(stderr, " %d", all[q].ids[t][k]);
-				fputc('\n', stderr);
-			}
-		}
-	fprintf(stderr, "rank %u: diff: %u rows received, %u unexpected, %u missing\n", me,
-		cq->recv_tokens, said, missing);
-}
-
 static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers, uint32_t steps,
 	       uint64_t seed, uint32_t submit_experts)
 {
@@ -596,8 +530,12 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 			const uint32_t *counts = cq.n_inline ? cq.counts :
 				(const uint32_t *)(const void *)(mem + (cq.counts_offset));
 			if (cq.recv_tokens != expect_total ||
-			    memcmp(counts, ecount, sizeof(uint32_t) * RW_MIN(experts, cq.n_experts)) != 0)
-				dispatch_diff(&cq, mem + off_out, out_cap, bf16);
+			    memcmp(counts, ecount, sizeof(uint32_t) * RW_MIN(experts, cq.n_experts)) != 0) {
+				rw_rank_diff_t dc = { .me = me, .world = world, .per_rank = per_rank,
+						      .hidden = hidden, .experts = experts,
+						      .max_rows = MAX_ROWS, .all = all, .seen = seen };
+				rw_rank_dispatch_diff(&dc, &cq, mem + off_out, out_cap, bf16);
+			}
 			CHECK(cq.recv_tokens == expect_total, "step %u layer %u: received %u rows, expected %u",
 			      step, layer, cq.recv_tokens, expect_total);
 			CHECK(cq.n_experts == experts, "n_experts %u", cq.n_experts);
