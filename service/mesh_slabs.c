@@ -12,7 +12,9 @@
  * The GPU beside rail r is the one of the lowest local rank whose native rail is r (topology
  * gpu_rail), as CUDA device ordinal local rank mod device count: the usual one-GPU-per-rank
  * launch (cuda:LOCAL_RANK) with NIC r next to GPU r on a rail-optimized node. RAILWAVE_GPUDIRECT=0
- * keeps every rail in host memory. */
+ * keeps every rail in host memory. The test hook RAILWAVE_TEST_GPUDIRECT=1 skips the first two
+ * steps (the transport and the NIC's capability), so that a machine without such a NIC runs
+ * every later step up to the registration's answer and the fallback. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,12 +37,16 @@ static int rail_gpu(const rw_svc_mesh_t *m, uint32_t r)
  * (nothing kept) where one step says no. */
 static rw_status_t slabs_gpu(rw_svc_mesh_t *m, uint32_t r, char *why, size_t cap)
 {
-	const char *off = getenv("RAILWAVE_GPUDIRECT");
-	if (m->svc->cfg.transport != RW_SVC_TRANSPORT_VERBS) {
+	const char *off = getenv("RAILWAVE_GPUDIRECT"), *test = getenv("RAILWAVE_TEST_GPUDIRECT");
+	const int pretend = test && strcmp(test, "1") == 0;
+	if (pretend && r == 0)
+		rw_warn("test hook RAILWAVE_TEST_GPUDIRECT=1: every rail is taken for a NIC that "
+			"registers dmabufs; the registration itself answers as the transport does");
+	if (!pretend && m->svc->cfg.transport != RW_SVC_TRANSPORT_VERBS) {
 		snprintf(why, cap, "%s rails are sockets", rw_svc_transport_name(m->svc->cfg.transport));
 		return RW_ERR_UNSUPPORTED;
 	}
-	if (!(m->dev[r]->caps.flags & RW_RAIL_CAP_DMABUF)) {
+	if (!pretend && !(m->dev[r]->caps.flags & RW_RAIL_CAP_DMABUF)) {
 		snprintf(why, cap, "the NIC registers no dmabufs (ibv_reg_dmabuf_mr unsupported)");
 		return RW_ERR_UNSUPPORTED;
 	}

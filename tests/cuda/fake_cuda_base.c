@@ -227,8 +227,30 @@ CUresult CUDAAPI cuDeviceGetUuid(CUuuid *u, CUdevice d)
 }
 CUresult CUDAAPI cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d)
 {
-	(void)a; (void)d;
-	*v = 0; /* no dmabuf, nothing else asked */
+	(void)d;
+	/* dmabuf export only with RW_FAKE_CUDA_DMABUF=1; every other attribute asked is 0 (the
+	 * GPUDirect write ordering among them: NONE, so a reader must flush) */
+	const char *dmabuf = getenv("RW_FAKE_CUDA_DMABUF");
+	*v = a == CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED && dmabuf && strcmp(dmabuf, "1") == 0;
+	return CUDA_SUCCESS;
+}
+
+/* RW_FAKE_CUDA_DMABUF=1: a "dmabuf" of a device range is a memfd of its size. No NIC here can
+ * register it (tcp refuses every dmabuf, Soft-RoCE has none): it exists so that the daemon's
+ * placement goes as far as the registration's answer and its fallback, and closes what it got. */
+CUresult CUDAAPI cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t size,
+					       CUmemRangeHandleType type, unsigned long long flags)
+{
+	(void)dptr; (void)flags;
+	if (type != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD)
+		return CUDA_ERROR_INVALID_VALUE;
+	int fd = memfd_create("fake-cuda-dmabuf", MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+		if (fd >= 0)
+			close(fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	*(int *)handle = fd;
 	return CUDA_SUCCESS;
 }
 CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
