@@ -1473,6 +1473,15 @@ static int pred_peer_verdict_ready(endpoint_t *ep)
 	return poll(&pfd, 1, 0) == 1;
 }
 
+/* Wakes the loop when the verdict arrives: pred_peer_verdict_ready is looked at only between
+ * loop iterations, and with every other watcher of the loop stopped (verbs, after dev_close)
+ * only the watchdog would end the wait: a failure, or a pass a moment before it fired. */
+static void verdict_io_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	(void)revents;
+	ev_io_stop(loop, w);
+}
+
 /* rw_rail_dev_close() with large writes in flight both ways and regions still registered:
  * returns (no hang), makes no callback, and the regions can be unmapped at once. */
 static void test_dev_close_in_flight(void **state)
@@ -1510,7 +1519,12 @@ static void test_dev_close_in_flight(void **state)
 	assert_int_equal(a.arrivals, arrivals);
 	assert_int_equal(a.errors, errors);
 	verdict_fd = f->peer.ctl_fd;
-	assert_true(run_until(&f->ep, pred_peer_verdict_ready));
+	ev_io verdict_io;
+	ev_io_init(&verdict_io, verdict_io_cb, verdict_fd, EV_READ);
+	ev_io_start(f->loop, &verdict_io);
+	int verdict_ready = run_until(&f->ep, pred_peer_verdict_ready);
+	ev_io_stop(f->loop, &verdict_io);
+	assert_true(verdict_ready);
 	ctl_msg_t v = peer_verdict(&f->peer);
 	/* The peer saw the connection go, or (a slow loop let every write of it land and be
 	 * acknowledged in one turn) finished cleanly first; either way in posting order. */
