@@ -12,7 +12,7 @@ IMMEDIATE. The host drives the guests through a command server on a serial port 
 daemons' per-rail record counters checked against the plan computed here from the ranks'
 workload; writes longer than the device's message limit with few writes in flight (chunking,
 back-pressure, RNR at a receiver with few receives posted); CUDA ranks with the stand-in driver
-(dmabuf unsupported on rxe: logged once, host staging); faults: a peer daemon killed mid-phase,
+(dmabuf unsupported on rxe: logged once per rail, host staging); faults: a peer daemon killed mid-phase,
 a rank killed, one rail of one node cut off by the switch mid-phase (retry exceeded).
 
   tests/rdma/vm/cluster.py BUILDDIR        exit 0 pass, 1 fail, 77 skip (no qemu, kernel, ...)

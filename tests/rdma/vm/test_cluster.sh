@@ -2,7 +2,7 @@
 # Test (installed as $b/test/rdma_cluster): railwaved over real verbs, end to end - three qemu
 # guests with two Soft-RoCE rails each, one daemon and two ranks per guest, every path, the
 # verbs-specific load cases and the faults (tests/rdma/vm/cluster.py, docs/rdma-verbs.md).
-# About 2-3 min on 2 cores under TCG; hard limit RW_VM_CLUSTER_LIMIT seconds (default 360), after
+# About 1-1.5 min on 2 cores under TCG; hard limit RW_VM_CLUSTER_LIMIT seconds (default 360), after
 # which it fails. Exits 77 (skip) when qemu, busybox-static or the kernel package cannot be had,
 # or when RW_TEST_NO_VM is set (a quicker local suite).
 set -u

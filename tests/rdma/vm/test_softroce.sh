@@ -1,7 +1,7 @@
 #!/bin/sh
 # Test (installed as $b/test/rdma_softroce): the verbs transport for real, i.e. the rail
 # conformance suite between two Soft-RoCE qemu guests on two rails (tests/rdma/vm/softroce.sh).
-# About 1.5 min (release) to 2.5 min (ASan) on 2 cores; the first run also fetches Debian's
+# About 40 s (release) to 65 s (ASan) on 2 cores; the first run also fetches Debian's
 # kernel package once into ~/.cache/railwave-vm. Exits 77 (skip) when qemu, busybox-static or
 # the kernel package cannot be had, or when RW_TEST_NO_VM is set (a quicker local suite).
 set -u
