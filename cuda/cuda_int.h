@@ -64,6 +64,8 @@ typedef struct rw_cu_device {
 	int kernels_state;      /* 0 not tried, 1 loaded, -1 failed */
 	CUmodule module;
 	CUfunction fn[RW_K_COUNT];
+	int gdr_ordering;       /* 1 + CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING (0: not
+	                         * asked yet; atomics: rw_cuda_gdr_flush runs per arrival) */
 } rw_cu_device_t;
 
 extern rw_cu_device_t *rw_cu_devices;

@@ -464,9 +464,14 @@ int rw_cuda_gdr_ordering(int device)
 
 	if (rw_cuda_init() != RW_OK || device < 0 || device >= rw_cu_ndevices)
 		return 0;
+	int *known = &rw_cu_devices[device].gdr_ordering; /* a device property: asked once */
+	int v = __atomic_load_n(known, __ATOMIC_RELAXED);
+	if (v)
+		return v - 1;
 	if (rw_cu.cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING,
 				       rw_cu_devices[device].dev) != CUDA_SUCCESS)
 		return 0;
+	__atomic_store_n(known, attr + 1, __ATOMIC_RELAXED);
 	return attr;
 }
 
@@ -474,12 +479,13 @@ rw_status_t rw_cuda_gdr_flush(int device, int all_devices)
 {
 	const int scope = all_devices ? CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_ALL_DEVICES
 				      : CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER;
+	/* The scopes and the ordering attribute share their numbers (100 owner, 200 all): where
+	 * the device orders the writes that far itself, nothing to do (no driver call). */
+	if (rw_cuda_gdr_ordering(device) >= scope)
+		return RW_OK;
 	rw_status_t st = rw_cu_enter(device);
 	if (st != RW_OK)
 		return st;
-	/* The scopes and the ordering attribute share their numbers (100 owner, 200 all). */
-	if (rw_cuda_gdr_ordering(device) >= scope)
-		return RW_OK;
 	if (rw_cu.cuFlushGPUDirectRDMAWrites == NULL)
 		return RW_ERR_UNSUPPORTED;
 	CUresult res = rw_cu.cuFlushGPUDirectRDMAWrites(CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,

@@ -130,8 +130,6 @@ static rw_status_t cm_create(struct ev_loop *loop, rw_svc_mover_done_fn done, vo
 	m->io_cb = dev_io_cb;
 	m->done = done;
 	m->ctx = ctx;
-	for (int d = 0; d < CM_DEVICES; d++)
-		m->dev[d].m = m;
 	const char *e = getenv("RAILWAVE_CUDA_MOVER");
 	if (e && strcmp(e, "0") == 0) {
 		m->off = 1;

@@ -160,6 +160,9 @@ rw_cuda_dptr_t cm_hptr(const void *p);
 cm_pair_t *cm_pair_find(cuda_mover_t *m, uint32_t serial);
 void cm_dev_drop(cuda_mover_t *m, cm_dev_t *d);
 rw_status_t cm_dev_stream(cuda_mover_t *m, int device, rw_cuda_stream_t **s_p);
+/* mover_cuda_list.c: lane d (a device's main stream, or its pull lane) of `device`, created
+ * and watched from the loop on first use (m->io_cb reports its marks). */
+rw_status_t cm_lane_stream(cuda_mover_t *m, cm_dev_t *d, int device, rw_cuda_stream_t **s_p);
 rw_status_t cm_pair_stream(cm_pair_t *cp, int device, rw_cuda_stream_t **s_p);
 rw_status_t cm_pair_mark(cm_pair_t *cp, int device, uint32_t op, uint32_t g);
 rw_status_t cm_pair_sync(cm_pair_t *cp);

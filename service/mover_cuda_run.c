@@ -31,17 +31,7 @@ rw_status_t cm_dev_stream(cuda_mover_t *m, int device, rw_cuda_stream_t **s_p)
 {
 	if (device < 0 || device >= CM_DEVICES)
 		return RW_ERR_INVAL;
-	cm_dev_t *d = &m->dev[device];
-	if (!d->stream) {
-		rw_status_t st = rw_cuda_stream_create(device, &d->stream);
-		if (st != RW_OK)
-			return st;
-		ev_io_init(&d->io, m->io_cb, rw_cuda_stream_fd(d->stream), EV_READ);
-		d->io.data = d;
-		ev_io_start(m->loop, &d->io);
-	}
-	*s_p = d->stream;
-	return RW_OK;
+	return cm_lane_stream(m, &m->dev[device], device, s_p);
 }
 
 /* Work of cp is about to be enqueued on `device`: its stream, noted for quiesce. */

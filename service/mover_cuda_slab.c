@@ -78,24 +78,6 @@ void cm_slab_carve(cm_pair_t *cp, const rw_svc_phase_t *ph, uint8_t *base, size_
 	}
 }
 
-/* The pull lane of `dev`: a stream of its own, so that a pull does not wait behind the pair's
- * pack and forward kernels, watched from the loop as the main streams are. */
-static rw_status_t pull_lane(cuda_mover_t *m, int dev, rw_cuda_stream_t **s_p)
-{
-	cm_dev_t *d = &m->pull[dev];
-	if (!d->stream) {
-		rw_status_t st = rw_cuda_stream_create(dev, &d->stream);
-		if (st != RW_OK)
-			return st;
-		d->m = m;
-		ev_io_init(&d->io, m->io_cb, rw_cuda_stream_fd(d->stream), EV_READ);
-		d->io.data = d;
-		ev_io_start(m->loop, &d->io);
-	}
-	*s_p = d->stream;
-	return RW_OK;
-}
-
 rw_status_t cm_slab_pull(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind, uint32_t src,
 			 uint32_t rail, uint32_t upto, char *why)
 {
@@ -106,7 +88,8 @@ rw_status_t cm_slab_pull(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind, uint
 	if (from >= upto)
 		return RW_OK;
 	const uint64_t rec = kind ? ph->crec_size : ph->rec_size;
-	const uint64_t first = kind ? ph->layout->out_first[i] : ph->layout->in_first[i];
+	uint64_t range_off, range_len;
+	rw_svc_slab_range(ph, kind, 0, src, rail, &range_off, &range_len);
 	cm_list_t *l = &cp->pull;
 	if (l->n + (upto - from) > l->cap || cp->n_pulls == cp->pulls_cap) { /* never: sized at plan */
 		snprintf(why, RW_SVC_WHY_MAX, "headers from node %u rail %u exceed the pull lists", src,
@@ -114,7 +97,7 @@ rw_status_t cm_slab_pull(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind, uint
 		return RW_ERR_STATE;
 	}
 	l->addr_bits = 0;
-	for (uint64_t k = from, pos = (first + from) * rec; k < upto; k++, pos += rec)
+	for (uint64_t k = from, pos = range_off + from * rec; k < upto; k++, pos += rec)
 		cm_list_copy(l, cp->recv_d[kind][rail] + pos, cp->sh_recv_d[kind][rail] + pos);
 	const uint32_t row = kind ? RW_WIRE_CREC_HDR : (uint32_t)rw_wire_rec_row_off(ph->topk);
 	/* The NIC's writes must be visible to every device that reads them: the header kernel's,
@@ -122,8 +105,8 @@ rw_status_t cm_slab_pull(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind, uint
 	const uint32_t readers = cp->reach | 1u << dev;
 	rw_cuda_stream_t *s = NULL;
 	rw_status_t st = rw_cuda_gdr_flush(dev, (readers & (readers - 1)) != 0);
-	if (st == RW_OK)
-		st = pull_lane(m, dev, &s);
+	if (st == RW_OK) /* a lane of its own: a pull does not queue behind pack and forwards */
+		st = cm_lane_stream(m, &m->pull[dev], dev, &s);
 	if (st == RW_OK)
 		st = rw_cuda_copy_rows(s, cm_hptr(l->copy + l->launched), upto - from, row,
 				       (l->addr_bits & 15) == 0);
