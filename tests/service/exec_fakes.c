@@ -668,7 +668,8 @@ rw_status_t rw_svc_mesh_write(rw_svc_mesh_t *mesh, uint32_t peer, uint32_t rail,
 	if (!d->alive || !d->view[peer])
 		return RW_ERR_STATE;
 	if (local_off > d->area_bytes || len > d->area_bytes - local_off ||
-	    remote_off > d->area_bytes || len > d->area_bytes - remote_off || len > w->max_write)
+	    remote_off > d->area_bytes || len > d->area_bytes - remote_off ||
+	    (w->max_write && len > w->max_write))
 		return RW_ERR_RANGE;
 	fk_ev_t *ev = ev_new(FK_EV_WRITE, me, peer);
 	ev->rail = rail;

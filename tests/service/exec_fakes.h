@@ -70,7 +70,7 @@ typedef struct fk_counters {
 typedef struct fk_world {
 	struct ev_loop *loop;
 	uint32_t nodes, rails;
-	uint64_t max_write;      /* rw_svc_mesh_max_write() */
+	uint64_t max_write;      /* rw_svc_mesh_max_write(); 0: the device names no limit */
 	int random_order;        /* 0: FIFO; 1: seeded random among the deliverable events */
 	uint64_t rng;
 	int sync_teardown;       /* emulate service/mesh.c's synchronous peer teardown (issue 15) */

@@ -1017,6 +1017,21 @@ static void test_row_before_records(void **state)
 
 /* Slabs cut into many writes (1 KiB each), local work one record per idle slice... the same
  * exact results (the executor's resumable send loop and chunking). */
+/* A rail device that names no largest write (max_write_length 0): the executor writes in its own
+ * largest pieces (EXEC_CHUNK_MAX) instead of dividing by zero, on every path. */
+static void test_paths_no_write_limit(void **state)
+{
+	(void)state;
+	for (uint32_t pi = 0; pi < RW_PATH_COUNT; pi++) {
+		opts_t o = { .nodes = 3, .path = path_names[pi], .tokens = 40 };
+		cl_t *c = cl_new(&o, 60 + pi);
+		c->w->max_write = 0;
+		run_pair(c, 0, 0);
+		run_pair(c, 0, 1);
+		cl_free(c);
+	}
+}
+
 static void test_paths_small_writes(void **state)
 {
 	(void)state;
@@ -2520,6 +2535,7 @@ int main(void)
 		cmocka_unit_test(test_paths_n3),
 		cmocka_unit_test(test_paths_n4),
 		cmocka_unit_test(test_paths_small_writes),
+		cmocka_unit_test(test_paths_no_write_limit),
 		cmocka_unit_test(test_count_sliced),
 		cmocka_unit_test(test_row_before_records),
 		cmocka_unit_test(test_selector_anchor),
