@@ -300,7 +300,7 @@ void rw_cuda_mem_free(int device, rw_cuda_dptr_t dptr)
  * stream (all of ours) does not wait for, nor does another process reading the memory through
  * CUDA IPC: a rank that zeroed its buffer this way and then copied its inputs on its own stream
  * could see the zeros land after its inputs (the daemon then routed a whole rank's tokens to
- * expert 0 on the H200, docs/perf/gpu-e2e.md). So they wait for the legacy stream. */
+ * expert 0 on the H200, docs/perf/runs/gpu-e2e.md). So they wait for the legacy stream. */
 static rw_status_t legacy_sync(const char *what)
 {
 	CUresult res = rw_cu.cuStreamSynchronize(NULL);

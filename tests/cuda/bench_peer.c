@@ -1,4 +1,4 @@
-/* tests/cuda/bench_peer.c: the CUDA mover's list kernels across GPUs (issue 18, docs/perf/multigpu.md)
+/* tests/cuda/bench_peer.c: the CUDA mover's list kernels across GPUs (docs/perf/runs/multigpu.md)
  * against a plain peer copy of the same bytes in the same run. Needs two or more GPUs with peer
  * access between them; exits 77 (and says why) otherwise.
  *   bench_peer [MiB]      bytes per move (default 256), rows of 7168 bf16 (DeepSeek-V3's hidden)

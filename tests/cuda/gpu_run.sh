@@ -1,6 +1,6 @@
 #!/bin/sh
 # Build cuda/ and its GPU tests with plain gcc + nvcc (no configure, ninja, libev or cmocka
-# needed) and run them: the device-machine recipe behind docs/perf/cuda-gpu.md.
+# needed) and run them: the device-machine recipe behind docs/perf/runs/cuda-gpu.md.
 #   sh tests/cuda/gpu_run.sh [OUTDIR]      (default /tmp/rw-gpu; run from anywhere)
 # Exits non-zero if a test fails. Set RW_GPU_SANITIZE=1 to also run the tests under
 # compute-sanitizer memcheck.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark (not a test; docs/perf/multigpu.md): RailWave on a host with several GPUs, one rank per
+"""Benchmark (not a test; docs/perf/runs/multigpu.md): RailWave on a host with several GPUs, one rank per
 GPU (issue 18). Needs 2 or more GPUs; with fewer it says why and exits 77.
 
 Two railwaved on loopback (tcp rails, R=2) stand for two nodes; node n sees its own GPUs through

@@ -354,7 +354,7 @@ def scenario_cuda_runs(tmp, seed, real, runs, label, driver):
     """The cuda scenario's runs with one driver. With the kernel stand-in, each daemon must have
     carried its pairs with the CUDA mover; a build without embedded kernels says so once and the
     rest is skipped (False)."""
-    # Knobs for a heavier run by hand (docs/perf/gpu-e2e.md): extra rank flags (--hidden,
+    # Knobs for a heavier run by hand (docs/perf/runs/gpu-e2e.md): extra rank flags (--hidden,
     # --tokens), a bigger receive region, and each daemon's phase statistics printed at the end.
     extra_flags = os.environ.get("RW_IT_RANK_FLAGS", "").split()
     recv_mib = int(os.environ.get("RW_IT_RECV_MIB", "16"))

@@ -14,7 +14,7 @@ its lag (copies, kernels and marks late, in order, on a worker thread), so a pai
 output reported while the mover still works on it leaves stale bytes the next phase's exact
 checks catch, and the ASan build catches a use after free; its legacy stream is slower still, so
 a rank whose buffer fill was not waited for gets its inputs zeroed. RW_IT_CUDA=real uses the system's
-driver and GPU (docs/perf/gpu-e2e.md). A build without kernels (no nvcc) skips (exit 77).
+driver and GPU (docs/perf/runs/gpu-e2e.md). A build without kernels (no nvcc) skips (exit 77).
 Run by tests/run as $b/test/integration_faults_cuda. RW_IT_ONLY picks scenarios."""
 import importlib.machinery
 import os
@@ -58,7 +58,7 @@ def main():
         os.environ.setdefault("RW_FAKE_CUDA_LAG_MS", "1")
         # The legacy stream much slower: a rank's buffer fill (cuMemsetD8, asynchronous on the
         # legacy stream) lands on its inputs unless rw_cuda_memset_d8 waits for it, as it did on
-        # the H200 (docs/perf/gpu-e2e.md, fourth session).
+        # the H200 (docs/perf/runs/gpu-e2e.md, fourth session).
         os.environ.setdefault("RW_FAKE_CUDA_LEGACY_LAG_MS", "50")
     seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or it.random.randrange(1, 1 << 30)
     print("seed %d (RW_TEST_SEED=%d reproduces); CUDA ranks on the %s" %

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""The docs stand alone: every relative link of a Markdown file and every path under docs/ that a
+file of the tree names (a comment, a docstring, a doc) resolves to a file of the tree, and nothing
+cites a design file or a tracker the repository does not hold ("DESIGN", "issue N").
+    tests/docs/check_links.py [SRCDIR]     (default: the tree this copy was built from)
+Run by tests/run as $b/test/docs_links; exits 0 pass, 1 fail (each finding on its own line)."""
+import os
+import re
+import subprocess
+import sys
+
+# Markdown link or image: [text](target) / ![alt](target); the target ends at a space or ")".
+MD_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+# A path into docs/ named in running text, code or comments: docs/perf/runs/x.json, docs/sim.md.
+DOCS_PATH = re.compile(r"(?<![\w./-])docs/[\w./-]*\.(?:md|json|txt|png)\b")
+# Citations of what a reader of the tree cannot open.
+CITATION = re.compile(r"\bDESIGN\b|\b[Ii]ssues? #?\d|(?<![\w&/])#\d+\b(?!\.\d)")
+
+SKIP_DIRS = {".git", "node_modules", "__pycache__"}
+TEXT_EXT = {".md", ".c", ".h", ".cu", ".py", ".sh", ".ninja", ".in", ".txt", ".json", ".yaml",
+            ".yml", ".service", ".toml", ".cfg", ".pc", ""}
+
+
+def tree_files(src):
+    """The tracked files when src is a git checkout, else every file outside build*/ and dot dirs."""
+    try:
+        out = subprocess.run(["git", "-C", src, "ls-files", "-z"], capture_output=True, check=True)
+        names = [n for n in out.stdout.decode().split("\0") if n]
+        if names:
+            yield from sorted(names)
+            return
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    for root, dirs, files in os.walk(src):
+        rel_root = os.path.relpath(root, src)
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith(".")
+                         and not (rel_root == "." and d.startswith("build")))
+        for f in sorted(files):
+            yield os.path.normpath(os.path.join(rel_root, f))
+
+
+def is_text(path):
+    ext = os.path.splitext(path)[1]
+    if ext not in TEXT_EXT:
+        return False
+    try:
+        with open(path, "rb") as fh:
+            return b"\0" not in fh.read(4096)
+    except OSError:
+        return False
+
+
+def check(src):
+    bad = []
+    for rel in tree_files(src):
+        path = os.path.join(src, rel)
+        if not is_text(path):
+            continue
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().split("\n")
+        in_fence = False
+        for no, line in enumerate(lines, 1):
+            where = "%s:%d" % (rel, no)
+            # Raw run outputs keep what a tool printed; only their links matter.
+            if rel.endswith(".md"):
+                if line.lstrip().startswith("```"):
+                    in_fence = not in_fence
+                if not in_fence:
+                    for target in MD_LINK.findall(line):
+                        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+                            continue
+                        target = target.split("#", 1)[0]
+                        dest = os.path.normpath(os.path.join(os.path.dirname(path), target))
+                        if not os.path.exists(dest):
+                            bad.append("%s: link to %s: no such file" % (where, target))
+            for target in DOCS_PATH.findall(line):
+                if not os.path.exists(os.path.join(src, target)):
+                    bad.append("%s: names %s: no such file" % (where, target))
+            if rel.startswith("tests/docs/") or rel.endswith(".json"):
+                continue
+            m = CITATION.search(line)
+            if m:
+                bad.append("%s: cites %r, which is not in the tree" % (where, m.group(0)))
+    return bad
+
+
+def main():
+    if len(sys.argv) > 1:
+        src = sys.argv[1]
+    else:  # copied to $b/test/: the source tree is the build directory's parent
+        src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if not os.path.isdir(os.path.join(src, "docs")):
+        print("check_links: no docs/ under %s" % src)
+        return 1
+    bad = check(src)
+    for b in bad:
+        print(b)
+    print("%d finding(s)" % len(bad))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
