@@ -84,9 +84,9 @@ rw_status_t rw_cu_status(CUresult res);
 /* The CUstream behind a stream (cuda/stream.c), for kernel launches. */
 CUstream rw_cu_stream_handle(rw_cuda_stream_t *s);
 
-/* Load the embedded kernels into the device's context (caller holds nothing); 0 ok, -1 absent. */
+/* Load the embedded kernels into the device's context (caller holds nothing); 0 ok, -1 absent.
+ * rw_cuda_shutdown (cuda/driver.c) unloads them with the context. */
 int rw_cu_kernels_load(int device);
-void rw_cu_kernels_unload_locked(rw_cu_device_t *d);
 
 #endif /* RW_HAVE_CUDA_H */
 #endif /* RW_CUDA_INT_H */

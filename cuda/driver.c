@@ -183,6 +183,16 @@ rw_status_t rw_cu_enter(int device)
 	return RW_OK;
 }
 
+/* The kernel module loaded into d's context (cuda/kernels.c loads it on first use), unloaded
+ * with the context it lives in. Caller holds rw_cu_lock with d's context current. */
+static void kernels_unload_locked(rw_cu_device_t *d)
+{
+	if (d->kernels_state == 1 && rw_cu.cuModuleUnload)
+		rw_cu.cuModuleUnload(d->module);
+	d->kernels_state = 0;
+	d->module = NULL;
+}
+
 void rw_cuda_shutdown(void)
 {
 	if (rw_cuda_init() != RW_OK)
@@ -193,7 +203,7 @@ void rw_cuda_shutdown(void)
 		if (d->ctx == NULL)
 			continue;
 		if (rw_cu.cuCtxSetCurrent(d->ctx) == CUDA_SUCCESS)
-			rw_cu_kernels_unload_locked(d);
+			kernels_unload_locked(d);
 		rw_cu.cuCtxSetCurrent(NULL);
 		rw_cu.cuDevicePrimaryCtxRelease(d->dev);
 		d->ctx = NULL;

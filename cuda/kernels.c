@@ -21,14 +21,6 @@ static const char *const kernel_names[RW_K_COUNT] = {
 	[RW_K_STORE_F32] = "rw_store_f32", [RW_K_ROUTE_COUNT] = "rw_route_count",
 };
 
-void rw_cu_kernels_unload_locked(rw_cu_device_t *d)
-{
-	if (d->kernels_state == 1 && rw_cu.cuModuleUnload)
-		rw_cu.cuModuleUnload(d->module);
-	d->kernels_state = 0;
-	d->module = NULL;
-}
-
 int rw_cu_kernels_load(int device)
 {
 	rw_cu_device_t *d;

@@ -6,7 +6,9 @@
  * received is closed on every path; nothing here can be made to crash or to block the loop.
  * Rank authentication (admission, groups, keys, the hello) is ipc/server_auth.c, registered
  * events (stream order) ipc/server_event.c, the rings (setup, draining, completions)
- * ipc/server_ring.c; they share ipc/server_int.h. */
+ * ipc/server_ring.c; what all of them do to one connection (replies, error replies, the kill,
+ * the buffer lookup) is ipc/server_conn.c, which calls none of them. They share
+ * ipc/server_int.h. */
 #include "ipc/server_int.h"
 
 #include <errno.h>
@@ -39,98 +41,8 @@ const char *rw_ipc_leave_str(rw_ipc_leave_t reason)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Sending
- * ------------------------------------------------------------------------------------------- */
-
-
-void ipc_hdr_init(rw_ipc_hdr_t *hdr, uint16_t type, uint32_t seq)
-{
-	memset(hdr, 0, sizeof(*hdr));
-	hdr->magic = RW_IPC_MAGIC;
-	hdr->version = RW_IPC_VERSION;
-	hdr->type = type;
-	hdr->seq = seq;
-}
-
-/* One datagram, never blocking. A client whose socket buffer is full is not reading its
- * replies (one per request): it is dropped rather than allowed to stall the loop. */
-int ipc_send_msg(rw_ipc_client_t *c, const void *msg, size_t len, const int *fds,
-		    unsigned nfds)
-{
-	union {
-		char buf[CMSG_SPACE(sizeof(int) * RW_IPC_MAX_FDS)];
-		struct cmsghdr align;
-	} cbuf;
-	struct iovec iov = {.iov_base = (void *)msg, .iov_len = len};
-	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-	if (nfds) {
-		memset(&cbuf, 0, sizeof(cbuf));
-		mh.msg_control = cbuf.buf;
-		mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
-		struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
-		memcpy(CMSG_DATA(cm), fds, sizeof(int) * nfds);
-	}
-	ssize_t n;
-	do
-		n = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-	while (n < 0 && errno == EINTR);
-	if (n == (ssize_t)len)
-		return 0;
-	if (n < 0 && errno != EPIPE && errno != ECONNRESET)
-		rw_warn("ipc client %u: send: %m (dropping it)", c->info.id);
-	ipc_client_kill(c, RW_IPC_LEFT_EOF, 0);
-	return -1;
-}
-
-/* Returns 0 so handlers can `return ipc_send_error(...)`. */
-int ipc_send_error(rw_ipc_client_t *c, uint32_t seq, int code, const char *why, int fatal)
-{
-	rw_ipc_server_t *srv = c->srv;
-	srv->stats.errors_sent++;
-	if (c->joined)
-		rw_warn("ipc client %u (group %s rank %u pid %d): %s: %s%s", c->info.id,
-			c->info.group, c->info.rank, (int)c->info.pid, rw_client_strerror(code), why,
-			fatal ? " (dropping it)" : "");
-	else
-		rw_warn("ipc client %u (pid %d uid %d): %s: %s%s", c->info.id, (int)c->info.pid,
-			(int)c->info.uid, rw_client_strerror(code), why,
-			fatal ? " (dropping it)" : "");
-	rw_ipc_error_t err;
-	memset(&err, 0, sizeof(err));
-	ipc_hdr_init(&err.hdr, RW_IPC_ERROR, seq);
-	err.code = code;
-	err.fatal = fatal ? 1 : 0;
-	snprintf(err.message, sizeof(err.message), "%s", why);
-	ipc_send_msg(c, &err, sizeof(err), NULL, 0);
-	if (fatal && !c->dying) {
-		srv->stats.dropped++;
-		ipc_client_kill(c, RW_IPC_LEFT_PROTOCOL, code);
-	}
-	return 0;
-}
-
-/* ---------------------------------------------------------------------------------------------
  * Buffers
  * ------------------------------------------------------------------------------------------- */
-
-buf_slot_t *ipc_buf_find(const rw_ipc_client_t *c, uint32_t id)
-{
-	if (!c->bufs || id == 0 || id == RW_BUF_NONE)
-		return NULL;
-	uint32_t slot = id & 0xff;
-	if (slot >= c->srv->lim.max_buffers || c->bufs[slot].id != id)
-		return NULL;
-	return &c->bufs[slot];
-}
-
-uint64_t ipc_buf_size_of(void *ctx, uint32_t id)
-{
-	const buf_slot_t *b = ipc_buf_find(ctx, id);
-	return b ? b->pub.size : 0;
-}
 
 static buf_slot_t *buf_alloc_slot(rw_ipc_client_t *c)
 {
@@ -204,18 +116,6 @@ static int handle_reg_host(rw_ipc_client_t *c, const rw_ipc_reg_host_t *req, int
 	return 0;
 }
 
-int ipc_cuda_ready(rw_ipc_server_t *srv)
-{
-	if (srv->cuda_state == 0) {
-		srv->cuda_state = -1;
-		if (rw_cuda_init() != RW_OK)
-			rw_info("ipc: CUDA buffers unavailable: %s", rw_cuda_unavailable_reason());
-		else if (rw_cuda_ipc_cache_create(&srv->cuda) == RW_OK)
-			srv->cuda_state = 1;
-	}
-	return srv->cuda_state == 1;
-}
-
 static int handle_reg_cuda(rw_ipc_client_t *c, const rw_ipc_reg_cuda_t *req)
 {
 	uint32_t seq = req->hdr.seq;
@@ -285,16 +185,6 @@ static int handle_dereg(rw_ipc_client_t *c, const rw_ipc_dereg_t *req)
 				      "registered event's completion flag (deregister the event first)", 0);
 	buf_release(c, b);
 	return ipc_reply_dereg_ok(c, req);
-}
-
-int ipc_reply_dereg_ok(rw_ipc_client_t *c, const rw_ipc_dereg_t *req)
-{
-	rw_ipc_dereg_t ok;
-	memset(&ok, 0, sizeof(ok));
-	ipc_hdr_init(&ok.hdr, RW_IPC_DEREG_OK, req->hdr.seq);
-	ok.buf_id = req->buf_id;
-	ipc_send_msg(c, &ok, sizeof(ok), NULL, 0);
-	return 0;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -393,22 +283,6 @@ static void client_cb(struct ev_loop *loop, ev_io *w, int revents)
  * Connections
  * ------------------------------------------------------------------------------------------- */
 
-void ipc_client_kill(rw_ipc_client_t *c, rw_ipc_leave_t reason, int error)
-{
-	if (c->dying)
-		return;
-	rw_ipc_server_t *srv = c->srv;
-	c->dying = 1;
-	c->leave_reason = reason;
-	c->leave_error = error;
-	ev_io_stop(srv->loop, &c->io);
-	ev_timer_stop(srv->loop, &c->hello_timer);
-	if (c->rings_up)
-		ev_io_stop(srv->loop, &c->sq_io);
-	c->reap_next = srv->reap;
-	srv->reap = c;
-}
-
 /* Free everything a client holds. Only from the prepare watcher or destroy: never while a
  * callback for this client is on the stack. */
 static void client_free(rw_ipc_client_t *c)
@@ -477,7 +351,6 @@ static void prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 	rw_ipc_server_flush(srv);
 	reap(srv);
 }
-
 
 static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
@@ -772,24 +645,6 @@ rw_status_t rw_ipc_buffer_lookup(const rw_ipc_client_t *c, uint32_t buf_id, rw_i
 		return RW_ERR_NOTFOUND;
 	*buf_p = b->pub;
 	return RW_OK;
-}
-
-void rw_ipc_client_notice(rw_ipc_server_t *srv, rw_ipc_client_t *c, int code, const char *msg)
-{
-	(void)srv;
-	if (c->dying || code >= 0)
-		return;
-	rw_ipc_error_t err;
-	memset(&err, 0, sizeof(err));
-	ipc_hdr_init(&err.hdr, RW_IPC_ERROR, 0);
-	err.code = code;
-	snprintf(err.message, sizeof(err.message), "%s", msg);
-	/* Best effort: a full socket buffer means the client reads no notices; it still gets
-	 * its completion, so the notice is dropped rather than the client. */
-	ssize_t n;
-	do
-		n = send(c->fd, &err, sizeof(err), MSG_DONTWAIT | MSG_NOSIGNAL);
-	while (n < 0 && errno == EINTR);
 }
 
 void rw_ipc_client_drop(rw_ipc_server_t *srv, rw_ipc_client_t *c, int error)

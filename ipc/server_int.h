@@ -1,7 +1,9 @@
-/* ipc/server_int.h: private to the daemon side of node-local IPC (ipc/server.c: connections,
- * buffers, rings, control messages; ipc/server_auth.c: rank authentication, i.e. admission by
- * peer credentials and the per-uid cap, the hello timeout, groups and group keys). Not installed
- * and not for service/: the daemon's face is ipc/ipc.h. */
+/* ipc/server_int.h: private to the daemon side of node-local IPC (ipc/server_conn.c: replies,
+ * error replies, the kill and the buffer lookup, used by all the others and calling none;
+ * ipc/server.c: accept, control messages, buffer registration, the reaper; ipc/server_auth.c:
+ * rank authentication, i.e. admission by peer credentials and the per-uid cap, the hello
+ * timeout, groups and group keys; ipc/server_event.c: registered events; ipc/server_ring.c: the
+ * rings). Not installed and not for service/: the daemon's face is ipc/ipc.h. */
 #ifndef RW_IPC_SERVER_INT_H
 #define RW_IPC_SERVER_INT_H
 
@@ -114,7 +116,7 @@ struct rw_ipc_server {
 	uint8_t key_salt[crypto_generichash_KEYBYTES]; /* random per server: keys the group hashes */
 };
 
-/* Sending (server.c). ipc_send_msg drops a client whose socket is full (-1); ipc_send_error
+/* Sending (server_conn.c). ipc_send_msg drops a client whose socket is full (-1); ipc_send_error
  * returns 0 so handlers can `return ipc_send_error(...)`, and drops the client when fatal. */
 void ipc_hdr_init(rw_ipc_hdr_t *hdr, uint16_t type, uint32_t seq);
 int ipc_send_msg(rw_ipc_client_t *c, const void *msg, size_t len, const int *fds, unsigned nfds);
@@ -122,7 +124,7 @@ int ipc_send_error(rw_ipc_client_t *c, uint32_t seq, int code, const char *why, 
 /* DEREG_OK echoing the request's id (buffer or event); returns 0. */
 int ipc_reply_dereg_ok(rw_ipc_client_t *c, const rw_ipc_dereg_t *req);
 
-/* Buffers and CUDA (server.c). */
+/* Buffers and CUDA (server_conn.c). */
 buf_slot_t *ipc_buf_find(const rw_ipc_client_t *c, uint32_t id);
 int ipc_cuda_ready(rw_ipc_server_t *srv); /* 1: CUDA imports work in this daemon */
 
@@ -146,8 +148,8 @@ int ipc_handle_hello(rw_ipc_client_t *c, const rw_ipc_hello_t *req);
 /* Leave the client's group (freed with its last member). */
 void ipc_group_leave(rw_ipc_client_t *c);
 
-/* server.c: drop a client (its leave is reported; freed by the reaper); a buffer's size by id
- * (the submission check's lookup). */
+/* server_conn.c: drop a client (its leave is reported; freed by server.c's reaper); a buffer's
+ * size by id (the submission check's lookup). */
 void ipc_client_kill(rw_ipc_client_t *c, rw_ipc_leave_t reason, int error);
 uint64_t ipc_buf_size_of(void *ctx, uint32_t id);
 /* server_ring.c: the rings. */
