@@ -2,10 +2,9 @@
  * libev default loop with, in start order, the stats socket, the Prometheus endpoint, the peer
  * mesh/phase executor and the trainer IPC server. SIGTERM/SIGINT drain, SIGHUP reloads the
  * anchor table. Exit status: 0 clean stop, 1 runtime failure, 2 bad usage or configuration. */
-#include "service/exec.h"
-#include "service/mover.h"
-#include "service/svc.h"
-#include "service/health.h" /* deploy: readiness and sd_notify (issue 16) */
+#include "service/exec/exec.h"
+#include "service/mover/mover.h"
+#include "service/core/svc.h"
 
 #include "config.h"
 
@@ -131,7 +130,7 @@ static void term_cb(struct ev_loop *loop, ev_signal *w, int revents)
 	}
 	rw_info("shutdown: signal %d, draining in-flight phases", w->signum);
 	svc->draining = 1;
-	rw_svc_health_stopping(svc); /* deploy: STOPPING=1, /ready fails (service/health.h) */
+	rw_svc_health_stopping(svc); /* deploy: STOPPING=1, /ready fails (service/core/health.h) */
 	ev_timer_set(&svc->drain_timer, (svc->cfg.phase_timeout_ms + 1000) / 1e3, 0.);
 	ev_timer_start(svc->loop, &svc->drain_timer);
 	rw_svc_exec_drain(svc->exec);
@@ -325,7 +324,7 @@ int main(int argc, char **argv)
 		goto stop_exec;
 	}
 	rw_info("running");
-	/* ---- deploy (issue 16): health tick, READY=1, watchdog (service/health.h) ---- */
+	/* ---- deploy (issue 16): health tick, READY=1, watchdog (service/core/health.h) ---- */
 	rw_svc_health_start(&svc);
 	/* ---- end deploy ---- */
 	ev_run(svc.loop, 0);

@@ -213,7 +213,7 @@ static int describe(int argc, char **argv)
 	json_object_set_new(out, "paths", paths);
 	json_object_set_new(out, "mpi_matrix", u64_array(mpi, (size_t)W * W));
 	/* railwaved gives each (slot, kind, direction) sub-area recv_region_mib * 2^20 / (4 R) bytes
-	 * (service/exec.c); the busiest NIC of the worst path must fit one, with 10% to spare. */
+	 * (service/exec/exec.c); the busiest NIC of the worst path must fit one, with 10% to spare. */
 	uint64_t need = worst * (rec > crec ? rec : crec) * 4ull * R;
 	json_object_set_new(out, "recv_region_mib", json_integer((json_int_t)(need * 11 / 10 / (1u << 20) + 2)));
 	if (json_dumpf(out, stdout, JSON_COMPACT) != 0) {

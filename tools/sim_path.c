@@ -27,7 +27,7 @@ rw_status_t rw_sim_path_flows(const rw_topo_t *topo, rw_path_t path, const uint3
 		for (uint32_t d = 0; d < N; d++) {
 			if (d == s)
 				continue;
-			/* Combine: node d returns in wave k to d + k (service/exec_send.c), so its wave
+			/* Combine: node d returns in wave k to d + k (service/exec/exec_send.c), so its wave
 			 * is wave_of(d, s), not the dispatch wave of (s, d). */
 			uint32_t wave = !rw_path_waved(path) ? 0 :
 					combine ? rw_sched_wave_of(N, d, s) : rw_sched_wave_of(N, s, d);

@@ -1,5 +1,5 @@
 /* libFuzzer target for every parser a peer, a file or an operator feeds railwaved (issue 15):
- * the peer control channel's decoders (service/wire.c: frame header, HELLO, COUNTS, PHASE_ERR,
+ * the peer control channel's decoders (service/phase/wire.c: frame header, HELLO, COUNTS, PHASE_ERR,
  * GRANT, HEARTBEAT, REGIONS, dispatch and combine record headers), the tcp rail header (rdma/tcp_wire.h),
  * the cluster configuration (service/config*.c) and the anchor table (sched/anchors.c). The first
  * byte picks the parser, the rest is its input. Invariants beyond "no crash, no leak" (ASan,
@@ -15,8 +15,8 @@
 #include "common/common.h"
 #include "rdma/tcp_wire.h"
 #include "sched/sched.h"
-#include "service/svc.h"
-#include "service/wire.h"
+#include "service/core/svc.h"
+#include "service/phase/phase.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -2,7 +2,7 @@
 """Write the seed corpus of tests/fuzz/fuzz_parsers.c into tests/fuzz/corpus/ (run from the
 repository root). A seed is a selector byte (high nibble: 0 peer wire, 1 tcp rail header, 2
 configuration, 3 anchor table; low nibble for the wire: which decoder) and the parser's input:
-valid messages built from the layouts in service/wire.h and rdma/tcp_wire.h, and the shipped
+valid messages built from the layouts in service/phase/wire.h and rdma/tcp_wire.h, and the shipped
 cluster files and anchor table."""
 import glob
 import os
@@ -16,8 +16,8 @@ def define(path, name):
     return int(m.group(1), 0)
 
 
-WIRE_VERSION = define("service/wire.h", "RW_WIRE_VERSION")
-ERRMSG = define("service/wire.h", "RW_WIRE_ERRMSG_MAX")
+WIRE_VERSION = define("service/phase/wire.h", "RW_WIRE_VERSION")
+ERRMSG = define("service/phase/wire.h", "RW_WIRE_ERRMSG_MAX")
 TCP_MAGIC, TCP_VERSION = 0x43545752, define("rdma/tcp_wire.h", "RW_TCP_VERSION")
 
 

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "service/svc.h"
+#include "service/core/svc.h"
 
 static volatile uint64_t sink;
 

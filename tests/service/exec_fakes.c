@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "cuda/rw_cuda.h"
-#include "service/svc.h"
+#include "service/core/svc.h"
 #include "ipc/proto.h"
 #include "tests/service/exec_fakes.h"
 

@@ -19,7 +19,7 @@
 #include <ev.h>
 
 #include "ipc/ipc.h"
-#include "service/mesh.h"
+#include "service/mesh/mesh.h"
 
 #define FK_MAX_NODES 8
 

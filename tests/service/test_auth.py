@@ -72,7 +72,7 @@ def define(path, name):
     raise RuntimeError("%s not in %s" % (name, path))
 
 
-WIRE_MAGIC, WIRE_VERSION = 0x434D5752, define("service/wire.h", "RW_WIRE_VERSION")
+WIRE_MAGIC, WIRE_VERSION = 0x434D5752, define("service/phase/wire.h", "RW_WIRE_VERSION")
 HELLO, AUTH, REGIONS = 1, 7, 8
 TCP_MAGIC, TCP_VERSION = 0x43545752, define("rdma/tcp_wire.h", "RW_TCP_VERSION")
 
@@ -116,13 +116,13 @@ def mac(key, msg):
 
 
 def proof(key, role, connector, acceptor, fp, nonce_c, nonce_a):
-    """service/mesh_auth.c's proof: label | role | connector | acceptor | fingerprint | nonces."""
+    """service/mesh/mesh_auth.c's proof: label | role | connector | acceptor | fingerprint | nonces."""
     msg = b"railwave-auth-5".ljust(16, b"\0") + struct.pack("<IIIQ", role, connector, acceptor, fp)
     return mac(key, msg + nonce_c + nonce_a)
 
 
 def rail_proof(session, rail, dial):
-    """service/mesh_auth.c's rail proof (connector): MAC(session, label | role 1 | rail | dial)
+    """service/mesh/mesh_auth.c's rail proof (connector): MAC(session, label | role 1 | rail | dial)
     truncated to 24 bytes, then the dial number."""
     msg = b"railwave-rail-5".ljust(16, b"\0") + struct.pack("<IIQ", 1, rail, dial)
     return mac(session, msg)[:24] + struct.pack("<Q", dial)

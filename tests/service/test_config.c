@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "service/svc.h"
+#include "service/core/svc.h"
 
 /* A 2-node x 2-rail cluster; each case replaces one part. */
 #define TOP_DEFAULT ""

@@ -36,10 +36,10 @@
 
 #include "cuda/rw_cuda.h"
 #include "ipc/railwave.h"
-#include "service/exec.h"
-#include "service/mover.h"
-#include "service/svc.h"
-#include "service/wire.h"
+#include "service/exec/exec.h"
+#include "service/mover/mover.h"
+#include "service/core/svc.h"
+#include "service/phase/phase.h"
 #include "tests/service/exec_fakes.h"
 
 /* ---- the daemon's side -------------------------------------------------------------------------

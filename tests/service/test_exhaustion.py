@@ -51,7 +51,7 @@ def free_ports(n):
 
 
 def wire_version():
-    with open(os.path.join(os.path.dirname(B), "service", "wire.h")) as f:
+    with open(os.path.join(os.path.dirname(B), "service", "phase", "wire.h")) as f:
         for line in f:
             if line.startswith("#define RW_WIRE_VERSION"):
                 return int(line.split()[2])

@@ -56,7 +56,8 @@ def main():
     if not os.path.isdir(objdir):
         print("skip: no %s (build first)" % objdir)
         return 77
-    objs = sorted(f for f in os.listdir(objdir) if f.endswith(".o"))
+    objs = sorted(os.path.relpath(os.path.join(d, f), objdir) for d, _, fs in os.walk(objdir)
+                  for f in fs if f.endswith(".o"))
     if len(objs) < 10:
         print("skip: the service objects are not built")
         return 77
@@ -75,7 +76,8 @@ def main():
         failed = 1
     edges = sum(len(v) for v in graph.values())
     long = []
-    for f in sorted(os.listdir(os.path.join(SRC, "service"))):
+    for f in sorted(os.path.relpath(os.path.join(d, g), os.path.join(SRC, "service"))
+                    for d, _, gs in os.walk(os.path.join(SRC, "service")) for g in gs):
         if f.endswith((".c", ".h")):
             with open(os.path.join(SRC, "service", f)) as fh:
                 n = sum(1 for _ in fh)

@@ -36,8 +36,8 @@ TOOL = os.path.join(B, "tools", "railwave")
 WAIT = 60.0            # bound on any wait (never a pass/fail timing criterion)
 PHASE_TIMEOUT_MS = 2000
 WEDGE_MS = 3500
-HEALTH_STALE_MS = 2000  # service/health.h RW_SVC_HEALTH_STALE_MS
-STOP_MARGIN_MS = 4000   # service/health.h RW_SVC_HEALTH_STOP_MARGIN_MS
+HEALTH_STALE_MS = 2000  # service/core/health.h RW_SVC_HEALTH_STALE_MS
+STOP_MARGIN_MS = 4000   # service/core/health.h RW_SVC_HEALTH_STOP_MARGIN_MS
 
 
 def free_port(ip):

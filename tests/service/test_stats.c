@@ -32,7 +32,7 @@
 #include <unistd.h>
 
 #include "config.h"
-#include "service/svc.h"
+#include "service/core/svc.h"
 
 static char railwaved_path[512];
 

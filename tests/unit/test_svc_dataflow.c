@@ -13,8 +13,7 @@
 
 #include <cmocka.h>
 
-#include "service/phase.h"
-#include "service/wire.h"
+#include "service/phase/phase.h"
 
 static uint64_t rng_state = 0x243f6a8885a308d3ull;
 static uint32_t rnd(void)

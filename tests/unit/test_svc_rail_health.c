@@ -1,4 +1,4 @@
-/* service/rail_health.h: a rail's outages (failovers counted once per outage, time degraded,
+/* service/mesh/rail_health.h: a rail's outages (failovers counted once per outage, time degraded,
  * the running outage included), the reconnect back-off (50 ms doubling to 2 s, never before
  * the test hold ends), measured weights (bytes over busy time, smoothed, quantized on the
  * 2^(k/4) grid) and the test switch's parser. */
@@ -13,7 +13,7 @@
 #include <cmocka.h>
 
 #include "sched/sched.h"
-#include "service/rail_health.h"
+#include "service/mesh/rail_health.h"
 
 #define MS 1000000ull
 

@@ -1,4 +1,4 @@
-/* service/wire.h: every peer message and record format round-trips, and the decoders reject
+/* service/phase/wire.h: every peer message and record format round-trips, and the decoders reject
  * malformed input (wrong sizes, magic, version, out-of-range fields, random bytes) without
  * touching their outputs. */
 #include <setjmp.h>
@@ -11,8 +11,7 @@
 
 #include <cmocka.h>
 
-#include "service/phase.h"
-#include "service/wire.h"
+#include "service/phase/phase.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint32_t rnd(void)

@@ -1,0 +1,797 @@
+/* The phase executor's state machine (docs/dataflow.md "Phase executor"): one pair per group
+ * moves GATHER_D -> [WAIT_SLOT ->] EXCHANGE -> RUN_D -> WAIT_C -> RUN_C -> CLOSED, and any
+ * stage can fail to CLOSED. Events come from the adapters (exec_ipc.c, exec_mesh.c), the mover's
+ * reports and the timers; the leaves do the work and return a status; only this file changes a
+ * pair's stage or fails it. A closed pair's memory is freed at once, but its struct lives until
+ * its last rail write has reported, and is freed by the reaper (an ev_prepare watcher) — never
+ * inside a callback chain that may still hold it. Everything runs on the loop thread. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "service/exec/exec_int.h"
+
+static void pair_try_decide(exec_pair_t *p);
+static void pair_check_done(exec_pair_t *p);
+static void pair_exchange(exec_pair_t *p);
+static void pair_counted(exec_pair_t *p);
+static int subs_ready(const exec_pair_t *p, int kind);
+
+/* ---- lifetime ------------------------------------------------------------------------------ */
+
+static void slot_release(exec_pair_t *p, int clean)
+{
+	exec_t *x = p->x;
+	int slot = p->xchg.slot;
+	if (slot < 0)
+		return;
+	x->slot_busy[slot] = 0;
+	/* After a failure a peer may still have writes in flight towards this slot; keep it idle
+	 * for a heartbeat timeout (docs/dataflow.md "Region reuse"). */
+	x->slot_free_at[slot] = clean ? 0 :
+		rw_now_ns() + (uint64_t)x->svc->cfg.heartbeat_timeout_ms * 1000000ull;
+	p->xchg.slot = -1;
+}
+
+static int any_running(const exec_t *x)
+{
+	const exec_pair_t *q;
+	rw_list_for_each(&x->pairs, q, link)
+		if (exec_open(q) && q->stage != ST_WAIT_C)
+			return 1;
+	return 0;
+}
+
+/* Close a pair (success or failure): stop using the ranks' buffers at once. */
+static void pair_close(exec_pair_t *p, int clean)
+{
+	exec_t *x = p->x;
+	if (!exec_open(p))
+		return;
+	p->stage = ST_CLOSED;
+	ev_timer_stop(x->svc->loop, &p->timer);
+	ev_timer_stop(x->svc->loop, &p->pace);
+	slot_release(p, clean);
+	if (p->g && p->g->pair == p)
+		p->g->pair = NULL;
+	p->g = NULL;
+	if (p->mv_state)
+		p->mv->close(p->mv_mover, p->mv_state);
+	p->mv_state = NULL;
+	rw_svc_layout_free(&p->plan.layout);
+	rw_arena_free(&p->mem);
+	p->tr = NULL; /* it lived in the arena */
+	if (x->svc->draining && !any_running(x))
+		rw_svc_stop(x->svc);
+}
+
+static void reaper_cb(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+	(void)loop, (void)revents;
+	exec_t *x = w->data;
+	exec_pair_t *p, *nx;
+	rw_list_for_each_safe(&x->pairs, p, nx, link)
+		if (!exec_open(p) && p->outstanding == 0) {
+			rw_list_del(&p->link);
+			free(p);
+		}
+}
+
+/* Act on the pair's recorded failure: every local rank with a submission of the running kind
+ * gets its error (what failed, in its message), the key becomes a tomb, the peers are told, and a
+ * peer that sent bad data is dropped — in that order, after the pair is closed, so whatever
+ * those calls trigger finds it closed. */
+static void pair_failed(exec_pair_t *p)
+{
+	exec_t *x = p->x;
+	if (!exec_open(p))
+		return;
+	const exec_error_t e = p->err;
+	const int kind = exec_kind(p);
+	const rw_wire_key_t key = p->key;
+	const uint32_t epoch = p->xchg.params.epoch ? p->xchg.params.epoch : exec_epoch_new(p->serial);
+	const uint32_t cause_node = e.cause_id ? e.cause_node : x->me;
+	const uint32_t cause_id = e.cause_id ? e.cause_id : epoch;
+	if (p->mv_state) /* nothing may touch a rank's memory once it has its error */
+		p->mv->quiesce(p->mv_mover, p->mv_state);
+	rw_warn("group %s layer %u step %llu: %s failed (%s): %s", p->g ? p->g->name : "?",
+		key.layer, (unsigned long long)key.step, rw_svc_kind_name(kind), rw_status_str(e.st),
+		e.msg);
+	rw_svc_metrics_error(&x->svc->metrics, e.st);
+	rw_svc_metrics_phase(&x->svc->metrics, p->plan.have_layout ? p->plan.path : RW_PATH_JOINT,
+			     (rw_svc_phase_kind_t)kind, 0, 0);
+	/* Each peer is told which of its attempts failed: the epoch of its row we took, or of its
+	 * row waiting here for this pair (the tomb below drops it) — so it can tell this failure
+	 * from one of a retry it has started since ("Failures" 5; two nodes that time out together,
+	 * one still gathering its ranks, each report their own). */
+	uint32_t *dst_epoch = e.tell ? calloc(x->nodes, sizeof(uint32_t)) : NULL;
+	for (uint32_t n = 0; n < x->nodes; n++) {
+		uint32_t ep = p->xchg.have_row && p->xchg.have_row[n] ? p->xchg.peer_params[n].epoch :
+			      p->g && kind == RW_MV_DISPATCH ? exec_row_epoch(x, p->g->name, &key, n) : 0;
+		if (n == x->me || !ep)
+			continue;
+		exec_ended_add(x, &key, n, ep);
+		if (dst_epoch)
+			dst_epoch[n] = ep;
+	}
+	uint32_t answered = 0;
+	for (uint32_t g = 0; g < x->gpus; g++) {
+		exec_sub_t *s = &p->in[kind].sub[g];
+		if (!s->have)
+			continue;
+		exec_answer_err(x, s->client, &s->sqe, e.st, e.remote, e.msg);
+		s->have = 0;
+		answered |= 1u << g;
+	}
+	/* Ranks of this phase that come later get its error at once (a dispatch retry of the key
+	 * by an answered rank starts afresh). */
+	exec_tomb_add(x, p->g ? p->g->name : NULL, &key, kind,
+		      answered | (kind == RW_MV_DISPATCH ? p->answered : 0), e.msg);
+	EXEC_TRACE(p, exec_trace_end_(p, kind, e.st));
+	exec_ended_add(x, &key, cause_node, cause_id); /* it may reach us again, passed on */
+	pair_close(p, 0);
+	if (e.tell)
+		exec_tell_peers(x, &(exec_failure_t){ .key = &key, .kind = kind, .st = e.st,
+						     .msg = e.msg, .epoch = epoch,
+						     .cause_node = cause_node, .cause_id = cause_id,
+						     .dst_epoch = dst_epoch });
+	free(dst_epoch);
+	if (e.blame_peer)
+		rw_svc_mesh_fail_peer(x->mesh, (uint32_t)e.blame_peer - 1, RW_ERR_PROTO, e.msg);
+}
+
+void exec_pair_fail(exec_pair_t *p, rw_status_t st, int remote, int tell, const char *fmt, ...)
+{
+	if (!exec_open(p))
+		return;
+	if (p->err.st == RW_OK) {
+		va_list ap;
+		va_start(ap, fmt);
+		exec_err_v(p, st, tell, fmt, ap);
+		va_end(ap);
+		p->err.remote = remote;
+	}
+	pair_failed(p);
+}
+
+void exec_pair_fail_peer(exec_pair_t *p, const rw_wire_phase_err_t *e, int tell, const char *msg)
+{
+	if (!exec_open(p))
+		return;
+	if (p->err.st == RW_OK) {
+		exec_err(p, (rw_status_t)e->status, tell, "%s", msg);
+		p->err.remote = 1;
+		p->err.cause_node = e->cause_node;
+		p->err.cause_id = e->cause_id;
+	}
+	pair_failed(p);
+}
+
+void exec_pair_abandon(exec_pair_t *p) { pair_close(p, 1); }
+
+/* ---- timers ----------------------------------------------------------------------------------- */
+
+static void list_missing_ranks(const exec_pair_t *p, int kind, char *buf, size_t len)
+{
+	const exec_t *x = p->x;
+	size_t used = 0;
+	buf[0] = '\0';
+	for (uint32_t g = 0; g < x->gpus && used + 16 < len; g++) {
+		const exec_sub_t *s = &p->in[kind].sub[g];
+		if (!s->have || !s->ready)
+			used += (size_t)snprintf(buf + used, len - used, "%s%u", used ? ", " : "",
+						 x->me * x->gpus + g);
+	}
+}
+
+/* What a pair is waiting for, in words: a timeout names it. */
+static void describe_wait(const exec_pair_t *p, char *buf, size_t len)
+{
+	const exec_t *x = p->x;
+	char who[96];
+	int kind = exec_kind(p);
+	switch (p->stage) {
+	case ST_GATHER_D:
+	case ST_WAIT_C:
+		list_missing_ranks(p, kind, who, sizeof(who));
+		snprintf(buf, len, "local ranks %s (their %s submission or its staging)", who,
+			 rw_svc_kind_name(kind));
+		return;
+	case ST_COUNT:
+	case ST_EXCHANGE:
+		exec_plan_waiting(p, buf, len);
+		return;
+	case ST_WAIT_SLOT:
+		snprintf(buf, len, "a free receive slot (other groups' pairs hold both)");
+		return;
+	default:
+		break;
+	}
+	uint32_t d = rw_sched_wave_dst(x->nodes, x->me, p->send.wave + (p->send.state == SEND_WAIT_GRANT));
+	if (p->send.state == SEND_WAIT_GRANT) {
+		snprintf(buf, len, "node %u (%s) to grant wave %u", d, x->svc->cfg.nodes[d].name,
+			 p->send.wave + 1);
+	} else if (p->send.state == SEND_WAIT_PACK) {
+		snprintf(buf, len, "the data mover's pack kernels for wave %u", p->send.wave);
+	} else if (p->send.state == SEND_DRAINING || p->send.state == SEND_PACED) {
+		snprintf(buf, len, "%u rail writes of wave %u to be acknowledged", p->send.pending,
+			 p->send.wave);
+	} else if (p->recv[kind].ranges_left) {
+		exec_recv_waiting(p, kind, who, sizeof(who));
+		snprintf(buf, len, "data from %s", who);
+	} else if (p->out.flushing) {
+		snprintf(buf, len, "%u copies of the outputs into the ranks' GPU memory", p->out.pending);
+	} else {
+		snprintf(buf, len, "this node's local work");
+	}
+}
+
+static void timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop, (void)revents;
+	exec_pair_t *p = w->data;
+	char what[192];
+	describe_wait(p, what, sizeof(what));
+	exec_pair_fail(p, RW_ERR_TIMEOUT, 0, 1, "timed out after %u ms waiting for %s",
+		       p->x->svc->cfg.phase_timeout_ms, what);
+}
+
+static void pair_arm_timer(exec_pair_t *p)
+{
+	ev_timer_stop(p->x->svc->loop, &p->timer);
+	ev_timer_set(&p->timer, p->x->svc->cfg.phase_timeout_ms / 1000.0, 0.);
+	ev_timer_start(p->x->svc->loop, &p->timer);
+}
+
+/* ---- sending and local work ----------------------------------------------------------------- */
+
+static void local_start(exec_pair_t *p, int kind)
+{
+	if (p->local.state[kind] != LOCAL_IDLE)
+		return;
+	p->local.state[kind] = LOCAL_RUNNING;
+	ev_idle_start(p->x->svc->loop, &p->x->local_idle);
+}
+
+/* After the sender moved: arm the pace timer, start the local work once the first writes are
+ * out (it then overlaps the network), and see whether the phase is done. */
+static void after_send(exec_pair_t *p)
+{
+	exec_t *x = p->x;
+	if (p->send.state == SEND_PACED) {
+		ev_timer_set(&p->pace, x->hooks.write_gap_s, 0.);
+		ev_timer_start(x->svc->loop, &p->pace);
+	}
+	if (p->send.waves_posted > 0 || p->send.state == SEND_DONE)
+		local_start(p, p->send.kind);
+	pair_check_done(p);
+}
+
+static void send_progress(exec_pair_t *p)
+{
+	if (exec_send_progress(p) != RW_OK)
+		return pair_failed(p);
+	after_send(p);
+}
+
+static void pace_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop, (void)revents;
+	exec_pair_t *p = w->data;
+	if (exec_open(p) && p->send.state == SEND_PACED)
+		send_progress(p);
+}
+
+/* Run one kind: bytes that came before are checked first, then the first wave is posted. */
+static void pair_run(exec_pair_t *p, int kind)
+{
+	EXEC_TRACE(p, exec_trace_mark_(p, kind, EXEC_TRACE_RUN));
+	exec_send_begin(p, kind);
+	if (exec_recv_scan(p, kind) != RW_OK)
+		return pair_failed(p);
+	send_progress(p);
+}
+
+/* The host count pass runs in idle slices (no mover count, or the mover declined). */
+static int host_counting(const exec_pair_t *p)
+{
+	return p->stage == ST_COUNT && p->plan.count_src == EXEC_COUNT_HOST && !p->plan.counted;
+}
+
+/* The records pass runs in idle slices once the row is counted and every rank's ids are
+ * readable: while the row travels to the peers (WAIT_SLOT, EXCHANGE). */
+static int records_due(const exec_pair_t *p)
+{
+	return (p->stage == ST_WAIT_SLOT || p->stage == ST_EXCHANGE) && p->plan.counted &&
+	       !p->plan.recs_done && subs_ready(p, RW_MV_DISPATCH);
+}
+
+static void local_cb(struct ev_loop *loop, ev_idle *w, int revents)
+{
+	(void)revents;
+	exec_t *x = w->data;
+	exec_pair_t *p, *found = NULL;
+	rw_list_for_each(&x->pairs, p, link)
+		if (exec_open(p) && (host_counting(p) || records_due(p) ||
+				     p->local.state[exec_kind(p)] == LOCAL_RUNNING)) {
+			found = p;
+			break;
+		}
+	if (!found) {
+		ev_idle_stop(loop, w);
+		return;
+	}
+	p = found;
+	int kind = exec_kind(p), done = 0;
+	char why[RW_SVC_WHY_MAX];
+	const uint32_t budget = x->hooks.local_slice ? x->hooks.local_slice : EXEC_COUNT_SLICE;
+	if (host_counting(p)) {
+		if (exec_plan_count(p, budget, &done) != RW_OK)
+			return pair_failed(p);
+		if (done)
+			pair_counted(p);
+		return;
+	}
+	if (records_due(p)) {
+		if (exec_plan_records(p, budget, &done) != RW_OK)
+			return pair_failed(p);
+		if (done) {
+			p->plan.recs_done = 1;
+			PTRACE(p, "%s", "records built");
+			pair_try_decide(p);
+		}
+		return;
+	}
+	rw_status_t st = p->mv->local(p->mv_mover, p->mv_state, &p->ph, kind,
+				      x->hooks.local_slice ? x->hooks.local_slice : EXEC_LOCAL_SLICE,
+				      &done, why);
+	if (st != RW_OK)
+		return exec_pair_fail(p, st, 0, 1, "%s", why);
+	if (!done)
+		return;
+	p->local.state[kind] = LOCAL_DONE;
+	pair_check_done(p);
+}
+
+/* ---- completion ----------------------------------------------------------------------------- */
+
+/* Every rank of the running kind gets its completion. A dispatch leaves the pair waiting for
+ * its combine (or closes it while draining); a combine closes it. */
+static void complete(exec_pair_t *p)
+{
+	exec_t *x = p->x;
+	const int kind = exec_kind(p);
+	for (uint32_t g = 0; g < x->gpus; g++)
+		(kind == RW_MV_COMBINE ? exec_answer_combine : exec_answer_dispatch)(x, p, g);
+	rw_svc_metrics_phase(&x->svc->metrics, p->plan.path, (rw_svc_phase_kind_t)kind, 1,
+			     rw_now_ns() - p->phase_t0);
+	EXEC_TRACE(p, exec_trace_end_(p, kind, RW_OK));
+	if (kind == RW_MV_DISPATCH && !x->svc->draining) {
+		p->stage = ST_WAIT_C;
+		p->out.flushing = 0;
+		ev_timer_stop(x->svc->loop, &p->timer);
+		return;
+	}
+	pair_close(p, 1);
+}
+
+/* Every byte of the running kind is here, sent, and the local work is done: the mover writes
+ * the ranks' outputs (maybe asynchronously), then the ranks are answered. */
+static void pair_check_done(exec_pair_t *p)
+{
+	int kind = exec_kind(p);
+	if ((p->stage != ST_RUN_D && p->stage != ST_RUN_C) || p->send.state != SEND_DONE ||
+	    p->out.flushing || p->local.state[kind] != LOCAL_DONE || p->recv[kind].ranges_left)
+		return;
+	PTRACE(p, "%s", "all data here, flush");
+	p->out.flushing = 1;
+	char why[RW_SVC_WHY_MAX];
+	uint32_t pending = 0;
+	rw_status_t st = p->mv->finish(p->mv_mover, p->mv_state, &p->ph, kind, &pending, why);
+	p->out.pending = pending;
+	if (st != RW_OK)
+		return exec_pair_fail(p, st, 0, 1, "%s", why);
+	if (pending == 0)
+		complete(p);
+}
+
+/* ---- gather, exchange, decide ----------------------------------------------------------------- */
+
+static int slot_take(exec_t *x)
+{
+	uint64_t now = rw_now_ns();
+	for (int s = 0; s < EXEC_SLOTS; s++)
+		if (!x->slot_busy[s] && now >= x->slot_free_at[s]) {
+			x->slot_busy[s] = 1;
+			return s;
+		}
+	return -1;
+}
+
+static void pair_exchange(exec_pair_t *p)
+{
+	exec_t *x = p->x;
+	int slot = slot_take(x);
+	if (slot < 0) {
+		p->stage = ST_WAIT_SLOT; /* the tick retries */
+		return;
+	}
+	p->xchg.slot = slot;
+	exec_areas_set(p, slot);
+	p->stage = ST_EXCHANGE;
+	if (exec_plan_send_row(p) != RW_OK)
+		return pair_failed(p);
+	exec_rows_take(x, p); /* rows that came early */
+	pair_try_decide(p);
+}
+
+/* Every local rank has submitted its dispatch and its inputs are readable, and the mover does
+ * not count: count in idle slices (a big submission must not starve heartbeats and other
+ * groups), then exchange. */
+static void pair_gathered(exec_pair_t *p)
+{
+	PTRACE(p, "%s", "gathered");
+	p->stage = ST_COUNT;
+	p->plan.count_src = EXEC_COUNT_HOST;
+	ev_idle_start(p->x->svc->loop, &p->x->local_idle);
+}
+
+/* Our count row is complete: it goes to the peers at once (the row is all they need), and the
+ * records pass runs while their rows travel; the decision waits for both (docs/dataflow.md
+ * "Count exchange"). */
+static void pair_counted(exec_pair_t *p)
+{
+	exec_t *x = p->x;
+	if (exec_plan_counted(p) != RW_OK)
+		return pair_failed(p);
+	PTRACE(p, "counted (%s)", p->plan.count_src == EXEC_COUNT_MOVER ? p->mv->name : "host");
+	pair_exchange(p);
+	if (exec_open(p) && records_due(p))
+		ev_idle_start(x->svc->loop, &x->local_idle);
+}
+
+/* Every local rank has submitted its dispatch: a mover that counts is asked for the row now,
+ * before the ranks' ids are staged on the host (some may still be copying). */
+static void pair_count_mover(exec_pair_t *p)
+{
+	exec_t *x = p->x;
+	char why[RW_SVC_WHY_MAX] = "";
+	int pending = 0;
+	uint32_t bad = 0;
+	size_t nr = (size_t)x->nodes * x->rails;
+	rw_status_t st = p->mv->count(p->mv_mover, p->mv_state, &p->ph, p->xchg.counts + x->me * nr,
+				      &pending, &bad, why);
+	if (st == RW_ERR_UNSUPPORTED)
+		return; /* the host counts, once every rank's ids are readable */
+	p->plan.count_src = EXEC_COUNT_MOVER;
+	p->stage = ST_COUNT;
+	PTRACE(p, "%s", "gathered, the mover counts");
+	if (st == RW_ERR_SUB_TOKENS) {
+		exec_plan_bad_ids(p, bad);
+		return pair_failed(p);
+	}
+	if (st != RW_OK)
+		return exec_pair_fail(p, st, 0, 1, "%s", why);
+	if (pending)
+		p->plan.count_wait = 1;
+	else
+		pair_counted(p);
+}
+
+static void pair_try_decide(exec_pair_t *p)
+{
+	if (p->stage != ST_EXCHANGE || p->xchg.n_rows < p->x->nodes || !p->plan.recs_done)
+		return;
+	if (exec_plan_decide(p) != RW_OK)
+		return pair_failed(p);
+	EXEC_TRACE(p, exec_trace_decided_(p));
+	exec_recv_begin(p, RW_MV_DISPATCH);
+	exec_recv_begin(p, RW_MV_COMBINE);
+	p->stage = ST_RUN_D;
+	PTRACE(p, "decided %s", rw_sched_path_name(p->plan.path));
+	pair_run(p, RW_MV_DISPATCH);
+}
+
+static int subs_ready(const exec_pair_t *p, int kind)
+{
+	if (p->in[kind].n_sub < p->x->gpus)
+		return 0;
+	for (uint32_t g = 0; g < p->x->gpus; g++)
+		if (!p->in[kind].sub[g].ready)
+			return 0;
+	return 1;
+}
+
+/* A kind's inputs may all be in: move on. */
+static void pair_inputs_moved(exec_pair_t *p, int kind)
+{
+	if (!subs_ready(p, kind))
+		return;
+	EXEC_TRACE(p, exec_trace_mark_(p, kind, EXEC_TRACE_READY));
+	if (kind == RW_MV_DISPATCH && p->stage == ST_GATHER_D) {
+		pair_gathered(p);
+	} else if (kind == RW_MV_DISPATCH && records_due(p)) { /* the mover counted first */
+		ev_idle_start(p->x->svc->loop, &p->x->local_idle);
+	} else if (kind == RW_MV_COMBINE && p->stage == ST_WAIT_C) {
+		PTRACE(p, "%s", "combine inputs folded");
+		p->stage = ST_RUN_C;
+		p->phase_t0 = rw_now_ns();
+		pair_arm_timer(p);
+		pair_run(p, RW_MV_COMBINE);
+	}
+}
+
+/* ---- events from the adapters ------------------------------------------------------------------ */
+
+exec_pair_t *exec_pair_open(exec_t *x, exec_group_t *g, const rw_wire_key_t *key,
+			    const rw_sqe_t *sqe)
+{
+	exec_pair_t *p = calloc(1, sizeof(*p));
+	if (!p)
+		return NULL;
+	p->x = x;
+	p->key = *key;
+	p->tag = rw_wire_key_tag(key);
+	p->serial = ++x->next_serial;
+	p->stage = ST_GATHER_D;
+	p->t0 = p->phase_t0 = rw_now_ns();
+	if (exec_plan_init(p, sqe) != RW_OK || exec_recv_init(p) != RW_OK) {
+		rw_svc_layout_free(&p->plan.layout);
+		rw_arena_free(&p->mem);
+		free(p);
+		return NULL;
+	}
+	ev_timer_init(&p->timer, timer_cb, 0., 0.);
+	p->timer.data = p;
+	ev_timer_init(&p->pace, pace_cb, 0., 0.);
+	p->pace.data = p;
+	rw_list_add(&x->pairs, &p->link);
+	p->g = g;
+	g->pair = p;
+	if (x->trace)
+		exec_trace_open_(p);
+	pair_arm_timer(p);
+	return p;
+}
+
+exec_pair_t *exec_pair_by_key(exec_t *x, const rw_wire_key_t *key)
+{
+	exec_pair_t *p;
+	rw_list_for_each(&x->pairs, p, link)
+		if (exec_open(p) && rw_wire_key_eq(&p->key, key))
+			return p;
+	return NULL;
+}
+
+exec_pair_t *exec_pair_by_tag(exec_t *x, uint32_t tag14)
+{
+	exec_pair_t *p;
+	rw_list_for_each(&x->pairs, p, link)
+		if (exec_open(p) && p->stage >= ST_EXCHANGE && (p->ph.tag_in & 0x3fffu) == tag14)
+			return p;
+	return NULL;
+}
+
+void exec_on_submit(exec_pair_t *p, int kind, uint32_t g)
+{
+	exec_t *x = p->x;
+	char why[RW_SVC_WHY_MAX];
+	EXEC_TRACE(p, exec_trace_submit_(p, kind, g));
+	if (kind == RW_MV_COMBINE && p->in[kind].n_sub == 1) { /* the combine's clock starts */
+		p->phase_t0 = rw_now_ns();
+		pair_arm_timer(p);
+	}
+	if (!p->mv) {
+		for (uint32_t i = 0; i < x->n_movers && !p->mv; i++)
+			if (x->movers[i].ops->accepts(x->movers[i].mover, &p->ph, kind, g)) {
+				p->mv = x->movers[i].ops;
+				p->mv_mover = x->movers[i].mover;
+			}
+		if (!p->mv || p->mv->open(p->mv_mover, &p->ph, &p->mv_state) != RW_OK)
+			return exec_pair_fail(p, RW_ERR_NOMEM, 0, 1, "cannot open a data mover");
+	} else if (!p->mv->accepts(p->mv_mover, &p->ph, kind, g)) {
+		return exec_pair_fail(p, RW_ERR_SUB_BUFFER, 0, 1, "local rank %u's buffers need another "
+				      "data mover than the phase's (%s)", x->me * x->gpus + g, p->mv->name);
+	}
+	int pending = 0;
+	rw_status_t st = p->mv->stage(p->mv_mover, p->mv_state, &p->ph, kind, g, &pending, why);
+	if (st != RW_OK)
+		return exec_pair_fail(p, st, 0, 1, "%s", why);
+	if (pending)
+		p->in[kind].staging++; /* the mover reports */
+	else
+		p->in[kind].sub[g].ready = 1;
+	if (kind == RW_MV_DISPATCH && p->in[kind].n_sub == x->gpus && p->stage == ST_GATHER_D &&
+	    p->mv->count) {
+		pair_count_mover(p);
+		if (!exec_open(p))
+			return;
+	}
+	if (!pending)
+		pair_inputs_moved(p, kind);
+}
+
+void exec_on_mover_done(void *ctx, uint32_t serial, rw_svc_mover_op_t op, uint32_t g, rw_status_t st)
+{
+	exec_t *x = ctx;
+	exec_pair_t *p, *nx;
+	if (op == RW_MV_OP_ALL) { /* a device faulted: every pair waiting on it fails */
+		rw_list_for_each_safe(&x->pairs, p, nx, link)
+			if (exec_open(p) && (p->in[0].staging || p->in[1].staging || p->out.pending ||
+					     p->send.state == SEND_WAIT_PACK || p->plan.count_wait))
+				exec_pair_fail(p, RW_ERR_DEVICE, 0, 1, "a CUDA copy failed: %s",
+					       rw_status_str(st));
+		return;
+	}
+	exec_pair_t *found = NULL;
+	rw_list_for_each(&x->pairs, p, link)
+		if (exec_open(p) && p->serial == serial) {
+			found = p;
+			break;
+		}
+	if (!found || g >= (op == RW_MV_OP_REFUSED ? x->nodes : x->gpus))
+		return; /* a pair that ended meanwhile */
+	p = found;
+	if (op == RW_MV_OP_REFUSED) { /* g: the node whose range was refused */
+		exec_recv_refused(p, g, st);
+		return pair_failed(p);
+	}
+	if (op == RW_MV_OP_COUNTED) {
+		if (!p->plan.count_wait || p->stage != ST_COUNT)
+			return;
+		p->plan.count_wait = 0;
+		if (st == RW_ERR_SUB_TOKENS) {
+			exec_plan_bad_ids(p, g);
+			return pair_failed(p);
+		}
+		if (st != RW_OK)
+			return exec_pair_fail(p, st, 0, 1, "the data mover's count (%s) failed: %s",
+					      p->mv->name, rw_status_str(st));
+		return pair_counted(p);
+	}
+	if (st != RW_OK)
+		return exec_pair_fail(p, RW_ERR_DEVICE, 0, 1, "a CUDA copy for local rank %u failed: %s",
+				      x->me * x->gpus + g, rw_status_str(st));
+	if (op == RW_MV_OP_STAGE_D || op == RW_MV_OP_STAGE_C) {
+		int kind = op == RW_MV_OP_STAGE_C;
+		if (p->in[kind].staging)
+			p->in[kind].staging--;
+		p->in[kind].sub[g].ready = 1;
+		pair_inputs_moved(p, kind);
+	} else if (op == RW_MV_OP_FINISH && p->out.flushing && p->out.pending &&
+		   --p->out.pending == 0) {
+		complete(p);
+	} else if (op == RW_MV_OP_PACKED && (p->stage == ST_RUN_D || p->stage == ST_RUN_C) &&
+		   p->send.state == SEND_WAIT_PACK) {
+		send_progress(p);
+	}
+}
+
+void exec_on_counts(exec_pair_t *p, uint32_t node, const rw_wire_counts_t *c)
+{
+	exec_plan_take_counts(p, node, c);
+	pair_try_decide(p);
+}
+
+void exec_on_data(exec_pair_t *p, int kind, uint32_t peer, uint32_t rail, uint64_t len, int last)
+{
+	if (exec_recv_data(p, kind, peer, rail, len, last) != RW_OK)
+		return pair_failed(p);
+	pair_check_done(p);
+}
+
+void exec_on_write_done(exec_pair_t *p, uint32_t peer, uint32_t rail, rw_status_t st)
+{
+	p->outstanding--;
+	if (!exec_open(p))
+		return; /* the reaper frees it once the last write reported */
+	if (st != RW_OK)
+		return exec_pair_fail(p, st, 0, 1, "a rail write to node %u (%s) on rail %u "
+				      "failed: %s", peer, p->x->svc->cfg.nodes[peer].name, rail,
+				      rw_status_str(st));
+	if (--p->send.pending == 0 && p->send.state == SEND_DRAINING) {
+		EXEC_TRACE(p, exec_trace_wave_done_(p));
+		PTRACE(p, "wave %u writes done: largest slab %.0f kB at %.1f Mbit/s", p->send.wave,
+		       p->send.wave_slab_max / 1e3,
+		       p->send.wave_slab_max * 8e3 / (double)(rw_now_ns() - p->send.wave_t0));
+		send_progress(p);
+	}
+}
+
+void exec_on_grant(exec_pair_t *p, int kind, uint32_t wave)
+{
+	p->send.granted[kind][wave] = 1;
+	EXEC_TRACE(p, exec_trace_granted_(p, kind, wave));
+	PTRACE(p, "granted wave %u", wave);
+	if ((p->stage == ST_RUN_D || p->stage == ST_RUN_C) && p->send.kind == kind &&
+	    p->send.state == SEND_WAIT_GRANT && p->send.wave + 1 == wave)
+		send_progress(p);
+}
+
+void exec_on_peer_down(exec_t *x, uint32_t peer, rw_status_t st)
+{
+	exec_pair_t *p, *nx;
+	/* Every open pair involves every node. */
+	rw_list_for_each_safe(&x->pairs, p, nx, link)
+		if (exec_open(p) && p->stage != ST_GATHER_D)
+			exec_pair_fail(p, st == RW_OK ? RW_ERR_PEER : st, 0, 1, "peer %u (%s) went down",
+				       peer, x->svc->cfg.nodes[peer].name);
+	exec_rows_drop_node(x, peer);
+}
+
+void exec_on_rail_down(exec_t *x, uint32_t peer, uint32_t rail, rw_status_t st)
+{
+	exec_pair_t *p, *nx;
+	/* Only the pairs whose plan moves records over that rail with that peer (docs/dataflow.md
+	 * "Rail health"): they fail alone with a retriable error; a retry plans without the rail. */
+	rw_list_for_each_safe(&x->pairs, p, nx, link)
+		if (exec_open(p) && exec_plan_uses_rail(p, peer, rail))
+			exec_pair_fail(p, RW_ERR_LINK, 0, 1, "rail %u between node %u (%s) and node %u "
+				       "(%s) went down (%s): retry the phase, it runs on the other rails",
+				       rail, x->me, x->svc->cfg.nodes[x->me].name, peer,
+				       x->svc->cfg.nodes[peer].name, rw_status_str(st));
+}
+
+void exec_on_rank_left(exec_pair_t *p, rw_ipc_client_t *client, uint32_t rank)
+{
+	for (int k = 0; k < 2; k++) /* no completions to the leaving client */
+		for (uint32_t g = 0; g < p->x->gpus; g++)
+			if (p->in[k].sub[g].client == client)
+				p->in[k].sub[g].have = 0;
+	exec_pair_fail(p, RW_ERR_CLIENT, 0, 1, "local rank %u left", rank);
+}
+
+/* ---- the executor's own watchers ------------------------------------------------------------ */
+
+static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop, (void)revents;
+	exec_t *x = w->data;
+	exec_pair_t *p, *nx;
+	rw_list_for_each_safe(&x->pairs, p, nx, link)
+		if (p->stage == ST_WAIT_SLOT)
+			pair_exchange(p);
+	exec_keys_expire(x, rw_now_ns(), (uint64_t)x->svc->cfg.phase_timeout_ms * 1000000ull);
+}
+
+void exec_start(exec_t *x)
+{
+	struct ev_loop *loop = x->svc->loop;
+	ev_timer_init(&x->tick, tick_cb, EXEC_TICK_S, EXEC_TICK_S);
+	x->tick.data = x;
+	ev_timer_start(loop, &x->tick);
+	ev_idle_init(&x->local_idle, local_cb);
+	x->local_idle.data = x;
+	ev_prepare_init(&x->reaper, reaper_cb);
+	x->reaper.data = x;
+	ev_prepare_start(loop, &x->reaper);
+	exec_trace_start(x);
+}
+
+void exec_fail_open(exec_t *x, const char *why)
+{
+	exec_pair_t *p, *nx;
+	rw_list_for_each_safe(&x->pairs, p, nx, link)
+		if (exec_open(p))
+			exec_pair_fail(p, RW_ERR_STATE, 0, 0, "%s", why);
+}
+
+void exec_stop(exec_t *x)
+{
+	struct ev_loop *loop = x->svc->loop;
+	ev_timer_stop(loop, &x->tick);
+	ev_idle_stop(loop, &x->local_idle);
+	ev_prepare_stop(loop, &x->reaper);
+	exec_fail_open(x, "daemon stopping");
+	exec_trace_stop(x); /* after the failed pairs' records */
+}
+
+void exec_free_pairs(exec_t *x)
+{
+	exec_pair_t *p, *nx;
+	rw_list_for_each_safe(&x->pairs, p, nx, link) {
+		rw_list_del(&p->link);
+		free(p);
+	}
+}
+
+int exec_drained(exec_t *x) { return !any_running(x); }

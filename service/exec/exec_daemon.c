@@ -1,0 +1,135 @@
+/* The executor as the daemon sees it (service/exec.h): created with its data movers and the peer
+ * mesh, given its IPC socket, drained on SIGTERM and torn down after the loop — in an order that
+ * never lets a part outlive what it uses: ranks' buffers go (IPC stop) before the movers, every
+ * outstanding write reports (mesh destroy) before the pairs are freed. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "service/exec/exec_int.h"
+
+void rw_svc_exec_hooks_from_env(char *const *envp, rw_svc_exec_hooks_t *hooks_p)
+{
+	rw_svc_exec_hooks_t h = { 0 };
+	for (char *const *e = envp; e && *e; e++) {
+		const char *v = strchr(*e, '=');
+		if (!v)
+			continue;
+		size_t n = (size_t)(v++ - *e);
+		if (n == 23 && !strncmp(*e, "RAILWAVE_TEST_CHUNK_KIB", n))
+			h.chunk_bytes = strtoull(v, NULL, 10) << 10;
+		else if (n == 26 && !strncmp(*e, "RAILWAVE_TEST_WRITE_GAP_MS", n))
+			h.write_gap_s = strtod(v, NULL) / 1000.0;
+		else if (n == 25 && !strncmp(*e, "RAILWAVE_TEST_LOCAL_SLICE", n))
+			h.local_slice = (uint32_t)strtoul(v, NULL, 10);
+	}
+	if (h.chunk_bytes || h.write_gap_s > 0 || h.local_slice)
+		rw_warn("test hooks on: rail writes of at most %llu bytes, one per %.0f ms per phase, "
+			"%u local records per idle slice",
+			(unsigned long long)(h.chunk_bytes ? h.chunk_bytes : EXEC_CHUNK_MAX),
+			h.write_gap_s * 1000, h.local_slice ? h.local_slice : EXEC_LOCAL_SLICE);
+	*hooks_p = h;
+}
+
+rw_status_t rw_svc_exec_create(rw_svc_t *svc, const rw_svc_mover_ops_t *const *movers,
+			       uint32_t n_movers, const rw_svc_exec_hooks_t *hooks,
+			       rw_svc_exec_t **exec_p)
+{
+	if (n_movers == 0 || n_movers > EXEC_MOVERS_MAX)
+		return RW_ERR_INVAL;
+	exec_t *x = calloc(1, sizeof(*x));
+	if (!x)
+		return RW_ERR_NOMEM;
+	x->svc = svc;
+	x->nodes = svc->cfg.n_nodes;
+	x->rails = svc->cfg.rails;
+	x->gpus = svc->cfg.gpus_per_node;
+	x->me = svc->cfg.me;
+	x->hooks = *hooks;
+	rw_list_init(&x->groups);
+	rw_list_init(&x->pairs);
+	rw_list_init(&x->rows);
+	rw_list_init(&x->tombs);
+	rw_list_init(&x->ended);
+	/* recv_region_mib is the receive memory of the node; each rail gets an equal share, and
+	 * the same again for send staging: 4 sub-areas per slot. */
+	uint64_t recv = (uint64_t)svc->cfg.recv_region_mib << 20;
+	x->area_bytes = 2 * recv / x->rails;
+	x->sub_bytes = (x->area_bytes / (4 * EXEC_SLOTS)) & ~(uint64_t)63;
+	x->area_bytes = x->sub_bytes * 4 * EXEC_SLOTS;
+	rw_status_t st = RW_OK;
+	for (uint32_t i = 0; i < n_movers && st == RW_OK; i++) {
+		x->movers[i].ops = movers[i];
+		st = movers[i]->create(svc->loop, exec_on_mover_done, x, &x->movers[i].mover);
+		if (st == RW_OK)
+			x->n_movers++;
+	}
+	if (st == RW_OK)
+		st = rw_svc_mesh_create(svc, x->area_bytes, &exec_mesh_cbs, x, &x->mesh);
+	if (st != RW_OK) {
+		while (x->n_movers--)
+			x->movers[x->n_movers].ops->destroy(x->movers[x->n_movers].mover);
+		free(x);
+		return st;
+	}
+	exec_start(x);
+	*exec_p = x;
+	return RW_OK;
+}
+
+rw_status_t rw_svc_exec_ipc_start(rw_svc_exec_t *x)
+{
+	rw_svc_t *svc = x->svc;
+	rw_ipc_server_config_t cfg = {
+		.socket_path = svc->cfg.ipc_socket,
+		.group = svc->cfg.ipc_group[0] ? svc->cfg.ipc_group : NULL,
+		.node = (int32_t)svc->cfg.me,
+		.max_topk = RW_MAX_TOPK,
+		.max_tokens = svc->cfg.max_tokens, /* bounds every per-token pass of a phase */
+		.dtypes = 1u << RW_DTYPE_BF16 | 1u << RW_DTYPE_FP32, /* what the movers carry */
+		.require_group_key = svc->cfg.ipc_require_group_key,
+		.max_per_uid = svc->cfg.ipc_max_per_uid,
+		.hello_timeout_ms = svc->cfg.ipc_hello_timeout_ms,
+	};
+	rw_status_t st = rw_ipc_server_create(svc->loop, &cfg, &exec_ipc_ops, x, &x->ipc);
+	svc->ipc = x->ipc; /* the stats socket lists its clients */
+	return st;
+}
+
+void rw_svc_exec_ipc_stop(rw_svc_exec_t *x)
+{
+	if (!x || !x->ipc)
+		return;
+	exec_fail_open(x, "daemon stopping"); /* before the clients' buffers go away */
+	rw_ipc_server_destroy(x->ipc);
+	x->ipc = NULL;
+	x->svc->ipc = NULL;
+}
+
+void rw_svc_exec_drain(rw_svc_exec_t *x)
+{
+	x->svc->draining = 1;
+	if (exec_drained(x))
+		rw_svc_stop(x->svc);
+}
+
+void rw_svc_exec_destroy(rw_svc_exec_t *x)
+{
+	if (!x)
+		return;
+	exec_stop(x);
+	rw_svc_mesh_destroy(x->mesh); /* reports every outstanding write */
+	exec_free_pairs(x);
+	exec_keys_free(x);
+	/* After the IPC server closed its CUDA imports. */
+	for (uint32_t i = 0; i < x->n_movers; i++)
+		x->movers[i].ops->destroy(x->movers[i].mover);
+	exec_group_t *g, *gn;
+	rw_list_for_each_safe(&x->groups, g, gn, link) {
+		for (uint32_t i = 0; i < RW_MAX_GPUS; i++)
+			if (g->member[i])
+				exec_member_free(g->member[i]);
+		rw_list_del(&g->link);
+		free(g);
+	}
+	free(x);
+}

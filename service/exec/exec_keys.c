@@ -1,0 +1,257 @@
+/* What the executor keeps beyond one pair (docs/dataflow.md "Failures", "Count exchange"):
+ *   tombs  a phase (key and kind) that failed here or at a peer. A local rank that submits it
+ *          and was not answered yet gets its error, with the original reason, at once instead of
+ *          opening a pair that would wait for a phase timeout (dispatch) or being told its
+ *          handle is unknown (a combine whose pair failed while the rank computed it). Kept per node, not per group, so it outlives a group whose
+ *          ranks all left and precedes one whose ranks have not joined yet. Gone once every
+ *          local rank was answered (or left), when an answered rank submits the key again (a
+ *          retry), or after phase_timeout_ms.
+ *   ended  a peer's attempt at a key that ended here: its count row (epoch) was in a pair that
+ *          failed here, or came while the key was a tomb; and every failure (cause: the node
+ *          where it began and its id there) that ended an attempt here. A PHASE_ERR that names
+ *          either later is about that attempt, not about a retry that may be running now.
+ *   rows   a peer's count row that came before our ranks got to that phase.
+ * Everything is aged out by the executor's tick. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "service/exec/exec_int.h"
+
+typedef struct exec_tomb {
+	rw_list_t link;
+	rw_wire_key_t key;           /* key.group: the group's hash */
+	int kind;                    /* the phase that failed: its submissions get the error */
+	uint32_t answered;           /* bit g: local rank g got its error (or left) */
+	uint64_t t_ns;
+	char msg[RW_SVC_WHY_MAX];    /* why it failed, for the ranks that come late */
+} exec_tomb_t;
+
+typedef struct exec_ended {
+	rw_list_t link;
+	rw_wire_key_t key;
+	uint32_t node, epoch;
+	uint64_t t_ns;
+} exec_ended_t;
+
+typedef struct exec_row {
+	rw_list_t link;
+	char group[RW_WIRE_GROUP_MAX];
+	rw_wire_key_t key;
+	uint32_t node, slot;
+	rw_wire_phase_params_t params;
+	uint64_t t_ns;
+	uint32_t row[];              /* N*R counts, then the rail view (R weights, N up-masks) */
+} exec_row_t;
+
+/* ---- tombs -------------------------------------------------------------------------------- */
+
+static exec_tomb_t *tomb_find(exec_t *x, const rw_wire_key_t *key, int kind)
+{
+	exec_tomb_t *t;
+	rw_list_for_each(&x->tombs, t, link)
+		if (t->kind == kind && rw_wire_key_eq(&t->key, key))
+			return t;
+	return NULL;
+}
+
+static void tomb_free(exec_tomb_t *t)
+{
+	rw_list_del(&t->link);
+	free(t);
+}
+
+/* Every local rank has its answer: nothing is left to tell. */
+static void tomb_settle(exec_t *x, exec_tomb_t *t)
+{
+	if ((t->answered & exec_all_local(x)) == exec_all_local(x))
+		tomb_free(t);
+}
+
+void exec_tomb_add(exec_t *x, const char *group, const rw_wire_key_t *key, int kind,
+		   uint32_t answered, const char *msg)
+{
+	if (group && kind == RW_MV_DISPATCH)
+		exec_rows_drop(x, group, key, -1, 0);
+	exec_tomb_t *t = tomb_find(x, key, kind);
+	if (!t) {
+		if ((answered & exec_all_local(x)) == exec_all_local(x))
+			return;
+		t = calloc(1, sizeof(*t));
+		if (!t)
+			return; /* stragglers then wait for a phase timeout instead */
+		t->key = *key;
+		t->kind = kind;
+		snprintf(t->msg, sizeof(t->msg), "%s", msg);
+		rw_list_add(&x->tombs, &t->link);
+	}
+	t->answered |= answered;
+	t->t_ns = rw_now_ns();
+	tomb_settle(x, t);
+}
+
+const char *exec_tomb_hit(exec_t *x, const rw_wire_key_t *key, int kind, uint32_t local)
+{
+	exec_tomb_t *t = tomb_find(x, key, kind);
+	if (!t)
+		return NULL;
+	if (rw_now_ns() - t->t_ns > (uint64_t)x->svc->cfg.phase_timeout_ms * 1000000ull ||
+	    (t->answered & (1u << local))) {
+		tomb_free(t); /* stale, or a retry by a rank that already had its answer */
+		return NULL;
+	}
+	t->answered |= 1u << local;
+	/* The reason outlives the tomb for this answer (the executor copies it at once). */
+	static char why[RW_SVC_WHY_MAX];
+	snprintf(why, sizeof(why), "%s", t->msg);
+	tomb_settle(x, t);
+	return why;
+}
+
+int exec_tomb_exists(exec_t *x, const rw_wire_key_t *key)
+{
+	return tomb_find(x, key, RW_MV_DISPATCH) != NULL;
+}
+
+void exec_tomb_left(exec_t *x, uint32_t group_hash, uint32_t local)
+{
+	exec_tomb_t *t, *nx;
+	rw_list_for_each_safe(&x->tombs, t, nx, link)
+		if (t->key.group == group_hash) {
+			t->answered |= 1u << local;
+			tomb_settle(x, t);
+		}
+}
+
+/* ---- ended attempts ------------------------------------------------------------------------- */
+
+void exec_ended_add(exec_t *x, const rw_wire_key_t *key, uint32_t node, uint32_t epoch)
+{
+	exec_ended_t *d = malloc(sizeof(*d));
+	if (!d)
+		return; /* only costs a retry that a late PHASE_ERR may fail */
+	*d = (exec_ended_t){ .key = *key, .node = node, .epoch = epoch, .t_ns = rw_now_ns() };
+	rw_list_add(&x->ended, &d->link);
+}
+
+int exec_ended_find(const exec_t *x, const rw_wire_key_t *key, uint32_t node, uint32_t epoch)
+{
+	const exec_ended_t *d;
+	rw_list_for_each(&x->ended, d, link)
+		if (d->node == node && d->epoch == epoch && rw_wire_key_eq(&d->key, key))
+			return 1;
+	return 0;
+}
+
+/* ---- early rows ----------------------------------------------------------------------------- */
+
+void exec_rows_drop(exec_t *x, const char *group, const rw_wire_key_t *key, int node,
+		    uint32_t epoch)
+{
+	exec_row_t *r, *nx;
+	rw_list_for_each_safe(&x->rows, r, nx, link)
+		if ((!group || strcmp(r->group, group) == 0) && rw_wire_key_eq(&r->key, key) &&
+		    (node < 0 || r->node == (uint32_t)node) && (!epoch || r->params.epoch == epoch)) {
+			rw_list_del(&r->link);
+			free(r);
+		}
+}
+
+void exec_rows_drop_node(exec_t *x, uint32_t node)
+{
+	exec_row_t *r, *nx;
+	rw_list_for_each_safe(&x->rows, r, nx, link)
+		if (r->node == node) {
+			rw_list_del(&r->link);
+			free(r);
+		}
+}
+
+void exec_row_keep(exec_t *x, const rw_wire_counts_t *c, uint32_t peer)
+{
+	/* A node sends one row per attempt, in order: a second row of the key replaces the first. */
+	exec_rows_drop(x, c->group_name, &c->key, (int)peer, 0);
+	size_t nr = (size_t)x->nodes * x->rails;
+	exec_row_t *r = malloc(sizeof(*r) + (nr + x->rails + x->nodes) * sizeof(uint32_t));
+	if (!r)
+		return; /* the phase then times out: counted like any lost row */
+	snprintf(r->group, sizeof(r->group), "%s", c->group_name);
+	r->key = c->key;
+	r->node = peer;
+	r->slot = c->slot;
+	r->params = c->params;
+	r->t_ns = rw_now_ns();
+	for (size_t i = 0; i < nr; i++)
+		r->row[i] = rw_wire_counts_row(c, (uint32_t)i);
+	exec_plan_view_decode(c, r->row + nr); /* its rail view follows the row */
+	rw_list_add(&x->rows, &r->link);
+}
+
+uint32_t exec_row_epoch(const exec_t *x, const char *group, const rw_wire_key_t *key,
+			uint32_t node)
+{
+	const exec_row_t *r;
+	rw_list_for_each(&x->rows, r, link)
+		if (r->node == node && strcmp(r->group, group) == 0 && rw_wire_key_eq(&r->key, key))
+			return r->params.epoch;
+	return 0;
+}
+
+void exec_rows_take(exec_t *x, exec_pair_t *p)
+{
+	exec_row_t *r, *nx;
+	rw_list_for_each_safe(&x->rows, r, nx, link)
+		if (strcmp(r->group, p->g->name) == 0 && rw_wire_key_eq(&r->key, &p->key)) {
+			exec_plan_take_row(p, r->node, r->slot, &r->params, r->row,
+					   r->row + (size_t)x->nodes * x->rails);
+			rw_list_del(&r->link);
+			free(r);
+		}
+}
+
+/* ---- ageing and teardown -------------------------------------------------------------------- */
+
+/* Ages are now - then (never now - timeout: the monotonic clock starts at boot, and a node up
+ * for less than a phase timeout would find everything stale). */
+void exec_keys_expire(exec_t *x, uint64_t now, uint64_t timeout)
+{
+	exec_tomb_t *t, *tn;
+	rw_list_for_each_safe(&x->tombs, t, tn, link)
+		if (now - t->t_ns > timeout)
+			tomb_free(t);
+	exec_ended_t *d, *dn;
+	rw_list_for_each_safe(&x->ended, d, dn, link)
+		if (now - d->t_ns > timeout) {
+			rw_list_del(&d->link);
+			free(d);
+		}
+	exec_row_t *r, *rn;
+	rw_list_for_each_safe(&x->rows, r, rn, link)
+		if (now - r->t_ns > timeout) {
+			rw_list_del(&r->link);
+			free(r);
+		}
+}
+
+void exec_keys_free(exec_t *x)
+{
+	exec_keys_expire(x, UINT64_MAX, 0);
+}
+
+/* ---- telling the peers ---------------------------------------------------------------------- */
+
+void exec_tell_peers(exec_t *x, const exec_failure_t *f)
+{
+	rw_wire_phase_err_t e = { .key = *f->key, .kind = (uint32_t)f->kind, .status = f->st,
+				  .node = x->me, .epoch = f->epoch, .relay = (uint32_t)f->relay,
+				  .cause_node = f->cause_node, .cause_id = f->cause_id };
+	snprintf(e.msg, sizeof(e.msg), "node %u (%s): %s", x->me, x->svc->cfg.nodes[x->me].name,
+		 f->msg);
+	uint8_t buf[RW_WIRE_PHASE_ERR_SIZE];
+	for (uint32_t peer = 0; peer < x->nodes; peer++) {
+		if (peer == x->me)
+			continue;
+		e.dst_epoch = f->dst_epoch ? f->dst_epoch[peer] : 0;
+		size_t n = rw_wire_phase_err_pack(&e, buf, sizeof(buf));
+		(void)rw_svc_mesh_send(x->mesh, peer, RW_WIRE_PHASE_ERR, buf, (uint32_t)n);
+	}
+}

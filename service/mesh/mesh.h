@@ -1,0 +1,82 @@
+/* railwaved's peer mesh, private to service/ (docs/dataflow.md "Peer mesh"): per peer node one
+ * control channel (framed messages of service/phase/wire.h over TCP) and one rail connection per rail
+ * through rdma/rail.h, the receive/send memory of each rail, heartbeats, failure detection and
+ * reconnection with bounded exponential back-off. The lower node index always connects.
+ * Runs on the daemon's loop; callbacks are made from the loop, never from inside a mesh call. */
+#ifndef RW_SVC_MESH_H
+#define RW_SVC_MESH_H
+
+#include <stdint.h>
+
+#include "common/common.h"
+#include "rdma/rail.h"
+#include "service/mesh/rail_health.h"
+#include "service/phase/phase.h"
+
+typedef struct rw_svc_mesh rw_svc_mesh_t;
+struct rw_svc;
+
+typedef struct rw_svc_mesh_cbs {
+	/* Control channel and every rail of `peer` are up (first time or after a reconnect). */
+	void (*peer_up)(void *ctx, uint32_t peer);
+	/* `peer` went down (reset, garbage, heartbeat timeout, restart). Every write to it already
+	 * got write_done(error) before this call. */
+	void (*peer_down)(void *ctx, uint32_t peer, rw_status_t st);
+	/* Rail `rail` to `peer` went down while the peer stays up (docs/dataflow.md "Rail health"):
+	 * called before the writes queued on it complete with errors. It reconnects in the
+	 * background; rw_svc_mesh_rail_mask says when it is back. */
+	void (*rail_down)(void *ctx, uint32_t peer, uint32_t rail, rw_status_t st);
+	/* A validated COUNTS message (c->row_le points into a buffer valid during the call). */
+	void (*counts)(void *ctx, uint32_t peer, const rw_wire_counts_t *c);
+	void (*phase_err)(void *ctx, uint32_t peer, const rw_wire_phase_err_t *e);
+	/* A validated GRANT (wave < N). */
+	void (*grant)(void *ctx, uint32_t peer, const rw_wire_grant_t *g);
+	/* A peer's write landed in our memory of `rail`. */
+	void (*arrival)(void *ctx, uint32_t peer, uint32_t rail, const rw_rail_arrival_t *a);
+	/* A write posted with rw_svc_mesh_write() to `peer` on `rail` finished (RW_OK: the data
+	 * is remote; else the peer and rail say where it failed). */
+	void (*write_done)(void *ctx, uint32_t peer, uint32_t rail, void *write_ctx, rw_status_t st);
+} rw_svc_mesh_cbs_t;
+
+/* Open every rail device, allocate and register `area_bytes` of host memory per rail, listen
+ * on the control and rail addresses and start connecting. */
+rw_status_t rw_svc_mesh_create(struct rw_svc *svc, uint64_t area_bytes,
+			       const rw_svc_mesh_cbs_t *cbs, void *ctx, rw_svc_mesh_t **mesh_p);
+void rw_svc_mesh_destroy(rw_svc_mesh_t *mesh);
+
+/* This node's memory of `rail` (area_bytes): registered on that rail, or the host shadow of
+ * the GPU memory that is (rw_svc_mesh_slab_dev). */
+uint8_t *rw_svc_mesh_mem(rw_svc_mesh_t *mesh, uint32_t rail);
+/* Where `rail`'s slabs are (docs/cuda.md "Where the slabs live"): -1, host memory
+ * (rw_svc_mesh_mem, registered with the NIC); else the CUDA device whose memory at *dptr_p
+ * (area_bytes, same offsets) is registered with the NIC through a dmabuf (GPUDirect RDMA). */
+int rw_svc_mesh_slab_dev(const rw_svc_mesh_t *mesh, uint32_t rail, uint64_t *dptr_p);
+/* 1 when `peer` is UP: control channel and, once it came up with every rail, at least one rail
+ * (a rail that fails alone leaves the peer up, see rail_down). */
+int rw_svc_mesh_peer_up(const rw_svc_mesh_t *mesh, uint32_t peer);
+/* The rails whose connection to `peer` is up now (bit r); every rail for this node itself. */
+uint32_t rw_svc_mesh_rail_mask(const rw_svc_mesh_t *mesh, uint32_t peer);
+/* 1 when every peer is UP. */
+int rw_svc_mesh_all_up(const rw_svc_mesh_t *mesh);
+
+/* Queue one control message to `peer` (copied). RW_ERR_STATE when the peer's control channel is
+ * not up, or when the send failed: the peer is then failed from the loop right after (its
+ * callbacks never run inside this call, nor inside rw_svc_mesh_write's); RW_ERR_NOMEM. */
+rw_status_t rw_svc_mesh_send(rw_svc_mesh_t *mesh, uint32_t peer, uint16_t type,
+			     const uint8_t *payload, uint32_t len);
+/* Queue one write of [local_off, +len) of our `rail` memory to [remote_off, +len) of the peer's
+ * `rail` memory with immediate `imm`. Never returns RW_ERR_AGAIN (the mesh queues). RW_OK:
+ * write_done(write_ctx) follows exactly once. RW_ERR_STATE (peer down) / RW_ERR_RANGE: no
+ * callback follows. */
+rw_status_t rw_svc_mesh_write(rw_svc_mesh_t *mesh, uint32_t peer, uint32_t rail,
+			      uint64_t local_off, uint64_t remote_off, uint64_t len, uint32_t imm,
+			      void *write_ctx);
+/* Largest single write on `rail`. */
+uint64_t rw_svc_mesh_max_write(const rw_svc_mesh_t *mesh, uint32_t rail);
+/* Declare `peer` down (e.g. it sent a bad record): from the loop, right after this call returns,
+ * everything of it is closed (write_done errors, then peer_down); it reconnects. Sends and writes
+ * to it fail (RW_ERR_STATE) from now on. A send or write that finds the peer broken does the same:
+ * no callback ever runs inside a mesh call. */
+void rw_svc_mesh_fail_peer(rw_svc_mesh_t *mesh, uint32_t peer, rw_status_t st, const char *why);
+
+#endif /* RW_SVC_MESH_H */

@@ -1,0 +1,244 @@
+/* railwaved's data-mover interface, private to service/ (docs/dataflow.md "Data movers"): what
+ * moves a phase's payload bytes. The executor (service/exec*.c) decides what goes where and
+ * when — plan, waves, grants, completions — and never touches a payload byte; a mover packs the
+ * send slabs, forwards arrived dispatch ranges to the local ranks, folds combine rows and
+ * writes the ranks' outputs. The host mover (service/mover/mover_host.c) does it with the loop's CPU
+ * (staging CUDA ranks through pinned host memory); a CUDA mover does it with kernels on the
+ * ranks' GPUs. Adding a mover means a new rw_svc_mover_ops_t and a line where the daemon lists
+ * its movers (service/main.c); the state machine stays as it is. */
+#ifndef RW_SVC_MOVER_H
+#define RW_SVC_MOVER_H
+
+#include <stdint.h>
+
+#include "common/common.h"
+#include "ipc/railwave.h"
+#include "sched/sched.h"
+#include "service/mover/stage.h"
+#include "service/phase/phase.h"
+
+struct ev_loop;
+struct rw_cuda_event;
+
+/* Kinds of a pair's phases (index of per-kind arrays). */
+enum { RW_MV_DISPATCH = 0, RW_MV_COMBINE = 1 };
+
+/* Where one span of a rank's memory is: host memory mapped here, or CUDA memory (device,
+ * address in this process). */
+typedef struct rw_svc_span_mem {
+	uint8_t *host;               /* NULL for CUDA memory or an absent span */
+	int dev;                     /* -1: host (or absent) */
+	uint64_t dptr;
+	uint32_t buf;                /* the rank's buffer id (RW_BUF_NONE: absent) */
+} rw_svc_span_mem_t;
+
+/* One local rank's part of one phase, as the executor resolved it from the submission. */
+typedef struct rw_svc_rank_io {
+	uint32_t n_tokens;           /* dispatch: its tokens; combine: rows it gives back */
+	rw_svc_span_mem_t in[3];     /* dispatch: tokens, top-k ids, top-k weights; combine: rows */
+	rw_svc_span_mem_t out;       /* dispatch: the output span; combine: the combined rows */
+	uint64_t out_offset;         /* the output span's offset in its buffer (for the CQE) */
+	uint64_t out_cap;            /* bytes at out */
+	/* Stream order (ipc/railwave.h "Stream-ordered submission"), set by the executor from the
+	 * submission: wait_ev, when set, is the rank's event: stage() makes every stream that reads
+	 * the rank's inputs wait on it first (a host-side mover synchronizes it). With signal set,
+	 * the mover writes flag_value into the 32-bit word at flag_dptr (device flag_dev, the
+	 * output's) after the rank's outputs, on the stream that wrote them, before it reports
+	 * RW_MV_OP_FINISH. A failed pair's flags are the executor's (after quiesce). Every span of
+	 * such a rank is CUDA memory (the executor refuses others). */
+	struct rw_cuda_event *wait_ev;
+	int signal;
+	int flag_dev;
+	uint64_t flag_dptr;
+	uint32_t flag_value;
+	/* Filled by the mover once the inputs are readable by the CPU (host memory as is, CUDA
+	 * memory staged): what the executor may read (the count pass reads ids). */
+	const uint8_t *tokens;
+	const int32_t *ids;
+	const float *weights;
+} rw_svc_rank_io_t;
+
+/* A pair as a mover sees it: geometry, the phase's parameters, the plan, and where the send
+ * and receive areas of this pair's slot are. Filled by the executor; read-only for the mover
+ * except rank_io[].tokens/ids/weights, which the mover's stage() sets. */
+typedef struct rw_svc_phase {
+	uint32_t serial;             /* names the pair in the mover's asynchronous reports */
+	uint32_t nodes, rails, gpus, me;
+	uint32_t n_experts, topk, hidden, dtype; /* dtype: rw_wire_dtype_t */
+	uint64_t row_bytes, rec_size, crec_size;
+	uint32_t tag_in;             /* tag of writes into this node (docs/dataflow.md "Failures") */
+	const uint32_t *tag_to;      /* [N]: tag of our writes into node d */
+	/* Known from the decision on (all NULL before): */
+	const rw_svc_layout_t *layout;
+	const uint32_t *row_off;     /* [N*R+1]: CSR of our records by (destination, native rail) */
+	const rw_record_t *rec;
+	const rw_rank_tokens_t *rt;  /* [G]: our ranks' dispatch tokens */
+	uint32_t rail_base[RW_MAX_RAILS + 1]; /* received record ref = rail_base[r] + slot */
+	uint32_t n_in;               /* records received (all rails) */
+	/* This pair's areas on each rail (send and receive, per kind), in the mesh's memory. */
+	uint8_t *send_area[2][RW_MAX_RAILS];
+	const uint8_t *recv_area[2][RW_MAX_RAILS];
+	/* Where the slabs are, per rail (docs/cuda.md "Where the slabs live"; set from the pair's
+	 * start, the addresses with the areas). slab_dev[r] < 0: the areas above are the slabs, the
+	 * host memory the NIC reads and writes. >= 0: the NIC reads and writes GPU memory of that
+	 * device (GPUDirect RDMA) at send_dptr/recv_dptr, laid out as the areas, and the areas are
+	 * its host shadow. A mover then keeps two rules (service/mover/mover_slab.c has the copies):
+	 *  - what pack() and ready() offer is on the GPU: bytes the CPU wrote into the shadow are
+	 *    copied over before the executor may post them;
+	 *  - bytes of an arrived range are read from the GPU after rw_cuda_gdr_flush() (the NIC's
+	 *    writes made visible), never from the shadow, which nothing writes into.
+	 * The host mover copies whole ranges; the CUDA mover's kernels move the rows and it copies
+	 * only the headers the CPU writes and checks. */
+	int slab_dev[RW_MAX_RAILS];
+	uint64_t send_dptr[2][RW_MAX_RAILS], recv_dptr[2][RW_MAX_RAILS];
+	rw_svc_rank_io_t io[2][RW_MAX_GPUS]; /* [kind][local rank] */
+	/* Each local rank's pinned host staging (grows; kept across pairs by the executor). */
+	rw_svc_pinned_t *stage_in[RW_MAX_GPUS], *stage_out[RW_MAX_GPUS];
+	/* Set by an executor that waits for RW_MV_OP_PACKED: pack() may then answer RW_ERR_AGAIN
+	 * instead of blocking (see pack below). 0: pack() returns only once its bytes are there. */
+	int pack_waits;
+	/* The executor's largest rail write (bytes): a mover that packs a slab in pieces and
+	 * offers them through ready() cuts them at multiples of it. */
+	uint64_t write_max;
+	/* The cluster's topology (each local rank's native rail: topo->gpu_rail[g]); what a mover's
+	 * count() counts with, as the executor's host count pass does. */
+	const rw_topo_t *topo;
+} rw_svc_phase_t;
+
+/* The local ranks (bit g: rank g) hosting one of a record's top-k experts in this phase. */
+static inline uint32_t rw_svc_phase_fwd_mask(const rw_svc_phase_t *ph, const int32_t *ids)
+{
+	return rw_svc_fwd_mask(ph->n_experts, ph->nodes, ph->gpus, ph->me, ids, ph->topk);
+}
+
+/* A mover's asynchronous report: `op` of local rank g of the pair with this serial finished.
+ * Always called from the loop, never from inside a mover call. */
+typedef enum rw_svc_mover_op {
+	RW_MV_OP_STAGE_D = 1,        /* dispatch inputs of rank g are readable (rank_io set) */
+	RW_MV_OP_STAGE_C = 2,        /* combine rows of rank g are readable */
+	RW_MV_OP_FINISH = 3,         /* outputs of rank g are written */
+	RW_MV_OP_PACKED = 4,         /* (g 0) the slabs a pack() answered RW_ERR_AGAIN for are written:
+				      * call pack() again for the same (kind, d); it returns at once */
+	RW_MV_OP_COUNTED = 5,        /* the count row a count() answered pending for is written; g: the
+				      * culprit local rank when st is RW_ERR_SUB_TOKENS (see count) */
+	RW_MV_OP_REFUSED = 6,        /* g: a source node. What part() or arrived() took of its range
+				      * was checked later (a mover that reads the headers
+				      * asynchronously) and refused: st as those ops would have
+				      * answered (RW_ERR_PROTO: the source is at fault), the sentence
+				      * in the daemon's log */
+	RW_MV_OP_ALL = 255,          /* a device faulted: every pending op of every pair failed */
+} rw_svc_mover_op_t;
+typedef void (*rw_svc_mover_done_fn)(void *ctx, uint32_t serial, rw_svc_mover_op_t op,
+				     uint32_t g, rw_status_t st);
+
+/* Every operation runs on the loop thread. A `why` buffer (RW_SVC_WHY_MAX) gets a sentence
+ * naming what failed whenever an operation returns an error; the error tells the executor the
+ * blast radius: RW_ERR_PROTO = the peer that sent the range is at fault (the executor drops
+ * it), RW_ERR_SUB_SPACE = a rank's output is too small, RW_ERR_DEVICE = a copy to or from a
+ * rank's GPU failed, RW_ERR_NOMEM. A mover never fails or frees a pair itself. */
+#define RW_SVC_WHY_MAX 160
+typedef struct rw_svc_mover_ops {
+	const char *name;
+	/* Per daemon: create the mover on `loop`; done() reports asynchronous completions. */
+	rw_status_t (*create)(struct ev_loop *loop, rw_svc_mover_done_fn done, void *ctx,
+			      void **mover_p);
+	/* Waits for everything in flight (no report follows), then frees. */
+	void (*destroy)(void *mover);
+	/* 1 when this mover can carry a pair whose ranks gave these buffers (kind's io). The
+	 * executor asks its movers in order at the first submission and keeps the first that says
+	 * yes for the whole pair; the host mover says yes to everything. */
+	int (*accepts)(void *mover, const rw_svc_phase_t *ph, int kind, uint32_t g);
+	/* Per pair: private state, freed by close(). */
+	rw_status_t (*open)(void *mover, const rw_svc_phase_t *ph, void **state_p);
+	/* Make rank g's `kind` inputs readable. *pending_p = 0: done now; 1: report
+	 * RW_MV_OP_STAGE_D/C follows. */
+	rw_status_t (*stage)(void *mover, void *state, rw_svc_phase_t *ph, int kind, uint32_t g,
+			     int *pending_p, char *why);
+	/* The decision is known (ph->layout ...): size the outputs and forwarding tables. */
+	rw_status_t (*plan)(void *mover, void *state, const rw_svc_phase_t *ph, char *why);
+	/* Write the slabs of `kind` for destination d into ph->send_area (every rail), each record
+	 * at its (egress rail, slot). Called once per (kind, d), just before d's wave is posted.
+	 * With ph->pack_waits set, RW_ERR_AGAIN (why empty) means the bytes are being written
+	 * asynchronously: post nothing for d yet; an RW_MV_OP_PACKED report follows, and pack() is
+	 * called again for (kind, d). Without it, pack() blocks until the bytes are there. */
+	rw_status_t (*pack)(void *mover, void *state, const rw_svc_phase_t *ph, int kind, uint32_t d,
+			    char *why);
+	/* Optional (NULL: a slab pack() answered RW_OK for is whole). After pack(kind, d) answered
+	 * RW_OK: how many bytes from the start of d's slab on `rail` are written and may be posted
+	 * (a mover still writing the rest in pieces; UINT64_MAX: all). `want`: the bytes the
+	 * executor would post up to; when the answer is less, an RW_MV_OP_PACKED report follows
+	 * once more is written (and none when the executor did not have to wait). */
+	uint64_t (*ready)(void *mover, void *state, const rw_svc_phase_t *ph, int kind, uint32_t d,
+			  uint32_t rail, uint64_t want);
+	/* Every byte of `kind` from `src` on `rail` is in ph->recv_area: dispatch forwards each
+	 * record to the local ranks hosting its experts; combine adds each row into its owner
+	 * token's sum. Validates every record header (RW_ERR_PROTO names the slot), now or, where
+	 * the headers must first be read from a GPU slab, once they are: then a bad record comes
+	 * as an RW_MV_OP_REFUSED report, and finish() waits for every such check. */
+	rw_status_t (*arrived)(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
+			       uint32_t src, uint32_t rail, char *why);
+	/* Optional (NULL: arrived() only). The first `upto` records of `kind` from `src` on `rail`
+	 * are in ph->recv_area and the range is not complete yet: the mover may forward or reduce
+	 * them now, so that its work overlaps the rest of the transfer. (A range is written from
+	 * its start in posting order on one connection, and rdma/rail.h's rules 1-2 put every
+	 * earlier write's bytes in place by an arrival, so what has arrived is a prefix.) Called
+	 * as upto grows; arrived() still follows for the whole range and does the rest. The same
+	 * validation as arrived(). */
+	rw_status_t (*part)(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
+			    uint32_t src, uint32_t rail, uint32_t upto, char *why);
+	/* The local-node records of `kind`: at most `budget` records per call, resumable;
+	 * *done_p = 1 once all are done. */
+	rw_status_t (*local)(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
+			     uint32_t budget, int *done_p, char *why);
+	/* Every byte of `kind` is here: write the ranks' outputs. *pending_p = reports of
+	 * RW_MV_OP_FINISH still to come (0: written now). */
+	rw_status_t (*finish)(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
+			      uint32_t *pending_p, char *why);
+	/* Rank g's dispatch result: rows written and per-expert counts ([n_experts]). */
+	void (*result)(void *state, uint32_t g, uint32_t *recv_rows_p, const uint32_t **counts_p);
+	/* The pair failed: return only once nothing of this mover touches the ranks' memory for
+	 * this pair any more (reports may still follow; the executor ignores them). */
+	void (*quiesce)(void *mover, void *state);
+	void (*close)(void *mover, void *state);
+	/* Optional (NULL: the executor counts on the host, rw_sched_count_step in idle slices).
+	 * Called once per pair, when every local rank's dispatch stage() has been called (some may
+	 * still be pending): write the node's count row — row[d * R + r], rw_sched_count's, every
+	 * local rank at its native rail — into `row` (N*R, the executor's; valid until close).
+	 * *pending_p = 0: written now; 1: an RW_MV_OP_COUNTED report follows. RW_ERR_UNSUPPORTED
+	 * (why empty): this pair is counted on the host. RW_ERR_SUB_TOKENS, now or in the report:
+	 * a rank's top-k ids hold an id outside [0, E) other than -1; *bad_p (the report's g) is
+	 * the lowest such local rank, as the host count pass names it. The count needs only the
+	 * ids on the GPU: the host copy stage() makes of them is not waited for. */
+	rw_status_t (*count)(void *mover, void *state, const rw_svc_phase_t *ph, uint32_t *row,
+			     int *pending_p, uint32_t *bad_p, char *why);
+} rw_svc_mover_ops_t;
+
+extern const rw_svc_mover_ops_t rw_svc_mover_host;
+
+/* For movers (service/mover/mover_slab.c), with slabs on a GPU (ph->slab_dev): the byte range of
+ * `kind`'s slab for peer `peer` on `rail` in its area, sent (send 1: peer is the destination) or
+ * received (peer is the source); copy d's send slabs of every rail from the shadow to the GPU;
+ * flush and copy the received range from src on rail into the shadow. RW_ERR_DEVICE with why. */
+void rw_svc_slab_range(const rw_svc_phase_t *ph, int kind, int send, uint32_t peer, uint32_t rail,
+		       uint64_t *off_p, uint64_t *len_p);
+rw_status_t rw_svc_slab_push(const rw_svc_phase_t *ph, int kind, uint32_t d, char *why);
+rw_status_t rw_svc_slab_pull(const rw_svc_phase_t *ph, int kind, uint32_t src, uint32_t rail,
+			     char *why);
+
+/* For movers (service/mover/mover_rec.c): check an arrived dispatch record in `slot` of src's range on
+ * `rail` (tag, source, owner) and read its header and top-k. RW_ERR_PROTO, with why naming the
+ * slot, when the header is wrong or no expert of the record lives on this node. */
+struct rw_wire_rec_hdr;
+rw_status_t rw_svc_mover_rec_read(const rw_svc_phase_t *ph, const uint8_t *rec, uint32_t src,
+				  uint32_t rail, uint32_t slot, struct rw_wire_rec_hdr *h_p,
+				  int32_t *ids, float *weights, char *why);
+/* The metadata entry of a row forwarded to local rank g (docs/dataflow.md "Dispatch output"),
+ * and its experts on g counted into expert_counts[E]. */
+void rw_svc_mover_meta_put(const rw_svc_phase_t *ph, uint8_t *meta, uint32_t src_node,
+			   uint32_t src_rank, uint32_t token, const int32_t *ids, const float *weights,
+			   uint32_t g, uint32_t *expert_counts);
+/* Kernels on the ranks' GPUs (service/mover/mover_cuda.c): takes a pair whose first submission gives
+ * CUDA memory on a device with kernels, declines every other. */
+extern const rw_svc_mover_ops_t rw_svc_mover_cuda;
+
+#endif /* RW_SVC_MOVER_H */

@@ -1,0 +1,662 @@
+/* The CUDA data mover (service/mover/mover.h; docs/dataflow.md "CUDA buffers"): for pairs whose ranks
+ * gave CUDA memory, kernels on the daemon's own stream per device move every payload byte —
+ * token rows into the send slabs, arrived rows into the ranks' outputs, combine rows summed into
+ * the return slabs and into the owners' fp32 sums — and the loop's CPU only writes record
+ * headers, metadata and the row lists the kernels follow. The slabs are the mesh's host memory,
+ * registered and mapped into the GPUs, so kernels read and write them directly (no staging
+ * copy). Completions come back as stream marks on an eventfd watched by the loop. The arithmetic
+ * is the host mover's (service/mover/mover_host.c, service/phase/forward.c): fp32 sums in the same order,
+ * bf16 rounded by the same formula. RAILWAVE_CUDA_MOVER=0 turns it off, =check verifies every
+ * row it copies (docs/dataflow.md "Test hooks"). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "service/mover/mover_cuda_int.h"
+
+/* ---- streams ---------------------------------------------------------------------------------- */
+
+static void finish_run(cm_pair_t *cp);
+
+/* The oldest pull of `dev` is done: its headers are in the shadow. Checked and taken as a range
+ * arriving on a host-memory rail is; a bad one is said in the log and reported (the executor
+ * blames its source). Then a finish() that waited for the pulls runs. A report may end the pair:
+ * cp is not touched after one. */
+static void slab_pulled(cm_pair_t *cp, int dev)
+{
+	const rw_svc_phase_t *ph = cp->ph;
+	uint32_t i = dev >= 0 && dev < CM_DEVICES ? cp->pull_next[dev] : cp->n_pulls;
+	while (i < cp->n_pulls && cp->pulls[i].dev != dev)
+		i++;
+	if (i == cp->n_pulls)
+		return;
+	cp->pull_next[dev] = i + 1;
+	const cm_pull_t pl = cp->pulls[i];
+	cp->pulls_left--;
+	char why[RW_SVC_WHY_MAX];
+	rw_status_t st = pl.kind ? cm_combine_take(cp, ph, pl.src, pl.rail, pl.upto, why)
+				 : cm_forward_take(cp, ph, pl.src, pl.rail, pl.upto, why);
+	if (st != RW_OK) {
+		rw_warn("cuda mover: pair %u: %s", cp->serial, why);
+		cp->m->done(cp->m->ctx, cp->serial, RW_MV_OP_REFUSED, pl.src, st);
+		return;
+	}
+	if (!cp->pulls_left && cp->fin_wait)
+		finish_run(cp); /* may report */
+}
+
+/* A mark completed: route it to its pair. Host-memory ranks' outputs are copied out of their
+ * pinned staging here, once the kernels that wrote it are done. */
+static void mark_done(cuda_mover_t *m, uint64_t token)
+{
+	uint32_t serial = (uint32_t)(token >> 32), op = (uint32_t)(token >> 8) & 0xffu,
+		 g = (uint32_t)token & 0xffu;
+	cm_pair_t *cp = cm_pair_find(m, serial);
+	if (!cp || !cp->pending || g >= RW_MAX_GPUS)
+		return; /* a pair that ended meanwhile (it waited for its work then) */
+	cp->pending--;
+	if (op == OP_STAGE_D) {
+		if (cp->marks_d[g] && --cp->marks_d[g] == 0)
+			m->done(m->ctx, serial, RW_MV_OP_STAGE_D, g, RW_OK);
+	} else if (op == OP_PACK) {
+		/* A piece of the dispatch slabs is in on device g: the CPU writes its headers (never
+		 * while a kernel writes the same cache lines), and a waiting executor posts it. */
+		if (cp->marks_pk) {
+			cp->marks_pk--;
+			cm_pack_piece_done(cp, (int)g); /* may report: cp untouched after */
+		}
+	} else if (op == OP_COUNT) {
+		cm_count_done(cp); /* mover_cuda_count.c */
+	} else if (op == OP_PULL) {
+		slab_pulled(cp, (int)g); /* may report: cp untouched after */
+	} else if (op == OP_STAGE_C) {
+		if (cp->marks_c && --cp->marks_c == 0) {
+			cm_combine_headers(cp, cp->ph, 0); /* host-memory rails' (mover_cuda_slab.c) */
+			/* A report may end the pair: nothing of cp is touched after the first. */
+			const uint32_t gpus = cp->gpus;
+			for (uint32_t r = 0; r < gpus; r++)
+				m->done(m->ctx, serial, RW_MV_OP_STAGE_C, r, RW_OK);
+		}
+	} else {
+		int kind = op == OP_FLUSH_C;
+		if (cp->ph->io[kind][g].out.dev < 0)
+			cm_host_copy_out(cp, cp->ph, kind, g);
+		m->done(m->ctx, serial, RW_MV_OP_FINISH, g, RW_OK);
+	}
+}
+
+static void dev_io_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	(void)loop, (void)revents;
+	cm_dev_t *d = w->data;
+	cuda_mover_t *m = d->m;
+	uint64_t tokens[CM_POLL_BATCH];
+	for (;;) {
+		if (!d->stream)
+			return;
+		int n = rw_cuda_stream_poll(d->stream, tokens, CM_POLL_BATCH);
+		if (n < 0) {
+			/* A faulted stream never completes its marks: every pending op fails. */
+			rw_err("cuda mover: stream of device %d failed: %s", rw_cuda_stream_device(d->stream),
+			       rw_status_str((rw_status_t)n));
+			cm_dev_drop(m, d);
+			for (cm_pair_t *cp = m->pairs; cp; cp = cp->next) {
+				cp->pending = cp->marks_c = cp->marks_pk = 0;
+				cp->pulls_left = 0;
+				cp->fin_wait = 0;
+				memset(cp->marks_d, 0, sizeof(cp->marks_d));
+			}
+			m->done(m->ctx, 0, RW_MV_OP_ALL, 0, (rw_status_t)n);
+			return;
+		}
+		for (int i = 0; i < n; i++)
+			mark_done(m, tokens[i]);
+		if (n < CM_POLL_BATCH)
+			return;
+	}
+}
+
+/* ---- pools: mapped slab areas, device blocks, pinned row lists ---------------------------------- */
+
+/* ---- the ops ----------------------------------------------------------------------------------- */
+
+static rw_status_t cm_create(struct ev_loop *loop, rw_svc_mover_done_fn done, void *ctx,
+			     void **mover_p)
+{
+	cuda_mover_t *m = calloc(1, sizeof(*m));
+	if (!m)
+		return RW_ERR_NOMEM;
+	m->loop = loop;
+	m->io_cb = dev_io_cb;
+	m->done = done;
+	m->ctx = ctx;
+	const char *e = getenv("RAILWAVE_CUDA_MOVER");
+	if (e && strcmp(e, "0") == 0) {
+		m->off = 1;
+		rw_warn("test hook RAILWAVE_CUDA_MOVER=0: the CUDA mover is off; the host mover stages "
+			"CUDA ranks through pinned host memory");
+	} else if (e && strcmp(e, "check") == 0) {
+		m->check = 1;
+		rw_warn("test hook RAILWAVE_CUDA_MOVER=check: every row the CUDA mover's kernels copy is "
+			"read back and compared (slow: bring-up only)");
+	}
+	*mover_p = m;
+	return RW_OK;
+}
+
+static void cm_destroy(void *mover)
+{
+	cuda_mover_t *m = mover;
+	for (int d = 0; d < CM_DEVICES; d++) {
+		cm_dev_drop(m, &m->pull[d]);
+		cm_dev_drop(m, &m->dev[d]);
+	}
+	for (int i = 0; i < CM_BLOCKS; i++)
+		if (m->blk[i].ptr)
+			rw_cuda_mem_free(m->blk[i].dev, m->blk[i].ptr);
+	for (int i = 0; i < CM_TABS; i++)
+		rw_svc_pinned_free(&m->tabs[i].buf);
+	for (uint32_t i = 0; i < m->n_reg; i++)
+		rw_cuda_host_unregister(m->reg[i].base);
+	/* No rw_cuda_shutdown() here: the host mover (destroyed after us) may still hold streams
+	 * and the ranks' pinned staging in the same primary contexts; its stage releases them. */
+	free(m);
+}
+
+/* A pair is ours when its first submission gave CUDA memory on a device with kernels; once
+ * ours, every later rank of it is (host-memory ranks too). */
+static int cm_accepts(void *mover, const rw_svc_phase_t *ph, int kind, uint32_t g)
+{
+	cuda_mover_t *m = mover;
+	if (cm_pair_find(m, ph->serial))
+		return 1;
+	if (m->off)
+		return 0;
+	const rw_svc_rank_io_t *io = &ph->io[kind][g];
+	for (int i = 0; i < 4; i++) {
+		const rw_svc_span_mem_t *s = i < 3 ? &io->in[i] : &io->out;
+		if (s->dev >= 0)
+			return cm_dev_kernels(m, s->dev);
+	}
+	return 0;
+}
+
+static rw_status_t cm_open(void *mover, const rw_svc_phase_t *ph, void **state_p)
+{
+	cuda_mover_t *m = mover;
+	cm_pair_t *cp = calloc(1, sizeof(*cp));
+	if (!cp)
+		return RW_ERR_NOMEM;
+	cp->m = m;
+	cp->serial = ph->serial;
+	cp->gpus = ph->gpus;
+	cp->ph = ph;
+	cp->home = -1;
+	cp->tab = -1;
+	for (uint32_t g = 0; g < RW_MAX_GPUS; g++)
+		cp->acc_blk[g] = -1;
+	for (uint32_t g = 0; g < ph->gpus && cp->home < 0; g++)
+		for (int i = 0; i < 4 && cp->home < 0; i++) {
+			const rw_svc_span_mem_t *s = i < 3 ? &ph->io[0][g].in[i] : &ph->io[0][g].out;
+			if (s->dev >= 0 && s->dev < CM_DEVICES)
+				cp->home = s->dev;
+		}
+	if (cp->home < 0)
+		cp->home = 0;
+	cp->next = m->pairs;
+	m->pairs = cp;
+	*state_p = cp;
+	return RW_OK;
+}
+
+static void cm_quiesce(void *mover, void *state)
+{
+	(void)mover;
+	cm_pair_t *cp = state;
+	if (cp->pending || cp->dirty) {
+		/* Kernels or copies touching ranks' memory (or pooled blocks) may still run: wait
+		 * (failure path; on success every device's last work is marked and done). */
+		cm_pair_sync(cp);
+		cp->pending = cp->marks_c = cp->marks_pk = 0;
+		memset(cp->marks_d, 0, sizeof(cp->marks_d));
+	}
+	cp->pulls_left = 0; /* what a pull brought is not taken any more */
+	cp->fin_wait = 0;
+}
+
+static void cm_close(void *mover, void *state)
+{
+	cuda_mover_t *m = mover;
+	cm_pair_t *cp = state;
+	cm_quiesce(mover, state);
+	for (cm_pair_t **pp = &m->pairs; *pp; pp = &(*pp)->next)
+		if (*pp == cp) {
+			*pp = cp->next;
+			break;
+		}
+	for (uint32_t g = 0; g < RW_MAX_GPUS; g++)
+		if (cp->acc_blk[g] >= 0)
+			m->blk[cp->acc_blk[g]].busy = 0;
+	if (cp->tab >= 0)
+		m->tabs[cp->tab].busy = 0;
+	cm_count_release(cp);
+	rw_arena_free(&cp->mem);
+	free(cp);
+}
+
+/* ---- inputs --------------------------------------------------------------------------------- */
+
+/* Stream order (docs/cuda.md "Stream-ordered submission"): no stream may read a rank's inputs
+ * before its event. Any device's stream may read them (the pack, the local forwards, the combine
+ * sums run on the stream of the device that writes each destination rank), and those devices
+ * are the pair's ranks' and its home: at each stage, every device seen so far waits on the event
+ * of every rank staged so far that it has not waited on yet. Kernels start only once every rank
+ * is staged (the plan, the combine launch), so by then every stream they use waits on every
+ * event. Waits are enqueued, never blocking the loop. */
+static rw_status_t cm_wait_events(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind, uint32_t g,
+				  char *why)
+{
+	uint32_t devs = 1u << cp->home, any = 0;
+	for (uint32_t r = 0; r < ph->gpus; r++) {
+		const rw_svc_rank_io_t *io = &ph->io[kind][r];
+		any |= io->wait_ev != NULL;
+		for (int i = 0; i < 4; i++) {
+			const rw_svc_span_mem_t *s = i < 3 ? &io->in[i] : &io->out;
+			if (s->buf != 0 && s->buf != RW_BUF_NONE && s->dev >= 0 && s->dev < CM_DEVICES)
+				devs |= 1u << s->dev;
+		}
+	}
+	if (!any)
+		return RW_OK;
+	for (uint32_t r = 0; r < ph->gpus; r++) {
+		const rw_svc_rank_io_t *io = &ph->io[kind][r];
+		if (!io->wait_ev || (r != g && !cp->ev_waited[kind][r]))
+			continue; /* no event, or not staged yet (its own stage waits) */
+		for (int d = 0; d < CM_DEVICES; d++) {
+			if (!(devs & ~cp->ev_waited[kind][r] & (1u << d)))
+				continue;
+			rw_cuda_stream_t *s;
+			rw_status_t st = cm_pair_stream(cp, d, &s);
+			if (st == RW_OK)
+				st = rw_cuda_stream_wait_event(s, io->wait_ev);
+			if (st != RW_OK) {
+				snprintf(why, RW_SVC_WHY_MAX, "cannot make GPU %d wait for local rank %u's "
+					 "event: %s", d, r, rw_status_str(st));
+				return RW_ERR_DEVICE;
+			}
+			cp->ev_waited[kind][r] |= 1u << d;
+		}
+	}
+	return RW_OK;
+}
+
+/* Kernels on one device read other local ranks' rows on theirs (forwards of local-node records,
+ * combine sums over several ranks' rows, docs/cuda.md "Several GPUs"): every two devices in
+ * `used` get peer access both ways, once per mover. Two GPUs without a peer path fail the pair
+ * with both named (staging such rows through the host is not built). */
+static rw_status_t cm_peer_reach(cuda_mover_t *m, uint32_t used, char *why)
+{
+	for (int a = 0; a < CM_DEVICES; a++)
+		for (int b = 0; b < CM_DEVICES; b++) {
+			if (a == b || !(used >> a & 1) || !(used >> b & 1) || (m->peer_ok[a] >> b & 1))
+				continue;
+			rw_status_t st = rw_cuda_peer_enable(a, b);
+			if (st != RW_OK) {
+				snprintf(why, RW_SVC_WHY_MAX, "GPU %d cannot reach GPU %d's memory (peer "
+					 "access: %s): local ranks on these GPUs need a peer path", a, b,
+					 rw_status_str(st));
+				return RW_ERR_DEVICE;
+			}
+			m->peer_ok[a] |= 1u << b;
+			rw_info("cuda mover: GPU %d reads and writes GPU %d's memory (peer access on)", a, b);
+		}
+	return RW_OK;
+}
+
+/* The devices of a rank's spans of one kind. */
+static uint32_t cm_span_devs(const rw_svc_rank_io_t *io)
+{
+	uint32_t used = 0;
+	for (int i = 0; i < 3; i++)
+		if (io->in[i].dev >= 0 && io->in[i].dev < CM_DEVICES)
+			used |= 1u << io->in[i].dev;
+	if (io->out.dev >= 0 && io->out.dev < CM_DEVICES)
+		used |= 1u << io->out.dev;
+	return used;
+}
+
+static rw_status_t cm_stage(void *mover, void *state, rw_svc_phase_t *ph, int kind, uint32_t g,
+			    int *pending_p, char *why)
+{
+	cm_pair_t *cp = state;
+	if (kind == 1 && (cm_span_devs(&ph->io[1][g]) & ~cp->reach)) {
+		/* combine rows on a device the dispatch did not use: it and the pair's reach
+		 * each other too */
+		uint32_t used = cp->reach | cm_span_devs(&ph->io[1][g]);
+		rw_status_t pst = cm_peer_reach(mover, used, why);
+		if (pst != RW_OK)
+			return pst;
+		cp->reach = used;
+	}
+	rw_status_t st = cm_wait_events(state, ph, kind, g, why);
+	if (st != RW_OK)
+		return st;
+	return kind == 0 ? cm_stage_dispatch(state, ph, g, pending_p, why)
+			 : cm_stage_combine(state, ph, g, pending_p, why);
+}
+
+/* ---- row lists -------------------------------------------------------------------------------- */
+
+/* ---- plan ------------------------------------------------------------------------------------- */
+
+/* Outputs, forwarding tables, owner sums (zeroed on the GPU), the mapped slabs and the row
+ * lists; then the dispatch slabs' kernels start (their marks complete the pack). */
+static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, char *why)
+{
+	cuda_mover_t *m = mover;
+	cm_pair_t *cp = state;
+	const uint32_t G = ph->gpus;
+	if (!m->said_pack) {
+		m->said_pack = 1;
+		if (ph->pack_waits)
+			rw_info("cuda mover: the dispatch pack is asynchronous (the executor posts on the "
+				"kernels' completion report)");
+		else
+			rw_warn("cuda mover: the executor cannot wait for a pack report: the first dispatch "
+				"pack of each pair blocks the loop until its kernels are done");
+	}
+	rw_status_t st = cm_map_areas(m, cp, ph, why);
+	if (st != RW_OK)
+		return st;
+	uint32_t n_local = 0;
+	for (uint32_t g = 0; g < G; g++)
+		for (uint32_t t = 0; t < ph->rt[g].n_tokens; t++)
+			n_local += rw_svc_phase_fwd_mask(ph, ph->rt[g].expert_ids + (size_t)t * ph->topk) != 0;
+	cp->n_local = n_local;
+	cp->n_total = ph->n_in + n_local;
+	const uint32_t n_rec = ph->row_off[(size_t)ph->nodes * ph->rails];
+	cp->local_ref = rw_arena_alloc(&cp->mem, 2 * (size_t)n_local + 1, sizeof(uint32_t));
+	cp->contrib = rw_arena_alloc(&cp->mem, (size_t)cp->n_total * G + 1, sizeof(uint32_t));
+	for (int k = 0; k < 2; k++)
+		cp->rx_done[k] = rw_arena_alloc(&cp->mem, (size_t)ph->nodes * ph->rails, sizeof(uint32_t));
+	int oom = !cp->local_ref || !cp->contrib || !cp->rx_done[0] || !cp->rx_done[1];
+	/* Which device writes each rank's memory: its output's, else its inputs', else home. */
+	uint32_t ranks_on[CM_DEVICES] = { 0 }, recs_on[CM_DEVICES] = { 0 }, local_on[CM_DEVICES] = { 0 };
+	for (uint32_t g = 0; g < G; g++) {
+		const rw_svc_rank_io_t *io = &ph->io[0][g];
+		int d = io->out.dev >= 0 ? io->out.dev : io->in[0].dev >= 0 ? io->in[0].dev : cp->home;
+		if (d >= CM_DEVICES) {
+			snprintf(why, RW_SVC_WHY_MAX, "local rank %u is on GPU %d (at most %d)", g, d,
+				 CM_DEVICES - 1);
+			return RW_ERR_DEVICE;
+		}
+		cp->xdev[g] = d;
+		ranks_on[d]++;
+	}
+	uint32_t used = 0;
+	for (uint32_t g = 0; g < G; g++)
+		used |= 1u << cp->xdev[g] | cm_span_devs(&ph->io[0][g]);
+	used |= cm_slab_devs(ph); /* kernels write and read the slabs on a GPU too */
+	if ((st = cm_peer_reach(m, used, why)) != RW_OK)
+		return st;
+	cp->reach = used;
+	for (uint32_t i = 0; i < n_rec; i++)
+		recs_on[cp->xdev[ph->rec[i].rank]]++;
+	for (uint32_t g = 0; g < G && !oom; g++) {
+		const rw_svc_rank_io_t *io = &ph->io[0][g];
+		rw_svc_out_layout_t *o = &cp->out[g];
+		rw_svc_out_layout(io->out_cap, ph->n_experts, ph->topk, ph->row_bytes,
+				  RW_CQE_INLINE_COUNTS, o);
+		const uint64_t n_max = RW_MIN((uint64_t)cp->n_total, o->rows_cap);
+		const int host = io->out.dev < 0;
+		/* Counts and metadata are written by the CPU into the rank's pinned staging (and
+		 * copied up at the end); rows go straight to a CUDA output, or through the staging
+		 * of a host-memory one (in 64-byte aligned pieces: the CPU and the GPU never write
+		 * one cache line). */
+		const uint64_t rows_at = (o->rows_off + 63) & ~(uint64_t)63;
+		const uint64_t meta_at = host ? (rows_at + n_max * ph->row_bytes + 63) & ~(uint64_t)63 : rows_at;
+		uint64_t bytes = meta_at + n_max * o->meta_bytes;
+		rw_svc_pinned_t *so = ph->stage_out[g];
+		if (rw_svc_pinned_reserve(so, RW_MAX(bytes, 64u)) != RW_OK) {
+			oom = 1;
+			break;
+		}
+		cp->counts_st[g] = so->ptr;
+		cp->rows_st[g] = (uint8_t *)so->ptr + rows_at;
+		cp->meta_st[g] = (uint8_t *)so->ptr + meta_at;
+		cp->rows_d[g] = host ? cm_hptr(cp->rows_st[g]) : io->out.dptr + o->rows_off;
+		cp->fwd_ref[g] = rw_arena_alloc(&cp->mem, n_max + 1, sizeof(uint32_t));
+		cp->expert_counts[g] = rw_arena_alloc(&cp->mem, ph->n_experts, sizeof(uint32_t));
+		oom |= !cp->fwd_ref[g] || !cp->expert_counts[g];
+		const uint64_t acc_bytes = (uint64_t)ph->rt[g].n_tokens * ph->hidden * 4;
+		if (!oom && acc_bytes) {
+			rw_cuda_stream_t *s;
+			cp->acc_blk[g] = cm_blk_take(m, cp->xdev[g], acc_bytes);
+			if (cp->acc_blk[g] < 0) {
+				snprintf(why, RW_SVC_WHY_MAX, "out of GPU %d memory for local rank %u's "
+					 "combine sums", cp->xdev[g], g);
+				return RW_ERR_NOMEM;
+			}
+			cp->acc[g] = m->blk[cp->acc_blk[g]].ptr;
+			st = cm_pair_stream(cp, cp->xdev[g], &s);
+			if (st == RW_OK)
+				st = rw_cuda_memset_async(s, cp->acc[g], 0, acc_bytes);
+			if (st != RW_OK) {
+				snprintf(why, RW_SVC_WHY_MAX, "cannot clear local rank %u's combine sums: %s",
+					 g, rw_status_str(st));
+				return RW_ERR_DEVICE;
+			}
+		}
+	}
+	if (oom) {
+		snprintf(why, RW_SVC_WHY_MAX, "out of memory");
+		return RW_ERR_NOMEM;
+	}
+	n_local = 0;
+	for (uint32_t g = 0; g < G; g++)
+		for (uint32_t t = 0; t < ph->rt[g].n_tokens; t++)
+			if (rw_svc_phase_fwd_mask(ph, ph->rt[g].expert_ids + (size_t)t * ph->topk)) {
+				cp->local_ref[2 * n_local] = g;
+				cp->local_ref[2 * n_local + 1] = t;
+				local_on[cp->xdev[g]]++;
+				n_local++;
+			}
+	size_t bytes = 0;
+	cm_lists_carve(cp, ph, NULL, &bytes, ranks_on, recs_on, local_on);
+	for (int i = 0; i < CM_TABS && cp->tab < 0; i++)
+		if (!m->tabs[i].busy && rw_svc_pinned_reserve(&m->tabs[i].buf, RW_MAX(bytes, 64u)) == RW_OK) {
+			m->tabs[i].busy = 1;
+			cp->tab = i;
+		}
+	if (cp->tab < 0) {
+		snprintf(why, RW_SVC_WHY_MAX, "out of pinned memory for the row lists");
+		return RW_ERR_NOMEM;
+	}
+	bytes = 0;
+	cm_lists_carve(cp, ph, m->tabs[cp->tab].buf.ptr, &bytes, ranks_on, recs_on, local_on);
+	return cm_dispatch_pack_launch(cp, ph, why);
+}
+
+/* ---- dispatch ------------------------------------------------------------------------------- */
+
+/* ---- combine -------------------------------------------------------------------------------- */
+
+/* ---- the ops -------------------------------------------------------------------------------- */
+
+/* The slabs were written ahead (dispatch: kernels launched at plan in pieces, each piece's
+ * headers written when its marks complete; combine: with the ranks' staging), but a write may be
+ * posted only once its bytes are there. An executor that waits for reports (ph->pack_waits)
+ * posts what ready() offers and gets an RW_MV_OP_PACKED report as each further piece is in: the
+ * loop never blocks. One that does not is served the old way: the first dispatch pack waits for
+ * every kernel here. */
+static rw_status_t cm_pack(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
+			   uint32_t d, char *why)
+{
+	(void)mover, (void)d;
+	cm_pair_t *cp = state;
+	if (kind != 0 || cp->packed || ph->pack_waits)
+		return RW_OK;
+	rw_status_t st = cm_pair_sync(cp);
+	if (st != RW_OK) {
+		snprintf(why, RW_SVC_WHY_MAX, "the dispatch pack kernels failed: %s", rw_status_str(st));
+		return RW_ERR_DEVICE;
+	}
+	cm_pack_all_done(cp);
+	return RW_OK;
+}
+
+/* Bytes of d's dispatch slab on `rail` whose pieces are in; an executor that wants more is
+ * owed an RW_MV_OP_PACKED report. */
+static uint64_t cm_ready(void *mover, void *state, const rw_svc_phase_t *ph, int kind, uint32_t d,
+			 uint32_t rail, uint64_t want)
+{
+	(void)mover;
+	cm_pair_t *cp = state;
+	if (kind != 0 || cp->packed)
+		return UINT64_MAX;
+	const uint64_t have = cp->pk_ready[d * ph->rails + rail];
+	if (have < want)
+		cp->pk_waiting = 1;
+	return have;
+}
+
+/* A range as it arrives (part) and once complete (arrived): its records from where the last
+ * call stopped, so the CPU's header pass and the kernels run while the rest is on the wire. */
+static rw_status_t cm_part(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
+			   uint32_t src, uint32_t rail, uint32_t upto, char *why)
+{
+	(void)mover;
+	return kind == 0 ? cm_forward_range(state, ph, src, rail, upto, why)
+			 : cm_combine_range(state, ph, src, rail, upto, why);
+}
+
+static rw_status_t cm_arrived(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
+			      uint32_t src, uint32_t rail, char *why)
+{
+	return cm_part(mover, state, ph, kind, src, rail, UINT32_MAX, why);
+}
+
+static rw_status_t cm_local(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
+			    uint32_t budget, int *done_p, char *why)
+{
+	(void)mover;
+	cm_pair_t *cp = state;
+	if (cp->local_kind != kind + 1) {
+		cp->local_kind = kind + 1;
+		cp->bg_i = 0;
+	}
+	if (kind == 0)
+		return cm_forward_local(cp, ph, budget, done_p, why);
+	*done_p = 1; /* folded with the combine's staging (cm_combine_launch) */
+	return RW_OK;
+}
+
+/* Every rank's results of `kind` written behind what the pair's kernels do, a mark each. */
+static rw_status_t finish_marks(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind,
+				uint32_t *pending_p, char *why)
+{
+	uint32_t pending = 0;
+	if (cp->m->check && kind == 0)
+		for (int d = 0; d < CM_DEVICES; d++)
+			if (cp->fwd[d].n)
+				cm_check_copies(cp, ph, &cp->fwd[d], d, 0, cp->fwd[d].n, "forward (at finish)");
+	for (uint32_t g = 0; g < ph->gpus; g++) {
+		const rw_svc_rank_io_t *io = &ph->io[kind][g];
+		const int dev = cp->xdev[g];
+		rw_cuda_stream_t *s;
+		rw_status_t st = cm_pair_stream(cp, dev, &s);
+		if (kind == 0 && st == RW_OK) {
+			const rw_svc_out_layout_t *o = &cp->out[g];
+			uint64_t counts = ph->n_experts > RW_CQE_INLINE_COUNTS ? 4ull * ph->n_experts : 0;
+			if (counts)
+				memcpy(cp->counts_st[g], cp->expert_counts[g], counts);
+			if (io->out.dev >= 0) {
+				st = counts ? rw_cuda_copy_htod_async(s, io->out.dptr + o->counts_off,
+								      cp->counts_st[g], counts) : RW_OK;
+				if (st == RW_OK && cp->fwd_n[g])
+					st = rw_cuda_copy_htod_async(s, io->out.dptr + o->meta_off, cp->meta_st[g],
+								     (uint64_t)cp->fwd_n[g] * o->meta_bytes);
+			}
+		} else if (st == RW_OK && ph->rt[g].n_tokens) {
+			const uint64_t n = ph->rt[g].n_tokens;
+			rw_cuda_dptr_t dst = io->out.dptr;
+			if (io->out.dev < 0) {
+				st = rw_svc_pinned_reserve(ph->stage_out[g], n * ph->row_bytes);
+				dst = cm_hptr(ph->stage_out[g]->ptr);
+			}
+			if (st == RW_OK)
+				st = rw_cuda_store_f32(s, dst, ph->dtype == RW_WIRE_BF16 ? RW_CUDA_BF16
+											: RW_CUDA_FP32,
+						       cp->acc[g], n * ph->hidden);
+		}
+		/* Stream order: the flag after the outputs, on the stream that wrote them, before
+		 * the mark that reports them (so the CQE always follows the flag). */
+		if (st == RW_OK && io->signal)
+			st = rw_cuda_stream_write_u32(s, io->flag_dptr, io->flag_value);
+		if (st == RW_OK)
+			st = cm_pair_mark(cp, dev, kind ? OP_FLUSH_C : OP_FLUSH_D, g);
+		if (st != RW_OK) {
+			snprintf(why, RW_SVC_WHY_MAX, "cannot write local rank %u's results on GPU %d: %s",
+				 g, dev, rw_status_str(st));
+			*pending_p = pending;
+			return RW_ERR_DEVICE;
+		}
+		pending++;
+	}
+	*pending_p = pending;
+	return RW_OK;
+}
+
+/* Header pulls out of GPU slabs still in flight take their records when they are done: the
+ * results wait for them (finish_run). One RW_MV_OP_FINISH per rank follows either way. */
+static rw_status_t cm_finish(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
+			     uint32_t *pending_p, char *why)
+{
+	(void)mover;
+	cm_pair_t *cp = state;
+	if (cp->pulls_left) {
+		cp->fin_wait = 1 + kind;
+		*pending_p = ph->gpus;
+		return RW_OK;
+	}
+	return finish_marks(cp, ph, kind, pending_p, why);
+}
+
+static void finish_run(cm_pair_t *cp)
+{
+	const int kind = cp->fin_wait - 1;
+	char why[RW_SVC_WHY_MAX];
+	uint32_t pending = 0;
+	cp->fin_wait = 0;
+	if (finish_marks(cp, cp->ph, kind, &pending, why) != RW_OK) {
+		rw_warn("cuda mover: pair %u: %s", cp->serial, why);
+		cp->m->done(cp->m->ctx, cp->serial, RW_MV_OP_FINISH, 0, RW_ERR_DEVICE);
+	}
+}
+
+static void cm_result(void *state, uint32_t g, uint32_t *recv_rows_p, const uint32_t **counts_p)
+{
+	const cm_pair_t *cp = state;
+	*recv_rows_p = cp->fwd_n[g];
+	*counts_p = cp->expert_counts[g];
+}
+
+const rw_svc_mover_ops_t rw_svc_mover_cuda = {
+	.name = "cuda",
+	.create = cm_create,
+	.destroy = cm_destroy,
+	.accepts = cm_accepts,
+	.open = cm_open,
+	.stage = cm_stage,
+	.plan = cm_plan,
+	.pack = cm_pack,
+	.ready = cm_ready,
+	.arrived = cm_arrived,
+	.part = cm_part,
+	.local = cm_local,
+	.finish = cm_finish,
+	.result = cm_result,
+	.quiesce = cm_quiesce,
+	.close = cm_close,
+	.count = cm_count,
+};

@@ -1,0 +1,662 @@
+/* The host data mover (service/mover/mover.h; docs/dataflow.md "Send", "Receive and forward",
+ * "Combine", "CUDA buffers"): the loop's CPU packs slabs, forwards arrived records, folds and
+ * sums combine rows in fp32. Ranks with CUDA buffers are staged through pinned host memory by
+ * asynchronous copies on one stream per device (service/mover/stage.c); their completions come back
+ * through the loop as the mover's reports. Accepts every pair: the fallback of every daemon. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/arena.h"
+#include "cuda/rw_cuda.h"
+#include "service/mover/mover.h"
+#include "service/phase/phase.h"
+
+typedef struct host_mover host_mover_t;
+
+/* One pair's forwarding and combine state. */
+typedef struct host_pair {
+	host_mover_t *m;
+	struct host_pair *next;      /* m->pairs: open states, for the stage's reports */
+	uint32_t serial;
+	rw_arena_t mem;
+	uint32_t marks[2][RW_MAX_GPUS]; /* staging marks not yet done, per kind and rank */
+	uint32_t pending;            /* marks of any kind not yet done */
+	/* local-node records: (rank, token) of every token with an expert on this node */
+	uint32_t n_local;
+	uint32_t *local_ref;         /* [2 * n_local] */
+	int local_kind;              /* kind + 1 of the local work under way (0: none yet) */
+	uint32_t bg_g, bg_i;         /* where it resumes */
+	/* what each local rank got: fwd_ref[g][j] = the record ref of its output row j */
+	rw_svc_out_layout_t out[RW_MAX_GPUS];
+	uint8_t *counts_dst[RW_MAX_GPUS], *rows_dst[RW_MAX_GPUS], *meta_dst[RW_MAX_GPUS];
+	uint32_t *fwd_ref[RW_MAX_GPUS];
+	uint32_t fwd_n[RW_MAX_GPUS];
+	uint32_t *expert_counts[RW_MAX_GPUS];
+	float *owner_acc[RW_MAX_GPUS]; /* fp32 sums of each owner token's combine rows */
+	int acc_slot[RW_MAX_GPUS];   /* its buffer in m->sums (-1: in the arena) */
+	/* contrib[ref * G + g] = 1 + the row of received record ref in rank g's combine input
+	 * (0: not sent to g); crow: one fp32 row for summing copies. */
+	uint32_t *contrib;
+	float *crow;
+	/* stream order: rank g's flag, written with a driver call when its outputs' mark completes */
+	const rw_svc_rank_io_t *flag_io[RW_MAX_GPUS];
+	uint8_t *pack_egress;        /* rw_sched_map_rail's output for one dispatch slab */
+	uint32_t *pack_slot;
+} host_pair_t;
+
+/* Buffers of fp32 sums kept from pair to pair: a fresh calloc of megabytes per pair cost two
+ * page faults per page at the first add (zero page, then copy on write) and an munmap at close,
+ * about a fifth of the daemon's CPU in the unshaped demo (docs/perf/daemon-cpu.md). A pair
+ * holds one per local rank from plan to close; beyond HM_SUMS open at once, the arena serves. */
+#define HM_SUMS (4 * RW_MAX_GPUS)
+
+struct host_mover {
+	rw_svc_stage_t *stage;
+	rw_svc_mover_done_fn done;
+	void *ctx;
+	host_pair_t *pairs;
+	struct { float *p; size_t n; int busy; } sums[HM_SUMS];
+};
+
+/* n zeroed floats from the pool (its slot in *slot_p), or from the pair's arena (slot -1). */
+static float *sums_take(host_mover_t *m, host_pair_t *hp, size_t n, int *slot_p)
+{
+	int pick = -1;
+	for (int i = 0; i < HM_SUMS; i++) /* the smallest free buffer that fits, else any free */
+		if (!m->sums[i].busy && (pick < 0 || (m->sums[i].n >= n &&
+			(m->sums[pick].n < n || m->sums[i].n < m->sums[pick].n))))
+			pick = i;
+	*slot_p = -1;
+	if (pick < 0)
+		return rw_arena_alloc(&hp->mem, n, sizeof(float));
+	if (m->sums[pick].n < n) {
+		float *p = malloc(n * sizeof(float));
+		if (!p)
+			return NULL;
+		free(m->sums[pick].p);
+		m->sums[pick].p = p;
+		m->sums[pick].n = n;
+	}
+	m->sums[pick].busy = 1;
+	*slot_p = pick;
+	memset(m->sums[pick].p, 0, n * sizeof(float));
+	return m->sums[pick].p;
+}
+
+enum { OP_FLUSH = 2 }; /* stage token ops: kind (0, 1) for inputs, OP_FLUSH for outputs */
+
+static uint64_t stage_token(const host_pair_t *hp, uint32_t op, uint32_t g)
+{
+	return (uint64_t)hp->serial << 32 | (uint64_t)op << 8 | g;
+}
+
+/* Stream order (docs/cuda.md "Stream order on the host mover"): a CUDA rank this mover carries
+ * (RAILWAVE_CUDA_MOVER=0, or no kernels) gets its flag written from the host once the copies
+ * of its outputs are done; a failed write fails the rank's phase (the executor then writes the
+ * flag again, and posts the error). */
+static rw_status_t flag_write(const rw_svc_rank_io_t *io)
+{
+	rw_status_t st = rw_cuda_write_u32(io->flag_dev, io->flag_dptr, io->flag_value);
+	if (st != RW_OK)
+		rw_warn("host mover: cannot write a completion flag on GPU %d: %s", io->flag_dev,
+			rw_status_str(st));
+	return st;
+}
+
+/* A staging mark completed (the loop's ev_io on the stream's eventfd). */
+static void stage_done(void *ctx, uint64_t token, rw_status_t st)
+{
+	host_mover_t *m = ctx;
+	if (token == RW_SVC_STAGE_ALL) { /* a stream faulted: every pending op failed */
+		for (host_pair_t *hp = m->pairs; hp; hp = hp->next)
+			hp->pending = 0;
+		m->done(m->ctx, 0, RW_MV_OP_ALL, 0, st);
+		return;
+	}
+	uint32_t serial = (uint32_t)(token >> 32), op = (uint32_t)(token >> 8) & 0xffu,
+		 g = (uint32_t)token & 0xffu;
+	host_pair_t *hp = m->pairs;
+	while (hp && hp->serial != serial)
+		hp = hp->next;
+	if (!hp || g >= RW_MAX_GPUS || !hp->pending)
+		return; /* a pair that ended meanwhile (it waited for its copies then) */
+	hp->pending--;
+	if (op == OP_FLUSH) {
+		if (st == RW_OK && hp->flag_io[g])
+			st = flag_write(hp->flag_io[g]);
+		hp->flag_io[g] = NULL;
+		m->done(m->ctx, serial, RW_MV_OP_FINISH, g, st);
+	} else if (op < 2 && hp->marks[op][g] && --hp->marks[op][g] == 0) {
+		m->done(m->ctx, serial, op == 0 ? RW_MV_OP_STAGE_D : RW_MV_OP_STAGE_C, g, st);
+	}
+}
+
+static rw_status_t host_create(struct ev_loop *loop, rw_svc_mover_done_fn done, void *ctx,
+			       void **mover_p)
+{
+	host_mover_t *m = calloc(1, sizeof(*m));
+	if (!m)
+		return RW_ERR_NOMEM;
+	m->done = done;
+	m->ctx = ctx;
+	rw_status_t st = rw_svc_stage_create(loop, stage_done, m, &m->stage);
+	if (st != RW_OK) {
+		free(m);
+		return st;
+	}
+	*mover_p = m;
+	return RW_OK;
+}
+
+static void host_destroy(void *mover)
+{
+	host_mover_t *m = mover;
+	rw_svc_stage_destroy(m->stage); /* waits for every copy */
+	for (int i = 0; i < HM_SUMS; i++)
+		free(m->sums[i].p);
+	free(m);
+}
+
+static int host_accepts(void *mover, const rw_svc_phase_t *ph, int kind, uint32_t g)
+{
+	(void)mover, (void)ph, (void)kind, (void)g;
+	return 1;
+}
+
+static rw_status_t host_open(void *mover, const rw_svc_phase_t *ph, void **state_p)
+{
+	host_mover_t *m = mover;
+	host_pair_t *hp = calloc(1, sizeof(*hp));
+	if (!hp)
+		return RW_ERR_NOMEM;
+	hp->m = m;
+	hp->serial = ph->serial;
+	for (uint32_t g = 0; g < RW_MAX_GPUS; g++)
+		hp->acc_slot[g] = -1;
+	hp->next = m->pairs;
+	m->pairs = hp;
+	*state_p = hp;
+	return RW_OK;
+}
+
+static void host_quiesce(void *mover, void *state)
+{
+	host_mover_t *m = mover;
+	host_pair_t *hp = state;
+	if (hp->pending) {
+		/* Copies into or out of ranks' memory are still queued: wait for them (failure path
+		 * only; copies take microseconds to milliseconds), so nothing touches a rank's memory
+		 * after it got its error and may reuse or free it. */
+		rw_svc_stage_sync(m->stage);
+		hp->pending = 0;
+	}
+}
+
+static void host_close(void *mover, void *state)
+{
+	host_mover_t *m = mover;
+	host_pair_t *hp = state;
+	host_quiesce(mover, state);
+	for (host_pair_t **pp = &m->pairs; *pp; pp = &(*pp)->next)
+		if (*pp == hp) {
+			*pp = hp->next;
+			break;
+		}
+	for (uint32_t g = 0; g < RW_MAX_GPUS; g++)
+		if (hp->acc_slot[g] >= 0)
+			m->sums[hp->acc_slot[g]].busy = 0;
+	rw_arena_free(&hp->mem);
+	free(hp);
+}
+
+/* ---- inputs --------------------------------------------------------------------------------- */
+
+/* Make rank g's inputs host-readable: host spans are used in place; CUDA ones are copied (async)
+ * into consecutive 64-byte aligned pieces of the rank's pinned staging, one mark per device. */
+static rw_status_t host_stage(void *mover, void *state, rw_svc_phase_t *ph, int kind, uint32_t g,
+			      int *pending_p, char *why)
+{
+	host_mover_t *m = mover;
+	host_pair_t *hp = state;
+	rw_svc_rank_io_t *io = &ph->io[kind][g];
+	const uint64_t n = io->n_tokens;
+	uint64_t len[3] = { n * ph->row_bytes, n * ph->topk * 4, n * ph->topk * 4 };
+	const uint8_t *host[3] = { NULL, NULL, NULL };
+	unsigned n_in = kind == 0 ? 3 : 1;
+	if (kind == 1) /* only the rows it received are read (a protocol-1 client's one ignored row
+			* is not) */
+		len[0] = (uint64_t)hp->fwd_n[g] * ph->row_bytes;
+	uint64_t need = 0;
+	/* Stream order: the rank's inputs are ready once its event is (this blocks the loop; the
+	 * CUDA mover makes its streams wait instead). */
+	if (io->wait_ev) {
+		rw_status_t st = rw_cuda_event_sync(io->wait_ev);
+		if (st != RW_OK) {
+			snprintf(why, RW_SVC_WHY_MAX, "cannot wait for local rank %u's event: %s", g,
+				 rw_status_str(st));
+			return RW_ERR_DEVICE;
+		}
+	}
+	for (unsigned i = 0; i < n_in; i++) {
+		host[i] = io->in[i].host;
+		if (io->in[i].dev >= 0)
+			need += (len[i] + 63) & ~(uint64_t)63;
+	}
+	*pending_p = 0;
+	if (need) {
+		rw_svc_pinned_t *stage = ph->stage_in[g];
+		rw_status_t st = rw_svc_pinned_reserve(stage, need);
+		uint64_t off = 0;
+		int devs[3];
+		unsigned ndev = 0;
+		for (unsigned i = 0; i < n_in && st == RW_OK; i++) {
+			if (io->in[i].dev < 0)
+				continue;
+			uint8_t *dst = (uint8_t *)stage->ptr + off;
+			st = rw_svc_stage_d2h(m->stage, io->in[i].dev, dst, io->in[i].dptr, len[i]);
+			host[i] = dst;
+			off += (len[i] + 63) & ~(uint64_t)63;
+			unsigned k = 0;
+			while (k < ndev && devs[k] != io->in[i].dev)
+				k++;
+			if (k == ndev)
+				devs[ndev++] = io->in[i].dev;
+		}
+		for (unsigned k = 0; k < ndev && st == RW_OK; k++) {
+			st = rw_svc_stage_mark(m->stage, devs[k], stage_token(hp, (uint32_t)kind, g));
+			if (st == RW_OK) {
+				hp->marks[kind][g]++;
+				hp->pending++;
+			}
+		}
+		if (st != RW_OK) {
+			snprintf(why, RW_SVC_WHY_MAX, "cannot stage local rank %u's CUDA %s: %s", g,
+				 kind ? "combine rows" : "inputs", rw_status_str(st));
+			return RW_ERR_DEVICE;
+		}
+		*pending_p = hp->marks[kind][g] != 0;
+	}
+	io->tokens = host[0];
+	io->ids = (const int32_t *)(const void *)host[1];
+	io->weights = (const float *)(const void *)host[2];
+	return RW_OK;
+}
+
+/* ---- plan ----------------------------------------------------------------------------------- */
+
+static rw_status_t host_plan(void *mover, void *state, const rw_svc_phase_t *ph, char *why)
+{
+	(void)mover;
+	host_pair_t *hp = state;
+	/* Local records: the plan's CSR segments (me, r) hold every token with an expert on this
+	 * node, so no pass over the tokens is needed here. */
+	const uint32_t *lo = &ph->row_off[(size_t)ph->me * ph->rails];
+	uint32_t n_local = lo[ph->rails] - lo[0];
+	hp->n_local = n_local;
+	hp->local_ref = rw_arena_alloc(&hp->mem, 2 * (size_t)n_local + 1, sizeof(uint32_t));
+	const uint64_t total = (uint64_t)ph->n_in + n_local;
+	hp->contrib = rw_arena_alloc(&hp->mem, (size_t)ph->n_in * ph->gpus + 1, sizeof(uint32_t));
+	hp->crow = rw_arena_alloc(&hp->mem, (size_t)ph->hidden + 1, sizeof(float));
+	uint32_t n_rec = ph->row_off[(size_t)ph->nodes * ph->rails];
+	hp->pack_egress = rw_arena_alloc(&hp->mem, RW_MAX(1u, n_rec), 1);
+	hp->pack_slot = rw_arena_alloc(&hp->mem, RW_MAX(1u, n_rec), sizeof(uint32_t));
+	int oom = !hp->local_ref || !hp->contrib || !hp->crow || !hp->pack_egress || !hp->pack_slot;
+	for (uint32_t g = 0; g < ph->gpus && !oom; g++) {
+		const rw_svc_rank_io_t *io = &ph->io[0][g];
+		rw_svc_out_layout_t *o = &hp->out[g];
+		rw_svc_out_layout(io->out_cap, ph->n_experts, ph->topk, ph->row_bytes,
+				  RW_CQE_INLINE_COUNTS, o);
+		if (io->out.dev < 0) {
+			hp->counts_dst[g] = io->out.host + o->counts_off;
+			hp->rows_dst[g] = io->out.host + o->rows_off;
+			hp->meta_dst[g] = io->out.host + o->meta_off;
+		} else {
+			/* A CUDA output is assembled in the rank's pinned staging, compactly (at most
+			 * every record of the phase arrives), and copied out when the phase is done. */
+			uint64_t n_max = RW_MIN(total, o->rows_cap);
+			uint64_t bytes = o->rows_off + n_max * (ph->row_bytes + o->meta_bytes);
+			rw_svc_pinned_t *st = ph->stage_out[g];
+			if (rw_svc_pinned_reserve(st, bytes) != RW_OK) {
+				oom = 1;
+				break;
+			}
+			hp->counts_dst[g] = st->ptr;
+			hp->rows_dst[g] = (uint8_t *)st->ptr + o->rows_off;
+			hp->meta_dst[g] = hp->rows_dst[g] + n_max * ph->row_bytes;
+		}
+		hp->fwd_ref[g] = rw_arena_alloc(&hp->mem, RW_MIN(total, o->rows_cap) + 1, sizeof(uint32_t));
+		hp->expert_counts[g] = rw_arena_alloc(&hp->mem, ph->n_experts, sizeof(uint32_t));
+		if (hp->acc_slot[g] >= 0) /* (plan is once per pair; a repeat must not hold two) */
+			hp->m->sums[hp->acc_slot[g]].busy = 0;
+		hp->owner_acc[g] = sums_take(hp->m, hp, (size_t)ph->rt[g].n_tokens * ph->hidden + 1,
+					     &hp->acc_slot[g]);
+		oom |= !hp->fwd_ref[g] || !hp->expert_counts[g] || !hp->owner_acc[g];
+	}
+	if (oom) {
+		snprintf(why, RW_SVC_WHY_MAX, "out of memory");
+		return RW_ERR_NOMEM;
+	}
+	for (uint32_t i = 0; i < n_local; i++) {
+		const rw_record_t *r = &ph->rec[lo[0] + i];
+		hp->local_ref[2 * i] = r->rank;
+		hp->local_ref[2 * i + 1] = r->token;
+	}
+	return RW_OK;
+}
+
+/* ---- dispatch ------------------------------------------------------------------------------- */
+
+/* Pack the dispatch slabs for node d, each (egress rail) slab in slot order: records keep their
+ * owner's order; only RailBalance's surplus records change rail (rw_sched_map_rail). */
+static void dispatch_pack(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t d)
+{
+	const rw_svc_layout_t *l = ph->layout;
+	for (uint32_t r = 0; r < ph->rails; r++) {
+		uint32_t first = ph->row_off[d * ph->rails + r];
+		uint32_t cnt = ph->row_off[d * ph->rails + r + 1] - first;
+		if (!cnt)
+			continue;
+		rw_sched_map_rail(&l->out_pairs[d], r, hp->pack_egress, hp->pack_slot);
+		for (uint32_t i = 0; i < cnt; i++) {
+			const rw_record_t *rec = &ph->rec[first + i];
+			const rw_svc_rank_io_t *io = &ph->io[0][rec->rank];
+			uint32_t e = hp->pack_egress[i];
+			uint8_t *dst = ph->send_area[0][e] +
+				       ((uint64_t)l->out_first[d * ph->rails + e] + hp->pack_slot[i]) * ph->rec_size;
+			rw_wire_rec_hdr_t h = { .tag = ph->tag_to[d], .src_node = ph->me, .owner = rec->rank,
+						.token = rec->token, .topk = ph->topk };
+			rw_wire_rec_pack(dst, &h, io->ids + (size_t)rec->token * ph->topk,
+					 io->weights + (size_t)rec->token * ph->topk);
+			memcpy(dst + rw_wire_rec_row_off(ph->topk),
+			       io->tokens + (size_t)rec->token * ph->row_bytes, ph->row_bytes);
+		}
+	}
+}
+
+/* Forward one record to every local rank hosting one of its experts. row/ids/weights are the
+ * record's; ref is its id in this pair (combine sums per id). -1: a rank's output is full. */
+static int forward_one(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t ref, uint32_t src_node,
+		       uint32_t src_rank, uint32_t token, const int32_t *ids, const float *weights,
+		       const uint8_t *row)
+{
+	uint32_t mask = rw_svc_phase_fwd_mask(ph, ids);
+	for (uint32_t g = 0; g < ph->gpus; g++) {
+		if (!(mask & (1u << g)))
+			continue;
+		const rw_svc_out_layout_t *o = &hp->out[g];
+		uint32_t j = hp->fwd_n[g];
+		if (j >= o->rows_cap)
+			return -1;
+		memcpy(hp->rows_dst[g] + (uint64_t)j * ph->row_bytes, row, ph->row_bytes);
+		uint8_t *meta = hp->meta_dst[g] + (uint64_t)j * o->meta_bytes;
+		rw_svc_mover_meta_put(ph, meta, src_node, src_rank, token, ids, weights, g,
+				      hp->expert_counts[g]);
+		hp->fwd_ref[g][j] = ref;
+		if (ref < ph->n_in)
+			hp->contrib[(size_t)ref * ph->gpus + g] = j + 1;
+		hp->fwd_n[g] = j + 1;
+	}
+	return 0;
+}
+
+/* A complete dispatch range from `src` on `rail`: validate and forward each record. */
+static rw_status_t forward_range(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t src,
+				 uint32_t rail, char *why)
+{
+	const rw_svc_layout_t *l = ph->layout;
+	size_t i = (size_t)src * ph->rails + rail;
+	uint32_t first = l->in_first[i];
+	int32_t ids[RW_MAX_TOPK];
+	float w[RW_MAX_TOPK];
+	for (uint32_t k = 0; k < l->in_quota[i]; k++) {
+		const uint8_t *rec = ph->recv_area[0][rail] + ((uint64_t)first + k) * ph->rec_size;
+		rw_wire_rec_hdr_t h;
+		rw_status_t st = rw_svc_mover_rec_read(ph, rec, src, rail, k, &h, ids, w, why);
+		if (st != RW_OK)
+			return st;
+		if (forward_one(hp, ph, ph->rail_base[rail] + first + k, src, src * ph->gpus + h.owner,
+				h.token, ids, w, rec + rw_wire_rec_row_off(ph->topk)) < 0) {
+			snprintf(why, RW_SVC_WHY_MAX, "a local rank's dispatch output is full");
+			return RW_ERR_SUB_SPACE;
+		}
+	}
+	return RW_OK;
+}
+
+/* Forward up to `budget` local-node records (from bg_i on) to their local ranks. */
+static rw_status_t forward_local(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t budget,
+				 int *done_p, char *why)
+{
+	for (; hp->bg_i < hp->n_local && budget; hp->bg_i++, budget--) {
+		uint32_t g = hp->local_ref[2 * hp->bg_i], t = hp->local_ref[2 * hp->bg_i + 1];
+		const rw_svc_rank_io_t *io = &ph->io[0][g];
+		if (forward_one(hp, ph, ph->n_in + hp->bg_i, ph->me, ph->me * ph->gpus + g, t,
+				io->ids + (size_t)t * ph->topk, io->weights + (size_t)t * ph->topk,
+				io->tokens + (size_t)t * ph->row_bytes) < 0) {
+			snprintf(why, RW_SVC_WHY_MAX, "a local rank's dispatch output is full");
+			return RW_ERR_SUB_SPACE;
+		}
+	}
+	*done_p = hp->bg_i >= hp->n_local;
+	return RW_OK;
+}
+
+/* ---- combine -------------------------------------------------------------------------------- */
+
+/* Pack the combine records node d gets back, each at the (rail, slot) it came in on. A record
+ * computed by one local rank is that rank's row as it is (bf16 -> fp32 -> bf16 is exact); one
+ * computed by several is their fp32 sum, rounded once. */
+static void combine_pack(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t d)
+{
+	const rw_svc_layout_t *l = ph->layout;
+	const uint64_t row_bytes = ph->row_bytes;
+	for (uint32_t r = 0; r < ph->rails; r++) {
+		size_t i = (size_t)d * ph->rails + r;
+		for (uint32_t k = 0; k < l->in_quota[i]; k++) {
+			uint32_t pos = l->in_first[i] + k, ref = ph->rail_base[r] + pos;
+			uint8_t *dst = ph->send_area[1][r] + (uint64_t)pos * ph->crec_size;
+			rw_wire_crec_hdr_t h = { .tag = ph->tag_to[d], .src_node = ph->me, .rail = r,
+						 .slot = k };
+			rw_wire_crec_pack(dst, &h);
+			uint8_t *out = dst + RW_WIRE_CREC_HDR;
+			const uint32_t *c = &hp->contrib[(size_t)ref * ph->gpus];
+			const uint8_t *first = NULL;
+			uint32_t n = 0;
+			for (uint32_t g = 0; g < ph->gpus; g++) {
+				if (!c[g])
+					continue;
+				const uint8_t *row = ph->io[1][g].tokens + (uint64_t)(c[g] - 1) * row_bytes;
+				if (n++ == 0) {
+					first = row;
+					continue;
+				}
+				if (n == 2)
+					rw_svc_row_load(hp->crow, first, ph->dtype, ph->hidden);
+				rw_svc_row_acc(hp->crow, row, ph->dtype, ph->hidden);
+			}
+			if (n == 1)
+				memcpy(out, first, row_bytes);
+			else if (n >= 2)
+				rw_svc_row_store(out, ph->dtype, hp->crow, ph->hidden);
+			else /* never: every received record went to a local rank */
+				memset(out, 0, row_bytes);
+		}
+	}
+}
+
+/* A complete combine range from `d` on egress rail `e`: add each row into its owner token. */
+static rw_status_t combine_range(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t d,
+				 uint32_t e, char *why)
+{
+	const rw_svc_layout_t *l = ph->layout;
+	const rw_pair_plan_t *pp = &l->out_pairs[d];
+	uint32_t first = l->out_first[d * ph->rails + e];
+	for (uint32_t k = 0; k < pp->quota[e]; k++) {
+		const uint8_t *rec = ph->recv_area[1][e] + ((uint64_t)first + k) * ph->crec_size;
+		rw_wire_crec_hdr_t h;
+		rw_wire_crec_unpack(rec, &h);
+		if (h.tag != ph->tag_in || h.src_node != d || h.rail != e || h.slot != k) {
+			snprintf(why, RW_SVC_WHY_MAX, "bad combine record from node %u rail %u slot %u",
+				 d, e, k);
+			return RW_ERR_PROTO;
+		}
+		uint32_t owner_rail, ord;
+		rw_sched_unmap(pp, e, k, &owner_rail, &ord);
+		const rw_record_t *r = &ph->rec[ph->row_off[d * ph->rails + owner_rail] + ord];
+		rw_svc_row_acc(hp->owner_acc[r->rank] + (size_t)r->token * ph->hidden,
+			       rec + RW_WIRE_CREC_HDR, ph->dtype, ph->hidden);
+	}
+	return RW_OK;
+}
+
+/* Fold up to `budget` local ranks' rows of local-node records (from rank bg_g, row bg_i on)
+ * into their owners' fp32 sums. Rows of received records are read when their destination is
+ * packed. */
+static void combine_local(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t budget, int *done_p)
+{
+	*done_p = 0;
+	for (; hp->bg_g < ph->gpus; hp->bg_g++, hp->bg_i = 0) {
+		const rw_svc_rank_io_t *io = &ph->io[1][hp->bg_g];
+		for (; hp->bg_i < hp->fwd_n[hp->bg_g]; hp->bg_i++) {
+			uint32_t ref = hp->fwd_ref[hp->bg_g][hp->bg_i];
+			if (ref < ph->n_in)
+				continue;
+			if (!budget--)
+				return;
+			const uint32_t *lr = &hp->local_ref[2 * (size_t)(ref - ph->n_in)];
+			rw_svc_row_acc(hp->owner_acc[lr[0]] + (size_t)lr[1] * ph->hidden,
+				       io->tokens + (size_t)hp->bg_i * ph->row_bytes, ph->dtype, ph->hidden);
+		}
+	}
+	*done_p = 1;
+}
+
+/* ---- the ops -------------------------------------------------------------------------------- */
+
+static rw_status_t host_pack(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
+			     uint32_t d, char *why)
+{
+	(void)mover;
+	if (kind == 0)
+		dispatch_pack(state, ph, d);
+	else
+		combine_pack(state, ph, d);
+	return rw_svc_slab_push(ph, kind, d, why); /* slabs on a GPU: the packed bytes go there */
+}
+
+static rw_status_t host_arrived(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
+				uint32_t src, uint32_t rail, char *why)
+{
+	(void)mover;
+	rw_status_t st = rw_svc_slab_pull(ph, kind, src, rail, why); /* slabs on a GPU */
+	if (st != RW_OK)
+		return st;
+	return kind == 0 ? forward_range(state, ph, src, rail, why)
+			 : combine_range(state, ph, src, rail, why);
+}
+
+static rw_status_t host_local(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
+			      uint32_t budget, int *done_p, char *why)
+{
+	(void)mover;
+	host_pair_t *hp = state;
+	if (hp->local_kind != kind + 1) { /* each kind's work starts from the beginning */
+		hp->local_kind = kind + 1;
+		hp->bg_g = hp->bg_i = 0;
+	}
+	if (kind == 0)
+		return forward_local(hp, ph, budget, done_p, why);
+	combine_local(hp, ph, budget, done_p);
+	return RW_OK;
+}
+
+/* Every byte of the phase is here: write the ranks' outputs (host memory directly; CUDA memory
+ * from the pinned staging by async copies, one mark per CUDA rank). */
+static rw_status_t host_finish(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
+			       uint32_t *pending_p, char *why)
+{
+	host_mover_t *m = mover;
+	host_pair_t *hp = state;
+	uint32_t pending = 0;
+	for (uint32_t g = 0; g < ph->gpus; g++) {
+		const rw_svc_rank_io_t *io = &ph->io[kind][g];
+		rw_status_t st = RW_OK;
+		if (kind == 0) {
+			const rw_svc_out_layout_t *o = &hp->out[g];
+			uint64_t counts = ph->n_experts > RW_CQE_INLINE_COUNTS ? 4ull * ph->n_experts : 0;
+			if (counts)
+				memcpy(hp->counts_dst[g], hp->expert_counts[g], counts);
+			if (io->out.dev < 0)
+				continue;
+			uint64_t n = hp->fwd_n[g];
+			st = rw_svc_stage_h2d(m->stage, io->out.dev, io->out.dptr + o->counts_off,
+					      hp->counts_dst[g], counts);
+			if (st == RW_OK)
+				st = rw_svc_stage_h2d(m->stage, io->out.dev, io->out.dptr + o->rows_off,
+						      hp->rows_dst[g], n * ph->row_bytes);
+			if (st == RW_OK)
+				st = rw_svc_stage_h2d(m->stage, io->out.dev, io->out.dptr + o->meta_off,
+						      hp->meta_dst[g], n * o->meta_bytes);
+		} else {
+			uint64_t n = ph->rt[g].n_tokens;
+			if (n == 0 && io->signal && (st = flag_write(io)) != RW_OK) {
+				snprintf(why, RW_SVC_WHY_MAX, "cannot write local rank %u's completion "
+					 "flag: %s", g, rw_status_str(st));
+				*pending_p = pending;
+				return RW_ERR_DEVICE;
+			}
+			if (n == 0)
+				continue;
+			uint8_t *dst = io->out.host;
+			if (io->out.dev >= 0) {
+				rw_svc_pinned_t *stage = ph->stage_out[g];
+				st = rw_svc_pinned_reserve(stage, n * ph->row_bytes);
+				dst = stage->ptr;
+			}
+			if (st == RW_OK)
+				rw_svc_row_store(dst, ph->dtype, hp->owner_acc[g], (uint32_t)(n * ph->hidden));
+			if (io->out.dev < 0)
+				continue;
+			if (st == RW_OK)
+				st = rw_svc_stage_h2d(m->stage, io->out.dev, io->out.dptr, dst, n * ph->row_bytes);
+		}
+		if (st == RW_OK)
+			st = rw_svc_stage_mark(m->stage, io->out.dev, stage_token(hp, OP_FLUSH, g));
+		hp->flag_io[g] = st == RW_OK && io->signal ? io : NULL;
+		if (st != RW_OK) {
+			snprintf(why, RW_SVC_WHY_MAX, "cannot copy results into local rank %u's CUDA "
+				 "memory: %s", g, rw_status_str(st));
+			*pending_p = pending;
+			return RW_ERR_DEVICE;
+		}
+		pending++;
+		hp->pending++;
+	}
+	*pending_p = pending;
+	return RW_OK;
+}
+
+static void host_result(void *state, uint32_t g, uint32_t *recv_rows_p, const uint32_t **counts_p)
+{
+	const host_pair_t *hp = state;
+	*recv_rows_p = hp->fwd_n[g];
+	*counts_p = hp->expert_counts[g];
+}
+
+const rw_svc_mover_ops_t rw_svc_mover_host = {
+	.name = "host",
+	.create = host_create,
+	.destroy = host_destroy,
+	.accepts = host_accepts,
+	.open = host_open,
+	.stage = host_stage,
+	.plan = host_plan,
+	.pack = host_pack,
+	.arrived = host_arrived,
+	.local = host_local,
+	.finish = host_finish,
+	.result = host_result,
+	.quiesce = host_quiesce,
+	.close = host_close,
+};

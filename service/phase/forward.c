@@ -1,0 +1,139 @@
+/* Forwarding targets and combine arithmetic (docs/dataflow.md "Receive and forward",
+ * "Combine"): which local ranks a record goes to, and fp32 accumulation of fp32/bf16 rows. */
+#include <string.h>
+
+#include "service/phase/phase.h"
+
+uint32_t rw_svc_fwd_mask(uint32_t n_experts, uint32_t nodes, uint32_t gpus, uint32_t me,
+			 const int32_t *ids, uint32_t topk)
+{
+	const uint32_t world = nodes * gpus;
+	if (world == 0 || n_experts == 0 || n_experts % world != 0)
+		return 0;
+	const uint32_t per_rank = n_experts / world;
+	uint32_t mask = 0;
+	for (uint32_t i = 0; i < topk; i++) {
+		if (ids[i] == -1)
+			continue;
+		if (ids[i] < 0)
+			return 0; /* only -1 means "no expert" */
+		uint32_t e = (uint32_t)ids[i];
+		if (e >= n_experts)
+			return 0;
+		uint32_t rank = e / per_rank;
+		if (rank / gpus == me)
+			mask |= 1u << (rank % gpus);
+	}
+	return mask;
+}
+
+uint32_t rw_svc_fwd_mask_rec(uint32_t n_experts, uint32_t nodes, uint32_t gpus, uint32_t me,
+			     const uint8_t *rec, uint32_t topk)
+{
+	int32_t ids[RW_MAX_TOPK];
+	if (topk > RW_MAX_TOPK)
+		return 0;
+	for (uint32_t i = 0; i < topk; i++)
+		ids[i] = rw_wire_rec_id(rec, i);
+	return rw_svc_fwd_mask(n_experts, nodes, gpus, me, ids, topk);
+}
+
+/* Round to nearest even; a NaN stays a (quiet) NaN. Branch-free so the row loops vectorize. */
+static inline uint16_t bf16_round(uint32_t u)
+{
+	uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+	uint32_t quiet = (u >> 16) | 0x40u;
+	return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
+
+uint16_t rw_svc_f32_to_bf16(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	return bf16_round(u);
+}
+
+/* The row loops below run in blocks of ROW_BLOCK elements with a fixed trip count, which the
+ * compiler turns into vector code at -O2, then a scalar tail. Rows are hidden × 2 or 4 bytes
+ * and may sit at any alignment inside a record, so every access goes through memcpy. */
+#define ROW_BLOCK 16u
+
+static inline float bf16_at(const uint8_t *p, size_t i)
+{
+	uint16_t v;
+	memcpy(&v, p + 2 * i, 2);
+	return rw_svc_bf16_to_f32(v);
+}
+
+static inline float f32_at(const uint8_t *p, size_t i)
+{
+	float v;
+	memcpy(&v, p + 4 * i, 4);
+	return v;
+}
+
+/* One block of a row into v[] (fp32), through a local copy so the compiler need not prove
+ * that the row and the sums do not overlap. */
+static inline void block_in(float v[ROW_BLOCK], const uint8_t *p, uint32_t dtype, size_t i)
+{
+	if (dtype == RW_WIRE_BF16) {
+		uint16_t b[ROW_BLOCK];
+		memcpy(b, p + 2 * i, sizeof(b));
+		for (size_t j = 0; j < ROW_BLOCK; j++)
+			v[j] = rw_svc_bf16_to_f32(b[j]);
+	} else {
+		memcpy(v, p + 4 * i, 4 * ROW_BLOCK);
+	}
+}
+
+static inline float elem_in(const uint8_t *p, uint32_t dtype, size_t i)
+{
+	return dtype == RW_WIRE_BF16 ? bf16_at(p, i) : f32_at(p, i);
+}
+
+/* acc = row (add 0) or acc += row (add 1); inlined with a constant `add`, so both vectorize. */
+static inline void row_in(float *acc, const uint8_t *p, uint32_t dtype, uint32_t hidden, int add)
+{
+	size_t i = 0;
+	for (; i + ROW_BLOCK <= hidden; i += ROW_BLOCK) {
+		float v[ROW_BLOCK];
+		block_in(v, p, dtype, i);
+		for (size_t j = 0; j < ROW_BLOCK; j++)
+			acc[i + j] = add ? acc[i + j] + v[j] : v[j];
+	}
+	for (; i < hidden; i++)
+		acc[i] = add ? acc[i] + elem_in(p, dtype, i) : elem_in(p, dtype, i);
+}
+
+void rw_svc_row_acc(float *acc, const void *row, uint32_t dtype, uint32_t hidden)
+{
+	row_in(acc, row, dtype, hidden, 1);
+}
+
+void rw_svc_row_load(float *acc, const void *row, uint32_t dtype, uint32_t hidden)
+{
+	row_in(acc, row, dtype, hidden, 0);
+}
+
+void rw_svc_row_store(void *dst, uint32_t dtype, const float *acc, uint32_t hidden)
+{
+	uint8_t *p = dst;
+	if (dtype != RW_WIRE_BF16) {
+		memcpy(p, acc, (size_t)hidden * 4);
+		return;
+	}
+	size_t i = 0;
+	for (; i + ROW_BLOCK <= hidden; i += ROW_BLOCK) {
+		uint16_t v[ROW_BLOCK];
+		for (size_t j = 0; j < ROW_BLOCK; j++) {
+			uint32_t u;
+			memcpy(&u, &acc[i + j], 4);
+			v[j] = bf16_round(u);
+		}
+		memcpy(p + 2 * i, v, sizeof(v));
+	}
+	for (; i < hidden; i++) {
+		uint16_t v = rw_svc_f32_to_bf16(acc[i]);
+		memcpy(p + 2 * i, &v, 2);
+	}
+}

@@ -1,0 +1,99 @@
+/* The face of service/phase/: the pure per-phase math of railwaved — the receive layout both
+ * ends of a phase derive from the same counts, the dispatch output span, the forwarding targets
+ * of a record, combine accumulation and dtype conversion — and the wire formats every message
+ * and record between nodes is encoded in (wire.h, included below). No I/O, no allocation on a
+ * hot path. docs/dataflow.md is the full description; the section names cited below are its
+ * headings. */
+#ifndef RW_SVC_PHASE_H
+#define RW_SVC_PHASE_H
+
+#include <stdint.h>
+
+#include "common/common.h"
+#include "sched/sched.h"
+#include "service/phase/wire.h"
+
+/* ---- receive layout ("Receive-region layout") ------------------------------------------------
+ * For a phase at node `me`, from the full N x N x R count matrix: on every rail r, my dispatch
+ * area holds, for each source s in ascending order, a contiguous range of quota(s -> me, r)
+ * records; my send area (and, for the returning combine, my combine area) holds for each
+ * destination d in ascending order quota(me -> d, r) records. Both ends derive the same numbers
+ * from the same counts, so no offsets travel on the wire. Slots are record indices; byte offset =
+ * slot * record size. */
+typedef struct rw_svc_layout {
+	uint32_t nodes, rails, me;
+	rw_path_t path;
+	rw_pair_plan_t *out_pairs; /* [N]: me -> d (RailBalance or native); [me] is empty */
+	uint32_t *in_quota;        /* [N*R]: quota(s -> me, r); the s == me row is 0 */
+	uint32_t *in_first;        /* [N*R]: first slot of source s on rail r in my receive area */
+	uint32_t *out_first;       /* [N*R]: first slot of destination d on rail r in my send area */
+	uint32_t *peer_in_first;   /* [N*R]: where my range starts in d's receive area on rail r */
+	uint32_t *peer_ret_first;  /* [N*R]: where my combine range starts in s's combine area */
+	uint32_t in_total[RW_MAX_RAILS];  /* records arriving on rail r */
+	uint32_t out_total[RW_MAX_RAILS]; /* records leaving on rail r */
+} rw_svc_layout_t;
+
+/* Allocate the arrays for N nodes x R rails. RW_ERR_NOMEM. */
+rw_status_t rw_svc_layout_alloc(rw_svc_layout_t *l, uint32_t nodes, uint32_t rails);
+void rw_svc_layout_free(rw_svc_layout_t *l);
+/* Fill the layout of `me` for `path` from counts[(s*N + d)*R + r]. Deterministic: every node
+ * computes quota(s -> d, r) exactly as the sender s does (rw_sched_plan_build for the sender's
+ * own pairs, rw_sched_balance with rotation = destination for the others). */
+rw_status_t rw_svc_layout_build(rw_svc_layout_t *l, const rw_topo_t *topo, rw_path_t path,
+				uint32_t me, const uint32_t *counts);
+/* Dispatch output span of one rank (docs/dataflow.md "Dispatch output"): per-expert counts
+ * first when they do not fit the completion inline (n_experts > RW_CQE_INLINE_COUNTS: u32 each,
+ * area padded to 16 bytes), then rows_cap rows (hidden x dtype each), then rows_cap metadata
+ * entries: u32 src_node | u32 src_rank (global) | u32 token | u32 reserved | i32 ids[topk] |
+ * f32 weights[topk]. rows_cap = what fits. */
+typedef struct rw_svc_out_layout {
+	uint64_t counts_off, rows_off, meta_off;
+	uint64_t rows_cap;
+	uint64_t meta_bytes;
+} rw_svc_out_layout_t;
+
+static inline void rw_svc_out_layout(uint64_t capacity, uint32_t n_experts, uint32_t topk,
+				     uint64_t row_bytes, uint32_t inline_max,
+				     rw_svc_out_layout_t *o)
+{
+	uint64_t counts = n_experts > inline_max ? rw_wire_align16(4ull * n_experts) : 0;
+	o->meta_bytes = 16 + 8ull * topk;
+	o->counts_off = 0;
+	o->rows_off = counts;
+	o->rows_cap = capacity > counts ? (capacity - counts) / (row_bytes + o->meta_bytes) : 0;
+	o->meta_off = counts + o->rows_cap * row_bytes;
+}
+
+/* The most records any node receives on any rail, and sends on any rail, under this layout's
+ * counts and path: every node checks the same bound before a phase starts (identical verdict
+ * everywhere, "Region sizing"). */
+void rw_svc_layout_max(const rw_topo_t *topo, rw_path_t path, const uint32_t *counts,
+		       uint64_t *max_in_p, uint64_t *max_out_p);
+
+/* ---- forwarding ("Receive and forward") ------------------------------------------------------
+ * Expert e lives on global rank e / (E / W), W = N * G; the record goes to every local rank of
+ * `me` that hosts one of its top-k experts. Returns the bitmask of local GPU indices (bit g);
+ * 0 when no expert of the record lives on `me` (a peer bug: the caller fails the phase).
+ * Ids of -1 (no expert) are skipped; any other negative id, or one >= E, makes it return 0. */
+uint32_t rw_svc_fwd_mask(uint32_t n_experts, uint32_t nodes, uint32_t gpus, uint32_t me,
+			 const int32_t *ids, uint32_t topk);
+/* Same from a dispatch record's top-k block. */
+uint32_t rw_svc_fwd_mask_rec(uint32_t n_experts, uint32_t nodes, uint32_t gpus, uint32_t me,
+			     const uint8_t *rec, uint32_t topk);
+
+/* ---- dtype and accumulation ("Combine") ------------------------------------------------------
+ * fp32 accumulation for both dtypes; bf16 stores round to nearest even (NaN stays NaN). */
+static inline float rw_svc_bf16_to_f32(uint16_t v)
+{
+	union { uint32_t u; float f; } x = { .u = (uint32_t)v << 16 };
+	return x.f;
+}
+uint16_t rw_svc_f32_to_bf16(float f);
+/* acc[i] += row[i] for i < hidden, row of dtype (rw_wire_dtype_t). */
+void rw_svc_row_acc(float *acc, const void *row, uint32_t dtype, uint32_t hidden);
+/* acc[i] = row[i] for i < hidden: the first copy of a sum. */
+void rw_svc_row_load(float *acc, const void *row, uint32_t dtype, uint32_t hidden);
+/* dst[i] = (dtype) acc[i]. */
+void rw_svc_row_store(void *dst, uint32_t dtype, const float *acc, uint32_t hidden);
+
+#endif /* RW_SVC_PHASE_H */
