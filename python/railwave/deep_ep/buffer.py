@@ -1,0 +1,440 @@
+"""railwave.deep_ep.Buffer: the subset of DeepEP's V1 Buffer that Megatron-Core's flex token
+dispatcher (deepep backend) calls, on a railwave.Group (docs/python.md "Megatron-Core").
+
+Every call is eager: it waits on the host for the daemon, so the returned counts are host
+numbers and nothing here can be captured in a CUDA graph. Streams are honoured the way DeepEP
+does: an operation runs on the Buffer's communication stream after `previous_event` (else after
+the current stream), its outputs are made there, and then either the current stream waits for
+it (async_finish=False) or the returned EventOverlap marks it (async_finish=True).
+
+Pairs. The daemon runs one dispatch/combine pair per group at a time, keyed by (layer, step).
+A forward dispatch opens pair A on (layer, step); combine(handle) closes it. A cached dispatch
+(dispatch(grad, handle=h): combine's backward) opens pair B on (layer + 1, the same step) with
+the same routing and returns B's rows in A's order; the combine that follows with that handle
+(dispatch's backward, with topk_weights for their gradient) goes through B. B's rows carry the
+combine's topk_weights as extra columns: K for fp32 rows, 2K (a bf16 high and low part) for
+bf16 rows — exact, since only the rank hosting an expert contributes that entry."""
+import torch
+
+from .. import group as _group
+from ..autograd import _permutation
+from .utils import EventHandle, EventOverlap, as_event
+
+_FWD_LAYER = 0x5EE0  # (layer, step) keys of the Buffers' pairs: forward here, backward +1
+
+
+class Unsupported(NotImplementedError):
+    """A DeepEP feature RailWave does not offer (the message says which, and what to use)."""
+
+
+class Config:
+    """DeepEP's Config: SM counts and chunk sizes for its kernels. Accepted and kept; RailWave
+    has no kernels to tune (the daemon plans the transfer), and the size hints are 0."""
+
+    def __init__(self, num_sms=20, *chunk_sizes):
+        self.num_sms, self.chunk_sizes = num_sms, chunk_sizes
+
+    def get_nvl_buffer_size_hint(self, hidden_bytes, num_ranks):
+        return 0
+
+    def get_rdma_buffer_size_hint(self, hidden_bytes, num_ranks):
+        return 0
+
+
+class _Shared:
+    """One railwave.Group per (name, rank, world) in this process, shared by every Buffer made
+    on it (Megatron-Core makes a new Buffer when its size hints grow) with the step counter."""
+
+    __slots__ = ("group", "step", "users")
+
+    def __init__(self, group):
+        self.group, self.step, self.users = group, 0, 0
+
+
+_SHARED = {}
+
+
+class Handle:
+    """What a cached dispatch and a combine need of a dispatch (DeepEP's handle is a tuple of
+    tensors; Megatron-Core passes it back untouched)."""
+
+    __slots__ = ("shared", "a", "step", "topk_idx", "topk_weights", "pad_to", "bwd")
+
+    def __init__(self, shared, a, step, topk_idx, topk_weights, pad_to):
+        self.shared, self.a, self.step = shared, a, step  # a: the railwave.Handle of pair A
+        self.topk_idx, self.topk_weights = topk_idx, topk_weights
+        self.pad_to = pad_to  # num_worst_tokens, or 0
+        self.bwd = None  # (B's railwave.Handle, permutation, row dtype, hidden) once opened
+
+    @property
+    def num_recv_tokens(self):
+        return self.a.num_recv
+
+
+def _weight_cols(dtype, topk):
+    return topk if dtype == torch.float32 else 2 * topk
+
+
+def _put_weights(rows, hidden, w):
+    """Write fp32 weights w [N, K] into rows[:, hidden:] (exact for fp32, hi+lo for bf16)."""
+    K = w.shape[1]
+    if rows.dtype == torch.float32:
+        rows[:, hidden:hidden + K] = w
+    else:
+        hi = w.to(rows.dtype)
+        rows[:, hidden:hidden + K] = hi
+        rows[:, hidden + K:hidden + 2 * K] = (w - hi.float()).to(rows.dtype)
+
+
+def _get_weights(out, hidden, topk):
+    if out.dtype == torch.float32:
+        return out[:, hidden:hidden + topk].clone()
+    return out[:, hidden:hidden + topk].float() + out[:, hidden + topk:hidden + 2 * topk].float()
+
+
+def _group_of(group):
+    """(rank, world size, default name) of what a caller passed as the group."""
+    if isinstance(group, _group.Group):
+        return group.rank, group.world_size, group.name
+    if group is None:
+        import torch.distributed as dist
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError("railwave.deep_ep: Buffer(group=None) needs torch.distributed "
+                             "initialized (or pass the expert-parallel ProcessGroup)")
+        group = dist.group.WORLD
+    try:
+        return group.rank(), group.size(), None
+    except AttributeError:
+        raise TypeError("railwave.deep_ep: group must be a torch.distributed ProcessGroup or a "
+                        "railwave.Group, got %s" % type(group).__name__)
+
+
+class Buffer:
+    """DeepEP V1 Buffer(group, num_nvl_bytes, num_rdma_bytes, ...) over RailWave.
+
+    group: the expert-parallel torch.distributed ProcessGroup (its rank and size are this rank's
+    place in the RailWave group: rank r must run on node r // LOCAL_WORLD_SIZE), or a
+    railwave.Group. The RailWave group is named by RAILWAVE_DEEP_EP_GROUP (default "deep_ep")
+    and joined through RAILWAVE_SOCKET like railwave.Group. num_nvl_bytes, num_rdma_bytes,
+    num_qps_per_rank, allow_nvlink_for_low_latency_mode, allow_mnnvl and explicitly_destroy are
+    accepted and kept (they size DeepEP's own buffers); low_latency_mode=True raises
+    Unsupported. Group keyword arguments (max_tokens_per_rank, timeout, ...) may be passed as
+    group_kwargs."""
+
+    num_sms = 20
+
+    def __init__(self, group=None, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False,
+                 num_qps_per_rank=24, allow_nvlink_for_low_latency_mode=True,
+                 allow_mnnvl=False, explicitly_destroy=False, group_kwargs=None):
+        if low_latency_mode:
+            raise Unsupported("railwave.deep_ep: low_latency_mode: the low-latency kernels "
+                              "(low_latency_dispatch/combine) have no RailWave counterpart; use "
+                              "the normal dispatch/combine")
+        self.group = group
+        self.num_nvl_bytes, self.num_rdma_bytes = int(num_nvl_bytes), int(num_rdma_bytes)
+        self.low_latency_mode = False
+        self.num_qps_per_rank = num_qps_per_rank
+        self.explicitly_destroy = explicitly_destroy
+        self.rank, self.group_size, name = _group_of(group)
+        if isinstance(group, _group.Group):
+            shared = _SHARED.setdefault(("", id(group)), _Shared(group))
+        else:
+            import os
+            name = os.environ.get("RAILWAVE_DEEP_EP_GROUP") or "deep_ep"
+            key = (name, self.rank, self.group_size)
+            shared = _SHARED.get(key)
+            if shared is None or shared.group._c is None:
+                shared = _SHARED[key] = _Shared(_group.Group(
+                    name, self.rank, self.group_size, **(group_kwargs or {})))
+        shared.users += 1
+        self._shared = shared
+        self.railwave_group = shared.group
+        self._streams = {}
+
+    # ---- DeepEP's static helpers ------------------------------------------------------------
+    @staticmethod
+    def set_num_sms(new_num_sms):
+        """Accepted and kept (DeepEP's SM count for its kernels; RailWave runs none)."""
+        if not isinstance(new_num_sms, int) or new_num_sms <= 0:
+            raise ValueError("railwave.deep_ep: set_num_sms(%r): a positive int" % (new_num_sms,))
+        Buffer.num_sms = new_num_sms
+
+    @staticmethod
+    def get_dispatch_config(num_ranks):
+        return Config(Buffer.num_sms)
+
+    @staticmethod
+    def get_combine_config(num_ranks):
+        return Config(Buffer.num_sms)
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks,
+                                       num_experts):
+        return 0
+
+    @staticmethod
+    def is_sm90_compiled():
+        return False
+
+    @staticmethod
+    def capture():
+        """An EventOverlap of the current stream now."""
+        return EventOverlap(EventHandle())
+
+    def get_comm_stream(self):
+        return self._stream(torch.device("cuda", torch.cuda.current_device()))
+
+    def destroy(self):
+        """Leave the RailWave group once no Buffer of this process uses it."""
+        s, self._shared = self._shared, None
+        if s is not None:
+            s.users -= 1
+            if s.users == 0 and s.group._c is not None and \
+                    not isinstance(self.group, _group.Group):
+                s.group.close()
+
+    def __getattr__(self, name):
+        if name in ("low_latency_dispatch", "low_latency_combine", "clean_low_latency_buffer",
+                    "get_next_low_latency_combine_buffer", "internode_dispatch",
+                    "internode_combine", "get_local_buffer_tensor"):
+            raise Unsupported("railwave.deep_ep: Buffer.%s is not offered: RailWave implements "
+                              "get_dispatch_layout, dispatch (also cached) and combine" % name)
+        raise AttributeError(name)
+
+    # ---- streams ----------------------------------------------------------------------------
+    def _stream(self, device):
+        s = self._streams.get(device)
+        if s is None:
+            s = self._streams[device] = torch.cuda.Stream(device)
+        return s
+
+    def _run(self, device, previous_event, async_finish, fn):
+        """fn() on the communication stream ordered after previous_event (else the current
+        stream); returns (fn's tensors, the EventOverlap DeepEP would return)."""
+        prev = as_event(previous_event)
+        if device.type != "cuda":
+            out = fn()
+            return out, EventOverlap(EventHandle.completed() if async_finish else None)
+        compute = torch.cuda.current_stream(device)
+        comm = self._stream(device)
+        if prev is not None:
+            prev.stream_wait(comm)
+        else:
+            comm.wait_stream(compute)
+        with torch.cuda.stream(comm):
+            out = fn()
+        for t in out:
+            if isinstance(t, torch.Tensor) and t.is_cuda:
+                t.record_stream(compute)  # made on comm, used on compute
+        if async_finish:
+            return out, EventOverlap(EventHandle(comm))
+        compute.wait_stream(comm)
+        return out, EventOverlap(None)
+
+    # ---- layout -------------------------------------------------------------------------------
+    def get_dispatch_layout(self, topk_idx, num_experts, previous_event=None, async_finish=False,
+                            allocate_on_comm_stream=False):
+        """(num_tokens_per_rank int32 [W], num_tokens_per_rdma_rank None, num_tokens_per_expert
+        int32 [E], is_token_in_rank bool [T, W], event). None per RDMA rank: the daemon plans
+        the node level itself. dispatch() only needs num_tokens_per_expert (its length is E)."""
+        W = self.group_size
+        self._check_idx(topk_idx, "get_dispatch_layout")
+        if not isinstance(num_experts, int) or num_experts <= 0 or num_experts % W:
+            raise ValueError("railwave.deep_ep: get_dispatch_layout: num_experts %r must be a "
+                             "positive multiple of the group size %d" % (num_experts, W))
+
+        def layout():
+            idx = topk_idx.long()
+            valid = idx >= 0
+            ids = idx[valid]
+            per_expert = torch.bincount(ids, minlength=num_experts).int()
+            in_rank = torch.zeros(idx.shape[0], W, dtype=torch.bool, device=idx.device)
+            rows = torch.arange(idx.shape[0], device=idx.device).unsqueeze(1).expand_as(idx)
+            in_rank[rows[valid], ids // (num_experts // W)] = True
+            return in_rank.sum(0).int(), per_expert, in_rank
+
+        (per_rank, per_expert, in_rank), ev = self._run(topk_idx.device, previous_event,
+                                                        async_finish, layout)
+        return per_rank, None, per_expert, in_rank, ev
+
+    @staticmethod
+    def _check_idx(topk_idx, op):
+        if not isinstance(topk_idx, torch.Tensor) or topk_idx.dim() != 2 or \
+                topk_idx.dtype not in (torch.int32, torch.int64):
+            raise TypeError("railwave.deep_ep: %s: topk_idx must be an int64 (or int32) tensor "
+                            "tokens × topk, got %s" % (op, getattr(topk_idx, "dtype", topk_idx)))
+
+    # ---- dispatch ---------------------------------------------------------------------------
+    def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
+                 is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None,
+                 topk_weights=None, expert_alignment=1, num_worst_tokens=0, config=None,
+                 previous_event=None, async_finish=False, allocate_on_comm_stream=False,
+                 num_experts=None):
+        """DeepEP's dispatch. Fresh form (topk_idx given): returns (recv_x, recv_topk_idx int64
+        local expert ids or -1, recv_topk_weights fp32 (0 where not hosted here),
+        num_recv_tokens_per_expert_list (each rounded up to expert_alignment), handle, event).
+        Cached form (handle given, combine's backward): returns (recv_x in that dispatch's row
+        order, None, None, None, None, event). num_tokens_per_rank, num_tokens_per_rdma_rank,
+        is_token_in_rank and config are accepted and unused (the daemon counts for itself);
+        num_tokens_per_expert gives E (or num_experts, a RailWave keyword). num_worst_tokens > 0 pads the received rows to that many
+        (recv_topk_idx -1) and returns an empty list, as DeepEP does (still a host wait here).
+        allocate_on_comm_stream: outputs are always made on the communication stream and
+        recorded on the current one, which is safe either way."""
+        if isinstance(x, tuple):
+            raise Unsupported("railwave.deep_ep: dispatch of FP8 rows given as (x, scales): "
+                              "RailWave carries float32 and bfloat16 rows")
+        if not isinstance(x, torch.Tensor):
+            raise TypeError("railwave.deep_ep: dispatch: x must be a torch.Tensor")
+        if handle is not None:
+            if topk_idx is not None or topk_weights is not None:
+                raise ValueError("railwave.deep_ep: dispatch: a cached dispatch (handle=) takes "
+                                 "no topk_idx/topk_weights: the handle's routing is used")
+            return self._cached_dispatch(x, handle, previous_event, async_finish)
+        if topk_idx is None:
+            raise Unsupported("railwave.deep_ep: dispatch without topk_idx (routing by "
+                              "is_token_in_rank alone): RailWave routes by expert id")
+        self._check_idx(topk_idx, "dispatch")
+        if num_tokens_per_expert is None and num_experts is None:
+            raise ValueError("railwave.deep_ep: dispatch: num_tokens_per_expert (from "
+                             "get_dispatch_layout) is needed: its length is the number of "
+                             "experts")
+        E = int(num_tokens_per_expert.numel()) if num_experts is None else num_experts
+        if not isinstance(expert_alignment, int) or expert_alignment < 1:
+            raise ValueError("railwave.deep_ep: dispatch: expert_alignment must be a positive "
+                             "int, got %r" % (expert_alignment,))
+        w_given = topk_weights is not None
+        if not w_given:
+            topk_weights = torch.ones(topk_idx.shape, dtype=torch.float32, device=x.device)
+        shared = self._shared
+        g = shared.group
+        step = shared.step
+        shared.step += 1
+
+        def run():
+            idx = topk_idx.contiguous()
+            w = topk_weights.detach().contiguous()
+            recv_x, recv_idx, recv_w, counts, a = g.dispatch(
+                x.detach().contiguous(), idx, w, E, layer=_FWD_LAYER, step=step)
+            n = a.num_recv
+            if num_worst_tokens:
+                if n > num_worst_tokens:
+                    raise ValueError(
+                        "railwave.deep_ep: dispatch: received %d rows, above num_worst_tokens "
+                        "%d" % (n, num_worst_tokens))
+                pad = num_worst_tokens - n
+                recv_x = torch.cat([recv_x, recv_x.new_zeros(pad, recv_x.shape[1])])
+                recv_idx = torch.cat([recv_idx, recv_idx.new_full((pad, recv_idx.shape[1]), -1)])
+                recv_w = torch.cat([recv_w, recv_w.new_zeros(pad, recv_w.shape[1])])
+            # The routing a cached dispatch re-sends, safe from in-place changes.
+            h = Handle(shared, a, step, idx.clone(), w.clone(), num_worst_tokens)
+            return recv_x, recv_idx, recv_w, counts, h
+
+        (recv_x, recv_idx, recv_w, counts, h), ev = self._run(x.device, previous_event,
+                                                              async_finish, run)
+        if num_worst_tokens:
+            per_expert = []
+        else:
+            al = expert_alignment
+            per_expert = [(c + al - 1) // al * al for c in counts.tolist()]
+        return recv_x, recv_idx, (recv_w if w_given else None), per_expert, h, ev
+
+    def _check_handle(self, handle, op):
+        if not isinstance(handle, Handle):
+            raise TypeError("railwave.deep_ep: %s: handle must come from a railwave.deep_ep "
+                            "dispatch, got %s" % (op, type(handle).__name__))
+        if handle.shared is not self._shared:
+            raise ValueError("railwave.deep_ep: %s: the handle is from a Buffer of another "
+                             "group" % op)
+
+    def _open_backward(self, handle, rows):
+        """Dispatch rows (T × width) as handle's pair B; keeps (B, permutation) on the handle
+        and returns B's received rows in A's order."""
+        a = handle.a
+        recv, _, _, _, b = self._shared.group.dispatch(
+            rows, handle.topk_idx, handle.topk_weights, a.n_experts, layer=_FWD_LAYER + 1,
+            step=handle.step)
+        perm = _permutation(a, b)
+        handle.bwd = (b, perm, rows.dtype, rows.shape[1] - _weight_cols(rows.dtype, a.topk))
+        return recv[perm]
+
+    def _cached_dispatch(self, x, handle, previous_event, async_finish):
+        self._check_handle(handle, "dispatch(handle=)")
+        a = handle.a
+        if x.dim() != 2 or x.shape[0] != a.num_tokens:
+            raise ValueError("railwave.deep_ep: dispatch(handle=): x must be (tokens %d of the "
+                             "handle's dispatch) × hidden, got %s" % (a.num_tokens,
+                                                                     tuple(x.shape)))
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError("railwave.deep_ep: dispatch(handle=): x has dtype %s; RailWave "
+                            "carries float32 and bfloat16 rows" % x.dtype)
+        H = x.shape[1]
+
+        def run():
+            rows = torch.zeros(x.shape[0], H + _weight_cols(x.dtype, a.topk), dtype=x.dtype,
+                               device=x.device)
+            rows[:, :H] = x.detach()
+            recv = self._open_backward(handle, rows)[:, :H]
+            if handle.pad_to:
+                recv = torch.cat([recv, recv.new_zeros(handle.pad_to - recv.shape[0], H)])
+            return (recv.contiguous(),)
+
+        (recv,), ev = self._run(x.device, previous_event, async_finish, run)
+        return recv, None, None, None, None, ev
+
+    # ---- combine ----------------------------------------------------------------------------
+    def combine(self, x, handle, topk_weights=None, bias=None, config=None,
+                previous_event=None, async_finish=False, allocate_on_comm_stream=False):
+        """DeepEP's combine: (combined_x T × hidden, combined_topk_weights fp32 T × topk or None,
+        event). x: one row per received row, in recv_x's order. After a cached dispatch with
+        this handle it goes through that pair and may carry topk_weights (their sum back at
+        each token's owner; entries of experts not hosted here are taken as 0, as dispatch
+        returns them). A forward combine (no cached dispatch yet) with topk_weights raises
+        Unsupported. bias (a tensor or a pair) is added to combined_x. config is unused."""
+        self._check_handle(handle, "combine")
+        a = handle.a
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            raise TypeError("railwave.deep_ep: combine: x must be a 2-D torch.Tensor")
+        n = a.num_recv
+        want = handle.pad_to or n
+        if x.shape[0] != want:
+            raise ValueError("railwave.deep_ep: combine: x has %d rows, the dispatch received %d"
+                             % (x.shape[0], want))
+        if topk_weights is not None and (not isinstance(topk_weights, torch.Tensor) or
+                                         tuple(topk_weights.shape) != (want, a.topk)):
+            raise ValueError("railwave.deep_ep: combine: topk_weights must be (rows %d) × "
+                             "(topk %d)" % (want, a.topk))
+        if handle.bwd is None and not a.combined and topk_weights is not None:
+            raise Unsupported("railwave.deep_ep: combine with topk_weights is offered after a "
+                              "cached dispatch with this handle (dispatch's backward); the "
+                              "forward pair carries rows only")
+
+        def run():
+            y = x.detach()[:n]
+            if handle.bwd is None and not a.combined:
+                return self._shared.group.combine(y.contiguous(), a), None
+            if handle.bwd is None:  # A already combined, no cached dispatch: open B with zeros
+                self._open_backward(handle, torch.zeros(
+                    a.num_tokens, y.shape[1] + _weight_cols(y.dtype, a.topk), dtype=y.dtype,
+                    device=y.device))
+            b, perm, dtype, H = handle.bwd
+            if y.shape[1] != H:
+                raise ValueError("railwave.deep_ep: combine: x has hidden %d, the cached "
+                                 "dispatch carried %d" % (y.shape[1], H))
+            handle.bwd = None
+            rows = torch.zeros(n, H + _weight_cols(dtype, a.topk), dtype=dtype, device=y.device)
+            rows[:, :H] = y
+            if topk_weights is not None:
+                w = topk_weights.detach()[:n].float() * a.local_mask.to(y.device)
+                _put_weights(rows, H, w)
+            in_b = torch.empty_like(rows)
+            in_b[perm] = rows
+            out = self._shared.group.combine(in_b, b)
+            cw = _get_weights(out, H, a.topk) if topk_weights is not None else None
+            return out[:, :H].to(x.dtype).contiguous(), cw
+
+        (out, cw), ev = self._run(x.device, previous_event, async_finish, run)
+        if bias is not None:
+            for b_t in (bias if isinstance(bias, (tuple, list)) else (bias,)):
+                if b_t is not None:
+                    out = out + b_t
+        return out, cw, ev

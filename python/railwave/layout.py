@@ -1,0 +1,56 @@
+"""Expert-major layout of a dispatch's output: the rows of each local expert together, each
+expert's block padded to a multiple of `alignment` rows (grouped GEMMs and FP8/MXFP8 kernels
+want 8–256), and the way back to one row per received row for combine. Pure tensor code,
+differentiable in the rows and the weights (used by Group.dispatch_expert_major and the
+TorchTitan dispatcher, railwave/torchtitan.py)."""
+import torch
+
+
+class ExpertMajor:
+    """Where each (received row, local expert) entry sits in the expert-major rows.
+    pos: its row there; src: the received row; weight: its top-k weight (fp32);
+    counts: rows per local expert, padding included (int64); num_recv: received rows."""
+
+    __slots__ = ("pos", "src", "weight", "counts", "num_recv", "num_rows")
+
+    def __init__(self, pos, src, weight, counts, num_recv, num_rows):
+        self.pos, self.src, self.weight, self.counts = pos, src, weight, counts
+        self.num_recv, self.num_rows = num_recv, num_rows
+
+
+def expert_major(recv_x, recv_topk_idx, recv_topk_weights, num_local_experts, alignment=1):
+    """(rows [R, hidden], ExpertMajor) for a dispatch's recv_x, recv_topk_idx (local expert ids,
+    -1 elsewhere) and recv_topk_weights: one row per (received row, local expert) entry, expert
+    0's first, in received order within an expert; padding rows are zero."""
+    if not isinstance(alignment, int) or alignment < 1:
+        raise ValueError("railwave: expert_major: alignment must be a positive int, got %r"
+                         % (alignment,))
+    dev = recv_x.device
+    mask = recv_topk_idx >= 0
+    rows_n, ks = mask.nonzero(as_tuple=True)
+    experts = recv_topk_idx[rows_n, ks]
+    experts, order = torch.sort(experts, stable=True)
+    src = rows_n[order]
+    weight = recv_topk_weights[rows_n, ks][order].float()
+    counts = torch.bincount(experts, minlength=num_local_experts)[:num_local_experts]
+    padded = (counts + alignment - 1) // alignment * alignment
+    first = torch.cumsum(counts, 0) - counts         # entry index where each expert starts
+    first_row = torch.cumsum(padded, 0) - padded     # output row where each expert starts
+    pos = first_row[experts] + torch.arange(experts.numel(), device=dev) - first[experts]
+    R = int(padded.sum())
+    rows = recv_x.new_zeros(R, recv_x.shape[1]).index_copy(0, pos, recv_x[src])
+    return rows, ExpertMajor(pos, src, weight, padded, recv_x.shape[0], R)
+
+
+def combine_rows(expert_out, layout, weighted=True):
+    """One row per received row: Σ over the row's local experts of (weight ×) that expert's
+    output (expert_out: the expert-major rows' outputs, [R, hidden]). Weights multiply in fp32
+    and round once to expert_out's dtype; the row's sum is in that dtype."""
+    if expert_out.shape[0] != layout.num_rows:
+        raise ValueError("railwave: combine_rows: expert_out has %d rows, the layout %d"
+                         % (expert_out.shape[0], layout.num_rows))
+    y = expert_out[layout.pos]
+    if weighted:
+        y = (y.float() * layout.weight.unsqueeze(1)).to(expert_out.dtype)
+    out = expert_out.new_zeros(layout.num_recv, expert_out.shape[1])
+    return out.index_add(0, layout.src, y)

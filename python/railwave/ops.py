@@ -1,0 +1,165 @@
+"""Dispatch and combine as torch.library custom operators with autograd: railwave::dispatch
+and railwave::combine (docs/python.md "TorchTitan").
+
+They are the DeepEP duality on a railwave.deep_ep.Buffer (set with use()): dispatch's backward
+is a combine of [grad recv_x, grad recv_topk_weights]; combine's backward is a cached dispatch
+of the output gradient. Being single operators, they are what a selective activation
+checkpointing policy sees and can save by name: torch.ops.railwave.dispatch.default and
+torch.ops.railwave.combine.default (railwave.torchtitan adds both to TorchTitan's save list).
+The dispatch handle crosses the operator boundary as a CPU int64 tensor naming an entry of a
+process-local table.
+
+    dispatch(Tensor x, Tensor topk_idx, Tensor topk_weights, int num_experts)
+        -> (recv_x, recv_topk_idx, recv_topk_weights, num_recv_per_expert, handle_id)
+    combine(Tensor x, Tensor handle_id, bool will_backward) -> combined
+
+will_backward is the caller's torch.is_grad_enabled() (inside an operator it always reads
+False): when False the combine frees the handle itself. Eager only: no fake (meta) kernels, so
+torch.compile does not trace through them. PyTorch ≥ 2.4 registers the backward with
+torch.library.register_autograd; older PyTorch (Debian's 1.13) gets an Autograd kernel around
+an autograd.Function."""
+import itertools
+
+import torch
+
+NAMESPACE = "railwave"
+_lib = torch.library.Library(NAMESPACE, "DEF")
+_lib.define("dispatch(Tensor x, Tensor topk_idx, Tensor topk_weights, int num_experts) -> "
+            "(Tensor, Tensor, Tensor, Tensor, Tensor)")
+_lib.define("combine(Tensor x, Tensor handle_id, bool will_backward) -> Tensor")
+
+_state = {"buffer": None}
+_handles = {}
+_ids = itertools.count(1)
+
+
+def use(buffer):
+    """The railwave.deep_ep.Buffer the operators run on (one per process, as DeepEP's)."""
+    _state["buffer"] = buffer
+
+
+def _buffer():
+    b = _state["buffer"]
+    if b is None:
+        raise RuntimeError("railwave.ops: no Buffer: call railwave.ops.use(railwave.deep_ep."
+                           "Buffer(group)) first (the TorchTitan dispatcher does it in "
+                           "wire_meshes)")
+    return b
+
+
+def _handle(handle_id, pop):
+    key = int(handle_id.reshape(-1)[0])
+    h = _handles.pop(key, None) if pop else _handles.get(key)
+    if h is None:
+        raise RuntimeError("railwave.ops: no dispatch handle %d (already combined without "
+                           "backward, or from another process)" % key)
+    return h
+
+
+def _dispatch_kernel(x, topk_idx, topk_weights, num_experts):
+    recv_x, recv_idx, recv_w, counts, h, _ = _buffer().dispatch(
+        x, topk_idx=topk_idx, topk_weights=topk_weights, num_experts=num_experts)
+    key = next(_ids)
+    _handles[key] = h
+    return (recv_x, recv_idx, recv_w, torch.tensor(counts, dtype=torch.int64, device=x.device),
+            torch.tensor([key], dtype=torch.int64))
+
+
+def _combine_kernel(x, handle_id, will_backward):
+    h = _handle(handle_id, pop=not will_backward)
+    return _buffer().combine(x.contiguous(), h)[0]
+
+
+for _key in ("CPU", "CUDA"):
+    _lib.impl("dispatch", _dispatch_kernel, _key)
+    _lib.impl("combine", _combine_kernel, _key)
+
+
+def _dispatch_backward(handle, g_recv_x, g_recv_w, like_x):
+    if g_recv_x is None:
+        g_recv_x = torch.zeros(handle.pad_to or handle.num_recv_tokens, handle.a.hidden,
+                               dtype=like_x, device=handle.a.device)
+    if g_recv_w is None:
+        g_recv_w = torch.zeros(g_recv_x.shape[0], handle.a.topk, dtype=torch.float32,
+                               device=g_recv_x.device)
+    gx, gw, _ = _buffer().combine(g_recv_x.contiguous(), handle, topk_weights=g_recv_w.float())
+    return gx, gw
+
+
+def _combine_backward(handle, g_out):
+    return _buffer().dispatch(g_out.contiguous(), handle=handle)[0]
+
+
+if hasattr(torch.library, "register_autograd"):
+    def _d_setup(ctx, inputs, output):
+        ctx.handle = _handle(output[4], pop=False)
+        ctx.x_dtype = inputs[0].dtype
+
+    def _d_backward(ctx, g_recv_x, g_idx, g_recv_w, g_counts, g_hid):
+        gx, gw = _dispatch_backward(ctx.handle, g_recv_x, g_recv_w, ctx.x_dtype)
+        return gx.to(ctx.x_dtype), None, gw, None
+
+    def _c_setup(ctx, inputs, output):
+        ctx.handle = _handle(inputs[1], pop=True) if inputs[2] else None
+
+    def _c_backward(ctx, g_out):
+        return _combine_backward(ctx.handle, g_out), None, None
+
+    torch.library.register_autograd(NAMESPACE + "::dispatch", _d_backward, setup_context=_d_setup)
+    torch.library.register_autograd(NAMESPACE + "::combine", _c_backward, setup_context=_c_setup)
+else:  # PyTorch < 2.4: an Autograd kernel that calls the operator below autograd
+    def _below_autograd(op, *args):
+        guard = torch._C._AutoDispatchBelowAutograd()  # a guard object, not a context manager
+        try:
+            return op(*args)
+        finally:
+            del guard
+
+    class _DispatchFn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, topk_idx, topk_weights, num_experts):
+            out = _below_autograd(torch.ops.railwave.dispatch, x, topk_idx, topk_weights,
+                                  num_experts)
+            ctx.handle = _handle(out[4], pop=False)
+            ctx.x_dtype = x.dtype
+            ctx.mark_non_differentiable(out[1], out[3], out[4])
+            return out
+
+        @staticmethod
+        def backward(ctx, g_recv_x, g_idx, g_recv_w, g_counts, g_hid):
+            gx, gw = _dispatch_backward(ctx.handle, g_recv_x, g_recv_w, ctx.x_dtype)
+            return gx.to(ctx.x_dtype), None, gw, None
+
+    class _CombineFn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, handle_id, will_backward):
+            out = _below_autograd(torch.ops.railwave.combine, x, handle_id, will_backward)
+            ctx.handle = _handle(handle_id, pop=True) if will_backward else None
+            return out
+
+        @staticmethod
+        def backward(ctx, g_out):
+            return _combine_backward(ctx.handle, g_out), None, None
+
+    _lib.impl("dispatch", lambda *a: _DispatchFn.apply(*a), "Autograd")
+    _lib.impl("combine", lambda *a: _CombineFn.apply(*a), "Autograd")
+
+
+def dispatch(x, topk_idx, topk_weights, num_experts):
+    """torch.ops.railwave.dispatch (differentiable in x and topk_weights)."""
+    return torch.ops.railwave.dispatch(x, topk_idx, topk_weights, num_experts)
+
+
+def combine(x, handle_id):
+    """torch.ops.railwave.combine (differentiable in x), freeing the handle when no backward
+    will run."""
+    return torch.ops.railwave.combine(x, handle_id, torch.is_grad_enabled())
+
+
+SAVE_OPS = ("dispatch", "combine")
+
+
+def save_list():
+    """The OpOverloads a selective activation checkpointing policy should save (never
+    recompute: recomputing them would communicate again)."""
+    return [getattr(torch.ops.railwave, n).default for n in SAVE_OPS]

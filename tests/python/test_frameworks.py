@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""railwave.deep_ep (DeepEP's V1 Buffer subset, what Megatron-Core's flex dispatcher calls) and
+the railwave::dispatch/combine torch.library operators (what the TorchTitan dispatcher runs)
+against real daemons (docs/python.md "Megatron-Core", "TorchTitan"): 2 railwaved on loopback,
+2 rank processes per node (tests/python/deep_ep_rank.py) in a torch.distributed gloo group.
+
+buffer: get_dispatch_layout's outputs, the fresh dispatch (rows, local ids, weights, aligned
+counts), the forward combine, the cached dispatch and the combine with topk_weights (combine's
+and dispatch's backward), fp32 and bf16, −1 top-k slots, a rank with no tokens, num_worst_tokens
+padding, a second Buffer sharing the group — equal to the one-process reference. errors: what
+RailWave cannot do raises Unsupported, bad arguments TypeError/ValueError, and the Buffer serves
+on. ops: two MoE steps through the operators (autograd) and the expert-major layout, output and
+gradients equal; a no-grad step frees its handle. The shim distribution (python/shim-deep_ep)
+makes `import deep_ep` give railwave.deep_ep and refuses to when a real DeepEP is importable.
+
+Run by tests/run as $b/test/python_frameworks; RW_PY_ONLY=buffer,errors,ops,shim picks
+scenarios. Exits 0 pass, 1 fail, 77 skip."""
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import harness  # noqa: E402
+import test_moe  # noqa: E402  (the daemons and the rank processes: its Cluster and Ranks)
+
+
+class Ranks(test_moe.Ranks):
+    """test_moe's rank processes running deep_ep_rank.py."""
+
+    SCRIPT = os.path.join(HERE, "deep_ep_rank.py")
+
+    def __init__(self, world, per_node, env):
+        self.procs = []
+        for r in range(world):
+            e = dict(env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r % per_node),
+                     LOCAL_WORLD_SIZE=str(per_node))
+            self.procs.append(subprocess.Popen(
+                [sys.executable, self.SCRIPT], env=e, text=True, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+
+
+def scenario(td, tmp, ranks, nodes, seed, op):
+    c = td.Cluster(tmp, nodes, path="auto", extra=test_moe.PHASE_TIMEOUT)
+    store = os.path.join(tmp, "store.%s" % op)
+    try:
+        c.start_all()
+        outs = test_moe.check(ranks.run({
+            "op": op, "group": "deep_ep." + op, "experts": nodes * td.GPUS * 2, "seed": seed,
+            "store": store, "sockets": [n["ipc_socket"] for n in c.cfg["nodes"]]}), op, c)
+    finally:
+        c.stop()
+    for r in sorted(outs):
+        for line in outs[r]["log"] if r == 0 else outs[r]["log"][:1]:
+            print("ok   %s rank %d: %s" % (op, r, line))
+
+
+def scenario_shim(env):
+    """The shim distribution on PYTHONPATH: `import deep_ep` is railwave.deep_ep; with a real
+    DeepEP importable (a deep_ep_cpp module on the path) it refuses, naming it."""
+    shim = os.path.join(SRC, "python", "shim-deep_ep")
+    probe = ("import deep_ep, deep_ep.utils, railwave.deep_ep as r; "
+             "assert deep_ep.Buffer is r.Buffer and deep_ep.utils.EventOverlap is "
+             "r.EventOverlap; print('deep_ep is railwave.deep_ep')")
+    e = dict(env, PYTHONPATH=shim + os.pathsep + env["PYTHONPATH"])
+    p = subprocess.run([sys.executable, "-c", probe], env=e, capture_output=True, text=True)
+    if p.returncode:
+        raise RuntimeError("shim import failed:\n" + p.stdout + p.stderr)
+    print("ok   shim: %s" % p.stdout.strip())
+    with tempfile.TemporaryDirectory(prefix="rwshim.") as fake:
+        open(os.path.join(fake, "deep_ep_cpp.py"), "w").close()
+        e2 = dict(e, PYTHONPATH=fake + os.pathsep + e["PYTHONPATH"])
+        p = subprocess.run([sys.executable, "-c", probe], env=e2, capture_output=True, text=True)
+        if p.returncode == 0 or "a real DeepEP is installed" not in p.stderr:
+            raise RuntimeError("the shim did not refuse beside a real DeepEP:\n%s%s"
+                               % (p.stdout, p.stderr))
+        p = subprocess.run([sys.executable, "-c", "import railwave.deep_ep as r; "
+                            "r.use_as_deep_ep()"], env=e2, capture_output=True, text=True)
+        if p.returncode == 0 or "refusing to stand in" not in p.stderr:
+            raise RuntimeError("use_as_deep_ep() did not refuse beside a real DeepEP:\n%s%s"
+                               % (p.stdout, p.stderr))
+    print("ok   shim: refuses beside a real DeepEP (%s)" % p.stderr.strip().splitlines()[-1])
+
+
+def main():
+    build = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(SRC, "build"))
+    torch = harness.torch_or_skip()
+    if torch is None:
+        return 77
+    if not torch.distributed.is_available():
+        print("skip: this torch has no torch.distributed")
+        return 77
+    lib = os.path.join(build, "lib", "librailwave.so.1")
+    if not (os.access(os.path.join(build, "railwaved"), os.X_OK) and os.path.exists(lib)):
+        print("skip: railwaved or librailwave.so.1 not built in %s" % build)
+        return 77
+    td = test_moe.load_dataflow(build)
+    only = [s for s in os.environ.get("RW_PY_ONLY", "buffer,errors,ops,shim").split(",") if s]
+    seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or int(time.time()) % 100000 + 1
+    print("seed %d (RW_TEST_SEED=%d reproduces)" % (seed, seed))
+    env = dict(os.environ, RAILWAVE_LIB=lib, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.path.join(SRC, "python") + os.pathsep +
+               os.environ.get("PYTHONPATH", ""))
+    nodes = 2
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="rwfw.", dir="/tmp") as tmp:
+        ranks = Ranks(nodes * td.GPUS, td.GPUS, env)
+        failed = None
+        try:
+            for op in [o for o in ("buffer", "errors", "ops") if o in only]:
+                scenario(td, tmp, ranks, nodes, seed, op)
+            if "shim" in only:
+                scenario_shim(env)
+        except Exception as e:
+            failed = e
+        ranks.stop()
+        if failed is not None:
+            print("FAIL %s" % failed)
+            return 1
+    print("python_frameworks: %.1f s" % (time.time() - t0))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
