@@ -8,7 +8,7 @@
  * the library; else /run/railwave/railwaved.sock), R ← $RANK, W ← $WORLD_SIZE, G ←
  * $LOCAL_WORLD_SIZE, N ← $RAILWAVE_NODE else R / G; defaults: rank 0 of 1, E = 2·W. Every rank
  * of the group must run it (W processes, W = nodes × gpus_per_node of the cluster file), e.g. on
- * deploy/clusters/loopback-2x2-one-ip.json (docs/python.md "The C library"):
+ * deploy/clusters/loopback-2x2-one-ip.json (docs/python.md "C library"):
  *   for r in 0 1 2 3; do RANK=$r WORLD_SIZE=4 LOCAL_WORLD_SIZE=2 \
  *     RAILWAVE_SOCKET=/tmp/railwave/$( [ $r -lt 2 ] && echo a || echo b ).sock \
  *     build/examples/ipc_example & done; wait

@@ -105,7 +105,7 @@ typedef struct rw_span {
 	uint64_t offset;
 } rw_span_t;
 
-/* Submission: one dispatch or one combine of one MoE layer (DESIGN.md §3 "Phase").
+/* Submission: one dispatch or one combine of one MoE layer (docs/architecture.md §3).
  * Lengths are derived, not sent: tokens = token_count × hidden × sizeof(dtype),
  * topk_ids = token_count × topk × 4 (int32), topk_weights = token_count × topk × 4 (fp32);
  * the output span has an explicit capacity. Every byte of every span must lie inside its buffer.
@@ -141,14 +141,14 @@ typedef struct rw_sqe {
 	uint16_t path;         /* enum rw_path_request: 0 = the daemon's choice (see below) */
 } rw_sqe_t;
 
-/* rw_sqe_t.path: the data path a dispatch asks for (docs/ipc.md "Path requests", DESIGN §4.3).
- * 0 leaves it to the daemon (its configured `path`, else the selector); any other value makes
- * the phase run that path, as `railwave calibrate` does to time every path without restarting
- * a daemon. Every rank of the phase (all nodes) must ask for the same value, or the phase fails
- * on every node with RW_E_PHASE and a message naming the ranks that disagree. A value above
- * RW_PATH_REQ_JOINT is refused at submission (RW_E_FIELD). A combine runs its dispatch's path:
- * its `path` must be 0 or that path. The field was reserved (0) before, so older clients ask
- * for nothing; an older daemon refuses a nonzero path with RW_E_FIELD. */
+/* rw_sqe_t.path: the data path a dispatch asks for (docs/ipc.md "Path requests", docs/algorithms.md
+ * §4). 0 leaves it to the daemon (its configured `path`, else the selector); any other value makes
+ * the phase run that path, as `railwave calibrate` does to time every path without restarting a
+ * daemon. Every rank of the phase (all nodes) must ask for the same value, or the phase fails on
+ * every node with RW_E_PHASE and a message naming the ranks that disagree. A value above
+ * RW_PATH_REQ_JOINT is refused at submission (RW_E_FIELD). A combine runs its dispatch's path: its
+ * `path` must be 0 or that path. The field was reserved (0) before, so older clients ask for
+ * nothing; an older daemon refuses a nonzero path with RW_E_FIELD. */
 enum rw_path_request {
 	RW_PATH_REQ_DAEMON = 0,    /* the daemon decides */
 	RW_PATH_REQ_NATIVE = 1,    /* every record on its owner GPU's rail, all destinations at once */

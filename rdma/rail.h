@@ -1,4 +1,4 @@
-/* RailWave rail transports: one one-sided write contract (DESIGN §5) over interchangeable
+/* RailWave rail transports: one one-sided write contract (docs/rdma.md) over interchangeable
  * transports (`tcp`, `verbs`), in the manner of NCCL's ncclNet_t. This is the module's only
  * public header: the daemon uses the rw_rail_* functions; a transport implements rw_rail_ops_t.
  *

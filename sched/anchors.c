@@ -1,7 +1,7 @@
-/* Anchor tables (DESIGN §4.6): parse and validate the JSON written by calibration, format a
+/* Anchor tables (docs/selector.md §3): parse and validate the JSON written by calibration, format a
  * table back to JSON, check a table's cluster fingerprint. Every rejection names the exact field
- * ("anchors[2].samples.joint.p10: ...") so an operator can fix the file; docs/selector.md has
- * the schema. This is the one part of sched/ that allocates (the table's anchor array). */
+ * ("anchors[2].samples.joint.p10: ...") so an operator can fix the file; docs/selector.md has the
+ * schema. This is the one part of sched/ that allocates (the table's anchor array). */
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>

@@ -1,4 +1,4 @@
-/* RailBalance (DESIGN §4.2; docs/algorithms.md §2): per (source, destination) pair, quotas that
+/* RailBalance (docs/algorithms.md §2): per (source, destination) pair, quotas that
  * differ by at most one record (or follow rail weights), a count-aware rotated remainder that
  * moves the fewest records, and the owner -> proxy map that surplus -> deficit matching by prefix
  * sums defines, with its inverse. Pure, O(R) per pair, O(log R) per mapped record. */
@@ -61,11 +61,11 @@ static inline uint32_t rotate_right(uint32_t x, uint32_t start, uint32_t m)
 	return ((x >> start) | (x << (m - start))) & ((UINT32_C(1) << m) - 1);
 }
 
-/* The count-aware remainder of §4.2 over m eligible indices: which `rem` of the candidates
- * get one extra record. Walking the indices in rotation order from `start`, the first pass
- * takes candidates above their base quota, the second the remaining candidates, until rem is
- * spent. With the masks rotated so that `start` is bit 0, "the first n in rotation order" is
- * "the lowest n set bits": no per-rail branches. Returns the winners' mask (index space). */
+/* The count-aware remainder (docs/algorithms.md §2.1) over m eligible indices: which `rem` of the
+ * candidates get one extra record. Walking the indices in rotation order from `start`, the first
+ * pass takes candidates above their base quota, the second the remaining candidates, until rem is
+ * spent. With the masks rotated so that `start` is bit 0, "the first n in rotation order" is "the
+ * lowest n set bits": no per-rail branches. Returns the winners' mask (index space). */
 static uint32_t remainder_winners(uint32_t above, uint32_t other, uint32_t rem, uint32_t start,
 				  uint32_t m)
 {
@@ -75,11 +75,11 @@ static uint32_t remainder_winners(uint32_t above, uint32_t other, uint32_t rem, 
 	return rotate_right(win, (m - start) % m, m); /* back: rotate left by start */
 }
 
-/* Quotas of §4.2 into quota[0..R) for a pair of T = total > 0 records, any rail set.
- * Base quota floor(T w_r / W) (floor(T / |S|) with equal weights), masked rails 0, then the
- * count-aware rotated remainder (remainder_winners) over the candidates: rails whose exact
- * share T w_r / W is not an integer (so every quota stays strictly within one of its share;
- * with equal weights every eligible rail whenever there is a remainder). */
+/* Quotas (docs/algorithms.md §2.1) into quota[0..R) for a pair of T = total > 0 records, any rail
+ * set. Base quota floor(T w_r / W) (floor(T / |S|) with equal weights), masked rails 0, then the
+ * count-aware rotated remainder (remainder_winners) over the candidates: rails whose exact share T
+ * w_r / W is not an integer (so every quota stays strictly within one of its share; with equal
+ * weights every eligible rail whenever there is a remainder). */
 static void compute_quotas(const rw_rail_set_t *set, const uint32_t *count, uint64_t total,
 			   uint32_t rotation, uint32_t *quota)
 {

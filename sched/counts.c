@@ -1,4 +1,4 @@
-/* Demand counts and records of one node for a phase (DESIGN §3, §4.1; docs/algorithms.md §1).
+/* Demand counts and records of one node for a phase (docs/algorithms.md §1).
  * A record is one (token, destination node) pair after de-duplicating the token's top-k experts
  * by node. Two passes over the ranks' routing: count, then fill records in CSR order. No
  * allocation: the per-token de-duplication uses a node bitmap on the stack. */

@@ -1,4 +1,4 @@
-/* Phase features of DESIGN §4.5 (docs/algorithms.md §5) under the native assignment, from the
+/* Phase features (docs/algorithms.md §5) under the native assignment, from the
  * N x N x R count matrix: incrementally, one source row at a time as the rows arrive from the
  * peers (rw_sched_feat_*), or in one call over the whole matrix (rw_sched_features). Both reduce
  * the matrix to the same integer sums and evaluate one floating-point expression per feature

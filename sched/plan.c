@@ -1,6 +1,6 @@
-/* Path plans (DESIGN §4.3, §4.4; docs/algorithms.md §3-§4): per destination, the wave it is sent
+/* Path plans (docs/algorithms.md §3-§4): per destination, the wave it is sent
  * in and the rail split of its records, for the four paths; and the busiest-NIC load of a phase
- * under a path, whose RailBalance value is the lower bound of §6. */
+ * under a path, whose RailBalance value is the lower bound (docs/architecture.md §6). */
 #include <string.h>
 
 #include "sched/sched.h"
@@ -116,10 +116,10 @@ static uint64_t node_busiest_rail(const rw_topo_t *topo, const rw_rail_set_t *se
 	return busiest;
 }
 
-/* Rails are symmetric (§1): a record leaving s on egress rail r arrives at d on ingress rail r.
- * Egress loads are summed over a source's row, ingress loads over a destination's column, so
- * only R accumulators are live at a time. Waves change when bytes move, not how many each NIC
- * carries, so only whether the path balances matters here. */
+/* Rails are symmetric (docs/architecture.md §1): a record leaving s on egress rail r arrives at d
+ * on ingress rail r. Egress loads are summed over a source's row, ingress loads over a
+ * destination's column, so only R accumulators are live at a time. Waves change when bytes move,
+ * not how many each NIC carries, so only whether the path balances matters here. */
 uint64_t rw_sched_busiest_nic(const rw_topo_t *topo, rw_path_t path, const uint32_t *counts)
 {
 	if (rw_sched_topo_check(topo) != RW_OK || !counts)

@@ -1,7 +1,8 @@
 /* RailWave scheduling core: topology, demand counts, RailBalance, permutation waves, the four
  * path plans, features, the anchor-table selector and a Birkhoff-von Neumann baseline.
  * Pure and deterministic: no I/O, no allocation except rw_sched_anchors_parse(); the caller owns
- * every buffer. Section numbers (§) refer to shared/DESIGN.md and docs/algorithms.md. */
+ * every buffer. Section numbers (§) refer to docs/algorithms.md, except where docs/selector.md
+ * is named. */
 #ifndef RW_SCHED_H
 #define RW_SCHED_H
 
@@ -16,7 +17,7 @@
 #define RW_MAX_TOPK 32
 
 /* ---------------------------------------------------------------------------------------------
- * Topology (§1, §3)
+ * Topology (§0)
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct rw_topo {
@@ -37,7 +38,7 @@ typedef struct rw_topo {
 } rw_topo_t;
 
 /* Largest rail weight rw_sched_topo_check() accepts, so that T * w_r never overflows 64 bits
- * in the weighted quota of §4.2 (T < 2^32 records per pair). */
+ * in the weighted quota of §2.1 (T < 2^32 records per pair). */
 #define RW_MAX_RAIL_WEIGHT (1u << 24)
 
 /* Fill a rail-optimized topology: GPU g -> rail g % R, every rail weight 1. */
@@ -50,7 +51,7 @@ rw_status_t rw_sched_topo_check(const rw_topo_t *topo);
 uint32_t rw_sched_topo_eligible(const rw_topo_t *topo);
 
 /* ---------------------------------------------------------------------------------------------
- * Counts and records (§3, §4.1)
+ * Counts and records (§1)
  * ------------------------------------------------------------------------------------------- */
 
 /* One local rank's routing decisions for a phase: top-k expert ids per token. */
@@ -129,7 +130,7 @@ rw_status_t rw_sched_records_step(const rw_topo_t *topo, uint32_t n_experts, uin
 				  uint32_t budget, int *done_p);
 
 /* ---------------------------------------------------------------------------------------------
- * RailBalance (§4.2)
+ * RailBalance (§2)
  * ------------------------------------------------------------------------------------------- */
 
 /* The balance of one (source, destination) pair (or one slice of it). Records are identified by
@@ -175,7 +176,7 @@ void rw_sched_map_rail(const rw_pair_plan_t *plan, uint32_t owner_rail, uint8_t 
 		       uint32_t *slot);
 
 /* ---------------------------------------------------------------------------------------------
- * Permutation waves and path plans (§4.3, §4.4)
+ * Permutation waves and path plans (§3, §4)
  * ------------------------------------------------------------------------------------------- */
 
 typedef enum rw_path {
@@ -243,12 +244,12 @@ rw_status_t rw_sched_plan_build_recv(const rw_topo_t *topo, rw_path_t path, uint
 
 /* Busiest NIC's records under `path` (max over every node's egress and ingress rails), and the
  * lower bound: the same under the best per-pair balance (RailBalance quotas). Multiply by the
- * record size and divide by the NIC rate for seconds (§6). */
+ * record size and divide by the NIC rate for seconds (§4). */
 uint64_t rw_sched_busiest_nic(const rw_topo_t *topo, rw_path_t path, const uint32_t *counts);
 uint64_t rw_sched_lower_bound(const rw_topo_t *topo, const uint32_t *counts);
 
 /* ---------------------------------------------------------------------------------------------
- * Features (§4.5)
+ * Features (§5)
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct rw_features {
@@ -300,7 +301,7 @@ rw_status_t rw_sched_feat_finish(const rw_sched_feat_acc_t *acc, uint64_t record
 				 rw_features_t *feat);
 
 /* ---------------------------------------------------------------------------------------------
- * Anchor table and selector (§4.5, §4.6)
+ * Anchor table and selector (docs/selector.md)
  * ------------------------------------------------------------------------------------------- */
 
 #define RW_ANCHOR_SCHEMA 1
@@ -360,14 +361,14 @@ typedef struct rw_selection {
 
 const char *rw_sched_reason_name(rw_select_reason_t reason);
 
-/* Selector of §4.5: table may be NULL. Eligible: |f0 - a0| <= log2(max_size_ratio) and
- * max(|f1 - a1|, |f2 - a2|) <= shape_tolerance; least squared distance wins, ties by case id. */
+/* Selector (docs/selector.md §1); table may be NULL. Eligible: |f0 - a0| <= log2(max_size_ratio)
+ * and max(|f1 - a1|, |f2 - a2|) <= shape_tolerance; least squared distance wins, ties: case id. */
 void rw_sched_select(const rw_anchor_table_t *table, const rw_features_t *feat,
 		     rw_selection_t *sel);
 
-/* Calibration rule of §4.6 for one anchor: keep path `alt` over Joint only if both paths' CV
- * (from their sample arrays) is under cv_bound and alt's p90 * (1 + margin) < Joint's p10.
- * Fills anchor->samples from the raw samples and sets anchor->selected. */
+/* Calibration rule (docs/selector.md §2) for one anchor: keep path `alt` over Joint only if both
+ * paths' CV (from their sample arrays) is under cv_bound and alt's p90 * (1 + margin) < Joint's
+ * p10. Fills anchor->samples from the raw samples and sets anchor->selected. */
 typedef struct rw_calib_rule {
 	double cv_bound;  /* e.g. 0.10 */
 	double margin;    /* e.g. 0.05 */

@@ -1,5 +1,5 @@
-/* The per-phase path selector (DESIGN §4.5) and the calibration rule that decides what each
- * anchor of the table says (DESIGN §4.6). Pure: no I/O, no allocation; docs/selector.md explains
+/* The per-phase path selector (docs/selector.md §1) and the calibration rule that decides what
+ * each anchor of the table says (§2 there). Pure: no I/O, no allocation; docs/selector.md explains
  * the rules and why they are conservative. */
 #include <math.h>
 #include <string.h>
@@ -45,8 +45,8 @@ const char *rw_sched_reason_name(rw_select_reason_t reason)
 	return "unknown";
 }
 
-/* §4.5. The comparisons are written as !(x <= bound) so that a NaN feature (a corrupt count
- * matrix) makes an anchor ineligible rather than eligible: the fallback is always Joint. */
+/* docs/selector.md §1. The comparisons are written as !(x <= bound) so that a NaN feature (a
+ * corrupt count matrix) makes an anchor ineligible rather than eligible: the fallback is Joint. */
 void rw_sched_select(const rw_anchor_table_t *table, const rw_features_t *feat,
 		     rw_selection_t *sel)
 {
@@ -90,7 +90,7 @@ void rw_sched_select(const rw_anchor_table_t *table, const rw_features_t *feat,
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Calibration rule (§4.6)
+ * Calibration rule (docs/selector.md §2)
  * ------------------------------------------------------------------------------------------- */
 
 /* In-place heapsort: O(n log n), no allocation, deterministic. The order of repeated
@@ -156,10 +156,10 @@ static double coeff_var(const double *v, uint32_t n)
 	return sqrt(ss / (n - 1)) / mean;
 }
 
-/* §4.6. samples[p] may be NULL when n_samples[p] == 0 (path not measured). Each non-empty
- * samples[p] is sorted in place. An alternative path qualifies only when both it and Joint are
- * stable (CV < cv_bound) and its p90 * (1 + margin) is below Joint's p10; among qualifying
- * alternatives the lowest median wins (ties: lower path id). Otherwise Joint. */
+/* docs/selector.md §2. samples[p] may be NULL when n_samples[p] == 0 (path not measured). Each
+ * non-empty samples[p] is sorted in place. An alternative path qualifies only when both it and
+ * Joint are stable (CV < cv_bound) and its p90 * (1 + margin) is below Joint's p10; among
+ * qualifying alternatives the lowest median wins (ties: lower path id). Otherwise Joint. */
 void rw_sched_anchor_decide(const rw_calib_rule_t *rule, double *const samples[RW_PATH_COUNT],
 			    const uint32_t n_samples[RW_PATH_COUNT], rw_anchor_t *anchor)
 {

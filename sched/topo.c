@@ -1,5 +1,5 @@
-/* Topology of a rail-optimized cluster (DESIGN §1, §3): N nodes of G GPUs and R rail NICs,
- * which rail each GPU sits next to, and the relative capacity of each rail (0 = failed or
+/* Topology of a rail-optimized cluster (docs/architecture.md §1, §3): N nodes of G GPUs and R rail
+ * NICs, which rail each GPU sits next to, and the relative capacity of each rail (0 = failed or
  * masked). Everything else in sched/ takes a topology that passed rw_sched_topo_check(). */
 #include <string.h>
 

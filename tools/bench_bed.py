@@ -210,7 +210,7 @@ def run_mpi_once(ctx, tmp_root, wl, desc, steps, progress=True):
 
 
 def calibrate(ctx, cases, out_path):
-    """Anchor table from the forced paths' dispatch samples (DESIGN §4.6 rule in sched/)."""
+    """Anchor table from the forced paths' dispatch samples (docs/selector.md §2, in sched/)."""
     a = ctx.args
     doc = {"fingerprint": {"nodes": a.nodes, "gpus_per_node": a.gpus, "rails": a.rails,
                            "nic_gbps": a.mbit / 1000.0, "transport": "tcp"},
@@ -305,7 +305,7 @@ def demo(ctx, tmp):
     if len(case["samples"]) < len(PATHS):
         return {"mode": ctx.bed.mode, "results": res}  # --paths: a debugging subset, no tables
     table = calibrate(ctx, [case], table_path)
-    say("[auto] selector with an anchor table calibrated from the runs above (DESIGN 4.6 rule)")
+    say("[auto] selector with an anchor table calibrated from the runs above (docs/selector.md §2 rule)")
     res["auto"] = run_contender(ctx, tmp, wl, desc, "auto", a.pairs, "auto", anchors=table_path)
     if a.mpi:
         say("[mpi] %s" % WHAT["mpi"])

@@ -1,4 +1,4 @@
-/* `railwave bench-plan`: the planning benchmark of issue 2 (docs/perf/plan.md). For each
+/* `railwave bench-plan`: the planning benchmark (docs/perf/plan.md). For each
  * cluster size and model shape it times, on one core, the per-phase work of one node: building
  * its counts, features + selection, its RailBalance send plan + waves, the receive-side pair
  * plans, the per-record owner -> proxy mapping, and the Birkhoff-von Neumann baseline on the

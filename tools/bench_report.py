@@ -68,7 +68,7 @@ def bench_table(doc):
 
 
 def target_lines(doc):
-    """The issue's targets, checked on this run's medians (docs/perf/testbed.md)."""
+    """The targets of docs/perf/testbed.md "Against the targets", checked on this run's medians."""
     def ratio(p, c, phase):
         r = p["results"].get(c, {})
         return r[phase]["median"] / p["lower_bound_s"][phase] if phase in r else None

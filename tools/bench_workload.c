@@ -1,11 +1,11 @@
 /* `railwave bench-workload`: the planner's view of one test-bed workload, as JSON, for the
  * `railwave demo` / `railwave bench` orchestrator (tools/bench_bed.py), and the calibration of
- * an anchor table from that run's measured samples (DESIGN §4.6). Everything numeric the demo
- * and the bench print about a workload comes from here, i.e. from sched/:
+ * an anchor table from that run's measured samples (docs/selector.md §2). Everything numeric the
+ * demo and the bench print about a workload comes from here, i.e. from sched/:
  *
- *   describe  counts, features (§4.5), the selector's verdict for a table, per path every NIC's
- *             egress/ingress records and the busiest one, the lower bound (§6), the record sizes
- *             the daemon puts on the wire, the MPI_Alltoallv byte matrix of the same phase, and
+ *   describe  counts, features (docs/algorithms.md §5), the selector's verdict for a table, per
+ *             path every NIC's egress/ingress records and the busiest one, the lower bound
+ *             (docs/architecture.md §6), the record sizes the daemon puts on the wire, the MPI_Alltoallv byte matrix of the same phase, and
  *             the receive region the daemons need for it;
  *   calibrate read {"fingerprint", "max_size_ratio", "shape_tolerance", "cv_bound", "margin",
  *             "cases": [{"case_id", "features": [f0,f1,f2], "samples": {path: [seconds...]}}]}

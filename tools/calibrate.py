@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""`railwave calibrate` (docs/tools.md "Calibrating the anchor table"): the offline profiling pass of
-DESIGN §4.6 against a running cluster. Run through build/tools/railwave, which passes --build.
+"""`railwave calibrate` (docs/tools.md "Calibrating the anchor table"): the offline profiling pass
+that feeds the calibration rule of docs/selector.md §2, against a running cluster. Run through
+build/tools/railwave, which passes --build.
 
   calibrate          a sweep of workloads, every one timed through all four paths (Native,
-                     Rail-only, Permutation-only, Joint), repeated; the anchor table by the §4.6
+                     Rail-only, Permutation-only, Joint), repeated; the anchor table by the
                      retention rule (sched/, through `railwave bench-workload calibrate`) with the
                      cluster's fingerprint; written atomically and hot-loaded with SIGHUP into every
                      daemon that reads its table from that file.
@@ -343,7 +344,7 @@ def measure(cl, a, pts, label):
 
 
 def beats(a, fast, slow):
-    """The retention rule's test (DESIGN 4.6) between two measured paths: both stable and the
+    """The retention rule's test (docs/selector.md §2) between two measured paths: both stable and the
     faster one's p90 x (1 + margin) under the slower one's p10."""
     return (cv(fast["samples"]) < a.cv_bound and cv(slow["samples"]) < a.cv_bound and
             fast["p90"] * (1 + a.margin) < slow["p10"])
@@ -720,7 +721,7 @@ def main(argv):
     p = argparse.ArgumentParser(
         prog="railwave calibrate",
         description="Time a sweep of workloads through all four paths on the running daemons and "
-                    "write the anchor table (DESIGN 4.6 rule), hot-loaded with SIGHUP; or, with "
+                    "write the anchor table (docs/selector.md §2), hot-loaded with SIGHUP; or, with "
                     "--check TABLE, say whether a table still holds here (docs/tools.md).")
     p.add_argument("--config", required=True, metavar="FILE", help="the daemons' cluster file")
     p.add_argument("--out", metavar="FILE",

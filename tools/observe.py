@@ -371,8 +371,8 @@ def analyze_rows(recs, gbps):
         comb = by_phase.get(key[:3] + ("combine", 0), {})
         cok = [r for r in comb.values() if r["status"] == "ok"]
         row["combine_ms"] = max(r["us"] for r in cok) / 1e3 if len(cok) == N and timed else None
-        # Lower bound (DESIGN §6 flavour, for any plan): the busiest node's remote bytes spread
-        # evenly over its R NICs, at the NIC rate.
+        # Lower bound (in the spirit of docs/architecture.md §6, for any plan): the busiest node's
+        # remote bytes spread evenly over its R NICs, at the NIC rate.
         rate = gbps or (r0.get("gbps") or [None])[0]
         if rate:
             busiest = max(max(node_out), max(node_in)) * r0["rec_size"] / R
@@ -444,8 +444,8 @@ PATHS = ("native", "rail-only", "perm-only", "joint")
 
 def replay(rows, recs, model):
     """Every row's recorded count matrix through `railwave sim-replay` (tools/sim_replay.c):
-    each path's simulated dispatch and combine time and its ratio to the lower bound of DESIGN
-    §6. Rows with per-node sums only (large N) are not replayed."""
+    each path's simulated dispatch and combine time and its ratio to the lower bound of
+    docs/architecture.md §6. Rows with per-node sums only (large N) are not replayed."""
     first = {}
     for r in recs:
         if r["kind"] == "dispatch" and r["status"] == "ok" and r.get("counts"):
@@ -508,7 +508,7 @@ def cmd_analyze(a):
         p["phases"] += 1
         if r["dispatch_ms"] is not None:
             p["dispatch_ms"].append(r["dispatch_ms"])
-            if r.get("dispatch_over_lb") is not None:  # the simulator's bound (DESIGN §6)
+            if r.get("dispatch_over_lb") is not None:  # the simulator's bound (docs/architecture.md §6)
                 p["ratio"].append(r["dispatch_over_lb"])
             elif r.get("lb_ms"):
                 p["ratio"].append(r["dispatch_ms"] / r["lb_ms"])
@@ -553,7 +553,7 @@ def cmd_analyze(a):
         d = dist[k]
         print("%-14s %8.3f %8.3f %8.3f %8.3f %5d" % (label, d["min"], d["p50"], d["p90"], d["max"], d["n"]))
     print("\nrecorded (phase time: the slowest node's; LB: %s):" % (
-        "DESIGN §6, from railwave sim" if "replay" in out else "every node's remote bytes over its NICs"))
+        "docs/architecture.md §6, from railwave sim" if "replay" in out else "every node's remote bytes over its NICs"))
     print("%-10s %7s %14s %14s %16s" % ("path", "phases", "dispatch p50", "combine p50", "dispatch/LB p50"))
     for k, v in sorted(out["paths"].items(), key=lambda kv: str(kv[0])):
         f = lambda x, unit="": "-" if math.isnan(x) else "%.2f%s" % (x, unit)  # noqa: E731

@@ -1,7 +1,7 @@
-/* `railwave plan`: plan one dispatch phase on the built-in example cluster (4 nodes x 8 GPUs x
- * 8 rails, GLM-4.5-Air-shaped synthetic routing) and print what every node would derive: the
- * counts, the features, the selector's decision with its reason, and each path's per-rail
- * loads against the lower bound of DESIGN §6. The interim main job of scripts/demo. */
+/* `railwave plan`: plan one dispatch phase on the built-in example cluster (4 nodes x 8 GPUs x 8
+ * rails, GLM-4.5-Air-shaped synthetic routing) and print what every node would derive: the counts,
+ * the features, the selector's decision with its reason, and each path's per-rail loads against the
+ * lower bound of docs/architecture.md §6. The interim main job of scripts/demo. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -208,7 +208,7 @@ int rw_tool_plan(int argc, char **argv)
 
 	rw_features_t feat;
 	rw_sched_features(&topo, counts, record_bytes, &feat);
-	printf("\nfeatures (DESIGN 4.5):\n");
+	printf("\nfeatures (docs/algorithms.md §5):\n");
 	printf("  remote bytes      %llu (%.1f MiB)\n", (unsigned long long)feat.remote_bytes,
 	       feat.remote_bytes / 1048576.0);
 	printf("  B  = %.1f MiB/GPU      f0 = log2 B = %.3f\n", feat.B / 1048576.0, feat.f[0]);

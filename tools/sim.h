@@ -1,5 +1,5 @@
 /* `railwave sim`: a flow-level (fluid) simulator of one dispatch or combine phase on a
- * rail-optimized fabric, for the cluster sizes no test bed here reaches (DESIGN §6 "Scale").
+ * rail-optimized fabric, for the cluster sizes no test bed here reaches (docs/sim.md).
  * Two bandwidth models: ideal max-min sharing, and a lossless (PFC) fabric where a paused NIC
  * stalls all of its flows. docs/sim.md states the models exactly. Private to tools/ and its tests. */
 #ifndef RW_TOOLS_SIM_H
@@ -64,11 +64,11 @@ typedef struct rw_sim_opts {
 /* Defaults: lossless, hol 1, batch_eps 1e-3, no verification, threads 0, wave_gate 1. */
 void rw_sim_opts_default(rw_sim_opts_t *opts);
 
-/* One flow: `bytes` from egress NIC `rail` of node src to ingress NIC `rail` of node dst.
- * A node sends its flows in increasing `wave` order: the flows of its smallest wave start at
- * t = 0, those of its next wave when every flow of the previous one has finished (the per-node
- * progression of DESIGN §4.3) and, with opts->wave_gate, when their receivers admit them;
- * equal waves start together. */
+/* One flow: `bytes` from egress NIC `rail` of node src to ingress NIC `rail` of node dst. A node
+ * sends its flows in increasing `wave` order: the flows of its smallest wave start at t = 0, those
+ * of its next wave when every flow of the previous one has finished (the per-node progression of
+ * docs/algorithms.md §3) and, with opts->wave_gate, when their receivers admit them; equal waves
+ * start together. */
 typedef struct rw_sim_flow {
 	uint32_t src, dst, rail;
 	uint32_t wave;
@@ -114,7 +114,7 @@ typedef struct rw_sim_nic {
 typedef struct rw_sim_report {
 	rw_path_t path;
 	rw_sim_result_t run;
-	double lower_bound;    /* seconds: busiest NIC under RailBalance quotas / its rate (§6) */
+	double lower_bound;    /* seconds: busiest NIC under RailBalance quotas / its rate */
 	double ratio;          /* run.time / lower_bound */
 	rw_sim_nic_t busiest;  /* busiest NIC under this path (by seconds of work) */
 	uint32_t static_fan_in;/* most sources with demand into one destination (whole phase) */
@@ -126,8 +126,8 @@ rw_status_t rw_sim_path(const rw_topo_t *topo, const rw_sim_fabric_t *fab,
 			const rw_sim_opts_t *opts, rw_path_t path, const uint32_t *counts,
 			uint64_t record_bytes, int combine, rw_sim_report_t *rep);
 
-/* Lower bound of §6 in seconds: max over every node's egress and ingress NICs of its bytes
- * under RailBalance quotas divided by its rail's rate. With equal rates this is
+/* Lower bound (docs/architecture.md §6) in seconds: max over every node's egress and ingress NICs
+ * of its bytes under RailBalance quotas divided by its rail's rate. With equal rates this is
  * rw_sched_lower_bound() x record_bytes / rate. */
 double rw_sim_lower_bound(const rw_topo_t *topo, const rw_sim_fabric_t *fab,
 			  const uint32_t *counts, uint64_t record_bytes);

@@ -1,5 +1,5 @@
 /* One phase of `railwave sim` under one of the four paths (tools/sim.h): the flows every node's
- * plan sends (sched/ decides, nothing here re-derives a quota), the lower bound of DESIGN §6,
+ * plan sends (sched/ decides, nothing here re-derives a quota), the lower bound,
  * the busiest NIC, and the fan-in fold used by the incast experiment (docs/sim.md §3). */
 #include <stdlib.h>
 #include <string.h>

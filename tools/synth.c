@@ -1,6 +1,6 @@
-/* Seeded synthetic MoE routing (DESIGN §6 "Workloads"; knobs in tools/synth.h). Every random
- * stream is derived from (seed, layer, what it draws), so a rank's ids do not depend on which
- * other ranks were drawn before it. */
+/* Seeded synthetic MoE routing (docs/tools.md "Synthetic routing"; knobs in tools/synth.h). Every
+ * random stream is derived from (seed, layer, what it draws), so a rank's ids do not depend on
+ * which other ranks were drawn before it. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,5 +1,5 @@
-/* Seeded synthetic MoE routing for the tools (DESIGN §6 "Workloads"): top-k expert ids per
- * token for every rank of a group, with the three knobs kept separate because they cause
+/* Seeded synthetic MoE routing for the tools (docs/tools.md "Synthetic routing"): top-k expert ids
+ * per token for every rank of a group, with the three knobs kept separate because they cause
  * different things. Same seed and configuration -> same ids, whatever order ranks are drawn in.
  * Private to tools/ (and its tests). */
 #ifndef RW_TOOLS_SYNTH_H

@@ -1,4 +1,4 @@
-/* sched_bench: what one node spends per phase on the decision of issue 2 (features, selection,
+/* sched_bench: what one node spends per phase on the decision (features, selection,
  * RailBalance plans) at N up to 128, R = G = 8, on one core. A benchmark, not a test: it prints
  * medians in microseconds, and the one-shot feature pass as a ratio to a bare read of the same
  * count matrix measured in the same run. docs/perf/sched-decision.md records the numbers, the

@@ -1,5 +1,5 @@
 /* tests/cuda/probe_gpudirect.c: how far GPUDirect RDMA gets on this machine (docs/cuda.md
- * "Where the regions live"; issue 11). Each step prints one line with the call's answer:
+ * "Where the slabs live"). Each step prints one line with the call's answer:
  *   1. the device's dmabuf support (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED + the driver entry),
  *      and how far it orders a NIC's writes (the flush the movers would need, its answer);
  *   2. a dmabuf fd exported for 4 MiB of device memory (cuMemGetHandleForAddressRange);

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The docs stand alone: every relative link of a Markdown file and every path under docs/ that a
-file of the tree names (a comment, a docstring, a doc) resolves to a file of the tree, and nothing
-cites a design file or a tracker the repository does not hold ("DESIGN", "issue N").
+file of the tree names (a comment, a docstring, a doc) resolves to a file of the tree; a section
+named in quotes after such a path (docs/cuda.md "Where the slabs live") is a heading or a bold
+paragraph label of that file; and nothing cites a design file or a tracker the repository does
+not hold ("DESIGN", "issue N").
     tests/docs/check_links.py [SRCDIR]     (default: the tree this copy was built from)
 Run by tests/run as $b/test/docs_links; exits 0 pass, 1 fail (each finding on its own line)."""
 import os
@@ -11,8 +13,10 @@ import sys
 
 # Markdown link or image: [text](target) / ![alt](target); the target ends at a space or ")".
 MD_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-# A path into docs/ named in running text, code or comments: docs/perf/runs/x.json, docs/sim.md.
+# A path into docs/ named in running text, code or comments: docs/perf/README.md, docs/sim.md.
 DOCS_PATH = re.compile(r"(?<![\w./-])docs/[\w./-]*\.(?:md|json|txt|png)\b")
+# A section named after a path on the same line: docs/cuda.md "Where the slabs live".
+SECTION = re.compile(r"(docs/[\w./-]*\.md)\)? \"([^\"\n]{2,80})\"")
 # Citations of what a reader of the tree cannot open.
 CITATION = re.compile(r"\bDESIGN\b|\b[Ii]ssues? #?\d|(?<![\w&/])#\d+\b(?!\.\d)")
 
@@ -50,6 +54,29 @@ def is_text(path):
         return False
 
 
+def sections(path, cache={}):
+    """Lower-cased headings and bold paragraph labels ("**Sockets.** ...") of a Markdown file."""
+    if path not in cache:
+        names = []
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("#"):
+                    names.append(line.lstrip("#").strip().lower())
+                m = re.match(r"\s*(?:[*-] )?\*\*([^*]+)\*\*", line)
+                if m:
+                    names.append(m.group(1).strip().lower())
+        cache[path] = names
+    return cache[path]
+
+
+def section_ok(path, name):
+    """A heading or label that starts with the name; "A: B" names heading A, then heading B."""
+    names = sections(path)
+    parts = [name.lower()] if any(n.startswith(name.lower()) for n in names) else \
+        [x.strip().lower() for x in name.split(":")]
+    return all(any(n.startswith(x) for n in names) for x in parts)
+
+
 def check(src):
     bad = []
     for rel in tree_files(src):
@@ -76,6 +103,10 @@ def check(src):
             for target in DOCS_PATH.findall(line):
                 if not os.path.exists(os.path.join(src, target)):
                     bad.append("%s: names %s: no such file" % (where, target))
+            for target, name in SECTION.findall(line):
+                full = os.path.join(src, target)
+                if os.path.exists(full) and not section_ok(full, name):
+                    bad.append("%s: %s has no section %r" % (where, target, name))
             if rel.startswith("tests/docs/") or rel.endswith(".json"):
                 continue
             m = CITATION.search(line)

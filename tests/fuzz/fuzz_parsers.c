@@ -1,13 +1,13 @@
-/* libFuzzer target for every parser a peer, a file or an operator feeds railwaved (issue 15):
- * the peer control channel's decoders (service/phase/wire.c: frame header, HELLO, COUNTS, PHASE_ERR,
- * GRANT, HEARTBEAT, REGIONS, dispatch and combine record headers), the tcp rail header (rdma/tcp_wire.h),
- * the cluster configuration (service/config*.c) and the anchor table (sched/anchors.c). The first
- * byte picks the parser, the rest is its input. Invariants beyond "no crash, no leak" (ASan,
- * UBSan, LSan): a message that decodes re-encodes to bytes that decode to the same fields; a
- * configuration that loads dumps to JSON that loads again; an anchor table that parses formats
- * to text that parses again with as many anchors.
- * Seeds: tests/fuzz/corpus (tests/fuzz/make_corpus.py). RW_FUZZ_PARSER=0xNN holds the first
- * byte at NN, so one parser gets every execution (tests/fuzz/run_long.sh, docs/perf/fuzz.md). */
+/* libFuzzer target for every parser a peer, a file or an operator feeds railwaved
+ * (docs/perf/fuzz.md): the peer control channel's decoders (service/phase/wire.c: frame header,
+ * HELLO, COUNTS, PHASE_ERR, GRANT, HEARTBEAT, REGIONS, dispatch and combine record headers), the
+ * tcp rail header (rdma/tcp_wire.h), the cluster configuration (service/core/config*.c) and the
+ * anchor table (sched/anchors.c). The first byte picks the parser, the rest is its input.
+ * Invariants beyond "no crash, no leak" (ASan, UBSan, LSan): a message that decodes re-encodes to
+ * bytes that decode to the same fields; a configuration that loads dumps to JSON that loads again;
+ * an anchor table that parses formats to text that parses again with as many anchors. Seeds:
+ * tests/fuzz/corpus (tests/fuzz/make_corpus.py). RW_FUZZ_PARSER=0xNN holds the first byte at NN, so
+ * one parser gets every execution (tests/fuzz/run_long.sh, docs/perf/fuzz.md). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

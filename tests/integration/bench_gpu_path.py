@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark (not a test; docs/perf/gpu-path.md): the GPU data path of issue 11 on one machine.
+"""Benchmark (not a test; docs/perf/gpu-path.md): the GPU data path on one machine.
 Two railwaved on loopback (tcp rails, R=2, as the integration test), four ranks per node with CUDA
 buffers on the one GPU (tools/rw_bench_rank --cuda: every row, count and combined sum checked),
 MoE shapes of real models, bf16, several tokens-per-rank sizes. Per (shape, tokens), in the same

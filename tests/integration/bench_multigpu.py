@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark (not a test; docs/perf/runs/multigpu.md): RailWave on a host with several GPUs, one rank per
-GPU (issue 18). Needs 2 or more GPUs; with fewer it says why and exits 77.
+GPU. Needs 2 or more GPUs; with fewer it says why and exits 77.
 
 Two railwaved on loopback (tcp rails, R=2) stand for two nodes; node n sees its own GPUs through
 CUDA_VISIBLE_DEVICES (GPUs n*G .. n*G+G-1 of the host, wrapping when the host has fewer than 2G),

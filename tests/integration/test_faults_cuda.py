@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The failure scenarios of the integration test with CUDA ranks on the CUDA mover (issue 11:
-"a peer killed mid-phase, a rank killed mid-phase" with the kernels carrying the bytes): every
+"""The failure scenarios of the integration test with CUDA ranks on the CUDA mover (a peer
+killed mid-phase, a rank killed mid-phase, with the kernels carrying the bytes): every
 rank of every cluster registers device memory (rw_rank --cuda), and each scenario of
 tests/integration/test_dataflow.py named below runs as it does with host ranks — a peer daemon
 killed while the ranks wait for its counts, a peer killed with rail writes in flight (Native at

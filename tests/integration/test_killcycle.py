@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Kill cycles (issue 15 "Done when"; docs/security.md): one peer daemon is SIGKILLed again and
+"""Kill cycles (docs/security.md "What holds today"): one peer daemon is SIGKILLed again and
 again while rail writes are in flight, and the survivors must keep their promises every time.
 
 Each cycle: every rank of the cluster (tests/integration/rw_rank.c) submits one large dispatch;
@@ -35,8 +35,8 @@ WARMUP = 5              # cycles before the descriptor and memory baseline is ta
 RSS_BOUND_KIB = 32 << 10  # survivors' resident growth allowed after the warm-up
 # Under ASan freed memory waits in a quarantine (256 MiB by default) before it is reused, so
 # resident memory climbs for a long time without any leak. A 16 MiB quarantine still catches a
-# use right after a free (the shape of issue 15's bug) and lets the memory bound mean something;
-# leaks are LeakSanitizer's, at the survivors' exit.
+# use right after a free (the shape of the bug docs/security.md "What holds today" lists) and lets
+# the memory bound mean something; leaks are LeakSanitizer's, at the survivors' exit.
 ASAN_QUARANTINE = "quarantine_size_mb=16"
 SANITIZER_MARKS = ("AddressSanitizer", "LeakSanitizer", "runtime error:", "UndefinedBehavior")
 

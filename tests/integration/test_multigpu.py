@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Several GPUs per node (issue 18; docs/cuda.md "Several GPUs"): two railwaved on loopback, G
+"""Several GPUs per node (docs/cuda.md "Several GPUs"): two railwaved on loopback, G
 ranks per node with CUDA buffers, local rank g's buffers on device g (rw_rank --cuda puts rank g
 on device g mod the devices it sees), every forced path and the selector, and a node whose CUDA
 and host-memory ranks sit side by side. The ranks check every dispatched row, every expert count

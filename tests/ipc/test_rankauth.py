@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Rank authentication on the IPC socket (issue 15 point 4; docs/ipc.md "Rank authentication")
+"""Rank authentication on the IPC socket (docs/ipc.md "Rank authentication")
 with real railwaved daemons, real rank processes (tests/integration/rw_rank.c, which verify every
 row they receive) and real sockets:
 

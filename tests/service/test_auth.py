@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Peer authentication against real daemons on loopback (issue 15 points 2 and 3,
-docs/security.md "Peer authentication"). A two-node cluster (node n0 connects to the victim n1)
+"""Peer authentication against real daemons on loopback (docs/security.md "Peer
+authentication"). A two-node cluster (node n0 connects to the victim n1)
 shares a key from `railwave keygen`; n0 reaches n1's control port through a relay here, which
 records n0's real HELLO and AUTH. Rank processes (tests/integration/rw_rank) carry verified
 dispatch/combine phases the whole time, in rounds; every round must pass.

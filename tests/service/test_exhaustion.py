@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Strangers cannot exhaust railwaved (issue 15 point 3). A real daemon on loopback:
+"""Strangers cannot exhaust railwaved (docs/security.md "Peer authentication"). A real daemon on
+loopback:
 
 1. Run out of descriptors (its limit lowered to 40) with 120 idle connections to its control
    port, its tcp rail port and its stats socket: accept() fails with EMFILE while connections stay pending. The

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Rail health on the rail test bed (docs/perf/rail-health.md; issue 14). Root only; it owns the
+"""Rail health on the rail test bed (docs/perf/rail-health.md). Root only; it owns the
 test bed while it runs (prefix rwrh) and tears it down at the end, whatever happens.
 
   rail_health.py BUILD [--nodes 4] [--rails 4] [--mbit 50] [--tokens 200] [--pairs 5]
@@ -15,7 +15,7 @@ Two experiments, each measured in the same run, Joint path, `railwave bench` wor
      (`rail_weights: measured`), against the weighted lower bound.
 Lower bounds: every pair's records split over its eligible rails in proportion to their weights
 (min of the two ends' rates; 0 for a rail down at either end), each NIC's load over its own
-rate, the busiest NIC (DESIGN §6 with weights)."""
+rate, the busiest NIC (docs/algorithms.md §2.5)."""
 import argparse
 import importlib.machinery
 import json

@@ -13,8 +13,8 @@ programs (tools/rw_bench_rank).
 * `railwave calibrate --short` on the running daemons: every path ran (forced counters), the table
   it wrote parses with sched/'s parser and matches this cluster (bench-workload describe), it
   holds one anchor per point with samples for all four paths, each anchor's choice is what the
-  §4.6 rule gives for its samples, both daemons reloaded it (stats: reload counter, anchor count;
-  log line), and an auto phase of a calibrated workload is then decided by an anchor;
+  calibration rule gives for its samples, both daemons reloaded it (stats: reload counter, anchor
+  count; log line), and an auto phase of a calibrated workload is then decided by an anchor;
 * `railwave calibrate --check`: held-out points with medians for every path, the table's pick,
   regret = median(pick) / median(best) - 1 and "reliably beaten" (the 4.6 test) consistent with
   the samples, exit status = verdict; a table calibrated for another cluster does not hold; a
@@ -109,7 +109,7 @@ def cv(xs):
 
 
 def rule(samples, cv_bound=0.10, margin=0.05):
-    """The §4.6 rule, written from the spec (docs/selector.md §2), to check the tool's tables."""
+    """The calibration rule, written from the spec (docs/selector.md §2), to check the tool's tables."""
     j = samples["joint"]
     ok = []
     for p in PATHS[:-1]:
@@ -197,7 +197,7 @@ def scenario_calibrate(c, tmp, table):
         samples = {p: cs["dispatch"][p]["samples"] for p in PATHS}
         want = rule(samples)
         got = by_id[cs["case_id"]]["selected"]
-        check(got == want, "case %d: the table keeps %s, the 4.6 rule on its samples says %s"
+        check(got == want, "case %d: the table keeps %s, the rule on its samples says %s"
               % (cs["case_id"], got, want))
         check(by_id[cs["case_id"]]["features"] == cs["features"], "case %d: features recorded" % cs["case_id"])
     for n in range(c.nodes):
@@ -335,7 +335,7 @@ def scenario_launcher(c, tmp, table):
         samples = {p: cs["dispatch"][p]["samples"] for p in PATHS}
         check(all(len(samples[p]) == 4 and min(samples[p]) > 0 for p in PATHS) and
               by_id[cs["case_id"]]["selected"] == rule(samples),
-              "case %d: 4 per-node samples per path, the anchor follows the 4.6 rule (%s)"
+              "case %d: 4 per-node samples per path, the anchor follows the calibration rule (%s)"
               % (cs["case_id"], by_id[cs["case_id"]]["selected"]))
     for n in range(c.nodes):
         s = summary(c, n)

@@ -1,5 +1,5 @@
-/* Anchor tables (DESIGN §4.6): a valid table parses; every kind of bad field is rejected with a
- * message that names the field and leaves the table empty (LSan checks nothing leaks);
+/* Anchor tables (docs/selector.md §3): a valid table parses; every kind of bad field is rejected
+ * with a message that names the field and leaves the table empty (LSan checks nothing leaks);
  * truncated and garbage JSON are rejected; parse -> format -> parse round-trips exactly. */
 #include <jansson.h>
 #include <math.h>

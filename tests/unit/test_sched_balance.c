@@ -1,4 +1,4 @@
-/* RailBalance (DESIGN §4.2, docs/algorithms.md §2): a brute-force oracle over every small case
+/* RailBalance (docs/algorithms.md §2): a brute-force oracle over every small case
  * (quotas within one, sum T, moved records minimal over every valid quota vector, for equal
  * weights, every rail mask and small weights), the documented counter-example to the plain
  * rotation, the exact remainder rule against a literal two-pass transcription of it (both ends of

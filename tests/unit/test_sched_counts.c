@@ -1,4 +1,4 @@
-/* Demand counts and records (DESIGN §3, §4.1, docs/algorithms.md §1): rw_sched_count and
+/* Demand counts and records (docs/algorithms.md §1): rw_sched_count and
  * rw_sched_records against a straightforward recomputation on random routing, per-node
  * de-duplication, local-node records, dropped (negative) slots, the expert -> node division at
  * its exactness bound, and bad input rejected with the rank named.
@@ -274,7 +274,7 @@ static void test_bad_input(void **state)
 	for (uint32_t i = 0; i < 4; i++)
 		assert_int_equal(row[i], 0);
 	assert_int_equal(rw_sched_count(&topo, 8, 0, rk, 3, row, NULL), RW_ERR_INVAL);
-	/* Only -1 means "no expert": -5 and INT_MIN are refused, naming the rank (issue 15). */
+	/* Only -1 means "no expert": -5 and INT_MIN are refused, naming the rank. */
 	const int32_t minus5[4] = { 0, -5, 1, 2 }, intmin[4] = { INT32_MIN, 1, -1, -1 };
 	const int32_t minus1[4] = { -1, 1, -1, -1 };
 	rk[2].expert_ids = minus5;

@@ -1,4 +1,4 @@
-/* Features of DESIGN §4.5 (docs/algorithms.md §5): rw_sched_features equals a straightforward
+/* Features (docs/algorithms.md §5): rw_sched_features equals a straightforward
  * double-loop recomputation on random matrices (including matrices large enough for the
  * blocked column pass), the neutral values when there is no remote payload, the clamps, and the
  * R == 1 / N == 1 guards; the row accumulator (rw_sched_feat_*) gives bit-identical features
@@ -24,7 +24,7 @@ static size_t at(uint32_t n, uint32_t rails, uint32_t s, uint32_t d, uint32_t r)
 	return ((size_t)s * n + d) * rails + r;
 }
 
-/* The definitions of §4.5 written out directly, in bytes and doubles. */
+/* The definitions of docs/algorithms.md §5 written out directly, in bytes and doubles. */
 static void reference(const rw_topo_t *t, const uint32_t *counts, uint64_t rb, rw_features_t *f)
 {
 	const uint32_t n = t->nodes, rails = t->rails;

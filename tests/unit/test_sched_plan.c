@@ -1,4 +1,4 @@
-/* Permutation waves and path plans (DESIGN §4.3, §4.4, §6; docs/algorithms.md §3, §4): waves are
+/* Permutation waves and path plans (docs/algorithms.md §3, §4): waves are
  * permutations covering every ordered pair once; the four paths' pair plans, egress totals and
  * wave counts; busiest NIC and lower bound against a recomputation; and the documented
  * counter-example: per-pair balance does not give aggregate balance.

@@ -1,4 +1,4 @@
-/* Selector (DESIGN §4.5) and calibration rule (§4.6): eligibility bounds just inside and just
+/* Selector and calibration rule (docs/selector.md §1, §2): eligibility bounds just inside and just
  * outside, nearest anchor, tie by case id, the Native / Joint fallbacks, and anchor_decide. */
 #include <math.h>
 #include <stdarg.h>

@@ -27,7 +27,7 @@ static void test_example_table(void **state)
 	assert_int_equal(rw_sched_topo_init(&topo, 4, 8, 8), RW_OK);
 	assert_true(rw_sched_anchors_match(&t, &topo, 400.0, "verbs"));
 	assert_true(t.n_anchors > 0);
-	/* Each anchor's path is the one the rule of DESIGN §4.6 keeps (margin 5%) from its
+	/* Each anchor's path is the one the rule of docs/selector.md §2 keeps (margin 5%) from its
 	 * samples: the lowest-median alternative whose p90 * 1.05 beats Joint's p10, else Joint. */
 	for (uint32_t i = 0; i < t.n_anchors; i++) {
 		const rw_anchor_t *a = &t.anchors[i];

@@ -274,7 +274,7 @@ def q(s):
     return "'" + str(s).replace("'", "'\\''") + "'"
 
 
-# ---- the ranks' workload and the plan (tests/integration/rw_rank.c, DESIGN §4) ------------------
+# ---- the ranks' workload and the plan (tests/integration/rw_rank.c, docs/algorithms.md) --------
 
 M64 = (1 << 64) - 1
 TOPK, MAX_TOKENS = 4, 48
