@@ -25,6 +25,7 @@
 /* Accepted connections whose HELLO has not been taken yet, per device: strangers get this many
  * (a struct each, no queue) for TCP_HANDSHAKE_TIMEOUT_S; more are closed at once. */
 #define TCP_PENDING_MAX 64
+#define TCP_NEWS_BUDGET 64 /* connections served per loop wake-up before other watchers run */
 #define TCP_REFUSED_LOG_NS 1000000000ull /* refused handshakes: one log line per second at most */
 /* Bucket depth: the larger of 64 KiB and 2 ms at the rate; a sender's turn starts once half
  * the bucket has refilled (docs/rdma.md "Rate pacing", docs/perf/rail-tcp.md). */
@@ -45,14 +46,6 @@ static void set_nodelay(int fd)
 {
 	int one = 1;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
-rw_rail_region_t *tcp_region_find(tcp_dev_t *dev, uint64_t key)
-{
-	for (size_t i = 0; i < dev->nregions; i++)
-		if (dev->regions[i]->key == key)
-			return dev->regions[i];
-	return NULL;
 }
 
 /* ---- connection lifetime ---------------------------------------------------------------- */
@@ -106,9 +99,10 @@ static void conn_destroy(tcp_conn_t *c)
 		conn_free(c);
 }
 
-void tcp_cb_enter(tcp_conn_t *c) { c->cb_depth++; }
+static void tcp_cb_enter(tcp_conn_t *c) { c->cb_depth++; }
 
-int tcp_cb_leave(tcp_conn_t *c)
+/* Returns 0 when the connection was freed (the caller must not touch it). */
+static int tcp_cb_leave(tcp_conn_t *c)
 {
 	if (--c->cb_depth == 0 && c->closed) {
 		conn_free(c);
@@ -117,7 +111,8 @@ int tcp_cb_leave(tcp_conn_t *c)
 	return 1;
 }
 
-void tcp_conn_fail(tcp_conn_t *c, rw_status_t st)
+/* Terminal failure reported on the loop (inside an ev callback: cb_depth > 0). */
+static void tcp_conn_fail(tcp_conn_t *c, rw_status_t st)
 {
 	if (c->closed || c->base.state == RW_RAIL_CONN_DOWN)
 		return;
@@ -396,6 +391,76 @@ static void rio_cb(struct ev_loop *loop, ev_io *w, int revents)
 		}
 	}
 	tcp_cb_leave(c);
+}
+
+/* ---- delivery of what the threads did (on the loop) ------------------------------------ */
+
+/* Report what the threads did: arrivals (then let the next ACK say so), completions, room,
+ * and finally a failure. Inside cb_enter/cb_leave. */
+static void conn_news(tcp_conn_t *c)
+{
+	if (c->closed || c->base.state != RW_RAIL_CONN_UP)
+		return;
+	pthread_mutex_lock(&c->mu);
+	uint64_t landed = RW_MIN(c->rx_landed, c->rx_cut);
+	uint64_t acked = c->peer_acked;
+	rw_status_t err = c->err;
+	uint64_t done = c->rx_done;
+	pthread_mutex_unlock(&c->mu);
+	/* Entry rx_done stays put until rx_done moves past it; rx_done moves before each report,
+	 * so a dereg from inside on_arrival sees only the arrivals not reported yet. */
+	while (done < RW_MIN(landed, c->rx_cut)) {
+		const rx_entry_t *e = &c->arrivals[done & c->ring_mask];
+		rw_rail_arrival_t a = {.region = e->region, .offset = e->offset,
+				       .length = e->length, .imm = e->imm};
+		pthread_mutex_lock(&c->mu);
+		c->rx_done = ++done;
+		pthread_mutex_unlock(&c->mu);
+		if (c->base.cbs.on_arrival)
+			c->base.cbs.on_arrival(&c->base, c->base.ctx, &a);
+		if (c->closed || c->base.state != RW_RAIL_CONN_UP)
+			return;
+	}
+	pthread_mutex_lock(&c->mu); /* one ACK covers every arrival of this wake-up */
+	if (c->tx_idle && c->ack_sent < c->rx_done)
+		pthread_cond_signal(&c->tx_cv);
+	if (c->rx_full)
+		pthread_cond_signal(&c->rx_cv);
+	pthread_mutex_unlock(&c->mu);
+	while (c->tx_acked < acked) {
+		tx_entry_t *e = &c->ring[c->tx_acked & c->ring_mask];
+		c->tx_acked++;
+		if (c->base.cbs.on_write_done)
+			c->base.cbs.on_write_done(&c->base, c->base.ctx, e->ctx, RW_OK);
+		if (c->closed || c->base.state != RW_RAIL_CONN_UP)
+			return;
+	}
+	if (c->want_writable && c->tx_posted - c->tx_acked < c->dev->base.max_writes) {
+		c->want_writable = 0;
+		if (c->base.cbs.on_writable)
+			c->base.cbs.on_writable(&c->base, c->base.ctx);
+		if (c->closed || c->base.state != RW_RAIL_CONN_UP)
+			return;
+	}
+	if (err != RW_OK)
+		tcp_conn_fail(c, err);
+}
+
+/* The device's ev_async: deliver what the threads reported. */
+static void news_cb(struct ev_loop *loop, ev_async *w, int revents)
+{
+	(void)revents;
+	tcp_dev_t *dev = w->data;
+	tcp_stats_sync(dev);
+	for (int k = 0; k < TCP_NEWS_BUDGET; k++) {
+		tcp_conn_t *c = tcp_io_news_pop(dev);
+		if (!c)
+			return;
+		tcp_cb_enter(c);
+		conn_news(c);
+		tcp_cb_leave(c);
+	}
+	ev_async_send(loop, w); /* more news: after the loop's other watchers had a turn */
 }
 
 /* ---- listener --------------------------------------------------------------------------- */
@@ -717,7 +782,7 @@ static rw_status_t tcp_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loo
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* pace_take's deadlines */
 	pthread_cond_init(&dev->pace_cv, &ca);
 	pthread_condattr_destroy(&ca);
-	ev_async_init(&dev->news, tcp_io_news_cb);
+	ev_async_init(&dev->news, news_cb);
 	dev->news.data = dev;
 	ev_async_start(loop, &dev->news);
 	ev_unref(loop); /* only connections with running threads keep the loop alive */

@@ -8,8 +8,8 @@
  *    one blocking recv straight into the region, and notes it in the arrival ring; an ACK from
  *    the peer advances peer_acked.
  *  - Both hand their news to the loop: the connection goes on the device's FIFO and the device's
- *    ev_async fires; tcp_io_news_cb reports arrivals, completions and failures from the loop,
- *    in order, as rdma/rail.h promises. The loop's reporting of arrivals is what lets the next
+ *    ev_async fires; tcp.c (which this file never calls) reports arrivals, completions and
+ *    failures from the loop, in order, as rdma/rail.h promises. The loop's reporting of arrivals is what lets the next
  *    ACK go out, so on_write_done(RW_OK) still means "in the remote region".
  *
  * Pacing (pace_bps) is one token bucket per device shared by its senders: a sender queues for
@@ -35,7 +35,6 @@
 /* A payload's last bytes (up to this many) are read together with whatever of the next header
  * is already there: a stream of writes costs one or two receive calls per write, not three. */
 #define TCP_RX_TAIL (64u << 10)
-#define TCP_NEWS_BUDGET 64 /* connections served per loop wake-up before other watchers run */
 
 /* ---- hand-back to the loop -------------------------------------------------------------- */
 
@@ -56,7 +55,7 @@ static void news_post(tcp_conn_t *c)
 	ev_async_send(dev->base.loop, &dev->news);
 }
 
-static tcp_conn_t *news_pop(tcp_dev_t *dev)
+tcp_conn_t *tcp_io_news_pop(tcp_dev_t *dev)
 {
 	pthread_mutex_lock(&dev->mu);
 	tcp_conn_t *c = dev->news_head;
@@ -563,71 +562,4 @@ void tcp_io_post(tcp_conn_t *c)
 	if (c->tx_idle)
 		pthread_cond_signal(&c->tx_cv);
 	pthread_mutex_unlock(&c->mu);
-}
-
-/* Report what the threads did: arrivals (then let the next ACK say so), completions, room,
- * and finally a failure. Inside cb_enter/cb_leave. */
-static void conn_news(tcp_conn_t *c)
-{
-	if (c->closed || c->base.state != RW_RAIL_CONN_UP)
-		return;
-	pthread_mutex_lock(&c->mu);
-	uint64_t landed = RW_MIN(c->rx_landed, c->rx_cut);
-	uint64_t acked = c->peer_acked;
-	rw_status_t err = c->err;
-	uint64_t done = c->rx_done;
-	pthread_mutex_unlock(&c->mu);
-	/* Entry rx_done stays put until rx_done moves past it; rx_done moves before each report,
-	 * so a dereg from inside on_arrival sees only the arrivals not reported yet. */
-	while (done < RW_MIN(landed, c->rx_cut)) {
-		const rx_entry_t *e = &c->arrivals[done & c->ring_mask];
-		rw_rail_arrival_t a = {.region = e->region, .offset = e->offset,
-				       .length = e->length, .imm = e->imm};
-		pthread_mutex_lock(&c->mu);
-		c->rx_done = ++done;
-		pthread_mutex_unlock(&c->mu);
-		if (c->base.cbs.on_arrival)
-			c->base.cbs.on_arrival(&c->base, c->base.ctx, &a);
-		if (c->closed || c->base.state != RW_RAIL_CONN_UP)
-			return;
-	}
-	pthread_mutex_lock(&c->mu); /* one ACK covers every arrival of this wake-up */
-	if (c->tx_idle && c->ack_sent < c->rx_done)
-		pthread_cond_signal(&c->tx_cv);
-	if (c->rx_full)
-		pthread_cond_signal(&c->rx_cv);
-	pthread_mutex_unlock(&c->mu);
-	while (c->tx_acked < acked) {
-		tx_entry_t *e = &c->ring[c->tx_acked & c->ring_mask];
-		c->tx_acked++;
-		if (c->base.cbs.on_write_done)
-			c->base.cbs.on_write_done(&c->base, c->base.ctx, e->ctx, RW_OK);
-		if (c->closed || c->base.state != RW_RAIL_CONN_UP)
-			return;
-	}
-	if (c->want_writable && c->tx_posted - c->tx_acked < c->dev->base.max_writes) {
-		c->want_writable = 0;
-		if (c->base.cbs.on_writable)
-			c->base.cbs.on_writable(&c->base, c->base.ctx);
-		if (c->closed || c->base.state != RW_RAIL_CONN_UP)
-			return;
-	}
-	if (err != RW_OK)
-		tcp_conn_fail(c, err);
-}
-
-void tcp_io_news_cb(struct ev_loop *loop, ev_async *w, int revents)
-{
-	(void)revents;
-	tcp_dev_t *dev = w->data;
-	tcp_stats_sync(dev);
-	for (int k = 0; k < TCP_NEWS_BUDGET; k++) {
-		tcp_conn_t *c = news_pop(dev);
-		if (!c)
-			return;
-		tcp_cb_enter(c);
-		conn_news(c);
-		tcp_cb_leave(c);
-	}
-	ev_async_send(loop, w); /* more news: after the loop's other watchers had a turn */
 }

@@ -1,7 +1,8 @@
 /* Private to the `tcp` rail transport: the objects shared by tcp.c (the vtable, devices,
- * regions, listeners, connection setup and the handshake on the loop) and tcp_io.c (the
- * per-connection sender and receiver threads, the rate pacing they share, and the hand-back of
- * completions to the loop). Not part of the module's public face (that is rdma/rail.h).
+ * regions, listeners, connection setup, the handshake, and the delivery of what the threads did,
+ * all on the loop) and tcp_io.c (the per-connection sender and receiver threads, the rate pacing
+ * they share, and the hand-back list they fill). tcp.c calls tcp_io.c, never the other way.
+ * Not part of the module's public face (that is rdma/rail.h).
  *
  * Threads and locks (docs/rdma.md "Threads"):
  *  - the loop thread makes every rw_rail_* call and every callback;
@@ -167,20 +168,21 @@ void tcp_io_stop(tcp_conn_t *c);
 void tcp_io_post(tcp_conn_t *c);
 /* Record a failure decided outside the threads (dereg) and shut the socket so they stop. */
 void tcp_io_fail(tcp_conn_t *c, rw_status_t st);
-/* The device's ev_async: deliver what the threads reported (acks, arrivals, failures). */
-void tcp_io_news_cb(struct ev_loop *loop, ev_async *w, int revents);
+/* The next connection the threads have news of (FIFO), taken off the list; NULL when none.
+ * The loop's ev_async (tcp.c) delivers it: arrivals, completions, failures. */
+tcp_conn_t *tcp_io_news_pop(tcp_dev_t *dev);
 /* Charge bytes sent outside the threads (handshake frames) to the device's pacing bucket. */
 void tcp_pace_charge(tcp_dev_t *dev, size_t bytes);
 /* Copy the threads' counters into dev->base.stats (loop thread). */
 void tcp_stats_sync(tcp_dev_t *dev);
 
-/* tcp.c: what the threads' hand-back needs from connection setup. */
-/* Terminal failure reported on the loop (inside an ev callback: cb_depth > 0). */
-void tcp_conn_fail(tcp_conn_t *c, rw_status_t st);
-void tcp_cb_enter(tcp_conn_t *c);
-/* Returns 0 when the connection was freed (the caller must not touch it). */
-int tcp_cb_leave(tcp_conn_t *c);
-/* The region registered under key, or NULL; caller holds dev->reg_mu. */
-rw_rail_region_t *tcp_region_find(tcp_dev_t *dev, uint64_t key);
+/* The region registered under key, or NULL; caller holds dev->reg_mu (receiver threads). */
+static inline rw_rail_region_t *tcp_region_find(tcp_dev_t *dev, uint64_t key)
+{
+	for (size_t i = 0; i < dev->nregions; i++)
+		if (dev->regions[i]->key == key)
+			return dev->regions[i];
+	return NULL;
+}
 
 #endif /* RW_RDMA_TCP_PRIV_H */
