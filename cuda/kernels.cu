@@ -169,11 +169,11 @@ RW_COMBINE(rw_combine_bf_s, __nv_bfloat16, float, 1)
 RW_COMBINE(rw_combine_fb_s, float, __nv_bfloat16, 1)
 RW_COMBINE(rw_combine_ff_s, float, float, 1)
 
-// ---- the daemon's CUDA data mover (service/mover_cuda.c) --------------------------------------
+// ---- the daemon's CUDA data mover (service/mover/mover_cuda.c) ----------------------------------
 // Row lists instead of index arrays: every entry names its own source and destination address,
 // which may be device memory, a peer device's memory or pinned host memory mapped into the GPU
 // (the mesh's slabs). Lists themselves sit in mapped pinned host memory. Arithmetic matches the
-// host mover bit for bit (service/forward.c): fp32 adds in the listed order (__fadd_rn: never
+// host mover bit for bit (service/phase/forward.c): fp32 adds in the listed order (__fadd_rn: never
 // contracted), bf16 rounded to nearest even with NaN kept quiet by the same bit formula.
 
 struct rw_row_copy { uint64_t src, dst; };
@@ -222,7 +222,7 @@ __device__ __forceinline__ float elem_f32(const uint8_t *p, uint64_t i, bool bf1
 	return reinterpret_cast<const float *>(p)[i];
 }
 
-__device__ __forceinline__ uint16_t f32_bf16_host(float f) // = service/forward.c bf16_round
+__device__ __forceinline__ uint16_t f32_bf16_host(float f) // = service/phase/forward.c bf16_round
 {
 	uint32_t u = __float_as_uint(f);
 	uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;

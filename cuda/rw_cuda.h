@@ -259,7 +259,7 @@ rw_status_t rw_cuda_combine(rw_cuda_stream_t *stream, rw_cuda_dptr_t out, rw_cud
 			    uint32_t ntokens, rw_cuda_dptr_t offsets, rw_cuda_dptr_t row_idx,
 			    rw_cuda_dptr_t weights);
 
-/* Row lists (the daemon's CUDA data mover, service/mover_cuda.c): every entry names its own
+/* Row lists (the daemon's CUDA data mover, service/mover/mover_cuda.c): every entry names its own
  * source and destination address, each of which may be device memory, another device's (peer)
  * memory or mapped pinned host memory. The list itself must be readable by the kernel (device
  * memory or pinned host memory, 16-byte aligned) and stay unchanged until the work is done. */
@@ -276,10 +276,10 @@ typedef struct rw_cuda_row_sum {
 rw_status_t rw_cuda_copy_rows(rw_cuda_stream_t *stream, rw_cuda_dptr_t list, uint32_t n,
 			      uint32_t row_bytes, int aligned16);
 /* Combine slabs: for i < n, dst = the one row srcs[first] as it is (count 1), or the fp32 sum of
- * count rows (the first loaded, the others added in order) stored as dtype, bf16 rounded to
- * nearest even with a NaN kept quiet — bit for bit service/forward.c's arithmetic. Rows and dst
- * are hidden elements of dtype; srcs: u64 addresses (8-byte aligned array). aligned16: every
- * address is 16-byte aligned. */
+ * count rows (the first loaded, the others added in order) stored as dtype, bf16 rounded to nearest
+ * even with a NaN kept quiet — bit for bit service/phase/forward.c's arithmetic. Rows and dst are
+ * hidden elements of dtype; srcs: u64 addresses (8-byte aligned array). aligned16: every address is
+ * 16-byte aligned. */
 rw_status_t rw_cuda_rows_sum(rw_cuda_stream_t *stream, rw_cuda_dptr_t list, rw_cuda_dptr_t srcs,
 			     uint32_t n, uint32_t hidden, rw_cuda_dtype_t dtype, int aligned16);
 /* Owner sums: for i < n, the fp32 row dst += each of its count rows (dtype), in order. Entries

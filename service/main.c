@@ -324,7 +324,7 @@ int main(int argc, char **argv)
 		goto stop_exec;
 	}
 	rw_info("running");
-	/* ---- deploy (issue 16): health tick, READY=1, watchdog (service/core/health.h) ---- */
+	/* ---- deploy: health tick, READY=1, watchdog (service/core/health.h, docs/service.md) ---- */
 	rw_svc_health_start(&svc);
 	/* ---- end deploy ---- */
 	ev_run(svc.loop, 0);

@@ -73,7 +73,7 @@ class DispatchPlan:
         self.in_addr, self.out, self.out_addr = ib.addr, ob, ob.addr
         self.counts_b = counts_b
         mb = meta_bytes(K)
-        # The rows the daemon will use: what fits (rw_svc_out_layout in service/phase.h).
+        # The rows the daemon will use: what fits (rw_svc_out_layout in service/phase/phase.h).
         self.cap = cap = (ob.size - counts_b) // (rb + mb)
         meta_off = counts_b + cap * rb
         npd = _NP_ROWS[x.dtype]

@@ -1,4 +1,4 @@
-/* The configuration loader's private header: what its files share. Only service/config*.c
+/* The configuration loader's private header: what its files share. Only service/core/config*.c
  * include it. Files and who calls whom:
  *   config.c         the field table and the flags' table, defaults, the file / environment / flag
  *                    passes, checks across fields, and the public load, free and topo functions.

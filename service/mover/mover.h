@@ -1,5 +1,5 @@
 /* railwaved's data-mover interface, private to service/ (docs/dataflow.md "Data movers"): what
- * moves a phase's payload bytes. The executor (service/exec*.c) decides what goes where and
+ * moves a phase's payload bytes. The executor (service/exec/exec*.c) decides what goes where and
  * when — plan, waves, grants, completions — and never touches a payload byte; a mover packs the
  * send slabs, forwards arrived dispatch ranges to the local ranks, folds combine rows and
  * writes the ranks' outputs. The host mover (service/mover/mover_host.c) does it with the loop's CPU

@@ -91,10 +91,10 @@ static uint64_t stage_token(const host_pair_t *hp, uint32_t op, uint32_t g)
 	return (uint64_t)hp->serial << 32 | (uint64_t)op << 8 | g;
 }
 
-/* Stream order (docs/cuda.md "Stream order on the host mover"): a CUDA rank this mover carries
- * (RAILWAVE_CUDA_MOVER=0, or no kernels) gets its flag written from the host once the copies
- * of its outputs are done; a failed write fails the rank's phase (the executor then writes the
- * flag again, and posts the error). */
+/* Stream order (docs/cuda.md "Carried by a submission", its host mover): a CUDA rank this mover
+ * carries (RAILWAVE_CUDA_MOVER=0, or no kernels) gets its flag written from the host once the
+ * copies of its outputs are done; a failed write fails the rank's phase (the executor then writes
+ * the flag again, and posts the error). */
 static rw_status_t flag_write(const rw_svc_rank_io_t *io)
 {
 	rw_status_t st = rw_cuda_write_u32(io->flag_dev, io->flag_dptr, io->flag_value);

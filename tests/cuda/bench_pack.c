@@ -4,7 +4,7 @@
  *   bench_pack [rows]      (default 65536 rows per slab; needs a GPU, exits 77 without one)
  * Each figure is the median of 7 timed batches of 10 launches after 3 warm-up launches; every
  * configuration runs twice so the spread between the two is visible.
- * Then the CUDA mover's own kernels (row lists in pinned host memory, as service/mover_cuda.c
+ * Then the CUDA mover's own kernels (row lists in pinned host memory, as service/mover/mover_cuda.c
  * launches them), each against the copy engine moving the same bytes the same way: scattered
  * rows device to device against cuMemcpyDtoD, rows into mapped host memory (the slabs on tcp)
  * against cuMemcpyDtoHAsync into the same pinned pages, rows out of mapped host memory against

@@ -108,10 +108,10 @@ static int cmp_u64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* What a header pull costs the daemon's loop with slabs in GPU memory (service/mover_cuda_slab.c):
- * n dispatch headers (80 bytes, top-8) at the DeepSeek-V3 record stride (14 416 bytes) copied from
- * device memory into mapped host memory by the row-copy kernel on a stream of their own, after a
- * flush, and waited for; the median of 200 pulls per n. */
+/* What a header pull costs the daemon's loop with slabs in GPU memory
+ * (service/mover/mover_cuda_slab.c): n dispatch headers (80 bytes, top-8) at the DeepSeek-V3 record
+ * stride (14 416 bytes) copied from device memory into mapped host memory by the row-copy kernel on
+ * a stream of their own, after a flush, and waited for; the median of 200 pulls per n. */
 static int pull_cost(void)
 {
 	const uint32_t hdr = 80, stride = 14416, nmax = 1024, reps = 200;

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """The docs stand alone: every relative link of a Markdown file and every path under docs/ that a
-file of the tree names (a comment, a docstring, a doc) resolves to a file of the tree; a section
-named in quotes after such a path (docs/cuda.md "Where the slabs live") is a heading or a bold
-paragraph label of that file; and nothing cites a design file or a tracker the repository does
-not hold ("DESIGN", "issue N").
+file of the tree names (a comment, a docstring, a doc) resolves to a file of the tree, and so does
+every source path a page of docs/ or the README names (service/mesh/mesh.c, tools/*.py; the dated
+logs of docs/perf/runs/ keep the names of their day); a section named in quotes after a docs/ path
+(docs/cuda.md "Where the slabs live") is a heading or a bold paragraph label of that file; and
+nothing cites a design file or a tracker the repository does not hold ("DESIGN", "issue N").
     tests/docs/check_links.py [SRCDIR]     (default: the tree this copy was built from)
 Run by tests/run as $b/test/docs_links; exits 0 pass, 1 fail (each finding on its own line)."""
+import glob
 import os
 import re
 import subprocess
@@ -15,6 +17,9 @@ import sys
 MD_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 # A path into docs/ named in running text, code or comments: docs/perf/README.md, docs/sim.md.
 DOCS_PATH = re.compile(r"(?<![\w./-])docs/[\w./-]*\.(?:md|json|txt|png)\b")
+# A source path in a doc page: sched/balance.c, service/mover/mover_cuda*.c.
+SRC_PATH = re.compile(r"(?<![\w./-])((?:common|sched|rdma|ipc|cuda|service|tools|tests|python|deploy|"
+                      r"scripts|examples)/[\w./*-]*\.(?:c|h|cu|py|sh|ninja|json|md|in|yaml|yml))\b")
 # A section named after a path on the same line: docs/cuda.md "Where the slabs live".
 SECTION = re.compile(r"(docs/[\w./-]*\.md)\)? \"([^\"\n]{2,80})\"")
 # Citations of what a reader of the tree cannot open.
@@ -86,6 +91,8 @@ def check(src):
         with open(path, encoding="utf-8", errors="replace") as fh:
             lines = fh.read().split("\n")
         in_fence = False
+        is_page = (rel == "README.md" or rel.startswith("docs/")) and rel.endswith(".md") and \
+            not rel.startswith("docs/perf/runs/")
         for no, line in enumerate(lines, 1):
             where = "%s:%d" % (rel, no)
             # Raw run outputs keep what a tool printed; only their links matter.
@@ -103,6 +110,10 @@ def check(src):
             for target in DOCS_PATH.findall(line):
                 if not os.path.exists(os.path.join(src, target)):
                     bad.append("%s: names %s: no such file" % (where, target))
+            if is_page:
+                for target in SRC_PATH.findall(line):
+                    if not glob.glob(os.path.join(src, target)):
+                        bad.append("%s: names %s: no such file" % (where, target))
             for target, name in SECTION.findall(line):
                 full = os.path.join(src, target)
                 if os.path.exists(full) and not section_ok(full, name):

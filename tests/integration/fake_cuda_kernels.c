@@ -1,15 +1,15 @@
 /* tests/integration/fake_cuda_kernels.c: the module API for the stand-in libcuda.so.1 of
  * fake_cuda_ipc.c, linked into a second stand-in (libfakecuda_kern.so) so the CUDA data mover
- * (service/mover_cuda.c) runs its whole control path — accepting pairs, staging ids, the count
- * row, row lists, marks, host-memory ranks' staging — on machines without a GPU. The mover's
- * kernels run at once on the calling thread, on the CPU, with the arithmetic cuda/kernels.cu
- * states (fp32 adds in list order, bf16 rounded to nearest even with NaN kept quiet; the count
- * row's distinct nodes per token, -1 skipped, a bad id flagged): this checks the mover's
- * bookkeeping, not the GPU code (the GPU test, tests/integration/test_cuda_mover.py, checks
- * that). Device memory here is host-addressable, so every address the lists name is
- * dereferenced as is. Launches and memsets are stream work: at once, or late and in order with
- * $RW_FAKE_CUDA_LAG_MS. Only the mover's kernels exist; the index-based pack/unpack/combine are
- * refused. The module image is not looked at. */
+ * (service/mover/mover_cuda.c) runs its whole control path — accepting pairs, staging ids, the
+ * count row, row lists, marks, host-memory ranks' staging — on machines without a GPU. The mover's
+ * kernels run at once on the calling thread, on the CPU, with the arithmetic cuda/kernels.cu states
+ * (fp32 adds in list order, bf16 rounded to nearest even with NaN kept quiet; the count row's
+ * distinct nodes per token, -1 skipped, a bad id flagged): this checks the mover's bookkeeping, not
+ * the GPU code (the GPU test, tests/integration/test_cuda_mover.py, checks that). Device memory
+ * here is host-addressable, so every address the lists name is dereferenced as is. Launches and
+ * memsets are stream work: at once, or late and in order with $RW_FAKE_CUDA_LAG_MS. Only the
+ * mover's kernels exist; the index-based pack/unpack/combine are refused. The module image is not
+ * looked at. */
 #include "config.h"
 
 #if RW_HAVE_CUDA_H

@@ -327,7 +327,7 @@ def scenario_cuda(tmp, seed):
     runs += [("joint", [0, 3]), ("auto", [1, 2])]  # CUDA and host ranks side by side
     drivers = [("stand-in", FAKE_CUDA)]
     if not real and os.path.exists(FAKE_KERN):
-        # Again with kernels: the CUDA mover (service/mover_cuda.c) carries the pairs, its
+        # Again with kernels: the CUDA mover (service/mover/mover_cuda.c) carries the pairs, its
         # kernels emulated on the CPU — where the build embeds kernels (nvcc was found).
         drivers.append(("stand-in with kernels", FAKE_KERN))
     for label, driver in drivers:
@@ -370,7 +370,7 @@ def scenario_cuda_runs(tmp, seed, real, runs, label, driver):
         if pieces:
             c.env["RAILWAVE_TEST_CHUNK_KIB"] = "1"
         # The last run with kernels (stand-in or real) takes the slab placement as far as a machine
-        # without a dmabuf NIC can (service/mesh_slabs.c): every rail taken for such a NIC, the
+        # without a dmabuf NIC can (service/mesh/mesh_slabs.c): every rail taken for such a NIC, the
         # stand-in's GPU exporting dmabufs; the registration (tcp refuses dmabufs) then answers
         # and the daemon falls back to host slabs, saying why, and every check still holds.
         placement = (driver == FAKE_KERN or real) and i == len(runs) - 1

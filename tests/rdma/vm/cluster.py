@@ -676,7 +676,7 @@ def scenario_cuda(c, seed):
                 raise RuntimeError("node %d: stats says %s about the slabs" % (n, slabs))
     finally:
         c.stop()
-    for n in range(NODES):  # service/mesh_slabs.c: the placement and its reason, once per rail
+    for n in range(NODES):  # service/mesh/mesh_slabs.c: the placement and its reason, once per rail
         text = c.daemon_log(n).split("--- start")[-1]
         said = [l for l in text.splitlines() if "slabs in host memory" in l]
         logged = sorted(l.split("rail=", 1)[1].split(":", 1)[0] for l in said if "rail=" in l)
