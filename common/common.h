@@ -1,6 +1,6 @@
 /* RailWave common definitions: the one status type every module returns, logging, whole-file
  * reads and little-endian field access.
- * Errors are grouped by blast radius (STYLE.md "Errors"): a peer error drops one peer,
+ * Errors are grouped by blast radius: a peer error drops one peer,
  * a client error drops one client, a fatal error stops the daemon. */
 #ifndef RW_COMMON_H
 #define RW_COMMON_H

@@ -2,7 +2,7 @@
  * the daemon object, its stats socket and Prometheus endpoint, with the configuration
  * (svc_config.h), the metrics (svc_metrics.h) and health and readiness (health.h) it is built
  * from. Everything here runs on the one libev loop thread unless a comment says otherwise
- * (STYLE.md "Concurrency"). See docs/service.md for the operator's view. */
+ * (docs/architecture.md §2, threads). See docs/service.md for the operator's view. */
 #ifndef RW_SVC_H
 #define RW_SVC_H
 

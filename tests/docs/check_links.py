@@ -4,7 +4,8 @@ file of the tree names (a comment, a docstring, a doc) resolves to a file of the
 every source path a page of docs/ or the README names (service/mesh/mesh.c, tools/*.py; the dated
 logs of docs/perf/runs/ keep the names of their day); a section named in quotes after a docs/ path
 (docs/cuda.md "Where the slabs live") is a heading or a bold paragraph label of that file; and
-nothing cites a design file or a tracker the repository does not hold ("DESIGN", "issue N").
+nothing cites a design file, a style guide or a tracker the repository does not hold ("DESIGN",
+"STYLE.md", "issue N").
     tests/docs/check_links.py [SRCDIR]     (default: the tree this copy was built from)
 Run by tests/run as $b/test/docs_links; exits 0 pass, 1 fail (each finding on its own line)."""
 import glob
@@ -23,7 +24,7 @@ SRC_PATH = re.compile(r"(?<![\w./-])((?:common|sched|rdma|ipc|cuda|service|tools
 # A section named after a path on the same line: docs/cuda.md "Where the slabs live".
 SECTION = re.compile(r"(docs/[\w./-]*\.md)\)? \"([^\"\n]{2,80})\"")
 # Citations of what a reader of the tree cannot open.
-CITATION = re.compile(r"\bDESIGN\b|\b[Ii]ssues? #?\d|(?<![\w&/])#\d+\b(?!\.\d)")
+CITATION = re.compile(r"\bDESIGN\b|\bSTYLE\.md\b|\b[Ii]ssues? #?\d|(?<![\w&/])#\d+\b(?!\.\d)")
 
 SKIP_DIRS = {".git", "node_modules", "__pycache__"}
 TEXT_EXT = {".md", ".c", ".h", ".cu", ".py", ".sh", ".ninja", ".in", ".txt", ".json", ".yaml",
