@@ -530,9 +530,13 @@ def cmd_analyze(a):
                 what[pth]["best_" + kind] = sum(
                     1 for r in sim_rows
                     if min(PATHS, key=lambda q: (r["sim"][kind]["paths"][q]["time_s"], PATHS.index(q))) == pth)
-        regret = [r["sim"]["dispatch"]["paths"][r["path"]]["time_s"] /
-                  min(r["sim"]["dispatch"]["paths"][q]["time_s"] for q in PATHS)
-                  for r in sim_rows if r["path"] in PATHS]
+        # A phase with nothing to move between nodes (calibrate's barrier pairs, a step whose
+        # tokens all stayed home) takes no time on any path: there is nothing to regret.
+        regret = []
+        for r in sim_rows:
+            best = min(r["sim"]["dispatch"]["paths"][q]["time_s"] for q in PATHS)
+            if r["path"] in PATHS and best > 0:
+                regret.append(r["sim"]["dispatch"]["paths"][r["path"]]["time_s"] / best)
         out["replay"] = {"model": a.model, "phases": len(sim_rows), "paths": what,
                          "chosen_over_best_p50": pct(regret, 0.5), "chosen_over_best_max": pct(regret, 1.0)}
     if a.plots:

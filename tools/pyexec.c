@@ -1,7 +1,9 @@
 /* Running the Python half of a subcommand: process glue (starting daemons, reading traces,
- * drawing plots) lives in Python scripts under tools/, which the C entry points exec with the build directory
- * this binary lives in. The script is found in the source tree next to the build directory, or
- * under $RAILWAVE_SRC. */
+ * drawing plots) lives in Python scripts under tools/, which the C entry points exec with the
+ * folder of the programs they run (--build). Two layouts: a build tree (<src>/<build>/tools/
+ * railwave, the scripts in <src>/tools/) and an install (<prefix>/bin/railwave, the scripts and
+ * the programs in <prefix>/libexec/railwave, laid out like a build folder: scripts/install).
+ * $RAILWAVE_SRC names another source tree for the scripts. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -11,38 +13,53 @@
 
 #include "tools/tools.h"
 
+/* Cut the last path component off path (in place); 0 when there is none. */
+static int path_up(char *path)
+{
+	char *slash = strrchr(path, '/');
+	if (!slash || slash == path)
+		return 0;
+	*slash = 0;
+	return 1;
+}
+
 int rw_tool_exec_python(const char *script_name, const char *mode, int argc, char **argv)
 {
-	char exe[PATH_MAX], build[PATH_MAX], script[PATH_MAX + 64];
+	char exe[PATH_MAX], build[PATH_MAX], root[PATH_MAX], script[PATH_MAX + 64];
 	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
 	if (n <= 0) {
 		fprintf(stderr, "railwave %s: cannot find my own binary: %m\n", mode);
 		return 1;
 	}
 	exe[n] = 0;
-	/* exe = <root>/<build>/tools/railwave */
+	/* A build tree: exe = <root>/<build>/tools/railwave, the scripts in <root>/tools. */
 	snprintf(build, sizeof(build), "%s", exe);
-	for (int up = 0; up < 2; up++) {
-		char *slash = strrchr(build, '/');
-		if (!slash) {
-			fprintf(stderr, "railwave %s: unexpected binary path %s\n", mode, exe);
-			return 1;
+	if (!path_up(build) || !path_up(build)) {
+		fprintf(stderr, "railwave %s: unexpected binary path %s\n", mode, exe);
+		return 1;
+	}
+	snprintf(root, sizeof(root), "%s", build);
+	path_up(root);
+	snprintf(script, sizeof(script), "%s/tools/%s", root, script_name);
+	if (access(script, R_OK) != 0) {
+		/* An install: exe = <prefix>/bin/railwave, helpers in <prefix>/libexec/railwave. */
+		char installed[PATH_MAX], helpers[PATH_MAX];
+		snprintf(installed, sizeof(installed), "%s", exe);
+		path_up(installed);
+		size_t len = strlen(installed);
+		snprintf(installed + len, sizeof(installed) - len, "/../libexec/railwave");
+		if (realpath(installed, helpers) != NULL) {
+			snprintf(build, sizeof(build), "%s", helpers);
+			snprintf(script, sizeof(script), "%s/tools/%s", build, script_name);
 		}
-		*slash = 0;
 	}
 	const char *src = getenv("RAILWAVE_SRC");
-	if (src && *src) {
+	if (src && *src)
 		snprintf(script, sizeof(script), "%s/tools/%s", src, script_name);
-	} else {
-		char root[PATH_MAX];
-		snprintf(root, sizeof(root), "%s", build);
-		char *slash = strrchr(root, '/');
-		if (slash)
-			*slash = 0;
-		snprintf(script, sizeof(script), "%s/tools/%s", root, script_name);
-	}
 	if (access(script, R_OK) != 0) {
-		fprintf(stderr, "railwave %s: %s: %m (set RAILWAVE_SRC to the source tree)\n", mode, script);
+		fprintf(stderr, "railwave %s: no %s next to %s (a build tree, or ../libexec/railwave of an "
+			"install: scripts/install), nor under $RAILWAVE_SRC/tools: set RAILWAVE_SRC to the "
+			"source tree\n", mode, script_name, exe);
 		return 1;
 	}
 	char **args = calloc((size_t)argc + 6, sizeof(char *));
