@@ -3,7 +3,8 @@
 file of the tree names (a comment, a docstring, a doc) resolves to a file of the tree, and so does
 every source path a page of docs/ or the README names (service/mesh/mesh.c, tools/*.py; the dated
 logs of docs/perf/runs/ keep the names of their day); a section named in quotes after a docs/ path
-(docs/cuda.md "Where the slabs live") is a heading or a bold paragraph label of that file; and
+(docs/cuda.md "Where the slabs live") is a heading or a bold paragraph label of that file, and a
+numbered one (docs/algorithms.md §2.5) a numbered heading; and
 nothing cites a design file, a style guide or a tracker the repository does not hold ("DESIGN",
 "STYLE.md", "issue N").
     tests/docs/check_links.py [SRCDIR]     (default: the tree this copy was built from)
@@ -23,6 +24,8 @@ SRC_PATH = re.compile(r"(?<![\w./-])((?:common|sched|rdma|ipc|cuda|service|tools
                       r"scripts|examples)/[\w./*-]*\.(?:c|h|cu|py|sh|ninja|json|md|in|yaml|yml))\b")
 # A section named after a path on the same line: docs/cuda.md "Where the slabs live".
 SECTION = re.compile(r"(docs/[\w./-]*\.md)\)? \"([^\"\n]{2,80})\"")
+# Numbered sections after a docs/ path: docs/algorithms.md §2.1, §5.1 / docs/algorithms.md §3-§4.
+NUMBERED = re.compile(r"(docs/[\w./-]*\.md)\)? §(\d+(?:\.\d+)*)((?:(?:, | and |-|–)§?\d+(?:\.\d+)*)*)")
 # Citations of what a reader of the tree cannot open.
 CITATION = re.compile(r"\bDESIGN\b|\bSTYLE\.md\b|\b[Ii]ssues? #?\d|(?<![\w&/])#\d+\b(?!\.\d)")
 
@@ -75,6 +78,15 @@ def sections(path, cache={}):
     return cache[path]
 
 
+def numbered(path, cache={}):
+    """The numbers of a Markdown file's numbered headings ("## 2. RailBalance", "### 2.5 Weights")."""
+    if path not in cache:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            cache[path] = {m.group(1) for m in (re.match(r"#+\s+(\d+(?:\.\d+)*)\.?\s", line)
+                                                for line in fh) if m}
+    return cache[path]
+
+
 def section_ok(path, name):
     """A heading or label that starts with the name; "A: B" names heading A, then heading B."""
     names = sections(path)
@@ -115,6 +127,12 @@ def check(src):
                 for target in SRC_PATH.findall(line):
                     if not glob.glob(os.path.join(src, target)):
                         bad.append("%s: names %s: no such file" % (where, target))
+            for target, first, more in NUMBERED.findall(line):
+                full = os.path.join(src, target)
+                if os.path.exists(full):
+                    for num in [first] + re.findall(r"\d+(?:\.\d+)*", more):
+                        if num not in numbered(full):
+                            bad.append("%s: %s has no section §%s" % (where, target, num))
             for target, name in SECTION.findall(line):
                 full = os.path.join(src, target)
                 if os.path.exists(full) and not section_ok(full, name):
