@@ -8,7 +8,10 @@ mean squared error against a fixed target map. Expert gradients come back throug
 (combine's backward dispatches the output gradient, dispatch's backward combines the input
 gradient). The router is replicated: under torchrun (MASTER_ADDR set) its gradient is summed
 over ranks with torch.distributed (gloo), so every replica stays equal and the run computes
-exactly what --reference computes; without torchrun the router stays frozen.
+exactly what --reference computes; without torchrun the router stays frozen (expert-only
+training: the dispatch runs without autograd, only combine's backward carries gradients) and
+each rank prints its share of the loss, whose sum over ranks is what --reference
+--freeze-router prints.
 
 On the loopback cluster of deploy/clusters/loopback-2x2-one-ip.json (2 nodes × 2 ranks), with
 the environment torchrun would set (Debian 12's torchrun 1.13 fails under Python 3.11 before
@@ -104,7 +107,8 @@ def distributed(steps, lr):
         import torch.distributed as dist
         dist.init_process_group("gloo")
     # Every rank dispatches TOKENS tokens a step: the receive room is world × that.
-    with railwave.Group("moe_train", max_tokens_per_rank=TOKENS) as group:
+    with railwave.Group.from_env(os.environ.get("RAILWAVE_GROUP", "moe_train"),
+                                 max_tokens_per_rank=TOKENS) as group:
         world, rank = group.world_size, group.rank
         moe = build(group, world, freeze_router=dist is None)
         tmap = target_map()
@@ -119,10 +123,11 @@ def distributed(steps, lr):
                 dist.all_reduce(moe.router.weight.grad)  # replicated router: Σ over ranks
                 dist.all_reduce(total)
             opt.step()
-            if rank == 0:
-                print("step %d loss %.6f%s" % (step, total.item(),
-                                               "" if dist else " (rank 0 only; router frozen)"),
-                      flush=True)
+            if dist is not None and rank == 0:
+                print("step %d loss %.6f" % (step, total.item()), flush=True)
+            elif dist is None:  # no all-reduce: each rank its own share of the loss
+                print("step %d loss %.6f (rank %d's share; router frozen)"
+                      % (step, total.item(), rank), flush=True)
     if dist is not None:
         dist.destroy_process_group()
 

@@ -10,7 +10,7 @@ nodes. Needs a GPU to run; tests/python/test_moe.py's `cuda` scenario exercises 
 import ctypes
 
 from . import _lib
-from .errors import RailWaveError
+from .errors import BadArgument, CudaError
 
 CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
 CU_POINTER_ATTRIBUTE_BUFFER_ID = 7
@@ -31,7 +31,7 @@ class _Driver:
 
     def check(self, res, what):
         if res != 0:
-            raise RuntimeError("railwave: CUDA driver call %s failed (CUresult %d)" % (what, res))
+            raise CudaError(what, "CUDA driver call failed (CUresult %d)" % res)
 
     def attr(self, ptr, attr, ctype):
         v = ctype(0)
@@ -42,7 +42,7 @@ class _Driver:
     def segment(self, ptr):
         """(base, size, buffer id, device ordinal) of the allocation holding ptr."""
         if self.attr(ptr, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ctypes.c_uint) != CU_MEMORYTYPE_DEVICE:
-            raise ValueError("railwave: 0x%x is not CUDA device memory" % ptr)
+            raise BadArgument("lend a CUDA tensor", "0x%x is not CUDA device memory" % ptr)
         base, size = ctypes.c_uint64(0), ctypes.c_size_t(0)
         self.check(self.cu.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ptr),
                    "cuMemGetAddressRange")
@@ -55,8 +55,8 @@ class _Driver:
         h = (ctypes.c_uint8 * 64)()
         res = self.cu.cuIpcGetMemHandle(ctypes.byref(h), base)
         if res != 0:
-            raise RuntimeError(
-                "railwave: cuIpcGetMemHandle failed (CUresult %d): the tensor's memory is not "
+            raise CudaError(
+                "cuIpcGetMemHandle", "failed (CUresult %d): the tensor's memory is not "
                 "IPC-exportable (expandable segments or a memory pool? set "
                 "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False)" % res)
         ctypes.memmove(d.ipc_handle, h, 64)
@@ -92,9 +92,9 @@ class CudaRegistry:
         buf = ctypes.c_uint32(0)
         rc = self.lib.rw_client_register_cuda(self.client, ctypes.byref(desc), ctypes.byref(buf))
         if rc:
-            raise RailWaveError(rc, "register CUDA segment 0x%x (%d bytes, device %d)"
-                                % (base, size, dev),
-                                self.lib.rw_client_last_message(self.client).decode())
+            raise _lib.error(rc, "register CUDA segment 0x%x (%d bytes, device %d)"
+                             % (base, size, dev),
+                             self.lib.rw_client_last_message(self.client).decode())
         self.segs[base] = (bid, buf.value, size)
         return buf.value, ptr - base
 
@@ -144,8 +144,8 @@ class StreamOrder:
         rc = self.lib.rw_client_register_event(self.client, h, buf, off, ctypes.byref(eid))
         if rc:
             drv.check(cu.cuEventDestroy_v2(self.ev), "cuEventDestroy")
-            raise RailWaveError(rc, "register a stream-order event on %s" % device,
-                                self.lib.rw_client_last_message(self.client).decode())
+            raise _lib.error(rc, "register a stream-order event on %s" % device,
+                             self.lib.rw_client_last_message(self.client).decode())
         self.id, self.buf, self.off = eid.value, buf, off
 
     def before_submit(self, sqe):
@@ -154,7 +154,7 @@ class StreamOrder:
         s = self.torch.cuda.current_stream(self.device)
         res = self.cu.cuEventRecord(self.ev, ctypes.c_void_p(s.cuda_stream))
         if res != 0:
-            raise RuntimeError("railwave: cuEventRecord failed (CUresult %d)" % res)
+            raise CudaError("cuEventRecord", "failed (CUresult %d)" % res)
         self.value = (self.value + 1) & 0xFFFFFFFF
         sqe.flags = _lib.SQE_WAIT_EVENT | _lib.SQE_SIGNAL
         sqe.event_id = self.id
@@ -167,7 +167,7 @@ class StreamOrder:
                                              self.flag.data_ptr(), self.value,
                                              CU_STREAM_WAIT_VALUE_GEQ)
         if res != 0:
-            raise RuntimeError("railwave: cuStreamWaitValue32 failed (CUresult %d)" % res)
+            raise CudaError("cuStreamWaitValue32", "failed (CUresult %d)" % res)
 
     def pay_lost(self):
         """The daemon is gone: write every flag value it still owed, from a side stream (the

@@ -1,5 +1,6 @@
 """ctypes face of librailwave.so (ipc/railwave.h): the structs of the ring ABI and the client
-functions. Nothing here knows torch; railwave.group builds on it.
+functions, and error() which turns an RW_E_* code into its railwave.errors exception. Nothing here
+knows torch; railwave._core builds on it.
 
 Which library: $RAILWAVE_LIB (a file, or a folder holding librailwave.so.1), else the copy that
 `pip install ./python` bundled into this package, else a build tree above this file (running from
@@ -7,6 +8,8 @@ a source checkout with PYTHONPATH=python), else the system's (ld.so: /etc/ld.so.
 $LD_LIBRARY_PATH)."""
 import ctypes
 import os
+
+from . import errors
 
 SONAME = "librailwave.so.1"
 
@@ -125,7 +128,8 @@ path = None  # the file loaded, once load() ran
 
 
 def load():
-    """The bound library (loaded once). OSError listing every place tried when none loads."""
+    """The bound library (loaded once). LibraryNotFound (an OSError) listing every place tried
+    when none loads."""
     global _lib, path
     if _lib is not None:
         return _lib
@@ -141,10 +145,18 @@ def load():
             continue
         _lib, path = _bind(lib), cand
         return _lib
-    raise OSError("railwave: cannot load %s; set RAILWAVE_LIB to the library (build/lib/%s after "
-                  "./configure && ninja) or install it. Tried: %s" % (SONAME, SONAME,
-                                                                      "; ".join(tried)))
+    raise errors.LibraryNotFound(
+        "load %s" % SONAME, "set RAILWAVE_LIB to the library (build/lib/%s after ./configure && "
+        "ninja) or install it. Tried: %s" % (SONAME, "; ".join(tried)))
 
 
-def strerror(code):
+def strerror(code: int) -> str:
     return load().rw_client_strerror(code).decode()
+
+
+def error(code: int, op: str, detail: str = "",
+          default: type = errors.RailWaveError) -> errors.RailWaveError:
+    """The exception for RW_E_* code returned while doing op: its class by errors.class_for
+    (default: the class of the call's errors), the library's text for the code, detail (what
+    the daemon said, or what the package knows)."""
+    return errors.class_for(code, default)(op, detail, code=code, text=strerror(code))

@@ -1,4 +1,4 @@
-"""Autograd for dispatch and combine (docs/python.md "Autograd").
+"""Autograd for dispatch and combine (docs/python.md "Autograd"), on railwave._core's operations.
 
 Forward of a MoE layer: pair A = dispatch(x) ... combine(y, A). Its backward runs one more pair
 B on the key (layer | 2^31, step), in the order autograd calls the two backward functions:
@@ -10,44 +10,67 @@ B on the key (layer | 2^31, step), in the order autograd calls the two backward 
     with B's handle — the daemon sums every copy of a token back at its owner, which is exactly
     the gradient of a replication. If combine's backward did not run first (dispatch used without
     combine), B is opened here with rows of zeros.
+When the dispatch ran without autograd (a frozen router: neither x nor topk_weights needs a
+gradient) it has no backward: combine's backward ends B itself with a combine of zeros right
+after its dispatch. Leaving B open for the group's next dispatch to close is not enough: a rank
+whose B completed may leave (the end of training) or move on while another node still delivers
+B's rows, and a rank that leaves fails its group's open pair everywhere.
 Both are collective: every rank of the group must run the same backward."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
 import torch
 
-from .group import BACKWARD_LAYER
+from ._core import BACKWARD_LAYER, Core, Handle, op_name
+from .errors import BackwardMismatch, BadArgument, BadArgumentType
 
 
 class _Box:
     handle = None
 
 
-def _permutation(a, b):
+def _refuse(h: Handle, detail: str) -> BackwardMismatch:
+    """The error of a backward this rank cannot run; the backward pair is failed for every rank
+    first, so the others' backward raises at once instead of at the phase timeout."""
+    key_layer = h.layer | BACKWARD_LAYER
+    h.group._poison(key_layer, h.step, h.n_experts)
+    return BackwardMismatch(h.group._where(op_name("dispatch", key_layer, h.step)), detail)
+
+
+def _permutation(a: Handle, b: Handle) -> torch.Tensor:
     """perm with b.keys()[perm] == a.keys(): where each of A's rows sits in B."""
     ka, kb = a.keys(), b.keys()
+    op = a.group._where(op_name("dispatch", b.layer, b.step))
     if ka.shape != kb.shape:
-        raise RuntimeError("railwave: backward pair received %d rows, the forward %d: the "
-                           "routing changed between forward and backward" % (kb.numel(), ka.numel()))
+        raise BackwardMismatch(op, "the backward pair received %d rows, the forward %d: the "
+                               "routing changed between forward and backward"
+                               % (kb.numel(), ka.numel()))
     sa, sb = torch.argsort(ka), torch.argsort(kb)
     if not torch.equal(ka[sa], kb[sb]):
-        raise RuntimeError("railwave: backward pair received other tokens than the forward")
+        raise BackwardMismatch(op, "the backward pair received other tokens than the forward")
     perm = torch.empty_like(sa)
     perm[sa] = sb
     return perm
 
 
-def _open_backward(h, rows):
-    """Dispatch rows ([T, width], h's dtype) as h's backward pair; returns (recv rows in h's
-    order, backward handle, permutation)."""
+def _open_backward(h: Handle, rows: torch.Tensor) -> torch.Tensor:
+    """Dispatch rows ([T, width], h's dtype) as h's backward pair with h's routing; returns the
+    rows received in h's order (h.bwd: the backward pair's handle and the permutation)."""
     g = h.group
     g._check_usable()
-    work = g._dispatch_key(rows, h.topk_idx, h.topk_weights, h.n_experts,
-                           h.layer | BACKWARD_LAYER, h.step)
+    idx, w = h.topk_idx, h.topk_weights
+    if (idx._version, w._version) != h.routing_version:
+        raise _refuse(h, "topk_idx or topk_weights was changed in place after the dispatch; its "
+                      "backward sends the routing of the forward again")
+    work = g._dispatch_key(rows, idx, w, h.n_experts, h.layer | BACKWARD_LAYER, h.step)
     recv, _, _, _, hb = work.wait()
     perm = _permutation(h, hb)
     h.bwd = (hb, perm)
     return recv[perm]
 
 
-def _width(h):
+def _width(h: Handle) -> int:
     return h.hidden + (h.topk if h.need_w_grad else 0)
 
 
@@ -59,8 +82,8 @@ class _Dispatch(torch.autograd.Function):
         recv_x, recv_idx, recv_w, counts, h = group._dispatch_key(
             x.detach(), topk_idx, topk_weights.detach(), num_experts, layer, step).wait()
         h.need_w_grad = bool(ctx.needs_input_grad[1])
-        # The backward pair re-sends the same routing: keep it safe from in-place changes.
-        h.topk_idx, h.topk_weights = topk_idx.clone(), topk_weights.detach().clone()
+        h.dispatch_backward = True
+        h.keep_routing(topk_idx, topk_weights)
         box.handle = h
         ctx.handle = h
         ctx.mark_non_differentiable(recv_idx, counts)
@@ -100,23 +123,36 @@ class _Combine(torch.autograd.Function):
         rows = torch.zeros(h.num_tokens, _width(h), dtype=h.dtype, device=h.device)
         rows[:, :h.hidden] = g_out
         recv = _open_backward(h, rows)
+        if not h.dispatch_backward:  # nothing else will combine B: end it on every rank now
+            hb, _ = h.bwd
+            h.bwd = None
+            hb.group._submit_combine(torch.zeros(hb.num_recv, hb.hidden, dtype=hb.dtype,
+                                                 device=hb.device), hb).wait()
         return recv[:, :h.hidden].contiguous(), None
 
 
-def dispatch(group, x, topk_idx, topk_weights, num_experts, layer=0, step=None):
+def dispatch(group: Core, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+             num_experts: int, layer: int = 0, step: Optional[int] = None
+             ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Handle]:
     """Group.dispatch with autograd (Group.dispatch calls this when x or topk_weights requires
     grad)."""
     if not isinstance(topk_weights, torch.Tensor):
-        raise TypeError("railwave: dispatch: topk_weights must be a torch.Tensor")
+        raise BadArgumentType("dispatch", "topk_weights must be a torch.Tensor")
     box = _Box()
     recv_x, recv_idx, recv_w, counts = _Dispatch.apply(x, topk_weights, group, topk_idx,
                                                        num_experts, layer, step, box)
     return recv_x, recv_idx, recv_w, counts, box.handle
 
 
-def combine(expert_out, handle):
-    """Group.combine with autograd."""
-    from .group import Handle
+def combine(expert_out: torch.Tensor, handle: Handle) -> torch.Tensor:
+    """Group.combine with autograd. Its backward sends the routing of the handle's dispatch
+    again, which a dispatch keeps when it ran with grad enabled and without async_op."""
     if not isinstance(handle, Handle):
-        raise ValueError("railwave: combine: handle is not a railwave dispatch handle")
+        raise BadArgument("combine", "handle is not a railwave dispatch handle")
+    if handle.topk_idx is None:
+        handle.group._refuse_combine(BadArgument(
+            op_name("combine", handle.layer, handle.step),
+            "expert_out needs a gradient but the dispatch kept no routing for the backward "
+            "(it ran with async_op=True or under torch.no_grad()): dispatch synchronously with "
+            "grad enabled"))
     return _Combine.apply(expert_out, handle)

@@ -1,7 +1,27 @@
-"""Exceptions of the railwave package. Every error the daemon or librailwave reports is a
-RailWaveError carrying the RW_E_* code (ipc/railwave.h) and what was being done; argument mistakes
-found before anything is sent are TypeError/ValueError."""
-from . import _lib
+"""Exceptions of the railwave package (docs/python.md "Errors"). Every error the package raises
+is a RailWaveError; its subclasses say what happened, so a caller catches by meaning:
+
+    RailWaveError                    code (RW_E_* value or None), name ("RW_E_PHASE"), op, detail
+    ├── ConnectError                 joining the group failed (no daemon, refused)
+    │   ├── WorldMismatch            RW_E_WORLD_MISMATCH, RW_E_NODE_MISMATCH
+    │   ├── RankTaken                RW_E_RANK_DUP
+    │   └── GroupKeyMismatch         RW_E_GROUP_KEY
+    ├── PhaseError                   a dispatch or combine completed with an error
+    │   ├── PeerFailed               RW_E_PHASE: failed for the whole group by another rank or node
+    │   └── ReceiveRoomExceeded      RW_E_RANGE: more rows arrived than the receive room holds
+    ├── DaemonLost                   RW_E_CLOSED: railwaved is gone or dropped this rank
+    ├── Timeout (TimeoutError)       no completion within the Group's timeout
+    ├── GroupClosed                  the Group was closed by its owner
+    ├── PhaseInFlight                RW_E_STATE: one operation per Group at a time
+    ├── BackwardMismatch             autograd's backward pair received other rows than the forward
+    ├── CudaError                    a CUDA driver call of the package failed
+    ├── LibraryNotFound (OSError)    librailwave.so.1 could not be loaded
+    └── BadArgument (ValueError)     an argument refused before anything was sent
+        └── BadArgumentType (TypeError)
+
+A code from librailwave or the daemon picks its class with class_for() (railwave._lib.error
+builds the exception with the library's text); the errors the package decides itself carry
+code None. This module imports nothing of the package: every other module may raise from it."""
 
 # ipc/railwave.h rw_client_error_t (checked against the header by tests/python/test_package.py).
 CODES = {
@@ -45,28 +65,56 @@ _HINTS = {
 }
 
 
-class RailWaveError(RuntimeError):
-    """A failure reported by railwaved or librailwave. Attributes: code (RW_E_* value), name
-    ("RW_E_PHASE"), op (what was being done, e.g. "dispatch layer 3 step 7")."""
+class RailWaveError(Exception):
+    """An error of the railwave package. Attributes: op (what was being done, e.g. "dispatch
+    layer 3 step 7"), detail, code (the RW_E_* value from librailwave or the daemon, None when
+    the package decided), name ("RW_E_PHASE" or None). text is the library's one-line text for
+    code (railwave._lib.error passes it)."""
 
-    def __init__(self, code, op, detail=""):
-        self.code, self.op = code, op
-        self.name = NAMES.get(code, "RW_E_%d" % code)
-        text = "railwave: %s: %s (%s)" % (op, _lib.strerror(code), self.name)
+    def __init__(self, op: str, detail: str = "", code: "int | None" = None,
+                 text: "str | None" = None):
+        self.op, self.detail, self.code = op, detail, code
+        self.name = None if code is None else NAMES.get(code, "RW_E_%d" % code)
+        msg = "railwave: %s" % op
+        if code is not None:
+            msg += ": %s(%s)" % (text + " " if text else "", self.name)
         if detail:
-            text += ": " + detail
+            msg += ": " + detail
         hint = _HINTS.get(code)
         if hint:
-            text += " — " + hint
-        super().__init__(text)
+            msg += " — " + hint
+        super().__init__(msg)
 
 
 class ConnectError(RailWaveError):
-    """Joining the group failed (no daemon, world/node/rank refused)."""
+    """Joining the group failed: no daemon at the socket, or the daemon refused the join."""
+
+
+class WorldMismatch(ConnectError):
+    """The group's earlier members (or this daemon) have another world size or node."""
+
+
+class RankTaken(ConnectError):
+    """Another process already joined the group with this rank."""
+
+
+class GroupKeyMismatch(ConnectError):
+    """RAILWAVE_GROUP_KEY missing or different from the group's first rank's."""
 
 
 class PhaseError(RailWaveError):
-    """A dispatch or combine completed with an error."""
+    """A dispatch or combine completed with an error (the Group stays usable: the next step
+    opens a fresh pair)."""
+
+
+class PeerFailed(PhaseError):
+    """RW_E_PHASE: the daemon failed the phase for the whole group — a peer node was lost, another
+    rank's input was refused, a rank left, or the phase timed out."""
+
+
+class ReceiveRoomExceeded(PhaseError):
+    """RW_E_RANGE: more rows arrived than this rank's receive room holds (docs/python.md
+    "Receive room")."""
 
 
 class DaemonLost(RailWaveError):
@@ -74,4 +122,54 @@ class DaemonLost(RailWaveError):
 
 
 class Timeout(RailWaveError, TimeoutError):
-    """No completion within the Group's timeout."""
+    """No completion within the Group's timeout (the operation is still in flight)."""
+
+
+class GroupClosed(RailWaveError):
+    """An operation on a Group after close()."""
+
+
+class PhaseInFlight(RailWaveError):
+    """An operation while another of the same Group is still in flight (wait() for it first);
+    the daemon's RW_E_STATE means the same."""
+
+
+class BackwardMismatch(RailWaveError):
+    """The pair autograd opened for a layer's backward received other rows than the forward:
+    the routing changed between forward and backward, or the ranks ran different backwards."""
+
+
+class CudaError(RailWaveError):
+    """A CUDA driver call of the package failed (detail names the call and the CUresult)."""
+
+
+class LibraryNotFound(RailWaveError, OSError):
+    """librailwave.so.1 could not be loaded (detail lists every place tried)."""
+
+
+class BadArgument(RailWaveError, ValueError):
+    """An argument (or a launcher variable) refused before anything was sent."""
+
+
+class BadArgumentType(BadArgument, TypeError):
+    """An argument of the wrong type or dtype."""
+
+
+# The class of an error code when the call that returned it allows it (class_for).
+_CLASS_OF = {
+    CODES["RW_E_WORLD_MISMATCH"]: WorldMismatch, CODES["RW_E_NODE_MISMATCH"]: WorldMismatch,
+    CODES["RW_E_RANK_DUP"]: RankTaken, CODES["RW_E_GROUP_KEY"]: GroupKeyMismatch,
+    CODES["RW_E_PHASE"]: PeerFailed, CODES["RW_E_RANGE"]: ReceiveRoomExceeded,
+    CODES["RW_E_CLOSED"]: DaemonLost, CODES["RW_E_TIMEOUT"]: Timeout,
+    CODES["RW_E_STATE"]: PhaseInFlight,
+}
+
+
+def class_for(code: int, default: type = RailWaveError) -> type:
+    """The exception class of RW_E_* code returned by a call whose errors are `default`s
+    (ConnectError for a join, PhaseError for a completion, RailWaveError for the rest): the
+    code's own class when it is one of them (a join's RW_E_RANK_DUP is a RankTaken, a
+    completion's RW_E_PHASE a PeerFailed), else default (a join's RW_E_TIMEOUT stays a
+    ConnectError, so that catching ConnectError around a join catches every refusal)."""
+    cls = _CLASS_OF.get(code)
+    return cls if cls is not None and issubclass(cls, default) else default

@@ -1,282 +1,154 @@
 """railwave.Group: one trainer rank's membership of an expert-parallel group, served by its
-node's railwaved through librailwave (docs/python.md is the contract; docs/dataflow.md "Dispatch
-output" and "Combine" the daemon's side).
+node's railwaved through librailwave (docs/python.md is the contract). This is the public face:
+the arguments (explicit, or from the launcher's environment with Group.from_env), and dispatch
+and combine, differentiable or not; the connection and the operations themselves are
+railwave._core's, their backward railwave.autograd's."""
+from __future__ import annotations
 
-One operation is in flight per Group at a time (the daemon runs one dispatch/combine pair per
-group: a combine needs its dispatch's handle, and the next dispatch closes the previous pair).
-Host (CPU) tensors are copied into two memfd buffers registered once and grown when needed; CUDA
-tensors are lent by IPC handle of their allocator segment (railwave._cuda). Returned tensors are
-always fresh copies: they stay valid after the next operation and after close()."""
-import ctypes
 import os
-import time
+from typing import Mapping, Optional, Tuple, Union
 
-import numpy as np
 import torch
 
-from . import _host, _lib
-from .errors import (CODES, NAMES, ConnectError, DaemonLost, PhaseError, RailWaveError,
-                     Timeout)
+from . import _lib, autograd
+from ._core import DTYPES, Core, Handle, Work
+from .errors import BadArgument, BadArgumentType
 
-BACKWARD_LAYER = 1 << 31  # layer bit of the pairs autograd opens for a layer's backward
-
-_DTYPES = {torch.float32: _lib.DTYPE_FP32, torch.bfloat16: _lib.DTYPE_BF16}
-_NONE = _lib.Span(_lib.BUF_NONE, 0, 0)
-_CPU = torch.device("cpu")
-_memmove = ctypes.memmove
+DispatchResult = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Handle]
 
 
-_align = _host.align
-
-
-def _env_int(names, what):
+def _env_int(env: Mapping[str, str], names: Tuple[str, ...], what: str) -> Optional[int]:
+    """The first of the variables `names` set (and not empty) in env, as an int."""
     for name in names:
-        v = os.environ.get(name)
+        v = env.get(name)
         if v not in (None, ""):
             try:
                 return int(v)
             except ValueError:
-                raise ValueError("railwave: %s=%r is not an integer (%s)" % (name, v, what))
+                raise BadArgument("Group.from_env", "%s=%r is not an integer (%s)"
+                                  % (name, v, what)) from None
     return None
 
 
-class Handle:
-    """What a combine (and autograd) needs of a completed dispatch. Attributes: num_tokens (rows
-    this rank dispatched), num_recv (rows it received), src_rank and src_token (int64 tensors
-    [num_recv]: whose token each received row is), layer, step."""
-
-    __slots__ = ("group", "handle_id", "layer", "step", "dtype", "hidden", "topk", "n_experts",
-                 "num_tokens", "num_recv", "device", "_src", "_local_mask", "combined",
-                 "topk_idx", "topk_weights", "need_w_grad", "bwd", "_plan")
-
-    def __init__(self, group, handle_id, layer, step, dtype, hidden, topk, n_experts, num_tokens,
-                 num_recv, src, local_mask, device):
-        self.group, self.handle_id, self.layer, self.step = group, handle_id, layer, step
-        self.dtype, self.hidden, self.topk, self.n_experts = dtype, hidden, topk, n_experts
-        self.num_tokens, self.num_recv, self.device = num_tokens, num_recv, device
-        self._src = src                # [num_recv, 2] (source rank, token), numpy or tensor
-        self._local_mask = local_mask  # [num_recv, topk] bool: top-k entries hosted here
-        self.combined = False
-        # Set by autograd only (railwave/autograd.py): the dispatch's inputs for the backward
-        # pair, whether topk_weights need a gradient, the open backward pair.
-        self.topk_idx = self.topk_weights = None
-        self.need_w_grad = False
-        self.bwd = None
-        self._plan = None  # host path: the dispatch's plan (its combine reads through it)
-
-    def _tensor(self, a):
-        return a if isinstance(a, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(a))
-
-    @property
-    def src_rank(self):
-        return self._tensor(self._src[:, 0]).to(torch.int64)
-
-    @property
-    def src_token(self):
-        return self._tensor(self._src[:, 1]).to(torch.int64)
-
-    @property
-    def local_mask(self):
-        return self._tensor(self._local_mask)
-
-    def keys(self):
-        """int64 [num_recv]: one key per received row, unique on this rank (src_rank, token)."""
-        return self.src_rank * (1 << 32) + self.src_token
+def _check_int(what: str, v: object, lo: int, none_ok: bool = False) -> None:
+    if v is None and none_ok:
+        return
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise BadArgumentType("Group", "%s must be an int, got %r" % (what, v))
+    if v < lo:
+        raise BadArgument("Group", "%s must be at least %d, got %d" % (what, lo, v))
 
 
-def _op_name(kind, layer, step):
-    return "%s layer %d step %d%s" % (kind, layer & ~BACKWARD_LAYER, step,
-                                      " (backward)" if layer & BACKWARD_LAYER else "")
-
-
-class Work:
-    """An operation in flight (async_op=True). wait() returns what the synchronous call would
-    have returned, or raises its error; done() says, without blocking, whether wait() would."""
-
-    __slots__ = ("group", "phase_id", "_what", "_finish", "_args", "_keep", "_cqe", "_result",
-                 "_exc")
-
-    def __init__(self, group, phase_id, what, finish, args, keep):
-        self.group, self.phase_id, self._what = group, phase_id, what  # what: (kind, layer, step)
-        self._finish, self._args = finish, args  # finish(cqe, *args) gives the result
-        self._keep = keep  # tensors the daemon reads until done
-        self._cqe = self._result = self._exc = None
-
-    @property
-    def op(self):
-        return _op_name(*self._what)
-
-    def done(self):
-        if self._cqe is None and self._exc is None and self._result is None:
-            self._cqe = self.group._reap(self, block=False)
-        return self._cqe is not None or self._result is not None or self._exc is not None
-
-    def wait(self, timeout=None):
-        if self._result is None and self._exc is None:
-            cqe = self._cqe or self.group._reap(self, block=True, timeout=timeout)
-            self.group._pending = self._keep = None
-            try:
-                self._result = self._finish(cqe, *self._args)
-            except Exception as e:  # kept: a second wait() raises the same
-                self._exc = e
-        if self._exc is not None:
-            raise self._exc
-        return self._result
-
-
-class Group:
-    """Join expert-parallel group `name` as `rank` of `world_size` through this node's railwaved.
-
-    Unset arguments come from the environment torchrun and Slurm set: rank ← RANK (SLURM_PROCID),
-    world_size ← WORLD_SIZE (SLURM_NTASKS), socket ← RAILWAVE_SOCKET (else the daemon's default
-    /run/railwave/railwaved.sock), node ← RAILWAVE_NODE, else rank // LOCAL_WORLD_SIZE
-    (SLURM_NTASKS_PER_NODE), else SLURM_NODEID / GROUP_RANK; local_gpu (the GPU index the daemon
-    logs and keeps unique per group) ← LOCAL_RANK (SLURM_LOCALID) when torch sees CUDA, else -1.
+class Group(Core):
+    """Join expert-parallel group `name` as `rank` of `world_size` ranks, on node `node` (the
+    cluster file's index of this node), through this node's railwaved at `socket` (None:
+    librailwave's choice, RAILWAVE_SOCKET, else /run/railwave/railwaved.sock). Group.from_env()
+    takes the arguments from the variables torchrun, Slurm or deploy/slurm/railwave-run.sh set.
+    local_gpu is the GPU index the daemon logs and keeps unique per group (-1: none).
 
     Receive room: a rank receives at most one row per token of every rank, so one dispatch
     delivers it at most world_size × (the most tokens any rank dispatches) rows.
-    max_tokens_per_rank (RAILWAVE_MAX_TOKENS_PER_RANK; DeepEP's num_max_dispatch_tokens_per_rank)
-    is that most: every rank's receive buffer (host or CUDA) is sized for the worst case once,
-    and a dispatch of more tokens is refused. Unset, the room is world_size × the most tokens this
-    rank dispatched so far, which is right only when no rank dispatches more than this one.
-    max_recv_tokens overrides the room (rows) for a caller who knows the routing is balanced.
-    A rank that receives more rows than its room fails the phase for everyone (RW_E_RANGE, and
-    the error names the size needed). timeout (seconds) bounds every wait for the daemon;
-    spin_us is how long a wait busy-polls before sleeping (RAILWAVE_SPIN_US)."""
+    max_tokens_per_rank (DeepEP's num_max_dispatch_tokens_per_rank) is that most: every rank's
+    receive buffer (host or CUDA) is sized for the worst case once, and a dispatch of more tokens
+    is refused. Unset, the room is world_size × the most tokens this rank dispatched so far, which
+    is right only when no rank dispatches more than this one. max_recv_tokens overrides the room
+    (rows) for a caller who knows the routing is balanced. A rank that receives more rows than
+    its room fails the phase for everyone (ReceiveRoomExceeded, naming the size needed).
+    timeout (seconds) bounds every wait for the daemon; spin_us is how long a wait busy-polls
+    before sleeping; stream_ordered: CUDA submissions without host synchronization
+    (docs/python.md "Stream order")."""
 
-    DTYPES = _DTYPES
+    DTYPES = DTYPES
 
-    def __init__(self, name, rank=None, world_size=None, socket=None, *, node=None,
-                 local_gpu=None, max_tokens_per_rank=None, max_recv_tokens=None, timeout=300.0,
-                 spin_us=None, stream_ordered=None):
-        self._c = None
+    def __init__(self, name: str, rank: int, world_size: int, socket: Optional[str] = None, *,
+                 node: int, local_gpu: int = -1, max_tokens_per_rank: Optional[int] = None,
+                 max_recv_tokens: Optional[int] = None, timeout: float = 300.0,
+                 spin_us: int = 50, stream_ordered: bool = False):
+        self._c = None  # close() (from __del__) sees a Group that never joined
+        if not isinstance(name, str) or not name:
+            raise BadArgumentType("Group", "name must be a non-empty str, got %r" % (name,))
+        _check_int("world_size", world_size, 1)
+        _check_int("rank", rank, 0)
+        if rank >= world_size:
+            raise BadArgument("Group", "rank %d is not in [0, world_size %d)" % (rank, world_size))
+        _check_int("node", node, 0)
+        _check_int("local_gpu", local_gpu, -1)
+        _check_int("max_tokens_per_rank", max_tokens_per_rank, 1, none_ok=True)
+        _check_int("max_recv_tokens", max_recv_tokens, 1, none_ok=True)
+        _check_int("spin_us", spin_us, 0)
+        if not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise BadArgument("Group", "timeout must be a positive number of seconds, got %r"
+                              % (timeout,))
+        socket = socket or os.environ.get("RAILWAVE_SOCKET") or _lib.DEFAULT_SOCKET
+        super().__init__(name, rank, world_size, node, socket, local_gpu, max_tokens_per_rank,
+                         max_recv_tokens, timeout, spin_us, stream_ordered)
+
+    @classmethod
+    def from_env(cls, name: Optional[str] = None, *, rank: Optional[int] = None,
+                 world_size: Optional[int] = None, node: Optional[int] = None,
+                 socket: Optional[str] = None, local_gpu: Optional[int] = None,
+                 max_tokens_per_rank: Optional[int] = None,
+                 max_recv_tokens: Optional[int] = None, timeout: float = 300.0,
+                 spin_us: Optional[int] = None, stream_ordered: Optional[bool] = None,
+                 environ: Optional[Mapping[str, str]] = None) -> Group:
+        """Join with the arguments a launcher set in the environment (environ, default
+        os.environ); an argument given here wins over its variable.
+          name ← RAILWAVE_GROUP (deploy/slurm/railwave-run.sh: one name per job)
+          rank ← RANK (torchrun), SLURM_PROCID;  world_size ← WORLD_SIZE, SLURM_NTASKS
+          node ← RAILWAVE_NODE (the project's launcher), else rank // LOCAL_WORLD_SIZE
+                 (SLURM_NTASKS_PER_NODE), else SLURM_NODEID, GROUP_RANK
+          socket ← RAILWAVE_SOCKET;  local_gpu ← LOCAL_RANK, SLURM_LOCALID when torch sees
+                 CUDA, else -1
+          max_tokens_per_rank ← RAILWAVE_MAX_TOKENS_PER_RANK;  spin_us ← RAILWAVE_SPIN_US
+                 (default 50);  stream_ordered ← RAILWAVE_STREAM_ORDERED (1: on)
+        BadArgument names what is missing or not an integer."""
+        env = os.environ if environ is None else environ
+        if name is None:
+            name = env.get("RAILWAVE_GROUP") or None
+        if name is None:
+            raise BadArgument("Group.from_env", "no group name: pass one or set RAILWAVE_GROUP")
         if rank is None:
-            rank = _env_int(["RANK", "SLURM_PROCID"], "this process's rank")
+            rank = _env_int(env, ("RANK", "SLURM_PROCID"), "this process's rank")
         if world_size is None:
-            world_size = _env_int(["WORLD_SIZE", "SLURM_NTASKS"], "ranks in the job")
+            world_size = _env_int(env, ("WORLD_SIZE", "SLURM_NTASKS"), "ranks in the job")
         if rank is None or world_size is None:
-            raise ValueError("railwave: Group(%r) needs rank and world_size (arguments, or RANK "
-                             "and WORLD_SIZE as torchrun sets them)" % (name,))
-        if not (0 <= rank < world_size):
-            raise ValueError("railwave: rank %d is not in [0, world_size %d)" % (rank, world_size))
+            raise BadArgument("Group.from_env", "group %r needs rank and world_size (arguments, "
+                              "RANK and WORLD_SIZE as torchrun sets them, or SLURM_PROCID and "
+                              "SLURM_NTASKS)" % (name,))
         if node is None:
-            node = _env_int(["RAILWAVE_NODE"], "this node's index")
+            node = _env_int(env, ("RAILWAVE_NODE",), "this node's index")
         if node is None:
-            per = _env_int(["LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"], "ranks per node")
-            node = rank // per if per else _env_int(["SLURM_NODEID", "GROUP_RANK"], "node index")
+            per = _env_int(env, ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"), "ranks per node")
+            node = rank // per if per else _env_int(env, ("SLURM_NODEID", "GROUP_RANK"),
+                                                    "node index")
         if node is None:
-            raise ValueError("railwave: cannot tell rank %d's node: pass node= or set "
-                             "LOCAL_WORLD_SIZE (torchrun does) or RAILWAVE_NODE" % rank)
+            raise BadArgument("Group.from_env", "cannot tell rank %d's node: pass node= or set "
+                              "LOCAL_WORLD_SIZE (torchrun does) or RAILWAVE_NODE" % rank)
         if local_gpu is None:
-            local_gpu = _env_int(["LOCAL_RANK", "SLURM_LOCALID"], "local rank") \
+            local_gpu = _env_int(env, ("LOCAL_RANK", "SLURM_LOCALID"), "local rank") \
                 if torch.cuda.is_available() else None
-            local_gpu = -1 if local_gpu is None else local_gpu
         if max_tokens_per_rank is None:
-            max_tokens_per_rank = _env_int(["RAILWAVE_MAX_TOKENS_PER_RANK"],
+            max_tokens_per_rank = _env_int(env, ("RAILWAVE_MAX_TOKENS_PER_RANK",),
                                            "the most tokens a rank dispatches")
-        for n, v in (("max_tokens_per_rank", max_tokens_per_rank),
-                     ("max_recv_tokens", max_recv_tokens)):
-            if v is not None and (not isinstance(v, int) or v < 1):
-                raise ValueError("railwave: %s must be a positive int, got %r" % (n, v))
-        self.socket = socket or os.environ.get("RAILWAVE_SOCKET") or _lib.DEFAULT_SOCKET
-        self.name, self.rank, self.world_size, self.node = name, rank, world_size, node
-        self.timeout = float(timeout)
         if spin_us is None:
-            spin_us = _env_int(["RAILWAVE_SPIN_US"], "busy-poll microseconds")
-        self.spin = (50 if spin_us is None else spin_us) * 1e-6
-        self.max_tokens_per_rank, self.max_recv_tokens = max_tokens_per_rank, max_recv_tokens
+            spin_us = _env_int(env, ("RAILWAVE_SPIN_US",), "busy-poll microseconds")
         if stream_ordered is None:
-            stream_ordered = (_env_int(["RAILWAVE_STREAM_ORDERED"], "0 or 1") or 0) != 0
-        self.stream_ordered = bool(stream_ordered)
-        self._order = None  # railwave._cuda.StreamOrder, made at the first CUDA operation
-        lib = self._lib = _lib.load()
-        self._submit_fn, self._poll_fn = lib.rw_client_submit, lib.rw_client_poll
-        opts = self._opts = _lib.Opts()
-        self._opts_bytes = (self.socket.encode(), name.encode())  # what opts' pointers point at
-        opts.socket_path, opts.group = self._opts_bytes
-        opts.rank, opts.world_size, opts.node, opts.local_gpu = rank, world_size, node, local_gpu
-        opts.timeout_ms = int(min(self.timeout, 60.0) * 1000)
-        self._connect()
-        self._open = None  # the handle of the dispatch whose combine is due, if any
-        self._in = self._out = None
-        self._plans = {}  # host dispatch shape → _host.DispatchPlan on the current buffers
-        self._cuda = None
-        self._cuda_out = None
-        self._pending = None
-        self._phase_id = 0
-        self._auto_step = {}
-        self._max_tokens = 0  # the most tokens this rank dispatched
-        self._cqe = _lib.Cqe()  # the one completion buffer (one operation in flight)
-        self._cqe_ref = ctypes.byref(self._cqe)
-        self._cqe_counts = np.frombuffer(self._cqe.counts, dtype=np.uint32)
-        self._csqe = _lib.Sqe(kind=_lib.KIND_COMBINE)  # the combine entry, refilled per call
-        self._csqe.topk_ids = self._csqe.topk_weights = _NONE
-        self._csqe_ref = ctypes.byref(self._csqe)
+            stream_ordered = (_env_int(env, ("RAILWAVE_STREAM_ORDERED",), "0 or 1") or 0) != 0
+        socket = socket or env.get("RAILWAVE_SOCKET") or _lib.DEFAULT_SOCKET
+        return cls(name, rank, world_size, socket,
+                   node=node, local_gpu=-1 if local_gpu is None else local_gpu,
+                   max_tokens_per_rank=max_tokens_per_rank, max_recv_tokens=max_recv_tokens,
+                   timeout=timeout, spin_us=50 if spin_us is None else spin_us,
+                   stream_ordered=stream_ordered)
 
-    # ---- lifetime ------------------------------------------------------------------------
-    def _connect(self, retry_s=0.0):
-        """Join (hello, rings). retry_s: keep retrying RW_E_RANK_DUP that long (a rejoin may
-        reach the daemon before it has let the previous connection of this rank go)."""
-        c = ctypes.c_void_p(0)
-        deadline = time.monotonic() + retry_s
-        while True:
-            rc = self._lib.rw_client_connect(ctypes.byref(self._opts), ctypes.byref(c))
-            if rc != CODES["RW_E_RANK_DUP"] or time.monotonic() >= deadline:
-                break
-            time.sleep(0.01)
-        if rc:
-            raise ConnectError(rc, "join group %r as rank %d of %d (node %d) at %s"
-                               % (self.name, self.rank, self.world_size, self.node, self.socket))
-        self._c = c
-
-    def _abort_pair(self):
-        """Fail the group's open pair for every rank now, by leaving and joining again: a rank
-        that leaves fails its group's open pair on every node at once (docs/dataflow.md
-        "Failures"). Used when this rank cannot give its combine, so that the others are told
-        at once instead of at the daemon's phase timeout. Buffers are registered anew."""
-        if self._open is not None:
-            self._open.combined = True
-            self._open = None
-        self.close()
-        self._connect(retry_s=min(self.timeout, 10.0))
-
-    def close(self):
-        """Leave the group: every buffer is released and the connection closed. An operation
-        still in flight is abandoned (the daemon fails that phase for the group). Idempotent."""
-        if self._c is None:
-            return
-        if self._order is not None:  # before the buffers: one of them holds its flag
-            if self._pending is not None:
-                self._order.settle()
-            self._order.release()
-            self._order = None
-        if self._cuda is not None:
-            self._cuda.release()
-        self._lib.rw_client_close(self._c)
-        self._c, self._in, self._out, self._cuda, self._cuda_out = None, None, None, None, None
-        self._pending = None
-        self._plans.clear()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "railwave.Group(%r, rank=%d, world_size=%d, node=%d, socket=%r%s)" % (
             self.name, self.rank, self.world_size, self.node, self.socket,
             "" if self._c is not None else ", closed")
 
-    # ---- public operations -----------------------------------------------------------------
-    def dispatch(self, x, topk_idx, topk_weights, num_experts, layer=0, step=None,
-                 async_op=False):
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                 num_experts: int, layer: int = 0, step: Optional[int] = None,
+                 async_op: bool = False) -> Union[DispatchResult, Work]:
         """Send each token row of x (T × hidden, fp32 or bf16, contiguous) to the ranks hosting
         its top-k experts (topk_idx T × k int32/int64, -1 = none; topk_weights T × k fp32).
         Returns (recv_x, recv_topk_idx, recv_topk_weights, num_recv_per_expert, handle):
@@ -284,477 +156,29 @@ class Group:
         the row's experts as this rank's local expert index, -1 where not hosted here;
         recv_topk_weights (fp32 N × k, 0 where not hosted here); num_recv_per_expert (int64
         [num_experts / world_size]); handle for combine(). Differentiable in x and topk_weights
-        (autograd). async_op=True returns a Work (not differentiable). step=None numbers this
-        layer's calls 0, 1, 2, ... (every rank must make the same calls)."""
-        grad = torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or
-                                            getattr(topk_weights, "requires_grad", False))
-        if grad and not async_op:
-            from . import autograd
+        (autograd); with grad enabled the handle keeps the routing even when neither needs a
+        gradient, for a differentiable combine (a frozen router). async_op=True returns a Work
+        (not differentiable). step=None numbers this layer's calls 0, 1, 2, ... (every rank must
+        make the same calls)."""
+        if async_op:
+            return self._submit_dispatch(x, topk_idx, topk_weights, num_experts, layer, step)
+        if not torch.is_grad_enabled():
+            return self._submit_dispatch(x, topk_idx, topk_weights, num_experts, layer,
+                                         step).wait()
+        if getattr(x, "requires_grad", False) or getattr(topk_weights, "requires_grad", False):
             return autograd.dispatch(self, x, topk_idx, topk_weights, num_experts, layer, step)
-        work = self._submit_dispatch(x, topk_idx, topk_weights, num_experts, layer, step)
-        return work if async_op else work.wait()
+        result = self._submit_dispatch(x, topk_idx, topk_weights, num_experts, layer,
+                                       step).wait()
+        result[4].keep_routing(topk_idx, topk_weights)
+        return result
 
-    def combine(self, expert_out, handle, async_op=False):
+    def combine(self, expert_out: torch.Tensor, handle: Handle,
+                async_op: bool = False) -> Union[torch.Tensor, Work]:
         """Sum each received row's output back into its token's position on the rank that sent
         it. expert_out: one row per received row, in recv_x's order (N × hidden, the dispatch's
         dtype), already reduced over this rank's experts (Σ weight × expert(x) over the row's
         local experts). Returns the combined T × hidden tensor. Differentiable in expert_out."""
         if torch.is_grad_enabled() and getattr(expert_out, "requires_grad", False) and not async_op:
-            from . import autograd
             return autograd.combine(expert_out, handle)
         work = self._submit_combine(expert_out, handle)
         return work if async_op else work.wait()
-
-    # ---- internals -------------------------------------------------------------------------
-    def _error(self, code, op, cls=RailWaveError):
-        msg = self._lib.rw_client_last_message(self._c).decode() if self._c else ""
-        if code == CODES["RW_E_CLOSED"]:
-            cls = DaemonLost
-        return cls(code, "%s [group %r rank %d]" % (op, self.name, self.rank), msg)
-
-    def _check_usable(self):
-        if self._c is None:
-            raise RuntimeError("railwave: %r is closed" % self)
-        if self._pending is not None:
-            raise RuntimeError("railwave: %s is still in flight on group %r: wait() for it first"
-                               % (self._pending.op, self.name))
-
-    def _key(self, layer, step):
-        if not isinstance(layer, int) or not 0 <= layer < BACKWARD_LAYER:
-            raise ValueError("railwave: layer must be an int in [0, 2^31), got %r" % (layer,))
-        if step is None:
-            step = self._auto_step.get(layer, 0)
-            self._auto_step[layer] = step + 1
-        if not isinstance(step, int) or not 0 <= step < 1 << 64:
-            raise ValueError("railwave: step must be a non-negative int, got %r" % (step,))
-        return layer, step
-
-    def _room(self):
-        """Rows one dispatch may deliver to this rank (the class docstring)."""
-        if self.max_recv_tokens:
-            return self.max_recv_tokens
-        return self.world_size * (self.max_tokens_per_rank or max(self._max_tokens, 1))
-
-    def _room_error(self, op, cap, rb, mb, counts_b):
-        """The PhaseError of a rank whose receive room was too small (RW_E_RANGE)."""
-        W = self.world_size
-        per_row = rb + mb
-        if self.max_recv_tokens:
-            why = "max_recv_tokens=%d" % self.max_recv_tokens
-        elif self.max_tokens_per_rank:
-            why = "max_tokens_per_rank=%d, so world_size %d × that" % (self.max_tokens_per_rank, W)
-        else:
-            why = ("max_tokens_per_rank unset, so world_size %d × the most tokens this rank "
-                   "dispatched so far (%d): another rank dispatched more" % (W, self._max_tokens))
-        M = self.max_tokens_per_rank
-        counts = " + %d bytes of per-expert counts" % counts_b if counts_b else ""
-        need = "%d rows = %d bytes" % (W * M, counts_b + W * M * per_row) if M else \
-            "world_size %d × M rows of %d bytes (a row with its metadata)%s" % (W, per_row, counts)
-        return PhaseError(CODES["RW_E_RANGE"], "%s [group %r rank %d]" % (op, self.name,
-                                                                        self.rank),
-                          "this rank received more rows than its receive room of %d rows (%s). "
-                          "A rank receives at most one row per token of every rank: with M the "
-                          "most tokens any rank dispatches (max_tokens_per_rank, or "
-                          "RAILWAVE_MAX_TOKENS_PER_RANK), the room needed is %s" % (cap, why, need))
-
-    def _buffer(self, which, nbytes):
-        """The host buffer `which` ('in' or 'out'), at least nbytes, registered once and grown
-        (re-registered, the old one released) only when a phase needs more. Growing one drops
-        the dispatch plans, which point into the old buffers."""
-        cur = self._in if which == "in" else self._out
-        if cur is None or cur.size < nbytes:
-            size = max(nbytes, 2 * cur.size if cur else 0, 1 << 16)
-            size = _align(size, 4096)
-            new = _host.HostBuf(self, size)
-            if cur is not None:
-                self._lib.rw_client_deregister(self._c, cur.id)
-            setattr(self, "_" + which, new)
-            self._plans.clear()
-            cur = new
-        return cur
-
-    def _cuda_span(self, t):
-        if self._cuda is None:
-            from ._cuda import CudaRegistry
-            self._cuda = CudaRegistry(self._c, self._lib)
-        return self._cuda.span(t)
-
-    def _stream_order(self, device):
-        """The Group's StreamOrder (stream_ordered=True), or None (synchronous mode)."""
-        if not self.stream_ordered:
-            return None
-        if self._order is None or self._order.device != device:
-            if self._order is not None:
-                self._order.release()
-            if self._cuda is None:
-                from ._cuda import CudaRegistry
-                self._cuda = CudaRegistry(self._c, self._lib)
-            from ._cuda import StreamOrder
-            self._order = StreamOrder(self._cuda, device)
-        return self._order
-
-    def _cuda_out_buffer(self, nbytes, device):
-        t = self._cuda_out
-        if t is None or t.numel() < nbytes or t.device != device:
-            size = _align(max(nbytes, 2 * (t.numel() if t is not None else 0), 1 << 16), 4096)
-            self._cuda_out = torch.empty(size, dtype=torch.uint8, device=device)
-        return self._cuda_out
-
-    def _submit(self, sqe, sqe_ref, what, finish, args, keep, order=None):
-        """Post one entry (sqe, with sqe_ref its byref) and return its Work; what = (kind,
-        layer, step) names it in errors; finish(cqe, *args) makes the result. With `order` (a
-        StreamOrder) the entry waits on the event recorded now on the current stream, and the
-        current stream then waits for the entry's flag."""
-        self._phase_id += 1
-        sqe.phase_id = self._phase_id
-        if order is not None:
-            order.before_submit(sqe)
-        else:
-            sqe.flags, sqe.event_id, sqe.output.reserved = 0, 0, 0
-        rc = self._submit_fn(self._c, sqe_ref, 1)
-        if rc:
-            raise self._error(rc, "submit " + _op_name(*what))
-        if order is not None:
-            order.after_submit()
-        w = self._pending = Work(self, self._phase_id, what, finish, args, keep)
-        return w
-
-    def _reap(self, work, block, timeout=None):
-        """The completion of `work` (the Group's Cqe), or None when not blocking and none is
-        there."""
-        c, cqe, ref = self._c, self._cqe, self._cqe_ref
-        if c is None:
-            raise RuntimeError("railwave: %r is closed" % self)
-        n = self._poll_fn(c, ref, 1)
-        if n == 1 and cqe.phase_id == work.phase_id:
-            return cqe  # one operation in flight: read by its finish before the next reap
-        lib = self._lib
-        limit = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
-        spin_end = time.perf_counter() + self.spin
-        while True:
-            if n == 1:  # a completion of something abandoned earlier (e.g. after a Timeout)
-                n = lib.rw_client_poll(c, ref, 1)
-            if n == 0 and not block:
-                n = lib.rw_client_wait(c, ref, 1, 0)  # notices a dead daemon
-                if n == 0:
-                    return None
-            while n == 0:
-                if time.perf_counter() < spin_end:
-                    n = lib.rw_client_poll(c, ref, 1)
-                    continue
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise Timeout(CODES["RW_E_TIMEOUT"], work.op,
-                                  "no completion from railwaved in %.1f s (the operation is "
-                                  "still in flight: wait() again or close())" % limit)
-                n = lib.rw_client_wait(c, ref, 1, int(min(left, 1.0) * 1000) + 1)
-            if n < 0:
-                if self._order is not None and n == CODES["RW_E_CLOSED"]:
-                    self._order.pay_lost()  # or the current stream waits on the flag forever
-                raise self._error(n, work.op)
-            if cqe.phase_id == work.phase_id:
-                return cqe
-
-    def _poison(self, layer, step, num_experts):
-        """Fail this (layer, step) for the whole group at once: a one-row dispatch whose expert
-        id is out of range, which the daemon refuses for every rank of every node
-        (docs/dataflow.md "Gather"). Used when this rank's own arguments are wrong, so the
-        other ranks get RW_E_PHASE now instead of waiting for the daemon's phase timeout."""
-        try:
-            ib, ob = self._buffer("in", 64), self._buffer("out", 4096)
-            ib.np[:48] = 0
-            ib.i32[4] = 0x7FFFFFFF  # byte 16: the one top-k id
-            e = num_experts if isinstance(num_experts, int) and 0 < num_experts < 1 << 32 \
-                else self.world_size
-            sqe = _lib.Sqe(kind=_lib.KIND_DISPATCH, dtype=_lib.DTYPE_FP32, topk=1, layer=layer,
-                           step=step, token_count=1, hidden=1, n_experts=e,
-                           output_capacity=ob.size)
-            sqe.tokens = _lib.Span(ib.id, 0, 0)
-            sqe.topk_ids = _lib.Span(ib.id, 0, 16)
-            sqe.topk_weights = _lib.Span(ib.id, 0, 32)
-            sqe.output = _lib.Span(ob.id, 0, 0)
-            w = self._submit(sqe, ctypes.byref(sqe), ("refuse dispatch", layer, step),
-                             lambda cqe: None, (), None)
-            w.wait(timeout=min(self.timeout, 30.0))
-        except Exception:
-            self._pending = None  # best effort: the caller raises the real error
-
-    def _check_dispatch(self, x, topk_idx, topk_weights, num_experts):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError("railwave: dispatch: x must be a torch.Tensor, got %s" % type(x).__name__)
-        if x.dtype not in _DTYPES:
-            raise TypeError("railwave: dispatch: x has dtype %s; railwaved carries float32 and "
-                            "bfloat16 rows" % x.dtype)
-        if x.dim() != 2 or x.shape[1] < 1:
-            raise ValueError("railwave: dispatch: x must be 2-D (tokens × hidden), got shape %s"
-                             % (tuple(x.shape),))
-        for n, t, dts in (("topk_idx", topk_idx, (torch.int32, torch.int64)),
-                          ("topk_weights", topk_weights, (torch.float32,))):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError("railwave: dispatch: %s must be a torch.Tensor" % n)
-            if t.dtype not in dts:
-                raise TypeError("railwave: dispatch: %s has dtype %s, expected %s"
-                                % (n, t.dtype, " or ".join(str(d) for d in dts)))
-            if t.dim() != 2 or t.shape[0] != x.shape[0] or t.shape[1] < 1:
-                raise ValueError("railwave: dispatch: %s must be (tokens %d) × topk, got %s"
-                                 % (n, x.shape[0], tuple(t.shape)))
-            if t.device != x.device:
-                raise ValueError("railwave: dispatch: %s is on %s, x on %s" % (n, t.device, x.device))
-        if topk_idx.shape[1] != topk_weights.shape[1]:
-            raise ValueError("railwave: dispatch: topk_idx has %d columns, topk_weights %d"
-                             % (topk_idx.shape[1], topk_weights.shape[1]))
-        for n, t in (("x", x), ("topk_idx", topk_idx), ("topk_weights", topk_weights)):
-            if not t.is_contiguous():
-                raise ValueError("railwave: dispatch: %s is not contiguous (strides %s): call "
-                                 ".contiguous() first" % (n, tuple(t.stride())))
-        if x.device.type not in ("cpu", "cuda"):
-            raise ValueError("railwave: dispatch: tensors on %s; CPU and CUDA are supported"
-                             % x.device)
-        if not isinstance(num_experts, int) or num_experts <= 0:
-            raise ValueError("railwave: dispatch: num_experts must be a positive int, got %r"
-                             % (num_experts,))
-        M = self.max_tokens_per_rank
-        if M is not None and x.shape[0] > M:
-            raise ValueError("railwave: dispatch: x has %d tokens, above max_tokens_per_rank %d "
-                             "(every rank's receive room is sized for world_size × that)"
-                             % (x.shape[0], M))
-
-    def _submit_dispatch(self, x, topk_idx, topk_weights, num_experts, layer, step):
-        self._check_usable()
-        layer, step = self._key(layer, step)
-        return self._dispatch_key(x, topk_idx, topk_weights, num_experts, layer, step)
-
-    def _dispatch_key(self, x, topk_idx, topk_weights, num_experts, layer, step):
-        """Submit a dispatch on (layer, step); returns its Work. Host tensors of a shape seen
-        before take the plan made for it (every check a plan stands for is in its key)."""
-        try:
-            key = (x.dtype, x.shape, x.device, topk_idx.dtype, topk_idx.shape, topk_idx.device,
-                   topk_weights.dtype, topk_weights.shape, topk_weights.device, num_experts)
-            plan = self._plans.get(key)
-        except (AttributeError, TypeError):  # not tensors, or an unhashable num_experts
-            key = plan = None
-        if plan is None or not (x.is_contiguous() and topk_idx.is_contiguous() and
-                                topk_weights.is_contiguous()):
-            try:
-                self._check_dispatch(x, topk_idx, topk_weights, num_experts)
-            except (TypeError, ValueError):
-                self._poison(layer, step, num_experts)
-                raise
-            if x.shape[0] > self._max_tokens:
-                self._max_tokens = x.shape[0]
-                self._plans.clear()  # their receive room depends on it
-            if x.is_cuda:
-                return self._dispatch_cuda(x, topk_idx, topk_weights, num_experts, layer, step)
-            plan = self._host_plan(x, topk_idx, num_experts)
-            self._plans[key] = plan
-        first_bad = plan.put(x, topk_idx, topk_weights)
-        s = plan.sqe
-        s.layer, s.step = layer, step
-        return self._submit(s, plan.sqe_ref, ("dispatch", layer, step), self._finish_host,
-                            (plan, layer, step, first_bad), None)
-
-    def _host_plan(self, x, topk_idx, E):
-        T, H = x.shape
-        K = topk_idx.shape[1]
-        rb, mb = H * x.element_size(), _host.meta_bytes(K)
-        rows = _align(self._room(), 8)  # keeps the metadata 16-byte aligned for any row size
-        counts_b = _align(4 * E) if E > _lib.CQE_INLINE_COUNTS else 0
-        # Inputs: this dispatch's, and the combine's rows (as many as may be received).
-        ib = self._buffer("in", max(_align(T * rb) + 2 * _align(T * K * 4), rows * rb, 64))
-        ob = self._buffer("out", max(counts_b + rows * (rb + mb), 64))
-        return _host.DispatchPlan(self, x, topk_idx, E, ib, ob, counts_b)
-
-    def _dispatch_fail(self, cqe, what, E, cap, rb, mb, counts_b, first_bad):
-        op = _op_name(*what)
-        if first_bad is not None:
-            (t, k), v = first_bad
-            raise ValueError(
-                "railwave: %s: topk_idx[%d, %d] = %d is not an expert id (valid: -1 for "
-                "none, 0..%d); the daemon failed this phase on every rank (%s: %s)"
-                % (op, t, k, v, E - 1, NAMES.get(cqe.error, cqe.error),
-                   _lib.strerror(cqe.error)))
-        if cqe.error == CODES["RW_E_RANGE"]:
-            raise self._room_error(op, cap, rb, mb, counts_b)
-        raise self._error(cqe.error, op, PhaseError)
-
-    def _finish_host(self, cqe, plan, layer, step, first_bad):
-        if cqe.status != _lib.CQ_OK:
-            if first_bad is None and cqe.error == CODES["RW_E_TOKENS"]:
-                first_bad = plan.first_bad()  # int32 ids went unchecked: the daemon refused
-            self._dispatch_fail(cqe, ("dispatch", layer, step), plan.E, plan.cap, plan.rb,
-                                _host.meta_bytes(plan.K), plan.counts_b, first_bad)
-        n = cqe.recv_tokens
-        if n > plan.cap:
-            raise RailWaveError(CODES["RW_E_BADREPLY"], _op_name("dispatch", layer, step),
-                                "%d rows received into room for %d" % (n, plan.cap))
-        recv_x, loc, recv_w, counts, src, mine = plan.result(cqe, n)
-        h = self._open = Handle(self, cqe.handle_id, layer, step, plan.dtype, plan.H, plan.K,
-                                plan.E, plan.T, n, src, mine, _CPU)
-        h._plan = plan
-        return recv_x, loc, recv_w, counts, h
-
-    def _dispatch_cuda(self, x, topk_idx, topk_weights, E, layer, step):
-        """A CUDA dispatch: the tensors' own memory (by allocator segment), ids converted to
-        int32 on the device, the output in the Group's CUDA buffer, sized for the receive
-        room."""
-        T, H = x.shape
-        K = topk_idx.shape[1]
-        dt, W = x.dtype, self.world_size
-        rb, mb = H * x.element_size(), _host.meta_bytes(K)
-        cap = _align(self._room(), 8)
-        counts_b = _align(4 * E) if E > _lib.CQE_INLINE_COUNTS else 0
-        out_bytes = counts_b + cap * (rb + mb)
-        meta_off = counts_b + cap * rb
-        el = E // W
-        lo = self.rank * el
-        sqe = _lib.Sqe(kind=_lib.KIND_DISPATCH, dtype=_DTYPES[dt], topk=K, layer=layer, step=step,
-                       token_count=T, hidden=H, n_experts=E)
-        none = _lib.Span(_lib.BUF_NONE, 0, 0)
-        sqe.tokens = sqe.topk_ids = sqe.topk_weights = none
-        bad = (topk_idx < -1) | (topk_idx >= E)
-        first_bad = None
-        idx32 = topk_idx.to(torch.int32)
-        order = self._stream_order(x.device)
-        if order is not None:  # no host synchronization: the daemon names a bad id itself
-            idx32 = idx32.masked_fill(bad, 0x7FFFFFFF)
-        elif bool(bad.any()):
-            t, k = bad.nonzero()[0].tolist()
-            first_bad = ((t, k), int(topk_idx[t, k]))
-            idx32 = idx32.masked_fill(bad, 0x7FFFFFFF)
-        if order is None:
-            torch.cuda.current_stream(x.device).synchronize()  # inputs complete (railwave.h)
-        if T:
-            for name, t in (("tokens", x), ("topk_ids", idx32), ("topk_weights", topk_weights)):
-                b, o = self._cuda_span(t)
-                setattr(sqe, name, _lib.Span(b, 0, o))
-        ob_t = self._cuda_out_buffer(out_bytes, x.device)
-        b, o = self._cuda_span(ob_t)
-        sqe.output = _lib.Span(b, 0, o)
-        sqe.output_capacity = out_bytes
-
-        def finish(cqe):
-            if cqe.status != _lib.CQ_OK:
-                self._dispatch_fail(cqe, ("dispatch", layer, step), E, cap, rb, mb, counts_b,
-                                    first_bad)
-            n = cqe.recv_tokens
-            if n > cap:
-                raise RailWaveError(CODES["RW_E_BADREPLY"], _op_name("dispatch", layer, step),
-                                    "%d rows received into room for %d" % (n, cap))
-            recv_x = ob_t[counts_b:counts_b + n * rb].view(dt).view(n, H).clone()
-            meta = ob_t[meta_off:meta_off + n * mb].view(torch.int32).view(n, 4 + 2 * K)
-            ids = meta[:, 4:4 + K].to(torch.int64)
-            loc = ids - lo
-            mine = (loc >= 0) & (loc < el)
-            recv_idx = torch.where(mine, loc, torch.full_like(loc, -1))
-            recv_w = meta[:, 4 + K:].view(torch.float32) * mine
-            if cqe.counts_buf == _lib.BUF_NONE:
-                counts = torch.tensor(cqe.counts[lo:lo + el], dtype=torch.int64, device=x.device)
-            else:
-                co = cqe.counts_offset
-                counts = ob_t[co + 4 * lo:co + 4 * (lo + el)].view(torch.int32).to(torch.int64)
-            h = self._open = Handle(self, cqe.handle_id, layer, step, dt, H, K, E, T, n,
-                                    meta[:, 1:3].to(torch.int64), mine, x.device)
-            return recv_x, recv_idx, recv_w, counts, h
-
-        return self._submit(sqe, ctypes.byref(sqe), ("dispatch", layer, step),
-                            finish, (), (x, idx32, topk_weights), order)
-
-    def _check_combine(self, expert_out, handle):
-        """Validate a combine's arguments (raises TypeError/ValueError naming what is wrong)."""
-        if not isinstance(handle, Handle) or handle.group is not self:
-            raise ValueError("railwave: combine: handle is not from a dispatch of this group")
-        op = _op_name("combine", handle.layer, handle.step)
-        if handle.combined:
-            raise ValueError("railwave: %s: this handle was already combined" % op)
-        y = expert_out
-        if not isinstance(y, torch.Tensor):
-            raise TypeError("railwave: %s: expert_out must be a torch.Tensor" % op)
-        if y.dtype != handle.dtype:
-            raise TypeError("railwave: %s: expert_out has dtype %s, the dispatch carried %s"
-                            % (op, y.dtype, handle.dtype))
-        if tuple(y.shape) != (handle.num_recv, handle.hidden):
-            raise ValueError("railwave: %s: expert_out must be (received rows %d) × (hidden %d), "
-                             "got %s" % (op, handle.num_recv, handle.hidden, tuple(y.shape)))
-        if not y.is_contiguous():
-            raise ValueError("railwave: %s: expert_out is not contiguous (strides %s): call "
-                             ".contiguous() first" % (op, tuple(y.stride())))
-        if y.device != handle.device:
-            raise ValueError("railwave: %s: expert_out is on %s, the dispatch on %s"
-                             % (op, y.device, handle.device))
-
-    def _submit_combine(self, expert_out, handle):
-        if self._c is None or self._pending is not None:
-            self._check_usable()
-        h, y = handle, expert_out
-        try:
-            ok = h.group is self and not h.combined and y.dtype == h.dtype and \
-                y.shape == (h.num_recv, h.hidden) and y.device == h.device and \
-                y.is_contiguous() and type(h) is Handle
-        except AttributeError:
-            ok = False
-        if not ok:
-            try:
-                self._check_combine(expert_out, handle)
-            except (TypeError, ValueError):
-                if self._open is not None:
-                    self._abort_pair()
-                raise
-        n, T, H, dt = h.num_recv, h.num_tokens, h.hidden, h.dtype
-        rb = H * y.element_size()
-        s = self._csqe
-        s.dtype, s.topk, s.layer, s.step = _DTYPES[dt], h.topk, h.layer, h.step
-        s.token_count, s.hidden, s.handle_id, s.n_experts = n, H, h.handle_id, h.n_experts
-        none = _NONE
-        keep = None
-        order = None
-        if y.is_cuda:
-            order = self._stream_order(y.device)
-            if order is None:
-                torch.cuda.current_stream(y.device).synchronize()
-            keep = y
-            if n:
-                b, o = self._cuda_span(y)
-                s.tokens = _lib.Span(b, 0, o)
-            else:
-                s.tokens = none
-            ob_t = self._cuda_out_buffer(max(T * rb, 1), y.device)
-            if T:
-                b, o = self._cuda_span(ob_t)
-                s.output, s.output_capacity = _lib.Span(b, 0, o), T * rb
-            else:
-                s.output, s.output_capacity = none, 0
-            finish, args = self._finish_combine_cuda, (h, ob_t, T, H, dt, rb)
-        else:
-            ib, ob = self._in, self._out
-            if ib is None or ib.size < n * rb:
-                ib = self._buffer("in", max(n * rb, 64))
-            if ob is None or ob.size < T * rb:
-                ob = self._buffer("out", max(T * rb, 64))
-            if n:
-                _memmove(ib.addr, y.data_ptr(), n * rb)
-                s.tokens = ib.span
-            else:
-                s.tokens = none
-            if T:
-                s.output, s.output_capacity = ob.span, ob.size
-            else:
-                s.output, s.output_capacity = none, 0
-            finish, args = self._finish_combine_host, (h, ob, T, H, dt, rb)
-        return self._submit(s, self._csqe_ref, ("combine", h.layer, h.step), finish, args, keep,
-                            order)
-
-    def _combined(self, cqe, h):
-        h.combined = True
-        if self._open is h:
-            self._open = None
-        if cqe.status != _lib.CQ_OK:
-            raise self._error(cqe.error, _op_name("combine", h.layer, h.step), PhaseError)
-
-    def _finish_combine_host(self, cqe, h, ob, T, H, dt, rb):
-        self._combined(cqe, h)
-        return _host.combine_result(h._plan, ob, T, H, dt, rb)
-
-    def _finish_combine_cuda(self, cqe, h, ob_t, T, H, dt, rb):
-        self._combined(cqe, h)
-        return ob_t[:T * rb].view(dt).view(T, H).clone()

@@ -83,8 +83,9 @@ def reference(ranks, experts, router_w, dtype, router):
 
 
 def close(a, b, dtype):
-    if a is None or b is None:
-        return a is None and b is None
+    if a is None or b is None:  # no gradient: None, or zeros (railwave.MoE on a rank that
+        # received no rows of a frozen router's dispatch: its output depends on the experts)
+        return (a is None or not a.any()) and (b is None or not b.any())
     a, b = a.float(), b.float()
     if a.shape != b.shape:
         return False
@@ -99,8 +100,11 @@ def close(a, b, dtype):
     return bool((err <= 2 ** -6).all())
 
 
-def run_step(group, seed, step, E, dtype, router=False, layer=0, dev=torch.device("cpu")):
-    """One forward + backward through RailWave; returns a list of mismatches (empty = equal)."""
+def run_step(group, seed, step, E, dtype, router=False, layer=0, dev=torch.device("cpu"),
+             frozen=False):
+    """One forward + backward through RailWave; returns a list of mismatches (empty = equal).
+    frozen: neither x nor topk_weights needs a gradient (a frozen router, expert-only
+    fine-tuning), so the dispatch runs without autograd and only the experts are trained."""
     ranks, experts, router_w = workload(seed, step, E, dtype, router)
     moe = MoE(group, H, F, E, K, layer=layer).to(dtype)
     with torch.no_grad():
@@ -111,12 +115,12 @@ def run_step(group, seed, step, E, dtype, router=False, layer=0, dev=torch.devic
             ex.w2.weight.copy_(b)
     moe.to(dev)
     x0, idx, w0, gout = (t.to(dev) for t in ranks[RANK])
-    x = x0.clone().requires_grad_()
+    x = x0.clone().requires_grad_(not frozen)
     if router:
         out = moe(x, step=step)
         w = None
     else:
-        w = w0.clone().requires_grad_()
+        w = w0.clone().requires_grad_(not frozen)
         out = moe(x, topk_idx=idx, topk_weights=w, step=step)
     (out.float() * gout.float()).sum().backward()
     ref, ref_experts = reference(ranks, experts, router_w, dtype, router)
@@ -128,10 +132,14 @@ def run_step(group, seed, step, E, dtype, router=False, layer=0, dev=torch.devic
             a.float(), b.float(), rtol=1e-4, atol=1e-5)
     else:
         cl = lambda a, b: close(a, b, tol)
-    checks = [("output", out.detach(), mine["out"]), ("grad x", x.grad, mine["gx"])]
+    checks = [("output", out.detach(), mine["out"])]
+    if frozen:  # no gradient may reach the inputs
+        checks += [("grad x", x.grad, None), ("grad topk_weights", w.grad, None)]
+    else:
+        checks.append(("grad x", x.grad, mine["gx"]))
     if router:
         checks.append(("grad router", moe.router.weight.grad, mine["grouter"]))
-    else:
+    elif not frozen:
         checks.append(("grad topk_weights", w.grad, mine["gw"]))
     for i, ex in enumerate(moe.experts):
         ga, gb = ref_experts[moe.first + i]
@@ -188,8 +196,8 @@ def join(c, group=None, **kw):
     os.environ["RAILWAVE_SOCKET"] = c["sockets"][RANK // int(os.environ["LOCAL_WORLD_SIZE"])]
     kw.setdefault("max_tokens_per_rank", c.get("max_tokens"))
     kw.setdefault("stream_ordered", c.get("stream_ordered", False))
-    return railwave.Group(group or c["group"], timeout=120,  # above the daemons' phase timeout
-                          **kw)
+    return railwave.Group.from_env(group or c["group"], timeout=120,  # above the phase timeout
+                                   **kw)
 
 
 def device(c):
@@ -210,6 +218,13 @@ def cmd_paths(c):
             if bad:
                 raise AssertionError("; ".join(bad))
             log.append("fp32 step %d T=%d equal" % (step, T))
+        # The dispatch without autograd, the combine with (trained experts): combine's backward
+        # runs the backward pair alone, between other steps here and as the Group's last step
+        # below (every rank leaves right after it: none may find the pair still open).
+        bad, _ = run_step(g, c["seed"], 40, E, torch.float32, layer=4, dev=dev, frozen=True)
+        if bad:
+            raise AssertionError("; ".join(bad))
+        log.append("frozen-router fp32 step equal (output, expert gradients; none to x)")
         log.append(run_async(g, c["seed"], 50, E, dev))
         bad, _ = run_step(g, c["seed"], 100, E, torch.bfloat16, layer=5, dev=dev)
         if bad:
@@ -221,6 +236,10 @@ def cmd_paths(c):
             if bad:
                 raise AssertionError("; ".join(bad))
             log.append("router fp32 within 1e-4")
+        bad, _ = run_step(g, c["seed"], 41, E, torch.float32, layer=4, dev=dev, frozen=True)
+        if bad:
+            raise AssertionError("; ".join(bad))
+        log.append("last step frozen-router, equal")
     return log
 
 
@@ -417,13 +436,22 @@ def cmd_bad(c):
             good()
         # Joining with the wrong world size or node is refused; the group serves on.
         log.append(expect("join with world+2", lambda: railwave.Group(
-            c["group"], RANK, WORLD + 2), railwave.ConnectError,
+            c["group"], RANK, WORLD + 2, node=g.node), railwave.WorldMismatch,
             "RW_E_WORLD_MISMATCH"))
         log.append(expect("join with another node", lambda: railwave.Group(
             c["group"] + ".n", RANK, WORLD, node=g.node + 1),
-            railwave.ConnectError, "RW_E_NODE_MISMATCH"))
+            railwave.WorldMismatch, "RW_E_NODE_MISMATCH"))
+        good()
+        # One operation per Group at a time (every rank does the same, so the pair completes).
+        work = g.dispatch(x, idx, w, E, layer=2, step=900, async_op=True)
+        log.append(expect("dispatch while one is in flight", lambda: g.dispatch(
+            x, idx, w, E, layer=2, step=901), railwave.PhaseInFlight, "still in flight"))
+        rx, _, _, _, h = work.wait()
+        g.combine(rx, h)
         good()
         log.append("good steps verified after every bad one: %d" % step[0])
+    log.append(expect("dispatch on a closed group", lambda: g.dispatch(x, idx, w, E, layer=2),
+                      railwave.GroupClosed, "closed"))
     return log
 
 

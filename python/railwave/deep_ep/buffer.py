@@ -144,8 +144,8 @@ class Buffer:
             key = (name, self.rank, self.group_size)
             shared = _SHARED.get(key)
             if shared is None or shared.group._c is None:
-                shared = _SHARED[key] = _Shared(_group.Group(
-                    name, self.rank, self.group_size, **(group_kwargs or {})))
+                shared = _SHARED[key] = _Shared(_group.Group.from_env(
+                    name, rank=self.rank, world_size=self.group_size, **(group_kwargs or {})))
         shared.users += 1
         self._shared = shared
         self.railwave_group = shared.group
