@@ -44,8 +44,8 @@
  *                         the rank prints "daemon lost: wrote N owed flags, stream drained" and
  *                         exits 3.
  *
- * Experts: rank r hosts experts [r*E/W, (r+1)*E/W); expert e's "MLP" multiplies by (e % 3 + 1).
- * Values are small integers and weights 0.5 or 1, so every sum is exact in fp32 and bf16.
+ * The workload and its reference are tests/lib/workload.h's (the executor test runs the same):
+ * rank r hosts experts [r*E/W, (r+1)*E/W); expert e's "MLP" multiplies by (e % 3 + 1).
  * Output: "rank R: S steps x L layers verified" (ok), "submitted" once its first dispatch is in
  * and then "failed as expected: <error>: <the daemon's reason>" (fail), "ready" (idle). */
 #include <stdint.h>
@@ -57,9 +57,10 @@
 #include "cuda/rw_cuda.h"
 #include "ipc/railwave.h"
 #include "tests/integration/rw_rank_diff.h"
+#include "tests/lib/workload.h"
 
-enum { MAX_TOKENS = 48, MAX_FIXED = 8192 }; /* TOPK: rw_rank_diff.h */
-static uint32_t MAX_ROWS = 3 * MAX_TOKENS; /* rows a rank may dispatch: --tokens raises it */
+enum { TOPK = RW_WL_TOPK, MAX_FIXED = 8192 };
+static uint32_t MAX_ROWS = 3 * RW_WL_MAX_TOKENS; /* rows a rank may dispatch: --tokens raises it */
 static int timing;                         /* --timing */
 
 static uint32_t nodes, gpus, world, experts, per_rank, hidden = 24;
@@ -118,106 +119,11 @@ static int redo(uint32_t step, uint32_t layer, int ok, const rw_cqe_t *cq, rw_cl
 }
 
 
-static uint64_t mix(uint64_t z)
-{
-	z += 0x9e3779b97f4a7c15ull;
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-typedef struct rng { uint64_t s; } rng_t;
-static uint32_t next(rng_t *r) { r->s = mix(r->s); return (uint32_t)(r->s >> 32); }
-
-/* The workload of `rank` at (step, layer): skewed experts (a hot quarter chosen half the time,
- * shifted per rank: per-source heterogeneity) and skewed rails (local GPU 0 owns 3x tokens).
- * With --empty, phase (step 0, layer 1) and one phase in five route nothing anywhere (every
- * rank dispatches 0 tokens and combines 0 rows) and one rank in four routes nothing in the
- * others. */
-static void gen(uint64_t seed, uint32_t step, uint32_t layer, uint32_t rank, work_t *wk)
-{
-	rng_t r = { mix(seed ^ ((uint64_t)step << 40) ^ ((uint64_t)layer << 20) ^ rank) };
-	uint32_t base = 1 + next(&r) % MAX_TOKENS;
-	wk->n = rank % gpus == 0 ? base * 3 : base;
-	if (fixed_tokens)
-		wk->n = fixed_tokens;
-	if (empty_phases) {
-		uint64_t ph = mix(seed ^ 0x5eedull ^ ((uint64_t)step << 40) ^ ((uint64_t)layer << 20));
-		if (ph % 5 == 1 || (step == 0 && layer == 1) || next(&r) % 4 == 0)
-			wk->n = 0;
-	}
-	uint32_t hot = experts / 4 ? experts / 4 : 1, shift = (rank * 7 + layer) % experts;
-	for (uint32_t t = 0; t < wk->n; t++) {
-		for (uint32_t k = 0; k < TOPK; k++) {
-			int32_t e;
-			for (;;) {
-				uint32_t u = next(&r);
-				if (u % 8 == 0) {
-					e = -1;
-					break;
-				}
-				e = (int32_t)(u % 2 ? (shift + next(&r) % hot) % experts : next(&r) % experts);
-				int dup = 0;
-				for (uint32_t j = 0; j < k; j++)
-					dup |= wk->ids[t][j] == e;
-				if (!dup)
-					break;
-			}
-			wk->ids[t][k] = e;
-			wk->w[t][k] = next(&r) % 2 ? 0.5f : 1.0f;
-		}
-		for (uint32_t h = 0; h < hidden; h++)
-			wk->x[(size_t)t * hidden + h] = (float)((int)(next(&r) % 9) - 4);
-	}
-}
-
-static float factor(int32_t e) { return (float)(e % 3 + 1); }
-
-static uint16_t to_bf16(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return (uint16_t)(u >> 16);
-}
-
-static float from_bf16(uint16_t v)
-{
-	uint32_t u = (uint32_t)v << 16;
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
-}
-
-static void put_row(uint8_t *dst, int bf16, const float *v)
-{
-	for (uint32_t h = 0; h < hidden; h++) {
-		if (bf16) {
-			uint16_t b = to_bf16(v[h]);
-			memcpy(dst + 2 * h, &b, 2);
-		} else {
-			memcpy(dst + 4 * h, &v[h], 4);
-		}
-	}
-}
-
-static float get_elem(const uint8_t *src, int bf16, uint32_t h)
-{
-	if (bf16) {
-		uint16_t b;
-		memcpy(&b, src + 2 * h, 2);
-		return from_bf16(b);
-	}
-	float f;
-	memcpy(&f, src + 4 * h, 4);
-	return f;
-}
-
 #define CHECK(cond, ...) do { if (!(cond)) { fprintf(stderr, "rank %u: ", me); \
 	fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); return 1; } } while (0)
 
-static work_t mine;          /* scratch of run(), allocated by main() */
-static work_t *all;          /* [world]: every rank's workload of the phase being checked */
+static rw_wl_work_t mine;          /* scratch of run(), allocated by main() */
+static rw_wl_work_t *all;          /* [world]: every rank's workload of the phase being checked */
 static uint8_t *seen;
 static uint32_t *ecount;
 static float *outv;
@@ -454,16 +360,19 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 		       off_w = off_ids + MAX_ROWS * TOPK * 4, off_out = in_bytes,
 		       off_cin = off_out + out_cap, off_cout = off_cin + comb_in;
 
+	const rw_wl_shape_t sh = { .seed = seed, .gpus = gpus, .experts = experts, .per_rank = per_rank,
+				   .hidden = hidden, .tokens = fixed_tokens, .empty = empty_phases };
 	CHECK(mine.x && mine.ids && mine.w && all && seen && ecount && outv, "out of memory");
 	for (uint32_t q = 0; q < world; q++)
 		CHECK(all[q].x && all[q].ids && all[q].w, "out of memory");
 	for (uint32_t step = first_step; step < first_step + steps; step++)
 		for (uint32_t layer = 0; layer < layers; layer++) {
-			int bf16 = (layer + step) % 2;
+			int bf16 = rw_wl_bf16(step, layer);
 			uint32_t esz = bf16 ? 2 : 4, row = hidden * esz;
-			gen(seed, step, layer, me, &mine);
+			rw_wl_gen(&sh, step, layer, me, &mine);
 			for (uint32_t t = 0; t < mine.n; t++) {
-				put_row(mem + off_tok + (uint64_t)t * row, bf16, mine.x + (size_t)t * hidden);
+				rw_wl_put_row(mem + off_tok + (uint64_t)t * row, bf16, mine.x + (size_t)t * hidden,
+					      hidden);
 				memcpy(mem + off_ids + (uint64_t)t * TOPK * 4, mine.ids[t], TOPK * 4);
 				memcpy(mem + off_w + (uint64_t)t * TOPK * 4, mine.w[t], TOPK * 4);
 			}
@@ -515,17 +424,8 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 			memset(seen, 0, (size_t)world * MAX_ROWS);
 			memset(ecount, 0, sizeof(uint32_t) * experts);
 			for (uint32_t q = 0; q < world; q++) {
-				work_t *o = &all[q];
-				gen(seed, step, layer, q, o);
-				for (uint32_t t = 0; t < o->n; t++) {
-					int hit = 0;
-					for (uint32_t k = 0; k < TOPK; k++)
-						if (o->ids[t][k] >= 0 && (uint32_t)o->ids[t][k] / per_rank == me) {
-							hit = 1;
-							ecount[o->ids[t][k]]++;
-						}
-					expect_total += hit;
-				}
+				rw_wl_gen(&sh, step, layer, q, &all[q]);
+				expect_total += rw_wl_hits(&all[q], me, per_rank, ecount);
 			}
 			const uint32_t *counts = cq.n_inline ? cq.counts :
 				(const uint32_t *)(const void *)(mem + (cq.counts_offset));
@@ -553,7 +453,7 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 				memcpy(&src_rank, m + 4, 4);
 				memcpy(&token, m + 8, 4);
 				CHECK(src_rank < world && src_rank / gpus == src_node, "row %u: bad source", j);
-				const work_t *other = &all[src_rank];
+				const rw_wl_work_t *other = &all[src_rank];
 				CHECK(token < other->n, "row %u: bad token %u", j, token);
 				uint8_t *sn = &seen[src_rank * MAX_ROWS + token];
 				CHECK(!*sn, "row %u: rank %u token %u delivered twice", j, src_rank, token);
@@ -562,18 +462,11 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 				CHECK(memcmp(m + 16 + 4 * TOPK, other->w[token], TOPK * 4) == 0, "row %u: weights differ", j);
 				const float *xt = other->x + (size_t)token * hidden;
 				for (uint32_t h = 0; h < hidden; h++)
-					CHECK(get_elem(rows + (uint64_t)j * row, bf16, h) == xt[h],
+					CHECK(rw_wl_get_elem(rows + (uint64_t)j * row, bf16, h) == xt[h],
 					      "row %u (rank %u token %u): data differs at %u", j, src_rank, token, h);
 				/* Expert compute: sum over my own experts of w * f(e) * x. */
-				for (uint32_t h = 0; h < hidden; h++)
-					outv[h] = 0;
-				for (uint32_t k = 0; k < TOPK; k++) {
-					int32_t e = other->ids[token][k];
-					if (e >= 0 && (uint32_t)e / per_rank == me)
-						for (uint32_t h = 0; h < hidden; h++)
-							outv[h] += other->w[token][k] * factor(e) * xt[h];
-				}
-				put_row(mem + off_cin + (uint64_t)j * row, bf16, outv);
+				rw_wl_expert_row(other, token, me, per_rank, hidden, outv);
+				rw_wl_put_row(mem + off_cin + (uint64_t)j * row, bf16, outv, hidden);
 			}
 			CHECK(buf_to_dev(b, off_cin, (uint64_t)cq.recv_tokens * row) == 0,
 			      "copy the combine input to the device");
@@ -618,12 +511,8 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 			      "copy the combine output back");
 			for (uint32_t t = 0; t < mine.n; t++)
 				for (uint32_t h = 0; h < hidden; h++) {
-					float ref = 0;
-					for (uint32_t k = 0; k < TOPK; k++)
-						if (mine.ids[t][k] >= 0)
-							ref += mine.w[t][k] * factor(mine.ids[t][k]) *
-							       mine.x[(size_t)t * hidden + h];
-					float got = get_elem(mem + off_cout + (uint64_t)t * row, bf16, h);
+					float ref = rw_wl_combined(&mine, t, h, hidden);
+					float got = rw_wl_get_elem(mem + off_cout + (uint64_t)t * row, bf16, h);
 					CHECK(got == ref, "step %u layer %u token %u elem %u: combine %g, expected %g",
 					      step, layer, t, h, got, ref);
 				}

@@ -1,27 +1,18 @@
-/* rw_rank's workload type and its diagnostic of a wrong dispatch (tests/integration/rw_rank.c,
- * rw_rank_diff.c). */
+/* rw_rank's diagnostic of a wrong dispatch (tests/integration/rw_rank.c, rw_rank_diff.c); the
+ * workload is tests/lib/workload.h's. */
 #ifndef RW_TEST_RW_RANK_DIFF_H
 #define RW_TEST_RW_RANK_DIFF_H
 
 #include <stdint.h>
 
 #include "ipc/railwave.h"
-
-enum { TOPK = 4 };
-
-/* One rank's workload of a phase: its tokens' top-k ids and weights and their rows. */
-typedef struct work {
-	uint32_t n;
-	int32_t (*ids)[TOPK];         /* [MAX_ROWS] */
-	float (*w)[TOPK];
-	float *x; /* [MAX_ROWS][hidden] */
-} work_t;
+#include "tests/lib/workload.h"
 
 /* What the diagnostic needs of the rank: who it is, the geometry, every rank's workload of the
  * phase (all[world]) and a scratch of world * max_rows bytes. */
 typedef struct rw_rank_diff {
 	uint32_t me, world, per_rank, hidden, experts, max_rows;
-	const work_t *all;
+	const rw_wl_work_t *all;
 	uint8_t *seen;
 } rw_rank_diff_t;
 

@@ -1,0 +1,242 @@
+/* svc_exec, bad input: from ranks (expert ids and counts, submissions, ranks out of place) and
+ * from peers (corrupted data): the sender is named and refused, everyone else fails cleanly or
+ * goes on, and the key passes afterwards. Harness: exec_harness.h. */
+#include "tests/service/test_exec.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ================================================================================================
+ * Bad input
+ * ================================================================================================ */
+
+/* Expert id out of range: RW_E_TOKENS to that rank, RW_E_PHASE to the others on every node. */
+static void test_bad_expert_id(void **state)
+{
+	(void)state;
+	opts_t o = { .nodes = 3, .path = "auto", .tokens = 8 };
+	cl_t *c = cl_new(&o, 400);
+	for (uint32_t r = 0; r < c->W; r++) {
+		sub_opts_t bad = { .bad_id = (int32_t)c->E };
+		dispatch_submit(c, r, 0, 0, r == 3 ? &bad : NULL);
+	}
+	for (uint32_t r = 0; r < c->W; r++)
+		expect_err(c, r, r == 3 ? RW_E_TOKENS : RW_E_PHASE, "expert id out of range");
+	expect_no_timeouts(c);
+	retry_key(c, 0, 0);
+	cl_free(c);
+}
+
+/* n_experts: not a multiple of W (the rank, at once), differing between local ranks (the second
+ * one), differing between nodes (every rank, RW_E_EXPERTS, decided on each node); each time every
+ * other rank fails at once, and the same key then passes. */
+static void test_bad_experts(void **state)
+{
+	(void)state;
+	opts_t o = { .nodes = 2, .path = "perm-only", .fifo = 1 };
+	cl_t *c = cl_new(&o, 401);
+	/* not a multiple of W */
+	sub_opts_t bad = { .n_experts = c->E + 1 };
+	dispatch_submit(c, 0, 0, 0, &bad);
+	expect_err_now(c, 0, RW_E_EXPERTS, "E not a multiple");
+	for (uint32_t r = 1; r < c->W; r++) {
+		dispatch_submit(c, r, 0, 0, NULL);
+		expect_err(c, r, RW_E_PHASE, "E not a multiple (others)");
+	}
+	run_pair(c, 0, 0);
+	/* local ranks disagree */
+	sub_opts_t other = { .n_experts = 2 * c->E };
+	dispatch_submit(c, 0, 0, 1, NULL);
+	dispatch_submit(c, 1, 0, 1, &other);
+	expect_err_now(c, 1, RW_E_EXPERTS, "local ranks disagree on E");
+	expect_err(c, 0, RW_E_PHASE, "local ranks disagree on E (the other)");
+	for (uint32_t r = 2; r < c->W; r++) {
+		dispatch_submit(c, r, 0, 1, NULL);
+		expect_err(c, r, RW_E_PHASE, "local ranks disagree on E (node 1)");
+	}
+	run_pair(c, 0, 1);
+	/* nodes disagree: every node fails it itself */
+	for (uint32_t r = 0; r < c->W; r++)
+		dispatch_submit(c, r, 0, 2, r >= c->G ? &other : NULL);
+	for (uint32_t r = 0; r < c->W; r++)
+		expect_err(c, r, RW_E_EXPERTS, "nodes disagree on E");
+	run_pair(c, 0, 2);
+	cl_free(c);
+}
+
+/* Unknown buffer, unknown dtype, an output too small, unknown kind; combine with a wrong handle,
+ * a wrong row count, twice; a dispatch of another key while a phase runs. Each is refused with
+ * its own code, the others keep going, and the next phases pass. */
+static void test_bad_submissions(void **state)
+{
+	(void)state;
+	opts_t o = { .nodes = 2, .path = "rail-only", .tokens = 10 };
+	cl_t *c = cl_new(&o, 402);
+	/* unknown buffer: refused at the IPC boundary (ipc/server.c's entry check, which the fake
+	 * server runs too) before the executor sees it; the rank submits again and the phase runs */
+	sub_opts_t nobuf = { .tokens_buf = 999 };
+	dispatch_submit(c, 1, 0, 0, &nobuf);
+	expect_err_now(c, 1, RW_E_BUF_ID, "unknown buffer");
+	run_pair(c, 0, 0);
+	/* unknown dtype: only that submission is refused; the rank submits again and it runs */
+	sub_opts_t fp16 = { .dtype = RW_DTYPE_FP16 };
+	dispatch_submit(c, 2, 0, 1, &fp16);
+	expect_err_now(c, 2, RW_E_DTYPE, "fp16");
+	/* a combine before its dispatch completed: no handle yet */
+	rw_sqe_t early = combine_sqe(c, 3, 0, 1);
+	fk_client_submit(c->rk[3].c, &early);
+	expect_err_now(c, 3, RW_E_HANDLE, "combine before any dispatch");
+	/* unknown kind */
+	rw_sqe_t k = c->rk[2].ds;
+	k.kind = 9;
+	fk_client_submit(c->rk[2].c, &k);
+	expect_err_now(c, 2, RW_E_KIND, "kind 9");
+	run_pair(c, 0, 1);
+	/* combine: wrong handle, wrong row count, twice */
+	dispatch_all(c, 0, 2);
+	rw_sqe_t cs = combine_sqe(c, 0, 0, 2);
+	cs.handle_id ^= 0x5555;
+	fk_client_submit(c->rk[0].c, &cs);
+	expect_err_now(c, 0, RW_E_HANDLE, "wrong handle");
+	cs = combine_sqe(c, 0, 0, 2);
+	cs.token_count += 1;
+	fk_client_submit(c->rk[0].c, &cs);
+	expect_err_now(c, 0, RW_E_TOKENS, "wrong row count");
+	cs = combine_sqe(c, 0, 0, 2);
+	cs.n_experts = c->E * 2;
+	fk_client_submit(c->rk[0].c, &cs);
+	expect_err_now(c, 0, RW_E_EXPERTS, "combine with another E");
+	combine_submit(c, 0, 0, 2);
+	combine_submit(c, 0, 0, 2);
+	expect_err_now(c, 0, RW_E_STATE, "combine twice");
+	/* a dispatch of another key while the pair runs */
+	dispatch_submit(c, 1, 5, 5, NULL);
+	expect_err_now(c, 1, RW_E_STATE, "another key mid-pair");
+	for (uint32_t r = 1; r < c->W; r++)
+		combine_submit(c, r, 0, 2);
+	for (uint32_t r = 0; r < c->W; r++) {
+		rw_cqe_t q = next_cqe(c, r);
+		combine_check(c, r, 0, 2, &q);
+	}
+	/* output too small for what arrives: RW_E_RANGE on that node, RW_E_PHASE on the peer */
+	sub_opts_t small = { .output_capacity = 200 };
+	/* node 0 decides before node 1's rows come, and keeps writes outstanding until the
+	 * overflow (otherwise: test_bug_output_full_writes_done, test_bug_bad_record_before_layout) */
+	hold(c, m_write(1, 0, 0));
+	hold(c, m_wdone(ANY));
+	memset(&c->w->cnt, 0, sizeof(c->w->cnt));
+	for (uint32_t r = 0; r < c->W; r++)
+		dispatch_submit(c, r, 1, 0, r == 0 ? &small : NULL);
+	settle(c);
+	CHECK(c->w->cnt.writes[0][0][1] > 0, "node 0 did not decide");
+	release_all(c);
+	hold(c, m_wdone(ANY));
+	for (uint32_t r = 0; r < c->W; r++)
+		expect_err(c, r, r < c->G ? RW_E_RANGE : RW_E_PHASE, "output too small");
+	release_all(c);
+	run_pair(c, 1, 0);
+	/* a new key after a dispatch whose combine never came: the trainer moved on */
+	dispatch_all(c, 1, 1);
+	run_pair(c, 1, 2);
+	cl_free(c);
+}
+
+/* Ranks that do not fit: a world size other than N*G, a node other than this one, a rank twice. */
+static void test_bad_ranks(void **state)
+{
+	(void)state;
+	opts_t o = { .nodes = 2, .path = "native" };
+	cl_t *c = cl_new(&o, 403);
+	fk_client_stats_t s;
+	rw_ipc_client_t *wrong = fk_client_new(c->w, 0, "g.other", 0, c->W + 2, 0);
+	fk_client_join(wrong);
+	rw_ipc_client_t *far = fk_client_new(c->w, 0, "g.other", c->G, c->W, 0); /* node 1's rank */
+	fk_client_join(far);
+	rw_ipc_client_t *dup = fk_client_new(c->w, 0, c->group, 1, c->W, 1);
+	fk_client_join(dup);
+	settle(c);
+	fk_client_stats(wrong, &s);
+	CHECK(s.left && s.dropped && s.drop_error == RW_E_WORLD_MISMATCH, "world mismatch: dropped %d error %d",
+	      s.dropped, s.drop_error);
+	fk_client_stats(far, &s);
+	CHECK(s.left && s.dropped && s.drop_error == RW_E_WORLD_MISMATCH, "rank of another node: error %d",
+	      s.drop_error);
+	fk_client_stats(dup, &s);
+	CHECK(s.left && s.dropped && s.drop_error == RW_E_RANK_DUP, "duplicate rank: error %d", s.drop_error);
+	run_pair(c, 0, 0);
+	cl_free(c);
+}
+
+/* A peer's bad data: a dispatch record whose header names another phase. The receiver declares
+ * that peer down (protocol error) and fails the phase; the peer sees the link drop and fails it
+ * too; the link comes back and the same key passes. Then a write whose immediate names another
+ * rail, and a grant from a node that is not that wave's destination: same. */
+static void test_peer_bad_data(void **state)
+{
+	(void)state;
+	opts_t o = { .nodes = 2, .path = "native", .tokens = 16 };
+	cl_t *c = cl_new(&o, 404);
+	corrupt_once = 1;
+	c->w->on_write = corrupt_tag;
+	memset(&c->w->cnt, 0, sizeof(c->w->cnt));
+	/* The bad record arrives after node 0 decided (before: test_bug_bad_record_before_layout)
+	 * and while node 0's own writes are outstanding (none: test_bug_bad_record_writes_done). */
+	hold(c, m_write(1, 0, 0));
+	hold(c, m_wdone(0));
+	for (uint32_t r = 0; r < c->W; r++)
+		dispatch_submit(c, r, 0, 0, NULL);
+	settle(c);
+	CHECK(c->w->cnt.writes[0][0][1] > 0, "node 0 did not decide");
+	release_all(c);
+	hold(c, m_wdone(0));
+	for (uint32_t r = 0; r < c->W; r++)
+		expect_err(c, r, RW_E_PHASE, "bad record from node 1");
+	release_all(c);
+	CHECK(!corrupt_once, "no write was corrupted");
+	CHECK(c->w->cnt.fail_peer[0][1] == 1, "node 0 did not declare node 1 down");
+	c->w->on_write = NULL;
+	pump_until(c, mesh_up, NULL, "the link back");
+	run_pair(c, 0, 0);
+
+	/* a write whose immediate names another rail than the one it came on */
+	memset(&c->w->cnt, 0, sizeof(c->w->cnt));
+	fk_inject_write(c->w, 1, 0, 0, 0, 64, rw_wire_imm_pack(1, 0, 1, 1, 1));
+	settle(c);
+	CHECK(c->w->cnt.fail_peer[0][1] == 1, "a wrong immediate did not fail the peer");
+	pump_until(c, mesh_up, NULL, "the link back");
+	/* a write of a phase that is not running here: dropped (counted), nothing fails */
+	fk_inject_write(c->w, 1, 0, 0, 0, 64, rw_wire_imm_pack(0x1234, 0, 1, 1, 0));
+	settle(c);
+	CHECK(c->w->cnt.fail_peer[0][1] == 1, "a stale write failed the peer");
+	CHECK(c->svc[0].metrics.errors[-RW_ERR_STATE] >= 1, "a stale write was not counted");
+	run_pair(c, 0, 1);
+	cl_free(c);
+
+	/* a GRANT from a node that is not that wave's destination (N=3: wave 2 to node 0 is
+	 * node 2's to give, not node 1's) */
+	o.nodes = 3;
+	c = cl_new(&o, 405);
+	rw_wire_grant_t g = { .key = { .group = rw_wire_group_hash(c->group), .layer = 7, .step = 0 },
+			      .kind = 0, .wave = 2 };
+	uint8_t buf[RW_WIRE_GRANT_SIZE];
+	size_t n = rw_wire_grant_pack(&g, buf, sizeof(buf));
+	assert_int_equal(rw_svc_mesh_send(fk_mesh(1), 0, RW_WIRE_GRANT, buf, (uint32_t)n), RW_OK);
+	settle(c);
+	CHECK(c->w->cnt.fail_peer[0][1] == 1, "a stranger's grant did not fail the peer");
+	pump_until(c, mesh_up, NULL, "the link back");
+	run_pair(c, 0, 0);
+	cl_free(c);
+}
+
+int exec_bad_input_run(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_bad_expert_id),
+		cmocka_unit_test(test_bad_experts),
+		cmocka_unit_test(test_bad_submissions),
+		cmocka_unit_test(test_bad_ranks),
+		cmocka_unit_test(test_peer_bad_data),
+	};
+	return cmocka_run_group_tests_name("svc_exec_bad_input", tests, NULL, NULL);
+}

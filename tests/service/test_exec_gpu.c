@@ -1,0 +1,276 @@
+/* svc_exec, CUDA: ranks whose buffers are CUDA memory of the stand-in driver (staged through
+ * pinned host memory), and the count row on the GPU with the CUDA mover listed first (run by
+ * tests/service/svc_exec_gpu.sh on the kernel stand-in; skipped elsewhere). Harness:
+ * exec_harness.h. */
+#include "tests/service/test_exec.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ================================================================================================
+ * CUDA buffers (staging through pinned host memory, docs/dataflow.md "CUDA buffers")
+ * ================================================================================================ */
+
+/* Ranks 0 and 3 keep their buffers in CUDA memory of the stand-in driver
+ * (tests/cuda/libfakecuda.so): inputs are staged in, outputs copied back after async marks that
+ * complete through the loop; every path checks exactly as with host buffers, with empty phases. */
+static void test_cuda_ranks(void **state)
+{
+	(void)state;
+	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+		skip();
+	for (uint32_t pi = 0; pi < RW_ARRAY_SIZE(path_names); pi += 2) {
+		opts_t o = { .nodes = 2, .path = path_names[pi], .empty = 1, .experts = 24 };
+		cl_t *c = cl_new(&o, 850 + pi);
+		fk_client_die(c->rk[0].c);
+		fk_client_die(c->rk[3].c);
+		settle(c);
+		rank_connect_cuda(c, 0);
+		rank_connect_cuda(c, 3);
+		for (uint32_t layer = 0; layer < 3; layer++)
+			run_pair(c, 1, layer);
+		cl_free(c);
+	}
+}
+
+/* A CUDA rank dies while its input copies' marks are still pending (the stand-in driver holds
+ * them): its node's pair waits for the copies (rw_svc_stage_sync) before the ranks get
+ * RW_E_PHASE, every other rank fails too, the late marks find no pair, and the key passes. */
+static void test_cuda_rank_lost(void **state)
+{
+	(void)state;
+	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+		skip();
+	opts_t o = { .nodes = 2, .path = "native", .tokens = 20 };
+	cl_t *c = cl_new(&o, 860);
+	fk_client_die(c->rk[3].c);
+	settle(c);
+	rank_connect_cuda(c, 3);
+	run_pair(c, 0, 1);
+	fake_cuda_hold(1);
+	for (uint32_t r = 0; r < c->W; r++)
+		dispatch_submit(c, r, 0, 0, NULL);
+	settle(c);
+	for (uint32_t r = 0; r < c->W; r++)
+		expect_no_cqe(c, r);
+	fk_client_die(c->rk[3].c);
+	fake_cuda_hold(0);
+	for (uint32_t r = 0; r < 3; r++)
+		expect_err(c, r, RW_E_PHASE, "a CUDA rank died with copies pending");
+	settle(c);
+	expect_no_timeouts(c);
+	rank_connect_cuda(c, 3);
+	retry_key(c, 0, 0);
+	cl_free(c);
+}
+
+/* ================================================================================================
+ * The count row on the GPU (docs/dataflow.md "Count on the GPU"): the CUDA mover listed first, as
+ * main.c lists it, on the kernel stand-in (tests/integration/libfakecuda_kern.so, whose kernels
+ * run on the CPU; tests/service/svc_exec_gpu.sh runs these cases with it, at once and with a
+ * lagging stream). Elsewhere, or in a build without kernels, they skip.
+ * ================================================================================================ */
+
+static int gpu_mover_ready(void)
+{
+	return rw_cuda_init() == RW_OK && rw_cuda_kernels_available(0);
+}
+
+/* A cluster whose ranks in `cuda` (bit r: global rank r) keep their buffers in CUDA memory. */
+static cl_t *gpu_cluster(opts_t *o, uint64_t salt, uint32_t cuda)
+{
+	o->cuda_mover = 1;
+	cl_t *c = cl_new(o, salt);
+	for (uint32_t r = 0; r < c->W; r++)
+		if (cuda >> r & 1)
+			fk_client_die(c->rk[r].c);
+	settle(c);
+	for (uint32_t r = 0; r < c->W; r++)
+		if (cuda >> r & 1)
+			rank_connect_cuda(c, r);
+	settle(c);
+	return c;
+}
+
+/* The CUDA ranks submit first, so the CUDA mover takes every node's pair (the first submission
+ * picks the mover); bad: per rank, the sub_opts (NULL: none). */
+static void gpu_dispatch(cl_t *c, uint32_t cuda, uint32_t step, uint32_t layer,
+			 const sub_opts_t *const *bad)
+{
+	for (int host = 0; host < 2; host++)
+		for (uint32_t r = 0; r < c->W; r++)
+			if (((cuda >> r) & 1) == (uint32_t)!host)
+				dispatch_submit(c, r, step, layer, bad ? bad[r] : NULL);
+}
+
+static void expect_counts(cl_t *c, uint32_t n, uint64_t gpu, uint64_t host, const char *when)
+{
+	const rw_svc_metrics_t *m = &c->svc[n].metrics;
+	CHECK(m->counts_gpu == gpu && m->counts_host == host, "%s: node %u counted %llu rows on the "
+	      "GPU and %llu on the host, expected %llu and %llu", when, n,
+	      (unsigned long long)m->counts_gpu, (unsigned long long)m->counts_host,
+	      (unsigned long long)gpu, (unsigned long long)host);
+}
+
+/* Every CUDA rank: each forced path and the selector over fp32/bf16 layers, exact; every row
+ * came from the GPU. Then with empty phases: a node whose ranks route nothing is counted on the
+ * host (nothing to launch), the others on the GPU, every phase exact. */
+static void test_gpu_count_paths(void **state)
+{
+	(void)state;
+	if (!gpu_mover_ready())
+		skip();
+	for (uint32_t pi = 0; pi < RW_ARRAY_SIZE(path_names); pi++) {
+		opts_t o = { .nodes = 2, .path = path_names[pi], .experts = 24, .empty = pi == 4 };
+		cl_t *c = gpu_cluster(&o, 870 + pi, 0xf);
+		for (uint32_t layer = 0; layer < 3; layer++) {
+			gpu_dispatch(c, 0xf, 1, layer, NULL);
+			dispatch_collect(c, 1, layer);
+			combine_all(c, 1, layer);
+		}
+		for (uint32_t n = 0; n < c->N; n++) {
+			const rw_svc_metrics_t *m = &c->svc[n].metrics;
+			if (o.empty)
+				CHECK(m->counts_gpu >= 1 && m->counts_gpu + m->counts_host == 3,
+				      "node %u: %llu rows from the GPU, %llu from the host", n,
+				      (unsigned long long)m->counts_gpu, (unsigned long long)m->counts_host);
+			else
+				expect_counts(c, n, 3, 0, path_names[pi]);
+		}
+		cl_free(c);
+	}
+}
+
+/* Mixed nodes: rank 0 (node 0) and rank 3 (node 1) on the GPU, ranks 1 and 2 in host memory:
+ * the CUDA mover counts its CUDA rank on the GPU and the host-memory one on the CPU, and the
+ * sum is the row (every result exact); with RAILWAVE_CUDA_MOVER=check the daemon counts every
+ * rank on the host too and the two agree (a difference would fail the phase). */
+static void test_gpu_count_mixed(void **state)
+{
+	(void)state;
+	if (!gpu_mover_ready())
+		skip();
+	for (int check = 0; check < 2; check++) {
+		if (check)
+			setenv("RAILWAVE_CUDA_MOVER", "check", 1); /* read when the mover is created */
+		opts_t o = { .nodes = 2, .path = check ? "joint" : "auto" };
+		cl_t *c = gpu_cluster(&o, 880 + (uint64_t)check, 0x9);
+		unsetenv("RAILWAVE_CUDA_MOVER");
+		for (uint32_t layer = 0; layer < 3; layer++) {
+			gpu_dispatch(c, 0x9, 0, layer, NULL);
+			dispatch_collect(c, 0, layer);
+			combine_all(c, 0, layer);
+		}
+		for (uint32_t n = 0; n < c->N; n++)
+			expect_counts(c, n, 3, 0, check ? "mixed, check" : "mixed");
+		cl_free(c);
+	}
+}
+
+/* An expert id out of range on a CUDA rank, found by the count kernel: that rank gets
+ * RW_E_TOKENS and is named, every other rank RW_E_PHASE, on both nodes, without a timeout; the
+ * same key then passes. Rank 0 keeps host memory: when it and CUDA rank 1 both hold a bad id,
+ * rank 0 is named (the lowest, as the host count pass names it). */
+static void test_gpu_count_bad_id(void **state)
+{
+	(void)state;
+	if (!gpu_mover_ready())
+		skip();
+	opts_t o = { .nodes = 2, .path = "native", .tokens = 16 };
+	const uint32_t cuda = 0xe;
+	cl_t *c = gpu_cluster(&o, 890, cuda);
+	sub_opts_t bad = { .bad_id = (int32_t)c->E };
+	const sub_opts_t *one[4] = { NULL, &bad, NULL, NULL }, *two[4] = { &bad, &bad, NULL, NULL };
+	for (uint32_t layer = 0; layer < 2; layer++) {
+		uint32_t culprit = layer ? 0 : 1;
+		char name[32];
+		snprintf(name, sizeof(name), "local rank %u:", culprit);
+		gpu_dispatch(c, cuda, 0, layer, layer ? two : one);
+		for (uint32_t r = 0; r < c->W; r++)
+			expect_err(c, r, r == culprit ? RW_E_TOKENS : RW_E_PHASE, "bad id on a CUDA rank");
+		CHECK(strstr(fk_client_notice(c->rk[culprit].c), name), "layer %u: rank %u was told '%s'",
+		      layer, culprit, fk_client_notice(c->rk[culprit].c));
+		expect_counts(c, 0, 2 * layer + 1, 0, "bad id");
+		expect_no_timeouts(c);
+		settle(c);
+		gpu_dispatch(c, cuda, 0, layer, NULL); /* the retry of the same key */
+		dispatch_collect(c, 0, layer);
+		combine_all(c, 0, layer);
+		expect_counts(c, 0, 2 * layer + 2, 0, "retry");
+	}
+	cl_free(c);
+}
+
+/* Slabs on a GPU (service/mover/mover.h "Where the slabs are"; GPUDirect RDMA with the NIC played by
+ * the fakes): every node's rail memory is device memory, each write is copied device to device
+ * and nothing lands in the host shadow, so a header the CPU wrote and did not copy over, or one
+ * it read without copying it back, breaks the phase. Over every forced path and the selector,
+ * fp32 and bf16 layers, exact: every rank CUDA (the CUDA mover: headers copied with the pieces,
+ * arrived headers pulled), CUDA and host-memory ranks mixed (the CUDA mover), and every rank in
+ * host memory (the host mover: whole slabs pushed and pulled). The stand-in orders no NIC
+ * write, so the movers must have flushed before reading. */
+static void test_gpu_dev_slabs(void **state)
+{
+	(void)state;
+	if (!gpu_mover_ready())
+		skip();
+	static const uint32_t cuda_sets[] = { 0xf, 0x9, 0x0 };
+	for (uint32_t ci = 0; ci < RW_ARRAY_SIZE(cuda_sets); ci++)
+		for (uint32_t pi = 0; pi < RW_ARRAY_SIZE(path_names); pi++) {
+			const uint32_t cuda = cuda_sets[ci];
+			opts_t o = { .nodes = 2, .path = path_names[pi], .dev_slabs = 1, .max_write = 4096 };
+			cl_t *c = gpu_cluster(&o, 940 + 8 * ci + pi, cuda);
+			const unsigned flushes = fake_gdr_flushes ? fake_gdr_flushes() : 0;
+			for (uint32_t layer = 0; layer < 2; layer++) {
+				gpu_dispatch(c, cuda, 2, layer, NULL);
+				dispatch_collect(c, 2, layer);
+				combine_all(c, 2, layer);
+			}
+			CHECK(!fake_gdr_flushes || fake_gdr_flushes() > flushes, "ranks %#x, %s: no "
+			      "GPUDirect flush before reading the slabs", cuda, path_names[pi]);
+			cl_free(c);
+		}
+}
+
+/* A peer's bad record into a slab on a GPU: the CUDA mover reads the headers after a pull, so it
+ * refuses the range asynchronously (RW_MV_OP_REFUSED). The receiver still declares the peer
+ * down and fails the phase on both nodes, without a timeout; the link comes back and the same
+ * key passes. */
+static void test_gpu_dev_slabs_bad_record(void **state)
+{
+	(void)state;
+	if (!gpu_mover_ready())
+		skip();
+	opts_t o = { .nodes = 2, .path = "native", .tokens = 16, .dev_slabs = 1 };
+	cl_t *c = gpu_cluster(&o, 960, 0xf);
+	corrupt_once = 1;
+	c->w->on_write = corrupt_tag;
+	memset(&c->w->cnt, 0, sizeof(c->w->cnt));
+	gpu_dispatch(c, 0xf, 0, 0, NULL);
+	for (uint32_t r = 0; r < c->W; r++)
+		expect_err(c, r, RW_E_PHASE, "bad record from node 1 into a GPU slab");
+	CHECK(!corrupt_once, "no write was corrupted");
+	CHECK(c->w->cnt.fail_peer[0][1] == 1, "node 0 did not declare node 1 down");
+	expect_no_timeouts(c);
+	c->w->on_write = NULL;
+	pump_until(c, mesh_up, NULL, "the link back");
+	gpu_dispatch(c, 0xf, 0, 0, NULL);
+	dispatch_collect(c, 0, 0);
+	combine_all(c, 0, 0);
+	cl_free(c);
+}
+
+int exec_gpu_run(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_cuda_ranks),
+		cmocka_unit_test(test_cuda_rank_lost),
+		cmocka_unit_test(test_gpu_count_paths),
+		cmocka_unit_test(test_gpu_count_mixed),
+		cmocka_unit_test(test_gpu_count_bad_id),
+		cmocka_unit_test(test_gpu_dev_slabs),
+		cmocka_unit_test(test_gpu_dev_slabs_bad_record),
+	};
+	return cmocka_run_group_tests_name("svc_exec_gpu", tests, NULL, NULL);
+}
