@@ -14,6 +14,7 @@
  * -DRW_RAIL_WITH_VERBS together with adding them to librdma.a). */
 static const rw_rail_ops_t *const transports[] = {
 	&rw_rail_tcp_ops,
+	&rw_rail_shm_ops,
 #if defined(RW_RAIL_WITH_VERBS) && RW_HAVE_VERBS
 	&rw_rail_verbs_ops,
 #endif
@@ -32,9 +33,9 @@ const rw_rail_ops_t *rw_rail_transport_find(const char *name)
 const char *rw_rail_transport_names(void)
 {
 #if defined(RW_RAIL_WITH_VERBS) && RW_HAVE_VERBS
-	return "tcp verbs";
+	return "tcp shm verbs";
 #else
-	return "tcp";
+	return "tcp shm";
 #endif
 }
 

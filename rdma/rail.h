@@ -58,15 +58,17 @@ typedef struct rw_rail_conn rw_rail_conn_t;
 /* ---- configuration and capabilities ---------------------------------------------------- */
 
 typedef struct rw_rail_config {
-	const char *transport;  /* "tcp" or "verbs" */
+	const char *transport;  /* "tcp", "shm" or "verbs" */
 	const char *local;      /* tcp: the rail's local IPv4 address ("127.0.<rail>.<node>" on
-	                         * loopback); verbs: the rail netdev's IP (rdmacm) or "dev:port" */
+	                         * loopback); shm: an IPv4 address naming the rail on this host
+	                         * (need not be assigned); verbs: the rail netdev's IP (rdmacm)
+	                         * or "dev:port" */
 	unsigned rail;          /* rail index; a connection only joins equal rail indices */
 	uint16_t port;          /* listen port; 0 = ephemeral (tests) */
 	uint32_t max_writes;    /* writes in flight per connection; 0 = transport default */
 	uint64_t pace_bps;      /* transmit rate of the device in bits/s, shared by all its
-	                         * connections like a NIC's line rate; 0 = unpaced. tcp only
-	                         * (emulates a slower NIC on loopback); verbs logs and ignores it */
+	                         * connections like a NIC's line rate; 0 = unpaced. tcp and shm
+	                         * (emulate a NIC of that speed); verbs logs and ignores it */
 } rw_rail_config_t;
 
 #define RW_RAIL_CAP_DMABUF (1u << 0)        /* reg_dmabuf can succeed on this device */
@@ -266,6 +268,7 @@ struct rw_rail_ops {
 
 /* Built-in transports (rail.c's registry). */
 extern const rw_rail_ops_t rw_rail_tcp_ops;
+extern const rw_rail_ops_t rw_rail_shm_ops;   /* several daemons on one host (docs/rdma.md) */
 extern const rw_rail_ops_t rw_rail_verbs_ops; /* only when built with verbs */
 
 /* ---- the caller's API (rail.c): argument checks, then dispatch through dev->ops ----------- */
