@@ -141,6 +141,8 @@ class Core:
     is a Core; railwave.autograd calls these methods, users call Group's. Arguments arrive
     checked (Group.__init__)."""
 
+    DTYPES = DTYPES  # torch dtype → the ring's dtype code (the rows railwaved carries)
+
     def __init__(self, name: str, rank: int, world_size: int, node: int, socket: str,
                  local_gpu: int, max_tokens_per_rank: Optional[int],
                  max_recv_tokens: Optional[int], timeout: float, spin_us: int,
@@ -264,7 +266,7 @@ class Core:
             raise BadArgument("dispatch", "step must be a non-negative int, got %r" % (step,))
         return layer, step
 
-    def _room(self):
+    def _room(self) -> int:
         """Rows one dispatch may deliver to this rank (the class docstring)."""
         if self.max_recv_tokens:
             return self.max_recv_tokens
@@ -388,7 +390,7 @@ class Core:
             if cqe.phase_id == work.phase_id:
                 return cqe
 
-    def _poison(self, layer, step, num_experts):
+    def _poison(self, layer: int, step: int, num_experts: Any) -> None:
         """Fail this (layer, step) for the whole group at once: a one-row dispatch whose expert
         id is out of range, which the daemon refuses for every rank of every node
         (docs/dataflow.md "Gather"). Used when this rank's own arguments are wrong, so the
@@ -452,12 +454,15 @@ class Core:
                               "(every rank's receive room is sized for world_size × that)"
                               % (x.shape[0], M))
 
-    def _submit_dispatch(self, x, topk_idx, topk_weights, num_experts, layer, step):
+    def _submit_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor,
+                         topk_weights: torch.Tensor, num_experts: int, layer: int,
+                         step: Optional[int]) -> Work:
         self._check_usable()
         layer, step = self._key(layer, step)
         return self._dispatch_key(x, topk_idx, topk_weights, num_experts, layer, step)
 
-    def _dispatch_key(self, x, topk_idx, topk_weights, num_experts, layer, step):
+    def _dispatch_key(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                      num_experts: int, layer: int, step: int) -> Work:
         """Submit a dispatch on (layer, step); returns its Work. Host tensors of a shape seen
         before take the plan made for it (every check a plan stands for is in its key)."""
         try:
@@ -614,7 +619,7 @@ class Core:
             raise BadArgument(op, "expert_out is on %s, the dispatch on %s"
                               % (y.device, handle.device))
 
-    def _submit_combine(self, expert_out, handle):
+    def _submit_combine(self, expert_out: torch.Tensor, handle: Handle) -> Work:
         if self._c is None or self._pending is not None:
             self._check_usable()
         h, y = handle, expert_out

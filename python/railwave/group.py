@@ -11,7 +11,7 @@ from typing import Mapping, Optional, Tuple, Union
 import torch
 
 from . import _lib, autograd
-from ._core import DTYPES, Core, Handle, Work
+from ._core import Core, Handle, Work
 from .errors import BadArgument, BadArgumentType
 
 DispatchResult = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Handle]
@@ -57,8 +57,6 @@ class Group(Core):
     timeout (seconds) bounds every wait for the daemon; spin_us is how long a wait busy-polls
     before sleeping; stream_ordered: CUDA submissions without host synchronization
     (docs/python.md "Stream order")."""
-
-    DTYPES = DTYPES
 
     def __init__(self, name: str, rank: int, world_size: int, socket: Optional[str] = None, *,
                  node: int, local_gpu: int = -1, max_tokens_per_rank: Optional[int] = None,
