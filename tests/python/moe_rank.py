@@ -434,6 +434,22 @@ def cmd_bad(c):
                 log.append(expect("peer of " + what, lambda: g.combine(*(lambda r: (r[0], r[4]))(
                     g.dispatch(x, cidx, w, E, layer=3, step=10 + i))), railwave.PhaseError))
             good()
+        # Rank 0 changes its topk_idx in place between forward and backward: its backward is
+        # refused (BackwardMismatch: it would send other routing than the forward's), and the
+        # backward pair fails for the others at once.
+        x1 = torch.ones(4, H, requires_grad=True)
+        idx1 = idx.clone()
+        rx, _, _, _, h = g.dispatch(x1, idx1, w, E, layer=8, step=0)
+        out = g.combine(rx * 2, h)
+        if RANK == 0:
+            idx1.add_(0)  # same values, a new version: what an in-place routing change looks like
+            log.append(expect("topk_idx changed in place before the backward",
+                              lambda: out.sum().backward(), railwave.BackwardMismatch,
+                              "changed in place"))
+        else:
+            log.append(expect("peer of a routing changed in place", lambda: out.sum().backward(),
+                              railwave.PhaseError))
+        good()
         # Joining with the wrong world size or node is refused; the group serves on.
         log.append(expect("join with world+2", lambda: railwave.Group(
             c["group"], RANK, WORLD + 2, node=g.node), railwave.WorldMismatch,
