@@ -522,7 +522,7 @@ int fk_all_up(const fk_world_t *w)
 	return 1;
 }
 
-/* ---- the mesh (service/mesh.h) ---------------------------------------------------------------- */
+/* ---- the mesh (service/mesh/mesh.h) ----------------------------------------------------------- */
 
 static void node_mem_free(fk_node_t *d)
 {
@@ -575,7 +575,7 @@ void rw_svc_mesh_destroy(rw_svc_mesh_t *mesh)
 		return;
 	uint32_t n = mesh->me;
 	fk_node_t *d = &fk_nodes[n];
-	memset(&d->cbs, 0, sizeof(d->cbs)); /* no callbacks during teardown (as service/mesh.c) */
+	memset(&d->cbs, 0, sizeof(d->cbs)); /* no callbacks during teardown (as service/mesh/mesh.c) */
 	if (d->alive)
 		node_gone(w, n, 1);
 	for (uint32_t i = 0; i < fk_qn;) { /* its writes' completions: reclaimed silently */
@@ -637,7 +637,7 @@ rw_status_t rw_svc_mesh_send(rw_svc_mesh_t *mesh, uint32_t peer, uint16_t type,
 	if (type < 8)
 		w->cnt.ctrl_posted[type][me][peer]++;
 	if (w->sync_teardown && !fk_nodes[peer].alive) {
-		/* service/mesh.c: the control write to a dead peer fails inside this call, and the
+		/* service/mesh/mesh.c: the control write to a dead peer fails inside this call, and the
 		 * peer is torn down right here (its queued writes complete with an error, then
 		 * peer_down), before the call returns RW_ERR_STATE. */
 		link_bump(me, peer);
@@ -715,7 +715,7 @@ void rw_svc_mesh_fail_peer(rw_svc_mesh_t *mesh, uint32_t peer, rw_status_t st, c
 		return;
 	w->cnt.fail_peer[me][peer]++;
 	/* The connection closes: both ends see the peer down (this end within the call, as
-	 * service/mesh.c does; mesh.h promises loop callbacks only, so sync_teardown decides),
+	 * service/mesh/mesh.c does; mesh.h promises loop callbacks only, so sync_teardown decides),
 	 * and the lower index reconnects at once. */
 	uint32_t old = fk_linkgen[me][peer];
 	link_bump(me, peer);

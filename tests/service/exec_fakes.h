@@ -1,13 +1,13 @@
 /* Fakes for the in-process executor test (tests/service/test_exec.c): link-time definitions of
- * the peer mesh (service/mesh.h) and of the IPC server face (ipc/ipc.h) that the phase executor
+ * the peer mesh (service/mesh/mesh.h) and of the IPC server face (ipc/ipc.h) that the phase executor
  * calls, so several executors run in one process on one libev loop and the test decides, event
  * by event, what the "network" delivers. Private to tests/service/.
  *
  * The world: one queue of events (control messages, rail writes, write completions, peer up /
  * down notices). Mesh calls only enqueue; callbacks are made when the test pumps
  * (fk_step/fk_pump), never from inside a mesh call (mesh.h's contract), unless the world is put
- * in `sync_teardown` mode, which reproduces what service/mesh.c really does when a control
- * write to a dead peer fails (the peer is torn down inside rw_svc_mesh_send, see issue 15).
+ * in `sync_teardown` mode, which reproduces what service/mesh/mesh.c really does when a control
+ * write to a dead peer fails (the peer is torn down inside rw_svc_mesh_send).
  * Ordering rules (what TCP/RC connections guarantee): control messages of one (src, dst) and
  * writes and write completions of one (src, dst, rail) are delivered in the order posted; peer
  * notices of one (node, peer) in order; everything else may be reordered (seeded random mode). */
@@ -73,7 +73,7 @@ typedef struct fk_world {
 	uint64_t max_write;      /* rw_svc_mesh_max_write(); 0: the device names no limit */
 	int random_order;        /* 0: FIFO; 1: seeded random among the deliverable events */
 	uint64_t rng;
-	int sync_teardown;       /* emulate service/mesh.c's synchronous peer teardown (issue 15) */
+	int sync_teardown;       /* emulate the mesh's synchronous peer teardown */
 	/* Slabs on a GPU (set before the executors are created): every node's rail memory is CUDA
 	 * memory of device 0 (rw_svc_mesh_slab_dev says so), its host memory only the shadow, and a
 	 * write is copied from the writer's device memory into the target's, as a NIC does with
@@ -111,7 +111,7 @@ uint32_t fk_drop(fk_world_t *w, fk_hold_fn pred, void *ctx);
 void fk_kill(fk_world_t *w, uint32_t n);
 /* Node n dies silently: no notice; each write to it fails on its own when delivered (a transport
  * error), control messages to it are lost, and in sync_teardown mode a control send to it tears
- * the peer down inside the send, as service/mesh.c does. fk_kill() later sends the notices. */
+ * the peer down inside the send, as service/mesh/mesh.c does. fk_kill() later sends the notices. */
 void fk_kill_silent(fk_world_t *w, uint32_t n);
 int fk_alive(const fk_world_t *w, uint32_t n);
 /* A write from src's memory of `rail` (offset 0) to dst's at remote_off that no executor posted

@@ -12,14 +12,14 @@
  * Bugs of the executor before the split, reproduced first (svc_exec_fixed_bugs)
  * ================================================================================================ */
 
-/* Issue 15 point 1: with service/mesh.c's real behaviour - a control write to a dead peer tears
- * the peer down inside rw_svc_mesh_send, completing its other queued writes with errors - a
- * survivor frees a pair under its own pair_fail: a rail write to the (silently) dead node fails ->
- * pair_fail -> tell_peers_failed -> mesh_send to that node -> its other writes of the same pair
- * complete with errors inside the send -> nested pair_fail -> pair_close -> the last outstanding
- * write frees the pair -> the outer pair_fail's pair_close reads freed memory. ASan reports a
- * heap-use-after-free in pair_close (service/phase.c). */
-static void test_bug_issue15_uaf(void **state)
+/* A peer torn down inside a send: with service/mesh/mesh.c's real behaviour - a control write to a
+ * dead peer tears the peer down inside rw_svc_mesh_send, completing its other queued writes with
+ * errors - a survivor frees a pair under its own pair_fail: a rail write to the (silently) dead
+ * node fails -> pair_fail -> tell_peers_failed -> mesh_send to that node -> its other writes of the
+ * same pair complete with errors inside the send -> nested pair_fail -> pair_close -> the last
+ * outstanding write frees the pair -> the outer pair_fail's pair_close reads freed memory. ASan
+ * reports a heap-use-after-free in pair_close (phase.c, the executor before the split). */
+static void test_bug_teardown_in_send_uaf(void **state)
 {
 	(void)state;
 	opts_t o = { .nodes = 3, .path = "native", .tokens = 20, .max_write = 256, .fifo = 1 };
@@ -32,7 +32,7 @@ static void test_bug_issue15_uaf(void **state)
 	fk_kill_silent(c->w, 2);
 	release_all(c);
 	for (uint32_t r = 0; r < 2 * c->G; r++)
-		expect_err(c, r, RW_E_PHASE, "issue 15");
+		expect_err(c, r, RW_E_PHASE, "peer torn down inside a send");
 	fk_kill(c->w, 2);
 	node_stop(c, 2);
 	settle(c);
@@ -42,7 +42,7 @@ static void test_bug_issue15_uaf(void **state)
 /* The daemon stops (SIGTERM with no phase running: rw_svc_shutdown_begin stops at once) while a
  * pair waits for its combine: rw_svc_ipc_stop fails every open pair in a loop that reads
  * p->next after pair_fail -> pair_close freed p (no write outstanding), and rw_svc_mesh_stop has
- * the same loop. ASan: heap-use-after-free in rw_svc_ipc_stop (service/phase.c); a release build
+ * the same loop. ASan: heap-use-after-free in rw_svc_ipc_stop (phase.c); a release build
  * follows a freed pointer (the segfault this test first showed). Expected once fixed: node 0
  * stops cleanly and node 1's ranks' combines fail with RW_E_PHASE when it goes. */
 static void test_bug_stop_with_open_pair(void **state)
@@ -66,7 +66,7 @@ static void test_bug_stop_with_open_pair(void **state)
  * found when the layout is known: pair_send_wave -> pair_scan_ranges -> pair_range_arrived ->
  * pair_fail frees the pair (no write outstanding yet), and pair_scan_ranges' loop condition
  * (!p->dead) then reads it; pair_send_wave reads p->dead again after the scan. ASan:
- * heap-use-after-free in pair_scan_ranges (service/phase.c). The same holds for "more data than
+ * heap-use-after-free in pair_scan_ranges (phase.c). The same holds for "more data than
  * expected" found by the scan. Expected once fixed: every rank gets RW_E_PHASE, the link comes
  * back and the key passes. */
 /* Node 1's first dispatch write to node 0 is corrupted while `hold_back` is held; released, every
@@ -102,7 +102,7 @@ static void test_bug_bad_record_before_layout(void **state)
 
 /* The same bad record as test_peer_bad_data, but node 0's own writes have all completed, so
  * pair_fail (from pair_range_arrived, inside mesh_arrival) frees the pair and mesh_arrival then
- * calls pair_check_done on it. ASan: heap-use-after-free in pair_check_done (service/phase.c).
+ * calls pair_check_done on it. ASan: heap-use-after-free in pair_check_done (phase.c).
  * Expected once fixed: every rank gets RW_E_PHASE, the link comes back, the key passes. */
 static void test_bug_bad_record_writes_done(void **state)
 {
@@ -114,7 +114,7 @@ static void test_bug_bad_record_writes_done(void **state)
 /* A rank's output too small, found by the local-node work (forward_local, in an idle slice)
  * when the pair has no write outstanding (node 0's ranks route only to their own node, so node
  * 0 sends nothing): pair_fail frees the pair and bg_cb then reads p->dead. ASan:
- * heap-use-after-free in bg_cb (service/phase.c). Expected once fixed: node 0's ranks get
+ * heap-use-after-free in bg_cb (phase.c). Expected once fixed: node 0's ranks get
  * RW_E_RANGE, node 1's RW_E_PHASE, and the key passes. */
 static void test_bug_output_full_writes_done(void **state)
 {
@@ -139,7 +139,7 @@ static void test_bug_output_full_writes_done(void **state)
 int exec_bugs_run(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_bug_issue15_uaf),
+		cmocka_unit_test(test_bug_teardown_in_send_uaf),
 		cmocka_unit_test(test_bug_stop_with_open_pair),
 		cmocka_unit_test(test_bug_bad_record_before_layout),
 		cmocka_unit_test(test_bug_bad_record_writes_done),

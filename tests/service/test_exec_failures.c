@@ -131,7 +131,7 @@ static void node2_refuses(cl_t *c, uint32_t held_src, const char *how)
  * nodes 0 and 1 (origin, no pair: a fresh cause id); its message to node 0 is held, so node 0
  * fails only by node 1's relay, which names node 1's row that node 0 took. Node 2's other rank
  * hits the tombstone. Then node 2's origin reaches node 0, which has no pair, and every rank
- * retries the key at once (retry_key: no refusal, no timeout). Issue 15 point 6: before failures
+ * retries the key at once (retry_key: no refusal, no timeout). Before failures
  * carried their cause ("Failures" 4), node 0 could not tell that origin from a failure of a new
  * attempt and planted a tomb no rank would answer: its ranks' retries failed at once without
  * telling anyone and nodes 1 and 2 waited for their phase timeout. */

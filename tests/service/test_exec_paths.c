@@ -67,7 +67,7 @@ static void test_paths_n4(void **state)
 	paths_case(4, 2, 1, 32, 1, 6);
 }
 
-/* The selector with an anchor table (DESIGN §4.5): one anchor that every phase is near (huge
+/* The selector with an anchor table (docs/selector.md §1): one anchor that every phase is near (huge
  * size ratio, shape tolerance 1) selects Perm-only, so every phase with remote data runs on it
  * (reason "anchor"), identically on every node, and checks exactly. */
 static void test_selector_anchor(void **state)
@@ -95,7 +95,7 @@ static void test_selector_anchor(void **state)
 }
 
 /* A dispatch's tokens are counted in idle slices, so a limit-sized submission cannot hold the
- * loop (issue 15 point 5): with one token per slice, the last local rank's submission and a few
+ * loop: with one token per slice, the last local rank's submission and a few
  * loop iterations do not yet send the node's count row (the old executor counted inside the
  * submission call and sent it at once); it goes once every token is counted, and the phase's
  * results are exact. */
@@ -127,7 +127,7 @@ static void test_count_sliced(void **state)
 	cl_free(c);
 }
 
-/* The count row leaves before the records are built (issue 11): with one token per idle slice,
+/* The count row leaves before the records are built: with one token per idle slice,
  * the row goes to the peer as soon as the count pass is done and the records pass runs after it.
  * The observable is the records pass itself: rank 0's ids, changed right after the row was
  * posted, are what the records pass reads, and it refuses the ids that no longer give the counted

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The daemon's files call each other in one direction only (docs/dataflow.md "Phase executor",
-issue 10): from every object file of service/ (and the files it links from the other modules'
+"""The daemon's files call each other in one direction only (docs/dataflow.md "Phase
+executor"): from every object file of service/ (and the files it links from the other modules'
 archives) the symbols it defines and the ones it uses are read with nm; file A depends on file B
 when A uses a function or object B defines. The test fails, naming the cycle, when any files of
 service/ depend on each other in a circle, and names any service file over 800 lines.
