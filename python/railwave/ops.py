@@ -87,6 +87,10 @@ def _dispatch_backward(handle, g_recv_x, g_recv_w, like_x):
 
 
 def _combine_backward(handle, g_out):
+    """The cached dispatch that opens the backward pair. Its caller first unpacks the handle_id
+    tensor saved by the combine: under activation checkpointing that is what makes the region
+    recompute now, before the pair opens — a recomputed dispatch inside the open backward pair
+    would close it (the daemon runs one pair per group at a time)."""
     return _buffer().dispatch(g_out.contiguous(), handle=handle)[0]
 
 
@@ -101,8 +105,10 @@ if hasattr(torch.library, "register_autograd"):
 
     def _c_setup(ctx, inputs, output):
         ctx.handle = _handle(inputs[1], pop=True) if inputs[2] else None
+        ctx.save_for_backward(inputs[1])  # see _combine_backward
 
     def _c_backward(ctx, g_out):
+        ctx.saved_tensors
         return _combine_backward(ctx.handle, g_out), None, None
 
     torch.library.register_autograd(NAMESPACE + "::dispatch", _d_backward, setup_context=_d_setup)
@@ -135,10 +141,12 @@ else:  # PyTorch < 2.4: an Autograd kernel that calls the operator below autogra
         def forward(ctx, x, handle_id, will_backward):
             out = _below_autograd(torch.ops.railwave.combine, x, handle_id, will_backward)
             ctx.handle = _handle(handle_id, pop=True) if will_backward else None
+            ctx.save_for_backward(handle_id)  # see _combine_backward
             return out
 
         @staticmethod
         def backward(ctx, g_out):
+            ctx.saved_tensors
             return _combine_backward(ctx.handle, g_out), None, None
 
     _lib.impl("dispatch", lambda *a: _DispatchFn.apply(*a), "Autograd")
