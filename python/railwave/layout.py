@@ -5,6 +5,8 @@ differentiable in the rows and the weights (used by Group.dispatch_expert_major 
 TorchTitan dispatcher, railwave/torchtitan.py)."""
 import torch
 
+from .errors import BadArgument
+
 
 class ExpertMajor:
     """Where each (received row, local expert) entry sits in the expert-major rows.
@@ -23,7 +25,7 @@ def expert_major(recv_x, recv_topk_idx, recv_topk_weights, num_local_experts, al
     -1 elsewhere) and recv_topk_weights: one row per (received row, local expert) entry, expert
     0's first, in received order within an expert; padding rows are zero."""
     if not isinstance(alignment, int) or alignment < 1:
-        raise ValueError("railwave: expert_major: alignment must be a positive int, got %r"
+        raise BadArgument("expert_major: alignment must be a positive int, got %r"
                          % (alignment,))
     dev = recv_x.device
     mask = recv_topk_idx >= 0
@@ -47,7 +49,7 @@ def combine_rows(expert_out, layout, weighted=True):
     output (expert_out: the expert-major rows' outputs, [R, hidden]). Weights multiply in fp32
     and round once to expert_out's dtype; the row's sum is in that dtype."""
     if expert_out.shape[0] != layout.num_rows:
-        raise ValueError("railwave: combine_rows: expert_out has %d rows, the layout %d"
+        raise BadArgument("combine_rows: expert_out has %d rows, the layout %d"
                          % (expert_out.shape[0], layout.num_rows))
     y = expert_out[layout.pos]
     if weighted:

@@ -22,6 +22,8 @@ import itertools
 
 import torch
 
+from .errors import RailWaveError
+
 NAMESPACE = "railwave"
 _lib = torch.library.Library(NAMESPACE, "DEF")
 _lib.define("dispatch(Tensor x, Tensor topk_idx, Tensor topk_weights, int num_experts) -> "
@@ -41,7 +43,7 @@ def use(buffer):
 def _buffer():
     b = _state["buffer"]
     if b is None:
-        raise RuntimeError("railwave.ops: no Buffer: call railwave.ops.use(railwave.deep_ep."
+        raise RailWaveError("ops: no Buffer: call railwave.ops.use(railwave.deep_ep."
                            "Buffer(group)) first (the TorchTitan dispatcher does it in "
                            "wire_meshes)")
     return b
@@ -51,7 +53,7 @@ def _handle(handle_id, pop):
     key = int(handle_id.reshape(-1)[0])
     h = _handles.pop(key, None) if pop else _handles.get(key)
     if h is None:
-        raise RuntimeError("railwave.ops: no dispatch handle %d (already combined without "
+        raise RailWaveError("ops: no dispatch handle %d (already combined without "
                            "backward, or from another process)" % key)
     return h
 

@@ -28,6 +28,7 @@ from torchtitan.models.common.token_dispatcher import (BaseEPTokenDispatcher,
 
 from . import ops
 from .deep_ep import Buffer
+from .errors import BadArgument
 from .layout import ExpertMajor, combine_rows, expert_major
 
 
@@ -54,7 +55,7 @@ class RailWaveTokenDispatcher(BaseEPTokenDispatcher):
     def __init__(self, config):
         super().__init__(config)
         if config.expert_alignment < 1:
-            raise ValueError("RailWaveTokenDispatcher: expert_alignment must be >= 1, got %d"
+            raise BadArgument("RailWaveTokenDispatcher: expert_alignment must be >= 1, got %d"
                              % config.expert_alignment)
         self.expert_alignment = config.expert_alignment
         self.num_max_tokens_per_rank = config.num_max_tokens_per_rank

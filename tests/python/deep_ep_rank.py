@@ -12,8 +12,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-import railwave
 from railwave import deep_ep
+from railwave.errors import BadArgument, BadArgumentType, RailWaveError
 from railwave.layout import combine_rows, expert_major
 
 torch.set_num_threads(1)
@@ -211,24 +211,25 @@ def cmd_errors(c):
     buf = join(c)
     data = workload(c["seed"], E)
     x, idx, w, _ = data[RANK]
+    expect(issubclass(deep_ep.Unsupported, RailWaveError), "Unsupported is a RailWaveError")
     log = [
         raises(deep_ep.Unsupported, "low_latency_mode",
                lambda: deep_ep.Buffer(dist.group.WORLD, 0, 1 << 20, low_latency_mode=True)),
         raises(deep_ep.Unsupported, "low_latency_dispatch", lambda: buf.low_latency_dispatch),
         raises(deep_ep.Unsupported, "FP8", lambda: buf.dispatch((x, x), topk_idx=idx,
                                                                 num_experts=E)),
-        raises(TypeError, "int64", lambda: buf.get_dispatch_layout(idx.float(), E)),
-        raises(ValueError, "multiple of the group size",
+        raises(BadArgumentType, "int64", lambda: buf.get_dispatch_layout(idx.float(), E)),
+        raises(BadArgument, "multiple of the group size",
                lambda: buf.get_dispatch_layout(idx, E + 1)),
-        raises(ValueError, "num_tokens_per_expert", lambda: buf.dispatch(x, topk_idx=idx,
+        raises(BadArgument, "num_tokens_per_expert", lambda: buf.dispatch(x, topk_idx=idx,
                                                                          topk_weights=w)),
-        raises(TypeError, "handle must come from", lambda: buf.dispatch(x, handle=(1, 2))),
+        raises(BadArgumentType, "handle must come from", lambda: buf.dispatch(x, handle=(1, 2))),
     ]
     recv_x, _, _, _, h, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w, num_experts=E)
     log += [
         raises(deep_ep.Unsupported, "after a cached dispatch",
                lambda: buf.combine(recv_x, h, topk_weights=torch.zeros(recv_x.shape[0], K))),
-        raises(ValueError, "rows", lambda: buf.combine(recv_x[:0] if recv_x.shape[0] else
+        raises(BadArgument, "rows", lambda: buf.combine(recv_x[:0] if recv_x.shape[0] else
                                                        torch.zeros(1, H), h)),
     ]
     out, _, _ = buf.combine(recv_x, h)

@@ -18,12 +18,13 @@ import torch
 
 from .. import group as _group
 from ..autograd import _permutation
+from ..errors import BadArgument, BadArgumentType, RailWaveError, ReceiveRoomExceeded
 from .utils import EventHandle, EventOverlap, as_event
 
 _FWD_LAYER = 0x5EE0  # (layer, step) keys of the Buffers' pairs: forward here, backward +1
 
 
-class Unsupported(NotImplementedError):
+class Unsupported(RailWaveError, NotImplementedError):
     """A DeepEP feature RailWave does not offer (the message says which, and what to use)."""
 
 
@@ -99,13 +100,13 @@ def _group_of(group):
     if group is None:
         import torch.distributed as dist
         if not (dist.is_available() and dist.is_initialized()):
-            raise ValueError("railwave.deep_ep: Buffer(group=None) needs torch.distributed "
+            raise BadArgument("deep_ep: Buffer(group=None) needs torch.distributed "
                              "initialized (or pass the expert-parallel ProcessGroup)")
         group = dist.group.WORLD
     try:
         return group.rank(), group.size(), None
     except AttributeError:
-        raise TypeError("railwave.deep_ep: group must be a torch.distributed ProcessGroup or a "
+        raise BadArgumentType("deep_ep: group must be a torch.distributed ProcessGroup or a "
                         "railwave.Group, got %s" % type(group).__name__)
 
 
@@ -127,7 +128,7 @@ class Buffer:
                  num_qps_per_rank=24, allow_nvlink_for_low_latency_mode=True,
                  allow_mnnvl=False, explicitly_destroy=False, group_kwargs=None):
         if low_latency_mode:
-            raise Unsupported("railwave.deep_ep: low_latency_mode: the low-latency kernels "
+            raise Unsupported("deep_ep: low_latency_mode: the low-latency kernels "
                               "(low_latency_dispatch/combine) have no RailWave counterpart; use "
                               "the normal dispatch/combine")
         self.group = group
@@ -156,7 +157,7 @@ class Buffer:
     def set_num_sms(new_num_sms):
         """Accepted and kept (DeepEP's SM count for its kernels; RailWave runs none)."""
         if not isinstance(new_num_sms, int) or new_num_sms <= 0:
-            raise ValueError("railwave.deep_ep: set_num_sms(%r): a positive int" % (new_num_sms,))
+            raise BadArgument("deep_ep: set_num_sms(%r): a positive int" % (new_num_sms,))
         Buffer.num_sms = new_num_sms
 
     @staticmethod
@@ -197,7 +198,7 @@ class Buffer:
         if name in ("low_latency_dispatch", "low_latency_combine", "clean_low_latency_buffer",
                     "get_next_low_latency_combine_buffer", "internode_dispatch",
                     "internode_combine", "get_local_buffer_tensor"):
-            raise Unsupported("railwave.deep_ep: Buffer.%s is not offered: RailWave implements "
+            raise Unsupported("deep_ep: Buffer.%s is not offered: RailWave implements "
                               "get_dispatch_layout, dispatch (also cached) and combine" % name)
         raise AttributeError(name)
 
@@ -240,7 +241,7 @@ class Buffer:
         W = self.group_size
         self._check_idx(topk_idx, "get_dispatch_layout")
         if not isinstance(num_experts, int) or num_experts <= 0 or num_experts % W:
-            raise ValueError("railwave.deep_ep: get_dispatch_layout: num_experts %r must be a "
+            raise BadArgument("deep_ep: get_dispatch_layout: num_experts %r must be a "
                              "positive multiple of the group size %d" % (num_experts, W))
 
         def layout():
@@ -261,7 +262,7 @@ class Buffer:
     def _check_idx(topk_idx, op):
         if not isinstance(topk_idx, torch.Tensor) or topk_idx.dim() != 2 or \
                 topk_idx.dtype not in (torch.int32, torch.int64):
-            raise TypeError("railwave.deep_ep: %s: topk_idx must be an int64 (or int32) tensor "
+            raise BadArgumentType("deep_ep: %s: topk_idx must be an int64 (or int32) tensor "
                             "tokens × topk, got %s" % (op, getattr(topk_idx, "dtype", topk_idx)))
 
     # ---- dispatch ---------------------------------------------------------------------------
@@ -281,26 +282,26 @@ class Buffer:
         allocate_on_comm_stream: outputs are always made on the communication stream and
         recorded on the current one, which is safe either way."""
         if isinstance(x, tuple):
-            raise Unsupported("railwave.deep_ep: dispatch of FP8 rows given as (x, scales): "
+            raise Unsupported("deep_ep: dispatch of FP8 rows given as (x, scales): "
                               "RailWave carries float32 and bfloat16 rows")
         if not isinstance(x, torch.Tensor):
-            raise TypeError("railwave.deep_ep: dispatch: x must be a torch.Tensor")
+            raise BadArgumentType("deep_ep: dispatch: x must be a torch.Tensor")
         if handle is not None:
             if topk_idx is not None or topk_weights is not None:
-                raise ValueError("railwave.deep_ep: dispatch: a cached dispatch (handle=) takes "
+                raise BadArgument("deep_ep: dispatch: a cached dispatch (handle=) takes "
                                  "no topk_idx/topk_weights: the handle's routing is used")
             return self._cached_dispatch(x, handle, previous_event, async_finish)
         if topk_idx is None:
-            raise Unsupported("railwave.deep_ep: dispatch without topk_idx (routing by "
+            raise Unsupported("deep_ep: dispatch without topk_idx (routing by "
                               "is_token_in_rank alone): RailWave routes by expert id")
         self._check_idx(topk_idx, "dispatch")
         if num_tokens_per_expert is None and num_experts is None:
-            raise ValueError("railwave.deep_ep: dispatch: num_tokens_per_expert (from "
+            raise BadArgument("deep_ep: dispatch: num_tokens_per_expert (from "
                              "get_dispatch_layout) is needed: its length is the number of "
                              "experts")
         E = int(num_tokens_per_expert.numel()) if num_experts is None else num_experts
         if not isinstance(expert_alignment, int) or expert_alignment < 1:
-            raise ValueError("railwave.deep_ep: dispatch: expert_alignment must be a positive "
+            raise BadArgument("deep_ep: dispatch: expert_alignment must be a positive "
                              "int, got %r" % (expert_alignment,))
         w_given = topk_weights is not None
         if not w_given:
@@ -317,10 +318,10 @@ class Buffer:
                 x.detach().contiguous(), idx, w, E, layer=_FWD_LAYER, step=step)
             n = a.num_recv
             if num_worst_tokens:
-                if n > num_worst_tokens:
-                    raise ValueError(
-                        "railwave.deep_ep: dispatch: received %d rows, above num_worst_tokens "
-                        "%d" % (n, num_worst_tokens))
+                if n > num_worst_tokens:  # fail the pair for every rank now, then say why
+                    g._abort_pair()
+                    raise ReceiveRoomExceeded("deep_ep: dispatch", "received %d rows, above "
+                                              "num_worst_tokens %d" % (n, num_worst_tokens))
                 pad = num_worst_tokens - n
                 recv_x = torch.cat([recv_x, recv_x.new_zeros(pad, recv_x.shape[1])])
                 recv_idx = torch.cat([recv_idx, recv_idx.new_full((pad, recv_idx.shape[1]), -1)])
@@ -340,10 +341,10 @@ class Buffer:
 
     def _check_handle(self, handle, op):
         if not isinstance(handle, Handle):
-            raise TypeError("railwave.deep_ep: %s: handle must come from a railwave.deep_ep "
+            raise BadArgumentType("deep_ep: %s: handle must come from a railwave.deep_ep "
                             "dispatch, got %s" % (op, type(handle).__name__))
         if handle.shared is not self._shared:
-            raise ValueError("railwave.deep_ep: %s: the handle is from a Buffer of another "
+            raise BadArgument("deep_ep: %s: the handle is from a Buffer of another "
                              "group" % op)
 
     def _open_backward(self, handle, rows):
@@ -361,11 +362,11 @@ class Buffer:
         self._check_handle(handle, "dispatch(handle=)")
         a = handle.a
         if x.dim() != 2 or x.shape[0] != a.num_tokens:
-            raise ValueError("railwave.deep_ep: dispatch(handle=): x must be (tokens %d of the "
+            raise BadArgument("deep_ep: dispatch(handle=): x must be (tokens %d of the "
                              "handle's dispatch) × hidden, got %s" % (a.num_tokens,
                                                                      tuple(x.shape)))
         if x.dtype not in (torch.float32, torch.bfloat16):
-            raise TypeError("railwave.deep_ep: dispatch(handle=): x has dtype %s; RailWave "
+            raise BadArgumentType("deep_ep: dispatch(handle=): x has dtype %s; RailWave "
                             "carries float32 and bfloat16 rows" % x.dtype)
         H = x.shape[1]
 
@@ -393,18 +394,18 @@ class Buffer:
         self._check_handle(handle, "combine")
         a = handle.a
         if not isinstance(x, torch.Tensor) or x.dim() != 2:
-            raise TypeError("railwave.deep_ep: combine: x must be a 2-D torch.Tensor")
+            raise BadArgumentType("deep_ep: combine: x must be a 2-D torch.Tensor")
         n = a.num_recv
         want = handle.pad_to or n
         if x.shape[0] != want:
-            raise ValueError("railwave.deep_ep: combine: x has %d rows, the dispatch received %d"
+            raise BadArgument("deep_ep: combine: x has %d rows, the dispatch received %d"
                              % (x.shape[0], want))
         if topk_weights is not None and (not isinstance(topk_weights, torch.Tensor) or
                                          tuple(topk_weights.shape) != (want, a.topk)):
-            raise ValueError("railwave.deep_ep: combine: topk_weights must be (rows %d) × "
+            raise BadArgument("deep_ep: combine: topk_weights must be (rows %d) × "
                              "(topk %d)" % (want, a.topk))
         if handle.bwd is None and not a.combined and topk_weights is not None:
-            raise Unsupported("railwave.deep_ep: combine with topk_weights is offered after a "
+            raise Unsupported("deep_ep: combine with topk_weights is offered after a "
                               "cached dispatch with this handle (dispatch's backward); the "
                               "forward pair carries rows only")
 
@@ -418,7 +419,7 @@ class Buffer:
                     device=y.device))
             b, perm, dtype, H = handle.bwd
             if y.shape[1] != H:
-                raise ValueError("railwave.deep_ep: combine: x has hidden %d, the cached "
+                raise BadArgument("deep_ep: combine: x has hidden %d, the cached "
                                  "dispatch carried %d" % (y.shape[1], H))
             handle.bwd = None
             rows = torch.zeros(n, H + _weight_cols(dtype, a.topk), dtype=dtype, device=y.device)

@@ -7,6 +7,8 @@ nothing (async_finish=False: the current stream already waits for them). With ho
 is no stream: every event is complete when it is made and waiting on it does nothing."""
 import torch
 
+from ..errors import BadArgument, BadArgumentType
+
 
 def _cuda_live():
     return torch.cuda.is_available() and torch.cuda.is_initialized()
@@ -59,7 +61,7 @@ class EventOverlap:
 
     def current_stream_wait(self):
         if self.event is None:
-            raise ValueError("railwave.deep_ep: this EventOverlap holds no event (the operation "
+            raise BadArgument("deep_ep: this EventOverlap holds no event (the operation "
                              "ran with async_finish=False: the current stream already waits "
                              "for it)")
         self.event.current_stream_wait()
@@ -85,5 +87,5 @@ def as_event(previous_event):
         h = EventHandle.completed()
         h.event = previous_event
         return h
-    raise TypeError("railwave.deep_ep: previous_event must be an EventOverlap, EventHandle or "
+    raise BadArgumentType("deep_ep: previous_event must be an EventOverlap, EventHandle or "
                     "torch.cuda.Event, got %s" % type(previous_event).__name__)
