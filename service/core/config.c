@@ -84,7 +84,7 @@ static const field_t fields[] = {
 const rw_svc_option_t rw_svc_options[] = {
 	{"config", "config", "RAILWAVE_CONFIG", "FILE", "cluster file (default: embedded 4x4 loopback)"},
 	{"node", "node", "RAILWAVE_NODE", "NAME|INDEX", "this node (default: match the host name)"},
-	{"transport", "transport", "RAILWAVE_TRANSPORT", "tcp|verbs", "rail transport"},
+	{"transport", "transport", "RAILWAVE_TRANSPORT", "tcp|shm|verbs", "rail transport"},
 	{"anchors", "anchors", "RAILWAVE_ANCHORS", "FILE", "anchor table (\"\" = none: Joint)"},
 	{"path", "path", "RAILWAVE_PATH", "auto|native|rail-only|perm-only|joint", "force a path"},
 	{"ipc_socket", "ipc-socket", "RAILWAVE_SOCKET", "PATH",
@@ -105,7 +105,7 @@ const rw_svc_option_t rw_svc_options[] = {
 	{"recv_region_mib", "recv-region-mib", "RAILWAVE_RECV_REGION_MIB", "MIB", "receive region"},
 	{"stats_timeout_ms", "stats-timeout-ms", "RAILWAVE_STATS_TIMEOUT_MS", "MS",
 	 "stats client line deadline"},
-	{"pace", "pace", "RAILWAVE_PACE", "on|off", "pace every rail at its rate_gbps (tcp)"},
+	{"pace", "pace", "RAILWAVE_PACE", "on|off", "pace every rail at its rate_gbps (tcp, shm)"},
 	{"rail_weights", "rail-weights", "RAILWAVE_RAIL_WEIGHTS", "config|measured",
 	 "rail capacity weights: rate_gbps, or measured throughput"},
 	{"max_tokens", "max-tokens", "RAILWAVE_MAX_TOKENS", "N",
@@ -197,9 +197,10 @@ static rw_status_t set_field(loader_t *ld, size_t fi, const json_t *v, const cha
 		break;
 	}
 	case K_TRANSPORT:
-		if (!s || (strcmp(s, "tcp") && strcmp(s, "verbs")))
-			return cfg_fail(ld, "%s: expected \"tcp\" or \"verbs\"", where);
-		cfg->transport = !strcmp(s, "verbs") ? RW_SVC_TRANSPORT_VERBS : RW_SVC_TRANSPORT_TCP;
+		if (!s || (strcmp(s, "tcp") && strcmp(s, "verbs") && strcmp(s, "shm")))
+			return cfg_fail(ld, "%s: expected \"tcp\", \"shm\" or \"verbs\"", where);
+		cfg->transport = !strcmp(s, "verbs") ? RW_SVC_TRANSPORT_VERBS
+				 : !strcmp(s, "shm") ? RW_SVC_TRANSPORT_SHM : RW_SVC_TRANSPORT_TCP;
 		break;
 	case K_LOGLEVEL: {
 		int i = s ? cfg_lookup_name(cfg_log_level_names, RW_ARRAY_SIZE(cfg_log_level_names), s) : -1;
@@ -333,13 +334,13 @@ static rw_status_t finish(loader_t *ld)
 			rw_svc_rail_cfg_t *rail = &cfg->nodes[i].rails[r];
 			if (rail->rate_gbps == 0)
 				rail->rate_gbps = cfg->nic_gbps;
-			if (cfg->transport == RW_SVC_TRANSPORT_TCP && !rail->has_addr)
-				return cfg_fail(ld, "nodes[%u].rails[%u].address: missing (the tcp transport "
-					    "needs an address)", i, r);
+			if (cfg->transport != RW_SVC_TRANSPORT_VERBS && !rail->has_addr)
+				return cfg_fail(ld, "nodes[%u].rails[%u].address: missing (the %s transport "
+					    "needs an address)", i, r, rw_svc_transport_name(cfg->transport));
 		}
-	if (cfg->pace && cfg->transport != RW_SVC_TRANSPORT_TCP)
+	if (cfg->pace && cfg->transport == RW_SVC_TRANSPORT_VERBS)
 		return cfg_fail(ld, "pace: on, but the %s transport cannot pace (an RDMA NIC runs at its "
-			    "own rate); pacing emulates slower NICs with tcp",
+			    "own rate); pacing emulates NICs of a chosen speed with tcp or shm",
 			    rw_svc_transport_name(cfg->transport));
 	struct stat tsb;
 	if (cfg->trace_dir[0] && stat(cfg->trace_dir, &tsb) == 0 && !S_ISDIR(tsb.st_mode))

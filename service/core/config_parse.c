@@ -15,7 +15,7 @@ const char *const cfg_log_level_names[RW_LOG_DEBUG + 1] = {"error", "warn", "inf
 
 const char *rw_svc_transport_name(rw_svc_transport_t t)
 {
-	return t == RW_SVC_TRANSPORT_VERBS ? "verbs" : "tcp";
+	return t == RW_SVC_TRANSPORT_VERBS ? "verbs" : t == RW_SVC_TRANSPORT_SHM ? "shm" : "tcp";
 }
 
 rw_status_t cfg_fail(loader_t *ld, const char *fmt, ...)

@@ -20,9 +20,10 @@
 typedef enum rw_svc_transport {
 	RW_SVC_TRANSPORT_TCP = 0,
 	RW_SVC_TRANSPORT_VERBS = 1,
+	RW_SVC_TRANSPORT_SHM = 2,    /* daemons of one host: development and benchmarks */
 } rw_svc_transport_t;
 
-const char *rw_svc_transport_name(rw_svc_transport_t t); /* "tcp" | "verbs" */
+const char *rw_svc_transport_name(rw_svc_transport_t t); /* "tcp" | "verbs" | "shm" */
 
 /* An IPv4 address and port. `text` is the dotted quad; `sin` is ready for bind/connect. */
 typedef struct rw_svc_endpoint {
@@ -88,8 +89,8 @@ typedef struct rw_svc_config {
 	rw_log_level_t log_level;
 	int force_path;              /* RW_SVC_PATH_AUTO or an rw_path_t */
 	int rail_weights_measured;   /* rail weights from measured throughput, not rate_gbps */
-	int pace;                    /* tcp: pace each rail's sends at its rate_gbps (emulates
-	                              * slower NICs on loopback; rdma/rail.h pace_bps) */
+	int pace;                    /* tcp, shm: pace each rail's sends at its rate_gbps (emulates
+	                              * NICs of that speed on one host; rdma/rail.h pace_bps) */
 	char trace_dir[RW_SVC_PATH_MAX]; /* phase traces (docs/service.md); "" = off */
 	uint32_t trace_max_kib;      /* bound of the two trace files together */
 	/* ---- peer authentication (docs/security.md "Peer authentication") ---- */

@@ -46,7 +46,7 @@ static const bad_case_t bad_cases[] = {
 	{"\"colour\": 1,", 0, 0, 0, "colour: unknown field", RW_ERR_PARSE},
 	{"\"cluster\": \"bad name!\",", 0, 0, 0, "cluster: 'bad name!' is not a valid name", RW_ERR_PARSE},
 	{"\"cluster\": 7,", 0, 0, 0, "cluster: expected a string", RW_ERR_PARSE},
-	{"\"transport\": \"udp\",", 0, 0, 0, "transport: expected \"tcp\" or \"verbs\"", RW_ERR_PARSE},
+	{"\"transport\": \"udp\",", 0, 0, 0, "transport: expected \"tcp\", \"shm\" or \"verbs\"", RW_ERR_PARSE},
 	{"\"gpus_per_node\": 0,", 0, 0, 0, "gpus_per_node: 0 out of range", RW_ERR_PARSE},
 	{"\"gpus_per_node\": 17,", 0, 0, 0, "gpus_per_node: 17 out of range", RW_ERR_PARSE},
 	{"\"gpus_per_node\": \"4\",", 0, 0, 0, "gpus_per_node: expected an integer, got a string", RW_ERR_PARSE},
@@ -133,6 +133,8 @@ static const bad_case_t bad_cases[] = {
 	 "nodes[1].rails[1]: expected an address string or an object, got an integer", RW_ERR_PARSE},
 	{0, 0, "[\"127.0.0.2\", {\"device\": \"mlx5_1\"}]", 0,
 	 "nodes[1].rails[1].address: missing (the tcp transport needs an address)", RW_ERR_PARSE},
+	{"\"transport\": \"shm\",", 0, "[\"127.0.0.2\", {\"device\": \"mlx5_1\"}]", 0,
+	 "nodes[1].rails[1].address: missing (the shm transport needs an address)", RW_ERR_PARSE},
 	{0, ", \"control\": \"127.0.0.2\"", "[\"127.0.0.1\", \"127.0.1.2\"]", 0,
 	 "nodes[1].rails[0].address: duplicate address 127.0.0.1:7500, also used by nodes[0].rails[0]",
 	 RW_ERR_PARSE},
@@ -193,7 +195,7 @@ static void test_bad_env_and_flags(void **state)
 		{"RAILWAVE_PHASE_TIMEOUT_MS=0", {0, 0}, "RAILWAVE_PHASE_TIMEOUT_MS: 0 out of range"},
 		{"RAILWAVE_HTTP=bogus", {0, 0}, "RAILWAVE_HTTP: 'bogus' is not an IPv4 ADDR:PORT"},
 		{"RAILWAVE_NIC_GBPS=12x", {0, 0}, "RAILWAVE_NIC_GBPS: '12x' is not a number"},
-		{"RAILWAVE_TRANSPORT=ib", {0, 0}, "RAILWAVE_TRANSPORT: expected \"tcp\" or \"verbs\""},
+		{"RAILWAVE_TRANSPORT=ib", {0, 0}, "RAILWAVE_TRANSPORT: expected \"tcp\", \"shm\" or \"verbs\""},
 		{NULL, {"log_level", "loud"}, "--log-level: expected one of error"},
 		{NULL, {"http", "1.2.3.4:"}, "--http: '1.2.3.4:' is not an IPv4 ADDR:PORT"},
 		{NULL, {"rail_port", "-3"}, "--rail-port: '-3' is not a non-negative integer"},
@@ -402,6 +404,17 @@ static void test_pace(void **state)
 		assert_int_equal(cfg.pace, !forms[i].on);
 		rw_svc_config_free(&cfg);
 	}
+	/* shm paces too (each rail at its rate_gbps, here 25 GB/s = 200 Gbit/s on rail 1). */
+	snprintf(json, sizeof(json), "%.2000s", make_json("\"pace\": true, \"transport\": \"shm\",",
+							   NULL, "[\"127.0.0.2\", {\"address\": "
+							   "\"127.0.1.2\", \"rate_gbps\": 200}]"));
+	assert_int_equal(rw_svc_config_load_text(json, NULL, node0_flag, 1, &cfg, err, sizeof(err)),
+			 RW_OK);
+	assert_true(cfg.pace);
+	assert_int_equal(cfg.transport, RW_SVC_TRANSPORT_SHM);
+	assert_string_equal(rw_svc_transport_name(cfg.transport), "shm");
+	assert_true(cfg.nodes[1].rails[1].rate_gbps == 200.0);
+	rw_svc_config_free(&cfg);
 }
 
 static void test_precedence(void **state)

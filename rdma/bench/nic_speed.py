@@ -1,0 +1,258 @@
+#!/usr/bin/env python3
+"""Benchmark (not a test; docs/perf/shm.md): RailWave at NIC speed on one host. 2 and 4 railwaved
+on `shm` rails paced at 25 and 50 GB/s per rail, and the same phases on `tcp` loopback (unpaced),
+host ranks (tools/rw_bench_rank: every row, count and sum checked) or CUDA ranks (--cuda: the
+daemon-side CUDA mover, as docs/perf/gpu-path.md), DeepSeek-V3 and GLM-4.5-Air shapes, bf16.
+Every path is asked for in turn (--paths cycles them step by step) and the selector (auto).
+
+Per (cluster, shape, tokens, path, kind), medians over the steps after the first round of paths:
+  ms      last rank's submission to last rank's completion (the ranks' CLOCK_MONOTONIC);
+  LB ms   lower bound: the busiest rail's bytes in the phase (any node's tx or rx on one rail,
+          from the daemons' phase traces) at the rail rate;
+  x LB    ms / LB ms;
+  split   from the traces, ms after the node's last local submission, the latest node:
+          decided (count rows exchanged, path chosen), first post, last byte in (last range
+          complete), done;
+  cpu     the daemons' CPU (user + system) per phase, all nodes together, ms;
+  memcpy  the same bytes per (node, rail) copied by plain memcpy with one thread per (node,
+          rail), as many threads as the shm copiers (rdma/bench/memcpy_ceiling.c).
+The 1-token rows are the control-plane floor (their p50 in µs is printed separately).
+
+  $b/bench/shm_nic [--nodes 2,4] [--rates 25,50] [--tcp] [--shapes deepseek,glm]
+                   [--tokens 1,128,1024,4096] [--paths native,rail-only,perm-only,joint,auto]
+                   [--rounds 3] [--floor-rounds 20] [--gpus 2] [--rails 2] [--cuda]"""
+import argparse
+import importlib.machinery
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+B = os.path.dirname(HERE)
+RANK = os.path.join(B, "tools", "rw_bench_rank")
+CEILING = os.path.join(B, "bench", "memcpy_ceiling")
+# name: (hidden, routed experts, top-k): DeepSeek-V3, GLM-4.5-Air.
+SHAPES = {"deepseek": (7168, 256, 8), "glm": (4096, 128, 8)}
+
+
+def cpu_s(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def run_ranks(c, a, shape, tokens, paths, steps, group):
+    """One rank process per (node, GPU); returns {step: [(dsub, ddone, csub, cdone)]}."""
+    hidden, experts, topk = SHAPES[shape]
+    wl = ["--nodes", str(c.nodes), "--gpus", str(a.gpus), "--rails", str(a.rails),
+          "--experts", str(experts), "--topk", str(topk), "--hidden", str(hidden),
+          "--tokens", str(tokens), "--seed", str(a.seed)]
+    procs = []
+    for r in range(c.nodes * a.gpus):
+        sock = c.cfg["nodes"][r // a.gpus]["ipc_socket"]
+        argv = [RANK, "--socket", sock, "--group", group, "--rank", str(r), "--steps",
+                str(steps), "--paths", ",".join(paths)] + (["--cuda"] if a.cuda else []) + wl
+        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      env=c.env))
+    outs = [None] * len(procs)
+
+    def reader(i, p):
+        outs[i] = p.stdout.read().decode()
+    ts = [threading.Thread(target=reader, args=(i, p)) for i, p in enumerate(procs)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(900)
+    pairs = {}
+    for r, p in enumerate(procs):
+        p.wait(timeout=60)
+        if p.returncode != 0:
+            raise RuntimeError("%s T=%d rank %d rc %s: %s\n%s" % (
+                shape, tokens, r, p.returncode, outs[r][-1500:], c.logs()))
+        for line in outs[r].splitlines():
+            f = line.split()
+            if f[:1] == ["pair"]:
+                pairs.setdefault(int(f[1]), []).append([int(x) for x in f[2:6]])
+    return pairs
+
+
+def traces(trace_dir):
+    recs = []
+    for f in sorted(os.listdir(trace_dir)):
+        with open(os.path.join(trace_dir, f)) as fh:
+            for line in fh:
+                try:
+                    recs.append(json.loads(line))
+                except ValueError:
+                    pass
+    return recs
+
+
+def phase_facts(recs, group, step, kind, rails):
+    """From every node's record of one phase: busiest rail bytes (tx or rx), per-(node, rail)
+    tx bytes, and the split (ms after the node's last submission, latest node)."""
+    rs = [r for r in recs if r.get("group") == group and r.get("step") == step and
+          r.get("kind") == kind and r.get("status") == "ok"]
+    if not rs:
+        return None
+    busiest, per_rail, split = 0, [], [[], [], [], []]
+    for r in rs:
+        base = r.get("last_submit_us") or 0
+        tx = {t[0]: t for t in (r.get("tx") or [])}
+        rx = {}
+        for x in r.get("rx") or []:
+            rx[x[1]] = rx.get(x[1], 0) + x[2]
+        for k in range(rails):
+            b = tx[k][1] if k in tx else 0
+            per_rail.append(b)
+            busiest = max(busiest, b, rx.get(k, 0))
+
+        def rel(v):
+            return None if v is None else (v - base) / 1e3
+        posts = [t[3] for t in tx.values() if t[3] is not None]
+        ins = [x[4] for x in (r.get("rx") or []) if x[4] is not None]
+        split[0].append(rel(r.get("decided_us")))
+        split[1].append(rel(min(posts)) if posts else None)
+        split[2].append(rel(max(ins)) if ins else None)
+        split[3].append(rel(r.get("us")))
+    return busiest, per_rail, [max([x for x in s if x is not None], default=None) for s in split]
+
+
+def ceiling_us(per_rail):
+    out = subprocess.run([CEILING, "--reps", "3"] + [str(b) for b in per_rail],
+                         stdout=subprocess.PIPE, text=True, check=True).stdout
+    return int(out.split()[0])
+
+
+def run_cluster(td, tmp, a, nodes, transport, rate_gbs, results):
+    """One cluster; every (shape, tokens) in turn; rows appended to results."""
+    max_rec = max(((16 + k * 8 + 15) & ~15) + ((h * 2 + 15) & ~15) for h, _, k in SHAPES.values())
+    tmax = max(int(t) for t in a.tokens.split(","))
+    recv_mib = 64 + 3 * a.gpus * tmax * max_rec * 2 // (1 << 20)
+    label = "%s %g GB/s" % (transport, rate_gbs) if transport == "shm" else "tcp loopback"
+    trace_dir = os.path.join(tmp, "trace-%d-%s-%g" % (nodes, transport, rate_gbs))
+    os.makedirs(trace_dir)
+    extra = {"transport": transport, "pace": transport == "shm",
+             "nic_gbps": rate_gbs * 8, "recv_region_mib": recv_mib, "trace_dir": trace_dir,
+             "phase_timeout_ms": 60000, "heartbeat_timeout_ms": 10000, "log_level": "warn"}
+    td.GPUS, td.RAILS = a.gpus, a.rails
+    c = td.Cluster(tmp, nodes, path="auto", extra=extra)
+    if a.cuda:
+        c.env.pop("RAILWAVE_CUDA_MOVER", None)
+    c.start_all()
+    paths = a.paths.split(",")
+    try:
+        for shape in a.shapes.split(","):
+            for tokens in [int(t) for t in a.tokens.split(",")]:
+                rounds = a.floor_rounds if tokens == 1 else a.rounds
+                steps = len(paths) * (rounds + 1)
+                group = "%s-%d" % (shape, tokens)
+                cpu0 = sum(cpu_s(p.pid) for p in c.procs.values())
+                pairs = run_ranks(c, a, shape, tokens, paths, steps, group)
+                cpu = (sum(cpu_s(p.pid) for p in c.procs.values()) - cpu0) / (2 * steps)
+                time.sleep(1.2)  # the daemons write their trace buffers at most every second
+                recs = traces(trace_dir)
+                for pi, path in enumerate(paths):
+                    sel = [s for s in sorted(pairs) if s >= len(paths) and s % len(paths) == pi]
+                    for kind, (i0, i1) in (("dispatch", (0, 1)), ("combine", (2, 3))):
+                        ms = [(max(v[i1] for v in pairs[s]) - max(v[i0] for v in pairs[s])) / 1e6
+                              for s in sel]
+                        facts = [phase_facts(recs, group, s, kind, a.rails) for s in sel]
+                        facts = [f for f in facts if f]
+                        lb = med([f[0] / (rate_gbs * 1e9) * 1e3 for f in facts])
+                        split = [med([f[2][i] for f in facts]) for i in range(4)]
+                        per_rail = facts[len(facts) // 2][1] if facts else []
+                        results.append({
+                            "nodes": nodes, "transport": label, "rate": rate_gbs,
+                            "shape": shape, "tokens": tokens, "path": path, "kind": kind,
+                            "ms": med(ms), "p50_us": med(ms) * 1e3 if ms else None,
+                            "lb_ms": lb, "split": split, "cpu_ms": cpu * 1e3,
+                            "mb": max(per_rail, default=0) / 1e6, "per_rail": per_rail})
+                        print_row(results[-1])
+    finally:
+        c.stop()
+
+
+def fmt(x, spec="%.3f"):
+    return "-" if x is None else spec % x
+
+
+def print_row(r):
+    ratio = r["ms"] / r["lb_ms"] if r["ms"] and r["lb_ms"] else None
+    print("%d %-14s %-8s %5d %-9s %-8s %8s %8s %6s  %6s %6s %6s %6s  %6s %7s" % (
+        r["nodes"], r["transport"], r["shape"], r["tokens"], r["path"], r["kind"],
+        fmt(r["ms"]), fmt(r["lb_ms"]), fmt(ratio, "%.2f"),
+        *[fmt(x) for x in r["split"]], fmt(r["cpu_ms"], "%.2f"), fmt(r["mb"], "%.1f")),
+        flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", default="2,4")
+    ap.add_argument("--rates", default="25,50", help="shm rail rates, GB/s")
+    ap.add_argument("--tcp", action="store_true", help="also the same phases on tcp loopback")
+    ap.add_argument("--shapes", default="deepseek,glm")
+    ap.add_argument("--tokens", default="1,128,1024,4096")
+    ap.add_argument("--paths", default="native,rail-only,perm-only,joint,auto")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--floor-rounds", type=int, default=20)
+    ap.add_argument("--gpus", type=int, default=2)
+    ap.add_argument("--rails", type=int, default=2)
+    ap.add_argument("--cuda", action="store_true", help="CUDA ranks (the daemon's CUDA mover)")
+    ap.add_argument("--seed", type=int, default=12345)
+    ap.add_argument("--json", help="write every row here")
+    a = ap.parse_args()
+    td = importlib.machinery.SourceFileLoader(
+        "test_dataflow", os.path.join(B, "test", "integration_dataflow")).load_module()
+    if a.cuda:
+        td.CUDA_RANKS = "real"
+    print("== railwave at NIC speed: G=%d %s ranks per node, R=%d rails, bf16; %d rounds of "
+          "every path after one warm-up round (%d for 1 token); nproc %d" % (
+              a.gpus, "CUDA" if a.cuda else "host", a.rails, a.rounds, a.floor_rounds,
+              os.cpu_count()))
+    print("N transport      shape    tok/r path      kind           ms    LB ms   x LB  "
+          "decide  1stpost lastin   done   cpu/ph  MB/rail")
+    results = []
+    with tempfile.TemporaryDirectory(prefix="rwshm.", dir="/tmp") as tmp:
+        for nodes in [int(n) for n in a.nodes.split(",")]:
+            confs = [("shm", float(r)) for r in a.rates.split(",")]
+            if a.tcp:
+                confs.append(("tcp", float(a.rates.split(",")[0])))
+            for transport, rate in confs:
+                sub = os.path.join(tmp, "%d-%s-%g" % (nodes, transport, rate))
+                os.makedirs(sub)
+                run_cluster(td, sub, a, nodes, transport, rate, results)
+    print("== memcpy ceiling: the busiest phase bytes per (node, rail), one thread each")
+    seen = {}
+    for r in results:
+        if r["transport"].startswith("shm") and r["per_rail"]:
+            key = (r["nodes"], r["shape"], r["tokens"], r["path"], r["kind"])
+            if key not in seen:
+                seen[key] = ceiling_us(r["per_rail"]) / 1e3
+                print("%d %-8s %5d %-9s %-8s memcpy %.3f ms (%d threads, %.1f MB in all)" % (
+                    key + (seen[key], len(r["per_rail"]), sum(r["per_rail"]) / 1e6)),
+                    flush=True)
+            r["memcpy_ms"] = seen[key]
+    print("== control-plane floor (1 token per rank): phase p50 µs")
+    for r in results:
+        if r["tokens"] == 1:
+            print("%d %-14s %-8s %-9s %-8s %8.0f" % (r["nodes"], r["transport"], r["shape"],
+                                                      r["path"], r["kind"], r["p50_us"]))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
