@@ -15,6 +15,8 @@ blocks of 50 pairs so that load drifts hit all alike:
              TorchTitan dispatcher runs them (its own all-to-all dispatcher permutes likewise).
 Prints rank 0's median µs per pair and each wrapper's extra over the group pair."""
 import argparse
+import contextlib
+import json
 import os
 import statistics
 import subprocess
@@ -99,14 +101,10 @@ def main():
     ap.add_argument("--iters", type=int, default=1000)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--sizes", type=int, default=len(SIZES))
-    ap.add_argument("--worker", action="store_true")
-    for o in ("socket", "group"):
-        ap.add_argument("--" + o)
-    for o in ("rank", "world", "tokens", "hidden", "topk", "experts"):
-        ap.add_argument("--" + o, type=int, default=0)
+    ap.add_argument("--worker", help="run one rank: its settings as JSON (run_size)")
     a = ap.parse_args()
     if a.worker:
-        return worker(a)
+        return worker(argparse.Namespace(device=a.device, iters=a.iters, **json.loads(a.worker)))
     build = os.path.abspath(a.build)
     env = dict(os.environ, RAILWAVE_LIB=os.path.join(build, "lib", "librailwave.so.1"),
                OMP_NUM_THREADS="1")
@@ -114,35 +112,50 @@ def main():
     from test_moe import load_dataflow
     td = load_dataflow(build)
     print("%s tensors, fp32, identity experts, medians of rank 0 in µs per pair (%d pairs per "
-          "kind); load average %s" % (a.device, a.iters, open("/proc/loadavg").read().split()[:3]))
+          "kind); load average %s" % (a.device, a.iters, load()))
     print("%-18s %9s %9s %9s %9s %11s %11s %11s" % (
         "T x H, topk, E", "group", "buffer", "ops", "layout", "buffer-grp", "ops-grp",
         "layout-grp"))
-    with tempfile.TemporaryDirectory(prefix="rwfwb.", dir="/tmp") as tmp:
-        c = td.Cluster(tmp, 1, path="auto", extra={"log_level": "warn"})
-        c.start_all()
-        try:
-            for T, H, K, E in SIZES[:a.sizes]:
-                procs = [subprocess.Popen(
-                    [sys.executable, os.path.abspath(__file__), "--worker", "--device", a.device,
-                     "--socket", c.cfg["nodes"][0]["ipc_socket"], "--group", "fw%d" % T,
-                     "--rank", str(r), "--world", str(td.GPUS), "--iters", str(a.iters),
-                     "--tokens", str(T), "--hidden", str(H), "--topk", str(K),
-                     "--experts", str(E)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                    text=True, env=env) for r in range(td.GPUS)]
-                outs = [p.communicate(timeout=600)[0] for p in procs]
-                if any(p.returncode for p in procs):
-                    raise RuntimeError("a rank failed:\n" + "\n".join(o[-1500:] for o in outs))
-                f = outs[0].strip().splitlines()[-1].split()
-                m = {f[i]: float(f[i + 1]) for i in range(0, len(f), 2)}
-                print("%-18s %9.1f %9.1f %9.1f %9.1f %11.1f %11.1f %11.1f" % (
-                    "%d x %d, %d, %d" % (T, H, K, E), m["group"], m["buffer"], m["ops"],
-                    m["layout"], m["buffer"] - m["group"], m["ops"] - m["group"],
-                    m["layout"] - m["group"]), flush=True)
-        finally:
-            c.stop()
-    print("load average at the end %s" % open("/proc/loadavg").read().split()[:3])
-    return 0
+    with tempfile.TemporaryDirectory(prefix="rwfwb.", dir="/tmp") as tmp, \
+            one_node(td, tmp) as sock:
+        for T, H, K, E in SIZES[:a.sizes]:
+            m = run_size(a, sock, td.GPUS, env, T, H, K, E)
+            print("%-18s %9.1f %9.1f %9.1f %9.1f %11.1f %11.1f %11.1f" % (
+                "%d x %d, %d, %d" % (T, H, K, E), m["group"], m["buffer"], m["ops"],
+                m["layout"], m["buffer"] - m["group"], m["ops"] - m["group"],
+                m["layout"] - m["group"]), flush=True)
+    print("load average at the end %s" % load())
+
+
+def load():
+    with open("/proc/loadavg") as f:
+        return f.read().split()[:3]
+
+
+@contextlib.contextmanager
+def one_node(td, tmp):
+    """One railwaved (tests/integration/test_dataflow.py's Cluster); yields its IPC socket."""
+    c = td.Cluster(tmp, 1, path="auto", extra={"log_level": "warn"})
+    c.start_all()
+    try:
+        yield c.cfg["nodes"][0]["ipc_socket"]
+    finally:
+        c.stop()
+
+
+def run_size(a, sock, world, env, T, H, K, E):
+    """Rank 0's medians {kind: µs} for one size."""
+    procs = [subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "--device", a.device, "--iters", str(a.iters),
+         "--worker", json.dumps({"socket": sock, "group": "fw%d" % T, "rank": r, "world": world,
+                                 "tokens": T, "hidden": H, "topk": K, "experts": E})],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        for r in range(world)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError("a rank failed:\n" + "\n".join(o[-1500:] for o in outs))
+    f = outs[0].strip().splitlines()[-1].split()
+    return {f[i]: float(f[i + 1]) for i in range(0, len(f), 2)}
 
 
 if __name__ == "__main__":
