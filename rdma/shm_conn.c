@@ -23,8 +23,7 @@
 
 /* ---- messages and shared memory ------------------------------------------------------------ */
 
-/* Send one control message, with fd attached when fd >= 0. 0, or -1 with errno. */
-static int msg_send(int sock, const shm_msg_t *m, int fd)
+int shm_msg_send(int sock, const shm_msg_t *m, int fd)
 {
 	uint8_t raw[SHM_MSG_SIZE];
 	shm_msg_encode(m, raw);
@@ -254,7 +253,7 @@ void shm_conn_fail_later(shm_conn_t *c, rw_status_t st)
 
 int shm_conn_send(shm_conn_t *c, const shm_msg_t *m, int fd)
 {
-	if (msg_send(c->fd, m, fd) == 0)
+	if (shm_msg_send(c->fd, m, fd) == 0)
 		return 0;
 	rw_err("rail %u peer %s: control message %u not sent: %m", c->dev->base.rail,
 	       c->base.peer, m->type);
@@ -306,8 +305,11 @@ static int rx_poll(shm_conn_t *c)
 					  : rw_rail_range_check(r->base.length, e.offset, e.length)
 					      ? "write outside its region" : NULL;
 			if (bad) {
-				shm_msg_t m = {.type = SHM_TAIL, .a = e.key, .b = e.offset};
-				proto_fail(c, bad, &m);
+				char why[160];
+				snprintf(why, sizeof(why), "%s (key %#llx offset %llu length %llu)", bad,
+					 (unsigned long long)e.key, (unsigned long long)e.offset,
+					 (unsigned long long)e.length);
+				proto_fail(c, why, NULL);
 				return 0;
 			}
 			c->rx_done++;

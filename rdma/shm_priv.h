@@ -252,6 +252,9 @@ void shm_conn_destroy(shm_conn_t *c);
 void shm_conn_fail_later(shm_conn_t *c, rw_status_t st);
 /* Send a control message (with fd when >= 0); -1 (logged) when the peer does not take it. */
 int shm_conn_send(shm_conn_t *c, const shm_msg_t *m, int fd);
+/* Send one control message on socket sock, with fd attached when fd >= 0 (never blocks).
+ * 0, or -1 with errno. */
+int shm_msg_send(int sock, const shm_msg_t *m, int fd);
 /* A memfd of `bytes`, sealed against any change of size; -1 with errno. */
 int shm_memfd_sealed(const char *name, uint64_t bytes);
 

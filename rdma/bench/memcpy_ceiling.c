@@ -2,7 +2,7 @@
  * per byte count given (the shm transport copies with one thread per rail of each daemon, so
  * the benchmark passes one count per (node, rail): the bytes that rail sent in a phase); every
  * thread copies its bytes between two buffers of its own (touched beforehand, as a daemon's slabs
- * are), all start together, and the time is from the start until the last one finished. Prints
+ * are), all start together, and the time is from the first one's start to the last one's end. Prints
  * the median over --reps runs in microseconds.
  *
  *   memcpy_ceiling [--reps N] BYTES [BYTES ...] */
@@ -22,6 +22,7 @@ typedef struct copier {
 	pthread_t thread;
 	uint8_t *src, *dst;
 	uint64_t bytes;
+	uint64_t t0, t1; /* this copy's start and end (ns) */
 } copier_t;
 
 static pthread_barrier_t start;
@@ -30,7 +31,9 @@ static void *copy_main(void *arg)
 {
 	copier_t *c = arg;
 	pthread_barrier_wait(&start);
+	c->t0 = rw_now_ns();
 	memcpy(c->dst, c->src, c->bytes);
+	c->t1 = rw_now_ns();
 	return NULL;
 }
 
@@ -76,10 +79,13 @@ int main(int argc, char **argv)
 		for (unsigned i = 0; i < n; i++)
 			pthread_create(&c[i].thread, NULL, copy_main, &c[i]);
 		pthread_barrier_wait(&start);
-		uint64_t t0 = rw_now_ns();
-		for (unsigned i = 0; i < n; i++)
+		uint64_t t0 = UINT64_MAX, t1 = 0;
+		for (unsigned i = 0; i < n; i++) {
 			pthread_join(c[i].thread, NULL);
-		us[r] = (rw_now_ns() - t0) / 1000;
+			t0 = RW_MIN(t0, c[i].t0);
+			t1 = RW_MAX(t1, c[i].t1);
+		}
+		us[r] = (t1 - t0) / 1000;
 		pthread_barrier_destroy(&start);
 	}
 	qsort(us, reps, sizeof(us[0]), cmp_u64);

@@ -11,11 +11,12 @@ Per (cluster, shape, tokens, path, kind), medians over the steps after the first
           from the daemons' phase traces) at the rail rate;
   x LB    ms / LB ms;
   split   from the traces, ms after the node's last local submission, the latest node:
-          decided (count rows exchanged, path chosen), first post, last byte in (last range
-          complete), done;
+          decided (count rows exchanged, path chosen; dispatch only: a combine takes its
+          dispatch's path), first post, last byte in (last range complete), done;
   cpu     the daemons' CPU (user + system) per phase, all nodes together, ms;
   memcpy  the same bytes per (node, rail) copied by plain memcpy with one thread per (node,
-          rail), as many threads as the shm copiers (rdma/bench/memcpy_ceiling.c).
+          rail), as many threads as the shm copiers (rdma/bench/memcpy_ceiling.c), ms; shm
+          rows of 1024 tokens per rank and more.
 The 1-token rows are the control-plane floor (their p50 in µs is printed separately).
 
   $b/bench/shm_nic [--nodes 2,4] [--rates 25,50] [--tcp] [--shapes deepseek,glm]
@@ -121,7 +122,7 @@ def phase_facts(recs, group, step, kind, rails):
             return None if v is None else (v - base) / 1e3
         posts = [t[3] for t in tx.values() if t[3] is not None]
         ins = [x[4] for x in (r.get("rx") or []) if x[4] is not None]
-        split[0].append(rel(r.get("decided_us")))
+        split[0].append(rel(r.get("decided_us")) if kind == "dispatch" else None)
         split[1].append(rel(min(posts)) if posts else None)
         split[2].append(rel(max(ins)) if ins else None)
         split[3].append(rel(r.get("us")))
@@ -172,13 +173,20 @@ def run_cluster(td, tmp, a, nodes, transport, rate_gbs, results):
                         lb = med([f[0] / (rate_gbs * 1e9) * 1e3 for f in facts])
                         split = [med([f[2][i] for f in facts]) for i in range(4)]
                         per_rail = facts[len(facts) // 2][1] if facts else []
-                        results.append({
+                        row = {
                             "nodes": nodes, "transport": label, "rate": rate_gbs,
                             "shape": shape, "tokens": tokens, "path": path, "kind": kind,
                             "ms": med(ms), "p50_us": med(ms) * 1e3 if ms else None,
                             "lb_ms": lb, "split": split, "cpu_ms": cpu * 1e3,
-                            "mb": max(per_rail, default=0) / 1e6, "per_rail": per_rail})
-                        print_row(results[-1])
+                            "mb": max(per_rail, default=0) / 1e6, "per_rail": per_rail,
+                            "memcpy_ms": None}
+                        if transport == "shm" and per_rail and tokens >= 1024:
+                            row["memcpy_ms"] = ceiling_us(per_rail) / 1e3
+                        results.append(row)
+                        print_row(row)
+                        if a.json:
+                            with open(a.json, "a") as f:
+                                f.write(json.dumps(row) + "\n")
     finally:
         c.stop()
 
@@ -189,11 +197,11 @@ def fmt(x, spec="%.3f"):
 
 def print_row(r):
     ratio = r["ms"] / r["lb_ms"] if r["ms"] and r["lb_ms"] else None
-    print("%d %-14s %-8s %5d %-9s %-8s %8s %8s %6s  %6s %6s %6s %6s  %6s %7s" % (
+    print("%d %-14s %-8s %5d %-9s %-8s %8s %8s %6s  %6s %6s %6s %6s  %6s %7s %7s" % (
         r["nodes"], r["transport"], r["shape"], r["tokens"], r["path"], r["kind"],
         fmt(r["ms"]), fmt(r["lb_ms"]), fmt(ratio, "%.2f"),
-        *[fmt(x) for x in r["split"]], fmt(r["cpu_ms"], "%.2f"), fmt(r["mb"], "%.1f")),
-        flush=True)
+        *[fmt(x) for x in r["split"]], fmt(r["cpu_ms"], "%.2f"), fmt(r["mb"], "%.1f"),
+        fmt(r["memcpy_ms"])), flush=True)
 
 
 def main():
@@ -210,7 +218,7 @@ def main():
     ap.add_argument("--rails", type=int, default=2)
     ap.add_argument("--cuda", action="store_true", help="CUDA ranks (the daemon's CUDA mover)")
     ap.add_argument("--seed", type=int, default=12345)
-    ap.add_argument("--json", help="write every row here")
+    ap.add_argument("--json", help="append every row here, one JSON object a line")
     a = ap.parse_args()
     td = importlib.machinery.SourceFileLoader(
         "test_dataflow", os.path.join(B, "test", "integration_dataflow")).load_module()
@@ -221,36 +229,23 @@ def main():
               a.gpus, "CUDA" if a.cuda else "host", a.rails, a.rounds, a.floor_rounds,
               os.cpu_count()))
     print("N transport      shape    tok/r path      kind           ms    LB ms   x LB  "
-          "decide  1stpost lastin   done   cpu/ph  MB/rail")
+          "decide  1stpost lastin   done   cpu/ph  MB/rail  memcpy")
     results = []
     with tempfile.TemporaryDirectory(prefix="rwshm.", dir="/tmp") as tmp:
         for nodes in [int(n) for n in a.nodes.split(",")]:
+            # tcp right after the first shm rate: a run cut short still has the pair
             confs = [("shm", float(r)) for r in a.rates.split(",")]
             if a.tcp:
-                confs.append(("tcp", float(a.rates.split(",")[0])))
+                confs.insert(1, ("tcp", float(a.rates.split(",")[0])))
             for transport, rate in confs:
                 sub = os.path.join(tmp, "%d-%s-%g" % (nodes, transport, rate))
                 os.makedirs(sub)
                 run_cluster(td, sub, a, nodes, transport, rate, results)
-    print("== memcpy ceiling: the busiest phase bytes per (node, rail), one thread each")
-    seen = {}
-    for r in results:
-        if r["transport"].startswith("shm") and r["per_rail"]:
-            key = (r["nodes"], r["shape"], r["tokens"], r["path"], r["kind"])
-            if key not in seen:
-                seen[key] = ceiling_us(r["per_rail"]) / 1e3
-                print("%d %-8s %5d %-9s %-8s memcpy %.3f ms (%d threads, %.1f MB in all)" % (
-                    key + (seen[key], len(r["per_rail"]), sum(r["per_rail"]) / 1e6)),
-                    flush=True)
-            r["memcpy_ms"] = seen[key]
     print("== control-plane floor (1 token per rank): phase p50 µs")
     for r in results:
         if r["tokens"] == 1:
             print("%d %-14s %-8s %-9s %-8s %8.0f" % (r["nodes"], r["transport"], r["shape"],
                                                       r["path"], r["kind"], r["p50_us"]))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=0)
     return 0
 
 

@@ -28,11 +28,13 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/common.h"
 #include "rdma/rail.h"
+#include "rdma/shm_priv.h"
 #include "rdma/tcp_wire.h"
 
 #ifndef RW_CONF_TRANSPORT
@@ -1431,8 +1433,8 @@ static void test_close_mid_large_write(void **state)
 
 /* dereg of a region, from inside the first arrival's callback, while the peer's other large
  * writes are landing in it or queued behind: once dereg returns, not one byte of the region
- * changes any more; tcp fails that connection (RW_ERR_PROTO, from the loop, reporting no
- * arrival of the dead region), and the writer gets its writes back with an error. */
+ * changes any more; tcp and shm fail that connection (RW_ERR_PROTO, from the loop, reporting
+ * no arrival of the dead region), and the writer gets its writes back with an error. */
 static void test_dereg_while_landing(void **state)
 {
 	fixture_t *f = *state;
@@ -1447,7 +1449,7 @@ static void test_dereg_while_landing(void **state)
 	assert_true(run_until(ep, pred_arrivals_ge));
 	assert_null(dst->region);
 	ctl_msg_t v = peer_verdict(&f->peer);
-	if (strcmp(opt.transport, "tcp") == 0) {
+	if (strcmp(opt.transport, "verbs") != 0) { /* tcp, shm */
 		assert_true(run_until(ep, pred_errored));
 		assert_int_equal(ep->errors, 1);
 		assert_int_equal(ep->last_error, RW_ERR_PROTO);
@@ -1809,6 +1811,64 @@ static void raw_send_hdr(int fd, uint8_t type, uint64_t key, uint64_t offset, ui
 	assert_int_equal(send(fd, b, sizeof(b), MSG_NOSIGNAL), (ssize_t)sizeof(b));
 }
 
+/* A well-behaved writer on its own connection to our listener, before and after the attacks:
+ * open it (returns our accepted end), then check that a full plan still lands and verifies. */
+static rw_rail_conn_t *hostile_good_open(endpoint_t *ep, endpoint_t *writer)
+{
+	assert_int_equal(ep_open(writer, ep->loop, opt.child_local, 0, 0), RW_OK);
+	writer->connected = 0;
+	assert_int_equal(rw_rail_connect(writer->dev, ep->listener->addr, 5, &cbs, writer,
+					 &writer->conn), RW_OK);
+	assert_true(run_until(writer, pred_connected));
+	assert_true(run_until(ep, pred_connected));
+	rw_rail_conn_t *good_conn = ep->conn;
+	ep->conn = NULL;
+	return good_conn;
+}
+
+static void hostile_good_check(endpoint_t *ep, endpoint_t *writer, rw_rail_conn_t *good_conn,
+			       region_buf_t *dst)
+{
+	plan_params_t good = {.seed = opt.seed + 12, .count = 64, .region_size = dst->size / 2,
+			      .min_len = 1, .max_len = 256};
+	ep->conn = good_conn;
+	ep->errors = 0;
+	assert_int_equal(verifier_start(ep, &good, dst), 0);
+	assert_int_equal(writer_start(writer, &good, rw_rail_region_remote(dst->region)), 0);
+	assert_true(run_until(writer, pred_writes_done));
+	assert_int_equal(writer->done_ok, good.count);
+	assert_true(run_until(ep, pred_arrivals_done));
+	assert_int_equal(ep->arrivals, good.count);
+	assert_int_equal(ep->bad_data + ep->bad_imm + ep->bad_len + ep->bad_where, 0);
+	assert_int_equal(ep->errors, 0);
+	ep_close(writer);
+}
+
+/* The transport drops the raw peer rp: wait for its end to see EOF, then for the connection's
+ * failure (expect, after on_connected) or for nothing at all (never announced: expect RW_OK). */
+static void hostile_wait_drop(endpoint_t *ep, raw_peer_t *rp, rw_status_t expect)
+{
+	rp->io.data = rp;
+	ev_io_init(&rp->io, raw_cb, rp->fd, EV_READ);
+	ev_io_start(ep->loop, &rp->io);
+	hostile_rp = rp;
+	assert_true(run_until(ep, pred_raw_eof)); /* the transport dropped us */
+	ev_io_stop(ep->loop, &rp->io);
+	close(rp->fd);
+	if (expect == RW_OK) {
+		assert_int_equal(ep->connected, 0); /* never announced, silently dropped */
+		assert_int_equal(ep->errors, 0);
+		return;
+	}
+	assert_true(run_until(ep, pred_errored));
+	assert_int_equal(ep->connected, 1);
+	assert_int_equal(ep->errors, 1);
+	assert_int_equal(ep->last_error, expect);
+	assert_int_equal(ep->conn->state, RW_RAIL_CONN_DOWN);
+	rw_rail_conn_close(ep->conn);
+	ep->conn = NULL;
+}
+
 enum hostile_case {
 	H_GARBAGE_FIRST, H_BAD_MAGIC, H_BAD_VERSION, H_BAD_TYPE, H_UNKNOWN_KEY, H_OFFSET_OOB,
 	H_LENGTH_OOB, H_OFFSET_OVERFLOW, H_BAD_SEQ, H_TRUNCATED_HDR, H_TRUNCATED_PAYLOAD,
@@ -1834,18 +1894,8 @@ static void test_hostile_headers(void **state)
 		inet_pton(AF_INET, ip, &lsa.sin_addr);
 		lsa.sin_port = htons((uint16_t)atoi(colon + 1));
 	}
-	/* A well-behaved writer on its own connection, before and after the attacks. */
-	plan_params_t good = {.seed = opt.seed + 12, .count = 64, .region_size = size / 2,
-			      .min_len = 1, .max_len = 256};
 	endpoint_t writer;
-	assert_int_equal(ep_open(&writer, ep->loop, opt.child_local, 0, 0), RW_OK);
-	writer.connected = 0;
-	assert_int_equal(rw_rail_connect(writer.dev, ep->listener->addr, 5, &cbs, &writer,
-					 &writer.conn), RW_OK);
-	assert_true(run_until(&writer, pred_connected));
-	assert_true(run_until(ep, pred_connected));
-	rw_rail_conn_t *good_conn = ep->conn;
-	ep->conn = NULL;
+	rw_rail_conn_t *good_conn = hostile_good_open(ep, &writer);
 
 	for (int hc = 0; hc < H_COUNT; hc++) {
 		raw_peer_t rp = {.fd = socket(AF_INET, SOCK_STREAM, 0)};
@@ -1919,28 +1969,9 @@ static void test_hostile_headers(void **state)
 		default:
 			break;
 		}
-		rp.io.data = &rp;
-		ev_io_init(&rp.io, raw_cb, rp.fd, EV_READ);
-		ev_io_start(ep->loop, &rp.io);
-		hostile_rp = &rp;
-		assert_true(run_until(ep, pred_raw_eof)); /* the transport dropped us */
-		ev_io_stop(ep->loop, &rp.io);
-		close(rp.fd);
-		if (announced) {
-			assert_true(run_until(ep, pred_errored));
-			assert_int_equal(ep->connected, 1);
-			assert_int_equal(ep->errors, 1);
-			assert_int_equal(ep->last_error, hc == H_TRUNCATED_HDR ||
-								 hc == H_TRUNCATED_PAYLOAD
-							     ? RW_ERR_PEER
-							     : RW_ERR_PROTO);
-			assert_int_equal(ep->conn->state, RW_RAIL_CONN_DOWN);
-			rw_rail_conn_close(ep->conn);
-			ep->conn = NULL;
-		} else {
-			assert_int_equal(ep->connected, 0); /* never announced, silently dropped */
-			assert_int_equal(ep->errors, 0);
-		}
+		hostile_wait_drop(ep, &rp, !announced ? RW_OK
+					   : hc == H_TRUNCATED_HDR || hc == H_TRUNCATED_PAYLOAD
+					   ? RW_ERR_PEER : RW_ERR_PROTO);
 		/* Nothing landed outside a valid range; only the truncated-payload case may have
 		 * touched its own (valid) last 256 bytes. */
 		uint64_t check = hc == H_TRUNCATED_PAYLOAD ? size - 256 : size;
@@ -1949,18 +1980,155 @@ static void test_hostile_headers(void **state)
 				fail_msg("case %d: byte %llu changed", hc, (unsigned long long)i);
 		memset(dst->mem, 0xaa, size);
 	}
-	/* The good connection is unaffected: a full plan lands and verifies. */
-	ep->conn = good_conn;
-	ep->errors = 0;
-	assert_int_equal(verifier_start(ep, &good, dst), 0);
-	assert_int_equal(writer_start(&writer, &good, rw_rail_region_remote(dst->region)), 0);
-	assert_true(run_until(&writer, pred_writes_done));
-	assert_int_equal(writer.done_ok, good.count);
-	assert_true(run_until(ep, pred_arrivals_done));
-	assert_int_equal(ep->arrivals, good.count);
-	assert_int_equal(ep->bad_data + ep->bad_imm + ep->bad_len + ep->bad_where, 0);
-	assert_int_equal(ep->errors, 0);
-	ep_close(&writer);
+	hostile_good_check(ep, &writer, good_conn, dst);
+}
+
+/* ---- tests: hostile peers (shm control messages and outbox) -------------------------------- */
+
+enum shm_hostile_case {
+	S_GARBAGE_FIRST, S_BAD_MAGIC, S_WRONG_RAIL, S_FD_ON_HELLO, S_RING_UNSEALED, S_RING_SIZE,
+	S_UNKNOWN_KEY, S_OFFSET_OOB, S_TAIL_JUMP, S_KEY_UNASKED, S_HEAD_UNSENT, S_COUNT,
+};
+
+static void shm_raw_send(int fd, uint8_t type, uint64_t a, uint64_t b, int pass_fd)
+{
+	assert_int_equal(shm_msg_send(fd, &(shm_msg_t){.type = type, .a = a, .b = b}, pass_fd), 0);
+}
+
+static int shm_raw_fd; /* pred_raw_readable: the raw peer's socket */
+static int pred_raw_readable(endpoint_t *ep)
+{
+	(void)ep;
+	struct pollfd pfd = {.fd = shm_raw_fd, .events = POLLIN};
+	return poll(&pfd, 1, 0) == 1;
+}
+
+/* Run our loop until the acceptor answered, then take its message (and fd, if any). */
+static shm_msg_t shm_raw_recv(endpoint_t *ep, int fd, int *fd_p)
+{
+	shm_raw_fd = fd;
+	assert_true(run_until(ep, pred_raw_readable));
+	uint8_t raw[SHM_MSG_SIZE];
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} ctl;
+	struct iovec iov = {raw, sizeof(raw)};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+			    .msg_controllen = sizeof(ctl.buf)};
+	assert_int_equal(recvmsg(fd, &mh, MSG_CMSG_CLOEXEC), (ssize_t)sizeof(raw));
+	shm_msg_t m;
+	assert_int_equal(shm_msg_decode(raw, &m), 0);
+	*fd_p = -1;
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+	if (cm && cm->cmsg_type == SCM_RIGHTS)
+		memcpy(fd_p, CMSG_DATA(cm), sizeof(int));
+	return m;
+}
+
+/* An outbox of `entries` (sealed unless told not to) of `bytes`, mapped at *ring_p. */
+static int shm_raw_ring(uint64_t entries, uint64_t bytes, int seal, shm_ring_t **ring_p)
+{
+	int fd = memfd_create("hostile-outbox", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	assert_true(fd >= 0);
+	assert_int_equal(ftruncate(fd, (off_t)bytes), 0);
+	if (seal)
+		assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+	*ring_p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	assert_true(*ring_p != MAP_FAILED);
+	(void)entries;
+	return fd;
+}
+
+/* A raw peer on the shm control socket: bad messages before, during and after the handshake,
+ * bad outboxes, descriptors naming what is not ours, indices that cannot be true. Each is
+ * dropped (unannounced, or RW_ERR_PROTO after on_connected), our region keeps every byte, and a
+ * well-behaved connection alongside still works. */
+static void test_hostile_shm(void **state)
+{
+	fixture_t *f = *state;
+	endpoint_t *ep = &f->ep;
+	if (strcmp(opt.transport, "shm") != 0 || f->remote)
+		skip();
+	const uint64_t size = 65536, entries = 16;
+	region_buf_t *dst = ep_region(ep, size, 0xaa);
+	assert_non_null(dst);
+	const uint64_t key = dst->region->key;
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int n = snprintf(sa.sun_path + 1, sizeof(sa.sun_path) - 1, "railwave-shm/%s",
+			 ep->listener->addr);
+	const socklen_t salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+	endpoint_t writer;
+	rw_rail_conn_t *good_conn = hostile_good_open(ep, &writer);
+
+	for (int hc = 0; hc < S_COUNT; hc++) {
+		raw_peer_t rp = {.fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)};
+		assert_int_equal(connect(rp.fd, (struct sockaddr *)&sa, salen), 0);
+		ep->connected = ep->errors = 0;
+		ep->last_error = RW_OK;
+		const int announced = hc >= S_UNKNOWN_KEY;
+		shm_ring_t *ring = NULL, *theirs = NULL;
+		uint64_t ring_bytes = shm_ring_bytes(entries), their_bytes = 0;
+		int fd = -1, got_fd = -1;
+		if (hc == S_GARBAGE_FIRST) {
+			assert_int_equal(send(rp.fd, "garbage", 7, MSG_NOSIGNAL), 7);
+		} else if (hc == S_BAD_MAGIC) {
+			uint8_t raw[SHM_MSG_SIZE];
+			shm_msg_encode(&(shm_msg_t){.type = SHM_HELLO, .b = opt.rail}, raw);
+			raw[0] ^= 0xff;
+			assert_int_equal(send(rp.fd, raw, sizeof(raw), MSG_NOSIGNAL), (ssize_t)sizeof(raw));
+		} else if (hc == S_FD_ON_HELLO) {
+			shm_raw_send(rp.fd, SHM_HELLO, 99, opt.rail, STDIN_FILENO);
+		} else {
+			shm_raw_send(rp.fd, SHM_HELLO, 99, hc == S_WRONG_RAIL ? opt.rail + 1 : opt.rail, -1);
+		}
+		if (hc >= S_RING_UNSEALED) {
+			shm_msg_t m = shm_raw_recv(ep, rp.fd, &got_fd);
+			assert_int_equal(m.type, SHM_HELLO_ACK);
+			fd = shm_raw_ring(entries, hc == S_RING_SIZE ? ring_bytes - 64 : ring_bytes,
+					  hc != S_RING_UNSEALED, &ring);
+			if (hc == S_RING_SIZE)
+				ring_bytes -= 64;
+			shm_raw_send(rp.fd, SHM_RING, entries, 0, fd);
+		}
+		if (announced) {
+			shm_msg_t m = shm_raw_recv(ep, rp.fd, &got_fd);
+			assert_int_equal(m.type, SHM_RING);
+			assert_true(got_fd >= 0);
+			their_bytes = shm_ring_bytes(m.a);
+			theirs = mmap(NULL, their_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, got_fd, 0);
+			assert_true(theirs != MAP_FAILED);
+			assert_true(run_until(ep, pred_connected));
+			shm_entry_t e = {.key = key, .offset = 0, .length = 16};
+			if (hc == S_UNKNOWN_KEY)
+				e.key ^= 0x100000000ull;
+			if (hc == S_OFFSET_OOB)
+				e.offset = size - 8;
+			ring->entries[0] = e;
+			if (hc == S_UNKNOWN_KEY || hc == S_OFFSET_OOB || hc == S_TAIL_JUMP) {
+				atomic_store(&ring->tail, hc == S_TAIL_JUMP ? entries + 5 : 1);
+				shm_raw_send(rp.fd, SHM_TAIL, 0, 0, -1);
+			} else if (hc == S_KEY_UNASKED) {
+				shm_raw_send(rp.fd, SHM_KEY, key, size, fd);
+			} else {
+				atomic_store(&theirs->head, 3); /* it published nothing */
+				shm_raw_send(rp.fd, SHM_HEAD, 0, 0, -1);
+			}
+		}
+		hostile_wait_drop(ep, &rp, announced ? RW_ERR_PROTO : RW_OK);
+		for (uint64_t i = 0; i < size; i++)
+			if (dst->mem[i] != 0xaa)
+				fail_msg("case %d: byte %llu changed", hc, (unsigned long long)i);
+		if (ring)
+			munmap(ring, ring_bytes);
+		if (theirs)
+			munmap(theirs, their_bytes);
+		if (fd >= 0)
+			close(fd);
+		if (got_fd >= 0)
+			close(got_fd);
+	}
+	hostile_good_check(ep, &writer, good_conn, dst);
 }
 
 /* ---- main --------------------------------------------------------------------------------- */
@@ -1968,7 +2136,7 @@ static void test_hostile_headers(void **state)
 static void usage(void)
 {
 	fprintf(stderr,
-		"usage: rail_conformance [--transport=tcp|verbs] [--rail=R]\n"
+		"usage: rail_conformance [--transport=tcp|shm|verbs] [--rail=R]\n"
 		"  one machine (default): --local=127.0.R.1, responder thread on 127.0.R.2\n"
 		"    (--peer-local=ADDR), killable responder/writer child on 127.0.R.3\n"
 		"    (--child-local=ADDR); all three may be one address\n"
@@ -2095,6 +2263,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_teardown(test_paced_close_in_flight, test_teardown),
 		cmocka_unit_test_teardown(test_connect_refused, test_teardown),
 		cmocka_unit_test_teardown(test_hostile_headers, test_teardown),
+		cmocka_unit_test_teardown(test_hostile_shm, test_teardown),
 	};
 	struct CMUnitTest chosen[RW_ARRAY_SIZE(tests)];
 	size_t n_chosen = 0;
