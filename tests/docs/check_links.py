@@ -64,16 +64,17 @@ def is_text(path):
 
 
 def sections(path, cache={}):
-    """Lower-cased headings and bold paragraph labels ("**Sockets.** ...") of a Markdown file."""
+    """Headings and bold paragraph labels ("**Sockets.** ...") of a Markdown file, lower-cased,
+    backquotes dropped."""
     if path not in cache:
         names = []
         with open(path, encoding="utf-8", errors="replace") as fh:
             for line in fh:
                 if line.startswith("#"):
-                    names.append(line.lstrip("#").strip().lower())
+                    names.append(line.lstrip("#").strip().lower().replace("`", ""))
                 m = re.match(r"\s*(?:[*-] )?\*\*([^*]+)\*\*", line)
                 if m:
-                    names.append(m.group(1).strip().lower())
+                    names.append(m.group(1).strip().lower().replace("`", ""))
         cache[path] = names
     return cache[path]
 
@@ -90,6 +91,7 @@ def numbered(path, cache={}):
 def section_ok(path, name):
     """A heading or label that starts with the name; "A: B" names heading A, then heading B."""
     names = sections(path)
+    name = name.replace("`", "")
     parts = [name.lower()] if any(n.startswith(name.lower()) for n in names) else \
         [x.strip().lower() for x in name.split(":")]
     return all(any(n.startswith(x) for n in names) for x in parts)
