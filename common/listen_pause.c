@@ -46,3 +46,11 @@ void rw_listen_pause_stop(rw_listen_pause_t *lp)
 	if (lp->loop)
 		ev_timer_stop(lp->loop, &lp->timer);
 }
+
+int rw_listen_member(const uint32_t *members, uint32_t n_members, uint32_t src)
+{
+	for (uint32_t i = 0; src != 0 && i < n_members; i++)
+		if (members[i] == src)
+			return 1;
+	return 0;
+}

@@ -30,4 +30,11 @@ int rw_listen_pause_on(rw_listen_pause_t *lp, int err);
 /* Stop the timer (the listener is going away). */
 void rw_listen_pause_stop(rw_listen_pause_t *lp);
 
+/* Waiting room at accept (docs/security.md "Peer authentication"): a connection that has not
+ * proven itself yet waits in a budget. Strangers share one; a connection whose source is one of
+ * `members` (IPv4, network order: the cluster file's addresses of the nodes that dial this
+ * listener) waits in that address's own, which strangers cannot fill. 1: src is a member's
+ * address (0.0.0.0 never is). */
+int rw_listen_member(const uint32_t *members, uint32_t n_members, uint32_t src);
+
 #endif /* RW_COMMON_LISTEN_PAUSE_H */

@@ -69,6 +69,11 @@ typedef struct rw_rail_config {
 	uint64_t pace_bps;      /* transmit rate of the device in bits/s, shared by all its
 	                         * connections like a NIC's line rate; 0 = unpaced. tcp and shm
 	                         * (emulate a NIC of that speed); verbs logs and ignores it */
+	const uint32_t *members; /* tcp: IPv4 addresses (network order) the cluster's other nodes
+	                         * dial this rail from; their connections wait for the handshake
+	                         * in a budget of their own that strangers cannot fill (copied
+	                         * at open; NULL: none). Others ignore it */
+	uint32_t n_members;
 } rw_rail_config_t;
 
 #define RW_RAIL_CAP_DMABUF (1u << 0)        /* reg_dmabuf can succeed on this device */

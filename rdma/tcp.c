@@ -25,6 +25,7 @@
 /* Accepted connections whose HELLO has not been taken yet, per device: strangers get this many
  * (a struct each, no queue) for TCP_HANDSHAKE_TIMEOUT_S; more are closed at once. */
 #define TCP_PENDING_MAX 64
+#define TCP_MEMBER_WAIT_MAX 4 /* waiting connections per member address (their own budget) */
 #define TCP_NEWS_BUDGET 64 /* connections served per loop wake-up before other watchers run */
 #define TCP_REFUSED_LOG_NS 1000000000ull /* refused handshakes: one log line per second at most */
 /* Bucket depth: the larger of 64 KiB and 2 ms at the rate; a sender's turn starts once half
@@ -78,7 +79,7 @@ static void conn_unpend(tcp_conn_t *c)
 {
 	if (c->pending) {
 		c->pending = 0;
-		c->dev->n_pending--;
+		c->dev->n_pending -= !c->member_src;
 	}
 }
 
@@ -465,6 +466,26 @@ static void news_cb(struct ev_loop *loop, ev_async *w, int revents)
 
 /* ---- listener --------------------------------------------------------------------------- */
 
+/* Room for one more waiting connection from a member's address: when TCP_MEMBER_WAIT_MAX from
+ * it wait already, the oldest gives way (a restarted node's new dial beats its stale ones). */
+static void member_make_room(tcp_dev_t *dev, uint32_t src)
+{
+	tcp_conn_t *oldest = NULL;
+	uint32_t n = 0;
+	for (tcp_conn_t *c = dev->conns; c; c = c->next)
+		if (c->pending && c->member_src && c->src == src) {
+			oldest = c; /* the list is newest first */
+			n++;
+		}
+	if (n >= TCP_MEMBER_WAIT_MAX) {
+		log_refused(oldest, "gave way to a newer connection from the same address");
+		conn_destroy(oldest); /* unannounced, not inside its own callback: freed now */
+	}
+}
+
+/* Strangers get a bounded budget (TCP_PENDING_MAX waiting for their HELLO; the rest are closed
+ * at accept). A connection from a member's address (rw_rail_config_t.members) waits in that
+ * address's own budget, so strangers that keep theirs full cannot keep a node's rail out. */
 static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
 	(void)revents;
@@ -480,7 +501,10 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 				rw_err("rail %u: accept on %s: %m", dev->base.rail, l->base.addr);
 			return;
 		}
-		if (dev->n_pending >= TCP_PENDING_MAX) { /* strangers get a bounded budget */
+		int member = rw_listen_member(dev->members, dev->n_members, sa.sin_addr.s_addr);
+		if (member) {
+			member_make_room(dev, sa.sin_addr.s_addr);
+		} else if (dev->n_pending >= TCP_PENDING_MAX) {
 			close(fd);
 			continue;
 		}
@@ -493,7 +517,9 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 		}
 		c->base.accepted = 1;
 		c->pending = 1;
-		dev->n_pending++;
+		c->member_src = member;
+		c->src = sa.sin_addr.s_addr;
+		dev->n_pending += !member;
 		fmt_sa(&sa, c->base.peer, sizeof(c->base.peer));
 		c->hs = HS_WAIT_HELLO;
 		ev_io_start(loop, &c->rio);
@@ -763,6 +789,15 @@ static rw_status_t tcp_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loo
 		st = saved == EADDRNOTAVAIL ? RW_ERR_NOTFOUND : RW_ERR_SYS;
 		goto free_dev;
 	}
+	if (cfg->n_members) {
+		dev->members = malloc(cfg->n_members * sizeof(*dev->members));
+		if (!dev->members) {
+			st = RW_ERR_NOMEM;
+			goto free_dev;
+		}
+		memcpy(dev->members, cfg->members, cfg->n_members * sizeof(*dev->members));
+		dev->n_members = cfg->n_members;
+	}
 	if (getrandom(&dev->key_salt, sizeof(dev->key_salt), GRND_NONBLOCK) != sizeof(dev->key_salt))
 		dev->key_salt = (uint32_t)(rw_now_ns() ^ (uint64_t)getpid() << 16);
 	if (cfg->pace_bps) {
@@ -809,6 +844,7 @@ static void tcp_dev_close(rw_rail_dev_t *base)
 	for (size_t i = 0; i < dev->nregions; i++)
 		free(dev->regions[i]);
 	free(dev->regions);
+	free(dev->members);
 	pthread_cond_destroy(&dev->pace_cv);
 	pthread_mutex_destroy(&dev->pace_mu);
 	pthread_mutex_destroy(&dev->mu);

@@ -37,7 +37,9 @@ typedef struct tcp_dev {
 	tcp_conn_t *conns;          /* every connection not yet freed (loop thread only) */
 	tcp_listener_t *listeners;
 	unsigned n_threaded;        /* connections whose threads run: they keep the loop alive */
-	uint32_t n_pending;         /* accepted, HELLO not taken yet (TCP_PENDING_MAX) */
+	uint32_t n_pending;         /* strangers' accepted, HELLO not taken yet (TCP_PENDING_MAX) */
+	uint32_t *members;          /* rw_rail_config_t.members (a copy) */
+	uint32_t n_members;
 	uint64_t refused, refused_logged_ns; /* refused handshakes since the last log line */
 
 	/* Registered regions: written by the loop, searched by receiver threads (reg_mu). */
@@ -112,7 +114,9 @@ struct tcp_conn {
 	int user_known;          /* the user holds this conn (connector, or accept announced) */
 	int cb_depth;            /* > 0 while inside one of our ev callbacks */
 	int want_writable;       /* rw_rail_write() said AGAIN: on_writable() owed */
-	int pending;             /* counted in dev->n_pending */
+	int pending;             /* accepted, HELLO not taken yet */
+	int member_src;          /* accepted from a member's address: not in dev->n_pending */
+	uint32_t src;            /* accepted: the source IPv4 address (network order) */
 	int threads;             /* sender and receiver started (joined by tcp_io_stop) */
 	pthread_t sender, receiver;
 	uint64_t tx_acked;       /* on_write_done reported */

@@ -46,7 +46,8 @@ void mesh_unknown_remove(rw_svc_mesh_t *m, mesh_ctl_t *c)
 		if (*pp == c) {
 			*pp = c->next;
 			c->next = NULL;
-			m->n_unknown--;
+			if (!c->member_src)
+				m->n_unknown--;
 			return;
 		}
 }

@@ -22,7 +22,8 @@
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 2000
 #define CTL_TX_MAX (64u << 20) /* a peer that lets this much control data pile up is dropped */
-#define UNKNOWN_MAX 64         /* control connections that have not authenticated yet */
+#define UNKNOWN_MAX 64         /* strangers' control connections that have not authenticated yet */
+#define MEMBER_WAIT_MAX 4      /* per configured node address: its own budget, beside the strangers' */
 #define MESH_KEY_SIZE 32       /* cluster key and session key: crypto_auth keys */
 
 typedef struct mesh_wq {
@@ -55,6 +56,9 @@ typedef struct mesh_ctl {
 	int fd;
 	int connecting;               /* outgoing connect() in progress */
 	int peer;                     /* -1 until it has proven the key (accepted connections) */
+	uint32_t src;                 /* accepted: the source IPv4 address (network order) */
+	int member_src;               /* accepted from a configured node's control address: it waits
+	                               * in that address's budget (MEMBER_WAIT_MAX), not the strangers' */
 	ev_io io;
 	uint64_t opened_ns;
 	uint8_t hdr[RW_WIRE_HDR_SIZE];
@@ -133,14 +137,15 @@ struct rw_svc_mesh {
 	int listen_fd;
 	ev_io listen_io;
 	rw_listen_pause_t listen_pause; /* rests the listener when descriptors run out */
-	uint32_t n_unknown;           /* accepted control connections before HELLO */
+	uint32_t n_unknown;           /* strangers' accepted control connections before the proof */
+	uint32_t *ctl_members;        /* [me]: the control addresses of the nodes that dial us */
 	ev_timer hb_timer;
 	ev_timer fail_timer;          /* runs the peers' deferred failures (peer_fail_soon) */
 	rw_status_t (*dial)(struct mesh_rail *mr); /* mesh.c's mesh_rail_dial, for mesh_rail.c's redials */
 	rw_svc_rail_fault_t fault;    /* test switch RAILWAVE_TEST_RAIL_DOWN */
 	ev_timer fault_timer;
 	mesh_peer_t *peer;            /* [nodes] */
-	mesh_ctl_t *unknown;          /* accepted control connections before HELLO */
+	mesh_ctl_t *unknown;          /* accepted control connections before the proof, newest first */
 };
 
 typedef void (*mesh_io_cb_t)(struct ev_loop *loop, ev_io *w, int revents);

@@ -56,6 +56,14 @@ void mesh_peer_connect(mesh_peer_t *p)
 	}
 	int one = 1;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	/* Leave from our own control address: the peer knows it from the cluster file and keeps
+	 * waiting room for it that strangers cannot fill (mesh_listen_cb). */
+	struct sockaddr_in mine = m->svc->cfg.nodes[m->me].control.sin;
+	mine.sin_port = 0;
+	if (mine.sin_addr.s_addr != htonl(INADDR_ANY) &&
+	    bind(fd, (const struct sockaddr *)&mine, sizeof(mine)) < 0)
+		rw_dbg("peer=%s: bind %s: %m (connecting from any address)", mesh_peer_name(m, p->idx),
+		       m->svc->cfg.nodes[m->me].control.text);
 	if (connect(fd, (const struct sockaddr *)&ep->sin, sizeof(ep->sin)) < 0 &&
 	    errno != EINPROGRESS) {
 		rw_dbg("peer=%s: connect %s:%u: %m", mesh_peer_name(m, p->idx), ep->text, ep->port);
@@ -408,20 +416,45 @@ static void ctl_io_cb(struct ev_loop *loop, ev_io *w, int revents)
 		ctl_read(c);
 }
 
+/* Room for one more connection from a member's address: when MEMBER_WAIT_MAX from it already
+ * wait, the oldest gives way (a restarted node's new dial beats its own stale ones). */
+static void member_make_room(rw_svc_mesh_t *m, uint32_t src)
+{
+	mesh_ctl_t *oldest = NULL;
+	uint32_t n = 0;
+	for (mesh_ctl_t *c = m->unknown; c; c = c->next)
+		if (c->member_src && c->src == src) {
+			oldest = c; /* the list is newest first */
+			n++;
+		}
+	if (n >= MEMBER_WAIT_MAX)
+		ctl_refuse(oldest, "gave way to a newer connection from the same node address");
+}
+
+/* Strangers get a bounded budget (UNKNOWN_MAX waiting; the rest are closed at accept). A
+ * connection from a configured node's control address waits in that address's own budget, so
+ * a stranger that keeps the strangers' budget full cannot keep a restarted node out
+ * (docs/security.md). Only the proof admits either. */
 void mesh_listen_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
 	(void)loop;
 	(void)revents;
 	rw_svc_mesh_t *m = w->data;
 	for (;;) {
-		int fd = accept4(m->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		struct sockaddr_in sa;
+		socklen_t salen = sizeof(sa);
+		int fd = accept4(m->listen_fd, (struct sockaddr *)&sa, &salen,
+				 SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0) {
 			if (!rw_listen_pause_on(&m->listen_pause, errno) && errno != EAGAIN &&
 			    errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
 				rw_warn("control accept: %m");
 			return;
 		}
-		if (m->n_unknown >= UNKNOWN_MAX) { /* strangers get a bounded budget */
+		int member = rw_listen_member(m->ctl_members, m->me, sa.sin_addr.s_addr);
+		if (member) {
+			member_make_room(m, sa.sin_addr.s_addr);
+		} else if (m->n_unknown >= UNKNOWN_MAX) {
 			close(fd);
 			m->svc->metrics.errors[-RW_ERR_PEER]++;
 			continue;
@@ -433,9 +466,11 @@ void mesh_listen_cb(struct ev_loop *loop, ev_io *w, int revents)
 			close(fd);
 			continue;
 		}
+		c->src = sa.sin_addr.s_addr;
+		c->member_src = member;
 		c->next = m->unknown;
 		m->unknown = c;
-		m->n_unknown++;
+		m->n_unknown += !member;
 		mesh_ctl_update_events(c);
 	}
 }

@@ -31,6 +31,7 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 {
 	const rw_svc_config_t *cfg = &svc->cfg;
 	rw_status_t st = RW_ERR_NOMEM;
+	uint32_t *members = NULL; /* the rail addresses of the nodes that dial us, per rail */
 	rw_svc_mesh_t *m = calloc(1, sizeof(*m));
 	if (!m)
 		return RW_ERR_NOMEM;
@@ -68,8 +69,12 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 			"write into its memory (docs/security.md; railwave keygen makes a key)");
 	}
 	m->peer = calloc(m->nodes, sizeof(*m->peer));
-	if (!m->peer)
+	members = calloc(m->nodes, sizeof(*members));
+	m->ctl_members = calloc(m->nodes, sizeof(*m->ctl_members));
+	if (!m->peer || !members || !m->ctl_members)
 		goto fail;
+	for (uint32_t i = 0; i < m->me; i++)
+		m->ctl_members[i] = cfg->nodes[i].control.sin.sin_addr.s_addr;
 	for (uint32_t i = 0; i < m->nodes; i++) {
 		mesh_peer_t *p = &m->peer[i];
 		p->mesh = m;
@@ -97,9 +102,16 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 			snprintf(local, sizeof(local), "%s:%u", rc->device, rc->device_port);
 		/* pace (tcp only, config.c checks): the rail sends at its configured rate, so a
 		 * loopback cluster behaves like one with NICs of that speed (docs/rdma.md). */
+		/* The lower nodes dial our rails, from their rail addresses: theirs wait in their own
+		 * budget at accept (docs/security.md). */
+		uint32_t n_members = 0;
+		for (uint32_t i = 0; i < m->me; i++)
+			if (cfg->nodes[i].rails[r].has_addr)
+				members[n_members++] = cfg->nodes[i].rails[r].addr.sin.sin_addr.s_addr;
 		rw_rail_config_t rcfg = { .transport = transport, .local = local, .rail = r,
 					  .port = rc->has_addr ? rc->addr.port : 0,
-					  .pace_bps = cfg->pace ? (uint64_t)(rc->rate_gbps * 1e9) : 0 };
+					  .pace_bps = cfg->pace ? (uint64_t)(rc->rate_gbps * 1e9) : 0,
+					  .members = members, .n_members = n_members };
 		st = rw_rail_dev_open(&rcfg, m->loop, &m->dev[r]);
 		if (st != RW_OK) {
 			rw_err("rail=%u: cannot open %s device %s: %s", r, transport, local, rw_status_str(st));
@@ -161,9 +173,11 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 		mesh_peer_connect(&m->peer[i]);
 	rw_info("mesh: node %u of %u, %u rails over %s%s, control %s:%u", m->me, m->nodes, m->rails,
 		transport, cfg->pace ? " (paced at each rail's rate_gbps)" : "", ep->text, ep->port);
+	free(members);
 	*mesh_p = m;
 	return RW_OK;
 fail:
+	free(members);
 	rw_svc_mesh_destroy(m);
 	return st;
 }
@@ -199,7 +213,7 @@ void rw_svc_mesh_destroy(rw_svc_mesh_t *m)
 	while (m->unknown) {
 		mesh_ctl_t *c = m->unknown;
 		m->unknown = c->next;
-		m->n_unknown--;
+		m->n_unknown -= !c->member_src;
 		mesh_ctl_free(c);
 	}
 	ev_timer_stop(m->loop, &m->hb_timer);
@@ -224,6 +238,7 @@ void rw_svc_mesh_destroy(rw_svc_mesh_t *m)
 			munmap(m->mem[r], m->area_bytes);
 	}
 	free(m->peer);
+	free(m->ctl_members);
 	mesh_auth_wipe(m->key, sizeof(m->key));
 	free(m);
 }
