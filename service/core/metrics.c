@@ -1,8 +1,8 @@
-/* railwaved metrics: the live counters the loop thread updates (inline helpers in svc.h), the
- * snapshot handed to other threads, latency percentiles, and the Prometheus text rendering.
- * Threading contract (svc.h "Metrics"): one writer (the loop) on the live copy with plain
- * stores; readers on other threads only ever see published snapshots, copied under a mutex
- * that is held for one memcpy on each side. */
+/* railwaved metrics: the live counters the loop thread updates (inline helpers in
+ * svc_metrics.h), the snapshot handed to other threads, latency percentiles, and the Prometheus
+ * text rendering. Threading contract (svc_metrics.h): one writer (the loop) on the live copy
+ * with plain stores; readers on other threads only ever see published snapshots, copied under
+ * a mutex that is held for one memcpy on each side. */
 #include "service/core/svc.h"
 
 #include "config.h"

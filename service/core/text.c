@@ -1,6 +1,6 @@
-/* railwaved's text helpers (svc.h): the growable buffer every text reply is built in, and the
- * names of peer states, phase kinds and error statuses that logs, the stats socket and the
- * metrics share. A leaf: it calls nothing else in service/. */
+/* railwaved's text helpers (svc_metrics.h): the growable buffer every text reply is built in,
+ * and the names of peer states, phase kinds and error statuses that logs, the stats socket and
+ * the metrics share. A leaf: it calls nothing else in service/. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>

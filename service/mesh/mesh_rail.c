@@ -27,7 +27,7 @@ void mesh_busy_end(rw_svc_mesh_t *m, uint32_t rail)
 		m->svc->metrics.rail[rail].tx_busy_ns += rw_now_ns() - m->busy_since[rail];
 }
 
-/* Copy the transport's counters of rail's device into the metrics (svc.h). */
+/* Copy the transport's counters of rail's device into the metrics (core/svc_metrics.h). */
 void mesh_rail_dev_sample(rw_svc_mesh_t *m, uint32_t rail)
 {
 	const rw_rail_dev_t *dev = m->dev[rail];
