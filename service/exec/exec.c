@@ -1,8 +1,9 @@
 /* The phase executor's state machine (docs/dataflow.md "Phase executor"): one pair per group
- * moves GATHER_D -> [WAIT_SLOT ->] EXCHANGE -> RUN_D -> WAIT_C -> RUN_C -> CLOSED, and any
- * stage can fail to CLOSED. Events come from the adapters (exec_ipc.c, exec_mesh.c), the mover's
- * reports and the timers; the leaves do the work and return a status; only this file changes a
- * pair's stage or fails it. A closed pair's memory is freed at once, but its struct lives until
+ * moves GATHER_D -> COUNT_* -> [WAIT_SLOT ->] EXCHANGE -> RUN_D -> FLUSH_D -> WAIT_C -> RUN_C ->
+ * FLUSH_C -> CLOSED, and any stage can fail to CLOSED (exec_stage.c checks every change). Events
+ * come from the adapters (exec_ipc.c, exec_mesh.c), the mover's reports and the timers; the
+ * leaves do the work and return a status; only this file changes a pair's stage or fails it.
+ * A closed pair's memory is freed at once, but its struct lives until
  * its last rail write has reported, and is freed by the reaper (an ev_prepare watcher) — never
  * inside a callback chain that may still hold it. Everything runs on the loop thread. */
 #include <stdlib.h>
@@ -14,7 +15,7 @@ static void pair_try_decide(exec_pair_t *p);
 static void pair_check_done(exec_pair_t *p);
 static void pair_exchange(exec_pair_t *p);
 static void pair_counted(exec_pair_t *p);
-static int subs_ready(const exec_pair_t *p, int kind);
+static int subs_ready(const exec_pair_t *p, rw_svc_phase_kind_t kind);
 
 /* ---- lifetime ------------------------------------------------------------------------------ */
 
@@ -47,7 +48,7 @@ static void pair_close(exec_pair_t *p, int clean)
 	exec_t *x = p->x;
 	if (!exec_open(p))
 		return;
-	p->stage = ST_CLOSED;
+	exec_stage_move(p, ST_CLOSED);
 	ev_timer_stop(x->svc->loop, &p->timer);
 	ev_timer_stop(x->svc->loop, &p->pace);
 	slot_release(p, clean);
@@ -77,43 +78,33 @@ static void reaper_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 }
 
 /* Act on the pair's recorded failure: every local rank with a submission of the running kind
- * gets its error (what failed, in its message), the key becomes a tomb, the peers are told, and a
- * peer that sent bad data is dropped — in that order, after the pair is closed, so whatever
- * those calls trigger finds it closed. */
+ * gets its error (what failed, in its message), the pair is closed, and then its key is ended
+ * (tomb, ended attempts, the peers told) and a peer that sent bad data is dropped — after the
+ * close, so whatever those calls trigger finds the pair closed. */
 static void pair_failed(exec_pair_t *p)
 {
 	exec_t *x = p->x;
 	if (!exec_open(p))
 		return;
 	const exec_error_t e = p->err;
-	const int kind = exec_kind(p);
+	const rw_svc_phase_kind_t kind = exec_kind(p);
 	const rw_wire_key_t key = p->key;
 	const uint32_t epoch = p->xchg.params.epoch ? p->xchg.params.epoch : exec_epoch_new(p->serial);
-	const uint32_t cause_node = e.cause_id ? e.cause_node : x->me;
-	const uint32_t cause_id = e.cause_id ? e.cause_id : epoch;
+	char group[RW_GROUP_NAME_MAX]; /* copied: the close lets go of the group */
+	snprintf(group, sizeof(group), "%s", p->g ? p->g->name : "?");
 	if (p->mv_state) /* nothing may touch a rank's memory once it has its error */
 		p->mv->quiesce(p->mv_mover, p->mv_state);
-	rw_warn("group %s layer %u step %llu: %s failed (%s): %s", p->g ? p->g->name : "?",
-		key.layer, (unsigned long long)key.step, rw_svc_kind_name(kind), rw_status_str(e.st),
-		e.msg);
+	rw_warn("group %s layer %u step %llu: %s failed (%s): %s", group, key.layer,
+		(unsigned long long)key.step, rw_svc_kind_name(kind), rw_status_str(e.st), e.msg);
 	rw_svc_metrics_error(&x->svc->metrics, e.st);
 	rw_svc_metrics_phase(&x->svc->metrics, p->plan.have_layout ? p->plan.path : RW_PATH_JOINT,
-			     (rw_svc_phase_kind_t)kind, 0, 0);
-	/* Each peer is told which of its attempts failed: the epoch of its row we took, or of its
-	 * row waiting here for this pair (the tomb below drops it) — so it can tell this failure
-	 * from one of a retry it has started since ("Failures" 5; two nodes that time out together,
-	 * one still gathering its ranks, each report their own). */
-	uint32_t *dst_epoch = e.tell ? calloc(x->nodes, sizeof(uint32_t)) : NULL;
-	for (uint32_t n = 0; n < x->nodes; n++) {
-		uint32_t ep = p->xchg.have_row && p->xchg.have_row[n] ? p->xchg.peer_params[n].epoch :
-			      p->g && kind == RW_MV_DISPATCH ? exec_row_epoch(x, p->g->name, &key, n) : 0;
-		if (n == x->me || !ep)
-			continue;
-		exec_ended_add(x, &key, n, ep);
-		if (dst_epoch)
-			dst_epoch[n] = ep;
-	}
-	uint32_t answered = 0;
+			     kind, 0, 0);
+	/* The peers' attempts whose rows this pair took (the key's end adds the rows waiting
+	 * here). Copied out: the pair's memory goes with the close. */
+	uint32_t *taken = calloc(x->nodes, sizeof(uint32_t));
+	for (uint32_t n = 0; taken && n < x->nodes; n++)
+		taken[n] = p->xchg.have_row && p->xchg.have_row[n] ? p->xchg.peer_params[n].epoch : 0;
+	uint32_t answered = kind == RW_SVC_DISPATCH ? p->answered : 0;
 	for (uint32_t g = 0; g < x->gpus; g++) {
 		exec_sub_t *s = &p->in[kind].sub[g];
 		if (!s->have)
@@ -122,43 +113,43 @@ static void pair_failed(exec_pair_t *p)
 		s->have = 0;
 		answered |= 1u << g;
 	}
+	EXEC_TRACE(p, exec_trace_end_(p, kind, e.st));
+	pair_close(p, 0);
 	/* Ranks of this phase that come later get its error at once (a dispatch retry of the key
 	 * by an answered rank starts afresh). */
-	exec_tomb_add(x, p->g ? p->g->name : NULL, &key, kind,
-		      answered | (kind == RW_MV_DISPATCH ? p->answered : 0), e.msg);
-	EXEC_TRACE(p, exec_trace_end_(p, kind, e.st));
-	exec_ended_add(x, &key, cause_node, cause_id); /* it may reach us again, passed on */
-	pair_close(p, 0);
-	if (e.tell)
-		exec_tell_peers(x, &(exec_failure_t){ .key = &key, .kind = kind, .st = e.st,
-						     .msg = e.msg, .epoch = epoch,
-						     .cause_node = cause_node, .cause_id = cause_id,
-						     .dst_epoch = dst_epoch });
-	free(dst_epoch);
+	exec_key_end(x, &(exec_key_end_t){ .group = group, .key = &key, .kind = kind, .st = e.st,
+					   .msg = e.msg, .answered = answered, .epoch = epoch,
+					   .cause_node = e.cause_id ? e.cause_node : x->me,
+					   .cause_id = e.cause_id ? e.cause_id : epoch,
+					   .taken = taken, .tell = e.tell });
+	free(taken);
 	if (e.blame_peer)
 		rw_svc_mesh_fail_peer(x->mesh, (uint32_t)e.blame_peer - 1, RW_ERR_PROTO, e.msg);
 }
 
-void exec_pair_fail(exec_pair_t *p, rw_status_t st, int remote, int tell, const char *fmt, ...)
+void exec_pair_fail(exec_pair_t *p, rw_status_t st, const char *fmt, ...)
 {
 	if (!exec_open(p))
 		return;
-	if (p->err.st == RW_OK) {
-		va_list ap;
-		va_start(ap, fmt);
-		exec_err_v(p, st, tell, fmt, ap);
-		va_end(ap);
-		p->err.remote = remote;
-	}
+	va_list ap;
+	va_start(ap, fmt);
+	exec_err_v(p, st, EXEC_TELL_PEERS, fmt, ap);
+	va_end(ap);
 	pair_failed(p);
 }
 
-void exec_pair_fail_peer(exec_pair_t *p, const rw_wire_phase_err_t *e, int tell, const char *msg)
+void exec_pair_fail_peer(exec_pair_t *p, const rw_wire_phase_err_t *e, const char *msg)
 {
 	if (!exec_open(p))
 		return;
+	/* Relayed: our pair took part in the failed attempt (it had that row), so every peer hears
+	 * which of its attempts ended. First-hand: our count row of it may still be on its way to a
+	 * node that has already moved on to a retry of the key: tell everyone it is dead (relay);
+	 * before our row went out there is nothing to tell. */
+	const int row_out = p->stage == ST_EXCHANGE || p->stage == ST_RUN_D || p->stage == ST_FLUSH_D;
 	if (p->err.st == RW_OK) {
-		exec_err(p, (rw_status_t)e->status, tell, "%s", msg);
+		exec_err_tell(p, (rw_status_t)e->status, e->relay ? EXEC_TELL_PEERS : row_out ?
+			      EXEC_TELL_RELAY : EXEC_TELL_NONE, "%s", msg);
 		p->err.remote = 1;
 		p->err.cause_node = e->cause_node;
 		p->err.cause_id = e->cause_id;
@@ -170,7 +161,8 @@ void exec_pair_abandon(exec_pair_t *p) { pair_close(p, 1); }
 
 /* ---- timers ----------------------------------------------------------------------------------- */
 
-static void list_missing_ranks(const exec_pair_t *p, int kind, char *buf, size_t len)
+static void list_missing_ranks(const exec_pair_t *p, rw_svc_phase_kind_t kind, char *buf,
+			       size_t len)
 {
 	const exec_t *x = p->x;
 	size_t used = 0;
@@ -188,7 +180,7 @@ static void describe_wait(const exec_pair_t *p, char *buf, size_t len)
 {
 	const exec_t *x = p->x;
 	char who[96];
-	int kind = exec_kind(p);
+	const rw_svc_phase_kind_t kind = exec_kind(p);
 	switch (p->stage) {
 	case ST_GATHER_D:
 	case ST_WAIT_C:
@@ -196,12 +188,17 @@ static void describe_wait(const exec_pair_t *p, char *buf, size_t len)
 		snprintf(buf, len, "local ranks %s (their %s submission or its staging)", who,
 			 rw_svc_kind_name(kind));
 		return;
-	case ST_COUNT:
+	case ST_COUNT_HOST:
+	case ST_COUNT_MOVER:
 	case ST_EXCHANGE:
 		exec_plan_waiting(p, buf, len);
 		return;
 	case ST_WAIT_SLOT:
 		snprintf(buf, len, "a free receive slot (other groups' pairs hold both)");
+		return;
+	case ST_FLUSH_D:
+	case ST_FLUSH_C:
+		snprintf(buf, len, "%u copies of the outputs into the ranks' GPU memory", p->out.pending);
 		return;
 	default:
 		break;
@@ -218,8 +215,6 @@ static void describe_wait(const exec_pair_t *p, char *buf, size_t len)
 	} else if (p->recv[kind].ranges_left) {
 		exec_recv_waiting(p, kind, who, sizeof(who));
 		snprintf(buf, len, "data from %s", who);
-	} else if (p->out.flushing) {
-		snprintf(buf, len, "%u copies of the outputs into the ranks' GPU memory", p->out.pending);
 	} else {
 		snprintf(buf, len, "this node's local work");
 	}
@@ -231,7 +226,7 @@ static void timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	exec_pair_t *p = w->data;
 	char what[192];
 	describe_wait(p, what, sizeof(what));
-	exec_pair_fail(p, RW_ERR_TIMEOUT, 0, 1, "timed out after %u ms waiting for %s",
+	exec_pair_fail(p, RW_ERR_TIMEOUT, "timed out after %u ms waiting for %s",
 		       p->x->svc->cfg.phase_timeout_ms, what);
 }
 
@@ -244,7 +239,7 @@ static void pair_arm_timer(exec_pair_t *p)
 
 /* ---- sending and local work ----------------------------------------------------------------- */
 
-static void local_start(exec_pair_t *p, int kind)
+static void local_start(exec_pair_t *p, rw_svc_phase_kind_t kind)
 {
 	if (p->local.state[kind] != LOCAL_IDLE)
 		return;
@@ -282,7 +277,7 @@ static void pace_cb(struct ev_loop *loop, ev_timer *w, int revents)
 }
 
 /* Run one kind: bytes that came before are checked first, then the first wave is posted. */
-static void pair_run(exec_pair_t *p, int kind)
+static void pair_run(exec_pair_t *p, rw_svc_phase_kind_t kind)
 {
 	EXEC_TRACE(p, exec_trace_mark_(p, kind, EXEC_TRACE_RUN));
 	exec_send_begin(p, kind);
@@ -294,15 +289,15 @@ static void pair_run(exec_pair_t *p, int kind)
 /* The host count pass runs in idle slices (no mover count, or the mover declined). */
 static int host_counting(const exec_pair_t *p)
 {
-	return p->stage == ST_COUNT && p->plan.count_src == EXEC_COUNT_HOST && !p->plan.counted;
+	return p->stage == ST_COUNT_HOST;
 }
 
 /* The records pass runs in idle slices once the row is counted and every rank's ids are
  * readable: while the row travels to the peers (WAIT_SLOT, EXCHANGE). */
 static int records_due(const exec_pair_t *p)
 {
-	return (p->stage == ST_WAIT_SLOT || p->stage == ST_EXCHANGE) && p->plan.counted &&
-	       !p->plan.recs_done && subs_ready(p, RW_MV_DISPATCH);
+	return (p->stage == ST_WAIT_SLOT || p->stage == ST_EXCHANGE) && !p->plan.recs_done &&
+	       subs_ready(p, RW_SVC_DISPATCH);
 }
 
 static void local_cb(struct ev_loop *loop, ev_idle *w, int revents)
@@ -321,7 +316,8 @@ static void local_cb(struct ev_loop *loop, ev_idle *w, int revents)
 		return;
 	}
 	p = found;
-	int kind = exec_kind(p), done = 0;
+	const rw_svc_phase_kind_t kind = exec_kind(p);
+	int done = 0;
 	char why[RW_SVC_WHY_MAX];
 	const uint32_t budget = x->hooks.local_slice ? x->hooks.local_slice : EXEC_COUNT_SLICE;
 	if (host_counting(p)) {
@@ -345,7 +341,7 @@ static void local_cb(struct ev_loop *loop, ev_idle *w, int revents)
 				      x->hooks.local_slice ? x->hooks.local_slice : EXEC_LOCAL_SLICE,
 				      &done, why);
 	if (st != RW_OK)
-		return exec_pair_fail(p, st, 0, 1, "%s", why);
+		return exec_pair_fail(p, st, "%s", why);
 	if (!done)
 		return;
 	p->local.state[kind] = LOCAL_DONE;
@@ -359,15 +355,13 @@ static void local_cb(struct ev_loop *loop, ev_idle *w, int revents)
 static void complete(exec_pair_t *p)
 {
 	exec_t *x = p->x;
-	const int kind = exec_kind(p);
+	const rw_svc_phase_kind_t kind = exec_kind(p);
 	for (uint32_t g = 0; g < x->gpus; g++)
-		(kind == RW_MV_COMBINE ? exec_answer_combine : exec_answer_dispatch)(x, p, g);
-	rw_svc_metrics_phase(&x->svc->metrics, p->plan.path, (rw_svc_phase_kind_t)kind, 1,
-			     rw_now_ns() - p->phase_t0);
+		(kind == RW_SVC_COMBINE ? exec_answer_combine : exec_answer_dispatch)(x, p, g);
+	rw_svc_metrics_phase(&x->svc->metrics, p->plan.path, kind, 1, rw_now_ns() - p->phase_t0);
 	EXEC_TRACE(p, exec_trace_end_(p, kind, RW_OK));
-	if (kind == RW_MV_DISPATCH && !x->svc->draining) {
-		p->stage = ST_WAIT_C;
-		p->out.flushing = 0;
+	if (kind == RW_SVC_DISPATCH && !x->svc->draining) {
+		exec_stage_move(p, ST_WAIT_C);
 		ev_timer_stop(x->svc->loop, &p->timer);
 		return;
 	}
@@ -378,18 +372,18 @@ static void complete(exec_pair_t *p)
  * the ranks' outputs (maybe asynchronously), then the ranks are answered. */
 static void pair_check_done(exec_pair_t *p)
 {
-	int kind = exec_kind(p);
+	const rw_svc_phase_kind_t kind = exec_kind(p);
 	if ((p->stage != ST_RUN_D && p->stage != ST_RUN_C) || p->send.state != SEND_DONE ||
-	    p->out.flushing || p->local.state[kind] != LOCAL_DONE || p->recv[kind].ranges_left)
+	    p->local.state[kind] != LOCAL_DONE || p->recv[kind].ranges_left)
 		return;
 	PTRACE(p, "%s", "all data here, flush");
-	p->out.flushing = 1;
+	exec_stage_move(p, kind == RW_SVC_DISPATCH ? ST_FLUSH_D : ST_FLUSH_C);
 	char why[RW_SVC_WHY_MAX];
 	uint32_t pending = 0;
 	rw_status_t st = p->mv->finish(p->mv_mover, p->mv_state, &p->ph, kind, &pending, why);
 	p->out.pending = pending;
 	if (st != RW_OK)
-		return exec_pair_fail(p, st, 0, 1, "%s", why);
+		return exec_pair_fail(p, st, "%s", why);
 	if (pending == 0)
 		complete(p);
 }
@@ -412,12 +406,13 @@ static void pair_exchange(exec_pair_t *p)
 	exec_t *x = p->x;
 	int slot = slot_take(x);
 	if (slot < 0) {
-		p->stage = ST_WAIT_SLOT; /* the tick retries */
+		if (p->stage != ST_WAIT_SLOT)
+			exec_stage_move(p, ST_WAIT_SLOT); /* the tick retries */
 		return;
 	}
 	p->xchg.slot = slot;
 	exec_areas_set(p, slot);
-	p->stage = ST_EXCHANGE;
+	exec_stage_move(p, ST_EXCHANGE);
 	if (exec_plan_send_row(p) != RW_OK)
 		return pair_failed(p);
 	exec_rows_take(x, p); /* rows that came early */
@@ -430,8 +425,7 @@ static void pair_exchange(exec_pair_t *p)
 static void pair_gathered(exec_pair_t *p)
 {
 	PTRACE(p, "%s", "gathered");
-	p->stage = ST_COUNT;
-	p->plan.count_src = EXEC_COUNT_HOST;
+	exec_stage_move(p, ST_COUNT_HOST);
 	ev_idle_start(p->x->svc->loop, &p->x->local_idle);
 }
 
@@ -443,7 +437,7 @@ static void pair_counted(exec_pair_t *p)
 	exec_t *x = p->x;
 	if (exec_plan_counted(p) != RW_OK)
 		return pair_failed(p);
-	PTRACE(p, "counted (%s)", p->plan.count_src == EXEC_COUNT_MOVER ? p->mv->name : "host");
+	PTRACE(p, "counted (%s)", p->stage == ST_COUNT_MOVER ? p->mv->name : "host");
 	pair_exchange(p);
 	if (exec_open(p) && records_due(p))
 		ev_idle_start(x->svc->loop, &x->local_idle);
@@ -462,18 +456,15 @@ static void pair_count_mover(exec_pair_t *p)
 				      &pending, &bad, why);
 	if (st == RW_ERR_UNSUPPORTED)
 		return; /* the host counts, once every rank's ids are readable */
-	p->plan.count_src = EXEC_COUNT_MOVER;
-	p->stage = ST_COUNT;
+	exec_stage_move(p, ST_COUNT_MOVER);
 	PTRACE(p, "%s", "gathered, the mover counts");
 	if (st == RW_ERR_SUB_TOKENS) {
 		exec_plan_bad_ids(p, bad);
 		return pair_failed(p);
 	}
 	if (st != RW_OK)
-		return exec_pair_fail(p, st, 0, 1, "%s", why);
-	if (pending)
-		p->plan.count_wait = 1;
-	else
+		return exec_pair_fail(p, st, "%s", why);
+	if (!pending) /* else its RW_MV_OP_COUNTED report follows */
 		pair_counted(p);
 }
 
@@ -484,14 +475,14 @@ static void pair_try_decide(exec_pair_t *p)
 	if (exec_plan_decide(p) != RW_OK)
 		return pair_failed(p);
 	EXEC_TRACE(p, exec_trace_decided_(p));
-	exec_recv_begin(p, RW_MV_DISPATCH);
-	exec_recv_begin(p, RW_MV_COMBINE);
-	p->stage = ST_RUN_D;
+	exec_recv_begin(p, RW_SVC_DISPATCH);
+	exec_recv_begin(p, RW_SVC_COMBINE);
+	exec_stage_move(p, ST_RUN_D);
 	PTRACE(p, "decided %s", rw_sched_path_name(p->plan.path));
-	pair_run(p, RW_MV_DISPATCH);
+	pair_run(p, RW_SVC_DISPATCH);
 }
 
-static int subs_ready(const exec_pair_t *p, int kind)
+static int subs_ready(const exec_pair_t *p, rw_svc_phase_kind_t kind)
 {
 	if (p->in[kind].n_sub < p->x->gpus)
 		return 0;
@@ -502,21 +493,21 @@ static int subs_ready(const exec_pair_t *p, int kind)
 }
 
 /* A kind's inputs may all be in: move on. */
-static void pair_inputs_moved(exec_pair_t *p, int kind)
+static void pair_inputs_moved(exec_pair_t *p, rw_svc_phase_kind_t kind)
 {
 	if (!subs_ready(p, kind))
 		return;
 	EXEC_TRACE(p, exec_trace_mark_(p, kind, EXEC_TRACE_READY));
-	if (kind == RW_MV_DISPATCH && p->stage == ST_GATHER_D) {
+	if (kind == RW_SVC_DISPATCH && p->stage == ST_GATHER_D) {
 		pair_gathered(p);
-	} else if (kind == RW_MV_DISPATCH && records_due(p)) { /* the mover counted first */
+	} else if (kind == RW_SVC_DISPATCH && records_due(p)) { /* the mover counted first */
 		ev_idle_start(p->x->svc->loop, &p->x->local_idle);
-	} else if (kind == RW_MV_COMBINE && p->stage == ST_WAIT_C) {
+	} else if (kind == RW_SVC_COMBINE && p->stage == ST_WAIT_C) {
 		PTRACE(p, "%s", "combine inputs folded");
-		p->stage = ST_RUN_C;
+		exec_stage_move(p, ST_RUN_C);
 		p->phase_t0 = rw_now_ns();
 		pair_arm_timer(p);
-		pair_run(p, RW_MV_COMBINE);
+		pair_run(p, RW_SVC_COMBINE);
 	}
 }
 
@@ -532,7 +523,7 @@ exec_pair_t *exec_pair_open(exec_t *x, exec_group_t *g, const rw_wire_key_t *key
 	p->key = *key;
 	p->tag = rw_wire_key_tag(key);
 	p->serial = ++x->next_serial;
-	p->stage = ST_GATHER_D;
+	p->stage = ST_GATHER_D; /* where every pair begins: no change to check */
 	p->t0 = p->phase_t0 = rw_now_ns();
 	if (exec_plan_init(p, sqe) != RW_OK || exec_recv_init(p) != RW_OK) {
 		rw_svc_layout_free(&p->plan.layout);
@@ -571,12 +562,12 @@ exec_pair_t *exec_pair_by_tag(exec_t *x, uint32_t tag14)
 	return NULL;
 }
 
-void exec_on_submit(exec_pair_t *p, int kind, uint32_t g)
+void exec_on_submit(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t g)
 {
 	exec_t *x = p->x;
 	char why[RW_SVC_WHY_MAX];
 	EXEC_TRACE(p, exec_trace_submit_(p, kind, g));
-	if (kind == RW_MV_COMBINE && p->in[kind].n_sub == 1) { /* the combine's clock starts */
+	if (kind == RW_SVC_COMBINE && p->in[kind].n_sub == 1) { /* the combine's clock starts */
 		p->phase_t0 = rw_now_ns();
 		pair_arm_timer(p);
 	}
@@ -587,20 +578,20 @@ void exec_on_submit(exec_pair_t *p, int kind, uint32_t g)
 				p->mv_mover = x->movers[i].mover;
 			}
 		if (!p->mv || p->mv->open(p->mv_mover, &p->ph, &p->mv_state) != RW_OK)
-			return exec_pair_fail(p, RW_ERR_NOMEM, 0, 1, "cannot open a data mover");
+			return exec_pair_fail(p, RW_ERR_NOMEM, "cannot open a data mover");
 	} else if (!p->mv->accepts(p->mv_mover, &p->ph, kind, g)) {
-		return exec_pair_fail(p, RW_ERR_SUB_BUFFER, 0, 1, "local rank %u's buffers need another "
+		return exec_pair_fail(p, RW_ERR_SUB_BUFFER, "local rank %u's buffers need another "
 				      "data mover than the phase's (%s)", x->me * x->gpus + g, p->mv->name);
 	}
 	int pending = 0;
 	rw_status_t st = p->mv->stage(p->mv_mover, p->mv_state, &p->ph, kind, g, &pending, why);
 	if (st != RW_OK)
-		return exec_pair_fail(p, st, 0, 1, "%s", why);
+		return exec_pair_fail(p, st, "%s", why);
 	if (pending)
 		p->in[kind].staging++; /* the mover reports */
 	else
 		p->in[kind].sub[g].ready = 1;
-	if (kind == RW_MV_DISPATCH && p->in[kind].n_sub == x->gpus && p->stage == ST_GATHER_D &&
+	if (kind == RW_SVC_DISPATCH && p->in[kind].n_sub == x->gpus && p->stage == ST_GATHER_D &&
 	    p->mv->count) {
 		pair_count_mover(p);
 		if (!exec_open(p))
@@ -616,9 +607,9 @@ void exec_on_mover_done(void *ctx, uint32_t serial, rw_svc_mover_op_t op, uint32
 	exec_pair_t *p, *nx;
 	if (op == RW_MV_OP_ALL) { /* a device faulted: every pair waiting on it fails */
 		rw_list_for_each_safe(&x->pairs, p, nx, link)
-			if (exec_open(p) && (p->in[0].staging || p->in[1].staging || p->out.pending ||
-					     p->send.state == SEND_WAIT_PACK || p->plan.count_wait))
-				exec_pair_fail(p, RW_ERR_DEVICE, 0, 1, "a CUDA copy failed: %s",
+			if (exec_open(p) && (p->in[RW_SVC_DISPATCH].staging || p->in[RW_SVC_COMBINE].staging || p->out.pending ||
+					     p->send.state == SEND_WAIT_PACK || p->stage == ST_COUNT_MOVER))
+				exec_pair_fail(p, RW_ERR_DEVICE, "a CUDA copy failed: %s",
 					       rw_status_str(st));
 		return;
 	}
@@ -636,28 +627,29 @@ void exec_on_mover_done(void *ctx, uint32_t serial, rw_svc_mover_op_t op, uint32
 		return pair_failed(p);
 	}
 	if (op == RW_MV_OP_COUNTED) {
-		if (!p->plan.count_wait || p->stage != ST_COUNT)
+		if (p->stage != ST_COUNT_MOVER)
 			return;
-		p->plan.count_wait = 0;
 		if (st == RW_ERR_SUB_TOKENS) {
 			exec_plan_bad_ids(p, g);
 			return pair_failed(p);
 		}
 		if (st != RW_OK)
-			return exec_pair_fail(p, st, 0, 1, "the data mover's count (%s) failed: %s",
+			return exec_pair_fail(p, st, "the data mover's count (%s) failed: %s",
 					      p->mv->name, rw_status_str(st));
 		return pair_counted(p);
 	}
 	if (st != RW_OK)
-		return exec_pair_fail(p, RW_ERR_DEVICE, 0, 1, "a CUDA copy for local rank %u failed: %s",
+		return exec_pair_fail(p, RW_ERR_DEVICE, "a CUDA copy for local rank %u failed: %s",
 				      x->me * x->gpus + g, rw_status_str(st));
 	if (op == RW_MV_OP_STAGE_D || op == RW_MV_OP_STAGE_C) {
-		int kind = op == RW_MV_OP_STAGE_C;
+		const rw_svc_phase_kind_t kind =
+			op == exec_kind_desc(RW_SVC_COMBINE)->staged ? RW_SVC_COMBINE : RW_SVC_DISPATCH;
 		if (p->in[kind].staging)
 			p->in[kind].staging--;
 		p->in[kind].sub[g].ready = 1;
 		pair_inputs_moved(p, kind);
-	} else if (op == RW_MV_OP_FINISH && p->out.flushing && p->out.pending &&
+	} else if (op == RW_MV_OP_FINISH && (p->stage == ST_FLUSH_D || p->stage == ST_FLUSH_C) &&
+		   p->out.pending &&
 		   --p->out.pending == 0) {
 		complete(p);
 	} else if (op == RW_MV_OP_PACKED && (p->stage == ST_RUN_D || p->stage == ST_RUN_C) &&
@@ -672,7 +664,8 @@ void exec_on_counts(exec_pair_t *p, uint32_t node, const rw_wire_counts_t *c)
 	pair_try_decide(p);
 }
 
-void exec_on_data(exec_pair_t *p, int kind, uint32_t peer, uint32_t rail, uint64_t len, int last)
+void exec_on_data(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t peer, uint32_t rail,
+		  uint64_t len, int last)
 {
 	if (exec_recv_data(p, kind, peer, rail, len, last) != RW_OK)
 		return pair_failed(p);
@@ -685,7 +678,7 @@ void exec_on_write_done(exec_pair_t *p, uint32_t peer, uint32_t rail, rw_status_
 	if (!exec_open(p))
 		return; /* the reaper frees it once the last write reported */
 	if (st != RW_OK)
-		return exec_pair_fail(p, st, 0, 1, "a rail write to node %u (%s) on rail %u "
+		return exec_pair_fail(p, st, "a rail write to node %u (%s) on rail %u "
 				      "failed: %s", peer, p->x->svc->cfg.nodes[peer].name, rail,
 				      rw_status_str(st));
 	if (--p->send.pending == 0 && p->send.state == SEND_DRAINING) {
@@ -697,7 +690,7 @@ void exec_on_write_done(exec_pair_t *p, uint32_t peer, uint32_t rail, rw_status_
 	}
 }
 
-void exec_on_grant(exec_pair_t *p, int kind, uint32_t wave)
+void exec_on_grant(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t wave)
 {
 	p->send.granted[kind][wave] = 1;
 	EXEC_TRACE(p, exec_trace_granted_(p, kind, wave));
@@ -713,7 +706,7 @@ void exec_on_peer_down(exec_t *x, uint32_t peer, rw_status_t st)
 	/* Every open pair involves every node. */
 	rw_list_for_each_safe(&x->pairs, p, nx, link)
 		if (exec_open(p) && p->stage != ST_GATHER_D)
-			exec_pair_fail(p, st == RW_OK ? RW_ERR_PEER : st, 0, 1, "peer %u (%s) went down",
+			exec_pair_fail(p, st == RW_OK ? RW_ERR_PEER : st, "peer %u (%s) went down",
 				       peer, x->svc->cfg.nodes[peer].name);
 	exec_rows_drop_node(x, peer);
 }
@@ -725,7 +718,7 @@ void exec_on_rail_down(exec_t *x, uint32_t peer, uint32_t rail, rw_status_t st)
 	 * "Rail health"): they fail alone with a retriable error; a retry plans without the rail. */
 	rw_list_for_each_safe(&x->pairs, p, nx, link)
 		if (exec_open(p) && exec_plan_uses_rail(p, peer, rail))
-			exec_pair_fail(p, RW_ERR_LINK, 0, 1, "rail %u between node %u (%s) and node %u "
+			exec_pair_fail(p, RW_ERR_LINK, "rail %u between node %u (%s) and node %u "
 				       "(%s) went down (%s): retry the phase, it runs on the other rails",
 				       rail, x->me, x->svc->cfg.nodes[x->me].name, peer,
 				       x->svc->cfg.nodes[peer].name, rw_status_str(st));
@@ -733,11 +726,11 @@ void exec_on_rail_down(exec_t *x, uint32_t peer, uint32_t rail, rw_status_t st)
 
 void exec_on_rank_left(exec_pair_t *p, rw_ipc_client_t *client, uint32_t rank)
 {
-	for (int k = 0; k < 2; k++) /* no completions to the leaving client */
+	for (int k = 0; k < RW_SVC_KIND_COUNT; k++) /* no completions to the leaving client */
 		for (uint32_t g = 0; g < p->x->gpus; g++)
 			if (p->in[k].sub[g].client == client)
 				p->in[k].sub[g].have = 0;
-	exec_pair_fail(p, RW_ERR_CLIENT, 0, 1, "local rank %u left", rank);
+	exec_pair_fail(p, RW_ERR_CLIENT, "local rank %u left", rank);
 }
 
 /* ---- the executor's own watchers ------------------------------------------------------------ */
@@ -771,8 +764,10 @@ void exec_fail_open(exec_t *x, const char *why)
 {
 	exec_pair_t *p, *nx;
 	rw_list_for_each_safe(&x->pairs, p, nx, link)
-		if (exec_open(p))
-			exec_pair_fail(p, RW_ERR_STATE, 0, 0, "%s", why);
+		if (exec_open(p)) { /* the peers are not told: the daemon's going reaches them */
+			exec_err_tell(p, RW_ERR_STATE, EXEC_TELL_NONE, "%s", why);
+			pair_failed(p);
+		}
 }
 
 void exec_stop(exec_t *x)

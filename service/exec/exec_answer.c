@@ -64,7 +64,7 @@ void exec_answer_err(exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe, rw
 
 void exec_answer_dispatch(exec_t *x, exec_pair_t *p, uint32_t g)
 {
-	exec_sub_t *s = &p->in[RW_MV_DISPATCH].sub[g];
+	exec_sub_t *s = &p->in[RW_SVC_DISPATCH].sub[g];
 	rw_cqe_t c = cqe_for(&s->sqe, RW_CQ_OK);
 	const uint32_t *counts = NULL;
 	p->mv->result(p->mv_state, g, &c.recv_tokens, &counts);
@@ -77,8 +77,8 @@ void exec_answer_dispatch(exec_t *x, exec_pair_t *p, uint32_t g)
 		c.n_inline = (uint8_t)p->ph.n_experts;
 		memcpy(c.counts, counts, 4u * p->ph.n_experts);
 	} else { /* the mover wrote them at the head of the output span */
-		c.counts_buf = p->ph.io[RW_MV_DISPATCH][g].out.buf;
-		c.counts_offset = p->ph.io[RW_MV_DISPATCH][g].out_offset;
+		c.counts_buf = p->ph.io[RW_SVC_DISPATCH][g].out.buf;
+		c.counts_offset = p->ph.io[RW_SVC_DISPATCH][g].out_offset;
 	}
 	rw_ipc_complete(x->ipc, s->client, &c);
 	s->have = 0;
@@ -86,7 +86,7 @@ void exec_answer_dispatch(exec_t *x, exec_pair_t *p, uint32_t g)
 
 void exec_answer_combine(exec_t *x, exec_pair_t *p, uint32_t g)
 {
-	exec_sub_t *s = &p->in[RW_MV_COMBINE].sub[g];
+	exec_sub_t *s = &p->in[RW_SVC_COMBINE].sub[g];
 	rw_cqe_t c = cqe_for(&s->sqe, RW_CQ_OK);
 	c.recv_tokens = p->plan.rt[g].n_tokens;
 	c.handle_id = p->out.handle[g];

@@ -4,12 +4,15 @@
  *   exec_daemon.c  what the daemon calls (exec.h): creation and teardown, the IPC socket, drain.
  *   exec.c         the state machine: pair lifecycle, stages, failure, completion, timers. The
  *                  only file that changes a pair's stage or fails it.
+ *   exec_stage.c   the stages' names and the table of legal stage changes, and the one function
+ *                  every change goes through (exec.c calls it).
  *   exec_ipc.c     adapter for the trainer ranks (ipc/): joins, leaves, submissions.
  *   exec_mesh.c    adapter for the peers (service/mesh.h): rows, errors, grants, arrivals.
  *   exec_plan.c    gather/count, the count-row exchange, and the decision (path and layout).
  *   exec_send.c    posting the waves; the receiver gate's shared arithmetic.
  *   exec_recv.c    arrived bytes, complete ranges, grants to our sources.
- *   exec_keys.c    what outlives a pair: failed keys (tombs), ended attempts, early rows.
+ *   exec_keys.c    what outlives a pair: failed keys (tombs), ended attempts, early rows; and
+ *                  the one place that ends a failed key (tomb, ended attempts, PHASE_ERR).
  *   exec_answer.c  completions to the ranks; the one map from rw_status_t to the client's codes.
  *   mover_host.c   the host data mover (service/mover.h).
  * exec_daemon.c calls the adapters and exec.c; the adapters call exec.c; exec.c calls the
@@ -36,21 +39,45 @@
 #define EXEC_LOCAL_SLICE 32u    /* local-node records per idle slice */
 #define EXEC_COUNT_SLICE 8192u  /* tokens counted (or put into records) per idle slice */
 #define EXEC_MOVERS_MAX 4
-enum { EXEC_COUNT_HOST = 1, EXEC_COUNT_MOVER = 2 }; /* plan.count_src */
 
 /* The four sub-areas of a slot in each rail's memory. */
 enum { SUB_RD = 0, SUB_RC = 1, SUB_SD = 2, SUB_SC = 3 };
 
-/* A pair's stage. Only exec.c assigns it. */
+/* A pair's kind: rw_svc_phase_kind_t (RW_SVC_DISPATCH, RW_SVC_COMBINE), the index of every
+ * per-kind array. What differs between the two kinds, apart from the layout's numbers (the
+ * pair's flows), in one place: */
+typedef struct exec_kind_desc {
+	int sub_send, sub_recv;      /* its sub-areas of a slot (SUB_*) */
+	int returns;                 /* its records go back along the dispatch's (s, d) flows */
+	rw_svc_mover_op_t staged;    /* the mover's report that a rank's inputs are readable */
+} exec_kind_desc_t;
+
+static inline const exec_kind_desc_t *exec_kind_desc(rw_svc_phase_kind_t kind)
+{
+	static const exec_kind_desc_t desc[RW_SVC_KIND_COUNT] = {
+		[RW_SVC_DISPATCH] = { .sub_send = SUB_SD, .sub_recv = SUB_RD, .returns = 0,
+				      .staged = RW_MV_OP_STAGE_D },
+		[RW_SVC_COMBINE] = { .sub_send = SUB_SC, .sub_recv = SUB_RC, .returns = 1,
+				     .staged = RW_MV_OP_STAGE_C },
+	};
+	return &desc[kind];
+}
+
+/* A pair's stage (exec_stage.c has the table of legal changes; exec.c makes them). In order:
+ * a kind's stages sit before the next kind's, so the running kind follows from the stage. */
 typedef enum exec_stage {
 	ST_GATHER_D = 0, /* waiting for local dispatch submissions (and their staging) */
-	ST_COUNT,        /* counting the ranks' tokens: in idle slices, or the mover's count() */
+	ST_COUNT_HOST,   /* counting the ranks' tokens on the host, in idle slices */
+	ST_COUNT_MOVER,  /* the mover counts them: its RW_MV_OP_COUNTED report is due */
 	ST_WAIT_SLOT,    /* counted; waiting for a free receive slot (the tick retries) */
 	ST_EXCHANGE,     /* our row sent; waiting for the peers' rows and our records pass */
 	ST_RUN_D,        /* sending and receiving dispatch records */
+	ST_FLUSH_D,      /* every dispatch byte is here: the mover writes the ranks' outputs */
 	ST_WAIT_C,       /* dispatch completed; waiting for combine submissions */
 	ST_RUN_C,        /* sending and receiving combine records */
+	ST_FLUSH_C,      /* every combine byte is here: the mover writes the ranks' outputs */
 	ST_CLOSED,       /* completed or failed; freed once no write is outstanding */
+	EXEC_STAGES
 } exec_stage_t;
 
 /* Sending one kind (exec_send.c). */
@@ -64,10 +91,17 @@ typedef enum exec_send_state {
 	SEND_DONE,       /* every wave posted and done */
 } exec_send_state_t;
 
+/* Who hears of a failure besides the local ranks (docs/dataflow.md "Failures"). */
+typedef enum exec_tell {
+	EXEC_TELL_PEERS = 0,         /* found here: every peer, with the attempt of its it ends */
+	EXEC_TELL_RELAY,             /* a peer's failure passed on: our row of it is out */
+	EXEC_TELL_NONE,              /* every node finds it from the same rows; or the daemon stops */
+} exec_tell_t;
+
 /* The first failure recorded on a pair (exec_err); exec.c acts on it. */
 typedef struct exec_error {
 	rw_status_t st;              /* RW_OK: none */
-	int tell;                    /* broadcast PHASE_ERR to the peers */
+	exec_tell_t tell;
 	int remote;                  /* a peer's failure: every rank is told RW_E_PHASE */
 	int blame_peer;              /* node + 1 whose data was bad: dropped after the pair fails */
 	uint32_t cause_node;         /* a peer's failure passed on: where it began ... */
@@ -130,7 +164,7 @@ struct exec_pair {
 		exec_sub_t sub[RW_MAX_GPUS];
 		uint32_t n_sub;
 		uint32_t staging;    /* staging reports still due */
-	} in[2];
+	} in[RW_SVC_KIND_COUNT];
 
 	struct {                     /* count-row exchange (exec_plan.c) */
 		rw_wire_phase_params_t params;       /* ours */
@@ -149,9 +183,6 @@ struct exec_pair {
 
 	struct {                     /* the count and the decision (exec_plan.c) */
 		rw_rank_tokens_t rt[RW_MAX_GPUS];
-		int counted;         /* our count row is done (and sent, or waiting for a slot) */
-		int count_src;       /* who counts: 0 not decided, EXEC_COUNT_HOST, EXEC_COUNT_MOVER */
-		int count_wait;      /* the mover's RW_MV_OP_COUNTED report is due */
 		int recs_done;       /* the records pass is done (it runs while the rows travel) */
 		rw_sched_count_iter_t count_it;
 		rw_sched_records_iter_t *rec_it;
@@ -163,14 +194,23 @@ struct exec_pair {
 		rw_topo_t topo;      /* the cluster's, with the pair weights when rails differ */
 	} plan;
 
+	/* Each kind's traffic under the layout, set with the decision (exec_plan_decide). */
+	struct exec_flow {
+		uint64_t rec;                /* bytes per record */
+		const uint32_t *send_quota;  /* [N*R] records to node d on rail r */
+		const uint32_t *recv_quota;  /* [N*R] records from node s on rail r */
+		const uint32_t *send_first;  /* [N*R] d's first slot on rail r in our send area */
+		const uint32_t *peer_first;  /* [N*R] our first slot in d's receive area on rail r */
+	} flow[RW_SVC_KIND_COUNT];
+
 	struct {                     /* sending the running kind (exec_send.c) */
-		int kind;
+		rw_svc_phase_kind_t kind;
 		exec_send_state_t state;
 		uint32_t wave, pending, waves_posted;
 		uint32_t cur_k, k_hi, cur_r;         /* where posting resumes: wave k, write */
 		uint64_t cur_c;                      /* round cur_c (the c-th write of each rail) */
-		uint8_t *packed[2];                  /* [N]: d's slabs of a kind are packed */
-		uint8_t *granted[2];                 /* [N] by wave: our wave-w destination admits us */
+		uint8_t *packed[RW_SVC_KIND_COUNT];  /* [N]: d's slabs of a kind are packed */
+		uint8_t *granted[RW_SVC_KIND_COUNT]; /* [N] by wave: our wave-w destination admits us */
 		uint64_t wave_t0, wave_slab_max;     /* debug trace */
 		uint64_t rounds;                     /* write rounds of destination cur_k ... */
 		uint32_t rounds_k;                   /* ... once computed for it (0: not yet) */
@@ -185,15 +225,14 @@ struct exec_pair {
 		 * grant_hi = highest wave granted, src_active[s] = s is mid-range */
 		uint32_t in_lo, grant_hi, n_active;
 		uint8_t *src_active; /* [N] */
-	} recv[2];
+	} recv[RW_SVC_KIND_COUNT];
 
 	struct {                     /* local-node work of the running kind (idle slices) */
-		enum { LOCAL_IDLE, LOCAL_RUNNING, LOCAL_DONE } state[2];
+		enum { LOCAL_IDLE, LOCAL_RUNNING, LOCAL_DONE } state[RW_SVC_KIND_COUNT];
 	} local;
 
-	struct {                     /* writing the outputs */
-		int flushing;
-		uint32_t pending;
+	struct {                     /* writing the outputs (ST_FLUSH_D, ST_FLUSH_C) */
+		uint32_t pending;    /* the mover's RW_MV_OP_FINISH reports still due */
 		uint32_t handle[RW_MAX_GPUS];
 	} out;
 };
@@ -227,13 +266,19 @@ struct rw_svc_exec {
 
 /* ---- small shared helpers ---------------------------------------------------------------- */
 
-static inline int exec_kind(const exec_pair_t *p) { return p->stage >= ST_WAIT_C; }
+/* The kind a pair is running (or waiting for): its dispatch up to ST_FLUSH_D, then its combine. */
+static inline rw_svc_phase_kind_t exec_kind(const exec_pair_t *p)
+{
+	return p->stage >= ST_WAIT_C ? RW_SVC_COMBINE : RW_SVC_DISPATCH;
+}
 static inline int exec_open(const exec_pair_t *p) { return p->stage != ST_CLOSED; }
 
-/* Record the pair's first failure and return st (leaves: `return exec_err(p, ...)`). */
-static inline void exec_err_v(exec_pair_t *p, rw_status_t st, int tell, const char *fmt,
+/* Record the pair's first failure and return st (leaves: `return exec_err(p, ...)`); exec.c
+ * acts on it. exec_err: found here, the peers are told; exec_err_agreed: a verdict of the
+ * decision, which every node reaches from the same rows, so nobody is told. */
+static inline void exec_err_v(exec_pair_t *p, rw_status_t st, exec_tell_t tell, const char *fmt,
 			      va_list ap) __attribute__((format(printf, 4, 0)));
-static inline void exec_err_v(exec_pair_t *p, rw_status_t st, int tell, const char *fmt,
+static inline void exec_err_v(exec_pair_t *p, rw_status_t st, exec_tell_t tell, const char *fmt,
 			      va_list ap)
 {
 	if (p->err.st != RW_OK)
@@ -243,9 +288,10 @@ static inline void exec_err_v(exec_pair_t *p, rw_status_t st, int tell, const ch
 	p->err.tell = tell;
 }
 
-static inline rw_status_t exec_err(exec_pair_t *p, rw_status_t st, int tell, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-static inline rw_status_t exec_err(exec_pair_t *p, rw_status_t st, int tell, const char *fmt, ...)
+static inline rw_status_t exec_err_tell(exec_pair_t *p, rw_status_t st, exec_tell_t tell,
+					const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static inline rw_status_t exec_err_tell(exec_pair_t *p, rw_status_t st, exec_tell_t tell,
+					const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -253,11 +299,13 @@ static inline rw_status_t exec_err(exec_pair_t *p, rw_status_t st, int tell, con
 	va_end(ap);
 	return st;
 }
+#define exec_err(p, st, ...) exec_err_tell((p), (st), EXEC_TELL_PEERS, __VA_ARGS__)
+#define exec_err_agreed(p, st, ...) exec_err_tell((p), (st), EXEC_TELL_NONE, __VA_ARGS__)
 
 /* Phase milestones at debug level, ms since the phase began here (docs/dataflow.md). */
 #define PTRACE(p, fmt, ...)                                                                      \
 	rw_dbg("L%u s%llu %s t=%.1f +%.1f ms: " fmt, (p)->key.layer,                              \
-	       (unsigned long long)(p)->key.step, exec_kind(p) ? "combine" : "dispatch",            \
+	       (unsigned long long)(p)->key.step, rw_svc_kind_name(exec_kind(p)),                   \
 	       (double)rw_now_ns() / 1e6, (double)(rw_now_ns() - (p)->phase_t0) / 1e6, __VA_ARGS__)
 
 static inline uint64_t exec_sub_off(const exec_t *x, int slot, int sub)
@@ -287,12 +335,33 @@ void exec_answer_dispatch(exec_t *x, exec_pair_t *p, uint32_t g);
 void exec_answer_combine(exec_t *x, exec_pair_t *p, uint32_t g);
 
 /* ---- exec_keys.c: failed keys, ended attempts, early rows --------------------------------- */
-/* Phase `kind` of `key` failed (msg: why); `answered`: local ranks that already got their error. */
-void exec_tomb_add(exec_t *x, const char *group, const rw_wire_key_t *key, int kind,
-		   uint32_t answered, const char *msg);
-/* Why a submission of `kind` by local rank `local` must fail at once (its phase already failed
- * here), or NULL; counts the answer. The text is valid until the next call. */
-const char *exec_tomb_hit(exec_t *x, const rw_wire_key_t *key, int kind, uint32_t local);
+/* A phase that failed here, as it ends its key (exec_key_end). */
+typedef struct exec_key_end {
+	const char *group;           /* the group's name; NULL: no local rank of it is here */
+	const rw_wire_key_t *key;
+	rw_svc_phase_kind_t kind;
+	rw_status_t st;
+	const char *msg;             /* why, for the ranks that come late and for the peers */
+	uint32_t answered;           /* local ranks that already have their error */
+	uint32_t epoch;              /* this node's attempt (its count row's epoch), or an id */
+	uint32_t cause_node, cause_id; /* where the failure began, and its id there */
+	const uint32_t *taken;       /* [N] per node: the epoch of its row the pair took, 0 none;
+				      * NULL: no pair */
+	exec_tell_t tell;
+} exec_key_end_t;
+/* The one place that ends a failed key: the peers' attempts it ends are remembered (their rows
+ * the pair took, or that wait here), the key becomes a tomb (later ranks get msg at once), the
+ * failure itself is remembered (it may come back, passed on), and the peers are told as
+ * e->tell says. The caller has closed its pair: whatever telling triggers finds it closed. */
+void exec_key_end(exec_t *x, const exec_key_end_t *e);
+/* Whether a submission of `kind` by local rank `local` runs into a failed phase (a tomb that
+ * applies to it): 1, with the failure's reason in why; 0 when none applies. Changes nothing. */
+int exec_tomb_check(const exec_t *x, const rw_wire_key_t *key, rw_svc_phase_kind_t kind,
+		    uint32_t local, char *why, size_t len);
+/* The submission exec_tomb_check looked at went its way: a tomb that applied counts the rank's
+ * answer; one too old, or one the rank already had its answer from (its retry), goes. */
+void exec_tomb_pass(exec_t *x, const rw_wire_key_t *key, rw_svc_phase_kind_t kind,
+		    uint32_t local);
 /* A dispatch tomb of `key` exists (its peers' count rows are dead). */
 int exec_tomb_exists(exec_t *x, const rw_wire_key_t *key);
 void exec_tomb_left(exec_t *x, uint32_t group_hash, uint32_t local);
@@ -306,25 +375,8 @@ void exec_rows_drop(exec_t *x, const char *group, const rw_wire_key_t *key, int 
 void exec_rows_drop_node(exec_t *x, uint32_t node);
 /* Hand every early row of the pair's key to exec_plan_take_row, removing them. */
 void exec_rows_take(exec_t *x, exec_pair_t *p);
-/* The epoch of node's early row of (group, key) waiting here; 0 when none. */
-uint32_t exec_row_epoch(const exec_t *x, const char *group, const rw_wire_key_t *key,
-			uint32_t node);
 void exec_keys_expire(exec_t *x, uint64_t now, uint64_t timeout);
 void exec_keys_free(exec_t *x);
-/* A PHASE_ERR to send: what failed, and which attempt (docs/dataflow.md "Failures"). */
-typedef struct exec_failure {
-	const rw_wire_key_t *key;
-	int kind;
-	rw_status_t st;
-	const char *msg;
-	uint32_t epoch;              /* this node's attempt (its count row's epoch) */
-	int relay;                   /* passing on a peer's failure after our row went out */
-	uint32_t cause_node, cause_id;
-	const uint32_t *dst_epoch;   /* per node: its epoch in the attempt, 0 if we had no row; or NULL */
-} exec_failure_t;
-
-/* Tell every peer that this node failed a phase (PHASE_ERR). */
-void exec_tell_peers(exec_t *x, const exec_failure_t *f);
 
 /* ---- exec_plan.c: gather, exchange, decide ------------------------------------------------ */
 /* A fresh attempt epoch (or failure id): never 0, different for every call. */
@@ -368,43 +420,57 @@ rw_status_t exec_plan_decide(exec_pair_t *p);
 
 /* ---- exec_send.c ------------------------------------------------------------------------- */
 int exec_gated(const exec_pair_t *p);
-int exec_needs_grant(const exec_pair_t *p, int kind, uint32_t k, uint32_t s);
-void exec_send_begin(exec_pair_t *p, int kind);
+int exec_needs_grant(const exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t k, uint32_t s);
+void exec_send_begin(exec_pair_t *p, rw_svc_phase_kind_t kind);
 /* Post what can be posted now; the state says what it waits for. */
 rw_status_t exec_send_progress(exec_pair_t *p);
 
 /* ---- exec_recv.c ------------------------------------------------------------------------- */
 rw_status_t exec_recv_init(exec_pair_t *p);
 /* The layout is known: the ranges of `kind` this node waits for. */
-rw_status_t exec_recv_begin(exec_pair_t *p, int kind);
+rw_status_t exec_recv_begin(exec_pair_t *p, rw_svc_phase_kind_t kind);
 /* The mover refused what it took of src's range after the fact (RW_MV_OP_REFUSED): the error,
  * blaming src for RW_ERR_PROTO; the caller fails the pair. */
 void exec_recv_refused(exec_pair_t *p, uint32_t src, rw_status_t st);
 /* Catch up with the bytes of `kind` that came before the layout was known. */
-rw_status_t exec_recv_scan(exec_pair_t *p, int kind);
+rw_status_t exec_recv_scan(exec_pair_t *p, rw_svc_phase_kind_t kind);
 /* `len` bytes of `kind` from peer on rail landed (`last`: the writer's last of the range). */
-rw_status_t exec_recv_data(exec_pair_t *p, int kind, uint32_t peer, uint32_t rail, uint64_t len,
+rw_status_t exec_recv_data(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t peer, uint32_t rail, uint64_t len,
 			   int last);
 /* What the receiver still waits for, for a timeout message. */
-void exec_recv_waiting(const exec_pair_t *p, int kind, char *buf, size_t len);
+void exec_recv_waiting(const exec_pair_t *p, rw_svc_phase_kind_t kind, char *buf, size_t len);
+
+/* ---- exec_stage.c: the stages and their legal changes -------------------------------------- */
+const char *exec_stage_name(exec_stage_t s);
+/* Whether the table lets a pair move from `from` to `to`. */
+int exec_stage_legal(exec_stage_t from, exec_stage_t to);
+/* The one way a pair's stage changes (only exec.c calls it): a legal change is made; an illegal
+ * one is a programming error, logged with both stages' names and refused (RW_ERR_STATE, the
+ * stage stays), and the sanitizer build aborts on it. */
+rw_status_t exec_stage_move(exec_pair_t *p, exec_stage_t to);
 
 /* ---- exec.c: events from the adapters and the mover --------------------------------------- */
 exec_pair_t *exec_pair_open(exec_t *x, exec_group_t *g, const rw_wire_key_t *key,
 			    const rw_sqe_t *sqe);
 exec_pair_t *exec_pair_by_key(exec_t *x, const rw_wire_key_t *key);
 exec_pair_t *exec_pair_by_tag(exec_t *x, uint32_t tag14);
-void exec_pair_fail(exec_pair_t *p, rw_status_t st, int remote, int tell, const char *fmt, ...)
-	__attribute__((format(printf, 5, 6)));
-/* A peer's PHASE_ERR fails the pair; its cause travels on in whatever this node tells. */
-void exec_pair_fail_peer(exec_pair_t *p, const rw_wire_phase_err_t *e, int tell, const char *msg);
+/* Fail the pair with what was found here (the peers are told); a failure a leaf already
+ * recorded (exec_err) wins. Every local rank with a submission of the running kind gets it. */
+void exec_pair_fail(exec_pair_t *p, rw_status_t st, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* A peer's PHASE_ERR fails the pair (every rank is told RW_E_PHASE); its cause travels on in
+ * what this node tells: a relayed failure of the attempt our pair took part in goes to every
+ * peer, and a first-hand one is passed on (relay) while our count row of it is out. */
+void exec_pair_fail_peer(exec_pair_t *p, const rw_wire_phase_err_t *e, const char *msg);
 /* The trainer moved on without a combine: close quietly. */
 void exec_pair_abandon(exec_pair_t *p);
 /* Submission of local rank g recorded in p->in[kind].sub[g] with p->ph.io[kind][g] resolved. */
-void exec_on_submit(exec_pair_t *p, int kind, uint32_t g);
+void exec_on_submit(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t g);
 void exec_on_counts(exec_pair_t *p, uint32_t node, const rw_wire_counts_t *c);
-void exec_on_data(exec_pair_t *p, int kind, uint32_t peer, uint32_t rail, uint64_t len, int last);
+void exec_on_data(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t peer, uint32_t rail,
+		  uint64_t len, int last);
 void exec_on_write_done(exec_pair_t *p, uint32_t peer, uint32_t rail, rw_status_t st);
-void exec_on_grant(exec_pair_t *p, int kind, uint32_t wave);
+void exec_on_grant(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t wave);
 void exec_on_peer_down(exec_t *x, uint32_t peer, rw_status_t st);
 /* Rail `rail` to `peer` went down, the peer stays up: fail the pairs whose plan uses it. */
 void exec_on_rail_down(exec_t *x, uint32_t peer, uint32_t rail, rw_status_t st);

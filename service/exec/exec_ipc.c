@@ -3,6 +3,7 @@
  * submission is checked here against the phase it joins — the IPC server has already checked
  * it against the daemon's limits and the rank's buffers — and is refused with an error that
  * names what is wrong; an accepted one is handed to the state machine (exec.c). */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,6 +94,48 @@ static void client_left(void *ctx, rw_ipc_client_t *client, rw_ipc_leave_t reaso
 	}
 }
 
+/* ---- a submission's way in (docs/dataflow.md "Gather") ---------------------------------------
+ * submission() checks a submission against its group's open pair and the daemon's state without
+ * changing anything (admit_dispatch, admit_combine), then acts on the verdict in one place:
+ * the submission joins its pair (attach), or is refused — answered alone, answered with the
+ * reason its phase already failed, or (a dispatch that cannot join) answered while its phase
+ * fails on every node (dispatch_refuse), so no rank waits for a phase timeout. */
+
+typedef enum admit_way {
+	ADMIT_JOIN = 0,              /* attach it to the group's open pair */
+	ADMIT_OPEN,                  /* open the phase's pair with it */
+	REFUSE_RANK,                 /* answer this rank alone */
+	REFUSE_FAILED,               /* its phase already failed here (a tomb): that reason */
+	REFUSE_PHASE,                /* a dispatch that cannot join: its phase fails everywhere */
+} admit_way_t;
+
+/* What the check found. */
+typedef struct admit {
+	admit_way_t way;
+	rw_status_t st;              /* a refusal's status ... */
+	char why[RW_SVC_WHY_MAX];    /* ... and its sentence */
+	rw_wire_key_t key;
+	rw_svc_phase_kind_t kind;
+	exec_pair_t *pair;           /* the pair it joins, or (REFUSE_PHASE) fails; NULL: none yet */
+	exec_pair_t *abandon;        /* a pair whose combine the trainer skipped: closed first */
+	int tomb_seen;               /* a tomb of the key was looked up (exec_tomb_pass settles it) */
+	rw_svc_rank_io_t io;         /* the rank's part of the phase, resolved from the submission */
+} admit_t;
+
+static void refuse(admit_t *a, admit_way_t way, rw_status_t st, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static void refuse(admit_t *a, admit_way_t way, rw_status_t st, const char *fmt, ...)
+{
+	a->way = way;
+	a->st = st;
+	if (fmt) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(a->why, sizeof(a->why), fmt, ap);
+		va_end(ap);
+	}
+}
+
 /* 0: resolved; 1: absent (RW_BUF_NONE, allowed where the length is 0); -1: unknown buffer
  * (deregistration is refused while submissions are in flight, so not expected). */
 static int span_resolve(rw_ipc_client_t *client, const rw_span_t *span, rw_svc_span_mem_t *m)
@@ -113,53 +156,6 @@ static int span_resolve(rw_ipc_client_t *client, const rw_span_t *span, rw_svc_s
 		return -1;
 	m->host = (uint8_t *)b.host + span->offset;
 	return 0;
-}
-
-/* A dispatch that cannot join its phase: answer it and fail the phase on every node (the open
- * pair, or, when there is none yet, a tomb here and PHASE_ERR to the peers), so no rank waits
- * for a phase timeout. */
-static void dispatch_refuse(exec_t *x, exec_group_t *g, uint32_t local, rw_ipc_client_t *client,
-			    const rw_sqe_t *sqe, const rw_wire_key_t *key, rw_status_t st,
-			    const char *msg)
-{
-	rw_warn("group %s layer %u step %llu: local rank %u: %s", g->name, key->layer,
-		(unsigned long long)key->step, local, msg);
-	exec_answer_err(x, client, sqe, st, 0, msg);
-	exec_pair_t *p = g->pair;
-	if (p && rw_wire_key_eq(&p->key, key) && p->stage < ST_WAIT_C) {
-		p->answered |= 1u << local;
-		exec_pair_fail(p, RW_ERR_INVAL, 0, 1, "local rank %u: %s", x->me * x->gpus + local, msg);
-		return;
-	}
-	/* No pair, so no epoch: the failure gets an id of its own, which the peers that pass it on
-	 * repeat, so a node that hears of it twice acts once. */
-	uint32_t id = exec_epoch_new(++x->next_serial);
-	exec_tomb_add(x, g->name, key, RW_MV_DISPATCH, 1u << local, msg);
-	exec_ended_add(x, key, x->me, id); /* it may come back, passed on by a peer */
-	exec_tell_peers(x, &(exec_failure_t){ .key = key, .kind = RW_MV_DISPATCH, .st = RW_ERR_INVAL,
-					     .msg = msg, .epoch = id, .cause_node = x->me,
-					     .cause_id = id });
-}
-
-static void io_set(exec_pair_t *p, int kind, exec_member_t *mb, const rw_sqe_t *sqe,
-		   const rw_svc_span_mem_t *in, unsigned n_in, const rw_svc_span_mem_t *out,
-		   const rw_svc_rank_io_t *order)
-{
-	rw_svc_rank_io_t *io = &p->ph.io[kind][mb->local];
-	memset(io, 0, sizeof(*io));
-	io->wait_ev = order->wait_ev;
-	io->signal = order->signal;
-	io->flag_dev = order->flag_dev;
-	io->flag_dptr = order->flag_dptr;
-	io->flag_value = order->flag_value;
-	io->n_tokens = sqe->token_count;
-	for (unsigned i = 0; i < n_in; i++)
-		io->in[i] = in[i];
-	io->out = *out;
-	io->out_offset = sqe->output.offset;
-	io->out_cap = sqe->output_capacity;
-	p->ph.stage_in[mb->local] = &mb->in;
-	p->ph.stage_out[mb->local] = &mb->out;
 }
 
 /* Stream order (ipc/railwave.h): the rank's event and flag into its io. Every span given must
@@ -196,185 +192,196 @@ static int stream_order_set(rw_ipc_client_t *client, const rw_sqe_t *sqe, rw_svc
 	return 0;
 }
 
-static void submit_dispatch(exec_t *x, exec_member_t *mb, rw_ipc_client_t *client,
-			    const rw_sqe_t *sqe)
+/* The rank's io from its n_in input spans and its output span (spans[n_in]); `needed`: bit i,
+ * span i must be given (a rank that routes nothing may omit what it would not use). 0, or -1
+ * with the refusal's status and sentence in a->st and a->why (the caller refuses). */
+static int admit_io(rw_ipc_client_t *client, const rw_sqe_t *sqe, const rw_span_t *const *spans,
+		    unsigned n_in, unsigned needed, admit_t *a)
 {
-	exec_group_t *g = mb->g;
-	rw_wire_key_t key = { .group = g->hash, .layer = sqe->layer, .step = sqe->step };
-	char why[RW_SVC_WHY_MAX];
-	const char *failed = exec_tomb_hit(x, &key, RW_MV_DISPATCH, mb->local);
-	if (failed) {
-		exec_answer_err(x, client, sqe, RW_ERR_STATE, 1, failed);
-		return;
-	}
-	exec_pair_t *p = g->pair;
-	if (p && !rw_wire_key_eq(&p->key, &key)) {
-		if (p->stage == ST_WAIT_C && p->in[RW_MV_COMBINE].n_sub == 0) {
-			exec_pair_abandon(p); /* the trainer moved on without a combine */
-			p = NULL;
-		} else {
-			snprintf(why, sizeof(why), "layer %u step %llu is still running in this group",
-				 p->key.layer, (unsigned long long)p->key.step);
-			exec_answer_err(x, client, sqe, RW_ERR_SUB_STATE, 0, why);
-			return;
+	rw_svc_rank_io_t *io = &a->io;
+	for (unsigned i = 0; i <= n_in; i++) {
+		int rc = span_resolve(client, spans[i], i < n_in ? &io->in[i] : &io->out);
+		if (rc < 0 || (rc == 1 && (needed & (1u << i)))) {
+			a->st = RW_ERR_SUB_BUFFER;
+			snprintf(a->why, sizeof(a->why), "a local rank's buffer is gone");
+			return -1;
 		}
 	}
-	if (p && (p->stage != ST_GATHER_D || p->in[RW_MV_DISPATCH].sub[mb->local].have)) {
-		exec_answer_err(x, client, sqe, RW_ERR_SUB_STATE, 0,
-				"this rank already submitted this dispatch");
-		return;
+	if (stream_order_set(client, sqe, io, n_in, a->why) < 0) {
+		a->st = RW_ERR_SUB_FIELD;
+		return -1;
 	}
-	/* E: the group's experts, evenly over its W ranks, the same for every rank of the phase
-	 * (docs/dataflow.md "Groups, ranks, experts"). */
-	if (sqe->n_experts % g->world != 0) {
-		snprintf(why, sizeof(why), "n_experts %u is not a multiple of the world size %u",
-			 sqe->n_experts, g->world);
-		dispatch_refuse(x, g, mb->local, client, sqe, &key, RW_ERR_SUB_EXPERTS, why);
-		return;
-	}
-	rw_status_t st;
-	if (p && (st = exec_plan_fits(p, sqe, why, sizeof(why))) != RW_OK) {
-		dispatch_refuse(x, g, mb->local, client, sqe, &key, st, why);
-		return;
-	}
-	if (!p) {
-		if (x->svc->draining) {
-			exec_answer_err(x, client, sqe, RW_ERR_SUB_STATE, 0, "the daemon is draining");
-			return;
-		}
-		p = exec_pair_open(x, g, &key, sqe);
-		if (!p) {
-			exec_answer_err(x, client, sqe, RW_ERR_NOMEM, 0, "out of memory");
-			return;
-		}
-	}
-	rw_svc_span_mem_t m[4];
-	int absent = 0, unknown = 0;
-	const rw_span_t *spans[4] = { &sqe->tokens, &sqe->topk_ids, &sqe->topk_weights, &sqe->output };
-	for (int i = 0; i < 4; i++) {
-		int rc = span_resolve(client, spans[i], &m[i]);
-		absent |= (rc == 1) << i;
-		unknown |= rc < 0;
-	}
-	/* A rank that routes nothing may omit its inputs (0-byte spans); the output is needed. */
-	if (unknown || (absent & 8) || (sqe->token_count && (absent & 7))) {
-		dispatch_refuse(x, g, mb->local, client, sqe, &key, RW_ERR_SUB_BUFFER,
-				"a local rank's buffer is gone");
-		return;
-	}
-	rw_svc_rank_io_t io;
-	memset(&io, 0, sizeof(io));
-	memcpy(io.in, m, 3 * sizeof(m[0]));
-	io.out = m[3];
-	if (stream_order_set(client, sqe, &io, 3, why) < 0) {
-		dispatch_refuse(x, g, mb->local, client, sqe, &key, RW_ERR_SUB_FIELD, why);
-		return;
-	}
-	exec_sub_t *s = &p->in[RW_MV_DISPATCH].sub[mb->local];
-	s->sqe = *sqe;
-	s->client = client;
-	s->have = 1;
-	p->in[RW_MV_DISPATCH].n_sub++;
-	io_set(p, RW_MV_DISPATCH, mb, sqe, m, 3, &m[3], &io);
-	exec_on_submit(p, RW_MV_DISPATCH, mb->local);
+	io->n_tokens = sqe->token_count;
+	io->out_offset = sqe->output.offset;
+	io->out_cap = sqe->output_capacity;
+	return 0;
 }
 
-static void submit_combine(exec_t *x, exec_member_t *mb, rw_ipc_client_t *client,
-			   const rw_sqe_t *sqe)
+static void admit_dispatch(const exec_t *x, const exec_member_t *mb, rw_ipc_client_t *client,
+			   const rw_sqe_t *sqe, admit_t *a)
+{
+	const exec_group_t *g = mb->g;
+	exec_pair_t *p = g->pair;
+	a->tomb_seen = 1;
+	if (exec_tomb_check(x, &a->key, RW_SVC_DISPATCH, mb->local, a->why, sizeof(a->why)))
+		return refuse(a, REFUSE_FAILED, RW_ERR_STATE, NULL);
+	if (p && !rw_wire_key_eq(&p->key, &a->key)) {
+		if (p->stage != ST_WAIT_C || p->in[RW_SVC_COMBINE].n_sub != 0)
+			return refuse(a, REFUSE_RANK, RW_ERR_SUB_STATE, "layer %u step %llu is still "
+				      "running in this group", p->key.layer,
+				      (unsigned long long)p->key.step);
+		a->abandon = p; /* the trainer moved on without a combine */
+		p = NULL;
+	}
+	if (p && (p->stage != ST_GATHER_D || p->in[RW_SVC_DISPATCH].sub[mb->local].have))
+		return refuse(a, REFUSE_RANK, RW_ERR_SUB_STATE,
+			      "this rank already submitted this dispatch");
+	a->pair = p;
+	/* E: the group's experts, evenly over its W ranks, the same for every rank of the phase
+	 * (docs/dataflow.md "Groups, ranks, experts"). */
+	if (sqe->n_experts % g->world != 0)
+		return refuse(a, REFUSE_PHASE, RW_ERR_SUB_EXPERTS, "n_experts %u is not a multiple of "
+			      "the world size %u", sqe->n_experts, g->world);
+	rw_status_t st;
+	if (p && (st = exec_plan_fits(p, sqe, a->why, sizeof(a->why))) != RW_OK)
+		return refuse(a, REFUSE_PHASE, st, NULL);
+	if (!p && x->svc->draining)
+		return refuse(a, REFUSE_RANK, RW_ERR_SUB_STATE, "the daemon is draining");
+	const rw_span_t *spans[4] = { &sqe->tokens, &sqe->topk_ids, &sqe->topk_weights, &sqe->output };
+	if (admit_io(client, sqe, spans, 3, 8u | (sqe->token_count ? 7u : 0u), a) < 0)
+		return refuse(a, REFUSE_PHASE, a->st, NULL);
+	a->way = p ? ADMIT_JOIN : ADMIT_OPEN;
+}
+
+static void admit_combine(const exec_t *x, const exec_member_t *mb, rw_ipc_client_t *client,
+			  const rw_sqe_t *sqe, admit_t *a)
 {
 	exec_pair_t *p = mb->g->pair;
-	uint32_t g = mb->local;
-	char why[RW_SVC_WHY_MAX];
-	rw_wire_key_t key = { .group = mb->g->hash, .layer = sqe->layer, .step = sqe->step };
-	const char *failed = p ? NULL : exec_tomb_hit(x, &key, RW_MV_COMBINE, g);
-	if (failed) { /* its pair failed while the rank computed the combine */
-		exec_answer_err(x, client, sqe, RW_ERR_STATE, 1, failed);
-		return;
-	}
-	if (p && p->stage == ST_GATHER_D && rw_wire_key_eq(&p->key, &key) &&
-	    !p->in[RW_MV_DISPATCH].sub[g].have) {
-		/* Its pair failed and a sibling's retry of the same key took the tomb with it. */
-		exec_answer_err(x, client, sqe, RW_ERR_STATE, 1, "the phase failed and another local "
-				"rank already retries it: retry the dispatch");
-		return;
-	}
-	if (!p || p->stage != ST_WAIT_C || p->out.handle[g] != sqe->handle_id) {
-		snprintf(why, sizeof(why), "handle %u is not this rank's open dispatch", sqe->handle_id);
-		exec_answer_err(x, client, sqe, RW_ERR_SUB_HANDLE, 0, why);
-		return;
-	}
-	if (p->in[RW_MV_COMBINE].sub[g].have) {
-		exec_answer_err(x, client, sqe, RW_ERR_SUB_STATE, 0,
-				"this rank already submitted this combine");
-		return;
-	}
+	const uint32_t g = mb->local;
+	a->tomb_seen = !p;
+	if (!p && exec_tomb_check(x, &a->key, RW_SVC_COMBINE, g, a->why, sizeof(a->why)))
+		return refuse(a, REFUSE_FAILED, RW_ERR_STATE, NULL); /* it failed while the rank
+								       * computed the combine */
+	if (p && p->stage == ST_GATHER_D && rw_wire_key_eq(&p->key, &a->key) &&
+	    !p->in[RW_SVC_DISPATCH].sub[g].have) /* and a sibling's retry took the tomb with it */
+		return refuse(a, REFUSE_RANK, RW_ERR_STATE, "the phase failed and another local rank "
+			      "already retries it: retry the dispatch");
+	if (!p || p->stage != ST_WAIT_C || p->out.handle[g] != sqe->handle_id)
+		return refuse(a, REFUSE_RANK, RW_ERR_SUB_HANDLE, "handle %u is not this rank's open "
+			      "dispatch", sqe->handle_id);
+	if (p->in[RW_SVC_COMBINE].sub[g].have)
+		return refuse(a, REFUSE_RANK, RW_ERR_SUB_STATE,
+			      "this rank already submitted this combine");
 	uint32_t rows = 0;
 	const uint32_t *counts;
 	p->mv->result(p->mv_state, g, &rows, &counts);
 	/* token_count = rows received, 0 when none. Protocol-1 clients sent one ignored row
 	 * instead of an empty combine: still accepted. */
 	if ((sqe->token_count != rows && !(rows == 0 && sqe->token_count == 1)) ||
-	    sqe->hidden != p->ph.hidden || exec_wire_dtype(sqe->dtype) != p->ph.dtype) {
-		snprintf(why, sizeof(why), "combine of %u rows of %u x dtype %u; the dispatch delivered "
-			 "%u rows of %u", sqe->token_count, sqe->hidden, sqe->dtype, rows, p->ph.hidden);
-		exec_answer_err(x, client, sqe, RW_ERR_SUB_TOKENS, 0, why);
+	    sqe->hidden != p->ph.hidden || exec_wire_dtype(sqe->dtype) != p->ph.dtype)
+		return refuse(a, REFUSE_RANK, RW_ERR_SUB_TOKENS, "combine of %u rows of %u x dtype "
+			      "%u; the dispatch delivered %u rows of %u", sqe->token_count,
+			      sqe->hidden, sqe->dtype, rows, p->ph.hidden);
+	if (sqe->n_experts != 0 && sqe->n_experts != p->ph.n_experts)
+		return refuse(a, REFUSE_RANK, RW_ERR_SUB_EXPERTS, "n_experts %u is not the "
+			      "dispatch's %u", sqe->n_experts, p->ph.n_experts);
+	if (sqe->path != RW_PATH_REQ_DAEMON && sqe->path != p->plan.path + RW_PATH_REQ_NATIVE)
+		return refuse(a, REFUSE_RANK, RW_ERR_SUB_FIELD, "path %u: a combine runs its "
+			      "dispatch's path (%s): ask for 0 or %u", sqe->path,
+			      rw_sched_path_name(p->plan.path), p->plan.path + RW_PATH_REQ_NATIVE);
+	const uint64_t writes = (uint64_t)p->plan.rt[g].n_tokens * p->ph.row_bytes;
+	if (sqe->output_capacity < writes)
+		return refuse(a, REFUSE_RANK, RW_ERR_SUB_SPACE, "output holds %llu bytes, the "
+			      "combine writes %llu", (unsigned long long)sqe->output_capacity,
+			      (unsigned long long)writes);
+	const rw_span_t *spans[2] = { &sqe->tokens, &sqe->output };
+	if (admit_io(client, sqe, spans, 1, (rows ? 1u : 0u) | (p->plan.rt[g].n_tokens ? 2u : 0u),
+		     a) < 0)
+		return refuse(a, REFUSE_RANK, a->st, NULL);
+	a->pair = p;
+	a->way = ADMIT_JOIN;
+}
+
+/* The one place a submission joins its pair: recorded with its io, then the state machine's. */
+static void attach(exec_t *x, exec_member_t *mb, rw_ipc_client_t *client, const rw_sqe_t *sqe,
+		   const admit_t *a)
+{
+	exec_pair_t *p = a->pair;
+	if (a->way == ADMIT_OPEN && !(p = exec_pair_open(x, mb->g, &a->key, sqe))) {
+		exec_answer_err(x, client, sqe, RW_ERR_NOMEM, 0, "out of memory");
 		return;
 	}
-	if (sqe->n_experts != 0 && sqe->n_experts != p->ph.n_experts) {
-		snprintf(why, sizeof(why), "n_experts %u is not the dispatch's %u", sqe->n_experts,
-			 p->ph.n_experts);
-		exec_answer_err(x, client, sqe, RW_ERR_SUB_EXPERTS, 0, why);
-		return;
-	}
-	if (sqe->path != RW_PATH_REQ_DAEMON && sqe->path != p->plan.path + RW_PATH_REQ_NATIVE) {
-		snprintf(why, sizeof(why), "path %u: a combine runs its dispatch's path (%s): ask for "
-			 "0 or %u", sqe->path, rw_sched_path_name(p->plan.path),
-			 p->plan.path + RW_PATH_REQ_NATIVE);
-		exec_answer_err(x, client, sqe, RW_ERR_SUB_FIELD, 0, why);
-		return;
-	}
-	if (sqe->output_capacity < (uint64_t)p->plan.rt[g].n_tokens * p->ph.row_bytes) {
-		snprintf(why, sizeof(why), "output holds %llu bytes, the combine writes %llu",
-			 (unsigned long long)sqe->output_capacity,
-			 (unsigned long long)p->plan.rt[g].n_tokens * p->ph.row_bytes);
-		exec_answer_err(x, client, sqe, RW_ERR_SUB_SPACE, 0, why);
-		return;
-	}
-	rw_svc_span_mem_t m[2];
-	int rt = span_resolve(client, &sqe->tokens, &m[0]), ro = span_resolve(client, &sqe->output, &m[1]);
-	if (rt < 0 || ro < 0 || (ro == 1 && p->plan.rt[g].n_tokens) || (rt == 1 && rows)) {
-		exec_answer_err(x, client, sqe, RW_ERR_SUB_BUFFER, 0, "a local rank's buffer is gone");
-		return;
-	}
-	rw_svc_rank_io_t io;
-	memset(&io, 0, sizeof(io));
-	io.in[0] = m[0];
-	io.out = m[1];
-	if (stream_order_set(client, sqe, &io, 1, why) < 0) {
-		exec_answer_err(x, client, sqe, RW_ERR_SUB_FIELD, 0, why);
-		return;
-	}
-	exec_sub_t *s = &p->in[RW_MV_COMBINE].sub[g];
+	exec_sub_t *s = &p->in[a->kind].sub[mb->local];
 	s->sqe = *sqe;
 	s->client = client;
 	s->have = 1;
-	p->in[RW_MV_COMBINE].n_sub++;
-	io_set(p, RW_MV_COMBINE, mb, sqe, m, 1, &m[1], &io);
-	exec_on_submit(p, RW_MV_COMBINE, g);
+	p->in[a->kind].n_sub++;
+	p->ph.io[a->kind][mb->local] = a->io;
+	p->ph.stage_in[mb->local] = &mb->in;
+	p->ph.stage_out[mb->local] = &mb->out;
+	exec_on_submit(p, a->kind, mb->local);
+}
+
+/* A dispatch that cannot join its phase: answered, and the phase fails on every node (the
+ * open pair; or, when there is none yet, the key ends here and the peers are told). */
+static void dispatch_refuse(exec_t *x, exec_member_t *mb, rw_ipc_client_t *client,
+			    const rw_sqe_t *sqe, const admit_t *a)
+{
+	const uint32_t local = mb->local;
+	rw_warn("group %s layer %u step %llu: local rank %u: %s", mb->g->name, a->key.layer,
+		(unsigned long long)a->key.step, local, a->why);
+	exec_answer_err(x, client, sqe, a->st, 0, a->why);
+	if (a->pair) {
+		a->pair->answered |= 1u << local;
+		exec_pair_fail(a->pair, RW_ERR_INVAL, "local rank %u: %s", x->me * x->gpus + local,
+			       a->why);
+		return;
+	}
+	/* No pair, so no epoch: the failure gets an id of its own, which the peers that pass it on
+	 * repeat, so a node that hears of it twice acts once. */
+	const uint32_t id = exec_epoch_new(++x->next_serial);
+	exec_key_end(x, &(exec_key_end_t){ .group = mb->g->name, .key = &a->key,
+					   .kind = RW_SVC_DISPATCH, .st = RW_ERR_INVAL, .msg = a->why,
+					   .answered = 1u << local, .epoch = id, .cause_node = x->me,
+					   .cause_id = id, .tell = EXEC_TELL_PEERS });
 }
 
 static void submission(void *ctx, rw_ipc_client_t *client, const rw_sqe_t *sqe)
 {
 	exec_t *x = ctx;
 	exec_member_t *mb = rw_ipc_client_data(client);
-	if (!mb)
-		exec_answer_err(x, client, sqe, RW_ERR_SUB_STATE, 0, "this rank is not in a group");
-	else if (sqe->kind == RW_KIND_DISPATCH)
-		submit_dispatch(x, mb, client, sqe);
-	else if (sqe->kind == RW_KIND_COMBINE)
-		submit_combine(x, mb, client, sqe);
-	else
-		exec_answer_err(x, client, sqe, RW_ERR_SUB_KIND, 0, "unknown submission kind");
+	admit_t a;
+	memset(&a, 0, sizeof(a));
+	if (mb)
+		a.key = (rw_wire_key_t){ .group = mb->g->hash, .layer = sqe->layer, .step = sqe->step };
+	if (!mb) {
+		refuse(&a, REFUSE_RANK, RW_ERR_SUB_STATE, "this rank is not in a group");
+	} else if (sqe->kind == RW_KIND_DISPATCH) {
+		a.kind = RW_SVC_DISPATCH;
+		admit_dispatch(x, mb, client, sqe, &a);
+	} else if (sqe->kind == RW_KIND_COMBINE) {
+		a.kind = RW_SVC_COMBINE;
+		admit_combine(x, mb, client, sqe, &a);
+	} else {
+		refuse(&a, REFUSE_RANK, RW_ERR_SUB_KIND, "unknown submission kind");
+	}
+	if (a.tomb_seen)
+		exec_tomb_pass(x, &a.key, a.kind, mb->local);
+	if (a.abandon)
+		exec_pair_abandon(a.abandon);
+	switch (a.way) {
+	case ADMIT_JOIN:
+	case ADMIT_OPEN:
+		attach(x, mb, client, sqe, &a);
+		break;
+	case REFUSE_PHASE:
+		dispatch_refuse(x, mb, client, sqe, &a);
+		break;
+	case REFUSE_RANK:
+	case REFUSE_FAILED:
+		exec_answer_err(x, client, sqe, a.st, 0, a.why);
+		break;
+	}
 }
 
 const rw_ipc_server_ops_t exec_ipc_ops = {

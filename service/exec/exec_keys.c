@@ -1,4 +1,5 @@
-/* What the executor keeps beyond one pair (docs/dataflow.md "Failures", "Count exchange"):
+/* What the executor keeps beyond one pair (docs/dataflow.md "Failures", "Count exchange"), and
+ * the one place where a failed phase ends its key (exec_key_end):
  *   tombs  a phase (key and kind) that failed here or at a peer. A local rank that submits it
  *          and was not answered yet gets its error, with the original reason, at once instead of
  *          opening a pair that would wait for a phase timeout (dispatch) or being told its
@@ -20,7 +21,7 @@
 typedef struct exec_tomb {
 	rw_list_t link;
 	rw_wire_key_t key;           /* key.group: the group's hash */
-	int kind;                    /* the phase that failed: its submissions get the error */
+	rw_svc_phase_kind_t kind;    /* the phase that failed: its submissions get the error */
 	uint32_t answered;           /* bit g: local rank g got its error (or left) */
 	uint64_t t_ns;
 	char msg[RW_SVC_WHY_MAX];    /* why it failed, for the ranks that come late */
@@ -45,7 +46,7 @@ typedef struct exec_row {
 
 /* ---- tombs -------------------------------------------------------------------------------- */
 
-static exec_tomb_t *tomb_find(exec_t *x, const rw_wire_key_t *key, int kind)
+static exec_tomb_t *tomb_find(const exec_t *x, const rw_wire_key_t *key, rw_svc_phase_kind_t kind)
 {
 	exec_tomb_t *t;
 	rw_list_for_each(&x->tombs, t, link)
@@ -67,10 +68,10 @@ static void tomb_settle(exec_t *x, exec_tomb_t *t)
 		tomb_free(t);
 }
 
-void exec_tomb_add(exec_t *x, const char *group, const rw_wire_key_t *key, int kind,
-		   uint32_t answered, const char *msg)
+static void tomb_add(exec_t *x, const char *group, const rw_wire_key_t *key,
+		     rw_svc_phase_kind_t kind, uint32_t answered, const char *msg)
 {
-	if (group && kind == RW_MV_DISPATCH)
+	if (group && kind == RW_SVC_DISPATCH)
 		exec_rows_drop(x, group, key, -1, 0);
 	exec_tomb_t *t = tomb_find(x, key, kind);
 	if (!t) {
@@ -89,27 +90,41 @@ void exec_tomb_add(exec_t *x, const char *group, const rw_wire_key_t *key, int k
 	tomb_settle(x, t);
 }
 
-const char *exec_tomb_hit(exec_t *x, const rw_wire_key_t *key, int kind, uint32_t local)
+/* The tomb applies to local rank `local`'s submission: not too old, and not already answered
+ * for this rank (a rank that had its answer and submits again retries). */
+static int tomb_applies(const exec_t *x, const exec_tomb_t *t, uint32_t local)
+{
+	return rw_now_ns() - t->t_ns <= (uint64_t)x->svc->cfg.phase_timeout_ms * 1000000ull &&
+	       !(t->answered & (1u << local));
+}
+
+int exec_tomb_check(const exec_t *x, const rw_wire_key_t *key, rw_svc_phase_kind_t kind,
+		    uint32_t local, char *why, size_t len)
+{
+	const exec_tomb_t *t = tomb_find(x, key, kind);
+	if (!t || !tomb_applies(x, t, local))
+		return 0;
+	snprintf(why, len, "%s", t->msg);
+	return 1;
+}
+
+void exec_tomb_pass(exec_t *x, const rw_wire_key_t *key, rw_svc_phase_kind_t kind,
+		    uint32_t local)
 {
 	exec_tomb_t *t = tomb_find(x, key, kind);
 	if (!t)
-		return NULL;
-	if (rw_now_ns() - t->t_ns > (uint64_t)x->svc->cfg.phase_timeout_ms * 1000000ull ||
-	    (t->answered & (1u << local))) {
+		return;
+	if (!tomb_applies(x, t, local)) {
 		tomb_free(t); /* stale, or a retry by a rank that already had its answer */
-		return NULL;
+		return;
 	}
 	t->answered |= 1u << local;
-	/* The reason outlives the tomb for this answer (the executor copies it at once). */
-	static char why[RW_SVC_WHY_MAX];
-	snprintf(why, sizeof(why), "%s", t->msg);
 	tomb_settle(x, t);
-	return why;
 }
 
 int exec_tomb_exists(exec_t *x, const rw_wire_key_t *key)
 {
-	return tomb_find(x, key, RW_MV_DISPATCH) != NULL;
+	return tomb_find(x, key, RW_SVC_DISPATCH) != NULL;
 }
 
 void exec_tomb_left(exec_t *x, uint32_t group_hash, uint32_t local)
@@ -186,8 +201,9 @@ void exec_row_keep(exec_t *x, const rw_wire_counts_t *c, uint32_t peer)
 	rw_list_add(&x->rows, &r->link);
 }
 
-uint32_t exec_row_epoch(const exec_t *x, const char *group, const rw_wire_key_t *key,
-			uint32_t node)
+/* The epoch of node's early row of (group, key) waiting here; 0 when none. */
+static uint32_t row_epoch(const exec_t *x, const char *group, const rw_wire_key_t *key,
+			  uint32_t node)
 {
 	const exec_row_t *r;
 	rw_list_for_each(&x->rows, r, link)
@@ -237,12 +253,14 @@ void exec_keys_free(exec_t *x)
 	exec_keys_expire(x, UINT64_MAX, 0);
 }
 
-/* ---- telling the peers ---------------------------------------------------------------------- */
+/* ---- ending a failed key --------------------------------------------------------------------- */
 
-void exec_tell_peers(exec_t *x, const exec_failure_t *f)
+/* A PHASE_ERR to every peer: what failed, and which attempt (docs/dataflow.md "Failures"). */
+static void tell_peers(exec_t *x, const exec_key_end_t *f, const uint32_t *dst_epoch)
 {
 	rw_wire_phase_err_t e = { .key = *f->key, .kind = (uint32_t)f->kind, .status = f->st,
-				  .node = x->me, .epoch = f->epoch, .relay = (uint32_t)f->relay,
+				  .node = x->me, .epoch = f->epoch,
+				  .relay = f->tell == EXEC_TELL_RELAY,
 				  .cause_node = f->cause_node, .cause_id = f->cause_id };
 	snprintf(e.msg, sizeof(e.msg), "node %u (%s): %s", x->me, x->svc->cfg.nodes[x->me].name,
 		 f->msg);
@@ -250,8 +268,31 @@ void exec_tell_peers(exec_t *x, const exec_failure_t *f)
 	for (uint32_t peer = 0; peer < x->nodes; peer++) {
 		if (peer == x->me)
 			continue;
-		e.dst_epoch = f->dst_epoch ? f->dst_epoch[peer] : 0;
+		e.dst_epoch = dst_epoch ? dst_epoch[peer] : 0;
 		size_t n = rw_wire_phase_err_pack(&e, buf, sizeof(buf));
 		(void)rw_svc_mesh_send(x->mesh, peer, RW_WIRE_PHASE_ERR, buf, (uint32_t)n);
 	}
+}
+
+void exec_key_end(exec_t *x, const exec_key_end_t *e)
+{
+	/* Each peer's attempt this ends: the epoch of its row the pair took, or of its row waiting
+	 * here for this phase (the tomb below drops it), so that the peer can tell this failure
+	 * from one of a retry it has started since ("Failures" 5; two nodes that time out
+	 * together, one still gathering its ranks, each report their own). */
+	uint32_t *dst_epoch = e->tell == EXEC_TELL_PEERS ? calloc(x->nodes, sizeof(uint32_t)) : NULL;
+	for (uint32_t n = 0; n < x->nodes; n++) {
+		uint32_t ep = e->taken && e->taken[n] ? e->taken[n] :
+			      e->group && e->kind == RW_SVC_DISPATCH ? row_epoch(x, e->group, e->key, n) : 0;
+		if (n == x->me || !ep)
+			continue;
+		exec_ended_add(x, e->key, n, ep);
+		if (dst_epoch)
+			dst_epoch[n] = ep;
+	}
+	tomb_add(x, e->group, e->key, e->kind, e->answered, e->msg);
+	exec_ended_add(x, e->key, e->cause_node, e->cause_id); /* it may reach us again, passed on */
+	if (e->tell != EXEC_TELL_NONE)
+		tell_peers(x, e, e->tell == EXEC_TELL_PEERS ? dst_epoch : NULL);
+	free(dst_epoch);
 }

@@ -50,7 +50,7 @@ static void mesh_phase_err(void *ctx, uint32_t peer, const rw_wire_phase_err_t *
 		 * that took that row belongs to the failed attempt (a retry here that took it would
 		 * write with a dead epoch and wait for data that never comes). */
 		if (p && p->xchg.have_row[peer] && p->xchg.peer_params[peer].epoch == e->epoch)
-			exec_pair_fail_peer(p, e, 1, msg);
+			exec_pair_fail_peer(p, e, msg);
 		return;
 	}
 	/* The peer names our attempt it failed (it had our row): the open pair's, or one that has
@@ -61,26 +61,15 @@ static void mesh_phase_err(void *ctx, uint32_t peer, const rw_wire_phase_err_t *
 	 * node): the pair open now, or the ranks still to come, belong to a retry. */
 	if (exec_ended_find(x, &e->key, e->cause_node, e->cause_id))
 		return;
-	if (!p) {
+	if (p) {
+		exec_pair_fail_peer(p, e, msg);
+	} else if (e->kind == RW_SVC_DISPATCH) {
 		/* Failed before our ranks got there: they fail at once when they come. */
-		if (e->kind == RW_SVC_DISPATCH) {
-			exec_tomb_add(x, NULL, &e->key, RW_MV_DISPATCH, 0, msg);
-			exec_ended_add(x, &e->key, e->cause_node, e->cause_id);
-		}
-		return;
+		exec_key_end(x, &(exec_key_end_t){ .key = &e->key, .kind = RW_SVC_DISPATCH,
+						   .st = (rw_status_t)e->status, .msg = msg,
+						   .cause_node = e->cause_node, .cause_id = e->cause_id,
+						   .tell = EXEC_TELL_NONE });
 	}
-	/* Our row of this attempt may still be on its way to a node that has already moved on
-	 * to a retry of the key: tell everyone it is dead. */
-	int row_out = p->stage == ST_EXCHANGE || p->stage == ST_RUN_D;
-	rw_wire_key_t key = p->key;
-	uint32_t epoch = p->xchg.params.epoch;
-	exec_pair_fail_peer(p, e, 0, msg);
-	if (row_out)
-		exec_tell_peers(x, &(exec_failure_t){ .key = &key, .kind = RW_SVC_DISPATCH,
-						     .st = (rw_status_t)e->status, .msg = msg,
-						     .epoch = epoch, .relay = 1,
-						     .cause_node = e->cause_node,
-						     .cause_id = e->cause_id });
 }
 
 static void mesh_arrival(void *ctx, uint32_t peer, uint32_t rail, const rw_rail_arrival_t *a)
@@ -98,7 +87,7 @@ static void mesh_arrival(void *ctx, uint32_t peer, uint32_t rail, const rw_rail_
 		rw_svc_metrics_error(&x->svc->metrics, RW_ERR_STATE);
 		return;
 	}
-	exec_on_data(p, (int)imm.kind, peer, rail, a->length, (int)imm.last);
+	exec_on_data(p, (rw_svc_phase_kind_t)imm.kind, peer, rail, a->length, (int)imm.last);
 }
 
 static void mesh_write_done(void *ctx, uint32_t peer, uint32_t rail, void *write_ctx,
@@ -120,7 +109,7 @@ static void mesh_grant(void *ctx, uint32_t peer, const rw_wire_grant_t *gr)
 	}
 	exec_pair_t *p = exec_pair_by_key(x, &gr->key);
 	if (p)
-		exec_on_grant(p, (int)gr->kind, gr->wave);
+		exec_on_grant(p, (rw_svc_phase_kind_t)gr->kind, gr->wave); /* the wire's 0/1 */
 }
 
 static void mesh_peer_up(void *ctx, uint32_t peer)

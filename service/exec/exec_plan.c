@@ -13,16 +13,17 @@
 void exec_areas_set(exec_pair_t *p, int slot)
 {
 	exec_t *x = p->x;
-	static const int sub[2][2] = { { SUB_RD, SUB_SD }, { SUB_RC, SUB_SC } }; /* [kind][send] */
 	for (uint32_t r = 0; r < x->rails; r++) {
 		uint8_t *mem = rw_svc_mesh_mem(x->mesh, r);
 		uint64_t dptr = 0;
 		const int gpu = rw_svc_mesh_slab_dev(x->mesh, r, &dptr) >= 0;
-		for (int k = 0; k < 2; k++) {
-			p->ph.send_area[k][r] = mem + exec_sub_off(x, slot, sub[k][1]);
-			p->ph.recv_area[k][r] = mem + exec_sub_off(x, slot, sub[k][0]);
-			p->ph.send_dptr[k][r] = gpu ? dptr + exec_sub_off(x, slot, sub[k][1]) : 0;
-			p->ph.recv_dptr[k][r] = gpu ? dptr + exec_sub_off(x, slot, sub[k][0]) : 0;
+		for (int k = 0; k < RW_SVC_KIND_COUNT; k++) {
+			const uint64_t send = exec_sub_off(x, slot, exec_kind_desc(k)->sub_send);
+			const uint64_t recv = exec_sub_off(x, slot, exec_kind_desc(k)->sub_recv);
+			p->ph.send_area[k][r] = mem + send;
+			p->ph.recv_area[k][r] = mem + recv;
+			p->ph.send_dptr[k][r] = gpu ? dptr + send : 0;
+			p->ph.recv_dptr[k][r] = gpu ? dptr + recv : 0;
 		}
 	}
 }
@@ -83,7 +84,7 @@ rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe)
 	    !p->xchg.tag_to || !p->xchg.view_w || !p->xchg.view_up || !p->xchg.feat_ws ||
 	    rw_sched_feat_begin(&p->xchg.feat_acc, &x->svc->topo, p->xchg.feat_ws, ws_len) != RW_OK ||
 	    rw_svc_layout_alloc(&p->plan.layout, x->nodes, x->rails) != RW_OK)
-		return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
+		return exec_err(p, RW_ERR_NOMEM, "out of memory");
 	ph->tag_to = p->xchg.tag_to;
 	ph->topo = &x->svc->topo;
 	return RW_OK;
@@ -120,7 +121,7 @@ rw_status_t exec_plan_fits(const exec_pair_t *p, const rw_sqe_t *sqe, char *why,
 	uint32_t req = p->xchg.params.requested_path, ours = req & RW_WIRE_PATH_BY_RANKS ? req : 0;
 	if (ranks_request(sqe) != ours) {
 		uint32_t first = 0; /* the local rank whose submission opened the phase */
-		while (first + 1 < x->gpus && !p->in[RW_MV_DISPATCH].sub[first].have)
+		while (first + 1 < x->gpus && !p->in[RW_SVC_DISPATCH].sub[first].have)
 			first++;
 		snprintf(why, len, "path requests differ: this rank %s, rank %u %s",
 			 request_name(ranks_request(sqe)), x->me * x->gpus + first, request_name(ours));
@@ -134,15 +135,15 @@ void exec_plan_tokens(exec_pair_t *p)
 	const exec_t *x = p->x;
 	for (uint32_t g = 0; g < x->gpus; g++)
 		p->plan.rt[g] = (rw_rank_tokens_t){
-			.local_gpu = g, .n_tokens = p->in[RW_MV_DISPATCH].sub[g].sqe.token_count,
-			.topk = p->ph.topk, .expert_ids = p->ph.io[RW_MV_DISPATCH][g].ids };
+			.local_gpu = g, .n_tokens = p->in[RW_SVC_DISPATCH].sub[g].sqe.token_count,
+			.topk = p->ph.topk, .expert_ids = p->ph.io[RW_SVC_DISPATCH][g].ids };
 }
 
 /* Who counted this pair's row (or found its bad id), for stats. */
 static void count_metric(exec_pair_t *p)
 {
 	rw_svc_metrics_t *m = &p->x->svc->metrics;
-	if (p->plan.count_src == EXEC_COUNT_MOVER)
+	if (p->stage == ST_COUNT_MOVER)
 		m->counts_gpu++;
 	else
 		m->counts_host++;
@@ -155,13 +156,13 @@ rw_status_t exec_plan_bad_ids(exec_pair_t *p, uint32_t bad)
 	count_metric(p);
 	snprintf(msg, sizeof(msg), "local rank %u: expert id out of range (E=%u) or bad top-k",
 		 x->me * x->gpus + bad, p->ph.n_experts);
-	exec_sub_t *s = bad < x->gpus ? &p->in[RW_MV_DISPATCH].sub[bad] : NULL;
+	exec_sub_t *s = bad < x->gpus ? &p->in[RW_SVC_DISPATCH].sub[bad] : NULL;
 	if (s && s->have) { /* the culprit hears what it did; the others that it failed */
 		exec_answer_err(x, s->client, &s->sqe, RW_ERR_SUB_TOKENS, 0, msg);
 		s->have = 0;
 		p->answered |= 1u << bad; /* or its tomb would wait for it */
 	}
-	return exec_err(p, RW_ERR_INVAL, 1, "%s", msg);
+	return exec_err(p, RW_ERR_INVAL, "%s", msg);
 }
 
 rw_status_t exec_plan_count(exec_pair_t *p, uint32_t budget, int *done_p)
@@ -184,15 +185,14 @@ rw_status_t exec_plan_counted(exec_pair_t *p)
 	exec_t *x = p->x;
 	size_t nr = (size_t)x->nodes * x->rails;
 	count_metric(p);
-	p->plan.counted = 1;
 	p->plan.row_off = rw_arena_alloc(&p->mem, nr + 1, sizeof(uint32_t));
 	p->plan.rec_it = rw_arena_alloc(&p->mem, 1, sizeof(rw_sched_records_iter_t));
 	if (!p->plan.row_off || !p->plan.rec_it)
-		return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
+		return exec_err(p, RW_ERR_NOMEM, "out of memory");
 	rw_sched_prefix(p->xchg.counts + x->me * nr, (uint32_t)nr, p->plan.row_off);
 	p->plan.rec = rw_arena_alloc(&p->mem, (size_t)p->plan.row_off[nr] + 1, sizeof(rw_record_t));
 	if (!p->plan.rec)
-		return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
+		return exec_err(p, RW_ERR_NOMEM, "out of memory");
 	/* The records pass fills each (destination, rail) segment from its start, in order: the
 	 * segment's last entry is written exactly when the ids give as many records as the row
 	 * counted. Marked here, checked at the end, so a count that said more than the ids give
@@ -212,12 +212,12 @@ rw_status_t exec_plan_records(exec_pair_t *p, uint32_t budget, int *done_p)
 		exec_plan_tokens(p); /* every rank's ids are readable now (some were not at the count) */
 	if (rw_sched_records_step(&x->svc->topo, p->ph.n_experts, x->me, p->plan.rt, x->gpus,
 				  p->plan.row_off, p->plan.rec, p->plan.rec_it, budget, done_p) != RW_OK)
-		return exec_err(p, RW_ERR_INVAL, 1, "cannot build records: the ranks' ids give more "
+		return exec_err(p, RW_ERR_INVAL, "cannot build records: the ranks' ids give more "
 				"records than this node's count row says (a rank's ids changed)");
 	for (size_t i = 0; *done_p && i < nr; i++)
 		if (p->plan.row_off[i + 1] > p->plan.row_off[i] &&
 		    p->plan.rec[p->plan.row_off[i + 1] - 1].rank == UINT32_MAX)
-			return exec_err(p, RW_ERR_INVAL, 1, "cannot build records: the ranks' ids give fewer "
+			return exec_err(p, RW_ERR_INVAL, "cannot build records: the ranks' ids give fewer "
 					"records to node %u on rail %u than this node's count row says (%u)",
 					(uint32_t)(i / rails), (uint32_t)(i % rails),
 					p->plan.row_off[i + 1] - p->plan.row_off[i]);
@@ -230,12 +230,13 @@ void exec_plan_waiting(const exec_pair_t *p, char *buf, size_t len)
 	char who[96];
 	size_t used = 0;
 	who[0] = '\0';
-	if (p->stage == ST_COUNT) {
-		if (p->plan.count_wait)
-			snprintf(buf, len, "the data mover's count of this node's tokens (%s)", p->mv->name);
-		else
-			snprintf(buf, len, "this node to count its ranks' tokens (rank %u, token %u)",
-				 p->plan.count_it.rank, p->plan.count_it.token);
+	if (p->stage == ST_COUNT_MOVER) {
+		snprintf(buf, len, "the data mover's count of this node's tokens (%s)", p->mv->name);
+		return;
+	}
+	if (p->stage == ST_COUNT_HOST) {
+		snprintf(buf, len, "this node to count its ranks' tokens (rank %u, token %u)",
+			 p->plan.count_it.rank, p->plan.count_it.token);
 		return;
 	}
 	for (uint32_t n = 0; n < x->nodes && used + 24 < sizeof(who); n++)
@@ -247,7 +248,7 @@ void exec_plan_waiting(const exec_pair_t *p, char *buf, size_t len)
 		return;
 	}
 	for (uint32_t g = 0; g < x->gpus && used + 16 < sizeof(who); g++)
-		if (!p->in[RW_MV_DISPATCH].sub[g].ready)
+		if (!p->in[RW_SVC_DISPATCH].sub[g].ready)
 			used += (size_t)snprintf(who + used, sizeof(who) - used, "%s%u", used ? ", " : "",
 						 x->me * x->gpus + g);
 	if (used)
@@ -312,7 +313,7 @@ rw_status_t exec_plan_send_row(exec_pair_t *p)
 	exec_t *x = p->x;
 	for (uint32_t peer = 0; peer < x->nodes; peer++)
 		if (!rw_svc_mesh_peer_up(x->mesh, peer))
-			return exec_err(p, RW_ERR_PEER, 1, "peer %u (%s) is not connected", peer,
+			return exec_err(p, RW_ERR_PEER, "peer %u (%s) is not connected", peer,
 					x->svc->cfg.nodes[peer].name);
 	size_t nr = (size_t)x->nodes * x->rails;
 	/* Our view of our rails goes with the row (docs/dataflow.md "Rail health"). */
@@ -332,14 +333,14 @@ rw_status_t exec_plan_send_row(exec_pair_t *p)
 	size_t len = rw_wire_counts_size(x->nodes, x->rails);
 	uint8_t *buf = malloc(len);
 	if (!buf)
-		return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
+		return exec_err(p, RW_ERR_NOMEM, "out of memory");
 	rw_wire_counts_pack(&c, buf, len);
 	exec_plan_take_row(p, x->me, (uint32_t)p->xchg.slot, &p->xchg.params, c.row, NULL);
 	rw_status_t st = RW_OK;
 	for (uint32_t peer = 0; peer < x->nodes && st == RW_OK; peer++)
 		if (peer != x->me &&
 		    rw_svc_mesh_send(x->mesh, peer, RW_WIRE_COUNTS, buf, (uint32_t)len) != RW_OK)
-			st = exec_err(p, RW_ERR_PEER, 1, "cannot send counts to node %u (%s)", peer,
+			st = exec_err(p, RW_ERR_PEER, "cannot send counts to node %u (%s)", peer,
 				      x->svc->cfg.nodes[peer].name);
 	free(buf);
 	return st;
@@ -357,16 +358,18 @@ static rw_status_t check_params(exec_pair_t *p, int *forced_p)
 		const rw_wire_phase_params_t *pp = &p->xchg.peer_params[n];
 		if (pp->n_experts != ours->n_experts || pp->topk != ours->topk ||
 		    pp->hidden != ours->hidden || pp->dtype != ours->dtype)
-			return exec_err(p, pp->n_experts != ours->n_experts ? RW_ERR_SUB_EXPERTS : RW_ERR_INVAL,
-					0, "node %u disagrees on E/topk/hidden/dtype (%u/%u/%u/%u)", n,
-					pp->n_experts, pp->topk, pp->hidden, pp->dtype);
+			return exec_err_agreed(p, pp->n_experts != ours->n_experts ? RW_ERR_SUB_EXPERTS
+					       : RW_ERR_INVAL, "node %u disagrees on E/topk/hidden/dtype "
+					       "(%u/%u/%u/%u)", n, pp->n_experts, pp->topk, pp->hidden,
+					       pp->dtype);
 		uint32_t by_ranks = (pp->requested_path | first->requested_path) & RW_WIRE_PATH_BY_RANKS;
 		if (by_ranks && pp->requested_path != first->requested_path) {
 			uint32_t g = x->gpus;
-			return exec_err(p, RW_ERR_INVAL, 0, "path requests differ: ranks %u-%u (%s) %s, "
-					"ranks %u-%u (%s) %s", 0u, g - 1, x->svc->cfg.nodes[0].name,
-					request_name(first->requested_path), n * g, n * g + g - 1,
-					x->svc->cfg.nodes[n].name, request_name(pp->requested_path));
+			return exec_err_agreed(p, RW_ERR_INVAL, "path requests differ: ranks %u-%u (%s) "
+					       "%s, ranks %u-%u (%s) %s", 0u, g - 1,
+					       x->svc->cfg.nodes[0].name, request_name(first->requested_path),
+					       n * g, n * g + g - 1, x->svc->cfg.nodes[n].name,
+					       request_name(pp->requested_path));
 		}
 		if (*forced_p < 0 && pp->requested_path != RW_WIRE_PATH_AUTO)
 			*forced_p = (int)(pp->requested_path & 0xffu);
@@ -410,7 +413,7 @@ static rw_status_t plan_rails(exec_pair_t *p)
 	p->plan.topo.pair_weight = NULL;
 	uint32_t *pw = rw_arena_alloc(&p->mem, (size_t)n * n * rails, sizeof(uint32_t));
 	if (!pw)
-		return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
+		return exec_err(p, RW_ERR_NOMEM, "out of memory");
 	int differs = 0, excluded = 0;
 	for (uint32_t s = 0; s < n; s++)
 		for (uint32_t d = 0; d < n; d++) {
@@ -432,9 +435,10 @@ static rw_status_t plan_rails(exec_pair_t *p)
 			}
 			differs |= !weights_as_base(w, base->rail_weight, rails);
 			if (!any && demand)
-				return exec_err(p, RW_ERR_LINK, 0, "node %u (%s) and node %u (%s) have no rail "
-						"up between them: retry the phase", s,
-						x->svc->cfg.nodes[s].name, d, x->svc->cfg.nodes[d].name);
+				return exec_err_agreed(p, RW_ERR_LINK, "node %u (%s) and node %u (%s) "
+						       "have no rail up between them: retry the phase",
+						       s, x->svc->cfg.nodes[s].name, d,
+						       x->svc->cfg.nodes[d].name);
 		}
 	if (differs)
 		p->plan.topo.pair_weight = pw;
@@ -451,13 +455,13 @@ static rw_status_t plan_features(exec_pair_t *p, rw_features_t *feat)
 	const rw_topo_t *topo = &p->plan.topo;
 	if (!topo->pair_weight) {
 		if (rw_sched_feat_finish(&p->xchg.feat_acc, p->ph.rec_size, feat) != RW_OK)
-			return exec_err(p, RW_ERR_SYS, 0, "feature accumulator incomplete");
+			return exec_err_agreed(p, RW_ERR_SYS, "feature accumulator incomplete");
 		return RW_OK;
 	}
 	const uint32_t n = x->nodes, rails = x->rails;
 	uint32_t *eff = rw_arena_alloc(&p->mem, (size_t)n * n * rails, sizeof(uint32_t));
 	if (!eff)
-		return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
+		return exec_err(p, RW_ERR_NOMEM, "out of memory");
 	rw_pair_plan_t pp;
 	for (uint32_t s = 0; s < n; s++)
 		for (uint32_t d = 0; d < n; d++) {
@@ -486,11 +490,32 @@ static rw_status_t plan_rails_now(exec_pair_t *p)
 		uint32_t up = rw_svc_mesh_rail_mask(x->mesh, peer);
 		for (uint32_t r = 0; r < x->rails; r++)
 			if (!((up >> r) & 1) && exec_plan_uses_rail(p, peer, r))
-				return exec_err(p, RW_ERR_LINK, 1, "rail %u between node %u (%s) and node %u "
+				return exec_err(p, RW_ERR_LINK, "rail %u between node %u (%s) and node %u "
 						"(%s) went down: retry the phase, it runs on the other rails",
 						r, x->me, x->svc->cfg.nodes[x->me].name, peer,
 						x->svc->cfg.nodes[peer].name);
 	}
+	return RW_OK;
+}
+
+/* Each kind's traffic under the layout: dispatch sends our records to their destinations and
+ * receives the sources' ranges; combine returns each range to where it came from. */
+static rw_status_t plan_flows(exec_pair_t *p)
+{
+	const exec_t *x = p->x;
+	const rw_svc_layout_t *l = &p->plan.layout;
+	uint32_t *out_quota = rw_arena_alloc(&p->mem, (size_t)x->nodes * x->rails, sizeof(uint32_t));
+	if (!out_quota)
+		return exec_err(p, RW_ERR_NOMEM, "out of memory");
+	for (uint32_t d = 0; d < x->nodes; d++) /* out_pairs[me] is empty */
+		for (uint32_t r = 0; r < x->rails; r++)
+			out_quota[(size_t)d * x->rails + r] = d == x->me ? 0 : l->out_pairs[d].quota[r];
+	p->flow[RW_SVC_DISPATCH] = (struct exec_flow){
+		.rec = p->ph.rec_size, .send_quota = out_quota, .recv_quota = l->in_quota,
+		.send_first = l->out_first, .peer_first = l->peer_in_first };
+	p->flow[RW_SVC_COMBINE] = (struct exec_flow){
+		.rec = p->ph.crec_size, .send_quota = l->in_quota, .recv_quota = out_quota,
+		.send_first = l->in_first, .peer_first = l->peer_ret_first };
 	return RW_OK;
 }
 
@@ -526,14 +551,14 @@ rw_status_t exec_plan_decide(exec_pair_t *p)
 	rw_svc_layout_max(topo, p->plan.path, p->xchg.counts, &max_in, &max_out);
 	uint64_t need = RW_MAX(max_in, max_out) * ph->rec_size;
 	if (need > x->sub_bytes)
-		return exec_err(p, RW_ERR_RANGE, 0, "a rail needs %llu bytes, the region area holds "
-				"%llu (raise recv_region_mib)", (unsigned long long)need,
-				(unsigned long long)x->sub_bytes);
+		return exec_err_agreed(p, RW_ERR_RANGE, "a rail needs %llu bytes, the region area "
+				       "holds %llu (raise recv_region_mib)", (unsigned long long)need,
+				       (unsigned long long)x->sub_bytes);
 	rw_svc_layout_t *l = &p->plan.layout;
 	if (rw_svc_layout_build(l, topo, p->plan.path, x->me, p->xchg.counts) != RW_OK)
-		return exec_err(p, RW_ERR_SYS, 0, "cannot build the receive layout");
+		return exec_err_agreed(p, RW_ERR_SYS, "cannot build the receive layout");
 	p->plan.have_layout = 1;
-	if (plan_rails_now(p) != RW_OK)
+	if (plan_flows(p) != RW_OK || plan_rails_now(p) != RW_OK)
 		return p->err.st;
 	ph->layout = l;
 	ph->row_off = p->plan.row_off;
@@ -546,6 +571,6 @@ rw_status_t exec_plan_decide(exec_pair_t *p)
 	char why[RW_SVC_WHY_MAX];
 	rw_status_t st = p->mv->plan(p->mv_mover, p->mv_state, ph, why);
 	if (st != RW_OK)
-		return exec_err(p, st, 1, "%s", why);
+		return exec_err(p, st, "%s", why);
 	return RW_OK;
 }

@@ -11,7 +11,7 @@ rw_status_t exec_recv_init(exec_pair_t *p)
 {
 	exec_t *x = p->x;
 	size_t n = x->nodes, nr = (size_t)x->nodes * x->rails;
-	for (int k = 0; k < 2; k++) {
+	for (int k = 0; k < RW_SVC_KIND_COUNT; k++) {
 		p->recv[k].arrived = rw_arena_alloc(&p->mem, nr, sizeof(uint64_t));
 		p->recv[k].parted = rw_arena_alloc(&p->mem, nr, sizeof(uint32_t));
 		p->recv[k].range_done = rw_arena_alloc(&p->mem, nr, 1);
@@ -22,27 +22,20 @@ rw_status_t exec_recv_init(exec_pair_t *p)
 		p->recv[k].grant_hi = 1;
 		if (!p->recv[k].arrived || !p->recv[k].parted || !p->recv[k].range_done || !p->recv[k].src_active ||
 		    !p->send.granted[k] || !p->send.packed[k])
-			return exec_err(p, RW_ERR_NOMEM, 1, "out of memory");
+			return exec_err(p, RW_ERR_NOMEM, "out of memory");
 	}
 	return RW_OK;
 }
 
 /* Records of `kind` that src sends us on rail r under the layout. */
-static uint32_t range_quota(const exec_pair_t *p, int kind, uint32_t src, uint32_t r)
+static uint32_t range_quota(const exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t src,
+			    uint32_t r)
 {
-	const rw_svc_layout_t *l = &p->plan.layout;
-	if (kind == 0)
-		return l->in_quota[(size_t)src * p->x->rails + r];
-	return src == p->x->me ? 0 : l->out_pairs[src].quota[r];
-}
-
-static uint64_t rec_size(const exec_pair_t *p, int kind)
-{
-	return kind == 0 ? p->ph.rec_size : p->ph.crec_size;
+	return p->flow[kind].recv_quota[(size_t)src * p->x->rails + r];
 }
 
 /* Every range of `kind` from src has arrived (or has nothing to bring). */
-static int src_done(const exec_pair_t *p, int kind, uint32_t src)
+static int src_done(const exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t src)
 {
 	for (uint32_t r = 0; r < p->x->rails; r++)
 		if (range_quota(p, kind, src, r) && !p->recv[kind].range_done[(size_t)src * p->x->rails + r])
@@ -51,7 +44,7 @@ static int src_done(const exec_pair_t *p, int kind, uint32_t src)
 }
 
 /* Grant every wave whose earlier waves have all arrived here. */
-static void grant(exec_pair_t *p, int kind)
+static void grant(exec_pair_t *p, rw_svc_phase_kind_t kind)
 {
 	exec_t *x = p->x;
 	uint32_t n = x->nodes;
@@ -75,7 +68,7 @@ static void grant(exec_pair_t *p, int kind)
 }
 
 /* Fan-in bookkeeping: src is sending to us (bytes arrived, its ranges not all complete). */
-static void src_note(exec_pair_t *p, int kind, uint32_t src, int arrived)
+static void src_note(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t src, int arrived)
 {
 	exec_t *x = p->x;
 	const int known = p->plan.have_layout;
@@ -95,7 +88,7 @@ static void src_note(exec_pair_t *p, int kind, uint32_t src, int arrived)
 /* A mover's answer about src's bytes: a bad record blames src. */
 static rw_status_t mover_failed(exec_pair_t *p, rw_status_t st, uint32_t src, const char *why)
 {
-	exec_err(p, st, 1, "%s", why);
+	exec_err(p, st, "%s", why);
 	if (st == RW_ERR_PROTO)
 		p->err.blame_peer = (int)src + 1;
 	return st;
@@ -105,12 +98,13 @@ void exec_recv_refused(exec_pair_t *p, uint32_t src, rw_status_t st)
 {
 	char why[RW_SVC_WHY_MAX];
 	snprintf(why, sizeof(why), "the data mover refused %s data from node %u (%s): %s (the "
-		 "daemon's log names the record)", exec_kind(p) ? "combine" : "dispatch", src,
+		 "daemon's log names the record)", rw_svc_kind_name(exec_kind(p)), src,
 		 p->x->svc->cfg.nodes[src].name, rw_status_str(st));
 	mover_failed(p, st, src, why);
 }
 
-static rw_status_t range_complete(exec_pair_t *p, int kind, uint32_t src, uint32_t rail)
+static rw_status_t range_complete(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t src,
+				  uint32_t rail)
 {
 	char why[RW_SVC_WHY_MAX];
 	rw_status_t st = p->mv->arrived(p->mv_mover, p->mv_state, &p->ph, kind, src, rail, why);
@@ -126,14 +120,15 @@ static rw_status_t range_complete(exec_pair_t *p, int kind, uint32_t src, uint32
 }
 
 /* One range's bytes against the layout: complete, still coming, or too many. */
-static rw_status_t range_check(exec_pair_t *p, int kind, uint32_t src, uint32_t rail, int last)
+static rw_status_t range_check(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t src,
+			       uint32_t rail, int last)
 {
 	size_t i = (size_t)src * p->x->rails + rail;
-	uint64_t want = (uint64_t)range_quota(p, kind, src, rail) * rec_size(p, kind);
+	uint64_t want = (uint64_t)range_quota(p, kind, src, rail) * p->flow[kind].rec;
 	uint64_t got = p->recv[kind].arrived[i];
 	if (got > want || (last && got != want))
-		return exec_err(p, RW_ERR_PROTO, 1, "%s from node %u rail %u: %llu bytes where the counts "
-				"say %llu", kind ? "combine data" : "dispatch data", src, rail,
+		return exec_err(p, RW_ERR_PROTO, "%s data from node %u rail %u: %llu bytes where the counts "
+				"say %llu", rw_svc_kind_name(kind), src, rail,
 				(unsigned long long)got, (unsigned long long)want);
 	if (got == want) {
 		p->x->svc->metrics.rail[rail].rx_records += range_quota(p, kind, src, rail);
@@ -141,7 +136,7 @@ static rw_status_t range_check(exec_pair_t *p, int kind, uint32_t src, uint32_t 
 	}
 	/* Not complete: the whole records of the prefix that is here, to a mover that takes them
 	 * early (its work overlaps the rest of the range's transfer), when there are new ones. */
-	const uint32_t upto = (uint32_t)(got / rec_size(p, kind));
+	const uint32_t upto = (uint32_t)(got / p->flow[kind].rec);
 	if (p->mv->part && upto > p->recv[kind].parted[i]) {
 		char why[RW_SVC_WHY_MAX];
 		p->recv[kind].parted[i] = upto;
@@ -154,7 +149,7 @@ static rw_status_t range_check(exec_pair_t *p, int kind, uint32_t src, uint32_t 
 	return RW_OK;
 }
 
-rw_status_t exec_recv_begin(exec_pair_t *p, int kind)
+rw_status_t exec_recv_begin(exec_pair_t *p, rw_svc_phase_kind_t kind)
 {
 	exec_t *x = p->x;
 	p->recv[kind].ranges_left = 0;
@@ -167,7 +162,7 @@ rw_status_t exec_recv_begin(exec_pair_t *p, int kind)
 	return RW_OK;
 }
 
-rw_status_t exec_recv_scan(exec_pair_t *p, int kind)
+rw_status_t exec_recv_scan(exec_pair_t *p, rw_svc_phase_kind_t kind)
 {
 	exec_t *x = p->x;
 	for (uint32_t s = 0; s < x->nodes; s++)
@@ -178,12 +173,12 @@ rw_status_t exec_recv_scan(exec_pair_t *p, int kind)
 	return RW_OK;
 }
 
-rw_status_t exec_recv_data(exec_pair_t *p, int kind, uint32_t peer, uint32_t rail, uint64_t len,
-			   int last)
+rw_status_t exec_recv_data(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t peer, uint32_t rail,
+			   uint64_t len, int last)
 {
 	size_t i = (size_t)peer * p->x->rails + rail;
 	if (p->recv[kind].range_done[i] && p->plan.have_layout) {
-		exec_err(p, RW_ERR_PROTO, 1, "node %u rail %u sent data for a range already complete",
+		exec_err(p, RW_ERR_PROTO, "node %u rail %u sent data for a range already complete",
 			 peer, rail);
 		return RW_ERR_PROTO;
 	}
@@ -195,7 +190,7 @@ rw_status_t exec_recv_data(exec_pair_t *p, int kind, uint32_t peer, uint32_t rai
 	return range_check(p, kind, peer, rail, last);
 }
 
-void exec_recv_waiting(const exec_pair_t *p, int kind, char *buf, size_t len)
+void exec_recv_waiting(const exec_pair_t *p, rw_svc_phase_kind_t kind, char *buf, size_t len)
 {
 	const exec_t *x = p->x;
 	size_t used = 0;

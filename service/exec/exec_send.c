@@ -15,11 +15,13 @@ int exec_gated(const exec_pair_t *p)
 /* Records of `kind` that node src writes to node dst in this pair, from the count matrix
  * (rail-independent, so the same on every node): dispatch carries src's records for dst, and
  * combine returns dst's records that src hosted. */
-static uint64_t pair_flow(const exec_pair_t *p, int kind, uint32_t src, uint32_t dst)
+static uint64_t pair_flow(const exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t src,
+			  uint32_t dst)
 {
 	const exec_t *x = p->x;
 	size_t nr = (size_t)x->nodes * x->rails;
-	uint32_t a = kind == 0 ? src : dst, b = kind == 0 ? dst : src;
+	const int back = exec_kind_desc(kind)->returns;
+	uint32_t a = back ? dst : src, b = back ? src : dst;
 	uint64_t t = 0;
 	for (uint32_t r = 0; r < x->rails; r++)
 		t += p->xchg.counts[a * nr + (size_t)b * x->rails + r];
@@ -28,7 +30,7 @@ static uint64_t pair_flow(const exec_pair_t *p, int kind, uint32_t src, uint32_t
 
 /* Whether node s must wait for d = (s + k) mod N to grant wave k: it has data for d, and some
  * earlier wave brings d data (if none does, d would grant at once: the round is skipped). */
-int exec_needs_grant(const exec_pair_t *p, int kind, uint32_t k, uint32_t s)
+int exec_needs_grant(const exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t k, uint32_t s)
 {
 	uint32_t n = p->x->nodes, d = (s + k) % n;
 	if (k < 2 || !pair_flow(p, kind, s, d))
@@ -39,7 +41,7 @@ int exec_needs_grant(const exec_pair_t *p, int kind, uint32_t k, uint32_t s)
 	return 0;
 }
 
-void exec_send_begin(exec_pair_t *p, int kind)
+void exec_send_begin(exec_pair_t *p, rw_svc_phase_kind_t kind)
 {
 	p->send.kind = kind;
 	p->send.state = SEND_IDLE;
@@ -49,7 +51,7 @@ void exec_send_begin(exec_pair_t *p, int kind)
 /* d's slabs of `kind`, packed once, just before d's wave is posted: later waves' packing
  * overlaps earlier waves' sending. RW_ERR_AGAIN: the mover writes them asynchronously and
  * reports RW_MV_OP_PACKED; pack() is asked again then. */
-static rw_status_t pack_dst(exec_pair_t *p, int kind, uint32_t d)
+static rw_status_t pack_dst(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t d)
 {
 	if (p->send.packed[kind][d])
 		return RW_OK;
@@ -58,7 +60,7 @@ static rw_status_t pack_dst(exec_pair_t *p, int kind, uint32_t d)
 	if (st == RW_ERR_AGAIN)
 		return st;
 	p->send.packed[kind][d] = 1;
-	return st == RW_OK ? RW_OK : exec_err(p, st, 1, "%s", why);
+	return st == RW_OK ? RW_OK : exec_err(p, st, "%s", why);
 }
 
 /* The largest write on rail r. */
@@ -70,11 +72,10 @@ static uint64_t write_chunk(const exec_pair_t *p, uint32_t r)
 }
 
 /* Bytes of d's slab of `kind` on rail r. */
-static uint64_t slab_len(const exec_pair_t *p, int kind, uint32_t d, uint32_t r)
+static uint64_t slab_len(const exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t d, uint32_t r)
 {
-	const rw_svc_layout_t *l = &p->plan.layout;
-	uint32_t q = kind == 0 ? l->out_pairs[d].quota[r] : l->in_quota[(size_t)d * p->x->rails + r];
-	return (uint64_t)q * (kind == 0 ? p->ph.rec_size : p->ph.crec_size);
+	const struct exec_flow *f = &p->flow[kind];
+	return (uint64_t)f->send_quota[(size_t)d * p->x->rails + r] * f->rec;
 }
 
 /* Post the slab writes of the wave being posted, from the cursor on: per destination, rounds
@@ -85,9 +86,10 @@ static uint64_t slab_len(const exec_pair_t *p, int kind, uint32_t d, uint32_t r)
 static rw_status_t post_wave(exec_pair_t *p, int *budget)
 {
 	exec_t *x = p->x;
-	const rw_svc_layout_t *l = &p->plan.layout;
-	const int kind = p->send.kind;
-	const uint64_t rsz = kind == 0 ? p->ph.rec_size : p->ph.crec_size;
+	const rw_svc_phase_kind_t kind = p->send.kind;
+	const struct exec_flow *f = &p->flow[kind];
+	const exec_kind_desc_t *kd = exec_kind_desc(kind);
+	const uint64_t rsz = f->rec;
 	for (; p->send.cur_k <= p->send.k_hi; p->send.cur_k++, p->send.cur_c = 0, p->send.cur_r = 0) {
 		uint32_t d = rw_sched_wave_dst(x->nodes, x->me, p->send.cur_k);
 		rw_status_t pst = pack_dst(p, kind, d);
@@ -125,18 +127,16 @@ static rw_status_t post_wave(exec_pair_t *p, int *budget)
 					p->send.state = SEND_PACED;
 					return RW_OK;
 				}
-				uint64_t local = exec_sub_off(x, p->xchg.slot, kind == 0 ? SUB_SD : SUB_SC) +
-						 (uint64_t)(kind == 0 ? l->out_first[i] : l->in_first[i]) * rsz;
-				uint64_t remote = exec_sub_off(x, (int)p->xchg.peer_slot[d],
-							       kind == 0 ? SUB_RD : SUB_RC) +
-						  (uint64_t)(kind == 0 ? l->peer_in_first[i]
-								       : l->peer_ret_first[i]) * rsz;
+				uint64_t local = exec_sub_off(x, p->xchg.slot, kd->sub_send) +
+						 (uint64_t)f->send_first[i] * rsz;
+				uint64_t remote = exec_sub_off(x, (int)p->xchg.peer_slot[d], kd->sub_recv) +
+						  (uint64_t)f->peer_first[i] * rsz;
 				uint32_t imm = rw_wire_imm_pack(p->xchg.tag_to[d], (uint32_t)kind, off + n == len,
 								x->me, r);
 				rw_status_t st = rw_svc_mesh_write(x->mesh, d, r, local + off, remote + off, n,
 								   imm, p);
 				if (st != RW_OK)
-					return exec_err(p, RW_ERR_PEER, 1, "cannot write to node %u (%s) rail %u: %s",
+					return exec_err(p, RW_ERR_PEER, "cannot write to node %u (%s) rail %u: %s",
 							d, x->svc->cfg.nodes[d].name, r, rw_status_str(st));
 				p->outstanding++;
 				p->send.pending++;
@@ -153,7 +153,7 @@ static rw_status_t post_wave(exec_pair_t *p, int *budget)
 rw_status_t exec_send_progress(exec_pair_t *p)
 {
 	exec_t *x = p->x;
-	const int kind = p->send.kind;
+	const rw_svc_phase_kind_t kind = p->send.kind;
 	const int waved = exec_gated(p);
 	int budget = x->hooks.write_gap_s > 0 ? 1 : -1; /* writes we may post now; -1: all */
 	for (;;) {
