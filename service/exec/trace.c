@@ -175,7 +175,7 @@ void exec_trace_stop(exec_t *x)
 
 /* ---- the pair's hooks ------------------------------------------------------------------------ */
 
-static exec_trace_kind_t *tk(exec_pair_t *p, int kind) { return &p->tr->k[kind & 1]; }
+static exec_trace_kind_t *tk(exec_pair_t *p, rw_svc_phase_kind_t kind) { return &p->tr->k[kind]; }
 
 void exec_trace_open_(exec_pair_t *p)
 {
@@ -197,12 +197,12 @@ void exec_trace_open_(exec_pair_t *p)
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	tr->wall0_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-	tr->mono0_ns = tr->k[0].t0_ns = rw_now_ns();
+	tr->mono0_ns = tr->k[RW_SVC_DISPATCH].t0_ns = rw_now_ns();
 	snprintf(tr->group, sizeof(tr->group), "%s", p->g ? p->g->name : "?");
 	p->tr = tr;
 }
 
-void exec_trace_submit_(exec_pair_t *p, int kind, uint32_t local)
+void exec_trace_submit_(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t local)
 {
 	exec_trace_kind_t *k = tk(p, kind);
 	uint64_t now = rw_now_ns();
@@ -213,7 +213,7 @@ void exec_trace_submit_(exec_pair_t *p, int kind, uint32_t local)
 	k->submitted |= 1u << local;
 }
 
-void exec_trace_mark_(exec_pair_t *p, int kind, int what)
+void exec_trace_mark_(exec_pair_t *p, rw_svc_phase_kind_t kind, int what)
 {
 	uint64_t now = rw_now_ns();
 	if (what == EXEC_TRACE_READY)
@@ -249,19 +249,19 @@ void exec_trace_wave_done_(exec_pair_t *p)
 		tk(p, p->send.kind)->wave[p->send.wave].done_ns = rw_now_ns();
 }
 
-void exec_trace_grant_wait_(exec_pair_t *p, int kind, uint32_t wave)
+void exec_trace_grant_wait_(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t wave)
 {
 	if (wave < p->x->nodes && !tk(p, kind)->wave[wave].wait_ns)
 		tk(p, kind)->wave[wave].wait_ns = rw_now_ns();
 }
 
-void exec_trace_granted_(exec_pair_t *p, int kind, uint32_t wave)
+void exec_trace_granted_(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t wave)
 {
 	if (wave < p->x->nodes)
 		tk(p, kind)->wave[wave].grant_ns = rw_now_ns();
 }
 
-void exec_trace_grant_sent_(exec_pair_t *p, int kind, uint32_t wave)
+void exec_trace_grant_sent_(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t wave)
 {
 	if (wave < p->x->nodes)
 		tk(p, kind)->granted_ns[wave] = rw_now_ns();
@@ -286,7 +286,8 @@ void exec_trace_tx_(exec_pair_t *p, uint32_t rail, uint64_t bytes)
 	}
 }
 
-void exec_trace_rx_(exec_pair_t *p, int kind, uint32_t src, uint32_t rail, uint64_t bytes)
+void exec_trace_rx_(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t src, uint32_t rail,
+		    uint64_t bytes)
 {
 	exec_trace_range_t *r = &tk(p, kind)->rx[(size_t)src * p->x->rails + rail];
 	if (!r->first_ns)
@@ -294,7 +295,7 @@ void exec_trace_rx_(exec_pair_t *p, int kind, uint32_t src, uint32_t rail, uint6
 	r->bytes += bytes;
 }
 
-void exec_trace_range_done_(exec_pair_t *p, int kind, uint32_t src, uint32_t rail)
+void exec_trace_range_done_(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t src, uint32_t rail)
 {
 	exec_trace_kind_t *k = tk(p, kind);
 	uint64_t now = rw_now_ns();
@@ -397,7 +398,7 @@ static void out_counts(rw_svc_trace_t *t, const exec_pair_t *p)
 	out(t, "]");
 }
 
-void exec_trace_end_(exec_pair_t *p, int kind, rw_status_t st)
+void exec_trace_end_(exec_pair_t *p, rw_svc_phase_kind_t kind, rw_status_t st)
 {
 	exec_t *x = p->x;
 	rw_svc_trace_t *t = x->trace;
@@ -448,19 +449,20 @@ void exec_trace_end_(exec_pair_t *p, int kind, rw_status_t st)
 		const rw_features_t *f = &tr->feat;
 		out(t, ",\"reason\":\"%s\",\"case\":%lld,\"dist2\":%.6g,\"decided_us\":%s",
 		    rw_sched_reason_name(tr->sel.reason), (long long)tr->sel.case_id, tr->sel.distance2,
-		    us(&tr->k[0], tr->decided_ns));
+		    us(&tr->k[RW_SVC_DISPATCH], tr->decided_ns));
 		out(t, ",\"features\":{\"remote_bytes\":%llu,\"B\":%.6g,\"rho_g\":%.6g,\"kappa\":%.6g,"
 		    "\"f\":[%.6g,%.6g,%.6g],\"max_fan_in\":%u,\"busiest_dst_rail_share\":%.6g}",
 		    (unsigned long long)f->remote_bytes, f->B, f->rho_g, f->kappa, f->f[0], f->f[1],
 		    f->f[2], f->max_fan_in, f->busiest_dst_rail_share);
 	}
 	out(t, ",\"rec_size\":%llu,\"experts\":%u,\"topk\":%u",
-	    (unsigned long long)(kind ? p->ph.crec_size : p->ph.rec_size), p->ph.n_experts, p->ph.topk);
+	    (unsigned long long)(kind == RW_SVC_COMBINE ? p->ph.crec_size : p->ph.rec_size),
+	    p->ph.n_experts, p->ph.topk);
 	out_counts(t, p);
 	/* A completed dispatch: the load of every expert this node hosts (token copies it got,
 	 * local ones included) and the rows each local rank received. */
 	uint32_t world = x->nodes * x->gpus;
-	if (kind == 0 && st == RW_OK && p->mv_state && p->ph.n_experts % world == 0) {
+	if (kind == RW_SVC_DISPATCH && st == RW_OK && p->mv_state && p->ph.n_experts % world == 0) {
 		uint32_t per = p->ph.n_experts / world;
 		out(t, ",\"expert_first\":%u,\"expert_load\":[", x->me * x->gpus * per);
 		for (uint32_t g = 0; g < x->gpus; g++) {

@@ -10,6 +10,7 @@
 
 #include "common/common.h"
 #include "sched/sched.h"
+#include "service/core/svc.h"
 
 #define EXEC_TRACE_FULL_COUNTS 4096u /* N*N*R above this: per-node and per-rail sums instead */
 
@@ -53,7 +54,7 @@ typedef struct exec_trace_pair {
 	uint64_t decided_ns;
 	rw_features_t feat;
 	rw_selection_t sel;
-	exec_trace_kind_t k[2];
+	exec_trace_kind_t k[RW_SVC_KIND_COUNT];
 } exec_trace_pair_t;
 
 typedef struct rw_svc_trace rw_svc_trace_t;
@@ -75,18 +76,20 @@ typedef struct exec_trace_counters {
 
 /* The hooks' bodies (trace.c); call them through the inline wrappers below. */
 void exec_trace_open_(struct exec_pair *p);
-void exec_trace_submit_(struct exec_pair *p, int kind, uint32_t local);
-void exec_trace_mark_(struct exec_pair *p, int kind, int what);
+void exec_trace_submit_(struct exec_pair *p, rw_svc_phase_kind_t kind, uint32_t local);
+void exec_trace_mark_(struct exec_pair *p, rw_svc_phase_kind_t kind, int what);
 void exec_trace_decided_(struct exec_pair *p);
 void exec_trace_wave_post_(struct exec_pair *p);
 void exec_trace_wave_done_(struct exec_pair *p);
-void exec_trace_grant_wait_(struct exec_pair *p, int kind, uint32_t wave);
-void exec_trace_granted_(struct exec_pair *p, int kind, uint32_t wave);
-void exec_trace_grant_sent_(struct exec_pair *p, int kind, uint32_t wave);
+void exec_trace_grant_wait_(struct exec_pair *p, rw_svc_phase_kind_t kind, uint32_t wave);
+void exec_trace_granted_(struct exec_pair *p, rw_svc_phase_kind_t kind, uint32_t wave);
+void exec_trace_grant_sent_(struct exec_pair *p, rw_svc_phase_kind_t kind, uint32_t wave);
 void exec_trace_tx_(struct exec_pair *p, uint32_t rail, uint64_t bytes);
-void exec_trace_rx_(struct exec_pair *p, int kind, uint32_t src, uint32_t rail, uint64_t bytes);
-void exec_trace_range_done_(struct exec_pair *p, int kind, uint32_t src, uint32_t rail);
+void exec_trace_rx_(struct exec_pair *p, rw_svc_phase_kind_t kind, uint32_t src, uint32_t rail,
+		    uint64_t bytes);
+void exec_trace_range_done_(struct exec_pair *p, rw_svc_phase_kind_t kind, uint32_t src,
+			    uint32_t rail);
 /* The kind ended (st RW_OK: completed; else failed with the pair's recorded error): write it. */
-void exec_trace_end_(struct exec_pair *p, int kind, rw_status_t st);
+void exec_trace_end_(struct exec_pair *p, rw_svc_phase_kind_t kind, rw_status_t st);
 
 #endif /* RW_SVC_TRACE_H */

@@ -14,14 +14,15 @@
 #include "common/common.h"
 #include "ipc/railwave.h"
 #include "sched/sched.h"
+#include "service/core/svc.h"
 #include "service/mover/stage.h"
 #include "service/phase/phase.h"
 
 struct ev_loop;
 struct rw_cuda_event;
 
-/* Kinds of a pair's phases (index of per-kind arrays). */
-enum { RW_MV_DISPATCH = 0, RW_MV_COMBINE = 1 };
+/* A pair's two phases are of the daemon's one kind type, rw_svc_phase_kind_t (RW_SVC_DISPATCH,
+ * RW_SVC_COMBINE; service/core/svc_metrics.h), which indexes every per-kind array here. */
 
 /* Where one span of a rank's memory is: host memory mapped here, or CUDA memory (device,
  * address in this process). */
@@ -76,8 +77,8 @@ typedef struct rw_svc_phase {
 	uint32_t rail_base[RW_MAX_RAILS + 1]; /* received record ref = rail_base[r] + slot */
 	uint32_t n_in;               /* records received (all rails) */
 	/* This pair's areas on each rail (send and receive, per kind), in the mesh's memory. */
-	uint8_t *send_area[2][RW_MAX_RAILS];
-	const uint8_t *recv_area[2][RW_MAX_RAILS];
+	uint8_t *send_area[RW_SVC_KIND_COUNT][RW_MAX_RAILS];
+	const uint8_t *recv_area[RW_SVC_KIND_COUNT][RW_MAX_RAILS];
 	/* Where the slabs are, per rail (docs/cuda.md "Where the slabs live"; set from the pair's
 	 * start, the addresses with the areas). slab_dev[r] < 0: the areas above are the slabs, the
 	 * host memory the NIC reads and writes. >= 0: the NIC reads and writes GPU memory of that
@@ -90,8 +91,9 @@ typedef struct rw_svc_phase {
 	 * The host mover copies whole ranges; the CUDA mover's kernels move the rows and it copies
 	 * only the headers the CPU writes and checks. */
 	int slab_dev[RW_MAX_RAILS];
-	uint64_t send_dptr[2][RW_MAX_RAILS], recv_dptr[2][RW_MAX_RAILS];
-	rw_svc_rank_io_t io[2][RW_MAX_GPUS]; /* [kind][local rank] */
+	uint64_t send_dptr[RW_SVC_KIND_COUNT][RW_MAX_RAILS];
+	uint64_t recv_dptr[RW_SVC_KIND_COUNT][RW_MAX_RAILS];
+	rw_svc_rank_io_t io[RW_SVC_KIND_COUNT][RW_MAX_GPUS]; /* [kind][local rank] */
 	/* Each local rank's pinned host staging (grows; kept across pairs by the executor). */
 	rw_svc_pinned_t *stage_in[RW_MAX_GPUS], *stage_out[RW_MAX_GPUS];
 	/* Set by an executor that waits for RW_MV_OP_PACKED: pack() may then answer RW_ERR_AGAIN
@@ -147,13 +149,13 @@ typedef struct rw_svc_mover_ops {
 	/* 1 when this mover can carry a pair whose ranks gave these buffers (kind's io). The
 	 * executor asks its movers in order at the first submission and keeps the first that says
 	 * yes for the whole pair; the host mover says yes to everything. */
-	int (*accepts)(void *mover, const rw_svc_phase_t *ph, int kind, uint32_t g);
+	int (*accepts)(void *mover, const rw_svc_phase_t *ph, rw_svc_phase_kind_t kind, uint32_t g);
 	/* Per pair: private state, freed by close(). */
 	rw_status_t (*open)(void *mover, const rw_svc_phase_t *ph, void **state_p);
 	/* Make rank g's `kind` inputs readable. *pending_p = 0: done now; 1: report
 	 * RW_MV_OP_STAGE_D/C follows. */
-	rw_status_t (*stage)(void *mover, void *state, rw_svc_phase_t *ph, int kind, uint32_t g,
-			     int *pending_p, char *why);
+	rw_status_t (*stage)(void *mover, void *state, rw_svc_phase_t *ph, rw_svc_phase_kind_t kind,
+			     uint32_t g, int *pending_p, char *why);
 	/* The decision is known (ph->layout ...): size the outputs and forwarding tables. */
 	rw_status_t (*plan)(void *mover, void *state, const rw_svc_phase_t *ph, char *why);
 	/* Write the slabs of `kind` for destination d into ph->send_area (every rail), each record
@@ -161,22 +163,22 @@ typedef struct rw_svc_mover_ops {
 	 * With ph->pack_waits set, RW_ERR_AGAIN (why empty) means the bytes are being written
 	 * asynchronously: post nothing for d yet; an RW_MV_OP_PACKED report follows, and pack() is
 	 * called again for (kind, d). Without it, pack() blocks until the bytes are there. */
-	rw_status_t (*pack)(void *mover, void *state, const rw_svc_phase_t *ph, int kind, uint32_t d,
-			    char *why);
+	rw_status_t (*pack)(void *mover, void *state, const rw_svc_phase_t *ph,
+			    rw_svc_phase_kind_t kind, uint32_t d, char *why);
 	/* Optional (NULL: a slab pack() answered RW_OK for is whole). After pack(kind, d) answered
 	 * RW_OK: how many bytes from the start of d's slab on `rail` are written and may be posted
 	 * (a mover still writing the rest in pieces; UINT64_MAX: all). `want`: the bytes the
 	 * executor would post up to; when the answer is less, an RW_MV_OP_PACKED report follows
 	 * once more is written (and none when the executor did not have to wait). */
-	uint64_t (*ready)(void *mover, void *state, const rw_svc_phase_t *ph, int kind, uint32_t d,
-			  uint32_t rail, uint64_t want);
+	uint64_t (*ready)(void *mover, void *state, const rw_svc_phase_t *ph, rw_svc_phase_kind_t kind,
+			  uint32_t d, uint32_t rail, uint64_t want);
 	/* Every byte of `kind` from `src` on `rail` is in ph->recv_area: dispatch forwards each
 	 * record to the local ranks hosting its experts; combine adds each row into its owner
 	 * token's sum. Validates every record header (RW_ERR_PROTO names the slot), now or, where
 	 * the headers must first be read from a GPU slab, once they are: then a bad record comes
 	 * as an RW_MV_OP_REFUSED report, and finish() waits for every such check. */
-	rw_status_t (*arrived)(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
-			       uint32_t src, uint32_t rail, char *why);
+	rw_status_t (*arrived)(void *mover, void *state, const rw_svc_phase_t *ph,
+			       rw_svc_phase_kind_t kind, uint32_t src, uint32_t rail, char *why);
 	/* Optional (NULL: arrived() only). The first `upto` records of `kind` from `src` on `rail`
 	 * are in ph->recv_area and the range is not complete yet: the mover may forward or reduce
 	 * them now, so that its work overlaps the rest of the transfer. (A range is written from
@@ -184,16 +186,17 @@ typedef struct rw_svc_mover_ops {
 	 * earlier write's bytes in place by an arrival, so what has arrived is a prefix.) Called
 	 * as upto grows; arrived() still follows for the whole range and does the rest. The same
 	 * validation as arrived(). */
-	rw_status_t (*part)(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
-			    uint32_t src, uint32_t rail, uint32_t upto, char *why);
+	rw_status_t (*part)(void *mover, void *state, const rw_svc_phase_t *ph,
+			    rw_svc_phase_kind_t kind, uint32_t src, uint32_t rail, uint32_t upto,
+			    char *why);
 	/* The local-node records of `kind`: at most `budget` records per call, resumable;
 	 * *done_p = 1 once all are done. */
-	rw_status_t (*local)(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
-			     uint32_t budget, int *done_p, char *why);
+	rw_status_t (*local)(void *mover, void *state, const rw_svc_phase_t *ph,
+			     rw_svc_phase_kind_t kind, uint32_t budget, int *done_p, char *why);
 	/* Every byte of `kind` is here: write the ranks' outputs. *pending_p = reports of
 	 * RW_MV_OP_FINISH still to come (0: written now). */
-	rw_status_t (*finish)(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
-			      uint32_t *pending_p, char *why);
+	rw_status_t (*finish)(void *mover, void *state, const rw_svc_phase_t *ph,
+			      rw_svc_phase_kind_t kind, uint32_t *pending_p, char *why);
 	/* Rank g's dispatch result: rows written and per-expert counts ([n_experts]). */
 	void (*result)(void *state, uint32_t g, uint32_t *recv_rows_p, const uint32_t **counts_p);
 	/* The pair failed: return only once nothing of this mover touches the ranks' memory for
@@ -219,11 +222,12 @@ extern const rw_svc_mover_ops_t rw_svc_mover_host;
  * `kind`'s slab for peer `peer` on `rail` in its area, sent (send 1: peer is the destination) or
  * received (peer is the source); copy d's send slabs of every rail from the shadow to the GPU;
  * flush and copy the received range from src on rail into the shadow. RW_ERR_DEVICE with why. */
-void rw_svc_slab_range(const rw_svc_phase_t *ph, int kind, int send, uint32_t peer, uint32_t rail,
-		       uint64_t *off_p, uint64_t *len_p);
-rw_status_t rw_svc_slab_push(const rw_svc_phase_t *ph, int kind, uint32_t d, char *why);
-rw_status_t rw_svc_slab_pull(const rw_svc_phase_t *ph, int kind, uint32_t src, uint32_t rail,
+void rw_svc_slab_range(const rw_svc_phase_t *ph, rw_svc_phase_kind_t kind, int send, uint32_t peer,
+		       uint32_t rail, uint64_t *off_p, uint64_t *len_p);
+rw_status_t rw_svc_slab_push(const rw_svc_phase_t *ph, rw_svc_phase_kind_t kind, uint32_t d,
 			     char *why);
+rw_status_t rw_svc_slab_pull(const rw_svc_phase_t *ph, rw_svc_phase_kind_t kind, uint32_t src,
+			     uint32_t rail, char *why);
 
 /* For movers (service/mover/mover_rec.c): check an arrived dispatch record in `slot` of src's range on
  * `rail` (tag, source, owner) and read its header and top-k. RW_ERR_PROTO, with why naming the

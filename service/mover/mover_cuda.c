@@ -165,7 +165,7 @@ static void cm_destroy(void *mover)
 
 /* A pair is ours when its first submission gave CUDA memory on a device with kernels; once
  * ours, every later rank of it is (host-memory ranks too). */
-static int cm_accepts(void *mover, const rw_svc_phase_t *ph, int kind, uint32_t g)
+static int cm_accepts(void *mover, const rw_svc_phase_t *ph, rw_svc_phase_kind_t kind, uint32_t g)
 {
 	cuda_mover_t *m = mover;
 	if (cm_pair_find(m, ph->serial))
@@ -325,8 +325,8 @@ static uint32_t cm_span_devs(const rw_svc_rank_io_t *io)
 	return used;
 }
 
-static rw_status_t cm_stage(void *mover, void *state, rw_svc_phase_t *ph, int kind, uint32_t g,
-			    int *pending_p, char *why)
+static rw_status_t cm_stage(void *mover, void *state, rw_svc_phase_t *ph,
+			    rw_svc_phase_kind_t kind, uint32_t g, int *pending_p, char *why)
 {
 	cm_pair_t *cp = state;
 	if (kind == 1 && (cm_span_devs(&ph->io[1][g]) & ~cp->reach)) {
@@ -489,8 +489,8 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
  * posts what ready() offers and gets an RW_MV_OP_PACKED report as each further piece is in: the
  * loop never blocks. One that does not is served the old way: the first dispatch pack waits for
  * every kernel here. */
-static rw_status_t cm_pack(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
-			   uint32_t d, char *why)
+static rw_status_t cm_pack(void *mover, void *state, const rw_svc_phase_t *ph,
+			   rw_svc_phase_kind_t kind, uint32_t d, char *why)
 {
 	(void)mover, (void)d;
 	cm_pair_t *cp = state;
@@ -507,8 +507,8 @@ static rw_status_t cm_pack(void *mover, void *state, const rw_svc_phase_t *ph, i
 
 /* Bytes of d's dispatch slab on `rail` whose pieces are in; an executor that wants more is
  * owed an RW_MV_OP_PACKED report. */
-static uint64_t cm_ready(void *mover, void *state, const rw_svc_phase_t *ph, int kind, uint32_t d,
-			 uint32_t rail, uint64_t want)
+static uint64_t cm_ready(void *mover, void *state, const rw_svc_phase_t *ph,
+			 rw_svc_phase_kind_t kind, uint32_t d, uint32_t rail, uint64_t want)
 {
 	(void)mover;
 	cm_pair_t *cp = state;
@@ -522,27 +522,28 @@ static uint64_t cm_ready(void *mover, void *state, const rw_svc_phase_t *ph, int
 
 /* A range as it arrives (part) and once complete (arrived): its records from where the last
  * call stopped, so the CPU's header pass and the kernels run while the rest is on the wire. */
-static rw_status_t cm_part(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
-			   uint32_t src, uint32_t rail, uint32_t upto, char *why)
+static rw_status_t cm_part(void *mover, void *state, const rw_svc_phase_t *ph,
+			   rw_svc_phase_kind_t kind, uint32_t src, uint32_t rail, uint32_t upto,
+			   char *why)
 {
 	(void)mover;
 	return kind == 0 ? cm_forward_range(state, ph, src, rail, upto, why)
 			 : cm_combine_range(state, ph, src, rail, upto, why);
 }
 
-static rw_status_t cm_arrived(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
-			      uint32_t src, uint32_t rail, char *why)
+static rw_status_t cm_arrived(void *mover, void *state, const rw_svc_phase_t *ph,
+			      rw_svc_phase_kind_t kind, uint32_t src, uint32_t rail, char *why)
 {
 	return cm_part(mover, state, ph, kind, src, rail, UINT32_MAX, why);
 }
 
-static rw_status_t cm_local(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
-			    uint32_t budget, int *done_p, char *why)
+static rw_status_t cm_local(void *mover, void *state, const rw_svc_phase_t *ph,
+			    rw_svc_phase_kind_t kind, uint32_t budget, int *done_p, char *why)
 {
 	(void)mover;
 	cm_pair_t *cp = state;
-	if (cp->local_kind != kind + 1) {
-		cp->local_kind = kind + 1;
+	if (cp->local_kind != (int)kind + 1) {
+		cp->local_kind = (int)kind + 1;
 		cp->bg_i = 0;
 	}
 	if (kind == 0)
@@ -609,8 +610,8 @@ static rw_status_t finish_marks(cm_pair_t *cp, const rw_svc_phase_t *ph, int kin
 
 /* Header pulls out of GPU slabs still in flight take their records when they are done: the
  * results wait for them (finish_run). One RW_MV_OP_FINISH per rank follows either way. */
-static rw_status_t cm_finish(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
-			     uint32_t *pending_p, char *why)
+static rw_status_t cm_finish(void *mover, void *state, const rw_svc_phase_t *ph,
+			     rw_svc_phase_kind_t kind, uint32_t *pending_p, char *why)
 {
 	(void)mover;
 	cm_pair_t *cp = state;

@@ -20,7 +20,7 @@ typedef struct host_pair {
 	struct host_pair *next;      /* m->pairs: open states, for the stage's reports */
 	uint32_t serial;
 	rw_arena_t mem;
-	uint32_t marks[2][RW_MAX_GPUS]; /* staging marks not yet done, per kind and rank */
+	uint32_t marks[RW_SVC_KIND_COUNT][RW_MAX_GPUS]; /* staging marks not done, per kind, rank */
 	uint32_t pending;            /* marks of any kind not yet done */
 	/* local-node records: (rank, token) of every token with an expert on this node */
 	uint32_t n_local;
@@ -84,7 +84,7 @@ static float *sums_take(host_mover_t *m, host_pair_t *hp, size_t n, int *slot_p)
 	return m->sums[pick].p;
 }
 
-enum { OP_FLUSH = 2 }; /* stage token ops: kind (0, 1) for inputs, OP_FLUSH for outputs */
+enum { OP_FLUSH = RW_SVC_KIND_COUNT }; /* stage token ops: the kind for inputs, OP_FLUSH outputs */
 
 static uint64_t stage_token(const host_pair_t *hp, uint32_t op, uint32_t g)
 {
@@ -127,8 +127,9 @@ static void stage_done(void *ctx, uint64_t token, rw_status_t st)
 			st = flag_write(hp->flag_io[g]);
 		hp->flag_io[g] = NULL;
 		m->done(m->ctx, serial, RW_MV_OP_FINISH, g, st);
-	} else if (op < 2 && hp->marks[op][g] && --hp->marks[op][g] == 0) {
-		m->done(m->ctx, serial, op == 0 ? RW_MV_OP_STAGE_D : RW_MV_OP_STAGE_C, g, st);
+	} else if (op < RW_SVC_KIND_COUNT && hp->marks[op][g] && --hp->marks[op][g] == 0) {
+		m->done(m->ctx, serial, op == RW_SVC_DISPATCH ? RW_MV_OP_STAGE_D : RW_MV_OP_STAGE_C, g,
+			st);
 	}
 }
 
@@ -158,7 +159,8 @@ static void host_destroy(void *mover)
 	free(m);
 }
 
-static int host_accepts(void *mover, const rw_svc_phase_t *ph, int kind, uint32_t g)
+static int host_accepts(void *mover, const rw_svc_phase_t *ph, rw_svc_phase_kind_t kind,
+			uint32_t g)
 {
 	(void)mover, (void)ph, (void)kind, (void)g;
 	return 1;
@@ -214,8 +216,8 @@ static void host_close(void *mover, void *state)
 
 /* Make rank g's inputs host-readable: host spans are used in place; CUDA ones are copied (async)
  * into consecutive 64-byte aligned pieces of the rank's pinned staging, one mark per device. */
-static rw_status_t host_stage(void *mover, void *state, rw_svc_phase_t *ph, int kind, uint32_t g,
-			      int *pending_p, char *why)
+static rw_status_t host_stage(void *mover, void *state, rw_svc_phase_t *ph,
+			      rw_svc_phase_kind_t kind, uint32_t g, int *pending_p, char *why)
 {
 	host_mover_t *m = mover;
 	host_pair_t *hp = state;
@@ -223,9 +225,9 @@ static rw_status_t host_stage(void *mover, void *state, rw_svc_phase_t *ph, int 
 	const uint64_t n = io->n_tokens;
 	uint64_t len[3] = { n * ph->row_bytes, n * ph->topk * 4, n * ph->topk * 4 };
 	const uint8_t *host[3] = { NULL, NULL, NULL };
-	unsigned n_in = kind == 0 ? 3 : 1;
-	if (kind == 1) /* only the rows it received are read (a protocol-1 client's one ignored row
-			* is not) */
+	unsigned n_in = kind == RW_SVC_DISPATCH ? 3 : 1;
+	/* A combine reads only the rows it received (not a protocol-1 client's one ignored row). */
+	if (kind == RW_SVC_COMBINE)
 		len[0] = (uint64_t)hp->fwd_n[g] * ph->row_bytes;
 	uint64_t need = 0;
 	/* Stream order: the rank's inputs are ready once its event is (this blocks the loop; the
@@ -272,7 +274,7 @@ static rw_status_t host_stage(void *mover, void *state, rw_svc_phase_t *ph, int 
 		}
 		if (st != RW_OK) {
 			snprintf(why, RW_SVC_WHY_MAX, "cannot stage local rank %u's CUDA %s: %s", g,
-				 kind ? "combine rows" : "inputs", rw_status_str(st));
+				 kind == RW_SVC_COMBINE ? "combine rows" : "inputs", rw_status_str(st));
 			return RW_ERR_DEVICE;
 		}
 		*pending_p = hp->marks[kind][g] != 0;
@@ -303,7 +305,7 @@ static rw_status_t host_plan(void *mover, void *state, const rw_svc_phase_t *ph,
 	hp->pack_slot = rw_arena_alloc(&hp->mem, RW_MAX(1u, n_rec), sizeof(uint32_t));
 	int oom = !hp->local_ref || !hp->contrib || !hp->crow || !hp->pack_egress || !hp->pack_slot;
 	for (uint32_t g = 0; g < ph->gpus && !oom; g++) {
-		const rw_svc_rank_io_t *io = &ph->io[0][g];
+		const rw_svc_rank_io_t *io = &ph->io[RW_SVC_DISPATCH][g];
 		rw_svc_out_layout_t *o = &hp->out[g];
 		rw_svc_out_layout(io->out_cap, ph->n_experts, ph->topk, ph->row_bytes,
 				  RW_CQE_INLINE_COUNTS, o);
@@ -360,9 +362,9 @@ static void dispatch_pack(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t d)
 		rw_sched_map_rail(&l->out_pairs[d], r, hp->pack_egress, hp->pack_slot);
 		for (uint32_t i = 0; i < cnt; i++) {
 			const rw_record_t *rec = &ph->rec[first + i];
-			const rw_svc_rank_io_t *io = &ph->io[0][rec->rank];
+			const rw_svc_rank_io_t *io = &ph->io[RW_SVC_DISPATCH][rec->rank];
 			uint32_t e = hp->pack_egress[i];
-			uint8_t *dst = ph->send_area[0][e] +
+			uint8_t *dst = ph->send_area[RW_SVC_DISPATCH][e] +
 				       ((uint64_t)l->out_first[d * ph->rails + e] + hp->pack_slot[i]) * ph->rec_size;
 			rw_wire_rec_hdr_t h = { .tag = ph->tag_to[d], .src_node = ph->me, .owner = rec->rank,
 						.token = rec->token, .topk = ph->topk };
@@ -410,7 +412,7 @@ static rw_status_t forward_range(host_pair_t *hp, const rw_svc_phase_t *ph, uint
 	int32_t ids[RW_MAX_TOPK];
 	float w[RW_MAX_TOPK];
 	for (uint32_t k = 0; k < l->in_quota[i]; k++) {
-		const uint8_t *rec = ph->recv_area[0][rail] + ((uint64_t)first + k) * ph->rec_size;
+		const uint8_t *rec = ph->recv_area[RW_SVC_DISPATCH][rail] + ((uint64_t)first + k) * ph->rec_size;
 		rw_wire_rec_hdr_t h;
 		rw_status_t st = rw_svc_mover_rec_read(ph, rec, src, rail, k, &h, ids, w, why);
 		if (st != RW_OK)
@@ -430,7 +432,7 @@ static rw_status_t forward_local(host_pair_t *hp, const rw_svc_phase_t *ph, uint
 {
 	for (; hp->bg_i < hp->n_local && budget; hp->bg_i++, budget--) {
 		uint32_t g = hp->local_ref[2 * hp->bg_i], t = hp->local_ref[2 * hp->bg_i + 1];
-		const rw_svc_rank_io_t *io = &ph->io[0][g];
+		const rw_svc_rank_io_t *io = &ph->io[RW_SVC_DISPATCH][g];
 		if (forward_one(hp, ph, ph->n_in + hp->bg_i, ph->me, ph->me * ph->gpus + g, t,
 				io->ids + (size_t)t * ph->topk, io->weights + (size_t)t * ph->topk,
 				io->tokens + (size_t)t * ph->row_bytes) < 0) {
@@ -455,7 +457,7 @@ static void combine_pack(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t d)
 		size_t i = (size_t)d * ph->rails + r;
 		for (uint32_t k = 0; k < l->in_quota[i]; k++) {
 			uint32_t pos = l->in_first[i] + k, ref = ph->rail_base[r] + pos;
-			uint8_t *dst = ph->send_area[1][r] + (uint64_t)pos * ph->crec_size;
+			uint8_t *dst = ph->send_area[RW_SVC_COMBINE][r] + (uint64_t)pos * ph->crec_size;
 			rw_wire_crec_hdr_t h = { .tag = ph->tag_to[d], .src_node = ph->me, .rail = r,
 						 .slot = k };
 			rw_wire_crec_pack(dst, &h);
@@ -466,7 +468,7 @@ static void combine_pack(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t d)
 			for (uint32_t g = 0; g < ph->gpus; g++) {
 				if (!c[g])
 					continue;
-				const uint8_t *row = ph->io[1][g].tokens + (uint64_t)(c[g] - 1) * row_bytes;
+				const uint8_t *row = ph->io[RW_SVC_COMBINE][g].tokens + (uint64_t)(c[g] - 1) * row_bytes;
 				if (n++ == 0) {
 					first = row;
 					continue;
@@ -493,7 +495,7 @@ static rw_status_t combine_range(host_pair_t *hp, const rw_svc_phase_t *ph, uint
 	const rw_pair_plan_t *pp = &l->out_pairs[d];
 	uint32_t first = l->out_first[d * ph->rails + e];
 	for (uint32_t k = 0; k < pp->quota[e]; k++) {
-		const uint8_t *rec = ph->recv_area[1][e] + ((uint64_t)first + k) * ph->crec_size;
+		const uint8_t *rec = ph->recv_area[RW_SVC_COMBINE][e] + ((uint64_t)first + k) * ph->crec_size;
 		rw_wire_crec_hdr_t h;
 		rw_wire_crec_unpack(rec, &h);
 		if (h.tag != ph->tag_in || h.src_node != d || h.rail != e || h.slot != k) {
@@ -517,7 +519,7 @@ static void combine_local(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t bu
 {
 	*done_p = 0;
 	for (; hp->bg_g < ph->gpus; hp->bg_g++, hp->bg_i = 0) {
-		const rw_svc_rank_io_t *io = &ph->io[1][hp->bg_g];
+		const rw_svc_rank_io_t *io = &ph->io[RW_SVC_COMBINE][hp->bg_g];
 		for (; hp->bg_i < hp->fwd_n[hp->bg_g]; hp->bg_i++) {
 			uint32_t ref = hp->fwd_ref[hp->bg_g][hp->bg_i];
 			if (ref < ph->n_in)
@@ -534,38 +536,38 @@ static void combine_local(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t bu
 
 /* ---- the ops -------------------------------------------------------------------------------- */
 
-static rw_status_t host_pack(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
-			     uint32_t d, char *why)
+static rw_status_t host_pack(void *mover, void *state, const rw_svc_phase_t *ph,
+			     rw_svc_phase_kind_t kind, uint32_t d, char *why)
 {
 	(void)mover;
-	if (kind == 0)
+	if (kind == RW_SVC_DISPATCH)
 		dispatch_pack(state, ph, d);
 	else
 		combine_pack(state, ph, d);
 	return rw_svc_slab_push(ph, kind, d, why); /* slabs on a GPU: the packed bytes go there */
 }
 
-static rw_status_t host_arrived(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
-				uint32_t src, uint32_t rail, char *why)
+static rw_status_t host_arrived(void *mover, void *state, const rw_svc_phase_t *ph,
+				rw_svc_phase_kind_t kind, uint32_t src, uint32_t rail, char *why)
 {
 	(void)mover;
 	rw_status_t st = rw_svc_slab_pull(ph, kind, src, rail, why); /* slabs on a GPU */
 	if (st != RW_OK)
 		return st;
-	return kind == 0 ? forward_range(state, ph, src, rail, why)
-			 : combine_range(state, ph, src, rail, why);
+	return kind == RW_SVC_DISPATCH ? forward_range(state, ph, src, rail, why)
+				       : combine_range(state, ph, src, rail, why);
 }
 
-static rw_status_t host_local(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
-			      uint32_t budget, int *done_p, char *why)
+static rw_status_t host_local(void *mover, void *state, const rw_svc_phase_t *ph,
+			      rw_svc_phase_kind_t kind, uint32_t budget, int *done_p, char *why)
 {
 	(void)mover;
 	host_pair_t *hp = state;
-	if (hp->local_kind != kind + 1) { /* each kind's work starts from the beginning */
-		hp->local_kind = kind + 1;
+	if (hp->local_kind != (int)kind + 1) { /* each kind's work starts from the beginning */
+		hp->local_kind = (int)kind + 1;
 		hp->bg_g = hp->bg_i = 0;
 	}
-	if (kind == 0)
+	if (kind == RW_SVC_DISPATCH)
 		return forward_local(hp, ph, budget, done_p, why);
 	combine_local(hp, ph, budget, done_p);
 	return RW_OK;
@@ -573,8 +575,8 @@ static rw_status_t host_local(void *mover, void *state, const rw_svc_phase_t *ph
 
 /* Every byte of the phase is here: write the ranks' outputs (host memory directly; CUDA memory
  * from the pinned staging by async copies, one mark per CUDA rank). */
-static rw_status_t host_finish(void *mover, void *state, const rw_svc_phase_t *ph, int kind,
-			       uint32_t *pending_p, char *why)
+static rw_status_t host_finish(void *mover, void *state, const rw_svc_phase_t *ph,
+			       rw_svc_phase_kind_t kind, uint32_t *pending_p, char *why)
 {
 	host_mover_t *m = mover;
 	host_pair_t *hp = state;
@@ -582,7 +584,7 @@ static rw_status_t host_finish(void *mover, void *state, const rw_svc_phase_t *p
 	for (uint32_t g = 0; g < ph->gpus; g++) {
 		const rw_svc_rank_io_t *io = &ph->io[kind][g];
 		rw_status_t st = RW_OK;
-		if (kind == 0) {
+		if (kind == RW_SVC_DISPATCH) {
 			const rw_svc_out_layout_t *o = &hp->out[g];
 			uint64_t counts = ph->n_experts > RW_CQE_INLINE_COUNTS ? 4ull * ph->n_experts : 0;
 			if (counts)

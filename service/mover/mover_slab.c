@@ -8,15 +8,15 @@
 #include "cuda/rw_cuda.h"
 #include "service/mover/mover.h"
 
-void rw_svc_slab_range(const rw_svc_phase_t *ph, int kind, int send, uint32_t peer, uint32_t rail,
-		       uint64_t *off_p, uint64_t *len_p)
+void rw_svc_slab_range(const rw_svc_phase_t *ph, rw_svc_phase_kind_t kind, int send, uint32_t peer,
+		       uint32_t rail, uint64_t *off_p, uint64_t *len_p)
 {
 	const rw_svc_layout_t *l = ph->layout;
 	const size_t i = (size_t)peer * ph->rails + rail;
-	const uint64_t rec = kind ? ph->crec_size : ph->rec_size;
+	const uint64_t rec = kind == RW_SVC_COMBINE ? ph->crec_size : ph->rec_size;
 	/* Our dispatch records to peer and its combine rows back use the out side of the layout;
 	 * peer's dispatch records to us and our combine rows back to it, the in side. */
-	if ((kind == RW_MV_DISPATCH) == (send != 0)) {
+	if ((kind == RW_SVC_DISPATCH) == (send != 0)) {
 		*off_p = (uint64_t)l->out_first[i] * rec;
 		*len_p = (uint64_t)l->out_pairs[peer].quota[rail] * rec;
 	} else {
@@ -25,7 +25,8 @@ void rw_svc_slab_range(const rw_svc_phase_t *ph, int kind, int send, uint32_t pe
 	}
 }
 
-rw_status_t rw_svc_slab_push(const rw_svc_phase_t *ph, int kind, uint32_t d, char *why)
+rw_status_t rw_svc_slab_push(const rw_svc_phase_t *ph, rw_svc_phase_kind_t kind, uint32_t d,
+			     char *why)
 {
 	for (uint32_t r = 0; r < ph->rails; r++) {
 		uint64_t off, len;
@@ -36,7 +37,7 @@ rw_status_t rw_svc_slab_push(const rw_svc_phase_t *ph, int kind, uint32_t d, cha
 							   ph->send_area[kind][r] + off, len) : RW_OK;
 		if (st != RW_OK) {
 			snprintf(why, RW_SVC_WHY_MAX, "cannot copy the %s slab for node %u on rail %u to GPU "
-				 "%d: %s", kind ? "combine" : "dispatch", d, r, ph->slab_dev[r],
+				 "%d: %s", rw_svc_kind_name(kind), d, r, ph->slab_dev[r],
 				 rw_status_str(st));
 			return RW_ERR_DEVICE;
 		}
@@ -44,8 +45,8 @@ rw_status_t rw_svc_slab_push(const rw_svc_phase_t *ph, int kind, uint32_t d, cha
 	return RW_OK;
 }
 
-rw_status_t rw_svc_slab_pull(const rw_svc_phase_t *ph, int kind, uint32_t src, uint32_t rail,
-			     char *why)
+rw_status_t rw_svc_slab_pull(const rw_svc_phase_t *ph, rw_svc_phase_kind_t kind, uint32_t src,
+			     uint32_t rail, char *why)
 {
 	const int dev = ph->slab_dev[rail];
 	uint64_t off, len;
@@ -58,7 +59,7 @@ rw_status_t rw_svc_slab_pull(const rw_svc_phase_t *ph, int kind, uint32_t src, u
 					 ph->recv_dptr[kind][rail] + off, len);
 	if (st != RW_OK) {
 		snprintf(why, RW_SVC_WHY_MAX, "cannot read the %s range from node %u on rail %u from GPU "
-			 "%d: %s", kind ? "combine" : "dispatch", src, rail, dev, rw_status_str(st));
+			 "%d: %s", rw_svc_kind_name(kind), src, rail, dev, rw_status_str(st));
 		return RW_ERR_DEVICE;
 	}
 	return RW_OK;
