@@ -71,6 +71,9 @@ rw_log_level_t rw_log_get_level(void);
 void rw_log_set_ident(const char *ident); /* e.g. "railwaved node=node2"; copied */
 void rw_log(rw_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void rw_vlog(rw_log_level_t level, const char *fmt, va_list ap);
+/* A start-up error line as written ("railwaved: configuration: ..."), before the log has an
+ * ident: under journald with the error priority in front, so `journalctl -p err` shows it. */
+void rw_log_early_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 struct timespec;
 /* ts as "2026-12-03T07:44:04.123Z" (UTC, milliseconds) into buf; returns the length written. */
 size_t rw_log_format_time(char *buf, size_t len, const struct timespec *ts);

@@ -88,6 +88,24 @@ void rw_vlog(rw_log_level_t level, const char *fmt, va_list ap)
 	errno = saved_errno;
 }
 
+void rw_log_early_error(const char *fmt, ...)
+{
+	char line[1024];
+	int n = stderr_is_journal() ? snprintf(line, sizeof(line), "<3>") : 0;
+	va_list ap;
+	va_start(ap, fmt);
+	int m = vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
+	va_end(ap);
+	if (m < 0)
+		return;
+	n += m;
+	if ((size_t)n >= sizeof(line) - 1)
+		n = (int)sizeof(line) - 2;
+	line[n++] = '\n';
+	ssize_t w = write(STDERR_FILENO, line, (size_t)n);
+	(void)w;
+}
+
 void rw_log(rw_log_level_t level, const char *fmt, ...)
 {
 	va_list ap;

@@ -25,7 +25,7 @@ const char *rw_client_strerror(int err)
 	case RW_E_GROUP_NAME: return "invalid group name";
 	case RW_E_RANK_RANGE: return "rank or world size out of range";
 	case RW_E_RANK_DUP: return "rank already connected in this group";
-	case RW_E_WORLD_MISMATCH: return "world size differs from the group's";
+	case RW_E_WORLD_MISMATCH: return "world size differs from the cluster's or the group's";
 	case RW_E_NODE_MISMATCH: return "node differs from the group's or the daemon's";
 	case RW_E_GPU: return "local GPU index invalid or taken";
 	case RW_E_BUF_SIZE: return "buffer size invalid or not matching";

@@ -82,6 +82,10 @@ typedef struct rw_ipc_server_config {
 	unsigned mode;              /* socket file mode; 0 = 0660 */
 	const char *group;          /* chown the socket to this group (name); NULL: leave it */
 	int32_t node;               /* this daemon's node; hellos must match; -1: take the first */
+	uint32_t world_size;        /* ranks of every group (the cluster's nodes x GPUs per node):
+	                             * a hello with another world size is refused naming the cluster
+	                             * file (RW_E_WORLD_MISMATCH); 0: any (the first rank sets it) */
+	uint32_t gpus_per_node;     /* with world_size and node: rank / gpus_per_node must be node */
 	uint32_t max_clients;       /* 0 = 256 */
 	uint32_t max_buffers;       /* per client; 0 = 64 */
 	uint64_t max_buffer_bytes;  /* 0 = 1 TiB */

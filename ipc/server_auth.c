@@ -97,6 +97,21 @@ int ipc_handle_hello(rw_ipc_client_t *c, const rw_ipc_hello_t *req)
 	if (srv->node >= 0 && req->node != (uint32_t)srv->node)
 		return ipc_send_error(c, seq, RW_E_NODE_MISMATCH, "node differs from this daemon's node",
 				  1);
+	/* A group spans the whole cluster: its world size and where each rank lives come from the
+	 * cluster file, so a rank that disagrees is told what the file says. */
+	uint32_t world = srv->cfg.world_size, per = srv->cfg.gpus_per_node;
+	char shape[192];
+	if (world && per && req->world_size != world) {
+		snprintf(shape, sizeof(shape), "world size %u, but the cluster file has %u nodes x %u "
+			 "GPUs per node = %u ranks in every group", req->world_size, world / per, per,
+			 world);
+		return ipc_send_error(c, seq, RW_E_WORLD_MISMATCH, shape, 1);
+	}
+	if (world && per && srv->node >= 0 && req->rank / per != (uint32_t)srv->node) {
+		snprintf(shape, sizeof(shape), "rank %u is on node %u of the cluster file (%u GPUs per "
+			 "node), and this daemon is node %d", req->rank, req->rank / per, per, srv->node);
+		return ipc_send_error(c, seq, RW_E_NODE_MISMATCH, shape, 1);
+	}
 	uint8_t key_hash[crypto_generichash_BYTES];
 	ipc_group_t *g = group_find(srv, req->group);
 	if (check_group_key(c, req, g, key_hash) < 0)

@@ -178,6 +178,25 @@ static void usage(FILE *out)
 		"cleanly, 1 runtime failure, 2 bad usage or configuration.\n");
 }
 
+/* The exit status of a failed start (docs/service.md "Flags and environment"): 2 for what a restart cannot
+ * fix, because the configuration names something this host does not have or someone else holds
+ * (an address in use or not on this host, no such RDMA device, a key file that is missing,
+ * unreadable, too open or not a key, a socket path another daemon serves); 1 for the rest
+ * (memory, an unexpected system call failure), which a restart may cure. */
+static int start_exit_status(rw_status_t st)
+{
+	switch (st) {
+	case RW_ERR_INVAL:
+	case RW_ERR_PARSE:
+	case RW_ERR_NOTFOUND:
+	case RW_ERR_EXISTS:
+	case RW_ERR_UNSUPPORTED:
+		return 2;
+	default:
+		return 1;
+	}
+}
+
 int main(int argc, char **argv)
 {
 	size_t n_opts = 0;
@@ -190,7 +209,7 @@ int main(int argc, char **argv)
 	rw_svc_t svc;
 	memset(&svc, 0, sizeof(svc));
 	if (!longopts || !kv) {
-		fprintf(stderr, "railwaved: out of memory\n");
+		rw_log_early_error("railwaved: out of memory");
 		goto free_args;
 	}
 	size_t k = 0;
@@ -229,14 +248,14 @@ int main(int argc, char **argv)
 			/* deploy: one line naming the flag instead of the whole usage */
 			const char *bad = argv[optind - 1];
 			if (c == ':')
-				fprintf(stderr, "railwaved: %s needs a value (see --help)\n", bad);
+				rw_log_early_error("railwaved: %s needs a value (see --help)", bad);
 			else
-				fprintf(stderr, "railwaved: unknown option %s (see --help)\n", bad);
+				rw_log_early_error("railwaved: unknown option %s (see --help)", bad);
 			goto free_args;
 		}
 	}
 	if (optind < argc) {
-		fprintf(stderr, "railwaved: unexpected argument '%s' (see --help)\n", argv[optind]);
+		rw_log_early_error("railwaved: unexpected argument '%s' (see --help)", argv[optind]);
 		goto free_args;
 	}
 
@@ -244,17 +263,34 @@ int main(int argc, char **argv)
 	rw_status_t st = rw_svc_config_load(config_path, environ, kv, n_kv, &svc.cfg, err,
 					    sizeof(err));
 	if (st) {
-		fprintf(stderr, "railwaved: configuration: %s\n", err);
+		rw_log_early_error("railwaved: configuration: %s", err);
 		goto free_args;
 	}
+	rw_svc_config_topo(&svc.cfg, &svc.topo);
 	if (dump) {
+		/* The anchor table is part of what the daemon would run with: opened and checked
+		 * against this cluster as at start, so a bad one is found before a restart is. */
+		if (svc.cfg.anchors[0]) {
+			char why[512] = "";
+			rw_anchor_table_t *table = NULL;
+			st = anchors_load(&svc, svc.cfg.anchors, &table, why, sizeof(why));
+			anchors_free(table);
+			if (st == RW_ERR_NOTFOUND) {
+				rw_log_early_error("railwaved: anchors: %s: no such file; the daemon would "
+						   "run without a table (the selector says Joint)",
+						   svc.cfg.anchors);
+			} else if (st) {
+				rw_log_early_error("railwaved: configuration: anchors: %s", why);
+				goto free_config;
+			}
+		}
 		char *text = rw_svc_config_dump(&svc.cfg);
 		if (text) {
 			printf("%s\n", text);
 			free(text);
 			rc = 0;
 		} else {
-			fprintf(stderr, "railwaved: out of memory\n");
+			rw_log_early_error("railwaved: out of memory");
 		}
 		goto free_config;
 	}
@@ -264,7 +300,6 @@ int main(int argc, char **argv)
 	snprintf(ident, sizeof(ident), "railwaved node=%s", svc.cfg.nodes[svc.cfg.me].name);
 	rw_log_set_ident(ident);
 	rw_log_set_level(svc.cfg.log_level);
-	rw_svc_config_topo(&svc.cfg, &svc.topo);
 	if (rw_svc_metrics_init(&svc.metrics, svc.cfg.rails, svc.cfg.n_nodes) ||
 	    rw_svc_metrics_pub_init(&svc.pub, svc.cfg.rails, svc.cfg.n_nodes)) {
 		rw_err("out of memory");
@@ -273,13 +308,21 @@ int main(int argc, char **argv)
 	svc.metrics.peer[svc.cfg.me].state = RW_SVC_PEER_SELF;
 	if (svc.cfg.anchors[0]) {
 		char why[512] = "";
-		if (anchors_load(&svc, svc.cfg.anchors, &svc.anchors, why, sizeof(why))) {
+		st = anchors_load(&svc, svc.cfg.anchors, &svc.anchors, why, sizeof(why));
+		if (st == RW_ERR_NOTFOUND) {
+			/* A first deploy has no table yet (calibration needs running daemons): no table
+			 * means Joint, as with "anchors": "". SIGHUP loads it once it is there. */
+			rw_warn("anchors: %s does not exist: running without a table, the selector uses "
+				"Joint (railwave calibrate writes one; then systemctl reload railwaved or "
+				"SIGHUP)", svc.cfg.anchors);
+		} else if (st) {
 			rw_err("anchors: %s", why);
 			rc = 2;
 			goto free_metrics;
+		} else {
+			rw_info("anchors: loaded %u anchors from %s", svc.anchors->n_anchors,
+				svc.cfg.anchors);
 		}
-		rw_info("anchors: loaded %u anchors from %s", svc.anchors->n_anchors,
-			svc.cfg.anchors);
 	}
 
 	struct sigaction sa = {.sa_handler = SIG_IGN};
@@ -306,21 +349,27 @@ int main(int argc, char **argv)
 		rw_svc_transport_name(svc.cfg.transport),
 		svc.cfg.force_path == RW_SVC_PATH_AUTO ? "auto" :
 		rw_sched_path_name((rw_path_t)svc.cfg.force_path));
-	if (rw_svc_stats_start(&svc, &svc.stats))
+	if ((st = rw_svc_stats_start(&svc, &svc.stats))) {
+		rc = start_exit_status(st);
 		goto stop_watchers;
+	}
 	rw_svc_metrics_publish(&svc.pub, &svc.metrics);
-	if (rw_svc_http_start(&svc, &svc.http))
+	if ((st = rw_svc_http_start(&svc, &svc.http))) {
+		rc = start_exit_status(st);
 		goto stop_stats;
+	}
 	/* The data movers, tried in this order for every pair; the host mover takes anything. */
 	static const rw_svc_mover_ops_t *const movers[] = { &rw_svc_mover_cuda, &rw_svc_mover_host };
 	rw_svc_exec_hooks_t hooks;
 	rw_svc_exec_hooks_from_env(environ, &hooks);
 	if ((st = rw_svc_exec_create(&svc, movers, RW_ARRAY_SIZE(movers), &hooks, &svc.exec))) {
 		rw_err("executor: start failed: %s", rw_status_str(st));
+		rc = start_exit_status(st);
 		goto stop_http;
 	}
 	if ((st = rw_svc_exec_ipc_start(svc.exec))) {
 		rw_err("ipc: start failed: %s", rw_status_str(st));
+		rc = start_exit_status(st);
 		goto stop_exec;
 	}
 	rw_info("running");

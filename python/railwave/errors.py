@@ -50,7 +50,8 @@ _HINTS = {
     CODES["RW_E_PHASE"]: "the daemon failed the phase for the whole group: a peer node was lost, "
                          "another rank's input was refused, a rank left, or the phase timed out "
                          "(phase_timeout_ms); railwaved's log names the cause",
-    CODES["RW_E_WORLD_MISMATCH"]: "every rank of a group must pass the same world_size",
+    CODES["RW_E_WORLD_MISMATCH"]: "world_size must be the cluster file's nodes x GPUs per node, "
+                                  "the same on every rank (railwaved's log says which)",
     CODES["RW_E_NODE_MISMATCH"]: "node must be rank // ranks_per_node and this daemon's node",
     CODES["RW_E_RANK_DUP"]: "another process already joined the group with this rank",
     CODES["RW_E_EXPERTS"]: "num_experts must be a multiple of world_size and equal on every rank",

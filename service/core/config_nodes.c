@@ -81,6 +81,20 @@ static rw_status_t parse_node(loader_t *ld, const json_t *v, uint32_t ni, rw_svc
 	snprintf(where, sizeof(where), "nodes[%u]", ni);
 	if (!json_is_object(v))
 		return cfg_fail(ld, "%s: expected an object, got %s", where, cfg_json_type_name(v));
+	/* Unknown keys first: a typo ("rail") is named as such, not reported as the key it was
+	 * meant to be being missing. */
+	static const char *const known[] = { "name", "rails", "host", "control", "ipc_socket",
+					     "stats_socket", "http" };
+	const char *key;
+	json_t *x;
+	json_object_foreach((json_t *)v, key, x) {
+		size_t k = 0;
+		while (k < RW_ARRAY_SIZE(known) && strcmp(key, known[k]))
+			k++;
+		if (key[0] != '_' && k == RW_ARRAY_SIZE(known))
+			return cfg_fail(ld, "%s.%s: unknown field (a node has name, rails, host, control, "
+				    "ipc_socket, stats_socket, http)", where, key);
+	}
 	const json_t *name = json_object_get(v, "name");
 	if (!name)
 		return cfg_fail(ld, "%s.name: missing", where);
@@ -107,8 +121,6 @@ static rw_status_t parse_node(loader_t *ld, const json_t *v, uint32_t ni, rw_svc
 	*n_rails_p = (uint32_t)json_array_size(rails);
 
 	int has_control = 0;
-	const char *key;
-	json_t *x;
 	json_object_foreach((json_t *)v, key, x) {
 		if (key[0] == '_' || !strcmp(key, "name") || !strcmp(key, "rails"))
 			continue;

@@ -150,8 +150,10 @@ rw_status_t rw_svc_http_start(rw_svc_t *svc, rw_svc_http_t **http_p)
 	socklen_t slen = sizeof(sin);
 	if (bind(fd, (struct sockaddr *)&sin, sizeof(sin)) != 0 || listen(fd, 64) != 0 ||
 	    getsockname(fd, (struct sockaddr *)&sin, &slen) != 0) {
+		/* In use or not this host's: a configuration-class error (railwaved exits 2). */
+		st = errno == EADDRINUSE ? RW_ERR_EXISTS : errno == EADDRNOTAVAIL ? RW_ERR_NOTFOUND :
+		     RW_ERR_SYS;
 		rw_err("http: listen on %s:%u: %m", svc->cfg.http.text, svc->cfg.http.port);
-		st = RW_ERR_SYS;
 		close(fd);
 		goto free_snap;
 	}

@@ -224,7 +224,7 @@ static void timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	(void)loop, (void)revents;
 	exec_pair_t *p = w->data;
-	char what[192];
+	char what[256];
 	describe_wait(p, what, sizeof(what));
 	exec_pair_fail(p, RW_ERR_TIMEOUT, "timed out after %u ms waiting for %s",
 		       p->x->svc->cfg.phase_timeout_ms, what);

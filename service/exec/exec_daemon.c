@@ -83,6 +83,8 @@ rw_status_t rw_svc_exec_ipc_start(rw_svc_exec_t *x)
 		.socket_path = svc->cfg.ipc_socket,
 		.group = svc->cfg.ipc_group[0] ? svc->cfg.ipc_group : NULL,
 		.node = (int32_t)svc->cfg.me,
+		.world_size = svc->cfg.n_nodes * svc->cfg.gpus_per_node,
+		.gpus_per_node = svc->cfg.gpus_per_node,
 		.max_topk = RW_MAX_TOPK,
 		.max_tokens = svc->cfg.max_tokens, /* bounds every per-token pass of a phase */
 		.dtypes = 1u << RW_DTYPE_BF16 | 1u << RW_DTYPE_FP32, /* what the movers carry */

@@ -239,10 +239,14 @@ void exec_plan_waiting(const exec_pair_t *p, char *buf, size_t len)
 			 p->plan.count_it.rank, p->plan.count_it.token);
 		return;
 	}
-	for (uint32_t n = 0; n < x->nodes && used + 24 < sizeof(who); n++)
+	/* A node sends its row once every one of its local ranks has submitted: name the ranks
+	 * it holds, so a rank that never came is narrowed down from any node's message (its own
+	 * node's names the rank itself). Short: a rank's message is bounded. */
+	for (uint32_t n = 0; n < x->nodes && used + 40 < sizeof(who); n++)
 		if (!p->xchg.have_row[n])
-			used += (size_t)snprintf(who + used, sizeof(who) - used, "%s%u (%s)",
-						 used ? ", " : "", n, x->svc->cfg.nodes[n].name);
+			used += (size_t)snprintf(who + used, sizeof(who) - used, "%s%u (%s, ranks %u-%u)",
+						 used ? ", " : "", n, x->svc->cfg.nodes[n].name,
+						 n * x->gpus, n * x->gpus + x->gpus - 1);
 	if (used) {
 		snprintf(buf, len, "the count rows of node %s", who);
 		return;

@@ -30,7 +30,7 @@ rw_status_t mesh_auth_key_load(const char *path, uint8_t key_p[MESH_KEY_SIZE], c
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
 	if (fd < 0) {
 		snprintf(why, why_len, "cannot open key file %s: %s", path, strerror(errno));
-		return errno == ENOENT ? RW_ERR_NOTFOUND : RW_ERR_SYS;
+		return errno == ENOENT ? RW_ERR_NOTFOUND : errno == EACCES ? RW_ERR_INVAL : RW_ERR_SYS;
 	}
 	struct stat sb;
 	char text[2 * MESH_KEY_SIZE + 8];

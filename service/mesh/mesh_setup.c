@@ -1,6 +1,7 @@
 /* Creating and destroying the peer mesh (service/mesh/mesh.h): rail devices, per-rail registered
  * memory and listeners, the control listener and the timers; on destroy a goodbye to every peer
  * first, then everything closed in reverse. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -13,6 +14,27 @@
 #include <unistd.h>
 
 #include "service/mesh/mesh_int.h"
+
+/* "; RDMA devices here: mlx5_0, mlx5_1" (or none) for an error about a verbs rail: the names
+ * the kernel lists in /sys/class/infiniband, where rdma-core finds them too. */
+static void rdma_devices_here(char *buf, size_t len)
+{
+	DIR *d = opendir("/sys/class/infiniband");
+	size_t n = (size_t)snprintf(buf, len, "; RDMA devices here:");
+	int any = 0;
+	struct dirent *e;
+	while (d && (e = readdir(d)) != NULL && n < len) {
+		if (e->d_name[0] == '.')
+			continue;
+		n += (size_t)snprintf(buf + n, len - n, "%s %s", any ? "," : "", e->d_name);
+		any = 1;
+	}
+	if (d)
+		closedir(d);
+	if (!any && n < len)
+		snprintf(buf + n, len - n, " none (no RDMA NIC, or its driver is not loaded: "
+			 "ibv_devices lists them)");
+}
 
 static uint64_t random_u64(void)
 {
@@ -114,7 +136,12 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 					  .members = members, .n_members = n_members };
 		st = rw_rail_dev_open(&rcfg, m->loop, &m->dev[r]);
 		if (st != RW_OK) {
-			rw_err("rail=%u: cannot open %s device %s: %s", r, transport, local, rw_status_str(st));
+			char devs[256] = "";
+			if (cfg->transport == RW_SVC_TRANSPORT_VERBS)
+				rdma_devices_here(devs, sizeof(devs));
+			rw_err("rail=%u: cannot open the %s rail at %s %s (nodes[%u].rails[%u]): %s%s", r,
+			       transport, rc->has_addr ? "address" : "device", local, m->me, r,
+			       rw_status_str(st), devs);
 			goto fail;
 		}
 		void *mem = mmap(NULL, area_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -129,7 +156,13 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 			goto fail;
 		st = rw_rail_listen(m->dev[r], &mesh_rail_cbs, m, &m->listener[r]);
 		if (st != RW_OK) {
-			rw_err("rail=%u: cannot listen on %s: %s", r, local, rw_status_str(st));
+			/* The transport logged the system call; errno is still its (logging keeps it). */
+			if (st == RW_ERR_SYS && (errno == EADDRINUSE || errno == EADDRNOTAVAIL))
+				st = errno == EADDRINUSE ? RW_ERR_EXISTS : RW_ERR_NOTFOUND;
+			rw_err("rail=%u: cannot listen on %s (nodes[%u].rails[%u]): %s", r, local, m->me, r,
+			       st == RW_ERR_EXISTS ? "the port is in use (another railwaved, or another "
+			       "job's daemons on the same ports?)" : st == RW_ERR_NOTFOUND ?
+			       "not an address of this host" : rw_status_str(st));
 			goto fail;
 		}
 	}
@@ -143,8 +176,11 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 	    setsockopt(m->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
 	    bind(m->listen_fd, (const struct sockaddr *)&ep->sin, sizeof(ep->sin)) < 0 ||
 	    listen(m->listen_fd, 64) < 0) {
-		rw_err("control: cannot listen on %s:%u: %m", ep->text, ep->port);
-		st = RW_ERR_SYS;
+		/* In use or not this host's: a configuration-class error (railwaved exits 2). */
+		st = errno == EADDRINUSE ? RW_ERR_EXISTS : errno == EADDRNOTAVAIL ? RW_ERR_NOTFOUND :
+		     RW_ERR_SYS;
+		rw_err("control: cannot listen on %s:%u (nodes[%u].control): %m", ep->text, ep->port,
+		       m->me);
 		goto fail;
 	}
 	ev_io_init(&m->listen_io, mesh_listen_cb, m->listen_fd, EV_READ);

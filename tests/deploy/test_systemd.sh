@@ -11,8 +11,8 @@
 # /var/log/railwave (LogsDirectory=) is written under ProtectSystem=strict, `railwave wait`
 # reaches the second node (a daemon outside the container, same key) on every rail; a trainer
 # built with `pkg-config --cflags --libs railwave` runs without LD_LIBRARY_PATH (ldconfig);
-# a configuration error (an unknown key) exits 2 and is not restarted; `systemctl stop` drains
-# and exits 0.
+# a configuration error (an unknown key) exits 2, is not restarted, and its reason is in
+# `journalctl -u railwaved -p err`; `systemctl stop` drains and exits 0.
 # Needs root, systemd-nspawn, nsenter; release build only (skips under ASan). Exit 0/1/77.
 # RW_TEST_KEEP=1 keeps the folder.
 set -u
@@ -146,13 +146,16 @@ printf '#include <railwave.h>\n#include <stdio.h>\nint main(void) { printf("%%s\
 inside sh -c 'cc p.c -o p $(pkg-config --cflags --libs railwave)' >"$T/cc.out" 2>&1 || no "cc with pkg-config railwave: $(cat "$T/cc.out")"
 [ "$(inside ./p 2>&1)" = /run/railwave/railwaved.sock ] || no "a program linked with librailwave does not run (ldconfig?): $(inside ./p 2>&1)"
 
-# ---- a configuration error: exit 2, no restart ---------------------------------------------------
+# ---- a configuration error: exit 2, no restart, the reason at priority err ----------------------
 python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["rail"] = 1; json.dump(c, open(sys.argv[1], "w"))' "$R/etc/railwave/cluster.json"
 inside systemctl restart railwaved >/dev/null 2>&1 && no "a start with an unknown key succeeded"
 sleep 7   # longer than RestartSec: a restart would have happened
 show=$(inside systemctl show -p ActiveState -p NRestarts -p ExecMainStatus railwaved)
 echo "$show" | grep -qx 'ExecMainStatus=2' || no "configuration error: exit status not 2: $show"
 echo "$show" | grep -qx 'NRestarts=0' || no "configuration error restarted: $show"
+inside journalctl -u railwaved -p err --no-pager -o cat >"$T/err.out" 2>&1
+grep -q 'railwaved: configuration: /etc/railwave/cluster.json: rail: unknown field' "$T/err.out" ||
+	no "journalctl -p err does not show why it failed: $(cat "$T/err.out")"
 python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); del c["rail"]; json.dump(c, open(sys.argv[1], "w"))' "$R/etc/railwave/cluster.json"
 
 # ---- stop: drained, exit 0 ------------------------------------------------------------------------

@@ -673,7 +673,7 @@ def scenario_timeout(tmp, seed):
         # Whichever node's timer fires first decides, and the others hear its reason.
         for r in range(3):
             if ("waiting for local ranks 3" not in outs[r] and
-                    "waiting for the count rows of node 1 (n1)" not in outs[r]):
+                    "waiting for the count rows of node 1 (n1, ranks 2-3)" not in outs[r]):
                 raise RuntimeError("rank %d was not told the phase waited for node 1's rank 3: %s"
                                    % (r, outs[r]))
         # The timed-out key again at once: every node timed out on its own (docs/dataflow.md
