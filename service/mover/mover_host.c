@@ -279,6 +279,20 @@ static rw_status_t host_stage(void *mover, void *state, rw_svc_phase_t *ph,
 		}
 		*pending_p = hp->marks[kind][g] != 0;
 	}
+	if (kind == 0 && io->in[1].dev < 0 && len[1]) {
+		/* The rank's routing is read once: the count and records passes, pack and the local
+		 * forwarding all read this copy, never the rank's memory, which it may rewrite after
+		 * submitting. Records then always agree with the count rows the peers were sent, so
+		 * a rewrite changes nothing a peer sees (docs/security.md). A CUDA span is copied
+		 * into the staging above, which is the daemon's, already. */
+		void *copy = rw_arena_alloc(&hp->mem, len[1] / 4, 4);
+		if (!copy) {
+			snprintf(why, RW_SVC_WHY_MAX, "out of memory copying local rank %u's top-k ids", g);
+			return RW_ERR_NOMEM;
+		}
+		memcpy(copy, host[1], len[1]);
+		host[1] = copy;
+	}
 	io->tokens = host[0];
 	io->ids = (const int32_t *)(const void *)host[1];
 	io->weights = (const float *)(const void *)host[2];

@@ -9,6 +9,11 @@
  *   MODE: ok        run everything, exit 0 iff every check passed
  *         fail      submit one dispatch, expect an error completion (exit 0), else exit 1
  *         idle      connect, then sleep until killed (a rank that dies mid-phase)
+ *         rewrite   a hostile rank (host buffers only): submit one dispatch, then rewrite its
+ *                   top-k ids over and over (every id moved to the expert E/2 further, and
+ *                   back) until the completion comes; print "rewrite: dispatch ok" or
+ *                   "rewrite: dispatch failed: <error>: <the daemon's reason>"; after an ok
+ *                   one, combine the rows that came (unchecked) as a trainer would; exit 0
  *   FLAGS (after the positional arguments; every one optional):
  *     --hidden H          elements per row (default 24)
  *     --tokens T          every rank dispatches exactly T tokens (1..8192) instead of 1..48 (x3
@@ -48,6 +53,8 @@
  * rank r hosts experts [r*E/W, (r+1)*E/W); expert e's "MLP" multiplies by (e % 3 + 1).
  * Output: "rank R: S steps x L layers verified" (ok), "submitted" once its first dispatch is in
  * and then "failed as expected: <error>: <the daemon's reason>" (fail), "ready" (idle). */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -343,6 +350,58 @@ static void buf_release(rank_buf_t *b)
 	b->dptr = 0;
 }
 
+/* Mode rewrite: the ids the daemon was handed change under it until the completion. */
+typedef struct rewriter {
+	int32_t *ids;               /* the submitted ids, in the registered buffer */
+	size_t n;                   /* tokens * TOPK */
+	atomic_int stop;
+	uint64_t flips;
+} rewriter_t;
+
+static void *rewrite_ids(void *arg)
+{
+	rewriter_t *rw = arg;
+	while (!atomic_load_explicit(&rw->stop, memory_order_relaxed)) {
+		for (size_t i = 0; i < rw->n; i++) {
+			int32_t e = rw->ids[i];
+			if (e >= 0)
+				rw->ids[i] = (int32_t)(((uint32_t)e + experts / 2) % experts);
+		}
+		rw->flips++;
+	}
+	return NULL;
+}
+
+/* Mode rewrite: dispatch `s` while a thread rewrites its ids, then (when it passed) the
+ * combine `cs` of the rows that came, unchecked, as a trainer would. */
+static int run_rewrite(rw_client_t *c, rw_sqe_t *s, rw_sqe_t *cs, int32_t *ids, uint32_t n)
+{
+	rewriter_t rw = { .ids = ids, .n = (size_t)n * TOPK };
+	pthread_t t;
+	CHECK(pthread_create(&t, NULL, rewrite_ids, &rw) == 0, "cannot start the rewriter");
+	int rc = rw_client_submit(c, s, 1);
+	rw_cqe_t cq;
+	if (rc == 0)
+		rc = wait_one(c, &cq, 30000);
+	atomic_store(&rw.stop, 1);
+	pthread_join(t, NULL);
+	CHECK(rc == 0, "rewrite: no dispatch completion: %s", rw_client_strerror(rc));
+	if (cq.status != RW_CQ_OK) {
+		printf("rewrite: dispatch failed: %s: %s\n", rw_client_strerror(cq.error),
+		       rw_client_last_message(c));
+		return 0;
+	}
+	printf("rewrite: dispatch ok (%llu rewrites)\n", (unsigned long long)rw.flips);
+	cs->token_count = cq.recv_tokens;
+	cs->handle_id = cq.handle_id;
+	rc = rw_client_submit(c, cs, 1);
+	if (rc == 0)
+		rc = wait_one(c, &cq, 30000);
+	CHECK(rc == 0, "rewrite: no combine completion: %s", rw_client_strerror(rc));
+	printf("rewrite: combine %s\n", cq.status == RW_CQ_OK ? "ok" : rw_client_last_message(c));
+	return 0;
+}
+
 static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers, uint32_t steps,
 	       uint64_t seed, uint32_t submit_experts)
 {
@@ -387,6 +446,15 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 				       .output_capacity = out_cap, .n_experts = submit_experts };
 			if (mine.n == 0 && (step + layer + me) % 2)
 				s.tokens = s.topk_ids = s.topk_weights = none;
+			if (strcmp(mode, "rewrite") == 0) {
+				CHECK(!b->cuda, "mode rewrite takes host buffers");
+				rw_sqe_t cs = { .kind = RW_KIND_COMBINE, .dtype = s.dtype, .topk = TOPK,
+						.layer = layer, .phase_id = s.phase_id + 500, .step = step,
+						.hidden = hidden, .tokens = { buf_id, 0, off_cin },
+						.topk_ids = none, .topk_weights = none,
+						.output = { buf_id, 0, off_cout }, .output_capacity = comb_out };
+				return run_rewrite(c, &s, &cs, (int32_t *)(void *)(mem + off_ids), mine.n);
+			}
 			uint64_t t_sub = rw_now_ns();
 			int rc = ordered_submit(c, b, &s);
 			CHECK(rc == 0, "submit dispatch: %s", rw_client_strerror(rc));

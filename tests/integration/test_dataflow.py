@@ -718,6 +718,60 @@ def scenario_garbage(tmp, seed):
     print("ok   garbage on stats, control and rail ports")
 
 
+def scenario_rewrite(tmp, seed):
+    """Hostile ranks rewrite their top-k ids after submitting a dispatch, over and over until
+    its completion (rw_rank mode rewrite; every id moved to the other node's experts and back),
+    in 40 phases, while an unrelated job runs verified phases on both daemons. A daemon reads a
+    rank's routing once: each hostile phase passes or fails with a reason, no daemon blames or
+    drops its peer for what a rank did (reconnects=0 errors=0 on both sides), and every phase
+    of the other job verifies."""
+    import threading
+    c = Cluster(tmp, 2)
+    errors, rounds, stop = [], [0], []
+
+    def innocent():
+        k = 0
+        while not stop:
+            try:
+                c.run_ranks("g.innocent", layers=2, steps=1, seed=seed, flags=["--first-step", str(k)])
+                rounds[0] += 1
+            except Exception as e:  # a failed round is the finding
+                errors.append(str(e)[:3000])
+                return
+            k += 1
+
+    try:
+        c.start_all()
+        t = threading.Thread(target=innocent, daemon=True)
+        t.start()
+        outcomes = {}
+        for i in range(40):
+            outs = c.collect([(r, c.rank(r, "g.rewrite%d" % i, 1, 1, seed + i, mode="rewrite"))
+                              for r in range(c.nodes * GPUS)])
+            for r, out in outs.items():
+                line = [l for l in out.splitlines() if l.startswith("rewrite: dispatch")]
+                if not line:
+                    raise RuntimeError("rank %d said no outcome: %s" % (r, out))
+                what = line[0].split(" (")[0] if "dispatch ok" in line[0] else line[0]
+                outcomes[what] = outcomes.get(what, 0) + 1
+        stop.append(1)
+        t.join(WAIT)
+        if errors or rounds[0] < 1:
+            raise RuntimeError("the unrelated job failed while ranks rewrote their ids (%d rounds "
+                               "passed): %s" % (rounds[0], errors[:1]))
+        for n in range(2):
+            line = [l for l in c.stats(n, "stats peers").splitlines()
+                    if l.startswith("peer=%d " % (1 - n))][0]
+            if "state=up" not in line or "reconnects=0 " not in line or "errors=0 " not in line:
+                raise RuntimeError("node %d blamed its peer for its ranks' rewrites: %s\n%s"
+                                   % (n, line, c.logs()))
+    finally:
+        stop.append(1)
+        c.stop()
+    print("ok   ranks rewriting their ids after submitting: %s; no peer dropped, %d rounds of "
+          "another job verified" % (sorted(outcomes.items()), rounds[0]))
+
+
 # (path, node whose switch takes the rail down, rail, the peer it is cut from). The switch sits
 # on the acceptor of that rail connection in some runs (it refuses the redials) and on the
 # connector in others (it does not redial): either way both ends must plan alike.
@@ -889,7 +943,7 @@ def main():
                          ("peer", scenario_peer_dies), ("flight", scenario_in_flight),
                          ("rank", scenario_rank_dies), ("timeout", scenario_timeout),
                          ("garbage", scenario_garbage), ("rail", scenario_rail),
-                         ("join", scenario_rail_join),
+                         ("join", scenario_rail_join), ("rewrite", scenario_rewrite),
                          ("weights", scenario_weights)]:
             if only and name not in only.split(","):
                 continue
