@@ -10,9 +10,10 @@ Per (cluster, shape, tokens, path, kind), medians over the steps after the first
   LB ms   lower bound: the busiest rail's bytes in the phase (any node's tx or rx on one rail,
           from the daemons' phase traces) at the rail rate;
   x LB    ms / LB ms;
-  split   from the traces, ms after the node's last local submission, the latest node:
-          decided (count rows exchanged, path chosen; dispatch only: a combine takes its
-          dispatch's path), first post, last byte in (last range complete), done;
+  split   from the traces, ms after the cluster's last submission (one host, one clock): the
+          latest node's decision (count rows exchanged, path chosen; dispatch only: a combine
+          takes its dispatch's path), the earliest first post, the latest last byte in (last
+          range complete) and the latest done;
   cpu     the daemons' CPU (user + system) per phase, all nodes together, ms;
   memcpy  the same bytes per (node, rail) copied by plain memcpy with one thread per (node,
           rail), as many threads as the shm copiers (rdma/bench/memcpy_ceiling.c), ms; shm
@@ -101,14 +102,19 @@ def traces(trace_dir):
 
 def phase_facts(recs, group, step, kind, rails):
     """From every node's record of one phase: busiest rail bytes (tx or rx), per-(node, rail)
-    tx bytes, and the split (ms after the node's last submission, latest node)."""
+    tx bytes, and the split: ms after the cluster's last submission (the nodes share one clock:
+    t0_ns places each record), the latest node's decided, the earliest first post, the latest
+    last byte in and done."""
     rs = [r for r in recs if r.get("group") == group and r.get("step") == step and
           r.get("kind") == kind and r.get("status") == "ok"]
     if not rs:
         return None
+
+    def at(r, v):  # a record's µs field as ns of the shared clock
+        return None if v is None else r["t0_ns"] + v * 1000
+    last_submit = max(at(r, r.get("last_submit_us") or 0) for r in rs)
     busiest, per_rail, split = 0, [], [[], [], [], []]
     for r in rs:
-        base = r.get("last_submit_us") or 0
         tx = {t[0]: t for t in (r.get("tx") or [])}
         rx = {}
         for x in r.get("rx") or []:
@@ -119,14 +125,16 @@ def phase_facts(recs, group, step, kind, rails):
             busiest = max(busiest, b, rx.get(k, 0))
 
         def rel(v):
-            return None if v is None else (v - base) / 1e3
+            return None if v is None else (at(r, v) - last_submit) / 1e6
         posts = [t[3] for t in tx.values() if t[3] is not None]
         ins = [x[4] for x in (r.get("rx") or []) if x[4] is not None]
         split[0].append(rel(r.get("decided_us")) if kind == "dispatch" else None)
         split[1].append(rel(min(posts)) if posts else None)
         split[2].append(rel(max(ins)) if ins else None)
         split[3].append(rel(r.get("us")))
-    return busiest, per_rail, [max([x for x in s if x is not None], default=None) for s in split]
+    pick = (max, min, max, max)
+    return busiest, per_rail, [pick[i]([x for x in s if x is not None], default=None)
+                               for i, s in enumerate(split)]
 
 
 def ceiling_us(per_rail):
@@ -139,7 +147,8 @@ def run_cluster(td, tmp, a, nodes, transport, rate_gbs, results):
     """One cluster; every (shape, tokens) in turn; rows appended to results."""
     max_rec = max(((16 + k * 8 + 15) & ~15) + ((h * 2 + 15) & ~15) for h, _, k in SHAPES.values())
     tmax = max(int(t) for t in a.tokens.split(","))
-    recv_mib = 64 + 3 * a.gpus * tmax * max_rec * 2 // (1 << 20)
+    # A node may receive every rank's records in one phase: the region grows with N.
+    recv_mib = 64 + 4 * nodes * a.gpus * tmax * max_rec // (1 << 20)
     label = "%s %g GB/s" % (transport, rate_gbs) if transport == "shm" else "tcp loopback"
     trace_dir = os.path.join(tmp, "trace-%d-%s-%g" % (nodes, transport, rate_gbs))
     os.makedirs(trace_dir)
