@@ -1,7 +1,7 @@
-/* The executor as the daemon sees it (service/exec.h): created with its data movers and the peer
- * mesh, given its IPC socket, drained on SIGTERM and torn down after the loop — in an order that
- * never lets a part outlive what it uses: ranks' buffers go (IPC stop) before the movers, every
- * outstanding write reports (mesh destroy) before the pairs are freed. */
+/* The executor as the daemon sees it (service/exec/exec.h): created with its data movers and the
+ * peer mesh, given its IPC socket, drained on SIGTERM and torn down after the loop — in an order
+ * that never lets a part outlive what it uses: ranks' buffers go (IPC stop) before the movers,
+ * every outstanding write reports (mesh destroy) before the pairs are freed. */
 #include <stdlib.h>
 #include <string.h>
 

@@ -7,14 +7,14 @@
  *   exec_stage.c   the stages' names and the table of legal stage changes, and the one function
  *                  every change goes through (exec.c calls it).
  *   exec_ipc.c     adapter for the trainer ranks (ipc/): joins, leaves, submissions.
- *   exec_mesh.c    adapter for the peers (service/mesh.h): rows, errors, grants, arrivals.
+ *   exec_mesh.c    adapter for the peers (service/mesh/mesh.h): rows, errors, grants, arrivals.
  *   exec_plan.c    gather/count, the count-row exchange, and the decision (path and layout).
  *   exec_send.c    posting the waves; the receiver gate's shared arithmetic.
  *   exec_recv.c    arrived bytes, complete ranges, grants to our sources.
  *   exec_keys.c    what outlives a pair: failed keys (tombs), ended attempts, early rows; and
  *                  the one place that ends a failed key (tomb, ended attempts, PHASE_ERR).
  *   exec_answer.c  completions to the ranks; the one map from rw_status_t to the client's codes.
- *   mover_host.c   the host data mover (service/mover.h).
+ *   mover_host.c   the host data mover (service/mover/mover.h).
  * exec_daemon.c calls the adapters and exec.c; the adapters call exec.c; exec.c calls the
  * leaves; a leaf calls only other leaves, the mesh, the mover and ipc/, records a failure with
  * exec_err() and returns its status. No file calls back up that order. */

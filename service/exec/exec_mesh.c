@@ -1,4 +1,4 @@
-/* The executor's adapter for the peers (service/mesh.h; docs/dataflow.md "Count exchange",
+/* The executor's adapter for the peers (service/mesh/mesh.h; docs/dataflow.md "Count exchange",
  * "Send", "Failures"): count rows, phase errors, grants, arrived writes and write completions,
  * each matched to its pair and handed to the state machine (exec.c). What no open pair owns —
  * an early row, a failure before our ranks got there, a late write of an ended attempt — is

@@ -1,7 +1,7 @@
-/* The executor's stage machine (service/exec_stage.c): the table of legal stage changes against
- * an oracle written out here edge by edge, every legal change made and every other one refused
- * (the stage stays; the sanitizer build aborts, seen from a child process), and the shape of
- * the machine: every stage reachable from GATHER_D, every open stage able to close, CLOSED
+/* The executor's stage machine (service/exec/exec_stage.c): the table of legal stage changes
+ * against an oracle written out here edge by edge, every legal change made and every other one
+ * refused (the stage stays; the sanitizer build aborts, seen from a child process), and the shape
+ * of the machine: every stage reachable from GATHER_D, every open stage able to close, CLOSED
  * final, and the kind a pair runs following from its stage. */
 #include <setjmp.h>
 #include <stdarg.h>
