@@ -108,9 +108,8 @@ def main():
     build = os.path.abspath(a.build)
     env = dict(os.environ, RAILWAVE_LIB=os.path.join(build, "lib", "librailwave.so.1"),
                OMP_NUM_THREADS="1")
-    sys.path.insert(0, os.path.join(SRC, "tests", "python"))
-    from test_moe import load_dataflow
-    td = load_dataflow(build)
+    sys.path.insert(0, os.path.join(build, "tests", "lib"))
+    import cluster as td  # tests/lib/cluster.py as the build copied it: that build's binaries
     print("%s tensors, fp32, identity experts, medians of rank 0 in µs per pair (%d pairs per "
           "kind); load average %s" % (a.device, a.iters, load()))
     print("%-18s %9s %9s %9s %9s %11s %11s %11s" % (
@@ -134,7 +133,7 @@ def load():
 
 @contextlib.contextmanager
 def one_node(td, tmp):
-    """One railwaved (tests/integration/test_dataflow.py's Cluster); yields its IPC socket."""
+    """One railwaved (tests/lib/cluster.py's Cluster); yields its IPC socket."""
     c = td.Cluster(tmp, 1, path="auto", extra={"log_level": "warn"})
     c.start_all()
     try:

@@ -151,18 +151,14 @@ def main():
         finally:
             echo.terminate()
             echo.wait()
-        import importlib.util
-        spec = importlib.util.spec_from_file_location(
-            "test_dataflow", os.path.join(SRC, "tests", "integration", "test_dataflow.py"))
-        td = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(td)
-        td.DAEMON = os.path.join(build, "railwaved")
-        c = td.Cluster(tmp, 1, path="auto", extra={"log_level": "warn"})
+        sys.path.insert(0, os.path.join(build, "tests", "lib"))
+        import cluster  # tests/lib/cluster.py as the build copied it: that build's binaries
+        c = cluster.Cluster(tmp, 1, path="auto", extra={"log_level": "warn"})
         c.start_all()
         try:
             for T, H, K, E in SIZES[:a.sizes]:
                 row("railwaved", T, H, K, E,
-                    measure(build, [c.cfg["nodes"][0]["ipc_socket"]], td.GPUS, td.GPUS,
+                    measure(build, [c.cfg["nodes"][0]["ipc_socket"]], c.gpus, c.gpus,
                             "d", T, H, K, E, a.iters, a.spin_us, env, before))
         finally:
             c.stop()

@@ -24,7 +24,6 @@ The 1-token rows are the control-plane floor (their p50 in µs is printed separa
                    [--tokens 1,128,1024,4096] [--paths native,rail-only,perm-only,joint,auto]
                    [--rounds 3] [--floor-rounds 20] [--gpus 2] [--rails 2] [--cuda]"""
 import argparse
-import importlib.machinery
 import json
 import os
 import statistics
@@ -34,8 +33,10 @@ import tempfile
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-B = os.path.dirname(HERE)
+B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(B, "tests", "lib"))
+import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
+
 RANK = os.path.join(B, "tools", "rw_bench_rank")
 CEILING = os.path.join(B, "bench", "memcpy_ceiling")
 # name: (hidden, routed experts, top-k): DeepSeek-V3, GLM-4.5-Air.
@@ -143,7 +144,7 @@ def ceiling_us(per_rail):
     return int(out.split()[0])
 
 
-def run_cluster(td, tmp, a, nodes, transport, rate_gbs, results):
+def run_cluster(tmp, a, nodes, transport, rate_gbs, results):
     """One cluster; every (shape, tokens) in turn; rows appended to results."""
     max_rec = max(((16 + k * 8 + 15) & ~15) + ((h * 2 + 15) & ~15) for h, _, k in SHAPES.values())
     tmax = max(int(t) for t in a.tokens.split(","))
@@ -155,8 +156,8 @@ def run_cluster(td, tmp, a, nodes, transport, rate_gbs, results):
     extra = {"transport": transport, "pace": transport == "shm",
              "nic_gbps": rate_gbs * 8, "recv_region_mib": recv_mib, "trace_dir": trace_dir,
              "phase_timeout_ms": 60000, "heartbeat_timeout_ms": 10000, "log_level": "warn"}
-    td.GPUS, td.RAILS = a.gpus, a.rails
-    c = td.Cluster(tmp, nodes, path="auto", extra=extra)
+    c = cluster.Cluster(tmp, nodes, path="auto", extra=extra, gpus=a.gpus, rails=a.rails,
+                        cuda_ranks="real" if a.cuda else None)
     if a.cuda:
         c.env.pop("RAILWAVE_CUDA_MOVER", None)
     c.start_all()
@@ -229,10 +230,6 @@ def main():
     ap.add_argument("--seed", type=int, default=12345)
     ap.add_argument("--json", help="append every row here, one JSON object a line")
     a = ap.parse_args()
-    td = importlib.machinery.SourceFileLoader(
-        "test_dataflow", os.path.join(B, "test", "integration_dataflow")).load_module()
-    if a.cuda:
-        td.CUDA_RANKS = "real"
     print("== railwave at NIC speed: G=%d %s ranks per node, R=%d rails, bf16; %d rounds of "
           "every path after one warm-up round (%d for 1 token); nproc %d" % (
               a.gpus, "CUDA" if a.cuda else "host", a.rails, a.rounds, a.floor_rounds,
@@ -249,7 +246,7 @@ def main():
             for transport, rate in confs:
                 sub = os.path.join(tmp, "%d-%s-%g" % (nodes, transport, rate))
                 os.makedirs(sub)
-                run_cluster(td, sub, a, nodes, transport, rate, results)
+                run_cluster(sub, a, nodes, transport, rate, results)
     print("== control-plane floor (1 token per rank): phase p50 µs")
     for r in results:
         if r["tokens"] == 1:

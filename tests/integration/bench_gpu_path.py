@@ -20,7 +20,6 @@ engines is build/cuda/bench_pack's (run it beside this).
                             [--steps 4] [--modes staging,cuda] [--alt NAME=PATH] [--trace]
   (run from the build directory's bench/ copy: $b/bench/gpu_path)"""
 import argparse
-import importlib.machinery
 import json
 import os
 import selectors
@@ -32,8 +31,10 @@ import tempfile
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-B = os.path.dirname(HERE)
+B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(B, "tests", "lib"))
+import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
+
 RANK = os.path.join(B, "tools", "rw_bench_rank")
 # name: (hidden, routed experts, top-k) — DeepSeek-V3 and GLM-4.5-Air, and DeepSeek-V3's routing
 # with 1024-wide rows (the daemon's CPU per phase must not follow the row width).
@@ -50,12 +51,7 @@ def cpu_times(pid):
 
 def rail_counters(c, n):
     """(tx_bytes, tx_records) per rail of node n."""
-    out = []
-    for line in c.stats(n, "stats rails").splitlines():
-        kv = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        if "tx_bytes" in kv:
-            out.append((int(kv["tx_bytes"]), int(kv["tx_records"])))
-    return out
+    return [(int(r["tx_bytes"]), int(r["tx_records"])) for r in c.rail_stats(n)]
 
 
 def trace_split(trace_dir, steps):
@@ -90,7 +86,7 @@ def trace_split(trace_dir, steps):
     return out
 
 
-def run_daemons(td, tmp, mode, daemon, shape, tokens, steps, seed, trace=False):
+def run_daemons(tmp, mode, daemon, shape, tokens, steps, seed, trace=False):
     hidden, experts, topk = SHAPES[shape]
     rec = ((16 + topk * 8 + 15) & ~15) + ((hidden * 2 + 15) & ~15)
     recv_mib = 64 + 6 * GPUS * tokens * rec // (1 << 20)
@@ -101,17 +97,12 @@ def run_daemons(td, tmp, mode, daemon, shape, tokens, steps, seed, trace=False):
     if trace:
         os.makedirs(trace_dir, exist_ok=True)
         extra["trace_dir"] = trace_dir
-    c = td.Cluster(tmp, 2, path="joint", extra=extra)
+    c = cluster.Cluster(tmp, 2, path="joint", extra=extra, gpus=GPUS, daemon=daemon)
     if mode == "staging":
         c.env["RAILWAVE_CUDA_MOVER"] = "0"
     else:
         c.env.pop("RAILWAVE_CUDA_MOVER", None)
-    old = td.DAEMON
-    td.DAEMON = daemon
-    try:
-        c.start_all()
-    finally:
-        td.DAEMON = old
+    c.start_all()
     res = {}
     try:
         wl = ["--nodes", "2", "--gpus", str(GPUS), "--rails", "2", "--experts", str(experts),
@@ -266,10 +257,7 @@ def main():
     ap.add_argument("--trace", action="store_true",
                     help="phase traces on: print where each daemon's phase time goes")
     a = ap.parse_args()
-    td = importlib.machinery.SourceFileLoader(
-        "test_dataflow", os.path.join(B, "test", "integration_dataflow")).load_module()
-    td.GPUS = GPUS
-    modes = [(m, td.DAEMON) for m in a.modes.split(",")]
+    modes = [(m, cluster.DAEMON) for m in a.modes.split(",")]
     modes += [tuple(x.split("=", 1)) for x in a.alt]
     print("== 2 railwaved (tcp loopback, R=2), %d CUDA ranks per node on one GPU, bf16, joint "
           "path, %d steps (median of steps 1..%d); ms = last submission to last completion"
@@ -282,7 +270,7 @@ def main():
             for tokens in [int(t) for t in a.tokens.split(",")]:
                 got = {}
                 for name, daemon in modes:
-                    got[name] = run_daemons(td, tmp, "staging" if name == "staging" else "cuda",
+                    got[name] = run_daemons(tmp, "staging" if name == "staging" else "cuda",
                                             daemon, shape, tokens, a.steps, a.seed, a.trace)
                     if name != "staging" and "kernels loaded on device" not in got[name]["log"]:
                         raise RuntimeError("%s: the CUDA mover did not carry the pairs" % name)

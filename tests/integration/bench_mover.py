@@ -12,26 +12,21 @@ the same GPU in the same run (build/cuda/bench_pack).
   python3 bench_mover.py [--hidden 7168] [--tokens 256,1024] [--layers 4] [--steps 2]
   (run from the build directory's bench/ copy: $b/bench/cuda_mover)"""
 import argparse
-import importlib.machinery
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-B = os.path.dirname(HERE)
+B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(B, "tests", "lib"))
+import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
+from cluster import cpu_seconds  # noqa: E402
 
 
-def cpu_seconds(pid):
-    with open("/proc/%d/stat" % pid) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def run(td, tmp, mover, tokens, hidden, layers, steps, seed):
+def run(tmp, mover, tokens, hidden, layers, steps, seed):
     recv_mib = max(64, 4 * tokens * hidden * 4 * 4 // (1 << 20))
-    c = td.Cluster(tmp, 2, path="joint", extra={"recv_region_mib": recv_mib})
+    c = cluster.Cluster(tmp, 2, path="joint", extra={"recv_region_mib": recv_mib})
     if mover == "host":
         c.env["RAILWAVE_CUDA_MOVER"] = "0"
     else:
@@ -41,7 +36,7 @@ def run(td, tmp, mover, tokens, hidden, layers, steps, seed):
         c.start_all()
         procs = [(r, c.rank(r, "g.bench", layers, steps, seed,
                             flags=["--cuda", "--timing", "--tokens", str(tokens), "--hidden", str(hidden)]))
-                 for r in range(c.nodes * td.GPUS)]
+                 for r in range(c.nodes * c.gpus)]
         outs = c.collect(procs)
         cpu = sum(cpu_seconds(p.pid) for p in c.procs.values())
         for r, out in outs.items():
@@ -74,8 +69,6 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--seed", type=int, default=12345)
     a = ap.parse_args()
-    td = importlib.machinery.SourceFileLoader(
-        "test_dataflow", os.path.join(B, "test", "integration_dataflow")).load_module()
     bp = os.path.join(B, "cuda", "bench_pack")
     if os.access(bp, os.X_OK):
         print("== device-to-device copy bandwidth (bench_pack, same GPU, same run)")
@@ -91,7 +84,7 @@ def main():
         for tokens in [int(t) for t in a.tokens.split(",")]:
             got, cpu = {}, {}
             for mover in ("host", "cuda"):
-                got[mover], cpu[mover] = run(td, tmp, mover, tokens, a.hidden, a.layers, a.steps,
+                got[mover], cpu[mover] = run(tmp, mover, tokens, a.hidden, a.layers, a.steps,
                                              a.seed)
             for key in sorted(got["host"]):
                 cols = []

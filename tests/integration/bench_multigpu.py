@@ -24,7 +24,6 @@ device notes' variables).
                             [--modes cuda,staging] [--no-nccl] [--no-peer]"""
 import argparse
 import ctypes
-import importlib.machinery
 import os
 import socket
 import statistics
@@ -34,8 +33,10 @@ import tempfile
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-B = os.path.dirname(HERE)
+B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(B, "tests", "lib"))
+import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
+
 RANK = os.path.join(B, "tools", "rw_bench_rank")
 PEER = os.path.join(B, "cuda", "bench_peer")
 SHAPES = {"deepseek": (7168, 256, 8), "glm": (4096, 128, 8)}  # hidden, experts, top-k
@@ -62,15 +63,14 @@ def node_gpus(n, per_node, ngpu):
     return [(n * per_node + g) % ngpu for g in range(per_node)]
 
 
-def railwave(td, gp, tmp, mode, a, ngpu):
+def railwave(tmp, mode, a, ngpu):
     """One run of the two daemons and 2G ranks; per (kind, path) median ms, and per kind the bytes
     a node sends the other per phase."""
     hidden, experts, topk = SHAPES[a.shape]
     G = a.per_node
     rec = ((16 + topk * 8 + 15) & ~15) + ((hidden * 2 + 15) & ~15)
     crec = 16 + ((hidden * 2 + 15) & ~15)
-    td.GPUS = G
-    c = td.Cluster(tmp, 2, path="auto", extra={
+    c = cluster.Cluster(tmp, 2, path="auto", gpus=G, extra={
         "recv_region_mib": 64 + 6 * G * a.tokens * rec // (1 << 20),
         "phase_timeout_ms": 60000, "heartbeat_timeout_ms": 10000})
     if mode == "staging":
@@ -98,7 +98,7 @@ def railwave(td, gp, tmp, mode, a, ngpu):
                 raise RuntimeError("rank %d rc %s: %s\n%s" % (r, p.returncode,
                                                              outs[r].strip()[-600:],
                                                              "\n".join(why[:6])))
-        recs = [sum(k for _, k in gp.rail_counters(c, n)) for n in range(2)]
+        recs = [sum(int(r["tx_records"]) for r in c.rail_stats(n)) for n in range(2)]
         logs = [open(os.path.join(tmp, "d%d.log" % n)).read() for n in range(2)]
     finally:
         c.stop()
@@ -210,11 +210,6 @@ def main():
               % (why or "%d visible" % ngpu))
         return 77
     a.per_node = a.per_node or min(4, max(1, ngpu // 2))
-    td = importlib.machinery.SourceFileLoader(
-        "test_dataflow", os.path.join(B, "test", "integration_dataflow")).load_module()
-    # The GPU-path benchmark's reader of the daemons' rail counters.
-    gp = importlib.machinery.SourceFileLoader(
-        "bench_gpu_path", os.path.join(HERE, "gpu_path")).load_module()
     G = a.per_node
     print("== %d GPUs; 2 railwaved (tcp loopback, R=2) x %d ranks, node n on GPUs %s; %s, %d "
           "tokens/rank, bf16; ms = last submission -> last completion, median of %d steps per "
@@ -226,7 +221,7 @@ def main():
         # "Several GPUs") is reported; the others still run.
         with tempfile.TemporaryDirectory(prefix="rwmgb.", dir="/tmp") as tmp:
             try:
-                got[mode], sizes = railwave(td, gp, tmp, mode, a, ngpu)
+                got[mode], sizes = railwave(tmp, mode, a, ngpu)
             except Exception as e:
                 print("FAIL %s: %s" % (mode, e))
                 failed = 1

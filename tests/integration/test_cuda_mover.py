@@ -16,13 +16,16 @@ counted from the stand-in's "cuStreamSynchronize blocked" lines: with an executo
 the mover's pack report there must be none. A build without kernels (no nvcc) skips (exit 77).
 Run by tests/run as $b/test/cuda_mover; on the GPU machine see docs/perf/cuda-mover.md."""
 import ctypes
-import importlib.machinery
 import os
 import random
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(B, "tests", "lib"))
+sys.path.insert(0, os.path.join(B, "tests", "integration"))
+import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
+import test_dataflow as td  # noqa: E402  (its CUDA scenario, run here on the CUDA mover)
 
 
 def gpu_reason():
@@ -44,16 +47,16 @@ ASYNC_LINE = "cuda mover: the dispatch pack is asynchronous"
 BLOCKING_LINE = "cuda mover: the executor cannot wait for a pack report"
 
 
-def stand_in_ordering(td, seed, why):
+def stand_in_ordering(seed, why):
     """The CUDA mover on a slow stand-in GPU (no real one here: `why`)."""
-    if not os.path.exists(td.FAKE_KERN):
+    if not os.path.exists(cluster.FAKE_KERN):
         print("skip: no GPU (%s) and no kernel stand-in built" % why)
         return 77
     os.environ["RW_FAKE_CUDA_LAG_MS"] = "3"
     runs = [("joint", [0, 1, 2, 3]), ("perm-only", [0, 1, 2, 3]), ("auto", [1, 2])]
     with tempfile.TemporaryDirectory(prefix="rwcm.", dir="/tmp") as tmp:
         try:
-            if not td.scenario_cuda_runs(tmp, seed, False, runs, "slow stand-in", td.FAKE_KERN):
+            if not td.scenario_cuda_runs(tmp, seed, False, runs, "slow stand-in", cluster.FAKE_KERN):
                 return 77
         except Exception as e:
             print("FAIL cuda mover on a slow stand-in GPU: %s" % e)
@@ -80,16 +83,14 @@ def stand_in_ordering(td, seed, why):
 
 
 def main():
-    td = importlib.machinery.SourceFileLoader(
-        "test_dataflow", os.path.join(HERE, "integration_dataflow")).load_module()
-    if not (os.access(td.DAEMON, os.X_OK) and os.access(td.RANK, os.X_OK)):
+    if not cluster.built(cluster.DAEMON, cluster.RANK):
         print("skip: railwaved or rw_rank not built")
         return 77
     seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or random.randrange(1, 1 << 30)
     why = gpu_reason()
     if why:
         print("seed %d (RW_TEST_SEED=%d reproduces)" % (seed, seed))
-        return stand_in_ordering(td, seed, why)
+        return stand_in_ordering(seed, why)
     os.environ["RW_IT_CUDA"] = "real"
     print("seed %d (RW_TEST_SEED=%d reproduces)" % (seed, seed))
     for flags, recv_mib in [("", 16), ("--hidden 7", 16), ("--hidden 4096 --tokens 128", 128)]:

@@ -8,205 +8,25 @@ down for a while (rail health). After every scenario the
 daemons must stop cleanly on SIGTERM (exit 0: under ASan that also means no leak).
 
 Run by tests/run as $b/test/integration_dataflow; exits 0 pass, 1 fail, 77 skip."""
-import json
 import os
 import random
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 
-B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DAEMON = os.path.join(B, "railwaved")
-RANK = os.path.join(B, "tests", "integration", "rw_rank")
-FAKE_CUDA = os.path.join(B, "tests", "integration", "libfakecuda_ipc.so")
-# The same stand-in with the CUDA mover's kernels run on the CPU (fake_cuda_kernels.c).
-FAKE_KERN = os.path.join(B, "tests", "integration", "libfakecuda_kern.so")
-GPUS, RAILS = 2, 2
-# Every rank of every cluster with CUDA buffers (tests/integration/test_faults_cuda.py): None, the
-# stand-in driver to load, or "real" (the system's driver and GPU).
-CUDA_RANKS = None
-WAIT = 60.0  # bound on any wait (never a pass/fail timing criterion)
+if __name__ == "__main__":  # run as $b/test/integration_dataflow (importers put $b/tests/lib first)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "tests", "lib"))
+import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
+from cluster import Cluster, FAKE_CUDA, FAKE_KERN, GPUS, RAILS, WAIT  # noqa: E402
 
 
-def ask_stats(path, cmd="stats"):
-    """One command on a railwaved stats socket; its reply block (ends with an empty line)."""
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(5)
-    s.connect(path)
-    s.sendall(cmd.encode() + b"\n")
-    out = b""
-    while not out.endswith(b"\n\n"):
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        out += chunk
-    s.close()
-    return out.decode()
-
-
-def cpu_seconds(pid):
-    """A process's user + system CPU time so far, seconds."""
-    with open("/proc/%d/stat" % pid) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_kib(pid):
-    """A process's resident set (VmRSS), KiB; 0 if it has none."""
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
-def free_port(ip):
-    s = socket.socket()
-    s.bind((ip, 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-class Cluster:
-    def __init__(self, tmp, nodes, path="auto", experts=None, extra=None):
-        self.tmp, self.nodes, self.path = tmp, nodes, path
-        self.experts = experts or nodes * GPUS * 2
-        self.procs = {}
-        self.env = dict(os.environ)
-        self.node_env = {}  # node -> extra environment of that daemon only
-        self.rank_flags = []
-        if CUDA_RANKS:
-            self.rank_flags = ["--cuda"]
-            if CUDA_RANKS != "real":
-                self.env["RW_CUDA_DRIVER"] = CUDA_RANKS
-        cfg = {
-            "cluster": "it", "transport": "tcp", "gpus_per_node": GPUS,
-            "control_port": 7400, "rail_port": 7500,
-            "phase_timeout_ms": 8000, "heartbeat_interval_ms": 100,
-            "heartbeat_timeout_ms": 1000, "recv_region_mib": 16, "http": "0",
-            "log_level": "info", "nodes": [],
-        }
-        # Peers authenticate with a key made for this run (docs/security.md), as deployed ones
-        # do; the keygen is the build's that DAEMON belongs to (other tests reuse this class).
-        cfg["key_file"] = os.path.join(tmp, "cluster.key")
-        subprocess.run([os.path.join(os.path.dirname(DAEMON), "tools", "railwave"), "keygen",
-                        "--force", cfg["key_file"]], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        cfg.update(extra or {})
-        for n in range(nodes):
-            ctl = "127.0.0.%d" % (n + 1)
-            cfg["nodes"].append({
-                "name": "n%d" % n,
-                "control": "%s:%d" % (ctl, free_port(ctl)),
-                "rails": [{"address": "127.0.%d.%d" % (r, n + 1),
-                           "port": free_port("127.0.%d.%d" % (r, n + 1))} for r in range(RAILS)],
-                "ipc_socket": os.path.join(tmp, "n%d.sock" % n),
-                "stats_socket": os.path.join(tmp, "n%d.stats" % n),
-            })
-        self.cfg = cfg
-        self.cfg_path = os.path.join(tmp, "cluster.json")
-        with open(self.cfg_path, "w") as f:
-            json.dump(cfg, f)
-
-    def start(self, n):
-        log = open(os.path.join(self.tmp, "d%d.log" % n), "a")
-        env = dict(self.env)
-        env.update(self.node_env.get(n, {}))
-        self.procs[n] = subprocess.Popen(
-            [DAEMON, "--config", self.cfg_path, "--node", str(n), "--path", self.path],
-            stdout=log, stderr=subprocess.STDOUT, env=env)
-
-    def start_all(self):
-        for n in range(self.nodes):
-            self.start(n)
-        self.wait_mesh()
-
-    def stats(self, n, cmd):
-        return ask_stats(self.cfg["nodes"][n]["stats_socket"], cmd)
-
-    def wait_mesh(self, nodes=None):
-        nodes = range(self.nodes) if nodes is None else nodes
-        deadline = time.time() + WAIT
-        while time.time() < deadline:
-            try:
-                if all(self.stats(n, "stats peers").count("state=up") == self.nodes - 1 for n in nodes):
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError("mesh did not come up\n" + self.logs())
-
-    def kill(self, n, sig=signal.SIGKILL):
-        self.procs[n].send_signal(sig)
-        self.procs[n].wait()
-        del self.procs[n]
-
-    def stop(self):
-        """SIGTERM every daemon; each must exit 0 (ASan: no leak, no error)."""
-        bad = []
-        for n, p in sorted(self.procs.items()):
-            p.send_signal(signal.SIGTERM)
-        for n, p in sorted(self.procs.items()):
-            try:
-                rc = p.wait(WAIT)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                rc = "hang"
-            if rc != 0:
-                bad.append((n, rc))
-        self.procs = {}
-        if bad:
-            raise RuntimeError("daemons exited badly: %s\n%s" % (bad, self.logs()))
-
-    def logs(self):
-        out = []
-        for n in range(self.nodes):
-            path = os.path.join(self.tmp, "d%d.log" % n)
-            if os.path.exists(path):
-                with open(path) as f:
-                    lines = f.read().splitlines()
-                out += ["  d%d| %s" % (n, l) for l in lines[-25:]]
-        return "\n".join(out)
-
-    def rank(self, r, group, layers, steps, seed, mode="ok", flags=(), env=None):
-        node = r // GPUS
-        return subprocess.Popen(
-            [RANK, self.cfg["nodes"][node]["ipc_socket"], group, str(r), str(self.nodes), str(GPUS),
-             str(self.experts), str(layers), str(steps), str(seed), mode]
-            + list(self.rank_flags) + list(flags),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env or self.env)
-
-    def collect(self, procs, want=0):
-        """Wait for (rank, process) pairs; each must exit `want`. Returns their outputs."""
-        fails, outs = [], {}
-        for r, p in procs:
-            try:
-                out, _ = p.communicate(timeout=WAIT)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                out, _ = p.communicate()
-            outs[r] = out.decode()
-            if p.returncode != want:
-                fails.append("rank %d rc %s: %s" % (r, p.returncode, outs[r].strip()[-400:]))
-        if fails:
-            raise RuntimeError("\n".join(fails) + "\n" + self.logs())
-        return outs
-
-    def run_ranks(self, group, layers, steps, seed, ranks=None, flags=()):
-        ranks = range(self.nodes * GPUS) if ranks is None else ranks
-        return self.collect([(r, self.rank(r, group, layers, steps, seed, flags=flags))
-                             for r in ranks])
-
-
-def scenario_paths(tmp, seed):
+def scenario_paths(tmp, seed, cuda_ranks=None):
     """Every forced path and the selector, several steps x layers, fp32 and bf16 alternating."""
     for i, (path, nodes) in enumerate([("native", 3), ("rail-only", 4), ("perm-only", 4),
                                        ("joint", 3), ("auto", 4)]):
-        c = Cluster(tmp, nodes, path=path)
+        c = Cluster(tmp, nodes, path=path, cuda_ranks=cuda_ranks)
         # One local-node record per idle slice: the forwarding and combine folding of local
         # records resume across many loop iterations, interleaved with the network.
         c.env.update(RAILWAVE_TEST_LOCAL_SLICE="1")
@@ -249,12 +69,6 @@ def scenario_gate(tmp, seed):
         print("ok   gate %-9s N=%d: one wave source at a time at every receiver" % (path, nodes))
 
 
-def rail_lines(c, n):
-    """`stats rails` of daemon n as one {key: number} dict per rail."""
-    return [{k: float(v) for k, v in (w.split("=", 1) for w in line.split() if "=" in w)}
-            for line in c.stats(n, "stats rails").splitlines() if line.startswith("rail=")]
-
-
 def scenario_pace(tmp, seed):
     """Paced tcp rails (0.2 Gbit/s, so a phase's rows overflow the 2 ms bucket): the transport's
     device counters reach `stats rails` - every rail's wire bytes cover its payload plus framing
@@ -266,7 +80,7 @@ def scenario_pace(tmp, seed):
                      flags=["--hidden", "1024", "--tokens", "64"])
         waits = 0
         for n in range(c.nodes):
-            for x in rail_lines(c, n):
+            for x in c.rail_stats(n):
                 if x["wire_tx_bytes"] < x["tx_bytes"] or (x["tx_bytes"] and
                                                          x["wire_tx_bytes"] == x["tx_bytes"]):
                     raise RuntimeError("node %d rail %d: wire_tx_bytes %d, payload %d" % (
@@ -540,11 +354,11 @@ def scenario_stream(tmp, seed):
     print("ok   stream: daemon killed mid-phase, the rank wrote its owed flag and its stream drained")
 
 
-def scenario_peer_dies(tmp, seed):
+def scenario_peer_dies(tmp, seed, cuda_ranks=None):
     """Nodes 0 and 1 are in a phase waiting for node 2's counts when node 2's daemon is killed:
     their ranks get an error completion, the daemons keep serving, node 2 comes back and a
     full run passes."""
-    c = Cluster(tmp, 3)
+    c = Cluster(tmp, 3, cuda_ranks=cuda_ranks)
     try:
         c.start_all()
         waiting = [c.rank(r, "g.fault", 1, 1, seed, mode="fail") for r in range(4)]
@@ -571,7 +385,7 @@ def rx_bytes(c, n):
                if f.startswith("rx_bytes="))
 
 
-def scenario_in_flight(tmp, seed):
+def scenario_in_flight(tmp, seed, cuda_ranks=None):
     """A peer daemon dies while rail writes are in flight: large rows, and the executor's test
     hook posts 32 KiB writes one per 20 ms, so the slabs take seconds; the last node is killed as
     soon as another has received its first bytes. Every local rank of the survivors gets its
@@ -580,11 +394,12 @@ def scenario_in_flight(tmp, seed):
     Joint at N = 4, where survivors are then also waiting for wave grants (the receiver gate,
     docs/dataflow.md "Send"): a dead grantor must fail the phase just as fast."""
     for path, nodes in (("native", 3), ("joint", 4)):
-        in_flight_one(tmp, seed, path, nodes)
+        in_flight_one(tmp, seed, path, nodes, cuda_ranks)
 
 
-def in_flight_one(tmp, seed, path, nodes):
-    c = Cluster(tmp, nodes, path=path, extra={"phase_timeout_ms": 60000, "recv_region_mib": 64})
+def in_flight_one(tmp, seed, path, nodes, cuda_ranks):
+    c = Cluster(tmp, nodes, path=path, extra={"phase_timeout_ms": 60000, "recv_region_mib": 64},
+                cuda_ranks=cuda_ranks)
     c.env.update(RAILWAVE_TEST_CHUNK_KIB="32", RAILWAVE_TEST_WRITE_GAP_MS="20")
     victim = nodes - 1
     try:
@@ -617,10 +432,10 @@ def in_flight_one(tmp, seed, path, nodes):
           "survivors), survivors failed every rank in %.2f s, recovered (same key retried)" % (path, nodes, in_flight, took))
 
 
-def scenario_rank_dies(tmp, seed):
+def scenario_rank_dies(tmp, seed, cuda_ranks=None):
     """Rank 3 (node 1) connects and then dies while everyone else is in the phase: every other
     rank's dispatch fails; afterwards a complete run passes."""
-    c = Cluster(tmp, 2)
+    c = Cluster(tmp, 2, cuda_ranks=cuda_ranks)
     try:
         c.start_all()
         idle = c.rank(3, "g.rank", 1, 1, seed, mode="idle")
@@ -653,11 +468,11 @@ def scenario_rank_dies(tmp, seed):
     print("ok   rank killed mid-phase, its group's phase failed everywhere, then recovered (same key retried)")
 
 
-def scenario_timeout(tmp, seed):
+def scenario_timeout(tmp, seed, cuda_ranks=None):
     """Rank 3 (node 1) joins but never submits: the phase times out, and every rank's error
     names what was waited for — node 1's rank 3, or node 1's count row — never another node.
     Then a complete run passes."""
-    c = Cluster(tmp, 2, extra={"phase_timeout_ms": 1500})
+    c = Cluster(tmp, 2, extra={"phase_timeout_ms": 1500}, cuda_ranks=cuda_ranks)
     try:
         c.start_all()
         idle = c.rank(3, "g.late", 1, 1, seed, mode="idle")
@@ -794,7 +609,7 @@ def stat_value(c, n, key):
     return int([l for l in c.stats(n, "stats").splitlines() if l.startswith(key + " ")][0].split()[1])
 
 
-def scenario_rail(tmp, seed):
+def scenario_rail(tmp, seed, cuda_ranks=None):
     """Rail health (docs/dataflow.md "Rail health"): one rail connection of one node closes
     mid-run and stays refused for 1.2 s (RAILWAVE_TEST_RAIL_DOWN); when a phase fails with
     RW_E_PHASE on any rank, every rank redoes it at once (--retry: the ranks vote after each
@@ -803,7 +618,7 @@ def scenario_rail(tmp, seed):
     return, every node must have planned phases without the rail (both ends agree, or the data
     would not verify), and once the rail is back a second run plans no phase without it."""
     for i, (path, node, rail, peer) in enumerate(RAIL_FAULTS):
-        c = Cluster(tmp, 3, path=path)
+        c = Cluster(tmp, 3, path=path, cuda_ranks=cuda_ranks)
         # Slow writes (4 KiB chunks, one per ms per phase) keep phases in flight when it closes.
         c.env.update(RAILWAVE_TEST_CHUNK_KIB="4", RAILWAVE_TEST_WRITE_GAP_MS="1")
         c.node_env[node] = {"RAILWAVE_TEST_RAIL_DOWN": "%d:%d:200:1200" % (rail, peer)}
@@ -912,13 +727,12 @@ def scenario_weights(tmp, seed):
     c = Cluster(tmp, 3, path="joint", extra={"pace": True, "rail_weights": "measured",
                                              "nic_gbps": 0.4, "recv_region_mib": 64})
     c.cfg["nodes"][0]["rails"][1]["rate_gbps"] = 0.1
-    with open(c.cfg_path, "w") as f:
-        json.dump(c.cfg, f)
+    c.write_config()
     try:
         c.start_all()
         c.run_ranks("g.weights", layers=3, steps=3, seed=seed,
                     flags=["--hidden", "2048", "--tokens", "96"])
-        w = [[int(l["weight"]) for l in rail_lines(c, n)] for n in range(3)]
+        w = [[int(l["weight"]) for l in c.rail_stats(n)] for n in range(3)]
         if not (2 * w[0][1] <= w[0][0]):
             raise RuntimeError("node 0's slow rail is not weighted down: %s" % w)
         for n in (1, 2):
@@ -930,7 +744,7 @@ def scenario_weights(tmp, seed):
 
 
 def main():
-    if not all(os.access(p, os.X_OK) for p in (DAEMON, RANK, os.path.join(B, "tools", "railwave"))):
+    if not cluster.built():
         print("skip: railwaved, railwave or rw_rank not built")
         return 77
     seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or random.randrange(1, 1 << 30)

@@ -16,16 +16,16 @@ checks catch, and the ASan build catches a use after free; its legacy stream is 
 a rank whose buffer fill was not waited for gets its inputs zeroed. RW_IT_CUDA=real uses the system's
 driver and GPU (docs/perf/runs/gpu-e2e.md). A build without kernels (no nvcc) skips (exit 77).
 Run by tests/run as $b/test/integration_faults_cuda. RW_IT_ONLY picks scenarios."""
-import importlib.machinery
 import os
+import random
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-# The multi-daemon harness (Cluster, rw_rank), as this build copied it: $b/test/integration_dataflow
-# (its paths are this build's; the GPU machine's carry has the same layout).
-it = importlib.machinery.SourceFileLoader(
-    "test_dataflow", os.path.join(HERE, "integration_dataflow")).load_module()
+B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(B, "tests", "lib"))
+sys.path.insert(0, os.path.join(B, "tests", "integration"))
+import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
+import test_dataflow as it  # noqa: E402  (its scenarios, run here with CUDA ranks)
 
 SCENARIOS = [("paths", it.scenario_paths), ("peer", it.scenario_peer_dies),
              ("flight", it.scenario_in_flight), ("rank", it.scenario_rank_dies),
@@ -47,20 +47,20 @@ def carried(tmp, name):
 
 def main():
     real = os.environ.get("RW_IT_CUDA") == "real"
-    if not os.access(it.DAEMON, os.X_OK) or not os.access(it.RANK, os.X_OK):
+    if not cluster.built(cluster.DAEMON, cluster.RANK):
         print("skip: railwaved or rw_rank not built")
         return 77
-    if not real and not os.path.exists(it.FAKE_KERN):
+    if not real and not os.path.exists(cluster.FAKE_KERN):
         print("skip: no GPU and no kernel stand-in built")
         return 77
-    it.CUDA_RANKS = "real" if real else it.FAKE_KERN
+    cuda_ranks = "real" if real else cluster.FAKE_KERN
     if not real:
         os.environ.setdefault("RW_FAKE_CUDA_LAG_MS", "1")
         # The legacy stream much slower: a rank's buffer fill (cuMemsetD8, asynchronous on the
         # legacy stream) lands on its inputs unless rw_cuda_memset_d8 waits for it, as it did on
         # the H200 (docs/perf/runs/gpu-e2e.md, fourth session).
         os.environ.setdefault("RW_FAKE_CUDA_LEGACY_LAG_MS", "50")
-    seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or it.random.randrange(1, 1 << 30)
+    seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or random.randrange(1, 1 << 30)
     print("seed %d (RW_TEST_SEED=%d reproduces); CUDA ranks on the %s" %
           (seed, seed, "system's driver" if real else "kernel stand-in"))
     only = os.environ.get("RW_IT_ONLY", "")
@@ -69,7 +69,7 @@ def main():
             continue
         with tempfile.TemporaryDirectory(prefix="rwfc.", dir="/tmp") as tmp:
             try:
-                fn(tmp, seed)
+                fn(tmp, seed, cuda_ranks=cuda_ranks)
                 if not real and any("built without nvcc" in open(os.path.join(tmp, f)).read()
                                     for f in os.listdir(tmp) if f.endswith(".log")):
                     print("skip: this build embeds no kernels (no nvcc)")

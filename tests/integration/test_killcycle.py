@@ -26,11 +26,9 @@ import tempfile
 import time
 
 B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(B), "tests", "integration"))
-import test_dataflow as it  # noqa: E402  (the multi-daemon harness: Cluster, rw_rank)
+sys.path.insert(0, os.path.join(B, "tests", "lib"))
+import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
 
-it.DAEMON = os.path.join(B, "railwaved")
-it.RANK = os.path.join(B, "tests", "integration", "rw_rank")
 WARMUP = 5              # cycles before the descriptor and memory baseline is taken
 RSS_BOUND_KIB = 32 << 10  # survivors' resident growth allowed after the warm-up
 # Under ASan freed memory waits in a quarantine (256 MiB by default) before it is reused, so
@@ -83,8 +81,8 @@ def one_cycle(c, i, victim, seed):
     before = sum(tx_bytes(c, n) for n in survivors)
     big = ["--hidden", "2048", "--tokens", "96", "--first-step", str(2 * i)]
     procs = [(r, c.rank(r, "g.kc", 1, 1, seed + i, mode="fail", flags=big))
-             for r in range(c.nodes * it.GPUS)]
-    deadline = time.time() + it.WAIT
+             for r in range(c.nodes * cluster.GPUS)]
+    deadline = time.time() + cluster.WAIT
     while True:
         posted = sum(tx_bytes(c, n) for n in survivors) - before
         if posted > 0:
@@ -94,10 +92,10 @@ def one_cycle(c, i, victim, seed):
         time.sleep(0.002)
     t_kill = time.time()
     c.kill(victim)
-    outs = c.collect([rp for rp in procs if rp[0] < victim * it.GPUS])  # each: error, exit 0
+    outs = c.collect([rp for rp in procs if rp[0] < victim * cluster.GPUS])  # each: error, exit 0
     took = time.time() - t_kill
-    for r, p in procs[victim * it.GPUS:]:  # the victim's ranks lost their daemon
-        p.communicate(timeout=it.WAIT)
+    for r, p in procs[victim * cluster.GPUS:]:  # the victim's ranks lost their daemon
+        p.communicate(timeout=cluster.WAIT)
     # The reason names the dead node: "peer 1 (n1) ..." when the survivor learnt it from the
     # mesh, "cannot write to node 1 (n1) rail 0: ..." when a write could not be posted, "a rail
     # write to node 1 (n1) on rail 0 failed: ..." when a write already posted was the first to
@@ -110,7 +108,7 @@ def one_cycle(c, i, victim, seed):
             raise RuntimeError("cycle %d: rank %d's error does not say the peer failed: %s\n%s"
                                % (i, r, out.strip(), c.logs()))
         named += names
-    if took > it.WAIT / 2:
+    if took > cluster.WAIT / 2:
         raise RuntimeError("cycle %d: survivors failed the phase only by timeout (%.1f s)" % (i, took))
     c.start(victim)
     c.wait_mesh()
@@ -141,7 +139,7 @@ def run(kills, nodes, seed):
     victim = nodes - 1
     with tempfile.TemporaryDirectory(prefix="rwkc.", dir="/tmp") as tmp:
         # A phase timeout far above any cycle: a survivor that only fails by timeout is caught.
-        c = it.Cluster(tmp, nodes, path="native",
+        c = cluster.Cluster(tmp, nodes, path="native",
                        extra={"phase_timeout_ms": 60000, "recv_region_mib": 16})
         c.env.update(RAILWAVE_TEST_CHUNK_KIB="32", RAILWAVE_TEST_WRITE_GAP_MS="20")
         if sanitized():
@@ -156,7 +154,7 @@ def run(kills, nodes, seed):
             for i in range(kills):
                 posted, n_named = one_cycle(c, i, victim, seed)
                 named += n_named
-                told += victim * it.GPUS
+                told += victim * cluster.GPUS
                 posted_min = posted if posted_min is None else min(posted_min, posted)
                 for n in range(victim):
                     if c.procs[n].poll() is not None or c.procs[n].pid != pids[n]:
@@ -164,14 +162,14 @@ def run(kills, nodes, seed):
                 if i + 1 == WARMUP:
                     for n in range(victim):
                         base_fds[n] = quiet_fds(pids[n])
-                        base_rss[n] = it.rss_kib(pids[n])
+                        base_rss[n] = cluster.rss_kib(pids[n])
             growth = {}
             for n in range(victim):
                 now = settled_fds(pids[n], base_fds.get(n, 0))
                 if base_fds and now != base_fds[n]:
                     raise RuntimeError("survivor %d: %d descriptors after the warm-up, %d after "
                                        "%d kills" % (n, base_fds[n], now, kills))
-                growth[n] = it.rss_kib(pids[n]) - base_rss.get(n, 0)
+                growth[n] = cluster.rss_kib(pids[n]) - base_rss.get(n, 0)
                 if base_rss and growth[n] > RSS_BOUND_KIB:
                     raise RuntimeError("survivor %d: resident memory grew %d KiB over %d kills"
                                        % (n, growth[n], kills - WARMUP))
@@ -194,7 +192,7 @@ def main():
     ap.add_argument("--kills", type=int, default=int(os.environ.get("RW_KILLS", "100")))
     ap.add_argument("--nodes", type=int, default=3)
     args = ap.parse_args()
-    if not (os.access(it.DAEMON, os.X_OK) and os.access(it.RANK, os.X_OK)):
+    if not cluster.built(cluster.DAEMON, cluster.RANK):
         print("skip: railwaved or rw_rank not built")
         return 77
     seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or random.randrange(1, 1 << 30)

@@ -22,15 +22,16 @@ real devices: one GPU holds every rank; four GPUs give each rank its own. Exits 
 the stand-in cases;
 RW_MGPU_G=2,4 the ranks per node."""
 import ctypes
-import importlib.machinery
 import os
 import random
 import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-B = os.path.dirname(HERE)
+B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(B, "tests", "lib"))
+import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
+
 FAKE_MGPU = os.path.join(B, "tests", "integration", "libfakecuda_mgpu.so")
 FAULT = "fake cuda: kernel "
 PATHS = ("native", "rail-only", "perm-only", "joint", "auto")
@@ -129,16 +130,15 @@ def stand_in_self_check():
           "cuCtxEnablePeerAccess -> exact copy; pageable host memory -> ILLEGAL_ADDRESS")
 
 
-def run_case(td, top, seed, gpus, ndev, env, label):
+def run_case(top, seed, gpus, ndev, env, label):
     """Every path with every rank on CUDA, then a mixed node pair; raises on any failure with
     the stand-in's fault line (if any) first."""
-    td.GPUS = gpus  # test_dataflow's Cluster and rank() read it
     w = 2 * gpus
     runs = [(p, list(range(w))) for p in PATHS]
     runs += [("joint", [g for g in range(w) if g % gpus != 1]), ("auto", [1, w - 1])]
     for i, (path, cuda_ranks) in enumerate(runs):
         tmp = tempfile.mkdtemp(dir=top)  # the daemons' logs are appended to: one folder a run
-        c = td.Cluster(tmp, 2, path=path)
+        c = cluster.Cluster(tmp, 2, path=path, gpus=gpus)
         c.env.update(env)
         logs = []
         try:
@@ -182,13 +182,12 @@ def run_case(td, top, seed, gpus, ndev, env, label):
               % (label, gpus, path, cuda_ranks, [(r % gpus) % ndev for r in cuda_ranks], seed + i))
 
 
-def run_no_peer_path(td, top, seed):
+def run_no_peer_path(top, seed):
     """Two GPUs that cannot reach each other (RW_FAKE_CUDA_NO_P2P=1: cuDeviceCanAccessPeer says
     no): the phase fails on every rank with both GPUs named, nothing faults, and the same
     daemons then carry a host-memory phase exactly."""
-    td.GPUS = 2
     tmp = tempfile.mkdtemp(dir=top)
-    c = td.Cluster(tmp, 2, path="joint")
+    c = cluster.Cluster(tmp, 2, path="joint", gpus=2)
     c.env.update(RW_CUDA_DRIVER=FAKE_MGPU, RW_FAKE_CUDA_DEVICES="2", RW_FAKE_CUDA_NO_P2P="1")
     try:
         c.start_all()
@@ -217,9 +216,7 @@ def main():
             print("FAIL %s" % e)
             return 1
         return 0
-    td = importlib.machinery.SourceFileLoader(
-        "test_dataflow", os.path.join(HERE, "integration_dataflow")).load_module()
-    if not (os.access(td.DAEMON, os.X_OK) and os.access(td.RANK, os.X_OK)):
+    if not cluster.built(cluster.DAEMON, cluster.RANK):
         print("skip: railwaved or rw_rank not built")
         return 77
     seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or random.randrange(1, 1 << 30)
@@ -261,7 +258,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="rwmg.", dir="/tmp") as tmp:
         for gpus, nd, env, label in cases:
             try:
-                run_case(td, tmp, seed, gpus, nd, env, label)
+                run_case(tmp, seed, gpus, nd, env, label)
             except Skip as e:
                 print("skip: %s" % e)
                 return 77
@@ -270,7 +267,7 @@ def main():
                 failed += 1
         if not ndev and os.environ.get("RW_MGPU_ONLY", "") in ("", "nop2p"):
             try:
-                run_no_peer_path(td, tmp, seed)
+                run_no_peer_path(tmp, seed)
             except Exception as e:
                 print("FAIL %s" % e)
                 failed += 1

@@ -29,12 +29,9 @@ import tempfile
 import time
 
 B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SRC = os.path.dirname(B)
-sys.path.insert(0, os.path.join(SRC, "tests", "integration"))
-import test_dataflow as it  # noqa: E402  (the multi-daemon harness: Cluster)
+sys.path.insert(0, os.path.join(B, "tests", "lib"))
+import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
 
-it.DAEMON = os.path.join(B, "railwaved")
-it.RANK = os.path.join(B, "tests", "integration", "rw_rank")
 E_GROUP_KEY, E_LIMIT = -55, -51  # ipc/railwave.h
 KEY = "9f2c4e7a1b3d5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8"
 FAILS = []
@@ -78,7 +75,7 @@ def joined_clients(c, n, group):
 
 
 def wait_joined(c, group, count, procs):
-    deadline = time.time() + it.WAIT
+    deadline = time.time() + cluster.WAIT
     while sum(len(joined_clients(c, n, group)) for n in range(c.nodes)) < count:
         if time.time() > deadline or any(p.poll() is not None for _, p in procs):
             raise RuntimeError("the job's ranks did not all join\n" + c.logs())
@@ -86,13 +83,13 @@ def wait_joined(c, group, count, procs):
 
 
 def scenario_squatters(tmp, seed):
-    c = it.Cluster(tmp, 2)
+    c = cluster.Cluster(tmp, 2)
     env = dict(c.env, RAILWAVE_GROUP_KEY=KEY)
     try:
         c.start_all()
         # Many small phases, so the job is still running while the squatters try.
-        procs = [(r, c.rank(r, "job.k", 2, 500, seed, env=env)) for r in range(2 * it.GPUS)]
-        wait_joined(c, "job.k", 2 * it.GPUS, procs)
+        procs = [(r, c.rank(r, "job.k", 2, 500, seed, env=env)) for r in range(2 * cluster.GPUS)]
+        wait_joined(c, "job.k", 2 * cluster.GPUS, procs)
         # 2. SO_PEERCRED in `stats clients`: each rank's line names its process.
         lines = c.stats(0, "stats clients").splitlines() + c.stats(1, "stats clients").splitlines()
         for r, p in procs:
@@ -114,13 +111,13 @@ def scenario_squatters(tmp, seed):
                   "squatter (%s) refused with RW_E_GROUP_KEY '%s': got %s" % (what, want, res))
         # A librailwave rank with a wrong key: the same refusal, as its trainer would see it.
         bad = c.rank(1, "job.k", 1, 1, seed, env=dict(c.env, RAILWAVE_GROUP_KEY="x" * 32))
-        out, _ = bad.communicate(timeout=it.WAIT)
+        out, _ = bad.communicate(timeout=cluster.WAIT)
         check(bad.returncode != 0 and b"group key" in out,
               "a wrong-key rank is refused with a group-key error: rc %s %r" % (bad.returncode, out))
         alive = all(p.poll() is None for _, p in procs)
         check(alive, "the job was still running while the squatters tried (raise its steps)")
         outs = c.collect(procs)  # every phase verified, exit 0
-        for r in range(2 * it.GPUS):
+        for r in range(2 * cluster.GPUS):
             check("500 steps x 2 layers verified" in outs[r], "rank %d verified: %s" % (r, outs[r]))
         summary = c.stats(0, "stats")
         check("ipc_refused_key 5\n" in summary, "stats counts 5 key refusals: %s" % summary)
@@ -179,11 +176,11 @@ def as_nobody(args, **kw):
 
 def scenario_other_uid(tmp, seed):
     # 3. Socket 0660, group root's own: nobody is not let in at all.
-    c = it.Cluster(tmp, 1)
+    c = cluster.Cluster(tmp, 1)
     try:
         c.start_all()
         p = as_nobody([c.cfg["nodes"][0]["ipc_socket"], "0"])
-        out, _ = p.communicate(timeout=it.WAIT)
+        out, _ = p.communicate(timeout=cluster.WAIT)
         check(out.strip() == b"EACCES", "nobody connecting to a 0660 root socket: %r" % out)
         mode = os.stat(c.cfg["nodes"][0]["ipc_socket"]).st_mode & 0o777
         check(mode == 0o660, "socket mode %o, want 660" % mode)
@@ -195,7 +192,7 @@ def scenario_other_uid(tmp, seed):
 def scenario_uid_cap(tmp, seed):
     # 4. ipc_group = nobody's group: nobody may connect, but only ipc_max_per_uid times.
     group = grp.getgrgid(pwd.getpwnam("nobody").pw_gid).gr_name
-    c = it.Cluster(tmp, 2, extra={"ipc_group": group, "ipc_max_per_uid": 4})
+    c = cluster.Cluster(tmp, 2, extra={"ipc_group": group, "ipc_max_per_uid": 4})
     try:
         c.start_all()
         sock0 = c.cfg["nodes"][0]["ipc_socket"]
@@ -216,7 +213,7 @@ def scenario_uid_cap(tmp, seed):
         check(all("verified" in o for o in outs.values()), "job verified: %s" % outs)
         check("ipc_refused_uid 1\n" in c.stats(0, "stats"), "stats counts the per-uid refusal")
         p.stdin.close()
-        p.wait(timeout=it.WAIT)
+        p.wait(timeout=cluster.WAIT)
     finally:
         c.stop()
     print("ok   per-uid cap: nobody's fifth connection refused (RW_E_LIMIT, names the limit), "
@@ -224,7 +221,7 @@ def scenario_uid_cap(tmp, seed):
 
 
 def main():
-    if not (os.access(it.DAEMON, os.X_OK) and os.access(it.RANK, os.X_OK)):
+    if not cluster.built(cluster.DAEMON, cluster.RANK):
         print("skip: railwaved or rw_rank not built")
         return 77
     seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or int(time.time()) % (1 << 30)

@@ -97,7 +97,7 @@ def main():
     if not (os.access(os.path.join(build, "railwaved"), os.X_OK) and os.path.exists(lib)):
         print("skip: railwaved or librailwave.so.1 not built in %s" % build)
         return 77
-    td = test_moe.load_dataflow(build)
+    td = test_moe.load_cluster(build)
     only = [s for s in os.environ.get("RW_PY_ONLY", "buffer,errors,ops,shim").split(",") if s]
     seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or int(time.time()) % 100000 + 1
     print("seed %d (RW_TEST_SEED=%d reproduces)" % (seed, seed))

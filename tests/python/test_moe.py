@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The railwave Python package against real daemons (docs/python.md "Tests"): 2–3 railwaved on
-loopback (tests/integration/test_dataflow.py's Cluster), 2 rank processes per node started
+loopback (tests/lib/cluster.py's Cluster), 2 rank processes per node started
 torchrun-style (tests/python/moe_rank.py). A MoE layer runs forward and backward through
 RailWave on every forced path and the selector; outputs and gradients must equal the same layer
 computed in one process (exactly for fp32 integer-valued data, within the stated tolerance for
@@ -15,7 +15,6 @@ the event and the flag of docs/python.md "Stream order").
 
 Run by tests/run as $b/test/python_moe (a wrapper ninja writes: test_moe.py BUILDDIR);
 RW_PY_ONLY=paths,bad,peer,cuda,stream picks scenarios. Exits 0 pass, 1 fail, 77 skip."""
-import importlib.util
 import json
 import os
 import select
@@ -33,14 +32,11 @@ WAIT = 300.0  # bound on any wait for a rank (never a pass/fail timing criterion
 PHASE_TIMEOUT = {"phase_timeout_ms": 60000}
 
 
-def load_dataflow(build):
-    """tests/integration/test_dataflow.py as a module, pointed at this build's binaries."""
-    spec = importlib.util.spec_from_file_location(
-        "test_dataflow", os.path.join(SRC, "tests", "integration", "test_dataflow.py"))
-    td = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(td)
-    td.DAEMON = os.path.join(build, "railwaved")
-    return td
+def load_cluster(build):
+    """tests/lib/cluster.py as the build copied it ($b/tests/lib): its binaries are that build's."""
+    sys.path.insert(0, os.path.join(build, "tests", "lib"))
+    import cluster
+    return cluster
 
 
 class Ranks:
@@ -98,21 +94,21 @@ def check(outs, what, cluster):
     return outs
 
 
-def scenario_paths(td, tmp, ranks, nodes, seed, device="cpu", stream_ordered=False):
+def scenario_paths(cluster, tmp, ranks, nodes, seed, device="cpu", stream_ordered=False):
     for i, path in enumerate(["native", "rail-only", "perm-only", "joint", "auto"]):
-        c = td.Cluster(tmp, nodes, path=path, extra=PHASE_TIMEOUT)
+        c = cluster.Cluster(tmp, nodes, path=path, extra=PHASE_TIMEOUT)
         try:
             c.start_all()
             sockets = [n["ipc_socket"] for n in c.cfg["nodes"]]
             outs = check(ranks.run({"op": "paths", "socket": None, "group": "py." + path,
-                                    "experts": nodes * td.GPUS * 2, "steps": 3,
+                                    "experts": nodes * cluster.GPUS * 2, "steps": 3,
                                     "seed": seed + i, "router": path == "auto",
                                     "device": device, "sockets": sockets,
                                     "stream_ordered": stream_ordered,
                                     "max_tokens": 13}),  # moe_rank.workload's most
                          "path " + path, c)
             flood = check(ranks.run({"op": "flood", "group": "py.flood." + path,
-                                     "experts": nodes * td.GPUS * 2, "seed": seed + i,
+                                     "experts": nodes * cluster.GPUS * 2, "seed": seed + i,
                                      "device": device, "sockets": sockets,
                                      "stream_ordered": stream_ordered}),
                           "flood " + path, c)
@@ -123,16 +119,16 @@ def scenario_paths(td, tmp, ranks, nodes, seed, device="cpu", stream_ordered=Fal
         finally:
             c.stop()
         dv = device + (" stream-ordered" if stream_ordered else "")
-        print("ok   %s path %-9s N=%d W=%d: %s" % (dv, path, nodes, nodes * td.GPUS,
+        print("ok   %s path %-9s N=%d W=%d: %s" % (dv, path, nodes, nodes * cluster.GPUS,
                                                    "; ".join(outs[0]["log"])))
         print("ok   %s path %-9s flood: %s" % (dv, path, "; ".join(flood[1]["log"])))
 
 
-def scenario_bad(td, tmp, ranks, nodes, seed):
-    c = td.Cluster(tmp, nodes, path="auto", extra=PHASE_TIMEOUT)
+def scenario_bad(cluster, tmp, ranks, nodes, seed):
+    c = cluster.Cluster(tmp, nodes, path="auto", extra=PHASE_TIMEOUT)
     try:
         c.start_all()
-        outs = check(ranks.run({"op": "bad", "group": "py.bad", "experts": nodes * td.GPUS * 2,
+        outs = check(ranks.run({"op": "bad", "group": "py.bad", "experts": nodes * cluster.GPUS * 2,
                                 "seed": seed, "sockets": [
                                     n["ipc_socket"] for n in c.cfg["nodes"]]}), "bad input", c)
     finally:
@@ -144,13 +140,13 @@ def scenario_bad(td, tmp, ranks, nodes, seed):
             l.split(":")[0] for l in outs[r]["log"] if not l.startswith("peer of"))))
 
 
-def scenario_peer(td, tmp, ranks, nodes, seed):
+def scenario_peer(cluster, tmp, ranks, nodes, seed):
     """A daemon killed between steps: its ranks get DaemonLost, the others PhaseError (60 s phase
     timeout, so waiting for it would show as a failure); the daemon restarts, every rank joins
     again and a step verifies exactly; every daemon exits 0."""
-    c = td.Cluster(tmp, nodes, path="joint", extra=PHASE_TIMEOUT)
+    c = cluster.Cluster(tmp, nodes, path="joint", extra=PHASE_TIMEOUT)
     dead = nodes - 1
-    base = {"group": "py.peer", "experts": nodes * td.GPUS * 2, "seed": seed,
+    base = {"group": "py.peer", "experts": nodes * cluster.GPUS * 2, "seed": seed,
             "sockets": [n["ipc_socket"] for n in c.cfg["nodes"]]}
     try:
         c.start_all()
@@ -163,7 +159,7 @@ def scenario_peer(td, tmp, ranks, nodes, seed):
     finally:
         c.stop()
     print("ok   peer: rank 0: %s; rank %d: %s; all rejoined, next step equal" % (
-        outs[0]["log"][0], nodes * td.GPUS - 1, outs[nodes * td.GPUS - 1]["log"][0]))
+        outs[0]["log"][0], nodes * cluster.GPUS - 1, outs[nodes * cluster.GPUS - 1]["log"][0]))
 
 
 def main():
@@ -178,7 +174,7 @@ def main():
     if not (os.access(os.path.join(build, "railwaved"), os.X_OK) and os.path.exists(lib)):
         print("skip: railwaved or librailwave.so.1 not built in %s" % build)
         return 77
-    td = load_dataflow(build)
+    cluster = load_cluster(build)
     only = [s for s in os.environ.get("RW_PY_ONLY", "paths,bad,peer,cuda,stream").split(",") if s]
     seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or int(time.time()) % 100000 + 1
     print("seed %d (RW_TEST_SEED=%d reproduces)" % (seed, seed))
@@ -188,14 +184,14 @@ def main():
     nodes = 3
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="rwpy.", dir="/tmp") as tmp:
-        ranks = Ranks(nodes * td.GPUS, td.GPUS, env)
+        ranks = Ranks(nodes * cluster.GPUS, cluster.GPUS, env)
         try:
             if "paths" in only:
-                scenario_paths(td, tmp, ranks, nodes, seed)
+                scenario_paths(cluster, tmp, ranks, nodes, seed)
             if "bad" in only:
-                scenario_bad(td, tmp, ranks, nodes, seed)
+                scenario_bad(cluster, tmp, ranks, nodes, seed)
             if "peer" in only:
-                scenario_peer(td, tmp, ranks, nodes, seed)
+                scenario_peer(cluster, tmp, ranks, nodes, seed)
         except Exception as e:
             print("FAIL %s" % e)
             return 1
@@ -205,12 +201,12 @@ def main():
             if not torch.cuda.is_available():
                 print("skip: cuda scenario: torch sees no CUDA device")
             else:
-                cranks = Ranks(nodes * td.GPUS, td.GPUS, env)
+                cranks = Ranks(nodes * cluster.GPUS, cluster.GPUS, env)
                 try:
                     if "cuda" in only:
-                        scenario_paths(td, tmp, cranks, nodes, seed, device="cuda")
+                        scenario_paths(cluster, tmp, cranks, nodes, seed, device="cuda")
                     if "stream" in only:  # stream order (docs/python.md "Stream order")
-                        scenario_paths(td, tmp, cranks, nodes, seed, device="cuda",
+                        scenario_paths(cluster, tmp, cranks, nodes, seed, device="cuda",
                                        stream_ordered=True)
                 except Exception as e:
                     print("FAIL cuda %s" % e)

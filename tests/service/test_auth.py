@@ -28,7 +28,6 @@ Bounds are resource budgets, not timings of a feature. Run by tests/run as $b/te
 exits 0 pass, 1 fail, 77 skip."""
 import hashlib
 import hmac
-import importlib.util
 import json
 import os
 import socket
@@ -42,6 +41,8 @@ import time
 B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.dirname(B)
 RAILWAVE = os.path.join(B, "tools", "railwave")
+sys.path.insert(0, os.path.join(B, "tests", "lib"))
+import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
 FAILS = []
 HB_TIMEOUT_S = 3.0  # heartbeat_timeout_ms: also how long a handshake may take
 
@@ -50,18 +51,6 @@ def check(cond, what):
     print(("ok   " if cond else "FAIL ") + what)
     if not cond:
         FAILS.append(what)
-
-
-def load_dataflow():
-    """tests/integration/test_dataflow.py's Cluster, pointed at this build."""
-    spec = importlib.util.spec_from_file_location(
-        "dataflow", os.path.join(SRC, "tests", "integration", "test_dataflow.py"))
-    df = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(df)
-    df.B = B
-    df.DAEMON = os.path.join(B, "railwaved")
-    df.RANK = os.path.join(B, "tests", "integration", "rw_rank")
-    return df
 
 
 def define(path, name):
@@ -242,7 +231,7 @@ def keygen(path, *extra):
                           text=True)
 
 
-def start_alone(df, tmp, name, extra, nodes_from=None, wait=8.0):
+def start_alone(tmp, name, extra, nodes_from=None, wait=8.0):
     """A daemon of a cluster file like the test cluster's; returns (Popen, log path)."""
     cfg = json.loads(json.dumps(nodes_from))
     cfg.update(extra)
@@ -252,7 +241,7 @@ def start_alone(df, tmp, name, extra, nodes_from=None, wait=8.0):
     with open(path, "w") as f:
         json.dump(cfg, f)
     log = os.path.join(tmp, name + ".log")
-    p = subprocess.Popen([df.DAEMON, "--config", path, "--node", "0"], stdout=open(log, "w"),
+    p = subprocess.Popen([cluster.DAEMON, "--config", path, "--node", "0"], stdout=open(log, "w"),
                          stderr=subprocess.STDOUT)
     return p, log
 
@@ -262,7 +251,7 @@ def text(path):
         return f.read()
 
 
-def part_keys(df, tmp):
+def part_keys(tmp):
     """1. keygen and key files."""
     key = os.path.join(tmp, "cluster.key")
     r = keygen(key)
@@ -280,7 +269,7 @@ def part_keys(df, tmp):
     return key
 
 
-def part_bad_key_files(df, tmp, cfg):
+def part_bad_key_files(tmp, cfg):
     loose = os.path.join(tmp, "loose.key")
     keygen(loose)
     os.chmod(loose, 0o640)
@@ -290,7 +279,7 @@ def part_bad_key_files(df, tmp, cfg):
     os.chmod(junk, 0o600)
     for name, path, want in [("loose", loose, "chmod 600"), ("junk", junk, "does not hold one key"),
                              ("missing", os.path.join(tmp, "nope.key"), "cannot open key file")]:
-        p, log = start_alone(df, tmp, "bad-" + name, {"key_file": path}, cfg)
+        p, log = start_alone(tmp, "bad-" + name, {"key_file": path}, cfg)
         try:
             rc = p.wait(20)
         except subprocess.TimeoutExpired:
@@ -301,7 +290,7 @@ def part_bad_key_files(df, tmp, cfg):
                   name, rc, [l for l in text(log).splitlines() if want in l][:1]))
 
 
-def part_strangers(df, tmp, c, relay, key, hello0, auth0, victim):
+def part_strangers(tmp, c, relay, key, hello0, auth0, victim):
     """2. Strangers on n1's control port."""
     fp = struct.unpack_from("<Q", hello0, 64 + 16)[0]
     types = stranger_handshake(victim, hello0, lambda n, h: os.urandom(32))
@@ -332,11 +321,11 @@ def part_strangers(df, tmp, c, relay, key, hello0, auth0, victim):
     keygen(other)
     for name, extra in [("nokey", {"key_file": ""}), ("otherkey", {"key_file": other})]:
         cfg = json.loads(json.dumps(c.cfg))
-        cfg["nodes"][0]["control"] = "127.0.0.9:%d" % df.free_port("127.0.0.9")
+        cfg["nodes"][0]["control"] = "127.0.0.9:%d" % cluster.free_port("127.0.0.9")
         for r, rail in enumerate(cfg["nodes"][0]["rails"]):
             rail["address"] = "127.0.%d.9" % r
-            rail["port"] = df.free_port(rail["address"])
-        p, log = start_alone(df, tmp, name, extra, cfg)
+            rail["port"] = cluster.free_port(rail["address"])
+        p, log = start_alone(tmp, name, extra, cfg)
         time.sleep(2.5)
         p.terminate()
         p.wait(20)
@@ -456,9 +445,9 @@ def closed_now(s):
         return True
 
 
-def part_exhaustion(df, c, victim, hello0, pid):
+def part_exhaustion(c, victim, hello0, pid):
     """4. Budgets of unauthenticated connections."""
-    rss0, cpu0, t0 = df.rss_kib(pid), df.cpu_seconds(pid), time.time()
+    rss0, cpu0, t0 = cluster.rss_kib(pid), cluster.cpu_seconds(pid), time.time()
     ctl = hold(victim, frame(HELLO, hello_with_nonce(hello0, os.urandom(32))), 300)
     # The deadline runs from each accept: the burst overflows the listen backlog and a
     # connect that waits for a SYN retry is accepted up to seconds later, so the closing
@@ -474,7 +463,7 @@ def part_exhaustion(df, c, victim, hello0, pid):
           "at most 64 wait per listener (%.1f s in: control %d, rail %d of 300 open)" % (
               time.time() - t0, open_ctl, open_rail))
     time.sleep(max(0.0, 2.0 - (time.time() - t0)))
-    rss1, cpu1 = df.rss_kib(pid), df.cpu_seconds(pid)
+    rss1, cpu1 = cluster.rss_kib(pid), cluster.cpu_seconds(pid)
     check(rss1 - rss0 < 8192 and cpu1 - cpu0 < 0.5,
           "%d half-open handshakes and %d silent rail connections: RSS +%d KiB, %.2f CPU s in 2 s"
           % (len(ctl), len(rails), rss1 - rss0, cpu1 - cpu0))
@@ -486,14 +475,14 @@ def part_exhaustion(df, c, victim, hello0, pid):
         s.close()
     log = os.path.join(c.tmp, "d1.log")
     before = text(log).count("unauthenticated connection(s)")
-    cpu0, t0, n, answered = df.cpu_seconds(pid), time.time(), 500, 0
+    cpu0, t0, n, answered = cluster.cpu_seconds(pid), time.time(), 500, 0
     for _ in range(n):
         s = socket.create_connection(victim, timeout=5)
         s.sendall(frame(HELLO, hello_with_nonce(hello0, os.urandom(32))) + frame(AUTH, os.urandom(32)))
         back = read_all(s)
         answered += back is not None and [t for t, _ in frames(back)] == [HELLO, AUTH]
         s.close()
-    elapsed, cpu = time.time() - t0, df.cpu_seconds(pid) - cpu0
+    elapsed, cpu = time.time() - t0, cluster.cpu_seconds(pid) - cpu0
     lines = text(log).count("unauthenticated connection(s)") - before
     check(answered == n and cpu / n < 0.002 and lines <= elapsed + 2,
           "%d failed handshakes (%d went as far as the proof) in %.1f s: %.0f us CPU each, "
@@ -527,11 +516,10 @@ def main():
         if not os.access(os.path.join(B, f), os.X_OK):
             print("skip: %s not built" % f)
             return 77
-    df = load_dataflow()
     with tempfile.TemporaryDirectory(prefix="rwauth.", dir="/tmp") as tmp:
-        key = part_keys(df, tmp)
-        c = df.Cluster(tmp, 2, extra={"key_file": key, "heartbeat_timeout_ms": int(HB_TIMEOUT_S * 1000)})
-        part_bad_key_files(df, tmp, c.cfg)
+        key = part_keys(tmp)
+        c = cluster.Cluster(tmp, 2, extra={"key_file": key, "heartbeat_timeout_ms": int(HB_TIMEOUT_S * 1000)})
+        part_bad_key_files(tmp, c.cfg)
         n1 = c.cfg["nodes"][1]["control"].split(":")
         victim = (n1[0], int(n1[1]))
         relay = Relay("127.0.0.7", victim)
@@ -553,13 +541,13 @@ def main():
             hello0 = [p for t, p in got if t == HELLO][0]
             auth0 = [p for t, p in got if t == AUTH][0]
             rounds = Rounds(c, "g.auth")
-            part_strangers(df, tmp, c, relay, key, hello0, auth0, victim)
+            part_strangers(tmp, c, relay, key, hello0, auth0, victim)
             part_rails(c)
             session = part_rail_replay(c, relay, key)
             ok, errors = rounds.stop()
             # The budgets are measured on a daemon that does nothing else meanwhile; phases
             # run again afterwards.
-            part_exhaustion(df, c, victim, hello0, c.procs[1].pid)
+            part_exhaustion(c, victim, hello0, c.procs[1].pid)
             rounds = Rounds(c, "g.auth2")
             time.sleep(2.0)
             ok2, errors2 = rounds.stop()

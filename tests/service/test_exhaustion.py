@@ -28,8 +28,8 @@ import tempfile
 import time
 
 B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(B), "tests", "integration"))
-from test_dataflow import ask_stats as stats, cpu_seconds  # noqa: E402  (the harness's helpers)
+sys.path.insert(0, os.path.join(B, "tests", "lib"))
+from cluster import ask_stats as stats, cpu_seconds, free_port, free_ports  # noqa: E402  (tests/lib/cluster.py)
 DAEMON = os.path.join(B, "railwaved")
 WIRE_MAGIC, WIRE_VERSION, WIRE_HELLO, WIRE_HEARTBEAT = 0x434D5752, None, 1, 4
 FAILS = []
@@ -39,16 +39,6 @@ def check(cond, what):
     if not cond:
         FAILS.append(what)
         print("FAIL: " + what)
-
-
-def free_ports(n):
-    ss = [socket.socket() for _ in range(n)]
-    for s in ss:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in ss]
-    for s in ss:
-        s.close()
-    return ports
 
 
 def wire_version():
@@ -121,7 +111,7 @@ def main():
     resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     version = wire_version()
     with tempfile.TemporaryDirectory(prefix="rwexh.", dir="/tmp") as tmp:
-        ports = free_ports(4)
+        ports = free_ports("127.0.0.1", 4)
         # 1. Out of descriptors.
         p, sp = start(tmp, ports, nofile=40)
         conns = []
@@ -167,7 +157,7 @@ def main():
 
         # 2, 3 and 4: what a stranger may send before its hello, how many may wait, and the
         # metrics endpoint under idle connections from one address.
-        hport = free_ports(1)[0]
+        hport = free_port("127.0.0.1")
         p, sp = start(tmp, ports, http="127.0.0.1:%d" % hport)
         big = socket.create_connection(("127.0.0.1", ports[0]))
         big.sendall(frame(WIRE_HELLO, 1 << 20, version))

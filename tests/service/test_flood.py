@@ -22,9 +22,8 @@ import threading
 import time
 
 B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SRC = os.path.dirname(B)
-sys.path.insert(0, os.path.join(SRC, "tests", "integration"))
-import test_dataflow as df  # noqa: E402  (the cluster harness)
+sys.path.insert(0, os.path.join(B, "tests", "lib"))
+import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
 
 STRANGER = "127.0.0.9"  # no node of the cluster has this address
 HOLD = 128              # connections the stranger keeps open or opening per target
@@ -116,15 +115,12 @@ def peer_line(c, n, peer):
 
 
 def main():
-    df.B = B
-    df.DAEMON = os.path.join(B, "railwaved")
-    df.RANK = os.path.join(B, "tests", "integration", "rw_rank")
-    for f in (df.DAEMON, df.RANK, os.path.join(B, "tools", "railwave")):
+    for f in (cluster.DAEMON, cluster.RANK, os.path.join(B, "tools", "railwave")):
         if not os.access(f, os.X_OK):
             print("skip: %s not built" % f)
             return 77
     with tempfile.TemporaryDirectory(prefix="rwflood.", dir="/tmp") as tmp:
-        c = df.Cluster(tmp, 2)
+        c = cluster.Cluster(tmp, 2)
         stranger = None
         try:
             c.start_all()
@@ -140,12 +136,12 @@ def main():
             t0, up = time.time(), ""
             while time.time() - t0 < FLOOD_S:
                 line = peer_line(c, 1, 0)
-                if "state=up" in line and "rails_up=%d " % df.RAILS in line + " ":
+                if "state=up" in line and "rails_up=%d " % cluster.RAILS in line + " ":
                     up = line
                     break
                 time.sleep(0.1)
             check(bool(up), "the restarted n0 joined n1 on its control channel and all %d rails "
-                  "during the flood (%s)" % (df.RAILS, up or peer_line(c, 1, 0)))
+                  "during the flood (%s)" % (cluster.RAILS, up or peer_line(c, 1, 0)))
             if up:
                 c.wait_mesh()
                 c.run_ranks("g.during", layers=2, steps=2, seed=5)

@@ -33,19 +33,12 @@ import urllib.request
 B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DAEMON = os.path.join(B, "railwaved")
 TOOL = os.path.join(B, "tools", "railwave")
-WAIT = 60.0            # bound on any wait (never a pass/fail timing criterion)
+sys.path.insert(0, os.path.join(B, "tests", "lib"))
+from cluster import WAIT, free_port  # noqa: E402  (tests/lib/cluster.py)
 PHASE_TIMEOUT_MS = 2000
 WEDGE_MS = 3500
 HEALTH_STALE_MS = 2000  # service/core/health.h RW_SVC_HEALTH_STALE_MS
 STOP_MARGIN_MS = 4000   # service/core/health.h RW_SVC_HEALTH_STOP_MARGIN_MS
-
-
-def free_port(ip):
-    s = socket.socket()
-    s.bind((ip, 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def http(port, path):

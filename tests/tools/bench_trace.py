@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark (not a test): what phase traces cost (docs/perf/trace.md). The same workload —
-real daemons and ranks through tests/integration/test_dataflow.py's Cluster helper — runs with
+real daemons and ranks through tests/lib/cluster.py's Cluster — runs with
 `trace_dir` off and on, alternating, ROUNDS times each; printed per mode: the ranks' wall time,
 the daemons' dispatch/combine mean and p50 phase times (`stats phases`, averaged over nodes), and
 with traces on the recorder's own loop time per record (the daemon's final "trace:" log line).
@@ -16,11 +16,8 @@ import tempfile
 import time
 
 B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(B), "tests", "integration"))
-import test_dataflow as it  # noqa: E402
-
-it.DAEMON = os.path.join(B, "railwaved")
-it.RANK = os.path.join(B, "tests", "integration", "rw_rank")
+sys.path.insert(0, os.path.join(B, "tests", "lib"))
+import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
 
 
 def phase_times(c, n):
@@ -40,7 +37,7 @@ def one(tmp, a, trace, seed):
         os.makedirs(extra["trace_dir"], exist_ok=True)
     for n in range(a.nodes):
         open(os.path.join(tmp, "d%d.log" % n), "w").close()
-    c = it.Cluster(tmp, a.nodes, path=a.path, extra=extra)
+    c = cluster.Cluster(tmp, a.nodes, path=a.path, extra=extra)
     c.rank_flags = shlex.split(a.rank_flags)
     try:
         c.start_all()
@@ -87,7 +84,7 @@ def main():
                 else:
                     return 1
     print("railwave trace cost: N=%d R=%d G=%d, %d layers x %d steps, rank flags '%s', path %s, %d rounds" % (
-        a.nodes, it.RAILS, it.GPUS, a.layers, a.steps, a.rank_flags, a.path, a.rounds))
+        a.nodes, cluster.RAILS, cluster.GPUS, a.layers, a.steps, a.rank_flags, a.path, a.rounds))
     print("%-6s %10s %14s %14s %14s %14s %16s" % ("trace", "wall s", "dispatch mean", "dispatch p50",
                                                   "combine mean", "combine p50", "us per record"))
     med = {}

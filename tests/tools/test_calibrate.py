@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`railwave calibrate` and per-phase path requests end to end (docs/tools.md "Calibrating the
 anchor table", docs/ipc.md "Path requests"): two real railwaved processes on loopback with tcp
-rails paced at 0.05 Gbit/s (tests/integration/test_dataflow.py's Cluster helper), real rank
+rails paced at 0.05 Gbit/s (tests/lib/cluster.py's Cluster), real rank
 programs (tools/rw_bench_rank).
 
 * a dispatch asking for path 9 is refused at the IPC boundary (RW_E_FIELD) with a message that
@@ -34,11 +34,8 @@ import sys
 import tempfile
 
 B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # build/ or build-asan/
-SRC = os.path.dirname(B)
-sys.path.insert(0, os.path.join(SRC, "tests", "integration"))
-import test_dataflow as it  # noqa: E402  (the Cluster helper: real daemons)
-
-it.DAEMON = os.path.join(B, "railwaved")
+sys.path.insert(0, os.path.join(B, "tests", "lib"))
+import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
 TOOL = os.path.join(B, "tools", "railwave")
 RANK = os.path.join(B, "tools", "rw_bench_rank")
 PATHS = ["native", "rail-only", "perm-only", "joint"]
@@ -61,14 +58,14 @@ def check(cond, what):
 
 def ranks(c, group, per_rank_paths, steps=2, extra=(), only=None, rank_extra=None):
     """Run rw_bench_rank for every rank (or `only` these); returns [(rc, stdout, stderr)]."""
-    W = c.nodes * it.GPUS
+    W = c.nodes * cluster.GPUS
     procs = []
     for q in range(W):
         if only is not None and q not in only:
             continue
-        argv = [RANK, "--socket", c.cfg["nodes"][q // it.GPUS]["ipc_socket"], "--group", group,
+        argv = [RANK, "--socket", c.cfg["nodes"][q // cluster.GPUS]["ipc_socket"], "--group", group,
                 "--rank", str(q), "--steps", str(steps), "--nodes", str(c.nodes), "--gpus",
-                str(it.GPUS), "--rails", str(it.RAILS)] + WL + list(extra) + \
+                str(cluster.GPUS), "--rails", str(cluster.RAILS)] + WL + list(extra) + \
             (rank_extra or {}).get(q, [])
         if per_rank_paths[q]:
             argv += ["--paths", per_rank_paths[q]]
@@ -76,7 +73,7 @@ def ranks(c, group, per_rank_paths, steps=2, extra=(), only=None, rank_extra=Non
                                       text=True))
     out = []
     for p in procs:
-        o, e = p.communicate(timeout=it.WAIT)
+        o, e = p.communicate(timeout=cluster.WAIT)
         out.append((p.returncode, o, e))
     return out
 
@@ -180,11 +177,11 @@ def scenario_calibrate(c, tmp, table):
         t = json.load(f)
     with open(rep) as f:
         cases = json.load(f)["cases"]
-    check(t["fingerprint"] == {"nodes": 2, "gpus_per_node": it.GPUS, "rails": it.RAILS,
+    check(t["fingerprint"] == {"nodes": 2, "gpus_per_node": cluster.GPUS, "rails": cluster.RAILS,
                                "nic_gbps": GBPS, "transport": "tcp"},
           "the table carries this cluster's fingerprint: %s" % t["fingerprint"])
     d = subprocess.run([TOOL, "bench-workload", "describe", "--anchors", table, "--nic-gbps", str(GBPS),
-                        "--nodes", "2", "--gpus", str(it.GPUS), "--rails", str(it.RAILS)] + WL,
+                        "--nodes", "2", "--gpus", str(cluster.GPUS), "--rails", str(cluster.RAILS)] + WL,
                        capture_output=True, text=True)
     check(d.returncode == 0 and json.loads(d.stdout)["selection"]["table_error"] == "",
           "sched/'s parser reads the table and it matches the cluster")
@@ -325,7 +322,7 @@ def scenario_launcher(c, tmp, table):
     with open(rep) as f:
         cases = json.load(f)["cases"]
     d = subprocess.run([TOOL, "bench-workload", "describe", "--anchors", table, "--nic-gbps", str(GBPS),
-                        "--nodes", "2", "--gpus", str(it.GPUS), "--rails", str(it.RAILS)] + WL,
+                        "--nodes", "2", "--gpus", str(cluster.GPUS), "--rails", str(cluster.RAILS)] + WL,
                        capture_output=True, text=True)
     check(d.returncode == 0 and json.loads(d.stdout)["selection"]["table_error"] == "" and
           len(t["anchors"]) == 2 and "dispatch_per_node" not in cases[0],
@@ -366,7 +363,7 @@ def scenario_launcher(c, tmp, table):
 
 
 def main():
-    for p in (it.DAEMON, TOOL, RANK):
+    for p in (cluster.DAEMON, TOOL, RANK):
         if not os.access(p, os.X_OK):
             print("skip: %s not built" % p)
             return 77
@@ -374,9 +371,9 @@ def main():
         table = os.path.join(tmp, "anchors.json")
         with open(table, "w") as f:  # an empty table for this cluster: the daemons start with it
             json.dump({"schema_version": 1, "fingerprint": {
-                "nodes": 2, "gpus_per_node": it.GPUS, "rails": it.RAILS, "nic_gbps": GBPS,
+                "nodes": 2, "gpus_per_node": cluster.GPUS, "rails": cluster.RAILS, "nic_gbps": GBPS,
                 "transport": "tcp"}, "max_size_ratio": 4, "shape_tolerance": 0.15, "anchors": []}, f)
-        c = it.Cluster(tmp, 2, extra={"anchors": table, "recv_region_mib": 16, "pace": True,
+        c = cluster.Cluster(tmp, 2, extra={"anchors": table, "recv_region_mib": 16, "pace": True,
                                       "nic_gbps": GBPS})
         try:
             c.start_all()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The Grafana dashboard (deploy/grafana/railwave-dashboard.json) and the Prometheus alert rules
 (deploy/prometheus/railwave.rules.yml) against what real railwaved daemons export: two daemons
-with their metrics endpoint on loopback (tests/integration/test_dataflow.py's Cluster helper), one
+with their metrics endpoint on loopback (tests/lib/cluster.py's Cluster), one
 dispatch/combine run through them, then:
 
 * the dashboard parses, panel ids are unique, every panel has a datasource and targets with an
@@ -28,11 +28,8 @@ import urllib.request
 
 B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.dirname(B)
-sys.path.insert(0, os.path.join(SRC, "tests", "integration"))
-import test_dataflow as it  # noqa: E402
-
-it.DAEMON = os.path.join(B, "railwaved")
-it.RANK = os.path.join(B, "tests", "integration", "rw_rank")
+sys.path.insert(0, os.path.join(B, "tests", "lib"))
+import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
 DASH = os.path.join(SRC, "deploy", "grafana", "railwave-dashboard.json")
 RULES = os.path.join(SRC, "deploy", "prometheus", "railwave.rules.yml")
 RULE_TESTS = os.path.join(SRC, "deploy", "prometheus", "railwave.rules.test.yml")
@@ -97,7 +94,7 @@ def main():
     except ImportError:
         print("skip: python3-yaml not installed (scripts/setup installs it)")
         return 77
-    if not (os.access(it.DAEMON, os.X_OK) and os.access(it.RANK, os.X_OK)):
+    if not (os.access(cluster.DAEMON, os.X_OK) and os.access(cluster.RANK, os.X_OK)):
         print("skip: railwaved or rw_rank not built")
         return 77
     fails = []
@@ -127,10 +124,10 @@ def main():
                 fails.append("rules: %s lacks labels.severity or annotations.summary" % r.get("alert"))
 
     with tempfile.TemporaryDirectory(prefix="rwdeploy.", dir="/tmp") as tmp:
-        c = it.Cluster(tmp, 2, path="auto")
+        c = cluster.Cluster(tmp, 2, path="auto")
         ports = []
         for n in range(2):
-            port = it.free_port("127.0.0.1")
+            port = cluster.free_port("127.0.0.1")
             ports.append(port)
             c.cfg["nodes"][n]["http"] = "127.0.0.1:%d" % port
         with open(c.cfg_path, "w") as f:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Phase traces end to end (docs/service.md "Phase traces", docs/tools.md): real railwaved
 processes with `trace_dir` set, real rank processes (tests/integration/rw_rank.c, through the
-Cluster helper of tests/integration/test_dataflow.py), then `railwave trace export`, `trace late`,
+Cluster of tests/lib/cluster.py), then `railwave trace export`, `trace late`,
 `analyze` and `top --once` on what they wrote. Exact checks:
 
 * every phase has one record per node, status ok, the same count matrix on every node, and that
@@ -31,14 +31,10 @@ import tempfile
 import time
 
 B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # build/ or build-asan/
-SRC = os.path.dirname(B)
-sys.path.insert(0, os.path.join(SRC, "tests", "integration"))
-import test_dataflow as it  # noqa: E402  (the Cluster helper: real daemons and ranks)
-
-it.DAEMON = os.path.join(B, "railwaved")
-it.RANK = os.path.join(B, "tests", "integration", "rw_rank")
+sys.path.insert(0, os.path.join(B, "tests", "lib"))
+import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
 TOOL = os.path.join(B, "tools", "railwave")
-GPUS, RAILS, TOPK, MAXT = it.GPUS, it.RAILS, 4, 48
+GPUS, RAILS, TOPK, MAXT = cluster.GPUS, cluster.RAILS, 4, 48
 M64 = (1 << 64) - 1
 
 
@@ -250,7 +246,7 @@ def scenario_record(tmp, seed):
         nodes, layers, steps = 3, 2, 2
         tdir = os.path.join(tmp, "traces-" + path)
         os.mkdir(tdir)
-        c = it.Cluster(tmp, nodes, path=path, extra={"trace_dir": tdir})
+        c = cluster.Cluster(tmp, nodes, path=path, extra={"trace_dir": tdir})
         try:
             c.start_all()
             c.run_ranks("g." + path, layers=layers, steps=steps, seed=seed + i)
@@ -290,7 +286,7 @@ def scenario_late(tmp, seed):
     nodes = 3
     tdir = os.path.join(tmp, "traces-late")
     os.mkdir(tdir)
-    c = it.Cluster(tmp, nodes, path="auto", extra={"trace_dir": tdir})
+    c = cluster.Cluster(tmp, nodes, path="auto", extra={"trace_dir": tdir})
     try:
         c.start_all()
         procs = [(r, c.rank(r, "g.late", 1, 2, seed)) for r in range(nodes * GPUS) if r != 3]
@@ -328,7 +324,7 @@ def scenario_fail(tmp, seed):
     nodes = 2
     tdir = os.path.join(tmp, "traces-fail")
     os.mkdir(tdir)
-    c = it.Cluster(tmp, nodes, path="joint", extra={"trace_dir": tdir, "phase_timeout_ms": 1500})
+    c = cluster.Cluster(tmp, nodes, path="joint", extra={"trace_dir": tdir, "phase_timeout_ms": 1500})
     try:
         c.start_all()
         idle = c.rank(3, "g.fail", 1, 1, seed, mode="idle")
@@ -416,14 +412,14 @@ def scenario_full(tmp, seed):
     if probe.returncode != 0:
         print("note: cannot mount a tmpfs in a mount namespace (not root?); full disk not tried")
         return
-    c = it.Cluster(tmp, nodes, path="native", extra={"trace_dir": tdir})
+    c = cluster.Cluster(tmp, nodes, path="native", extra={"trace_dir": tdir})
 
     def start(n):
         log = open(os.path.join(tmp, "d%d.log" % n), "a")
         c.procs[n] = subprocess.Popen(
             ["unshare", "-m", "--propagation", "private", "sh", "-c",
              'mount -t tmpfs -o size=16k rwfull "$0" && exec "$@"', tdir,
-             it.DAEMON, "--config", c.cfg_path, "--node", str(n), "--path", c.path],
+             cluster.DAEMON, "--config", c.cfg_path, "--node", str(n), "--path", c.path],
             stdout=log, stderr=subprocess.STDOUT, env=c.env)
     c.start = start
     try:
@@ -457,7 +453,7 @@ def scenario_rotate(tmp, seed):
     nodes, layers, steps = 3, 4, 3
     tdir = os.path.join(tmp, "traces-rot")
     os.mkdir(tdir)
-    c = it.Cluster(tmp, nodes, path="native", extra={"trace_dir": tdir, "trace_max_kib": 16})
+    c = cluster.Cluster(tmp, nodes, path="native", extra={"trace_dir": tdir, "trace_max_kib": 16})
     try:
         c.start_all()
         c.run_ranks("g.rot", layers=layers, steps=steps, seed=seed)
@@ -487,7 +483,7 @@ def scenario_unwritable(tmp, seed):
     counted as dropped; a trace_dir that is a file is refused at start."""
     nodes, layers, steps = 3, 2, 2
     tdir = os.path.join(tmp, "no-such-dir", "traces")
-    c = it.Cluster(tmp, nodes, path="perm-only", extra={"trace_dir": tdir})
+    c = cluster.Cluster(tmp, nodes, path="perm-only", extra={"trace_dir": tdir})
     for n in range(nodes):
         open(os.path.join(tmp, "d%d.log" % n), "w").close()
     try:
@@ -504,13 +500,13 @@ def scenario_unwritable(tmp, seed):
               "node %d: %s" % (n, [l for l in log.splitlines() if "trace:" in l]))
     afile = os.path.join(tmp, "a-file")
     open(afile, "w").close()
-    p = subprocess.run([it.DAEMON, "--config", c.cfg_path, "--node", "0", "--trace-dir", afile],
+    p = subprocess.run([cluster.DAEMON, "--config", c.cfg_path, "--node", "0", "--trace-dir", afile],
                        capture_output=True, text=True, timeout=30)
     check(p.returncode != 0 and "trace_dir" in p.stderr and "not a directory" in p.stderr,
           "a file as trace_dir: rc %d: %s" % (p.returncode, p.stderr[-300:]))
     for bad, why in ((["--trace-max-kib", "8"], "--trace-max-kib: 8 out of range"),
                      (["--trace-max-kib", "x"], "--trace-max-kib")):
-        p = subprocess.run([it.DAEMON, "--config", c.cfg_path, "--node", "0"] + bad,
+        p = subprocess.run([cluster.DAEMON, "--config", c.cfg_path, "--node", "0"] + bad,
                            capture_output=True, text=True, timeout=30)
         check(p.returncode == 2 and why in p.stderr, "%s: rc %d: %s" % (bad, p.returncode, p.stderr[-300:]))
     print("ok   unwritable trace_dir: phases ran, 1 warning, %d dropped per node; a file refused" % (
@@ -518,7 +514,7 @@ def scenario_unwritable(tmp, seed):
 
 
 def main():
-    for f in (it.DAEMON, it.RANK, TOOL):
+    for f in (cluster.DAEMON, cluster.RANK, TOOL):
         if not os.access(f, os.X_OK):
             print("skip: %s not built" % f)
             return 77

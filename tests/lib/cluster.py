@@ -1,0 +1,242 @@
+"""A cluster of real railwaved processes on loopback for the tests (tests/README.md): node n's
+control address is 127.0.0.(n+1) and its rail r 127.0.r.(n+1), ports picked free, a cluster
+key made for the run; rank processes are tests/integration/rw_rank (GPUS per node) that verify
+every row and sum themselves. Also the small helpers the scripts share: free_port, the stats
+socket client ask_stats, and a process's CPU time and resident memory.
+
+The build copies this file to $b/tests/lib/cluster.py, and a script run from $b/test/ imports
+it from there:
+
+    B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(B, "tests", "lib"))
+    import cluster
+
+so the module knows its build from where it lies (DAEMON, RANK, RAILWAVE, the CUDA stand-ins)
+and nothing is patched from outside: what differs between clusters is an argument of Cluster."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+
+B = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DAEMON = os.path.join(B, "railwaved")
+RANK = os.path.join(B, "tests", "integration", "rw_rank")
+RAILWAVE = os.path.join(B, "tools", "railwave")
+# A stand-in libcuda.so.1 whose IPC works across processes (tests/integration/fake_cuda_ipc.c),
+# and the same with the CUDA mover's kernels run on the CPU (fake_cuda_kernels.c).
+FAKE_CUDA = os.path.join(B, "tests", "integration", "libfakecuda_ipc.so")
+FAKE_KERN = os.path.join(B, "tests", "integration", "libfakecuda_kern.so")
+GPUS, RAILS = 2, 2  # ranks per node and rails per node unless a Cluster says otherwise
+WAIT = 60.0  # bound on any wait (never a pass/fail timing criterion)
+
+
+def built(*paths):
+    """True when every one of paths (default: railwaved, rw_rank, railwave) is executable."""
+    return all(os.access(p, os.X_OK) for p in (paths or (DAEMON, RANK, RAILWAVE)))
+
+
+def free_ports(ip, n):
+    """n distinct TCP ports free on ip just now (all bound at once, then released)."""
+    ss = [socket.socket() for _ in range(n)]
+    for s in ss:
+        s.bind((ip, 0))
+    ports = [s.getsockname()[1] for s in ss]
+    for s in ss:
+        s.close()
+    return ports
+
+
+def free_port(ip):
+    """A TCP port free on ip just now (bound and released)."""
+    return free_ports(ip, 1)[0]
+
+
+def ask_stats(path, cmd="stats"):
+    """One command on a railwaved stats socket; its reply block (ends with an empty line)."""
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(5)
+    s.connect(path)
+    s.sendall(cmd.encode() + b"\n")
+    out = b""
+    while not out.endswith(b"\n\n"):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        out += chunk
+    s.close()
+    return out.decode()
+
+
+def cpu_seconds(pid):
+    """A process's user + system CPU time so far, seconds."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_kib(pid):
+    """A process's resident set (VmRSS), KiB; 0 if it has none."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+class Cluster:
+    """`nodes` daemons described by one cluster file in tmp (logs d<n>.log beside it), started
+    with start()/start_all() and stopped with stop(), which requires every daemon to exit 0.
+    path: the daemons' --path; experts: E (default nodes * gpus * 2); extra: keys that override
+    the cluster file's; gpus: ranks per node; rails: rails per node; cuda_ranks: None (host buffers), a stand-in
+    libcuda to load in every rank ("--cuda" on RW_CUDA_DRIVER) or "real" (the system's driver);
+    daemon: the railwaved binary to run."""
+
+    def __init__(self, tmp, nodes, path="auto", experts=None, extra=None, gpus=GPUS, rails=RAILS,
+                 cuda_ranks=None, daemon=DAEMON):
+        self.tmp, self.nodes, self.path, self.gpus, self.daemon = tmp, nodes, path, gpus, daemon
+        self.rails = rails
+        self.experts = experts or nodes * gpus * 2
+        self.procs = {}
+        self.env = dict(os.environ)
+        self.node_env = {}  # node -> extra environment of that daemon only
+        self.rank_flags = []
+        if cuda_ranks:
+            self.rank_flags = ["--cuda"]
+            if cuda_ranks != "real":
+                self.env["RW_CUDA_DRIVER"] = cuda_ranks
+        cfg = {
+            "cluster": "it", "transport": "tcp", "gpus_per_node": gpus,
+            "control_port": 7400, "rail_port": 7500,
+            "phase_timeout_ms": 8000, "heartbeat_interval_ms": 100,
+            "heartbeat_timeout_ms": 1000, "recv_region_mib": 16, "http": "0",
+            "log_level": "info", "nodes": [],
+        }
+        # Peers authenticate with a key made for this run (docs/security.md), as deployed ones do.
+        cfg["key_file"] = os.path.join(tmp, "cluster.key")
+        subprocess.run([RAILWAVE, "keygen", "--force", cfg["key_file"]], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cfg.update(extra or {})
+        for n in range(nodes):
+            ctl = "127.0.0.%d" % (n + 1)
+            cfg["nodes"].append({
+                "name": "n%d" % n,
+                "control": "%s:%d" % (ctl, free_port(ctl)),
+                "rails": [{"address": "127.0.%d.%d" % (r, n + 1),
+                           "port": free_port("127.0.%d.%d" % (r, n + 1))} for r in range(rails)],
+                "ipc_socket": os.path.join(tmp, "n%d.sock" % n),
+                "stats_socket": os.path.join(tmp, "n%d.stats" % n),
+            })
+        self.cfg = cfg
+        self.cfg_path = os.path.join(tmp, "cluster.json")
+        self.write_config()
+
+    def write_config(self):
+        """(Re)writes the cluster file from self.cfg (after a test changed it)."""
+        with open(self.cfg_path, "w") as f:
+            json.dump(self.cfg, f)
+
+    def start(self, n):
+        log = open(os.path.join(self.tmp, "d%d.log" % n), "a")
+        env = dict(self.env)
+        env.update(self.node_env.get(n, {}))
+        self.procs[n] = subprocess.Popen(
+            [self.daemon, "--config", self.cfg_path, "--node", str(n), "--path", self.path],
+            stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def start_all(self):
+        for n in range(self.nodes):
+            self.start(n)
+        self.wait_mesh()
+
+    def stats(self, n, cmd="stats"):
+        return ask_stats(self.cfg["nodes"][n]["stats_socket"], cmd)
+
+    def rail_stats(self, n):
+        """`stats rails` of daemon n as one {counter: number} dict per rail."""
+        return [{k: float(v) for k, v in (w.split("=", 1) for w in line.split() if "=" in w)}
+                for line in self.stats(n, "stats rails").splitlines() if line.startswith("rail=")]
+
+    def wait_mesh(self, nodes=None):
+        """Until every node of `nodes` (default all) sees every other node up."""
+        nodes = range(self.nodes) if nodes is None else nodes
+        deadline = time.time() + WAIT
+        while time.time() < deadline:
+            try:
+                if all(self.stats(n, "stats peers").count("state=up") == self.nodes - 1
+                       for n in nodes):
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("mesh did not come up\n" + self.logs())
+
+    def kill(self, n, sig=signal.SIGKILL):
+        self.procs[n].send_signal(sig)
+        self.procs[n].wait()
+        del self.procs[n]
+
+    def stop(self):
+        """SIGTERM every daemon; each must exit 0 (ASan: no leak, no error)."""
+        bad = []
+        for n, p in sorted(self.procs.items()):
+            p.send_signal(signal.SIGTERM)
+        for n, p in sorted(self.procs.items()):
+            try:
+                rc = p.wait(WAIT)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                rc = "hang"
+            if rc != 0:
+                bad.append((n, rc))
+        self.procs = {}
+        if bad:
+            raise RuntimeError("daemons exited badly: %s\n%s" % (bad, self.logs()))
+
+    def log(self, n):
+        """Daemon n's whole log so far."""
+        with open(os.path.join(self.tmp, "d%d.log" % n)) as f:
+            return f.read()
+
+    def logs(self):
+        """The last 25 lines of every daemon's log, for a failure message."""
+        out = []
+        for n in range(self.nodes):
+            path = os.path.join(self.tmp, "d%d.log" % n)
+            if os.path.exists(path):
+                with open(path) as f:
+                    lines = f.read().splitlines()
+                out += ["  d%d| %s" % (n, l) for l in lines[-25:]]
+        return "\n".join(out)
+
+    def rank(self, r, group, layers, steps, seed, mode="ok", flags=(), env=None):
+        """Starts rw_rank for global rank r (tests/integration/rw_rank.c: MODE ok|fail|idle)."""
+        node = r // self.gpus
+        return subprocess.Popen(
+            [RANK, self.cfg["nodes"][node]["ipc_socket"], group, str(r), str(self.nodes),
+             str(self.gpus), str(self.experts), str(layers), str(steps), str(seed), mode]
+            + list(self.rank_flags) + list(flags),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env or self.env)
+
+    def collect(self, procs, want=0):
+        """Wait for (rank, process) pairs; each must exit `want`. Returns their outputs."""
+        fails, outs = [], {}
+        for r, p in procs:
+            try:
+                out, _ = p.communicate(timeout=WAIT)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, _ = p.communicate()
+            outs[r] = out.decode()
+            if p.returncode != want:
+                fails.append("rank %d rc %s: %s" % (r, p.returncode, outs[r].strip()[-400:]))
+        if fails:
+            raise RuntimeError("\n".join(fails) + "\n" + self.logs())
+        return outs
+
+    def run_ranks(self, group, layers, steps, seed, ranks=None, flags=()):
+        """Every rank (or those of `ranks`) runs the workload; each must pass (exit 0)."""
+        ranks = range(self.nodes * self.gpus) if ranks is None else ranks
+        return self.collect([(r, self.rank(r, group, layers, steps, seed, flags=flags))
+                             for r in ranks])
