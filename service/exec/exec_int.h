@@ -80,7 +80,7 @@ typedef enum exec_stage {
 	EXEC_STAGES
 } exec_stage_t;
 
-/* Sending one kind (exec_send.c). */
+/* Sending one kind (exec_send.c, the only file that changes it, through exec_send_move). */
 typedef enum exec_send_state {
 	SEND_IDLE = 0,   /* not started */
 	SEND_WAIT_GRANT, /* the next wave's destination has not admitted us yet */
@@ -89,11 +89,12 @@ typedef enum exec_send_state {
 	SEND_WAIT_PACK,  /* the mover is writing this wave's slabs; its RW_MV_OP_PACKED resumes */
 	SEND_DRAINING,   /* the wave is posted; the next starts when its writes are done */
 	SEND_DONE,       /* every wave posted and done */
+	EXEC_SEND_STATES
 } exec_send_state_t;
 
 /* Who hears of a failure besides the local ranks (docs/dataflow.md "Failures"). */
 typedef enum exec_tell {
-	EXEC_TELL_PEERS = 0,         /* found here: every peer, with the attempt of its it ends */
+	EXEC_TELL_PEERS = 0,         /* found here: every peer, told which of its attempts it ends */
 	EXEC_TELL_RELAY,             /* a peer's failure passed on: our row of it is out */
 	EXEC_TELL_NONE,              /* every node finds it from the same rows; or the daemon stops */
 } exec_tell_t;
@@ -440,7 +441,7 @@ rw_status_t exec_recv_data(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t pe
 /* What the receiver still waits for, for a timeout message. */
 void exec_recv_waiting(const exec_pair_t *p, rw_svc_phase_kind_t kind, char *buf, size_t len);
 
-/* ---- exec_stage.c: the stages and their legal changes -------------------------------------- */
+/* ---- exec_stage.c: the stages, the sender's states, and their legal changes ------------------ */
 const char *exec_stage_name(exec_stage_t s);
 /* Whether the table lets a pair move from `from` to `to`. */
 int exec_stage_legal(exec_stage_t from, exec_stage_t to);
@@ -448,6 +449,10 @@ int exec_stage_legal(exec_stage_t from, exec_stage_t to);
  * one is a programming error, logged with both stages' names and refused (RW_ERR_STATE, the
  * stage stays), and the sanitizer build aborts on it. */
 rw_status_t exec_stage_move(exec_pair_t *p, exec_stage_t to);
+/* The same for the sender of the running kind (p->send.state; exec_send.c calls it). */
+const char *exec_send_state_name(exec_send_state_t s);
+int exec_send_legal(exec_send_state_t from, exec_send_state_t to);
+rw_status_t exec_send_move(exec_pair_t *p, exec_send_state_t to);
 
 /* ---- exec.c: events from the adapters and the mover --------------------------------------- */
 exec_pair_t *exec_pair_open(exec_t *x, exec_group_t *g, const rw_wire_key_t *key,

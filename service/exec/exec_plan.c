@@ -479,10 +479,12 @@ static rw_status_t plan_features(exec_pair_t *p, rw_features_t *feat)
 
 int exec_plan_uses_rail(const exec_pair_t *p, uint32_t peer, uint32_t rail)
 {
-	const rw_svc_layout_t *l = &p->plan.layout;
 	if (!p->plan.have_layout || peer == p->x->me)
 		return 0;
-	return l->out_pairs[peer].quota[rail] || l->in_quota[(size_t)peer * p->x->rails + rail];
+	/* The combine retraces the dispatch's flows: the dispatch's say it all. */
+	const struct exec_flow *f = &p->flow[RW_SVC_DISPATCH];
+	const size_t i = (size_t)peer * p->x->rails + rail;
+	return f->send_quota[i] || f->recv_quota[i];
 }
 
 /* A rail the plan uses may have gone down since the rows were sent: fail now (retriable) rather
@@ -561,8 +563,10 @@ rw_status_t exec_plan_decide(exec_pair_t *p)
 	rw_svc_layout_t *l = &p->plan.layout;
 	if (rw_svc_layout_build(l, topo, p->plan.path, x->me, p->xchg.counts) != RW_OK)
 		return exec_err_agreed(p, RW_ERR_SYS, "cannot build the receive layout");
+	if (plan_flows(p) != RW_OK)
+		return p->err.st;
 	p->plan.have_layout = 1;
-	if (plan_flows(p) != RW_OK || plan_rails_now(p) != RW_OK)
+	if (plan_rails_now(p) != RW_OK)
 		return p->err.st;
 	ph->layout = l;
 	ph->row_off = p->plan.row_off;

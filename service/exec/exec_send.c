@@ -44,7 +44,8 @@ int exec_needs_grant(const exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t k,
 void exec_send_begin(exec_pair_t *p, rw_svc_phase_kind_t kind)
 {
 	p->send.kind = kind;
-	p->send.state = SEND_IDLE;
+	if (p->send.state != SEND_IDLE) /* the dispatch's sender is DONE */
+		exec_send_move(p, SEND_IDLE);
 	p->send.wave = p->send.pending = p->send.waves_posted = 0;
 }
 
@@ -94,7 +95,7 @@ static rw_status_t post_wave(exec_pair_t *p, int *budget)
 		uint32_t d = rw_sched_wave_dst(x->nodes, x->me, p->send.cur_k);
 		rw_status_t pst = pack_dst(p, kind, d);
 		if (pst == RW_ERR_AGAIN) {
-			p->send.state = SEND_WAIT_PACK;
+			exec_send_move(p, SEND_WAIT_PACK);
 			return RW_OK;
 		}
 		if (pst != RW_OK)
@@ -120,11 +121,11 @@ static rw_status_t post_wave(exec_pair_t *p, int *budget)
 				if (p->mv->ready && off + n > p->mv->ready(p->mv_mover, p->mv_state, &p->ph,
 									   kind, d, r, off + n)) {
 					x->svc->metrics.tx_piece_waits++;
-					p->send.state = SEND_WAIT_PACK;
+					exec_send_move(p, SEND_WAIT_PACK);
 					return RW_OK;
 				}
 				if (*budget == 0) {
-					p->send.state = SEND_PACED;
+					exec_send_move(p, SEND_PACED);
 					return RW_OK;
 				}
 				uint64_t local = exec_sub_off(x, p->xchg.slot, kd->sub_send) +
@@ -169,7 +170,7 @@ rw_status_t exec_send_progress(exec_pair_t *p)
 					break;
 				if (exec_needs_grant(p, kind, p->send.wave + 1, x->me) &&
 				    !p->send.granted[kind][p->send.wave + 1]) {
-					p->send.state = SEND_WAIT_GRANT;
+					exec_send_move(p, SEND_WAIT_GRANT);
 					EXEC_TRACE(p, exec_trace_grant_wait_(p, kind, p->send.wave + 1));
 					return RW_OK;
 				}
@@ -184,12 +185,12 @@ rw_status_t exec_send_progress(exec_pair_t *p)
 			p->send.cur_r = 0;
 			p->send.cur_c = 0;
 		}
-		p->send.state = SEND_POSTING;
+		exec_send_move(p, SEND_POSTING);
 		if (post_wave(p, &budget) != RW_OK)
 			return p->err.st;
 		if (p->send.state == SEND_PACED || p->send.state == SEND_WAIT_PACK)
 			return RW_OK;
-		p->send.state = SEND_DRAINING;
+		exec_send_move(p, SEND_DRAINING);
 		p->send.waves_posted++;
 		/* While these writes drain: pack the next wave's slabs. */
 		if (waved && p->send.wave + 1 < x->nodes &&
@@ -199,6 +200,6 @@ rw_status_t exec_send_progress(exec_pair_t *p)
 		if (p->send.pending)
 			return RW_OK; /* the next wave starts when these writes are done */
 	}
-	p->send.state = SEND_DONE;
+	exec_send_move(p, SEND_DONE);
 	return RW_OK;
 }

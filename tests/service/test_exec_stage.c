@@ -1,8 +1,9 @@
-/* The executor's stage machine (service/exec/exec_stage.c): the table of legal stage changes
- * against an oracle written out here edge by edge, every legal change made and every other one
- * refused (the stage stays; the sanitizer build aborts, seen from a child process), and the shape
- * of the machine: every stage reachable from GATHER_D, every open stage able to close, CLOSED
- * final, and the kind a pair runs following from its stage. */
+/* The executor's stage machine (service/exec/exec_stage.c): the tables of legal changes of a
+ * pair's stage and of its sender's state against oracles written out here edge by edge, every
+ * legal change made and every other one refused (the stage stays; the sanitizer build aborts,
+ * seen from a child process), and the shape of the machines: every stage reachable from
+ * GATHER_D, every open stage able to close, CLOSED final, the kind a pair runs following from its
+ * stage; every sender state reachable from IDLE and able to reach DONE. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -40,6 +41,32 @@ static const struct { exec_stage_t from, to; } legal_edges[] = {
 	{ ST_FLUSH_C, ST_CLOSED },
 };
 #define N_LEGAL (sizeof(legal_edges) / sizeof(legal_edges[0]))
+
+/* The sender's changes (exec_send.c). */
+static const struct { exec_send_state_t from, to; } send_edges[] = {
+	{ SEND_IDLE, SEND_POSTING },        /* the first wave */
+	{ SEND_IDLE, SEND_WAIT_GRANT },     /* its destination has not admitted us */
+	{ SEND_IDLE, SEND_DONE },           /* no wave at all (one node) */
+	{ SEND_WAIT_GRANT, SEND_POSTING },  /* granted */
+	{ SEND_POSTING, SEND_DRAINING },    /* the wave's writes are out */
+	{ SEND_POSTING, SEND_PACED },       /* the write-gap hook's budget ran out */
+	{ SEND_POSTING, SEND_WAIT_PACK },   /* the mover's bytes are not written yet */
+	{ SEND_PACED, SEND_POSTING },       /* the pace timer */
+	{ SEND_WAIT_PACK, SEND_POSTING },   /* RW_MV_OP_PACKED */
+	{ SEND_DRAINING, SEND_POSTING },    /* writes done: the next wave */
+	{ SEND_DRAINING, SEND_WAIT_GRANT }, /* writes done, the next destination not ready */
+	{ SEND_DRAINING, SEND_DONE },       /* writes done after the last wave */
+	{ SEND_DONE, SEND_IDLE },           /* the combine's sender starts */
+};
+#define N_SEND (sizeof(send_edges) / sizeof(send_edges[0]))
+
+static int send_oracle(exec_send_state_t from, exec_send_state_t to)
+{
+	for (size_t i = 0; i < N_SEND; i++)
+		if (send_edges[i].from == from && send_edges[i].to == to)
+			return 1;
+	return 0;
+}
 
 static int oracle(exec_stage_t from, exec_stage_t to)
 {
@@ -188,6 +215,68 @@ static void test_kind_from_stage(void **state)
 	free(p);
 }
 
+/* The sender's table is the oracle's; its legal changes are made, the others refused (in the
+ * build that refuses without aborting; the sanitizer build's abort is seen from a child). */
+static void test_send_table(void **state)
+{
+	(void)state;
+	unsigned legal = 0;
+	for (int from = 0; from < EXEC_SEND_STATES; from++)
+		for (int to = 0; to < EXEC_SEND_STATES; to++) {
+			const int want = send_oracle((exec_send_state_t)from, (exec_send_state_t)to);
+			if (exec_send_legal((exec_send_state_t)from, (exec_send_state_t)to) != want)
+				fail_msg("send %s -> %s: table says %d, oracle %d",
+					 exec_send_state_name((exec_send_state_t)from),
+					 exec_send_state_name((exec_send_state_t)to), !want, want);
+			legal += (unsigned)want;
+			if (RW_SANITIZE && !want)
+				continue;
+			exec_pair_t *p = pair_at(ST_RUN_D);
+			p->send.state = (exec_send_state_t)from;
+			assert_int_equal(exec_send_move(p, (exec_send_state_t)to),
+					 want ? RW_OK : RW_ERR_STATE);
+			assert_int_equal(p->send.state, want ? to : from);
+			free(p);
+		}
+	assert_int_equal(legal, N_SEND);
+	assert_false(exec_send_legal(EXEC_SEND_STATES, SEND_IDLE));
+	if (RW_SANITIZE) { /* one illegal change, in a child: it aborts */
+		pid_t pid = fork();
+		assert_true(pid >= 0);
+		if (pid == 0) {
+			exec_pair_t *p = pair_at(ST_RUN_D);
+			p->send.state = SEND_DRAINING;
+			exec_send_move(p, SEND_PACED);
+			_exit(0);
+		}
+		int status = 0;
+		assert_int_equal(waitpid(pid, &status, 0), pid);
+		assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+	}
+	/* Every state is reachable from IDLE, and DONE from every state. */
+	for (int s = 0; s < EXEC_SEND_STATES; s++) {
+		int reach = 0, seen[EXEC_SEND_STATES] = { 0 };
+		exec_send_state_t todo[EXEC_SEND_STATES];
+		int n = 0;
+		todo[n++] = (exec_send_state_t)s;
+		seen[s] = 1;
+		while (n > 0) {
+			exec_send_state_t at = todo[--n];
+			reach |= at == SEND_DONE;
+			for (int to = 0; to < EXEC_SEND_STATES; to++)
+				if (exec_send_legal(at, (exec_send_state_t)to) && !seen[to]) {
+					seen[to] = 1;
+					todo[n++] = (exec_send_state_t)to;
+				}
+		}
+		if (!reach)
+			fail_msg("send %s cannot reach DONE", exec_send_state_name((exec_send_state_t)s));
+		if (s == SEND_IDLE)
+			for (int t = 0; t < EXEC_SEND_STATES; t++)
+				assert_true(seen[t]);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -196,6 +285,7 @@ int main(void)
 		cmocka_unit_test(test_illegal_edges_refused),
 		cmocka_unit_test(test_machine_shape),
 		cmocka_unit_test(test_kind_from_stage),
+		cmocka_unit_test(test_send_table),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
