@@ -21,6 +21,7 @@ prepare)
 	cp "$b/bench/ipc_bench" .gpucarry/b/bench/ipc_bench.bin
 	cp "$b/bench/pair_bench" .gpucarry/b/bench/pair_bench
 	cp -L "$b/lib/librailwave.so.1" .gpucarry/b/lib/librailwave.so.1
+	mkdir -p .gpucarry/b/tests/lib && cp "$b/tests/lib/cluster.py" .gpucarry/b/tests/lib/   # the daemons' harness
 	mkdir -p .gpucarry/before && git archive "${BEFORE:-main}" python/railwave | tar -x -C .gpucarry/before
 	for f in $(ldd "$b/railwaved" "$b/bench/ipc_bench" | awk '/=>/ {print $3}' | sort -u); do
 		case $f in */libc.so*|*/libm.so*) ;; *) cp -L "$f" .gpucarry/lib/ ;; esac
