@@ -16,6 +16,10 @@
 #      only (the task-to-daemon map of --identity index); the table is written and parses, every
 #      daemon reloads it (its log, its stats), and `--check` through the same launcher reports
 #      regret.
+#   5. two jobs on the one node with one cluster file, each with --port-offset job, run at once;
+#      a third on the first one's ports fails, saying the port is in use and what to do; each
+#      trainer rank sees torch.distributed's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+#      MASTER_ADDR, MASTER_PORT; railwaved is found next to railwave when RAILWAVED is unset.
 # Afterwards no railwaved, slurm or munge process of the test is left and nothing on disk.
 # Needs root (slurmd, munged); exits 77 (skip) otherwise or without the packages. Debugging:
 # RW_TEST_KEEP=1 keeps the folder (logs, slurm.conf); RW_TEST_ONLY1=1 stops after scenario 1.
@@ -136,14 +140,19 @@ cat > "$T/trainer.sh" <<EOT
 # One trainer rank: check what the launcher forwarded, then the verified phases.
 want_node=\$((SLURM_PROCID / 2))
 [ "\$RAILWAVE_NODE" = "\$want_node" ] || { echo "rank \$SLURM_PROCID: RAILWAVE_NODE '\$RAILWAVE_NODE', want \$want_node"; exit 3; }
-[ "\$RAILWAVE_SOCKET" = "$T/run/\$want_node.sock" ] || { echo "rank \$SLURM_PROCID: RAILWAVE_SOCKET '\$RAILWAVE_SOCKET'"; exit 3; }
+[ "\$RAILWAVE_SOCKET" = "\$RAILWAVE_RUNDIR/\$want_node.sock" ] && [ "\${RAILWAVE_RUNDIR#$T/run}" != "\$RAILWAVE_RUNDIR" ] || { echo "rank \$SLURM_PROCID: RAILWAVE_SOCKET '\$RAILWAVE_SOCKET'"; exit 3; }
 [ "\$RAILWAVE_GROUP" = "job-\$SLURM_JOB_ID" ] || { echo "rank \$SLURM_PROCID: RAILWAVE_GROUP '\$RAILWAVE_GROUP'"; exit 3; }
 [ -S "\$RAILWAVE_SOCKET" ] || { echo "rank \$SLURM_PROCID: no socket"; exit 3; }
 echo "\$RAILWAVE_GROUP_KEY" | grep -Eqx '[0-9a-f]{64}' || { echo "rank \$SLURM_PROCID: RAILWAVE_GROUP_KEY '\$RAILWAVE_GROUP_KEY'"; exit 3; }
-exec "$b/tests/integration/rw_rank" "\$RAILWAVE_SOCKET" "\$RAILWAVE_GROUP" "\$SLURM_PROCID" 3 2 12 3 4 11 \${RW_TEST_MODE:-ok}
+# torch.distributed's variables
+[ "\$RANK" = "\$SLURM_PROCID" ] && [ "\$WORLD_SIZE" = "\$((RW_T_NODES * 2))" ] && [ "\$LOCAL_RANK" = "\$SLURM_LOCALID" ] &&
+	[ "\$LOCAL_WORLD_SIZE" = "\$((RW_T_NODES * 2))" ] && [ -n "\$MASTER_ADDR" ] &&
+	[ "\$MASTER_PORT" = "\$((29500 + SLURM_JOB_ID % 1000))" ] ||
+	{ echo "rank \$SLURM_PROCID: RANK '\$RANK' WORLD_SIZE '\$WORLD_SIZE' LOCAL_RANK '\$LOCAL_RANK' LOCAL_WORLD_SIZE '\$LOCAL_WORLD_SIZE' MASTER_ADDR '\$MASTER_ADDR' MASTER_PORT '\$MASTER_PORT'"; exit 3; }
+exec "$b/tests/integration/rw_rank" "\$RAILWAVE_SOCKET" "\$RAILWAVE_GROUP" "\$SLURM_PROCID" \$RW_T_NODES 2 12 3 4 11 \${RW_TEST_MODE:-ok}
 EOT
 chmod +x "$T/trainer.sh"
-export RAILWAVED="$b/railwaved" RAILWAVE="$b/tools/railwave"
+export RAILWAVED="$b/railwaved" RAILWAVE="$b/tools/railwave" RW_T_NODES=3
 launch() { # launch OUT ARGS...: the launcher in a 1-node, 6-task allocation
 	out=$1; shift
 	timeout 300 salloc -N1 --ntasks-per-node=6 --job-name=rwtest \
@@ -244,6 +253,40 @@ pids=$(sed -n 's/^node n[0-2]: worker on .*, railwaved pid \([0-9]*\), peers up$
 [ "$pids" = 3 ] || no "run 4: the workers reached $pids distinct daemons, want 3"
 [ $fail = 0 ] || { echo "---- run 4 ----"; tail -n 40 "$T/run4.out"; }
 left_behind && no "processes left after run 4"
+
+# 5. two jobs on the one node with the same cluster file: each shifts its ports (--port-offset
+#    job) and both run at once; a third with the first one's ports is refused with a message
+#    that says why. Job B finds railwaved next to railwave (RAILWAVED unset).
+cluster "$T/c2.json" 2
+launch2() { # launch2 OUT ARGS...: a 1-node, 4-task allocation running 2 daemons
+	out=$1; shift
+	TMPDIR=$T timeout 120 salloc -N1 --ntasks-per-node=4 --job-name=rwtest2 \
+		sh "$run" --config "$T/c2.json" --identity index --daemons-per-node 2 \
+		--rundir "$T/run-$(basename "$out" .out)" --ready-timeout 30 "$@" -- "$T/trainer.sh" >"$out" 2>&1
+}
+RW_T_NODES=2 RW_TEST_MODE=idle launch2 "$T/run5a.out" --port-offset job &
+a_pid=$!
+i=0
+until [ "$(grep -c '^ready' "$T/run5a.out" 2>/dev/null)" = 4 ]; do
+	i=$((i + 1)); [ $i -gt 600 ] && break; sleep 0.1
+done
+grep -c '^ready' "$T/run5a.out" | grep -qx 4 || no "run 5: job A's ranks not connected: $(tail -n 5 "$T/run5a.out")"
+off_a=$(sed -n 's/^railwave-run: ports of .* shifted by \([0-9]*\) for this job.*/\1/p' "$T/run5a.out")
+[ -n "$off_a" ] || no "run 5: job A did not shift its ports: $(head -n 5 "$T/run5a.out")"
+(unset RAILWAVED; RW_T_NODES=2 launch2 "$T/run5b.out" --port-offset job); rc=$?
+[ $rc = 0 ] && [ "$(grep -c '^rank [0-3]: 4 steps x 3 layers verified' "$T/run5b.out")" = 4 ] ||
+	no "run 5: job B beside job A: rc $rc: $(tail -n 8 "$T/run5b.out")"
+RW_T_NODES=2 launch2 "$T/run5c.out" --port-offset "${off_a:-0}"; rc=$?
+[ $rc = 1 ] && grep -q "status 2: a configuration error.*--port-offset" "$T/run5c.out" ||
+	no "run 5: job C on job A's ports: rc $rc: $(tail -n 5 "$T/run5c.out")"
+grep -q "port is in use" "$T/run5c.out" || no "run 5: job C's daemons did not say the port is in use"
+lpid=$(pgrep -f "^sh $run --config $T/c2.json" | head -n 1)
+[ -n "$lpid" ] && kill -TERM "$lpid"
+wait $a_pid; rc=$?
+[ $rc = 143 ] && grep -q 'railwave-run: daemons drained and stopped' "$T/run5a.out" ||
+	no "run 5: job A did not stop cleanly: rc $rc: $(tail -n 5 "$T/run5a.out")"
+grep -q 'scancel: error' "$T"/run*.out && no "a scancel error line: $(grep 'scancel: error' "$T"/run*.out)"
+left_behind && no "processes left after run 5"
 
 [ $fail = 0 ] && echo "slurm launcher: ok"
 exit $fail
