@@ -11,20 +11,48 @@ of the project rather than against copies of their values:
   * every RAILWAVE_* variable is one railwaved knows (its --help), the socket is librailwave's
     default (ipc/railwave.h), and the real daemon accepts the manifest's args and environment
     (--dump-config against the example cluster);
-  * PodMonitor: selects the DaemonSet's pods, scrapes its "metrics" port at /metrics;
+  * PodMonitor: selects the DaemonSet's pods, scrapes its "metrics" port at /metrics; the job
+    label its scrape yields (the Prometheus Operator's naming: namespace/name, jobLabel, then the
+    endpoint's relabelings) is run through promtool against deploy/prometheus/railwave.rules.yml:
+    RailwaveDaemonDown fires for a target of that job that stops answering;
+  * namespace.yaml: the DaemonSet's namespace, with the Pod Security level its host namespaces
+    and hostPath need (privileged); the image's uid outside systemd's DynamicUser range and
+    Debian's system and regular ranges; image tags = VERSION; .containerignore keeps build trees,
+    .venv and .git out of the image's context, .gitignore keeps .venv out of git;
   * Containerfile: Debian images, scripts/install, the uid the DaemonSet runs as, and a runtime
     stage installing the package of every library the built railwaved links (objdump + dpkg).
 Exits 0 pass, 1 fail, 77 skip (no PyYAML or no railwaved)."""
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 
 B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.dirname(B)
 K8S = os.path.join(SRC, "deploy", "k8s")
 DAEMON = os.path.join(B, "railwaved")
 fails = []
+# A target of the PodMonitor's job stops answering at minute 2: pending at 2, firing from 3.
+DOWN_TEST = """rule_files: [%s]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'up{job="%s",instance="10.0.0.1:9470"}'
+        values: '1 1 0x6'
+    alert_rule_test:
+      - eval_time: 2m
+        alertname: RailwaveDaemonDown
+        exp_alerts: []
+      - eval_time: 4m
+        alertname: RailwaveDaemonDown
+        exp_alerts:
+          - exp_labels: {severity: critical, job: "%s", instance: "10.0.0.1:9470"}
+            exp_annotations:
+              summary: "railwaved on 10.0.0.1:9470 is not answering scrapes"
+"""
 
 
 def check(cond, what):
@@ -165,6 +193,47 @@ def main():
     eps = pm["spec"]["podMetricsEndpoints"]
     check(any(e.get("port") == "metrics" and e.get("path", "/metrics") == "/metrics" for e in eps),
           "PodMonitor does not scrape port 'metrics' at /metrics")
+
+    # ---- the PodMonitor's job label against the alert rules (promtool) ----
+    ep = next((e for e in eps if e.get("port") == "metrics"), {})
+    job = "%s/%s" % (pm["metadata"]["namespace"], pm["metadata"]["name"])   # the operator's default
+    if pm["spec"].get("jobLabel"):
+        job = labels.get(pm["spec"]["jobLabel"], job)
+    for r in ep.get("relabelings", []):
+        if r.get("targetLabel") == "job" and not r.get("sourceLabels") and \
+                r.get("action", "replace") == "replace":
+            job = r.get("replacement", "$1")
+    check(job == "railwave", "the PodMonitor's scrape gets job=%r" % job)
+    promtool = shutil.which("promtool")
+    if not promtool:
+        check(False, "no promtool (scripts/setup installs prometheus)")
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            test = os.path.join(tmp, "down.test.yml")
+            with open(test, "w") as f:
+                f.write(DOWN_TEST % (os.path.join(SRC, "deploy", "prometheus", "railwave.rules.yml"),
+                                     job, job))
+            r = subprocess.run([promtool, "test", "rules", test], capture_output=True, text=True)
+            check(r.returncode == 0, "RailwaveDaemonDown does not fire for the PodMonitor's job %r: %s"
+                  % (job, (r.stdout + r.stderr).strip()[-600:]))
+
+    # ---- namespace, uid, version, image context ----
+    ns = yaml.safe_load(open(os.path.join(K8S, "namespace.yaml")))
+    check(ns.get("kind") == "Namespace" and ns["metadata"]["name"] == ds["metadata"]["namespace"],
+          "namespace.yaml is not the DaemonSet's namespace")
+    host = pod.get("hostNetwork") or pod.get("hostIPC") or any("hostPath" in v for v in pod["volumes"])
+    check(not host or ns["metadata"].get("labels", {}).get("pod-security.kubernetes.io/enforce") == "privileged",
+          "the namespace's Pod Security level does not admit hostNetwork/hostIPC/hostPath")
+    check(60000 <= uid < 61184, "uid %d lies in a system, regular or DynamicUser range" % uid)
+    version = open(os.path.join(SRC, "VERSION")).read().strip()
+    tags = set(re.findall(r"railwaved:([\w.-]+)", cf + open(os.path.join(K8S, "railwaved-daemonset.yaml")).read()))
+    check(tags == {version}, "image tags %s, VERSION %s" % (sorted(tags), version))
+    ci = open(os.path.join(SRC, ".containerignore")).read().split()
+    for entry in ("build", "build-*", ".venv", ".git"):
+        check(entry in ci, ".containerignore does not leave out %s" % entry)
+    check("/.venv/" in open(os.path.join(SRC, ".gitignore")).read().split(), ".gitignore does not leave out .venv")
+    check("rw_bench_rank" in cf and re.search(r"^\s+python3 \\$", runtime, re.M),
+          "the image lacks rw_bench_rank or python3 (railwave top, calibrate in the pod)")
 
     for f in fails:
         print("FAIL:", f)
