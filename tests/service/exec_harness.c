@@ -385,6 +385,10 @@ void dispatch_submit(cl_t *c, uint32_t r, uint32_t step, uint32_t layer, const s
 		s.dtype = so->dtype;
 	if (so && so->output_capacity)
 		s.output_capacity = so->output_capacity;
+	if (so && so->wait_event) {
+		s.flags = RW_SQE_WAIT_EVENT;
+		s.event_id = so->wait_event;
+	}
 	t->ds = s;
 	fk_client_submit(t->c, &s);
 }

@@ -157,6 +157,7 @@ typedef struct sub_opts {
 	int32_t bad_id;            /* != 0: token 0's first id becomes this */
 	uint64_t output_capacity;  /* 0: all of it */
 	int local_only;            /* every id moved to an expert of the rank's own node */
+	uint32_t wait_event;       /* != 0: stream-ordered (RW_SQE_WAIT_EVENT) on this event id */
 } sub_opts_t;
 
 void dispatch_submit(cl_t *c, uint32_t r, uint32_t step, uint32_t layer, const sub_opts_t *so);

@@ -229,12 +229,52 @@ static void test_peer_bad_data(void **state)
 	cl_free(c);
 }
 
+/* A stream-ordered dispatch on an event the rank never registered (the IPC check passes it, the
+ * executor refuses it): RW_E_FIELD to that rank at once, and its phase fails on every node, so
+ * every other rank gets RW_E_PHASE without a timeout and the key passes at once after. Twice:
+ * as the first submission of its node, after the peers' rows have come (no pair yet: the key
+ * ends here, the peers are told which of their attempts it ends), and as a later one (the
+ * node's open pair fails). */
+static void test_bad_event(void **state)
+{
+	(void)state;
+	opts_t o = { .nodes = 3, .path = "auto", .tokens = 8 };
+	cl_t *c = cl_new(&o, 405);
+	const sub_opts_t bad = { .wait_event = 77 };
+	for (uint32_t r = c->G; r < c->W; r++) /* the peers first: their rows wait at node 0 */
+		dispatch_submit(c, r, 0, 0, NULL);
+	settle(c);
+	dispatch_submit(c, 0, 0, 0, &bad);
+	expect_err_now(c, 0, RW_E_FIELD, "unknown event, first on its node");
+	for (uint32_t r = 1; r < c->G; r++) {
+		dispatch_submit(c, r, 0, 0, NULL);
+		expect_err_now(c, r, RW_E_PHASE, "the node's other ranks (tomb)");
+	}
+	for (uint32_t r = c->G; r < c->W; r++)
+		expect_err(c, r, RW_E_PHASE, "the peers' ranks");
+	expect_no_timeouts(c);
+	retry_key(c, 0, 0);
+	/* a later submission: node 0's pair is open */
+	dispatch_submit(c, 0, 0, 1, NULL);
+	dispatch_submit(c, 1, 0, 1, &bad);
+	expect_err_now(c, 1, RW_E_FIELD, "unknown event, second on its node");
+	expect_err(c, 0, RW_E_PHASE, "the rank that opened the pair");
+	for (uint32_t r = 2; r < c->W; r++) {
+		dispatch_submit(c, r, 0, 1, NULL);
+		expect_err(c, r, RW_E_PHASE, "every other rank");
+	}
+	expect_no_timeouts(c);
+	retry_key(c, 0, 1);
+	cl_free(c);
+}
+
 int exec_bad_input_run(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_bad_expert_id),
 		cmocka_unit_test(test_bad_experts),
 		cmocka_unit_test(test_bad_submissions),
+		cmocka_unit_test(test_bad_event),
 		cmocka_unit_test(test_bad_ranks),
 		cmocka_unit_test(test_peer_bad_data),
 	};
