@@ -28,6 +28,21 @@ static void test_bad_expert_id(void **state)
 	cl_free(c);
 }
 
+/* Rank 0 opens (step, layer) on node 0; rank 1 submits it with `bad` and is refused at once with
+ * `err`; the open pair fails, so rank 0 and every later rank of every node get RW_E_PHASE. */
+static void second_refused(cl_t *c, uint32_t step, uint32_t layer, const sub_opts_t *bad, int err,
+			   const char *what)
+{
+	dispatch_submit(c, 0, step, layer, NULL);
+	dispatch_submit(c, 1, step, layer, bad);
+	expect_err_now(c, 1, err, what);
+	expect_err(c, 0, RW_E_PHASE, what);
+	for (uint32_t r = 2; r < c->W; r++) {
+		dispatch_submit(c, r, step, layer, NULL);
+		expect_err(c, r, RW_E_PHASE, what);
+	}
+}
+
 /* n_experts: not a multiple of W (the rank, at once), differing between local ranks (the second
  * one), differing between nodes (every rank, RW_E_EXPERTS, decided on each node); each time every
  * other rank fails at once, and the same key then passes. */
@@ -47,14 +62,7 @@ static void test_bad_experts(void **state)
 	run_pair(c, 0, 0);
 	/* local ranks disagree */
 	sub_opts_t other = { .n_experts = 2 * c->E };
-	dispatch_submit(c, 0, 0, 1, NULL);
-	dispatch_submit(c, 1, 0, 1, &other);
-	expect_err_now(c, 1, RW_E_EXPERTS, "local ranks disagree on E");
-	expect_err(c, 0, RW_E_PHASE, "local ranks disagree on E (the other)");
-	for (uint32_t r = 2; r < c->W; r++) {
-		dispatch_submit(c, r, 0, 1, NULL);
-		expect_err(c, r, RW_E_PHASE, "local ranks disagree on E (node 1)");
-	}
+	second_refused(c, 0, 1, &other, RW_E_EXPERTS, "local ranks disagree on E");
 	run_pair(c, 0, 1);
 	/* nodes disagree: every node fails it itself */
 	for (uint32_t r = 0; r < c->W; r++)
@@ -255,14 +263,7 @@ static void test_bad_event(void **state)
 	expect_no_timeouts(c);
 	retry_key(c, 0, 0);
 	/* a later submission: node 0's pair is open */
-	dispatch_submit(c, 0, 0, 1, NULL);
-	dispatch_submit(c, 1, 0, 1, &bad);
-	expect_err_now(c, 1, RW_E_FIELD, "unknown event, second on its node");
-	expect_err(c, 0, RW_E_PHASE, "the rank that opened the pair");
-	for (uint32_t r = 2; r < c->W; r++) {
-		dispatch_submit(c, r, 0, 1, NULL);
-		expect_err(c, r, RW_E_PHASE, "every other rank");
-	}
+	second_refused(c, 0, 1, &bad, RW_E_FIELD, "unknown event, second on its node");
 	expect_no_timeouts(c);
 	retry_key(c, 0, 1);
 	cl_free(c);
