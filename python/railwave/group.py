@@ -10,7 +10,7 @@ from typing import Mapping, Optional, Tuple, Union
 
 import torch
 
-from . import _lib, autograd
+from . import _lib, autograd, layout
 from ._core import Core, Handle, Work
 from .errors import BadArgument, BadArgumentType
 
@@ -180,3 +180,25 @@ class Group(Core):
             return autograd.combine(expert_out, handle)
         work = self._submit_combine(expert_out, handle)
         return work if async_op else work.wait()
+
+    def dispatch_expert_major(self, x: torch.Tensor, topk_idx: torch.Tensor,
+                              topk_weights: torch.Tensor, num_experts: int, alignment: int = 1,
+                              layer: int = 0, step: Optional[int] = None
+                              ) -> Tuple[torch.Tensor, torch.Tensor, layout.ExpertMajor, Handle]:
+        """dispatch(), the received rows laid out for grouped GEMMs (railwave/layout.py): one
+        row per (received row, local expert) entry, local expert 0's first, each expert's block
+        padded with zero rows to a multiple of alignment. Returns (rows, rows per local expert
+        (int64, padding included), the layout (its weight: each row's top-k weight), handle).
+        Differentiable as dispatch() is; combine_expert_major() goes back."""
+        recv_x, recv_idx, recv_w, _, handle = self.dispatch(x, topk_idx, topk_weights,
+                                                            num_experts, layer, step)
+        rows, lay = layout.expert_major(recv_x, recv_idx, recv_w,
+                                        num_experts // self.world_size, alignment)
+        return rows, lay.counts, lay, handle
+
+    def combine_expert_major(self, expert_out: torch.Tensor, lay: layout.ExpertMajor,
+                             handle: Handle, weighted: bool = True) -> torch.Tensor:
+        """combine() of expert-major outputs (expert_out: one row per row of
+        dispatch_expert_major's rows): each received row is Σ over its local experts of (its
+        top-k weight ×, when weighted) that expert's output, then summed back to its token."""
+        return self.combine(layout.combine_rows(expert_out, lay, weighted).contiguous(), handle)

@@ -269,6 +269,24 @@ def cmd_ops(c):
         equal(x.grad, want_gx, "ops grad x")
         equal(w.grad, want_gw, "ops grad topk_weights")
         log.append("ops step %d: output, grad x, grad topk_weights equal" % step)
+    # The same step through Group.dispatch_expert_major / combine_expert_major (autograd).
+    g = buf.railwave_group
+    x0, idx, w0, gout = data[RANK]
+    x = x0.clone().requires_grad_()
+    w = w0.clone().requires_grad_()
+    rows, counts, lay, h = g.dispatch_expert_major(x, idx, w, E, alignment=8, layer=5)
+    expect(bool((counts % 8 == 0).all()) and rows.shape[0] == int(counts.sum()),
+           "Group.dispatch_expert_major counts %s for %d rows" % (counts.tolist(),
+                                                                  rows.shape[0]))
+    fac = torch.repeat_interleave(torch.arange(el) + RANK * el + 1.0, counts)
+    y = g.combine_expert_major(rows * fac.unsqueeze(1), lay, h)
+    (y * gout).sum().backward()
+    want_out, want_gx, want_gw = reference(x0, idx, w0, gout)
+    equal(y.detach(), want_out, "Group expert-major output")
+    equal(x.grad, want_gx, "Group expert-major grad x")
+    equal(w.grad, want_gw, "Group expert-major grad topk_weights")
+    log.append("Group.dispatch_expert_major (alignment 8): output, grad x, grad topk_weights "
+               "equal")
     with torch.no_grad():  # no backward: combine frees the handle
         x0, idx, w0, _ = data[RANK]
         recv_x, recv_idx, recv_w, _, hid = ops.dispatch(x0, idx, w0, E)
