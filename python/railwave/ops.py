@@ -97,8 +97,11 @@ def _combine_backward(handle, g_out):
 
 
 if hasattr(torch.library, "register_autograd"):
+    # setup_context also runs when activation checkpointing replays an operator whose output
+    # it saved; that replay's ctx is never used for a backward and its handle may be gone, so
+    # these look the handle up without insisting.
     def _d_setup(ctx, inputs, output):
-        ctx.handle = _handle(output[4], pop=False)
+        ctx.handle = _handles.get(int(output[4].reshape(-1)[0]))
         ctx.x_dtype = inputs[0].dtype
 
     def _d_backward(ctx, g_recv_x, g_idx, g_recv_w, g_counts, g_hid):
@@ -106,7 +109,7 @@ if hasattr(torch.library, "register_autograd"):
         return gx.to(ctx.x_dtype), None, gw, None
 
     def _c_setup(ctx, inputs, output):
-        ctx.handle = _handle(inputs[1], pop=True) if inputs[2] else None
+        ctx.handle = _handles.pop(int(inputs[1].reshape(-1)[0]), None) if inputs[2] else None
         ctx.save_for_backward(inputs[1])  # see _combine_backward
 
     def _c_backward(ctx, g_out):

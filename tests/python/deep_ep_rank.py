@@ -110,12 +110,12 @@ def check_dispatch(buf, c, E, dtype, data, log):
         x.to(dtype), topk_idx=idx, topk_weights=w, num_tokens_per_rank=per_rank,
         is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, expert_alignment=4)
     expect(ev.event is None, "async_finish=False returned an event")
-    src_rank, src_tok = h.a.src_rank, h.a.src_token
+    src_rank, src_tok = h.src_rank, h.src_token
     want_rows = [(r, t) for r in range(WORLD) for t in range(data[r][0].shape[0])
                  if ((data[r][1][t] >= lo) & (data[r][1][t] < lo + el)).any()]
-    expect(sorted(zip(src_rank.tolist(), src_tok.tolist())) == want_rows,
-           "received tokens %s, wanted %s" % (sorted(zip(src_rank.tolist(), src_tok.tolist())),
-                                              want_rows))
+    got_rows = list(zip(src_rank.tolist(), src_tok.tolist()))
+    expect(got_rows == want_rows, "received tokens %s, wanted %s in (source rank, token) order"
+           % (got_rows, want_rows))
     rx, ri, rw = data[0][0].new_zeros(0, H), [], []
     rows_x, rows_i, rows_w = [], [], []
     for r, t in zip(src_rank.tolist(), src_tok.tolist()):

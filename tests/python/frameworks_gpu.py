@@ -207,7 +207,6 @@ def cmd_titan(rank, d):
     init_dist(rank, world, d, "titan")
     from torch.distributed.device_mesh import DeviceMesh
 
-    import torchtitan
     from railwave import ops, torchtitan as rwtt
     moe, replaced = titan_moe(world, override=True)
     disp = moe.routed_experts.token_dispatcher
@@ -227,6 +226,9 @@ def cmd_titan(rank, d):
         dist.all_reduce(total)
         losses.append(float(total))
         sgd(moe.parameters())
+    out_file = "%s/titan.%d.pt" % (d, rank)
+    torch.save({"losses": losses, "ms": [t * 1e3 for t in times], "sac": {},
+                "replaced": replaced}, out_file)  # again below, with the SAC counts
     print("titan rank %d: losses %s; step ms %s; %s" % (
         rank, ["%.6f" % v for v in losses], ["%.1f" % (t * 1e3) for t in times], replaced[:1]),
         flush=True)
@@ -255,8 +257,7 @@ def cmd_titan(rank, d):
     a, b = grads.values()
     counts["grad w1 relative difference"] = worst(a, b)
     torch.save({"losses": losses, "ms": [t * 1e3 for t in times], "sac": counts,
-                "replaced": replaced, "version": torchtitan.__version__ if hasattr(
-                    torchtitan, "__version__") else "?"}, "%s/titan.%d.pt" % (d, rank))
+                "replaced": replaced}, out_file)
     print("titan rank %d: fresh dispatches per fwd+bwd under SAC: %s" % (rank, counts))
 
 
@@ -280,8 +281,8 @@ def cmd_titan_ref(d):
             bad.append(step)
     sac = [torch.load("%s/titan.%d.pt" % (d, r))["sac"] for r in range(world)]
     print("titan SAC forward dispatches per fwd+bwd, by rank: %s" % sac)
-    ok_sac = all(s["with railwave_selective_ac"] == 1 and s["titan default list"] == 2 and
-                 s["grad w1 relative difference"] <= BF16_TOL for s in sac)
+    ok_sac = all(s.get("with railwave_selective_ac") == 1 and s.get("titan default list") == 2
+                 and s.get("grad w1 relative difference", 1) <= BF16_TOL for s in sac)
     print("titan: losses %s; SAC %s" % ("EQUAL within 1e-2" if not bad else "DIFFER %s" % bad,
                                         "saves the railwave ops" if ok_sac else "UNEXPECTED"))
     return 1 if bad or not ok_sac else 0

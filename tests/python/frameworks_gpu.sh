@@ -66,7 +66,7 @@ run)
 		echo "rc $?" ;; esac
 	case $stages in *" 2 "*)
 		echo "== 2: TorchTitan MoE, railwave.torchtitan.railwave_dispatcher override"
-		ranks titan && timeout 90 python3 tests/python/frameworks_gpu.py titan-ref "$W" 2>&1 | tail -12
+		ranks titan; timeout 90 python3 tests/python/frameworks_gpu.py titan-ref "$W" 2>&1 | tail -12
 		echo "rc $?" ;; esac
 	kill "$d0" "$d1"; wait "$d0"; wait "$d1"
 	case $stages in *" 3 "*)

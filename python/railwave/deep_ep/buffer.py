@@ -59,10 +59,11 @@ class Handle:
     """What a cached dispatch and a combine need of a dispatch (DeepEP's handle is a tuple of
     tensors; Megatron-Core passes it back untouched)."""
 
-    __slots__ = ("shared", "a", "step", "topk_idx", "topk_weights", "pad_to", "bwd")
+    __slots__ = ("shared", "a", "order", "step", "topk_idx", "topk_weights", "pad_to", "bwd")
 
-    def __init__(self, shared, a, step, topk_idx, topk_weights, pad_to):
+    def __init__(self, shared, a, order, step, topk_idx, topk_weights, pad_to):
         self.shared, self.a, self.step = shared, a, step  # a: the railwave.Handle of pair A
+        self.order = order  # returned row i is A's received row order[i]
         self.topk_idx, self.topk_weights = topk_idx, topk_weights
         self.pad_to = pad_to  # num_worst_tokens, or 0
         self.bwd = None  # (B's railwave.Handle, permutation, row dtype, hidden) once opened
@@ -70,6 +71,16 @@ class Handle:
     @property
     def num_recv_tokens(self):
         return self.a.num_recv
+
+    @property
+    def src_rank(self):
+        """int64 [num_recv]: the rank each returned row came from (ascending)."""
+        return self.a.src_rank[self.order.cpu()]
+
+    @property
+    def src_token(self):
+        """int64 [num_recv]: the row's token on that rank (ascending within a rank)."""
+        return self.a.src_token[self.order.cpu()]
 
 
 def _weight_cols(dtype, topk):
@@ -317,6 +328,11 @@ class Buffer:
             recv_x, recv_idx, recv_w, counts, a = g.dispatch(
                 x.detach().contiguous(), idx, w, E, layer=_FWD_LAYER, step=step)
             n = a.num_recv
+            # Rows by (source rank, token), as DeepEP orders them: the daemon delivers them in
+            # arrival order, and a dispatch recomputed by activation checkpointing must return
+            # the rows of the first in the same order.
+            order = torch.argsort(a.keys().to(recv_x.device))
+            recv_x, recv_idx, recv_w = recv_x[order], recv_idx[order], recv_w[order]
             if num_worst_tokens:
                 if n > num_worst_tokens:  # fail the pair for every rank now, then say why
                     g._abort_pair()
@@ -327,7 +343,7 @@ class Buffer:
                 recv_idx = torch.cat([recv_idx, recv_idx.new_full((pad, recv_idx.shape[1]), -1)])
                 recv_w = torch.cat([recv_w, recv_w.new_zeros(pad, recv_w.shape[1])])
             # The routing a cached dispatch re-sends, safe from in-place changes.
-            h = Handle(shared, a, step, idx.clone(), w.clone(), num_worst_tokens)
+            h = Handle(shared, a, order, step, idx.clone(), w.clone(), num_worst_tokens)
             return recv_x, recv_idx, recv_w, counts, h
 
         (recv_x, recv_idx, recv_w, counts, h), ev = self._run(x.device, previous_event,
@@ -348,13 +364,13 @@ class Buffer:
                              "group" % op)
 
     def _open_backward(self, handle, rows):
-        """Dispatch rows (T × width) as handle's pair B; keeps (B, permutation) on the handle
-        and returns B's received rows in A's order."""
+        """Dispatch rows (T × width) as handle's pair B; keeps (B, where each returned row sits
+        in B) on the handle and returns B's received rows in the order dispatch returned A's."""
         a = handle.a
         recv, _, _, _, b = self._shared.group.dispatch(
             rows, handle.topk_idx, handle.topk_weights, a.n_experts, layer=_FWD_LAYER + 1,
             step=handle.step)
-        perm = _permutation(a, b)
+        perm = _permutation(a, b)[handle.order.to(recv.device)]
         handle.bwd = (b, perm, rows.dtype, rows.shape[1] - _weight_cols(rows.dtype, a.topk))
         return recv[perm]
 
@@ -412,7 +428,9 @@ class Buffer:
         def run():
             y = x.detach()[:n]
             if handle.bwd is None and not a.combined:
-                return self._shared.group.combine(y.contiguous(), a), None
+                y_a = torch.empty_like(y)
+                y_a[handle.order.to(y.device)] = y  # back to A's order
+                return self._shared.group.combine(y_a, a), None
             if handle.bwd is None:  # A already combined, no cached dispatch: open B with zeros
                 self._open_backward(handle, torch.zeros(
                     a.num_tokens, y.shape[1] + _weight_cols(y.dtype, a.topk), dtype=y.dtype,
@@ -425,7 +443,8 @@ class Buffer:
             rows = torch.zeros(n, H + _weight_cols(dtype, a.topk), dtype=dtype, device=y.device)
             rows[:, :H] = y
             if topk_weights is not None:
-                w = topk_weights.detach()[:n].float() * a.local_mask.to(y.device)
+                mask = a.local_mask.to(y.device)[handle.order.to(y.device)]
+                w = topk_weights.detach()[:n].float() * mask
                 _put_weights(rows, H, w)
             in_b = torch.empty_like(rows)
             in_b[perm] = rows
