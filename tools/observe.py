@@ -17,6 +17,7 @@ does"). Run by tools/observe.c as `observe.py MODE --build DIR ARGS...`.
 A TRACE argument is a trace file or a directory (every *.trace*.jsonl in it). Exit status: 0 ok,
 1 failed (no usable records, a daemon not answering), 2 usage error."""
 import argparse
+import errno
 import glob
 import json
 import math
@@ -664,6 +665,32 @@ def frame(name, a, b, gbps):
     return out
 
 
+COMPACT_HEAD = "%-8s %-9s %-6s %5s %9s %9s %-12s %9s %6s %8s %6s" % (
+    "node", "state", "peers", "ranks", "tx MB/s", "rx MB/s", "hot rail", "phases/s", "failed",
+    "p99 ms", "errors")
+
+
+def compact(a, b, gbps):
+    """One daemon in one line (top --compact): totals over its rails and paths, its hottest rail."""
+    dt = max(b["t"] - a["t"], 1e-6)
+    st = b["stats"]
+    tx = [(int(rb["tx_bytes"]) - int(ra["tx_bytes"])) / dt for ra, rb in zip(a["rails"], b["rails"])]
+    rx = [(int(rb["rx_bytes"]) - int(ra["rx_bytes"])) / dt for ra, rb in zip(a["rails"], b["rails"])]
+    hot = max(range(len(tx)), key=lambda r: tx[r]) if tx else None
+    hot_txt = "-" if hot is None else "%s %s" % (
+        b["rails"][hot]["rail"], "%.0f%%" % (tx[hot] * 8 / (gbps * 1e9) * 100) if gbps else
+        "%.1fMB/s" % (tx[hot] / 1e6))
+    pa = {(p["path"], p["kind"]): p for p in a["phases"]}
+    done = sum(int(p["ok"]) + int(p["failed"]) - int(pa.get((p["path"], p["kind"]), p)["ok"]) -
+               int(pa.get((p["path"], p["kind"]), p)["failed"]) for p in b["phases"])
+    failed = sum(int(p["failed"]) for p in b["phases"])
+    p99 = max([float(p["p99_us"]) / 1e3 for p in b["phases"] if int(p["ok"]) + int(p["failed"])] or [0.0])
+    return "%-8s %-9s %-6s %5s %9.2f %9.2f %-12s %9.1f %6d %8.2f %6s" % (
+        st.get("node", "?")[:8], st.get("state", "?")[:9], st.get("peers_up", "?"),
+        st.get("clients", "?"), sum(tx) / 1e6, sum(rx) / 1e6, hot_txt, done / dt, failed, p99,
+        st.get("errors", "0"))
+
+
 def cmd_top(a):
     # The same defaults as `railwave stats` (docs/service.md "Sockets").
     socks = list(a.socket or []) + ["/run/railwave/%s.stats" % n for n in (a.node or [])]
@@ -674,10 +701,13 @@ def cmd_top(a):
     if not socks:
         die("top: no stats socket given, no $RAILWAVE_STATS_SOCKET, none in /run/railwave "
             "(use --socket PATH)")
+    # One line per daemon when the blocks (a dozen lines each) would not fit: more than two
+    # daemons, unless --full; --compact asks for it with any number.
+    short = a.compact or (len(socks) > 2 and not a.full)
     prev = {}
     try:
         while True:
-            cur, lines = {}, []
+            cur, lines = {}, [COMPACT_HEAD] if short else []
             for s in socks:
                 try:
                     if s not in prev:
@@ -686,11 +716,15 @@ def cmd_top(a):
                     cur[s] = sample(s)
                 except OSError as e:
                     if a.once:
-                        die("top: %s: %s (is railwaved running?)" % (s, e))
+                        die("top: %s: %s (%s)" % (s, e, "join group railwave, the sockets' group"
+                                                   if e.errno == errno.EACCES else "is railwaved running?"))
                     lines.append("%s: %s" % (s, e))
                     continue
-                lines += frame(s, prev[s], cur[s], a.gbps)
-                lines.append("")
+                if short:
+                    lines.append(compact(prev[s], cur[s], a.gbps))
+                else:
+                    lines += frame(s, prev[s], cur[s], a.gbps)
+                    lines.append("")
             prev.update(cur)
             if a.once:
                 print("\n".join(lines))
@@ -750,6 +784,10 @@ def main(argv):
         p.add_argument("--interval", type=float, default=1.0, help="refresh seconds (1)")
         p.add_argument("--gbps", type=float, default=0.0, help="NIC rate for the utilisation bars")
         p.add_argument("--once", action="store_true", help="print one frame (two samples) and exit")
+        p.add_argument("--compact", action="store_true",
+                       help="one line per daemon (the default with more than two daemons)")
+        p.add_argument("--full", action="store_true",
+                       help="a block per daemon: rails, paths, peers, decisions (default with two or fewer)")
         return cmd_top(p.parse_args(rest))
     die("observe.py: unknown mode %s" % mode, 2)
 

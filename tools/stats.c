@@ -72,8 +72,11 @@ static int query(const char *path, const char *command, int timeout_ms, char *re
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
 		int e = errno;
-		snprintf(err, err_len, "cannot connect to %s: %s (is railwaved running?)", path,
-			 strerror(e));
+		/* The sockets are mode 0660 for the daemon's group (docs/install.md): EACCES is a
+		 * missing group membership, not a daemon that is down. */
+		snprintf(err, err_len, "cannot connect to %s: %s (%s)", path, strerror(e),
+			 e == EACCES ? "join group railwave, the sockets' group: usermod -aG railwave "
+			 "USER, then log in again" : "is railwaved running?");
 		if (fd >= 0)
 			close(fd);
 		errno = e;

@@ -16,7 +16,7 @@ from ._core import Handle, Work
 from .group import Group
 from .moe import MoE
 
-__version__ = "1.0.0"
+__version__ = "0.1.0"  # = the repository's VERSION (tests/deploy/test_install.sh checks)
 __all__ = ["Group", "Handle", "Work", "MoE", "library_path",
            "RailWaveError", "ConnectError", "WorldMismatch", "RankTaken", "GroupKeyMismatch",
            "PhaseError", "PeerFailed", "ReceiveRoomExceeded", "DaemonLost", "Timeout",

@@ -38,6 +38,9 @@ done
 [ "$("$st/usr/sbin/railwaved" --version)" = "railwaved $version" ] || no "railwaved --version"
 [ "$("$st/usr/bin/railwave" --version)" = "railwave $version" ] || no "railwave --version"
 [ -z "$(find "$st" -newer "$tmp/list" -prune -o -name '*.in' -print)" ] || no "a template was installed"
+# One release version: VERSION, the Python package's, the installed railwave.pc's (checked below).
+grep -qx "version = \"$version\"" "$src/python/pyproject.toml" || no "python/pyproject.toml's version is not VERSION ($version)"
+grep -q "^__version__ = \"$version\"" "$src/python/railwave/__init__.py" || no "railwave.__version__ is not VERSION ($version)"
 
 unit=$st/usr/lib/systemd/system/railwaved.service
 grep -qx 'ExecStart=/usr/sbin/railwaved --config /etc/railwave/cluster.json' "$unit" || no "ExecStart not rewritten"
@@ -93,6 +96,7 @@ if ls "$b"/lib/librailwave.so.*.*.* >/dev/null 2>&1 && [ -f "$src/ipc/railwave.p
 	[ -f "$st/usr/include/railwave.h" ] || no "railwave.h not installed"
 	pc=$lib/pkgconfig/railwave.pc
 	grep -q '@' "$pc" && no "railwave.pc keeps a placeholder: $(grep @ "$pc")"
+	grep -qx "Version: $version" "$pc" || no "railwave.pc's Version is not VERSION ($version): $(grep Version "$pc")"
 	flags=$(PKG_CONFIG_SYSROOT_DIR=$st PKG_CONFIG_LIBDIR=$lib/pkgconfig pkg-config --cflags --libs railwave) || no "pkg-config"
 	printf '#include <railwave.h>\n#include <stdio.h>\nint main(void) { printf("%%s\\n", RW_DEFAULT_SOCKET); return 0; }\n' >"$tmp/p.c"
 	# shellcheck disable=SC2086
@@ -156,6 +160,12 @@ if [ $tools_ok = 1 ]; then
 	(cd / && env -u RAILWAVE_SRC "$rw" top --once --interval 0.2 --socket "$tmp/run/n0.stats" --socket "$tmp/run/n1.stats") >"$tmp/top.out" 2>&1 ||
 		no "installed top --once: $(tail -n 3 "$tmp/top.out")"
 	grep -q 'n0' "$tmp/top.out" && grep -q 'n1' "$tmp/top.out" || no "top --once shows not both daemons: $(cat "$tmp/top.out")"
+	# the compact view: a header and one line per daemon
+	(cd / && env -u RAILWAVE_SRC "$rw" top --once --compact --interval 0.2 --socket "$tmp/run/n0.stats" --socket "$tmp/run/n1.stats") >"$tmp/topc.out" 2>&1 ||
+		no "installed top --once --compact: $(tail -n 3 "$tmp/topc.out")"
+	[ "$(wc -l <"$tmp/topc.out")" = 3 ] && grep -q '^node  *state  *peers' "$tmp/topc.out" &&
+		grep -q '^n0  *running  *1/1 ' "$tmp/topc.out" && grep -q '^n1  *running  *1/1 ' "$tmp/topc.out" ||
+		no "top --compact is not one line per daemon: $(cat "$tmp/topc.out")"
 	stop_daemons   # the traces are flushed at shutdown
 	(cd / && env -u RAILWAVE_SRC "$rw" trace late "$tmp/traces") >"$tmp/late.out" 2>&1 || no "installed trace late: $(tail -n 3 "$tmp/late.out")"
 	(cd / && env -u RAILWAVE_SRC "$rw" trace export "$tmp/traces" -o "$tmp/t.json") >"$tmp/exp.out" 2>&1 || no "installed trace export: $(tail -n 3 "$tmp/exp.out")"

@@ -10,7 +10,8 @@
 # (stats: the file's cluster name) and the key through LoadCredential (auth key), its trace_dir
 # /var/log/railwave (LogsDirectory=) is written under ProtectSystem=strict, `railwave wait`
 # reaches the second node (a daemon outside the container, same key) on every rail; a trainer
-# built with `pkg-config --cflags --libs railwave` runs without LD_LIBRARY_PATH (ldconfig);
+# built with `pkg-config --cflags --libs railwave` runs without LD_LIBRARY_PATH (ldconfig); a
+# user outside group railwave asking `railwave stats` is told to join the group;
 # a configuration error (an unknown key) exits 2, is not restarted, and its reason is in
 # `journalctl -u railwaved -p err`; `systemctl stop` drains and exits 0.
 # Needs root, systemd-nspawn, nsenter; release build only (skips under ASan). Exit 0/1/77.
@@ -140,6 +141,10 @@ inside journalctl -u railwaved --no-pager >"$T/journal.out" 2>&1
 grep -q 'trace: phase records go to /var/log/railwave/n0.trace.jsonl' "$T/journal.out" &&
 	[ -f "$R/var/log/railwave/n0.trace.jsonl" ] || no "trace_dir under LogsDirectory not written: $(grep trace "$T/journal.out")"
 [ "$(inside stat -c %U /var/log/railwave)" = railwave ] || no "/var/log/railwave is not the daemon's"
+# A user outside group railwave is told to join it (the sockets are the group's), not that the
+# daemon is down.
+msg=$(inside setpriv --reuid=65534 --regid=65534 --clear-groups railwave stats 2>&1)
+echo "$msg" | grep -q 'Permission denied (join group railwave' || no "railwave stats as a non-member: $msg"
 
 # ---- a trainer linked by pkg-config finds the library through the loader's cache ----------------
 printf '#include <railwave.h>\n#include <stdio.h>\nint main(void) { printf("%%s\\n", RW_DEFAULT_SOCKET); return 0; }\n' >"$R/root/p.c"
