@@ -33,15 +33,6 @@ class Ranks(test_moe.Ranks):
 
     SCRIPT = os.path.join(HERE, "deep_ep_rank.py")
 
-    def __init__(self, world, per_node, env):
-        self.procs = []
-        for r in range(world):
-            e = dict(env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r % per_node),
-                     LOCAL_WORLD_SIZE=str(per_node))
-            self.procs.append(subprocess.Popen(
-                [sys.executable, self.SCRIPT], env=e, text=True, stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-
 
 def scenario(td, tmp, ranks, nodes, seed, op):
     c = td.Cluster(tmp, nodes, path="auto", extra=test_moe.PHASE_TIMEOUT)

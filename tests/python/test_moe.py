@@ -40,7 +40,10 @@ def load_cluster(build):
 
 
 class Ranks:
-    """W long-lived rank processes (torch is imported once per process, not per scenario)."""
+    """W long-lived rank processes (torch is imported once per process, not per scenario), each
+    running SCRIPT (a subclass names another rank program)."""
+
+    SCRIPT = os.path.join(HERE, "moe_rank.py")
 
     def __init__(self, world, per_node, env):
         self.procs = []
@@ -48,7 +51,7 @@ class Ranks:
             e = dict(env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r % per_node),
                      LOCAL_WORLD_SIZE=str(per_node))
             self.procs.append(subprocess.Popen(
-                [sys.executable, os.path.join(HERE, "moe_rank.py")], env=e, text=True,
+                [sys.executable, self.SCRIPT], env=e, text=True,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
 
     def run(self, cmd, ranks=None):
