@@ -107,7 +107,7 @@ unset RAILWAVE_IPC_SOCKET RAILWAVE_SOCKET RAILWAVE_STATS_SOCKET RAILWAVE_NODE
 
 # ---- the job's ports: the cluster file as it is, or every port shifted (--port-offset) ----------
 # The shifted copy is written here and broadcast to the same path on every node (sbcast), where
-# each daemon task removes it at the end.
+# the last daemon task of each node removes it at the end.
 job_config=
 if [ "$port_offset" != 0 ]; then
 	command -v python3 >/dev/null || die "--port-offset needs python3 on the batch node"
@@ -163,7 +163,7 @@ stop_bound=$(( ${drain_ms:-10000} / 1000 + 6 ))   # drain bound (phase timeout +
 
 # ---- the cluster key: --key, the cluster file's key_file, or one made for this job ---------------
 # A job key is made here (mode 0600) and broadcast to the same path on every node (sbcast -p
-# keeps the mode); each daemon task removes its node's copy when its daemon has stopped.
+# keeps the mode); the last daemon task of each node removes its copy when its daemon has stopped.
 job_key=
 if [ -n "$key" ]; then
 	export RAILWAVE_KEY_FILE="$key"
@@ -208,9 +208,11 @@ srun --overlap --nodes="$nnodes" --ntasks="$ndaemons" --ntasks-per-node="$per" -
 		"$RAILWAVED" --config "$RW_RUN_CONFIG" --node "$id"
 	rc=$?
 	rm -f "$RW_RUN_DIR/$id.sock" "$RW_RUN_DIR/$id.stats"
-	rmdir "$RW_RUN_DIR" 2>/dev/null
-	[ -z "$RW_RUN_JOBKEY" ] || rm -f "$RW_RUN_JOBKEY"
-	[ -z "$RW_RUN_JOBCONFIG" ] || rm -f "$RW_RUN_JOBCONFIG"
+	# The last daemon of the node empties the run folder: it removes the files they share.
+	if rmdir "$RW_RUN_DIR" 2>/dev/null; then
+		[ -z "$RW_RUN_JOBKEY" ] || rm -f "$RW_RUN_JOBKEY"
+		[ -z "$RW_RUN_JOBCONFIG" ] || rm -f "$RW_RUN_JOBCONFIG"
+	fi
 	exit $rc' &
 daemons=$!
 trainer= trainer_rc=1

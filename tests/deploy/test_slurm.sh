@@ -286,6 +286,8 @@ wait $a_pid; rc=$?
 [ $rc = 143 ] && grep -q 'railwave-run: daemons drained and stopped' "$T/run5a.out" ||
 	no "run 5: job A did not stop cleanly: rc $rc: $(tail -n 5 "$T/run5a.out")"
 grep -q 'scancel: error' "$T"/run*.out && no "a scancel error line: $(grep 'scancel: error' "$T"/run*.out)"
+left=$(ls "$T"/railwave-*.json "$T"/railwave-*.key 2>/dev/null)
+[ -z "$left" ] || no "run 5: the jobs' shifted cluster files or keys are left: $left"
 left_behind && no "processes left after run 5"
 
 [ $fail = 0 ] && echo "slurm launcher: ok"
