@@ -41,6 +41,8 @@ done
 # One release version: VERSION, the Python package's, the installed railwave.pc's (checked below).
 grep -qx "version = \"$version\"" "$src/python/pyproject.toml" || no "python/pyproject.toml's version is not VERSION ($version)"
 grep -q "^__version__ = \"$version\"" "$src/python/railwave/__init__.py" || no "railwave.__version__ is not VERSION ($version)"
+[ ! -f "$b/lib/pkgconfig/railwave.pc" ] || grep -qx "Version: $version" "$b/lib/pkgconfig/railwave.pc" ||
+	no "the build tree's railwave.pc is not VERSION ($version): $(grep Version "$b/lib/pkgconfig/railwave.pc")"
 
 unit=$st/usr/lib/systemd/system/railwaved.service
 grep -qx 'ExecStart=/usr/sbin/railwaved --config /etc/railwave/cluster.json' "$unit" || no "ExecStart not rewritten"
