@@ -78,6 +78,17 @@ struct timespec;
 /* ts as "2026-12-03T07:44:04.123Z" (UTC, milliseconds) into buf; returns the length written. */
 size_t rw_log_format_time(char *buf, size_t len, const struct timespec *ts);
 
+/* A budget for the log lines that one party can cause in bulk (a local process that opens and
+ * abandons groups, a flood of refused connections): at most `per_s` a second pass, the rest are
+ * counted, and the first line of a later second says how many were left out. Loop thread only;
+ * zero-initialised. 1: log this line. */
+typedef struct rw_log_budget {
+	uint64_t window_ns;          /* when this second began */
+	uint32_t used;               /* lines passed in it */
+	uint64_t dropped;            /* lines left out since the last report */
+} rw_log_budget_t;
+int rw_log_budget_take(rw_log_budget_t *b, uint32_t per_s, const char *what);
+
 #define rw_err(...) rw_log(RW_LOG_ERROR, __VA_ARGS__)
 #define rw_warn(...) rw_log(RW_LOG_WARN, __VA_ARGS__)
 #define rw_info(...) rw_log(RW_LOG_INFO, __VA_ARGS__)

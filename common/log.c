@@ -120,3 +120,22 @@ uint64_t rw_now_ns(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+int rw_log_budget_take(rw_log_budget_t *b, uint32_t per_s, const char *what)
+{
+	uint64_t now = rw_now_ns();
+	if (!b->window_ns || now - b->window_ns >= 1000000000ull) {
+		if (b->dropped)
+			rw_warn("%llu %s line(s) left out of the log since the last report (at most %u "
+				"a second)", (unsigned long long)b->dropped, what, per_s);
+		b->window_ns = now;
+		b->used = 0;
+		b->dropped = 0;
+	}
+	if (b->used < per_s) {
+		b->used++;
+		return 1;
+	}
+	b->dropped++;
+	return 0;
+}

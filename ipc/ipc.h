@@ -161,6 +161,10 @@ void rw_ipc_signal_now(rw_ipc_client_t *client, const rw_sqe_t *sqe);
 /* Drop a client (deferred: safe from any callback, including its own). Its pending completions
  * are discarded; client_left follows with RW_IPC_LEFT_DROPPED and `error`. */
 void rw_ipc_client_drop(rw_ipc_server_t *server, rw_ipc_client_t *client, int error);
+/* 1 when one more connect/join/leave/refusal line may be logged now: at most a few a second,
+ * the rest counted and reported (rw_log_budget_t); the service's own join and leave lines ask
+ * too, so a process that opens and abandons groups in a loop cannot fill the disk. */
+int rw_ipc_log_churn(rw_ipc_server_t *server);
 /* Tell a client why one of its submissions failed, before its error completion: a non-fatal
  * ERROR message with seq 0 (a notice) that the client keeps as rw_client_last_message(). */
 void rw_ipc_client_notice(rw_ipc_server_t *server, rw_ipc_client_t *client, int code,

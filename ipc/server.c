@@ -291,11 +291,12 @@ static void client_free(rw_ipc_client_t *c)
 	if (c->joined) {
 		if (srv->ops.client_left)
 			srv->ops.client_left(srv->ctx, c, c->leave_reason, c->leave_error);
-		rw_info("ipc client %u left: group %s rank %u (pid %d uid %d gid %d): %s%s%s",
-			c->info.id, c->info.group, c->info.rank, (int)c->info.pid, (int)c->info.uid,
-			(int)c->info.gid, rw_ipc_leave_str(c->leave_reason),
-			c->leave_error ? ": " : "",
-			c->leave_error ? rw_client_strerror(c->leave_error) : "");
+		if (rw_ipc_log_churn(srv))
+			rw_info("ipc client %u left: group %s rank %u (pid %d uid %d gid %d): %s%s%s",
+				c->info.id, c->info.group, c->info.rank, (int)c->info.pid, (int)c->info.uid,
+				(int)c->info.gid, rw_ipc_leave_str(c->leave_reason),
+				c->leave_error ? ": " : "",
+				c->leave_error ? rw_client_strerror(c->leave_error) : "");
 	}
 	ipc_group_leave(c);
 	if (c->on_flush_list) /* e.g. completed, then dropped, by another client's client_left */
@@ -374,8 +375,9 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 		srv->nclients++;
 		srv->stats.clients++;
 		srv->stats.accepted++;
-		rw_info("ipc client %u connected: pid %d uid %d gid %d", c->info.id, (int)c->info.pid,
-			(int)c->info.uid, (int)c->info.gid);
+		if (rw_ipc_log_churn(srv))
+			rw_info("ipc client %u connected: pid %d uid %d gid %d", c->info.id,
+				(int)c->info.pid, (int)c->info.uid, (int)c->info.gid);
 		ev_io_init(&c->io, client_cb, fd, EV_READ);
 		c->io.data = c;
 		ev_io_start(loop, &c->io);

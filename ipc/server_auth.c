@@ -5,6 +5,7 @@
 #include "ipc/server_int.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,7 +140,7 @@ int ipc_handle_hello(rw_ipc_client_t *c, const rw_ipc_hello_t *req)
 		memcpy(g->name, req->group, sizeof(g->name));
 		g->keyed = req->key_len != 0;
 		memcpy(g->key_hash, key_hash, sizeof(g->key_hash));
-		if (!g->keyed)
+		if (!g->keyed && rw_ipc_log_churn(srv))
 			rw_info("ipc: group %s opened without a group key by client %u (pid %d uid %d): "
 				"any process that can open the socket may take its other ranks",
 				g->name, c->info.id, (int)c->info.pid, (int)c->info.uid);
@@ -173,10 +174,11 @@ int ipc_handle_hello(rw_ipc_client_t *c, const rw_ipc_hello_t *req)
 	ok.max_buffer_bytes = srv->lim.max_buffer_bytes;
 	if (ipc_send_msg(c, &ok, sizeof(ok), NULL, 0) < 0)
 		return 0;
-	rw_info("ipc client %u joined: group %s rank %u/%u node %u gpu %d (pid %d uid %d gid %d, "
-		"%s)", c->info.id, c->info.group, c->info.rank, c->info.world_size, c->info.node,
-		c->info.local_gpu, (int)c->info.pid, (int)c->info.uid, (int)c->info.gid,
-		g->keyed ? "keyed group" : "group without a key");
+	if (rw_ipc_log_churn(srv))
+		rw_info("ipc client %u joined: group %s rank %u/%u node %u gpu %d (pid %d uid %d "
+			"gid %d, %s)", c->info.id, c->info.group, c->info.rank, c->info.world_size,
+			c->info.node, c->info.local_gpu, (int)c->info.pid, (int)c->info.uid,
+			(int)c->info.gid, g->keyed ? "keyed group" : "group without a key");
 	if (srv->ops.client_joined)
 		srv->ops.client_joined(srv->ctx, c);
 	return 0;
@@ -201,6 +203,26 @@ static uint32_t connections_of(const rw_ipc_server_t *srv, uid_t uid)
 	uint32_t n = 0;
 	for (const rw_ipc_client_t *c = srv->clients; c; c = c->next)
 		n += !c->dying && c->info.uid == uid;
+	return n;
+}
+
+/* At the per-uid limit: connections of uid that the process has closed already but whose end
+ * the loop has not read yet (it comes after this accept) are ended now, so a process that
+ * closes and reconnects at once is not refused for connections it no longer holds. */
+static uint32_t connections_held(rw_ipc_server_t *srv, uid_t uid)
+{
+	uint32_t n = connections_of(srv, uid);
+	if (n < srv->cfg.max_per_uid)
+		return n;
+	for (rw_ipc_client_t *c = srv->clients; c; c = c->next) {
+		if (c->dying || c->info.uid != uid)
+			continue;
+		struct pollfd pfd = { .fd = c->fd, .events = POLLIN | POLLRDHUP };
+		if (poll(&pfd, 1, 0) == 1 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+			ipc_client_kill(c, RW_IPC_LEFT_EOF, 0);
+			n--;
+		}
+	}
 	return n;
 }
 
@@ -261,7 +283,7 @@ rw_ipc_client_t *ipc_admit(rw_ipc_server_t *srv, int fd)
 		return NULL;
 	}
 	char why[RW_IPC_ERRMSG_MAX];
-	uint32_t held = connections_of(srv, cred.uid);
+	uint32_t held = connections_held(srv, cred.uid);
 	rw_ipc_client_t *c = NULL;
 	if (srv->nclients >= srv->cfg.max_clients)
 		snprintf(why, sizeof(why), "daemon client limit reached (%u connections)",
@@ -272,8 +294,9 @@ rw_ipc_client_t *ipc_admit(rw_ipc_server_t *srv, int fd)
 	else if (!(c = calloc(1, sizeof(*c))))
 		snprintf(why, sizeof(why), "daemon out of memory");
 	if (!c) {
-		rw_warn("ipc: refusing connection from pid %d uid %d gid %d: %s", (int)cred.pid,
-			(int)cred.uid, (int)cred.gid, why);
+		if (rw_ipc_log_churn(srv))
+			rw_warn("ipc: refusing connection from pid %d uid %d gid %d: %s",
+				(int)cred.pid, (int)cred.uid, (int)cred.gid, why);
 		if (srv->nclients < srv->cfg.max_clients && held >= srv->cfg.max_per_uid)
 			srv->stats.refused_uid++;
 		refuse(fd, RW_E_LIMIT, why);

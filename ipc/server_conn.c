@@ -61,11 +61,12 @@ int ipc_send_error(rw_ipc_client_t *c, uint32_t seq, int code, const char *why, 
 {
 	rw_ipc_server_t *srv = c->srv;
 	srv->stats.errors_sent++;
-	if (c->joined)
+	int log = rw_ipc_log_churn(srv); /* a refused hello per abandoned group, in bulk */
+	if (log && c->joined)
 		rw_warn("ipc client %u (group %s rank %u pid %d): %s: %s%s", c->info.id,
 			c->info.group, c->info.rank, (int)c->info.pid, rw_client_strerror(code), why,
 			fatal ? " (dropping it)" : "");
-	else
+	else if (log)
 		rw_warn("ipc client %u (pid %d uid %d): %s: %s%s", c->info.id, (int)c->info.pid,
 			(int)c->info.uid, rw_client_strerror(code), why,
 			fatal ? " (dropping it)" : "");
@@ -164,4 +165,10 @@ void rw_ipc_client_notice(rw_ipc_server_t *srv, rw_ipc_client_t *c, int code, co
 	do
 		n = send(c->fd, &err, sizeof(err), MSG_DONTWAIT | MSG_NOSIGNAL);
 	while (n < 0 && errno == EINTR);
+}
+
+int rw_ipc_log_churn(rw_ipc_server_t *srv)
+{
+	return rw_log_budget_take(&srv->churn_log, IPC_CHURN_LOG_PER_S,
+				  "ipc connect/join/leave/refusal");
 }

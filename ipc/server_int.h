@@ -19,6 +19,9 @@
 #include "ipc/proto.h"
 #include "ipc/ring.h"
 
+/* Lines a second for connects, joins, leaves and refusals: one local process that opens and
+ * abandons groups in a loop cannot fill the disk (rw_log_budget_t). */
+#define IPC_CHURN_LOG_PER_S 20
 #define MAX_BUFFER_SLOTS 256 /* buffer id = generation << 8 | slot */
 
 typedef struct buf_slot {
@@ -113,6 +116,7 @@ struct rw_ipc_server {
 	int cuda_state; /* 0 not tried, 1 ready, -1 unavailable */
 	rw_cuda_ipc_cache_t *cuda;
 	rw_ipc_server_stats_t stats;
+	rw_log_budget_t churn_log;    /* connect, join, leave and refusal lines (IPC_CHURN_LOG_PER_S) */
 	uint8_t key_salt[crypto_generichash_KEYBYTES]; /* random per server: keys the group hashes */
 };
 

@@ -252,6 +252,13 @@ static void rail_on_error(rw_rail_conn_t *conn, void *ctx, rw_status_t st)
 	}
 	char why[64];
 	snprintf(why, sizeof(why), "rail %u connection failed", mr->rail);
+	/* A peer that died closes its control connection with its rails; the rail's close may be
+	 * seen first. That is the peer's failure, not a rail's (no "retry on the other rails"). */
+	if (p->ctl && p->hello_ok && mesh_ctl_peer_closed(p->ctl)) {
+		snprintf(why, sizeof(why), "closed its control and rail %u connections", mr->rail);
+		mesh_peer_fail(p, RW_ERR_PEER, why);
+		return;
+	}
 	/* Rail health: a rail that fails while the control channel and another rail live (or that
 	 * was already down and failed to reconnect) takes only itself down. */
 	if (p->state == RW_SVC_PEER_UP && p->ctl && p->hello_ok && !p->failing &&
@@ -290,7 +297,8 @@ static void rail_on_write_done(rw_rail_conn_t *conn, void *ctx, void *write_ctx,
 	/* A failed write of a rail that is about to fail alone (its on_error follows): the executor
 	 * hears which rail it was before the write's error (rail health). */
 	if (st != RW_OK && mr->up && !mr->health.down && mr->peer->state == RW_SVC_PEER_UP &&
-	    mesh_rails_up(mr->peer) > 1 && m->cbs.rail_down)
+	    mesh_rails_up(mr->peer) > 1 && m->cbs.rail_down &&
+	    !(mr->peer->ctl && mesh_ctl_peer_closed(mr->peer->ctl))) /* the peer died: not the rail */
 		m->cbs.rail_down(m->ctx, mr->peer->idx, mr->rail, st);
 	mesh_busy_end(m, mr->rail);
 	mesh_rail_dev_sample(m, mr->rail);

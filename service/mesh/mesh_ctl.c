@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,6 +131,14 @@ int mesh_ctl_bye_pending(const mesh_ctl_t *c)
 		off += RW_WIRE_HDR_SIZE + (ssize_t)h.length;
 	}
 	return 0;
+}
+
+int mesh_ctl_peer_closed(const mesh_ctl_t *c)
+{
+	if (c->connecting)
+		return 0;
+	struct pollfd pfd = { .fd = c->fd, .events = POLLIN | POLLRDHUP };
+	return poll(&pfd, 1, 0) == 1 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
 /* One recv into buf[0..want) (want > 0). Returns the bytes received; 0 when nothing is there

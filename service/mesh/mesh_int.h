@@ -159,6 +159,9 @@ int mesh_ctl_flush(mesh_ctl_t *c);                     /* -1: write error */
 /* RW_ERR_AGAIN: more than CTL_TX_MAX queued; RW_ERR_NOMEM. */
 rw_status_t mesh_ctl_queue(mesh_ctl_t *c, uint16_t type, const uint8_t *payload, uint32_t len);
 int mesh_ctl_bye_pending(const mesh_ctl_t *c);
+/* The other side closed (or reset) the connection, whatever is still unread before the close:
+ * a rail that fails then is part of the peer's failure, not a rail's own. */
+int mesh_ctl_peer_closed(const mesh_ctl_t *c);
 /* Read what is there: 1 with a whole frame (*payload_p: its bytes, NULL when empty, owned by c
  * and valid until the next call or mesh_ctl_free); 0 when nothing more is there now; -1 when
  * the connection is finished (*st_p, *why_p). Before c->authed only a HELLO and an AUTH of
