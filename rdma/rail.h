@@ -74,6 +74,9 @@ typedef struct rw_rail_config {
 	                         * in a budget of their own that strangers cannot fill (copied
 	                         * at open; NULL: none). Others ignore it */
 	uint32_t n_members;
+	uint32_t copy_threads;  /* shm: threads copying the device's writes; 0 = enough for
+	                         * pace_bps at one thread's memcpy rate (4 unpaced). Others
+	                         * ignore it */
 } rw_rail_config_t;
 
 #define RW_RAIL_CAP_DMABUF (1u << 0)        /* reg_dmabuf can succeed on this device */

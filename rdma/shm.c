@@ -3,7 +3,7 @@
  * proved the cluster key (the same handshake as tcp: HELLO and HELLO_ACK carry proofs) asks for
  * a region's fd over the connection's control socket (abstract AF_UNIX, SOCK_SEQPACKET, named
  * after the rail's address and port) and maps it. A one-sided write is a memcpy into that
- * mapping by the writer's copier thread (shm_copy.c), then a descriptor published in the
+ * mapping by the writer's copier threads (shm_copy.c), then a descriptor published in the
  * writer's outbox with a release store; the target's loop reads it with acquire and reports the
  * arrival; the target's head store tells the writer its write is done (shm_priv.h names the
  * pairs; shm_conn.c is the connections' side). This file is the vtable, devices, regions,
@@ -30,6 +30,10 @@
 /* Bucket depth: two paced chunks or 50 µs at the rate, whichever is larger. */
 #define SHM_PACE_BURST_S 50e-6
 #define SHM_PACE_MIN_BURST (512u << 10)
+/* Copiers by default: the pace over what one thread's memcpy moved on the H200 machine
+ * (6-7 GB/s, docs/perf/shm.md), at most SHM_MAX_COPIERS; unpaced, SHM_UNPACED_COPIERS. */
+#define SHM_COPIER_BPS 6e9
+#define SHM_UNPACED_COPIERS 4
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
@@ -366,10 +370,20 @@ static rw_status_t shm_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loo
 	}
 	rw_list_init(&dev->conns);
 	rw_list_init(&dev->listeners);
+	unsigned copiers = cfg->copy_threads;
+	if (copiers == 0)
+		copiers = dev->pace_Bps > 0 ? (unsigned)(dev->pace_Bps / SHM_COPIER_BPS) + 1
+					    : SHM_UNPACED_COPIERS;
+	copiers = RW_MIN(copiers, SHM_MAX_COPIERS);
 	pthread_mutex_init(&dev->mu, NULL);
 	pthread_cond_init(&dev->work_cv, NULL);
 	pthread_cond_init(&dev->idle_cv, NULL);
-	if ((st = shm_copy_start(dev)) != RW_OK)
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* pace_wait's deadlines */
+	pthread_cond_init(&dev->pace_cv, &ca);
+	pthread_condattr_destroy(&ca);
+	if ((st = shm_copy_start(dev, copiers)) != RW_OK)
 		goto destroy_sync;
 	dev->base.caps.flags = RW_RAIL_CAP_ARRIVAL_WHERE | RW_RAIL_CAP_PROOF;
 	dev->base.caps.max_writes = dev->base.max_writes;
@@ -378,6 +392,7 @@ static rw_status_t shm_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loo
 	return RW_OK;
 
 destroy_sync:
+	pthread_cond_destroy(&dev->pace_cv);
 	pthread_cond_destroy(&dev->idle_cv);
 	pthread_cond_destroy(&dev->work_cv);
 	pthread_mutex_destroy(&dev->mu);
@@ -397,6 +412,7 @@ static void shm_dev_close(rw_rail_dev_t *base)
 	for (size_t i = 0; i < dev->nregions; i++)
 		region_unshare(dev, dev->regions[i]);
 	free(dev->regions);
+	pthread_cond_destroy(&dev->pace_cv);
 	pthread_cond_destroy(&dev->idle_cv);
 	pthread_cond_destroy(&dev->work_cv);
 	pthread_mutex_destroy(&dev->mu);

@@ -2,7 +2,7 @@
  * proofs, then each side's outbox), the control messages (region fds asked for and given,
  * dropped regions, doorbells), and the delivery of arrivals (we are the target) and completions
  * (we are the writer). shm.c (devices, regions, listeners, the vtable) calls this file, which
- * calls only shm_copy.c (the copier thread). rdma/shm_priv.h names the shared memory's
+ * calls only shm_copy.c (the copier threads). rdma/shm_priv.h names the shared memory's
  * acquire/release pairs. */
 #include <errno.h>
 #include <fcntl.h>

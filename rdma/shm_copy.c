@@ -1,11 +1,15 @@
-/* The `shm` rail transport's data path: one copier thread per device (a rail, like one NIC)
- * copies the bytes of posted writes into the peers' regions, chunk by chunk and connection by
- * connection in turn, then publishes each whole write in the connection's outbox (the release
- * half of pair (1), rdma/shm_priv.h) and rings the target's doorbell if it asked.
+/* The `shm` rail transport's data path: a device's copier threads (a rail, like one NIC with
+ * several DMA engines) copy the bytes of posted writes into the peers' regions. Work is handed
+ * out in chunks, connection by connection in turn, so several copiers can work on one write
+ * (or on consecutive writes of one connection) at once; a write is published in the
+ * connection's outbox only when all its chunks are in and every earlier write of the
+ * connection was published (the release half of pair (1), rdma/shm_priv.h), and the target's
+ * doorbell rings if it asked.
  *
- * Pacing (pace_bps) is a token bucket in bytes in this thread: a chunk is copied once the
- * bucket holds it; the bucket refills at the rate and holds at most pace_burst (an idle rail
- * saves up little), so a busy rail moves at the chosen NIC speed (docs/rdma.md "Rate pacing"). */
+ * Pacing (pace_bps) is one token bucket in bytes per device, under the device's mutex: a
+ * copier takes a chunk only while the bucket is not negative and charges it in full, so the
+ * copiers together move at the chosen NIC speed; the bucket refills at the rate and holds at
+ * most pace_burst (an idle rail saves up little) (docs/rdma.md "The shm transport"). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,8 +19,9 @@
 
 #include "rdma/shm_priv.h"
 
-/* Bytes copied per turn: a connection waits at most this long behind another one's write, and
- * shm_copy_detach waits for at most one such copy. Paced: smaller, so a turn is a few µs. */
+/* Bytes handed out per chunk: a connection waits at most this long behind another one's write,
+ * and shm_copy_detach waits for at most one such copy per copier. Paced: smaller, so a turn
+ * is a few µs at NIC speed. */
 #define SHM_CHUNK (1u << 20)
 #define SHM_PACE_CHUNK (256u << 10)
 #define SHM_THREAD_STACK (256u << 10)
@@ -27,11 +32,11 @@ void shm_copy_stats_sync(shm_dev_t *dev)
 	dev->base.stats.pace_waits = atomic_load(&dev->pace_waits);
 }
 
-/* Caller holds mu. */
+/* Put c on the work list when it has bytes to hand out. Caller holds mu. */
 static void work_push(shm_conn_t *c)
 {
 	shm_dev_t *dev = c->dev;
-	if (c->on_work || c->detached || c->blocked || c->tx_copied == c->tx_posted)
+	if (c->on_work || c->detached || c->blocked || c->tx_issue == c->tx_posted)
 		return;
 	c->on_work = 1;
 	c->work_next = NULL;
@@ -40,7 +45,7 @@ static void work_push(shm_conn_t *c)
 	else
 		dev->work_head = c;
 	dev->work_tail = c;
-	if (dev->copier_idle)
+	if (dev->n_idle)
 		pthread_cond_signal(&dev->work_cv);
 }
 
@@ -82,7 +87,7 @@ void shm_copy_kick(shm_conn_t *c)
 
 void shm_copy_wait_idle(shm_conn_t *c)
 {
-	while (c->dev->busy == c)
+	while (c->busy)
 		pthread_cond_wait(&c->dev->idle_cv, &c->dev->mu);
 }
 
@@ -95,7 +100,7 @@ void shm_copy_detach(shm_conn_t *c)
 	pthread_mutex_unlock(&c->dev->mu);
 }
 
-/* ---- pacing ----------------------------------------------------------------------------- */
+/* ---- pacing (under mu) ------------------------------------------------------------------- */
 
 static void pace_refill(shm_dev_t *dev)
 {
@@ -106,138 +111,164 @@ static void pace_refill(shm_dev_t *dev)
 	dev->pace_last_ns = now;
 }
 
-/* Wait until the bucket holds `want` bytes (want <= pace_burst). Sleeps without mu; a stop
- * ends the wait at the next wake-up (at most one chunk's time at the rate). */
-static void pace_wait(shm_dev_t *dev, uint64_t want)
+/* The bucket is in debt: sleep (without mu) until it is paid back, or a stop. */
+static void pace_wait(shm_dev_t *dev)
 {
-	int waited = 0;
-	for (;;) {
-		pace_refill(dev);
-		if (dev->pace_tokens >= (double)want || dev->stop)
-			break;
-		waited = 1;
-		uint64_t ns = (uint64_t)(((double)want - dev->pace_tokens) / dev->pace_Bps * 1e9) + 1;
-		struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000u),
-				      .tv_nsec = (long)(ns % 1000000000u)};
-		while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-			;
-	}
-	if (waited)
-		atomic_fetch_add(&dev->pace_waits, 1);
+	uint64_t ns = (uint64_t)(-dev->pace_tokens / dev->pace_Bps * 1e9) + 1;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	ns += (uint64_t)ts.tv_nsec;
+	ts.tv_sec += (time_t)(ns / 1000000000u);
+	ts.tv_nsec = (long)(ns % 1000000000u);
+	atomic_fetch_add(&dev->pace_waits, 1);
+	pthread_cond_timedwait(&dev->pace_cv, &dev->mu, &ts);
 }
 
-/* ---- the copier ----------------------------------------------------------------------------- */
+/* ---- the copiers ----------------------------------------------------------------------------- */
 
-/* Publish the connection's next write (its bytes are in place); returns 1 when the target
- * asked for a doorbell. Caller holds mu. */
-static int publish(shm_conn_t *c, const shm_tx_t *t)
+/* Publish c's writes whose bytes are all in, in posting order; returns 1 when the target asked
+ * for a doorbell. Caller holds mu; c is not detached (its outbox is mapped). */
+static int publish(shm_conn_t *c)
 {
-	shm_entry_t *e = &c->out->entries[c->tx_copied & c->out_mask];
-	*e = (shm_entry_t){.key = t->key, .offset = t->remote_offset, .length = t->length,
-			   .imm = t->imm};
-	c->tx_copied++;
-	/* Pair (1), release: the bytes and the entry before tail. */
+	uint64_t from = c->tx_copied;
+	while (c->tx_copied < c->tx_issue) {
+		const shm_tx_t *t = &c->tx[c->tx_copied & c->out_mask];
+		if (t->done != t->length)
+			break;
+		c->out->entries[c->tx_copied & c->out_mask] = (shm_entry_t){
+			.key = t->key, .offset = t->remote_offset, .length = t->length, .imm = t->imm};
+		c->tx_copied++;
+	}
+	if (c->tx_copied == from)
+		return 0;
+	/* Pair (1), release: the bytes and the entries before tail. */
 	atomic_store_explicit(&c->out->tail, c->tx_copied, memory_order_release);
 	atomic_thread_fence(memory_order_seq_cst); /* tail before rx_armed (doorbell pair) */
 	return atomic_exchange(&c->out->rx_armed, 0) != 0;
+}
+
+/* A chunk handed out: where to copy what. */
+typedef struct chunk {
+	shm_conn_t *c;
+	shm_tx_t *t;
+	uint8_t *dst;       /* NULL: no copy (an empty write, or a region the target dropped) */
+	const uint8_t *src;
+	uint64_t n;
+} chunk_t;
+
+/* Hand out c's next chunk (c popped off the work list; it goes back if more is left), or
+ * return 0 when its next write waits for the region's fd. Caller holds mu. */
+static int chunk_take(shm_conn_t *c, uint64_t max, chunk_t *k)
+{
+	shm_tx_t *t = &c->tx[c->tx_issue & c->out_mask];
+	const shm_map_t *m = t->length ? shm_map_find(c, t->key) : NULL;
+	if (m && m->state == SHM_MAP_ASKED) {
+		c->blocked = 1; /* the loop kicks it again when KEY or NO_KEY comes */
+		return 0;
+	}
+	const uint64_t off = c->issue_off;
+	*k = (chunk_t){.c = c, .t = t, .n = RW_MIN(max, t->length - off),
+		       .src = (const uint8_t *)t->local->addr + t->local_offset + off};
+	if (m && m->state == SHM_MAP_READY &&
+	    rw_rail_range_check(m->length, t->remote_offset, t->length) == RW_OK)
+		k->dst = m->addr + t->remote_offset + off;
+	/* else: the target has no such region (any more); the entry goes out without a copy
+	 * and the target refuses it (RW_ERR_PROTO on its side, as on tcp). */
+	c->issue_off += k->n;
+	if (c->issue_off == t->length) {
+		c->tx_issue++;
+		c->issue_off = 0;
+	}
+	c->busy++;
+	work_push(c);
+	return 1;
+}
+
+/* The chunk is in: publish what is complete, ring, and let a detach go on. Caller holds mu. */
+static void chunk_done(shm_dev_t *dev, const chunk_t *k)
+{
+	shm_conn_t *c = k->c;
+	k->t->done += k->n;
+	if (!c->detached && publish(c)) {
+		uint8_t raw[SHM_MSG_SIZE];
+		shm_msg_encode(&(shm_msg_t){.type = SHM_TAIL}, raw);
+		pthread_mutex_unlock(&dev->mu);
+		/* Non-blocking: a full socket means the target has unread messages and will look at
+		 * tail after reading them; a dead one is the loop's to find. c->busy keeps the
+		 * socket open meanwhile. */
+		send(c->fd, raw, sizeof(raw), MSG_DONTWAIT | MSG_NOSIGNAL);
+		pthread_mutex_lock(&dev->mu);
+	}
+	if (--c->busy == 0)
+		pthread_cond_broadcast(&dev->idle_cv);
 }
 
 static void *copier_main(void *arg)
 {
 	shm_dev_t *dev = arg;
 	const int paced = dev->pace_Bps > 0;
-	const uint64_t chunk = paced ? SHM_PACE_CHUNK : SHM_CHUNK;
-	prctl(PR_SET_TIMERSLACK, 1000UL); /* pacing sleeps of a few µs */
+	const uint64_t max = paced ? SHM_PACE_CHUNK : SHM_CHUNK;
+	prctl(PR_SET_TIMERSLACK, 1000UL); /* pacing waits of a few µs */
 	pthread_mutex_lock(&dev->mu);
-	for (;;) {
-		while (!dev->stop && !dev->work_head) {
-			dev->copier_idle = 1;
+	while (!dev->stop) {
+		if (!dev->work_head) {
+			dev->n_idle++;
 			pthread_cond_wait(&dev->work_cv, &dev->mu);
-			dev->copier_idle = 0;
-			if (paced)
-				pace_refill(dev); /* an idle rail saves up at most a burst */
-		}
-		if (dev->stop)
-			break;
-		if (paced) { /* for the next turn's bytes (the head's, if it is still the head) */
-			const shm_conn_t *h = dev->work_head;
-			const shm_tx_t *ht = &h->tx[h->tx_copied & h->out_mask];
-			uint64_t want = RW_MIN(chunk, ht->length - ht->copied);
-			pthread_mutex_unlock(&dev->mu);
-			if (want)
-				pace_wait(dev, want);
-			pthread_mutex_lock(&dev->mu);
-		}
-		shm_conn_t *c = work_pop(dev);
-		if (!c)
-			continue;
-		shm_tx_t *t = &c->tx[c->tx_copied & c->out_mask];
-		const shm_map_t *m = t->length ? shm_map_find(c, t->key) : NULL;
-		if (m && m->state == SHM_MAP_ASKED) {
-			c->blocked = 1; /* the loop kicks it again when KEY or NO_KEY comes */
+			dev->n_idle--;
 			continue;
 		}
-		uint64_t n = RW_MIN(chunk, t->length - t->copied);
-		uint8_t *dst = NULL;
-		const uint8_t *src = (const uint8_t *)t->local->addr + t->local_offset + t->copied;
-		if (m && m->state == SHM_MAP_READY &&
-		    rw_rail_range_check(m->length, t->remote_offset, t->length) == RW_OK)
-			dst = m->addr + t->remote_offset + t->copied;
-		/* else: the target has no such region (any more); the entry goes out without a
-		 * copy and the target refuses it (RW_ERR_PROTO on its side, as on tcp). */
-		dev->busy = c;
-		pthread_mutex_unlock(&dev->mu);
-		if (dst && n)
-			memcpy(dst, src, n);
+		if (paced) {
+			pace_refill(dev);
+			if (dev->pace_tokens < 0) {
+				pace_wait(dev);
+				continue;
+			}
+		}
+		chunk_t k;
+		if (!chunk_take(work_pop(dev), max, &k))
+			continue;
 		if (paced)
-			dev->pace_tokens -= (double)n;
-		atomic_fetch_add(&dev->tx_bytes, n);
+			dev->pace_tokens -= (double)k.n;
+		pthread_mutex_unlock(&dev->mu);
+		if (k.dst && k.n)
+			memcpy(k.dst, k.src, k.n);
+		atomic_fetch_add(&dev->tx_bytes, k.n);
 		pthread_mutex_lock(&dev->mu);
-		int bell = 0;
-		t->copied += n;
-		if (!c->detached && t->copied == t->length)
-			bell = publish(c, t);
-		if (bell) {
-			uint8_t raw[SHM_MSG_SIZE];
-			shm_msg_encode(&(shm_msg_t){.type = SHM_TAIL}, raw);
-			pthread_mutex_unlock(&dev->mu);
-			/* Non-blocking: a full socket means the target has unread messages and will
-			 * look at tail after reading them; a dead one is the loop's to find. */
-			send(c->fd, raw, sizeof(raw), MSG_DONTWAIT | MSG_NOSIGNAL);
-			pthread_mutex_lock(&dev->mu);
-		}
-		dev->busy = NULL;
-		pthread_cond_broadcast(&dev->idle_cv);
-		work_push(c);
+		chunk_done(dev, &k);
 	}
 	pthread_mutex_unlock(&dev->mu);
 	return NULL;
 }
 
-rw_status_t shm_copy_start(shm_dev_t *dev)
+rw_status_t shm_copy_start(shm_dev_t *dev, unsigned n)
 {
 	pthread_attr_t attr;
 	pthread_attr_init(&attr);
 	pthread_attr_setstacksize(&attr, SHM_THREAD_STACK);
-	int rc = pthread_create(&dev->copier, &attr, copier_main, dev);
+	int rc = 0;
+	for (dev->n_copiers = 0; dev->n_copiers < n && rc == 0; dev->n_copiers++) {
+		rc = pthread_create(&dev->copiers[dev->n_copiers], &attr, copier_main, dev);
+		if (rc != 0)
+			break;
+	}
 	pthread_attr_destroy(&attr);
 	if (rc != 0) {
+		shm_copy_stop(dev);
 		errno = rc;
-		rw_err("rail %u: cannot start the shm copier thread: %m", dev->base.rail);
+		rw_err("rail %u: cannot start the shm copier threads: %m", dev->base.rail);
 		return rc == EAGAIN ? RW_ERR_NOMEM : RW_ERR_SYS;
 	}
-	dev->copier_running = 1;
 	return RW_OK;
 }
 
 void shm_copy_stop(shm_dev_t *dev)
 {
-	if (!dev->copier_running)
-		return;
 	pthread_mutex_lock(&dev->mu);
 	dev->stop = 1;
-	pthread_cond_signal(&dev->work_cv);
+	pthread_cond_broadcast(&dev->work_cv);
+	pthread_cond_broadcast(&dev->pace_cv);
 	pthread_mutex_unlock(&dev->mu);
-	pthread_join(dev->copier, NULL);
-	dev->copier_running = 0;
+	for (unsigned i = 0; i < dev->n_copiers; i++)
+		pthread_join(dev->copiers[i], NULL);
+	dev->n_copiers = 0;
 }

@@ -11,8 +11,9 @@
  *    (KEY_REQ) over the connection's control socket, only once the handshake proved the key;
  *  - a connection's outbox, one per direction, made by the writer: a ring of write descriptors
  *    (shm_ring_t) that the writer fills and the target reads.
- * Locks: dev->mu guards the copier's work list and each connection's copy state (tx_copied,
- * maps, on_work, blocked, detached) and dev->busy; nothing blocking is done under it. */
+ * Locks: dev->mu guards the copiers' work list, the pacing bucket and each connection's copy
+ * state (tx_copied, tx_issue, busy, maps, on_work, blocked, detached, each write's done);
+ * nothing blocking is done under it. */
 #ifndef RW_RDMA_SHM_PRIV_H
 #define RW_RDMA_SHM_PRIV_H
 
@@ -28,6 +29,7 @@
 #define SHM_DEFAULT_MAX_WRITES 1024
 #define SHM_MAX_WRITE_LENGTH (1ull << 30)
 #define SHM_RING_MAX (1u << 20) /* outbox entries a peer may offer */
+#define SHM_MAX_COPIERS 8       /* copier threads per device (rw_rail_config_t.copy_threads) */
 
 /* ---- control messages: one SOCK_SEQPACKET message each, 64 bytes, little-endian -----------
  *   0 u32 magic   4 u8 version   5 u8 type   6 u16 0   8 u64 a   16 u64 b   24 u64 0
@@ -140,15 +142,16 @@ typedef struct shm_dev {
 	shm_region_t **regions;     /* loop thread only */
 	size_t nregions, cap_regions;
 
-	/* The copier (shm_copy.c) and what it shares with the loop, under mu. */
+	/* The copiers (shm_copy.c) and what they share with the loop, under mu. */
 	pthread_mutex_t mu;
-	pthread_cond_t work_cv;     /* copier: work arrived or stop */
-	pthread_cond_t idle_cv;     /* loop: the copier left a connection (busy changed) */
-	shm_conn_t *work_head, *work_tail; /* connections with bytes to copy, round robin */
-	shm_conn_t *busy;           /* the connection the copier works on outside mu */
-	int stop, copier_idle, copier_running;
-	pthread_t copier;
-	/* Pacing (copier only; pace_Bps == 0: off): a token bucket in bytes. */
+	pthread_cond_t work_cv;     /* copiers: work arrived or stop */
+	pthread_cond_t idle_cv;     /* loop: a connection's last chunk in flight finished */
+	pthread_cond_t pace_cv;     /* copiers waiting for the bucket (CLOCK_MONOTONIC), or stop */
+	shm_conn_t *work_head, *work_tail; /* connections with bytes to hand out, round robin */
+	int stop;
+	unsigned n_copiers, n_idle; /* threads started; threads waiting for work */
+	pthread_t copiers[SHM_MAX_COPIERS];
+	/* Pacing (pace_Bps == 0: off): a token bucket in bytes, under mu. */
 	double pace_Bps, pace_tokens, pace_burst;
 	uint64_t pace_last_ns;
 	_Atomic uint64_t tx_bytes, pace_waits; /* copied into base.stats on the loop */
@@ -180,7 +183,8 @@ static inline shm_map_t *shm_map_find(shm_conn_t *c, uint64_t key);
 
 typedef struct shm_tx {
 	const rw_rail_region_t *local;
-	uint64_t local_offset, length, key, remote_offset, copied;
+	uint64_t local_offset, length, key, remote_offset;
+	uint64_t done;           /* bytes copied (dev->mu): published once all, in order */
 	uint32_t imm;
 	void *ctx;
 } shm_tx_t;
@@ -213,8 +217,10 @@ struct shm_conn {
 	shm_tx_t *tx;
 	uint64_t tx_posted, tx_acked;
 
-	/* ---- under dev->mu (copier and loop) ---- */
-	uint64_t tx_copied;      /* published into out->tail */
+	/* ---- under dev->mu (copiers and loop) ---- */
+	uint64_t tx_copied;      /* published into out->tail (<= tx_issue <= tx_posted) */
+	uint64_t tx_issue, issue_off; /* the next chunk to hand out: write, offset in it */
+	unsigned busy;           /* chunks of this connection being copied now */
 	shm_map_t *maps;         /* the peer's regions we know of */
 	size_t nmaps, cap_maps;
 	int on_work, blocked, detached;
@@ -258,18 +264,19 @@ int shm_msg_send(int sock, const shm_msg_t *m, int fd);
 /* A memfd of `bytes`, sealed against any change of size; -1 with errno. */
 int shm_memfd_sealed(const char *name, uint64_t bytes);
 
-/* shm_copy.c: the device's copier thread. */
-/* Start it (dev_open). RW_ERR_NOMEM/RW_ERR_SYS when the thread cannot start. */
-rw_status_t shm_copy_start(shm_dev_t *dev);
-/* Stop and join it (dev_close), after every connection was detached. */
+/* shm_copy.c: the device's copier threads. */
+/* Start n of them (dev_open). RW_ERR_NOMEM/RW_ERR_SYS when one cannot start (none is left). */
+rw_status_t shm_copy_start(shm_dev_t *dev, unsigned n);
+/* Stop and join them (dev_close), after every connection was detached. */
 void shm_copy_stop(shm_dev_t *dev);
 /* The connection has writes to copy (posted, or unblocked): put it on the work list. */
 void shm_copy_kick(shm_conn_t *c);
-/* Take the connection off the work list and wait until the copier does not touch it (at most
- * one chunk's copy): afterwards nothing of the copier reads its regions, writes its peer's
- * mappings or uses its socket. Loop thread. */
+/* Take the connection off the work list and wait until no copier touches it (at most one
+ * chunk's copy per copier): afterwards nothing of the copiers reads its regions, writes its
+ * peer's mappings or uses its socket. Loop thread. */
 void shm_copy_detach(shm_conn_t *c);
-/* Wait until the copier does not work on c (a mapping of c is about to go). Caller holds mu. */
+/* Wait until no chunk of c is being copied (a mapping of c is about to go). Caller holds mu;
+ * chunks handed out after it returns see what the caller changes before unlocking. */
 void shm_copy_wait_idle(shm_conn_t *c);
 /* Copy the copier's counters into dev->base.stats (loop thread). */
 void shm_copy_stats_sync(shm_dev_t *dev);

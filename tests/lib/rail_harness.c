@@ -260,8 +260,10 @@ rw_status_t ep_open(endpoint_t *ep, struct ev_loop *loop, const char *local,
 	memset(ep, 0, sizeof(*ep));
 	ep->loop = loop;
 	ep->post_limit = UINT64_MAX;
+	/* Several copiers (shm; others ignore it), paced too: chunks of one connection's writes
+	 * land out of order and must still be published, and reported, in posting order. */
 	rw_rail_config_t cfg = {.transport = opt.transport, .local = local, .rail = opt.rail,
-				.max_writes = max_writes, .pace_bps = pace_bps};
+				.max_writes = max_writes, .pace_bps = pace_bps, .copy_threads = 3};
 	return rw_rail_dev_open(&cfg, loop, &ep->dev);
 }
 
