@@ -111,4 +111,10 @@ rw_status_t rw_cuda_route_count(rw_cuda_stream_t *s, rw_cuda_dptr_t i, uint32_t 
 	(void)s; (void)i; (void)n; (void)k; (void)e; (void)nodes; (void)rails; (void)rail; (void)row; (void)bad;
 	return RW_NO_CUDA;
 }
+rw_status_t rw_cuda_ext_stream_of(rw_cuda_stream_t *s, rw_cuda_ext_stream_t *e) { (void)s; (void)e; return RW_NO_CUDA; }
+int rw_cuda_words_supported(int d) { (void)d; return 0; }
+rw_status_t rw_cuda_word_write(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_t a, uint64_t v)
+{ (void)s; (void)a; (void)v; return RW_NO_CUDA; }
+rw_status_t rw_cuda_word_wait(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_t a, uint64_t v)
+{ (void)s; (void)a; (void)v; return RW_NO_CUDA; }
 #endif /* !RW_HAVE_CUDA_H */

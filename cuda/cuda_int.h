@@ -34,7 +34,7 @@
 	X(cuEventCreate) X(cuEventRecord) X(cuEventDestroy) X(cuIpcGetEventHandle) \
 	X(cuIpcOpenEventHandle) X(cuStreamWaitEvent) X(cuStreamWriteValue32) X(cuStreamWaitValue32) \
 	X(cuEventSynchronize) X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess) \
-	X(cuFlushGPUDirectRDMAWrites)
+	X(cuFlushGPUDirectRDMAWrites) X(cuStreamWriteValue64) X(cuStreamWaitValue64)
 
 #define RW_CU_STR_(x) #x
 #define RW_CU_NAME(x) RW_CU_STR_(x) /* expands the cuda.h version macro first */
@@ -83,6 +83,11 @@ rw_status_t rw_cu_status(CUresult res);
 
 /* The CUstream behind a stream (cuda/stream.c), for kernel launches. */
 CUstream rw_cu_stream_handle(rw_cuda_stream_t *s);
+
+/* A stream memory operation (cuda/words.c): write `value` into, or wait until GEQ, the `bits`
+ * (32 or 64) word at addr on stream h of `device`. RW_ERR_INVAL: addr 0, unaligned, or refused. */
+rw_status_t rw_cu_value_op(int device, CUstream h, rw_cuda_dptr_t addr, uint64_t value, int bits,
+			   int wait);
 
 /* Load the embedded kernels into the device's context (caller holds nothing); 0 ok, -1 absent.
  * rw_cuda_shutdown (cuda/driver.c) unloads them with the context. */

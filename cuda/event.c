@@ -2,8 +2,9 @@
  * IPC events a trainer records after producing a submission's inputs and the daemon's streams
  * wait on, and 32-bit flags in device memory the daemon writes on its stream after the outputs
  * (cuStreamWriteValue32) and a trainer's stream waits on (cuStreamWaitValue32), so dispatch ->
- * experts -> combine can be enqueued without a host synchronization. Every entry point here is
- * optional in the driver table: absent, the call answers RW_ERR_UNSUPPORTED. */
+ * experts -> combine can be enqueued without a host synchronization (the value operations
+ * themselves: cuda/words.c). Every entry point here is optional in the driver table: absent, the
+ * call answers RW_ERR_UNSUPPORTED. */
 #include "cuda/cuda_int.h"
 
 #if RW_HAVE_CUDA_H
@@ -124,28 +125,13 @@ rw_status_t rw_cuda_stream_wait_event(rw_cuda_stream_t *s, rw_cuda_event_t *e)
 	return res == CUDA_SUCCESS ? RW_OK : rw_cu_fail(res, "cuStreamWaitEvent");
 }
 
-/* cuStreamWriteValue32 (wait 0) or cuStreamWaitValue32 with GEQ (wait 1). */
-static rw_status_t value_op(rw_cuda_stream_t *s, rw_cuda_dptr_t addr, uint32_t value, int wait)
-{
-	if (!(wait ? (void *)rw_cu.cuStreamWaitValue32 : (void *)rw_cu.cuStreamWriteValue32))
-		return RW_ERR_UNSUPPORTED;
-	rw_status_t st = rw_cu_enter(rw_cuda_stream_device(s));
-	if (st != RW_OK)
-		return st;
-	CUstream h = rw_cu_stream_handle(s);
-	CUresult res = wait ? rw_cu.cuStreamWaitValue32(h, (CUdeviceptr)addr, value, CU_STREAM_WAIT_VALUE_GEQ)
-			    : rw_cu.cuStreamWriteValue32(h, (CUdeviceptr)addr, value, CU_STREAM_WRITE_VALUE_DEFAULT);
-	return res == CUDA_SUCCESS ? RW_OK
-				   : rw_cu_fail(res, wait ? "cuStreamWaitValue32" : "cuStreamWriteValue32");
-}
-
 rw_status_t rw_cuda_stream_write_u32(rw_cuda_stream_t *s, rw_cuda_dptr_t addr, uint32_t value)
 {
-	return value_op(s, addr, value, 0);
+	return rw_cu_value_op(rw_cuda_stream_device(s), rw_cu_stream_handle(s), addr, value, 32, 0);
 }
 
 rw_status_t rw_cuda_stream_wait_u32(rw_cuda_stream_t *s, rw_cuda_dptr_t addr, uint32_t value)
 {
-	return value_op(s, addr, value, 1);
+	return rw_cu_value_op(rw_cuda_stream_device(s), rw_cu_stream_handle(s), addr, value, 32, 1);
 }
 #endif /* RW_HAVE_CUDA_H */

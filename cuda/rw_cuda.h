@@ -335,4 +335,31 @@ rw_status_t rw_cuda_write_u32(int device, rw_cuda_dptr_t addr, uint32_t value);
 /* Block until the event's most recent record (as of this call) has completed. */
 rw_status_t rw_cuda_event_sync(rw_cuda_event_t *ev);
 
+/* ---- words on a stream: the rank path's hand-offs (cuda/words.c; docs/rankpath.md) ----------- */
+
+/* A stream librailwave enqueues on and never owns: the caller's (a CUstream as an integer, as
+ * torch.cuda.Stream.cuda_stream gives it; 0 is the legacy stream) on `device`. */
+typedef struct rw_cuda_ext_stream {
+	int device;
+	uint64_t handle;
+} rw_cuda_ext_stream_t;
+
+/* One of our streams, seen as a caller's (tests, tools). */
+rw_status_t rw_cuda_ext_stream_of(rw_cuda_stream_t *stream, rw_cuda_ext_stream_t *ext_p);
+
+/* 1 if `device` runs 64-bit stream memory operations (the entry points are there and
+ * CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS says yes), else 0. */
+int rw_cuda_words_supported(int device);
+
+/* Both enqueue and return at once; neither blocks the host. `addr` is an 8-byte aligned word in
+ * device memory or in host memory mapped with rw_cuda_host_register_mapped (its *dptr_p).
+ * Write: `value` lands once the stream's earlier work is done, after a memory barrier, so a
+ * reader that sees it (load-acquire) sees everything the stream wrote before it.
+ * Wait: the stream's later work starts once (int64_t)(*addr - value) >= 0 (cyclic GEQ), whoever
+ * writes the word — another stream, another process's stream, or a CPU store.
+ * RW_ERR_INVAL: addr 0, unaligned, or not memory the device can reach; RW_ERR_UNSUPPORTED: the
+ * driver lacks the operation (rw_cuda_words_supported says 0). */
+rw_status_t rw_cuda_word_write(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_t addr, uint64_t value);
+rw_status_t rw_cuda_word_wait(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_t addr, uint64_t value);
+
 #endif /* RW_CUDA_H */

@@ -5,8 +5,8 @@
  * What differs between them (allocation, IPC handles, pointer lookup, streams) stays in each.
  * The stream work queue ($RW_FAKE_CUDA_LAG_MS: a slow GPU) is here too (fake_cuda_base.h), and
  * stream order across processes: interprocess events (a shared page of two counters, opened by
- * another process through /proc/<pid>/fd) and 32-bit stream memory operations, all as stream
- * work, so a wait holds every later item of its stream as a GPU's would. */
+ * another process through /proc/<pid>/fd) and 32- and 64-bit stream memory operations, all as
+ * stream work, so a wait holds every later item of its stream as a GPU's would, and no other. */
 #include "config.h"
 
 #if RW_HAVE_CUDA_H
@@ -129,14 +129,22 @@ void rw_fake_cuda_stream_destroy(void *s)
 	free(q);
 }
 
-void rw_fake_cuda_submit(const void *s, rw_fake_work_fn fn, const void *arg, size_t len)
+/* Run fn(arg) as the stream's next item: at once on this thread when there is no lag, nothing is
+ * queued on the stream and `hold` (if given) is already satisfied; else queued behind what is. */
+static void submit(const void *s, rw_fake_work_fn fn, const void *arg, size_t len,
+		   int (*hold)(const void *))
 {
-	if (lag() <= 0 || len > sizeof(legacy.queue[0].arg)) {
+	if (len > sizeof(legacy.queue[0].arg)) {
 		fn(arg);
 		return;
 	}
 	pthread_mutex_lock(&q_mu);
 	struct rw_fake_stream *q = stream_find(s);
+	if (lag() <= 0 && q->head == q->tail && (!hold || hold(arg))) {
+		pthread_mutex_unlock(&q_mu);
+		fn(arg);
+		return;
+	}
 	if (!q->worker_up) {
 		if (pthread_create(&q->thread, NULL, worker, q) != 0) {
 			pthread_mutex_unlock(&q_mu);
@@ -154,6 +162,11 @@ void rw_fake_cuda_submit(const void *s, rw_fake_work_fn fn, const void *arg, siz
 	q->tail++;
 	pthread_cond_signal(&q->more);
 	pthread_mutex_unlock(&q_mu);
+}
+
+void rw_fake_cuda_submit(const void *s, rw_fake_work_fn fn, const void *arg, size_t len)
+{
+	submit(s, fn, arg, len, NULL);
 }
 
 unsigned rw_fake_cuda_busy(const void *s)
@@ -179,6 +192,21 @@ unsigned rw_fake_cuda_drain(const void *s)
 	}
 	pthread_mutex_unlock(&q_mu);
 	return n;
+}
+
+struct host_fn_args {
+	CUhostFn fn;
+	void *arg;
+};
+static void host_fn_run(const void *a)
+{
+	const struct host_fn_args *h = a;
+	h->fn(h->arg);
+}
+void rw_fake_cuda_host_fn(const void *stream, CUhostFn fn, void *arg)
+{
+	struct host_fn_args h = { fn, arg };
+	rw_fake_cuda_submit(stream, host_fn_run, &h, sizeof(h));
 }
 
 /* ---- the driver ---- */
@@ -228,10 +256,13 @@ CUresult CUDAAPI cuDeviceGetUuid(CUuuid *u, CUdevice d)
 CUresult CUDAAPI cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d)
 {
 	(void)d;
-	/* dmabuf export only with RW_FAKE_CUDA_DMABUF=1; every other attribute asked is 0 (the
-	 * GPUDirect write ordering among them: NONE, so a reader must flush) */
+	/* dmabuf export only with RW_FAKE_CUDA_DMABUF=1; 64-bit stream memory operations yes; every
+	 * other attribute asked is 0 (the GPUDirect write ordering among them: NONE, so a reader
+	 * must flush) */
 	const char *dmabuf = getenv("RW_FAKE_CUDA_DMABUF");
 	*v = a == CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED && dmabuf && strcmp(dmabuf, "1") == 0;
+	if (a == CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS) /* as every GPU since Volta */
+		*v = 1;
 	return CUDA_SUCCESS;
 }
 
@@ -383,8 +414,10 @@ CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstr
  * and enqueues "hold the stream until done >= n". A value write enqueues the store; a value
  * wait enqueues "hold until (int32_t)(*addr - v) >= 0". Holds give up after
  * $RW_FAKE_CUDA_WAIT_S (default 20) seconds with a line on stderr, so a broken test fails
- * instead of hanging. Without the lag, stream work runs on the calling thread: a wait then
- * blocks the caller, as a synchronizing GPU would. */
+ * instead of hanging. Without the lag, stream work runs on the calling thread while its stream
+ * has nothing queued; a wait that is not yet satisfied is queued instead (the call returns at
+ * once, as the driver's does) and every later item of that stream queues behind it until the
+ * queue is empty again. */
 struct fake_event_page {
 	_Atomic unsigned long long recorded, done;
 };
@@ -521,7 +554,7 @@ CUresult CUDAAPI cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags)
 {
 	(void)flags;
 	struct ev_args r = { e->pg, atomic_load(&e->pg->recorded) };
-	rw_fake_cuda_submit(s, event_wait_run, &r, sizeof(r));
+	submit(s, event_wait_run, &r, sizeof(r), event_ready);
 	return CUDA_SUCCESS;
 }
 
@@ -532,39 +565,73 @@ CUresult CUDAAPI cuEventSynchronize(CUevent e)
 								 : CUDA_SUCCESS;
 }
 
+/* Stream memory operations, 32 and 64 bits. The driver takes device memory, or host memory that
+ * was page-locked and mapped (cuMemHostRegister / cuMemHostAlloc), at an address aligned to the
+ * word; anything else is CUDA_ERROR_INVALID_VALUE at the call, as here. */
 struct value_args {
-	_Atomic uint32_t *addr;
-	uint32_t v;
+	void *addr;
+	uint64_t v;
+	int bits;
 };
 static void value_write_run(const void *a)
 {
 	const struct value_args *w = a;
-	atomic_store(w->addr, w->v);
+	if (w->bits == 32)
+		atomic_store((_Atomic uint32_t *)w->addr, (uint32_t)w->v);
+	else
+		atomic_store((_Atomic uint64_t *)w->addr, w->v);
 }
 static int value_ready(const void *a)
 {
 	const struct value_args *w = a;
-	return (int32_t)(atomic_load(w->addr) - w->v) >= 0;
+	if (w->bits == 32)
+		return (int32_t)(atomic_load((_Atomic uint32_t *)w->addr) - (uint32_t)w->v) >= 0;
+	return (int64_t)(atomic_load((_Atomic uint64_t *)w->addr) - w->v) >= 0;
 }
 static void value_wait_run(const void *a)
 {
-	hold_until(value_ready, a, "cuStreamWaitValue32");
+	const struct value_args *w = a;
+	hold_until(value_ready, a, w->bits == 32 ? "cuStreamWaitValue32" : "cuStreamWaitValue64");
+}
+
+/* Whether the device reaches [p, p + n) as device memory: each stand-in's own allocations and
+ * IPC mappings (a strong definition in its file); this default takes every address for one. */
+__attribute__((weak)) int rw_fake_cuda_is_device_mem(uintptr_t p, size_t n);
+__attribute__((weak)) int rw_fake_cuda_is_device_mem(uintptr_t p, size_t n)
+{
+	(void)p; (void)n;
+	return 1;
+}
+
+static CUresult value_op(CUstream s, CUdeviceptr addr, uint64_t v, int bits, int wait,
+			 unsigned int flags)
+{
+	const uintptr_t p = (uintptr_t)addr;
+	const size_t n = (size_t)bits / 8;
+	if (p == 0 || p % n != 0 || !(rw_fake_cuda_is_device_mem(p, n) || pinned_at(p, n)))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (wait && (flags & ~(unsigned)CU_STREAM_WAIT_VALUE_FLUSH) != CU_STREAM_WAIT_VALUE_GEQ)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	struct value_args w = { (void *)p, v, bits };
+	/* A wait returns at once, as the driver's: only later work of its own stream is held. */
+	submit(s, wait ? value_wait_run : value_write_run, &w, sizeof(w), wait ? value_ready : NULL);
+	return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuStreamWriteValue32(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
 {
-	(void)flags;
-	struct value_args w = { (_Atomic uint32_t *)(uintptr_t)addr, value };
-	rw_fake_cuda_submit(s, value_write_run, &w, sizeof(w));
-	return CUDA_SUCCESS;
+	return value_op(s, addr, value, 32, 0, flags);
 }
-
 CUresult CUDAAPI cuStreamWaitValue32(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
 {
-	if (flags != CU_STREAM_WAIT_VALUE_GEQ)
-		return CUDA_ERROR_NOT_SUPPORTED;
-	struct value_args w = { (_Atomic uint32_t *)(uintptr_t)addr, value };
-	rw_fake_cuda_submit(s, value_wait_run, &w, sizeof(w));
-	return CUDA_SUCCESS;
+	return value_op(s, addr, value, 32, 1, flags);
+}
+CUresult CUDAAPI cuStreamWriteValue64(CUstream s, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
+{
+	return value_op(s, addr, value, 64, 0, flags);
+}
+CUresult CUDAAPI cuStreamWaitValue64(CUstream s, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
+{
+	return value_op(s, addr, value, 64, 1, flags);
 }
 #endif /* RW_HAVE_CUDA_H */

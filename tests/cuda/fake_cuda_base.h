@@ -4,8 +4,10 @@
 #define RW_FAKE_CUDA_BASE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
-/* Stream work (async copies, memsets, kernels, host functions) runs at once by default. With
+/* Stream work (async copies, memsets, kernels, host functions) runs at once by default, unless
+ * the stream holds a wait that is not yet satisfied (then it queues behind the wait). With
  * $RW_FAKE_CUDA_LAG_MS set it is queued per stream and run in submission order by the stream's
  * worker thread, which sleeps that long before each item ($RW_FAKE_CUDA_LEGACY_LAG_MS for the
  * legacy stream, if set): a slow GPU, so a caller that reads, posts or reports before the
@@ -23,6 +25,8 @@ unsigned rw_fake_cuda_busy(const void *stream);
 /* A fill of n bytes of v at dst as stream work (cuMemsetD8 on the legacy stream, the Async one on
  * its stream). */
 void rw_fake_cuda_fill(const void *stream, void *dst, unsigned char v, size_t n);
+/* A host function (cuLaunchHostFunc's fn(arg)) as stream work. */
+void rw_fake_cuda_host_fn(const void *stream, void (*fn)(void *), void *arg);
 /* Wait until the stream's queue is empty (NULL: every stream's); returns how many items were
  * queued or running. */
 unsigned rw_fake_cuda_drain(const void *stream);
@@ -30,5 +34,10 @@ unsigned rw_fake_cuda_drain(const void *stream);
 /* Open another process's fd `fd` (pid's /proc/<pid>/fd/<fd>) read-write: how both stand-ins
  * share "device" memory and events across processes. -1 when it cannot. */
 int rw_fake_open_peer_fd(int pid, int fd);
+
+/* Each stand-in's answer to "is [p, p + n) device memory of this process" (its allocations and
+ * IPC mappings); stream memory operations take that or page-locked host memory, nothing else.
+ * fake_cuda_base.c has a weak default that says yes to everything. */
+int rw_fake_cuda_is_device_mem(uintptr_t p, size_t n);
 
 #endif /* RW_FAKE_CUDA_BASE_H */

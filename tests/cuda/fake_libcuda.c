@@ -18,6 +18,8 @@
 
 #include <cuda.h>
 
+#include "tests/cuda/fake_cuda_base.h"
+
 #define NSLOTS 64
 #define NOPEN 64
 #define NHOST 64
@@ -36,7 +38,6 @@ static unsigned long long next_buffer_id = 1;
 static int held;
 static struct { CUhostFn fn; void *arg; } queued[NHOST];
 static int nqueued;
-static int fake_stream_obj;
 
 /* Test hooks (found with dlsym). */
 void rw_fake_cuda_hold(int hold);
@@ -83,6 +84,12 @@ static struct block *find_block(CUdeviceptr p)
 		if (opens[o].refs && contains(opens[o].blk, p))
 			return opens[o].blk;
 	return NULL;
+}
+
+int rw_fake_cuda_is_device_mem(uintptr_t p, size_t n)
+{
+	const struct block *b = find_block((CUdeviceptr)p);
+	return b && p + n <= (uintptr_t)b->mem + b->size;
 }
 
 CUresult CUDAAPI cuMemAlloc(CUdeviceptr *p, size_t n)
@@ -194,15 +201,30 @@ CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr p)
 	return CUDA_ERROR_INVALID_VALUE;
 }
 
-CUresult CUDAAPI cuStreamCreate(CUstream *s, unsigned int f) { (void)f; *s = (CUstream)&fake_stream_obj; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuStreamDestroy(CUstream s) { (void)s; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuStreamQuery(CUstream s) { (void)s; return nqueued ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS; }
-CUresult CUDAAPI cuStreamSynchronize(CUstream s) { (void)s; run_queued(); return CUDA_SUCCESS; }
+/* Streams are fake_cuda_base.c's queues, so a stream memory operation's wait holds its own
+ * stream's later work; host functions keep this file's hold (rw_fake_cuda_hold), and queue
+ * behind a stream's waiting work so they stay in stream order. */
+CUresult CUDAAPI cuStreamCreate(CUstream *s, unsigned int f)
+{
+	(void)f;
+	*s = (CUstream)rw_fake_cuda_stream_create();
+	return *s ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+CUresult CUDAAPI cuStreamDestroy(CUstream s) { rw_fake_cuda_stream_destroy(s); return CUDA_SUCCESS; }
+CUresult CUDAAPI cuStreamQuery(CUstream s)
+{
+	return nqueued || rw_fake_cuda_busy(s) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuStreamSynchronize(CUstream s)
+{
+	rw_fake_cuda_drain(s);
+	run_queued();
+	return CUDA_SUCCESS;
+}
 CUresult CUDAAPI cuLaunchHostFunc(CUstream s, CUhostFn fn, void *arg)
 {
-	(void)s;
 	if (!held) {
-		fn(arg);
+		rw_fake_cuda_host_fn(s, fn, arg);
 		return CUDA_SUCCESS;
 	}
 	if (nqueued == NHOST)

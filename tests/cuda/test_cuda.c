@@ -26,6 +26,7 @@
 #endif
 
 #include "cuda/rw_cuda.h"
+#include "tests/cuda/words_contract.h"
 #include "sched/sched.h"
 
 static const char *self_path;
@@ -826,6 +827,29 @@ static void test_stream_order_two_processes(void **state)
 	close(sv[0]);
 }
 
+/* ---- words on streams (cuda/words.c): the contract the stand-in is held to ------------------- */
+
+static void test_words_wait_holds_its_stream_only(void **state)
+{
+	(void)state;
+	NEED_GPU();
+	rw_words_case_wait_holds_its_stream_only();
+}
+
+static void test_words_cyclic_geq_and_owed_words(void **state)
+{
+	(void)state;
+	NEED_GPU();
+	rw_words_case_cyclic_geq_and_owed_words();
+}
+
+static void test_words_bad_addresses(void **state)
+{
+	(void)state;
+	NEED_GPU();
+	rw_words_case_bad_addresses();
+}
+
 /* ---- dmabuf ----------------------------------------------------------------------------- */
 
 static void test_dmabuf_probe(void **state)
@@ -880,6 +904,9 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_kernels_route_count),
 		cmocka_unit_test(test_ipc_two_processes),
 		cmocka_unit_test(test_stream_order_two_processes),
+		cmocka_unit_test(test_words_wait_holds_its_stream_only),
+		cmocka_unit_test(test_words_cyclic_geq_and_owed_words),
+		cmocka_unit_test(test_words_bad_addresses),
 		cmocka_unit_test(test_dmabuf_probe),
 		cmocka_unit_test(test_shutdown),
 	};

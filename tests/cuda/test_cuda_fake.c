@@ -17,6 +17,7 @@
 
 #include "config.h"
 #include "cuda/rw_cuda.h"
+#include "tests/cuda/words_contract.h"
 
 #if RW_HAVE_CUDA_H
 static char fake_path[PATH_MAX];
@@ -544,6 +545,51 @@ static void test_dmabuf_and_kernels_report_unsupported(void **state)
 	rw_cuda_mem_free(0, d);
 }
 
+/* The words' contract (tests/cuda/words_contract.c), the same cases test/cuda runs on a GPU. */
+static void test_words_wait_holds_its_stream_only(void **state)
+{
+	(void)state;
+	rw_words_case_wait_holds_its_stream_only();
+}
+
+static void test_words_cyclic_geq_and_owed_words(void **state)
+{
+	(void)state;
+	rw_words_case_cyclic_geq_and_owed_words();
+}
+
+static void test_words_bad_addresses(void **state)
+{
+	(void)state;
+	rw_words_case_bad_addresses();
+}
+
+/* The stand-in is stricter than a driver with HMM: a word in pageable host memory (the rank page
+ * not registered) is refused, so a path that forgets cuMemHostRegister fails here; device
+ * memory is taken. */
+static void test_words_need_registered_memory(void **state)
+{
+	(void)state;
+	rw_cuda_stream_t *s;
+	rw_cuda_ext_stream_t e;
+	uint64_t *pageable = aligned_alloc(64, 64);
+	rw_cuda_dptr_t d = 0;
+	assert_non_null(pageable);
+	pageable[0] = 0;
+	assert_int_equal(rw_cuda_stream_create(0, &s), RW_OK);
+	assert_int_equal(rw_cuda_ext_stream_of(s, &e), RW_OK);
+	assert_int_equal(rw_cuda_word_write(&e, (rw_cuda_dptr_t)(uintptr_t)pageable, 3), RW_ERR_INVAL);
+	assert_int_equal(rw_cuda_mem_alloc(0, 64, &d), RW_OK);
+	assert_int_equal(rw_cuda_word_write(&e, d, 3), RW_OK);
+	assert_int_equal(rw_cuda_word_wait(&e, d, 3), RW_OK);
+	assert_int_equal(rw_cuda_stream_sync(s), RW_OK);
+	assert_int_equal(*(uint64_t *)(uintptr_t)d, 3);
+	assert_int_equal(pageable[0], 0);
+	rw_cuda_stream_destroy(s);
+	rw_cuda_mem_free(0, d);
+	free(pageable);
+}
+
 static void test_shutdown_releases_contexts(void **state)
 {
 	(void)state;
@@ -570,6 +616,10 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_stream_mark_queue_bounded),
 		cmocka_unit_test(test_stream_mark_again_when_full),
 		cmocka_unit_test(test_dmabuf_and_kernels_report_unsupported),
+		cmocka_unit_test(test_words_wait_holds_its_stream_only),
+		cmocka_unit_test(test_words_cyclic_geq_and_owed_words),
+		cmocka_unit_test(test_words_bad_addresses),
+		cmocka_unit_test(test_words_need_registered_memory),
 		cmocka_unit_test(test_shutdown_releases_contexts),
 	};
 	char self[PATH_MAX];

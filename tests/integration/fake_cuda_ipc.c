@@ -57,6 +57,12 @@ static struct block *find(CUdeviceptr p)
 	return NULL;
 }
 
+int rw_fake_cuda_is_device_mem(uintptr_t p, size_t n)
+{
+	const struct block *b = find((CUdeviceptr)p);
+	return b && p + n <= (uintptr_t)b->mem + b->size;
+}
+
 static struct block *slot(void)
 {
 	for (int i = 0; i < NBLOCKS; i++)
@@ -192,19 +198,9 @@ CUresult CUDAAPI cuStreamSynchronize(CUstream s)
 		fprintf(stderr, "fake cuda: cuStreamSynchronize blocked for %u queued items\n", n);
 	return CUDA_SUCCESS;
 }
-struct host_fn_args {
-	CUhostFn fn;
-	void *arg;
-};
-static void host_fn_run(const void *a)
-{
-	const struct host_fn_args *h = a;
-	h->fn(h->arg);
-}
 CUresult CUDAAPI cuLaunchHostFunc(CUstream s, CUhostFn fn, void *arg)
 {
-	struct host_fn_args h = { fn, arg };
-	rw_fake_cuda_submit(s, host_fn_run, &h, sizeof(h));
+	rw_fake_cuda_host_fn(s, fn, arg);
 	return CUDA_SUCCESS;
 }
 #endif /* RW_HAVE_CUDA_H */
