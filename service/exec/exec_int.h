@@ -4,9 +4,11 @@
  *   exec_daemon.c  what the daemon calls (exec.h): creation and teardown, the IPC socket, drain.
  *   exec.c         the state machine: pair lifecycle, stages, failure, completion, timers. The
  *                  only file that changes a pair's stage or fails it.
- *   exec_stage.c   the stages' names and the table of legal stage changes, and the one function
- *                  every change goes through (exec.c calls it).
- *   exec_ipc.c     adapter for the trainer ranks (ipc/): joins, leaves, submissions.
+ *   exec_stage.c   the names and tables of legal changes of a pair's stage and of its sender's
+ *                  state, and the one function each change goes through (exec_stage_move from
+ *                  exec.c, exec_send_move from exec_send.c).
+ *   exec_ipc.c     adapter for the trainer ranks (ipc/): joins, leaves, and a submission's way
+ *                  in: one check that changes nothing, then one place that acts on it.
  *   exec_mesh.c    adapter for the peers (service/mesh/mesh.h): rows, errors, grants, arrivals.
  *   exec_plan.c    gather/count, the count-row exchange, and the decision (path and layout).
  *   exec_send.c    posting the waves; the receiver gate's shared arithmetic.
@@ -14,7 +16,7 @@
  *   exec_keys.c    what outlives a pair: failed keys (tombs), ended attempts, early rows; and
  *                  the one place that ends a failed key (tomb, ended attempts, PHASE_ERR).
  *   exec_answer.c  completions to the ranks; the one map from rw_status_t to the client's codes.
- *   mover_host.c   the host data mover (service/mover/mover.h).
+ *   trace.c        phase traces (trace.h).
  * exec_daemon.c calls the adapters and exec.c; the adapters call exec.c; exec.c calls the
  * leaves; a leaf calls only other leaves, the mesh, the mover and ipc/, records a failure with
  * exec_err() and returns its status. No file calls back up that order. */
