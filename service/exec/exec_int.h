@@ -404,7 +404,8 @@ rw_status_t exec_plan_records(exec_pair_t *p, uint32_t budget, int *done_p);
 /* The pair's areas of `slot` on every rail (host and, for GPU slabs, device addresses). */
 void exec_areas_set(exec_pair_t *p, int slot);
 rw_status_t exec_plan_send_row(exec_pair_t *p);        /* COUNTS to every peer */
-/* What a pair in ST_COUNT or ST_EXCHANGE waits for, in words (a timeout names it). */
+/* What a pair in ST_COUNT_HOST, ST_COUNT_MOVER or ST_EXCHANGE waits for, in words (a timeout
+ * names it). */
 void exec_plan_waiting(const exec_pair_t *p, char *buf, size_t len);
 /* row: N*R counts; view: that node's rail view, R weights then N up-masks (NULL: already in
  * p->xchg.view_*). */
