@@ -394,7 +394,7 @@ static void map_settle(shm_conn_t *c, const shm_msg_t *m, int fd)
 		pthread_mutex_unlock(&dev->mu);
 		return;
 	}
-	if (mp->state == SHM_MAP_READY) { /* UNREG: the copier may be writing into it now */
+	if (mp->state == SHM_MAP_READY) { /* UNREG: copiers may be writing into it now */
 		shm_copy_wait_idle(c);
 		munmap(mp->addr, mp->length);
 	}

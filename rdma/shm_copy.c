@@ -36,7 +36,7 @@ void shm_copy_stats_sync(shm_dev_t *dev)
 static void work_push(shm_conn_t *c)
 {
 	shm_dev_t *dev = c->dev;
-	if (c->on_work || c->detached || c->blocked || c->tx_issue == c->tx_posted)
+	if (c->on_work || c->detached || c->blocked || c->held || c->tx_issue == c->tx_posted)
 		return;
 	c->on_work = 1;
 	c->work_next = NULL;
@@ -87,15 +87,19 @@ void shm_copy_kick(shm_conn_t *c)
 
 void shm_copy_wait_idle(shm_conn_t *c)
 {
+	/* No new chunk of c meanwhile, so a busy connection cannot keep the loop waiting; the
+	 * caller kicks it again (shm_copy_kick) once its change is made. */
+	c->held++;
+	work_unlink(c);
 	while (c->busy)
 		pthread_cond_wait(&c->dev->idle_cv, &c->dev->mu);
+	c->held--;
 }
 
 void shm_copy_detach(shm_conn_t *c)
 {
 	pthread_mutex_lock(&c->dev->mu);
 	c->detached = 1;
-	work_unlink(c);
 	shm_copy_wait_idle(c);
 	pthread_mutex_unlock(&c->dev->mu);
 }

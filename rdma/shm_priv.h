@@ -1,6 +1,6 @@
 /* Private to the `shm` rail transport: the objects shared by shm.c (the vtable, devices,
  * regions, listeners, the handshake and the control messages, the delivery of arrivals and
- * completions, all on the loop) and shm_copy.c (the device's copier thread and its pacing).
+ * completions, all on the loop) and shm_copy.c (the device's copier threads and their pacing).
  * shm.c calls shm_copy.c, never the other way. Not part of the module's public face (that is
  * rdma/rail.h); docs/rdma.md "The shm transport" says what it is for.
  *
@@ -221,6 +221,7 @@ struct shm_conn {
 	uint64_t tx_copied;      /* published into out->tail (<= tx_issue <= tx_posted) */
 	uint64_t tx_issue, issue_off; /* the next chunk to hand out: write, offset in it */
 	unsigned busy;           /* chunks of this connection being copied now */
+	unsigned held;           /* > 0: no new chunk is handed out (shm_copy_wait_idle) */
 	shm_map_t *maps;         /* the peer's regions we know of */
 	size_t nmaps, cap_maps;
 	int on_work, blocked, detached;
