@@ -69,6 +69,9 @@ static int check_group_key(rw_ipc_client_t *c, const rw_ipc_hello_t *req, const 
 	else if (g->keyed && !req->key_len)
 		snprintf(why, sizeof(why), "group %.48s has a group key and this rank gave none",
 			 req->group);
+	else if (!g->keyed && req->key_len && g->members) /* a name squatter, or another job */
+		snprintf(why, sizeof(why), "group %.32s is taken by pid %d (opened without a key): "
+			 "not a key problem", req->group, (int)g->members->info.pid);
 	else if (!g->keyed && req->key_len)
 		snprintf(why, sizeof(why), "group %.48s was opened without a key; this rank gives one",
 			 req->group);

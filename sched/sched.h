@@ -147,7 +147,9 @@ typedef struct rw_pair_plan {
 	uint32_t deficit_prefix[RW_MAX_RAILS + 1]; /* exclusive prefix of max(0, quota - count) */
 } rw_pair_plan_t;
 
-/* Compute quotas and the surplus/deficit prefixes for one pair. count has topo->rails entries.
+/* Compute quotas and the surplus/deficit prefixes for one pair. count has topo->rails entries
+ * whose total T is below 2^32 (a peer's row is refused when its records reach 2^32:
+ * rw_wire_counts_unpack).
  * rotation selects the deterministic remainder rotation (path plans pass
  * rw_sched_pair_rotation(s, d, slice); see docs/algorithms.md §2.1). Equal weights: quotas
  * differ by at most one; the remainder goes first to rails whose count exceeds the base quota

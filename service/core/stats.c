@@ -3,7 +3,9 @@
  * Defensive by construction: each client has a fixed input buffer (one line, 4 KiB) and at most
  * one reply pending (input is not read while a reply drains), binary or overlong input gets an
  * error line and a disconnect, a client that stalls (half a line, or not reading its reply) past
- * stats_timeout_ms is dropped, and clients beyond RW_SVC_STATS_CLIENTS_MAX are turned away.
+ * stats_timeout_ms is dropped, and when RW_SVC_STATS_CLIENTS_MAX are open the one that has waited
+ * longest makes room for a new one (a slowloris that keeps every slot busy cannot keep a prompt
+ * client out).
  * Closed clients are freed from an idle watcher, never inside their own callback. */
 #include "common/listen_pause.h"
 #include "service/core/svc.h"
@@ -25,6 +27,7 @@ typedef struct stats_client {
 	int fd;
 	ev_io rio, wio;
 	ev_timer deadline;       /* running whenever we wait on the client */
+	uint64_t wait_since;     /* when that wait began (the longest waiting makes room) */
 	char in[RW_SVC_STATS_LINE_MAX];
 	size_t in_len;
 	rw_svc_buf_t out;        /* the one pending reply */
@@ -398,6 +401,7 @@ static void reaper_cb(struct ev_loop *loop, ev_idle *w, int revents)
 
 static void restart_deadline(stats_client_t *c)
 {
+	c->wait_since = rw_now_ns();
 	ev_timer_stop(c->srv->svc->loop, &c->deadline);
 	ev_timer_set(&c->deadline, c->srv->svc->cfg.stats_timeout_ms / 1e3, 0.);
 	ev_timer_start(c->srv->svc->loop, &c->deadline);
@@ -540,6 +544,23 @@ static void client_deadline_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	client_fail(c, "timeout, closing");
 }
 
+/* Every slot is taken: the client that has waited longest (half a line, or silence, or not
+ * reading its reply) is told and closed now, whatever its deadline says. A prompt client is
+ * answered within a loop turn and never waits longest for long. */
+static void make_room(rw_svc_stats_t *srv)
+{
+	stats_client_t *oldest = NULL;
+	for (stats_client_t *c = srv->clients; c; c = c->next)
+		if (!oldest || c->wait_since < oldest->wait_since)
+			oldest = c;
+	if (!oldest)
+		return;
+	static const char msg[] = "error too many clients: the one waiting longest is closed\n\n";
+	ssize_t wr = send(oldest->fd, msg, sizeof(msg) - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+	(void)wr;
+	client_close(oldest, 1);
+}
+
 static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
 	(void)revents;
@@ -553,14 +574,8 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 				rw_warn("stats: accept on %s: %m", srv->path);
 			return;
 		}
-		if (m->stats_clients >= RW_SVC_STATS_CLIENTS_MAX) {
-			static const char msg[] = "error too many clients\n\n";
-			ssize_t wr = send(fd, msg, sizeof(msg) - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-			(void)wr;
-			close(fd);
-			m->stats_rejected++;
-			continue;
-		}
+		if (m->stats_clients >= RW_SVC_STATS_CLIENTS_MAX)
+			make_room(srv);
 		stats_client_t *c = calloc(1, sizeof(*c));
 		if (!c) {
 			close(fd);

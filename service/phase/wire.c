@@ -261,6 +261,13 @@ rw_status_t rw_wire_counts_unpack(const uint8_t *in, size_t len, rw_wire_counts_
 	for (uint32_t n = 0; n < c.nodes; n++)
 		if (rw_wire_counts_up(&c, n) >> c.rails)
 			return RW_ERR_PROTO;
+	/* Records are counted in 32 bits everywhere after this (a pair's total T, the CSR of a
+	 * node's records): a row whose records add up to 2^32 or more would be planned wrapped. */
+	uint64_t records = 0;
+	for (uint32_t i = 0; i < c.nodes * c.rails; i++)
+		records += rw_wire_counts_row(&c, i);
+	if (records > UINT32_MAX)
+		return RW_ERR_PROTO;
 	*c_p = c;
 	return RW_OK;
 }

@@ -139,12 +139,16 @@ static void test_regions_roundtrip(void **state)
 	assert_int_equal(rw_wire_regions_unpack(bad, n, &o), RW_ERR_PROTO);
 }
 
+/* Where the row starts in a COUNTS message (rw_wire_counts_pack): key 16, group name, then ten
+ * 32-bit fields. */
+#define COUNTS_ROW_OFF (16 + RW_WIRE_GROUP_MAX + 40)
+
 static void test_counts_roundtrip(void **state)
 {
 	(void)state;
 	uint32_t row[3 * 4], weight[4] = { 100, 50, 0, RW_MAX_RAIL_WEIGHT }, up[3] = { 0xd, 0xf, 0x1 };
 	for (uint32_t i = 0; i < 12; i++)
-		row[i] = rnd();
+		row[i] = rnd() >> 4; /* the row's records add up to less than 2^32 */
 	rw_wire_counts_t c = {
 		.key = { .group = rw_wire_group_hash("moe.ep0"), .layer = 7, .step = 1ull << 40 },
 		.node = 1, .nodes = 3, .rails = 4, .slot = 1,
@@ -190,6 +194,9 @@ static void test_counts_roundtrip(void **state)
 		{ RW_WIRE_GROUP_MAX + 52, 0 },      /* epoch 0 */
 		{ n - 16 - 4 * 4 + 4, RW_MAX_RAIL_WEIGHT + 1 }, /* rail 1's weight out of range */
 		{ n - 4, 0x10 },                    /* node 2's up mask names rail 4 of 4 */
+		/* records to node 2 of 2^32 - 1 on rail 0, with the rest: 2^32 or more in the row
+		 * (a pair's total and the row's CSR are 32-bit) */
+		{ COUNTS_ROW_OFF + 4 * 8, UINT32_MAX },
 	};
 	for (size_t i = 0; i < RW_ARRAY_SIZE(cases); i++) {
 		memcpy(bad, buf, n);
