@@ -58,8 +58,9 @@ static void client_joined(void *ctx, rw_ipc_client_t *client)
 	g->member[local] = mb;
 	g->n_members++;
 	rw_ipc_client_set_data(client, mb);
-	rw_info("rank %u of group %s joined (local %u, pid %d)", info->rank, g->name, local,
-		(int)info->pid);
+	if (rw_ipc_log_churn(x->ipc)) /* the IPC server's budget for join and leave lines */
+		rw_info("rank %u of group %s joined (local %u, pid %d)", info->rank, g->name, local,
+			(int)info->pid);
 }
 
 /* No copy touches a member's staging once its pairs ended (a failed pair quiesces its mover). */
@@ -81,7 +82,9 @@ static void client_left(void *ctx, rw_ipc_client_t *client, rw_ipc_leave_t reaso
 	rw_ipc_client_set_data(client, NULL);
 	exec_group_t *g = mb->g;
 	uint32_t rank = rw_ipc_client_info(client)->rank;
-	rw_info("rank %u of group %s left (%s, %d)", rank, g->name, rw_ipc_leave_str(reason), error);
+	if (rw_ipc_log_churn(x->ipc))
+		rw_info("rank %u of group %s left (%s, %d)", rank, g->name, rw_ipc_leave_str(reason),
+			error);
 	if (g->pair) /* the pair may use this rank's buffers: fail it everywhere */
 		exec_on_rank_left(g->pair, client, rank);
 	g->member[mb->local] = NULL;
