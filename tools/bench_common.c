@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/bf16.h"
 #include "tools/bench.h"
 #include "tools/tools.h"
 
@@ -122,14 +123,6 @@ rw_bench_tok_t rw_bench_tok(uint64_t seed, uint64_t step, uint32_t rank, uint32_
 				 .wbits = (uint32_t)(z >> 32) };
 }
 
-static uint16_t to_bf16(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return (uint16_t)(u >> 16);
-}
-
 /* Row of token tk (hidden bf16 elements) scaled by c: exact for the small values used here.
  * Element h is lut[(a + b·h) mod 9], so a row repeats with period 9 (RW_BENCH_ROW_PERIOD): the
  * first period is computed, the rest copied in doubling blocks, and a check compares the first
@@ -139,7 +132,7 @@ static void row_period(uint16_t pat[RW_BENCH_ROW_PERIOD], const rw_bench_tok_t *
 {
 	uint16_t lut[9];
 	for (int v = 0; v < 9; v++)
-		lut[v] = to_bf16(c * (float)(v - 4));
+		lut[v] = rw_bf16_from_f32(c * (float)(v - 4));
 	for (uint32_t h = 0; h < RW_BENCH_ROW_PERIOD; h++)
 		pat[h] = lut[(tk->a + tk->b * h) % 9u];
 }

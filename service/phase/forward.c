@@ -38,21 +38,6 @@ uint32_t rw_svc_fwd_mask_rec(uint32_t n_experts, uint32_t nodes, uint32_t gpus, 
 	return rw_svc_fwd_mask(n_experts, nodes, gpus, me, ids, topk);
 }
 
-/* Round to nearest even; a NaN stays a (quiet) NaN. Branch-free so the row loops vectorize. */
-static inline uint16_t bf16_round(uint32_t u)
-{
-	uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-	uint32_t quiet = (u >> 16) | 0x40u;
-	return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
-}
-
-uint16_t rw_svc_f32_to_bf16(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	return bf16_round(u);
-}
-
 /* The row loops below run in blocks of ROW_BLOCK elements with a fixed trip count, which the
  * compiler turns into vector code at -O2, then a scalar tail. Rows are hidden × 2 or 4 bytes
  * and may sit at any alignment inside a record, so every access goes through memcpy. */
@@ -62,7 +47,7 @@ static inline float bf16_at(const uint8_t *p, size_t i)
 {
 	uint16_t v;
 	memcpy(&v, p + 2 * i, 2);
-	return rw_svc_bf16_to_f32(v);
+	return rw_bf16_to_f32(v);
 }
 
 static inline float f32_at(const uint8_t *p, size_t i)
@@ -80,7 +65,7 @@ static inline void block_in(float v[ROW_BLOCK], const uint8_t *p, uint32_t dtype
 		uint16_t b[ROW_BLOCK];
 		memcpy(b, p + 2 * i, sizeof(b));
 		for (size_t j = 0; j < ROW_BLOCK; j++)
-			v[j] = rw_svc_bf16_to_f32(b[j]);
+			v[j] = rw_bf16_to_f32(b[j]);
 	} else {
 		memcpy(v, p + 4 * i, 4 * ROW_BLOCK);
 	}
@@ -128,12 +113,12 @@ void rw_svc_row_store(void *dst, uint32_t dtype, const float *acc, uint32_t hidd
 		for (size_t j = 0; j < ROW_BLOCK; j++) {
 			uint32_t u;
 			memcpy(&u, &acc[i + j], 4);
-			v[j] = bf16_round(u);
+			v[j] = rw_bf16_round_bits(u);
 		}
 		memcpy(p + 2 * i, v, sizeof(v));
 	}
 	for (; i < hidden; i++) {
-		uint16_t v = rw_svc_f32_to_bf16(acc[i]);
+		uint16_t v = rw_bf16_from_f32(acc[i]);
 		memcpy(p + 2 * i, &v, 2);
 	}
 }

@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "common/bf16.h"
 #include "common/common.h"
 #include "sched/sched.h"
 #include "service/phase/wire.h"
@@ -82,13 +83,8 @@ uint32_t rw_svc_fwd_mask_rec(uint32_t n_experts, uint32_t nodes, uint32_t gpus, 
 			     const uint8_t *rec, uint32_t topk);
 
 /* ---- dtype and accumulation ("Combine") ------------------------------------------------------
- * fp32 accumulation for both dtypes; bf16 stores round to nearest even (NaN stays NaN). */
-static inline float rw_svc_bf16_to_f32(uint16_t v)
-{
-	union { uint32_t u; float f; } x = { .u = (uint32_t)v << 16 };
-	return x.f;
-}
-uint16_t rw_svc_f32_to_bf16(float f);
+ * fp32 accumulation for both dtypes; bf16 stores round to nearest even, NaN stays NaN
+ * (common/bf16.h). */
 /* acc[i] += row[i] for i < hidden, row of dtype (rw_wire_dtype_t). */
 void rw_svc_row_acc(float *acc, const void *row, uint32_t dtype, uint32_t hidden);
 /* acc[i] = row[i] for i < hidden: the first copy of a sum. */

@@ -25,6 +25,7 @@
 #include <cmocka.h>
 #endif
 
+#include "common/bf16.h"
 #include "cuda/rw_cuda.h"
 #include "tests/cuda/words_contract.h"
 #include "sched/sched.h"
@@ -59,22 +60,6 @@ static uint64_t rng(void)
 }
 static float rng_unit(void) { return (float)((rng() >> 40) / 16777216.0) * 2.0f - 1.0f; }
 
-static uint16_t f32_to_bf16(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	if ((u & 0x7fffffffu) > 0x7f800000u)
-		return (uint16_t)((u >> 16) | 0x40);
-	u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even, as __float2bfloat16_rn */
-	return (uint16_t)(u >> 16);
-}
-static float bf16_to_f32(uint16_t h)
-{
-	uint32_t u = (uint32_t)h << 16;
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
-}
 
 static void *xmalloc(size_t n)
 {
@@ -359,12 +344,12 @@ static void check_combine(rw_cuda_dtype_t out_t, rw_cuda_dtype_t row_t, uint32_t
 	}
 	for (size_t i = 0; i < (size_t)nrows * hidden; i++) {
 		float v = rng_unit() * 4.0f;
-		if (rsz == 2) { uint16_t h = f32_to_bf16(v); memcpy(rows + i * 2, &h, 2); }
+		if (rsz == 2) { uint16_t h = rw_bf16_from_f32(v); memcpy(rows + i * 2, &h, 2); }
 		else memcpy(rows + i * 4, &v, 4);
 	}
 	for (size_t i = 0; i < (size_t)ntok * hidden; i++) {
 		float v = rng_unit();
-		if (osz == 2) { uint16_t h = f32_to_bf16(v); memcpy(out0 + i * 2, &h, 2); }
+		if (osz == 2) { uint16_t h = rw_bf16_from_f32(v); memcpy(out0 + i * 2, &h, 2); }
 		else memcpy(out0 + i * 4, &v, 4);
 	}
 	assert_int_equal(rw_cuda_stream_create(0, &s), RW_OK);
@@ -388,17 +373,17 @@ static void check_combine(rw_cuda_dtype_t out_t, rw_cuda_dtype_t row_t, uint32_t
 			for (uint32_t j = off[t]; j < off[t + 1]; j++) {
 				size_t r = (size_t)ri[j] * hidden + h;
 				float x;
-				if (rsz == 2) { uint16_t v; memcpy(&v, rows + r * 2, 2); x = bf16_to_f32(v); }
+				if (rsz == 2) { uint16_t v; memcpy(&v, rows + r * 2, 2); x = rw_bf16_to_f32(v); }
 				else memcpy(&x, rows + r * 4, 4);
 				acc = fmaf(w[j], x, acc);
 			}
 			if (osz == 2) {
 				uint16_t v;
 				memcpy(&v, out0 + o * 2, 2);
-				base = bf16_to_f32(v);
-				refv = bf16_to_f32(f32_to_bf16(base + acc));
+				base = rw_bf16_to_f32(v);
+				refv = rw_bf16_to_f32(rw_bf16_from_f32(base + acc));
 				memcpy(&v, out + o * 2, 2);
-				got = bf16_to_f32(v);
+				got = rw_bf16_to_f32(v);
 			} else {
 				memcpy(&base, out0 + o * 4, 4);
 				refv = base + acc;

@@ -18,6 +18,7 @@
 
 #include <cuda.h>
 
+#include "common/bf16.h"
 #include "tests/cuda/fake_cuda_base.h"
 
 static const char *const names[] = { "rw_copy_rows16", "rw_copy_rows1", "rw_rows_acc",
@@ -67,21 +68,13 @@ static float elem(uint64_t row, uint32_t h, int bf16)
 	if (bf16) {
 		uint16_t v;
 		memcpy(&v, (const void *)(uintptr_t)(row + 2ull * h), 2);
-		uint32_t u = (uint32_t)v << 16;
-		memcpy(&f, &u, 4);
+		f = rw_bf16_to_f32(v);
 	} else {
 		memcpy(&f, (const void *)(uintptr_t)(row + 4ull * h), 4);
 	}
 	return f;
 }
 
-static uint16_t to_bf16(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
-	return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
-}
 
 #define ARG(i, type) (*(type *)params[i])
 
@@ -172,7 +165,7 @@ static void launch_run(const void *arg)
 				if (k == 3 || !bf16) {
 					memcpy(dst + 4ull * h, &acc, 4);
 				} else {
-					uint16_t v = to_bf16(acc);
+					uint16_t v = rw_bf16_from_f32(acc);
 					memcpy(dst + 2ull * h, &v, 2);
 				}
 			}
@@ -184,7 +177,7 @@ static void launch_run(const void *arg)
 	const float *src = (const float *)(uintptr_t)L->a1;
 	for (uint64_t i = 0; i < L->n64; i++) {
 		if (L->bf16) {
-			uint16_t v = to_bf16(src[i]);
+			uint16_t v = rw_bf16_from_f32(src[i]);
 			memcpy(dst + 2 * i, &v, 2);
 		} else {
 			memcpy(dst + 4 * i, &src[i], 4);

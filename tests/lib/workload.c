@@ -4,6 +4,8 @@
 
 #include <string.h>
 
+#include "common/bf16.h"
+
 uint64_t rw_wl_mix(uint64_t z)
 {
 	z += 0x9e3779b97f4a7c15ull;
@@ -63,27 +65,11 @@ void rw_wl_gen(const rw_wl_shape_t *sh, uint32_t step, uint32_t layer, uint32_t 
 
 static float factor(int32_t e) { return (float)(e % 3 + 1); }
 
-static uint16_t to_bf16(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return (uint16_t)(u >> 16);
-}
-
-static float from_bf16(uint16_t v)
-{
-	uint32_t u = (uint32_t)v << 16;
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
-}
-
 void rw_wl_put_row(uint8_t *dst, int bf16, const float *v, uint32_t hidden)
 {
 	for (uint32_t h = 0; h < hidden; h++) {
 		if (bf16) {
-			uint16_t b = to_bf16(v[h]);
+			uint16_t b = rw_bf16_from_f32(v[h]);
 			memcpy(dst + 2 * h, &b, 2);
 		} else {
 			memcpy(dst + 4 * h, &v[h], 4);
@@ -96,7 +82,7 @@ float rw_wl_get_elem(const uint8_t *src, int bf16, uint32_t h)
 	if (bf16) {
 		uint16_t b;
 		memcpy(&b, src + 2 * h, 2);
-		return from_bf16(b);
+		return rw_bf16_to_f32(b);
 	}
 	float f;
 	memcpy(&f, src + 4 * h, 4);

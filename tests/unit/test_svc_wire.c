@@ -377,17 +377,17 @@ static void test_bf16(void **state)
 	/* Exact values survive; ties round to even; NaN stays NaN. */
 	float exact[] = { 0.0f, 1.0f, -2.5f, 256.0f, 1.0f / 1024, -65536.0f };
 	for (size_t i = 0; i < RW_ARRAY_SIZE(exact); i++)
-		assert_true(rw_svc_bf16_to_f32(rw_svc_f32_to_bf16(exact[i])) == exact[i]);
-	assert_true(rw_svc_bf16_to_f32(rw_svc_f32_to_bf16(1.0f + 1.0f / 256)) == 1.0f); /* tie: even */
-	assert_true(rw_svc_bf16_to_f32(rw_svc_f32_to_bf16(1.0f + 3.0f / 256)) == 1.0f + 4.0f / 256);
+		assert_true(rw_bf16_to_f32(rw_bf16_from_f32(exact[i])) == exact[i]);
+	assert_true(rw_bf16_to_f32(rw_bf16_from_f32(1.0f + 1.0f / 256)) == 1.0f); /* tie: even */
+	assert_true(rw_bf16_to_f32(rw_bf16_from_f32(1.0f + 3.0f / 256)) == 1.0f + 4.0f / 256);
 	float nan = __builtin_nanf("");
-	float back = rw_svc_bf16_to_f32(rw_svc_f32_to_bf16(nan));
+	float back = rw_bf16_to_f32(rw_bf16_from_f32(nan));
 	assert_true(back != back);
 
 	float acc[4] = { 1, 2, 3, 4 };
 	uint16_t row16[4];
 	for (int i = 0; i < 4; i++)
-		row16[i] = rw_svc_f32_to_bf16((float)(i * 10));
+		row16[i] = rw_bf16_from_f32((float)(i * 10));
 	rw_svc_row_acc(acc, row16, RW_WIRE_BF16, 4);
 	assert_true(acc[0] == 1 && acc[1] == 12 && acc[2] == 23 && acc[3] == 34);
 	float row32[4] = { 0.5f, 0.5f, 0.5f, 0.5f };
@@ -395,7 +395,7 @@ static void test_bf16(void **state)
 	assert_true(acc[3] == 34.5f);
 	uint16_t out16[4];
 	rw_svc_row_store(out16, RW_WIRE_BF16, acc, 4);
-	assert_true(rw_svc_bf16_to_f32(out16[1]) == 12.5f);
+	assert_true(rw_bf16_to_f32(out16[1]) == 12.5f);
 }
 
 /* The blocked row loops against one element at a time, for every tail length around the block
@@ -419,9 +419,9 @@ static void test_row_loops_match_scalar(void **state)
 				if (dtype) {
 					memcpy(row + 4 * i, &vals[i], 4);
 				} else {
-					uint16_t b = rw_svc_f32_to_bf16(vals[i]);
+					uint16_t b = rw_bf16_from_f32(vals[i]);
 					memcpy(row + 2 * i, &b, 2);
-					vals[i] = rw_svc_bf16_to_f32(b);
+					vals[i] = rw_bf16_to_f32(b);
 				}
 				acc[i] = ref[i] = (float)i * 0.25f;
 			}
@@ -443,7 +443,7 @@ static void test_row_loops_match_scalar(void **state)
 				} else {
 					uint16_t b;
 					memcpy(&b, out + 2 + 2 * i, 2);
-					assert_int_equal(b, rw_svc_f32_to_bf16(acc[i]));
+					assert_int_equal(b, rw_bf16_from_f32(acc[i]));
 				}
 			}
 		}
