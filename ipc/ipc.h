@@ -202,4 +202,57 @@ const rw_ipc_client_t *rw_ipc_server_next_client(const rw_ipc_server_t *server,
 /* 1 once the client's hello was accepted (its info's group and rank are set). */
 int rw_ipc_client_joined(const rw_ipc_client_t *client);
 
+/* ---------------------------------------------------------------------------------------------
+ * The word poller (ipc/poller.c; docs/rankpath.md "The poller"): one thread that watches 64-bit
+ * words in memory shared with ranks (their rank pages: written by a rank's stream or CPU) and
+ * tells the loop when one moved. It reads the words and nothing else; the loop decides what a
+ * value means (it trusts none). Adaptive: it spins while the loop says work is in flight or a
+ * word moved within the last spin window, else sleeps in steps doubling from sleep_min_us to
+ * sleep_max_us, so an idle daemon costs a bounded wake-up rate and a moved word is seen within
+ * sleep_max_us at worst.
+ *
+ * Every call below is made from the loop's thread; the callback runs on it too (from an ev_async
+ * watcher), never inside a call of this API.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct rw_ipc_poller rw_ipc_poller_t;
+
+typedef struct rw_ipc_poller_config {
+	uint32_t max_watches;  /* table size, 1..65536 */
+	uint32_t spin_us;      /* keep spinning this long after the last move (0: never spin) */
+	uint32_t sleep_min_us; /* first sleep once idle, >= 1 */
+	uint32_t sleep_max_us; /* bound on a sleep (and so on the latency while idle), >= min */
+} rw_ipc_poller_config_t;
+
+/* What the loop hears: the word `id` now reads `value` (every change is reported at least by
+ * its latest value; intermediate values may be skipped), or, with retired set, the watch is gone
+ * for good: the poller will not read the word again, so its memory may be unmapped now. */
+typedef void (*rw_ipc_poller_cb)(void *ctx, uint32_t id, uint64_t value, int retired);
+
+/* Starts the thread. RW_ERR_INVAL for a bad config, RW_ERR_NOMEM, RW_ERR_SYS (thread). */
+rw_status_t rw_ipc_poller_create(struct ev_loop *loop, const rw_ipc_poller_config_t *cfg,
+				 rw_ipc_poller_cb cb, void *ctx, rw_ipc_poller_t **poller_p);
+/* Stops and joins the thread, then frees; no callback after it returns (watches left are
+ * dropped without a retired report). */
+void rw_ipc_poller_destroy(rw_ipc_poller_t *poller);
+
+/* Watch the 8-byte aligned word (it must stay mapped until the retired report). Its current
+ * value is the baseline: only later changes are reported. RW_ERR_AGAIN when the table is full
+ * (every slot live or not yet retired); RW_ERR_INVAL for NULL or an unaligned word. */
+rw_status_t rw_ipc_poller_watch(rw_ipc_poller_t *poller, const void *word, uint32_t *id_p);
+/* Stop watching: a retired report follows (changes seen before it may still be reported). */
+void rw_ipc_poller_unwatch(rw_ipc_poller_t *poller, uint32_t id);
+/* Phases are in flight (busy 1): spin; none (0): the spin window then sleep. Counted, so nested
+ * phases each call it with 1 and later 0. */
+void rw_ipc_poller_busy(rw_ipc_poller_t *poller, int busy);
+
+typedef struct rw_ipc_poller_stats {
+	uint64_t scans;       /* passes over the table */
+	uint64_t sleeps;      /* times the thread slept */
+	uint64_t moves;       /* word changes reported */
+	uint64_t wakeups;     /* ev_async sends to the loop */
+	uint64_t cpu_ns;      /* the thread's CPU time so far (CLOCK_THREAD_CPUTIME_ID) */
+} rw_ipc_poller_stats_t;
+void rw_ipc_poller_stats(const rw_ipc_poller_t *poller, rw_ipc_poller_stats_t *stats_p);
+
 #endif /* RW_IPC_H */

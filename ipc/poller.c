@@ -1,0 +1,268 @@
+/* ipc/poller.c: the word poller (contract in ipc/ipc.h, design in docs/rankpath.md "The
+ * poller"). One thread scans a table of watched 64-bit words and hands each change to the loop
+ * through a single-producer/single-consumer queue of notices, waking the loop with an ev_async.
+ *
+ * Ordering pairs (each release store is read by the named acquire load on the other side):
+ *   W  loop (watch): store slot.base, then store-release slot.word  -> thread: load-acquire
+ *      slot.word; a pointer it has not seen before starts from slot.base, so a change made
+ *      between the loop's baseline read and the thread's first look is reported.
+ *   R  loop (unwatch): store slot.word = NULL, then store-release slot.retire -> thread:
+ *      load-acquire slot.retire; once it is set the thread never loads the word again and
+ *      reports `retired`, after which the loop may unmap the memory.
+ *   N  thread: fill a notice, store-release q_head -> loop: load-acquire q_head, read notices.
+ *   T  loop: read notices, store-release q_tail -> thread: load-acquire q_tail, refill slots.
+ *   The words themselves: the thread loads them with acquire, pairing with whatever release
+ *   (a stream's barrier before cuStreamWriteValue64, or a CPU's store-release) published them. */
+#include <ev.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ipc/ipc.h"
+
+struct slot {
+	_Atomic(const _Atomic uint64_t *) word; /* loop writes; NULL: free or retiring */
+	_Atomic uint32_t retire;                 /* loop sets, thread clears after reporting */
+	uint64_t base;                           /* baseline, published by the store to word */
+	/* thread-private */
+	const _Atomic uint64_t *cur;
+	uint64_t seen;
+	/* loop-private */
+	int state;                               /* FREE, LIVE, RETIRING */
+};
+enum { FREE = 0, LIVE = 1, RETIRING = 2 };
+
+struct notice {
+	uint32_t id;
+	uint32_t retired;
+	uint64_t value;
+};
+
+struct rw_ipc_poller {
+	struct ev_loop *loop;
+	ev_async async;
+	rw_ipc_poller_cb cb;
+	void *ctx;
+	rw_ipc_poller_config_t cfg;
+	struct slot *slots;
+	_Atomic uint32_t high;       /* slots [0, high) may be in use (loop raises it) */
+	struct notice *q;
+	uint32_t q_mask;
+	_Alignas(64) _Atomic uint32_t q_head; /* thread writes */
+	_Alignas(64) _Atomic uint32_t q_tail; /* loop writes */
+	_Alignas(64) _Atomic int busy;
+	_Atomic int stop;
+	pthread_t thread;
+	_Atomic uint64_t scans, sleeps, moves, wakeups;
+};
+
+static uint64_t now_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
+/* Thread: queue one notice; 0 when the queue is full (the caller retries on the next scan). */
+static int push(rw_ipc_poller_t *p, uint32_t id, uint64_t value, int retired, uint32_t *head)
+{
+	uint32_t tail = atomic_load_explicit(&p->q_tail, memory_order_acquire); /* pair T */
+	if (*head - tail > p->q_mask)
+		return 0;
+	p->q[*head & p->q_mask] = (struct notice){ .id = id, .retired = (uint32_t)retired, .value = value };
+	(*head)++;
+	return 1;
+}
+
+/* Thread: one pass over the table; how many notices it queued. */
+static unsigned scan(rw_ipc_poller_t *p)
+{
+	uint32_t head = atomic_load_explicit(&p->q_head, memory_order_relaxed);
+	const uint32_t start = head, high = atomic_load_explicit(&p->high, memory_order_acquire);
+	for (uint32_t i = 0; i < high; i++) {
+		struct slot *s = &p->slots[i];
+		if (atomic_load_explicit(&s->retire, memory_order_acquire)) { /* pair R */
+			if (push(p, i, 0, 1, &head)) {
+				s->cur = NULL;
+				atomic_store_explicit(&s->retire, 0, memory_order_relaxed);
+			}
+			continue;
+		}
+		const _Atomic uint64_t *w = atomic_load_explicit(&s->word, memory_order_acquire); /* W */
+		if (!w)
+			continue;
+		if (w != s->cur) {
+			s->cur = w;
+			s->seen = s->base;
+		}
+		uint64_t v = atomic_load_explicit(w, memory_order_acquire);
+		if (v != s->seen && push(p, i, v, 0, &head))
+			s->seen = v;
+	}
+	if (head != start)
+		atomic_store_explicit(&p->q_head, head, memory_order_release); /* pair N */
+	return head - start;
+}
+
+static void *run(void *arg)
+{
+	rw_ipc_poller_t *p = arg;
+	const uint64_t spin_ns = (uint64_t)p->cfg.spin_us * 1000;
+	uint64_t last_move = now_ns();
+	uint32_t nap_us = p->cfg.sleep_min_us;
+	while (!atomic_load_explicit(&p->stop, memory_order_relaxed)) {
+		unsigned n = scan(p);
+		atomic_fetch_add_explicit(&p->scans, 1, memory_order_relaxed);
+		uint64_t t = now_ns();
+		if (n) {
+			atomic_fetch_add_explicit(&p->moves, n, memory_order_relaxed);
+			atomic_fetch_add_explicit(&p->wakeups, 1, memory_order_relaxed);
+			ev_async_send(p->loop, &p->async);
+			last_move = t;
+		}
+		if (atomic_load_explicit(&p->busy, memory_order_relaxed) > 0 || t - last_move < spin_ns) {
+			nap_us = p->cfg.sleep_min_us;
+			cpu_relax();
+			continue;
+		}
+		struct timespec nap = { .tv_sec = nap_us / 1000000, .tv_nsec = (long)(nap_us % 1000000) * 1000 };
+		nanosleep(&nap, NULL);
+		atomic_fetch_add_explicit(&p->sleeps, 1, memory_order_relaxed);
+		nap_us = nap_us * 2 > p->cfg.sleep_max_us ? p->cfg.sleep_max_us : nap_us * 2;
+	}
+	return NULL;
+}
+
+/* Loop: hand every queued notice to the callback. */
+static void drain(struct ev_loop *loop, ev_async *w, int revents)
+{
+	(void)loop; (void)revents;
+	rw_ipc_poller_t *p = w->data;
+	uint32_t tail = atomic_load_explicit(&p->q_tail, memory_order_relaxed);
+	const uint32_t head = atomic_load_explicit(&p->q_head, memory_order_acquire); /* pair N */
+	while (tail != head) {
+		struct notice n = p->q[tail & p->q_mask];
+		tail++;
+		if (n.retired)
+			p->slots[n.id].state = FREE;
+		p->cb(p->ctx, n.id, n.value, (int)n.retired);
+	}
+	atomic_store_explicit(&p->q_tail, tail, memory_order_release); /* pair T */
+}
+
+rw_status_t rw_ipc_poller_create(struct ev_loop *loop, const rw_ipc_poller_config_t *cfg,
+				 rw_ipc_poller_cb cb, void *ctx, rw_ipc_poller_t **poller_p)
+{
+	if (!loop || !cfg || !cb || cfg->max_watches == 0 || cfg->max_watches > 65536 ||
+	    cfg->sleep_min_us == 0 || cfg->sleep_max_us < cfg->sleep_min_us)
+		return RW_ERR_INVAL;
+	rw_ipc_poller_t *p = calloc(1, sizeof(*p));
+	if (!p)
+		return RW_ERR_NOMEM;
+	uint32_t qsize = 64;
+	while (qsize < 2 * cfg->max_watches)
+		qsize *= 2;
+	p->slots = calloc(cfg->max_watches, sizeof(*p->slots));
+	p->q = calloc(qsize, sizeof(*p->q));
+	if (!p->slots || !p->q)
+		goto fail_free;
+	p->q_mask = qsize - 1;
+	p->loop = loop;
+	p->cb = cb;
+	p->ctx = ctx;
+	p->cfg = *cfg;
+	ev_async_init(&p->async, drain);
+	p->async.data = p;
+	ev_async_start(loop, &p->async);
+	int err = pthread_create(&p->thread, NULL, run, p);
+	if (err != 0) {
+		errno = err;
+		rw_err("ipc: cannot start the word poller thread: %m");
+		ev_async_stop(loop, &p->async);
+		free(p->q);
+		free(p->slots);
+		free(p);
+		return RW_ERR_SYS;
+	}
+	*poller_p = p;
+	return RW_OK;
+
+fail_free:
+	free(p->q);
+	free(p->slots);
+	free(p);
+	return RW_ERR_NOMEM;
+}
+
+void rw_ipc_poller_destroy(rw_ipc_poller_t *p)
+{
+	if (!p)
+		return;
+	atomic_store_explicit(&p->stop, 1, memory_order_relaxed);
+	pthread_join(p->thread, NULL);
+	ev_async_stop(p->loop, &p->async);
+	free(p->q);
+	free(p->slots);
+	free(p);
+}
+
+rw_status_t rw_ipc_poller_watch(rw_ipc_poller_t *p, const void *word, uint32_t *id_p)
+{
+	if (!word || ((uintptr_t)word & 7) != 0)
+		return RW_ERR_INVAL;
+	for (uint32_t i = 0; i < p->cfg.max_watches; i++) {
+		struct slot *s = &p->slots[i];
+		if (s->state != FREE)
+			continue;
+		const _Atomic uint64_t *w = word;
+		s->state = LIVE;
+		s->base = atomic_load_explicit(w, memory_order_acquire);
+		if (i >= atomic_load_explicit(&p->high, memory_order_relaxed))
+			atomic_store_explicit(&p->high, i + 1, memory_order_release);
+		atomic_store_explicit(&s->word, w, memory_order_release); /* pair W */
+		*id_p = i;
+		return RW_OK;
+	}
+	return RW_ERR_AGAIN;
+}
+
+void rw_ipc_poller_unwatch(rw_ipc_poller_t *p, uint32_t id)
+{
+	if (id >= p->cfg.max_watches || p->slots[id].state != LIVE)
+		return;
+	struct slot *s = &p->slots[id];
+	s->state = RETIRING;
+	atomic_store_explicit(&s->word, NULL, memory_order_relaxed);
+	atomic_store_explicit(&s->retire, 1, memory_order_release); /* pair R */
+}
+
+void rw_ipc_poller_busy(rw_ipc_poller_t *p, int busy)
+{
+	atomic_fetch_add_explicit(&p->busy, busy ? 1 : -1, memory_order_relaxed);
+}
+
+void rw_ipc_poller_stats(const rw_ipc_poller_t *p, rw_ipc_poller_stats_t *st)
+{
+	rw_ipc_poller_t *q = (rw_ipc_poller_t *)p; /* the counters are atomics, read only */
+	memset(st, 0, sizeof(*st));
+	st->scans = atomic_load_explicit(&q->scans, memory_order_relaxed);
+	st->sleeps = atomic_load_explicit(&q->sleeps, memory_order_relaxed);
+	st->moves = atomic_load_explicit(&q->moves, memory_order_relaxed);
+	st->wakeups = atomic_load_explicit(&q->wakeups, memory_order_relaxed);
+	clockid_t cid;
+	struct timespec t;
+	if (pthread_getcpuclockid(q->thread, &cid) == 0 && clock_gettime(cid, &t) == 0)
+		st->cpu_ns = (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}

@@ -1,0 +1,296 @@
+/* tests/ipc/test_poller.c: the word poller (ipc/poller.c) with a real thread, a real libev loop
+ * and words written by other threads, by a CPU store that releases a waiting stream, and by that
+ * stream (cuStreamWriteValue64 on the stand-in driver, tests/cuda/libfakecuda.so): every change
+ * is reported by its latest value, values never go back, a baseline is not a change, a retired
+ * watch is reported once and never read again, a full notice queue loses nothing. */
+#include <ev.h>
+#include <libgen.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "cuda/rw_cuda.h"
+#include "ipc/ipc.h"
+
+#define NW 16
+#define LINE 64
+
+/* Words, one per cache line, in a shared mapping (as a rank page). */
+static _Atomic uint64_t *words;
+static uint8_t *page;
+
+struct seen {
+	uint64_t last[NW * 4];
+	unsigned reports[NW * 4];
+	unsigned retired[NW * 4];
+	int backwards;            /* a value lower than one reported before for the same id */
+	uint32_t id_of[NW * 4];   /* test index -> poller id */
+};
+static struct seen seen;
+
+static _Atomic uint64_t *word(unsigned i) { return (_Atomic uint64_t *)(void *)(page + (size_t)i * LINE); }
+
+static void on_word(void *ctx, uint32_t id, uint64_t value, int retired)
+{
+	struct seen *s = ctx;
+	if (retired) {
+		s->retired[id]++;
+		return;
+	}
+	if (s->reports[id] && value <= s->last[id])
+		s->backwards++;
+	s->last[id] = value;
+	s->reports[id]++;
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	page = mmap(NULL, 4 * NW * LINE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	words = (_Atomic uint64_t *)(void *)page;
+	memset(&seen, 0, sizeof(seen));
+	return page == MAP_FAILED ? -1 : 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	munmap(page, 4 * NW * LINE);
+	return 0;
+}
+
+static const rw_ipc_poller_config_t cfg = {
+	.max_watches = NW * 4, .spin_us = 100, .sleep_min_us = 20, .sleep_max_us = 1000,
+};
+
+/* Run the loop until done(arg) or 10 s (then the case fails on its own assertions). */
+static void run_until(struct ev_loop *loop, int (*done)(void *), void *arg)
+{
+	for (int i = 0; i < 10000 && !done(arg); i++) {
+		ev_run(loop, EVRUN_NOWAIT);
+		if (!done(arg))
+			usleep(1000);
+	}
+}
+
+static int all_at(void *arg)
+{
+	uint64_t want = *(uint64_t *)arg;
+	for (unsigned i = 0; i < NW; i++)
+		if (seen.last[seen.id_of[i]] != want)
+			return 0;
+	return 1;
+}
+
+struct writer_args {
+	unsigned n_words;
+	uint64_t last;
+};
+
+static void *writer(void *arg)
+{
+	const struct writer_args *a = arg;
+	for (uint64_t k = 1; k <= a->last; k++) {
+		for (unsigned i = 0; i < a->n_words; i++)
+			atomic_store_explicit(word(i), k, memory_order_release);
+		if (k % 64 == 0)
+			usleep(200); /* idle gaps: the poller goes from spinning to sleeping and back */
+	}
+	return NULL;
+}
+
+/* Every word written 1..2000 by another thread: the last value reported for each, in order. */
+static void test_reports_every_word_in_order(void **state)
+{
+	(void)state;
+	struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+	rw_ipc_poller_t *p;
+	assert_int_equal(rw_ipc_poller_create(loop, &cfg, on_word, &seen, &p), RW_OK);
+	for (unsigned i = 0; i < NW; i++)
+		assert_int_equal(rw_ipc_poller_watch(p, word(i), &seen.id_of[i]), RW_OK);
+	struct writer_args a = { NW, 2000 };
+	pthread_t t;
+	assert_int_equal(pthread_create(&t, NULL, writer, &a), 0);
+	run_until(loop, all_at, &a.last);
+	pthread_join(t, NULL);
+	for (unsigned i = 0; i < NW; i++) {
+		assert_int_equal(seen.last[seen.id_of[i]], 2000);
+		assert_true(seen.reports[seen.id_of[i]] >= 1);
+	}
+	assert_int_equal(seen.backwards, 0);
+	rw_ipc_poller_stats_t st;
+	rw_ipc_poller_stats(p, &st);
+	assert_true(st.moves >= NW);
+	assert_true(st.scans > 0);
+	rw_ipc_poller_destroy(p);
+	ev_loop_destroy(loop);
+}
+
+static int retired_one(void *arg) { return seen.retired[*(uint32_t *)arg] == 1; }
+static int reported(void *arg) { return seen.reports[*(uint32_t *)arg] > 0; }
+
+/* The value at watch time is the baseline; a retired watch is reported once and its word is
+ * not read again (it is unmapped right after the report, which ASan would catch a read of). */
+static void test_baseline_and_retire(void **state)
+{
+	(void)state;
+	struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+	rw_ipc_poller_t *p;
+	uint32_t a, b;
+	assert_int_equal(rw_ipc_poller_create(loop, &cfg, on_word, &seen, &p), RW_OK);
+	atomic_store(word(0), 5);
+	assert_int_equal(rw_ipc_poller_watch(p, word(0), &a), RW_OK);
+	usleep(20000); /* the thread scans the table many times meanwhile */
+	ev_run(loop, EVRUN_NOWAIT);
+	assert_int_equal(seen.reports[a], 0); /* the baseline is no change */
+	atomic_store(word(0), 6);
+	run_until(loop, reported, &a);
+	assert_int_equal(seen.last[a], 6);
+
+	/* retire a watch the thread has read many times */
+	rw_ipc_poller_unwatch(p, a);
+	rw_ipc_poller_unwatch(p, a); /* twice: still one report */
+	run_until(loop, retired_one, &a);
+	assert_int_equal(seen.retired[a], 1);
+	/* a separate mapping for b, unmapped once retired */
+	uint8_t *own = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	assert_true(own != MAP_FAILED);
+	assert_int_equal(rw_ipc_poller_watch(p, own, &b), RW_OK);
+	rw_ipc_poller_unwatch(p, b); /* perhaps before the thread ever looked at it */
+	run_until(loop, retired_one, &b);
+	assert_int_equal(seen.retired[b], 1);
+	munmap(own, 4096);
+	unsigned before = seen.reports[b];
+	usleep(20000);
+	ev_run(loop, EVRUN_NOWAIT);
+	assert_int_equal(seen.reports[b], before);
+	rw_ipc_poller_destroy(p);
+	ev_loop_destroy(loop);
+}
+
+/* A full table refuses, and a slot comes back only with its retired report; bad arguments. */
+static void test_table_full_and_bad_arguments(void **state)
+{
+	(void)state;
+	struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+	rw_ipc_poller_t *p;
+	rw_ipc_poller_config_t small = cfg, bad = cfg;
+	small.max_watches = 4;
+	uint32_t id[4], extra;
+	bad.sleep_max_us = bad.sleep_min_us - 1;
+	assert_int_equal(rw_ipc_poller_create(loop, &bad, on_word, &seen, &p), RW_ERR_INVAL);
+	bad = cfg;
+	bad.max_watches = 0;
+	assert_int_equal(rw_ipc_poller_create(loop, &bad, on_word, &seen, &p), RW_ERR_INVAL);
+	assert_int_equal(rw_ipc_poller_create(loop, &small, on_word, &seen, &p), RW_OK);
+	for (unsigned i = 0; i < 4; i++)
+		assert_int_equal(rw_ipc_poller_watch(p, word(i), &id[i]), RW_OK);
+	assert_int_equal(rw_ipc_poller_watch(p, word(4), &extra), RW_ERR_AGAIN);
+	assert_int_equal(rw_ipc_poller_watch(p, NULL, &extra), RW_ERR_INVAL);
+	assert_int_equal(rw_ipc_poller_watch(p, page + 4, &extra), RW_ERR_INVAL);
+	rw_ipc_poller_unwatch(p, id[2]);
+	assert_int_equal(rw_ipc_poller_watch(p, word(4), &extra), RW_ERR_AGAIN); /* not retired yet */
+	run_until(loop, retired_one, &id[2]);
+	assert_int_equal(rw_ipc_poller_watch(p, word(4), &extra), RW_OK);
+	assert_int_equal(extra, id[2]);
+	rw_ipc_poller_destroy(p);
+	ev_loop_destroy(loop);
+}
+
+static int all_four_x(void *arg)
+{
+	uint64_t want = *(uint64_t *)arg;
+	for (unsigned i = 0; i < NW * 4; i++)
+		if (seen.last[seen.id_of[i]] != want)
+			return 0;
+	return 1;
+}
+
+/* Many more changes than the notice queue holds while the loop does not drain it: nothing is
+ * lost, each word's last value arrives. */
+static void test_full_queue_loses_nothing(void **state)
+{
+	(void)state;
+	struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+	rw_ipc_poller_t *p;
+	rw_ipc_poller_config_t c = cfg;
+	c.max_watches = NW * 4; /* queue: 128 notices */
+	assert_int_equal(rw_ipc_poller_create(loop, &c, on_word, &seen, &p), RW_OK);
+	for (unsigned i = 0; i < NW * 4; i++)
+		assert_int_equal(rw_ipc_poller_watch(p, word(i), &seen.id_of[i]), RW_OK);
+	struct writer_args a = { NW * 4, 500 };
+	writer(&a); /* here, with the loop not running: the queue fills and stays full */
+	uint64_t last = 500;
+	run_until(loop, all_four_x, &last);
+	for (unsigned i = 0; i < NW * 4; i++)
+		assert_int_equal(seen.last[seen.id_of[i]], 500);
+	assert_int_equal(seen.backwards, 0);
+	rw_ipc_poller_destroy(p);
+	ev_loop_destroy(loop);
+}
+
+/* The protocol's hand-off on the stand-in driver: a stream waits on "plan >= 1" and then writes
+ * "packed = 42" (cuStreamWriteValue64); the CPU publishes plan; the poller reports packed. */
+static void test_stream_written_word(void **state)
+{
+	(void)state;
+	if (rw_cuda_init() != RW_OK) {
+		print_message("skipped: no CUDA driver: %s\n", rw_cuda_unavailable_reason());
+		skip();
+	}
+	struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+	rw_ipc_poller_t *p;
+	rw_cuda_dptr_t dev;
+	rw_cuda_stream_t *s;
+	rw_cuda_ext_stream_t e;
+	uint32_t id;
+	assert_int_equal(rw_cuda_host_register_mapped(page, 4 * NW * LINE, &dev), RW_OK);
+	assert_int_equal(rw_cuda_stream_create(0, &s), RW_OK);
+	assert_int_equal(rw_cuda_ext_stream_of(s, &e), RW_OK);
+	assert_int_equal(rw_ipc_poller_create(loop, &cfg, on_word, &seen, &p), RW_OK);
+	assert_int_equal(rw_ipc_poller_watch(p, word(1), &id), RW_OK);
+	assert_int_equal(rw_cuda_word_wait(&e, dev, 1), RW_OK);          /* word 0: plan */
+	assert_int_equal(rw_cuda_word_write(&e, dev + LINE, 42), RW_OK); /* word 1: packed */
+	usleep(20000);
+	ev_run(loop, EVRUN_NOWAIT);
+	assert_int_equal(seen.reports[id], 0); /* the stream still waits */
+	atomic_store_explicit(word(0), 1, memory_order_release);
+	run_until(loop, reported, &id);
+	assert_int_equal(seen.last[id], 42);
+	assert_int_equal(rw_cuda_stream_sync(s), RW_OK);
+	rw_ipc_poller_destroy(p);
+	rw_cuda_stream_destroy(s);
+	rw_cuda_host_unregister(page);
+	ev_loop_destroy(loop);
+}
+
+int main(int argc, char **argv)
+{
+	char self[4096], fake[4200];
+	(void)argc;
+	/* build/test/ipc_poller -> build/tests/cuda/libfakecuda.so, unless RW_CUDA_DRIVER names one */
+	snprintf(self, sizeof(self), "%s", argv[0]);
+	snprintf(fake, sizeof(fake), "%s/../tests/cuda/libfakecuda.so", dirname(self));
+	setenv("RW_CUDA_DRIVER", fake, 0);
+	rw_log_set_level(RW_LOG_WARN);
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_reports_every_word_in_order, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_baseline_and_retire, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_table_full_and_bad_arguments, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_full_queue_loses_nothing, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_stream_written_word, setup, teardown),
+	};
+	int rc = cmocka_run_group_tests(tests, NULL, NULL);
+	rw_cuda_shutdown();
+	return rc;
+}
