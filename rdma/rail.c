@@ -63,6 +63,21 @@ rw_status_t rw_rail_range_check(uint64_t region_length, uint64_t offset, uint64_
 	return RW_OK;
 }
 
+void rw_rail_report_failure(rw_rail_conn_t *conn, uint64_t *acked_p, uint64_t posted,
+			    void *(*ctx_of)(const rw_rail_conn_t *conn, uint64_t k),
+			    const int *closed_p, rw_status_t st)
+{
+	while (*acked_p < posted) {
+		void *write_ctx = ctx_of(conn, (*acked_p)++);
+		if (conn->cbs.on_write_done)
+			conn->cbs.on_write_done(conn, conn->ctx, write_ctx, st);
+		if (*closed_p)
+			return;
+	}
+	if (conn->cbs.on_error)
+		conn->cbs.on_error(conn, conn->ctx, st);
+}
+
 rw_status_t rw_rail_dev_open(const rw_rail_config_t *cfg, struct ev_loop *loop,
 			     rw_rail_dev_t **dev_p)
 {

@@ -340,5 +340,13 @@ rw_status_t rw_rail_dev_init_base(rw_rail_dev_t *dev, const rw_rail_ops_t *ops,
 /* Bounds check shared by transports: [offset, offset+length) within region_length, no
  * overflow. Returns RW_OK or RW_ERR_RANGE. */
 rw_status_t rw_rail_range_check(uint64_t region_length, uint64_t offset, uint64_t length);
+/* A connection's terminal failure as the Failure rule above says, once the transport stopped
+ * it: writes *acked_p .. posted-1 come back with on_write_done(st) in posting order (*acked_p
+ * advances as each is reported), then on_error(st) once. ctx_of(conn, k) is write k's
+ * write_ctx; when *closed_p turns non-zero (a callback closed the connection) nothing more is
+ * reported. Loop thread, from inside the transport's own callback. */
+void rw_rail_report_failure(rw_rail_conn_t *conn, uint64_t *acked_p, uint64_t posted,
+			    void *(*ctx_of)(const rw_rail_conn_t *conn, uint64_t k),
+			    const int *closed_p, rw_status_t st);
 
 #endif /* RW_RDMA_RAIL_H */

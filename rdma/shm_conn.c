@@ -176,6 +176,12 @@ static void cb_leave(shm_conn_t *c)
 		conn_free(c);
 }
 
+static void *write_ctx_of(const rw_rail_conn_t *conn, uint64_t k)
+{
+	const shm_conn_t *c = (const shm_conn_t *)conn;
+	return c->tx[k & c->out_mask].ctx;
+}
+
 /* Terminal failure, on the loop inside one of our callbacks: every outstanding write comes
  * back with st in posting order, then on_error once. */
 static void conn_fail(shm_conn_t *c, rw_status_t st)
@@ -188,16 +194,7 @@ static void conn_fail(shm_conn_t *c, rw_status_t st)
 		shm_conn_destroy(c);
 		return;
 	}
-	while (c->tx_acked < c->tx_posted) {
-		shm_tx_t *t = &c->tx[c->tx_acked & c->out_mask];
-		c->tx_acked++;
-		if (c->base.cbs.on_write_done)
-			c->base.cbs.on_write_done(&c->base, c->base.ctx, t->ctx, st);
-		if (c->closed)
-			return;
-	}
-	if (c->base.cbs.on_error)
-		c->base.cbs.on_error(&c->base, c->base.ctx, st);
+	rw_rail_report_failure(&c->base, &c->tx_acked, c->tx_posted, write_ctx_of, &c->closed, st);
 }
 
 static void proto_fail(shm_conn_t *c, const char *why, const shm_msg_t *m)

@@ -112,6 +112,12 @@ static int tcp_cb_leave(tcp_conn_t *c)
 	return 1;
 }
 
+static void *write_ctx_of(const rw_rail_conn_t *conn, uint64_t k)
+{
+	const tcp_conn_t *c = (const tcp_conn_t *)conn;
+	return c->ring[k & c->ring_mask].ctx;
+}
+
 /* Terminal failure reported on the loop (inside an ev callback: cb_depth > 0). */
 static void tcp_conn_fail(tcp_conn_t *c, rw_status_t st)
 {
@@ -124,16 +130,7 @@ static void tcp_conn_fail(tcp_conn_t *c, rw_status_t st)
 		conn_destroy(c);
 		return;
 	}
-	while (c->tx_acked < c->tx_posted) {
-		tx_entry_t *e = &c->ring[c->tx_acked & c->ring_mask];
-		c->tx_acked++;
-		if (c->base.cbs.on_write_done)
-			c->base.cbs.on_write_done(&c->base, c->base.ctx, e->ctx, st);
-		if (c->closed)
-			return;
-	}
-	if (c->base.cbs.on_error)
-		c->base.cbs.on_error(&c->base, c->base.ctx, st);
+	rw_rail_report_failure(&c->base, &c->tx_acked, c->tx_posted, write_ctx_of, &c->closed, st);
 }
 
 /* An accepted connection dropped before its handshake was taken (refused proof, silence):
