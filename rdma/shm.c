@@ -246,6 +246,18 @@ static rw_status_t shm_reg_host(rw_rail_dev_t *base, void *addr, uint64_t length
 		rw_err("rail %u: an shm region must start on a page boundary (%p)", base->rail, addr);
 		return RW_ERR_INVAL;
 	}
+	/* Pages are what is shared: a second region on pages of a first would map a new memfd
+	 * over them, and peers writing into the first would write into pages nobody reads. */
+	const uintptr_t lo = (uintptr_t)addr, hi = lo + ((length + page - 1) & ~(page - 1));
+	for (size_t i = 0; i < dev->nregions; i++) {
+		const uintptr_t b = (uintptr_t)dev->regions[i]->base.addr;
+		if (lo < b + dev->regions[i]->span && b < hi) {
+			rw_err("rail %u: shm regions may not share pages (%p+%llu overlaps region %#llx)",
+			       base->rail, addr, (unsigned long long)length,
+			       (unsigned long long)dev->regions[i]->base.key);
+			return RW_ERR_INVAL;
+		}
+	}
 	if (dev->nregions == dev->cap_regions) {
 		size_t cap = dev->cap_regions ? 2 * dev->cap_regions : 16;
 		shm_region_t **grown = realloc(dev->regions, cap * sizeof(*grown));

@@ -116,6 +116,11 @@ static void test_registration(void **state)
 	assert_int_equal(rw_rail_reg_host(ep->dev, a->mem, 0, &r), RW_ERR_INVAL);
 	assert_int_equal(rw_rail_reg_host(ep->dev, NULL, 10, &r), RW_ERR_INVAL);
 	assert_null(r);
+	if (strcmp(opt.transport, "shm") == 0) { /* shm shares pages: none may be in two regions */
+		assert_int_equal(rw_rail_reg_host(ep->dev, b->mem + 4096, 4096, &r), RW_ERR_INVAL);
+		assert_int_equal(rw_rail_reg_host(ep->dev, b->mem + 100, 16, &r), RW_ERR_INVAL);
+		assert_null(r);
+	}
 
 	/* dmabuf: a memfd is not a dmabuf; tcp cannot register dmabufs at all. */
 	int fd = memfd_create("not-a-dmabuf", MFD_CLOEXEC);
