@@ -12,7 +12,9 @@
  * the same receiver, sharing the device's bucket) for about --seconds; prints achieved/requested
  * per rail, each connection's finish time relative to the run, and the unpaced rate of the same
  * setup measured in the same run.
- *   rail_bench --pace=50M,200M,1G [--rails=1,4] [--sizes=64K,4M] [--conns=2] [--seconds=2] */
+ *   rail_bench --pace=50M,200M,1G [--rails=1,4] [--sizes=64K,4M] [--conns=2] [--seconds=2]
+ * --transport=shm measures the shm transport's pacing the same way (docs/perf/shm.md); the
+ * throughput mode's plain-TCP ceiling is tcp's alone. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <ev.h>
@@ -35,6 +37,8 @@
 
 #define MAX_RAILS 8
 #define WINDOW_BYTES (32u << 20) /* receive window per rail: writes in flight x size */
+
+static const char *transport = "tcp"; /* --transport= */
 
 static uint64_t parse_size(const char *s)
 {
@@ -220,7 +224,7 @@ static int open_rails(rail_side_t *s, unsigned rails, unsigned node, uint64_t re
 	for (unsigned r = 0; r < rails; r++) {
 		char local[32];
 		snprintf(local, sizeof(local), "127.0.%u.%u", r + 1, node);
-		rw_rail_config_t cfg = {.transport = "tcp", .local = local, .rail = r + 1,
+		rw_rail_config_t cfg = {.transport = transport, .local = local, .rail = r + 1,
 					.max_writes = 4096, .pace_bps = pace_bps};
 		if (rw_rail_dev_open(&cfg, s->loop, &s->dev[r]) != RW_OK)
 			return -1;
@@ -762,8 +766,8 @@ static int pace_main(const uint64_t *rates, int nrates, const uint64_t *rails_li
 	uint64_t max_size = 0;
 	for (int i = 0; i < nsizes; i++)
 		max_size = RW_MAX(max_size, sizes[i]);
-	printf("rail_bench --pace: tcp transport rate pacing on loopback, %u connection(s) per "
-	       "rail device, ~%.1f s per point, %ld CPUs online\n", conns, seconds,
+	printf("rail_bench --pace: %s transport rate pacing on loopback, %u connection(s) per "
+	       "rail device, ~%.1f s per point, %ld CPUs online\n", transport, conns, seconds,
 	       sysconf(_SC_NPROCESSORS_ONLN));
 	printf("achieved = payload bits per rail / time to the last completion; first = when the "
 	       "first connection finished, fraction of the run (1.00 = all together)\n");
@@ -855,6 +859,7 @@ int main(int argc, char **argv)
 		else if (!strncmp(argv[i], "--seconds=", 10)) seconds = atof(argv[i] + 10);
 		else if (!strncmp(argv[i], "--bytes=", 8)) total = parse_size(argv[i] + 8);
 		else if (!strncmp(argv[i], "--reps=", 7)) reps = atoi(argv[i] + 7);
+		else if (!strncmp(argv[i], "--transport=", 12)) transport = argv[i] + 12;
 		else if (!strcmp(argv[i], "--only-rail")) only_rail = 1; /* for profiling */
 		else if (!strcmp(argv[i], "--only-plain")) only_plain = 1;
 		else {
