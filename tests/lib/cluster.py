@@ -119,17 +119,25 @@ class Cluster:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cfg.update(extra or {})
         for n in range(nodes):
-            ctl = "127.0.0.%d" % (n + 1)
             cfg["nodes"].append({
                 "name": "n%d" % n,
-                "control": "%s:%d" % (ctl, free_port(ctl)),
-                "rails": [{"address": "127.0.%d.%d" % (r, n + 1),
-                           "port": free_port("127.0.%d.%d" % (r, n + 1))} for r in range(rails)],
                 "ipc_socket": os.path.join(tmp, "n%d.sock" % n),
                 "stats_socket": os.path.join(tmp, "n%d.stats" % n),
             })
         self.cfg = cfg
         self.cfg_path = os.path.join(tmp, "cluster.json")
+        self.pick_ports()
+
+    def pick_ports(self):
+        """Free ports for every node's control and rail addresses, and the cluster file rewritten.
+        A port is free when picked; another process may take it before the daemon binds it:
+        start_all() then picks again (a daemon exits 2 naming the port in use)."""
+        for n, node in enumerate(self.cfg["nodes"]):
+            ctl = "127.0.0.%d" % (n + 1)
+            node["control"] = "%s:%d" % (ctl, free_port(ctl))
+            node["rails"] = [{"address": "127.0.%d.%d" % (r, n + 1),
+                              "port": free_port("127.0.%d.%d" % (r, n + 1))}
+                             for r in range(self.rails)]
         self.write_config()
 
     def write_config(self):
@@ -146,9 +154,17 @@ class Cluster:
             stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def start_all(self):
-        for n in range(self.nodes):
-            self.start(n)
-        self.wait_mesh()
+        for attempt in range(3):
+            for n in range(self.nodes):
+                self.start(n)
+            taken = self.wait_mesh(give_up_on_port_taken=attempt < 2)
+            if not taken:
+                return
+            # A port picked free was taken before its daemon bound it: every daemon goes, and
+            # the cluster starts again on new ports (the others were told the old ones).
+            for n in range(self.nodes):
+                self.kill(n)
+            self.pick_ports()
 
     def stats(self, n, cmd="stats"):
         return ask_stats(self.cfg["nodes"][n]["stats_socket"], cmd)
@@ -158,11 +174,23 @@ class Cluster:
         return [{k: float(v) for k, v in (w.split("=", 1) for w in line.split() if "=" in w)}
                 for line in self.stats(n, "stats rails").splitlines() if line.startswith("rail=")]
 
-    def wait_mesh(self, nodes=None):
-        """Until every node of `nodes` (default all) sees every other node up."""
+    def port_taken(self):
+        """True when a daemon exited at start because one of its ports was in use."""
+        for n, p in self.procs.items():
+            if p.poll() == 2:
+                with open(os.path.join(self.tmp, "d%d.log" % n)) as f:
+                    if "the port is in use" in f.read():
+                        return True
+        return False
+
+    def wait_mesh(self, nodes=None, give_up_on_port_taken=False):
+        """Until every node of `nodes` (default all) sees every other node up. With
+        give_up_on_port_taken, returns True as soon as a daemon exited on a port in use."""
         nodes = range(self.nodes) if nodes is None else nodes
         deadline = time.time() + WAIT
         while time.time() < deadline:
+            if give_up_on_port_taken and self.port_taken():
+                return True
             try:
                 if all(self.stats(n, "stats peers").count("state=up") == self.nodes - 1
                        for n in nodes):
