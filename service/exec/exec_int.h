@@ -367,6 +367,10 @@ void exec_tomb_pass(exec_t *x, const rw_wire_key_t *key, rw_svc_phase_kind_t kin
 		    uint32_t local);
 /* A dispatch tomb of `key` exists (its peers' count rows are dead). */
 int exec_tomb_exists(exec_t *x, const rw_wire_key_t *key);
+/* The count row of peer's attempt `epoch` came while key's dispatch is a tomb here: a local rank
+ * still owes its answer to the failed phase, so this attempt cannot complete here. Tell that
+ * peer now (a PHASE_ERR naming its attempt) instead of letting it wait for a phase timeout. */
+void exec_tomb_tell(exec_t *x, const rw_wire_key_t *key, uint32_t peer, uint32_t epoch);
 void exec_tomb_left(exec_t *x, uint32_t group_hash, uint32_t local);
 void exec_ended_add(exec_t *x, const rw_wire_key_t *key, uint32_t node, uint32_t epoch);
 int exec_ended_find(const exec_t *x, const rw_wire_key_t *key, uint32_t node, uint32_t epoch);

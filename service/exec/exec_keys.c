@@ -127,6 +127,29 @@ int exec_tomb_exists(exec_t *x, const rw_wire_key_t *key)
 	return tomb_find(x, key, RW_SVC_DISPATCH) != NULL;
 }
 
+void exec_tomb_tell(exec_t *x, const rw_wire_key_t *key, uint32_t peer, uint32_t epoch)
+{
+	const exec_tomb_t *t = tomb_find(x, key, RW_SVC_DISPATCH);
+	if (!t)
+		return;
+	/* A failure of its own (an id the peer has not seen), about that attempt only (dst_epoch):
+	 * the peer fails the pair that sent the row, or nothing if it has ended. */
+	const uint32_t id = exec_epoch_new(++x->next_serial);
+	rw_wire_phase_err_t e = { .key = *key, .kind = RW_SVC_DISPATCH, .status = RW_ERR_STATE,
+				  .node = x->me, .epoch = id, .dst_epoch = epoch,
+				  .cause_node = x->me, .cause_id = id };
+	int off = snprintf(e.msg, sizeof(e.msg), "node %u (%s): failed there before this attempt: ",
+			   x->me, x->svc->cfg.nodes[x->me].name);
+	if (off > 0 && (size_t)off < sizeof(e.msg)) { /* then the tomb's reason, cut to fit */
+		size_t n = strnlen(t->msg, sizeof(e.msg) - (size_t)off - 1);
+		memcpy(e.msg + off, t->msg, n);
+		e.msg[(size_t)off + n] = '\0';
+	}
+	uint8_t buf[RW_WIRE_PHASE_ERR_SIZE];
+	size_t n = rw_wire_phase_err_pack(&e, buf, sizeof(buf));
+	(void)rw_svc_mesh_send(x->mesh, peer, RW_WIRE_PHASE_ERR, buf, (uint32_t)n);
+}
+
 void exec_tomb_left(exec_t *x, uint32_t group_hash, uint32_t local)
 {
 	exec_tomb_t *t, *nx;

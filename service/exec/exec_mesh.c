@@ -21,8 +21,10 @@ static void mesh_counts(void *ctx, uint32_t peer, const rw_wire_counts_t *c)
 	if (c->slot >= EXEC_SLOTS)
 		return;
 	if (exec_tomb_exists(x, &c->key)) { /* that phase already failed here */
-		if (c->params.epoch)
+		if (c->params.epoch && !exec_ended_find(x, &c->key, peer, c->params.epoch)) {
 			exec_ended_add(x, &c->key, peer, c->params.epoch);
+			exec_tomb_tell(x, &c->key, peer, c->params.epoch);
+		}
 		return;
 	}
 	exec_row_keep(x, c, peer); /* early: kept until our own ranks get there (or it ages out) */

@@ -13,22 +13,55 @@
 /* Node 1's ranks never come: node 0's phase times out (RW_E_PHASE), PHASE_ERR tells node 1,
  * which has no pair and keeps a tombstone: its ranks, submitting that key later, fail at once
  * (inside the submission). Then every rank retries the same key at once and it passes. */
-static void test_timeout_tombstone_retry(void **state)
+static cl_t *node1_never_comes(uint64_t seed)
 {
-	(void)state;
 	opts_t o = { .nodes = 2, .path = "native", .timeout_ms = 1000 };
-	cl_t *c = cl_new(&o, 300);
+	cl_t *c = cl_new(&o, seed);
 	for (uint32_t r = 0; r < c->G; r++)
 		dispatch_submit(c, r, 0, 0, NULL);
 	for (uint32_t r = 0; r < c->G; r++)
 		expect_err(c, r, RW_E_PHASE, "timeout");
 	settle(c);
+	return c;
+}
+
+static void test_timeout_tombstone_retry(void **state)
+{
+	(void)state;
+	cl_t *c = node1_never_comes(300);
 	for (uint32_t r = c->G; r < c->W; r++) {
 		dispatch_submit(c, r, 0, 0, NULL);
 		expect_err_now(c, r, RW_E_PHASE, "tombstone");
 	}
 	run_pair(c, 0, 0); /* the same key */
 	run_pair(c, 0, 1);
+	cl_free(c);
+}
+
+/* The same, but node 0's ranks retry at once, before node 1's ranks have come: node 0's row of
+ * the retry reaches node 1 while the key is still a tomb there (its ranks owe their answer to
+ * the failed phase), so the retry cannot complete. Node 1 says so at once (a PHASE_ERR naming
+ * node 0's new attempt): node 0's ranks fail without a phase timeout, node 1's ranks get the
+ * tomb's answer when they come, and the next retry of everyone passes. Before, node 1 dropped
+ * the row silently and node 0 waited out its timeout, again and again. */
+static void test_retry_meets_tomb(void **state)
+{
+	(void)state;
+	cl_t *c = node1_never_comes(310);
+	uint64_t timeouts = c->svc[0].metrics.errors[-RW_ERR_TIMEOUT];
+	for (uint32_t r = 0; r < c->G; r++) /* node 0's retry, at once */
+		dispatch_submit(c, r, 0, 0, NULL);
+	for (uint32_t r = 0; r < c->G; r++)
+		expect_err(c, r, RW_E_PHASE, "node 0's retry met node 1's tomb");
+	CHECK(c->svc[0].metrics.errors[-RW_ERR_TIMEOUT] == timeouts,
+	      "node 0's retry waited out a phase timeout");
+	CHECK(strstr(fk_client_notice(c->rk[0].c), "failed there before this attempt"),
+	      "rank 0 was not told why: '%s'", fk_client_notice(c->rk[0].c));
+	for (uint32_t r = c->G; r < c->W; r++) {
+		dispatch_submit(c, r, 0, 0, NULL);
+		expect_err_now(c, r, RW_E_PHASE, "tombstone");
+	}
+	retry_key(c, 0, 0);
 	cl_free(c);
 }
 
@@ -203,6 +236,7 @@ int exec_failures_run(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_timeout_tombstone_retry),
+		cmocka_unit_test(test_retry_meets_tomb),
 		cmocka_unit_test(test_timeout_combine),
 		cmocka_unit_test(test_timeout_lost_row),
 		cmocka_unit_test(test_timeout_both_sides),
