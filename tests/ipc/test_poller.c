@@ -4,7 +4,6 @@
  * is reported by its latest value, values never go back, a baseline is not a change, a retired
  * watch is reported once and never read again, a full notice queue loses nothing. */
 #include <ev.h>
-#include <libgen.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,6 +20,7 @@
 
 #include "cuda/rw_cuda.h"
 #include "ipc/ipc.h"
+#include "tests/lib/fake_driver.h"
 
 #define NW 16
 #define LINE 64
@@ -276,12 +276,8 @@ static void test_stream_written_word(void **state)
 
 int main(int argc, char **argv)
 {
-	char self[4096], fake[4200];
 	(void)argc;
-	/* build/test/ipc_poller -> build/tests/cuda/libfakecuda.so, unless RW_CUDA_DRIVER names one */
-	snprintf(self, sizeof(self), "%s", argv[0]);
-	snprintf(fake, sizeof(fake), "%s/../tests/cuda/libfakecuda.so", dirname(self));
-	setenv("RW_CUDA_DRIVER", fake, 0);
+	rw_test_use_fake_cuda(argv[0]);
 	rw_log_set_level(RW_LOG_WARN);
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_reports_every_word_in_order, setup, teardown),

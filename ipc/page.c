@@ -1,0 +1,93 @@
+/* The rank page's layout and the words' rules (contract in ipc/page.h, protocol in
+ * docs/rankpath.md). Pure: no system call, no allocation. Compiled into both faces.
+ *
+ * Ordering pairs:
+ *   P6 daemon (rw_page_fail) or rank CPU (rw_page_daemon_lost): store status, then store-release
+ *      plan and arrived -> the rank's stream waits on the word; the kernels after the wait load
+ *      the status. The store-release orders the status before the word for the GPU's reads too
+ *      (a CPU's stores to host memory reach the GPU in order on x86 and with release on Arm). */
+#include "ipc/page.h"
+
+#define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
+
+_Static_assert(sizeof(rw_page_params_t) == 40, "rank page ABI");
+_Static_assert(sizeof(rw_page_plan_entry_t) == 16, "rank page ABI");
+_Static_assert(offsetof(rw_page_head_t, word) == RW_PAGE_LINE, "rank page ABI: words on line 1");
+_Static_assert((RW_PAGE_DEPTH & (RW_PAGE_DEPTH - 1)) == 0, "depth is a power of two");
+
+int rw_page_layout(uint32_t nodes, uint32_t rails, uint32_t max_recv, size_t page,
+		   rw_page_layout_t *l)
+{
+	if (nodes == 0 || rails == 0 || nodes > 65536 || rails > 64 || page == 0 ||
+	    (page & (page - 1)) != 0)
+		return -1;
+	const uint64_t cells = (uint64_t)nodes * rails;
+	uint64_t off = 0, slot;
+	l->params = 0;
+	off = ALIGN_UP(sizeof(rw_page_params_t), RW_PAGE_LINE);
+	l->count_row = (uint32_t)off;
+	off = ALIGN_UP(off + cells * sizeof(uint32_t), RW_PAGE_LINE);
+	l->plan = (uint32_t)off;
+	off = ALIGN_UP(off + cells * sizeof(rw_page_plan_entry_t), RW_PAGE_LINE);
+	l->fwd_list = (uint32_t)off;
+	slot = ALIGN_UP(off + (uint64_t)max_recv * sizeof(uint32_t), RW_PAGE_LINE);
+	const uint64_t slot0 = ALIGN_UP(sizeof(rw_page_head_t), RW_PAGE_LINE);
+	const uint64_t bytes = ALIGN_UP(slot0 + slot * RW_PAGE_DEPTH, page);
+	if (bytes > (UINT64_C(1) << 30))
+		return -1;
+	l->slot_bytes = (uint32_t)slot;
+	l->slot0 = (uint32_t)slot0;
+	l->bytes = bytes;
+	return 0;
+}
+
+void rw_page_init(rw_page_head_t *pg, uint32_t nodes, uint32_t rails, uint32_t max_tokens,
+		  uint32_t max_recv, const rw_page_layout_t *l)
+{
+	pg->magic = RW_PAGE_MAGIC;
+	pg->version = RW_PAGE_VERSION;
+	pg->depth = RW_PAGE_DEPTH;
+	pg->nodes = nodes;
+	pg->rails = rails;
+	pg->max_tokens = max_tokens;
+	pg->max_recv = max_recv;
+	pg->slot_bytes = l->slot_bytes;
+	pg->bytes = l->bytes;
+}
+
+int rw_page_word_step(uint64_t seen, uint64_t now, uint64_t expect)
+{
+	if (now == seen)
+		return RW_PAGE_SAME;
+	return now == expect ? RW_PAGE_NEXT : RW_PAGE_BAD;
+}
+
+/* Move a word forward to at least v (cyclically), never back; store-release (pair P6). */
+static void raise_word(rw_page_line_t *w, uint64_t v)
+{
+	uint64_t cur = atomic_load_explicit(&w->v, memory_order_relaxed);
+	if ((int64_t)(cur - v) < 0)
+		atomic_store_explicit(&w->v, v, memory_order_release);
+}
+
+void rw_page_fail(rw_page_head_t *pg, uint64_t k, int32_t err)
+{
+	atomic_store_explicit(&pg->status[k & (RW_PAGE_DEPTH - 1)].v, (uint64_t)(uint32_t)err,
+			      memory_order_relaxed);
+	raise_word(&pg->word[RW_PW_PLAN], k);
+	raise_word(&pg->word[RW_PW_ARRIVED], k);
+}
+
+void rw_page_daemon_lost(rw_page_head_t *pg, int32_t err)
+{
+	uint64_t top = 0;
+	for (unsigned i = 0; i < RW_PW_COUNT; i++) {
+		uint64_t v = atomic_load_explicit(&pg->word[i].v, memory_order_relaxed);
+		if ((int64_t)(v - top) > 0)
+			top = v;
+	}
+	for (unsigned d = 0; d < RW_PAGE_DEPTH; d++)
+		atomic_store_explicit(&pg->status[d].v, (uint64_t)(uint32_t)err, memory_order_relaxed);
+	raise_word(&pg->word[RW_PW_PLAN], top + RW_PAGE_OWED_AHEAD);
+	raise_word(&pg->word[RW_PW_ARRIVED], top + RW_PAGE_OWED_AHEAD);
+}

@@ -1,0 +1,190 @@
+/* tests/ipc/test_page.c: the rank page (ipc/page.[ch]): its layout over many random geometries
+ * against the rules a reader relies on (every block on its own cache lines, inside its slot, no
+ * two overlapping, the page big enough and page-rounded), the daemon's judgement of a rank's
+ * words, and the owed words of a failure and of a lost daemon — the latter releasing a stream
+ * that waits on them (stand-in driver, tests/cuda/libfakecuda.so). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "cuda/rw_cuda.h"
+#include "ipc/page.h"
+#include "ipc/railwave.h"
+#include "tests/lib/fake_driver.h"
+
+static uint64_t rng = 0x2545F4914F6CDD1Dull;
+static uint64_t next_u64(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}
+
+static void check_block(uint64_t off, uint64_t len, uint64_t slot, uint64_t *ends, unsigned *n)
+{
+	assert_int_equal(off % RW_PAGE_LINE, 0);
+	assert_true(off + len <= slot);
+	for (unsigned i = 0; i < *n; i++)
+		assert_true(off >= ends[i]); /* blocks come in order, none overlaps an earlier one */
+	ends[(*n)++] = off + len;
+}
+
+static void test_layout_properties(void **state)
+{
+	(void)state;
+	const char *seed = getenv("RW_TEST_SEED");
+	rng = seed ? strtoull(seed, NULL, 0) | 1 : ((uint64_t)time(NULL) << 1) | 1;
+	print_message("seed 0x%llx (RW_TEST_SEED repeats it)\n", (unsigned long long)rng);
+	for (int it = 0; it < 20000; it++) {
+		uint32_t nodes = 1 + (uint32_t)(next_u64() % 4096), rails = 1 + (uint32_t)(next_u64() % 16);
+		uint32_t max_recv = (uint32_t)(next_u64() % 200000);
+		size_t page = (size_t)4096 << (next_u64() % 3);
+		rw_page_layout_t l;
+		if (rw_page_layout(nodes, rails, max_recv, page, &l) != 0) {
+			/* refused only past 1 GiB */
+			uint64_t low = (uint64_t)RW_PAGE_DEPTH * ((uint64_t)nodes * rails * 20 + max_recv * 4);
+			assert_true(low > (UINT64_C(1) << 29));
+			continue;
+		}
+		const uint64_t cells = (uint64_t)nodes * rails;
+		uint64_t ends[4];
+		unsigned n = 0;
+		check_block(l.params, sizeof(rw_page_params_t), l.slot_bytes, ends, &n);
+		check_block(l.count_row, cells * 4, l.slot_bytes, ends, &n);
+		check_block(l.plan, cells * sizeof(rw_page_plan_entry_t), l.slot_bytes, ends, &n);
+		check_block(l.fwd_list, (uint64_t)max_recv * 4, l.slot_bytes, ends, &n);
+		assert_int_equal(l.slot_bytes % RW_PAGE_LINE, 0);
+		assert_true(l.slot0 >= sizeof(rw_page_head_t));
+		assert_int_equal(l.slot0 % RW_PAGE_LINE, 0);
+		assert_true(l.bytes >= (uint64_t)l.slot0 + (uint64_t)l.slot_bytes * RW_PAGE_DEPTH);
+		assert_int_equal(l.bytes % page, 0);
+		assert_true(l.bytes - page < (uint64_t)l.slot0 + (uint64_t)l.slot_bytes * RW_PAGE_DEPTH);
+	}
+	rw_page_layout_t l;
+	assert_int_equal(rw_page_layout(0, 1, 1, 4096, &l), -1);
+	assert_int_equal(rw_page_layout(1, 0, 1, 4096, &l), -1);
+	assert_int_equal(rw_page_layout(1, 1, 1, 4000, &l), -1); /* page not a power of two */
+	assert_int_equal(rw_page_layout(4096, 16, 1u << 30, 4096, &l), -1); /* past 1 GiB */
+	/* the words and status lines sit each on a cache line of their own */
+	for (unsigned i = 0; i < RW_PW_COUNT; i++)
+		assert_int_equal(offsetof(rw_page_head_t, word) + i * sizeof(rw_page_line_t),
+				 (size_t)RW_PAGE_LINE * (1 + i));
+	assert_int_equal(sizeof(rw_page_line_t), RW_PAGE_LINE);
+}
+
+static void test_word_step(void **state)
+{
+	(void)state;
+	assert_int_equal(rw_page_word_step(4, 4, 5), RW_PAGE_SAME);
+	assert_int_equal(rw_page_word_step(4, 5, 5), RW_PAGE_NEXT);
+	assert_int_equal(rw_page_word_step(4, 6, 5), RW_PAGE_BAD);    /* skipped a phase */
+	assert_int_equal(rw_page_word_step(4, 3, 5), RW_PAGE_BAD);    /* went back */
+	assert_int_equal(rw_page_word_step(0, UINT64_MAX, 1), RW_PAGE_BAD);
+}
+
+static rw_page_head_t *fresh_page(rw_page_layout_t *l)
+{
+	assert_int_equal(rw_page_layout(2, 2, 64, 4096, l), 0);
+	rw_page_head_t *pg = mmap(NULL, l->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+				  -1, 0);
+	assert_true(pg != MAP_FAILED);
+	rw_page_init(pg, 2, 2, 128, 64, l);
+	assert_int_equal(pg->magic, RW_PAGE_MAGIC);
+	assert_int_equal(pg->bytes, l->bytes);
+	return pg;
+}
+
+/* A failed phase k: its status, plan and arrived at least k; a word already past k stays. */
+static void test_fail_owes_words_forward_only(void **state)
+{
+	(void)state;
+	rw_page_layout_t l;
+	rw_page_head_t *pg = fresh_page(&l);
+	atomic_store(&pg->word[RW_PW_PLAN].v, 6); /* phase 6 planned, phase 5 fails late */
+	atomic_store(&pg->word[RW_PW_ARRIVED].v, 4);
+	rw_page_fail(pg, 5, RW_E_PHASE);
+	assert_int_equal((int32_t)atomic_load(&pg->status[5 % RW_PAGE_DEPTH].v), RW_E_PHASE);
+	assert_int_equal(atomic_load(&pg->word[RW_PW_PLAN].v), 6);
+	assert_int_equal(atomic_load(&pg->word[RW_PW_ARRIVED].v), 5);
+	for (unsigned d = 0; d < RW_PAGE_DEPTH; d++)
+		if (d != 5 % RW_PAGE_DEPTH)
+			assert_int_equal(atomic_load(&pg->status[d].v), 0);
+	/* the rank's own words are never the daemon's to write */
+	assert_int_equal(atomic_load(&pg->word[RW_PW_SUBMIT].v), 0);
+	assert_int_equal(atomic_load(&pg->word[RW_PW_DONE].v), 0);
+	munmap(pg, l.bytes);
+}
+
+/* The daemon dies at phase 2 while the rank's stream holds waits for phases 3 and 7 (7: queued
+ * ahead, never submitted): the rank's CPU writes the owed words and the stream runs through. */
+static void test_daemon_lost_releases_the_stream(void **state)
+{
+	(void)state;
+	if (rw_cuda_init() != RW_OK) {
+		print_message("skipped: no CUDA driver: %s\n", rw_cuda_unavailable_reason());
+		skip();
+	}
+	rw_page_layout_t l;
+	rw_page_head_t *pg = fresh_page(&l);
+	rw_cuda_dptr_t dev;
+	rw_cuda_stream_t *s;
+	rw_cuda_ext_stream_t e;
+	assert_int_equal(rw_cuda_host_register_mapped(pg, l.bytes, &dev), RW_OK);
+	assert_int_equal(rw_cuda_stream_create(0, &s), RW_OK);
+	assert_int_equal(rw_cuda_ext_stream_of(s, &e), RW_OK);
+	const rw_cuda_dptr_t plan = dev + offsetof(rw_page_head_t, word[RW_PW_PLAN]);
+	const rw_cuda_dptr_t arrived = dev + offsetof(rw_page_head_t, word[RW_PW_ARRIVED]);
+	const rw_cuda_dptr_t done = dev + offsetof(rw_page_head_t, word[RW_PW_DONE]);
+	atomic_store(&pg->word[RW_PW_SUBMIT].v, 3);
+	atomic_store(&pg->word[RW_PW_PLAN].v, 2);
+	atomic_store(&pg->word[RW_PW_ARRIVED].v, 2);
+	const uint64_t ks[] = { 3, 7 };
+	for (unsigned i = 0; i < 2; i++) {
+		assert_int_equal(rw_cuda_word_wait(&e, plan, ks[i]), RW_OK);
+		assert_int_equal(rw_cuda_word_wait(&e, arrived, ks[i]), RW_OK);
+		assert_int_equal(rw_cuda_word_write(&e, done, ks[i]), RW_OK);
+	}
+	usleep(20000);
+	assert_int_equal(atomic_load(&pg->word[RW_PW_DONE].v), 0); /* held */
+	rw_page_daemon_lost(pg, RW_E_CLOSED);
+	assert_int_equal(rw_cuda_stream_sync(s), RW_OK);
+	assert_int_equal(atomic_load(&pg->word[RW_PW_DONE].v), 7);
+	assert_int_equal(atomic_load(&pg->word[RW_PW_PLAN].v), 3 + RW_PAGE_OWED_AHEAD);
+	for (unsigned d = 0; d < RW_PAGE_DEPTH; d++)
+		assert_int_equal((int32_t)atomic_load(&pg->status[d].v), RW_E_CLOSED);
+	/* a wait queued after the loss passes too */
+	assert_int_equal(rw_cuda_word_wait(&e, plan, 100), RW_OK);
+	assert_int_equal(rw_cuda_word_write(&e, done, 100), RW_OK);
+	assert_int_equal(rw_cuda_stream_sync(s), RW_OK);
+	assert_int_equal(atomic_load(&pg->word[RW_PW_DONE].v), 100);
+	rw_cuda_stream_destroy(s);
+	rw_cuda_host_unregister(pg);
+	munmap(pg, l.bytes);
+}
+
+int main(int argc, char **argv)
+{
+	(void)argc;
+	rw_test_use_fake_cuda(argv[0]);
+	rw_log_set_level(RW_LOG_WARN);
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_layout_properties),
+		cmocka_unit_test(test_word_step),
+		cmocka_unit_test(test_fail_owes_words_forward_only),
+		cmocka_unit_test(test_daemon_lost_releases_the_stream),
+	};
+	int rc = cmocka_run_group_tests(tests, NULL, NULL);
+	rw_cuda_shutdown();
+	return rc;
+}
