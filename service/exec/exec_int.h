@@ -374,8 +374,13 @@ void exec_tomb_tell(exec_t *x, const rw_wire_key_t *key, uint32_t peer, uint32_t
 void exec_tomb_left(exec_t *x, uint32_t group_hash, uint32_t local);
 void exec_ended_add(exec_t *x, const rw_wire_key_t *key, uint32_t node, uint32_t epoch);
 int exec_ended_find(const exec_t *x, const rw_wire_key_t *key, uint32_t node, uint32_t epoch);
-/* Keep a peer's row that came before our ranks (a newer one of (key, node) replaces it). */
-void exec_row_keep(exec_t *x, const rw_wire_counts_t *c, uint32_t peer);
+/* Keep a peer's row that came before our ranks (a newer one of (key, node) replaces it). A row
+ * ages out a phase timeout after it came; while a local pair of its key gathers (pair_open, or
+ * exec_rows_hold when the pair opens), it lives a phase timeout past the pair's start, so the
+ * pair - which takes it at its exchange or ends the key, dropping it - still finds it when it
+ * times out in its gather and names that attempt to the peer ("Failures" 5). */
+void exec_row_keep(exec_t *x, const rw_wire_counts_t *c, uint32_t peer, int pair_open);
+void exec_rows_hold(exec_t *x, const char *group, const rw_wire_key_t *key);
 /* Drop early rows: of group (NULL: any) and key, of node (< 0: any), of epoch (0: any). */
 void exec_rows_drop(exec_t *x, const char *group, const rw_wire_key_t *key, int node,
 		    uint32_t epoch);

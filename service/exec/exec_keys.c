@@ -41,8 +41,14 @@ typedef struct exec_row {
 	uint32_t node, slot;
 	rw_wire_phase_params_t params;
 	uint64_t t_ns;
+	uint64_t grace_ns;           /* extra life while a local pair of its key gathers */
 	uint32_t row[];              /* N*R counts, then the rail view (R weights, N up-masks) */
 } exec_row_t;
+
+static uint64_t phase_timeout_ns(const exec_t *x)
+{
+	return (uint64_t)x->svc->cfg.phase_timeout_ms * 1000000ull;
+}
 
 /* ---- tombs -------------------------------------------------------------------------------- */
 
@@ -94,7 +100,7 @@ static void tomb_add(exec_t *x, const char *group, const rw_wire_key_t *key,
  * for this rank (a rank that had its answer and submits again retries). */
 static int tomb_applies(const exec_t *x, const exec_tomb_t *t, uint32_t local)
 {
-	return rw_now_ns() - t->t_ns <= (uint64_t)x->svc->cfg.phase_timeout_ms * 1000000ull &&
+	return rw_now_ns() - t->t_ns <= phase_timeout_ns(x) &&
 	       !(t->answered & (1u << local));
 }
 
@@ -204,7 +210,7 @@ void exec_rows_drop_node(exec_t *x, uint32_t node)
 		}
 }
 
-void exec_row_keep(exec_t *x, const rw_wire_counts_t *c, uint32_t peer)
+void exec_row_keep(exec_t *x, const rw_wire_counts_t *c, uint32_t peer, int pair_open)
 {
 	/* A node sends one row per attempt, in order: a second row of the key replaces the first. */
 	exec_rows_drop(x, c->group_name, &c->key, (int)peer, 0);
@@ -218,10 +224,20 @@ void exec_row_keep(exec_t *x, const rw_wire_counts_t *c, uint32_t peer)
 	r->slot = c->slot;
 	r->params = c->params;
 	r->t_ns = rw_now_ns();
+	r->grace_ns = pair_open ? phase_timeout_ns(x) : 0;
 	for (size_t i = 0; i < nr; i++)
 		r->row[i] = rw_wire_counts_row(c, (uint32_t)i);
 	exec_plan_view_decode(c, r->row + nr); /* its rail view follows the row */
 	rw_list_add(&x->rows, &r->link);
+}
+
+void exec_rows_hold(exec_t *x, const char *group, const rw_wire_key_t *key)
+{
+	const uint64_t now = rw_now_ns();
+	exec_row_t *r;
+	rw_list_for_each(&x->rows, r, link)
+		if (strcmp(r->group, group) == 0 && rw_wire_key_eq(&r->key, key))
+			r->grace_ns = now - r->t_ns + phase_timeout_ns(x);
 }
 
 /* The epoch of node's early row of (group, key) waiting here; 0 when none. */
@@ -265,7 +281,7 @@ void exec_keys_expire(exec_t *x, uint64_t now, uint64_t timeout)
 		}
 	exec_row_t *r, *rn;
 	rw_list_for_each_safe(&x->rows, r, rn, link)
-		if (now - r->t_ns > timeout) {
+		if (now - r->t_ns > timeout + r->grace_ns) {
 			rw_list_del(&r->link);
 			free(r);
 		}

@@ -98,14 +98,24 @@ static void test_timeout_lost_row(void **state)
  * report must name node 0's attempt by the epoch of that early row ("Failures" 5): with 0 ("no
  * row"), node 0 cannot tell it from a failure of a retry and plants a tomb that fails its
  * ranks' retries at once. Then every rank retries the key at once (retry_key). */
+static int row_0_at_1(cl_t *c, const void *arg)
+{
+	(void)arg;
+	return c->w->cnt.ctrl_delivered[RW_WIRE_COUNTS][0][1] > 0;
+}
+
 static void test_timeout_both_sides(void **state)
 {
 	(void)state;
 	opts_t o = { .nodes = 2, .path = "native", .timeout_ms = 1000 };
 	cl_t *c = cl_new(&o, 307);
 	hold(c, m_ctrl(RW_WIRE_PHASE_ERR, ANY, ANY));
-	for (uint32_t r = 0; r < c->G + 1; r++) /* node 1's second rank never comes */
+	/* Node 0's row reaches node 1 before node 1's ranks submit, so node 1's timer, started by
+	 * its first rank, cannot fire before the row is there however slowly this process runs. */
+	for (uint32_t r = 0; r < c->G; r++)
 		dispatch_submit(c, r, 0, 0, NULL);
+	pump_until(c, row_0_at_1, NULL, "node 0's count row at node 1");
+	dispatch_submit(c, c->G, 0, 0, NULL); /* node 1's second rank never comes */
 	for (uint32_t r = 0; r < c->G + 1; r++)
 		expect_err(c, r, RW_E_PHASE, "both sides' timeouts");
 	CHECK(c->svc[0].metrics.errors[-RW_ERR_TIMEOUT] == 1 &&
