@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ipc/page.h"
 #include "ipc/proto.h"
 #include "ipc/ring.h"
 
@@ -50,6 +51,8 @@ struct rw_client {
 	int cq_efd;
 	rw_ring_t sq; /* we produce */
 	rw_ring_t cq; /* we consume */
+	void *page;        /* the rank page (rw_client_rank_page), NULL until set up */
+	size_t page_bytes;
 	_Atomic uint32_t submitted; /* written by the submitting thread */
 	_Atomic uint32_t completed; /* written by the reaping thread */
 	host_buf_t *bufs;
@@ -414,6 +417,8 @@ void rw_client_close(rw_client_t *c)
 	free(c->bufs);
 	if (c->ring_map)
 		munmap(c->ring_map, c->ring_bytes);
+	if (c->page)
+		munmap(c->page, c->page_bytes);
 	if (c->sq_efd >= 0)
 		close(c->sq_efd);
 	if (c->cq_efd >= 0)
@@ -423,6 +428,43 @@ void rw_client_close(rw_client_t *c)
 	pthread_mutex_destroy(&c->sig_lock);
 	free(c->owed);
 	free(c);
+}
+
+int rw_client_rank_page(rw_client_t *c, uint32_t max_recv, void **page_p, size_t *bytes_p)
+{
+	if (!c || !page_p || !bytes_p)
+		return RW_E_INVAL;
+	rw_ipc_page_setup_t req;
+	memset(&req, 0, sizeof(req));
+	hdr_init(c, &req.hdr, RW_IPC_PAGE_SETUP);
+	req.max_recv = max_recv;
+	rw_ipc_msg_t reply;
+	int fds[RW_IPC_MAX_FDS];
+	int rc = request(c, &req, sizeof(req), -1, RW_IPC_PAGE_OK, &reply, sizeof(rw_ipc_page_ok_t),
+			 fds, 1);
+	if (rc)
+		return rc;
+	const rw_ipc_page_ok_t *ok = &reply.page_ok;
+	struct stat st;
+	void *map = MAP_FAILED;
+	if (ok->bytes < sizeof(rw_page_head_t) || ok->bytes > SIZE_MAX || fstat(fds[0], &st) < 0 ||
+	    (uint64_t)st.st_size != ok->bytes ||
+	    (map = mmap(NULL, ok->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0)) == MAP_FAILED) {
+		close(fds[0]);
+		return RW_E_BADREPLY;
+	}
+	close(fds[0]);
+	const rw_page_head_t *head = map;
+	if (head->magic != RW_PAGE_MAGIC || head->version != RW_PAGE_VERSION ||
+	    head->bytes != ok->bytes || head->depth != RW_PAGE_DEPTH) {
+		munmap(map, ok->bytes);
+		return RW_E_BADREPLY;
+	}
+	c->page = map;
+	c->page_bytes = (size_t)ok->bytes;
+	*page_p = map;
+	*bytes_p = c->page_bytes;
+	return 0;
 }
 
 const char *rw_client_last_message(const rw_client_t *c) { return c->last_msg; }

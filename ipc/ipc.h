@@ -107,6 +107,11 @@ typedef struct rw_ipc_server_config {
 	                             * 0: a group opened without a key stays open to any rank */
 	uint32_t max_per_uid;       /* connections one uid may hold (joined or not); 0 = 64 */
 	uint32_t hello_timeout_ms;  /* a connection that has not joined by then is closed; 0 = 5000 */
+	/* The rank page (docs/rankpath.md): lent to a rank that asks, sized for the cluster's nodes
+	 * (world_size / gpus_per_node, both needed) and page_rails rails. 0: no page is lent
+	 * (RW_E_STATE). page_max_recv bounds a rank's max_recv; 0 = max_tokens. */
+	uint32_t page_rails;
+	uint32_t page_max_recv;
 } rw_ipc_server_config_t;
 
 /* Create the folder of a socket path if it is missing: mode 0755, or 0750 and owned by `group`
@@ -171,6 +176,11 @@ void rw_ipc_client_notice(rw_ipc_server_t *server, rw_ipc_client_t *client, int 
 			  const char *msg);
 
 const rw_ipc_client_info_t *rw_ipc_client_info(const rw_ipc_client_t *client);
+
+/* The client's rank page (ipc/page.h layout: an rw_page_head_t at its start), mapped in the
+ * daemon; NULL until the rank set it up. *bytes_p: its size. Valid until the client leaves
+ * (after client_left returns it is unmapped: unwatch its words first, docs/rankpath.md). */
+void *rw_ipc_client_page(const rw_ipc_client_t *client, size_t *bytes_p);
 void rw_ipc_client_set_data(rw_ipc_client_t *client, void *data); /* service's per-client data */
 void *rw_ipc_client_data(const rw_ipc_client_t *client);
 

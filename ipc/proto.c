@@ -51,6 +51,7 @@ int rw_ipc_parse_request(const void *buf, size_t len, int msg_flags, unsigned nf
 	case RW_IPC_REG_EVENT: want = sizeof(rw_ipc_reg_event_t); break;
 	case RW_IPC_DEREG_EVENT: want = sizeof(rw_ipc_dereg_t); break;
 	case RW_IPC_RING_SETUP: want = sizeof(rw_ipc_ring_setup_t); break;
+	case RW_IPC_PAGE_SETUP: want = sizeof(rw_ipc_page_setup_t); break;
 	case RW_IPC_GOODBYE: want = sizeof(rw_ipc_hdr_t); break;
 	default: return fail(why_p, "unknown or daemon-to-client message type", RW_E_MSG_TYPE);
 	}
@@ -76,6 +77,10 @@ int rw_ipc_parse_request(const void *buf, size_t len, int msg_flags, unsigned nf
 	case RW_IPC_REG_EVENT:
 		if (msg.reg_event.reserved != 0)
 			return fail(why_p, "register event: reserved not zero", RW_E_FIELD);
+		break;
+	case RW_IPC_PAGE_SETUP:
+		if (msg.page_setup.reserved != 0)
+			return fail(why_p, "page setup: reserved not zero", RW_E_FIELD);
 		break;
 	case RW_IPC_DEREG:
 	case RW_IPC_DEREG_EVENT:

@@ -32,6 +32,8 @@ enum rw_ipc_type {
 	RW_IPC_REG_EVENT = 12, /* c→d  rw_ipc_reg_event_t                 → REG_OK (buf_id: the event
 	                        *      id, size 0) | ERROR */
 	RW_IPC_DEREG_EVENT = 13, /* c→d rw_ipc_dereg_t (buf_id: event id) → DEREG_OK | ERROR */
+	RW_IPC_PAGE_SETUP = 14, /* c→d rw_ipc_page_setup_t                → PAGE_OK | ERROR */
+	RW_IPC_PAGE_OK = 15,    /* d→c rw_ipc_page_ok_t + 1 fd: the rank page's sealed memfd */
 };
 
 typedef struct rw_ipc_hdr {
@@ -129,6 +131,22 @@ typedef struct rw_ipc_ring_ok {
 	uint32_t cqe_size;
 } rw_ipc_ring_ok_t;
 
+/* The rank page (ipc/page.h; docs/rankpath.md "The rank page"): the daemon makes it, sized for
+ * the cluster's nodes and rails and the rank's receive bound, and lends it as a sealed memfd. */
+typedef struct rw_ipc_page_setup {
+	rw_ipc_hdr_t hdr;
+	uint32_t max_recv;  /* records this rank may receive in one phase, 1..the daemon's bound */
+	uint32_t reserved;  /* 0 */
+} rw_ipc_page_setup_t;
+
+typedef struct rw_ipc_page_ok {
+	rw_ipc_hdr_t hdr;
+	uint64_t bytes;     /* the memfd's size: map all of it */
+	uint32_t slot0;     /* offset of slot 0 */
+	uint32_t slot_bytes;
+	uint32_t nodes, rails;
+} rw_ipc_page_ok_t;
+
 typedef struct rw_ipc_error {
 	rw_ipc_hdr_t hdr;
 	int32_t code;    /* RW_E_* */
@@ -148,6 +166,8 @@ _Static_assert(sizeof(rw_ipc_dereg_t) == 24, "wire size");
 _Static_assert(sizeof(rw_ipc_ring_setup_t) == 24, "wire size");
 _Static_assert(sizeof(rw_ipc_ring_ok_t) == 72, "wire size");
 _Static_assert(sizeof(rw_ipc_error_t) == 136, "wire size");
+_Static_assert(sizeof(rw_ipc_page_setup_t) == 24, "wire size");
+_Static_assert(sizeof(rw_ipc_page_ok_t) == 40, "wire size");
 
 /* Any message; the receive buffer is exactly this big, so a longer datagram is MSG_TRUNC. */
 typedef union rw_ipc_msg {
@@ -161,6 +181,8 @@ typedef union rw_ipc_msg {
 	rw_ipc_dereg_t dereg;
 	rw_ipc_ring_setup_t ring_setup;
 	rw_ipc_ring_ok_t ring_ok;
+	rw_ipc_page_setup_t page_setup;
+	rw_ipc_page_ok_t page_ok;
 	rw_ipc_error_t error;
 } rw_ipc_msg_t;
 

@@ -327,6 +327,18 @@ typedef struct rw_client_lost_signal {
  * into out and forget them. Returns how many (0 when none, or while the connection is up). */
 int rw_client_lost_signals(rw_client_t *client, rw_client_lost_signal_t *out, unsigned max);
 
+/* The rank page (docs/rankpath.md "The rank page"): the memory this rank and the daemon share for
+ * the GPU data path in the rank's stream — the words its stream writes and waits on, and the
+ * per-phase blocks. Asks the daemon for it (sized for the cluster and for max_recv, the records
+ * this rank may receive in one phase), maps it here and returns its address and size; its layout
+ * is checked (magic, version, size) before it is handed over. The library links no CUDA: the
+ * caller makes it reachable from its GPU (cuMemHostRegister with DEVICEMAP | PORTABLE, e.g.
+ * cuda/rw_cuda.h's rw_cuda_host_register_mapped) and must unregister it before
+ * rw_client_close(), which unmaps it. RW_E_STATE: set up already, or the daemon lends no page;
+ * RW_E_TOKENS: max_recv 0 or above the daemon's bound; RW_E_BADREPLY: the daemon's page is not
+ * one this library understands. */
+int rw_client_rank_page(rw_client_t *client, uint32_t max_recv, void **page_p, size_t *bytes_p);
+
 /* Queue n submissions and publish them with one index store (and at most one wake-up write if
  * the daemon sleeps). All or nothing: RW_E_AGAIN if fewer than n slots are free. The daemon
  * validates every entry; a bad one comes back as an RW_CQ_ERROR completion. */

@@ -88,6 +88,8 @@ struct rw_ipc_client {
 	ev_io sq_io;
 	rw_ring_t sq; /* daemon consumes */
 	rw_ring_t cq; /* daemon produces */
+	void *page;        /* the rank page (ipc/server_page.c), NULL until set up */
+	size_t page_bytes;
 	uint32_t reserved; /* completions owed for submissions handed to the service */
 	int cq_blocked;    /* stopped draining for lack of completion slots */
 };
@@ -156,6 +158,10 @@ void ipc_group_leave(rw_ipc_client_t *c);
  * size by id (the submission check's lookup). */
 void ipc_client_kill(rw_ipc_client_t *c, rw_ipc_leave_t reason, int error);
 uint64_t ipc_buf_size_of(void *ctx, uint32_t id);
+/* server_page.c: the rank page. */
+int ipc_page_setup(rw_ipc_client_t *c, const rw_ipc_page_setup_t *req);
+void ipc_page_free(rw_ipc_client_t *c);
+
 /* server_ring.c: the rings. */
 int ipc_ring_setup(rw_ipc_client_t *c, const rw_ipc_ring_setup_t *req);
 void ipc_rings_free(rw_ipc_client_t *c);

@@ -35,6 +35,7 @@
 #include "config.h"
 #include "cuda/rw_cuda.h"
 #include "ipc/ipc.h"
+#include "ipc/page.h"
 #include "ipc/proto.h"
 #include "ipc/railwave.h"
 #include "ipc/ring.h"
@@ -996,6 +997,103 @@ static void test_daemon_node_enforced(void **state)
 	rw_ipc_msg_t reply;
 	expect_reply(fd, RW_IPC_HELLO_OK, &reply);
 	close(fd);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
+/* ---- the rank page (ipc/server_page.c; docs/rankpath.md "The rank page") ---- */
+
+struct page_probe {
+	uint64_t submit;  /* what the daemon's mapping reads */
+	size_t bytes;
+	int have;
+};
+
+/* On the loop: read the rank's submit word through the daemon's mapping, publish plan = 7. */
+static void page_probe_fn(harness_t *h, void *arg)
+{
+	struct page_probe *p = arg;
+	rw_page_head_t *pg = h->last_client ? rw_ipc_client_page(h->last_client, &p->bytes) : NULL;
+	p->have = pg != NULL;
+	if (!pg)
+		return;
+	p->submit = atomic_load_explicit(&pg->word[RW_PW_SUBMIT].v, memory_order_acquire);
+	atomic_store_explicit(&pg->word[RW_PW_PLAN].v, 7, memory_order_release);
+}
+
+static rw_ipc_server_config_t page_config(uint32_t rails)
+{
+	rw_ipc_server_config_t cfg;
+	base_config(&cfg, "");
+	cfg.world_size = 8;
+	cfg.gpus_per_node = 4; /* two nodes */
+	cfg.page_rails = rails;
+	cfg.page_max_recv = 1024;
+	return cfg;
+}
+
+/* A joined rank gets a page sized for the cluster and its max_recv; both processes' mappings
+ * are the same memory (a word the rank writes, the daemon reads, and back); one per rank. */
+static void test_rank_page_lent(void **state)
+{
+	(void)state;
+	rw_ipc_server_config_t cfg = page_config(2);
+	h_start_cfg(&H, &cfg);
+	rw_client_t *c = connect_rank("g", 0);
+	void *page = NULL;
+	size_t bytes = 0;
+	assert_int_equal(rw_client_rank_page(c, 512, &page, &bytes), 0);
+	rw_page_head_t *pg = page;
+	rw_page_layout_t l;
+	assert_int_equal(rw_page_layout(2, 2, 512, (size_t)sysconf(_SC_PAGESIZE), &l), 0);
+	assert_int_equal(bytes, l.bytes);
+	assert_int_equal(pg->magic, RW_PAGE_MAGIC);
+	assert_int_equal(pg->nodes, 2);
+	assert_int_equal(pg->rails, 2);
+	assert_int_equal(pg->max_recv, 512);
+	assert_int_equal(pg->slot_bytes, l.slot_bytes);
+	atomic_store_explicit(&pg->word[RW_PW_SUBMIT].v, 5, memory_order_release);
+	struct page_probe probe = { 0 };
+	h_call(&H, page_probe_fn, &probe);
+	assert_true(probe.have);
+	assert_int_equal(probe.bytes, bytes);
+	assert_int_equal(probe.submit, 5);
+	assert_int_equal(atomic_load_explicit(&pg->word[RW_PW_PLAN].v, memory_order_acquire), 7);
+	/* one page per rank */
+	void *again;
+	assert_int_equal(rw_client_rank_page(c, 512, &again, &bytes), RW_E_STATE);
+	/* the connection is still good */
+	uint32_t id;
+	void *addr;
+	assert_int_equal(rw_client_register_host(c, 4096, &id, &addr), 0);
+	rw_client_close(c);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
+/* Refused, named, and the rank stays: max_recv 0 or above the bound, a daemon that lends none. */
+static void test_rank_page_refused(void **state)
+{
+	(void)state;
+	rw_ipc_server_config_t cfg = page_config(2);
+	h_start_cfg(&H, &cfg);
+	rw_client_t *c = connect_rank("g", 0);
+	void *page;
+	size_t bytes;
+	assert_int_equal(rw_client_rank_page(c, 0, &page, &bytes), RW_E_TOKENS);
+	assert_int_equal(rw_client_rank_page(c, 1025, &page, &bytes), RW_E_TOKENS);
+	assert_non_null(strstr(rw_client_last_message(c), "max_recv"));
+	assert_int_equal(rw_client_rank_page(c, 1024, &page, &bytes), 0);
+	rw_client_close(c);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+
+	cfg = page_config(0); /* no rails configured for pages */
+	h_start_cfg(&H, &cfg);
+	c = connect_rank("g", 0);
+	assert_int_equal(rw_client_rank_page(c, 16, &page, &bytes), RW_E_STATE);
+	assert_non_null(strstr(rw_client_last_message(c), "lends no rank page"));
+	rw_client_close(c);
 	h_wait_clients(&H, 0);
 	h_stop(&H);
 }
@@ -2395,6 +2493,8 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_hello_field_errors),
 		cmocka_unit_test(test_group_consistency),
 		cmocka_unit_test(test_daemon_node_enforced),
+		cmocka_unit_test(test_rank_page_lent),
+		cmocka_unit_test(test_rank_page_refused),
 		cmocka_unit_test(test_client_limit),
 		cmocka_unit_test(test_host_buffer_shared_both_ways),
 		cmocka_unit_test(test_register_errors),
