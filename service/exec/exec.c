@@ -666,9 +666,9 @@ void exec_on_counts(exec_pair_t *p, uint32_t node, const rw_wire_counts_t *c)
 }
 
 void exec_on_data(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t peer, uint32_t rail,
-		  uint64_t len, int last)
+		  uint64_t len, int last, uint64_t at)
 {
-	if (exec_recv_data(p, kind, peer, rail, len, last) != RW_OK)
+	if (exec_recv_data(p, kind, peer, rail, len, last, at) != RW_OK)
 		return pair_failed(p);
 	pair_check_done(p);
 }

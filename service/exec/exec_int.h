@@ -204,6 +204,7 @@ struct exec_pair {
 		const uint32_t *recv_quota;  /* [N*R] records from node s on rail r */
 		const uint32_t *send_first;  /* [N*R] d's first slot on rail r in our send area */
 		const uint32_t *peer_first;  /* [N*R] our first slot in d's receive area on rail r */
+		const uint32_t *recv_first;  /* [N*R] s's first slot on rail r in our receive area */
 	} flow[RW_SVC_KIND_COUNT];
 
 	struct {                     /* sending the running kind (exec_send.c) */
@@ -221,6 +222,8 @@ struct exec_pair {
 
 	struct {                     /* receiving, per kind (exec_recv.c) */
 		uint64_t *arrived;   /* [N*R] bytes arrived per (source, rail) */
+		uint64_t *at1;       /* [N*R] 1 + the offset in the rail's memory where the range's
+				      * first byte landed; 0: not known (or nothing yet) */
 		uint32_t *parted;    /* [N*R] whole records given to the mover's part() so far */
 		uint8_t *range_done; /* [N*R] */
 		uint32_t ranges_left;
@@ -447,9 +450,13 @@ rw_status_t exec_recv_begin(exec_pair_t *p, rw_svc_phase_kind_t kind);
 void exec_recv_refused(exec_pair_t *p, uint32_t src, rw_status_t st);
 /* Catch up with the bytes of `kind` that came before the layout was known. */
 rw_status_t exec_recv_scan(exec_pair_t *p, rw_svc_phase_kind_t kind);
-/* `len` bytes of `kind` from peer on rail landed (`last`: the writer's last of the range). */
+/* `len` bytes of `kind` from peer on rail landed (`last`: the writer's last of the range) at
+ * offset `at` of the rail's memory (EXEC_AT_UNKNOWN: the transport does not say). Every write of
+ * a range must land right after the one before, inside the range the layout grants that peer
+ * in this pair's receive sub-area: anything else fails the pair and blames the writer. */
+#define EXEC_AT_UNKNOWN UINT64_MAX
 rw_status_t exec_recv_data(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t peer, uint32_t rail, uint64_t len,
-			   int last);
+			   int last, uint64_t at);
 /* What the receiver still waits for, for a timeout message. */
 void exec_recv_waiting(const exec_pair_t *p, rw_svc_phase_kind_t kind, char *buf, size_t len);
 
@@ -485,7 +492,7 @@ void exec_pair_abandon(exec_pair_t *p);
 void exec_on_submit(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t g);
 void exec_on_counts(exec_pair_t *p, uint32_t node, const rw_wire_counts_t *c);
 void exec_on_data(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t peer, uint32_t rail,
-		  uint64_t len, int last);
+		  uint64_t len, int last, uint64_t at);
 void exec_on_write_done(exec_pair_t *p, uint32_t peer, uint32_t rail, rw_status_t st);
 void exec_on_grant(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t wave);
 void exec_on_peer_down(exec_t *x, uint32_t peer, rw_status_t st);

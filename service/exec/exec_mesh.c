@@ -85,12 +85,20 @@ static void mesh_arrival(void *ctx, uint32_t peer, uint32_t rail, const rw_rail_
 		rw_svc_mesh_fail_peer(x->mesh, peer, RW_ERR_PROTO, "immediate names another node/rail");
 		return;
 	}
+	/* Where it landed, when the transport says (tcp, shm): peers write only into receive
+	 * sub-areas, never into our send staging. */
+	const uint64_t at = a->region ? a->offset : EXEC_AT_UNKNOWN;
+	const uint64_t sub = at == EXEC_AT_UNKNOWN ? SUB_RD : (at / x->sub_bytes) % 4;
+	if (sub != SUB_RD && sub != SUB_RC) {
+		rw_svc_mesh_fail_peer(x->mesh, peer, RW_ERR_PROTO, "a write into this node's send area");
+		return;
+	}
 	exec_pair_t *p = exec_pair_by_tag(x, imm.tag14);
 	if (!p) { /* a write of a phase (or an earlier attempt at it) that already ended here */
 		rw_svc_metrics_error(&x->svc->metrics, RW_ERR_STATE);
 		return;
 	}
-	exec_on_data(p, (rw_svc_phase_kind_t)imm.kind, peer, rail, a->length, (int)imm.last);
+	exec_on_data(p, (rw_svc_phase_kind_t)imm.kind, peer, rail, a->length, (int)imm.last, at);
 }
 
 static void mesh_write_done(void *ctx, uint32_t peer, uint32_t rail, void *write_ctx,

@@ -518,10 +518,10 @@ static rw_status_t plan_flows(exec_pair_t *p)
 			out_quota[(size_t)d * x->rails + r] = d == x->me ? 0 : l->out_pairs[d].quota[r];
 	p->flow[RW_SVC_DISPATCH] = (struct exec_flow){
 		.rec = p->ph.rec_size, .send_quota = out_quota, .recv_quota = l->in_quota,
-		.send_first = l->out_first, .peer_first = l->peer_in_first };
+		.send_first = l->out_first, .peer_first = l->peer_in_first, .recv_first = l->in_first };
 	p->flow[RW_SVC_COMBINE] = (struct exec_flow){
 		.rec = p->ph.crec_size, .send_quota = l->in_quota, .recv_quota = out_quota,
-		.send_first = l->in_first, .peer_first = l->peer_ret_first };
+		.send_first = l->in_first, .peer_first = l->peer_ret_first, .recv_first = l->out_first };
 	return RW_OK;
 }
 

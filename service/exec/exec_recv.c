@@ -13,6 +13,7 @@ rw_status_t exec_recv_init(exec_pair_t *p)
 	size_t n = x->nodes, nr = (size_t)x->nodes * x->rails;
 	for (int k = 0; k < RW_SVC_KIND_COUNT; k++) {
 		p->recv[k].arrived = rw_arena_alloc(&p->mem, nr, sizeof(uint64_t));
+		p->recv[k].at1 = rw_arena_alloc(&p->mem, nr, sizeof(uint64_t));
 		p->recv[k].parted = rw_arena_alloc(&p->mem, nr, sizeof(uint32_t));
 		p->recv[k].range_done = rw_arena_alloc(&p->mem, nr, 1);
 		p->recv[k].src_active = rw_arena_alloc(&p->mem, n, 1);
@@ -20,7 +21,7 @@ rw_status_t exec_recv_init(exec_pair_t *p)
 		p->send.packed[k] = rw_arena_alloc(&p->mem, n, 1);
 		p->recv[k].in_lo = 1;
 		p->recv[k].grant_hi = 1;
-		if (!p->recv[k].arrived || !p->recv[k].parted || !p->recv[k].range_done || !p->recv[k].src_active ||
+		if (!p->recv[k].arrived || !p->recv[k].at1 || !p->recv[k].parted || !p->recv[k].range_done || !p->recv[k].src_active ||
 		    !p->send.granted[k] || !p->send.packed[k])
 			return exec_err(p, RW_ERR_NOMEM, "out of memory");
 	}
@@ -119,13 +120,38 @@ static rw_status_t range_complete(exec_pair_t *p, rw_svc_phase_kind_t kind, uint
 	return RW_OK;
 }
 
-/* One range's bytes against the layout: complete, still coming, or too many. */
+/* A write of src that landed where it was not granted: the pair fails, and src is dropped
+ * once it has (the writer is at fault, not the node whose range it hit). */
+static rw_status_t misplaced(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t src,
+			     uint32_t rail, uint64_t at, uint64_t len, uint64_t want)
+{
+	exec_err(p, RW_ERR_PROTO, "node %u (%s) wrote %llu bytes of %s data at %llu on rail %u, "
+		 "where its range is at %llu", src, p->x->svc->cfg.nodes[src].name,
+		 (unsigned long long)len, rw_svc_kind_name(kind), (unsigned long long)at, rail,
+		 (unsigned long long)want);
+	p->err.blame_peer = (int)src + 1;
+	return RW_ERR_PROTO;
+}
+
+/* Where src's range of `kind` on `rail` starts in the rail's memory, under the layout. */
+static uint64_t range_at(const exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t src,
+			 uint32_t rail)
+{
+	const size_t i = (size_t)src * p->x->rails + rail;
+	return exec_sub_off(p->x, p->xchg.slot, exec_kind_desc(kind)->sub_recv) +
+	       (uint64_t)p->flow[kind].recv_first[i] * p->flow[kind].rec;
+}
+
+/* One range's bytes against the layout: in place, complete, still coming, or too many. */
 static rw_status_t range_check(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t src,
 			       uint32_t rail, int last)
 {
 	size_t i = (size_t)src * p->x->rails + rail;
 	uint64_t want = (uint64_t)range_quota(p, kind, src, rail) * p->flow[kind].rec;
 	uint64_t got = p->recv[kind].arrived[i];
+	if (p->recv[kind].at1[i] && p->recv[kind].at1[i] - 1 != range_at(p, kind, src, rail))
+		return misplaced(p, kind, src, rail, p->recv[kind].at1[i] - 1, got,
+				 range_at(p, kind, src, rail));
 	if (got > want || (last && got != want))
 		return exec_err(p, RW_ERR_PROTO, "%s data from node %u rail %u: %llu bytes where the counts "
 				"say %llu", rw_svc_kind_name(kind), src, rail,
@@ -174,13 +200,26 @@ rw_status_t exec_recv_scan(exec_pair_t *p, rw_svc_phase_kind_t kind)
 }
 
 rw_status_t exec_recv_data(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t peer, uint32_t rail,
-			   uint64_t len, int last)
+			   uint64_t len, int last, uint64_t at)
 {
-	size_t i = (size_t)peer * p->x->rails + rail;
+	const exec_t *x = p->x;
+	size_t i = (size_t)peer * x->rails + rail;
 	if (p->recv[kind].range_done[i] && p->plan.have_layout) {
 		exec_err(p, RW_ERR_PROTO, "node %u rail %u sent data for a range already complete",
 			 peer, rail);
 		return RW_ERR_PROTO;
+	}
+	if (at != EXEC_AT_UNKNOWN) {
+		/* In this pair's receive sub-area of the kind, and right after the range's last
+		 * write (a range travels in order on its rail's connection). */
+		const uint64_t lo = exec_sub_off(x, p->xchg.slot, exec_kind_desc(kind)->sub_recv);
+		const uint64_t arrived = p->recv[kind].arrived[i], at1 = p->recv[kind].at1[i];
+		const uint64_t want = at1 ? at1 - 1 + arrived : p->plan.have_layout ?
+				      range_at(p, kind, peer, rail) : at;
+		if (at != want || at < lo || len > lo + x->sub_bytes - at)
+			return misplaced(p, kind, peer, rail, at, len, want);
+		if (!at1 && !arrived)
+			p->recv[kind].at1[i] = at + 1;
 	}
 	p->recv[kind].arrived[i] += len;
 	EXEC_TRACE(p, exec_trace_rx_(p, kind, peer, rail, len));

@@ -396,6 +396,11 @@ static void write_deliver(fk_world_t *w, fk_ev_t *ev)
 		}
 		return;
 	}
+	if (w->misplace_by && !ev->injected && ev->src == w->misplace_src &&
+	    ev->dst == w->misplace_dst && ((ev->imm >> 17) & 1u) == 0) {
+		ev->remote_off = (uint64_t)((int64_t)ev->remote_off + w->misplace_by);
+		w->misplace_by = 0;
+	}
 	uint8_t *dst = d->mem[ev->rail] + ev->remote_off;
 	if (w->dev_slabs) { /* device to device through a bounce copy, which the test's hook sees
 			     * (and may change) before it lands */
@@ -420,7 +425,9 @@ static void write_deliver(fk_world_t *w, fk_ev_t *ev)
 		done->gen = ev->gen;
 		q_push(done);
 	}
-	rw_rail_arrival_t a = { .region = NULL, .offset = ev->remote_off, .length = ev->wlen,
+	/* Like tcp and shm, the fake says where a write landed (RW_RAIL_CAP_ARRIVAL_WHERE). */
+	static rw_rail_region_t region;
+	rw_rail_arrival_t a = { .region = &region, .offset = ev->remote_off, .length = ev->wlen,
 				.imm = ev->imm };
 	if (d->cbs.arrival)
 		d->cbs.arrival(d->ctx, ev->src, ev->rail, &a);
@@ -683,6 +690,8 @@ rw_status_t rw_svc_mesh_write(rw_svc_mesh_t *mesh, uint32_t peer, uint32_t rail,
 	w->cnt.writes[(imm >> 17) & 1u][me][peer]++;
 	return RW_OK;
 }
+
+uint64_t fk_area_bytes(uint32_t node) { return fk_nodes[node].area_bytes; }
 
 void fk_inject_write(fk_world_t *w, uint32_t src, uint32_t dst, uint32_t rail, uint64_t remote_off,
 		     uint64_t len, uint32_t imm)

@@ -83,6 +83,11 @@ typedef struct fk_world {
 	void *hold_ctx;
 	fk_write_fn on_write;
 	void *on_write_ctx;
+	/* A hostile member: node misplace_src's next dispatch write to misplace_dst lands
+	 * misplace_by bytes away from where the executor posted it (and its arrival says so).
+	 * 0: off. */
+	int64_t misplace_by;
+	uint32_t misplace_src, misplace_dst;
 	fk_counters_t cnt;
 	uint32_t violations;     /* contract breaches seen by the fakes (double completions, ...) */
 	char violation[256];     /* the first one, for the failure message */
@@ -116,6 +121,8 @@ void fk_kill_silent(fk_world_t *w, uint32_t n);
 int fk_alive(const fk_world_t *w, uint32_t n);
 /* A write from src's memory of `rail` (offset 0) to dst's at remote_off that no executor posted
  * (a peer that misbehaves): delivered like any other, but no write_done goes back. */
+/* The bytes of node's memory per rail (what the executor asked the mesh for). */
+uint64_t fk_area_bytes(uint32_t node);
 void fk_inject_write(fk_world_t *w, uint32_t src, uint32_t dst, uint32_t rail, uint64_t remote_off,
 		     uint64_t len, uint32_t imm);
 /* 1 when every live node sees every other live node up and no peer notice is queued. */

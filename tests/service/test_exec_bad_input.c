@@ -176,6 +176,46 @@ static void test_bad_ranks(void **state)
 	cl_free(c);
 }
 
+/* A member that writes outside what it was granted is the one blamed, at the write: node 1's
+ * first dispatch write to node 0 lands 64 bytes off its range (into whatever lies there: another
+ * node's range, or a gap); node 0 sees where it landed and fails the phase naming node 1's
+ * misplaced write, and drops node 1 (before, node 0 read the records where they should have
+ * been and blamed whichever node's range the bytes hit). Then a write into node 0's send
+ * staging, with a tag of no running phase: it fails node 1 too (before: counted and ignored). */
+static void test_peer_misplaced_write(void **state)
+{
+	(void)state;
+	opts_t o = { .nodes = 3, .path = "native", .tokens = 16 };
+	cl_t *c = cl_new(&o, 405);
+	memset(&c->w->cnt, 0, sizeof(c->w->cnt));
+	c->w->misplace_src = 1;
+	c->w->misplace_dst = 0;
+	c->w->misplace_by = 64;
+	for (uint32_t r = 0; r < c->W; r++)
+		dispatch_submit(c, r, 0, 0, NULL);
+	for (uint32_t r = 0; r < c->G; r++) {
+		expect_err(c, r, RW_E_PHASE, "a misplaced write of node 1");
+		CHECK(strstr(fk_client_notice(c->rk[r].c), "node 1 (n1) wrote"),
+		      "rank %u was not told of node 1's misplaced write: '%s'", r,
+		      fk_client_notice(c->rk[r].c));
+	}
+	for (uint32_t r = c->G; r < c->W; r++)
+		expect_err(c, r, RW_E_PHASE, "a misplaced write of node 1");
+	CHECK(!c->w->misplace_by, "no write was misplaced");
+	CHECK(c->w->cnt.fail_peer[0][1] == 1 && c->w->cnt.fail_peer[0][2] == 0,
+	      "node 0 did not drop node 1 (and only node 1)");
+	pump_until(c, mesh_up, NULL, "the link back");
+	run_pair(c, 0, 0);
+
+	memset(&c->w->cnt, 0, sizeof(c->w->cnt));
+	fk_inject_write(c->w, 1, 0, 0, fk_area_bytes(0) - 64, 64, rw_wire_imm_pack(0x1234, 0, 1, 1, 0));
+	settle(c);
+	CHECK(c->w->cnt.fail_peer[0][1] == 1, "a write into the send staging did not fail the peer");
+	pump_until(c, mesh_up, NULL, "the link back");
+	run_pair(c, 0, 1);
+	cl_free(c);
+}
+
 /* A peer's bad data: a dispatch record whose header names another phase. The receiver declares
  * that peer down (protocol error) and fails the phase; the peer sees the link drop and fails it
  * too; the link comes back and the same key passes. Then a write whose immediate names another
@@ -278,6 +318,7 @@ int exec_bad_input_run(void)
 		cmocka_unit_test(test_bad_event),
 		cmocka_unit_test(test_bad_ranks),
 		cmocka_unit_test(test_peer_bad_data),
+		cmocka_unit_test(test_peer_misplaced_write),
 	};
 	return cmocka_run_group_tests_name("svc_exec_bad_input", tests, NULL, NULL);
 }
