@@ -33,15 +33,7 @@ SKIP_DIRS = {"pic", "bench"}  # position-independent copies of module objects; b
 # Uses left out of the circle check, each a known circle still to be broken: {(object, regular
 # expression every symbol of the use must match): why}. A use listed here is still checked for
 # direction. Empty once the tree has no circle.
-ALLOWED_USES = {
-    # rdma/rail.c <-> rdma/tcp.c, shm.c, verbs_dev.c (and through them tcp_io.c, shm_conn.c,
-    # shm_copy.c, verbs_cm.c): rail.c lists every transport's ops table (rw_rail_open) and also
-    # holds the helpers the transports use (rw_rail_addr_parse, rw_rail_dev_init_base,
-    # rw_rail_range_check). Those helpers belong in a file under both; until they move, the
-    # table's uses of the ops are left out here.
-    ("rdma/rail.o", r"rw_rail_[a-z]+_ops"):
-        "rail.c's transport table; its helpers the transports use are still in rail.c",
-}
+ALLOWED_USES = {}
 
 
 def unit_of(obj):
