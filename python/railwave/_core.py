@@ -20,8 +20,8 @@ import torch
 
 from . import _host, _lib
 from ._cuda import CudaRegistry, StreamOrder
-from .errors import (CODES, NAMES, BadArgument, BadArgumentType, ConnectError, GroupClosed,
-                     PhaseError, PhaseInFlight, RailWaveError, Timeout)
+from .errors import (CODES, NAMES, BackwardMismatch, BadArgument, BadArgumentType,
+                     ConnectError, GroupClosed, PhaseError, PhaseInFlight, RailWaveError, Timeout)
 
 BACKWARD_LAYER = 1 << 31  # layer bit of the pairs autograd opens for a layer's backward
 
@@ -32,6 +32,31 @@ _memmove = ctypes.memmove
 
 
 _align = _host.align
+
+
+def weight_cols(dtype: torch.dtype, topk: int) -> int:
+    """Columns a backward pair's rows give the topk_weights gradient: topk for fp32 rows, 2 ×
+    topk for bf16 rows (a high and a low bf16 part, put_weights). Exact either way: only the
+    rank hosting an expert contributes that entry, so the combine adds zeros to it."""
+    return topk if dtype == torch.float32 else 2 * topk
+
+
+def put_weights(rows: torch.Tensor, hidden: int, w: torch.Tensor) -> None:
+    """Write fp32 w [N, K] into rows[:, hidden:hidden + weight_cols(rows.dtype, K)]."""
+    K = w.shape[1]
+    if rows.dtype == torch.float32:
+        rows[:, hidden:hidden + K] = w
+    else:
+        hi = w.to(rows.dtype)
+        rows[:, hidden:hidden + K] = hi
+        rows[:, hidden + K:hidden + 2 * K] = (w - hi.float()).to(rows.dtype)
+
+
+def get_weights(out: torch.Tensor, hidden: int, topk: int) -> torch.Tensor:
+    """The fp32 [N, topk] put_weights wrote into out's rows (after the combine's sum)."""
+    if out.dtype == torch.float32:
+        return out[:, hidden:hidden + topk].clone()
+    return out[:, hidden:hidden + topk].float() + out[:, hidden + topk:hidden + 2 * topk].float()
 
 
 class Handle:
@@ -53,9 +78,10 @@ class Handle:
         self._src = src                # [num_recv, 2] (source rank, token), numpy or tensor
         self._local_mask = local_mask  # [num_recv, topk] bool: top-k entries hosted here
         self.combined = False
-        # For autograd only (railwave/autograd.py): the dispatch's routing, which the backward
-        # pair sends again (keep_routing), whether topk_weights need a gradient, whether the
-        # dispatch has a backward (it ran through autograd), the open backward pair.
+        # For the backward pair only (open_backward, close_backward): the dispatch's routing,
+        # which the backward pair sends again (keep_routing), whether topk_weights need a
+        # gradient, whether the dispatch has a backward (close_backward will be called), the
+        # open backward pair.
         self.topk_idx: Optional[torch.Tensor] = None
         self.topk_weights: Optional[torch.Tensor] = None
         self.routing_version = (0, 0)
@@ -90,6 +116,82 @@ class Handle:
     def keys(self) -> torch.Tensor:
         """int64 [num_recv]: one key per received row, unique on this rank (src_rank, token)."""
         return self.src_rank * (1 << 32) + self.src_token
+
+    # ---- the backward pair -------------------------------------------------------------------
+    # A dispatch/combine pair A's backward is one more pair B on the key (layer | 2^31, step):
+    # combine's backward dispatches the output gradient with A's routing (open_backward: every
+    # rank receives the gradient of exactly the tokens it received in A), dispatch's backward
+    # combines the received rows' gradients through B (close_backward: the daemon sums every
+    # copy of a token back at its owner, the gradient of a replication). railwave.autograd,
+    # railwave.ops (through railwave.deep_ep) and railwave.deep_ep.Buffer all run B here. Both
+    # calls are collective: every rank of the group must run the same backward.
+
+    def open_backward(self, rows: torch.Tensor, keep_open: Optional[bool] = None) -> torch.Tensor:
+        """Dispatch rows ([num_tokens, width], contiguous, the pair's dtype) as this dispatch's
+        backward pair B with the routing keep_routing kept; returns B's received rows in this
+        dispatch's received order, and keeps (B's handle, where each of A's rows sits in B) for
+        close_backward. keep_open (default: dispatch_backward): False when nothing will call
+        close_backward — the dispatch ran without autograd (a frozen router) — and then B is
+        ended here, on every rank alike, with a combine of zeros. Leaving B for the group's
+        next dispatch to close is not enough: a rank whose B completed may leave (the end of
+        training) or move on while another node still delivers B's rows, and a rank that leaves
+        fails its group's open pair everywhere. A routing changed in place since the dispatch,
+        or B delivering other rows than A, is a BackwardMismatch here after B was failed for
+        every rank (PhaseError there, at once)."""
+        g = self.group
+        g._check_usable()
+        key = self.layer | BACKWARD_LAYER
+        idx, w = self.topk_idx, self.topk_weights
+        if idx is None or (idx._version, w._version) != self.routing_version:
+            g._poison(key, self.step, self.n_experts)
+            raise BackwardMismatch(g._where(op_name("dispatch", key, self.step)), (
+                "the dispatch kept no routing for a backward (it ran with async_op=True or "
+                "under torch.no_grad())" if idx is None else
+                "topk_idx or topk_weights was changed in place after the dispatch; its "
+                "backward sends the routing of the forward again"))
+        recv, _, _, _, hb = g._dispatch_key(rows, idx, w, self.n_experts, key, self.step).wait()
+        try:
+            perm = _permutation(self, hb)
+        except BackwardMismatch as e:
+            g._refuse_combine(e)  # B is open: fail it for every rank, then raise
+        if keep_open is None:
+            keep_open = self.dispatch_backward
+        if keep_open:
+            self.bwd = (hb, perm)
+        else:
+            g._submit_combine(torch.zeros(hb.num_recv, hb.hidden, dtype=hb.dtype,
+                                          device=hb.device), hb).wait()
+        return recv[perm]
+
+    def close_backward(self, rows: torch.Tensor) -> torch.Tensor:
+        """Combine rows ([num_recv, width] in this dispatch's received order, the width
+        open_backward dispatched) through the backward pair; returns [num_tokens, width]. When
+        open_backward did not run first (the dispatch was used without its combine's backward)
+        B is opened here with rows of zeros."""
+        if self.bwd is None:
+            self.open_backward(torch.zeros(self.num_tokens, rows.shape[1], dtype=rows.dtype,
+                                           device=rows.device), keep_open=True)
+        hb, perm = self.bwd
+        self.bwd = None
+        in_b = torch.empty_like(rows)
+        in_b[perm] = rows
+        return self.group._submit_combine(in_b, hb).wait()
+
+
+def _permutation(a: Handle, b: Handle) -> torch.Tensor:
+    """perm with b.keys()[perm] == a.keys(): where each of A's rows sits in B."""
+    ka, kb = a.keys(), b.keys()
+    op = a.group._where(op_name("dispatch", b.layer, b.step))
+    if ka.shape != kb.shape:
+        raise BackwardMismatch(op, "the backward pair received %d rows, the forward %d: the "
+                               "routing changed between forward and backward"
+                               % (kb.numel(), ka.numel()))
+    sa, sb = torch.argsort(ka), torch.argsort(kb)
+    if not torch.equal(ka[sa], kb[sb]):
+        raise BackwardMismatch(op, "the backward pair received other tokens than the forward")
+    perm = torch.empty_like(sa)
+    perm[sa] = sb
+    return perm
 
 
 def op_name(kind: str, layer: int, step: int) -> str:

@@ -25,8 +25,8 @@ def expert_major(recv_x, recv_topk_idx, recv_topk_weights, num_local_experts, al
     -1 elsewhere) and recv_topk_weights: one row per (received row, local expert) entry, expert
     0's first, in received order within an expert; padding rows are zero."""
     if not isinstance(alignment, int) or alignment < 1:
-        raise BadArgument("expert_major: alignment must be a positive int, got %r"
-                         % (alignment,))
+        raise BadArgument("expert_major", "alignment must be a positive int, got %r"
+                          % (alignment,))
     dev = recv_x.device
     mask = recv_topk_idx >= 0
     rows_n, ks = mask.nonzero(as_tuple=True)
@@ -49,8 +49,8 @@ def combine_rows(expert_out, layout, weighted=True):
     output (expert_out: the expert-major rows' outputs, [R, hidden]). Weights multiply in fp32
     and round once to expert_out's dtype; the row's sum is in that dtype."""
     if expert_out.shape[0] != layout.num_rows:
-        raise BadArgument("combine_rows: expert_out has %d rows, the layout %d"
-                         % (expert_out.shape[0], layout.num_rows))
+        raise BadArgument("combine_rows", "expert_out has %d rows, the layout %d"
+                          % (expert_out.shape[0], layout.num_rows))
     y = expert_out[layout.pos]
     if weighted:
         y = (y.float() * layout.weight.unsqueeze(1)).to(expert_out.dtype)

@@ -13,8 +13,13 @@ process-local table.
         -> (recv_x, recv_topk_idx, recv_topk_weights, num_recv_per_expert, handle_id)
     combine(Tensor x, Tensor handle_id, bool will_backward) -> combined
 
-will_backward is the caller's torch.is_grad_enabled() (inside an operator it always reads
-False): when False the combine frees the handle itself. Eager only: no fake (meta) kernels, so
+will_backward is whether autograd records the combine — the caller's torch.is_grad_enabled()
+(inside an operator it always reads False) and x requiring grad, which is when PyTorch ≥ 2.4
+calls setup_context — and when False the combine frees the handle itself. The backward pair
+(railwave._core Handle.open_backward / close_backward) runs through the Buffer: combine's
+backward is its cached dispatch, dispatch's backward its combine with topk_weights; a dispatch
+of x and topk_weights that need no gradient (a frozen router) has no backward, and the cached
+dispatch then ends the pair itself. Eager only: no fake (meta) kernels, so
 torch.compile does not trace through them. PyTorch ≥ 2.4 registers the backward with
 torch.library.register_autograd; older PyTorch (Debian's 1.13) gets an Autograd kernel around
 an autograd.Function."""
@@ -43,9 +48,9 @@ def use(buffer):
 def _buffer():
     b = _state["buffer"]
     if b is None:
-        raise RailWaveError("ops: no Buffer: call railwave.ops.use(railwave.deep_ep."
-                           "Buffer(group)) first (the TorchTitan dispatcher does it in "
-                           "wire_meshes)")
+        raise RailWaveError("ops", "no Buffer: call railwave.ops.use(railwave.deep_ep."
+                            "Buffer(group)) first (the TorchTitan dispatcher does it in "
+                            "wire_meshes)")
     return b
 
 
@@ -53,8 +58,8 @@ def _handle(handle_id, pop):
     key = int(handle_id.reshape(-1)[0])
     h = _handles.pop(key, None) if pop else _handles.get(key)
     if h is None:
-        raise RailWaveError("ops: no dispatch handle %d (already combined without "
-                           "backward, or from another process)" % key)
+        raise RailWaveError("ops", "no dispatch handle %d (already combined without "
+                            "backward, or from another process)" % key)
     return h
 
 
@@ -166,7 +171,8 @@ def dispatch(x, topk_idx, topk_weights, num_experts):
 def combine(x, handle_id):
     """torch.ops.railwave.combine (differentiable in x), freeing the handle when no backward
     will run."""
-    return torch.ops.railwave.combine(x, handle_id, torch.is_grad_enabled())
+    return torch.ops.railwave.combine(x, handle_id,
+                                      torch.is_grad_enabled() and bool(x.requires_grad))
 
 
 SAVE_OPS = ("dispatch", "combine")

@@ -28,7 +28,7 @@ from torchtitan.models.common.token_dispatcher import (BaseEPTokenDispatcher,
 
 from . import ops
 from .deep_ep import Buffer
-from .errors import BadArgument
+from .errors import BadArgument, BadArgumentType
 from .layout import ExpertMajor, combine_rows, expert_major
 
 
@@ -55,8 +55,8 @@ class RailWaveTokenDispatcher(BaseEPTokenDispatcher):
     def __init__(self, config):
         super().__init__(config)
         if config.expert_alignment < 1:
-            raise BadArgument("RailWaveTokenDispatcher: expert_alignment must be >= 1, got %d"
-                             % config.expert_alignment)
+            raise BadArgument("RailWaveTokenDispatcher", "expert_alignment must be >= 1, got %d"
+                              % config.expert_alignment)
         self.expert_alignment = config.expert_alignment
         self.num_max_tokens_per_rank = config.num_max_tokens_per_rank
 
@@ -80,9 +80,23 @@ class RailWaveTokenDispatcher(BaseEPTokenDispatcher):
         rows, layout = expert_major(recv_x, recv_idx, recv_w, local, self.expert_alignment)
         return rows, layout.counts, RailWaveDispatchMetadata(handle_id, layout)
 
-    def combine(self, routed_output_RD, metadata, x_TD):
+    # Keywords newer TorchTitan passes to every dispatcher's combine (keyword-only): the token
+    # count and sequence length of this rank's shard after sequence-parallel padding, which its
+    # own dispatchers use to restore that padding. RailWave's dispatch pads nothing: combine
+    # returns one row per token dispatch was given (x_TD's), so they are accepted and unused.
+    COMBINE_KEYWORDS = ("num_local_tokens_after_padding", "local_seq_len_after_padding")
+
+    def combine(self, routed_output_RD, metadata, x_TD, **kwargs):
+        """Sum the expert outputs back into x_TD's tokens. kwargs: COMBINE_KEYWORDS (accepted,
+        passed on to TorchTitan's local dispatcher without an EP mesh); another keyword raises
+        BadArgumentType."""
+        unknown = sorted(set(kwargs) - set(self.COMBINE_KEYWORDS))
+        if unknown:
+            raise BadArgumentType("RailWaveTokenDispatcher.combine", "unexpected keyword(s) %s "
+                                  "(accepted: %s)" % (", ".join(unknown),
+                                                      ", ".join(self.COMBINE_KEYWORDS)))
         if self.ep_mesh is None:
-            return LocalTokenDispatcher.combine(self, routed_output_RD, metadata, x_TD)
+            return LocalTokenDispatcher.combine(self, routed_output_RD, metadata, x_TD, **kwargs)
         rows = combine_rows(routed_output_RD, metadata.layout)
         return ops.combine(rows.contiguous(), metadata.handle_id)
 

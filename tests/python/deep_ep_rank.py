@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 
 from railwave import deep_ep
-from railwave.errors import BadArgument, BadArgumentType, RailWaveError
+from railwave.errors import (BadArgument, BadArgumentType, PhaseError, RailWaveError,
+                             ReceiveRoomExceeded)
 from railwave.layout import combine_rows, expert_major
 
 torch.set_num_threads(1)
@@ -106,8 +107,10 @@ def check_dispatch(buf, c, E, dtype, data, log):
     expect(per_rdma is None and per_rank.dtype == torch.int32 and in_rank.dtype == torch.bool,
            "layout dtypes")
 
+    # x requiring grad says the dispatch has a backward (Megatron-Core's FusedDispatch): the
+    # cached dispatch leaves the backward pair open for the combine with topk_weights.
     recv_x, recv_idx, recv_w, counts, h, ev = buf.dispatch(
-        x.to(dtype), topk_idx=idx, topk_weights=w, num_tokens_per_rank=per_rank,
+        x.to(dtype).detach().requires_grad_(), topk_idx=idx, topk_weights=w, num_tokens_per_rank=per_rank,
         is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, expert_alignment=4)
     expect(ev.event is None, "async_finish=False returned an event")
     src_rank, src_tok = h.src_rank, h.src_token
@@ -170,6 +173,35 @@ def check_dispatch(buf, c, E, dtype, data, log):
                "dispatch and weighted combine equal" % (str(dtype)[6:], h.num_recv_tokens, counts))
 
 
+def identity_combined(data, E):
+    """What combine of the received rows themselves (identity experts) gives each token of
+    this rank: x times the number of ranks hosting one of its experts."""
+    x, idx = data[RANK][0], data[RANK][1]
+    el = E // WORLD
+    hosts = sum(((idx >= r * el) & (idx < (r + 1) * el)).any(1).float() for r in range(WORLD))
+    return hosts.unsqueeze(1) * x if x.shape[0] else x.clone()
+
+
+def check_frozen(buf, E, data, log):
+    """A dispatch of tensors that need no gradient (a frozen router over frozen inputs) has no
+    backward: the cached dispatch (combine's backward) must end the backward pair itself, on
+    every rank, and a combine with the handle after it is refused."""
+    x, idx, w, gout = data[RANK]
+    g = buf.railwave_group
+    recv_x, _, _, _, h, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w, num_experts=E)
+    out, _, _ = buf.combine(recv_x, h)
+    equal(out, identity_combined(data, E), "frozen: combine")
+    g_recv = buf.dispatch(gout, handle=h)[0]
+    equal(g_recv, torch.stack([data[r][3][t] for r, t in zip(h.src_rank.tolist(),
+                                                              h.src_token.tolist())])
+          if h.num_recv_tokens else torch.zeros(0, H), "frozen: cached dispatch rows")
+    expect(g._open is None, "frozen: the cached dispatch left the backward pair open (the "
+           "group's open pair is %s)" % (g._open and (g._open.layer, g._open.step),))
+    log.append("frozen dispatch: the cached dispatch ended its backward pair; " +
+               raises(BadArgument, "ended this handle's backward pair",
+                      lambda: buf.combine(g_recv, h)))
+
+
 def cmd_buffer(c):
     E = c["experts"]
     log = []
@@ -187,13 +219,9 @@ def cmd_buffer(c):
     expect(recv_x.shape[0] == worst and counts == [] and bool((recv_idx[n:] == -1).all()),
            "num_worst_tokens padding")
     out, _, _ = buf.combine(recv_x, h)
-    want = torch.zeros_like(x)
-    for r in range(WORLD):  # Σ over ranks that received the token: its count of hosting ranks
-        el = E // WORLD
-        hosted = ((idx >= r * el) & (idx < (r + 1) * el)).any(1)
-        want += hosted.float().unsqueeze(1) * x
-    equal(out, want, "combine of num_worst_tokens-padded rows")
+    equal(out, identity_combined(data, E), "combine of num_worst_tokens-padded rows")
     log.append("num_worst_tokens=%d: padded, combine equal" % worst)
+    check_frozen(buf, E, data, log)
 
     # A second Buffer (Megatron-Core makes one when its size hints grow) shares the group.
     b2 = deep_ep.Buffer(dist.group.WORLD, 1 << 20, 0)
@@ -204,13 +232,34 @@ def cmd_buffer(c):
     return log
 
 
+def peer_failed(what, fn):
+    """fn() on a rank whose peer made the error must raise PhaseError at once: the phase failed
+    by the erring rank (its poisoned dispatch, or its leaving the open pair), never the daemon's
+    phase timeout (60 s here)."""
+    try:
+        fn()
+    except PhaseError as e:
+        msg = str(e)
+        expect(e.code is not None and "timed out after" not in msg,
+               "peer of %s: %s is the daemon's phase timeout (the phase was not failed at "
+               "once)" % (what, msg))
+        return "peer of %s -> %s: %s" % (what, type(e).__name__, msg[:110])
+    except Exception as e:
+        raise AssertionError("peer of %s: expected PhaseError, got %s: %s"
+                             % (what, type(e).__name__, e))
+    raise AssertionError("peer of %s: no error raised" % what)
+
+
 def cmd_errors(c):
-    """What RailWave cannot do raises Unsupported, bad arguments TypeError/ValueError, on every
-    rank alike (nothing is submitted), and the Buffer serves on: a step after them is equal."""
+    """What RailWave cannot do raises Unsupported, bad arguments TypeError/ValueError. Errors
+    every rank makes alike; then errors one rank makes alone, in each phase of a step (layout,
+    fresh dispatch, forward combine, cached dispatch, backward combine, num_worst_tokens
+    overflow): that rank raises its error, every other rank PhaseError at once. The Buffer
+    serves on: a step after each is equal to the reference."""
     E = c["experts"]
     buf = join(c)
     data = workload(c["seed"], E)
-    x, idx, w, _ = data[RANK]
+    x, idx, w, gout = data[RANK]
     expect(issubclass(deep_ep.Unsupported, RailWaveError), "Unsupported is a RailWaveError")
     log = [
         raises(deep_ep.Unsupported, "low_latency_mode",
@@ -225,53 +274,210 @@ def cmd_errors(c):
                                                                          topk_weights=w)),
         raises(BadArgumentType, "handle must come from", lambda: buf.dispatch(x, handle=(1, 2))),
     ]
+    try:
+        buf.dispatch(x, topk_idx=idx, num_experts=E, expert_alignment=0)
+        raise AssertionError("expert_alignment=0: no error raised")
+    except BadArgument as e:
+        expect(e.op == "deep_ep: dispatch" and e.detail.startswith("expert_alignment"),
+               "deep_ep errors name the call in op and what failed in detail: op %r detail %r"
+               % (e.op, e.detail))
     recv_x, _, _, _, h, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w, num_experts=E)
     log += [
         raises(deep_ep.Unsupported, "after a cached dispatch",
                lambda: buf.combine(recv_x, h, topk_weights=torch.zeros(recv_x.shape[0], K))),
-        raises(BadArgument, "rows", lambda: buf.combine(recv_x[:0] if recv_x.shape[0] else
-                                                       torch.zeros(1, H), h)),
     ]
-    out, _, _ = buf.combine(recv_x, h)
-    expect(out.shape == x.shape, "combine after the errors")
-    log.append("combine after the errors served")
+    want = identity_combined(data, E)
+
+    def good(what):
+        rx, _, _, _, hh, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w, num_experts=E)
+        equal(buf.combine(rx, hh)[0], want, "step after %s" % what)
+
+    good("the errors every rank made")
+    log.append("a step after the errors every rank made is equal")
+
+    # One rank alone makes each error; the others make the call right.
+    W = WORLD
+    bad_rows = lambda rx: torch.zeros(rx.shape[0] + 1, H)  # noqa: E731
+    backward = lambda rx, hh: buf.dispatch(gout, handle=hh)  # noqa: E731
+    one = [
+        (0, "get_dispatch_layout of float ids", BadArgumentType, "int64",
+         lambda: buf.get_dispatch_layout(idx.float(), E),
+         lambda: buf.dispatch(x, topk_idx=idx, topk_weights=w,
+                              num_tokens_per_expert=buf.get_dispatch_layout(idx, E)[2])),
+        (1 % W, "dispatch of FP8 rows", deep_ep.Unsupported, "FP8",
+         lambda: buf.dispatch((x, x), topk_idx=idx, num_experts=E),
+         lambda: buf.dispatch(x, topk_idx=idx, topk_weights=w, num_experts=E)),
+        (2 % W, "dispatch without num_tokens_per_expert", BadArgument, "num_tokens_per_expert",
+         lambda: buf.dispatch(x, topk_idx=idx, topk_weights=w),
+         lambda: buf.dispatch(x, topk_idx=idx, topk_weights=w, num_experts=E)),
+    ]
+    for who, what, exc, needle, bad, right in one:
+        if RANK == who:
+            log.append("%s -> %s" % (what, raises(exc, needle, bad)))
+        else:
+            log.append(peer_failed(what, right))
+        good(what)
+    # Errors in the pair: the forward combine, the cached dispatch, the backward combine.
+    for who, what, exc, needle, phase, bad in [
+            (3 % W, "combine of wrong rows", BadArgument, "rows", "combine",
+             lambda rx, hh: buf.combine(bad_rows(rx), hh)),
+            (4 % W, "forward combine with topk_weights", deep_ep.Unsupported,
+             "after a cached dispatch", "combine",
+             lambda rx, hh: buf.combine(rx, hh, topk_weights=torch.zeros(rx.shape[0], K))),
+            (5 % W, "cached dispatch of wrong tokens", BadArgument, "tokens", "cached",
+             lambda rx, hh: buf.dispatch(torch.zeros(x.shape[0] + 1, H), handle=hh)),
+            (0, "backward combine of another hidden", BadArgument, "hidden", "backward",
+             lambda rx, hh: buf.combine(torch.zeros(rx.shape[0], H + 1), hh)),
+            (1 % W, "backward combine without a cached dispatch, wrong rows", BadArgument,
+             "rows", "backward-open", lambda rx, hh: buf.combine(bad_rows(rx), hh))]:
+        rx, _, _, _, hh, _ = buf.dispatch(x.detach().requires_grad_(), topk_idx=idx,
+                                          topk_weights=w, num_experts=E)
+        steps = {"combine": [], "cached": ["combine"], "backward": ["combine", "cached"],
+                 "backward-open": ["combine"]}[phase]
+        if "combine" in steps:
+            buf.combine(rx, hh)
+        if "cached" in steps:
+            backward(rx, hh)
+        if RANK == who:
+            log.append("%s -> %s" % (what, raises(exc, needle, lambda: bad(rx, hh))))
+        elif phase == "combine":
+            log.append(peer_failed(what, lambda: buf.combine(rx, hh)))
+        elif phase == "cached":
+            log.append(peer_failed(what, lambda: backward(rx, hh)))
+        else:
+            log.append(peer_failed(what, lambda: buf.combine(
+                rx, hh, topk_weights=torch.zeros(rx.shape[0], K))))
+        good(what)
+    # num_worst_tokens overflow: every token to expert 0 (rank 0), which allows itself 1 row.
+    cidx = torch.full_like(idx, -1)
+    cidx[:, 0] = 0
+    worst = 1 if RANK == 0 else WORLD * 16
+    total = sum(d[0].shape[0] for d in data)
+
+    def overflow():
+        rx, _, _, _, hh, _ = buf.dispatch(x, topk_idx=cidx, topk_weights=w, num_experts=E,
+                                          num_worst_tokens=worst)
+        buf.combine(rx, hh)
+    if RANK == 0:
+        try:
+            overflow()
+            raise AssertionError("num_worst_tokens exceeded: no error raised")
+        except ReceiveRoomExceeded as e:
+            expect("received %d rows, above num_worst_tokens 1" % total in str(e),
+                   "num_worst_tokens overflow: %s" % e)
+            log.append("num_worst_tokens overflow -> %s: %s" % (type(e).__name__, e))
+    else:
+        log.append(peer_failed("a num_worst_tokens overflow", overflow))
+    good("a num_worst_tokens overflow")
+
+    # Megatron-Core's expert-parallel group as a strided subgroup (TP = 2) has no railwave group.
+    members = list(range(0, WORLD, 2))
+    sub = dist.new_group(members)
+    if RANK in members:
+        log.append(raises(deep_ep.Unsupported, "global ranks %s" % members,
+                          lambda: deep_ep.Buffer(sub, 0, 0)))
+    log.append("a step after every error is equal")
     buf.destroy()
     return log
 
 
+def ops_layer(x, idx, w, E, scale=None):
+    """One MoE layer through railwave::dispatch / railwave::combine and the expert-major layout
+    (alignment 4): local expert e multiplies its rows by its global id + 1 (and by scale)."""
+    from railwave import ops
+    el = E // WORLD
+    recv_x, recv_idx, recv_w, counts, hid = ops.dispatch(x, idx, w, E)
+    rows, lay = expert_major(recv_x, recv_idx, recv_w, el, alignment=4)
+    fac = torch.repeat_interleave(torch.arange(el) + RANK * el + 1.0, lay.counts).unsqueeze(1)
+    y = rows * fac if scale is None else rows * fac * scale
+    return ops.combine(combine_rows(y, lay), hid), recv_idx, counts, lay
+
+
+def scale_grad(data, E):
+    """d Σ(out · gout) / d scale of this rank's experts: Σ over every rank's tokens and their
+    top-k entries hosted here of w (e + 1) (x · gout)."""
+    el = E // WORLD
+    total = torch.zeros(())
+    for x, idx, w, gout in data:
+        mine = (idx >= RANK * el) & (idx < (RANK + 1) * el)
+        total += (w * factor(idx) * mine * (x * gout).sum(1, keepdim=True)).sum()
+    return total
+
+
 def cmd_ops(c):
-    """railwave::dispatch / railwave::combine with autograd: a MoE step through the operators
-    and the expert-major layout (alignment 4), output and gradients equal to the reference."""
+    """railwave::dispatch / railwave::combine with autograd: MoE steps through the operators
+    and the expert-major layout (alignment 4), output and gradients equal to the reference;
+    under activation checkpointing (recompute: the operators run again in the backward);
+    with a frozen router (only the experts' scale trained: the backward pair must be ended by
+    combine's backward); without a backward (no_grad, and grad enabled with nothing requiring
+    grad): the handle table stays empty."""
     from railwave import ops
     E = c["experts"]
     el = E // WORLD
     buf = join(c)
+    g = buf.railwave_group
     ops.use(buf)
     data = workload(c["seed"], E)
     log = []
+    x0, idx, w0, gout = data[RANK]
+    want_out, want_gx, want_gw = reference(x0, idx, w0, gout)
     for step in range(2):
-        x0, idx, w0, gout = data[RANK]
         x = x0.clone().requires_grad_()
         w = w0.clone().requires_grad_()
-        recv_x, recv_idx, recv_w, counts, hid = ops.dispatch(x, idx, w, E)
-        rows, lay = expert_major(recv_x, recv_idx, recv_w, el, alignment=4)
+        y, recv_idx, counts, lay = ops_layer(x, idx, w, E)
         expect(bool((lay.counts % 4 == 0).all()) and torch.equal(
             lay.counts, (torch.bincount(recv_idx[recv_idx >= 0], minlength=el) + 3) // 4 * 4),
             "expert-major counts %s" % lay.counts.tolist())
         expect(torch.equal(counts, torch.bincount(recv_idx[recv_idx >= 0], minlength=el)),
                "num_recv_per_expert")
-        # expert e (local) multiplies by its global id + 1: a per-row factor of the blocks
-        fac = torch.repeat_interleave(torch.arange(el) + RANK * el + 1.0, lay.counts)
-        y = ops.combine(combine_rows(rows * fac.unsqueeze(1), lay), hid)
         (y * gout).sum().backward()
-        want_out, want_gx, want_gw = reference(x0, idx, w0, gout)
         equal(y.detach(), want_out, "ops output")
         equal(x.grad, want_gx, "ops grad x")
         equal(w.grad, want_gw, "ops grad topk_weights")
         log.append("ops step %d: output, grad x, grad topk_weights equal" % step)
+    # Activation checkpointing: the region is recomputed in the backward (its dispatch and
+    # combine communicate again, on every rank alike), before the backward pair opens.
+    from torch.utils import checkpoint as ckpt
+    for reentrant in (True, False):
+        x = x0.clone().requires_grad_()
+        w = w0.clone().requires_grad_()
+        y = ckpt.checkpoint(lambda a, b: ops_layer(a, idx, b, E)[0], x, w,
+                            use_reentrant=reentrant)
+        (y * gout).sum().backward()
+        equal(y.detach(), want_out, "checkpointed ops output")
+        equal(x.grad, want_gx, "checkpointed ops grad x")
+        equal(w.grad, want_gw, "checkpointed ops grad topk_weights")
+        expect(not ops._handles and g._open is None, "checkpointed step left handles %s, "
+               "open pair %s" % (list(ops._handles), g._open and (g._open.layer, g._open.step)))
+        log.append("checkpoint (use_reentrant=%s, recompute): output and gradients equal"
+                   % reentrant)
+    sac = getattr(ckpt, "create_selective_checkpoint_contexts", None)
+    if sac is None:
+        log.append("selective checkpoint skipped: torch %s has no "
+                   "create_selective_checkpoint_contexts (PyTorch >= 2.4)" % torch.__version__)
+    else:  # the save list keeps the operators' outputs: they are replayed, not recomputed
+        x = x0.clone().requires_grad_()
+        w = w0.clone().requires_grad_()
+        y = ckpt.checkpoint(lambda a, b: ops_layer(a, idx, b, E)[0], x, w, use_reentrant=False,
+                            context_fn=lambda: sac(ops.save_list()))
+        (y * gout).sum().backward()
+        equal(x.grad, want_gx, "selective checkpoint grad x")
+        equal(w.grad, want_gw, "selective checkpoint grad topk_weights")
+        expect(not ops._handles and g._open is None, "selective checkpoint left handles %s"
+               % list(ops._handles))
+        log.append("selective checkpoint (save list): gradients equal")
+    # A frozen router: x and topk_weights need no gradient, the experts' scale does. Only
+    # combine's backward runs; it must end the backward pair itself.
+    scale = torch.ones((), requires_grad=True)
+    y = ops_layer(x0, idx, w0, E, scale)[0]
+    (y * gout).sum().backward()
+    equal(y.detach(), want_out, "frozen-router ops output")
+    equal(scale.grad, scale_grad(data, E), "frozen-router grad of the experts' scale")
+    expect(g._open is None, "frozen router: the backward pair is left open (%s)"
+           % (g._open and (g._open.layer, g._open.step),))
+    expect(not ops._handles, "frozen router: handles left %s" % list(ops._handles))
+    log.append("frozen router: experts' gradient equal, the backward pair ended")
     # The same step through Group.dispatch_expert_major / combine_expert_major (autograd).
-    g = buf.railwave_group
-    x0, idx, w0, gout = data[RANK]
     x = x0.clone().requires_grad_()
     w = w0.clone().requires_grad_()
     rows, counts, lay, h = g.dispatch_expert_major(x, idx, w, E, alignment=8, layer=5)
@@ -281,19 +487,22 @@ def cmd_ops(c):
     fac = torch.repeat_interleave(torch.arange(el) + RANK * el + 1.0, counts)
     y = g.combine_expert_major(rows * fac.unsqueeze(1), lay, h)
     (y * gout).sum().backward()
-    want_out, want_gx, want_gw = reference(x0, idx, w0, gout)
     equal(y.detach(), want_out, "Group expert-major output")
     equal(x.grad, want_gx, "Group expert-major grad x")
     equal(w.grad, want_gw, "Group expert-major grad topk_weights")
     log.append("Group.dispatch_expert_major (alignment 8): output, grad x, grad topk_weights "
                "equal")
-    with torch.no_grad():  # no backward: combine frees the handle
-        x0, idx, w0, _ = data[RANK]
-        recv_x, recv_idx, recv_w, _, hid = ops.dispatch(x0, idx, w0, E)
-        rows, lay = expert_major(recv_x, recv_idx, recv_w, el)
-        ops.combine(combine_rows(rows, lay), hid)
+    # No backward: the combine frees the handle, under no_grad and with grad enabled but
+    # nothing requiring grad (evaluation without no_grad).
+    with torch.no_grad():
+        ops_layer(x0, idx, w0, E)
         expect(not ops._handles, "handles left after a no-grad step: %s" % list(ops._handles))
-    log.append("no-grad step frees its handle; save list %s" % [str(o) for o in ops.save_list()])
+    y = ops_layer(x0, idx, w0, E)[0]
+    equal(y, want_out, "grad-enabled step without gradients")
+    expect(not ops._handles, "handles left after a step with grad enabled and nothing "
+           "requiring grad: %s" % list(ops._handles))
+    log.append("steps without a backward free their handles; save list %s"
+               % [str(o) for o in ops.save_list()])
     buf.destroy()
     return log
 

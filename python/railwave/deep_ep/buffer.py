@@ -8,21 +8,25 @@ the current stream), its outputs are made there, and then either the current str
 it (async_finish=False) or the returned EventOverlap marks it (async_finish=True).
 
 Pairs. The daemon runs one dispatch/combine pair per group at a time, keyed by (layer, step).
-A forward dispatch opens pair A on (layer, step); combine(handle) closes it. A cached dispatch
-(dispatch(grad, handle=h): combine's backward) opens pair B on (layer + 1, the same step) with
+A forward dispatch opens pair A on (LAYER, the Buffer's step); combine(handle) closes it. A
+cached dispatch (dispatch(grad, handle=h): combine's backward) opens A's backward pair B with
 the same routing and returns B's rows in A's order; the combine that follows with that handle
-(dispatch's backward, with topk_weights for their gradient) goes through B. B's rows carry the
-combine's topk_weights as extra columns: K for fp32 rows, 2K (a bf16 high and low part) for
-bf16 rows — exact, since only the rank hosting an expert contributes that entry."""
+(dispatch's backward, with topk_weights for their gradient) goes through B. B is railwave's
+backward pair (railwave._core Handle.open_backward / close_backward, as for Group autograd): its
+rows carry the combine's topk_weights as extra columns, exact for fp32 and bf16 rows.
+
+Errors. An argument this rank's call cannot take fails, before it is raised, the phase the
+other ranks are in or about to enter (the dispatch's key is poisoned, an open pair is failed),
+so that their call raises PhaseError at once instead of waiting for the daemon's phase
+timeout."""
 import torch
 
 from .. import group as _group
-from ..autograd import _permutation
+from .._core import BACKWARD_LAYER, get_weights, put_weights, weight_cols
 from ..errors import BadArgument, BadArgumentType, RailWaveError, ReceiveRoomExceeded
 from .utils import EventHandle, EventOverlap, as_event
 
-_FWD_LAYER = 0x5EE0  # (layer, step) keys of the Buffers' pairs: forward here, backward +1
-
+LAYER = 0x5EE0  # the layer of the Buffers' pairs: apart from a caller's own Group calls
 
 class Unsupported(RailWaveError, NotImplementedError):
     """A DeepEP feature RailWave does not offer (the message says which, and what to use)."""
@@ -59,14 +63,13 @@ class Handle:
     """What a cached dispatch and a combine need of a dispatch (DeepEP's handle is a tuple of
     tensors; Megatron-Core passes it back untouched)."""
 
-    __slots__ = ("shared", "a", "order", "step", "topk_idx", "topk_weights", "pad_to", "bwd")
+    __slots__ = ("shared", "a", "order", "step", "pad_to", "ended")
 
-    def __init__(self, shared, a, order, step, topk_idx, topk_weights, pad_to):
+    def __init__(self, shared, a, order, step, pad_to):
         self.shared, self.a, self.step = shared, a, step  # a: the railwave.Handle of pair A
         self.order = order  # returned row i is A's received row order[i]
-        self.topk_idx, self.topk_weights = topk_idx, topk_weights
         self.pad_to = pad_to  # num_worst_tokens, or 0
-        self.bwd = None  # (B's railwave.Handle, permutation, row dtype, hidden) once opened
+        self.ended = False  # the cached dispatch ended B itself (the dispatch had no backward)
 
     @property
     def num_recv_tokens(self):
@@ -83,49 +86,46 @@ class Handle:
         return self.a.src_token[self.order.cpu()]
 
 
-def _weight_cols(dtype, topk):
-    return topk if dtype == torch.float32 else 2 * topk
-
-
-def _put_weights(rows, hidden, w):
-    """Write fp32 weights w [N, K] into rows[:, hidden:] (exact for fp32, hi+lo for bf16)."""
-    K = w.shape[1]
-    if rows.dtype == torch.float32:
-        rows[:, hidden:hidden + K] = w
-    else:
-        hi = w.to(rows.dtype)
-        rows[:, hidden:hidden + K] = hi
-        rows[:, hidden + K:hidden + 2 * K] = (w - hi.float()).to(rows.dtype)
-
-
-def _get_weights(out, hidden, topk):
-    if out.dtype == torch.float32:
-        return out[:, hidden:hidden + topk].clone()
-    return out[:, hidden:hidden + topk].float() + out[:, hidden + topk:hidden + 2 * topk].float()
-
-
 def _group_of(group):
-    """(rank, world size, default name) of what a caller passed as the group."""
+    """(rank, world size, default name) of what a caller passed as the group. A ProcessGroup
+    must be the whole job in rank order (Megatron-Core's expert-parallel group with
+    expert_model_parallel_size = the world size, TP = PP = CP = 1): railwaved serves groups
+    that span its whole cluster, rank r on node r // LOCAL_WORLD_SIZE, so a subgroup (expert
+    data parallelism) or a strided one (TP > 1) is refused here, naming its ranks."""
     if isinstance(group, _group.Group):
         return group.rank, group.world_size, group.name
+    import torch.distributed as dist
     if group is None:
-        import torch.distributed as dist
         if not (dist.is_available() and dist.is_initialized()):
-            raise BadArgument("deep_ep: Buffer(group=None) needs torch.distributed "
-                             "initialized (or pass the expert-parallel ProcessGroup)")
+            raise BadArgument("deep_ep: Buffer", "group=None needs torch.distributed "
+                              "initialized (or pass the expert-parallel ProcessGroup)")
         group = dist.group.WORLD
     try:
-        return group.rank(), group.size(), None
+        rank, size = group.rank(), group.size()
     except AttributeError:
-        raise BadArgumentType("deep_ep: group must be a torch.distributed ProcessGroup or a "
-                        "railwave.Group, got %s" % type(group).__name__)
+        raise BadArgumentType("deep_ep: Buffer", "group must be a torch.distributed "
+                              "ProcessGroup or a railwave.Group, got %s"
+                              % type(group).__name__) from None
+    if dist.is_available() and dist.is_initialized():
+        ranks = dist.get_process_group_ranks(group)
+        if ranks != list(range(len(ranks))):
+            shown = ranks if len(ranks) <= 16 else ranks[:16] + ["..."]
+            raise Unsupported("deep_ep: Buffer", (
+                "the expert-parallel group is global ranks %s of %d: railwaved serves groups "
+                "that span its whole cluster, group rank r being global rank r (on node r // "
+                "LOCAL_WORLD_SIZE); a subgroup (expert data parallelism) or a strided one "
+                "(tensor parallelism > 1) has no railwave group. Run with "
+                "expert_model_parallel_size = the world size and TP = PP = CP = 1")
+                % (shown, dist.get_world_size()))
+    return rank, size, None
 
 
 class Buffer:
     """DeepEP V1 Buffer(group, num_nvl_bytes, num_rdma_bytes, ...) over RailWave.
 
-    group: the expert-parallel torch.distributed ProcessGroup (its rank and size are this rank's
-    place in the RailWave group: rank r must run on node r // LOCAL_WORLD_SIZE), or a
+    group: the expert-parallel torch.distributed ProcessGroup, which must be the whole job in
+    rank order (its rank and size are this rank's place in the RailWave group: rank r runs on
+    node r // LOCAL_WORLD_SIZE; another group raises Unsupported, see _group_of), or a
     railwave.Group. The RailWave group is named by RAILWAVE_DEEP_EP_GROUP (default "deep_ep")
     and joined through RAILWAVE_SOCKET like railwave.Group. num_nvl_bytes, num_rdma_bytes,
     num_qps_per_rank, allow_nvlink_for_low_latency_mode, allow_mnnvl and explicitly_destroy are
@@ -139,7 +139,7 @@ class Buffer:
                  num_qps_per_rank=24, allow_nvlink_for_low_latency_mode=True,
                  allow_mnnvl=False, explicitly_destroy=False, group_kwargs=None):
         if low_latency_mode:
-            raise Unsupported("deep_ep: low_latency_mode: the low-latency kernels "
+            raise Unsupported("deep_ep: Buffer", "low_latency_mode: the low-latency kernels "
                               "(low_latency_dispatch/combine) have no RailWave counterpart; use "
                               "the normal dispatch/combine")
         self.group = group
@@ -168,7 +168,7 @@ class Buffer:
     def set_num_sms(new_num_sms):
         """Accepted and kept (DeepEP's SM count for its kernels; RailWave runs none)."""
         if not isinstance(new_num_sms, int) or new_num_sms <= 0:
-            raise BadArgument("deep_ep: set_num_sms(%r): a positive int" % (new_num_sms,))
+            raise BadArgument("deep_ep: set_num_sms", "a positive int, got %r" % (new_num_sms,))
         Buffer.num_sms = new_num_sms
 
     @staticmethod
@@ -209,8 +209,8 @@ class Buffer:
         if name in ("low_latency_dispatch", "low_latency_combine", "clean_low_latency_buffer",
                     "get_next_low_latency_combine_buffer", "internode_dispatch",
                     "internode_combine", "get_local_buffer_tensor"):
-            raise Unsupported("deep_ep: Buffer.%s is not offered: RailWave implements "
-                              "get_dispatch_layout, dispatch (also cached) and combine" % name)
+            raise Unsupported("deep_ep: Buffer.%s" % name, "not offered: RailWave implements "
+                              "get_dispatch_layout, dispatch (also cached) and combine")
         raise AttributeError(name)
 
     # ---- streams ----------------------------------------------------------------------------
@@ -243,17 +243,46 @@ class Buffer:
         compute.wait_stream(comm)
         return out, EventOverlap(None)
 
+    # ---- failing the others' phase ----------------------------------------------------------
+    def _refuse_dispatch(self, err, num_experts=None):
+        """Raise err, an argument this rank's fresh dispatch (or get_dispatch_layout, before
+        it) cannot take, after failing the dispatch the other ranks make with this step for
+        every rank (railwave._core's _poison); the step is spent as theirs is."""
+        s = self._shared
+        step = s.step
+        s.step += 1
+        s.group._poison(LAYER, step, num_experts)
+        raise err
+
+    def _refuse_pair(self, handle, err):
+        """Raise err, an argument of a cached dispatch or combine with handle, after failing
+        the pair the other ranks are in: the open pair (A's combine, or B's once the cached
+        dispatch opened it), else B's dispatch, which their dispatch's backward opens now."""
+        g = self._shared.group
+        a = getattr(handle, "a", None)
+        if g._open is None and a is not None and a.combined and a.bwd is None and \
+                not handle.ended:
+            g._poison(a.layer | BACKWARD_LAYER, a.step, a.n_experts)
+        g._refuse_combine(err)
+
     # ---- layout -------------------------------------------------------------------------------
     def get_dispatch_layout(self, topk_idx, num_experts, previous_event=None, async_finish=False,
                             allocate_on_comm_stream=False):
         """(num_tokens_per_rank int32 [W], num_tokens_per_rdma_rank None, num_tokens_per_expert
         int32 [E], is_token_in_rank bool [T, W], event). None per RDMA rank: the daemon plans
-        the node level itself. dispatch() only needs num_tokens_per_expert (its length is E)."""
+        the node level itself. dispatch() only needs num_tokens_per_expert (its length is E).
+        Local: a bad argument fails the next dispatch for every rank (the one the others are
+        about to make) and is raised."""
         W = self.group_size
-        self._check_idx(topk_idx, "get_dispatch_layout")
-        if not isinstance(num_experts, int) or num_experts <= 0 or num_experts % W:
-            raise BadArgument("deep_ep: get_dispatch_layout: num_experts %r must be a "
-                             "positive multiple of the group size %d" % (num_experts, W))
+        op = "deep_ep: get_dispatch_layout"
+        try:
+            self._check_idx(topk_idx, op)
+            if not isinstance(num_experts, int) or num_experts <= 0 or num_experts % W:
+                raise BadArgument(op, "num_experts %r must be a positive multiple of the group "
+                                  "size %d" % (num_experts, W))
+            as_event(previous_event)
+        except RailWaveError as e:
+            self._refuse_dispatch(e, num_experts)
 
         def layout():
             idx = topk_idx.long()
@@ -273,8 +302,8 @@ class Buffer:
     def _check_idx(topk_idx, op):
         if not isinstance(topk_idx, torch.Tensor) or topk_idx.dim() != 2 or \
                 topk_idx.dtype not in (torch.int32, torch.int64):
-            raise BadArgumentType("deep_ep: %s: topk_idx must be an int64 (or int32) tensor "
-                            "tokens × topk, got %s" % (op, getattr(topk_idx, "dtype", topk_idx)))
+            raise BadArgumentType(op, "topk_idx must be an int64 (or int32) tensor tokens × "
+                                  "topk, got %s" % (getattr(topk_idx, "dtype", topk_idx),))
 
     # ---- dispatch ---------------------------------------------------------------------------
     def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
@@ -288,33 +317,52 @@ class Buffer:
         Cached form (handle given, combine's backward): returns (recv_x in that dispatch's row
         order, None, None, None, None, event). num_tokens_per_rank, num_tokens_per_rdma_rank,
         is_token_in_rank and config are accepted and unused (the daemon counts for itself);
-        num_tokens_per_expert gives E (or num_experts, a RailWave keyword). num_worst_tokens > 0 pads the received rows to that many
-        (recv_topk_idx -1) and returns an empty list, as DeepEP does (still a host wait here).
-        allocate_on_comm_stream: outputs are always made on the communication stream and
-        recorded on the current one, which is safe either way."""
-        if isinstance(x, tuple):
-            raise Unsupported("deep_ep: dispatch of FP8 rows given as (x, scales): "
-                              "RailWave carries float32 and bfloat16 rows")
-        if not isinstance(x, torch.Tensor):
-            raise BadArgumentType("deep_ep: dispatch: x must be a torch.Tensor")
+        num_tokens_per_expert gives E (or num_experts, a RailWave keyword). num_worst_tokens > 0
+        pads the received rows to that many (recv_topk_idx -1) and returns an empty list, as
+        DeepEP does (still a host wait here); a rank that receives more raises
+        ReceiveRoomExceeded and fails the pair for the others. allocate_on_comm_stream: outputs
+        are always made on the communication stream and recorded on the current one, which is
+        safe either way.
+
+        Whether the dispatch has a backward is read from x and topk_weights: when neither
+        requires grad (a frozen router over frozen inputs, as in DeepEP's use inside autograd
+        functions), its backward never runs, so the cached dispatch ends the backward pair
+        itself and a combine with the handle after it is refused."""
+        op = "deep_ep: dispatch"
         if handle is not None:
             if topk_idx is not None or topk_weights is not None:
-                raise BadArgument("deep_ep: dispatch: a cached dispatch (handle=) takes "
-                                 "no topk_idx/topk_weights: the handle's routing is used")
+                self._refuse_pair(handle, BadArgument(
+                    op, "a cached dispatch (handle=) takes no topk_idx/topk_weights: the "
+                    "handle's routing is used"))
             return self._cached_dispatch(x, handle, previous_event, async_finish)
-        if topk_idx is None:
-            raise Unsupported("deep_ep: dispatch without topk_idx (routing by "
-                              "is_token_in_rank alone): RailWave routes by expert id")
-        self._check_idx(topk_idx, "dispatch")
-        if num_tokens_per_expert is None and num_experts is None:
-            raise BadArgument("deep_ep: dispatch: num_tokens_per_expert (from "
-                             "get_dispatch_layout) is needed: its length is the number of "
-                             "experts")
-        E = int(num_tokens_per_expert.numel()) if num_experts is None else num_experts
-        if not isinstance(expert_alignment, int) or expert_alignment < 1:
-            raise BadArgument("deep_ep: dispatch: expert_alignment must be a positive "
-                             "int, got %r" % (expert_alignment,))
+        E = num_experts
+        try:
+            if isinstance(x, tuple):
+                raise Unsupported(op, "FP8 rows given as (x, scales): RailWave carries float32 "
+                                  "and bfloat16 rows")
+            if not isinstance(x, torch.Tensor):
+                raise BadArgumentType(op, "x must be a torch.Tensor, got %s" % type(x).__name__)
+            if topk_idx is None:
+                raise Unsupported(op, "without topk_idx (routing by is_token_in_rank alone): "
+                                  "RailWave routes by expert id")
+            self._check_idx(topk_idx, op)
+            if num_tokens_per_expert is None and num_experts is None:
+                raise BadArgument(op, "num_tokens_per_expert (from get_dispatch_layout) is "
+                                  "needed: its length is the number of experts")
+            if E is None:
+                E = int(num_tokens_per_expert.numel())
+            if not isinstance(expert_alignment, int) or expert_alignment < 1:
+                raise BadArgument(op, "expert_alignment must be a positive int, got %r"
+                                  % (expert_alignment,))
+            if not isinstance(num_worst_tokens, int) or num_worst_tokens < 0:
+                raise BadArgument(op, "num_worst_tokens must be a non-negative int, got %r"
+                                  % (num_worst_tokens,))
+            as_event(previous_event)
+        except RailWaveError as e:
+            self._refuse_dispatch(e, E)
         w_given = topk_weights is not None
+        backward = bool(x.requires_grad or (w_given and getattr(topk_weights, "requires_grad",
+                                                                 False)))
         if not w_given:
             topk_weights = torch.ones(topk_idx.shape, dtype=torch.float32, device=x.device)
         shared = self._shared
@@ -326,7 +374,7 @@ class Buffer:
             idx = topk_idx.contiguous()
             w = topk_weights.detach().contiguous()
             recv_x, recv_idx, recv_w, counts, a = g.dispatch(
-                x.detach().contiguous(), idx, w, E, layer=_FWD_LAYER, step=step)
+                x.detach().contiguous(), idx, w, E, layer=LAYER, step=step)
             n = a.num_recv
             # Rows by (source rank, token), as DeepEP orders them: the daemon delivers them in
             # arrival order, and a dispatch recomputed by activation checkpointing must return
@@ -335,16 +383,18 @@ class Buffer:
             recv_x, recv_idx, recv_w = recv_x[order], recv_idx[order], recv_w[order]
             if num_worst_tokens:
                 if n > num_worst_tokens:  # fail the pair for every rank now, then say why
-                    g._abort_pair()
-                    raise ReceiveRoomExceeded("deep_ep: dispatch", "received %d rows, above "
-                                              "num_worst_tokens %d" % (n, num_worst_tokens))
+                    g._refuse_combine(ReceiveRoomExceeded(
+                        op, "received %d rows, above num_worst_tokens %d"
+                        % (n, num_worst_tokens)))
                 pad = num_worst_tokens - n
                 recv_x = torch.cat([recv_x, recv_x.new_zeros(pad, recv_x.shape[1])])
                 recv_idx = torch.cat([recv_idx, recv_idx.new_full((pad, recv_idx.shape[1]), -1)])
                 recv_w = torch.cat([recv_w, recv_w.new_zeros(pad, recv_w.shape[1])])
-            # The routing a cached dispatch re-sends, safe from in-place changes.
-            h = Handle(shared, a, order, step, idx.clone(), w.clone(), num_worst_tokens)
-            return recv_x, recv_idx, recv_w, counts, h
+            # The routing the backward pair sends again, safe from in-place changes.
+            a.keep_routing(idx.clone(), w.clone())
+            a.dispatch_backward = backward
+            return recv_x, recv_idx, recv_w, counts, Handle(shared, a, order, step,
+                                                            num_worst_tokens)
 
         (recv_x, recv_idx, recv_w, counts, h), ev = self._run(x.device, previous_event,
                                                               async_finish, run)
@@ -357,40 +407,37 @@ class Buffer:
 
     def _check_handle(self, handle, op):
         if not isinstance(handle, Handle):
-            raise BadArgumentType("deep_ep: %s: handle must come from a railwave.deep_ep "
-                            "dispatch, got %s" % (op, type(handle).__name__))
+            self._refuse_pair(None, BadArgumentType(
+                op, "handle must come from a railwave.deep_ep dispatch, got %s"
+                % type(handle).__name__))
         if handle.shared is not self._shared:
-            raise BadArgument("deep_ep: %s: the handle is from a Buffer of another "
-                             "group" % op)
-
-    def _open_backward(self, handle, rows):
-        """Dispatch rows (T × width) as handle's pair B; keeps (B, where each returned row sits
-        in B) on the handle and returns B's received rows in the order dispatch returned A's."""
-        a = handle.a
-        recv, _, _, _, b = self._shared.group.dispatch(
-            rows, handle.topk_idx, handle.topk_weights, a.n_experts, layer=_FWD_LAYER + 1,
-            step=handle.step)
-        perm = _permutation(a, b)[handle.order.to(recv.device)]
-        handle.bwd = (b, perm, rows.dtype, rows.shape[1] - _weight_cols(rows.dtype, a.topk))
-        return recv[perm]
+            self._refuse_pair(None, BadArgument(op, "the handle is from a Buffer of another "
+                                                "group"))
 
     def _cached_dispatch(self, x, handle, previous_event, async_finish):
-        self._check_handle(handle, "dispatch(handle=)")
+        op = "deep_ep: dispatch(handle=)"
+        self._check_handle(handle, op)
         a = handle.a
-        if x.dim() != 2 or x.shape[0] != a.num_tokens:
-            raise BadArgument("deep_ep: dispatch(handle=): x must be (tokens %d of the "
-                             "handle's dispatch) × hidden, got %s" % (a.num_tokens,
-                                                                     tuple(x.shape)))
-        if x.dtype not in (torch.float32, torch.bfloat16):
-            raise BadArgumentType("deep_ep: dispatch(handle=): x has dtype %s; RailWave "
-                            "carries float32 and bfloat16 rows" % x.dtype)
+        try:
+            if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[0] != a.num_tokens:
+                raise BadArgument(op, "x must be (tokens %d of the handle's dispatch) × hidden, "
+                                  "got %s" % (a.num_tokens, tuple(getattr(x, "shape", ()))))
+            if x.dtype not in (torch.float32, torch.bfloat16):
+                raise BadArgumentType(op, "x has dtype %s; RailWave carries float32 and "
+                                      "bfloat16 rows" % x.dtype)
+            if handle.ended or a.bwd is not None:
+                raise BadArgument(op, "this handle's backward pair was already opened")
+            as_event(previous_event)
+        except RailWaveError as e:
+            self._refuse_pair(handle, e)
         H = x.shape[1]
 
         def run():
-            rows = torch.zeros(x.shape[0], H + _weight_cols(x.dtype, a.topk), dtype=x.dtype,
+            rows = torch.zeros(x.shape[0], H + weight_cols(x.dtype, a.topk), dtype=x.dtype,
                                device=x.device)
             rows[:, :H] = x.detach()
-            recv = self._open_backward(handle, rows)[:, :H]
+            recv = a.open_backward(rows)[handle.order.to(x.device), :H]
+            handle.ended = a.bwd is None  # no backward of the dispatch: B ended already
             if handle.pad_to:
                 recv = torch.cat([recv, recv.new_zeros(handle.pad_to - recv.shape[0], H)])
             return (recv.contiguous(),)
@@ -407,49 +454,58 @@ class Buffer:
         each token's owner; entries of experts not hosted here are taken as 0, as dispatch
         returns them). A forward combine (no cached dispatch yet) with topk_weights raises
         Unsupported. bias (a tensor or a pair) is added to combined_x. config is unused."""
-        self._check_handle(handle, "combine")
+        op = "deep_ep: combine"
+        self._check_handle(handle, op)
         a = handle.a
-        if not isinstance(x, torch.Tensor) or x.dim() != 2:
-            raise BadArgumentType("deep_ep: combine: x must be a 2-D torch.Tensor")
         n = a.num_recv
         want = handle.pad_to or n
-        if x.shape[0] != want:
-            raise BadArgument("deep_ep: combine: x has %d rows, the dispatch received %d"
-                             % (x.shape[0], want))
-        if topk_weights is not None and (not isinstance(topk_weights, torch.Tensor) or
-                                         tuple(topk_weights.shape) != (want, a.topk)):
-            raise BadArgument("deep_ep: combine: topk_weights must be (rows %d) × "
-                             "(topk %d)" % (want, a.topk))
-        if handle.bwd is None and not a.combined and topk_weights is not None:
-            raise Unsupported("deep_ep: combine with topk_weights is offered after a "
-                              "cached dispatch with this handle (dispatch's backward); the "
-                              "forward pair carries rows only")
+        forward = not a.combined
+        try:
+            if not isinstance(x, torch.Tensor) or x.dim() != 2:
+                raise BadArgumentType(op, "x must be a 2-D torch.Tensor")
+            if x.shape[0] != want:
+                raise BadArgument(op, "x has %d rows, the dispatch received %d"
+                                  % (x.shape[0], want))
+            if topk_weights is not None and (not isinstance(topk_weights, torch.Tensor) or
+                                             tuple(topk_weights.shape) != (want, a.topk)):
+                raise BadArgument(op, "topk_weights must be (rows %d) × (topk %d)"
+                                  % (want, a.topk))
+            if forward and topk_weights is not None:
+                raise Unsupported(op, "with topk_weights is offered after a cached dispatch "
+                                  "with this handle (dispatch's backward); the forward pair "
+                                  "carries rows only")
+            if handle.ended:
+                raise BadArgument(op, "the cached dispatch ended this handle's backward pair: "
+                                  "its dispatch had no backward (neither x nor topk_weights "
+                                  "required grad)")
+            if a.bwd is not None:
+                b = a.bwd[0]
+                H = b.hidden - weight_cols(b.dtype, a.topk)
+                if x.shape[1] != H:
+                    raise BadArgument(op, "x has hidden %d, the cached dispatch carried %d"
+                                      % (x.shape[1], H))
+            as_event(previous_event)
+        except RailWaveError as e:
+            self._refuse_pair(handle, e)
 
         def run():
             y = x.detach()[:n]
-            if handle.bwd is None and not a.combined:
+            order = handle.order.to(y.device)
+            if forward:
                 y_a = torch.empty_like(y)
-                y_a[handle.order.to(y.device)] = y  # back to A's order
+                y_a[order] = y  # back to A's order
                 return self._shared.group.combine(y_a, a), None
-            if handle.bwd is None:  # A already combined, no cached dispatch: open B with zeros
-                self._open_backward(handle, torch.zeros(
-                    a.num_tokens, y.shape[1] + _weight_cols(y.dtype, a.topk), dtype=y.dtype,
-                    device=y.device))
-            b, perm, dtype, H = handle.bwd
-            if y.shape[1] != H:
-                raise BadArgument("deep_ep: combine: x has hidden %d, the cached "
-                                 "dispatch carried %d" % (y.shape[1], H))
-            handle.bwd = None
-            rows = torch.zeros(n, H + _weight_cols(dtype, a.topk), dtype=dtype, device=y.device)
-            rows[:, :H] = y
+            dtype = a.bwd[0].dtype if a.bwd is not None else y.dtype
+            H = y.shape[1]
+            rows = torch.zeros(n, H + weight_cols(dtype, a.topk), dtype=dtype, device=y.device)
+            rows[order, :H] = y.to(dtype)
             if topk_weights is not None:
-                mask = a.local_mask.to(y.device)[handle.order.to(y.device)]
-                w = topk_weights.detach()[:n].float() * mask
-                _put_weights(rows, H, w)
-            in_b = torch.empty_like(rows)
-            in_b[perm] = rows
-            out = self._shared.group.combine(in_b, b)
-            cw = _get_weights(out, H, a.topk) if topk_weights is not None else None
+                w = topk_weights.detach()[:n].float() * a.local_mask.to(y.device)[order]
+                w_a = torch.empty_like(w)
+                w_a[order] = w
+                put_weights(rows, H, w_a)
+            out = a.close_backward(rows)
+            cw = get_weights(out, H, a.topk) if topk_weights is not None else None
             return out[:, :H].to(x.dtype).contiguous(), cw
 
         (out, cw), ev = self._run(x.device, previous_event, async_finish, run)

@@ -61,9 +61,9 @@ class EventOverlap:
 
     def current_stream_wait(self):
         if self.event is None:
-            raise BadArgument("deep_ep: this EventOverlap holds no event (the operation "
-                             "ran with async_finish=False: the current stream already waits "
-                             "for it)")
+            raise BadArgument("deep_ep: EventOverlap.current_stream_wait",
+                              "this EventOverlap holds no event (the operation ran with "
+                              "async_finish=False: the current stream already waits for it)")
         self.event.current_stream_wait()
 
     def __enter__(self):
@@ -87,5 +87,5 @@ def as_event(previous_event):
         h = EventHandle.completed()
         h.event = previous_event
         return h
-    raise BadArgumentType("deep_ep: previous_event must be an EventOverlap, EventHandle or "
-                    "torch.cuda.Event, got %s" % type(previous_event).__name__)
+    raise BadArgumentType("deep_ep: previous_event", "an EventOverlap, EventHandle or "
+                          "torch.cuda.Event, got %s" % type(previous_event).__name__)
