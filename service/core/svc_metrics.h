@@ -115,6 +115,8 @@ typedef struct rw_svc_metrics {
 	uint32_t clients;            /* trainer ranks connected (ipc/) */
 	uint32_t stats_clients;      /* stats socket connections open */
 	uint64_t stats_rejected;     /* stats clients dropped for bad input/timeouts/limits */
+	/* Early rows, tombs and ended attempts not kept: a node past its bound (exec_keys.c). */
+	uint64_t peer_keys_refused;
 	uint64_t anchor_reloads, anchor_reload_failures;
 	/* Waved paths: the most sources seen writing one phase's data into this node at once (1 under
 	 * the receiver gate, docs/dataflow.md "Send"). */

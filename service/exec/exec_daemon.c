@@ -50,6 +50,11 @@ rw_status_t rw_svc_exec_create(rw_svc_t *svc, const rw_svc_mover_ops_t *const *m
 	rw_list_init(&x->rows);
 	rw_list_init(&x->tombs);
 	rw_list_init(&x->ended);
+	if (exec_keys_init(x) != RW_OK) {
+		exec_keys_free(x);
+		free(x);
+		return RW_ERR_NOMEM;
+	}
 	/* recv_region_mib is the receive memory of the node; each rail gets an equal share, and
 	 * the same again for send staging: 4 sub-areas per slot. */
 	uint64_t recv = (uint64_t)svc->cfg.recv_region_mib << 20;

@@ -256,6 +256,8 @@ struct rw_svc_exec {
 	rw_list_t rows;              /* early count rows (exec_keys.c) */
 	rw_list_t tombs;             /* failed keys */
 	rw_list_t ended;             /* peers' attempts that ended here */
+	rw_list_t *key_idx;          /* the three above hashed by key (exec_keys.c) */
+	uint32_t *keys_held;         /* [N][3]: what each node makes us keep, against its bound */
 	struct {
 		const rw_svc_mover_ops_t *ops;
 		void *mover;
@@ -390,6 +392,8 @@ void exec_rows_drop(exec_t *x, const char *group, const rw_wire_key_t *key, int 
 void exec_rows_drop_node(exec_t *x, uint32_t node);
 /* Hand every early row of the pair's key to exec_plan_take_row, removing them. */
 void exec_rows_take(exec_t *x, exec_pair_t *p);
+/* The index of tombs, ended attempts and early rows (exec_keys.c). */
+rw_status_t exec_keys_init(exec_t *x);
 void exec_keys_expire(exec_t *x, uint64_t now, uint64_t timeout);
 void exec_keys_free(exec_t *x);
 

@@ -19,7 +19,8 @@
 #include "service/exec/exec_int.h"
 
 typedef struct exec_tomb {
-	rw_list_t link;
+	rw_list_t link;              /* x->tombs, newest first (ageing) */
+	rw_list_t hlink;             /* its bucket of the index (lookups) */
 	rw_wire_key_t key;           /* key.group: the group's hash */
 	rw_svc_phase_kind_t kind;    /* the phase that failed: its submissions get the error */
 	uint32_t answered;           /* bit g: local rank g got its error (or left) */
@@ -29,6 +30,7 @@ typedef struct exec_tomb {
 
 typedef struct exec_ended {
 	rw_list_t link;
+	rw_list_t hlink;
 	rw_wire_key_t key;
 	uint32_t node, epoch;
 	uint64_t t_ns;
@@ -36,6 +38,7 @@ typedef struct exec_ended {
 
 typedef struct exec_row {
 	rw_list_t link;
+	rw_list_t hlink;
 	char group[RW_WIRE_GROUP_MAX];
 	rw_wire_key_t key;
 	uint32_t node, slot;
@@ -50,20 +53,75 @@ static uint64_t phase_timeout_ns(const exec_t *x)
 	return (uint64_t)x->svc->cfg.phase_timeout_ms * 1000000ull;
 }
 
+/* ---- the index ----------------------------------------------------------------------------
+ * Every lookup is by key: each kind of entry is also linked into one of KEY_BUCKETS lists by a
+ * hash of its key, so a message costs a bucket, not a walk over everything kept (a member that
+ * sent 40 000 PHASE_ERRs used to stall the loop for seconds). What one node makes us keep is
+ * bounded: KEYS_PER_NODE early rows from it (a new one pushes its oldest out: a node that
+ * floods us loses only its own rows), as many ended attempts naming it, and KEYS_TOMBS tombs in
+ * all; past those a new entry is refused. Both are counted (peer_keys_refused). A lost row's
+ * phase times out; a refused tomb or ended attempt costs a straggler a phase timeout or a retry
+ * a late failure, never memory or the loop. */
+enum { IDX_TOMB = 0, IDX_ENDED = 1, IDX_ROW = 2, IDX_KINDS = 3 };
+#define KEY_BUCKETS 4096u
+#define KEYS_PER_NODE 4096u
+#define KEYS_TOMBS 16384u
+
+rw_status_t exec_keys_init(exec_t *x)
+{
+	x->key_idx = malloc(IDX_KINDS * KEY_BUCKETS * sizeof(*x->key_idx));
+	x->keys_held = calloc((size_t)x->nodes * IDX_KINDS, sizeof(*x->keys_held));
+	if (!x->key_idx || !x->keys_held)
+		return RW_ERR_NOMEM;
+	for (uint32_t i = 0; i < IDX_KINDS * KEY_BUCKETS; i++)
+		rw_list_init(&x->key_idx[i]);
+	return RW_OK;
+}
+
+static rw_list_t *bucket(const exec_t *x, int idx, const rw_wire_key_t *key)
+{
+	uint64_t h = (uint64_t)key->group * UINT64_C(0x9e3779b97f4a7c15) ^
+		     (uint64_t)key->layer * UINT64_C(0xc2b2ae3d27d4eb4f) ^
+		     key->step * UINT64_C(0x165667b19e3779f9);
+	h ^= h >> 31;
+	return &x->key_idx[(size_t)idx * KEY_BUCKETS + (h & (KEY_BUCKETS - 1))];
+}
+
+/* Room for one more entry of kind idx charged to node (the tombs: to nobody, all share one
+ * bound): 1, charged; 0, refused and counted. */
+static int charge(exec_t *x, int idx, uint32_t node)
+{
+	uint32_t *held = node < x->nodes ?
+			 &x->keys_held[(size_t)(idx == IDX_TOMB ? 0 : node) * IDX_KINDS + idx] : NULL;
+	if (!held || *held >= (idx == IDX_TOMB ? KEYS_TOMBS : KEYS_PER_NODE)) {
+		x->svc->metrics.peer_keys_refused++;
+		return 0;
+	}
+	(*held)++;
+	return 1;
+}
+
+static void uncharge(exec_t *x, int idx, uint32_t node)
+{
+	x->keys_held[(size_t)(idx == IDX_TOMB ? 0 : node) * IDX_KINDS + idx]--;
+}
+
 /* ---- tombs -------------------------------------------------------------------------------- */
 
 static exec_tomb_t *tomb_find(const exec_t *x, const rw_wire_key_t *key, rw_svc_phase_kind_t kind)
 {
 	exec_tomb_t *t;
-	rw_list_for_each(&x->tombs, t, link)
+	rw_list_for_each(bucket(x, IDX_TOMB, key), t, hlink)
 		if (t->kind == kind && rw_wire_key_eq(&t->key, key))
 			return t;
 	return NULL;
 }
 
-static void tomb_free(exec_tomb_t *t)
+static void tomb_free(exec_t *x, exec_tomb_t *t)
 {
 	rw_list_del(&t->link);
+	rw_list_del(&t->hlink);
+	uncharge(x, IDX_TOMB, 0);
 	free(t);
 }
 
@@ -71,7 +129,7 @@ static void tomb_free(exec_tomb_t *t)
 static void tomb_settle(exec_t *x, exec_tomb_t *t)
 {
 	if ((t->answered & exec_all_local(x)) == exec_all_local(x))
-		tomb_free(t);
+		tomb_free(x, t);
 }
 
 static void tomb_add(exec_t *x, const char *group, const rw_wire_key_t *key,
@@ -83,13 +141,18 @@ static void tomb_add(exec_t *x, const char *group, const rw_wire_key_t *key,
 	if (!t) {
 		if ((answered & exec_all_local(x)) == exec_all_local(x))
 			return;
-		t = calloc(1, sizeof(*t));
-		if (!t)
+		if (!charge(x, IDX_TOMB, 0))
 			return; /* stragglers then wait for a phase timeout instead */
+		t = calloc(1, sizeof(*t));
+		if (!t) {
+			uncharge(x, IDX_TOMB, 0);
+			return;
+		}
 		t->key = *key;
 		t->kind = kind;
 		snprintf(t->msg, sizeof(t->msg), "%s", msg);
 		rw_list_add(&x->tombs, &t->link);
+		rw_list_add(bucket(x, IDX_TOMB, key), &t->hlink);
 	}
 	t->answered |= answered;
 	t->t_ns = rw_now_ns();
@@ -121,7 +184,7 @@ void exec_tomb_pass(exec_t *x, const rw_wire_key_t *key, rw_svc_phase_kind_t kin
 	if (!t)
 		return;
 	if (!tomb_applies(x, t, local)) {
-		tomb_free(t); /* stale, or a retry by a rank that already had its answer */
+		tomb_free(x, t); /* stale, or a retry by a rank that already had its answer */
 		return;
 	}
 	t->answered |= 1u << local;
@@ -168,19 +231,32 @@ void exec_tomb_left(exec_t *x, uint32_t group_hash, uint32_t local)
 
 /* ---- ended attempts ------------------------------------------------------------------------- */
 
+static void ended_free(exec_t *x, exec_ended_t *d)
+{
+	rw_list_del(&d->link);
+	rw_list_del(&d->hlink);
+	uncharge(x, IDX_ENDED, d->node);
+	free(d);
+}
+
 void exec_ended_add(exec_t *x, const rw_wire_key_t *key, uint32_t node, uint32_t epoch)
 {
-	exec_ended_t *d = malloc(sizeof(*d));
-	if (!d)
+	if (!charge(x, IDX_ENDED, node))
 		return; /* only costs a retry that a late PHASE_ERR may fail */
+	exec_ended_t *d = malloc(sizeof(*d));
+	if (!d) {
+		uncharge(x, IDX_ENDED, node);
+		return;
+	}
 	*d = (exec_ended_t){ .key = *key, .node = node, .epoch = epoch, .t_ns = rw_now_ns() };
 	rw_list_add(&x->ended, &d->link);
+	rw_list_add(bucket(x, IDX_ENDED, key), &d->hlink);
 }
 
 int exec_ended_find(const exec_t *x, const rw_wire_key_t *key, uint32_t node, uint32_t epoch)
 {
 	const exec_ended_t *d;
-	rw_list_for_each(&x->ended, d, link)
+	rw_list_for_each(bucket(x, IDX_ENDED, key), d, hlink)
 		if (d->node == node && d->epoch == epoch && rw_wire_key_eq(&d->key, key))
 			return 1;
 	return 0;
@@ -188,36 +264,55 @@ int exec_ended_find(const exec_t *x, const rw_wire_key_t *key, uint32_t node, ui
 
 /* ---- early rows ----------------------------------------------------------------------------- */
 
+static void row_free(exec_t *x, exec_row_t *r)
+{
+	rw_list_del(&r->link);
+	rw_list_del(&r->hlink);
+	uncharge(x, IDX_ROW, r->node);
+	free(r);
+}
+
 void exec_rows_drop(exec_t *x, const char *group, const rw_wire_key_t *key, int node,
 		    uint32_t epoch)
 {
 	exec_row_t *r, *nx;
-	rw_list_for_each_safe(&x->rows, r, nx, link)
+	rw_list_for_each_safe(bucket(x, IDX_ROW, key), r, nx, hlink)
 		if ((!group || strcmp(r->group, group) == 0) && rw_wire_key_eq(&r->key, key) &&
-		    (node < 0 || r->node == (uint32_t)node) && (!epoch || r->params.epoch == epoch)) {
-			rw_list_del(&r->link);
-			free(r);
-		}
+		    (node < 0 || r->node == (uint32_t)node) && (!epoch || r->params.epoch == epoch))
+			row_free(x, r);
 }
 
 void exec_rows_drop_node(exec_t *x, uint32_t node)
 {
 	exec_row_t *r, *nx;
 	rw_list_for_each_safe(&x->rows, r, nx, link)
-		if (r->node == node) {
-			rw_list_del(&r->link);
-			free(r);
-		}
+		if (r->node == node)
+			row_free(x, r);
 }
 
 void exec_row_keep(exec_t *x, const rw_wire_counts_t *c, uint32_t peer, int pair_open)
 {
 	/* A node sends one row per attempt, in order: a second row of the key replaces the first. */
 	exec_rows_drop(x, c->group_name, &c->key, (int)peer, 0);
+	if (peer < x->nodes && x->keys_held[(size_t)peer * IDX_KINDS + IDX_ROW] >= KEYS_PER_NODE) {
+		/* its oldest row makes room: the list is newest first, its tail the oldest */
+		for (rw_list_t *it = x->rows.prev; it != &x->rows; it = it->prev) {
+			exec_row_t *old = rw_container_of(it, exec_row_t, link);
+			if (old->node == peer) {
+				row_free(x, old);
+				x->svc->metrics.peer_keys_refused++;
+				break;
+			}
+		}
+	}
+	if (!charge(x, IDX_ROW, peer))
+		return; /* the phase then times out: counted like any lost row */
 	size_t nr = (size_t)x->nodes * x->rails;
 	exec_row_t *r = malloc(sizeof(*r) + (nr + x->rails + x->nodes) * sizeof(uint32_t));
-	if (!r)
-		return; /* the phase then times out: counted like any lost row */
+	if (!r) {
+		uncharge(x, IDX_ROW, peer);
+		return;
+	}
 	snprintf(r->group, sizeof(r->group), "%s", c->group_name);
 	r->key = c->key;
 	r->node = peer;
@@ -229,13 +324,14 @@ void exec_row_keep(exec_t *x, const rw_wire_counts_t *c, uint32_t peer, int pair
 		r->row[i] = rw_wire_counts_row(c, (uint32_t)i);
 	exec_plan_view_decode(c, r->row + nr); /* its rail view follows the row */
 	rw_list_add(&x->rows, &r->link);
+	rw_list_add(bucket(x, IDX_ROW, &c->key), &r->hlink);
 }
 
 void exec_rows_hold(exec_t *x, const char *group, const rw_wire_key_t *key)
 {
 	const uint64_t now = rw_now_ns();
 	exec_row_t *r;
-	rw_list_for_each(&x->rows, r, link)
+	rw_list_for_each(bucket(x, IDX_ROW, key), r, hlink)
 		if (strcmp(r->group, group) == 0 && rw_wire_key_eq(&r->key, key))
 			r->grace_ns = now - r->t_ns + phase_timeout_ns(x);
 }
@@ -245,7 +341,7 @@ static uint32_t row_epoch(const exec_t *x, const char *group, const rw_wire_key_
 			  uint32_t node)
 {
 	const exec_row_t *r;
-	rw_list_for_each(&x->rows, r, link)
+	rw_list_for_each(bucket(x, IDX_ROW, key), r, hlink)
 		if (r->node == node && strcmp(r->group, group) == 0 && rw_wire_key_eq(&r->key, key))
 			return r->params.epoch;
 	return 0;
@@ -254,12 +350,11 @@ static uint32_t row_epoch(const exec_t *x, const char *group, const rw_wire_key_
 void exec_rows_take(exec_t *x, exec_pair_t *p)
 {
 	exec_row_t *r, *nx;
-	rw_list_for_each_safe(&x->rows, r, nx, link)
+	rw_list_for_each_safe(bucket(x, IDX_ROW, &p->key), r, nx, hlink)
 		if (strcmp(r->group, p->g->name) == 0 && rw_wire_key_eq(&r->key, &p->key)) {
 			exec_plan_take_row(p, r->node, r->slot, &r->params, r->row,
 					   r->row + (size_t)x->nodes * x->rails);
-			rw_list_del(&r->link);
-			free(r);
+			row_free(x, r);
 		}
 }
 
@@ -272,24 +367,25 @@ void exec_keys_expire(exec_t *x, uint64_t now, uint64_t timeout)
 	exec_tomb_t *t, *tn;
 	rw_list_for_each_safe(&x->tombs, t, tn, link)
 		if (now - t->t_ns > timeout)
-			tomb_free(t);
+			tomb_free(x, t);
 	exec_ended_t *d, *dn;
 	rw_list_for_each_safe(&x->ended, d, dn, link)
-		if (now - d->t_ns > timeout) {
-			rw_list_del(&d->link);
-			free(d);
-		}
+		if (now - d->t_ns > timeout)
+			ended_free(x, d);
 	exec_row_t *r, *rn;
 	rw_list_for_each_safe(&x->rows, r, rn, link)
-		if (now - r->t_ns > timeout + r->grace_ns) {
-			rw_list_del(&r->link);
-			free(r);
-		}
+		if (now - r->t_ns > timeout + r->grace_ns)
+			row_free(x, r);
 }
 
 void exec_keys_free(exec_t *x)
 {
-	exec_keys_expire(x, UINT64_MAX, 0);
+	if (x->key_idx && x->keys_held)
+		exec_keys_expire(x, UINT64_MAX, 0);
+	free(x->key_idx);
+	free(x->keys_held);
+	x->key_idx = NULL;
+	x->keys_held = NULL;
 }
 
 /* ---- ending a failed key --------------------------------------------------------------------- */

@@ -176,6 +176,56 @@ static void test_bad_ranks(void **state)
 	cl_free(c);
 }
 
+/* A member that floods a node with PHASE_ERRs and early count rows, 40 000 of each with
+ * distinct keys: each message costs the receiver a bucket of its index, not a walk over all it
+ * keeps (before: the lists were scanned per message, ~1 s of loop for 20 000, so heartbeats
+ * starved and an innocent link went down), and the receiver keeps at most its bound per node,
+ * refusing and counting the rest. Its own phases still run, and so does a phase whose early row
+ * the flood did not push out. The elapsed time is printed, not judged. */
+static void test_peer_key_flood(void **state)
+{
+	(void)state;
+	opts_t o = { .nodes = 2, .path = "native" };
+	cl_t *c = cl_new(&o, 406);
+	enum { FLOOD = 40000 };
+	uint32_t row[2 * 8] = { 0 }, weight[8], up[2] = { 3, 3 };
+	for (uint32_t r = 0; r < c->R; r++)
+		weight[r] = 100;
+	uint8_t buf[4096];
+	uint64_t t0 = rw_now_ns();
+	for (uint32_t i = 0; i < FLOOD; i++) {
+		rw_wire_phase_err_t e = { .key = { .group = rw_wire_group_hash(c->group), .layer = 7,
+						   .step = 1000 + i },
+					  .kind = 0, .status = RW_ERR_INVAL, .node = 1, .epoch = i + 1,
+					  .cause_node = 1, .cause_id = i + 1 };
+		snprintf(e.msg, sizeof(e.msg), "flood");
+		size_t n = rw_wire_phase_err_pack(&e, buf, sizeof(buf));
+		assert_int_equal(rw_svc_mesh_send(fk_mesh(1), 0, RW_WIRE_PHASE_ERR, buf, (uint32_t)n),
+				 RW_OK);
+		rw_wire_counts_t k = { .key = { .group = rw_wire_group_hash("flood"), .layer = 1,
+						.step = i },
+				       .node = 1, .nodes = c->N, .rails = c->R, .slot = 0,
+				       .params = { .n_experts = c->E, .topk = TOPK, .hidden = c->hidden,
+						   .dtype = RW_WIRE_F32, .epoch = i + 1 },
+				       .row = row, .rail_weight = weight, .rail_up = up };
+		snprintf(k.group_name, sizeof(k.group_name), "flood");
+		n = rw_wire_counts_pack(&k, buf, sizeof(buf));
+		assert_int_equal(rw_svc_mesh_send(fk_mesh(1), 0, RW_WIRE_COUNTS, buf, (uint32_t)n),
+				 RW_OK);
+		if (i % 1000 == 999)
+			settle(c);
+	}
+	settle(c);
+	print_message("    %u PHASE_ERRs and %u early rows from node 1 taken in %.2f s\n", FLOOD,
+		      FLOOD, (double)(rw_now_ns() - t0) / 1e9);
+	uint64_t refused = c->svc[0].metrics.peer_keys_refused;
+	CHECK(refused >= FLOOD, "node 0 kept more than its bound of node 1's keys (%llu refused)",
+	      (unsigned long long)refused);
+	CHECK(c->w->cnt.fail_peer[0][1] == 0, "the flood took node 1 down");
+	run_pair(c, 0, 0);
+	cl_free(c);
+}
+
 /* A member that writes outside what it was granted is the one blamed, at the write: node 1's
  * first dispatch write to node 0 lands 64 bytes off its range (into whatever lies there: another
  * node's range, or a gap); node 0 sees where it landed and fails the phase naming node 1's
@@ -319,6 +369,7 @@ int exec_bad_input_run(void)
 		cmocka_unit_test(test_bad_ranks),
 		cmocka_unit_test(test_peer_bad_data),
 		cmocka_unit_test(test_peer_misplaced_write),
+		cmocka_unit_test(test_peer_key_flood),
 	};
 	return cmocka_run_group_tests_name("svc_exec_bad_input", tests, NULL, NULL);
 }
