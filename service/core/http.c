@@ -17,12 +17,52 @@
 #if RW_HAVE_MHD
 #include <microhttpd.h>
 
+/* Connections MHD keeps (MHD_OPTION_CONNECTION_LIMIT), and how many one address may hold. */
+#define HTTP_CONNS_MAX 32u
+#define HTTP_CONNS_PER_ADDR 4u
+
 struct rw_svc_http {
 	rw_svc_t *svc;
 	struct MHD_Daemon *mhd;
 	uint16_t port;
 	rw_svc_metrics_t snap; /* used only by MHD's thread (one request at a time) */
+	/* Open connections, oldest first (MHD's thread only): when all but one slot are taken,
+	 * the oldest is shut down so that the next scraper always finds one (a slowloris from
+	 * many addresses cannot keep every slot). */
+	int conn_fd[HTTP_CONNS_MAX];
+	uint32_t n_conn;
 };
+
+/* MHD_OPTION_NOTIFY_CONNECTION: keep the list; make room when the slots run low. A prompt
+ * client is served within milliseconds of connecting, so it is never the oldest for long. */
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+			  enum MHD_ConnectionNotificationCode code)
+{
+	(void)socket_context;
+	rw_svc_http_t *http = cls;
+	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn,
+								      MHD_CONNECTION_INFO_CONNECTION_FD);
+	if (!ci)
+		return;
+	int fd = (int)ci->connect_fd;
+	if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+		for (uint32_t i = 0; i < http->n_conn; i++)
+			if (http->conn_fd[i] == fd) {
+				memmove(&http->conn_fd[i], &http->conn_fd[i + 1],
+					(http->n_conn - i - 1) * sizeof(int));
+				http->n_conn--;
+				break;
+			}
+		return;
+	}
+	if (http->n_conn >= HTTP_CONNS_MAX - 1) {
+		/* MHD sees the end at its next poll and closes it (CLOSED removes it here) */
+		shutdown(http->conn_fd[0], SHUT_RDWR);
+		memmove(&http->conn_fd[0], &http->conn_fd[1], (http->n_conn - 1) * sizeof(int));
+		http->n_conn--;
+	}
+	http->conn_fd[http->n_conn++] = fd;
+}
 
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const char *type,
 			     char *body, size_t len, enum MHD_ResponseMemoryMode mode)
@@ -159,13 +199,16 @@ rw_status_t rw_svc_http_start(rw_svc_t *svc, rw_svc_http_t **http_p)
 	}
 	http->port = ntohs(sin.sin_port);
 	/* One internal thread; a request renders at most a few hundred KiB. Idle connections
-	 * are closed after 10 s, and at most 32 are kept. MHD owns fd from here on. */
+	 * are closed after 10 s, at most 32 are kept and the oldest makes room for a new one
+	 * (on_connection). MHD owns fd from here on. */
 	http->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL,
 				     NULL, handle, http, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
 				     MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_TIMEOUT, 10u,
-				     MHD_OPTION_CONNECTION_LIMIT, 32u,
+				     MHD_OPTION_CONNECTION_LIMIT, HTTP_CONNS_MAX,
 				     /* one address cannot take every slot from the scrapers */
-				     MHD_OPTION_PER_IP_CONNECTION_LIMIT, 4u, MHD_OPTION_END);
+				     MHD_OPTION_PER_IP_CONNECTION_LIMIT, HTTP_CONNS_PER_ADDR,
+				     MHD_OPTION_NOTIFY_CONNECTION, on_connection, http,
+				     MHD_OPTION_END);
 	if (!http->mhd) {
 		rw_err("http: cannot start the metrics server on %s:%u", svc->cfg.http.text,
 		       http->port);

@@ -12,7 +12,10 @@ loopback:
    megabyte allocated for it).
 3. At most 64 control connections may wait for their hello; the rest are closed at once.
 4. Forty idle connections from one address (127.0.0.2) to the metrics endpoint do not keep a
-   scraper at another address (127.0.0.1) out: at most 4 per address are taken in.
+   scraper at another address (127.0.0.1) out: at most 4 per address are taken in. Nor does a
+   slowloris from 20 addresses (127.0.0.10-29, 4 each: more than the 32 slots) that sends half a
+   request and reopens every connection the moment it is closed: the oldest connection makes
+   room for a new one, and 10 of 10 scrapes are answered (before: the slots stayed full).
 5. The daemon then stops cleanly on SIGTERM (exit 0).
 Bounds here are resource budgets (CPU seconds, log lines, connections), not timings of a
 feature. Run by tests/run as $b/test/svc_exhaustion; exits 0 pass, 1 fail, 77 skip."""
@@ -104,6 +107,69 @@ def stop(p):
         return -9
 
 
+def scrape(hport, n):
+    """GETs of /metrics from 127.0.0.1: how many were answered 200."""
+    answered = 0
+    for _ in range(n):
+        try:
+            with socket.create_connection(("127.0.0.1", hport), timeout=3) as c:
+                c.sendall(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+                body = b""
+                while True:
+                    chunk = c.recv(65536)
+                    if not chunk:
+                        break
+                    body += chunk
+                answered += body.startswith(b"HTTP/1.") and b" 200 " in body[:20]
+        except OSError:
+            pass
+    return answered
+
+
+class Slowloris:
+    """Half requests from 20 addresses, 4 each, reopened as soon as they are closed."""
+
+    def __init__(self, hport):
+        import threading
+        self.hport, self.stop_flag, self.opened = hport, False, 0
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def run(self):
+        import selectors
+        sel, live = selectors.DefaultSelector(), {}
+        while not self.stop_flag:
+            for a in range(10, 30):
+                ip = "127.0.0.%d" % a
+                while live.get(ip, 0) < 4:
+                    s = socket.socket()
+                    try:
+                        s.bind((ip, 0))
+                        s.connect(("127.0.0.1", self.hport))
+                        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never finished
+                    except OSError:
+                        s.close()
+                        break
+                    sel.register(s, selectors.EVENT_READ, ip)
+                    live[ip] = live.get(ip, 0) + 1
+                    self.opened += 1
+            for key, _ in sel.select(0.01):
+                try:
+                    gone = key.fileobj.recv(4096) == b""
+                except OSError:
+                    gone = True
+                if gone:
+                    sel.unregister(key.fileobj)
+                    key.fileobj.close()
+                    live[key.data] -= 1
+        for key in list(sel.get_map().values()):
+            key.fileobj.close()
+
+    def stop(self):
+        self.stop_flag = True
+        self.t.join(10)
+
+
 def main():
     if not os.access(DAEMON, os.X_OK):
         print("skip: railwaved not built")
@@ -180,29 +246,25 @@ def main():
             s.bind(("127.0.0.2", 0))
             s.connect(("127.0.0.1", hport))
             idle.append(s)
-        answered = 0
-        for _ in range(5):
-            try:
-                with socket.create_connection(("127.0.0.1", hport), timeout=3) as c:
-                    c.sendall(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-                    body = b""
-                    while True:
-                        chunk = c.recv(65536)
-                        if not chunk:
-                            break
-                        body += chunk
-                    answered += body.startswith(b"HTTP/1.") and b" 200 " in body[:20]
-            except OSError:
-                pass
+        answered = scrape(hport, 5)
         for s in idle:
             s.close()
         check(answered == 5, "with 40 idle connections from 127.0.0.2, %d of 5 scrapes from "
               "127.0.0.1 were answered" % answered)
+        loris = Slowloris(hport)
+        time.sleep(1.0)  # every slot taken, and refilled as it frees
+        answered_loris = scrape(hport, 10)
+        opened = loris.opened
+        loris.stop()
+        check(opened > 32 and answered_loris == 10, "with a slowloris from 20 addresses (%d "
+              "connections opened), %d of 10 scrapes from 127.0.0.1 were answered"
+              % (opened, answered_loris))
         check("state running" in stats(sp), "the daemon stopped answering after the strangers")
         rc = stop(p)
         check(rc == 0, "railwaved exited %s" % rc)
         print("before hello: %d of 100 waiting strangers refused; %d of 5 scrapes answered "
-              "beside 40 idle connections; exit %d" % (refused, answered, rc))
+              "beside 40 idle connections, %d of 10 beside a slowloris; exit %d"
+              % (refused, answered, answered_loris, rc))
     if FAILS:
         return 1
     print("ok")
