@@ -229,8 +229,9 @@ rw_status_t cm_stage_dispatch(cm_pair_t *cp, rw_svc_phase_t *ph, uint32_t g, int
 	const uint64_t len[3] = { n * ph->row_bytes, n * ph->topk * 4, n * ph->topk * 4 };
 	const uint8_t *host[3] = { NULL, NULL, NULL };
 	uint64_t need = 0;
+	/* (host-memory ids are copied too: the rank's routing is read once, docs/security.md) */
 	for (int i = 0; i < 3; i++)
-		if ((i == 0) != (io->in[i].dev >= 0) && len[i])
+		if (((i == 0) != (io->in[i].dev >= 0) || (i == 1 && io->in[1].dev < 0)) && len[i])
 			need += (len[i] + 63) & ~(uint64_t)63;
 	/* The last rank to stage brings the count rows home: room for them after its inputs. */
 	const int last = !(cp->d_staged >> g & 1) &&
@@ -277,6 +278,13 @@ rw_status_t cm_stage_dispatch(cm_pair_t *cp, rw_svc_phase_t *ph, uint32_t g, int
 			host[i] = dst;
 			off += (len[i] + 63) & ~(uint64_t)63;
 			devs |= 1u << s->dev;
+		} else if (i == 1 && len[1]) {
+			/* Host-memory ids: the count, the records and the headers all read this copy,
+			 * never the rank's memory, which it may rewrite after submitting. */
+			uint8_t *dst = (uint8_t *)stage->ptr + off;
+			memcpy(dst, s->host, len[1]);
+			host[i] = dst;
+			off += (len[1] + 63) & ~(uint64_t)63;
 		} else {
 			host[i] = s->host;
 		}
