@@ -7,11 +7,15 @@ against real daemons (docs/python.md "Megatron-Core", "TorchTitan"): 2 railwaved
 buffer: get_dispatch_layout's outputs, the fresh dispatch (rows, local ids, weights, aligned
 counts), the forward combine, the cached dispatch and the combine with topk_weights (combine's
 and dispatch's backward), fp32 and bf16, −1 top-k slots, a rank with no tokens, num_worst_tokens
-padding, a second Buffer sharing the group — equal to the one-process reference. errors: what
-RailWave cannot do raises Unsupported, bad arguments TypeError/ValueError, and the Buffer serves
-on. ops: two MoE steps through the operators (autograd) and the expert-major layout, output and
-gradients equal; a no-grad step frees its handle. The shim distribution (python/shim-deep_ep)
-makes `import deep_ep` give railwave.deep_ep and refuses to when a real DeepEP is importable.
+padding, a second Buffer sharing the group, a frozen dispatch whose cached dispatch ends the
+backward pair — equal to the one-process reference. errors: what RailWave cannot do raises
+Unsupported, bad arguments TypeError/ValueError, on every rank alike and on one rank alone in
+each phase (the others then get PhaseError at once, not the phase timeout), a num_worst_tokens
+overflow, a strided subgroup refused; the Buffer serves on. ops: two MoE steps through the operators (autograd) and the expert-major layout, output and
+gradients equal, also under activation checkpointing and with a frozen router; steps without
+a backward free their handles. The shim distribution (python/shim-deep_ep) has the release's
+VERSION, makes `import deep_ep` give railwave.deep_ep and refuses to when a real DeepEP is
+importable.
 
 Run by tests/run as $b/test/python_frameworks; RW_PY_ONLY=buffer,errors,ops,shim picks
 scenarios. Exits 0 pass, 1 fail, 77 skip."""
@@ -53,6 +57,15 @@ def scenario_shim(env):
     """The shim distribution on PYTHONPATH: `import deep_ep` is railwave.deep_ep; with a real
     DeepEP importable (a deep_ep_cpp module on the path) it refuses, naming it."""
     shim = os.path.join(SRC, "python", "shim-deep_ep")
+    with open(os.path.join(SRC, "VERSION")) as f:
+        version = f.read().strip()
+    with open(os.path.join(shim, "pyproject.toml")) as f:
+        meta = f.read()
+    for line in ('version = "%s"' % version, 'dependencies = ["railwave==%s"]' % version):
+        if line not in meta.splitlines():
+            raise RuntimeError("python/shim-deep_ep/pyproject.toml lacks %r (VERSION is %s)"
+                               % (line, version))
+    print("ok   shim: version %s, requires railwave==%s (VERSION)" % (version, version))
     probe = ("import deep_ep, deep_ep.utils, railwave.deep_ep as r; "
              "assert deep_ep.Buffer is r.Buffer and deep_ep.utils.EventOverlap is "
              "r.EventOverlap; print('deep_ep is railwave.deep_ep')")

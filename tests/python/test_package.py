@@ -157,7 +157,8 @@ def check_from_env(fails):
 def check_exceptions(fails):
     """Every exception the package exports is a RailWaveError, the ones Python's conventions
     want are also ValueError/TypeError/TimeoutError/OSError, codes map to their classes, and no
-    module of the package raises a bare built-in exception (every raise names its meaning)."""
+    module of the package raises a bare built-in exception (every raise names its meaning) nor
+    makes a RailWaveError without (op, detail)."""
     import ast
     import builtins
 
@@ -205,6 +206,11 @@ def check_exceptions(fails):
     builtin = {n for n, v in vars(builtins).items()
                if isinstance(v, type) and issubclass(v, BaseException)} - protocol
     pkg = os.path.join(SRC, "python", "railwave")
+    from railwave.deep_ep import Unsupported
+    ours = {n for n, v in vars(errors).items()
+            if isinstance(v, type) and issubclass(v, errors.RailWaveError)} | {"Unsupported"}
+    if not issubclass(Unsupported, errors.RailWaveError):
+        fails.append("railwave.deep_ep.Unsupported is not a RailWaveError")
     for d, _, files in sorted(os.walk(pkg)):
         for f in sorted(files):
             rel = os.path.relpath(os.path.join(d, f), pkg)
@@ -217,6 +223,12 @@ def check_exceptions(fails):
                     if isinstance(x, ast.Name) and x.id in builtin:
                         fails.append("python/railwave/%s:%d raises a bare %s"
                                      % (rel, node.lineno, x.id))
+                # A RailWaveError names the operation in op and what failed in detail (two
+                # arguments), so that callers and messages can tell them apart.
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                        node.func.id in ours and len(node.args) < 2 and not node.keywords:
+                    fails.append("python/railwave/%s:%d: %s(...) without a detail (op, detail)"
+                                 % (rel, node.lineno, node.func.id))
 
 
 def check_install(fails, lib):
