@@ -34,6 +34,7 @@ typedef struct host_pair {
 	uint32_t fwd_n[RW_MAX_GPUS];
 	uint32_t *expert_counts[RW_MAX_GPUS];
 	float *owner_acc[RW_MAX_GPUS]; /* fp32 sums of each owner token's combine rows */
+	uint8_t *acc_seen[RW_MAX_GPUS]; /* [token]: its sum has a first term (else it is garbage) */
 	int acc_slot[RW_MAX_GPUS];   /* its buffer in m->sums (-1: in the arena) */
 	/* contrib[ref * G + g] = 1 + the row of received record ref in rank g's combine input
 	 * (0: not sent to g); crow: one fp32 row for summing copies. */
@@ -59,7 +60,9 @@ struct host_mover {
 	struct { float *p; size_t n; int busy; } sums[HM_SUMS];
 };
 
-/* n zeroed floats from the pool (its slot in *slot_p), or from the pair's arena (slot -1). */
+/* n floats from the pool (its slot in *slot_p), or from the pair's arena (slot -1). Not zeroed:
+ * a token's first term is stored, later ones added (owner_add), so no pass over the megabytes
+ * of sums runs when the dispatch is decided. */
 static float *sums_take(host_mover_t *m, host_pair_t *hp, size_t n, int *slot_p)
 {
 	int pick = -1;
@@ -80,7 +83,6 @@ static float *sums_take(host_mover_t *m, host_pair_t *hp, size_t n, int *slot_p)
 	}
 	m->sums[pick].busy = 1;
 	*slot_p = pick;
-	memset(m->sums[pick].p, 0, n * sizeof(float));
 	return m->sums[pick].p;
 }
 
@@ -347,7 +349,8 @@ static rw_status_t host_plan(void *mover, void *state, const rw_svc_phase_t *ph,
 			hp->m->sums[hp->acc_slot[g]].busy = 0;
 		hp->owner_acc[g] = sums_take(hp->m, hp, (size_t)ph->rt[g].n_tokens * ph->hidden + 1,
 					     &hp->acc_slot[g]);
-		oom |= !hp->fwd_ref[g] || !hp->expert_counts[g] || !hp->owner_acc[g];
+		hp->acc_seen[g] = rw_arena_alloc(&hp->mem, (size_t)ph->rt[g].n_tokens + 1, 1);
+		oom |= !hp->fwd_ref[g] || !hp->expert_counts[g] || !hp->owner_acc[g] || !hp->acc_seen[g];
 	}
 	if (oom) {
 		snprintf(why, RW_SVC_WHY_MAX, "out of memory");
@@ -501,6 +504,20 @@ static void combine_pack(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t d)
 	}
 }
 
+/* Add a combine row into owner token t of local rank g: the first term is stored as 0 + row,
+ * bit for bit what adding it to a zeroed sum gives. */
+static void owner_add(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t g, uint32_t t,
+		      const uint8_t *row)
+{
+	float *acc = hp->owner_acc[g] + (size_t)t * ph->hidden;
+	if (hp->acc_seen[g][t]) {
+		rw_svc_row_acc(acc, row, ph->dtype, ph->hidden);
+		return;
+	}
+	rw_svc_row_first(acc, row, ph->dtype, ph->hidden);
+	hp->acc_seen[g][t] = 1;
+}
+
 /* A complete combine range from `d` on egress rail `e`: add each row into its owner token. */
 static rw_status_t combine_range(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t d,
 				 uint32_t e, char *why)
@@ -520,8 +537,7 @@ static rw_status_t combine_range(host_pair_t *hp, const rw_svc_phase_t *ph, uint
 		uint32_t owner_rail, ord;
 		rw_sched_unmap(pp, e, k, &owner_rail, &ord);
 		const rw_record_t *r = &ph->rec[ph->row_off[d * ph->rails + owner_rail] + ord];
-		rw_svc_row_acc(hp->owner_acc[r->rank] + (size_t)r->token * ph->hidden,
-			       rec + RW_WIRE_CREC_HDR, ph->dtype, ph->hidden);
+		owner_add(hp, ph, r->rank, r->token, rec + RW_WIRE_CREC_HDR);
 	}
 	return RW_OK;
 }
@@ -541,8 +557,7 @@ static void combine_local(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t bu
 			if (!budget--)
 				return;
 			const uint32_t *lr = &hp->local_ref[2 * (size_t)(ref - ph->n_in)];
-			rw_svc_row_acc(hp->owner_acc[lr[0]] + (size_t)lr[1] * ph->hidden,
-				       io->tokens + (size_t)hp->bg_i * ph->row_bytes, ph->dtype, ph->hidden);
+			owner_add(hp, ph, lr[0], lr[1], io->tokens + (size_t)hp->bg_i * ph->row_bytes);
 		}
 	}
 	*done_p = 1;
@@ -630,8 +645,12 @@ static rw_status_t host_finish(void *mover, void *state, const rw_svc_phase_t *p
 				st = rw_svc_pinned_reserve(stage, n * ph->row_bytes);
 				dst = stage->ptr;
 			}
-			if (st == RW_OK)
-				rw_svc_row_store(dst, ph->dtype, hp->owner_acc[g], (uint32_t)(n * ph->hidden));
+			for (uint64_t t = 0; st == RW_OK && t < n; t++) /* a token with no term: +0 */
+				if (hp->acc_seen[g][t])
+					rw_svc_row_store(dst + t * ph->row_bytes, ph->dtype,
+							 hp->owner_acc[g] + t * ph->hidden, ph->hidden);
+				else
+					memset(dst + t * ph->row_bytes, 0, ph->row_bytes);
 			if (io->out.dev < 0)
 				continue;
 			if (st == RW_OK)

@@ -76,28 +76,42 @@ static inline float elem_in(const uint8_t *p, uint32_t dtype, size_t i)
 	return dtype == RW_WIRE_BF16 ? bf16_at(p, i) : f32_at(p, i);
 }
 
-/* acc = row (add 0) or acc += row (add 1); inlined with a constant `add`, so both vectorize. */
-static inline void row_in(float *acc, const uint8_t *p, uint32_t dtype, uint32_t hidden, int add)
+enum { ROW_SET, ROW_ADD, ROW_ZERO_ADD };
+
+/* acc = row (ROW_SET), acc += row (ROW_ADD) or acc = +0 + row (ROW_ZERO_ADD: a -0 element
+ * becomes +0, as adding it to a zeroed sum does; compilers keep the addition unless told that
+ * signed zeros do not matter); inlined with a constant `op`, so each vectorizes. */
+static inline float row_op(float a, float v, int op)
+{
+	return op == ROW_ADD ? a + v : op == ROW_ZERO_ADD ? 0.0f + v : v;
+}
+
+static inline void row_in(float *acc, const uint8_t *p, uint32_t dtype, uint32_t hidden, int op)
 {
 	size_t i = 0;
 	for (; i + ROW_BLOCK <= hidden; i += ROW_BLOCK) {
 		float v[ROW_BLOCK];
 		block_in(v, p, dtype, i);
 		for (size_t j = 0; j < ROW_BLOCK; j++)
-			acc[i + j] = add ? acc[i + j] + v[j] : v[j];
+			acc[i + j] = row_op(acc[i + j], v[j], op);
 	}
 	for (; i < hidden; i++)
-		acc[i] = add ? acc[i] + elem_in(p, dtype, i) : elem_in(p, dtype, i);
+		acc[i] = row_op(acc[i], elem_in(p, dtype, i), op);
 }
 
 void rw_svc_row_acc(float *acc, const void *row, uint32_t dtype, uint32_t hidden)
 {
-	row_in(acc, row, dtype, hidden, 1);
+	row_in(acc, row, dtype, hidden, ROW_ADD);
+}
+
+void rw_svc_row_first(float *acc, const void *row, uint32_t dtype, uint32_t hidden)
+{
+	row_in(acc, row, dtype, hidden, ROW_ZERO_ADD);
 }
 
 void rw_svc_row_load(float *acc, const void *row, uint32_t dtype, uint32_t hidden)
 {
-	row_in(acc, row, dtype, hidden, 0);
+	row_in(acc, row, dtype, hidden, ROW_SET);
 }
 
 void rw_svc_row_store(void *dst, uint32_t dtype, const float *acc, uint32_t hidden)

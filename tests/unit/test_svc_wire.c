@@ -1,6 +1,7 @@
 /* service/phase/wire.h: every peer message and record format round-trips, and the decoders reject
  * malformed input (wrong sizes, magic, version, out-of-range fields, random bytes) without
  * touching their outputs. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -405,6 +406,8 @@ static void test_row_loops_match_scalar(void **state)
 	(void)state;
 	enum { MAXH = 70 };
 	static const uint32_t hs[] = { 1, 2, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, MAXH };
+	static const uint32_t special[] = { 0x80000000u, 0x00000000u, 0x7fc00000u, 0xffc00000u,
+					    0x7f800000u, 0xff800000u, 0x00010000u, 0x80010000u };
 	uint32_t seed = 12345;
 	for (size_t t = 0; t < RW_ARRAY_SIZE(hs); t++) {
 		uint32_t h = hs[t];
@@ -431,6 +434,20 @@ static void test_row_loops_match_scalar(void **state)
 			rw_svc_row_load(acc, row, wire, h);
 			for (uint32_t i = 0; i < h; i++)
 				assert_true(acc[i] == vals[i]);
+			/* A sum's first term over whatever the sum held: bit for bit zeroing it and
+			 * adding the row, -0 (which becomes +0), NaN and infinities included. */
+			float zeroed[MAXH] = { 0 };
+			for (uint32_t i = 0; i < h && i < RW_ARRAY_SIZE(special); i++) {
+				uint16_t b = (uint16_t)(special[i] >> 16); /* the same value in bf16 */
+				if (dtype)
+					memcpy(row + 4 * i, &special[i], 4);
+				else
+					memcpy(row + 2 * i, &b, 2);
+			}
+			rw_svc_row_acc(zeroed, row, wire, h);
+			rw_svc_row_first(acc, row, wire, h);
+			assert_memory_equal(acc, zeroed, h * sizeof(float));
+			assert_true(acc[0] == 0.0f && !signbit(acc[0])); /* -0 + nothing: +0 */
 			for (uint32_t i = 0; i < h; i++)
 				acc[i] = vals[i] + 1.0f / 512; /* not representable: rounds */
 			uint8_t out[MAXH * 4 + 2];
