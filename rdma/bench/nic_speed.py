@@ -19,10 +19,13 @@ Per (cluster, shape, tokens, path, kind), medians over the steps after the first
           rail), as many threads as the shm copiers (rdma/bench/memcpy_ceiling.c), ms; shm
           rows of 1024 tokens per rank and more.
 The 1-token rows are the control-plane floor (their p50 in µs is printed separately).
+--daemons base=DIR/railwaved,new=$b/railwaved runs every cluster with each build in turn
+(--repeat times, alternating), rows labelled: a before/after in one run on one machine.
 
   $b/bench/shm_nic [--nodes 2,4] [--rates 25,50] [--tcp] [--shapes deepseek,glm]
                    [--tokens 1,128,1024,4096] [--paths native,rail-only,perm-only,joint,auto]
-                   [--rounds 3] [--floor-rounds 20] [--gpus 2] [--rails 2] [--cuda]"""
+                   [--rounds 3] [--floor-rounds 20] [--gpus 2] [--rails 2] [--cuda]
+                   [--daemons LABEL=PATH,...] [--repeat 1]"""
 import argparse
 import json
 import os
@@ -144,8 +147,9 @@ def ceiling_us(per_rail):
     return int(out.split()[0])
 
 
-def run_cluster(tmp, a, nodes, transport, rate_gbs, results):
-    """One cluster; every (shape, tokens) in turn; rows appended to results."""
+def run_cluster(tmp, a, nodes, transport, rate_gbs, results, build=("", cluster.DAEMON)):
+    """One cluster of railwaved build[1] (labelled build[0]); every (shape, tokens) in turn;
+    rows appended to results."""
     max_rec = max(((16 + k * 8 + 15) & ~15) + ((h * 2 + 15) & ~15) for h, _, k in SHAPES.values())
     tmax = max(int(t) for t in a.tokens.split(","))
     # A node may receive every rank's records in one phase: the region grows with N.
@@ -157,7 +161,7 @@ def run_cluster(tmp, a, nodes, transport, rate_gbs, results):
              "nic_gbps": rate_gbs * 8, "recv_region_mib": recv_mib, "trace_dir": trace_dir,
              "phase_timeout_ms": 60000, "heartbeat_timeout_ms": 10000, "log_level": "warn"}
     c = cluster.Cluster(tmp, nodes, path="auto", extra=extra, gpus=a.gpus, rails=a.rails,
-                        cuda_ranks="real" if a.cuda else None)
+                        cuda_ranks="real" if a.cuda else None, daemon=build[1])
     if a.cuda:
         c.env.pop("RAILWAVE_CUDA_MOVER", None)
     c.start_all()
@@ -185,6 +189,7 @@ def run_cluster(tmp, a, nodes, transport, rate_gbs, results):
                         per_rail = facts[len(facts) // 2][1] if facts else []
                         row = {
                             "nodes": nodes, "transport": label, "rate": rate_gbs,
+                            "daemon": build[0],
                             "shape": shape, "tokens": tokens, "path": path, "kind": kind,
                             "ms": med(ms), "p50_us": med(ms) * 1e3 if ms else None,
                             "lb_ms": lb, "split": split, "cpu_ms": cpu * 1e3,
@@ -207,8 +212,8 @@ def fmt(x, spec="%.3f"):
 
 def print_row(r):
     ratio = r["ms"] / r["lb_ms"] if r["ms"] and r["lb_ms"] else None
-    print("%d %-14s %-8s %5d %-9s %-8s %8s %8s %6s  %6s %6s %6s %6s  %6s %7s %7s" % (
-        r["nodes"], r["transport"], r["shape"], r["tokens"], r["path"], r["kind"],
+    print("%s%d %-14s %-8s %5d %-9s %-8s %8s %8s %6s  %6s %6s %6s %6s  %6s %7s %7s" % (
+        r["daemon"] + " " if r["daemon"] else "", r["nodes"], r["transport"], r["shape"], r["tokens"], r["path"], r["kind"],
         fmt(r["ms"]), fmt(r["lb_ms"]), fmt(ratio, "%.2f"),
         *[fmt(x) for x in r["split"]], fmt(r["cpu_ms"], "%.2f"), fmt(r["mb"], "%.1f"),
         fmt(r["memcpy_ms"])), flush=True)
@@ -229,6 +234,8 @@ def main():
     ap.add_argument("--cuda", action="store_true", help="CUDA ranks (the daemon's CUDA mover)")
     ap.add_argument("--seed", type=int, default=12345)
     ap.add_argument("--json", help="append every row here, one JSON object a line")
+    ap.add_argument("--daemons", help="LABEL=PATH,...: run every cluster with each railwaved")
+    ap.add_argument("--repeat", type=int, default=1, help="with --daemons: times each, alternating")
     a = ap.parse_args()
     print("== railwave at NIC speed: G=%d %s ranks per node, R=%d rails, bf16; %d rounds of "
           "every path after one warm-up round (%d for 1 token); nproc %d" % (
@@ -236,6 +243,10 @@ def main():
               os.cpu_count()))
     print("N transport      shape    tok/r path      kind           ms    LB ms   x LB  "
           "decide  1stpost lastin   done   cpu/ph  MB/rail  memcpy")
+    builds = [("", cluster.DAEMON)]
+    if a.daemons:
+        builds = [(d.split("=", 1)[0], os.path.abspath(d.split("=", 1)[1]))
+                  for d in a.daemons.split(",")]
     results = []
     with tempfile.TemporaryDirectory(prefix="rwshm.", dir="/tmp") as tmp:
         for nodes in [int(n) for n in a.nodes.split(",")]:
@@ -244,14 +255,16 @@ def main():
             if a.tcp:
                 confs.insert(1, ("tcp", float(a.rates.split(",")[0])))
             for transport, rate in confs:
-                sub = os.path.join(tmp, "%d-%s-%g" % (nodes, transport, rate))
-                os.makedirs(sub)
-                run_cluster(sub, a, nodes, transport, rate, results)
+                for i, build in enumerate(builds * a.repeat):
+                    sub = os.path.join(tmp, "%d-%s-%g-%d" % (nodes, transport, rate, i))
+                    os.makedirs(sub)
+                    run_cluster(sub, a, nodes, transport, rate, results, build)
     print("== control-plane floor (1 token per rank): phase p50 µs")
     for r in results:
         if r["tokens"] == 1:
-            print("%d %-14s %-8s %-9s %-8s %8.0f" % (r["nodes"], r["transport"], r["shape"],
-                                                      r["path"], r["kind"], r["p50_us"]))
+            print("%s%d %-14s %-8s %-9s %-8s %8.0f" % (
+                r["daemon"] + " " if r["daemon"] else "", r["nodes"], r["transport"], r["shape"],
+                r["path"], r["kind"], r["p50_us"]))
     return 0
 
 
