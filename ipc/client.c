@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -53,6 +54,10 @@ struct rw_client {
 	rw_ring_t cq; /* we consume */
 	void *page;        /* the rank page (rw_client_rank_page), NULL until set up */
 	size_t page_bytes;
+	/* With a page, a watcher thread waits for the daemon to hang up and then writes the words
+	 * the rank's stream may wait on (rw_page_daemon_lost); watch_efd stops it at close. */
+	pthread_t watcher;
+	int watch_efd;     /* -1: no watcher */
 	_Atomic uint32_t submitted; /* written by the submitting thread */
 	_Atomic uint32_t completed; /* written by the reaping thread */
 	host_buf_t *bufs;
@@ -333,6 +338,7 @@ int rw_client_connect(const rw_client_opts_t *opts, rw_client_t **client_p)
 	pthread_mutex_init(&c->sock_lock, NULL);
 	pthread_mutex_init(&c->sig_lock, NULL);
 	c->sq_efd = c->cq_efd = -1;
+	c->watch_efd = -1;
 	c->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : 10000;
 	int rc;
 	c->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -402,10 +408,37 @@ fail_free:
 	return rc;
 }
 
+/* The daemon is gone (the control socket hung up): write every word the rank's stream may still
+ * wait on, from this CPU, so the stream runs through (docs/rankpath.md "Failure"). The page
+ * stays mapped here until rw_client_close, which stops this thread first. */
+static void *page_watch(void *arg)
+{
+	rw_client_t *c = arg;
+	struct pollfd p[2] = { { .fd = c->fd, .events = 0 }, { .fd = c->watch_efd, .events = POLLIN } };
+	for (;;) {
+		int n = poll(p, 2, -1);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 || p[1].revents)
+			return NULL;
+		if (p[0].revents & (POLLHUP | POLLERR | POLLNVAL)) {
+			rw_page_daemon_lost(c->page, RW_E_CLOSED);
+			return NULL;
+		}
+	}
+}
+
 void rw_client_close(rw_client_t *c)
 {
 	if (!c)
 		return;
+	if (c->watch_efd >= 0) {
+		uint64_t one = 1;
+		ssize_t n = write(c->watch_efd, &one, sizeof(one));
+		(void)n;
+		pthread_join(c->watcher, NULL);
+		close(c->watch_efd);
+	}
 	if (!atomic_load(&c->closed_code)) {
 		rw_ipc_hdr_t bye;
 		hdr_init(c, &bye, RW_IPC_GOODBYE);
@@ -460,8 +493,18 @@ int rw_client_rank_page(rw_client_t *c, uint32_t max_recv, void **page_p, size_t
 		munmap(map, ok->bytes);
 		return RW_E_BADREPLY;
 	}
-	c->page = map;
+	c->page = map; /* before the watcher, which writes it */
 	c->page_bytes = (size_t)ok->bytes;
+	c->watch_efd = eventfd(0, EFD_CLOEXEC);
+	if (c->watch_efd < 0 || pthread_create(&c->watcher, NULL, page_watch, c) != 0) {
+		if (c->watch_efd >= 0)
+			close(c->watch_efd);
+		c->watch_efd = -1;
+		munmap(map, ok->bytes);
+		c->page = NULL;
+		c->page_bytes = 0;
+		return RW_E_SYS;
+	}
 	*page_p = map;
 	*bytes_p = c->page_bytes;
 	return 0;

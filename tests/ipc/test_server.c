@@ -1098,6 +1098,76 @@ static void test_rank_page_refused(void **state)
 	h_stop(&H);
 }
 
+/* The daemon goes away while the rank's stream waits on its page (stand-in driver): librailwave's
+ * watcher writes the owed words from the rank's CPU and the stream runs through; the status says
+ * why. The rank is a child process, so this program's other cases keep their own CUDA state
+ * (test_cuda_without_driver forks a daemon that must not inherit a loaded driver). */
+static int page_lost_rank(int go)
+{
+	rw_client_t *c = connect_rank("g", 0);
+	void *page;
+	size_t bytes;
+	rw_cuda_dptr_t dev;
+	rw_cuda_stream_t *s;
+	rw_cuda_ext_stream_t e;
+	if (rw_cuda_init() != RW_OK)
+		return 77;
+	if (rw_client_rank_page(c, 64, &page, &bytes) || rw_cuda_host_register_mapped(page, bytes, &dev) ||
+	    rw_cuda_stream_create(0, &s) || rw_cuda_ext_stream_of(s, &e))
+		return 2;
+	rw_page_head_t *pg = page;
+	/* phase 1 submitted by the stream; it waits for plan and arrived, then writes done */
+	if (rw_cuda_word_write(&e, dev + offsetof(rw_page_head_t, word[RW_PW_SUBMIT]), 1) ||
+	    rw_cuda_word_wait(&e, dev + offsetof(rw_page_head_t, word[RW_PW_PLAN]), 1) ||
+	    rw_cuda_word_wait(&e, dev + offsetof(rw_page_head_t, word[RW_PW_ARRIVED]), 1) ||
+	    rw_cuda_word_write(&e, dev + offsetof(rw_page_head_t, word[RW_PW_DONE]), 1))
+		return 3;
+	usleep(20000);
+	if (atomic_load(&pg->word[RW_PW_DONE].v) != 0)
+		return 4; /* not held: nobody planned */
+	char x = 'w';
+	if (write(go, &x, 1) != 1)
+		return 5;
+	if (rw_cuda_stream_sync(s) != RW_OK) /* hangs (then fails) without the watcher */
+		return 6;
+	if (atomic_load(&pg->word[RW_PW_DONE].v) != 1 ||
+	    (int32_t)atomic_load(&pg->status[1 % RW_PAGE_DEPTH].v) != RW_E_CLOSED ||
+	    atomic_load(&pg->word[RW_PW_PLAN].v) < 1 + RW_PAGE_OWED_AHEAD)
+		return 7;
+	rw_cuda_stream_destroy(s);
+	rw_cuda_host_unregister(page);
+	rw_client_close(c);
+	return 0;
+}
+
+static void test_rank_page_daemon_lost(void **state)
+{
+	(void)state;
+	rw_ipc_server_config_t cfg = page_config(1);
+	h_start_cfg(&H, &cfg);
+	int go[2], status = 0;
+	assert_int_equal(pipe(go), 0);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		close(go[0]);
+		_exit(page_lost_rank(go[1]));
+	}
+	close(go[1]);
+	char x = 0;
+	ssize_t n = read(go[0], &x, 1); /* the rank's stream waits on its page */
+	close(go[0]);
+	h_stop(&H); /* the daemon's connections close */
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	if (WEXITSTATUS(status) == 77) {
+		print_message("skipped: no CUDA driver in the rank\n");
+		skip();
+	}
+	assert_int_equal(n, 1);
+	assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 static void test_client_limit(void **state)
 {
 	(void)state;
@@ -2495,6 +2565,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_daemon_node_enforced),
 		cmocka_unit_test(test_rank_page_lent),
 		cmocka_unit_test(test_rank_page_refused),
+		cmocka_unit_test(test_rank_page_daemon_lost),
 		cmocka_unit_test(test_client_limit),
 		cmocka_unit_test(test_host_buffer_shared_both_ways),
 		cmocka_unit_test(test_register_errors),
