@@ -492,6 +492,21 @@ def cmd_ops(c):
     equal(w.grad, want_gw, "Group expert-major grad topk_weights")
     log.append("Group.dispatch_expert_major (alignment 8): output, grad x, grad topk_weights "
                "equal")
+    # bf16 rows through the Group's autograd: the topk_weights gradient (here k/3 multiples,
+    # no bf16 number) travels as a bf16 high and low part, so it arrives to 2^-16, not bf16's
+    # 2^-9. The output gradient is made a bf16 number first: it travels as bf16 rows.
+    x = x0.to(torch.bfloat16).requires_grad_()
+    w = w0.clone().requires_grad_()
+    gout_b = (gout / 3).to(torch.bfloat16).float()
+    rows, counts, lay, h = g.dispatch_expert_major(x, idx, w, E, alignment=8, layer=6)
+    fac = torch.repeat_interleave(torch.arange(el) + RANK * el + 1.0, counts)
+    y = g.combine_expert_major((rows * fac.unsqueeze(1)).to(torch.bfloat16), lay, h)
+    (y.float() * gout_b).sum().backward()
+    want = factor(idx) * (x0 * gout_b).sum(1, keepdim=True)
+    err = ((w.grad - want).abs() / (want.abs() + 2 ** -20)).max().item() if want.numel() else 0
+    expect(err <= 2 ** -14, "bf16 Group autograd: grad topk_weights relative error %g" % err)
+    log.append("bf16 Group autograd: grad topk_weights within %.1e relative (bf16 alone: 2^-9)"
+               % err)
     # No backward: the combine frees the handle, under no_grad and with grad enabled but
     # nothing requiring grad (evaluation without no_grad).
     with torch.no_grad():
