@@ -467,6 +467,42 @@ static void test_row_loops_match_scalar(void **state)
 	}
 }
 
+/* The bf16 store against rw_bf16_round_bits element by element over arbitrary bit patterns:
+ * ties to even at every kept bit, NaNs (quiet and signalling, either sign), infinities,
+ * subnormals, the largest finite values (which round to infinity) and random words, at every
+ * tail length around the vector width and a 2-byte aligned destination. */
+static void test_row_store_every_pattern(void **state)
+{
+	(void)state;
+	enum { N = 4096 };
+	static const uint32_t edge[] = { 0x00000000u, 0x80000000u, 0x00008000u, 0x00018000u,
+					 0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x7f7fffffu,
+					 0xff7fffffu, 0x7f800000u, 0xff800000u, 0x7f800001u,
+					 0xff800001u, 0x7fc00000u, 0xffffffffu, 0x7fbfffffu,
+					 0x00000001u, 0x807fffffu };
+	static uint32_t in[N];
+	static float acc[N]; /* the same bits */
+	static uint8_t out[2 * N + 4];
+	uint32_t seed = 99;
+	for (uint32_t i = 0; i < N; i++) {
+		seed = seed * 1103515245u + 12345u;
+		in[i] = i < RW_ARRAY_SIZE(edge) ? edge[i] : (seed & 0xffff0000u) | ((seed >> 3) & 0xffffu);
+	}
+	memcpy(acc, in, sizeof(acc));
+	for (uint32_t h = 1; h <= N; h = h < 40 ? h + 1 : N) { /* every tail, then all of it */
+		memset(out, 0xa5, sizeof(out));
+		rw_svc_row_store(out + 2, RW_WIRE_BF16, acc, h);
+		for (uint32_t i = 0; i < h; i++) {
+			uint16_t b;
+			memcpy(&b, out + 2 + 2 * i, 2);
+			assert_int_equal(b, rw_bf16_round_bits(in[i]));
+		}
+		assert_int_equal(out[2 + 2 * h], 0xa5); /* nothing past the row */
+		if (h == N)
+			break;
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -480,6 +516,7 @@ int main(void)
 		cmocka_unit_test(test_imm_and_records),
 		cmocka_unit_test(test_bf16),
 		cmocka_unit_test(test_row_loops_match_scalar),
+		cmocka_unit_test(test_row_store_every_pattern),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
