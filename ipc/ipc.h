@@ -75,6 +75,11 @@ typedef struct rw_ipc_server_ops {
 	void (*submission)(void *ctx, rw_ipc_client_t *client, const rw_sqe_t *sqe);
 	/* A buffer was registered (after the daemon mapped/imported it). */
 	void (*buffer_registered)(void *ctx, rw_ipc_client_t *client, const rw_ipc_buffer_t *buf);
+	/* Optional. A word the rank writes in its rank page (ipc/page.h: RW_PW_SUBMIT, _PACKED or
+	 * _DONE) moved forward to `value`, 1 to RW_PAGE_DEPTH phases past the last one reported
+	 * (the poller may skip values). A word that went back or further is the rank's protocol
+	 * error: the server drops it (RW_E_RING_INDEX) and this is not called. */
+	void (*page_word)(void *ctx, rw_ipc_client_t *client, unsigned word, uint64_t value);
 } rw_ipc_server_ops_t;
 
 typedef struct rw_ipc_server_config {
@@ -109,7 +114,8 @@ typedef struct rw_ipc_server_config {
 	uint32_t hello_timeout_ms;  /* a connection that has not joined by then is closed; 0 = 5000 */
 	/* The rank page (docs/rankpath.md): lent to a rank that asks, sized for the cluster's nodes
 	 * (world_size / gpus_per_node, both needed) and page_rails rails. 0: no page is lent
-	 * (RW_E_STATE). page_max_recv bounds a rank's max_recv; 0 = max_tokens. */
+	 * (RW_E_STATE). page_max_recv bounds a rank's max_recv; 0 = max_tokens. With page_rails
+	 * the server runs a word poller (below) over every page's rank-written words. */
 	uint32_t page_rails;
 	uint32_t page_max_recv;
 } rw_ipc_server_config_t;
@@ -178,8 +184,8 @@ void rw_ipc_client_notice(rw_ipc_server_t *server, rw_ipc_client_t *client, int 
 const rw_ipc_client_info_t *rw_ipc_client_info(const rw_ipc_client_t *client);
 
 /* The client's rank page (ipc/page.h layout: an rw_page_head_t at its start), mapped in the
- * daemon; NULL until the rank set it up. *bytes_p: its size. Valid until the client leaves
- * (after client_left returns it is unmapped: unwatch its words first, docs/rankpath.md). */
+ * daemon; NULL until the rank set it up. *bytes_p: its size. Valid until client_left returns
+ * (the server unmaps it once its poller stopped reading it). */
 void *rw_ipc_client_page(const rw_ipc_client_t *client, size_t *bytes_p);
 void rw_ipc_client_set_data(rw_ipc_client_t *client, void *data); /* service's per-client data */
 void *rw_ipc_client_data(const rw_ipc_client_t *client);

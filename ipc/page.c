@@ -55,11 +55,11 @@ void rw_page_init(rw_page_head_t *pg, uint32_t nodes, uint32_t rails, uint32_t m
 	pg->bytes = l->bytes;
 }
 
-int rw_page_word_step(uint64_t seen, uint64_t now, uint64_t expect)
+int rw_page_word_step(uint64_t seen, uint64_t now)
 {
 	if (now == seen)
 		return RW_PAGE_SAME;
-	return now == expect ? RW_PAGE_NEXT : RW_PAGE_BAD;
+	return now - seen <= RW_PAGE_DEPTH ? RW_PAGE_NEXT : RW_PAGE_BAD;
 }
 
 /* Move a word forward to at least v (cyclically), never back; store-release (pair P6). */

@@ -91,11 +91,12 @@ int rw_page_layout(uint32_t nodes, uint32_t rails, uint32_t max_recv, size_t pag
 void rw_page_init(rw_page_head_t *pg, uint32_t nodes, uint32_t rails, uint32_t max_tokens,
 		  uint32_t max_recv, const rw_page_layout_t *layout);
 
-/* Daemon: judge a rank-written word it last saw at `seen` and now reads `now`, when the next
- * value it may take is `expect`: RW_PAGE_SAME (unchanged), RW_PAGE_NEXT (now == expect), or
- * RW_PAGE_BAD (anything else: the rank wrote what the protocol never writes). */
+/* Daemon: judge a rank-written word it last saw at `seen` and now reads `now` (the poller may
+ * skip values in between): RW_PAGE_SAME (unchanged), RW_PAGE_NEXT (moved forward by 1 to
+ * RW_PAGE_DEPTH phases: a rank never has more in flight), or RW_PAGE_BAD (back, or further: the
+ * rank wrote what the protocol never writes). */
 enum { RW_PAGE_SAME = 0, RW_PAGE_NEXT = 1, RW_PAGE_BAD = -1 };
-int rw_page_word_step(uint64_t seen, uint64_t now, uint64_t expect);
+int rw_page_word_step(uint64_t seen, uint64_t now);
 
 /* Daemon: phase k failed with `err` (RW_E_*): its status, then plan and arrived moved to at
  * least k (never back), each with a store-release, so the rank's stream runs through and its

@@ -583,10 +583,17 @@ rw_status_t rw_ipc_server_create(struct ev_loop *loop, const rw_ipc_server_confi
 		.max_events = cfg.max_events,
 		.dtypes = cfg.dtypes ? cfg.dtypes : UINT32_MAX,
 	};
+	rw_status_t st = ipc_pages_start(srv);
+	if (st != RW_OK) {
+		free(srv->socket_path);
+		free(srv);
+		return st;
+	}
 	srv->cfg.group = config->group;
-	rw_status_t st = listen_socket(srv);
+	st = listen_socket(srv);
 	srv->cfg.group = NULL;
 	if (st != RW_OK) {
+		ipc_pages_stop(srv);
 		free(srv->socket_path);
 		free(srv);
 		return st;
@@ -622,6 +629,7 @@ void rw_ipc_server_destroy(rw_ipc_server_t *srv)
 	ev_idle_stop(srv->loop, &srv->idle);
 	close(srv->listen_fd);
 	unlink(srv->socket_path);
+	ipc_pages_stop(srv);
 	if (srv->cuda)
 		rw_cuda_ipc_cache_destroy(srv->cuda);
 	free(srv->socket_path);

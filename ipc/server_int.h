@@ -88,8 +88,7 @@ struct rw_ipc_client {
 	ev_io sq_io;
 	rw_ring_t sq; /* daemon consumes */
 	rw_ring_t cq; /* daemon produces */
-	void *page;        /* the rank page (ipc/server_page.c), NULL until set up */
-	size_t page_bytes;
+	struct ipc_page *page; /* the rank page (ipc/server_page.c), NULL until set up */
 	uint32_t reserved; /* completions owed for submissions handed to the service */
 	int cq_blocked;    /* stopped draining for lack of completion slots */
 };
@@ -120,6 +119,9 @@ struct rw_ipc_server {
 	rw_ipc_server_stats_t stats;
 	rw_log_budget_t churn_log;    /* connect, join, leave and refusal lines (IPC_CHURN_LOG_PER_S) */
 	uint8_t key_salt[crypto_generichash_KEYBYTES]; /* random per server: keys the group hashes */
+	rw_ipc_poller_t *poller;     /* with page_rails: watches the rank pages' words */
+	struct ipc_page *pages;      /* every page still mapped (its client may be gone) */
+	struct ipc_page **by_watch;  /* poller watch id -> page */
 };
 
 /* Sending (server_conn.c). ipc_send_msg drops a client whose socket is full (-1); ipc_send_error
@@ -160,7 +162,11 @@ void ipc_client_kill(rw_ipc_client_t *c, rw_ipc_leave_t reason, int error);
 uint64_t ipc_buf_size_of(void *ctx, uint32_t id);
 /* server_page.c: the rank page. */
 int ipc_page_setup(rw_ipc_client_t *c, const rw_ipc_page_setup_t *req);
+/* The client leaves: its page's watches are retired, the page unmapped after them. */
 void ipc_page_free(rw_ipc_client_t *c);
+/* Server create / destroy: the poller (with page_rails), and every page left at the end. */
+rw_status_t ipc_pages_start(rw_ipc_server_t *srv);
+void ipc_pages_stop(rw_ipc_server_t *srv);
 
 /* server_ring.c: the rings. */
 int ipc_ring_setup(rw_ipc_client_t *c, const rw_ipc_ring_setup_t *req);

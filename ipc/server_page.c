@@ -1,31 +1,144 @@
 /* The daemon side of the rank page (docs/rankpath.md "The rank page"; layout and word rules in
  * ipc/page.h): made at a joined rank's request, sized for the cluster's nodes and rails and the
  * rank's receive bound, sealed against shrinking, growing and new seals before the rank sees it
- * (as the rings are), kept mapped here until the rank leaves. Part of ipc/server.c's server
- * (ipc/server_int.h). */
+ * (as the rings are). The server's word poller (ipc/poller.c) watches the three words the rank
+ * writes; each move is judged (rw_page_word_step) and handed to the service (ops.page_word), a
+ * bad one drops the rank. A page outlives its client until the poller has retired its watches
+ * (it may be reading them when the client leaves), then it is unmapped. Part of ipc/server.c's
+ * server (ipc/server_int.h). */
 #include "ipc/server_int.h"
 
 #include <fcntl.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "ipc/page.h"
 
+#define NWATCH 3 /* the words a rank writes */
+static const unsigned watched[NWATCH] = { RW_PW_SUBMIT, RW_PW_PACKED, RW_PW_DONE };
+static const char *const word_name[RW_PW_COUNT] = { "submit", "plan", "packed", "arrived", "done" };
+
+typedef struct ipc_page {
+	struct ipc_page *next;     /* server's list */
+	rw_ipc_client_t *client;   /* NULL once it left */
+	void *map;
+	size_t bytes;
+	uint32_t id[NWATCH];       /* poller watch ids */
+	uint64_t seen[NWATCH];     /* last value accepted */
+	unsigned live;             /* watches not yet retired */
+} ipc_page_t;
+
+static void page_unmap(rw_ipc_server_t *srv, ipc_page_t *p)
+{
+	for (ipc_page_t **pp = &srv->pages; *pp; pp = &(*pp)->next)
+		if (*pp == p) {
+			*pp = p->next;
+			break;
+		}
+	munmap(p->map, p->bytes);
+	free(p);
+}
+
+/* The poller's report, on the loop. */
+static void page_word_moved(void *ctx, uint32_t id, uint64_t value, int retired)
+{
+	rw_ipc_server_t *srv = ctx;
+	ipc_page_t *p = srv->by_watch[id];
+	if (!p)
+		return;
+	if (retired) {
+		srv->by_watch[id] = NULL;
+		if (--p->live == 0)
+			page_unmap(srv, p);
+		return;
+	}
+	rw_ipc_client_t *c = p->client;
+	unsigned j = 0;
+	while (j < NWATCH && p->id[j] != id)
+		j++;
+	if (!c || c->dying || j == NWATCH)
+		return;
+	int step = rw_page_word_step(p->seen[j], value);
+	if (step == RW_PAGE_SAME)
+		return;
+	if (step == RW_PAGE_BAD) {
+		rw_warn("ipc: client=%u group=%s rank=%u: rank page word %s went from %llu to %llu "
+			"(forward by 1 to %u only): dropping it", c->info.id, c->info.group, c->info.rank,
+			word_name[watched[j]], (unsigned long long)p->seen[j], (unsigned long long)value,
+			RW_PAGE_DEPTH);
+		ipc_client_kill(c, RW_IPC_LEFT_PROTOCOL, RW_E_RING_INDEX);
+		return;
+	}
+	p->seen[j] = value;
+	if (srv->ops.page_word)
+		srv->ops.page_word(srv->ctx, c, watched[j], value);
+}
+
+rw_status_t ipc_pages_start(rw_ipc_server_t *srv)
+{
+	if (srv->cfg.page_rails == 0)
+		return RW_OK;
+	const uint32_t clients = srv->cfg.max_clients ? srv->cfg.max_clients : 256;
+	const rw_ipc_poller_config_t pc = { .max_watches = clients * NWATCH, .spin_us = 200,
+					    .sleep_min_us = 20, .sleep_max_us = 1000 };
+	srv->by_watch = calloc(pc.max_watches, sizeof(*srv->by_watch));
+	if (!srv->by_watch)
+		return RW_ERR_NOMEM;
+	rw_status_t st = rw_ipc_poller_create(srv->loop, &pc, page_word_moved, srv, &srv->poller);
+	if (st != RW_OK) {
+		free(srv->by_watch);
+		srv->by_watch = NULL;
+	}
+	return st;
+}
+
+void ipc_pages_stop(rw_ipc_server_t *srv)
+{
+	rw_ipc_poller_destroy(srv->poller); /* joined: nothing reads a page after this */
+	srv->poller = NULL;
+	while (srv->pages)
+		page_unmap(srv, srv->pages);
+	free(srv->by_watch);
+	srv->by_watch = NULL;
+}
+
 void ipc_page_free(rw_ipc_client_t *c)
 {
-	if (!c->page)
+	ipc_page_t *p = c->page;
+	if (!p)
 		return;
-	munmap(c->page, c->page_bytes);
 	c->page = NULL;
-	c->page_bytes = 0;
+	p->client = NULL;
+	for (unsigned j = 0; j < NWATCH; j++)
+		rw_ipc_poller_unwatch(c->srv->poller, p->id[j]);
 }
 
 void *rw_ipc_client_page(const rw_ipc_client_t *c, size_t *bytes_p)
 {
 	if (bytes_p)
-		*bytes_p = c->page_bytes;
-	return c->page;
+		*bytes_p = c->page ? c->page->bytes : 0;
+	return c->page ? c->page->map : NULL;
+}
+
+/* Watch the rank's words; on failure nothing is watched. */
+static rw_status_t page_watch(rw_ipc_server_t *srv, ipc_page_t *p)
+{
+	rw_page_head_t *pg = p->map;
+	for (unsigned j = 0; j < NWATCH; j++) {
+		rw_status_t st = rw_ipc_poller_watch(srv->poller, &pg->word[watched[j]].v, &p->id[j]);
+		if (st != RW_OK) {
+			while (j-- > 0) { /* their retired reports find no page */
+				srv->by_watch[p->id[j]] = NULL;
+				rw_ipc_poller_unwatch(srv->poller, p->id[j]);
+			}
+			return st;
+		}
+		srv->by_watch[p->id[j]] = p;
+	}
+	p->live = NWATCH;
+	return RW_OK;
 }
 
 int ipc_page_setup(rw_ipc_client_t *c, const rw_ipc_page_setup_t *req)
@@ -34,7 +147,7 @@ int ipc_page_setup(rw_ipc_client_t *c, const rw_ipc_page_setup_t *req)
 	const rw_ipc_server_config_t *cfg = &c->srv->cfg;
 	if (c->page)
 		return ipc_send_error(c, seq, RW_E_STATE, "rank page already set up", 0);
-	if (cfg->page_rails == 0 || cfg->world_size == 0 || cfg->gpus_per_node == 0)
+	if (!c->srv->poller || cfg->world_size == 0 || cfg->gpus_per_node == 0)
 		return ipc_send_error(c, seq, RW_E_STATE, "this daemon lends no rank page (no rails "
 				      "or cluster geometry configured for it)", 0);
 	const uint32_t bound = cfg->page_max_recv ? cfg->page_max_recv : c->srv->lim.max_tokens;
@@ -69,13 +182,22 @@ int ipc_page_setup(rw_ipc_client_t *c, const rw_ipc_page_setup_t *req)
 	ok.slot_bytes = l.slot_bytes;
 	ok.nodes = nodes;
 	ok.rails = cfg->page_rails;
+	ipc_page_t *p = calloc(1, sizeof(*p));
+	if (p) {
+		p->map = map;
+		p->bytes = l.bytes;
+	}
+	if (!p || page_watch(c->srv, p) != RW_OK) {
+		free(p);
+		munmap(map, l.bytes);
+		close(memfd);
+		return ipc_send_error(c, seq, RW_E_LIMIT, "the daemon watches too many rank pages", 0);
+	}
+	p->client = c;
+	p->next = c->srv->pages;
+	c->srv->pages = p;
+	c->page = p;
 	int rc = ipc_send_msg(c, &ok, sizeof(ok), &memfd, 1);
 	close(memfd);
-	if (rc) {
-		munmap(map, l.bytes);
-		return rc;
-	}
-	c->page = map;
-	c->page_bytes = l.bytes;
-	return 0;
+	return rc; /* a failed send killed the client: its teardown retires the page */
 }

@@ -86,11 +86,13 @@ static void test_layout_properties(void **state)
 static void test_word_step(void **state)
 {
 	(void)state;
-	assert_int_equal(rw_page_word_step(4, 4, 5), RW_PAGE_SAME);
-	assert_int_equal(rw_page_word_step(4, 5, 5), RW_PAGE_NEXT);
-	assert_int_equal(rw_page_word_step(4, 6, 5), RW_PAGE_BAD);    /* skipped a phase */
-	assert_int_equal(rw_page_word_step(4, 3, 5), RW_PAGE_BAD);    /* went back */
-	assert_int_equal(rw_page_word_step(0, UINT64_MAX, 1), RW_PAGE_BAD);
+	assert_int_equal(rw_page_word_step(4, 4), RW_PAGE_SAME);
+	assert_int_equal(rw_page_word_step(4, 5), RW_PAGE_NEXT);
+	assert_int_equal(rw_page_word_step(4, 4 + RW_PAGE_DEPTH), RW_PAGE_NEXT); /* values skipped */
+	assert_int_equal(rw_page_word_step(4, 5 + RW_PAGE_DEPTH), RW_PAGE_BAD);  /* too far ahead */
+	assert_int_equal(rw_page_word_step(4, 3), RW_PAGE_BAD);                  /* went back */
+	assert_int_equal(rw_page_word_step(0, UINT64_MAX), RW_PAGE_BAD);
+	assert_int_equal(rw_page_word_step(UINT64_MAX, 1), RW_PAGE_NEXT);        /* wraps */
 }
 
 static rw_page_head_t *fresh_page(rw_page_layout_t *l)

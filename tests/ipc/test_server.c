@@ -72,6 +72,9 @@ struct harness {
 	rw_sqe_t last_sqe;
 	int registered;
 	rw_ipc_buffer_t last_buf;
+	unsigned page_moves;   /* page_word reports */
+	unsigned page_last_word;
+	uint64_t page_last_value[RW_PW_COUNT];
 	rw_ipc_client_t *held_client[256];
 	rw_sqe_t held_sqe[256];
 	unsigned nheld;
@@ -158,11 +161,21 @@ static void on_registered(void *ctx, rw_ipc_client_t *c, const rw_ipc_buffer_t *
 	h->last_buf = *buf;
 }
 
+static void on_page_word(void *ctx, rw_ipc_client_t *c, unsigned word, uint64_t value)
+{
+	harness_t *h = ctx;
+	(void)c;
+	h->page_moves++;
+	h->page_last_word = word;
+	h->page_last_value[word] = value;
+}
+
 static const rw_ipc_server_ops_t ops = {
 	.client_joined = on_joined,
 	.client_left = on_left,
 	.submission = on_submission,
 	.buffer_registered = on_registered,
+	.page_word = on_page_word,
 };
 
 static void async_cb(struct ev_loop *loop, ev_async *w, int revents)
@@ -1032,18 +1045,35 @@ static rw_ipc_server_config_t page_config(uint32_t rails)
 	return cfg;
 }
 
+/* Start the harness lending pages over two rails, connect rank 0 of `group`, get its page. */
+static rw_client_t *page_rank_start(const char *group, uint32_t max_recv, rw_page_head_t **pg_p,
+				    size_t *bytes_p)
+{
+	rw_ipc_server_config_t cfg = page_config(2);
+	h_start_cfg(&H, &cfg);
+	rw_client_t *c = connect_rank(group, 0);
+	void *page = NULL;
+	assert_int_equal(rw_client_rank_page(c, max_recv, &page, bytes_p), 0);
+	*pg_p = page;
+	return c;
+}
+
+/* Close the rank and stop the harness. */
+static void page_rank_stop(rw_client_t *c)
+{
+	rw_client_close(c);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
 /* A joined rank gets a page sized for the cluster and its max_recv; both processes' mappings
  * are the same memory (a word the rank writes, the daemon reads, and back); one per rank. */
 static void test_rank_page_lent(void **state)
 {
 	(void)state;
-	rw_ipc_server_config_t cfg = page_config(2);
-	h_start_cfg(&H, &cfg);
-	rw_client_t *c = connect_rank("g", 0);
-	void *page = NULL;
+	rw_page_head_t *pg;
 	size_t bytes = 0;
-	assert_int_equal(rw_client_rank_page(c, 512, &page, &bytes), 0);
-	rw_page_head_t *pg = page;
+	rw_client_t *c = page_rank_start("g", 512, &pg, &bytes);
 	rw_page_layout_t l;
 	assert_int_equal(rw_page_layout(2, 2, 512, (size_t)sysconf(_SC_PAGESIZE), &l), 0);
 	assert_int_equal(bytes, l.bytes);
@@ -1052,12 +1082,12 @@ static void test_rank_page_lent(void **state)
 	assert_int_equal(pg->rails, 2);
 	assert_int_equal(pg->max_recv, 512);
 	assert_int_equal(pg->slot_bytes, l.slot_bytes);
-	atomic_store_explicit(&pg->word[RW_PW_SUBMIT].v, 5, memory_order_release);
+	atomic_store_explicit(&pg->word[RW_PW_SUBMIT].v, 1, memory_order_release);
 	struct page_probe probe = { 0 };
 	h_call(&H, page_probe_fn, &probe);
 	assert_true(probe.have);
 	assert_int_equal(probe.bytes, bytes);
-	assert_int_equal(probe.submit, 5);
+	assert_int_equal(probe.submit, 1);
 	assert_int_equal(atomic_load_explicit(&pg->word[RW_PW_PLAN].v, memory_order_acquire), 7);
 	/* one page per rank */
 	void *again;
@@ -1066,9 +1096,7 @@ static void test_rank_page_lent(void **state)
 	uint32_t id;
 	void *addr;
 	assert_int_equal(rw_client_register_host(c, 4096, &id, &addr), 0);
-	rw_client_close(c);
-	h_wait_clients(&H, 0);
-	h_stop(&H);
+	page_rank_stop(c);
 }
 
 /* Refused, named, and the rank stays: max_recv 0 or above the bound, a daemon that lends none. */
@@ -1096,6 +1124,78 @@ static void test_rank_page_refused(void **state)
 	rw_client_close(c);
 	h_wait_clients(&H, 0);
 	h_stop(&H);
+}
+
+static void get_page_word(harness_t *h, void *arg)
+{
+	uint64_t *v = arg;
+	*v = h->page_last_value[*v];
+}
+
+/* The value the service last heard for `word`, waiting (liveness bound) until it is `want`. */
+static uint64_t page_word_heard(unsigned word, uint64_t want)
+{
+	uint64_t v = 0;
+	for (int i = 0; i < 10000; i++) {
+		v = word;
+		h_call(&H, get_page_word, &v);
+		if (v == want)
+			break;
+		usleep(1000);
+	}
+	return v;
+}
+
+/* The words the rank writes reach the service through the server's poller: each move forward
+ * (several phases at once too), the words the daemon writes never. */
+static void test_rank_page_words_reported(void **state)
+{
+	(void)state;
+	rw_page_head_t *pg;
+	size_t bytes;
+	rw_client_t *c = page_rank_start("g", 64, &pg, &bytes);
+	atomic_store_explicit(&pg->word[RW_PW_SUBMIT].v, 1, memory_order_release);
+	assert_int_equal(page_word_heard(RW_PW_SUBMIT, 1), 1);
+	atomic_store_explicit(&pg->word[RW_PW_PACKED].v, 1, memory_order_release);
+	assert_int_equal(page_word_heard(RW_PW_PACKED, 1), 1);
+	atomic_store_explicit(&pg->word[RW_PW_DONE].v, 1, memory_order_release);
+	assert_int_equal(page_word_heard(RW_PW_DONE, 1), 1);
+	atomic_store_explicit(&pg->word[RW_PW_SUBMIT].v, 3, memory_order_release); /* two phases */
+	assert_int_equal(page_word_heard(RW_PW_SUBMIT, 3), 3);
+	atomic_store_explicit(&pg->word[RW_PW_PLAN].v, 9, memory_order_release); /* the daemon's */
+	usleep(20000);
+	assert_int_equal(page_word_heard(RW_PW_PLAN, 0), 0);
+	snapshot_t s = h_snap(&H);
+	assert_int_equal(s.left, 0);
+	page_rank_stop(c);
+}
+
+/* A rank that moves a word back, or further than it may have phases in flight, broke the
+ * protocol: dropped with RW_E_RING_INDEX, named in the log; another rank's page goes on. */
+static void test_rank_page_word_jump_drops(void **state)
+{
+	(void)state;
+	rw_page_head_t *pg, *pg2;
+	size_t bytes;
+	rw_client_t *bad = page_rank_start("g", 64, &pg, &bytes), *good = connect_rank("h", 0);
+	void *page2;
+	assert_int_equal(rw_client_rank_page(good, 64, &page2, &bytes), 0);
+	pg2 = page2;
+	atomic_store_explicit(&pg->word[RW_PW_SUBMIT].v, 2 + RW_PAGE_DEPTH, memory_order_release);
+	snapshot_t s;
+	for (int i = 0; i < 10000; i++) {
+		s = h_snap(&H);
+		if (s.left == 1)
+			break;
+		usleep(1000);
+	}
+	assert_int_equal(s.left, 1);
+	assert_int_equal(s.last_reason, RW_IPC_LEFT_PROTOCOL);
+	assert_int_equal(s.last_error, RW_E_RING_INDEX);
+	atomic_store_explicit(&pg2->word[RW_PW_SUBMIT].v, 1, memory_order_release);
+	assert_int_equal(page_word_heard(RW_PW_SUBMIT, 1), 1);
+	rw_client_close(bad);
+	page_rank_stop(good);
 }
 
 /* The daemon goes away while the rank's stream waits on its page (stand-in driver): librailwave's
@@ -2566,6 +2666,8 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_rank_page_lent),
 		cmocka_unit_test(test_rank_page_refused),
 		cmocka_unit_test(test_rank_page_daemon_lost),
+		cmocka_unit_test(test_rank_page_words_reported),
+		cmocka_unit_test(test_rank_page_word_jump_drops),
 		cmocka_unit_test(test_client_limit),
 		cmocka_unit_test(test_host_buffer_shared_both_ways),
 		cmocka_unit_test(test_register_errors),
