@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 from railwave import deep_ep
-from railwave.errors import (BadArgument, BadArgumentType, PhaseError, RailWaveError,
-                             ReceiveRoomExceeded)
+from railwave.errors import (BackwardMismatch, BadArgument, BadArgumentType, PhaseError,
+                             RailWaveError, ReceiveRoomExceeded)
 from railwave.layout import combine_rows, expert_major
 
 torch.set_num_threads(1)
@@ -369,6 +369,33 @@ def cmd_errors(c):
     else:
         log.append(peer_failed("a num_worst_tokens overflow", overflow))
     good("a num_worst_tokens overflow")
+
+    # The ranks run different backwards (rank 0's backward sends other routing than its
+    # forward): a rank whose backward pair receives other rows than the forward raises
+    # BackwardMismatch after failing that pair for every rank; no rank waits for the timeout.
+    g = buf.railwave_group
+    xg = x.clone().requires_grad_()
+    rx, _, _, _, hg = g.dispatch(xg, idx, w, E, layer=9, step=0)
+    out = g.combine(rx * 2, hg)
+    if RANK == 0:
+        el = E // WORLD
+        hg.keep_routing(torch.where(idx >= 0, (idx + el) % E, idx), w)
+    try:
+        out.sum().backward()
+        seen = "no error"
+    except BackwardMismatch as e:
+        seen = "BackwardMismatch: %s" % str(e)[:100]
+    except PhaseError as e:
+        expect("timed out after" not in str(e), "different backwards: %s is the phase timeout"
+               % e)
+        seen = "PhaseError: %s" % str(e)[:100]
+    everyone = [None] * WORLD
+    dist.all_gather_object(everyone, seen)
+    expect(any(v.startswith("BackwardMismatch") for v in everyone) and
+           all(v != "no error" for v in everyone),
+           "different backwards: every rank must fail, one with BackwardMismatch: %s" % everyone)
+    log.append("different backwards -> %s" % seen)
+    good("different backwards")
 
     # Megatron-Core's expert-parallel group as a strided subgroup (TP = 2) has no railwave group.
     members = list(range(0, WORLD, 2))
