@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/fdpass.h"
 #include "ipc/page.h"
 #include "ipc/proto.h"
 #include "ipc/ring.h"
@@ -180,26 +181,7 @@ static int request_locked(rw_client_t *c, const void *req, size_t len, int fd,
 	int closed = atomic_load(&c->closed_code);
 	if (closed)
 		return closed;
-	union {
-		char buf[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr align;
-	} cbuf;
-	struct iovec iov = {.iov_base = (void *)req, .iov_len = len};
-	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-	if (fd >= 0) {
-		memset(&cbuf, 0, sizeof(cbuf));
-		mh.msg_control = cbuf.buf;
-		mh.msg_controllen = sizeof(cbuf.buf);
-		struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-	}
-	ssize_t n;
-	do
-		n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
-	while (n < 0 && errno == EINTR);
+	ssize_t n = rw_fdpass_send(c->fd, req, len, &fd, fd >= 0 ? 1 : 0, MSG_NOSIGNAL);
 	if (n < 0 && errno != EPIPE && errno != ECONNRESET)
 		return RW_E_SYS;
 	int fds[RW_IPC_MAX_FDS];

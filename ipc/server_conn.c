@@ -10,6 +10,10 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "common/fdpass.h"
+
+_Static_assert(RW_IPC_MAX_FDS <= RW_FDPASS_MAX, "a reply's fds fit one message");
+
 /* ---------------------------------------------------------------------------------------------
  * Sending
  * ------------------------------------------------------------------------------------------- */
@@ -28,26 +32,7 @@ void ipc_hdr_init(rw_ipc_hdr_t *hdr, uint16_t type, uint32_t seq)
 int ipc_send_msg(rw_ipc_client_t *c, const void *msg, size_t len, const int *fds,
 		    unsigned nfds)
 {
-	union {
-		char buf[CMSG_SPACE(sizeof(int) * RW_IPC_MAX_FDS)];
-		struct cmsghdr align;
-	} cbuf;
-	struct iovec iov = {.iov_base = (void *)msg, .iov_len = len};
-	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-	if (nfds) {
-		memset(&cbuf, 0, sizeof(cbuf));
-		mh.msg_control = cbuf.buf;
-		mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
-		struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
-		memcpy(CMSG_DATA(cm), fds, sizeof(int) * nfds);
-	}
-	ssize_t n;
-	do
-		n = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-	while (n < 0 && errno == EINTR);
+	ssize_t n = rw_fdpass_send(c->fd, msg, len, fds, nfds, MSG_DONTWAIT | MSG_NOSIGNAL);
 	if (n == (ssize_t)len)
 		return 0;
 	if (n < 0 && errno != EPIPE && errno != ECONNRESET)

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fdpass.h"
 #include "rdma/shm_priv.h"
 
 #define SHM_HANDSHAKE_TIMEOUT_S 10.0
@@ -27,26 +28,8 @@ int shm_msg_send(int sock, const shm_msg_t *m, int fd)
 {
 	uint8_t raw[SHM_MSG_SIZE];
 	shm_msg_encode(m, raw);
-	struct iovec iov = {raw, sizeof(raw)};
-	union {
-		struct cmsghdr h;
-		char buf[CMSG_SPACE(sizeof(int))];
-	} ctl;
-	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-	if (fd >= 0) {
-		memset(&ctl, 0, sizeof(ctl));
-		mh.msg_control = ctl.buf;
-		mh.msg_controllen = sizeof(ctl.buf);
-		struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-	}
-	ssize_t n;
-	do
-		n = sendmsg(sock, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-	while (n < 0 && errno == EINTR);
+	ssize_t n = rw_fdpass_send(sock, raw, sizeof(raw), &fd, fd >= 0 ? 1 : 0,
+				   MSG_DONTWAIT | MSG_NOSIGNAL);
 	if (n == (ssize_t)sizeof(raw))
 		return 0;
 	if (n >= 0)
