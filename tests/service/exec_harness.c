@@ -577,6 +577,13 @@ void dispatch_all(cl_t *c, uint32_t step, uint32_t layer)
 	dispatch_collect(c, step, layer);
 }
 
+void dispatch_submit_all(cl_t *c, uint32_t step, uint32_t layer)
+{
+	for (uint32_t r = 0; r < c->W; r++)
+		dispatch_submit(c, r, step, layer, NULL);
+	settle(c);
+}
+
 /* ---- after a failure ---------------------------------------------------------------------------- */
 
 /* Every rank retries the failed key (step, layer) at once, as a trainer does once the failure
@@ -614,6 +621,15 @@ void expect_no_timeouts(cl_t *c)
 	for (uint32_t n = 0; n < c->N; n++)
 		if (c->running[n])
 			CHECK(c->svc[n].metrics.errors[-RW_ERR_TIMEOUT] == 0, "node %u: a phase timed out", n);
+}
+
+void expect_quiet_but(cl_t *c, uint32_t gone, uint32_t gone_end)
+{
+	settle(c);
+	for (uint32_t r = 0; r < c->W; r++)
+		if (r < gone || r >= gone_end)
+			expect_no_cqe(c, r);
+	expect_no_timeouts(c);
 }
 
 /* ---- holding events back ------------------------------------------------------------------------ */

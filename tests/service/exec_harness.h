@@ -175,6 +175,9 @@ void combine_all(cl_t *c, uint32_t step, uint32_t layer);
 void run_pair(cl_t *c, uint32_t step, uint32_t layer);
 /* Every rank's dispatch, completions collected and checked. */
 void dispatch_all(cl_t *c, uint32_t step, uint32_t layer);
+/* Every rank submits its dispatch of (step, layer), then settle: held events stay queued and
+ * nothing is collected (the case decides what each rank gets). */
+void dispatch_submit_all(cl_t *c, uint32_t step, uint32_t layer);
 
 /* ---- after a failure ---------------------------------------------------------------------------- */
 
@@ -186,6 +189,10 @@ void dispatch_all(cl_t *c, uint32_t step, uint32_t layer);
 void retry_key(cl_t *c, uint32_t step, uint32_t layer);
 /* No failure under test may have needed a phase timeout. */
 void expect_no_timeouts(cl_t *c);
+/* After a failure that took ranks [gone, gone_end) away (a lost node's, or one rank) and answered
+ * every other rank: settle; no other rank has a completion left over, and no node needed a phase
+ * timeout. */
+void expect_quiet_but(cl_t *c, uint32_t gone, uint32_t gone_end);
 
 /* ---- holding events back ------------------------------------------------------------------------ */
 

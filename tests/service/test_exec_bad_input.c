@@ -282,9 +282,7 @@ static void test_peer_bad_data(void **state)
 	 * and while node 0's own writes are outstanding (none: test_bug_bad_record_writes_done). */
 	hold(c, m_write(1, 0, 0));
 	hold(c, m_wdone(0));
-	for (uint32_t r = 0; r < c->W; r++)
-		dispatch_submit(c, r, 0, 0, NULL);
-	settle(c);
+	dispatch_submit_all(c, 0, 0);
 	CHECK(c->w->cnt.writes[0][0][1] > 0, "node 0 did not decide");
 	release_all(c);
 	hold(c, m_wdone(0));

@@ -26,9 +26,7 @@ static void test_bug_teardown_in_send_uaf(void **state)
 	cl_t *c = cl_new(&o, 900);
 	c->w->sync_teardown = 1;
 	hold(c, m_write(ANY, 2, 0));
-	for (uint32_t r = 0; r < c->W; r++)
-		dispatch_submit(c, r, 0, 0, NULL);
-	settle(c); /* every write but those to node 2 done */
+	dispatch_submit_all(c, 0, 0); /* every write but those to node 2 done */
 	fk_kill_silent(c->w, 2);
 	release_all(c);
 	for (uint32_t r = 0; r < 2 * c->G; r++)
@@ -79,9 +77,7 @@ static void bad_record_case(match_t hold_back, int early, uint64_t salt, const c
 	corrupt_once = 1;
 	c->w->on_write = corrupt_tag;
 	hold(c, hold_back);
-	for (uint32_t r = 0; r < c->W; r++)
-		dispatch_submit(c, r, 0, 0, NULL);
-	settle(c);
+	dispatch_submit_all(c, 0, 0);
 	CHECK(!early || !corrupt_once, "node 1's write did not arrive before node 0 decided");
 	release_all(c);
 	for (uint32_t r = 0; r < c->W; r++)

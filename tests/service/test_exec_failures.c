@@ -80,9 +80,7 @@ static void test_timeout_lost_row(void **state)
 	opts_t o = { .nodes = 3, .path = "joint", .timeout_ms = 1000, .fifo = 1 };
 	cl_t *c = cl_new(&o, 305);
 	hold(c, m_ctrl(RW_WIRE_COUNTS, 1, 0));
-	for (uint32_t r = 0; r < c->W; r++)
-		dispatch_submit(c, r, 0, 0, NULL);
-	settle(c);
+	dispatch_submit_all(c, 0, 0);
 	CHECK(fk_drop(c->w, is_counts_1_0, NULL) == 1, "node 1's row to node 0 was not queued");
 	release_all(c);
 	for (uint32_t r = 0; r < c->W; r++)
@@ -204,9 +202,7 @@ static void test_relay_spares_retry(void **state)
 	cl_t *c = cl_new(&o, 303);
 	node2_refuses(c, 1, "failed by the origin");
 	/* everyone retries the key while node 1's relay to node 0 is still held */
-	for (uint32_t r = 0; r < c->W; r++)
-		dispatch_submit(c, r, 0, 0, NULL);
-	settle(c);
+	dispatch_submit_all(c, 0, 0);
 	release_all(c);
 	dispatch_collect(c, 0, 0);
 	combine_all(c, 0, 0);

@@ -49,9 +49,7 @@ static void test_cuda_rank_lost(void **state)
 	rank_connect_cuda(c, 3);
 	run_pair(c, 0, 1);
 	fake_cuda_hold(1);
-	for (uint32_t r = 0; r < c->W; r++)
-		dispatch_submit(c, r, 0, 0, NULL);
-	settle(c);
+	dispatch_submit_all(c, 0, 0);
 	for (uint32_t r = 0; r < c->W; r++)
 		expect_no_cqe(c, r);
 	fk_client_die(c->rk[3].c);

@@ -30,9 +30,7 @@ static void test_slots(void **state)
 	dispatch_all(c, 0, 0);
 	uint32_t rows_before = c->w->cnt.ctrl_posted[RW_WIRE_COUNTS][0][1];
 	use_group(c, 2);
-	for (uint32_t r = 0; r < c->W; r++)
-		dispatch_submit(c, r, 0, 0, NULL);
-	settle(c);
+	dispatch_submit_all(c, 0, 0);
 	for (uint32_t r = 0; r < c->W; r++)
 		expect_no_cqe(c, r);
 	CHECK(c->w->cnt.ctrl_posted[RW_WIRE_COUNTS][0][1] == rows_before,

@@ -38,9 +38,7 @@ static void peer_lost_case(const char *path, uint32_t N, enum stage_at at, uint6
 	case AT_DISPATCH_WRITES:
 		hold(c, m_write(ANY, 0, 0));
 		hold(c, m_wdone(ANY));
-		for (uint32_t r = 0; r < c->W; r++)
-			dispatch_submit(c, r, 0, 0, NULL);
-		settle(c);
+		dispatch_submit_all(c, 0, 0);
 		uint32_t in_flight = 0;
 		for (uint32_t s = 1; s < N; s++)
 			in_flight += c->w->cnt.writes[0][s][0];
@@ -101,10 +99,7 @@ static void peer_lost_case(const char *path, uint32_t N, enum stage_at at, uint6
 			expect_err(c, r, RW_E_PHASE, what);
 		break;
 	}
-	settle(c);
-	for (uint32_t r = 0; r < vr0; r++)
-		expect_no_cqe(c, r);
-	expect_no_timeouts(c);
+	expect_quiet_but(c, vr0, c->W);
 	node_start(c, victim);
 	pump_until(c, mesh_up, NULL, "the victim back");
 	node_ranks_connect(c, victim);
@@ -130,9 +125,7 @@ static void test_peer_dies_silently(void **state)
 	opts_t o = { .nodes = 3, .path = "native", .tokens = 20, .max_write = 512 };
 	cl_t *c = cl_new(&o, 520);
 	hold(c, m_write(ANY, 2, 0));
-	for (uint32_t r = 0; r < c->W; r++)
-		dispatch_submit(c, r, 0, 0, NULL);
-	settle(c);
+	dispatch_submit_all(c, 0, 0);
 	fk_kill_silent(c->w, 2);
 	release_all(c);
 	for (uint32_t r = 0; r < 2 * c->G; r++)
@@ -167,15 +160,11 @@ static void rank_lost_case(const char *path, uint32_t N, enum stage_at at, uint6
 		break;
 	case AT_EXCHANGE:
 		hold(c, m_ctrl(RW_WIRE_COUNTS, 0, 1));
-		for (uint32_t r = 0; r < c->W; r++)
-			dispatch_submit(c, r, 0, 0, NULL);
-		settle(c);
+		dispatch_submit_all(c, 0, 0);
 		break;
 	case AT_DISPATCH_WRITES:
 		hold(c, m_write(ANY, 1, 0));
-		for (uint32_t r = 0; r < c->W; r++)
-			dispatch_submit(c, r, 0, 0, NULL);
-		settle(c);
+		dispatch_submit_all(c, 0, 0);
 		break;
 	case AT_WAIT_COMBINE:
 	case AT_COMBINE_WRITES:
@@ -211,11 +200,7 @@ static void rank_lost_case(const char *path, uint32_t N, enum stage_at at, uint6
 			if (r != victim)
 				expect_err(c, r, RW_E_PHASE, what);
 	}
-	settle(c);
-	for (uint32_t r = 0; r < c->W; r++)
-		if (r != victim)
-			expect_no_cqe(c, r);
-	expect_no_timeouts(c);
+	expect_quiet_but(c, victim, victim + 1);
 	rank_connect(c, victim);
 	retry_key(c, 0, 0);
 	cl_free(c);
@@ -314,9 +299,7 @@ static void test_drain(void **state)
 	opts_t o = { .nodes = 2, .path = "native", .tokens = 12 };
 	cl_t *c = cl_new(&o, 700);
 	hold(c, m_write(ANY, 0, 0));
-	for (uint32_t r = 0; r < c->W; r++)
-		dispatch_submit(c, r, 0, 0, NULL);
-	settle(c);
+	dispatch_submit_all(c, 0, 0);
 	node_drain(c, 0);
 	CHECK(c->svc[0].stopping == 0, "stopped with a phase in flight");
 	rw_ipc_client_t *other = fk_client_new(c->w, 0, "g.late", 0, c->W, 0);

@@ -244,9 +244,7 @@ static void grants_case(const char *path, uint32_t N, uint64_t salt)
 	cl_t *c = cl_new(&o, salt);
 	hold(c, m_ctrl(RW_WIRE_GRANT, ANY, ANY));
 	memset(&c->w->cnt, 0, sizeof(c->w->cnt));
-	for (uint32_t r = 0; r < c->W; r++)
-		dispatch_submit(c, r, 0, 0, NULL);
-	settle(c);
+	dispatch_submit_all(c, 0, 0);
 	uint32_t gated = 0;
 	for (uint32_t s = 0; s < N; s++) {
 		int blocked = 0;
@@ -316,9 +314,7 @@ static void test_grant_before_wave(void **state)
 	cl_t *c = cl_new(&o, 103);
 	hold(c, m_wdone(0));
 	memset(&c->w->cnt, 0, sizeof(c->w->cnt));
-	for (uint32_t r = 0; r < c->W; r++)
-		dispatch_submit(c, r, 0, 0, NULL);
-	settle(c);
+	dispatch_submit_all(c, 0, 0);
 	CHECK(needs_grant(c, 0, 0, 2, 0), "workload: node 0's wave 2 is not gated");
 	CHECK(c->w->cnt.ctrl_delivered[RW_WIRE_GRANT][2][0] == 1, "node 2 did not grant node 0 wave 2 yet (%u)",
 	      c->w->cnt.ctrl_delivered[RW_WIRE_GRANT][2][0]);
@@ -341,9 +337,7 @@ static void test_grant_wait_peer_lost(void **state)
 	cl_t *c = cl_new(&o, 104);
 	hold(c, m_ctrl(RW_WIRE_GRANT, 2, ANY));
 	memset(&c->w->cnt, 0, sizeof(c->w->cnt));
-	for (uint32_t r = 0; r < c->W; r++)
-		dispatch_submit(c, r, 0, 0, NULL);
-	settle(c);
+	dispatch_submit_all(c, 0, 0);
 	CHECK(needs_grant(c, 0, 0, 2, 0) && c->w->cnt.writes[0][0][2] == 0,
 	      "node 0 is not waiting for node 2's grant");
 	int done[MAX_RANKS] = { 0 };
@@ -409,9 +403,7 @@ static void test_rows_late(void **state)
 	cl_t *c = cl_new(&o, 201);
 	hold(c, m_ctrl(RW_WIRE_COUNTS, 2, 0));
 	memset(&c->w->cnt, 0, sizeof(c->w->cnt));
-	for (uint32_t r = 0; r < c->W; r++)
-		dispatch_submit(c, r, 0, 0, NULL);
-	settle(c);
+	dispatch_submit_all(c, 0, 0);
 	CHECK(c->w->cnt.writes[0][0][1] == 0 && c->w->cnt.writes[0][0][2] == 0,
 	      "node 0 wrote before it had every row");
 	CHECK(c->w->cnt.writes[0][1][0] > 0, "node 1 (every row in) did not write");
@@ -432,9 +424,7 @@ static void test_data_before_layout(void **state)
 	cl_t *c = cl_new(&o, 202);
 	hold(c, m_ctrl(RW_WIRE_COUNTS, 2, 0));
 	memset(&c->w->cnt, 0, sizeof(c->w->cnt));
-	for (uint32_t r = 0; r < c->W; r++)
-		dispatch_submit(c, r, 0, 0, NULL);
-	settle(c);
+	dispatch_submit_all(c, 0, 0);
 	CHECK(c->w->cnt.writes[0][1][0] > 0, "node 1 wrote nothing to node 0");
 	release_all(c);
 	dispatch_collect(c, 0, 0);
