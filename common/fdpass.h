@@ -1,5 +1,6 @@
 /* Sending a datagram with descriptors attached (SCM_RIGHTS) on a unix socket: the rank client's
- * requests, the IPC server's replies and the shm transport's control messages. Header-only, so
+ * requests, the IPC server's replies, the shm transport's control messages, and the IPC tests'
+ * raw clients. Header-only, so
  * the rank library (libc and pthreads only) uses it without linking libcommon. */
 #ifndef RW_COMMON_FDPASS_H
 #define RW_COMMON_FDPASS_H
@@ -8,7 +9,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#define RW_FDPASS_MAX 4 /* descriptors one message may carry */
+#define RW_FDPASS_MAX 8 /* descriptors one message may carry */
 
 /* sendmsg() of buf[0..len) with nfds descriptors (none when nfds is 0), retried on EINTR; flags
  * as sendmsg's (MSG_DONTWAIT, MSG_NOSIGNAL). Returns sendmsg's result: the bytes sent, or -1

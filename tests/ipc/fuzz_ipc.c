@@ -29,6 +29,7 @@
 #include <ev.h>
 #include <sanitizer/common_interface_defs.h>
 
+#include "common/fdpass.h"
 #include "cuda/rw_cuda.h"
 #include "ipc/ipc.h"
 #include "ipc/proto.h"
@@ -341,21 +342,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			unsigned nfds = fdspec & 7;
 			for (unsigned i = 0; i < nfds; i++)
 				fds[i] = make_fd((fdspec >> 3) & 3);
-			char cbuf[CMSG_SPACE(sizeof(int) * 8)];
-			struct iovec iov = {.iov_base = buf, .iov_len = len};
-			struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-			if (nfds) {
-				memset(cbuf, 0, sizeof(cbuf));
-				mh.msg_control = cbuf;
-				mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
-				struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-				cm->cmsg_level = SOL_SOCKET;
-				cm->cmsg_type = SCM_RIGHTS;
-				cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
-				memcpy(CMSG_DATA(cm), fds, sizeof(int) * nfds);
-			}
-			if (sendmsg(s.fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-			}
+			(void)rw_fdpass_send(s.fd, buf, len, fds, nfds, MSG_DONTWAIT | MSG_NOSIGNAL);
 			for (unsigned i = 0; i < nfds; i++)
 				close(fds[i]);
 			break;

@@ -32,6 +32,7 @@
 #include <ev.h>
 
 #include "common/common.h"
+#include "common/fdpass.h"
 #include "config.h"
 #include "cuda/rw_cuda.h"
 #include "ipc/ipc.h"
@@ -344,20 +345,7 @@ static int raw_connect(const char *path)
 
 static void raw_send(int fd, const void *msg, size_t len, const int *fds, unsigned nfds)
 {
-	char cbuf[CMSG_SPACE(sizeof(int) * 8)];
-	struct iovec iov = {.iov_base = (void *)msg, .iov_len = len};
-	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-	if (nfds) {
-		memset(cbuf, 0, sizeof(cbuf));
-		mh.msg_control = cbuf;
-		mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
-		struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
-		memcpy(CMSG_DATA(cm), fds, sizeof(int) * nfds);
-	}
-	assert_int_equal(sendmsg(fd, &mh, MSG_NOSIGNAL), (ssize_t)len);
+	assert_int_equal(rw_fdpass_send(fd, msg, len, fds, nfds, MSG_NOSIGNAL), (ssize_t)len);
 }
 
 /* Receive one reply (5 s liveness bound). Returns its length, 0 at EOF. */
