@@ -73,6 +73,7 @@ rw_status_t rw_svc_exec_create(rw_svc_t *svc, const rw_svc_mover_ops_t *const *m
 	if (st != RW_OK) {
 		while (x->n_movers--)
 			x->movers[x->n_movers].ops->destroy(x->movers[x->n_movers].mover);
+		exec_keys_free(x);
 		free(x);
 		return st;
 	}
