@@ -337,6 +337,9 @@ rw_rail_remote_t rw_rail_region_remote(const rw_rail_region_t *region);
 rw_status_t rw_rail_dev_init_base(rw_rail_dev_t *dev, const rw_rail_ops_t *ops,
 				  const rw_rail_config_t *cfg, struct ev_loop *loop,
 				  uint32_t default_max_writes);
+/* Fill a new connection's common fields: its device, callbacks and context; state CONNECTING. */
+void rw_rail_conn_init_base(rw_rail_conn_t *conn, rw_rail_dev_t *dev,
+			    const rw_rail_conn_cbs_t *cbs, void *ctx);
 /* Bounds check shared by transports: [offset, offset+length) within region_length, no
  * overflow. Returns RW_OK or RW_ERR_RANGE. */
 rw_status_t rw_rail_range_check(uint64_t region_length, uint64_t offset, uint64_t length);

@@ -26,6 +26,15 @@ rw_status_t rw_rail_dev_init_base(rw_rail_dev_t *dev, const rw_rail_ops_t *ops,
 	return RW_OK;
 }
 
+void rw_rail_conn_init_base(rw_rail_conn_t *conn, rw_rail_dev_t *dev,
+			    const rw_rail_conn_cbs_t *cbs, void *ctx)
+{
+	conn->dev = dev;
+	conn->cbs = *cbs;
+	conn->ctx = ctx;
+	conn->state = RW_RAIL_CONN_CONNECTING;
+}
+
 rw_status_t rw_rail_range_check(uint64_t region_length, uint64_t offset, uint64_t length)
 {
 	if (offset > region_length || length > region_length - offset)

@@ -250,10 +250,7 @@ shm_conn_t *shm_conn_new(shm_dev_t *dev, int fd, const rw_rail_conn_cbs_t *cbs, 
 		return NULL;
 	c->dev = dev;
 	c->fd = fd;
-	c->base.dev = &dev->base;
-	c->base.cbs = *cbs;
-	c->base.ctx = ctx;
-	c->base.state = RW_RAIL_CONN_CONNECTING;
+	rw_rail_conn_init_base(&c->base, &dev->base, cbs, ctx);
 	ev_io_init(&c->rio, rio_cb, fd, EV_READ);
 	ev_io_init(&c->wio, wio_cb, fd, EV_WRITE);
 	ev_timer_init(&c->timer, timer_cb, SHM_HANDSHAKE_TIMEOUT_S, 0.);

@@ -189,10 +189,7 @@ static tcp_conn_t *conn_new(tcp_dev_t *dev, int fd, const rw_rail_conn_cbs_t *cb
 		return NULL;
 	c->dev = dev;
 	c->fd = fd;
-	c->base.dev = &dev->base;
-	c->base.cbs = *cbs;
-	c->base.ctx = ctx;
-	c->base.state = RW_RAIL_CONN_CONNECTING;
+	rw_rail_conn_init_base(&c->base, &dev->base, cbs, ctx);
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->tx_cv, NULL);
 	pthread_cond_init(&c->rx_cv, NULL);

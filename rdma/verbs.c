@@ -133,10 +133,7 @@ vb_conn_t *vb_conn_new(vb_dev_t *d, const rw_rail_conn_cbs_t *cbs, void *ctx, in
 		free(c);
 		return NULL;
 	}
-	c->base.dev = &d->base;
-	c->base.cbs = *cbs;
-	c->base.ctx = ctx;
-	c->base.state = RW_RAIL_CONN_CONNECTING;
+	rw_rail_conn_init_base(&c->base, &d->base, cbs, ctx);
 	c->base.tag = tag;
 	c->base.accepted = accepted;
 	c->dev = d;
