@@ -241,6 +241,25 @@ rw_status_t rw_svc_mover_rec_read(const rw_svc_phase_t *ph, const uint8_t *rec, 
 void rw_svc_mover_meta_put(const rw_svc_phase_t *ph, uint8_t *meta, uint32_t src_node,
 			   uint32_t src_rank, uint32_t token, const int32_t *ids, const float *weights,
 			   uint32_t g, uint32_t *expert_counts);
+/* What a mover's forwarding gave each local rank g: its output's layout, its metadata entries
+ * (host memory: the output itself or a staging copy), its rows so far, the record ref of each
+ * row (ref[g][j]), its per-expert counts [E]; and contrib[ref * G + g] = 1 + the row of record
+ * ref in rank g's output (0: not sent to g), kept for refs below n_contrib. */
+typedef struct rw_svc_rank_out {
+	rw_svc_out_layout_t layout[RW_MAX_GPUS];
+	uint8_t *meta[RW_MAX_GPUS];
+	uint32_t n[RW_MAX_GPUS];
+	uint32_t *ref[RW_MAX_GPUS];
+	uint32_t *expert_counts[RW_MAX_GPUS];
+	uint32_t *contrib;
+	uint32_t n_contrib;
+} rw_svc_rank_out_t;
+/* Record ref, forwarded to local rank g, takes g's next row j: its metadata entry written, its
+ * experts counted, ref[g][j] and contrib noted (service/mover/mover_rec.c). Returns j for the
+ * caller to copy the row to, or -1 when g's output is full. */
+int64_t rw_svc_rank_out_add(rw_svc_rank_out_t *ro, const rw_svc_phase_t *ph, uint32_t g,
+			    uint32_t ref, uint32_t src_node, uint32_t src_rank, uint32_t token,
+			    const int32_t *ids, const float *weights);
 /* Kernels on the ranks' GPUs (service/mover/mover_cuda.c): takes a pair whose first submission gives
  * CUDA memory on a device with kernels, declines every other. */
 extern const rw_svc_mover_ops_t rw_svc_mover_cuda;

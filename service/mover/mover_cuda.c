@@ -376,10 +376,12 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 	cp->n_total = ph->n_in + n_local;
 	const uint32_t n_rec = ph->row_off[(size_t)ph->nodes * ph->rails];
 	cp->local_ref = rw_arena_alloc(&cp->mem, 2 * (size_t)n_local + 1, sizeof(uint32_t));
-	cp->contrib = rw_arena_alloc(&cp->mem, (size_t)cp->n_total * G + 1, sizeof(uint32_t));
+	cp->rank_out.contrib = rw_arena_alloc(&cp->mem, (size_t)cp->n_total * G + 1,
+					      sizeof(uint32_t));
+	cp->rank_out.n_contrib = cp->n_total;
 	for (int k = 0; k < 2; k++)
 		cp->rx_done[k] = rw_arena_alloc(&cp->mem, (size_t)ph->nodes * ph->rails, sizeof(uint32_t));
-	int oom = !cp->local_ref || !cp->contrib || !cp->rx_done[0] || !cp->rx_done[1];
+	int oom = !cp->local_ref || !cp->rank_out.contrib || !cp->rx_done[0] || !cp->rx_done[1];
 	/* Which device writes each rank's memory: its output's, else its inputs', else home. */
 	uint32_t ranks_on[CM_DEVICES] = { 0 }, recs_on[CM_DEVICES] = { 0 }, local_on[CM_DEVICES] = { 0 };
 	for (uint32_t g = 0; g < G; g++) {
@@ -404,7 +406,7 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 		recs_on[cp->xdev[ph->rec[i].rank]]++;
 	for (uint32_t g = 0; g < G && !oom; g++) {
 		const rw_svc_rank_io_t *io = &ph->io[0][g];
-		rw_svc_out_layout_t *o = &cp->out[g];
+		rw_svc_out_layout_t *o = &cp->rank_out.layout[g];
 		rw_svc_out_layout(io->out_cap, ph->n_experts, ph->topk, ph->row_bytes,
 				  RW_CQE_INLINE_COUNTS, o);
 		const uint64_t n_max = RW_MIN((uint64_t)cp->n_total, o->rows_cap);
@@ -423,11 +425,12 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 		}
 		cp->counts_st[g] = so->ptr;
 		cp->rows_st[g] = (uint8_t *)so->ptr + rows_at;
-		cp->meta_st[g] = (uint8_t *)so->ptr + meta_at;
+		cp->rank_out.meta[g] = (uint8_t *)so->ptr + meta_at;
 		cp->rows_d[g] = host ? cm_hptr(cp->rows_st[g]) : io->out.dptr + o->rows_off;
-		cp->fwd_ref[g] = rw_arena_alloc(&cp->mem, n_max + 1, sizeof(uint32_t));
-		cp->expert_counts[g] = rw_arena_alloc(&cp->mem, ph->n_experts, sizeof(uint32_t));
-		oom |= !cp->fwd_ref[g] || !cp->expert_counts[g];
+		cp->rank_out.ref[g] = rw_arena_alloc(&cp->mem, n_max + 1, sizeof(uint32_t));
+		cp->rank_out.expert_counts[g] = rw_arena_alloc(&cp->mem, ph->n_experts,
+							       sizeof(uint32_t));
+		oom |= !cp->rank_out.ref[g] || !cp->rank_out.expert_counts[g];
 		const uint64_t acc_bytes = (uint64_t)ph->rt[g].n_tokens * ph->hidden * 4;
 		if (!oom && acc_bytes) {
 			rw_cuda_stream_t *s;
@@ -567,16 +570,17 @@ static rw_status_t finish_marks(cm_pair_t *cp, const rw_svc_phase_t *ph, int kin
 		rw_cuda_stream_t *s;
 		rw_status_t st = cm_pair_stream(cp, dev, &s);
 		if (kind == 0 && st == RW_OK) {
-			const rw_svc_out_layout_t *o = &cp->out[g];
+			const rw_svc_out_layout_t *o = &cp->rank_out.layout[g];
 			uint64_t counts = ph->n_experts > RW_CQE_INLINE_COUNTS ? 4ull * ph->n_experts : 0;
 			if (counts)
-				memcpy(cp->counts_st[g], cp->expert_counts[g], counts);
+				memcpy(cp->counts_st[g], cp->rank_out.expert_counts[g], counts);
 			if (io->out.dev >= 0) {
 				st = counts ? rw_cuda_copy_htod_async(s, io->out.dptr + o->counts_off,
 								      cp->counts_st[g], counts) : RW_OK;
-				if (st == RW_OK && cp->fwd_n[g])
-					st = rw_cuda_copy_htod_async(s, io->out.dptr + o->meta_off, cp->meta_st[g],
-								     (uint64_t)cp->fwd_n[g] * o->meta_bytes);
+				if (st == RW_OK && cp->rank_out.n[g])
+					st = rw_cuda_copy_htod_async(
+						s, io->out.dptr + o->meta_off, cp->rank_out.meta[g],
+						(uint64_t)cp->rank_out.n[g] * o->meta_bytes);
 			}
 		} else if (st == RW_OK && ph->rt[g].n_tokens) {
 			const uint64_t n = ph->rt[g].n_tokens;
@@ -638,8 +642,8 @@ static void finish_run(cm_pair_t *cp)
 static void cm_result(void *state, uint32_t g, uint32_t *recv_rows_p, const uint32_t **counts_p)
 {
 	const cm_pair_t *cp = state;
-	*recv_rows_p = cp->fwd_n[g];
-	*counts_p = cp->expert_counts[g];
+	*recv_rows_p = cp->rank_out.n[g];
+	*counts_p = cp->rank_out.expert_counts[g];
 }
 
 const rw_svc_mover_ops_t rw_svc_mover_cuda = {

@@ -67,13 +67,9 @@ typedef struct cm_pair {
 	uint32_t *local_ref;         /* [2 * n_local]: (rank, token) of each local-node record */
 	int local_kind;
 	uint32_t bg_i;
-	rw_svc_out_layout_t out[RW_MAX_GPUS];
-	uint8_t *counts_st[RW_MAX_GPUS], *rows_st[RW_MAX_GPUS], *meta_st[RW_MAX_GPUS];
+	rw_svc_rank_out_t rank_out;  /* what the forwarding gave each local rank */
+	uint8_t *counts_st[RW_MAX_GPUS], *rows_st[RW_MAX_GPUS];
 	rw_cuda_dptr_t rows_d[RW_MAX_GPUS];
-	uint32_t *fwd_ref[RW_MAX_GPUS];
-	uint32_t fwd_n[RW_MAX_GPUS];
-	uint32_t *expert_counts[RW_MAX_GPUS];
-	uint32_t *contrib;           /* [n_total * G]: 1 + row of record ref in rank g's combine input */
 	int acc_blk[RW_MAX_GPUS];    /* pool block of rank g's fp32 owner sums (-1: none) */
 	rw_cuda_dptr_t acc[RW_MAX_GPUS];
 	rw_cuda_dptr_t send_d[2][RW_MAX_RAILS], recv_d[2][RW_MAX_RAILS];

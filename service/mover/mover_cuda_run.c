@@ -327,7 +327,7 @@ void cm_combine_headers(cm_pair_t *cp, const rw_svc_phase_t *ph, int gpu)
 							 .slot = k };
 				rw_wire_crec_pack(dst, &h);
 				for (uint32_t g = 0; g < ph->gpus; g++)
-					n += cp->contrib[(size_t)ref * ph->gpus + g] != 0;
+					n += cp->rank_out.contrib[(size_t)ref * ph->gpus + g] != 0;
 				if (!n)
 					memset(dst + RW_WIRE_CREC_HDR, 0, ph->row_bytes);
 			}
@@ -343,7 +343,7 @@ rw_status_t cm_stage_combine(cm_pair_t *cp, rw_svc_phase_t *ph, uint32_t g, int 
 {
 	rw_svc_rank_io_t *io = &ph->io[1][g];
 	const rw_svc_span_mem_t *s = &io->in[0];
-	const uint64_t len = (uint64_t)cp->fwd_n[g] * ph->row_bytes;
+	const uint64_t len = (uint64_t)cp->rank_out.n[g] * ph->row_bytes;
 	if (!cm_span_dev_ok(cp->m, s)) {
 		snprintf(why, RW_SVC_WHY_MAX, "local rank %u's combine rows are on GPU %d, which has no "
 			 "kernels", g, s->dev);
@@ -479,17 +479,11 @@ int cm_forward_one(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t ref, uint32
 	for (uint32_t g = 0; g < ph->gpus; g++) {
 		if (!(mask & (1u << g)))
 			continue;
-		const rw_svc_out_layout_t *o = &cp->out[g];
-		uint32_t j = cp->fwd_n[g];
-		if (j >= o->rows_cap)
+		int64_t j = rw_svc_rank_out_add(&cp->rank_out, ph, g, ref, src_node, src_rank, token,
+					      ids, weights);
+		if (j < 0)
 			return -1;
 		cm_list_copy(&cp->fwd[cp->xdev[g]], row, cp->rows_d[g] + (uint64_t)j * ph->row_bytes);
-		uint8_t *meta = cp->meta_st[g] + (uint64_t)j * o->meta_bytes;
-		rw_svc_mover_meta_put(ph, meta, src_node, src_rank, token, ids, weights, g,
-				      cp->expert_counts[g]);
-		cp->fwd_ref[g][j] = ref;
-		cp->contrib[(size_t)ref * ph->gpus + g] = j + 1;
-		cp->fwd_n[g] = j + 1;
 	}
 	return 0;
 }
@@ -588,7 +582,7 @@ rw_status_t cm_combine_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why
 				size_t i = (size_t)d * ph->rails + r;
 				for (uint32_t k = 0; k < l->in_quota[i]; k++) {
 					uint32_t pos = l->in_first[i] + k, ref = ph->rail_base[r] + pos;
-					const uint32_t *c = &cp->contrib[(size_t)ref * G];
+					const uint32_t *c = &cp->rank_out.contrib[(size_t)ref * G];
 					const uint64_t at = (uint64_t)pos * ph->crec_size;
 					if (ph->slab_dev[r] == dev)
 						cm_list_copy(&cp->cs_hl, cp->sh_send_d[1][r] + at, cp->send_d[1][r] + at);
@@ -619,7 +613,7 @@ rw_status_t cm_combine_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why
 	}
 	for (uint32_t i = 0; i < cp->n_local; i++) {
 		uint32_t g0 = cp->local_ref[2 * i], t = cp->local_ref[2 * i + 1];
-		const uint32_t *c = &cp->contrib[(size_t)(ph->n_in + i) * G];
+		const uint32_t *c = &cp->rank_out.contrib[(size_t)(ph->n_in + i) * G];
 		cm_list_t *sl = &cp->sums[cp->xdev[g0]];
 		cm_list_sum(sl, cp->acc[g0] + (uint64_t)t * ph->hidden * 4);
 		for (uint32_t g = 0; g < G; g++)
@@ -698,12 +692,12 @@ void cm_host_copy_out(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind, uint32_
 		memcpy(io->out.host, ph->stage_out[g]->ptr, (size_t)ph->rt[g].n_tokens * ph->row_bytes);
 		return;
 	}
-	const rw_svc_out_layout_t *o = &cp->out[g];
-	uint64_t n = cp->fwd_n[g];
+	const rw_svc_out_layout_t *o = &cp->rank_out.layout[g];
+	uint64_t n = cp->rank_out.n[g];
 	if (ph->n_experts > RW_CQE_INLINE_COUNTS)
 		memcpy(io->out.host + o->counts_off, cp->counts_st[g], 4ull * ph->n_experts);
 	memcpy(io->out.host + o->rows_off, cp->rows_st[g], n * ph->row_bytes);
-	memcpy(io->out.host + o->meta_off, cp->meta_st[g], n * o->meta_bytes);
+	memcpy(io->out.host + o->meta_off, cp->rank_out.meta[g], n * o->meta_bytes);
 }
 
 /* Kernels on `dev`: loaded once per device; a device without them is said once. */

@@ -27,19 +27,12 @@ typedef struct host_pair {
 	uint32_t *local_ref;         /* [2 * n_local] */
 	int local_kind;              /* kind + 1 of the local work under way (0: none yet) */
 	uint32_t bg_g, bg_i;         /* where it resumes */
-	/* what each local rank got: fwd_ref[g][j] = the record ref of its output row j */
-	rw_svc_out_layout_t out[RW_MAX_GPUS];
-	uint8_t *counts_dst[RW_MAX_GPUS], *rows_dst[RW_MAX_GPUS], *meta_dst[RW_MAX_GPUS];
-	uint32_t *fwd_ref[RW_MAX_GPUS];
-	uint32_t fwd_n[RW_MAX_GPUS];
-	uint32_t *expert_counts[RW_MAX_GPUS];
+	rw_svc_rank_out_t rank_out;  /* what the forwarding gave each local rank */
+	uint8_t *counts_dst[RW_MAX_GPUS], *rows_dst[RW_MAX_GPUS];
 	float *owner_acc[RW_MAX_GPUS]; /* fp32 sums of each owner token's combine rows */
 	uint8_t *acc_seen[RW_MAX_GPUS]; /* [token]: its sum has a first term (else it is garbage) */
 	int acc_slot[RW_MAX_GPUS];   /* its buffer in m->sums (-1: in the arena) */
-	/* contrib[ref * G + g] = 1 + the row of received record ref in rank g's combine input
-	 * (0: not sent to g); crow: one fp32 row for summing copies. */
-	uint32_t *contrib;
-	float *crow;
+	float *crow;                 /* one fp32 row for summing copies */
 	/* stream order: rank g's flag, written with a driver call when its outputs' mark completes */
 	const rw_svc_rank_io_t *flag_io[RW_MAX_GPUS];
 	uint8_t *pack_egress;        /* rw_sched_map_rail's output for one dispatch slab */
@@ -230,7 +223,7 @@ static rw_status_t host_stage(void *mover, void *state, rw_svc_phase_t *ph,
 	unsigned n_in = kind == RW_SVC_DISPATCH ? 3 : 1;
 	/* A combine reads only the rows it received (not a protocol-1 client's one ignored row). */
 	if (kind == RW_SVC_COMBINE)
-		len[0] = (uint64_t)hp->fwd_n[g] * ph->row_bytes;
+		len[0] = (uint64_t)hp->rank_out.n[g] * ph->row_bytes;
 	uint64_t need = 0;
 	/* Stream order: the rank's inputs are ready once its event is (this blocks the loop; the
 	 * CUDA mover makes its streams wait instead). */
@@ -314,21 +307,24 @@ static rw_status_t host_plan(void *mover, void *state, const rw_svc_phase_t *ph,
 	hp->n_local = n_local;
 	hp->local_ref = rw_arena_alloc(&hp->mem, 2 * (size_t)n_local + 1, sizeof(uint32_t));
 	const uint64_t total = (uint64_t)ph->n_in + n_local;
-	hp->contrib = rw_arena_alloc(&hp->mem, (size_t)ph->n_in * ph->gpus + 1, sizeof(uint32_t));
+	hp->rank_out.contrib = rw_arena_alloc(&hp->mem, (size_t)ph->n_in * ph->gpus + 1,
+					      sizeof(uint32_t));
+	hp->rank_out.n_contrib = ph->n_in;
 	hp->crow = rw_arena_alloc(&hp->mem, (size_t)ph->hidden + 1, sizeof(float));
 	uint32_t n_rec = ph->row_off[(size_t)ph->nodes * ph->rails];
 	hp->pack_egress = rw_arena_alloc(&hp->mem, RW_MAX(1u, n_rec), 1);
 	hp->pack_slot = rw_arena_alloc(&hp->mem, RW_MAX(1u, n_rec), sizeof(uint32_t));
-	int oom = !hp->local_ref || !hp->contrib || !hp->crow || !hp->pack_egress || !hp->pack_slot;
+	int oom = !hp->local_ref || !hp->rank_out.contrib || !hp->crow || !hp->pack_egress ||
+		  !hp->pack_slot;
 	for (uint32_t g = 0; g < ph->gpus && !oom; g++) {
 		const rw_svc_rank_io_t *io = &ph->io[RW_SVC_DISPATCH][g];
-		rw_svc_out_layout_t *o = &hp->out[g];
+		rw_svc_out_layout_t *o = &hp->rank_out.layout[g];
 		rw_svc_out_layout(io->out_cap, ph->n_experts, ph->topk, ph->row_bytes,
 				  RW_CQE_INLINE_COUNTS, o);
 		if (io->out.dev < 0) {
 			hp->counts_dst[g] = io->out.host + o->counts_off;
 			hp->rows_dst[g] = io->out.host + o->rows_off;
-			hp->meta_dst[g] = io->out.host + o->meta_off;
+			hp->rank_out.meta[g] = io->out.host + o->meta_off;
 		} else {
 			/* A CUDA output is assembled in the rank's pinned staging, compactly (at most
 			 * every record of the phase arrives), and copied out when the phase is done. */
@@ -341,16 +337,19 @@ static rw_status_t host_plan(void *mover, void *state, const rw_svc_phase_t *ph,
 			}
 			hp->counts_dst[g] = st->ptr;
 			hp->rows_dst[g] = (uint8_t *)st->ptr + o->rows_off;
-			hp->meta_dst[g] = hp->rows_dst[g] + n_max * ph->row_bytes;
+			hp->rank_out.meta[g] = hp->rows_dst[g] + n_max * ph->row_bytes;
 		}
-		hp->fwd_ref[g] = rw_arena_alloc(&hp->mem, RW_MIN(total, o->rows_cap) + 1, sizeof(uint32_t));
-		hp->expert_counts[g] = rw_arena_alloc(&hp->mem, ph->n_experts, sizeof(uint32_t));
+		hp->rank_out.ref[g] = rw_arena_alloc(&hp->mem, RW_MIN(total, o->rows_cap) + 1,
+						     sizeof(uint32_t));
+		hp->rank_out.expert_counts[g] = rw_arena_alloc(&hp->mem, ph->n_experts,
+							       sizeof(uint32_t));
 		if (hp->acc_slot[g] >= 0) /* (plan is once per pair; a repeat must not hold two) */
 			hp->m->sums[hp->acc_slot[g]].busy = 0;
 		hp->owner_acc[g] = sums_take(hp->m, hp, (size_t)ph->rt[g].n_tokens * ph->hidden + 1,
 					     &hp->acc_slot[g]);
 		hp->acc_seen[g] = rw_arena_alloc(&hp->mem, (size_t)ph->rt[g].n_tokens + 1, 1);
-		oom |= !hp->fwd_ref[g] || !hp->expert_counts[g] || !hp->owner_acc[g] || !hp->acc_seen[g];
+		oom |= !hp->rank_out.ref[g] || !hp->rank_out.expert_counts[g] || !hp->owner_acc[g] ||
+		       !hp->acc_seen[g];
 	}
 	if (oom) {
 		snprintf(why, RW_SVC_WHY_MAX, "out of memory");
@@ -403,18 +402,11 @@ static int forward_one(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t ref, 
 	for (uint32_t g = 0; g < ph->gpus; g++) {
 		if (!(mask & (1u << g)))
 			continue;
-		const rw_svc_out_layout_t *o = &hp->out[g];
-		uint32_t j = hp->fwd_n[g];
-		if (j >= o->rows_cap)
+		int64_t j = rw_svc_rank_out_add(&hp->rank_out, ph, g, ref, src_node, src_rank, token,
+					      ids, weights);
+		if (j < 0)
 			return -1;
 		memcpy(hp->rows_dst[g] + (uint64_t)j * ph->row_bytes, row, ph->row_bytes);
-		uint8_t *meta = hp->meta_dst[g] + (uint64_t)j * o->meta_bytes;
-		rw_svc_mover_meta_put(ph, meta, src_node, src_rank, token, ids, weights, g,
-				      hp->expert_counts[g]);
-		hp->fwd_ref[g][j] = ref;
-		if (ref < ph->n_in)
-			hp->contrib[(size_t)ref * ph->gpus + g] = j + 1;
-		hp->fwd_n[g] = j + 1;
 	}
 	return 0;
 }
@@ -479,7 +471,7 @@ static void combine_pack(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t d)
 						 .slot = k };
 			rw_wire_crec_pack(dst, &h);
 			uint8_t *out = dst + RW_WIRE_CREC_HDR;
-			const uint32_t *c = &hp->contrib[(size_t)ref * ph->gpus];
+			const uint32_t *c = &hp->rank_out.contrib[(size_t)ref * ph->gpus];
 			const uint8_t *first = NULL;
 			uint32_t n = 0;
 			for (uint32_t g = 0; g < ph->gpus; g++) {
@@ -550,8 +542,8 @@ static void combine_local(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t bu
 	*done_p = 0;
 	for (; hp->bg_g < ph->gpus; hp->bg_g++, hp->bg_i = 0) {
 		const rw_svc_rank_io_t *io = &ph->io[RW_SVC_COMBINE][hp->bg_g];
-		for (; hp->bg_i < hp->fwd_n[hp->bg_g]; hp->bg_i++) {
-			uint32_t ref = hp->fwd_ref[hp->bg_g][hp->bg_i];
+		for (; hp->bg_i < hp->rank_out.n[hp->bg_g]; hp->bg_i++) {
+			uint32_t ref = hp->rank_out.ref[hp->bg_g][hp->bg_i];
 			if (ref < ph->n_in)
 				continue;
 			if (!budget--)
@@ -614,13 +606,13 @@ static rw_status_t host_finish(void *mover, void *state, const rw_svc_phase_t *p
 		const rw_svc_rank_io_t *io = &ph->io[kind][g];
 		rw_status_t st = RW_OK;
 		if (kind == RW_SVC_DISPATCH) {
-			const rw_svc_out_layout_t *o = &hp->out[g];
+			const rw_svc_out_layout_t *o = &hp->rank_out.layout[g];
 			uint64_t counts = ph->n_experts > RW_CQE_INLINE_COUNTS ? 4ull * ph->n_experts : 0;
 			if (counts)
-				memcpy(hp->counts_dst[g], hp->expert_counts[g], counts);
+				memcpy(hp->counts_dst[g], hp->rank_out.expert_counts[g], counts);
 			if (io->out.dev < 0)
 				continue;
-			uint64_t n = hp->fwd_n[g];
+			uint64_t n = hp->rank_out.n[g];
 			st = rw_svc_stage_h2d(m->stage, io->out.dev, io->out.dptr + o->counts_off,
 					      hp->counts_dst[g], counts);
 			if (st == RW_OK)
@@ -628,7 +620,7 @@ static rw_status_t host_finish(void *mover, void *state, const rw_svc_phase_t *p
 						      hp->rows_dst[g], n * ph->row_bytes);
 			if (st == RW_OK)
 				st = rw_svc_stage_h2d(m->stage, io->out.dev, io->out.dptr + o->meta_off,
-						      hp->meta_dst[g], n * o->meta_bytes);
+						      hp->rank_out.meta[g], n * o->meta_bytes);
 		} else {
 			uint64_t n = ph->rt[g].n_tokens;
 			if (n == 0 && io->signal && (st = flag_write(io)) != RW_OK) {
@@ -675,8 +667,8 @@ static rw_status_t host_finish(void *mover, void *state, const rw_svc_phase_t *p
 static void host_result(void *state, uint32_t g, uint32_t *recv_rows_p, const uint32_t **counts_p)
 {
 	const host_pair_t *hp = state;
-	*recv_rows_p = hp->fwd_n[g];
-	*counts_p = hp->expert_counts[g];
+	*recv_rows_p = hp->rank_out.n[g];
+	*counts_p = hp->rank_out.expert_counts[g];
 }
 
 const rw_svc_mover_ops_t rw_svc_mover_host = {
