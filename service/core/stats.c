@@ -7,6 +7,7 @@
  * longest makes room for a new one (a slowloris that keeps every slot busy cannot keep a prompt
  * client out).
  * Closed clients are freed from an idle watcher, never inside their own callback. */
+#include "common/list.h"
 #include "common/listen_pause.h"
 #include "service/core/svc.h"
 #include "ipc/ipc.h"
@@ -33,7 +34,7 @@ typedef struct stats_client {
 	rw_svc_buf_t out;        /* the one pending reply */
 	size_t out_off;
 	int close_after_flush;   /* an error was sent; disconnect once it is out */
-	struct stats_client *next, *prev;
+	rw_list_t link;          /* in the server's clients, then its zombies */
 } stats_client_t;
 
 struct rw_svc_stats {
@@ -45,8 +46,8 @@ struct rw_svc_stats {
 	ev_io accept_io;
 	rw_listen_pause_t accept_pause; /* rests the listener when descriptors run out */
 	ev_idle reaper;
-	stats_client_t *clients; /* open */
-	stats_client_t *zombies; /* closed, freed by the reaper */
+	rw_list_t clients;       /* open */
+	rw_list_t zombies;       /* closed, freed by the reaper */
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -370,15 +371,8 @@ static void client_close(stats_client_t *c, int rejected)
 	ev_timer_stop(loop, &c->deadline);
 	close(c->fd);
 	c->fd = -1;
-	if (c->prev)
-		c->prev->next = c->next;
-	else
-		srv->clients = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
-	c->prev = NULL;
-	c->next = srv->zombies;
-	srv->zombies = c;
+	rw_list_del(&c->link);
+	rw_list_add(&srv->zombies, &c->link);
 	ev_idle_start(loop, &srv->reaper);
 	srv->svc->metrics.stats_clients--;
 	if (rejected) {
@@ -391,9 +385,9 @@ static void reaper_cb(struct ev_loop *loop, ev_idle *w, int revents)
 {
 	(void)revents;
 	rw_svc_stats_t *srv = w->data;
-	while (srv->zombies) {
-		stats_client_t *c = srv->zombies;
-		srv->zombies = c->next;
+	stats_client_t *c, *nx;
+	rw_list_for_each_safe(&srv->zombies, c, nx, link) {
+		rw_list_del(&c->link);
 		rw_svc_buf_free(&c->out);
 		free(c);
 	}
@@ -550,8 +544,8 @@ static void client_deadline_cb(struct ev_loop *loop, ev_timer *w, int revents)
  * answered within a loop turn and never waits longest for long. */
 static void make_room(rw_svc_stats_t *srv)
 {
-	stats_client_t *oldest = NULL;
-	for (stats_client_t *c = srv->clients; c; c = c->next)
+	stats_client_t *oldest = NULL, *c;
+	rw_list_for_each(&srv->clients, c, link)
 		if (!oldest || c->wait_since < oldest->wait_since)
 			oldest = c;
 	if (!oldest)
@@ -590,10 +584,7 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 		ev_io_init(&c->wio, client_write_cb, fd, EV_WRITE);
 		ev_init(&c->deadline, client_deadline_cb);
 		c->rio.data = c->wio.data = c->deadline.data = c;
-		c->next = srv->clients;
-		if (srv->clients)
-			srv->clients->prev = c;
-		srv->clients = c;
+		rw_list_add(&srv->clients, &c->link);
 		m->stats_clients++;
 		ev_io_start(loop, &c->rio);
 		restart_deadline(c);
@@ -646,6 +637,8 @@ rw_status_t rw_svc_stats_start(rw_svc_t *svc, rw_svc_stats_t **stats_p)
 	if (!srv)
 		return RW_ERR_NOMEM;
 	srv->svc = svc;
+	rw_list_init(&srv->clients);
+	rw_list_init(&srv->zombies);
 	snprintf(srv->path, sizeof(srv->path), "%s", path);
 
 	/* The folder as the IPC socket's (mode and ipc_group), when it is missing. */
@@ -730,8 +723,8 @@ void rw_svc_stats_stop(rw_svc_stats_t *srv)
 	if (!srv)
 		return;
 	struct ev_loop *loop = srv->svc->loop;
-	while (srv->clients)
-		client_close(srv->clients, 0);
+	while (!rw_list_empty(&srv->clients))
+		client_close(rw_container_of(srv->clients.next, stats_client_t, link), 0);
 	reaper_cb(loop, &srv->reaper, 0);
 	ev_io_stop(loop, &srv->accept_io);
 	rw_listen_pause_stop(&srv->accept_pause);
