@@ -254,12 +254,13 @@ typedef struct rw_svc_rank_out {
 	uint32_t *contrib;
 	uint32_t n_contrib;
 } rw_svc_rank_out_t;
-/* Record ref, forwarded to local rank g, takes g's next row j: its metadata entry written, its
- * experts counted, ref[g][j] and contrib noted (service/mover/mover_rec.c). Returns j for the
- * caller to copy the row to, or -1 when g's output is full. */
-int64_t rw_svc_rank_out_add(rw_svc_rank_out_t *ro, const rw_svc_phase_t *ph, uint32_t g,
-			    uint32_t ref, uint32_t src_node, uint32_t src_rank, uint32_t token,
-			    const int32_t *ids, const float *weights);
+/* Record ref goes to every local rank hosting one of its experts: each such rank g gives it its
+ * next row, rows_p[g], with the metadata entry written, its experts counted, ref[g] and contrib
+ * noted (service/mover/mover_rec.c). Returns the ranks (bit g) for the caller to copy the row to,
+ * or -1 when one's output is full (the caller fails the phase). */
+int64_t rw_svc_rank_out_add(rw_svc_rank_out_t *ro, const rw_svc_phase_t *ph, uint32_t ref,
+			    uint32_t src_node, uint32_t src_rank, uint32_t token,
+			    const int32_t *ids, const float *weights, uint32_t *rows_p);
 /* Kernels on the ranks' GPUs (service/mover/mover_cuda.c): takes a pair whose first submission gives
  * CUDA memory on a device with kernels, declines every other. */
 extern const rw_svc_mover_ops_t rw_svc_mover_cuda;

@@ -475,16 +475,15 @@ int cm_forward_one(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t ref, uint32
 		       uint32_t src_rank, uint32_t token, const int32_t *ids, const float *weights,
 		       rw_cuda_dptr_t row)
 {
-	uint32_t mask = rw_svc_phase_fwd_mask(ph, ids);
-	for (uint32_t g = 0; g < ph->gpus; g++) {
-		if (!(mask & (1u << g)))
-			continue;
-		int64_t j = rw_svc_rank_out_add(&cp->rank_out, ph, g, ref, src_node, src_rank, token,
-					      ids, weights);
-		if (j < 0)
-			return -1;
-		cm_list_copy(&cp->fwd[cp->xdev[g]], row, cp->rows_d[g] + (uint64_t)j * ph->row_bytes);
-	}
+	uint32_t rows[RW_MAX_GPUS];
+	int64_t to = rw_svc_rank_out_add(&cp->rank_out, ph, ref, src_node, src_rank, token, ids,
+					 weights, rows);
+	if (to < 0)
+		return -1;
+	for (uint32_t g = 0; g < ph->gpus; g++)
+		if (to & (1u << g))
+			cm_list_copy(&cp->fwd[cp->xdev[g]], row,
+				     cp->rows_d[g] + (uint64_t)rows[g] * ph->row_bytes);
 	return 0;
 }
 

@@ -398,16 +398,15 @@ static int forward_one(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t ref, 
 		       uint32_t src_rank, uint32_t token, const int32_t *ids, const float *weights,
 		       const uint8_t *row)
 {
-	uint32_t mask = rw_svc_phase_fwd_mask(ph, ids);
-	for (uint32_t g = 0; g < ph->gpus; g++) {
-		if (!(mask & (1u << g)))
-			continue;
-		int64_t j = rw_svc_rank_out_add(&hp->rank_out, ph, g, ref, src_node, src_rank, token,
-					      ids, weights);
-		if (j < 0)
-			return -1;
-		memcpy(hp->rows_dst[g] + (uint64_t)j * ph->row_bytes, row, ph->row_bytes);
-	}
+	uint32_t rows[RW_MAX_GPUS];
+	int64_t to = rw_svc_rank_out_add(&hp->rank_out, ph, ref, src_node, src_rank, token, ids,
+					 weights, rows);
+	if (to < 0)
+		return -1;
+	for (uint32_t g = 0; g < ph->gpus; g++)
+		if (to & (1u << g))
+			memcpy(hp->rows_dst[g] + (uint64_t)rows[g] * ph->row_bytes, row,
+			       ph->row_bytes);
 	return 0;
 }
 

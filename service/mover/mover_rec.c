@@ -45,19 +45,25 @@ void rw_svc_mover_meta_put(const rw_svc_phase_t *ph, uint8_t *meta, uint32_t src
 			expert_counts[ids[k]]++;
 }
 
-int64_t rw_svc_rank_out_add(rw_svc_rank_out_t *ro, const rw_svc_phase_t *ph, uint32_t g,
-			    uint32_t ref, uint32_t src_node, uint32_t src_rank, uint32_t token,
-			    const int32_t *ids, const float *weights)
+int64_t rw_svc_rank_out_add(rw_svc_rank_out_t *ro, const rw_svc_phase_t *ph, uint32_t ref,
+			    uint32_t src_node, uint32_t src_rank, uint32_t token,
+			    const int32_t *ids, const float *weights, uint32_t *rows_p)
 {
-	const rw_svc_out_layout_t *o = &ro->layout[g];
-	uint32_t j = ro->n[g];
-	if (j >= o->rows_cap)
-		return -1;
-	rw_svc_mover_meta_put(ph, ro->meta[g] + (uint64_t)j * o->meta_bytes, src_node, src_rank,
-			      token, ids, weights, g, ro->expert_counts[g]);
-	ro->ref[g][j] = ref;
-	if (ref < ro->n_contrib)
-		ro->contrib[(size_t)ref * ph->gpus + g] = j + 1;
-	ro->n[g] = j + 1;
-	return j;
+	uint32_t mask = rw_svc_phase_fwd_mask(ph, ids);
+	for (uint32_t g = 0; g < ph->gpus; g++) {
+		if (!(mask & (1u << g)))
+			continue;
+		const rw_svc_out_layout_t *o = &ro->layout[g];
+		uint32_t j = ro->n[g];
+		if (j >= o->rows_cap)
+			return -1;
+		rw_svc_mover_meta_put(ph, ro->meta[g] + (uint64_t)j * o->meta_bytes, src_node,
+				      src_rank, token, ids, weights, g, ro->expert_counts[g]);
+		ro->ref[g][j] = ref;
+		if (ref < ro->n_contrib)
+			ro->contrib[(size_t)ref * ph->gpus + g] = j + 1;
+		ro->n[g] = j + 1;
+		rows_p[g] = j;
+	}
+	return mask;
 }
