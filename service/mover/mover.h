@@ -236,6 +236,11 @@ struct rw_wire_rec_hdr;
 rw_status_t rw_svc_mover_rec_read(const rw_svc_phase_t *ph, const uint8_t *rec, uint32_t src,
 				  uint32_t rail, uint32_t slot, struct rw_wire_rec_hdr *h_p,
 				  int32_t *ids, float *weights, char *why);
+/* For movers (service/mover/mover_rec.c): check the combine record in `slot` of d's range on
+ * egress rail `rail` (tag, source, rail, slot) and name the dispatch record it answers (*r_p:
+ * its owner rank and token). RW_ERR_PROTO, with why naming the slot, when the header is wrong. */
+rw_status_t rw_svc_mover_crec_read(const rw_svc_phase_t *ph, const uint8_t *rec, uint32_t d,
+				   uint32_t rail, uint32_t slot, const rw_record_t **r_p, char *why);
 /* The metadata entry of a row forwarded to local rank g (docs/dataflow.md "Dispatch output"),
  * and its experts on g counted into expert_counts[E]. */
 void rw_svc_mover_meta_put(const rw_svc_phase_t *ph, uint8_t *meta, uint32_t src_node,

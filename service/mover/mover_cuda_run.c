@@ -662,16 +662,10 @@ rw_status_t cm_combine_take(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t d,
 		return RW_OK;
 	for (uint32_t k = *done; k < upto; k++) {
 		const uint64_t pos = ((uint64_t)first + k) * ph->crec_size;
-		rw_wire_crec_hdr_t h;
-		rw_wire_crec_unpack(ph->recv_area[1][e] + pos, &h);
-		if (h.tag != ph->tag_in || h.src_node != d || h.rail != e || h.slot != k) {
-			snprintf(why, RW_SVC_WHY_MAX, "bad combine record from node %u rail %u slot %u",
-				 d, e, k);
-			return RW_ERR_PROTO;
-		}
-		uint32_t owner_rail, ord;
-		rw_sched_unmap(pp, e, k, &owner_rail, &ord);
-		const rw_record_t *r = &ph->rec[ph->row_off[d * ph->rails + owner_rail] + ord];
+		const rw_record_t *r;
+		rw_status_t st = rw_svc_mover_crec_read(ph, ph->recv_area[1][e] + pos, d, e, k, &r, why);
+		if (st != RW_OK)
+			return st;
 		cm_list_t *sl = &cp->sums[cp->xdev[r->rank]];
 		cm_list_sum(sl, cp->acc[r->rank] + (uint64_t)r->token * ph->hidden * 4);
 		cm_list_src(sl, cp->recv_d[1][e] + pos + RW_WIRE_CREC_HDR);

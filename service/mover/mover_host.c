@@ -518,16 +518,10 @@ static rw_status_t combine_range(host_pair_t *hp, const rw_svc_phase_t *ph, uint
 	uint32_t first = l->out_first[d * ph->rails + e];
 	for (uint32_t k = 0; k < pp->quota[e]; k++) {
 		const uint8_t *rec = ph->recv_area[RW_SVC_COMBINE][e] + ((uint64_t)first + k) * ph->crec_size;
-		rw_wire_crec_hdr_t h;
-		rw_wire_crec_unpack(rec, &h);
-		if (h.tag != ph->tag_in || h.src_node != d || h.rail != e || h.slot != k) {
-			snprintf(why, RW_SVC_WHY_MAX, "bad combine record from node %u rail %u slot %u",
-				 d, e, k);
-			return RW_ERR_PROTO;
-		}
-		uint32_t owner_rail, ord;
-		rw_sched_unmap(pp, e, k, &owner_rail, &ord);
-		const rw_record_t *r = &ph->rec[ph->row_off[d * ph->rails + owner_rail] + ord];
+		const rw_record_t *r;
+		rw_status_t st = rw_svc_mover_crec_read(ph, rec, d, e, k, &r, why);
+		if (st != RW_OK)
+			return st;
 		owner_add(hp, ph, r->rank, r->token, rec + RW_WIRE_CREC_HDR);
 	}
 	return RW_OK;

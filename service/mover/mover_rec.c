@@ -1,6 +1,7 @@
 /* What every data mover does the same way with an arrived dispatch record: check its header
  * against the pair (tag, source, owner) and read its top-k, refusing a record with no expert on
- * this node; write the metadata of a row forwarded to a local rank. A leaf shared by service/mover/mover_host.c and service/mover/mover_cuda_run.c. */
+ * this node; with an arrived combine record: check its header and find the record it answers;
+ * write the metadata of a row forwarded to a local rank. A leaf shared by service/mover/mover_host.c and service/mover/mover_cuda_run.c. */
 #include <stdio.h>
 #include <string.h>
 
@@ -26,6 +27,23 @@ rw_status_t rw_svc_mover_rec_read(const rw_svc_phase_t *ph, const uint8_t *rec, 
 			 "this node", src, rail, slot);
 		return RW_ERR_PROTO;
 	}
+	return RW_OK;
+}
+
+rw_status_t rw_svc_mover_crec_read(const rw_svc_phase_t *ph, const uint8_t *rec, uint32_t d,
+				   uint32_t rail, uint32_t slot, const rw_record_t **r_p, char *why)
+{
+	rw_wire_crec_hdr_t h;
+	rw_wire_crec_unpack(rec, &h);
+	if (h.tag != ph->tag_in || h.src_node != d || h.rail != rail || h.slot != slot) {
+		snprintf(why, RW_SVC_WHY_MAX, "bad combine record from node %u rail %u slot %u", d,
+			 rail, slot);
+		return RW_ERR_PROTO;
+	}
+	const rw_pair_plan_t *pp = &ph->layout->out_pairs[d];
+	uint32_t owner_rail, ord;
+	rw_sched_unmap(pp, rail, slot, &owner_rail, &ord);
+	*r_p = &ph->rec[ph->row_off[d * ph->rails + owner_rail] + ord];
 	return RW_OK;
 }
 
