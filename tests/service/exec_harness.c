@@ -676,8 +676,8 @@ int corrupt_once;
 
 void corrupt_tag(const fk_ev_t *ev, uint8_t *dst, void *ctx)
 {
-	(void)ctx;
-	if (corrupt_once && ev->src == 1 && ev->dst == 0 && ((ev->imm >> 17) & 1u) == 0) {
+	const uint32_t kind = ctx ? *(const uint32_t *)ctx : 0;
+	if (corrupt_once && ev->src == 1 && ev->dst == 0 && ((ev->imm >> 17) & 1u) == kind) {
 		corrupt_once = 0;
 		dst[0] ^= 0xff; /* the first record's tag */
 	}

@@ -214,7 +214,8 @@ match_t m_wdone(int src);
 /* ---- corrupting a write ------------------------------------------------------------------------- */
 
 /* With c->w->on_write = corrupt_tag and corrupt_once = 1: the first dispatch write from node 1 to
- * node 0 arrives with its first record's tag flipped; corrupt_once is 0 once it has. */
+ * node 0 arrives with its first record's tag flipped; corrupt_once is 0 once it has. With
+ * c->w->on_write_ctx pointing at a uint32_t 1, the first combine write instead. */
 extern int corrupt_once;
 void corrupt_tag(const fk_ev_t *ev, uint8_t *dst, void *ctx);
 

@@ -266,6 +266,33 @@ static void test_peer_misplaced_write(void **state)
 	cl_free(c);
 }
 
+/* A peer's bad combine record (its header names another phase): the receiver declares that peer
+ * down (protocol error) and fails the combine, every rank's combine fails, the link comes back
+ * and the next pair passes. */
+static void test_peer_bad_combine_record(void **state)
+{
+	(void)state;
+	static const uint32_t combine = 1;
+	opts_t o = { .nodes = 2, .path = "native", .tokens = 16 };
+	cl_t *c = cl_new(&o, 406);
+	dispatch_all(c, 0, 0);
+	corrupt_once = 1;
+	c->w->on_write = corrupt_tag;
+	c->w->on_write_ctx = (void *)&combine;
+	memset(&c->w->cnt, 0, sizeof(c->w->cnt));
+	for (uint32_t r = 0; r < c->W; r++)
+		combine_submit(c, r, 0, 0);
+	for (uint32_t r = 0; r < c->W; r++)
+		expect_err(c, r, RW_E_PHASE, "bad combine record from node 1");
+	CHECK(!corrupt_once, "no combine write was corrupted");
+	CHECK(c->w->cnt.fail_peer[0][1] == 1, "node 0 did not declare node 1 down");
+	c->w->on_write = NULL;
+	c->w->on_write_ctx = NULL;
+	pump_until(c, mesh_up, NULL, "the link back");
+	run_pair(c, 0, 1);
+	cl_free(c);
+}
+
 /* A peer's bad data: a dispatch record whose header names another phase. The receiver declares
  * that peer down (protocol error) and fails the phase; the peer sees the link drop and fails it
  * too; the link comes back and the same key passes. Then a write whose immediate names another
@@ -366,6 +393,7 @@ int exec_bad_input_run(void)
 		cmocka_unit_test(test_bad_event),
 		cmocka_unit_test(test_bad_ranks),
 		cmocka_unit_test(test_peer_bad_data),
+		cmocka_unit_test(test_peer_bad_combine_record),
 		cmocka_unit_test(test_peer_misplaced_write),
 		cmocka_unit_test(test_peer_key_flood),
 	};
