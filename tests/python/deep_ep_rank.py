@@ -289,6 +289,11 @@ def cmd_errors(c):
     want = identity_combined(data, E)
 
     def good(what):
+        # A rank that cannot give a pair's combine fails it by leaving and joining again
+        # (_core's _abort_pair), and a leave fails whatever pair of the group is open when it
+        # reaches the daemon: every rank must be done with the failed step before any starts
+        # the next, as a trainer's ranks are when they agree to go on after an error.
+        dist.barrier()
         rx, _, _, _, hh, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w, num_experts=E)
         equal(buf.combine(rx, hh)[0], want, "step after %s" % what)
 
