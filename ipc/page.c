@@ -6,12 +6,19 @@
  *      plan and arrived -> the rank's stream waits on the word; the kernels after the wait load
  *      the status. The store-release orders the status before the word for the GPU's reads too
  *      (a CPU's stores to host memory reach the GPU in order on x86 and with release on Arm). */
+#include <stdio.h>
+
 #include "ipc/page.h"
+#include "ipc/railwave.h"
 
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
 
 _Static_assert(sizeof(rw_page_params_t) == 40, "rank page ABI");
 _Static_assert(sizeof(rw_page_plan_entry_t) == 16, "rank page ABI");
+_Static_assert(sizeof(rw_page_plan_head_t) == 40, "rank page ABI");
+_Static_assert(sizeof(rw_page_plan_rail_t) == 32, "rank page ABI");
+_Static_assert(sizeof(rw_page_list_head_t) == 16, "rank page ABI");
+_Static_assert(sizeof(rw_page_list_entry_t) == 16, "rank page ABI");
 _Static_assert(offsetof(rw_page_head_t, word) == RW_PAGE_LINE, "rank page ABI: words on line 1");
 _Static_assert((RW_PAGE_DEPTH & (RW_PAGE_DEPTH - 1)) == 0, "depth is a power of two");
 
@@ -28,10 +35,19 @@ int rw_page_layout(uint32_t nodes, uint32_t rails, uint32_t max_recv, size_t pag
 	l->count_row = (uint32_t)off;
 	off = ALIGN_UP(off + cells * sizeof(uint32_t), RW_PAGE_LINE);
 	l->plan = (uint32_t)off;
+	off = ALIGN_UP(off + sizeof(rw_page_plan_head_t), RW_PAGE_LINE);
+	l->plan_rail = (uint32_t)off;
+	off = ALIGN_UP(off + (uint64_t)rails * sizeof(rw_page_plan_rail_t), RW_PAGE_LINE);
+	l->plan_tag = (uint32_t)off;
+	off = ALIGN_UP(off + (uint64_t)nodes * sizeof(uint32_t), RW_PAGE_LINE);
+	l->plan_entry = (uint32_t)off;
 	off = ALIGN_UP(off + cells * sizeof(rw_page_plan_entry_t), RW_PAGE_LINE);
-	l->fwd_list = (uint32_t)off;
-	slot = ALIGN_UP(off + (uint64_t)max_recv * sizeof(uint32_t), RW_PAGE_LINE);
-	const uint64_t slot0 = ALIGN_UP(sizeof(rw_page_head_t), RW_PAGE_LINE);
+	l->list = (uint32_t)off;
+	off = ALIGN_UP(off + sizeof(rw_page_list_head_t), RW_PAGE_LINE);
+	l->list_entry = (uint32_t)off;
+	off += (uint64_t)max_recv * sizeof(rw_page_list_entry_t);
+	slot = ALIGN_UP(off, RW_PAGE_LINE);
+	const uint64_t slot0 = RW_PAGE_SLOT0;
 	const uint64_t bytes = ALIGN_UP(slot0 + slot * RW_PAGE_DEPTH, page);
 	if (bytes > (UINT64_C(1) << 30))
 		return -1;
@@ -90,4 +106,53 @@ void rw_page_daemon_lost(rw_page_head_t *pg, int32_t err)
 		atomic_store_explicit(&pg->status[d].v, (uint64_t)(uint32_t)err, memory_order_relaxed);
 	raise_word(&pg->word[RW_PW_PLAN], top + RW_PAGE_OWED_AHEAD);
 	raise_word(&pg->word[RW_PW_ARRIVED], top + RW_PAGE_OWED_AHEAD);
+}
+
+int rw_page_submit_check(const rw_page_head_t *pg, const rw_page_params_t *params,
+			 const uint32_t *row, uint64_t k, uint32_t native_rail, char *why,
+			 size_t why_len)
+{
+	const rw_page_params_t *p = params;
+	if (p->phase != k) {
+		snprintf(why, why_len, "slot %llu holds phase %llu's parameters, submitted as phase "
+			 "%llu", (unsigned long long)(k & (RW_PAGE_DEPTH - 1)),
+			 (unsigned long long)p->phase, (unsigned long long)k);
+		return -1;
+	}
+	if (p->kind != RW_KIND_DISPATCH && p->kind != RW_KIND_COMBINE) {
+		snprintf(why, why_len, "phase %llu: unknown kind %u", (unsigned long long)k, p->kind);
+		return -1;
+	}
+	if (p->token_count > pg->max_tokens) {
+		snprintf(why, why_len, "phase %llu: %u tokens, the page's bound is %u",
+			 (unsigned long long)k, p->token_count, pg->max_tokens);
+		return -1;
+	}
+	const uint32_t per_token = p->topk < pg->nodes ? p->topk : pg->nodes;
+	uint64_t sum = 0;
+	for (uint32_t d = 0; d < pg->nodes; d++)
+		for (uint32_t r = 0; r < pg->rails; r++) {
+			uint32_t v = row[(size_t)d * pg->rails + r];
+			if (v && (p->kind == RW_KIND_COMBINE || r != native_rail)) {
+				snprintf(why, why_len, "phase %llu: count row entry (node %u, rail %u) "
+					 "is %u, where the rank counts nothing (%s)",
+					 (unsigned long long)k, d, r, v,
+					 p->kind == RW_KIND_COMBINE ? "a combine" : "not its rail");
+				return -1;
+			}
+			if (v > p->token_count) {
+				snprintf(why, why_len, "phase %llu: count row entry (node %u, rail %u) "
+					 "is %u, above its %u tokens", (unsigned long long)k, d, r, v,
+					 p->token_count);
+				return -1;
+			}
+			sum += v;
+		}
+	if (sum > (uint64_t)p->token_count * per_token) {
+		snprintf(why, why_len, "phase %llu: the count row adds up to %llu records, above %u "
+			 "tokens x %u nodes each", (unsigned long long)k, (unsigned long long)sum,
+			 p->token_count, per_token);
+		return -1;
+	}
+	return 0;
 }

@@ -64,21 +64,93 @@ typedef struct rw_page_params {
 	uint64_t step;
 } rw_page_params_t;
 
-/* One (destination node, rail) entry of a rank's plan block: where its records go. */
+/* ---- the plan block: what the daemon tells one rank about phase k (published by `plan`, P2) ---
+ * The block is the head, then rw_page_plan_rail_t[rails], then uint32 tag[nodes], then
+ * rw_page_plan_entry_t[nodes * rails] (each part on its own cache lines; rw_page_layout gives
+ * their offsets). Offsets into slabs are bytes from the start of the group's slab of that rail
+ * (the carve-out lent at join), so a kernel needs only the slab's base address per rail.
+ *
+ * Dispatch: the rank's records are its (token, node) pairs for every node holding one of the
+ * token's experts, numbered per node in token order (record i to node d is the i-th token, in
+ * token order, with an expert on d). Entry (d, e) says records first .. first + count - 1 to d
+ * go on rail e, record first at byte `offset` of rail e's slab, the next ones rec_size apart.
+ * A rank's records to d are never split otherwise: they keep their native rail, and only the
+ * surplus RailBalance moves leaves in pieces, one per egress rail, in ascending rail order after
+ * the native one — the daemon computes the pieces; the kernel only looks them up. Entries
+ * (me, e) are the rank's records for this node's own ranks, written into the local area
+ * (rw_page_plan_rail_t.local_off) exactly like the others; nothing of them leaves the node.
+ * Each record is the wire's (service/phase/wire.h "records"): tag = tag[d], src_node = me,
+ * owner = the head's owner, token, topk, ids, weights, row.
+ *
+ * Combine: entry (s, r) is the return range of source s on rail r: the dispatch records that
+ * arrived at receive slots first .. first + count - 1 of rail r come back as combine records at
+ * byte `offset` (rail r's combine send area) onwards, in slot order; the combine record of slot
+ * p carries tag = tag[s], src_node = me, rail = r, slot = p - first. (me, r): the local area,
+ * where this node's ranks leave the rows the owner's reduce takes as local terms. */
+typedef struct rw_page_plan_head {
+	uint64_t phase;        /* k: the phase this block answers (a kernel checks it) */
+	uint32_t kind;         /* 0 dispatch, 1 combine */
+	uint32_t me;           /* this node: src_node of every record the rank writes */
+	uint32_t owner;        /* the rank's local index on the node: owner of its records */
+	uint32_t topk;
+	uint32_t rec_size;     /* bytes of one record of this kind in a slab */
+	uint32_t row_off;      /* offset of the row in such a record */
+	uint32_t n_send;       /* records the rank writes for other nodes (entries d != me) */
+	uint32_t n_local;      /* records the rank writes into the local area (entries me) */
+} rw_page_plan_head_t;
+
+/* Per rail, where this phase's areas are in the group's slab of that rail. */
+typedef struct rw_page_plan_rail {
+	uint64_t send_off;     /* the areas the daemon posts from (dispatch: records; combine: returns) */
+	uint64_t recv_off;     /* the area the peers' records of this kind arrive in */
+	uint64_t local_off;    /* the local area (records or rows that never leave the node) */
+	uint64_t slab_bytes;   /* the slab's size: every offset + its records stays below it */
+} rw_page_plan_rail_t;
+
+/* One (node, rail) entry of a plan block (see above). */
 typedef struct rw_page_plan_entry {
-	uint32_t first_slot;   /* first record slot on that rail's receive area at the destination */
-	uint32_t quota;        /* records of this rank there */
-	uint64_t send_offset;  /* byte offset of the first in this rail's send slab */
+	uint32_t first;        /* dispatch: the rank's first record to that node on this rail;
+				* combine: the range's first receive slot */
+	uint32_t count;        /* records */
+	uint64_t offset;       /* byte offset of record `first` in this rail's slab */
 } rw_page_plan_entry_t;
+
+/* ---- the list: what the rank's kernel reads after `arrived` (P4) ---------------------------
+ * The head, then rw_page_list_entry_t[max_recv]. Dispatch: the forward list, entry j is row j
+ * of the rank's output (recv_x, its metadata): the record at (area, rail, slot), whose header
+ * the daemon checked; node and token repeat the header's source node and token. Combine: the
+ * reduce list, entries sorted by the owner's token, a token's terms in summation order (the
+ * host mover's, service/phase/forward.c); entry = a combine row at (area, rail, slot) — the
+ * receive area for rows from node `node`, the local area for this node's ranks' rows — that
+ * adds into token `token`. A rank's terms beyond max_recv fail the phase (RW_E_TOKENS). */
+enum rw_page_area { RW_PAGE_AREA_RECV = 0, RW_PAGE_AREA_LOCAL = 1 };
+
+typedef struct rw_page_list_head {
+	uint64_t phase;        /* k: the phase this list answers */
+	uint32_t count;        /* entries */
+	uint32_t kind;         /* 0 dispatch, 1 combine */
+} rw_page_list_head_t;
+
+typedef struct rw_page_list_entry {
+	uint32_t slot;         /* record index in the area (bytes: slot * rec_size) */
+	uint16_t rail;
+	uint16_t area;         /* enum rw_page_area */
+	uint32_t node;         /* the node whose rank wrote the record or row */
+	uint32_t token;        /* dispatch: the source's token; combine: the owner's token */
+} rw_page_list_entry_t;
 
 /* Where a slot's blocks are, in bytes from the slot's start, and the page's size. */
 typedef struct rw_page_layout {
 	uint32_t params;       /* rw_page_params_t */
-	uint32_t count_row;    /* uint32[nodes * rails] */
-	uint32_t plan;         /* rw_page_plan_entry_t[nodes * rails] */
-	uint32_t fwd_list;     /* uint32 record references [max_recv] */
+	uint32_t count_row;    /* uint32[nodes * rails]: row[d * rails + r], rw_sched_count's */
+	uint32_t plan;         /* rw_page_plan_head_t */
+	uint32_t plan_rail;    /* rw_page_plan_rail_t[rails] */
+	uint32_t plan_tag;     /* uint32[nodes] */
+	uint32_t plan_entry;   /* rw_page_plan_entry_t[nodes * rails] */
+	uint32_t list;         /* rw_page_list_head_t */
+	uint32_t list_entry;   /* rw_page_list_entry_t[max_recv] */
 	uint32_t slot_bytes;
-	uint32_t slot0;        /* offset of slot 0 from the page's start */
+	uint32_t slot0;        /* offset of slot 0 from the page's start (RW_PAGE_SLOT0) */
 	uint64_t bytes;        /* the page, rounded up to `page` */
 } rw_page_layout_t;
 
@@ -86,6 +158,41 @@ typedef struct rw_page_layout {
  * page: the host page size to round to (a power of two). */
 int rw_page_layout(uint32_t nodes, uint32_t rails, uint32_t max_recv, size_t page,
 		   rw_page_layout_t *layout_p);
+
+/* Offset of slot 0 from the page's start (the head, line-rounded), and phase k's slot. */
+#define RW_PAGE_SLOT0 ((sizeof(rw_page_head_t) + RW_PAGE_LINE - 1) / RW_PAGE_LINE * RW_PAGE_LINE)
+static inline uint8_t *rw_page_slot(const rw_page_head_t *pg, uint64_t k)
+{
+	return (uint8_t *)pg + RW_PAGE_SLOT0 + (k & (RW_PAGE_DEPTH - 1)) * (uint64_t)pg->slot_bytes;
+}
+
+/* Record i of a rank's dispatch records to node d under a plan block's entries (nodes x
+ * rails, of which `rails` per node): its rail and byte offset in that rail's slab. 0, or -1
+ * when no entry holds it (the rank has fewer records to d than it counted: a bad rank). */
+static inline int rw_page_plan_find(const rw_page_plan_entry_t *entry, uint32_t rails,
+				    uint32_t d, uint32_t i, uint32_t rec_size, uint32_t *rail_p,
+				    uint64_t *offset_p)
+{
+	const rw_page_plan_entry_t *e = entry + (size_t)d * rails;
+	for (uint32_t r = 0; r < rails; r++)
+		if (i - e[r].first < e[r].count) { /* unsigned: also i >= first */
+			*rail_p = r;
+			*offset_p = e[r].offset + (uint64_t)(i - e[r].first) * rec_size;
+			return 0;
+		}
+	return -1;
+}
+
+/* Daemon: phase k's parameters and count row as the rank published them with submit = k
+ * (copies the daemon took once), checked before anything else reads them: the phase is k, the
+ * kind known, at most the page's max_tokens tokens; a dispatch's row counts only at the rank's
+ * native rail (row[d * rails + rail]), no entry above token_count and the whole at most
+ * token_count x min(topk, nodes) (a token is one record per node holding one of its experts);
+ * a combine's row is zero. 0, or -1 with `why` naming what is wrong. The executor checks the
+ * rest as it checks a ring submission. */
+int rw_page_submit_check(const rw_page_head_t *pg, const rw_page_params_t *params,
+			 const uint32_t *row, uint64_t k, uint32_t native_rail, char *why,
+			 size_t why_len);
 
 /* Daemon: write the head of a fresh (zeroed) page. */
 void rw_page_init(rw_page_head_t *pg, uint32_t nodes, uint32_t rails, uint32_t max_tokens,

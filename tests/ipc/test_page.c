@@ -53,17 +53,24 @@ static void test_layout_properties(void **state)
 		rw_page_layout_t l;
 		if (rw_page_layout(nodes, rails, max_recv, page, &l) != 0) {
 			/* refused only past 1 GiB */
-			uint64_t low = (uint64_t)RW_PAGE_DEPTH * ((uint64_t)nodes * rails * 20 + max_recv * 4);
+			uint64_t low = (uint64_t)RW_PAGE_DEPTH *
+				       ((uint64_t)nodes * rails * 20 + max_recv * 16ull);
 			assert_true(low > (UINT64_C(1) << 29));
 			continue;
 		}
 		const uint64_t cells = (uint64_t)nodes * rails;
-		uint64_t ends[4];
+		uint64_t ends[8];
 		unsigned n = 0;
 		check_block(l.params, sizeof(rw_page_params_t), l.slot_bytes, ends, &n);
 		check_block(l.count_row, cells * 4, l.slot_bytes, ends, &n);
-		check_block(l.plan, cells * sizeof(rw_page_plan_entry_t), l.slot_bytes, ends, &n);
-		check_block(l.fwd_list, (uint64_t)max_recv * 4, l.slot_bytes, ends, &n);
+		check_block(l.plan, sizeof(rw_page_plan_head_t), l.slot_bytes, ends, &n);
+		check_block(l.plan_rail, rails * sizeof(rw_page_plan_rail_t), l.slot_bytes, ends, &n);
+		check_block(l.plan_tag, nodes * 4ull, l.slot_bytes, ends, &n);
+		check_block(l.plan_entry, cells * sizeof(rw_page_plan_entry_t), l.slot_bytes, ends, &n);
+		check_block(l.list, sizeof(rw_page_list_head_t), l.slot_bytes, ends, &n);
+		check_block(l.list_entry, (uint64_t)max_recv * sizeof(rw_page_list_entry_t),
+			    l.slot_bytes, ends, &n);
+		assert_int_equal(l.slot0, RW_PAGE_SLOT0);
 		assert_int_equal(l.slot_bytes % RW_PAGE_LINE, 0);
 		assert_true(l.slot0 >= sizeof(rw_page_head_t));
 		assert_int_equal(l.slot0 % RW_PAGE_LINE, 0);
@@ -105,6 +112,70 @@ static rw_page_head_t *fresh_page(rw_page_layout_t *l)
 	assert_int_equal(pg->magic, RW_PAGE_MAGIC);
 	assert_int_equal(pg->bytes, l->bytes);
 	return pg;
+}
+
+/* A phase's slot is k mod D from slot 0; the submit check refuses each kind of lie, naming it. */
+static void test_submit_check(void **state)
+{
+	(void)state;
+	rw_page_layout_t l;
+	rw_page_head_t *pg = fresh_page(&l); /* 2 nodes, 2 rails, 128 tokens at most */
+	assert_ptr_equal(rw_page_slot(pg, 6), (uint8_t *)pg + l.slot0 + 2ull * l.slot_bytes);
+	assert_ptr_equal(rw_page_slot(pg, 4), (uint8_t *)pg + l.slot0);
+	rw_page_params_t p = { .kind = RW_KIND_DISPATCH, .topk = 8, .token_count = 10,
+			       .phase = 6 };
+	uint32_t row[4] = { 0, 7, 0, 10 }; /* native rail 1: 7 records to node 0, 10 to node 1 */
+	char why[160];
+	assert_int_equal(rw_page_submit_check(pg, &p, row, 6, 1, why, sizeof(why)), 0);
+	assert_int_equal(rw_page_submit_check(pg, &p, row, 2, 1, why, sizeof(why)), -1);
+	assert_non_null(strstr(why, "phase 6's parameters, submitted as phase 2"));
+	assert_int_equal(rw_page_submit_check(pg, &p, row, 6, 0, why, sizeof(why)), -1);
+	assert_non_null(strstr(why, "(node 0, rail 1) is 7, where the rank counts nothing"));
+	row[3] = 11; /* more records to one node than tokens */
+	assert_int_equal(rw_page_submit_check(pg, &p, row, 6, 1, why, sizeof(why)), -1);
+	assert_non_null(strstr(why, "is 11, above its 10 tokens"));
+	row[3] = 10;
+	p.topk = 1; /* one expert each: 17 records from 10 tokens cannot be */
+	assert_int_equal(rw_page_submit_check(pg, &p, row, 6, 1, why, sizeof(why)), -1);
+	assert_non_null(strstr(why, "adds up to 17 records, above 10 tokens x 1 nodes"));
+	p.topk = 8;
+	p.token_count = 129;
+	assert_int_equal(rw_page_submit_check(pg, &p, row, 6, 1, why, sizeof(why)), -1);
+	assert_non_null(strstr(why, "129 tokens, the page's bound is 128"));
+	p.token_count = 10;
+	p.kind = RW_KIND_COMBINE; /* a combine counts nothing */
+	assert_int_equal(rw_page_submit_check(pg, &p, row, 6, 1, why, sizeof(why)), -1);
+	assert_non_null(strstr(why, "a combine"));
+	memset(row, 0, sizeof(row));
+	assert_int_equal(rw_page_submit_check(pg, &p, row, 6, 1, why, sizeof(why)), 0);
+	p.kind = 9;
+	assert_int_equal(rw_page_submit_check(pg, &p, row, 6, 1, why, sizeof(why)), -1);
+	assert_non_null(strstr(why, "unknown kind 9"));
+	munmap(pg, l.bytes);
+}
+
+/* A rank's record i to node d is found in the one entry of d whose range holds it. */
+static void test_plan_find(void **state)
+{
+	(void)state;
+	/* 2 nodes x 3 rails; to node 1: records 0..4 on rail 1 (native), 5..6 on rail 0, 7 on 2 */
+	rw_page_plan_entry_t e[6] = { { 0 } };
+	e[3] = (rw_page_plan_entry_t){ .first = 5, .count = 2, .offset = 1000 };
+	e[4] = (rw_page_plan_entry_t){ .first = 0, .count = 5, .offset = 64 };
+	e[5] = (rw_page_plan_entry_t){ .first = 7, .count = 1, .offset = 4096 };
+	const uint32_t want_rail[8] = { 1, 1, 1, 1, 1, 0, 0, 2 };
+	const uint64_t want_off[8] = { 64, 96, 128, 160, 192, 1000, 1032, 4096 };
+	for (uint32_t i = 0; i < 8; i++) {
+		uint32_t rail = 99;
+		uint64_t off = 0;
+		assert_int_equal(rw_page_plan_find(e, 3, 1, i, 32, &rail, &off), 0);
+		assert_int_equal(rail, want_rail[i]);
+		assert_int_equal(off, want_off[i]);
+	}
+	uint32_t rail;
+	uint64_t off;
+	assert_int_equal(rw_page_plan_find(e, 3, 1, 8, 32, &rail, &off), -1);
+	assert_int_equal(rw_page_plan_find(e, 3, 0, 0, 32, &rail, &off), -1); /* none to node 0 */
 }
 
 /* A failed phase k: its status, plan and arrived at least k; a word already past k stays. */
@@ -183,6 +254,8 @@ int main(int argc, char **argv)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_layout_properties),
 		cmocka_unit_test(test_word_step),
+		cmocka_unit_test(test_submit_check),
+		cmocka_unit_test(test_plan_find),
 		cmocka_unit_test(test_fail_owes_words_forward_only),
 		cmocka_unit_test(test_daemon_lost_releases_the_stream),
 	};
