@@ -187,6 +187,10 @@ const rw_ipc_client_info_t *rw_ipc_client_info(const rw_ipc_client_t *client);
  * daemon; NULL until the rank set it up. *bytes_p: its size. Valid until client_left returns
  * (the server unmaps it once its poller stopped reading it). */
 void *rw_ipc_client_page(const rw_ipc_client_t *client, size_t *bytes_p);
+/* The geometry the daemon made that page for (NULL: none): what the service sizes its reads of
+ * the page by, never the page's own head, which the rank can rewrite. */
+struct rw_page_geom;
+const struct rw_page_geom *rw_ipc_client_page_geom(const rw_ipc_client_t *client);
 void rw_ipc_client_set_data(rw_ipc_client_t *client, void *data); /* service's per-client data */
 void *rw_ipc_client_data(const rw_ipc_client_t *client);
 

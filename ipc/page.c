@@ -108,7 +108,7 @@ void rw_page_daemon_lost(rw_page_head_t *pg, int32_t err)
 	raise_word(&pg->word[RW_PW_ARRIVED], top + RW_PAGE_OWED_AHEAD);
 }
 
-int rw_page_submit_check(const rw_page_head_t *pg, const rw_page_params_t *params,
+int rw_page_submit_check(const rw_page_geom_t *pg, const rw_page_params_t *params,
 			 const uint32_t *row, uint64_t k, uint32_t native_rail, char *why,
 			 size_t why_len)
 {
@@ -120,12 +120,12 @@ int rw_page_submit_check(const rw_page_head_t *pg, const rw_page_params_t *param
 		return -1;
 	}
 	if (p->kind != RW_KIND_DISPATCH && p->kind != RW_KIND_COMBINE) {
-		snprintf(why, why_len, "phase %llu: unknown kind %u", (unsigned long long)k, p->kind);
+		snprintf(why, why_len, "unknown kind %u", p->kind);
 		return -1;
 	}
 	if (p->token_count > pg->max_tokens) {
-		snprintf(why, why_len, "phase %llu: %u tokens, the page's bound is %u",
-			 (unsigned long long)k, p->token_count, pg->max_tokens);
+		snprintf(why, why_len, "%u tokens, the page's bound is %u", p->token_count,
+			 pg->max_tokens);
 		return -1;
 	}
 	const uint32_t per_token = p->topk < pg->nodes ? p->topk : pg->nodes;
@@ -134,23 +134,21 @@ int rw_page_submit_check(const rw_page_head_t *pg, const rw_page_params_t *param
 		for (uint32_t r = 0; r < pg->rails; r++) {
 			uint32_t v = row[(size_t)d * pg->rails + r];
 			if (v && (p->kind == RW_KIND_COMBINE || r != native_rail)) {
-				snprintf(why, why_len, "phase %llu: count row entry (node %u, rail %u) "
-					 "is %u, where the rank counts nothing (%s)",
-					 (unsigned long long)k, d, r, v,
+				snprintf(why, why_len, "count row entry (node %u, rail %u) is %u, "
+					 "where the rank counts nothing (%s)", d, r, v,
 					 p->kind == RW_KIND_COMBINE ? "a combine" : "not its rail");
 				return -1;
 			}
 			if (v > p->token_count) {
-				snprintf(why, why_len, "phase %llu: count row entry (node %u, rail %u) "
-					 "is %u, above its %u tokens", (unsigned long long)k, d, r, v,
-					 p->token_count);
+				snprintf(why, why_len, "count row entry (node %u, rail %u) is %u, "
+					 "above its %u tokens", d, r, v, p->token_count);
 				return -1;
 			}
 			sum += v;
 		}
 	if (sum > (uint64_t)p->token_count * per_token) {
-		snprintf(why, why_len, "phase %llu: the count row adds up to %llu records, above %u "
-			 "tokens x %u nodes each", (unsigned long long)k, (unsigned long long)sum,
+		snprintf(why, why_len, "the count row adds up to %llu records, above %u tokens x %u "
+			 "nodes each", (unsigned long long)sum,
 			 p->token_count, per_token);
 		return -1;
 	}

@@ -183,14 +183,28 @@ static inline int rw_page_plan_find(const rw_page_plan_entry_t *entry, uint32_t 
 	return -1;
 }
 
+/* The geometry a page was made for, as the daemon keeps it: the rank can rewrite its page's head
+ * at will, so the daemon never reads sizes back from a page; it uses these. */
+typedef struct rw_page_geom {
+	uint32_t nodes, rails, max_tokens, max_recv;
+} rw_page_geom_t;
+
+/* Daemon: where phase k's slot starts in a page of this layout (the daemon's copy). */
+static inline uint8_t *rw_page_slot_at(void *page, const rw_page_layout_t *layout, uint64_t k)
+{
+	return (uint8_t *)page + layout->slot0 +
+	       (k & (RW_PAGE_DEPTH - 1)) * (uint64_t)layout->slot_bytes;
+}
+
 /* Daemon: phase k's parameters and count row as the rank published them with submit = k
  * (copies the daemon took once), checked before anything else reads them: the phase is k, the
  * kind known, at most the page's max_tokens tokens; a dispatch's row counts only at the rank's
  * native rail (row[d * rails + rail]), no entry above token_count and the whole at most
  * token_count x min(topk, nodes) (a token is one record per node holding one of its experts);
- * a combine's row is zero. 0, or -1 with `why` naming what is wrong. The executor checks the
+ * a combine's row is zero. 0, or -1 with `why` naming what is wrong (the caller names the
+ * phase). The executor checks the
  * rest as it checks a ring submission. */
-int rw_page_submit_check(const rw_page_head_t *pg, const rw_page_params_t *params,
+int rw_page_submit_check(const rw_page_geom_t *geom, const rw_page_params_t *params,
 			 const uint32_t *row, uint64_t k, uint32_t native_rail, char *why,
 			 size_t why_len);
 

@@ -25,6 +25,7 @@ typedef struct ipc_page {
 	rw_ipc_client_t *client;   /* NULL once it left */
 	void *map;
 	size_t bytes;
+	rw_page_geom_t geom;       /* what it was made for (the rank may rewrite the head) */
 	uint32_t id[NWATCH];       /* poller watch ids */
 	uint64_t seen[NWATCH];     /* last value accepted */
 	unsigned live;             /* watches not yet retired */
@@ -122,6 +123,11 @@ void *rw_ipc_client_page(const rw_ipc_client_t *c, size_t *bytes_p)
 	return c->page ? c->page->map : NULL;
 }
 
+const rw_page_geom_t *rw_ipc_client_page_geom(const rw_ipc_client_t *c)
+{
+	return c->page ? &c->page->geom : NULL;
+}
+
 /* Watch the rank's words; on failure nothing is watched. */
 static rw_status_t page_watch(rw_ipc_server_t *srv, ipc_page_t *p)
 {
@@ -186,6 +192,9 @@ int ipc_page_setup(rw_ipc_client_t *c, const rw_ipc_page_setup_t *req)
 	if (p) {
 		p->map = map;
 		p->bytes = l.bytes;
+		p->geom = (rw_page_geom_t){ .nodes = nodes, .rails = cfg->page_rails,
+					    .max_tokens = c->srv->lim.max_tokens,
+					    .max_recv = req->max_recv };
 	}
 	if (!p || page_watch(c->srv, p) != RW_OK) {
 		free(p);

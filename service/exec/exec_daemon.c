@@ -97,6 +97,7 @@ rw_status_t rw_svc_exec_ipc_start(rw_svc_exec_t *x)
 		.require_group_key = svc->cfg.ipc_require_group_key,
 		.max_per_uid = svc->cfg.ipc_max_per_uid,
 		.hello_timeout_ms = svc->cfg.ipc_hello_timeout_ms,
+		.page_rails = svc->cfg.rails, /* rank pages, their words watched (exec_page.c) */
 	};
 	rw_status_t st = rw_ipc_server_create(svc->loop, &cfg, &exec_ipc_ops, x, &x->ipc);
 	svc->ipc = x->ipc; /* the stats socket lists its clients */

@@ -9,6 +9,8 @@
  *                  exec.c, exec_send_move from exec_send.c).
  *   exec_ipc.c     adapter for the trainer ranks (ipc/): joins, leaves, and a submission's way
  *                  in: one check that changes nothing, then one place that acts on it.
+ *   exec_page.c    adapter for the rank path's words (ipc/page.h): a rank's slot read once and
+ *                  checked, its failed phases' words owed on its page.
  *   exec_mesh.c    adapter for the peers (service/mesh/mesh.h): rows, errors, grants, arrivals.
  *   exec_plan.c    gather/count, the count-row exchange, and the decision (path and layout).
  *   exec_send.c    posting the waves; the receiver gate's shared arithmetic.
@@ -29,6 +31,7 @@
 #include "common/arena.h"
 #include "common/list.h"
 #include "ipc/ipc.h"
+#include "ipc/page.h"
 #include "service/exec/exec.h"
 #include "service/mesh/mesh.h"
 #include "service/mover/mover.h"
@@ -123,6 +126,9 @@ typedef struct exec_member {
 	/* Pinned host staging of a rank with CUDA buffers: `in` its inputs, `out` its outputs.
 	 * One pair of a group runs at a time and each use ends before the next starts. */
 	rw_svc_pinned_t in, out;
+	/* Rank path: the last value of each rank-written page word the executor took (ipc/page.h
+	 * RW_PW_*; exec_page.c). */
+	uint64_t page_seen[RW_PW_COUNT];
 } exec_member_t;
 
 struct exec_group {
@@ -520,6 +526,8 @@ int exec_drained(exec_t *x);
 
 /* ---- exec_ipc.c / exec_mesh.c ------------------------------------------------------------ */
 extern const rw_ipc_server_ops_t exec_ipc_ops;
+/* exec_page.c: a rank's page word moved (rw_ipc_server_ops_t.page_word). */
+void exec_page_word(void *ctx, rw_ipc_client_t *client, unsigned word, uint64_t value);
 void exec_member_free(exec_member_t *mb);
 extern const rw_svc_mesh_cbs_t exec_mesh_cbs;
 

@@ -391,4 +391,5 @@ const rw_ipc_server_ops_t exec_ipc_ops = {
 	.client_joined = client_joined,
 	.client_left = client_left,
 	.submission = submission,
+	.page_word = exec_page_word,
 };

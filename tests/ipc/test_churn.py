@@ -37,12 +37,7 @@ def check(cond, what):
         FAILS.append(what)
 
 
-class Opts(ctypes.Structure):  # ipc/railwave.h rw_client_opts_t
-    _fields_ = [("socket_path", ctypes.c_char_p), ("group", ctypes.c_char_p),
-                ("rank", ctypes.c_uint32), ("world_size", ctypes.c_uint32),
-                ("node", ctypes.c_uint32), ("local_gpu", ctypes.c_int32),
-                ("gpu_uuid", ctypes.c_uint8 * 16), ("sq_entries", ctypes.c_uint32),
-                ("cq_entries", ctypes.c_uint32), ("timeout_ms", ctypes.c_int)]
+Opts = cluster.ClientOpts  # ipc/railwave.h rw_client_opts_t
 
 
 def churn(sock, what):

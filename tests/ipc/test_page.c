@@ -122,34 +122,37 @@ static void test_submit_check(void **state)
 	rw_page_head_t *pg = fresh_page(&l); /* 2 nodes, 2 rails, 128 tokens at most */
 	assert_ptr_equal(rw_page_slot(pg, 6), (uint8_t *)pg + l.slot0 + 2ull * l.slot_bytes);
 	assert_ptr_equal(rw_page_slot(pg, 4), (uint8_t *)pg + l.slot0);
+	assert_ptr_equal(rw_page_slot_at(pg, &l, 7), (uint8_t *)pg + l.slot0 + 3ull * l.slot_bytes);
+	pg->nodes = 4096; /* the rank rewrote its head: the daemon's checks use its own geometry */
+	const rw_page_geom_t geom = { .nodes = 2, .rails = 2, .max_tokens = 128, .max_recv = 64 };
 	rw_page_params_t p = { .kind = RW_KIND_DISPATCH, .topk = 8, .token_count = 10,
 			       .phase = 6 };
 	uint32_t row[4] = { 0, 7, 0, 10 }; /* native rail 1: 7 records to node 0, 10 to node 1 */
 	char why[160];
-	assert_int_equal(rw_page_submit_check(pg, &p, row, 6, 1, why, sizeof(why)), 0);
-	assert_int_equal(rw_page_submit_check(pg, &p, row, 2, 1, why, sizeof(why)), -1);
+	assert_int_equal(rw_page_submit_check(&geom, &p, row, 6, 1, why, sizeof(why)), 0);
+	assert_int_equal(rw_page_submit_check(&geom, &p, row, 2, 1, why, sizeof(why)), -1);
 	assert_non_null(strstr(why, "phase 6's parameters, submitted as phase 2"));
-	assert_int_equal(rw_page_submit_check(pg, &p, row, 6, 0, why, sizeof(why)), -1);
+	assert_int_equal(rw_page_submit_check(&geom, &p, row, 6, 0, why, sizeof(why)), -1);
 	assert_non_null(strstr(why, "(node 0, rail 1) is 7, where the rank counts nothing"));
 	row[3] = 11; /* more records to one node than tokens */
-	assert_int_equal(rw_page_submit_check(pg, &p, row, 6, 1, why, sizeof(why)), -1);
+	assert_int_equal(rw_page_submit_check(&geom, &p, row, 6, 1, why, sizeof(why)), -1);
 	assert_non_null(strstr(why, "is 11, above its 10 tokens"));
 	row[3] = 10;
 	p.topk = 1; /* one expert each: 17 records from 10 tokens cannot be */
-	assert_int_equal(rw_page_submit_check(pg, &p, row, 6, 1, why, sizeof(why)), -1);
+	assert_int_equal(rw_page_submit_check(&geom, &p, row, 6, 1, why, sizeof(why)), -1);
 	assert_non_null(strstr(why, "adds up to 17 records, above 10 tokens x 1 nodes"));
 	p.topk = 8;
 	p.token_count = 129;
-	assert_int_equal(rw_page_submit_check(pg, &p, row, 6, 1, why, sizeof(why)), -1);
+	assert_int_equal(rw_page_submit_check(&geom, &p, row, 6, 1, why, sizeof(why)), -1);
 	assert_non_null(strstr(why, "129 tokens, the page's bound is 128"));
 	p.token_count = 10;
 	p.kind = RW_KIND_COMBINE; /* a combine counts nothing */
-	assert_int_equal(rw_page_submit_check(pg, &p, row, 6, 1, why, sizeof(why)), -1);
+	assert_int_equal(rw_page_submit_check(&geom, &p, row, 6, 1, why, sizeof(why)), -1);
 	assert_non_null(strstr(why, "a combine"));
 	memset(row, 0, sizeof(row));
-	assert_int_equal(rw_page_submit_check(pg, &p, row, 6, 1, why, sizeof(why)), 0);
+	assert_int_equal(rw_page_submit_check(&geom, &p, row, 6, 1, why, sizeof(why)), 0);
 	p.kind = 9;
-	assert_int_equal(rw_page_submit_check(pg, &p, row, 6, 1, why, sizeof(why)), -1);
+	assert_int_equal(rw_page_submit_check(&geom, &p, row, 6, 1, why, sizeof(why)), -1);
 	assert_non_null(strstr(why, "unknown kind 9"));
 	munmap(pg, l.bytes);
 }

@@ -13,6 +13,7 @@ it from there:
 
 so the module knows its build from where it lies (DAEMON, RANK, RAILWAVE, the CUDA stand-ins)
 and nothing is patched from outside: what differs between clusters is an argument of Cluster."""
+import ctypes
 import json
 import os
 import signal
@@ -30,6 +31,19 @@ FAKE_CUDA = os.path.join(B, "tests", "integration", "libfakecuda_ipc.so")
 FAKE_KERN = os.path.join(B, "tests", "integration", "libfakecuda_kern.so")
 GPUS, RAILS = 2, 2  # ranks per node and rails per node unless a Cluster says otherwise
 WAIT = 60.0  # bound on any wait (never a pass/fail timing criterion)
+
+
+# librailwave as the build left it, for scripts that play a rank through ctypes.
+LIBRAILWAVE = os.path.join(B, "lib", "librailwave.so.1")
+
+
+class ClientOpts(ctypes.Structure):
+    """ipc/railwave.h rw_client_opts_t, for rw_client_connect through ctypes."""
+    _fields_ = [("socket_path", ctypes.c_char_p), ("group", ctypes.c_char_p),
+                ("rank", ctypes.c_uint32), ("world_size", ctypes.c_uint32),
+                ("node", ctypes.c_uint32), ("local_gpu", ctypes.c_int32),
+                ("gpu_uuid", ctypes.c_uint8 * 16), ("sq_entries", ctypes.c_uint32),
+                ("cq_entries", ctypes.c_uint32), ("timeout_ms", ctypes.c_int)]
 
 
 def built(*paths):

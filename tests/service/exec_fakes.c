@@ -866,6 +866,20 @@ void rw_ipc_client_notice(rw_ipc_server_t *server, rw_ipc_client_t *client, int 
 
 const char *fk_client_notice(const rw_ipc_client_t *c) { return c->notice; }
 
+/* The fake server lends no rank page (the rank path runs against real daemons: svc_rankpage). */
+void *rw_ipc_client_page(const rw_ipc_client_t *client, size_t *bytes_p)
+{
+	(void)client;
+	if (bytes_p)
+		*bytes_p = 0;
+	return NULL;
+}
+const struct rw_page_geom *rw_ipc_client_page_geom(const rw_ipc_client_t *client)
+{
+	(void)client;
+	return NULL;
+}
+
 int rw_ipc_log_churn(rw_ipc_server_t *server) /* the executor's join and leave lines: all */
 {
 	(void)server;

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""The rank path's words against real railwaved daemons (docs/rankpath.md "A phase", "Failure"):
+a rank of group `pg` (librailwave through ctypes, its page lent by the daemon) plays its stream's
+part from the CPU — it writes a slot's parameters and count row, then `submit`, as the count
+kernel and cuStreamWriteValue64 would — while a host job (group `job`, four rw_rank processes
+that verify every row and sum) runs on the same two daemons.
+
+1. railwaved lends pages (page_rails = its rails) and its executor takes every submit: a
+   well-formed phase is refused, named (the daemon does not carry rank-path phases yet), a lying
+   one is refused with RW_E_TOKENS, named: a count row at a rail that is not the rank's, a row
+   adding up to more records than its tokens can make, a slot holding another phase's
+   parameters, an unknown dtype (RW_E_DTYPE). Each refusal writes the phase's status, then plan
+   and arrived = k on the page (the words a stream waits on), and the daemon's log names the
+   group, the rank, the phase and what is wrong.
+2. `packed` written past the daemon's `plan` fails that phase (RW_E_TOKENS), named.
+3. Two phases published with one submit (the poller may see only the last value) are both
+   taken, in order.
+4. `submit` jumped past the depth: the daemon drops the rank (RW_E_RING_INDEX); the rank's
+   watcher writes the owed words of a lost daemon (every status RW_E_CLOSED, plan 2^62 ahead).
+5. The host job's ranks all pass while this goes on; every daemon stops cleanly (ASan: no leak).
+Run by tests/run as $b/test/svc_rankpage; exits 0 pass, 1 fail, 77 skip."""
+import ctypes
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import time
+
+B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(B, "tests", "lib"))
+import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
+
+LIB = cluster.LIBRAILWAVE
+Opts = cluster.ClientOpts
+E_CLOSED, E_STATE, E_TOKENS, E_DTYPE = -5, -26, -45, -44  # ipc/railwave.h
+# ipc/page.h: the head's words and status lines each on a 64-byte line; slot 0 after the head;
+# in a slot the parameters (rw_page_params_t, 40 bytes) then, on the next line, the count row.
+W_SUBMIT, W_PLAN, W_PACKED, W_ARRIVED, W_DONE = range(5)
+DEPTH, LINE, SLOT0, ROW_OFF = 4, 64, 640, 64
+OWED_AHEAD = 1 << 62
+FAILS = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        FAILS.append(what)
+
+
+class Page:
+    """A rank page mapped in this process, written as the rank's stream would."""
+
+    def __init__(self, addr, nodes, rails):
+        self.addr, self.nodes, self.rails = addr, nodes, rails
+        self.slot_bytes = ctypes.c_uint32.from_address(addr + 28).value
+
+    def word(self, w):
+        return ctypes.c_uint64.from_address(self.addr + LINE * (1 + w))
+
+    def status(self, k):
+        return ctypes.c_int32.from_address(self.addr + LINE * 6 + LINE * (k % DEPTH)).value
+
+    def slot(self, k, kind=1, dtype=1, topk=2, layer=3, hidden=32, experts=8, tokens=4,
+             phase=None, row=None):
+        """Slot k: rw_page_params_t then the count row (default: nothing counted)."""
+        base = self.addr + SLOT0 + (k % DEPTH) * self.slot_bytes
+        params = struct.pack("<BBHIIIIHHQQ", kind, dtype, topk, layer, hidden, experts, tokens,
+                             0, 0, k if phase is None else phase, k)
+        ctypes.memmove(base, params, len(params))
+        row = row or [0] * (self.nodes * self.rails)
+        ctypes.memmove(base + ROW_OFF, struct.pack("<%dI" % len(row), *row), 4 * len(row))
+
+    def wait_plan(self, k):
+        """Until the daemon's plan word reaches k (cyclically); False past the bound."""
+        deadline = time.time() + cluster.WAIT
+        while time.time() < deadline:
+            if (self.word(W_PLAN).value - k) % (1 << 64) < (1 << 63):
+                return True
+            time.sleep(0.005)
+        return False
+
+
+def row_at(nodes, rails, cells):
+    row = [0] * (nodes * rails)
+    for (d, r), v in cells.items():
+        row[d * rails + r] = v
+    return row
+
+
+def main():
+    if not cluster.built(cluster.DAEMON, cluster.RANK, cluster.RAILWAVE, LIB):
+        print("skip: railwaved, rw_rank, railwave or librailwave not built")
+        return 77
+    lib = ctypes.CDLL(LIB)
+    lib.rw_client_connect.argtypes = [ctypes.POINTER(Opts), ctypes.POINTER(ctypes.c_void_p)]
+    lib.rw_client_close.argtypes = [ctypes.c_void_p]
+    lib.rw_client_rank_page.argtypes = [ctypes.c_void_p, ctypes.c_uint32,
+                                        ctypes.POINTER(ctypes.c_void_p),
+                                        ctypes.POINTER(ctypes.c_size_t)]
+    tmp = tempfile.mkdtemp(prefix="rw-rankpage-")
+    nodes, rails = 2, 2
+    c = cluster.Cluster(tmp, nodes, rails=rails)
+    try:
+        c.start_all()
+        job = [(r, c.rank(r, "job", 2, 30, 11)) for r in range(nodes * c.gpus)]
+
+        o = Opts(c.cfg["nodes"][0]["ipc_socket"].encode(), b"pg", 0, nodes * c.gpus, 0, 0)
+        cl = ctypes.c_void_p()
+        check(lib.rw_client_connect(ctypes.byref(o), ctypes.byref(cl)) == 0, "rank 0 of pg joins")
+        addr, size = ctypes.c_void_p(), ctypes.c_size_t()
+        rc = lib.rw_client_rank_page(cl, 64, ctypes.byref(addr), ctypes.byref(size))
+        check(rc == 0, "railwaved lends a rank page (rc %d)" % rc)
+        if rc != 0:
+            return 1
+        pg = Page(addr.value, nodes, rails)
+        native = 0  # local GPU 0's rail (the config's default gpu_rail: g % rails)
+
+        def phase(k, code, line, **slot):
+            pg.slot(k, **slot)
+            pg.word(W_SUBMIT).value = k
+            check(pg.wait_plan(k), "phase %d: plan reaches %d" % (k, k))
+            check(pg.status(k) == code, "phase %d: status %d (want %d)" % (k, pg.status(k), code))
+            check(pg.word(W_ARRIVED).value == k, "phase %d: arrived = %d" % (k, k))
+            log = c.log(0)
+            check("group pg rank 0 phase %d: %s" % (k, line) in log,
+                  "phase %d named in the log: %r" % (k, line))
+
+        # packed past plan: the rank's packed moves (0 -> 1) while the daemon planned nothing
+        pg.word(W_PACKED).value = 1
+        check(pg.wait_plan(1), "packed past plan: the phase is failed (plan reaches 1)")
+        check(pg.status(1) == E_TOKENS, "packed past plan: status RW_E_TOKENS (%d)" % pg.status(1))
+        check("group pg rank 0 phase 1: packed moved to 1, past the daemon's plan" in c.log(0),
+              "packed past plan named in the log")
+
+        phase(2, E_STATE, "layer 3 step 2: this daemon does not carry rank-path phases yet",
+              row=row_at(nodes, rails, {(0, native): 3, (1, native): 2}))
+        phase(3, E_TOKENS, "count row entry (node 1, rail 1) is 3, where the rank counts "
+              "nothing (not its rail)", row=row_at(nodes, rails, {(1, 1): 3}))
+        phase(4, E_TOKENS, "the count row adds up to 8 records, above 4 tokens x 1 nodes each",
+              topk=1, row=row_at(nodes, rails, {(0, native): 4, (1, native): 4}))
+        phase(5, E_TOKENS, "slot 1 holds phase 9's parameters, submitted as phase 5", phase=9)
+        phase(6, E_DTYPE, "dtype 3: the daemon carries bf16 and fp32 rows", dtype=3)
+
+        # two phases, one submit store: both taken, in order
+        pg.slot(7, row=row_at(nodes, rails, {(1, 1): 1}))
+        pg.slot(8)
+        pg.word(W_SUBMIT).value = 8
+        check(pg.wait_plan(8), "phases 7 and 8 under one submit: plan reaches 8")
+        check(pg.status(7) == E_TOKENS and pg.status(8) == E_STATE,
+              "phase 7 refused (its row), phase 8 taken (%d, %d)" % (pg.status(7), pg.status(8)))
+
+        # submit jumped past the depth: dropped; the watcher owes the words of a lost daemon
+        pg.word(W_SUBMIT).value = 8 + DEPTH + 1
+        deadline = time.time() + cluster.WAIT
+        while time.time() < deadline and pg.word(W_PLAN).value < OWED_AHEAD:
+            time.sleep(0.005)
+        check(pg.word(W_PLAN).value >= OWED_AHEAD,
+              "submit jumped: the rank is dropped and its watcher raised plan 2^62 ahead")
+        check(all(pg.status(k) == E_CLOSED for k in range(DEPTH)),
+              "every status RW_E_CLOSED after the drop")
+        check("rank page word submit went from 8 to 13" in c.log(0), "the jump named in the log")
+        lib.rw_client_close(cl)
+
+        try:
+            c.collect(job)
+            check(True, "the host job's 4 ranks passed every verified phase meanwhile")
+        except RuntimeError as e:
+            check(False, "the host job failed: %s" % e)
+        c.stop()
+        check(True, "every daemon exited 0")
+    except RuntimeError as e:
+        check(False, str(e))
+    finally:
+        for n in list(c.procs):
+            c.kill(n)
+        if not FAILS:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print("logs kept in %s\n%s" % (tmp, c.logs()))
+    return 1 if FAILS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
