@@ -117,4 +117,13 @@ rw_status_t rw_cuda_word_write(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_t a, 
 { (void)s; (void)a; (void)v; return RW_NO_CUDA; }
 rw_status_t rw_cuda_word_wait(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_t a, uint64_t v)
 { (void)s; (void)a; (void)v; return RW_NO_CUDA; }
+int rw_cuda_rank_kernels_available(int d) { (void)d; return 0; }
+rw_status_t rw_cuda_rank_pack(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_pack_t *a)
+{ (void)s; (void)a; return RW_NO_CUDA; }
+rw_status_t rw_cuda_rank_forward(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_forward_t *a)
+{ (void)s; (void)a; return RW_NO_CUDA; }
+rw_status_t rw_cuda_rank_gather(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_gather_t *a)
+{ (void)s; (void)a; return RW_NO_CUDA; }
+rw_status_t rw_cuda_rank_reduce(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_reduce_t *a)
+{ (void)s; (void)a; return RW_NO_CUDA; }
 #endif /* !RW_HAVE_CUDA_H */

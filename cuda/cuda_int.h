@@ -58,12 +58,22 @@ enum {
 	RW_K_COUNT
 };
 
+/* The rank kernels (cuda/rank_kernels.c), a second image. */
+enum { RW_RK_PACK_INDEX, RW_RK_PACK_ROWS, RW_RK_FORWARD, RW_RK_GATHER, RW_RK_REDUCE, RW_RK_COUNT };
+
+/* A kernel image's module in one device's primary context. */
+typedef struct rw_cu_module {
+	int state;              /* 0 not tried, 1 loaded, -1 failed */
+	CUmodule module;
+} rw_cu_module_t;
+
 typedef struct rw_cu_device {
 	CUdevice dev;
 	CUcontext ctx;          /* retained primary context, or NULL */
-	int kernels_state;      /* 0 not tried, 1 loaded, -1 failed */
-	CUmodule module;
+	rw_cu_module_t kern;    /* cuda/kernels.cu */
 	CUfunction fn[RW_K_COUNT];
+	rw_cu_module_t rank;    /* cuda/rank_kernels.cu */
+	CUfunction rank_fn[RW_RK_COUNT];
 	int gdr_ordering;       /* 1 + CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING (0: not
 	                         * asked yet; atomics: rw_cuda_gdr_flush runs per arrival) */
 } rw_cu_device_t;
@@ -89,8 +99,22 @@ CUstream rw_cu_stream_handle(rw_cuda_stream_t *s);
 rw_status_t rw_cu_value_op(int device, CUstream h, rw_cuda_dptr_t addr, uint64_t value, int bits,
 			   int wait);
 
-/* Load the embedded kernels into the device's context (caller holds nothing); 0 ok, -1 absent.
- * rw_cuda_shutdown (cuda/driver.c) unloads them with the context. */
+/* An embedded kernel image: its bytes (len 0: built without nvcc), what to call it and its
+ * load in the log, its entry points. */
+typedef struct rw_cu_image {
+	const unsigned char *data;
+	size_t len;
+	const char *what, *load;
+	const char *const *names;
+	int n;
+} rw_cu_image_t;
+
+/* Load an image into the device's context once, its entry points into fn[] (caller holds
+ * nothing; any thread); 0 ok (the device's context left current), -1 absent or failed (logged
+ * once). rw_cuda_shutdown (cuda/driver.c) unloads it with the context. */
+int rw_cu_image_load(int device, const rw_cu_image_t *img, rw_cu_module_t *m, CUfunction *fn);
+
+/* The data-path kernels (cuda/kernels.cu) through rw_cu_image_load; 0 ok, -1 absent. */
 int rw_cu_kernels_load(int device);
 
 #endif /* RW_HAVE_CUDA_H */

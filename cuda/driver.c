@@ -183,14 +183,14 @@ rw_status_t rw_cu_enter(int device)
 	return RW_OK;
 }
 
-/* The kernel module loaded into d's context (cuda/kernels.c loads it on first use), unloaded
+/* A kernel module loaded into d's context (cuda/kernels.c loads it on first use), unloaded
  * with the context it lives in. Caller holds rw_cu_lock with d's context current. */
-static void kernels_unload_locked(rw_cu_device_t *d)
+static void module_unload_locked(rw_cu_module_t *m)
 {
-	if (d->kernels_state == 1 && rw_cu.cuModuleUnload)
-		rw_cu.cuModuleUnload(d->module);
-	d->kernels_state = 0;
-	d->module = NULL;
+	if (m->state == 1 && rw_cu.cuModuleUnload)
+		rw_cu.cuModuleUnload(m->module);
+	m->state = 0;
+	m->module = NULL;
 }
 
 void rw_cuda_shutdown(void)
@@ -202,8 +202,10 @@ void rw_cuda_shutdown(void)
 		rw_cu_device_t *d = &rw_cu_devices[i];
 		if (d->ctx == NULL)
 			continue;
-		if (rw_cu.cuCtxSetCurrent(d->ctx) == CUDA_SUCCESS)
-			kernels_unload_locked(d);
+		if (rw_cu.cuCtxSetCurrent(d->ctx) == CUDA_SUCCESS) {
+			module_unload_locked(&d->kern);
+			module_unload_locked(&d->rank);
+		}
 		rw_cu.cuCtxSetCurrent(NULL);
 		rw_cu.cuDevicePrimaryCtxRelease(d->dev);
 		d->ctx = NULL;

@@ -21,46 +21,56 @@ static const char *const kernel_names[RW_K_COUNT] = {
 	[RW_K_STORE_F32] = "rw_store_f32", [RW_K_ROUTE_COUNT] = "rw_route_count",
 };
 
-int rw_cu_kernels_load(int device)
+int rw_cu_image_load(int device, const rw_cu_image_t *img, rw_cu_module_t *m, CUfunction *fn)
 {
-	rw_cu_device_t *d;
 	CUresult res;
 	int state;
 
 	if (rw_cu_enter(device) != RW_OK)
 		return -1;
-	d = &rw_cu_devices[device];
 	pthread_mutex_lock(&rw_cu_lock);
-	if (d->kernels_state != 0)
+	if (m->state != 0)
 		goto out;
-	d->kernels_state = -1;
-	if (rw_cuda_kernels_fatbin_len == 0) {
-		rw_info("cuda: built without nvcc: no GPU kernels (host paths will be used)");
+	m->state = -1;
+	if (img->len == 0) {
+		rw_info("cuda: built without nvcc: no %s (host paths will be used)", img->what);
 		goto out;
 	}
 	if (!rw_cu.cuModuleLoadData || !rw_cu.cuModuleGetFunction || !rw_cu.cuLaunchKernel) {
-		rw_info("cuda: driver lacks the module API: no GPU kernels");
+		rw_info("cuda: driver lacks the module API: no %s", img->what);
 		goto out;
 	}
-	res = rw_cu.cuModuleLoadData(&d->module, rw_cuda_kernels_fatbin);
+	res = rw_cu.cuModuleLoadData(&m->module, img->data);
 	if (res != CUDA_SUCCESS) {
-		rw_cu_fail(res, "cuModuleLoadData(kernels: sm_90 code + compute_90 PTX)");
+		rw_cu_fail(res, img->load);
 		goto out;
 	}
-	for (int k = 0; k < RW_K_COUNT; k++) {
-		res = rw_cu.cuModuleGetFunction(&d->fn[k], d->module, kernel_names[k]);
+	for (int k = 0; k < img->n; k++) {
+		res = rw_cu.cuModuleGetFunction(&fn[k], m->module, img->names[k]);
 		if (res != CUDA_SUCCESS) {
-			rw_cu_fail(res, kernel_names[k]);
-			rw_cu.cuModuleUnload(d->module);
-			d->module = NULL;
+			rw_cu_fail(res, img->names[k]);
+			rw_cu.cuModuleUnload(m->module);
+			m->module = NULL;
 			goto out;
 		}
 	}
-	d->kernels_state = 1;
+	m->state = 1;
 out:
-	state = d->kernels_state;
+	state = m->state;
 	pthread_mutex_unlock(&rw_cu_lock);
 	return state == 1 ? 0 : -1;
+}
+
+int rw_cu_kernels_load(int device)
+{
+	const rw_cu_image_t img = {
+		.data = rw_cuda_kernels_fatbin, .len = rw_cuda_kernels_fatbin_len,
+		.what = "GPU kernels", .load = "cuModuleLoadData(kernels: sm_90 code + compute_90 PTX)",
+		.names = kernel_names, .n = RW_K_COUNT,
+	};
+	if (rw_cu_enter(device) != RW_OK)
+		return -1;
+	return rw_cu_image_load(device, &img, &rw_cu_devices[device].kern, rw_cu_devices[device].fn);
 }
 
 int rw_cuda_kernels_available(int device)

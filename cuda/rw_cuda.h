@@ -362,4 +362,67 @@ int rw_cuda_words_supported(int device);
 rw_status_t rw_cuda_word_write(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_t addr, uint64_t value);
 rw_status_t rw_cuda_word_wait(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_t addr, uint64_t value);
 
+/* ---- rank kernels: the rank path's data kernels (cuda/rank_kernels.cu, a second image;
+ * cuda/rank_kernels.c; docs/rankpath.md "A phase") ------------------------------------------- *
+ * Launched in the rank's own process, on the caller's stream, with every argument a plain
+ * device-visible address (device memory, or host memory mapped with
+ * rw_cuda_host_register_mapped: the rank page, the group's slabs) and sizes, in the argument
+ * blocks of cuda/rank_abi.h; they read the rank page's plan and list entries in place. The bytes
+ * they write are the host mover's (service/mover/mover_host.c, docs/dataflow.md): dispatch
+ * records, a rank's dispatch output (rows, metadata, per-expert counts), combine records and
+ * the owner's sums; the daemon's CPU writes only plans and lists. A kernel that finds a nonzero
+ * int32 at `status` (the phase failed, pair P6) writes nothing but its empty outputs (forward:
+ * recv_n, overflow and counts 0). Every wrapper checks its block (RW_ERR_INVAL: the caller's
+ * bug), enqueues, and returns; RW_ERR_UNSUPPORTED when the rank image is absent. */
+#include "cuda/rank_abi.h"
+
+/* 1 if this build embeds the rank kernels and they load on `device`, else 0. */
+int rw_cuda_rank_kernels_available(int device);
+
+/* Pack: the rank's n_tokens tokens (x: rows of hidden x dtype; ids: topk int32, or int64 with
+ * ids_int64, -1 a dropped slot; weights: topk f32) into dispatch records in the slabs: one per
+ * (token, node d holding one of its experts, expert e on node e / (n_experts / nodes)),
+ * d == me included (its entries place them in the local area). The rank's records to d are
+ * numbered in token order; record i goes where the entry (d, r) with first <= i < first + count
+ * says: slab[r] + offset + (i - first) x rec_size (ipc/page.h rw_page_plan_find). A record is
+ * the header (tag = tags[d], src_node me, owner, token, topk), the top-k block (ids as int32,
+ * weights), the row, padding zeroed. The numbering is a prefix count per destination (one block
+ * counts, then one block per token writes; no atomics decide a slot). Errors on the device
+ * (err): an id out of range (E_ID: that token gets no record, as the count kernel counts none
+ * for it), a record no entry holds (E_PLAN: not written). scratch: device memory of
+ * rw_cuda_rank_pack_scratch(n_tokens, topk) bytes. Host-side checks: topk 1..32, nodes 1..4096,
+ * rails 1..RW_CUDA_RANK_RAILS, n_experts a multiple of nodes, addresses aligned to their types,
+ * slabs 16-byte aligned. */
+size_t rw_cuda_rank_pack_scratch(uint32_t n_tokens, uint32_t topk);
+rw_status_t rw_cuda_rank_pack(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_pack_t *a);
+
+/* Forward: the records the dispatch list names (list_n entries, each a record at
+ * area[entry.area][entry.rail] + slot x rec_size) into the rank's dispatch output, in list order:
+ * row j = the record's row; meta j = src_node | src_node x gpus + owner | token | 0 | ids |
+ * weights (16 + 8 topk bytes; docs/dataflow.md "Dispatch output"); counts[e] = how many of the
+ * written rows' ids name e, for this rank's experts (global rank me x gpus + g), 0 for every
+ * other expert. Rows beyond cap are dropped: recv_n = min(list_n, cap), overflow = list_n -
+ * recv_n. The daemon checked the records (P4); a header whose top-k or owner does not fit
+ * still sets E_RECORD, an entry naming no area or rail E_REF (that row is left as it was). */
+rw_status_t rw_cuda_rank_forward(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_forward_t *a);
+
+/* Gather (combine, per rank): for entry j of the rank's dispatch list (list_n <= cap), the
+ * combine record of the dispatch record at (rail r, slot p) from node s = entry.node goes where
+ * the combine plan's entry (s, r) with first <= p < first + count says: slab[r] + offset +
+ * (p - first) x crec_size, header tag = tags[s], src_node me, rail r, slot p - first; its row is
+ * the entry's terms — rows[g] row j alone (term_off 0), or terms [term_off[j], term_off[j+1]),
+ * each a row of a local rank (ref g' << 24 | row: rows[g'] + row x row bytes): one term copied as
+ * it is, several summed in fp32 in order (the first loaded, the others added) and rounded once,
+ * as service/mover/mover_host.c's combine_pack sums a record several local ranks answered; an
+ * entry with no terms is left to another rank (nothing written). */
+rw_status_t rw_cuda_rank_gather(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_gather_t *a);
+
+/* Reduce (the owner): for t < n_tokens, output row t = the fp32 sum, from +0, of the combine
+ * rows the reduce list gives token t (entries sorted by token; each at area[area][rail] + slot
+ * x crec_size + 16), in list order, rounded once (bf16: to nearest even, NaN kept quiet); a
+ * token without entries gets +0: the host mover's owner sums (rw_svc_row_first, rw_svc_row_acc,
+ * rw_svc_row_store) for terms listed in its order. A list out of token order, or an entry naming
+ * a token >= n_tokens or no area or rail, sets E_REF (the sums are then not the list's). */
+rw_status_t rw_cuda_rank_reduce(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_reduce_t *a);
+
 #endif /* RW_CUDA_H */

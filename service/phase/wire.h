@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "common/common.h"
+#include "common/wire_rec.h"
 #include "sched/sched.h"
 
 /* ---- control channel framing ------------------------------------------------------------------
@@ -258,12 +259,10 @@ static inline void rw_wire_imm_unpack(uint32_t imm, rw_wire_imm_t *i)
 }
 
 /* ---- records -------------------------------------------------------------------------------
- * Dispatch record (one per (token, remote node)), record_size bytes, 16-byte aligned:
- *   u32 tag | u16 src_node | u16 owner (local GPU index of the owning rank) | u32 token |
- *   u16 topk | u16 reserved | i32 ids[topk] | f32 weights[topk] | pad to 16 | row | pad to 16
- * Combine record (one per dispatch record, returned along the same (egress rail, slot)):
- *   u32 tag | u16 src_node (the expert node) | u16 egress rail | u32 slot | u32 reserved | row
- * Rows are hidden elements of the phase dtype, host byte order (clusters are little-endian). */
+ * Dispatch record (one per (token, remote node)) and combine record (one per dispatch record,
+ * returned along the same (egress rail, slot)): the layout is common/wire_rec.h's, shared with
+ * the rank's kernels. Rows are hidden elements of the phase dtype, host byte order (clusters
+ * are little-endian). */
 
 typedef enum rw_wire_dtype {
 	RW_WIRE_F32 = 0,
@@ -273,15 +272,6 @@ typedef enum rw_wire_dtype {
 
 static inline uint32_t rw_wire_dtype_size(uint32_t dtype) { return dtype == RW_WIRE_BF16 ? 2 : 4; }
 
-#define RW_WIRE_REC_HDR 16
-#define RW_WIRE_CREC_HDR 16
-
-static inline uint64_t rw_wire_align16(uint64_t x) { return (x + 15u) & ~(uint64_t)15u; }
-/* Offset of the row inside a dispatch record. */
-static inline uint64_t rw_wire_rec_row_off(uint32_t topk)
-{
-	return rw_wire_align16(RW_WIRE_REC_HDR + (uint64_t)topk * 8u);
-}
 static inline uint64_t rw_wire_row_bytes(uint32_t hidden, uint32_t dtype)
 {
 	return (uint64_t)hidden * rw_wire_dtype_size(dtype);

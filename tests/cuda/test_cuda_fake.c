@@ -545,6 +545,90 @@ static void test_dmabuf_and_kernels_report_unsupported(void **state)
 	rw_cuda_mem_free(0, d);
 }
 
+/* The rank kernels' wrappers: a block the kernels could not run is refused before any launch
+ * (RW_ERR_INVAL), a good one reaches the launch, which this fake (no module API) cannot do. */
+static void test_rank_kernels_check_their_blocks(void **state)
+{
+	rw_cuda_dptr_t d = alloc_filled(1 << 16, 0);
+	rw_cuda_ext_stream_t s = { .device = 0, .handle = 0 };
+	rw_cuda_rank_pack_t p = {
+		.x = d, .ids = d + 4096, .weights = d + 8192, .entry = d + 12288, .tags = d + 16384,
+		.scratch = d + 20480, .err = d + 24576, .n_tokens = 4, .topk = 2, .hidden = 8,
+		.dtype = RW_CUDA_BF16, .n_experts = 8, .nodes = 2, .rails = 2, .me = 0, .owner = 1,
+	};
+	rw_cuda_rank_forward_t f = {
+		.list = d, .list_n = d + 4096, .rows = d + 12288, .meta = d + 16384,
+		.counts = d + 20480, .recv_n = d + 24576, .overflow = d + 24580, .err = d + 24584,
+		.cap = 4, .topk = 2, .hidden = 8, .dtype = RW_CUDA_FP32, .n_experts = 8, .nodes = 2,
+		.gpus = 2, .rails = 2, .me = 1, .g = 1,
+	};
+	rw_cuda_rank_gather_t g = {
+		.list = d, .list_n = d + 4096, .entry = d + 8192, .tags = d + 12288, .err = d + 16384,
+		.cap = 4, .hidden = 8, .dtype = RW_CUDA_BF16, .nodes = 2, .rails = 2, .me = 1, .g = 0,
+	};
+	rw_cuda_rank_reduce_t r = {
+		.list = d, .list_n = d + 4096, .out = d + 8192, .err = d + 16384, .cap = 4,
+		.n_tokens = 3, .hidden = 8, .dtype = RW_CUDA_FP32, .rails = 2,
+	};
+
+	(void)state;
+	assert_int_equal(rw_cuda_rank_kernels_available(0), 0);
+	assert_int_equal(rw_cuda_rank_pack_scratch(4, 2), 4 * 2 * RW_CUDA_RANK_PACK_SLOT);
+	for (uint32_t i = 0; i < 2; i++) {
+		p.slab[i] = g.slab[i] = d + 32768 + 4096 * i;
+		f.area[RW_CUDA_AREA_RECV][i] = r.area[RW_CUDA_AREA_RECV][i] = d + 32768 + 4096 * i;
+	}
+	g.rows[0] = d + 40960;
+	assert_int_equal(rw_cuda_rank_pack(&s, &p), RW_ERR_UNSUPPORTED);
+	assert_int_equal(rw_cuda_rank_forward(&s, &f), RW_ERR_UNSUPPORTED);
+	assert_int_equal(rw_cuda_rank_gather(&s, &g), RW_ERR_UNSUPPORTED);
+	assert_int_equal(rw_cuda_rank_reduce(&s, &r), RW_ERR_UNSUPPORTED);
+
+	rw_cuda_rank_pack_t bp = p;
+	bp.slab[1] = 0; /* a rail without its slab */
+	assert_int_equal(rw_cuda_rank_pack(&s, &bp), RW_ERR_INVAL);
+	bp = p;
+	bp.slab[1] += 8; /* a slab not 16-byte aligned */
+	assert_int_equal(rw_cuda_rank_pack(&s, &bp), RW_ERR_INVAL);
+	bp = p;
+	bp.n_experts = 9; /* not a multiple of the nodes */
+	assert_int_equal(rw_cuda_rank_pack(&s, &bp), RW_ERR_INVAL);
+	bp = p;
+	bp.topk = 33;
+	assert_int_equal(rw_cuda_rank_pack(&s, &bp), RW_ERR_INVAL);
+	bp = p;
+	bp.ids_int64 = 1;
+	bp.ids = d + 4100; /* int64 ids 4-byte aligned only */
+	assert_int_equal(rw_cuda_rank_pack(&s, &bp), RW_ERR_INVAL);
+
+	rw_cuda_rank_forward_t bf = f;
+	bf.g = 2; /* not a local rank */
+	assert_int_equal(rw_cuda_rank_forward(&s, &bf), RW_ERR_INVAL);
+	bf = f;
+	bf.list_n = 0; /* the list's length must be readable */
+	assert_int_equal(rw_cuda_rank_forward(&s, &bf), RW_ERR_INVAL);
+	bf = f;
+	bf.n_experts = 6; /* not a multiple of the world */
+	assert_int_equal(rw_cuda_rank_forward(&s, &bf), RW_ERR_INVAL);
+	bf = f;
+	bf.area[RW_CUDA_AREA_LOCAL][1] = d + 4; /* an area not 16-byte aligned */
+	assert_int_equal(rw_cuda_rank_forward(&s, &bf), RW_ERR_INVAL);
+
+	rw_cuda_rank_gather_t bg = g;
+	bg.dtype = 7;
+	assert_int_equal(rw_cuda_rank_gather(&s, &bg), RW_ERR_INVAL);
+	bg = g;
+	bg.term_off = d + 20480; /* a term list without its refs */
+	assert_int_equal(rw_cuda_rank_gather(&s, &bg), RW_ERR_INVAL);
+	bg = g;
+	bg.rows[0] = 0; /* its own rows, the default terms */
+	assert_int_equal(rw_cuda_rank_gather(&s, &bg), RW_ERR_INVAL);
+	rw_cuda_rank_reduce_t br = r;
+	br.out = 0;
+	assert_int_equal(rw_cuda_rank_reduce(&s, &br), RW_ERR_INVAL);
+	rw_cuda_mem_free(0, d);
+}
+
 /* The words' contract (tests/cuda/words_contract.c), the same cases test/cuda runs on a GPU. */
 static void test_words_wait_holds_its_stream_only(void **state)
 {
@@ -616,6 +700,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_stream_mark_queue_bounded),
 		cmocka_unit_test(test_stream_mark_again_when_full),
 		cmocka_unit_test(test_dmabuf_and_kernels_report_unsupported),
+		cmocka_unit_test(test_rank_kernels_check_their_blocks),
 		cmocka_unit_test(test_words_wait_holds_its_stream_only),
 		cmocka_unit_test(test_words_cyclic_geq_and_owed_words),
 		cmocka_unit_test(test_words_bad_addresses),

@@ -365,11 +365,23 @@ static void test_imm_and_records(void **state)
 		assert_true(rw_wire_rec_weight(rec, topk, i) == w[i]);
 	}
 	assert_int_equal(rw_wire_rec_unpack(rec, topk + 1, &o), RW_ERR_PROTO);
+	/* The field offsets the rank's kernels write by (common/wire_rec.h) are where the host
+	 * packs them. */
+	assert_int_equal(rw_wire_get32(rec + RW_WIRE_REC_TAG), 0xdeadbeef);
+	assert_int_equal(rw_wire_get16(rec + RW_WIRE_REC_SRC), 3);
+	assert_int_equal(rw_wire_get16(rec + RW_WIRE_REC_OWNER), 1);
+	assert_int_equal(rw_wire_get32(rec + RW_WIRE_REC_TOKEN), 999);
+	assert_int_equal(rw_wire_get16(rec + RW_WIRE_REC_TOPK), topk);
+	assert_int_equal(rw_wire_get32(rec + RW_WIRE_REC_HDR + 8), 17); /* ids[2] */
 
 	rw_wire_crec_hdr_t ch = { .tag = 5, .src_node = 2, .rail = 3, .slot = 70000 }, co;
 	rw_wire_crec_pack(rec, &ch);
 	rw_wire_crec_unpack(rec, &co);
 	assert_true(co.tag == 5 && co.src_node == 2 && co.rail == 3 && co.slot == 70000);
+	assert_int_equal(rw_wire_get32(rec + RW_WIRE_CREC_TAG), 5);
+	assert_int_equal(rw_wire_get16(rec + RW_WIRE_CREC_SRC), 2);
+	assert_int_equal(rw_wire_get16(rec + RW_WIRE_CREC_RAIL), 3);
+	assert_int_equal(rw_wire_get32(rec + RW_WIRE_CREC_SLOT), 70000);
 }
 
 static void test_bf16(void **state)

@@ -1,0 +1,503 @@
+// cuda/rank_kernels.cu: the rank path's data kernels, a second image (rw_cuda_rank_fatbin) that
+// librailwave loads in the rank's own process and launches on the caller's stream
+// (cuda/rank_kernels.c). Contracts: cuda/rw_cuda.h "rank kernels"; argument blocks:
+// cuda/rank_abi.h; record layout: common/wire_rec.h. Every kernel takes its block by value.
+//
+// Memory order: each kernel runs after the stream's wait on the daemon's word (plan or arrived,
+// pairs P2 and P4 of docs/rankpath.md), so the plan entries, lists and slabs it reads were
+// published before it started; what it writes is published by the stream's later word write
+// (packed or done: cuStreamWriteValue64 puts a memory barrier before the word). Within a
+// phase no two blocks write the same byte, so no kernel needs a fence of its own.
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "common/wire_rec.h"
+#include "cuda/rank_abi.h"
+
+static_assert(sizeof(rw_cuda_plan_entry_t) == 16, "plan entry layout");
+static_assert(sizeof(rw_cuda_list_entry_t) == 16, "list entry layout");
+static_assert(sizeof(rw_cuda_rank_pack_t) == 240, "pack block layout");
+static_assert(sizeof(rw_cuda_rank_forward_t) == 376, "forward block layout");
+static_assert(sizeof(rw_cuda_rank_gather_t) == 360, "gather block layout");
+static_assert(sizeof(rw_cuda_rank_reduce_t) == 320, "reduce block layout");
+
+// ---- common pieces -------------------------------------------------------------------------
+
+// The phase failed (P6): the int32 at `status` is nonzero. Read once per block.
+__device__ __forceinline__ bool failed(uint64_t status)
+{
+	return status && *reinterpret_cast<const volatile int32_t *>(status) != 0;
+}
+
+// Set the device error word once: the first code wins, its detail with it.
+__device__ __forceinline__ void set_err(uint64_t err, uint32_t code, uint32_t detail)
+{
+	uint32_t *e = reinterpret_cast<uint32_t *>(err);
+	if (atomicCAS(e, 0u, code) == 0u)
+		e[1] = detail;
+}
+
+// The entry (node, r) whose range [first, first + count) holds index i, over the node's rails
+// (ipc/page.h rw_page_plan_find), or NULL.
+__device__ __forceinline__ const rw_cuda_plan_entry_t *entry_of(const rw_cuda_plan_entry_t *e,
+								 uint32_t rails, uint32_t node,
+								 uint32_t i, uint32_t *rail_p)
+{
+	const rw_cuda_plan_entry_t *pe = e + (uint64_t)node * rails;
+	for (uint32_t r = 0; r < rails; r++)
+		if (i - pe[r].first < pe[r].count) { // unsigned: also i >= first
+			*rail_p = r;
+			return &pe[r];
+		}
+	return nullptr;
+}
+
+// Where a list entry's record is: its area's base on its rail + slot x size, or 0.
+__device__ __forceinline__ uint64_t list_addr(const uint64_t (&area)[RW_CUDA_AREAS][RW_CUDA_RANK_RAILS],
+					      uint32_t rails, const rw_cuda_list_entry_t &le,
+					      uint32_t size)
+{
+	if (le.area >= RW_CUDA_AREAS || le.rail >= rails || !area[le.area][le.rail])
+		return 0;
+	return area[le.area][le.rail] + (uint64_t)le.slot * size;
+}
+
+// Copy `bytes` from s to d with the block's threads: 16-byte vectors when both addresses and
+// the length allow, 4-byte words when they allow that, bytes otherwise.
+__device__ __forceinline__ void block_copy(uint8_t *d, const uint8_t *s, uint32_t bytes)
+{
+	if (((uintptr_t)d | (uintptr_t)s | bytes) % 16 == 0) {
+		for (uint32_t i = threadIdx.x; i < bytes / 16; i += blockDim.x)
+			reinterpret_cast<uint4 *>(d)[i] = reinterpret_cast<const uint4 *>(s)[i];
+	} else if (((uintptr_t)d | (uintptr_t)s | bytes) % 4 == 0) {
+		for (uint32_t i = threadIdx.x; i < bytes / 4; i += blockDim.x)
+			reinterpret_cast<uint32_t *>(d)[i] = reinterpret_cast<const uint32_t *>(s)[i];
+	} else {
+		for (uint32_t i = threadIdx.x; i < bytes; i += blockDim.x)
+			d[i] = s[i];
+	}
+}
+
+__device__ __forceinline__ void block_zero(uint8_t *d, uint32_t bytes)
+{
+	for (uint32_t i = threadIdx.x; i < bytes; i += blockDim.x)
+		d[i] = 0;
+}
+
+__device__ __forceinline__ uint32_t dtype_size(uint32_t dtype) { return dtype == 0 ? 2 : 4; } // 0 bf16
+
+// ---- pack ----------------------------------------------------------------------------------
+// Two launches. rw_rank_pack_index: ONE block walks the tokens in chunks of blockDim.x, one
+// token per thread, and gives each (token, destination) record its index among the rank's
+// records for that destination — the count of earlier tokens with a record there — then maps
+// that index onto the plan entries. Within a chunk the index is the warp ballot's popcount over
+// lower lanes plus the lower warps' totals (a prefix over warps in shared memory) plus the
+// running count of earlier chunks: the same numbers every run, no atomics. Destinations are
+// taken 64 at a time (a window), so any node count works with bounded shared memory. Each
+// record's send address and destination go to scratch[token * topk + u] (u: the token's u-th
+// destination in id order; address 0: none). rw_rank_pack_rows: one block per token writes its records.
+
+// A record's place, from the index kernel to the rows kernel (RW_CUDA_RANK_PACK_SLOT bytes).
+struct rw_pack_slot {
+	uint64_t addr;  // where the record goes in a send slab; 0: nowhere
+	uint32_t dest;  // its destination node (the header's tag is tags[dest])
+	uint32_t pad;
+};
+static_assert(sizeof(rw_pack_slot) == RW_CUDA_RANK_PACK_SLOT, "pack scratch entry");
+
+#define PACK_THREADS 512
+#define PACK_WARPS (PACK_THREADS / 32)
+#define PACK_MAX_NODES 4096
+
+extern "C" __global__ void __launch_bounds__(PACK_THREADS) rw_rank_pack_index(const rw_cuda_rank_pack_t a)
+{
+	__shared__ uint32_t running[PACK_MAX_NODES]; // records of earlier chunks per destination
+	__shared__ uint32_t wsum[PACK_WARPS][64];    // per warp, per window column; then its prefix
+	if (failed(a.status))
+		return;
+	const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+	const uint32_t per_node = a.n_experts / a.nodes;
+	const uint32_t windows = (a.nodes + 63) / 64;
+	const rw_cuda_plan_entry_t *plan = reinterpret_cast<const rw_cuda_plan_entry_t *>(a.entry);
+	rw_pack_slot *scratch = reinterpret_cast<rw_pack_slot *>(a.scratch);
+	for (uint32_t i = threadIdx.x; i < a.nodes; i += blockDim.x)
+		running[i] = 0;
+	__syncthreads();
+	for (uint32_t c = 0; c < a.n_tokens; c += blockDim.x) {
+		const uint32_t t = c + threadIdx.x;
+		uint32_t dest[32], idx[32], n = 0;
+		if (t < a.n_tokens) {
+			bool ok = true;
+			for (uint32_t k = 0; k < a.topk && ok; k++) {
+				int64_t e = a.ids_int64 ? reinterpret_cast<const int64_t *>(a.ids)[(uint64_t)t * a.topk + k]
+							: reinterpret_cast<const int32_t *>(a.ids)[(uint64_t)t * a.topk + k];
+				if (e == -1)
+					continue;
+				if (e < 0 || e >= (int64_t)a.n_experts) {
+					ok = false;
+					break;
+				}
+				uint32_t d = (uint32_t)e / per_node, u = 0;
+				while (u < n && dest[u] != d)
+					u++;
+				if (u == n)
+					dest[n++] = d;
+			}
+			if (!ok) {
+				set_err(a.err, RW_CUDA_RANK_E_ID, t + 1);
+				n = 0; // the count kernel counted nothing for this token
+			}
+		}
+		for (uint32_t w = 0; w < windows; w++) {
+			const uint32_t lo = w * 64, cols = min(64u, a.nodes - lo);
+			uint64_t mask = 0;
+			for (uint32_t u = 0; u < n; u++)
+				if (dest[u] - lo < 64u)
+					mask |= 1ull << (dest[u] - lo);
+			// Each column's within-warp rank of this lane, kept in idx[u] of its destination.
+			for (uint32_t j = 0; j < cols; j++) {
+				const bool has = (mask >> j) & 1u;
+				const uint32_t bal = __ballot_sync(0xffffffffu, has);
+				if (lane == 0)
+					wsum[warp][j] = __popc(bal);
+				if (has) {
+					uint32_t u = 0;
+					while (dest[u] != lo + j)
+						u++;
+					idx[u] = __popc(bal & ((1u << lane) - 1u));
+				}
+			}
+			__syncthreads();
+			// Column j: the warps' totals become exclusive prefixes, after the earlier chunks.
+			if (threadIdx.x < cols) {
+				const uint32_t j = threadIdx.x;
+				uint32_t run = running[lo + j];
+				for (uint32_t v = 0; v < PACK_WARPS; v++) {
+					uint32_t x = wsum[v][j];
+					wsum[v][j] = run;
+					run += x;
+				}
+				running[lo + j] = run;
+			}
+			__syncthreads();
+			for (uint32_t u = 0; u < n; u++)
+				if (dest[u] - lo < 64u)
+					idx[u] += wsum[warp][dest[u] - lo];
+			__syncthreads(); // wsum is rewritten by the next window
+		}
+		if (t >= a.n_tokens)
+			continue;
+		// The index onto its destination's entries (the plan's pieces, looked up).
+		for (uint32_t u = 0; u < a.topk; u++) {
+			uint64_t addr = 0;
+			if (u < n) {
+				uint32_t r;
+				const rw_cuda_plan_entry_t *pe = entry_of(plan, a.rails, dest[u], idx[u], &r);
+				if (pe)
+					addr = a.slab[r] + pe->offset + (uint64_t)(idx[u] - pe->first) * a.rec_size;
+				else
+					set_err(a.err, RW_CUDA_RANK_E_PLAN, dest[u] + 1);
+			}
+			scratch[(uint64_t)t * a.topk + u] = rw_pack_slot{ addr, u < n ? dest[u] : 0u, 0u };
+		}
+	}
+}
+
+// One block per token (grid-stride): each of its records gets the 16-byte header, the top-k
+// block (ids as int32, weights) zero-padded to the row, and the row zero-padded to rec_size.
+extern "C" __global__ void rw_rank_pack_rows(const rw_cuda_rank_pack_t a)
+{
+	if (failed(a.status))
+		return;
+	const uint32_t row_bytes = a.hidden * dtype_size(a.dtype);
+	const uint32_t row_off = (uint32_t)rw_wire_rec_row_off(a.topk);
+	const rw_pack_slot *scratch = reinterpret_cast<const rw_pack_slot *>(a.scratch);
+	for (uint32_t t = blockIdx.x; t < a.n_tokens; t += gridDim.x) {
+		const uint8_t *row = reinterpret_cast<const uint8_t *>(a.x) + (uint64_t)t * row_bytes;
+		for (uint32_t u = 0; u < a.topk; u++) {
+			const rw_pack_slot sl = scratch[(uint64_t)t * a.topk + u];
+			if (!sl.addr)
+				continue; // no record (or one the plan had no slot for)
+			uint8_t *rec = reinterpret_cast<uint8_t *>(sl.addr);
+			uint32_t *w = reinterpret_cast<uint32_t *>(rec); // records are 16-byte aligned
+			for (uint32_t i = threadIdx.x; i < row_off / 4; i += blockDim.x) {
+				const uint32_t k = i - RW_WIRE_REC_HDR / 4; // top-k block word (wraps below)
+				const uint64_t tk = (uint64_t)t * a.topk;
+				uint32_t v = 0; // padding up to the row
+				if (i == RW_WIRE_REC_TAG / 4)
+					v = reinterpret_cast<const uint32_t *>(a.tags)[sl.dest];
+				else if (i == RW_WIRE_REC_SRC / 4)
+					v = (a.me & 0xffffu) | (a.owner << 16);
+				else if (i == RW_WIRE_REC_TOKEN / 4)
+					v = t;
+				else if (i == RW_WIRE_REC_TOPK / 4)
+					v = a.topk & 0xffffu;
+				else if (k < a.topk)
+					v = a.ids_int64 ? (uint32_t)(int32_t)reinterpret_cast<const int64_t *>(a.ids)[tk + k]
+							: reinterpret_cast<const uint32_t *>(a.ids)[tk + k];
+				else if (k - a.topk < a.topk)
+					v = reinterpret_cast<const uint32_t *>(a.weights)[tk + k - a.topk];
+				w[i] = v;
+			}
+			block_copy(rec + row_off, row, row_bytes);
+			block_zero(rec + row_off + row_bytes, a.rec_size - row_off - row_bytes);
+		}
+	}
+}
+
+// ---- forward -------------------------------------------------------------------------------
+// One block per listed record (grid-stride over the list): its header checked for the phase's
+// top-k and owner, then the metadata entry and the row. Block 0 also writes recv_n and overflow,
+// and counts this rank's experts in a shared-memory histogram (sums: the order of the shared
+// atomics cannot change them) before it writes every expert's count. The list's length is read
+// from memory: the daemon wrote it before `arrived`.
+
+#define FWD_THREADS 256
+
+extern "C" __global__ void __launch_bounds__(FWD_THREADS) rw_rank_forward(const rw_cuda_rank_forward_t a)
+{
+	extern __shared__ uint32_t hist[]; // this rank's experts (per_rank entries)
+	const uint32_t listed = failed(a.status) ? 0 : *reinterpret_cast<const volatile uint32_t *>(a.list_n);
+	const uint32_t n = min(listed, a.cap);
+	const uint32_t per_rank = a.n_experts / (a.nodes * a.gpus);
+	const uint32_t mine = (a.me * a.gpus + a.g) * per_rank; // this rank's first expert
+	const rw_cuda_list_entry_t *list = reinterpret_cast<const rw_cuda_list_entry_t *>(a.list);
+	const uint32_t row_bytes = a.hidden * dtype_size(a.dtype);
+	const uint32_t row_off = (uint32_t)rw_wire_rec_row_off(a.topk);
+	const uint32_t meta_bytes = 16 + 8 * a.topk;
+	if (blockIdx.x == 0) {
+		if (threadIdx.x == 0) {
+			*reinterpret_cast<uint32_t *>(a.recv_n) = n;
+			*reinterpret_cast<uint32_t *>(a.overflow) = listed - n;
+		}
+		for (uint32_t e = threadIdx.x; e < per_rank; e += blockDim.x)
+			hist[e] = 0;
+		__syncthreads();
+		for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+			const uint64_t at = list_addr(a.area, a.rails, list[i], a.rec_size);
+			if (!at)
+				continue; // E_REF: set by the block that copies it
+			const uint8_t *rec = reinterpret_cast<const uint8_t *>(at);
+			if (*reinterpret_cast<const uint16_t *>(rec + RW_WIRE_REC_TOPK) != a.topk ||
+			    *reinterpret_cast<const uint16_t *>(rec + RW_WIRE_REC_OWNER) >= a.gpus)
+				continue; // E_RECORD: likewise
+			const int32_t *ids = reinterpret_cast<const int32_t *>(rec + RW_WIRE_REC_HDR);
+			for (uint32_t k = 0; k < a.topk; k++)
+				if (ids[k] >= 0 && (uint32_t)ids[k] - mine < per_rank)
+					atomicAdd(&hist[ids[k] - mine], 1u);
+		}
+		__syncthreads();
+		uint32_t *counts = reinterpret_cast<uint32_t *>(a.counts);
+		for (uint32_t e = threadIdx.x; e < a.n_experts; e += blockDim.x)
+			counts[e] = e - mine < per_rank ? hist[e - mine] : 0;
+	}
+	for (uint32_t i = blockIdx.x; i < n; i += gridDim.x) {
+		const uint64_t at = list_addr(a.area, a.rails, list[i], a.rec_size);
+		if (!at) {
+			if (threadIdx.x == 0)
+				set_err(a.err, RW_CUDA_RANK_E_REF, i + 1);
+			continue;
+		}
+		const uint8_t *rec = reinterpret_cast<const uint8_t *>(at);
+		const uint32_t topk = *reinterpret_cast<const uint16_t *>(rec + RW_WIRE_REC_TOPK);
+		const uint32_t owner = *reinterpret_cast<const uint16_t *>(rec + RW_WIRE_REC_OWNER);
+		if (topk != a.topk || owner >= a.gpus) {
+			if (threadIdx.x == 0)
+				set_err(a.err, RW_CUDA_RANK_E_RECORD, i + 1);
+			continue;
+		}
+		uint32_t *meta = reinterpret_cast<uint32_t *>(a.meta + (uint64_t)i * meta_bytes);
+		const uint32_t *w = reinterpret_cast<const uint32_t *>(rec);
+		const uint32_t src_node = *reinterpret_cast<const uint16_t *>(rec + RW_WIRE_REC_SRC);
+		for (uint32_t j = threadIdx.x; j < meta_bytes / 4; j += blockDim.x) {
+			uint32_t v;
+			if (j == 0)
+				v = src_node;
+			else if (j == 1)
+				v = src_node * a.gpus + owner;
+			else if (j == 2)
+				v = w[RW_WIRE_REC_TOKEN / 4];
+			else if (j == 3)
+				v = 0;
+			else // ids then weights: the record's top-k block as it is
+				v = w[RW_WIRE_REC_HDR / 4 + j - 4];
+			meta[j] = v;
+		}
+		block_copy(reinterpret_cast<uint8_t *>(a.rows) + (uint64_t)i * row_bytes, rec + row_off,
+			   row_bytes);
+	}
+}
+
+// ---- gather and reduce ---------------------------------------------------------------------
+// One block per entry (gather) or per token (reduce), grid-stride. The terms' row addresses
+// are found first (shared memory), then each thread sums its elements over the terms in order
+// in fp32 (__fadd_rn: never contracted) and stores once, rounded as the host does:
+// service/phase/forward.c's arithmetic bit for bit (a NaN's payload aside: the GPU's adds return
+// the canonical NaN).
+
+#define SUM_THREADS 256
+
+__device__ __forceinline__ float elem_f32(uint64_t row, uint32_t h, bool bf16)
+{
+	if (bf16)
+		return __uint_as_float((uint32_t)reinterpret_cast<const uint16_t *>(row)[h] << 16);
+	return reinterpret_cast<const float *>(row)[h];
+}
+
+__device__ __forceinline__ uint16_t f32_bf16_host(float f) // = common/bf16.h rw_bf16_round_bits
+{
+	uint32_t u = __float_as_uint(f);
+	uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+	uint32_t quiet = (u >> 16) | 0x40u;
+	return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
+
+// dst = the sum of cnt rows at taddr[] (shared), in order. from_zero: the sum starts at +0 (the
+// owner's; a -0 first term becomes +0); else the first term's value (a combine record's), and
+// one term is copied as it is. No terms: a +0 row.
+__device__ __forceinline__ void sum_rows(uint8_t *dst, const uint64_t *taddr, uint32_t cnt,
+					 uint32_t hidden, uint32_t dtype, bool from_zero)
+{
+	const bool bf16 = dtype == 0;
+	const uint32_t row_bytes = hidden * dtype_size(dtype);
+	if (cnt == 0) {
+		block_zero(dst, row_bytes);
+		return;
+	}
+	if (cnt == 1 && !from_zero) {
+		block_copy(dst, reinterpret_cast<const uint8_t *>(taddr[0]), row_bytes);
+		return;
+	}
+	for (uint32_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+		float acc = elem_f32(taddr[0], h, bf16);
+		if (from_zero)
+			acc = __fadd_rn(0.0f, acc);
+		for (uint32_t k = 1; k < cnt; k++)
+			acc = __fadd_rn(acc, elem_f32(taddr[k], h, bf16));
+		if (bf16)
+			reinterpret_cast<uint16_t *>(dst)[h] = f32_bf16_host(acc);
+		else
+			reinterpret_cast<float *>(dst)[h] = acc;
+	}
+}
+
+extern "C" __global__ void __launch_bounds__(SUM_THREADS) rw_rank_gather(const rw_cuda_rank_gather_t a)
+{
+	__shared__ uint64_t taddr[RW_CUDA_RANK_TERMS_MAX];
+	if (failed(a.status))
+		return;
+	const uint32_t listed = *reinterpret_cast<const volatile uint32_t *>(a.list_n);
+	if (listed > a.cap && blockIdx.x == 0 && threadIdx.x == 0)
+		set_err(a.err, RW_CUDA_RANK_E_REF, a.cap + 1);
+	const uint32_t n = min(listed, a.cap);
+	const rw_cuda_list_entry_t *list = reinterpret_cast<const rw_cuda_list_entry_t *>(a.list);
+	const rw_cuda_plan_entry_t *plan = reinterpret_cast<const rw_cuda_plan_entry_t *>(a.entry);
+	const uint32_t *toff = reinterpret_cast<const uint32_t *>(a.term_off);
+	const uint32_t *terms = reinterpret_cast<const uint32_t *>(a.terms);
+	const uint32_t row_bytes = a.hidden * dtype_size(a.dtype);
+	for (uint32_t j = blockIdx.x; j < n; j += gridDim.x) {
+		const rw_cuda_list_entry_t le = list[j];
+		// The entry's terms: [j0, j1) of terms, or rows[g] row j alone.
+		const uint32_t j0 = toff ? toff[j] : 0, j1 = toff ? toff[j + 1] : 1;
+		if (toff && (j1 < j0 || j1 > a.n_terms || j1 - j0 > RW_CUDA_RANK_TERMS_MAX)) {
+			if (threadIdx.x == 0)
+				set_err(a.err, RW_CUDA_RANK_E_REF, j + 1);
+			continue;
+		}
+		if (j1 == j0)
+			continue; // another local rank writes this record
+		uint32_t r = 0;
+		const rw_cuda_plan_entry_t *pe = le.node < a.nodes && le.rail < a.rails
+			? entry_of(plan, a.rails, le.node, le.slot, &r) : nullptr;
+		if (!pe || r != le.rail) {
+			if (threadIdx.x == 0)
+				set_err(a.err, RW_CUDA_RANK_E_PLAN, j + 1);
+			continue;
+		}
+		bool bad = false;
+		for (uint32_t k = j0 + threadIdx.x; k < j1; k += blockDim.x) {
+			uint64_t at = 0;
+			if (!toff) {
+				at = a.rows[a.g] + (uint64_t)j * row_bytes;
+			} else {
+				const uint32_t ref = terms[k], g = ref >> 24;
+				if (g < RW_CUDA_RANK_GPUS && a.rows[g])
+					at = a.rows[g] + (uint64_t)(ref & 0xffffffu) * row_bytes;
+			}
+			taddr[k - j0] = at;
+			bad |= !at;
+		}
+		if (__syncthreads_or(bad)) {
+			if (threadIdx.x == 0)
+				set_err(a.err, RW_CUDA_RANK_E_REF, j + 1);
+			continue;
+		}
+		// The combine record of receive slot p = le.slot on rail r from node le.node.
+		uint8_t *rec = reinterpret_cast<uint8_t *>(a.slab[r] + pe->offset +
+							   (uint64_t)(le.slot - pe->first) * a.crec_size);
+		if (threadIdx.x == 0) {
+			uint32_t *w = reinterpret_cast<uint32_t *>(rec);
+			w[RW_WIRE_CREC_TAG / 4] = reinterpret_cast<const uint32_t *>(a.tags)[le.node];
+			w[RW_WIRE_CREC_SRC / 4] = (a.me & 0xffffu) | (r << 16);
+			w[RW_WIRE_CREC_SLOT / 4] = le.slot - pe->first;
+			w[RW_WIRE_CREC_SLOT / 4 + 1] = 0;
+		}
+		sum_rows(rec + RW_WIRE_CREC_HDR, taddr, j1 - j0, a.hidden, a.dtype, false);
+		block_zero(rec + RW_WIRE_CREC_HDR + row_bytes, a.crec_size - RW_WIRE_CREC_HDR - row_bytes);
+		__syncthreads(); // taddr is rewritten by the block's next entry
+	}
+}
+
+// The reduce: one block per owner token. The list is sorted by token, so token t's terms are
+// the range a binary search finds; block 0 also checks the order (a list out of order: E_REF).
+extern "C" __global__ void __launch_bounds__(SUM_THREADS) rw_rank_reduce(const rw_cuda_rank_reduce_t a)
+{
+	__shared__ uint64_t taddr[SUM_THREADS];
+	__shared__ uint32_t range[2];
+	if (failed(a.status))
+		return;
+	const uint32_t n = min(*reinterpret_cast<const volatile uint32_t *>(a.list_n), a.cap);
+	const rw_cuda_list_entry_t *list = reinterpret_cast<const rw_cuda_list_entry_t *>(a.list);
+	const uint32_t row_bytes = a.hidden * dtype_size(a.dtype);
+	if (blockIdx.x == 0)
+		for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
+			if (list[i].token >= a.n_tokens || (i + 1 < n && list[i + 1].token < list[i].token))
+				set_err(a.err, RW_CUDA_RANK_E_REF, i + 1);
+	for (uint32_t t = blockIdx.x; t < a.n_tokens; t += gridDim.x) {
+		if (threadIdx.x < 2) { // [lower bound of t, lower bound of t + 1)
+			uint32_t lo = 0, hi = n, key = t + threadIdx.x;
+			while (lo < hi) {
+				uint32_t mid = (lo + hi) / 2;
+				if (list[mid].token < key)
+					lo = mid + 1;
+				else
+					hi = mid;
+			}
+			range[threadIdx.x] = lo;
+		}
+		__syncthreads();
+		const uint32_t j0 = range[0], j1 = max(range[0], range[1]);
+		uint8_t *dst = reinterpret_cast<uint8_t *>(a.out) + (uint64_t)t * row_bytes;
+		// A token's terms fit one batch of addresses: at most one per node it sent to plus one
+		// per local rank, far below SUM_THREADS; more set E_REF.
+		if (j1 - j0 > SUM_THREADS) {
+			if (threadIdx.x == 0)
+				set_err(a.err, RW_CUDA_RANK_E_REF, j0 + 1);
+			__syncthreads();
+			continue;
+		}
+		bool bad = false;
+		for (uint32_t k = j0 + threadIdx.x; k < j1; k += blockDim.x) {
+			const uint64_t at = list_addr(a.area, a.rails, list[k], a.crec_size);
+			taddr[k - j0] = at ? at + RW_WIRE_CREC_HDR : 0;
+			bad |= !at;
+		}
+		if (__syncthreads_or(bad)) {
+			if (threadIdx.x == 0)
+				set_err(a.err, RW_CUDA_RANK_E_REF, j0 + 1);
+			continue;
+		}
+		sum_rows(dst, taddr, j1 - j0, a.hidden, a.dtype, true);
+		__syncthreads(); // taddr and range are rewritten by the block's next token
+	}
+}
