@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "common/common.h"
+#include "ipc/page.h"
 #include "ipc/railwave.h"
 #include "sched/sched.h"
 #include "service/core/svc.h"
@@ -266,6 +267,25 @@ typedef struct rw_svc_rank_out {
 int64_t rw_svc_rank_out_add(rw_svc_rank_out_t *ro, const rw_svc_phase_t *ph, uint32_t ref,
 			    uint32_t src_node, uint32_t src_rank, uint32_t token,
 			    const int32_t *ids, const float *weights, uint32_t *rows_p);
+/* The rank path (service/mover/mover_rank.c; docs/rankpath.md "The rank page"). Rank g's plan
+ * block for the dispatch of ph (decided: ph->layout, ph->topo, the tags), phase k: its tags and
+ * its entries[d * R + e] = its records to node d (numbered in token order) that go on rail e,
+ * each at the (egress rail, slot) the host mover's pack gives it — the pair plan me -> d
+ * (rw_sched_map) after the records of the lower local ranks of its native rail, rows[h] being
+ * local rank h's count row (NULL: counts nothing) — at areas[e].send_off + slot x rec_size;
+ * records for this node in the local area (areas[r].local_off, segment (me, r) in ordinal
+ * order). The head's rail areas are the caller's (the group's slabs). */
+void rw_svc_rank_plan(const rw_svc_phase_t *ph, uint32_t g, const uint32_t *const *rows,
+		      const rw_page_plan_rail_t *areas, uint64_t k, rw_page_plan_head_t *head,
+		      uint32_t *tags, rw_page_plan_entry_t *entries);
+/* Check every record rank g's pack wrote under its plan block (tags, entries; slab[r]: rail r's
+ * slab as the daemon maps it, the base of the entries' offsets) before a byte of it is posted:
+ * the header's top-k, tag, source (this node), owner (g), token (below n_tokens, ascending per
+ * destination), every top-k id -1 or in [0, E), one of them on the node it goes to. RW_OK, or
+ * RW_ERR_INVAL with why naming the rank, the record, its destination, rail and byte. */
+rw_status_t rw_svc_rank_records_check(const rw_svc_phase_t *ph, uint32_t g, uint32_t n_tokens,
+				      const uint32_t *tags, const rw_page_plan_entry_t *entries,
+				      const uint8_t *const *slab, char *why);
 /* Kernels on the ranks' GPUs (service/mover/mover_cuda.c): takes a pair whose first submission gives
  * CUDA memory on a device with kernels, declines every other. */
 extern const rw_svc_mover_ops_t rw_svc_mover_cuda;

@@ -1,0 +1,423 @@
+/* tests/unit/test_svc_rank.c: the rank path's arithmetic on the daemon's side
+ * (service/mover/mover_rank.c) against the host mover's own: over random clusters, workloads
+ * and paths, every record of every local rank, looked up in its plan block the way its pack
+ * kernel does (rw_page_plan_find), lands exactly where the host mover's pack puts it (the CSR of
+ * rw_sched_records, rw_sched_map_rail, the layout's out_first), records for this node in the local
+ * area in segment order; no two records share a place. Records packed there with the host's
+ * record writer pass the daemon's check, and each lie a rank's kernel could write fails it,
+ * named. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "service/mover/mover.h"
+#include "service/phase/phase.h"
+#include "tests/unit/test_rng.h"
+
+#define REC_AREA (1u << 20) /* bytes between one rail's send area and its local area */
+
+typedef struct cluster {
+	uint32_t N, G, R, E, topk, me;
+	rw_topo_t topo;
+	rw_rank_tokens_t rt[RW_MAX_GPUS];
+	int32_t *ids[RW_MAX_GPUS];
+	float *w[RW_MAX_GPUS];
+	uint32_t *rank_row[RW_MAX_GPUS]; /* each local rank's own count row */
+	uint32_t *counts;                /* N x N x R */
+	uint32_t *offset;                /* this node's CSR */
+	rw_record_t *rec;
+	rw_svc_layout_t layout;
+	uint32_t tag_to[64];
+	rw_svc_phase_t ph;
+	rw_page_plan_rail_t areas[RW_MAX_RAILS];
+	uint8_t *slab[RW_MAX_RAILS];
+} cluster_t;
+
+static void make_ids(int32_t *ids, uint32_t n, uint32_t topk, uint32_t E)
+{
+	for (uint32_t t = 0; t < n; t++)
+		for (uint32_t k = 0; k < topk; k++) {
+			int32_t e;
+			int dup;
+			do {
+				e = rng_below(5) == 0 ? -1 : (int32_t)rng_below(E);
+				dup = 0;
+				for (uint32_t j = 0; j < k && e >= 0; j++)
+					dup |= ids[t * topk + j] == e;
+			} while (dup);
+			ids[t * topk + k] = e;
+		}
+}
+
+static void cluster_make(cluster_t *c, rw_path_t path)
+{
+	memset(c, 0, sizeof(*c));
+	c->N = 2 + rng_below(5);
+	c->G = 1 + rng_below(6);
+	c->R = 1 + rng_below(4);
+	c->E = c->N * c->G * (1 + rng_below(3));
+	c->topk = 1 + rng_below(RW_MIN(8u, c->E));
+	c->me = rng_below(c->N);
+	assert_int_equal(rw_sched_topo_init(&c->topo, c->N, c->G, c->R), RW_OK);
+	for (uint32_t g = 0; g < c->G; g++) /* ranks of a rail need not be neighbours */
+		c->topo.gpu_rail[g] = (uint8_t)rng_below(c->R);
+	const size_t cells = (size_t)c->N * c->R;
+	c->counts = calloc((size_t)c->N * cells, sizeof(uint32_t));
+	assert_non_null(c->counts);
+	for (uint32_t n = 0; n < c->N; n++) {
+		uint32_t *row = c->counts + (size_t)n * cells;
+		if (n != c->me) { /* another node's demand: any row of its ranks' rails */
+			for (uint32_t d = 0; d < c->N; d++)
+				for (uint32_t r = 0; r < c->R; r++)
+					row[d * c->R + r] = rng_below(40);
+			continue;
+		}
+		for (uint32_t g = 0; g < c->G; g++) {
+			uint32_t n_tok = rng_below(60);
+			c->ids[g] = calloc((size_t)n_tok * c->topk + 1, sizeof(int32_t));
+			c->w[g] = calloc((size_t)n_tok * c->topk + 1, sizeof(float));
+			c->rank_row[g] = calloc(cells, sizeof(uint32_t));
+			make_ids(c->ids[g], n_tok, c->topk, c->E);
+			for (uint32_t i = 0; i < n_tok * c->topk; i++)
+				c->w[g][i] = (float)i;
+			c->rt[g] = (rw_rank_tokens_t){ .local_gpu = g, .n_tokens = n_tok,
+						       .topk = c->topk, .expert_ids = c->ids[g] };
+			assert_int_equal(rw_sched_count(&c->topo, c->E, c->me, &c->rt[g], 1,
+							c->rank_row[g], NULL), RW_OK);
+		}
+		assert_int_equal(rw_sched_count(&c->topo, c->E, c->me, c->rt, c->G, row, NULL), RW_OK);
+		c->offset = calloc(cells + 1, sizeof(uint32_t));
+		rw_sched_prefix(row, (uint32_t)cells, c->offset);
+		c->rec = calloc((size_t)c->offset[cells] + 1, sizeof(rw_record_t));
+		assert_int_equal(rw_sched_records(&c->topo, c->E, c->me, c->rt, c->G, c->offset,
+						  c->rec), RW_OK);
+	}
+	assert_int_equal(rw_svc_layout_alloc(&c->layout, c->N, c->R), RW_OK);
+	assert_int_equal(rw_svc_layout_build(&c->layout, &c->topo, path, c->me, c->counts), RW_OK);
+	for (uint32_t d = 0; d < c->N; d++)
+		c->tag_to[d] = 0x1000u + d * 7u;
+	c->ph = (rw_svc_phase_t){ .nodes = c->N, .rails = c->R, .gpus = c->G, .me = c->me,
+				  .n_experts = c->E, .topk = c->topk, .hidden = 8,
+				  .dtype = RW_WIRE_F32, .tag_in = 0x77u, .tag_to = c->tag_to,
+				  .layout = &c->layout, .row_off = c->offset, .rec = c->rec,
+				  .topo = &c->topo };
+	c->ph.row_bytes = rw_wire_row_bytes(8, RW_WIRE_F32);
+	c->ph.rec_size = rw_wire_rec_size(c->topk, 8, RW_WIRE_F32);
+	for (uint32_t r = 0; r < c->R; r++) {
+		/* a send area somewhere in the slab, the local area after it */
+		c->areas[r] = (rw_page_plan_rail_t){ .send_off = 64u * (1 + rng_below(8)),
+						     .local_off = REC_AREA, .slab_bytes = 2 * REC_AREA };
+		c->slab[r] = calloc(2 * REC_AREA, 1);
+		assert_non_null(c->slab[r]);
+	}
+	for (uint32_t d = 0; d < c->N; d++)
+		for (uint32_t r = 0; r < c->R; r++) /* the test's slab holds every record */
+			assert_true(((uint64_t)c->offset[c->N * c->R] + 1) * c->ph.rec_size < REC_AREA -
+				    c->areas[r].send_off);
+}
+
+static void cluster_free(cluster_t *c)
+{
+	for (uint32_t g = 0; g < c->G; g++) {
+		free(c->ids[g]);
+		free(c->w[g]);
+		free(c->rank_row[g]);
+	}
+	for (uint32_t r = 0; r < c->R; r++)
+		free(c->slab[r]);
+	free(c->counts);
+	free(c->offset);
+	free(c->rec);
+	rw_svc_layout_free(&c->layout);
+}
+
+/* Where the host mover's pack (dispatch_pack) puts each record of this node: where[i] for record
+ * i of the CSR, as (rail << 40) | byte offset; local records at their segment position. */
+static uint64_t *host_places(const cluster_t *c)
+{
+	const uint32_t R = c->R;
+	uint64_t *where = calloc((size_t)c->offset[c->N * R] + 1, sizeof(uint64_t));
+	uint8_t *egress = calloc((size_t)c->offset[c->N * R] + 1, 1);
+	uint32_t *slot = calloc((size_t)c->offset[c->N * R] + 1, sizeof(uint32_t));
+	assert_non_null(where);
+	for (uint32_t d = 0; d < c->N; d++)
+		for (uint32_t r = 0; r < R; r++) {
+			uint32_t first = c->offset[d * R + r], cnt = c->offset[d * R + r + 1] - first;
+			if (d == c->me) {
+				for (uint32_t i = 0; i < cnt; i++)
+					where[first + i] = ((uint64_t)r << 40) |
+							   (c->areas[r].local_off + (uint64_t)i * c->ph.rec_size);
+				continue;
+			}
+			if (!cnt)
+				continue;
+			rw_sched_map_rail(&c->layout.out_pairs[d], r, egress, slot);
+			for (uint32_t i = 0; i < cnt; i++) {
+				uint32_t e = egress[i];
+				where[first + i] = ((uint64_t)e << 40) |
+						   (c->areas[e].send_off +
+						    ((uint64_t)c->layout.out_first[d * R + e] + slot[i]) *
+							    c->ph.rec_size);
+			}
+		}
+	free(egress);
+	free(slot);
+	return where;
+}
+
+/* Does token t of rank g have an expert on node d? */
+static int token_goes(const cluster_t *c, uint32_t g, uint32_t t, uint32_t d)
+{
+	for (uint32_t k = 0; k < c->topk; k++) {
+		int32_t e = c->ids[g][t * c->topk + k];
+		if (e >= 0 && rw_sched_expert_node(c->E, c->N, (uint32_t)e) == d)
+			return 1;
+	}
+	return 0;
+}
+
+typedef struct plan_block {
+	rw_page_plan_head_t head;
+	uint32_t tags[64];
+	rw_page_plan_entry_t entry[64 * RW_MAX_RAILS];
+} plan_block_t;
+
+static void plan_all(cluster_t *c, plan_block_t *pb)
+{
+	for (uint32_t g = 0; g < c->G; g++)
+		rw_svc_rank_plan(&c->ph, g, (const uint32_t *const *)c->rank_row, c->areas, 9,
+				 &pb[g].head, pb[g].tags, pb[g].entry);
+}
+
+static void test_plan_matches_host_pack(void **state)
+{
+	(void)state;
+	seed_rng("test_plan_matches_host_pack");
+	const rw_path_t paths[] = { RW_PATH_NATIVE, RW_PATH_RAIL_ONLY, RW_PATH_PERM_ONLY,
+				    RW_PATH_JOINT };
+	for (int it = 0; it < 400; it++) {
+		cluster_t c;
+		cluster_make(&c, paths[it % 4]);
+		uint64_t *where = host_places(&c);
+		plan_block_t *pb = calloc(c.G, sizeof(*pb));
+		assert_non_null(pb);
+		plan_all(&c, pb);
+		/* the oracle by (rank, token, node): the CSR walked in order */
+		const uint32_t R = c.R;
+		uint64_t n_seen = 0;
+		for (uint32_t d = 0; d < c.N; d++)
+			for (uint32_t g = 0; g < c.G; g++) {
+				const uint32_t r = c.topo.gpu_rail[g];
+				assert_int_equal(pb[g].head.owner, g);
+				assert_int_equal(pb[g].head.phase, 9);
+				assert_int_equal(pb[g].tags[d], d == c.me ? c.ph.tag_in : c.tag_to[d]);
+				uint32_t i = 0; /* g's records to d, in token order */
+				for (uint32_t t = 0; t < c.rt[g].n_tokens; t++) {
+					if (!token_goes(&c, g, t, d))
+						continue;
+					uint32_t rail = 0;
+					uint64_t off = 0;
+					assert_int_equal(rw_page_plan_find(pb[g].entry, R, d, i,
+									   (uint32_t)c.ph.rec_size,
+									   &rail, &off), 0);
+					/* find (g, t) in segment (d, r) of the CSR */
+					uint32_t j = c.offset[d * R + r];
+					while (j < c.offset[d * R + r + 1] &&
+					       (c.rec[j].rank != g || c.rec[j].token != t))
+						j++;
+					assert_true(j < c.offset[d * R + r + 1]);
+					assert_int_equal(((uint64_t)rail << 40) | off, where[j]);
+					i++;
+					n_seen++;
+				}
+				uint32_t rail;
+				uint64_t off; /* nothing past its records */
+				assert_int_equal(rw_page_plan_find(pb[g].entry, R, d, i,
+								   (uint32_t)c.ph.rec_size, &rail, &off), -1);
+			}
+		assert_int_equal(n_seen, c.offset[c.N * R]); /* every record of the node, once */
+		uint64_t send = 0, local = 0;
+		for (uint32_t g = 0; g < c.G; g++) {
+			send += pb[g].head.n_send;
+			local += pb[g].head.n_local;
+		}
+		assert_int_equal(local, c.offset[(c.me + 1) * R] - c.offset[c.me * R]);
+		assert_int_equal(send + local, c.offset[c.N * R]);
+		free(pb);
+		free(where);
+		cluster_free(&c);
+	}
+}
+
+/* Pack every record of rank g where its plan says, as its kernel would (the host's writer). */
+static void pack_rank(cluster_t *c, const plan_block_t *pb, uint32_t g)
+{
+	for (uint32_t d = 0; d < c->N; d++) {
+		uint32_t i = 0;
+		for (uint32_t t = 0; t < c->rt[g].n_tokens; t++) {
+			if (!token_goes(c, g, t, d))
+				continue;
+			uint32_t rail = 0;
+			uint64_t off = 0;
+			assert_int_equal(rw_page_plan_find(pb->entry, c->R, d, i++,
+							   (uint32_t)c->ph.rec_size, &rail, &off), 0);
+			rw_wire_rec_hdr_t h = { .tag = pb->tags[d], .src_node = c->me, .owner = g,
+						.token = t, .topk = c->topk };
+			rw_wire_rec_pack(c->slab[rail] + off, &h, c->ids[g] + (size_t)t * c->topk,
+					 c->w[g] + (size_t)t * c->topk);
+		}
+	}
+}
+
+/* The first record of rank g (any destination): its bytes, or NULL when it has none. */
+static uint8_t *first_record(cluster_t *c, const plan_block_t *pb, uint32_t *d_p)
+{
+	for (uint32_t d = 0; d < c->N; d++) {
+		uint32_t rail;
+		uint64_t off;
+		if (rw_page_plan_find(pb->entry, c->R, d, 0, (uint32_t)c->ph.rec_size, &rail, &off) == 0) {
+			*d_p = d;
+			return c->slab[rail] + off;
+		}
+	}
+	return NULL;
+}
+
+static void test_records_check(void **state)
+{
+	(void)state;
+	seed_rng("test_records_check");
+	int lies = 0;
+	for (int it = 0; it < 200; it++) {
+		cluster_t c;
+		cluster_make(&c, (rw_path_t)(it % 4));
+		plan_block_t *pb = calloc(c.G, sizeof(*pb));
+		assert_non_null(pb);
+		plan_all(&c, pb);
+		const uint8_t *slab[RW_MAX_RAILS];
+		for (uint32_t r = 0; r < c.R; r++)
+			slab[r] = c.slab[r];
+		char why[RW_SVC_WHY_MAX];
+		for (uint32_t g = 0; g < c.G; g++) {
+			pack_rank(&c, &pb[g], g);
+			assert_int_equal(rw_svc_rank_records_check(&c.ph, g, c.rt[g].n_tokens,
+								   pb[g].tags, pb[g].entry, slab, why),
+					 RW_OK);
+		}
+		/* one lie per case, on the first record of a rank that has one */
+		uint32_t g = rng_below(c.G), d;
+		uint8_t *rec = first_record(&c, &pb[g], &d);
+		if (!rec) {
+			free(pb);
+			cluster_free(&c);
+			continue;
+		}
+		uint8_t saved[64];
+		memcpy(saved, rec, sizeof(saved));
+		rw_wire_rec_hdr_t h;
+		assert_int_equal(rw_wire_rec_unpack(rec, c.topk, &h), RW_OK);
+		const char *want;
+		switch (it % 7) {
+		case 0:
+			rw_wire_put32(rec, h.tag ^ 1u);
+			want = "its tag is not this phase's";
+			break;
+		case 1:
+			rw_wire_put16(rec + 4, (uint16_t)((c.me + 1) % c.N));
+			want = "it names another source node";
+			break;
+		case 2:
+			rw_wire_put16(rec + 6, (uint16_t)(g + 1));
+			want = "it names another local rank as its owner";
+			break;
+		case 3: /* a token of another rank's range: past this rank's */
+			rw_wire_put32(rec + 8, c.rt[g].n_tokens);
+			want = "its token is past the rank's tokens";
+			break;
+		case 4:
+			rw_wire_put32(rec + 16, (uint32_t)c.E); /* id 0 = E */
+			want = "a top-k id is out of range";
+			break;
+		case 5: /* every expert elsewhere (or none): the record goes where nothing waits */
+			for (uint32_t k = 0; k < c.topk; k++)
+				rw_wire_put32(rec + 16 + 4 * k, (uint32_t)-1);
+			want = "none of its experts lives on the node it goes to";
+			break;
+		default:
+			rw_wire_put16(rec + 12, (uint16_t)(c.topk + 1));
+			want = "its top-k count is not the phase's";
+			break;
+		}
+		assert_int_equal(rw_svc_rank_records_check(&c.ph, g, c.rt[g].n_tokens, pb[g].tags,
+							   pb[g].entry, slab, why), RW_ERR_INVAL);
+		char head[64];
+		snprintf(head, sizeof(head), "rank %u: record 0 to node %u", c.me * c.G + g, d);
+		if (!strstr(why, head) || !strstr(why, want))
+			fail_msg("case %d: got \"%s\", want \"%s\" ... \"%s\"", it % 7, why, head, want);
+		memcpy(rec, saved, sizeof(saved));
+		assert_int_equal(rw_svc_rank_records_check(&c.ph, g, c.rt[g].n_tokens, pb[g].tags,
+							   pb[g].entry, slab, why), RW_OK);
+		lies++;
+		free(pb);
+		cluster_free(&c);
+	}
+	assert_true(lies > 100); /* most cases had a record to lie in */
+}
+
+/* Two records to one node swapped: the order check names the second. */
+static void test_records_order(void **state)
+{
+	(void)state;
+	seed_rng("test_records_order");
+	int done = 0;
+	for (int it = 0; it < 500 && done < 20; it++) {
+		cluster_t c;
+		cluster_make(&c, RW_PATH_NATIVE);
+		plan_block_t *pb = calloc(c.G, sizeof(*pb));
+		plan_all(&c, pb);
+		const uint8_t *slab[RW_MAX_RAILS];
+		for (uint32_t r = 0; r < c.R; r++)
+			slab[r] = c.slab[r];
+		uint32_t g = rng_below(c.G);
+		pack_rank(&c, &pb[g], g);
+		int swapped = 0;
+		for (uint32_t d = 0; d < c.N && !swapped; d++) {
+			uint32_t r0 = 0, r1 = 0;
+			uint64_t o0 = 0, o1 = 0;
+			if (rw_page_plan_find(pb[g].entry, c.R, d, 1, (uint32_t)c.ph.rec_size, &r1, &o1))
+				continue;
+			assert_int_equal(rw_page_plan_find(pb[g].entry, c.R, d, 0,
+							   (uint32_t)c.ph.rec_size, &r0, &o0), 0);
+			uint8_t *a = c.slab[r0] + o0, *b = c.slab[r1] + o1;
+			uint8_t t[16];
+			memcpy(t, a + 8, 4); /* swap the tokens only: each still goes to d */
+			memcpy(a + 8, b + 8, 4);
+			memcpy(b + 8, t, 4);
+			char why[RW_SVC_WHY_MAX];
+			assert_int_equal(rw_svc_rank_records_check(&c.ph, g, c.rt[g].n_tokens, pb[g].tags,
+								   pb[g].entry, slab, why),
+					 RW_ERR_INVAL);
+			assert_non_null(strstr(why, "its token is out of order"));
+			swapped = 1;
+			done++;
+		}
+		free(pb);
+		cluster_free(&c);
+	}
+	assert_int_equal(done, 20);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_plan_matches_host_pack),
+		cmocka_unit_test(test_records_check),
+		cmocka_unit_test(test_records_order),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
