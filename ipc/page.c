@@ -22,10 +22,11 @@ _Static_assert(sizeof(rw_page_list_entry_t) == 16, "rank page ABI");
 _Static_assert(offsetof(rw_page_head_t, word) == RW_PAGE_LINE, "rank page ABI: words on line 1");
 _Static_assert((RW_PAGE_DEPTH & (RW_PAGE_DEPTH - 1)) == 0, "depth is a power of two");
 
-int rw_page_layout(uint32_t nodes, uint32_t rails, uint32_t max_recv, size_t page,
+int rw_page_layout(uint32_t nodes, uint32_t rails, uint32_t gpus, uint32_t max_recv, size_t page,
 		   rw_page_layout_t *l)
 {
-	if (nodes == 0 || rails == 0 || nodes > 65536 || rails > 64 || page == 0 ||
+	if (nodes == 0 || rails == 0 || gpus == 0 || nodes > 65536 || rails > 64 ||
+	    gpus > RW_PAGE_MAX_GPUS || max_recv > RW_PAGE_MAX_RECV || page == 0 ||
 	    (page & (page - 1)) != 0)
 		return -1;
 	const uint64_t cells = (uint64_t)nodes * rails;
@@ -45,7 +46,11 @@ int rw_page_layout(uint32_t nodes, uint32_t rails, uint32_t max_recv, size_t pag
 	l->list = (uint32_t)off;
 	off = ALIGN_UP(off + sizeof(rw_page_list_head_t), RW_PAGE_LINE);
 	l->list_entry = (uint32_t)off;
-	off += (uint64_t)max_recv * sizeof(rw_page_list_entry_t);
+	off = ALIGN_UP(off + (uint64_t)max_recv * sizeof(rw_page_list_entry_t), RW_PAGE_LINE);
+	l->term_off = (uint32_t)off;
+	off = ALIGN_UP(off + ((uint64_t)max_recv + 1) * sizeof(uint32_t), RW_PAGE_LINE);
+	l->term_ref = (uint32_t)off;
+	off += (uint64_t)gpus * max_recv * sizeof(uint32_t);
 	slot = ALIGN_UP(off, RW_PAGE_LINE);
 	const uint64_t slot0 = RW_PAGE_SLOT0;
 	const uint64_t bytes = ALIGN_UP(slot0 + slot * RW_PAGE_DEPTH, page);
@@ -57,14 +62,15 @@ int rw_page_layout(uint32_t nodes, uint32_t rails, uint32_t max_recv, size_t pag
 	return 0;
 }
 
-void rw_page_init(rw_page_head_t *pg, uint32_t nodes, uint32_t rails, uint32_t max_tokens,
-		  uint32_t max_recv, const rw_page_layout_t *l)
+void rw_page_init(rw_page_head_t *pg, uint32_t nodes, uint32_t rails, uint32_t gpus,
+		  uint32_t max_tokens, uint32_t max_recv, const rw_page_layout_t *l)
 {
 	pg->magic = RW_PAGE_MAGIC;
 	pg->version = RW_PAGE_VERSION;
 	pg->depth = RW_PAGE_DEPTH;
 	pg->nodes = nodes;
 	pg->rails = rails;
+	pg->gpus = gpus;
 	pg->max_tokens = max_tokens;
 	pg->max_recv = max_recv;
 	pg->slot_bytes = l->slot_bytes;

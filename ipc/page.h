@@ -17,10 +17,12 @@
 #include <stdint.h>
 
 #define RW_PAGE_MAGIC 0x45475052u /* "RPGE" as little-endian bytes */
-#define RW_PAGE_VERSION 1
+#define RW_PAGE_VERSION 2
 #define RW_PAGE_DEPTH 4           /* phases of one rank in flight at most (power of two) */
 #define RW_PAGE_LINE 64
 #define RW_PAGE_OWED_AHEAD (UINT64_C(1) << 62) /* a lost daemon's words: last k + this */
+#define RW_PAGE_MAX_RECV (1u << 24) /* max_recv at most: a term ref holds a row in 24 bits */
+#define RW_PAGE_MAX_GPUS 128       /* ranks per node at most: a term ref's top 8 bits */
 
 enum rw_page_word {
 	RW_PW_SUBMIT = 0,  /* rank: phase k's parameters and count row are in its slot */
@@ -45,6 +47,7 @@ typedef struct rw_page_head {
 	uint32_t max_recv;                     /* records a rank may receive in one phase at most */
 	uint32_t slot_bytes;                   /* bytes of one slot (a multiple of RW_PAGE_LINE) */
 	uint64_t bytes;                        /* the whole page */
+	uint32_t gpus;                         /* local ranks of the node (the terms' bound) */
 	rw_page_line_t word[RW_PW_COUNT];
 	rw_page_line_t status[RW_PAGE_DEPTH];  /* int32 RW_E_* (0: ok) of phase k at k mod D */
 } rw_page_head_t;
@@ -139,6 +142,17 @@ typedef struct rw_page_list_entry {
 	uint32_t token;        /* dispatch: the source's token; combine: the owner's token */
 } rw_page_list_entry_t;
 
+/* ---- the terms: what a rank's combine gather sums (published by the combine's `plan`, P2) ---
+ * uint32 term_off[max_recv + 1], then uint32 term_ref[gpus x max_recv]. Entry j of the rank's
+ * dispatch forward list (the dispatch this combine answers) has terms term_ref[term_off[j] ..
+ * term_off[j + 1]): each RW_PAGE_TERM(g, row) = row `row` of local rank g's combine input. The
+ * combine record of entry j (where the combine plan's entries put it) is their fp32 sum in that
+ * order, rounded once — one term copied as it is — the host mover's combine_pack for a record
+ * several local ranks answered; an entry without terms is another rank's to write. */
+#define RW_PAGE_TERM(g, row) (((uint32_t)(g) << 24) | (uint32_t)(row))
+#define RW_PAGE_TERM_RANK(ref) ((ref) >> 24)
+#define RW_PAGE_TERM_ROW(ref) ((ref) & 0xffffffu)
+
 /* Where a slot's blocks are, in bytes from the slot's start, and the page's size. */
 typedef struct rw_page_layout {
 	uint32_t params;       /* rw_page_params_t */
@@ -149,14 +163,17 @@ typedef struct rw_page_layout {
 	uint32_t plan_entry;   /* rw_page_plan_entry_t[nodes * rails] */
 	uint32_t list;         /* rw_page_list_head_t */
 	uint32_t list_entry;   /* rw_page_list_entry_t[max_recv] */
+	uint32_t term_off;     /* uint32[max_recv + 1] */
+	uint32_t term_ref;     /* uint32[gpus * max_recv] */
 	uint32_t slot_bytes;
 	uint32_t slot0;        /* offset of slot 0 from the page's start (RW_PAGE_SLOT0) */
 	uint64_t bytes;        /* the page, rounded up to `page` */
 } rw_page_layout_t;
 
-/* Sizes for a geometry; -1 when out of range (nodes or rails 0, or the page past 1 GiB).
+/* Sizes for a geometry (gpus: the node's local ranks); -1 when out of range (nodes, rails or
+ * gpus 0 or too many, max_recv past RW_PAGE_MAX_RECV, or the page past 1 GiB).
  * page: the host page size to round to (a power of two). */
-int rw_page_layout(uint32_t nodes, uint32_t rails, uint32_t max_recv, size_t page,
+int rw_page_layout(uint32_t nodes, uint32_t rails, uint32_t gpus, uint32_t max_recv, size_t page,
 		   rw_page_layout_t *layout_p);
 
 /* Offset of slot 0 from the page's start (the head, line-rounded), and phase k's slot. */
@@ -186,7 +203,7 @@ static inline int rw_page_plan_find(const rw_page_plan_entry_t *entry, uint32_t 
 /* The geometry a page was made for, as the daemon keeps it: the rank can rewrite its page's head
  * at will, so the daemon never reads sizes back from a page; it uses these. */
 typedef struct rw_page_geom {
-	uint32_t nodes, rails, max_tokens, max_recv;
+	uint32_t nodes, rails, gpus, max_tokens, max_recv;
 } rw_page_geom_t;
 
 /* Daemon: where phase k's slot starts in a page of this layout (the daemon's copy). */
@@ -209,8 +226,8 @@ int rw_page_submit_check(const rw_page_geom_t *geom, const rw_page_params_t *par
 			 size_t why_len);
 
 /* Daemon: write the head of a fresh (zeroed) page. */
-void rw_page_init(rw_page_head_t *pg, uint32_t nodes, uint32_t rails, uint32_t max_tokens,
-		  uint32_t max_recv, const rw_page_layout_t *layout);
+void rw_page_init(rw_page_head_t *pg, uint32_t nodes, uint32_t rails, uint32_t gpus,
+		  uint32_t max_tokens, uint32_t max_recv, const rw_page_layout_t *layout);
 
 /* Daemon: judge a rank-written word it last saw at `seen` and now reads `now` (the poller may
  * skip values in between): RW_PAGE_SAME (unchanged), RW_PAGE_NEXT (moved forward by 1 to

@@ -162,7 +162,8 @@ int ipc_page_setup(rw_ipc_client_t *c, const rw_ipc_page_setup_t *req)
 				      "daemon's bound on records a rank receives in one phase", 0);
 	const uint32_t nodes = cfg->world_size / cfg->gpus_per_node;
 	rw_page_layout_t l;
-	if (rw_page_layout(nodes, cfg->page_rails, req->max_recv, (size_t)sysconf(_SC_PAGESIZE), &l))
+	if (rw_page_layout(nodes, cfg->page_rails, cfg->gpus_per_node, req->max_recv,
+			   (size_t)sysconf(_SC_PAGESIZE), &l))
 		return ipc_send_error(c, seq, RW_E_TOKENS, "page setup: a page for this max_recv "
 				      "would pass 1 GiB", 0);
 
@@ -178,7 +179,8 @@ int ipc_page_setup(rw_ipc_client_t *c, const rw_ipc_page_setup_t *req)
 		return ipc_send_error(c, seq, RW_E_INTERNAL, "the daemon could not make the rank page",
 				      0);
 	}
-	rw_page_init(map, nodes, cfg->page_rails, c->srv->lim.max_tokens, req->max_recv, &l);
+	rw_page_init(map, nodes, cfg->page_rails, cfg->gpus_per_node, c->srv->lim.max_tokens,
+		     req->max_recv, &l);
 
 	rw_ipc_page_ok_t ok;
 	memset(&ok, 0, sizeof(ok));
@@ -193,7 +195,7 @@ int ipc_page_setup(rw_ipc_client_t *c, const rw_ipc_page_setup_t *req)
 		p->map = map;
 		p->bytes = l.bytes;
 		p->geom = (rw_page_geom_t){ .nodes = nodes, .rails = cfg->page_rails,
-					    .max_tokens = c->srv->lim.max_tokens,
+					    .gpus = cfg->gpus_per_node, .max_tokens = c->srv->lim.max_tokens,
 					    .max_recv = req->max_recv };
 	}
 	if (!p || page_watch(c->srv, p) != RW_OK) {

@@ -55,7 +55,7 @@ static void page_submit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, uint64
 {
 	const rw_page_geom_t *geom = rw_ipc_client_page_geom(mb->client);
 	rw_page_layout_t l;
-	if (rw_page_layout(geom->nodes, geom->rails, geom->max_recv, 1, &l) != 0)
+	if (rw_page_layout(geom->nodes, geom->rails, geom->gpus, geom->max_recv, 1, &l) != 0)
 		return page_phase_fail(x, mb, pg, k, RW_E_INTERNAL, "the page's geometry is bad");
 	const uint8_t *slot = rw_page_slot_at(pg, &l, k);
 	rw_page_params_t params;

@@ -48,18 +48,19 @@ static void test_layout_properties(void **state)
 	print_message("seed 0x%llx (RW_TEST_SEED repeats it)\n", (unsigned long long)rng);
 	for (int it = 0; it < 20000; it++) {
 		uint32_t nodes = 1 + (uint32_t)(next_u64() % 4096), rails = 1 + (uint32_t)(next_u64() % 16);
+		uint32_t gpus = 1 + (uint32_t)(next_u64() % 16);
 		uint32_t max_recv = (uint32_t)(next_u64() % 200000);
 		size_t page = (size_t)4096 << (next_u64() % 3);
 		rw_page_layout_t l;
-		if (rw_page_layout(nodes, rails, max_recv, page, &l) != 0) {
+		if (rw_page_layout(nodes, rails, gpus, max_recv, page, &l) != 0) {
 			/* refused only past 1 GiB */
 			uint64_t low = (uint64_t)RW_PAGE_DEPTH *
-				       ((uint64_t)nodes * rails * 20 + max_recv * 16ull);
+				       ((uint64_t)nodes * rails * 20 + max_recv * (20ull + 4 * gpus));
 			assert_true(low > (UINT64_C(1) << 29));
 			continue;
 		}
 		const uint64_t cells = (uint64_t)nodes * rails;
-		uint64_t ends[8];
+		uint64_t ends[10];
 		unsigned n = 0;
 		check_block(l.params, sizeof(rw_page_params_t), l.slot_bytes, ends, &n);
 		check_block(l.count_row, cells * 4, l.slot_bytes, ends, &n);
@@ -70,6 +71,8 @@ static void test_layout_properties(void **state)
 		check_block(l.list, sizeof(rw_page_list_head_t), l.slot_bytes, ends, &n);
 		check_block(l.list_entry, (uint64_t)max_recv * sizeof(rw_page_list_entry_t),
 			    l.slot_bytes, ends, &n);
+		check_block(l.term_off, ((uint64_t)max_recv + 1) * 4, l.slot_bytes, ends, &n);
+		check_block(l.term_ref, (uint64_t)gpus * max_recv * 4, l.slot_bytes, ends, &n);
 		assert_int_equal(l.slot0, RW_PAGE_SLOT0);
 		assert_int_equal(l.slot_bytes % RW_PAGE_LINE, 0);
 		assert_true(l.slot0 >= sizeof(rw_page_head_t));
@@ -79,10 +82,18 @@ static void test_layout_properties(void **state)
 		assert_true(l.bytes - page < (uint64_t)l.slot0 + (uint64_t)l.slot_bytes * RW_PAGE_DEPTH);
 	}
 	rw_page_layout_t l;
-	assert_int_equal(rw_page_layout(0, 1, 1, 4096, &l), -1);
-	assert_int_equal(rw_page_layout(1, 0, 1, 4096, &l), -1);
-	assert_int_equal(rw_page_layout(1, 1, 1, 4000, &l), -1); /* page not a power of two */
-	assert_int_equal(rw_page_layout(4096, 16, 1u << 30, 4096, &l), -1); /* past 1 GiB */
+	assert_int_equal(rw_page_layout(0, 1, 1, 1, 4096, &l), -1);
+	assert_int_equal(rw_page_layout(1, 0, 1, 1, 4096, &l), -1);
+	assert_int_equal(rw_page_layout(1, 1, 0, 1, 4096, &l), -1);
+	assert_int_equal(rw_page_layout(1, 1, RW_PAGE_MAX_GPUS + 1, 1, 4096, &l), -1);
+	assert_int_equal(rw_page_layout(1, 1, 1, RW_PAGE_MAX_RECV + 1, 4096, &l), -1);
+	assert_int_equal(rw_page_layout(1, 1, 1, 1, 4000, &l), -1); /* page not a power of two */
+	assert_int_equal(rw_page_layout(4096, 16, 8, 1u << 23, 4096, &l), -1); /* past 1 GiB */
+	/* a term ref: 8 bits of rank, 24 of row */
+	assert_int_equal(RW_PAGE_TERM(5, 0xabcdef), 0x05abcdefu);
+	assert_int_equal(RW_PAGE_TERM_RANK(RW_PAGE_TERM(127, 3)), 127);
+	assert_int_equal(RW_PAGE_TERM_ROW(RW_PAGE_TERM(127, RW_PAGE_MAX_RECV - 1)),
+			 RW_PAGE_MAX_RECV - 1);
 	/* the words and status lines sit each on a cache line of their own */
 	for (unsigned i = 0; i < RW_PW_COUNT; i++)
 		assert_int_equal(offsetof(rw_page_head_t, word) + i * sizeof(rw_page_line_t),
@@ -104,11 +115,11 @@ static void test_word_step(void **state)
 
 static rw_page_head_t *fresh_page(rw_page_layout_t *l)
 {
-	assert_int_equal(rw_page_layout(2, 2, 64, 4096, l), 0);
+	assert_int_equal(rw_page_layout(2, 2, 2, 64, 4096, l), 0);
 	rw_page_head_t *pg = mmap(NULL, l->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
 				  -1, 0);
 	assert_true(pg != MAP_FAILED);
-	rw_page_init(pg, 2, 2, 128, 64, l);
+	rw_page_init(pg, 2, 2, 2, 128, 64, l);
 	assert_int_equal(pg->magic, RW_PAGE_MAGIC);
 	assert_int_equal(pg->bytes, l->bytes);
 	return pg;
@@ -124,7 +135,8 @@ static void test_submit_check(void **state)
 	assert_ptr_equal(rw_page_slot(pg, 4), (uint8_t *)pg + l.slot0);
 	assert_ptr_equal(rw_page_slot_at(pg, &l, 7), (uint8_t *)pg + l.slot0 + 3ull * l.slot_bytes);
 	pg->nodes = 4096; /* the rank rewrote its head: the daemon's checks use its own geometry */
-	const rw_page_geom_t geom = { .nodes = 2, .rails = 2, .max_tokens = 128, .max_recv = 64 };
+	const rw_page_geom_t geom = { .nodes = 2, .rails = 2, .gpus = 2, .max_tokens = 128,
+				      .max_recv = 64 };
 	rw_page_params_t p = { .kind = RW_KIND_DISPATCH, .topk = 8, .token_count = 10,
 			       .phase = 6 };
 	uint32_t row[4] = { 0, 7, 0, 10 }; /* native rail 1: 7 records to node 0, 10 to node 1 */

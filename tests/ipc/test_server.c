@@ -1063,11 +1063,12 @@ static void test_rank_page_lent(void **state)
 	size_t bytes = 0;
 	rw_client_t *c = page_rank_start("g", 512, &pg, &bytes);
 	rw_page_layout_t l;
-	assert_int_equal(rw_page_layout(2, 2, 512, (size_t)sysconf(_SC_PAGESIZE), &l), 0);
+	assert_int_equal(rw_page_layout(2, 2, 4, 512, (size_t)sysconf(_SC_PAGESIZE), &l), 0);
 	assert_int_equal(bytes, l.bytes);
 	assert_int_equal(pg->magic, RW_PAGE_MAGIC);
 	assert_int_equal(pg->nodes, 2);
 	assert_int_equal(pg->rails, 2);
+	assert_int_equal(pg->gpus, 4);
 	assert_int_equal(pg->max_recv, 512);
 	assert_int_equal(pg->slot_bytes, l.slot_bytes);
 	atomic_store_explicit(&pg->word[RW_PW_SUBMIT].v, 1, memory_order_release);
