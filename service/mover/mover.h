@@ -11,6 +11,7 @@
 
 #include <stdint.h>
 
+#include "common/arena.h"
 #include "common/common.h"
 #include "ipc/page.h"
 #include "ipc/railwave.h"
@@ -286,6 +287,32 @@ void rw_svc_rank_plan(const rw_svc_phase_t *ph, uint32_t g, const uint32_t *cons
 rw_status_t rw_svc_rank_records_check(const rw_svc_phase_t *ph, uint32_t g, uint32_t n_tokens,
 				      const uint32_t *tags, const rw_page_plan_entry_t *entries,
 				      const uint8_t *const *slab, char *why);
+/* For movers (service/mover/mover_owner.c): the owner's combine sums (docs/dataflow.md
+ * "Combine"). Owner token t of local rank g is u = base[g] + t; its terms are summed in one
+ * fixed order — its local ranks' rows by local rank, then the rows that came back by source
+ * node — once the last is in, straight into its output row. */
+typedef struct rw_svc_owner {
+	uint32_t base[RW_MAX_GPUS + 1];
+	uint32_t n;                  /* owner tokens, all local ranks */
+	uint32_t *local;             /* [u]: 1 + i, its local-node record i (ref n_in + i); 0: none */
+	uint32_t *first;             /* [u + 1]: its records whose rows come back, in recs */
+	uint32_t *recs;              /* those records (indices into ph->rec), by token, node ascending */
+	uint32_t *left;              /* [u]: rows still to come back */
+	uint8_t *done;               /* [u]: the mover's: summed (or listed to be) */
+} rw_svc_owner_t;
+/* From the decided plan (ph->rec, row_off, rt) and the mover's local-node records ((rank, token)
+ * of record i at local_ref[2i], [2i + 1]), in the pair's arena. RW_ERR_NOMEM. */
+rw_status_t rw_svc_owner_plan(rw_svc_owner_t *o, rw_arena_t *mem, const rw_svc_phase_t *ph,
+			      const uint32_t *local_ref, uint32_t n_local);
+/* The row of record `rec` (an index into ph->rec) came back: *u_p its token; 1 when it was the
+ * token's last. */
+int rw_svc_owner_back(rw_svc_owner_t *o, const rw_svc_phase_t *ph, uint32_t rec, uint32_t *u_p);
+/* Token u's terms in the order they are added, as addresses: local rank h's combine row j at
+ * row_at[h] + j * row_bytes (ro->contrib must cover the local-node refs), then back_at[rec] of
+ * each record whose row came back. Returns how many (at most G + N - 1; terms holds that). */
+uint32_t rw_svc_owner_terms(const rw_svc_owner_t *o, const rw_svc_phase_t *ph,
+			    const rw_svc_rank_out_t *ro, uint32_t u, const uint64_t *row_at,
+			    const uint64_t *back_at, uint64_t *terms);
 /* Kernels on the ranks' GPUs (service/mover/mover_cuda.c): takes a pair whose first submission gives
  * CUDA memory on a device with kernels, declines every other. */
 extern const rw_svc_mover_ops_t rw_svc_mover_cuda;

@@ -1,12 +1,12 @@
 /* The CUDA data mover (service/mover/mover.h; docs/dataflow.md "CUDA buffers"): for pairs whose ranks
  * gave CUDA memory, kernels on the daemon's own stream per device move every payload byte —
  * token rows into the send slabs, arrived rows into the ranks' outputs, combine rows summed into
- * the return slabs and into the owners' fp32 sums — and the loop's CPU only writes record
+ * the return slabs and, per owner token, into its output row — and the loop's CPU only writes record
  * headers, metadata and the row lists the kernels follow. The slabs are the mesh's host memory,
  * registered and mapped into the GPUs, so kernels read and write them directly (no staging
  * copy). Completions come back as stream marks on an eventfd watched by the loop. The arithmetic
- * is the host mover's (service/mover/mover_host.c, service/phase/forward.c): fp32 sums in the same order,
- * bf16 rounded by the same formula. RAILWAVE_CUDA_MOVER=0 turns it off, =check verifies every
+ * is the host mover's (service/mover/mover_host.c, service/phase/forward.c): fp32 sums in the same order
+ * (service/mover/mover_owner.c), bf16 rounded by the same formula. RAILWAVE_CUDA_MOVER=0 turns it off, =check verifies every
  * row it copies (docs/dataflow.md "Test hooks"). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -193,8 +193,6 @@ static rw_status_t cm_open(void *mover, const rw_svc_phase_t *ph, void **state_p
 	cp->ph = ph;
 	cp->home = -1;
 	cp->tab = -1;
-	for (uint32_t g = 0; g < RW_MAX_GPUS; g++)
-		cp->acc_blk[g] = -1;
 	for (uint32_t g = 0; g < ph->gpus && cp->home < 0; g++)
 		for (int i = 0; i < 4 && cp->home < 0; i++) {
 			const rw_svc_span_mem_t *s = i < 3 ? &ph->io[0][g].in[i] : &ph->io[0][g].out;
@@ -234,9 +232,9 @@ static void cm_close(void *mover, void *state)
 			*pp = cp->next;
 			break;
 		}
-	for (uint32_t g = 0; g < RW_MAX_GPUS; g++)
-		if (cp->acc_blk[g] >= 0)
-			m->blk[cp->acc_blk[g]].busy = 0;
+	for (int d = 0; d < CM_DEVICES; d++)
+		if (cp->zero_blk[d])
+			m->blk[cp->zero_blk[d] - 1].busy = 0;
 	if (cp->tab >= 0)
 		m->tabs[cp->tab].busy = 0;
 	cm_count_release(cp);
@@ -349,7 +347,7 @@ static rw_status_t cm_stage(void *mover, void *state, rw_svc_phase_t *ph,
 
 /* ---- plan ------------------------------------------------------------------------------------- */
 
-/* Outputs, forwarding tables, owner sums (zeroed on the GPU), the mapped slabs and the row
+/* Outputs, forwarding tables, the owner sums' order and zero rows, the mapped slabs and the row
  * lists; then the dispatch slabs' kernels start (their marks complete the pack). */
 static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, char *why)
 {
@@ -381,9 +379,13 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 	cp->rank_out.n_contrib = cp->n_total;
 	for (int k = 0; k < 2; k++)
 		cp->rx_done[k] = rw_arena_alloc(&cp->mem, (size_t)ph->nodes * ph->rails, sizeof(uint32_t));
-	int oom = !cp->local_ref || !cp->rank_out.contrib || !cp->rx_done[0] || !cp->rx_done[1];
+	cp->back_at = rw_arena_alloc(&cp->mem, (size_t)n_rec + 1, sizeof(rw_cuda_dptr_t));
+	cp->terms = rw_arena_alloc(&cp->mem, (size_t)G + ph->nodes, sizeof(uint64_t));
+	int oom = !cp->local_ref || !cp->rank_out.contrib || !cp->rx_done[0] || !cp->rx_done[1] ||
+		  !cp->back_at || !cp->terms;
 	/* Which device writes each rank's memory: its output's, else its inputs', else home. */
 	uint32_t ranks_on[CM_DEVICES] = { 0 }, recs_on[CM_DEVICES] = { 0 }, local_on[CM_DEVICES] = { 0 };
+	uint32_t own_on[CM_DEVICES] = { 0 };
 	for (uint32_t g = 0; g < G; g++) {
 		const rw_svc_rank_io_t *io = &ph->io[0][g];
 		int d = io->out.dev >= 0 ? io->out.dev : io->in[0].dev >= 0 ? io->in[0].dev : cp->home;
@@ -394,6 +396,7 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 		}
 		cp->xdev[g] = d;
 		ranks_on[d]++;
+		own_on[d] += ph->rt[g].n_tokens;
 	}
 	uint32_t used = 0;
 	for (uint32_t g = 0; g < G; g++)
@@ -431,24 +434,24 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 		cp->rank_out.expert_counts[g] = rw_arena_alloc(&cp->mem, ph->n_experts,
 							       sizeof(uint32_t));
 		oom |= !cp->rank_out.ref[g] || !cp->rank_out.expert_counts[g];
-		const uint64_t acc_bytes = (uint64_t)ph->rt[g].n_tokens * ph->hidden * 4;
-		if (!oom && acc_bytes) {
-			rw_cuda_stream_t *s;
-			cp->acc_blk[g] = cm_blk_take(m, cp->xdev[g], acc_bytes);
-			if (cp->acc_blk[g] < 0) {
-				snprintf(why, RW_SVC_WHY_MAX, "out of GPU %d memory for local rank %u's "
-					 "combine sums", cp->xdev[g], g);
-				return RW_ERR_NOMEM;
-			}
-			cp->acc[g] = m->blk[cp->acc_blk[g]].ptr;
-			st = cm_pair_stream(cp, cp->xdev[g], &s);
-			if (st == RW_OK)
-				st = rw_cuda_memset_async(s, cp->acc[g], 0, acc_bytes);
-			if (st != RW_OK) {
-				snprintf(why, RW_SVC_WHY_MAX, "cannot clear local rank %u's combine sums: %s",
-					 g, rw_status_str(st));
-				return RW_ERR_DEVICE;
-			}
+	}
+	for (int d = 0; d < CM_DEVICES && !oom; d++) { /* each owner device's zero row */
+		rw_cuda_stream_t *s;
+		int b;
+		if (!own_on[d])
+			continue;
+		if ((b = cm_blk_take(m, d, ph->row_bytes)) < 0) {
+			snprintf(why, RW_SVC_WHY_MAX, "out of GPU %d memory for a row of zeros", d);
+			return RW_ERR_NOMEM;
+		}
+		cp->zero_blk[d] = b + 1;
+		st = cm_pair_stream(cp, d, &s);
+		if (st == RW_OK)
+			st = rw_cuda_memset_async(s, m->blk[b].ptr, 0, ph->row_bytes);
+		if (st != RW_OK) {
+			snprintf(why, RW_SVC_WHY_MAX, "cannot clear a row on GPU %d: %s", d,
+				 rw_status_str(st));
+			return RW_ERR_DEVICE;
 		}
 	}
 	if (oom) {
@@ -464,8 +467,12 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 				local_on[cp->xdev[g]]++;
 				n_local++;
 			}
+	if (rw_svc_owner_plan(&cp->own, &cp->mem, ph, cp->local_ref, n_local) != RW_OK) {
+		snprintf(why, RW_SVC_WHY_MAX, "out of memory");
+		return RW_ERR_NOMEM;
+	}
 	size_t bytes = 0;
-	cm_lists_carve(cp, ph, NULL, &bytes, ranks_on, recs_on, local_on);
+	cm_lists_carve(cp, ph, NULL, &bytes, ranks_on, recs_on, local_on, own_on);
 	for (int i = 0; i < CM_TABS && cp->tab < 0; i++)
 		if (!m->tabs[i].busy && rw_svc_pinned_reserve(&m->tabs[i].buf, RW_MAX(bytes, 64u)) == RW_OK) {
 			m->tabs[i].busy = 1;
@@ -476,7 +483,7 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 		return RW_ERR_NOMEM;
 	}
 	bytes = 0;
-	cm_lists_carve(cp, ph, m->tabs[cp->tab].buf.ptr, &bytes, ranks_on, recs_on, local_on);
+	cm_lists_carve(cp, ph, m->tabs[cp->tab].buf.ptr, &bytes, ranks_on, recs_on, local_on, own_on);
 	return cm_dispatch_pack_launch(cp, ph, why);
 }
 
@@ -582,19 +589,9 @@ static rw_status_t finish_marks(cm_pair_t *cp, const rw_svc_phase_t *ph, int kin
 						s, io->out.dptr + o->meta_off, cp->rank_out.meta[g],
 						(uint64_t)cp->rank_out.n[g] * o->meta_bytes);
 			}
-		} else if (st == RW_OK && ph->rt[g].n_tokens) {
-			const uint64_t n = ph->rt[g].n_tokens;
-			rw_cuda_dptr_t dst = io->out.dptr;
-			if (io->out.dev < 0) {
-				st = rw_svc_pinned_reserve(ph->stage_out[g], n * ph->row_bytes);
-				dst = cm_hptr(ph->stage_out[g]->ptr);
-			}
-			if (st == RW_OK)
-				st = rw_cuda_store_f32(s, dst, ph->dtype == RW_WIRE_BF16 ? RW_CUDA_BF16
-											: RW_CUDA_FP32,
-						       cp->acc[g], n * ph->hidden);
 		}
-		/* Stream order: the flag after the outputs, on the stream that wrote them, before
+		/* Combine: every owner token's sum is on this stream already (listed when its last
+		 * term came in, or at the combine launch). Stream order: the flag after the outputs, on the stream that wrote them, before
 		 * the mark that reports them (so the CQE always follows the flag). */
 		if (st == RW_OK && io->signal)
 			st = rw_cuda_stream_write_u32(s, io->flag_dptr, io->flag_value);

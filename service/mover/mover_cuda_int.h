@@ -14,7 +14,7 @@
 
 #define CM_DEVICES 32   /* device ordinals this mover drives (bitmasks below) */
 #define CM_REGS (2 * RW_MAX_RAILS * 4) /* mapped slot areas: slots x rails, with room */
-#define CM_BLOCKS 64    /* pooled device blocks (owner sums) */
+#define CM_BLOCKS 64    /* pooled device blocks (zero rows, count rows) */
 #define CM_TABS 4       /* pooled pinned row-list buffers (a pair holds one from plan to close) */
 #define CM_POLL_BATCH 64
 
@@ -70,8 +70,15 @@ typedef struct cm_pair {
 	rw_svc_rank_out_t rank_out;  /* what the forwarding gave each local rank */
 	uint8_t *counts_st[RW_MAX_GPUS], *rows_st[RW_MAX_GPUS];
 	rw_cuda_dptr_t rows_d[RW_MAX_GPUS];
-	int acc_blk[RW_MAX_GPUS];    /* pool block of rank g's fp32 owner sums (-1: none) */
-	rw_cuda_dptr_t acc[RW_MAX_GPUS];
+	/* combine: each owner token summed once its terms are in (rw_svc_owner_t), by a kernel on
+	 * its rank's device straight into its output row; a zero row first in every sum, so the
+	 * kernel (which loads the first row) adds to +0 as the definition does */
+	rw_svc_owner_t own;
+	rw_cuda_dptr_t *back_at;     /* [record]: where its row came back (0: not yet) */
+	uint64_t *terms;             /* [G + N]: one token's terms */
+	rw_cuda_dptr_t c_out[RW_MAX_GPUS]; /* rank g's combined rows (its output or its staging) */
+	int c_ready;                 /* every rank's combine rows are readable, c_out set */
+	int zero_blk[CM_DEVICES];    /* 1 + the pool block of a device's zero row (0: none) */
 	rw_cuda_dptr_t send_d[2][RW_MAX_RAILS], recv_d[2][RW_MAX_RAILS];
 	/* Slabs on a GPU (mover_cuda_slab.c): the host shadow's device addresses (where the CPU's
 	 * headers are; the same as send_d/recv_d on a host-memory rail), the header copy lists
@@ -180,7 +187,8 @@ rw_status_t cm_list_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, cm_list_t *l
 			       int kind);
 void cm_list_carve(cm_list_t *l, uint8_t *base, size_t *off, uint32_t n, uint32_t srcs, int sum);
 void cm_lists_carve(cm_pair_t *cp, const rw_svc_phase_t *ph, uint8_t *base, size_t *off,
-			const uint32_t *ranks_on, const uint32_t *recs_on, const uint32_t *local_on);
+			const uint32_t *ranks_on, const uint32_t *recs_on, const uint32_t *local_on,
+			const uint32_t *own_on);
 /* mover_cuda_pack.c: the dispatch pack in pieces; an OP_PACK mark of device dev completed;
  * every piece is in (after a sync). */
 void cm_pack_piece_done(cm_pair_t *cp, int dev);

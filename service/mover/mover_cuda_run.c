@@ -420,8 +420,8 @@ void cm_check_copies(cm_pair_t *cp, const rw_svc_phase_t *ph, const cm_list_t *l
 			what, dev, to - from);
 }
 
-/* Launch what device `dev`'s list holds beyond what was launched. kind: 0 copy, 1 owner sums
- * (fp32 accumulate), 2 combine slab sums. */
+/* Launch what device `dev`'s list holds beyond what was launched. kind: 0 copy, 1 sums (the
+ * combine slabs', the owners'), each rounded once into the phase dtype. */
 rw_status_t cm_list_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, cm_list_t *l, int dev,
 			       int kind)
 {
@@ -435,8 +435,6 @@ rw_status_t cm_list_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, cm_list_t *l
 	if (st == RW_OK && kind == 0)
 		st = rw_cuda_copy_rows(s, cm_hptr(l->copy + l->launched), n,
 				       l->row ? l->row : (uint32_t)ph->row_bytes, aligned);
-	else if (st == RW_OK && kind == 1)
-		st = rw_cuda_rows_acc(s, cm_hptr(l->sum + l->launched), cm_hptr(l->src), n, ph->hidden, dt);
 	else if (st == RW_OK)
 		st = rw_cuda_rows_sum(s, cm_hptr(l->sum + l->launched), cm_hptr(l->src), n, ph->hidden, dt,
 				      aligned);
@@ -450,21 +448,22 @@ rw_status_t cm_list_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, cm_list_t *l
 
 /* Every row list of the pair, in one pinned buffer the kernels read mapped: the dispatch slabs'
  * rows (one per record), the combine slabs' sums (one per received record, up to G rows each),
- * and per device the forwards (each record at most once per rank there) and the owner-sum adds
- * (returned records and local-node records owned there). */
+ * and per device the forwards (each record at most once per rank there) and the owner sums
+ * (one per owner token there: a zero row, its local ranks' rows, its returned records' rows). */
 void cm_lists_carve(cm_pair_t *cp, const rw_svc_phase_t *ph, uint8_t *base, size_t *off,
-			const uint32_t *ranks_on, const uint32_t *recs_on, const uint32_t *local_on)
+			const uint32_t *ranks_on, const uint32_t *recs_on, const uint32_t *local_on,
+			const uint32_t *own_on)
 {
 	const uint32_t G = ph->gpus;
 	cm_list_carve(&cp->pack, base, off, ph->row_off[(size_t)ph->nodes * ph->rails], 0, 0);
 	cm_list_carve(&cp->cslab, base, off, ph->n_in, ph->n_in * G, 1);
 	cm_slab_carve(cp, ph, base, off);
 	for (int d = 0; d < CM_DEVICES; d++) {
-		if (!ranks_on[d] && !recs_on[d] && !local_on[d])
+		if (!ranks_on[d] && !recs_on[d] && !local_on[d] && !own_on[d])
 			continue;
 		cm_list_carve(&cp->fwd[d], base, off, cp->n_total * ranks_on[d], 0, 0);
-		cm_list_carve(&cp->sums[d], base, off, recs_on[d] + local_on[d],
-			   recs_on[d] + local_on[d] * G, 1);
+		cm_list_carve(&cp->sums[d], base, off, own_on[d],
+			   own_on[d] + recs_on[d] + local_on[d] * G, 1);
 	}
 }
 
@@ -490,7 +489,7 @@ int cm_forward_one(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t ref, uint32
 rw_status_t cm_launch_all(cm_pair_t *cp, const rw_svc_phase_t *ph, int sums, char *why)
 {
 	for (int d = 0; d < CM_DEVICES; d++) {
-		rw_status_t st = cm_list_launch(cp, ph, sums ? &cp->sums[d] : &cp->fwd[d], d, sums);
+		rw_status_t st = cm_list_launch(cp, ph, sums ? &cp->sums[d] : &cp->fwd[d], d, !!sums);
 		if (st != RW_OK) {
 			snprintf(why, RW_SVC_WHY_MAX, "cannot launch a %s kernel on GPU %d: %s",
 				 sums ? "combine" : "forward", d, rw_status_str(st));
@@ -562,11 +561,30 @@ rw_status_t cm_forward_local(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t b
 	return *done_p ? cm_launch_all(cp, ph, 0, why) : RW_OK;
 }
 
-/* Every return slab and the local-node fold, once every rank's combine rows are in: a record
- * one local rank computed goes back as that rank's row as it is; several: their fp32 sum in rank
- * order, rounded once (the host mover's combine_pack). Local-node records are added into their
- * owners' fp32 sums in rank order. One mark per device used; the ranks are reported staged when
- * all are done. */
+/* Owner token t of local rank g, every term in: one sum on its rank's device, into its output
+ * row — the device's zero row (the kernel loads its first row: the sum then starts at +0, as the
+ * definition does; a token with no term gets the zeros), then its terms in the fixed order
+ * (rw_svc_owner_terms). Launched with the list. */
+static void owner_list(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t g, uint32_t t)
+{
+	const uint32_t u = cp->own.base[g] + t;
+	if (cp->own.done[u])
+		return;
+	const uint32_t n = rw_svc_owner_terms(&cp->own, ph, &cp->rank_out, u, cp->crow, cp->back_at,
+					      cp->terms);
+	cm_list_t *sl = &cp->sums[cp->xdev[g]];
+	cm_list_sum(sl, cp->c_out[g] + (uint64_t)t * ph->row_bytes);
+	cm_list_src(sl, cp->m->blk[cp->zero_blk[cp->xdev[g]] - 1].ptr);
+	for (uint32_t k = 0; k < n; k++)
+		cm_list_src(sl, cp->terms[k]);
+	cp->own.done[u] = 1;
+}
+
+/* Every return slab, once every rank's combine rows are in: a record one local rank computed
+ * goes back as that rank's row as it is; several: their fp32 sum in rank order, rounded once
+ * (the host mover's combine_pack). One mark per device used; the ranks are reported staged when
+ * all are done. Then the owner tokens whose terms are all in are summed (the others when their
+ * last row comes back), after the marks: the posts need not wait for them. */
 rw_status_t cm_combine_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why)
 {
 	const rw_svc_layout_t *l = ph->layout;
@@ -601,7 +619,7 @@ rw_status_t cm_combine_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why
 			}
 		if (cs->n > cs->launched || cp->cs_hl.n > cp->cs_hl.launched)
 			marks_on |= 1u << dev;
-		rw_status_t st = cm_list_launch(cp, ph, cs, dev, 2);
+		rw_status_t st = cm_list_launch(cp, ph, cs, dev, 1);
 		if (st == RW_OK)
 			st = cm_list_launch(cp, ph, &cp->cs_hl, dev, 0);
 		if (st != RW_OK) {
@@ -610,37 +628,43 @@ rw_status_t cm_combine_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why
 			return RW_ERR_DEVICE;
 		}
 	}
-	for (uint32_t i = 0; i < cp->n_local; i++) {
-		uint32_t g0 = cp->local_ref[2 * i], t = cp->local_ref[2 * i + 1];
-		const uint32_t *c = &cp->rank_out.contrib[(size_t)(ph->n_in + i) * G];
-		cm_list_t *sl = &cp->sums[cp->xdev[g0]];
-		cm_list_sum(sl, cp->acc[g0] + (uint64_t)t * ph->hidden * 4);
-		for (uint32_t g = 0; g < G; g++)
-			if (c[g])
-				cm_list_src(sl, cp->crow[g] + (uint64_t)(c[g] - 1) * ph->row_bytes);
-		marks_on |= 1u << cp->xdev[g0];
-	}
-	rw_status_t st = cm_launch_all(cp, ph, 1, why);
-	if (st != RW_OK)
-		return st;
 	marks_on |= 1u << cp->home; /* at least one mark, so the reports come */
 	for (int d = 0; d < CM_DEVICES; d++)
 		if (marks_on & (1u << d)) {
-			if ((st = cm_pair_mark(cp, d, OP_STAGE_C, 0)) != RW_OK) {
+			rw_status_t st = cm_pair_mark(cp, d, OP_STAGE_C, 0);
+			if (st != RW_OK) {
 				snprintf(why, RW_SVC_WHY_MAX, "cannot mark GPU %d's combine work: %s", d,
 					 rw_status_str(st));
 				return RW_ERR_DEVICE;
 			}
 			cp->marks_c++;
 		}
-	return RW_OK;
+	for (uint32_t g = 0; g < G; g++) { /* the owners' rows: their outputs, or their staging */
+		const rw_svc_rank_io_t *io = &ph->io[1][g];
+		const uint64_t n = ph->rt[g].n_tokens;
+		cp->c_out[g] = io->out.dptr;
+		if (n == 0 || io->out.dev >= 0)
+			continue;
+		if (rw_svc_pinned_reserve(ph->stage_out[g], n * ph->row_bytes) != RW_OK) {
+			snprintf(why, RW_SVC_WHY_MAX, "out of pinned memory for local rank %u's combined "
+				 "rows", g);
+			return RW_ERR_NOMEM;
+		}
+		cp->c_out[g] = cm_hptr(ph->stage_out[g]->ptr);
+	}
+	cp->c_ready = 1;
+	for (uint32_t g = 0; g < G; g++)
+		for (uint32_t t = 0; t < ph->rt[g].n_tokens; t++)
+			if (!cp->own.left[cp->own.base[g] + t])
+				owner_list(cp, ph, g, t);
+	return cm_launch_all(cp, ph, 1, why);
 }
 
 /* Records [done, upto) of a combine range from `d` on egress rail `e` (all of it once
- * complete, a prefix while it arrives): headers checked on the CPU, each row added into its
- * owner token's fp32 sum by a kernel on the owner's device. A range holds at most one record
- * per token, so taking it in pieces adds the same rows in the same order per token. From a slab
- * on a GPU, once its headers are pulled into the shadow (mover_cuda_slab.c). */
+ * complete, a prefix while it arrives): headers checked on the CPU, where each row is noted; a
+ * token whose last row this was is summed by a kernel on its owner's device (once every rank's
+ * combine rows are in; else at the combine launch). From a slab on a GPU, once its headers are
+ * pulled into the shadow (mover_cuda_slab.c). */
 rw_status_t cm_combine_range(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t d, uint32_t e,
 				 uint32_t upto, char *why)
 {
@@ -666,9 +690,11 @@ rw_status_t cm_combine_take(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t d,
 		rw_status_t st = rw_svc_mover_crec_read(ph, ph->recv_area[1][e] + pos, d, e, k, &r, why);
 		if (st != RW_OK)
 			return st;
-		cm_list_t *sl = &cp->sums[cp->xdev[r->rank]];
-		cm_list_sum(sl, cp->acc[r->rank] + (uint64_t)r->token * ph->hidden * 4);
-		cm_list_src(sl, cp->recv_d[1][e] + pos + RW_WIRE_CREC_HDR);
+		const uint32_t j = (uint32_t)(r - ph->rec);
+		uint32_t u;
+		cp->back_at[j] = cp->recv_d[1][e] + pos + RW_WIRE_CREC_HDR;
+		if (rw_svc_owner_back(&cp->own, ph, j, &u) && cp->c_ready)
+			owner_list(cp, ph, r->rank, r->token);
 	}
 	*done = upto;
 	return cm_launch_all(cp, ph, 1, why);

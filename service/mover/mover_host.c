@@ -1,6 +1,6 @@
 /* The host data mover (service/mover/mover.h; docs/dataflow.md "Send", "Receive and forward",
- * "Combine", "CUDA buffers"): the loop's CPU packs slabs, forwards arrived records, folds and
- * sums combine rows in fp32. Ranks with CUDA buffers are staged through pinned host memory by
+ * "Combine", "CUDA buffers"): the loop's CPU packs slabs, forwards arrived records, and sums each
+ * owner token's combine rows once, in fp32 in a fixed order, into its output row. Ranks with CUDA buffers are staged through pinned host memory by
  * asynchronous copies on one stream per device (service/mover/stage.c); their completions come back
  * through the loop as the mover's reports. Accepts every pair: the fallback of every daemon. */
 #include <stdio.h>
@@ -29,9 +29,14 @@ typedef struct host_pair {
 	uint32_t bg_g, bg_i;         /* where it resumes */
 	rw_svc_rank_out_t rank_out;  /* what the forwarding gave each local rank */
 	uint8_t *counts_dst[RW_MAX_GPUS], *rows_dst[RW_MAX_GPUS];
-	float *owner_acc[RW_MAX_GPUS]; /* fp32 sums of each owner token's combine rows */
-	uint8_t *acc_seen[RW_MAX_GPUS]; /* [token]: its sum has a first term (else it is garbage) */
-	int acc_slot[RW_MAX_GPUS];   /* its buffer in m->sums (-1: in the arena) */
+	/* combine: each owner token summed once its terms are in (rw_svc_owner_t) */
+	rw_svc_owner_t own;
+	uint64_t *back_at;           /* [record]: where its row came back (0: not yet) */
+	uint64_t *terms;             /* [G + N]: one token's terms */
+	const void **rows;           /* [G + N]: the same, as pointers */
+	uint64_t row_at[RW_MAX_GPUS]; /* rank g's combine rows */
+	uint8_t *c_out[RW_MAX_GPUS]; /* rank g's combined rows: its output, or its CUDA staging */
+	int c_ready;                 /* the local ranks' rows are readable, c_out set */
 	float *crow;                 /* one fp32 row for summing copies */
 	/* stream order: rank g's flag, written with a driver call when its outputs' mark completes */
 	const rw_svc_rank_io_t *flag_io[RW_MAX_GPUS];
@@ -39,45 +44,12 @@ typedef struct host_pair {
 	uint32_t *pack_slot;
 } host_pair_t;
 
-/* Buffers of fp32 sums kept from pair to pair: a fresh calloc of megabytes per pair cost two
- * page faults per page at the first add (zero page, then copy on write) and an munmap at close,
- * about a fifth of the daemon's CPU in the unshaped demo (docs/perf/daemon-cpu.md). A pair
- * holds one per local rank from plan to close; beyond HM_SUMS open at once, the arena serves. */
-#define HM_SUMS (4 * RW_MAX_GPUS)
-
 struct host_mover {
 	rw_svc_stage_t *stage;
 	rw_svc_mover_done_fn done;
 	void *ctx;
 	host_pair_t *pairs;
-	struct { float *p; size_t n; int busy; } sums[HM_SUMS];
 };
-
-/* n floats from the pool (its slot in *slot_p), or from the pair's arena (slot -1). Not zeroed:
- * a token's first term is stored, later ones added (owner_add), so no pass over the megabytes
- * of sums runs when the dispatch is decided. */
-static float *sums_take(host_mover_t *m, host_pair_t *hp, size_t n, int *slot_p)
-{
-	int pick = -1;
-	for (int i = 0; i < HM_SUMS; i++) /* the smallest free buffer that fits, else any free */
-		if (!m->sums[i].busy && (pick < 0 || (m->sums[i].n >= n &&
-			(m->sums[pick].n < n || m->sums[i].n < m->sums[pick].n))))
-			pick = i;
-	*slot_p = -1;
-	if (pick < 0)
-		return rw_arena_alloc(&hp->mem, n, sizeof(float));
-	if (m->sums[pick].n < n) {
-		float *p = malloc(n * sizeof(float));
-		if (!p)
-			return NULL;
-		free(m->sums[pick].p);
-		m->sums[pick].p = p;
-		m->sums[pick].n = n;
-	}
-	m->sums[pick].busy = 1;
-	*slot_p = pick;
-	return m->sums[pick].p;
-}
 
 enum { OP_FLUSH = RW_SVC_KIND_COUNT }; /* stage token ops: the kind for inputs, OP_FLUSH outputs */
 
@@ -149,8 +121,6 @@ static void host_destroy(void *mover)
 {
 	host_mover_t *m = mover;
 	rw_svc_stage_destroy(m->stage); /* waits for every copy */
-	for (int i = 0; i < HM_SUMS; i++)
-		free(m->sums[i].p);
 	free(m);
 }
 
@@ -169,8 +139,6 @@ static rw_status_t host_open(void *mover, const rw_svc_phase_t *ph, void **state
 		return RW_ERR_NOMEM;
 	hp->m = m;
 	hp->serial = ph->serial;
-	for (uint32_t g = 0; g < RW_MAX_GPUS; g++)
-		hp->acc_slot[g] = -1;
 	hp->next = m->pairs;
 	m->pairs = hp;
 	*state_p = hp;
@@ -200,9 +168,6 @@ static void host_close(void *mover, void *state)
 			*pp = hp->next;
 			break;
 		}
-	for (uint32_t g = 0; g < RW_MAX_GPUS; g++)
-		if (hp->acc_slot[g] >= 0)
-			m->sums[hp->acc_slot[g]].busy = 0;
 	rw_arena_free(&hp->mem);
 	free(hp);
 }
@@ -307,15 +272,19 @@ static rw_status_t host_plan(void *mover, void *state, const rw_svc_phase_t *ph,
 	hp->n_local = n_local;
 	hp->local_ref = rw_arena_alloc(&hp->mem, 2 * (size_t)n_local + 1, sizeof(uint32_t));
 	const uint64_t total = (uint64_t)ph->n_in + n_local;
-	hp->rank_out.contrib = rw_arena_alloc(&hp->mem, (size_t)ph->n_in * ph->gpus + 1,
+	/* every record's rows per rank: the combine sums its local ranks' rows of local records */
+	hp->rank_out.contrib = rw_arena_alloc(&hp->mem, (size_t)total * ph->gpus + 1,
 					      sizeof(uint32_t));
-	hp->rank_out.n_contrib = ph->n_in;
+	hp->rank_out.n_contrib = (uint32_t)total;
 	hp->crow = rw_arena_alloc(&hp->mem, (size_t)ph->hidden + 1, sizeof(float));
 	uint32_t n_rec = ph->row_off[(size_t)ph->nodes * ph->rails];
 	hp->pack_egress = rw_arena_alloc(&hp->mem, RW_MAX(1u, n_rec), 1);
 	hp->pack_slot = rw_arena_alloc(&hp->mem, RW_MAX(1u, n_rec), sizeof(uint32_t));
+	hp->back_at = rw_arena_alloc(&hp->mem, RW_MAX(1u, n_rec), sizeof(uint64_t));
+	hp->terms = rw_arena_alloc(&hp->mem, (size_t)ph->gpus + ph->nodes, sizeof(uint64_t));
+	hp->rows = rw_arena_alloc(&hp->mem, (size_t)ph->gpus + ph->nodes, sizeof(void *));
 	int oom = !hp->local_ref || !hp->rank_out.contrib || !hp->crow || !hp->pack_egress ||
-		  !hp->pack_slot;
+		  !hp->pack_slot || !hp->back_at || !hp->terms || !hp->rows;
 	for (uint32_t g = 0; g < ph->gpus && !oom; g++) {
 		const rw_svc_rank_io_t *io = &ph->io[RW_SVC_DISPATCH][g];
 		rw_svc_out_layout_t *o = &hp->rank_out.layout[g];
@@ -343,13 +312,7 @@ static rw_status_t host_plan(void *mover, void *state, const rw_svc_phase_t *ph,
 						     sizeof(uint32_t));
 		hp->rank_out.expert_counts[g] = rw_arena_alloc(&hp->mem, ph->n_experts,
 							       sizeof(uint32_t));
-		if (hp->acc_slot[g] >= 0) /* (plan is once per pair; a repeat must not hold two) */
-			hp->m->sums[hp->acc_slot[g]].busy = 0;
-		hp->owner_acc[g] = sums_take(hp->m, hp, (size_t)ph->rt[g].n_tokens * ph->hidden + 1,
-					     &hp->acc_slot[g]);
-		hp->acc_seen[g] = rw_arena_alloc(&hp->mem, (size_t)ph->rt[g].n_tokens + 1, 1);
-		oom |= !hp->rank_out.ref[g] || !hp->rank_out.expert_counts[g] || !hp->owner_acc[g] ||
-		       !hp->acc_seen[g];
+		oom |= !hp->rank_out.ref[g] || !hp->rank_out.expert_counts[g];
 	}
 	if (oom) {
 		snprintf(why, RW_SVC_WHY_MAX, "out of memory");
@@ -359,6 +322,10 @@ static rw_status_t host_plan(void *mover, void *state, const rw_svc_phase_t *ph,
 		const rw_record_t *r = &ph->rec[lo[0] + i];
 		hp->local_ref[2 * i] = r->rank;
 		hp->local_ref[2 * i + 1] = r->token;
+	}
+	if (rw_svc_owner_plan(&hp->own, &hp->mem, ph, hp->local_ref, n_local) != RW_OK) {
+		snprintf(why, RW_SVC_WHY_MAX, "out of memory");
+		return RW_ERR_NOMEM;
 	}
 	return RW_OK;
 }
@@ -495,21 +462,51 @@ static void combine_pack(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t d)
 	}
 }
 
-/* Add a combine row into owner token t of local rank g: the first term is stored as 0 + row,
- * bit for bit what adding it to a zeroed sum gives. */
-static void owner_add(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t g, uint32_t t,
-		      const uint8_t *row)
+/* The local ranks' combine rows are readable (every rank staged: the combine is packing or
+ * running its local work), so a token whose terms are all in can be summed: the rows' places,
+ * and each rank's output (a CUDA rank's pinned staging, copied out by finish). */
+static rw_status_t combine_begin(host_pair_t *hp, const rw_svc_phase_t *ph, char *why)
 {
-	float *acc = hp->owner_acc[g] + (size_t)t * ph->hidden;
-	if (hp->acc_seen[g][t]) {
-		rw_svc_row_acc(acc, row, ph->dtype, ph->hidden);
-		return;
+	if (hp->c_ready)
+		return RW_OK;
+	for (uint32_t g = 0; g < ph->gpus; g++) {
+		const rw_svc_rank_io_t *io = &ph->io[RW_SVC_COMBINE][g];
+		const uint64_t n = ph->rt[g].n_tokens;
+		hp->row_at[g] = (uint64_t)(uintptr_t)io->tokens;
+		hp->c_out[g] = io->out.host;
+		if (n == 0 || io->out.dev < 0)
+			continue;
+		rw_status_t st = rw_svc_pinned_reserve(ph->stage_out[g], n * ph->row_bytes);
+		if (st != RW_OK) {
+			snprintf(why, RW_SVC_WHY_MAX, "cannot stage local rank %u's combined rows: %s",
+				 g, rw_status_str(st));
+			return st;
+		}
+		hp->c_out[g] = ph->stage_out[g]->ptr;
 	}
-	rw_svc_row_first(acc, row, ph->dtype, ph->hidden);
-	hp->acc_seen[g][t] = 1;
+	hp->c_ready = 1;
+	return RW_OK;
 }
 
-/* A complete combine range from `d` on egress rail `e`: add each row into its owner token. */
+/* Owner token t of local rank g, every term in: its row of the output, summed in the fixed
+ * order (rw_svc_owner_terms; a token with none gets zeros). */
+static void owner_sum(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t g, uint32_t t)
+{
+	const uint32_t u = hp->own.base[g] + t;
+	if (hp->own.done[u])
+		return;
+	uint32_t n = rw_svc_owner_terms(&hp->own, ph, &hp->rank_out, u, hp->row_at, hp->back_at,
+					hp->terms);
+	for (uint32_t k = 0; k < n; k++)
+		hp->rows[k] = (const void *)(uintptr_t)hp->terms[k];
+	rw_svc_rows_reduce(hp->c_out[g] + (uint64_t)t * ph->row_bytes, ph->dtype, hp->rows, n,
+			   ph->hidden);
+	hp->own.done[u] = 1;
+}
+
+/* A complete combine range from `d` on egress rail `e`: note where each row is; a token whose
+ * last row this was is summed now, if the local ranks' rows are readable (else by the local
+ * work). */
 static rw_status_t combine_range(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t d,
 				 uint32_t e, char *why)
 {
@@ -522,30 +519,35 @@ static rw_status_t combine_range(host_pair_t *hp, const rw_svc_phase_t *ph, uint
 		rw_status_t st = rw_svc_mover_crec_read(ph, rec, d, e, k, &r, why);
 		if (st != RW_OK)
 			return st;
-		owner_add(hp, ph, r->rank, r->token, rec + RW_WIRE_CREC_HDR);
+		const uint32_t j = (uint32_t)(r - ph->rec);
+		uint32_t u;
+		hp->back_at[j] = (uint64_t)(uintptr_t)(rec + RW_WIRE_CREC_HDR);
+		if (rw_svc_owner_back(&hp->own, ph, j, &u) && hp->c_ready)
+			owner_sum(hp, ph, r->rank, r->token);
 	}
 	return RW_OK;
 }
 
-/* Fold up to `budget` local ranks' rows of local-node records (from rank bg_g, row bg_i on)
- * into their owners' fp32 sums. Rows of received records are read when their destination is
- * packed. */
-static void combine_local(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t budget, int *done_p)
+/* Up to `budget` owner tokens (from rank bg_g, token bg_i on) whose terms are all in, summed;
+ * those still waiting for a row are summed when it comes. */
+static rw_status_t combine_local(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t budget,
+				 int *done_p, char *why)
 {
 	*done_p = 0;
-	for (; hp->bg_g < ph->gpus; hp->bg_g++, hp->bg_i = 0) {
-		const rw_svc_rank_io_t *io = &ph->io[RW_SVC_COMBINE][hp->bg_g];
-		for (; hp->bg_i < hp->rank_out.n[hp->bg_g]; hp->bg_i++) {
-			uint32_t ref = hp->rank_out.ref[hp->bg_g][hp->bg_i];
-			if (ref < ph->n_in)
+	rw_status_t st = combine_begin(hp, ph, why);
+	if (st != RW_OK)
+		return st;
+	for (; hp->bg_g < ph->gpus; hp->bg_g++, hp->bg_i = 0)
+		for (; hp->bg_i < ph->rt[hp->bg_g].n_tokens; hp->bg_i++) {
+			const uint32_t u = hp->own.base[hp->bg_g] + hp->bg_i;
+			if (hp->own.done[u] || hp->own.left[u])
 				continue;
 			if (!budget--)
-				return;
-			const uint32_t *lr = &hp->local_ref[2 * (size_t)(ref - ph->n_in)];
-			owner_add(hp, ph, lr[0], lr[1], io->tokens + (size_t)hp->bg_i * ph->row_bytes);
+				return RW_OK;
+			owner_sum(hp, ph, hp->bg_g, hp->bg_i);
 		}
-	}
 	*done_p = 1;
+	return RW_OK;
 }
 
 /* ---- the ops -------------------------------------------------------------------------------- */
@@ -554,10 +556,14 @@ static rw_status_t host_pack(void *mover, void *state, const rw_svc_phase_t *ph,
 			     rw_svc_phase_kind_t kind, uint32_t d, char *why)
 {
 	(void)mover;
-	if (kind == RW_SVC_DISPATCH)
+	if (kind == RW_SVC_DISPATCH) {
 		dispatch_pack(state, ph, d);
-	else
+	} else {
+		rw_status_t st = combine_begin(state, ph, why);
+		if (st != RW_OK)
+			return st;
 		combine_pack(state, ph, d);
+	}
 	return rw_svc_slab_push(ph, kind, d, why); /* slabs on a GPU: the packed bytes go there */
 }
 
@@ -583,8 +589,7 @@ static rw_status_t host_local(void *mover, void *state, const rw_svc_phase_t *ph
 	}
 	if (kind == RW_SVC_DISPATCH)
 		return forward_local(hp, ph, budget, done_p, why);
-	combine_local(hp, ph, budget, done_p);
-	return RW_OK;
+	return combine_local(hp, ph, budget, done_p, why);
 }
 
 /* Every byte of the phase is here: write the ranks' outputs (host memory directly; CUDA memory
@@ -624,22 +629,12 @@ static rw_status_t host_finish(void *mover, void *state, const rw_svc_phase_t *p
 			}
 			if (n == 0)
 				continue;
-			uint8_t *dst = io->out.host;
-			if (io->out.dev >= 0) {
-				rw_svc_pinned_t *stage = ph->stage_out[g];
-				st = rw_svc_pinned_reserve(stage, n * ph->row_bytes);
-				dst = stage->ptr;
-			}
-			for (uint64_t t = 0; st == RW_OK && t < n; t++) /* a token with no term: +0 */
-				if (hp->acc_seen[g][t])
-					rw_svc_row_store(dst + t * ph->row_bytes, ph->dtype,
-							 hp->owner_acc[g] + t * ph->hidden, ph->hidden);
-				else
-					memset(dst + t * ph->row_bytes, 0, ph->row_bytes);
+			/* Every token is summed in place by now: when its last term came in, or by
+			 * the local work, which ran to the end before this. */
 			if (io->out.dev < 0)
 				continue;
-			if (st == RW_OK)
-				st = rw_svc_stage_h2d(m->stage, io->out.dev, io->out.dptr, dst, n * ph->row_bytes);
+			st = rw_svc_stage_h2d(m->stage, io->out.dev, io->out.dptr, hp->c_out[g],
+					      n * ph->row_bytes);
 		}
 		if (st == RW_OK)
 			st = rw_svc_stage_mark(m->stage, io->out.dev, stage_token(hp, OP_FLUSH, g));

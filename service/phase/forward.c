@@ -165,3 +165,27 @@ void rw_svc_row_store(void *dst, uint32_t dtype, const float *acc, uint32_t hidd
 		memcpy(p + 2 * i, &v, 2);
 	}
 }
+
+/* Elements per block of rw_svc_rows_reduce: its fp32 sums (2 KiB) stay in the L1 cache while
+ * every term's block is added, so a token costs one read of each term and one write of its
+ * row; the sums of the whole phase never exist in memory. */
+#define REDUCE_BLOCK 512u
+
+void rw_svc_rows_reduce(void *dst, uint32_t dtype, const void *const *rows, uint32_t n,
+			uint32_t hidden)
+{
+	const size_t esz = rw_wire_dtype_size(dtype);
+	uint8_t *out = dst;
+	if (n == 0) {
+		memset(out, 0, hidden * esz);
+		return;
+	}
+	float acc[REDUCE_BLOCK];
+	for (uint32_t i = 0; i < hidden; i += REDUCE_BLOCK) {
+		const uint32_t m = RW_MIN(REDUCE_BLOCK, hidden - i);
+		row_in(acc, (const uint8_t *)rows[0] + i * esz, dtype, m, ROW_ZERO_ADD);
+		for (uint32_t k = 1; k < n; k++)
+			row_in(acc, (const uint8_t *)rows[k] + i * esz, dtype, m, ROW_ADD);
+		rw_svc_row_store(out + i * esz, dtype, acc, m);
+	}
+}

@@ -94,5 +94,10 @@ void rw_svc_row_first(float *acc, const void *row, uint32_t dtype, uint32_t hidd
 void rw_svc_row_load(float *acc, const void *row, uint32_t dtype, uint32_t hidden);
 /* dst[i] = (dtype) acc[i]. */
 void rw_svc_row_store(void *dst, uint32_t dtype, const float *acc, uint32_t hidden);
+/* The owner's sum of a token ("Combine"): dst[i] = (dtype)(((+0 + rows[0][i]) + rows[1][i]) +
+ * ... + rows[n-1][i]), added in fp32 in this order and rounded once; n = 0 gives zeros. rows
+ * and dst are rows of the phase dtype; no sum is kept in memory beyond a block on the stack. */
+void rw_svc_rows_reduce(void *dst, uint32_t dtype, const void *const *rows, uint32_t n,
+			uint32_t hidden);
 
 #endif /* RW_SVC_PHASE_H */

@@ -4,6 +4,7 @@
 #include "tests/service/exec_harness.h"
 
 #include <dlfcn.h>
+#include <math.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -582,6 +583,121 @@ void dispatch_submit_all(cl_t *c, uint32_t step, uint32_t layer)
 	for (uint32_t r = 0; r < c->W; r++)
 		dispatch_submit(c, r, step, layer, NULL);
 	settle(c);
+}
+
+/* ---- the owner's order of a combine sum ----------------------------------------------------- */
+
+/* Whether global rank q hosts one of token i's experts (wk: its owner's workload). */
+static int hosts(const cl_t *c, const rw_wl_work_t *wk, uint32_t i, uint32_t q)
+{
+	for (uint32_t k = 0; k < TOPK; k++)
+		if (wk->ids[i][k] >= 0 && (uint32_t)wk->ids[i][k] / c->per_rank == q)
+			return 1;
+	return 0;
+}
+
+/* What rank q returns for owner rank o's token i, element h, in combine_order_check: on o's
+ * node, the first rank hosting it +2^30, the second -2^30; elsewhere 1 + h % 3, so the sum is
+ * 1..3 when the two big terms cancel first and 0 when a small one is added first. */
+static float order_term(const cl_t *c, const rw_wl_work_t *wk, uint32_t o, uint32_t i, uint32_t q,
+			uint32_t h)
+{
+	if (q / c->G != o / c->G)
+		return 1.0f + (float)(h % 3);
+	uint32_t k = 0;
+	for (uint32_t p = (o / c->G) * c->G; p < q; p++)
+		k += (uint32_t)hosts(c, wk, i, p);
+	return k == 0 ? 1073741824.0f : k == 1 ? -1073741824.0f : 0.0f;
+}
+
+static float as_dtype(float v, int bf16)
+{
+	return bf16 ? rw_bf16_to_f32(rw_bf16_from_f32(v)) : v;
+}
+
+/* docs/dataflow.md "Combine", element h of owner rank o's token i: +0, then its own node's ranks'
+ * rows by rank, then each other node's row (its ranks' fp32 sum, rounded once) by node, added
+ * in fp32 in that order and rounded once. */
+static float order_sum(const cl_t *c, const rw_wl_work_t *wk, uint32_t o, uint32_t i, uint32_t h,
+		       int bf16)
+{
+	const uint32_t home = o / c->G;
+	float acc = 0.0f;
+	for (uint32_t q = home * c->G; q < (home + 1) * c->G; q++)
+		if (hosts(c, wk, i, q))
+			acc += order_term(c, wk, o, i, q, h);
+	for (uint32_t n = 0; n < c->N; n++) {
+		if (n == home)
+			continue;
+		float row = 0.0f;
+		uint32_t terms = 0;
+		for (uint32_t q = n * c->G; q < (n + 1) * c->G; q++)
+			if (hosts(c, wk, i, q))
+				row = terms++ ? row + order_term(c, wk, o, i, q, h) : order_term(c, wk, o, i, q, h);
+		if (terms)
+			acc += as_dtype(row, bf16);
+	}
+	return as_dtype(acc, bf16);
+}
+
+uint32_t combine_order_check(cl_t *c, uint32_t step, uint32_t layer, int rows_first)
+{
+	const int bf16 = rw_wl_bf16(step, layer);
+	const uint32_t row = c->hidden * (bf16 ? 2 : 4);
+	const uint64_t cbytes = c->E > RW_CQE_INLINE_COUNTS ? ((4ull * c->E + 15) & ~15ull) : 0;
+	const uint64_t meta_bytes = 16 + 8 * TOPK;
+	const uint64_t cap = (c->out_cap - cbytes) / (row + meta_bytes);
+	CHECK(c->N == 2, "combine_order_check runs on two nodes");
+	for (uint32_t q = 0; q < c->W; q++) { /* every rank's combine rows: order_term's */
+		trank_t *t = &c->rk[q];
+		const uint8_t *metas = t->mem + c->off_out + cbytes + cap * row;
+		for (uint32_t j = 0; j < t->dq.recv_tokens; j++) {
+			uint32_t o, i;
+			memcpy(&o, metas + j * meta_bytes + 4, 4);
+			memcpy(&i, metas + j * meta_bytes + 8, 4);
+			cl_gen(c, step, layer, o, &c->other);
+			for (uint32_t h = 0; h < c->hidden; h++)
+				c->outv[h] = order_term(c, &c->other, o, i, q, h);
+			rw_wl_put_row(t->mem + c->off_cin + (uint64_t)j * row, bf16, c->outv, c->hidden);
+		}
+		rank_push(c, t, c->off_cin, c->comb_in);
+	}
+	if (rows_first) { /* node 1's rows reach node 0 before its ranks submit */
+		for (uint32_t r = c->G; r < c->W; r++)
+			combine_submit(c, r, step, layer);
+		settle(c);
+		for (uint32_t r = 0; r < c->G; r++)
+			combine_submit(c, r, step, layer);
+	} else { /* ... or after node 0's local work */
+		hold(c, m_write(1, 0, 1));
+		for (uint32_t r = 0; r < c->W; r++)
+			combine_submit(c, r, step, layer);
+		settle(c);
+		release_all(c);
+	}
+	uint32_t mixed = 0;
+	for (uint32_t o = 0; o < c->W; o++) {
+		trank_t *t = &c->rk[o];
+		rw_cqe_t cq = next_cqe(c, o);
+		CHECK(cq.status == RW_CQ_OK, "rank %u combine failed: error %d", o, cq.error);
+		rank_pull(c, t, c->off_cout, c->comb_out);
+		cl_gen(c, step, layer, o, &c->mine);
+		for (uint32_t i = 0; i < c->mine.n; i++) {
+			uint32_t home = 0, away = 0;
+			for (uint32_t q = 0; q < c->W; q++)
+				*(q / c->G == o / c->G ? &home : &away) += (uint32_t)hosts(c, &c->mine, i, q);
+			mixed += home >= 2 && away >= 1;
+			for (uint32_t h = 0; h < c->hidden; h++) {
+				float want = order_sum(c, &c->mine, o, i, h, bf16);
+				float got = rw_wl_get_elem(t->mem + c->off_cout + (uint64_t)i * row, bf16, h);
+				CHECK(got == want && !signbit(got) == !signbit(want),
+				      "rank %u token %u elem %u (%u terms at home, %u away; node 1's rows %s): "
+				      "combine %g, in the documented order %g", o, i, h, home, away,
+				      rows_first ? "first" : "last", got, want);
+			}
+		}
+	}
+	return mixed;
 }
 
 /* ---- after a failure ---------------------------------------------------------------------------- */

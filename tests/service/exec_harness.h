@@ -179,6 +179,14 @@ void dispatch_all(cl_t *c, uint32_t step, uint32_t layer);
  * nothing is collected (the case decides what each rank gets). */
 void dispatch_submit_all(cl_t *c, uint32_t step, uint32_t layer);
 
+/* Two nodes, after dispatch_collect of (step, layer): every rank's combine rows rewritten so that
+ * an owner token's sum depends on the order of its terms (two rows of +-2^30 from its own node,
+ * small ones from the other), then every rank's combine, with node 1's rows reaching node 0
+ * before node 0's ranks submit (rows_first) or after node 0's local work; every result checked
+ * against the order docs/dataflow.md "Combine" defines. Returns the owner tokens with two terms
+ * from their own node and one from the other (another order would give another sum). */
+uint32_t combine_order_check(cl_t *c, uint32_t step, uint32_t layer, int rows_first);
+
 /* ---- after a failure ---------------------------------------------------------------------------- */
 
 /* Every rank retries the failed key (step, layer) at once, as a trainer does once the failure

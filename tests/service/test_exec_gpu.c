@@ -259,16 +259,63 @@ static void test_gpu_dev_slabs_bad_record(void **state)
 	cl_free(c);
 }
 
+/* The owner's sum in the documented order (combine_order_check) with CUDA ranks: the host mover
+ * staging ranks 0 and 3 (their sums written into pinned staging, then copied up), and the CUDA
+ * mover (every rank on the GPU, then ranks 0 and 3 only: host-memory owners' sums go through
+ * their staging), node 1's rows reaching node 0 before its ranks submit and after. */
+static void test_cuda_combine_order(void **state)
+{
+	(void)state;
+	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+		skip();
+	for (int rows_first = 1; rows_first >= 0; rows_first--) {
+		opts_t o = { .nodes = 2, .path = "native", .tokens = 24 };
+		cl_t *c = cl_new(&o, 855 + (uint32_t)rows_first);
+		fk_client_die(c->rk[0].c);
+		fk_client_die(c->rk[3].c);
+		settle(c);
+		rank_connect_cuda(c, 0);
+		rank_connect_cuda(c, 3);
+		for (uint32_t layer = 0; layer < 2; layer++) {
+			dispatch_all(c, 0, layer);
+			CHECK(combine_order_check(c, 0, layer, rows_first) > 0, "no token to tell orders apart");
+		}
+		cl_free(c);
+	}
+}
+
+static void test_gpu_combine_order(void **state)
+{
+	(void)state;
+	if (!gpu_mover_ready())
+		skip();
+	static const uint32_t masks[] = { 0xf, 0x9 };
+	for (size_t mi = 0; mi < RW_ARRAY_SIZE(masks); mi++)
+		for (int rows_first = 1; rows_first >= 0; rows_first--) {
+			opts_t o = { .nodes = 2, .path = mi ? "joint" : "native", .tokens = 24 };
+			cl_t *c = gpu_cluster(&o, 895 + mi * 2 + (uint32_t)rows_first, masks[mi]);
+			for (uint32_t layer = 0; layer < 2; layer++) {
+				gpu_dispatch(c, masks[mi], 0, layer, NULL);
+				dispatch_collect(c, 0, layer);
+				CHECK(combine_order_check(c, 0, layer, rows_first) > 0,
+				      "no token to tell orders apart");
+			}
+			cl_free(c);
+		}
+}
+
 int exec_gpu_run(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_cuda_ranks),
 		cmocka_unit_test(test_cuda_rank_lost),
+		cmocka_unit_test(test_cuda_combine_order),
 		cmocka_unit_test(test_gpu_count_paths),
 		cmocka_unit_test(test_gpu_count_mixed),
 		cmocka_unit_test(test_gpu_count_bad_id),
 		cmocka_unit_test(test_gpu_dev_slabs),
 		cmocka_unit_test(test_gpu_dev_slabs_bad_record),
+		cmocka_unit_test(test_gpu_combine_order),
 	};
 	return cmocka_run_group_tests_name("svc_exec_gpu", tests, NULL, NULL);
 }

@@ -432,6 +432,32 @@ static void test_data_before_layout(void **state)
 	cl_free(c);
 }
 
+/* ================================================================================================
+ * The owner's sum: one order (docs/dataflow.md "Combine")
+ * ================================================================================================ */
+
+/* An owner token with two rows from its own node (+-2^30) and one from the other (1..3) sums to
+ * 1..3 only when its own node's rows come first. Node 1's rows reach node 0 before node 0's
+ * ranks submit, then after node 0's local work: both give the documented order's sum, bf16 and
+ * fp32, every path. Before the fixed order, node 0 added rows as they came: a row that came
+ * first went first, and the token summed to 0. */
+static void test_combine_order(void **state)
+{
+	(void)state;
+	for (uint32_t pi = 0; pi < RW_ARRAY_SIZE(path_names); pi += 2)
+		for (int rows_first = 1; rows_first >= 0; rows_first--) {
+			opts_t o = { .nodes = 2, .path = path_names[pi], .tokens = 24 };
+			cl_t *c = cl_new(&o, 210 + pi * 2 + (uint32_t)rows_first);
+			for (uint32_t layer = 0; layer < 2; layer++) {
+				dispatch_all(c, 0, layer);
+				uint32_t mixed = combine_order_check(c, 0, layer, rows_first);
+				CHECK(mixed > 0, "layer %u: no token with two terms at home and one away",
+				      layer);
+			}
+			cl_free(c);
+		}
+}
+
 int exec_paths_run(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -449,6 +475,7 @@ int exec_paths_run(void)
 		cmocka_unit_test(test_rows_early),
 		cmocka_unit_test(test_rows_late),
 		cmocka_unit_test(test_data_before_layout),
+		cmocka_unit_test(test_combine_order),
 	};
 	return cmocka_run_group_tests_name("svc_exec_paths", tests, NULL, NULL);
 }

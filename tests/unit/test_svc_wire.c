@@ -515,6 +515,78 @@ static void test_row_store_every_pattern(void **state)
 	}
 }
 
+/* The owner's sum (rw_svc_rows_reduce) against its definition, one element at a time: +0, then
+ * every row added in order in fp32, rounded once. Rows of random words (finite values of every
+ * size, so sums cancel and round differently in another order; -0, infinities, NaN) at 2-byte
+ * aligned addresses, 0 to 7 rows, widths around the block of 512 and its vector tails. NaN
+ * results compare as NaN (which NaN two NaNs give is the hardware's). */
+static void test_rows_reduce_matches_definition(void **state)
+{
+	(void)state;
+	enum { MAXH = 1100, MAXN = 7 };
+	static const uint32_t hs[] = { 1, 7, 16, 17, 511, 512, 513, 1024, 1031, MAXH };
+	static const uint32_t special[] = { 0x80000000u, 0x00000000u, 0x7f800000u, 0xff800000u,
+					    0x7fc00000u, 0x4e800000u, 0xce800000u, 0x3f800000u };
+	static uint8_t raw[MAXN][MAXH * 4 + 2];
+	static uint8_t out[MAXH * 4 + 4];
+	const void *rows[MAXN];
+	uint32_t seed = 777;
+	for (size_t t = 0; t < RW_ARRAY_SIZE(hs); t++) {
+		const uint32_t h = hs[t];
+		for (uint32_t wire = 0; wire < 2; wire++) {
+			const uint32_t esz = wire == RW_WIRE_BF16 ? 2 : 4;
+			for (uint32_t n = 0; n <= MAXN; n++) {
+				for (uint32_t k = 0; k < n; k++) {
+					rows[k] = raw[k] + 2;
+					for (uint32_t i = 0; i < h; i++) {
+						seed = seed * 1103515245u + 12345u;
+						uint32_t u = seed % 16 == 0 ? special[(seed >> 8) % 8]
+							   : (rnd() & 0x8fffffffu) | 0x30000000u;
+						if (wire == RW_WIRE_BF16) {
+							uint16_t b = (uint16_t)(u >> 16);
+							memcpy(raw[k] + 2 + 2 * i, &b, 2);
+						} else {
+							memcpy(raw[k] + 2 + 4 * i, &u, 4);
+						}
+					}
+				}
+				memset(out, 0xa5, sizeof(out));
+				rw_svc_rows_reduce(out + 2, wire, rows, n, h);
+				for (uint32_t i = 0; i < h; i++) {
+					float acc = 0.0f;
+					for (uint32_t k = 0; k < n; k++) {
+						float v;
+						if (wire == RW_WIRE_BF16) {
+							uint16_t b;
+							memcpy(&b, (const uint8_t *)rows[k] + 2 * i, 2);
+							v = rw_bf16_to_f32(b);
+						} else {
+							memcpy(&v, (const uint8_t *)rows[k] + 4 * i, 4);
+						}
+						acc = acc + v;
+					}
+					float got;
+					if (wire == RW_WIRE_BF16) {
+						uint16_t b, want = rw_bf16_from_f32(acc);
+						memcpy(&b, out + 2 + 2 * i, 2);
+						got = rw_bf16_to_f32(b);
+						if (!isnan(acc))
+							assert_int_equal(b, want);
+					} else {
+						memcpy(&got, out + 2 + 4 * i, 4);
+						if (!isnan(acc))
+							assert_memory_equal(&got, &acc, 4);
+					}
+					assert_int_equal(!!isnan(got), !!isnan(acc));
+					if (n == 0)
+						assert_true(got == 0.0f && !signbit(got));
+				}
+				assert_int_equal(out[2 + h * esz], 0xa5); /* nothing past the row */
+			}
+		}
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -529,6 +601,7 @@ int main(void)
 		cmocka_unit_test(test_bf16),
 		cmocka_unit_test(test_row_loops_match_scalar),
 		cmocka_unit_test(test_row_store_every_pattern),
+		cmocka_unit_test(test_rows_reduce_matches_definition),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
