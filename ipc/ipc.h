@@ -33,6 +33,11 @@ typedef enum rw_ipc_leave {
 
 const char *rw_ipc_leave_str(rw_ipc_leave_t reason);
 
+/* A group key's fingerprint: a keyed hash (BLAKE2b) of the group's name under the key, zeros for
+ * a rank without one. Ranks of one job share it; it tells other nodes which key a node's ranks
+ * hold without telling anyone the key. */
+#define RW_IPC_KEY_FP_SIZE 16
+
 /* Identity from the hello, plus the peer's credentials from SO_PEERCRED. */
 typedef struct rw_ipc_client_info {
 	uint32_t id;        /* connection id, unique while the daemon runs */
@@ -42,6 +47,7 @@ typedef struct rw_ipc_client_info {
 	uint32_t node;
 	int32_t local_gpu;
 	uint8_t gpu_uuid[16];
+	uint8_t key_fp[RW_IPC_KEY_FP_SIZE]; /* its group key's fingerprint (zeros: none) */
 	pid_t pid;
 	uid_t uid;
 	gid_t gid;
@@ -80,6 +86,12 @@ typedef struct rw_ipc_server_ops {
 	 * (the poller may skip values). A word that went back or further is the rank's protocol
 	 * error: the server drops it (RW_E_RING_INDEX) and this is not called. */
 	void (*page_word)(void *ctx, rw_ipc_client_t *client, unsigned word, uint64_t value);
+	/* Optional. A well-formed hello for rank `rank` (of `world`) of `group`, whose key has
+	 * the fingerprint key_fp, was refused: its key, its node, its world or its seat (code: the
+	 * RW_E_* the client got, why: its sentence). That rank does not join here now; the
+	 * connection is being dropped. */
+	void (*hello_refused)(void *ctx, const char *group, uint32_t rank, uint32_t world,
+			      const uint8_t key_fp[RW_IPC_KEY_FP_SIZE], int code, const char *why);
 } rw_ipc_server_ops_t;
 
 typedef struct rw_ipc_server_config {
@@ -209,6 +221,7 @@ typedef struct rw_ipc_server_stats {
 	uint64_t wakeups;        /* eventfd writes to clients */
 	uint64_t refused_key;    /* hellos refused for their group key (RW_E_GROUP_KEY) */
 	uint64_t refused_uid;    /* connections refused at the per-uid cap */
+	uint64_t groups_claimed; /* groups opened without a key that a keyed rank took over */
 	uint64_t hello_timeouts; /* connections closed for not joining in hello_timeout_ms */
 	uint32_t events;         /* interprocess events registered, all clients */
 	uint64_t flags_written;  /* completion flags written by rw_ipc_signal_now (errors) */
@@ -221,6 +234,10 @@ const rw_ipc_client_t *rw_ipc_server_next_client(const rw_ipc_server_t *server,
 						 const rw_ipc_client_t *prev);
 /* 1 once the client's hello was accepted (its info's group and rank are set). */
 int rw_ipc_client_joined(const rw_ipc_client_t *client);
+/* 1 once the client is being dropped: its client_left is still to come (from the loop's next
+ * prepare phase), but it holds its seat for nothing (a rank that joins in its place may take
+ * it now). */
+int rw_ipc_client_leaving(const rw_ipc_client_t *client);
 
 /* ---------------------------------------------------------------------------------------------
  * The word poller (ipc/poller.c; docs/rankpath.md "The poller"): one thread that watches 64-bit

@@ -686,3 +686,4 @@ const rw_ipc_client_t *rw_ipc_server_next_client(const rw_ipc_server_t *srv,
 }
 
 int rw_ipc_client_joined(const rw_ipc_client_t *c) { return c->joined; }
+int rw_ipc_client_leaving(const rw_ipc_client_t *c) { return c->dying; }

@@ -47,12 +47,66 @@ void ipc_group_leave(rw_ipc_client_t *c)
 	srv->stats.groups--;
 }
 
+/* The fingerprint of the hello's group key (ipc/ipc.h RW_IPC_KEY_FP_SIZE); zeros without one. */
+static void key_fp(const rw_ipc_hello_t *req, uint8_t fp[RW_IPC_KEY_FP_SIZE])
+{
+	_Static_assert(RW_IPC_GROUP_KEY_MIN >= crypto_generichash_KEYBYTES_MIN &&
+		       RW_IPC_GROUP_KEY_MAX <= crypto_generichash_KEYBYTES_MAX &&
+		       RW_IPC_KEY_FP_SIZE >= crypto_generichash_BYTES_MIN, "a group key keys BLAKE2b");
+	memset(fp, 0, RW_IPC_KEY_FP_SIZE);
+	if (req->key_len >= RW_IPC_GROUP_KEY_MIN)
+		crypto_generichash(fp, RW_IPC_KEY_FP_SIZE, (const uint8_t *)req->group,
+				   strlen(req->group), req->key, req->key_len);
+}
+
+/* A hello refused after it was found well formed: the rank is told (and dropped), and the
+ * service hears that this rank of the group will not join (its peers need not wait for it). */
+static int refuse_hello(rw_ipc_client_t *c, const rw_ipc_hello_t *req, int code, const char *why)
+{
+	rw_ipc_server_t *srv = c->srv;
+	ipc_send_error(c, req->hdr.seq, code, why, 1);
+	if (srv->ops.hello_refused) {
+		uint8_t fp[RW_IPC_KEY_FP_SIZE];
+		key_fp(req, fp);
+		srv->ops.hello_refused(srv->ctx, req->group, req->rank, req->world_size, fp, code,
+				       why);
+	}
+	return 0;
+}
+
+/* A group opened without a key yields its name to a rank that presents one (docs/ipc.md "Rank
+ * authentication"): whoever holds it — a process that took a launched job's name first, or a
+ * keyless job that shares it — is told and dropped, and the group is the newcomer's, keyed,
+ * from then on, so none of them gets back in without the key. Their seats are free at once:
+ * dropped members are skipped by the seat checks (rw_ipc_client_leaving for the service). */
+static void group_claim(rw_ipc_client_t *c, const rw_ipc_hello_t *req, ipc_group_t *g,
+			const uint8_t hash[crypto_generichash_BYTES])
+{
+	rw_ipc_server_t *srv = c->srv;
+	char why[RW_IPC_ERRMSG_MAX];
+	snprintf(why, sizeof(why), "group %.32s, opened without a key, was claimed by a rank "
+		 "with one (pid %d)", req->group, (int)c->info.pid);
+	if (rw_ipc_log_churn(srv))
+		rw_warn("ipc: group %s, opened without a key, is claimed by pid %d uid %d with a "
+			"group key: its members are dropped", g->name, (int)c->info.pid,
+			(int)c->info.uid);
+	for (rw_ipc_client_t *m = g->members; m; m = m->group_next)
+		if (!m->dying)
+			ipc_send_error(m, 0, RW_E_GROUP_KEY, why, 1);
+	g->keyed = 1;
+	memcpy(g->key_hash, hash, crypto_generichash_BYTES);
+	g->world_size = req->world_size;
+	g->node = req->node;
+	srv->stats.groups_claimed++;
+}
+
 /* The group key (docs/ipc.md "Rank authentication"): the first rank of a group sets it (or opens
- * the group without one, where the daemon allows that), every later rank must present the same.
- * Only a keyed hash is kept, compared in constant time; the check comes before any other group
- * check so a refused rank learns nothing about the group's ranks. Refusal drops the client and
- * leaves the group as it was. Returns 0 (hash in *hash_p) or -1 (refused). */
-static int check_group_key(rw_ipc_client_t *c, const rw_ipc_hello_t *req, const ipc_group_t *g,
+ * the group without one, where the daemon allows that), every later rank must present the same;
+ * a rank with a key claims a group opened without one (group_claim). Only a keyed hash is
+ * kept, compared in constant time; the check comes before any other group check so a refused
+ * rank learns nothing about the group's ranks. Refusal drops the client and leaves the group as
+ * it was. Returns 0 (hash in *hash_p) or -1 (refused). */
+static int check_group_key(rw_ipc_client_t *c, const rw_ipc_hello_t *req, ipc_group_t *g,
 			   uint8_t hash_p[crypto_generichash_BYTES])
 {
 	rw_ipc_server_t *srv = c->srv;
@@ -69,19 +123,16 @@ static int check_group_key(rw_ipc_client_t *c, const rw_ipc_hello_t *req, const 
 	else if (g->keyed && !req->key_len)
 		snprintf(why, sizeof(why), "group %.48s has a group key and this rank gave none",
 			 req->group);
-	else if (!g->keyed && req->key_len && g->members) /* a name squatter, or another job */
-		snprintf(why, sizeof(why), "group %.32s is taken by pid %d (opened without a key): "
-			 "not a key problem", req->group, (int)g->members->info.pid);
-	else if (!g->keyed && req->key_len)
-		snprintf(why, sizeof(why), "group %.48s was opened without a key; this rank gives one",
-			 req->group);
-	else if (g->keyed && sodium_memcmp(hash_p, g->key_hash, crypto_generichash_BYTES) != 0)
+	else if (!g->keyed && req->key_len) {
+		group_claim(c, req, g, hash_p);
+		return 0;
+	} else if (g->keyed && sodium_memcmp(hash_p, g->key_hash, crypto_generichash_BYTES) != 0)
 		snprintf(why, sizeof(why), "group %.48s: key differs from the one its first rank set",
 			 req->group);
 	else
 		return 0;
 	srv->stats.refused_key++;
-	ipc_send_error(c, req->hdr.seq, RW_E_GROUP_KEY, why, 1);
+	refuse_hello(c, req, RW_E_GROUP_KEY, why);
 	return -1;
 }
 
@@ -99,8 +150,7 @@ int ipc_handle_hello(rw_ipc_client_t *c, const rw_ipc_hello_t *req)
 	if (!c->bufs)
 		return ipc_send_error(c, seq, RW_E_INTERNAL, "daemon out of memory", 1);
 	if (srv->node >= 0 && req->node != (uint32_t)srv->node)
-		return ipc_send_error(c, seq, RW_E_NODE_MISMATCH, "node differs from this daemon's node",
-				  1);
+		return refuse_hello(c, req, RW_E_NODE_MISMATCH, "node differs from this daemon's node");
 	/* A group spans the whole cluster: its world size and where each rank lives come from the
 	 * cluster file, so a rank that disagrees is told what the file says. */
 	uint32_t world = srv->cfg.world_size, per = srv->cfg.gpus_per_node;
@@ -109,12 +159,12 @@ int ipc_handle_hello(rw_ipc_client_t *c, const rw_ipc_hello_t *req)
 		snprintf(shape, sizeof(shape), "world size %u, but the cluster file has %u nodes x %u "
 			 "GPUs per node = %u ranks in every group", req->world_size, world / per, per,
 			 world);
-		return ipc_send_error(c, seq, RW_E_WORLD_MISMATCH, shape, 1);
+		return refuse_hello(c, req, RW_E_WORLD_MISMATCH, shape);
 	}
 	if (world && per && srv->node >= 0 && req->rank / per != (uint32_t)srv->node) {
 		snprintf(shape, sizeof(shape), "rank %u is on node %u of the cluster file (%u GPUs per "
 			 "node), and this daemon is node %d", req->rank, req->rank / per, per, srv->node);
-		return ipc_send_error(c, seq, RW_E_NODE_MISMATCH, shape, 1);
+		return refuse_hello(c, req, RW_E_NODE_MISMATCH, shape);
 	}
 	uint8_t key_hash[crypto_generichash_BYTES];
 	ipc_group_t *g = group_find(srv, req->group);
@@ -122,19 +172,20 @@ int ipc_handle_hello(rw_ipc_client_t *c, const rw_ipc_hello_t *req)
 		return 0;
 	if (g) {
 		if (g->world_size != req->world_size)
-			return ipc_send_error(c, seq, RW_E_WORLD_MISMATCH,
-					  "world size differs from the group's earlier members", 1);
+			return refuse_hello(c, req, RW_E_WORLD_MISMATCH,
+					    "world size differs from the group's earlier members");
 		if (g->node != req->node)
-			return ipc_send_error(c, seq, RW_E_NODE_MISMATCH,
-					  "node differs from the group's earlier members", 1);
+			return refuse_hello(c, req, RW_E_NODE_MISMATCH,
+					    "node differs from the group's earlier members");
 		for (rw_ipc_client_t *m = g->members; m; m = m->group_next) {
+			if (m->dying) /* dropped: its seat is free (it leaves at the next prepare) */
+				continue;
 			if (m->info.rank == req->rank)
-				return ipc_send_error(c, seq, RW_E_RANK_DUP,
-						  "this rank of this group is already connected", 1);
+				return refuse_hello(c, req, RW_E_RANK_DUP,
+						    "this rank of this group is already connected");
 			if (req->local_gpu >= 0 && m->info.local_gpu == req->local_gpu)
-				return ipc_send_error(c, seq, RW_E_GPU,
-						  "local GPU already used by another rank of the group",
-						  1);
+				return refuse_hello(c, req, RW_E_GPU,
+						    "local GPU already used by another rank of the group");
 		}
 	} else {
 		g = calloc(1, sizeof(*g));
@@ -159,6 +210,7 @@ int ipc_handle_hello(rw_ipc_client_t *c, const rw_ipc_hello_t *req)
 	c->info.node = req->node;
 	c->info.local_gpu = req->local_gpu;
 	memcpy(c->info.gpu_uuid, req->gpu_uuid, sizeof(c->info.gpu_uuid));
+	key_fp(req, c->info.key_fp);
 	c->group = g;
 	c->group_next = g->members;
 	g->members = c;

@@ -116,6 +116,8 @@ static void answer_summary(const rw_svc_t *svc, rw_svc_buf_t *o)
 		rw_ipc_server_stats(svc->ipc, &is);
 		rw_svc_buf_printf(o, "ipc_refused_key %llu\n", (unsigned long long)is.refused_key);
 		rw_svc_buf_printf(o, "ipc_refused_uid %llu\n", (unsigned long long)is.refused_uid);
+		rw_svc_buf_printf(o, "ipc_groups_claimed %llu\n",
+				  (unsigned long long)is.groups_claimed);
 		rw_svc_buf_printf(o, "ipc_hello_timeouts %llu\n",
 				  (unsigned long long)is.hello_timeouts);
 	}

@@ -538,6 +538,7 @@ exec_pair_t *exec_pair_open(exec_t *x, exec_group_t *g, const rw_wire_key_t *key
 	rw_list_add(&x->pairs, &p->link);
 	p->g = g;
 	g->pair = p;
+	memcpy(p->xchg.params.key_fp, g->key_fp, sizeof(p->xchg.params.key_fp));
 	exec_rows_hold(x, g->name, key); /* peers' rows that came first wait for this pair */
 	if (x->trace)
 		exec_trace_open_(p);

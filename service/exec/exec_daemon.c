@@ -50,6 +50,7 @@ rw_status_t rw_svc_exec_create(rw_svc_t *svc, const rw_svc_mover_ops_t *const *m
 	rw_list_init(&x->rows);
 	rw_list_init(&x->tombs);
 	rw_list_init(&x->ended);
+	rw_list_init(&x->refused);
 	if (exec_keys_init(x) != RW_OK) {
 		exec_keys_free(x);
 		free(x);

@@ -139,6 +139,7 @@ struct exec_group {
 	exec_member_t *member[RW_MAX_GPUS];
 	uint32_t n_members;
 	exec_pair_t *pair;           /* the open pair, or NULL */
+	uint8_t key_fp[RW_WIRE_KEY_FP_SIZE]; /* its ranks' group key fingerprint (ipc/ipc.h) */
 };
 
 /* One local rank's submission of one kind. */
@@ -262,6 +263,8 @@ struct rw_svc_exec {
 	rw_list_t rows;              /* early count rows (exec_keys.c) */
 	rw_list_t tombs;             /* failed keys */
 	rw_list_t ended;             /* peers' attempts that ended here */
+	rw_list_t refused;           /* local ranks refused at their hello (exec_keys.c) */
+	uint32_t n_refused;
 	rw_list_t *key_idx;          /* the three above hashed by key (exec_keys.c) */
 	uint32_t *keys_held;         /* [N][3]: what each node makes us keep, against its bound */
 	struct {
@@ -398,6 +401,18 @@ void exec_rows_drop(exec_t *x, const char *group, const rw_wire_key_t *key, int 
 void exec_rows_drop_node(exec_t *x, uint32_t node);
 /* Hand every early row of the pair's key to exec_plan_take_row, removing them. */
 void exec_rows_take(exec_t *x, exec_pair_t *p);
+/* Global rank `rank` (of this node) of `group`, whose group key has the fingerprint key_fp, was
+ * refused at its hello for `why`: remembered a phase timeout, or until a rank with that key
+ * joins the group here (exec_refused_drop). While a seat of the group here is empty,
+ * exec_refused_why says why the phases of that key cannot run here (1; 0 when nothing
+ * applies), and exec_refused_rows ends the key of every early row of the group with such a
+ * refusal, telling the peers (a local pair of the group is the caller's: it fails that one). */
+void exec_refused_add(exec_t *x, const char *group, uint32_t rank, const uint8_t *key_fp,
+		      const char *why);
+void exec_refused_drop(exec_t *x, const char *group, const uint8_t *key_fp);
+int exec_refused_why(const exec_t *x, const char *group, const uint8_t *key_fp, char *why,
+		     size_t len);
+void exec_refused_rows(exec_t *x, const char *group);
 /* The index of tombs, ended attempts and early rows (exec_keys.c). */
 rw_status_t exec_keys_init(exec_t *x);
 void exec_keys_expire(exec_t *x, uint64_t now, uint64_t timeout);

@@ -19,6 +19,29 @@ static exec_group_t *group_find(exec_t *x, const char *name)
 	return NULL;
 }
 
+/* A rank leaves its group here: when it left (client_left), or when the IPC server dropped it
+ * and another rank takes its seat before its leave comes (its client_left then finds nothing). */
+static void member_leave(exec_t *x, exec_member_t *mb, rw_ipc_leave_t reason, int error)
+{
+	rw_ipc_client_t *client = mb->client;
+	rw_ipc_client_set_data(client, NULL);
+	exec_group_t *g = mb->g;
+	uint32_t rank = rw_ipc_client_info(client)->rank;
+	if (rw_ipc_log_churn(x->ipc))
+		rw_info("rank %u of group %s left (%s, %d)", rank, g->name, rw_ipc_leave_str(reason),
+			error);
+	if (g->pair) /* the pair may use this rank's buffers: fail it everywhere */
+		exec_on_rank_left(g->pair, client, rank);
+	g->member[mb->local] = NULL;
+	g->n_members--;
+	exec_tomb_left(x, g->hash, mb->local);
+	exec_member_free(mb);
+	if (g->n_members == 0) {
+		rw_list_del(&g->link);
+		free(g);
+	}
+}
+
 static void client_joined(void *ctx, rw_ipc_client_t *client)
 {
 	exec_t *x = ctx;
@@ -30,7 +53,16 @@ static void client_joined(void *ctx, rw_ipc_client_t *client)
 		exec_drop_client(x, client, RW_ERR_INVAL);
 		return;
 	}
+	_Static_assert(RW_IPC_KEY_FP_SIZE == RW_WIRE_KEY_FP_SIZE, "one fingerprint");
 	exec_group_t *g = group_find(x, info->group);
+	/* Members the IPC server dropped but whose leave has not come yet (a group claimed with a
+	 * key: ipc/ipc.h rw_ipc_client_leaving) leave now: their seats and key are not the group's. */
+	for (uint32_t l = 0; g && l < x->gpus; l++)
+		if (g->member[l] && rw_ipc_client_leaving(g->member[l]->client)) {
+			member_leave(x, g->member[l], RW_IPC_LEFT_DROPPED, 0);
+			g = group_find(x, info->group);
+		}
+	uint32_t local = info->rank % x->gpus;
 	if (!g) {
 		g = calloc(1, sizeof(*g));
 		if (!g) {
@@ -40,9 +72,9 @@ static void client_joined(void *ctx, rw_ipc_client_t *client)
 		snprintf(g->name, sizeof(g->name), "%s", info->group);
 		g->hash = rw_wire_group_hash(g->name);
 		g->world = info->world_size;
+		memcpy(g->key_fp, info->key_fp, sizeof(g->key_fp));
 		rw_list_add(&x->groups, &g->link);
 	}
-	uint32_t local = info->rank % x->gpus;
 	if (g->member[local]) {
 		exec_drop_client(x, client, RW_ERR_EXISTS);
 		return;
@@ -57,6 +89,7 @@ static void client_joined(void *ctx, rw_ipc_client_t *client)
 	mb->local = local;
 	g->member[local] = mb;
 	g->n_members++;
+	exec_refused_drop(x, g->name, info->key_fp);
 	rw_ipc_client_set_data(client, mb);
 	if (rw_ipc_log_churn(x->ipc)) /* the IPC server's budget for join and leave lines */
 		rw_info("rank %u of group %s joined (local %u, pid %d)", info->rank, g->name, local,
@@ -77,24 +110,29 @@ static void client_left(void *ctx, rw_ipc_client_t *client, rw_ipc_leave_t reaso
 	exec_member_t *mb = rw_ipc_client_data(client);
 	if (x->svc->metrics.clients)
 		x->svc->metrics.clients--;
-	if (!mb)
-		return;
-	rw_ipc_client_set_data(client, NULL);
-	exec_group_t *g = mb->g;
-	uint32_t rank = rw_ipc_client_info(client)->rank;
-	if (rw_ipc_log_churn(x->ipc))
-		rw_info("rank %u of group %s left (%s, %d)", rank, g->name, rw_ipc_leave_str(reason),
-			error);
-	if (g->pair) /* the pair may use this rank's buffers: fail it everywhere */
-		exec_on_rank_left(g->pair, client, rank);
-	g->member[mb->local] = NULL;
-	g->n_members--;
-	exec_tomb_left(x, g->hash, mb->local);
-	exec_member_free(mb);
-	if (g->n_members == 0) {
-		rw_list_del(&g->link);
-		free(g);
-	}
+	if (mb)
+		member_leave(x, mb, reason, error);
+}
+
+/* A rank of a group was turned away at its hello (ipc/ipc.h hello_refused): while a seat of
+ * the group here is empty its phases cannot run, so they fail everywhere now instead of after a
+ * phase timeout — the group's pair gathering here, and the peers' rows waiting for it (and
+ * those that come, exec_mesh.c). A refusal while the group holds every seat here (a stranger's
+ * try at a running job) changes nothing (exec_keys.c "ranks refused at their hello"). */
+static void hello_refused(void *ctx, const char *group, uint32_t rank, uint32_t world,
+			  const uint8_t key_fp[RW_IPC_KEY_FP_SIZE], int code, const char *why)
+{
+	exec_t *x = ctx;
+	(void)code;
+	if (world != x->nodes * x->gpus || rank / x->gpus != x->me)
+		return; /* not a seat of this node */
+	exec_refused_add(x, group, rank, key_fp, why);
+	exec_group_t *g = group_find(x, group);
+	char msg[RW_SVC_WHY_MAX];
+	if (g && g->pair && g->pair->stage == ST_GATHER_D &&
+	    exec_refused_why(x, group, g->key_fp, msg, sizeof(msg)))
+		exec_pair_fail(g->pair, RW_ERR_CLIENT, "%s", msg);
+	exec_refused_rows(x, group);
 }
 
 /* ---- a submission's way in (docs/dataflow.md "Gather") ---------------------------------------
@@ -240,6 +278,8 @@ static void admit_dispatch(const exec_t *x, const exec_member_t *mb, rw_ipc_clie
 		return refuse(a, REFUSE_RANK, RW_ERR_SUB_STATE,
 			      "this rank already submitted this dispatch");
 	a->pair = p;
+	if (exec_refused_why(x, g->name, g->key_fp, a->why, sizeof(a->why))) /* a seat stays empty */
+		return refuse(a, REFUSE_PHASE, RW_ERR_CLIENT, NULL);
 	/* E: the group's experts, evenly over its W ranks, the same for every rank of the phase
 	 * (docs/dataflow.md "Groups, ranks, experts"). */
 	if (sqe->n_experts % g->world != 0)
@@ -392,4 +432,5 @@ const rw_ipc_server_ops_t exec_ipc_ops = {
 	.client_left = client_left,
 	.submission = submission,
 	.page_word = exec_page_word,
+	.hello_refused = hello_refused,
 };

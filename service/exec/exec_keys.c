@@ -12,6 +12,8 @@
  *          where it began and its id there) that ended an attempt here. A PHASE_ERR that names
  *          either later is about that attempt, not about a retry that may be running now.
  *   rows   a peer's count row that came before our ranks got to that phase.
+ *   refused  a local rank turned away at its hello: its group's phases cannot run here while
+ *          its seat is empty, so they end at once (below).
  * Everything is aged out by the executor's tick. */
 #include <stdlib.h>
 #include <string.h>
@@ -358,6 +360,120 @@ void exec_rows_take(exec_t *x, exec_pair_t *p)
 		}
 }
 
+/* ---- ranks refused at their hello -------------------------------------------------------------
+ * A local rank that the IPC server turned away at its hello (its group key, its seat: ipc/ipc.h
+ * hello_refused) does not come: while a seat of its group here is empty, its job's phases
+ * cannot run here, so the peers' count rows of that job end their keys at once, told the
+ * refusal's reason, instead of waiting here for a phase timeout. Its job: the rows and pairs
+ * whose group key has the refused hello's fingerprint — a stranger's refused try, with another
+ * key or none, is not the job's and changes nothing for it. A refusal counts only while a seat is
+ * empty, and only until a rank with that key joins the group here (a job started again gets
+ * the usual wait for its ranks). Kept a phase timeout after the last refusal; at most
+ * REFUSED_MAX (group, key) entries (a new one pushes the oldest out). */
+typedef struct exec_refused {
+	rw_list_t link;              /* x->refused, newest first */
+	char group[RW_WIRE_GROUP_MAX];
+	uint8_t key_fp[RW_WIRE_KEY_FP_SIZE];
+	uint64_t t_ns;               /* the last refusal */
+	char msg[RW_SVC_WHY_MAX];    /* the last refusal's reason, for the peers and the ranks */
+} exec_refused_t;
+#define REFUSED_MAX 64u
+
+static exec_refused_t *refused_find(const exec_t *x, const char *group, const uint8_t *key_fp)
+{
+	exec_refused_t *r;
+	rw_list_for_each(&x->refused, r, link)
+		if (strcmp(r->group, group) == 0 && memcmp(r->key_fp, key_fp, RW_WIRE_KEY_FP_SIZE) == 0)
+			return r;
+	return NULL;
+}
+
+static void refused_free(exec_t *x, exec_refused_t *r)
+{
+	rw_list_del(&r->link);
+	x->n_refused--;
+	free(r);
+}
+
+void exec_refused_add(exec_t *x, const char *group, uint32_t rank, const uint8_t *key_fp,
+		      const char *why)
+{
+	exec_refused_t *r = refused_find(x, group, key_fp);
+	if (r) {
+		rw_list_del(&r->link);
+	} else {
+		if (x->n_refused >= REFUSED_MAX) { /* the oldest goes: the list's tail */
+			r = rw_container_of(x->refused.prev, exec_refused_t, link);
+			rw_list_del(&r->link);
+		} else if ((r = calloc(1, sizeof(*r)))) {
+			x->n_refused++;
+		} else {
+			return; /* the peers then wait for a phase timeout, as before */
+		}
+		snprintf(r->group, sizeof(r->group), "%s", group);
+		memcpy(r->key_fp, key_fp, RW_WIRE_KEY_FP_SIZE);
+	}
+	r->t_ns = rw_now_ns();
+	snprintf(r->msg, sizeof(r->msg), "rank %u could not join: %s", rank, why);
+	rw_list_add(&x->refused, &r->link);
+}
+
+void exec_refused_drop(exec_t *x, const char *group, const uint8_t *key_fp)
+{
+	exec_refused_t *r = refused_find(x, group, key_fp);
+	if (r)
+		refused_free(x, r);
+}
+
+static const exec_group_t *group_of(const exec_t *x, const char *group)
+{
+	const exec_group_t *g;
+	rw_list_for_each(&x->groups, g, link)
+		if (strcmp(g->name, group) == 0)
+			return g;
+	return NULL;
+}
+
+int exec_refused_why(const exec_t *x, const char *group, const uint8_t *key_fp, char *why,
+		     size_t len)
+{
+	const exec_refused_t *r = refused_find(x, group, key_fp);
+	if (!r || rw_now_ns() - r->t_ns > phase_timeout_ns(x))
+		return 0;
+	const exec_group_t *g = group_of(x, group);
+	for (uint32_t l = 0; l < x->gpus; l++)
+		if (!(g && g->member[l])) {
+			snprintf(why, len, "%s", r->msg);
+			return 1;
+		}
+	return 0;
+}
+
+void exec_refused_rows(exec_t *x, const char *group)
+{
+	const exec_group_t *g = group_of(x, group);
+	const exec_pair_t *open = g ? g->pair : NULL; /* its rows are the caller's (above) */
+	char why[RW_SVC_WHY_MAX];
+	for (;;) { /* every key with a row of the refused rank's job waiting here */
+		const exec_row_t *r = NULL, *it;
+		rw_list_for_each(&x->rows, it, link)
+			if (strcmp(it->group, group) == 0 &&
+			    !(open && rw_wire_key_eq(&open->key, &it->key)) &&
+			    exec_refused_why(x, group, it->params.key_fp, why, sizeof(why))) {
+				r = it;
+				break;
+			}
+		if (!r)
+			return;
+		const rw_wire_key_t key = r->key; /* ending it drops every row of the key */
+		const uint32_t id = exec_epoch_new(++x->next_serial);
+		exec_key_end(x, &(exec_key_end_t){ .group = group, .key = &key,
+						   .kind = RW_SVC_DISPATCH, .st = RW_ERR_CLIENT,
+						   .msg = why, .epoch = id, .cause_node = x->me,
+						   .cause_id = id, .tell = EXEC_TELL_PEERS });
+	}
+}
+
 /* ---- ageing and teardown -------------------------------------------------------------------- */
 
 /* Ages are now - then (never now - timeout: the monotonic clock starts at boot, and a node up
@@ -376,6 +492,10 @@ void exec_keys_expire(exec_t *x, uint64_t now, uint64_t timeout)
 	rw_list_for_each_safe(&x->rows, r, rn, link)
 		if (now - r->t_ns > timeout + r->grace_ns)
 			row_free(x, r);
+	exec_refused_t *f, *fn;
+	rw_list_for_each_safe(&x->refused, f, fn, link)
+		if (now - f->t_ns > timeout)
+			refused_free(x, f);
 }
 
 void exec_keys_free(exec_t *x)

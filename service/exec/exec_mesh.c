@@ -29,6 +29,7 @@ static void mesh_counts(void *ctx, uint32_t peer, const rw_wire_counts_t *c)
 	}
 	/* early: kept until our own ranks get there (or it ages out) */
 	exec_row_keep(x, c, peer, p && p->g && strcmp(p->g->name, c->group_name) == 0);
+	exec_refused_rows(x, c->group_name); /* a local rank of it was refused: it ends now */
 }
 
 static void mesh_phase_err(void *ctx, uint32_t peer, const rw_wire_phase_err_t *e)

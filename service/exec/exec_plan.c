@@ -375,6 +375,14 @@ static rw_status_t check_params(exec_pair_t *p, int *forced_p)
 					       n * g, n * g + g - 1, x->svc->cfg.nodes[n].name,
 					       request_name(pp->requested_path));
 		}
+		/* Ranks that joined with another group key (or none) are another job's: a name
+		 * squatter, or two jobs with one name. Nothing of this phase moves between them. */
+		if (memcmp(pp->key_fp, ours->key_fp, sizeof(ours->key_fp)) != 0)
+			return exec_err_agreed(p, RW_ERR_INVAL, "ranks %u-%u (%s) joined group %s "
+					       "with another group key than ranks %u-%u here: another "
+					       "job of that name", n * x->gpus, n * x->gpus + x->gpus - 1,
+					       x->svc->cfg.nodes[n].name, p->g->name, x->me * x->gpus,
+					       x->me * x->gpus + x->gpus - 1);
 		if (*forced_p < 0 && pp->requested_path != RW_WIRE_PATH_AUTO)
 			*forced_p = (int)(pp->requested_path & 0xffu);
 	}

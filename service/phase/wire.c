@@ -179,7 +179,7 @@ static void key_unpack(const uint8_t *p, rw_wire_key_t *k)
 
 /* ---- COUNTS (layout in wire.h) ---- */
 
-#define COUNTS_FIXED (16 + RW_WIRE_GROUP_MAX + 40)
+#define COUNTS_FIXED (16 + RW_WIRE_GROUP_MAX + 40 + RW_WIRE_KEY_FP_SIZE)
 
 size_t rw_wire_counts_size(uint32_t nodes, uint32_t rails)
 {
@@ -205,6 +205,7 @@ size_t rw_wire_counts_pack(const rw_wire_counts_t *c, uint8_t *buf, size_t buf_l
 	rw_wire_put32(p + 28, c->params.dtype);
 	rw_wire_put32(p + 32, c->params.requested_path);
 	rw_wire_put32(p + 36, c->params.epoch);
+	memcpy(p + 40, c->params.key_fp, RW_WIRE_KEY_FP_SIZE);
 	const size_t nr = (size_t)c->nodes * c->rails;
 	for (size_t i = 0; i < nr; i++)
 		rw_wire_put32(buf + COUNTS_FIXED + 4 * i, c->row[i]);
@@ -242,6 +243,7 @@ rw_status_t rw_wire_counts_unpack(const uint8_t *in, size_t len, rw_wire_counts_
 	c.params.dtype = rw_wire_get32(p + 28);
 	c.params.requested_path = rw_wire_get32(p + 32);
 	c.params.epoch = rw_wire_get32(p + 36);
+	memcpy(c.params.key_fp, p + 40, RW_WIRE_KEY_FP_SIZE);
 	if (c.nodes == 0 || c.nodes > RW_MAX_NODES || c.node >= c.nodes || c.rails == 0 ||
 	    c.rails > RW_MAX_RAILS || c.slot >= RW_WIRE_MAX_SLOTS ||
 	    len != rw_wire_counts_size(c.nodes, c.rails))

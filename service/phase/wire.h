@@ -21,8 +21,9 @@
 /* 5: the hello carries a nonce instead of region descriptors; AUTH proves the cluster key and
  * REGIONS follows it (docs/security.md "Peer authentication"). PHASE_ERR names
  * its cause and the receiver's attempt (docs/dataflow.md "Failures"). COUNTS carries
- * the sender's view of its rails (docs/dataflow.md "Rail health"). A peer speaking 4 is refused. */
-#define RW_WIRE_VERSION 5
+ * the sender's view of its rails (docs/dataflow.md "Rail health"). 6: COUNTS carries the
+ * group key's fingerprint (docs/security.md). A peer speaking another version is refused. */
+#define RW_WIRE_VERSION 6
 #define RW_WIRE_HDR_SIZE 16
 #define RW_WIRE_MAX_PAYLOAD (1u << 20) /* a count row of 4096 nodes x 16 rails is 256 KiB */
 #define RW_WIRE_CLUSTER_MAX 64         /* cluster name field, NUL-padded */
@@ -33,6 +34,7 @@
 #define RW_WIRE_MAX_SLOTS 16           /* receive-area slots a node may announce */
 #define RW_WIRE_NONCE_SIZE 32          /* hello challenge, fresh random per connection */
 #define RW_WIRE_PROOF_SIZE 32          /* AUTH proof: crypto_auth (HMAC-SHA512-256) tag */
+#define RW_WIRE_KEY_FP_SIZE 16         /* a group key's fingerprint (RW_IPC_KEY_FP_SIZE) */
 
 typedef enum rw_wire_type {
 	RW_WIRE_HELLO = 1,     /* identity, fingerprint, auth mode, challenge nonce */
@@ -134,6 +136,9 @@ typedef struct rw_wire_phase_params {
 	 * pair carries rw_wire_tag_for(key tag, epoch), so a late write of an earlier attempt with
 	 * the same key is told apart and dropped (docs/dataflow.md "Failures"). */
 	uint32_t epoch;
+	/* The fingerprint of the group key the node's ranks joined with (zeros: none; docs/
+	 * security.md "Group names"): nodes whose ranks hold different keys run different jobs. */
+	uint8_t key_fp[RW_WIRE_KEY_FP_SIZE];
 } rw_wire_phase_params_t;
 
 #define RW_WIRE_PATH_AUTO 0xffu
@@ -146,7 +151,8 @@ static inline uint32_t rw_wire_path_by_ranks(uint32_t path) /* path: an rw_path_
 }
 
 /* COUNTS: key(16) | group_name[64] | node nodes rails slot | n_experts topk hidden dtype path |
- * row[nodes * rails] | rail_weight[rails] | rail_up[nodes], all u32 but the key's step (u64).
+ * epoch | key_fp[16] | row[nodes * rails] | rail_weight[rails] | rail_up[nodes], all u32 but the
+ * key's step (u64) and the fingerprint's bytes.
  * Node `node`'s row for the dispatch of `key`: row[d * rails + r] (rw_sched_count()), and its
  * view of its rails when it sent the row (docs/dataflow.md "Rail health"): the capacity weight
  * of each of its rails (1..RW_MAX_RAIL_WEIGHT, 0 = not usable) and, per node n, the mask of its

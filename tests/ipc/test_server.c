@@ -2353,22 +2353,31 @@ static void test_group_key(void **state)
 	assert_int_equal(rw_client_connect(&o, &x), RW_E_INVAL);
 	unsetenv("RAILWAVE_GROUP_KEY");
 
-	/* A group opened without a key cannot be joined by a keyed rank either: a squatter who
-	 * opens the job's group first gets the job refused (it sees its own error), never its
-	 * data. Another group opened without a key stays open to keyless ranks (the default). */
+	/* A group opened without a key yields its name to a rank with a key: whoever opened the
+	 * job's group first (a squatter) is dropped and told why, its seat is free at once, and it
+	 * cannot come back without the key. */
 	rw_client_t *open0 = connect_rank("open", 0);
-	m = keyed_hello("open", 1, KEY_A);
-	hello_refused(&m, sizeof(m), RW_E_GROUP_KEY, msg);
-	/* The keyed rank is told the truth: the name is taken, by whom, and its key is fine. */
-	char taken[RW_IPC_ERRMSG_MAX];
-	snprintf(taken, sizeof(taken), "group open is taken by pid %d (opened without a key): "
-		 "not a key problem", (int)getpid());
-	assert_string_equal(msg, taken);
+	setenv("RAILWAVE_GROUP_KEY", KEY_A, 1);
 	rw_client_t *open1 = connect_rank("open", 1);
+	unsetenv("RAILWAVE_GROUP_KEY");
+	uint32_t obuf;
+	void *oaddr;
+	assert_int_not_equal(rw_client_register_host(open0, 65536, &obuf, &oaddr), 0);
+	char claimed[RW_IPC_ERRMSG_MAX];
+	snprintf(claimed, sizeof(claimed), "group open, opened without a key, was claimed by a "
+		 "rank with one (pid %d)", (int)getpid());
+	assert_string_equal(rw_client_last_message(open0), claimed);
+	m = keyed_hello("open", 0, NULL);
+	hello_refused(&m, sizeof(m), RW_E_GROUP_KEY, msg);
+	assert_non_null(strstr(msg, "group open has a group key and this rank gave none"));
+	setenv("RAILWAVE_GROUP_KEY", KEY_A, 1);
+	rw_client_t *open2 = connect_rank("open", 0); /* the squatter's seat */
+	unsetenv("RAILWAVE_GROUP_KEY");
 
 	/* The keyed group was not disturbed: both ranks still carry submissions. */
 	rw_ipc_server_stats_t st = h_stats(&H);
 	assert_int_equal(st.refused_key, 6);
+	assert_int_equal(st.groups_claimed, 1);
 	assert_int_equal(st.groups, 2);
 	rw_client_t *members[2] = {r0, r1};
 	for (int i = 0; i < 2; i++) {
@@ -2383,6 +2392,7 @@ static void test_group_key(void **state)
 	rw_client_close(r1);
 	rw_client_close(open0);
 	rw_client_close(open1);
+	rw_client_close(open2);
 	h_wait_clients(&H, 0);
 	/* Once every member left the group is forgotten with its key: the next job may reuse the
 	 * name with its own key. */

@@ -895,6 +895,8 @@ const rw_ipc_client_info_t *rw_ipc_client_info(const rw_ipc_client_t *client)
 
 void rw_ipc_client_set_data(rw_ipc_client_t *client, void *data) { client->data = data; }
 
+int rw_ipc_client_leaving(const rw_ipc_client_t *client) { return client->drop_pending; }
+
 void *rw_ipc_client_data(const rw_ipc_client_t *client) { return client->data; }
 /* Stream order: this stand-in server registers no events, so a submission naming one is refused
  * by the executor (unknown event), and there is never a flag to write. */

@@ -140,9 +140,9 @@ static void test_regions_roundtrip(void **state)
 	assert_int_equal(rw_wire_regions_unpack(bad, n, &o), RW_ERR_PROTO);
 }
 
-/* Where the row starts in a COUNTS message (rw_wire_counts_pack): key 16, group name, then ten
- * 32-bit fields. */
-#define COUNTS_ROW_OFF (16 + RW_WIRE_GROUP_MAX + 40)
+/* Where the row starts in a COUNTS message (rw_wire_counts_pack): key 16, group name, ten
+ * 32-bit fields, then the group key's fingerprint. */
+#define COUNTS_ROW_OFF (16 + RW_WIRE_GROUP_MAX + 40 + RW_WIRE_KEY_FP_SIZE)
 
 static void test_counts_roundtrip(void **state)
 {
@@ -157,6 +157,8 @@ static void test_counts_roundtrip(void **state)
 			    .requested_path = RW_WIRE_PATH_AUTO, .epoch = 0xdeadbeef },
 		.row = row, .rail_weight = weight, .rail_up = up,
 	};
+	for (uint32_t i = 0; i < RW_WIRE_KEY_FP_SIZE; i++)
+		c.params.key_fp[i] = (uint8_t)(0xa0 + i);
 	strcpy(c.group_name, "moe.ep0");
 	uint8_t buf[1024];
 	size_t n = rw_wire_counts_pack(&c, buf, sizeof(buf));
@@ -171,6 +173,7 @@ static void test_counts_roundtrip(void **state)
 	assert_int_equal(o.params.dtype, RW_WIRE_BF16);
 	assert_int_equal(o.params.requested_path, RW_WIRE_PATH_AUTO);
 	assert_int_equal(o.params.epoch, 0xdeadbeef);
+	assert_memory_equal(o.params.key_fp, c.params.key_fp, RW_WIRE_KEY_FP_SIZE);
 	for (uint32_t i = 0; i < 12; i++)
 		assert_int_equal(rw_wire_counts_row(&o, i), row[i]);
 	for (uint32_t r = 0; r < 4; r++) /* the sender's view of its rails (rail health) */
