@@ -17,7 +17,7 @@ _Static_assert(sizeof(rw_page_params_t) == 40, "rank page ABI");
 _Static_assert(sizeof(rw_page_plan_entry_t) == 16, "rank page ABI");
 _Static_assert(sizeof(rw_page_plan_head_t) == 40, "rank page ABI");
 _Static_assert(sizeof(rw_page_plan_rail_t) == 32, "rank page ABI");
-_Static_assert(sizeof(rw_page_list_head_t) == 16, "rank page ABI");
+_Static_assert(sizeof(rw_page_list_head_t) == 24, "rank page ABI");
 _Static_assert(sizeof(rw_page_list_entry_t) == 16, "rank page ABI");
 _Static_assert(offsetof(rw_page_head_t, word) == RW_PAGE_LINE, "rank page ABI: words on line 1");
 _Static_assert((RW_PAGE_DEPTH & (RW_PAGE_DEPTH - 1)) == 0, "depth is a power of two");

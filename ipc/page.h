@@ -88,8 +88,9 @@ typedef struct rw_page_params {
  * Combine: entry (s, r) is the return range of source s on rail r: the dispatch records that
  * arrived at receive slots first .. first + count - 1 of rail r come back as combine records at
  * byte `offset` (rail r's combine send area) onwards, in slot order; the combine record of slot
- * p carries tag = tag[s], src_node = me, rail = r, slot = p - first. (me, r): the local area,
- * where this node's ranks leave the rows the owner's reduce takes as local terms. */
+ * p carries tag = tag[s], src_node = me, rail = r, slot = p - first. (me, 0): where this rank
+ * leaves its rows of local records (the list below), which the owners' reduce takes as local
+ * terms. */
 typedef struct rw_page_plan_head {
 	uint64_t phase;        /* k: the phase this block answers (a kernel checks it) */
 	uint32_t kind;         /* 0 dispatch, 1 combine */
@@ -119,19 +120,28 @@ typedef struct rw_page_plan_entry {
 } rw_page_plan_entry_t;
 
 /* ---- the list: what the rank's kernel reads after `arrived` (P4) ---------------------------
- * The head, then rw_page_list_entry_t[max_recv]. Dispatch: the forward list, entry j is row j
- * of the rank's output (recv_x, its metadata): the record at (area, rail, slot), whose header
- * the daemon checked; node and token repeat the header's source node and token. Combine: the
- * reduce list, entries sorted by the owner's token, a token's terms in summation order (the
- * host mover's, service/phase/forward.c); entry = a combine row at (area, rail, slot) — the
- * receive area for rows from node `node`, the local area for this node's ranks' rows — that
- * adds into token `token`. A rank's terms beyond max_recv fail the phase (RW_E_TOKENS). */
+ * The head, then rw_page_list_entry_t[max_recv].
+ * Dispatch: the forward list, entry j is row j of the rank's output (recv_x, its metadata): the
+ * record at (area, rail, slot), whose header the daemon checked; node and token repeat the
+ * header's source node and token. The n_recv entries of the receive area come first (ascending
+ * rail, then slot), then the local area's (ascending rail, then slot).
+ * Combine: the owner's reduce list, entries sorted by token; a token's terms in the owner's
+ * order (docs/dataflow.md "Combine"): this node's local ranks' rows one by one by local rank
+ * (area LOCAL, rail 0), then the rows from other nodes by source node (area RECV, the combine
+ * receive area); `token` is the owner's token, `node` where the row was computed. A rank's
+ * terms beyond max_recv fail the phase (RW_E_TOKENS).
+ * The combine's local rows: a rank's gather writes, for each local entry j >= n_recv of its
+ * dispatch list, its own row alone (never summed with another rank's: the owner adds each local
+ * rank's row on its own) as a combine row at the combine plan's entry (me, 0): offset +
+ * (j - n_recv) x rec_size of rail 0's slab. */
 enum rw_page_area { RW_PAGE_AREA_RECV = 0, RW_PAGE_AREA_LOCAL = 1 };
 
 typedef struct rw_page_list_head {
 	uint64_t phase;        /* k: the phase this list answers */
 	uint32_t count;        /* entries */
 	uint32_t kind;         /* 0 dispatch, 1 combine */
+	uint32_t n_recv;       /* dispatch: the first entries, of the receive area */
+	uint32_t reserved;
 } rw_page_list_head_t;
 
 typedef struct rw_page_list_entry {

@@ -313,6 +313,37 @@ int rw_svc_owner_back(rw_svc_owner_t *o, const rw_svc_phase_t *ph, uint32_t rec,
 uint32_t rw_svc_owner_terms(const rw_svc_owner_t *o, const rw_svc_phase_t *ph,
 			    const rw_svc_rank_out_t *ro, uint32_t u, const uint64_t *row_at,
 			    const uint64_t *back_at, uint64_t *terms);
+/* A node's dispatch lists for its page ranks (ipc/page.h "the list", "the terms"). In: where
+ * the records are; out: per local rank its forward list, the combine gather's terms of each
+ * entry, and where its local rows go in the combine's local area (rail 0, in records). Every
+ * array is the caller's: list[g] and term_off[g] of max_recv (+1) entries, term_ref[g] of
+ * gpus x max_recv. */
+typedef struct rw_svc_rank_lists {
+	const uint8_t *recv[RW_MAX_RAILS];  /* each rail's dispatch receive area (slot 0 there) */
+	const uint8_t *local[RW_MAX_RAILS]; /* each rail's dispatch local area */
+	uint32_t local_n[RW_MAX_RAILS];     /* records in each local area (segment (me, r)) */
+	uint32_t max_recv;
+	rw_page_list_entry_t *list[RW_MAX_GPUS];
+	uint32_t *term_off[RW_MAX_GPUS];
+	uint32_t *term_ref[RW_MAX_GPUS];
+	uint32_t n[RW_MAX_GPUS], n_recv[RW_MAX_GPUS], n_terms[RW_MAX_GPUS];
+	uint32_t local_base[RW_MAX_GPUS];   /* rank g's first local row in the combine local area */
+} rw_svc_rank_lists_t;
+/* Every checked record of the dispatch (the receive areas by rail then slot, then the local
+ * areas) into the lists of the local ranks hosting its experts; a received record's terms go
+ * to the lowest of them (each such rank's row, by rank), a local record's rank writes its own
+ * row alone. RW_ERR_SUB_SPACE: a rank would receive more than max_recv (why names it). */
+rw_status_t rw_svc_rank_fwd_lists(const rw_svc_phase_t *ph, rw_svc_rank_lists_t *lists,
+				  char *why);
+/* Local rank g's combine reduce list (n_tokens: its dispatch's tokens), sorted by token, each
+ * token's terms in the owner's order: this node's ranks' rows of its local records by rank,
+ * then the rows coming back by source node, each where its record left (sent[e]: the dispatch
+ * send area of rail e, whose checked headers name owner and token). cursor: u32[n_tokens + 1]
+ * scratch. RW_ERR_SUB_SPACE above max entries. */
+rw_status_t rw_svc_rank_reduce_list(const rw_svc_phase_t *ph, const rw_svc_rank_lists_t *lists,
+				    const uint8_t *const *sent, uint32_t g, uint32_t n_tokens,
+				    uint32_t *cursor, rw_page_list_entry_t *out, uint32_t max,
+				    uint32_t *n_p, char *why);
 /* Kernels on the ranks' GPUs (service/mover/mover_cuda.c): takes a pair whose first submission gives
  * CUDA memory on a device with kernels, declines every other. */
 extern const rw_svc_mover_ops_t rw_svc_mover_cuda;

@@ -135,3 +135,160 @@ rw_status_t rw_svc_rank_records_check(const rw_svc_phase_t *ph, uint32_t g, uint
 	}
 	return RW_OK;
 }
+
+/* Entry j of rank g's list: the record at (area, rail, slot). */
+static rw_status_t list_put(rw_svc_rank_lists_t *ls, uint32_t g, uint32_t area, uint32_t rail,
+			    uint32_t slot, uint32_t node, uint32_t token, uint32_t *j_p, char *why)
+{
+	if (ls->n[g] >= ls->max_recv) {
+		snprintf(why, RW_SVC_WHY_MAX, "local rank %u receives more than its %u records (its "
+			 "max_recv)", g, ls->max_recv);
+		return RW_ERR_SUB_SPACE;
+	}
+	uint32_t j = ls->n[g]++;
+	ls->list[g][j] = (rw_page_list_entry_t){ .slot = slot, .rail = (uint16_t)rail,
+						 .area = (uint16_t)area, .node = node,
+						 .token = token };
+	ls->term_off[g][j] = ls->n_terms[g];
+	*j_p = j;
+	return RW_OK;
+}
+
+/* The record at rec (area, rail, slot) goes to the local ranks hosting its experts. `writer`:
+ * the lowest of them gets the combine terms (every one's row, by rank), the others none; a
+ * local record's rank writes its own row alone. */
+static rw_status_t list_record(const rw_svc_phase_t *ph, rw_svc_rank_lists_t *ls,
+			       const uint8_t *rec, uint32_t area, uint32_t rail, uint32_t slot,
+			       uint32_t node, char *why)
+{
+	rw_wire_rec_hdr_t h;
+	if (rw_wire_rec_unpack(rec, ph->topk, &h) != RW_OK) {
+		snprintf(why, RW_SVC_WHY_MAX, "record at rail %u slot %u of the %s area: bad header",
+			 rail, slot, area == RW_PAGE_AREA_RECV ? "receive" : "local");
+		return RW_ERR_PROTO;
+	}
+	uint32_t mask = rw_svc_fwd_mask_rec(ph->n_experts, ph->nodes, ph->gpus, ph->me, rec,
+					    ph->topk);
+	uint32_t j[RW_MAX_GPUS];
+	for (uint32_t g = 0; g < ph->gpus; g++) {
+		if (!(mask & (1u << g)))
+			continue;
+		rw_status_t st = list_put(ls, g, area, rail, slot, node, h.token, &j[g], why);
+		if (st != RW_OK)
+			return st;
+		if (area == RW_PAGE_AREA_LOCAL)
+			ls->term_ref[g][ls->n_terms[g]++] = RW_PAGE_TERM(g, j[g]);
+	}
+	if (area == RW_PAGE_AREA_RECV && mask) {
+		uint32_t w = (uint32_t)__builtin_ctz(mask);
+		for (uint32_t g = w; g < ph->gpus; g++)
+			if (mask & (1u << g))
+				ls->term_ref[w][ls->n_terms[w]++] = RW_PAGE_TERM(g, j[g]);
+	}
+	return RW_OK;
+}
+
+rw_status_t rw_svc_rank_fwd_lists(const rw_svc_phase_t *ph, rw_svc_rank_lists_t *ls, char *why)
+{
+	const uint32_t R = ph->rails;
+	const rw_svc_layout_t *l = ph->layout;
+	for (uint32_t g = 0; g < ph->gpus; g++)
+		ls->n[g] = ls->n_terms[g] = 0;
+	for (uint32_t r = 0; r < R; r++) /* the receive area: by rail, then slot (sources in order) */
+		for (uint32_t s = 0; s < ph->nodes; s++)
+			for (uint32_t k = 0; k < l->in_quota[(size_t)s * R + r]; k++) {
+				uint32_t p = l->in_first[(size_t)s * R + r] + k;
+				rw_status_t st = list_record(ph, ls, ls->recv[r] + (uint64_t)p * ph->rec_size,
+							     RW_PAGE_AREA_RECV, r, p, s, why);
+				if (st != RW_OK)
+					return st;
+			}
+	for (uint32_t g = 0; g < ph->gpus; g++)
+		ls->n_recv[g] = ls->n[g];
+	for (uint32_t r = 0; r < R; r++)
+		for (uint32_t p = 0; p < ls->local_n[r]; p++) {
+			rw_status_t st = list_record(ph, ls, ls->local[r] + (uint64_t)p * ph->rec_size,
+						     RW_PAGE_AREA_LOCAL, r, p, ph->me, why);
+			if (st != RW_OK)
+				return st;
+		}
+	uint32_t base = 0;
+	for (uint32_t g = 0; g < ph->gpus; g++) {
+		ls->term_off[g][ls->n[g]] = ls->n_terms[g];
+		ls->local_base[g] = base;
+		base += ls->n[g] - ls->n_recv[g];
+	}
+	return RW_OK;
+}
+
+/* One term of owner g's reduce list, placed at its token's cursor (pass 2) or counted (pass 1). */
+static rw_status_t reduce_term(uint32_t *cursor, uint32_t n_tokens, rw_page_list_entry_t *out,
+			       int place, rw_page_list_entry_t e, char *why)
+{
+	if (e.token >= n_tokens) {
+		snprintf(why, RW_SVC_WHY_MAX, "a combine term names token %u of %u", e.token, n_tokens);
+		return RW_ERR_INVAL;
+	}
+	if (place)
+		out[cursor[e.token]++] = e;
+	else
+		cursor[e.token + 1]++;
+	return RW_OK;
+}
+
+rw_status_t rw_svc_rank_reduce_list(const rw_svc_phase_t *ph, const rw_svc_rank_lists_t *ls,
+				    const uint8_t *const *sent, uint32_t g, uint32_t n_tokens,
+				    uint32_t *cursor, rw_page_list_entry_t *out, uint32_t max,
+				    uint32_t *n_p, char *why)
+{
+	const uint32_t R = ph->rails;
+	const rw_svc_layout_t *l = ph->layout;
+	memset(cursor, 0, ((size_t)n_tokens + 1) * sizeof(*cursor));
+	for (int place = 0; place < 2; place++) {
+		if (place) {
+			for (uint32_t t = 0; t < n_tokens; t++) /* counts -> first index per token */
+				cursor[t + 1] += cursor[t];
+			if (cursor[n_tokens] > max) {
+				snprintf(why, RW_SVC_WHY_MAX, "local rank %u's tokens have %u combine "
+					 "terms, above its %u (max_recv)", g, cursor[n_tokens], max);
+				return RW_ERR_SUB_SPACE;
+			}
+			*n_p = cursor[n_tokens];
+		}
+		/* this node's ranks' rows of g's local records, by rank */
+		for (uint32_t h = 0; h < ph->gpus; h++)
+			for (uint32_t j = ls->n_recv[h]; j < ls->n[h]; j++) {
+				const rw_page_list_entry_t *e = &ls->list[h][j];
+				const uint8_t *rec = ls->local[e->rail] + (uint64_t)e->slot * ph->rec_size;
+				if (rw_wire_get16(rec + 6) != g)
+					continue;
+				rw_page_list_entry_t t = { .slot = ls->local_base[h] + j - ls->n_recv[h],
+							   .rail = 0, .area = RW_PAGE_AREA_LOCAL,
+							   .node = ph->me, .token = e->token };
+				rw_status_t st = reduce_term(cursor, n_tokens, out, place, t, why);
+				if (st != RW_OK)
+					return st;
+			}
+		/* then the rows that come back, by source node: each where its record left */
+		for (uint32_t d = 0; d < ph->nodes; d++) {
+			if (d == ph->me)
+				continue;
+			for (uint32_t e = 0; e < R; e++) {
+				uint32_t first = l->out_first[(size_t)d * R + e];
+				for (uint32_t k = 0; k < l->out_pairs[d].quota[e]; k++) {
+					const uint8_t *rec = sent[e] + ((uint64_t)first + k) * ph->rec_size;
+					if (rw_wire_get16(rec + 6) != g)
+						continue;
+					rw_page_list_entry_t t = { .slot = first + k, .rail = (uint16_t)e,
+								   .area = RW_PAGE_AREA_RECV, .node = d,
+								   .token = rw_wire_get32(rec + 8) };
+					rw_status_t st = reduce_term(cursor, n_tokens, out, place, t,
+								     why);
+					if (st != RW_OK)
+						return st;
+				}
+			}
+		}
+	}
+	return RW_OK;
+}

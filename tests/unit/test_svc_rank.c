@@ -412,12 +412,248 @@ static void test_records_order(void **state)
 	assert_int_equal(done, 20);
 }
 
+/* Records from the other nodes in this node's receive areas, as the peers' packs would leave
+ * them: each with at least one expert here. recv[r] holds in_total[r] records. */
+static void arrive(cluster_t *c, uint8_t **recv)
+{
+	const uint32_t R = c->R, per_node = c->E / c->N;
+	for (uint32_t r = 0; r < R; r++) {
+		recv[r] = calloc((size_t)c->layout.in_total[r] + 1, c->ph.rec_size);
+		assert_non_null(recv[r]);
+		for (uint32_t sn = 0; sn < c->N; sn++)
+			for (uint32_t k = 0; k < c->layout.in_quota[sn * R + r]; k++) {
+				int32_t ids[RW_MAX_TOPK];
+				float w[RW_MAX_TOPK] = { 0 };
+				make_ids(ids, 1, c->topk, c->E);
+				ids[rng_below(c->topk)] = -1; /* then one expert here, not a duplicate */
+				for (uint32_t q = 0; q < c->topk; q++)
+					if (ids[q] == -1) {
+						int32_t e = (int32_t)(c->me * per_node + rng_below(per_node));
+						int dup = 0;
+						for (uint32_t z = 0; z < c->topk; z++)
+							dup |= ids[z] == e;
+						if (!dup) {
+							ids[q] = e;
+							break;
+						}
+					}
+				rw_wire_rec_hdr_t h = { .tag = c->ph.tag_in, .src_node = sn,
+							.owner = rng_below(c->G), .token = rng_below(500),
+							.topk = c->topk };
+				uint32_t p = c->layout.in_first[sn * R + r] + k;
+				rw_wire_rec_pack(recv[r] + (uint64_t)p * c->ph.rec_size, &h, ids, w);
+			}
+	}
+}
+
+static int has_expert_here(const cluster_t *c, const uint8_t *rec)
+{
+	return rw_svc_fwd_mask_rec(c->E, c->N, c->G, c->me, rec, c->topk) != 0;
+}
+
+/* The lists against the host mover's forwarding (rw_svc_rank_out_add fed the same records in
+ * the same order), the terms against its contrib table, the reduce lists against the owner's
+ * order built from the CSR and the pair plans. */
+static void test_lists_match_host_forwarding(void **state)
+{
+	(void)state;
+	seed_rng("test_lists_match_host_forwarding");
+	for (int it = 0; it < 150; it++) {
+		cluster_t c;
+		cluster_make(&c, (rw_path_t)(it % 4));
+		const uint32_t R = c.R, G = c.G;
+		plan_block_t *pb = calloc(G, sizeof(*pb));
+		assert_non_null(pb);
+		plan_all(&c, pb);
+		for (uint32_t g = 0; g < G; g++)
+			pack_rank(&c, &pb[g], g);
+		uint8_t *recv[RW_MAX_RAILS];
+		arrive(&c, recv);
+		const uint32_t max_recv = 4096;
+		rw_svc_rank_lists_t ls;
+		memset(&ls, 0, sizeof(ls));
+		ls.max_recv = max_recv;
+		for (uint32_t r = 0; r < R; r++) {
+			ls.recv[r] = recv[r];
+			ls.local[r] = c.slab[r] + c.areas[r].local_off;
+			ls.local_n[r] = c.offset[c.me * R + r + 1] - c.offset[c.me * R + r];
+		}
+		for (uint32_t g = 0; g < G; g++) {
+			ls.list[g] = calloc(max_recv, sizeof(rw_page_list_entry_t));
+			ls.term_off[g] = calloc(max_recv + 1, sizeof(uint32_t));
+			ls.term_ref[g] = calloc((size_t)G * max_recv, sizeof(uint32_t));
+		}
+		char why[RW_SVC_WHY_MAX];
+		assert_int_equal(rw_svc_rank_fwd_lists(&c.ph, &ls, why), RW_OK);
+
+		/* the oracle: the host mover's helper, fed in the same order; ref = that order */
+		uint32_t n_ref = 0;
+		for (uint32_t r = 0; r < R; r++)
+			n_ref += c.layout.in_total[r] + ls.local_n[r];
+		rw_svc_rank_out_t ro;
+		memset(&ro, 0, sizeof(ro));
+		ro.contrib = calloc((size_t)n_ref * G + 1, sizeof(uint32_t));
+		ro.n_contrib = n_ref;
+		rw_page_list_entry_t *where = calloc(n_ref + 1, sizeof(*where));
+		for (uint32_t g = 0; g < G; g++) {
+			ro.layout[g] = (rw_svc_out_layout_t){ .rows_cap = n_ref + 1,
+							      .meta_bytes = 16 + 8ull * c.topk };
+			ro.meta[g] = calloc((size_t)n_ref + 1, ro.layout[g].meta_bytes);
+			ro.ref[g] = calloc((size_t)n_ref + 1, sizeof(uint32_t));
+			ro.expert_counts[g] = calloc(c.E, sizeof(uint32_t));
+		}
+		uint32_t ref = 0, rows[RW_MAX_GPUS];
+		for (int area = 0; area < 2; area++)
+			for (uint32_t r = 0; r < R; r++) {
+				uint32_t n = area ? ls.local_n[r] : c.layout.in_total[r];
+				const uint8_t *base = area ? ls.local[r] : recv[r];
+				for (uint32_t p = 0; p < n; p++, ref++) {
+					const uint8_t *rec = base + (uint64_t)p * c.ph.rec_size;
+					rw_wire_rec_hdr_t h;
+					assert_int_equal(rw_wire_rec_unpack(rec, c.topk, &h), RW_OK);
+					int32_t ids[RW_MAX_TOPK];
+					float w[RW_MAX_TOPK];
+					for (uint32_t q = 0; q < c.topk; q++) {
+						ids[q] = rw_wire_rec_id(rec, q);
+						w[q] = rw_wire_rec_weight(rec, c.topk, q);
+					}
+					assert_true(area || has_expert_here(&c, rec));
+					assert_true(rw_svc_rank_out_add(&ro, &c.ph, ref, h.src_node, 0,
+									h.token, ids, w, rows) >= 0);
+					where[ref] = (rw_page_list_entry_t){
+						.slot = p, .rail = (uint16_t)r, .area = (uint16_t)area,
+						.node = h.src_node, .token = h.token };
+				}
+			}
+		for (uint32_t g = 0; g < G; g++) {
+			assert_int_equal(ls.n[g], ro.n[g]);
+			for (uint32_t j = 0; j < ls.n[g]; j++) {
+				const rw_page_list_entry_t *e = &ls.list[g][j], *o = &where[ro.ref[g][j]];
+				assert_int_equal(e->area, o->area);
+				assert_int_equal(e->rail, o->rail);
+				assert_int_equal(e->slot, o->slot);
+				assert_int_equal(e->node, e->area ? c.me : o->node);
+				assert_int_equal(e->token, o->token);
+				assert_int_equal(j < ls.n_recv[g], e->area == RW_PAGE_AREA_RECV);
+				/* terms: a received record's by its lowest rank, every rank's row */
+				uint32_t t0 = ls.term_off[g][j], t1 = ls.term_off[g][j + 1];
+				const uint32_t *cb = &ro.contrib[(size_t)ro.ref[g][j] * G];
+				if (e->area == RW_PAGE_AREA_LOCAL) {
+					assert_int_equal(t1 - t0, 1);
+					assert_int_equal(ls.term_ref[g][t0], RW_PAGE_TERM(g, j));
+					continue;
+				}
+				uint32_t lowest = 0;
+				while (!cb[lowest])
+					lowest++;
+				if (g != lowest) {
+					assert_int_equal(t1, t0);
+					continue;
+				}
+				uint32_t q = t0;
+				for (uint32_t h = 0; h < G; h++)
+					if (cb[h])
+						assert_int_equal(ls.term_ref[g][q++], RW_PAGE_TERM(h, cb[h] - 1));
+				assert_int_equal(q, t1);
+			}
+		}
+		/* the reduce lists */
+		const uint8_t *sent[RW_MAX_RAILS];
+		for (uint32_t r = 0; r < R; r++)
+			sent[r] = c.slab[r] + c.areas[r].send_off;
+		for (uint32_t g = 0; g < G; g++) {
+			const uint32_t nt = c.rt[g].n_tokens, rg = c.topo.gpu_rail[g];
+			uint32_t *cursor = calloc(nt + 1, sizeof(uint32_t));
+			rw_page_list_entry_t *red = calloc(max_recv, sizeof(*red));
+			uint32_t n_red = 0, q = 0;
+			assert_int_equal(rw_svc_rank_reduce_list(&c.ph, &ls, sent, g, nt, cursor, red,
+								 max_recv, &n_red, why), RW_OK);
+			for (uint32_t t = 0; t < nt; t++) {
+				/* local terms: each rank that got g's local record of t, by rank */
+				uint32_t lref = UINT32_MAX; /* that record's ref */
+				for (uint32_t x = 0; x < ls.local_n[rg]; x++) {
+					uint32_t o = c.offset[c.me * R + rg] + x;
+					if (c.rec[o].rank == g && c.rec[o].token == t) {
+						lref = x;
+						for (uint32_t r = 0; r < rg; r++)
+							lref += ls.local_n[r];
+						break;
+					}
+				}
+				if (lref != UINT32_MAX) {
+					for (uint32_t r = 0; r < R; r++)
+						lref += c.layout.in_total[r];
+					for (uint32_t h = 0; h < G; h++) {
+						uint32_t cj = ro.contrib[(size_t)lref * G + h];
+						if (!cj)
+							continue;
+						const rw_page_list_entry_t *e = &red[q++];
+						assert_int_equal(e->area, RW_PAGE_AREA_LOCAL);
+						assert_int_equal(e->token, t);
+						assert_int_equal(e->slot, ls.local_base[h] + cj - 1 - ls.n_recv[h]);
+					}
+				}
+				/* remote terms: by node, where the record left */
+				for (uint32_t d = 0; d < c.N; d++) {
+					if (d == c.me)
+						continue;
+					uint32_t seg = c.offset[d * R + rg], end = c.offset[d * R + rg + 1];
+					for (uint32_t o = seg; o < end; o++) {
+						if (c.rec[o].rank != g || c.rec[o].token != t)
+							continue;
+						uint32_t e_rail, slot;
+						rw_sched_map(&c.layout.out_pairs[d], rg, o - seg, &e_rail, &slot);
+						const rw_page_list_entry_t *e = &red[q++];
+						assert_int_equal(e->area, RW_PAGE_AREA_RECV);
+						assert_int_equal(e->node, d);
+						assert_int_equal(e->token, t);
+						assert_int_equal(e->rail, e_rail);
+						assert_int_equal(e->slot, c.layout.out_first[d * R + e_rail] + slot);
+					}
+				}
+			}
+			assert_int_equal(q, n_red);
+			if (n_red > 0) { /* one entry fewer allowed: refused, named */
+				assert_int_equal(rw_svc_rank_reduce_list(&c.ph, &ls, sent, g, nt, cursor,
+									 red, n_red - 1, &n_red, why),
+						 RW_ERR_SUB_SPACE);
+				assert_non_null(strstr(why, "combine terms, above"));
+			}
+			free(cursor);
+			free(red);
+		}
+		/* a rank past its max_recv: refused, named */
+		for (uint32_t g = 0; g < G; g++)
+			if (ls.n[g] > 0) {
+				ls.max_recv = ls.n[g] - 1;
+				assert_int_equal(rw_svc_rank_fwd_lists(&c.ph, &ls, why), RW_ERR_SUB_SPACE);
+				assert_non_null(strstr(why, "receives more than its"));
+				break;
+			}
+		for (uint32_t g = 0; g < G; g++) {
+			free(ls.list[g]);
+			free(ls.term_off[g]);
+			free(ls.term_ref[g]);
+			free(ro.meta[g]);
+			free(ro.ref[g]);
+			free(ro.expert_counts[g]);
+		}
+		free(ro.contrib);
+		free(where);
+		for (uint32_t r = 0; r < R; r++)
+			free(recv[r]);
+		free(pb);
+		cluster_free(&c);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_plan_matches_host_pack),
 		cmocka_unit_test(test_records_check),
 		cmocka_unit_test(test_records_order),
+		cmocka_unit_test(test_lists_match_host_forwarding),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
