@@ -25,6 +25,11 @@
 #define SHM_CHUNK (1u << 20)
 #define SHM_PACE_CHUNK (256u << 10)
 #define SHM_THREAD_STACK (256u << 10)
+/* A write this small is copied by the loop that posts it (shm_copy_kick), when nothing else of
+ * its connection is queued or being copied: a few µs of memcpy instead of waking a copier and
+ * waiting for it to be scheduled (the 1-token phase's writes; docs/perf/shm.md "The 1-token
+ * floor"). */
+#define SHM_INLINE_MAX (64u << 10)
 
 void shm_copy_stats_sync(shm_dev_t *dev)
 {
@@ -78,13 +83,6 @@ static void work_unlink(shm_conn_t *c)
 	c->on_work = 0;
 }
 
-void shm_copy_kick(shm_conn_t *c)
-{
-	pthread_mutex_lock(&c->dev->mu);
-	work_push(c);
-	pthread_mutex_unlock(&c->dev->mu);
-}
-
 void shm_copy_wait_idle(shm_conn_t *c)
 {
 	/* No new chunk of c meanwhile, so a busy connection cannot keep the loop waiting; the
@@ -113,6 +111,18 @@ static void pace_refill(shm_dev_t *dev)
 	if (dev->pace_tokens > dev->pace_burst)
 		dev->pace_tokens = dev->pace_burst;
 	dev->pace_last_ns = now;
+}
+
+/* An unpaced device, or a bucket not in debt: charge n bytes and say yes (else no charge). */
+static int pace_charge(shm_dev_t *dev, uint64_t n)
+{
+	if (dev->pace_Bps <= 0)
+		return 1;
+	pace_refill(dev);
+	if (dev->pace_tokens < 0)
+		return 0;
+	dev->pace_tokens -= (double)n;
+	return 1;
 }
 
 /* The bucket is in debt: sleep (without mu) until it is paid back, or a stop. */
@@ -207,6 +217,40 @@ static void chunk_done(shm_dev_t *dev, const chunk_t *k)
 		pthread_cond_broadcast(&dev->idle_cv);
 }
 
+/* Copy a chunk handed out (mu released meanwhile), then chunk_done. Caller holds mu. */
+static void chunk_copy(shm_dev_t *dev, const chunk_t *k)
+{
+	pthread_mutex_unlock(&dev->mu);
+	if (k->dst && k->n)
+		memcpy(k->dst, k->src, k->n);
+	atomic_fetch_add(&dev->tx_bytes, k->n);
+	pthread_mutex_lock(&dev->mu);
+	chunk_done(dev, k);
+}
+
+/* c's one queued write is small and nothing of c is on the work list or being copied (so it
+ * publishes as soon as it is in), nor held back. Caller holds mu. */
+static int inline_ok(const shm_conn_t *c)
+{
+	if (c->on_work || c->busy || c->detached || c->blocked || c->held ||
+	    c->tx_issue + 1 != c->tx_posted || c->issue_off || c->tx_copied != c->tx_issue)
+		return 0;
+	return c->tx[c->tx_issue & c->out_mask].length <= SHM_INLINE_MAX;
+}
+
+void shm_copy_kick(shm_conn_t *c)
+{
+	shm_dev_t *dev = c->dev;
+	chunk_t k;
+	pthread_mutex_lock(&dev->mu);
+	if (inline_ok(c) && pace_charge(dev, c->tx[c->tx_issue & c->out_mask].length) &&
+	    chunk_take(c, SHM_INLINE_MAX, &k)) {
+		chunk_copy(dev, &k); /* the loop is this chunk's copier */
+	}
+	work_push(c);
+	pthread_mutex_unlock(&dev->mu);
+}
+
 static void *copier_main(void *arg)
 {
 	shm_dev_t *dev = arg;
@@ -233,12 +277,7 @@ static void *copier_main(void *arg)
 			continue;
 		if (paced)
 			dev->pace_tokens -= (double)k.n;
-		pthread_mutex_unlock(&dev->mu);
-		if (k.dst && k.n)
-			memcpy(k.dst, k.src, k.n);
-		atomic_fetch_add(&dev->tx_bytes, k.n);
-		pthread_mutex_lock(&dev->mu);
-		chunk_done(dev, &k);
+		chunk_copy(dev, &k);
 	}
 	pthread_mutex_unlock(&dev->mu);
 	return NULL;

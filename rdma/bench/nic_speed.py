@@ -15,6 +15,9 @@ Per (cluster, shape, tokens, path, kind), medians over the steps after the first
           takes its dispatch's path), the earliest first post, the latest last byte in (last
           range complete) and the latest done;
   cpu     the daemons' CPU (user + system) per phase, all nodes together, ms;
+  wakes   the daemons' voluntary context switches per phase (every thread: loop and copiers),
+          all nodes together: how often a daemon slept and was woken, which a loaded machine
+          changes less than it changes time;
   memcpy  the same bytes per (node, rail) copied by plain memcpy with one thread per (node,
           rail), as many threads as the shm copiers (rdma/bench/memcpy_ceiling.c), ms; shm
           rows of 1024 tokens per rank and more.
@@ -50,6 +53,19 @@ def cpu_s(pid):
     with open("/proc/%d/stat" % pid) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wakes(pid):
+    n = 0
+    for t in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/status" % (pid, t)) as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        n += int(line.split()[1])
+        except OSError:
+            pass  # a thread that ended meanwhile
+    return n
 
 
 def med(xs):
@@ -173,8 +189,10 @@ def run_cluster(tmp, a, nodes, transport, rate_gbs, results, build=("", cluster.
                 steps = len(paths) * (rounds + 1)
                 group = "%s-%d" % (shape, tokens)
                 cpu0 = sum(cpu_s(p.pid) for p in c.procs.values())
+                wk0 = sum(wakes(p.pid) for p in c.procs.values())
                 pairs = run_ranks(c, a, shape, tokens, paths, steps, group)
                 cpu = (sum(cpu_s(p.pid) for p in c.procs.values()) - cpu0) / (2 * steps)
+                wk = (sum(wakes(p.pid) for p in c.procs.values()) - wk0) / (2 * steps)
                 time.sleep(1.2)  # the daemons write their trace buffers at most every second
                 recs = traces(trace_dir)
                 for pi, path in enumerate(paths):
@@ -192,7 +210,7 @@ def run_cluster(tmp, a, nodes, transport, rate_gbs, results, build=("", cluster.
                             "daemon": build[0],
                             "shape": shape, "tokens": tokens, "path": path, "kind": kind,
                             "ms": med(ms), "p50_us": med(ms) * 1e3 if ms else None,
-                            "lb_ms": lb, "split": split, "cpu_ms": cpu * 1e3,
+                            "lb_ms": lb, "split": split, "cpu_ms": cpu * 1e3, "wakes": wk,
                             "mb": max(per_rail, default=0) / 1e6, "per_rail": per_rail,
                             "memcpy_ms": None}
                         if transport == "shm" and per_rail and tokens >= 1024:
@@ -212,11 +230,11 @@ def fmt(x, spec="%.3f"):
 
 def print_row(r):
     ratio = r["ms"] / r["lb_ms"] if r["ms"] and r["lb_ms"] else None
-    print("%s%d %-14s %-8s %5d %-9s %-8s %8s %8s %6s  %6s %6s %6s %6s  %6s %7s %7s" % (
+    print("%s%d %-14s %-8s %5d %-9s %-8s %8s %8s %6s  %6s %6s %6s %6s  %6s %7s %7s %7s" % (
         r["daemon"] + " " if r["daemon"] else "", r["nodes"], r["transport"], r["shape"], r["tokens"], r["path"], r["kind"],
         fmt(r["ms"]), fmt(r["lb_ms"]), fmt(ratio, "%.2f"),
         *[fmt(x) for x in r["split"]], fmt(r["cpu_ms"], "%.2f"), fmt(r["mb"], "%.1f"),
-        fmt(r["memcpy_ms"])), flush=True)
+        fmt(r["memcpy_ms"]), fmt(r.get("wakes"), "%.1f")), flush=True)
 
 
 def main():
@@ -242,7 +260,7 @@ def main():
               a.gpus, "CUDA" if a.cuda else "host", a.rails, a.rounds, a.floor_rounds,
               os.cpu_count()))
     print("N transport      shape    tok/r path      kind           ms    LB ms   x LB  "
-          "decide  1stpost lastin   done   cpu/ph  MB/rail  memcpy")
+          "decide  1stpost lastin   done   cpu/ph  MB/rail  memcpy wakes/ph")
     builds = [("", cluster.DAEMON)]
     if a.daemons:
         builds = [(d.split("=", 1)[0], os.path.abspath(d.split("=", 1)[1]))
