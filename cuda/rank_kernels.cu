@@ -406,10 +406,11 @@ extern "C" __global__ void __launch_bounds__(SUM_THREADS) rw_rank_gather(const r
 		}
 		if (j1 == j0)
 			continue; // another local rank writes this record
-		uint32_t r = 0;
-		const rw_cuda_plan_entry_t *pe = le.node < a.nodes && le.rail < a.rails
-			? entry_of(plan, a.rails, le.node, le.slot, &r) : nullptr;
-		if (!pe || r != le.rail) {
+		// The return range of (node, rail) must hold the slot (slots count per rail).
+		const uint32_t r = le.rail;
+		const rw_cuda_plan_entry_t *pe = le.node < a.nodes && r < a.rails
+			? plan + (uint64_t)le.node * a.rails + r : nullptr;
+		if (!pe || le.slot - pe->first >= pe->count) {
 			if (threadIdx.x == 0)
 				set_err(a.err, RW_CUDA_RANK_E_PLAN, j + 1);
 			continue;

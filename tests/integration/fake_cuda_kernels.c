@@ -8,8 +8,9 @@
  * the GPU code (the GPU test, tests/integration/test_cuda_mover.py, checks that). Device memory
  * here is host-addressable, so every address the lists name is dereferenced as is. Launches and
  * memsets are stream work: at once, or late and in order with $RW_FAKE_CUDA_LAG_MS. Only the
- * mover's kernels exist; the index-based pack/unpack/combine are refused. The module image is not
- * looked at. */
+ * mover's kernels exist; the index-based pack/unpack/combine are refused. The rank kernels
+ * (cuda/rank_kernels.cu) are fake_cuda_rank.c's: their names and launches are handed over. The
+ * module image is not looked at. */
 #include "config.h"
 
 #if RW_HAVE_CUDA_H
@@ -20,6 +21,7 @@
 
 #include "common/bf16.h"
 #include "tests/cuda/fake_cuda_base.h"
+#include "tests/integration/fake_cuda_rank.h"
 
 static const char *const names[] = { "rw_copy_rows16", "rw_copy_rows1", "rw_rows_acc",
 				     "rw_rows_sum", "rw_store_f32", "rw_route_count" };
@@ -37,6 +39,8 @@ CUresult CUDAAPI cuModuleUnload(CUmodule m) { (void)m; return CUDA_SUCCESS; }
 CUresult CUDAAPI cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
 {
 	(void)m;
+	if ((*f = (CUfunction)rw_fake_rank_function(name)) != NULL)
+		return CUDA_SUCCESS; /* a rank kernel (fake_cuda_rank.c) */
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
 		if (strcmp(name, names[i]) == 0) {
 			*f = (CUfunction)(uintptr_t)(i + 1);
@@ -190,6 +194,8 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned
 				void **extra)
 {
 	(void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared, (void)s, (void)extra;
+	if (rw_fake_rank_function_of((uintptr_t)f))
+		return rw_fake_rank_launch((uintptr_t)f, s, params);
 	struct launch L = { .k = (uintptr_t)f, .a0 = ARG(0, CUdeviceptr) };
 	if (L.k == 1 || L.k == 2) {
 		L.n = ARG(1, uint32_t);
