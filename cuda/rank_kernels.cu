@@ -337,6 +337,15 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) rw_rank_forward(const 
 
 #define SUM_THREADS 256
 
+// A gather's or reduce's list length: what list_n says, at most cap (more: E_REF, once).
+__device__ __forceinline__ uint32_t list_count(uint64_t list_n, uint32_t cap, uint64_t err)
+{
+	const uint32_t listed = *reinterpret_cast<const volatile uint32_t *>(list_n);
+	if (listed > cap && blockIdx.x == 0 && threadIdx.x == 0)
+		set_err(err, RW_CUDA_RANK_E_REF, cap + 1);
+	return min(listed, cap);
+}
+
 __device__ __forceinline__ float elem_f32(uint64_t row, uint32_t h, bool bf16)
 {
 	if (bf16)
@@ -386,10 +395,7 @@ extern "C" __global__ void __launch_bounds__(SUM_THREADS) rw_rank_gather(const r
 	__shared__ uint64_t taddr[RW_CUDA_RANK_TERMS_MAX];
 	if (failed(a.status))
 		return;
-	const uint32_t listed = *reinterpret_cast<const volatile uint32_t *>(a.list_n);
-	if (listed > a.cap && blockIdx.x == 0 && threadIdx.x == 0)
-		set_err(a.err, RW_CUDA_RANK_E_REF, a.cap + 1);
-	const uint32_t n = min(listed, a.cap);
+	const uint32_t n = list_count(a.list_n, a.cap, a.err);
 	const rw_cuda_list_entry_t *list = reinterpret_cast<const rw_cuda_list_entry_t *>(a.list);
 	const rw_cuda_plan_entry_t *plan = reinterpret_cast<const rw_cuda_plan_entry_t *>(a.entry);
 	const uint32_t *toff = reinterpret_cast<const uint32_t *>(a.term_off);
@@ -457,7 +463,7 @@ extern "C" __global__ void __launch_bounds__(SUM_THREADS) rw_rank_reduce(const r
 	__shared__ uint32_t range[2];
 	if (failed(a.status))
 		return;
-	const uint32_t n = min(*reinterpret_cast<const volatile uint32_t *>(a.list_n), a.cap);
+	const uint32_t n = list_count(a.list_n, a.cap, a.err);
 	const rw_cuda_list_entry_t *list = reinterpret_cast<const rw_cuda_list_entry_t *>(a.list);
 	const uint32_t row_bytes = a.hidden * dtype_size(a.dtype);
 	if (blockIdx.x == 0)

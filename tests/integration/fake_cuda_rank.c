@@ -241,15 +241,22 @@ static void sum_rows(uint8_t *dst, const uint64_t *rows, uint32_t cnt, uint32_t 
 	}
 }
 
+/* A gather's or reduce's list length: what list_n says, at most cap (more: E_REF). */
+static uint32_t list_count(uint64_t list_n, uint32_t cap, uint64_t err)
+{
+	uint32_t listed;
+	memcpy(&listed, at(list_n), 4);
+	if (listed <= cap)
+		return listed;
+	set_err(err, RW_CUDA_RANK_E_REF, cap + 1);
+	return cap;
+}
+
 static void gather(const rw_cuda_rank_gather_t *a)
 {
 	if (failed(a->status))
 		return;
-	uint32_t listed;
-	memcpy(&listed, at(a->list_n), 4);
-	if (listed > a->cap)
-		set_err(a->err, RW_CUDA_RANK_E_REF, a->cap + 1);
-	const uint32_t n = listed < a->cap ? listed : a->cap;
+	const uint32_t n = list_count(a->list_n, a->cap, a->err);
 	const rw_cuda_list_entry_t *list = at(a->list);
 	const rw_cuda_plan_entry_t *entry = at(a->entry);
 	const uint32_t *toff = at(a->term_off), *terms = at(a->terms);
@@ -306,10 +313,7 @@ static void reduce(const rw_cuda_rank_reduce_t *a)
 {
 	if (failed(a->status))
 		return;
-	uint32_t n;
-	memcpy(&n, at(a->list_n), 4);
-	if (n > a->cap)
-		n = a->cap;
+	const uint32_t n = list_count(a->list_n, a->cap, a->err);
 	const rw_cuda_list_entry_t *list = at(a->list);
 	const uint32_t row_bytes = a->hidden * dtype_size(a->dtype);
 	uint64_t *rows = malloc((n + 1) * sizeof(uint64_t));

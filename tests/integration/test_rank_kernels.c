@@ -29,19 +29,13 @@
 #include "cuda/rw_cuda.h"
 #include "service/mover/mover.h"
 #include "service/phase/phase.h"
+#include "tests/unit/test_rng.h"
 
 #define MAXN 6
 #define MAXG 4
 #define MAXR 3
 
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint32_t rnd(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (uint32_t)(rng >> 11);
-}
+static uint32_t rnd(void) { return (uint32_t)rng_next(); }
 
 /* Zeroed page-locked host memory (rw_cuda_host_alloc: with unified addressing a kernel reads
  * and writes it at its host address, on a GPU as on the stand-in), all freed at the end of a
@@ -873,6 +867,7 @@ static void test_device_errors(void **state)
 static int setup(void **state)
 {
 	(void)state;
+	seed_rng("rank_kernels");
 	if (rw_cuda_init() != RW_OK || !rw_cuda_rank_kernels_available(0)) {
 		printf("rank_kernels: the rank kernels do not load on the stand-in driver (%s); "
 		       "built without nvcc?\n", rw_cuda_unavailable_reason());
