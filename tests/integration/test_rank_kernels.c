@@ -6,9 +6,10 @@
  * the stand-in's stream): each rank's pack writes the records the host mover wrote into the send
  * slabs (and the node's own records into the local area), its forward writes the dispatch
  * output the host mover wrote (rows, metadata, per-expert counts, row count), its gather the
- * combine records, and the owner's reduce the combined rows. The plan and list entries are built
- * here from the host mover's layout and its order of work, as the daemon writes them into the
- * rank page (ipc/page.h). Random workloads over the four paths (the balanced ones move records
+ * combine records, and the owner's reduce the combined rows. The plan, list and term entries are
+ * built here as the daemon writes them into the rank page (ipc/page.h): from the host mover's
+ * layout, its forwarding order, and the owner's fixed summation order (docs/dataflow.md "The
+ * owner's sum"; rows of full mantissas, so another order gives other bits). Random workloads over the four paths (the balanced ones move records
  * off their native rail in pieces), both dtypes, int32 and int64 ids. Then the device error word:
  * a plan short of a record, an id out of range, a failed phase's status. Every buffer a kernel
  * touches is page-locked host memory, so with RW_CUDA_DRIVER=libcuda.so.1 the same cases run
@@ -22,6 +23,7 @@
 #include <string.h>
 #include <libgen.h>
 #include <limits.h>
+#include <math.h>
 
 #include <cmocka.h>
 
@@ -131,12 +133,13 @@ static void mover_done(void *ctx, uint32_t serial, rw_svc_mover_op_t op, uint32_
 	fail_msg("the host mover reported asynchronously for host memory");
 }
 
-/* A random row element: small integers and halves, so sums are exact in neither dtype by luck
- * alone but never overflow; some negative zeros. */
+/* A random row: full mantissas over 24 binades, so a sum of three or more terms rounds
+ * differently in another order (the owner's fixed order is checked, not only its terms); some
+ * negative zeros. */
 static void fill_row(const sim_t *s, uint8_t *row)
 {
 	for (uint32_t h = 0; h < s->hidden; h++) {
-		float f = (float)((int)(rnd() % 2001) - 1000) / (float)(1u << (rnd() % 12));
+		float f = ldexpf((float)(int32_t)rnd() / 2147483648.0f, (int)(rnd() % 24) - 12);
 		if (rnd() % 50 == 0)
 			f = -0.0f;
 		if (s->dtype == RW_WIRE_BF16) {
@@ -399,13 +402,24 @@ static void append(sim_rank_t *rk, rw_cuda_list_entry_t e)
 	rk->rl[rk->nrl++] = e;
 }
 
-/* Sort a reduce list by token, keeping each token's terms in order (stable). */
-static void sort_by_token(rw_cuda_list_entry_t *l, uint32_t n)
+/* A reduce term's place in its token's sum (docs/dataflow.md "The owner's sum"): the node's
+ * ranks' rows by local rank ascending (a local term's slot is h x nloc + its record's slot, in
+ * rank h's copy of the local area), then the returned rows by source node ascending. */
+static uint64_t term_key(const sim_node_t *sn, const rw_cuda_list_entry_t *e)
+{
+	uint64_t k = (uint64_t)e->token << 32;
+	if (e->area == RW_CUDA_AREA_LOCAL)
+		return k | e->slot / sn->nloc[e->rail];
+	return k | 1u << 31 | e->node;
+}
+
+/* Sort a reduce list into the summation order: by token, each token's terms as above. */
+static void sort_terms(const sim_node_t *sn, rw_cuda_list_entry_t *l, uint32_t n)
 {
 	for (uint32_t i = 1; i < n; i++) {
 		rw_cuda_list_entry_t e = l[i];
 		uint32_t j = i;
-		while (j > 0 && l[j - 1].token > e.token) {
+		while (j > 0 && term_key(sn, &l[j - 1]) > term_key(sn, &e)) {
 			l[j] = l[j - 1];
 			j--;
 		}
@@ -616,8 +630,9 @@ static void run_case(uint32_t N, uint32_t G, uint32_t R, uint32_t topk, uint32_t
 			assert_memory_equal(sn->cslab[r], sn->area[1][0][r], sn->cstage_off[r]);
 	}
 
-	/* The owners take the returns in: local rows first, then the ranges in random order; the
-	 * reduce lists follow the same order, sorted by token. */
+	/* The owners take the returns in: local rows first, then the ranges in random order (the
+	 * host mover's sums must not depend on it); each owner's reduce list holds every term of
+	 * its tokens, sorted into the fixed summation order. */
 	for (uint32_t a = 0; a < N; a++)
 		for (uint32_t d = 0; d < N; d++)
 			if (a != d)
@@ -665,7 +680,7 @@ static void run_case(uint32_t N, uint32_t G, uint32_t R, uint32_t topk, uint32_t
 		sim_node_t *sn = &s->node[n];
 		for (uint32_t g = 0; g < G; g++) {
 			sim_rank_t *rk = &sn->rank[g];
-			sort_by_token(rk->rl, rk->nrl);
+			sort_terms(sn, rk->rl, rk->nrl);
 			rk->red = zalloc(rk->n * row_bytes);
 			memset(rk->red, 0xa5, rk->n * row_bytes); /* a token without terms is written too */
 			rw_cuda_rank_reduce_t b = {
