@@ -246,7 +246,7 @@ int rw_ipc_client_leaving(const rw_ipc_client_t *client);
  * value means (it trusts none). Adaptive: it spins while the loop says work is in flight or a
  * word moved within the last spin window, else sleeps in steps doubling from sleep_min_us to
  * sleep_max_us, so an idle daemon costs a bounded wake-up rate and a moved word is seen within
- * sleep_max_us at worst.
+ * sleep_max_us at worst; with nothing watched it waits for a watch and costs nothing.
  *
  * Every call below is made from the loop's thread; the callback runs on it too (from an ev_async
  * watcher), never inside a call of this API.
@@ -288,6 +288,7 @@ typedef struct rw_ipc_poller_stats {
 	uint64_t sleeps;      /* times the thread slept */
 	uint64_t moves;       /* word changes reported */
 	uint64_t wakeups;     /* ev_async sends to the loop */
+	uint64_t parks;       /* times the thread waited, nothing watched, for a watch */
 	uint64_t cpu_ns;      /* the thread's CPU time so far (CLOCK_THREAD_CPUTIME_ID) */
 } rw_ipc_poller_stats_t;
 void rw_ipc_poller_stats(const rw_ipc_poller_t *poller, rw_ipc_poller_stats_t *stats_p);

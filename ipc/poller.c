@@ -12,7 +12,10 @@
  *   N  thread: fill a notice, store-release q_head -> loop: load-acquire q_head, read notices.
  *   T  loop: read notices, store-release q_tail -> thread: load-acquire q_tail, refill slots.
  *   The words themselves: the thread loads them with acquire, pairing with whatever release
- *   (a stream's barrier before cuStreamWriteValue64, or a CPU's store-release) published them. */
+ *   (a stream's barrier before cuStreamWriteValue64, or a CPU's store-release) published them.
+ *   P  loop (watch): raise `watched`, then signal `park_cv` under `park_mu` -> thread: reads
+ *      `watched` under `park_mu` before it waits, so a watch made while it decides to park
+ *      wakes it (a daemon with no rank page costs no wake-ups at all). */
 #include <ev.h>
 #include <errno.h>
 #include <pthread.h>
@@ -55,8 +58,11 @@ struct rw_ipc_poller {
 	_Alignas(64) _Atomic uint32_t q_tail; /* loop writes */
 	_Alignas(64) _Atomic int busy;
 	_Atomic int stop;
+	_Atomic uint32_t watched;    /* slots the thread must still look at (live or retiring) */
+	pthread_mutex_t park_mu;
+	pthread_cond_t park_cv;
 	pthread_t thread;
-	_Atomic uint64_t scans, sleeps, moves, wakeups;
+	_Atomic uint64_t scans, sleeps, moves, wakeups, parks;
 };
 
 static uint64_t now_ns(void)
@@ -97,6 +103,7 @@ static unsigned scan(rw_ipc_poller_t *p)
 			if (push(p, i, 0, 1, &head)) {
 				s->cur = NULL;
 				atomic_store_explicit(&s->retire, 0, memory_order_relaxed);
+				atomic_fetch_sub_explicit(&p->watched, 1, memory_order_relaxed);
 			}
 			continue;
 		}
@@ -135,6 +142,17 @@ static void *run(void *arg)
 		if (atomic_load_explicit(&p->busy, memory_order_relaxed) > 0 || t - last_move < spin_ns) {
 			nap_us = p->cfg.sleep_min_us;
 			cpu_relax();
+			continue;
+		}
+		if (atomic_load_explicit(&p->watched, memory_order_relaxed) == 0) {
+			/* nothing to look at: park until a watch (or the end), pair P */
+			atomic_fetch_add_explicit(&p->parks, 1, memory_order_relaxed);
+			pthread_mutex_lock(&p->park_mu);
+			while (atomic_load_explicit(&p->watched, memory_order_relaxed) == 0 &&
+			       !atomic_load_explicit(&p->stop, memory_order_relaxed))
+				pthread_cond_wait(&p->park_cv, &p->park_mu);
+			pthread_mutex_unlock(&p->park_mu);
+			nap_us = p->cfg.sleep_min_us;
 			continue;
 		}
 		struct timespec nap = { .tv_sec = nap_us / 1000000, .tv_nsec = (long)(nap_us % 1000000) * 1000 };
@@ -179,6 +197,8 @@ rw_status_t rw_ipc_poller_create(struct ev_loop *loop, const rw_ipc_poller_confi
 	if (!p->slots || !p->q)
 		goto fail_free;
 	p->q_mask = qsize - 1;
+	pthread_mutex_init(&p->park_mu, NULL);
+	pthread_cond_init(&p->park_cv, NULL);
 	p->loop = loop;
 	p->cb = cb;
 	p->ctx = ctx;
@@ -191,6 +211,8 @@ rw_status_t rw_ipc_poller_create(struct ev_loop *loop, const rw_ipc_poller_confi
 		errno = err;
 		rw_err("ipc: cannot start the word poller thread: %m");
 		ev_async_stop(loop, &p->async);
+		pthread_cond_destroy(&p->park_cv);
+		pthread_mutex_destroy(&p->park_mu);
 		free(p->q);
 		free(p->slots);
 		free(p);
@@ -210,8 +232,13 @@ void rw_ipc_poller_destroy(rw_ipc_poller_t *p)
 {
 	if (!p)
 		return;
+	pthread_mutex_lock(&p->park_mu);
 	atomic_store_explicit(&p->stop, 1, memory_order_relaxed);
+	pthread_cond_signal(&p->park_cv);
+	pthread_mutex_unlock(&p->park_mu);
 	pthread_join(p->thread, NULL);
+	pthread_cond_destroy(&p->park_cv);
+	pthread_mutex_destroy(&p->park_mu);
 	ev_async_stop(p->loop, &p->async);
 	free(p->q);
 	free(p->slots);
@@ -232,6 +259,10 @@ rw_status_t rw_ipc_poller_watch(rw_ipc_poller_t *p, const void *word, uint32_t *
 		if (i >= atomic_load_explicit(&p->high, memory_order_relaxed))
 			atomic_store_explicit(&p->high, i + 1, memory_order_release);
 		atomic_store_explicit(&s->word, w, memory_order_release); /* pair W */
+		pthread_mutex_lock(&p->park_mu); /* pair P */
+		atomic_fetch_add_explicit(&p->watched, 1, memory_order_relaxed);
+		pthread_cond_signal(&p->park_cv);
+		pthread_mutex_unlock(&p->park_mu);
 		*id_p = i;
 		return RW_OK;
 	}
@@ -261,6 +292,7 @@ void rw_ipc_poller_stats(const rw_ipc_poller_t *p, rw_ipc_poller_stats_t *st)
 	st->sleeps = atomic_load_explicit(&q->sleeps, memory_order_relaxed);
 	st->moves = atomic_load_explicit(&q->moves, memory_order_relaxed);
 	st->wakeups = atomic_load_explicit(&q->wakeups, memory_order_relaxed);
+	st->parks = atomic_load_explicit(&q->parks, memory_order_relaxed);
 	clockid_t cid;
 	struct timespec t;
 	if (pthread_getcpuclockid(q->thread, &cid) == 0 && clock_gettime(cid, &t) == 0)

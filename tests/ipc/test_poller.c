@@ -178,6 +178,50 @@ static void test_baseline_and_retire(void **state)
 	ev_loop_destroy(loop);
 }
 
+static rw_ipc_poller_t *park_p;
+static int parked(void *arg) /* the thread has gone to wait *arg times */
+{
+	rw_ipc_poller_stats_t st;
+	rw_ipc_poller_stats(park_p, &st);
+	return st.parks >= *(uint64_t *)arg;
+}
+
+/* With nothing watched the thread waits for a watch: no scan at all (a daemon without rank
+ * pages pays nothing); a watch wakes it and its word is reported; once the last watch retired
+ * it waits again; destroying it while it waits returns. */
+static void test_parks_with_nothing_watched(void **state)
+{
+	(void)state;
+	struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+	rw_ipc_poller_t *p;
+	rw_ipc_poller_stats_t st0, st1;
+	assert_int_equal(rw_ipc_poller_create(loop, &cfg, on_word, &seen, &p), RW_OK);
+	park_p = p;
+	uint64_t times = 1;
+	run_until(loop, parked, &times); /* it scans nothing once it counted the wait */
+	rw_ipc_poller_stats(p, &st0);
+	usleep(30000); /* 30 ms: a sleeping poller (1 ms at most) would scan dozens of times */
+	rw_ipc_poller_stats(p, &st1);
+	assert_true(st0.parks >= 1);
+	assert_int_equal(st1.scans, st0.scans);
+	uint32_t a;
+	assert_int_equal(rw_ipc_poller_watch(p, word(0), &a), RW_OK);
+	atomic_store(word(0), 7);
+	run_until(loop, reported, &a);
+	assert_int_equal(seen.last[a], 7);
+	rw_ipc_poller_unwatch(p, a);
+	run_until(loop, retired_one, &a);
+	times = 2;
+	run_until(loop, parked, &times);
+	rw_ipc_poller_stats(p, &st0);
+	assert_true(st0.parks >= 2);
+	usleep(30000);
+	rw_ipc_poller_stats(p, &st1);
+	assert_int_equal(st1.scans, st0.scans);
+	rw_ipc_poller_destroy(p); /* while it waits */
+	ev_loop_destroy(loop);
+}
+
 /* A full table refuses, and a slot comes back only with its retired report; bad arguments. */
 static void test_table_full_and_bad_arguments(void **state)
 {
@@ -285,6 +329,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_table_full_and_bad_arguments, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_full_queue_loses_nothing, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stream_written_word, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_parks_with_nothing_watched, setup, teardown),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	rw_cuda_shutdown();
