@@ -17,7 +17,10 @@ that verify every row and sum) runs on the same two daemons.
    taken, in order.
 4. `submit` jumped past the depth: the daemon drops the rank (RW_E_RING_INDEX); the rank's
    watcher writes the owed words of a lost daemon (every status RW_E_CLOSED, plan 2^62 ahead).
-5. The host job's ranks all pass while this goes on; every daemon stops cleanly (ASan: no leak).
+5. The host job's ranks all pass while this goes on.
+6. A daemon killed (SIGKILL) while a rank's stream waits on its words: the rank's watcher
+   writes them (plan and arrived 2^62 ahead, every status RW_E_CLOSED), so the stream runs
+   through; the other daemon stops cleanly (ASan: no leak).
 Run by tests/run as $b/test/svc_rankpage; exits 0 pass, 1 fail, 77 skip."""
 import ctypes
 import os
@@ -105,15 +108,23 @@ def main():
         c.start_all()
         job = [(r, c.rank(r, "job", 2, 30, 11)) for r in range(nodes * c.gpus)]
 
-        o = Opts(c.cfg["nodes"][0]["ipc_socket"].encode(), b"pg", 0, nodes * c.gpus, 0, 0)
-        cl = ctypes.c_void_p()
-        check(lib.rw_client_connect(ctypes.byref(o), ctypes.byref(cl)) == 0, "rank 0 of pg joins")
-        addr, size = ctypes.c_void_p(), ctypes.c_size_t()
-        rc = lib.rw_client_rank_page(cl, 64, ctypes.byref(addr), ctypes.byref(size))
-        check(rc == 0, "railwaved lends a rank page (rc %d)" % rc)
-        if rc != 0:
+        def page_rank(group, rank):
+            """A rank of `group` joined on its node's daemon, with its page mapped."""
+            node = rank // c.gpus
+            o = Opts(c.cfg["nodes"][node]["ipc_socket"].encode(), group.encode(), rank,
+                     nodes * c.gpus, node, rank % c.gpus)
+            cl = ctypes.c_void_p()
+            check(lib.rw_client_connect(ctypes.byref(o), ctypes.byref(cl)) == 0,
+                  "rank %d of %s joins" % (rank, group))
+            addr, size = ctypes.c_void_p(), ctypes.c_size_t()
+            rc = lib.rw_client_rank_page(cl, 64, ctypes.byref(addr), ctypes.byref(size))
+            check(rc == 0, "railwaved lends rank %d a page (rc %d)" % (rank, rc))
+            return cl, (Page(addr.value, nodes, rails) if rc == 0 else None)
+
+        cl, pg = page_rank("pg", 0)
+        waiter, wpg = page_rank("pk", 2)  # on node 1, killed at the end
+        if pg is None or wpg is None:
             return 1
-        pg = Page(addr.value, nodes, rails)
         native = 0  # local GPU 0's rail (the config's default gpu_rail: g % rails)
 
         def phase(k, code, line, **slot):
@@ -167,6 +178,19 @@ def main():
             check(True, "the host job's 4 ranks passed every verified phase meanwhile")
         except RuntimeError as e:
             check(False, "the host job failed: %s" % e)
+
+        # daemon 1 killed while rank 2's stream waits for plan 1: its watcher owes the words
+        wpg.slot(1)
+        check(wpg.word(W_PLAN).value == 0, "rank 2 waits: plan 0 before its daemon dies")
+        c.kill(1)
+        deadline = time.time() + cluster.WAIT
+        while time.time() < deadline and wpg.word(W_ARRIVED).value < OWED_AHEAD:
+            time.sleep(0.005)
+        check(wpg.word(W_PLAN).value >= OWED_AHEAD and wpg.word(W_ARRIVED).value >= OWED_AHEAD,
+              "daemon killed: the rank's watcher raised plan and arrived 2^62 ahead")
+        check(all(wpg.status(k) == E_CLOSED for k in range(DEPTH)),
+              "daemon killed: every status RW_E_CLOSED")
+        lib.rw_client_close(waiter)
         c.stop()
         check(True, "every daemon exited 0")
     except RuntimeError as e:
