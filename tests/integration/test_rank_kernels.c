@@ -476,17 +476,40 @@ static void run_case(uint32_t N, uint32_t G, uint32_t R, uint32_t topk, uint32_t
 	}
 	host_dispatch_send(s);
 
-	/* Pack: every rank's records, where the plan says. */
+	/* Pack: every rank's records, where the plan says. The plan block is the daemon's
+	 * (rw_svc_rank_plan), the same as this test derives from the host mover's placement; what
+	 * the kernel wrote passes the daemon's check of a rank's records. */
 	rw_cuda_plan_entry_t *ent = zalloc(sizeof(*ent) * N * R);
+	rw_page_plan_entry_t *dent = zalloc(sizeof(*dent) * N * R);
+	_Static_assert(sizeof(*ent) == sizeof(*dent), "the kernels read the page's plan entries");
 	for (uint32_t n = 0; n < N; n++) {
 		sim_node_t *sn = &s->node[n];
+		uint32_t rows[MAXG][MAXN * MAXR], dtags[MAXN];
+		const uint32_t *rowp[MAXG];
+		rw_page_plan_rail_t areas[MAXR];
+		rw_page_plan_head_t head;
+		for (uint32_t g = 0; g < G; g++) {
+			assert_int_equal(rw_sched_count(&s->topo, E, n, &sn->rt[g], 1, rows[g], NULL), RW_OK);
+			rowp[g] = rows[g];
+		}
+		for (uint32_t r = 0; r < R; r++)
+			areas[r] = (rw_page_plan_rail_t){ .send_off = 0, .local_off = sn->local_off[r],
+							  .slab_bytes = sn->local_off[r] + sn->nloc[r] * rec };
 		for (uint32_t g = 0; g < G; g++) {
 			rw_cuda_rank_pack_t b;
+			const uint8_t *slabs[MAXR];
 			void *scratch = zalloc(rw_cuda_rank_pack_scratch(sn->rank[g].n, topk));
 			dispatch_entries(s, n, g, ent);
-			pack_block(s, n, g, ent, scratch, &b);
+			rw_svc_rank_plan(&sn->ph, g, rowp, areas, 1, &head, dtags, dent);
+			assert_memory_equal(dent, ent, sizeof(*ent) * N * R);
+			assert_memory_equal(dtags, s->tag, 4ull * N);
+			pack_block(s, n, g, (rw_cuda_plan_entry_t *)dent, scratch, &b);
 			assert_int_equal(rw_cuda_rank_pack(&s->es, &b), RW_OK);
 			sync_and_check(s, 0);
+			for (uint32_t r = 0; r < R; r++)
+				slabs[r] = sn->slab[r];
+			assert_int_equal(rw_svc_rank_records_check(&sn->ph, g, sn->rank[g].n, dtags, dent,
+								   slabs, why), RW_OK);
 		}
 		for (uint32_t r = 0; r < R; r++) {
 			/* the send slabs: the host mover's bytes */
