@@ -108,17 +108,27 @@ static_assert(sizeof(rw_pack_slot) == RW_CUDA_RANK_PACK_SLOT, "pack scratch entr
 #define PACK_THREADS 512
 #define PACK_WARPS (PACK_THREADS / 32)
 #define PACK_MAX_NODES 4096
+#define PACK_PLAN_SHARED 1024 // plan entries (16 bytes each) staged in shared memory at most
 
 extern "C" __global__ void __launch_bounds__(PACK_THREADS) rw_rank_pack_index(const rw_cuda_rank_pack_t a)
 {
 	__shared__ uint32_t running[PACK_MAX_NODES]; // records of earlier chunks per destination
 	__shared__ uint32_t wsum[PACK_WARPS][64];    // per warp, per window column; then its prefix
+	__shared__ rw_cuda_plan_entry_t splan[PACK_PLAN_SHARED]; // the plan, when it fits
 	if (failed(a.status))
 		return;
 	const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 	const uint32_t per_node = a.n_experts / a.nodes;
 	const uint32_t windows = (a.nodes + 63) / 64;
+	// The plan entries sit in the rank page (host memory): read once into shared memory when
+	// they fit, rather than over the bus for every record.
+	const uint32_t cells = a.nodes * a.rails;
 	const rw_cuda_plan_entry_t *plan = reinterpret_cast<const rw_cuda_plan_entry_t *>(a.entry);
+	if (cells <= PACK_PLAN_SHARED) {
+		for (uint32_t i = threadIdx.x; i < cells; i += blockDim.x)
+			splan[i] = plan[i];
+		plan = splan;
+	}
 	rw_pack_slot *scratch = reinterpret_cast<rw_pack_slot *>(a.scratch);
 	for (uint32_t i = threadIdx.x; i < a.nodes; i += blockDim.x)
 		running[i] = 0;
