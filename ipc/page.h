@@ -88,9 +88,9 @@ typedef struct rw_page_params {
  * Combine: entry (s, r) is the return range of source s on rail r: the dispatch records that
  * arrived at receive slots first .. first + count - 1 of rail r come back as combine records at
  * byte `offset` (rail r's combine send area) onwards, in slot order; the combine record of slot
- * p carries tag = tag[s], src_node = me, rail = r, slot = p - first. (me, 0): where this rank
- * leaves its rows of local records (the list below), which the owners' reduce takes as local
- * terms. */
+ * p carries tag = tag[s], src_node = me, rail = r, slot = p - first. (me, r): this rank's copy
+ * of rail r's local records, where it leaves its rows of them (the list below) for the owners'
+ * reduce: first 0, count n_local(r), at the combine local area's slot h x n_local(r). */
 typedef struct rw_page_plan_head {
 	uint64_t phase;        /* k: the phase this block answers (a kernel checks it) */
 	uint32_t kind;         /* 0 dispatch, 1 combine */
@@ -129,11 +129,13 @@ typedef struct rw_page_plan_entry {
  * order (docs/dataflow.md "Combine"): this node's local ranks' rows one by one by local rank
  * (area LOCAL, rail 0), then the rows from other nodes by source node (area RECV, the combine
  * receive area); `token` is the owner's token, `node` where the row was computed. A rank's
- * terms beyond max_recv fail the phase (RW_E_TOKENS).
- * The combine's local rows: a rank's gather writes, for each local entry j >= n_recv of its
- * dispatch list, its own row alone (never summed with another rank's: the owner adds each local
- * rank's row on its own) as a combine row at the combine plan's entry (me, 0): offset +
- * (j - n_recv) x rec_size of rail 0's slab. */
+ * terms beyond max_recv fail the phase (RW_E_TOKENS). A local term of rank h is at rail r,
+ * slot h x n_local(r) + p of the combine's local area (p: its record's local slot).
+ * The combine's local rows: a rank's row of a local entry (a record at local slot p of rail r)
+ * is never summed with another rank's (the owner adds each local rank's row on its own); its
+ * gather writes it alone where the combine plan's entry (me, r) says, offset + (p - first) x
+ * rec_size: the daemon gives each rank a copy of the local area's records there, rank h's row
+ * of local record p of rail r at local slot h x n_local(r) + p of the combine's local area. */
 enum rw_page_area { RW_PAGE_AREA_RECV = 0, RW_PAGE_AREA_LOCAL = 1 };
 
 typedef struct rw_page_list_head {

@@ -279,6 +279,14 @@ int64_t rw_svc_rank_out_add(rw_svc_rank_out_t *ro, const rw_svc_phase_t *ph, uin
 void rw_svc_rank_plan(const rw_svc_phase_t *ph, uint32_t g, const uint32_t *const *rows,
 		      const rw_page_plan_rail_t *areas, uint64_t k, rw_page_plan_head_t *head,
 		      uint32_t *tags, rw_page_plan_entry_t *entries);
+/* Rank g's plan block for the combine of ph, phase k (ipc/page.h "Combine"): entries (s, r), s
+ * another node, = source s's return range on rail r (the dispatch receive slots it filled,
+ * combine records slot for slot at areas[r].send_off); (me, r) = rank g's copy of rail r's
+ * local_n[r] local records at areas[r].local_off (rank h's copy at h x local_n[r] records). */
+void rw_svc_rank_plan_combine(const rw_svc_phase_t *ph, uint32_t g, const uint32_t *local_n,
+			       const rw_page_plan_rail_t *areas, uint64_t k,
+			       rw_page_plan_head_t *head, uint32_t *tags,
+			       rw_page_plan_entry_t *entries);
 /* Check every record rank g's pack wrote under its plan block (tags, entries; slab[r]: rail r's
  * slab as the daemon maps it, the base of the entries' offsets) before a byte of it is posted:
  * the header's top-k, tag, source (this node), owner (g), token (below n_tokens, ascending per
@@ -314,8 +322,8 @@ uint32_t rw_svc_owner_terms(const rw_svc_owner_t *o, const rw_svc_phase_t *ph,
 			    const rw_svc_rank_out_t *ro, uint32_t u, const uint64_t *row_at,
 			    const uint64_t *back_at, uint64_t *terms);
 /* A node's dispatch lists for its page ranks (ipc/page.h "the list", "the terms"). In: where
- * the records are; out: per local rank its forward list, the combine gather's terms of each
- * entry, and where its local rows go in the combine's local area (rail 0, in records). Every
+ * the records are; out: per local rank its forward list and the combine gather's terms of each
+ * entry. Every
  * array is the caller's: list[g] and term_off[g] of max_recv (+1) entries, term_ref[g] of
  * gpus x max_recv. */
 typedef struct rw_svc_rank_lists {
@@ -327,7 +335,6 @@ typedef struct rw_svc_rank_lists {
 	uint32_t *term_off[RW_MAX_GPUS];
 	uint32_t *term_ref[RW_MAX_GPUS];
 	uint32_t n[RW_MAX_GPUS], n_recv[RW_MAX_GPUS], n_terms[RW_MAX_GPUS];
-	uint32_t local_base[RW_MAX_GPUS];   /* rank g's first local row in the combine local area */
 } rw_svc_rank_lists_t;
 /* Every checked record of the dispatch (the receive areas by rail then slot, then the local
  * areas) into the lists of the local ranks hosting its experts; a received record's terms go
@@ -337,7 +344,9 @@ rw_status_t rw_svc_rank_fwd_lists(const rw_svc_phase_t *ph, rw_svc_rank_lists_t 
 				  char *why);
 /* Local rank g's combine reduce list (n_tokens: its dispatch's tokens), sorted by token, each
  * token's terms in the owner's order: this node's ranks' rows of its local records by rank,
- * then the rows coming back by source node, each where its record left (sent[e]: the dispatch
+ * (rank h's row of the local record at local slot p of rail r: combine local slot
+ * h x local_n[r] + p of rail r), then the rows coming back by source node, each where its
+ * record left (sent[e]: the dispatch
  * send area of rail e, whose checked headers name owner and token). cursor: u32[n_tokens + 1]
  * scratch. RW_ERR_SUB_SPACE above max entries. */
 rw_status_t rw_svc_rank_reduce_list(const rw_svc_phase_t *ph, const rw_svc_rank_lists_t *lists,

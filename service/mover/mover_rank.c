@@ -76,6 +76,34 @@ void rw_svc_rank_plan(const rw_svc_phase_t *ph, uint32_t g, const uint32_t *cons
 	}
 }
 
+void rw_svc_rank_plan_combine(const rw_svc_phase_t *ph, uint32_t g, const uint32_t *local_n,
+			       const rw_page_plan_rail_t *areas, uint64_t k,
+			       rw_page_plan_head_t *head, uint32_t *tags,
+			       rw_page_plan_entry_t *entry)
+{
+	const uint32_t R = ph->rails;
+	const rw_svc_layout_t *l = ph->layout;
+	*head = (rw_page_plan_head_t){ .phase = k, .kind = 1, .me = ph->me, .owner = g,
+				       .topk = ph->topk, .rec_size = (uint32_t)ph->crec_size,
+				       .row_off = RW_WIRE_CREC_HDR };
+	for (uint32_t s = 0; s < ph->nodes; s++) {
+		tags[s] = s == ph->me ? ph->tag_in : ph->tag_to[s];
+		for (uint32_t r = 0; r < R; r++) {
+			const size_t i = (size_t)s * R + r;
+			if (s == ph->me) /* rank g's copy of rail r's local records */
+				entry[i] = (rw_page_plan_entry_t){
+					.first = 0, .count = local_n[r],
+					.offset = areas[r].local_off +
+						  (uint64_t)g * local_n[r] * ph->crec_size };
+			else /* the return area is laid out as the receive area: slot for slot */
+				entry[i] = (rw_page_plan_entry_t){
+					.first = l->in_first[i], .count = l->in_quota[i],
+					.offset = areas[r].send_off +
+						  (uint64_t)l->in_first[i] * ph->crec_size };
+		}
+	}
+}
+
 rw_status_t rw_svc_rank_records_check(const rw_svc_phase_t *ph, uint32_t g, uint32_t n_tokens,
 				      const uint32_t *tags, const rw_page_plan_entry_t *entry,
 				      const uint8_t *const *slab, char *why)
@@ -212,12 +240,8 @@ rw_status_t rw_svc_rank_fwd_lists(const rw_svc_phase_t *ph, rw_svc_rank_lists_t 
 			if (st != RW_OK)
 				return st;
 		}
-	uint32_t base = 0;
-	for (uint32_t g = 0; g < ph->gpus; g++) {
+	for (uint32_t g = 0; g < ph->gpus; g++)
 		ls->term_off[g][ls->n[g]] = ls->n_terms[g];
-		ls->local_base[g] = base;
-		base += ls->n[g] - ls->n_recv[g];
-	}
 	return RW_OK;
 }
 
@@ -262,8 +286,9 @@ rw_status_t rw_svc_rank_reduce_list(const rw_svc_phase_t *ph, const rw_svc_rank_
 				const uint8_t *rec = ls->local[e->rail] + (uint64_t)e->slot * ph->rec_size;
 				if (rw_wire_get16(rec + 6) != g)
 					continue;
-				rw_page_list_entry_t t = { .slot = ls->local_base[h] + j - ls->n_recv[h],
-							   .rail = 0, .area = RW_PAGE_AREA_LOCAL,
+				/* rank h's copy of rail e->rail's local records (ipc/page.h) */
+				rw_page_list_entry_t t = { .slot = h * ls->local_n[e->rail] + e->slot,
+							   .rail = e->rail, .area = RW_PAGE_AREA_LOCAL,
 							   .node = ph->me, .token = e->token };
 				rw_status_t st = reduce_term(cursor, n_tokens, out, place, t, why);
 				if (st != RW_OK)

@@ -557,6 +557,35 @@ static void test_lists_match_host_forwarding(void **state)
 				assert_int_equal(q, t1);
 			}
 		}
+		/* the combine plans: each writer's record goes where the host mover's combine_pack
+		 * writes it (the return area, slot for slot with the receive area), each local row to
+		 * where the owners' reduce lists below look for it */
+		c.ph.crec_size = rw_wire_crec_size(8, RW_WIRE_F32);
+		plan_block_t *cp = calloc(G, sizeof(*cp));
+		assert_non_null(cp);
+		for (uint32_t g = 0; g < G; g++) {
+			rw_svc_rank_plan_combine(&c.ph, g, ls.local_n, c.areas, 10, &cp[g].head,
+						 cp[g].tags, cp[g].entry);
+			assert_int_equal(cp[g].head.kind, 1);
+			assert_int_equal(cp[g].head.rec_size, c.ph.crec_size);
+			for (uint32_t j = 0; j < ls.n[g]; j++) {
+				const rw_page_list_entry_t *e = &ls.list[g][j];
+				const rw_page_plan_entry_t *pe = &cp[g].entry[e->node * R + e->rail];
+				assert_true(e->slot >= pe->first && e->slot - pe->first < pe->count);
+				uint64_t at = pe->offset + (uint64_t)(e->slot - pe->first) * c.ph.crec_size;
+				if (e->area == RW_PAGE_AREA_RECV) {
+					assert_int_equal(at, c.areas[e->rail].send_off +
+								     (uint64_t)e->slot * c.ph.crec_size);
+					assert_int_equal(cp[g].tags[e->node], c.tag_to[e->node]);
+				} else {
+					assert_int_equal(e->node, c.me);
+					assert_int_equal(at, c.areas[e->rail].local_off +
+								     ((uint64_t)g * ls.local_n[e->rail] + e->slot) *
+									     c.ph.crec_size);
+				}
+			}
+		}
+		free(cp);
 		/* the reduce lists */
 		const uint8_t *sent[RW_MAX_RAILS];
 		for (uint32_t r = 0; r < R; r++)
@@ -570,11 +599,12 @@ static void test_lists_match_host_forwarding(void **state)
 								 max_recv, &n_red, why), RW_OK);
 			for (uint32_t t = 0; t < nt; t++) {
 				/* local terms: each rank that got g's local record of t, by rank */
-				uint32_t lref = UINT32_MAX; /* that record's ref */
+				uint32_t lref = UINT32_MAX, lref_slot = 0; /* that record's ref, slot */
 				for (uint32_t x = 0; x < ls.local_n[rg]; x++) {
 					uint32_t o = c.offset[c.me * R + rg] + x;
 					if (c.rec[o].rank == g && c.rec[o].token == t) {
 						lref = x;
+						lref_slot = x;
 						for (uint32_t r = 0; r < rg; r++)
 							lref += ls.local_n[r];
 						break;
@@ -590,7 +620,8 @@ static void test_lists_match_host_forwarding(void **state)
 						const rw_page_list_entry_t *e = &red[q++];
 						assert_int_equal(e->area, RW_PAGE_AREA_LOCAL);
 						assert_int_equal(e->token, t);
-						assert_int_equal(e->slot, ls.local_base[h] + cj - 1 - ls.n_recv[h]);
+						assert_int_equal(e->rail, rg);
+						assert_int_equal(e->slot, h * ls.local_n[rg] + lref_slot);
 					}
 				}
 				/* remote terms: by node, where the record left */
