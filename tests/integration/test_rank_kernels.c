@@ -902,6 +902,85 @@ static void test_device_errors(void **state)
 	free_all();
 }
 
+/* The pack's numbering at scale: 1300 tokens (several chunks of the index kernel's block) to
+ * 130 nodes (three windows of 64), each node's records split over two rails at a random point:
+ * record i to node d is the i-th token, in token order, with an expert on d, and lands where
+ * its piece says. */
+static void test_pack_numbering_at_scale(void **state)
+{
+	enum { NT = 1300, NN = 130, K = 8, E = 2 * NN, H = 8 };
+	(void)state;
+	rw_cuda_stream_t *st;
+	rw_cuda_ext_stream_t es;
+	struct {
+		uint32_t err[2], tags[NN], want[NN];
+		int32_t ids[NT][K];
+		float w[NT][K], x[NT][H];
+		rw_cuda_plan_entry_t ent[NN][2];
+	} *m = zalloc(sizeof(*m));
+	const uint32_t rec = (uint32_t)rw_wire_rec_size(K, H, RW_WIRE_F32);
+	uint64_t total = 0;
+	for (uint32_t t = 0; t < NT; t++)
+		for (uint32_t k = 0; k < K; k++) {
+			m->ids[t][k] = rnd() % 9 == 0 ? -1 : (int32_t)(rnd() % E);
+			m->w[t][k] = (float)k;
+		}
+	for (uint32_t t = 0; t < NT; t++)
+		for (uint32_t h = 0; h < H; h++)
+			m->x[t][h] = (float)(t * H + h);
+	/* the reference numbering: per node, tokens in order */
+	uint32_t (*seq)[NT] = zalloc(sizeof(uint32_t) * NN * NT);
+	for (uint32_t t = 0; t < NT; t++) {
+		uint8_t seen[NN] = { 0 };
+		for (uint32_t k = 0; k < K; k++)
+			if (m->ids[t][k] >= 0 && !seen[m->ids[t][k] / 2]) {
+				uint32_t d = (uint32_t)m->ids[t][k] / 2;
+				seen[d] = 1;
+				seq[d][m->want[d]++] = t;
+			}
+	}
+	uint8_t *slab[2];
+	uint64_t off[2] = { 0, 0 };
+	for (uint32_t d = 0; d < NN; d++)
+		total += m->want[d];
+	slab[0] = zalloc(total * rec);
+	slab[1] = zalloc(total * rec);
+	for (uint32_t d = 0; d < NN; d++) {
+		uint32_t cut = m->want[d] ? rnd() % (m->want[d] + 1) : 0;
+		m->tags[d] = 0x100 + d;
+		m->ent[d][1] = (rw_cuda_plan_entry_t){ 0, cut, off[1] }; /* the first piece on rail 1 */
+		m->ent[d][0] = (rw_cuda_plan_entry_t){ cut, m->want[d] - cut, off[0] };
+		off[1] += (uint64_t)cut * rec;
+		off[0] += (uint64_t)(m->want[d] - cut) * rec;
+	}
+	void *scratch = zalloc(rw_cuda_rank_pack_scratch(NT, K));
+	rw_cuda_rank_pack_t p = {
+		.x = A(m->x), .ids = A(m->ids), .weights = A(m->w), .entry = A(m->ent), .tags = A(m->tags),
+		.slab = { A(slab[0]), A(slab[1]) }, .scratch = A(scratch), .err = A(m->err),
+		.n_tokens = NT, .topk = K, .hidden = H, .dtype = RW_CUDA_FP32, .n_experts = E,
+		.nodes = NN, .rails = 2, .me = 7, .owner = 3,
+	};
+	assert_int_equal(rw_cuda_stream_create(0, &st), RW_OK);
+	assert_int_equal(rw_cuda_ext_stream_of(st, &es), RW_OK);
+	assert_int_equal(rw_cuda_rank_pack(&es, &p), RW_OK);
+	assert_int_equal(rw_cuda_stream_sync(st), RW_OK);
+	assert_int_equal(m->err[0], 0);
+	for (uint32_t d = 0; d < NN; d++)
+		for (uint32_t i = 0; i < m->want[d]; i++) {
+			const rw_cuda_plan_entry_t *e = i < m->ent[d][1].count ? &m->ent[d][1] : &m->ent[d][0];
+			const uint8_t *r = (e == &m->ent[d][1] ? slab[1] : slab[0]) + e->offset +
+					   (uint64_t)(i - e->first) * rec;
+			rw_wire_rec_hdr_t h;
+			assert_int_equal(rw_wire_rec_unpack(r, K, &h), RW_OK);
+			assert_true(h.token == seq[d][i] && h.tag == 0x100 + d && h.src_node == 7 && h.owner == 3);
+			float row0;
+			memcpy(&row0, r + rw_wire_rec_row_off(K), 4);
+			assert_true(row0 == (float)(seq[d][i] * H));
+		}
+	rw_cuda_stream_destroy(st);
+	free_all();
+}
+
 static int setup(void **state)
 {
 	(void)state;
@@ -924,6 +1003,7 @@ int main(int argc, char **argv)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_random_against_host_mover),
 		cmocka_unit_test(test_device_errors),
+		cmocka_unit_test(test_pack_numbering_at_scale),
 	};
 	char self[PATH_MAX], driver[PATH_MAX + 64];
 	(void)argc;
