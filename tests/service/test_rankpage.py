@@ -12,7 +12,8 @@ that verify every row and sum) runs on the same two daemons.
    parameters, an unknown dtype (RW_E_DTYPE). Each refusal writes the phase's status, then plan
    and arrived = k on the page (the words a stream waits on), and the daemon's log names the
    group, the rank, the phase and what is wrong.
-2. `packed` written past the daemon's `plan` fails that phase (RW_E_TOKENS), named.
+2. `done` written past the daemon's `arrived`, `packed` past its `plan`: each fails that phase
+   (RW_E_TOKENS), named.
 3. Two phases published with one submit (the poller may see only the last value) are both
    taken, in order.
 4. `submit` jumped past the depth: the daemon drops the rank (RW_E_RING_INDEX); the rank's
@@ -137,32 +138,38 @@ def main():
             check("group pg rank 0 phase %d: %s" % (k, line) in log,
                   "phase %d named in the log: %r" % (k, line))
 
-        # packed past plan: the rank's packed moves (0 -> 1) while the daemon planned nothing
-        pg.word(W_PACKED).value = 1
-        check(pg.wait_plan(1), "packed past plan: the phase is failed (plan reaches 1)")
-        check(pg.status(1) == E_TOKENS, "packed past plan: status RW_E_TOKENS (%d)" % pg.status(1))
-        check("group pg rank 0 phase 1: packed moved to 1, past the daemon's plan" in c.log(0),
+        # done past arrived, then packed past plan: the rank's words move (0 -> 1, 0 -> 2)
+        # while the daemon answered nothing, resp. only phase 1's failure
+        pg.word(W_DONE).value = 1
+        check(pg.wait_plan(1), "done past arrived: the phase is failed (plan reaches 1)")
+        check(pg.status(1) == E_TOKENS, "done past arrived: status RW_E_TOKENS (%d)" % pg.status(1))
+        check("group pg rank 0 phase 1: done moved to 1, past the daemon's arrived" in c.log(0),
+              "done past arrived named in the log")
+        pg.word(W_PACKED).value = 2
+        check(pg.wait_plan(2), "packed past plan: the phase is failed (plan reaches 2)")
+        check(pg.status(2) == E_TOKENS, "packed past plan: status RW_E_TOKENS (%d)" % pg.status(2))
+        check("group pg rank 0 phase 2: packed moved to 2, past the daemon's plan" in c.log(0),
               "packed past plan named in the log")
 
-        phase(2, E_STATE, "layer 3 step 2: this daemon does not carry rank-path phases yet",
+        phase(3, E_STATE, "layer 3 step 3: this daemon does not carry rank-path phases yet",
               row=row_at(nodes, rails, {(0, native): 3, (1, native): 2}))
-        phase(3, E_TOKENS, "count row entry (node 1, rail 1) is 3, where the rank counts "
+        phase(4, E_TOKENS, "count row entry (node 1, rail 1) is 3, where the rank counts "
               "nothing (not its rail)", row=row_at(nodes, rails, {(1, 1): 3}))
-        phase(4, E_TOKENS, "the count row adds up to 8 records, above 4 tokens x 1 nodes each",
+        phase(5, E_TOKENS, "the count row adds up to 8 records, above 4 tokens x 1 nodes each",
               topk=1, row=row_at(nodes, rails, {(0, native): 4, (1, native): 4}))
-        phase(5, E_TOKENS, "slot 1 holds phase 9's parameters, submitted as phase 5", phase=9)
-        phase(6, E_DTYPE, "dtype 3: the daemon carries bf16 and fp32 rows", dtype=3)
+        phase(6, E_TOKENS, "slot 2 holds phase 9's parameters, submitted as phase 6", phase=9)
+        phase(7, E_DTYPE, "dtype 3: the daemon carries bf16 and fp32 rows", dtype=3)
 
         # two phases, one submit store: both taken, in order
-        pg.slot(7, row=row_at(nodes, rails, {(1, 1): 1}))
-        pg.slot(8)
-        pg.word(W_SUBMIT).value = 8
-        check(pg.wait_plan(8), "phases 7 and 8 under one submit: plan reaches 8")
-        check(pg.status(7) == E_TOKENS and pg.status(8) == E_STATE,
-              "phase 7 refused (its row), phase 8 taken (%d, %d)" % (pg.status(7), pg.status(8)))
+        pg.slot(8, row=row_at(nodes, rails, {(1, 1): 1}))
+        pg.slot(9)
+        pg.word(W_SUBMIT).value = 9
+        check(pg.wait_plan(9), "phases 8 and 9 under one submit: plan reaches 9")
+        check(pg.status(8) == E_TOKENS and pg.status(9) == E_STATE,
+              "phase 8 refused (its row), phase 9 taken (%d, %d)" % (pg.status(8), pg.status(9)))
 
         # submit jumped past the depth: dropped; the watcher owes the words of a lost daemon
-        pg.word(W_SUBMIT).value = 8 + DEPTH + 1
+        pg.word(W_SUBMIT).value = 9 + DEPTH + 1
         deadline = time.time() + cluster.WAIT
         while time.time() < deadline and pg.word(W_PLAN).value < OWED_AHEAD:
             time.sleep(0.005)
@@ -170,7 +177,7 @@ def main():
               "submit jumped: the rank is dropped and its watcher raised plan 2^62 ahead")
         check(all(pg.status(k) == E_CLOSED for k in range(DEPTH)),
               "every status RW_E_CLOSED after the drop")
-        check("rank page word submit went from 8 to 13" in c.log(0), "the jump named in the log")
+        check("rank page word submit went from 9 to 14" in c.log(0), "the jump named in the log")
         lib.rw_client_close(cl)
 
         try:
