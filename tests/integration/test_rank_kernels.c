@@ -449,6 +449,115 @@ static void pack_block(const sim_t *s, uint32_t n, uint32_t g, rw_cuda_plan_entr
 		b->slab[r] = A(sn->slab[r]);
 }
 
+/* The same phase through the daemon's own lists (rw_svc_rank_fwd_lists: its forwarding order,
+ * the gather's terms; rw_svc_rank_reduce_list): the forward gives each rank the same rows in
+ * the daemon's order (each row, its metadata, the counts), the gather — each rank's combine
+ * input reordered to match — the host mover's combine records, and the reduce lists are the
+ * ones the owner's order gives above. */
+static void daemon_lists(sim_t *s, uint32_t n, rw_cuda_plan_entry_t *ent)
+{
+	sim_node_t *sn = &s->node[n];
+	const uint32_t G = s->G, R = s->R, topk = s->topk;
+	const uint64_t row_bytes = sn->ph.row_bytes, crec = sn->ph.crec_size, meta_bytes = 16 + 8ull * topk;
+	const uint32_t max = sn->ph.n_in + (sn->row_off[(n + 1) * R] - sn->row_off[n * R]) + 1;
+	rw_svc_rank_lists_t ls = { .max_recv = max };
+	char why[RW_SVC_WHY_MAX];
+	for (uint32_t r = 0; r < R; r++) {
+		ls.recv[r] = sn->area[0][1][r];
+		ls.local[r] = sn->slab[r] + sn->local_off[r];
+		ls.local_n[r] = sn->nloc[r];
+	}
+	for (uint32_t g = 0; g < G; g++) {
+		ls.list[g] = zalloc(max * sizeof(rw_page_list_entry_t));
+		ls.term_off[g] = zalloc((max + 1) * 4);
+		ls.term_ref[g] = zalloc((size_t)G * max * 4);
+	}
+	assert_int_equal(rw_svc_rank_fwd_lists(&sn->ph, &ls, why), RW_OK);
+	uint8_t *y2[MAXG];
+	for (uint32_t g = 0; g < G; g++) {
+		sim_rank_t *rk = &sn->rank[g];
+		assert_int_equal(ls.n[g], rk->nfl);
+		/* the daemon's entry j2 is this test's entry mine[j2] */
+		uint32_t *mine = zalloc(rk->nfl * 4ull + 4);
+		const rw_cuda_list_entry_t *dl = (const rw_cuda_list_entry_t *)ls.list[g];
+		for (uint32_t j2 = 0; j2 < rk->nfl; j2++) {
+			uint32_t j = 0;
+			while (j < rk->nfl && (rk->fl[j].area != dl[j2].area || rk->fl[j].rail != dl[j2].rail ||
+					       rk->fl[j].slot != dl[j2].slot))
+				j++;
+			assert_true(j < rk->nfl);
+			assert_true(dl[j2].node == rk->fl[j].node && dl[j2].token == rk->fl[j].token);
+			mine[j2] = j;
+		}
+		uint8_t *rows = zalloc(rk->nfl * row_bytes), *meta = zalloc(rk->nfl * meta_bytes);
+		uint32_t *counts = zalloc(4ull * s->E), *nl = zalloc(12);
+		nl[0] = rk->nfl;
+		rw_cuda_rank_forward_t b = {
+			.list = A(dl), .list_n = A(&nl[0]), .rows = A(rows), .meta = A(meta),
+			.counts = A(counts), .recv_n = A(&nl[1]), .overflow = A(&nl[2]), .err = A(s->err),
+			.cap = rk->nfl, .topk = topk, .hidden = s->hidden, .dtype = cuda_dtype(s),
+			.n_experts = s->E, .nodes = s->N, .gpus = G, .rails = R, .me = n, .g = g,
+		};
+		for (uint32_t r = 0; r < R; r++) {
+			b.area[RW_CUDA_AREA_RECV][r] = A(sn->area[0][1][r]);
+			b.area[RW_CUDA_AREA_LOCAL][r] = A(sn->slab[r] + sn->local_off[r]);
+		}
+		assert_int_equal(rw_cuda_rank_forward(&s->es, &b), RW_OK);
+		sync_and_check(s, 0);
+		assert_true(nl[1] == rk->nfl && nl[2] == 0);
+		assert_memory_equal(counts, rk->counts, 4ull * s->E);
+		y2[g] = zalloc(rk->nfl * row_bytes);
+		for (uint32_t j2 = 0; j2 < rk->nfl; j2++) {
+			assert_memory_equal(rows + j2 * row_bytes, rk->rows + mine[j2] * row_bytes, row_bytes);
+			assert_memory_equal(meta + j2 * meta_bytes, rk->meta + mine[j2] * meta_bytes, meta_bytes);
+			memcpy(y2[g] + j2 * row_bytes, rk->y + mine[j2] * row_bytes, row_bytes);
+		}
+	}
+	uint8_t *cslab[MAXR];
+	for (uint32_t r = 0; r < R; r++)
+		cslab[r] = zalloc(sn->cstage_off[r] + (uint64_t)G * sn->nloc[r] * crec);
+	for (uint32_t g = 0; g < G; g++) {
+		for (uint32_t a = 0; a < s->N; a++)
+			for (uint32_t r = 0; r < R; r++) {
+				const uint32_t q = a * R + r;
+				ent[q] = a != n
+					? (rw_cuda_plan_entry_t){ sn->layout.in_first[q], sn->layout.in_quota[q],
+								  (uint64_t)sn->layout.in_first[q] * crec }
+					: (rw_cuda_plan_entry_t){ 0, sn->nloc[r],
+								  sn->cstage_off[r] + (uint64_t)g * sn->nloc[r] * crec };
+			}
+		uint32_t *nl = zalloc(4);
+		nl[0] = ls.n[g];
+		rw_cuda_rank_gather_t b = {
+			.list = A(ls.list[g]), .list_n = A(nl), .entry = A(ent), .tags = A(s->tag),
+			.term_off = A(ls.term_off[g]), .terms = A(ls.term_ref[g]), .err = A(s->err),
+			.cap = ls.n[g], .n_terms = ls.n_terms[g], .hidden = s->hidden,
+			.dtype = cuda_dtype(s), .nodes = s->N, .rails = R, .me = n, .g = g,
+		};
+		for (uint32_t r = 0; r < R; r++)
+			b.slab[r] = A(cslab[r]);
+		for (uint32_t h = 0; h < G; h++)
+			b.rows[h] = A(y2[h]);
+		assert_int_equal(rw_cuda_rank_gather(&s->es, &b), RW_OK);
+		sync_and_check(s, 0);
+	}
+	for (uint32_t r = 0; r < R; r++)
+		assert_memory_equal(cslab[r], sn->area[1][0][r], sn->cstage_off[r]);
+	/* The reduce lists: where each record left (the dispatch send areas) and the local rows. */
+	const uint8_t *sent[MAXR];
+	for (uint32_t r = 0; r < R; r++)
+		sent[r] = sn->area[0][0][r];
+	for (uint32_t g = 0; g < G; g++) {
+		sim_rank_t *rk = &sn->rank[g];
+		uint32_t *cursor = zalloc((rk->n + 1) * 4ull), nr = 0;
+		rw_page_list_entry_t *rl = zalloc((rk->nrl + 1) * sizeof(*rl));
+		assert_int_equal(rw_svc_rank_reduce_list(&sn->ph, &ls, sent, g, rk->n, cursor, rl,
+							 rk->nrl, &nr, why), RW_OK);
+		assert_int_equal(nr, rk->nrl);
+		assert_memory_equal(rl, rk->rl, nr * sizeof(*rl));
+	}
+}
+
 static void run_case(uint32_t N, uint32_t G, uint32_t R, uint32_t topk, uint32_t E, uint32_t hidden,
 		     rw_path_t path, uint32_t dtype, int ids64)
 {
@@ -720,6 +829,9 @@ static void run_case(uint32_t N, uint32_t G, uint32_t R, uint32_t topk, uint32_t
 			assert_memory_equal(rk->red, rk->cout, rk->n * row_bytes);
 		}
 	}
+
+	for (uint32_t n = 0; n < N; n++)
+		daemon_lists(s, n, ent);
 
 	for (uint32_t n = 0; n < N; n++) {
 		rw_svc_mover_host.close(s->mover, s->node[n].state);
