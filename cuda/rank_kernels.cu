@@ -8,7 +8,6 @@
 // published before it started; what it writes is published by the stream's later word write
 // (packed or done: cuStreamWriteValue64 puts a memory barrier before the word). Within a
 // phase no two blocks write the same byte, so no kernel needs a fence of its own.
-#include <cuda_bf16.h>
 #include <stdint.h>
 
 #include "common/wire_rec.h"
