@@ -450,10 +450,10 @@ static void pack_block(const sim_t *s, uint32_t n, uint32_t g, rw_cuda_plan_entr
 }
 
 /* The same phase through the daemon's own lists (rw_svc_rank_fwd_lists: its forwarding order,
- * the gather's terms; rw_svc_rank_reduce_list): the forward gives each rank the same rows in
- * the daemon's order (each row, its metadata, the counts), the gather — each rank's combine
- * input reordered to match — the host mover's combine records, and the reduce lists are the
- * ones the owner's order gives above. */
+ * the gather's terms; rw_svc_rank_plan_combine; rw_svc_rank_reduce_list): the forward gives each
+ * rank the same rows in the daemon's order (each row, its metadata, the counts), the gather —
+ * each rank's combine input reordered to match, on the daemon's combine plan blocks — the host
+ * mover's combine records, and the reduce lists are the ones the owner's order gives above. */
 static void daemon_lists(sim_t *s, uint32_t n, rw_cuda_plan_entry_t *ent)
 {
 	sim_node_t *sn = &s->node[n];
@@ -514,18 +514,30 @@ static void daemon_lists(sim_t *s, uint32_t n, rw_cuda_plan_entry_t *ent)
 		}
 	}
 	uint8_t *cslab[MAXR];
-	for (uint32_t r = 0; r < R; r++)
+	rw_page_plan_rail_t areas[MAXR];
+	rw_page_plan_head_t head;
+	uint32_t tags[MAXN];
+	for (uint32_t r = 0; r < R; r++) {
 		cslab[r] = zalloc(sn->cstage_off[r] + (uint64_t)G * sn->nloc[r] * crec);
+		areas[r] = (rw_page_plan_rail_t){ .send_off = 0, .local_off = sn->cstage_off[r],
+						  .slab_bytes = sn->cstage_off[r] + (uint64_t)G * sn->nloc[r] * crec };
+	}
 	for (uint32_t g = 0; g < G; g++) {
+		/* the daemon's combine plan block: the return ranges, and rank g's copy of the
+		 * local records */
+		rw_svc_rank_plan_combine(&sn->ph, g, sn->nloc, areas, 2, &head, tags,
+					 (rw_page_plan_entry_t *)ent);
 		for (uint32_t a = 0; a < s->N; a++)
 			for (uint32_t r = 0; r < R; r++) {
 				const uint32_t q = a * R + r;
-				ent[q] = a != n
+				rw_cuda_plan_entry_t want = a != n
 					? (rw_cuda_plan_entry_t){ sn->layout.in_first[q], sn->layout.in_quota[q],
 								  (uint64_t)sn->layout.in_first[q] * crec }
 					: (rw_cuda_plan_entry_t){ 0, sn->nloc[r],
 								  sn->cstage_off[r] + (uint64_t)g * sn->nloc[r] * crec };
+				assert_memory_equal(&ent[q], &want, sizeof(want));
 			}
+		assert_memory_equal(tags, s->tag, 4ull * s->N);
 		uint32_t *nl = zalloc(4);
 		nl[0] = ls.n[g];
 		rw_cuda_rank_gather_t b = {
