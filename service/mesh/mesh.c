@@ -109,6 +109,11 @@ void mesh_peer_fail(mesh_peer_t *p, rw_status_t st, const char *why)
 {
 	rw_svc_mesh_t *m = p->mesh;
 	int was_up = p->state == RW_SVC_PEER_UP, bye = p->said_bye;
+	p->settle_stamp = 0; /* a rail failure waiting for its verdict was the peer's */
+	ev_timer_stop(m->loop, &p->settle);
+	for (uint32_t r = 0; r < m->rails; r++)
+		for (mesh_wq_t *q = p->rail[r].held; q; q = q->next)
+			q->st = RW_ERR_PEER;
 	p->said_bye = 0;
 	if (bye) { /* a clean stop: it said so before closing; not an error */
 		rw_info("peer=%s: left (clean shutdown); reconnecting when it is back",
@@ -236,6 +241,70 @@ static void rail_on_connected(rw_rail_conn_t *conn, void *ctx)
 	mesh_peer_check_up(mr->peer);
 }
 
+void mesh_hb_send(mesh_peer_t *p, uint64_t now)
+{
+	uint8_t buf[RW_WIRE_HEARTBEAT_SIZE];
+	rw_wire_heartbeat_t hb = { .stamp = now, .echo = p->last_stamp,
+				   .hold = p->last_stamp ? now - p->last_stamp_rx_ns : 0 };
+	rw_wire_heartbeat_pack(&hb, buf, sizeof(buf));
+	rw_svc_mesh_send(p->mesh, p->idx, RW_WIRE_HEARTBEAT, buf, sizeof(buf));
+}
+
+/* A rail fails while its peer's control channel looks alive: a rail's own failure, or the first
+ * close of a peer that died. The verdict waits for proof (mesh_peer_t.settle_stamp); the rail
+ * posts nothing meanwhile. */
+static void rail_settle_begin(mesh_rail_t *mr)
+{
+	mesh_peer_t *p = mr->peer;
+	mr->settling = 1;
+	if (p->settle_stamp)
+		return;
+	p->settle_stamp = rw_now_ns();
+	ev_timer_set(&p->settle, p->mesh->svc->cfg.heartbeat_timeout_ms / 1000.0, 0.);
+	ev_timer_start(p->mesh->loop, &p->settle);
+	mesh_hb_send(p, p->settle_stamp);
+}
+
+/* The rail's failure alone: the peer lives. */
+static void rail_settle_alone(mesh_rail_t *mr)
+{
+	rw_svc_mesh_t *m = mr->peer->mesh;
+	if (mr->settle_error) { /* the connection is gone: the rail fails, its writes with it */
+		mesh_rail_fail(mr, mr->settle_st, mr->settle_why);
+		return;
+	}
+	/* Only writes failed so far: the executor hears which rail it was before their errors (its
+	 * on_error usually follows, and fails the rail) */
+	if (mr->up && !mr->health.down && m->cbs.rail_down)
+		m->cbs.rail_down(m->ctx, mr->peer->idx, mr->rail, mr->held ? mr->held->st : RW_ERR_LINK);
+	mesh_rail_release_held(mr);
+	if (mesh_rail_pump(mr) != RW_OK)
+		rail_fail_soon(mr);
+}
+
+void mesh_settle_verdict(mesh_peer_t *p)
+{
+	rw_svc_mesh_t *m = p->mesh;
+	p->settle_stamp = 0;
+	ev_timer_stop(m->loop, &p->settle);
+	for (uint32_t r = 0; r < m->rails; r++)
+		if (p->rail[r].settling)
+			rail_settle_alone(&p->rail[r]);
+}
+
+void mesh_settle_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop, (void)revents;
+	mesh_peer_t *p = w->data;
+	if (p->failing || !p->settle_stamp) /* fail_cb fails the peer: its rails' close delivers */
+		return;
+	if (p->ctl && p->hello_ok && mesh_ctl_peer_closed(p->ctl)) {
+		mesh_peer_fail(p, RW_ERR_PEER, "closed its control and rail connections");
+		return;
+	}
+	mesh_settle_verdict(p); /* nothing proves it died: heartbeats judge the peer itself */
+}
+
 static void rail_on_error(rw_rail_conn_t *conn, void *ctx, rw_status_t st)
 {
 	mesh_rail_t *mr = mesh_rail_of(conn, ctx);
@@ -260,10 +329,18 @@ static void rail_on_error(rw_rail_conn_t *conn, void *ctx, rw_status_t st)
 		return;
 	}
 	/* Rail health: a rail that fails while the control channel and another rail live (or that
-	 * was already down and failed to reconnect) takes only itself down. */
+	 * was already down and failed to reconnect) takes only itself down — once the grace shows
+	 * the peer's control connection lives on (rail_settle_begin). */
 	if (p->state == RW_SVC_PEER_UP && p->ctl && p->hello_ok && !p->failing &&
 	    !m->svc->stopping && (mr->health.down || mesh_rails_up(p) > (uint32_t)mr->up)) {
-		mesh_rail_fail(mr, st, why);
+		if (mr->health.down) { /* a redial that failed: no peer failure hides behind it */
+			mesh_rail_fail(mr, st, why);
+			return;
+		}
+		mr->settle_error = 1;
+		mr->settle_st = st;
+		snprintf(mr->settle_why, sizeof(mr->settle_why), "%s", why);
+		rail_settle_begin(mr);
 		return;
 	}
 	/* While the peer joins, a rail that fails is down, not the peer (a node with a dead NIC
@@ -293,13 +370,24 @@ static void rail_on_write_done(rw_rail_conn_t *conn, void *ctx, void *write_ctx,
 	mr->progress_ns = rw_now_ns();
 	void *wctx = q->w.ctx;
 	(void)write_ctx;
+	/* A failed write while the peer looks alive on other rails: the rail's own failure, or its
+	 * peer's death (rail_settle_begin). Its completion waits for the verdict, so the executor
+	 * hears which it was before the write's error. */
+	if (st != RW_OK && (mr->settling || (mr->up && !mr->health.down &&
+	    mr->peer->state == RW_SVC_PEER_UP && !mr->peer->failing && mesh_rails_up(mr->peer) > 1 &&
+	    m->cbs.rail_down && !(mr->peer->ctl && mesh_ctl_peer_closed(mr->peer->ctl))))) {
+		q->next = NULL;
+		q->st = st;
+		if (mr->held_tail)
+			mr->held_tail->next = q;
+		else
+			mr->held = q;
+		mr->held_tail = q;
+		mesh_busy_end(m, mr->rail);
+		rail_settle_begin(mr);
+		return;
+	}
 	free(q);
-	/* A failed write of a rail that is about to fail alone (its on_error follows): the executor
-	 * hears which rail it was before the write's error (rail health). */
-	if (st != RW_OK && mr->up && !mr->health.down && mr->peer->state == RW_SVC_PEER_UP &&
-	    mesh_rails_up(mr->peer) > 1 && m->cbs.rail_down &&
-	    !(mr->peer->ctl && mesh_ctl_peer_closed(mr->peer->ctl))) /* the peer died: not the rail */
-		m->cbs.rail_down(m->ctx, mr->peer->idx, mr->rail, st);
 	mesh_busy_end(m, mr->rail);
 	mesh_rail_dev_sample(m, mr->rail);
 	if (m->cbs.write_done)

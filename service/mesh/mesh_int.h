@@ -29,7 +29,10 @@
 typedef struct mesh_wq {
 	struct mesh_wq *next;
 	rw_rail_write_t w;
+	rw_status_t st;               /* a held completion's (mesh_rail_t.held) */
 } mesh_wq_t;
+
+
 
 struct mesh_peer;
 
@@ -44,6 +47,13 @@ typedef struct mesh_rail {
 	uint32_t posted;              /* the first `posted` entries are with the transport */
 	uint64_t progress_ns;         /* last write handed over with none posted, or completed */
 	int fail_soon;                /* the transport refused a write: fail it from the loop */
+	/* A failure waiting for its verdict (mesh_settle_verdict): the rail posts nothing
+	 * meanwhile, and its failed writes' completions are held, oldest first. */
+	int settling;
+	int settle_error;             /* its connection failed (on_error), not only a write */
+	rw_status_t settle_st;
+	char settle_why[64];
+	mesh_wq_t *held, *held_tail;
 	rw_svc_rail_health_t health;  /* outages while the peer stayed up (rail_health.h) */
 	ev_timer retry;               /* background reconnect of a rail that failed alone */
 	uint64_t dial;                /* this session's rail dials: the connector's last, the
@@ -99,6 +109,13 @@ typedef struct mesh_peer {
 	/* Joining: authenticated but not every rail connected yet. After heartbeat_timeout_ms it
 	 * comes up on the rails that did (mesh_rail_join_cb); the others are down and redialed. */
 	ev_timer join;
+	/* A rail failed while the control channel looked alive: a rail's own failure, or the first
+	 * close of a peer that died (its control connection's close may come later, even tens of ms
+	 * on a loaded host). A heartbeat stamped settle_stamp went out then; the peer's echo of it
+	 * proves it lives (the rail failed alone), its control connection's close that it died; the
+	 * settle timer (heartbeat_timeout_ms) bounds the wait. */
+	uint64_t settle_stamp;        /* 0: no rail of this peer waits */
+	ev_timer settle;
 	/* A failure found inside a mesh call (a send, a write, fail_peer): carried out by fail_cb
 	 * from the loop, so the caller never sees write_done or peer_down inside its own call
 	 * (mesh.h). Until then the peer counts as down for sends and writes. */
@@ -176,6 +193,8 @@ void mesh_rail_dev_sample(rw_svc_mesh_t *m, uint32_t rail);
 /* Complete every queued write with st (write_done callbacks). */
 void mesh_rail_reclaim(mesh_rail_t *mr, rw_status_t st);
 void mesh_rail_close(mesh_rail_t *mr, rw_status_t st);
+/* The held completions of a settling rail, delivered (oldest first); it settles no more. */
+void mesh_rail_release_held(mesh_rail_t *mr);
 /* Hand queued writes to the transport until it pushes back. RW_ERR_LINK: it refused one (the
  * caller fails the peer). */
 rw_status_t mesh_rail_pump(mesh_rail_t *mr);
@@ -238,6 +257,13 @@ void mesh_auth_wipe(void *p, size_t len);
 /* ---- mesh.c (for mesh_setup.c and mesh_session.c) ------------------------------------------ */
 extern const rw_rail_conn_cbs_t mesh_rail_cbs;
 void mesh_fail_cb(struct ev_loop *loop, ev_timer *w, int revents);
+/* A rail failure's verdict: the peer echoed the heartbeat sent at the failure (it lives: the
+ * rails fail alone), or the wait is over (data: the peer): its control connection closed (the
+ * peer died) or not. */
+void mesh_settle_verdict(mesh_peer_t *p);
+void mesh_settle_cb(struct ev_loop *loop, ev_timer *w, int revents);
+/* A heartbeat to peer p stamped `now`, echoing the peer's latest stamp. */
+void mesh_hb_send(mesh_peer_t *p, uint64_t now);
 void mesh_peer_set_state(mesh_peer_t *p, rw_svc_peer_state_t s);
 const char *mesh_peer_name(const rw_svc_mesh_t *m, uint32_t idx);
 /* Take the peer down now: its control session and rails closed, writes completed with errors,

@@ -56,6 +56,23 @@ void mesh_rail_reclaim(mesh_rail_t *mr, rw_status_t st)
 	}
 }
 
+void mesh_rail_release_held(mesh_rail_t *mr)
+{
+	rw_svc_mesh_t *m = mr->peer->mesh;
+	mesh_wq_t *q = mr->held;
+	mr->held = mr->held_tail = NULL;
+	mr->settling = mr->settle_error = 0;
+	while (q) {
+		mesh_wq_t *next = q->next;
+		void *wctx = q->w.ctx;
+		rw_status_t st = q->st;
+		free(q);
+		if (m->cbs.write_done)
+			m->cbs.write_done(m->ctx, mr->peer->idx, mr->rail, wctx, st);
+		q = next;
+	}
+}
+
 void mesh_rail_close(mesh_rail_t *mr, rw_status_t st)
 {
 	if (mr->conn) {
@@ -64,12 +81,13 @@ void mesh_rail_close(mesh_rail_t *mr, rw_status_t st)
 	}
 	mr->up = 0;
 	mr->fail_soon = 0;
+	mesh_rail_release_held(mr); /* older than what is still queued */
 	mesh_rail_reclaim(mr, st);
 }
 
 rw_status_t mesh_rail_pump(mesh_rail_t *mr)
 {
-	if (!mr->conn || !mr->up || mr->blocked)
+	if (!mr->conn || !mr->up || mr->blocked || mr->settling)
 		return RW_OK;
 	mesh_wq_t *q = mr->head;
 	for (uint32_t i = 0; i < mr->posted && q; i++)

@@ -319,6 +319,8 @@ static int ctl_on_message(mesh_ctl_t *c, const rw_wire_hdr_t *h, const uint8_t *
 		p->last_stamp_rx_ns = now;
 		if (hb.echo && hb.echo + hb.hold <= now)
 			m->svc->metrics.peer[p->idx].heartbeat_rtt_ns = now - hb.echo - hb.hold;
+		if (p->settle_stamp && hb.echo >= p->settle_stamp) /* it lives after a rail failed */
+			mesh_settle_verdict(p);
 		return 0;
 	}
 	case RW_WIRE_COUNTS: {
@@ -508,11 +510,7 @@ void mesh_hb_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		}
 		if (mesh_rail_stalled(p, now, 2 * timeout))
 			continue;
-		uint8_t buf[RW_WIRE_HEARTBEAT_SIZE];
-		rw_wire_heartbeat_t hb = { .stamp = now, .echo = p->last_stamp,
-					   .hold = p->last_stamp ? now - p->last_stamp_rx_ns : 0 };
-		rw_wire_heartbeat_pack(&hb, buf, sizeof(buf));
-		rw_svc_mesh_send(m, i, RW_WIRE_HEARTBEAT, buf, sizeof(buf));
+		mesh_hb_send(p, now);
 	}
 	for (mesh_ctl_t *c = m->unknown, *next; c; c = next) {
 		next = c->next;

@@ -112,6 +112,8 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 		p->retry.data = p;
 		ev_timer_init(&p->join, mesh_peer_join_cb, 0., 0.);
 		p->join.data = p;
+		ev_timer_init(&p->settle, mesh_settle_cb, 0., 0.);
+		p->settle.data = p;
 		mesh_peer_set_state(p, i == m->me ? RW_SVC_PEER_SELF : RW_SVC_PEER_DOWN);
 	}
 
@@ -238,6 +240,7 @@ void rw_svc_mesh_destroy(rw_svc_mesh_t *m)
 			mesh_peer_t *p = &m->peer[i];
 			ev_timer_stop(m->loop, &p->retry);
 			ev_timer_stop(m->loop, &p->join);
+			ev_timer_stop(m->loop, &p->settle);
 			mesh_ctl_free(p->ctl);
 			p->ctl = NULL;
 			for (uint32_t r = 0; r < m->rails; r++) {
