@@ -596,18 +596,39 @@ static int hosts(const cl_t *c, const rw_wl_work_t *wk, uint32_t i, uint32_t q)
 	return 0;
 }
 
-/* What rank q returns for owner rank o's token i, element h, in combine_order_check: on o's
- * node, the first rank hosting it +2^30, the second -2^30; elsewhere 1 + h % 3, so the sum is
- * 1..3 when the two big terms cancel first and 0 when a small one is added first. */
+/* The nodes other than o's hosting owner rank o's token i: how many, and how many before node. */
+static uint32_t away_nodes(const cl_t *c, const rw_wl_work_t *wk, uint32_t o, uint32_t i,
+			   uint32_t node, uint32_t *before_p)
+{
+	uint32_t n_away = 0;
+	*before_p = 0;
+	for (uint32_t n = 0; n < c->N; n++)
+		for (uint32_t p = n * c->G; n != o / c->G && p < (n + 1) * c->G; p++)
+			if (hosts(c, wk, i, p)) {
+				n_away++;
+				*before_p += n < node;
+				break;
+			}
+	return n_away;
+}
+
+/* What rank q returns for owner rank o's token i, element h, in combine_order_check. On o's
+ * node the first rank hosting it gives +2^30, the second -2^30; when two or more other nodes
+ * host it, the first of them (ascending) gives +2^27 from its first hosting rank, the second
+ * -2^27; every other rank 1 + h % 3. In the documented order the big terms cancel pairwise
+ * before a small one comes; where a small term comes first a big one absorbs it. */
 static float order_term(const cl_t *c, const rw_wl_work_t *wk, uint32_t o, uint32_t i, uint32_t q,
 			uint32_t h)
 {
-	if (q / c->G != o / c->G)
-		return 1.0f + (float)(h % 3);
-	uint32_t k = 0;
-	for (uint32_t p = (o / c->G) * c->G; p < q; p++)
+	const uint32_t node = q / c->G;
+	uint32_t k = 0, m;
+	for (uint32_t p = node * c->G; p < q; p++)
 		k += (uint32_t)hosts(c, wk, i, p);
-	return k == 0 ? 1073741824.0f : k == 1 ? -1073741824.0f : 0.0f;
+	if (node == o / c->G)
+		return k == 0 ? 1073741824.0f : k == 1 ? -1073741824.0f : 0.0f;
+	if (away_nodes(c, wk, o, i, node, &m) >= 2 && k == 0 && m < 2)
+		return m == 0 ? 134217728.0f : -134217728.0f;
+	return 1.0f + (float)(h % 3);
 }
 
 static float as_dtype(float v, int bf16)
@@ -647,7 +668,7 @@ uint32_t combine_order_check(cl_t *c, uint32_t step, uint32_t layer, int rows_fi
 	const uint64_t cbytes = c->E > RW_CQE_INLINE_COUNTS ? ((4ull * c->E + 15) & ~15ull) : 0;
 	const uint64_t meta_bytes = 16 + 8 * TOPK;
 	const uint64_t cap = (c->out_cap - cbytes) / (row + meta_bytes);
-	CHECK(c->N == 2, "combine_order_check runs on two nodes");
+
 	for (uint32_t q = 0; q < c->W; q++) { /* every rank's combine rows: order_term's */
 		trank_t *t = &c->rk[q];
 		const uint8_t *metas = t->mem + c->off_out + cbytes + cap * row;
@@ -662,14 +683,19 @@ uint32_t combine_order_check(cl_t *c, uint32_t step, uint32_t layer, int rows_fi
 		}
 		rank_push(c, t, c->off_cin, c->comb_in);
 	}
-	if (rows_first) { /* node 1's rows reach node 0 before its ranks submit */
+	if (rows_first) { /* the last node's rows reach node 0 first, before its ranks submit */
+		for (uint32_t n = 1; n + 1 < c->N; n++)
+			hold(c, m_write((int)n, 0, 1));
 		for (uint32_t r = c->G; r < c->W; r++)
 			combine_submit(c, r, step, layer);
 		settle(c);
 		for (uint32_t r = 0; r < c->G; r++)
 			combine_submit(c, r, step, layer);
-	} else { /* ... or after node 0's local work */
-		hold(c, m_write(1, 0, 1));
+		settle(c);
+		release_all(c);
+	} else { /* ... or after node 0's local work, in node order */
+		for (uint32_t n = 1; n < c->N; n++)
+			hold(c, m_write((int)n, 0, 1));
 		for (uint32_t r = 0; r < c->W; r++)
 			combine_submit(c, r, step, layer);
 		settle(c);
@@ -683,16 +709,18 @@ uint32_t combine_order_check(cl_t *c, uint32_t step, uint32_t layer, int rows_fi
 		rank_pull(c, t, c->off_cout, c->comb_out);
 		cl_gen(c, step, layer, o, &c->mine);
 		for (uint32_t i = 0; i < c->mine.n; i++) {
-			uint32_t home = 0, away = 0;
+			uint32_t home = 0, away = 0, before;
 			for (uint32_t q = 0; q < c->W; q++)
 				*(q / c->G == o / c->G ? &home : &away) += (uint32_t)hosts(c, &c->mine, i, q);
-			mixed += home >= 2 && away >= 1;
+			const uint32_t nodes = away_nodes(c, &c->mine, o, i, c->N, &before);
+			mixed += c->N == 2 ? home >= 2 && away >= 1 : nodes >= 3;
 			for (uint32_t h = 0; h < c->hidden; h++) {
 				float want = order_sum(c, &c->mine, o, i, h, bf16);
 				float got = rw_wl_get_elem(t->mem + c->off_cout + (uint64_t)i * row, bf16, h);
 				CHECK(got == want && !signbit(got) == !signbit(want),
-				      "rank %u token %u elem %u (%u terms at home, %u away; node 1's rows %s): "
-				      "combine %g, in the documented order %g", o, i, h, home, away,
+				      "rank %u token %u elem %u (%u terms at home, %u away; the other "
+				      "nodes' rows %s): combine %g, in the documented order %g", o, i, h,
+				      home, away,
 				      rows_first ? "first" : "last", got, want);
 			}
 		}

@@ -179,12 +179,14 @@ void dispatch_all(cl_t *c, uint32_t step, uint32_t layer);
  * nothing is collected (the case decides what each rank gets). */
 void dispatch_submit_all(cl_t *c, uint32_t step, uint32_t layer);
 
-/* Two nodes, after dispatch_collect of (step, layer): every rank's combine rows rewritten so that
- * an owner token's sum depends on the order of its terms (two rows of +-2^30 from its own node,
- * small ones from the other), then every rank's combine, with node 1's rows reaching node 0
- * before node 0's ranks submit (rows_first) or after node 0's local work; every result checked
- * against the order docs/dataflow.md "Combine" defines. Returns the owner tokens with two terms
- * from their own node and one from the other (another order would give another sum). */
+/* After dispatch_collect of (step, layer): every rank's combine rows rewritten so that an owner
+ * token's sum depends on the order of its terms (+-2^30 from two ranks of its own node, +-2^27
+ * from the first two other nodes when there are more, small ones from the rest), then every
+ * rank's combine, with the last node's rows reaching node 0 before node 0's ranks submit and
+ * before the other nodes' rows (rows_first), or after node 0's local work, in node order; every
+ * result checked against the order docs/dataflow.md "Combine" defines. Returns the owner tokens
+ * another order would sum differently: on two nodes, those with two terms at home and one away;
+ * on more, those sent to three other nodes or more. */
 uint32_t combine_order_check(cl_t *c, uint32_t step, uint32_t layer, int rows_first);
 
 /* ---- after a failure ---------------------------------------------------------------------------- */

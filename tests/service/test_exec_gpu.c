@@ -261,8 +261,9 @@ static void test_gpu_dev_slabs_bad_record(void **state)
 
 /* The owner's sum in the documented order (combine_order_check) with CUDA ranks: the host mover
  * staging ranks 0 and 3 (their sums written into pinned staging, then copied up), and the CUDA
- * mover (every rank on the GPU, then ranks 0 and 3 only: host-memory owners' sums go through
- * their staging), node 1's rows reaching node 0 before its ranks submit and after. */
+ * mover (every rank on the GPU; then ranks 0 and 3 only: host-memory owners' sums go through
+ * their staging; then every rank with the slabs in device memory: the rows that come back are
+ * read from the GPU slab), node 1's rows reaching node 0 before its ranks submit and after. */
 static void test_cuda_combine_order(void **state)
 {
 	(void)state;
@@ -289,10 +290,11 @@ static void test_gpu_combine_order(void **state)
 	(void)state;
 	if (!gpu_mover_ready())
 		skip();
-	static const uint32_t masks[] = { 0xf, 0x9 };
+	static const uint32_t masks[] = { 0xf, 0x9, 0xf };
 	for (size_t mi = 0; mi < RW_ARRAY_SIZE(masks); mi++)
 		for (int rows_first = 1; rows_first >= 0; rows_first--) {
-			opts_t o = { .nodes = 2, .path = mi ? "joint" : "native", .tokens = 24 };
+			opts_t o = { .nodes = 2, .path = mi == 1 ? "joint" : "native", .tokens = 24,
+				     .dev_slabs = mi == 2 };
 			cl_t *c = gpu_cluster(&o, 895 + mi * 2 + (uint32_t)rows_first, masks[mi]);
 			for (uint32_t layer = 0; layer < 2; layer++) {
 				gpu_dispatch(c, masks[mi], 0, layer, NULL);
