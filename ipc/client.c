@@ -55,6 +55,8 @@ struct rw_client {
 	rw_ring_t cq; /* we consume */
 	void *page;        /* the rank page (rw_client_rank_page), NULL until set up */
 	size_t page_bytes;
+	void *slab[RW_CLIENT_SLAB_RAILS]; /* the group's slabs (rw_client_group_slab), per rail */
+	size_t slab_bytes[RW_CLIENT_SLAB_RAILS];
 	/* With a page, a watcher thread waits for the daemon to hang up and then writes the words
 	 * the rank's stream may wait on (rw_page_daemon_lost); watch_efd stops it at close. */
 	pthread_t watcher;
@@ -434,6 +436,9 @@ void rw_client_close(rw_client_t *c)
 		munmap(c->ring_map, c->ring_bytes);
 	if (c->page)
 		munmap(c->page, c->page_bytes);
+	for (unsigned r = 0; r < RW_CLIENT_SLAB_RAILS; r++)
+		if (c->slab[r])
+			munmap(c->slab[r], c->slab_bytes[r]);
 	if (c->sq_efd >= 0)
 		close(c->sq_efd);
 	if (c->cq_efd >= 0)
@@ -445,6 +450,35 @@ void rw_client_close(rw_client_t *c)
 	free(c);
 }
 
+/* A request whose reply lends one memfd (the rank page, a slab): *fd_p is the caller's. */
+static int request_lent(rw_client_t *c, const void *req, size_t len, uint16_t reply_type,
+			rw_ipc_msg_t *reply, size_t reply_len, int *fd_p)
+{
+	int fds[RW_IPC_MAX_FDS];
+	int rc = request(c, req, len, -1, reply_type, reply, reply_len, fds, 1);
+	if (rc == 0)
+		*fd_p = fds[0];
+	return rc;
+}
+
+/* Map the memfd a reply lent (the page, a slab) when it is `bytes` long, as the reply said;
+ * NULL when it is not (or `ok` is 0: the reply failed a check of its own). The fd is closed
+ * either way; *ino_p: its inode. */
+static void *map_lent(int fd, uint64_t bytes, int ok, uint64_t *ino_p)
+{
+	struct stat st;
+	void *map = MAP_FAILED;
+	if (ok && bytes > 0 && bytes <= SIZE_MAX && fstat(fd, &st) == 0 &&
+	    (uint64_t)st.st_size == bytes)
+		map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (map == MAP_FAILED)
+		return NULL;
+	if (ino_p)
+		*ino_p = (uint64_t)st.st_ino;
+	return map;
+}
+
 int rw_client_rank_page(rw_client_t *c, uint32_t max_recv, void **page_p, size_t *bytes_p)
 {
 	if (!c || !page_p || !bytes_p)
@@ -454,21 +488,14 @@ int rw_client_rank_page(rw_client_t *c, uint32_t max_recv, void **page_p, size_t
 	hdr_init(c, &req.hdr, RW_IPC_PAGE_SETUP);
 	req.max_recv = max_recv;
 	rw_ipc_msg_t reply;
-	int fds[RW_IPC_MAX_FDS];
-	int rc = request(c, &req, sizeof(req), -1, RW_IPC_PAGE_OK, &reply, sizeof(rw_ipc_page_ok_t),
-			 fds, 1);
+	int fd, rc = request_lent(c, &req, sizeof(req), RW_IPC_PAGE_OK, &reply,
+				  sizeof(rw_ipc_page_ok_t), &fd);
 	if (rc)
 		return rc;
 	const rw_ipc_page_ok_t *ok = &reply.page_ok;
-	struct stat st;
-	void *map = MAP_FAILED;
-	if (ok->bytes < sizeof(rw_page_head_t) || ok->bytes > SIZE_MAX || fstat(fds[0], &st) < 0 ||
-	    (uint64_t)st.st_size != ok->bytes ||
-	    (map = mmap(NULL, ok->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0)) == MAP_FAILED) {
-		close(fds[0]);
+	void *map = map_lent(fd, ok->bytes, ok->bytes >= sizeof(rw_page_head_t), NULL);
+	if (!map)
 		return RW_E_BADREPLY;
-	}
-	close(fds[0]);
 	const rw_page_head_t *head = map;
 	if (head->magic != RW_PAGE_MAGIC || head->version != RW_PAGE_VERSION ||
 	    head->bytes != ok->bytes || head->depth != RW_PAGE_DEPTH) {
@@ -489,6 +516,42 @@ int rw_client_rank_page(rw_client_t *c, uint32_t max_recv, void **page_p, size_t
 	}
 	*page_p = map;
 	*bytes_p = c->page_bytes;
+	return 0;
+}
+
+int rw_client_group_slab(rw_client_t *c, uint32_t rail, rw_client_slab_t *slab_p)
+{
+	if (!c || !slab_p || rail >= RW_CLIENT_SLAB_RAILS)
+		return RW_E_INVAL;
+	rw_ipc_slab_setup_t req = { .rail = rail }; /* the rest 0 */
+	hdr_init(c, &req.hdr, RW_IPC_SLAB_SETUP);
+	rw_ipc_msg_t reply;
+	int fd, rc = request_lent(c, &req, sizeof(req), RW_IPC_SLAB_OK, &reply,
+				  sizeof(rw_ipc_slab_ok_t), &fd);
+	if (rc)
+		return rc;
+	const rw_ipc_slab_ok_t *ok = &reply.slab_ok;
+	int bad = ok->rail != rail || c->slab[rail] || ok->area_bytes > ok->bytes ||
+		  ok->local_off > ok->bytes - ok->area_bytes;
+	for (int k = 0; k < 2 && !bad; k++) /* every area inside the slab */
+		bad = ok->recv_off[k] > ok->bytes - ok->area_bytes ||
+		      ok->send_off[k] > ok->bytes - ok->area_bytes;
+	uint64_t ino = 0;
+	void *map = map_lent(fd, ok->bytes, !bad, &ino);
+	if (!map)
+		return RW_E_BADREPLY;
+	c->slab[rail] = map;
+	c->slab_bytes[rail] = (size_t)ok->bytes;
+	memset(slab_p, 0, sizeof(*slab_p));
+	slab_p->base = map;
+	slab_p->bytes = (size_t)ok->bytes;
+	slab_p->rail = rail;
+	slab_p->rails = ok->rails;
+	slab_p->area_bytes = ok->area_bytes;
+	memcpy(slab_p->recv_off, ok->recv_off, sizeof(slab_p->recv_off));
+	memcpy(slab_p->send_off, ok->send_off, sizeof(slab_p->send_off));
+	slab_p->local_off = ok->local_off;
+	slab_p->object = ino;
 	return 0;
 }
 

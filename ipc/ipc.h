@@ -66,6 +66,18 @@ typedef struct rw_ipc_buffer {
 	int device;        /* CUDA: device ordinal in this process; HOST: -1 */
 } rw_ipc_buffer_t;
 
+/* One rail's slab of a group (docs/rankpath.md "The slab areas, lent per group"), as the
+ * service gives it for lending: the fd stays the service's (the server sends a copy). */
+typedef struct rw_ipc_slab {
+	int fd;                /* a sealed memfd of `bytes` */
+	uint64_t bytes;
+	uint32_t rails;
+	uint64_t area_bytes;   /* each of the five areas */
+	uint64_t recv_off[2];  /* [0] dispatch, [1] combine */
+	uint64_t send_off[2];
+	uint64_t local_off;    /* the rank path's local area */
+} rw_ipc_slab_t;
+
 /* Callbacks (all optional except submission). `ctx` is the pointer given at creation.
  * The client pointer stays valid until client_left returns. */
 typedef struct rw_ipc_server_ops {
@@ -92,6 +104,12 @@ typedef struct rw_ipc_server_ops {
 	 * connection is being dropped. */
 	void (*hello_refused)(void *ctx, const char *group, uint32_t rank, uint32_t world,
 			      const uint8_t key_fp[RW_IPC_KEY_FP_SIZE], int code, const char *why);
+	/* Optional. A joined rank asks for its own group's slab of `rail`: fill *slab_p and return
+	 * 0, or return an RW_E_* code with *why_p set (RW_E_INVAL: no such rail; RW_E_STATE: this
+	 * daemon lends no slabs; RW_E_LIMIT: the group has none, the pool was spent). The server
+	 * lends each rail's slab once per connection. NULL: RW_E_STATE. */
+	int (*group_slab)(void *ctx, rw_ipc_client_t *client, uint32_t rail, rw_ipc_slab_t *slab_p,
+			  const char **why_p);
 } rw_ipc_server_ops_t;
 
 typedef struct rw_ipc_server_config {

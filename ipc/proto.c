@@ -52,6 +52,7 @@ int rw_ipc_parse_request(const void *buf, size_t len, int msg_flags, unsigned nf
 	case RW_IPC_DEREG_EVENT: want = sizeof(rw_ipc_dereg_t); break;
 	case RW_IPC_RING_SETUP: want = sizeof(rw_ipc_ring_setup_t); break;
 	case RW_IPC_PAGE_SETUP: want = sizeof(rw_ipc_page_setup_t); break;
+	case RW_IPC_SLAB_SETUP: want = sizeof(rw_ipc_slab_setup_t); break;
 	case RW_IPC_GOODBYE: want = sizeof(rw_ipc_hdr_t); break;
 	default: return fail(why_p, "unknown or daemon-to-client message type", RW_E_MSG_TYPE);
 	}
@@ -81,6 +82,10 @@ int rw_ipc_parse_request(const void *buf, size_t len, int msg_flags, unsigned nf
 	case RW_IPC_PAGE_SETUP:
 		if (msg.page_setup.reserved != 0)
 			return fail(why_p, "page setup: reserved not zero", RW_E_FIELD);
+		break;
+	case RW_IPC_SLAB_SETUP:
+		if (msg.slab_setup.reserved != 0)
+			return fail(why_p, "slab setup: reserved not zero", RW_E_FIELD);
 		break;
 	case RW_IPC_DEREG:
 	case RW_IPC_DEREG_EVENT:

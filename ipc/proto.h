@@ -34,6 +34,8 @@ enum rw_ipc_type {
 	RW_IPC_DEREG_EVENT = 13, /* c→d rw_ipc_dereg_t (buf_id: event id) → DEREG_OK | ERROR */
 	RW_IPC_PAGE_SETUP = 14, /* c→d rw_ipc_page_setup_t                → PAGE_OK | ERROR */
 	RW_IPC_PAGE_OK = 15,    /* d→c rw_ipc_page_ok_t + 1 fd: the rank page's sealed memfd */
+	RW_IPC_SLAB_SETUP = 16, /* c→d rw_ipc_slab_setup_t                → SLAB_OK | ERROR */
+	RW_IPC_SLAB_OK = 17,    /* d→c rw_ipc_slab_ok_t + 1 fd: the group's slab of that rail */
 };
 
 typedef struct rw_ipc_hdr {
@@ -147,6 +149,26 @@ typedef struct rw_ipc_page_ok {
 	uint32_t nodes, rails;
 } rw_ipc_page_ok_t;
 
+/* The group's slab of one rail (docs/rankpath.md "The slab areas, lent per group"): the
+ * carve-out of the daemon's memory that the rank's group alone uses on that rail, lent to a
+ * joined rank of that group as a sealed memfd. The request names a rail only: the group is the
+ * rank's own. Offsets are bytes from the start of the slab. */
+typedef struct rw_ipc_slab_setup {
+	rw_ipc_hdr_t hdr;
+	uint32_t rail;      /* 0 .. rails - 1 */
+	uint32_t reserved;  /* 0 */
+} rw_ipc_slab_setup_t;
+
+typedef struct rw_ipc_slab_ok {
+	rw_ipc_hdr_t hdr;
+	uint64_t bytes;        /* the memfd's size: map all of it */
+	uint32_t rail, rails;  /* this slab's rail, and the daemon's rails */
+	uint64_t area_bytes;   /* each of the five areas below */
+	uint64_t recv_off[2];  /* receive area: [0] dispatch records, [1] combine records */
+	uint64_t send_off[2];  /* send area: [0] dispatch records, [1] combine records */
+	uint64_t local_off;    /* the local area: records and rows that never leave the node */
+} rw_ipc_slab_ok_t;
+
 typedef struct rw_ipc_error {
 	rw_ipc_hdr_t hdr;
 	int32_t code;    /* RW_E_* */
@@ -168,6 +190,8 @@ _Static_assert(sizeof(rw_ipc_ring_ok_t) == 72, "wire size");
 _Static_assert(sizeof(rw_ipc_error_t) == 136, "wire size");
 _Static_assert(sizeof(rw_ipc_page_setup_t) == 24, "wire size");
 _Static_assert(sizeof(rw_ipc_page_ok_t) == 40, "wire size");
+_Static_assert(sizeof(rw_ipc_slab_setup_t) == 24, "wire size");
+_Static_assert(sizeof(rw_ipc_slab_ok_t) == 80, "wire size");
 
 /* Any message; the receive buffer is exactly this big, so a longer datagram is MSG_TRUNC. */
 typedef union rw_ipc_msg {
@@ -183,6 +207,8 @@ typedef union rw_ipc_msg {
 	rw_ipc_ring_ok_t ring_ok;
 	rw_ipc_page_setup_t page_setup;
 	rw_ipc_page_ok_t page_ok;
+	rw_ipc_slab_setup_t slab_setup;
+	rw_ipc_slab_ok_t slab_ok;
 	rw_ipc_error_t error;
 } rw_ipc_msg_t;
 

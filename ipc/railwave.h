@@ -339,6 +339,28 @@ int rw_client_lost_signals(rw_client_t *client, rw_client_lost_signal_t *out, un
  * one this library understands. */
 int rw_client_rank_page(rw_client_t *client, uint32_t max_recv, void **page_p, size_t *bytes_p);
 
+/* The group's slab of one rail (docs/rankpath.md "The slab areas, lent per group"): the part of
+ * the daemon's memory that this rank's group alone uses on that rail — the records its pairs
+ * send and receive there, at the offsets below — lent to the group's ranks and to no other
+ * process. Mapped read-write here; the library links no CUDA: the caller makes it reachable from
+ * its GPU (cuMemHostRegister with DEVICEMAP | PORTABLE) and unregisters it before
+ * rw_client_close(), which unmaps it. RW_E_INVAL: no such rail; RW_E_STATE: this rail's slab is
+ * mapped already, or the daemon lends none (group_area_mib 0); RW_E_LIMIT: the daemon's pool was
+ * spent when the group formed, so it has no slabs of its own; RW_E_BADREPLY: a reply this
+ * library does not understand. */
+#define RW_CLIENT_SLAB_RAILS 64
+typedef struct rw_client_slab {
+	void *base;            /* the mapping, `bytes` long */
+	size_t bytes;
+	uint32_t rail, rails;  /* this slab's rail, the daemon's rails */
+	uint64_t area_bytes;   /* each of the five areas */
+	uint64_t recv_off[2];  /* the receive areas' offsets: [0] dispatch, [1] combine records */
+	uint64_t send_off[2];  /* the send areas' offsets, the same way */
+	uint64_t local_off;    /* the local area's: records and rows that never leave the node */
+	uint64_t object;       /* the lent object's identity (its inode): equal for one memory */
+} rw_client_slab_t;
+int rw_client_group_slab(rw_client_t *client, uint32_t rail, rw_client_slab_t *slab_p);
+
 /* Queue n submissions and publish them with one index store (and at most one wake-up write if
  * the daemon sleeps). All or nothing: RW_E_AGAIN if fewer than n slots are free. The daemon
  * validates every entry; a bad one comes back as an RW_CQ_ERROR completion. */

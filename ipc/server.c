@@ -220,6 +220,7 @@ static int handle_message(rw_ipc_client_t *c, const void *buf, size_t len, int f
 	case RW_IPC_DEREG_EVENT: return ipc_handle_dereg_event(c, &msg.dereg);
 	case RW_IPC_RING_SETUP: return ipc_ring_setup(c, &msg.ring_setup);
 	case RW_IPC_PAGE_SETUP: return ipc_page_setup(c, &msg.page_setup);
+	case RW_IPC_SLAB_SETUP: return ipc_slab_setup(c, &msg.slab_setup);
 	case RW_IPC_GOODBYE: ipc_client_kill(c, RW_IPC_LEFT_GOODBYE, 0); return 0;
 	}
 	return 0;

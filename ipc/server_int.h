@@ -89,6 +89,7 @@ struct rw_ipc_client {
 	rw_ring_t sq; /* daemon consumes */
 	rw_ring_t cq; /* daemon produces */
 	struct ipc_page *page; /* the rank page (ipc/server_page.c), NULL until set up */
+	uint64_t slabs_lent;   /* bit r: its group's slab of rail r was lent (ipc/server_slab.c) */
 	uint32_t reserved; /* completions owed for submissions handed to the service */
 	int cq_blocked;    /* stopped draining for lack of completion slots */
 };
@@ -167,6 +168,9 @@ void ipc_page_free(rw_ipc_client_t *c);
 /* Server create / destroy: the poller (with page_rails), and every page left at the end. */
 rw_status_t ipc_pages_start(rw_ipc_server_t *srv);
 void ipc_pages_stop(rw_ipc_server_t *srv);
+
+/* server_slab.c: the group's slab of a rail, lent once per connection and rail. */
+int ipc_slab_setup(rw_ipc_client_t *c, const rw_ipc_slab_setup_t *req);
 
 /* server_ring.c: the rings. */
 int ipc_ring_setup(rw_ipc_client_t *c, const rw_ipc_ring_setup_t *req);

@@ -82,6 +82,13 @@ void rw_rail_dereg(rw_rail_region_t *region)
 		region->dev->ops->dereg(region);
 }
 
+int rw_rail_region_fd(const rw_rail_region_t *region)
+{
+	if (!region || !region->dev->ops->region_fd)
+		return -1;
+	return region->dev->ops->region_fd(region);
+}
+
 rw_status_t rw_rail_listen(rw_rail_dev_t *dev, const rw_rail_conn_cbs_t *cbs, void *ctx,
 			   rw_rail_listener_t **listener_p)
 {

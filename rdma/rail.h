@@ -272,6 +272,11 @@ struct rw_rail_ops {
 	 * in progress, never for the peer): afterwards the local ranges of its outstanding writes
 	 * and the regions its arrivals were landing in may be reused or freed. */
 	void (*conn_close)(rw_rail_conn_t *conn);
+	/* The descriptor whose pages a host region now is, where registering swapped the caller's
+	 * pages for a shared object of the transport's (shm: its sealed memfd, which peers map);
+	 * -1 where the region is the caller's pages as they were (tcp, verbs). The fd stays the
+	 * transport's until dereg (dup it to keep or send it). Never blocks. */
+	int (*region_fd)(const rw_rail_region_t *region);
 };
 
 /* Built-in transports (rail.c's registry). */
@@ -295,6 +300,8 @@ rw_status_t rw_rail_reg_host(rw_rail_dev_t *dev, void *addr, uint64_t length,
 rw_status_t rw_rail_reg_dmabuf(rw_rail_dev_t *dev, int fd, uint64_t fd_offset, uint64_t length,
 			       uint64_t iova, rw_rail_region_t **region_p);
 void rw_rail_dereg(rw_rail_region_t *region);
+/* rw_rail_ops_t.region_fd (-1 for a NULL region or a transport without the operation). */
+int rw_rail_region_fd(const rw_rail_region_t *region);
 
 rw_status_t rw_rail_listen(rw_rail_dev_t *dev, const rw_rail_conn_cbs_t *cbs, void *ctx,
 			   rw_rail_listener_t **listener_p);

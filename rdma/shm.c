@@ -435,6 +435,12 @@ static void shm_dev_close(rw_rail_dev_t *base)
 	free(dev);
 }
 
+/* The memfd a region's pages were swapped onto (shm_reg_host): what peers map. */
+static int shm_region_fd(const rw_rail_region_t *region)
+{
+	return ((const shm_region_t *)region)->fd;
+}
+
 const rw_rail_ops_t rw_rail_shm_ops = {
 	.name = "shm",
 	.dev_open = shm_dev_open,
@@ -447,4 +453,5 @@ const rw_rail_ops_t rw_rail_shm_ops = {
 	.connect = shm_connect,
 	.write = shm_write,
 	.conn_close = shm_conn_close,
+	.region_fd = shm_region_fd,
 };

@@ -847,6 +847,13 @@ static void tcp_dev_close(rw_rail_dev_t *base)
 	free(dev);
 }
 
+/* A registered region is the caller's own pages (rail.h). */
+static int tcp_region_fd(const rw_rail_region_t *region)
+{
+	(void)region;
+	return -1;
+}
+
 const rw_rail_ops_t rw_rail_tcp_ops = {
 	.name = "tcp",
 	.dev_open = tcp_dev_open,
@@ -859,4 +866,5 @@ const rw_rail_ops_t rw_rail_tcp_ops = {
 	.connect = tcp_connect,
 	.write = tcp_write,
 	.conn_close = tcp_conn_close,
+	.region_fd = tcp_region_fd,
 };

@@ -317,6 +317,13 @@ static void vb_dev_close(rw_rail_dev_t *base)
 	free(d);
 }
 
+/* A registered region is the caller's own pages (rail.h). */
+static int vb_region_fd(const rw_rail_region_t *region)
+{
+	(void)region;
+	return -1;
+}
+
 const rw_rail_ops_t rw_rail_verbs_ops = {
 	.name = "verbs",
 	.dev_open = vb_dev_open,
@@ -329,4 +336,5 @@ const rw_rail_ops_t rw_rail_verbs_ops = {
 	.connect = vb_connect,
 	.write = vb_write,
 	.conn_close = vb_conn_close,
+	.region_fd = vb_region_fd,
 };

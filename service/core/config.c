@@ -64,6 +64,8 @@ static const field_t fields[] = {
 	{"heartbeat_interval_ms", K_U32, OFF(heartbeat_interval_ms), 0, 1, 600000},
 	{"heartbeat_timeout_ms", K_U32, OFF(heartbeat_timeout_ms), 0, 2, 3600000},
 	{"recv_region_mib", K_U32, OFF(recv_region_mib), 0, 1, 1048576},
+	{"group_area_mib", K_U32, OFF(group_area_mib), 0, 0, 65536},
+	{"group_pool_mib", K_U32, OFF(group_pool_mib), 0, 1, 1048576},
 	{"stats_timeout_ms", K_U32, OFF(stats_timeout_ms), 0, 1, 3600000},
 	{"max_tokens", K_U32, OFF(max_tokens), 0, 1, 1048576},
 	{"log_level", K_LOGLEVEL, OFF(log_level), 0, 0, 0},
@@ -103,6 +105,10 @@ const rw_svc_option_t rw_svc_options[] = {
 	{"heartbeat_timeout_ms", "heartbeat-timeout-ms", "RAILWAVE_HEARTBEAT_TIMEOUT_MS", "MS",
 	 "peer declared dead after"},
 	{"recv_region_mib", "recv-region-mib", "RAILWAVE_RECV_REGION_MIB", "MIB", "receive region"},
+	{"group_area_mib", "group-area-mib", "RAILWAVE_GROUP_AREA_MIB", "MIB",
+	 "each group's own carve-out per rail (0 = groups share the region)"},
+	{"group_pool_mib", "group-pool-mib", "RAILWAVE_GROUP_POOL_MIB", "MIB",
+	 "per rail, the groups' carve-outs together"},
 	{"stats_timeout_ms", "stats-timeout-ms", "RAILWAVE_STATS_TIMEOUT_MS", "MS",
 	 "stats client line deadline"},
 	{"pace", "pace", "RAILWAVE_PACE", "on|off", "pace every rail at its rate_gbps (tcp, shm)"},
@@ -384,6 +390,8 @@ static void set_defaults(loader_t *ld)
 	cfg->heartbeat_interval_ms = 500;
 	cfg->heartbeat_timeout_ms = 3000;
 	cfg->recv_region_mib = 64;
+	cfg->group_area_mib = 0;
+	cfg->group_pool_mib = 256;
 	cfg->stats_timeout_ms = 30000;
 	cfg->max_tokens = 65536;
 	cfg->log_level = RW_LOG_INFO;

@@ -25,11 +25,16 @@ static void slot_release(exec_pair_t *p, int clean)
 	int slot = p->xchg.slot;
 	if (slot < 0)
 		return;
-	x->slot_busy[slot] = 0;
 	/* After a failure a peer may still have writes in flight towards this slot; keep it idle
 	 * for a heartbeat timeout (docs/dataflow.md "Region reuse"). */
-	x->slot_free_at[slot] = clean ? 0 :
+	const uint64_t free_at = clean ? 0 :
 		rw_now_ns() + (uint64_t)x->svc->cfg.heartbeat_timeout_ms * 1000000ull;
+	if (slot < EXEC_SLOTS) {
+		x->slot_busy[slot] = 0;
+		x->slot_free_at[slot] = free_at;
+	} else if (p->g) { /* the group's carve-out: only its own next pair uses it */
+		p->g->carve_free_at = free_at;
+	}
 	p->xchg.slot = -1;
 }
 
@@ -73,6 +78,8 @@ static void reaper_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 	rw_list_for_each_safe(&x->pairs, p, nx, link)
 		if (!exec_open(p) && p->outstanding == 0) {
 			rw_list_del(&p->link);
+			if (p->carve >= 0) /* none of its writes reads the carve-out any more */
+				rw_svc_mesh_carve_put(x->mesh, (uint32_t)p->carve);
 			free(p);
 		}
 }
@@ -390,9 +397,18 @@ static void pair_check_done(exec_pair_t *p)
 
 /* ---- gather, exchange, decide ----------------------------------------------------------------- */
 
-static int slot_take(exec_t *x)
+/* The pair's slot: its group's carve-out where it has one and the mover takes fresh areas per
+ * pair (the CUDA mover maps the shared slots once and keeps them); else a free shared slot. */
+static int slot_take(exec_t *x, exec_pair_t *p)
 {
 	uint64_t now = rw_now_ns();
+	if (p->g->carve >= 0 && !p->mv->areas_fixed) {
+		if (now < p->g->carve_free_at)
+			return -1;
+		rw_svc_mesh_carve_hold(x->mesh, (uint32_t)p->g->carve);
+		p->carve = p->g->carve;
+		return EXEC_SLOTS + p->g->carve;
+	}
 	for (int s = 0; s < EXEC_SLOTS; s++)
 		if (!x->slot_busy[s] && now >= x->slot_free_at[s]) {
 			x->slot_busy[s] = 1;
@@ -404,7 +420,7 @@ static int slot_take(exec_t *x)
 static void pair_exchange(exec_pair_t *p)
 {
 	exec_t *x = p->x;
-	int slot = slot_take(x);
+	int slot = slot_take(x, p);
 	if (slot < 0) {
 		if (p->stage != ST_WAIT_SLOT)
 			exec_stage_move(p, ST_WAIT_SLOT); /* the tick retries */
@@ -523,6 +539,7 @@ exec_pair_t *exec_pair_open(exec_t *x, exec_group_t *g, const rw_wire_key_t *key
 	p->key = *key;
 	p->tag = rw_wire_key_tag(key);
 	p->serial = ++x->next_serial;
+	p->carve = -1;
 	p->stage = ST_GATHER_D; /* where every pair begins: no change to check */
 	p->t0 = p->phase_t0 = rw_now_ns();
 	if (exec_plan_init(p, sqe) != RW_OK || exec_recv_init(p) != RW_OK) {
@@ -746,6 +763,7 @@ static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		if (p->stage == ST_WAIT_SLOT)
 			pair_exchange(p);
 	exec_keys_expire(x, rw_now_ns(), (uint64_t)x->svc->cfg.phase_timeout_ms * 1000000ull);
+	exec_carve_tick(x, rw_now_ns());
 }
 
 void exec_start(exec_t *x)

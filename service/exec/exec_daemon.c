@@ -62,6 +62,26 @@ rw_status_t rw_svc_exec_create(rw_svc_t *svc, const rw_svc_mover_ops_t *const *m
 	x->area_bytes = 2 * recv / x->rails;
 	x->sub_bytes = (x->area_bytes / (4 * EXEC_SLOTS)) & ~(uint64_t)63;
 	x->area_bytes = x->sub_bytes * 4 * EXEC_SLOTS;
+	/* Each group's own carve-out (docs/rankpath.md "The slab areas, lent per group"): a slot of
+	 * four sub-areas per rail, as many as the pool holds and the wire's slot numbers name. */
+	const rw_svc_config_t *cfg = &svc->cfg;
+	if (cfg->group_area_mib) {
+		x->carve_bytes = (uint64_t)cfg->group_area_mib << 20;
+		x->carve_sub = (x->carve_bytes / 5) & ~(uint64_t)63;
+		x->carve_max = RW_MIN(cfg->group_pool_mib / cfg->group_area_mib,
+				      RW_WIRE_MAX_SLOTS - EXEC_SLOTS);
+		if (!x->carve_max) {
+			rw_warn("group_area_mib %u is above group_pool_mib %u: no group gets a carve-out",
+				cfg->group_area_mib, cfg->group_pool_mib);
+			x->carve_bytes = 0;
+		}
+	}
+	x->carve_put_at = x->carve_max ? calloc(x->carve_max, sizeof(*x->carve_put_at)) : NULL;
+	if (x->carve_max && !x->carve_put_at) {
+		exec_keys_free(x);
+		free(x);
+		return RW_ERR_NOMEM;
+	}
 	rw_status_t st = RW_OK;
 	for (uint32_t i = 0; i < n_movers && st == RW_OK; i++) {
 		x->movers[i].ops = movers[i];
@@ -70,11 +90,13 @@ rw_status_t rw_svc_exec_create(rw_svc_t *svc, const rw_svc_mover_ops_t *const *m
 			x->n_movers++;
 	}
 	if (st == RW_OK)
-		st = rw_svc_mesh_create(svc, x->area_bytes, &exec_mesh_cbs, x, &x->mesh);
+		st = rw_svc_mesh_create(svc, x->area_bytes, x->carve_max ? x->carve_bytes : 0,
+					x->carve_max, &exec_mesh_cbs, x, &x->mesh);
 	if (st != RW_OK) {
 		while (x->n_movers--)
 			x->movers[x->n_movers].ops->destroy(x->movers[x->n_movers].mover);
 		exec_keys_free(x);
+		free(x->carve_put_at);
 		free(x);
 		return st;
 	}
@@ -141,5 +163,6 @@ void rw_svc_exec_destroy(rw_svc_exec_t *x)
 		rw_list_del(&g->link);
 		free(g);
 	}
+	free(x->carve_put_at);
 	free(x);
 }

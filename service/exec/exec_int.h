@@ -45,8 +45,9 @@
 #define EXEC_COUNT_SLICE 8192u  /* tokens counted (or put into records) per idle slice */
 #define EXEC_MOVERS_MAX 4
 
-/* The four sub-areas of a slot in each rail's memory. */
-enum { SUB_RD = 0, SUB_RC = 1, SUB_SD = 2, SUB_SC = 3 };
+/* The four sub-areas of a slot in each rail's memory; a group's carve-out has a fifth, the
+ * local area of the rank path (records and rows that never leave the node). */
+enum { SUB_RD = 0, SUB_RC = 1, SUB_SD = 2, SUB_SC = 3, SUB_LOCAL = 4 };
 
 /* A pair's kind: rw_svc_phase_kind_t (RW_SVC_DISPATCH, RW_SVC_COMBINE), the index of every
  * per-kind array. What differs between the two kinds, apart from the layout's numbers (the
@@ -140,6 +141,11 @@ struct exec_group {
 	uint32_t n_members;
 	exec_pair_t *pair;           /* the open pair, or NULL */
 	uint8_t key_fp[RW_WIRE_KEY_FP_SIZE]; /* its ranks' group key fingerprint (ipc/ipc.h) */
+	/* Its carve-out of the mesh's pool (service/mesh/mesh.h), taken at its first join: its
+	 * pairs' slot is EXEC_SLOTS + carve. -1: none (carve-outs off, or the pool was spent), its
+	 * pairs take a shared slot. */
+	int carve;
+	uint64_t carve_free_at;      /* as slot_free_at, for its carve-out */
 };
 
 /* One local rank's submission of one kind. */
@@ -168,6 +174,7 @@ struct exec_pair {
 	void *mv_mover, *mv_state;
 	uint32_t answered;           /* local ranks already answered with an error for this key */
 	uint32_t serial;             /* names the pair in the mover's reports */
+	int carve;                   /* the carve-out it holds a reference on until freed, or -1 */
 	struct exec_trace_pair *tr;  /* phase trace (trace.h); NULL when off or closed */
 
 	struct {                     /* gather: local submissions per kind */
@@ -256,6 +263,11 @@ struct rw_svc_exec {
 	rw_ipc_server_t *ipc;
 	uint32_t nodes, rails, gpus, me;
 	uint64_t area_bytes, sub_bytes;
+	uint64_t carve_bytes;        /* a group's carve-out per rail (group_area_mib); 0: none */
+	uint64_t carve_sub;          /* each of its five sub-areas: carve_bytes / 5, 64-aligned */
+	uint32_t carve_max;          /* carve-outs in the pool */
+	uint64_t *carve_put_at;      /* [carve_max]: when a left group's carve-out goes; 0: none */
+	uint64_t carve_refused;      /* groups that found the pool spent */
 	int slot_busy[EXEC_SLOTS];
 	uint64_t slot_free_at[EXEC_SLOTS];
 	rw_list_t groups;
@@ -325,9 +337,31 @@ static inline rw_status_t exec_err_tell(exec_pair_t *p, rw_status_t st, exec_tel
 	       (unsigned long long)(p)->key.step, rw_svc_kind_name(exec_kind(p)),                   \
 	       (double)rw_now_ns() / 1e6, (double)(rw_now_ns() - (p)->phase_t0) / 1e6, __VA_ARGS__)
 
+/* A slot's sub-areas, as offsets of the mesh's memory: slots below EXEC_SLOTS are the shared
+ * area's (four sub-areas each), slot EXEC_SLOTS + i is carve-out i (service/mesh/mesh.h: four,
+ * then the local area). The numbers are the same on every node (the cluster fingerprint
+ * covers them). */
 static inline uint64_t exec_sub_off(const exec_t *x, int slot, int sub)
 {
-	return ((uint64_t)slot * 4u + (uint64_t)sub) * x->sub_bytes;
+	if (slot < EXEC_SLOTS)
+		return ((uint64_t)slot * 4u + (uint64_t)sub) * x->sub_bytes;
+	return x->area_bytes + (uint64_t)(slot - EXEC_SLOTS) * x->carve_bytes +
+	       (uint64_t)sub * x->carve_sub;
+}
+/* Bytes of each sub-area of `slot`; 0 for a slot no node has. */
+static inline uint64_t exec_sub_bytes(const exec_t *x, uint32_t slot)
+{
+	return slot < EXEC_SLOTS ? x->sub_bytes :
+	       slot < EXEC_SLOTS + x->carve_max ? x->carve_sub : 0;
+}
+/* The sub-area (SUB_*) an offset of the mesh's memory lies in (past a carve-out's local area,
+ * in its few spare bytes: SUB_LOCAL + 1). */
+static inline int exec_at_sub(const exec_t *x, uint64_t at)
+{
+	if (at < x->area_bytes)
+		return (int)((at / x->sub_bytes) % 4);
+	return (int)RW_MIN(((at - x->area_bytes) % x->carve_bytes) / x->carve_sub,
+			   (uint64_t)SUB_LOCAL + 1);
 }
 
 /* The wire dtype of a submission's (the IPC server admits only bf16 and fp32, exec.c). */
@@ -438,6 +472,13 @@ rw_status_t exec_plan_counted(exec_pair_t *p);
 /* The records pass (needs every rank's ids readable), at most `budget` tokens per call;
  * *done_p once every record is in place and the records match the count row. */
 rw_status_t exec_plan_records(exec_pair_t *p, uint32_t budget, int *done_p);
+/* ---- exec_carve.c: the groups' carve-outs --------------------------------------------------- */
+/* At the group's first join: g->carve, or -1 (off, GPU slabs, or the pool spent: logged). */
+void exec_carve_take(exec_t *x, exec_group_t *g);
+/* The group's last rank left: its reference goes now, or at carve_free_at (exec_carve_tick). */
+void exec_carve_drop(exec_t *x, exec_group_t *g);
+void exec_carve_tick(exec_t *x, uint64_t now);
+
 /* The pair's areas of `slot` on every rail (host and, for GPU slabs, device addresses). */
 void exec_areas_set(exec_pair_t *p, int slot);
 rw_status_t exec_plan_send_row(exec_pair_t *p);        /* COUNTS to every peer */

@@ -37,6 +37,7 @@ static void member_leave(exec_t *x, exec_member_t *mb, rw_ipc_leave_t reason, in
 	exec_tomb_left(x, g->hash, mb->local);
 	exec_member_free(mb);
 	if (g->n_members == 0) {
+		exec_carve_drop(x, g); /* its pairs hold their own references */
 		rw_list_del(&g->link);
 		free(g);
 	}
@@ -74,6 +75,7 @@ static void client_joined(void *ctx, rw_ipc_client_t *client)
 		g->world = info->world_size;
 		memcpy(g->key_fp, info->key_fp, sizeof(g->key_fp));
 		rw_list_add(&x->groups, &g->link);
+		exec_carve_take(x, g);
 	}
 	if (g->member[local]) {
 		exec_drop_client(x, client, RW_ERR_EXISTS);
@@ -427,10 +429,55 @@ static void submission(void *ctx, rw_ipc_client_t *client, const rw_sqe_t *sqe)
 	}
 }
 
+/* A rank asks for its group's slab of a rail: the group's carve-out (exec_carve.c), the one
+ * memory its pairs use on that rail, with the places of its five sub-areas. */
+static int group_slab(void *ctx, rw_ipc_client_t *client, uint32_t rail, rw_ipc_slab_t *slab_p,
+		      const char **why_p)
+{
+	exec_t *x = ctx;
+	const exec_member_t *mb = rw_ipc_client_data(client);
+	if (rail >= x->rails) {
+		*why_p = "slab setup: no such rail on this daemon";
+		return RW_E_INVAL;
+	}
+	if (!x->carve_max) {
+		*why_p = "this daemon lends no group slabs (group_area_mib is 0)";
+		return RW_E_STATE;
+	}
+	if (!mb) {
+		*why_p = "slab setup: this rank is not in a group here";
+		return RW_E_STATE;
+	}
+	for (uint32_t r = 0; r < x->rails; r++)
+		if (rw_svc_mesh_slab_dev(x->mesh, r, NULL) >= 0) {
+			*why_p = "this daemon's slabs are GPU memory (GPUDirect): no group carve-outs";
+			return RW_E_STATE;
+		}
+	if (mb->g->carve < 0) {
+		*why_p = "the group has no slabs of its own: the daemon's pool (group_pool_mib) was "
+			 "spent when it formed";
+		return RW_E_LIMIT;
+	}
+	const uint32_t i = (uint32_t)mb->g->carve;
+	slab_p->fd = rw_svc_mesh_carve_fd(x->mesh, i, rail, &slab_p->bytes);
+	slab_p->rails = x->rails;
+	slab_p->area_bytes = x->carve_sub;
+	const uint64_t base = rw_svc_mesh_carve_off(x->mesh, i);
+	slab_p->local_off = exec_sub_off(x, EXEC_SLOTS + (int)i, SUB_LOCAL) - base;
+	for (int k = 0; k < RW_SVC_KIND_COUNT; k++) { /* the slot's sub-areas, inside the slab */
+		slab_p->recv_off[k] = exec_sub_off(x, EXEC_SLOTS + (int)i, exec_kind_desc(k)->sub_recv) -
+				      base;
+		slab_p->send_off[k] = exec_sub_off(x, EXEC_SLOTS + (int)i, exec_kind_desc(k)->sub_send) -
+				      base;
+	}
+	return 0;
+}
+
 const rw_ipc_server_ops_t exec_ipc_ops = {
 	.client_joined = client_joined,
 	.client_left = client_left,
 	.submission = submission,
 	.page_word = exec_page_word,
 	.hello_refused = hello_refused,
+	.group_slab = group_slab,
 };

@@ -14,11 +14,11 @@ static void mesh_counts(void *ctx, uint32_t peer, const rw_wire_counts_t *c)
 	exec_t *x = ctx;
 	exec_pair_t *p = exec_pair_by_key(x, &c->key);
 	if (p && p->g && strcmp(p->g->name, c->group_name) == 0 && p->stage == ST_EXCHANGE) {
-		if (c->slot < EXEC_SLOTS)
+		if (exec_sub_bytes(x, c->slot)) /* a slot of the shared area or a carve-out */
 			exec_on_counts(p, peer, c);
 		return;
 	}
-	if (c->slot >= EXEC_SLOTS)
+	if (!exec_sub_bytes(x, c->slot))
 		return;
 	if (exec_tomb_exists(x, &c->key)) { /* that phase already failed here */
 		if (c->params.epoch && !exec_ended_find(x, &c->key, peer, c->params.epoch)) {
@@ -89,7 +89,7 @@ static void mesh_arrival(void *ctx, uint32_t peer, uint32_t rail, const rw_rail_
 	/* Where it landed, when the transport says (tcp, shm): peers write only into receive
 	 * sub-areas, never into our send staging. */
 	const uint64_t at = a->region ? a->offset : EXEC_AT_UNKNOWN;
-	const uint64_t sub = at == EXEC_AT_UNKNOWN ? SUB_RD : (at / x->sub_bytes) % 4;
+	const int sub = at == EXEC_AT_UNKNOWN ? SUB_RD : exec_at_sub(x, at);
 	if (sub != SUB_RD && sub != SUB_RC) {
 		rw_svc_mesh_fail_peer(x->mesh, peer, RW_ERR_PROTO, "a write into this node's send area");
 		return;

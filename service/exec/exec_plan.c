@@ -14,14 +14,13 @@ void exec_areas_set(exec_pair_t *p, int slot)
 {
 	exec_t *x = p->x;
 	for (uint32_t r = 0; r < x->rails; r++) {
-		uint8_t *mem = rw_svc_mesh_mem(x->mesh, r);
 		uint64_t dptr = 0;
-		const int gpu = rw_svc_mesh_slab_dev(x->mesh, r, &dptr) >= 0;
+		const int gpu = rw_svc_mesh_slab_dev(x->mesh, r, &dptr) >= 0; /* no carve-outs then */
 		for (int k = 0; k < RW_SVC_KIND_COUNT; k++) {
 			const uint64_t send = exec_sub_off(x, slot, exec_kind_desc(k)->sub_send);
 			const uint64_t recv = exec_sub_off(x, slot, exec_kind_desc(k)->sub_recv);
-			p->ph.send_area[k][r] = mem + send;
-			p->ph.recv_area[k][r] = mem + recv;
+			p->ph.send_area[k][r] = rw_svc_mesh_at(x->mesh, r, send);
+			p->ph.recv_area[k][r] = rw_svc_mesh_at(x->mesh, r, recv);
 			p->ph.send_dptr[k][r] = gpu ? dptr + send : 0;
 			p->ph.recv_dptr[k][r] = gpu ? dptr + recv : 0;
 		}
@@ -564,10 +563,21 @@ rw_status_t exec_plan_decide(exec_pair_t *p)
 	uint64_t max_in, max_out;
 	rw_svc_layout_max(topo, p->plan.path, p->xchg.counts, &max_in, &max_out);
 	uint64_t need = RW_MAX(max_in, max_out) * ph->rec_size;
-	if (need > x->sub_bytes)
-		return exec_err_agreed(p, RW_ERR_RANGE, "a rail needs %llu bytes, the region area "
-				       "holds %llu (raise recv_region_mib)", (unsigned long long)need,
-				       (unsigned long long)x->sub_bytes);
+	/* Against the smallest area of the pair's slots (a node may be on a carve-out, another on
+	 * the shared area): every node knows every slot, so all reach the same verdict. */
+	uint64_t room = UINT64_MAX;
+	uint32_t tight = 0;
+	for (uint32_t n = 0; n < x->nodes; n++)
+		if (exec_sub_bytes(x, p->xchg.peer_slot[n]) < room) {
+			room = exec_sub_bytes(x, p->xchg.peer_slot[n]);
+			tight = n;
+		}
+	if (need > room)
+		return exec_err_agreed(p, RW_ERR_RANGE, "a rail needs %llu bytes, node %u's area for "
+				       "the pair (slot %u) holds %llu (raise %s)", (unsigned long long)need,
+				       tight, p->xchg.peer_slot[tight], (unsigned long long)room,
+				       p->xchg.peer_slot[tight] < EXEC_SLOTS ? "recv_region_mib" :
+				       "group_area_mib");
 	rw_svc_layout_t *l = &p->plan.layout;
 	if (rw_svc_layout_build(l, topo, p->plan.path, x->me, p->xchg.counts) != RW_OK)
 		return exec_err_agreed(p, RW_ERR_SYS, "cannot build the receive layout");

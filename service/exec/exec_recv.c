@@ -216,7 +216,7 @@ rw_status_t exec_recv_data(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t pe
 		const uint64_t arrived = p->recv[kind].arrived[i], at1 = p->recv[kind].at1[i];
 		const uint64_t want = at1 ? at1 - 1 + arrived : p->plan.have_layout ?
 				      range_at(p, kind, peer, rail) : at;
-		if (at != want || at < lo || len > lo + x->sub_bytes - at)
+		if (at != want || at < lo || len > lo + exec_sub_bytes(x, (uint32_t)p->xchg.slot) - at)
 			return misplaced(p, kind, peer, rail, at, len, want);
 		if (!at1 && !arrived)
 			p->recv[kind].at1[i] = at + 1;

@@ -403,8 +403,12 @@ static void rail_on_arrival(rw_rail_conn_t *conn, void *ctx, const rw_rail_arriv
 		return;
 	rw_svc_mesh_t *m = mr->peer->mesh;
 	mr->peer->last_rx_ns = rw_now_ns();
+	/* The place as an offset of the mesh's memory (a carve-out's past the shared area). */
+	rw_rail_arrival_t at = *a;
+	if (a->region && !mesh_carve_offset(m, mr->rail, a->region, a->offset, &at.offset))
+		at.region = NULL, at.offset = 0;
 	if (m->cbs.arrival)
-		m->cbs.arrival(m->ctx, mr->peer->idx, mr->rail, a);
+		m->cbs.arrival(m->ctx, mr->peer->idx, mr->rail, &at);
 }
 
 static void rail_on_writable(rw_rail_conn_t *conn, void *ctx)
@@ -571,14 +575,17 @@ rw_status_t rw_svc_mesh_write(rw_svc_mesh_t *m, uint32_t peer, uint32_t rail, ui
 	mesh_rail_t *mr = &p->rail[rail];
 	if (p->state != RW_SVC_PEER_UP || !mr->up || p->failing)
 		return RW_ERR_STATE;
-	if (rw_rail_range_check(m->area_bytes, local_off, len) != RW_OK ||
-	    rw_rail_range_check(p->remote[rail].length, remote_off, len) != RW_OK)
+	rw_rail_region_t *local;
+	rw_rail_remote_t remote;
+	uint64_t local_at, remote_at;
+	if (mesh_carve_local(m, rail, local_off, len, &local, &local_at) != RW_OK ||
+	    mesh_carve_remote(p, rail, remote_off, len, &remote, &remote_at) != RW_OK)
 		return RW_ERR_RANGE;
 	mesh_wq_t *q = calloc(1, sizeof(*q));
 	if (!q)
 		return RW_ERR_NOMEM;
-	q->w = (rw_rail_write_t){ .local = m->region[rail], .local_offset = local_off, .length = len,
-				  .remote = p->remote[rail], .remote_offset = remote_off, .imm = imm,
+	q->w = (rw_rail_write_t){ .local = local, .local_offset = local_at, .length = len,
+				  .remote = remote, .remote_offset = remote_at, .imm = imm,
 				  .ctx = write_ctx };
 	if (mr->tail)
 		mr->tail->next = q;

@@ -39,9 +39,11 @@ typedef struct rw_svc_mesh_cbs {
 } rw_svc_mesh_cbs_t;
 
 /* Open every rail device, allocate and register `area_bytes` of host memory per rail, listen
- * on the control and rail addresses and start connecting. */
-rw_status_t rw_svc_mesh_create(struct rw_svc *svc, uint64_t area_bytes,
-			       const rw_svc_mesh_cbs_t *cbs, void *ctx, rw_svc_mesh_t **mesh_p);
+ * on the control and rail addresses and start connecting. With carve_bytes, a pool of carve_max
+ * group carve-outs of carve_bytes per rail is there to take (below); 0: none. */
+rw_status_t rw_svc_mesh_create(struct rw_svc *svc, uint64_t area_bytes, uint64_t carve_bytes,
+			       uint32_t carve_max, const rw_svc_mesh_cbs_t *cbs, void *ctx,
+			       rw_svc_mesh_t **mesh_p);
 void rw_svc_mesh_destroy(rw_svc_mesh_t *mesh);
 
 /* This node's memory of `rail` (area_bytes): registered on that rail, or the host shadow of
@@ -51,6 +53,30 @@ uint8_t *rw_svc_mesh_mem(rw_svc_mesh_t *mesh, uint32_t rail);
  * (rw_svc_mesh_mem, registered with the NIC); else the CUDA device whose memory at *dptr_p
  * (area_bytes, same offsets) is registered with the NIC through a dmabuf (GPUDirect RDMA). */
 int rw_svc_mesh_slab_dev(const rw_svc_mesh_t *mesh, uint32_t rail, uint64_t *dptr_p);
+/* ---- carve-outs per group (docs/rankpath.md "The slab areas, lent per group") ------------
+ * The mesh's memory on a rail, as offsets: [0, area_bytes) is the shared area, and carve-out i
+ * is [area_bytes + i * carve_bytes, + carve_bytes), on every node alike, so an offset names the
+ * same place in a peer's memory as in ours (rw_svc_mesh_write). A carve-out is one group's
+ * own memory: on each rail a separate sealed memfd, registered with the rail and announced to
+ * every peer (CARVE), so that it can be lent to that group's ranks and to nobody else. */
+
+/* Take a free carve-out of the pool for `group` (one reference held). RW_ERR_UNSUPPORTED:
+ * carve-outs are off; RW_ERR_AGAIN: the pool is spent; RW_ERR_NOMEM, RW_ERR_SYS (logged). */
+rw_status_t rw_svc_mesh_carve_take(rw_svc_mesh_t *mesh, const char *group, uint32_t *index_p);
+void rw_svc_mesh_carve_hold(rw_svc_mesh_t *mesh, uint32_t index);
+/* Drop a reference; the last one deregisters, unmaps and closes the carve-out's memfds. A rank
+ * that still maps one keeps pages that nothing else uses any more (the next take makes fresh
+ * ones). */
+void rw_svc_mesh_carve_put(rw_svc_mesh_t *mesh, uint32_t index);
+/* Carve-out `index`'s memfd on `rail` (what is lent; it stays the mesh's) and its bytes; -1
+ * when it is not live. */
+int rw_svc_mesh_carve_fd(const rw_svc_mesh_t *mesh, uint32_t index, uint32_t rail,
+			 uint64_t *bytes_p);
+/* Offset of carve-out `index` in the mesh's memory (area_bytes + index * carve_bytes). */
+uint64_t rw_svc_mesh_carve_off(const rw_svc_mesh_t *mesh, uint32_t index);
+/* Our memory at offset `off` on `rail` (the shared area or a live carve-out), or NULL. */
+uint8_t *rw_svc_mesh_at(rw_svc_mesh_t *mesh, uint32_t rail, uint64_t off);
+
 /* 1 when `peer` is UP: control channel and, once it came up with every rail, at least one rail
  * (a rail that fails alone leaves the peer up, see rail_down). */
 int rw_svc_mesh_peer_up(const rw_svc_mesh_t *mesh, uint32_t peer);
@@ -65,7 +91,8 @@ int rw_svc_mesh_all_up(const rw_svc_mesh_t *mesh);
 rw_status_t rw_svc_mesh_send(rw_svc_mesh_t *mesh, uint32_t peer, uint16_t type,
 			     const uint8_t *payload, uint32_t len);
 /* Queue one write of [local_off, +len) of our `rail` memory to [remote_off, +len) of the peer's
- * `rail` memory with immediate `imm`. Never returns RW_ERR_AGAIN (the mesh queues). RW_OK:
+ * `rail` memory with immediate `imm` (offsets as above: each range inside the shared area or
+ * one carve-out, the peer's known from its CARVE). Never returns RW_ERR_AGAIN (the mesh queues). RW_OK:
  * write_done(write_ctx) follows exactly once. RW_ERR_STATE (peer down) / RW_ERR_RANGE: no
  * callback follows. */
 rw_status_t rw_svc_mesh_write(rw_svc_mesh_t *mesh, uint32_t peer, uint32_t rail,

@@ -8,7 +8,9 @@
  *   mesh_ctl.c    a control connection's bytes: framing, queueing, flushing (returns statuses).
  *   mesh_rail.c   a rail connection's write queue, busy time and counters; rail health: a rail
  *                 that fails alone, its background reconnect, the test switch.
- *   mesh_auth.c   the cluster key, nonces, proofs and session keys (libsodium; returns statuses). */
+ *   mesh_auth.c   the cluster key, nonces, proofs and session keys (libsodium; returns statuses).
+ *   mesh_carve.c  the groups' carve-outs: the pool, their memfds and regions, CARVE in and out,
+ *                 and where an offset of the mesh's memory lies (returns statuses). */
 #ifndef RW_SVC_MESH_INT_H
 #define RW_SVC_MESH_INT_H
 
@@ -84,6 +86,7 @@ typedef struct mesh_ctl {
 	uint32_t claim;               /* the node its HELLO named */
 	uint64_t claim_boot;          /* and that hello's boot id */
 	uint8_t nonce_mine[RW_WIRE_NONCE_SIZE], nonce_peer[RW_WIRE_NONCE_SIZE];
+	int regions_sent;             /* our REGIONS went out on it: CARVEs may follow */
 	char why[160];                /* a failure message built for this connection */
 	uint8_t *tx;
 	size_t tx_len, tx_off, tx_cap;
@@ -98,6 +101,8 @@ typedef struct mesh_peer {
 	uint8_t session[MESH_KEY_SIZE]; /* this control session's key (rail proofs) */
 	uint64_t boot_id;
 	rw_rail_remote_t remote[RW_MAX_RAILS];
+	rw_rail_remote_t *carve_remote; /* [carve_max * rails]: its carve-outs' regions (CARVE) */
+	uint8_t *carve_known;         /* [carve_max]: a CARVE of that index came this session */
 	char rail_addr[RW_MAX_RAILS][RW_WIRE_ADDR_MAX];
 	mesh_rail_t rail[RW_MAX_RAILS];
 	uint64_t last_rx_ns;
@@ -124,6 +129,16 @@ typedef struct mesh_peer {
 	char fail_why[128];
 } mesh_peer_t;
 
+/* One group's carve-out (mesh_carve.c): on every rail a sealed memfd of carve_bytes, mapped
+ * here and registered with the rail, its index named to the peers by CARVE. */
+typedef struct mesh_carve {
+	uint32_t refs;                /* 0: free */
+	char group[RW_WIRE_GROUP_MAX];
+	int fd[RW_MAX_RAILS];         /* what a rank of the group is lent (shm: the transport's) */
+	uint8_t *mem[RW_MAX_RAILS];
+	rw_rail_region_t *region[RW_MAX_RAILS];
+} mesh_carve_t;
+
 struct rw_svc_mesh {
 	int is_rail;                  /* 0 (see mesh_rail_t) */
 	rw_svc_t *svc;
@@ -148,6 +163,11 @@ struct rw_svc_mesh {
 	uint64_t slab_dptr[RW_MAX_RAILS];
 	int slab_fd[RW_MAX_RAILS];
 	char host_why[128];           /* why the first host-memory rail is not on a GPU */
+	/* Carve-outs (mesh_carve.c): offsets of the mesh's memory past area_bytes are carve-out
+	 * (offset - area_bytes) / carve_bytes, the same numbers on every node. */
+	uint64_t carve_bytes;         /* per rail and group; 0: no carve-outs */
+	uint32_t carve_max;           /* the pool: carve-outs at once */
+	mesh_carve_t *carve;          /* [carve_max] */
 	rw_rail_listener_t *listener[RW_MAX_RAILS];
 	uint32_t inflight[RW_MAX_RAILS];   /* our writes outstanding per rail, all peers */
 	uint64_t busy_since[RW_MAX_RAILS]; /* when inflight last went 0 -> 1 */
@@ -185,6 +205,26 @@ int mesh_ctl_peer_closed(const mesh_ctl_t *c);
  * their sizes are taken. */
 int mesh_ctl_read_frame(mesh_ctl_t *c, rw_wire_hdr_t *h_p, uint8_t **payload_p, rw_status_t *st_p,
 			const char **why_p);
+
+/* ---- mesh_carve.c ------------------------------------------------------------------------- */
+rw_status_t mesh_carve_init(rw_svc_mesh_t *m, uint64_t carve_bytes, uint32_t carve_max);
+void mesh_carve_fini(rw_svc_mesh_t *m);
+/* Queue a CARVE for every live carve-out on c, right after our REGIONS (RW_ERR_NOMEM,
+ * RW_ERR_AGAIN: the caller drops the connection). */
+rw_status_t mesh_carve_announce_all(mesh_ctl_t *c);
+/* A peer's CARVE: RW_ERR_PROTO when malformed or past the pool (the caller drops the peer). */
+rw_status_t mesh_carve_on_msg(mesh_peer_t *p, const uint8_t *payload, uint32_t len);
+/* Where [off, off + len) of the mesh's memory lies on `rail`: our region and the offset in it;
+ * RW_ERR_RANGE outside the shared area or one live carve-out. */
+rw_status_t mesh_carve_local(const rw_svc_mesh_t *m, uint32_t rail, uint64_t off, uint64_t len,
+			     rw_rail_region_t **region_p, uint64_t *at_p);
+/* The same for the peer's memory: its region (REGIONS or CARVE) and the offset in it. */
+rw_status_t mesh_carve_remote(const mesh_peer_t *p, uint32_t rail, uint64_t off, uint64_t len,
+			      rw_rail_remote_t *remote_p, uint64_t *at_p);
+/* An arrival's (region, offset) as an offset of the mesh's memory; 0 when the region is none
+ * of ours (the arrival is then reported without a place). */
+int mesh_carve_offset(const rw_svc_mesh_t *m, uint32_t rail, const rw_rail_region_t *region,
+		      uint64_t offset, uint64_t *off_p);
 
 /* ---- mesh_rail.c -------------------------------------------------------------------------- */
 void mesh_busy_begin(rw_svc_mesh_t *m, uint32_t rail);

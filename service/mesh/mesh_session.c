@@ -177,7 +177,15 @@ static int ctl_send_regions(mesh_ctl_t *c)
 	}
 	uint8_t buf[sizeof(rw_wire_regions_t) + 16];
 	size_t n = rw_wire_regions_pack(&r, buf, sizeof(buf));
-	return ctl_hs_send(c, RW_WIRE_REGIONS, buf, n, "cannot send regions");
+	/* Our live carve-outs right behind REGIONS (the peer takes nothing else before it); one
+	 * taken from here on is announced on c when it is made. */
+	if (n && mesh_ctl_queue(c, RW_WIRE_REGIONS, buf, (uint32_t)n) == RW_OK &&
+	    mesh_carve_announce_all(c) == RW_OK && mesh_ctl_flush(c) == 0) {
+		c->regions_sent = 1;
+		return 0;
+	}
+	ctl_drop(c, RW_ERR_PEER, "cannot send regions");
+	return -1;
 }
 
 /* Returns 0 to keep reading, -1 when the connection was dropped (c is gone). */
@@ -283,6 +291,8 @@ static int ctl_on_regions(mesh_ctl_t *c, const uint8_t *payload, uint32_t len)
 		return -1;
 	}
 	memcpy(p->remote, remote, sizeof(remote));
+	if (p->carve_known) /* this session's CARVEs follow */
+		memset(p->carve_known, 0, m->carve_max);
 	for (uint32_t r = 0; r < m->rails; r++)
 		memcpy(p->rail_addr[r], rg.rail_addr[r], RW_WIRE_ADDR_MAX);
 	p->hello_ok = 1;
@@ -348,6 +358,10 @@ static int ctl_on_message(mesh_ctl_t *c, const rw_wire_hdr_t *h, const uint8_t *
 		p->said_bye = 1;
 		mesh_peer_fail(p, RW_ERR_PEER, "said goodbye");
 		return -1;
+	case RW_WIRE_CARVE:
+		if (mesh_carve_on_msg(p, payload, h->length) != RW_OK)
+			break;
+		return 0;
 	case RW_WIRE_GRANT: {
 		rw_wire_grant_t g;
 		if (rw_wire_grant_unpack(payload, h->length, &g) != RW_OK || g.wave >= m->nodes)

@@ -48,8 +48,9 @@ static uint64_t random_u64(void)
 	return v ^ rw_now_ns() ^ ((uint64_t)getpid() << 32);
 }
 
-rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_mesh_cbs_t *cbs,
-			       void *ctx, rw_svc_mesh_t **mesh_p)
+rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, uint64_t carve_bytes,
+			       uint32_t carve_max, const rw_svc_mesh_cbs_t *cbs, void *ctx,
+			       rw_svc_mesh_t **mesh_p)
 {
 	const rw_svc_config_t *cfg = &svc->cfg;
 	rw_status_t st = RW_ERR_NOMEM;
@@ -71,6 +72,9 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 	m->boot_id = random_u64();
 	const char *transport = rw_svc_transport_name(cfg->transport);
 	m->fingerprint = rw_wire_fingerprint(cfg->cluster, &svc->topo, transport, area_bytes);
+	if (carve_bytes) /* every node must number and size its carve-outs alike */
+		m->fingerprint ^= rw_wire_fingerprint("carve-outs", &svc->topo, transport,
+						      carve_bytes ^ ((uint64_t)carve_max << 48));
 	if (mesh_auth_init() != RW_OK) {
 		rw_err("mesh: cannot initialise libsodium");
 		st = RW_ERR_SYS;
@@ -116,6 +120,8 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, const rw_svc_
 		p->settle.data = p;
 		mesh_peer_set_state(p, i == m->me ? RW_SVC_PEER_SELF : RW_SVC_PEER_DOWN);
 	}
+	if ((st = mesh_carve_init(m, carve_bytes, carve_max)) != RW_OK)
+		goto fail;
 
 	for (uint32_t r = 0; r < m->rails; r++) {
 		const rw_svc_rail_cfg_t *rc = &cfg->nodes[m->me].rails[r];
@@ -263,6 +269,7 @@ void rw_svc_mesh_destroy(rw_svc_mesh_t *m)
 		ev_io_stop(m->loop, &m->listen_io);
 		close(m->listen_fd);
 	}
+	mesh_carve_fini(m); /* deregistered before the devices close */
 	for (uint32_t r = 0; r < m->rails; r++) {
 		if (m->listener[r])
 			rw_rail_listener_close(m->listener[r]);

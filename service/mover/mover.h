@@ -143,6 +143,10 @@ typedef void (*rw_svc_mover_done_fn)(void *ctx, uint32_t serial, rw_svc_mover_op
 #define RW_SVC_WHY_MAX 160
 typedef struct rw_svc_mover_ops {
 	const char *name;
+	/* 1: it maps the executor's slot areas once and keeps them mapped (the CUDA mover), so its
+	 * pairs use the shared area's slots and never a group's carve-out, which comes and goes
+	 * with the group (service/mesh/mesh.h); 0: the areas may differ from pair to pair. */
+	int areas_fixed;
 	/* Per daemon: create the mover on `loop`; done() reports asynchronous completions. */
 	rw_status_t (*create)(struct ev_loop *loop, rw_svc_mover_done_fn done, void *ctx,
 			      void **mover_p);

@@ -645,6 +645,7 @@ static void cm_result(void *state, uint32_t g, uint32_t *recv_rows_p, const uint
 
 const rw_svc_mover_ops_t rw_svc_mover_cuda = {
 	.name = "cuda",
+	.areas_fixed = 1, /* cm_map_areas registers a slot once and keeps it */
 	.create = cm_create,
 	.destroy = cm_destroy,
 	.accepts = cm_accepts,

@@ -138,6 +138,37 @@ rw_status_t rw_wire_regions_unpack(const uint8_t *in, size_t len, rw_wire_region
 	return RW_OK;
 }
 
+/* ---- carve-outs ---- */
+
+size_t rw_wire_carve_size(uint32_t rails)
+{
+	return 8 + (size_t)rails * RW_WIRE_DESC_SIZE;
+}
+
+size_t rw_wire_carve_pack(const rw_wire_carve_t *c, uint8_t *buf, size_t buf_len)
+{
+	if (c->rails == 0 || c->rails > RW_MAX_RAILS || buf_len < rw_wire_carve_size(c->rails))
+		return 0;
+	rw_wire_put32(buf, c->index);
+	rw_wire_put32(buf + 4, c->rails);
+	memcpy(buf + 8, c->desc, (size_t)c->rails * RW_WIRE_DESC_SIZE);
+	return rw_wire_carve_size(c->rails);
+}
+
+rw_status_t rw_wire_carve_unpack(const uint8_t *in, size_t len, rw_wire_carve_t *c_p)
+{
+	if (len < 8)
+		return RW_ERR_PROTO;
+	uint32_t rails = rw_wire_get32(in + 4);
+	if (rails == 0 || rails > RW_MAX_RAILS || len != rw_wire_carve_size(rails))
+		return RW_ERR_PROTO;
+	memset(c_p, 0, sizeof(*c_p));
+	c_p->index = rw_wire_get32(in);
+	c_p->rails = rails;
+	memcpy(c_p->desc, in + 8, (size_t)rails * RW_WIRE_DESC_SIZE);
+	return RW_OK;
+}
+
 /* ---- keys ---- */
 
 static uint32_t fnv1a32(uint32_t h, const uint8_t *p, size_t n)

@@ -22,8 +22,9 @@
  * REGIONS follows it (docs/security.md "Peer authentication"). PHASE_ERR names
  * its cause and the receiver's attempt (docs/dataflow.md "Failures"). COUNTS carries
  * the sender's view of its rails (docs/dataflow.md "Rail health"). 6: COUNTS carries the
- * group key's fingerprint (docs/security.md). A peer speaking another version is refused. */
-#define RW_WIRE_VERSION 6
+ * group key's fingerprint (docs/security.md). 7: CARVE announces a group's own areas
+ * (docs/rankpath.md "The slab areas, lent per group"). A peer speaking another version is refused. */
+#define RW_WIRE_VERSION 7
 #define RW_WIRE_HDR_SIZE 16
 #define RW_WIRE_MAX_PAYLOAD (1u << 20) /* a count row of 4096 nodes x 16 rails is 256 KiB */
 #define RW_WIRE_CLUSTER_MAX 64         /* cluster name field, NUL-padded */
@@ -31,7 +32,7 @@
 #define RW_WIRE_DESC_SIZE 32           /* region descriptor (RW_RAIL_DESC_SIZE) */
 #define RW_WIRE_ERRMSG_MAX 128
 #define RW_WIRE_GROUP_MAX 64           /* group name field, NUL-padded */
-#define RW_WIRE_MAX_SLOTS 16           /* receive-area slots a node may announce */
+#define RW_WIRE_MAX_SLOTS 64           /* receive-area slots a node may announce */
 #define RW_WIRE_NONCE_SIZE 32          /* hello challenge, fresh random per connection */
 #define RW_WIRE_PROOF_SIZE 32          /* AUTH proof: crypto_auth (HMAC-SHA512-256) tag */
 #define RW_WIRE_KEY_FP_SIZE 16         /* a group key's fingerprint (RW_IPC_KEY_FP_SIZE) */
@@ -45,7 +46,8 @@ typedef enum rw_wire_type {
 	RW_WIRE_BYE = 6,       /* no payload: the sender is stopping cleanly (not a crash) */
 	RW_WIRE_AUTH = 7,      /* proof of the cluster key over both hellos' nonces */
 	RW_WIRE_REGIONS = 8,   /* rail addresses and receive-region descriptors (after AUTH only) */
-	RW_WIRE_TYPE_MAX = 8,
+	RW_WIRE_CARVE = 9,     /* a group carve-out's regions, one per rail (after REGIONS only) */
+	RW_WIRE_TYPE_MAX = 9,
 } rw_wire_type_t;
 
 typedef struct rw_wire_hdr {
@@ -99,6 +101,23 @@ size_t rw_wire_regions_pack(const rw_wire_regions_t *r, uint8_t *buf, size_t buf
 /* RW_ERR_PROTO: wrong size for its rail count, rails 0 or > RW_MAX_RAILS, reserved bytes set,
  * unterminated addresses. */
 rw_status_t rw_wire_regions_unpack(const uint8_t *in, size_t len, rw_wire_regions_t *r_p);
+
+/* CARVE: index (u32) | rails (u32) | rails x desc[32]: the sender's carve-out `index` (a group's
+ * own receive and send areas, docs/rankpath.md "The slab areas, lent per group") is now these
+ * regions; a later CARVE of the same index replaces it. Sent after REGIONS, and before any
+ * COUNTS whose slot names it (the control channel keeps the order). */
+typedef struct rw_wire_carve {
+	uint32_t index;
+	uint32_t rails;
+	uint8_t desc[RW_MAX_RAILS][RW_WIRE_DESC_SIZE];
+} rw_wire_carve_t;
+
+size_t rw_wire_carve_size(uint32_t rails);
+/* Returns bytes written or 0 if buf_len is too small or rails is out of range. */
+size_t rw_wire_carve_pack(const rw_wire_carve_t *c, uint8_t *buf, size_t buf_len);
+/* RW_ERR_PROTO: wrong size for its rail count, rails 0 or > RW_MAX_RAILS. The index is the
+ * caller's to check against what it keeps. */
+rw_status_t rw_wire_carve_unpack(const uint8_t *in, size_t len, rw_wire_carve_t *c_p);
 
 /* The identity of a phase pair: (group, layer, step). kind travels separately. */
 typedef struct rw_wire_key {

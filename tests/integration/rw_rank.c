@@ -37,6 +37,14 @@
  *                         cuda/rw_cuda.h, exported by IPC handle and registered with
  *                         rw_client_register_cuda); inputs are copied in and results copied back
  *                         for the same checks. Exit 77 when no CUDA driver/device is usable.
+ *     --slabs R           the group's slab of each of the R rails (rw_client_group_slab), mapped
+ *                         and registered with CUDA (DEVICEMAP | PORTABLE) through cuda/rw_cuda.h
+ *                         as a rank's kernels would (exit 77 without a driver: the stand-in
+ *                         serves); prints "slab RAIL object INODE bytes B" per rail; after each
+ *                         dispatch every row this rank received from another node must lie, byte
+ *                         for byte, in the dispatch receive area of one of its group's slabs (the
+ *                         daemon's memory of that rail is the slab). The last line adds
+ *                         "N remote rows seen in the group's slabs"
  *     --stream-ordered    (with --cuda) stream order (ipc/railwave.h): one interprocess event and
  *                         one flag word (at the end of the buffer) registered; inputs are copied
  *                         in on the rank's stream WITHOUT a synchronization, the event recorded
@@ -128,6 +136,65 @@ static int redo(uint32_t step, uint32_t layer, int ok, const rw_cqe_t *cq, rw_cl
 
 #define CHECK(cond, ...) do { if (!(cond)) { fprintf(stderr, "rank %u: ", me); \
 	fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); return 1; } } while (0)
+
+/* --slabs: the group's slab of each rail, as mapped by rw_client_group_slab. */
+static uint32_t slab_rails;
+static rw_client_slab_t slabs[RW_CLIENT_SLAB_RAILS];
+static uint64_t slab_rows; /* remote rows found in a slab */
+
+static int slabs_map(rw_client_t *c)
+{
+	for (uint32_t r = 0; r < slab_rails; r++) {
+		int rc = rw_client_group_slab(c, r, &slabs[r]);
+		CHECK(rc == 0, "slab of rail %u: %s (%s)", r, rw_client_strerror(rc),
+		      rw_client_last_message(c));
+		rw_cuda_dptr_t dptr = 0;
+		rw_status_t st = rw_cuda_host_register_mapped(slabs[r].base, slabs[r].bytes, &dptr);
+		CHECK(st == RW_OK && dptr, "slab of rail %u: cuMemHostRegister: %s", r, rw_status_str(st));
+		printf("slab %u object %llu bytes %zu\n", r, (unsigned long long)slabs[r].object,
+		       slabs[r].bytes);
+	}
+	fflush(stdout);
+	return 0;
+}
+
+/* Which of the n rows (len bytes each) lie somewhere in a rail's dispatch receive area:
+ * found[i] = 1. Records and their rows are 16-byte aligned; one pass over each area, every
+ * 4-byte aligned place looked up by its first 8 bytes in a hash of the rows (a memmem per row
+ * is quadratic on the mostly-zero areas: minutes under load). */
+static void slabs_find(const uint8_t *rows, uint32_t n, uint32_t len, uint8_t *found)
+{
+	uint32_t cap = 64;
+	while (cap < 2 * n)
+		cap *= 2;
+	int32_t *head = malloc(sizeof(int32_t) * cap), *next = malloc(sizeof(int32_t) * (n + 1));
+	if (!head || !next || len < 8) {
+		free(head);
+		free(next);
+		return;
+	}
+	memset(head, 0xff, sizeof(int32_t) * cap);
+	for (uint32_t i = 0; i < n; i++) {
+		uint64_t k;
+		memcpy(&k, rows + (size_t)i * len, 8);
+		const uint32_t h = (uint32_t)((k * 0x9e3779b97f4a7c15ull) >> 40) & (cap - 1);
+		next[i] = head[h];
+		head[h] = (int32_t)i;
+	}
+	for (uint32_t r = 0; r < slab_rails; r++) {
+		const uint8_t *a = (const uint8_t *)slabs[r].base + slabs[r].recv_off[0];
+		for (uint64_t at = 0; at + len <= slabs[r].area_bytes; at += 4) {
+			uint64_t k;
+			memcpy(&k, a + at, 8);
+			const uint32_t h = (uint32_t)((k * 0x9e3779b97f4a7c15ull) >> 40) & (cap - 1);
+			for (int32_t i = head[h]; i >= 0; i = next[i])
+				if (!found[i] && memcmp(a + at, rows + (size_t)i * len, len) == 0)
+					found[i] = 1;
+		}
+	}
+	free(head);
+	free(next);
+}
 
 static rw_wl_work_t mine;          /* scratch of run(), allocated by main() */
 static rw_wl_work_t *all;          /* [world]: every rank's workload of the phase being checked */
@@ -528,6 +595,7 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 				*sn = 1;
 				CHECK(memcmp(m + 16, other->ids[token], TOPK * 4) == 0, "row %u: ids differ", j);
 				CHECK(memcmp(m + 16 + 4 * TOPK, other->w[token], TOPK * 4) == 0, "row %u: weights differ", j);
+
 				const float *xt = other->x + (size_t)token * hidden;
 				for (uint32_t h = 0; h < hidden; h++)
 					CHECK(rw_wl_get_elem(rows + (uint64_t)j * row, bf16, h) == xt[h],
@@ -535,6 +603,24 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 				/* Expert compute: sum over my own experts of w * f(e) * x. */
 				rw_wl_expert_row(other, token, me, per_rank, hidden, outv);
 				rw_wl_put_row(mem + off_cin + (uint64_t)j * row, bf16, outv, hidden);
+			}
+			if (slab_rails) { /* every row from another node lies in one of the slabs */
+				uint8_t *found = calloc(cq.recv_tokens + 1, 1);
+				CHECK(found, "out of memory");
+				slabs_find(rows, cq.recv_tokens, row, found);
+				int missing = -1;
+				for (uint32_t j = 0; j < cq.recv_tokens; j++) {
+					uint32_t src_node;
+					memcpy(&src_node, metas + j * meta_bytes, 4);
+					if (src_node == me / gpus)
+						continue;
+					if (!found[j] && missing < 0)
+						missing = (int)j;
+					slab_rows += found[j];
+				}
+				free(found);
+				CHECK(missing < 0, "step %u layer %u: row %d from another node is in none of "
+				      "the group's slabs", step, layer, missing);
 			}
 			CHECK(buf_to_dev(b, off_cin, (uint64_t)cq.recv_tokens * row) == 0,
 			      "copy the combine input to the device");
@@ -593,6 +679,8 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 	       b->cuda ? " (CUDA buffers)" : "", b->ordered ? " (stream-ordered)" : "");
 	if (vote_dir)
 		printf(", %u retries", retries);
+	if (slab_rails)
+		printf(", %llu remote rows seen in the group's slabs", (unsigned long long)slab_rows);
 	printf("\n");
 	return 0;
 }
@@ -601,7 +689,7 @@ int main(int argc, char **argv)
 {
 	if (argc < 11) {
 		fprintf(stderr, "usage: rw_rank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS SEED MODE "
-				"[--hidden H] [--tokens T] [--first-step S] [--submit-experts E] [--retry N DIR] [--empty] [--cuda] [--stream-ordered]\n");
+				"[--hidden H] [--tokens T] [--first-step S] [--submit-experts E] [--retry N DIR] [--empty] [--cuda] [--slabs R] [--stream-ordered]\n");
 		return 2;
 	}
 	const char *sock = argv[1], *group = argv[2], *mode = argv[10];
@@ -637,6 +725,12 @@ int main(int argc, char **argv)
 			empty_phases = 1;
 		} else if (strcmp(argv[i], "--cuda") == 0) {
 			b.cuda = 1;
+		} else if (strcmp(argv[i], "--slabs") == 0 && i + 1 < argc) {
+			slab_rails = (uint32_t)strtoul(argv[++i], NULL, 10);
+			if (slab_rails < 1 || slab_rails > RW_CLIENT_SLAB_RAILS) {
+				fprintf(stderr, "rw_rank: --slabs takes 1..%d rails\n", RW_CLIENT_SLAB_RAILS);
+				return 2;
+			}
 		} else if (strcmp(argv[i], "--stream-ordered") == 0) {
 			b.ordered = 1;
 		} else {
@@ -654,7 +748,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	per_rank = experts / world;
-	if (b.cuda && (rw_cuda_init() != RW_OK || rw_cuda_device_count() < 1)) {
+	if ((b.cuda || slab_rails) && (rw_cuda_init() != RW_OK || rw_cuda_device_count() < 1)) {
 		printf("skip: no CUDA: %s\n", rw_cuda_unavailable_reason());
 		return 77;
 	}
@@ -669,6 +763,10 @@ int main(int argc, char **argv)
 		fflush(stdout);
 		for (;;)
 			pause();
+	}
+	if (slab_rails && slabs_map(c)) {
+		rw_client_close(c);
+		return 1;
 	}
 	mine.x = malloc(sizeof(float) * MAX_ROWS * hidden);
 	mine.ids = malloc(sizeof(*mine.ids) * MAX_ROWS);
@@ -695,9 +793,11 @@ int main(int argc, char **argv)
 	free(seen);
 	free(ecount);
 	free(outv);
+	for (uint32_t r = 0; r < slab_rails; r++) /* before the close unmaps them */
+		rw_cuda_host_unregister(slabs[r].base);
 	rw_client_close(c); /* the daemon releases its import before we free the memory */
 	buf_release(&b);
-	if (b.cuda)
+	if (b.cuda || slab_rails)
 		rw_cuda_shutdown();
 	return rc;
 }

@@ -46,6 +46,44 @@ class ClientOpts(ctypes.Structure):
                 ("cq_entries", ctypes.c_uint32), ("timeout_ms", ctypes.c_int)]
 
 
+SRC = os.path.dirname(B)  # the source tree this build was configured in
+
+
+def define(path, name):
+    """The integer of `#define NAME value` in the source file `path` (relative to the tree)."""
+    with open(os.path.join(SRC, path)) as f:
+        for line in f:
+            if line.startswith("#define %s " % name):
+                return int(line.split()[2], 0)
+    raise RuntimeError("%s not in %s" % (name, path))
+
+
+class Checks:
+    """A test script's checks: check(cond, what) prints each as ok or FAIL and counts the
+    failures; scenarios() runs (name, fn(tmp, seed)) pairs, an exception failing a check named
+    for its scenario while the others still run; exit_code() is the script's (0 or 1)."""
+
+    def __init__(self):
+        self.fails = []
+
+    def __call__(self, cond, what):
+        print(("ok   " if cond else "FAIL ") + what)
+        if not cond:
+            self.fails.append(what)
+
+    def scenarios(self, items, tmp, seed):
+        for name, fn in items:
+            try:
+                fn(tmp, seed)
+            except Exception as e:  # counted; the other scenarios still run
+                self(False, "%s: %s" % (name, e))
+
+    def exit_code(self):
+        if self.fails:
+            print("%d check(s) failed" % len(self.fails))
+        return 1 if self.fails else 0
+
+
 def built(*paths):
     """True when every one of paths (default: railwaved, rw_rank, railwave) is executable."""
     return all(os.access(p, os.X_OK) for p in (paths or (DAEMON, RANK, RAILWAVE)))

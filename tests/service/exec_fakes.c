@@ -542,9 +542,11 @@ static void node_mem_free(fk_node_t *d)
 	memset(d->dmem, 0, sizeof(d->dmem));
 }
 
-rw_status_t rw_svc_mesh_create(struct rw_svc *svc, uint64_t area_bytes,
-			       const rw_svc_mesh_cbs_t *cbs, void *ctx, rw_svc_mesh_t **mesh_p)
+rw_status_t rw_svc_mesh_create(struct rw_svc *svc, uint64_t area_bytes, uint64_t carve_bytes,
+			       uint32_t carve_max, const rw_svc_mesh_cbs_t *cbs, void *ctx,
+			       rw_svc_mesh_t **mesh_p)
 {
+	(void)carve_bytes, (void)carve_max; /* the fake world has the shared area only */
 	fk_world_t *w = fk_world;
 	uint32_t me = ((const rw_svc_t *)svc)->cfg.me;
 	if (!w || me >= w->nodes || fk_nodes[me].created)
@@ -600,6 +602,35 @@ void rw_svc_mesh_destroy(rw_svc_mesh_t *mesh)
 uint8_t *rw_svc_mesh_mem(rw_svc_mesh_t *mesh, uint32_t rail)
 {
 	return fk_nodes[mesh->me].mem[rail];
+}
+
+uint8_t *rw_svc_mesh_at(rw_svc_mesh_t *mesh, uint32_t rail, uint64_t off)
+{
+	const fk_node_t *d = &fk_nodes[mesh->me];
+	return off < d->area_bytes ? d->mem[rail] + off : NULL;
+}
+
+/* Carve-outs (service/mesh/mesh_carve.c) run with the real mesh (tests/service/test_slabs.py). */
+rw_status_t rw_svc_mesh_carve_take(rw_svc_mesh_t *mesh, const char *group, uint32_t *index_p)
+{
+	(void)mesh, (void)group, (void)index_p;
+	return RW_ERR_UNSUPPORTED;
+}
+
+uint64_t rw_svc_mesh_carve_off(const rw_svc_mesh_t *mesh, uint32_t index)
+{
+	(void)index;
+	return fk_nodes[mesh->me].area_bytes;
+}
+
+void rw_svc_mesh_carve_hold(rw_svc_mesh_t *mesh, uint32_t index) { (void)mesh, (void)index; }
+void rw_svc_mesh_carve_put(rw_svc_mesh_t *mesh, uint32_t index) { (void)mesh, (void)index; }
+
+int rw_svc_mesh_carve_fd(const rw_svc_mesh_t *mesh, uint32_t index, uint32_t rail,
+			 uint64_t *bytes_p)
+{
+	(void)mesh, (void)index, (void)rail, (void)bytes_p;
+	return -1;
 }
 
 int rw_svc_mesh_slab_dev(const rw_svc_mesh_t *mesh, uint32_t rail, uint64_t *dptr_p)

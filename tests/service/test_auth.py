@@ -39,7 +39,6 @@ import threading
 import time
 
 B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SRC = os.path.dirname(B)
 RAILWAVE = os.path.join(B, "tools", "railwave")
 sys.path.insert(0, os.path.join(B, "tests", "lib"))
 import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
@@ -53,12 +52,7 @@ def check(cond, what):
         FAILS.append(what)
 
 
-def define(path, name):
-    with open(os.path.join(SRC, path)) as f:
-        for line in f:
-            if line.startswith("#define %s " % name):
-                return int(line.split()[2], 0)
-    raise RuntimeError("%s not in %s" % (name, path))
+define = cluster.define
 
 
 WIRE_MAGIC, WIRE_VERSION = 0x434D5752, define("service/phase/wire.h", "RW_WIRE_VERSION")

@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""Group slabs: per-group carve-outs lent to the ranks (docs/rankpath.md "The slab areas, lent per
+group"; docs/ipc.md SLAB_SETUP / SLAB_OK) with real railwaved daemons on loopback, real rank
+processes (tests/integration/rw_rank.c --slabs, which verify every row they receive) and real
+sockets; the daemons run with group_area_mib 1 and group_pool_mib 2 (a pool of two carve-outs):
+
+1. Lent (tcp and shm rails): a job's ranks each map their group's slab of every rail and
+   register it with CUDA (the stand-in driver); every row a rank received from the other node
+   lies byte for byte in the dispatch receive area of one of those slabs (the daemon's memory of
+   the rail is the slab: its pairs run on the carve-out), and every phase verifies. The ranks of
+   one node hold one object per rail; the other node's daemon lent others.
+2. As an attacker, while that job carries phases: a rank of another group gets a different
+   object and fills it with garbage (the job's phases still verify); it cannot name the first
+   group's slab (the request names a rail and nothing else; a reserved field set is refused with
+   RW_E_FIELD); asking for a rail's slab twice is RW_E_STATE and the connection stays good; a
+   rail the daemon does not have is RW_E_INVAL; a slab request before the hello is RW_E_STATE
+   and the connection is closed.
+3. The pool spent: a third group gets no carve-out of its own; its rank's slab request is
+   RW_E_LIMIT with a message naming the pool, and a full workload of that group still verifies
+   on the shared area while the two carve-outs are held.
+4. After leave: the attacker's group ends; a new group is lent a fresh object from the freed
+   place of the pool. What one writes, the other never sees, although the old rank still maps
+   its slab.
+Every daemon then stops cleanly on SIGTERM (exit 0; under ASan: no leak, no report).
+Run by tests/run as $b/test/svc_slabs; exits 0 pass, 1 fail, 77 skip."""
+import mmap
+import os
+import socket
+import struct
+import sys
+import tempfile
+import time
+
+B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(B, "tests", "lib"))
+import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
+
+check = cluster.Checks()
+E_INVAL, E_STATE, E_FIELD, E_LIMIT = -1, -26, -27, -51  # ipc/railwave.h
+AREA = {"group_area_mib": 1, "group_pool_mib": 2}
+
+
+MAGIC, VERSION = 0x50495752, cluster.define("ipc/railwave.h", "RW_PROTOCOL_VERSION")
+HELLO, HELLO_OK, ERROR, SLAB_SETUP, SLAB_OK = 1, 2, 11, 16, 17  # ipc/proto.h
+
+
+class Raw:
+    """A rank speaking ipc/proto.h by hand on the daemon's socket."""
+
+    def __init__(self, path):
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.s.settimeout(10)
+        self.s.connect(path)
+        self.seq = 0
+
+    def hdr(self, typ):
+        self.seq += 1
+        return struct.pack("<IHHII", MAGIC, VERSION, typ, self.seq, 0)
+
+    def hello(self, group, rank, world, node, gpu):
+        self.s.send(self.hdr(HELLO) + struct.pack("<64sIIIi16sII64s", group.encode(), rank, world,
+                                                   node, gpu, b"\0" * 16, 0, 0, b""))
+        reply = self.s.recv(512)
+        typ = struct.unpack_from("<IHHII", reply)[2]
+        if typ != HELLO_OK:
+            raise RuntimeError("hello refused: %r" % reply)
+
+    def slab(self, rail, reserved=0):
+        """("ok", fd, fields) or ("error", code, message) or ("closed",)."""
+        self.s.send(self.hdr(SLAB_SETUP) + struct.pack("<II", rail, reserved))
+        msg, fds, _, _ = socket.recv_fds(self.s, 512, 4)
+        if not msg:
+            return ("closed",)
+        typ = struct.unpack_from("<IHHII", msg)[2]
+        if typ == ERROR:
+            code, _fatal = struct.unpack_from("<iI", msg, 16)
+            for fd in fds:
+                os.close(fd)
+            return ("error", code, msg[24:136].split(b"\0")[0].decode())
+        if typ != SLAB_OK or len(msg) != 80 or len(fds) != 1:
+            raise RuntimeError("bad slab reply: type %d, %d bytes, %d fds" % (typ, len(msg), len(fds)))
+        nbytes, r, rails, area, rd, rc, sd, sc, loc = struct.unpack_from("<QIIQQQQQQ", msg, 16)
+        return ("ok", fds[0], dict(bytes=nbytes, rail=r, rails=rails, area=area, recv=(rd, rc),
+                                   send=(sd, sc), local=loc))
+
+    def closed(self):
+        """True once the daemon has closed the connection."""
+        try:
+            return self.s.recv(512) == b""
+        except (ConnectionResetError, socket.timeout):
+            return False
+
+    def close(self):
+        self.s.close()
+
+
+def joined(c, n, group):
+    return [l for l in c.stats(n, "stats clients").splitlines() if "group=%s " % group in l]
+
+
+def wait_joined(c, n, group, count, procs=()):
+    deadline = time.time() + cluster.WAIT
+    while len(joined(c, n, group)) < count:
+        if time.time() > deadline or any(p.poll() is not None for _, p in procs):
+            raise RuntimeError("group %s did not join node %d\n%s" % (group, n, c.logs()))
+        time.sleep(0.01)
+
+
+def wait_left(c, n, group):
+    deadline = time.time() + cluster.WAIT
+    while joined(c, n, group):
+        if time.time() > deadline:
+            raise RuntimeError("group %s did not leave node %d" % (group, n))
+        time.sleep(0.01)
+
+
+def slab_objects(out):
+    """{rail: object} from rw_rank --slabs output."""
+    objs = {}
+    for line in out.splitlines():
+        w = line.split()
+        if len(w) == 6 and w[0] == "slab" and w[2] == "object":
+            objs[int(w[1])] = int(w[3])
+    return objs
+
+
+def remote_rows(out):
+    for line in out.splitlines():
+        if line.endswith("remote rows seen in the group's slabs"):
+            return int(line.split(", ")[-1].split()[0])
+    return -1
+
+
+def scenario_lent(tmp, seed, transport):
+    c = cluster.Cluster(tmp, 2, extra=dict(AREA, transport=transport))
+    env = dict(c.env, RW_CUDA_DRIVER=cluster.FAKE_CUDA)
+    try:
+        c.start_all()
+        outs = c.collect([(r, c.rank(r, "job.a", 2, 4, seed, flags=["--slabs", str(c.rails)], env=env))
+                          for r in range(c.nodes * c.gpus)])
+    finally:
+        c.stop()
+    objs = {r: slab_objects(outs[r]) for r in outs}
+    for r in outs:
+        check("4 steps x 2 layers verified" in outs[r] and remote_rows(outs[r]) > 0,
+              "%s: rank %d verified every phase; %d rows from the other node found in its group's "
+              "slabs" % (transport, r, remote_rows(outs[r])))
+        check(sorted(objs[r]) == list(range(c.rails)), "%s: rank %d mapped and registered a slab "
+              "per rail: %s" % (transport, r, objs[r]))
+    g = c.gpus
+    check(all(objs[r] == objs[r - r % g] for r in outs),
+          "%s: the ranks of one node share their group's slab objects" % transport)
+
+
+def scenario_attacks(tmp, seed):
+    c = cluster.Cluster(tmp, 2, extra=AREA)
+    env = dict(c.env, RW_CUDA_DRIVER=cluster.FAKE_CUDA)
+    sock0 = c.cfg["nodes"][0]["ipc_socket"]
+    world = c.nodes * c.gpus
+    try:
+        c.start_all()
+        procs = [(r, c.rank(r, "job.a", 2, 300, seed, flags=["--slabs", str(c.rails)], env=env))
+                 for r in range(world)]
+        wait_joined(c, 0, "job.a", c.gpus, procs)
+
+        # 2. Another group's rank: its own object, which it fills with garbage.
+        x = Raw(sock0)
+        x.hello("job.b", 0, world, 0, 0)
+        res = x.slab(0)
+        area = (1 << 20) // 5 & ~63
+        check(res[0] == "ok" and res[2]["bytes"] == 1 << 20 and res[2]["rails"] == c.rails and
+              res[2]["area"] == area and sorted(res[2]["recv"] + res[2]["send"] +
+                                                (res[2]["local"],)) == [i * area for i in range(5)],
+              "another group's rank is lent its own slab of rail 0 (1 MiB, five areas of %d "
+              "bytes): %s" % (area, res[:1] + res[2:]))
+        b_fd = res[1] if res[0] == "ok" else None
+        b_obj = os.fstat(b_fd).st_ino if b_fd is not None else None
+        b_map = mmap.mmap(b_fd, 1 << 20) if b_fd is not None else None
+        if b_map:
+            b_map[:] = b"\xaa" * (1 << 20)
+        res = x.slab(0)
+        check(res[0] == "error" and res[1] == E_STATE and "already lent" in res[2],
+              "the same rail's slab twice: RW_E_STATE (%s)" % (res,))
+        res = x.slab(1, reserved=7)
+        check(res[0] == "error" and res[1] == E_FIELD,
+              "a request with its reserved field set: RW_E_FIELD (%s)" % (res,))
+        res = x.slab(c.rails)
+        check(res[0] == "error" and res[1] == E_INVAL and "no such rail" in res[2],
+              "a rail the daemon does not have: RW_E_INVAL (%s)" % (res,))
+        res = x.slab(1)
+        check(res[0] == "ok", "the connection is still good after the refusals: rail 1 lent")
+        b_obj1 = os.fstat(res[1]).st_ino if res[0] == "ok" else None
+        if res[0] == "ok":
+            os.close(res[1])
+
+        # Before the hello: refused, and the connection closed.
+        y = Raw(sock0)
+        res = y.slab(0)
+        check(res[0] == "error" and res[1] == E_STATE and "hello" in res[2] and y.closed(),
+              "a slab request before the hello: RW_E_STATE and the connection closed (%s)" % (res,))
+        y.close()
+
+        # 3. The pool (two carve-outs) is held by job.a and job.b: job.c gets none.
+        z = Raw(sock0)
+        z.hello("job.c", 1, world, 0, 1)
+        res = z.slab(0)
+        check(res[0] == "error" and res[1] == E_LIMIT and "group_pool_mib" in res[2],
+              "the pool spent: a third group's slab request is RW_E_LIMIT naming the pool (%s)"
+              % (res,))
+        z.close()
+        wait_left(c, 0, "job.c")
+        outs_c = c.collect([(r, c.rank(r, "job.c", 1, 2, seed + 1)) for r in range(world)])
+        check(all("2 steps x 1 layers verified" in outs_c[r] for r in outs_c),
+              "the group without a carve-out runs on the shared area, verified, beside the two "
+              "on carve-outs")
+
+        # job.a all along: every phase verified, its objects none of job.b's.
+        outs = c.collect(procs)
+        a_objs = [o for r in outs for o in slab_objects(outs[r]).values()]
+        check(all("300 steps x 2 layers verified" in outs[r] and remote_rows(outs[r]) > 0
+                  for r in outs),
+              "job.a verified 600 phases through its slabs while job.b wrote garbage into its own")
+        check(b_obj is not None and b_obj not in a_objs and b_obj1 not in a_objs,
+              "job.b's objects (%s, %s) are none of job.a's (%s)" % (b_obj, b_obj1, a_objs))
+
+        # 4. After leave: job.b ends (its rank still maps its slab); job.d gets a fresh object.
+        x.close()
+        wait_left(c, 0, "job.b")
+        wait_left(c, 0, "job.a")
+        d = Raw(sock0)
+        d.hello("job.d", 0, world, 0, 0)
+        res = d.slab(0)
+        check(res[0] == "ok", "a new group is lent a slab from the pool's freed places")
+        if res[0] == "ok" and b_map:
+            d_obj = os.fstat(res[1]).st_ino
+            d_map = mmap.mmap(res[1], 1 << 20)
+            check(d_obj != b_obj and d_map[:4096] != b"\xaa" * 4096,
+                  "it is a fresh object (%d, the old %d), none of the old garbage in it"
+                  % (d_obj, b_obj))
+            d_map[:4096] = b"\x5a" * 4096
+            b_map[4096:8192] = b"\x11" * 4096
+            check(b_map[:4096] == b"\xaa" * 4096 and d_map[4096:8192] != b"\x11" * 4096,
+                  "what the new group writes the old rank never sees, and the other way round")
+            d_map.close()
+            os.close(res[1])
+        d.close()
+        if b_map:
+            b_map.close()
+        if b_fd is not None:
+            os.close(b_fd)
+    finally:
+        c.stop()
+    with open(os.path.join(tmp, "d0.log")) as f:
+        log = f.read()
+    check("group job.c: no carve-out of its own (the pool is spent" in log,
+          "the daemon logs the group that found the pool spent")
+
+
+def main():
+    if not cluster.built(cluster.DAEMON, cluster.RANK) or not os.path.exists(cluster.FAKE_CUDA):
+        print("skip: railwaved, rw_rank or the CUDA stand-in not built")
+        return 77
+    seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or int(time.time()) % (1 << 30)
+    print("seed %d (RW_TEST_SEED=%d reproduces)" % (seed, seed))
+    with tempfile.TemporaryDirectory(prefix="rwslabs.", dir="/tmp") as tmp:
+        check.scenarios([("lent tcp", lambda t, s: scenario_lent(t, s, "tcp")),
+                         ("lent shm", lambda t, s: scenario_lent(t, s, "shm")),
+                         ("attacks", scenario_attacks)], tmp, seed)
+    return check.exit_code()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
