@@ -346,6 +346,13 @@ typedef struct rw_svc_rank_lists {
  * row alone. RW_ERR_SUB_SPACE: a rank would receive more than max_recv (why names it). */
 rw_status_t rw_svc_rank_fwd_lists(const rw_svc_phase_t *ph, rw_svc_rank_lists_t *lists,
 				  char *why);
+/* Before the combine returns are posted: every combine record the node's ranks' gathers wrote
+ * (each received record's, by the rank holding its terms) has the header the receiver checks
+ * (tag of its node, this node, its rail, its slot in the node's range); ret[r]: rail r's return
+ * area (slot for slot with the receive area). RW_ERR_INVAL with why naming the rank that was
+ * to write it. */
+rw_status_t rw_svc_rank_crecords_check(const rw_svc_phase_t *ph, const rw_svc_rank_lists_t *lists,
+				       const uint8_t *const *ret, char *why);
 /* Local rank g's combine reduce list (n_tokens: its dispatch's tokens), sorted by token, each
  * token's terms in the owner's order: this node's ranks' rows of its local records by rank,
  * (rank h's row of the local record at local slot p of rail r: combine local slot

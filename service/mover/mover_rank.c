@@ -317,3 +317,27 @@ rw_status_t rw_svc_rank_reduce_list(const rw_svc_phase_t *ph, const rw_svc_rank_
 	}
 	return RW_OK;
 }
+
+rw_status_t rw_svc_rank_crecords_check(const rw_svc_phase_t *ph, const rw_svc_rank_lists_t *ls,
+				       const uint8_t *const *ret, char *why)
+{
+	const uint32_t R = ph->rails;
+	const rw_svc_layout_t *l = ph->layout;
+	for (uint32_t g = 0; g < ph->gpus; g++)
+		for (uint32_t j = 0; j < ls->n_recv[g]; j++) {
+			if (ls->term_off[g][j] == ls->term_off[g][j + 1])
+				continue; /* another rank writes this one */
+			const rw_page_list_entry_t *e = &ls->list[g][j];
+			const uint32_t first = l->in_first[(size_t)e->node * R + e->rail];
+			rw_wire_crec_hdr_t h;
+			rw_wire_crec_unpack(ret[e->rail] + (uint64_t)e->slot * ph->crec_size, &h);
+			if (h.tag != ph->tag_to[e->node] || h.src_node != ph->me || h.rail != e->rail ||
+			    h.slot != e->slot - first) {
+				snprintf(why, RW_SVC_WHY_MAX, "rank %u: its combine record for node %u "
+					 "(rail %u, slot %u) has a wrong header", ph->me * ph->gpus + g,
+					 e->node, e->rail, e->slot - first);
+				return RW_ERR_INVAL;
+			}
+		}
+	return RW_OK;
+}

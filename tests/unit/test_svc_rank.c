@@ -585,6 +585,47 @@ static void test_lists_match_host_forwarding(void **state)
 				}
 			}
 		}
+		/* the returns as the gathers write them (headers as combine_pack's), checked before
+		 * they are posted; one writer's header wrong, or one record never written: named */
+		uint8_t *ret[RW_MAX_RAILS];
+		for (uint32_t r = 0; r < R; r++) {
+			ret[r] = calloc((size_t)c.layout.in_total[r] + 1, c.ph.crec_size);
+			assert_non_null(ret[r]);
+		}
+		uint32_t writers = 0, wg = 0, wj = 0;
+		for (uint32_t g = 0; g < G; g++)
+			for (uint32_t j = 0; j < ls.n_recv[g]; j++) {
+				if (ls.term_off[g][j] == ls.term_off[g][j + 1])
+					continue;
+				const rw_page_list_entry_t *e = &ls.list[g][j];
+				const rw_page_plan_entry_t *pe = &cp[g].entry[e->node * R + e->rail];
+				rw_wire_crec_hdr_t h = { .tag = cp[g].tags[e->node], .src_node = c.me,
+							 .rail = e->rail, .slot = e->slot - pe->first };
+				rw_wire_crec_pack(ret[e->rail] + (uint64_t)e->slot * c.ph.crec_size, &h);
+				if (rng_below(++writers) == 0) { /* one writer at random */
+					wg = g;
+					wj = j;
+				}
+			}
+		const uint8_t *retc[RW_MAX_RAILS];
+		for (uint32_t r = 0; r < R; r++)
+			retc[r] = ret[r];
+		assert_int_equal(rw_svc_rank_crecords_check(&c.ph, &ls, retc, why), RW_OK);
+		if (writers) {
+			const rw_page_list_entry_t *e = &ls.list[wg][wj];
+			uint8_t *rec = ret[e->rail] + (uint64_t)e->slot * c.ph.crec_size;
+			rw_wire_put32(rec + 8, rw_wire_get32(rec + 8) + 1); /* its slot field */
+			assert_int_equal(rw_svc_rank_crecords_check(&c.ph, &ls, retc, why), RW_ERR_INVAL);
+			char want[64];
+			snprintf(want, sizeof(want), "rank %u: its combine record for node %u",
+				 c.me * G + wg, e->node);
+			assert_non_null(strstr(why, want));
+			memset(rec, 0, 16); /* never written */
+			assert_int_equal(rw_svc_rank_crecords_check(&c.ph, &ls, retc, why), RW_ERR_INVAL);
+			assert_non_null(strstr(why, want));
+		}
+		for (uint32_t r = 0; r < R; r++)
+			free(ret[r]);
 		free(cp);
 		/* the reduce lists */
 		const uint8_t *sent[RW_MAX_RAILS];
