@@ -420,8 +420,8 @@ rw_status_t rw_cuda_rank_gather(const rw_cuda_ext_stream_t *s, const rw_cuda_ran
 /* Reduce (the owner): for t < n_tokens, output row t = the fp32 sum, from +0, of the combine
  * rows the reduce list gives token t (entries sorted by token; each at area[area][rail] + slot
  * x crec_size + 16), in list order, rounded once (bf16: to nearest even, NaN kept quiet); a
- * token without entries gets +0: the host mover's owner sums (rw_svc_row_first, rw_svc_row_acc,
- * rw_svc_row_store) for terms listed in its order. A list out of token order or longer than cap,
+ * token without entries gets +0: the owner's sum of docs/dataflow.md "Combine"
+ * (service/phase/forward.c rw_svc_rows_reduce) for terms listed in its order. A list out of token order or longer than cap,
  * or an entry naming a token >= n_tokens or no area or rail, sets E_REF (the sums are then not
  * the list's). */
 rw_status_t rw_cuda_rank_reduce(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_reduce_t *a);

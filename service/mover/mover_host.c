@@ -1,8 +1,9 @@
 /* The host data mover (service/mover/mover.h; docs/dataflow.md "Send", "Receive and forward",
  * "Combine", "CUDA buffers"): the loop's CPU packs slabs, forwards arrived records, and sums each
- * owner token's combine rows once, in fp32 in a fixed order, into its output row. Ranks with CUDA buffers are staged through pinned host memory by
- * asynchronous copies on one stream per device (service/mover/stage.c); their completions come back
- * through the loop as the mover's reports. Accepts every pair: the fallback of every daemon. */
+ * owner token's combine rows once, in fp32 in a fixed order, into its output row. Ranks with
+ * CUDA buffers are staged through pinned host memory by asynchronous copies on one stream per
+ * device (service/mover/stage.c); their completions come back through the loop as the mover's
+ * reports. Accepts every pair: the fallback of every daemon. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

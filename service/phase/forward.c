@@ -107,11 +107,6 @@ void rw_svc_row_acc(float *acc, const void *row, uint32_t dtype, uint32_t hidden
 	row_in(acc, row, dtype, hidden, ROW_ADD);
 }
 
-void rw_svc_row_first(float *acc, const void *row, uint32_t dtype, uint32_t hidden)
-{
-	row_in(acc, row, dtype, hidden, ROW_ZERO_ADD);
-}
-
 void rw_svc_row_load(float *acc, const void *row, uint32_t dtype, uint32_t hidden)
 {
 	row_in(acc, row, dtype, hidden, ROW_SET);

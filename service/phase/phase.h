@@ -87,9 +87,6 @@ uint32_t rw_svc_fwd_mask_rec(uint32_t n_experts, uint32_t nodes, uint32_t gpus, 
  * (common/bf16.h). */
 /* acc[i] += row[i] for i < hidden, row of dtype (rw_wire_dtype_t). */
 void rw_svc_row_acc(float *acc, const void *row, uint32_t dtype, uint32_t hidden);
-/* acc[i] = +0 + row[i]: the first term of a sum that starts at zero, bit for bit what zeroing
- * acc and adding the row gives (a -0 element becomes +0), without the pass that zeroes it. */
-void rw_svc_row_first(float *acc, const void *row, uint32_t dtype, uint32_t hidden);
 /* acc[i] = row[i] for i < hidden: the first copy of a sum. */
 void rw_svc_row_load(float *acc, const void *row, uint32_t dtype, uint32_t hidden);
 /* dst[i] = (dtype) acc[i]. */

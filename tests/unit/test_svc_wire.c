@@ -449,8 +449,8 @@ static void test_row_loops_match_scalar(void **state)
 			rw_svc_row_load(acc, row, wire, h);
 			for (uint32_t i = 0; i < h; i++)
 				assert_true(acc[i] == vals[i]);
-			/* A sum's first term over whatever the sum held: bit for bit zeroing it and
-			 * adding the row, -0 (which becomes +0), NaN and infinities included. */
+			/* The owner's sum of one term: bit for bit zeroing a sum, adding the row and
+			 * storing it, -0 (which becomes +0), NaN and infinities included. */
 			float zeroed[MAXH] = { 0 };
 			for (uint32_t i = 0; i < h && i < RW_ARRAY_SIZE(special); i++) {
 				uint16_t b = (uint16_t)(special[i] >> 16); /* the same value in bf16 */
@@ -460,9 +460,12 @@ static void test_row_loops_match_scalar(void **state)
 					memcpy(row + 2 * i, &b, 2);
 			}
 			rw_svc_row_acc(zeroed, row, wire, h);
-			rw_svc_row_first(acc, row, wire, h);
-			assert_memory_equal(acc, zeroed, h * sizeof(float));
-			assert_true(acc[0] == 0.0f && !signbit(acc[0])); /* -0 + nothing: +0 */
+			uint8_t one[MAXH * 4], stored[MAXH * 4];
+			const void *terms[1] = { row };
+			rw_svc_rows_reduce(one, wire, terms, 1, h);
+			rw_svc_row_store(stored, wire, zeroed, h);
+			assert_memory_equal(one, stored, (size_t)h * rw_wire_dtype_size(wire));
+			assert_true(zeroed[0] == 0.0f && !signbit(zeroed[0])); /* -0 + nothing: +0 */
 			for (uint32_t i = 0; i < h; i++)
 				acc[i] = vals[i] + 1.0f / 512; /* not representable: rounds */
 			uint8_t out[MAXH * 4 + 2];
