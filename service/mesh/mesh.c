@@ -265,21 +265,31 @@ static void rail_settle_begin(mesh_rail_t *mr)
 	mesh_hb_send(p, p->settle_stamp);
 }
 
-/* The rail's failure alone: the peer lives. */
-static void rail_settle_alone(mesh_rail_t *mr)
+/* The rail's failure, the peer being alive: the rail fails alone while another lives (rail
+ * health), else the peer does, as when the rail's failure was seen (rail_on_error). Returns 1
+ * when the peer failed. */
+static int rail_settle_alone(mesh_rail_t *mr)
 {
-	rw_svc_mesh_t *m = mr->peer->mesh;
+	mesh_peer_t *p = mr->peer;
+	rw_svc_mesh_t *m = p->mesh;
+	const int others = mesh_rails_up(p) > (uint32_t)mr->up;
+	if (mr->settle_error && !others) { /* its last rail: the peer goes */
+		m->svc->metrics.rail[mr->rail].errors++;
+		mesh_peer_fail(p, mr->settle_st, mr->settle_why);
+		return 1;
+	}
 	if (mr->settle_error) { /* the connection is gone: the rail fails, its writes with it */
 		mesh_rail_fail(mr, mr->settle_st, mr->settle_why);
-		return;
+		return 0;
 	}
 	/* Only writes failed so far: the executor hears which rail it was before their errors (its
 	 * on_error usually follows, and fails the rail) */
-	if (mr->up && !mr->health.down && m->cbs.rail_down)
-		m->cbs.rail_down(m->ctx, mr->peer->idx, mr->rail, mr->held ? mr->held->st : RW_ERR_LINK);
+	if (others && mr->up && !mr->health.down && m->cbs.rail_down)
+		m->cbs.rail_down(m->ctx, p->idx, mr->rail, mr->held ? mr->held->st : RW_ERR_LINK);
 	mesh_rail_release_held(mr);
 	if (mesh_rail_pump(mr) != RW_OK)
 		rail_fail_soon(mr);
+	return 0;
 }
 
 void mesh_settle_verdict(mesh_peer_t *p)
@@ -288,8 +298,8 @@ void mesh_settle_verdict(mesh_peer_t *p)
 	p->settle_stamp = 0;
 	ev_timer_stop(m->loop, &p->settle);
 	for (uint32_t r = 0; r < m->rails; r++)
-		if (p->rail[r].settling)
-			rail_settle_alone(&p->rail[r]);
+		if (p->rail[r].settling && rail_settle_alone(&p->rail[r]))
+			return;
 }
 
 void mesh_settle_cb(struct ev_loop *loop, ev_timer *w, int revents)
