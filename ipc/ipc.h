@@ -148,6 +148,9 @@ typedef struct rw_ipc_server_config {
 	 * the server runs a word poller (below) over every page's rank-written words. */
 	uint32_t page_rails;
 	uint32_t page_max_recv;
+	/* Each local GPU's native rail, written into its rank's page (the column its count row
+	 * counts in): gpus_per_node entries, each < page_rails; NULL: GPU g on rail g % page_rails. */
+	const uint8_t *page_gpu_rail;
 } rw_ipc_server_config_t;
 
 /* Create the folder of a socket path if it is missing: mode 0755, or 0750 and owned by `group`

@@ -13,7 +13,7 @@
 
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
 
-_Static_assert(sizeof(rw_page_params_t) == 40, "rank page ABI");
+_Static_assert(sizeof(rw_page_params_t) == 48, "rank page ABI");
 _Static_assert(sizeof(rw_page_plan_entry_t) == 16, "rank page ABI");
 _Static_assert(sizeof(rw_page_plan_head_t) == 40, "rank page ABI");
 _Static_assert(sizeof(rw_page_plan_rail_t) == 32, "rank page ABI");
@@ -62,17 +62,18 @@ int rw_page_layout(uint32_t nodes, uint32_t rails, uint32_t gpus, uint32_t max_r
 	return 0;
 }
 
-void rw_page_init(rw_page_head_t *pg, uint32_t nodes, uint32_t rails, uint32_t gpus,
-		  uint32_t max_tokens, uint32_t max_recv, const rw_page_layout_t *l)
+void rw_page_init(rw_page_head_t *pg, const rw_page_geom_t *geom, uint32_t rail,
+		  const rw_page_layout_t *l)
 {
 	pg->magic = RW_PAGE_MAGIC;
 	pg->version = RW_PAGE_VERSION;
 	pg->depth = RW_PAGE_DEPTH;
-	pg->nodes = nodes;
-	pg->rails = rails;
-	pg->gpus = gpus;
-	pg->max_tokens = max_tokens;
-	pg->max_recv = max_recv;
+	pg->nodes = geom->nodes;
+	pg->rails = geom->rails;
+	pg->gpus = geom->gpus;
+	pg->rail = rail;
+	pg->max_tokens = geom->max_tokens;
+	pg->max_recv = geom->max_recv;
 	pg->slot_bytes = l->slot_bytes;
 	pg->bytes = l->bytes;
 }
@@ -127,6 +128,11 @@ int rw_page_submit_check(const rw_page_geom_t *pg, const rw_page_params_t *param
 	}
 	if (p->kind != RW_KIND_DISPATCH && p->kind != RW_KIND_COMBINE) {
 		snprintf(why, why_len, "unknown kind %u", p->kind);
+		return -1;
+	}
+	if (p->bad) {
+		snprintf(why, why_len, "token %u has a top-k id outside [0, %u) (the count kernel "
+			 "counted nothing for it)", p->bad - 1, p->n_experts);
 		return -1;
 	}
 	if (p->token_count > pg->max_tokens) {

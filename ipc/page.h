@@ -48,6 +48,8 @@ typedef struct rw_page_head {
 	uint32_t slot_bytes;                   /* bytes of one slot (a multiple of RW_PAGE_LINE) */
 	uint64_t bytes;                        /* the whole page */
 	uint32_t gpus;                         /* local ranks of the node (the terms' bound) */
+	uint32_t rail;                         /* this rank's native rail: the column its count
+	                                          row counts in */
 	rw_page_line_t word[RW_PW_COUNT];
 	rw_page_line_t status[RW_PAGE_DEPTH];  /* int32 RW_E_* (0: ok) of phase k at k mod D */
 } rw_page_head_t;
@@ -65,6 +67,10 @@ typedef struct rw_page_params {
 	uint16_t reserved;
 	uint64_t phase;        /* k: must equal the submit word it is published with */
 	uint64_t step;
+	uint32_t bad;          /* the count kernel's: 1 + a token with an expert id outside
+	                          [0, n_experts) other than -1 (that token counted nothing), else 0;
+	                          zeroed with the count row before the kernel */
+	uint32_t reserved2;
 } rw_page_params_t;
 
 /* ---- the plan block: what the daemon tells one rank about phase k (published by `plan`, P2) ---
@@ -230,16 +236,17 @@ static inline uint8_t *rw_page_slot_at(void *page, const rw_page_layout_t *layou
  * kind known, at most the page's max_tokens tokens; a dispatch's row counts only at the rank's
  * native rail (row[d * rails + rail]), no entry above token_count and the whole at most
  * token_count x min(topk, nodes) (a token is one record per node holding one of its experts);
- * a combine's row is zero. 0, or -1 with `why` naming what is wrong (the caller names the
- * phase). The executor checks the
+ * a combine's row is zero; the count kernel found no bad top-k id (`bad`). 0, or -1 with `why`
+ * naming what is wrong (the caller names the phase). The executor checks the
  * rest as it checks a ring submission. */
 int rw_page_submit_check(const rw_page_geom_t *geom, const rw_page_params_t *params,
 			 const uint32_t *row, uint64_t k, uint32_t native_rail, char *why,
 			 size_t why_len);
 
-/* Daemon: write the head of a fresh (zeroed) page. */
-void rw_page_init(rw_page_head_t *pg, uint32_t nodes, uint32_t rails, uint32_t gpus,
-		  uint32_t max_tokens, uint32_t max_recv, const rw_page_layout_t *layout);
+/* Daemon: write the head of a fresh (zeroed) page made for `geom`, of a rank whose native rail
+ * is `rail`. */
+void rw_page_init(rw_page_head_t *pg, const rw_page_geom_t *geom, uint32_t rail,
+		  const rw_page_layout_t *layout);
 
 /* Daemon: judge a rank-written word it last saw at `seen` and now reads `now` (the poller may
  * skip values in between): RW_PAGE_SAME (unchanged), RW_PAGE_NEXT (moved forward by 1 to

@@ -179,8 +179,13 @@ int ipc_page_setup(rw_ipc_client_t *c, const rw_ipc_page_setup_t *req)
 		return ipc_send_error(c, seq, RW_E_INTERNAL, "the daemon could not make the rank page",
 				      0);
 	}
-	rw_page_init(map, nodes, cfg->page_rails, cfg->gpus_per_node, c->srv->lim.max_tokens,
-		     req->max_recv, &l);
+	const rw_page_geom_t geom = { .nodes = nodes, .rails = cfg->page_rails,
+				      .gpus = cfg->gpus_per_node, .max_tokens = c->srv->lim.max_tokens,
+				      .max_recv = req->max_recv };
+	const uint32_t g = c->info.local_gpu > 0 ? (uint32_t)c->info.local_gpu : 0;
+	const uint32_t rail = cfg->page_gpu_rail && g < cfg->gpus_per_node ? cfg->page_gpu_rail[g]
+									  : g % cfg->page_rails;
+	rw_page_init(map, &geom, rail, &l);
 
 	rw_ipc_page_ok_t ok;
 	memset(&ok, 0, sizeof(ok));
@@ -194,9 +199,7 @@ int ipc_page_setup(rw_ipc_client_t *c, const rw_ipc_page_setup_t *req)
 	if (p) {
 		p->map = map;
 		p->bytes = l.bytes;
-		p->geom = (rw_page_geom_t){ .nodes = nodes, .rails = cfg->page_rails,
-					    .gpus = cfg->gpus_per_node, .max_tokens = c->srv->lim.max_tokens,
-					    .max_recv = req->max_recv };
+		p->geom = geom;
 	}
 	if (!p || page_watch(c->srv, p) != RW_OK) {
 		free(p);

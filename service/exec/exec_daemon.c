@@ -121,6 +121,7 @@ rw_status_t rw_svc_exec_ipc_start(rw_svc_exec_t *x)
 		.max_per_uid = svc->cfg.ipc_max_per_uid,
 		.hello_timeout_ms = svc->cfg.ipc_hello_timeout_ms,
 		.page_rails = svc->cfg.rails, /* rank pages, their words watched (exec_page.c) */
+		.page_gpu_rail = svc->topo.gpu_rail,
 	};
 	rw_status_t st = rw_ipc_server_create(svc->loop, &cfg, &exec_ipc_ops, x, &x->ipc);
 	svc->ipc = x->ipc; /* the stats socket lists its clients */

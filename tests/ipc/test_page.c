@@ -119,7 +119,11 @@ static rw_page_head_t *fresh_page(rw_page_layout_t *l)
 	rw_page_head_t *pg = mmap(NULL, l->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
 				  -1, 0);
 	assert_true(pg != MAP_FAILED);
-	rw_page_init(pg, 2, 2, 2, 128, 64, l);
+	const rw_page_geom_t geom = { .nodes = 2, .rails = 2, .gpus = 2, .max_tokens = 128,
+				      .max_recv = 64 };
+	rw_page_init(pg, &geom, 1, l);
+	assert_int_equal(pg->rail, 1);
+	assert_int_equal(pg->gpus, 2);
 	assert_int_equal(pg->magic, RW_PAGE_MAGIC);
 	assert_int_equal(pg->bytes, l->bytes);
 	return pg;
@@ -166,6 +170,11 @@ static void test_submit_check(void **state)
 	p.kind = 9;
 	assert_int_equal(rw_page_submit_check(&geom, &p, row, 6, 1, why, sizeof(why)), -1);
 	assert_non_null(strstr(why, "unknown kind 9"));
+	p.kind = RW_KIND_DISPATCH;
+	p.n_experts = 16;
+	p.bad = 4; /* the count kernel met token 3's bad id */
+	assert_int_equal(rw_page_submit_check(&geom, &p, row, 6, 1, why, sizeof(why)), -1);
+	assert_non_null(strstr(why, "token 3 has a top-k id outside [0, 16)"));
 	munmap(pg, l.bytes);
 }
 

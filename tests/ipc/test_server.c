@@ -1069,6 +1069,7 @@ static void test_rank_page_lent(void **state)
 	assert_int_equal(pg->nodes, 2);
 	assert_int_equal(pg->rails, 2);
 	assert_int_equal(pg->gpus, 4);
+	assert_int_equal(pg->rail, 0); /* local GPU 0, no gpu_rail table: g % rails */
 	assert_int_equal(pg->max_recv, 512);
 	assert_int_equal(pg->slot_bytes, l.slot_bytes);
 	atomic_store_explicit(&pg->word[RW_PW_SUBMIT].v, 1, memory_order_release);

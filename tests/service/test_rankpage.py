@@ -9,7 +9,7 @@ that verify every row and sum) runs on the same two daemons.
    well-formed phase is refused, named (the daemon does not carry rank-path phases yet), a lying
    one is refused with RW_E_TOKENS, named: a count row at a rail that is not the rank's, a row
    adding up to more records than its tokens can make, a slot holding another phase's
-   parameters, an unknown dtype (RW_E_DTYPE). Each refusal writes the phase's status, then plan
+   parameters, a bad top-k id the count kernel met; an unknown dtype (RW_E_DTYPE). Each refusal writes the phase's status, then plan
    and arrived = k on the page (the words a stream waits on), and the daemon's log names the
    group, the rank, the phase and what is wrong.
 2. `done` written past the daemon's `arrived`, `packed` past its `plan`: each fails that phase
@@ -66,11 +66,11 @@ class Page:
         return ctypes.c_int32.from_address(self.addr + LINE * 6 + LINE * (k % DEPTH)).value
 
     def slot(self, k, kind=1, dtype=1, topk=2, layer=3, hidden=32, experts=8, tokens=4,
-             phase=None, row=None):
+             phase=None, row=None, bad=0):
         """Slot k: rw_page_params_t then the count row (default: nothing counted)."""
         base = self.addr + SLOT0 + (k % DEPTH) * self.slot_bytes
-        params = struct.pack("<BBHIIIIHHQQ", kind, dtype, topk, layer, hidden, experts, tokens,
-                             0, 0, k if phase is None else phase, k)
+        params = struct.pack("<BBHIIIIHHQQII", kind, dtype, topk, layer, hidden, experts, tokens,
+                             0, 0, k if phase is None else phase, k, bad, 0)
         ctypes.memmove(base, params, len(params))
         row = row or [0] * (self.nodes * self.rails)
         ctypes.memmove(base + ROW_OFF, struct.pack("<%dI" % len(row), *row), 4 * len(row))
@@ -159,17 +159,19 @@ def main():
               topk=1, row=row_at(nodes, rails, {(0, native): 4, (1, native): 4}))
         phase(6, E_TOKENS, "slot 2 holds phase 9's parameters, submitted as phase 6", phase=9)
         phase(7, E_DTYPE, "dtype 3: the daemon carries bf16 and fp32 rows", dtype=3)
+        phase(8, E_TOKENS, "token 2 has a top-k id outside [0, 8) (the count kernel counted "
+              "nothing for it)", bad=3)
 
         # two phases, one submit store: both taken, in order
-        pg.slot(8, row=row_at(nodes, rails, {(1, 1): 1}))
-        pg.slot(9)
-        pg.word(W_SUBMIT).value = 9
-        check(pg.wait_plan(9), "phases 8 and 9 under one submit: plan reaches 9")
-        check(pg.status(8) == E_TOKENS and pg.status(9) == E_STATE,
-              "phase 8 refused (its row), phase 9 taken (%d, %d)" % (pg.status(8), pg.status(9)))
+        pg.slot(9, row=row_at(nodes, rails, {(1, 1): 1}))
+        pg.slot(10)
+        pg.word(W_SUBMIT).value = 10
+        check(pg.wait_plan(10), "phases 9 and 10 under one submit: plan reaches 10")
+        check(pg.status(9) == E_TOKENS and pg.status(10) == E_STATE,
+              "phase 9 refused (its row), phase 10 taken (%d, %d)" % (pg.status(9), pg.status(10)))
 
         # submit jumped past the depth: dropped; the watcher owes the words of a lost daemon
-        pg.word(W_SUBMIT).value = 9 + DEPTH + 1
+        pg.word(W_SUBMIT).value = 10 + DEPTH + 1
         deadline = time.time() + cluster.WAIT
         while time.time() < deadline and pg.word(W_PLAN).value < OWED_AHEAD:
             time.sleep(0.005)
@@ -177,7 +179,7 @@ def main():
               "submit jumped: the rank is dropped and its watcher raised plan 2^62 ahead")
         check(all(pg.status(k) == E_CLOSED for k in range(DEPTH)),
               "every status RW_E_CLOSED after the drop")
-        check("rank page word submit went from 9 to 14" in c.log(0), "the jump named in the log")
+        check("rank page word submit went from 10 to 15" in c.log(0), "the jump named in the log")
         lib.rw_client_close(cl)
 
         try:
