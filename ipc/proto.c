@@ -188,12 +188,15 @@ int rw_ipc_check_sqe(const rw_sqe_t *sqe, const rw_ipc_limits_t *lim, rw_ipc_buf
 		return fail(why_p, "unknown dtype", RW_E_DTYPE);
 	if (!(lim->dtypes & (1u << sqe->dtype)))
 		return fail(why_p, "dtype not carried by this daemon", RW_E_DTYPE);
-	if (sqe->flags & ~(RW_SQE_WAIT_EVENT | RW_SQE_SIGNAL))
-		return fail(why_p, "submission flags: unknown bit (RW_SQE_WAIT_EVENT and RW_SQE_SIGNAL "
-			    "are the only ones)", RW_E_FIELD);
-	if ((sqe->flags != 0) != (sqe->event_id != 0))
-		return fail(why_p, sqe->flags ? "stream-ordered submission without an event id"
-					      : "event id without RW_SQE_WAIT_EVENT or RW_SQE_SIGNAL",
+	const uint32_t stream = sqe->flags & (RW_SQE_WAIT_EVENT | RW_SQE_SIGNAL);
+	if (sqe->flags & ~(RW_SQE_WAIT_EVENT | RW_SQE_SIGNAL | RW_SQE_ABORT))
+		return fail(why_p, "submission flags: unknown bit (RW_SQE_WAIT_EVENT, RW_SQE_SIGNAL and "
+			    "RW_SQE_ABORT are the only ones)", RW_E_FIELD);
+	if ((sqe->flags & RW_SQE_ABORT) && (stream || sqe->kind != RW_KIND_COMBINE))
+		return fail(why_p, "RW_SQE_ABORT is a combine's flag, and comes alone", RW_E_FIELD);
+	if ((stream != 0) != (sqe->event_id != 0))
+		return fail(why_p, stream ? "stream-ordered submission without an event id"
+					  : "event id without RW_SQE_WAIT_EVENT or RW_SQE_SIGNAL",
 			    RW_E_FIELD);
 	if (sqe->path > RW_PATH_REQ_JOINT)
 		return fail(why_p, "submission path unknown (0 = the daemon's choice, 1 native, "
@@ -213,6 +216,15 @@ int rw_ipc_check_sqe(const rw_sqe_t *sqe, const rw_ipc_limits_t *lim, rw_ipc_buf
 		return fail(why_p, "dispatch with a handle id", RW_E_FIELD);
 	if (sqe->kind == RW_KIND_COMBINE && sqe->handle_id == 0)
 		return fail(why_p, "combine without the dispatch's handle id", RW_E_HANDLE);
+	if (sqe->flags & RW_SQE_ABORT) { /* railwave.h "Failing a pair by its key" */
+		const rw_span_t none = { .buf_id = RW_BUF_NONE };
+		if (sqe->token_count || sqe->output_capacity ||
+		    memcmp(&sqe->tokens, &none, sizeof(none)) || memcmp(&sqe->topk_ids, &none, sizeof(none)) ||
+		    memcmp(&sqe->topk_weights, &none, sizeof(none)) || memcmp(&sqe->output, &none, sizeof(none)))
+			return fail(why_p, "an abort (RW_SQE_ABORT) carries no data: token_count 0, every "
+				    "span RW_BUF_NONE at offset 0, output_capacity 0", RW_E_FIELD);
+		return 0;
+	}
 
 	/* Lengths in 64 bits with checked multiplies: limits are configurable, so never assume
 	 * the products fit. */

@@ -128,7 +128,8 @@ typedef struct rw_sqe {
 	uint32_t token_count;  /* rows in `tokens`, 0..daemon limit */
 	uint32_t hidden;       /* elements per row, 1..daemon limit */
 	uint32_t handle_id;    /* combine: the dispatch completion's handle_id; dispatch: 0 */
-	uint32_t flags;        /* RW_SQE_WAIT_EVENT | RW_SQE_SIGNAL (stream order, below), else 0 */
+	uint32_t flags;        /* RW_SQE_WAIT_EVENT | RW_SQE_SIGNAL (stream order, below), or
+	                          RW_SQE_ABORT alone (a combine that fails its pair, below), else 0 */
 	rw_span_t tokens;      /* token rows (dispatch: inputs; combine: expert outputs) */
 	rw_span_t topk_ids;    /* int32 [token_count][topk] */
 	rw_span_t topk_weights; /* fp32 [token_count][topk] */
@@ -196,6 +197,20 @@ enum rw_path_request {
  * stream does not wait forever; those submissions failed. The Python package does this. */
 #define RW_SQE_WAIT_EVENT 0x1u
 #define RW_SQE_SIGNAL 0x2u
+
+/* ---- Failing a pair by its key (docs/ipc.md "Aborting a pair") ------------------------------
+ * A rank that will not give the combine of its open dispatch (its own arguments were refused,
+ * it received more rows than it can hold) submits that combine with flags = RW_SQE_ABORT alone:
+ * kind RW_KIND_COMBINE, the dispatch's layer, step and handle_id, dtype/hidden/topk as for any
+ * submission, token_count 0, every span RW_BUF_NONE, output_capacity 0, event_id 0 (anything
+ * else: RW_E_FIELD). The daemon fails the pair of that key on every node if it is still open and
+ * waits for this rank's combine: every other rank gets RW_E_PHASE from its combine of that pair
+ * (a node still finishing the pair's dispatch finishes it first), and this rank's completion is
+ * RW_E_PHASE too. When that pair has already ended (another rank failed it) nothing else is
+ * touched: the completion is RW_E_STATE. Unlike leaving the group, an abort never reaches a pair
+ * of another key, however late it comes. The bit was reserved, so an older daemon refuses it
+ * with RW_E_FIELD. */
+#define RW_SQE_ABORT 0x4u
 #define RW_EVENT_HANDLE_BYTES 64
 
 #define RW_CQE_INLINE_COUNTS 16

@@ -165,7 +165,8 @@ static int drain(rw_ipc_client_t *c)
 			memcpy(&sqe, rw_ring_cons_peek(&c->sq, i), sizeof(sqe));
 			const char *why;
 			int code = rw_ipc_check_sqe(&sqe, &srv->lim, ipc_buf_size_of, c, &why);
-			if (!code && sqe.flags && !ipc_event_find(c, sqe.event_id)) {
+			if (!code && (sqe.flags & (RW_SQE_WAIT_EVENT | RW_SQE_SIGNAL)) &&
+			    !ipc_event_find(c, sqe.event_id)) {
 				code = RW_E_EVENT;
 				why = "stream-ordered submission names an event id this rank has not "
 				      "registered";

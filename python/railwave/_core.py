@@ -282,16 +282,10 @@ class Core:
         self._csqe_ref = ctypes.byref(self._csqe)
 
     # ---- lifetime ------------------------------------------------------------------------
-    def _connect(self, retry_s: float = 0.0) -> None:
-        """Join (hello, rings). retry_s: keep retrying RW_E_RANK_DUP that long (a rejoin may
-        reach the daemon before it has let the previous connection of this rank go)."""
+    def _connect(self) -> None:
+        """Join (hello, rings)."""
         c = ctypes.c_void_p(0)
-        deadline = time.monotonic() + retry_s
-        while True:
-            rc = self._lib.rw_client_connect(ctypes.byref(self._opts), ctypes.byref(c))
-            if rc != CODES["RW_E_RANK_DUP"] or time.monotonic() >= deadline:
-                break
-            time.sleep(0.01)
+        rc = self._lib.rw_client_connect(ctypes.byref(self._opts), ctypes.byref(c))
         if rc:
             raise _lib.error(rc, "join group %r as rank %d of %d (node %d) at %s"
                              % (self.name, self.rank, self.world_size, self.node, self.socket),
@@ -299,15 +293,33 @@ class Core:
         self._c = c
 
     def _abort_pair(self) -> None:
-        """Fail the group's open pair for every rank now, by leaving and joining again: a rank
-        that leaves fails its group's open pair on every node at once (docs/dataflow.md
-        "Failures"). Used when this rank cannot give its combine, so that the others are told
-        at once instead of at the daemon's phase timeout. Buffers are registered anew."""
-        if self._open is not None:
-            self._open.combined = True
-            self._open = None
-        self.close()
-        self._connect(retry_s=min(self.timeout, 10.0))
+        """Fail the open pair (the dispatch whose combine is due) for every rank now, by its key:
+        its combine submitted with RW_SQE_ABORT (ipc/railwave.h "Failing a pair by its key").
+        Used when this rank cannot give that combine, so that the others are told at once
+        instead of at the daemon's phase timeout: each gets PhaseError from its combine of this
+        pair, never from another pair (an abort that comes after the pair ended, failed by
+        another rank, fails nothing). Waits for the daemon's answer, so the pair has failed
+        here before this rank's next submission."""
+        h = self._open
+        if h is None:
+            return
+        h.combined = True
+        self._open = None
+        sqe = _lib.Sqe(kind=_lib.KIND_COMBINE, dtype=DTYPES[h.dtype], topk=h.topk,
+                       layer=h.layer, step=h.step, hidden=h.hidden, handle_id=h.handle_id,
+                       n_experts=h.n_experts, flags=_lib.SQE_ABORT)
+        sqe.tokens = sqe.topk_ids = sqe.topk_weights = sqe.output = _NONE
+        self._phase_id += 1
+        sqe.phase_id = self._phase_id
+        what = ("abort", h.layer, h.step)
+        rc = self._submit_fn(self._c, ctypes.byref(sqe), 1)
+        if rc:
+            raise self._error(rc, "submit " + op_name(*what))
+        w = self._pending = Work(self, self._phase_id, what, lambda cqe: None, (), None)
+        try:
+            w.wait()  # RW_E_PHASE (it failed the pair) or RW_E_STATE (the pair had ended)
+        except RailWaveError:
+            self._pending = None  # the daemon gone or slow: the caller raises the real error
 
     def close(self) -> None:
         """Leave the group: every buffer is released and the connection closed. An operation

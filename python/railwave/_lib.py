@@ -56,8 +56,8 @@ class LostSignal(ctypes.Structure):
                 ("user_data", ctypes.c_uint64)]
 
 
-# rw_sqe_t.flags (railwave.h "Stream-ordered submission")
-SQE_WAIT_EVENT, SQE_SIGNAL = 1, 2
+# rw_sqe_t.flags (railwave.h "Stream-ordered submission", "Failing a pair by its key")
+SQE_WAIT_EVENT, SQE_SIGNAL, SQE_ABORT = 1, 2, 4
 
 
 class Opts(ctypes.Structure):

@@ -154,14 +154,22 @@ void exec_pair_fail_peer(exec_pair_t *p, const rw_wire_phase_err_t *e, const cha
 	 * node that has already moved on to a retry of the key: tell everyone it is dead (relay);
 	 * before our row went out there is nothing to tell. */
 	const int row_out = p->stage == ST_EXCHANGE || p->stage == ST_RUN_D || p->stage == ST_FLUSH_D;
-	if (p->err.st == RW_OK) {
-		exec_err_tell(p, (rw_status_t)e->status, e->relay ? EXEC_TELL_PEERS : row_out ?
-			      EXEC_TELL_RELAY : EXEC_TELL_NONE, "%s", msg);
-		p->err.remote = 1;
-		p->err.cause_node = e->cause_node;
-		p->err.cause_id = e->cause_id;
+	/* A failure that began at a node's combine (its dispatch had completed there: every byte
+	 * it sends for the dispatch is sent) is a failure of the combine everywhere: our dispatch
+	 * runs to its end, its ranks get their rows, and the pair fails then (complete), so every
+	 * rank of the group sees it at the same call (docs/dataflow.md "Failures"). */
+	const int hold = e->kind == RW_SVC_COMBINE && row_out && p->err.st == RW_OK;
+	exec_error_t *err = hold ? &p->held : &p->err;
+	if (err->st == RW_OK) {
+		snprintf(err->msg, sizeof(err->msg), "%s", msg);
+		err->st = (rw_status_t)e->status;
+		err->tell = e->relay ? EXEC_TELL_PEERS : row_out ? EXEC_TELL_RELAY : EXEC_TELL_NONE;
+		err->remote = 1;
+		err->cause_node = e->cause_node;
+		err->cause_id = e->cause_id;
 	}
-	pair_failed(p);
+	if (!hold)
+		pair_failed(p);
 }
 
 void exec_pair_abandon(exec_pair_t *p) { pair_close(p, 1); }
@@ -367,6 +375,12 @@ static void complete(exec_pair_t *p)
 		(kind == RW_SVC_COMBINE ? exec_answer_combine : exec_answer_dispatch)(x, p, g);
 	rw_svc_metrics_phase(&x->svc->metrics, p->plan.path, kind, 1, rw_now_ns() - p->phase_t0);
 	EXEC_TRACE(p, exec_trace_end_(p, kind, RW_OK));
+	if (kind == RW_SVC_DISPATCH && p->held.st != RW_OK) { /* exec_pair_fail_peer */
+		exec_stage_move(p, ST_WAIT_C);
+		p->err = p->held;
+		pair_failed(p);
+		return;
+	}
 	if (kind == RW_SVC_DISPATCH && !x->svc->draining) {
 		exec_stage_move(p, ST_WAIT_C);
 		ev_timer_stop(x->svc->loop, &p->timer);

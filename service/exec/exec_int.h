@@ -164,6 +164,8 @@ struct exec_pair {
 	uint32_t tag;
 	exec_stage_t stage;
 	exec_error_t err;
+	exec_error_t held;           /* a peer's failure of the combine that came while our
+				      * dispatch still ran: acted on once it completes */
 	uint32_t outstanding;        /* our rail writes not yet done (lifetime) */
 	uint64_t t0, phase_t0;
 	ev_timer timer;              /* phase timeout */

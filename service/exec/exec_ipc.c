@@ -147,6 +147,7 @@ static void hello_refused(void *ctx, const char *group, uint32_t rank, uint32_t 
 typedef enum admit_way {
 	ADMIT_JOIN = 0,              /* attach it to the group's open pair */
 	ADMIT_OPEN,                  /* open the phase's pair with it */
+	ADMIT_ABORT,                 /* a combine with RW_SQE_ABORT: fail its pair everywhere */
 	REFUSE_RANK,                 /* answer this rank alone */
 	REFUSE_FAILED,               /* its phase already failed here (a tomb): that reason */
 	REFUSE_PHASE,                /* a dispatch that cannot join: its phase fails everywhere */
@@ -347,6 +348,38 @@ static void admit_combine(const exec_t *x, const exec_member_t *mb, rw_ipc_clien
 	a->way = ADMIT_JOIN;
 }
 
+/* A combine with RW_SQE_ABORT (ipc/railwave.h "Failing a pair by its key"): it fails the
+ * pair of its key, and only while that pair still waits for this rank's combine; an abort of a
+ * pair that has ended is answered alone (a tomb of its key counts it answered), so a late one
+ * never reaches the pair a sibling has opened since. */
+static void admit_abort(const exec_member_t *mb, const rw_sqe_t *sqe, admit_t *a)
+{
+	exec_pair_t *p = mb->g->pair;
+	const uint32_t g = mb->local;
+	const int mine = p && rw_wire_key_eq(&p->key, &a->key);
+	a->tomb_seen = !mine;
+	if (!mine || p->stage != ST_WAIT_C || p->out.handle[g] != sqe->handle_id ||
+	    p->in[RW_SVC_COMBINE].sub[g].have)
+		return refuse(a, REFUSE_RANK, RW_ERR_SUB_STATE, "abort of layer %u step %llu handle "
+			      "%u: no open pair waits for this rank's combine with that handle "
+			      "(it has ended): nothing to fail", a->key.layer,
+			      (unsigned long long)a->key.step, sqe->handle_id);
+	a->pair = p;
+	a->way = ADMIT_ABORT;
+}
+
+/* The abort's pair fails on every node; this rank is answered with the others. */
+static void abort_pair(exec_t *x, exec_member_t *mb, rw_ipc_client_t *client, const rw_sqe_t *sqe,
+		       exec_pair_t *p)
+{
+	exec_sub_t *s = &p->in[RW_SVC_COMBINE].sub[mb->local];
+	s->sqe = *sqe;
+	s->client = client;
+	s->have = 1;
+	exec_pair_fail(p, RW_ERR_CLIENT, "local rank %u aborted the pair (it gives no combine: "
+		       "its own call was refused)", x->me * x->gpus + mb->local);
+}
+
 /* The one place a submission joins its pair: recorded with its io, then the state machine's. */
 static void attach(exec_t *x, exec_member_t *mb, rw_ipc_client_t *client, const rw_sqe_t *sqe,
 		   const admit_t *a)
@@ -406,7 +439,10 @@ static void submission(void *ctx, rw_ipc_client_t *client, const rw_sqe_t *sqe)
 		admit_dispatch(x, mb, client, sqe, &a);
 	} else if (sqe->kind == RW_KIND_COMBINE) {
 		a.kind = RW_SVC_COMBINE;
-		admit_combine(x, mb, client, sqe, &a);
+		if (sqe->flags & RW_SQE_ABORT)
+			admit_abort(mb, sqe, &a);
+		else
+			admit_combine(x, mb, client, sqe, &a);
 	} else {
 		refuse(&a, REFUSE_RANK, RW_ERR_SUB_KIND, "unknown submission kind");
 	}
@@ -418,6 +454,9 @@ static void submission(void *ctx, rw_ipc_client_t *client, const rw_sqe_t *sqe)
 	case ADMIT_JOIN:
 	case ADMIT_OPEN:
 		attach(x, mb, client, sqe, &a);
+		break;
+	case ADMIT_ABORT:
+		abort_pair(x, mb, client, sqe, a.pair);
 		break;
 	case REFUSE_PHASE:
 		dispatch_refuse(x, mb, client, sqe, &a);

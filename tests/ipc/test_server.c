@@ -1545,7 +1545,7 @@ static void test_bad_entries_rejected(void **state)
 	struct {
 		rw_sqe_t e;
 		int code;
-	} cases[32];
+	} cases[40];
 	int n = 0;
 	rw_sqe_t e;
 #define CASE(mutation, want)                        \
@@ -1562,7 +1562,14 @@ static void test_bad_entries_rejected(void **state)
 	CASE(e.flags = 1, RW_E_FIELD);
 	CASE(e.event_id = 1, RW_E_FIELD); /* an event id without a stream-order flag */
 	CASE(e.flags = RW_SQE_SIGNAL, RW_E_FIELD); /* a stream-order flag without an event id */
-	CASE(e.flags = 4, RW_E_FIELD);
+	CASE(e.flags = RW_SQE_ABORT, RW_E_FIELD); /* a dispatch cannot abort */
+	CASE(e.flags = 8, RW_E_FIELD);
+	/* an abort is a combine's flag, alone, and carries no data */
+	CASE((e.kind = RW_KIND_COMBINE, e.handle_id = 1, e.flags = RW_SQE_ABORT), RW_E_FIELD);
+	CASE((e.kind = RW_KIND_COMBINE, e.handle_id = 1, e.token_count = 0,
+	      e.tokens = e.topk_ids = e.topk_weights = e.output = (rw_span_t){ .buf_id = RW_BUF_NONE },
+	      e.output_capacity = 0, e.flags = RW_SQE_ABORT | RW_SQE_WAIT_EVENT),
+	     RW_E_FIELD);
 	CASE(e.path = RW_PATH_REQ_JOINT + 1, RW_E_FIELD); /* docs/ipc.md "Path requests" */
 	CASE(e.n_experts = 0, RW_E_EXPERTS); /* a dispatch must say E */
 	CASE(e.n_experts = (1u << 20) + 1, RW_E_EXPERTS);
@@ -1619,7 +1626,10 @@ static void test_bad_entries_rejected(void **state)
 	e.output_capacity = 0;
 	assert_int_equal(rw_client_submit(c, &e, 1), 0);
 	assert_int_equal(wait_one(c).status, RW_CQ_OK);
-	assert_int_equal(h_stats(&H).submissions, 3);
+	e.flags = RW_SQE_ABORT; /* that combine as an abort (ipc/railwave.h) reaches the service */
+	assert_int_equal(rw_client_submit(c, &e, 1), 0);
+	assert_int_equal(wait_one(c).status, RW_CQ_OK);
+	assert_int_equal(h_stats(&H).submissions, 4);
 	rw_client_close(c);
 	h_wait_clients(&H, 0);
 	h_stop(&H);

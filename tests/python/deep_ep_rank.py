@@ -234,7 +234,7 @@ def cmd_buffer(c):
 
 def peer_failed(what, fn):
     """fn() on a rank whose peer made the error must raise PhaseError at once: the phase failed
-    by the erring rank (its poisoned dispatch, or its leaving the open pair), never the daemon's
+    by the erring rank (its poisoned dispatch, or its abort of the open pair), never the daemon's
     phase timeout (60 s here)."""
     try:
         fn()
@@ -289,11 +289,8 @@ def cmd_errors(c):
     want = identity_combined(data, E)
 
     def good(what):
-        # A rank that cannot give a pair's combine fails it by leaving and joining again
-        # (_core's _abort_pair), and a leave fails whatever pair of the group is open when it
-        # reaches the daemon: every rank must be done with the failed step before any starts
-        # the next, as a trainer's ranks are when they agree to go on after an error.
-        dist.barrier()
+        # No barrier: a rank that cannot give a pair's combine fails that pair by its key
+        # (_core's _abort_pair), so however late its abort comes it never reaches this step.
         rx, _, _, _, hh, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w, num_experts=E)
         equal(buf.combine(rx, hh)[0], want, "step after %s" % what)
 
@@ -401,6 +398,32 @@ def cmd_errors(c):
            "different backwards: every rank must fail, one with BackwardMismatch: %s" % everyone)
     log.append("different backwards -> %s" % seen)
     good("different backwards")
+
+    # A late abort names its pair: node 1's rank LW + 1 refuses its combine of step 0 (failing
+    # that pair), rank 0 gets its PhaseError and opens step 1 on node 0, and only then does
+    # rank 1, on node 0 too, refuse its combine of step 0. Its abort fails nothing more: step 1
+    # is equal. (Failing a pair by leaving the group failed step 1 here: the pair open on node 0
+    # when the leave came.)
+    LW = int(os.environ["LOCAL_WORLD_SIZE"])
+    if LW >= 2 and WORLD >= 2 * LW:
+        first, late = LW + 1, 1
+        wrong = lambda rx, hh: g.combine(torch.zeros(rx.shape[0] + 1, H), hh)  # noqa: E731
+        rx, _, _, _, hl = g.dispatch(x, idx, w, E, layer=11, step=0)
+        if RANK == first:
+            log.append("first abort of step 0 -> %s" % raises(BadArgument, "rows",
+                                                                lambda: wrong(rx, hl)))
+        elif RANK != late:
+            log.append(peer_failed("an aborted pair", lambda: g.combine(rx, hl)))
+        work = g.dispatch(x, idx, w, E, layer=11, step=1, async_op=True) if RANK == 0 else None
+        dist.barrier()  # rank 0 has submitted step 1 before rank 1 aborts step 0
+        if RANK == late:
+            log.append("late abort of step 0 -> %s" % raises(BadArgument, "rows",
+                                                               lambda: wrong(rx, hl)))
+        rx1, _, _, _, h1 = work.wait() if work is not None else \
+            g.dispatch(x, idx, w, E, layer=11, step=1)
+        equal(g.combine(rx1, h1), want, "step 1 after a late abort of step 0")
+        log.append("a late abort of step 0, after rank 0 opened step 1, fails nothing more: "
+                   "step 1 is equal")
 
     # Megatron-Core's expert-parallel group as a strided subgroup (TP = 2) has no railwave group.
     members = list(range(0, WORLD, 2))

@@ -11,7 +11,9 @@ padding, a second Buffer sharing the group, a frozen dispatch whose cached dispa
 backward pair — equal to the one-process reference. errors: what RailWave cannot do raises
 Unsupported, bad arguments TypeError/ValueError, on every rank alike and on one rank alone in
 each phase (the others then get PhaseError at once, not the phase timeout), a num_worst_tokens
-overflow, a strided subgroup refused; the Buffer serves on. ops: two MoE steps through the operators (autograd) and the expert-major layout, output and
+overflow, a late abort of a failed pair after a rank opened the next one (which must pass), a
+strided subgroup refused; the Buffer serves on, with no barrier between a failed step and the
+next. ops: two MoE steps through the operators (autograd) and the expert-major layout, output and
 gradients equal, also under activation checkpointing and with a frozen router; steps without
 a backward free their handles. The shim distribution (python/shim-deep_ep) has the release's
 VERSION, makes `import deep_ep` give railwave.deep_ep and refuses to when a real DeepEP is

@@ -486,6 +486,17 @@ void combine_submit(cl_t *c, uint32_t r, uint32_t step, uint32_t layer)
 	fk_client_submit(c->rk[r].c, &cs);
 }
 
+void abort_submit(cl_t *c, uint32_t r, uint32_t step, uint32_t layer)
+{
+	rw_sqe_t as = combine_sqe(c, r, step, layer);
+	const rw_span_t none = { RW_BUF_NONE, 0, 0 };
+	as.flags = RW_SQE_ABORT;
+	as.token_count = 0;
+	as.tokens = as.output = none;
+	as.output_capacity = 0;
+	fk_client_submit(c->rk[r].c, &as);
+}
+
 void combine_check(cl_t *c, uint32_t r, uint32_t step, uint32_t layer, const rw_cqe_t *cq)
 {
 	trank_t *t = &c->rk[r];

@@ -165,6 +165,9 @@ void dispatch_submit(cl_t *c, uint32_t r, uint32_t step, uint32_t layer, const s
 void dispatch_check(cl_t *c, uint32_t r, uint32_t step, uint32_t layer, const rw_cqe_t *cq);
 rw_sqe_t combine_sqe(cl_t *c, uint32_t r, uint32_t step, uint32_t layer);
 void combine_submit(cl_t *c, uint32_t r, uint32_t step, uint32_t layer);
+/* Rank r gives up its combine of (step, layer): that combine with RW_SQE_ABORT and no data
+ * (ipc/railwave.h "Failing a pair by its key"). */
+void abort_submit(cl_t *c, uint32_t r, uint32_t step, uint32_t layer);
 void combine_check(cl_t *c, uint32_t r, uint32_t step, uint32_t layer, const rw_cqe_t *cq);
 /* Every rank's dispatch completion, checked exactly. */
 void dispatch_collect(cl_t *c, uint32_t step, uint32_t layer);

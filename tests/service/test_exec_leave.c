@@ -1,6 +1,6 @@
 /* svc_exec, departures: a peer lost in every stage (and one that dies silently), a rank lost in
- * every stage or between pairs, a combine that waits for its sources, and the drain (a node that
- * leaves on purpose). Harness: exec_harness.h. */
+ * every stage or between pairs, a combine that waits for its sources, a rank that aborts its
+ * pair, and the drain (a node that leaves on purpose). Harness: exec_harness.h. */
 #include "tests/service/test_exec.h"
 
 #include <stdio.h>
@@ -286,6 +286,106 @@ static void test_rank_leaves_between_pairs(void **state)
 }
 
 /* ================================================================================================
+ * A rank that aborts its pair (ipc/railwave.h "Failing a pair by its key")
+ * ================================================================================================ */
+
+/* A failure that begins at a node's combine is a failure of the combine everywhere
+ * (docs/dataflow.md "Failures"): node 0's dispatch has completed, the other nodes' still runs
+ * (their writes have landed but not reported) when node 0's rank 0 aborts the pair, or leaves.
+ * Their dispatch must still complete, exactly, and their ranks' combines then get RW_E_PHASE
+ * naming rank 0; before, the PHASE_ERR failed their dispatch, so a rank's error came at the
+ * dispatch on one node and at the combine on another. Then the key passes. */
+static void combine_failure_case(const char *path, uint32_t N, int leave, uint64_t salt)
+{
+	opts_t o = { .nodes = N, .path = path, .tokens = 20, .max_write = 512 };
+	cl_t *c = cl_new(&o, salt);
+	char what[96];
+	snprintf(what, sizeof(what), "%s N=%u rank 0 %s after node 0's dispatch", path, N,
+		 leave ? "left" : "aborted");
+	for (uint32_t n = 1; n < N; n++)
+		hold(c, m_wdone((int)n)); /* the other nodes' dispatch cannot end yet */
+	dispatch_submit_all(c, 0, 0);
+	for (uint32_t r = 0; r < c->G; r++) {
+		rw_cqe_t q = next_cqe(c, r);
+		dispatch_check(c, r, 0, 0, &q);
+	}
+	for (uint32_t r = c->G; r < c->W; r++)
+		expect_no_cqe(c, r);
+	if (leave)
+		fk_client_die(c->rk[0].c);
+	else
+		abort_submit(c, 0, 0, 0);
+	settle(c); /* node 0's PHASE_ERR reaches the others while their dispatch runs */
+	if (!leave)
+		expect_err_now(c, 0, RW_E_PHASE, what);
+	combine_submit(c, 1, 0, 0);
+	expect_err_now(c, 1, RW_E_PHASE, what);
+	for (uint32_t r = c->G; r < c->W; r++)
+		expect_no_cqe(c, r);
+	release_all(c);
+	for (uint32_t r = c->G; r < c->W; r++) {
+		rw_cqe_t q = next_cqe(c, r);
+		dispatch_check(c, r, 0, 0, &q);
+	}
+	settle(c);
+	for (uint32_t r = c->G; r < c->W; r++) {
+		combine_submit(c, r, 0, 0);
+		expect_err_now(c, r, RW_E_PHASE, what);
+		CHECK(strstr(fk_client_notice(c->rk[r].c), leave ? "local rank 0 left" :
+			     "local rank 0 aborted"), "%s: rank %u was not told why: '%s'", what, r,
+		      fk_client_notice(c->rk[r].c));
+	}
+	expect_quiet_but(c, 0, leave ? 1 : 0);
+	if (leave)
+		rank_connect(c, 0);
+	retry_key(c, 0, 0);
+	cl_free(c);
+}
+
+static void test_combine_failure_after_dispatch(void **state)
+{
+	(void)state;
+	combine_failure_case("native", 2, 0, 640);
+	combine_failure_case("native", 2, 1, 641);
+	/* paths that post to every destination at once: in a wave path node 0's own data would
+	 * wait behind the held reports */
+	combine_failure_case("rail-only", 3, 0, 642);
+	combine_failure_case("native", 3, 1, 643);
+}
+
+/* An abort names its pair: node 1's rank aborts step 0, node 0's rank 0 gets its error and
+ * opens step 1, and only then does node 0's rank 1 abort step 0 too. That late abort is
+ * answered alone (RW_E_STATE, nothing to fail) and step 1 passes exactly. A rank that left the
+ * group at that moment instead would fail step 1, the pair open when its leave arrived: the
+ * package used to fail pairs that way. */
+static void test_abort_names_its_key(void **state)
+{
+	(void)state;
+	opts_t o = { .nodes = 2, .path = "joint", .tokens = 16 };
+	cl_t *c = cl_new(&o, 650);
+	const uint32_t first = c->G + 1, late = 1;
+	dispatch_all(c, 0, 0);
+	abort_submit(c, first, 0, 0);
+	expect_err(c, first, RW_E_PHASE, "the abort that failed step 0");
+	combine_submit(c, 0, 0, 0);
+	expect_err(c, 0, RW_E_PHASE, "rank 0's combine of the aborted step 0");
+	dispatch_submit(c, 0, 1, 0, NULL); /* node 0's pair of step 1 opens */
+	settle(c);
+	abort_submit(c, late, 0, 0);
+	expect_err_now(c, late, RW_E_STATE, "a late abort of step 0");
+	CHECK(strstr(fk_client_notice(c->rk[late].c), "nothing to fail"),
+	      "the late abort was not told why: '%s'", fk_client_notice(c->rk[late].c));
+	combine_submit(c, c->G, 0, 0); /* node 1's other rank: the failed step's tomb */
+	expect_err_now(c, c->G, RW_E_PHASE, "node 1's combine of the aborted step 0");
+	for (uint32_t r = 1; r < c->W; r++)
+		dispatch_submit(c, r, 1, 0, NULL);
+	dispatch_collect(c, 1, 0);
+	expect_quiet_but(c, 0, 0); /* and no timeout */
+	combine_all(c, 1, 0);
+	cl_free(c);
+}
+
+/* ================================================================================================
  * Drain
  * ================================================================================================ */
 
@@ -345,6 +445,8 @@ int exec_leave_run(void)
 		cmocka_unit_test(test_rank_lost),
 		cmocka_unit_test(test_rank_leaves_between_pairs),
 		cmocka_unit_test(test_combine_waits_for_sources),
+		cmocka_unit_test(test_combine_failure_after_dispatch),
+		cmocka_unit_test(test_abort_names_its_key),
 		cmocka_unit_test(test_drain),
 	};
 	return cmocka_run_group_tests_name("svc_exec_leave", tests, NULL, NULL);
