@@ -15,7 +15,7 @@
 
 _Static_assert(sizeof(rw_page_params_t) == 48, "rank page ABI");
 _Static_assert(sizeof(rw_page_plan_entry_t) == 16, "rank page ABI");
-_Static_assert(sizeof(rw_page_plan_head_t) == 40, "rank page ABI");
+_Static_assert(sizeof(rw_page_plan_head_t) == 56, "rank page ABI");
 _Static_assert(sizeof(rw_page_plan_rail_t) == 32, "rank page ABI");
 _Static_assert(sizeof(rw_page_list_head_t) == 24, "rank page ABI");
 _Static_assert(sizeof(rw_page_list_entry_t) == 16, "rank page ABI");

@@ -107,6 +107,11 @@ typedef struct rw_page_plan_head {
 	uint32_t row_off;      /* offset of the row in such a record */
 	uint32_t n_send;       /* records the rank writes for other nodes (entries d != me) */
 	uint32_t n_local;      /* records the rank writes into the local area (entries me) */
+	/* Combine: where the node's ranks' combine inputs are, which a gather's terms name: local
+	 * rank h's row j at stage_off + h x stage_stride + j x (the row's bytes) of rail 0's slab,
+	 * copied there by h's stream before its combine `submit` (pair P1). 0 for a dispatch. */
+	uint64_t stage_off;
+	uint64_t stage_stride;
 } rw_page_plan_head_t;
 
 /* Per rail, where this phase's areas are in the group's slab of that rail. */
@@ -163,7 +168,8 @@ typedef struct rw_page_list_entry {
 /* ---- the terms: what a rank's combine gather sums (published by the combine's `plan`, P2) ---
  * uint32 term_off[max_recv + 1], then uint32 term_ref[gpus x max_recv]. Entry j of the rank's
  * dispatch forward list (the dispatch this combine answers) has terms term_ref[term_off[j] ..
- * term_off[j + 1]): each RW_PAGE_TERM(g, row) = row `row` of local rank g's combine input. The
+ * term_off[j + 1]): each RW_PAGE_TERM(g, row) = row `row` of local rank g's combine input (in
+ * the group's slab: the combine plan head's stage_off, stage_stride). The
  * combine record of entry j (where the combine plan's entries put it) is their fp32 sum in that
  * order, rounded once — one term copied as it is — the host mover's combine_pack for a record
  * several local ranks answered; an entry without terms is another rank's to write. */

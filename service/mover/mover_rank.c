@@ -77,15 +77,16 @@ void rw_svc_rank_plan(const rw_svc_phase_t *ph, uint32_t g, const uint32_t *cons
 }
 
 void rw_svc_rank_plan_combine(const rw_svc_phase_t *ph, uint32_t g, const uint32_t *local_n,
-			       const rw_page_plan_rail_t *areas, uint64_t k,
-			       rw_page_plan_head_t *head, uint32_t *tags,
-			       rw_page_plan_entry_t *entry)
+			       const rw_page_plan_rail_t *areas, uint64_t stage_off,
+			       uint64_t stage_stride, uint64_t k, rw_page_plan_head_t *head,
+			       uint32_t *tags, rw_page_plan_entry_t *entry)
 {
 	const uint32_t R = ph->rails;
 	const rw_svc_layout_t *l = ph->layout;
 	*head = (rw_page_plan_head_t){ .phase = k, .kind = 1, .me = ph->me, .owner = g,
 				       .topk = ph->topk, .rec_size = (uint32_t)ph->crec_size,
-				       .row_off = RW_WIRE_CREC_HDR };
+				       .row_off = RW_WIRE_CREC_HDR, .stage_off = stage_off,
+				       .stage_stride = stage_stride };
 	for (uint32_t s = 0; s < ph->nodes; s++) {
 		tags[s] = s == ph->me ? ph->tag_in : ph->tag_to[s];
 		for (uint32_t r = 0; r < R; r++) {
