@@ -158,42 +158,46 @@ static int slabs_map(rw_client_t *c)
 	return 0;
 }
 
+static uint64_t row_hash(const uint8_t *p, uint32_t len)
+{
+	uint64_t h = 14695981039346656037ull;
+	for (uint32_t i = 0; i < len; i++)
+		h = (h ^ p[i]) * 1099511628211ull;
+	return h;
+}
+
 /* Which of the n rows (len bytes each) lie somewhere in a rail's dispatch receive area:
- * found[i] = 1. Records and their rows are 16-byte aligned; one pass over each area, every
- * 4-byte aligned place looked up by its first 8 bytes in a hash of the rows (a memmem per row
- * is quadratic on the mostly-zero areas: minutes under load). */
+ * found[i] = 1. Records and their rows are 16-byte aligned: one pass over each area, every
+ * aligned place hashed whole and looked up in a hash of the rows, compared where the hashes
+ * agree (a memmem per row is quadratic on the mostly-zero areas: minutes under load). */
 static void slabs_find(const uint8_t *rows, uint32_t n, uint32_t len, uint8_t *found)
 {
 	uint32_t cap = 64;
 	while (cap < 2 * n)
 		cap *= 2;
 	int32_t *head = malloc(sizeof(int32_t) * cap), *next = malloc(sizeof(int32_t) * (n + 1));
-	if (!head || !next || len < 8) {
-		free(head);
-		free(next);
-		return;
-	}
-	memset(head, 0xff, sizeof(int32_t) * cap);
-	for (uint32_t i = 0; i < n; i++) {
-		uint64_t k;
-		memcpy(&k, rows + (size_t)i * len, 8);
-		const uint32_t h = (uint32_t)((k * 0x9e3779b97f4a7c15ull) >> 40) & (cap - 1);
-		next[i] = head[h];
-		head[h] = (int32_t)i;
-	}
-	for (uint32_t r = 0; r < slab_rails; r++) {
-		const uint8_t *a = (const uint8_t *)slabs[r].base + slabs[r].recv_off[0];
-		for (uint64_t at = 0; at + len <= slabs[r].area_bytes; at += 4) {
-			uint64_t k;
-			memcpy(&k, a + at, 8);
-			const uint32_t h = (uint32_t)((k * 0x9e3779b97f4a7c15ull) >> 40) & (cap - 1);
-			for (int32_t i = head[h]; i >= 0; i = next[i])
-				if (!found[i] && memcmp(a + at, rows + (size_t)i * len, len) == 0)
-					found[i] = 1;
+	uint64_t *key = malloc(sizeof(uint64_t) * (n + 1));
+	if (head && next && key) {
+		memset(head, 0xff, sizeof(int32_t) * cap);
+		for (uint32_t i = 0; i < n; i++) {
+			key[i] = row_hash(rows + (size_t)i * len, len);
+			next[i] = head[key[i] & (cap - 1)];
+			head[key[i] & (cap - 1)] = (int32_t)i;
+		}
+		for (uint32_t r = 0; r < slab_rails; r++) {
+			const uint8_t *a = (const uint8_t *)slabs[r].base + slabs[r].recv_off[0];
+			for (uint64_t at = 0; at + len <= slabs[r].area_bytes; at += 16) {
+				const uint64_t k = row_hash(a + at, len);
+				for (int32_t i = head[k & (cap - 1)]; i >= 0; i = next[i])
+					if (key[i] == k && !found[i] &&
+					    memcmp(a + at, rows + (size_t)i * len, len) == 0)
+						found[i] = 1;
+			}
 		}
 	}
 	free(head);
 	free(next);
+	free(key);
 }
 
 static rw_wl_work_t mine;          /* scratch of run(), allocated by main() */
@@ -607,7 +611,9 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 			if (slab_rails) { /* every row from another node lies in one of the slabs */
 				uint8_t *found = calloc(cq.recv_tokens + 1, 1);
 				CHECK(found, "out of memory");
+				trace("looking for the rows in the slabs");
 				slabs_find(rows, cq.recv_tokens, row, found);
+				trace("looked");
 				int missing = -1;
 				for (uint32_t j = 0; j < cq.recv_tokens; j++) {
 					uint32_t src_node;
