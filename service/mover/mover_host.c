@@ -43,6 +43,7 @@ typedef struct host_pair {
 	const rw_svc_rank_io_t *flag_io[RW_MAX_GPUS];
 	uint8_t *pack_egress;        /* rw_sched_map_rail's output for one dispatch slab */
 	uint32_t *pack_slot;
+	uint32_t *rx_done[RW_SVC_KIND_COUNT]; /* [N*R]: records of each (source, rail) range taken */
 } host_pair_t;
 
 struct host_mover {
@@ -284,8 +285,11 @@ static rw_status_t host_plan(void *mover, void *state, const rw_svc_phase_t *ph,
 	hp->back_at = rw_arena_alloc(&hp->mem, RW_MAX(1u, n_rec), sizeof(uint64_t));
 	hp->terms = rw_arena_alloc(&hp->mem, (size_t)ph->gpus + ph->nodes, sizeof(uint64_t));
 	hp->rows = rw_arena_alloc(&hp->mem, (size_t)ph->gpus + ph->nodes, sizeof(void *));
+	for (int k = 0; k < RW_SVC_KIND_COUNT; k++)
+		hp->rx_done[k] = rw_arena_alloc(&hp->mem, (size_t)ph->nodes * ph->rails, sizeof(uint32_t));
 	int oom = !hp->local_ref || !hp->rank_out.contrib || !hp->crow || !hp->pack_egress ||
-		  !hp->pack_slot || !hp->back_at || !hp->terms || !hp->rows;
+		  !hp->pack_slot || !hp->back_at || !hp->terms || !hp->rows || !hp->rx_done[0] ||
+		  !hp->rx_done[1];
 	for (uint32_t g = 0; g < ph->gpus && !oom; g++) {
 		const rw_svc_rank_io_t *io = &ph->io[RW_SVC_DISPATCH][g];
 		rw_svc_out_layout_t *o = &hp->rank_out.layout[g];
@@ -378,16 +382,16 @@ static int forward_one(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t ref, 
 	return 0;
 }
 
-/* A complete dispatch range from `src` on `rail`: validate and forward each record. */
+/* Records [from, upto) of a dispatch range from `src` on `rail`: validate and forward each. */
 static rw_status_t forward_range(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t src,
-				 uint32_t rail, char *why)
+				 uint32_t rail, uint32_t from, uint32_t upto, char *why)
 {
 	const rw_svc_layout_t *l = ph->layout;
 	size_t i = (size_t)src * ph->rails + rail;
 	uint32_t first = l->in_first[i];
 	int32_t ids[RW_MAX_TOPK];
 	float w[RW_MAX_TOPK];
-	for (uint32_t k = 0; k < l->in_quota[i]; k++) {
+	for (uint32_t k = from; k < upto; k++) {
 		const uint8_t *rec = ph->recv_area[RW_SVC_DISPATCH][rail] + ((uint64_t)first + k) * ph->rec_size;
 		rw_wire_rec_hdr_t h;
 		rw_status_t st = rw_svc_mover_rec_read(ph, rec, src, rail, k, &h, ids, w, why);
@@ -505,16 +509,15 @@ static void owner_sum(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t g, uin
 	hp->own.done[u] = 1;
 }
 
-/* A complete combine range from `d` on egress rail `e`: note where each row is; a token whose
- * last row this was is summed now, if the local ranks' rows are readable (else by the local
- * work). */
+/* Records [from, upto) of a combine range from `d` on egress rail `e`: note where each row is;
+ * a token whose last row this was is summed now, if the local ranks' rows are readable (else by
+ * the local work). */
 static rw_status_t combine_range(host_pair_t *hp, const rw_svc_phase_t *ph, uint32_t d,
-				 uint32_t e, char *why)
+				 uint32_t e, uint32_t from, uint32_t upto, char *why)
 {
 	const rw_svc_layout_t *l = ph->layout;
-	const rw_pair_plan_t *pp = &l->out_pairs[d];
 	uint32_t first = l->out_first[d * ph->rails + e];
-	for (uint32_t k = 0; k < pp->quota[e]; k++) {
+	for (uint32_t k = from; k < upto; k++) {
 		const uint8_t *rec = ph->recv_area[RW_SVC_COMBINE][e] + ((uint64_t)first + k) * ph->crec_size;
 		const rw_record_t *r;
 		rw_status_t st = rw_svc_mover_crec_read(ph, rec, d, e, k, &r, why);
@@ -568,6 +571,36 @@ static rw_status_t host_pack(void *mover, void *state, const rw_svc_phase_t *ph,
 	return rw_svc_slab_push(ph, kind, d, why); /* slabs on a GPU: the packed bytes go there */
 }
 
+/* Records [done, upto) of a range from src on rail (a prefix while it arrives; all of it once
+ * complete): forwarded or noted while the rest is on the wire. Slabs on a GPU are pulled whole
+ * once the range is complete (the prefixes wait for that). */
+static rw_status_t host_take(host_pair_t *hp, const rw_svc_phase_t *ph, rw_svc_phase_kind_t kind,
+			     uint32_t src, uint32_t rail, uint32_t upto, char *why)
+{
+	const size_t i = (size_t)src * ph->rails + rail;
+	const uint32_t quota = kind == RW_SVC_DISPATCH ? ph->layout->in_quota[i]
+						       : ph->layout->out_pairs[src].quota[rail];
+	uint32_t *done = &hp->rx_done[kind][i];
+	upto = RW_MIN(upto, quota);
+	if (*done >= upto)
+		return RW_OK;
+	rw_status_t st = kind == RW_SVC_DISPATCH ? forward_range(hp, ph, src, rail, *done, upto, why)
+						 : combine_range(hp, ph, src, rail, *done, upto, why);
+	if (st == RW_OK)
+		*done = upto;
+	return st;
+}
+
+static rw_status_t host_part(void *mover, void *state, const rw_svc_phase_t *ph,
+			     rw_svc_phase_kind_t kind, uint32_t src, uint32_t rail, uint32_t upto,
+			     char *why)
+{
+	(void)mover;
+	if (ph->slab_dev[rail] >= 0)
+		return RW_OK;
+	return host_take(state, ph, kind, src, rail, upto, why);
+}
+
 static rw_status_t host_arrived(void *mover, void *state, const rw_svc_phase_t *ph,
 				rw_svc_phase_kind_t kind, uint32_t src, uint32_t rail, char *why)
 {
@@ -575,8 +608,7 @@ static rw_status_t host_arrived(void *mover, void *state, const rw_svc_phase_t *
 	rw_status_t st = rw_svc_slab_pull(ph, kind, src, rail, why); /* slabs on a GPU */
 	if (st != RW_OK)
 		return st;
-	return kind == RW_SVC_DISPATCH ? forward_range(state, ph, src, rail, why)
-				       : combine_range(state, ph, src, rail, why);
+	return host_take(state, ph, kind, src, rail, UINT32_MAX, why);
 }
 
 static rw_status_t host_local(void *mover, void *state, const rw_svc_phase_t *ph,
@@ -670,6 +702,7 @@ const rw_svc_mover_ops_t rw_svc_mover_host = {
 	.plan = host_plan,
 	.pack = host_pack,
 	.arrived = host_arrived,
+	.part = host_part,
 	.local = host_local,
 	.finish = host_finish,
 	.result = host_result,
