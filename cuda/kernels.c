@@ -78,18 +78,25 @@ int rw_cuda_kernels_available(int device)
 	return rw_cu_kernels_load(device) == 0;
 }
 
-static rw_status_t launch_shared(rw_cuda_stream_t *s, int k, unsigned grid, unsigned block,
-				 unsigned shared, void **args)
+/* Launch kernel k on stream h of `device`: one of ours, or a caller's (librailwave's rank path). */
+static rw_status_t launch_on(int device, CUstream h, int k, unsigned grid, unsigned block,
+			     unsigned shared, void **args)
 {
-	int device = rw_cuda_stream_device(s);
 	CUresult res;
 
 	if (rw_cu_kernels_load(device) != 0)
 		return RW_ERR_UNSUPPORTED;
 	/* rw_cu_kernels_load() left the device's context current. */
-	res = rw_cu.cuLaunchKernel(rw_cu_devices[device].fn[k], grid, 1, 1, block, 1, 1, shared,
-				   rw_cu_stream_handle(s), args, NULL);
+	res = rw_cu.cuLaunchKernel(rw_cu_devices[device].fn[k], grid, 1, 1, block, 1, 1, shared, h,
+				   args, NULL);
 	return res == CUDA_SUCCESS ? RW_OK : rw_cu_fail(res, kernel_names[k]);
+}
+
+static rw_status_t launch_shared(rw_cuda_stream_t *s, int k, unsigned grid, unsigned block,
+				 unsigned shared, void **args)
+{
+	return launch_on(rw_cuda_stream_device(s), rw_cu_stream_handle(s), k, grid, block, shared,
+			 args);
 }
 
 static rw_status_t launch(rw_cuda_stream_t *s, int k, unsigned grid, unsigned block, void **args)
@@ -243,24 +250,45 @@ rw_status_t rw_cuda_store_f32(rw_cuda_stream_t *stream, rw_cuda_dptr_t dst, rw_c
 	return launch(stream, RW_K_STORE_F32, 4096, 256, args);
 }
 
-rw_status_t rw_cuda_route_count(rw_cuda_stream_t *stream, rw_cuda_dptr_t ids, uint32_t n_tokens,
-				uint32_t topk, uint32_t n_experts, uint32_t nodes, uint32_t rails,
-				uint32_t rail, rw_cuda_dptr_t row, rw_cuda_dptr_t bad)
+static rw_status_t route_count_on(int device, CUstream h, rw_cuda_dptr_t ids, uint32_t n_tokens,
+				  uint32_t topk, uint32_t n_experts, uint32_t nodes, uint32_t rails,
+				  uint32_t rail, rw_cuda_dptr_t row, rw_cuda_dptr_t bad)
 {
 	CUdeviceptr i = ids, r = row, b = bad;
 	uint32_t nt = n_tokens, k = topk, e = n_experts, per = nodes ? n_experts / nodes : 0, nr = rails,
 		 ra = rail, shared_n = nodes * rails <= 4096 ? nodes * rails : 0;
 	void *args[] = { &i, &nt, &k, &e, &per, &nr, &ra, &r, &b, &shared_n };
 
-	if (stream == NULL || row == 0 || bad == 0 || row % 4 != 0 || bad % 4 != 0 || topk == 0 ||
+	if (row == 0 || bad == 0 || row % 4 != 0 || bad % 4 != 0 || topk == 0 ||
 	    topk > 32 || nodes == 0 || rails == 0 || rail >= rails || per == 0 ||
 	    n_experts % nodes != 0 || (n_tokens && (ids == 0 || ids % 4 != 0)))
 		return RW_ERR_INVAL;
 	if (n_tokens == 0)
 		return RW_OK;
 	unsigned grid = (n_tokens + 255) / 256;
-	return launch_shared(stream, RW_K_ROUTE_COUNT, grid > 1024 ? 1024 : grid, 256, shared_n * 4u,
-			     args);
+	return launch_on(device, h, RW_K_ROUTE_COUNT, grid > 1024 ? 1024 : grid, 256, shared_n * 4u,
+			 args);
+}
+
+rw_status_t rw_cuda_route_count(rw_cuda_stream_t *stream, rw_cuda_dptr_t ids, uint32_t n_tokens,
+				uint32_t topk, uint32_t n_experts, uint32_t nodes, uint32_t rails,
+				uint32_t rail, rw_cuda_dptr_t row, rw_cuda_dptr_t bad)
+{
+	if (stream == NULL)
+		return RW_ERR_INVAL;
+	return route_count_on(rw_cuda_stream_device(stream), rw_cu_stream_handle(stream), ids,
+			      n_tokens, topk, n_experts, nodes, rails, rail, row, bad);
+}
+
+rw_status_t rw_cuda_route_count_ext(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_t ids,
+				    uint32_t n_tokens, uint32_t topk, uint32_t n_experts,
+				    uint32_t nodes, uint32_t rails, uint32_t rail, rw_cuda_dptr_t row,
+				    rw_cuda_dptr_t bad)
+{
+	if (s == NULL || s->device < 0 || rw_cuda_init() != RW_OK || s->device >= rw_cu_ndevices)
+		return RW_ERR_INVAL;
+	return route_count_on(s->device, (CUstream)(uintptr_t)s->handle, ids, n_tokens, topk,
+			      n_experts, nodes, rails, rail, row, bad);
 }
 
 #endif /* RW_HAVE_CUDA_H */

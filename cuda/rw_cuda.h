@@ -362,6 +362,13 @@ int rw_cuda_words_supported(int device);
 rw_status_t rw_cuda_word_write(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_t addr, uint64_t value);
 rw_status_t rw_cuda_word_wait(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_t addr, uint64_t value);
 
+/* rw_cuda_route_count on a caller's stream (the rank path's count kernel, launched in the rank's
+ * own process: docs/rankpath.md "A phase"). Same arguments and errors; RW_ERR_INVAL also for a
+ * device this process does not have. */
+rw_status_t rw_cuda_route_count_ext(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_t ids,
+				    uint32_t n_tokens, uint32_t topk, uint32_t n_experts,
+				    uint32_t nodes, uint32_t rails, uint32_t rail, rw_cuda_dptr_t row,
+				    rw_cuda_dptr_t bad);
 /* ---- rank kernels: the rank path's data kernels (cuda/rank_kernels.cu, a second image;
  * cuda/rank_kernels.c; docs/rankpath.md "A phase") ------------------------------------------- *
  * Launched in the rank's own process, on the caller's stream, with every argument a plain

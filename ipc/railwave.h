@@ -376,6 +376,87 @@ typedef struct rw_client_slab {
 } rw_client_slab_t;
 int rw_client_group_slab(rw_client_t *client, uint32_t rail, rw_client_slab_t *slab_p);
 
+/* ---- The rank path: CUDA work in the rank's own stream (docs/rankpath.md) -------------------
+ * Instead of submitting on the ring and letting the daemon move the data, a CUDA rank enqueues a
+ * phase on its own stream: librailwave loads the CUDA driver at run time (dlopen; a CPU-only
+ * rank never needs it), launches the kernels in this process on the caller's stream and
+ * hands off to the daemon through words of the rank page. Nothing here waits for the GPU or
+ * makes a system call on a phase's path. Build order so far (docs/rankpath.md "Status"): the
+ * count kernel and the page's words; the pack and forward kernels come next.
+ *
+ * Threads: an rw_client_rank_t is not locked; one thread makes its calls. It keeps the
+ * rw_client_t it was opened on, which must outlive it (close the rank path first). */
+typedef struct rw_client_rank rw_client_rank_t;
+
+/* A stream the library enqueues on and never owns: the CUstream as an integer (what
+ * torch.cuda.Stream.cuda_stream gives; 0 is the legacy stream) on CUDA device `device` (an
+ * ordinal of this process). */
+typedef struct rw_client_stream {
+	int32_t device;
+	uint32_t reserved;     /* must be 0 */
+	uint64_t handle;
+} rw_client_stream_t;
+
+/* Open the rank path on `device`: takes the client's rank page (rw_client_rank_page with
+ * max_recv), registers it with CUDA (cuMemHostRegister DEVICEMAP | PORTABLE) so the stream's
+ * memory operations and kernels reach it, and loads the kernels. RW_E_NO_CUDA: no usable driver,
+ * device, kernels or 64-bit stream memory operations here (rw_client_rank_message says which;
+ * nothing is left open: use rw_client_submit); RW_E_INVAL: no such device; the errors of
+ * rw_client_rank_page. */
+int rw_client_rank_open(rw_client_t *client, int32_t device, uint32_t max_recv,
+			rw_client_rank_t **rank_p);
+
+/* Unregister the page from CUDA and free the rank path. Phases still on a stream must have
+ * passed (their rw_client_rank_wait returned), or the stream may still write the page. Then
+ * rw_client_close() unmaps the page. NULL is a no-op. */
+void rw_client_rank_close(rw_client_rank_t *rank);
+
+/* One dispatch of one MoE layer, eager mode. Inputs are device addresses of this process on the
+ * stream's device, read by the stream's work in stream order (so the caller's earlier work on
+ * that stream may still be producing them). */
+typedef struct rw_client_rank_dispatch {
+	uint8_t dtype;         /* enum rw_dtype of the token rows */
+	uint8_t reserved0;     /* must be 0 */
+	uint16_t topk;         /* experts per token, 1..32 */
+	uint32_t layer;
+	uint64_t step;
+	uint32_t token_count;  /* 0..the daemon's max_tokens */
+	uint32_t hidden;       /* elements per row, >= 1 */
+	uint32_t n_experts;    /* E of the group: a multiple of the nodes (and of the world size,
+	                          which the daemon checks) */
+	uint16_t path;         /* enum rw_path_request, as rw_sqe_t.path */
+	uint16_t reserved1;    /* must be 0 */
+	uint64_t topk_ids;     /* int32 [token_count][topk]; -1 = a dropped slot */
+} rw_client_rank_dispatch_t;
+
+/* Enqueue dispatch phase *phase_p on the stream and return without waiting: the library takes
+ * the next phase number k (1, 2, ...: dispatches and combines of this rank share one sequence,
+ * the same on every rank of the group), checks that page slot k mod 4 is free, writes the
+ * phase's parameters there, then enqueues: the count kernel (top-k ids -> the slot's count row),
+ * submit = k, a wait for the daemon's plan, a wait for arrived, done = k.
+ * RW_E_AGAIN: 4 phases of this rank are in flight (the oldest's done is not written yet): wait
+ * for one. RW_E_DTYPE, RW_E_TOKENS (topk, hidden, token_count out of range), RW_E_EXPERTS,
+ * RW_E_INVAL (bad pointers, reserved fields, another device's stream): nothing enqueued.
+ * RW_E_CLOSED: the daemon is gone. RW_E_CUDA: the driver refused an enqueue (the message says
+ * which); when that happens after submit was enqueued the rank path is broken and every later
+ * call answers RW_E_CUDA. */
+int rw_client_rank_dispatch(rw_client_rank_t *rank, const rw_client_stream_t *stream,
+			    const rw_client_rank_dispatch_t *d, uint64_t *phase_p);
+
+/* Eager completion of phase k: whether the stream wrote done = k, and how the phase ended. Reads
+ * the page only: no system call while timeout_ms is 0 (check once); otherwise it polls, yielding
+ * the CPU, until done or timeout_ms passes (-1: forever). Returns 0 (the phase completed),
+ * RW_E_TIMEOUT (not done yet), or the error that failed it: RW_E_TOKENS (a top-k id outside
+ * [0, n_experts) other than -1: the message names the token; that token counted nothing), the
+ * daemon's status for the phase (e.g. RW_E_PHASE), RW_E_CLOSED (the daemon went away: the
+ * library wrote the words the stream waited on, so it ran through). A phase answers the same
+ * each time it is asked. RW_E_INVAL: k was never dispatched, or is older than the last 8 phases
+ * dispatched. */
+int rw_client_rank_wait(rw_client_rank_t *rank, uint64_t phase, int timeout_ms);
+
+/* Text of the last error of the rank path ("" if none). */
+const char *rw_client_rank_message(const rw_client_rank_t *rank);
+
 /* Queue n submissions and publish them with one index store (and at most one wake-up write if
  * the daemon sleeps). All or nothing: RW_E_AGAIN if fewer than n slots are free. The daemon
  * validates every entry; a bad one comes back as an RW_CQ_ERROR completion. */

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Every file of RailWave uses the files below it and none above, and no two files use each other.
 
-C: the objects of the modules (common, sched, rdma, ipc, cuda, service with its folders, tools)
+C: the objects of the modules (common, sched, rdma, ipc, cuda, rank, service with its folders, tools)
 are read with nm; object A depends on object B when A uses a function or object B defines. The
 test fails, naming every circle, when objects depend on each other in a circle; when a unit (a
 module, or a folder of service/) uses a unit above it in the order below; or when units depend
@@ -24,7 +24,8 @@ B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # build/ or bui
 SRC = os.path.dirname(B)
 
 # The order, lowest first. Units of equal rank may not use each other in a circle.
-MODULE_RANK = {"common": 0, "sched": 1, "rdma": 2, "ipc": 3, "cuda": 3, "service": 4, "tools": 5}
+MODULE_RANK = {"common": 0, "sched": 1, "rdma": 2, "ipc": 3, "cuda": 3, "rank": 4, "service": 5,
+               "tools": 6}
 SERVICE_RANK = {"core": 0, "phase": 1, "mesh": 2, "mover": 2, "exec": 3, "main": 4}
 SERVICE_FACE = {"core": "svc.h", "phase": "phase.h", "mesh": "mesh.h", "mover": "mover.h",
                 "exec": "exec.h"}

@@ -1,0 +1,644 @@
+/* rank/ (librailwave's rank path, docs/rankpath.md) against a real IPC server, on the kernel
+ * stand-in driver (tests/integration/libfakecuda_kern.so: streams are real queues, waits hold
+ * their own stream, the count kernel runs on the CPU with the arithmetic cuda/kernels.cu states),
+ * or on a GPU with RW_CUDA_DRIVER=libcuda.so.1.
+ * The server runs in a forked child (its own process, as railwaved would be) lending rank pages
+ * and reporting each word move it judged through a pipe; this process is the rank. Until the
+ * executor consumes the words, this process also plays the daemon's part on the page: it writes
+ * plan, arrived and the status lines through its own mapping of the same memory, as the daemon's
+ * CPU does. A case checks what the stream wrote and what the daemon's side saw. */
+#include <errno.h>
+#include <libgen.h>
+#include <limits.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <ev.h>
+
+#include "common/common.h"
+#include "config.h"
+#include "cuda/rw_cuda.h"
+#include "ipc/ipc.h"
+#include "ipc/page.h"
+#include "ipc/railwave.h"
+#include "rank/rank.h"
+#include "sched/sched.h"
+
+#define EXPERTS 64
+#define MAX_TOKENS 512
+
+static char fake_driver[PATH_MAX];
+
+/* ---------------------------------------------------------------------------------------------
+ * The server: a child process with the IPC server on its loop, lending pages
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct report {
+	uint32_t word;
+	uint64_t value;
+} report_t;
+
+typedef struct server {
+	char dir[64], path[96];
+	pid_t pid;
+	int reports;           /* read end: the page words the server judged and passed on */
+	uint32_t nodes, gpus, rails;
+	uint8_t gpu_rail[RW_MAX_GPUS];
+	uint64_t heard[RW_PW_COUNT];
+} server_t;
+
+static int report_fd = -1; /* the child's write end */
+static server_t servers[2]; /* a case's servers (pid 0: free); a failed case's are killed by
+			       its teardown */
+
+static void child_page_word(void *ctx, rw_ipc_client_t *c, unsigned word, uint64_t value)
+{
+	(void)ctx, (void)c;
+	report_t r = { .word = word, .value = value };
+	if (write(report_fd, &r, sizeof(r)) != (ssize_t)sizeof(r))
+		_exit(3);
+}
+
+static void child_ignore(void *ctx, rw_ipc_client_t *c, const rw_sqe_t *sqe)
+{
+	(void)ctx, (void)c, (void)sqe;
+}
+
+static void child_run(const server_t *s, int ready, int page_rails)
+{
+	struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+	rw_ipc_server_config_t cfg;
+	memset(&cfg, 0, sizeof(cfg));
+	cfg.socket_path = s->path;
+	cfg.node = -1;
+	cfg.max_buffers = 4;
+	cfg.max_tokens = MAX_TOKENS;
+	cfg.max_hidden = 8192;
+	cfg.max_topk = 32;
+	cfg.max_world = 1024;
+	cfg.max_local_gpu = RW_MAX_GPUS;
+	cfg.world_size = s->nodes * s->gpus;
+	cfg.gpus_per_node = s->gpus;
+	cfg.page_rails = page_rails ? s->rails : 0;
+	cfg.page_max_recv = 1024;
+	cfg.page_gpu_rail = s->gpu_rail;
+	const rw_ipc_server_ops_t ops = { .submission = child_ignore, .page_word = child_page_word };
+	rw_ipc_server_t *srv = NULL;
+	if (!loop || rw_ipc_server_create(loop, &cfg, &ops, NULL, &srv) != RW_OK)
+		_exit(1);
+	char x = 'r';
+	if (write(ready, &x, 1) != 1)
+		_exit(1);
+	ev_run(loop, 0); /* until killed */
+	_exit(0);
+}
+
+/* Start a server for nodes x gpus ranks over `rails` rails (GPU g on rail gpu_rail[g]); with
+ * page_rails 0 it lends no page. Call before this process loads the driver, or from a case that
+ * did: the child never touches CUDA. */
+static server_t *server_start(uint32_t nodes, uint32_t gpus, uint32_t rails,
+			      const uint8_t *gpu_rail, int page_rails)
+{
+	server_t *s = &servers[servers[0].pid != 0];
+	assert_int_equal(s->pid, 0);
+	memset(s, 0, sizeof(*s));
+	s->nodes = nodes;
+	s->gpus = gpus;
+	s->rails = rails;
+	for (uint32_t g = 0; g < gpus; g++)
+		s->gpu_rail[g] = gpu_rail ? gpu_rail[g] : (uint8_t)(g % rails);
+	char dir[sizeof(s->dir)] = "/tmp/rw-rank-test.XXXXXX";
+	assert_non_null(mkdtemp(dir));
+	memcpy(s->dir, dir, sizeof(dir));
+	snprintf(s->path, sizeof(s->path), "%s/rw.sock", dir);
+	int ready[2], rep[2];
+	assert_int_equal(pipe(ready), 0);
+	assert_int_equal(pipe(rep), 0);
+	s->pid = fork();
+	assert_true(s->pid >= 0);
+	if (s->pid == 0) {
+		close(ready[0]);
+		close(rep[0]);
+		report_fd = rep[1];
+		child_run(s, ready[1], page_rails);
+	}
+	close(ready[1]);
+	close(rep[1]);
+	s->reports = rep[0];
+	char x;
+	assert_int_equal(read(ready[0], &x, 1), 1);
+	close(ready[0]);
+	return s;
+}
+
+static void server_kill(server_t *s)
+{
+	if (s->pid <= 0)
+		return;
+	kill(s->pid, SIGKILL);
+	int status;
+	waitpid(s->pid, &status, 0);
+	s->pid = 0;
+	close(s->reports);
+	unlink(s->path);
+	rmdir(s->dir);
+}
+
+/* The last value the server passed on for `word`, reading its reports until it is at least
+ * `want` (liveness bound of 10 s, not a timing assertion). */
+static uint64_t server_heard(server_t *s, unsigned word, uint64_t want)
+{
+	for (int i = 0; i < 1000 && (int64_t)(s->heard[word] - want) < 0; i++) {
+		struct pollfd p = { .fd = s->reports, .events = POLLIN };
+		if (poll(&p, 1, 10) <= 0)
+			continue;
+		report_t r;
+		assert_int_equal(read(s->reports, &r, sizeof(r)), (ssize_t)sizeof(r));
+		assert_true(r.word < RW_PW_COUNT);
+		s->heard[r.word] = r.value;
+	}
+	return s->heard[word];
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The rank: a client, its rank path, a stream
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct rank {
+	rw_client_t *client;
+	rw_client_rank_t *rp;
+	rw_cuda_stream_t *stream;
+	rw_client_stream_t cs;
+	uint32_t local_gpu;
+	rw_cuda_dptr_t ids;    /* device buffer for the top-k ids */
+} rank_t;
+
+static rw_client_t *connect_to(const server_t *s, uint32_t local_gpu)
+{
+	rw_client_opts_t o;
+	memset(&o, 0, sizeof(o));
+	o.socket_path = s->path;
+	o.group = "g";
+	o.rank = local_gpu;
+	o.world_size = s->nodes * s->gpus;
+	o.node = 0;
+	o.local_gpu = (int32_t)local_gpu;
+	o.timeout_ms = 5000;
+	rw_client_t *c = NULL;
+	int rc = rw_client_connect(&o, &c);
+	if (rc)
+		fail_msg("connect: %s", rw_client_strerror(rc));
+	return c;
+}
+
+/* Connect and open the rank path; skips the case where this build has no kernel image. */
+static void rank_open(rank_t *rk, const server_t *s, uint32_t local_gpu)
+{
+	memset(rk, 0, sizeof(*rk));
+	rk->local_gpu = local_gpu;
+	rk->client = connect_to(s, local_gpu);
+	int rc = rw_client_rank_open(rk->client, 0, 256, &rk->rp);
+	if (rc == RW_E_NO_CUDA && !rw_cuda_kernels_available(0)) {
+		rw_client_close(rk->client);
+		print_message("skipped: %s\n", rw_client_rank_message(NULL));
+		skip();
+	}
+	if (rc)
+		fail_msg("rank open: %s: %s", rw_client_strerror(rc), rw_client_rank_message(NULL));
+	assert_int_equal(rw_cuda_stream_create(0, &rk->stream), RW_OK);
+	rw_cuda_ext_stream_t e;
+	assert_int_equal(rw_cuda_ext_stream_of(rk->stream, &e), RW_OK);
+	rk->cs = (rw_client_stream_t){ .device = e.device, .handle = e.handle };
+	assert_int_equal(rw_cuda_mem_alloc(0, (size_t)MAX_TOKENS * 32 * 4, &rk->ids), RW_OK);
+}
+
+static void rank_close(rank_t *rk)
+{
+	rw_cuda_stream_destroy(rk->stream);
+	rw_cuda_mem_free(0, rk->ids);
+	rw_client_rank_close(rk->rp);
+	rw_client_close(rk->client);
+}
+
+static rw_page_head_t *page_of(const rank_t *rk) { return rk->rp->pg; }
+
+static uint64_t word(const rank_t *rk, unsigned w)
+{
+	return atomic_load_explicit(&page_of(rk)->word[w].v, memory_order_acquire);
+}
+
+static uint8_t *slot(const rank_t *rk, uint64_t k)
+{
+	const rw_page_layout_t *l = &rk->rp->layout;
+	return (uint8_t *)page_of(rk) + l->slot0 + (size_t)(k % RW_PAGE_DEPTH) * l->slot_bytes;
+}
+
+static const uint32_t *count_row(const rank_t *rk, uint64_t k)
+{
+	return (const uint32_t *)(slot(rk, k) + rk->rp->layout.count_row);
+}
+
+static const rw_page_params_t *params(const rank_t *rk, uint64_t k)
+{
+	return (const rw_page_params_t *)(slot(rk, k) + rk->rp->layout.params);
+}
+
+/* The daemon's part of a good phase k: status 0, then plan and arrived (P2, P4). */
+static void daemon_release(const rank_t *rk, uint64_t k)
+{
+	rw_page_head_t *pg = page_of(rk);
+	atomic_store_explicit(&pg->status[k % RW_PAGE_DEPTH].v, 0, memory_order_relaxed);
+	atomic_store_explicit(&pg->word[RW_PW_PLAN].v, k, memory_order_release);
+	atomic_store_explicit(&pg->word[RW_PW_ARRIVED].v, k, memory_order_release);
+}
+
+/* A server for 2 nodes x 4 GPUs over 2 rails, and rank `local_gpu` on it with its rank path. */
+static server_t *rank_setup(rank_t *rk, uint32_t local_gpu)
+{
+	server_t *s = server_start(2, 4, 2, NULL, 1);
+	rank_open(rk, s, local_gpu);
+	return s;
+}
+
+static void rank_teardown(rank_t *rk, server_t *s)
+{
+	rank_close(rk);
+	server_kill(s);
+}
+
+/* The daemon's part of a good phase k, then the eager completion answers 0. */
+static void phase_finish(rank_t *rk, uint64_t k)
+{
+	daemon_release(rk, k);
+	assert_int_equal(rw_client_rank_wait(rk->rp, k, 10000), 0);
+}
+
+/* A phase's routing: n tokens x topk ids in [0, EXPERTS) with some -1 slots, from `seed`. */
+typedef struct routing {
+	uint32_t n, topk;
+	int32_t ids[MAX_TOKENS * 32];
+} routing_t;
+
+static uint64_t mix(uint64_t z)
+{
+	z += 0x9e3779b97f4a7c15ull;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static void routing_gen(routing_t *rt, uint64_t seed, uint32_t n, uint32_t topk)
+{
+	rt->n = n;
+	rt->topk = topk;
+	for (uint32_t i = 0; i < n * topk; i++) {
+		uint64_t z = mix(seed * 1000003u + i);
+		rt->ids[i] = z % 11 == 0 ? -1 : (int32_t)((z >> 32) % EXPERTS);
+	}
+}
+
+/* Copy the ids into the rank's device buffer (a blocking copy: before any stream is held). */
+static void load_ids(rank_t *rk, const routing_t *rt)
+{
+	if (rt->n)
+		assert_int_equal(rw_cuda_memcpy_htod(0, rk->ids, rt->ids, (size_t)rt->n * rt->topk * 4),
+				 RW_OK);
+}
+
+/* Dispatch the routing already in the rank's id buffer. */
+static uint64_t dispatch_loaded(rank_t *rk, const routing_t *rt, uint32_t layer)
+{
+	rw_client_rank_dispatch_t d = { .dtype = RW_DTYPE_BF16, .topk = (uint16_t)rt->topk,
+					.layer = layer, .step = 5, .token_count = rt->n,
+					.hidden = 128, .n_experts = EXPERTS, .topk_ids = rk->ids };
+	uint64_t k = 0;
+	int rc = rw_client_rank_dispatch(rk->rp, &rk->cs, &d, &k);
+	if (rc)
+		fail_msg("dispatch: %s: %s", rw_client_strerror(rc), rw_client_rank_message(rk->rp));
+	return k;
+}
+
+static uint64_t dispatch(rank_t *rk, const routing_t *rt, uint32_t layer)
+{
+	load_ids(rk, rt);
+	return dispatch_loaded(rk, rt, layer);
+}
+
+/* sched/'s host count of this rank's routing: what the daemon counts for a host rank. */
+static void host_row(const server_t *s, const rank_t *rk, const routing_t *rt, uint32_t *row)
+{
+	rw_topo_t topo;
+	assert_int_equal(rw_sched_topo_init(&topo, s->nodes, s->gpus, s->rails), RW_OK);
+	memcpy(topo.gpu_rail, s->gpu_rail, sizeof(topo.gpu_rail));
+	rw_rank_tokens_t t = { .local_gpu = rk->local_gpu, .n_tokens = rt->n, .topk = rt->topk,
+			       .expert_ids = rt->ids };
+	assert_int_equal(rw_sched_count(&topo, EXPERTS, 0, &t, 1, row, NULL), RW_OK);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Cases
+ * ------------------------------------------------------------------------------------------- */
+
+/* Over two geometries and several phases each: the count row the rank's stream wrote into the
+ * phase's slot equals sched/'s host count for the same ids, the parameters are the call's, the
+ * server saw submit move to k, and once the daemon's words come the stream writes done = k and
+ * the eager completion answers 0. */
+static void test_count_row_is_the_host_count(void **state)
+{
+	(void)state;
+	static const uint8_t odd_rails[] = { 2, 0, 1, 2 };
+	const struct { uint32_t nodes, gpus, rails, local_gpu; const uint8_t *gpu_rail; } geo[] = {
+		{ 2, 4, 2, 1, NULL }, { 4, 4, 3, 0, odd_rails }, { 8, 2, 1, 1, NULL } };
+	static routing_t rt;
+	for (unsigned gi = 0; gi < sizeof(geo) / sizeof(geo[0]); gi++) {
+		rank_t rk;
+		server_t *s = server_start(geo[gi].nodes, geo[gi].gpus, geo[gi].rails, geo[gi].gpu_rail, 1);
+		rank_open(&rk, s, geo[gi].local_gpu);
+		assert_int_equal(page_of(&rk)->rail, s->gpu_rail[geo[gi].local_gpu]);
+		const size_t cells = (size_t)s->nodes * s->rails;
+		for (uint32_t ph = 0; ph < 6; ph++) {
+			uint32_t n = ph == 2 ? 0 : (uint32_t)(mix(gi * 31 + ph) % MAX_TOKENS) + 1;
+			routing_gen(&rt, gi * 100 + ph, n, 1 + ph % 8);
+			uint64_t k = dispatch(&rk, &rt, ph);
+			assert_int_equal(k, ph + 1);
+			assert_int_equal(server_heard(s, RW_PW_SUBMIT, k), k);
+			uint32_t want[64];
+			host_row(s, &rk, &rt, want);
+			assert_memory_equal(count_row(&rk, k), want, cells * sizeof(uint32_t));
+			const rw_page_params_t *p = params(&rk, k);
+			assert_int_equal(p->phase, k);
+			assert_int_equal(p->kind, RW_KIND_DISPATCH);
+			assert_int_equal(p->token_count, n);
+			assert_int_equal(p->topk, rt.topk);
+			assert_int_equal(p->layer, ph);
+			assert_int_equal(p->n_experts, EXPERTS);
+			assert_int_equal(p->bad, 0);
+			assert_int_equal(rw_client_rank_wait(rk.rp, k, 0), RW_E_TIMEOUT);
+			phase_finish(&rk, k);
+			assert_int_equal(word(&rk, RW_PW_DONE), k);
+			assert_int_equal(server_heard(s, RW_PW_DONE, k), k);
+		}
+		rank_teardown(&rk, s);
+	}
+}
+
+/* dispatch returns without waiting for the GPU, and submit follows the count kernel in stream
+ * order: with the stream held by earlier work, neither the row nor submit moves; released, both
+ * do. */
+static void test_submit_after_the_kernel(void **state)
+{
+	(void)state;
+	rank_t rk;
+	static routing_t rt;
+	server_t *s = rank_setup(&rk, 2);
+	/* the caller's earlier work: a wait on a gate word in pinned memory */
+	void *gate_host;
+	rw_cuda_dptr_t gate;
+	assert_int_equal(rw_cuda_host_alloc(64, &gate_host), RW_OK);
+	memset(gate_host, 0, 64);
+	gate = (rw_cuda_dptr_t)(uintptr_t)gate_host;
+	routing_gen(&rt, 7, 300, 8);
+	load_ids(&rk, &rt);
+	rw_cuda_ext_stream_t e = { .device = rk.cs.device, .handle = rk.cs.handle };
+	assert_int_equal(rw_cuda_word_wait(&e, gate, 1), RW_OK);
+	uint64_t k = dispatch_loaded(&rk, &rt, 0);
+	usleep(20000);
+	assert_int_equal(word(&rk, RW_PW_SUBMIT), 0);
+	const uint32_t zero[64] = { 0 };
+	assert_memory_equal(count_row(&rk, k), zero, 4 * sizeof(uint32_t));
+	atomic_store_explicit((_Atomic uint64_t *)gate_host, 1, memory_order_release);
+	assert_int_equal(server_heard(s, RW_PW_SUBMIT, k), k);
+	uint32_t want[64];
+	host_row(s, &rk, &rt, want);
+	assert_memory_equal(count_row(&rk, k), want, 4 * sizeof(uint32_t));
+	phase_finish(&rk, k);
+	assert_int_equal(rw_cuda_stream_sync(rk.stream), RW_OK);
+	rank_close(&rk);
+	rw_cuda_host_free(gate_host);
+	server_kill(s);
+}
+
+/* A top-k id outside [0, E) other than -1: that token counts nothing (the row is the host count
+ * of the other tokens), the slot's bad word names it, and the eager completion answers
+ * RW_E_TOKENS naming the token. The next phase is clean again. */
+static void test_bad_id_named(void **state)
+{
+	(void)state;
+	rank_t rk;
+	static routing_t rt, rest;
+	server_t *s = rank_setup(&rk, 0);
+	const int32_t bad_ids[] = { EXPERTS, -5, INT32_MAX };
+	for (unsigned b = 0; b < 3; b++) {
+		routing_gen(&rt, 40 + b, 20, 4);
+		rt.ids[17 * 4 + 2] = bad_ids[b];
+		uint64_t k = dispatch(&rk, &rt, b);
+		assert_int_equal(server_heard(s, RW_PW_SUBMIT, k), k);
+		assert_int_equal(params(&rk, k)->bad, 18);
+		rest = rt;
+		memmove(&rest.ids[17 * 4], &rest.ids[18 * 4], 2 * 4 * sizeof(int32_t));
+		rest.n = 19;
+		uint32_t want[64];
+		host_row(s, &rk, &rest, want);
+		assert_memory_equal(count_row(&rk, k), want, 4 * sizeof(uint32_t));
+		daemon_release(&rk, k);
+		assert_int_equal(rw_client_rank_wait(rk.rp, k, 10000), RW_E_TOKENS);
+		assert_non_null(strstr(rw_client_rank_message(rk.rp), "token 17 "));
+	}
+	routing_gen(&rt, 50, 20, 4);
+	uint64_t k = dispatch(&rk, &rt, 9);
+	phase_finish(&rk, k);
+	assert_int_equal(params(&rk, k)->bad, 0);
+	rank_teardown(&rk, s);
+}
+
+/* At most D phases in flight: the next one is refused with RW_E_AGAIN until the oldest is done,
+ * and a refused call spends no phase number. Phases answer in any order, also once their slot
+ * was taken by a later phase; a failed phase (the daemon's P6) answers with its status. */
+static void test_slot_busy(void **state)
+{
+	(void)state;
+	rank_t rk;
+	static routing_t rt;
+	server_t *s = rank_setup(&rk, 1);
+	routing_gen(&rt, 3, 64, 2);
+	load_ids(&rk, &rt); /* once: a blocking copy would wait for the held stream */
+	for (uint64_t k = 1; k <= RW_PAGE_DEPTH; k++)
+		assert_int_equal(dispatch_loaded(&rk, &rt, 0), k);
+	rw_client_rank_dispatch_t d = { .dtype = RW_DTYPE_FP32, .topk = 2, .token_count = 64,
+					.hidden = 8, .n_experts = EXPERTS, .topk_ids = rk.ids };
+	uint64_t k = 0;
+	assert_int_equal(rw_client_rank_dispatch(rk.rp, &rk.cs, &d, &k), RW_E_AGAIN);
+	assert_non_null(strstr(rw_client_rank_message(rk.rp), "in flight"));
+	assert_int_equal(rw_client_rank_wait(rk.rp, RW_PAGE_DEPTH + 1, 0), RW_E_INVAL);
+	/* phase 1 fails on the daemon's side: its status, then the owed words (P6) */
+	rw_page_fail(page_of(&rk), 1, RW_E_PHASE);
+	assert_int_equal(rw_client_rank_wait(rk.rp, 1, 10000), RW_E_PHASE);
+	assert_int_equal(rw_client_rank_dispatch(rk.rp, &rk.cs, &d, &k), 0);
+	assert_int_equal(k, RW_PAGE_DEPTH + 1);
+	for (uint64_t j = 2; j <= k; j++)
+		daemon_release(&rk, j);
+	assert_int_equal(rw_client_rank_wait(rk.rp, k, 10000), 0);
+	for (uint64_t j = 2; j < k; j++)
+		assert_int_equal(rw_client_rank_wait(rk.rp, j, 0), 0);
+	/* phase 1's slot is phase 5's now; its answer was kept */
+	assert_int_equal(rw_client_rank_wait(rk.rp, 1, 0), RW_E_PHASE);
+	rank_teardown(&rk, s);
+}
+
+/* The daemon dies with phases on the stream: librailwave's watcher writes the owed words, the
+ * stream runs through (done written), every phase answers RW_E_CLOSED and so does the next
+ * dispatch. */
+static void test_daemon_lost_releases_the_stream(void **state)
+{
+	(void)state;
+	rank_t rk;
+	static routing_t rt;
+	server_t *s = rank_setup(&rk, 3);
+	routing_gen(&rt, 11, 100, 4);
+	uint64_t k1 = dispatch(&rk, &rt, 0);
+	phase_finish(&rk, k1);
+	uint64_t k2 = dispatch_loaded(&rk, &rt, 1), k3 = dispatch_loaded(&rk, &rt, 2);
+	assert_int_equal(server_heard(s, RW_PW_SUBMIT, k2), k2);
+	assert_int_equal(rw_client_rank_wait(rk.rp, k3, 0), RW_E_TIMEOUT);
+	kill(s->pid, SIGKILL);
+	assert_int_equal(rw_client_rank_wait(rk.rp, k3, 10000), RW_E_CLOSED);
+	assert_int_equal(rw_client_rank_wait(rk.rp, k2, 0), RW_E_CLOSED);
+	assert_int_equal(rw_client_rank_wait(rk.rp, k1, 0), 0);
+	assert_int_equal(word(&rk, RW_PW_DONE), k3);
+	assert_int_equal(rw_cuda_stream_sync(rk.stream), RW_OK);
+	rw_client_rank_dispatch_t d = { .dtype = RW_DTYPE_BF16, .topk = 4, .token_count = 100,
+					.hidden = 8, .n_experts = EXPERTS, .topk_ids = rk.ids };
+	uint64_t k = 0;
+	assert_int_equal(rw_client_rank_dispatch(rk.rp, &rk.cs, &d, &k), RW_E_CLOSED);
+	rank_teardown(&rk, s);
+}
+
+/* Bad calls are refused, named, before anything is enqueued (the next good call gets phase 1);
+ * a second rank path on one client and a daemon that lends no page are refused too. */
+static void test_refusals(void **state)
+{
+	(void)state;
+	rank_t rk;
+	static routing_t rt;
+	server_t *s = rank_setup(&rk, 0);
+	rw_client_rank_t *again = NULL;
+	assert_int_equal(rw_client_rank_open(rk.client, 0, 256, &again), RW_E_STATE);
+	assert_int_equal(rw_client_rank_open(rk.client, 99, 256, &again), RW_E_INVAL);
+	assert_non_null(strstr(rw_client_rank_message(NULL), "device 99"));
+	const rw_client_rank_dispatch_t good = { .dtype = RW_DTYPE_BF16, .topk = 4,
+						 .token_count = 10, .hidden = 8,
+						 .n_experts = EXPERTS, .topk_ids = rk.ids };
+	struct { rw_client_rank_dispatch_t d; rw_client_stream_t st; int want; const char *says; }
+		bad[8];
+	for (int i = 0; i < 8; i++) {
+		bad[i].d = good;
+		bad[i].st = rk.cs;
+	}
+	bad[0].d.dtype = 9, bad[0].want = RW_E_DTYPE, bad[0].says = "dtype";
+	bad[1].d.topk = 33, bad[1].want = RW_E_TOKENS, bad[1].says = "topk";
+	bad[2].d.token_count = MAX_TOKENS + 1, bad[2].want = RW_E_TOKENS, bad[2].says = "token_count";
+	bad[3].d.n_experts = EXPERTS + 1, bad[3].want = RW_E_EXPERTS, bad[3].says = "n_experts";
+	bad[4].d.topk_ids = rk.ids + 2, bad[4].want = RW_E_INVAL, bad[4].says = "aligned";
+	bad[5].st.device = 1, bad[5].want = RW_E_INVAL, bad[5].says = "device 1";
+	bad[6].d.reserved1 = 1, bad[6].want = RW_E_INVAL, bad[6].says = "reserved";
+	bad[7].d.path = RW_PATH_REQ_JOINT + 1, bad[7].want = RW_E_FIELD, bad[7].says = "path";
+	for (int i = 0; i < 8; i++) {
+		uint64_t k = 0;
+		assert_int_equal(rw_client_rank_dispatch(rk.rp, &bad[i].st, &bad[i].d, &k),
+				 bad[i].want);
+		assert_non_null(strstr(rw_client_rank_message(rk.rp), bad[i].says));
+		assert_int_equal(k, 0);
+	}
+	assert_int_equal(rw_client_rank_wait(rk.rp, 1, 0), RW_E_INVAL);
+	assert_int_equal(word(&rk, RW_PW_SUBMIT), 0);
+	routing_gen(&rt, 1, 10, 4);
+	uint64_t k = dispatch(&rk, &rt, 0);
+	assert_int_equal(k, 1);
+	phase_finish(&rk, k);
+	rank_teardown(&rk, s);
+
+	s = server_start(2, 4, 2, NULL, 0); /* no page rails */
+	rw_client_t *c = connect_to(s, 0);
+	assert_int_equal(rw_client_rank_open(c, 0, 256, &again), RW_E_STATE);
+	assert_non_null(strstr(rw_client_rank_message(NULL), "lends no rank page"));
+	rw_client_close(c);
+	server_kill(s);
+}
+
+/* A rank with no CUDA driver (a CPU-only node): the rank path is refused with RW_E_NO_CUDA and
+ * a reason, and the client goes on with the ring. Run in a child that never loaded a driver. */
+static void test_cpu_only_rank(void **state)
+{
+	(void)state;
+	server_t *s = server_start(2, 4, 2, NULL, 1);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		setenv("RW_CUDA_DRIVER", "/nonexistent/libcuda.so.1", 1);
+		rw_client_t *c = connect_to(s, 0);
+		rw_client_rank_t *rp = NULL;
+		int rc = rw_client_rank_open(c, 0, 256, &rp);
+		int ok = rc == RW_E_NO_CUDA && rp == NULL &&
+			 strstr(rw_client_rank_message(NULL), "no CUDA driver") != NULL;
+		uint32_t id;
+		void *addr;
+		ok = ok && rw_client_register_host(c, 4096, &id, &addr) == 0;
+		rw_client_close(c);
+		_exit(ok ? 0 : 1);
+	}
+	int status = 0;
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+	server_kill(s);
+}
+
+/* After every case: a server it left (a failed assertion skips its own cleanup). */
+static int kill_left(void **state)
+{
+	(void)state;
+	for (unsigned i = 0; i < 2; i++)
+		server_kill(&servers[i]);
+	return 0;
+}
+
+#define CASE(f) cmocka_unit_test_teardown(f, kill_left)
+
+int main(int argc, char **argv)
+{
+	(void)argc;
+	char self[PATH_MAX];
+	snprintf(self, sizeof(self), "%s", argv[0]);
+	/* build/test/rank -> build/tests/integration/libfakecuda_kern.so (the kernel stand-in) */
+	snprintf(fake_driver, sizeof(fake_driver), "%s/../tests/integration/libfakecuda_kern.so",
+		 dirname(self));
+	setenv("RW_CUDA_DRIVER", fake_driver, 0);
+	rw_log_set_level(getenv("RW_TEST_VERBOSE") ? RW_LOG_DEBUG : RW_LOG_ERROR);
+	signal(SIGPIPE, SIG_IGN);
+	const char *driver = getenv("RW_CUDA_DRIVER"); /* a path, or a name such as libcuda.so.1 */
+	if (!RW_HAVE_CUDA_H || (strchr(driver, '/') && access(driver, R_OK) != 0)) {
+		printf("skip: no driver %s\n", driver);
+		return 77;
+	}
+	const struct CMUnitTest tests[] = {
+		/* first: its child must not inherit a loaded driver */
+		CASE(test_cpu_only_rank),
+		CASE(test_count_row_is_the_host_count),
+		CASE(test_submit_after_the_kernel),
+		CASE(test_bad_id_named),
+		CASE(test_slot_busy),
+		CASE(test_daemon_lost_releases_the_stream),
+		CASE(test_refusals),
+	};
+	return cmocka_run_group_tests_name("rank", tests, NULL, NULL);
+}
