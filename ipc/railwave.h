@@ -454,6 +454,15 @@ int rw_client_rank_dispatch(rw_client_rank_t *rank, const rw_client_stream_t *st
  * dispatched. */
 int rw_client_rank_wait(rw_client_rank_t *rank, uint64_t phase, int timeout_ms);
 
+/* The group's slab of `rail` as the rank path mapped it at open and registered it with CUDA
+ * (DEVICEMAP | PORTABLE; docs/rankpath.md "The slab areas, lent per group"): *slab_p (the
+ * client's mapping and the slab's areas, as rw_client_group_slab gives them) and *dptr_p (the
+ * mapping's device address). The daemon's answer when it lends the group none: RW_E_STATE (no
+ * carve-outs there) or RW_E_LIMIT (the pool was spent when the group formed); RW_E_INVAL: no
+ * such rail. */
+int rw_client_rank_slab(rw_client_rank_t *rank, uint32_t rail, rw_client_slab_t *slab_p,
+			uint64_t *dptr_p);
+
 /* Text of the last error of the rank path ("" if none). */
 const char *rw_client_rank_message(const rw_client_rank_t *rank);
 

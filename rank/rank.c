@@ -105,6 +105,11 @@ int rw_client_rank_open(rw_client_t *client, int32_t device, uint32_t max_recv,
 			 "bytes) failed", r->bytes);
 		goto fail_free;
 	}
+	if ((rc = rw_rank_slabs_open(r)) != 0) { /* the group's slabs (rank/slabs.c) */
+		snprintf(open_msg, sizeof(open_msg), "%s", r->msg);
+		rw_cuda_host_unregister(page);
+		goto fail_free;
+	}
 	*rank_p = r;
 	return 0;
 fail_free:
@@ -116,6 +121,7 @@ void rw_client_rank_close(rw_client_rank_t *r)
 {
 	if (!r)
 		return;
+	rw_rank_slabs_close(r);
 	rw_cuda_host_unregister(r->pg);
 	free(r);
 }

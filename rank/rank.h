@@ -25,6 +25,12 @@ typedef struct rw_rank_result {
 	uint32_t bad;          /* the count kernel's bad word (1 + token), RW_E_TOKENS */
 } rw_rank_result_t;
 
+/* One rail's slab of the group as the rank path holds it (rank/slabs.c). */
+typedef struct rw_rank_slab {
+	rw_client_slab_t lent;  /* the client's mapping and the slab's areas */
+	rw_cuda_dptr_t dptr;    /* the mapping as the devices address it */
+} rw_rank_slab_t;
+
 struct rw_client_rank {
 	rw_client_t *client;
 	rw_page_head_t *pg;    /* the rank page, mapped by the client */
@@ -36,6 +42,17 @@ struct rw_client_rank {
 	int broken;            /* 0, or RW_E_CUDA once an enqueue failed after submit */
 	rw_rank_result_t kept[RW_RANK_KEPT]; /* phase k at k mod RW_RANK_KEPT */
 	char msg[RW_RANK_MSG_MAX];
+	/* The group's slabs (rank/slabs.c): rails 0 .. n_slabs - 1 mapped and registered; none
+	 * when the daemon lends none (slabs_code: its answer, RW_E_STATE or RW_E_LIMIT). */
+	uint32_t n_slabs;
+	int slabs_code;
+	rw_rank_slab_t slab[RW_CLIENT_SLAB_RAILS];
 };
+
+/* rank/slabs.c: at open, every rail's slab lent to the group, registered with CUDA (0, or none
+ * lent: n_slabs 0); RW_E_CUDA, RW_E_BADREPLY or the client's error, r->msg says which (nothing
+ * left registered). Close unregisters them. */
+int rw_rank_slabs_open(rw_client_rank_t *r);
+void rw_rank_slabs_close(rw_client_rank_t *r);
 
 #endif /* RW_RANK_H */

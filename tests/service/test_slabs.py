@@ -21,8 +21,14 @@ sockets; the daemons run with group_area_mib 1 and group_pool_mib 2 (a pool of t
 4. After leave: the attacker's group ends; a new group is lent a fresh object from the freed
    place of the pool. What one writes, the other never sees, although the old rank still maps
    its slab.
+5. The rank path (librailwave's rank/slabs.c through ctypes, on the kernel stand-in driver): a
+   rank path opened on a daemon that lends slabs maps and registers its group's slab of every
+   rail; another rank of the group, lent the same rail's slab, holds the same object and sees
+   what is written through the rank path's mapping; another group's rank path holds other
+   objects; one of a group formed with the pool spent opens without slabs (RW_E_LIMIT).
 Every daemon then stops cleanly on SIGTERM (exit 0; under ASan: no leak, no report).
 Run by tests/run as $b/test/svc_slabs; exits 0 pass, 1 fail, 77 skip."""
+import ctypes
 import mmap
 import os
 import socket
@@ -256,16 +262,103 @@ def scenario_attacks(tmp, seed):
           "the daemon logs the group that found the pool spent")
 
 
+class Slab(ctypes.Structure):
+    """ipc/railwave.h rw_client_slab_t."""
+    _fields_ = [("base", ctypes.c_void_p), ("bytes", ctypes.c_size_t), ("rail", ctypes.c_uint32),
+                ("rails", ctypes.c_uint32), ("area_bytes", ctypes.c_uint64),
+                ("recv_off", ctypes.c_uint64 * 2), ("send_off", ctypes.c_uint64 * 2),
+                ("local_off", ctypes.c_uint64), ("object", ctypes.c_uint64)]
+
+
+def scenario_rank_path(tmp, seed):
+    c = cluster.Cluster(tmp, 2, extra=AREA)
+    world = c.nodes * c.gpus
+    sock0 = c.cfg["nodes"][0]["ipc_socket"].encode()
+    os.environ["RW_CUDA_DRIVER"] = cluster.FAKE_KERN  # the driver this process (the rank) loads
+    lib = ctypes.CDLL(cluster.LIBRAILWAVE)
+    lib.rw_client_connect.argtypes = [ctypes.POINTER(cluster.ClientOpts),
+                                      ctypes.POINTER(ctypes.c_void_p)]
+    lib.rw_client_close.argtypes = [ctypes.c_void_p]
+    lib.rw_client_rank_open.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint32,
+                                        ctypes.POINTER(ctypes.c_void_p)]
+    lib.rw_client_rank_close.argtypes = [ctypes.c_void_p]
+    lib.rw_client_rank_message.argtypes = [ctypes.c_void_p]
+    lib.rw_client_rank_message.restype = ctypes.c_char_p
+    lib.rw_client_rank_slab.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.POINTER(Slab),
+                                        ctypes.POINTER(ctypes.c_uint64)]
+    held = []
+
+    def rank_path(group, rank):
+        o = cluster.ClientOpts(sock0, group.encode(), rank, world, 0, rank % c.gpus)
+        cl, rp = ctypes.c_void_p(), ctypes.c_void_p()
+        if lib.rw_client_connect(ctypes.byref(o), ctypes.byref(cl)) != 0:
+            raise RuntimeError("rank %d of %s cannot connect" % (rank, group))
+        rc = lib.rw_client_rank_open(cl, 0, 64, ctypes.byref(rp))
+        held.append((cl, rp if rc == 0 else None))
+        if rc != 0:
+            raise RuntimeError("%s: rank path open: %d %s" % (group, rc,
+                                                              lib.rw_client_rank_message(None)))
+        return rp
+
+    def slabs(rp):
+        out = []
+        for r in range(c.rails):
+            sl, dptr = Slab(), ctypes.c_uint64()
+            rc = lib.rw_client_rank_slab(rp, r, ctypes.byref(sl), ctypes.byref(dptr))
+            out.append((rc, sl, dptr.value))
+        return out
+
+    try:
+        c.start_all()
+        a = slabs(rank_path("g.rp", 0))
+        check(all(rc == 0 and sl.bytes == 1 << 20 and sl.rail == r and dptr for r, (rc, sl, dptr)
+                  in enumerate(a)),
+              "the rank path maps and registers its group's slab of every rail: %s"
+              % [(rc, sl.bytes, hex(dptr)) for rc, sl, dptr in a])
+        x = Raw(sock0.decode())
+        x.hello("g.rp", 1, world, 0, 1)
+        res = x.slab(0)
+        if res[0] == "ok" and a[0][0] == 0:
+            sl = a[0][1]
+            view = mmap.mmap(res[1], 1 << 20)
+            ctypes.memset(sl.base + sl.local_off, 0x3c, 4096)
+            check(os.fstat(res[1]).st_ino == sl.object and
+                  view[sl.local_off:sl.local_off + 4096] == b"\x3c" * 4096,
+                  "another rank of the group holds the same object (inode %d) and sees what the "
+                  "rank path wrote" % sl.object)
+            view.close()
+            os.close(res[1])
+        else:
+            check(False, "another rank of the group is lent its slab: %s" % (res,))
+        b = slabs(rank_path("g.other", 0))
+        check(all(rc == 0 for rc, _, _ in b) and
+              not {sl.object for _, sl, _ in b} & {sl.object for _, sl, _ in a},
+              "another group's rank path holds other objects")
+        sp = slabs(rank_path("g.spent", 0))
+        check(all(rc == E_LIMIT for rc, _, _ in sp),
+              "the pool spent: a rank path opens without slabs and says RW_E_LIMIT (%s)"
+              % [rc for rc, _, _ in sp])
+        x.close()
+    finally:
+        for cl, rp in held:
+            if rp:
+                lib.rw_client_rank_close(rp)
+            lib.rw_client_close(cl)
+        c.stop()
+
+
 def main():
-    if not cluster.built(cluster.DAEMON, cluster.RANK) or not os.path.exists(cluster.FAKE_CUDA):
-        print("skip: railwaved, rw_rank or the CUDA stand-in not built")
+    if not cluster.built(cluster.DAEMON, cluster.RANK, cluster.LIBRAILWAVE) or not all(
+            os.path.exists(p) for p in (cluster.FAKE_CUDA, cluster.FAKE_KERN)):
+        print("skip: railwaved, rw_rank, librailwave or the CUDA stand-ins not built")
         return 77
     seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or int(time.time()) % (1 << 30)
     print("seed %d (RW_TEST_SEED=%d reproduces)" % (seed, seed))
     with tempfile.TemporaryDirectory(prefix="rwslabs.", dir="/tmp") as tmp:
         check.scenarios([("lent tcp", lambda t, s: scenario_lent(t, s, "tcp")),
                          ("lent shm", lambda t, s: scenario_lent(t, s, "shm")),
-                         ("attacks", scenario_attacks)], tmp, seed)
+                         ("attacks", scenario_attacks),
+                         ("rank path", scenario_rank_path)], tmp, seed)
     return check.exit_code()
 
 
