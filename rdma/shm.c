@@ -3,10 +3,10 @@
  * proved the cluster key (the same handshake as tcp: HELLO and HELLO_ACK carry proofs) asks for
  * a region's fd over the connection's control socket (abstract AF_UNIX, SOCK_SEQPACKET, named
  * after the rail's address and port) and maps it. A one-sided write is a memcpy into that
- * mapping by the writer's copier threads (or, small, by its loop: shm_copy.c), then a
- * descriptor published in the writer's outbox with a release store, which completes the write;
- * the target's loop reads it with acquire and reports the arrival; the target's head store
- * frees the outbox entries (shm_priv.h names the pairs; shm_conn.c is the connections' side). This file is the vtable, devices, regions,
+ * mapping by the writer's copier threads (shm_copy.c), then a descriptor published in the
+ * writer's outbox with a release store; the target's loop reads it with acquire and reports the
+ * arrival; the target's head store tells the writer its write is done (shm_priv.h names the
+ * pairs; shm_conn.c is the connections' side). This file is the vtable, devices, regions,
  * listeners, connect and write.
  * For development and benchmarks on one machine; it is not a transport between hosts. */
 #include <arpa/inet.h>
@@ -188,10 +188,7 @@ static rw_status_t shm_write(rw_rail_conn_t *base, const rw_rail_write_t *w)
 	shm_dev_t *dev = c->dev;
 	if (base->state != RW_RAIL_CONN_UP || c->closed || c->fd < 0 || c->pending_fail)
 		return RW_ERR_STATE;
-	/* Completions come at publish, so the outbox may still hold entries the peer has not
-	 * read: its head bounds the writes in flight too. */
-	if (c->tx_posted - c->tx_acked >= dev->base.max_writes ||
-	    c->tx_posted - c->tx_head > c->out_mask) {
+	if (c->tx_posted - c->tx_acked >= dev->base.max_writes) {
 		c->want_writable = 1;
 		return RW_ERR_AGAIN;
 	}
@@ -220,7 +217,6 @@ static rw_status_t shm_write(rw_rail_conn_t *base, const rw_rail_write_t *w)
 	if (ask && shm_conn_send(c, &(shm_msg_t){.type = SHM_KEY_REQ, .a = w->remote.key}, -1) != 0)
 		shm_conn_fail_later(c, RW_ERR_PEER); /* queued all the same: it comes back failed */
 	shm_copy_kick(c);
-	shm_conn_acked_later(c);
 	return RW_OK;
 }
 

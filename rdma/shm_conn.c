@@ -121,7 +121,6 @@ static void conn_quiesce(shm_conn_t *c)
 	shm_copy_detach(c);
 	ev_io_stop(loop, &c->rio);
 	ev_io_stop(loop, &c->wio);
-	ev_idle_stop(loop, &c->acked);
 	ev_timer_stop(loop, &c->timer);
 	if (c->fd >= 0)
 		close(c->fd);
@@ -243,7 +242,6 @@ int shm_conn_send(shm_conn_t *c, const shm_msg_t *m, int fd)
 
 static void rio_cb(struct ev_loop *loop, ev_io *w, int revents);
 static void wio_cb(struct ev_loop *loop, ev_io *w, int revents);
-static void acked_cb(struct ev_loop *loop, ev_idle *w, int revents);
 
 shm_conn_t *shm_conn_new(shm_dev_t *dev, int fd, const rw_rail_conn_cbs_t *cbs, void *ctx)
 {
@@ -256,8 +254,7 @@ shm_conn_t *shm_conn_new(shm_dev_t *dev, int fd, const rw_rail_conn_cbs_t *cbs, 
 	ev_io_init(&c->rio, rio_cb, fd, EV_READ);
 	ev_io_init(&c->wio, wio_cb, fd, EV_WRITE);
 	ev_timer_init(&c->timer, timer_cb, SHM_HANDSHAKE_TIMEOUT_S, 0.);
-	ev_idle_init(&c->acked, acked_cb);
-	c->rio.data = c->wio.data = c->timer.data = c->acked.data = c;
+	c->rio.data = c->wio.data = c->timer.data = c;
 	rw_list_add(&dev->conns, &c->link);
 	return c;
 }
@@ -317,74 +314,44 @@ static int rx_poll(shm_conn_t *c)
 	}
 }
 
-/* Completions: every write published (its bytes in the peer's region, rdma/rail.h rule 3), in
- * posting order, but one whose bytes had nowhere to go only once the peer read it (it fails the
- * connection there, and its error comes back); and the peer's head, which says which outbox
- * entries it has read (they may be reused). Returns 0 when the connection failed or was closed
- * meanwhile. */
+/* Completions: the peer's head says which of our writes it reported. Returns 0 when the
+ * connection failed or was closed meanwhile. */
 static int tx_poll(shm_conn_t *c)
 {
 	shm_dev_t *dev = c->dev;
 	for (;;) {
-		/* Pair (2), acquire: the target read every entry below head. */
+		/* Pair (2), acquire: the target reported every write below head. */
 		uint64_t head = atomic_load_explicit(&c->out->head, memory_order_acquire);
 		pthread_mutex_lock(&dev->mu);
 		uint64_t published = c->tx_copied;
 		pthread_mutex_unlock(&dev->mu);
-		if (head < c->tx_head || head > published) {
+		if (head < c->tx_acked || head > published) {
 			shm_msg_t m = {.type = SHM_HEAD, .a = head, .b = published};
 			proto_fail(c, "outbox head outside the writes published", &m);
 			return 0;
 		}
-		c->tx_head = head;
-		if (published != c->tx_acked)
+		if (head != c->tx_acked)
 			shm_copy_stats_sync(dev);
-		while (c->tx_acked < published) {
+		while (c->tx_acked < head) {
 			shm_tx_t *t = &c->tx[c->tx_acked & c->out_mask];
-			if (t->lost && c->tx_acked >= head)
-				break;
 			c->tx_acked++;
 			if (c->base.cbs.on_write_done)
 				c->base.cbs.on_write_done(&c->base, c->base.ctx, t->ctx, RW_OK);
 			if (!shm_conn_live(c))
 				return 0;
 		}
-		if (c->want_writable && c->tx_posted - c->tx_acked < dev->base.max_writes &&
-		    c->tx_posted - c->tx_head <= c->out_mask) {
+		if (c->want_writable && c->tx_posted - c->tx_acked < dev->base.max_writes) {
 			c->want_writable = 0;
 			if (c->base.cbs.on_writable)
 				c->base.cbs.on_writable(&c->base, c->base.ctx);
 			if (!shm_conn_live(c))
 				return 0;
 		}
-		/* The peer's next head is worth a doorbell only while a write waits for a copier
-		 * (its completion is seen then) or for outbox entries. */
-		const int want = c->tx_acked != c->tx_posted || c->want_writable;
-		atomic_store(&c->out->tx_armed, (uint32_t)want);
-		if (!want)
-			return 1;
+		atomic_store(&c->out->tx_armed, 1);
 		atomic_thread_fence(memory_order_seq_cst);
 		if (atomic_load_explicit(&c->out->head, memory_order_acquire) == head)
 			return 1;
 	}
-}
-
-/* After a post (from the loop, never inside rw_rail_write): the writes the loop published are
- * reported, and the doorbell for the others armed. */
-static void acked_cb(struct ev_loop *loop, ev_idle *w, int revents)
-{
-	(void)revents;
-	shm_conn_t *c = w->data;
-	ev_idle_stop(loop, w);
-	cb_enter(c);
-	if (shm_conn_live(c))
-		tx_poll(c);
-	cb_leave(c);
-}
-
-void shm_conn_acked_later(shm_conn_t *c)
-{
-	ev_idle_start(c->dev->base.loop, &c->acked);
 }
 
 /* ---- the peer's regions, as the writer maps them ------------------------------------------ */
@@ -421,8 +388,7 @@ static void map_settle(shm_conn_t *c, const shm_msg_t *m, int fd)
 		proto_fail(c, "region fd missing, unsealed, smaller than said, or not mappable", m);
 		return;
 	}
-	if (shm_copy_kick(c))
-		tx_poll(c); /* (a callback of ours: completions may be reported here) */
+	shm_copy_kick(c);
 }
 
 /* ---- handshake and control messages (on the loop) ------------------------------------------ */

@@ -186,8 +186,6 @@ static int chunk_take(shm_conn_t *c, uint64_t max, chunk_t *k)
 	if (m && m->state == SHM_MAP_READY &&
 	    rw_rail_range_check(m->length, t->remote_offset, t->length) == RW_OK)
 		k->dst = m->addr + t->remote_offset + off;
-	else if (k->n)
-		t->lost = 1;
 	/* else: the target has no such region (any more); the entry goes out without a copy
 	 * and the target refuses it (RW_ERR_PROTO on its side, as on tcp). */
 	c->issue_off += k->n;
@@ -240,20 +238,17 @@ static int inline_ok(const shm_conn_t *c)
 	return c->tx[c->tx_issue & c->out_mask].length <= SHM_INLINE_MAX;
 }
 
-int shm_copy_kick(shm_conn_t *c)
+void shm_copy_kick(shm_conn_t *c)
 {
 	shm_dev_t *dev = c->dev;
 	chunk_t k;
 	pthread_mutex_lock(&dev->mu);
-	const uint64_t published = c->tx_copied;
 	if (inline_ok(c) && pace_charge(dev, c->tx[c->tx_issue & c->out_mask].length) &&
 	    chunk_take(c, SHM_INLINE_MAX, &k)) {
 		chunk_copy(dev, &k); /* the loop is this chunk's copier */
 	}
 	work_push(c);
-	const int inline_done = c->tx_copied != published;
 	pthread_mutex_unlock(&dev->mu);
-	return inline_done;
 }
 
 static void *copier_main(void *arg)

@@ -97,9 +97,7 @@ static inline int shm_msg_decode(const uint8_t in[SHM_MSG_SIZE], shm_msg_t *m)
  *      then stores tail with release; the target loads tail with acquire before it reads the
  *      entry or reports the arrival, so it never reports bytes it could not see yet.
  *  (2) head: the target stores head with release after reporting the arrivals below it; the
- *      writer loads head with acquire before it reuses their entries. A write's completion
- *      needs no head: it is reported once the write is published (its bytes are in the
- *      target's region, rdma/rail.h rule 3).
+ *      writer loads head with acquire before reporting on_write_done(RW_OK) for them.
  * Doorbells (rx_armed, tx_armed): the sleeping side stores 1, a seq_cst fence, re-reads the
  * index; the moving side stores the index, a seq_cst fence, exchanges the flag with 0 and sends
  * one message only if it was 1 (a store-load pair on both sides: no wake-up is lost, at most
@@ -188,8 +186,6 @@ typedef struct shm_tx {
 	uint64_t local_offset, length, key, remote_offset;
 	uint64_t done;           /* bytes copied (dev->mu): published once all, in order */
 	uint32_t imm;
-	int lost;                /* (dev->mu) some bytes had nowhere to go (the peer dropped the
-	                          * region): complete only when the peer has read it (and refused) */
 	void *ctx;
 } shm_tx_t;
 
@@ -207,7 +203,6 @@ struct shm_conn {
 	int fd;                  /* control socket */
 	int closed, cb_depth, user_known, pending, want_writable;
 	ev_io rio, wio;
-	ev_idle acked;           /* the loop published a write itself: report it (tx_poll) */
 	ev_timer timer;          /* handshake timeout, or a deferred failure (after 0 s) */
 	rw_status_t pending_fail;
 	enum shm_hs hs;
@@ -221,7 +216,6 @@ struct shm_conn {
 	/* Writes: loop posts and reports; the copier copies (tx_copied, under dev->mu). */
 	shm_tx_t *tx;
 	uint64_t tx_posted, tx_acked;
-	uint64_t tx_head;        /* the peer's head as last checked: entries below it are free */
 
 	/* ---- under dev->mu (copiers and loop) ---- */
 	uint64_t tx_copied;      /* published into out->tail (<= tx_issue <= tx_posted) */
@@ -263,9 +257,6 @@ shm_conn_t *shm_conn_new(shm_dev_t *dev, int fd, const rw_rail_conn_cbs_t *cbs, 
 void shm_conn_destroy(shm_conn_t *c);
 /* A failure found where no callback may run (inside rw_rail_* calls): reported from the loop. */
 void shm_conn_fail_later(shm_conn_t *c, rw_status_t st);
-/* A write was posted: from the loop, report what the loop published itself (shm_copy_kick) and
- * arm the peer's head doorbell for what a copier will publish. */
-void shm_conn_acked_later(shm_conn_t *c);
 /* Send a control message (with fd when >= 0); -1 (logged) when the peer does not take it. */
 int shm_conn_send(shm_conn_t *c, const shm_msg_t *m, int fd);
 /* Send one control message on socket sock, with fd attached when fd >= 0 (never blocks).
@@ -279,10 +270,8 @@ int shm_memfd_sealed(const char *name, uint64_t bytes);
 rw_status_t shm_copy_start(shm_dev_t *dev, unsigned n);
 /* Stop and join them (dev_close), after every connection was detached. */
 void shm_copy_stop(shm_dev_t *dev);
-/* The connection has writes to copy (posted, or unblocked): put it on the work list, or copy
- * a small one on the calling loop at once. 1 when that published a write (the caller reports
- * its completion from the loop, not from inside an rw_rail_* call). */
-int shm_copy_kick(shm_conn_t *c);
+/* The connection has writes to copy (posted, or unblocked): put it on the work list. */
+void shm_copy_kick(shm_conn_t *c);
 /* Take the connection off the work list and wait until no copier touches it (at most one
  * chunk's copy per copier): afterwards nothing of the copiers reads its regions, writes its
  * peer's mappings or uses its socket. Loop thread. */
