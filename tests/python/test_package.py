@@ -45,6 +45,8 @@ def check_abi(fails):
     for name, mine in [("RW_KIND_DISPATCH", _lib.KIND_DISPATCH), ("RW_KIND_COMBINE", _lib.KIND_COMBINE),
                        ("RW_DTYPE_BF16", _lib.DTYPE_BF16), ("RW_DTYPE_FP32", _lib.DTYPE_FP32),
                        ("RW_BUF_NONE", _lib.BUF_NONE),
+                       ("RW_SQE_WAIT_EVENT", _lib.SQE_WAIT_EVENT), ("RW_SQE_SIGNAL", _lib.SQE_SIGNAL),
+                       ("RW_SQE_ABORT", _lib.SQE_ABORT),
                        ("RW_CQE_INLINE_COUNTS", _lib.CQE_INLINE_COUNTS),
                        ("RW_GROUP_NAME_MAX", _lib.GROUP_NAME_MAX)]:
         if h.get(name) != mine:
