@@ -137,6 +137,11 @@ typedef struct rw_svc_metrics {
 	/* Where the rails' send and receive slabs live and why (docs/cuda.md "Where the slabs
 	 * live"): set once by the mesh at start, e.g. "host (tcp rails are sockets)". */
 	char slabs[160];
+	/* The groups' carve-outs (docs/rankpath.md "The slab areas, lent per group"): held now (by
+	 * groups, and by pairs still draining), the pool's size, and groups that formed with the
+	 * pool spent (their pairs share the region, their ranks are lent no slabs). */
+	uint32_t carve_outs, carve_outs_max;
+	uint64_t carve_outs_refused;
 	rw_svc_peer_metrics_t *peer; /* [peers], owned */
 } rw_svc_metrics_t;
 

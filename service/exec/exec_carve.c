@@ -21,7 +21,7 @@ void exec_carve_take(exec_t *x, exec_group_t *g)
 		       (unsigned long long)x->carve_bytes >> 20);
 		return;
 	}
-	x->carve_refused++;
+	x->svc->metrics.carve_outs_refused++;
 	rw_warn("group %s: no carve-out of its own (%s): its pairs share the region and its ranks "
 		"are lent no slabs", g->name, st == RW_ERR_AGAIN ? "the pool is spent: every one of "
 		"group_pool_mib / group_area_mib is held" : rw_status_str(st));

@@ -269,7 +269,6 @@ struct rw_svc_exec {
 	uint64_t carve_sub;          /* each of its five sub-areas: carve_bytes / 5, 64-aligned */
 	uint32_t carve_max;          /* carve-outs in the pool */
 	uint64_t *carve_put_at;      /* [carve_max]: when a left group's carve-out goes; 0: none */
-	uint64_t carve_refused;      /* groups that found the pool spent */
 	int slot_busy[EXEC_SLOTS];
 	uint64_t slot_free_at[EXEC_SLOTS];
 	rw_list_t groups;

@@ -25,6 +25,7 @@ rw_status_t mesh_carve_init(rw_svc_mesh_t *m, uint64_t carve_bytes, uint32_t car
 		return RW_ERR_NOMEM;
 	m->carve_bytes = carve_bytes;
 	m->carve_max = carve_max;
+	m->svc->metrics.carve_outs_max = carve_max;
 	for (uint32_t i = 0; i < carve_max; i++)
 		for (uint32_t r = 0; r < RW_MAX_RAILS; r++)
 			m->carve[i].fd[r] = -1;
@@ -139,6 +140,7 @@ rw_status_t rw_svc_mesh_carve_take(rw_svc_mesh_t *m, const char *group, uint32_t
 		}
 	}
 	cv->refs = 1;
+	m->svc->metrics.carve_outs++;
 	/* Every peer that has our REGIONS hears of it now; a peer whose handshake comes later gets
 	 * it after REGIONS (mesh_carve_announce_all). Both go before any count row naming it. */
 	uint8_t buf[sizeof(rw_wire_carve_t) + 8];
@@ -167,8 +169,10 @@ void rw_svc_mesh_carve_put(rw_svc_mesh_t *m, uint32_t index)
 {
 	if (index >= m->carve_max || !m->carve[index].refs)
 		return;
-	if (--m->carve[index].refs == 0)
+	if (--m->carve[index].refs == 0) {
 		carve_free(m, &m->carve[index]);
+		m->svc->metrics.carve_outs--;
+	}
 }
 
 int rw_svc_mesh_carve_fd(const rw_svc_mesh_t *m, uint32_t index, uint32_t rail, uint64_t *bytes_p)

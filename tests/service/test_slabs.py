@@ -213,6 +213,10 @@ def scenario_attacks(tmp, seed):
         check(res[0] == "error" and res[1] == E_LIMIT and "group_pool_mib" in res[2],
               "the pool spent: a third group's slab request is RW_E_LIMIT naming the pool (%s)"
               % (res,))
+        st = c.stats(0)
+        check("carve_outs 2/2\n" in st and "carve_outs_refused 1\n" in st,
+              "stats: both carve-outs held, one group refused (%s)"
+              % [l for l in st.splitlines() if l.startswith("carve_outs")])
         z.close()
         wait_left(c, 0, "job.c")
         outs_c = c.collect([(r, c.rank(r, "job.c", 1, 2, seed + 1)) for r in range(world)])
@@ -236,7 +240,10 @@ def scenario_attacks(tmp, seed):
         d = Raw(sock0)
         d.hello("job.d", 0, world, 0, 0)
         res = d.slab(0)
-        check(res[0] == "ok", "a new group is lent a slab from the pool's freed places")
+        st = c.stats(0)
+        check(res[0] == "ok" and "carve_outs 1/2\n" in st,
+              "a new group is lent a slab from the pool's freed places; stats: %s"
+              % [l for l in st.splitlines() if l.startswith("carve_outs ")])
         if res[0] == "ok" and b_map:
             d_obj = os.fstat(res[1]).st_ino
             d_map = mmap.mmap(res[1], 1 << 20)
