@@ -50,6 +50,9 @@ typedef struct rw_page_head {
 	uint32_t gpus;                         /* local ranks of the node (the terms' bound) */
 	uint32_t rail;                         /* this rank's native rail: the column its count
 	                                          row counts in */
+	uint32_t node, owner;                  /* this rank's node and local GPU index, as the
+	                                          daemon knows them: its records' src_node and
+	                                          owner (the daemon checks them), set at setup */
 	rw_page_line_t word[RW_PW_COUNT];
 	rw_page_line_t status[RW_PAGE_DEPTH];  /* int32 RW_E_* (0: ok) of phase k at k mod D */
 } rw_page_head_t;

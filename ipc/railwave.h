@@ -381,8 +381,8 @@ int rw_client_group_slab(rw_client_t *client, uint32_t rail, rw_client_slab_t *s
  * phase on its own stream: librailwave loads the CUDA driver at run time (dlopen; a CPU-only
  * rank never needs it), launches the kernels in this process on the caller's stream and
  * hands off to the daemon through words of the rank page. Nothing here waits for the GPU or
- * makes a system call on a phase's path. Build order so far (docs/rankpath.md "Status"): the
- * count kernel and the page's words; the pack and forward kernels come next.
+ * makes a system call on a phase's path. Built so far (docs/rankpath.md "Status"): dispatch, eager
+ * mode; the combine comes next.
  *
  * Threads: an rw_client_rank_t is not locked; one thread makes its calls. It keeps the
  * rw_client_t it was opened on, which must outlive it (close the rank path first). */
@@ -398,11 +398,13 @@ typedef struct rw_client_stream {
 } rw_client_stream_t;
 
 /* Open the rank path on `device`: takes the client's rank page (rw_client_rank_page with
- * max_recv), registers it with CUDA (cuMemHostRegister DEVICEMAP | PORTABLE) so the stream's
- * memory operations and kernels reach it, and loads the kernels. RW_E_NO_CUDA: no usable driver,
- * device, kernels or 64-bit stream memory operations here (rw_client_rank_message says which;
- * nothing is left open: use rw_client_submit); RW_E_INVAL: no such device; the errors of
- * rw_client_rank_page. */
+ * max_recv) and its group's slab of every rail (rw_client_group_slab), registers them with CUDA
+ * (cuMemHostRegister DEVICEMAP | PORTABLE) so the stream's memory operations and kernels reach
+ * them, and loads the kernels. RW_E_NO_CUDA: no usable driver, device, kernels or 64-bit stream
+ * memory operations here (rw_client_rank_message(NULL) says which; nothing is left open: use
+ * rw_client_submit); RW_E_INVAL: no such device; the errors of rw_client_rank_page and
+ * rw_client_group_slab. A group the daemon lends no slabs opens without them
+ * (rw_client_rank_slab says why) and its dispatches are refused. */
 int rw_client_rank_open(rw_client_t *client, int32_t device, uint32_t max_recv,
 			rw_client_rank_t **rank_p);
 
@@ -411,11 +413,12 @@ int rw_client_rank_open(rw_client_t *client, int32_t device, uint32_t max_recv,
  * rw_client_close() unmaps the page. NULL is a no-op. */
 void rw_client_rank_close(rw_client_rank_t *rank);
 
-/* One dispatch of one MoE layer, eager mode. Inputs are device addresses of this process on the
- * stream's device, read by the stream's work in stream order (so the caller's earlier work on
- * that stream may still be producing them). */
+/* One dispatch of one MoE layer, eager mode. Addresses are device addresses of this process
+ * reachable from the stream's device, read and written by the stream's work in stream order (so
+ * the caller's earlier work on that stream may still be producing the inputs, and its later work
+ * may consume the outputs). */
 typedef struct rw_client_rank_dispatch {
-	uint8_t dtype;         /* enum rw_dtype of the token rows */
+	uint8_t dtype;         /* RW_DTYPE_BF16 or RW_DTYPE_FP32 (the kernels' row types) */
 	uint8_t reserved0;     /* must be 0 */
 	uint16_t topk;         /* experts per token, 1..32 */
 	uint32_t layer;
@@ -426,33 +429,56 @@ typedef struct rw_client_rank_dispatch {
 	                          which the daemon checks) */
 	uint16_t path;         /* enum rw_path_request, as rw_sqe_t.path */
 	uint16_t reserved1;    /* must be 0 */
+	uint64_t tokens;       /* rows [token_count][hidden] of dtype */
 	uint64_t topk_ids;     /* int32 [token_count][topk]; -1 = a dropped slot */
+	uint64_t topk_weights; /* fp32 [token_count][topk] */
+	/* Outputs, written by the stream after the daemon's arrived (docs/dataflow.md "Dispatch
+	 * output"): row j and metadata j of each record this rank received, in the daemon's order,
+	 * at most recv_cap of them, and recv_counts[e] = how many received rows name expert e, for
+	 * this rank's experts (0 for every other). 16-byte aligned. */
+	uint64_t recv_x;       /* rows [recv_cap][hidden] of dtype */
+	uint64_t recv_meta;    /* [recv_cap] entries of 16 + 8 x topk bytes */
+	uint64_t recv_counts;  /* uint32 [n_experts] */
+	uint32_t recv_cap;
+	uint32_t reserved2;    /* must be 0 */
 } rw_client_rank_dispatch_t;
 
 /* Enqueue dispatch phase *phase_p on the stream and return without waiting: the library takes
  * the next phase number k (1, 2, ...: dispatches and combines of this rank share one sequence,
  * the same on every rank of the group), checks that page slot k mod 4 is free, writes the
  * phase's parameters there, then enqueues: the count kernel (top-k ids -> the slot's count row),
- * submit = k, a wait for the daemon's plan, a wait for arrived, done = k.
+ * submit = k, a wait for the daemon's plan, the pack kernel (this rank's records into the
+ * group's slabs where the plan puts them), packed = k, a wait for arrived, the forward kernel
+ * (the records the daemon listed -> the outputs), done = k.
  * RW_E_AGAIN: 4 phases of this rank are in flight (the oldest's done is not written yet): wait
  * for one. RW_E_DTYPE, RW_E_TOKENS (topk, hidden, token_count out of range), RW_E_EXPERTS,
- * RW_E_INVAL (bad pointers, reserved fields, another device's stream): nothing enqueued.
- * RW_E_CLOSED: the daemon is gone. RW_E_CUDA: the driver refused an enqueue (the message says
- * which); when that happens after submit was enqueued the rank path is broken and every later
- * call answers RW_E_CUDA. */
+ * RW_E_INVAL (bad or unaligned addresses, reserved fields, another device's stream): nothing
+ * enqueued; RW_E_STATE or RW_E_LIMIT: the rank path holds no group slabs (the daemon's answer
+ * at open). RW_E_CLOSED: the daemon is gone. RW_E_CUDA: the driver refused an enqueue (the
+ * message says which); when that happens after submit was enqueued the rank path is broken and
+ * every later call answers RW_E_CUDA. */
 int rw_client_rank_dispatch(rw_client_rank_t *rank, const rw_client_stream_t *stream,
 			    const rw_client_rank_dispatch_t *d, uint64_t *phase_p);
 
+/* How a completed phase ended besides its code. */
+typedef struct rw_client_rank_done {
+	uint32_t recv_tokens;  /* dispatch: rows written to recv_x (at most recv_cap) */
+	uint32_t overflow;     /* dispatch: records the daemon listed past recv_cap (dropped) */
+} rw_client_rank_done_t;
+
 /* Eager completion of phase k: whether the stream wrote done = k, and how the phase ended. Reads
  * the page only: no system call while timeout_ms is 0 (check once); otherwise it polls, yielding
- * the CPU, until done or timeout_ms passes (-1: forever). Returns 0 (the phase completed),
- * RW_E_TIMEOUT (not done yet), or the error that failed it: RW_E_TOKENS (a top-k id outside
- * [0, n_experts) other than -1: the message names the token; that token counted nothing), the
- * daemon's status for the phase (e.g. RW_E_PHASE), RW_E_CLOSED (the daemon went away: the
- * library wrote the words the stream waited on, so it ran through). A phase answers the same
- * each time it is asked. RW_E_INVAL: k was never dispatched, or is older than the last 8 phases
- * dispatched. */
-int rw_client_rank_wait(rw_client_rank_t *rank, uint64_t phase, int timeout_ms);
+ * the CPU, until done or timeout_ms passes (-1: forever). Returns 0 (the phase completed; *done_p,
+ * if given, filled), RW_E_TIMEOUT (not done yet), or the error that failed it: RW_E_TOKENS (a
+ * top-k id outside [0, n_experts) other than -1: the message names the token; that token counted
+ * nothing), the daemon's status for the phase (e.g. RW_E_PHASE), RW_E_CLOSED (the daemon went
+ * away: the library wrote the words the stream waited on, so it ran through), RW_E_OVERFLOW
+ * (more records came than recv_cap: *done_p says how many were dropped), RW_E_BADREPLY (the
+ * daemon's plan or list did not fit this rank's records: the message names the kernel's
+ * report). A phase answers the same each time it is asked. RW_E_INVAL: k was never dispatched,
+ * or is older than the last 8 phases dispatched. */
+int rw_client_rank_wait(rw_client_rank_t *rank, uint64_t phase, int timeout_ms,
+			rw_client_rank_done_t *done_p);
 
 /* The group's slab of `rail` as the rank path mapped it at open and registered it with CUDA
  * (DEVICEMAP | PORTABLE; docs/rankpath.md "The slab areas, lent per group"): *slab_p (the

@@ -186,6 +186,8 @@ int ipc_page_setup(rw_ipc_client_t *c, const rw_ipc_page_setup_t *req)
 	const uint32_t rail = cfg->page_gpu_rail && g < cfg->gpus_per_node ? cfg->page_gpu_rail[g]
 									  : g % cfg->page_rails;
 	rw_page_init(map, &geom, rail, &l);
+	((rw_page_head_t *)map)->node = c->info.node;
+	((rw_page_head_t *)map)->owner = g;
 
 	rw_ipc_page_ok_t ok;
 	memset(&ok, 0, sizeof(ok));

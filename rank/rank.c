@@ -76,7 +76,7 @@ int rw_client_rank_open(rw_client_t *client, int32_t device, uint32_t max_recv,
 	if (!rw_cuda_words_supported(device))
 		return say(open_msg, RW_E_NO_CUDA, "rank path: device %d runs no 64-bit stream "
 			   "memory operations (cuStreamWriteValue64 / cuStreamWaitValue64)", device);
-	if (!rw_cuda_kernels_available(device))
+	if (!rw_cuda_kernels_available(device) || !rw_cuda_rank_kernels_available(device))
 		return say(open_msg, RW_E_NO_CUDA, "rank path: the kernels do not load on device %d "
 			   "(built without nvcc, or no sm_90 code or PTX the driver takes)", device);
 	rw_client_rank_t *r = calloc(1, sizeof(*r));
@@ -95,7 +95,8 @@ int rw_client_rank_open(rw_client_t *client, int32_t device, uint32_t max_recv,
 	r->next = 1;
 	if (rw_page_layout(r->pg->nodes, r->pg->rails, r->pg->gpus, r->pg->max_recv,
 			   (size_t)sysconf(_SC_PAGESIZE), &r->layout) || r->layout.bytes != r->bytes ||
-	    r->layout.slot_bytes != r->pg->slot_bytes || r->pg->rail >= r->pg->rails) {
+	    r->layout.slot_bytes != r->pg->slot_bytes || r->pg->rail >= r->pg->rails ||
+	    r->pg->node >= r->pg->nodes || r->pg->owner >= r->pg->gpus) {
 		rc = say(open_msg, RW_E_BADREPLY, "rank path: the daemon's page does not have the "
 			 "layout its head describes");
 		goto fail_free; /* the client unmaps the page at close */
@@ -107,11 +108,31 @@ int rw_client_rank_open(rw_client_t *client, int32_t device, uint32_t max_recv,
 	}
 	if ((rc = rw_rank_slabs_open(r)) != 0) { /* the group's slabs (rank/slabs.c) */
 		snprintf(open_msg, sizeof(open_msg), "%s", r->msg);
-		rw_cuda_host_unregister(page);
-		goto fail_free;
+		goto fail_page;
 	}
+	/* Each slot's pack scratch (phases on different streams may pack at once) and its line. */
+	const size_t scratch = rw_cuda_rank_pack_scratch(r->pg->max_tokens ? r->pg->max_tokens : 1,
+							 32);
+	for (unsigned i = 0; i < D && rc == 0; i++)
+		if (rw_cuda_mem_alloc(device, scratch, &r->scratch[i]) != RW_OK)
+			rc = RW_E_CUDA;
+	if (rc == 0 && rw_cuda_host_alloc(D * sizeof(rw_rank_line_t), (void **)&r->lines) != RW_OK)
+		rc = RW_E_CUDA;
+	if (rc) {
+		say(open_msg, rc, "rank path: no device memory for the pack's scratch (%zu bytes a "
+		    "slot) or no page-locked memory", scratch);
+		goto fail_mem;
+	}
+	memset(r->lines, 0, D * sizeof(rw_rank_line_t));
 	*rank_p = r;
 	return 0;
+fail_mem:
+	for (unsigned i = 0; i < D; i++)
+		if (r->scratch[i])
+			rw_cuda_mem_free(device, r->scratch[i]);
+	rw_rank_slabs_close(r);
+fail_page:
+	rw_cuda_host_unregister(page);
 fail_free:
 	free(r);
 	return rc;
@@ -121,6 +142,9 @@ void rw_client_rank_close(rw_client_rank_t *r)
 {
 	if (!r)
 		return;
+	rw_cuda_host_free(r->lines);
+	for (unsigned i = 0; i < D; i++)
+		rw_cuda_mem_free(r->device, r->scratch[i]);
 	rw_rank_slabs_close(r);
 	rw_cuda_host_unregister(r->pg);
 	free(r);
@@ -132,26 +156,48 @@ const char *rw_client_rank_message(const rw_client_rank_t *r)
 }
 
 /* How phase k ended, once done >= k: the count kernel's bad word first (this rank's own input),
- * then the status line the daemon (or this CPU, when the daemon was lost) wrote for it. */
+ * then the status line the daemon (or this CPU, when the daemon was lost) wrote for it, then
+ * what the kernels reported (their error word, the rows past the capacity). */
 static rw_rank_result_t result_of(const rw_client_rank_t *r, uint64_t k)
 {
-	rw_rank_result_t res = { .phase = k };
+	const rw_rank_line_t *ln = &r->lines[k % D];
+	rw_rank_result_t res = { .phase = k, .recv_n = ln->recv_n, .overflow = ln->overflow,
+				 .err = ln->err[0], .err_detail = ln->err[1] };
 	res.bad = slot_params(r, k)->bad;
 	res.error = (int32_t)(uint32_t)atomic_load_explicit(&r->pg->status[k % D].v,
 							    memory_order_relaxed);
-	if (res.bad)
+	if (res.bad || (res.error == 0 && res.err == RW_CUDA_RANK_E_ID))
 		res.error = RW_E_TOKENS;
+	else if (res.error == 0 && res.err)
+		res.error = RW_E_BADREPLY;
+	else if (res.error == 0 && res.overflow)
+		res.error = RW_E_OVERFLOW;
 	return res;
 }
 
-static int answer(rw_client_rank_t *r, const rw_rank_result_t *res)
+static int answer(rw_client_rank_t *r, const rw_rank_result_t *res,
+		  rw_client_rank_done_t *done_p)
 {
-	if (res->bad)
+	static const char *const kernel_err[] = { "", "a top-k id out of range", "a record no plan "
+		"entry holds", "a list entry naming no area or rail", "a record whose header does not "
+		"match the phase" };
+	const unsigned long long k = res->phase;
+	if (done_p)
+		*done_p = (rw_client_rank_done_t){ .recv_tokens = res->recv_n,
+						   .overflow = res->overflow };
+	if (res->bad || (res->error == RW_E_TOKENS && res->err == RW_CUDA_RANK_E_ID))
 		return say(r->msg, RW_E_TOKENS, "phase %llu: token %u has a top-k expert id outside "
-			   "[0, n_experts) other than -1 (it counted nothing)",
-			   (unsigned long long)res->phase, res->bad - 1);
+			   "[0, n_experts) other than -1 (it counted nothing)", k,
+			   (res->bad ? res->bad : res->err_detail) - 1);
+	if (res->error == RW_E_BADREPLY)
+		return say(r->msg, RW_E_BADREPLY, "phase %llu: the daemon's plan or list does not fit "
+			   "this rank's records: the kernels found %s (detail %u)", k,
+			   res->err < 5 ? kernel_err[res->err] : "an unknown error", res->err_detail);
+	if (res->error == RW_E_OVERFLOW)
+		return say(r->msg, RW_E_OVERFLOW, "phase %llu: %u records came past recv_cap (%u "
+			   "rows written): dropped", k, res->overflow, res->recv_n);
 	if (res->error)
-		return say(r->msg, res->error, "phase %llu failed: %s", (unsigned long long)res->phase,
+		return say(r->msg, res->error, "phase %llu failed: %s", k,
 			   rw_client_strerror(res->error));
 	return 0;
 }
@@ -159,25 +205,38 @@ static int answer(rw_client_rank_t *r, const rw_rank_result_t *res)
 static int check_dispatch(rw_client_rank_t *r, const rw_client_stream_t *s,
 			  const rw_client_rank_dispatch_t *d)
 {
-	if (s->reserved || d->reserved0 || d->reserved1)
+	if (s->reserved || d->reserved0 || d->reserved1 || d->reserved2)
 		return say(r->msg, RW_E_INVAL, "dispatch: a reserved field is not 0");
+	if (r->n_slabs < r->pg->rails)
+		return say(r->msg, r->slabs_code ? r->slabs_code : RW_E_STATE, "dispatch: the rank "
+			   "path holds no group slabs (the daemon lent none: %s)",
+			   rw_client_strerror(r->slabs_code));
 	if (s->device != r->device)
 		return say(r->msg, RW_E_INVAL, "dispatch: the stream is on device %d, the rank path "
 			   "on device %d", s->device, r->device);
-	if (d->dtype < RW_DTYPE_BF16 || d->dtype > RW_DTYPE_FP32)
-		return say(r->msg, RW_E_DTYPE, "dispatch: unknown dtype %u", d->dtype);
+	if (d->dtype != RW_DTYPE_BF16 && d->dtype != RW_DTYPE_FP32)
+		return say(r->msg, RW_E_DTYPE, "dispatch: dtype %u: the rank path carries bf16 and "
+			   "fp32 rows", d->dtype);
 	if (d->topk == 0 || d->topk > 32 || d->hidden == 0 || d->token_count > r->pg->max_tokens)
 		return say(r->msg, RW_E_TOKENS, "dispatch: topk %u (1..32), hidden %u (>= 1) or "
 			   "token_count %u (<= %u) out of range", d->topk, d->hidden, d->token_count,
 			   r->pg->max_tokens);
-	if (d->n_experts == 0 || d->n_experts % r->pg->nodes != 0)
+	const uint32_t world = r->pg->nodes * r->pg->gpus;
+	if (d->n_experts == 0 || d->n_experts % world != 0 ||
+	    d->n_experts / world > RW_CUDA_RANK_EXPERTS_MAX)
 		return say(r->msg, RW_E_EXPERTS, "dispatch: n_experts %u is not a nonzero multiple "
-			   "of the %u nodes", d->n_experts, r->pg->nodes);
+			   "of the world (%u ranks), at most %u a rank", d->n_experts, world,
+			   RW_CUDA_RANK_EXPERTS_MAX);
 	if (d->path > RW_PATH_REQ_JOINT)
 		return say(r->msg, RW_E_FIELD, "dispatch: unknown path request %u", d->path);
-	if (d->token_count && (d->topk_ids == 0 || d->topk_ids % 4 != 0))
-		return say(r->msg, RW_E_INVAL, "dispatch: topk_ids is not a 4-byte aligned device "
-			   "address");
+	if (d->token_count && (d->topk_ids == 0 || d->topk_ids % 4 != 0 || d->tokens == 0 ||
+			       d->tokens % 16 != 0 || d->topk_weights == 0 || d->topk_weights % 4))
+		return say(r->msg, RW_E_INVAL, "dispatch: tokens (16-byte), topk_ids or topk_weights "
+			   "(4-byte) is not an aligned device address");
+	if (d->recv_x % 16 || d->recv_meta % 16 || d->recv_counts % 16 || !d->recv_counts ||
+	    (d->recv_cap && (!d->recv_x || !d->recv_meta)))
+		return say(r->msg, RW_E_INVAL, "dispatch: recv_x, recv_meta or recv_counts is not a "
+			   "16-byte aligned device address");
 	return 0;
 }
 
@@ -193,6 +252,50 @@ static int take_slot(rw_client_rank_t *r, uint64_t k)
 			*kept = result_of(r, k - D);
 	}
 	return 0;
+}
+
+static uint32_t cuda_dtype(uint8_t dtype)
+{
+	return dtype == RW_DTYPE_BF16 ? RW_CUDA_BF16 : RW_CUDA_FP32;
+}
+
+/* The pack's and the forward's argument blocks for dispatch phase k: the plan's entries and tags
+ * and the forward list in the phase's slot (read by the kernels after the waits, in place), the
+ * group's slabs (entry offsets from each slab's start; the dispatch receive and local areas at
+ * the offsets the daemon lent them with), the slot's status line, error word and row counts. */
+static void dispatch_blocks(const rw_client_rank_t *r, uint64_t k,
+			    const rw_client_rank_dispatch_t *d, rw_cuda_rank_pack_t *pk,
+			    rw_cuda_rank_forward_t *fw)
+{
+	const rw_cuda_dptr_t slot = r->dptr + slot_off(r, k);
+	const rw_cuda_dptr_t status = r->dptr + offsetof(rw_page_head_t, status) +
+				      (k % D) * sizeof(rw_page_line_t);
+	const rw_cuda_dptr_t line = (rw_cuda_dptr_t)(uintptr_t)&r->lines[k % D];
+	const rw_page_head_t *pg = r->pg;
+	*pk = (rw_cuda_rank_pack_t){
+		.x = d->tokens, .ids = d->topk_ids, .weights = d->topk_weights,
+		.entry = slot + r->layout.plan_entry, .tags = slot + r->layout.plan_tag,
+		.scratch = r->scratch[k % D], .status = status,
+		.err = line + offsetof(rw_rank_line_t, err), .n_tokens = d->token_count,
+		.topk = d->topk, .hidden = d->hidden, .dtype = cuda_dtype(d->dtype),
+		.n_experts = d->n_experts, .nodes = pg->nodes, .rails = pg->rails, .me = pg->node,
+		.owner = pg->owner };
+	*fw = (rw_cuda_rank_forward_t){
+		.list = slot + r->layout.list_entry,
+		.list_n = slot + r->layout.list + offsetof(rw_page_list_head_t, count),
+		.rows = d->recv_x, .meta = d->recv_meta, .counts = d->recv_counts,
+		.recv_n = line + offsetof(rw_rank_line_t, recv_n),
+		.overflow = line + offsetof(rw_rank_line_t, overflow), .status = status,
+		.err = line + offsetof(rw_rank_line_t, err), .cap = d->recv_cap, .topk = d->topk,
+		.hidden = d->hidden, .dtype = cuda_dtype(d->dtype), .n_experts = d->n_experts,
+		.nodes = pg->nodes, .gpus = pg->gpus, .rails = pg->rails, .me = pg->node,
+		.g = pg->owner };
+	for (uint32_t e = 0; e < r->n_slabs; e++) {
+		const rw_rank_slab_t *sl = &r->slab[e];
+		pk->slab[e] = sl->dptr;
+		fw->area[RW_CUDA_AREA_RECV][e] = sl->dptr + sl->lent.recv_off[0];
+		fw->area[RW_CUDA_AREA_LOCAL][e] = sl->dptr + sl->lent.local_off;
+	}
 }
 
 int rw_client_rank_dispatch(rw_client_rank_t *r, const rw_client_stream_t *s,
@@ -225,6 +328,7 @@ int rw_client_rank_dispatch(rw_client_rank_t *r, const rw_client_stream_t *s,
 				 .token_count = d->token_count, .path = d->path, .phase = k,
 				 .step = d->step };
 	memset(slot + r->layout.count_row, 0, (size_t)nodes * rails * sizeof(uint32_t));
+	memset(&r->lines[k % D], 0, sizeof(r->lines[0]));
 	atomic_thread_fence(memory_order_release); /* P1: the slot before the enqueue */
 
 	const rw_cuda_ext_stream_t es = { .device = s->device, .handle = s->handle };
@@ -239,17 +343,27 @@ int rw_client_rank_dispatch(rw_client_rank_t *r, const rw_client_stream_t *s,
 		return say(r->msg, RW_E_CUDA, "dispatch: enqueueing the count kernel or submit failed "
 			   "(%s)", rw_status_str(st));
 	r->next = k + 1; /* submitted: k is spent whatever follows */
-	/* The daemon plans; the pack kernel and packed come here; it forwards; the forward
-	 * kernel comes here; then this rank is done with phase k's receive slabs. */
+	/* The daemon plans (P2); the pack writes this rank's records where the plan puts them,
+	 * then packed (P3); the daemon posts, the peers' records arrive, it lists this rank's
+	 * (P4); the forward copies them out; done (P5): the slot and receive areas are free. */
+	rw_cuda_rank_pack_t pk;
+	rw_cuda_rank_forward_t fw;
+	dispatch_blocks(r, k, d, &pk, &fw);
 	st = rw_cuda_word_wait(&es, word_dev(r, RW_PW_PLAN), k);
 	if (st == RW_OK)
+		st = rw_cuda_rank_pack(&es, &pk);
+	if (st == RW_OK)
+		st = rw_cuda_word_write(&es, word_dev(r, RW_PW_PACKED), k);
+	if (st == RW_OK)
 		st = rw_cuda_word_wait(&es, word_dev(r, RW_PW_ARRIVED), k);
+	if (st == RW_OK)
+		st = rw_cuda_rank_forward(&es, &fw);
 	if (st == RW_OK)
 		st = rw_cuda_word_write(&es, word_dev(r, RW_PW_DONE), k);
 	if (st != RW_OK) {
 		r->broken = RW_E_CUDA;
 		return say(r->msg, RW_E_CUDA, "dispatch: phase %llu was submitted but enqueueing its "
-			   "waits failed (%s): the rank path is broken", (unsigned long long)k,
+			   "kernels or words failed (%s): the rank path is broken", (unsigned long long)k,
 			   rw_status_str(st));
 	}
 	*phase_p = k;
@@ -263,7 +377,8 @@ static int64_t now_us(void)
 	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-int rw_client_rank_wait(rw_client_rank_t *r, uint64_t k, int timeout_ms)
+int rw_client_rank_wait(rw_client_rank_t *r, uint64_t k, int timeout_ms,
+			rw_client_rank_done_t *done_p)
 {
 	if (!r)
 		return RW_E_INVAL;
@@ -273,7 +388,7 @@ int rw_client_rank_wait(rw_client_rank_t *r, uint64_t k, int timeout_ms)
 			   (unsigned long long)k, (unsigned long long)last);
 	rw_rank_result_t *kept = &r->kept[k % RW_RANK_KEPT];
 	if (kept->phase == k)
-		return answer(r, kept);
+		return answer(r, kept, done_p);
 	if (k + D <= last)
 		return say(r->msg, RW_E_INVAL, "wait: phase %llu is too old to answer for",
 			   (unsigned long long)k);
@@ -282,7 +397,7 @@ int rw_client_rank_wait(rw_client_rank_t *r, uint64_t k, int timeout_ms)
 		if (reached(word_load(r, RW_PW_DONE), k)) {
 			/* The first answer stands: a lost daemon later rewrites every status line. */
 			*kept = result_of(r, k);
-			return answer(r, kept);
+			return answer(r, kept, done_p);
 		}
 		if (timeout_ms == 0 || (timeout_ms > 0 && (spins & 63) == 0 && now_us() >= deadline))
 			return say(r->msg, RW_E_TIMEOUT, "wait: phase %llu is not done",

@@ -23,6 +23,8 @@ typedef struct rw_rank_result {
 	uint64_t phase;        /* 0: none kept */
 	int32_t error;         /* 0 or RW_E_* */
 	uint32_t bad;          /* the count kernel's bad word (1 + token), RW_E_TOKENS */
+	uint32_t recv_n, overflow; /* the forward's rows written and dropped */
+	uint32_t err, err_detail;  /* the kernels' error word (RW_CUDA_RANK_E_*) */
 } rw_rank_result_t;
 
 /* One rail's slab of the group as the rank path holds it (rank/slabs.c). */
@@ -30,6 +32,15 @@ typedef struct rw_rank_slab {
 	rw_client_slab_t lent;  /* the client's mapping and the slab's areas */
 	rw_cuda_dptr_t dptr;    /* the mapping as the devices address it */
 } rw_rank_slab_t;
+
+/* Per slot, in page-locked host memory the kernels write and this CPU reads after done: the
+ * device error word of the pack and forward (cuda/rank_abi.h) and the forward's row counts. */
+typedef struct rw_rank_line {
+	uint32_t err[2];       /* code (RW_CUDA_RANK_E_*), detail */
+	uint32_t recv_n;       /* rows the forward wrote */
+	uint32_t overflow;     /* listed records past the caller's capacity */
+	uint8_t pad[48];
+} rw_rank_line_t;
 
 struct rw_client_rank {
 	rw_client_t *client;
@@ -41,6 +52,8 @@ struct rw_client_rank {
 	uint64_t next;         /* k of the next phase (1, 2, ...) */
 	int broken;            /* 0, or RW_E_CUDA once an enqueue failed after submit */
 	rw_rank_result_t kept[RW_RANK_KEPT]; /* phase k at k mod RW_RANK_KEPT */
+	rw_rank_line_t *lines;  /* [RW_PAGE_DEPTH], page-locked (rw_cuda_host_alloc) */
+	rw_cuda_dptr_t scratch[RW_PAGE_DEPTH]; /* device memory of each slot's pack */
 	char msg[RW_RANK_MSG_MAX];
 	/* The group's slabs (rank/slabs.c): rails 0 .. n_slabs - 1 mapped and registered; none
 	 * when the daemon lends none (slabs_code: its answer, RW_E_STATE or RW_E_LIMIT). */

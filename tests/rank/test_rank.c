@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +28,7 @@
 #include <ev.h>
 
 #include "common/common.h"
+#include "common/wire_rec.h"
 #include "config.h"
 #include "cuda/rw_cuda.h"
 #include "ipc/ipc.h"
@@ -74,6 +77,34 @@ static void child_ignore(void *ctx, rw_ipc_client_t *c, const rw_sqe_t *sqe)
 	(void)ctx, (void)c, (void)sqe;
 }
 
+/* The group's slab of each rail, as railwaved's carve-out lends it: a sealed memfd of five
+ * areas (dispatch and combine receive, dispatch and combine send, local). One group here. */
+#define AREA (2u << 20)
+static int child_slab_fd[RW_CUDA_RANK_RAILS];
+static uint32_t child_rails;
+
+static int child_group_slab(void *ctx, rw_ipc_client_t *c, uint32_t rail, rw_ipc_slab_t *sl,
+			    const char **why)
+{
+	(void)ctx, (void)c;
+	if (rail >= child_rails) {
+		*why = "no such rail";
+		return RW_E_INVAL;
+	}
+	if (child_slab_fd[rail] <= 0) {
+		int fd = memfd_create("rw-test-slab", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+		if (fd < 0 || ftruncate(fd, 5 * (off_t)AREA) < 0 ||
+		    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0)
+			_exit(4);
+		child_slab_fd[rail] = fd;
+	}
+	*sl = (rw_ipc_slab_t){ .fd = child_slab_fd[rail], .bytes = 5 * (uint64_t)AREA,
+			       .rails = child_rails, .area_bytes = AREA,
+			       .recv_off = { 0, AREA }, .send_off = { 2 * AREA, 3 * AREA },
+			       .local_off = 4 * (uint64_t)AREA };
+	return 0;
+}
+
 static void child_run(const server_t *s, int ready, int page_rails)
 {
 	struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
@@ -92,7 +123,9 @@ static void child_run(const server_t *s, int ready, int page_rails)
 	cfg.page_rails = page_rails ? s->rails : 0;
 	cfg.page_max_recv = 1024;
 	cfg.page_gpu_rail = s->gpu_rail;
-	const rw_ipc_server_ops_t ops = { .submission = child_ignore, .page_word = child_page_word };
+	child_rails = s->rails;
+	const rw_ipc_server_ops_t ops = { .submission = child_ignore, .page_word = child_page_word,
+					  .group_slab = page_rails == 1 ? child_group_slab : NULL };
 	rw_ipc_server_t *srv = NULL;
 	if (!loop || rw_ipc_server_create(loop, &cfg, &ops, NULL, &srv) != RW_OK)
 		_exit(1);
@@ -104,7 +137,7 @@ static void child_run(const server_t *s, int ready, int page_rails)
 }
 
 /* Start a server for nodes x gpus ranks over `rails` rails (GPU g on rail gpu_rail[g]); with
- * page_rails 0 it lends no page. Call before this process loads the driver, or from a case that
+ * page_rails 0 it lends no page, 1 pages and group slabs, 2 pages and no slabs. Call before this process loads the driver, or from a case that
  * did: the child never touches CUDA. */
 static server_t *server_start(uint32_t nodes, uint32_t gpus, uint32_t rails,
 			      const uint8_t *gpu_rail, int page_rails)
@@ -180,8 +213,13 @@ typedef struct rank {
 	rw_cuda_stream_t *stream;
 	rw_client_stream_t cs;
 	uint32_t local_gpu;
-	rw_cuda_dptr_t ids;    /* device buffer for the top-k ids */
+	rw_cuda_dptr_t ids;    /* device buffers: the top-k ids, weights, rows */
+	rw_cuda_dptr_t w, x;
+	rw_cuda_dptr_t recv_x, recv_meta, recv_counts; /* the dispatch's outputs */
 } rank_t;
+
+#define HIDDEN_MAX 128
+#define RECV_CAP 1024
 
 static rw_client_t *connect_to(const server_t *s, uint32_t local_gpu)
 {
@@ -220,12 +258,24 @@ static void rank_open(rank_t *rk, const server_t *s, uint32_t local_gpu)
 	assert_int_equal(rw_cuda_ext_stream_of(rk->stream, &e), RW_OK);
 	rk->cs = (rw_client_stream_t){ .device = e.device, .handle = e.handle };
 	assert_int_equal(rw_cuda_mem_alloc(0, (size_t)MAX_TOKENS * 32 * 4, &rk->ids), RW_OK);
+	assert_int_equal(rw_cuda_mem_alloc(0, (size_t)MAX_TOKENS * 32 * 4, &rk->w), RW_OK);
+	assert_int_equal(rw_cuda_mem_alloc(0, (size_t)MAX_TOKENS * HIDDEN_MAX * 4, &rk->x), RW_OK);
+	assert_int_equal(rw_cuda_mem_alloc(0, (size_t)RECV_CAP * HIDDEN_MAX * 4, &rk->recv_x),
+			 RW_OK);
+	assert_int_equal(rw_cuda_mem_alloc(0, (size_t)RECV_CAP * (16 + 8 * 32), &rk->recv_meta),
+			 RW_OK);
+	assert_int_equal(rw_cuda_mem_alloc(0, (size_t)EXPERTS * 4, &rk->recv_counts), RW_OK);
 }
 
 static void rank_close(rank_t *rk)
 {
 	rw_cuda_stream_destroy(rk->stream);
 	rw_cuda_mem_free(0, rk->ids);
+	rw_cuda_mem_free(0, rk->w);
+	rw_cuda_mem_free(0, rk->x);
+	rw_cuda_mem_free(0, rk->recv_x);
+	rw_cuda_mem_free(0, rk->recv_meta);
+	rw_cuda_mem_free(0, rk->recv_counts);
 	rw_client_rank_close(rk->rp);
 	rw_client_close(rk->client);
 }
@@ -253,13 +303,67 @@ static const rw_page_params_t *params(const rank_t *rk, uint64_t k)
 	return (const rw_page_params_t *)(slot(rk, k) + rk->rp->layout.params);
 }
 
-/* The daemon's part of a good phase k: status 0, then plan and arrived (P2, P4). */
-static void daemon_release(const rank_t *rk, uint64_t k)
+static const rw_page_layout_t *lay(const rank_t *rk) { return &rk->rp->layout; }
+
+/* The daemon's plan for dispatch phase k as the simplest plan would place it: every record on
+ * the rank's native rail, each node's records consecutive in that rail's send area (this node's
+ * in its local area), from the slot's parameters and count row; status 0, then plan = k (P2). */
+static void daemon_plan(const rank_t *rk, uint64_t k)
 {
 	rw_page_head_t *pg = page_of(rk);
+	uint8_t *sl = slot(rk, k);
+	const rw_page_params_t *p = params(rk, k);
+	const uint32_t nodes = pg->nodes, rails = pg->rails, rail = pg->rail;
+	const uint32_t eb = p->dtype == RW_DTYPE_BF16 ? 2 : 4;
+	rw_page_plan_head_t *h = (rw_page_plan_head_t *)(sl + lay(rk)->plan);
+	rw_page_plan_rail_t *pr = (rw_page_plan_rail_t *)(sl + lay(rk)->plan_rail);
+	uint32_t *tags = (uint32_t *)(sl + lay(rk)->plan_tag);
+	rw_page_plan_entry_t *ent = (rw_page_plan_entry_t *)(sl + lay(rk)->plan_entry);
+	*h = (rw_page_plan_head_t){ .phase = k, .kind = 0, .me = pg->node, .owner = pg->owner,
+				    .topk = p->topk,
+				    .rec_size = (uint32_t)rw_sched_rec_bytes(p->topk, p->hidden, eb),
+				    .row_off = (uint32_t)rw_wire_rec_row_off(p->topk) };
+	for (uint32_t e = 0; e < rails; e++) {
+		const rw_client_slab_t *sb = &rk->rp->slab[e].lent;
+		pr[e] = (rw_page_plan_rail_t){ .send_off = sb->send_off[0], .recv_off = sb->recv_off[0],
+					       .local_off = sb->local_off, .slab_bytes = sb->bytes };
+	}
+	const uint32_t *row = count_row(rk, k);
+	uint64_t sent = 0;
+	for (uint32_t d = 0; d < nodes; d++) {
+		tags[d] = 0x7a000000u | d;
+		for (uint32_t e = 0; e < rails; e++) {
+			const uint32_t n = e == rail ? row[d * rails + e] : 0;
+			const uint64_t at = d == pg->node ? pr[e].local_off : pr[e].send_off + sent;
+			ent[d * rails + e] = (rw_page_plan_entry_t){ .first = 0, .count = n,
+								     .offset = at };
+			if (d == pg->node)
+				h->n_local += n;
+			else
+				h->n_send += n, sent += (uint64_t)n * h->rec_size;
+		}
+	}
 	atomic_store_explicit(&pg->status[k % RW_PAGE_DEPTH].v, 0, memory_order_relaxed);
 	atomic_store_explicit(&pg->word[RW_PW_PLAN].v, k, memory_order_release);
-	atomic_store_explicit(&pg->word[RW_PW_ARRIVED].v, k, memory_order_release);
+}
+
+/* The daemon's forward list for phase k (n entries), then arrived = k (P4). */
+static void daemon_arrive(const rank_t *rk, uint64_t k, const rw_page_list_entry_t *list,
+			  uint32_t n)
+{
+	uint8_t *sl = slot(rk, k);
+	*(rw_page_list_head_t *)(sl + lay(rk)->list) =
+		(rw_page_list_head_t){ .phase = k, .count = n, .kind = 0 };
+	if (n)
+		memcpy(sl + lay(rk)->list_entry, list, n * sizeof(*list));
+	atomic_store_explicit(&page_of(rk)->word[RW_PW_ARRIVED].v, k, memory_order_release);
+}
+
+/* The daemon's part of a good phase k that brings this rank nothing. */
+static void daemon_release(const rank_t *rk, uint64_t k)
+{
+	daemon_plan(rk, k);
+	daemon_arrive(rk, k, NULL, 0);
 }
 
 /* A server for 2 nodes x 4 GPUs over 2 rails, and rank `local_gpu` on it with its rank path. */
@@ -280,7 +384,7 @@ static void rank_teardown(rank_t *rk, server_t *s)
 static void phase_finish(rank_t *rk, uint64_t k)
 {
 	daemon_release(rk, k);
-	assert_int_equal(rw_client_rank_wait(rk->rp, k, 10000), 0);
+	assert_int_equal(rw_client_rank_wait(rk->rp, k, 10000, NULL), 0);
 }
 
 /* A phase's routing: n tokens x topk ids in [0, EXPERTS) with some -1 slots, from `seed`. */
@@ -307,20 +411,69 @@ static void routing_gen(routing_t *rt, uint64_t seed, uint32_t n, uint32_t topk)
 	}
 }
 
+/* Token t's row element h, weight j: small integers and halves, exact in bf16 and fp32. */
+static float x_val(uint32_t t, uint32_t h) { return (float)((int)((t * 7 + h * 3) % 201) - 100); }
+static float w_val(uint32_t t, uint32_t j) { return (float)((t + j) % 4) * 0.5f; }
+
+/* Token t's row into dst as bf16 (the top half of the fp32: exact for these values) or fp32. */
+static void put_row(uint8_t *dst, uint32_t t, int bf16, uint32_t hidden)
+{
+	for (uint32_t h = 0; h < hidden; h++) {
+		float v = x_val(t, h);
+		uint32_t u;
+		memcpy(&u, &v, 4);
+		if (bf16) {
+			uint16_t b = (uint16_t)(u >> 16);
+			memcpy(dst + 2 * h, &b, 2);
+		} else {
+			memcpy(dst + 4 * h, &u, 4);
+		}
+	}
+}
+
+/* The rows and weights of the routing's tokens into the rank's device buffers. */
+static void load_rows(rank_t *rk, const routing_t *rt, int bf16, uint32_t hidden)
+{
+	static uint8_t rows[MAX_TOKENS * HIDDEN_MAX * 4];
+	static float w[MAX_TOKENS * 32];
+	for (uint32_t t = 0; t < rt->n; t++) {
+		put_row(rows + (size_t)t * hidden * (bf16 ? 2 : 4), t, bf16, hidden);
+		for (uint32_t j = 0; j < rt->topk; j++)
+			w[t * rt->topk + j] = w_val(t, j);
+	}
+	if (rt->n) {
+		assert_int_equal(rw_cuda_memcpy_htod(0, rk->x, rows,
+						     (size_t)rt->n * hidden * (bf16 ? 2 : 4)), RW_OK);
+		assert_int_equal(rw_cuda_memcpy_htod(0, rk->w, w, (size_t)rt->n * rt->topk * 4),
+				 RW_OK);
+	}
+}
+
 /* Copy the ids into the rank's device buffer (a blocking copy: before any stream is held). */
 static void load_ids(rank_t *rk, const routing_t *rt)
 {
 	if (rt->n)
 		assert_int_equal(rw_cuda_memcpy_htod(0, rk->ids, rt->ids, (size_t)rt->n * rt->topk * 4),
 				 RW_OK);
+	load_rows(rk, rt, 1, 128);
+}
+
+/* A dispatch call of the routing in the rank's buffers. */
+static rw_client_rank_dispatch_t dispatch_args(const rank_t *rk, const routing_t *rt, int bf16,
+					       uint32_t hidden, uint32_t layer)
+{
+	return (rw_client_rank_dispatch_t){
+		.dtype = bf16 ? RW_DTYPE_BF16 : RW_DTYPE_FP32, .topk = (uint16_t)rt->topk,
+		.layer = layer, .step = 5, .token_count = rt->n, .hidden = hidden,
+		.n_experts = EXPERTS, .tokens = rk->x, .topk_ids = rk->ids, .topk_weights = rk->w,
+		.recv_x = rk->recv_x, .recv_meta = rk->recv_meta, .recv_counts = rk->recv_counts,
+		.recv_cap = RECV_CAP };
 }
 
 /* Dispatch the routing already in the rank's id buffer. */
 static uint64_t dispatch_loaded(rank_t *rk, const routing_t *rt, uint32_t layer)
 {
-	rw_client_rank_dispatch_t d = { .dtype = RW_DTYPE_BF16, .topk = (uint16_t)rt->topk,
-					.layer = layer, .step = 5, .token_count = rt->n,
-					.hidden = 128, .n_experts = EXPERTS, .topk_ids = rk->ids };
+	rw_client_rank_dispatch_t d = dispatch_args(rk, rt, 1, 128, layer);
 	uint64_t k = 0;
 	int rc = rw_client_rank_dispatch(rk->rp, &rk->cs, &d, &k);
 	if (rc)
@@ -383,13 +536,119 @@ static void test_count_row_is_the_host_count(void **state)
 			assert_int_equal(p->layer, ph);
 			assert_int_equal(p->n_experts, EXPERTS);
 			assert_int_equal(p->bad, 0);
-			assert_int_equal(rw_client_rank_wait(rk.rp, k, 0), RW_E_TIMEOUT);
+			assert_int_equal(rw_client_rank_wait(rk.rp, k, 0, NULL), RW_E_TIMEOUT);
 			phase_finish(&rk, k);
 			assert_int_equal(word(&rk, RW_PW_DONE), k);
 			assert_int_equal(server_heard(s, RW_PW_DONE, k), k);
 		}
 		rank_teardown(&rk, s);
 	}
+}
+
+/* A whole dispatch through the rank's stream, one node of two ranks, this rank (local GPU 1,
+ * rail 1) playing against the daemon's plan and list: the pack writes a record per token with an
+ * expert (all for this node: the local area of rail 1, in token order) with the wire's header,
+ * top-k block and row; the forward copies the listed records (those naming this rank's experts)
+ * into the outputs: rows, metadata and per-expert counts as the host mover writes them. fp32 and
+ * bf16; then a capacity too small: RW_E_OVERFLOW, the rows that fit written, the rest counted. */
+static void test_dispatch_whole(void **state)
+{
+	(void)state;
+	rank_t rk;
+	static routing_t rt;
+	server_t *s = server_start(1, 2, 2, NULL, 1);
+	rank_open(&rk, s, 1);
+	const uint32_t per_rank = EXPERTS / 2, mine = per_rank; /* rank 1: experts 32..63 */
+	for (uint32_t ph = 0; ph < 3; ph++) {
+		const int bf16 = ph == 1;
+		const uint32_t hidden = bf16 ? 128 : 24, eb = bf16 ? 2 : 4, topk = 4;
+		routing_gen(&rt, 900 + ph, 60, topk);
+		assert_int_equal(rw_cuda_memcpy_htod(0, rk.ids, rt.ids, (size_t)rt.n * topk * 4), RW_OK);
+		load_rows(&rk, &rt, bf16, hidden);
+		rw_client_rank_dispatch_t d = dispatch_args(&rk, &rt, bf16, hidden, ph);
+		if (ph == 2)
+			d.recv_cap = 5;
+		uint64_t k = 0;
+		assert_int_equal(rw_client_rank_dispatch(rk.rp, &rk.cs, &d, &k), 0);
+		assert_int_equal(server_heard(s, RW_PW_SUBMIT, k), k);
+		daemon_plan(&rk, k);
+		assert_int_equal(server_heard(s, RW_PW_PACKED, k), k);
+		/* the records, where the plan put them */
+		const uint32_t rec_size = (uint32_t)rw_sched_rec_bytes(topk, hidden, eb);
+		const uint64_t row_off = rw_wire_rec_row_off(topk);
+		const rw_client_slab_t *sl1 = &rk.rp->slab[1].lent;
+		const uint8_t *local = (const uint8_t *)sl1->base + sl1->local_off;
+		static rw_page_list_entry_t list[MAX_TOKENS];
+		static uint8_t want_row[HIDDEN_MAX * 4];
+		uint32_t n_rec = 0, m = 0, want_counts[EXPERTS] = { 0 };
+		for (uint32_t t = 0; t < rt.n; t++) {
+			const int32_t *ids = &rt.ids[t * topk];
+			int any = 0, hit = 0;
+			for (uint32_t j = 0; j < topk; j++) {
+				any |= ids[j] >= 0;
+				hit |= ids[j] >= (int32_t)mine;
+			}
+			if (!any)
+				continue;
+			const uint8_t *rec = local + (size_t)n_rec * rec_size;
+			uint32_t tag, token;
+			uint16_t src, owner, k16;
+			memcpy(&tag, rec + RW_WIRE_REC_TAG, 4);
+			memcpy(&src, rec + RW_WIRE_REC_SRC, 2);
+			memcpy(&owner, rec + RW_WIRE_REC_OWNER, 2);
+			memcpy(&token, rec + RW_WIRE_REC_TOKEN, 4);
+			memcpy(&k16, rec + RW_WIRE_REC_TOPK, 2);
+			assert_int_equal(tag, 0x7a000000u);
+			assert_int_equal(src, 0);
+			assert_int_equal(owner, 1);
+			assert_int_equal(token, t);
+			assert_int_equal(k16, topk);
+			assert_memory_equal(rec + RW_WIRE_REC_HDR, ids, topk * 4);
+			put_row(want_row, t, bf16, hidden);
+			assert_memory_equal(rec + row_off, want_row, (size_t)hidden * eb);
+			if (hit) {
+				list[m++] = (rw_page_list_entry_t){ .slot = n_rec, .rail = 1,
+								    .area = RW_PAGE_AREA_LOCAL,
+								    .node = 0, .token = t };
+				if (m <= d.recv_cap)
+					for (uint32_t j = 0; j < topk; j++)
+						want_counts[ids[j] >= 0 ? ids[j] : 0] +=
+							ids[j] >= (int32_t)mine;
+			}
+			n_rec++;
+		}
+		assert_int_equal(n_rec, count_row(&rk, k)[1]);
+		assert_true(m > 5);
+		daemon_arrive(&rk, k, list, m);
+		rw_client_rank_done_t done;
+		const uint32_t got = m < d.recv_cap ? m : d.recv_cap;
+		assert_int_equal(rw_client_rank_wait(rk.rp, k, 10000, &done),
+				 ph == 2 ? RW_E_OVERFLOW : 0);
+		assert_int_equal(done.recv_tokens, got);
+		assert_int_equal(done.overflow, m - got);
+		/* the outputs, as the host mover writes them */
+		static uint8_t rows[RECV_CAP * HIDDEN_MAX * 4], meta[RECV_CAP * (16 + 8 * 32)];
+		uint32_t counts[EXPERTS];
+		const uint32_t meta_bytes = 16 + 8 * topk;
+		assert_int_equal(rw_cuda_memcpy_dtoh(0, rows, rk.recv_x, (size_t)got * hidden * eb),
+				 RW_OK);
+		assert_int_equal(rw_cuda_memcpy_dtoh(0, meta, rk.recv_meta, (size_t)got * meta_bytes),
+				 RW_OK);
+		assert_int_equal(rw_cuda_memcpy_dtoh(0, counts, rk.recv_counts, sizeof(counts)), RW_OK);
+		assert_memory_equal(counts, want_counts, sizeof(counts));
+		for (uint32_t j = 0; j < got; j++) {
+			const uint8_t *rec = local + (size_t)list[j].slot * rec_size;
+			assert_memory_equal(rows + (size_t)j * hidden * eb, rec + row_off,
+					    (size_t)hidden * eb);
+			const uint32_t head[4] = { 0, 1, list[j].token, 0 };
+			assert_memory_equal(meta + (size_t)j * meta_bytes, head, 16);
+			assert_memory_equal(meta + (size_t)j * meta_bytes + 16, rec + RW_WIRE_REC_HDR,
+					    8 * topk);
+		}
+		if (ph == 2)
+			assert_non_null(strstr(rw_client_rank_message(rk.rp), "recv_cap"));
+	}
+	rank_teardown(&rk, s);
 }
 
 /* dispatch returns without waiting for the GPU, and submit follows the count kernel in stream
@@ -451,7 +710,7 @@ static void test_bad_id_named(void **state)
 		host_row(s, &rk, &rest, want);
 		assert_memory_equal(count_row(&rk, k), want, 4 * sizeof(uint32_t));
 		daemon_release(&rk, k);
-		assert_int_equal(rw_client_rank_wait(rk.rp, k, 10000), RW_E_TOKENS);
+		assert_int_equal(rw_client_rank_wait(rk.rp, k, 10000, NULL), RW_E_TOKENS);
 		assert_non_null(strstr(rw_client_rank_message(rk.rp), "token 17 "));
 	}
 	routing_gen(&rt, 50, 20, 4);
@@ -474,24 +733,25 @@ static void test_slot_busy(void **state)
 	load_ids(&rk, &rt); /* once: a blocking copy would wait for the held stream */
 	for (uint64_t k = 1; k <= RW_PAGE_DEPTH; k++)
 		assert_int_equal(dispatch_loaded(&rk, &rt, 0), k);
-	rw_client_rank_dispatch_t d = { .dtype = RW_DTYPE_FP32, .topk = 2, .token_count = 64,
-					.hidden = 8, .n_experts = EXPERTS, .topk_ids = rk.ids };
+	rw_client_rank_dispatch_t d = dispatch_args(&rk, &rt, 0, 8, 0);
 	uint64_t k = 0;
 	assert_int_equal(rw_client_rank_dispatch(rk.rp, &rk.cs, &d, &k), RW_E_AGAIN);
 	assert_non_null(strstr(rw_client_rank_message(rk.rp), "in flight"));
-	assert_int_equal(rw_client_rank_wait(rk.rp, RW_PAGE_DEPTH + 1, 0), RW_E_INVAL);
+	assert_int_equal(rw_client_rank_wait(rk.rp, RW_PAGE_DEPTH + 1, 0, NULL), RW_E_INVAL);
 	/* phase 1 fails on the daemon's side: its status, then the owed words (P6) */
 	rw_page_fail(page_of(&rk), 1, RW_E_PHASE);
-	assert_int_equal(rw_client_rank_wait(rk.rp, 1, 10000), RW_E_PHASE);
+	assert_int_equal(rw_client_rank_wait(rk.rp, 1, 10000, NULL), RW_E_PHASE);
 	assert_int_equal(rw_client_rank_dispatch(rk.rp, &rk.cs, &d, &k), 0);
 	assert_int_equal(k, RW_PAGE_DEPTH + 1);
-	for (uint64_t j = 2; j <= k; j++)
+	for (uint64_t j = 2; j <= k; j++) { /* each planned once its count row is in */
+		assert_int_equal(server_heard(s, RW_PW_SUBMIT, j), j);
 		daemon_release(&rk, j);
-	assert_int_equal(rw_client_rank_wait(rk.rp, k, 10000), 0);
+	}
+	assert_int_equal(rw_client_rank_wait(rk.rp, k, 10000, NULL), 0);
 	for (uint64_t j = 2; j < k; j++)
-		assert_int_equal(rw_client_rank_wait(rk.rp, j, 0), 0);
+		assert_int_equal(rw_client_rank_wait(rk.rp, j, 0, NULL), 0);
 	/* phase 1's slot is phase 5's now; its answer was kept */
-	assert_int_equal(rw_client_rank_wait(rk.rp, 1, 0), RW_E_PHASE);
+	assert_int_equal(rw_client_rank_wait(rk.rp, 1, 0, NULL), RW_E_PHASE);
 	rank_teardown(&rk, s);
 }
 
@@ -509,15 +769,14 @@ static void test_daemon_lost_releases_the_stream(void **state)
 	phase_finish(&rk, k1);
 	uint64_t k2 = dispatch_loaded(&rk, &rt, 1), k3 = dispatch_loaded(&rk, &rt, 2);
 	assert_int_equal(server_heard(s, RW_PW_SUBMIT, k2), k2);
-	assert_int_equal(rw_client_rank_wait(rk.rp, k3, 0), RW_E_TIMEOUT);
+	assert_int_equal(rw_client_rank_wait(rk.rp, k3, 0, NULL), RW_E_TIMEOUT);
 	kill(s->pid, SIGKILL);
-	assert_int_equal(rw_client_rank_wait(rk.rp, k3, 10000), RW_E_CLOSED);
-	assert_int_equal(rw_client_rank_wait(rk.rp, k2, 0), RW_E_CLOSED);
-	assert_int_equal(rw_client_rank_wait(rk.rp, k1, 0), 0);
+	assert_int_equal(rw_client_rank_wait(rk.rp, k3, 10000, NULL), RW_E_CLOSED);
+	assert_int_equal(rw_client_rank_wait(rk.rp, k2, 0, NULL), RW_E_CLOSED);
+	assert_int_equal(rw_client_rank_wait(rk.rp, k1, 0, NULL), 0);
 	assert_int_equal(word(&rk, RW_PW_DONE), k3);
 	assert_int_equal(rw_cuda_stream_sync(rk.stream), RW_OK);
-	rw_client_rank_dispatch_t d = { .dtype = RW_DTYPE_BF16, .topk = 4, .token_count = 100,
-					.hidden = 8, .n_experts = EXPERTS, .topk_ids = rk.ids };
+	rw_client_rank_dispatch_t d = dispatch_args(&rk, &rt, 1, 8, 0);
 	uint64_t k = 0;
 	assert_int_equal(rw_client_rank_dispatch(rk.rp, &rk.cs, &d, &k), RW_E_CLOSED);
 	rank_teardown(&rk, s);
@@ -535,12 +794,12 @@ static void test_refusals(void **state)
 	assert_int_equal(rw_client_rank_open(rk.client, 0, 256, &again), RW_E_STATE);
 	assert_int_equal(rw_client_rank_open(rk.client, 99, 256, &again), RW_E_INVAL);
 	assert_non_null(strstr(rw_client_rank_message(NULL), "device 99"));
-	const rw_client_rank_dispatch_t good = { .dtype = RW_DTYPE_BF16, .topk = 4,
-						 .token_count = 10, .hidden = 8,
-						 .n_experts = EXPERTS, .topk_ids = rk.ids };
+	routing_gen(&rt, 1, 10, 4);
+	const rw_client_rank_dispatch_t good = dispatch_args(&rk, &rt, 1, 8, 0);
+	enum { NBAD = 11 };
 	struct { rw_client_rank_dispatch_t d; rw_client_stream_t st; int want; const char *says; }
-		bad[8];
-	for (int i = 0; i < 8; i++) {
+		bad[NBAD];
+	for (int i = 0; i < NBAD; i++) {
 		bad[i].d = good;
 		bad[i].st = rk.cs;
 	}
@@ -552,19 +811,30 @@ static void test_refusals(void **state)
 	bad[5].st.device = 1, bad[5].want = RW_E_INVAL, bad[5].says = "device 1";
 	bad[6].d.reserved1 = 1, bad[6].want = RW_E_INVAL, bad[6].says = "reserved";
 	bad[7].d.path = RW_PATH_REQ_JOINT + 1, bad[7].want = RW_E_FIELD, bad[7].says = "path";
-	for (int i = 0; i < 8; i++) {
+	bad[8].d.dtype = RW_DTYPE_FP16, bad[8].want = RW_E_DTYPE, bad[8].says = "bf16 and fp32";
+	bad[9].d.recv_x = rk.recv_x + 4, bad[9].want = RW_E_INVAL, bad[9].says = "recv_x";
+	bad[10].d.n_experts = 10, bad[10].want = RW_E_EXPERTS, bad[10].says = "world"; /* 2 x 4 */
+	for (int i = 0; i < NBAD; i++) {
 		uint64_t k = 0;
 		assert_int_equal(rw_client_rank_dispatch(rk.rp, &bad[i].st, &bad[i].d, &k),
 				 bad[i].want);
 		assert_non_null(strstr(rw_client_rank_message(rk.rp), bad[i].says));
 		assert_int_equal(k, 0);
 	}
-	assert_int_equal(rw_client_rank_wait(rk.rp, 1, 0), RW_E_INVAL);
+	assert_int_equal(rw_client_rank_wait(rk.rp, 1, 0, NULL), RW_E_INVAL);
 	assert_int_equal(word(&rk, RW_PW_SUBMIT), 0);
-	routing_gen(&rt, 1, 10, 4);
 	uint64_t k = dispatch(&rk, &rt, 0);
 	assert_int_equal(k, 1);
 	phase_finish(&rk, k);
+	rank_teardown(&rk, s);
+
+	s = server_start(2, 4, 2, NULL, 2); /* pages, no group slabs: nothing to pack into */
+	rank_open(&rk, s, 0);
+	uint64_t k2 = 0;
+	rw_client_rank_dispatch_t d = dispatch_args(&rk, &rt, 1, 8, 0);
+	assert_int_equal(rw_client_rank_dispatch(rk.rp, &rk.cs, &d, &k2), RW_E_STATE);
+	assert_non_null(strstr(rw_client_rank_message(rk.rp), "no group slabs"));
+	assert_int_equal(word(&rk, RW_PW_SUBMIT), 0);
 	rank_teardown(&rk, s);
 
 	s = server_start(2, 4, 2, NULL, 0); /* no page rails */
@@ -635,6 +905,7 @@ int main(int argc, char **argv)
 		CASE(test_cpu_only_rank),
 		CASE(test_count_row_is_the_host_count),
 		CASE(test_submit_after_the_kernel),
+		CASE(test_dispatch_whole),
 		CASE(test_bad_id_named),
 		CASE(test_slot_busy),
 		CASE(test_daemon_lost_releases_the_stream),
