@@ -358,8 +358,10 @@ int main(int argc, char **argv)
 		rc = start_exit_status(st);
 		goto stop_stats;
 	}
-	/* The data movers, tried in this order for every pair; the host mover takes anything. */
-	static const rw_svc_mover_ops_t *const movers[] = { &rw_svc_mover_cuda, &rw_svc_mover_host };
+	/* The data movers, tried in this order for every pair: the rank mover takes pairs of page
+	 * ranks, the CUDA mover CUDA buffers, the host mover the rest. */
+	static const rw_svc_mover_ops_t *const movers[] = { &rw_svc_mover_rank, &rw_svc_mover_cuda,
+							    &rw_svc_mover_host };
 	rw_svc_exec_hooks_t hooks;
 	rw_svc_exec_hooks_from_env(environ, &hooks);
 	if ((st = rw_svc_exec_create(&svc, movers, RW_ARRAY_SIZE(movers), &hooks, &svc.exec))) {

@@ -116,7 +116,7 @@ static void pair_failed(exec_pair_t *p)
 		exec_sub_t *s = &p->in[kind].sub[g];
 		if (!s->have)
 			continue;
-		exec_answer_err(x, s->client, &s->sqe, e.st, e.remote, e.msg);
+		exec_answer_sub_err(x, s, e.st, e.remote, e.msg);
 		s->have = 0;
 		answered |= 1u << g;
 	}
@@ -467,6 +467,10 @@ static void pair_counted(exec_pair_t *p)
 	exec_t *x = p->x;
 	if (exec_plan_counted(p) != RW_OK)
 		return pair_failed(p);
+	if (p->mv->no_records) { /* the ranks write the records: no records pass */
+		exec_plan_tokens(p);
+		p->plan.recs_done = 1;
+	}
 	PTRACE(p, "counted (%s)", p->stage == ST_COUNT_MOVER ? p->mv->name : "host");
 	pair_exchange(p);
 	if (exec_open(p) && records_due(p))
@@ -757,8 +761,39 @@ void exec_on_rail_down(exec_t *x, uint32_t peer, uint32_t rail, rw_status_t st)
 				       x->svc->cfg.nodes[peer].name, rw_status_str(st));
 }
 
+void exec_on_page_word(exec_pair_t *p, uint32_t g, unsigned word, uint64_t value)
+{
+	const exec_sub_t *s = &p->in[exec_kind(p)].sub[g];
+	if (!exec_open(p) || !s->have || !s->page_k || (int64_t)(value - s->page_k) < 0)
+		return; /* not this pair's phase of that rank */
+	if (word == RW_PW_PACKED && (p->stage == ST_RUN_D || p->stage == ST_RUN_C) &&
+	    p->send.state == SEND_WAIT_PACK) {
+		send_progress(p); /* the mover's pack looks at every rank's word again */
+	} else if (word == RW_PW_DONE && (p->stage == ST_FLUSH_D || p->stage == ST_FLUSH_C) &&
+		   p->out.pending && !(p->out.page_done & (1u << g))) {
+		p->out.page_done |= 1u << g;
+		if (--p->out.pending == 0)
+			complete(p);
+	}
+}
+
 void exec_on_rank_left(exec_pair_t *p, rw_ipc_client_t *client, uint32_t rank)
 {
+	/* A page rank whose stream wrote done for the pair's dispatch reads nothing of it any more:
+	 * it may go (its done is read here, since the poller's report may come after the leave). */
+	for (uint32_t g = 0; p->stage == ST_FLUSH_D && g < p->x->gpus; g++) {
+		exec_sub_t *s = &p->in[RW_SVC_DISPATCH].sub[g];
+		if (!s->have || s->client != client || !s->page_k)
+			continue;
+		const rw_page_head_t *pg = p->ph.io[RW_SVC_DISPATCH][g].page;
+		const uint64_t done = atomic_load_explicit(&pg->word[RW_PW_DONE].v,
+							   memory_order_acquire);
+		if ((int64_t)(done - s->page_k) < 0)
+			break;
+		exec_on_page_word(p, g, RW_PW_DONE, done);
+		s->have = 0; /* no answer to a rank that has gone */
+		return;
+	}
 	for (int k = 0; k < RW_SVC_KIND_COUNT; k++) /* no completions to the leaving client */
 		for (uint32_t g = 0; g < p->x->gpus; g++)
 			if (p->in[k].sub[g].client == client)
@@ -810,6 +845,7 @@ void exec_stop(exec_t *x)
 	ev_timer_stop(loop, &x->tick);
 	ev_idle_stop(loop, &x->local_idle);
 	ev_prepare_stop(loop, &x->reaper);
+	ev_timer_stop(loop, &x->page_retry);
 	exec_fail_open(x, "daemon stopping");
 	exec_trace_stop(x); /* after the failed pairs' records */
 }

@@ -62,15 +62,32 @@ void exec_answer_err(exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe, rw
 	rw_ipc_complete(x->ipc, client, &c);
 }
 
+void exec_answer_sub_err(exec_t *x, const exec_sub_t *s, rw_status_t st, int remote,
+			 const char *msg)
+{
+	if (!s->page_k)
+		return exec_answer_err(x, s->client, &s->sqe, st, remote, msg);
+	rw_page_head_t *pg = x->ipc ? rw_ipc_client_page(s->client, NULL) : NULL;
+	if (!pg)
+		return;
+	const int code = exec_client_code(st, remote);
+	rw_ipc_client_notice(x->ipc, s->client, code, msg && msg[0] ? msg : rw_status_str(st));
+	rw_page_fail(pg, s->page_k, code); /* P6: the status, then the words its stream waits on */
+}
+
 void exec_answer_dispatch(exec_t *x, exec_pair_t *p, uint32_t g)
 {
 	exec_sub_t *s = &p->in[RW_SVC_DISPATCH].sub[g];
-	rw_cqe_t c = cqe_for(&s->sqe, RW_CQ_OK);
-	const uint32_t *counts = NULL;
-	p->mv->result(p->mv_state, g, &c.recv_tokens, &counts);
 	if (++x->next_handle == 0)
 		x->next_handle = 1;
 	p->out.handle[g] = x->next_handle;
+	if (s->page_k) { /* the rank's stream had its answer: arrived, then its own done */
+		s->have = 0;
+		return;
+	}
+	rw_cqe_t c = cqe_for(&s->sqe, RW_CQ_OK);
+	const uint32_t *counts = NULL;
+	p->mv->result(p->mv_state, g, &c.recv_tokens, &counts);
 	c.handle_id = p->out.handle[g];
 	c.n_experts = p->ph.n_experts;
 	if (p->ph.n_experts <= RW_CQE_INLINE_COUNTS) {

@@ -130,6 +130,7 @@ typedef struct exec_member {
 	/* Rank path: the last value of each rank-written page word the executor took (ipc/page.h
 	 * RW_PW_*; exec_page.c). */
 	uint64_t page_seen[RW_PW_COUNT];
+	uint64_t page_taken;         /* the last phase whose submit was taken (admitted or failed) */
 } exec_member_t;
 
 struct exec_group {
@@ -154,6 +155,9 @@ typedef struct exec_sub {
 	int ready;                   /* its inputs are readable (the mover staged them) */
 	rw_sqe_t sqe;
 	rw_ipc_client_t *client;
+	uint64_t page_k;             /* a page rank's (the rank path): the phase its words carry;
+				      * it is answered by words, never by a completion. 0: a ring
+				      * submission */
 } exec_sub_t;
 
 struct exec_pair {
@@ -255,6 +259,7 @@ struct exec_pair {
 
 	struct {                     /* writing the outputs (ST_FLUSH_D, ST_FLUSH_C) */
 		uint32_t pending;    /* the mover's RW_MV_OP_FINISH reports still due */
+		uint32_t page_done;  /* page ranks whose `done` counted (bit g) */
 		uint32_t handle[RW_MAX_GPUS];
 	} out;
 };
@@ -292,6 +297,9 @@ struct rw_svc_exec {
 	rw_svc_exec_hooks_t hooks;
 	rw_svc_rail_meter_t meter[RW_MAX_RAILS]; /* rail_weights: measured (rail_health.h) */
 	struct rw_svc_trace *trace;  /* phase traces (trace.h); NULL when trace_dir is unset */
+	ev_timer page_retry;         /* exec_page.c: retries submits that wait for the group's
+				      * pair to end (running while any waits) */
+	int page_retry_init;
 };
 
 /* ---- small shared helpers ---------------------------------------------------------------- */
@@ -380,6 +388,10 @@ int exec_client_code(rw_status_t st, int remote);
 /* Answer a submission with an error: `msg` first (rw_client_last_message), then the CQE. */
 void exec_answer_err(exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe, rw_status_t st,
 		     int remote, const char *msg);
+/* The same for a pair's submission: a page rank's phase fails on its page (the sentence, then
+ * status and the owed words: ipc/page.h rw_page_fail), a ring rank's as above. */
+void exec_answer_sub_err(exec_t *x, const exec_sub_t *s, rw_status_t st, int remote,
+			 const char *msg);
 /* Refuse a joining rank: RW_ERR_INVAL (its world or node does not fit this cluster),
  * RW_ERR_EXISTS (its rank is taken), RW_ERR_NOMEM. */
 void exec_drop_client(exec_t *x, rw_ipc_client_t *client, rw_status_t st);
@@ -565,6 +577,9 @@ void exec_on_grant(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t wave);
 void exec_on_peer_down(exec_t *x, uint32_t peer, rw_status_t st);
 /* Rail `rail` to `peer` went down, the peer stays up: fail the pairs whose plan uses it. */
 void exec_on_rail_down(exec_t *x, uint32_t peer, uint32_t rail, rw_status_t st);
+/* A page rank's word (ipc/page.h RW_PW_PACKED, RW_PW_DONE) reached `value`: local rank g of
+ * the pair packed (the mover's pack may go on) or is done reading (its finish counts). */
+void exec_on_page_word(exec_pair_t *p, uint32_t g, unsigned word, uint64_t value);
 /* Local rank `local` of the pair's group left: its data is gone. */
 void exec_on_rank_left(exec_pair_t *p, rw_ipc_client_t *client, uint32_t rank);
 

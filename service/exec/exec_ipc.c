@@ -37,6 +37,8 @@ static void member_leave(exec_t *x, exec_member_t *mb, rw_ipc_leave_t reason, in
 	exec_tomb_left(x, g->hash, mb->local);
 	exec_member_free(mb);
 	if (g->n_members == 0) {
+		if (g->pair) /* a page rank's dispatch that ended with its done: no combine follows */
+			exec_pair_abandon(g->pair);
 		exec_carve_drop(x, g); /* its pairs hold their own references */
 		rw_list_del(&g->link);
 		free(g);

@@ -26,6 +26,14 @@ static void page_phase_fail(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, ui
 	rw_page_fail(pg, k, code);
 }
 
+/* page_phase_fail for an admission: the submit was taken (0). */
+static int page_refuse(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, uint64_t k, int32_t code,
+		       const char *why)
+{
+	page_phase_fail(x, mb, pg, k, code, why);
+	return 0;
+}
+
 /* The parameters as the executor would check a ring submission's, beyond rw_page_submit_check:
  * what the movers carry. 0, or -1 with why and *code_p set. */
 static int params_check(const exec_t *x, const exec_member_t *mb, const rw_page_params_t *p,
@@ -50,20 +58,91 @@ static int params_check(const exec_t *x, const exec_member_t *mb, const rw_page_
 	return 0;
 }
 
-/* Phase k submitted by the rank: its slot read once, checked. */
-static void page_submit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, uint64_t k)
+/* A checked dispatch joins its group's pair as a submission answered by words (docs/rankpath.md
+ * "A phase"): the pair's open or joined as a ring rank's is (exec_ipc.c), without buffers; the
+ * executor's movers then take the pair (the rank mover only takes page ranks, so a group whose
+ * ranks here mix rings and pages fails, named). A phase that cannot join is failed on the page. */
+static int page_admit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, const rw_page_layout_t *l,
+		      uint64_t k, const rw_page_params_t *prm, const uint32_t *row)
+{
+	exec_group_t *g = mb->g;
+	const rw_wire_key_t key = { .group = g->hash, .layer = prm->layer, .step = prm->step };
+	const rw_sqe_t sqe = { .kind = RW_KIND_DISPATCH, .dtype = prm->dtype, .topk = prm->topk,
+			       .path = (uint8_t)prm->path, .layer = prm->layer, .phase_id = k,
+			       .step = prm->step, .token_count = prm->token_count,
+			       .hidden = prm->hidden, .n_experts = prm->n_experts };
+	char why[RW_SVC_WHY_MAX];
+	exec_pair_t *p = g->pair;
+	/* This rank's stream moved on while the group's pair of its last phase has not ended (its
+	 * own done may be reported after this submit, and other ranks may still read): the submit
+	 * waits for the pair's end (page_take). */
+	if (p && !rw_wire_key_eq(&p->key, &key) && p->stage < ST_WAIT_C &&
+	    p->in[RW_SVC_DISPATCH].sub[mb->local].page_k)
+		return 1;
+	const int tomb = exec_tomb_check(x, &key, RW_SVC_DISPATCH, mb->local, why, sizeof(why));
+	exec_tomb_pass(x, &key, RW_SVC_DISPATCH, mb->local);
+	if (tomb)
+		return page_refuse(x, mb, pg, k, RW_E_PHASE, why);
+	if (p && !rw_wire_key_eq(&p->key, &key)) {
+		if (p->stage != ST_WAIT_C || p->in[RW_SVC_COMBINE].n_sub != 0) {
+			snprintf(why, sizeof(why), "layer %u step %llu is still running in this group",
+				 p->key.layer, (unsigned long long)p->key.step);
+			return page_refuse(x, mb, pg, k, RW_E_STATE, why);
+		}
+		exec_pair_abandon(p); /* the trainer moved on without a combine */
+		p = NULL;
+	}
+	if (p && (p->stage != ST_GATHER_D || p->in[RW_SVC_DISPATCH].sub[mb->local].have))
+		return page_refuse(x, mb, pg, k, RW_E_STATE,
+				   "this rank already submitted this dispatch");
+	rw_status_t st;
+	if (p && (st = exec_plan_fits(p, &sqe, why, sizeof(why))) != RW_OK) {
+		page_phase_fail(x, mb, pg, k, exec_client_code(st, 0), why);
+		p->answered |= 1u << mb->local;
+		exec_pair_fail(p, RW_ERR_INVAL, "local rank %u: %s", x->me * x->gpus + mb->local,
+			       why);
+		return 0;
+	}
+	if (!p && x->svc->draining)
+		return page_refuse(x, mb, pg, k, RW_E_STATE, "the daemon is draining");
+	if (!p && !(p = exec_pair_open(x, g, &key, &sqe)))
+		return page_refuse(x, mb, pg, k, RW_E_INTERNAL, "out of memory");
+	const size_t cells = (size_t)x->nodes * x->rails;
+	uint32_t *kept = rw_arena_alloc(&p->mem, cells, sizeof(uint32_t));
+	if (!kept) {
+		exec_pair_fail(p, RW_ERR_NOMEM, "out of memory");
+		return 0;
+	}
+	memcpy(kept, row, cells * sizeof(uint32_t));
+	exec_sub_t *s = &p->in[RW_SVC_DISPATCH].sub[mb->local];
+	*s = (exec_sub_t){ .have = 1, .sqe = sqe, .client = mb->client, .page_k = k };
+	p->in[RW_SVC_DISPATCH].n_sub++;
+	rw_svc_rank_io_t *io = &p->ph.io[RW_SVC_DISPATCH][mb->local];
+	*io = (rw_svc_rank_io_t){ .n_tokens = prm->token_count, .page = pg, .page_layout = *l,
+				  .page_k = k, .page_row = kept,
+				  .page_max_recv = rw_ipc_client_page_geom(mb->client)->max_recv };
+	for (int i = 0; i < 3; i++)
+		io->in[i] = (rw_svc_span_mem_t){ .dev = -1, .buf = RW_BUF_NONE };
+	io->out = io->in[0];
+	exec_on_submit(p, RW_SVC_DISPATCH, mb->local);
+	return 0;
+}
+
+/* Phase k submitted by the rank: its slot read once, checked. 1: it waits for the group's pair
+ * to end (nothing was read into the daemon; it is taken again later); 0: taken. */
+static int page_submit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, uint64_t k)
 {
 	const rw_page_geom_t *geom = rw_ipc_client_page_geom(mb->client);
 	rw_page_layout_t l;
 	if (rw_page_layout(geom->nodes, geom->rails, geom->gpus, geom->max_recv, 1, &l) != 0)
-		return page_phase_fail(x, mb, pg, k, RW_E_INTERNAL, "the page's geometry is bad");
+		return page_refuse(x, mb, pg, k, RW_E_INTERNAL, "the page's geometry is bad");
 	const uint8_t *slot = rw_page_slot_at(pg, &l, k);
 	rw_page_params_t params;
 	memcpy(&params, slot + l.params, sizeof(params));
 	const size_t cells = (size_t)geom->nodes * geom->rails;
 	uint32_t *row = malloc(cells * sizeof(*row));
 	if (!row)
-		return page_phase_fail(x, mb, pg, k, RW_E_INTERNAL, "out of memory");
+		return page_refuse(x, mb, pg, k, RW_E_INTERNAL, "out of memory");
 	memcpy(row, slot + l.count_row, cells * sizeof(*row));
 	char why[RW_SVC_WHY_MAX];
 	int32_t code = RW_E_TOKENS;
@@ -71,15 +150,68 @@ static void page_submit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, uint64
 				 sizeof(why)) != 0 ||
 	    params_check(x, mb, &params, why, &code) != 0) {
 		free(row);
-		return page_phase_fail(x, mb, pg, k, code, why);
+		return page_refuse(x, mb, pg, k, code, why);
 	}
+	if (params.kind != RW_KIND_DISPATCH) {
+		free(row);
+		snprintf(why, sizeof(why), "layer %u step %llu: a combine on the rank path is not "
+			 "carried yet (submit it through the rings)", params.layer,
+			 (unsigned long long)params.step);
+		return page_refuse(x, mb, pg, k, RW_E_STATE, why);
+	}
+	const int wait = page_admit(x, mb, pg, &l, k, &params, row);
 	free(row);
-	/* The slabs a rank's kernels write are not lent yet (docs/rankpath.md "Status"): refused,
-	 * named, rather than left waiting. */
-	snprintf(why, sizeof(why), "layer %u step %llu: this daemon does not carry rank-path "
-		 "phases yet (submit through the rings)", params.layer,
-		 (unsigned long long)params.step);
-	page_phase_fail(x, mb, pg, k, RW_E_STATE, why);
+	return wait;
+}
+
+static void retry_cb(struct ev_loop *loop, ev_timer *w, int revents);
+
+/* Take the rank's submits in order, up to the last its word showed. P1: the poller's report is
+ * the load-acquire of submit; every phase it moved over was published before it. A submit that
+ * waits for the group's pair to end stays (the retry timer, and each word of the group, try it
+ * again). */
+static void page_take(exec_t *x, exec_member_t *mb, rw_page_head_t *pg)
+{
+	while ((int64_t)(mb->page_seen[RW_PW_SUBMIT] - mb->page_taken) > 0) {
+		if (page_submit(x, mb, pg, mb->page_taken + 1)) {
+			if (!x->page_retry_init) {
+				ev_timer_init(&x->page_retry, retry_cb, 0.002, 0.002);
+				x->page_retry.data = x;
+				x->page_retry_init = 1;
+			}
+			if (!ev_is_active(&x->page_retry))
+				ev_timer_start(x->svc->loop, &x->page_retry);
+			return;
+		}
+		mb->page_taken++;
+	}
+}
+
+/* Every member's waiting submits, taken where they can be now. 1: one still waits. */
+static int group_take(exec_t *x, exec_group_t *g)
+{
+	int waits = 0;
+	for (uint32_t l = 0; l < x->gpus; l++) {
+		exec_member_t *mb = g->member[l];
+		rw_page_head_t *pg = mb ? rw_ipc_client_page(mb->client, NULL) : NULL;
+		if (!pg)
+			continue;
+		page_take(x, mb, pg);
+		waits |= (g->member[l] == mb) && mb->page_taken != mb->page_seen[RW_PW_SUBMIT];
+	}
+	return waits;
+}
+
+static void retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)revents;
+	exec_t *x = w->data;
+	int waits = 0;
+	exec_group_t *g, *nx;
+	rw_list_for_each_safe(&x->groups, g, nx, link)
+		waits |= group_take(x, g);
+	if (!waits)
+		ev_timer_stop(loop, w);
 }
 
 /* A word the daemon answers (`answer`: plan for packed, arrived for done) must never be passed
@@ -101,10 +233,8 @@ void exec_page_word(void *ctx, rw_ipc_client_t *client, unsigned word, uint64_t 
 	mb->page_seen[word] = value;
 	switch (word) {
 	case RW_PW_SUBMIT:
-		/* P1: the poller's report is the load-acquire of submit; every phase it moved over
-		 * was published before it, in order. */
-		for (uint64_t k = from + 1; (int64_t)(value - k) >= 0; k++)
-			page_submit(x, mb, pg, k);
+		(void)from;
+		page_take(x, mb, pg);
 		break;
 	case RW_PW_PACKED:
 	case RW_PW_DONE: {
@@ -114,7 +244,16 @@ void exec_page_word(void *ctx, rw_ipc_client_t *client, unsigned word, uint64_t 
 			snprintf(why, sizeof(why), "%s moved to %llu, past the daemon's %s",
 				 word == RW_PW_PACKED ? "packed" : "done", (unsigned long long)value,
 				 answer == RW_PW_PLAN ? "plan" : "arrived");
-			page_phase_fail(x, mb, pg, value, RW_E_TOKENS, why);
+			exec_pair_t *p = mb->g->pair;
+			if (p && p->in[exec_kind(p)].sub[mb->local].page_k) /* its pair fails, named */
+				exec_pair_fail(p, RW_ERR_SUB_TOKENS, "group %s rank %u: %s", mb->g->name,
+					       x->me * x->gpus + mb->local, why);
+			else
+				page_phase_fail(x, mb, pg, value, RW_E_TOKENS, why);
+		} else if (mb->g->pair) {
+			exec_group_t *g = mb->g;
+			exec_on_page_word(g->pair, mb->local, word, value);
+			group_take(x, g); /* the pair may have ended: waiting submits go on */
 		}
 		break;
 	}

@@ -24,7 +24,13 @@ void exec_areas_set(exec_pair_t *p, int slot)
 			p->ph.send_dptr[k][r] = gpu ? dptr + send : 0;
 			p->ph.recv_dptr[k][r] = gpu ? dptr + recv : 0;
 		}
+		const int carve = slot >= EXEC_SLOTS; /* the group's slabs, lent to its ranks */
+		const uint64_t base = carve ? exec_sub_off(x, slot, 0) : 0;
+		p->ph.slab[r] = carve ? rw_svc_mesh_at(x->mesh, r, base) : NULL;
+		p->ph.local_area[r] = carve ? rw_svc_mesh_at(x->mesh, r, exec_sub_off(x, slot, SUB_LOCAL))
+					    : NULL;
 	}
+	p->ph.slab_bytes = slot >= EXEC_SLOTS ? x->carve_bytes : 0;
 }
 
 /* An attempt's epoch: never 0, different for every pair a node opens (a reused key gets a new
@@ -157,7 +163,7 @@ rw_status_t exec_plan_bad_ids(exec_pair_t *p, uint32_t bad)
 		 x->me * x->gpus + bad, p->ph.n_experts);
 	exec_sub_t *s = bad < x->gpus ? &p->in[RW_SVC_DISPATCH].sub[bad] : NULL;
 	if (s && s->have) { /* the culprit hears what it did; the others that it failed */
-		exec_answer_err(x, s->client, &s->sqe, RW_ERR_SUB_TOKENS, 0, msg);
+		exec_answer_sub_err(x, s, RW_ERR_SUB_TOKENS, 0, msg);
 		s->have = 0;
 		p->answered |= 1u << bad; /* or its tomb would wait for it */
 	}

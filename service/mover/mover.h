@@ -59,6 +59,16 @@ typedef struct rw_svc_rank_io {
 	const uint8_t *tokens;
 	const int32_t *ids;
 	const float *weights;
+	/* The rank path (docs/rankpath.md): a page rank's part, answered by the words of its rank
+	 * page instead of completions; page NULL for a ring submission. page_k: the phase number
+	 * its words carry; page_layout: its page's blocks (from the geometry the daemon made it
+	 * for) and page_max_recv its bound on a list; page_row: its count row as the daemon
+	 * copied it at submit ([N*R], the pair's). Nothing here is read back from the page. */
+	rw_page_head_t *page;
+	rw_page_layout_t page_layout;
+	uint32_t page_max_recv;
+	uint64_t page_k;
+	const uint32_t *page_row;
 } rw_svc_rank_io_t;
 
 /* A pair as a mover sees it: geometry, the phase's parameters, the plan, and where the send
@@ -93,6 +103,12 @@ typedef struct rw_svc_phase {
 	 * The host mover copies whole ranges; the CUDA mover's kernels move the rows and it copies
 	 * only the headers the CPU writes and checks. */
 	int slab_dev[RW_MAX_RAILS];
+	/* A pair on its group's carve-out (the slabs lent to the group's ranks): each rail's slab
+	 * as the daemon maps it, its bytes, and its local area (records and rows that never leave
+	 * the node); slab[r] NULL for a pair on the shared area's slots. */
+	uint8_t *slab[RW_MAX_RAILS];
+	uint64_t slab_bytes;
+	uint8_t *local_area[RW_MAX_RAILS];
 	uint64_t send_dptr[RW_SVC_KIND_COUNT][RW_MAX_RAILS];
 	uint64_t recv_dptr[RW_SVC_KIND_COUNT][RW_MAX_RAILS];
 	rw_svc_rank_io_t io[RW_SVC_KIND_COUNT][RW_MAX_GPUS]; /* [kind][local rank] */
@@ -147,6 +163,9 @@ typedef struct rw_svc_mover_ops {
 	 * pairs use the shared area's slots and never a group's carve-out, which comes and goes
 	 * with the group (service/mesh/mesh.h); 0: the areas may differ from pair to pair. */
 	int areas_fixed;
+	/* 1: the ranks write the records themselves (the rank path): the executor builds none on
+	 * the host (no records pass), and its pairs need the group's carve-out. */
+	int no_records;
 	/* Per daemon: create the mover on `loop`; done() reports asynchronous completions. */
 	rw_status_t (*create)(struct ev_loop *loop, rw_svc_mover_done_fn done, void *ctx,
 			      void **mover_p);
@@ -366,6 +385,13 @@ rw_status_t rw_svc_rank_reduce_list(const rw_svc_phase_t *ph, const rw_svc_rank_
 				    const uint8_t *const *sent, uint32_t g, uint32_t n_tokens,
 				    uint32_t *cursor, rw_page_list_entry_t *out, uint32_t max,
 				    uint32_t *n_p, char *why);
+/* The rank path's mover (service/mover/mover_page.c; docs/rankpath.md "A phase"): takes a pair
+ * whose local ranks are all page ranks (rw_svc_rank_io_t.page) and answers each operation from
+ * their words — plan blocks and `plan`, the records' check once every `packed` came, the forward
+ * lists and `arrived`; finish stays pending until each rank's `done` (the executor takes
+ * `packed` and `done` from the poller and resumes the pack or counts the finish, as for
+ * RW_MV_OP_PACKED and RW_MV_OP_FINISH). It moves no payload byte: the ranks' kernels do. */
+extern const rw_svc_mover_ops_t rw_svc_mover_rank;
 /* Kernels on the ranks' GPUs (service/mover/mover_cuda.c): takes a pair whose first submission gives
  * CUDA memory on a device with kernels, declines every other. */
 extern const rw_svc_mover_ops_t rw_svc_mover_cuda;

@@ -6,8 +6,8 @@ kernel and cuStreamWriteValue64 would — while a host job (group `job`, four rw
 that verify every row and sum) runs on the same two daemons.
 
 1. railwaved lends pages (page_rails = its rails) and its executor takes every submit: a
-   well-formed phase is refused, named (the daemon does not carry rank-path phases yet), a lying
-   one is refused with RW_E_TOKENS, named: a count row at a rail that is not the rank's, a row
+   combine is refused, named (the rank path carries dispatches only so far), a lying one is
+   refused with RW_E_TOKENS, named: a count row at a rail that is not the rank's, a row
    adding up to more records than its tokens can make, a slot holding another phase's
    parameters, a bad top-k id the count kernel met; an unknown dtype (RW_E_DTYPE). Each refusal writes the phase's status, then plan
    and arrived = k on the page (the words a stream waits on), and the daemon's log names the
@@ -19,7 +19,16 @@ that verify every row and sum) runs on the same two daemons.
 4. `submit` jumped past the depth: the daemon drops the rank (RW_E_RING_INDEX); the rank's
    watcher writes the owed words of a lost daemon (every status RW_E_CLOSED, plan 2^62 ahead).
 5. The host job's ranks all pass while this goes on.
-6. A daemon killed (SIGKILL) while a rank's stream waits on its words: the rank's watcher
+6. Dispatches on the rank path complete between the two daemons: a group of four page ranks
+   (tests/integration/rw_pagerank.c: each plays its stream from the CPU — count row, submit,
+   records where its plan block says, packed, its forward list read, done) over 6 phases of the
+   host job's workload, every row, its metadata and each expert's count checked against it.
+   As an attacker: a rank whose pack writes a record with a token past its tokens fails that
+   phase on every rank of both nodes (RW_E_PHASE, the log naming the rank and the record), the
+   node not dropped: the group's next phases pass; a rank killed between submit and packed, and
+   one between arrived and done: the group's phase fails on the others (their words written),
+   and a new group's phases pass right after.
+7. A daemon killed (SIGKILL) while a rank's stream waits on its words: the rank's watcher
    writes them (plan and arrived 2^62 ahead, every status RW_E_CLOSED), so the stream runs
    through; the other daemon stops cleanly (ASan: no leak).
 Run by tests/run as $b/test/svc_rankpage; exits 0 pass, 1 fail, 77 skip."""
@@ -27,6 +36,7 @@ import ctypes
 import os
 import shutil
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +46,7 @@ sys.path.insert(0, os.path.join(B, "tests", "lib"))
 import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
 
 LIB = cluster.LIBRAILWAVE
+PAGERANK = os.path.join(B, "tests", "integration", "rw_pagerank")
 Opts = cluster.ClientOpts
 E_CLOSED, E_STATE, E_TOKENS, E_DTYPE = -5, -26, -45, -44  # ipc/railwave.h
 # ipc/page.h: the head's words and status lines each on a 64-byte line; slot 0 after the head;
@@ -93,8 +104,8 @@ def row_at(nodes, rails, cells):
 
 
 def main():
-    if not cluster.built(cluster.DAEMON, cluster.RANK, cluster.RAILWAVE, LIB):
-        print("skip: railwaved, rw_rank, railwave or librailwave not built")
+    if not cluster.built(cluster.DAEMON, cluster.RANK, cluster.RAILWAVE, LIB, PAGERANK):
+        print("skip: railwaved, rw_rank, rw_pagerank, railwave or librailwave not built")
         return 77
     lib = ctypes.CDLL(LIB)
     lib.rw_client_connect.argtypes = [ctypes.POINTER(Opts), ctypes.POINTER(ctypes.c_void_p)]
@@ -104,7 +115,9 @@ def main():
                                         ctypes.POINTER(ctypes.c_size_t)]
     tmp = tempfile.mkdtemp(prefix="rw-rankpage-")
     nodes, rails = 2, 2
-    c = cluster.Cluster(tmp, nodes, rails=rails)
+    # group carve-outs: the page ranks' records live in their group's slabs
+    c = cluster.Cluster(tmp, nodes, rails=rails,
+                        extra={"group_area_mib": 1, "group_pool_mib": 10})
     try:
         c.start_all()
         job = [(r, c.rank(r, "job", 2, 30, 11)) for r in range(nodes * c.gpus)]
@@ -151,8 +164,8 @@ def main():
         check("group pg rank 0 phase 2: packed moved to 2, past the daemon's plan" in c.log(0),
               "packed past plan named in the log")
 
-        phase(3, E_STATE, "layer 3 step 3: this daemon does not carry rank-path phases yet",
-              row=row_at(nodes, rails, {(0, native): 3, (1, native): 2}))
+        phase(3, E_STATE, "layer 3 step 3: a combine on the rank path is not carried yet",
+              kind=2)
         phase(4, E_TOKENS, "count row entry (node 1, rail 1) is 3, where the rank counts "
               "nothing (not its rail)", row=row_at(nodes, rails, {(1, 1): 3}))
         phase(5, E_TOKENS, "the count row adds up to 8 records, above 4 tokens x 1 nodes each",
@@ -164,7 +177,7 @@ def main():
 
         # two phases, one submit store: both taken, in order
         pg.slot(9, row=row_at(nodes, rails, {(1, 1): 1}))
-        pg.slot(10)
+        pg.slot(10, kind=2)
         pg.word(W_SUBMIT).value = 10
         check(pg.wait_plan(10), "phases 9 and 10 under one submit: plan reaches 10")
         check(pg.status(9) == E_TOKENS and pg.status(10) == E_STATE,
@@ -181,6 +194,57 @@ def main():
               "every status RW_E_CLOSED after the drop")
         check("rank page word submit went from 10 to 15" in c.log(0), "the jump named in the log")
         lib.rw_client_close(cl)
+
+        def page_job(group, layers, steps, modes=None):
+            """Every rank of `group` a page rank (rw_pagerank), in its mode (default ok)."""
+            modes = modes or {}
+            return [(r, subprocess.Popen(
+                [PAGERANK, c.cfg["nodes"][r // c.gpus]["ipc_socket"], group, str(r), str(nodes),
+                 str(c.gpus), str(c.experts), str(layers), str(steps), "5",
+                 modes.get(r, "ok")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                env=c.env)) for r in range(nodes * c.gpus)]
+
+        def outputs(procs):
+            res = {}
+            for r, p in procs:
+                try:
+                    out, _ = p.communicate(timeout=cluster.WAIT)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    out, _ = p.communicate()
+                res[r] = (p.returncode, out.decode())
+            return res
+
+        def passed(res, what):
+            bad = {r: v for r, v in res.items() if v[0] != 0 or "verified" not in v[1]}
+            check(not bad, "%s: every page rank verified its dispatches %s" % (what, bad or ""))
+
+        res = outputs(page_job("run", 2, 3))
+        passed(res, "6 phases on the rank path")
+        check(all("(0 rows)" not in v[1] for v in res.values()),
+              "every page rank received rows")
+
+        res = outputs(page_job("lie", 1, 3, {r: "lie" for r in range(nodes * c.gpus)}))
+        passed(res, "after the lie, phases 2 and 3")
+        # rw_client_strerror(RW_E_PHASE) is "phase failed"
+        check(all("lie: phase 1 failed: phase failed" in v[1] for v in res.values()),
+              "the lying rank's phase failed with RW_E_PHASE on every rank of both nodes: %s" %
+              [v[1].splitlines()[:1] for v in res.values()])
+        check("rank 0: record 0 to node" in c.log(0) and "its token is past the rank's tokens"
+              in c.log(0), "the daemon's log names the lying rank and its record")
+
+        for mode in ("die-plan", "die-done"):
+            res = outputs(page_job(mode.replace("-", ""), 1, 1,
+                                   {r: "one" for r in range(nodes * c.gpus)} | {1: mode}))
+            check(res[1][0] == 3 and "dying at" in res[1][1], "%s: rank 1 died" % mode)
+            others = [res[r] for r in res if r != 1]
+            check(all(v[0] == 0 and "one: phase 1" in v[1] for v in others),
+                  "%s: the other ranks' streams ran through: %s" % (mode, others))
+            if mode == "die-plan":
+                check(all("one: phase 1 failed" in v[1] for v in others),
+                      "die-plan: the phase failed on every other rank")
+            passed(outputs(page_job("after" + mode.replace("-", ""), 1, 2)),
+                   "after %s, a new group's phases" % mode)
 
         try:
             c.collect(job)

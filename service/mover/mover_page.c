@@ -1,0 +1,343 @@
+/* The rank path's mover (docs/rankpath.md "A phase"): the executor's state machine runs a pair
+ * of page ranks as it runs any other, and each mover operation is answered from the ranks'
+ * words and the daemon's arithmetic (mover_rank.c) instead of moving bytes: plan writes each
+ * rank's plan block, then `plan = k` (P2); pack waits until every rank's `packed` reached k (P3)
+ * and checks the records they wrote before a byte is posted; arrived checks each range's
+ * headers as the host mover does; finish writes each rank's forward list, then `arrived = k`
+ * (P4), and is pending until each rank's `done` (P5, the executor reports it). Failed phases
+ * owe their words through the executor's answers (P6), so quiesce has nothing to stop: the
+ * ranks' kernels, not this file, touch the payload. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "service/mover/mover.h"
+#include "service/phase/phase.h"
+
+/* What the daemon told rank g at plan: its own copy, which the checks read (the rank may rewrite
+ * the block in its page at will). */
+typedef struct page_rank {
+	rw_page_plan_head_t head;
+	uint32_t *tags;                /* [N] */
+	rw_page_plan_entry_t *entries; /* [N*R] */
+} page_rank_t;
+
+typedef struct page_pair {
+	rw_svc_mover_done_fn done;
+	void *ctx;
+	page_rank_t rk[RW_MAX_GPUS];
+	int checked;                   /* every rank's records passed the check */
+	rw_svc_rank_lists_t lists;     /* the dispatch's forward lists and terms */
+} page_pair_t;
+
+typedef struct page_mover {
+	rw_svc_mover_done_fn done;
+	void *ctx;
+} page_mover_t;
+
+static rw_status_t pm_create(struct ev_loop *loop, rw_svc_mover_done_fn done, void *ctx,
+			     void **mover_p)
+{
+	(void)loop;
+	page_mover_t *m = calloc(1, sizeof(*m));
+	if (!m)
+		return RW_ERR_NOMEM;
+	m->done = done;
+	m->ctx = ctx;
+	*mover_p = m;
+	return RW_OK;
+}
+
+static void pm_destroy(void *mover) { free(mover); }
+
+static int pm_accepts(void *mover, const rw_svc_phase_t *ph, rw_svc_phase_kind_t kind, uint32_t g)
+{
+	(void)mover;
+	return ph->io[kind][g].page != NULL;
+}
+
+static void pair_free(page_pair_t *pp, uint32_t gpus)
+{
+	for (uint32_t g = 0; g < gpus; g++) {
+		free(pp->rk[g].tags);
+		free(pp->rk[g].entries);
+		free(pp->lists.list[g]);
+		free(pp->lists.term_off[g]);
+		free(pp->lists.term_ref[g]);
+	}
+	free(pp);
+}
+
+static rw_status_t pm_open(void *mover, const rw_svc_phase_t *ph, void **state_p)
+{
+	page_mover_t *m = mover;
+	page_pair_t *pp = calloc(1, sizeof(*pp));
+	if (!pp)
+		return RW_ERR_NOMEM;
+	pp->done = m->done;
+	pp->ctx = m->ctx;
+	for (uint32_t g = 0; g < ph->gpus; g++) {
+		pp->rk[g].tags = calloc(ph->nodes, sizeof(uint32_t));
+		pp->rk[g].entries = calloc((size_t)ph->nodes * ph->rails, sizeof(rw_page_plan_entry_t));
+		if (!pp->rk[g].tags || !pp->rk[g].entries) {
+			pair_free(pp, ph->gpus);
+			return RW_ERR_NOMEM;
+		}
+	}
+	*state_p = pp;
+	return RW_OK;
+}
+
+/* A page rank's inputs are in its GPU's memory, which the daemon never reads. */
+static rw_status_t pm_stage(void *mover, void *state, rw_svc_phase_t *ph, rw_svc_phase_kind_t kind,
+			    uint32_t g, int *pending_p, char *why)
+{
+	(void)mover, (void)state, (void)ph, (void)kind, (void)g, (void)why;
+	*pending_p = 0;
+	return RW_OK;
+}
+
+/* The node's row: every rank's count row (each counts at its native rail only). */
+static rw_status_t pm_count(void *mover, void *state, const rw_svc_phase_t *ph, uint32_t *row,
+			    int *pending_p, uint32_t *bad_p, char *why)
+{
+	(void)mover, (void)state, (void)bad_p, (void)why;
+	const size_t nr = (size_t)ph->nodes * ph->rails;
+	memset(row, 0, nr * sizeof(*row));
+	for (uint32_t g = 0; g < ph->gpus; g++)
+		for (size_t i = 0; i < nr; i++)
+			row[i] += ph->io[RW_SVC_DISPATCH][g].page_row[i];
+	*pending_p = 0;
+	return RW_OK;
+}
+
+static uint8_t *slot_of(const rw_svc_rank_io_t *io)
+{
+	return rw_page_slot_at(io->page, &io->page_layout, io->page_k);
+}
+
+/* The dispatch's areas of rail r, as offsets in the group's slab of that rail. */
+static rw_page_plan_rail_t rail_areas(const rw_svc_phase_t *ph, uint32_t r)
+{
+	return (rw_page_plan_rail_t){
+		.send_off = (uint64_t)(ph->send_area[RW_SVC_DISPATCH][r] - ph->slab[r]),
+		.recv_off = (uint64_t)(ph->recv_area[RW_SVC_DISPATCH][r] - ph->slab[r]),
+		.local_off = (uint64_t)(ph->local_area[r] - ph->slab[r]),
+		.slab_bytes = ph->slab_bytes };
+}
+
+/* Records of rail r's local area: segment (me, r) of the node's row, every rank of that rail. */
+static uint32_t local_n(const rw_svc_phase_t *ph, uint32_t r)
+{
+	uint32_t n = 0;
+	for (uint32_t g = 0; g < ph->gpus; g++)
+		n += ph->io[RW_SVC_DISPATCH][g].page_row[(size_t)ph->me * ph->rails + r];
+	return n;
+}
+
+/* The decision is known: each rank's plan block into its slot, then plan = k (P2). */
+static rw_status_t pm_plan(void *mover, void *state, const rw_svc_phase_t *ph, char *why)
+{
+	(void)mover;
+	page_pair_t *pp = state;
+	const uint32_t N = ph->nodes, R = ph->rails;
+	rw_page_plan_rail_t areas[RW_MAX_RAILS];
+	for (uint32_t r = 0; r < R; r++) {
+		if (!ph->slab[r]) {
+			snprintf(why, RW_SVC_WHY_MAX, "the group has no slabs of its own (the daemon's "
+				 "group_pool_mib was spent, or group_area_mib is 0): its page ranks' "
+				 "kernels have nowhere to write");
+			return RW_ERR_STATE;
+		}
+		areas[r] = rail_areas(ph, r);
+		const uint64_t need = (uint64_t)local_n(ph, r) * ph->rec_size;
+		const uint64_t room = ph->slab_bytes - areas[r].local_off; /* the last area */
+		if (need > room) {
+			snprintf(why, RW_SVC_WHY_MAX, "rail %u: the node's own records need %llu bytes, "
+				 "the local area of the group's slab holds %llu (raise group_area_mib)",
+				 r, (unsigned long long)need, (unsigned long long)room);
+			return RW_ERR_RANGE;
+		}
+	}
+	const uint32_t *rows[RW_MAX_GPUS];
+	for (uint32_t g = 0; g < ph->gpus; g++)
+		rows[g] = ph->io[RW_SVC_DISPATCH][g].page_row;
+	for (uint32_t g = 0; g < ph->gpus; g++) {
+		const rw_svc_rank_io_t *io = &ph->io[RW_SVC_DISPATCH][g];
+		page_rank_t *rk = &pp->rk[g];
+		rw_svc_rank_plan(ph, g, rows, areas, io->page_k, &rk->head, rk->tags, rk->entries);
+		uint8_t *slot = slot_of(io);
+		const rw_page_layout_t *l = &io->page_layout;
+		memcpy(slot + l->plan, &rk->head, sizeof(rk->head));
+		memcpy(slot + l->plan_rail, areas, R * sizeof(areas[0]));
+		memcpy(slot + l->plan_tag, rk->tags, N * sizeof(uint32_t));
+		memcpy(slot + l->plan_entry, rk->entries, (size_t)N * R * sizeof(rw_page_plan_entry_t));
+		/* P2: the block before the word (store-release). */
+		atomic_store_explicit(&io->page->word[RW_PW_PLAN].v, io->page_k, memory_order_release);
+	}
+	return RW_OK;
+}
+
+/* Rank g's packed reached its phase (P3: the load-acquire before its records are read). */
+static int packed(const rw_svc_rank_io_t *io)
+{
+	uint64_t v = atomic_load_explicit(&io->page->word[RW_PW_PACKED].v, memory_order_acquire);
+	return (int64_t)(v - io->page_k) >= 0;
+}
+
+/* Once every rank packed: every record checked before the first byte is posted. A lie fails the
+ * pair here, before any wave: nothing of it leaves the node. */
+static rw_status_t pm_pack(void *mover, void *state, const rw_svc_phase_t *ph,
+			   rw_svc_phase_kind_t kind, uint32_t d, char *why)
+{
+	(void)mover, (void)d;
+	page_pair_t *pp = state;
+	if (kind != RW_SVC_DISPATCH) {
+		snprintf(why, RW_SVC_WHY_MAX, "the rank path carries no combine yet");
+		return RW_ERR_UNSUPPORTED;
+	}
+	if (pp->checked)
+		return RW_OK;
+	for (uint32_t g = 0; g < ph->gpus; g++)
+		if (!packed(&ph->io[kind][g])) {
+			why[0] = '\0';
+			return RW_ERR_AGAIN; /* the executor passes the word on (RW_MV_OP_PACKED) */
+		}
+	const uint8_t *slab[RW_MAX_RAILS];
+	for (uint32_t r = 0; r < ph->rails; r++)
+		slab[r] = ph->slab[r];
+	for (uint32_t g = 0; g < ph->gpus; g++) {
+		rw_status_t st = rw_svc_rank_records_check(ph, g, ph->io[kind][g].n_tokens,
+							   pp->rk[g].tags, pp->rk[g].entries, slab,
+							   why);
+		if (st != RW_OK)
+			return st;
+	}
+	pp->checked = 1;
+	return RW_OK;
+}
+
+/* A complete range: its headers checked as the host mover checks them (a bad one is the
+ * sender's fault: RW_ERR_PROTO). */
+static rw_status_t pm_arrived(void *mover, void *state, const rw_svc_phase_t *ph,
+			      rw_svc_phase_kind_t kind, uint32_t src, uint32_t rail, char *why)
+{
+	(void)mover, (void)state;
+	if (kind != RW_SVC_DISPATCH)
+		return RW_ERR_UNSUPPORTED;
+	const size_t i = (size_t)src * ph->rails + rail;
+	const uint32_t first = ph->layout->in_first[i];
+	int32_t ids[RW_MAX_TOPK];
+	float w[RW_MAX_TOPK];
+	for (uint32_t k = 0; k < ph->layout->in_quota[i]; k++) {
+		const uint8_t *rec = ph->recv_area[kind][rail] + ((uint64_t)first + k) * ph->rec_size;
+		rw_wire_rec_hdr_t h;
+		rw_status_t st = rw_svc_mover_rec_read(ph, rec, src, rail, k, &h, ids, w, why);
+		if (st != RW_OK)
+			return st;
+	}
+	return RW_OK;
+}
+
+/* The ranks wrote the node's own records into the local area: nothing is left to do here. */
+static rw_status_t pm_local(void *mover, void *state, const rw_svc_phase_t *ph,
+			    rw_svc_phase_kind_t kind, uint32_t budget, int *done_p, char *why)
+{
+	(void)mover, (void)state, (void)ph, (void)kind, (void)budget, (void)why;
+	*done_p = 1;
+	return RW_OK;
+}
+
+/* The forward lists' arrays, for the smallest max_recv of the ranks' pages. */
+static rw_status_t lists_alloc(page_pair_t *pp, const rw_svc_phase_t *ph)
+{
+	rw_svc_rank_lists_t *ls = &pp->lists;
+	uint32_t max = RW_PAGE_MAX_RECV;
+	for (uint32_t g = 0; g < ph->gpus; g++)
+		max = RW_MIN(max, ph->io[RW_SVC_DISPATCH][g].page_max_recv);
+	ls->max_recv = max;
+	for (uint32_t g = 0; g < ph->gpus; g++) {
+		if (!ls->list[g])
+			ls->list[g] = calloc(max + 1, sizeof(rw_page_list_entry_t));
+		if (!ls->term_off[g])
+			ls->term_off[g] = calloc(max + 1, sizeof(uint32_t));
+		if (!ls->term_ref[g])
+			ls->term_ref[g] = calloc((size_t)ph->gpus * max + 1, sizeof(uint32_t));
+		if (!ls->list[g] || !ls->term_off[g] || !ls->term_ref[g])
+			return RW_ERR_NOMEM;
+	}
+	for (uint32_t r = 0; r < ph->rails; r++) {
+		ls->recv[r] = ph->recv_area[RW_SVC_DISPATCH][r];
+		ls->local[r] = ph->local_area[r];
+		ls->local_n[r] = local_n(ph, r);
+	}
+	return RW_OK;
+}
+
+/* Every record is here and checked: each rank's forward list into its slot, then arrived = k
+ * (P4); a FINISH per rank follows its done (the executor's page words). */
+static rw_status_t pm_finish(void *mover, void *state, const rw_svc_phase_t *ph,
+			     rw_svc_phase_kind_t kind, uint32_t *pending_p, char *why)
+{
+	(void)mover;
+	page_pair_t *pp = state;
+	if (kind != RW_SVC_DISPATCH)
+		return RW_ERR_UNSUPPORTED;
+	rw_status_t st = lists_alloc(pp, ph);
+	if (st != RW_OK) {
+		snprintf(why, RW_SVC_WHY_MAX, "out of memory for the forward lists");
+		return st;
+	}
+	rw_svc_rank_lists_t *ls = &pp->lists;
+	if ((st = rw_svc_rank_fwd_lists(ph, ls, why)) != RW_OK)
+		return st;
+	for (uint32_t g = 0; g < ph->gpus; g++) {
+		const rw_svc_rank_io_t *io = &ph->io[kind][g];
+		uint8_t *slot = slot_of(io);
+		const rw_page_layout_t *l = &io->page_layout;
+		const rw_page_list_head_t head = { .phase = io->page_k, .count = ls->n[g], .kind = 0,
+						   .n_recv = ls->n_recv[g] };
+		memcpy(slot + l->list, &head, sizeof(head));
+		memcpy(slot + l->list_entry, ls->list[g], (size_t)ls->n[g] * sizeof(ls->list[g][0]));
+		atomic_store_explicit(&io->page->word[RW_PW_ARRIVED].v, io->page_k,
+				      memory_order_release);
+	}
+	*pending_p = ph->gpus;
+	return RW_OK;
+}
+
+static void pm_result(void *state, uint32_t g, uint32_t *recv_rows_p, const uint32_t **counts_p)
+{
+	const page_pair_t *pp = state;
+	*recv_rows_p = pp->lists.list[g] ? pp->lists.n[g] : 0;
+	*counts_p = NULL; /* the ranks' forward kernels count their experts: no completion */
+}
+
+static void pm_quiesce(void *mover, void *state) { (void)mover, (void)state; }
+
+static void pm_close(void *mover, void *state)
+{
+	(void)mover;
+	pair_free(state, RW_MAX_GPUS);
+}
+
+const rw_svc_mover_ops_t rw_svc_mover_rank = {
+	.name = "rank path",
+	.areas_fixed = 0,
+	.no_records = 1,
+	.create = pm_create,
+	.destroy = pm_destroy,
+	.accepts = pm_accepts,
+	.open = pm_open,
+	.stage = pm_stage,
+	.plan = pm_plan,
+	.pack = pm_pack,
+	.arrived = pm_arrived,
+	.local = pm_local,
+	.finish = pm_finish,
+	.result = pm_result,
+	.quiesce = pm_quiesce,
+	.close = pm_close,
+	.count = pm_count,
+};

@@ -1,0 +1,278 @@
+/* A page rank for the rank path's tests against real railwaved daemons (docs/rankpath.md "A
+ * phase"; tests/service/test_rankpage.py): it joins its group, takes its rank page and its
+ * group's slab of every rail, and plays its stream's part from the CPU — what the count, pack
+ * and forward kernels would write, in the protocol's order: parameters and count row, submit;
+ * wait plan, every record where its plan entry says, packed; wait arrived, the rows its forward
+ * list names checked against the workload, done. The workload is tests/lib/workload.h's (the
+ * host job's), so every row, its metadata and the per-expert counts are checked against what
+ * the host mover delivers for the same phase.
+ *
+ *   rw_pagerank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS SEED [MODE]
+ *   MODE: ok        (default) every dispatch completes and is verified; exit 0 iff all passed
+ *         lie       the first phase must fail on every rank (status set, plan or arrived
+ *                   raised): rank 0's pack writes a record naming a token past its tokens (a
+ *                   rank whose pack lied); then the rest runs as ok
+ *         one       run the first phase only and say how it ended (a survivor of a rank's
+ *                   death: "one: phase 1 passed" or "one: phase 1 failed: CODE: MESSAGE")
+ *         die-plan  submit the first phase, then exit without packing (a rank killed between
+ *                   submit and packed)
+ *         die-done  run the first phase up to arrived, then exit without done
+ * Output: "rank R: S steps x L layers dispatched on the rank path, verified (N rows)"; for lie
+ * also "lie: phase K failed: CODE: MESSAGE"; for die-*: "dying at ..." before it exits 3. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ipc/page.h"
+#include "ipc/railwave.h"
+#include "service/phase/wire.h"
+#include "tests/lib/workload.h"
+
+enum { TOPK = RW_WL_TOPK, MAX_ROWS = 3 * RW_WL_MAX_TOKENS, WAIT_S = 60 };
+
+#define CHECK(c, ...)                                                                            \
+	do {                                                                                     \
+		if (!(c)) {                                                                      \
+			fprintf(stderr, "rank %u: ", me);                                        \
+			fprintf(stderr, __VA_ARGS__);                                            \
+			fprintf(stderr, "\n");                                                   \
+			return 1;                                                                \
+		}                                                                                \
+	} while (0)
+
+static uint32_t me, nodes, gpus, world, experts, per_rank, rails;
+static rw_page_head_t *pg;
+static rw_page_layout_t lay;
+static rw_client_slab_t slabs[RW_CLIENT_SLAB_RAILS];
+
+static uint64_t word(unsigned w) { return atomic_load_explicit(&pg->word[w].v, memory_order_acquire); }
+static void word_set(unsigned w, uint64_t v)
+{
+	atomic_store_explicit(&pg->word[w].v, v, memory_order_release);
+}
+
+/* As the stream's cuStreamWaitValue64 GEQ: until the daemon's word reaches k. 0, or -1 past
+ * the bound (never a pass/fail timing criterion: a stuck phase). */
+static int wait_word(unsigned w, uint64_t k)
+{
+	struct timespec ts = { 0, 50000 };
+	for (long i = 0; i < WAIT_S * 20000L; i++) {
+		if ((int64_t)(word(w) - k) >= 0)
+			return 0;
+		nanosleep(&ts, NULL);
+	}
+	return -1;
+}
+
+static uint32_t node_of(int32_t id) { return (uint32_t)id / per_rank / gpus; }
+
+/* The count kernel's: row[d * R + rail] = tokens with an expert on node d. */
+static void count_row(const rw_wl_work_t *wk, uint32_t *row)
+{
+	memset(row, 0, sizeof(uint32_t) * nodes * rails);
+	for (uint32_t t = 0; t < wk->n; t++)
+		for (uint32_t d = 0; d < nodes; d++)
+			for (uint32_t q = 0; q < TOPK; q++)
+				if (wk->ids[t][q] >= 0 && node_of(wk->ids[t][q]) == d) {
+					row[d * rails + pg->rail]++;
+					break;
+				}
+}
+
+/* The pack kernel's: record i to node d (token order) where the plan entries put it. */
+static int pack(const rw_wl_work_t *wk, const uint8_t *slot, int bf16, uint32_t hidden, int lie)
+{
+	const rw_page_plan_head_t *h = (const void *)(slot + lay.plan);
+	const uint32_t *tags = (const void *)(slot + lay.plan_tag);
+	const rw_page_plan_entry_t *e = (const void *)(slot + lay.plan_entry);
+	uint32_t next[64] = { 0 };
+	for (uint32_t t = 0; t < wk->n; t++)
+		for (uint32_t d = 0; d < nodes; d++) {
+			int hit = 0;
+			for (uint32_t q = 0; q < TOPK; q++)
+				hit |= wk->ids[t][q] >= 0 && node_of(wk->ids[t][q]) == d;
+			if (!hit)
+				continue;
+			uint32_t rail;
+			uint64_t off;
+			CHECK(rw_page_plan_find(e, rails, d, next[d]++, h->rec_size, &rail, &off) == 0,
+			      "record to node %u has no plan entry", d);
+			CHECK(off + h->rec_size <= slabs[rail].bytes, "plan offset past the slab");
+			uint8_t *rec = (uint8_t *)slabs[rail].base + off;
+			rw_wire_rec_hdr_t rh = { .tag = tags[d], .src_node = me / gpus, .owner = h->owner,
+						 .token = lie && t == 0 ? wk->n + 7 : t, .topk = TOPK };
+			rw_wire_rec_pack(rec, &rh, wk->ids[t], wk->w[t]);
+			rw_wl_put_row(rec + h->row_off, bf16, wk->x + (size_t)t * hidden, hidden);
+		}
+	return 0;
+}
+
+/* The forward kernel's reads, checked: every row of the list is the workload's, once each. */
+static int forward(const rw_wl_shape_t *sh, rw_wl_work_t *all, uint8_t *seen, const uint8_t *slot,
+		   uint32_t step, uint32_t layer, int bf16, uint64_t *rows_p)
+{
+	const rw_page_list_head_t *lh = (const void *)(slot + lay.list);
+	const rw_page_list_entry_t *le = (const void *)(slot + lay.list_entry);
+	const rw_page_plan_rail_t *areas = (const void *)(slot + lay.plan_rail);
+	const uint64_t rec_size = rw_wire_rec_size(TOPK, sh->hidden, bf16 ? RW_WIRE_BF16 : RW_WIRE_F32);
+	uint32_t expect = 0, ecount[1024] = { 0 }, got[1024] = { 0 };
+	CHECK(experts <= 1024, "too many experts for the test rank");
+	memset(seen, 0, (size_t)world * MAX_ROWS);
+	for (uint32_t q = 0; q < world; q++) {
+		rw_wl_gen(sh, step, layer, q, &all[q]);
+		expect += rw_wl_hits(&all[q], me, per_rank, ecount);
+	}
+	CHECK(lh->count == expect, "step %u layer %u: the list names %u rows, expected %u", step,
+	      layer, lh->count, expect);
+	for (uint32_t j = 0; j < lh->count; j++) {
+		const rw_page_list_entry_t *en = &le[j];
+		CHECK(en->rail < rails, "row %u: rail %u", j, en->rail);
+		const uint64_t base = en->area == RW_PAGE_AREA_RECV ? areas[en->rail].recv_off
+								    : areas[en->rail].local_off;
+		const uint8_t *rec = (const uint8_t *)slabs[en->rail].base + base + en->slot * rec_size;
+		rw_wire_rec_hdr_t h;
+		CHECK(rw_wire_rec_unpack(rec, TOPK, &h) == RW_OK, "row %u: bad header", j);
+		const uint32_t src = h.src_node * gpus + h.owner;
+		CHECK(src < world && h.src_node == en->node && h.token == en->token,
+		      "row %u: source %u/%u token %u, the list says %u/%u", j, h.src_node, h.owner,
+		      h.token, en->node, en->token);
+		const rw_wl_work_t *o = &all[src];
+		CHECK(h.token < o->n, "row %u: token %u of rank %u", j, h.token, src);
+		CHECK(!seen[src * MAX_ROWS + h.token], "row %u: rank %u token %u twice", j, src, h.token);
+		seen[src * MAX_ROWS + h.token] = 1;
+		for (uint32_t q = 0; q < TOPK; q++) {
+			CHECK(rw_wire_rec_id(rec, q) == o->ids[h.token][q] &&
+			      rw_wire_rec_weight(rec, TOPK, q) == o->w[h.token][q],
+			      "row %u: top-k %u differs", j, q);
+			const int32_t id = o->ids[h.token][q];
+			if (id >= 0 && (uint32_t)id / per_rank == me)
+				got[id]++;
+		}
+		const uint8_t *row = rec + rw_wire_rec_row_off(TOPK);
+		for (uint32_t e = 0; e < sh->hidden; e++)
+			CHECK(rw_wl_get_elem(row, bf16, e) == o->x[(size_t)h.token * sh->hidden + e],
+			      "row %u (rank %u token %u): data differs at %u", j, src, h.token, e);
+	}
+	for (uint32_t e = 0; e < experts; e++)
+		CHECK(got[e] == ecount[e], "expert %u: %u rows, expected %u", e, got[e], ecount[e]);
+	*rows_p += lh->count;
+	return 0;
+}
+
+static int work_alloc(rw_wl_work_t *w)
+{
+	w->ids = calloc(MAX_ROWS, sizeof(*w->ids));
+	w->w = calloc(MAX_ROWS, sizeof(*w->w));
+	w->x = calloc((size_t)MAX_ROWS * 64, sizeof(float));
+	return w->ids && w->w && w->x ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 10) {
+		fprintf(stderr, "usage: rw_pagerank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS "
+				"SEED [ok|lie|die-plan|die-done]\n");
+		return 2;
+	}
+	me = (uint32_t)atoi(argv[3]);
+	nodes = (uint32_t)atoi(argv[4]);
+	gpus = (uint32_t)atoi(argv[5]);
+	experts = (uint32_t)atoi(argv[6]);
+	const uint32_t layers = (uint32_t)atoi(argv[7]), steps = (uint32_t)atoi(argv[8]);
+	const char *mode = argc > 10 ? argv[10] : "ok";
+	world = nodes * gpus;
+	per_rank = experts / world;
+	CHECK(nodes <= 64 && world * MAX_ROWS <= RW_PAGE_MAX_RECV, "cluster too big for the test rank");
+	rw_client_opts_t o = { .socket_path = argv[1], .group = argv[2], .rank = me,
+			       .world_size = world, .node = me / gpus, .local_gpu = (int32_t)(me % gpus) };
+	rw_client_t *c = NULL;
+	int rc = rw_client_connect(&o, &c);
+	CHECK(rc == 0, "connect: %s", rw_client_strerror(rc));
+	void *page;
+	size_t bytes;
+	rc = rw_client_rank_page(c, world * MAX_ROWS, &page, &bytes);
+	CHECK(rc == 0, "rank page: %s: %s", rw_client_strerror(rc), rw_client_last_message(c));
+	pg = page;
+	rails = pg->rails;
+	CHECK(rw_page_layout(pg->nodes, pg->rails, pg->gpus, pg->max_recv, 1, &lay) == 0, "layout");
+	for (uint32_t r = 0; r < rails; r++) {
+		rc = rw_client_group_slab(c, r, &slabs[r]);
+		CHECK(rc == 0, "slab of rail %u: %s: %s", r, rw_client_strerror(rc),
+		      rw_client_last_message(c));
+	}
+	const rw_wl_shape_t sh = { .seed = strtoull(argv[9], NULL, 10), .gpus = gpus,
+				   .experts = experts, .per_rank = per_rank, .hidden = 24 };
+	rw_wl_work_t mine, *all = calloc(world, sizeof(*all));
+	uint8_t *seen = calloc((size_t)world * MAX_ROWS, 1);
+	CHECK(all && seen && work_alloc(&mine) == 0, "out of memory");
+	for (uint32_t q = 0; q < world; q++)
+		CHECK(work_alloc(&all[q]) == 0, "out of memory");
+	uint64_t k = 0, rows = 0;
+	uint32_t row[64 * RW_CLIENT_SLAB_RAILS];
+	CHECK(nodes * rails <= sizeof(row) / sizeof(row[0]), "count row too big");
+	int expect_fail = strcmp(mode, "lie") == 0;
+	const int liar = expect_fail && me == 0, one = strcmp(mode, "one") == 0;
+	for (uint32_t step = 0; step < steps; step++)
+		for (uint32_t layer = 0; layer < layers; layer++) {
+			const int bf16 = rw_wl_bf16(step, layer);
+			rw_wl_gen(&sh, step, layer, me, &mine);
+			k++;
+			uint8_t *slot = rw_page_slot_at(pg, &lay, k);
+			const rw_page_params_t prm = {
+				.kind = RW_KIND_DISPATCH, .dtype = bf16 ? RW_DTYPE_BF16 : RW_DTYPE_FP32,
+				.topk = TOPK, .layer = layer, .hidden = sh.hidden, .n_experts = experts,
+				.token_count = mine.n, .phase = k, .step = step };
+			memcpy(slot + lay.params, &prm, sizeof(prm));
+			count_row(&mine, row);
+			memcpy(slot + lay.count_row, row, sizeof(uint32_t) * nodes * rails);
+			word_set(RW_PW_SUBMIT, k); /* P1 */
+			if (strcmp(mode, "die-plan") == 0) {
+				printf("dying at submit %llu\n", (unsigned long long)k);
+				fflush(stdout);
+				_exit(3);
+			}
+			CHECK(wait_word(RW_PW_PLAN, k) == 0, "phase %llu: no plan", (unsigned long long)k);
+			int32_t st = (int32_t)atomic_load(&pg->status[k % RW_PAGE_DEPTH].v);
+			if (st == 0) {
+				if (pack(&mine, slot, bf16, sh.hidden, liar && k == 1))
+					return 1;
+				word_set(RW_PW_PACKED, k); /* P3 */
+				CHECK(wait_word(RW_PW_ARRIVED, k) == 0, "phase %llu: no arrived",
+				      (unsigned long long)k);
+				st = (int32_t)atomic_load(&pg->status[k % RW_PAGE_DEPTH].v);
+			}
+			if (expect_fail || (one && st != 0)) { /* every rank's phase failed, named */
+				CHECK(st != 0, "%s: phase %llu passed", mode, (unsigned long long)k);
+				printf("%s: phase %llu failed: %s: %s\n", mode, (unsigned long long)k,
+				       rw_client_strerror(st), rw_client_last_message(c));
+				fflush(stdout);
+				expect_fail = 0;
+				word_set(RW_PW_DONE, k);
+				if (one)
+					return 0;
+				continue;
+			}
+			CHECK(st == 0, "phase %llu (step %u layer %u) failed: %s: %s",
+			      (unsigned long long)k, step, layer, rw_client_strerror(st),
+			      rw_client_last_message(c));
+			if (forward(&sh, all, seen, slot, step, layer, bf16, &rows))
+				return 1;
+			if (strcmp(mode, "die-done") == 0) {
+				printf("dying at arrived %llu\n", (unsigned long long)k);
+				fflush(stdout);
+				_exit(3);
+			}
+			word_set(RW_PW_DONE, k); /* P5 */
+			if (one) {
+				printf("one: phase %llu passed\n", (unsigned long long)k);
+				return 0;
+			}
+		}
+	printf("rank %u: %u steps x %u layers dispatched on the rank path, verified (%llu rows)\n",
+	       me, steps, layers, (unsigned long long)rows);
+	rw_client_close(c);
+	return 0;
+}
