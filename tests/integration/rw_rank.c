@@ -45,6 +45,9 @@
  *                         for byte, in the dispatch receive area of one of its group's slabs (the
  *                         daemon's memory of that rail is the slab). The last line adds
  *                         "N remote rows seen in the group's slabs"
+ *     --go FILE           after joining (and mapping the slabs) wait for FILE to exist before
+ *                         the first dispatch (at most 60 s): a harness starts the rest of the
+ *                         cluster meanwhile, e.g. a peer daemon that was not running yet
  *     --stream-ordered    (with --cuda) stream order (ipc/railwave.h): one interprocess event and
  *                         one flag word (at the end of the buffer) registered; inputs are copied
  *                         in on the rank's stream WITHOUT a synchronization, the event recorded
@@ -138,6 +141,7 @@ static int redo(uint32_t step, uint32_t layer, int ok, const rw_cqe_t *cq, rw_cl
 	fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); return 1; } } while (0)
 
 /* --slabs: the group's slab of each rail, as mapped by rw_client_group_slab. */
+static const char *go_file; /* --go */
 static uint32_t slab_rails;
 static rw_client_slab_t slabs[RW_CLIENT_SLAB_RAILS];
 static uint64_t slab_rows; /* remote rows found in a slab */
@@ -695,7 +699,7 @@ int main(int argc, char **argv)
 {
 	if (argc < 11) {
 		fprintf(stderr, "usage: rw_rank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS SEED MODE "
-				"[--hidden H] [--tokens T] [--first-step S] [--submit-experts E] [--retry N DIR] [--empty] [--cuda] [--slabs R] [--stream-ordered]\n");
+				"[--hidden H] [--tokens T] [--first-step S] [--submit-experts E] [--retry N DIR] [--empty] [--cuda] [--slabs R] [--go FILE] [--stream-ordered]\n");
 		return 2;
 	}
 	const char *sock = argv[1], *group = argv[2], *mode = argv[10];
@@ -731,6 +735,8 @@ int main(int argc, char **argv)
 			empty_phases = 1;
 		} else if (strcmp(argv[i], "--cuda") == 0) {
 			b.cuda = 1;
+		} else if (strcmp(argv[i], "--go") == 0 && i + 1 < argc) {
+			go_file = argv[++i];
 		} else if (strcmp(argv[i], "--slabs") == 0 && i + 1 < argc) {
 			slab_rails = (uint32_t)strtoul(argv[++i], NULL, 10);
 			if (slab_rails < 1 || slab_rails > RW_CLIENT_SLAB_RAILS) {
@@ -773,6 +779,14 @@ int main(int argc, char **argv)
 	if (slab_rails && slabs_map(c)) {
 		rw_client_close(c);
 		return 1;
+	}
+	for (uint64_t t0 = rw_now_ns(); go_file && access(go_file, F_OK) != 0;) {
+		if (rw_now_ns() - t0 > 60000000000ull) {
+			fprintf(stderr, "rank %u: %s never appeared\n", me, go_file);
+			rw_client_close(c);
+			return 1;
+		}
+		usleep(1000);
 	}
 	mine.x = malloc(sizeof(float) * MAX_ROWS * hidden);
 	mine.ids = malloc(sizeof(*mine.ids) * MAX_ROWS);

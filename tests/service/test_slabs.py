@@ -21,7 +21,11 @@ sockets; the daemons run with group_area_mib 1 and group_pool_mib 2 (a pool of t
 4. After leave: the attacker's group ends; a new group is lent a fresh object from the freed
    place of the pool. What one writes, the other never sees, although the old rank still maps
    its slab.
-5. The rank path (librailwave's rank/slabs.c through ctypes, on the kernel stand-in driver): a
+5. A peer that comes later: node 0's ranks join (their group's carve-out made) while node 1 is
+   not running, the first time and after a SIGKILL of node 1 (rw_rank --go holds their first
+   dispatch); node 1 hears of the carve-out right behind REGIONS and every phase runs in it
+   (without that CARVE its writes find no region and the phases fail).
+6. The rank path (librailwave's rank/slabs.c through ctypes, on the kernel stand-in driver): a
    rank path opened on a daemon that lends slabs maps and registers its group's slab of every
    rail; another rank of the group, lent the same rail's slab, holds the same object and sees
    what is written through the rank path's mapping; another group's rank path holds other
@@ -156,6 +160,51 @@ def scenario_lent(tmp, seed, transport):
     g = c.gpus
     check(all(objs[r] == objs[r - r % g] for r in outs),
           "%s: the ranks of one node share their group's slab objects" % transport)
+
+
+def wait_serving(c, n):
+    deadline = time.time() + cluster.WAIT
+    while True:
+        try:
+            c.stats(n)
+            return
+        except OSError:
+            if time.time() > deadline:
+                raise RuntimeError("node %d does not serve\n%s" % (n, c.logs()))
+            time.sleep(0.05)
+
+
+def scenario_late_peer(tmp, seed):
+    """Carve-outs taken before a peer is there: node 0's ranks join (their group's carve-out
+    made) while node 1 is not running, the first time and after node 1 was killed; node 1 then
+    comes up, hears of the carve-out right behind REGIONS, and every phase runs in it."""
+    c = cluster.Cluster(tmp, 2, extra=AREA)
+    env = dict(c.env, RW_CUDA_DRIVER=cluster.FAKE_CUDA)
+    try:
+        for i, group in enumerate(["job.first", "job.again"]):
+            if i == 0:
+                c.start(0)
+                wait_serving(c, 0)
+            else:
+                c.kill(1)
+            go = os.path.join(tmp, "go." + group)
+            flags = ["--slabs", str(c.rails), "--go", go]
+            early = [(r, c.rank(r, group, 2, 3, seed + i, flags=flags, env=env))
+                     for r in range(c.gpus)]
+            wait_joined(c, 0, group, c.gpus, early)
+            c.start(1)
+            c.wait_mesh()
+            open(go, "w").close()
+            late = [(r, c.rank(r, group, 2, 3, seed + i, flags=flags, env=env))
+                    for r in range(c.gpus, c.nodes * c.gpus)]
+            outs = c.collect(early + late)
+            check(all("3 steps x 2 layers verified" in outs[r] and remote_rows(outs[r]) > 0
+                      for r in outs),
+                  "%s: node 0's ranks joined (their carve-out made) before node 1 %s; every "
+                  "phase verified and every remote row in the slabs"
+                  % (group, "started" if i == 0 else "was back from a SIGKILL"))
+    finally:
+        c.stop()
 
 
 def scenario_attacks(tmp, seed):
@@ -369,6 +418,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="rwslabs.", dir="/tmp") as tmp:
         check.scenarios([("lent tcp", lambda t, s: scenario_lent(t, s, "tcp")),
                          ("lent shm", lambda t, s: scenario_lent(t, s, "shm")),
+                         ("late peer", scenario_late_peer),
                          ("attacks", scenario_attacks),
                          ("rank path", scenario_rank_path)], tmp, seed)
     return check.exit_code()
