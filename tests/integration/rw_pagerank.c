@@ -47,6 +47,8 @@ static uint32_t me, nodes, gpus, world, experts, per_rank, rails;
 static rw_page_head_t *pg;
 static rw_page_layout_t lay;
 static rw_client_slab_t slabs[RW_CLIENT_SLAB_RAILS];
+static rw_wl_work_t mine, *all; /* the rank's workload, and every rank's of the phase checked */
+static uint8_t *seen;           /* [world * MAX_ROWS]: rows delivered */
 
 static uint64_t word(unsigned w) { return atomic_load_explicit(&pg->word[w].v, memory_order_acquire); }
 static void word_set(unsigned w, uint64_t v)
@@ -111,8 +113,8 @@ static int pack(const rw_wl_work_t *wk, const uint8_t *slot, int bf16, uint32_t 
 }
 
 /* The forward kernel's reads, checked: every row of the list is the workload's, once each. */
-static int forward(const rw_wl_shape_t *sh, rw_wl_work_t *all, uint8_t *seen, const uint8_t *slot,
-		   uint32_t step, uint32_t layer, int bf16, uint64_t *rows_p)
+static int forward(const rw_wl_shape_t *sh, const uint8_t *slot, uint32_t step, uint32_t layer,
+		   int bf16, uint64_t *rows_p)
 {
 	const rw_page_list_head_t *lh = (const void *)(slot + lay.list);
 	const rw_page_list_entry_t *le = (const void *)(slot + lay.list_entry);
@@ -205,8 +207,8 @@ int main(int argc, char **argv)
 	}
 	const rw_wl_shape_t sh = { .seed = strtoull(argv[9], NULL, 10), .gpus = gpus,
 				   .experts = experts, .per_rank = per_rank, .hidden = 24 };
-	rw_wl_work_t mine, *all = calloc(world, sizeof(*all));
-	uint8_t *seen = calloc((size_t)world * MAX_ROWS, 1);
+	all = calloc(world, sizeof(*all));
+	seen = calloc((size_t)world * MAX_ROWS, 1);
 	CHECK(all && seen && work_alloc(&mine) == 0, "out of memory");
 	for (uint32_t q = 0; q < world; q++)
 		CHECK(work_alloc(&all[q]) == 0, "out of memory");
@@ -258,7 +260,7 @@ int main(int argc, char **argv)
 			CHECK(st == 0, "phase %llu (step %u layer %u) failed: %s: %s",
 			      (unsigned long long)k, step, layer, rw_client_strerror(st),
 			      rw_client_last_message(c));
-			if (forward(&sh, all, seen, slot, step, layer, bf16, &rows))
+			if (forward(&sh, slot, step, layer, bf16, &rows))
 				return 1;
 			if (strcmp(mode, "die-done") == 0) {
 				printf("dying at arrived %llu\n", (unsigned long long)k);
