@@ -17,6 +17,11 @@
  *         die-plan  submit the first phase, then exit without packing (a rank killed between
  *                   submit and packed)
  *         die-done  run the first phase up to arrived, then exit without done
+ *         lib       every dispatch through librailwave's rank path (rw_client_rank_open,
+ *                   rw_client_rank_dispatch, rw_client_rank_wait: the count, pack and forward
+ *                   kernels on a stream of the CUDA driver $RW_CUDA_DRIVER names, the kernel
+ *                   stand-in in CI), its outputs (rows, metadata, per-expert counts) checked as
+ *                   above; exit 77 where the library has no rank path
  * Output: "rank R: S steps x L layers dispatched on the rank path, verified (N rows)"; for lie
  * also "lie: phase K failed: CODE: MESSAGE"; for die-*: "dying at ..." before it exits 3. */
 #include <stdatomic.h>
@@ -26,12 +31,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cuda/rw_cuda.h"
 #include "ipc/page.h"
 #include "ipc/railwave.h"
 #include "service/phase/wire.h"
 #include "tests/lib/workload.h"
 
-enum { TOPK = RW_WL_TOPK, MAX_ROWS = 3 * RW_WL_MAX_TOKENS, WAIT_S = 60 };
+enum { TOPK = RW_WL_TOPK, MAX_ROWS = 3 * RW_WL_MAX_TOKENS, WAIT_S = 60, MAX_EXPERTS = 1024 };
 
 #define CHECK(c, ...)                                                                            \
 	do {                                                                                     \
@@ -112,6 +118,52 @@ static int pack(const rw_wl_work_t *wk, const uint8_t *slot, int bf16, uint32_t 
 	return 0;
 }
 
+/* What must reach this rank in (step, layer): every rank's workload generated, the rows
+ * expected (returned) and each of this rank's experts' count (ecount[E]); seen cleared. */
+static uint32_t expect_begin(const rw_wl_shape_t *sh, uint32_t step, uint32_t layer,
+			     uint32_t *ecount)
+{
+	uint32_t expect = 0;
+	memset(ecount, 0, sizeof(uint32_t) * experts);
+	memset(seen, 0, (size_t)world * MAX_ROWS);
+	for (uint32_t q = 0; q < world; q++) {
+		rw_wl_gen(sh, step, layer, q, &all[q]);
+		expect += rw_wl_hits(&all[q], me, per_rank, ecount);
+	}
+	return expect;
+}
+
+/* Row j came from (src_node, owner) token `token` with these top-k ids and weights and this
+ * row: it must be that token's, delivered once; its experts on this rank counted in got[E]. */
+static int row_check(const rw_wl_shape_t *sh, uint32_t j, uint32_t src_node, uint32_t owner,
+		     uint32_t token, const int32_t *ids, const float *w, const uint8_t *row,
+		     int bf16, uint32_t *got)
+{
+	const uint32_t src = src_node * gpus + owner;
+	CHECK(owner < gpus && src < world, "row %u: source %u/%u", j, src_node, owner);
+	const rw_wl_work_t *o = &all[src];
+	CHECK(token < o->n, "row %u: token %u of rank %u", j, token, src);
+	CHECK(!seen[src * MAX_ROWS + token], "row %u: rank %u token %u twice", j, src, token);
+	seen[src * MAX_ROWS + token] = 1;
+	for (uint32_t q = 0; q < TOPK; q++) {
+		CHECK(ids[q] == o->ids[token][q] && w[q] == o->w[token][q],
+		      "row %u (rank %u token %u): top-k %u differs", j, src, token, q);
+		if (ids[q] >= 0 && (uint32_t)ids[q] / per_rank == me)
+			got[ids[q]]++;
+	}
+	for (uint32_t e = 0; e < sh->hidden; e++)
+		CHECK(rw_wl_get_elem(row, bf16, e) == o->x[(size_t)token * sh->hidden + e],
+		      "row %u (rank %u token %u): data differs at %u", j, src, token, e);
+	return 0;
+}
+
+static int counts_check(const uint32_t *got, const uint32_t *ecount)
+{
+	for (uint32_t e = 0; e < experts; e++)
+		CHECK(got[e] == ecount[e], "expert %u: %u rows, expected %u", e, got[e], ecount[e]);
+	return 0;
+}
+
 /* The forward kernel's reads, checked: every row of the list is the workload's, once each. */
 static int forward(const rw_wl_shape_t *sh, const uint8_t *slot, uint32_t step, uint32_t layer,
 		   int bf16, uint64_t *rows_p)
@@ -120,13 +172,8 @@ static int forward(const rw_wl_shape_t *sh, const uint8_t *slot, uint32_t step, 
 	const rw_page_list_entry_t *le = (const void *)(slot + lay.list_entry);
 	const rw_page_plan_rail_t *areas = (const void *)(slot + lay.plan_rail);
 	const uint64_t rec_size = rw_wire_rec_size(TOPK, sh->hidden, bf16 ? RW_WIRE_BF16 : RW_WIRE_F32);
-	uint32_t expect = 0, ecount[1024] = { 0 }, got[1024] = { 0 };
-	CHECK(experts <= 1024, "too many experts for the test rank");
-	memset(seen, 0, (size_t)world * MAX_ROWS);
-	for (uint32_t q = 0; q < world; q++) {
-		rw_wl_gen(sh, step, layer, q, &all[q]);
-		expect += rw_wl_hits(&all[q], me, per_rank, ecount);
-	}
+	uint32_t ecount[MAX_EXPERTS], got[MAX_EXPERTS] = { 0 };
+	const uint32_t expect = expect_begin(sh, step, layer, ecount);
 	CHECK(lh->count == expect, "step %u layer %u: the list names %u rows, expected %u", step,
 	      layer, lh->count, expect);
 	for (uint32_t j = 0; j < lh->count; j++) {
@@ -137,30 +184,115 @@ static int forward(const rw_wl_shape_t *sh, const uint8_t *slot, uint32_t step, 
 		const uint8_t *rec = (const uint8_t *)slabs[en->rail].base + base + en->slot * rec_size;
 		rw_wire_rec_hdr_t h;
 		CHECK(rw_wire_rec_unpack(rec, TOPK, &h) == RW_OK, "row %u: bad header", j);
-		const uint32_t src = h.src_node * gpus + h.owner;
-		CHECK(src < world && h.src_node == en->node && h.token == en->token,
-		      "row %u: source %u/%u token %u, the list says %u/%u", j, h.src_node, h.owner,
-		      h.token, en->node, en->token);
-		const rw_wl_work_t *o = &all[src];
-		CHECK(h.token < o->n, "row %u: token %u of rank %u", j, h.token, src);
-		CHECK(!seen[src * MAX_ROWS + h.token], "row %u: rank %u token %u twice", j, src, h.token);
-		seen[src * MAX_ROWS + h.token] = 1;
+		CHECK(h.src_node == en->node && h.token == en->token,
+		      "row %u: source %u token %u, the list says %u, %u", j, h.src_node, h.token,
+		      en->node, en->token);
+		int32_t ids[TOPK];
+		float w[TOPK];
 		for (uint32_t q = 0; q < TOPK; q++) {
-			CHECK(rw_wire_rec_id(rec, q) == o->ids[h.token][q] &&
-			      rw_wire_rec_weight(rec, TOPK, q) == o->w[h.token][q],
-			      "row %u: top-k %u differs", j, q);
-			const int32_t id = o->ids[h.token][q];
-			if (id >= 0 && (uint32_t)id / per_rank == me)
-				got[id]++;
+			ids[q] = rw_wire_rec_id(rec, q);
+			w[q] = rw_wire_rec_weight(rec, TOPK, q);
 		}
-		const uint8_t *row = rec + rw_wire_rec_row_off(TOPK);
-		for (uint32_t e = 0; e < sh->hidden; e++)
-			CHECK(rw_wl_get_elem(row, bf16, e) == o->x[(size_t)h.token * sh->hidden + e],
-			      "row %u (rank %u token %u): data differs at %u", j, src, h.token, e);
+		if (row_check(sh, j, h.src_node, h.owner, h.token, ids, w,
+			      rec + rw_wire_rec_row_off(TOPK), bf16, got))
+			return 1;
 	}
-	for (uint32_t e = 0; e < experts; e++)
-		CHECK(got[e] == ecount[e], "expert %u: %u rows, expected %u", e, got[e], ecount[e]);
+	if (counts_check(got, ecount))
+		return 1;
 	*rows_p += lh->count;
+	return 0;
+}
+
+/* --- mode lib: librailwave's rank path (rank/) on the CUDA driver $RW_CUDA_DRIVER names --- */
+typedef struct lib_rank {
+	rw_client_rank_t *rp;
+	rw_cuda_stream_t *stream;
+	rw_client_stream_t cs;
+	rw_cuda_dptr_t x, ids, w, recv_x, recv_meta, recv_counts;
+	uint8_t *host;               /* staging of inputs and outputs */
+} lib_rank_t;
+
+enum { HIDDEN = 24, META = 16 + 8 * TOPK };
+
+static int lib_open(rw_client_t *c, lib_rank_t *lr)
+{
+	const uint32_t cap = world * MAX_ROWS;
+	int rc = rw_client_rank_open(c, 0, cap, &lr->rp);
+	if (rc == RW_E_NO_CUDA) {
+		printf("skip: no rank path here: %s\n", rw_client_rank_message(NULL));
+		exit(77);
+	}
+	CHECK(rc == 0, "rank open: %s: %s", rw_client_strerror(rc), rw_client_rank_message(NULL));
+	rw_cuda_ext_stream_t e;
+	CHECK(rw_cuda_stream_create(0, &lr->stream) == RW_OK &&
+	      rw_cuda_ext_stream_of(lr->stream, &e) == RW_OK, "a CUDA stream");
+	lr->cs = (rw_client_stream_t){ .device = e.device, .handle = e.handle };
+	CHECK(rw_cuda_mem_alloc(0, (size_t)MAX_ROWS * HIDDEN * 4, &lr->x) == RW_OK &&
+	      rw_cuda_mem_alloc(0, (size_t)MAX_ROWS * TOPK * 4, &lr->ids) == RW_OK &&
+	      rw_cuda_mem_alloc(0, (size_t)MAX_ROWS * TOPK * 4, &lr->w) == RW_OK &&
+	      rw_cuda_mem_alloc(0, (size_t)cap * HIDDEN * 4, &lr->recv_x) == RW_OK &&
+	      rw_cuda_mem_alloc(0, (size_t)cap * META, &lr->recv_meta) == RW_OK &&
+	      rw_cuda_mem_alloc(0, (size_t)MAX_EXPERTS * 4, &lr->recv_counts) == RW_OK,
+	      "device memory");
+	lr->host = calloc((size_t)cap, HIDDEN * 4 + META);
+	CHECK(lr->host, "out of memory");
+	return 0;
+}
+
+/* One dispatch through rw_client_rank_dispatch, its outputs checked as the CPU path's. Returns
+ * 0 with *st_p the phase's code (0 passed), or 1 on a check that failed. */
+static int lib_phase(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uint32_t layer,
+		     uint64_t *k_p, int *st_p, uint64_t *rows_p)
+{
+	const int bf16 = rw_wl_bf16(step, layer);
+	const uint32_t row = sh->hidden * (bf16 ? 2 : 4), cap = world * MAX_ROWS;
+	for (uint32_t t = 0; t < mine.n; t++)
+		rw_wl_put_row(lr->host + (size_t)t * row, bf16, mine.x + (size_t)t * sh->hidden,
+			      sh->hidden);
+	CHECK(!mine.n || (rw_cuda_memcpy_htod(0, lr->x, lr->host, (size_t)mine.n * row) == RW_OK &&
+			  rw_cuda_memcpy_htod(0, lr->ids, mine.ids, (size_t)mine.n * TOPK * 4) == RW_OK &&
+			  rw_cuda_memcpy_htod(0, lr->w, mine.w, (size_t)mine.n * TOPK * 4) == RW_OK),
+	      "inputs to the device");
+	const rw_client_rank_dispatch_t d = {
+		.dtype = bf16 ? RW_DTYPE_BF16 : RW_DTYPE_FP32, .topk = TOPK, .layer = layer,
+		.step = step, .token_count = mine.n, .hidden = sh->hidden, .n_experts = experts,
+		.tokens = lr->x, .topk_ids = lr->ids, .topk_weights = lr->w, .recv_x = lr->recv_x,
+		.recv_meta = lr->recv_meta, .recv_counts = lr->recv_counts, .recv_cap = cap };
+	int rc = rw_client_rank_dispatch(lr->rp, &lr->cs, &d, k_p);
+	CHECK(rc == 0, "dispatch: %s: %s", rw_client_strerror(rc), rw_client_rank_message(lr->rp));
+	rw_client_rank_done_t done;
+	*st_p = rw_client_rank_wait(lr->rp, *k_p, WAIT_S * 1000, &done);
+	CHECK(*st_p != RW_E_TIMEOUT, "phase %llu: not done", (unsigned long long)*k_p);
+	if (*st_p)
+		return 0;
+	uint32_t ecount[MAX_EXPERTS], got[MAX_EXPERTS] = { 0 }, counts[MAX_EXPERTS];
+	const uint32_t expect = expect_begin(sh, step, layer, ecount);
+	CHECK(done.recv_tokens == expect && done.overflow == 0, "step %u layer %u: %u rows (%u "
+	      "dropped), expected %u", step, layer, done.recv_tokens, done.overflow, expect);
+	uint8_t *rows = lr->host, *meta = lr->host + (size_t)cap * HIDDEN * 4;
+	CHECK(rw_cuda_memcpy_dtoh(0, counts, lr->recv_counts, experts * 4) == RW_OK &&
+	      (!expect || (rw_cuda_memcpy_dtoh(0, rows, lr->recv_x, (size_t)expect * row) == RW_OK &&
+			   rw_cuda_memcpy_dtoh(0, meta, lr->recv_meta, (size_t)expect * META) == RW_OK)),
+	      "outputs from the device");
+	for (uint32_t j = 0; j < expect; j++) {
+		const uint8_t *m = meta + (size_t)j * META;
+		uint32_t src_node, src_rank, token;
+		int32_t ids[TOPK];
+		float w[TOPK];
+		memcpy(&src_node, m, 4);
+		memcpy(&src_rank, m + 4, 4);
+		memcpy(&token, m + 8, 4);
+		memcpy(ids, m + 16, sizeof(ids));
+		memcpy(w, m + 16 + 4 * TOPK, sizeof(w));
+		CHECK(src_rank / gpus == src_node, "row %u: rank %u is not on node %u", j, src_rank,
+		      src_node);
+		if (row_check(sh, j, src_node, src_rank % gpus, token, ids, w, rows + (size_t)j * row,
+			      bf16, got))
+			return 1;
+	}
+	if (counts_check(got, ecount) || counts_check(counts, ecount))
+		return 1;
+	*rows_p += expect;
 	return 0;
 }
 
@@ -176,7 +308,7 @@ int main(int argc, char **argv)
 {
 	if (argc < 10) {
 		fprintf(stderr, "usage: rw_pagerank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS "
-				"SEED [ok|lie|die-plan|die-done]\n");
+				"SEED [ok|lie|one|die-plan|die-done|lib]\n");
 		return 2;
 	}
 	me = (uint32_t)atoi(argv[3]);
@@ -193,6 +325,34 @@ int main(int argc, char **argv)
 	rw_client_t *c = NULL;
 	int rc = rw_client_connect(&o, &c);
 	CHECK(rc == 0, "connect: %s", rw_client_strerror(rc));
+	const rw_wl_shape_t sh = { .seed = strtoull(argv[9], NULL, 10), .gpus = gpus,
+				   .experts = experts, .per_rank = per_rank, .hidden = HIDDEN };
+	all = calloc(world, sizeof(*all));
+	seen = calloc((size_t)world * MAX_ROWS, 1);
+	CHECK(all && seen && work_alloc(&mine) == 0, "out of memory");
+	for (uint32_t q = 0; q < world; q++)
+		CHECK(work_alloc(&all[q]) == 0, "out of memory");
+	uint64_t k = 0, rows = 0;
+	if (strcmp(mode, "lib") == 0) { /* the library's stream, the driver's kernels */
+		static lib_rank_t lr;
+		if (lib_open(c, &lr))
+			return 1;
+		for (uint32_t step = 0; step < steps; step++)
+			for (uint32_t layer = 0; layer < layers; layer++) {
+				rw_wl_gen(&sh, step, layer, me, &mine);
+				int st = 0;
+				if (lib_phase(&lr, &sh, step, layer, &k, &st, &rows))
+					return 1;
+				CHECK(st == 0, "phase %llu (step %u layer %u) failed: %s: %s",
+				      (unsigned long long)k, step, layer, rw_client_strerror(st),
+				      rw_client_rank_message(lr.rp));
+			}
+		printf("rank %u: %u steps x %u layers dispatched through librailwave's rank path, "
+		       "verified (%llu rows)\n", me, steps, layers, (unsigned long long)rows);
+		rw_client_rank_close(lr.rp);
+		rw_client_close(c);
+		return 0;
+	}
 	void *page;
 	size_t bytes;
 	rc = rw_client_rank_page(c, world * MAX_ROWS, &page, &bytes);
@@ -205,14 +365,6 @@ int main(int argc, char **argv)
 		CHECK(rc == 0, "slab of rail %u: %s: %s", r, rw_client_strerror(rc),
 		      rw_client_last_message(c));
 	}
-	const rw_wl_shape_t sh = { .seed = strtoull(argv[9], NULL, 10), .gpus = gpus,
-				   .experts = experts, .per_rank = per_rank, .hidden = 24 };
-	all = calloc(world, sizeof(*all));
-	seen = calloc((size_t)world * MAX_ROWS, 1);
-	CHECK(all && seen && work_alloc(&mine) == 0, "out of memory");
-	for (uint32_t q = 0; q < world; q++)
-		CHECK(work_alloc(&all[q]) == 0, "out of memory");
-	uint64_t k = 0, rows = 0;
 	uint32_t row[64 * RW_CLIENT_SLAB_RAILS];
 	CHECK(nodes * rails <= sizeof(row) / sizeof(row[0]), "count row too big");
 	int expect_fail = strcmp(mode, "lie") == 0;

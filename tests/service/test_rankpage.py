@@ -27,7 +27,9 @@ that verify every row and sum) runs on the same two daemons.
    phase on every rank of both nodes (RW_E_PHASE, the log naming the rank and the record), the
    node not dropped: the group's next phases pass; a rank killed between submit and packed, and
    one between arrived and done: the group's phase fails on the others (their words written),
-   and a new group's phases pass right after.
+   and a new group's phases pass right after. The same 6 phases through librailwave's rank path
+   itself (rw_client_rank_dispatch: the count, pack and forward kernels on the CUDA stand-in's
+   stream; the outputs — rows, metadata, per-expert counts — checked the same way).
 7. A daemon killed (SIGKILL) while a rank's stream waits on its words: the rank's watcher
    writes them (plan and arrived 2^62 ahead, every status RW_E_CLOSED), so the stream runs
    through; the other daemon stops cleanly (ASan: no leak).
@@ -47,6 +49,8 @@ import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
 
 LIB = cluster.LIBRAILWAVE
 PAGERANK = os.path.join(B, "tests", "integration", "rw_pagerank")
+# the CUDA stand-in with the kernels' CPU stand-ins: librailwave's rank path runs on it
+FAKE_KERN = os.path.join(B, "tests", "integration", "libfakecuda_kern.so")
 Opts = cluster.ClientOpts
 E_CLOSED, E_STATE, E_TOKENS, E_DTYPE = -5, -26, -45, -44  # ipc/railwave.h
 # ipc/page.h: the head's words and status lines each on a 64-byte line; slot 0 after the head;
@@ -195,14 +199,14 @@ def main():
         check("rank page word submit went from 10 to 15" in c.log(0), "the jump named in the log")
         lib.rw_client_close(cl)
 
-        def page_job(group, layers, steps, modes=None):
+        def page_job(group, layers, steps, modes=None, env=None):
             """Every rank of `group` a page rank (rw_pagerank), in its mode (default ok)."""
             modes = modes or {}
             return [(r, subprocess.Popen(
                 [PAGERANK, c.cfg["nodes"][r // c.gpus]["ipc_socket"], group, str(r), str(nodes),
                  str(c.gpus), str(c.experts), str(layers), str(steps), "5",
                  modes.get(r, "ok")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                env=c.env)) for r in range(nodes * c.gpus)]
+                env=env or c.env)) for r in range(nodes * c.gpus)]
 
         def outputs(procs):
             res = {}
@@ -224,6 +228,14 @@ def main():
         passed(res, "6 phases on the rank path")
         check(all("(0 rows)" not in v[1] for v in res.values()),
               "every page rank received rows")
+
+        if os.path.exists(FAKE_KERN):  # built where nvcc embeds the kernels
+            res = outputs(page_job("lib", 2, 3, {r: "lib" for r in range(nodes * c.gpus)},
+                                   env=dict(c.env, RW_CUDA_DRIVER=FAKE_KERN)))
+            passed(res, "6 phases through librailwave's rank path (count, pack and forward "
+                   "kernels on the stand-in driver)")
+        else:
+            print("skip librailwave's rank path: no kernel stand-in (%s)" % FAKE_KERN)
 
         res = outputs(page_job("lie", 1, 3, {r: "lie" for r in range(nodes * c.gpus)}))
         passed(res, "after the lie, phases 2 and 3")
