@@ -14,6 +14,9 @@
  *                   rank whose pack lied); then the rest runs as ok
  *         one       run the first phase only and say how it ended (a survivor of a rank's
  *                   death: "one: phase 1 passed" or "one: phase 1 failed: CODE: MESSAGE")
+ *         until     run phases until one fails, then say how ("until: phase K failed: CODE:
+ *                   MESSAGE", exit 0); "until: running" once the third passed (a peer daemon
+ *                   killed mid-run)
  *         die-plan  submit the first phase, then exit without packing (a rank killed between
  *                   submit and packed)
  *         die-done  run the first phase up to arrived, then exit without done
@@ -308,7 +311,7 @@ int main(int argc, char **argv)
 {
 	if (argc < 10) {
 		fprintf(stderr, "usage: rw_pagerank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS "
-				"SEED [ok|lie|one|die-plan|die-done|lib]\n");
+				"SEED [ok|lie|one|until|die-plan|die-done|lib]\n");
 		return 2;
 	}
 	me = (uint32_t)atoi(argv[3]);
@@ -368,7 +371,8 @@ int main(int argc, char **argv)
 	uint32_t row[64 * RW_CLIENT_SLAB_RAILS];
 	CHECK(nodes * rails <= sizeof(row) / sizeof(row[0]), "count row too big");
 	int expect_fail = strcmp(mode, "lie") == 0;
-	const int liar = expect_fail && me == 0, one = strcmp(mode, "one") == 0;
+	const int liar = expect_fail && me == 0, one = strcmp(mode, "one") == 0,
+		  until = strcmp(mode, "until") == 0;
 	for (uint32_t step = 0; step < steps; step++)
 		for (uint32_t layer = 0; layer < layers; layer++) {
 			const int bf16 = rw_wl_bf16(step, layer);
@@ -398,15 +402,15 @@ int main(int argc, char **argv)
 				      (unsigned long long)k);
 				st = (int32_t)atomic_load(&pg->status[k % RW_PAGE_DEPTH].v);
 			}
-			if (expect_fail || (one && st != 0)) { /* every rank's phase failed, named */
+			if (expect_fail || ((one || until) && st != 0)) { /* the phase failed, named */
 				CHECK(st != 0, "%s: phase %llu passed", mode, (unsigned long long)k);
 				printf("%s: phase %llu failed: %s: %s\n", mode, (unsigned long long)k,
 				       rw_client_strerror(st), rw_client_last_message(c));
 				fflush(stdout);
 				expect_fail = 0;
 				word_set(RW_PW_DONE, k);
-				if (one)
-					return 0;
+				if (one || until)
+					goto out;
 				continue;
 			}
 			CHECK(st == 0, "phase %llu (step %u layer %u) failed: %s: %s",
@@ -422,11 +426,16 @@ int main(int argc, char **argv)
 			word_set(RW_PW_DONE, k); /* P5 */
 			if (one) {
 				printf("one: phase %llu passed\n", (unsigned long long)k);
-				return 0;
+				goto out;
+			}
+			if (until && k == 3) {
+				printf("until: running\n");
+				fflush(stdout);
 			}
 		}
 	printf("rank %u: %u steps x %u layers dispatched on the rank path, verified (%llu rows)\n",
 	       me, steps, layers, (unsigned long long)rows);
+out:
 	rw_client_close(c);
 	return 0;
 }

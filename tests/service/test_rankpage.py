@@ -32,7 +32,9 @@ that verify every row and sum) runs on the same two daemons.
    stream; the outputs — rows, metadata, per-expert counts — checked the same way).
 7. A daemon killed (SIGKILL) while a rank's stream waits on its words: the rank's watcher
    writes them (plan and arrived 2^62 ahead, every status RW_E_CLOSED), so the stream runs
-   through; the other daemon stops cleanly (ASan: no leak).
+   through; a group of four page ranks running phases at that moment: every one's phase fails
+   and its stream runs through (the survivor daemon's words on node 0, the watcher's on node
+   1); the other daemon stops cleanly (ASan: no leak).
 Run by tests/run as $b/test/svc_rankpage; exits 0 pass, 1 fail, 77 skip."""
 import ctypes
 import os
@@ -265,6 +267,11 @@ def main():
         except RuntimeError as e:
             check(False, "the host job failed: %s" % e)
 
+        # a group of page ranks running phases when daemon 1 is killed (below)
+        peer = page_job("peer", 1, 1000000, {r: "until" for r in range(nodes * c.gpus)})
+        line = peer[0][1].stdout.readline().decode()
+        check("until: running" in line, "the page ranks of group peer run phases (%r)" % line)
+
         # daemon 1 killed while rank 2's stream waits for plan 1: its watcher owes the words
         wpg.slot(1)
         check(wpg.word(W_PLAN).value == 0, "rank 2 waits: plan 0 before its daemon dies")
@@ -276,6 +283,12 @@ def main():
               "daemon killed: the rank's watcher raised plan and arrived 2^62 ahead")
         check(all(wpg.status(k) == E_CLOSED for k in range(DEPTH)),
               "daemon killed: every status RW_E_CLOSED")
+        res = outputs(peer)
+        check(all(v[0] == 0 and "until: phase" in v[1] and "failed" in v[1]
+                  for v in res.values()),
+              "daemon killed mid-run: every page rank's phase failed and its stream ran "
+              "through (node 0: the daemon's words, node 1: the watcher's): %s" %
+              {r: (v[0], v[1][-200:]) for r, v in res.items()})
         lib.rw_client_close(waiter)
         c.stop()
         check(True, "every daemon exited 0")
