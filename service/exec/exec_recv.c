@@ -86,11 +86,22 @@ static void src_note(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t src, int
 	}
 }
 
-/* A mover's answer about src's bytes: a bad record blames src. */
+/* A mover's answer about src's bytes: a bad record blames src — unless the records passed
+ * through a group's carve-out, src's send area or our receive area (slots past the shared ones):
+ * memory the group's own ranks map and may write while the daemons post and read it
+ * (docs/rankpath.md "The slab areas, lent per group"). Then the group's phase fails, told to
+ * every node, and no node is dropped, so a bad or racing rank hurts its own job only. Writes
+ * that land in the wrong place are the daemon's (it chose the offsets) and are blamed anyway
+ * (misplaced). */
 static rw_status_t mover_failed(exec_pair_t *p, rw_status_t st, uint32_t src, const char *why)
 {
-	exec_err(p, st, "%s", why);
-	if (st == RW_ERR_PROTO)
+	const int lent = p->xchg.peer_slot[src] >= EXEC_SLOTS || p->xchg.slot >= EXEC_SLOTS;
+	if (st == RW_ERR_PROTO && lent)
+		exec_err(p, st, "%s (through the group's slabs, which its ranks may write: node %u is "
+			 "not dropped)", why, src);
+	else
+		exec_err(p, st, "%s", why);
+	if (st == RW_ERR_PROTO && !lent)
 		p->err.blame_peer = (int)src + 1;
 	return st;
 }

@@ -45,6 +45,9 @@
  *                         for byte, in the dispatch receive area of one of its group's slabs (the
  *                         daemon's memory of that rail is the slab). The last line adds
  *                         "N remote rows seen in the group's slabs"
+ *     --scribble          (with --slabs) a hostile rank of a job: a thread writes garbage over
+ *                         the send areas of its group's slabs, over and over, from the mapping
+ *                         until the rank exits (the records its node posts are then bad)
  *     --go FILE           after joining (and mapping the slabs) wait for FILE to exist before
  *                         the first dispatch (at most 60 s): a harness starts the rest of the
  *                         cluster meanwhile, e.g. a peer daemon that was not running yet
@@ -142,6 +145,8 @@ static int redo(uint32_t step, uint32_t layer, int ok, const rw_cqe_t *cq, rw_cl
 
 /* --slabs: the group's slab of each rail, as mapped by rw_client_group_slab. */
 static const char *go_file; /* --go */
+static int scribble;        /* --scribble */
+static _Atomic int scribbling;
 static uint32_t slab_rails;
 static rw_client_slab_t slabs[RW_CLIENT_SLAB_RAILS];
 static uint64_t slab_rows; /* remote rows found in a slab */
@@ -168,6 +173,18 @@ static uint64_t row_hash(const uint8_t *p, uint32_t len)
 	for (uint32_t i = 0; i < len; i++)
 		h = (h ^ p[i]) * 1099511628211ull;
 	return h;
+}
+
+/* --scribble: garbage over every send area of the slabs until told to stop. */
+static void *scribbler(void *arg)
+{
+	(void)arg;
+	for (uint8_t v = 1; atomic_load(&scribbling); v = (uint8_t)(v * 5 + 1))
+		for (uint32_t r = 0; r < slab_rails; r++)
+			for (int k = 0; k < 2; k++)
+				memset((uint8_t *)slabs[r].base + slabs[r].send_off[k], v,
+				       slabs[r].area_bytes);
+	return NULL;
 }
 
 /* Which of the n rows (len bytes each) lie somewhere in a rail's dispatch receive area:
@@ -699,7 +716,7 @@ int main(int argc, char **argv)
 {
 	if (argc < 11) {
 		fprintf(stderr, "usage: rw_rank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS SEED MODE "
-				"[--hidden H] [--tokens T] [--first-step S] [--submit-experts E] [--retry N DIR] [--empty] [--cuda] [--slabs R] [--go FILE] [--stream-ordered]\n");
+				"[--hidden H] [--tokens T] [--first-step S] [--submit-experts E] [--retry N DIR] [--empty] [--cuda] [--slabs R] [--scribble] [--go FILE] [--stream-ordered]\n");
 		return 2;
 	}
 	const char *sock = argv[1], *group = argv[2], *mode = argv[10];
@@ -735,6 +752,8 @@ int main(int argc, char **argv)
 			empty_phases = 1;
 		} else if (strcmp(argv[i], "--cuda") == 0) {
 			b.cuda = 1;
+		} else if (strcmp(argv[i], "--scribble") == 0) {
+			scribble = 1;
 		} else if (strcmp(argv[i], "--go") == 0 && i + 1 < argc) {
 			go_file = argv[++i];
 		} else if (strcmp(argv[i], "--slabs") == 0 && i + 1 < argc) {
@@ -780,6 +799,11 @@ int main(int argc, char **argv)
 		rw_client_close(c);
 		return 1;
 	}
+	pthread_t scribble_thread;
+	if (scribble && slab_rails) {
+		atomic_store(&scribbling, 1);
+		CHECK(pthread_create(&scribble_thread, NULL, scribbler, NULL) == 0, "scribbler thread");
+	}
 	for (uint64_t t0 = rw_now_ns(); go_file && access(go_file, F_OK) != 0;) {
 		if (rw_now_ns() - t0 > 60000000000ull) {
 			fprintf(stderr, "rank %u: %s never appeared\n", me, go_file);
@@ -813,6 +837,10 @@ int main(int argc, char **argv)
 	free(seen);
 	free(ecount);
 	free(outv);
+	if (scribble && slab_rails) {
+		atomic_store(&scribbling, 0);
+		pthread_join(scribble_thread, NULL);
+	}
 	for (uint32_t r = 0; r < slab_rails; r++) /* before the close unmaps them */
 		rw_cuda_host_unregister(slabs[r].base);
 	rw_client_close(c); /* the daemon releases its import before we free the memory */

@@ -25,7 +25,10 @@ sockets; the daemons run with group_area_mib 1 and group_pool_mib 2 (a pool of t
    not running, the first time and after a SIGKILL of node 1 (rw_rank --go holds their first
    dispatch); node 1 hears of the carve-out right behind REGIONS and every phase runs in it
    (without that CARVE its writes find no region and the phases fail).
-6. The rank path (librailwave's rank/slabs.c through ctypes, on the kernel stand-in driver): a
+6. A hostile rank scribbles over its group's send areas while its node posts them: the peer
+   finds the records bad and, since they came from the group's slabs, fails that group's phase
+   on every rank, named, and drops no node; another job verifies on both daemons meanwhile.
+7. The rank path (librailwave's rank/slabs.c through ctypes, on the kernel stand-in driver): a
    rank path opened on a daemon that lends slabs maps and registers its group's slab of every
    rail; another rank of the group, lent the same rail's slab, holds the same object and sees
    what is written through the rank path's mapping; another group's rank path holds other
@@ -124,6 +127,11 @@ def wait_left(c, n, group):
         time.sleep(0.01)
 
 
+def daemon_log(tmp, n):
+    with open(os.path.join(tmp, "d%d.log" % n)) as f:
+        return f.read()
+
+
 def slab_objects(out):
     """{rail: object} from rw_rank --slabs output."""
     objs = {}
@@ -205,6 +213,39 @@ def scenario_late_peer(tmp, seed):
                   % (group, "started" if i == 0 else "was back from a SIGKILL"))
     finally:
         c.stop()
+
+
+def scenario_hostile_rank(tmp, seed):
+    """A rank that scribbles over its group's send areas while its node posts them (writes slowed
+    by the test hooks, so the areas are read long after they were packed): the peer finds the
+    records bad, and since they came from the group's slabs, that group's phase fails on every
+    rank, named, and no node is dropped — another job on both daemons verifies all along."""
+    c = cluster.Cluster(tmp, 2, extra=AREA)
+    c.env.update(RAILWAVE_TEST_CHUNK_KIB="4", RAILWAVE_TEST_WRITE_GAP_MS="2")
+    env = dict(c.env, RW_CUDA_DRIVER=cluster.FAKE_CUDA)
+    world = c.nodes * c.gpus
+    big = ["--hidden", "256", "--tokens", "64"]
+    try:
+        c.start_all()
+        other = [(r, c.rank(r, "job.z", 2, 20, seed)) for r in range(world)]
+        hostile = [(r, c.rank(r, "job.h", 1, 1, seed + 1, mode="fail", env=env,
+                              flags=big + (["--slabs", str(c.rails), "--scribble"] if r == 0
+                                           else []))) for r in range(world)]
+        outs = c.collect(hostile)
+        check(all("failed as expected: phase failed" in outs[r] for r in outs),
+              "the scribbling rank's group: every rank's dispatch failed (%s)"
+              % sorted({outs[r].strip().splitlines()[-1][:90] for r in outs}))
+        outs = c.collect(other)
+        check(all("20 steps x 2 layers verified" in outs[r] for r in outs),
+              "the other job verified 40 phases on both daemons meanwhile")
+        for n in range(c.nodes):
+            st = c.stats(n, "stats peers")
+            check("state=up" in st and "reconnects=0" in st,
+                  "node %d dropped no peer: %s" % (n, " ".join(st.split())))
+    finally:
+        c.stop()
+    check("through the group's slabs, which its ranks may write: node 0 is not dropped" in
+          daemon_log(tmp, 1), "node 1 names the bad records and why it keeps node 0")
 
 
 def scenario_attacks(tmp, seed):
@@ -312,9 +353,7 @@ def scenario_attacks(tmp, seed):
             os.close(b_fd)
     finally:
         c.stop()
-    with open(os.path.join(tmp, "d0.log")) as f:
-        log = f.read()
-    check("group job.c: no carve-out of its own (the pool is spent" in log,
+    check("group job.c: no carve-out of its own (the pool is spent" in daemon_log(tmp, 0),
           "the daemon logs the group that found the pool spent")
 
 
@@ -419,6 +458,7 @@ def main():
         check.scenarios([("lent tcp", lambda t, s: scenario_lent(t, s, "tcp")),
                          ("lent shm", lambda t, s: scenario_lent(t, s, "shm")),
                          ("late peer", scenario_late_peer),
+                         ("hostile rank", scenario_hostile_rank),
                          ("attacks", scenario_attacks),
                          ("rank path", scenario_rank_path)], tmp, seed)
     return check.exit_code()
