@@ -55,8 +55,8 @@ struct rw_client {
 	rw_ring_t cq; /* we consume */
 	void *page;        /* the rank page (rw_client_rank_page), NULL until set up */
 	size_t page_bytes;
-	void *slab[RW_CLIENT_SLAB_RAILS]; /* the group's slabs (rw_client_group_slab), per rail */
-	size_t slab_bytes[RW_CLIENT_SLAB_RAILS];
+	rw_client_slab_t slab[RW_CLIENT_SLAB_RAILS]; /* the group's slabs (rw_client_group_slab):
+	                                                * base NULL until that rail's is mapped */
 	/* With a page, a watcher thread waits for the daemon to hang up and then writes the words
 	 * the rank's stream may wait on (rw_page_daemon_lost); watch_efd stops it at close. */
 	pthread_t watcher;
@@ -437,8 +437,8 @@ void rw_client_close(rw_client_t *c)
 	if (c->page)
 		munmap(c->page, c->page_bytes);
 	for (unsigned r = 0; r < RW_CLIENT_SLAB_RAILS; r++)
-		if (c->slab[r])
-			munmap(c->slab[r], c->slab_bytes[r]);
+		if (c->slab[r].base)
+			munmap(c->slab[r].base, c->slab[r].bytes);
 	if (c->sq_efd >= 0)
 		close(c->sq_efd);
 	if (c->cq_efd >= 0)
@@ -523,6 +523,10 @@ int rw_client_group_slab(rw_client_t *c, uint32_t rail, rw_client_slab_t *slab_p
 {
 	if (!c || !slab_p || rail >= RW_CLIENT_SLAB_RAILS)
 		return RW_E_INVAL;
+	if (c->slab[rail].base) { /* lent once per connection: the mapping we hold */
+		*slab_p = c->slab[rail];
+		return 0;
+	}
 	rw_ipc_slab_setup_t req = { .rail = rail }; /* the rest 0 */
 	hdr_init(c, &req.hdr, RW_IPC_SLAB_SETUP);
 	rw_ipc_msg_t reply;
@@ -531,7 +535,7 @@ int rw_client_group_slab(rw_client_t *c, uint32_t rail, rw_client_slab_t *slab_p
 	if (rc)
 		return rc;
 	const rw_ipc_slab_ok_t *ok = &reply.slab_ok;
-	int bad = ok->rail != rail || c->slab[rail] || ok->area_bytes > ok->bytes ||
+	int bad = ok->rail != rail || ok->area_bytes > ok->bytes ||
 		  ok->local_off > ok->bytes - ok->area_bytes;
 	for (int k = 0; k < 2 && !bad; k++) /* every area inside the slab */
 		bad = ok->recv_off[k] > ok->bytes - ok->area_bytes ||
@@ -540,18 +544,18 @@ int rw_client_group_slab(rw_client_t *c, uint32_t rail, rw_client_slab_t *slab_p
 	void *map = map_lent(fd, ok->bytes, !bad, &ino);
 	if (!map)
 		return RW_E_BADREPLY;
-	c->slab[rail] = map;
-	c->slab_bytes[rail] = (size_t)ok->bytes;
-	memset(slab_p, 0, sizeof(*slab_p));
-	slab_p->base = map;
-	slab_p->bytes = (size_t)ok->bytes;
-	slab_p->rail = rail;
-	slab_p->rails = ok->rails;
-	slab_p->area_bytes = ok->area_bytes;
-	memcpy(slab_p->recv_off, ok->recv_off, sizeof(slab_p->recv_off));
-	memcpy(slab_p->send_off, ok->send_off, sizeof(slab_p->send_off));
-	slab_p->local_off = ok->local_off;
-	slab_p->object = ino;
+	rw_client_slab_t *s = &c->slab[rail];
+	memset(s, 0, sizeof(*s));
+	s->base = map;
+	s->bytes = (size_t)ok->bytes;
+	s->rail = rail;
+	s->rails = ok->rails;
+	s->area_bytes = ok->area_bytes;
+	memcpy(s->recv_off, ok->recv_off, sizeof(s->recv_off));
+	memcpy(s->send_off, ok->send_off, sizeof(s->send_off));
+	s->local_off = ok->local_off;
+	s->object = ino;
+	*slab_p = *s;
 	return 0;
 }
 

@@ -359,10 +359,11 @@ int rw_client_rank_page(rw_client_t *client, uint32_t max_recv, void **page_p, s
  * send and receive there, at the offsets below — lent to the group's ranks and to no other
  * process. Mapped read-write here; the library links no CUDA: the caller makes it reachable from
  * its GPU (cuMemHostRegister with DEVICEMAP | PORTABLE) and unregisters it before
- * rw_client_close(), which unmaps it. RW_E_INVAL: no such rail; RW_E_STATE: this rail's slab is
- * mapped already, or the daemon lends none (group_area_mib 0); RW_E_LIMIT: the daemon's pool was
- * spent when the group formed, so it has no slabs of its own; RW_E_BADREPLY: a reply this
- * library does not understand. */
+ * rw_client_close(), which unmaps it. The daemon lends a rail's slab once per connection: asked
+ * again, the library gives the mapping it holds (one thread at a time). RW_E_INVAL: no such
+ * rail; RW_E_STATE: the daemon lends none (group_area_mib 0, or GPU slabs); RW_E_LIMIT: the
+ * daemon's pool was spent when the group formed, so it has no slabs of its own; RW_E_BADREPLY:
+ * a reply this library does not understand. */
 #define RW_CLIENT_SLAB_RAILS 64
 typedef struct rw_client_slab {
 	void *base;            /* the mapping, `bytes` long */

@@ -384,6 +384,7 @@ def scenario_rank_path(tmp, seed):
     lib.rw_client_rank_close.argtypes = [ctypes.c_void_p]
     lib.rw_client_rank_message.argtypes = [ctypes.c_void_p]
     lib.rw_client_rank_message.restype = ctypes.c_char_p
+    lib.rw_client_group_slab.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.POINTER(Slab)]
     lib.rw_client_rank_slab.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.POINTER(Slab),
                                         ctypes.POINTER(ctypes.c_uint64)]
     held = []
@@ -434,6 +435,11 @@ def scenario_rank_path(tmp, seed):
         check(all(rc == 0 for rc, _, _ in b) and
               not {sl.object for _, sl, _ in b} & {sl.object for _, sl, _ in a},
               "another group's rank path holds other objects")
+        # Asked again on the same connection (the daemon lends once): the mapping the library holds.
+        again = Slab()
+        rc = lib.rw_client_group_slab(held[-1][0], 0, ctypes.byref(again))
+        check(rc == 0 and again.base == b[0][1].base and again.object == b[0][1].object,
+              "asked again, librailwave gives the mapping it holds (rc %d)" % rc)
         sp = slabs(rank_path("g.spent", 0))
         check(all(rc == E_LIMIT for rc, _, _ in sp),
               "the pool spent: a rank path opens without slabs and says RW_E_LIMIT (%s)"
