@@ -135,9 +135,11 @@ int rw_page_submit_check(const rw_page_geom_t *pg, const rw_page_params_t *param
 			 "counted nothing for it)", p->bad - 1, p->n_experts);
 		return -1;
 	}
-	if (p->token_count > pg->max_tokens) {
-		snprintf(why, why_len, "%u tokens, the page's bound is %u", p->token_count,
-			 pg->max_tokens);
+	/* a combine gives back the rows its dispatch received: max_recv bounds them */
+	const uint32_t bound = p->kind == RW_KIND_COMBINE ? pg->max_recv : pg->max_tokens;
+	if (p->token_count > bound) {
+		snprintf(why, why_len, "%u %s, the page's bound is %u", p->token_count,
+			 p->kind == RW_KIND_COMBINE ? "rows" : "tokens", bound);
 		return -1;
 	}
 	const uint32_t per_token = p->topk < pg->nodes ? p->topk : pg->nodes;

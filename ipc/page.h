@@ -65,7 +65,8 @@ typedef struct rw_page_params {
 	uint32_t layer;
 	uint32_t hidden;
 	uint32_t n_experts;
-	uint32_t token_count;
+	uint32_t token_count;  /* dispatch: its tokens; combine: the rows it gives back (its
+	                          dispatch's forward list), staged before submit */
 	uint16_t path;         /* enum rw_path_request */
 	uint16_t reserved;
 	uint64_t phase;        /* k: must equal the submit word it is published with */
@@ -110,9 +111,11 @@ typedef struct rw_page_plan_head {
 	uint32_t row_off;      /* offset of the row in such a record */
 	uint32_t n_send;       /* records the rank writes for other nodes (entries d != me) */
 	uint32_t n_local;      /* records the rank writes into the local area (entries me) */
-	/* Combine: where the node's ranks' combine inputs are, which a gather's terms name: local
-	 * rank h's row j at stage_off + h x stage_stride + j x (the row's bytes) of rail 0's slab,
-	 * copied there by h's stream before its combine `submit` (pair P1). 0 for a dispatch. */
+	/* Where the node's ranks' combine inputs are, which a gather's terms name: local rank h's
+	 * row j at stage_off + h x stage_stride + j x (the row's bytes) of rail 0's slab, copied
+	 * there by h's stream before its combine `submit` (pair P1). A dispatch's block says it
+	 * first (the rank stages there before the plan of its combine comes); the combine's
+	 * repeats it. */
 	uint64_t stage_off;
 	uint64_t stage_stride;
 } rw_page_plan_head_t;

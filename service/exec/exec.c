@@ -381,6 +381,7 @@ static void complete(exec_pair_t *p)
 		pair_failed(p);
 		return;
 	}
+	p->out.page_done = 0; /* the combine's page ranks count their own done */
 	if (kind == RW_SVC_DISPATCH && !x->svc->draining) {
 		exec_stage_move(p, ST_WAIT_C);
 		ev_timer_stop(x->svc->loop, &p->timer);
@@ -617,6 +618,13 @@ void exec_on_submit(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t g)
 		if (!p->mv || p->mv->open(p->mv_mover, &p->ph, &p->mv_state) != RW_OK)
 			return exec_pair_fail(p, RW_ERR_NOMEM, "cannot open a data mover");
 	} else if (!p->mv->accepts(p->mv_mover, &p->ph, kind, g)) {
+		if ((p->ph.io[kind][g].page != NULL) != (p->mv == &rw_svc_mover_rank))
+			return exec_pair_fail(p, RW_ERR_SUB_BUFFER, "local rank %u submits %s, another "
+					      "%s: a group's ranks on a node take one path",
+					      x->me * x->gpus + g,
+					      p->ph.io[kind][g].page ? "by its rank page" : "on its ring",
+					      p->mv == &rw_svc_mover_rank ? "by its rank page" :
+					      "on its ring");
 		return exec_pair_fail(p, RW_ERR_SUB_BUFFER, "local rank %u's buffers need another "
 				      "data mover than the phase's (%s)", x->me * x->gpus + g, p->mv->name);
 	}
@@ -779,13 +787,15 @@ void exec_on_page_word(exec_pair_t *p, uint32_t g, unsigned word, uint64_t value
 
 void exec_on_rank_left(exec_pair_t *p, rw_ipc_client_t *client, uint32_t rank)
 {
-	/* A page rank whose stream wrote done for the pair's dispatch reads nothing of it any more:
+	/* A page rank whose stream wrote done for the running kind reads nothing of it any more:
 	 * it may go (its done is read here, since the poller's report may come after the leave). */
-	for (uint32_t g = 0; p->stage == ST_FLUSH_D && g < p->x->gpus; g++) {
-		exec_sub_t *s = &p->in[RW_SVC_DISPATCH].sub[g];
+	const rw_svc_phase_kind_t kind = exec_kind(p);
+	const int flush = p->stage == ST_FLUSH_D || p->stage == ST_FLUSH_C;
+	for (uint32_t g = 0; flush && g < p->x->gpus; g++) {
+		exec_sub_t *s = &p->in[kind].sub[g];
 		if (!s->have || s->client != client || !s->page_k)
 			continue;
-		const rw_page_head_t *pg = p->ph.io[RW_SVC_DISPATCH][g].page;
+		const rw_page_head_t *pg = p->ph.io[kind][g].page;
 		const uint64_t done = atomic_load_explicit(&pg->word[RW_PW_DONE].v,
 							   memory_order_acquire);
 		if ((int64_t)(done - s->page_k) < 0)

@@ -104,6 +104,10 @@ void exec_answer_dispatch(exec_t *x, exec_pair_t *p, uint32_t g)
 void exec_answer_combine(exec_t *x, exec_pair_t *p, uint32_t g)
 {
 	exec_sub_t *s = &p->in[RW_SVC_COMBINE].sub[g];
+	if (s->page_k) { /* answered by its words */
+		s->have = 0;
+		return;
+	}
 	rw_cqe_t c = cqe_for(&s->sqe, RW_CQ_OK);
 	c.recv_tokens = p->plan.rt[g].n_tokens;
 	c.handle_id = p->out.handle[g];

@@ -58,6 +58,24 @@ static int params_check(const exec_t *x, const exec_member_t *mb, const rw_page_
 	return 0;
 }
 
+/* The submission's record in its pair and the rank's io: answered by words, no buffers. */
+static void page_attach(exec_member_t *mb, rw_page_head_t *pg, const rw_page_layout_t *l,
+			uint64_t k, exec_pair_t *p, rw_svc_phase_kind_t kind, const rw_sqe_t *sqe,
+			uint32_t n_tokens, const uint32_t *row)
+{
+	exec_sub_t *s = &p->in[kind].sub[mb->local];
+	*s = (exec_sub_t){ .have = 1, .sqe = *sqe, .client = mb->client, .page_k = k };
+	p->in[kind].n_sub++;
+	rw_svc_rank_io_t *io = &p->ph.io[kind][mb->local];
+	*io = (rw_svc_rank_io_t){ .n_tokens = n_tokens, .page = pg, .page_layout = *l,
+				  .page_k = k, .page_row = row,
+				  .page_max_recv = rw_ipc_client_page_geom(mb->client)->max_recv };
+	for (int i = 0; i < 3; i++)
+		io->in[i] = (rw_svc_span_mem_t){ .dev = -1, .buf = RW_BUF_NONE };
+	io->out = io->in[0];
+	exec_on_submit(p, kind, mb->local);
+}
+
 /* A checked dispatch joins its group's pair as a submission answered by words (docs/rankpath.md
  * "A phase"): the pair's open or joined as a ring rank's is (exec_ipc.c), without buffers; the
  * executor's movers then take the pair (the rank mover only takes page ranks, so a group whose
@@ -73,11 +91,11 @@ static int page_admit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, const rw
 			       .hidden = prm->hidden, .n_experts = prm->n_experts };
 	char why[RW_SVC_WHY_MAX];
 	exec_pair_t *p = g->pair;
-	/* This rank's stream moved on while the group's pair of its last phase has not ended (its
-	 * own done may be reported after this submit, and other ranks may still read): the submit
-	 * waits for the pair's end (page_take). */
-	if (p && !rw_wire_key_eq(&p->key, &key) && p->stage < ST_WAIT_C &&
-	    p->in[RW_SVC_DISPATCH].sub[mb->local].page_k)
+	/* This rank's stream moved on while the group's pair of its last phase (dispatch or
+	 * combine) has not ended (its own done may be reported after this submit, and other ranks
+	 * may still read): the submit waits for the pair's end (page_take). */
+	if (p && !rw_wire_key_eq(&p->key, &key) && p->stage != ST_WAIT_C &&
+	    p->in[exec_kind(p)].sub[mb->local].page_k)
 		return 1;
 	const int tomb = exec_tomb_check(x, &key, RW_SVC_DISPATCH, mb->local, why, sizeof(why));
 	exec_tomb_pass(x, &key, RW_SVC_DISPATCH, mb->local);
@@ -114,17 +132,52 @@ static int page_admit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, const rw
 		return 0;
 	}
 	memcpy(kept, row, cells * sizeof(uint32_t));
-	exec_sub_t *s = &p->in[RW_SVC_DISPATCH].sub[mb->local];
-	*s = (exec_sub_t){ .have = 1, .sqe = sqe, .client = mb->client, .page_k = k };
-	p->in[RW_SVC_DISPATCH].n_sub++;
-	rw_svc_rank_io_t *io = &p->ph.io[RW_SVC_DISPATCH][mb->local];
-	*io = (rw_svc_rank_io_t){ .n_tokens = prm->token_count, .page = pg, .page_layout = *l,
-				  .page_k = k, .page_row = kept,
-				  .page_max_recv = rw_ipc_client_page_geom(mb->client)->max_recv };
-	for (int i = 0; i < 3; i++)
-		io->in[i] = (rw_svc_span_mem_t){ .dev = -1, .buf = RW_BUF_NONE };
-	io->out = io->in[0];
-	exec_on_submit(p, RW_SVC_DISPATCH, mb->local);
+	page_attach(mb, pg, l, k, p, RW_SVC_DISPATCH, &sqe, prm->token_count, kept);
+	return 0;
+}
+
+/* A checked combine joins the pair of its dispatch (docs/rankpath.md "A phase", Combine): the
+ * rank's rows are staged (P1), and once every local rank's are, the mover plans it. It must
+ * give back exactly the rows its dispatch delivered; else the phase fails on every node. */
+static int page_admit_combine(exec_t *x, exec_member_t *mb, rw_page_head_t *pg,
+			      const rw_page_layout_t *l, uint64_t k, const rw_page_params_t *prm)
+{
+	const uint32_t h = mb->local;
+	const rw_wire_key_t key = { .group = mb->g->hash, .layer = prm->layer, .step = prm->step };
+	exec_pair_t *p = mb->g->pair;
+	char why[RW_SVC_WHY_MAX];
+	const int mine = p && rw_wire_key_eq(&p->key, &key) &&
+			 p->in[RW_SVC_DISPATCH].sub[h].page_k;
+	if (mine && p->stage < ST_WAIT_C)
+		return 1; /* its dispatch's pair still waits for another rank's done */
+	if (!mine || p->stage != ST_WAIT_C) {
+		const int tomb = exec_tomb_check(x, &key, RW_SVC_COMBINE, h, why, sizeof(why));
+		exec_tomb_pass(x, &key, RW_SVC_COMBINE, h);
+		if (tomb)
+			return page_refuse(x, mb, pg, k, RW_E_PHASE, why);
+		snprintf(why, sizeof(why), "combine of layer %u step %llu: no dispatch of this rank "
+			 "waits for it", prm->layer, (unsigned long long)prm->step);
+		return page_refuse(x, mb, pg, k, RW_E_STATE, why);
+	}
+	if (p->in[RW_SVC_COMBINE].sub[h].have)
+		return page_refuse(x, mb, pg, k, RW_E_STATE, "this rank already submitted this "
+				   "combine");
+	uint32_t rows = 0;
+	const uint32_t *counts;
+	p->mv->result(p->mv_state, h, &rows, &counts);
+	if (prm->token_count != rows || prm->hidden != p->ph.hidden ||
+	    exec_wire_dtype(prm->dtype) != p->ph.dtype) {
+		snprintf(why, sizeof(why), "combine of %u rows of %u x dtype %u; the dispatch "
+			 "delivered %u rows of %u", prm->token_count, prm->hidden, prm->dtype, rows,
+			 p->ph.hidden);
+		page_refuse(x, mb, pg, k, RW_E_TOKENS, why);
+		exec_pair_fail(p, RW_ERR_SUB_TOKENS, "local rank %u: %s", x->me * x->gpus + h, why);
+		return 0;
+	}
+	const rw_sqe_t sqe = { .kind = RW_KIND_COMBINE, .dtype = prm->dtype, .layer = prm->layer,
+			       .phase_id = k, .step = prm->step, .token_count = rows,
+			       .hidden = prm->hidden };
+	page_attach(mb, pg, l, k, p, RW_SVC_COMBINE, &sqe, rows, NULL);
 	return 0;
 }
 
@@ -152,14 +205,9 @@ static int page_submit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, uint64_
 		free(row);
 		return page_refuse(x, mb, pg, k, code, why);
 	}
-	if (params.kind != RW_KIND_DISPATCH) {
-		free(row);
-		snprintf(why, sizeof(why), "layer %u step %llu: a combine on the rank path is not "
-			 "carried yet (submit it through the rings)", params.layer,
-			 (unsigned long long)params.step);
-		return page_refuse(x, mb, pg, k, RW_E_STATE, why);
-	}
-	const int wait = page_admit(x, mb, pg, &l, k, &params, row);
+	const int wait = params.kind == RW_KIND_COMBINE ?
+		page_admit_combine(x, mb, pg, &l, k, &params) :
+		page_admit(x, mb, pg, &l, k, &params, row);
 	free(row);
 	return wait;
 }

@@ -4,7 +4,9 @@
  * rank's plan block, then `plan = k` (P2); pack waits until every rank's `packed` reached k (P3)
  * and checks the records they wrote before a byte is posted; arrived checks each range's
  * headers as the host mover does; finish writes each rank's forward list, then `arrived = k`
- * (P4), and is pending until each rank's `done` (P5, the executor reports it). Failed phases
+ * (P4), and is pending until each rank's `done` (P5, the executor reports it). The combine
+ * mirrors it: its plans once every rank's combine submit came (their inputs staged), the returns
+ * checked before one is posted, each owner's reduce list then arrived. Failed phases
  * owe their words through the executor's answers (P6), so quiesce has nothing to stop: the
  * ranks' kernels, not this file, touch the payload. */
 #include <stdatomic.h>
@@ -14,6 +16,8 @@
 
 #include "service/mover/mover.h"
 #include "service/phase/phase.h"
+
+#define LINE_UP(x) (((x) + 63) & ~(uint64_t)63)
 
 /* What the daemon told rank g at plan: its own copy, which the checks read (the rank may rewrite
  * the block in its page at will). */
@@ -29,6 +33,16 @@ typedef struct page_pair {
 	page_rank_t rk[RW_MAX_GPUS];
 	int checked;                   /* every rank's records passed the check */
 	rw_svc_rank_lists_t lists;     /* the dispatch's forward lists and terms */
+	/* The combine (docs/rankpath.md "A phase", Combine): where its local copies (per rail) and
+	 * the ranks' staged inputs (rail 0) lie in the local area, fixed at the dispatch's plan
+	 * (offsets in the slabs); the ranks whose combine submit came (bit g); its plans written,
+	 * its returns checked; each owner's reduce list, made at its plan. */
+	uint64_t comb_local_off[RW_MAX_RAILS];
+	uint64_t stage_off, stage_stride;
+	uint32_t c_staged;
+	int c_planned, c_checked;
+	rw_page_list_entry_t *reduce[RW_MAX_GPUS];
+	uint32_t n_reduce[RW_MAX_GPUS];
 } page_pair_t;
 
 typedef struct page_mover {
@@ -65,6 +79,7 @@ static void pair_free(page_pair_t *pp, uint32_t gpus)
 		free(pp->lists.list[g]);
 		free(pp->lists.term_off[g]);
 		free(pp->lists.term_ref[g]);
+		free(pp->reduce[g]);
 	}
 	free(pp);
 }
@@ -89,13 +104,22 @@ static rw_status_t pm_open(void *mover, const rw_svc_phase_t *ph, void **state_p
 	return RW_OK;
 }
 
-/* A page rank's inputs are in its GPU's memory, which the daemon never reads. */
+static rw_status_t combine_plan(page_pair_t *pp, const rw_svc_phase_t *ph, char *why);
+
+/* A page rank's inputs are in its GPU's memory, which the daemon never reads. Once every local
+ * rank's combine submit came (their inputs are staged: P1), the combine's plans go out (P2). */
 static rw_status_t pm_stage(void *mover, void *state, rw_svc_phase_t *ph, rw_svc_phase_kind_t kind,
 			    uint32_t g, int *pending_p, char *why)
 {
-	(void)mover, (void)state, (void)ph, (void)kind, (void)g, (void)why;
+	(void)mover;
+	page_pair_t *pp = state;
 	*pending_p = 0;
-	return RW_OK;
+	if (kind != RW_SVC_COMBINE)
+		return RW_OK;
+	pp->c_staged |= 1u << g;
+	if (pp->c_staged != (uint32_t)((1ull << ph->gpus) - 1) || pp->c_planned)
+		return RW_OK;
+	return combine_plan(pp, ph, why);
 }
 
 /* The node's row: every rank's count row (each counts at its native rail only). */
@@ -136,13 +160,42 @@ static uint32_t local_n(const rw_svc_phase_t *ph, uint32_t r)
 	return n;
 }
 
+/* Rank g's plan block (the daemon's copy in rk, the areas of each rail) into its slot. */
+static void plan_write(const rw_svc_phase_t *ph, const rw_svc_rank_io_t *io, const page_rank_t *rk,
+		       const rw_page_plan_rail_t *areas)
+{
+	uint8_t *slot = slot_of(io);
+	const rw_page_layout_t *l = &io->page_layout;
+	memcpy(slot + l->plan, &rk->head, sizeof(rk->head));
+	memcpy(slot + l->plan_rail, areas, ph->rails * sizeof(areas[0]));
+	memcpy(slot + l->plan_tag, rk->tags, ph->nodes * sizeof(uint32_t));
+	memcpy(slot + l->plan_entry, rk->entries,
+	       (size_t)ph->nodes * ph->rails * sizeof(rw_page_plan_entry_t));
+}
+
+/* Phase k of the rank goes ahead: its status line, which a failed phase D earlier left set, is
+ * 0 again before its plan word (the store-release publishes both; ipc/page.h). */
+static void plan_publish(const rw_svc_rank_io_t *io)
+{
+	atomic_store_explicit(&io->page->status[io->page_k & (RW_PAGE_DEPTH - 1)].v, 0,
+			      memory_order_relaxed);
+	atomic_store_explicit(&io->page->word[RW_PW_PLAN].v, io->page_k, memory_order_release);
+}
+
 /* The decision is known: each rank's plan block into its slot, then plan = k (P2). */
 static rw_status_t pm_plan(void *mover, void *state, const rw_svc_phase_t *ph, char *why)
 {
 	(void)mover;
 	page_pair_t *pp = state;
-	const uint32_t N = ph->nodes, R = ph->rails;
+	const uint32_t R = ph->rails;
 	rw_page_plan_rail_t areas[RW_MAX_RAILS];
+	/* The local area of each rail, in order: the dispatch's local records, the combine's local
+	 * copies (each rank's rows of them), and on rail 0 the ranks' staged combine inputs, each
+	 * rank's room for every row it can receive (ipc/page.h "the plan block"). */
+	uint64_t rows_max = ph->n_in;
+	for (uint32_t r = 0; r < R; r++)
+		rows_max += local_n(ph, r);
+	pp->stage_stride = LINE_UP(rows_max * ph->row_bytes);
 	for (uint32_t r = 0; r < R; r++) {
 		if (!ph->slab[r]) {
 			snprintf(why, RW_SVC_WHY_MAX, "the group has no slabs of its own (the daemon's "
@@ -151,12 +204,18 @@ static rw_status_t pm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 			return RW_ERR_STATE;
 		}
 		areas[r] = rail_areas(ph, r);
-		const uint64_t need = (uint64_t)local_n(ph, r) * ph->rec_size;
-		const uint64_t room = ph->slab_bytes - areas[r].local_off; /* the last area */
-		if (need > room) {
-			snprintf(why, RW_SVC_WHY_MAX, "rail %u: the node's own records need %llu bytes, "
-				 "the local area of the group's slab holds %llu (raise group_area_mib)",
-				 r, (unsigned long long)need, (unsigned long long)room);
+		const uint64_t n = local_n(ph, r);
+		pp->comb_local_off[r] = areas[r].local_off + LINE_UP(n * ph->rec_size);
+		uint64_t end = pp->comb_local_off[r] + LINE_UP(ph->gpus * n * ph->crec_size);
+		if (r == 0) {
+			pp->stage_off = end;
+			end += ph->gpus * pp->stage_stride;
+		}
+		if (end > ph->slab_bytes) { /* the local area is the slab's last */
+			snprintf(why, RW_SVC_WHY_MAX, "rail %u: local records, combine copies%s: %llu "
+				 "bytes; the group's local area holds %llu (group_area_mib)", r,
+				 r ? "" : ", staging", (unsigned long long)(end - areas[r].local_off),
+				 (unsigned long long)(ph->slab_bytes - areas[r].local_off));
 			return RW_ERR_RANGE;
 		}
 	}
@@ -167,14 +226,10 @@ static rw_status_t pm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 		const rw_svc_rank_io_t *io = &ph->io[RW_SVC_DISPATCH][g];
 		page_rank_t *rk = &pp->rk[g];
 		rw_svc_rank_plan(ph, g, rows, areas, io->page_k, &rk->head, rk->tags, rk->entries);
-		uint8_t *slot = slot_of(io);
-		const rw_page_layout_t *l = &io->page_layout;
-		memcpy(slot + l->plan, &rk->head, sizeof(rk->head));
-		memcpy(slot + l->plan_rail, areas, R * sizeof(areas[0]));
-		memcpy(slot + l->plan_tag, rk->tags, N * sizeof(uint32_t));
-		memcpy(slot + l->plan_entry, rk->entries, (size_t)N * R * sizeof(rw_page_plan_entry_t));
-		/* P2: the block before the word (store-release). */
-		atomic_store_explicit(&io->page->word[RW_PW_PLAN].v, io->page_k, memory_order_release);
+		rk->head.stage_off = pp->stage_off; /* where its combine input goes (ipc/page.h) */
+		rk->head.stage_stride = pp->stage_stride;
+		plan_write(ph, io, rk, areas);
+		plan_publish(io); /* P2: the block before the word */
 	}
 	return RW_OK;
 }
@@ -193,17 +248,23 @@ static rw_status_t pm_pack(void *mover, void *state, const rw_svc_phase_t *ph,
 {
 	(void)mover, (void)d;
 	page_pair_t *pp = state;
-	if (kind != RW_SVC_DISPATCH) {
-		snprintf(why, RW_SVC_WHY_MAX, "the rank path carries no combine yet");
-		return RW_ERR_UNSUPPORTED;
-	}
-	if (pp->checked)
+	if (kind == RW_SVC_DISPATCH ? pp->checked : pp->c_checked)
 		return RW_OK;
 	for (uint32_t g = 0; g < ph->gpus; g++)
 		if (!packed(&ph->io[kind][g])) {
 			why[0] = '\0';
 			return RW_ERR_AGAIN; /* the executor passes the word on (RW_MV_OP_PACKED) */
 		}
+	if (kind == RW_SVC_COMBINE) { /* every return the gathers wrote, before one is posted */
+		const uint8_t *ret[RW_MAX_RAILS];
+		for (uint32_t r = 0; r < ph->rails; r++)
+			ret[r] = ph->send_area[kind][r];
+		rw_status_t st = rw_svc_rank_crecords_check(ph, &pp->lists, ret, why);
+		if (st != RW_OK)
+			return st;
+		pp->c_checked = 1;
+		return RW_OK;
+	}
 	const uint8_t *slab[RW_MAX_RAILS];
 	for (uint32_t r = 0; r < ph->rails; r++)
 		slab[r] = ph->slab[r];
@@ -224,8 +285,19 @@ static rw_status_t pm_arrived(void *mover, void *state, const rw_svc_phase_t *ph
 			      rw_svc_phase_kind_t kind, uint32_t src, uint32_t rail, char *why)
 {
 	(void)mover, (void)state;
-	if (kind != RW_SVC_DISPATCH)
-		return RW_ERR_UNSUPPORTED;
+	if (kind == RW_SVC_COMBINE) { /* returns: tag, source, rail and slot (the owner's reduce
+				       * reads them where the reduce list says) */
+		const uint32_t first = ph->layout->out_first[(size_t)src * ph->rails + rail];
+		for (uint32_t k = 0; k < ph->layout->out_pairs[src].quota[rail]; k++) {
+			const uint8_t *rec = ph->recv_area[kind][rail] +
+					     ((uint64_t)first + k) * ph->crec_size;
+			const rw_record_t *r;
+			rw_status_t st = rw_svc_mover_crec_read(ph, rec, src, rail, k, &r, why);
+			if (st != RW_OK)
+				return st;
+		}
+		return RW_OK;
+	}
 	const size_t i = (size_t)src * ph->rails + rail;
 	const uint32_t first = ph->layout->in_first[i];
 	int32_t ids[RW_MAX_TOPK];
@@ -282,8 +354,22 @@ static rw_status_t pm_finish(void *mover, void *state, const rw_svc_phase_t *ph,
 {
 	(void)mover;
 	page_pair_t *pp = state;
-	if (kind != RW_SVC_DISPATCH)
-		return RW_ERR_UNSUPPORTED;
+	if (kind == RW_SVC_COMBINE) { /* each owner's reduce list, then arrived = k (P4) */
+		for (uint32_t g = 0; g < ph->gpus; g++) {
+			const rw_svc_rank_io_t *io = &ph->io[kind][g];
+			uint8_t *slot = slot_of(io);
+			const rw_page_layout_t *l = &io->page_layout;
+			const rw_page_list_head_t head = { .phase = io->page_k, .count = pp->n_reduce[g],
+							   .kind = 1 };
+			memcpy(slot + l->list, &head, sizeof(head));
+			memcpy(slot + l->list_entry, pp->reduce[g],
+			       (size_t)pp->n_reduce[g] * sizeof(rw_page_list_entry_t));
+			atomic_store_explicit(&io->page->word[RW_PW_ARRIVED].v, io->page_k,
+					      memory_order_release);
+		}
+		*pending_p = ph->gpus;
+		return RW_OK;
+	}
 	rw_status_t st = lists_alloc(pp, ph);
 	if (st != RW_OK) {
 		snprintf(why, RW_SVC_WHY_MAX, "out of memory for the forward lists");
@@ -304,6 +390,57 @@ static rw_status_t pm_finish(void *mover, void *state, const rw_svc_phase_t *ph,
 				      memory_order_release);
 	}
 	*pending_p = ph->gpus;
+	return RW_OK;
+}
+
+/* Every local rank's combine input is staged: each rank's combine plan block (its returns' and
+ * local copies' places, the staging), its gather's terms (the dispatch's, kept since), then
+ * plan = k (P2); each owner's reduce list is made now, while the dispatch's send headers — the
+ * records' owners and tokens, checked before they left — are intact. */
+static rw_status_t combine_plan(page_pair_t *pp, const rw_svc_phase_t *ph, char *why)
+{
+	const uint32_t R = ph->rails;
+	const rw_svc_rank_lists_t *ls = &pp->lists;
+	rw_page_plan_rail_t areas[RW_MAX_RAILS];
+	const uint8_t *sent[RW_MAX_RAILS];
+	for (uint32_t r = 0; r < R; r++) {
+		areas[r] = (rw_page_plan_rail_t){
+			.send_off = (uint64_t)(ph->send_area[RW_SVC_COMBINE][r] - ph->slab[r]),
+			.recv_off = (uint64_t)(ph->recv_area[RW_SVC_COMBINE][r] - ph->slab[r]),
+			.local_off = pp->comb_local_off[r], .slab_bytes = ph->slab_bytes };
+		sent[r] = ph->send_area[RW_SVC_DISPATCH][r];
+	}
+	for (uint32_t g = 0; g < ph->gpus; g++) {
+		const rw_svc_rank_io_t *io = &ph->io[RW_SVC_COMBINE][g];
+		const uint32_t n_tokens = ph->io[RW_SVC_DISPATCH][g].n_tokens;
+		uint32_t *cursor = calloc((size_t)n_tokens + 1, sizeof(uint32_t));
+		if (!pp->reduce[g])
+			pp->reduce[g] = calloc((size_t)io->page_max_recv + 1, sizeof(rw_page_list_entry_t));
+		if (!cursor || !pp->reduce[g]) {
+			free(cursor);
+			snprintf(why, RW_SVC_WHY_MAX, "out of memory for the reduce lists");
+			return RW_ERR_NOMEM;
+		}
+		rw_status_t st = rw_svc_rank_reduce_list(ph, ls, sent, g, n_tokens, cursor,
+							 pp->reduce[g], io->page_max_recv,
+							 &pp->n_reduce[g], why);
+		free(cursor);
+		if (st != RW_OK)
+			return st;
+	}
+	for (uint32_t g = 0; g < ph->gpus; g++) {
+		const rw_svc_rank_io_t *io = &ph->io[RW_SVC_COMBINE][g];
+		page_rank_t *rk = &pp->rk[g];
+		rw_svc_rank_plan_combine(ph, g, ls->local_n, areas, pp->stage_off, pp->stage_stride,
+					 io->page_k, &rk->head, rk->tags, rk->entries);
+		plan_write(ph, io, rk, areas);
+		uint8_t *slot = slot_of(io);
+		const rw_page_layout_t *l = &io->page_layout;
+		memcpy(slot + l->term_off, ls->term_off[g], ((size_t)ls->n[g] + 1) * sizeof(uint32_t));
+		memcpy(slot + l->term_ref, ls->term_ref[g], (size_t)ls->n_terms[g] * sizeof(uint32_t));
+		plan_publish(io);
+	}
+	pp->c_planned = 1;
 	return RW_OK;
 }
 

@@ -12,6 +12,8 @@
  *         lie       the first phase must fail on every rank (status set, plan or arrived
  *                   raised): rank 0's pack writes a record naming a token past its tokens (a
  *                   rank whose pack lied); then the rest runs as ok
+ *         clie      the first combine must fail on every rank: rank 0's gather writes a return
+ *                   whose slot field is wrong (a rank whose gather lied); then the rest as ok
  *         one       run the first phase only and say how it ended (a survivor of a rank's
  *                   death: "one: phase 1 passed" or "one: phase 1 failed: CODE: MESSAGE")
  *         until     run phases until one fails, then say how ("until: phase K failed: CODE:
@@ -76,6 +78,15 @@ static int wait_word(unsigned w, uint64_t k)
 		nanosleep(&ts, NULL);
 	}
 	return -1;
+}
+
+/* wait_word, then phase k's status into *st_p (0, or the RW_E_* that failed it). */
+static int wait_status(unsigned w, uint64_t k, int32_t *st_p)
+{
+	CHECK(wait_word(w, k) == 0, "phase %llu: no %s", (unsigned long long)k,
+	      w == RW_PW_PLAN ? "plan" : "arrived");
+	*st_p = (int32_t)atomic_load(&pg->status[k % RW_PAGE_DEPTH].v);
+	return 0;
 }
 
 static uint32_t node_of(int32_t id) { return (uint32_t)id / per_rank / gpus; }
@@ -206,6 +217,115 @@ static int forward(const rw_wl_shape_t *sh, const uint8_t *slot, uint32_t step, 
 	return 0;
 }
 
+/* The combine that answers dispatch slot `dslot` (docs/rankpath.md "A phase", Combine), phase
+ * k: the rank's expert outputs (the workload's, for each row its dispatch list names) staged
+ * where the dispatch's plan head says, submit; after plan, the gather (each list entry's terms
+ * summed in fp32 in order, rounded once; `lie`: the first return's slot field wrong), packed;
+ * after arrived, the reduce of its own tokens in the list's order, checked against the
+ * workload's combined rows; done. *st_p: the phase's status. */
+static int combine(const rw_wl_shape_t *sh, const uint8_t *dslot, uint64_t k, uint32_t step,
+		   uint32_t layer, int bf16, int lie, int32_t *st_p, uint64_t *tokens_p)
+{
+	const rw_page_plan_head_t *dh = (const void *)(dslot + lay.plan);
+	const rw_page_list_head_t *dl = (const void *)(dslot + lay.list);
+	const rw_page_list_entry_t *de = (const void *)(dslot + lay.list_entry);
+	const rw_page_plan_rail_t *da = (const void *)(dslot + lay.plan_rail);
+	const uint32_t hidden = sh->hidden, rowb = hidden * (bf16 ? 2 : 4), h = me % gpus;
+	const uint64_t rec_size = rw_wire_rec_size(TOPK, hidden, bf16 ? RW_WIRE_BF16 : RW_WIRE_F32);
+	const uint64_t crec = rw_wire_crec_size(hidden, bf16 ? RW_WIRE_BF16 : RW_WIRE_F32);
+	float v[64], sum[64];
+	CHECK(hidden <= 64 && dh->stage_stride >= (uint64_t)dl->count * rowb, "staging stride");
+	uint8_t *stage0 = (uint8_t *)slabs[0].base + dh->stage_off;
+	for (uint32_t j = 0; j < dl->count; j++) { /* the expert outputs, staged (P1) */
+		const uint64_t base = de[j].area == RW_PAGE_AREA_RECV ? da[de[j].rail].recv_off
+								      : da[de[j].rail].local_off;
+		const uint8_t *rec = (const uint8_t *)slabs[de[j].rail].base + base +
+				     de[j].slot * rec_size;
+		rw_wire_rec_hdr_t rh;
+		CHECK(rw_wire_rec_unpack(rec, TOPK, &rh) == RW_OK, "combine row %u: header", j);
+		rw_wl_expert_row(&all[rh.src_node * gpus + rh.owner], rh.token, me, per_rank, hidden, v);
+		rw_wl_put_row(stage0 + h * dh->stage_stride + (uint64_t)j * rowb, bf16, v, hidden);
+	}
+	uint8_t *slot = rw_page_slot_at(pg, &lay, k);
+	const rw_page_params_t prm = { .kind = RW_KIND_COMBINE,
+				       .dtype = bf16 ? RW_DTYPE_BF16 : RW_DTYPE_FP32, .layer = layer,
+				       .hidden = hidden, .token_count = dl->count, .phase = k,
+				       .step = step };
+	memcpy(slot + lay.params, &prm, sizeof(prm));
+	memset(slot + lay.count_row, 0, sizeof(uint32_t) * nodes * rails);
+	word_set(RW_PW_SUBMIT, k);
+	if (wait_status(RW_PW_PLAN, k, st_p))
+		return 1;
+	if (*st_p)
+		goto done;
+	const rw_page_plan_head_t *ch = (const void *)(slot + lay.plan);
+	const uint32_t *tags = (const void *)(slot + lay.plan_tag);
+	const rw_page_plan_entry_t *ce = (const void *)(slot + lay.plan_entry);
+	const rw_page_plan_rail_t *ca = (const void *)(slot + lay.plan_rail);
+	const uint32_t *toff = (const void *)(slot + lay.term_off);
+	const uint32_t *tref = (const void *)(slot + lay.term_ref);
+	CHECK(ch->kind == 1 && ch->stage_off == dh->stage_off && ch->rec_size == crec,
+	      "combine %llu: plan head", (unsigned long long)k);
+	int lied = 0;
+	for (uint32_t j = 0; j < dl->count; j++) { /* the gather */
+		if (toff[j] == toff[j + 1])
+			continue; /* another local rank writes this one */
+		memset(sum, 0, sizeof(sum));
+		for (uint32_t t = toff[j]; t < toff[j + 1]; t++) {
+			const uint8_t *r = stage0 + RW_PAGE_TERM_RANK(tref[t]) * ch->stage_stride +
+					   (uint64_t)RW_PAGE_TERM_ROW(tref[t]) * rowb;
+			for (uint32_t e = 0; e < hidden; e++)
+				sum[e] += rw_wl_get_elem(r, bf16, e);
+		}
+		const uint32_t node = de[j].area == RW_PAGE_AREA_RECV ? de[j].node : me / gpus;
+		const rw_page_plan_entry_t *pe = &ce[node * rails + de[j].rail];
+		CHECK(de[j].slot - pe->first < pe->count, "combine %llu: entry %u has no place",
+		      (unsigned long long)k, j);
+		uint8_t *out = (uint8_t *)slabs[de[j].rail].base + pe->offset +
+			       (uint64_t)(de[j].slot - pe->first) * crec;
+		rw_wire_crec_hdr_t hd = { .tag = tags[node], .src_node = me / gpus,
+					  .rail = de[j].rail, .slot = de[j].slot - pe->first };
+		if (lie && !lied && de[j].area == RW_PAGE_AREA_RECV) {
+			hd.slot += 1000; /* a gather that lied about where its return goes */
+			lied = 1;
+		}
+		rw_wire_crec_pack(out, &hd);
+		rw_wl_put_row(out + ch->row_off, bf16, sum, hidden);
+	}
+	word_set(RW_PW_PACKED, k);
+	if (wait_status(RW_PW_ARRIVED, k, st_p))
+		return 1;
+	if (*st_p)
+		goto done;
+	const rw_page_list_head_t *rl = (const void *)(slot + lay.list);
+	const rw_page_list_entry_t *re = (const void *)(slot + lay.list_entry);
+	CHECK(rl->kind == 1, "combine %llu: reduce list kind", (unsigned long long)k);
+	uint32_t i = 0;
+	for (uint32_t t = 0; t < mine.n; t++) { /* the reduce: from +0, in list order */
+		memset(sum, 0, sizeof(sum));
+		for (; i < rl->count && re[i].token == t; i++) {
+			const uint64_t base = re[i].area == RW_PAGE_AREA_RECV ? ca[re[i].rail].recv_off
+									     : ca[re[i].rail].local_off;
+			const uint8_t *r = (const uint8_t *)slabs[re[i].rail].base + base +
+					   re[i].slot * crec + RW_WIRE_CREC_HDR;
+			for (uint32_t e = 0; e < hidden; e++)
+				sum[e] += rw_wl_get_elem(r, bf16, e);
+		}
+		uint8_t out[64 * 4];
+		rw_wl_put_row(out, bf16, sum, hidden);
+		for (uint32_t e = 0; e < hidden; e++)
+			CHECK(rw_wl_get_elem(out, bf16, e) == rw_wl_combined(&mine, t, e, hidden),
+			      "step %u layer %u token %u elem %u: combine %g, expected %g", step, layer,
+			      t, e, rw_wl_get_elem(out, bf16, e), rw_wl_combined(&mine, t, e, hidden));
+	}
+	CHECK(i == rl->count, "combine %llu: %u reduce entries past the rank's tokens",
+	      (unsigned long long)k, rl->count - i);
+	*tokens_p += mine.n;
+done:
+	word_set(RW_PW_DONE, k);
+	return 0;
+}
+
 /* --- mode lib: librailwave's rank path (rank/) on the CUDA driver $RW_CUDA_DRIVER names --- */
 typedef struct lib_rank {
 	rw_client_rank_t *rp;
@@ -311,7 +431,7 @@ int main(int argc, char **argv)
 {
 	if (argc < 10) {
 		fprintf(stderr, "usage: rw_pagerank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS "
-				"SEED [ok|lie|one|until|die-plan|die-done|lib]\n");
+				"SEED [ok|lie|clie|one|until|die-plan|die-done|lib]\n");
 		return 2;
 	}
 	me = (uint32_t)atoi(argv[3]);
@@ -371,8 +491,10 @@ int main(int argc, char **argv)
 	uint32_t row[64 * RW_CLIENT_SLAB_RAILS];
 	CHECK(nodes * rails <= sizeof(row) / sizeof(row[0]), "count row too big");
 	int expect_fail = strcmp(mode, "lie") == 0;
-	const int liar = expect_fail && me == 0, one = strcmp(mode, "one") == 0,
-		  until = strcmp(mode, "until") == 0;
+	const int liar = expect_fail && me == 0, one = strcmp(mode, "one") == 0;
+	int until = strcmp(mode, "until") == 0, expect_cfail = strcmp(mode, "clie") == 0;
+	const int clie = expect_cfail && me == 0;
+	uint64_t combined = 0;
 	for (uint32_t step = 0; step < steps; step++)
 		for (uint32_t layer = 0; layer < layers; layer++) {
 			const int bf16 = rw_wl_bf16(step, layer);
@@ -392,15 +514,15 @@ int main(int argc, char **argv)
 				fflush(stdout);
 				_exit(3);
 			}
-			CHECK(wait_word(RW_PW_PLAN, k) == 0, "phase %llu: no plan", (unsigned long long)k);
-			int32_t st = (int32_t)atomic_load(&pg->status[k % RW_PAGE_DEPTH].v);
+			int32_t st = 0;
+			if (wait_status(RW_PW_PLAN, k, &st))
+				return 1;
 			if (st == 0) {
 				if (pack(&mine, slot, bf16, sh.hidden, liar && k == 1))
 					return 1;
 				word_set(RW_PW_PACKED, k); /* P3 */
-				CHECK(wait_word(RW_PW_ARRIVED, k) == 0, "phase %llu: no arrived",
-				      (unsigned long long)k);
-				st = (int32_t)atomic_load(&pg->status[k % RW_PAGE_DEPTH].v);
+				if (wait_status(RW_PW_ARRIVED, k, &st))
+					return 1;
 			}
 			if (expect_fail || ((one || until) && st != 0)) { /* the phase failed, named */
 				CHECK(st != 0, "%s: phase %llu passed", mode, (unsigned long long)k);
@@ -428,13 +550,32 @@ int main(int argc, char **argv)
 				printf("one: phase %llu passed\n", (unsigned long long)k);
 				goto out;
 			}
-			if (until && k == 3) {
+			k++; /* the combine takes the next phase number */
+			int32_t cst = 0;
+			if (combine(&sh, slot, k, step, layer, bf16, clie && k == 2, &cst, &combined))
+				return 1;
+			if (cst != 0 && (expect_cfail || until)) {
+				printf("%s: phase %llu failed: %s: %s\n", mode, (unsigned long long)k,
+				       rw_client_strerror(cst), rw_client_last_message(c));
+				fflush(stdout);
+				expect_cfail = 0;
+				if (until)
+					goto out;
+				continue;
+			}
+			CHECK(!expect_cfail, "%s: combine %llu passed", mode, (unsigned long long)k);
+			CHECK(cst == 0, "combine %llu (step %u layer %u) failed: %s: %s",
+			      (unsigned long long)k, step, layer, rw_client_strerror(cst),
+			      rw_client_last_message(c));
+			if (until == 1 && k >= 4) {
 				printf("until: running\n");
 				fflush(stdout);
+				until = 2;
 			}
 		}
-	printf("rank %u: %u steps x %u layers dispatched on the rank path, verified (%llu rows)\n",
-	       me, steps, layers, (unsigned long long)rows);
+	printf("rank %u: %u steps x %u layers dispatched and combined on the rank path, verified "
+	       "(%llu rows, %llu tokens combined)\n", me, steps, layers, (unsigned long long)rows,
+	       (unsigned long long)combined);
 out:
 	rw_client_close(c);
 	return 0;

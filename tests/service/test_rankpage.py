@@ -22,7 +22,12 @@ that verify every row and sum) runs on the same two daemons.
 6. Dispatches on the rank path complete between the two daemons: a group of four page ranks
    (tests/integration/rw_pagerank.c: each plays its stream from the CPU — count row, submit,
    records where its plan block says, packed, its forward list read, done) over 6 phases of the
-   host job's workload, every row, its metadata and each expert's count checked against it.
+   host job's workload, every row, its metadata and each expert's count checked against it,
+   each dispatch followed by its combine (the expert outputs staged in the group's slab, the
+   gather's returns, the owner's reduce in the daemon's list order): every token's combined row
+   equal to the workload's. A rank whose gather writes a return with a wrong slot field fails
+   that combine on every rank of both nodes (RW_E_PHASE, named); the next phases pass. A group
+   whose ranks on a node mix the ring and the page: its phase fails on every rank, named.
    As an attacker: a rank whose pack writes a record with a token past its tokens fails that
    phase on every rank of both nodes (RW_E_PHASE, the log naming the rank and the record), the
    node not dropped: the group's next phases pass; a rank killed between submit and packed, and
@@ -170,7 +175,7 @@ def main():
         check("group pg rank 0 phase 2: packed moved to 2, past the daemon's plan" in c.log(0),
               "packed past plan named in the log")
 
-        phase(3, E_STATE, "layer 3 step 3: a combine on the rank path is not carried yet",
+        phase(3, E_STATE, "combine of layer 3 step 3: no dispatch of this rank waits for it",
               kind=2)
         phase(4, E_TOKENS, "count row entry (node 1, rail 1) is 3, where the rank counts "
               "nothing (not its rail)", row=row_at(nodes, rails, {(1, 1): 3}))
@@ -201,14 +206,16 @@ def main():
         check("rank page word submit went from 10 to 15" in c.log(0), "the jump named in the log")
         lib.rw_client_close(cl)
 
-        def page_job(group, layers, steps, modes=None, env=None):
-            """Every rank of `group` a page rank (rw_pagerank), in its mode (default ok)."""
+        def page_job(group, layers, steps, modes=None, env=None, ranks=None):
+            """Every rank of `group` (or those of `ranks`) a page rank (rw_pagerank), in its
+            mode (default ok)."""
             modes = modes or {}
+            ranks = range(nodes * c.gpus) if ranks is None else ranks
             return [(r, subprocess.Popen(
                 [PAGERANK, c.cfg["nodes"][r // c.gpus]["ipc_socket"], group, str(r), str(nodes),
                  str(c.gpus), str(c.experts), str(layers), str(steps), "5",
                  modes.get(r, "ok")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                env=env or c.env)) for r in range(nodes * c.gpus)]
+                env=env or c.env)) for r in ranks]
 
         def outputs(procs):
             res = {}
@@ -247,6 +254,27 @@ def main():
               [v[1].splitlines()[:1] for v in res.values()])
         check("rank 0: record 0 to node" in c.log(0) and "its token is past the rank's tokens"
               in c.log(0), "the daemon's log names the lying rank and its record")
+
+        res = outputs(page_job("clie", 1, 3, {r: "clie" for r in range(nodes * c.gpus)}))
+        passed(res, "after the gather's lie, the next phases")
+        check(all("clie: phase 2 failed: phase failed" in v[1] for v in res.values()),
+              "the lying gather's combine failed with RW_E_PHASE on every rank of both nodes: %s"
+              % [v[1][-200:] for v in res.values()])
+        check("rank 0: its combine record for node 1" in c.log(0) and "has a wrong header"
+              in c.log(0), "the daemon's log names the rank whose return was wrong")
+
+        # a node whose ranks of one group mix the ring and the page: refused, named
+        mix = page_job("mix", 1, 1, {r: "one" for r in range(nodes * c.gpus)},
+                       ranks=(0, 2, 3))
+        ring = c.rank(1, "mix", 1, 1, 5, mode="fail")  # rank 1 submits on its ring
+        res = outputs(mix)
+        ring_out = c.collect([(1, ring)])[1]
+        check("failed as expected" in ring_out and
+              all(v[0] == 0 and "one: phase 1 failed" in v[1] for v in res.values()),
+              "a group mixing ring and page ranks on a node: its phase fails on every rank "
+              "(%r, %s)" % (ring_out[-200:], {r: v[1][-120:] for r, v in res.items()}))
+        check("a group's ranks on a node take one path" in c.log(0),
+              "the mix named in the log")
 
         for mode in ("die-plan", "die-done"):
             res = outputs(page_job(mode.replace("-", ""), 1, 1,
