@@ -53,6 +53,13 @@ static void pair_close(exec_pair_t *p, int clean)
 	exec_t *x = p->x;
 	if (!exec_open(p))
 		return;
+	/* Unless every byte of its combine came, a peer may still write with its tag until that
+	 * peer's pair of it ends (a phase timeout at most): no pair here takes the tag meanwhile
+	 * (exec_plan.c), or such a write would be taken for that pair's. */
+	if (p->xchg.slot >= 0 && !(clean && p->stage == ST_FLUSH_C))
+		x->quiet[x->quiet_next++ % EXEC_QUIET_TAGS] = (exec_quiet_tag_t){
+			.tag14 = rw_wire_imm_tag(p->ph.tag_in),
+			.until = rw_now_ns() + (uint64_t)x->svc->cfg.phase_timeout_ms * 1000000ull };
 	exec_stage_move(p, ST_CLOSED);
 	ev_timer_stop(x->svc->loop, &p->timer);
 	ev_timer_stop(x->svc->loop, &p->pace);
@@ -595,7 +602,7 @@ exec_pair_t *exec_pair_by_tag(exec_t *x, uint32_t tag14)
 {
 	exec_pair_t *p;
 	rw_list_for_each(&x->pairs, p, link)
-		if (exec_open(p) && p->stage >= ST_EXCHANGE && (p->ph.tag_in & 0x3fffu) == tag14)
+		if (exec_open(p) && p->stage >= ST_EXCHANGE && rw_wire_imm_tag(p->ph.tag_in) == tag14)
 			return p;
 	return NULL;
 }

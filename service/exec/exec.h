@@ -19,6 +19,11 @@ typedef struct rw_svc_exec_hooks {
 	uint64_t chunk_bytes;        /* cap every rail write at this many bytes */
 	double write_gap_s;          /* post one write per this many seconds per pair */
 	uint32_t local_slice;        /* local-node records per idle slice */
+	/* The in-process test's attempt epochs for this node's pairs (0: a random one), so that
+	 * it can offer a pair the immediate tag of another; NULL: random. Not from the
+	 * environment. */
+	uint32_t (*epoch)(void *ctx);
+	void *epoch_ctx;
 } rw_svc_exec_hooks_t;
 
 /* Parse the hooks from the environment (envp: NULL-terminated "NAME=value"); logs a warning

@@ -44,6 +44,7 @@
 #define EXEC_LOCAL_SLICE 32u    /* local-node records per idle slice */
 #define EXEC_COUNT_SLICE 8192u  /* tokens counted (or put into records) per idle slice */
 #define EXEC_MOVERS_MAX 4
+#define EXEC_QUIET_TAGS 256     /* ended pairs' tags kept from new pairs (exec_quiet_tag_t) */
 
 /* The four sub-areas of a slot in each rail's memory; a group's carve-out has a fifth, the
  * local area of the rank path (records and rows that never leave the node). */
@@ -264,6 +265,15 @@ struct exec_pair {
 	} out;
 };
 
+/* The immediate tag of a pair that ended holding a slot before every byte of its combine came
+ * (failed, abandoned, or closed after its dispatch while draining): a peer may write with it until
+ * its own pair ends, a phase timeout at most, so no new pair here takes it until then (`until`).
+ * A ring: past EXEC_QUIET_TAGS such ends in a phase timeout, the oldest are forgotten. */
+typedef struct exec_quiet_tag {
+	uint32_t tag14;
+	uint64_t until;
+} exec_quiet_tag_t;
+
 struct rw_svc_exec {
 	rw_svc_t *svc;
 	rw_svc_mesh_t *mesh;
@@ -274,6 +284,8 @@ struct rw_svc_exec {
 	uint64_t carve_sub;          /* each of its five sub-areas: carve_bytes / 5, 64-aligned */
 	uint32_t carve_max;          /* carve-outs in the pool */
 	uint64_t *carve_put_at;      /* [carve_max]: when a left group's carve-out goes; 0: none */
+	exec_quiet_tag_t quiet[EXEC_QUIET_TAGS]; /* ring; quiet_next: the next to overwrite */
+	uint32_t quiet_next;
 	int slot_busy[EXEC_SLOTS];
 	uint64_t slot_free_at[EXEC_SLOTS];
 	rw_list_t groups;

@@ -45,6 +45,41 @@ uint32_t exec_epoch_new(uint64_t salt)
 	return (uint32_t)h ? (uint32_t)h : 1u;
 }
 
+/* Whether writes into this node tagged `tag` (an rw_wire_tag_for) could be taken for another
+ * pair's: a write finds its pair by the immediate's 14 bits of it (exec_pair_by_tag), so no two
+ * pairs here - open, closed but draining, or ended while a peer may still write with its tag
+ * (exec_quiet_tag_t) - may share them. */
+static int tag_taken(const exec_t *x, uint32_t tag)
+{
+	const uint32_t t14 = rw_wire_imm_tag(tag);
+	const exec_pair_t *q;
+	rw_list_for_each(&x->pairs, q, link)
+		if (rw_wire_imm_tag(q->ph.tag_in) == t14)
+			return 1;
+	const uint64_t now = rw_now_ns();
+	for (uint32_t i = 0; i < EXEC_QUIET_TAGS; i++)
+		if (x->quiet[i].until > now && x->quiet[i].tag14 == t14)
+			return 1;
+	return 0;
+}
+
+/* The pair's epoch: a fresh one (the test hook's while it offers one) whose tag for writes into
+ * this node no other pair here has. At most EXEC_QUIET_TAGS + the pairs here are taken of the
+ * 16384 tags, so a draw or two finds one; the bound only guards the loop. */
+static uint32_t pair_epoch(const exec_pair_t *p)
+{
+	const exec_t *x = p->x;
+	uint32_t e = 0;
+	for (uint32_t tries = 0; tries < 4096; tries++) {
+		e = x->hooks.epoch ? x->hooks.epoch(x->hooks.epoch_ctx) : 0;
+		if (!e)
+			e = exec_epoch_new(p->serial ^ ((uint64_t)tries << 20));
+		if (!tag_taken(x, rw_wire_tag_for(p->tag, e)))
+			break;
+	}
+	return e;
+}
+
 rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe)
 {
 	exec_t *x = p->x;
@@ -71,7 +106,7 @@ rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe)
 	p->xchg.params = (rw_wire_phase_params_t){
 		.n_experts = ph->n_experts, .topk = ph->topk, .hidden = ph->hidden, .dtype = ph->dtype,
 		.requested_path = force >= 0 && force < RW_PATH_COUNT ? (uint32_t)force : RW_WIRE_PATH_AUTO,
-		.epoch = exec_epoch_new(p->serial) };
+		.epoch = pair_epoch(p) };
 	ph->tag_in = rw_wire_tag_for(p->tag, p->xchg.params.epoch);
 	if (sqe->path != RW_PATH_REQ_DAEMON) /* the ranks' request wins (docs/ipc.md "Path requests") */
 		p->xchg.params.requested_path = rw_wire_path_by_ranks(sqe->path - RW_PATH_REQ_NATIVE);

@@ -267,10 +267,12 @@ typedef struct rw_wire_imm {
 	uint32_t rail;
 } rw_wire_imm_t;
 
+/* The bits of a tag an immediate carries. */
+static inline uint32_t rw_wire_imm_tag(uint32_t tag) { return tag & 0x3fffu; }
 static inline uint32_t rw_wire_imm_pack(uint32_t tag, uint32_t kind, uint32_t last, uint32_t src,
 					uint32_t rail)
 {
-	return ((tag & 0x3fffu) << 18) | ((kind & 1u) << 17) | ((last & 1u) << 16) |
+	return (rw_wire_imm_tag(tag) << 18) | ((kind & 1u) << 17) | ((last & 1u) << 16) |
 	       ((src & 0xfffu) << 4) | (rail & 0xfu);
 }
 

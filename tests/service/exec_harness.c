@@ -127,6 +127,19 @@ void expect_err(cl_t *c, uint32_t r, int err, const char *when)
 	      "%s: rank %u: status %u error %d, expected error %d", when, r, q.status, q.error, err);
 }
 
+void expect_phase_err(cl_t *c, uint32_t r, uint32_t step, uint32_t layer, const char *when)
+{
+	rw_cqe_t q = next_cqe(c, r);
+	if (q.status == RW_CQ_OK) {
+		dispatch_check(c, r, step, layer, &q);
+		combine_submit(c, r, step, layer);
+		q = next_cqe(c, r);
+	}
+	CHECK(q.status == RW_CQ_ERROR && q.error == RW_E_PHASE,
+	      "%s: rank %u: status %u error %d, expected error %d", when, r, q.status, q.error,
+	      RW_E_PHASE);
+}
+
 /* The completion must already be there (answered inside the submission, no network, no time). */
 void expect_err_now(cl_t *c, uint32_t r, int err, const char *when)
 {
@@ -135,6 +148,19 @@ void expect_err_now(cl_t *c, uint32_t r, int err, const char *when)
 }
 
 /* ---- nodes ---------------------------------------------------------------------------------------- */
+
+/* The executors' epoch hook: node n's draws go to the case's c->epoch_fn[n] while it is set. */
+typedef struct node_ref {
+	cl_t *c;
+	uint32_t n;
+} node_ref_t;
+static node_ref_t node_refs[FK_MAX_NODES];
+
+static uint32_t node_epoch(void *ctx)
+{
+	const node_ref_t *ref = ctx;
+	return ref->c->epoch_fn[ref->n] ? ref->c->epoch_fn[ref->n](ref->c->epoch_ctx[ref->n]) : 0;
+}
 
 void node_start(cl_t *c, uint32_t n)
 {
@@ -167,6 +193,10 @@ void node_start(cl_t *c, uint32_t n)
 	static const rw_svc_mover_ops_t *const movers[] = { &rw_svc_mover_cuda, &rw_svc_mover_host };
 	rw_svc_exec_hooks_t hooks;
 	rw_svc_exec_hooks_from_env(environ, &hooks);
+	node_ref_t *ref = &node_refs[n];
+	*ref = (node_ref_t){ .c = c, .n = n };
+	hooks.epoch = node_epoch;
+	hooks.epoch_ctx = ref;
 	assert_int_equal(rw_svc_exec_create(svc, movers + !c->o.cuda_mover, 2 - !c->o.cuda_mover,
 					    &hooks, &svc->exec), RW_OK);
 	assert_int_equal(rw_svc_exec_ipc_start(svc->exec), RW_OK);

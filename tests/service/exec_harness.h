@@ -88,6 +88,10 @@ typedef struct cl {
 	float *outv;
 	size_t in_bytes, out_cap, comb_in, comb_out, total;
 	uint64_t off_tok, off_ids, off_w, off_out, off_cin, off_cout;
+	/* Node n's attempt epochs come from epoch_fn[n](epoch_ctx[n]) while it is set (0 from it:
+	 * a random one); set before the pairs it should choose for open. */
+	uint32_t (*epoch_fn[FK_MAX_NODES])(void *ctx);
+	void *epoch_ctx[FK_MAX_NODES];
 } cl_t;
 
 /* The forced paths in rw_path_t order, then the selector ("auto"). */
@@ -200,6 +204,10 @@ uint32_t combine_order_check(cl_t *c, uint32_t step, uint32_t layer, int rows_fi
  * the receiver's row it had - so it cannot fail or poison the retry; docs/dataflow.md
  * "Failures"). Everything is checked exactly. */
 void retry_key(cl_t *c, uint32_t step, uint32_t layer);
+/* Rank r's phase (step, layer) failed elsewhere: its dispatch gets RW_E_PHASE, or - its node had
+ * every byte of its part before the failure reached it - completes (checked exactly) and its
+ * combine gets RW_E_PHASE. */
+void expect_phase_err(cl_t *c, uint32_t r, uint32_t step, uint32_t layer, const char *when);
 /* No failure under test may have needed a phase timeout. */
 void expect_no_timeouts(cl_t *c);
 /* After a failure that took ranks [gone, gone_end) away (a lost node's, or one rank) and answered

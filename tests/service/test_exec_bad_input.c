@@ -250,7 +250,7 @@ static void test_peer_misplaced_write(void **state)
 		      fk_client_notice(c->rk[r].c));
 	}
 	for (uint32_t r = c->G; r < c->W; r++)
-		expect_err(c, r, RW_E_PHASE, "a misplaced write of node 1");
+		expect_phase_err(c, r, 0, 0, "a misplaced write of node 1");
 	CHECK(!c->w->misplace_by, "no write was misplaced");
 	CHECK(c->w->cnt.fail_peer[0][1] == 1 && c->w->cnt.fail_peer[0][2] == 0,
 	      "node 0 did not drop node 1 (and only node 1)");
