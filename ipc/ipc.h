@@ -216,6 +216,11 @@ void rw_ipc_client_notice(rw_ipc_server_t *server, rw_ipc_client_t *client, int 
 
 const rw_ipc_client_info_t *rw_ipc_client_info(const rw_ipc_client_t *client);
 
+/* A rank-path phase starts running (busy 1) or stops (0): while any runs, the server's word
+ * poller spins instead of sleeping between scans (rw_ipc_poller_busy; counted, so each 1 is
+ * matched by one 0). No-op on a server without page rails. */
+void rw_ipc_server_pages_busy(rw_ipc_server_t *server, int busy);
+
 /* The client's rank page (ipc/page.h layout: an rw_page_head_t at its start), mapped in the
  * daemon; NULL until the rank set it up. *bytes_p: its size. Valid until client_left returns
  * (the server unmaps it once its poller stopped reading it). */

@@ -95,6 +95,12 @@ rw_status_t ipc_pages_start(rw_ipc_server_t *srv)
 	return st;
 }
 
+void rw_ipc_server_pages_busy(rw_ipc_server_t *srv, int busy)
+{
+	if (srv->poller)
+		rw_ipc_poller_busy(srv->poller, busy);
+}
+
 void ipc_pages_stop(rw_ipc_server_t *srv)
 {
 	rw_ipc_poller_destroy(srv->poller); /* joined: nothing reads a page after this */

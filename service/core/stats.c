@@ -96,6 +96,8 @@ static void answer_summary(const rw_svc_t *svc, rw_svc_buf_t *o)
 	rw_svc_buf_printf(o, "rx_prefixes %llu\ntx_piece_waits %llu\n",
 			  (unsigned long long)m->rx_prefixes, (unsigned long long)m->tx_piece_waits);
 	rw_svc_buf_printf(o, "peer_keys_refused %llu\n", (unsigned long long)m->peer_keys_refused);
+	rw_svc_buf_printf(o, "rank_path_busy %u\nrank_path_phases %llu\n", m->rank_path_busy,
+			  (unsigned long long)m->rank_path_phases);
 	rw_svc_buf_printf(o, "carve_outs %u/%u\ncarve_outs_refused %llu\n", m->carve_outs,
 			  m->carve_outs_max, (unsigned long long)m->carve_outs_refused);
 	rw_svc_buf_printf(o, "path %s\n", cfg->force_path == RW_SVC_PATH_AUTO ? "auto" :

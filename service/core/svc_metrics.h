@@ -140,6 +140,8 @@ typedef struct rw_svc_metrics {
 	/* The groups' carve-outs (docs/rankpath.md "The slab areas, lent per group"): held now (by
 	 * groups, and by pairs still draining), the pool's size, and groups that formed with the
 	 * pool spent (their pairs share the region, their ranks are lent no slabs). */
+	uint32_t rank_path_busy;     /* rank-path pairs whose running kind is in flight now */
+	uint64_t rank_path_phases;   /* rank-path phases (dispatch or combine) completed */
 	uint32_t carve_outs, carve_outs_max;
 	uint64_t carve_outs_refused;
 	rw_svc_peer_metrics_t *peer; /* [peers], owned */

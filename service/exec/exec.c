@@ -67,6 +67,7 @@ static void pair_close(exec_pair_t *p, int clean)
 	if (p->g && p->g->pair == p)
 		p->g->pair = NULL;
 	p->g = NULL;
+	exec_page_busy(p, 0);
 	if (p->mv_state)
 		p->mv->close(p->mv_mover, p->mv_state);
 	p->mv_state = NULL;
@@ -389,6 +390,10 @@ static void complete(exec_pair_t *p)
 		return;
 	}
 	p->out.page_done = 0; /* the combine's page ranks count their own done */
+	if (p->page_busy) { /* the rank path: until the combine's first submit, nothing runs */
+		x->svc->metrics.rank_path_phases++;
+		exec_page_busy(p, 0);
+	}
 	if (kind == RW_SVC_DISPATCH && !x->svc->draining) {
 		exec_stage_move(p, ST_WAIT_C);
 		ev_timer_stop(x->svc->loop, &p->timer);
@@ -774,6 +779,20 @@ void exec_on_rail_down(exec_t *x, uint32_t peer, uint32_t rail, rw_status_t st)
 				       "(%s) went down (%s): retry the phase, it runs on the other rails",
 				       rail, x->me, x->svc->cfg.nodes[x->me].name, peer,
 				       x->svc->cfg.nodes[peer].name, rw_status_str(st));
+}
+
+void exec_page_busy(exec_pair_t *p, int on)
+{
+	exec_t *x = p->x;
+	if (p->page_busy == on)
+		return;
+	p->page_busy = on;
+	if (x->ipc)
+		rw_ipc_server_pages_busy(x->ipc, on);
+	if (on)
+		x->svc->metrics.rank_path_busy++;
+	else if (x->svc->metrics.rank_path_busy)
+		x->svc->metrics.rank_path_busy--;
 }
 
 void exec_on_page_word(exec_pair_t *p, uint32_t g, unsigned word, uint64_t value)

@@ -182,6 +182,8 @@ struct exec_pair {
 	uint32_t answered;           /* local ranks already answered with an error for this key */
 	uint32_t serial;             /* names the pair in the mover's reports */
 	int carve;                   /* the carve-out it holds a reference on until freed, or -1 */
+	int page_busy;               /* its running kind has page ranks in flight: the word
+				      * poller spins (exec_page_busy) */
 	struct exec_trace_pair *tr;  /* phase trace (trace.h); NULL when off or closed */
 
 	struct {                     /* gather: local submissions per kind */
@@ -589,6 +591,9 @@ void exec_on_grant(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t wave);
 void exec_on_peer_down(exec_t *x, uint32_t peer, rw_status_t st);
 /* Rail `rail` to `peer` went down, the peer stays up: fail the pairs whose plan uses it. */
 void exec_on_rail_down(exec_t *x, uint32_t peer, uint32_t rail, rw_status_t st);
+/* The pair's running kind has page ranks in flight (on 1), or no longer (0): the IPC server's
+ * word poller spins while any pair is (rw_ipc_server_pages_busy); each change counted once. */
+void exec_page_busy(exec_pair_t *p, int on);
 /* A page rank's word (ipc/page.h RW_PW_PACKED, RW_PW_DONE) reached `value`: local rank g of
  * the pair packed (the mover's pack may go on) or is done reading (its finish counts). */
 void exec_on_page_word(exec_pair_t *p, uint32_t g, unsigned word, uint64_t value);

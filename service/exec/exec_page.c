@@ -73,6 +73,7 @@ static void page_attach(exec_member_t *mb, rw_page_head_t *pg, const rw_page_lay
 	for (int i = 0; i < 3; i++)
 		io->in[i] = (rw_svc_span_mem_t){ .dev = -1, .buf = RW_BUF_NONE };
 	io->out = io->in[0];
+	exec_page_busy(p, 1); /* from the kind's first submit to its last done */
 	exec_on_submit(p, kind, mb->local);
 }
 

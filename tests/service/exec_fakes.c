@@ -911,6 +911,12 @@ const struct rw_page_geom *rw_ipc_client_page_geom(const rw_ipc_client_t *client
 	return NULL;
 }
 
+/* No page ranks here (rw_ipc_client_page is NULL): no rank-path phase ever runs. */
+void rw_ipc_server_pages_busy(rw_ipc_server_t *server, int busy)
+{
+	(void)server, (void)busy;
+}
+
 int rw_ipc_log_churn(rw_ipc_server_t *server) /* the executor's join and leave lines: all */
 {
 	(void)server;

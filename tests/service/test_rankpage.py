@@ -289,6 +289,14 @@ def main():
             passed(outputs(page_job("after" + mode.replace("-", ""), 1, 2)),
                    "after %s, a new group's phases" % mode)
 
+        # the poller spins only while a rank-path phase runs: none runs now on either daemon
+        for n in range(nodes):
+            st = c.stats(n)
+            busy = [l for l in st.splitlines() if l.startswith("rank_path_")]
+            check("rank_path_busy 0\n" in st and "rank_path_phases 0\n" not in st,
+                  "daemon %d: no rank-path phase in flight, the completed ones counted (%s)"
+                  % (n, busy))
+
         try:
             c.collect(job)
             check(True, "the host job's 4 ranks passed every verified phase meanwhile")
