@@ -126,6 +126,8 @@ rw_status_t rw_cuda_rank_gather(const rw_cuda_ext_stream_t *s, const rw_cuda_ran
 { (void)s; (void)a; return RW_NO_CUDA; }
 rw_status_t rw_cuda_rank_reduce(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_reduce_t *a)
 { (void)s; (void)a; return RW_NO_CUDA; }
+rw_status_t rw_cuda_copy_ext(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_t d, rw_cuda_dptr_t r, size_t n)
+{ (void)s; (void)d; (void)r; (void)n; return RW_NO_CUDA; }
 rw_status_t rw_cuda_route_count_ext(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_t i, uint32_t n,
 				    uint32_t k, uint32_t e, uint32_t nodes, uint32_t rails, uint32_t rail,
 				    rw_cuda_dptr_t row, rw_cuda_dptr_t bad)

@@ -54,6 +54,12 @@ typedef struct rw_cuda_list_entry {
 
 enum { RW_CUDA_AREA_RECV = 0, RW_CUDA_AREA_LOCAL = 1, RW_CUDA_AREAS = 2 };
 
+/* One rail's areas in a plan block (ipc/page.h rw_page_plan_rail_t, 32 bytes): byte offsets from
+ * the start of the group's slab of that rail. */
+typedef struct rw_cuda_plan_rail {
+	uint64_t send_off, recv_off, local_off, slab_bytes;
+} rw_cuda_plan_rail_t;
+
 /* rw_cuda_rank_pack */
 typedef struct rw_cuda_rank_pack {
 	uint64_t x, ids, weights;   /* the rank's tokens, top-k ids (int32 or int64), f32 weights */
@@ -111,6 +117,12 @@ typedef struct rw_cuda_rank_reduce {
 	uint64_t area[RW_CUDA_AREAS][RW_CUDA_RANK_RAILS];
 	uint64_t out;               /* n_tokens rows */
 	uint64_t status, err;
+	/* 0, or the combine plan block's rw_cuda_plan_rail_t[rails] (read in place, after the
+	 * caller's wait, as the list is): an entry on rail r is then at slab[r] + that rail's
+	 * local_off (LOCAL) or recv_off (RECV) + slot x crec_size, area[] unused — the combine's
+	 * local areas are decided by the daemon after the caller enqueued the kernel. */
+	uint64_t plan_rail;
+	uint64_t slab[RW_CUDA_RANK_RAILS];
 	uint32_t cap;               /* entries list_n may say at most */
 	uint32_t n_tokens, hidden, dtype, rails;
 	uint32_t crec_size;         /* set by the wrapper: a combine row sits at slot x crec_size +

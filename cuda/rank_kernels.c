@@ -23,7 +23,7 @@ _Static_assert(sizeof(rw_cuda_list_entry_t) == 16, "list entry layout");
 _Static_assert(sizeof(rw_cuda_rank_pack_t) == 240, "pack block layout");
 _Static_assert(sizeof(rw_cuda_rank_forward_t) == 376, "forward block layout");
 _Static_assert(sizeof(rw_cuda_rank_gather_t) == 360, "gather block layout");
-_Static_assert(sizeof(rw_cuda_rank_reduce_t) == 320, "reduce block layout");
+_Static_assert(sizeof(rw_cuda_rank_reduce_t) == 456, "reduce block layout");
 
 static const char *const rank_names[RW_RK_COUNT] = {
 	[RW_RK_PACK_INDEX] = "rw_rank_pack_index", [RW_RK_PACK_ROWS] = "rw_rank_pack_rows",
@@ -190,7 +190,8 @@ rw_status_t rw_cuda_rank_reduce(const rw_cuda_ext_stream_t *s, const rw_cuda_ran
 	    a->rails > RW_CUDA_RANK_RAILS || a->list_n == 0 || !aligned(a->list_n, 4) ||
 	    a->err == 0 || !aligned(a->err, 4) || !aligned(a->status, 4) ||
 	    !areas_ok(a->area, a->rails) || (a->cap && (a->list == 0 || !aligned(a->list, 4))) ||
-	    (a->n_tokens && (a->out == 0 || !aligned(a->out, dtype_bytes(a->dtype)))))
+	    (a->n_tokens && (a->out == 0 || !aligned(a->out, dtype_bytes(a->dtype)))) ||
+	    (a->plan_rail && (!aligned(a->plan_rail, 8) || !rails_ok(a->slab, a->rails))))
 		return RW_ERR_INVAL;
 	if (a->n_tokens == 0)
 		return RW_OK;

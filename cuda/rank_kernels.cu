@@ -18,7 +18,7 @@ static_assert(sizeof(rw_cuda_list_entry_t) == 16, "list entry layout");
 static_assert(sizeof(rw_cuda_rank_pack_t) == 240, "pack block layout");
 static_assert(sizeof(rw_cuda_rank_forward_t) == 376, "forward block layout");
 static_assert(sizeof(rw_cuda_rank_gather_t) == 360, "gather block layout");
-static_assert(sizeof(rw_cuda_rank_reduce_t) == 320, "reduce block layout");
+static_assert(sizeof(rw_cuda_rank_reduce_t) == 456, "reduce block layout");
 
 // ---- common pieces -------------------------------------------------------------------------
 
@@ -464,6 +464,20 @@ extern "C" __global__ void __launch_bounds__(SUM_THREADS) rw_rank_gather(const r
 	}
 }
 
+// A reduce list entry's combine record: a LOCAL one where the combine plan's rail areas put the
+// combine's local area (read in place, after the stream's wait), when the block names them.
+__device__ __forceinline__ uint64_t reduce_addr(const rw_cuda_rank_reduce_t &a,
+						const rw_cuda_list_entry_t &le)
+{
+	if (!a.plan_rail)
+		return list_addr(a.area, a.rails, le, a.crec_size);
+	if (le.area >= RW_CUDA_AREAS || le.rail >= a.rails)
+		return 0;
+	const rw_cuda_plan_rail_t &pr = reinterpret_cast<const rw_cuda_plan_rail_t *>(a.plan_rail)[le.rail];
+	return a.slab[le.rail] + (le.area == RW_CUDA_AREA_LOCAL ? pr.local_off : pr.recv_off) +
+	       (uint64_t)le.slot * a.crec_size;
+}
+
 // The reduce: one block per owner token. The list is sorted by token, so token t's terms are
 // the range a binary search finds; block 0 also checks the order (a list out of order: E_REF).
 extern "C" __global__ void __launch_bounds__(SUM_THREADS) rw_rank_reduce(const rw_cuda_rank_reduce_t a)
@@ -504,7 +518,7 @@ extern "C" __global__ void __launch_bounds__(SUM_THREADS) rw_rank_reduce(const r
 		}
 		bool bad = false;
 		for (uint32_t k = j0 + threadIdx.x; k < j1; k += blockDim.x) {
-			const uint64_t at = list_addr(a.area, a.rails, list[k], a.crec_size);
+			const uint64_t at = reduce_addr(a, list[k]);
 			taddr[k - j0] = at ? at + RW_WIRE_CREC_HDR : 0;
 			bad |= !at;
 		}

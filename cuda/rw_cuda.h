@@ -362,6 +362,11 @@ int rw_cuda_words_supported(int device);
 rw_status_t rw_cuda_word_write(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_t addr, uint64_t value);
 rw_status_t rw_cuda_word_wait(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_t addr, uint64_t value);
 
+/* An async copy of `bytes` from src to dst on a caller's stream (device memory, or host memory
+ * mapped with rw_cuda_host_register_mapped, on either side). */
+rw_status_t rw_cuda_copy_ext(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_t dst, rw_cuda_dptr_t src,
+			     size_t bytes);
+
 /* rw_cuda_route_count on a caller's stream (the rank path's count kernel, launched in the rank's
  * own process: docs/rankpath.md "A phase"). Same arguments and errors; RW_ERR_INVAL also for a
  * device this process does not have. */

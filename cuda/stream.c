@@ -124,6 +124,19 @@ rw_status_t rw_cuda_copy_dtod_async(rw_cuda_stream_t *s, rw_cuda_dptr_t dst, rw_
 	return res == CUDA_SUCCESS ? RW_OK : rw_cu_fail(res, "cuMemcpyDtoDAsync");
 }
 
+rw_status_t rw_cuda_copy_ext(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_t dst, rw_cuda_dptr_t src,
+			     size_t bytes)
+{
+	if (s == NULL || dst == 0 || src == 0)
+		return RW_ERR_INVAL;
+	rw_status_t st = rw_cu_enter(s->device);
+	if (st != RW_OK)
+		return st;
+	CUresult res = rw_cu.cuMemcpyDtoDAsync((CUdeviceptr)dst, (CUdeviceptr)src, bytes,
+					       (CUstream)(uintptr_t)s->handle);
+	return res == CUDA_SUCCESS ? RW_OK : rw_cu_fail(res, "cuMemcpyDtoDAsync");
+}
+
 rw_status_t rw_cuda_memset_async(rw_cuda_stream_t *s, rw_cuda_dptr_t dst, uint8_t value,
 				 size_t bytes)
 {

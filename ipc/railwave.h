@@ -382,8 +382,8 @@ int rw_client_group_slab(rw_client_t *client, uint32_t rail, rw_client_slab_t *s
  * phase on its own stream: librailwave loads the CUDA driver at run time (dlopen; a CPU-only
  * rank never needs it), launches the kernels in this process on the caller's stream and
  * hands off to the daemon through words of the rank page. Nothing here waits for the GPU or
- * makes a system call on a phase's path. Built so far (docs/rankpath.md "Status"): dispatch, eager
- * mode; the combine comes next.
+ * makes a system call on a phase's path. Built so far (docs/rankpath.md "Status"): dispatch and
+ * combine, eager mode.
  *
  * Threads: an rw_client_rank_t is not locked; one thread makes its calls. It keeps the
  * rw_client_t it was opened on, which must outlive it (close the rank path first). */
@@ -460,6 +460,27 @@ typedef struct rw_client_rank_dispatch {
  * every later call answers RW_E_CUDA. */
 int rw_client_rank_dispatch(rw_client_rank_t *rank, const rw_client_stream_t *stream,
 			    const rw_client_rank_dispatch_t *d, uint64_t *phase_p);
+
+/* The combine of one dispatch, eager mode: this rank gives back one row per row it received
+ * (its expert outputs, already reduced over its own experts), and gets each of its dispatched
+ * tokens' combined row: the fp32 sum of every row given back for it, rounded once (docs/dataflow.md
+ * "Combine"). Addresses as for the dispatch; dtype and hidden are the dispatch's. */
+typedef struct rw_client_rank_combine {
+	uint64_t dispatch;     /* the phase number of the dispatch this answers */
+	uint64_t rows;         /* [recv_tokens of that dispatch][hidden]: row j for received row j */
+	uint64_t out;          /* [token_count of that dispatch][hidden]: the combined rows */
+} rw_client_rank_combine_t;
+
+/* Enqueue the combine of dispatch c->dispatch as phase *phase_p (the next number) and return
+ * without waiting: a copy of the rows into this rank's staging area in the group's slab (where
+ * the dispatch's plan said), submit = k, a wait for plan, the gather kernel (the combine records
+ * of the records this rank received, several local ranks' rows summed), packed = k, a wait for
+ * arrived, the reduce kernel (each token's rows from the daemon's list into out), done = k.
+ * RW_E_STATE: that dispatch did not complete with 0 (rw_client_rank_wait), was combined already,
+ * or is too old (its slot was reused: combine within 3 phases of it); the other errors as for
+ * rw_client_rank_dispatch. */
+int rw_client_rank_combine(rw_client_rank_t *rank, const rw_client_stream_t *stream,
+			   const rw_client_rank_combine_t *c, uint64_t *phase_p);
 
 /* How a completed phase ended besides its code. */
 typedef struct rw_client_rank_done {

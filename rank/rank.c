@@ -298,6 +298,82 @@ static void dispatch_blocks(const rw_client_rank_t *r, uint64_t k,
 	}
 }
 
+/* What every phase checks before it takes slot k: the rank path usable, the daemon there. */
+static int phase_open(rw_client_rank_t *r, const char *what, uint64_t k)
+{
+	if (r->broken)
+		return say(r->msg, r->broken, "%s: the rank path is broken (an enqueue failed after a "
+			   "submit)", what);
+	/* Only a lost daemon's owed words (rw_page_daemon_lost) put plan this far past every
+	 * phase submitted. */
+	if ((int64_t)(word_load(r, RW_PW_PLAN) - (k - 1)) >= (int64_t)(RW_PAGE_OWED_AHEAD / 2))
+		return say(r->msg, RW_E_CLOSED, "%s: the daemon is gone", what);
+	return 0;
+}
+
+/* Slot k's parameters, its count row and line cleared, ordered before the enqueue (P1). */
+static void slot_write(rw_client_rank_t *r, uint64_t k, const rw_page_params_t *p)
+{
+	uint8_t *slot = (uint8_t *)r->pg + slot_off(r, k);
+	*(rw_page_params_t *)(slot + r->layout.params) = *p;
+	memset(slot + r->layout.count_row, 0, (size_t)r->pg->nodes * r->pg->rails * sizeof(uint32_t));
+	memset(&r->lines[k % D], 0, sizeof(r->lines[0]));
+	atomic_thread_fence(memory_order_release); /* P1: the slot before the enqueue */
+}
+
+typedef rw_status_t (*launch_fn)(const rw_cuda_ext_stream_t *s, const void *block);
+static rw_status_t pack_fn(const rw_cuda_ext_stream_t *s, const void *b)
+{
+	return rw_cuda_rank_pack(s, b);
+}
+static rw_status_t forward_fn(const rw_cuda_ext_stream_t *s, const void *b)
+{
+	return rw_cuda_rank_forward(s, b);
+}
+static rw_status_t gather_fn(const rw_cuda_ext_stream_t *s, const void *b)
+{
+	return rw_cuda_rank_gather(s, b);
+}
+static rw_status_t reduce_fn(const rw_cuda_ext_stream_t *s, const void *b)
+{
+	return rw_cuda_rank_reduce(s, b);
+}
+
+/* After what the stream does before submit (its status `pre`): submit = k, then the daemon plans
+ * (P2); kernel `a` writes this rank's records where the plan puts them, then packed (P3); the
+ * daemon posts, the peers' records arrive, it lists this rank's (P4); kernel `b` reads them out;
+ * done (P5): the slot and the receive areas are free. */
+static int phase_enqueue(rw_client_rank_t *r, const rw_cuda_ext_stream_t *es, uint64_t k,
+			 rw_status_t pre, const char *what, launch_fn a, const void *ab, launch_fn b,
+			 const void *bb)
+{
+	rw_status_t st = pre;
+	if (st == RW_OK)
+		st = rw_cuda_word_write(es, word_dev(r, RW_PW_SUBMIT), k);
+	if (st != RW_OK)
+		return say(r->msg, RW_E_CUDA, "%s: enqueueing its first work or submit failed (%s)",
+			   what, rw_status_str(st));
+	r->next = k + 1; /* submitted: k is spent whatever follows */
+	st = rw_cuda_word_wait(es, word_dev(r, RW_PW_PLAN), k);
+	if (st == RW_OK)
+		st = a(es, ab);
+	if (st == RW_OK)
+		st = rw_cuda_word_write(es, word_dev(r, RW_PW_PACKED), k);
+	if (st == RW_OK)
+		st = rw_cuda_word_wait(es, word_dev(r, RW_PW_ARRIVED), k);
+	if (st == RW_OK)
+		st = b(es, bb);
+	if (st == RW_OK)
+		st = rw_cuda_word_write(es, word_dev(r, RW_PW_DONE), k);
+	if (st != RW_OK) {
+		r->broken = RW_E_CUDA;
+		return say(r->msg, RW_E_CUDA, "%s: phase %llu was submitted but enqueueing its "
+			   "kernels or words failed (%s): the rank path is broken", what,
+			   (unsigned long long)k, rw_status_str(st));
+	}
+	return 0;
+}
+
 int rw_client_rank_dispatch(rw_client_rank_t *r, const rw_client_stream_t *s,
 			    const rw_client_rank_dispatch_t *d, uint64_t *phase_p)
 {
@@ -305,69 +381,126 @@ int rw_client_rank_dispatch(rw_client_rank_t *r, const rw_client_stream_t *s,
 		return RW_E_INVAL;
 	if (!s || !d || !phase_p)
 		return say(r->msg, RW_E_INVAL, "dispatch: NULL argument");
-	if (r->broken)
-		return say(r->msg, r->broken, "dispatch: the rank path is broken (an enqueue failed "
-			   "after a submit)");
 	const uint64_t k = r->next;
-	/* Only a lost daemon's owed words (rw_page_daemon_lost) put plan this far past every
-	 * phase submitted. */
-	if ((int64_t)(word_load(r, RW_PW_PLAN) - (k - 1)) >= (int64_t)(RW_PAGE_OWED_AHEAD / 2))
-		return say(r->msg, RW_E_CLOSED, "dispatch: the daemon is gone");
-	int rc = check_dispatch(r, s, d);
+	int rc = phase_open(r, "dispatch", k);
+	if (rc == 0)
+		rc = check_dispatch(r, s, d);
 	if (rc == 0)
 		rc = take_slot(r, k);
 	if (rc)
 		return rc;
-
-	const uint32_t nodes = r->pg->nodes, rails = r->pg->rails;
-	uint8_t *slot = (uint8_t *)r->pg + slot_off(r, k);
-	const rw_cuda_dptr_t slot_dev = r->dptr + slot_off(r, k);
-	rw_page_params_t *p = (rw_page_params_t *)(slot + r->layout.params);
-	*p = (rw_page_params_t){ .kind = RW_KIND_DISPATCH, .dtype = d->dtype, .topk = d->topk,
-				 .layer = d->layer, .hidden = d->hidden, .n_experts = d->n_experts,
-				 .token_count = d->token_count, .path = d->path, .phase = k,
-				 .step = d->step };
-	memset(slot + r->layout.count_row, 0, (size_t)nodes * rails * sizeof(uint32_t));
-	memset(&r->lines[k % D], 0, sizeof(r->lines[0]));
-	atomic_thread_fence(memory_order_release); /* P1: the slot before the enqueue */
-
+	const rw_page_params_t p = { .kind = RW_KIND_DISPATCH, .dtype = d->dtype, .topk = d->topk,
+				     .layer = d->layer, .hidden = d->hidden,
+				     .n_experts = d->n_experts, .token_count = d->token_count,
+				     .path = d->path, .phase = k, .step = d->step };
+	slot_write(r, k, &p);
 	const rw_cuda_ext_stream_t es = { .device = s->device, .handle = s->handle };
+	const rw_cuda_dptr_t slot_dev = r->dptr + slot_off(r, k);
 	rw_status_t st = rw_cuda_route_count_ext(&es, d->topk_ids, d->token_count, d->topk,
-						 d->n_experts, nodes, rails, r->pg->rail,
-						 slot_dev + r->layout.count_row,
+						 d->n_experts, r->pg->nodes, r->pg->rails,
+						 r->pg->rail, slot_dev + r->layout.count_row,
 						 slot_dev + r->layout.params +
 							 offsetof(rw_page_params_t, bad));
-	if (st == RW_OK)
-		st = rw_cuda_word_write(&es, word_dev(r, RW_PW_SUBMIT), k);
-	if (st != RW_OK)
-		return say(r->msg, RW_E_CUDA, "dispatch: enqueueing the count kernel or submit failed "
-			   "(%s)", rw_status_str(st));
-	r->next = k + 1; /* submitted: k is spent whatever follows */
-	/* The daemon plans (P2); the pack writes this rank's records where the plan puts them,
-	 * then packed (P3); the daemon posts, the peers' records arrive, it lists this rank's
-	 * (P4); the forward copies them out; done (P5): the slot and receive areas are free. */
 	rw_cuda_rank_pack_t pk;
 	rw_cuda_rank_forward_t fw;
 	dispatch_blocks(r, k, d, &pk, &fw);
-	st = rw_cuda_word_wait(&es, word_dev(r, RW_PW_PLAN), k);
-	if (st == RW_OK)
-		st = rw_cuda_rank_pack(&es, &pk);
-	if (st == RW_OK)
-		st = rw_cuda_word_write(&es, word_dev(r, RW_PW_PACKED), k);
-	if (st == RW_OK)
-		st = rw_cuda_word_wait(&es, word_dev(r, RW_PW_ARRIVED), k);
-	if (st == RW_OK)
-		st = rw_cuda_rank_forward(&es, &fw);
-	if (st == RW_OK)
-		st = rw_cuda_word_write(&es, word_dev(r, RW_PW_DONE), k);
-	if (st != RW_OK) {
-		r->broken = RW_E_CUDA;
-		return say(r->msg, RW_E_CUDA, "dispatch: phase %llu was submitted but enqueueing its "
-			   "kernels or words failed (%s): the rank path is broken", (unsigned long long)k,
-			   rw_status_str(st));
+	rc = phase_enqueue(r, &es, k, st, "dispatch", pack_fn, &pk, forward_fn, &fw);
+	if (rc == 0)
+		*phase_p = k;
+	return rc;
+}
+
+/* The gather's and reduce's blocks for combine phase k of dispatch kd: the dispatch's forward
+ * list (its slot, intact until phase kd + D), the combine's plan entries, tags and terms, the
+ * local ranks' staged rows (where the dispatch's plan said); the reduce reads the combine's
+ * receive and local areas from its plan block's rails in place (decided after this call). */
+static void combine_blocks(const rw_client_rank_t *r, uint64_t k, uint64_t kd,
+			   const rw_page_params_t *dp, const rw_page_plan_head_t *dh,
+			   const rw_client_rank_combine_t *c, rw_cuda_rank_gather_t *ga,
+			   rw_cuda_rank_reduce_t *re)
+{
+	const rw_page_head_t *pg = r->pg;
+	const rw_cuda_dptr_t slot = r->dptr + slot_off(r, k), dslot = r->dptr + slot_off(r, kd);
+	const rw_cuda_dptr_t status = r->dptr + offsetof(rw_page_head_t, status) +
+				      (k % D) * sizeof(rw_page_line_t);
+	const rw_cuda_dptr_t line = (rw_cuda_dptr_t)(uintptr_t)&r->lines[k % D];
+	*ga = (rw_cuda_rank_gather_t){
+		.list = dslot + r->layout.list_entry,
+		.list_n = dslot + r->layout.list + offsetof(rw_page_list_head_t, count),
+		.entry = slot + r->layout.plan_entry, .tags = slot + r->layout.plan_tag,
+		.term_off = slot + r->layout.term_off, .terms = slot + r->layout.term_ref,
+		.status = status, .err = line + offsetof(rw_rank_line_t, err), .cap = pg->max_recv,
+		.n_terms = pg->gpus * pg->max_recv, .hidden = dp->hidden,
+		.dtype = cuda_dtype(dp->dtype), .nodes = pg->nodes, .rails = pg->rails,
+		.me = pg->node, .g = pg->owner };
+	*re = (rw_cuda_rank_reduce_t){
+		.list = slot + r->layout.list_entry,
+		.list_n = slot + r->layout.list + offsetof(rw_page_list_head_t, count),
+		.out = c->out, .status = status, .err = line + offsetof(rw_rank_line_t, err),
+		.plan_rail = slot + r->layout.plan_rail, .cap = pg->max_recv,
+		.n_tokens = dp->token_count, .hidden = dp->hidden, .dtype = cuda_dtype(dp->dtype),
+		.rails = pg->rails };
+	for (uint32_t g = 0; g < pg->gpus && g < RW_CUDA_RANK_GPUS; g++)
+		ga->rows[g] = r->slab[0].dptr + dh->stage_off + g * dh->stage_stride;
+	for (uint32_t e = 0; e < r->n_slabs; e++)
+		ga->slab[e] = re->slab[e] = r->slab[e].dptr;
+}
+
+int rw_client_rank_combine(rw_client_rank_t *r, const rw_client_stream_t *s,
+			   const rw_client_rank_combine_t *c, uint64_t *phase_p)
+{
+	if (!r)
+		return RW_E_INVAL;
+	if (!s || !c || !phase_p)
+		return say(r->msg, RW_E_INVAL, "combine: NULL argument");
+	const uint64_t k = r->next, kd = c->dispatch;
+	int rc = phase_open(r, "combine", k);
+	if (rc)
+		return rc;
+	if (s->reserved || s->device != r->device)
+		return say(r->msg, RW_E_INVAL, "combine: a reserved field is not 0, or the stream is "
+			   "not on the rank path's device %d", r->device);
+	rw_rank_result_t *kept = &r->kept[kd % RW_RANK_KEPT];
+	const rw_page_params_t *dp = slot_params(r, kd);
+	if (kd == 0 || kd >= k || k - kd >= D || kept->phase != kd || kept->error ||
+	    kept->combined || dp->kind != RW_KIND_DISPATCH || dp->phase != kd)
+		return say(r->msg, RW_E_STATE, "combine: phase %llu is not a dispatch of this rank "
+			   "that completed with 0 (rw_client_rank_wait), not combined yet, within %u "
+			   "phases", (unsigned long long)kd, D - 1);
+	const rw_page_plan_head_t dh = *(const rw_page_plan_head_t *)((const uint8_t *)r->pg +
+								    slot_off(r, kd) + r->layout.plan);
+	const uint64_t row_bytes = (uint64_t)dp->hidden * (dp->dtype == RW_DTYPE_BF16 ? 2 : 4);
+	const uint64_t staged = kept->recv_n * row_bytes;
+	if (r->n_slabs < r->pg->rails || dh.phase != kd || staged > dh.stage_stride ||
+	    dh.stage_off + (uint64_t)r->pg->gpus * dh.stage_stride > r->slab[0].lent.bytes)
+		return say(r->msg, RW_E_BADREPLY, "combine: dispatch %llu's plan names no staging "
+			   "area that holds this rank's %u rows in the group's slab",
+			   (unsigned long long)kd, kept->recv_n);
+	if ((kept->recv_n && (c->rows == 0 || c->rows % 16)) ||
+	    (dp->token_count && (c->out == 0 || c->out % 16)))
+		return say(r->msg, RW_E_INVAL, "combine: rows or out is not a 16-byte aligned device "
+			   "address");
+	rc = take_slot(r, k);
+	if (rc)
+		return rc;
+	const rw_page_params_t p = { .kind = RW_KIND_COMBINE, .dtype = dp->dtype, .topk = dp->topk,
+				     .layer = dp->layer, .hidden = dp->hidden,
+				     .n_experts = dp->n_experts, .token_count = kept->recv_n,
+				     .path = dp->path, .phase = k, .step = dp->step };
+	rw_cuda_rank_gather_t ga;
+	rw_cuda_rank_reduce_t re;
+	combine_blocks(r, k, kd, dp, &dh, c, &ga, &re);
+	slot_write(r, k, &p);
+	const rw_cuda_ext_stream_t es = { .device = s->device, .handle = s->handle };
+	rw_status_t st = RW_OK; /* this rank's rows into its staging area, before submit (P1) */
+	if (staged)
+		st = rw_cuda_copy_ext(&es, ga.rows[r->pg->owner], c->rows, staged);
+	rc = phase_enqueue(r, &es, k, st, "combine", gather_fn, &ga, reduce_fn, &re);
+	if (rc == 0) {
+		kept->combined = 1;
+		*phase_p = k;
 	}
-	*phase_p = k;
-	return 0;
+	return rc;
 }
 
 static int64_t now_us(void)

@@ -25,6 +25,7 @@ typedef struct rw_rank_result {
 	uint32_t bad;          /* the count kernel's bad word (1 + token), RW_E_TOKENS */
 	uint32_t recv_n, overflow; /* the forward's rows written and dropped */
 	uint32_t err, err_detail;  /* the kernels' error word (RW_CUDA_RANK_E_*) */
+	int combined;              /* a dispatch whose combine was enqueued */
 } rw_rank_result_t;
 
 /* One rail's slab of the group as the rank path holds it (rank/slabs.c). */

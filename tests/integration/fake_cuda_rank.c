@@ -309,6 +309,18 @@ static void gather(const rw_cuda_rank_gather_t *a)
 	}
 }
 
+/* As rank_kernels.cu's reduce_addr: a LOCAL entry in the combine plan's local area when named. */
+static uint64_t reduce_addr(const rw_cuda_rank_reduce_t *a, const rw_cuda_list_entry_t *le)
+{
+	if (!a->plan_rail)
+		return list_addr(a->area, a->rails, le, a->crec_size);
+	if (le->area >= RW_CUDA_AREAS || le->rail >= a->rails)
+		return 0;
+	const rw_cuda_plan_rail_t *pr = (const rw_cuda_plan_rail_t *)at(a->plan_rail) + le->rail;
+	return a->slab[le->rail] + (le->area == RW_CUDA_AREA_LOCAL ? pr->local_off : pr->recv_off) +
+	       (uint64_t)le->slot * a->crec_size;
+}
+
 static void reduce(const rw_cuda_rank_reduce_t *a)
 {
 	if (failed(a->status))
@@ -329,7 +341,7 @@ static void reduce(const rw_cuda_rank_reduce_t *a)
 		uint32_t cnt = 0;
 		int bad = 0;
 		for (; i < n && list[i].token == t; i++) {
-			uint64_t addr = list_addr(a->area, a->rails, &list[i], a->crec_size);
+			uint64_t addr = reduce_addr(a, &list[i]);
 			rows[cnt++] = addr + RW_WIRE_CREC_HDR;
 			bad |= !addr;
 		}

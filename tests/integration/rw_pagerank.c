@@ -22,11 +22,13 @@
  *         die-plan  submit the first phase, then exit without packing (a rank killed between
  *                   submit and packed)
  *         die-done  run the first phase up to arrived, then exit without done
- *         lib       every dispatch through librailwave's rank path (rw_client_rank_open,
- *                   rw_client_rank_dispatch, rw_client_rank_wait: the count, pack and forward
+ *         lib       every dispatch and its combine through librailwave's rank path
+ *                   (rw_client_rank_open, rw_client_rank_dispatch, rw_client_rank_combine,
+ *                   rw_client_rank_wait: the count, pack, forward, gather and reduce
  *                   kernels on a stream of the CUDA driver $RW_CUDA_DRIVER names, the kernel
- *                   stand-in in CI), its outputs (rows, metadata, per-expert counts) checked as
- *                   above; exit 77 where the library has no rank path
+ *                   stand-in in CI), its outputs (rows, metadata, per-expert counts, every
+ *                   token's combined row) checked as above; exit 77 where the library has no
+ *                   rank path
  * Output: "rank R: S steps x L layers dispatched on the rank path, verified (N rows)"; for lie
  * also "lie: phase K failed: CODE: MESSAGE"; for die-*: "dying at ..." before it exits 3. */
 #include <stdatomic.h>
@@ -365,7 +367,7 @@ static int lib_open(rw_client_t *c, lib_rank_t *lr)
 /* One dispatch through rw_client_rank_dispatch, its outputs checked as the CPU path's. Returns
  * 0 with *st_p the phase's code (0 passed), or 1 on a check that failed. */
 static int lib_phase(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uint32_t layer,
-		     uint64_t *k_p, int *st_p, uint64_t *rows_p)
+		     uint64_t *k_p, int *st_p, uint64_t *rows_p, uint32_t *recv_p)
 {
 	const int bf16 = rw_wl_bf16(step, layer);
 	const uint32_t row = sh->hidden * (bf16 ? 2 : 4), cap = world * MAX_ROWS;
@@ -416,6 +418,48 @@ static int lib_phase(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uin
 	if (counts_check(got, ecount) || counts_check(counts, ecount))
 		return 1;
 	*rows_p += expect;
+	*recv_p = expect;
+	return 0;
+}
+
+/* The combine of dispatch kd through rw_client_rank_combine: for each of its n received rows
+ * (their sources in the metadata lib_phase left in lr->host) the workload's expert output, then
+ * every token's combined row checked against the workload's. *st_p: the phase's code. */
+static int lib_combine(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uint32_t layer,
+		       uint64_t kd, uint32_t n, int *st_p, uint64_t *tokens_p)
+{
+	const int bf16 = rw_wl_bf16(step, layer);
+	const uint32_t row = sh->hidden * (bf16 ? 2 : 4), cap = world * MAX_ROWS;
+	const uint8_t *meta = lr->host + (size_t)cap * HIDDEN * 4;
+	float v[64];
+	CHECK(sh->hidden <= 64, "hidden");
+	for (uint32_t j = 0; j < n; j++) {
+		uint32_t src_rank, token;
+		memcpy(&src_rank, meta + (size_t)j * META + 4, 4);
+		memcpy(&token, meta + (size_t)j * META + 8, 4);
+		rw_wl_expert_row(&all[src_rank], token, me, per_rank, sh->hidden, v);
+		rw_wl_put_row(lr->host + (size_t)j * row, bf16, v, sh->hidden);
+	}
+	CHECK(!n || rw_cuda_memcpy_htod(0, lr->recv_x, lr->host, (size_t)n * row) == RW_OK,
+	      "expert rows to the device");
+	const rw_client_rank_combine_t cb = { .dispatch = kd, .rows = lr->recv_x, .out = lr->x };
+	uint64_t k = 0;
+	int rc = rw_client_rank_combine(lr->rp, &lr->cs, &cb, &k);
+	CHECK(rc == 0, "combine: %s: %s", rw_client_strerror(rc), rw_client_rank_message(lr->rp));
+	*st_p = rw_client_rank_wait(lr->rp, k, WAIT_S * 1000, NULL);
+	CHECK(*st_p != RW_E_TIMEOUT, "combine %llu: not done", (unsigned long long)k);
+	if (*st_p)
+		return 0;
+	CHECK(!mine.n || rw_cuda_memcpy_dtoh(0, lr->host, lr->x, (size_t)mine.n * row) == RW_OK,
+	      "combined rows from the device");
+	for (uint32_t t = 0; t < mine.n; t++)
+		for (uint32_t e = 0; e < sh->hidden; e++) {
+			const float got = rw_wl_get_elem(lr->host + (size_t)t * row, bf16, e);
+			CHECK(got == rw_wl_combined(&mine, t, e, sh->hidden), "step %u layer %u token "
+			      "%u elem %u: combine %g, expected %g", step, layer, t, e, got,
+			      rw_wl_combined(&mine, t, e, sh->hidden));
+		}
+	*tokens_p += mine.n;
 	return 0;
 }
 
@@ -460,18 +504,26 @@ int main(int argc, char **argv)
 		static lib_rank_t lr;
 		if (lib_open(c, &lr))
 			return 1;
+		uint64_t tokens = 0;
 		for (uint32_t step = 0; step < steps; step++)
 			for (uint32_t layer = 0; layer < layers; layer++) {
 				rw_wl_gen(&sh, step, layer, me, &mine);
 				int st = 0;
-				if (lib_phase(&lr, &sh, step, layer, &k, &st, &rows))
+				uint32_t n = 0;
+				if (lib_phase(&lr, &sh, step, layer, &k, &st, &rows, &n))
 					return 1;
 				CHECK(st == 0, "phase %llu (step %u layer %u) failed: %s: %s",
 				      (unsigned long long)k, step, layer, rw_client_strerror(st),
 				      rw_client_rank_message(lr.rp));
+				if (lib_combine(&lr, &sh, step, layer, k, n, &st, &tokens))
+					return 1;
+				CHECK(st == 0, "combine of phase %llu (step %u layer %u) failed: %s: %s",
+				      (unsigned long long)k, step, layer, rw_client_strerror(st),
+				      rw_client_rank_message(lr.rp));
 			}
-		printf("rank %u: %u steps x %u layers dispatched through librailwave's rank path, "
-		       "verified (%llu rows)\n", me, steps, layers, (unsigned long long)rows);
+		printf("rank %u: %u steps x %u layers dispatched and combined through librailwave's "
+		       "rank path, verified (%llu rows, %llu tokens combined)\n", me, steps, layers,
+		       (unsigned long long)rows, (unsigned long long)tokens);
 		rw_client_rank_close(lr.rp);
 		rw_client_close(c);
 		return 0;

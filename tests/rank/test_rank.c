@@ -343,6 +343,9 @@ static void daemon_plan(const rank_t *rk, uint64_t k)
 				h->n_send += n, sent += (uint64_t)n * h->rec_size;
 		}
 	}
+	/* where the combine's inputs are staged: the second half of rail 0's local area */
+	h->stage_off = pr[0].local_off + AREA / 2;
+	h->stage_stride = ((uint64_t)pg->max_recv * p->hidden * eb + 63) / 64 * 64;
 	atomic_store_explicit(&pg->status[k % RW_PAGE_DEPTH].v, 0, memory_order_relaxed);
 	atomic_store_explicit(&pg->word[RW_PW_PLAN].v, k, memory_order_release);
 }
@@ -545,6 +548,22 @@ static void test_count_row_is_the_host_count(void **state)
 	}
 }
 
+/* A record's header: u32 tag | u16 | u16 | u32 (dispatch: source node, owner, token; combine:
+ * source node, rail, slot; common/wire_rec.h). */
+static void expect_header(const uint8_t *rec, uint32_t tag, uint16_t a, uint16_t b, uint32_t c)
+{
+	uint32_t t32, c32;
+	uint16_t a16, b16;
+	memcpy(&t32, rec + RW_WIRE_REC_TAG, 4);
+	memcpy(&a16, rec + RW_WIRE_REC_SRC, 2);
+	memcpy(&b16, rec + RW_WIRE_REC_OWNER, 2);
+	memcpy(&c32, rec + RW_WIRE_REC_TOKEN, 4);
+	assert_int_equal(t32, tag);
+	assert_int_equal(a16, a);
+	assert_int_equal(b16, b);
+	assert_int_equal(c32, c);
+}
+
 /* A whole dispatch through the rank's stream, one node of two ranks, this rank (local GPU 1,
  * rail 1) playing against the daemon's plan and list: the pack writes a record per token with an
  * expert (all for this node: the local area of rail 1, in token order) with the wire's header,
@@ -591,17 +610,9 @@ static void test_dispatch_whole(void **state)
 			if (!any)
 				continue;
 			const uint8_t *rec = local + (size_t)n_rec * rec_size;
-			uint32_t tag, token;
-			uint16_t src, owner, k16;
-			memcpy(&tag, rec + RW_WIRE_REC_TAG, 4);
-			memcpy(&src, rec + RW_WIRE_REC_SRC, 2);
-			memcpy(&owner, rec + RW_WIRE_REC_OWNER, 2);
-			memcpy(&token, rec + RW_WIRE_REC_TOKEN, 4);
+			uint16_t k16;
+			expect_header(rec, 0x7a000000u, 0, 1, t); /* tag, source, owner, token */
 			memcpy(&k16, rec + RW_WIRE_REC_TOPK, 2);
-			assert_int_equal(tag, 0x7a000000u);
-			assert_int_equal(src, 0);
-			assert_int_equal(owner, 1);
-			assert_int_equal(token, t);
 			assert_int_equal(k16, topk);
 			assert_memory_equal(rec + RW_WIRE_REC_HDR, ids, topk * 4);
 			put_row(want_row, t, bf16, hidden);
@@ -648,6 +659,147 @@ static void test_dispatch_whole(void **state)
 		if (ph == 2)
 			assert_non_null(strstr(rw_client_rank_message(rk.rp), "recv_cap"));
 	}
+	rank_teardown(&rk, s);
+}
+
+/* A whole combine after a whole dispatch, one node of one rank (every expert its own), the test
+ * playing the daemon: the rank's rows are staged where the dispatch's plan said before its
+ * combine submit; the gather writes each received record's combine record (tag, node, rail,
+ * slot, the one term's row) where the combine plan puts this rank's copy of the local records;
+ * the reduce sums each token's terms from the owner's list, reading the combine's local area
+ * from the plan block in place (the daemon decides it after the call), rounded once. fp32, bf16;
+ * a second combine of one dispatch, or of a phase that is no dispatch, is refused. */
+static void test_combine_whole(void **state)
+{
+	(void)state;
+	rank_t rk;
+	static routing_t rt;
+	server_t *s = server_start(1, 1, 2, NULL, 1);
+	rank_open(&rk, s, 0);
+	static uint8_t rows[RECV_CAP * HIDDEN_MAX * 4], want[HIDDEN_MAX * 4];
+	for (uint32_t ph = 0; ph < 2; ph++) {
+		const int bf16 = ph == 1;
+		const uint32_t hidden = bf16 ? 64 : 24, eb = bf16 ? 2 : 4, topk = 3;
+		const uint64_t row_bytes = (uint64_t)hidden * eb;
+		routing_gen(&rt, 700 + ph, 50, topk);
+		assert_int_equal(rw_cuda_memcpy_htod(0, rk.ids, rt.ids, (size_t)rt.n * topk * 4), RW_OK);
+		load_rows(&rk, &rt, bf16, hidden);
+		rw_client_rank_dispatch_t d = dispatch_args(&rk, &rt, bf16, hidden, ph);
+		uint64_t kd = 0;
+		assert_int_equal(rw_client_rank_dispatch(rk.rp, &rk.cs, &d, &kd), 0);
+		assert_int_equal(server_heard(s, RW_PW_SUBMIT, kd), kd);
+		daemon_plan(&rk, kd);
+		assert_int_equal(server_heard(s, RW_PW_PACKED, kd), kd);
+		/* every record is this node's (rail 0's local area, token order) and this rank's */
+		static rw_page_list_entry_t list[MAX_TOKENS];
+		static uint32_t token_of[MAX_TOKENS];
+		uint32_t n = 0;
+		for (uint32_t t = 0; t < rt.n; t++) {
+			int any = 0;
+			for (uint32_t j = 0; j < topk; j++)
+				any |= rt.ids[t * topk + j] >= 0;
+			if (any) {
+				list[n] = (rw_page_list_entry_t){ .slot = n, .rail = 0,
+								  .area = RW_PAGE_AREA_LOCAL,
+								  .node = 0, .token = t };
+				token_of[n++] = t;
+			}
+		}
+		daemon_arrive(&rk, kd, list, n);
+		rw_client_rank_done_t done;
+		assert_int_equal(rw_client_rank_wait(rk.rp, kd, 10000, &done), 0);
+		assert_int_equal(done.recv_tokens, n);
+		/* the experts: row j doubled (exact in bf16 and fp32) */
+		for (uint32_t j = 0; j < n; j++) {
+			put_row(want, token_of[j], 0, hidden);
+			for (uint32_t h = 0; h < hidden; h++) {
+				float v;
+				memcpy(&v, want + 4 * h, 4);
+				v *= 2;
+				uint32_t u;
+				memcpy(&u, &v, 4);
+				if (bf16) {
+					uint16_t b = (uint16_t)(u >> 16);
+					memcpy(rows + (size_t)j * row_bytes + 2 * h, &b, 2);
+				} else {
+					memcpy(rows + (size_t)j * row_bytes + 4 * h, &u, 4);
+				}
+			}
+		}
+		assert_int_equal(rw_cuda_memcpy_htod(0, rk.recv_x, rows, n * row_bytes), RW_OK);
+		rw_client_rank_combine_t cb = { .dispatch = kd, .rows = rk.recv_x, .out = rk.x };
+		uint64_t k = 0;
+		assert_int_equal(rw_client_rank_combine(rk.rp, &rk.cs, &cb, &k), 0);
+		assert_int_equal(k, kd + 1);
+		assert_int_equal(rw_client_rank_combine(rk.rp, &rk.cs, &cb, &k), RW_E_STATE);
+		assert_int_equal(server_heard(s, RW_PW_SUBMIT, k), k);
+		/* staged before submit, where the dispatch's plan said */
+		const rw_page_plan_head_t *dh = (const rw_page_plan_head_t *)(slot(&rk, kd) +
+									     lay(&rk)->plan);
+		const rw_client_slab_t *sl0 = &rk.rp->slab[0].lent;
+		assert_memory_equal((const uint8_t *)sl0->base + dh->stage_off, rows, n * row_bytes);
+		/* the daemon's combine plan: rank 0's copy of rail 0's local records after them,
+		 * each record's one term its own row j, the combine records' size */
+		uint8_t *sl = slot(&rk, k);
+		const uint32_t crec = (uint32_t)rw_sched_crec_bytes(hidden, eb);
+		rw_page_plan_head_t *h = (rw_page_plan_head_t *)(sl + lay(&rk)->plan);
+		rw_page_plan_rail_t *pr = (rw_page_plan_rail_t *)(sl + lay(&rk)->plan_rail);
+		uint32_t *tags = (uint32_t *)(sl + lay(&rk)->plan_tag);
+		rw_page_plan_entry_t *ent = (rw_page_plan_entry_t *)(sl + lay(&rk)->plan_entry);
+		uint32_t *term_off = (uint32_t *)(sl + lay(&rk)->term_off);
+		uint32_t *term_ref = (uint32_t *)(sl + lay(&rk)->term_ref);
+		*h = (rw_page_plan_head_t){ .phase = k, .kind = 1, .me = 0, .owner = 0,
+					    .rec_size = crec, .row_off = 16,
+					    .stage_off = dh->stage_off,
+					    .stage_stride = dh->stage_stride };
+		const uint64_t comb_local = sl0->local_off + AREA / 4;
+		for (uint32_t e = 0; e < 2; e++) {
+			const rw_client_slab_t *se = &rk.rp->slab[e].lent;
+			pr[e] = (rw_page_plan_rail_t){ .send_off = se->send_off[1],
+						       .recv_off = se->recv_off[1],
+						       .local_off = comb_local, .slab_bytes = se->bytes };
+			ent[e] = (rw_page_plan_entry_t){ .first = 0, .count = e == 0 ? n : 0,
+							 .offset = comb_local };
+		}
+		tags[0] = 0x7b000000u;
+		for (uint32_t j = 0; j <= n; j++)
+			term_off[j] = j;
+		for (uint32_t j = 0; j < n; j++)
+			term_ref[j] = RW_PAGE_TERM(0, j);
+		atomic_store_explicit(&page_of(&rk)->status[k % RW_PAGE_DEPTH].v, 0,
+				      memory_order_relaxed);
+		atomic_store_explicit(&page_of(&rk)->word[RW_PW_PLAN].v, k, memory_order_release);
+		assert_int_equal(server_heard(s, RW_PW_PACKED, k), k);
+		const uint8_t *cl = (const uint8_t *)sl0->base + comb_local;
+		for (uint32_t j = 0; j < n; j++) {
+			const uint8_t *rec = cl + (size_t)j * crec;
+			expect_header(rec, 0x7b000000u, 0, 0, j); /* tag, source, rail, slot */
+			assert_memory_equal(rec + RW_WIRE_CREC_HDR, rows + (size_t)j * row_bytes,
+					    row_bytes);
+		}
+		/* the owner's reduce list: each token's one term, local slot j of rail 0 */
+		for (uint32_t j = 0; j < n; j++)
+			list[j] = (rw_page_list_entry_t){ .slot = j, .rail = 0,
+							  .area = RW_PAGE_AREA_LOCAL, .node = 0,
+							  .token = token_of[j] };
+		daemon_arrive(&rk, k, list, n);
+		assert_int_equal(rw_client_rank_wait(rk.rp, k, 10000, NULL), 0);
+		static uint8_t out[MAX_TOKENS * HIDDEN_MAX * 4];
+		assert_int_equal(rw_cuda_memcpy_dtoh(0, out, rk.x, rt.n * row_bytes), RW_OK);
+		uint32_t j = 0;
+		for (uint32_t t = 0; t < rt.n; t++) {
+			static const uint8_t zero[HIDDEN_MAX * 4];
+			const uint8_t *got = out + (size_t)t * row_bytes;
+			if (j < n && token_of[j] == t)
+				assert_memory_equal(got, rows + (size_t)j++ * row_bytes, row_bytes);
+			else
+				assert_memory_equal(got, zero, row_bytes); /* no record: +0 */
+		}
+	}
+	rw_client_rank_combine_t cb = { .dispatch = 2, .rows = rk.recv_x, .out = rk.x };
+	uint64_t k = 0;
+	assert_int_equal(rw_client_rank_combine(rk.rp, &rk.cs, &cb, &k), RW_E_STATE);
+	assert_non_null(strstr(rw_client_rank_message(rk.rp), "not a dispatch"));
 	rank_teardown(&rk, s);
 }
 
@@ -906,6 +1058,7 @@ int main(int argc, char **argv)
 		CASE(test_count_row_is_the_host_count),
 		CASE(test_submit_after_the_kernel),
 		CASE(test_dispatch_whole),
+		CASE(test_combine_whole),
 		CASE(test_bad_id_named),
 		CASE(test_slot_busy),
 		CASE(test_daemon_lost_releases_the_stream),
