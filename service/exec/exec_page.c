@@ -48,6 +48,12 @@ static int params_check(const exec_t *x, const exec_member_t *mb, const rw_page_
 		*code_p = p->n_experts == 0 || p->n_experts % mb->g->world ? RW_E_EXPERTS : RW_E_TOKENS;
 		return -1;
 	}
+	if (p->path > RW_PATH_REQ_JOINT) {
+		snprintf(why, RW_SVC_WHY_MAX, "path %u: at most %u (ipc/railwave.h rw_path_request)",
+			 p->path, RW_PATH_REQ_JOINT);
+		*code_p = RW_E_FIELD;
+		return -1;
+	}
 	if (p->dtype != RW_DTYPE_BF16 && p->dtype != RW_DTYPE_FP32) {
 		snprintf(why, RW_SVC_WHY_MAX, "dtype %u: the daemon carries bf16 and fp32 rows",
 			 p->dtype);

@@ -91,6 +91,14 @@ static int wait_status(unsigned w, uint64_t k, int32_t *st_p)
 	return 0;
 }
 
+/* The path every rank asks for in (step, layer): each in turn (ipc/railwave.h enum
+ * rw_path_request: the daemon's choice, native, rail-only, permutation-only, joint), so a run
+ * of 5 phases or more covers them all. */
+static uint16_t path_of(uint32_t step, uint32_t layer)
+{
+	return (uint16_t)((step * 7u + layer) % (RW_PATH_REQ_JOINT + 1));
+}
+
 static uint32_t node_of(int32_t id) { return (uint32_t)id / per_rank / gpus; }
 
 /* The count kernel's: row[d * R + rail] = tokens with an expert on node d. */
@@ -381,6 +389,7 @@ static int lib_phase(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uin
 	const rw_client_rank_dispatch_t d = {
 		.dtype = bf16 ? RW_DTYPE_BF16 : RW_DTYPE_FP32, .topk = TOPK, .layer = layer,
 		.step = step, .token_count = mine.n, .hidden = sh->hidden, .n_experts = experts,
+		.path = path_of(step, layer),
 		.tokens = lr->x, .topk_ids = lr->ids, .topk_weights = lr->w, .recv_x = lr->recv_x,
 		.recv_meta = lr->recv_meta, .recv_counts = lr->recv_counts, .recv_cap = cap };
 	int rc = rw_client_rank_dispatch(lr->rp, &lr->cs, &d, k_p);
@@ -556,7 +565,8 @@ int main(int argc, char **argv)
 			const rw_page_params_t prm = {
 				.kind = RW_KIND_DISPATCH, .dtype = bf16 ? RW_DTYPE_BF16 : RW_DTYPE_FP32,
 				.topk = TOPK, .layer = layer, .hidden = sh.hidden, .n_experts = experts,
-				.token_count = mine.n, .phase = k, .step = step };
+				.token_count = mine.n, .phase = k, .step = step,
+				.path = path_of(step, layer) };
 			memcpy(slot + lay.params, &prm, sizeof(prm));
 			count_row(&mine, row);
 			memcpy(slot + lay.count_row, row, sizeof(uint32_t) * nodes * rails);

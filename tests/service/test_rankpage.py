@@ -22,7 +22,8 @@ that verify every row and sum) runs on the same two daemons.
 6. Dispatches on the rank path complete between the two daemons: a group of four page ranks
    (tests/integration/rw_pagerank.c: each plays its stream from the CPU — count row, submit,
    records where its plan block says, packed, its forward list read, done) over 6 phases of the
-   host job's workload, every row, its metadata and each expert's count checked against it,
+   host job's workload (each data path requested in turn), every row, its metadata and each
+   expert's count checked against it,
    each dispatch followed by its combine (the expert outputs staged in the group's slab, the
    gather's returns, the owner's reduce in the daemon's list order): every token's combined row
    equal to the workload's. A rank whose gather writes a return with a wrong slot field fails
@@ -235,6 +236,15 @@ def main():
 
         res = outputs(page_job("run", 2, 3))
         passed(res, "6 phases on the rank path")
+        # the phases asked for every path in turn; the host job runs the daemon's choice only
+        ph = c.stats(0, "stats phases")
+        for path in ("native", "rail-only", "perm-only"):
+            for kind in ("dispatch", "combine"):
+                line = [l for l in ph.splitlines()
+                        if l.startswith("path=%s kind=%s " % (path, kind))]
+                check(line and " ok=0 " not in line[0] and " failed=0 " in line[0],
+                      "the rank path ran %s on path %s: %s" % (kind, path, line))
+
         check(all("(0 rows)" not in v[1] for v in res.values()),
               "every page rank received rows")
 
