@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +64,9 @@ struct rw_client {
 	int watch_efd;     /* -1: no watcher */
 	_Atomic uint32_t submitted; /* written by the submitting thread */
 	_Atomic uint32_t completed; /* written by the reaping thread */
+	/* rw_client_wait's spin before it sleeps (docs/ipc.md "Waiting for a completion"), ns;
+	 * touched by the reaping thread only. spin_max_ns 0: never spin. */
+	uint32_t spin_max_ns, spin_ns;
 	host_buf_t *bufs;
 	size_t nbufs, capbufs;
 	rw_ipc_hello_ok_t limits;
@@ -94,6 +98,13 @@ static int64_t now_ms(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 static void close_fds(int *fds, unsigned n)
@@ -299,6 +310,23 @@ static int map_rings(rw_client_t *c, const rw_ipc_ring_ok_t *ok, uint32_t sq_ent
 	return 0;
 }
 
+/* RAILWAVE_WAIT_SPIN_US: the longest rw_client_wait spins before it sleeps (0: never). */
+#define WAIT_SPIN_US_DEFAULT 200
+#define WAIT_SPIN_US_MAX 10000
+
+static uint32_t wait_spin_ns(void)
+{
+	const char *v = getenv("RAILWAVE_WAIT_SPIN_US");
+	char *end;
+	unsigned long us = WAIT_SPIN_US_DEFAULT;
+	if (v && *v) {
+		us = strtoul(v, &end, 10);
+		if (*end || us > WAIT_SPIN_US_MAX)
+			us = WAIT_SPIN_US_DEFAULT;
+	}
+	return (uint32_t)us * 1000u;
+}
+
 int rw_client_connect(const rw_client_opts_t *opts, rw_client_t **client_p)
 {
 	if (!opts || !client_p || !opts->group)
@@ -324,6 +352,8 @@ int rw_client_connect(const rw_client_opts_t *opts, rw_client_t **client_p)
 	c->sq_efd = c->cq_efd = -1;
 	c->watch_efd = -1;
 	c->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : 10000;
+	c->spin_max_ns = wait_spin_ns();
+	c->spin_ns = c->spin_max_ns;
 	int rc;
 	c->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (c->fd < 0) {
@@ -870,13 +900,54 @@ static int socket_event(rw_client_t *c)
 	return mark_closed(c, RW_E_BADREPLY); /* nothing else is unsolicited */
 }
 
+/* Before sleeping, watch the completion ring's head for up to spin_ns, yielding the CPU
+ * between looks (a daemon thread or another rank runnable on this CPU goes first; with nothing
+ * else to run the yield returns at once). A completion seen here costs no eventfd write on the
+ * daemon's side (the ring is not armed) and no wake-up on ours. Adaptive: a wait answered
+ * within spin_max_ns keeps the full budget for the next; a longer one halves it, so a rank
+ * whose phases take milliseconds spins next to nothing. The daemon's death is still seen: the
+ * spin is bounded, then the sleep below polls the control socket. Returns what
+ * rw_client_poll returned (0: nothing came; sleep now). */
+static int wait_spin(rw_client_t *c, rw_cqe_t *out, unsigned max, int64_t start_ns,
+		     int64_t deadline_ms)
+{
+	int64_t until = start_ns + c->spin_ns;
+	if (deadline_ms >= 0 && deadline_ms * 1000000 < until)
+		until = deadline_ms * 1000000;
+	for (;;) {
+		sched_yield();
+		int n = rw_client_poll(c, out, max);
+		if (n != 0)
+			return n;
+		if (now_ns() >= until)
+			return 0;
+	}
+}
+
 int rw_client_wait(rw_client_t *c, rw_cqe_t *out, unsigned max, int timeout_ms)
 {
 	int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
-	for (;;) {
-		int n = rw_client_poll(c, out, max);
-		if (n != 0 || max == 0)
+	int n = rw_client_poll(c, out, max);
+	if (n != 0 || max == 0)
+		return n;
+	int64_t start = now_ns();
+	if (c->spin_ns && timeout_ms != 0) {
+		n = wait_spin(c, out, max, start, deadline);
+		if (n != 0) {
+			if (n > 0)
+				c->spin_ns = c->spin_max_ns;
 			return n;
+		}
+	}
+	for (;;) {
+		n = rw_client_poll(c, out, max);
+		if (n != 0) {
+			if (n > 0 && now_ns() - start > (int64_t)c->spin_max_ns)
+				c->spin_ns /= 2;
+			else if (n > 0)
+				c->spin_ns = c->spin_max_ns;
+			return n;
+		}
 		int ready = rw_ring_cons_arm(&c->cq);
 		if (ready < 0)
 			return mark_closed(c, RW_E_BADREPLY);

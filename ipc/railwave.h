@@ -523,8 +523,9 @@ int rw_client_submit(rw_client_t *client, const rw_sqe_t *entries, unsigned n);
  * Returns how many (0..max) or a negative error (RW_E_CLOSED once the daemon is gone). */
 int rw_client_poll(rw_client_t *client, rw_cqe_t *out, unsigned max);
 
-/* Like rw_client_poll(), but when none is ready, sleep on the completion eventfd until one is
- * or timeout_ms passes (-1: forever). Returns how many, 0 on timeout, or a negative error. */
+/* Like rw_client_poll(), but when none is ready, watch the ring briefly (RAILWAVE_WAIT_SPIN_US,
+ * adaptive; docs/ipc.md "Waiting for a completion"), then sleep on the completion eventfd until
+ * one is or timeout_ms passes (-1: forever). Returns how many, 0 on timeout, or a negative error. */
 int rw_client_wait(rw_client_t *client, rw_cqe_t *out, unsigned max, int timeout_ms);
 
 /* Submissions accepted by the library and not yet completed. */

@@ -18,17 +18,21 @@ Per (cluster, shape, tokens, path, kind), medians over the steps after the first
   wakes   the daemons' voluntary context switches per phase (every thread: loop and copiers),
           all nodes together: how often a daemon slept and was woken, which a loaded machine
           changes less than it changes time;
+  rank    the ranks' CPU (user + system) per phase, every rank together, ms, and their voluntary
+          context switches per phase (whole processes: setup and checks included);
   memcpy  the same bytes per (node, rail) copied by plain memcpy with one thread per (node,
           rail), as many threads as the shm copiers (rdma/bench/memcpy_ceiling.c), ms; shm
           rows of 1024 tokens per rank and more.
 The 1-token rows are the control-plane floor (their p50 in µs is printed separately).
 --daemons base=DIR/railwaved,new=$b/railwaved runs every cluster with each build in turn
-(--repeat times, alternating), rows labelled: a before/after in one run on one machine.
+(--repeat times, alternating), rows labelled: a before/after in one run on one machine;
+--rank-env LABEL=VAR=VALUE,... sets VAR in the ranks' environment for that label's runs (the
+same daemon under two labels: an A/B of a rank-side setting such as RAILWAVE_WAIT_SPIN_US).
 
   $b/bench/shm_nic [--nodes 2,4] [--rates 25,50] [--tcp] [--shapes deepseek,glm]
                    [--tokens 1,128,1024,4096] [--paths native,rail-only,perm-only,joint,auto]
                    [--rounds 3] [--floor-rounds 20] [--gpus 2] [--rails 2] [--cuda]
-                   [--daemons LABEL=PATH,...] [--repeat 1]"""
+                   [--daemons LABEL=PATH,...] [--rank-env LABEL=VAR=VALUE,...] [--repeat 1]"""
 import argparse
 import json
 import os
@@ -73,8 +77,9 @@ def med(xs):
     return statistics.median(xs) if xs else None
 
 
-def run_ranks(c, a, shape, tokens, paths, steps, group):
-    """One rank process per (node, GPU); returns {step: [(dsub, ddone, csub, cdone)]}."""
+def run_ranks(c, a, shape, tokens, paths, steps, group, env):
+    """One rank process per (node, GPU); returns ({step: [(dsub, ddone, csub, cdone)]}, the
+    ranks' CPU seconds, their voluntary context switches)."""
     hidden, experts, topk = SHAPES[shape]
     wl = ["--nodes", str(c.nodes), "--gpus", str(a.gpus), "--rails", str(a.rails),
           "--experts", str(experts), "--topk", str(topk), "--hidden", str(hidden),
@@ -85,7 +90,7 @@ def run_ranks(c, a, shape, tokens, paths, steps, group):
         argv = [RANK, "--socket", sock, "--group", group, "--rank", str(r), "--steps",
                 str(steps), "--paths", ",".join(paths)] + (["--cuda"] if a.cuda else []) + wl
         procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      env=c.env))
+                                      env=env))
     outs = [None] * len(procs)
 
     def reader(i, p):
@@ -95,9 +100,12 @@ def run_ranks(c, a, shape, tokens, paths, steps, group):
         t.start()
     for t in ts:
         t.join(900)
-    pairs = {}
+    pairs, cpu, wk = {}, 0.0, 0
     for r, p in enumerate(procs):
-        p.wait(timeout=60)
+        _, status, ru = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        cpu += ru.ru_utime + ru.ru_stime
+        wk += ru.ru_nvcsw
         if p.returncode != 0:
             raise RuntimeError("%s T=%d rank %d rc %s: %s\n%s" % (
                 shape, tokens, r, p.returncode, outs[r][-1500:], c.logs()))
@@ -105,7 +113,7 @@ def run_ranks(c, a, shape, tokens, paths, steps, group):
             f = line.split()
             if f[:1] == ["pair"]:
                 pairs.setdefault(int(f[1]), []).append([int(x) for x in f[2:6]])
-    return pairs
+    return pairs, cpu, wk
 
 
 def traces(trace_dir):
@@ -163,7 +171,7 @@ def ceiling_us(per_rail):
     return int(out.split()[0])
 
 
-def run_cluster(tmp, a, nodes, transport, rate_gbs, results, build=("", cluster.DAEMON)):
+def run_cluster(tmp, a, nodes, transport, rate_gbs, results, build=("", cluster.DAEMON, {})):
     """One cluster of railwaved build[1] (labelled build[0]); every (shape, tokens) in turn;
     rows appended to results."""
     max_rec = max(((16 + k * 8 + 15) & ~15) + ((h * 2 + 15) & ~15) for h, _, k in SHAPES.values())
@@ -190,7 +198,8 @@ def run_cluster(tmp, a, nodes, transport, rate_gbs, results, build=("", cluster.
                 group = "%s-%d" % (shape, tokens)
                 cpu0 = sum(cpu_s(p.pid) for p in c.procs.values())
                 wk0 = sum(wakes(p.pid) for p in c.procs.values())
-                pairs = run_ranks(c, a, shape, tokens, paths, steps, group)
+                pairs, rcpu, rwk = run_ranks(c, a, shape, tokens, paths, steps, group,
+                                             dict(c.env, **build[2]))
                 cpu = (sum(cpu_s(p.pid) for p in c.procs.values()) - cpu0) / (2 * steps)
                 wk = (sum(wakes(p.pid) for p in c.procs.values()) - wk0) / (2 * steps)
                 time.sleep(1.2)  # the daemons write their trace buffers at most every second
@@ -211,6 +220,7 @@ def run_cluster(tmp, a, nodes, transport, rate_gbs, results, build=("", cluster.
                             "shape": shape, "tokens": tokens, "path": path, "kind": kind,
                             "ms": med(ms), "p50_us": med(ms) * 1e3 if ms else None,
                             "lb_ms": lb, "split": split, "cpu_ms": cpu * 1e3, "wakes": wk,
+                            "rank_cpu_ms": rcpu / steps * 1e3, "rank_wakes": rwk / steps,
                             "mb": max(per_rail, default=0) / 1e6, "per_rail": per_rail,
                             "memcpy_ms": None}
                         if transport == "shm" and per_rail and tokens >= 1024:
@@ -230,11 +240,12 @@ def fmt(x, spec="%.3f"):
 
 def print_row(r):
     ratio = r["ms"] / r["lb_ms"] if r["ms"] and r["lb_ms"] else None
-    print("%s%d %-14s %-8s %5d %-9s %-8s %8s %8s %6s  %6s %6s %6s %6s  %6s %7s %7s %7s" % (
+    print("%s%d %-14s %-8s %5d %-9s %-8s %8s %8s %6s  %6s %6s %6s %6s  %6s %7s %7s %7s %8s %7s" % (
         r["daemon"] + " " if r["daemon"] else "", r["nodes"], r["transport"], r["shape"], r["tokens"], r["path"], r["kind"],
         fmt(r["ms"]), fmt(r["lb_ms"]), fmt(ratio, "%.2f"),
         *[fmt(x) for x in r["split"]], fmt(r["cpu_ms"], "%.2f"), fmt(r["mb"], "%.1f"),
-        fmt(r["memcpy_ms"]), fmt(r.get("wakes"), "%.1f")), flush=True)
+        fmt(r["memcpy_ms"]), fmt(r.get("wakes"), "%.1f"), fmt(r.get("rank_cpu_ms"), "%.2f"),
+        fmt(r.get("rank_wakes"), "%.1f")), flush=True)
 
 
 def main():
@@ -253,6 +264,7 @@ def main():
     ap.add_argument("--seed", type=int, default=12345)
     ap.add_argument("--json", help="append every row here, one JSON object a line")
     ap.add_argument("--daemons", help="LABEL=PATH,...: run every cluster with each railwaved")
+    ap.add_argument("--rank-env", help="LABEL=VAR=VALUE,...: the ranks' environment per label")
     ap.add_argument("--repeat", type=int, default=1, help="with --daemons: times each, alternating")
     a = ap.parse_args()
     print("== railwave at NIC speed: G=%d %s ranks per node, R=%d rails, bf16; %d rounds of "
@@ -260,11 +272,16 @@ def main():
               a.gpus, "CUDA" if a.cuda else "host", a.rails, a.rounds, a.floor_rounds,
               os.cpu_count()))
     print("N transport      shape    tok/r path      kind           ms    LB ms   x LB  "
-          "decide  1stpost lastin   done   cpu/ph  MB/rail  memcpy wakes/ph")
-    builds = [("", cluster.DAEMON)]
+          "decide  1stpost lastin   done   cpu/ph  MB/rail  memcpy wakes/ph rank-cpu rank-wk")
+    builds = [("", cluster.DAEMON, {})]
     if a.daemons:
-        builds = [(d.split("=", 1)[0], os.path.abspath(d.split("=", 1)[1]))
+        builds = [(d.split("=", 1)[0], os.path.abspath(d.split("=", 1)[1]), {})
                   for d in a.daemons.split(",")]
+    for e in (a.rank_env.split(",") if a.rank_env else []):
+        label, var, value = e.split("=", 2)
+        for b in builds:
+            if b[0] == label:
+                b[2][var] = value
     results = []
     with tempfile.TemporaryDirectory(prefix="rwshm.", dir="/tmp") as tmp:
         for nodes in [int(n) for n in a.nodes.split(",")]:
