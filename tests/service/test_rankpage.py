@@ -251,8 +251,8 @@ def main():
         if os.path.exists(FAKE_KERN):  # built where nvcc embeds the kernels
             res = outputs(page_job("lib", 2, 3, {r: "lib" for r in range(nodes * c.gpus)},
                                    env=dict(c.env, RW_CUDA_DRIVER=FAKE_KERN)))
-            passed(res, "6 phases through librailwave's rank path (count, pack and forward "
-                   "kernels on the stand-in driver)")
+            passed(res, "6 dispatches and their combines through librailwave's rank path "
+                   "(count, pack, forward, gather and reduce kernels on the stand-in driver)")
         else:
             print("skip librailwave's rank path: no kernel stand-in (%s)" % FAKE_KERN)
 
