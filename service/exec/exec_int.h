@@ -516,6 +516,9 @@ void exec_plan_waiting(const exec_pair_t *p, char *buf, size_t len);
  * p->xchg.view_*). */
 void exec_plan_take_row(exec_pair_t *p, uint32_t node, uint32_t slot,
 			const rw_wire_phase_params_t *params, const uint32_t *row, const uint32_t *view);
+/* Forget the row a peer sent for an attempt of its that has failed since (its PHASE_ERR named
+ * it): its next row of the key takes the place. Only while the pair waits for rows. */
+void exec_plan_drop_row(exec_pair_t *p, uint32_t node);
 /* This node's capacity weight of `rail` (its count rows; docs/dataflow.md "Rail health"). */
 uint32_t exec_rail_weight(const exec_t *x, uint32_t rail);
 /* A COUNTS message's rail view (R weights, N up-masks) into view[R + N]. */

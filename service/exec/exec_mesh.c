@@ -59,8 +59,25 @@ static void mesh_phase_err(void *ctx, uint32_t peer, const rw_wire_phase_err_t *
 	}
 	/* The peer names our attempt it failed (it had our row): the open pair's, or one that has
 	 * already ended here, whose ranks had their answers. */
-	if (e->dst_epoch && !(p && p->xchg.params.epoch == e->dst_epoch))
+	if (e->dst_epoch && !(p && p->xchg.params.epoch == e->dst_epoch)) {
+		/* ... but if the open pair (a retry here) took the peer's row of that failed attempt
+		 * (it came after our attempt ended), that row is dead: a pair that kept it would
+		 * write with the dead epoch, which the peer's next attempt drops, and wait for the
+		 * peer forever. Still waiting for rows: the peer's next row (it follows this message
+		 * on the same channel) takes its place. Already decided: our writes to the peer
+		 * went astray, so the pair fails here, and the peer's retry with it (told with the
+		 * row dropped, so that the peer does not take this for news of the dead attempt). */
+		if (p && e->epoch && p->xchg.have_row && p->xchg.have_row[peer] &&
+		    p->xchg.peer_params[peer].epoch == e->epoch) {
+			const int deciding = p->stage == ST_EXCHANGE;
+			exec_plan_drop_row(p, peer);
+			if (!deciding)
+				exec_pair_fail(p, RW_ERR_PEER,
+					       "node %u (%s)'s count row in this attempt was of its attempt that failed (%s)",
+					       peer, x->svc->cfg.nodes[peer].name, msg);
+		}
 		return;
+	}
 	/* A failure that already ended an attempt here (it reached us first through another
 	 * node): the pair open now, or the ranks still to come, belong to a retry. */
 	if (exec_ended_find(x, &e->key, e->cause_node, e->cause_id))

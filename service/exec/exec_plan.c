@@ -336,6 +336,22 @@ void exec_plan_take_row(exec_pair_t *p, uint32_t node, uint32_t slot,
 	p->xchg.n_rows++;
 }
 
+void exec_plan_drop_row(exec_pair_t *p, uint32_t node)
+{
+	exec_t *x = p->x;
+	if (!p->xchg.have_row[node] || node == x->me)
+		return;
+	p->xchg.have_row[node] = 0;
+	p->xchg.n_rows--;
+	/* The features fold rows in and cannot take one out: fold the others in again. */
+	const size_t nr = (size_t)x->nodes * x->rails;
+	(void)rw_sched_feat_begin(&p->xchg.feat_acc, &x->svc->topo, p->xchg.feat_ws,
+				  rw_sched_feat_workspace(x->nodes, x->rails));
+	for (uint32_t n = 0; n < x->nodes; n++)
+		if (p->xchg.have_row[n])
+			rw_sched_feat_add_row(&p->xchg.feat_acc, n, p->xchg.counts + n * nr);
+}
+
 void exec_plan_take_counts(exec_pair_t *p, uint32_t node, const rw_wire_counts_t *c)
 {
 	exec_t *x = p->x;
