@@ -27,12 +27,14 @@ The 1-token rows are the control-plane floor (their p50 in µs is printed separa
 --daemons base=DIR/railwaved,new=$b/railwaved runs every cluster with each build in turn
 (--repeat times, alternating), rows labelled: a before/after in one run on one machine;
 --rank-env LABEL=VAR=VALUE,... sets VAR in the ranks' environment for that label's runs (the
-same daemon under two labels: an A/B of a rank-side setting such as RAILWAVE_WAIT_SPIN_US).
+same daemon under two labels: an A/B of a rank-side setting such as RAILWAVE_WAIT_SPIN_US);
+--daemon-env LABEL=VAR=VALUE,... the same for the daemons' environment.
 
   $b/bench/shm_nic [--nodes 2,4] [--rates 25,50] [--tcp] [--shapes deepseek,glm]
                    [--tokens 1,128,1024,4096] [--paths native,rail-only,perm-only,joint,auto]
                    [--rounds 3] [--floor-rounds 20] [--gpus 2] [--rails 2] [--cuda]
-                   [--daemons LABEL=PATH,...] [--rank-env LABEL=VAR=VALUE,...] [--repeat 1]"""
+                   [--daemons LABEL=PATH,...] [--rank-env LABEL=VAR=VALUE,...]
+                   [--daemon-env LABEL=VAR=VALUE,...] [--repeat 1]"""
 import argparse
 import json
 import os
@@ -171,7 +173,7 @@ def ceiling_us(per_rail):
     return int(out.split()[0])
 
 
-def run_cluster(tmp, a, nodes, transport, rate_gbs, results, build=("", cluster.DAEMON, {})):
+def run_cluster(tmp, a, nodes, transport, rate_gbs, results, build=("", cluster.DAEMON, {}, {})):
     """One cluster of railwaved build[1] (labelled build[0]); every (shape, tokens) in turn;
     rows appended to results."""
     max_rec = max(((16 + k * 8 + 15) & ~15) + ((h * 2 + 15) & ~15) for h, _, k in SHAPES.values())
@@ -188,6 +190,8 @@ def run_cluster(tmp, a, nodes, transport, rate_gbs, results, build=("", cluster.
                         cuda_ranks="real" if a.cuda else None, daemon=build[1])
     if a.cuda:
         c.env.pop("RAILWAVE_CUDA_MOVER", None)
+    rank_env = dict(c.env, **build[2])
+    c.env.update(build[3])
     c.start_all()
     paths = a.paths.split(",")
     try:
@@ -199,7 +203,7 @@ def run_cluster(tmp, a, nodes, transport, rate_gbs, results, build=("", cluster.
                 cpu0 = sum(cpu_s(p.pid) for p in c.procs.values())
                 wk0 = sum(wakes(p.pid) for p in c.procs.values())
                 pairs, rcpu, rwk = run_ranks(c, a, shape, tokens, paths, steps, group,
-                                             dict(c.env, **build[2]))
+                                             rank_env)
                 cpu = (sum(cpu_s(p.pid) for p in c.procs.values()) - cpu0) / (2 * steps)
                 wk = (sum(wakes(p.pid) for p in c.procs.values()) - wk0) / (2 * steps)
                 time.sleep(1.2)  # the daemons write their trace buffers at most every second
@@ -265,6 +269,7 @@ def main():
     ap.add_argument("--json", help="append every row here, one JSON object a line")
     ap.add_argument("--daemons", help="LABEL=PATH,...: run every cluster with each railwaved")
     ap.add_argument("--rank-env", help="LABEL=VAR=VALUE,...: the ranks' environment per label")
+    ap.add_argument("--daemon-env", help="LABEL=VAR=VALUE,...: the daemons' environment per label")
     ap.add_argument("--repeat", type=int, default=1, help="with --daemons: times each, alternating")
     a = ap.parse_args()
     print("== railwave at NIC speed: G=%d %s ranks per node, R=%d rails, bf16; %d rounds of "
@@ -273,15 +278,16 @@ def main():
               os.cpu_count()))
     print("N transport      shape    tok/r path      kind           ms    LB ms   x LB  "
           "decide  1stpost lastin   done   cpu/ph  MB/rail  memcpy wakes/ph rank-cpu rank-wk")
-    builds = [("", cluster.DAEMON, {})]
+    builds = [("", cluster.DAEMON, {}, {})]
     if a.daemons:
-        builds = [(d.split("=", 1)[0], os.path.abspath(d.split("=", 1)[1]), {})
+        builds = [(d.split("=", 1)[0], os.path.abspath(d.split("=", 1)[1]), {}, {})
                   for d in a.daemons.split(",")]
-    for e in (a.rank_env.split(",") if a.rank_env else []):
-        label, var, value = e.split("=", 2)
-        for b in builds:
-            if b[0] == label:
-                b[2][var] = value
+    for i, opt in ((2, a.rank_env), (3, a.daemon_env)):
+        for e in (opt.split(",") if opt else []):
+            label, var, value = e.split("=", 2)
+            for b in builds:
+                if b[0] == label:
+                    b[i][var] = value
     results = []
     with tempfile.TemporaryDirectory(prefix="rwshm.", dir="/tmp") as tmp:
         for nodes in [int(n) for n in a.nodes.split(",")]:

@@ -80,6 +80,7 @@ static const field_t fields[] = {
 	{"ipc_require_group_key", K_BOOL, OFF(ipc_require_group_key), 0, 0, 0},
 	{"ipc_max_per_uid", K_U32, OFF(ipc_max_per_uid), 0, 1, 65536},
 	{"ipc_hello_timeout_ms", K_U32, OFF(ipc_hello_timeout_ms), 0, 100, 600000},
+	{"ipc_busy_poll_us", K_U32, OFF(ipc_busy_poll_us), 0, 0, 10000},
 };
 #define N_FIELDS RW_ARRAY_SIZE(fields)
 
@@ -128,6 +129,8 @@ const rw_svc_option_t rw_svc_options[] = {
 	 "IPC connections one uid may hold"},
 	{"ipc_hello_timeout_ms", "ipc-hello-timeout-ms", "RAILWAVE_IPC_HELLO_TIMEOUT_MS", "MS",
 	 "an IPC connection must join within this"},
+	{"ipc_busy_poll_us", "ipc-busy-poll-us", "RAILWAVE_IPC_BUSY_POLL_US", "US",
+	 "after a submission, poll the ranks' rings this long before sleeping (0 = never)"},
 	{NULL, NULL, NULL, NULL, NULL},
 };
 

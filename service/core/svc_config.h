@@ -103,6 +103,7 @@ typedef struct rw_svc_config {
 	int ipc_require_group_key;   /* refuse a rank whose hello carries no group key */
 	uint32_t ipc_max_per_uid;    /* IPC connections one uid may hold at once */
 	uint32_t ipc_hello_timeout_ms; /* an IPC connection that has not joined by then is closed */
+	uint32_t ipc_busy_poll_us;     /* docs/ipc.md "Busy polling" (0: sleep on the eventfds) */
 } rw_svc_config_t;
 
 /* One override: `key` is a top-level field name as in the JSON file ("http", "node", ...).

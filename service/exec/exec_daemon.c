@@ -120,6 +120,7 @@ rw_status_t rw_svc_exec_ipc_start(rw_svc_exec_t *x)
 		.require_group_key = svc->cfg.ipc_require_group_key,
 		.max_per_uid = svc->cfg.ipc_max_per_uid,
 		.hello_timeout_ms = svc->cfg.ipc_hello_timeout_ms,
+		.busy_poll_us = svc->cfg.ipc_busy_poll_us,
 		.page_rails = svc->cfg.rails, /* rank pages, their words watched (exec_page.c) */
 		.page_gpu_rail = svc->topo.gpu_rail,
 	};

@@ -75,6 +75,7 @@ static const bad_case_t bad_cases[] = {
 	{"\"recv_region_mib\": 0,", 0, 0, 0, "recv_region_mib: 0 out of range", RW_ERR_PARSE},
 	{"\"stats_timeout_ms\": -5,", 0, 0, 0, "stats_timeout_ms: -5 out of range", RW_ERR_PARSE},
 	{"\"max_tokens\": 2000000,", 0, 0, 0, "max_tokens: 2000000 out of range", RW_ERR_PARSE},
+	{"\"ipc_busy_poll_us\": 10001,", 0, 0, 0, "ipc_busy_poll_us: 10001 out of range", RW_ERR_PARSE},
 	{"\"log_level\": \"verbose\",", 0, 0, 0, "log_level: expected one of error, warn, info, debug", RW_ERR_PARSE},
 	{"\"path\": \"fastest\",", 0, 0, 0, "path: expected one of auto, native", RW_ERR_PARSE},
 	{"\"rail_weights\": \"fast\",", 0, 0, 0, "rail_weights: expected \"config\" or \"measured\"", RW_ERR_PARSE},
