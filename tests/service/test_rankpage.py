@@ -264,6 +264,8 @@ def main():
               [v[1].splitlines()[:1] for v in res.values()])
         check("rank 0: record 0 to node" in c.log(0) and "its token is past the rank's tokens"
               in c.log(0), "the daemon's log names the lying rank and its record")
+        check(": down (" not in c.log(0) + c.log(1),
+              "no node was dropped for the lying rank (no peer went down on either daemon)")
 
         res = outputs(page_job("clie", 1, 3, {r: "clie" for r in range(nodes * c.gpus)}))
         passed(res, "after the gather's lie, the next phases")
