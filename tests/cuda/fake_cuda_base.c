@@ -6,7 +6,8 @@
  * The stream work queue ($RW_FAKE_CUDA_LAG_MS: a slow GPU) is here too (fake_cuda_base.h), and
  * stream order across processes: interprocess events (a shared page of two counters, opened by
  * another process through /proc/<pid>/fd) and 32- and 64-bit stream memory operations, all as
- * stream work, so a wait holds every later item of its stream as a GPU's would, and no other. */
+ * stream work, so a wait holds every later item of its stream as a GPU's would, and no other.
+ * And the per-process counts of what was asked of the GPU ($RW_FAKE_CUDA_COUNTS). */
 #include "config.h"
 
 #if RW_HAVE_CUDA_H
@@ -23,6 +24,35 @@
 #include <cuda.h>
 
 #include "tests/cuda/fake_cuda_base.h"
+
+/* ---- counts ---- */
+
+static pthread_mutex_t count_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned long counts[RW_FAKE_N_END];
+
+void rw_fake_cuda_count(enum rw_fake_count what)
+{
+	pthread_mutex_lock(&count_mu);
+	counts[what]++;
+	const char *dir = getenv("RW_FAKE_CUDA_COUNTS");
+	if (dir) {
+		char path[512], tmp[520];
+		snprintf(path, sizeof(path), "%s/%d", dir, (int)getpid());
+		snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+		FILE *f = fopen(tmp, "w");
+		if (f) {
+			fprintf(f, "pid %d host_fn %lu kernel %lu work %lu word_write %lu word_wait %lu\n",
+				(int)getpid(), counts[RW_FAKE_N_HOST_FN], counts[RW_FAKE_N_KERNEL],
+				counts[RW_FAKE_N_WORK], counts[RW_FAKE_N_WORD_WRITE],
+				counts[RW_FAKE_N_WORD_WAIT]);
+			if (fclose(f) != 0 || rename(tmp, path) != 0)
+				fprintf(stderr, "fake cuda: cannot write the counts to %s\n", path);
+		} else {
+			fprintf(stderr, "fake cuda: cannot write the counts to %s\n", tmp);
+		}
+	}
+	pthread_mutex_unlock(&count_mu);
+}
 
 /* ---- the stream work queues ---- */
 
@@ -134,6 +164,7 @@ void rw_fake_cuda_stream_destroy(void *s)
 static void submit(const void *s, rw_fake_work_fn fn, const void *arg, size_t len,
 		   int (*hold)(const void *))
 {
+	rw_fake_cuda_count(RW_FAKE_N_WORK);
 	if (len > sizeof(legacy.queue[0].arg)) {
 		fn(arg);
 		return;
@@ -206,6 +237,7 @@ static void host_fn_run(const void *a)
 void rw_fake_cuda_host_fn(const void *stream, CUhostFn fn, void *arg)
 {
 	struct host_fn_args h = { fn, arg };
+	rw_fake_cuda_count(RW_FAKE_N_HOST_FN);
 	rw_fake_cuda_submit(stream, host_fn_run, &h, sizeof(h));
 }
 
@@ -613,6 +645,8 @@ static CUresult value_op(CUstream s, CUdeviceptr addr, uint64_t v, int bits, int
 	if (wait && (flags & ~(unsigned)CU_STREAM_WAIT_VALUE_FLUSH) != CU_STREAM_WAIT_VALUE_GEQ)
 		return CUDA_ERROR_NOT_SUPPORTED;
 	struct value_args w = { (void *)p, v, bits };
+	if (bits == 64)
+		rw_fake_cuda_count(wait ? RW_FAKE_N_WORD_WAIT : RW_FAKE_N_WORD_WRITE);
 	/* A wait returns at once, as the driver's: only later work of its own stream is held. */
 	submit(s, wait ? value_wait_run : value_write_run, &w, sizeof(w), wait ? value_ready : NULL);
 	return CUDA_SUCCESS;

@@ -40,4 +40,17 @@ int rw_fake_open_peer_fd(int pid, int fd);
  * fake_cuda_base.c has a weak default that says yes to everything. */
 int rw_fake_cuda_is_device_mem(uintptr_t p, size_t n);
 
+/* What this process asked of the GPU, counted per process: host functions (cuLaunchHostFunc:
+ * a driver thread calls back into the process, as a CUDA mover's mark writes its eventfd),
+ * kernel launches, stream work of any kind (copies, memsets, kernels, host functions, stream
+ * memory operations), 64-bit stream writes and waits of words. With $RW_FAKE_CUDA_COUNTS set to
+ * a folder, every count written to <folder>/<pid> as one line
+ * "pid P host_fn N kernel N work N word_write N word_wait N", replaced whole (a rename) after
+ * each counted call, so a reader between calls sees exact totals. */
+enum rw_fake_count {
+	RW_FAKE_N_HOST_FN, RW_FAKE_N_KERNEL, RW_FAKE_N_WORK, RW_FAKE_N_WORD_WRITE,
+	RW_FAKE_N_WORD_WAIT, RW_FAKE_N_END
+};
+void rw_fake_cuda_count(enum rw_fake_count what);
+
 #endif /* RW_FAKE_CUDA_BASE_H */

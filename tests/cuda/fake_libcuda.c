@@ -229,6 +229,7 @@ CUresult CUDAAPI cuLaunchHostFunc(CUstream s, CUhostFn fn, void *arg)
 	}
 	if (nqueued == NHOST)
 		return CUDA_ERROR_OUT_OF_MEMORY;
+	rw_fake_cuda_count(RW_FAKE_N_HOST_FN);
 	queued[nqueued].fn = fn;
 	queued[nqueued].arg = arg;
 	nqueued++;

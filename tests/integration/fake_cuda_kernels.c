@@ -194,6 +194,7 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned
 				void **extra)
 {
 	(void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared, (void)s, (void)extra;
+	rw_fake_cuda_count(RW_FAKE_N_KERNEL);
 	if (rw_fake_rank_function_of((uintptr_t)f))
 		return rw_fake_rank_launch((uintptr_t)f, s, params);
 	struct launch L = { .k = (uintptr_t)f, .a0 = ARG(0, CUdeviceptr) };
