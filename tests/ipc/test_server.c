@@ -1803,6 +1803,48 @@ static void test_submit_and_reap_on_two_threads(void **state)
 	h_stop(&H);
 }
 
+/* rw_client_wait spins before it sleeps (docs/ipc.md "Waiting for a completion"), but only
+ * briefly: a wait with nothing coming sleeps, whatever the spin setting. The waiting thread's
+ * own CPU over a 400 ms wait stays far below 400 ms (a spin without bound would use it all), and
+ * a completion after such waits still reaches it (with spin 0: through the eventfd). */
+static double thread_cpu_ms(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+	return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static void test_wait_spins_then_sleeps(void **state)
+{
+	(void)state;
+	static const char *const spins[] = {"0", "200", "10000"};
+	h_start(&H);
+	for (size_t i = 0; i < RW_ARRAY_SIZE(spins); i++) {
+		setenv("RAILWAVE_WAIT_SPIN_US", spins[i], 1);
+		rw_client_t *c = connect_rank("g", 0);
+		rw_cqe_t cqe;
+		for (int round = 0; round < 2; round++) {
+			double cpu0 = thread_cpu_ms();
+			assert_int_equal(rw_client_wait(c, &cqe, 1, 400), 0);
+			double used = thread_cpu_ms() - cpu0;
+			if (used > 150)
+				fail_msg("spin %s us: a 400 ms wait with nothing coming used %.0f ms of CPU",
+					 spins[i], used);
+		}
+		uint32_t id;
+		void *addr;
+		assert_int_equal(rw_client_register_host(c, 65536, &id, &addr), 0);
+		rw_sqe_t e = valid_sqe(id, 1);
+		assert_int_equal(rw_client_submit(c, &e, 1), 0);
+		cqe = wait_one(c);
+		assert_int_equal(cqe.user_data, e.user_data);
+		rw_client_close(c);
+	}
+	unsetenv("RAILWAVE_WAIT_SPIN_US");
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
 static void set_drop(harness_t *h, void *arg) { h->drop_in_submit = *(int *)arg; }
 
 static void test_drop_inside_callback(void **state)
@@ -2691,6 +2733,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_completion_backpressure),
 		cmocka_unit_test(test_submit_and_reap_on_two_threads),
 		cmocka_unit_test(test_drop_inside_callback),
+		cmocka_unit_test(test_wait_spins_then_sleeps),
 		cmocka_unit_test(test_drop_other_client_from_left_callback),
 		cmocka_unit_test(test_busy_poll_server),
 		cmocka_unit_test(test_client_killed_mid_session),
