@@ -177,6 +177,7 @@ struct rw_svc_mesh {
 	uint32_t n_unknown;           /* strangers' accepted control connections before the proof */
 	uint32_t *ctl_members;        /* [me]: the control addresses of the nodes that dial us */
 	ev_timer hb_timer;
+	uint64_t hb_last_ns;          /* when mesh_hb_cb last ran, or the timer started */
 	ev_timer fail_timer;          /* runs the peers' deferred failures (peer_fail_soon) */
 	rw_status_t (*dial)(struct mesh_rail *mr); /* mesh.c's mesh_rail_dial, for mesh_rail.c's redials */
 	rw_svc_rail_fault_t fault;    /* test switch RAILWAVE_TEST_RAIL_DOWN */

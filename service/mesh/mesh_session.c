@@ -493,6 +493,40 @@ void mesh_listen_cb(struct ev_loop *loop, ev_io *w, int revents)
 
 /* ---- heartbeats and timeouts ------------------------------------------------------------- */
 
+static uint64_t later_by(uint64_t t, uint64_t by, uint64_t now)
+{
+	return t + by < now ? t + by : now;
+}
+
+/* The time this loop did not run (descheduled, stopped with its peers, a long step) is not a
+ * peer's silence. A tick later than twice the interval moves every silence clock on by the part of
+ * the gap past one interval: peers stopped along with us get what was left of their timeout to
+ * speak again, and what peers sent meanwhile is read as usual. A peer silent while this loop ran
+ * is judged as before; a loop that is always late judges silence at the pace it runs. */
+static void hb_forgive_stall(rw_svc_mesh_t *m, uint64_t now)
+{
+	uint64_t interval = (uint64_t)m->svc->cfg.heartbeat_interval_ms * 1000000ull;
+	uint64_t last = m->hb_last_ns;
+	m->hb_last_ns = now;
+	if (now - last <= 2 * interval)
+		return;
+	uint64_t stall = now - last - interval;
+	rw_dbg("heartbeat tick %llu ms late (this loop did not run): not counted as the peers' "
+	       "silence", (unsigned long long)(stall / 1000000u));
+	for (uint32_t i = 0; i < m->nodes; i++) {
+		mesh_peer_t *p = &m->peer[i];
+		if (i == m->me)
+			continue;
+		p->last_rx_ns = later_by(p->last_rx_ns, stall, now);
+		if (p->ctl)
+			p->ctl->opened_ns = later_by(p->ctl->opened_ns, stall, now);
+		for (uint32_t r = 0; r < m->rails; r++)
+			p->rail[r].progress_ns = later_by(p->rail[r].progress_ns, stall, now);
+	}
+	for (mesh_ctl_t *c = m->unknown; c; c = c->next)
+		c->opened_ns = later_by(c->opened_ns, stall, now);
+}
+
 void mesh_hb_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	(void)loop;
@@ -501,6 +535,7 @@ void mesh_hb_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	uint64_t now = rw_now_ns();
 	uint64_t timeout = (uint64_t)m->svc->cfg.heartbeat_timeout_ms * 1000000ull;
 	char why[96];
+	hb_forgive_stall(m, now);
 	for (uint32_t r = 0; r < m->rails; r++)
 		mesh_rail_dev_sample(m, r); /* also while a long write is in flight, and on a pure receiver */
 	for (uint32_t i = 0; i < m->nodes; i++) {

@@ -211,6 +211,7 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, uint64_t carv
 		m->peer[m->fault.peer].rail[m->fault.rail].health.hold_until_ns =
 			rw_now_ns() + (uint64_t)m->fault.for_ms * 1000000ull;
 	}
+	m->hb_last_ns = rw_now_ns(); /* the first tick's lateness counts from here (mesh_hb_cb) */
 	ev_timer_start(m->loop, &m->hb_timer);
 
 	for (uint32_t i = m->me + 1; i < m->nodes; i++)

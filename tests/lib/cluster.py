@@ -84,6 +84,14 @@ class Checks:
         return 1 if self.fails else 0
 
 
+def test_seed():
+    """The run's seed: RW_TEST_SEED, else one drawn from the clock; printed first so that a
+    failure replays."""
+    seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or int(time.time()) % (1 << 30)
+    print("seed %d (RW_TEST_SEED=%d reproduces)" % (seed, seed))
+    return seed
+
+
 def built(*paths):
     """True when every one of paths (default: railwaved, rw_rank, railwave) is executable."""
     return all(os.access(p, os.X_OK) for p in (paths or (DAEMON, RANK, RAILWAVE)))

@@ -458,8 +458,7 @@ def main():
             os.path.exists(p) for p in (cluster.FAKE_CUDA, cluster.FAKE_KERN)):
         print("skip: railwaved, rw_rank, librailwave or the CUDA stand-ins not built")
         return 77
-    seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or int(time.time()) % (1 << 30)
-    print("seed %d (RW_TEST_SEED=%d reproduces)" % (seed, seed))
+    seed = cluster.test_seed()
     with tempfile.TemporaryDirectory(prefix="rwslabs.", dir="/tmp") as tmp:
         check.scenarios([("lent tcp", lambda t, s: scenario_lent(t, s, "tcp")),
                          ("lent shm", lambda t, s: scenario_lent(t, s, "shm")),
