@@ -652,6 +652,34 @@ def worker_main(argv):
 
 # ---- check ---------------------------------------------------------------------------------
 
+def replayed(cl, a, pts):
+    """--check --samples FILE: the held-out points' dispatch times as FILE gives them (the
+    "points" of an earlier --check --json report: each point's axis and its per-path samples)
+    instead of timing them here; the table's picks and the verdict are reached as for a
+    measured run. What --check decides from given times, not what the machine's noise did."""
+    try:
+        with open(a.samples) as f:
+            given = {p["axis"]: p["dispatch"] for p in json.load(f)["points"]}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        die("--samples %s: %s" % (a.samples, e))
+    out = []
+    for i, (axis, wl) in enumerate(pts):
+        if axis not in given:
+            continue
+        try:
+            d = {p: bench_bed.summary([float(x) for x in given[axis][p]["samples"]])
+                 for p in PATHS}
+        except (KeyError, TypeError, ValueError) as e:
+            die("--samples %s: point [%s]: no samples for every path (%s)" % (a.samples, axis, e))
+        out.append({"case_id": i + 1, "axis": axis, "workload": wl,
+                    "features": describe(cl, wl)["features"]["f"], "dispatch": d})
+    if not out:
+        die("--samples %s: none of the held-out points (%s)" % (
+            a.samples, ", ".join(axis for axis, _ in pts)))
+    print("check: %d points x 4 paths from %s (not timed here)" % (len(out), a.samples), flush=True)
+    return out
+
+
 def cmd_check(cl, a):
     try:
         with open(a.check) as f:
@@ -664,10 +692,13 @@ def cmd_check(cl, a):
     if not same:
         print("%s does not hold: calibrated for %s, this cluster is %s" % (a.check, tf, fp))
         return 1
-    print("check %s (%d anchors) on %d held-out points, %d repetitions of 4 paths each" % (
-        a.check, len(table.get("anchors", [])), len(points(a, True)), a.reps), flush=True)
+    if not a.samples:
+        print("check %s (%d anchors) on %d held-out points, %d repetitions of 4 paths each" % (
+            a.check, len(table.get("anchors", [])), len(points(a, True)), a.reps), flush=True)
     rows = []
-    for c in measure(cl, a, points(a, True), "check"):
+    cases = replayed(cl, a, points(a, True)) if a.samples else \
+        measure(cl, a, points(a, True), "check")
+    for c in cases:
         sel = describe(cl, c["workload"], a.check)["selection"]
         if sel["table_error"]:
             die(sel["table_error"], 1)
@@ -727,6 +758,9 @@ def main(argv):
     p.add_argument("--out", metavar="FILE",
                    help="where to write the table (default: the daemons' `anchors` file)")
     p.add_argument("--check", metavar="TABLE", help="check TABLE on held-out points instead")
+    p.add_argument("--samples", metavar="FILE",
+                   help="--check: the held-out points' times from FILE (an earlier --check "
+                   "--json report) instead of timing them")
     p.add_argument("--launcher", metavar="PREFIX",
                    help="start one worker per node through PREFIX (a cluster of hosts): "
                         "'srun -N4 --ntasks-per-node=1', or a per-node template with {host} "
@@ -755,6 +789,8 @@ def main(argv):
     a = p.parse_args(argv)
     if a.reps < 2:
         die("--reps: at least 2 (the rule needs a spread)")
+    if a.samples and not a.check:
+        die("--samples: only with --check TABLE")
     launcher = Launcher(a.launcher, a.railwave or binary("railwave")) if a.launcher else None
     cl = Cluster(a.config, launcher)
     return cmd_check(cl, a) if a.check else cmd_calibrate(cl, a)

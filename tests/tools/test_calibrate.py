@@ -265,10 +265,21 @@ def scenario_check(c, tmp, table):
           "a table for another cluster does not hold: %s" % r.stdout.strip())
 
 
+def spread(ms, rel):
+    """Ten given dispatch times around `ms` milliseconds, spread +-rel x 4.5 (CV about 0.3 x 10 x rel)."""
+    return [ms * 1e-3 * (1 + rel * (k - 4.5)) for k in range(10)]
+
+
 def scenario_check_fails(c, tmp, table):
-    """A table that picks Native everywhere: on rails paced at 0.05 Gbit/s, the held-out point
-    with rail skew 0.89 puts most of a node's records on one rail under Native (about 1.7 x the
-    time of Rail-only or Joint in our runs), so the pick is reliably beaten and the table fails."""
+    """A table that picks Native everywhere. Measured: on rails paced at 0.05 Gbit/s, the held-out
+    point with rail skew 0.89 puts most of a node's records on one rail under Native (about 1.7 x
+    the time of Rail-only or Joint in our runs); the verdict follows the 4.6 test on what was
+    measured (on a loaded machine the samples may be too noisy for "reliably", so the measured
+    run asserts consistency, not the outcome). Given (--samples, the same table, the same picks
+    from sched/'s selector): native 40 ms and rail-only 25 ms at the skewed point, 1 %% apart per
+    sample, fails the table there and only there (exit 1); the same medians with samples too noisy
+    for the CV bound hold (exit 0: a regret inside the noise does not fail a table); a pick beaten
+    reliably by less than --tolerance holds."""
     with open(table) as f:
         t = json.load(f)
     for a in t["anchors"]:
@@ -288,11 +299,53 @@ def scenario_check_fails(c, tmp, table):
     check(skewed["selected"] == "native" and skewed["reason"] == "anchor",
           "the Native table picks native at the skewed held-out point")
     d = skewed["dispatch"]
-    check(r.returncode == 1 and "does NOT hold" in r.stdout and skewed["point"] in res["failing_points"],
-          "--check fails the Native table at the skewed point: regret %.0f%% (native p10 %.1f ms "
-          "CV %.2f, best %s p90 %.1f ms CV %.2f)" % (
-              skewed["regret"] * 100, d["native"]["p10"] * 1e3, cv(d["native"]["samples"]),
+    want = [p["point"] for p in res["points"] if p["best"] != p["selected"] and
+            cv(p["dispatch"][p["best"]]["samples"]) < 0.5 and
+            cv(p["dispatch"][p["selected"]]["samples"]) < 0.5 and
+            p["dispatch"][p["best"]]["p90"] * 1.05 < p["dispatch"][p["selected"]]["p10"] and
+            p["regret"] > 0.10]
+    check(res["failing_points"] == want and r.returncode == (1 if want else 0),
+          "measured: the Native table fails at points %s, as the 4.6 test on its samples says: "
+          "skewed regret %.0f%% (native p10 %.1f ms CV %.2f, best %s p90 %.1f ms CV %.2f)" % (
+              want, skewed["regret"] * 100, d["native"]["p10"] * 1e3, cv(d["native"]["samples"]),
               skewed["best"], d[skewed["best"]]["p90"] * 1e3, cv(d[skewed["best"]]["samples"])))
+
+    def given(name, skew_ms, rel):
+        """--check of the Native table on given times: rail skew 0.33 all paths alike (30 ms),
+        rail skew 0.89 the paths' medians skew_ms, rel apart per sample."""
+        pts = [{"axis": "rail-skew 0.33", "dispatch": {p: {"samples": spread(30, 0.01)}
+                                                        for p in PATHS}},
+               {"axis": "rail-skew 0.89", "dispatch": {p: {"samples": spread(skew_ms[p], rel)}
+                                                        for p in PATHS}}]
+        path = os.path.join(tmp, name + ".samples.json")
+        with open(path, "w") as f:
+            json.dump({"points": pts}, f)
+        out = os.path.join(tmp, name + ".json")
+        r = subprocess.run([TOOL, "calibrate", "--config", c.cfg_path, "--check", bad, "--short",
+                            "--cv-bound", "0.5", "--samples", path, "--json", out] + WL,
+                           capture_output=True, text=True, timeout=120)
+        print(r.stdout + r.stderr)
+        with open(out) as f:
+            return r, json.load(f)
+
+    skew = {"native": 40.0, "rail-only": 25.0, "perm-only": 39.0, "joint": 25.5}
+    r, res = given("given-skewed", skew, 0.01)
+    p2 = [p for p in res["points"] if p["axis"] == "rail-skew 0.89"][0]
+    check(r.returncode == 1 and "does NOT hold (points 2)" in r.stdout and
+          res["failing_points"] == [2] and p2["selected"] == "native" and p2["best"] == "rail-only"
+          and p2["reliable"] and abs(p2["regret"] - (40.0 / 25.0 - 1)) < 1e-9,
+          "given native 40 ms and rail-only 25 ms at the skewed point: --check fails the Native "
+          "table there (regret %.0f%%, reliably beaten), exit 1" % (p2["regret"] * 100))
+    r, res = given("given-noisy", skew, 0.2)
+    p2 = [p for p in res["points"] if p["axis"] == "rail-skew 0.89"][0]
+    check(r.returncode == 0 and res["holds"] and not p2["reliable"] and p2["regret"] > 0.5,
+          "the same medians, samples too noisy for the CV bound: regret %.0f%% but not reliably "
+          "beaten, the table holds (exit 0)" % (p2["regret"] * 100))
+    r, res = given("given-close", dict(skew, native=27.0), 0.002)
+    p2 = [p for p in res["points"] if p["axis"] == "rail-skew 0.89"][0]
+    check(r.returncode == 0 and res["holds"] and p2["reliable"] and p2["regret"] < 0.10,
+          "native 27 ms against rail-only 25 ms, reliably beaten by %.0f%% (under --tolerance): "
+          "the table holds (exit 0)" % (p2["regret"] * 100))
 
 
 def scenario_launcher(c, tmp, table):
