@@ -61,9 +61,11 @@ def cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def wakes(pid):
+def wakes(pid, loop_only=False):
+    """Voluntary context switches of every thread of pid (loop_only: of its main thread, the
+    daemon's event loop)."""
     n = 0
-    for t in os.listdir("/proc/%d/task" % pid):
+    for t in ["%d" % pid] if loop_only else os.listdir("/proc/%d/task" % pid):
         try:
             with open("/proc/%d/task/%s/status" % (pid, t)) as f:
                 for line in f:
@@ -202,10 +204,12 @@ def run_cluster(tmp, a, nodes, transport, rate_gbs, results, build=("", cluster.
                 group = "%s-%d" % (shape, tokens)
                 cpu0 = sum(cpu_s(p.pid) for p in c.procs.values())
                 wk0 = sum(wakes(p.pid) for p in c.procs.values())
+                lw0 = sum(wakes(p.pid, True) for p in c.procs.values())
                 pairs, rcpu, rwk = run_ranks(c, a, shape, tokens, paths, steps, group,
                                              rank_env)
                 cpu = (sum(cpu_s(p.pid) for p in c.procs.values()) - cpu0) / (2 * steps)
                 wk = (sum(wakes(p.pid) for p in c.procs.values()) - wk0) / (2 * steps)
+                lw = (sum(wakes(p.pid, True) for p in c.procs.values()) - lw0) / (2 * steps)
                 time.sleep(1.2)  # the daemons write their trace buffers at most every second
                 recs = traces(trace_dir)
                 for pi, path in enumerate(paths):
@@ -223,7 +227,7 @@ def run_cluster(tmp, a, nodes, transport, rate_gbs, results, build=("", cluster.
                             "daemon": build[0],
                             "shape": shape, "tokens": tokens, "path": path, "kind": kind,
                             "ms": med(ms), "p50_us": med(ms) * 1e3 if ms else None,
-                            "lb_ms": lb, "split": split, "cpu_ms": cpu * 1e3, "wakes": wk,
+                            "lb_ms": lb, "split": split, "cpu_ms": cpu * 1e3, "wakes": wk, "loop_wakes": lw,
                             "rank_cpu_ms": rcpu / steps * 1e3, "rank_wakes": rwk / steps,
                             "mb": max(per_rail, default=0) / 1e6, "per_rail": per_rail,
                             "memcpy_ms": None}
@@ -300,12 +304,13 @@ def main():
                     sub = os.path.join(tmp, "%d-%s-%g-%d" % (nodes, transport, rate, i))
                     os.makedirs(sub)
                     run_cluster(sub, a, nodes, transport, rate, results, build)
-    print("== control-plane floor (1 token per rank): phase p50 µs")
+    print("== control-plane floor (1 token per rank): phase p50 µs; the daemons' wake-ups per "
+          "phase, their loop threads' and the others'")
     for r in results:
         if r["tokens"] == 1:
-            print("%s%d %-14s %-8s %-9s %-8s %8.0f" % (
+            print("%s%d %-14s %-8s %-9s %-8s %8.0f  loop %5.1f  other %5.1f" % (
                 r["daemon"] + " " if r["daemon"] else "", r["nodes"], r["transport"], r["shape"],
-                r["path"], r["kind"], r["p50_us"]))
+                r["path"], r["kind"], r["p50_us"], r["loop_wakes"], r["wakes"] - r["loop_wakes"]))
     return 0
 
 
