@@ -27,31 +27,37 @@
 
 /* ---- counts ---- */
 
-static pthread_mutex_t count_mu = PTHREAD_MUTEX_INITIALIZER;
-static unsigned long counts[RW_FAKE_N_END];
+/* The counters: a page of this process's <folder>/<pid> mapped shared (a reader sees each
+ * 64-bit word whole), else a private page. */
+static _Atomic uint64_t *counts;
+static pthread_once_t counts_once = PTHREAD_ONCE_INIT;
+static _Atomic uint64_t counts_private[RW_FAKE_N_END];
+
+static void counts_open(void)
+{
+	counts = counts_private;
+	const char *dir = getenv("RW_FAKE_CUDA_COUNTS");
+	if (!dir)
+		return;
+	char path[512];
+	snprintf(path, sizeof(path), "%s/%d", dir, (int)getpid());
+	int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	void *m = MAP_FAILED;
+	if (fd >= 0 && ftruncate(fd, RW_FAKE_N_END * sizeof(uint64_t)) == 0)
+		m = mmap(NULL, RW_FAKE_N_END * sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED,
+			 fd, 0);
+	if (fd >= 0)
+		close(fd);
+	if (m == MAP_FAILED)
+		fprintf(stderr, "fake cuda: cannot map the counts at %s\n", path);
+	else
+		counts = m;
+}
 
 void rw_fake_cuda_count(enum rw_fake_count what)
 {
-	pthread_mutex_lock(&count_mu);
-	counts[what]++;
-	const char *dir = getenv("RW_FAKE_CUDA_COUNTS");
-	if (dir) {
-		char path[512], tmp[520];
-		snprintf(path, sizeof(path), "%s/%d", dir, (int)getpid());
-		snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-		FILE *f = fopen(tmp, "w");
-		if (f) {
-			fprintf(f, "pid %d host_fn %lu kernel %lu work %lu word_write %lu word_wait %lu\n",
-				(int)getpid(), counts[RW_FAKE_N_HOST_FN], counts[RW_FAKE_N_KERNEL],
-				counts[RW_FAKE_N_WORK], counts[RW_FAKE_N_WORD_WRITE],
-				counts[RW_FAKE_N_WORD_WAIT]);
-			if (fclose(f) != 0 || rename(tmp, path) != 0)
-				fprintf(stderr, "fake cuda: cannot write the counts to %s\n", path);
-		} else {
-			fprintf(stderr, "fake cuda: cannot write the counts to %s\n", tmp);
-		}
-	}
-	pthread_mutex_unlock(&count_mu);
+	pthread_once(&counts_once, counts_open);
+	atomic_fetch_add(&counts[what], 1);
 }
 
 /* ---- the stream work queues ---- */

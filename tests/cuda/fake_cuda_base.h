@@ -44,9 +44,9 @@ int rw_fake_cuda_is_device_mem(uintptr_t p, size_t n);
  * a driver thread calls back into the process, as a CUDA mover's mark writes its eventfd),
  * kernel launches, stream work of any kind (copies, memsets, kernels, host functions, stream
  * memory operations), 64-bit stream writes and waits of words. With $RW_FAKE_CUDA_COUNTS set to
- * a folder, every count written to <folder>/<pid> as one line
- * "pid P host_fn N kernel N work N word_write N word_wait N", replaced whole (a rename) after
- * each counted call, so a reader between calls sees exact totals. */
+ * a folder, the counts live in <folder>/<pid> from the first counted call: RW_FAKE_N_END
+ * little-endian uint64 words in this order, mapped shared and each added to atomically, so a
+ * reader at any time sees exact totals; the file stays after the process. */
 enum rw_fake_count {
 	RW_FAKE_N_HOST_FN, RW_FAKE_N_KERNEL, RW_FAKE_N_WORK, RW_FAKE_N_WORD_WRITE,
 	RW_FAKE_N_WORD_WAIT, RW_FAKE_N_END

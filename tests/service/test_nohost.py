@@ -6,7 +6,7 @@ path"), checked by counting what each process asks of the GPU.
 Two real railwaved on loopback tcp (2 nodes, 2 rails, 2 ranks per node) and every rank load the
 counting CUDA stand-in (tests/integration/libfakecuda_kern.so through $RW_CUDA_DRIVER; each
 process's counts of host functions, kernel launches, stream work and 64-bit word writes and waits
-in $RW_FAKE_CUDA_COUNTS/<pid>, tests/cuda/fake_cuda_base.h).
+mapped at $RW_FAKE_CUDA_COUNTS/<pid>, tests/cuda/fake_cuda_base.h).
 
 1. A group of four page ranks (tests/integration/rw_pagerank.c, mode `lib`: librailwave's
    rw_client_rank_dispatch and rw_client_rank_combine, the count, pack, forward, gather and
@@ -19,7 +19,7 @@ in $RW_FAKE_CUDA_COUNTS/<pid>, tests/cuda/fake_cuda_base.h).
    part reads as zero is the one the daemon's GPU work moves.
 Run by tests/run as $b/test/svc_nohost; exits 0 pass, 1 fail, 77 skip."""
 import os
-import re
+import struct
 import subprocess
 import sys
 import tempfile
@@ -38,14 +38,13 @@ check = cluster.Checks()
 def counts(folder, pid):
     """The stand-in's counts of process pid (all zero if it asked nothing of the GPU yet)."""
     try:
-        with open(os.path.join(folder, str(pid))) as f:
-            line = f.read()
+        with open(os.path.join(folder, str(pid)), "rb") as f:
+            raw = f.read()
     except FileNotFoundError:
         return dict.fromkeys(KEYS, 0)
-    m = re.fullmatch(r"pid %d " % pid + " ".join(r"%s (\d+)" % k for k in KEYS) + "\n", line)
-    if not m:
-        raise RuntimeError("counts of pid %d unreadable: %r" % (pid, line))
-    return dict(zip(KEYS, map(int, m.groups())))
+    if len(raw) != 8 * len(KEYS):
+        raise RuntimeError("counts of pid %d: %d bytes, not %d" % (pid, len(raw), 8 * len(KEYS)))
+    return dict(zip(KEYS, struct.unpack("<%dQ" % len(KEYS), raw)))
 
 
 def delta(after, before):
