@@ -310,19 +310,27 @@ static int map_rings(rw_client_t *c, const rw_ipc_ring_ok_t *ok, uint32_t sq_ent
 	return 0;
 }
 
-/* RAILWAVE_WAIT_SPIN_US: the longest rw_client_wait spins before it sleeps (0: never). */
+/* RAILWAVE_WAIT_SPIN_US: the longest rw_client_wait spins before it sleeps (0: never). Unset,
+ * it is WAIT_SPIN_US_DEFAULT on a host with at least WAIT_SPIN_MIN_CPUS online CPUs and 0 on a
+ * smaller one: a spinning rank only helps when a core is free for it, which a training node's
+ * dozens of cores give and a small host shared by several ranks and daemons does not
+ * (docs/perf/shm.md "The control-plane floor": a fifth faster at N = 2, a quarter slower with
+ * more ranks and daemons than the two vCPUs). */
 #define WAIT_SPIN_US_DEFAULT 200
 #define WAIT_SPIN_US_MAX 10000
+#define WAIT_SPIN_MIN_CPUS 8
 
 static uint32_t wait_spin_ns(void)
 {
 	const char *v = getenv("RAILWAVE_WAIT_SPIN_US");
 	char *end;
-	unsigned long us = WAIT_SPIN_US_DEFAULT;
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	unsigned long dflt = cpus >= WAIT_SPIN_MIN_CPUS ? WAIT_SPIN_US_DEFAULT : 0;
+	unsigned long us = dflt;
 	if (v && *v) {
 		us = strtoul(v, &end, 10);
 		if (*end || us > WAIT_SPIN_US_MAX)
-			us = WAIT_SPIN_US_DEFAULT;
+			us = dflt;
 	}
 	return (uint32_t)us * 1000u;
 }
