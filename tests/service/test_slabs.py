@@ -2,7 +2,8 @@
 """Group slabs: per-group carve-outs lent to the ranks (docs/rankpath.md "The slab areas, lent per
 group"; docs/ipc.md SLAB_SETUP / SLAB_OK) with real railwaved daemons on loopback, real rank
 processes (tests/integration/rw_rank.c --slabs, which verify every row they receive) and real
-sockets; the daemons run with group_area_mib 1 and group_pool_mib 2 (a pool of two carve-outs):
+sockets; the daemons run with group_area_mib 1 and group_pool_mib 2 (a pool of two carve-outs)
+and heartbeat_timeout_ms 5000:
 
 1. Lent (tcp and shm rails): a job's ranks each map their group's slab of every rail and
    register it with CUDA (the stand-in driver); every row a rank received from the other node
@@ -50,7 +51,10 @@ import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
 
 check = cluster.Checks()
 E_INVAL, E_STATE, E_FIELD, E_LIMIT = -1, -26, -27, -51  # ipc/railwave.h
-AREA = {"group_area_mib": 1, "group_pool_mib": 2}
+# heartbeat_timeout_ms 5000 (cluster.py's default is 1000): no scenario waits for a peer to be
+# timed out (a killed daemon's connections close at once), and on a loaded test machine one
+# daemon's process was seen not to run for 1.2 s, which its peer rightly took for a dead node.
+AREA = {"group_area_mib": 1, "group_pool_mib": 2, "heartbeat_timeout_ms": 5000}
 
 
 MAGIC, VERSION = 0x50495752, cluster.define("ipc/railwave.h", "RW_PROTOCOL_VERSION")
