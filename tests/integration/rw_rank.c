@@ -7,7 +7,8 @@
  *
  *   rw_rank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS SEED MODE [FLAGS]
  *   MODE: ok        run everything, exit 0 iff every check passed
- *         fail      submit one dispatch, expect an error completion (exit 0), else exit 1
+ *         fail      submit one dispatch, expect its pair to fail: an error completion of the dispatch, or
+ *                   of its combine where the dispatch completed first (exit 0), else exit 1
  *         idle      connect, then sleep until killed (a rank that dies mid-phase)
  *         rewrite   a hostile rank (host buffers only): submit one dispatch, then rewrite its
  *                   top-k ids over and over (every id moved to the expert E/2 further, and
@@ -564,6 +565,37 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 			if (timing)
 				printf("timing dispatch %u %u %llu %llu %u %u\n", layer, step,
 				       (unsigned long long)t_sub, (unsigned long long)rw_now_ns(), cq.recv_tokens, row);
+			if (strcmp(mode, "fail") == 0 && cq.status == RW_CQ_OK) {
+				/* The pair may fail at its combine instead: a node that had every row it
+				 * needed finishes its dispatch before a peer's failure of the pair reaches
+				 * it, which then fails the combine (docs/dataflow.md "Failures"). Give the
+				 * combine (its rows' contents do not matter) and require that failure. */
+				rw_sqe_t fc = { .kind = RW_KIND_COMBINE, .dtype = s.dtype, .topk = TOPK,
+						.layer = layer, .phase_id = s.phase_id + 500, .step = step,
+						.user_data = 8, .token_count = cq.recv_tokens, .hidden = hidden,
+						.handle_id = cq.handle_id, .tokens = { buf_id, 0, off_cin },
+						.topk_ids = none, .topk_weights = none,
+						.output = { buf_id, 0, off_cout }, .output_capacity = comb_out };
+				if (cq.recv_tokens == 0)
+					fc.tokens = none;
+				if (mine.n == 0) {
+					fc.output = none;
+					fc.output_capacity = 0;
+				}
+				rc = ordered_submit(c, b, &fc);
+				CHECK(rc == 0, "submit combine: %s", rw_client_strerror(rc));
+				CHECK(ordered_wait(b, off_cout, (uint64_t)mine.n * row) == 0,
+				      "stream wait on the flag");
+				rc = wait_one(c, &cq, 30000);
+				if (rc == RW_E_CLOSED && b->ordered)
+					return ordered_lost(c, b);
+				CHECK(rc == 0, "no combine completion");
+				CHECK(cq.status == RW_CQ_ERROR,
+				      "dispatch and combine succeeded but the pair should have failed");
+				printf("failed as expected: %s: %s (at the combine)\n",
+				       rw_client_strerror(cq.error), rw_client_last_message(c));
+				return 0;
+			}
 			if (strcmp(mode, "fail") == 0) {
 				CHECK(cq.status == RW_CQ_ERROR, "dispatch succeeded but should have failed");
 				printf("failed as expected: %s: %s\n", rw_client_strerror(cq.error),
