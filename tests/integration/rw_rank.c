@@ -360,6 +360,24 @@ static int ordered_lost(rw_client_t *c, rank_buf_t *b)
 	return 3;
 }
 
+/* Submit the combine `cs` and wait for its completion (*cq; its status is the caller's to judge).
+ * When the daemon went away instead, *lost_p = 1 and the owed flags are written (ordered_lost's
+ * answer is returned: the rank is done). Else 0, or 1 after a failed check. */
+static int combine_wait(rw_client_t *c, rank_buf_t *b, rw_sqe_t *cs, uint64_t off_cout,
+			uint64_t out_len, rw_cqe_t *cq, int *lost_p)
+{
+	int rc = ordered_submit(c, b, cs);
+	CHECK(rc == 0, "submit combine: %s", rw_client_strerror(rc));
+	CHECK(ordered_wait(b, off_cout, out_len) == 0, "stream wait on the flag");
+	rc = wait_one(c, cq, 30000);
+	if (rc == RW_E_CLOSED && b->ordered) {
+		*lost_p = 1;
+		return ordered_lost(c, b);
+	}
+	CHECK(rc == 0, "no combine completion");
+	return 0;
+}
+
 static int buf_from_dev(const rank_buf_t *b, uint64_t off, uint64_t len)
 {
 	if (!b->cuda || len == 0)
@@ -582,14 +600,10 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 					fc.output = none;
 					fc.output_capacity = 0;
 				}
-				rc = ordered_submit(c, b, &fc);
-				CHECK(rc == 0, "submit combine: %s", rw_client_strerror(rc));
-				CHECK(ordered_wait(b, off_cout, (uint64_t)mine.n * row) == 0,
-				      "stream wait on the flag");
-				rc = wait_one(c, &cq, 30000);
-				if (rc == RW_E_CLOSED && b->ordered)
-					return ordered_lost(c, b);
-				CHECK(rc == 0, "no combine completion");
+				int lost = 0;
+				rc = combine_wait(c, b, &fc, off_cout, (uint64_t)mine.n * row, &cq, &lost);
+				if (rc || lost)
+					return rc;
 				CHECK(cq.status == RW_CQ_ERROR,
 				      "dispatch and combine succeeded but the pair should have failed");
 				printf("failed as expected: %s: %s (at the combine)\n",
@@ -700,14 +714,10 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 				cs.output_capacity = 0;
 			}
 			t_sub = rw_now_ns();
-			rc = ordered_submit(c, b, &cs);
-			CHECK(rc == 0, "submit combine: %s", rw_client_strerror(rc));
-			CHECK(ordered_wait(b, off_cout, (uint64_t)mine.n * row) == 0,
-			      "stream wait on the flag");
-			rc = wait_one(c, &cq, 30000);
-			if (rc == RW_E_CLOSED && b->ordered)
-				return ordered_lost(c, b);
-			CHECK(rc == 0, "no combine completion");
+			int lost = 0;
+			rc = combine_wait(c, b, &cs, off_cout, (uint64_t)mine.n * row, &cq, &lost);
+			if (rc || lost)
+				return rc;
 			CHECK(ordered_check(b) == 0, "flag");
 			if (timing)
 				printf("timing combine %u %u %llu %llu %u %u\n", layer, step,
