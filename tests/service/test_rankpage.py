@@ -59,6 +59,8 @@ LIB = cluster.LIBRAILWAVE
 PAGERANK = os.path.join(B, "tests", "integration", "rw_pagerank")
 # the CUDA stand-in with the kernels' CPU stand-ins: librailwave's rank path runs on it
 FAKE_KERN = os.path.join(B, "tests", "integration", "libfakecuda_kern.so")
+# RW_RANKPAGE_DRIVER=libcuda.so.1: the lib job's kernels on a GPU (scripts/gpu-carry)
+KERN_DRIVER = os.environ.get("RW_RANKPAGE_DRIVER", FAKE_KERN)
 Opts = cluster.ClientOpts
 E_CLOSED, E_STATE, E_TOKENS, E_DTYPE = -5, -26, -45, -44  # ipc/railwave.h
 # ipc/page.h: the head's words and status lines each on a 64-byte line; slot 0 after the head;
@@ -248,13 +250,13 @@ def main():
         check(all("(0 rows)" not in v[1] for v in res.values()),
               "every page rank received rows")
 
-        if os.path.exists(FAKE_KERN):  # built where nvcc embeds the kernels
+        if "/" not in KERN_DRIVER or os.path.exists(KERN_DRIVER):  # nvcc embeds the kernels
             res = outputs(page_job("lib", 2, 3, {r: "lib" for r in range(nodes * c.gpus)},
-                                   env=dict(c.env, RW_CUDA_DRIVER=FAKE_KERN)))
+                                   env=dict(c.env, RW_CUDA_DRIVER=KERN_DRIVER)))
             passed(res, "6 dispatches and their combines through librailwave's rank path "
                    "(count, pack, forward, gather and reduce kernels on the stand-in driver)")
         else:
-            print("skip librailwave's rank path: no kernel stand-in (%s)" % FAKE_KERN)
+            print("skip librailwave's rank path: no kernel stand-in (%s)" % KERN_DRIVER)
 
         res = outputs(page_job("lie", 1, 3, {r: "lie" for r in range(nodes * c.gpus)}))
         passed(res, "after the lie, phases 2 and 3")
