@@ -53,6 +53,11 @@ rw_status_t rw_cuda_dmabuf_export(int d, rw_cuda_dptr_t p, size_t n, int *fd)
 int rw_cuda_gdr_ordering(int d) { (void)d; return 0; }
 rw_status_t rw_cuda_gdr_flush(int d, int a) { (void)d; (void)a; return RW_NO_CUDA; }
 rw_status_t rw_cuda_stream_create(int d, rw_cuda_stream_t **s) { (void)d; (void)s; return RW_NO_CUDA; }
+rw_status_t rw_cuda_stream_create_prio(int d, int h, rw_cuda_stream_t **s, int *p)
+{
+	(void)d; (void)h; (void)s; (void)p;
+	return RW_NO_CUDA;
+}
 void rw_cuda_stream_destroy(rw_cuda_stream_t *s) { (void)s; }
 int rw_cuda_stream_device(const rw_cuda_stream_t *s) { (void)s; return -1; }
 int rw_cuda_stream_fd(const rw_cuda_stream_t *s) { (void)s; return -1; }

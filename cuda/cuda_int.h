@@ -34,7 +34,8 @@
 	X(cuEventCreate) X(cuEventRecord) X(cuEventDestroy) X(cuIpcGetEventHandle) \
 	X(cuIpcOpenEventHandle) X(cuStreamWaitEvent) X(cuStreamWriteValue32) X(cuStreamWaitValue32) \
 	X(cuEventSynchronize) X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess) \
-	X(cuFlushGPUDirectRDMAWrites) X(cuStreamWriteValue64) X(cuStreamWaitValue64)
+	X(cuFlushGPUDirectRDMAWrites) X(cuStreamWriteValue64) X(cuStreamWaitValue64) \
+	X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange)
 
 #define RW_CU_STR_(x) #x
 #define RW_CU_NAME(x) RW_CU_STR_(x) /* expands the cuda.h version macro first */

@@ -192,6 +192,11 @@ typedef struct rw_cuda_stream rw_cuda_stream_t;
 
 /* A non-blocking stream on `device` plus an eventfd that becomes readable when a mark completes. */
 rw_status_t rw_cuda_stream_create(int device, rw_cuda_stream_t **stream_p);
+/* The same at the context's greatest stream priority when `high` (cuCtxGetStreamPriorityRange,
+ * cuStreamCreateWithPriority; RW_ERR_UNSUPPORTED where the driver has neither), else at the
+ * default one; *priority_p (if given): the priority the stream got (0 = the default). */
+rw_status_t rw_cuda_stream_create_prio(int device, int high, rw_cuda_stream_t **stream_p,
+				       int *priority_p);
 /* Waits for the stream's outstanding work, then frees it. */
 void rw_cuda_stream_destroy(rw_cuda_stream_t *stream);
 

@@ -39,12 +39,26 @@ static void CUDA_CB mark_done(void *arg)
 
 rw_status_t rw_cuda_stream_create(int device, rw_cuda_stream_t **stream_p)
 {
+	return rw_cuda_stream_create_prio(device, 0, stream_p, NULL);
+}
+
+rw_status_t rw_cuda_stream_create_prio(int device, int high, rw_cuda_stream_t **stream_p,
+				       int *priority_p)
+{
 	rw_status_t st = rw_cu_enter(device);
 	rw_cuda_stream_t *s;
 	CUresult res;
+	int least = 0, greatest = 0;
 
 	if (st != RW_OK)
 		return st;
+	if (high) {
+		if (!rw_cu.cuStreamCreateWithPriority || !rw_cu.cuCtxGetStreamPriorityRange)
+			return RW_ERR_UNSUPPORTED;
+		res = rw_cu.cuCtxGetStreamPriorityRange(&least, &greatest);
+		if (res != CUDA_SUCCESS)
+			return rw_cu_fail(res, "cuCtxGetStreamPriorityRange");
+	}
 	s = calloc(1, sizeof(*s));
 	if (s == NULL)
 		return RW_ERR_NOMEM;
@@ -55,12 +69,15 @@ rw_status_t rw_cuda_stream_create(int device, rw_cuda_stream_t **stream_p)
 		st = RW_ERR_SYS;
 		goto fail_free;
 	}
-	res = rw_cu.cuStreamCreate(&s->stream, CU_STREAM_NON_BLOCKING);
+	res = high ? rw_cu.cuStreamCreateWithPriority(&s->stream, CU_STREAM_NON_BLOCKING, greatest)
+		   : rw_cu.cuStreamCreate(&s->stream, CU_STREAM_NON_BLOCKING);
 	if (res != CUDA_SUCCESS) {
-		st = rw_cu_fail(res, "cuStreamCreate");
+		st = rw_cu_fail(res, high ? "cuStreamCreateWithPriority" : "cuStreamCreate");
 		goto fail_close;
 	}
 	atomic_init(&s->done, 0);
+	if (priority_p)
+		*priority_p = high ? greatest : least;
 	*stream_p = s;
 	return RW_OK;
 

@@ -25,9 +25,29 @@
  *
  * --cuda: the buffer is CUDA device memory (registered by IPC handle, docs/cuda.md) with a host
  * mirror the checks read: inputs are copied up before a submission's clock starts and results
- * down after its completion's clock stops (the GPU-path benchmark, docs/perf/gpu-path.md). */
+ * down after its completion's clock stops (the GPU-path benchmark, docs/perf/gpu-path.md).
+ *
+ * --rank-path: the rank path instead (docs/rankpath.md): rw_client_rank_open on the rank's GPU,
+ * every dispatch and combine (the --barrier pairs too) enqueued with rw_client_rank_dispatch /
+ * rw_client_rank_combine on a stream of this process, inputs already in device memory (copied
+ * up before the clock starts), outputs copied down after it stops and checked as above. A
+ * phase's clock stops when rw_client_rank_wait saw its done word (the stream's last work of the
+ * phase) and cuStreamSynchronize of that stream returned. --priority normal|high|both: the
+ * stream at the default priority, at the context's greatest (cuStreamCreateWithPriority), or
+ * both streams, even steps on the normal one and odd steps on the high one.
+ *
+ * --host-ns: also one line per pair with the wall time spent inside the submitting calls
+ * (rw_client_submit, or rw_client_rank_dispatch / rw_client_rank_combine), and the stream's
+ * priority (`-` on the ring):
+ *
+ *   call STEP DISPATCH_CALL_NS COMBINE_CALL_NS PRIORITY
+ *
+ * --gate STEP:FILE: before step STEP (its barrier pair included) wait until FILE exists (the
+ * benchmark starts other work on the GPU there, docs/perf/rankpath.md). */
 #include <getopt.h>
 #include <stdio.h>
+#include <time.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -102,19 +122,31 @@ static int mirror(const dev_buf_t *d, uint8_t *mem, uint64_t off, uint64_t len, 
 	return st == RW_OK && rw_cuda_stream_sync(d->s) == RW_OK ? 0 : -1;
 }
 
-/* Allocate `total` bytes on the GPU of local rank `gpu` and register them by IPC handle. */
-static int dev_register(rw_client_t *cl, uint32_t gpu, uint64_t total, dev_buf_t *d, uint32_t *buf)
+/* Allocate `total` bytes on the GPU of local rank `gpu`, and the stream of the mirror copies. */
+static int dev_alloc(uint32_t gpu, uint64_t total, dev_buf_t *d)
 {
 	if (rw_cuda_init() != RW_OK || rw_cuda_device_count() < 1) {
-		fprintf(stderr, "rank %u: --cuda: %s\n", me, rw_cuda_unavailable_reason());
+		fprintf(stderr, "rank %u: CUDA: %s\n", me, rw_cuda_unavailable_reason());
 		return -1;
 	}
 	d->device = (int)(gpu % (uint32_t)rw_cuda_device_count());
-	rw_cuda_ipc_desc_t x;
 	if (rw_cuda_stream_create(d->device, &d->s) != RW_OK ||
-	    rw_cuda_mem_alloc(d->device, total, &d->dptr) != RW_OK ||
-	    rw_cuda_ipc_export(d->dptr, total, &x) != RW_OK) {
-		fprintf(stderr, "rank %u: --cuda: cannot allocate and export %llu bytes on GPU %d\n", me,
+	    rw_cuda_mem_alloc(d->device, total, &d->dptr) != RW_OK) {
+		fprintf(stderr, "rank %u: cannot allocate %llu bytes on GPU %d\n", me,
+			(unsigned long long)total, d->device);
+		return -1;
+	}
+	return 0;
+}
+
+/* dev_alloc, then the memory registered with the daemon by IPC handle (--cuda). */
+static int dev_register(rw_client_t *cl, uint32_t gpu, uint64_t total, dev_buf_t *d, uint32_t *buf)
+{
+	rw_cuda_ipc_desc_t x;
+	if (dev_alloc(gpu, total, d) != 0)
+		return -1;
+	if (rw_cuda_ipc_export(d->dptr, total, &x) != RW_OK) {
+		fprintf(stderr, "rank %u: --cuda: cannot export %llu bytes on GPU %d\n", me,
 			(unsigned long long)total, d->device);
 		return -1;
 	}
@@ -154,6 +186,111 @@ static int empty_pair(rw_client_t *c, const rw_sqe_t *timed, uint64_t step)
 	return 0;
 }
 
+/* --rank-path: the rank path and its streams ([0] the default priority, [1] the greatest). */
+typedef struct rpath {
+	rw_client_rank_t *rp;
+	rw_cuda_stream_t *s[2];
+	rw_client_stream_t cs[2];
+	int prio[2];
+	int which; /* --priority: 0 normal, 1 high, 2 both (even steps normal, odd steps high) */
+} rpath_t;
+
+static const char *const prio_names[] = { "normal", "high", "both" };
+
+static int rp_open(rw_client_t *cl, int device, uint32_t max_recv, rpath_t *p)
+{
+	int rc = rw_client_rank_open(cl, device, max_recv, &p->rp);
+	if (rc != 0) {
+		fprintf(stderr, "rank %u: --rank-path: %s: %s\n", me, rw_client_strerror(rc),
+			rw_client_rank_message(NULL));
+		return -1;
+	}
+	for (int i = 0; i < 2; i++) {
+		if (p->which != 2 && p->which != i)
+			continue;
+		rw_cuda_ext_stream_t e;
+		rw_status_t st = rw_cuda_stream_create_prio(device, i, &p->s[i], &p->prio[i]);
+		if (st == RW_OK)
+			st = rw_cuda_ext_stream_of(p->s[i], &e);
+		if (st != RW_OK) {
+			fprintf(stderr, "rank %u: --rank-path: no stream at the %s priority: %s\n", me,
+				prio_names[i], rw_status_str(st));
+			return -1;
+		}
+		p->cs[i] = (rw_client_stream_t){ .device = e.device, .handle = e.handle };
+	}
+	return 0;
+}
+
+static void rp_close(rpath_t *p)
+{
+	rw_client_rank_close(p->rp); /* every phase was waited for */
+	for (int i = 0; i < 2; i++)
+		if (p->s[i])
+			rw_cuda_stream_destroy(p->s[i]);
+}
+
+/* The stream step `step` enqueues on. */
+static int rp_stream(const rpath_t *p, uint64_t step)
+{
+	return p->which == 2 ? (int)(step & 1) : p->which;
+}
+
+/* Rank-path phase k is complete: rw_client_rank_wait saw its done word, then the stream has
+ * nothing left of it. 0, or the phase's code. */
+static int rp_wait(rpath_t *p, int w, uint64_t k, rw_client_rank_done_t *done)
+{
+	int rc = rw_client_rank_wait(p->rp, k, 120000, done);
+	if (rc == 0 && rw_cuda_stream_sync(p->s[w]) != RW_OK)
+		rc = RW_E_CUDA;
+	return rc;
+}
+
+/* --barrier on the rank path: a dispatch of no tokens on the next layer, and its combine. */
+static int rp_empty_pair(rpath_t *p, int w, const rw_client_rank_dispatch_t *timed)
+{
+	rw_client_rank_dispatch_t d = *timed;
+	d.layer++;
+	d.token_count = 0;
+	d.path = RW_PATH_REQ_DAEMON;
+	d.tokens = d.topk_ids = d.topk_weights = 0;
+	uint64_t kd, kc;
+	rw_client_rank_done_t done;
+	if (rw_client_rank_dispatch(p->rp, &p->cs[w], &d, &kd) != 0 ||
+	    rp_wait(p, w, kd, &done) != 0 || done.recv_tokens != 0)
+		return -1;
+	const rw_client_rank_combine_t c = { .dispatch = kd };
+	if (rw_client_rank_combine(p->rp, &p->cs[w], &c, &kc) != 0 || rp_wait(p, w, kc, NULL) != 0)
+		return -1;
+	return 0;
+}
+
+/* --gate: wait (1 ms polls, 10 minutes at most) until `file` exists. */
+static int gate_wait(const char *file)
+{
+	const struct timespec ms = { 0, 1000000 };
+	for (long i = 0; i < 600000; i++) {
+		if (access(file, F_OK) == 0)
+			return 0;
+		nanosleep(&ms, NULL);
+	}
+	return -1;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* p50 and p99 (nearest rank) of v[0..n), sorted in place. */
+static void pcts(uint64_t *v, size_t n, uint64_t *p50, uint64_t *p99)
+{
+	qsort(v, n, sizeof(*v), cmp_u64);
+	*p50 = n ? v[(n - 1) / 2] : 0;
+	*p99 = n ? v[(n * 99 + 99) / 100 - 1] : 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option own[] = {
@@ -166,6 +303,10 @@ int main(int argc, char **argv)
 		{ "barrier", no_argument, NULL, 'b' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "cuda", no_argument, NULL, 'u' },
+		{ "rank-path", no_argument, NULL, 'P' },
+		{ "priority", required_argument, NULL, 'q' },
+		{ "host-ns", no_argument, NULL, 'H' },
+		{ "gate", required_argument, NULL, 'G' },
 	};
 	enum { N_OWN = sizeof(own) / sizeof(own[0]) };
 	struct option opts[RW_BENCH_WL_NOPTS + N_OWN + 1];
@@ -173,13 +314,15 @@ int main(int argc, char **argv)
 	memcpy(opts + N_OWN, rw_bench_wl_options, sizeof(struct option) * (RW_BENCH_WL_NOPTS + 1));
 	rw_bench_wl_t wl;
 	rw_bench_wl_default(&wl);
-	const char *sock = NULL, *group = "bench";
-	unsigned long steps = 1;
+	const char *sock = NULL, *group = "bench", *gate_file = NULL;
+	unsigned long steps = 1, gate_step = 0;
 	long rank_arg = -1;
 	uint16_t paths[MAX_PATHS] = { RW_PATH_REQ_DAEMON }, cpaths[MAX_PATHS];
 	unsigned n_paths = 1, n_cpaths = 0;
-	int c, cuda = 0, barrier = 0;
+	int c, cuda = 0, barrier = 0, rank_path = 0, host_ns = 0;
 	dev_buf_t dev = { .device = -1 };
+	rpath_t rpp = { .which = -1 };
+	char *end;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
 		case 's': sock = optarg; break;
@@ -197,10 +340,30 @@ int main(int argc, char **argv)
 			}
 			break;
 		case 'u': cuda = 1; break;
+		case 'P': rank_path = 1; break;
+		case 'H': host_ns = 1; break;
+		case 'q':
+			for (int i = 0; i < 3; i++)
+				if (strcmp(optarg, prio_names[i]) == 0)
+					rpp.which = i;
+			if (rpp.which < 0) {
+				fprintf(stderr, "rw_bench_rank: --priority: normal, high or both\n");
+				return 2;
+			}
+			break;
+		case 'G':
+			gate_step = strtoul(optarg, &end, 10);
+			if (*end != ':' || end == optarg || !end[1]) {
+				fprintf(stderr, "rw_bench_rank: --gate: STEP:FILE\n");
+				return 2;
+			}
+			gate_file = end + 1;
+			break;
 		case 'h':
 			printf("usage: rw_bench_rank --socket PATH --group NAME --rank R --steps S "
-			       "[--paths LIST] [--combine-paths LIST] [--barrier] [--cuda] [workload]\n%s",
-			       rw_bench_wl_usage);
+			       "[--paths LIST] [--combine-paths LIST] [--barrier] [--cuda | --rank-path "
+			       "[--priority normal|high|both]] [--host-ns] [--gate STEP:FILE] "
+			       "[workload]\n%s", rw_bench_wl_usage);
 			return 0;
 		default:
 			if (rw_bench_wl_opt("rank", c, optarg, &wl) != 0)
@@ -212,6 +375,13 @@ int main(int argc, char **argv)
 		fprintf(stderr, "rw_bench_rank: need --socket, --rank < N*G and --steps >= 1\n");
 		return 2;
 	}
+	if ((cuda && rank_path) || (rpp.which >= 0 && !rank_path) || (rank_path && n_cpaths)) {
+		fprintf(stderr, "rw_bench_rank: --cuda or --rank-path, not both; --priority needs "
+			"--rank-path, which takes no --combine-paths (a combine takes its dispatch's)\n");
+		return 2;
+	}
+	if (rpp.which < 0)
+		rpp.which = 0;
 	me = (uint32_t)rank_arg;
 
 	int ok = 0;
@@ -221,6 +391,7 @@ int main(int argc, char **argv)
 	int32_t *ids = NULL;
 	uint32_t *want_counts = NULL;
 	uint8_t *seen = NULL;
+	uint64_t *call_ns = NULL;
 	rw_synth_cfg_t scfg;
 	rw_bench_wl_synth(&wl, &scfg);
 	if (rw_synth_init(&gen, &scfg) != RW_OK) {
@@ -233,7 +404,8 @@ int main(int argc, char **argv)
 	ids = malloc((size_t)W * T * K * sizeof(int32_t));
 	want_counts = calloc(E, sizeof(uint32_t));
 	seen = malloc((size_t)W * T);
-	CHECK(ids && want_counts && seen, "out of memory");
+	call_ns = calloc(2 * steps, sizeof(uint64_t)); /* [dispatch, combine] per step */
+	CHECK(ids && want_counts && seen && call_ns, "out of memory");
 	for (uint32_t q = 0; q < W; q++)
 		rw_synth_rank(&gen, q / wl.gpus, q % wl.gpus, ids + (size_t)q * T * K);
 	uint32_t want_rows = 0;
@@ -248,7 +420,6 @@ int main(int argc, char **argv)
 				}
 			want_rows += hit;
 		}
-
 	rw_client_opts_t o = { .socket_path = sock, .group = group, .rank = me, .world_size = W,
 			       .node = me / wl.gpus, .local_gpu = (int32_t)(me % wl.gpus) };
 	int rc = rw_client_connect(&o, &cl);
@@ -256,20 +427,37 @@ int main(int argc, char **argv)
 
 	/* One buffer: tokens, ids, weights, dispatch output, combine input, combine output. The
 	 * dispatch output layout is docs/dataflow.md "Dispatch output": per-expert counts (when they
-	 * do not fit the completion), then rows_cap rows, then rows_cap metadata entries. */
+	 * do not fit the completion), then rows_cap rows, then rows_cap metadata entries. The rank
+	 * path's outputs are three arrays, laid out the same way here: counts always, and the
+	 * metadata 16-byte aligned. */
 	const uint64_t row = (uint64_t)H * 2, meta = 16 + 8ull * K;
-	const uint64_t cbytes = E > RW_CQE_INLINE_COUNTS ? ((4ull * E + 15) & ~15ull) : 0;
+	const uint64_t cbytes = rank_path || E > RW_CQE_INLINE_COUNTS ? ((4ull * E + 15) & ~15ull) : 0;
 	const uint64_t rows_cap = (uint64_t)want_rows + 1;
+	const uint64_t rows_bytes = rank_path ? (rows_cap * row + 15) & ~15ull : rows_cap * row;
 	const uint64_t off_tok = 0, off_ids = off_tok + (uint64_t)T * row,
 		       off_w = off_ids + (uint64_t)T * K * 4, off_out = (off_w + (uint64_t)T * K * 4 + 63) & ~63ull,
-		       out_cap = cbytes + rows_cap * (row + meta),
+		       out_cap = cbytes + rows_bytes + rows_cap * meta,
 		       off_cin = (off_out + out_cap + 63) & ~63ull,
-		       off_cout = off_cin + rows_cap * row, total = off_cout + (uint64_t)T * row;
-	uint32_t buf;
+		       off_cout = (off_cin + rows_cap * row + 63) & ~63ull, total = off_cout + (uint64_t)T * row;
+	const uint64_t off_rows = off_out + cbytes, off_meta = off_rows + rows_bytes;
+	uint32_t buf = 0;
 	uint8_t *mem = NULL;
-	if (cuda) {
+	if (cuda || rank_path) {
 		mem = calloc(1, total);
-		CHECK(mem && dev_register(cl, me % wl.gpus, total, &dev, &buf) == 0, "--cuda: no buffer");
+		CHECK(mem, "out of memory");
+	}
+	if (cuda) {
+		CHECK(dev_register(cl, me % wl.gpus, total, &dev, &buf) == 0, "--cuda: no buffer");
+	} else if (rank_path) {
+		/* max_recv: the daemon lists for the smallest of the node's ranks, so every rank
+		 * gives the bound of all: a row per (source rank, token) it can receive, and as
+		 * many reduce-list terms per token (a local rank or another node) at most. */
+		CHECK(dev_alloc(me % wl.gpus, total, &dev) == 0 &&
+		      rp_open(cl, dev.device, W * T + 1, &rpp) == 0,
+		      "--rank-path: not open");
+		printf("rank %u: rank path on device %d, stream priority %s (%d%s%d)\n", me, dev.device,
+		       prio_names[rpp.which], rpp.prio[rpp.which & 1], rpp.which == 2 ? " and " : "",
+		       rpp.which == 2 ? rpp.prio[1] : 0);
 	} else {
 		rc = rw_client_register_host(cl, total, &buf, (void **)&mem);
 		CHECK(rc == 0, "register %llu bytes: %s", (unsigned long long)total, rw_client_strerror(rc));
@@ -291,30 +479,59 @@ int main(int argc, char **argv)
 			       .topk_ids = { buf, 0, off_ids }, .topk_weights = { buf, 0, off_w },
 			       .output = { buf, 0, off_out }, .output_capacity = out_cap, .n_experts = E,
 			       .path = paths[step % n_paths] };
-		CHECK(!barrier || empty_pair(cl, &s, step) == 0, "step %llu: barrier pair failed: %s",
-		      (unsigned long long)step, rw_client_last_message(cl));
-		CHECK(mirror(&dev, mem, 0, off_out, 1) == 0, "--cuda: copy up");
-		uint64_t t_ds = rw_now_ns();
-		rc = rw_client_submit(cl, &s, 1);
-		CHECK(rc == 0, "submit dispatch: %s", rw_client_strerror(rc));
-		rw_cqe_t cq;
-		CHECK(wait_one(cl, &cq) == 0, "step %llu: no dispatch completion", (unsigned long long)step);
-		uint64_t t_dd = rw_now_ns();
-		CHECK(cq.status == RW_CQ_OK, "step %llu dispatch failed: %s (%s)", (unsigned long long)step,
-		      rw_client_strerror(cq.error), rw_client_last_message(cl));
-		CHECK(mirror(&dev, mem, off_out, out_cap, 0) == 0, "--cuda: copy down");
+		const int w = rp_stream(&rpp, step);
+		const rw_client_rank_dispatch_t rd = {
+			.dtype = RW_DTYPE_BF16, .topk = (uint16_t)K, .layer = wl.layer, .step = step,
+			.token_count = T, .hidden = H, .n_experts = E, .path = s.path,
+			.tokens = dev.dptr + off_tok, .topk_ids = dev.dptr + off_ids,
+			.topk_weights = dev.dptr + off_w, .recv_x = dev.dptr + off_rows,
+			.recv_meta = dev.dptr + off_meta, .recv_counts = dev.dptr + off_out,
+			.recv_cap = (uint32_t)rows_cap };
+		CHECK(!gate_file || step != gate_step || gate_wait(gate_file) == 0,
+		      "step %llu: no gate %s", (unsigned long long)step, gate_file);
+		CHECK(!barrier || (rank_path ? rp_empty_pair(&rpp, w, &rd) : empty_pair(cl, &s, step)) == 0,
+		      "step %llu: barrier pair failed: %s", (unsigned long long)step,
+		      rank_path ? rw_client_rank_message(rpp.rp) : rw_client_last_message(cl));
+		CHECK(mirror(&dev, mem, 0, off_out, 1) == 0, "copy up");
+		rw_cqe_t cq = { 0 };
+		uint64_t kd = 0, t_ds = rw_now_ns(), t_dd;
+		if (rank_path) {
+			rw_client_rank_done_t done;
+			rc = rw_client_rank_dispatch(rpp.rp, &rpp.cs[w], &rd, &kd);
+			call_ns[2 * step] = rw_now_ns() - t_ds;
+			CHECK(rc == 0, "dispatch: %s: %s", rw_client_strerror(rc), rw_client_rank_message(rpp.rp));
+			rc = rp_wait(&rpp, w, kd, &done);
+			t_dd = rw_now_ns();
+			CHECK(rc == 0, "step %llu dispatch failed: %s (%s)", (unsigned long long)step,
+			      rw_client_strerror(rc), rw_client_rank_message(rpp.rp));
+			cq.recv_tokens = done.recv_tokens;
+			cq.n_experts = E;
+			CHECK(mirror(&dev, mem, off_out, cbytes, 0) == 0 &&
+			      mirror(&dev, mem, off_rows, (uint64_t)done.recv_tokens * row, 0) == 0 &&
+			      mirror(&dev, mem, off_meta, (uint64_t)done.recv_tokens * meta, 0) == 0,
+			      "copy down");
+		} else {
+			rc = rw_client_submit(cl, &s, 1);
+			call_ns[2 * step] = rw_now_ns() - t_ds;
+			CHECK(rc == 0, "submit dispatch: %s", rw_client_strerror(rc));
+			CHECK(wait_one(cl, &cq) == 0, "step %llu: no dispatch completion", (unsigned long long)step);
+			t_dd = rw_now_ns();
+			CHECK(cq.status == RW_CQ_OK, "step %llu dispatch failed: %s (%s)", (unsigned long long)step,
+			      rw_client_strerror(cq.error), rw_client_last_message(cl));
+			CHECK(mirror(&dev, mem, off_out, out_cap, 0) == 0, "--cuda: copy down");
+		}
 		CHECK(cq.recv_tokens == want_rows, "step %llu: received %u rows, expected %u",
 		      (unsigned long long)step, cq.recv_tokens, want_rows);
 		CHECK(cq.n_experts == E, "n_experts %u, expected %u", cq.n_experts, E);
 		const uint32_t *counts = cq.n_inline ? cq.counts
-			: (const uint32_t *)(const void *)(mem + cq.counts_offset);
+			: (const uint32_t *)(const void *)(mem + (rank_path ? off_out : cq.counts_offset));
 		for (uint32_t e = 0; e < E; e++)
 			CHECK(counts[e] == want_counts[e], "expert %u: count %u, expected %u", e, counts[e],
 			      want_counts[e]);
 
 		/* Every row: from whom, which token, its ids, weights and data; then the expert
 		 * compute (sum over my experts of w * factor(e)) into the combine input. */
-		const uint8_t *rows = mem + off_out + cbytes, *metas = rows + rows_cap * row;
+		const uint8_t *rows = mem + off_rows, *metas = mem + off_meta;
 		memset(seen, 0, (size_t)W * T);
 		for (uint32_t j = 0; j < cq.recv_tokens; j++) {
 			const uint8_t *m = metas + j * meta;
@@ -332,12 +549,12 @@ int main(int argc, char **argv)
 			CHECK(memcmp(m + 16, id, 4ull * K) == 0, "rank %u token %u: ids differ", src_rank, token);
 			float coef = 0;
 			for (uint32_t k = 0; k < K; k++) {
-				float w;
-				memcpy(&w, m + 16 + 4ull * K + 4ull * k, 4);
-				CHECK(w == rw_bench_w(&tk, k), "rank %u token %u: weight %u differs", src_rank,
+				float wk;
+				memcpy(&wk, m + 16 + 4ull * K + 4ull * k, 4);
+				CHECK(wk == rw_bench_w(&tk, k), "rank %u token %u: weight %u differs", src_rank,
 				      token, k);
 				if (id[k] >= 0 && (uint32_t)id[k] / per_rank == me)
-					coef += w * rw_bench_factor(id[k]);
+					coef += wk * rw_bench_factor(id[k]);
 			}
 			CHECK(rw_bench_row_equals((const uint16_t *)(const void *)(rows + j * row), &tk, 1.0f, H, &bad_h),
 			      "step %llu rank %u token %u: data differs at element %u", (unsigned long long)step,
@@ -353,15 +570,29 @@ int main(int argc, char **argv)
 				.topk_ids = { RW_BUF_NONE, 0, 0 }, .topk_weights = { RW_BUF_NONE, 0, 0 },
 				.output = { buf, 0, off_cout }, .output_capacity = (uint64_t)T * row,
 				.path = n_cpaths ? cpaths[step % n_cpaths] : s.path };
-		CHECK(mirror(&dev, mem, off_cin, (uint64_t)cq.recv_tokens * row, 1) == 0, "--cuda: copy up");
-		uint64_t t_cs = rw_now_ns();
-		rc = rw_client_submit(cl, &cs, 1);
-		CHECK(rc == 0, "submit combine: %s", rw_client_strerror(rc));
-		CHECK(wait_one(cl, &cq) == 0, "step %llu: no combine completion", (unsigned long long)step);
-		uint64_t t_cd = rw_now_ns();
-		CHECK(cq.status == RW_CQ_OK, "step %llu combine failed: %s (%s)", (unsigned long long)step,
-		      rw_client_strerror(cq.error), rw_client_last_message(cl));
-		CHECK(mirror(&dev, mem, off_cout, (uint64_t)T * row, 0) == 0, "--cuda: copy down");
+		CHECK(mirror(&dev, mem, off_cin, (uint64_t)cq.recv_tokens * row, 1) == 0, "copy up");
+		uint64_t t_cs = rw_now_ns(), t_cd;
+		if (rank_path) {
+			const rw_client_rank_combine_t rc_ = { .dispatch = kd, .rows = dev.dptr + off_cin,
+							       .out = dev.dptr + off_cout };
+			uint64_t kc;
+			rc = rw_client_rank_combine(rpp.rp, &rpp.cs[w], &rc_, &kc);
+			call_ns[2 * step + 1] = rw_now_ns() - t_cs;
+			CHECK(rc == 0, "combine: %s: %s", rw_client_strerror(rc), rw_client_rank_message(rpp.rp));
+			rc = rp_wait(&rpp, w, kc, NULL);
+			t_cd = rw_now_ns();
+			CHECK(rc == 0, "step %llu combine failed: %s (%s)", (unsigned long long)step,
+			      rw_client_strerror(rc), rw_client_rank_message(rpp.rp));
+		} else {
+			rc = rw_client_submit(cl, &cs, 1);
+			call_ns[2 * step + 1] = rw_now_ns() - t_cs;
+			CHECK(rc == 0, "submit combine: %s", rw_client_strerror(rc));
+			CHECK(wait_one(cl, &cq) == 0, "step %llu: no combine completion", (unsigned long long)step);
+			t_cd = rw_now_ns();
+			CHECK(cq.status == RW_CQ_OK, "step %llu combine failed: %s (%s)", (unsigned long long)step,
+			      rw_client_strerror(cq.error), rw_client_last_message(cl));
+		}
+		CHECK(mirror(&dev, mem, off_cout, (uint64_t)T * row, 0) == 0, "copy down");
 		for (uint32_t t = 0; t < T; t++) {
 			rw_bench_tok_t tk = rw_bench_tok(wl.seed, step, me, t);
 			float coef = 0;
@@ -377,14 +608,35 @@ int main(int argc, char **argv)
 		printf("pair %llu %llu %llu %llu %llu %u %s\n", (unsigned long long)step,
 		       (unsigned long long)t_ds, (unsigned long long)t_dd, (unsigned long long)t_cs,
 		       (unsigned long long)t_cd, want_rows, req_name(s.path));
+		if (host_ns)
+			printf("call %llu %llu %llu %s\n", (unsigned long long)step,
+			       (unsigned long long)call_ns[2 * step], (unsigned long long)call_ns[2 * step + 1],
+			       rank_path ? prio_names[w] : "-");
 		fflush(stdout);
 	}
+	if (host_ns && steps > 1) { /* step 0 loads and maps: left out */
+		uint64_t p[2][2], *v = malloc(steps * sizeof(*v));
+		CHECK(v, "out of memory");
+		for (int k = 0; k < 2; k++) {
+			for (unsigned long i = 1; i < steps; i++)
+				v[i - 1] = call_ns[2 * i + k];
+			pcts(v, steps - 1, &p[k][0], &p[k][1]);
+		}
+		free(v);
+		printf("rank %u: host ns per call (steps 1..%lu, %s): dispatch p50 %llu p99 %llu, "
+		       "combine p50 %llu p99 %llu\n", me, steps - 1,
+		       rank_path ? "rw_client_rank_dispatch / _combine" : "rw_client_submit",
+		       (unsigned long long)p[0][0], (unsigned long long)p[0][1],
+		       (unsigned long long)p[1][0], (unsigned long long)p[1][1]);
+	}
 	printf("verified rank %u: %lu pairs, %u rows in, %u tokens out each%s\n", me, steps, want_rows, T,
-	       cuda ? " (CUDA buffer)" : "");
+	       cuda ? " (CUDA buffer)" : rank_path ? " (rank path)" : "");
 	ok = 1;
 out:
+	if (rpp.rp)
+		rp_close(&rpp);
 	rw_client_close(cl);
-	if (cuda) {
+	if (cuda || rank_path) {
 		free(mem);
 		if (dev.s)
 			rw_cuda_stream_destroy(dev.s);
@@ -396,5 +648,6 @@ out:
 	free(ids);
 	free(want_counts);
 	free(seen);
+	free(call_ns);
 	return ok ? 0 : 1;
 }

@@ -189,6 +189,20 @@ CUresult CUDAAPI cuStreamCreate(CUstream *s, unsigned int f)
 	*s = (CUstream)rw_fake_cuda_stream_create();
 	return *s ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
+/* Priorities as a Hopper GPU reports them (least 0, greatest -5); the stand-in's queues run every
+ * stream alike, so a priority changes nothing here (tools/bench_rank.c --priority). */
+CUresult CUDAAPI cuCtxGetStreamPriorityRange(int *least, int *greatest)
+{
+	if (least)
+		*least = 0;
+	if (greatest)
+		*greatest = -5;
+	return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuStreamCreateWithPriority(CUstream *s, unsigned int f, int priority)
+{
+	return priority < -5 || priority > 0 ? CUDA_ERROR_INVALID_VALUE : cuStreamCreate(s, f);
+}
 CUresult CUDAAPI cuStreamDestroy(CUstream s) { rw_fake_cuda_stream_destroy(s); return CUDA_SUCCESS; }
 CUresult CUDAAPI cuStreamQuery(CUstream s) { return rw_fake_cuda_busy(s) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS; }
 CUresult CUDAAPI cuStreamSynchronize(CUstream s)
