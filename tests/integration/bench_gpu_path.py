@@ -161,7 +161,7 @@ def run_daemons(tmp, mode, daemon, shape, tokens, steps, seed, trace=False, rank
     env = dict(c.env, **(rank_env or {}))
     c.env.update(daemon_env or {})
     c.start_all()
-    res = {}
+    res, procs = {}, []
     gate_file = os.path.join(tmp, "gate")
     if os.path.exists(gate_file):
         os.unlink(gate_file)
@@ -173,7 +173,6 @@ def run_daemons(tmp, mode, daemon, shape, tokens, steps, seed, trace=False, rank
             wl += ["--barrier", "--gate", "%d:%s" % (gate[0], gate_file)]
         flags = ["--rank-path", "--priority", "both" if gate else "normal"] if mode == "rank" \
             else ["--cuda"]
-        procs = []
         for r in range(2 * GPUS):
             sock = c.cfg["nodes"][r // GPUS]["ipc_socket"]
             procs.append(subprocess.Popen(
@@ -227,6 +226,10 @@ def run_daemons(tmp, mode, daemon, shape, tokens, steps, seed, trace=False, rank
         res["counted"] = [tuple(int(st.get(k, -1)) for k in ("counts_gpu", "counts_host"))
                           for st in stats]
     finally:
+        for p in procs:  # a rank left waiting (at its gate, for a phase) when something failed
+            if p.poll() is None:
+                p.kill()
+                p.wait()
         c.stop()
     disp = [max(v[1] for v in ps) - max(v[0] for v in ps) for s, ps in sorted(pairs.items()) if s > 0]
     comb = [max(v[3] for v in ps) - max(v[2] for v in ps) for s, ps in sorted(pairs.items()) if s > 0]
