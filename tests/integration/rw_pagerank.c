@@ -29,6 +29,9 @@
  *                   stand-in in CI), its outputs (rows, metadata, per-expert counts, every
  *                   token's combined row) checked as above; exit 77 where the library has no
  *                   rank path
+ * With RW_PAGERANK_GO=FILE the rank joins its group, then waits for FILE (at most 60 s) before it
+ * takes its page: a harness lets the group's ring ranks submit first (a pair a ring rank opened
+ * before any rank of its node held a page).
  * Output: "rank R: S steps x L layers dispatched on the rank path, verified (N rows)"; for lie
  * also "lie: phase K failed: CODE: MESSAGE"; for die-*: "dying at ..." before it exits 3. */
 #include <stdatomic.h>
@@ -501,6 +504,11 @@ int main(int argc, char **argv)
 	rw_client_t *c = NULL;
 	int rc = rw_client_connect(&o, &c);
 	CHECK(rc == 0, "connect: %s", rw_client_strerror(rc));
+	const char *go = getenv("RW_PAGERANK_GO");
+	for (long i = 0; go && access(go, F_OK) != 0; i++) {
+		CHECK(i < WAIT_S * 100L, "no %s", go);
+		usleep(10000);
+	}
 	const rw_wl_shape_t sh = { .seed = strtoull(argv[9], NULL, 10), .gpus = gpus,
 				   .experts = experts, .per_rank = per_rank, .hidden = HIDDEN };
 	all = calloc(world, sizeof(*all));

@@ -52,6 +52,10 @@
  *     --go FILE           after joining (and mapping the slabs) wait for FILE to exist before
  *                         the first dispatch (at most 60 s): a harness starts the rest of the
  *                         cluster meanwhile, e.g. a peer daemon that was not running yet
+ *     --paths             every dispatch asks for a data path, each in turn: (step * 7 + layer)
+ *                         % 5 of ipc/railwave.h's rw_path_request (the daemon's choice, native,
+ *                         rail-only, permutation-only, joint), as rw_pagerank's phases do, so a
+ *                         group may mix both kinds of rank over every path
  *     --stream-ordered    (with --cuda) stream order (ipc/railwave.h): one interprocess event and
  *                         one flag word (at the end of the buffer) registered; inputs are copied
  *                         in on the rank's stream WITHOUT a synchronization, the event recorded
@@ -89,6 +93,7 @@ static uint32_t nodes, gpus, world, experts, per_rank, hidden = 24;
 static int empty_phases;
 static uint32_t fixed_tokens; /* --tokens */
 static uint32_t first_step;   /* --first-step */
+static int paths;             /* --paths */
 static uint32_t me;
 static uint32_t retry_max, retries, attempt; /* --retry */
 static const char *vote_dir;
@@ -555,6 +560,8 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 				       .tokens = { buf_id, 0, off_tok }, .topk_ids = { buf_id, 0, off_ids },
 				       .topk_weights = { buf_id, 0, off_w }, .output = { buf_id, 0, off_out },
 				       .output_capacity = out_cap, .n_experts = submit_experts };
+			if (paths)
+				s.path = (uint16_t)((step * 7u + layer) % (RW_PATH_REQ_JOINT + 1));
 			if (mine.n == 0 && (step + layer + me) % 2)
 				s.tokens = s.topk_ids = s.topk_weights = none;
 			if (strcmp(mode, "rewrite") == 0) {
@@ -758,7 +765,7 @@ int main(int argc, char **argv)
 {
 	if (argc < 11) {
 		fprintf(stderr, "usage: rw_rank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS SEED MODE "
-				"[--hidden H] [--tokens T] [--first-step S] [--submit-experts E] [--retry N DIR] [--empty] [--cuda] [--slabs R] [--scribble] [--go FILE] [--stream-ordered]\n");
+				"[--hidden H] [--tokens T] [--first-step S] [--submit-experts E] [--retry N DIR] [--empty] [--paths] [--cuda] [--slabs R] [--scribble] [--go FILE] [--stream-ordered]\n");
 		return 2;
 	}
 	const char *sock = argv[1], *group = argv[2], *mode = argv[10];
@@ -792,6 +799,8 @@ int main(int argc, char **argv)
 			vote_dir = argv[++i];
 		} else if (strcmp(argv[i], "--empty") == 0) {
 			empty_phases = 1;
+		} else if (strcmp(argv[i], "--paths") == 0) {
+			paths = 1;
 		} else if (strcmp(argv[i], "--cuda") == 0) {
 			b.cuda = 1;
 		} else if (strcmp(argv[i], "--scribble") == 0) {

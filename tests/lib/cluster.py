@@ -97,6 +97,20 @@ def built(*paths):
     return all(os.access(p, os.X_OK) for p in (paths or (DAEMON, RANK, RAILWAVE)))
 
 
+def outputs(procs):
+    """Wait for (rank, process) pairs (one past the bound is killed): rank -> (exit code, its
+    output)."""
+    res = {}
+    for r, p in procs:
+        try:
+            out, _ = p.communicate(timeout=WAIT)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+        res[r] = (p.returncode, out.decode())
+    return res
+
+
 def free_ports(ip, n):
     """n distinct TCP ports free on ip just now (all bound at once, then released)."""
     ss = [socket.socket() for _ in range(n)]
@@ -229,6 +243,14 @@ class Cluster:
     def stats(self, n, cmd="stats"):
         return ask_stats(self.cfg["nodes"][n]["stats_socket"], cmd)
 
+    def phases_passed(self, n, path, kind):
+        """Daemon n's `stats phases` line of (path, kind) when phases of it passed and none
+        failed; else None."""
+        for ln in self.stats(n, "stats phases").splitlines():
+            if ln.startswith("path=%s kind=%s " % (path, kind)):
+                return ln if " ok=0 " not in ln and " failed=0 " in ln else None
+        return None
+
     def rail_stats(self, n):
         """`stats rails` of daemon n as one {counter: number} dict per rail."""
         return [{k: float(v) for k, v in (w.split("=", 1) for w in line.split() if "=" in w)}
@@ -310,15 +332,10 @@ class Cluster:
     def collect(self, procs, want=0):
         """Wait for (rank, process) pairs; each must exit `want`. Returns their outputs."""
         fails, outs = [], {}
-        for r, p in procs:
-            try:
-                out, _ = p.communicate(timeout=WAIT)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                out, _ = p.communicate()
-            outs[r] = out.decode()
-            if p.returncode != want:
-                fails.append("rank %d rc %s: %s" % (r, p.returncode, outs[r].strip()[-400:]))
+        for r, (rc, out) in outputs(procs).items():
+            outs[r] = out
+            if rc != want:
+                fails.append("rank %d rc %s: %s" % (r, rc, out.strip()[-400:]))
         if fails:
             raise RuntimeError("\n".join(fails) + "\n" + self.logs())
         return outs
