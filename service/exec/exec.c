@@ -612,6 +612,72 @@ exec_pair_t *exec_pair_by_tag(exec_t *x, uint32_t tag14)
 	return NULL;
 }
 
+/* The local ranks of the pair's group that hold a rank page (bit g), where the group has slabs of
+ * its own: the rank mover then carries the group's ring ranks beside them (docs/rankpath.md
+ * "Ring and page ranks in one group"), whichever rank submits first. */
+static uint32_t page_members(const exec_pair_t *p)
+{
+	const exec_t *x = p->x;
+	uint32_t m = 0;
+	if (!x->ipc || !p->g || p->g->carve < 0)
+		return 0;
+	for (uint32_t l = 0; l < x->gpus; l++)
+		if (p->g->member[l] && rw_ipc_client_page(p->g->member[l]->client, NULL))
+			m |= 1u << l;
+	return m;
+}
+
+/* The first of the daemon's movers that takes every submission of `kind` the pair has; -1: none. */
+static int mover_pick(exec_pair_t *p, rw_svc_phase_kind_t kind)
+{
+	const exec_t *x = p->x;
+	p->ph.page_members = page_members(p);
+	for (uint32_t i = 0; i < x->n_movers; i++) {
+		uint32_t h = 0;
+		while (h < x->gpus && (!p->in[kind].sub[h].have ||
+				       x->movers[i].ops->accepts(x->movers[i].mover, &p->ph, kind, h)))
+			h++;
+		if (h == x->gpus)
+			return (int)i;
+	}
+	return -1;
+}
+
+/* A later dispatch the pair's mover does not take (a page rank coming to ring ranks whose
+ * submissions the host mover took before the page rank had its page): while the pair gathers
+ * and no staging is in flight, it moves to the first mover that takes every submission so far,
+ * which stages the earlier ones again. RW_OK, or RW_ERR_SUB_BUFFER with nothing changed. */
+static rw_status_t mover_move(exec_pair_t *p, uint32_t g, char *why)
+{
+	exec_t *x = p->x;
+	const int i = p->stage == ST_GATHER_D && !p->in[RW_SVC_DISPATCH].staging ?
+		mover_pick(p, RW_SVC_DISPATCH) : -1;
+	if (i < 0)
+		return RW_ERR_SUB_BUFFER;
+	p->mv->close(p->mv_mover, p->mv_state);
+	p->mv_state = NULL;
+	p->mv = x->movers[i].ops;
+	p->mv_mover = x->movers[i].mover;
+	if (p->mv->open(p->mv_mover, &p->ph, &p->mv_state) != RW_OK) {
+		snprintf(why, RW_SVC_WHY_MAX, "cannot open a data mover");
+		return RW_ERR_NOMEM;
+	}
+	PTRACE(p, "moved to the %s mover for local rank %u", p->mv->name, g);
+	for (uint32_t h = 0; h < x->gpus; h++) {
+		exec_sub_t *s = &p->in[RW_SVC_DISPATCH].sub[h];
+		if (h == g || !s->have)
+			continue;
+		int pending = 0;
+		rw_status_t st = p->mv->stage(p->mv_mover, p->mv_state, &p->ph, RW_SVC_DISPATCH, h,
+					      &pending, why);
+		if (st != RW_OK)
+			return st;
+		s->ready = !pending;
+		p->in[RW_SVC_DISPATCH].staging += pending != 0;
+	}
+	return RW_OK;
+}
+
 void exec_on_submit(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t g)
 {
 	exec_t *x = p->x;
@@ -622,23 +688,30 @@ void exec_on_submit(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t g)
 		pair_arm_timer(p);
 	}
 	if (!p->mv) {
-		for (uint32_t i = 0; i < x->n_movers && !p->mv; i++)
-			if (x->movers[i].ops->accepts(x->movers[i].mover, &p->ph, kind, g)) {
-				p->mv = x->movers[i].ops;
-				p->mv_mover = x->movers[i].mover;
-			}
+		const int i = mover_pick(p, kind);
+		if (i >= 0) {
+			p->mv = x->movers[i].ops;
+			p->mv_mover = x->movers[i].mover;
+		}
 		if (!p->mv || p->mv->open(p->mv_mover, &p->ph, &p->mv_state) != RW_OK)
 			return exec_pair_fail(p, RW_ERR_NOMEM, "cannot open a data mover");
+		PTRACE(p, "local rank %u submitted first: the %s mover", g, p->mv->name);
 	} else if (!p->mv->accepts(p->mv_mover, &p->ph, kind, g)) {
-		if ((p->ph.io[kind][g].page != NULL) != (p->mv == &rw_svc_mover_rank))
-			return exec_pair_fail(p, RW_ERR_SUB_BUFFER, "local rank %u submits %s, another "
-					      "%s: a group's ranks on a node take one path",
-					      x->me * x->gpus + g,
-					      p->ph.io[kind][g].page ? "by its rank page" : "on its ring",
-					      p->mv == &rw_svc_mover_rank ? "by its rank page" :
-					      "on its ring");
-		return exec_pair_fail(p, RW_ERR_SUB_BUFFER, "local rank %u's buffers need another "
-				      "data mover than the phase's (%s)", x->me * x->gpus + g, p->mv->name);
+		PTRACE(p, "local rank %u submitted, the %s mover does not take it", g, p->mv->name);
+		rw_status_t st = kind == RW_SVC_DISPATCH ? mover_move(p, g, why) : RW_ERR_SUB_BUFFER;
+		if (st == RW_ERR_SUB_BUFFER && (p->ph.io[kind][g].page || p->mv == &rw_svc_mover_rank))
+			return exec_pair_fail(p, st, "local rank %u submits %s: where a group's ranks on "
+					      "a node mix the ring and the page, its ring ranks give host "
+					      "buffers (no CUDA buffers, no stream order) and the group "
+					      "has slabs of its own", x->me * x->gpus + g,
+					      p->ph.io[kind][g].page ? "by its rank page beside a ring rank "
+					      "that does not" : "on its ring with buffers the rank path's "
+					      "phase does not carry");
+		if (st == RW_ERR_SUB_BUFFER)
+			return exec_pair_fail(p, st, "local rank %u's buffers need another data mover "
+					      "than the phase's (%s)", x->me * x->gpus + g, p->mv->name);
+		if (st != RW_OK)
+			return exec_pair_fail(p, st, "%s", why);
 	}
 	int pending = 0;
 	rw_status_t st = p->mv->stage(p->mv_mover, p->mv_state, &p->ph, kind, g, &pending, why);

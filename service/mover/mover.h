@@ -123,6 +123,10 @@ typedef struct rw_svc_phase {
 	/* The cluster's topology (each local rank's native rail: topo->gpu_rail[g]); what a mover's
 	 * count() counts with, as the executor's host count pass does. */
 	const rw_topo_t *topo;
+	/* Bit g: local rank g of the pair's group holds a rank page, where the group has slabs of
+	 * its own (set by the executor before it asks its movers): the rank mover then carries the
+	 * group's ring ranks with host buffers beside its page ranks. */
+	uint32_t page_members;
 } rw_svc_phase_t;
 
 /* The local ranks (bit g: rank g) hosting one of a record's top-k experts in this phase. */
@@ -385,12 +389,34 @@ rw_status_t rw_svc_rank_reduce_list(const rw_svc_phase_t *ph, const rw_svc_rank_
 				    const uint8_t *const *sent, uint32_t g, uint32_t n_tokens,
 				    uint32_t *cursor, rw_page_list_entry_t *out, uint32_t max,
 				    uint32_t *n_p, char *why);
+/* A ring rank in a rank-path pair (service/mover/mover_mix.c; docs/rankpath.md "Ring and page
+ * ranks in one group"): the daemon's CPU plays its stream under its plan block and lists, as a
+ * page rank's kernels do. Pack: local rank g's records (its io's ids, weights and rows, in token
+ * order, one per destination node) where its plan entries say in the slabs (next: [N] scratch).
+ * Forward: its list's rows, metadata and per-expert counts (counts[E]) into its output (more rows
+ * than the output holds: RW_ERR_SUB_SPACE). Gather: the returns and local copies of its list's
+ * entries that hold terms (staged[h]: local rank h's staged combine rows), at its combine plan's
+ * entries (acc: [hidden] scratch). Reduce: each of its tokens' sum, from +0 in the list's order,
+ * into its combine output (local[r]: rail r's combine local area; rows: [G + N] scratch). */
+rw_status_t rw_svc_ring_pack(const rw_svc_phase_t *ph, uint32_t g, const uint32_t *tags,
+			     const rw_page_plan_entry_t *entry, uint8_t *const *slab, uint32_t *next,
+			     char *why);
+rw_status_t rw_svc_ring_forward(const rw_svc_phase_t *ph, uint32_t g, const rw_svc_rank_lists_t *ls,
+				uint32_t *counts, char *why);
+rw_status_t rw_svc_ring_gather(const rw_svc_phase_t *ph, uint32_t w, const rw_svc_rank_lists_t *ls,
+			       const uint32_t *tags, const rw_page_plan_entry_t *entry,
+			       uint8_t *const *slab, const uint8_t *const *staged, float *acc,
+			       char *why);
+void rw_svc_ring_reduce(const rw_svc_phase_t *ph, uint32_t g, const rw_page_list_entry_t *list,
+			uint32_t n, const uint8_t *const *local, const void **rows);
 /* The rank path's mover (service/mover/mover_page.c; docs/rankpath.md "A phase"): takes a pair
- * whose local ranks are all page ranks (rw_svc_rank_io_t.page) and answers each operation from
- * their words — plan blocks and `plan`, the records' check once every `packed` came, the forward
- * lists and `arrived`; finish stays pending until each rank's `done` (the executor takes
- * `packed` and `done` from the poller and resumes the pack or counts the finish, as for
- * RW_MV_OP_PACKED and RW_MV_OP_FINISH). It moves no payload byte: the ranks' kernels do. */
+ * whose local ranks are page ranks (rw_svc_rank_io_t.page) — and, in a group with page members
+ * (rw_svc_phase_t.page_members), its ring ranks with host buffers, whose streams the daemon's
+ * CPU plays (rw_svc_ring_*) — and answers each operation from the page ranks' words: plan blocks
+ * and `plan`, the records' check once every `packed` came, the forward lists and `arrived`;
+ * finish stays pending until each page rank's `done` (the executor takes `packed` and `done`
+ * from the poller and resumes the pack or counts the finish, as for RW_MV_OP_PACKED and
+ * RW_MV_OP_FINISH). It moves no payload byte of a page rank: the ranks' kernels do. */
 extern const rw_svc_mover_ops_t rw_svc_mover_rank;
 /* Kernels on the ranks' GPUs (service/mover/mover_cuda.c): takes a pair whose first submission gives
  * CUDA memory on a device with kernels, declines every other. */

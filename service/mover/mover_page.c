@@ -8,7 +8,12 @@
  * mirrors it: its plans once every rank's combine submit came (their inputs staged), the returns
  * checked before one is posted, each owner's reduce list then arrived. Failed phases
  * owe their words through the executor's answers (P6), so quiesce has nothing to stop: the
- * ranks' kernels, not this file, touch the payload. */
+ * ranks' kernels, not this file, touch the payload.
+ * A ring rank of the pair (a group whose ranks on this node mix the ring and the page) gets the
+ * same plan block and lists, kept here, and the daemon's CPU plays its stream at once where a
+ * page rank's kernels would run (mover_mix.c): its count at count, its records packed at plan,
+ * its rows forwarded at finish; its combine rows staged at its submit, its gather at the combine's
+ * plan, its reduce at finish. It has no words: nothing waits for its packed or done. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +48,14 @@ typedef struct page_pair {
 	int c_planned, c_checked;
 	rw_page_list_entry_t *reduce[RW_MAX_GPUS];
 	uint32_t n_reduce[RW_MAX_GPUS];
+	/* The ring ranks (mover_mix.c): the daemon's copy of each one's top-k ids, its count row, its
+	 * per-expert counts; scratch for their packs, gathers and reduces. */
+	int32_t *ring_ids[RW_MAX_GPUS];
+	uint32_t *ring_row[RW_MAX_GPUS];
+	uint32_t *ring_counts[RW_MAX_GPUS];
+	uint32_t *next;                /* [N] */
+	float *acc;                    /* [hidden] */
+	const void **rows;             /* [G + N] */
 } page_pair_t;
 
 typedef struct page_mover {
@@ -65,10 +78,21 @@ static rw_status_t pm_create(struct ev_loop *loop, rw_svc_mover_done_fn done, vo
 
 static void pm_destroy(void *mover) { free(mover); }
 
+/* A ring submission whose stream the daemon's CPU can play: host memory only, no stream order
+ * (the host mover stages CUDA buffers; a phase with page ranks does not yet). */
+static int ring_host(const rw_svc_rank_io_t *io, rw_svc_phase_kind_t kind)
+{
+	for (int i = 0; i < (kind == RW_SVC_DISPATCH ? 3 : 1); i++)
+		if (io->in[i].dev >= 0)
+			return 0;
+	return io->out.dev < 0 && !io->wait_ev && !io->signal;
+}
+
 static int pm_accepts(void *mover, const rw_svc_phase_t *ph, rw_svc_phase_kind_t kind, uint32_t g)
 {
 	(void)mover;
-	return ph->io[kind][g].page != NULL;
+	const rw_svc_rank_io_t *io = &ph->io[kind][g];
+	return io->page != NULL || (ph->page_members && ring_host(io, kind));
 }
 
 static void pair_free(page_pair_t *pp, uint32_t gpus)
@@ -80,7 +104,13 @@ static void pair_free(page_pair_t *pp, uint32_t gpus)
 		free(pp->lists.term_off[g]);
 		free(pp->lists.term_ref[g]);
 		free(pp->reduce[g]);
+		free(pp->ring_ids[g]);
+		free(pp->ring_row[g]);
+		free(pp->ring_counts[g]);
 	}
+	free(pp->next);
+	free(pp->acc);
+	free(pp->rows);
 	free(pp);
 }
 
@@ -92,6 +122,13 @@ static rw_status_t pm_open(void *mover, const rw_svc_phase_t *ph, void **state_p
 		return RW_ERR_NOMEM;
 	pp->done = m->done;
 	pp->ctx = m->ctx;
+	pp->next = calloc(ph->nodes, sizeof(uint32_t));
+	pp->acc = calloc(ph->hidden + 1, sizeof(float));
+	pp->rows = calloc((size_t)ph->gpus + ph->nodes, sizeof(void *));
+	if (!pp->next || !pp->acc || !pp->rows) {
+		pair_free(pp, ph->gpus);
+		return RW_ERR_NOMEM;
+	}
 	for (uint32_t g = 0; g < ph->gpus; g++) {
 		pp->rk[g].tags = calloc(ph->nodes, sizeof(uint32_t));
 		pp->rk[g].entries = calloc((size_t)ph->nodes * ph->rails, sizeof(rw_page_plan_entry_t));
@@ -106,6 +143,44 @@ static rw_status_t pm_open(void *mover, const rw_svc_phase_t *ph, void **state_p
 
 static rw_status_t combine_plan(page_pair_t *pp, const rw_svc_phase_t *ph, char *why);
 
+/* Local rank h's staged combine rows in rail 0's slab (ipc/page.h "the plan block"). */
+static uint8_t *staged_at(const page_pair_t *pp, const rw_svc_phase_t *ph, uint32_t h)
+{
+	return ph->slab[0] + pp->stage_off + h * pp->stage_stride;
+}
+
+/* A ring rank's inputs as its stream would have them: its dispatch's ids copied once (the pack
+ * and the count read this copy, never the rank's memory, which it may rewrite after submitting:
+ * what the peers were counted is what is sent), its rows and weights in place, its count row
+ * to come; its combine rows staged beside the page ranks' (P1 holds: the daemon wrote them). */
+static rw_status_t ring_stage(page_pair_t *pp, rw_svc_phase_t *ph, rw_svc_phase_kind_t kind,
+			      uint32_t g, char *why)
+{
+	rw_svc_rank_io_t *io = &ph->io[kind][g];
+	if (kind == RW_SVC_COMBINE) {
+		const uint32_t rows = pp->lists.list[g] ? pp->lists.n[g] : 0;
+		if (rows)
+			memcpy(staged_at(pp, ph, g), io->in[0].host, rows * ph->row_bytes);
+		return RW_OK;
+	}
+	const size_t n_ids = (size_t)io->n_tokens * ph->topk;
+	pp->ring_ids[g] = malloc(n_ids * sizeof(int32_t) + 1);
+	pp->ring_row[g] = calloc((size_t)ph->nodes * ph->rails, sizeof(uint32_t));
+	pp->ring_counts[g] = calloc(ph->n_experts + 1, sizeof(uint32_t));
+	if (!pp->ring_ids[g] || !pp->ring_row[g] || !pp->ring_counts[g]) {
+		snprintf(why, RW_SVC_WHY_MAX, "out of memory for local rank %u's ring submission",
+			 ph->me * ph->gpus + g);
+		return RW_ERR_NOMEM;
+	}
+	if (n_ids)
+		memcpy(pp->ring_ids[g], io->in[1].host, n_ids * sizeof(int32_t));
+	io->tokens = io->in[0].host;
+	io->ids = pp->ring_ids[g];
+	io->weights = (const float *)(const void *)io->in[2].host;
+	io->page_row = pp->ring_row[g]; /* counted at count */
+	return RW_OK;
+}
+
 /* A page rank's inputs are in its GPU's memory, which the daemon never reads. Once every local
  * rank's combine submit came (their inputs are staged: P1), the combine's plans go out (P2). */
 static rw_status_t pm_stage(void *mover, void *state, rw_svc_phase_t *ph, rw_svc_phase_kind_t kind,
@@ -114,6 +189,11 @@ static rw_status_t pm_stage(void *mover, void *state, rw_svc_phase_t *ph, rw_svc
 	(void)mover;
 	page_pair_t *pp = state;
 	*pending_p = 0;
+	if (!ph->io[kind][g].page) {
+		rw_status_t st = ring_stage(pp, ph, kind, g, why);
+		if (st != RW_OK)
+			return st;
+	}
 	if (kind != RW_SVC_COMBINE)
 		return RW_OK;
 	pp->c_staged |= 1u << g;
@@ -122,17 +202,32 @@ static rw_status_t pm_stage(void *mover, void *state, rw_svc_phase_t *ph, rw_svc
 	return combine_plan(pp, ph, why);
 }
 
-/* The node's row: every rank's count row (each counts at its native rail only). */
+/* The node's row: every rank's count row (each counts at its native rail only); a ring rank's
+ * counted here from its ids, as its count kernel would (a bad id fails the pair, the rank
+ * named). */
 static rw_status_t pm_count(void *mover, void *state, const rw_svc_phase_t *ph, uint32_t *row,
 			    int *pending_p, uint32_t *bad_p, char *why)
 {
-	(void)mover, (void)state, (void)bad_p, (void)why;
+	(void)mover, (void)why;
+	page_pair_t *pp = state;
 	const size_t nr = (size_t)ph->nodes * ph->rails;
+	*pending_p = 0;
+	for (uint32_t g = 0; g < ph->gpus; g++) {
+		const rw_svc_rank_io_t *io = &ph->io[RW_SVC_DISPATCH][g];
+		if (io->page)
+			continue;
+		const rw_rank_tokens_t rt = { .local_gpu = g, .n_tokens = io->n_tokens,
+					      .topk = ph->topk, .expert_ids = io->ids };
+		if (rw_sched_count(ph->topo, ph->n_experts, ph->me, &rt, 1, pp->ring_row[g], NULL) !=
+		    RW_OK) {
+			*bad_p = g;
+			return RW_ERR_SUB_TOKENS;
+		}
+	}
 	memset(row, 0, nr * sizeof(*row));
 	for (uint32_t g = 0; g < ph->gpus; g++)
 		for (size_t i = 0; i < nr; i++)
 			row[i] += ph->io[RW_SVC_DISPATCH][g].page_row[i];
-	*pending_p = 0;
 	return RW_OK;
 }
 
@@ -228,15 +323,25 @@ static rw_status_t pm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 		rw_svc_rank_plan(ph, g, rows, areas, io->page_k, &rk->head, rk->tags, rk->entries);
 		rk->head.stage_off = pp->stage_off; /* where its combine input goes (ipc/page.h) */
 		rk->head.stage_stride = pp->stage_stride;
+		if (!io->page) { /* a ring rank: its records packed now, as its kernel would */
+			rw_status_t st = rw_svc_ring_pack(ph, g, rk->tags, rk->entries, ph->slab,
+							  pp->next, why);
+			if (st != RW_OK)
+				return st;
+			continue;
+		}
 		plan_write(ph, io, rk, areas);
 		plan_publish(io); /* P2: the block before the word */
 	}
 	return RW_OK;
 }
 
-/* Rank g's packed reached its phase (P3: the load-acquire before its records are read). */
+/* Rank g's packed reached its phase (P3: the load-acquire before its records are read); a ring
+ * rank's records were packed by the daemon. */
 static int packed(const rw_svc_rank_io_t *io)
 {
+	if (!io->page)
+		return 1;
 	uint64_t v = atomic_load_explicit(&io->page->word[RW_PW_PACKED].v, memory_order_acquire);
 	return (int64_t)(v - io->page_k) >= 0;
 }
@@ -269,6 +374,8 @@ static rw_status_t pm_pack(void *mover, void *state, const rw_svc_phase_t *ph,
 	for (uint32_t r = 0; r < ph->rails; r++)
 		slab[r] = ph->slab[r];
 	for (uint32_t g = 0; g < ph->gpus; g++) {
+		if (!ph->io[kind][g].page)
+			continue; /* the daemon packed them from its own copy of the ids */
 		rw_status_t st = rw_svc_rank_records_check(ph, g, ph->io[kind][g].n_tokens,
 							   pp->rk[g].tags, pp->rk[g].entries, slab,
 							   why);
@@ -321,13 +428,19 @@ static rw_status_t pm_local(void *mover, void *state, const rw_svc_phase_t *ph,
 	return RW_OK;
 }
 
-/* The forward lists' arrays, for the smallest max_recv of the ranks' pages. */
+/* The forward lists' arrays, for the smallest max_recv of the ranks' pages, at most every record
+ * the node holds (a bound for a ring rank's list too: its output's room is checked at its
+ * forward). */
 static rw_status_t lists_alloc(page_pair_t *pp, const rw_svc_phase_t *ph)
 {
 	rw_svc_rank_lists_t *ls = &pp->lists;
-	uint32_t max = RW_PAGE_MAX_RECV;
+	uint64_t rows_max = ph->n_in;
+	for (uint32_t r = 0; r < ph->rails; r++)
+		rows_max += local_n(ph, r);
+	uint32_t max = (uint32_t)RW_MIN((uint64_t)RW_PAGE_MAX_RECV, rows_max);
 	for (uint32_t g = 0; g < ph->gpus; g++)
-		max = RW_MIN(max, ph->io[RW_SVC_DISPATCH][g].page_max_recv);
+		if (ph->io[RW_SVC_DISPATCH][g].page)
+			max = RW_MIN(max, ph->io[RW_SVC_DISPATCH][g].page_max_recv);
 	ls->max_recv = max;
 	for (uint32_t g = 0; g < ph->gpus; g++) {
 		if (!ls->list[g])
@@ -347,16 +460,33 @@ static rw_status_t lists_alloc(page_pair_t *pp, const rw_svc_phase_t *ph)
 	return RW_OK;
 }
 
+/* The page ranks of the pair: each one's done is a FINISH to come. */
+static uint32_t page_ranks(const rw_svc_phase_t *ph, rw_svc_phase_kind_t kind)
+{
+	uint32_t n = 0;
+	for (uint32_t g = 0; g < ph->gpus; g++)
+		n += ph->io[kind][g].page != NULL;
+	return n;
+}
+
 /* Every record is here and checked: each rank's forward list into its slot, then arrived = k
- * (P4); a FINISH per rank follows its done (the executor's page words). */
+ * (P4); a FINISH per page rank follows its done (the executor's page words). A ring rank's
+ * outputs are written now. */
 static rw_status_t pm_finish(void *mover, void *state, const rw_svc_phase_t *ph,
 			     rw_svc_phase_kind_t kind, uint32_t *pending_p, char *why)
 {
 	(void)mover;
 	page_pair_t *pp = state;
 	if (kind == RW_SVC_COMBINE) { /* each owner's reduce list, then arrived = k (P4) */
+		const uint8_t *local[RW_MAX_RAILS];
+		for (uint32_t r = 0; r < ph->rails; r++)
+			local[r] = ph->slab[r] + pp->comb_local_off[r];
 		for (uint32_t g = 0; g < ph->gpus; g++) {
 			const rw_svc_rank_io_t *io = &ph->io[kind][g];
+			if (!io->page) {
+				rw_svc_ring_reduce(ph, g, pp->reduce[g], pp->n_reduce[g], local, pp->rows);
+				continue;
+			}
 			uint8_t *slot = slot_of(io);
 			const rw_page_layout_t *l = &io->page_layout;
 			const rw_page_list_head_t head = { .phase = io->page_k, .count = pp->n_reduce[g],
@@ -367,7 +497,7 @@ static rw_status_t pm_finish(void *mover, void *state, const rw_svc_phase_t *ph,
 			atomic_store_explicit(&io->page->word[RW_PW_ARRIVED].v, io->page_k,
 					      memory_order_release);
 		}
-		*pending_p = ph->gpus;
+		*pending_p = page_ranks(ph, kind);
 		return RW_OK;
 	}
 	rw_status_t st = lists_alloc(pp, ph);
@@ -380,6 +510,11 @@ static rw_status_t pm_finish(void *mover, void *state, const rw_svc_phase_t *ph,
 		return st;
 	for (uint32_t g = 0; g < ph->gpus; g++) {
 		const rw_svc_rank_io_t *io = &ph->io[kind][g];
+		if (!io->page) {
+			if ((st = rw_svc_ring_forward(ph, g, ls, pp->ring_counts[g], why)) != RW_OK)
+				return st;
+			continue;
+		}
 		uint8_t *slot = slot_of(io);
 		const rw_page_layout_t *l = &io->page_layout;
 		const rw_page_list_head_t head = { .phase = io->page_k, .count = ls->n[g], .kind = 0,
@@ -389,7 +524,7 @@ static rw_status_t pm_finish(void *mover, void *state, const rw_svc_phase_t *ph,
 		atomic_store_explicit(&io->page->word[RW_PW_ARRIVED].v, io->page_k,
 				      memory_order_release);
 	}
-	*pending_p = ph->gpus;
+	*pending_p = page_ranks(ph, kind);
 	return RW_OK;
 }
 
@@ -413,26 +548,38 @@ static rw_status_t combine_plan(page_pair_t *pp, const rw_svc_phase_t *ph, char 
 	for (uint32_t g = 0; g < ph->gpus; g++) {
 		const rw_svc_rank_io_t *io = &ph->io[RW_SVC_COMBINE][g];
 		const uint32_t n_tokens = ph->io[RW_SVC_DISPATCH][g].n_tokens;
+		/* a ring rank's list is the daemon's alone: room for every term its tokens can have */
+		const uint32_t max = io->page ? io->page_max_recv :
+			(uint32_t)RW_MIN((uint64_t)n_tokens * (ph->gpus + ph->nodes), UINT32_MAX - 1);
 		uint32_t *cursor = calloc((size_t)n_tokens + 1, sizeof(uint32_t));
 		if (!pp->reduce[g])
-			pp->reduce[g] = calloc((size_t)io->page_max_recv + 1, sizeof(rw_page_list_entry_t));
+			pp->reduce[g] = calloc((size_t)max + 1, sizeof(rw_page_list_entry_t));
 		if (!cursor || !pp->reduce[g]) {
 			free(cursor);
 			snprintf(why, RW_SVC_WHY_MAX, "out of memory for the reduce lists");
 			return RW_ERR_NOMEM;
 		}
 		rw_status_t st = rw_svc_rank_reduce_list(ph, ls, sent, g, n_tokens, cursor,
-							 pp->reduce[g], io->page_max_recv,
-							 &pp->n_reduce[g], why);
+							 pp->reduce[g], max, &pp->n_reduce[g], why);
 		free(cursor);
 		if (st != RW_OK)
 			return st;
 	}
+	const uint8_t *staged[RW_MAX_GPUS];
+	for (uint32_t h = 0; h < ph->gpus; h++)
+		staged[h] = staged_at(pp, ph, h);
 	for (uint32_t g = 0; g < ph->gpus; g++) {
 		const rw_svc_rank_io_t *io = &ph->io[RW_SVC_COMBINE][g];
 		page_rank_t *rk = &pp->rk[g];
 		rw_svc_rank_plan_combine(ph, g, ls->local_n, areas, pp->stage_off, pp->stage_stride,
 					 io->page_k, &rk->head, rk->tags, rk->entries);
+		if (!io->page) { /* a ring rank: its gather now, as its kernel would */
+			rw_status_t st = rw_svc_ring_gather(ph, g, ls, rk->tags, rk->entries, ph->slab,
+							    staged, pp->acc, why);
+			if (st != RW_OK)
+				return st;
+			continue;
+		}
 		plan_write(ph, io, rk, areas);
 		uint8_t *slot = slot_of(io);
 		const rw_page_layout_t *l = &io->page_layout;
@@ -448,7 +595,8 @@ static void pm_result(void *state, uint32_t g, uint32_t *recv_rows_p, const uint
 {
 	const page_pair_t *pp = state;
 	*recv_rows_p = pp->lists.list[g] ? pp->lists.n[g] : 0;
-	*counts_p = NULL; /* the ranks' forward kernels count their experts: no completion */
+	/* a page rank's forward kernel counts its experts (no completion); a ring rank's, here */
+	*counts_p = pp->ring_counts[g];
 }
 
 static void pm_quiesce(void *mover, void *state) { (void)mover, (void)state; }
