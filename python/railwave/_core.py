@@ -18,10 +18,11 @@ from typing import Any, Callable, Optional, Tuple
 import numpy as np
 import torch
 
-from . import _host, _lib
+from . import _host, _lib, _rank
 from ._cuda import CudaRegistry, StreamOrder
 from .errors import (CODES, NAMES, BackwardMismatch, BadArgument, BadArgumentType,
-                     ConnectError, GroupClosed, PhaseError, PhaseInFlight, RailWaveError, Timeout)
+                     ConnectError, GroupClosed, PhaseError, PhaseInFlight, RailWaveError,
+                     ReceiveRoomExceeded, Timeout)
 
 BACKWARD_LAYER = 1 << 31  # layer bit of the pairs autograd opens for a layer's backward
 
@@ -67,7 +68,7 @@ class Handle:
     __slots__ = ("group", "handle_id", "layer", "step", "dtype", "hidden", "topk", "n_experts",
                  "num_tokens", "num_recv", "device", "_src", "_local_mask", "combined",
                  "topk_idx", "topk_weights", "routing_version", "need_w_grad",
-                 "dispatch_backward", "bwd", "_plan")
+                 "dispatch_backward", "bwd", "_plan", "rank_phase")
 
     def __init__(self, group: Core, handle_id: int, layer: int, step: int, dtype: torch.dtype,
                  hidden: int, topk: int, n_experts: int, num_tokens: int, num_recv: int, src: Any,
@@ -89,6 +90,7 @@ class Handle:
         self.dispatch_backward = False
         self.bwd = None
         self._plan = None  # host path: the dispatch's plan (its combine reads through it)
+        self.rank_phase = 0  # rank path: the dispatch's phase number (its combine names it)
 
     def keep_routing(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> None:
         """Keep the dispatch's routing for a backward pair, whenever autograd may run: a combine
@@ -194,6 +196,25 @@ def _permutation(a: Handle, b: Handle) -> torch.Tensor:
     return perm
 
 
+# How the daemon answers _poison's dispatch when it failed the pair for the whole group: local
+# ranks disagree (RW_E_FIELD, RW_E_EXPERTS), the id refused (RW_E_TOKENS), the pair already
+# failed by it on another node (RW_E_PHASE).
+_FAILED_FOR_ALL = (CODES["RW_E_FIELD"], CODES["RW_E_EXPERTS"], CODES["RW_E_TOKENS"],
+                   CODES["RW_E_PHASE"])
+
+
+def _received(meta: torch.Tensor, K: int, lo: int, el: int):
+    """From the dispatch output's metadata ([n, 4 + 2K] int32: src node, src rank, token, 0,
+    ids, fp32 weights; docs/dataflow.md "Dispatch output"), for this rank's experts lo ..
+    lo + el - 1: (recv_idx, recv_w, mine) as Group.dispatch returns them and the handle keeps."""
+    ids = meta[:, 4:4 + K].to(torch.int64)
+    loc = ids - lo
+    mine = (loc >= 0) & (loc < el)
+    recv_idx = torch.where(mine, loc, torch.full_like(loc, -1))
+    recv_w = meta[:, 4 + K:].view(torch.float32) * mine
+    return recv_idx, recv_w, mine
+
+
 def op_name(kind: str, layer: int, step: int) -> str:
     """How errors name an operation: "dispatch layer 3 step 7 (backward)"."""
     return "%s layer %d step %d%s" % (kind, layer & ~BACKWARD_LAYER, step,
@@ -218,14 +239,17 @@ class Work:
     def op(self) -> str:
         return op_name(*self._what)
 
+    def _reap(self, block: bool, timeout: Optional[float] = None) -> Any:
+        return self.group._reap(self, block, timeout)
+
     def done(self) -> bool:
         if self._cqe is None and self._exc is None and self._result is None:
-            self._cqe = self.group._reap(self, block=False)
+            self._cqe = self._reap(block=False)
         return self._cqe is not None or self._result is not None or self._exc is not None
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         if self._result is None and self._exc is None:
-            cqe = self._cqe or self.group._reap(self, block=True, timeout=timeout)
+            cqe = self._cqe or self._reap(block=True, timeout=timeout)
             self.group._pending = self._keep = None
             try:
                 self._result = self._finish(cqe, *self._args)
@@ -234,6 +258,20 @@ class Work:
         if self._exc is not None:
             raise self._exc
         return self._result
+
+
+class RankWork(Work):
+    """An operation on the rank path: its phase_id is the rank page's phase number, and what
+    finish gets is railwave._rank.RankPath.reap's (code, rows received, rows dropped,
+    message)."""
+
+    __slots__ = ()
+
+    def _reap(self, block: bool, timeout: Optional[float] = None) -> Any:
+        g = self.group
+        if g._c is None or g._rank is None:
+            raise GroupClosed(repr(g), "the group was closed while %s was in flight" % self.op)
+        return g._rank.reap(g, self, block, timeout)
 
 
 class Core:
@@ -250,6 +288,12 @@ class Core:
                  max_recv_tokens: Optional[int], timeout: float, spin_us: int,
                  stream_ordered: bool):
         self._c = None
+        self._rank = None  # railwave._rank.RankPath, opened at the first dispatch it serves
+        self._rank_off = None  # why this Group fell back to the ring path, when it did
+        self._said = ""  # the daemon's last reason a rank-path failure showed
+        self._rejoined = False  # _rejoin ran and no rank-path dispatch completed since
+        self._rank_mode = _rank.mode()
+        self._host_dev = _rank.host_as_device()
         self.socket = socket
         self.name, self.rank, self.world_size, self.node = name, rank, world_size, node
         self.timeout = float(timeout)
@@ -331,6 +375,11 @@ class Core:
                 self._order.settle()
             self._order.release()
             self._order = None
+        if self._rank is not None:  # before the client: the client unmaps the rank page
+            if self._pending is not None:
+                self._rank.settle(min(self.timeout, 10.0))
+            self._rank.close()
+            self._rank = None
         if self._cuda is not None:
             self._cuda.release()
         self._lib.rw_client_close(self._c)
@@ -523,10 +572,19 @@ class Core:
             sqe.topk_weights = _lib.Span(ib.id, 0, 32)
             sqe.output = _lib.Span(ob.id, 0, 0)
             w = self._submit(sqe, ctypes.byref(sqe), ("refuse dispatch", layer, step),
-                             lambda cqe: None, (), None)
-            w.wait(timeout=min(self.timeout, 30.0))
+                             lambda cqe: cqe.error if cqe.status != _lib.CQ_OK else 0, (), None)
+            code = w.wait(timeout=min(self.timeout, 30.0))
         except Exception:
             self._pending = None  # best effort: the caller raises the real error
+            code = None
+        if self._rank is not None and code not in _FAILED_FOR_ALL:
+            # The rank path: a pair of the key already open that the refused dispatch did not
+            # fail (answered alone: it came after every local rank's page submit, or not at
+            # all) — this rank leaves, which fails it, and joins again.
+            try:
+                self._rejoin()
+            except RailWaveError:
+                pass
 
     def _check_dispatch(self, x, topk_idx, topk_weights, num_experts):
         if not isinstance(x, torch.Tensor):
@@ -595,6 +653,10 @@ class Core:
             if x.shape[0] > self._max_tokens:
                 self._max_tokens = x.shape[0]
                 self._plans.clear()  # their receive room depends on it
+            rp = self._rank_for(x)
+            if rp is not None:
+                return self._dispatch_rank(rp, x, topk_idx, topk_weights, num_experts, layer,
+                                           step)
             if x.is_cuda:
                 return self._dispatch_cuda(x, topk_idx, topk_weights, num_experts, layer, step)
             plan = self._host_plan(x, topk_idx, num_experts)
@@ -693,11 +755,7 @@ class Core:
                                   detail="%d rows received into room for %d" % (n, cap))
             recv_x = ob_t[counts_b:counts_b + n * rb].view(dt).view(n, H).clone()
             meta = ob_t[meta_off:meta_off + n * mb].view(torch.int32).view(n, 4 + 2 * K)
-            ids = meta[:, 4:4 + K].to(torch.int64)
-            loc = ids - lo
-            mine = (loc >= 0) & (loc < el)
-            recv_idx = torch.where(mine, loc, torch.full_like(loc, -1))
-            recv_w = meta[:, 4 + K:].view(torch.float32) * mine
+            recv_idx, recv_w, mine = _received(meta, K, lo, el)
             if cqe.counts_buf == _lib.BUF_NONE:
                 counts = torch.tensor(cqe.counts[lo:lo + el], dtype=torch.int64, device=x.device)
             else:
@@ -709,6 +767,169 @@ class Core:
 
         return self._submit(sqe, ctypes.byref(sqe), ("dispatch", layer, step),
                             finish, (), (x, idx32, topk_weights), order)
+
+    # ---- the rank path (railwave._rank; docs/python.md "The rank path") ----------------------
+    def _rank_for(self, x):
+        """The RankPath that carries x's dispatch, opened at the first one it serves, or None
+        (the ring path: host tensors, RAILWAVE_RANK_PATH=0, or a Group where it did not open)."""
+        rp = self._rank
+        if x.is_cuda:
+            dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        elif self._host_dev and x.device.type == "cpu":
+            dev = 0
+        else:
+            return None
+        if rp is not None:
+            if rp.device != dev:
+                raise BadArgument("dispatch", "x is on %s; this Group's rank path is on cuda:%d"
+                                  " (one device per Group)" % (x.device, rp.device))
+            return rp
+        if self._rank_mode == 0 or self._rank_off is not None:
+            return None
+        self._rank = _rank.open_for(self, dev, self._rank_room(), not x.is_cuda)
+        return self._rank
+
+    def _rank_room(self) -> int:
+        """The rank path's receive room, fixed when it opens (the rank page is sized for it):
+        max_recv_tokens, else world_size × max_tokens_per_rank, else world_size × the larger of
+        this first dispatch's tokens and 256 — at most 65536, the daemon's default max_tokens,
+        which bounds a page's records."""
+        if self.max_recv_tokens:
+            return self.max_recv_tokens
+        if self.max_tokens_per_rank:
+            return self.world_size * self.max_tokens_per_rank
+        return min(self.world_size * max(self._max_tokens, 256), 65536)
+
+    def _rank_enqueue(self, rp, t, fn, arg, what):
+        """Enqueue one phase on the current stream of t's device (the legacy stream for the
+        stand-in's host tensors); returns its phase number."""
+        if not rp.host:
+            rp.stream.handle = torch.cuda.current_stream(t.device).cuda_stream
+        rc = fn(rp.rp, rp.stream_ref, ctypes.byref(arg), rp.phase_ref)
+        if rc:
+            raise self._error(rc, "enqueue " + op_name(*what), detail=rp.message())
+        return rp.phase.value
+
+    def _dispatch_rank(self, rp, x, topk_idx, topk_weights, E, layer, step):
+        """A dispatch on the rank path: the kernels read the caller's tensors in stream order and
+        write fresh output tensors sized for the room (returned as views of their first n rows).
+        The received row count n is in the page once the stream wrote the phase's done: eager
+        dispatch waits for that (Work.wait), as its results' shapes need it."""
+        T, H = x.shape
+        K = topk_idx.shape[1]
+        dt, dev, cap = x.dtype, x.device, rp.max_recv
+        what = ("dispatch", layer, step)
+        if x.data_ptr() % 16:  # the pack reads rows 16 bytes at a time
+            x = x.clone()
+        # int64 ids clamped first, so that none wraps into a valid int32 id (-2 and E are both
+        # out of range: the count kernel reports the token)
+        ids = topk_idx if topk_idx.dtype == torch.int32 else \
+            topk_idx.clamp(-2, E).to(torch.int32)
+        rx = torch.empty(cap, H, dtype=dt, device=dev)
+        meta = torch.empty(cap, 4 + 2 * K, dtype=torch.int32, device=dev)
+        counts = torch.empty(E, dtype=torch.int32, device=dev)
+        d = _lib.RankDispatch(dtype=DTYPES[dt], topk=K, layer=layer, step=step, token_count=T,
+                              hidden=H, n_experts=E, tokens=x.data_ptr(),
+                              topk_ids=ids.data_ptr(), topk_weights=topk_weights.data_ptr(),
+                              recv_x=rx.data_ptr(), recv_meta=meta.data_ptr(),
+                              recv_counts=counts.data_ptr(), recv_cap=cap)
+        try:
+            k = self._rank_enqueue(rp, x, self._lib.rw_client_rank_dispatch, d, what)
+        except RailWaveError as e:
+            if e.code != CODES["RW_E_CLOSED"]:
+                self._poison(layer, step, E)  # nothing of it was submitted: fail it for all
+            raise
+        el = E // self.world_size
+        lo = self.rank * el
+
+        def finish(res):
+            rc, n, dropped, msg = res
+            deadline = time.monotonic() + self.timeout
+            while rc == CODES["RW_E_STATE"] and self._rejoined and time.monotonic() < deadline:
+                # Joined again (_rejoin) while the pair this rank left was still ending there:
+                # the daemon refused the submit alone (no pair of this key saw it), so it is
+                # enqueued again until that pair has ended.
+                time.sleep(0.002)
+                w.phase_id = self._rank_enqueue(rp, x, self._lib.rw_client_rank_dispatch, d,
+                                                what)
+                rc, n, dropped, msg = rp.reap(self, w, True)
+            self._rejoined = False
+            k = w.phase_id
+            if rc == CODES["RW_E_TOKENS"] and "top-k expert id" in msg:
+                # the daemon refused this rank's submit alone (its count kernel found a bad
+                # id): the others' pair is open, so fail it for them now
+                self._poison(layer, step, E)
+            if rc:
+                raise self._rank_error(rc, self._rank_detail(msg), what, topk_idx, E, cap,
+                                       dropped)
+            m = meta[:n]
+            recv_idx, recv_w, mine = _received(m, K, lo, el)
+            h = self._open = Handle(self, k, layer, step, dt, H, K, E, T, n,
+                                    m[:, 1:3].to(torch.int64), mine, dev)
+            h.rank_phase = k
+            return rx[:n], recv_idx, recv_w, counts[lo:lo + el].to(torch.int64), h
+
+        w = self._pending = RankWork(self, k, what, finish, (),
+                                     (x, ids, topk_weights, rx, meta, counts))
+        return w
+
+    def _rank_detail(self, msg):
+        """The library's message for a failed phase, with the daemon's reason when it sent a new
+        one (a notice on the control socket, read here: the page's status word holds a code
+        only; the last reason shown is not repeated, as it may be an older phase's)."""
+        if self._c is None:
+            return msg
+        self._lib.rw_client_wait(self._c, self._cqe_ref, 1, 0)  # takes queued notices
+        said = self._lib.rw_client_last_message(self._c).decode()
+        if not said or said == self._said:  # nothing new: not this phase's
+            return msg
+        self._said = said
+        return "%s; railwaved: %s" % (msg, said)
+
+    def _rank_error(self, rc, msg, what, topk_idx, E, cap, dropped):
+        """The exception of a rank-path dispatch that completed with rc (msg: the library's)."""
+        op = self._where(op_name(*what))
+        if rc == CODES["RW_E_TOKENS"] and "top-k expert id" in msg:
+            bad = (topk_idx < -1) | (topk_idx >= E)  # read back on the error path only
+            if bool(bad.any()):
+                t, j = bad.nonzero()[0].tolist()
+                return BadArgument(op, "topk_idx[%d, %d] = %d is not an expert id (valid: -1 "
+                                   "for none, 0..%d); the phase failed (%s)"
+                                   % (t, j, int(topk_idx[t, j]), E - 1, msg),
+                                   code=rc, text=_lib.strerror(rc))
+        if rc == CODES["RW_E_OVERFLOW"]:
+            return ReceiveRoomExceeded(op, "%d rows arrived past the rank path's receive room "
+                                       "of %d rows and were dropped (%s)" % (dropped, cap, msg),
+                                       code=rc, text=_lib.strerror(rc))
+        return self._error(rc, op_name(*what), PhaseError, detail=msg)
+
+    def _combine_rank(self, y, h):
+        """The combine of a rank-path dispatch: the rows given back read in stream order, the
+        combined rows written into a fresh [num_tokens, hidden] tensor. Work.wait waits for the
+        phase's done (its status)."""
+        rp, T = self._rank, h.num_tokens
+        what = ("combine", h.layer, h.step)
+        if y.data_ptr() % 16:
+            y = y.clone()
+        out = torch.empty(T, h.hidden, dtype=h.dtype, device=y.device)
+        c = _lib.RankCombine(h.rank_phase, y.data_ptr() if h.num_recv else 0,
+                             out.data_ptr() if T else 0)
+        try:
+            k = self._rank_enqueue(rp, y, self._lib.rw_client_rank_combine, c, what)
+        except RailWaveError as e:
+            self._refuse_combine(e)  # fail the pair for every rank, then raise
+        h.combined = True
+
+        def finish(res):
+            if self._open is h:
+                self._open = None
+            if res[0]:
+                raise self._error(res[0], op_name(*what), PhaseError,
+                                  detail=self._rank_detail(res[3]))
+            return out
+
+        w = self._pending = RankWork(self, k, what, finish, (), (y, out))
+        return w
 
     def _check_combine(self, expert_out, handle):
         """Validate a combine's arguments (raises BadArgument naming what is wrong)."""
@@ -748,6 +969,8 @@ class Core:
                 self._check_combine(expert_out, handle)
             except BadArgument as e:
                 self._refuse_combine(e)
+        if h.rank_phase:
+            return self._combine_rank(y, h)
         n, T, H, dt = h.num_recv, h.num_tokens, h.hidden, h.dtype
         rb = H * y.element_size()
         s = self._csqe
@@ -794,10 +1017,40 @@ class Core:
 
     def _refuse_combine(self, err: RailWaveError) -> None:
         """Raise err, the reason this rank cannot give the open pair's combine, after failing
-        that pair for every rank (_abort_pair), so that their combines fail at once."""
-        if self._open is not None:
+        that pair for every rank (_abort_pair; on the rank path _rejoin), so that their
+        combines fail at once."""
+        h = self._open
+        if h is not None and h.rank_phase:
+            h.combined = True
+            self._open = None
+            try:
+                self._rejoin()
+            except RailWaveError:  # the daemon gone: err is still the reason to give
+                pass
+        elif h is not None:
             self._abort_pair()
         raise err
+
+    def _rejoin(self) -> None:
+        """Leave the group and join again. The daemon fails the open pair for every rank (a rank
+        that left it): how a rank-path rank fails a pair whose combine it cannot give (the
+        ring's abort names the pair by a handle the rank path never sees). What was lent on the
+        old connection (buffers, CUDA segments, the event, the rank page and slabs) goes with
+        it; the rank path opens again at the next dispatch."""
+        if self._order is not None:
+            self._order.release()
+            self._order = None
+        if self._cuda is not None:
+            self._cuda.release()
+        if self._rank is not None:
+            self._rank.close()
+            self._rank = None
+        self._lib.rw_client_close(self._c)
+        self._c, self._in, self._out, self._cuda, self._cuda_out = None, None, None, None, None
+        self._pending = None
+        self._plans.clear()
+        self._connect()
+        self._rejoined = True
 
     def _combined(self, cqe, h):
         h.combined = True

@@ -75,10 +75,48 @@ class CudaDesc(ctypes.Structure):
                 ("device", ctypes.c_int32)]
 
 
+# The rank path (ipc/railwave.h "The rank path"): a stream, one dispatch, one combine, how a
+# phase ended, and a group slab as rw_client_rank_slab gives it.
+class ClientStream(ctypes.Structure):
+    _fields_ = [("device", ctypes.c_int32), ("reserved", ctypes.c_uint32),
+                ("handle", ctypes.c_uint64)]
+
+
+class RankDispatch(ctypes.Structure):
+    _fields_ = [("dtype", ctypes.c_uint8), ("reserved0", ctypes.c_uint8),
+                ("topk", ctypes.c_uint16), ("layer", ctypes.c_uint32), ("step", ctypes.c_uint64),
+                ("token_count", ctypes.c_uint32), ("hidden", ctypes.c_uint32),
+                ("n_experts", ctypes.c_uint32), ("path", ctypes.c_uint16),
+                ("reserved1", ctypes.c_uint16), ("tokens", ctypes.c_uint64),
+                ("topk_ids", ctypes.c_uint64), ("topk_weights", ctypes.c_uint64),
+                ("recv_x", ctypes.c_uint64), ("recv_meta", ctypes.c_uint64),
+                ("recv_counts", ctypes.c_uint64), ("recv_cap", ctypes.c_uint32),
+                ("reserved2", ctypes.c_uint32)]
+
+
+class RankCombine(ctypes.Structure):
+    _fields_ = [("dispatch", ctypes.c_uint64), ("rows", ctypes.c_uint64),
+                ("out", ctypes.c_uint64)]
+
+
+class RankDone(ctypes.Structure):
+    _fields_ = [("recv_tokens", ctypes.c_uint32), ("overflow", ctypes.c_uint32)]
+
+
+class ClientSlab(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("bytes", ctypes.c_size_t),
+                ("rail", ctypes.c_uint32), ("rails", ctypes.c_uint32),
+                ("area_bytes", ctypes.c_uint64), ("recv_off", ctypes.c_uint64 * 2),
+                ("send_off", ctypes.c_uint64 * 2), ("local_off", ctypes.c_uint64),
+                ("object", ctypes.c_uint64)]
+
+
 # The ring ABI (railwave.h's _Static_asserts): a mismatch here would corrupt every submission.
 assert ctypes.sizeof(Span) == 16 and ctypes.sizeof(Sqe) == 128 and ctypes.sizeof(Cqe) == 128
 assert Sqe.n_experts.offset == 120 and Sqe.event_id.offset == 124 and Sqe.path.offset == 126
 assert ctypes.sizeof(LostSignal) == 40
+assert ctypes.sizeof(ClientStream) == 16 and ctypes.sizeof(RankDispatch) == 88
+assert RankDispatch.recv_cap.offset == 80 and ctypes.sizeof(RankCombine) == 24
 
 
 def _candidates():
@@ -120,6 +158,26 @@ def _bind(lib):
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
+    u64, u64_p, rank_p = ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p
+    rank = {  # a library from before the rank path lacks these: the package then never uses it
+        "rw_client_rank_open": (ctypes.c_int, [c_p, ctypes.c_int32, u32,
+                                               ctypes.POINTER(c_p)]),
+        "rw_client_rank_close": (None, [rank_p]),
+        "rw_client_rank_dispatch": (ctypes.c_int, [rank_p, ctypes.POINTER(ClientStream),
+                                                   ctypes.POINTER(RankDispatch), u64_p]),
+        "rw_client_rank_combine": (ctypes.c_int, [rank_p, ctypes.POINTER(ClientStream),
+                                                  ctypes.POINTER(RankCombine), u64_p]),
+        "rw_client_rank_wait": (ctypes.c_int, [rank_p, u64, ctypes.c_int,
+                                               ctypes.POINTER(RankDone)]),
+        "rw_client_rank_slab": (ctypes.c_int, [rank_p, u32, ctypes.POINTER(ClientSlab),
+                                               u64_p]),
+        "rw_client_rank_message": (ctypes.c_char_p, [rank_p]),
+    }
+    lib.rank_path = all(hasattr(lib, name) for name in rank)
+    if lib.rank_path:
+        for name, (res, args) in rank.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
     return lib
 
 

@@ -10,7 +10,7 @@ from typing import Mapping, Optional, Tuple, Union
 
 import torch
 
-from . import _lib, autograd, layout
+from . import _lib, _rank, autograd, layout
 from ._core import Core, Handle, Work
 from .errors import BadArgument, BadArgumentType
 
@@ -96,7 +96,7 @@ class Group(Core):
           node ← RAILWAVE_NODE (the project's launcher), else rank // LOCAL_WORLD_SIZE
                  (SLURM_NTASKS_PER_NODE), else SLURM_NODEID, GROUP_RANK
           socket ← RAILWAVE_SOCKET;  local_gpu ← LOCAL_RANK, SLURM_LOCALID when torch sees
-                 CUDA, else -1
+                 CUDA (or the rank path's test switch is on), else -1
           max_tokens_per_rank ← RAILWAVE_MAX_TOKENS_PER_RANK;  spin_us ← RAILWAVE_SPIN_US
                  (default 50);  stream_ordered ← RAILWAVE_STREAM_ORDERED (1: on)
         BadArgument names what is missing or not an integer."""
@@ -122,9 +122,9 @@ class Group(Core):
         if node is None:
             raise BadArgument("Group.from_env", "cannot tell rank %d's node: pass node= or set "
                               "LOCAL_WORLD_SIZE (torchrun does) or RAILWAVE_NODE" % rank)
-        if local_gpu is None:
+        if local_gpu is None:  # the rank path's native rail is its local GPU's
             local_gpu = _env_int(env, ("LOCAL_RANK", "SLURM_LOCALID"), "local rank") \
-                if torch.cuda.is_available() else None
+                if torch.cuda.is_available() or _rank.host_as_device(env) else None
         if max_tokens_per_rank is None:
             max_tokens_per_rank = _env_int(env, ("RAILWAVE_MAX_TOKENS_PER_RANK",),
                                            "the most tokens a rank dispatches")

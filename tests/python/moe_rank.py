@@ -245,6 +245,11 @@ def cmd_paths(c):
         if bad:
             raise AssertionError("; ".join(bad))
         log.append("last step frozen-router, equal")
+        if c.get("rank_path"):  # every phase above went through librailwave's rank path
+            rp = g._rank
+            if rp is None or rp.phase.value == 0:
+                raise AssertionError("the rank path was not used (%s)" % g._rank_off)
+            log.append("all on the rank path (%d phases)" % rp.phase.value)
     return log
 
 
@@ -354,6 +359,9 @@ LEFT = ((railwave.errors.RW_E_PHASE, railwave.errors.RW_E_HANDLE),
         (" left", "is not this rank's open dispatch"))
 
 
+RANK_PATH = [False]  # the command's rank_path: librailwave's rank path carries the phases
+
+
 def expect(what, fn, exc, *needles, full=False, cause=None):
     """fn() must raise exc whose message has every needle; a PhaseError must be the phase failed
     at once by another rank, never the daemon's phase timeout: with cause (POISONED, LEFT) its
@@ -368,8 +376,11 @@ def expect(what, fn, exc, *needles, full=False, cause=None):
         if isinstance(e, railwave.PhaseError) and "timed out after" in msg:
             raise AssertionError("%s: the error is the daemon's phase timeout: the phase was "
                                  "not failed at once (%s)" % (what, msg))
+        # On the rank path a phase failed by the daemon for another rank's fault ends with the
+        # code in the rank page and no text (only the refused rank gets the daemon's notice).
+        quiet = RANK_PATH[0] and "railwaved:" not in msg
         if cause is not None and (e.code not in cause[0] or
-                                  not any(t in msg for t in cause[1])):
+                                  not (quiet or any(t in msg for t in cause[1]))):
             raise AssertionError("%s: %s (%s) is not a phase failed by another rank (codes %s, "
                                  "texts %s)" % (what, msg, e.name, [railwave.errors.NAMES[c]
                                                                     for c in cause[0]], cause[1]))
@@ -433,10 +444,14 @@ def cmd_bad(c):
             good()
         # One rank combines with the wrong shape / dtype / a non-contiguous tensor: it is refused
         # there, and that rank leaves and rejoins so that the others' combines fail at once.
+        # Not on the rank path: its rank fails the pair by leaving (railwave._core _rejoin), and
+        # a page rank that leaves while its node still flushes the dispatch is let go without
+        # failing the pair (the daemon's exec_on_rank_left), so the others wait for its
+        # combine until the phase timeout.
         # Every token goes to that rank's experts (expert e lives on rank e / (E / WORLD)), so
         # the others' combines depend on its rows (with none received, whether they saw it leave
         # depended on timing).
-        for i, (who, what, bad_y, exc, needle) in enumerate([
+        for i, (who, what, bad_y, exc, needle) in enumerate([] if RANK_PATH[0] else [
                 (0, "combine wrong rows", lambda rx: torch.zeros(rx.shape[0] + 1, H), ValueError,
                  "received rows"),
                 (1, "combine wrong dtype", lambda rx: rx.to(torch.bfloat16), TypeError,
@@ -490,6 +505,8 @@ def cmd_bad(c):
         g.combine(rx, h)
         good()
         log.append("good steps verified after every bad one: %d" % step[0])
+        if c.get("rank_path") and (g._rank is None or g._rank.phase.value == 0):
+            raise AssertionError("the rank path was not used (%s)" % g._rank_off)
     log.append(expect("dispatch on a closed group", lambda: g.dispatch(x, idx, w, E, layer=2),
                       railwave.GroupClosed, "closed"))
     return log
@@ -518,6 +535,30 @@ def cmd_lost(c):
     return [line]
 
 
+def cmd_kill_a(c):
+    """A forward step's dispatch on every rank; every rank but c["victim"] then submits its
+    combine (async) and keeps it: the launcher kills the victim next (cmd_kill_b)."""
+    g = KEPT["g"] = join(c)
+    dev, E = device(c), c["experts"]
+    ranks, experts, _ = workload(c["seed"], 0, E, torch.float32, False)
+    x, idx, w, _ = (t.to(dev) for t in ranks[RANK])
+    with torch.no_grad():
+        rx, ridx, rw, _, h = g.dispatch(x, idx, w, E, layer=9, step=0)
+        if RANK == c["victim"]:
+            return ["dispatched %d rows; waiting to be killed" % rx.shape[0]]
+        KEPT["work"] = g.combine(rx * rw.sum(1, keepdim=True), h, async_op=True)
+    return ["combine submitted"]
+
+
+def cmd_kill_b(c):
+    """The victim was killed: the kept combine must fail at once (the pair it left)."""
+    g, work = KEPT.pop("g"), KEPT.pop("work")
+    line = expect("combine of a pair whose rank %d was killed" % c["victim"], work.wait,
+                  railwave.PhaseError, cause=LEFT)
+    g.close()
+    return [line]
+
+
 def cmd_recover(c):
     with join(c) as g:
         bad, _ = run_step(g, c["seed"], 2, c["experts"], torch.float32, layer=0)
@@ -529,9 +570,11 @@ def cmd_recover(c):
 def main():
     for line in sys.stdin:
         c = json.loads(line)
+        RANK_PATH[0] = bool(c.get("rank_path"))
         try:
             log = {"paths": cmd_paths, "flood": cmd_flood, "bad": cmd_bad, "open": cmd_open,
-                   "lost": cmd_lost, "recover": cmd_recover}[c["op"]](c)
+                   "lost": cmd_lost, "recover": cmd_recover, "kill_a": cmd_kill_a,
+                   "kill_b": cmd_kill_b}[c["op"]](c)
             print(json.dumps({"ok": True, "log": log}), flush=True)
         except Exception as e:
             print(json.dumps({"ok": False, "error": "%s: %s\n%s" % (

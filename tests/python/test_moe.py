@@ -12,9 +12,16 @@ the others PhaseError; after its restart every rank joins again and a step verif
 `cuda` runs the paths scenario with CUDA tensors (skipped without a GPU), and with `stream` also
 in stream-ordered mode (Group(stream_ordered=True): no host synchronization before a submission;
 the event and the flag of docs/python.md "Stream order").
+`rank` runs the paths scenario on librailwave's rank path (docs/python.md "The rank path": the
+kernels in the rank's process on its stream, the daemons lending pages and group slabs), `rankbad`
+the bad-input scenario there, and `rankkill` kills a rank whose peers wait in their combine:
+without a GPU on the kernel stand-in driver (tests/integration/libfakecuda_kern.so, CPU tensors
+standing for device memory: RAILWAVE_TEST_HOST_AS_DEVICE), with RW_PY_RANK_DEVICE=cuda on a GPU
+with CUDA tensors; skipped where the build has no stand-in (no nvcc: no rank kernels).
 
 Run by tests/run as $b/test/python_moe (a wrapper ninja writes: test_moe.py BUILDDIR);
-RW_PY_ONLY=paths,bad,peer,cuda,stream picks scenarios. Exits 0 pass, 1 fail, 77 skip."""
+RW_PY_ONLY=paths,bad,peer,cuda,stream,rank,rankbad,rankkill picks scenarios. Exits 0 pass, 1 fail,
+77 skip."""
 import json
 import os
 import select
@@ -97,9 +104,15 @@ def check(outs, what, cluster):
     return outs
 
 
-def scenario_paths(cluster, tmp, ranks, nodes, seed, device="cpu", stream_ordered=False):
+# The daemons of the rank path's scenarios lend each group carve-outs (docs/rankpath.md "The slab
+# areas, lent per group"): without them a rank path opens with no slabs and is not used.
+CARVE = dict(PHASE_TIMEOUT, group_area_mib=1, group_pool_mib=16)
+
+
+def scenario_paths(cluster, tmp, ranks, nodes, seed, device="cpu", stream_ordered=False,
+                   rank_path=False):
     for i, path in enumerate(["native", "rail-only", "perm-only", "joint", "auto"]):
-        c = cluster.Cluster(tmp, nodes, path=path, extra=PHASE_TIMEOUT)
+        c = cluster.Cluster(tmp, nodes, path=path, extra=CARVE if rank_path else PHASE_TIMEOUT)
         try:
             c.start_all()
             sockets = [n["ipc_socket"] for n in c.cfg["nodes"]]
@@ -108,8 +121,13 @@ def scenario_paths(cluster, tmp, ranks, nodes, seed, device="cpu", stream_ordere
                                     "seed": seed + i, "router": path == "auto",
                                     "device": device, "sockets": sockets,
                                     "stream_ordered": stream_ordered,
+                                    "rank_path": rank_path,
                                     "max_tokens": 13}),  # moe_rank.workload's most
                          "path " + path, c)
+            if rank_path:  # flood's room cases are the ring path's (the rank path: "bad")
+                print("ok   rank path %-9s N=%d W=%d: %s" % (path, nodes, nodes * cluster.GPUS,
+                                                           "; ".join(outs[0]["log"])))
+                continue
             flood = check(ranks.run({"op": "flood", "group": "py.flood." + path,
                                      "experts": nodes * cluster.GPUS * 2, "seed": seed + i,
                                      "device": device, "sockets": sockets,
@@ -127,20 +145,44 @@ def scenario_paths(cluster, tmp, ranks, nodes, seed, device="cpu", stream_ordere
         print("ok   %s path %-9s flood: %s" % (dv, path, "; ".join(flood[1]["log"])))
 
 
-def scenario_bad(cluster, tmp, ranks, nodes, seed):
-    c = cluster.Cluster(tmp, nodes, path="auto", extra=PHASE_TIMEOUT)
+def scenario_bad(cluster, tmp, ranks, nodes, seed, rank_path=False):
+    c = cluster.Cluster(tmp, nodes, path="auto", extra=CARVE if rank_path else PHASE_TIMEOUT)
     try:
         c.start_all()
         outs = check(ranks.run({"op": "bad", "group": "py.bad", "experts": nodes * cluster.GPUS * 2,
-                                "seed": seed, "sockets": [
+                                "seed": seed, "rank_path": rank_path, "sockets": [
                                     n["ipc_socket"] for n in c.cfg["nodes"]]}), "bad input", c)
     finally:
         c.stop()
+    how = "rank path " if rank_path else ""
     for line in outs[0]["log"]:
-        print("ok   bad input rank 0: %s" % line)
+        print("ok   %sbad input rank 0: %s" % (how, line))
     for r in sorted(outs)[1:]:
-        print("ok   bad input rank %d: %d checks (%s)" % (r, len(outs[r]["log"]), "; ".join(
+        print("ok   %sbad input rank %d: %d checks (%s)" % (how, r, len(outs[r]["log"]), "; ".join(
             l.split(":")[0] for l in outs[r]["log"] if not l.startswith("peer of"))))
+
+
+def scenario_rankkill(cluster, tmp, ranks, nodes, seed, device):
+    """On the rank path, a rank killed (SIGKILL) after its dispatch while every other rank waits
+    in its combine of that pair: each of those gets PeerFailed at once (the daemon fails the
+    pair when the rank's connection closes), no stream waits forever, and every daemon exits
+    0. Kills the last rank's process: run it last."""
+    c = cluster.Cluster(tmp, nodes, path="joint", extra=CARVE)
+    world = nodes * cluster.GPUS
+    victim, rest = world - 1, list(range(world - 1))
+    base = {"group": "py.kill", "experts": world * 2, "seed": seed, "device": device,
+            "rank_path": True, "victim": victim,
+            "sockets": [n["ipc_socket"] for n in c.cfg["nodes"]]}
+    try:
+        c.start_all()
+        check(ranks.run(dict(base, op="kill_a")), "dispatch, then the others' combines", c)
+        p = ranks.procs[victim]
+        p.kill()
+        p.wait()
+        outs = check(ranks.run(dict(base, op="kill_b"), rest), "after the kill", c)
+    finally:
+        c.stop()
+    print("ok   rank path: rank %d killed in its pair: %s" % (victim, outs[0]["log"][0][:200]))
 
 
 def scenario_peer(cluster, tmp, ranks, nodes, seed):
@@ -178,7 +220,8 @@ def main():
         print("skip: railwaved or librailwave.so.1 not built in %s" % build)
         return 77
     cluster = load_cluster(build)
-    only = [s for s in os.environ.get("RW_PY_ONLY", "paths,bad,peer,cuda,stream").split(",") if s]
+    only = [s for s in os.environ.get("RW_PY_ONLY", "paths,bad,peer,cuda,stream,rank,rankbad,"
+                                      "rankkill").split(",") if s]
     seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or int(time.time()) % 100000 + 1
     print("seed %d (RW_TEST_SEED=%d reproduces)" % (seed, seed))
     env = dict(os.environ, RAILWAVE_LIB=lib,
@@ -216,7 +259,43 @@ def main():
                     return 1
                 finally:
                     cranks.stop()
+        if {"rank", "rankbad", "rankkill"} & set(only):
+            rc = rank_scenarios(cluster, build, tmp, env, nodes, seed, only, torch)
+            if rc:
+                return rc
     print("python_moe: %.1f s" % (time.time() - t0))
+    return 0
+
+
+def rank_scenarios(cluster, build, tmp, env, nodes, seed, only, torch):
+    """The rank path's scenarios (module docstring). 0, 1 (failed) or 0 after a skip line."""
+    dev = os.environ.get("RW_PY_RANK_DEVICE", "cpu")
+    renv = dict(env, RAILWAVE_RANK_PATH="1")
+    if dev == "cpu":
+        kern = os.path.join(build, "tests", "integration", "libfakecuda_kern.so")
+        if not os.path.exists(kern):
+            print("skip: rank scenarios: no kernel stand-in %s (built with nvcc only)" % kern)
+            return 0
+        renv.update(RW_CUDA_DRIVER=kern, RAILWAVE_TEST_HOST_AS_DEVICE="1")
+    elif not torch.cuda.is_available():
+        print("skip: rank scenarios on cuda: torch sees no CUDA device")
+        return 0
+    ranks = Ranks(nodes * cluster.GPUS, cluster.GPUS, renv)
+    try:
+        if "rank" in only:
+            scenario_paths(cluster, tmp, ranks, nodes, seed, device=dev, rank_path=True)
+        if "rankbad" in only and dev != "cpu":  # moe_rank.cmd_bad makes CPU tensors
+            print("skip: rankbad on %s: its inputs are CPU tensors (the stand-in's run is it)"
+                  % dev)
+        elif "rankbad" in only:
+            scenario_bad(cluster, tmp, ranks, nodes, seed, rank_path=True)
+        if "rankkill" in only:
+            scenario_rankkill(cluster, tmp, ranks, nodes, seed, dev)
+    except Exception as e:
+        print("FAIL rank path %s" % e)
+        return 1
+    finally:
+        ranks.stop()
     return 0
 
 

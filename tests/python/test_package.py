@@ -53,7 +53,11 @@ def check_abi(fails):
             fails.append("%s: package %s, railwave.h %s" % (name, mine, h.get(name)))
     # Field offsets against the C compiler's view of the header.
     fields = {"rw_sqe_t": _lib.Sqe, "rw_cqe_t": _lib.Cqe, "rw_client_opts_t": _lib.Opts,
-              "rw_client_cuda_desc_t": _lib.CudaDesc, "rw_span_t": _lib.Span}
+              "rw_client_cuda_desc_t": _lib.CudaDesc, "rw_span_t": _lib.Span,
+              "rw_client_stream_t": _lib.ClientStream,
+              "rw_client_rank_dispatch_t": _lib.RankDispatch,
+              "rw_client_rank_combine_t": _lib.RankCombine,
+              "rw_client_rank_done_t": _lib.RankDone, "rw_client_slab_t": _lib.ClientSlab}
     prog = ['#include <stdio.h>', '#include <stddef.h>', '#include "ipc/railwave.h"', 'int main(void){']
     for cname, cls in fields.items():
         prog.append('printf("%s size %%zu\\n", sizeof(%s));' % (cname, cname))
@@ -233,6 +237,42 @@ def check_exceptions(fails):
                                  % (rel, node.lineno, node.func.id))
 
 
+def check_rank_switches(fails):
+    """RAILWAVE_RANK_PATH takes 0, 1 or nothing; the test switch that lets CPU tensors stand for
+    device memory (RAILWAVE_TEST_HOST_AS_DEVICE) is refused unless RW_CUDA_DRIVER names the
+    kernel stand-in, so it never hands host addresses to a real driver."""
+    from railwave import _rank
+    from railwave.errors import BadArgument
+    for env, want in (({}, -1), ({"RAILWAVE_RANK_PATH": ""}, -1),
+                      ({"RAILWAVE_RANK_PATH": "0"}, 0), ({"RAILWAVE_RANK_PATH": "1"}, 1)):
+        if _rank.mode(env) != want:
+            fails.append("RAILWAVE_RANK_PATH %s: mode %s, want %s" % (env, _rank.mode(env), want))
+    for bad in ("yes", "2", "on"):
+        try:
+            _rank.mode({"RAILWAVE_RANK_PATH": bad})
+            fails.append("RAILWAVE_RANK_PATH=%s accepted" % bad)
+        except BadArgument as e:
+            if "RAILWAVE_RANK_PATH" not in str(e):
+                fails.append("RAILWAVE_RANK_PATH=%s: the error does not name it: %s" % (bad, e))
+    stand_in = "/b/tests/integration/libfakecuda_kern.so"
+    if _rank.host_as_device({"RW_CUDA_DRIVER": stand_in}) or _rank.host_as_device(
+            {"RAILWAVE_TEST_HOST_AS_DEVICE": "0", "RW_CUDA_DRIVER": stand_in}):
+        fails.append("host-as-device on without RAILWAVE_TEST_HOST_AS_DEVICE=1")
+    if not _rank.host_as_device({"RAILWAVE_TEST_HOST_AS_DEVICE": "1", "RW_CUDA_DRIVER": stand_in}):
+        fails.append("host-as-device off with the switch and the stand-in")
+    for drv in (None, "libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                "/b/tests/cuda/libfakecuda.so"):
+        env = {"RAILWAVE_TEST_HOST_AS_DEVICE": "1"}
+        if drv:
+            env["RW_CUDA_DRIVER"] = drv
+        try:
+            _rank.host_as_device(env)
+            fails.append("RAILWAVE_TEST_HOST_AS_DEVICE=1 accepted with driver %s" % drv)
+        except BadArgument as e:
+            if "test switch" not in str(e):
+                fails.append("host-as-device refusal does not say why: %s" % e)
+
+
 def check_install(fails, lib):
     with tempfile.TemporaryDirectory(prefix="rwpip.") as d:
         # From a copy, as pip builds in the tree it is given (build/, *.egg-info).
@@ -292,6 +332,11 @@ def main():
     check_exceptions(fails)
     if len(fails) == n:
         print("ok   exceptions: one RailWaveError class per meaning, codes mapped, no bare raise")
+    n = len(fails)
+    check_rank_switches(fails)
+    if len(fails) == n:
+        print("ok   RAILWAVE_RANK_PATH 0/1/unset; the host-as-device test switch only on the "
+              "kernel stand-in")
     check_install(fails, lib)
     for f in fails:
         print("FAIL " + f)
