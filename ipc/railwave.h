@@ -409,6 +409,14 @@ typedef struct rw_client_stream {
 int rw_client_rank_open(rw_client_t *client, int32_t device, uint32_t max_recv,
 			rw_client_rank_t **rank_p);
 
+/* The device of a host rank's rank path: buffers in host memory, no CUDA. Every address is a
+ * pointer of this process, the stream argument NULL (or device RW_RANK_HOST); dispatch and
+ * combine store submit and return, and rw_client_rank_wait does the stream's part on this CPU
+ * (pack, forward, gather, reduce, with up to RAILWAVE_RANK_THREADS threads: default the online
+ * CPUs over the node's local ranks), phase after phase in order (docs/rankpath.md "Host
+ * ranks"): wait for every phase, or later phases and the group's other ranks wait too. */
+#define RW_RANK_HOST (-1)
+
 /* Unregister the page from CUDA and free the rank path. Phases still on a stream must have
  * passed (their rw_client_rank_wait returned), or the stream may still write the page. Then
  * rw_client_close() unmaps the page. NULL is a no-op. */

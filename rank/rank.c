@@ -68,6 +68,9 @@ int rw_client_rank_open(rw_client_t *client, int32_t device, uint32_t max_recv,
 	open_msg[0] = '\0';
 	if (!client || !rank_p)
 		return say(open_msg, RW_E_INVAL, "rank path: no client");
+	const int host = device == RW_RANK_HOST; /* rank/host.c: no CUDA */
+	if (host)
+		goto checked;
 	if (rw_cuda_init() != RW_OK)
 		return say(open_msg, RW_E_NO_CUDA, "rank path: %s", rw_cuda_unavailable_reason());
 	if (device < 0 || device >= rw_cuda_device_count())
@@ -79,6 +82,7 @@ int rw_client_rank_open(rw_client_t *client, int32_t device, uint32_t max_recv,
 	if (!rw_cuda_kernels_available(device) || !rw_cuda_rank_kernels_available(device))
 		return say(open_msg, RW_E_NO_CUDA, "rank path: the kernels do not load on device %d "
 			   "(built without nvcc, or no sm_90 code or PTX the driver takes)", device);
+checked:;
 	rw_client_rank_t *r = calloc(1, sizeof(*r));
 	if (!r)
 		return say(open_msg, RW_E_NOMEM, "rank path: out of memory");
@@ -101,7 +105,9 @@ int rw_client_rank_open(rw_client_t *client, int32_t device, uint32_t max_recv,
 			 "layout its head describes");
 		goto fail_free; /* the client unmaps the page at close */
 	}
-	if (rw_cuda_host_register_mapped(page, r->bytes, &r->dptr) != RW_OK) {
+	if (host) {
+		r->dptr = (rw_cuda_dptr_t)(uintptr_t)page;
+	} else if (rw_cuda_host_register_mapped(page, r->bytes, &r->dptr) != RW_OK) {
 		rc = say(open_msg, RW_E_CUDA, "rank path: cuMemHostRegister of the rank page (%zu "
 			 "bytes) failed", r->bytes);
 		goto fail_free;
@@ -109,6 +115,15 @@ int rw_client_rank_open(rw_client_t *client, int32_t device, uint32_t max_recv,
 	if ((rc = rw_rank_slabs_open(r)) != 0) { /* the group's slabs (rank/slabs.c) */
 		snprintf(open_msg, sizeof(open_msg), "%s", r->msg);
 		goto fail_page;
+	}
+	if (host) {
+		if ((rc = rw_rank_host_open(r)) != 0) {
+			snprintf(open_msg, sizeof(open_msg), "%s", r->msg);
+			rw_rank_slabs_close(r);
+			goto fail_free;
+		}
+		*rank_p = r;
+		return 0;
 	}
 	/* Each slot's pack scratch (phases on different streams may pack at once) and its line. */
 	const size_t scratch = rw_cuda_rank_pack_scratch(r->pg->max_tokens ? r->pg->max_tokens : 1,
@@ -132,7 +147,8 @@ fail_mem:
 			rw_cuda_mem_free(device, r->scratch[i]);
 	rw_rank_slabs_close(r);
 fail_page:
-	rw_cuda_host_unregister(page);
+	if (!host)
+		rw_cuda_host_unregister(page);
 fail_free:
 	free(r);
 	return rc;
@@ -142,6 +158,12 @@ void rw_client_rank_close(rw_client_rank_t *r)
 {
 	if (!r)
 		return;
+	if (r->host) {
+		rw_rank_host_close(r);
+		rw_rank_slabs_close(r);
+		free(r);
+		return;
+	}
 	rw_cuda_host_free(r->lines);
 	for (unsigned i = 0; i < D; i++)
 		rw_cuda_mem_free(r->device, r->scratch[i]);
@@ -244,6 +266,8 @@ static int check_dispatch(rw_client_rank_t *r, const rw_client_stream_t *s,
 static int take_slot(rw_client_rank_t *r, uint64_t k)
 {
 	if (k > D) {
+		if (r->host) /* the phase in the slot may be this CPU's to finish: what it can now */
+			rw_rank_host_drive(r, k - D, 0);
 		if (!reached(word_load(r, RW_PW_DONE), k - D))
 			return say(r->msg, RW_E_AGAIN, "dispatch: %u phases in flight (phase %llu is "
 				   "not done)", D, (unsigned long long)(k - D));
@@ -379,6 +403,9 @@ int rw_client_rank_dispatch(rw_client_rank_t *r, const rw_client_stream_t *s,
 {
 	if (!r)
 		return RW_E_INVAL;
+	const rw_client_stream_t host_stream = { .device = RW_RANK_HOST };
+	if (!s && r->host)
+		s = &host_stream;
 	if (!s || !d || !phase_p)
 		return say(r->msg, RW_E_INVAL, "dispatch: NULL argument");
 	const uint64_t k = r->next;
@@ -394,6 +421,13 @@ int rw_client_rank_dispatch(rw_client_rank_t *r, const rw_client_stream_t *s,
 				     .n_experts = d->n_experts, .token_count = d->token_count,
 				     .path = d->path, .phase = k, .step = d->step };
 	slot_write(r, k, &p);
+	rw_cuda_rank_pack_t pk;
+	rw_cuda_rank_forward_t fw;
+	dispatch_blocks(r, k, d, &pk, &fw);
+	if (r->host) {
+		*phase_p = k;
+		return rw_rank_host_dispatch(r, k, d, &pk, &fw);
+	}
 	const rw_cuda_ext_stream_t es = { .device = s->device, .handle = s->handle };
 	const rw_cuda_dptr_t slot_dev = r->dptr + slot_off(r, k);
 	rw_status_t st = rw_cuda_route_count_ext(&es, d->topk_ids, d->token_count, d->topk,
@@ -401,9 +435,6 @@ int rw_client_rank_dispatch(rw_client_rank_t *r, const rw_client_stream_t *s,
 						 r->pg->rail, slot_dev + r->layout.count_row,
 						 slot_dev + r->layout.params +
 							 offsetof(rw_page_params_t, bad));
-	rw_cuda_rank_pack_t pk;
-	rw_cuda_rank_forward_t fw;
-	dispatch_blocks(r, k, d, &pk, &fw);
 	rc = phase_enqueue(r, &es, k, st, "dispatch", pack_fn, &pk, forward_fn, &fw);
 	if (rc == 0)
 		*phase_p = k;
@@ -451,6 +482,9 @@ int rw_client_rank_combine(rw_client_rank_t *r, const rw_client_stream_t *s,
 {
 	if (!r)
 		return RW_E_INVAL;
+	const rw_client_stream_t host_stream = { .device = RW_RANK_HOST };
+	if (!s && r->host)
+		s = &host_stream;
 	if (!s || !c || !phase_p)
 		return say(r->msg, RW_E_INVAL, "combine: NULL argument");
 	const uint64_t k = r->next, kd = c->dispatch;
@@ -491,6 +525,11 @@ int rw_client_rank_combine(rw_client_rank_t *r, const rw_client_stream_t *s,
 	rw_cuda_rank_reduce_t re;
 	combine_blocks(r, k, kd, dp, &dh, c, &ga, &re);
 	slot_write(r, k, &p);
+	if (r->host) {
+		kept->combined = 1;
+		*phase_p = k;
+		return rw_rank_host_combine(r, k, c->rows, staged, &ga, &re);
+	}
 	const rw_cuda_ext_stream_t es = { .device = s->device, .handle = s->handle };
 	rw_status_t st = RW_OK; /* this rank's rows into its staging area, before submit (P1) */
 	if (staged)
@@ -524,6 +563,9 @@ int rw_client_rank_wait(rw_client_rank_t *r, uint64_t k, int timeout_ms,
 		return answer(r, kept, done_p);
 	if (k + D <= last)
 		return say(r->msg, RW_E_INVAL, "wait: phase %llu is too old to answer for",
+			   (unsigned long long)k);
+	if (r->host && rw_rank_host_drive(r, k, timeout_ms) == RW_E_TIMEOUT)
+		return say(r->msg, RW_E_TIMEOUT, "wait: phase %llu is not done",
 			   (unsigned long long)k);
 	int64_t deadline = timeout_ms > 0 ? now_us() + (int64_t)timeout_ms * 1000 : 0;
 	for (unsigned spins = 0;; spins++) {

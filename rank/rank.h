@@ -61,6 +61,7 @@ struct rw_client_rank {
 	uint32_t n_slabs;
 	int slabs_code;
 	rw_rank_slab_t slab[RW_CLIENT_SLAB_RAILS];
+	struct rw_rank_host *host; /* device RW_RANK_HOST: the phases this CPU drives (rank/host.c) */
 };
 
 /* rank/slabs.c: at open, every rail's slab lent to the group, registered with CUDA (0, or none
@@ -68,5 +69,42 @@ struct rw_client_rank {
  * left registered). Close unregisters them. */
 int rw_rank_slabs_open(rw_client_rank_t *r);
 void rw_rank_slabs_close(rw_client_rank_t *r);
+
+/* rank/host.c: the rank path of a host rank (device RW_RANK_HOST; docs/rankpath.md "Host
+ * ranks"): no CUDA, the rank's own calls play its stream. Open: the state, each slot's pack
+ * numbering and r->lines (RW_E_NOMEM, r->msg says). Dispatch and combine: what the stream does
+ * before submit (the count row into slot k's zeroed row; the rows staged), the blocks kept,
+ * submit = k, r->next = k + 1. Drive: phases in order up to `target`, each wait for plan, pack
+ * or gather, packed, wait for arrived, forward or reduce, done; 0 once done >= target was
+ * written, RW_E_TIMEOUT (timeout_ms as rw_client_rank_wait's; resumed by the next call). */
+int rw_rank_host_open(rw_client_rank_t *r);
+void rw_rank_host_close(rw_client_rank_t *r);
+uint32_t rw_rank_host_threads(const rw_client_rank_t *r);
+int rw_rank_host_dispatch(rw_client_rank_t *r, uint64_t k, const rw_client_rank_dispatch_t *d,
+			  const rw_cuda_rank_pack_t *pk, const rw_cuda_rank_forward_t *fw);
+int rw_rank_host_combine(rw_client_rank_t *r, uint64_t k, uint64_t rows, uint64_t staged,
+			 const rw_cuda_rank_gather_t *ga, const rw_cuda_rank_reduce_t *re);
+int rw_rank_host_drive(rw_client_rank_t *r, uint64_t target, int timeout_ms);
+
+/* rank/host_kernels.c: the rank kernels on the CPU, for host ranks and the CUDA stand-in driver
+ * (tests/integration/fake_cuda_rank.c): each does what cuda/rw_cuda.h "rank kernels" states for
+ * its block, every address a pointer of this process, the sizes set (rec_size, crec_size: the
+ * functions below). `par`: rows copied and summed by up to par.threads threads (1: this one),
+ * each given at least par.min_bytes of rows (0: any split), the same bytes for any split.
+ * Count: cuda/rw_cuda.h rw_cuda_route_count's row and bad word (int32 ids). */
+#define RW_RANK_HOST_THREADS_MAX 64
+typedef struct rw_rank_host_par {
+	uint32_t threads;
+	uint32_t min_bytes;
+} rw_rank_host_par_t;
+uint32_t rw_rank_host_rec_size(uint32_t topk, uint32_t hidden, uint32_t dtype);
+uint32_t rw_rank_host_crec_size(uint32_t hidden, uint32_t dtype);
+void rw_rank_host_count(const int32_t *ids, uint32_t n_tokens, uint32_t topk, uint32_t n_experts,
+			uint32_t nodes, uint32_t rails, uint32_t rail, uint32_t *row, uint32_t *bad);
+void rw_rank_host_pack_index(const rw_cuda_rank_pack_t *a);
+void rw_rank_host_pack_rows(const rw_cuda_rank_pack_t *a, rw_rank_host_par_t par);
+void rw_rank_host_forward(const rw_cuda_rank_forward_t *a, rw_rank_host_par_t par);
+void rw_rank_host_gather(const rw_cuda_rank_gather_t *a, rw_rank_host_par_t par);
+void rw_rank_host_reduce(const rw_cuda_rank_reduce_t *a, rw_rank_host_par_t par);
 
 #endif /* RW_RANK_H */

@@ -5,7 +5,7 @@
  * the peers' writes land in; at close they are unregistered (the client unmaps them at its
  * close). A daemon that lends none (no carve-outs, the pool spent when the group formed, GPU
  * slabs) leaves the rank path without slabs and says why: the count kernel and the words need
- * none, the kernels that move rows do. */
+ * none, the kernels that move rows do. A host rank (RW_RANK_HOST) uses the mappings as they are. */
 #include "rank/rank.h"
 
 #include <stdio.h>
@@ -33,6 +33,8 @@ int rw_rank_slabs_open(rw_client_rank_t *r)
 		}
 		if (rc == 0 && (s->lent.rails != rails || s->lent.rail != k)) {
 			rc = RW_E_BADREPLY;
+		} else if (rc == 0 && r->device == RW_RANK_HOST) { /* a host rank: its own pointers */
+			s->dptr = (rw_cuda_dptr_t)(uintptr_t)s->lent.base;
 		} else if (rc == 0 && rw_cuda_host_register_mapped(s->lent.base, s->lent.bytes,
 								      &s->dptr) != RW_OK) {
 			rc = RW_E_CUDA;
@@ -51,7 +53,7 @@ int rw_rank_slabs_open(rw_client_rank_t *r)
 
 void rw_rank_slabs_close(rw_client_rank_t *r)
 {
-	for (uint32_t k = 0; k < r->n_slabs; k++)
+	for (uint32_t k = 0; k < r->n_slabs && r->device != RW_RANK_HOST; k++)
 		rw_cuda_host_unregister(r->slab[k].lent.base);
 	r->n_slabs = 0;
 }

@@ -20,6 +20,7 @@
 #include <cuda.h>
 
 #include "common/bf16.h"
+#include "rank/rank.h"
 #include "tests/cuda/fake_cuda_base.h"
 #include "tests/integration/fake_cuda_rank.h"
 
@@ -93,37 +94,12 @@ struct launch {
 };
 _Static_assert(sizeof(struct launch) <= 64, "a launch must fit a stream queue entry");
 
-/* rw_route_count as cuda/kernels.cu states it: each token's distinct destination nodes (expert
- * e on node e / per_node), one record each at row[d * rails + rail]; -1 is a dropped slot; any
- * other id outside [0, n_experts) counts nothing for its token and sets *bad = 1 + the token
- * (the last such token here; on the GPU whichever thread writes last). */
+/* rw_route_count as cuda/kernels.cu states it: the host ranks' count (rank/host_kernels.c). */
 static void route_count_run(const struct launch *L)
 {
-	const int32_t *ids = (const int32_t *)(uintptr_t)L->a0;
-	uint32_t *row = (uint32_t *)(uintptr_t)L->a1, *bad = (uint32_t *)(uintptr_t)L->n64;
-	for (uint32_t t = 0; t < L->n; t++) {
-		uint32_t uniq[32], n = 0, ok = 1;
-		for (uint32_t k = 0; k < L->w && ok; k++) {
-			int32_t e = ids[(uint64_t)t * L->w + k];
-			if (e == -1)
-				continue;
-			if (e < 0 || (uint32_t)e >= L->bf16) {
-				ok = 0;
-				break;
-			}
-			uint32_t d = (uint32_t)e / L->per_node, u = 0;
-			while (u < n && uniq[u] != d)
-				u++;
-			if (u == n)
-				uniq[n++] = d;
-		}
-		if (!ok) {
-			*bad = t + 1;
-			continue;
-		}
-		for (uint32_t u = 0; u < n; u++)
-			row[uniq[u] * L->rails + L->rail]++;
-	}
+	rw_rank_host_count((const int32_t *)(uintptr_t)L->a0, L->n, L->w, L->bf16,
+			   L->bf16 / L->per_node, L->rails, L->rail, (uint32_t *)(uintptr_t)L->a1,
+			   (uint32_t *)(uintptr_t)L->n64);
 }
 
 static void launch_run(const void *arg)

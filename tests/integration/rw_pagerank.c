@@ -29,6 +29,13 @@
  *                   stand-in in CI), its outputs (rows, metadata, per-expert counts, every
  *                   token's combined row) checked as above; exit 77 where the library has no
  *                   rank path
+ *         host      the same through the rank path of a host rank (RW_RANK_HOST: no CUDA, the
+ *                   buffers host memory, rw_client_rank_wait packing and forwarding on this
+ *                   CPU: rank/host.c)
+ *         host-one, host-until   as one and until, through the host rank path
+ *         host-die  dispatch the first phase (submit), then exit before its pack
+ *         host-bad  rank 0's first dispatch has an id past the experts (token 1): the first
+ *                   phase must fail on this rank, named; then the rest as host
  * With RW_PAGERANK_GO=FILE the rank joins its group, then waits for FILE (at most 60 s) before it
  * takes its page: a harness lets the group's ring ranks submit first (a pair a ring rank opened
  * before any rank of its node held a page).
@@ -341,6 +348,7 @@ done:
 
 /* --- mode lib: librailwave's rank path (rank/) on the CUDA driver $RW_CUDA_DRIVER names --- */
 typedef struct lib_rank {
+	int on_host;                 /* the rank path of a host rank (RW_RANK_HOST): no CUDA */
 	rw_client_rank_t *rp;
 	rw_cuda_stream_t *stream;
 	rw_client_stream_t cs;
@@ -349,27 +357,57 @@ typedef struct lib_rank {
 } lib_rank_t;
 
 enum { HIDDEN = 24, META = 16 + 8 * TOPK };
+static int lib_die;
+
+/* Buffers the phases read and write: device memory, or a host rank's own (16-byte aligned). */
+static int lib_alloc(const lib_rank_t *lr, size_t bytes, rw_cuda_dptr_t *p)
+{
+	if (!lr->on_host)
+		return rw_cuda_mem_alloc(0, bytes, p) == RW_OK ? 0 : -1;
+	void *m = aligned_alloc(64, (bytes + 63) / 64 * 64);
+	*p = (rw_cuda_dptr_t)(uintptr_t)m;
+	return m ? 0 : -1;
+}
+
+static int lib_put(const lib_rank_t *lr, rw_cuda_dptr_t dst, const void *src, size_t n)
+{
+	if (!lr->on_host)
+		return rw_cuda_memcpy_htod(0, dst, src, n) == RW_OK ? 0 : -1;
+	memcpy((void *)(uintptr_t)dst, src, n);
+	return 0;
+}
+
+static int lib_get(const lib_rank_t *lr, void *dst, rw_cuda_dptr_t src, size_t n)
+{
+	if (!lr->on_host)
+		return rw_cuda_memcpy_dtoh(0, dst, src, n) == RW_OK ? 0 : -1;
+	memcpy(dst, (const void *)(uintptr_t)src, n);
+	return 0;
+}
 
 static int lib_open(rw_client_t *c, lib_rank_t *lr)
 {
 	const uint32_t cap = world * MAX_ROWS;
-	int rc = rw_client_rank_open(c, 0, cap, &lr->rp);
+	int rc = rw_client_rank_open(c, lr->on_host ? RW_RANK_HOST : 0, cap, &lr->rp);
 	if (rc == RW_E_NO_CUDA) {
 		printf("skip: no rank path here: %s\n", rw_client_rank_message(NULL));
 		exit(77);
 	}
 	CHECK(rc == 0, "rank open: %s: %s", rw_client_strerror(rc), rw_client_rank_message(NULL));
-	rw_cuda_ext_stream_t e;
-	CHECK(rw_cuda_stream_create(0, &lr->stream) == RW_OK &&
-	      rw_cuda_ext_stream_of(lr->stream, &e) == RW_OK, "a CUDA stream");
-	lr->cs = (rw_client_stream_t){ .device = e.device, .handle = e.handle };
-	CHECK(rw_cuda_mem_alloc(0, (size_t)MAX_ROWS * HIDDEN * 4, &lr->x) == RW_OK &&
-	      rw_cuda_mem_alloc(0, (size_t)MAX_ROWS * TOPK * 4, &lr->ids) == RW_OK &&
-	      rw_cuda_mem_alloc(0, (size_t)MAX_ROWS * TOPK * 4, &lr->w) == RW_OK &&
-	      rw_cuda_mem_alloc(0, (size_t)cap * HIDDEN * 4, &lr->recv_x) == RW_OK &&
-	      rw_cuda_mem_alloc(0, (size_t)cap * META, &lr->recv_meta) == RW_OK &&
-	      rw_cuda_mem_alloc(0, (size_t)MAX_EXPERTS * 4, &lr->recv_counts) == RW_OK,
-	      "device memory");
+	if (lr->on_host) {
+		lr->cs = (rw_client_stream_t){ .device = RW_RANK_HOST };
+	} else {
+		rw_cuda_ext_stream_t e;
+		CHECK(rw_cuda_stream_create(0, &lr->stream) == RW_OK &&
+		      rw_cuda_ext_stream_of(lr->stream, &e) == RW_OK, "a CUDA stream");
+		lr->cs = (rw_client_stream_t){ .device = e.device, .handle = e.handle };
+	}
+	CHECK(lib_alloc(lr, (size_t)MAX_ROWS * HIDDEN * 4, &lr->x) == 0 &&
+	      lib_alloc(lr, (size_t)MAX_ROWS * TOPK * 4, &lr->ids) == 0 &&
+	      lib_alloc(lr, (size_t)MAX_ROWS * TOPK * 4, &lr->w) == 0 &&
+	      lib_alloc(lr, (size_t)cap * HIDDEN * 4, &lr->recv_x) == 0 &&
+	      lib_alloc(lr, (size_t)cap * META, &lr->recv_meta) == 0 &&
+	      lib_alloc(lr, (size_t)MAX_EXPERTS * 4, &lr->recv_counts) == 0, "buffers");
 	lr->host = calloc((size_t)cap, HIDDEN * 4 + META);
 	CHECK(lr->host, "out of memory");
 	return 0;
@@ -378,17 +416,20 @@ static int lib_open(rw_client_t *c, lib_rank_t *lr)
 /* One dispatch through rw_client_rank_dispatch, its outputs checked as the CPU path's. Returns
  * 0 with *st_p the phase's code (0 passed), or 1 on a check that failed. */
 static int lib_phase(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uint32_t layer,
-		     uint64_t *k_p, int *st_p, uint64_t *rows_p, uint32_t *recv_p)
+		     int bad_id, uint64_t *k_p, int *st_p, uint64_t *rows_p, uint32_t *recv_p)
 {
 	const int bf16 = rw_wl_bf16(step, layer);
 	const uint32_t row = sh->hidden * (bf16 ? 2 : 4), cap = world * MAX_ROWS;
 	for (uint32_t t = 0; t < mine.n; t++)
 		rw_wl_put_row(lr->host + (size_t)t * row, bf16, mine.x + (size_t)t * sh->hidden,
 			      sh->hidden);
-	CHECK(!mine.n || (rw_cuda_memcpy_htod(0, lr->x, lr->host, (size_t)mine.n * row) == RW_OK &&
-			  rw_cuda_memcpy_htod(0, lr->ids, mine.ids, (size_t)mine.n * TOPK * 4) == RW_OK &&
-			  rw_cuda_memcpy_htod(0, lr->w, mine.w, (size_t)mine.n * TOPK * 4) == RW_OK),
+	CHECK(!mine.n || (lib_put(lr, lr->x, lr->host, (size_t)mine.n * row) == 0 &&
+			  lib_put(lr, lr->ids, mine.ids, (size_t)mine.n * TOPK * 4) == 0 &&
+			  lib_put(lr, lr->w, mine.w, (size_t)mine.n * TOPK * 4) == 0),
 	      "inputs to the device");
+	const int32_t past = (int32_t)experts + 3; /* mode host-bad: token 1's first id */
+	CHECK(!bad_id || (mine.n > 1 && lib_put(lr, lr->ids + TOPK * 4, &past, 4) == 0),
+	      "a bad id needs 2 tokens");
 	const rw_client_rank_dispatch_t d = {
 		.dtype = bf16 ? RW_DTYPE_BF16 : RW_DTYPE_FP32, .topk = TOPK, .layer = layer,
 		.step = step, .token_count = mine.n, .hidden = sh->hidden, .n_experts = experts,
@@ -397,6 +438,11 @@ static int lib_phase(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uin
 		.recv_meta = lr->recv_meta, .recv_counts = lr->recv_counts, .recv_cap = cap };
 	int rc = rw_client_rank_dispatch(lr->rp, &lr->cs, &d, k_p);
 	CHECK(rc == 0, "dispatch: %s: %s", rw_client_strerror(rc), rw_client_rank_message(lr->rp));
+	if (lib_die) { /* mode host-die: killed after submit, before its pack */
+		printf("dying at submit %llu\n", (unsigned long long)*k_p);
+		fflush(stdout);
+		_exit(3);
+	}
 	rw_client_rank_done_t done;
 	*st_p = rw_client_rank_wait(lr->rp, *k_p, WAIT_S * 1000, &done);
 	CHECK(*st_p != RW_E_TIMEOUT, "phase %llu: not done", (unsigned long long)*k_p);
@@ -407,9 +453,9 @@ static int lib_phase(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uin
 	CHECK(done.recv_tokens == expect && done.overflow == 0, "step %u layer %u: %u rows (%u "
 	      "dropped), expected %u", step, layer, done.recv_tokens, done.overflow, expect);
 	uint8_t *rows = lr->host, *meta = lr->host + (size_t)cap * HIDDEN * 4;
-	CHECK(rw_cuda_memcpy_dtoh(0, counts, lr->recv_counts, experts * 4) == RW_OK &&
-	      (!expect || (rw_cuda_memcpy_dtoh(0, rows, lr->recv_x, (size_t)expect * row) == RW_OK &&
-			   rw_cuda_memcpy_dtoh(0, meta, lr->recv_meta, (size_t)expect * META) == RW_OK)),
+	CHECK(lib_get(lr, counts, lr->recv_counts, experts * 4) == 0 &&
+	      (!expect || (lib_get(lr, rows, lr->recv_x, (size_t)expect * row) == 0 &&
+			   lib_get(lr, meta, lr->recv_meta, (size_t)expect * META) == 0)),
 	      "outputs from the device");
 	for (uint32_t j = 0; j < expect; j++) {
 		const uint8_t *m = meta + (size_t)j * META;
@@ -452,7 +498,7 @@ static int lib_combine(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, u
 		rw_wl_expert_row(&all[src_rank], token, me, per_rank, sh->hidden, v);
 		rw_wl_put_row(lr->host + (size_t)j * row, bf16, v, sh->hidden);
 	}
-	CHECK(!n || rw_cuda_memcpy_htod(0, lr->recv_x, lr->host, (size_t)n * row) == RW_OK,
+	CHECK(!n || lib_put(lr, lr->recv_x, lr->host, (size_t)n * row) == 0,
 	      "expert rows to the device");
 	const rw_client_rank_combine_t cb = { .dispatch = kd, .rows = lr->recv_x, .out = lr->x };
 	uint64_t k = 0;
@@ -462,7 +508,7 @@ static int lib_combine(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, u
 	CHECK(*st_p != RW_E_TIMEOUT, "combine %llu: not done", (unsigned long long)k);
 	if (*st_p)
 		return 0;
-	CHECK(!mine.n || rw_cuda_memcpy_dtoh(0, lr->host, lr->x, (size_t)mine.n * row) == RW_OK,
+	CHECK(!mine.n || lib_get(lr, lr->host, lr->x, (size_t)mine.n * row) == 0,
 	      "combined rows from the device");
 	for (uint32_t t = 0; t < mine.n; t++)
 		for (uint32_t e = 0; e < sh->hidden; e++) {
@@ -487,7 +533,7 @@ int main(int argc, char **argv)
 {
 	if (argc < 10) {
 		fprintf(stderr, "usage: rw_pagerank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS "
-				"SEED [ok|lie|clie|one|until|die-plan|die-done|lib]\n");
+				"SEED [ok|lie|clie|one|until|die-plan|die-done|lib|host[-one|-until|-die|-bad]]\n");
 		return 2;
 	}
 	me = (uint32_t)atoi(argv[3]);
@@ -517,8 +563,14 @@ int main(int argc, char **argv)
 	for (uint32_t q = 0; q < world; q++)
 		CHECK(work_alloc(&all[q]) == 0, "out of memory");
 	uint64_t k = 0, rows = 0;
-	if (strcmp(mode, "lib") == 0) { /* the library's stream, the driver's kernels */
+	const int host = strncmp(mode, "host", 4) == 0;
+	if (strcmp(mode, "lib") == 0 || host) { /* the library's rank path, CUDA or host */
+		const char *sub = host && mode[4] == '-' ? mode + 5 : "";
+		const int one = strcmp(sub, "one") == 0, bad = strcmp(sub, "bad") == 0;
+		int until = strcmp(sub, "until") == 0, expect_fail = bad;
 		static lib_rank_t lr;
+		lr.on_host = host;
+		lib_die = strcmp(sub, "die") == 0;
 		if (lib_open(c, &lr))
 			return 1;
 		uint64_t tokens = 0;
@@ -527,20 +579,49 @@ int main(int argc, char **argv)
 				rw_wl_gen(&sh, step, layer, me, &mine);
 				int st = 0;
 				uint32_t n = 0;
-				if (lib_phase(&lr, &sh, step, layer, &k, &st, &rows, &n))
+				if (lib_phase(&lr, &sh, step, layer, bad && me == 0 && k == 0, &k, &st,
+					      &rows, &n))
 					return 1;
+				if (st != 0 && (expect_fail || one || until)) { /* failed, named */
+					printf("%s: phase %llu failed: %s: %s\n", mode,
+					       (unsigned long long)k, rw_client_strerror(st),
+					       rw_client_rank_message(lr.rp));
+					fflush(stdout);
+					expect_fail = 0;
+					if (one || until)
+						goto lib_out;
+					continue;
+				}
+				CHECK(!expect_fail, "%s: phase %llu passed", mode, (unsigned long long)k);
 				CHECK(st == 0, "phase %llu (step %u layer %u) failed: %s: %s",
 				      (unsigned long long)k, step, layer, rw_client_strerror(st),
 				      rw_client_rank_message(lr.rp));
+				if (one) {
+					printf("%s: phase %llu passed\n", mode, (unsigned long long)k);
+					goto lib_out;
+				}
 				if (lib_combine(&lr, &sh, step, layer, k, n, &st, &tokens))
 					return 1;
+				if (st != 0 && until) {
+					printf("%s: phase %llu failed: %s: %s\n", mode,
+					       (unsigned long long)k + 1, rw_client_strerror(st),
+					       rw_client_rank_message(lr.rp));
+					goto lib_out;
+				}
 				CHECK(st == 0, "combine of phase %llu (step %u layer %u) failed: %s: %s",
 				      (unsigned long long)k, step, layer, rw_client_strerror(st),
 				      rw_client_rank_message(lr.rp));
+				if (until == 1 && k >= 3) { /* two dispatches and combines passed */
+					printf("%s: running\n", mode);
+					fflush(stdout);
+					until = 2;
+				}
 			}
 		printf("rank %u: %u steps x %u layers dispatched and combined through librailwave's "
-		       "rank path, verified (%llu rows, %llu tokens combined)\n", me, steps, layers,
-		       (unsigned long long)rows, (unsigned long long)tokens);
+		       "%s rank path, verified (%llu rows, %llu tokens combined)\n", me, steps,
+		       layers, host ? "host" : "CUDA", (unsigned long long)rows,
+		       (unsigned long long)tokens);
+lib_out:
 		rw_client_rank_close(lr.rp);
 		rw_client_close(c);
 		return 0;

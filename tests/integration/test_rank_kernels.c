@@ -872,6 +872,23 @@ static void test_random_against_host_mover(void **state)
 
 /* The device error word and the failed-phase status, on a hand-made phase: node 0 of 2, one
  * rail, three tokens of top-2 over 4 experts (2 per node), fp32 rows of 4. */
+/* The same against the host mover with the rows split over 3 threads however small (the split
+ * rank/host_kernels.c makes for a host rank's big phases): the same bytes. */
+static void test_random_threaded(void **state)
+{
+	(void)state;
+	static const rw_path_t paths[] = { RW_PATH_NATIVE, RW_PATH_RAIL_ONLY, RW_PATH_PERM_ONLY,
+					   RW_PATH_JOINT };
+	setenv("RW_FAKE_CUDA_RANK_THREADS", "3", 1);
+	for (int c = 0; c < 12; c++) {
+		uint32_t N = 2 + rnd() % (MAXN - 1), G = 1 + rnd() % MAXG, R = 1 + rnd() % MAXR;
+		uint32_t topk = 1 + rnd() % 8, E = N * G * (1 + rnd() % 6);
+		uint32_t hidden = 1 + rnd() % 40, dtype = c % 2 ? RW_WIRE_BF16 : RW_WIRE_F32;
+		run_case(N, G, R, topk, E, hidden, paths[c % 4], dtype, c % 3 == 0);
+	}
+	unsetenv("RW_FAKE_CUDA_RANK_THREADS");
+}
+
 static void test_device_errors(void **state)
 {
 	rw_cuda_stream_t *st;
@@ -1126,6 +1143,7 @@ int main(int argc, char **argv)
 #else
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_random_against_host_mover),
+		cmocka_unit_test(test_random_threaded),
 		cmocka_unit_test(test_device_errors),
 		cmocka_unit_test(test_pack_numbering_at_scale),
 	};
