@@ -2,46 +2,50 @@
 # The GPU runs of the railwave package (docs/python.md "Tests"), for a machine that has CUDA and
 # PyTorch but not this project's Debian libraries (the workplace's GPU image):
 #   sh tests/python/gpu_run.sh prepare [BUILD]   here, after ./configure && ninja: writes the
-#       folder .gpucarry/ (in .gitignore, so the device tool can carry it) (the release binaries, librailwave.so.1, the shared libraries
+#       folder $GPUCARRY (default .gpucarry/, in .gitignore, so the device tool can carry it)
+#       (the release binaries, librailwave.so.1, the shared libraries
 #       railwaved and ipc_bench need, wrappers that point LD_LIBRARY_PATH at them for those two
 #       binaries only, so python3 keeps its own libraries)
-#   sh tests/python/gpu_run.sh run [STAGES]      there, from the repository root, with .gpucarry
+#   sh tests/python/gpu_run.sh run [STAGES]      there, from the repository root, with $GPUCARRY
 #       carried: the CUDA scenario of test_moe.py, examples/moe_train.py on CUDA against its
 #       one-process reference, and python/bench/overhead.py (the first two sizes, against the
-#       package of main as well: .gpucarry/before). Outputs go to $OUT (or /tmp). STAGES:
-#       which of the three (default "1 2 3").
+#       package of main as well: $GPUCARRY/before); stage 4, the rank path (docs/python.md "The
+#       rank path"): test_moe.py's rank and rankkill scenarios with CUDA tensors, and
+#       overhead.py --rank-path (host time per call). Outputs go to $OUT (or /tmp). STAGES:
+#       which of the four (default "1 2 3 4").
 # NVLink multicast stays off in every process (the GPU machines' rule): NCCL_NVLS_ENABLE=0 etc.
 set -u
+C=${GPUCARRY:-.gpucarry}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 case "${1:-}" in
 prepare)
 	b=${2:-build}
-	rm -rf .gpucarry && mkdir -p .gpucarry/b/bench .gpucarry/b/lib .gpucarry/lib
-	cp "$b/railwaved" .gpucarry/b/railwaved.bin
-	cp "$b/bench/ipc_bench" .gpucarry/b/bench/ipc_bench.bin
-	cp "$b/bench/pair_bench" .gpucarry/b/bench/pair_bench
-	cp -L "$b/lib/librailwave.so.1" .gpucarry/b/lib/librailwave.so.1
-	mkdir -p .gpucarry/b/tests/lib && cp "$b/tests/lib/cluster.py" .gpucarry/b/tests/lib/   # the daemons' harness
-	mkdir -p .gpucarry/before && git archive "${BEFORE:-main}" python/railwave | tar -x -C .gpucarry/before
+	rm -rf "$C" && mkdir -p $C/b/bench $C/b/lib $C/lib
+	cp "$b/railwaved" $C/b/railwaved.bin
+	cp "$b/bench/ipc_bench" $C/b/bench/ipc_bench.bin
+	cp "$b/bench/pair_bench" $C/b/bench/pair_bench
+	cp -L "$b/lib/librailwave.so.1" $C/b/lib/librailwave.so.1
+	mkdir -p $C/b/tests/lib && cp "$b/tests/lib/cluster.py" $C/b/tests/lib/   # the daemons' harness
+	mkdir -p $C/before && git archive "${BEFORE:-main}" python/railwave | tar -x -C $C/before
 	for f in $(ldd "$b/railwaved" "$b/bench/ipc_bench" | awk '/=>/ {print $3}' | sort -u); do
-		case $f in */libc.so*|*/libm.so*) ;; *) cp -L "$f" .gpucarry/lib/ ;; esac
+		case $f in */libc.so*|*/libm.so*) ;; *) cp -L "$f" $C/lib/ ;; esac
 	done
 	printf '#!/bin/sh\nd=$(dirname "$(readlink -f "$0")")\nLD_LIBRARY_PATH=$d/../lib exec "$d/railwaved.bin" "$@"\n' \
-		> .gpucarry/b/railwaved
+		> $C/b/railwaved
 	printf '#!/bin/sh\nd=$(dirname "$(readlink -f "$0")")\nLD_LIBRARY_PATH=$d/../../lib exec "$d/ipc_bench.bin" "$@"\n' \
-		> .gpucarry/b/bench/ipc_bench
-	chmod +x .gpucarry/b/railwaved .gpucarry/b/bench/ipc_bench
-	du -sh .gpucarry
+		> $C/b/bench/ipc_bench
+	chmod +x $C/b/railwaved $C/b/bench/ipc_bench
+	du -sh "$C"
 	;;
 run)
-	B=$PWD/.gpucarry/b
+	B=$PWD/$C/b
 	O=${OUT:-/tmp}
 	echo "== machine"; nvidia-smi -L; uname -r; nproc
 	python3 -c 'import torch, numpy, sys; print(sys.version.split()[0], torch.__version__, numpy.__version__, torch.cuda.is_available())'
-	stages=" ${2:-1 2 3} "
+	stages=" ${2:-1 2 3 4} "
 	case $stages in *" 1 "*) ;; *) false ;; esac &&
 	{
-	echo "== 1: RW_PY_ONLY=cuda python3 tests/python/test_moe.py .gpucarry/b"
+	echo "== 1: RW_PY_ONLY=cuda python3 tests/python/test_moe.py $C/b"
 	RW_PY_ONLY=cuda RW_TEST_SEED=${SEED:-11} timeout 300 python3 tests/python/test_moe.py "$B" > "$O/test_moe_cuda.txt" 2>&1
 	echo "rc $?"; grep -v '^  d[0-9]|' "$O/test_moe_cuda.txt" | tail -30
 	}
@@ -68,10 +72,21 @@ run)
 		--reference --world 4 --device cuda --steps 5
 	kill "$d0" "$d1"; wait "$d0"; wait "$d1"
 	}
-	case $stages in *" 3 "*) ;; *) exit 0 ;; esac
-	echo "== 3: python/bench/overhead.py --build .gpucarry/b"
+	case $stages in *" 3 "*) ;; *) false ;; esac &&
+	{
+	echo "== 3: python/bench/overhead.py --build $C/b"
 	timeout 240 python3 python/bench/overhead.py --build "$B" --iters 2000 --sizes 2 \
-		--before .gpucarry/before/python 2>&1 | grep -v 'INFO\|WARN'
+		--before $C/before/python 2>&1 | grep -v 'INFO\|WARN'
+	}
+	case $stages in *" 4 "*) ;; *) exit 0 ;; esac
+	echo "== 4: RW_PY_ONLY=rank,rankkill RW_PY_RANK_DEVICE=cuda python3 tests/python/test_moe.py $C/b"
+	RW_PY_ONLY=rank,rankkill RW_PY_RANK_DEVICE=cuda RW_TEST_SEED=${SEED:-11} timeout 300 \
+		python3 tests/python/test_moe.py "$B" > "$O/test_moe_rank.txt" 2>&1
+	echo "rc $?"; grep -v '^  d[0-9]|' "$O/test_moe_rank.txt" | tail -30
+	grep 'WARN\|ERR' "$O/test_moe_rank.txt" | head -20
+	echo "== 4b: python/bench/overhead.py --rank-path --build $C/b"
+	timeout 240 python3 python/bench/overhead.py --rank-path --build "$B" --iters 2000 \
+		--sizes 2 2>&1 | grep -v 'INFO\|WARN'
 	;;
 *)
 	echo "usage: sh tests/python/gpu_run.sh prepare [BUILD] | run [STAGES]" >&2
