@@ -203,14 +203,16 @@ _FAILED_FOR_ALL = (CODES["RW_E_FIELD"], CODES["RW_E_EXPERTS"], CODES["RW_E_TOKEN
                    CODES["RW_E_PHASE"])
 
 
-def _received(meta: torch.Tensor, K: int, lo: int, el: int):
+def _received(meta: torch.Tensor, K: int, lut: torch.Tensor):
     """From the dispatch output's metadata ([n, 4 + 2K] int32: src node, src rank, token, 0,
-    ids, fp32 weights; docs/dataflow.md "Dispatch output"), for this rank's experts lo ..
-    lo + el - 1: (recv_idx, recv_w, mine) as Group.dispatch returns them and the handle keeps."""
-    ids = meta[:, 4:4 + K].to(torch.int64)
-    loc = ids - lo
-    mine = (loc >= 0) & (loc < el)
-    recv_idx = torch.where(mine, loc, torch.full_like(loc, -1))
+    ids, fp32 weights; docs/dataflow.md "Dispatch output"), with lut (Core._lut: global id + 1 →
+    this rank's local expert index, or -1): (recv_idx, recv_w, mine) as Group.dispatch returns
+    them and the handle keeps. Five device operations (each costs the host a launch); an id
+    outside [-1, E) (the daemon lets none through) reads -1, never out of the table."""
+    n, E = meta.shape[0], lut.shape[0] - 2
+    pos = (meta[:, 4:4 + K] + 1).clamp_(0, E + 1).reshape(-1)
+    recv_idx = torch.index_select(lut, 0, pos).view(n, K)
+    mine = recv_idx >= 0
     recv_w = meta[:, 4 + K:].view(torch.float32) * mine
     return recv_idx, recv_w, mine
 
@@ -291,6 +293,7 @@ class Core:
         self._rank = None  # railwave._rank.RankPath, opened at the first dispatch it serves
         self._rank_off = None  # why this Group fell back to the ring path, when it did
         self._said = ""  # the daemon's last reason a rank-path failure showed
+        self._luts = {}  # (E, device) -> _lut's table
         self._rejoined = False  # _rejoin ran and no rank-path dispatch completed since
         self._rank_mode = _rank.mode()
         self._host_dev = _rank.host_as_device()
@@ -755,7 +758,7 @@ class Core:
                                   detail="%d rows received into room for %d" % (n, cap))
             recv_x = ob_t[counts_b:counts_b + n * rb].view(dt).view(n, H).clone()
             meta = ob_t[meta_off:meta_off + n * mb].view(torch.int32).view(n, 4 + 2 * K)
-            recv_idx, recv_w, mine = _received(meta, K, lo, el)
+            recv_idx, recv_w, mine = _received(meta, K, self._lut(E, x.device))
             if cqe.counts_buf == _lib.BUF_NONE:
                 counts = torch.tensor(cqe.counts[lo:lo + el], dtype=torch.int64, device=x.device)
             else:
@@ -788,6 +791,18 @@ class Core:
             return None
         self._rank = _rank.open_for(self, dev, self._rank_room(), not x.is_cuda)
         return self._rank
+
+    def _lut(self, E: int, device: torch.device) -> torch.Tensor:
+        """int64 [E + 2] on device: entry id + 1 is global expert id's index among this rank's
+        experts, or -1 (entry 0: id -1, none; entry E + 1: any id past the experts). Made once
+        per (E, device)."""
+        lut = self._luts.get((E, device))
+        if lut is None:
+            el = E // self.world_size
+            lut = torch.full((E + 2,), -1, dtype=torch.int64)
+            lut[1 + self.rank * el:1 + (self.rank + 1) * el] = torch.arange(el)
+            lut = self._luts[(E, device)] = lut.to(device)
+        return lut
 
     def _rank_room(self) -> int:
         """The rank path's receive room, fixed when it opens (the rank page is sized for it):
@@ -841,6 +856,7 @@ class Core:
             raise
         el = E // self.world_size
         lo = self.rank * el
+        lut = self._lut(E, dev)
 
         def finish(res):
             rc, n, dropped, msg = res
@@ -863,9 +879,9 @@ class Core:
                 raise self._rank_error(rc, self._rank_detail(msg), what, topk_idx, E, cap,
                                        dropped)
             m = meta[:n]
-            recv_idx, recv_w, mine = _received(m, K, lo, el)
-            h = self._open = Handle(self, k, layer, step, dt, H, K, E, T, n,
-                                    m[:, 1:3].to(torch.int64), mine, dev)
+            recv_idx, recv_w, mine = _received(m, K, lut)
+            h = self._open = Handle(self, k, layer, step, dt, H, K, E, T, n, m[:, 1:3], mine,
+                                    dev)  # (src rank, token) int32: Handle's properties widen
             h.rank_phase = k
             return rx[:n], recv_idx, recv_w, counts[lo:lo + el].to(torch.int64), h
 
