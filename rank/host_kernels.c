@@ -522,6 +522,7 @@ void rw_rank_host_reduce(const rw_cuda_rank_reduce_t *a, rw_rank_host_par_t par)
 		}
 	const reduce_ctx_t c = { a, n };
 	/* Unsorted (E_REF set, the sums are not the list's): one range, as one GPU thread skips. */
-	par_for(sorted ? par : (rw_rank_host_par_t){ 1, 0 }, a->n_tokens, (uint64_t)a->hidden * dtype_size(a->dtype),
+	const rw_rank_host_par_t one = { 1, 0 };
+	par_for(sorted ? par : one, a->n_tokens, (uint64_t)a->hidden * dtype_size(a->dtype),
 		reduce_range, &c);
 }

@@ -36,6 +36,10 @@
  * stream at the default priority, at the context's greatest (cuStreamCreateWithPriority), or
  * both streams, even steps on the normal one and odd steps on the high one.
  *
+ * --host-rank-path: the rank path of a host rank (RW_RANK_HOST, docs/rankpath.md "Host ranks"):
+ * no CUDA, the buffer is host memory, rw_client_rank_wait packs, forwards, gathers and reduces
+ * on this process's threads (RAILWAVE_RANK_THREADS); the clock stops when the wait returns.
+ *
  * --host-ns: also one line per pair with the wall time spent inside the submitting calls
  * (rw_client_submit, or rw_client_rank_dispatch / rw_client_rank_combine), and the stream's
  * priority (`-` on the ring):
@@ -205,7 +209,9 @@ static int rp_open(rw_client_t *cl, int device, uint32_t max_recv, rpath_t *p)
 			rw_client_rank_message(NULL));
 		return -1;
 	}
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < 2 && device == RW_RANK_HOST; i++) /* a host rank: no stream */
+		p->cs[i] = (rw_client_stream_t){ .device = RW_RANK_HOST };
+	for (int i = 0; i < 2 && device != RW_RANK_HOST; i++) {
 		if (p->which != 2 && p->which != i)
 			continue;
 		rw_cuda_ext_stream_t e;
@@ -241,7 +247,7 @@ static int rp_stream(const rpath_t *p, uint64_t step)
 static int rp_wait(rpath_t *p, int w, uint64_t k, rw_client_rank_done_t *done)
 {
 	int rc = rw_client_rank_wait(p->rp, k, 120000, done);
-	if (rc == 0 && rw_cuda_stream_sync(p->s[w]) != RW_OK)
+	if (rc == 0 && p->s[w] && rw_cuda_stream_sync(p->s[w]) != RW_OK)
 		rc = RW_E_CUDA;
 	return rc;
 }
@@ -304,6 +310,7 @@ int main(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ "cuda", no_argument, NULL, 'u' },
 		{ "rank-path", no_argument, NULL, 'P' },
+		{ "host-rank-path", no_argument, NULL, 'O' },
 		{ "priority", required_argument, NULL, 'q' },
 		{ "host-ns", no_argument, NULL, 'H' },
 		{ "gate", required_argument, NULL, 'G' },
@@ -319,7 +326,7 @@ int main(int argc, char **argv)
 	long rank_arg = -1;
 	uint16_t paths[MAX_PATHS] = { RW_PATH_REQ_DAEMON }, cpaths[MAX_PATHS];
 	unsigned n_paths = 1, n_cpaths = 0;
-	int c, cuda = 0, barrier = 0, rank_path = 0, host_ns = 0;
+	int c, cuda = 0, barrier = 0, rank_path = 0, host_rank = 0, host_ns = 0;
 	dev_buf_t dev = { .device = -1 };
 	rpath_t rpp = { .which = -1 };
 	char *end;
@@ -341,6 +348,7 @@ int main(int argc, char **argv)
 			break;
 		case 'u': cuda = 1; break;
 		case 'P': rank_path = 1; break;
+		case 'O': rank_path = host_rank = 1; break;
 		case 'H': host_ns = 1; break;
 		case 'q':
 			for (int i = 0; i < 3; i++)
@@ -362,7 +370,8 @@ int main(int argc, char **argv)
 		case 'h':
 			printf("usage: rw_bench_rank --socket PATH --group NAME --rank R --steps S "
 			       "[--paths LIST] [--combine-paths LIST] [--barrier] [--cuda | --rank-path "
-			       "[--priority normal|high|both]] [--host-ns] [--gate STEP:FILE] "
+			       "[--priority normal|high|both] | --host-rank-path] [--host-ns] "
+			       "[--gate STEP:FILE] "
 			       "[workload]\n%s", rw_bench_wl_usage);
 			return 0;
 		default:
@@ -375,7 +384,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "rw_bench_rank: need --socket, --rank < N*G and --steps >= 1\n");
 		return 2;
 	}
-	if ((cuda && rank_path) || (rpp.which >= 0 && !rank_path) || (rank_path && n_cpaths)) {
+	if ((cuda && rank_path) || (rpp.which >= 0 && (!rank_path || host_rank)) ||
+	    (rank_path && n_cpaths)) {
 		fprintf(stderr, "rw_bench_rank: --cuda or --rank-path, not both; --priority needs "
 			"--rank-path, which takes no --combine-paths (a combine takes its dispatch's)\n");
 		return 2;
@@ -392,6 +402,7 @@ int main(int argc, char **argv)
 	uint32_t *want_counts = NULL;
 	uint8_t *seen = NULL;
 	uint64_t *call_ns = NULL;
+	uint8_t *mem = NULL; /* (before the first CHECK: `out` frees it) */
 	rw_synth_cfg_t scfg;
 	rw_bench_wl_synth(&wl, &scfg);
 	if (rw_synth_init(&gen, &scfg) != RW_OK) {
@@ -420,8 +431,11 @@ int main(int argc, char **argv)
 				}
 			want_rows += hit;
 		}
+	/* A minute for each control reply: a group's first join carves its slabs (group_area_mib
+	 * per rail), seconds for the largest shapes on a slow host. */
 	rw_client_opts_t o = { .socket_path = sock, .group = group, .rank = me, .world_size = W,
-			       .node = me / wl.gpus, .local_gpu = (int32_t)(me % wl.gpus) };
+			       .node = me / wl.gpus, .local_gpu = (int32_t)(me % wl.gpus),
+			       .timeout_ms = 60000 };
 	int rc = rw_client_connect(&o, &cl);
 	CHECK(rc == 0, "connect %s: %s", sock, rw_client_strerror(rc));
 
@@ -441,13 +455,15 @@ int main(int argc, char **argv)
 		       off_cout = (off_cin + rows_cap * row + 63) & ~63ull, total = off_cout + (uint64_t)T * row;
 	const uint64_t off_rows = off_out + cbytes, off_meta = off_rows + rows_bytes;
 	uint32_t buf = 0;
-	uint8_t *mem = NULL;
 	if (cuda || rank_path) {
 		mem = calloc(1, total);
 		CHECK(mem, "out of memory");
 	}
 	if (cuda) {
 		CHECK(dev_register(cl, me % wl.gpus, total, &dev, &buf) == 0, "--cuda: no buffer");
+	} else if (host_rank) { /* the rank path's addresses are the host buffer's */
+		CHECK(rp_open(cl, RW_RANK_HOST, W * T + 1, &rpp) == 0, "--host-rank-path: not open");
+		printf("rank %u: host rank path\n", me);
 	} else if (rank_path) {
 		/* max_recv: the daemon lists for the smallest of the node's ranks, so every rank
 		 * gives the bound of all: a row per (source rank, token) it can receive, and as
@@ -463,6 +479,7 @@ int main(int argc, char **argv)
 		CHECK(rc == 0, "register %llu bytes: %s", (unsigned long long)total, rw_client_strerror(rc));
 	}
 	const int32_t *my_ids = ids + (size_t)me * T * K;
+	const uint64_t base = host_rank ? (uint64_t)(uintptr_t)mem : dev.dptr; /* the rank path's */
 	memcpy(mem + off_ids, my_ids, (size_t)T * K * 4);
 
 	for (uint64_t step = 0; step < steps; step++) {
@@ -483,9 +500,9 @@ int main(int argc, char **argv)
 		const rw_client_rank_dispatch_t rd = {
 			.dtype = RW_DTYPE_BF16, .topk = (uint16_t)K, .layer = wl.layer, .step = step,
 			.token_count = T, .hidden = H, .n_experts = E, .path = s.path,
-			.tokens = dev.dptr + off_tok, .topk_ids = dev.dptr + off_ids,
-			.topk_weights = dev.dptr + off_w, .recv_x = dev.dptr + off_rows,
-			.recv_meta = dev.dptr + off_meta, .recv_counts = dev.dptr + off_out,
+			.tokens = base + off_tok, .topk_ids = base + off_ids,
+			.topk_weights = base + off_w, .recv_x = base + off_rows,
+			.recv_meta = base + off_meta, .recv_counts = base + off_out,
 			.recv_cap = (uint32_t)rows_cap };
 		CHECK(!gate_file || step != gate_step || gate_wait(gate_file) == 0,
 		      "step %llu: no gate %s", (unsigned long long)step, gate_file);
@@ -573,8 +590,8 @@ int main(int argc, char **argv)
 		CHECK(mirror(&dev, mem, off_cin, (uint64_t)cq.recv_tokens * row, 1) == 0, "copy up");
 		uint64_t t_cs = rw_now_ns(), t_cd;
 		if (rank_path) {
-			const rw_client_rank_combine_t rc_ = { .dispatch = kd, .rows = dev.dptr + off_cin,
-							       .out = dev.dptr + off_cout };
+			const rw_client_rank_combine_t rc_ = { .dispatch = kd, .rows = base + off_cin,
+							       .out = base + off_cout };
 			uint64_t kc;
 			rc = rw_client_rank_combine(rpp.rp, &rpp.cs[w], &rc_, &kc);
 			call_ns[2 * step + 1] = rw_now_ns() - t_cs;
@@ -630,7 +647,8 @@ int main(int argc, char **argv)
 		       (unsigned long long)p[1][0], (unsigned long long)p[1][1]);
 	}
 	printf("verified rank %u: %lu pairs, %u rows in, %u tokens out each%s\n", me, steps, want_rows, T,
-	       cuda ? " (CUDA buffer)" : rank_path ? " (rank path)" : "");
+	       cuda ? " (CUDA buffer)" : host_rank ? " (host rank path)" :
+	       rank_path ? " (rank path)" : "");
 	ok = 1;
 out:
 	if (rpp.rp)

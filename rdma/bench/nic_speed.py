@@ -29,12 +29,19 @@ The 1-token rows are the control-plane floor (their p50 in µs is printed separa
 --rank-env LABEL=VAR=VALUE,... sets VAR in the ranks' environment for that label's runs (the
 same daemon under two labels: an A/B of a rank-side setting such as RAILWAVE_WAIT_SPIN_US);
 --daemon-env LABEL=VAR=VALUE,... the same for the daemons' environment.
+--modes ring,rank: host ranks on the ring (the daemons' host mover copies every row) and on the
+rank path (rw_bench_rank --host-rank-path: the ranks pack, forward, gather and reduce on their
+own threads straight into and out of their group's carve-out, the daemons plan, post and track;
+docs/rankpath.md "Host ranks"), the same (shape, tokens) one after the other on the same
+daemons; rows labelled by mode. The rank path's threads: RAILWAVE_RANK_THREADS = the CPUs left
+after each daemon's loop, poller and shm copiers, over every rank of the run (one host plays
+every node), unless --rank-env sets it.
 
   $b/bench/shm_nic [--nodes 2,4] [--rates 25,50] [--tcp] [--shapes deepseek,glm]
                    [--tokens 1,128,1024,4096] [--paths native,rail-only,perm-only,joint,auto]
                    [--rounds 3] [--floor-rounds 20] [--gpus 2] [--rails 2] [--cuda]
                    [--daemons LABEL=PATH,...] [--rank-env LABEL=VAR=VALUE,...]
-                   [--daemon-env LABEL=VAR=VALUE,...] [--repeat 1]"""
+                   [--daemon-env LABEL=VAR=VALUE,...] [--repeat 1] [--modes ring,rank]"""
 import argparse
 import json
 import os
@@ -81,7 +88,7 @@ def med(xs):
     return statistics.median(xs) if xs else None
 
 
-def run_ranks(c, a, shape, tokens, paths, steps, group, env):
+def run_ranks(c, a, shape, tokens, paths, steps, group, env, mode="ring"):
     """One rank process per (node, GPU); returns ({step: [(dsub, ddone, csub, cdone)]}, the
     ranks' CPU seconds, their voluntary context switches)."""
     hidden, experts, topk = SHAPES[shape]
@@ -92,7 +99,8 @@ def run_ranks(c, a, shape, tokens, paths, steps, group, env):
     for r in range(c.nodes * a.gpus):
         sock = c.cfg["nodes"][r // a.gpus]["ipc_socket"]
         argv = [RANK, "--socket", sock, "--group", group, "--rank", str(r), "--steps",
-                str(steps), "--paths", ",".join(paths)] + (["--cuda"] if a.cuda else []) + wl
+                str(steps), "--paths", ",".join(paths)] + (["--cuda"] if a.cuda else []) + \
+            (["--host-rank-path"] if mode == "rank" else []) + wl
         procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       env=env))
     outs = [None] * len(procs)
@@ -169,6 +177,26 @@ def phase_facts(recs, group, step, kind, rails):
                                for i, s in enumerate(split)]
 
 
+def line_up(n):
+    return (n + 63) & ~63
+
+
+def carve_mib(a, nodes, shape, tokens):
+    """group_area_mib for host ranks on the rank path at (shape, tokens per rank): a carve-out's
+    local area (a fifth of it, service/mover/mover_page.c) holds on rail 0 the dispatch's local
+    records, every local rank's copies of them for the combine, and each rank's staging room for
+    all the rows its node can receive; bounded as if every token reached every node."""
+    hidden, _, topk = SHAPES[shape]
+    row = hidden * 2
+    rec = ((16 + topk * 8 + 15) & ~15) + ((row + 15) & ~15)
+    crec = 16 + ((row + 15) & ~15)
+    local = a.gpus * tokens
+    rows_max = nodes * a.gpus * tokens
+    need = line_up(local * rec) + line_up(a.gpus * local * crec) + \
+        a.gpus * line_up(rows_max * row)
+    return max(4, -(-(5 * need + (4 << 20)) // (1 << 20)))
+
+
 def ceiling_us(per_rail):
     out = subprocess.run([CEILING, "--reps", "3"] + [str(b) for b in per_rail],
                          stdout=subprocess.PIPE, text=True, check=True).stdout
@@ -188,25 +216,34 @@ def run_cluster(tmp, a, nodes, transport, rate_gbs, results, build=("", cluster.
     extra = {"transport": transport, "pace": transport == "shm",
              "nic_gbps": rate_gbs * 8, "recv_region_mib": recv_mib, "trace_dir": trace_dir,
              "phase_timeout_ms": 60000, "heartbeat_timeout_ms": 10000, "log_level": "warn"}
+    modes = a.modes.split(",")
+    if "rank" in modes:  # the rank path's records live in each group's carve-out
+        area = max(carve_mib(a, nodes, s, t) for s in a.shapes.split(",")
+                   for t in (int(x) for x in a.tokens.split(",")))
+        extra["group_area_mib"], extra["group_pool_mib"] = area, 2 * area
     c = cluster.Cluster(tmp, nodes, path="auto", extra=extra, gpus=a.gpus, rails=a.rails,
                         cuda_ranks="real" if a.cuda else None, daemon=build[1])
     if a.cuda:
         c.env.pop("RAILWAVE_CUDA_MOVER", None)
     rank_env = dict(c.env, **build[2])
+    # The rank path's copy threads: during a phase each daemon keeps its loop, its word poller
+    # and its shm copiers (one a rail) busy; the ranks share the other CPUs.
+    rank_env.setdefault("RAILWAVE_RANK_THREADS", str(max(1, ((os.cpu_count() or 1) - nodes *
+                                                             (2 + a.rails)) // (nodes * a.gpus))))
     c.env.update(build[3])
     c.start_all()
     paths = a.paths.split(",")
     try:
         for shape in a.shapes.split(","):
-            for tokens in [int(t) for t in a.tokens.split(",")]:
+            for tokens, mode in [(int(t), m) for t in a.tokens.split(",") for m in modes]:
                 rounds = a.floor_rounds if tokens == 1 else a.rounds
                 steps = len(paths) * (rounds + 1)
-                group = "%s-%d" % (shape, tokens)
+                group = "%s-%d-%s" % (shape, tokens, mode)
                 cpu0 = sum(cpu_s(p.pid) for p in c.procs.values())
                 wk0 = sum(wakes(p.pid) for p in c.procs.values())
                 lw0 = sum(wakes(p.pid, True) for p in c.procs.values())
                 pairs, rcpu, rwk = run_ranks(c, a, shape, tokens, paths, steps, group,
-                                             rank_env)
+                                             rank_env, mode)
                 cpu = (sum(cpu_s(p.pid) for p in c.procs.values()) - cpu0) / (2 * steps)
                 wk = (sum(wakes(p.pid) for p in c.procs.values()) - wk0) / (2 * steps)
                 lw = (sum(wakes(p.pid, True) for p in c.procs.values()) - lw0) / (2 * steps)
@@ -224,7 +261,7 @@ def run_cluster(tmp, a, nodes, transport, rate_gbs, results, build=("", cluster.
                         per_rail = facts[len(facts) // 2][1] if facts else []
                         row = {
                             "nodes": nodes, "transport": label, "rate": rate_gbs,
-                            "daemon": build[0],
+                            "daemon": build[0], "mode": mode,
                             "shape": shape, "tokens": tokens, "path": path, "kind": kind,
                             "ms": med(ms), "p50_us": med(ms) * 1e3 if ms else None,
                             "lb_ms": lb, "split": split, "cpu_ms": cpu * 1e3, "wakes": wk, "loop_wakes": lw,
@@ -248,8 +285,9 @@ def fmt(x, spec="%.3f"):
 
 def print_row(r):
     ratio = r["ms"] / r["lb_ms"] if r["ms"] and r["lb_ms"] else None
-    print("%s%d %-14s %-8s %5d %-9s %-8s %8s %8s %6s  %6s %6s %6s %6s  %6s %7s %7s %7s %8s %7s" % (
-        r["daemon"] + " " if r["daemon"] else "", r["nodes"], r["transport"], r["shape"], r["tokens"], r["path"], r["kind"],
+    print("%s%d %-14s %-4s %-8s %5d %-9s %-8s %8s %8s %6s  %6s %6s %6s %6s  %6s %7s %7s %7s %8s %7s" % (
+        r["daemon"] + " " if r["daemon"] else "", r["nodes"], r["transport"], r["mode"], r["shape"],
+        r["tokens"], r["path"], r["kind"],
         fmt(r["ms"]), fmt(r["lb_ms"]), fmt(ratio, "%.2f"),
         *[fmt(x) for x in r["split"]], fmt(r["cpu_ms"], "%.2f"), fmt(r["mb"], "%.1f"),
         fmt(r["memcpy_ms"]), fmt(r.get("wakes"), "%.1f"), fmt(r.get("rank_cpu_ms"), "%.2f"),
@@ -275,12 +313,17 @@ def main():
     ap.add_argument("--rank-env", help="LABEL=VAR=VALUE,...: the ranks' environment per label")
     ap.add_argument("--daemon-env", help="LABEL=VAR=VALUE,...: the daemons' environment per label")
     ap.add_argument("--repeat", type=int, default=1, help="with --daemons: times each, alternating")
+    ap.add_argument("--modes", default="ring", help="ring,rank: host ranks on the ring and on "
+                    "the rank path (--host-rank-path), each (shape, tokens) in turn")
     a = ap.parse_args()
+    if a.cuda and "rank" in a.modes.split(","):
+        ap.error("--modes rank is for host ranks (CUDA ranks on the rank path: bench/gpu_path "
+                 "--suite rank)")
     print("== railwave at NIC speed: G=%d %s ranks per node, R=%d rails, bf16; %d rounds of "
           "every path after one warm-up round (%d for 1 token); nproc %d" % (
               a.gpus, "CUDA" if a.cuda else "host", a.rails, a.rounds, a.floor_rounds,
               os.cpu_count()))
-    print("N transport      shape    tok/r path      kind           ms    LB ms   x LB  "
+    print("N transport      mode shape    tok/r path      kind           ms    LB ms   x LB  "
           "decide  1stpost lastin   done   cpu/ph  MB/rail  memcpy wakes/ph rank-cpu rank-wk")
     builds = [("", cluster.DAEMON, {}, {})]
     if a.daemons:
@@ -308,8 +351,9 @@ def main():
           "phase, their loop threads' and the others'")
     for r in results:
         if r["tokens"] == 1:
-            print("%s%d %-14s %-8s %-9s %-8s %8.0f  loop %5.1f  other %5.1f" % (
-                r["daemon"] + " " if r["daemon"] else "", r["nodes"], r["transport"], r["shape"],
+            print("%s%d %-14s %-4s %-8s %-9s %-8s %8.0f  loop %5.1f  other %5.1f" % (
+                r["daemon"] + " " if r["daemon"] else "", r["nodes"], r["transport"], r["mode"],
+                r["shape"],
                 r["path"], r["kind"], r["p50_us"], r["loop_wakes"], r["wakes"] - r["loop_wakes"]))
     return 0
 

@@ -14,12 +14,14 @@ slabs; the daemons only plan, post and track. tests/integration/rw_pagerank.c mo
    The daemons' stats show the rank-path phases counted and none in flight after.
 2. Failures, named as on the CUDA rank path: a rank whose dispatch has a top-k id past the
    experts gets RW_E_TOKENS naming the token, and the group's phase fails on the others (when
-   that rank leaves); a new group's phases pass. A rank killed after its submit, before its pack: the phase fails
-   on the three others and their calls return; a new group's phases pass. A peer daemon killed
-   (SIGKILL) while a group runs phases: every rank's phase fails and its wait returns (node 0:
-   the survivor's failure; node 1: the library's watcher, RW_E_CLOSED).
+   that rank leaves); a new group's phases pass. A rank killed after its submit, before its
+   pack: the phase fails on the three others and their calls return; a new group's phases
+   pass. A peer daemon killed (SIGKILL) while a group runs phases: every rank's phase fails and
+   its wait returns (node 0: the survivor's failure; node 1: the library's watcher,
+   RW_E_CLOSED).
    A group whose ranks on each node are a host rank and a CUDA rank (the kernel stand-in):
-   the same 6 phases verified on every rank.
+   the same 6 phases verified on every rank. The benchmark's rank (rw_bench_rank
+   --host-rank-path) verifies 5 pairs over every path with DeepSeek-V3's routing.
 3. Three daemons (2 ranks a node, 2 rails): six host ranks, the same checks beside a host job.
 Run by tests/run as $b/test/svc_hostrank; exits 0 pass, 1 fail, 77 skip."""
 import os
@@ -33,6 +35,7 @@ sys.path.insert(0, os.path.join(B, "tests", "lib"))
 import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
 
 PAGERANK = os.path.join(B, "tests", "integration", "rw_pagerank")
+BENCH = os.path.join(B, "tools", "rw_bench_rank")
 # the CUDA stand-in with the rank kernels on the CPU (built where nvcc embeds the kernels)
 FAKE_KERN = os.path.join(B, "tests", "integration", "libfakecuda_kern.so")
 SEED = 5  # the workload's seed: the page ranks' (rw_pagerank's) and the host job's
@@ -77,7 +80,7 @@ def on_cluster(tmp, nodes, body):
     """Daemons with group carve-outs (the host ranks' records live in their group's slabs), the
     scenario `body(c)`, then every daemon still running must stop cleanly; logs on a failure."""
     os.makedirs(tmp)
-    c = cluster.Cluster(tmp, nodes, rails=2, extra={"group_area_mib": 1, "group_pool_mib": 10})
+    c = cluster.Cluster(tmp, nodes, rails=2, extra={"group_area_mib": 4, "group_pool_mib": 40})
     fails = len(check.fails)
     try:
         c.start_all()
@@ -100,10 +103,23 @@ def two_daemons(c):
         check(line and " ok=0 " not in line[0] and " failed=0 " in line[0],
               "the host ranks' combines ran on path %s: %s" % (path, line))
 
+    # the benchmark's rank (tools/rw_bench_rank --host-rank-path: every row, count and sum
+    # checked) over every data path, DeepSeek-V3's routing (256 experts, top-8)
+    bench = [(r, subprocess.Popen(
+        [BENCH, "--socket", c.cfg["nodes"][r // c.gpus]["ipc_socket"], "--group", "bench",
+         "--rank", str(r), "--steps", "5", "--paths", "native,rail-only,perm-only,joint,auto",
+         "--host-rank-path", "--nodes", "2", "--gpus", str(c.gpus), "--rails", "2",
+         "--experts", "256", "--topk", "8", "--hidden", "512", "--tokens", "32"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=c.env)) for r in range(4)]
+    res = cluster.outputs(bench)
+    check(all(v[0] == 0 and "verified rank" in v[1] and "(host rank path)" in v[1]
+              for v in res.values()), "rw_bench_rank --host-rank-path: 5 pairs verified on "
+          "every rank %s" % {r: v[1][-300:] for r, v in res.items() if v[0] != 0})
+
     # a group mixing host ranks and CUDA ranks (the kernel stand-in) on each node
     if os.path.exists(FAKE_KERN):
         res = cluster.outputs(host_job(c, "mixed", 2, 3, {1: "lib", 3: "lib"},
-                               env=dict(c.env, RW_CUDA_DRIVER=FAKE_KERN)))
+                                       env=dict(c.env, RW_CUDA_DRIVER=FAKE_KERN)))
         passed(res, "host ranks 0 and 2 beside CUDA ranks 1 and 3 in one group")
         check("CUDA rank path, verified" in res[1][1] and "host rank path, verified" in
               res[0][1], "the mixed group ran both kinds")
@@ -113,8 +129,8 @@ def two_daemons(c):
     # a top-k id past the experts: this rank's submit is refused, named; the group's phase
     # then fails on the others (here when the refused rank leaves; one that stayed would
     # leave the pair to the phase timeout), and a new group's phases pass
-    res = cluster.outputs(host_job(c, "bad", 1, 1, {0: "host-bad", 1: "host-one", 2: "host-one",
-                                            3: "host-one"}))
+    res = cluster.outputs(host_job(c, "bad", 1, 1, {0: "host-bad", 1: "host-one",
+                                                    2: "host-one", 3: "host-one"}))
     check(res[0][0] == 0 and "host-bad: phase 1 failed: " in res[0][1] and
           "token 1 has a top-k expert id" in res[0][1],
           "the bad id's rank: RW_E_TOKENS naming the token (%r)" % res[0][1][:200])
@@ -122,16 +138,18 @@ def two_daemons(c):
           "the bad id failed the group's phase on the other ranks: %s" %
           [res[r][1].splitlines()[:1] for r in (1, 2, 3)])
     check("token 1 has a top-k id outside" in c.log(0), "the daemon's log names the token")
-    passed(cluster.outputs(host_job(c, "afterbad", 1, 2)), "after the bad id, a new group's phases")
+    passed(cluster.outputs(host_job(c, "afterbad", 1, 2)),
+           "after the bad id, a new group's phases")
 
     # a rank killed after its submit, before its pack
-    res = cluster.outputs(host_job(c, "die", 1, 1, {0: "host-one", 1: "host-die", 2: "host-one",
-                                            3: "host-one"}))
+    res = cluster.outputs(host_job(c, "die", 1, 1, {0: "host-one", 1: "host-die",
+                                                    2: "host-one", 3: "host-one"}))
     check(res[1][0] == 3 and "dying at submit 1" in res[1][1], "rank 1 died after submit")
     others = [res[r] for r in (0, 2, 3)]
     check(all(v[0] == 0 and "host-one: phase 1 failed" in v[1] for v in others),
           "the phase failed on the other ranks and their waits returned: %s" % others)
-    passed(cluster.outputs(host_job(c, "afterdie", 1, 2)), "after the death, a new group's phases")
+    passed(cluster.outputs(host_job(c, "afterdie", 1, 2)),
+           "after the death, a new group's phases")
 
     for n in range(2):
         st = c.stats(n)
@@ -158,8 +176,8 @@ def three_daemons(c):
 
 
 def main():
-    if not cluster.built(cluster.DAEMON, cluster.RANK, cluster.RAILWAVE, PAGERANK):
-        print("skip: railwaved, rw_rank, rw_pagerank or railwave not built")
+    if not cluster.built(cluster.DAEMON, cluster.RANK, cluster.RAILWAVE, PAGERANK, BENCH):
+        print("skip: railwaved, rw_rank, rw_pagerank, rw_bench_rank or railwave not built")
         return 77
     tmp = tempfile.mkdtemp(prefix="rw-hostrank-")
     check.scenarios([("two daemons", lambda t, _: on_cluster(t + "/2", 2, two_daemons)),
