@@ -13,16 +13,15 @@
 #include "ipc/page.h"
 #include "service/exec/exec_int.h"
 
-/* Phase k of this rank fails with `code` (RW_E_*): the sentence goes to the log and to the
- * rank, then its page owes the words (rw_page_fail). */
+/* Phase k of this rank fails with `code` (RW_E_*): the sentence goes to the log, the reason to
+ * the rank (which knows its group, rank and phase: a notice holds RW_IPC_ERRMSG_MAX bytes, and
+ * the prefix cut a peer's reason short), then its page owes the words (rw_page_fail). */
 static void page_phase_fail(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, uint64_t k,
 			    int32_t code, const char *why)
 {
-	char msg[RW_SVC_WHY_MAX + 96];
-	snprintf(msg, sizeof(msg), "group %s rank %u phase %llu: %s", mb->g->name,
-		 x->me * x->gpus + mb->local, (unsigned long long)k, why);
-	rw_warn("%s", msg);
-	rw_ipc_client_notice(x->ipc, mb->client, code, msg);
+	rw_warn("group %s rank %u phase %llu: %s", mb->g->name, x->me * x->gpus + mb->local,
+		(unsigned long long)k, why);
+	rw_ipc_client_notice(x->ipc, mb->client, code, why);
 	rw_page_fail(pg, k, code);
 }
 
