@@ -67,11 +67,33 @@
  *                         (rw_client_lost_signals) are written here, the stream must drain, and
  *                         the rank prints "daemon lost: wrote N owed flags, stream drained" and
  *                         exits 3.
+ *     --rank-path         every phase through librailwave's rank path (ipc/railwave.h
+ *                         rw_client_rank_*, docs/rankpath.md) instead of the ring: the count,
+ *                         pack, forward, gather and reduce kernels on this rank's stream (the
+ *                         driver $RW_CUDA_DRIVER names: the kernel stand-in in CI), the daemon
+ *                         answering by the words of the rank page. The buffer is device memory
+ *                         with a page-locked host mirror; the inputs are copied in on the rank's
+ *                         stream with no synchronization (the kernels come after them in stream
+ *                         order), the outputs copied back once rw_client_rank_wait said done, and
+ *                         checked exactly as the ring's. A failed phase's reason is the daemon's
+ *                         notice (read from the control socket). Its daemon gone mid-phase, the
+ *                         stream must run through (the library writes the owed words): the rank
+ *                         prints "daemon lost: the rank path's stream ran through" and exits 3.
+ *                         Exit 77 where the library has no rank path (no driver, no kernels).
+ *     --noisy             the expert outputs are rows of full mantissas over 24 binades (a sum of
+ *                         three terms rounds differently in another order) instead of the exact
+ *                         workload: each combined row is checked against the sum of its terms
+ *                         within the rounding of its dtype, and the last line says how many
+ *                         tokens had three or more terms and how many of them another summation
+ *                         order changes
+ *     --dump FILE         write every combined row, as the bytes came back, to FILE (for a
+ *                         comparison bit for bit against another run of the same workload)
  *
  * The workload and its reference are tests/lib/workload.h's (the executor test runs the same):
  * rank r hosts experts [r*E/W, (r+1)*E/W); expert e's "MLP" multiplies by (e % 3 + 1).
  * Output: "rank R: S steps x L layers verified" (ok), "submitted" once its first dispatch is in
  * and then "failed as expected: <error>: <the daemon's reason>" (fail), "ready" (idle). */
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -123,16 +145,17 @@ static int vote(uint32_t step, uint32_t layer, int ok, uint32_t world_size, uint
 	return all;
 }
 
-/* After a phase of (step, layer) failed with `cq` (ok = 0) or passed every check (ok = 1):
- * 1 when the run must redo it (--retry), 0 to go on; -1 when it may not be retried. */
-static int redo(uint32_t step, uint32_t layer, int ok, const rw_cqe_t *cq, rw_client_t *c)
+/* After a phase of (step, layer) failed with `cq` for the reason `why` (ok = 0) or passed every
+ * check (ok = 1): 1 when the run must redo it (--retry), 0 to go on; -1 when it may not be
+ * retried. */
+static int redo(uint32_t step, uint32_t layer, int ok, const rw_cqe_t *cq, const char *why)
 {
 	if (!vote_dir)
 		return ok ? 0 : -1;
 	if (!ok && (cq->error != RW_E_PHASE))
 		return -1;
 	if (!ok)
-		printf("retry step %u layer %u after: %s\n", step, layer, rw_client_last_message(c));
+		printf("retry step %u layer %u after: %s\n", step, layer, why);
 	int v = vote(step, layer, ok, world, me);
 	if (v < 0 || (v == 0 && retries >= retry_max))
 		return -1;
@@ -227,6 +250,67 @@ static void slabs_find(const uint8_t *rows, uint32_t n, uint32_t len, uint8_t *f
 	free(key);
 }
 
+/* --noisy: rank q's expert output for token `token` of rank src at (step, layer), element h: a
+ * full mantissa at a binade in [-12, 12), as a value of the phase's dtype. */
+static int noisy;
+static uint64_t noisy_seed;
+static uint64_t noisy_tokens3, noisy_order; /* tokens of >= 3 terms; those another order changes */
+static FILE *dump; /* --dump */
+
+static float noisy_elem(uint32_t step, uint32_t layer, uint32_t q, uint32_t src, uint32_t token,
+			uint32_t h, int bf16)
+{
+	uint64_t z = rw_wl_mix(noisy_seed + step);
+	z = rw_wl_mix(z ^ layer);
+	z = rw_wl_mix(z ^ ((uint64_t)q << 32 | src));
+	z = rw_wl_mix(z ^ ((uint64_t)token << 32 | h));
+	float f = ldexpf((float)(int32_t)(uint32_t)(z >> 32) / 2147483648.0f, (int)(z % 24) - 12);
+	uint8_t v[4];
+	rw_wl_put_row(v, bf16, &f, 1);
+	return rw_wl_get_elem(v, bf16, 0);
+}
+
+/* --noisy: token t's combined element h (`got`) against its terms, the rows of every rank that
+ * hosts one of its experts: within the rounding of the dtype of their exact sum (the order the
+ * daemon sums them in is the protocol's, checked bit for bit by --dump). Counts the tokens of
+ * three terms or more, and those whose bits a reversed fp32 sum changes. 0, or 1 off. */
+static int noisy_check(const rw_wl_work_t *wk, uint32_t step, uint32_t layer, uint32_t t,
+		       uint32_t h, int bf16, float got)
+{
+	float term[RW_WL_TOPK];
+	uint32_t n = 0;
+	double ref = 0, mag = 0;
+	for (uint32_t k = 0; k < RW_WL_TOPK; k++) {
+		const int32_t e = wk->ids[t][k];
+		int dup = e < 0;
+		for (uint32_t j = 0; j < k && !dup; j++)
+			dup = wk->ids[t][j] >= 0 &&
+			      (uint32_t)wk->ids[t][j] / per_rank == (uint32_t)e / per_rank;
+		if (dup)
+			continue;
+		term[n] = noisy_elem(step, layer, (uint32_t)e / per_rank, me, t, h, bf16);
+		ref += term[n];
+		mag += fabs(term[n]);
+		n++;
+	}
+	const double ulp = bf16 ? 1.0 / 128 : 1.0 / 8388608;
+	if (fabs((double)got - ref) > mag * ulp * (n + 1))
+		return 1;
+	if (n >= 3 && h == 0) {
+		float fwd = 0, rev = 0;
+		for (uint32_t i = 0; i < n; i++) {
+			fwd += term[i];
+			rev += term[n - 1 - i];
+		}
+		uint8_t a[4], b[4];
+		rw_wl_put_row(a, bf16, &fwd, 1);
+		rw_wl_put_row(b, bf16, &rev, 1);
+		noisy_tokens3++;
+		noisy_order += memcmp(a, b, bf16 ? 2 : 4) != 0;
+	}
+	return 0;
+}
+
 static rw_wl_work_t mine;          /* scratch of run(), allocated by main() */
 static rw_wl_work_t *all;          /* [world]: every rank's workload of the phase being checked */
 static uint8_t *seen;
@@ -267,6 +351,9 @@ typedef struct rank_buf {
 	rw_cuda_dptr_t dptr;
 	uint8_t *mem; /* host mapping, or the mirror */
 	uint32_t id;
+	rw_client_rank_t *rp;     /* --rank-path */
+	rw_client_stream_t cs;    /* the stream, as the rank path takes it */
+	uint64_t k_disp;          /* the rank path's phase number of the last dispatch */
 } rank_buf_t;
 
 /* The daemon reads a rank's device memory on its own stream, in its own process: whatever
@@ -279,7 +366,8 @@ static int buf_to_dev(const rank_buf_t *b, uint64_t off, uint64_t len)
 		return 0;
 	if (rw_cuda_copy_htod_async(b->stream, b->dptr + off, b->mem + off, len) != RW_OK)
 		return -1;
-	if (b->ordered) /* the event, recorded next, orders the daemon's reads after the copy */
+	if (b->ordered || b->rp) /* the event, recorded next, or the rank path's kernels, which
+				  * come after the copy in stream order, read it */
 		return 0;
 	return rw_cuda_stream_sync(b->stream) == RW_OK ? 0 : -1;
 }
@@ -365,12 +453,179 @@ static int ordered_lost(rw_client_t *c, rank_buf_t *b)
 	return 3;
 }
 
+static int buf_from_dev(const rank_buf_t *b, uint64_t off, uint64_t len)
+{
+	if (!b->cuda || len == 0)
+		return 0;
+	if (rw_cuda_copy_dtoh_async(b->stream, b->mem + off, b->dptr + off, len) != RW_OK)
+		return -1;
+	return rw_cuda_stream_sync(b->stream) == RW_OK ? 0 : -1;
+}
+
+/* ---- --rank-path: librailwave's rank path instead of the ring --------------------------------
+ * The buffer keeps the ring's layout (inputs, dispatch output, combine input and output at the
+ * same offsets), in device memory; a phase is enqueued on the rank's stream and answered as the
+ * ring's completion would be (rank_cqe), so every check after it is the ring's. */
+
+/* Where the dispatch outputs lie in the output area of out_cap bytes, for rows of `row` bytes:
+ * the per-expert counts first (cbytes; the ring puts them there only when they do not fit the
+ * completion), then cap rows, then cap metadata entries at meta_off (16-byte aligned for the
+ * rank path's kernels). */
+typedef struct out_layout {
+	uint64_t cbytes, cap, meta_off;
+} out_layout_t;
+
+static out_layout_t out_layout(const rank_buf_t *b, uint64_t out_cap, uint32_t row)
+{
+	const uint64_t meta_bytes = 16 + 8 * TOPK, cb = (4ull * experts + 15) & ~15ull;
+	out_layout_t o = { .cbytes = b->rp || experts > RW_CQE_INLINE_COUNTS ? cb : 0 };
+	o.cap = (out_cap - o.cbytes - (b->rp ? 16 : 0)) / (row + meta_bytes);
+	if (b->rp && o.cap > (uint64_t)world * MAX_ROWS) /* the page's max_recv */
+		o.cap = (uint64_t)world * MAX_ROWS;
+	o.meta_off = o.cbytes + o.cap * row;
+	if (b->rp)
+		o.meta_off = (o.meta_off + 15) & ~15ull;
+	return o;
+}
+
+/* Opens the rank path on the device of this rank's local GPU (its page and its group's slabs
+ * mapped and registered there) and makes the stream every phase goes on. Exits 77 where the
+ * library has no rank path. */
+static int rank_open(rw_client_t *c, rank_buf_t *b)
+{
+	int ndev = rw_cuda_device_count();
+	CHECK(ndev > 0, "no CUDA device");
+	b->device = (int)(me % gpus) % ndev;
+	int rc = rw_client_rank_open(c, b->device, world * MAX_ROWS, &b->rp);
+	if (rc == RW_E_NO_CUDA) {
+		printf("skip: no rank path here: %s\n", rw_client_rank_message(NULL));
+		exit(77);
+	}
+	CHECK(rc == 0, "rank path: %s: %s", rw_client_strerror(rc), rw_client_rank_message(NULL));
+	rw_cuda_ext_stream_t e;
+	CHECK(rw_cuda_stream_create(b->device, &b->stream) == RW_OK &&
+	      rw_cuda_ext_stream_of(b->stream, &e) == RW_OK, "a CUDA stream");
+	b->cs = (rw_client_stream_t){ .device = e.device, .handle = e.handle };
+	return 0;
+}
+
+/* Why the rank path's phase failed: the library's answer, and the daemon's reason, which comes
+ * as a notice on the control socket before the daemon writes the phase's status (a bounded
+ * rw_client_wait takes it: no completion comes on a rank-path client's ring). */
+static const char *rank_why(rw_client_t *c, const rank_buf_t *b)
+{
+	static char why[1024];
+	rw_cqe_t none;
+	for (int i = 0; i < 4 && rw_client_wait(c, &none, 1, 5) == 0; i++)
+		;
+	snprintf(why, sizeof(why), "%s (%s)", rw_client_last_message(c),
+		 rw_client_rank_message(b->rp));
+	return why;
+}
+
+/* The daemon's notice, or on the rank path rank_why's. */
+static const char *last_why(rw_client_t *c, const rank_buf_t *b)
+{
+	return b->rp ? rank_why(c, b) : rw_client_last_message(c);
+}
+
+/* The daemon went away mid-phase: the library wrote the words the stream waited on; the stream
+ * must run through. */
+static int rank_lost(rank_buf_t *b)
+{
+	CHECK(rw_cuda_stream_sync(b->stream) == RW_OK, "daemon lost: the stream did not drain");
+	printf("daemon lost: the rank path's stream ran through\n");
+	fflush(stdout);
+	return 3;
+}
+
+/* Phase k of the rank path waited for (a bound, never a timing criterion), then *cq as the
+ * ring's completion of `e` would say it. 0, 3 when the daemon went away (rank_lost), 1 on a
+ * failed check. */
+static int rank_complete(rank_buf_t *b, uint64_t k, const rw_sqe_t *e, rw_cqe_t *cq)
+{
+	rw_client_rank_done_t done = { 0 };
+	trace("waiting for the rank path's phase");
+	int st = rw_client_rank_wait(b->rp, k, 30000, &done);
+	trace("rank path's phase done");
+	CHECK(st != RW_E_TIMEOUT, "phase %llu of the rank path not done: %s", (unsigned long long)k,
+	      rw_client_rank_message(b->rp));
+	if (st == RW_E_CLOSED)
+		return rank_lost(b);
+	memset(cq, 0, sizeof(*cq));
+	cq->status = st ? RW_CQ_ERROR : RW_CQ_OK;
+	cq->error = st;
+	cq->phase_id = e->phase_id;
+	cq->user_data = e->user_data;
+	cq->recv_tokens = done.recv_tokens; /* a combine's: none (the ring's says mine.n) */
+	cq->n_experts = experts;
+	return 0;
+}
+
+/* The dispatch `s` (the ring's submission, its spans naming the buffer) on the rank path; after
+ * it passed, its counts, rows and metadata copied back. */
+static int rank_dispatch(rank_buf_t *b, const rw_sqe_t *s, uint64_t off_out, uint64_t out_cap,
+			 const char *mode, rw_cqe_t *cq)
+{
+	const uint32_t row = hidden * (s->dtype == RW_DTYPE_BF16 ? 2 : 4);
+	const out_layout_t o = out_layout(b, out_cap, row);
+	const rw_cuda_dptr_t base = b->dptr;
+	const rw_client_rank_dispatch_t d = {
+		.dtype = s->dtype, .topk = TOPK, .layer = s->layer, .step = s->step,
+		.token_count = s->token_count, .hidden = hidden, .n_experts = s->n_experts,
+		.path = s->path, .tokens = base + s->tokens.offset, .topk_ids = base + s->topk_ids.offset,
+		.topk_weights = base + s->topk_weights.offset, .recv_x = base + off_out + o.cbytes,
+		.recv_meta = base + off_out + o.meta_off, .recv_counts = base + off_out,
+		.recv_cap = (uint32_t)o.cap };
+	int rc = rw_client_rank_dispatch(b->rp, &b->cs, &d, &b->k_disp);
+	CHECK(rc == 0, "rank path dispatch: %s: %s", rw_client_strerror(rc),
+	      rw_client_rank_message(b->rp));
+	if (strcmp(mode, "fail") == 0) { /* a harness may act once every rank is in */
+		printf("submitted\n");
+		fflush(stdout);
+	}
+	rc = rank_complete(b, b->k_disp, s, cq);
+	if (rc || cq->status != RW_CQ_OK)
+		return rc;
+	cq->counts_offset = off_out;
+	const uint64_t n = cq->recv_tokens;
+	CHECK(buf_from_dev(b, off_out, 4ull * experts) == 0 &&
+	      buf_from_dev(b, off_out + o.cbytes, n * row) == 0 &&
+	      buf_from_dev(b, off_out + o.meta_off, n * (16 + 8 * TOPK)) == 0,
+	      "dispatch outputs from the device");
+	return 0;
+}
+
+/* The combine `cs` on the rank path: its rows (cs->token_count of them at cs->tokens) for the
+ * last dispatch, the combined rows into [off_cout, + out_len), copied back after it passed. */
+static int rank_combine(rank_buf_t *b, const rw_sqe_t *cs, uint64_t off_cout, uint64_t out_len,
+			rw_cqe_t *cq)
+{
+	const rw_client_rank_combine_t cb = { .dispatch = b->k_disp,
+					      .rows = b->dptr + cs->tokens.offset,
+					      .out = b->dptr + off_cout };
+	uint64_t k = 0;
+	int rc = rw_client_rank_combine(b->rp, &b->cs, &cb, &k);
+	CHECK(rc == 0, "rank path combine: %s: %s", rw_client_strerror(rc),
+	      rw_client_rank_message(b->rp));
+	rc = rank_complete(b, k, cs, cq);
+	if (rc || cq->status != RW_CQ_OK)
+		return rc;
+	CHECK(buf_from_dev(b, off_cout, out_len) == 0, "combined rows from the device");
+	return 0;
+}
+
 /* Submit the combine `cs` and wait for its completion (*cq; its status is the caller's to judge).
  * When the daemon went away instead, *lost_p = 1 and the owed flags are written (ordered_lost's
  * answer is returned: the rank is done). Else 0, or 1 after a failed check. */
 static int combine_wait(rw_client_t *c, rank_buf_t *b, rw_sqe_t *cs, uint64_t off_cout,
 			uint64_t out_len, rw_cqe_t *cq, int *lost_p)
 {
+	if (b->rp) {
+		int rc = rank_combine(b, cs, off_cout, out_len, cq);
+		*lost_p = rc == 3;
+		return rc;
+	}
 	int rc = ordered_submit(c, b, cs);
 	CHECK(rc == 0, "submit combine: %s", rw_client_strerror(rc));
 	CHECK(ordered_wait(b, off_cout, out_len) == 0, "stream wait on the flag");
@@ -383,19 +638,10 @@ static int combine_wait(rw_client_t *c, rank_buf_t *b, rw_sqe_t *cs, uint64_t of
 	return 0;
 }
 
-static int buf_from_dev(const rank_buf_t *b, uint64_t off, uint64_t len)
-{
-	if (!b->cuda || len == 0)
-		return 0;
-	if (rw_cuda_copy_dtoh_async(b->stream, b->mem + off, b->dptr + off, len) != RW_OK)
-		return -1;
-	return rw_cuda_stream_sync(b->stream) == RW_OK ? 0 : -1;
-}
-
 /* The outputs as the checks read them: copied after the flag (stream order), or now. */
 static int outputs_back(const rank_buf_t *b, uint64_t off, uint64_t len)
 {
-	return b->ordered ? 0 : buf_from_dev(b, off, len);
+	return b->ordered || b->rp ? 0 : buf_from_dev(b, off, len); /* rank path: copied */
 }
 
 static int buf_register(rw_client_t *c, size_t total, rank_buf_t *b)
@@ -407,15 +653,17 @@ static int buf_register(rw_client_t *c, size_t total, rank_buf_t *b)
 	}
 	int ndev = rw_cuda_device_count();
 	CHECK(ndev > 0, "no CUDA device");
-	b->device = (int)(me % gpus) % ndev;
-	CHECK(rw_cuda_stream_create(b->device, &b->stream) == RW_OK, "cuda stream");
+	if (!b->rp) { /* the rank path made its stream at open */
+		b->device = (int)(me % gpus) % ndev;
+		CHECK(rw_cuda_stream_create(b->device, &b->stream) == RW_OK, "cuda stream");
+	}
 	CHECK(rw_cuda_mem_alloc(b->device, total, &b->dptr) == RW_OK, "cuda alloc %zu bytes", total);
 	CHECK(rw_cuda_memset_d8(b->device, b->dptr, 0, total) == RW_OK, "cuda memset");
 	/* Stream order: the host mirror is page-locked, so the copy queued behind the flag wait is
 	 * asynchronous (a copy into pageable memory returns only once done: the rank would block
 	 * on the daemon's flag before it ever waits for the completion, and forever if the daemon
-	 * dies). */
-	if (b->ordered) {
+	 * dies). The rank path's mirror too: its copies go on the stream with no synchronization. */
+	if (b->ordered || b->rp) {
 		void *pinned = NULL;
 		CHECK(rw_cuda_host_alloc(total, &pinned) == RW_OK, "page-locked mirror");
 		b->mem = pinned;
@@ -424,6 +672,8 @@ static int buf_register(rw_client_t *c, size_t total, rank_buf_t *b)
 		b->mem = calloc(1, total);
 	}
 	CHECK(b->mem, "out of memory");
+	if (b->rp) /* the rank path reads and writes it itself: nothing to lend the daemon */
+		return 0;
 	rw_cuda_ipc_desc_t d;
 	CHECK(rw_cuda_ipc_export(b->dptr, total, &d) == RW_OK, "cuda ipc export");
 	rw_client_cuda_desc_t cd;
@@ -452,7 +702,7 @@ static void buf_release(rank_buf_t *b)
 {
 	if (!b->cuda)
 		return;
-	if (b->ordered)
+	if (b->ordered || b->rp)
 		rw_cuda_host_free(b->mem);
 	else
 		free(b->mem);
@@ -521,19 +771,23 @@ static int run_rewrite(rw_client_t *c, rw_sqe_t *s, rw_sqe_t *cs, int32_t *ids, 
 static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers, uint32_t steps,
 	       uint64_t seed, uint32_t submit_experts)
 {
-	/* One buffer: inputs, dispatch output, combine inputs and output. */
-	const size_t in_bytes = (size_t)MAX_ROWS * (hidden * 4 + TOPK * 8);
-	const size_t out_cap = (size_t)world * MAX_ROWS * (hidden * 4 + 16 + TOPK * 8) + 4 * experts + 64;
-	const size_t comb_in = (size_t)world * MAX_ROWS * hidden * 4;
-	const size_t comb_out = (size_t)MAX_ROWS * hidden * 4;
+	/* One buffer: inputs, dispatch output, combine inputs and output, each part 64-byte
+	 * aligned (the rank path's kernels take 16-byte aligned rows). */
+#define A64(x) (((uint64_t)(x) + 63) & ~(uint64_t)63)
+	const uint64_t off_tok = 0, off_ids = A64((uint64_t)MAX_ROWS * hidden * 4),
+		       off_w = A64(off_ids + MAX_ROWS * TOPK * 4);
+	const size_t in_bytes = A64(off_w + MAX_ROWS * TOPK * 4);
+	const size_t out_cap = A64((size_t)world * MAX_ROWS * (hidden * 4 + 16 + TOPK * 8) +
+				   4 * experts + 64);
+	const size_t comb_in = A64((size_t)world * MAX_ROWS * hidden * 4);
+	const size_t comb_out = A64((size_t)MAX_ROWS * hidden * 4);
+#undef A64
 	size_t total = in_bytes + out_cap + comb_in + comb_out + (b->ordered ? 64 : 0);
 	if (buf_register(c, total, b))
 		return 1;
 	uint8_t *mem = b->mem;
 	const uint32_t buf_id = b->id;
-	const uint64_t off_tok = 0, off_ids = (uint64_t)MAX_ROWS * hidden * 4,
-		       off_w = off_ids + MAX_ROWS * TOPK * 4, off_out = in_bytes,
-		       off_cin = off_out + out_cap, off_cout = off_cin + comb_in;
+	const uint64_t off_out = in_bytes, off_cin = off_out + out_cap, off_cout = off_cin + comb_in;
 
 	const rw_wl_shape_t sh = { .seed = seed, .gpus = gpus, .experts = experts, .per_rank = per_rank,
 				   .hidden = hidden, .tokens = fixed_tokens, .empty = empty_phases };
@@ -574,19 +828,26 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 				return run_rewrite(c, &s, &cs, (int32_t *)(void *)(mem + off_ids), mine.n);
 			}
 			uint64_t t_sub = rw_now_ns();
-			int rc = ordered_submit(c, b, &s);
-			CHECK(rc == 0, "submit dispatch: %s", rw_client_strerror(rc));
-			if (strcmp(mode, "fail") == 0) { /* a harness may act once every rank is in */
-				printf("submitted\n");
-				fflush(stdout);
-			}
-			CHECK(ordered_wait(b, off_out, out_cap) == 0, "stream wait on the flag");
 			rw_cqe_t cq;
-			rc = wait_one(c, &cq, 30000);
-			if (rc == RW_E_CLOSED && b->ordered)
-				return ordered_lost(c, b);
-			CHECK(rc == 0, "no dispatch completion");
-			CHECK(ordered_check(b) == 0, "flag");
+			int rc;
+			if (b->rp) {
+				rc = rank_dispatch(b, &s, off_out, out_cap, mode, &cq);
+				if (rc)
+					return rc;
+			} else {
+				rc = ordered_submit(c, b, &s);
+				CHECK(rc == 0, "submit dispatch: %s", rw_client_strerror(rc));
+				if (strcmp(mode, "fail") == 0) { /* a harness may act once all are in */
+					printf("submitted\n");
+					fflush(stdout);
+				}
+				CHECK(ordered_wait(b, off_out, out_cap) == 0, "stream wait on the flag");
+				rc = wait_one(c, &cq, 30000);
+				if (rc == RW_E_CLOSED && b->ordered)
+					return ordered_lost(c, b);
+				CHECK(rc == 0, "no dispatch completion");
+				CHECK(ordered_check(b) == 0, "flag");
+			}
 			if (timing)
 				printf("timing dispatch %u %u %llu %llu %u %u\n", layer, step,
 				       (unsigned long long)t_sub, (unsigned long long)rw_now_ns(), cq.recv_tokens, row);
@@ -614,21 +875,22 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 				CHECK(cq.status == RW_CQ_ERROR,
 				      "dispatch and combine succeeded but the pair should have failed");
 				printf("failed as expected: %s: %s (at the combine)\n",
-				       rw_client_strerror(cq.error), rw_client_last_message(c));
+				       rw_client_strerror(cq.error), last_why(c, b));
 				return 0;
 			}
 			if (strcmp(mode, "fail") == 0) {
 				CHECK(cq.status == RW_CQ_ERROR, "dispatch succeeded but should have failed");
 				printf("failed as expected: %s: %s\n", rw_client_strerror(cq.error),
-				       rw_client_last_message(c));
+				       last_why(c, b));
 				return 0;
 			}
-			if (cq.status != RW_CQ_OK && redo(step, layer, 0, &cq, c) == 1) {
+			if (cq.status != RW_CQ_OK &&
+			    redo(step, layer, 0, &cq, vote_dir ? last_why(c, b) : "") == 1) {
 				layer--; /* the same (step, layer) again; unsigned wrap-around is defined */
 				continue;
 			}
 			CHECK(cq.status == RW_CQ_OK, "step %u layer %u dispatch failed: %s (%s)", step, layer,
-			      rw_client_strerror(cq.error), rw_client_last_message(c));
+			      rw_client_strerror(cq.error), last_why(c, b));
 			CHECK(cq.phase_id == s.phase_id && cq.user_data == 7, "completion ids");
 			CHECK(outputs_back(b, off_out, out_cap) == 0, "copy the dispatch output back");
 
@@ -655,10 +917,10 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 			for (uint32_t e = 0; e < experts; e++)
 				CHECK(counts[e] == ecount[e], "expert %u count %u, expected %u", e, counts[e], ecount[e]);
 			/* Output layout (docs/dataflow.md "Dispatch output"). */
-			uint64_t cbytes = experts > RW_CQE_INLINE_COUNTS ? ((4ull * experts + 15) & ~15ull) : 0;
-			uint64_t meta_bytes = 16 + 8 * TOPK;
-			uint64_t cap = (out_cap - cbytes) / (row + meta_bytes);
-			const uint8_t *rows = mem + off_out + cbytes, *metas = rows + cap * row;
+			const out_layout_t ol = out_layout(b, out_cap, row);
+			const uint64_t meta_bytes = 16 + 8 * TOPK;
+			const uint8_t *rows = mem + off_out + ol.cbytes;
+			const uint8_t *metas = mem + off_out + ol.meta_off;
 			for (uint32_t j = 0; j < cq.recv_tokens; j++) {
 				const uint8_t *m = metas + j * meta_bytes;
 				uint32_t src_node, src_rank, token;
@@ -680,6 +942,8 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 					      "row %u (rank %u token %u): data differs at %u", j, src_rank, token, h);
 				/* Expert compute: sum over my own experts of w * f(e) * x. */
 				rw_wl_expert_row(other, token, me, per_rank, hidden, outv);
+				for (uint32_t h = 0; noisy && h < hidden; h++)
+					outv[h] = noisy_elem(step, layer, me, src_rank, token, h, bf16);
 				rw_wl_put_row(mem + off_cin + (uint64_t)j * row, bf16, outv, hidden);
 			}
 			if (slab_rails) { /* every row from another node lies in one of the slabs */
@@ -729,13 +993,14 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 			if (timing)
 				printf("timing combine %u %u %llu %llu %u %u\n", layer, step,
 				       (unsigned long long)t_sub, (unsigned long long)rw_now_ns(), cs.token_count, row);
-			if (cq.status != RW_CQ_OK && redo(step, layer, 0, &cq, c) == 1) {
+			if (cq.status != RW_CQ_OK &&
+			    redo(step, layer, 0, &cq, vote_dir ? last_why(c, b) : "") == 1) {
 				layer--;
 				continue;
 			}
 			CHECK(cq.status == RW_CQ_OK, "step %u layer %u combine failed: %s (%s)", step, layer,
-			      rw_client_strerror(cq.error), rw_client_last_message(c));
-			CHECK(cq.recv_tokens == mine.n, "combine returned %u rows, expected %u",
+			      rw_client_strerror(cq.error), last_why(c, b));
+			CHECK(b->rp || cq.recv_tokens == mine.n, "combine returned %u rows, expected %u",
 			      cq.recv_tokens, mine.n);
 			CHECK(outputs_back(b, off_cout, (uint64_t)mine.n * row) == 0,
 			      "copy the combine output back");
@@ -743,20 +1008,27 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 				for (uint32_t h = 0; h < hidden; h++) {
 					float ref = rw_wl_combined(&mine, t, h, hidden);
 					float got = rw_wl_get_elem(mem + off_cout + (uint64_t)t * row, bf16, h);
-					CHECK(got == ref, "step %u layer %u token %u elem %u: combine %g, expected %g",
+					CHECK(noisy ? !noisy_check(&mine, step, layer, t, h, bf16, got) :
+						      got == ref,
+					      "step %u layer %u token %u elem %u: combine %g, expected %g",
 					      step, layer, t, h, got, ref);
 				}
-			int again = redo(step, layer, 1, &cq, c); /* did every rank pass it? */
+			CHECK(!dump || fwrite(mem + off_cout, row, mine.n, dump) == mine.n, "--dump");
+			int again = redo(step, layer, 1, &cq, ""); /* did every rank pass it? */
 			CHECK(again >= 0, "step %u layer %u: the ranks' vote failed", step, layer);
 			if (again)
 				layer--;
 		}
 	printf("rank %u: %u steps x %u layers verified%s%s", me, steps, layers,
-	       b->cuda ? " (CUDA buffers)" : "", b->ordered ? " (stream-ordered)" : "");
+	       b->rp ? " (rank path)" : b->cuda ? " (CUDA buffers)" : "",
+	       b->ordered ? " (stream-ordered)" : "");
 	if (vote_dir)
 		printf(", %u retries", retries);
 	if (slab_rails)
 		printf(", %llu remote rows seen in the group's slabs", (unsigned long long)slab_rows);
+	if (noisy)
+		printf(", %llu tokens of >= 3 terms, %llu of them changed by another order",
+		       (unsigned long long)noisy_tokens3, (unsigned long long)noisy_order);
 	printf("\n");
 	return 0;
 }
@@ -765,7 +1037,9 @@ int main(int argc, char **argv)
 {
 	if (argc < 11) {
 		fprintf(stderr, "usage: rw_rank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS SEED MODE "
-				"[--hidden H] [--tokens T] [--first-step S] [--submit-experts E] [--retry N DIR] [--empty] [--paths] [--cuda] [--slabs R] [--scribble] [--go FILE] [--stream-ordered]\n");
+				"[--hidden H] [--tokens T] [--first-step S] [--submit-experts E] "
+				"[--retry N DIR] [--empty] [--paths] [--cuda] [--slabs R] [--scribble] "
+				"[--go FILE] [--stream-ordered] [--rank-path] [--noisy] [--dump FILE]\n");
 		return 2;
 	}
 	const char *sock = argv[1], *group = argv[2], *mode = argv[10];
@@ -777,6 +1051,8 @@ int main(int argc, char **argv)
 	uint64_t seed = strtoull(argv[9], NULL, 10);
 	uint32_t submit_experts = experts;
 	rank_buf_t b = { 0 };
+	int rank_path = 0;
+	const char *dump_path = NULL;
 	for (int i = 11; i < argc; i++) {
 		if (strcmp(argv[i], "--hidden") == 0 && i + 1 < argc) {
 			hidden = (uint32_t)atoi(argv[++i]);
@@ -815,6 +1091,12 @@ int main(int argc, char **argv)
 			}
 		} else if (strcmp(argv[i], "--stream-ordered") == 0) {
 			b.ordered = 1;
+		} else if (strcmp(argv[i], "--rank-path") == 0) {
+			rank_path = 1;
+		} else if (strcmp(argv[i], "--noisy") == 0) {
+			noisy = 1;
+		} else if (strcmp(argv[i], "--dump") == 0 && i + 1 < argc) {
+			dump_path = argv[++i];
 		} else {
 			fprintf(stderr, "rw_rank: unknown flag %s\n", argv[i]);
 			return 2;
@@ -824,13 +1106,19 @@ int main(int argc, char **argv)
 		fprintf(stderr, "rw_rank: --stream-ordered needs --cuda\n");
 		return 2;
 	}
+	if (rank_path && (b.cuda || slab_rails || strcmp(mode, "rewrite") == 0)) {
+		fprintf(stderr, "rw_rank: --rank-path takes none of --cuda, --slabs, mode rewrite\n");
+		return 2;
+	}
 	world = nodes * gpus;
 	if (!gpus || !experts || !world || experts % world || !hidden || hidden > 65536) {
 		fprintf(stderr, "rw_rank: need GPUS > 0, EXPERTS a multiple of NODES*GPUS, 0 < H <= 65536\n");
 		return 2;
 	}
 	per_rank = experts / world;
-	if ((b.cuda || slab_rails) && (rw_cuda_init() != RW_OK || rw_cuda_device_count() < 1)) {
+	noisy_seed = seed;
+	if ((b.cuda || slab_rails || rank_path) &&
+	    (rw_cuda_init() != RW_OK || rw_cuda_device_count() < 1)) {
 		printf("skip: no CUDA: %s\n", rw_cuda_unavailable_reason());
 		return 77;
 	}
@@ -840,6 +1128,15 @@ int main(int argc, char **argv)
 	rw_client_t *c = NULL;
 	int rc = rw_client_connect(&o, &c);
 	CHECK(rc == 0, "connect: %s", rw_client_strerror(rc));
+	if (rank_path) { /* a rank-path rank from the start: idle too, its page and slabs held */
+		b.cuda = 1;
+		if (rank_open(c, &b))
+			return 1;
+	}
+	if (dump_path && !(dump = fopen(dump_path, "wb"))) {
+		fprintf(stderr, "rank %u: --dump %s: cannot write it\n", me, dump_path);
+		return 1;
+	}
 	if (strcmp(mode, "idle") == 0) {
 		printf("ready\n");
 		fflush(stdout);
@@ -894,6 +1191,12 @@ int main(int argc, char **argv)
 	}
 	for (uint32_t r = 0; r < slab_rails; r++) /* before the close unmaps them */
 		rw_cuda_host_unregister(slabs[r].base);
+	if (dump && fclose(dump) != 0 && rc == 0)
+		rc = 1;
+	if (b.rp) { /* its stream drained: nothing writes the page any more */
+		rw_cuda_stream_sync(b.stream);
+		rw_client_rank_close(b.rp);
+	}
 	rw_client_close(c); /* the daemon releases its import before we free the memory */
 	buf_release(&b);
 	if (b.cuda || slab_rails)

@@ -19,7 +19,6 @@ Run by tests/run as $b/test/integration_faults_cuda. RW_IT_ONLY picks scenarios.
 import os
 import random
 import sys
-import tempfile
 
 B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(B, "tests", "lib"))
@@ -63,21 +62,17 @@ def main():
     seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or random.randrange(1, 1 << 30)
     print("seed %d (RW_TEST_SEED=%d reproduces); CUDA ranks on the %s" %
           (seed, seed, "system's driver" if real else "kernel stand-in"))
-    only = os.environ.get("RW_IT_ONLY", "")
-    for name, fn in SCENARIOS:
-        if only and name not in only.split(","):
-            continue
-        with tempfile.TemporaryDirectory(prefix="rwfc.", dir="/tmp") as tmp:
-            try:
-                fn(tmp, seed, cuda_ranks=cuda_ranks)
-                if not real and any("built without nvcc" in open(os.path.join(tmp, f)).read()
-                                    for f in os.listdir(tmp) if f.endswith(".log")):
-                    print("skip: this build embeds no kernels (no nvcc)")
-                    return 77
-                n = carried(tmp, name)
-            except Exception as e:  # report and fail
-                print("FAIL %s: %s" % (name, e))
-                return 1
+    for name, fn, tmp in cluster.picked(SCENARIOS, "rwfc."):
+        try:
+            fn(tmp, seed, cuda_ranks=cuda_ranks)
+            if not real and any("built without nvcc" in open(os.path.join(tmp, f)).read()
+                                for f in os.listdir(tmp) if f.endswith(".log")):
+                print("skip: this build embeds no kernels (no nvcc)")
+                return 77
+            n = carried(tmp, name)
+        except Exception as e:  # report and fail
+            print("FAIL %s: %s" % (name, e))
+            return 1
         print("     (%s: the CUDA mover carried the pairs on all %d daemons)" % (name, n))
     return 0
 

@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 
 B = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,6 +31,20 @@ RAILWAVE = os.path.join(B, "tools", "railwave")
 FAKE_CUDA = os.path.join(B, "tests", "integration", "libfakecuda_ipc.so")
 FAKE_KERN = os.path.join(B, "tests", "integration", "libfakecuda_kern.so")
 GPUS, RAILS = 2, 2  # ranks per node and rails per node unless a Cluster says otherwise
+
+
+class RankPath:
+    """cuda_ranks for ranks on the rank path (rw_rank --rank-path: librailwave's kernels on the
+    rank's stream, docs/rankpath.md): `driver` is a stand-in libcuda (FAKE_KERN) or "real"; `ranks`
+    the global ranks that take it (None: every rank), the others host-memory ranks. The daemons
+    get group carve-outs (group_area_mib per rail from a pool of group_pool_mib), which the rank
+    path needs; a cluster file's own keys (extra) override them."""
+
+    def __init__(self, driver, ranks=None, area_mib=8, pool_mib=256):
+        self.driver, self.ranks, self.area_mib, self.pool_mib = driver, ranks, area_mib, pool_mib
+
+    def flags(self, r):
+        return ["--rank-path"] if self.ranks is None or r in self.ranks else []
 WAIT = 60.0  # bound on any wait (never a pass/fail timing criterion)
 
 
@@ -90,6 +105,17 @@ def test_seed():
     seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or int(time.time()) % (1 << 30)
     print("seed %d (RW_TEST_SEED=%d reproduces)" % (seed, seed))
     return seed
+
+
+def picked(items, prefix):
+    """(name, fn, tmp) for each (name, fn) of items that RW_IT_ONLY names (a comma list; all when
+    unset), each with a fresh temporary directory (prefix) that goes once the caller moves on."""
+    only = os.environ.get("RW_IT_ONLY", "")
+    for name, fn in items:
+        if only and name not in only.split(","):
+            continue
+        with tempfile.TemporaryDirectory(prefix=prefix, dir="/tmp") as tmp:
+            yield name, fn, tmp
 
 
 def built(*paths):
@@ -164,8 +190,9 @@ class Cluster:
     with start()/start_all() and stopped with stop(), which requires every daemon to exit 0.
     path: the daemons' --path; experts: E (default nodes * gpus * 2); extra: keys that override
     the cluster file's; gpus: ranks per node; rails: rails per node; cuda_ranks: None (host buffers), a stand-in
-    libcuda to load in every rank ("--cuda" on RW_CUDA_DRIVER) or "real" (the system's driver);
-    daemon: the railwaved binary to run."""
+    libcuda to load in every rank ("--cuda" on RW_CUDA_DRIVER), "real" (the system's driver) or a
+    RankPath; daemon: the railwaved binary to run. stop() appends each running daemon's last
+    `stats` to d<n>.stats beside its log."""
 
     def __init__(self, tmp, nodes, path="auto", experts=None, extra=None, gpus=GPUS, rails=RAILS,
                  cuda_ranks=None, daemon=DAEMON):
@@ -176,10 +203,12 @@ class Cluster:
         self.env = dict(os.environ)
         self.node_env = {}  # node -> extra environment of that daemon only
         self.rank_flags = []
-        if cuda_ranks:
+        self.rank_path = cuda_ranks if isinstance(cuda_ranks, RankPath) else None
+        driver = self.rank_path.driver if self.rank_path else cuda_ranks
+        if cuda_ranks and not self.rank_path:
             self.rank_flags = ["--cuda"]
-            if cuda_ranks != "real":
-                self.env["RW_CUDA_DRIVER"] = cuda_ranks
+        if driver and driver != "real":
+            self.env["RW_CUDA_DRIVER"] = driver
         cfg = {
             "cluster": "it", "transport": "tcp", "gpus_per_node": gpus,
             "control_port": 7400, "rail_port": 7500,
@@ -189,6 +218,9 @@ class Cluster:
         }
         # Peers authenticate with a key made for this run (docs/security.md), as deployed ones do.
         cfg["key_file"] = os.path.join(tmp, "cluster.key")
+        if self.rank_path:
+            cfg.update(group_area_mib=self.rank_path.area_mib,
+                       group_pool_mib=self.rank_path.pool_mib)
         subprocess.run([RAILWAVE, "keygen", "--force", cfg["key_file"]], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cfg.update(extra or {})
@@ -290,6 +322,13 @@ class Cluster:
     def stop(self):
         """SIGTERM every daemon; each must exit 0 (ASan: no leak, no error)."""
         bad = []
+        for n in sorted(self.procs):
+            try:
+                last = self.stats(n)
+            except OSError:
+                continue
+            with open(os.path.join(self.tmp, "d%d.stats" % n), "a") as f:
+                f.write(last)
         for n, p in sorted(self.procs.items()):
             p.send_signal(signal.SIGTERM)
         for n, p in sorted(self.procs.items()):
@@ -326,7 +365,8 @@ class Cluster:
         return subprocess.Popen(
             [RANK, self.cfg["nodes"][node]["ipc_socket"], group, str(r), str(self.nodes),
              str(self.gpus), str(self.experts), str(layers), str(steps), str(seed), mode]
-            + list(self.rank_flags) + list(flags),
+            + list(self.rank_flags) + (self.rank_path.flags(r) if self.rank_path else [])
+            + list(flags),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env or self.env)
 
     def collect(self, procs, want=0):
