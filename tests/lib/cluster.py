@@ -237,12 +237,17 @@ class Cluster:
     def pick_ports(self):
         """Free ports for every node's control and rail addresses, and the cluster file rewritten.
         A port is free when picked; another process may take it before the daemon binds it:
-        start_all() then picks again (a daemon exits 2 naming the port in use)."""
+        start_all() then picks again (a daemon exits 2 naming the port in use). The control
+        address and rail 0's are the same IP: their ports are picked together, so they differ
+        (picked one after the other, the kernel once gave both the same: the daemon refused the
+        cluster file, "duplicate address")."""
         for n, node in enumerate(self.cfg["nodes"]):
             ctl = "127.0.0.%d" % (n + 1)
-            node["control"] = "%s:%d" % (ctl, free_port(ctl))
+            ctl_port, rail0_port = free_ports(ctl, 2)
+            node["control"] = "%s:%d" % (ctl, ctl_port)
             node["rails"] = [{"address": "127.0.%d.%d" % (r, n + 1),
-                              "port": free_port("127.0.%d.%d" % (r, n + 1))}
+                              "port": rail0_port if r == 0 else
+                              free_port("127.0.%d.%d" % (r, n + 1))}
                              for r in range(self.rails)]
         self.write_config()
 
