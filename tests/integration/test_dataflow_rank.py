@@ -10,9 +10,9 @@ killed with rail writes in flight, Native at N = 3 and Joint at N = 4), `rank` (
 mid-phase), `timeout` (a phase timing out) and `rail` (a rail cut mid-run, the ranks retrying);
 each failure is named on every surviving rank (the daemon's notice) and their streams run
 through, and the next phases pass. Then, written here:
-  cuda    two daemons, every forced path and the selector with every rank on the rank path, and
-          a node of rank-path ranks beside a node of host-memory ranks in one group (each node's
-          ranks take one path; a node that mixes them is docs/rankpath.md's next step);
+  cuda    two daemons, every forced path and the selector with every rank on the rank path, a
+          node of rank-path ranks beside a node of host-memory ranks in one group, and nodes
+          whose two ranks are one of each;
   stream  the ranks' stand-in GPU slow (RW_FAKE_CUDA_LAG_MS: their copies and kernels run late,
           in order): the inputs are copied in with no synchronization and the outputs read
           only after the phase's done, so a kernel that ran before its word or a done written
@@ -69,10 +69,12 @@ def require_rank_phases(tmp, name, nodes=None):
 
 def scenario_cuda(tmp, seed):
     """Two daemons, 2 ranks per node: every forced path and the selector with every rank on the
-    rank path, then (joint, auto) a node of rank-path ranks beside a node of host-memory ranks;
-    every rank verifies every row and sum; the rank-path nodes' daemons count their phases."""
+    rank path, then a node of rank-path ranks beside a node of host-memory ranks, then on each
+    node a rank-path rank beside a host-memory ring rank of the same group (the rank mover
+    carries the whole pair, docs/rankpath.md "Ring and page ranks in one group"); every rank
+    verifies every row and sum; the rank-path nodes' daemons count their phases."""
     runs = [(p, None) for p in ("native", "rail-only", "perm-only", "joint", "auto")]
-    runs += [("joint", [0, 1]), ("auto", [2, 3])]
+    runs += [("joint", [0, 1]), ("auto", [2, 3]), ("joint", [0, 3]), ("perm-only", [1, 2])]
     for i, (path, ranks) in enumerate(runs):
         sub = os.path.join(tmp, "cuda%d" % i)
         os.makedirs(sub)
