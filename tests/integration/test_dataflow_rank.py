@@ -215,8 +215,8 @@ def main():
             else:
                 fn(tmp, seed)
         except Exception as e:  # report and fail
-            if "skip: no rank path here" in str(e):
-                print("skip: %s" % str(e)[-200:])
+            if " rc 77: " in str(e):  # a rank found no CUDA or no rank path here
+                print("skip: %s" % str(e).split(" rc 77: ", 1)[1].splitlines()[0][-200:])
                 return 77
             print("FAIL %s: %s" % (name, e))
             return 1
