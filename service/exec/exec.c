@@ -644,17 +644,20 @@ static int mover_pick(exec_pair_t *p, rw_svc_phase_kind_t kind)
 }
 
 /* A later dispatch the pair's mover does not take (a page rank coming to ring ranks whose
- * submissions the host mover took before the page rank had its page): while the pair gathers
- * and no staging is in flight, it moves to the first mover that takes every submission so far,
- * which stages the earlier ones again. RW_OK, or RW_ERR_SUB_BUFFER with nothing changed. */
+ * submissions another mover took before the page rank had its page): while the pair gathers,
+ * it moves to the first mover that takes every submission so far. The old one is quiesced
+ * first (it waits for its copies of the ranks' inputs still in flight: a group's first phases
+ * only) and closed, its reports ignored since; the new one stages the earlier submissions again.
+ * RW_OK, or RW_ERR_SUB_BUFFER with nothing changed. */
 static rw_status_t mover_move(exec_pair_t *p, uint32_t g, char *why)
 {
 	exec_t *x = p->x;
-	const int i = p->stage == ST_GATHER_D && !p->in[RW_SVC_DISPATCH].staging ?
-		mover_pick(p, RW_SVC_DISPATCH) : -1;
+	const int i = p->stage == ST_GATHER_D ? mover_pick(p, RW_SVC_DISPATCH) : -1;
 	if (i < 0)
 		return RW_ERR_SUB_BUFFER;
+	p->mv->quiesce(p->mv_mover, p->mv_state);
 	p->mv->close(p->mv_mover, p->mv_state);
+	p->in[RW_SVC_DISPATCH].staging = 0;
 	p->mv_state = NULL;
 	p->mv = x->movers[i].ops;
 	p->mv_mover = x->movers[i].mover;
@@ -700,13 +703,13 @@ void exec_on_submit(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t g)
 		PTRACE(p, "local rank %u submitted, the %s mover does not take it", g, p->mv->name);
 		rw_status_t st = kind == RW_SVC_DISPATCH ? mover_move(p, g, why) : RW_ERR_SUB_BUFFER;
 		if (st == RW_ERR_SUB_BUFFER && (p->ph.io[kind][g].page || p->mv == &rw_svc_mover_rank))
-			return exec_pair_fail(p, st, "local rank %u submits %s: where a group's ranks on "
-					      "a node mix the ring and the page, its ring ranks give host "
-					      "buffers (no CUDA buffers, no stream order) and the group "
-					      "has slabs of its own", x->me * x->gpus + g,
-					      p->ph.io[kind][g].page ? "by its rank page beside a ring rank "
-					      "that does not" : "on its ring with buffers the rank path's "
-					      "phase does not carry");
+			return exec_pair_fail(p, st, "local rank %u submits %s beside ranks that submit "
+					      "%s: a group whose ranks on a node mix the ring and the page "
+					      "runs on slabs of its own, which this group has not (the "
+					      "daemon's group_pool_mib was spent, or group_area_mib is 0)",
+					      x->me * x->gpus + g,
+					      p->ph.io[kind][g].page ? "by its rank page" : "on its ring",
+					      p->ph.io[kind][g].page ? "on their rings" : "by their pages");
 		if (st == RW_ERR_SUB_BUFFER)
 			return exec_pair_fail(p, st, "local rank %u's buffers need another data mover "
 					      "than the phase's (%s)", x->me * x->gpus + g, p->mv->name);

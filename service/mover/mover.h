@@ -247,6 +247,12 @@ typedef struct rw_svc_mover_ops {
 
 extern const rw_svc_mover_ops_t rw_svc_mover_host;
 
+/* For movers that copy a CUDA rank's outputs from the host (service/mover/stage.c): the mark after
+ * rank g's copies completed with `st`: its flag written when *flag_io names it (stream order,
+ * rw_svc_stage_flag; then cleared), and RW_MV_OP_FINISH reported. */
+void rw_svc_stage_flushed(rw_svc_mover_done_fn done, void *ctx, uint32_t serial, uint32_t g,
+			  const rw_svc_rank_io_t **flag_io, rw_status_t st);
+
 /* For movers (service/mover/mover_slab.c), with slabs on a GPU (ph->slab_dev): the byte range of
  * `kind`'s slab for peer `peer` on `rail` in its area, sent (send 1: peer is the destination) or
  * received (peer is the source); copy d's send slabs of every rail from the shadow to the GPU;
@@ -391,29 +397,32 @@ rw_status_t rw_svc_rank_reduce_list(const rw_svc_phase_t *ph, const rw_svc_rank_
 				    uint32_t *n_p, char *why);
 /* A ring rank in a rank-path pair (service/mover/mover_mix.c; docs/rankpath.md "Ring and page
  * ranks in one group"): the daemon's CPU plays its stream under its plan block and lists, as a
- * page rank's kernels do. Pack: local rank g's records (its io's ids, weights and rows, in token
- * order, one per destination node) where its plan entries say in the slabs (next: [N] scratch).
- * Forward: its list's rows, metadata and per-expert counts (counts[E]) into its output (more rows
- * than the output holds: RW_ERR_SUB_SPACE). Gather: the returns and local copies of its list's
- * entries that hold terms (staged[h]: local rank h's staged combine rows), at its combine plan's
- * entries (acc: [hidden] scratch). Reduce: each of its tokens' sum, from +0 in the list's order,
- * into its combine output (local[r]: rail r's combine local area; rows: [G + N] scratch). */
+ * page rank's kernels do, reading its inputs where its io's tokens, ids and weights say (host
+ * memory: its own, or a staging copy of its CUDA buffers). Pack: local rank g's records, in
+ * token order, one per destination node, where its plan entries say in the slabs (next: [N]
+ * scratch). Forward: its list's rows and metadata entries to rows[j] and meta[j] (its output's
+ * layout), its per-expert counts to counts[E] (more rows than its output holds:
+ * RW_ERR_SUB_SPACE). Gather: the returns and local copies of its list's entries that hold terms
+ * (staged[h]: local rank h's staged combine rows), at its combine plan's entries (acc: [hidden]
+ * scratch). Reduce: each of its tokens' sum, from +0 in the list's order, to out (local[r]: rail
+ * r's combine local area; rows: [G + N] scratch). */
 rw_status_t rw_svc_ring_pack(const rw_svc_phase_t *ph, uint32_t g, const uint32_t *tags,
 			     const rw_page_plan_entry_t *entry, uint8_t *const *slab, uint32_t *next,
 			     char *why);
 rw_status_t rw_svc_ring_forward(const rw_svc_phase_t *ph, uint32_t g, const rw_svc_rank_lists_t *ls,
-				uint32_t *counts, char *why);
+				uint8_t *rows, uint8_t *meta, uint32_t *counts, char *why);
 rw_status_t rw_svc_ring_gather(const rw_svc_phase_t *ph, uint32_t w, const rw_svc_rank_lists_t *ls,
 			       const uint32_t *tags, const rw_page_plan_entry_t *entry,
 			       uint8_t *const *slab, const uint8_t *const *staged, float *acc,
 			       char *why);
 void rw_svc_ring_reduce(const rw_svc_phase_t *ph, uint32_t g, const rw_page_list_entry_t *list,
-			uint32_t n, const uint8_t *const *local, const void **rows);
+			uint32_t n, const uint8_t *const *local, const void **rows, uint8_t *out);
 /* The rank path's mover (service/mover/mover_page.c; docs/rankpath.md "A phase"): takes a pair
  * whose local ranks are page ranks (rw_svc_rank_io_t.page) — and, in a group with page members
- * (rw_svc_phase_t.page_members), its ring ranks with host buffers, whose streams the daemon's
- * CPU plays (rw_svc_ring_*) — and answers each operation from the page ranks' words: plan blocks
- * and `plan`, the records' check once every `packed` came, the forward lists and `arrived`;
+ * (rw_svc_phase_t.page_members), its ring ranks, whose streams the daemon's CPU plays
+ * (rw_svc_ring_*; CUDA buffers staged through pinned host memory) — and answers each operation
+ * from the page ranks' words: plan blocks and `plan`, the records' check once every `packed`
+ * came, the forward lists and `arrived`;
  * finish stays pending until each page rank's `done` (the executor takes `packed` and `done`
  * from the poller and resumes the pack or counts the finish, as for RW_MV_OP_PACKED and
  * RW_MV_OP_FINISH). It moves no payload byte of a page rank: the ranks' kernels do. */

@@ -57,20 +57,7 @@ enum { OP_FLUSH = RW_SVC_KIND_COUNT }; /* stage token ops: the kind for inputs, 
 
 static uint64_t stage_token(const host_pair_t *hp, uint32_t op, uint32_t g)
 {
-	return (uint64_t)hp->serial << 32 | (uint64_t)op << 8 | g;
-}
-
-/* Stream order (docs/cuda.md "Carried by a submission", its host mover): a CUDA rank this mover
- * carries (RAILWAVE_CUDA_MOVER=0, or no kernels) gets its flag written from the host once the
- * copies of its outputs are done; a failed write fails the rank's phase (the executor then writes
- * the flag again, and posts the error). */
-static rw_status_t flag_write(const rw_svc_rank_io_t *io)
-{
-	rw_status_t st = rw_cuda_write_u32(io->flag_dev, io->flag_dptr, io->flag_value);
-	if (st != RW_OK)
-		rw_warn("host mover: cannot write a completion flag on GPU %d: %s", io->flag_dev,
-			rw_status_str(st));
-	return st;
+	return rw_svc_stage_token(hp->serial, op, g);
 }
 
 /* A staging mark completed (the loop's ev_io on the stream's eventfd). */
@@ -83,8 +70,8 @@ static void stage_done(void *ctx, uint64_t token, rw_status_t st)
 		m->done(m->ctx, 0, RW_MV_OP_ALL, 0, st);
 		return;
 	}
-	uint32_t serial = (uint32_t)(token >> 32), op = (uint32_t)(token >> 8) & 0xffu,
-		 g = (uint32_t)token & 0xffu;
+	uint32_t serial, op, g;
+	rw_svc_stage_token_split(token, &serial, &op, &g);
 	host_pair_t *hp = m->pairs;
 	while (hp && hp->serial != serial)
 		hp = hp->next;
@@ -92,10 +79,7 @@ static void stage_done(void *ctx, uint64_t token, rw_status_t st)
 		return; /* a pair that ended meanwhile (it waited for its copies then) */
 	hp->pending--;
 	if (op == OP_FLUSH) {
-		if (st == RW_OK && hp->flag_io[g])
-			st = flag_write(hp->flag_io[g]);
-		hp->flag_io[g] = NULL;
-		m->done(m->ctx, serial, RW_MV_OP_FINISH, g, st);
+		rw_svc_stage_flushed(m->done, m->ctx, serial, g, &hp->flag_io[g], st);
 	} else if (op < RW_SVC_KIND_COUNT && hp->marks[op][g] && --hp->marks[op][g] == 0) {
 		m->done(m->ctx, serial, op == RW_SVC_DISPATCH ? RW_MV_OP_STAGE_D : RW_MV_OP_STAGE_C, g,
 			st);
@@ -654,7 +638,7 @@ static rw_status_t host_finish(void *mover, void *state, const rw_svc_phase_t *p
 						      hp->rank_out.meta[g], n * o->meta_bytes);
 		} else {
 			uint64_t n = ph->rt[g].n_tokens;
-			if (n == 0 && io->signal && (st = flag_write(io)) != RW_OK) {
+			if (n == 0 && io->signal && (st = rw_svc_stage_flag(io)) != RW_OK) {
 				snprintf(why, RW_SVC_WHY_MAX, "cannot write local rank %u's completion "
 					 "flag: %s", g, rw_status_str(st));
 				*pending_p = pending;

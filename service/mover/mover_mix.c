@@ -59,7 +59,7 @@ static const uint8_t *list_rec(const rw_svc_phase_t *ph, const rw_svc_rank_lists
 }
 
 rw_status_t rw_svc_ring_forward(const rw_svc_phase_t *ph, uint32_t g, const rw_svc_rank_lists_t *ls,
-				uint32_t *counts, char *why)
+				uint8_t *rows, uint8_t *meta, uint32_t *counts, char *why)
 {
 	const rw_svc_rank_io_t *io = &ph->io[RW_SVC_DISPATCH][g];
 	rw_svc_out_layout_t o;
@@ -83,14 +83,10 @@ rw_status_t rw_svc_ring_forward(const rw_svc_phase_t *ph, uint32_t g, const rw_s
 			ids[k] = rw_wire_rec_id(rec, k);
 			w[k] = rw_wire_rec_weight(rec, ph->topk, k);
 		}
-		rw_svc_mover_meta_put(ph, io->out.host + o.meta_off + (uint64_t)j * o.meta_bytes,
-				      h.src_node, h.src_node * ph->gpus + h.owner, h.token, ids, w, g,
-				      counts);
-		memcpy(io->out.host + o.rows_off + (uint64_t)j * ph->row_bytes, rec + row_off,
-		       ph->row_bytes);
+		rw_svc_mover_meta_put(ph, meta + (uint64_t)j * o.meta_bytes, h.src_node,
+				      h.src_node * ph->gpus + h.owner, h.token, ids, w, g, counts);
+		memcpy(rows + (uint64_t)j * ph->row_bytes, rec + row_off, ph->row_bytes);
 	}
-	if (ph->n_experts > RW_CQE_INLINE_COUNTS)
-		memcpy(io->out.host + o.counts_off, counts, 4ull * ph->n_experts);
 	return RW_OK;
 }
 
@@ -136,9 +132,8 @@ rw_status_t rw_svc_ring_gather(const rw_svc_phase_t *ph, uint32_t w, const rw_sv
 }
 
 void rw_svc_ring_reduce(const rw_svc_phase_t *ph, uint32_t g, const rw_page_list_entry_t *list,
-			uint32_t n, const uint8_t *const *local, const void **rows)
+			uint32_t n, const uint8_t *const *local, const void **rows, uint8_t *out)
 {
-	const rw_svc_rank_io_t *io = &ph->io[RW_SVC_COMBINE][g];
 	const uint32_t n_tokens = ph->io[RW_SVC_DISPATCH][g].n_tokens;
 	uint32_t i = 0;
 	for (uint32_t t = 0; t < n_tokens; t++) {
@@ -149,7 +144,6 @@ void rw_svc_ring_reduce(const rw_svc_phase_t *ph, uint32_t g, const rw_page_list
 				ph->recv_area[RW_SVC_COMBINE][e->rail] : local[e->rail];
 			rows[cnt++] = area + (uint64_t)e->slot * ph->crec_size + RW_WIRE_CREC_HDR;
 		}
-		rw_svc_rows_reduce(io->out.host + (uint64_t)t * ph->row_bytes, ph->dtype, rows, cnt,
-				   ph->hidden);
+		rw_svc_rows_reduce(out + (uint64_t)t * ph->row_bytes, ph->dtype, rows, cnt, ph->hidden);
 	}
 }

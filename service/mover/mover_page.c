@@ -13,12 +13,17 @@
  * same plan block and lists, kept here, and the daemon's CPU plays its stream at once where a
  * page rank's kernels would run (mover_mix.c): its count at count, its records packed at plan,
  * its rows forwarded at finish; its combine rows staged at its submit, its gather at the combine's
- * plan, its reduce at finish. It has no words: nothing waits for its packed or done. */
+ * plan, its reduce at finish. It has no words: nothing waits for its packed or done. A ring
+ * rank's CUDA buffers are staged through its pinned host memory by asynchronous copies
+ * (service/mover/stage.c), as the host mover stages them: its inputs before it counts or its
+ * rows are staged, its outputs after they are written; those copies' completions come back
+ * through the loop as this mover's reports. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/rw_cuda.h"
 #include "service/mover/mover.h"
 #include "service/phase/phase.h"
 
@@ -32,9 +37,14 @@ typedef struct page_rank {
 	rw_page_plan_entry_t *entries; /* [N*R] */
 } page_rank_t;
 
+typedef struct page_mover page_mover_t;
+
 typedef struct page_pair {
 	rw_svc_mover_done_fn done;
 	void *ctx;
+	page_mover_t *m;
+	struct page_pair *older;       /* m->pairs: open pairs, for the stage's reports */
+	const rw_svc_phase_t *ph;      /* the executor's, for as long as the pair is open */
 	page_rank_t rk[RW_MAX_GPUS];
 	int checked;                   /* every rank's records passed the check */
 	rw_svc_rank_lists_t lists;     /* the dispatch's forward lists and terms */
@@ -56,47 +66,66 @@ typedef struct page_pair {
 	uint32_t *next;                /* [N] */
 	float *acc;                    /* [hidden] */
 	const void **rows;             /* [G + N] */
+	/* CUDA ring ranks' copies: marks not done per kind (inputs) and rank, all marks not done
+	 * (outputs too), each rank's flag to write once its outputs are copied (stream order), and
+	 * the node's row when count() waits for the ids' copies. */
+	uint32_t marks[RW_SVC_KIND_COUNT][RW_MAX_GPUS];
+	uint32_t pending;
+	const rw_svc_rank_io_t *flag_io[RW_MAX_GPUS];
+	uint32_t *count_row;
 } page_pair_t;
 
-typedef struct page_mover {
+struct page_mover {
 	rw_svc_mover_done_fn done;
 	void *ctx;
-} page_mover_t;
+	rw_svc_stage_t *stage;
+	page_pair_t *pairs;
+};
+
+enum { OP_FLUSH = RW_SVC_KIND_COUNT }; /* stage token ops: the kind for inputs, OP_FLUSH outputs */
+
+static void stage_done(void *ctx, uint64_t token, rw_status_t st);
 
 static rw_status_t pm_create(struct ev_loop *loop, rw_svc_mover_done_fn done, void *ctx,
 			     void **mover_p)
 {
-	(void)loop;
 	page_mover_t *m = calloc(1, sizeof(*m));
 	if (!m)
 		return RW_ERR_NOMEM;
 	m->done = done;
 	m->ctx = ctx;
+	rw_status_t st = rw_svc_stage_create(loop, stage_done, m, &m->stage);
+	if (st != RW_OK) {
+		free(m);
+		return st;
+	}
 	*mover_p = m;
 	return RW_OK;
 }
 
-static void pm_destroy(void *mover) { free(mover); }
-
-/* A ring submission whose stream the daemon's CPU can play: host memory only, no stream order
- * (the host mover stages CUDA buffers; a phase with page ranks does not yet). */
-static int ring_host(const rw_svc_rank_io_t *io, rw_svc_phase_kind_t kind)
+static void pm_destroy(void *mover)
 {
-	for (int i = 0; i < (kind == RW_SVC_DISPATCH ? 3 : 1); i++)
-		if (io->in[i].dev >= 0)
-			return 0;
-	return io->out.dev < 0 && !io->wait_ev && !io->signal;
+	page_mover_t *m = mover;
+	rw_svc_stage_destroy(m->stage); /* waits for every copy */
+	free(m);
 }
 
+/* A ring rank beside page ranks: the daemon's CPU plays its stream, whatever its buffers. */
 static int pm_accepts(void *mover, const rw_svc_phase_t *ph, rw_svc_phase_kind_t kind, uint32_t g)
 {
 	(void)mover;
-	const rw_svc_rank_io_t *io = &ph->io[kind][g];
-	return io->page != NULL || (ph->page_members && ring_host(io, kind));
+	return ph->io[kind][g].page != NULL || ph->page_members != 0;
 }
 
 static void pair_free(page_pair_t *pp, uint32_t gpus)
 {
+	if (pp->m) { /* off the mover's list: no report reaches it any more */
+		page_pair_t **at = &pp->m->pairs;
+		while (*at && *at != pp)
+			at = &(*at)->older;
+		if (*at)
+			*at = pp->older;
+	}
 	for (uint32_t g = 0; g < gpus; g++) {
 		free(pp->rk[g].tags);
 		free(pp->rk[g].entries);
@@ -122,6 +151,7 @@ static rw_status_t pm_open(void *mover, const rw_svc_phase_t *ph, void **state_p
 		return RW_ERR_NOMEM;
 	pp->done = m->done;
 	pp->ctx = m->ctx;
+	pp->ph = ph;
 	pp->next = calloc(ph->nodes, sizeof(uint32_t));
 	pp->acc = calloc(ph->hidden + 1, sizeof(float));
 	pp->rows = calloc((size_t)ph->gpus + ph->nodes, sizeof(void *));
@@ -137,6 +167,9 @@ static rw_status_t pm_open(void *mover, const rw_svc_phase_t *ph, void **state_p
 			return RW_ERR_NOMEM;
 		}
 	}
+	pp->m = m;
+	pp->older = m->pairs;
+	m->pairs = pp;
 	*state_p = pp;
 	return RW_OK;
 }
@@ -149,21 +182,76 @@ static uint8_t *staged_at(const page_pair_t *pp, const rw_svc_phase_t *ph, uint3
 	return ph->slab[0] + pp->stage_off + h * pp->stage_stride;
 }
 
-/* A ring rank's inputs as its stream would have them: its dispatch's ids copied once (the pack
- * and the count read this copy, never the rank's memory, which it may rewrite after submitting:
- * what the peers were counted is what is sent), its rows and weights in place, its count row
- * to come; its combine rows staged beside the page ranks' (P1 holds: the daemon wrote them). */
+static uint64_t stage_token(const page_pair_t *pp, uint32_t op, uint32_t g)
+{
+	return rw_svc_stage_token(pp->ph->serial, op, g);
+}
+
+/* Ring rank g's `kind` inputs (len[i] bytes of in[i]) readable at at[i]: host memory as it is,
+ * CUDA memory copied into its pinned staging, one mark per device; pp->marks[kind][g] counts
+ * the marks still to come. */
+static rw_status_t ring_fetch(page_pair_t *pp, const rw_svc_phase_t *ph, rw_svc_phase_kind_t kind,
+			      uint32_t g, const uint64_t *len, unsigned n_in, const uint8_t **at,
+			      char *why)
+{
+	const rw_svc_rank_io_t *io = &ph->io[kind][g];
+	uint64_t need = 0, off = 0, devs = 0;
+	for (unsigned i = 0; i < n_in; i++)
+		need += io->in[i].dev >= 0 ? LINE_UP(len[i]) : 0;
+	rw_status_t st = need ? rw_svc_pinned_reserve(ph->stage_in[g], need) : RW_OK;
+	for (unsigned i = 0; i < n_in && st == RW_OK; i++) {
+		at[i] = io->in[i].host;
+		if (io->in[i].dev < 0)
+			continue;
+		if (io->in[i].dev >= 64) {
+			st = RW_ERR_INVAL;
+			break;
+		}
+		uint8_t *dst = (uint8_t *)ph->stage_in[g]->ptr + off;
+		st = rw_svc_stage_d2h(pp->m->stage, io->in[i].dev, dst, io->in[i].dptr, len[i]);
+		at[i] = dst;
+		off += LINE_UP(len[i]);
+		devs |= 1ull << io->in[i].dev;
+	}
+	for (int d = 0; d < 64 && st == RW_OK; d++)
+		if ((devs >> d & 1) &&
+		    (st = rw_svc_stage_mark(pp->m->stage, d, stage_token(pp, kind, g))) == RW_OK) {
+			pp->marks[kind][g]++;
+			pp->pending++;
+		}
+	if (st != RW_OK) {
+		snprintf(why, RW_SVC_WHY_MAX, "cannot copy local rank %u's CUDA %s to the host: %s",
+			 ph->me * ph->gpus + g, kind == RW_SVC_COMBINE ? "combine rows" : "inputs",
+			 rw_status_str(st));
+		return RW_ERR_DEVICE;
+	}
+	return RW_OK;
+}
+
+/* A ring rank's inputs as its stream would have them, once its event passed (stream order: this
+ * blocks the loop, as the host mover does) and its CUDA buffers are copied: its dispatch's ids
+ * read once (the pack and the count read the daemon's copy, never the rank's memory, which it
+ * may rewrite after submitting: what the peers were counted is what is sent), its rows and
+ * weights, its count row to come; its combine rows, to be staged beside the page ranks'.
+ * *pending_p: the copies' reports follow. */
 static rw_status_t ring_stage(page_pair_t *pp, rw_svc_phase_t *ph, rw_svc_phase_kind_t kind,
-			      uint32_t g, char *why)
+			      uint32_t g, int *pending_p, char *why)
 {
 	rw_svc_rank_io_t *io = &ph->io[kind][g];
-	if (kind == RW_SVC_COMBINE) {
-		const uint32_t rows = pp->lists.list[g] ? pp->lists.n[g] : 0;
-		if (rows)
-			memcpy(staged_at(pp, ph, g), io->in[0].host, rows * ph->row_bytes);
-		return RW_OK;
+	const uint8_t *at[3];
+	if (io->wait_ev && rw_cuda_event_sync(io->wait_ev) != RW_OK) {
+		snprintf(why, RW_SVC_WHY_MAX, "cannot wait for local rank %u's event",
+			 ph->me * ph->gpus + g);
+		return RW_ERR_DEVICE;
 	}
-	const size_t n_ids = (size_t)io->n_tokens * ph->topk;
+	if (kind == RW_SVC_COMBINE) {
+		const uint64_t len = (uint64_t)(pp->lists.list[g] ? pp->lists.n[g] : 0) * ph->row_bytes;
+		rw_status_t st = ring_fetch(pp, ph, kind, g, &len, 1, at, why);
+		io->tokens = at[0];
+		*pending_p = pp->marks[kind][g] != 0;
+		return st;
+	}
+	const uint64_t n = io->n_tokens, n_ids = n * ph->topk;
 	pp->ring_ids[g] = malloc(n_ids * sizeof(int32_t) + 1);
 	pp->ring_row[g] = calloc((size_t)ph->nodes * ph->rails, sizeof(uint32_t));
 	pp->ring_counts[g] = calloc(ph->n_experts + 1, sizeof(uint32_t));
@@ -172,17 +260,35 @@ static rw_status_t ring_stage(page_pair_t *pp, rw_svc_phase_t *ph, rw_svc_phase_
 			 ph->me * ph->gpus + g);
 		return RW_ERR_NOMEM;
 	}
-	if (n_ids)
-		memcpy(pp->ring_ids[g], io->in[1].host, n_ids * sizeof(int32_t));
-	io->tokens = io->in[0].host;
-	io->ids = pp->ring_ids[g];
-	io->weights = (const float *)(const void *)io->in[2].host;
+	const uint64_t len[3] = { n * ph->row_bytes, n_ids * 4, n_ids * 4 };
+	rw_status_t st = ring_fetch(pp, ph, kind, g, len, 3, at, why);
+	if (st != RW_OK)
+		return st;
+	if (io->in[1].dev < 0 && n_ids) /* a CUDA span's copy is the daemon's already */
+		memcpy(pp->ring_ids[g], at[1], n_ids * sizeof(int32_t));
+	io->tokens = at[0];
+	io->ids = io->in[1].dev < 0 ? pp->ring_ids[g] : (const int32_t *)(const void *)at[1];
+	io->weights = (const float *)(const void *)at[2];
 	io->page_row = pp->ring_row[g]; /* counted at count */
+	*pending_p = pp->marks[kind][g] != 0;
 	return RW_OK;
 }
 
-/* A page rank's inputs are in its GPU's memory, which the daemon never reads. Once every local
- * rank's combine submit came (their inputs are staged: P1), the combine's plans go out (P2). */
+/* Local rank g's combine input is staged (a ring rank's rows copied into its staging area, P1
+ * holding: the daemon wrote them): once every local rank's is, the combine's plans go out (P2). */
+static rw_status_t combine_staged(page_pair_t *pp, const rw_svc_phase_t *ph, uint32_t g,
+				  char *why)
+{
+	const rw_svc_rank_io_t *io = &ph->io[RW_SVC_COMBINE][g];
+	if (!io->page && pp->lists.list[g] && pp->lists.n[g])
+		memcpy(staged_at(pp, ph, g), io->tokens, pp->lists.n[g] * ph->row_bytes);
+	pp->c_staged |= 1u << g;
+	if (pp->c_staged != (uint32_t)((1ull << ph->gpus) - 1) || pp->c_planned)
+		return RW_OK;
+	return combine_plan(pp, ph, why);
+}
+
+/* A page rank's inputs are in its GPU's memory, which the daemon never reads. */
 static rw_status_t pm_stage(void *mover, void *state, rw_svc_phase_t *ph, rw_svc_phase_kind_t kind,
 			    uint32_t g, int *pending_p, char *why)
 {
@@ -190,28 +296,29 @@ static rw_status_t pm_stage(void *mover, void *state, rw_svc_phase_t *ph, rw_svc
 	page_pair_t *pp = state;
 	*pending_p = 0;
 	if (!ph->io[kind][g].page) {
-		rw_status_t st = ring_stage(pp, ph, kind, g, why);
-		if (st != RW_OK)
-			return st;
+		rw_status_t st = ring_stage(pp, ph, kind, g, pending_p, why);
+		if (st != RW_OK || *pending_p)
+			return st; /* a combine's rows are staged when the copies' report comes */
 	}
-	if (kind != RW_SVC_COMBINE)
-		return RW_OK;
-	pp->c_staged |= 1u << g;
-	if (pp->c_staged != (uint32_t)((1ull << ph->gpus) - 1) || pp->c_planned)
-		return RW_OK;
-	return combine_plan(pp, ph, why);
+	return kind == RW_SVC_COMBINE ? combine_staged(pp, ph, g, why) : RW_OK;
+}
+
+/* Whether a ring rank's dispatch inputs are still being copied. */
+static int ring_fetching(const page_pair_t *pp)
+{
+	for (uint32_t g = 0; g < RW_MAX_GPUS; g++)
+		if (pp->marks[RW_SVC_DISPATCH][g])
+			return 1;
+	return 0;
 }
 
 /* The node's row: every rank's count row (each counts at its native rail only); a ring rank's
- * counted here from its ids, as its count kernel would (a bad id fails the pair, the rank
- * named). */
-static rw_status_t pm_count(void *mover, void *state, const rw_svc_phase_t *ph, uint32_t *row,
-			    int *pending_p, uint32_t *bad_p, char *why)
+ * counted here from its ids, as its count kernel would (a bad id fails the pair, *bad_p the
+ * rank). */
+static rw_status_t count_row(page_pair_t *pp, const rw_svc_phase_t *ph, uint32_t *row,
+			     uint32_t *bad_p)
 {
-	(void)mover, (void)why;
-	page_pair_t *pp = state;
 	const size_t nr = (size_t)ph->nodes * ph->rails;
-	*pending_p = 0;
 	for (uint32_t g = 0; g < ph->gpus; g++) {
 		const rw_svc_rank_io_t *io = &ph->io[RW_SVC_DISPATCH][g];
 		if (io->page)
@@ -229,6 +336,68 @@ static rw_status_t pm_count(void *mover, void *state, const rw_svc_phase_t *ph, 
 		for (size_t i = 0; i < nr; i++)
 			row[i] += ph->io[RW_SVC_DISPATCH][g].page_row[i];
 	return RW_OK;
+}
+
+/* The node's row now, or (a ring rank's ids still being copied) once they are: COUNTED. */
+static rw_status_t pm_count(void *mover, void *state, const rw_svc_phase_t *ph, uint32_t *row,
+			    int *pending_p, uint32_t *bad_p, char *why)
+{
+	(void)mover, (void)why;
+	page_pair_t *pp = state;
+	*pending_p = ring_fetching(pp);
+	if (*pending_p) {
+		pp->count_row = row;
+		return RW_OK;
+	}
+	return count_row(pp, ph, row, bad_p);
+}
+
+static page_pair_t *pair_of(const page_mover_t *m, uint32_t serial)
+{
+	page_pair_t *pp = m->pairs;
+	while (pp && pp->ph->serial != serial)
+		pp = pp->older;
+	return pp;
+}
+
+/* A copy of a ring rank's CUDA buffers completed (the loop's ev_io on the stream's eventfd):
+ * its inputs are readable (a combine's rows go to its staging area, and the combine may plan),
+ * or its outputs are in its memory (its flag written, stream order); a count that waited for the
+ * ids' copies is made once the last is in. */
+static void stage_done(void *ctx, uint64_t token, rw_status_t st)
+{
+	page_mover_t *m = ctx;
+	if (token == RW_SVC_STAGE_ALL) { /* a stream faulted: every pending copy failed */
+		for (page_pair_t *pp = m->pairs; pp; pp = pp->older) {
+			pp->pending = 0;
+			memset(pp->marks, 0, sizeof(pp->marks));
+		}
+		m->done(m->ctx, 0, RW_MV_OP_ALL, 0, st);
+		return;
+	}
+	uint32_t serial, op, g;
+	rw_svc_stage_token_split(token, &serial, &op, &g);
+	page_pair_t *pp = pair_of(m, serial);
+	if (!pp || g >= RW_MAX_GPUS || !pp->pending)
+		return; /* a pair that ended meanwhile (it waited for its copies then) */
+	pp->pending--;
+	if (op == OP_FLUSH) { /* its outputs are in its memory */
+		rw_svc_stage_flushed(m->done, m->ctx, serial, g, &pp->flag_io[g], st);
+		return;
+	}
+	if (op >= RW_SVC_KIND_COUNT || !pp->marks[op][g] || --pp->marks[op][g])
+		return;
+	char why[RW_SVC_WHY_MAX] = "";
+	if (st == RW_OK && op == RW_SVC_COMBINE && (st = combine_staged(pp, pp->ph, g, why)) != RW_OK)
+		rw_warn("rank path: %s", why);
+	m->done(m->ctx, serial, op == RW_SVC_DISPATCH ? RW_MV_OP_STAGE_D : RW_MV_OP_STAGE_C, g, st);
+	pp = pair_of(m, serial); /* the report may have ended the pair */
+	if (op != RW_SVC_DISPATCH || st != RW_OK || !pp || !pp->count_row || ring_fetching(pp))
+		return;
+	uint32_t *row = pp->count_row, bad = 0;
+	pp->count_row = NULL;
+	st = count_row(pp, pp->ph, row, &bad);
+	m->done(m->ctx, serial, RW_MV_OP_COUNTED, st == RW_ERR_SUB_TOKENS ? bad : 0, st);
 }
 
 static uint8_t *slot_of(const rw_svc_rank_io_t *io)
@@ -469,22 +638,88 @@ static uint32_t page_ranks(const rw_svc_phase_t *ph, rw_svc_phase_kind_t kind)
 	return n;
 }
 
+/* A ring rank's outputs as its forward or reduce kernel would write them: into its host memory,
+ * or, for CUDA memory, assembled in its pinned staging (the dispatch's compactly: counts, rows,
+ * metadata) and copied out, a FINISH following the copies (its flag written then: stream
+ * order). *pending_p: 1 when a FINISH follows. */
+static rw_status_t ring_out(page_pair_t *pp, const rw_svc_phase_t *ph, rw_svc_phase_kind_t kind,
+			    uint32_t g, uint32_t *pending_p, char *why)
+{
+	const rw_svc_rank_io_t *io = &ph->io[kind][g];
+	const int dev = io->out.dev;
+	uint8_t *out = io->out.host;
+	rw_status_t st = RW_OK;
+	if (kind == RW_SVC_COMBINE) {
+		const uint64_t bytes = (uint64_t)ph->io[RW_SVC_DISPATCH][g].n_tokens * ph->row_bytes;
+		if (dev >= 0 && (st = rw_svc_pinned_reserve(ph->stage_out[g], bytes)) == RW_OK)
+			out = ph->stage_out[g]->ptr;
+		const uint8_t *local[RW_MAX_RAILS] = { 0 };
+		for (uint32_t r = 0; r < ph->rails; r++)
+			local[r] = ph->slab[r] + pp->comb_local_off[r];
+		if (st == RW_OK)
+			rw_svc_ring_reduce(ph, g, pp->reduce[g], pp->n_reduce[g], local, pp->rows, out);
+		if (st == RW_OK && dev >= 0)
+			st = rw_svc_stage_h2d(pp->m->stage, dev, io->out.dptr, out, bytes);
+	} else {
+		rw_svc_out_layout_t o;
+		rw_svc_out_layout(io->out_cap, ph->n_experts, ph->topk, ph->row_bytes,
+				  RW_CQE_INLINE_COUNTS, &o);
+		const uint64_t n = pp->lists.n[g];
+		const uint64_t counts = ph->n_experts > RW_CQE_INLINE_COUNTS ? 4ull * ph->n_experts : 0;
+		uint64_t rows_at = o.rows_off, meta_at = o.meta_off; /* in out: the output's layout */
+		if (dev >= 0) { /* compact: n rows where the output holds rows_cap */
+			rows_at = LINE_UP(counts);
+			meta_at = rows_at + n * ph->row_bytes;
+			st = rw_svc_pinned_reserve(ph->stage_out[g], meta_at + n * o.meta_bytes);
+			out = ph->stage_out[g]->ptr;
+		}
+		if (st == RW_OK) {
+			rw_status_t fst = rw_svc_ring_forward(ph, g, &pp->lists, out + rows_at,
+							      out + meta_at, pp->ring_counts[g], why);
+			if (fst != RW_OK)
+				return fst;
+			memcpy(out + o.counts_off, pp->ring_counts[g], counts);
+		}
+		if (st == RW_OK && dev >= 0)
+			st = rw_svc_stage_h2d(pp->m->stage, dev, io->out.dptr + o.counts_off, out, counts);
+		if (st == RW_OK && dev >= 0)
+			st = rw_svc_stage_h2d(pp->m->stage, dev, io->out.dptr + o.rows_off, out + rows_at,
+					      n * ph->row_bytes);
+		if (st == RW_OK && dev >= 0)
+			st = rw_svc_stage_h2d(pp->m->stage, dev, io->out.dptr + o.meta_off, out + meta_at,
+					      n * o.meta_bytes);
+	}
+	if (st == RW_OK && dev >= 0)
+		st = rw_svc_stage_mark(pp->m->stage, dev, stage_token(pp, OP_FLUSH, g));
+	if (st != RW_OK) {
+		snprintf(why, RW_SVC_WHY_MAX, "cannot copy results into local rank %u's CUDA memory: "
+			 "%s", ph->me * ph->gpus + g, rw_status_str(st));
+		return RW_ERR_DEVICE;
+	}
+	if (dev >= 0) {
+		pp->flag_io[g] = io->signal ? io : NULL;
+		pp->pending++;
+		(*pending_p)++;
+	}
+	return RW_OK;
+}
+
 /* Every record is here and checked: each rank's forward list into its slot, then arrived = k
  * (P4); a FINISH per page rank follows its done (the executor's page words). A ring rank's
- * outputs are written now. */
+ * outputs are written now (ring_out). */
 static rw_status_t pm_finish(void *mover, void *state, const rw_svc_phase_t *ph,
 			     rw_svc_phase_kind_t kind, uint32_t *pending_p, char *why)
 {
 	(void)mover;
 	page_pair_t *pp = state;
+	*pending_p = page_ranks(ph, kind);
 	if (kind == RW_SVC_COMBINE) { /* each owner's reduce list, then arrived = k (P4) */
-		const uint8_t *local[RW_MAX_RAILS];
-		for (uint32_t r = 0; r < ph->rails; r++)
-			local[r] = ph->slab[r] + pp->comb_local_off[r];
 		for (uint32_t g = 0; g < ph->gpus; g++) {
 			const rw_svc_rank_io_t *io = &ph->io[kind][g];
 			if (!io->page) {
-				rw_svc_ring_reduce(ph, g, pp->reduce[g], pp->n_reduce[g], local, pp->rows);
+				rw_status_t st = ring_out(pp, ph, kind, g, pending_p, why);
+				if (st != RW_OK)
+					return st;
 				continue;
 			}
 			uint8_t *slot = slot_of(io);
@@ -497,7 +732,6 @@ static rw_status_t pm_finish(void *mover, void *state, const rw_svc_phase_t *ph,
 			atomic_store_explicit(&io->page->word[RW_PW_ARRIVED].v, io->page_k,
 					      memory_order_release);
 		}
-		*pending_p = page_ranks(ph, kind);
 		return RW_OK;
 	}
 	rw_status_t st = lists_alloc(pp, ph);
@@ -511,7 +745,7 @@ static rw_status_t pm_finish(void *mover, void *state, const rw_svc_phase_t *ph,
 	for (uint32_t g = 0; g < ph->gpus; g++) {
 		const rw_svc_rank_io_t *io = &ph->io[kind][g];
 		if (!io->page) {
-			if ((st = rw_svc_ring_forward(ph, g, ls, pp->ring_counts[g], why)) != RW_OK)
+			if ((st = ring_out(pp, ph, kind, g, pending_p, why)) != RW_OK)
 				return st;
 			continue;
 		}
@@ -524,7 +758,6 @@ static rw_status_t pm_finish(void *mover, void *state, const rw_svc_phase_t *ph,
 		atomic_store_explicit(&io->page->word[RW_PW_ARRIVED].v, io->page_k,
 				      memory_order_release);
 	}
-	*pending_p = page_ranks(ph, kind);
 	return RW_OK;
 }
 
@@ -599,11 +832,22 @@ static void pm_result(void *state, uint32_t g, uint32_t *recv_rows_p, const uint
 	*counts_p = pp->ring_counts[g];
 }
 
-static void pm_quiesce(void *mover, void *state) { (void)mover, (void)state; }
+/* The page ranks' kernels are theirs to stop (the executor owes their words); a ring rank's
+ * copies still queued are waited for, so nothing touches its memory once it has its error. */
+static void pm_quiesce(void *mover, void *state)
+{
+	page_mover_t *m = mover;
+	page_pair_t *pp = state;
+	if (!pp->pending)
+		return;
+	rw_svc_stage_sync(m->stage);
+	pp->pending = 0;
+	memset(pp->marks, 0, sizeof(pp->marks));
+}
 
 static void pm_close(void *mover, void *state)
 {
-	(void)mover;
+	pm_quiesce(mover, state);
 	pair_free(state, RW_MAX_GPUS);
 }
 

@@ -7,6 +7,7 @@
 #include <ev.h>
 
 #include "cuda/rw_cuda.h"
+#include "service/mover/mover.h"
 #include "service/mover/stage.h"
 
 #define STAGE_MAX_DEVICES 64
@@ -169,4 +170,22 @@ void rw_svc_pinned_free(rw_svc_pinned_t *b)
 		rw_cuda_host_free(b->ptr);
 	b->ptr = NULL;
 	b->size = 0;
+}
+
+void rw_svc_stage_flushed(rw_svc_mover_done_fn done, void *ctx, uint32_t serial, uint32_t g,
+			  const rw_svc_rank_io_t **flag_io, rw_status_t st)
+{
+	if (st == RW_OK && *flag_io)
+		st = rw_svc_stage_flag(*flag_io);
+	*flag_io = NULL;
+	done(ctx, serial, RW_MV_OP_FINISH, g, st);
+}
+
+rw_status_t rw_svc_stage_flag(const struct rw_svc_rank_io *io)
+{
+	rw_status_t st = rw_cuda_write_u32(io->flag_dev, io->flag_dptr, io->flag_value);
+	if (st != RW_OK)
+		rw_warn("cannot write a completion flag on GPU %d: %s", io->flag_dev,
+			rw_status_str(st));
+	return st;
 }

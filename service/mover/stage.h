@@ -29,6 +29,25 @@ rw_status_t rw_svc_stage_h2d(rw_svc_stage_t *stage, int device, uint64_t dst, co
 			     size_t n);
 /* done(token) follows once everything enqueued on `device` before it has finished. */
 rw_status_t rw_svc_stage_mark(rw_svc_stage_t *stage, int device, uint64_t token);
+/* A mover's mark token: its pair's serial, an op of its own (< 256) and a local rank; split back
+ * when the mark's done() comes. */
+static inline uint64_t rw_svc_stage_token(uint32_t serial, uint32_t op, uint32_t g)
+{
+	return (uint64_t)serial << 32 | (uint64_t)(op & 0xffu) << 8 | (g & 0xffu);
+}
+static inline void rw_svc_stage_token_split(uint64_t token, uint32_t *serial_p, uint32_t *op_p,
+					    uint32_t *g_p)
+{
+	*serial_p = (uint32_t)(token >> 32);
+	*op_p = (uint32_t)(token >> 8) & 0xffu;
+	*g_p = (uint32_t)token & 0xffu;
+}
+/* Stream order (ipc/railwave.h, docs/cuda.md "Carried by a submission"): a rank's flag value
+ * written into its 32-bit flag word (rw_svc_rank_io_t: flag_dev, flag_dptr, flag_value) once a
+ * mover that copies its outputs from the host saw them complete; a failure is logged and fails
+ * the rank's phase (the executor then writes the flag again and posts the error). */
+struct rw_svc_rank_io;
+rw_status_t rw_svc_stage_flag(const struct rw_svc_rank_io *io);
 /* Block until every stream with pending marks is idle: failure paths only (a failed phase must
  * not write into a rank's memory after the rank got its error). The marks are still delivered
  * by the loop afterwards. */

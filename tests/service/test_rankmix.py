@@ -24,6 +24,10 @@ so the sums have the same bits whatever kind of rank each term came from.
    daemon's log naming the rank that left; a new mixed group's phases pass after each failure.
 4. Three daemons, two ranks a node, page (CPU and lib) and ring ranks on every node: 2 layers x
    3 steps, every rank verified.
+5. Ring ranks with CUDA buffers (rw_rank --cuda on the IPC stand-in, one stream-ordered) beside
+   a CPU-played and a lib page rank: the daemons copy their inputs to pinned host memory and
+   their outputs back (and write the stream-ordered rank's flag); every rank verified, also with
+   the ring ranks first (each node's pair moved from the host mover to the rank mover).
 Run by tests/run as $b/test/svc_rankmix; exits 0 pass, 1 fail, 77 skip."""
 import os
 import shutil
@@ -38,6 +42,8 @@ import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
 
 PAGERANK = os.path.join(B, "tests", "integration", "rw_pagerank")
 FAKE_KERN = os.path.join(B, "tests", "integration", "libfakecuda_kern.so")
+# the CUDA stand-in whose IPC works across processes: CUDA ring ranks' buffers, the daemons' copies
+FAKE_IPC = os.path.join(B, "tests", "integration", "libfakecuda_ipc.so")
 check = cluster.Checks()
 
 
@@ -45,7 +51,7 @@ class Mixed:
     """One group of a cluster whose ranks are page ranks (`page`: rank -> rw_pagerank mode) and
     ring ranks (`ring`: rank -> rw_rank mode), started together."""
 
-    def __init__(self, c, group, layers, steps, page, ring, seed=5, go=None):
+    def __init__(self, c, group, layers, steps, page, ring, seed=5, go=None, ring_flags=None):
         self.c = c
         env = dict(c.env, RW_CUDA_DRIVER=FAKE_KERN)
         if go:  # the page ranks join, then wait for the file before they take their pages
@@ -55,7 +61,8 @@ class Mixed:
              str(c.gpus), str(c.experts), str(layers), str(steps), str(seed), mode],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env) for r, mode in page.items()}
         self.ring = {r: c.rank(r, group, layers, steps, seed, mode=mode,
-                               flags=("--paths",) if mode == "ok" else ())
+                               flags=(["--paths"] if mode == "ok" else []) +
+                               (ring_flags or {}).get(r, []))
                      for r, mode in ring.items()}
 
     def outputs(self):
@@ -67,13 +74,13 @@ def kinds(c, page_ranks):
     return {r: "page" if r in page_ranks else "ring" for r in range(c.nodes * c.gpus)}
 
 
-def run_ok(c, group, page_ranks, page_mode="ok", lib_ranks=(), go=None):
+def run_ok(c, group, page_ranks, page_mode="ok", lib_ranks=(), go=None, ring_flags=None):
     """A mixed group's 2 layers x 3 steps; every rank must verify each. go: the page ranks take
     their pages once the ring ranks' first dispatch opened each node's pair."""
     k = kinds(c, page_ranks)
     m = Mixed(c, group, 2, 3, {r: "lib" if r in lib_ranks else page_mode
                                for r in k if k[r] == "page"},
-              {r: "ok" for r in k if k[r] == "ring"}, go=go)
+              {r: "ok" for r in k if k[r] == "ring"}, go=go, ring_flags=ring_flags)
     if go:
         deadline = time.time() + cluster.WAIT
         while time.time() < deadline and not all(
@@ -158,6 +165,27 @@ def main():
         run_ok(c, "three", (0, 3, 4), lib_ranks=(3, 4))
         c.stop()
         check(True, "the three daemons exited 0")
+
+        # 5: ring ranks with CUDA buffers (the IPC stand-in), one of them stream-ordered
+        if os.path.exists(FAKE_IPC):
+            os.mkdir(os.path.join(tmp, "cuda"))
+            c = cluster.Cluster(os.path.join(tmp, "cuda"), 2, gpus=2, rails=2, cuda_ranks=FAKE_IPC,
+                                extra={"group_area_mib": 1, "group_pool_mib": 10,
+                                       "log_level": "debug"})
+            c.start_all()
+            for group, go in (("cudalate", os.path.join(tmp, "cuda.go")), ("cuda", None)):
+                res = run_ok(c, group, (0, 3), lib_ranks=(3,), go=go,
+                             ring_flags={2: ["--stream-ordered"]})
+                check(all("(CUDA buffers)" in res[r][1] for r in (1, 2)),
+                      "%s: the ring ranks ran with CUDA buffers: %s"
+                      % (group, [res[r][1][-120:] for r in (1, 2)]))
+            check(all("moved to the rank path mover" in c.log(n) for n in range(c.nodes)),
+                  "cudalate: each node's pair, opened by a CUDA ring rank on the host mover, "
+                  "moved to the rank path's mover")
+            c.stop()
+            check(True, "both daemons exited 0")
+        else:
+            print("skip CUDA ring ranks: no %s" % FAKE_IPC)
     except RuntimeError as e:
         check(False, str(e))
     finally:
