@@ -23,11 +23,13 @@ so the sums have the same bits whatever kind of rank each term came from.
    fails on every page rank (their streams run through) and on every other ring rank, the
    daemon's log naming the rank that left; a new mixed group's phases pass after each failure.
 4. Three daemons, two ranks a node, page (CPU and lib) and ring ranks on every node: 2 layers x
-   3 steps, every rank verified.
+   3 steps, every rank verified; 48 experts, so a ring rank's per-expert counts go to the head
+   of its output (more than a completion carries).
 5. Ring ranks with CUDA buffers (rw_rank --cuda on the IPC stand-in, one stream-ordered) beside
-   a CPU-played and a lib page rank: the daemons copy their inputs to pinned host memory and
-   their outputs back (and write the stream-ordered rank's flag); every rank verified, also with
-   the ring ranks first (each node's pair moved from the host mover to the rank mover).
+   a CPU-played and a lib page rank, 64 experts: the daemons copy their inputs to pinned host
+   memory and their outputs back, per-expert counts included (and write the stream-ordered
+   rank's flag); every rank verified, also with the ring ranks first (each node's pair moved
+   from the host mover to the rank mover).
 Run by tests/run as $b/test/svc_rankmix; exits 0 pass, 1 fail, 77 skip."""
 import os
 import shutil
@@ -168,7 +170,7 @@ def main():
 
         # 4: three daemons, two ranks a node: CPU-played and lib page ranks beside ring ranks
         os.mkdir(os.path.join(tmp, "three"))
-        c = cluster.Cluster(os.path.join(tmp, "three"), 3, gpus=2, rails=2,
+        c = cluster.Cluster(os.path.join(tmp, "three"), 3, gpus=2, rails=2, experts=48,
                             extra={"group_area_mib": 1, "group_pool_mib": 10})
         c.start_all()
         run_ok(c, "three", (0, 3, 4), lib_ranks=(3, 4))
@@ -178,7 +180,8 @@ def main():
         # 5: ring ranks with CUDA buffers (the IPC stand-in), one of them stream-ordered
         if RING_CUDA == "real" or os.path.exists(FAKE_IPC):
             os.mkdir(os.path.join(tmp, "cuda"))
-            c = cluster.Cluster(os.path.join(tmp, "cuda"), 2, gpus=2, rails=2, cuda_ranks=RING_CUDA,
+            c = cluster.Cluster(os.path.join(tmp, "cuda"), 2, gpus=2, rails=2, experts=64,
+                                cuda_ranks=RING_CUDA,
                                 extra={"group_area_mib": 1, "group_pool_mib": 10,
                                        "log_level": "debug"})
             c.start_all()
