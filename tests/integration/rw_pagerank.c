@@ -92,6 +92,16 @@ static int wait_word(unsigned w, uint64_t k)
 	return -1;
 }
 
+/* Why a phase failed: the daemon sends its sentence to the rank's control socket before it
+ * writes the status (the executor's answer to a failed page rank); librailwave reads such notices
+ * while a client waits, so a short wait (no completion comes to a page rank) takes it. */
+static const char *reason(rw_client_t *c)
+{
+	rw_cqe_t cqe;
+	(void)rw_client_wait(c, &cqe, 1, 20);
+	return rw_client_last_message(c);
+}
+
 /* wait_word, then phase k's status into *st_p (0, or the RW_E_* that failed it). */
 static int wait_status(unsigned w, uint64_t k, int32_t *st_p)
 {
@@ -678,7 +688,7 @@ lib_out:
 			if (expect_fail || ((one || until) && st != 0)) { /* the phase failed, named */
 				CHECK(st != 0, "%s: phase %llu passed", mode, (unsigned long long)k);
 				printf("%s: phase %llu failed: %s: %s\n", mode, (unsigned long long)k,
-				       rw_client_strerror(st), rw_client_last_message(c));
+				       rw_client_strerror(st), reason(c));
 				fflush(stdout);
 				expect_fail = 0;
 				word_set(RW_PW_DONE, k);
@@ -687,8 +697,7 @@ lib_out:
 				continue;
 			}
 			CHECK(st == 0, "phase %llu (step %u layer %u) failed: %s: %s",
-			      (unsigned long long)k, step, layer, rw_client_strerror(st),
-			      rw_client_last_message(c));
+			      (unsigned long long)k, step, layer, rw_client_strerror(st), reason(c));
 			if (forward(&sh, slot, step, layer, bf16, &rows))
 				return 1;
 			if (strcmp(mode, "die-done") == 0) {
@@ -707,7 +716,7 @@ lib_out:
 				return 1;
 			if (cst != 0 && (expect_cfail || until)) {
 				printf("%s: phase %llu failed: %s: %s\n", mode, (unsigned long long)k,
-				       rw_client_strerror(cst), rw_client_last_message(c));
+				       rw_client_strerror(cst), reason(c));
 				fflush(stdout);
 				expect_cfail = 0;
 				if (until)
@@ -716,8 +725,7 @@ lib_out:
 			}
 			CHECK(!expect_cfail, "%s: combine %llu passed", mode, (unsigned long long)k);
 			CHECK(cst == 0, "combine %llu (step %u layer %u) failed: %s: %s",
-			      (unsigned long long)k, step, layer, rw_client_strerror(cst),
-			      rw_client_last_message(c));
+			      (unsigned long long)k, step, layer, rw_client_strerror(cst), reason(c));
 			if (until == 1 && k >= 4) {
 				printf("until: running\n");
 				fflush(stdout);

@@ -17,11 +17,12 @@ so the sums have the same bits whatever kind of rank each term came from.
    page (the host mover's), moved to the rank path's mover when the first page rank's dispatch
    came, every rank verified.
 2. A lying page rank (rank 0's pack writes a record with a token past its tokens): the phase
-   fails on every rank of both kinds on both nodes, the daemon's log naming rank 0's record; no
-   node dropped.
+   fails on every rank of both kinds on both nodes, each told rank 0's record (a ring rank in its
+   error's message, a page rank in the daemon's notice on its control socket), the daemon's log
+   naming it too; no node dropped.
 3. A ring rank killed (rank 1, joined, SIGKILL) while the others' phase waits for it: the phase
-   fails on every page rank (their streams run through) and on every other ring rank, the
-   daemon's log naming the rank that left; a new mixed group's phases pass after each failure.
+   fails on every page rank (their streams run through) and on every other ring rank, each told
+   that rank 1 left; a new mixed group's phases pass after each failure.
 4. Three daemons, two ranks a node, page (CPU and lib) and ring ranks on every node: 2 layers x
    3 steps, every rank verified; 48 experts, so a ring rank's per-expert counts go to the head
    of its output (more than a completion carries).
@@ -137,10 +138,11 @@ def main():
         res = Mixed(c, "lie", 1, 1, {r: "lie" for r in k if k[r] == "page"},
                     {r: "fail" for r in k if k[r] == "ring"}).outputs()
         check(all(v[0] == 0 and ("lie: phase 1 failed: phase failed" in v[1]
-                                 if k[r] == "page" else "failed as expected" in v[1])
+                                 if k[r] == "page" else "failed as expected" in v[1]) and
+                  "rank 0: record 0 to node" in v[1] and "past the rank's tokens" in v[1]
                   for r, v in res.items()),
-              "a lying page rank: the phase failed on every rank of both kinds: %s"
-              % {r: (v[0], v[1][-160:]) for r, v in res.items()})
+              "a lying page rank: the phase failed on every rank of both kinds, each told "
+              "rank 0's record: %s" % {r: (v[0], v[1][-160:]) for r, v in res.items()})
         check("rank 0: record 0 to node" in c.log(0) and "its token is past the rank's tokens"
               in c.log(0), "the daemon's log names the lying rank and its record")
         check(": down (" not in c.log(0) + c.log(1), "no node was dropped for the lying rank")
@@ -158,10 +160,10 @@ def main():
         idle.communicate()
         res = m.outputs()
         check(all(v[0] == 0 and ("one: phase 1 failed" in v[1] if k[r] == "page"
-                                 else "failed as expected" in v[1])
-                  for r, v in res.items()),
+                                 else "failed as expected" in v[1]) and
+                  "local rank 1 left" in v[1] for r, v in res.items()),
               "a ring rank killed mid-phase: the phase failed on every other rank of both "
-              "kinds, the page ranks' streams ran through: %s"
+              "kinds, each told that rank 1 left, the page ranks' streams ran through: %s"
               % {r: (v[0], v[1][-160:]) for r, v in res.items()})
         check("local rank 1 left" in c.log(0), "the daemon's log names the rank that left")
         run_ok(c, "afterkill", page)
