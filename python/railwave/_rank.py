@@ -82,7 +82,7 @@ class RankPath:
         """How phase work.phase_id ended: (code, rows received, rows dropped, the library's
         message), or None when not blocking and the stream has not written its done yet.
         Waiting busy-polls the page for the Group's spin_us, then sleeps in steps from 20 µs
-        doubling to 1 ms (no system call can tell the stream's progress; the library's own
+        doubling to 200 µs (no system call can tell the stream's progress; the library's own
         wait would yield in a loop and take a core from the daemon on a small host)."""
         k, wait, ref = work.phase_id, self._wait, self.done_ref
         rc = wait(self.rp, k, 0, ref)
@@ -102,7 +102,7 @@ class RankPath:
                             _TIMEOUT, work.op, detail="the stream did not finish the phase in "
                             "%.1f s (still in flight: wait() again or close())" % limit)
                     time.sleep(min(nap, left))
-                    nap = min(2 * nap, 1e-3)
+                    nap = min(2 * nap, 2e-4)
                 rc = wait(self.rp, k, 0, ref)
             self.waited += time.perf_counter() - t0
         d = self.done

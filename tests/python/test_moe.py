@@ -277,6 +277,12 @@ def rank_scenarios(cluster, build, tmp, env, nodes, seed, only, torch):
             print("skip: rank scenarios: no kernel stand-in %s (built with nvcc only)" % kern)
             return 0
         renv.update(RW_CUDA_DRIVER=kern, RAILWAVE_TEST_HOST_AS_DEVICE="1")
+        # A sanitizer build's stand-in needs its runtime first in these (unsanitized) pythons.
+        asan = [l.split("=>")[1].split()[0] for l in subprocess.run(
+            ["ldd", kern], capture_output=True, text=True).stdout.splitlines()
+            if "libasan" in l and "=>" in l]
+        if asan:
+            renv.update(LD_PRELOAD=asan[0], ASAN_OPTIONS="detect_leaks=0")
     elif not torch.cuda.is_available():
         print("skip: rank scenarios on cuda: torch sees no CUDA device")
         return 0
@@ -287,6 +293,10 @@ def rank_scenarios(cluster, build, tmp, env, nodes, seed, only, torch):
         if "rankbad" in only and dev != "cpu":  # moe_rank.cmd_bad makes CPU tensors
             print("skip: rankbad on %s: its inputs are CPU tensors (the stand-in's run is it)"
                   % dev)
+        elif "rankbad" in only and "LD_PRELOAD" in renv:
+            # an exception raised in a backward is a C++ throw inside torch, which the
+            # preloaded ASan runtime aborts on (its __cxa_throw interceptor has no target)
+            print("skip: rankbad with the ASan stand-in preloaded (the release build runs it)")
         elif "rankbad" in only:
             scenario_bad(cluster, tmp, ranks, nodes, seed, rank_path=True)
         if "rankkill" in only:
