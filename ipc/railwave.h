@@ -410,11 +410,12 @@ int rw_client_rank_open(rw_client_t *client, int32_t device, uint32_t max_recv,
 			rw_client_rank_t **rank_p);
 
 /* The device of a host rank's rank path: buffers in host memory, no CUDA. Every address is a
- * pointer of this process, the stream argument NULL (or device RW_RANK_HOST); dispatch and
- * combine store submit and return, and rw_client_rank_wait does the stream's part on this CPU
- * (pack, forward, gather, reduce, with up to RAILWAVE_RANK_THREADS threads: default the online
- * CPUs over the node's local ranks), phase after phase in order (docs/rankpath.md "Host
- * ranks"): wait for every phase, or later phases and the group's other ranks wait too. */
+ * pointer of this process, the stream argument NULL (or device RW_RANK_HOST). Dispatch and
+ * combine first finish the rank's earlier phases (a stream's order), then store submit and
+ * return; rw_client_rank_wait does the stream's part on this CPU (pack, forward, gather,
+ * reduce, with up to RAILWAVE_RANK_THREADS threads: default the online CPUs over the node's
+ * local ranks), phase after phase in order (docs/rankpath.md "Host ranks"). The inputs are read
+ * and the outputs written inside those calls, so they must stay valid until the wait. */
 #define RW_RANK_HOST (-1)
 
 /* Unregister the page from CUDA and free the rank path. Phases still on a stream must have

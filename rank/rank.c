@@ -265,9 +265,9 @@ static int check_dispatch(rw_client_rank_t *r, const rw_client_stream_t *s,
 /* Is slot k mod D free (the phase before in it, k - D, is done)? Keep that phase's result. */
 static int take_slot(rw_client_rank_t *r, uint64_t k)
 {
+	if (r->host) /* as a stream's order: phase k's submit follows every earlier phase's done */
+		rw_rank_host_drive(r, k - 1, -1);
 	if (k > D) {
-		if (r->host) /* the phase in the slot may be this CPU's to finish: what it can now */
-			rw_rank_host_drive(r, k - D, 0);
 		if (!reached(word_load(r, RW_PW_DONE), k - D))
 			return say(r->msg, RW_E_AGAIN, "dispatch: %u phases in flight (phase %llu is "
 				   "not done)", D, (unsigned long long)(k - D));

@@ -31,11 +31,15 @@
  *                   rank path
  *         host      the same through the rank path of a host rank (RW_RANK_HOST: no CUDA, the
  *                   buffers host memory, rw_client_rank_wait packing and forwarding on this
- *                   CPU: rank/host.c)
+ *                   CPU: rank/host.c); odd layers wait by looking with timeout 0 until done
  *         host-one, host-until   as one and until, through the host rank path
  *         host-die  dispatch the first phase (submit), then exit before its pack
  *         host-bad  rank 0's first dispatch has an id past the experts (token 1): the first
  *                   phase must fail on this rank, named; then the rest as host
+ *         host-pipe as host, but each combine is left in flight (not waited for) while the
+ *                   next dispatch is made (two buffer sets): that call drives the combine to
+ *                   its end first, as a stream's order would; its answer is then kept and
+ *                   checked
  * With RW_PAGERANK_GO=FILE the rank joins its group, then waits for FILE (at most 60 s) before it
  * takes its page: a harness lets the group's ring ranks submit first (a pair a ring rank opened
  * before any rank of its node held a page).
@@ -362,7 +366,11 @@ typedef struct lib_rank {
 	rw_client_rank_t *rp;
 	rw_cuda_stream_t *stream;
 	rw_client_stream_t cs;
-	rw_cuda_dptr_t x, ids, w, recv_x, recv_meta, recv_counts;
+	/* A dispatch's inputs and outputs (the combine's too): two sets, for two dispatches in
+	 * flight (mode host-pipe); cur is the one the calls below use. */
+	struct lib_bufs {
+		rw_cuda_dptr_t x, ids, w, recv_x, recv_meta, recv_counts;
+	} b[2], *cur;
 	uint8_t *host;               /* staging of inputs and outputs */
 } lib_rank_t;
 
@@ -395,6 +403,23 @@ static int lib_get(const lib_rank_t *lr, void *dst, rw_cuda_dptr_t src, size_t n
 	return 0;
 }
 
+/* Phase k's end: one blocking wait; a host rank's odd layers instead look with timeout 0 until
+ * it answers (each look drives the phase as far as the daemon's words allow and keeps its place:
+ * rank/host.c). The phase's code, or RW_E_TIMEOUT past WAIT_S. */
+static int lib_wait(lib_rank_t *lr, uint64_t k, uint32_t layer, rw_client_rank_done_t *done)
+{
+	if (!lr->on_host || layer % 2 == 0)
+		return rw_client_rank_wait(lr->rp, k, WAIT_S * 1000, done);
+	const struct timespec nap = { 0, 20000 };
+	for (long i = 0; i < WAIT_S * 50000L; i++) {
+		int rc = rw_client_rank_wait(lr->rp, k, 0, done);
+		if (rc != RW_E_TIMEOUT)
+			return rc;
+		nanosleep(&nap, NULL);
+	}
+	return RW_E_TIMEOUT;
+}
+
 static int lib_open(rw_client_t *c, lib_rank_t *lr)
 {
 	const uint32_t cap = world * MAX_ROWS;
@@ -412,40 +437,44 @@ static int lib_open(rw_client_t *c, lib_rank_t *lr)
 		      rw_cuda_ext_stream_of(lr->stream, &e) == RW_OK, "a CUDA stream");
 		lr->cs = (rw_client_stream_t){ .device = e.device, .handle = e.handle };
 	}
-	CHECK(lib_alloc(lr, (size_t)MAX_ROWS * HIDDEN * 4, &lr->x) == 0 &&
-	      lib_alloc(lr, (size_t)MAX_ROWS * TOPK * 4, &lr->ids) == 0 &&
-	      lib_alloc(lr, (size_t)MAX_ROWS * TOPK * 4, &lr->w) == 0 &&
-	      lib_alloc(lr, (size_t)cap * HIDDEN * 4, &lr->recv_x) == 0 &&
-	      lib_alloc(lr, (size_t)cap * META, &lr->recv_meta) == 0 &&
-	      lib_alloc(lr, (size_t)MAX_EXPERTS * 4, &lr->recv_counts) == 0, "buffers");
+	for (lr->cur = &lr->b[1];; lr->cur--) {
+		CHECK(lib_alloc(lr, (size_t)MAX_ROWS * HIDDEN * 4, &lr->cur->x) == 0 &&
+		      lib_alloc(lr, (size_t)MAX_ROWS * TOPK * 4, &lr->cur->ids) == 0 &&
+		      lib_alloc(lr, (size_t)MAX_ROWS * TOPK * 4, &lr->cur->w) == 0 &&
+		      lib_alloc(lr, (size_t)cap * HIDDEN * 4, &lr->cur->recv_x) == 0 &&
+		      lib_alloc(lr, (size_t)cap * META, &lr->cur->recv_meta) == 0 &&
+		      lib_alloc(lr, (size_t)MAX_EXPERTS * 4, &lr->cur->recv_counts) == 0, "buffers");
+		if (lr->cur == &lr->b[0])
+			break;
+	}
 	lr->host = calloc((size_t)cap, HIDDEN * 4 + META);
 	CHECK(lr->host, "out of memory");
 	return 0;
 }
 
-/* One dispatch through rw_client_rank_dispatch, its outputs checked as the CPU path's. Returns
- * 0 with *st_p the phase's code (0 passed), or 1 on a check that failed. */
-static int lib_phase(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uint32_t layer,
-		     int bad_id, uint64_t *k_p, int *st_p, uint64_t *rows_p, uint32_t *recv_p)
+/* One dispatch through rw_client_rank_dispatch (mine: this rank's workload of the layer; the
+ * buffer set lr->cur), phase *k_p. 0, or 1 on a check that failed. */
+static int lib_send(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uint32_t layer,
+		    int bad_id, uint64_t *k_p)
 {
 	const int bf16 = rw_wl_bf16(step, layer);
 	const uint32_t row = sh->hidden * (bf16 ? 2 : 4), cap = world * MAX_ROWS;
 	for (uint32_t t = 0; t < mine.n; t++)
 		rw_wl_put_row(lr->host + (size_t)t * row, bf16, mine.x + (size_t)t * sh->hidden,
 			      sh->hidden);
-	CHECK(!mine.n || (lib_put(lr, lr->x, lr->host, (size_t)mine.n * row) == 0 &&
-			  lib_put(lr, lr->ids, mine.ids, (size_t)mine.n * TOPK * 4) == 0 &&
-			  lib_put(lr, lr->w, mine.w, (size_t)mine.n * TOPK * 4) == 0),
+	CHECK(!mine.n || (lib_put(lr, lr->cur->x, lr->host, (size_t)mine.n * row) == 0 &&
+			  lib_put(lr, lr->cur->ids, mine.ids, (size_t)mine.n * TOPK * 4) == 0 &&
+			  lib_put(lr, lr->cur->w, mine.w, (size_t)mine.n * TOPK * 4) == 0),
 	      "inputs to the device");
 	const int32_t past = (int32_t)experts + 3; /* mode host-bad: token 1's first id */
-	CHECK(!bad_id || (mine.n > 1 && lib_put(lr, lr->ids + TOPK * 4, &past, 4) == 0),
+	CHECK(!bad_id || (mine.n > 1 && lib_put(lr, lr->cur->ids + TOPK * 4, &past, 4) == 0),
 	      "a bad id needs 2 tokens");
 	const rw_client_rank_dispatch_t d = {
 		.dtype = bf16 ? RW_DTYPE_BF16 : RW_DTYPE_FP32, .topk = TOPK, .layer = layer,
 		.step = step, .token_count = mine.n, .hidden = sh->hidden, .n_experts = experts,
 		.path = path_of(step, layer),
-		.tokens = lr->x, .topk_ids = lr->ids, .topk_weights = lr->w, .recv_x = lr->recv_x,
-		.recv_meta = lr->recv_meta, .recv_counts = lr->recv_counts, .recv_cap = cap };
+		.tokens = lr->cur->x, .topk_ids = lr->cur->ids, .topk_weights = lr->cur->w, .recv_x = lr->cur->recv_x,
+		.recv_meta = lr->cur->recv_meta, .recv_counts = lr->cur->recv_counts, .recv_cap = cap };
 	int rc = rw_client_rank_dispatch(lr->rp, &lr->cs, &d, k_p);
 	CHECK(rc == 0, "dispatch: %s: %s", rw_client_strerror(rc), rw_client_rank_message(lr->rp));
 	if (lib_die) { /* mode host-die: killed after submit, before its pack */
@@ -453,8 +482,18 @@ static int lib_phase(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uin
 		fflush(stdout);
 		_exit(3);
 	}
+	return 0;
+}
+
+/* Dispatch k's end, its outputs (in lr->cur) checked as the CPU path's. Returns 0 with *st_p the
+ * phase's code (0 passed), or 1 on a check that failed. */
+static int lib_check(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uint32_t layer,
+		     const uint64_t *k_p, int *st_p, uint64_t *rows_p, uint32_t *recv_p)
+{
+	const int bf16 = rw_wl_bf16(step, layer);
+	const uint32_t row = sh->hidden * (bf16 ? 2 : 4), cap = world * MAX_ROWS;
 	rw_client_rank_done_t done;
-	*st_p = rw_client_rank_wait(lr->rp, *k_p, WAIT_S * 1000, &done);
+	*st_p = lib_wait(lr, *k_p, layer, &done);
 	CHECK(*st_p != RW_E_TIMEOUT, "phase %llu: not done", (unsigned long long)*k_p);
 	if (*st_p)
 		return 0;
@@ -463,9 +502,9 @@ static int lib_phase(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uin
 	CHECK(done.recv_tokens == expect && done.overflow == 0, "step %u layer %u: %u rows (%u "
 	      "dropped), expected %u", step, layer, done.recv_tokens, done.overflow, expect);
 	uint8_t *rows = lr->host, *meta = lr->host + (size_t)cap * HIDDEN * 4;
-	CHECK(lib_get(lr, counts, lr->recv_counts, experts * 4) == 0 &&
-	      (!expect || (lib_get(lr, rows, lr->recv_x, (size_t)expect * row) == 0 &&
-			   lib_get(lr, meta, lr->recv_meta, (size_t)expect * META) == 0)),
+	CHECK(lib_get(lr, counts, lr->cur->recv_counts, experts * 4) == 0 &&
+	      (!expect || (lib_get(lr, rows, lr->cur->recv_x, (size_t)expect * row) == 0 &&
+			   lib_get(lr, meta, lr->cur->recv_meta, (size_t)expect * META) == 0)),
 	      "outputs from the device");
 	for (uint32_t j = 0; j < expect; j++) {
 		const uint8_t *m = meta + (size_t)j * META;
@@ -490,11 +529,20 @@ static int lib_phase(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uin
 	return 0;
 }
 
+/* lib_send, then lib_check. */
+static int lib_phase(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uint32_t layer,
+		     int bad_id, uint64_t *k_p, int *st_p, uint64_t *rows_p, uint32_t *recv_p)
+{
+	if (lib_send(lr, sh, step, layer, bad_id, k_p))
+		return 1;
+	return lib_check(lr, sh, step, layer, k_p, st_p, rows_p, recv_p);
+}
+
 /* The combine of dispatch kd through rw_client_rank_combine: for each of its n received rows
  * (their sources in the metadata lib_phase left in lr->host) the workload's expert output, then
  * every token's combined row checked against the workload's. *st_p: the phase's code. */
-static int lib_combine(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uint32_t layer,
-		       uint64_t kd, uint32_t n, int *st_p, uint64_t *tokens_p)
+static int lib_csend(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uint32_t layer,
+		     uint64_t kd, uint32_t n, uint64_t *k_p)
 {
 	const int bf16 = rw_wl_bf16(step, layer);
 	const uint32_t row = sh->hidden * (bf16 ? 2 : 4), cap = world * MAX_ROWS;
@@ -508,17 +556,25 @@ static int lib_combine(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, u
 		rw_wl_expert_row(&all[src_rank], token, me, per_rank, sh->hidden, v);
 		rw_wl_put_row(lr->host + (size_t)j * row, bf16, v, sh->hidden);
 	}
-	CHECK(!n || lib_put(lr, lr->recv_x, lr->host, (size_t)n * row) == 0,
+	CHECK(!n || lib_put(lr, lr->cur->recv_x, lr->host, (size_t)n * row) == 0,
 	      "expert rows to the device");
-	const rw_client_rank_combine_t cb = { .dispatch = kd, .rows = lr->recv_x, .out = lr->x };
-	uint64_t k = 0;
-	int rc = rw_client_rank_combine(lr->rp, &lr->cs, &cb, &k);
+	const rw_client_rank_combine_t cb = { .dispatch = kd, .rows = lr->cur->recv_x, .out = lr->cur->x };
+	int rc = rw_client_rank_combine(lr->rp, &lr->cs, &cb, k_p);
 	CHECK(rc == 0, "combine: %s: %s", rw_client_strerror(rc), rw_client_rank_message(lr->rp));
-	*st_p = rw_client_rank_wait(lr->rp, k, WAIT_S * 1000, NULL);
+	return 0;
+}
+
+/* Combine k's end: every token's combined row (lr->cur) checked against mine's. */
+static int lib_ccheck(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uint32_t layer,
+		      uint64_t k, int *st_p, uint64_t *tokens_p)
+{
+	const int bf16 = rw_wl_bf16(step, layer);
+	const uint32_t row = sh->hidden * (bf16 ? 2 : 4);
+	*st_p = lib_wait(lr, k, layer, NULL);
 	CHECK(*st_p != RW_E_TIMEOUT, "combine %llu: not done", (unsigned long long)k);
 	if (*st_p)
 		return 0;
-	CHECK(!mine.n || lib_get(lr, lr->host, lr->x, (size_t)mine.n * row) == 0,
+	CHECK(!mine.n || lib_get(lr, lr->host, lr->cur->x, (size_t)mine.n * row) == 0,
 	      "combined rows from the device");
 	for (uint32_t t = 0; t < mine.n; t++)
 		for (uint32_t e = 0; e < sh->hidden; e++) {
@@ -529,6 +585,16 @@ static int lib_combine(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, u
 		}
 	*tokens_p += mine.n;
 	return 0;
+}
+
+/* The combine of dispatch kd: lib_csend, then lib_ccheck. */
+static int lib_combine(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uint32_t layer,
+		       uint64_t kd, uint32_t n, int *st_p, uint64_t *tokens_p)
+{
+	uint64_t k = 0;
+	if (lib_csend(lr, sh, step, layer, kd, n, &k))
+		return 1;
+	return lib_ccheck(lr, sh, step, layer, k, st_p, tokens_p);
 }
 
 static int work_alloc(rw_wl_work_t *w)
@@ -584,7 +650,41 @@ int main(int argc, char **argv)
 		if (lib_open(c, &lr))
 			return 1;
 		uint64_t tokens = 0;
-		for (uint32_t step = 0; step < steps; step++)
+		if (strcmp(sub, "pipe") == 0) { /* each combine left in flight: the next dispatch's */
+			uint64_t kc = 0;        /* call ends it first */
+			uint32_t pstep = 0, player = 0;
+			int st = 0;
+			for (uint32_t step = 0; step < steps; step++)
+				for (uint32_t layer = 0; layer < layers; layer++) {
+					uint64_t kd;
+					uint32_t n;
+					rw_wl_gen(&sh, step, layer, me, &mine);
+					lr.cur = &lr.b[(step * layers + layer) & 1];
+					if (lib_send(&lr, &sh, step, layer, 0, &kd) ||
+					    lib_check(&lr, &sh, step, layer, &kd, &st, &rows, &n))
+						return 1;
+					CHECK(st == 0, "phase %llu failed: %s: %s", (unsigned long long)kd,
+					      rw_client_strerror(st), rw_client_rank_message(lr.rp));
+					if (kc) { /* the previous layer's combine: ended already */
+						rw_wl_gen(&sh, pstep, player, me, &mine);
+						lr.cur = &lr.b[(pstep * layers + player) & 1];
+						if (lib_ccheck(&lr, &sh, pstep, player, kc, &st, &tokens))
+							return 1;
+						CHECK(st == 0, "combine %llu failed: %s: %s",
+						      (unsigned long long)kc, rw_client_strerror(st),
+						      rw_client_rank_message(lr.rp));
+						rw_wl_gen(&sh, step, layer, me, &mine);
+						lr.cur = &lr.b[(step * layers + layer) & 1];
+					}
+					if (lib_csend(&lr, &sh, step, layer, kd, n, &kc))
+						return 1;
+					pstep = step;
+					player = layer;
+				}
+			if (kc && (lib_ccheck(&lr, &sh, pstep, player, kc, &st, &tokens) || st != 0))
+				return 1;
+		}
+		for (uint32_t step = 0; step < steps && strcmp(sub, "pipe") != 0; step++)
 			for (uint32_t layer = 0; layer < layers; layer++) {
 				rw_wl_gen(&sh, step, layer, me, &mine);
 				int st = 0;

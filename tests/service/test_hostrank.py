@@ -11,7 +11,10 @@ slabs; the daemons only plan, post and track. tests/integration/rw_pagerank.c mo
    weights), each expert's count and every token's combined row checked against the workload,
    which a host job of four rw_rank on the host mover (group job, the same seed and shape)
    verifies at the same time on the same daemons: both paths deliver the same rows and sums.
-   The daemons' stats show the rank-path phases counted and none in flight after.
+   The daemons' stats show the rank-path phases counted and none in flight after. Odd layers
+   wait by looking with timeout 0 until done (each look drives the phase as far as it can); the
+   same 6 phases with each combine left in flight when the next dispatch is made (that call
+   ends it first, as a stream's order would).
 2. Failures, named as on the CUDA rank path: a rank whose dispatch has a top-k id past the
    experts gets RW_E_TOKENS naming the token, and the group's phase fails on the others (when
    that rank leaves); a new group's phases pass. A rank killed after its submit, before its
@@ -102,6 +105,10 @@ def two_daemons(c):
                 if l.startswith("path=%s kind=combine " % path)]
         check(line and " ok=0 " not in line[0] and " failed=0 " in line[0],
               "the host ranks' combines ran on path %s: %s" % (path, line))
+
+    # each combine left in flight when the next dispatch is made (that call ends it first)
+    passed(cluster.outputs(host_job(c, "pipe", 2, 3, {r: "host-pipe" for r in range(4)})),
+           "each combine ended by the next dispatch's call")
 
     # the benchmark's rank (tools/rw_bench_rank --host-rank-path: every row, count and sum
     # checked) over every data path, DeepSeek-V3's routing (256 experts, top-8)
