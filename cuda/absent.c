@@ -140,4 +140,12 @@ rw_status_t rw_cuda_route_count_ext(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_
 	(void)s; (void)i; (void)n; (void)k; (void)e; (void)nodes; (void)rails; (void)rail; (void)row; (void)bad;
 	return RW_NO_CUDA;
 }
+rw_status_t rw_cuda_rank_ctl(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_ctl_t *a)
+{ (void)s; (void)a; return RW_NO_CUDA; }
+rw_status_t rw_cuda_graph_begin(const rw_cuda_ext_stream_t *s) { (void)s; return RW_NO_CUDA; }
+rw_status_t rw_cuda_graph_end(const rw_cuda_ext_stream_t *s, rw_cuda_graph_t **g)
+{ (void)s; (void)g; return RW_NO_CUDA; }
+rw_status_t rw_cuda_graph_launch(rw_cuda_graph_t *g, const rw_cuda_ext_stream_t *s)
+{ (void)g; (void)s; return RW_NO_CUDA; }
+void rw_cuda_graph_destroy(rw_cuda_graph_t *g) { (void)g; }
 #endif /* !RW_HAVE_CUDA_H */

@@ -35,7 +35,9 @@
 	X(cuIpcOpenEventHandle) X(cuStreamWaitEvent) X(cuStreamWriteValue32) X(cuStreamWaitValue32) \
 	X(cuEventSynchronize) X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess) \
 	X(cuFlushGPUDirectRDMAWrites) X(cuStreamWriteValue64) X(cuStreamWaitValue64) \
-	X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange)
+	X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange) \
+	X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiate) X(cuGraphLaunch) \
+	X(cuGraphExecDestroy) X(cuGraphDestroy)
 
 #define RW_CU_STR_(x) #x
 #define RW_CU_NAME(x) RW_CU_STR_(x) /* expands the cuda.h version macro first */
@@ -60,7 +62,8 @@ enum {
 };
 
 /* The rank kernels (cuda/rank_kernels.c), a second image. */
-enum { RW_RK_PACK_INDEX, RW_RK_PACK_ROWS, RW_RK_FORWARD, RW_RK_GATHER, RW_RK_REDUCE, RW_RK_COUNT };
+enum { RW_RK_PACK_INDEX, RW_RK_PACK_ROWS, RW_RK_FORWARD, RW_RK_GATHER, RW_RK_REDUCE, RW_RK_CTL,
+       RW_RK_COUNT };
 
 /* A kernel image's module in one device's primary context. */
 typedef struct rw_cu_module {

@@ -106,7 +106,12 @@ typedef struct rw_cuda_rank_gather {
 	uint32_t n_terms;           /* refs in terms at most */
 	uint32_t hidden, dtype, nodes, rails, me, g;
 	uint32_t crec_size;         /* set by the wrapper */
-	uint32_t reserved;
+	uint32_t stage_gpus;        /* with `stage`: the local ranks whose rows are staged */
+	/* 0, or the address of a dispatch plan head's stage_off (stage_stride follows, as in
+	 * rw_cuda_plan_head_t), read by the kernel: rows[] is then unused and local rank g < stage_gpus
+	 * has its rows at slab[0] + stage_off + g x stage_stride (static mode: the staging area is
+	 * known only once the dispatch's plan came, after the call) */
+	uint64_t stage;
 } rw_cuda_rank_gather_t;
 
 /* rw_cuda_rank_reduce */
@@ -128,5 +133,168 @@ typedef struct rw_cuda_rank_reduce {
 	uint32_t crec_size;         /* set by the wrapper: a combine row sits at slot x crec_size +
 	                             * 16 of its area */
 } rw_cuda_rank_reduce_t;
+
+/* ---- static mode (docs/rankpath.md "Static mode and CUDA graphs") -------------------------------
+ * Every per-phase value lives in memory the stream reads: the phase number k and the per-layer
+ * step counters in the rank's control block (device memory), a phase's blocks in a shadow slot
+ * of its own (device memory with the rank page's slot layout, then a tail), and the failures
+ * the host is told later in a report (page-locked host memory). rw_rank_ctl's operations move
+ * them between the shadow and the rank page's slot k mod depth, so the data kernels take fixed
+ * addresses and a replayed CUDA graph drives a new phase each time. The restated page types
+ * below have ipc/page.h's layouts (rank/ checks the sizes and offsets). */
+#define RW_CUDA_RANK_LAYERS 1024  /* step counters: layer mod this */
+
+/* ipc/page.h rw_page_params_t (48 bytes). */
+typedef struct rw_cuda_page_params {
+	uint8_t kind, dtype;
+	uint16_t topk;
+	uint32_t layer, hidden, n_experts, token_count;
+	uint16_t path, reserved;
+	uint64_t phase, step;
+	uint32_t bad, reserved2;
+} rw_cuda_page_params_t;
+
+/* ipc/page.h rw_page_plan_head_t (64 bytes): only stage_off and stage_stride are read here. */
+typedef struct rw_cuda_plan_head {
+	uint64_t phase;
+	uint32_t kind, me, owner, topk, rec_size, row_off, n_send, n_local;
+	uint64_t stage_off, stage_stride;
+} rw_cuda_plan_head_t;
+
+/* The control block (device memory, zeroed at open; only the stream writes it). */
+typedef struct rw_cuda_rank_ctlblk {
+	uint64_t k;                 /* the last phase number the stream took (0: none yet) */
+	uint64_t pad[7];
+	uint64_t step[RW_CUDA_RANK_LAYERS]; /* dispatches of layer l (mod LAYERS) so far */
+} rw_cuda_rank_ctlblk_t;
+
+/* A shadow slot's tail, after the slot layout's bytes: the phase's status as read after each
+ * wait, then the kernels' line (error word, the forward's row counts). */
+typedef struct rw_cuda_rank_tail {
+	int32_t status;
+	uint32_t pad0[15];
+	uint32_t err[2];            /* RW_CUDA_RANK_E_* code, detail */
+	uint32_t recv_n, overflow;
+	uint32_t pad1[12];
+} rw_cuda_rank_tail_t;
+
+/* What the stream tells the host (page-locked host memory; the host reads it once the stream's
+ * work is done and clears it). The first failed phase is kept with what failed it. */
+typedef struct rw_cuda_rank_report {
+	uint64_t done;              /* the last phase the stream finished */
+	uint64_t fail_phase;        /* the first failed phase (0: none) */
+	int32_t status;             /* its status (the daemon's, or the rank CPU's on a daemon loss) */
+	uint32_t bad;               /* its count kernel's bad word (1 + token) */
+	uint32_t err[2];            /* its kernels' error word */
+	uint32_t fail_kind;         /* 0 dispatch, 1 combine */
+	uint32_t over_n;            /* dispatches that had rows past their capacity */
+	uint64_t over_phase;        /* the first of them */
+	uint32_t over_rows;         /* rows dropped, over all of them */
+	uint32_t need;              /* the most rows one of them was listed (written + dropped) */
+	uint32_t pad[4];
+} rw_cuda_rank_report_t;
+
+enum {
+	RW_CUDA_RANK_OP_BEGIN = 0,  /* zero the shadow's count row, bad word and tail */
+	RW_CUDA_RANK_OP_SUBMIT = 1, /* k = ++ctl.k; the phase's parameters (and step) into the
+	                             * shadow and slot k mod depth, its count row; submit = k. A
+	                             * combine gives back every row its dispatch was listed (those
+	                             * dropped past the capacity as +0 rows) */
+	RW_CUDA_RANK_OP_WAIT = 2,   /* wait for word >= k, then copy the status and the slot's plan
+	                             * (plan word) or list (arrived) into the shadow */
+	RW_CUDA_RANK_OP_WORD = 3,   /* word = k (packed) */
+	RW_CUDA_RANK_OP_DONE = 4,   /* the report, the caller's row count; done = k */
+	RW_CUDA_RANK_OP_STAGE = 5,  /* combine: the caller's rows into this rank's staging area,
+	                             * a +0 row for each row its dispatch dropped */
+};
+
+#define RW_CUDA_RANK_E_STAGE 5    /* static combine: its dispatch's staging area does not hold
+                                   * the rows; detail: the rows */
+
+/* rw_cuda_rank_ctl */
+typedef struct rw_cuda_rank_ctl {
+	uint64_t ctl;               /* rw_cuda_rank_ctlblk_t */
+	uint64_t report;            /* rw_cuda_rank_report_t */
+	uint64_t page;              /* the rank page (its head) */
+	uint64_t shadow;            /* this phase's shadow slot */
+	uint64_t ref;               /* combine: its dispatch's shadow slot */
+	uint64_t src;               /* STAGE: the caller's rows */
+	uint64_t slab0;             /* STAGE: rail 0's slab base */
+	uint64_t slab0_bytes;
+	uint64_t out;               /* DONE of a dispatch: 0, or a u32 the row count goes to */
+	uint64_t step;              /* SUBMIT of a dispatch: the caller's base step */
+	uint32_t op, word;          /* word: the page word (ipc/page.h enum rw_page_word) */
+	uint32_t kind;              /* 0 dispatch, 1 combine */
+	uint32_t dtype, topk, layer, hidden, n_experts, token_count, path; /* dispatch's parameters */
+	uint32_t depth, slot0, slot_bytes; /* the page's slots */
+	uint32_t word_off, status_off;     /* offsetof the page head's word[] and status[] (64 apart) */
+	uint32_t o_params, o_count_row, o_plan, o_list, o_list_entry, o_term_off; /* slot offsets */
+	uint32_t cells;             /* nodes x rails: the count row */
+	uint32_t max_recv, gpus, owner;
+	uint32_t row_bytes;         /* STAGE: hidden x the dtype's size */
+	uint32_t page_kind;         /* the parameters' kind (ipc/railwave.h enum rw_kind) */
+	uint32_t reserved;
+} rw_cuda_rank_ctl_t;
+
+/* What rw_rank_ctl computes, written once for the kernel and the CPU stand-in
+ * (tests/integration/fake_cuda_rank.c) alike. */
+#ifdef __CUDACC__
+#define RW_CUDA_RANK_HD static __host__ __device__ __forceinline__
+#else
+#define RW_CUDA_RANK_HD static inline
+#endif
+
+/* SUBMIT: phase k's parameters. A dispatch: the block's, its step the caller's base plus the
+ * layer's counter (advanced), the count kernel's bad word from its shadow; a combine: its
+ * dispatch's (layer and step too), giving back every row the dispatch was listed. */
+RW_CUDA_RANK_HD rw_cuda_page_params_t rw_cuda_rank_params(const rw_cuda_rank_ctl_t *a,
+							   rw_cuda_rank_ctlblk_t *c, uint64_t k,
+							   const rw_cuda_page_params_t *own,
+							   const rw_cuda_page_params_t *ref,
+							   const rw_cuda_rank_tail_t *ref_tail)
+{
+	rw_cuda_page_params_t p = { 0 };
+	if (a->kind == 1) {
+		p = *ref;
+		p.token_count = ref_tail->recv_n + ref_tail->overflow;
+		p.bad = 0;
+	} else {
+		p.dtype = (uint8_t)a->dtype;
+		p.topk = (uint16_t)a->topk;
+		p.layer = a->layer;
+		p.hidden = a->hidden;
+		p.n_experts = a->n_experts;
+		p.token_count = a->token_count;
+		p.path = (uint16_t)a->path;
+		p.step = a->step + c->step[a->layer % RW_CUDA_RANK_LAYERS]++;
+		p.bad = own->bad;
+	}
+	p.kind = (uint8_t)a->page_kind;
+	p.phase = k;
+	return p;
+}
+
+/* DONE: phase k's end into the report (the first failure kept, overflows added up). */
+RW_CUDA_RANK_HD void rw_cuda_rank_report_add(rw_cuda_rank_report_t *rep, uint32_t kind,
+					     const rw_cuda_page_params_t *p,
+					     const rw_cuda_rank_tail_t *t)
+{
+	if ((t->status || p->bad || t->err[0]) && rep->fail_phase == 0) {
+		rep->fail_phase = p->phase;
+		rep->status = t->status;
+		rep->bad = p->bad;
+		rep->err[0] = t->err[0];
+		rep->err[1] = t->err[1];
+		rep->fail_kind = kind;
+	}
+	if (t->overflow) {
+		if (rep->over_n++ == 0)
+			rep->over_phase = p->phase;
+		rep->over_rows += t->overflow;
+		if (t->recv_n + t->overflow > rep->need)
+			rep->need = t->recv_n + t->overflow;
+	}
+	rep->done = p->phase;
+}
 
 #endif /* RW_CUDA_RANK_ABI_H */

@@ -22,13 +22,15 @@ _Static_assert(sizeof(rw_cuda_plan_entry_t) == 16, "plan entry layout");
 _Static_assert(sizeof(rw_cuda_list_entry_t) == 16, "list entry layout");
 _Static_assert(sizeof(rw_cuda_rank_pack_t) == 240, "pack block layout");
 _Static_assert(sizeof(rw_cuda_rank_forward_t) == 376, "forward block layout");
-_Static_assert(sizeof(rw_cuda_rank_gather_t) == 360, "gather block layout");
+_Static_assert(sizeof(rw_cuda_rank_gather_t) == 368, "gather block layout");
+_Static_assert(sizeof(rw_cuda_rank_ctl_t) == 192, "ctl block layout");
+_Static_assert(sizeof(rw_cuda_rank_tail_t) == 128, "shadow tail layout");
 _Static_assert(sizeof(rw_cuda_rank_reduce_t) == 456, "reduce block layout");
 
 static const char *const rank_names[RW_RK_COUNT] = {
 	[RW_RK_PACK_INDEX] = "rw_rank_pack_index", [RW_RK_PACK_ROWS] = "rw_rank_pack_rows",
 	[RW_RK_FORWARD] = "rw_rank_forward",       [RW_RK_GATHER] = "rw_rank_gather",
-	[RW_RK_REDUCE] = "rw_rank_reduce",
+	[RW_RK_REDUCE] = "rw_rank_reduce",         [RW_RK_CTL] = "rw_rank_ctl",
 };
 
 static int rank_load(int device)
@@ -171,7 +173,8 @@ rw_status_t rw_cuda_rank_gather(const rw_cuda_ext_stream_t *s, const rw_cuda_ran
 	    a->entry == 0 || !aligned(a->entry, 8) || a->tags == 0 || !aligned(a->tags, 4) ||
 	    a->err == 0 || !aligned(a->err, 4) || !aligned(a->status, 4) ||
 	    !rails_ok(a->slab, a->rails) || (a->term_off == 0) != (a->terms == 0) ||
-	    !aligned(a->term_off, 4) || !aligned(a->terms, 4))
+	    !aligned(a->term_off, 4) || !aligned(a->terms, 4) || !aligned(a->stage, 8) ||
+	    (a->stage && (a->term_off == 0 || a->stage_gpus > RW_CUDA_RANK_GPUS)))
 		return RW_ERR_INVAL;
 	for (uint32_t g = 0; g < RW_CUDA_RANK_GPUS; g++)
 		if (!aligned(a->rows[g], dtype_bytes(a->dtype)))
@@ -180,7 +183,6 @@ rw_status_t rw_cuda_rank_gather(const rw_cuda_ext_stream_t *s, const rw_cuda_ran
 		return RW_ERR_INVAL;
 	rw_cuda_rank_gather_t b = *a;
 	b.crec_size = crec_bytes(a->hidden, a->dtype);
-	b.reserved = 0;
 	return rank_launch(s, RW_RK_GATHER, grid_for(a->cap), 256, 0, &b);
 }
 
@@ -198,6 +200,25 @@ rw_status_t rw_cuda_rank_reduce(const rw_cuda_ext_stream_t *s, const rw_cuda_ran
 	rw_cuda_rank_reduce_t b = *a;
 	b.crec_size = crec_bytes(a->hidden, a->dtype);
 	return rank_launch(s, RW_RK_REDUCE, grid_for(a->n_tokens), 256, 0, &b);
+}
+
+rw_status_t rw_cuda_rank_ctl(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_ctl_t *a)
+{
+	if (s == NULL || a == NULL || a->op > RW_CUDA_RANK_OP_STAGE || a->ctl == 0 ||
+	    !aligned(a->ctl, 8) || a->report == 0 || !aligned(a->report, 8) || a->page == 0 ||
+	    !aligned(a->page, 64) || a->shadow == 0 || !aligned(a->shadow, 64) || a->kind > 1 ||
+	    a->depth == 0 || a->slot_bytes % 64 || a->word > 4 ||
+	    (a->kind == 1 && (a->ref == 0 || !aligned(a->ref, 64))) || !aligned(a->out, 4) ||
+	    (a->op == RW_CUDA_RANK_OP_WAIT && a->word != 1 && a->word != 3) ||
+	    (a->op == RW_CUDA_RANK_OP_STAGE && (a->kind != 1 || a->slab0 == 0 || a->row_bytes == 0 ||
+						(a->src == 0 && a->token_count))))
+		return RW_ERR_INVAL;
+	/* STAGE: enough blocks to copy every row the dispatch may deliver, in 16-byte pieces;
+	 * the others: one block (WAIT's copies are a plan block or a list, kilobytes). */
+	unsigned grid = 1;
+	if (a->op == RW_CUDA_RANK_OP_STAGE)
+		grid = grid_for(((uint64_t)a->max_recv * a->row_bytes / 16 + 255) / 256);
+	return rank_launch(s, RW_RK_CTL, grid, 256, 0, a);
 }
 
 #endif /* RW_HAVE_CUDA_H */

@@ -17,7 +17,9 @@ static_assert(sizeof(rw_cuda_plan_entry_t) == 16, "plan entry layout");
 static_assert(sizeof(rw_cuda_list_entry_t) == 16, "list entry layout");
 static_assert(sizeof(rw_cuda_rank_pack_t) == 240, "pack block layout");
 static_assert(sizeof(rw_cuda_rank_forward_t) == 376, "forward block layout");
-static_assert(sizeof(rw_cuda_rank_gather_t) == 360, "gather block layout");
+static_assert(sizeof(rw_cuda_rank_gather_t) == 368, "gather block layout");
+static_assert(sizeof(rw_cuda_rank_ctl_t) == 192, "ctl block layout");
+static_assert(sizeof(rw_cuda_rank_tail_t) == 128, "shadow tail layout");
 static_assert(sizeof(rw_cuda_rank_reduce_t) == 456, "reduce block layout");
 
 // ---- common pieces -------------------------------------------------------------------------
@@ -410,6 +412,10 @@ extern "C" __global__ void __launch_bounds__(SUM_THREADS) rw_rank_gather(const r
 	const uint32_t *toff = reinterpret_cast<const uint32_t *>(a.term_off);
 	const uint32_t *terms = reinterpret_cast<const uint32_t *>(a.terms);
 	const uint32_t row_bytes = a.hidden * dtype_size(a.dtype);
+	// Static mode: the staging area from the dispatch's plan head (its shadow copy), read after
+	// the combine's plan wait; else the rows[] the call gave.
+	const uint64_t stage_off = a.stage ? reinterpret_cast<const uint64_t *>(a.stage)[0] : 0;
+	const uint64_t stage_stride = a.stage ? reinterpret_cast<const uint64_t *>(a.stage)[1] : 0;
 	for (uint32_t j = blockIdx.x; j < n; j += gridDim.x) {
 		const rw_cuda_list_entry_t le = list[j];
 		// The entry's terms: [j0, j1) of terms, or rows[g] row j alone.
@@ -437,8 +443,11 @@ extern "C" __global__ void __launch_bounds__(SUM_THREADS) rw_rank_gather(const r
 				at = a.rows[a.g] + (uint64_t)j * row_bytes;
 			} else {
 				const uint32_t ref = terms[k], g = ref >> 24;
-				if (g < RW_CUDA_RANK_GPUS && a.rows[g])
-					at = a.rows[g] + (uint64_t)(ref & 0xffffffu) * row_bytes;
+				const uint64_t base = a.stage ? (g < a.stage_gpus ? a.slab[0] + stage_off +
+										 g * stage_stride : 0)
+							      : g < RW_CUDA_RANK_GPUS ? a.rows[g] : 0;
+				if (base)
+					at = base + (uint64_t)(ref & 0xffffffu) * row_bytes;
 			}
 			taddr[k - j0] = at;
 			bad |= !at;
@@ -529,5 +538,177 @@ extern "C" __global__ void __launch_bounds__(SUM_THREADS) rw_rank_reduce(const r
 		}
 		sum_rows(dst, taddr, j1 - j0, a.hidden, a.dtype, true);
 		__syncthreads(); // taddr and range are rewritten by the block's next token
+	}
+}
+
+// ---- static mode: the stream's own hand-offs ---------------------------------------------------
+// One kernel, one operation per launch (cuda/rank_abi.h RW_CUDA_RANK_OP_*): the phase number k
+// lives in the control block and each phase's blocks in its shadow slot, so a replayed graph
+// takes a new k every time. Memory order (docs/rankpath.md "Static mode and CUDA graphs"):
+//  * a word the daemon reads (submit, packed, done) is written by thread 0 after the block's
+//    barrier, a __threadfence_system() and then a st.release.sys: every store of this phase
+//    before it (this kernel's, and earlier kernels' of the stream, which happen before this
+//    launch) is visible to the daemon's CPU before the word (pairs P1, P3, P5);
+//  * a word the daemon writes (plan, arrived) is read by thread 0 with ld.acquire.sys in a loop
+//    (__nanosleep between reads, growing to 2 us); the block's barrier then orders every
+//    thread's reads of the slot after it (pairs P2, P4), and what the copies wrote into the
+//    shadow is seen by later kernels of the stream (kernel boundaries order device memory).
+// The wait costs one block of one SM while it spins and a PCIe read per poll.
+
+__device__ __forceinline__ uint64_t load_acquire_sys(uint64_t addr)
+{
+	uint64_t v;
+	asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(addr) : "memory");
+	return v;
+}
+
+__device__ __forceinline__ void store_release_sys(uint64_t addr, uint64_t v)
+{
+	asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(addr), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ rw_cuda_page_params_t *shadow_params(const rw_cuda_rank_ctl_t &a, uint64_t sh)
+{
+	return reinterpret_cast<rw_cuda_page_params_t *>(sh + a.o_params);
+}
+
+__device__ __forceinline__ rw_cuda_rank_tail_t *shadow_tail(const rw_cuda_rank_ctl_t &a, uint64_t sh)
+{
+	return reinterpret_cast<rw_cuda_rank_tail_t *>(sh + a.slot_bytes);
+}
+
+__device__ __forceinline__ uint64_t page_slot(const rw_cuda_rank_ctl_t &a, uint64_t k)
+{
+	return a.page + a.slot0 + (k % a.depth) * (uint64_t)a.slot_bytes;
+}
+
+__device__ __forceinline__ uint64_t page_word(const rw_cuda_rank_ctl_t &a, uint32_t w)
+{
+	return a.page + a.word_off + 64ull * w;
+}
+
+// Thread 0 publishes `word` = k after the block's stores (and the stream's earlier ones).
+__device__ __forceinline__ void publish(const rw_cuda_rank_ctl_t &a, uint32_t w, uint64_t k)
+{
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		__threadfence_system();
+		store_release_sys(page_word(a, w), k);
+	}
+}
+
+__device__ void ctl_submit(const rw_cuda_rank_ctl_t &a)
+{
+	__shared__ uint64_t k_s;
+	rw_cuda_page_params_t *sp = shadow_params(a, a.shadow);
+	if (threadIdx.x == 0) {
+		rw_cuda_rank_ctlblk_t *c = reinterpret_cast<rw_cuda_rank_ctlblk_t *>(a.ctl);
+		const uint64_t k = c->k + 1;
+		c->k = k;
+		const rw_cuda_page_params_t p = rw_cuda_rank_params(&a, c, k, sp, shadow_params(a, a.ref),
+								    shadow_tail(a, a.ref));
+		*sp = p;
+		*reinterpret_cast<rw_cuda_page_params_t *>(page_slot(a, k) + a.o_params) = p;
+		k_s = k;
+	}
+	__syncthreads();
+	const uint64_t k = k_s;
+	block_copy(reinterpret_cast<uint8_t *>(page_slot(a, k) + a.o_count_row),
+		   reinterpret_cast<const uint8_t *>(a.shadow + a.o_count_row), a.cells * 4u);
+	publish(a, 0, k); // submit (P1)
+}
+
+__device__ void ctl_wait(const rw_cuda_rank_ctl_t &a)
+{
+	const uint64_t k = shadow_params(a, a.shadow)->phase;
+	if (threadIdx.x == 0) {
+		uint32_t nap = 32;
+		while ((int64_t)(load_acquire_sys(page_word(a, a.word)) - k) < 0) {
+			__nanosleep(nap);
+			nap = nap < 2048 ? nap * 2 : nap;
+		}
+		shadow_tail(a, a.shadow)->status =
+			*reinterpret_cast<const volatile int32_t *>(a.page + a.status_off + 64ull * (k % a.depth));
+	}
+	__syncthreads();
+	const uint64_t slot = page_slot(a, k);
+	if (a.word == 1) { // plan: the head, rails, tags, entries; a combine's terms too
+		block_copy(reinterpret_cast<uint8_t *>(a.shadow + a.o_plan),
+			   reinterpret_cast<const uint8_t *>(slot + a.o_plan), a.o_list - a.o_plan);
+		if (a.kind == 1)
+			block_copy(reinterpret_cast<uint8_t *>(a.shadow + a.o_term_off),
+				   reinterpret_cast<const uint8_t *>(slot + a.o_term_off),
+				   a.slot_bytes - a.o_term_off);
+	} else { // arrived: the list head and its entries (at most max_recv)
+		const uint32_t listed = *reinterpret_cast<const volatile uint32_t *>(slot + a.o_list + 8);
+		const uint32_t n = min(listed, a.max_recv);
+		block_copy(reinterpret_cast<uint8_t *>(a.shadow + a.o_list),
+			   reinterpret_cast<const uint8_t *>(slot + a.o_list), a.o_list_entry - a.o_list);
+		block_copy(reinterpret_cast<uint8_t *>(a.shadow + a.o_list_entry),
+			   reinterpret_cast<const uint8_t *>(slot + a.o_list_entry), n * 16u);
+	}
+}
+
+__device__ void ctl_done(const rw_cuda_rank_ctl_t &a)
+{
+	if (threadIdx.x != 0)
+		return;
+	const rw_cuda_page_params_t *sp = shadow_params(a, a.shadow);
+	const rw_cuda_rank_tail_t *t = shadow_tail(a, a.shadow);
+	rw_cuda_rank_report_t *rep = reinterpret_cast<rw_cuda_rank_report_t *>(a.report);
+	const uint64_t k = sp->phase;
+	if (a.out)
+		*reinterpret_cast<uint32_t *>(a.out) = t->recv_n;
+	rw_cuda_rank_report_add(rep, a.kind, sp, t);
+	__threadfence_system();
+	store_release_sys(page_word(a, 4), k); // done (P5)
+}
+
+// The caller's rows into this rank's staging area (where the dispatch's plan head, copied into
+// its shadow at its plan, says), then a +0 row for each row the dispatch dropped past its
+// capacity (the combine gives back every row the daemon listed: a dropped row adds nothing):
+// before the combine's submit (P1). Grid-stride, 16 bytes a thread where everything is aligned.
+__device__ void ctl_stage(const rw_cuda_rank_ctl_t &a)
+{
+	const rw_cuda_plan_head_t *h = reinterpret_cast<const rw_cuda_plan_head_t *>(a.ref + a.o_plan);
+	const rw_cuda_rank_tail_t *dt = shadow_tail(a, a.ref);
+	const uint64_t copy = (uint64_t)dt->recv_n * a.row_bytes;
+	const uint64_t bytes = ((uint64_t)dt->recv_n + dt->overflow) * a.row_bytes;
+	if (bytes > h->stage_stride || h->stage_off + (uint64_t)a.gpus * h->stage_stride > a.slab0_bytes) {
+		if (blockIdx.x == 0 && threadIdx.x == 0)
+			set_err(reinterpret_cast<uint64_t>(shadow_tail(a, a.shadow)->err),
+				RW_CUDA_RANK_E_STAGE, dt->recv_n + dt->overflow);
+		return;
+	}
+	uint8_t *dst = reinterpret_cast<uint8_t *>(a.slab0 + h->stage_off + a.owner * h->stage_stride);
+	const uint8_t *src = reinterpret_cast<const uint8_t *>(a.src);
+	const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+	const uint64_t first = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if ((((uintptr_t)dst | (uintptr_t)src | copy | bytes) & 15) == 0) {
+		for (uint64_t i = first; i < bytes / 16; i += stride)
+			reinterpret_cast<uint4 *>(dst)[i] = i < copy / 16 ? reinterpret_cast<const uint4 *>(src)[i]
+									  : make_uint4(0, 0, 0, 0);
+	} else {
+		for (uint64_t i = first; i < bytes; i += stride)
+			dst[i] = i < copy ? src[i] : 0;
+	}
+}
+
+extern "C" __global__ void __launch_bounds__(256) rw_rank_ctl(const rw_cuda_rank_ctl_t a)
+{
+	switch (a.op) {
+	case RW_CUDA_RANK_OP_BEGIN:
+		block_zero(reinterpret_cast<uint8_t *>(a.shadow + a.o_count_row), a.cells * 4u);
+		block_zero(reinterpret_cast<uint8_t *>(shadow_tail(a, a.shadow)), sizeof(rw_cuda_rank_tail_t));
+		if (threadIdx.x == 0)
+			shadow_params(a, a.shadow)->bad = 0;
+		break;
+	case RW_CUDA_RANK_OP_SUBMIT: ctl_submit(a); break;
+	case RW_CUDA_RANK_OP_WAIT: ctl_wait(a); break;
+	case RW_CUDA_RANK_OP_WORD:
+		publish(a, a.word, shadow_params(a, a.shadow)->phase);
+		break;
+	case RW_CUDA_RANK_OP_DONE: ctl_done(a); break;
+	case RW_CUDA_RANK_OP_STAGE: ctl_stage(a); break;
 	}
 }

@@ -443,4 +443,22 @@ rw_status_t rw_cuda_rank_gather(const rw_cuda_ext_stream_t *s, const rw_cuda_ran
  * the list's). */
 rw_status_t rw_cuda_rank_reduce(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_reduce_t *a);
 
+/* Static mode's hand-offs (cuda/rank_abi.h RW_CUDA_RANK_OP_*; docs/rankpath.md "Static mode and
+ * CUDA graphs"): one operation of rw_rank_ctl on the stream, reading the phase number from the
+ * control block, so that a replayed graph takes a new phase each time. The block's addresses
+ * are device addresses (the page and the report through rw_cuda_host_register_mapped /
+ * rw_cuda_host_alloc). RW_ERR_INVAL: an address 0 or unaligned, an unknown operation or word. */
+rw_status_t rw_cuda_rank_ctl(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_ctl_t *a);
+
+/* ---- graphs (cuda/graph.c) ----------------------------------------------------------------- *
+ * Begin: what is enqueued on the stream from now on is recorded, not run (global capture mode:
+ * a host synchronization of this process meanwhile fails and spoils the capture). End: the
+ * recorded work as a graph ready to launch (RW_ERR_* from the driver when the capture was spoilt).
+ * Launch: one replay of it on a stream of its device, in that stream's order. */
+typedef struct rw_cuda_graph rw_cuda_graph_t;
+rw_status_t rw_cuda_graph_begin(const rw_cuda_ext_stream_t *s);
+rw_status_t rw_cuda_graph_end(const rw_cuda_ext_stream_t *s, rw_cuda_graph_t **graph_p);
+rw_status_t rw_cuda_graph_launch(rw_cuda_graph_t *g, const rw_cuda_ext_stream_t *s);
+void rw_cuda_graph_destroy(rw_cuda_graph_t *g);
+
 #endif /* RW_CUDA_H */

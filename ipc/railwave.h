@@ -383,7 +383,8 @@ int rw_client_group_slab(rw_client_t *client, uint32_t rail, rw_client_slab_t *s
  * rank never needs it), launches the kernels in this process on the caller's stream and
  * hands off to the daemon through words of the rank page. Nothing here waits for the GPU or
  * makes a system call on a phase's path. Built so far (docs/rankpath.md "Status"): dispatch and
- * combine, eager mode.
+ * combine, eager mode and static mode (below: the phases started by the stream, capturable in a
+ * CUDA graph).
  *
  * Threads: an rw_client_rank_t is not locked; one thread makes its calls. It keeps the
  * rw_client_t it was opened on, which must outlive it (close the rank path first). */
@@ -510,6 +511,64 @@ typedef struct rw_client_rank_done {
  * or is older than the last 8 phases dispatched. */
 int rw_client_rank_wait(rw_client_rank_t *rank, uint64_t phase, int timeout_ms,
 			rw_client_rank_done_t *done_p);
+
+/* ---- Static mode: phases started by the stream, a MoE layer in a CUDA graph
+ * (docs/rankpath.md "Static mode and CUDA graphs") ------------------------------------------
+ * In static mode nothing a phase needs is known to this CPU at the call: the stream takes the
+ * phase number (a counter in device memory the rank path owns), writes the phase's parameters
+ * into the page's slot and its words with kernels, and waits for the daemon's words with a
+ * kernel that reads the number from memory. So the calls can be captured in a CUDA graph
+ * (cuStreamBeginCapture ... cuStreamEndCapture) and every replay is new phases: each dispatch's
+ * step is the call's step plus a device counter of its layer (every replay a new pair key for
+ * the daemon); its combine takes the dispatch's layer and step. The outputs stay in the caller's
+ * device buffers (recv_x, recv_meta, recv_counts sized for recv_cap rows; the received row count
+ * in a u32 of the caller's), rows past recv_cap are dropped and counted, and what failed is
+ * reported by rw_client_rank_check, never by a host wait. Rules: every static call of a rank
+ * path goes to one stream (or streams ordered one after another), since the stream's order is
+ * the phases' order; a graph holding a dispatch holds its combine. */
+
+/* Open the rank path in static mode: rw_client_rank_open, then the control block and the
+ * shadow slots (device memory) and the report (page-locked host memory). Its calls are the
+ * _static ones and rw_client_rank_check; rw_client_rank_dispatch, _combine and _wait answer
+ * RW_E_STATE. The errors of rw_client_rank_open; RW_E_CUDA: no memory for the above. */
+int rw_client_rank_open_static(rw_client_t *client, int32_t device, uint32_t max_recv,
+			       rw_client_rank_t **rank_p);
+
+/* Enqueue one dispatch in static mode (capturable): BEGIN, the count kernel, the stream's submit
+ * (k = its counter + 1), a wait kernel for plan >= k, pack, packed, a wait for arrived, forward,
+ * done; then the received row count into the u32 at device address `recv_n` (0: none). *call_p:
+ * the call's number (1, 2, ...), which its combine names. d->step is the base the stream adds
+ * the layer's counter to. The argument errors of rw_client_rank_dispatch, at the call; RW_E_CUDA
+ * as there. Nothing waits. */
+int rw_client_rank_dispatch_static(rw_client_rank_t *rank, const rw_client_stream_t *stream,
+				   const rw_client_rank_dispatch_t *d, uint64_t recv_n,
+				   uint64_t *call_p);
+
+/* Enqueue the combine of static dispatch call c->dispatch (capturable): the rows (one per row
+ * that dispatch received, as its row count says when the stream gets there) copied into this
+ * rank's staging area, submit, a wait for plan, gather, packed, a wait for arrived, reduce into
+ * c->out (that dispatch's token_count rows), done. RW_E_STATE: c->dispatch is not a static
+ * dispatch of this rank path among its last 15 calls, or was combined already. */
+int rw_client_rank_combine_static(rw_client_rank_t *rank, const rw_client_stream_t *stream,
+				  const rw_client_rank_combine_t *c, uint64_t *call_p);
+
+/* What the stream reported since the last check (call it once the stream's work is done, e.g.
+ * after cuStreamSynchronize or an event; the report is cleared by the call). */
+typedef struct rw_client_rank_check {
+	uint64_t done;         /* the last phase number the stream finished */
+	uint64_t phase;        /* the first phase that failed, or 0 */
+	uint64_t over_phase;   /* the first dispatch with rows past its recv_cap, or 0 */
+	uint32_t overflow;     /* rows dropped over all such dispatches */
+	uint32_t need;         /* the most rows one of them received (written + dropped): the
+	                          recv_cap that would have held them */
+} rw_client_rank_check_t;
+
+/* 0: every phase the stream finished since the last check passed. Else the first failure, as
+ * rw_client_rank_wait names it (RW_E_TOKENS, the daemon's status such as RW_E_PHASE,
+ * RW_E_CLOSED, RW_E_BADREPLY), then RW_E_OVERFLOW (rows past recv_cap: the message says how many
+ * rows were needed). RW_E_CLOSED also when the daemon is gone and nothing failed yet;
+ * RW_E_STATE: not a static rank path. *check_p (if given) is filled in every case. */
+int rw_client_rank_check(rw_client_rank_t *rank, rw_client_rank_check_t *check_p);
 
 /* The group's slab of `rail` as the rank path mapped it at open and registered it with CUDA
  * (DEVICEMAP | PORTABLE; docs/rankpath.md "The slab areas, lent per group"): *slab_p (the

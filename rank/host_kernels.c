@@ -385,6 +385,7 @@ static void gather_range(const void *ctx, uint32_t lo, uint32_t hi)
 	const uint32_t *toff = at(a->term_off), *terms = at(a->terms);
 	const uint32_t row_bytes = a->hidden * dtype_size(a->dtype);
 	uint64_t rows[RW_CUDA_RANK_TERMS_MAX];
+	const uint64_t *stage = at(a->stage); /* static mode: the dispatch plan head's, read now */
 	for (uint32_t j = lo; j < hi; j++) {
 		const rw_cuda_list_entry_t *le = &list[j];
 		uint32_t j0 = toff ? toff[j] : 0, j1 = toff ? toff[j + 1] : 1;
@@ -411,9 +412,12 @@ static void gather_range(const void *ctx, uint32_t lo, uint32_t hi)
 			if (!toff) {
 				addr = a->rows[a->g] + (uint64_t)j * row_bytes;
 			} else {
-				uint32_t g = terms[k] >> 24;
-				if (g < RW_CUDA_RANK_GPUS && a->rows[g])
-					addr = a->rows[g] + (uint64_t)(terms[k] & 0xffffffu) * row_bytes;
+				const uint32_t g = terms[k] >> 24;
+				const uint64_t base = stage ? (g < a->stage_gpus ? a->slab[0] + stage[0] +
+										   g * stage[1] : 0)
+							    : g < RW_CUDA_RANK_GPUS ? a->rows[g] : 0;
+				if (base)
+					addr = base + (uint64_t)(terms[k] & 0xffffffu) * row_bytes;
 			}
 			rows[k - j0] = addr;
 			bad |= !addr;

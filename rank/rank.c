@@ -26,8 +26,8 @@
 /* Why the calling thread's last rw_client_rank_open failed (no object to hold it). */
 static _Thread_local char open_msg[RW_RANK_MSG_MAX];
 
-static int say(char *buf, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int say(char *buf, int code, const char *fmt, ...)
+#define say rw_rank_say /* rank.h: rank/static.c says its errors the same way */
+int rw_rank_say(char *buf, int code, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -158,6 +158,13 @@ void rw_client_rank_close(rw_client_rank_t *r)
 {
 	if (!r)
 		return;
+	if (r->st) { /* static mode's memory (rank/static.c made it) */
+		for (unsigned i = 0; i < RW_RANK_SHADOWS; i++)
+			rw_cuda_mem_free(r->device, r->st->shadow[i]);
+		rw_cuda_mem_free(r->device, r->st->ctl);
+		rw_cuda_host_free(r->st->report);
+		free(r->st);
+	}
 	if (r->host) {
 		rw_rank_host_close(r);
 		rw_rank_slabs_close(r);
@@ -224,8 +231,8 @@ static int answer(rw_client_rank_t *r, const rw_rank_result_t *res,
 	return 0;
 }
 
-static int check_dispatch(rw_client_rank_t *r, const rw_client_stream_t *s,
-			  const rw_client_rank_dispatch_t *d)
+int rw_rank_check_dispatch(rw_client_rank_t *r, const rw_client_stream_t *s,
+			   const rw_client_rank_dispatch_t *d)
 {
 	if (s->reserved || d->reserved0 || d->reserved1 || d->reserved2)
 		return say(r->msg, RW_E_INVAL, "dispatch: a reserved field is not 0");
@@ -283,23 +290,30 @@ static uint32_t cuda_dtype(uint8_t dtype)
 	return dtype == RW_DTYPE_BF16 ? RW_CUDA_BF16 : RW_CUDA_FP32;
 }
 
-/* The pack's and the forward's argument blocks for dispatch phase k: the plan's entries and tags
- * and the forward list in the phase's slot (read by the kernels after the waits, in place), the
- * group's slabs (entry offsets from each slab's start; the dispatch receive and local areas at
- * the offsets the daemon lent them with), the slot's status line, error word and row counts. */
-static void dispatch_blocks(const rw_client_rank_t *r, uint64_t k,
-			    const rw_client_rank_dispatch_t *d, rw_cuda_rank_pack_t *pk,
-			    rw_cuda_rank_forward_t *fw)
+/* Where eager phase k's blocks are: slot k mod D of the page, its status line, its line. */
+static rw_rank_where_t where_of(const rw_client_rank_t *r, uint64_t k)
 {
-	const rw_cuda_dptr_t slot = r->dptr + slot_off(r, k);
-	const rw_cuda_dptr_t status = r->dptr + offsetof(rw_page_head_t, status) +
-				      (k % D) * sizeof(rw_page_line_t);
-	const rw_cuda_dptr_t line = (rw_cuda_dptr_t)(uintptr_t)&r->lines[k % D];
+	return (rw_rank_where_t){
+		.slot = r->dptr + slot_off(r, k),
+		.status = r->dptr + offsetof(rw_page_head_t, status) + (k % D) * sizeof(rw_page_line_t),
+		.line = (rw_cuda_dptr_t)(uintptr_t)&r->lines[k % D], .scratch = r->scratch[k % D] };
+}
+
+/* The pack's and the forward's argument blocks for a dispatch whose blocks are at `w` (eager:
+ * where_of; static mode: its shadow): the plan's entries and tags and the forward list in its
+ * slot (read by the kernels after the waits, in place), the group's slabs (entry offsets from
+ * each slab's start; the dispatch receive and local areas at the offsets the daemon lent them
+ * with), its status line, error word and row counts. */
+void rw_rank_dispatch_blocks(const rw_client_rank_t *r, const rw_rank_where_t *w,
+			     const rw_client_rank_dispatch_t *d, rw_cuda_rank_pack_t *pk,
+			     rw_cuda_rank_forward_t *fw)
+{
+	const rw_cuda_dptr_t slot = w->slot, status = w->status, line = w->line;
 	const rw_page_head_t *pg = r->pg;
 	*pk = (rw_cuda_rank_pack_t){
 		.x = d->tokens, .ids = d->topk_ids, .weights = d->topk_weights,
 		.entry = slot + r->layout.plan_entry, .tags = slot + r->layout.plan_tag,
-		.scratch = r->scratch[k % D], .status = status,
+		.scratch = w->scratch, .status = status,
 		.err = line + offsetof(rw_rank_line_t, err), .n_tokens = d->token_count,
 		.topk = d->topk, .hidden = d->hidden, .dtype = cuda_dtype(d->dtype),
 		.n_experts = d->n_experts, .nodes = pg->nodes, .rails = pg->rails, .me = pg->node,
@@ -323,7 +337,7 @@ static void dispatch_blocks(const rw_client_rank_t *r, uint64_t k,
 }
 
 /* What every phase checks before it takes slot k: the rank path usable, the daemon there. */
-static int phase_open(rw_client_rank_t *r, const char *what, uint64_t k)
+int rw_rank_phase_open(rw_client_rank_t *r, const char *what, uint64_t k)
 {
 	if (r->broken)
 		return say(r->msg, r->broken, "%s: the rank path is broken (an enqueue failed after a "
@@ -408,10 +422,13 @@ int rw_client_rank_dispatch(rw_client_rank_t *r, const rw_client_stream_t *s,
 		s = &host_stream;
 	if (!s || !d || !phase_p)
 		return say(r->msg, RW_E_INVAL, "dispatch: NULL argument");
+	if (r->st)
+		return say(r->msg, RW_E_STATE, "dispatch: the rank path was opened in static mode "
+			   "(rw_client_rank_dispatch_static)");
 	const uint64_t k = r->next;
-	int rc = phase_open(r, "dispatch", k);
+	int rc = rw_rank_phase_open(r, "dispatch", k);
 	if (rc == 0)
-		rc = check_dispatch(r, s, d);
+		rc = rw_rank_check_dispatch(r, s, d);
 	if (rc == 0)
 		rc = take_slot(r, k);
 	if (rc)
@@ -423,7 +440,8 @@ int rw_client_rank_dispatch(rw_client_rank_t *r, const rw_client_stream_t *s,
 	slot_write(r, k, &p);
 	rw_cuda_rank_pack_t pk;
 	rw_cuda_rank_forward_t fw;
-	dispatch_blocks(r, k, d, &pk, &fw);
+	const rw_rank_where_t w = where_of(r, k);
+	rw_rank_dispatch_blocks(r, &w, d, &pk, &fw);
 	if (r->host) {
 		*phase_p = k;
 		return rw_rank_host_dispatch(r, k, d, &pk, &fw);
@@ -441,20 +459,20 @@ int rw_client_rank_dispatch(rw_client_rank_t *r, const rw_client_stream_t *s,
 	return rc;
 }
 
-/* The gather's and reduce's blocks for combine phase k of dispatch kd: the dispatch's forward
- * list (its slot, intact until phase kd + D), the combine's plan entries, tags and terms, the
- * local ranks' staged rows (where the dispatch's plan said); the reduce reads the combine's
- * receive and local areas from its plan block's rails in place (decided after this call). */
-static void combine_blocks(const rw_client_rank_t *r, uint64_t k, uint64_t kd,
-			   const rw_page_params_t *dp, const rw_page_plan_head_t *dh,
-			   const rw_client_rank_combine_t *c, rw_cuda_rank_gather_t *ga,
-			   rw_cuda_rank_reduce_t *re)
+/* The gather's and reduce's blocks for a combine whose blocks are at `w`, of the dispatch whose
+ * slot (its forward list, intact until the slot is reused) is at `dslot`: the combine's plan
+ * entries, tags and terms, the local ranks' staged rows (where the dispatch's plan said: `dh`
+ * read on this CPU, or with dh NULL the plan head at `stage` read by the gather on the GPU);
+ * the reduce reads the combine's receive and local areas from its plan block's rails in place
+ * (decided after this call). */
+void rw_rank_combine_blocks(const rw_client_rank_t *r, const rw_rank_where_t *w,
+			    rw_cuda_dptr_t dslot, const rw_page_params_t *dp,
+			    const rw_page_plan_head_t *dh, rw_cuda_dptr_t stage,
+			    const rw_client_rank_combine_t *c, rw_cuda_rank_gather_t *ga,
+			    rw_cuda_rank_reduce_t *re)
 {
 	const rw_page_head_t *pg = r->pg;
-	const rw_cuda_dptr_t slot = r->dptr + slot_off(r, k), dslot = r->dptr + slot_off(r, kd);
-	const rw_cuda_dptr_t status = r->dptr + offsetof(rw_page_head_t, status) +
-				      (k % D) * sizeof(rw_page_line_t);
-	const rw_cuda_dptr_t line = (rw_cuda_dptr_t)(uintptr_t)&r->lines[k % D];
+	const rw_cuda_dptr_t slot = w->slot, status = w->status, line = w->line;
 	*ga = (rw_cuda_rank_gather_t){
 		.list = dslot + r->layout.list_entry,
 		.list_n = dslot + r->layout.list + offsetof(rw_page_list_head_t, count),
@@ -471,8 +489,13 @@ static void combine_blocks(const rw_client_rank_t *r, uint64_t k, uint64_t kd,
 		.plan_rail = slot + r->layout.plan_rail, .cap = pg->max_recv,
 		.n_tokens = dp->token_count, .hidden = dp->hidden, .dtype = cuda_dtype(dp->dtype),
 		.rails = pg->rails };
-	for (uint32_t g = 0; g < pg->gpus && g < RW_CUDA_RANK_GPUS; g++)
-		ga->rows[g] = r->slab[0].dptr + dh->stage_off + g * dh->stage_stride;
+	if (dh) {
+		for (uint32_t g = 0; g < pg->gpus && g < RW_CUDA_RANK_GPUS; g++)
+			ga->rows[g] = r->slab[0].dptr + dh->stage_off + g * dh->stage_stride;
+	} else {
+		ga->stage = stage;
+		ga->stage_gpus = pg->gpus;
+	}
 	for (uint32_t e = 0; e < r->n_slabs; e++)
 		ga->slab[e] = re->slab[e] = r->slab[e].dptr;
 }
@@ -487,8 +510,11 @@ int rw_client_rank_combine(rw_client_rank_t *r, const rw_client_stream_t *s,
 		s = &host_stream;
 	if (!s || !c || !phase_p)
 		return say(r->msg, RW_E_INVAL, "combine: NULL argument");
+	if (r->st)
+		return say(r->msg, RW_E_STATE, "combine: the rank path was opened in static mode "
+			   "(rw_client_rank_combine_static)");
 	const uint64_t k = r->next, kd = c->dispatch;
-	int rc = phase_open(r, "combine", k);
+	int rc = rw_rank_phase_open(r, "combine", k);
 	if (rc)
 		return rc;
 	if (s->reserved || s->device != r->device)
@@ -523,7 +549,8 @@ int rw_client_rank_combine(rw_client_rank_t *r, const rw_client_stream_t *s,
 				     .path = dp->path, .phase = k, .step = dp->step };
 	rw_cuda_rank_gather_t ga;
 	rw_cuda_rank_reduce_t re;
-	combine_blocks(r, k, kd, dp, &dh, c, &ga, &re);
+	const rw_rank_where_t w = where_of(r, k);
+	rw_rank_combine_blocks(r, &w, r->dptr + slot_off(r, kd), dp, &dh, 0, c, &ga, &re);
 	slot_write(r, k, &p);
 	if (r->host) {
 		kept->combined = 1;
@@ -554,6 +581,9 @@ int rw_client_rank_wait(rw_client_rank_t *r, uint64_t k, int timeout_ms,
 {
 	if (!r)
 		return RW_E_INVAL;
+	if (r->st)
+		return say(r->msg, RW_E_STATE, "wait: the rank path is in static mode: the stream "
+			   "takes the phase numbers (rw_client_rank_check)");
 	const uint64_t last = r->next - 1;
 	if (k == 0 || k > last)
 		return say(r->msg, RW_E_INVAL, "wait: phase %llu was not dispatched (last %llu)",

@@ -43,6 +43,32 @@ typedef struct rw_rank_line {
 	uint8_t pad[48];
 } rw_rank_line_t;
 
+/* Where one phase's blocks are, as the kernels address them: its slot (the page's slot k mod D in
+ * eager mode, its shadow in static mode), its status word, its line (rw_rank_line_t layout:
+ * error word, row counts) and the pack's scratch. */
+typedef struct rw_rank_where {
+	rw_cuda_dptr_t slot, status, line, scratch;
+} rw_rank_where_t;
+
+/* Static mode (rank/static.c; docs/rankpath.md "Static mode and CUDA graphs"): each call's
+ * blocks in a shadow slot of device memory, RW_RANK_SHADOWS of them in turn; what the host
+ * keeps of a call (a combine names its dispatch by call number). */
+#define RW_RANK_SHADOWS 16
+typedef struct rw_rank_call {
+	uint64_t call;          /* 0: none */
+	int kind;               /* RW_KIND_DISPATCH or RW_KIND_COMBINE */
+	int combined;           /* a dispatch whose combine was enqueued */
+	rw_page_params_t p;     /* a dispatch's parameters as the call gave them (step: the base) */
+} rw_rank_call_t;
+
+typedef struct rw_rank_static {
+	rw_cuda_dptr_t ctl;     /* rw_cuda_rank_ctlblk_t, device memory */
+	rw_cuda_rank_report_t *report; /* page-locked; the stream writes it, the host reads it */
+	rw_cuda_dptr_t shadow[RW_RANK_SHADOWS]; /* device memory: slot_bytes + the tail each */
+	uint64_t calls;         /* static calls made (1, 2, ...) */
+	rw_rank_call_t call[RW_RANK_SHADOWS]; /* call c at c mod RW_RANK_SHADOWS */
+} rw_rank_static_t;
+
 struct rw_client_rank {
 	rw_client_t *client;
 	rw_page_head_t *pg;    /* the rank page, mapped by the client */
@@ -62,7 +88,23 @@ struct rw_client_rank {
 	int slabs_code;
 	rw_rank_slab_t slab[RW_CLIENT_SLAB_RAILS];
 	struct rw_rank_host *host; /* device RW_RANK_HOST: the phases this CPU drives (rank/host.c) */
+	rw_rank_static_t *st;   /* static mode (rw_client_rank_open_static), else NULL */
 };
+
+/* rank/rank.c, for rank/static.c (which rank.c never calls: static mode's calls are its own). */
+int rw_rank_say(char *buf, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int rw_rank_check_dispatch(rw_client_rank_t *r, const rw_client_stream_t *s,
+			   const rw_client_rank_dispatch_t *d);
+/* RW_E_CUDA once the rank path broke, RW_E_CLOSED when the daemon is gone (plan far past k - 1). */
+int rw_rank_phase_open(rw_client_rank_t *r, const char *what, uint64_t k);
+void rw_rank_dispatch_blocks(const rw_client_rank_t *r, const rw_rank_where_t *w,
+			     const rw_client_rank_dispatch_t *d, rw_cuda_rank_pack_t *pk,
+			     rw_cuda_rank_forward_t *fw);
+void rw_rank_combine_blocks(const rw_client_rank_t *r, const rw_rank_where_t *w,
+			    rw_cuda_dptr_t dslot, const rw_page_params_t *dp,
+			    const rw_page_plan_head_t *dh, rw_cuda_dptr_t stage,
+			    const rw_client_rank_combine_t *c, rw_cuda_rank_gather_t *ga,
+			    rw_cuda_rank_reduce_t *re);
 
 /* rank/slabs.c: at open, every rail's slab lent to the group, registered with CUDA (0, or none
  * lent: n_slabs 0); RW_E_CUDA, RW_E_BADREPLY or the client's error, r->msg says which (nothing

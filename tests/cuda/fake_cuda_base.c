@@ -65,8 +65,11 @@ void rw_fake_cuda_count(enum rw_fake_count what)
 #define QMAX 4096
 struct work {
 	rw_fake_work_fn fn;
-	unsigned char arg[64];
+	int (*hold)(const void *); /* recorded in a graph: its launch queues behind it */
+	size_t len;
+	unsigned char arg[RW_FAKE_WORK_ARG];
 };
+struct rw_fake_graph;
 /* One stream: its queue and (with the lag) its worker thread. Streams are independent, as a
  * GPU's are: a wait held on one holds none of the others. The legacy stream (NULL) is one too. */
 struct rw_fake_stream {
@@ -76,6 +79,7 @@ struct rw_fake_stream {
 	pthread_cond_t more, ran;
 	pthread_t thread;
 	int worker_up, dying;
+	struct rw_fake_graph *capture; /* being captured: work is recorded here, not run */
 };
 static pthread_mutex_t q_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct rw_fake_stream legacy = { .more = PTHREAD_COND_INITIALIZER, .ran = PTHREAD_COND_INITIALIZER };
@@ -167,6 +171,9 @@ void rw_fake_cuda_stream_destroy(void *s)
 
 /* Run fn(arg) as the stream's next item: at once on this thread when there is no lag, nothing is
  * queued on the stream and `hold` (if given) is already satisfied; else queued behind what is. */
+static int capture_record(struct rw_fake_stream *q, rw_fake_work_fn fn, const void *arg, size_t len,
+			  int (*hold)(const void *));
+
 static void submit(const void *s, rw_fake_work_fn fn, const void *arg, size_t len,
 		   int (*hold)(const void *))
 {
@@ -177,6 +184,10 @@ static void submit(const void *s, rw_fake_work_fn fn, const void *arg, size_t le
 	}
 	pthread_mutex_lock(&q_mu);
 	struct rw_fake_stream *q = stream_find(s);
+	if (q->capture && capture_record(q, fn, arg, len, hold) == 0) {
+		pthread_mutex_unlock(&q_mu);
+		return;
+	}
 	if (lag() <= 0 && q->head == q->tail && (!hold || hold(arg))) {
 		pthread_mutex_unlock(&q_mu);
 		fn(arg);
@@ -204,6 +215,12 @@ static void submit(const void *s, rw_fake_work_fn fn, const void *arg, size_t le
 void rw_fake_cuda_submit(const void *s, rw_fake_work_fn fn, const void *arg, size_t len)
 {
 	submit(s, fn, arg, len, NULL);
+}
+
+void rw_fake_cuda_submit_held(const void *s, rw_fake_work_fn fn, const void *arg, size_t len,
+			      int (*hold)(const void *))
+{
+	submit(s, fn, arg, len, hold);
 }
 
 unsigned rw_fake_cuda_busy(const void *s)
@@ -334,8 +351,20 @@ CUresult CUDAAPI cuCtxSetCurrent(CUcontext c) { (void)c; return CUDA_SUCCESS; }
 CUresult CUDAAPI cuCtxGetCurrent(CUcontext *c) { *c = NULL; return CUDA_SUCCESS; }
 
 /* Copies: the synchronous ones at once, the async ones through the stream work queue. */
-CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr d, const void *s, size_t n) { memcpy((void *)(uintptr_t)d, s, n); return CUDA_SUCCESS; }
-CUresult CUDAAPI cuMemcpyDtoH(void *d, CUdeviceptr s, size_t n) { memcpy(d, (const void *)(uintptr_t)s, n); return CUDA_SUCCESS; }
+CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr d, const void *s, size_t n)
+{
+	if (rw_fake_cuda_capture_refuses(NULL))
+		return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	memcpy((void *)(uintptr_t)d, s, n);
+	return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuMemcpyDtoH(void *d, CUdeviceptr s, size_t n)
+{
+	if (rw_fake_cuda_capture_refuses(NULL))
+		return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	memcpy(d, (const void *)(uintptr_t)s, n);
+	return CUDA_SUCCESS;
+}
 struct fill_args {
 	void *dst;
 	size_t n;
@@ -476,7 +505,7 @@ struct event_handle_bytes {
 	int fd;
 };
 
-static int hold_until(int (*ready)(const void *), const void *arg, const char *what)
+int rw_fake_cuda_wait_until(int (*ready)(const void *), const void *arg, const char *what)
 {
 	static int limit_s = -1;
 	if (limit_s < 0) {
@@ -578,7 +607,7 @@ static int event_ready(const void *a)
 }
 static void event_wait_run(const void *a)
 {
-	hold_until(event_ready, a, "cuStreamWaitEvent");
+	rw_fake_cuda_wait_until(event_ready, a, "cuStreamWaitEvent");
 }
 
 CUresult CUDAAPI cuEventRecord(CUevent e, CUstream s)
@@ -599,7 +628,7 @@ CUresult CUDAAPI cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags)
 CUresult CUDAAPI cuEventSynchronize(CUevent e)
 {
 	struct ev_args r = { e->pg, atomic_load(&e->pg->recorded) };
-	return hold_until(event_ready, &r, "cuEventSynchronize") ? CUDA_ERROR_LAUNCH_TIMEOUT
+	return rw_fake_cuda_wait_until(event_ready, &r, "cuEventSynchronize") ? CUDA_ERROR_LAUNCH_TIMEOUT
 								 : CUDA_SUCCESS;
 }
 
@@ -629,7 +658,7 @@ static int value_ready(const void *a)
 static void value_wait_run(const void *a)
 {
 	const struct value_args *w = a;
-	hold_until(value_ready, a, w->bits == 32 ? "cuStreamWaitValue32" : "cuStreamWaitValue64");
+	rw_fake_cuda_wait_until(value_ready, a, w->bits == 32 ? "cuStreamWaitValue32" : "cuStreamWaitValue64");
 }
 
 /* Whether the device reaches [p, p + n) as device memory: each stand-in's own allocations and
@@ -673,5 +702,147 @@ CUresult CUDAAPI cuStreamWriteValue64(CUstream s, CUdeviceptr addr, cuuint64_t v
 CUresult CUDAAPI cuStreamWaitValue64(CUstream s, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
 {
 	return value_op(s, addr, value, 64, 1, flags);
+}
+
+/* ---- graphs ----
+ * A capture records each item a stream is given (its function, its copied argument, and for a
+ * wait its hold) instead of running it; a launch submits the recorded items to a stream in order,
+ * each as if it had just been enqueued there: a kernel's block as copied at capture, a wait
+ * judged when its turn comes. What the driver refuses during a global-mode capture is refused
+ * here too: a host synchronization (cuStreamSynchronize, a synchronous copy)
+ * answers CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and spoils the capture, whose end then answers
+ * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED; the legacy stream cannot be captured. */
+struct rw_fake_graph {
+	struct work *items;
+	unsigned n, cap;
+	int spoilt;
+};
+struct rw_fake_graph_exec {
+	struct rw_fake_graph *g;
+};
+
+/* Locked. */
+static int capture_record(struct rw_fake_stream *q, rw_fake_work_fn fn, const void *arg, size_t len,
+			  int (*hold)(const void *))
+{
+	struct rw_fake_graph *g = q->capture;
+	if (g->n == g->cap) {
+		unsigned cap = g->cap ? 2 * g->cap : 64;
+		struct work *w = realloc(g->items, cap * sizeof(*w));
+		if (!w) {
+			g->spoilt = 1;
+			return 0; /* nothing recorded: the end says so */
+		}
+		g->items = w;
+		g->cap = cap;
+	}
+	struct work *w = &g->items[g->n++];
+	w->fn = fn;
+	w->hold = hold;
+	w->len = len;
+	memcpy(w->arg, arg, len);
+	return 0;
+}
+
+int rw_fake_cuda_capture_refuses(const void *s)
+{
+	pthread_mutex_lock(&q_mu);
+	int refuse = 0;
+	for (struct rw_fake_stream *q = streams; q; q = q->next)
+		if (q->capture && (!s || q == stream_find(s))) {
+			q->capture->spoilt = 1;
+			refuse = 1;
+		}
+	pthread_mutex_unlock(&q_mu);
+	return refuse;
+}
+
+CUresult CUDAAPI cuStreamBeginCapture(CUstream s, CUstreamCaptureMode mode)
+{
+	(void)mode;
+	pthread_mutex_lock(&q_mu);
+	struct rw_fake_stream *q = stream_find(s);
+	CUresult res = CUDA_SUCCESS;
+	struct rw_fake_graph *g = NULL;
+	if (q == &legacy)
+		res = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	else if (q->capture)
+		res = CUDA_ERROR_ILLEGAL_STATE;
+	else if (!(g = calloc(1, sizeof(*g))))
+		res = CUDA_ERROR_OUT_OF_MEMORY;
+	if (res == CUDA_SUCCESS) {
+		q->capture = g;
+	}
+	pthread_mutex_unlock(&q_mu);
+	return res;
+}
+
+static void graph_free(struct rw_fake_graph *g)
+{
+	if (g)
+		free(g->items);
+	free(g);
+}
+
+CUresult CUDAAPI cuStreamEndCapture(CUstream s, CUgraph *graph_p)
+{
+	pthread_mutex_lock(&q_mu);
+	struct rw_fake_stream *q = stream_find(s);
+	struct rw_fake_graph *g = q->capture;
+	if (g) {
+		q->capture = NULL;
+	}
+	pthread_mutex_unlock(&q_mu);
+	*graph_p = NULL;
+	if (!g)
+		return CUDA_ERROR_ILLEGAL_STATE;
+	if (g->spoilt) {
+		graph_free(g);
+		return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+	}
+	*graph_p = (CUgraph)g;
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status)
+{
+	pthread_mutex_lock(&q_mu);
+	struct rw_fake_stream *q = stream_find(s);
+	*status = !q->capture ? CU_STREAM_CAPTURE_STATUS_NONE
+		  : q->capture->spoilt ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+				       : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+	pthread_mutex_unlock(&q_mu);
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphInstantiate(CUgraphExec *exec_p, CUgraph graph, unsigned long long flags)
+{
+	(void)flags;
+	struct rw_fake_graph_exec *e = calloc(1, sizeof(*e));
+	if (!e)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	e->g = (struct rw_fake_graph *)graph;
+	*exec_p = (CUgraphExec)e;
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphLaunch(CUgraphExec exec, CUstream s)
+{
+	const struct rw_fake_graph *g = ((struct rw_fake_graph_exec *)exec)->g;
+	for (unsigned i = 0; i < g->n; i++)
+		submit(s, g->items[i].fn, g->items[i].arg, g->items[i].len, g->items[i].hold);
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec exec)
+{
+	free(exec);
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphDestroy(CUgraph graph)
+{
+	graph_free((struct rw_fake_graph *)graph);
+	return CUDA_SUCCESS;
 }
 #endif /* RW_HAVE_CUDA_H */

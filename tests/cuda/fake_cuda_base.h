@@ -13,13 +13,27 @@
  * legacy stream, if set): a slow GPU, so a caller that reads, posts or reports before the
  * completion it was promised sees stale bytes. Streams are
  * independent (a held wait holds only its own); `stream` is a handle from
- * rw_fake_cuda_stream_create, anything else is the legacy stream. `arg` (at most 64 bytes) is
- * copied. */
+ * rw_fake_cuda_stream_create, anything else is the legacy stream. `arg` (at most RW_FAKE_WORK_ARG
+ * bytes) is copied. While the stream is captured (cuStreamBeginCapture) the item is recorded,
+ * not run; cuGraphLaunch submits the recorded items again, in order. */
 typedef void (*rw_fake_work_fn)(const void *arg);
+#define RW_FAKE_WORK_ARG 512 /* bytes of a work item's argument at most (a rank kernel's block) */
 void *rw_fake_cuda_stream_create(void);
 /* Drains the stream, stops its worker, frees it. */
 void rw_fake_cuda_stream_destroy(void *stream);
 void rw_fake_cuda_submit(const void *stream, rw_fake_work_fn fn, const void *arg, size_t len);
+/* As rw_fake_cuda_submit, for an item that may not start before hold(arg) says 1 (a wait): it
+ * runs at once only when the stream is idle and hold already says 1, else it is queued and the
+ * stream's worker runs it (which may then block: rw_fake_cuda_wait_until). */
+void rw_fake_cuda_submit_held(const void *stream, rw_fake_work_fn fn, const void *arg, size_t len,
+			      int (*hold)(const void *));
+/* Block until ready(arg) says 1, polling every 200 us; give up after $RW_FAKE_CUDA_WAIT_S
+ * (default 20) seconds with a line on stderr naming `what`: 0, or -1 when it gave up. */
+int rw_fake_cuda_wait_until(int (*ready)(const void *), const void *arg, const char *what);
+/* A host synchronization during a global-mode capture: 1 (and the capture is spoilt) when
+ * `stream` (NULL: any stream) is being captured, else 0. Each stand-in's cuStreamSynchronize
+ * asks this first. */
+int rw_fake_cuda_capture_refuses(const void *stream);
 /* Items queued or running on the stream (0 without the lag). */
 unsigned rw_fake_cuda_busy(const void *stream);
 /* A fill of n bytes of v at dst as stream work (cuMemsetD8 on the legacy stream, the Async one on

@@ -217,6 +217,8 @@ CUresult CUDAAPI cuStreamQuery(CUstream s)
 }
 CUresult CUDAAPI cuStreamSynchronize(CUstream s)
 {
+	if (rw_fake_cuda_capture_refuses(s))
+		return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 	rw_fake_cuda_drain(s);
 	run_queued();
 	return CUDA_SUCCESS;

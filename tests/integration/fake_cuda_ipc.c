@@ -207,6 +207,8 @@ CUresult CUDAAPI cuStreamDestroy(CUstream s) { rw_fake_cuda_stream_destroy(s); r
 CUresult CUDAAPI cuStreamQuery(CUstream s) { return rw_fake_cuda_busy(s) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS; }
 CUresult CUDAAPI cuStreamSynchronize(CUstream s)
 {
+	if (rw_fake_cuda_capture_refuses(s))
+		return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 	unsigned n = rw_fake_cuda_drain(s);
 	if (n)
 		fprintf(stderr, "fake cuda: cuStreamSynchronize blocked for %u queued items\n", n);

@@ -4,12 +4,13 @@
  * (rank/host_kernels.c: what cuda/rw_cuda.h "rank kernels" states, the host mover's bytes).
  * Device memory here is host-addressable, so every address a block names is dereferenced as is.
  * A launch copies its block (as the driver does) and runs as stream work: at once, or late and
- * in order with $RW_FAKE_CUDA_LAG_MS. This checks the bytes the contract promises against the
+ * in order with $RW_FAKE_CUDA_LAG_MS. Static mode's rw_rank_ctl is this file's own (below). This checks the bytes the contract promises against the
  * host mover's (tests/integration/test_rank_kernels.c), not the GPU code: test/cuda runs that
  * on a GPU. */
 #include "config.h"
 
 #if RW_HAVE_CUDA_H
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,14 +20,131 @@
 #include "tests/cuda/fake_cuda_base.h"
 #include "tests/integration/fake_cuda_rank.h"
 
-enum { K_PACK_INDEX = 1, K_PACK_ROWS, K_FORWARD, K_GATHER, K_REDUCE, K_END };
+enum { K_PACK_INDEX = 1, K_PACK_ROWS, K_FORWARD, K_GATHER, K_REDUCE, K_CTL, K_END };
 #define HANDLE_BASE 100 /* fake_cuda_kernels.c's own handles are small numbers */
 
 static const char *const names[K_END] = {
 	[K_PACK_INDEX] = "rw_rank_pack_index", [K_PACK_ROWS] = "rw_rank_pack_rows",
 	[K_FORWARD] = "rw_rank_forward",       [K_GATHER] = "rw_rank_gather",
-	[K_REDUCE] = "rw_rank_reduce",
+	[K_REDUCE] = "rw_rank_reduce",         [K_CTL] = "rw_rank_ctl",
 };
+
+static void *at(uint64_t addr) { return (void *)(uintptr_t)addr; }
+
+/* ---- static mode's hand-offs (rank_kernels.cu rw_rank_ctl), one operation per launch ---- */
+
+static rw_cuda_page_params_t *ctl_params(const rw_cuda_rank_ctl_t *a, uint64_t sh)
+{
+	return at(sh + a->o_params);
+}
+
+static rw_cuda_rank_tail_t *ctl_tail(const rw_cuda_rank_ctl_t *a, uint64_t sh)
+{
+	return at(sh + a->slot_bytes);
+}
+
+static uint8_t *ctl_slot(const rw_cuda_rank_ctl_t *a, uint64_t k)
+{
+	return at(a->page + a->slot0 + (k % a->depth) * (uint64_t)a->slot_bytes);
+}
+
+static _Atomic uint64_t *ctl_word(const rw_cuda_rank_ctl_t *a, uint32_t w)
+{
+	return at(a->page + a->word_off + 64ull * w);
+}
+
+static void ctl_submit(const rw_cuda_rank_ctl_t *a)
+{
+	rw_cuda_rank_ctlblk_t *c = at(a->ctl);
+	rw_cuda_page_params_t *sp = ctl_params(a, a->shadow);
+	const uint64_t k = ++c->k;
+	const rw_cuda_page_params_t p = rw_cuda_rank_params(a, c, k, sp,
+							    a->ref ? ctl_params(a, a->ref) : NULL,
+							    a->ref ? ctl_tail(a, a->ref) : NULL);
+	*sp = p;
+	uint8_t *slot = ctl_slot(a, k);
+	memcpy(slot + a->o_params, &p, sizeof(p));
+	memcpy(slot + a->o_count_row, at(a->shadow + a->o_count_row), 4ull * a->cells);
+	atomic_store_explicit(ctl_word(a, 0), k, memory_order_release);
+}
+
+/* A wait operation may start once its word reached the phase (the stream holds it till then). */
+static int ctl_ready(const void *arg)
+{
+	const rw_cuda_rank_ctl_t *a = arg;
+	const uint64_t k = ctl_params(a, a->shadow)->phase;
+	return (int64_t)(atomic_load_explicit(ctl_word(a, a->word), memory_order_acquire) - k) >= 0;
+}
+
+static void ctl_wait(const rw_cuda_rank_ctl_t *a)
+{
+	if (rw_fake_cuda_wait_until(ctl_ready, a, "rw_rank_ctl wait") != 0)
+		return;
+	const uint64_t k = ctl_params(a, a->shadow)->phase;
+	const uint8_t *slot = ctl_slot(a, k);
+	uint8_t *sh = at(a->shadow);
+	memcpy(&ctl_tail(a, a->shadow)->status, at(a->page + a->status_off + 64ull * (k % a->depth)), 4);
+	if (a->word == 1) {
+		memcpy(sh + a->o_plan, slot + a->o_plan, a->o_list - a->o_plan);
+		if (a->kind == 1)
+			memcpy(sh + a->o_term_off, slot + a->o_term_off, a->slot_bytes - a->o_term_off);
+	} else {
+		uint32_t listed;
+		memcpy(&listed, slot + a->o_list + 8, 4);
+		const uint32_t n = listed < a->max_recv ? listed : a->max_recv;
+		memcpy(sh + a->o_list, slot + a->o_list, a->o_list_entry - a->o_list);
+		memcpy(sh + a->o_list_entry, slot + a->o_list_entry, 16ull * n);
+	}
+}
+
+static void ctl_done(const rw_cuda_rank_ctl_t *a)
+{
+	const rw_cuda_page_params_t *sp = ctl_params(a, a->shadow);
+	const rw_cuda_rank_tail_t *t = ctl_tail(a, a->shadow);
+	rw_cuda_rank_report_t *rep = at(a->report);
+	const uint64_t k = sp->phase;
+	if (a->out)
+		memcpy(at(a->out), &t->recv_n, 4);
+	rw_cuda_rank_report_add(rep, a->kind, sp, t);
+	atomic_store_explicit(ctl_word(a, 4), k, memory_order_release);
+}
+
+static void ctl_stage(const rw_cuda_rank_ctl_t *a)
+{
+	const rw_cuda_plan_head_t *h = at(a->ref + a->o_plan);
+	const rw_cuda_rank_tail_t *dt = ctl_tail(a, a->ref);
+	const uint64_t copy = (uint64_t)dt->recv_n * a->row_bytes;
+	const uint64_t bytes = ((uint64_t)dt->recv_n + dt->overflow) * a->row_bytes;
+	if (bytes > h->stage_stride || h->stage_off + (uint64_t)a->gpus * h->stage_stride > a->slab0_bytes) {
+		rw_cuda_rank_tail_t *t = ctl_tail(a, a->shadow); /* zeroed by BEGIN just before */
+		t->err[0] = RW_CUDA_RANK_E_STAGE;
+		t->err[1] = dt->recv_n + dt->overflow;
+		return;
+	}
+	uint8_t *dst = at(a->slab0 + h->stage_off + a->owner * h->stage_stride);
+	memcpy(dst, at(a->src), copy);
+	memset(dst + copy, 0, bytes - copy); /* the rows dropped past the capacity: +0 */
+}
+
+static void ctl(const rw_cuda_rank_ctl_t *a)
+{
+	switch (a->op) {
+	case RW_CUDA_RANK_OP_BEGIN:
+		memset(at(a->shadow + a->o_count_row), 0, 4ull * a->cells);
+		memset(ctl_tail(a, a->shadow), 0, sizeof(rw_cuda_rank_tail_t));
+		ctl_params(a, a->shadow)->bad = 0;
+		break;
+	case RW_CUDA_RANK_OP_SUBMIT: ctl_submit(a); break;
+	case RW_CUDA_RANK_OP_WAIT: ctl_wait(a); break;
+	case RW_CUDA_RANK_OP_WORD:
+		atomic_store_explicit(ctl_word(a, a->word), ctl_params(a, a->shadow)->phase,
+				      memory_order_release);
+		break;
+	case RW_CUDA_RANK_OP_DONE: ctl_done(a); break;
+	default: ctl_stage(a); break;
+	}
+}
+
 
 uintptr_t rw_fake_rank_function(const char *name)
 {
@@ -41,11 +159,20 @@ int rw_fake_rank_function_of(uintptr_t f)
 	return f > HANDLE_BASE && f < HANDLE_BASE + K_END;
 }
 
-/* A launch as stream work: which kernel, and its block (copied; freed once it ran). */
+/* A launch as stream work: which kernel, and its block, copied into the item (as the driver
+ * copies it at the call; a graph keeps the copy and replays it). */
 struct launch {
 	int k;
-	void *block;
+	int pad;
+	union {
+		rw_cuda_rank_pack_t pack;
+		rw_cuda_rank_forward_t forward;
+		rw_cuda_rank_gather_t gather;
+		rw_cuda_rank_reduce_t reduce;
+		rw_cuda_rank_ctl_t ctl;
+	} b;
 };
+_Static_assert(sizeof(struct launch) <= RW_FAKE_WORK_ARG, "a launch must fit a stream work item");
 
 static void run(const void *arg)
 {
@@ -55,13 +182,20 @@ static void run(const void *arg)
 	const char *v = getenv("RW_FAKE_CUDA_RANK_THREADS");
 	const rw_rank_host_par_t par = { v && atoi(v) > 0 ? (uint32_t)atoi(v) : 1, 0 };
 	switch (L->k) {
-	case K_PACK_INDEX: rw_rank_host_pack_index(L->block); break;
-	case K_PACK_ROWS: rw_rank_host_pack_rows(L->block, par); break;
-	case K_FORWARD: rw_rank_host_forward(L->block, par); break;
-	case K_GATHER: rw_rank_host_gather(L->block, par); break;
-	default: rw_rank_host_reduce(L->block, par); break;
+	case K_PACK_INDEX: rw_rank_host_pack_index(&L->b.pack); break;
+	case K_PACK_ROWS: rw_rank_host_pack_rows(&L->b.pack, par); break;
+	case K_FORWARD: rw_rank_host_forward(&L->b.forward, par); break;
+	case K_GATHER: rw_rank_host_gather(&L->b.gather, par); break;
+	case K_REDUCE: rw_rank_host_reduce(&L->b.reduce, par); break;
+	default: ctl(&L->b.ctl); break;
 	}
-	free(L->block);
+}
+
+/* A static-mode wait holds its stream till its word comes; every other launch runs in order. */
+static int launch_ready(const void *arg)
+{
+	const struct launch *L = arg;
+	return L->k != K_CTL || L->b.ctl.op != RW_CUDA_RANK_OP_WAIT || ctl_ready(&L->b.ctl);
 }
 
 CUresult rw_fake_rank_launch(uintptr_t f, CUstream s, void **params)
@@ -69,16 +203,15 @@ CUresult rw_fake_rank_launch(uintptr_t f, CUstream s, void **params)
 	static const size_t size[K_END] = {
 		[K_PACK_INDEX] = sizeof(rw_cuda_rank_pack_t), [K_PACK_ROWS] = sizeof(rw_cuda_rank_pack_t),
 		[K_FORWARD] = sizeof(rw_cuda_rank_forward_t), [K_GATHER] = sizeof(rw_cuda_rank_gather_t),
-		[K_REDUCE] = sizeof(rw_cuda_rank_reduce_t),
+		[K_REDUCE] = sizeof(rw_cuda_rank_reduce_t), [K_CTL] = sizeof(rw_cuda_rank_ctl_t),
 	};
-	struct launch L = { .k = (int)(f - HANDLE_BASE) };
+	struct launch L;
 	if (!rw_fake_rank_function_of(f))
 		return CUDA_ERROR_INVALID_HANDLE;
-	L.block = malloc(size[L.k]);
-	if (!L.block)
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	memcpy(L.block, params[0], size[L.k]);
-	rw_fake_cuda_submit(s, run, &L, sizeof(L));
+	memset(&L, 0, sizeof(L));
+	L.k = (int)(f - HANDLE_BASE);
+	memcpy(&L.b, params[0], size[L.k]);
+	rw_fake_cuda_submit_held(s, run, &L, sizeof(L), launch_ready);
 	return CUDA_SUCCESS;
 }
 #endif /* RW_HAVE_CUDA_H */

@@ -11,6 +11,7 @@
 #include <libgen.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -239,13 +240,15 @@ static rw_client_t *connect_to(const server_t *s, uint32_t local_gpu)
 	return c;
 }
 
-/* Connect and open the rank path; skips the case where this build has no kernel image. */
-static void rank_open(rank_t *rk, const server_t *s, uint32_t local_gpu)
+/* Connect and open the rank path (static: in static mode); skips the case where this build has
+ * no kernel image. */
+static void rank_open_mode(rank_t *rk, const server_t *s, uint32_t local_gpu, int static_mode)
 {
 	memset(rk, 0, sizeof(*rk));
 	rk->local_gpu = local_gpu;
 	rk->client = connect_to(s, local_gpu);
-	int rc = rw_client_rank_open(rk->client, 0, 256, &rk->rp);
+	int rc = static_mode ? rw_client_rank_open_static(rk->client, 0, 256, &rk->rp)
+			    : rw_client_rank_open(rk->client, 0, 256, &rk->rp);
 	if (rc == RW_E_NO_CUDA && !rw_cuda_kernels_available(0)) {
 		rw_client_close(rk->client);
 		print_message("skipped: %s\n", rw_client_rank_message(NULL));
@@ -265,6 +268,11 @@ static void rank_open(rank_t *rk, const server_t *s, uint32_t local_gpu)
 	assert_int_equal(rw_cuda_mem_alloc(0, (size_t)RECV_CAP * (16 + 8 * 32), &rk->recv_meta),
 			 RW_OK);
 	assert_int_equal(rw_cuda_mem_alloc(0, (size_t)EXPERTS * 4, &rk->recv_counts), RW_OK);
+}
+
+static void rank_open(rank_t *rk, const server_t *s, uint32_t local_gpu)
+{
+	rank_open_mode(rk, s, local_gpu, 0);
 }
 
 static void rank_close(rank_t *rk)
@@ -367,6 +375,45 @@ static void daemon_release(const rank_t *rk, uint64_t k)
 {
 	daemon_plan(rk, k);
 	daemon_arrive(rk, k, NULL, 0);
+}
+
+/* The daemon's plan for combine phase k of dispatch kd (one node of one rank, its n rows given
+ * back): this rank's copy of rail 0's local records a quarter into the local area, record j's one
+ * term its own row j, staged where the dispatch's plan said; then plan = k. Returns where the
+ * combine's local area starts in rail 0's slab. */
+static uint64_t daemon_plan_combine(const rank_t *rk, uint64_t k, uint64_t kd, uint32_t n)
+{
+	uint8_t *sl = slot(rk, k);
+	const rw_page_params_t *p = params(rk, k);
+	const rw_page_plan_head_t *dh = (const rw_page_plan_head_t *)(slot(rk, kd) + lay(rk)->plan);
+	const uint32_t eb = p->dtype == RW_DTYPE_BF16 ? 2 : 4;
+	const uint32_t crec = (uint32_t)rw_sched_crec_bytes(p->hidden, eb);
+	rw_page_plan_head_t *h = (rw_page_plan_head_t *)(sl + lay(rk)->plan);
+	rw_page_plan_rail_t *pr = (rw_page_plan_rail_t *)(sl + lay(rk)->plan_rail);
+	uint32_t *tags = (uint32_t *)(sl + lay(rk)->plan_tag);
+	rw_page_plan_entry_t *ent = (rw_page_plan_entry_t *)(sl + lay(rk)->plan_entry);
+	uint32_t *term_off = (uint32_t *)(sl + lay(rk)->term_off);
+	uint32_t *term_ref = (uint32_t *)(sl + lay(rk)->term_ref);
+	*h = (rw_page_plan_head_t){ .phase = k, .kind = 1, .me = 0, .owner = 0, .rec_size = crec,
+				    .row_off = 16, .stage_off = dh->stage_off,
+				    .stage_stride = dh->stage_stride };
+	const rw_client_slab_t *sl0 = &rk->rp->slab[0].lent;
+	const uint64_t comb_local = sl0->local_off + AREA / 4;
+	for (uint32_t e = 0; e < page_of(rk)->rails; e++) {
+		const rw_client_slab_t *se = &rk->rp->slab[e].lent;
+		pr[e] = (rw_page_plan_rail_t){ .send_off = se->send_off[1], .recv_off = se->recv_off[1],
+					       .local_off = comb_local, .slab_bytes = se->bytes };
+		ent[e] = (rw_page_plan_entry_t){ .first = 0, .count = e == 0 ? n : 0,
+						 .offset = comb_local };
+	}
+	tags[0] = 0x7b000000u;
+	for (uint32_t j = 0; j <= n; j++)
+		term_off[j] = j;
+	for (uint32_t j = 0; j < n; j++)
+		term_ref[j] = RW_PAGE_TERM(0, j);
+	atomic_store_explicit(&page_of(rk)->status[k % RW_PAGE_DEPTH].v, 0, memory_order_relaxed);
+	atomic_store_explicit(&page_of(rk)->word[RW_PW_PLAN].v, k, memory_order_release);
+	return comb_local;
 }
 
 /* A server for 2 nodes x 4 GPUs over 2 rails, and rank `local_gpu` on it with its rank path. */
@@ -740,35 +787,8 @@ static void test_combine_whole(void **state)
 		assert_memory_equal((const uint8_t *)sl0->base + dh->stage_off, rows, n * row_bytes);
 		/* the daemon's combine plan: rank 0's copy of rail 0's local records after them,
 		 * each record's one term its own row j, the combine records' size */
-		uint8_t *sl = slot(&rk, k);
 		const uint32_t crec = (uint32_t)rw_sched_crec_bytes(hidden, eb);
-		rw_page_plan_head_t *h = (rw_page_plan_head_t *)(sl + lay(&rk)->plan);
-		rw_page_plan_rail_t *pr = (rw_page_plan_rail_t *)(sl + lay(&rk)->plan_rail);
-		uint32_t *tags = (uint32_t *)(sl + lay(&rk)->plan_tag);
-		rw_page_plan_entry_t *ent = (rw_page_plan_entry_t *)(sl + lay(&rk)->plan_entry);
-		uint32_t *term_off = (uint32_t *)(sl + lay(&rk)->term_off);
-		uint32_t *term_ref = (uint32_t *)(sl + lay(&rk)->term_ref);
-		*h = (rw_page_plan_head_t){ .phase = k, .kind = 1, .me = 0, .owner = 0,
-					    .rec_size = crec, .row_off = 16,
-					    .stage_off = dh->stage_off,
-					    .stage_stride = dh->stage_stride };
-		const uint64_t comb_local = sl0->local_off + AREA / 4;
-		for (uint32_t e = 0; e < 2; e++) {
-			const rw_client_slab_t *se = &rk.rp->slab[e].lent;
-			pr[e] = (rw_page_plan_rail_t){ .send_off = se->send_off[1],
-						       .recv_off = se->recv_off[1],
-						       .local_off = comb_local, .slab_bytes = se->bytes };
-			ent[e] = (rw_page_plan_entry_t){ .first = 0, .count = e == 0 ? n : 0,
-							 .offset = comb_local };
-		}
-		tags[0] = 0x7b000000u;
-		for (uint32_t j = 0; j <= n; j++)
-			term_off[j] = j;
-		for (uint32_t j = 0; j < n; j++)
-			term_ref[j] = RW_PAGE_TERM(0, j);
-		atomic_store_explicit(&page_of(&rk)->status[k % RW_PAGE_DEPTH].v, 0,
-				      memory_order_relaxed);
-		atomic_store_explicit(&page_of(&rk)->word[RW_PW_PLAN].v, k, memory_order_release);
+		const uint64_t comb_local = daemon_plan_combine(&rk, k, kd, n);
 		assert_int_equal(server_heard(s, RW_PW_PACKED, k), k);
 		const uint8_t *cl = (const uint8_t *)sl0->base + comb_local;
 		for (uint32_t j = 0; j < n; j++) {
@@ -1025,6 +1045,455 @@ static void test_cpu_only_rank(void **state)
 	server_kill(s);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Static mode and CUDA graphs: the daemon played by a thread of this process
+ * ------------------------------------------------------------------------------------------- */
+
+/* The daemon's part for one node of one rank (every expert its own, every record in rail 0's
+ * local area), phase after phase as the words come: a dispatch gets the simplest plan and the
+ * list of the records it packed (read from their headers, as the daemon reads them); its combine
+ * (the next phase) the plan of daemon_plan_combine and a reduce list of the rows it gave back.
+ * Each phase's (layer, step) is kept for the case to check. */
+#define PLAY_MAX 512
+typedef struct play {
+	const rank_t *rk;
+	server_t *s;              /* its reports are this thread's while it runs */
+	pthread_t thread;
+	_Atomic int stop;         /* answer nothing more */
+	_Atomic uint64_t served;  /* phases answered whole */
+	rw_page_params_t seen[PLAY_MAX]; /* phase k's parameters at k - 1 */
+	rw_page_list_entry_t list[MAX_TOKENS]; /* the last dispatch's list */
+	uint32_t listed;
+} play_t;
+
+/* Wait until `w` >= k; -1 once told to stop. */
+static int play_reach(play_t *pl, unsigned w, uint64_t k)
+{
+	while ((int64_t)(word(pl->rk, w) - k) < 0) {
+		if (atomic_load(&pl->stop))
+			return -1;
+		usleep(50);
+	}
+	return 0;
+}
+
+static void *play_run(void *arg)
+{
+	play_t *pl = arg;
+	const rank_t *rk = pl->rk;
+	const rw_client_slab_t *sl0 = &rk->rp->slab[0].lent;
+	for (uint64_t k = 1; k <= PLAY_MAX; k++) {
+		if (play_reach(pl, RW_PW_SUBMIT, k))
+			break;
+		/* the IPC server judges every word it sees move by at most D phases: answer no
+		 * phase it has not seen submitted, as railwaved (whose poller it is) never does */
+		if (server_heard(pl->s, RW_PW_SUBMIT, k) != k)
+			break;
+		const rw_page_params_t p = *params(rk, k);
+		pl->seen[k - 1] = p;
+		const uint32_t eb = p.dtype == RW_DTYPE_BF16 ? 2 : 4;
+		if (p.kind == RW_KIND_DISPATCH) {
+			daemon_plan(rk, k);
+			if (play_reach(pl, RW_PW_PACKED, k))
+				break;
+			const uint32_t n = count_row(rk, k)[0];
+			const uint32_t rec_size = (uint32_t)rw_sched_rec_bytes(p.topk, p.hidden, eb);
+			const uint8_t *local = (const uint8_t *)sl0->base + sl0->local_off;
+			for (uint32_t j = 0; j < n; j++) {
+				uint32_t token;
+				memcpy(&token, local + (size_t)j * rec_size + RW_WIRE_REC_TOKEN, 4);
+				pl->list[j] = (rw_page_list_entry_t){ .slot = j, .rail = 0,
+								      .area = RW_PAGE_AREA_LOCAL,
+								      .node = 0, .token = token };
+			}
+			pl->listed = n;
+			daemon_arrive(rk, k, pl->list, n);
+		} else {
+			/* the rows given back: every row the dispatch was listed */
+			const uint32_t n = p.token_count;
+			daemon_plan_combine(rk, k, k - 1, n);
+			if (play_reach(pl, RW_PW_PACKED, k))
+				break;
+			daemon_arrive(rk, k, pl->list, n < pl->listed ? n : pl->listed);
+		}
+		atomic_store(&pl->served, k);
+	}
+	return NULL;
+}
+
+static void play_start(play_t *pl, const rank_t *rk, server_t *s)
+{
+	memset(pl, 0, sizeof(*pl));
+	pl->rk = rk;
+	pl->s = s;
+	assert_int_equal(pthread_create(&pl->thread, NULL, play_run, pl), 0);
+}
+
+static void play_stop(play_t *pl)
+{
+	atomic_store(&pl->stop, 1);
+	pthread_join(pl->thread, NULL);
+}
+
+/* A MoE layer's buffers on the device: inputs the graph reads, outputs it writes, the expert's
+ * rows in between; and page-locked copies of the inputs (the fresh ones of each replay). */
+#define LAYER_TOKENS 200
+#define LAYER_HIDDEN 64
+typedef struct layer {
+	rw_cuda_dptr_t recv_n, rows, out;
+	void *ids_h, *x_h, *w_h;    /* page-locked */
+	uint32_t hidden, eb;
+} layer_t;
+
+static void layer_alloc(layer_t *L, int bf16)
+{
+	memset(L, 0, sizeof(*L));
+	L->hidden = LAYER_HIDDEN;
+	L->eb = bf16 ? 2 : 4;
+	assert_int_equal(rw_cuda_mem_alloc(0, 64, &L->recv_n), RW_OK);
+	assert_int_equal(rw_cuda_mem_alloc(0, (size_t)RECV_CAP * HIDDEN_MAX * 4, &L->rows), RW_OK);
+	assert_int_equal(rw_cuda_mem_alloc(0, (size_t)MAX_TOKENS * HIDDEN_MAX * 4, &L->out), RW_OK);
+	assert_int_equal(rw_cuda_host_alloc((size_t)MAX_TOKENS * 32 * 4, &L->ids_h), RW_OK);
+	assert_int_equal(rw_cuda_host_alloc((size_t)MAX_TOKENS * HIDDEN_MAX * 4, &L->x_h), RW_OK);
+	assert_int_equal(rw_cuda_host_alloc((size_t)MAX_TOKENS * 32 * 4, &L->w_h), RW_OK);
+}
+
+static void layer_free(layer_t *L)
+{
+	rw_cuda_mem_free(0, L->recv_n);
+	rw_cuda_mem_free(0, L->rows);
+	rw_cuda_mem_free(0, L->out);
+	rw_cuda_host_free(L->ids_h);
+	rw_cuda_host_free(L->x_h);
+	rw_cuda_host_free(L->w_h);
+}
+
+/* A server for one node of one rank over one rail, the rank's path (static mode or eager), a
+ * layer's buffers and, with pl, the daemon's part played by a thread. */
+static server_t *layer_setup(rank_t *rk, layer_t *L, play_t *pl, int static_mode, int bf16)
+{
+	server_t *s = server_start(1, 1, 1, NULL, 1);
+	rank_open_mode(rk, s, 0, static_mode);
+	layer_alloc(L, bf16);
+	if (pl)
+		play_start(pl, rk, s);
+	return s;
+}
+
+static void layer_teardown(rank_t *rk, layer_t *L, play_t *pl, server_t *s)
+{
+	if (pl)
+		play_stop(pl);
+	layer_free(L);
+	rank_teardown(rk, s);
+}
+
+/* Replay i's inputs: routing from seed i (some tokens without any expert), row t of token t
+ * shifted by i, into the page-locked copies; then copied to the rank's device inputs on the
+ * stream (the copies stay outside any graph, and the stream orders them before the replay). */
+static void layer_inputs(const layer_t *L, rank_t *rk, routing_t *rt, uint32_t i)
+{
+	routing_gen(rt, 5000 + i, LAYER_TOKENS, 4);
+	for (uint32_t t = 0; t < rt->n; t += 9)
+		for (uint32_t j = 0; j < rt->topk; j++)
+			rt->ids[t * rt->topk + j] = -1;
+	memcpy(L->ids_h, rt->ids, (size_t)rt->n * rt->topk * 4);
+	for (uint32_t t = 0; t < rt->n; t++) {
+		put_row((uint8_t *)L->x_h + (size_t)t * L->hidden * L->eb, (t + i * 13) % 1000,
+			L->eb == 2, L->hidden);
+		for (uint32_t j = 0; j < rt->topk; j++)
+			((float *)L->w_h)[t * rt->topk + j] = w_val(t, j);
+	}
+	const rw_cuda_ext_stream_t es = { .device = rk->cs.device, .handle = rk->cs.handle };
+	assert_int_equal(rw_cuda_copy_ext(&es, rk->ids, (uintptr_t)L->ids_h, (size_t)rt->n * rt->topk * 4),
+			 RW_OK);
+	assert_int_equal(rw_cuda_copy_ext(&es, rk->x, (uintptr_t)L->x_h, (size_t)rt->n * L->hidden * L->eb),
+			 RW_OK);
+	assert_int_equal(rw_cuda_copy_ext(&es, rk->w, (uintptr_t)L->w_h, (size_t)rt->n * rt->topk * 4),
+			 RW_OK);
+}
+
+/* What one run of the layer gave: the combined rows, the received rows' count and per-expert
+ * counts. */
+typedef struct layer_out {
+	uint8_t out[LAYER_TOKENS * LAYER_HIDDEN * 4];
+	uint32_t recv_n;
+	uint32_t counts[EXPERTS];
+} layer_out_t;
+
+static void layer_read(const layer_t *L, const rank_t *rk, layer_out_t *o, int with_recv_n)
+{
+	assert_int_equal(rw_cuda_memcpy_dtoh(0, o->out, L->out, (size_t)LAYER_TOKENS * L->hidden * L->eb),
+			 RW_OK);
+	assert_int_equal(rw_cuda_memcpy_dtoh(0, o->counts, rk->recv_counts, sizeof(o->counts)), RW_OK);
+	if (with_recv_n)
+		assert_int_equal(rw_cuda_memcpy_dtoh(0, &o->recv_n, L->recv_n, 4), RW_OK);
+}
+
+/* The layer's dispatch arguments (recv_cap rows of room). */
+static rw_client_rank_dispatch_t layer_dispatch(const layer_t *L, const rank_t *rk, uint32_t cap)
+{
+	return (rw_client_rank_dispatch_t){
+		.dtype = L->eb == 2 ? RW_DTYPE_BF16 : RW_DTYPE_FP32, .topk = 4, .layer = 3,
+		.step = 100, .token_count = LAYER_TOKENS, .hidden = L->hidden, .n_experts = EXPERTS,
+		.tokens = rk->x, .topk_ids = rk->ids, .topk_weights = rk->w, .recv_x = rk->recv_x,
+		.recv_meta = rk->recv_meta, .recv_counts = rk->recv_counts, .recv_cap = cap };
+}
+
+/* The layer in static mode on the rank's stream: dispatch, the expert (its rows are the received
+ * rows: a device copy, no kernel of its own), combine. Captured or not. */
+static void layer_enqueue(const layer_t *L, rank_t *rk, uint32_t cap)
+{
+	const rw_client_rank_dispatch_t d = layer_dispatch(L, rk, cap);
+	uint64_t cd = 0, cc = 0;
+	int rc = rw_client_rank_dispatch_static(rk->rp, &rk->cs, &d, L->recv_n, &cd);
+	if (rc)
+		fail_msg("static dispatch: %s", rw_client_rank_message(rk->rp));
+	const rw_cuda_ext_stream_t es = { .device = rk->cs.device, .handle = rk->cs.handle };
+	assert_int_equal(rw_cuda_copy_ext(&es, L->rows, rk->recv_x, (size_t)cap * L->hidden * L->eb),
+			 RW_OK);
+	const rw_client_rank_combine_t c = { .dispatch = cd, .rows = L->rows, .out = L->out };
+	rc = rw_client_rank_combine_static(rk->rp, &rk->cs, &c, &cc);
+	if (rc)
+		fail_msg("static combine: %s", rw_client_rank_message(rk->rp));
+	assert_int_equal(cc, cd + 1);
+}
+
+/* What the layer must give for routing rt: each token with an expert gets its own row back (one
+ * record, one term: the expert is the identity), a token without one +0; the counts are the
+ * routing's over the rows written. */
+static void layer_expect(const layer_t *L, const routing_t *rt, const layer_out_t *o)
+{
+	static uint8_t want[LAYER_HIDDEN * 4];
+	const size_t row_bytes = (size_t)L->hidden * L->eb;
+	uint32_t n = 0, counts[EXPERTS] = { 0 };
+	for (uint32_t t = 0; t < rt->n; t++) {
+		int any = 0;
+		for (uint32_t j = 0; j < rt->topk; j++) {
+			const int32_t e = rt->ids[t * rt->topk + j];
+			any |= e >= 0;
+			counts[e >= 0 ? e : 0] += e >= 0;
+		}
+		n += any;
+		memset(want, 0, row_bytes);
+		if (any)
+			memcpy(want, (const uint8_t *)L->x_h + t * row_bytes, row_bytes);
+		if (memcmp(o->out + t * row_bytes, want, row_bytes))
+		assert_memory_equal(o->out + t * row_bytes, want, row_bytes);
+	}
+	assert_int_equal(o->recv_n, n);
+	assert_memory_equal(o->counts, counts, sizeof(counts));
+}
+
+/* One MoE layer (dispatch -> expert -> combine) captured once in a CUDA graph and replayed 100
+ * times, fresh inputs copied into the captured buffers before each replay: every replay is two
+ * new phases (the stream takes k, the daemon sees steps 100, 101, ... of layer 3), its outputs
+ * equal, byte for byte, an eager run of the same inputs and what the routing says; the capture
+ * itself ran nothing (no submit). fp32, then bf16. */
+static void test_graph_replays_a_layer(void **state)
+{
+	(void)state;
+	static routing_t rt;
+	static layer_out_t eager[2][100], got;
+	enum { REPLAYS = 100 };
+	for (int bf16 = 0; bf16 < 2; bf16++) {
+		/* the eager runs, for the reference */
+		rank_t rk;
+		layer_t L;
+		play_t pl;
+		server_t *s = layer_setup(&rk, &L, &pl, 0, bf16);
+		const rw_cuda_ext_stream_t es = { .device = rk.cs.device, .handle = rk.cs.handle };
+		for (uint32_t i = 0; i < REPLAYS; i++) {
+			layer_inputs(&L, &rk, &rt, i);
+			rw_client_rank_dispatch_t d = layer_dispatch(&L, &rk, RECV_CAP);
+			uint64_t kd = 0, kc = 0;
+			rw_client_rank_done_t done;
+			assert_int_equal(rw_client_rank_dispatch(rk.rp, &rk.cs, &d, &kd), 0);
+			assert_int_equal(rw_client_rank_wait(rk.rp, kd, 10000, &done), 0);
+			assert_int_equal(rw_cuda_copy_ext(&es, L.rows, rk.recv_x,
+							  (size_t)done.recv_tokens * L.hidden * L.eb), RW_OK);
+			rw_client_rank_combine_t c = { .dispatch = kd, .rows = L.rows, .out = L.out };
+			assert_int_equal(rw_client_rank_combine(rk.rp, &rk.cs, &c, &kc), 0);
+			assert_int_equal(rw_client_rank_wait(rk.rp, kc, 10000, NULL), 0);
+			layer_read(&L, &rk, &eager[bf16][i], 0);
+			eager[bf16][i].recv_n = done.recv_tokens;
+			layer_expect(&L, &rt, &eager[bf16][i]);
+		}
+		layer_teardown(&rk, &L, &pl, s);
+
+		/* static mode: captured once, replayed */
+		s = layer_setup(&rk, &L, &pl, 1, bf16);
+		const rw_cuda_ext_stream_t gs = { .device = rk.cs.device, .handle = rk.cs.handle };
+		rw_cuda_graph_t *g = NULL;
+		assert_int_equal(rw_cuda_graph_begin(&gs), RW_OK);
+		layer_enqueue(&L, &rk, RECV_CAP);
+		assert_int_equal(rw_cuda_graph_end(&gs, &g), RW_OK);
+		usleep(20000);
+		assert_int_equal(word(&rk, RW_PW_SUBMIT), 0); /* captured, not run */
+		for (uint32_t i = 0; i < REPLAYS; i++) {
+			layer_inputs(&L, &rk, &rt, i);
+			assert_int_equal(rw_cuda_graph_launch(g, &gs), RW_OK);
+			assert_int_equal(rw_cuda_stream_sync(rk.stream), RW_OK);
+			rw_client_rank_check_t chk;
+			int rc = rw_client_rank_check(rk.rp, &chk);
+			if (rc)
+				fail_msg("replay %u: %s", i, rw_client_rank_message(rk.rp));
+			assert_int_equal(chk.done, 2 * (i + 1));
+			assert_int_equal(chk.phase, 0);
+			layer_read(&L, &rk, &got, 1);
+			layer_expect(&L, &rt, &got);
+			assert_int_equal(got.recv_n, eager[bf16][i].recv_n);
+			assert_memory_equal(got.out, eager[bf16][i].out,
+					    (size_t)LAYER_TOKENS * L.hidden * L.eb);
+			assert_memory_equal(got.counts, eager[bf16][i].counts, sizeof(got.counts));
+			/* the daemon saw a new pair each replay: dispatch then its combine */
+			const rw_page_params_t *pd = &pl.seen[2 * i], *pc = &pl.seen[2 * i + 1];
+			assert_int_equal(pd->kind, RW_KIND_DISPATCH);
+			assert_int_equal(pd->phase, 2 * i + 1);
+			assert_int_equal(pd->layer, 3);
+			assert_int_equal(pd->step, 100 + i);
+			assert_int_equal(pd->token_count, LAYER_TOKENS);
+			assert_int_equal(pc->kind, RW_KIND_COMBINE);
+			assert_int_equal(pc->phase, 2 * i + 2);
+			assert_int_equal(pc->step, 100 + i);
+			assert_int_equal(pc->token_count, got.recv_n);
+		}
+		rw_cuda_graph_destroy(g);
+		play_stop(&pl);
+		assert_int_equal(server_heard(s, RW_PW_DONE, 2 * REPLAYS), 2 * REPLAYS);
+		layer_teardown(&rk, &L, NULL, s);
+	}
+}
+
+/* Static mode refuses what it cannot do and what eager mode owns; a host synchronization while
+ * the stream is captured fails and spoils the capture, as the driver's does. */
+static void test_static_refusals(void **state)
+{
+	(void)state;
+	rank_t rk;
+	layer_t L;
+	server_t *s = layer_setup(&rk, &L, NULL, 1, 0);
+	rw_client_rank_dispatch_t d = layer_dispatch(&L, &rk, RECV_CAP);
+	uint64_t k = 0;
+	assert_int_equal(rw_client_rank_dispatch(rk.rp, &rk.cs, &d, &k), RW_E_STATE);
+	assert_non_null(strstr(rw_client_rank_message(rk.rp), "static"));
+	assert_int_equal(rw_client_rank_wait(rk.rp, 1, 0, NULL), RW_E_STATE);
+	rw_client_rank_combine_t c = { .dispatch = 1, .rows = L.rows, .out = L.out };
+	assert_int_equal(rw_client_rank_combine_static(rk.rp, &rk.cs, &c, &k), RW_E_STATE);
+	d.topk = 33;
+	assert_int_equal(rw_client_rank_dispatch_static(rk.rp, &rk.cs, &d, L.recv_n, &k), RW_E_TOKENS);
+	d.topk = 4;
+	assert_int_equal(rw_client_rank_dispatch_static(rk.rp, &rk.cs, &d, L.recv_n + 2, &k),
+			 RW_E_INVAL);
+	rw_client_rank_check_t chk;
+	assert_int_equal(rw_client_rank_check(rk.rp, &chk), 0);
+	assert_int_equal(chk.done, 0);
+	const rw_cuda_ext_stream_t gs = { .device = rk.cs.device, .handle = rk.cs.handle };
+	rw_cuda_graph_t *g = NULL;
+	assert_int_equal(rw_cuda_graph_begin(&gs), RW_OK);
+	assert_int_not_equal(rw_cuda_stream_sync(rk.stream), RW_OK);
+	assert_int_not_equal(rw_cuda_graph_end(&gs, &g), RW_OK);
+	assert_null(g);
+	assert_int_equal(word(&rk, RW_PW_SUBMIT), 0);
+	rw_client_rank_t *none = NULL;
+	assert_int_equal(rw_client_rank_open_static(rk.client, RW_RANK_HOST, 256, &none), RW_E_INVAL);
+	assert_non_null(strstr(rw_client_rank_message(NULL), "CUDA ranks"));
+	layer_teardown(&rk, &L, NULL, s);
+
+	/* an eager rank path has no static calls */
+	s = server_start(1, 1, 1, NULL, 1);
+	rank_open(&rk, s, 0);
+	assert_int_equal(rw_client_rank_check(rk.rp, &chk), RW_E_STATE);
+	assert_int_equal(rw_client_rank_dispatch_static(rk.rp, &rk.cs, &d, 0, &k), RW_E_STATE);
+	rank_teardown(&rk, s);
+}
+
+/* Rows past recv_cap in static mode: the rows that fit are written and counted in the caller's
+ * row count, the rest dropped and counted on the device; the stream runs on (the combine gives
+ * back what was written), and the next check says how much room was needed, once. */
+static void test_static_overflow(void **state)
+{
+	(void)state;
+	rank_t rk;
+	layer_t L;
+	play_t pl;
+	static routing_t rt;
+	static layer_out_t got;
+	server_t *s = layer_setup(&rk, &L, &pl, 1, 1);
+	layer_inputs(&L, &rk, &rt, 7);
+	layer_enqueue(&L, &rk, 5);
+	assert_int_equal(rw_cuda_stream_sync(rk.stream), RW_OK);
+	rw_client_rank_check_t chk;
+	assert_int_equal(rw_client_rank_check(rk.rp, &chk), RW_E_OVERFLOW);
+	assert_non_null(strstr(rw_client_rank_message(rk.rp), "recv_cap"));
+	layer_read(&L, &rk, &got, 1);
+	assert_int_equal(got.recv_n, 5);
+	assert_int_equal(chk.over_phase, 1);
+	assert_int_equal(chk.need, pl.listed);
+	assert_int_equal(chk.overflow, pl.listed - 5);
+	assert_int_equal(chk.done, 2);
+	assert_int_equal(chk.phase, 0); /* the combine passed */
+	/* it gave back a row for every listed record: the 5 written, +0 for the dropped ones */
+	assert_int_equal(pl.seen[1].token_count, pl.listed);
+	const size_t row_bytes = (size_t)L.hidden * L.eb;
+	static uint8_t want[LAYER_HIDDEN * 4];
+	for (uint32_t t = 0; t < rt.n; t++) {
+		memset(want, 0, row_bytes);
+		for (uint32_t j = 0; j < 5; j++)
+			if (pl.list[j].token == t)
+				memcpy(want, (const uint8_t *)L.x_h + t * row_bytes, row_bytes);
+		assert_memory_equal(got.out + t * row_bytes, want, row_bytes);
+	}
+	assert_int_equal(rw_client_rank_check(rk.rp, &chk), 0); /* told once */
+	/* room enough again: the next layer passes */
+	layer_inputs(&L, &rk, &rt, 8);
+	layer_enqueue(&L, &rk, RECV_CAP);
+	assert_int_equal(rw_cuda_stream_sync(rk.stream), RW_OK);
+	assert_int_equal(rw_client_rank_check(rk.rp, &chk), 0);
+	layer_read(&L, &rk, &got, 1);
+	layer_expect(&L, &rt, &got);
+	layer_teardown(&rk, &L, &pl, s);
+}
+
+/* The daemon killed while a replay's stream waits for its plan: librailwave's watcher writes
+ * the owed words, the stream runs through the rest of the graph, and the next check names the
+ * loss; so does the next call. */
+static void test_static_daemon_lost(void **state)
+{
+	(void)state;
+	rank_t rk;
+	layer_t L;
+	play_t pl;
+	static routing_t rt;
+	server_t *s = layer_setup(&rk, &L, &pl, 1, 0);
+	const rw_cuda_ext_stream_t gs = { .device = rk.cs.device, .handle = rk.cs.handle };
+	rw_cuda_graph_t *g = NULL;
+	assert_int_equal(rw_cuda_graph_begin(&gs), RW_OK);
+	layer_enqueue(&L, &rk, RECV_CAP);
+	assert_int_equal(rw_cuda_graph_end(&gs, &g), RW_OK);
+	layer_inputs(&L, &rk, &rt, 1);
+	assert_int_equal(rw_cuda_graph_launch(g, &gs), RW_OK);
+	assert_int_equal(rw_cuda_stream_sync(rk.stream), RW_OK);
+	assert_int_equal(rw_client_rank_check(rk.rp, NULL), 0);
+	play_stop(&pl); /* the daemon answers nothing more */
+	layer_inputs(&L, &rk, &rt, 2);
+	assert_int_equal(rw_cuda_graph_launch(g, &gs), RW_OK);
+	assert_int_equal(server_heard(s, RW_PW_SUBMIT, 3), 3); /* the replay waits for plan 3 */
+	kill(s->pid, SIGKILL);
+	assert_int_equal(rw_cuda_stream_sync(rk.stream), RW_OK);
+	rw_client_rank_check_t chk;
+	assert_int_equal(rw_client_rank_check(rk.rp, &chk), RW_E_CLOSED);
+	assert_int_equal(chk.phase, 3);
+	assert_int_equal(chk.done, 4);
+	assert_int_equal(word(&rk, RW_PW_DONE), 4);
+	assert_int_equal(rw_client_rank_check(rk.rp, &chk), RW_E_CLOSED);
+	uint64_t k = 0;
+	const rw_client_rank_dispatch_t d = layer_dispatch(&L, &rk, RECV_CAP);
+	assert_int_equal(rw_client_rank_dispatch_static(rk.rp, &rk.cs, &d, L.recv_n, &k), RW_E_CLOSED);
+	rw_cuda_graph_destroy(g);
+	layer_teardown(&rk, &L, NULL, s);
+}
+
 /* After every case: a server it left (a failed assertion skips its own cleanup). */
 static int kill_left(void **state)
 {
@@ -1055,6 +1524,10 @@ int main(int argc, char **argv)
 	const struct CMUnitTest tests[] = {
 		/* first: its child must not inherit a loaded driver */
 		CASE(test_cpu_only_rank),
+		CASE(test_static_refusals),
+		CASE(test_graph_replays_a_layer),
+		CASE(test_static_overflow),
+		CASE(test_static_daemon_lost),
 		CASE(test_count_row_is_the_host_count),
 		CASE(test_submit_after_the_kernel),
 		CASE(test_dispatch_whole),

@@ -1,0 +1,304 @@
+/* rank/static.c: the rank path's static mode (ipc/railwave.h "Static mode"; docs/rankpath.md
+ * "Static mode and CUDA graphs"): a phase whose number, parameters and words the stream itself
+ * takes and writes, so that a CUDA graph of dispatch -> experts -> combine drives new phases on
+ * every replay. This CPU checks the call's arguments and enqueues; it keeps no phase number.
+ *
+ * Each call owns a shadow slot (device memory, the page slot's layout, then the tail of
+ * cuda/rank_abi.h): the data kernels of rank_kernels.cu take its fixed addresses, and rw_rank_ctl
+ * moves its blocks to and from the page's slot k mod D around the words:
+ *   dispatch: BEGIN, count (into the shadow), SUBMIT, WAIT plan, pack, WORD packed,
+ *             WAIT arrived, forward, DONE
+ *   combine:  BEGIN, STAGE, SUBMIT, WAIT plan, gather, WORD packed, WAIT arrived, reduce, DONE
+ * The ordering pairs are eager mode's (P1-P6); who fences what is in rank_kernels.cu. Slot k mod D
+ * is free when SUBMIT writes it: the calls run on one stream in order, so phase k - 1 (and with
+ * it k - D) wrote done before. */
+#include "rank/rank.h"
+
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+_Static_assert(sizeof(rw_cuda_page_params_t) == sizeof(rw_page_params_t), "params restated");
+_Static_assert(offsetof(rw_cuda_page_params_t, bad) == offsetof(rw_page_params_t, bad),
+	       "params restated");
+_Static_assert(offsetof(rw_cuda_page_params_t, phase) == offsetof(rw_page_params_t, phase),
+	       "params restated");
+_Static_assert(offsetof(rw_cuda_plan_head_t, stage_off) == offsetof(rw_page_plan_head_t, stage_off),
+	       "plan head restated");
+_Static_assert(offsetof(rw_cuda_plan_head_t, stage_stride) ==
+		       offsetof(rw_page_plan_head_t, stage_stride), "plan head restated");
+_Static_assert(offsetof(rw_page_list_head_t, count) == 8, "the list's count (rw_rank_ctl reads it)");
+_Static_assert(sizeof(rw_cuda_rank_tail_t) == 2 * RW_PAGE_LINE &&
+		       offsetof(rw_cuda_rank_tail_t, err) == RW_PAGE_LINE +
+							     offsetof(rw_rank_line_t, err) &&
+		       offsetof(rw_cuda_rank_tail_t, recv_n) == RW_PAGE_LINE +
+								offsetof(rw_rank_line_t, recv_n),
+	       "a shadow's tail: its status line, then a line as rw_rank_line_t");
+
+int rw_client_rank_open_static(rw_client_t *client, int32_t device, uint32_t max_recv,
+			       rw_client_rank_t **rank_p)
+{
+	rw_client_rank_t *r = NULL;
+	if (device == RW_RANK_HOST) /* its phases need this CPU's calls: no graph holds them */
+		return rw_rank_say((char *)rw_client_rank_message(NULL), RW_E_INVAL, "rank path: "
+				   "static mode is for CUDA ranks, not RW_RANK_HOST");
+	int rc = rw_client_rank_open(client, device, max_recv, &r);
+	if (rc)
+		return rc;
+	rw_rank_static_t *st = calloc(1, sizeof(*st));
+	const size_t shadow = r->layout.slot_bytes + sizeof(rw_cuda_rank_tail_t);
+	rc = st ? RW_OK : RW_ERR_NOMEM;
+	r->st = st; /* rw_client_rank_close frees what was made */
+	if (rc == RW_OK)
+		rc = rw_cuda_mem_alloc(device, sizeof(rw_cuda_rank_ctlblk_t), &st->ctl);
+	if (rc == RW_OK)
+		rc = rw_cuda_memset_d8(device, st->ctl, 0, sizeof(rw_cuda_rank_ctlblk_t));
+	for (unsigned i = 0; i < RW_RANK_SHADOWS && rc == RW_OK; i++) {
+		rc = rw_cuda_mem_alloc(device, shadow, &st->shadow[i]);
+		if (rc == RW_OK)
+			rc = rw_cuda_memset_d8(device, st->shadow[i], 0, shadow);
+	}
+	if (rc == RW_OK)
+		rc = rw_cuda_host_alloc(sizeof(rw_cuda_rank_report_t), (void **)&st->report);
+	if (rc != RW_OK) {
+		rw_client_rank_close(r);
+		return rw_rank_say((char *)rw_client_rank_message(NULL), RW_E_CUDA, "rank path: no "
+				   "device memory for static mode (%u shadow slots of %zu bytes)",
+				   RW_RANK_SHADOWS, shadow);
+	}
+	memset(st->report, 0, sizeof(*st->report));
+	*rank_p = r;
+	return 0;
+}
+
+/* The static operation block of a call whose blocks are in `shadow`: the page's geometry and
+ * layout, the control block and the report. */
+static rw_cuda_rank_ctl_t ctl_block(const rw_client_rank_t *r, uint32_t op, uint32_t kind,
+				    rw_cuda_dptr_t shadow)
+{
+	const rw_page_layout_t *l = &r->layout;
+	return (rw_cuda_rank_ctl_t){
+		.ctl = r->st->ctl, .report = (rw_cuda_dptr_t)(uintptr_t)r->st->report,
+		.page = r->dptr, .shadow = shadow, .op = op, .kind = kind,
+		.depth = RW_PAGE_DEPTH, .slot0 = l->slot0, .slot_bytes = l->slot_bytes,
+		.word_off = offsetof(rw_page_head_t, word),
+		.status_off = offsetof(rw_page_head_t, status), .o_params = l->params,
+		.o_count_row = l->count_row, .o_plan = l->plan, .o_list = l->list,
+		.o_list_entry = l->list_entry, .o_term_off = l->term_off,
+		.cells = r->pg->nodes * r->pg->rails, .max_recv = r->pg->max_recv,
+		.gpus = r->pg->gpus, .owner = r->pg->owner,
+		.page_kind = kind ? RW_KIND_COMBINE : RW_KIND_DISPATCH };
+}
+
+/* Where a call's blocks are: its shadow (the status line and line in its tail). */
+static rw_rank_where_t where_of(const rw_client_rank_t *r, rw_cuda_dptr_t shadow)
+{
+	const rw_cuda_dptr_t tail = shadow + r->layout.slot_bytes;
+	return (rw_rank_where_t){ .slot = shadow, .status = tail + offsetof(rw_cuda_rank_tail_t, status),
+				  .line = tail + RW_PAGE_LINE, .scratch = r->scratch[0] };
+}
+
+/* What both calls check first: their arguments there, static mode, the stream's device, the
+ * daemon there. */
+static int call_open(rw_client_rank_t *r, const char *what, const rw_client_stream_t *s,
+		     const void *args, const uint64_t *call_p)
+{
+	if (!s || !args || !call_p)
+		return rw_rank_say(r->msg, RW_E_INVAL, "%s: NULL argument", what);
+	if (!r->st)
+		return rw_rank_say(r->msg, RW_E_STATE, "%s: the rank path is not in static mode "
+				   "(rw_client_rank_open_static)", what);
+	if (s->reserved || s->device != r->device)
+		return rw_rank_say(r->msg, RW_E_INVAL, "%s: a reserved field is not 0, or the stream "
+				   "is not on the rank path's device %d", what, r->device);
+	/* the daemon gone: plan far past what the stream submitted */
+	return rw_rank_phase_open(r, what, atomic_load_explicit(&r->pg->word[RW_PW_SUBMIT].v,
+								memory_order_acquire) + 1);
+}
+
+/* From SUBMIT on (`pre`: the status of what came before it): the phase's words and kernels.
+ * A failure after SUBMIT was enqueued breaks the rank path (the stream took a phase number the
+ * daemon will wait on). */
+static int phase_enqueue(rw_client_rank_t *r, const rw_cuda_ext_stream_t *es, rw_status_t pre,
+			 rw_cuda_rank_ctl_t *b, const void *first, const void *second)
+{
+	const char *what = b->kind ? "combine" : "dispatch";
+	rw_status_t st = pre;
+	b->op = RW_CUDA_RANK_OP_SUBMIT;
+	if (st == RW_OK)
+		st = rw_cuda_rank_ctl(es, b);
+	if (st != RW_OK)
+		return rw_rank_say(r->msg, RW_E_CUDA, "%s: enqueueing its first work or submit failed "
+				   "(%s)", what, rw_status_str(st));
+	b->op = RW_CUDA_RANK_OP_WAIT, b->word = RW_PW_PLAN;
+	st = rw_cuda_rank_ctl(es, b);
+	if (st == RW_OK) /* the records: pack, or gather */
+		st = b->kind ? rw_cuda_rank_gather(es, first) : rw_cuda_rank_pack(es, first);
+	b->op = RW_CUDA_RANK_OP_WORD, b->word = RW_PW_PACKED;
+	if (st == RW_OK)
+		st = rw_cuda_rank_ctl(es, b);
+	b->op = RW_CUDA_RANK_OP_WAIT, b->word = RW_PW_ARRIVED;
+	if (st == RW_OK)
+		st = rw_cuda_rank_ctl(es, b);
+	if (st == RW_OK) /* the outputs: forward, or reduce */
+		st = b->kind ? rw_cuda_rank_reduce(es, second) : rw_cuda_rank_forward(es, second);
+	b->op = RW_CUDA_RANK_OP_DONE, b->word = RW_PW_DONE;
+	if (st == RW_OK)
+		st = rw_cuda_rank_ctl(es, b);
+	if (st != RW_OK) {
+		r->broken = RW_E_CUDA;
+		return rw_rank_say(r->msg, RW_E_CUDA, "%s: submitted, but enqueueing its kernels "
+				   "failed (%s): the rank path is broken", what, rw_status_str(st));
+	}
+	return 0;
+}
+
+/* Take call number c and its shadow. */
+static rw_rank_call_t *call_take(rw_client_rank_t *r, uint64_t *c_p, rw_cuda_dptr_t *shadow_p)
+{
+	const uint64_t c = ++r->st->calls;
+	rw_rank_call_t *call = &r->st->call[c % RW_RANK_SHADOWS];
+	memset(call, 0, sizeof(*call));
+	call->call = c;
+	*c_p = c;
+	*shadow_p = r->st->shadow[c % RW_RANK_SHADOWS];
+	return call;
+}
+
+int rw_client_rank_dispatch_static(rw_client_rank_t *r, const rw_client_stream_t *s,
+				   const rw_client_rank_dispatch_t *d, uint64_t recv_n,
+				   uint64_t *call_p)
+{
+	if (!r)
+		return RW_E_INVAL;
+	int rc = call_open(r, "dispatch", s, d, call_p);
+	if (rc == 0)
+		rc = rw_rank_check_dispatch(r, s, d);
+	if (rc == 0 && recv_n % 4)
+		rc = rw_rank_say(r->msg, RW_E_INVAL, "dispatch: recv_n is not a 4-byte aligned "
+				 "device address");
+	if (rc)
+		return rc;
+	uint64_t c;
+	rw_cuda_dptr_t shadow;
+	rw_rank_call_t *call = call_take(r, &c, &shadow);
+	call->kind = RW_KIND_DISPATCH;
+	call->p = (rw_page_params_t){ .kind = RW_KIND_DISPATCH, .dtype = d->dtype, .topk = d->topk,
+				      .layer = d->layer, .hidden = d->hidden,
+				      .n_experts = d->n_experts, .token_count = d->token_count,
+				      .path = d->path, .step = d->step };
+	const rw_cuda_ext_stream_t es = { .device = s->device, .handle = s->handle };
+	rw_cuda_rank_ctl_t b = ctl_block(r, RW_CUDA_RANK_OP_BEGIN, 0, shadow);
+	b.dtype = d->dtype, b.topk = d->topk, b.layer = d->layer, b.hidden = d->hidden;
+	b.n_experts = d->n_experts, b.token_count = d->token_count, b.path = d->path;
+	b.step = d->step, b.out = recv_n;
+	rw_status_t st = rw_cuda_rank_ctl(&es, &b);
+	if (st == RW_OK)
+		st = rw_cuda_route_count_ext(&es, d->topk_ids, d->token_count, d->topk, d->n_experts,
+					     r->pg->nodes, r->pg->rails, r->pg->rail,
+					     shadow + r->layout.count_row,
+					     shadow + r->layout.params +
+						     offsetof(rw_page_params_t, bad));
+	rw_cuda_rank_pack_t pk;
+	rw_cuda_rank_forward_t fw;
+	const rw_rank_where_t w = where_of(r, shadow);
+	rw_rank_dispatch_blocks(r, &w, d, &pk, &fw);
+	rc = phase_enqueue(r, &es, st, &b, &pk, &fw);
+	if (rc == 0)
+		*call_p = c;
+	return rc;
+}
+
+int rw_client_rank_combine_static(rw_client_rank_t *r, const rw_client_stream_t *s,
+				  const rw_client_rank_combine_t *c, uint64_t *call_p)
+{
+	if (!r)
+		return RW_E_INVAL;
+	int rc = call_open(r, "combine", s, c, call_p);
+	if (rc)
+		return rc;
+	const uint64_t cd = c->dispatch;
+	rw_rank_call_t *dc = &r->st->call[cd % RW_RANK_SHADOWS];
+	if (cd == 0 || cd > r->st->calls || r->st->calls - cd >= RW_RANK_SHADOWS - 1 ||
+	    dc->call != cd || dc->kind != RW_KIND_DISPATCH || dc->combined)
+		return rw_rank_say(r->msg, RW_E_STATE, "combine: call %llu is not a static dispatch "
+				   "of this rank path among its last %u calls, not combined yet",
+				   (unsigned long long)cd, RW_RANK_SHADOWS - 2);
+	const rw_page_params_t dp = dc->p;
+	if (c->rows % 16 || (dp.token_count && (c->out == 0 || c->out % 16)) ||
+	    (r->pg->max_recv && c->rows == 0))
+		return rw_rank_say(r->msg, RW_E_INVAL, "combine: rows or out is not a 16-byte "
+				   "aligned device address");
+	if (r->n_slabs < r->pg->rails)
+		return rw_rank_say(r->msg, RW_E_STATE, "combine: the rank path holds no group slabs");
+	const rw_cuda_dptr_t dshadow = r->st->shadow[cd % RW_RANK_SHADOWS];
+	uint64_t cc;
+	rw_cuda_dptr_t shadow;
+	rw_rank_call_t *call = call_take(r, &cc, &shadow);
+	call->kind = RW_KIND_COMBINE;
+	dc->combined = 1;
+	const rw_cuda_ext_stream_t es = { .device = s->device, .handle = s->handle };
+	rw_cuda_rank_ctl_t b = ctl_block(r, RW_CUDA_RANK_OP_BEGIN, 1, shadow);
+	b.ref = dshadow, b.src = c->rows, b.slab0 = r->slab[0].dptr;
+	b.slab0_bytes = r->slab[0].lent.bytes;
+	b.row_bytes = dp.hidden * (dp.dtype == RW_DTYPE_BF16 ? 2u : 4u);
+	rw_status_t st = rw_cuda_rank_ctl(&es, &b);
+	b.op = RW_CUDA_RANK_OP_STAGE; /* this rank's rows staged before submit (P1) */
+	if (st == RW_OK)
+		st = rw_cuda_rank_ctl(&es, &b);
+	rw_cuda_rank_gather_t ga;
+	rw_cuda_rank_reduce_t re;
+	const rw_rank_where_t w = where_of(r, shadow);
+	rw_rank_combine_blocks(r, &w, dshadow, &dp, NULL,
+			       dshadow + r->layout.plan + offsetof(rw_page_plan_head_t, stage_off),
+			       c, &ga, &re);
+	rc = phase_enqueue(r, &es, st, &b, &ga, &re);
+	if (rc == 0)
+		*call_p = cc;
+	return rc;
+}
+
+int rw_client_rank_check(rw_client_rank_t *r, rw_client_rank_check_t *check_p)
+{
+	if (!r)
+		return RW_E_INVAL;
+	rw_client_rank_check_t chk = { 0 };
+	if (!r->st) {
+		if (check_p)
+			*check_p = chk;
+		return rw_rank_say(r->msg, RW_E_STATE, "check: the rank path is not in static mode");
+	}
+	/* the stream wrote the report before its done word: acquire that word first (P5) */
+	(void)atomic_load_explicit(&r->pg->word[RW_PW_DONE].v, memory_order_acquire);
+	const rw_cuda_rank_report_t rep = *r->st->report;
+	memset(r->st->report, 0, sizeof(*r->st->report));
+	r->st->report->done = rep.done;
+	chk = (rw_client_rank_check_t){ .done = rep.done, .phase = rep.fail_phase,
+					.over_phase = rep.over_phase, .overflow = rep.over_rows,
+					.need = rep.need };
+	if (check_p)
+		*check_p = chk;
+	const unsigned long long k = rep.fail_phase;
+	const char *kind = rep.fail_kind ? "combine" : "dispatch";
+	if (rep.over_n && (k == 0 || rep.over_phase <= k)) /* the first cause first */
+		return rw_rank_say(r->msg, RW_E_OVERFLOW, "%u dispatches from phase %llu had rows "
+				   "past recv_cap: %u rows dropped (their combine added +0 for them); "
+				   "recv_cap %u would have held them%s", rep.over_n,
+				   (unsigned long long)rep.over_phase, rep.over_rows, rep.need,
+				   k ? "; a later phase failed too" : "");
+	if (k && (rep.bad || rep.err[0] == RW_CUDA_RANK_E_ID))
+		return rw_rank_say(r->msg, RW_E_TOKENS, "phase %llu (%s): token %u has a top-k expert "
+				   "id outside [0, n_experts) other than -1 (it counted nothing)", k,
+				   kind, (rep.bad ? rep.bad : rep.err[1]) - 1);
+	if (k && rep.status)
+		return rw_rank_say(r->msg, rep.status, "phase %llu (%s) failed: %s", k, kind,
+				   rw_client_strerror(rep.status));
+	if (k && rep.err[0] == RW_CUDA_RANK_E_STAGE)
+		return rw_rank_say(r->msg, RW_E_BADREPLY, "phase %llu (combine): its dispatch's plan "
+				   "names no staging area that holds its %u rows", k, rep.err[1]);
+	if (k)
+		return rw_rank_say(r->msg, RW_E_BADREPLY, "phase %llu (%s): the daemon's plan or list "
+				   "does not fit this rank's records (kernel error %u, detail %u)",
+				   k, kind, rep.err[0], rep.err[1]);
+	return rw_rank_phase_open(r, "check", rep.done + 1); /* 0, or the daemon gone, or broken */
+}
