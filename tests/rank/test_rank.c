@@ -1140,6 +1140,8 @@ static void play_stop(play_t *pl)
 #define LAYER_TOKENS 200
 #define LAYER_HIDDEN 64
 typedef struct layer {
+	rw_cuda_dptr_t tokens;      /* 0: the rank's x (the inputs copied there) */
+	uint32_t layer;
 	rw_cuda_dptr_t recv_n, rows, out;
 	void *ids_h, *x_h, *w_h;    /* page-locked */
 	uint32_t hidden, eb;
@@ -1148,6 +1150,7 @@ typedef struct layer {
 static void layer_alloc(layer_t *L, int bf16)
 {
 	memset(L, 0, sizeof(*L));
+	L->layer = 3;
 	L->hidden = LAYER_HIDDEN;
 	L->eb = bf16 ? 2 : 4;
 	assert_int_equal(rw_cuda_mem_alloc(0, 64, &L->recv_n), RW_OK);
@@ -1234,9 +1237,9 @@ static void layer_read(const layer_t *L, const rank_t *rk, layer_out_t *o, int w
 static rw_client_rank_dispatch_t layer_dispatch(const layer_t *L, const rank_t *rk, uint32_t cap)
 {
 	return (rw_client_rank_dispatch_t){
-		.dtype = L->eb == 2 ? RW_DTYPE_BF16 : RW_DTYPE_FP32, .topk = 4, .layer = 3,
+		.dtype = L->eb == 2 ? RW_DTYPE_BF16 : RW_DTYPE_FP32, .topk = 4, .layer = L->layer,
 		.step = 100, .token_count = LAYER_TOKENS, .hidden = L->hidden, .n_experts = EXPERTS,
-		.tokens = rk->x, .topk_ids = rk->ids, .topk_weights = rk->w, .recv_x = rk->recv_x,
+		.tokens = L->tokens ? L->tokens : rk->x, .topk_ids = rk->ids, .topk_weights = rk->w, .recv_x = rk->recv_x,
 		.recv_meta = rk->recv_meta, .recv_counts = rk->recv_counts, .recv_cap = cap };
 }
 
@@ -1365,6 +1368,57 @@ static void test_graph_replays_a_layer(void **state)
 		assert_int_equal(server_heard(s, RW_PW_DONE, 2 * REPLAYS), 2 * REPLAYS);
 		layer_teardown(&rk, &L, NULL, s);
 	}
+}
+
+/* The layer's forward and its backward in one graph: the combine's backward is a dispatch of
+ * the output gradients along the same routing (here the forward's combined rows, layer 4), the
+ * expert's backward the identity again, the dispatch's backward that dispatch's combine. Four
+ * phases a replay, two pair keys (layers 3 and 4, step 100 + i each); after 20 replays with fresh
+ * inputs, each replay's gradient equals its forward output (identity twice) and its inputs' rows
+ * for every token with an expert. */
+static void test_graph_forward_backward(void **state)
+{
+	(void)state;
+	rank_t rk;
+	layer_t F, B;
+	play_t pl;
+	static routing_t rt;
+	static layer_out_t fwd, bwd;
+	server_t *s = layer_setup(&rk, &F, &pl, 1, 0);
+	layer_alloc(&B, 0);
+	B.tokens = F.out;
+	B.layer = 4;
+	rw_cuda_host_free(B.x_h);
+	B.x_h = F.x_h; /* the rows layer_expect compares with: the forward's inputs */
+	const rw_cuda_ext_stream_t gs = { .device = rk.cs.device, .handle = rk.cs.handle };
+	rw_cuda_graph_t *g = NULL;
+	assert_int_equal(rw_cuda_graph_begin(&gs), RW_OK);
+	layer_enqueue(&F, &rk, RECV_CAP);
+	layer_enqueue(&B, &rk, RECV_CAP);
+	assert_int_equal(rw_cuda_graph_end(&gs, &g), RW_OK);
+	for (uint32_t i = 0; i < 20; i++) {
+		layer_inputs(&F, &rk, &rt, 40 + i);
+		assert_int_equal(rw_cuda_graph_launch(g, &gs), RW_OK);
+		assert_int_equal(rw_cuda_stream_sync(rk.stream), RW_OK);
+		rw_client_rank_check_t chk;
+		assert_int_equal(rw_client_rank_check(rk.rp, &chk), 0);
+		assert_int_equal(chk.done, 4 * (i + 1));
+		layer_read(&F, &rk, &fwd, 1);
+		layer_read(&B, &rk, &bwd, 1);
+		layer_expect(&F, &rt, &fwd);
+		layer_expect(&B, &rt, &bwd);
+		for (uint32_t j = 0; j < 4; j++) {
+			const rw_page_params_t *p = &pl.seen[4 * i + j];
+			assert_int_equal(p->phase, 4 * i + j + 1);
+			assert_int_equal(p->layer, j < 2 ? 3 : 4);
+			assert_int_equal(p->step, 100 + i);
+			assert_int_equal(p->kind, j % 2 ? RW_KIND_COMBINE : RW_KIND_DISPATCH);
+		}
+	}
+	rw_cuda_graph_destroy(g);
+	B.x_h = NULL;
+	layer_free(&B);
+	layer_teardown(&rk, &F, &pl, s);
 }
 
 /* Static mode refuses what it cannot do and what eager mode owns; a host synchronization while
@@ -1528,6 +1582,7 @@ int main(int argc, char **argv)
 		CASE(test_cpu_only_rank),
 		CASE(test_static_refusals),
 		CASE(test_graph_replays_a_layer),
+		CASE(test_graph_forward_backward),
 		CASE(test_static_overflow),
 		CASE(test_static_daemon_lost),
 		CASE(test_count_row_is_the_host_count),
