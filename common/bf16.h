@@ -30,4 +30,19 @@ static inline float rw_bf16_to_f32(uint16_t v)
 	return f;
 }
 
+/* ---- Rows (common/rows.c): hidden elements of bf16 (bf16 != 0) or fp32, at any alignment,
+ * summed in fp32; bf16 results rounded once as above. The loops run in fixed blocks the
+ * compiler vectorizes. */
+/* acc[i] += row[i]. */
+void rw_row_acc(float *acc, const void *row, int bf16, uint32_t hidden);
+/* acc[i] = row[i]: the first term of a sum. */
+void rw_row_load(float *acc, const void *row, int bf16, uint32_t hidden);
+/* dst[i] = acc[i] as the row's type. */
+void rw_row_store(void *dst, int bf16, const float *acc, uint32_t hidden);
+/* dst = the sum of rows[0 .. n), added in fp32 in this order and rounded once: from +0
+ * (from_zero: the owner's sum, docs/dataflow.md "Combine") or from the first term (then one
+ * term is copied as it is); n = 0 gives zeros. No sum is kept beyond a block on the stack. */
+void rw_rows_sum(void *dst, int bf16, const void *const *rows, uint32_t n, uint32_t hidden,
+		 int from_zero);
+
 #endif

@@ -323,47 +323,6 @@ void rw_rank_host_forward(const rw_cuda_rank_forward_t *a, rw_rank_host_par_t pa
 	}
 }
 
-/* ---- sums ---------------------------------------------------------------------------------- */
-
-static float elem(uint64_t row, uint32_t h, uint32_t dtype)
-{
-	if (dtype == RW_CUDA_BF16) {
-		uint16_t v;
-		memcpy(&v, at(row + 2ull * h), 2);
-		return rw_bf16_to_f32(v);
-	}
-	float f;
-	memcpy(&f, at(row + 4ull * h), 4);
-	return f;
-}
-
-/* dst = the sum of cnt rows, in order: from +0 (from_zero) or from the first term (then one
- * term is copied as it is); no terms: +0. */
-static void sum_rows(uint8_t *dst, const uint64_t *rows, uint32_t cnt, uint32_t hidden,
-		     uint32_t dtype, int from_zero)
-{
-	const uint32_t row_bytes = hidden * dtype_size(dtype);
-	if (cnt == 0) {
-		memset(dst, 0, row_bytes);
-		return;
-	}
-	if (cnt == 1 && !from_zero) {
-		memcpy(dst, at(rows[0]), row_bytes);
-		return;
-	}
-	for (uint32_t h = 0; h < hidden; h++) {
-		float acc = from_zero ? 0.0f + elem(rows[0], h, dtype) : elem(rows[0], h, dtype);
-		for (uint32_t k = 1; k < cnt; k++)
-			acc += elem(rows[k], h, dtype);
-		if (dtype == RW_CUDA_BF16) {
-			uint16_t v = rw_bf16_from_f32(acc);
-			memcpy(dst + 2ull * h, &v, 2);
-		} else {
-			memcpy(dst + 4ull * h, &acc, 4);
-		}
-	}
-}
-
 /* A gather's or reduce's list length: what list_n says, at most cap (more: E_REF). */
 static uint32_t list_count(uint64_t list_n, uint32_t cap, uint64_t err)
 {
@@ -384,7 +343,7 @@ static void gather_range(const void *ctx, uint32_t lo, uint32_t hi)
 	const rw_cuda_plan_entry_t *entry = at(a->entry);
 	const uint32_t *toff = at(a->term_off), *terms = at(a->terms);
 	const uint32_t row_bytes = a->hidden * dtype_size(a->dtype);
-	uint64_t rows[RW_CUDA_RANK_TERMS_MAX];
+	const void *rows[RW_CUDA_RANK_TERMS_MAX];
 	const uint64_t *stage = at(a->stage); /* static mode: the dispatch plan head's, read now */
 	for (uint32_t j = lo; j < hi; j++) {
 		const rw_cuda_list_entry_t *le = &list[j];
@@ -419,7 +378,7 @@ static void gather_range(const void *ctx, uint32_t lo, uint32_t hi)
 				if (base)
 					addr = base + (uint64_t)(terms[k] & 0xffffffu) * row_bytes;
 			}
-			rows[k - j0] = addr;
+			rows[k - j0] = at(addr);
 			bad |= !addr;
 		}
 		if (bad) {
@@ -432,7 +391,8 @@ static void gather_range(const void *ctx, uint32_t lo, uint32_t hi)
 					(a->me & 0xffffu) | (uint32_t)le->rail << 16,
 					le->slot - pe->first, 0 };
 		memcpy(rec, w, 16);
-		sum_rows(rec + RW_WIRE_CREC_HDR, rows, j1 - j0, a->hidden, a->dtype, 0);
+		rw_rows_sum(rec + RW_WIRE_CREC_HDR, a->dtype == RW_CUDA_BF16, rows, j1 - j0, a->hidden,
+			    0);
 		memset(rec + RW_WIRE_CREC_HDR + row_bytes, 0, a->crec_size - RW_WIRE_CREC_HDR - row_bytes);
 	}
 }
@@ -480,7 +440,7 @@ static void reduce_range(const void *ctx, uint32_t lo, uint32_t hi)
 		else
 			top = mid;
 	}
-	uint64_t stack[RW_CUDA_RANK_TERMS_MAX], *rows = stack;
+	const void *stack[RW_CUDA_RANK_TERMS_MAX], **rows = stack;
 	uint32_t room = RW_CUDA_RANK_TERMS_MAX;
 	for (uint32_t t = lo; t < hi; t++) {
 		while (i < n && list[i].token < t) /* (out of order: skipped, E_REF set) */
@@ -490,26 +450,27 @@ static void reduce_range(const void *ctx, uint32_t lo, uint32_t hi)
 			end++;
 		if (end - i > room) { /* more terms than the stack holds: the heap */
 			if (rows != stack)
-				free(rows);
+				free((void *)rows);
 			room = end - i;
-			rows = malloc((size_t)room * sizeof(uint64_t));
+			rows = malloc((size_t)room * sizeof(*rows));
 			if (!rows)
 				abort();
 		}
 		int bad = 0;
 		for (; i < end; i++) {
 			uint64_t addr = reduce_addr(a, &list[i]);
-			rows[cnt++] = addr + RW_WIRE_CREC_HDR;
+			rows[cnt++] = at(addr + RW_WIRE_CREC_HDR);
 			bad |= !addr;
 		}
 		if (bad) {
 			set_err(a->err, RW_CUDA_RANK_E_REF, i);
 			continue;
 		}
-		sum_rows((uint8_t *)at(a->out) + (uint64_t)t * row_bytes, rows, cnt, a->hidden, a->dtype, 1);
+		rw_rows_sum((uint8_t *)at(a->out) + (uint64_t)t * row_bytes, a->dtype == RW_CUDA_BF16,
+			    rows, cnt, a->hidden, 1);
 	}
 	if (rows != stack)
-		free(rows);
+		free((void *)rows);
 }
 
 void rw_rank_host_reduce(const rw_cuda_rank_reduce_t *a, rw_rank_host_par_t par)
