@@ -21,11 +21,12 @@
 
 #define D RW_PAGE_DEPTH
 
-/* How long a wait spins before it sleeps, and the sleeps: from SLEEP_MIN_NS doubling to
- * SLEEP_MAX_NS, so a long wait (a peer's rows, the trainer's other ranks) costs at most one
- * wake-up per SLEEP_MAX_NS (5000 a second, each a few microseconds: under 2% of a core) and
- * adds at most SLEEP_MAX_NS to a phase once the spin is over. */
-#define SPIN_US_DEFAULT 50
+/* How long a wait spins before it sleeps (the ring's rw_client_wait default, on a host with
+ * SPIN_MIN_CPUS online CPUs; none on a smaller one), and the sleeps: from SLEEP_MIN_NS
+ * doubling to SLEEP_MAX_NS, so a long wait (a peer's rows, the trainer's other ranks) costs at
+ * most one wake-up per SLEEP_MAX_NS (5000 a second, each a few microseconds) and adds at most
+ * SLEEP_MAX_NS to a phase once the spin is over. */
+#define SPIN_US_DEFAULT 200
 #define SPIN_US_MAX 10000
 #define SPIN_MIN_CPUS 8
 #define SLEEP_MIN_NS 10000
