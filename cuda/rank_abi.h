@@ -201,7 +201,9 @@ enum {
 	                             * combine gives back every row its dispatch was listed (those
 	                             * dropped past the capacity as +0 rows) */
 	RW_CUDA_RANK_OP_WAIT = 2,   /* wait for word >= k, then copy the status and the slot's plan
-	                             * (plan word) or list (arrived) into the shadow */
+	                             * (plan word; a combine's terms: those of its dispatch's
+	                             * list) or list (arrived: its entries) into the shadow; every
+	                             * block waits, then copies its share */
 	RW_CUDA_RANK_OP_WORD = 3,   /* word = k (packed) */
 	RW_CUDA_RANK_OP_DONE = 4,   /* the report, the caller's row count; done = k */
 	RW_CUDA_RANK_OP_STAGE = 5,  /* combine: the caller's rows into this rank's staging area,
@@ -233,7 +235,7 @@ typedef struct rw_cuda_rank_ctl {
 	uint32_t max_recv, gpus, owner;
 	uint32_t row_bytes;         /* STAGE: hidden x the dtype's size */
 	uint32_t page_kind;         /* the parameters' kind (ipc/railwave.h enum rw_kind) */
-	uint32_t reserved;
+	uint32_t o_term_ref;        /* the slot offset of the terms' refs */
 } rw_cuda_rank_ctl_t;
 
 /* What rw_rank_ctl computes, written once for the kernel and the CPU stand-in

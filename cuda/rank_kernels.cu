@@ -618,34 +618,63 @@ __device__ void ctl_submit(const rw_cuda_rank_ctl_t &a)
 	publish(a, 0, k); // submit (P1)
 }
 
+// Copy `bytes` with the whole grid (16-byte pieces where everything is aligned).
+__device__ __forceinline__ void grid_copy(uint8_t *d, const uint8_t *s, uint64_t bytes)
+{
+	const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+	const uint64_t first = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	if ((((uintptr_t)d | (uintptr_t)s | bytes) & 15) == 0) {
+		for (uint64_t i = first; i < bytes / 16; i += stride)
+			reinterpret_cast<uint4 *>(d)[i] = reinterpret_cast<const uint4 *>(s)[i];
+	} else {
+		for (uint64_t i = first; i < bytes; i += stride)
+			d[i] = s[i];
+	}
+}
+
+// Every block's thread 0 waits for the word (a block copies only after it saw it itself); the
+// sizes of what is copied are read once the word came.
 __device__ void ctl_wait(const rw_cuda_rank_ctl_t &a)
 {
+	__shared__ uint32_t n_s, nterm_s;
 	const uint64_t k = shadow_params(a, a.shadow)->phase;
+	const uint64_t slot = page_slot(a, k);
 	if (threadIdx.x == 0) {
 		uint32_t nap = 32;
 		while ((int64_t)(load_acquire_sys(page_word(a, a.word)) - k) < 0) {
 			__nanosleep(nap);
 			nap = nap < 2048 ? nap * 2 : nap;
 		}
-		shadow_tail(a, a.shadow)->status =
-			*reinterpret_cast<const volatile int32_t *>(a.page + a.status_off + 64ull * (k % a.depth));
+		if (blockIdx.x == 0)
+			shadow_tail(a, a.shadow)->status = *reinterpret_cast<const volatile int32_t *>(
+				a.page + a.status_off + 64ull * (k % a.depth));
+		if (a.word == 1 && a.kind == 1) { // the terms of the dispatch's list entries
+			const uint32_t n = min(*reinterpret_cast<const uint32_t *>(a.ref + a.o_list + 8),
+					       a.max_recv);
+			n_s = n;
+			nterm_s = min(*reinterpret_cast<const volatile uint32_t *>(slot + a.o_term_off +
+										   4ull * n),
+				      a.gpus * a.max_recv);
+		} else if (a.word != 1) { // the list's entries
+			n_s = min(*reinterpret_cast<const volatile uint32_t *>(slot + a.o_list + 8),
+				  a.max_recv);
+		}
 	}
 	__syncthreads();
-	const uint64_t slot = page_slot(a, k);
 	if (a.word == 1) { // plan: the head, rails, tags, entries; a combine's terms too
-		block_copy(reinterpret_cast<uint8_t *>(a.shadow + a.o_plan),
-			   reinterpret_cast<const uint8_t *>(slot + a.o_plan), a.o_list - a.o_plan);
-		if (a.kind == 1)
-			block_copy(reinterpret_cast<uint8_t *>(a.shadow + a.o_term_off),
-				   reinterpret_cast<const uint8_t *>(slot + a.o_term_off),
-				   a.slot_bytes - a.o_term_off);
+		grid_copy(reinterpret_cast<uint8_t *>(a.shadow + a.o_plan),
+			  reinterpret_cast<const uint8_t *>(slot + a.o_plan), a.o_list - a.o_plan);
+		if (a.kind == 1) {
+			grid_copy(reinterpret_cast<uint8_t *>(a.shadow + a.o_term_off),
+				  reinterpret_cast<const uint8_t *>(slot + a.o_term_off), 4ull * (n_s + 1));
+			grid_copy(reinterpret_cast<uint8_t *>(a.shadow + a.o_term_ref),
+				  reinterpret_cast<const uint8_t *>(slot + a.o_term_ref), 4ull * nterm_s);
+		}
 	} else { // arrived: the list head and its entries (at most max_recv)
-		const uint32_t listed = *reinterpret_cast<const volatile uint32_t *>(slot + a.o_list + 8);
-		const uint32_t n = min(listed, a.max_recv);
-		block_copy(reinterpret_cast<uint8_t *>(a.shadow + a.o_list),
-			   reinterpret_cast<const uint8_t *>(slot + a.o_list), a.o_list_entry - a.o_list);
-		block_copy(reinterpret_cast<uint8_t *>(a.shadow + a.o_list_entry),
-			   reinterpret_cast<const uint8_t *>(slot + a.o_list_entry), n * 16u);
+		grid_copy(reinterpret_cast<uint8_t *>(a.shadow + a.o_list),
+			  reinterpret_cast<const uint8_t *>(slot + a.o_list), a.o_list_entry - a.o_list);
+		grid_copy(reinterpret_cast<uint8_t *>(a.shadow + a.o_list_entry),
+			  reinterpret_cast<const uint8_t *>(slot + a.o_list_entry), 16ull * n_s);
 	}
 }
 

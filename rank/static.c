@@ -84,7 +84,7 @@ static rw_cuda_rank_ctl_t ctl_block(const rw_client_rank_t *r, uint32_t op, uint
 		.word_off = offsetof(rw_page_head_t, word),
 		.status_off = offsetof(rw_page_head_t, status), .o_params = l->params,
 		.o_count_row = l->count_row, .o_plan = l->plan, .o_list = l->list,
-		.o_list_entry = l->list_entry, .o_term_off = l->term_off,
+		.o_list_entry = l->list_entry, .o_term_off = l->term_off, .o_term_ref = l->term_ref,
 		.cells = r->pg->nodes * r->pg->rails, .max_recv = r->pg->max_recv,
 		.gpus = r->pg->gpus, .owner = r->pg->owner,
 		.page_kind = kind ? RW_KIND_COMBINE : RW_KIND_DISPATCH };

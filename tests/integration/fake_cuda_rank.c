@@ -86,8 +86,15 @@ static void ctl_wait(const rw_cuda_rank_ctl_t *a)
 	memcpy(&ctl_tail(a, a->shadow)->status, at(a->page + a->status_off + 64ull * (k % a->depth)), 4);
 	if (a->word == 1) {
 		memcpy(sh + a->o_plan, slot + a->o_plan, a->o_list - a->o_plan);
-		if (a->kind == 1)
-			memcpy(sh + a->o_term_off, slot + a->o_term_off, a->slot_bytes - a->o_term_off);
+		if (a->kind == 1) { /* the terms of the dispatch's list entries */
+			uint32_t n, nterm;
+			memcpy(&n, at(a->ref + a->o_list + 8), 4);
+			n = n < a->max_recv ? n : a->max_recv;
+			memcpy(&nterm, slot + a->o_term_off + 4ull * n, 4);
+			nterm = nterm < a->gpus * a->max_recv ? nterm : a->gpus * a->max_recv;
+			memcpy(sh + a->o_term_off, slot + a->o_term_off, 4ull * (n + 1));
+			memcpy(sh + a->o_term_ref, slot + a->o_term_ref, 4ull * nterm);
+		}
 	} else {
 		uint32_t listed;
 		memcpy(&listed, slot + a->o_list + 8, 4);
