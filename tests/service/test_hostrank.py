@@ -24,7 +24,8 @@ slabs; the daemons only plan, post and track. tests/integration/rw_pagerank.c mo
    RW_E_CLOSED).
    A group whose ranks on each node are a host rank and a CUDA rank (the kernel stand-in):
    the same 6 phases verified on every rank. The benchmark's rank (rw_bench_rank
-   --host-rank-path) verifies 5 pairs over every path with DeepSeek-V3's routing.
+   --host-rank-path) verifies 5 pairs over every path at DeepSeek-V3's shape, 64 tokens a rank,
+   its copies and sums split over 3 threads.
 3. Three daemons (2 ranks a node, 2 rails): six host ranks, the same checks beside a host job.
 Run by tests/run as $b/test/svc_hostrank; exits 0 pass, 1 fail, 77 skip."""
 import os
@@ -80,10 +81,12 @@ def verified_beside_host_job(c, group, what):
 
 
 def on_cluster(tmp, nodes, body):
-    """Daemons with group carve-outs (the host ranks' records live in their group's slabs), the
-    scenario `body(c)`, then every daemon still running must stop cleanly; logs on a failure."""
+    """Daemons with group carve-outs (the host ranks' records live in their group's slabs; 72
+    MiB a rail holds the benchmark's DeepSeek-V3 phase, tcp maps no page before it is written),
+    the scenario `body(c)`, then every daemon still running must stop cleanly; logs on a
+    failure."""
     os.makedirs(tmp)
-    c = cluster.Cluster(tmp, nodes, rails=2, extra={"group_area_mib": 4, "group_pool_mib": 40})
+    c = cluster.Cluster(tmp, nodes, rails=2, extra={"group_area_mib": 72, "group_pool_mib": 720})
     fails = len(check.fails)
     try:
         c.start_all()
@@ -111,17 +114,20 @@ def two_daemons(c):
            "each combine ended by the next dispatch's call")
 
     # the benchmark's rank (tools/rw_bench_rank --host-rank-path: every row, count and sum
-    # checked) over every data path, DeepSeek-V3's routing (256 experts, top-8)
+    # checked) over every data path, DeepSeek-V3's shape (hidden 7168, 256 experts, top-8) at 64
+    # tokens a rank: its pack, forward, gather and reduce split over 3 threads (each step moves
+    # megabytes, past the 256 KiB a thread)
     bench = [(r, subprocess.Popen(
         [BENCH, "--socket", c.cfg["nodes"][r // c.gpus]["ipc_socket"], "--group", "bench",
          "--rank", str(r), "--steps", "5", "--paths", "native,rail-only,perm-only,joint,auto",
          "--host-rank-path", "--nodes", "2", "--gpus", str(c.gpus), "--rails", "2",
-         "--experts", "256", "--topk", "8", "--hidden", "512", "--tokens", "32"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=c.env)) for r in range(4)]
+         "--experts", "256", "--topk", "8", "--hidden", "7168", "--tokens", "64"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=dict(c.env, RAILWAVE_RANK_THREADS="3"))) for r in range(4)]
     res = cluster.outputs(bench)
     check(all(v[0] == 0 and "verified rank" in v[1] and "(host rank path)" in v[1]
               for v in res.values()), "rw_bench_rank --host-rank-path: 5 pairs verified on "
-          "every rank %s" % {r: v[1][-300:] for r, v in res.items() if v[0] != 0})
+          "every rank, 3 threads %s" % {r: v[1][-300:] for r, v in res.items() if v[0] != 0})
 
     # a group mixing host ranks and CUDA ranks (the kernel stand-in) on each node
     if os.path.exists(FAKE_KERN):
