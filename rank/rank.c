@@ -179,6 +179,11 @@ void rw_client_rank_close(rw_client_rank_t *r)
 	free(r);
 }
 
+char *rw_rank_open_msg(void)
+{
+	return open_msg;
+}
+
 const char *rw_client_rank_message(const rw_client_rank_t *r)
 {
 	return r ? r->msg : open_msg;

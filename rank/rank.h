@@ -93,6 +93,8 @@ struct rw_client_rank {
 
 /* rank/rank.c, for rank/static.c (which rank.c never calls: static mode's calls are its own). */
 int rw_rank_say(char *buf, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The calling thread's buffer for why its last open failed (rw_client_rank_message(NULL)). */
+char *rw_rank_open_msg(void);
 int rw_rank_check_dispatch(rw_client_rank_t *r, const rw_client_stream_t *s,
 			   const rw_client_rank_dispatch_t *d);
 /* RW_E_CUDA once the rank path broke, RW_E_CLOSED when the daemon is gone (plan far past k - 1). */

@@ -40,7 +40,7 @@ int rw_client_rank_open_static(rw_client_t *client, int32_t device, uint32_t max
 {
 	rw_client_rank_t *r = NULL;
 	if (device == RW_RANK_HOST) /* its phases need this CPU's calls: no graph holds them */
-		return rw_rank_say((char *)rw_client_rank_message(NULL), RW_E_INVAL, "rank path: "
+		return rw_rank_say(rw_rank_open_msg(), RW_E_INVAL, "rank path: "
 				   "static mode is for CUDA ranks, not RW_RANK_HOST");
 	int rc = rw_client_rank_open(client, device, max_recv, &r);
 	if (rc)
@@ -62,7 +62,7 @@ int rw_client_rank_open_static(rw_client_t *client, int32_t device, uint32_t max
 		rc = rw_cuda_host_alloc(sizeof(rw_cuda_rank_report_t), (void **)&st->report);
 	if (rc != RW_OK) {
 		rw_client_rank_close(r);
-		return rw_rank_say((char *)rw_client_rank_message(NULL), RW_E_CUDA, "rank path: no "
+		return rw_rank_say(rw_rank_open_msg(), RW_E_CUDA, "rank path: no "
 				   "device memory for static mode (%u shadow slots of %zu bytes)",
 				   RW_RANK_SHADOWS, shadow);
 	}
