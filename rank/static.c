@@ -122,6 +122,13 @@ static int call_open(rw_client_rank_t *r, const char *what, const rw_client_stre
 static int phase_enqueue(rw_client_rank_t *r, const rw_cuda_ext_stream_t *es, rw_status_t pre,
 			 rw_cuda_rank_ctl_t *b, const void *first, const void *second)
 {
+	/* After SUBMIT, in stream order; op KERNEL: the data kernel (records, then outputs). */
+	enum { KERNEL = 100 };
+	static const struct { uint32_t op, word; } step[] = {
+		{ RW_CUDA_RANK_OP_WAIT, RW_PW_PLAN }, { KERNEL, 0 },
+		{ RW_CUDA_RANK_OP_WORD, RW_PW_PACKED }, { RW_CUDA_RANK_OP_WAIT, RW_PW_ARRIVED },
+		{ KERNEL, 1 }, { RW_CUDA_RANK_OP_DONE, RW_PW_DONE },
+	};
 	const char *what = b->kind ? "combine" : "dispatch";
 	rw_status_t st = pre;
 	b->op = RW_CUDA_RANK_OP_SUBMIT;
@@ -130,21 +137,16 @@ static int phase_enqueue(rw_client_rank_t *r, const rw_cuda_ext_stream_t *es, rw
 	if (st != RW_OK)
 		return rw_rank_say(r->msg, RW_E_CUDA, "%s: enqueueing its first work or submit failed "
 				   "(%s)", what, rw_status_str(st));
-	b->op = RW_CUDA_RANK_OP_WAIT, b->word = RW_PW_PLAN;
-	st = rw_cuda_rank_ctl(es, b);
-	if (st == RW_OK) /* the records: pack, or gather */
-		st = b->kind ? rw_cuda_rank_gather(es, first) : rw_cuda_rank_pack(es, first);
-	b->op = RW_CUDA_RANK_OP_WORD, b->word = RW_PW_PACKED;
-	if (st == RW_OK)
-		st = rw_cuda_rank_ctl(es, b);
-	b->op = RW_CUDA_RANK_OP_WAIT, b->word = RW_PW_ARRIVED;
-	if (st == RW_OK)
-		st = rw_cuda_rank_ctl(es, b);
-	if (st == RW_OK) /* the outputs: forward, or reduce */
-		st = b->kind ? rw_cuda_rank_reduce(es, second) : rw_cuda_rank_forward(es, second);
-	b->op = RW_CUDA_RANK_OP_DONE, b->word = RW_PW_DONE;
-	if (st == RW_OK)
-		st = rw_cuda_rank_ctl(es, b);
+	for (unsigned i = 0; i < sizeof(step) / sizeof(step[0]) && st == RW_OK; i++) {
+		if (step[i].op != KERNEL) {
+			b->op = step[i].op, b->word = step[i].word;
+			st = rw_cuda_rank_ctl(es, b);
+		} else if (step[i].word == 0) { /* the records: pack, or gather */
+			st = b->kind ? rw_cuda_rank_gather(es, first) : rw_cuda_rank_pack(es, first);
+		} else { /* the outputs: forward, or reduce */
+			st = b->kind ? rw_cuda_rank_reduce(es, second) : rw_cuda_rank_forward(es, second);
+		}
+	}
 	if (st != RW_OK) {
 		r->broken = RW_E_CUDA;
 		return rw_rank_say(r->msg, RW_E_CUDA, "%s: submitted, but enqueueing its kernels "
