@@ -68,7 +68,7 @@ class Handle:
     __slots__ = ("group", "handle_id", "layer", "step", "dtype", "hidden", "topk", "n_experts",
                  "num_tokens", "num_recv", "device", "_src", "_local_mask", "combined",
                  "topk_idx", "topk_weights", "routing_version", "need_w_grad",
-                 "dispatch_backward", "bwd", "_plan", "rank_phase")
+                 "dispatch_backward", "bwd", "_plan", "rank_phase", "recv_n")
 
     def __init__(self, group: Core, handle_id: int, layer: int, step: int, dtype: torch.dtype,
                  hidden: int, topk: int, n_experts: int, num_tokens: int, num_recv: int, src: Any,
@@ -91,6 +91,7 @@ class Handle:
         self.bwd = None
         self._plan = None  # host path: the dispatch's plan (its combine reads through it)
         self.rank_phase = 0  # rank path: the dispatch's phase number (its combine names it)
+        self.recv_n = None  # static mode: int32 [1] on the device, the rows received
 
     def keep_routing(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> None:
         """Keep the dispatch's routing for a backward pair, whenever autograd may run: a combine
@@ -217,6 +218,29 @@ def _received(meta: torch.Tensor, K: int, lut: torch.Tensor):
     return recv_idx, recv_w, mine
 
 
+def _rank_args(rp, x, topk_idx, topk_weights, E, layer, step):
+    """A rank-path dispatch's argument block and the tensors it names: x (copied when not
+    16-byte aligned: the pack reads rows 16 bytes at a time), the int32 ids, and fresh outputs
+    of the room's size (rows, metadata, per-expert counts)."""
+    T, H = x.shape
+    K = topk_idx.shape[1]
+    cap, dev = rp.max_recv, x.device
+    if x.data_ptr() % 16:
+        x = x.clone()
+    # int64 ids clamped first, so that none wraps into a valid int32 id (-2 and E are both out
+    # of range: the count kernel reports the token)
+    ids = topk_idx if topk_idx.dtype == torch.int32 else topk_idx.clamp(-2, E).to(torch.int32)
+    rx = torch.empty(cap, H, dtype=x.dtype, device=dev)
+    meta = torch.empty(cap, 4 + 2 * K, dtype=torch.int32, device=dev)
+    counts = torch.empty(E, dtype=torch.int32, device=dev)
+    d = _lib.RankDispatch(dtype=DTYPES[x.dtype], topk=K, layer=layer, step=step, token_count=T,
+                          hidden=H, n_experts=E, tokens=x.data_ptr(), topk_ids=ids.data_ptr(),
+                          topk_weights=topk_weights.data_ptr(), recv_x=rx.data_ptr(),
+                          recv_meta=meta.data_ptr(), recv_counts=counts.data_ptr(),
+                          recv_cap=cap)
+    return x, ids, rx, meta, counts, d
+
+
 def op_name(kind: str, layer: int, step: int) -> str:
     """How errors name an operation: "dispatch layer 3 step 7 (backward)"."""
     return "%s layer %d step %d%s" % (kind, layer & ~BACKWARD_LAYER, step,
@@ -262,6 +286,26 @@ class Work:
         return self._result
 
 
+class _Done:
+    """A static-mode call's Work: enqueued, nothing to wait for on the host (its failures are
+    raised by the next host-visible call: Group.check, or the next static call)."""
+
+    __slots__ = ("_result", "_what")
+
+    def __init__(self, result: Any, what: Tuple[str, int, int]):
+        self._result, self._what = result, what
+
+    @property
+    def op(self) -> str:
+        return op_name(*self._what)
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        return self._result
+
+
 class RankWork(Work):
     """An operation on the rank path: its phase_id is the rank page's phase number, and what
     finish gets is railwave._rank.RankPath.reap's (code, rows received, rows dropped,
@@ -288,8 +332,10 @@ class Core:
     def __init__(self, name: str, rank: int, world_size: int, node: int, socket: str,
                  local_gpu: int, max_tokens_per_rank: Optional[int],
                  max_recv_tokens: Optional[int], timeout: float, spin_us: int,
-                 stream_ordered: bool):
+                 stream_ordered: bool, static: bool = False):
         self._c = None
+        self.static = bool(static)  # the rank path's static mode (docs/python.md "Static mode")
+        self._static_keep = []  # the stand-in's host tensors of static calls not yet synced
         self._rank = None  # railwave._rank.RankPath, opened at the first dispatch it serves
         self._rank_off = None  # why this Group fell back to the ring path, when it did
         self._said = ""  # the daemon's last reason a rank-path failure showed
@@ -379,7 +425,12 @@ class Core:
             self._order.release()
             self._order = None
         if self._rank is not None:  # before the client: the client unmaps the rank page
-            if self._pending is not None:
+            if self._rank.static:  # its phases are on the stream: let them pass
+                try:
+                    self._rank.sync(torch, torch.device("cuda", self._rank.device))
+                except Exception:
+                    pass
+            elif self._pending is not None:
                 self._rank.settle(min(self.timeout, 10.0))
             self._rank.close()
             self._rank = None
@@ -657,6 +708,9 @@ class Core:
                 self._max_tokens = x.shape[0]
                 self._plans.clear()  # their receive room depends on it
             rp = self._rank_for(x)
+            if rp is not None and rp.static:
+                return self._dispatch_static(rp, x, topk_idx, topk_weights, num_experts, layer,
+                                             step)
             if rp is not None:
                 return self._dispatch_rank(rp, x, topk_idx, topk_weights, num_experts, layer,
                                            step)
@@ -787,9 +841,9 @@ class Core:
                 raise BadArgument("dispatch", "x is on %s; this Group's rank path is on cuda:%d"
                                   " (one device per Group)" % (x.device, rp.device))
             return rp
-        if self._rank_mode == 0 or self._rank_off is not None:
+        if not self.static and (self._rank_mode == 0 or self._rank_off is not None):
             return None
-        self._rank = _rank.open_for(self, dev, self._rank_room(), not x.is_cuda)
+        self._rank = _rank.open_for(self, dev, self._rank_room(), not x.is_cuda, self.static)
         return self._rank
 
     def _lut(self, E: int, device: torch.device) -> torch.Tensor:
@@ -834,20 +888,7 @@ class Core:
         K = topk_idx.shape[1]
         dt, dev, cap = x.dtype, x.device, rp.max_recv
         what = ("dispatch", layer, step)
-        if x.data_ptr() % 16:  # the pack reads rows 16 bytes at a time
-            x = x.clone()
-        # int64 ids clamped first, so that none wraps into a valid int32 id (-2 and E are both
-        # out of range: the count kernel reports the token)
-        ids = topk_idx if topk_idx.dtype == torch.int32 else \
-            topk_idx.clamp(-2, E).to(torch.int32)
-        rx = torch.empty(cap, H, dtype=dt, device=dev)
-        meta = torch.empty(cap, 4 + 2 * K, dtype=torch.int32, device=dev)
-        counts = torch.empty(E, dtype=torch.int32, device=dev)
-        d = _lib.RankDispatch(dtype=DTYPES[dt], topk=K, layer=layer, step=step, token_count=T,
-                              hidden=H, n_experts=E, tokens=x.data_ptr(),
-                              topk_ids=ids.data_ptr(), topk_weights=topk_weights.data_ptr(),
-                              recv_x=rx.data_ptr(), recv_meta=meta.data_ptr(),
-                              recv_counts=counts.data_ptr(), recv_cap=cap)
+        x, ids, rx, meta, counts, d = _rank_args(rp, x, topk_idx, topk_weights, E, layer, step)
         try:
             k = self._rank_enqueue(rp, x, self._lib.rw_client_rank_dispatch, d, what)
         except RailWaveError as e:
@@ -858,16 +899,22 @@ class Core:
         lo = self.rank * el
         lut = self._lut(E, dev)
 
+        # What d names, held by this closure: Work.wait lets go of its own references before
+        # finish runs, and a retry below enqueues d again (a freed ids tensor read as ids was
+        # seen: "token 1 has a top-k expert id outside [0, n_experts)")
+        inputs = (x, ids, topk_weights)
+
         def finish(res):
             rc, n, dropped, msg = res
-            deadline = time.monotonic() + self.timeout
+            deadline, nap = time.monotonic() + self.timeout, 0.002
             while rc == CODES["RW_E_STATE"] and self._rejoined and time.monotonic() < deadline:
                 # Joined again (_rejoin) while the pair this rank left was still ending there:
                 # the daemon refused the submit alone (no pair of this key saw it), so it is
                 # enqueued again until that pair has ended.
-                time.sleep(0.002)
-                w.phase_id = self._rank_enqueue(rp, x, self._lib.rw_client_rank_dispatch, d,
-                                                what)
+                time.sleep(nap)
+                nap = min(2 * nap, 0.1)  # each refusal is a line in the daemon's log
+                w.phase_id = self._rank_enqueue(rp, inputs[0], self._lib.rw_client_rank_dispatch,
+                                                d, what)
                 rc, n, dropped, msg = rp.reap(self, w, True)
             self._rejoined = False
             k = w.phase_id
@@ -888,6 +935,97 @@ class Core:
         w = self._pending = RankWork(self, k, what, finish, (),
                                      (x, ids, topk_weights, rx, meta, counts))
         return w
+
+    # ---- static mode (docs/python.md "Static mode") -------------------------------------------
+    def _dispatch_static(self, rp, x, topk_idx, topk_weights, E, layer, step):
+        """A dispatch in static mode: enqueued and returned at once, nothing read back. The
+        outputs are the room's size (recv_x [room, hidden], the tensors from the metadata
+        [room, k]); rows from the received count on (handle.recv_n, int32 on the device) carry
+        expert index -1 and weight 0. A failure of an earlier phase is raised here first (the
+        report, read from page-locked memory: the next host-visible call)."""
+        if torch.is_grad_enabled() and (x.requires_grad or topk_weights.requires_grad):
+            raise BadArgument(op_name("dispatch", layer, step), "static mode runs the forward "
+                              "only (no backward pairs): call it under torch.no_grad()")
+        self._static_report()
+        T, H = x.shape
+        K = topk_idx.shape[1]
+        dt, dev, cap = x.dtype, x.device, rp.max_recv
+        what = ("dispatch", layer, step)
+        x, ids, rx, meta, counts, d = _rank_args(rp, x, topk_idx, topk_weights, E, layer, step)
+        n = torch.zeros(1, dtype=torch.int32, device=dev)
+        if not rp.host:
+            rp.stream.handle = torch.cuda.current_stream(dev).cuda_stream
+        rc = self._lib.rw_client_rank_dispatch_static(rp.rp, rp.stream_ref, ctypes.byref(d),
+                                                      n.data_ptr(), rp.phase_ref)
+        if rc:
+            raise self._error(rc, "enqueue " + op_name(*what), detail=rp.message())
+        k = rp.phase.value
+        if rp.host:
+            # The stand-in's host tensors: the tensor operations below run on the CPU at once,
+            # not in stream order, so its stream is waited for first (the test switch only)
+            rp.sync(torch, None)
+        el = E // self.world_size
+        valid = (torch.arange(cap, dtype=torch.int32, device=dev) < n).unsqueeze(1)
+        recv_idx, _, _ = _received(meta, K, self._lut(E, dev))
+        recv_idx = recv_idx.masked_fill(~valid, -1)
+        mine = recv_idx >= 0
+        recv_w = meta[:, 4 + K:].view(torch.float32).masked_fill(~mine, 0.0)
+        h = Handle(self, k, layer, step, dt, H, K, E, T, cap, meta[:, 1:3], mine, dev)
+        h.rank_phase, h.recv_n = k, n
+        lo = self.rank * el
+        return _Done((rx, recv_idx, recv_w, counts[lo:lo + el].to(torch.int64), h), what)
+
+    def _combine_static(self, y, h):
+        """The combine of a static dispatch: y has the room's rows (those past the received
+        count are not read); the combined rows come back at once, written in stream order."""
+        rp = self._rank
+        what = ("combine", h.layer, h.step)
+        if torch.is_grad_enabled() and y.requires_grad:
+            raise BadArgument(op_name(*what), "static mode runs the forward only (no backward "
+                              "pairs): call it under torch.no_grad()")
+        self._static_report()
+        if y.data_ptr() % 16:
+            y = y.clone()
+        out = torch.empty(h.num_tokens, h.hidden, dtype=h.dtype, device=y.device)
+        c = _lib.RankCombine(h.rank_phase, y.data_ptr(), out.data_ptr() if h.num_tokens else 0)
+        if not rp.host:
+            rp.stream.handle = torch.cuda.current_stream(y.device).cuda_stream
+        call = ctypes.c_uint64(0)
+        rc = self._lib.rw_client_rank_combine_static(rp.rp, rp.stream_ref, ctypes.byref(c),
+                                                     ctypes.byref(call))
+        if rc:
+            raise self._error(rc, "enqueue " + op_name(*what), detail=rp.message())
+        h.combined = True
+        if rp.host:  # host memory the stand-in's stream reads later: held until check()
+            self._static_keep.append((y, out))
+        return _Done(out, what)
+
+    def _static_report(self):
+        """Raise what the stream reported failed since the last look (rw_client_rank_check)."""
+        rp = self._rank
+        if rp is None or not rp.static:
+            return
+        rc, c, msg = rp.check()
+        if rc == CODES["RW_E_OVERFLOW"]:
+            raise ReceiveRoomExceeded(self._where("static dispatch phase %d" % c.over_phase),
+                                      "%d rows arrived past the room of %d rows and were dropped"
+                                      "; the room needed: %d rows (max_recv_tokens) (%s)"
+                                      % (c.overflow, rp.max_recv, c.need, msg), code=rc,
+                                      text=_lib.strerror(rc))
+        if rc:
+            raise self._error(rc, "static phase %d" % c.phase, PhaseError, detail=msg)
+
+    def check(self) -> None:
+        """Static mode: wait for the current stream's work, then raise the first failure the
+        stream reported since the last check (PhaseError, PeerFailed, DaemonLost, or
+        ReceiveRoomExceeded naming the room needed). The host-visible call after graph
+        replays. A no-op outside static mode."""
+        rp = self._rank
+        if rp is None or not rp.static:
+            return
+        rp.sync(torch, torch.device("cuda", rp.device) if not rp.host else None)
+        self._static_keep.clear()
+        self._static_report()
 
     def _rank_detail(self, msg):
         """The library's message for a failed phase, with the daemon's reason when it sent a new
@@ -985,6 +1123,8 @@ class Core:
                 self._check_combine(expert_out, handle)
             except BadArgument as e:
                 self._refuse_combine(e)
+        if h.recv_n is not None:
+            return self._combine_static(y, h)
         if h.rank_phase:
             return self._combine_rank(y, h)
         n, T, H, dt = h.num_recv, h.num_tokens, h.hidden, h.dtype

@@ -103,6 +103,12 @@ class RankDone(ctypes.Structure):
     _fields_ = [("recv_tokens", ctypes.c_uint32), ("overflow", ctypes.c_uint32)]
 
 
+class RankCheck(ctypes.Structure):
+    _fields_ = [("done", ctypes.c_uint64), ("phase", ctypes.c_uint64),
+                ("over_phase", ctypes.c_uint64), ("overflow", ctypes.c_uint32),
+                ("need", ctypes.c_uint32)]
+
+
 class ClientSlab(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("bytes", ctypes.c_size_t),
                 ("rail", ctypes.c_uint32), ("rails", ctypes.c_uint32),
@@ -173,9 +179,18 @@ def _bind(lib):
                                                u64_p]),
         "rw_client_rank_message": (ctypes.c_char_p, [rank_p]),
     }
+    static = {  # static mode (a later library than the rank path's first)
+        "rw_client_rank_open_static": rank["rw_client_rank_open"],
+        "rw_client_rank_dispatch_static": (ctypes.c_int, [rank_p, ctypes.POINTER(ClientStream),
+                                                          ctypes.POINTER(RankDispatch), u64,
+                                                          u64_p]),
+        "rw_client_rank_combine_static": rank["rw_client_rank_combine"],
+        "rw_client_rank_check": (ctypes.c_int, [rank_p, ctypes.POINTER(RankCheck)]),
+    }
     lib.rank_path = all(hasattr(lib, name) for name in rank)
-    if lib.rank_path:
-        for name, (res, args) in rank.items():
+    lib.rank_static = lib.rank_path and all(hasattr(lib, name) for name in static)
+    for table, have in ((rank, lib.rank_path), (static, lib.rank_static)):
+        for name, (res, args) in table.items() if have else ():
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
     return lib

@@ -50,15 +50,18 @@ class RankPath:
     records one dispatch may deliver to this rank), which every dispatch's outputs are sized
     for. host: CPU tensors stand for device memory (the test switch), on the legacy stream."""
 
-    def __init__(self, lib, client, device, max_recv, host):
+    def __init__(self, lib, client, device, max_recv, host, static=False):
         self.lib, self.device, self.max_recv, self.host = lib, device, max_recv, host
+        self.static = static
         self.waited = 0.0  # seconds spent blocked in reap (python/bench/overhead.py)
         rp = ctypes.c_void_p(0)
-        rc = lib.rw_client_rank_open(client, device, max_recv, ctypes.byref(rp))
+        op = lib.rw_client_rank_open_static if static else lib.rw_client_rank_open
+        rc = op(client, device, max_recv, ctypes.byref(rp))
         if rc:
             self.rp = None
-            raise _lib.error(rc, "open the rank path on device %d (max_recv %d)"
-                             % (device, max_recv), lib.rw_client_rank_message(None).decode())
+            raise _lib.error(rc, "open the rank path%s on device %d (max_recv %d)"
+                             % (" in static mode" if static else "", device, max_recv),
+                             lib.rw_client_rank_message(None).decode())
         self.rp = rp
         slab, dptr = _lib.ClientSlab(), ctypes.c_uint64(0)
         rc = lib.rw_client_rank_slab(rp, 0, ctypes.byref(slab), ctypes.byref(dptr))
@@ -108,13 +111,31 @@ class RankPath:
         d = self.done
         return rc, d.recv_tokens, d.overflow, self.message() if rc else ""
 
+    def sync(self, torch, device):
+        """Wait for the stream's work so far: the current stream of device, or for the
+        stand-in's host tensors its legacy stream (cuStreamSynchronize through the driver
+        librailwave loaded, named by RW_CUDA_DRIVER)."""
+        if not self.host:
+            torch.cuda.current_stream(device).synchronize()
+            return
+        if getattr(self, "_drv", None) is None:
+            self._drv = ctypes.CDLL(os.environ["RW_CUDA_DRIVER"])
+            self._drv.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
+        self._drv.cuStreamSynchronize(None)
+
+    def check(self):
+        """rw_client_rank_check: (code, the report, the library's message)."""
+        c = _lib.RankCheck()
+        rc = self.lib.rw_client_rank_check(self.rp, ctypes.byref(c))
+        return rc, c, self.message() if rc else ""
+
     def settle(self, timeout):
         """Before close: let the phase on the stream finish (the stream may still write the page
         until it did), for at most timeout seconds."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             k = self.phase.value
-            if not k or self._wait(self.rp, k, 0, None) != _TIMEOUT:
+            if self.static or not k or self._wait(self.rp, k, 0, None) != _TIMEOUT:
                 return
             time.sleep(1e-3)
 
@@ -124,20 +145,20 @@ class RankPath:
             self.rp = None
 
 
-def open_for(core, device, max_recv, host):
+def open_for(core, device, max_recv, host, static=False):
     """The Group's RankPath on device, or None where the ring path serves it: RAILWAVE_RANK_PATH
     unset and the rank path does not open (no driver, kernels or stream memory operations; no
     rank page or slabs from the daemon; a library without it). With RAILWAVE_RANK_PATH=1 that
     is an error. core._rank_off keeps why it fell back."""
-    forced = core._rank_mode == 1
-    if not getattr(core._lib, "rank_path", False):
-        why = "librailwave %s has no rank path" % _lib.path
+    forced = core._rank_mode == 1 or static
+    if not getattr(core._lib, "rank_static" if static else "rank_path", False):
+        why = "librailwave %s has no rank path%s" % (_lib.path, " static mode" if static else "")
         if forced:
             raise RailWaveError(core._where("open the rank path"), why)
         core._rank_off = why
         return None
     try:
-        return RankPath(core._lib, core._c, device, max_recv, host)
+        return RankPath(core._lib, core._c, device, max_recv, host, static)
     except RailWaveError as e:
         if forced:
             raise

@@ -56,12 +56,14 @@ class Group(Core):
     its room fails the phase for everyone (ReceiveRoomExceeded, naming the size needed).
     timeout (seconds) bounds every wait for the daemon; spin_us is how long a wait busy-polls
     before sleeping; stream_ordered: CUDA submissions without host synchronization
-    (docs/python.md "Stream order")."""
+    (docs/python.md "Stream order"); static: the rank path's static mode, forward only, nothing
+    read back, capturable in a CUDA graph (docs/python.md "Static mode"; check() raises what
+    failed)."""
 
     def __init__(self, name: str, rank: int, world_size: int, socket: Optional[str] = None, *,
                  node: int, local_gpu: int = -1, max_tokens_per_rank: Optional[int] = None,
                  max_recv_tokens: Optional[int] = None, timeout: float = 300.0,
-                 spin_us: int = 50, stream_ordered: bool = False):
+                 spin_us: int = 50, stream_ordered: bool = False, static: bool = False):
         self._c = None  # close() (from __del__) sees a Group that never joined
         if not isinstance(name, str) or not name:
             raise BadArgumentType("Group", "name must be a non-empty str, got %r" % (name,))
@@ -77,9 +79,12 @@ class Group(Core):
         if not isinstance(timeout, (int, float)) or not timeout > 0:
             raise BadArgument("Group", "timeout must be a positive number of seconds, got %r"
                               % (timeout,))
+        if static and not (max_tokens_per_rank or max_recv_tokens):
+            raise BadArgument("Group", "static=True fixes the receive room when the rank path "
+                              "opens: give max_tokens_per_rank or max_recv_tokens")
         socket = socket or os.environ.get("RAILWAVE_SOCKET") or _lib.DEFAULT_SOCKET
         super().__init__(name, rank, world_size, node, socket, local_gpu, max_tokens_per_rank,
-                         max_recv_tokens, timeout, spin_us, stream_ordered)
+                         max_recv_tokens, timeout, spin_us, stream_ordered, static)
 
     @classmethod
     def from_env(cls, name: Optional[str] = None, *, rank: Optional[int] = None,
@@ -88,7 +93,7 @@ class Group(Core):
                  max_tokens_per_rank: Optional[int] = None,
                  max_recv_tokens: Optional[int] = None, timeout: float = 300.0,
                  spin_us: Optional[int] = None, stream_ordered: Optional[bool] = None,
-                 environ: Optional[Mapping[str, str]] = None) -> Group:
+                 static: bool = False, environ: Optional[Mapping[str, str]] = None) -> Group:
         """Join with the arguments a launcher set in the environment (environ, default
         os.environ); an argument given here wins over its variable.
           name ← RAILWAVE_GROUP (deploy/slurm/railwave-run.sh: one name per job)
@@ -137,7 +142,7 @@ class Group(Core):
                    node=node, local_gpu=-1 if local_gpu is None else local_gpu,
                    max_tokens_per_rank=max_tokens_per_rank, max_recv_tokens=max_recv_tokens,
                    timeout=timeout, spin_us=50 if spin_us is None else spin_us,
-                   stream_ordered=stream_ordered)
+                   stream_ordered=stream_ordered, static=static)
 
     def __repr__(self) -> str:
         return "railwave.Group(%r, rank=%d, world_size=%d, node=%d, socket=%r%s)" % (

@@ -57,7 +57,8 @@ def check_abi(fails):
               "rw_client_stream_t": _lib.ClientStream,
               "rw_client_rank_dispatch_t": _lib.RankDispatch,
               "rw_client_rank_combine_t": _lib.RankCombine,
-              "rw_client_rank_done_t": _lib.RankDone, "rw_client_slab_t": _lib.ClientSlab}
+              "rw_client_rank_done_t": _lib.RankDone, "rw_client_slab_t": _lib.ClientSlab,
+              "rw_client_rank_check_t": _lib.RankCheck}
     prog = ['#include <stdio.h>', '#include <stddef.h>', '#include "ipc/railwave.h"', 'int main(void){']
     for cname, cls in fields.items():
         prog.append('printf("%s size %%zu\\n", sizeof(%s));' % (cname, cname))
