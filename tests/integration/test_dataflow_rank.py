@@ -19,6 +19,8 @@ through, and the next phases pass. Then, written here:
           before the kernel leaves stale bytes the exact checks catch; then a daemon killed
           while its rank's phase waits: the library writes the owed words and the rank's
           stream runs through;
+  mixfail `rank`, `peer` and `timeout` again with one rank-path and one host-memory ring rank of
+          the group on each node;
   exact   rows of full mantissas (rw_rank --noisy: a token's three or more terms sum to other
           bits in another order): through two and three real daemons, every rank's combined
           rows on the rank path are bit-equal to the host mover's for the same inputs.
@@ -185,10 +187,24 @@ def scenario_exact(tmp, seed):
               % (nodes, path, size, terms3, order, seed + i))
 
 
+def scenario_mixfail(tmp, seed):
+    """test_dataflow's `rank`, `peer` and `timeout` where each node's ranks are one of each kind
+    (ranks 0 and 3 on the rank path, 1 and 2 host-memory ring ranks of the same group): the
+    killed or silent rank 3 is a rank-path one beside a ring rank, every survivor of both kinds
+    names the failure, and the same key passes after."""
+    for name, fn in (("rank", it.scenario_rank_dies), ("peer", it.scenario_peer_dies),
+                     ("timeout", it.scenario_timeout)):
+        sub = os.path.join(tmp, name)
+        os.makedirs(sub)
+        fn(sub, seed, cuda_ranks=RankPath(driver(), ranks=[0, 3]))
+        got = require_rank_phases(sub, "mixfail " + name, {0, 3 // GPUS})
+        print("     (%s with mixed nodes: rank-path phases per daemon %s)" % (name, got))
+
+
 SCENARIOS = [("paths", it.scenario_paths), ("cuda", scenario_cuda), ("stream", scenario_stream),
              ("peer", it.scenario_peer_dies), ("flight", it.scenario_in_flight),
              ("rank", it.scenario_rank_dies), ("timeout", it.scenario_timeout),
-             ("rail", it.scenario_rail), ("exact", scenario_exact)]
+             ("rail", it.scenario_rail), ("mixfail", scenario_mixfail), ("exact", scenario_exact)]
 SHARED = ("paths", "peer", "flight", "rank", "timeout", "rail")  # test_dataflow's, cuda_ranks=
 
 
