@@ -42,6 +42,24 @@
 #define MAX_TOKENS 512
 
 static char fake_driver[PATH_MAX];
+/* On the stand-in: its per-process counts of what this process asked of the GPU
+ * ($RW_FAKE_CUDA_COUNTS, tests/cuda/fake_cuda_base.h), read by the graph case. */
+static char counts_dir[64];
+enum { C_HOST_FN, C_KERNEL, C_WORK, C_WORD_WRITE, C_WORD_WAIT, C_END };
+
+/* This process's counts; 0 when not on the stand-in. */
+static int fake_counts(uint64_t c[C_END])
+{
+	if (!counts_dir[0])
+		return 0;
+	char path[128];
+	snprintf(path, sizeof(path), "%s/%d", counts_dir, (int)getpid());
+	FILE *f = fopen(path, "rb");
+	assert_non_null(f);
+	assert_int_equal(fread(c, sizeof(uint64_t), C_END, f), C_END);
+	fclose(f);
+	return 1;
+}
 
 /* ---------------------------------------------------------------------------------------------
  * The server: a child process with the IPC server on its loop, lending pages
@@ -1121,18 +1139,22 @@ static void *play_run(void *arg)
 	return NULL;
 }
 
+static play_t *play_running; /* stopped by a failed case's teardown too */
+
 static void play_start(play_t *pl, const rank_t *rk, server_t *s)
 {
 	memset(pl, 0, sizeof(*pl));
 	pl->rk = rk;
 	pl->s = s;
 	assert_int_equal(pthread_create(&pl->thread, NULL, play_run, pl), 0);
+	play_running = pl;
 }
 
 static void play_stop(play_t *pl)
 {
 	atomic_store(&pl->stop, 1);
 	pthread_join(pl->thread, NULL);
+	play_running = NULL;
 }
 
 /* A MoE layer's buffers on the device: inputs the graph reads, outputs it writes, the expert's
@@ -1335,6 +1357,8 @@ static void test_graph_replays_a_layer(void **state)
 		assert_int_equal(rw_cuda_graph_end(&gs, &g), RW_OK);
 		usleep(20000);
 		assert_int_equal(word(&rk, RW_PW_SUBMIT), 0); /* captured, not run */
+		uint64_t c0[C_END], c1[C_END];
+		const int counted = fake_counts(c0);
 		for (uint32_t i = 0; i < REPLAYS; i++) {
 			layer_inputs(&L, &rk, &rt, i);
 			assert_int_equal(rw_cuda_graph_launch(g, &gs), RW_OK);
@@ -1362,6 +1386,16 @@ static void test_graph_replays_a_layer(void **state)
 			assert_int_equal(pc->phase, 2 * i + 2);
 			assert_int_equal(pc->step, 100 + i);
 			assert_int_equal(pc->token_count, got.recv_n);
+		}
+		/* The replays asked the GPU for no launch, no stream memory operation (whose value a
+		 * graph would fix) and no host function: per replay the 3 input copies and the graph's
+		 * 20 items (dispatch 10, the expert's copy, combine 9) ran as stream work. */
+		if (counted && fake_counts(c1)) {
+			assert_int_equal(c1[C_KERNEL] - c0[C_KERNEL], 0);
+			assert_int_equal(c1[C_WORD_WRITE] - c0[C_WORD_WRITE], 0);
+			assert_int_equal(c1[C_WORD_WAIT] - c0[C_WORD_WAIT], 0);
+			assert_int_equal(c1[C_HOST_FN] - c0[C_HOST_FN], 0);
+			assert_int_equal(c1[C_WORK] - c0[C_WORK], 23 * REPLAYS);
 		}
 		rw_cuda_graph_destroy(g);
 		play_stop(&pl);
@@ -1554,6 +1588,8 @@ static void test_static_daemon_lost(void **state)
 static int kill_left(void **state)
 {
 	(void)state;
+	if (play_running)
+		play_stop(play_running);
 	for (unsigned i = 0; i < 2; i++)
 		server_kill(&servers[i]);
 	return 0;
@@ -1577,6 +1613,13 @@ int main(int argc, char **argv)
 		printf("skip: no driver %s\n", driver);
 		return 77;
 	}
+	if (strcmp(driver, fake_driver) == 0) {
+		char dir[] = "/tmp/rw-rank-counts.XXXXXX";
+		if (mkdtemp(dir)) {
+			memcpy(counts_dir, dir, sizeof(dir));
+			setenv("RW_FAKE_CUDA_COUNTS", counts_dir, 1);
+		}
+	}
 	const struct CMUnitTest tests[] = {
 		/* first: its child must not inherit a loaded driver */
 		CASE(test_cpu_only_rank),
@@ -1594,5 +1637,12 @@ int main(int argc, char **argv)
 		CASE(test_daemon_lost_releases_the_stream),
 		CASE(test_refusals),
 	};
-	return cmocka_run_group_tests_name("rank", tests, NULL, NULL);
+	const int rc = cmocka_run_group_tests_name("rank", tests, NULL, NULL);
+	if (counts_dir[0]) {
+		char path[128];
+		snprintf(path, sizeof(path), "%s/%d", counts_dir, (int)getpid());
+		unlink(path);
+		rmdir(counts_dir);
+	}
+	return rc;
 }
