@@ -179,6 +179,13 @@ static int page_admit_combine(exec_t *x, exec_member_t *mb, rw_page_head_t *pg,
 		exec_tomb_pass(x, &key, RW_SVC_COMBINE, h);
 		if (tomb)
 			return page_refuse(x, mb, pg, k, RW_E_PHASE, why);
+		/* The dispatch's pair failed after this rank's stream had its rows (its done came,
+		 * another local rank's had not: the pair was still the dispatch's): the combine is
+		 * where this rank hears of it, and its retry of the dispatch starts afresh. */
+		if (exec_tomb_check(x, &key, RW_SVC_DISPATCH, h, why, sizeof(why))) {
+			exec_tomb_pass(x, &key, RW_SVC_DISPATCH, h);
+			return page_refuse(x, mb, pg, k, RW_E_PHASE, why);
+		}
 		snprintf(why, sizeof(why), "combine of layer %u step %llu: no dispatch of this rank "
 			 "waits for it", prm->layer, (unsigned long long)prm->step);
 		return page_refuse(x, mb, pg, k, RW_E_STATE, why);
