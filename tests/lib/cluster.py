@@ -25,6 +25,7 @@ import time
 B = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DAEMON = os.path.join(B, "railwaved")
 RANK = os.path.join(B, "tests", "integration", "rw_rank")
+PAGERANK = os.path.join(B, "tests", "integration", "rw_pagerank")
 RAILWAVE = os.path.join(B, "tools", "railwave")
 # A stand-in libcuda.so.1 whose IPC works across processes (tests/integration/fake_cuda_ipc.c),
 # and the same with the CUDA mover's kernels run on the CPU (fake_cuda_kernels.c).
@@ -373,6 +374,15 @@ class Cluster:
             + list(self.rank_flags) + (self.rank_path.flags(r) if self.rank_path else [])
             + list(flags),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env or self.env)
+
+    def pagerank(self, r, group, layers, steps, seed, mode, env=None):
+        """Starts rw_pagerank for global rank r (tests/integration/rw_pagerank.c: a rank on the
+        rank path, page or host, in its MODE)."""
+        return subprocess.Popen(
+            [PAGERANK, self.cfg["nodes"][r // self.gpus]["ipc_socket"], group, str(r),
+             str(self.nodes), str(self.gpus), str(self.experts), str(layers), str(steps),
+             str(seed), mode], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env=env or self.env)
 
     def collect(self, procs, want=0):
         """Wait for (rank, process) pairs; each must exit `want`. Returns their outputs."""

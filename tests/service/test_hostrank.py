@@ -17,8 +17,8 @@ slabs; the daemons only plan, post and track. tests/integration/rw_pagerank.c mo
    ends it first, as a stream's order would).
 2. Failures, named as on the CUDA rank path: a rank whose dispatch has a top-k id past the
    experts gets RW_E_TOKENS naming the token, and the group's phase fails on the others at
-   once (each daemon's log naming that rank), while it stays connected (awaited far below the phase timeout); a
-   new group's phases pass. A rank killed after its submit, before its
+   once (each daemon's log naming that rank), while it stays connected (awaited far below
+   the phase timeout); a new group's phases pass. A rank killed after its submit, before its
    pack: the phase fails on the three others and their calls return; a new group's phases
    pass. A peer daemon killed (SIGKILL) while a group runs phases: every rank's phase fails and
    its wait returns (node 0: the survivor's failure; node 1: the library's watcher,
@@ -39,7 +39,7 @@ B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(B, "tests", "lib"))
 import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
 
-PAGERANK = os.path.join(B, "tests", "integration", "rw_pagerank")
+PAGERANK = cluster.PAGERANK
 BENCH = os.path.join(B, "tools", "rw_bench_rank")
 # the CUDA stand-in with the rank kernels on the CPU (built where nvcc embeds the kernels)
 FAKE_KERN = os.path.join(B, "tests", "integration", "libfakecuda_kern.so")
@@ -54,11 +54,8 @@ def host_job(c, group, layers, steps, modes=None, ranks=None, env=None):
     host, or its mode in `modes`)."""
     modes = modes or {}
     ranks = range(c.nodes * c.gpus) if ranks is None else ranks
-    return [(r, subprocess.Popen(
-        [PAGERANK, c.cfg["nodes"][r // c.gpus]["ipc_socket"], group, str(r), str(c.nodes),
-         str(c.gpus), str(c.experts), str(layers), str(steps), str(SEED),
-         modes.get(r, "host")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        env=env or c.env)) for r in ranks]
+    return [(r, c.pagerank(r, group, layers, steps, SEED, modes.get(r, "host"), env))
+            for r in ranks]
 
 
 def passed(res, what):
@@ -176,8 +173,9 @@ def two_daemons(c):
 def bad_id(c):
     """A top-k id past the experts, on daemons whose phase timeout is PHASE_TIMEOUT_S: this
     rank's submit is refused, named, and the refusal fails the group's phase on the three
-    others at once, naming the rank, while the bad rank stays connected (RW_PAGERANK_HOLD): the others' answers are awaited for BAD_DEADLINE_S only; no
-    node is dropped, a new group's phases pass."""
+    others at once, naming the rank, while the bad rank stays connected (RW_PAGERANK_HOLD):
+    the others' answers are awaited for BAD_DEADLINE_S only; no node is dropped, a new group's
+    phases pass."""
     held = os.path.join(c.tmp, "bad-release")
     bad = host_job(c, "bad", 1, 1, {0: "host-bad"}, ranks=[0],
                    env=dict(c.env, RW_PAGERANK_HOLD=held))

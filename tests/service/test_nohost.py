@@ -20,7 +20,6 @@ mapped at $RW_FAKE_CUDA_COUNTS/<pid>, tests/cuda/fake_cuda_base.h).
 Run by tests/run as $b/test/svc_nohost; exits 0 pass, 1 fail, 77 skip."""
 import os
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(B, "tests", "lib"))
 import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
 
-PAGERANK = os.path.join(B, "tests", "integration", "rw_pagerank")
+PAGERANK = cluster.PAGERANK
 FAKE_KERN = cluster.FAKE_KERN
 KEYS = ("host_fn", "kernel", "work", "word_write", "word_wait")
 check = cluster.Checks()
@@ -63,11 +62,7 @@ def scenario(tmp, seed):
         daemons = {n: c.procs[n].pid for n in range(nodes)}
         before = {n: counts(folder, pid) for n, pid in daemons.items()}
 
-        ranks = [(r, subprocess.Popen(
-            [PAGERANK, c.cfg["nodes"][r // c.gpus]["ipc_socket"], "lib", str(r), str(nodes),
-             str(c.gpus), str(c.experts), "2", "3", str(seed), "lib"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=c.env))
-            for r in range(nodes * c.gpus)]
+        ranks = [(r, c.pagerank(r, "lib", 2, 3, seed, "lib")) for r in range(nodes * c.gpus)]
         outs = c.collect(ranks)
         check(all("verified" in o for o in outs.values()),
               "6 dispatches and their combines through librailwave's rank path, every rank "

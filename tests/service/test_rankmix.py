@@ -34,7 +34,6 @@ so the sums have the same bits whatever kind of rank each term came from.
 Run by tests/run as $b/test/svc_rankmix; exits 0 pass, 1 fail, 77 skip."""
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +42,7 @@ B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(B, "tests", "lib"))
 import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
 
-PAGERANK = os.path.join(B, "tests", "integration", "rw_pagerank")
+PAGERANK = cluster.PAGERANK
 FAKE_KERN = os.path.join(B, "tests", "integration", "libfakecuda_kern.so")
 # the CUDA stand-in whose IPC works across processes: CUDA ring ranks' buffers, the daemons' copies
 FAKE_IPC = os.path.join(B, "tests", "integration", "libfakecuda_ipc.so")
@@ -64,10 +63,8 @@ class Mixed:
         env = dict(c.env, RW_CUDA_DRIVER=KERN_DRIVER)
         if go:  # the page ranks join, then wait for the file before they take their pages
             env["RW_PAGERANK_GO"] = go
-        self.page = {r: subprocess.Popen(
-            [PAGERANK, c.cfg["nodes"][r // c.gpus]["ipc_socket"], group, str(r), str(c.nodes),
-             str(c.gpus), str(c.experts), str(layers), str(steps), str(seed), mode],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env) for r, mode in page.items()}
+        self.page = {r: c.pagerank(r, group, layers, steps, seed, mode, env)
+                     for r, mode in page.items()}
         self.ring = {r: c.rank(r, group, layers, steps, seed, mode=mode,
                                flags=(["--paths"] if mode == "ok" else []) +
                                (ring_flags or {}).get(r, []))

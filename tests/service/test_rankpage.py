@@ -47,7 +47,6 @@ import ctypes
 import os
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,7 +56,7 @@ sys.path.insert(0, os.path.join(B, "tests", "lib"))
 import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
 
 LIB = cluster.LIBRAILWAVE
-PAGERANK = os.path.join(B, "tests", "integration", "rw_pagerank")
+PAGERANK = cluster.PAGERANK
 # the CUDA stand-in with the kernels' CPU stand-ins: librailwave's rank path runs on it
 FAKE_KERN = os.path.join(B, "tests", "integration", "libfakecuda_kern.so")
 # RW_RANKPAGE_DRIVER=libcuda.so.1: the lib job's kernels on a GPU (scripts/gpu-carry)
@@ -215,11 +214,8 @@ def main():
             mode (default ok)."""
             modes = modes or {}
             ranks = range(nodes * c.gpus) if ranks is None else ranks
-            return [(r, subprocess.Popen(
-                [PAGERANK, c.cfg["nodes"][r // c.gpus]["ipc_socket"], group, str(r), str(nodes),
-                 str(c.gpus), str(c.experts), str(layers), str(steps), "5",
-                 modes.get(r, "ok")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                env=env or c.env)) for r in ranks]
+            return [(r, c.pagerank(r, group, layers, steps, 5, modes.get(r, "ok"), env))
+                    for r in ranks]
 
         def passed(res, what):
             bad = {r: (v[0], v[1][-300:]) for r, v in res.items()
