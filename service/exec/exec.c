@@ -363,6 +363,10 @@ static void local_cb(struct ev_loop *loop, ev_idle *w, int revents)
 	rw_status_t st = p->mv->local(p->mv_mover, p->mv_state, &p->ph, kind,
 				      x->hooks.local_slice ? x->hooks.local_slice : EXEC_LOCAL_SLICE,
 				      &done, why);
+	if (st == RW_ERR_AGAIN) { /* a page rank's packed resumes it (exec_on_page_word) */
+		p->local.state[kind] = LOCAL_WAIT_PACK;
+		return;
+	}
 	if (st != RW_OK)
 		return exec_pair_fail(p, st, "%s", why);
 	if (!done)
@@ -879,6 +883,10 @@ void exec_on_page_word(exec_pair_t *p, uint32_t g, unsigned word, uint64_t value
 	if (word == RW_PW_PACKED && (p->stage == ST_RUN_D || p->stage == ST_RUN_C) &&
 	    p->send.state == SEND_WAIT_PACK) {
 		send_progress(p); /* the mover's pack looks at every rank's word again */
+	} else if (word == RW_PW_PACKED && (p->stage == ST_RUN_D || p->stage == ST_RUN_C) &&
+		   p->local.state[exec_kind(p)] == LOCAL_WAIT_PACK) {
+		p->local.state[exec_kind(p)] = LOCAL_RUNNING; /* the mover's local looks again */
+		ev_idle_start(p->x->svc->loop, &p->x->local_idle);
 	} else if (word == RW_PW_DONE && (p->stage == ST_FLUSH_D || p->stage == ST_FLUSH_C) &&
 		   p->out.pending && !(p->out.page_done & (1u << g))) {
 		p->out.page_done |= 1u << g;

@@ -257,7 +257,7 @@ struct exec_pair {
 	} recv[RW_SVC_KIND_COUNT];
 
 	struct {                     /* local-node work of the running kind (idle slices) */
-		enum { LOCAL_IDLE, LOCAL_RUNNING, LOCAL_DONE } state[RW_SVC_KIND_COUNT];
+		enum { LOCAL_IDLE, LOCAL_RUNNING, LOCAL_WAIT_PACK, LOCAL_DONE } state[RW_SVC_KIND_COUNT];
 	} local;
 
 	struct {                     /* writing the outputs (ST_FLUSH_D, ST_FLUSH_C) */

@@ -219,7 +219,9 @@ typedef struct rw_svc_mover_ops {
 			    rw_svc_phase_kind_t kind, uint32_t src, uint32_t rail, uint32_t upto,
 			    char *why);
 	/* The local-node records of `kind`: at most `budget` records per call, resumable;
-	 * *done_p = 1 once all are done. */
+	 * *done_p = 1 once all are done. With ph->pack_waits set, RW_ERR_AGAIN (why empty) means
+	 * they are not written yet (a page rank's `packed` did not come): the executor calls
+	 * local() again when a page rank's `packed` moves. */
 	rw_status_t (*local)(void *mover, void *state, const rw_svc_phase_t *ph,
 			     rw_svc_phase_kind_t kind, uint32_t budget, int *done_p, char *why);
 	/* Every byte of `kind` is here: write the ranks' outputs. *pending_p = reports of

@@ -588,13 +588,17 @@ static rw_status_t pm_arrived(void *mover, void *state, const rw_svc_phase_t *ph
 	return RW_OK;
 }
 
-/* The ranks wrote the node's own records into the local area: nothing is left to do here. */
+/* The ranks write the node's own records into the local area: done once every rank's packed
+ * came and every record is checked, as pack() does before the first wave. A group on one node
+ * has no wave (pack() is never asked): without this, finish() read the local area before the
+ * ranks wrote it. RW_ERR_AGAIN until then (the executor passes the word on). */
 static rw_status_t pm_local(void *mover, void *state, const rw_svc_phase_t *ph,
 			    rw_svc_phase_kind_t kind, uint32_t budget, int *done_p, char *why)
 {
-	(void)mover, (void)state, (void)ph, (void)kind, (void)budget, (void)why;
-	*done_p = 1;
-	return RW_OK;
+	(void)budget;
+	rw_status_t st = pm_pack(mover, state, ph, kind, ph->me, why);
+	*done_p = st == RW_OK;
+	return st;
 }
 
 /* The forward lists' arrays, for the smallest max_recv of the ranks' pages, at most every record
