@@ -56,7 +56,6 @@ static void mesh_peer_up(mesh_peer_t *p)
 	ev_timer_stop(m->loop, &p->join);
 	mesh_peer_set_state(p, RW_SVC_PEER_UP);
 	p->backoff_ms = 0;
-	mesh_rail_fault_arm(p);
 	if (m->cbs.peer_up)
 		m->cbs.peer_up(m->ctx, p->idx);
 }

@@ -102,6 +102,7 @@ rw_status_t mesh_rail_pump(mesh_rail_t *mr)
 			return RW_ERR_LINK;
 		if (mr->posted++ == 0)
 			mr->progress_ns = rw_now_ns(); /* the stall clock starts (mesh_hb_cb) */
+		mesh_rail_fault_arm(mr->peer); /* the test switch's clock: the first write to the peer */
 		q = q->next;
 	}
 	return RW_OK;

@@ -68,7 +68,7 @@ rw_status_t rw_svc_rail_fault_from_env(rw_svc_rail_fault_t *f, uint32_t nodes, u
 			"for %u ms", rail, peer, len);
 	else
 		rw_warn("test switch RAILWAVE_TEST_RAIL_DOWN: rail %u to node %u goes down %u ms after "
-			"that peer is up, for %u ms", rail, peer, at, len);
+			"this node's first write to that peer, for %u ms", rail, peer, at, len);
 	return RW_OK;
 }
 

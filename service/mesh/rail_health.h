@@ -56,7 +56,8 @@ void rw_svc_rail_meter_sample(rw_svc_rail_meter_t *m, uint64_t tx_bytes, uint64_
 uint32_t rw_svc_rail_weight_quantize(double mbit);
 
 /* The test switch RAILWAVE_TEST_RAIL_DOWN=RAIL:PEER:AT_MS:FOR_MS (docs/dataflow.md "Tests"): AT_MS
- * after the peer PEER first came up, this node closes its connection of rail RAIL to it and
+ * after this node's first rail write to the peer PEER (so the outage lands while phases run,
+ * however late the ranks start), this node closes its connection of rail RAIL to it and
  * refuses that rail (does not dial it, closes it when accepted) for FOR_MS. AT_MS "start":
  * refused from the daemon's start (a NIC dead before the peers meet). */
 typedef struct rw_svc_rail_fault {
