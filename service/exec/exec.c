@@ -910,6 +910,12 @@ void exec_on_rank_left(exec_pair_t *p, rw_ipc_client_t *client, uint32_t rank)
 							   memory_order_acquire);
 		if ((int64_t)(done - s->page_k) < 0)
 			break;
+		/* Its combine will never come: the dispatch runs to its end (every rank gets its
+		 * rows) and the pair then fails as a combine failure, on every node (complete). */
+		if (kind == RW_SVC_DISPATCH && p->held.st == RW_OK && p->err.st == RW_OK) {
+			p->held = (exec_error_t){ .st = RW_ERR_CLIENT, .tell = EXEC_TELL_PEERS };
+			snprintf(p->held.msg, sizeof(p->held.msg), "local rank %u left", rank);
+		}
 		exec_on_page_word(p, g, RW_PW_DONE, done);
 		s->have = 0; /* no answer to a rank that has gone */
 		return;

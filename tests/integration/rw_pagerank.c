@@ -22,6 +22,8 @@
  *         die-plan  submit the first phase, then exit without packing (a rank killed between
  *                   submit and packed)
  *         die-done  run the first phase up to arrived, then exit without done
+ *         die-after run the first dispatch to its done, then exit before its combine
+ *         late-until  as until, its first done written 0.5 s late
  *         lib       every dispatch and its combine through librailwave's rank path
  *                   (rw_client_rank_open, rw_client_rank_dispatch, rw_client_rank_combine,
  *                   rw_client_rank_wait: the count, pack, forward, gather and reduce
@@ -611,7 +613,7 @@ int main(int argc, char **argv)
 {
 	if (argc < 10) {
 		fprintf(stderr, "usage: rw_pagerank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS "
-				"SEED [ok|lie|clie|one|until|die-plan|die-done|lib|host[-one|-until|-die|-bad]]\n");
+				"SEED [ok|lie|clie|one|until|late-until|die-plan|die-done|die-after|lib|host[-one|-until|-die|-bad]]\n");
 		return 2;
 	}
 	me = (uint32_t)atoi(argv[3]);
@@ -758,7 +760,8 @@ lib_out:
 	CHECK(nodes * rails <= sizeof(row) / sizeof(row[0]), "count row too big");
 	int expect_fail = strcmp(mode, "lie") == 0;
 	const int liar = expect_fail && me == 0, one = strcmp(mode, "one") == 0;
-	int until = strcmp(mode, "until") == 0, expect_cfail = strcmp(mode, "clie") == 0;
+	const int late = strcmp(mode, "late-until") == 0;
+	int until = late || strcmp(mode, "until") == 0, expect_cfail = strcmp(mode, "clie") == 0;
 	const int clie = expect_cfail && me == 0;
 	uint64_t combined = 0;
 	for (uint32_t step = 0; step < steps; step++)
@@ -811,7 +814,14 @@ lib_out:
 				fflush(stdout);
 				_exit(3);
 			}
+			if (late && k == 1)
+				usleep(500 * 1000); /* its node's pair still flushing the dispatch */
 			word_set(RW_PW_DONE, k); /* P5 */
+			if (strcmp(mode, "die-after") == 0) { /* its rows taken: gone before the combine */
+				printf("dying after done %llu\n", (unsigned long long)k);
+				fflush(stdout);
+				_exit(3);
+			}
 			if (one) {
 				printf("one: phase %llu passed\n", (unsigned long long)k);
 				goto out;

@@ -16,6 +16,7 @@ and nothing is patched from outside: what differs between clusters is an argumen
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -353,6 +354,16 @@ class Cluster:
         """Daemon n's whole log so far."""
         with open(os.path.join(self.tmp, "d%d.log" % n)) as f:
             return f.read()
+
+    def finish(self, failed):
+        """A script's end: every daemon still running killed; the logs printed and the temporary
+        folder kept when a check `failed`, else the folder removed."""
+        for n in list(self.procs):
+            self.kill(n)
+        if failed:
+            print("logs kept in %s\n%s" % (self.tmp, self.logs()))
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     def logs(self):
         """The last 25 lines of every daemon's log, for a failure message."""

@@ -8,7 +8,6 @@ with 2 and with 4 ranks on the node; a group mixing page ranks and host-memory r
 Every record of a one-node group is local: this is the local area alone.
 Run by tests/run as $b/test/svc_rankone; exits 0 pass, 1 fail, 77 skip."""
 import os
-import shutil
 import sys
 import tempfile
 
@@ -59,12 +58,7 @@ def one_node(gpus):
     except RuntimeError as e:
         check(False, str(e))
     finally:
-        for n in list(c.procs):
-            c.kill(n)
-        if check.fails:
-            print("logs kept in %s\n%s" % (tmp, c.logs()))
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        c.finish(check.fails)
 
 
 def main():

@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""A page rank that leaves fails its group's pair on every node at once (docs/dataflow.md
+"Failures"): two railwaved daemons with a 60 s phase timeout, a group of page ranks
+(tests/integration/rw_pagerank) in which rank 1 runs its first dispatch to its done and exits
+before its combine while its node still flushes that dispatch (rank 0 of the node writes its
+done 0.5 s late). Every other rank of both nodes must see its phase fail well before the
+timeout (under 20 s), and a new group's phases must pass right after.
+Run by tests/run as $b/test/svc_rankleave; exits 0 pass, 1 fail, 77 skip."""
+import os
+import sys
+import tempfile
+import time
+
+B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(B, "tests", "lib"))
+import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
+
+TIMEOUT_S = 60
+check = cluster.Checks()
+
+
+def main():
+    if not cluster.built(cluster.DAEMON, cluster.PAGERANK):
+        print("skip: railwaved or rw_pagerank not built")
+        return 77
+    tmp = tempfile.mkdtemp(prefix="rw-rankleave-")
+    c = cluster.Cluster(tmp, 2, rails=2, extra={"group_area_mib": 1, "group_pool_mib": 10,
+                                                "phase_timeout_ms": TIMEOUT_S * 1000})
+    world = 2 * c.gpus
+    try:
+        c.start_all()
+        t0 = time.time()
+        res = cluster.outputs([(r, c.pagerank(r, "leave", 2, 3, 5,
+                                              {0: "late-until", 1: "die-after"}.get(r, "until")))
+                               for r in range(world)])
+        took = time.time() - t0
+        check(res[1][0] == 3 and "dying after done 1" in res[1][1],
+              "rank 1 ran its first dispatch to its done and left (%r)" % res[1][1][-200:])
+        bad = {r: v[1][-300:] for r, v in res.items()
+               if r != 1 and (v[0] != 0 or "until: phase 2 failed" not in v[1])}
+        check(not bad, "every other rank of both nodes got its first dispatch's rows, then its "
+              "combine (phase 2) failed %s" % (bad or ""))
+        check(took < 20, "the survivors' failure came in %.1f s, the phase timeout is %d s" %
+              (took, TIMEOUT_S))
+        check("local rank 1 left" in c.log(0), "node 0's log names the rank that left")
+        res = cluster.outputs([(r, c.pagerank(r, "after", 2, 3, 5, "ok")) for r in range(world)])
+        bad = {r: (v[0], v[1][-300:]) for r, v in res.items()
+               if v[0] != 0 or "verified" not in v[1]}
+        check(not bad, "a new group's 6 phases pass right after %s" % (bad or ""))
+        c.stop()
+    except RuntimeError as e:
+        check(False, str(e))
+    finally:
+        c.finish(check.fails)
+    return check.exit_code()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
