@@ -633,7 +633,8 @@ def scenario_rail(tmp, seed, cuda_ranks=None):
             why = sorted(set(l.split("after: ", 1)[1] for o in outs.values() for l in o.splitlines()
                              if l.startswith("retry ")))
             if any("rail %d between node" % rail not in w for w in why):
-                raise RuntimeError("a phase failed for another reason than the rail: %s" % why)
+                raise RuntimeError("a phase failed for another reason than the rail: %s\n%s"
+                                   % (why, c.logs()))
             deadline = time.time() + WAIT  # the rail comes back (back-off after the hold)
             while any(v["state"] != "up" for n in range(3) for v in link_lines(c, n).values()):
                 if time.time() > deadline:
