@@ -252,7 +252,7 @@ static int request(rw_client_t *c, const void *req, size_t len, int fd, uint16_t
 
 /* Read the notices the daemon queued (why a submission failed) without waiting; only when no
  * request is reading the socket. A fatal message or end-of-file closes the client. */
-static void take_notices(rw_client_t *c)
+void rw_client_take_notices(rw_client_t *c)
 {
 	if (pthread_mutex_trylock(&c->sock_lock) != 0)
 		return;
@@ -882,7 +882,7 @@ int rw_client_poll(rw_client_t *c, rw_cqe_t *out, unsigned max)
 	rw_ring_cons_release(&c->cq, n);
 	atomic_fetch_add_explicit(&c->completed, n, memory_order_relaxed);
 	if (failed) /* the daemon said why before it posted the completion */
-		take_notices(c);
+		rw_client_take_notices(c);
 	return (int)n;
 }
 

@@ -287,6 +287,11 @@ void rw_client_close(rw_client_t *client);
 /* Message text of the last error the daemon sent this client ("" if none). */
 const char *rw_client_last_message(const rw_client_t *client);
 
+/* Read, without waiting, the notices the daemon queued on the control socket (why a phase
+ * failed; a page rank's comes before the status line its stream reads), so that
+ * rw_client_last_message() says the latest; nothing while another thread reads the socket. */
+void rw_client_take_notices(rw_client_t *client);
+
 /* Daemon-assigned id of this connection (for logs). */
 uint32_t rw_client_id(const rw_client_t *client);
 

@@ -230,9 +230,12 @@ static int answer(rw_client_rank_t *r, const rw_rank_result_t *res,
 	if (res->error == RW_E_OVERFLOW)
 		return say(r->msg, RW_E_OVERFLOW, "phase %llu: %u records came past recv_cap (%u "
 			   "rows written): dropped", k, res->overflow, res->recv_n);
-	if (res->error)
-		return say(r->msg, res->error, "phase %llu failed: %s", k,
-			   rw_client_strerror(res->error));
+	if (res->error) { /* the daemon's reason came on the socket before the status line */
+		rw_client_take_notices(r->client);
+		const char *why = rw_client_last_message(r->client);
+		return say(r->msg, res->error, "phase %llu failed: %s%s%s", k,
+			   rw_client_strerror(res->error), why[0] ? ": " : "", why);
+	}
 	return 0;
 }
 

@@ -4,7 +4,8 @@
 (tests/integration/rw_pagerank) in which rank 1 runs its first dispatch to its done and exits
 before its combine while its node still flushes that dispatch (rank 0 of the node writes its
 done 0.5 s late). Every other rank of both nodes must see its phase fail well before the
-timeout (under 20 s), and a new group's phases must pass right after.
+timeout (under 20 s), and a new group's phases must pass right after. A survivor on
+librailwave's rank path gets the reason from rw_client_rank_message.
 Run by tests/run as $b/test/svc_rankleave; exits 0 pass, 1 fail, 77 skip."""
 import os
 import sys
@@ -43,6 +44,16 @@ def main():
         check(took < 20, "the survivors' failure came in %.1f s, the phase timeout is %d s" %
               (took, TIMEOUT_S))
         check("local rank 1 left" in c.log(0), "node 0's log names the rank that left")
+        if os.path.exists(cluster.FAKE_KERN):  # the survivor's reason through librailwave
+            res = cluster.outputs([(r, c.pagerank(
+                r, "libleave", 2, 3, 5, {0: "lib", 1: "die-after"}.get(r, "until"),
+                env=dict(c.env, RW_CUDA_DRIVER=cluster.FAKE_KERN) if r == 0 else None))
+                for r in range(world)])
+            check(res[0][0] != 0 and "local rank 1 left" in res[0][1],
+                  "rank 0 on librailwave's rank path: rw_client_rank_message names the rank "
+                  "that left (%r)" % res[0][1][-200:])
+        else:
+            print("skip the librailwave survivor: no kernel stand-in")
         res = cluster.outputs([(r, c.pagerank(r, "after", 2, 3, 5, "ok")) for r in range(world)])
         bad = {r: (v[0], v[1][-300:]) for r, v in res.items()
                if v[0] != 0 or "verified" not in v[1]}
