@@ -85,19 +85,9 @@ static void page_attach(exec_member_t *mb, rw_page_head_t *pg, const rw_page_lay
 /* A checked dispatch joins its group's pair as a submission answered by words (docs/rankpath.md
  * "A phase"): the pair's open or joined as a ring rank's is (exec_ipc.c), without buffers; the
  * executor's movers then take the pair (the rank mover only takes page ranks, so a group whose
- * ranks here mix rings and pages fails, named). A phase that cannot join is failed on the page.
- * A dispatch its checks refused (`bad`: its code and why) takes the same way to its key's pair,
- * then fails it, naming the rank: every rank of the group on every node gets the failure at
- * once (the key's tomb answers those that come later) instead of waiting for the phase
- * timeout; the rank's node is not blamed. */
-typedef struct {
-	int32_t code;
-	const char *why;
-} page_bad_t;
-
+ * ranks here mix rings and pages fails, named). A phase that cannot join is failed on the page. */
 static int page_admit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, const rw_page_layout_t *l,
-		      uint64_t k, const rw_page_params_t *prm, const uint32_t *row,
-		      const page_bad_t *bad)
+		      uint64_t k, const rw_page_params_t *prm, const uint32_t *row)
 {
 	exec_group_t *g = mb->g;
 	const rw_wire_key_t key = { .group = g->hash, .layer = prm->layer, .step = prm->step };
@@ -140,15 +130,7 @@ static int page_admit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, const rw
 	if (!p && x->svc->draining)
 		return page_refuse(x, mb, pg, k, RW_E_STATE, "the daemon is draining");
 	if (!p && !(p = exec_pair_open(x, g, &key, &sqe)))
-		return bad ? page_refuse(x, mb, pg, k, bad->code, bad->why) :
-			     page_refuse(x, mb, pg, k, RW_E_INTERNAL, "out of memory");
-	if (bad) {
-		page_phase_fail(x, mb, pg, k, bad->code, bad->why);
-		p->answered |= 1u << mb->local;
-		exec_pair_fail(p, RW_ERR_SUB_TOKENS, "local rank %u: %s", x->me * x->gpus + mb->local,
-			       bad->why);
-		return 0;
-	}
+		return page_refuse(x, mb, pg, k, RW_E_INTERNAL, "out of memory");
 	const size_t cells = (size_t)x->nodes * x->rails;
 	uint32_t *kept = rw_arena_alloc(&p->mem, cells, sizeof(uint32_t));
 	if (!kept) {
@@ -233,16 +215,12 @@ static int page_submit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, uint64_
 	if (rw_page_submit_check(geom, &params, row, k, x->svc->topo.gpu_rail[mb->local], why,
 				 sizeof(why)) != 0 ||
 	    params_check(x, mb, &params, why, &code) != 0) {
-		const page_bad_t bad = { .code = code, .why = why };
-		const int wait = params.kind == RW_KIND_DISPATCH ?
-			page_admit(x, mb, pg, &l, k, &params, row, &bad) :
-			page_refuse(x, mb, pg, k, code, why);
 		free(row);
-		return wait;
+		return page_refuse(x, mb, pg, k, code, why);
 	}
 	const int wait = params.kind == RW_KIND_COMBINE ?
 		page_admit_combine(x, mb, pg, &l, k, &params) :
-		page_admit(x, mb, pg, &l, k, &params, row, NULL);
+		page_admit(x, mb, pg, &l, k, &params, row);
 	free(row);
 	return wait;
 }

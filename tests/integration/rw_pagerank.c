@@ -45,8 +45,6 @@
  * With RW_PAGERANK_GO=FILE the rank joins its group, then waits for FILE (at most 60 s) before it
  * takes its page: a harness lets the group's ring ranks submit first (a pair a ring rank opened
  * before any rank of its node held a page).
- * With RW_PAGERANK_HOLD=FILE a rank of the library's modes stays connected after its last phase
- * until FILE exists (at most 60 s): a harness sees what the others get while it stays.
  * Output: "rank R: S steps x L layers dispatched on the rank path, verified (N rows)"; for lie
  * also "lie: phase K failed: CODE: MESSAGE"; for die-*: "dying at ..." before it exits 3. */
 #include <stdatomic.h>
@@ -630,7 +628,7 @@ int main(int argc, char **argv)
 	rw_client_t *c = NULL;
 	int rc = rw_client_connect(&o, &c);
 	CHECK(rc == 0, "connect: %s", rw_client_strerror(rc));
-	const char *go = getenv("RW_PAGERANK_GO"), *hold = getenv("RW_PAGERANK_HOLD");
+	const char *go = getenv("RW_PAGERANK_GO");
 	for (long i = 0; go && access(go, F_OK) != 0; i++) {
 		CHECK(i < WAIT_S * 100L, "no %s", go);
 		usleep(10000);
@@ -736,10 +734,6 @@ int main(int argc, char **argv)
 		       layers, host ? "host" : "CUDA", (unsigned long long)rows,
 		       (unsigned long long)tokens);
 lib_out:
-		for (long i = 0; hold && access(hold, F_OK) != 0; i++) {
-			CHECK(i < WAIT_S * 100L, "no %s", hold);
-			usleep(10000);
-		}
 		rw_client_rank_close(lr.rp);
 		rw_client_close(c);
 		return 0;
