@@ -354,7 +354,8 @@ def cmd_flood(c):
 # the pair had failed). The daemon's phase timeout says "timed out after".
 POISONED = ((railwave.errors.RW_E_PHASE, railwave.errors.RW_E_FIELD,
              railwave.errors.RW_E_EXPERTS),
-            ("expert id out of range", "local ranks disagree on", "n_experts"))
+            ("expert id out of range", "local ranks disagree on", "n_experts",
+             "has a top-k id outside"))  # the last: the daemon's words for a page rank's bad id
 LEFT = ((railwave.errors.RW_E_PHASE, railwave.errors.RW_E_HANDLE),
         (" left", "is not this rank's open dispatch"))
 
@@ -377,7 +378,7 @@ def expect(what, fn, exc, *needles, full=False, cause=None):
             raise AssertionError("%s: the error is the daemon's phase timeout: the phase was "
                                  "not failed at once (%s)" % (what, msg))
         # On the rank path a phase failed by the daemon for another rank's fault ends with the
-        # code in the rank page and no text (only the refused rank gets the daemon's notice).
+        # code in the rank page and, where the notice came first, the daemon's reason.
         quiet = RANK_PATH[0] and "railwaved:" not in msg
         if cause is not None and (e.code not in cause[0] or
                                   not (quiet or any(t in msg for t in cause[1]))):
