@@ -986,7 +986,24 @@ static void anchors_json(char *buf, size_t len, int n_anchors)
 	snprintf(buf + n, len - (size_t)n, "]}");
 }
 
-/* Ask the daemon until `want` appears in the reply to `cmd` (ceiling: fail). */
+/* The daemon under test: its pid and its log, printed when a check on it fails. */
+static pid_t daemon_pid;
+static const char *daemon_log;
+
+static void print_daemon_log(void)
+{
+	FILE *f = fopen(daemon_log, "r");
+	if (!f)
+		return;
+	char line[512];
+	print_error("railwaved's log (%s):\n", daemon_log);
+	while (fgets(line, sizeof(line), f))
+		print_error("  | %s", line);
+	fclose(f);
+}
+
+/* Ask the daemon until `want` appears in the reply to `cmd` (ceiling, or the daemon gone: fail,
+ * with its log). */
 static char *ask_until(const char *sock, const char *cmd, const char *want)
 {
 	for (int tries = 0; tries < CEILING_MS / 10; tries++) {
@@ -998,11 +1015,39 @@ static char *ask_until(const char *sock, const char *cmd, const char *want)
 				return r;
 			free(r);
 		}
+		int status = 0;
+		if (waitpid(daemon_pid, &status, WNOHANG) == daemon_pid) {
+			print_error("railwaved exited (status 0x%x) before '%s' answered with '%s'\n",
+				    status, cmd, want);
+			print_daemon_log();
+			fail();
+		}
 		sleep_ms(10);
 	}
 	print_error("'%s' never answered with '%s'\n", cmd, want);
+	print_daemon_log();
 	fail();
 	return NULL;
+}
+
+/* Ports the kernel calls free on ip just now: all bound at once (so they differ), then released.
+ * Another process may take one before the daemon binds it; the daemon then exits naming it. */
+static void free_ports(const char *ip, unsigned *ports, int n)
+{
+	int fds[4];
+	assert_true(n <= 4);
+	for (int i = 0; i < n; i++) {
+		fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		assert_true(fds[i] >= 0);
+		struct sockaddr_in sa = {.sin_family = AF_INET};
+		assert_int_equal(inet_pton(AF_INET, ip, &sa.sin_addr), 1);
+		assert_int_equal(bind(fds[i], (struct sockaddr *)&sa, sizeof(sa)), 0);
+		socklen_t len = sizeof(sa);
+		assert_int_equal(getsockname(fds[i], (struct sockaddr *)&sa, &len), 0);
+		ports[i] = ntohs(sa.sin_port);
+	}
+	for (int i = 0; i < n; i++)
+		close(fds[i]);
 }
 
 static void test_daemon_process(void **state)
@@ -1015,15 +1060,18 @@ static void test_daemon_process(void **state)
 	snprintf(sock, sizeof(sock), "%s/stats.sock", dir);
 	snprintf(anchors, sizeof(anchors), "%s/anchors.json", dir);
 	snprintf(log_path, sizeof(log_path), "%s/railwaved.log", dir);
-	/* Ports from the pid, so that concurrent runs (release and ASan) do not collide once the
-	 * mesh listens; everything else lives in the temporary folder. */
-	char cluster[512];
-	unsigned port = 20000 + (unsigned)getpid() % 20000;
+	/* Ports the kernel picks (a fixed range collided with other tests' ephemeral ports);
+	 * everything else lives in the temporary folder. */
+	char cluster[768];
+	unsigned ctl[2], rail1;
+	free_ports("127.0.0.1", ctl, 2);
+	free_ports("127.0.1.1", &rail1, 1);
 	snprintf(cluster, sizeof(cluster),
 		 "{\"cluster\": \"solo\", \"gpus_per_node\": 2, \"http\": 0,"
-		 " \"ipc_socket\": \"%s/ipc.sock\", \"control_port\": %u, \"rail_port\": %u,"
-		 " \"nodes\": [{\"name\": \"only\", \"rails\": [\"127.0.0.1\", \"127.0.1.1\"]}]}",
-		 dir, port, port + 1);
+		 " \"ipc_socket\": \"%s/ipc.sock\", \"nodes\": [{\"name\": \"only\","
+		 " \"control\": \"127.0.0.1:%u\", \"rails\": [{\"address\": \"127.0.0.1\", \"port\": %u},"
+		 " {\"address\": \"127.0.1.1\", \"port\": %u}]}]}",
+		 dir, ctl[0], ctl[1], rail1);
 	write_file(cfg_path, cluster);
 	char table[4096];
 	anchors_json(table, sizeof(table), 2);
@@ -1040,6 +1088,8 @@ static void test_daemon_process(void **state)
 		      (char *)NULL);
 		_exit(127);
 	}
+	daemon_pid = pid;
+	daemon_log = log_path;
 	char *r = ask_until(sock, "stats\n", "node only\n");
 	assert_non_null(strstr(r, "cluster solo\n"));
 	assert_non_null(strstr(r, "anchors 2\n"));
