@@ -123,6 +123,7 @@ rw_status_t rw_cuda_word_write(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_t a, 
 rw_status_t rw_cuda_word_wait(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_t a, uint64_t v)
 { (void)s; (void)a; (void)v; return RW_NO_CUDA; }
 int rw_cuda_rank_kernels_available(int d) { (void)d; return 0; }
+int rw_cuda_device_sms(int d) { (void)d; return 0; }
 rw_status_t rw_cuda_rank_pack(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_pack_t *a)
 { (void)s; (void)a; return RW_NO_CUDA; }
 rw_status_t rw_cuda_rank_forward(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_forward_t *a)

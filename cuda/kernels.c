@@ -250,9 +250,11 @@ rw_status_t rw_cuda_store_f32(rw_cuda_stream_t *stream, rw_cuda_dptr_t dst, rw_c
 	return launch(stream, RW_K_STORE_F32, 4096, 256, args);
 }
 
-static rw_status_t route_count_on(int device, CUstream h, rw_cuda_dptr_t ids, uint32_t n_tokens,
-				  uint32_t topk, uint32_t n_experts, uint32_t nodes, uint32_t rails,
-				  uint32_t rail, rw_cuda_dptr_t row, rw_cuda_dptr_t bad)
+/* max_blocks: 0, or the most blocks the launch takes (the kernel is grid-stride). */
+static rw_status_t route_count_on(int device, CUstream h, unsigned max_blocks, rw_cuda_dptr_t ids,
+				  uint32_t n_tokens, uint32_t topk, uint32_t n_experts,
+				  uint32_t nodes, uint32_t rails, uint32_t rail, rw_cuda_dptr_t row,
+				  rw_cuda_dptr_t bad)
 {
 	CUdeviceptr i = ids, r = row, b = bad;
 	uint32_t nt = n_tokens, k = topk, e = n_experts, per = nodes ? n_experts / nodes : 0, nr = rails,
@@ -266,8 +268,11 @@ static rw_status_t route_count_on(int device, CUstream h, rw_cuda_dptr_t ids, ui
 	if (n_tokens == 0)
 		return RW_OK;
 	unsigned grid = (n_tokens + 255) / 256;
-	return launch_on(device, h, RW_K_ROUTE_COUNT, grid > 1024 ? 1024 : grid, 256, shared_n * 4u,
-			 args);
+	if (grid > 1024)
+		grid = 1024;
+	if (max_blocks && grid > max_blocks)
+		grid = max_blocks;
+	return launch_on(device, h, RW_K_ROUTE_COUNT, grid, 256, shared_n * 4u, args);
 }
 
 rw_status_t rw_cuda_route_count(rw_cuda_stream_t *stream, rw_cuda_dptr_t ids, uint32_t n_tokens,
@@ -276,7 +281,7 @@ rw_status_t rw_cuda_route_count(rw_cuda_stream_t *stream, rw_cuda_dptr_t ids, ui
 {
 	if (stream == NULL)
 		return RW_ERR_INVAL;
-	return route_count_on(rw_cuda_stream_device(stream), rw_cu_stream_handle(stream), ids,
+	return route_count_on(rw_cuda_stream_device(stream), rw_cu_stream_handle(stream), 0, ids,
 			      n_tokens, topk, n_experts, nodes, rails, rail, row, bad);
 }
 
@@ -287,8 +292,8 @@ rw_status_t rw_cuda_route_count_ext(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_
 {
 	if (s == NULL || s->device < 0 || rw_cuda_init() != RW_OK || s->device >= rw_cu_ndevices)
 		return RW_ERR_INVAL;
-	return route_count_on(s->device, (CUstream)(uintptr_t)s->handle, ids, n_tokens, topk,
-			      n_experts, nodes, rails, rail, row, bad);
+	return route_count_on(s->device, (CUstream)(uintptr_t)s->handle, s->max_blocks, ids,
+			      n_tokens, topk, n_experts, nodes, rails, rail, row, bad);
 }
 
 #endif /* RW_HAVE_CUDA_H */

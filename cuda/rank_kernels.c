@@ -51,13 +51,26 @@ int rw_cuda_rank_kernels_available(int device)
 	return rank_load(device) == 0;
 }
 
-/* Launch kernel k with its argument block (copied by the driver at the call). */
+int rw_cuda_device_sms(int device)
+{
+	int sms = 0;
+	if (rw_cuda_init() != RW_OK || device < 0 || device >= rw_cu_ndevices ||
+	    rw_cu.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+				       rw_cu_devices[device].dev) != CUDA_SUCCESS || sms < 0)
+		return 0;
+	return sms;
+}
+
+/* Launch kernel k with its argument block (copied by the driver at the call), on at most the
+ * stream's budget of blocks (every rank kernel is grid-stride: any grid is correct). */
 static rw_status_t rank_launch(const rw_cuda_ext_stream_t *s, int k, unsigned grid, unsigned block,
 			       unsigned shared, const void *args)
 {
 	void *params[] = { (void *)args };
 	CUresult res;
 
+	if (s->max_blocks && grid > s->max_blocks)
+		grid = s->max_blocks;
 	if (rank_load(s->device) != 0)
 		return RW_ERR_UNSUPPORTED;
 	/* rank_load() left the device's context current. */

@@ -346,6 +346,9 @@ rw_status_t rw_cuda_event_sync(rw_cuda_event_t *ev);
  * torch.cuda.Stream.cuda_stream gives it; 0 is the legacy stream) on `device`. */
 typedef struct rw_cuda_ext_stream {
 	int device;
+	uint32_t max_blocks;   /* 0, or the most blocks any kernel enqueued through this takes (the
+	                          rank path's SM budget: a grid of N blocks runs on at most N SMs at a
+	                          time); the kernels loop over their items, so any grid is correct */
 	uint64_t handle;
 } rw_cuda_ext_stream_t;
 
@@ -373,8 +376,8 @@ rw_status_t rw_cuda_copy_ext(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_t dst, 
 			     size_t bytes);
 
 /* rw_cuda_route_count on a caller's stream (the rank path's count kernel, launched in the rank's
- * own process: docs/rankpath.md "A phase"). Same arguments and errors; RW_ERR_INVAL also for a
- * device this process does not have. */
+ * own process: docs/rankpath.md "A phase"), on at most s->max_blocks blocks when that is set.
+ * Same arguments and errors; RW_ERR_INVAL also for a device this process does not have. */
 rw_status_t rw_cuda_route_count_ext(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_t ids,
 				    uint32_t n_tokens, uint32_t topk, uint32_t n_experts,
 				    uint32_t nodes, uint32_t rails, uint32_t rail, rw_cuda_dptr_t row,
@@ -390,11 +393,16 @@ rw_status_t rw_cuda_route_count_ext(const rw_cuda_ext_stream_t *s, rw_cuda_dptr_
  * the owner's sums; the daemon's CPU writes only plans and lists. A kernel that finds a nonzero
  * int32 at `status` (the phase failed, pair P6) writes nothing but its empty outputs (forward:
  * recv_n, overflow and counts 0). Every wrapper checks its block (RW_ERR_INVAL: the caller's
- * bug), enqueues, and returns; RW_ERR_UNSUPPORTED when the rank image is absent. */
+ * bug), enqueues, and returns; RW_ERR_UNSUPPORTED when the rank image is absent. Every launch
+ * takes at most s->max_blocks blocks when that is set (the kernels are grid-stride). */
 #include "cuda/rank_abi.h"
 
 /* 1 if this build embeds the rank kernels and they load on `device`, else 0. */
 int rw_cuda_rank_kernels_available(int device);
+
+/* The SMs of `device` (CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT), or 0 when the driver does not
+ * say: the most an SM budget (rw_cuda_ext_stream_t.max_blocks) may ask. */
+int rw_cuda_device_sms(int device);
 
 /* Pack: the rank's n_tokens tokens (x: rows of hidden x dtype; ids: topk int32, or int64 with
  * ids_int64, -1 a dropped slot; weights: topk f32) into dispatch records in the slabs: one per

@@ -415,6 +415,33 @@ typedef struct rw_client_stream {
 int rw_client_rank_open(rw_client_t *client, int32_t device, uint32_t max_recv,
 			rw_client_rank_t **rank_p);
 
+/* The rank path's options (rw_client_rank_open_opts). Zero the struct before filling it: a field
+ * added later takes a reserved word, and 0 there means what the library did before. */
+typedef struct rw_client_rank_opts {
+	uint32_t max_recv;     /* as rw_client_rank_open's */
+	int32_t max_sms;       /* the SM budget (docs/rankpath.md "SMs beside the trainer's
+	                          compute"): every kernel the rank path enqueues takes at most this
+	                          many blocks, so it runs on at most max_sms SMs at a time and leaves
+	                          the others to the trainer's kernels; 0: the kernels' own choice
+	                          (enough blocks to fill the GPU where the work is large) */
+	uint32_t flags;        /* RW_RANK_OPEN_STATIC: static mode (rw_client_rank_open_static) */
+	uint32_t reserved[5];  /* must be 0 */
+} rw_client_rank_opts_t;
+#define RW_RANK_OPEN_STATIC 1u
+
+/* rw_client_rank_open (or, with RW_RANK_OPEN_STATIC, rw_client_rank_open_static) with options.
+ * Their errors, and RW_E_INVAL (rw_client_rank_message(NULL) says which): opts NULL, an unknown
+ * flag or a reserved word not 0; max_sms negative or above the device's SMs, or not 0 for
+ * RW_RANK_HOST (a host rank runs on its CPU). */
+int rw_client_rank_open_opts(rw_client_t *client, int32_t device, const rw_client_rank_opts_t *opts,
+			     rw_client_rank_t **rank_p);
+
+/* Change the SM budget (rw_client_rank_opts_t.max_sms; 0: the kernels' own choice) for the calls
+ * enqueued from now on, eager or static (a CUDA graph keeps the budget it was captured with).
+ * Phases already enqueued keep theirs. RW_E_INVAL as rw_client_rank_open_opts says, the budget
+ * unchanged. */
+int rw_client_rank_set_sms(rw_client_rank_t *rank, int32_t max_sms);
+
 /* The device of a host rank's rank path: buffers in host memory, no CUDA. Every address is a
  * pointer of this process, the stream argument NULL (or device RW_RANK_HOST). Dispatch and
  * combine first finish the rank's earlier phases (a stream's order), then store submit and

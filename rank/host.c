@@ -208,7 +208,7 @@ int rw_rank_host_drive(rw_client_rank_t *r, uint64_t target, int timeout_ms)
 	while ((int64_t)(target - h->driven) > 0 && h->driven + 1 < r->next) {
 		const uint64_t k = h->driven + 1;
 		host_phase_t *ph = &h->ph[k % D];
-		const rw_rank_host_par_t par = { h->threads, PAR_MIN_BYTES };
+		const rw_rank_host_par_t par = { .threads = h->threads, .min_bytes = PAR_MIN_BYTES };
 		if (h->stage == 0) {
 			if (!wait_word(r, RW_PW_PLAN, k, deadline))
 				return RW_E_TIMEOUT;

@@ -74,10 +74,16 @@ static void *par_main(void *arg)
 
 /* fn over [0, n) in up to par.threads contiguous ranges, the first on this thread; fewer when
  * a range would move under par.min_bytes (items of item_bytes each); a range whose thread cannot
- * start runs here. */
+ * start runs here. With par.blocks: that grid's blocks on this thread (rank.h). */
 static void par_for(rw_rank_host_par_t par, uint32_t n, uint64_t item_bytes, range_fn fn,
 		    const void *ctx)
 {
+	if (par.blocks) { /* a grid's blocks in turn, each its grid-stride items */
+		for (uint32_t b = 0; b < par.blocks; b++)
+			for (uint64_t i = b; i < n; i += par.blocks)
+				fn(ctx, (uint32_t)i, (uint32_t)i + 1);
+		return;
+	}
 	uint64_t by_size = par.min_bytes ? (uint64_t)n * item_bytes / par.min_bytes : n;
 	uint32_t t = par.threads < RW_RANK_HOST_THREADS_MAX ? par.threads : RW_RANK_HOST_THREADS_MAX;
 	if (by_size < t)
@@ -487,7 +493,7 @@ void rw_rank_host_reduce(const rw_cuda_rank_reduce_t *a, rw_rank_host_par_t par)
 		}
 	const reduce_ctx_t c = { a, n };
 	/* Unsorted (E_REF set, the sums are not the list's): one range, as one GPU thread skips. */
-	const rw_rank_host_par_t one = { 1, 0 };
+	const rw_rank_host_par_t one = { .threads = 1 };
 	par_for(sorted ? par : one, a->n_tokens, (uint64_t)a->hidden * dtype_size(a->dtype),
 		reduce_range, &c);
 }

@@ -62,13 +62,55 @@ static rw_page_params_t *slot_params(const rw_client_rank_t *r, uint64_t k)
 	return (rw_page_params_t *)((uint8_t *)r->pg + slot_off(r, k) + r->layout.params);
 }
 
+/* An SM budget for `device` (CUDA initialized, the device checked): 0, or RW_E_INVAL said. */
+static int sms_check(char *msg, int32_t device, int32_t max_sms)
+{
+	if (max_sms == 0)
+		return 0;
+	if (device == RW_RANK_HOST)
+		return say(msg, RW_E_INVAL, "rank path: max_sms %d: an SM budget is for CUDA ranks "
+			   "(RW_RANK_HOST runs on this CPU): pass 0", max_sms);
+	const int sms = rw_cuda_device_sms(device);
+	if (sms == 0)
+		return say(msg, RW_E_INVAL, "rank path: max_sms %d: device %d does not say how many "
+			   "SMs it has (0: the kernels' own choice)", max_sms, device);
+	if (max_sms < 0 || max_sms > sms)
+		return say(msg, RW_E_INVAL, "rank path: max_sms %d is outside 1..%d: device %d has "
+			   "%d SMs (0: the kernels' own choice)", max_sms, sms, device, sms);
+	return 0;
+}
+
 int rw_client_rank_open(rw_client_t *client, int32_t device, uint32_t max_recv,
 			rw_client_rank_t **rank_p)
+{
+	return rw_rank_open(client, device, max_recv, 0, rank_p);
+}
+
+int rw_client_rank_set_sms(rw_client_rank_t *r, int32_t max_sms)
+{
+	if (!r)
+		return RW_E_INVAL;
+	int rc = sms_check(r->msg, r->host ? RW_RANK_HOST : r->device, max_sms);
+	if (rc == 0)
+		r->max_sms = max_sms;
+	return rc;
+}
+
+rw_cuda_ext_stream_t rw_rank_stream(const rw_client_rank_t *r, const rw_client_stream_t *s)
+{
+	return (rw_cuda_ext_stream_t){ .device = s->device, .handle = s->handle,
+				       .max_blocks = (uint32_t)r->max_sms };
+}
+
+int rw_rank_open(rw_client_t *client, int32_t device, uint32_t max_recv, int32_t max_sms,
+		 rw_client_rank_t **rank_p)
 {
 	open_msg[0] = '\0';
 	if (!client || !rank_p)
 		return say(open_msg, RW_E_INVAL, "rank path: no client");
 	const int host = device == RW_RANK_HOST; /* rank/host.c: no CUDA */
+	if (host && max_sms)
+		return sms_check(open_msg, device, max_sms);
 	if (host)
 		goto checked;
 	if (rw_cuda_init() != RW_OK)
@@ -82,10 +124,13 @@ int rw_client_rank_open(rw_client_t *client, int32_t device, uint32_t max_recv,
 	if (!rw_cuda_kernels_available(device) || !rw_cuda_rank_kernels_available(device))
 		return say(open_msg, RW_E_NO_CUDA, "rank path: the kernels do not load on device %d "
 			   "(built without nvcc, or no sm_90 code or PTX the driver takes)", device);
+	if (sms_check(open_msg, device, max_sms))
+		return RW_E_INVAL;
 checked:;
 	rw_client_rank_t *r = calloc(1, sizeof(*r));
 	if (!r)
 		return say(open_msg, RW_E_NOMEM, "rank path: out of memory");
+	r->max_sms = max_sms;
 	void *page;
 	int rc = rw_client_rank_page(client, max_recv, &page, &r->bytes);
 	if (rc) {
@@ -454,7 +499,7 @@ int rw_client_rank_dispatch(rw_client_rank_t *r, const rw_client_stream_t *s,
 		*phase_p = k;
 		return rw_rank_host_dispatch(r, k, d, &pk, &fw);
 	}
-	const rw_cuda_ext_stream_t es = { .device = s->device, .handle = s->handle };
+	const rw_cuda_ext_stream_t es = rw_rank_stream(r, s);
 	const rw_cuda_dptr_t slot_dev = r->dptr + slot_off(r, k);
 	rw_status_t st = rw_cuda_route_count_ext(&es, d->topk_ids, d->token_count, d->topk,
 						 d->n_experts, r->pg->nodes, r->pg->rails,
@@ -565,7 +610,7 @@ int rw_client_rank_combine(rw_client_rank_t *r, const rw_client_stream_t *s,
 		*phase_p = k;
 		return rw_rank_host_combine(r, k, c->rows, staged, &ga, &re);
 	}
-	const rw_cuda_ext_stream_t es = { .device = s->device, .handle = s->handle };
+	const rw_cuda_ext_stream_t es = rw_rank_stream(r, s);
 	rw_status_t st = RW_OK; /* this rank's rows into its staging area, before submit (P1) */
 	if (staged)
 		st = rw_cuda_copy_ext(&es, ga.rows[r->pg->owner], c->rows, staged);

@@ -75,6 +75,7 @@ struct rw_client_rank {
 	size_t bytes;
 	rw_cuda_dptr_t dptr;   /* the page as the device addresses it */
 	int device;
+	int32_t max_sms;       /* the SM budget: every launch's most blocks (0: the kernels' own) */
 	rw_page_layout_t layout;
 	uint64_t next;         /* k of the next phase (1, 2, ...) */
 	int broken;            /* 0, or RW_E_CUDA once an enqueue failed after submit */
@@ -91,8 +92,14 @@ struct rw_client_rank {
 	rw_rank_static_t *st;   /* static mode (rw_client_rank_open_static), else NULL */
 };
 
-/* rank/rank.c, for rank/static.c (which rank.c never calls: static mode's calls are its own). */
+/* rank/rank.c, for rank/static.c (which rank.c never calls: static mode's calls are its own, and
+ * so is rw_client_rank_open_opts, which picks the mode). */
 int rw_rank_say(char *buf, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* rw_client_rank_open with an SM budget (checked: rw_client_rank_open_opts's errors). */
+int rw_rank_open(rw_client_t *client, int32_t device, uint32_t max_recv, int32_t max_sms,
+		 rw_client_rank_t **rank_p);
+/* The stream the rank path's work of one call goes to: the caller's, with the budget. */
+rw_cuda_ext_stream_t rw_rank_stream(const rw_client_rank_t *r, const rw_client_stream_t *s);
 /* The calling thread's buffer for why its last open failed (rw_client_rank_message(NULL)). */
 char *rw_rank_open_msg(void);
 int rw_rank_check_dispatch(rw_client_rank_t *r, const rw_client_stream_t *s,
@@ -140,6 +147,9 @@ int rw_rank_host_drive(rw_client_rank_t *r, uint64_t target, int timeout_ms);
 typedef struct rw_rank_host_par {
 	uint32_t threads;
 	uint32_t min_bytes;
+	uint32_t blocks;       /* 0: as above; N: a GPU grid of N blocks played on this thread, one
+	                          block after another, block b taking items b, b + N, b + 2N, ...
+	                          (rank_kernels.cu's grid-stride loops; the stand-in's launches) */
 } rw_rank_host_par_t;
 uint32_t rw_rank_host_rec_size(uint32_t topk, uint32_t hidden, uint32_t dtype);
 uint32_t rw_rank_host_crec_size(uint32_t hidden, uint32_t dtype);

@@ -35,14 +35,14 @@ _Static_assert(sizeof(rw_cuda_rank_tail_t) == 2 * RW_PAGE_LINE &&
 								offsetof(rw_rank_line_t, recv_n),
 	       "a shadow's tail: its status line, then a line as rw_rank_line_t");
 
-int rw_client_rank_open_static(rw_client_t *client, int32_t device, uint32_t max_recv,
-			       rw_client_rank_t **rank_p)
+static int open_static(rw_client_t *client, int32_t device, uint32_t max_recv, int32_t max_sms,
+		       rw_client_rank_t **rank_p)
 {
 	rw_client_rank_t *r = NULL;
 	if (device == RW_RANK_HOST) /* its phases need this CPU's calls: no graph holds them */
 		return rw_rank_say(rw_rank_open_msg(), RW_E_INVAL, "rank path: "
 				   "static mode is for CUDA ranks, not RW_RANK_HOST");
-	int rc = rw_client_rank_open(client, device, max_recv, &r);
+	int rc = rw_rank_open(client, device, max_recv, max_sms, &r);
 	if (rc)
 		return rc;
 	rw_rank_static_t *st = calloc(1, sizeof(*st));
@@ -69,6 +69,30 @@ int rw_client_rank_open_static(rw_client_t *client, int32_t device, uint32_t max
 	memset(st->report, 0, sizeof(*st->report));
 	*rank_p = r;
 	return 0;
+}
+
+int rw_client_rank_open_static(rw_client_t *client, int32_t device, uint32_t max_recv,
+			       rw_client_rank_t **rank_p)
+{
+	return open_static(client, device, max_recv, 0, rank_p);
+}
+
+/* Here, not in rank.c: it picks the mode, and rank.c never calls static mode. */
+int rw_client_rank_open_opts(rw_client_t *client, int32_t device, const rw_client_rank_opts_t *o,
+			     rw_client_rank_t **rank_p)
+{
+	if (!o)
+		return rw_rank_say(rw_rank_open_msg(), RW_E_INVAL, "rank path: no options");
+	for (unsigned i = 0; i < sizeof(o->reserved) / sizeof(o->reserved[0]); i++)
+		if (o->reserved[i])
+			return rw_rank_say(rw_rank_open_msg(), RW_E_INVAL, "rank path: options: "
+					   "reserved word %u is not 0", i);
+	if (o->flags & ~RW_RANK_OPEN_STATIC)
+		return rw_rank_say(rw_rank_open_msg(), RW_E_INVAL, "rank path: options: unknown "
+				   "flags 0x%x", o->flags & ~RW_RANK_OPEN_STATIC);
+	if (o->flags & RW_RANK_OPEN_STATIC)
+		return open_static(client, device, o->max_recv, o->max_sms, rank_p);
+	return rw_rank_open(client, device, o->max_recv, o->max_sms, rank_p);
 }
 
 /* The static operation block of a call whose blocks are in `shadow`: the page's geometry and
@@ -189,7 +213,7 @@ int rw_client_rank_dispatch_static(rw_client_rank_t *r, const rw_client_stream_t
 				      .layer = d->layer, .hidden = d->hidden,
 				      .n_experts = d->n_experts, .token_count = d->token_count,
 				      .path = d->path, .step = d->step };
-	const rw_cuda_ext_stream_t es = { .device = s->device, .handle = s->handle };
+	const rw_cuda_ext_stream_t es = rw_rank_stream(r, s);
 	rw_cuda_rank_ctl_t b = ctl_block(r, RW_CUDA_RANK_OP_BEGIN, 0, shadow);
 	b.dtype = d->dtype, b.topk = d->topk, b.layer = d->layer, b.hidden = d->hidden;
 	b.n_experts = d->n_experts, b.token_count = d->token_count, b.path = d->path;
@@ -239,7 +263,7 @@ int rw_client_rank_combine_static(rw_client_rank_t *r, const rw_client_stream_t 
 	rw_rank_call_t *call = call_take(r, &cc, &shadow);
 	call->kind = RW_KIND_COMBINE;
 	dc->combined = 1;
-	const rw_cuda_ext_stream_t es = { .device = s->device, .handle = s->handle };
+	const rw_cuda_ext_stream_t es = rw_rank_stream(r, s);
 	rw_cuda_rank_ctl_t b = ctl_block(r, RW_CUDA_RANK_OP_BEGIN, 1, shadow);
 	b.ref = dshadow, b.src = c->rows, b.slab0 = r->slab[0].dptr;
 	b.slab0_bytes = r->slab[0].lent.bytes;

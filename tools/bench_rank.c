@@ -34,7 +34,12 @@
  * phase's clock stops when rw_client_rank_wait saw its done word (the stream's last work of the
  * phase) and cuStreamSynchronize of that stream returned. --priority normal|high|both: the
  * stream at the default priority, at the context's greatest (cuStreamCreateWithPriority), or
- * both streams, even steps on the normal one and odd steps on the high one.
+ * both streams, even steps on the normal one and odd steps on the high one. --sms LIST: the
+ * rank path's SM budget (rw_client_rank_set_sms before each step, its barrier pair included;
+ * 0: none) cycling through LIST, each value held for one step of each priority (with --priority
+ * both, steps 2i and 2i + 1 take LIST[i mod n]), and a line per step saying which:
+ *
+ *   sms STEP MAX_SMS
  *
  * --host-rank-path: the rank path of a host rank (RW_RANK_HOST, docs/rankpath.md "Host ranks"):
  * no CUDA, the buffer is host memory, rw_client_rank_wait packs, forwards, gathers and reduces
@@ -191,12 +196,15 @@ static int empty_pair(rw_client_t *c, const rw_sqe_t *timed, uint64_t step)
 }
 
 /* --rank-path: the rank path and its streams ([0] the default priority, [1] the greatest). */
+#define MAX_SMS_LIST 16
 typedef struct rpath {
 	rw_client_rank_t *rp;
 	rw_cuda_stream_t *s[2];
 	rw_client_stream_t cs[2];
 	int prio[2];
 	int which; /* --priority: 0 normal, 1 high, 2 both (even steps normal, odd steps high) */
+	int32_t sms[MAX_SMS_LIST]; /* --sms: the SM budgets in turn (n_sms 0: none set) */
+	unsigned n_sms;
 } rpath_t;
 
 static const char *const prio_names[] = { "normal", "high", "both" };
@@ -240,6 +248,32 @@ static void rp_close(rpath_t *p)
 static int rp_stream(const rpath_t *p, uint64_t step)
 {
 	return p->which == 2 ? (int)(step & 1) : p->which;
+}
+
+/* --sms: the budget of step `step` (each value for one step of each priority in use). */
+static int32_t rp_sms(const rpath_t *p, uint64_t step)
+{
+	return p->sms[(step >> (p->which == 2)) % p->n_sms];
+}
+
+/* --sms LIST: comma-separated budgets, each 0 (none) or a count of SMs (the library refuses one
+ * above the device's). 0, or -1 when LIST is not that. */
+static int parse_sms(const char *list, rpath_t *p)
+{
+	const char *at = list;
+	p->n_sms = 0;
+	for (;;) {
+		char *end;
+		long v = strtol(at, &end, 10);
+		if (end == at || v < 0 || v > 100000 || p->n_sms == MAX_SMS_LIST)
+			return -1;
+		p->sms[p->n_sms++] = (int32_t)v;
+		if (*end == '\0')
+			return 0;
+		if (*end != ',')
+			return -1;
+		at = end + 1;
+	}
 }
 
 /* Rank-path phase k is complete: rw_client_rank_wait saw its done word, then the stream has
@@ -314,6 +348,7 @@ int main(int argc, char **argv)
 		{ "priority", required_argument, NULL, 'q' },
 		{ "host-ns", no_argument, NULL, 'H' },
 		{ "gate", required_argument, NULL, 'G' },
+		{ "sms", required_argument, NULL, 'S' },
 	};
 	enum { N_OWN = sizeof(own) / sizeof(own[0]) };
 	struct option opts[RW_BENCH_WL_NOPTS + N_OWN + 1];
@@ -359,6 +394,13 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			break;
+		case 'S':
+			if (parse_sms(optarg, &rpp) != 0) {
+				fprintf(stderr, "rw_bench_rank: --sms: up to %d comma-separated SM "
+					"budgets (0: none)\n", MAX_SMS_LIST);
+				return 2;
+			}
+			break;
 		case 'G':
 			gate_step = strtoul(optarg, &end, 10);
 			if (*end != ':' || end == optarg || !end[1]) {
@@ -370,7 +412,7 @@ int main(int argc, char **argv)
 		case 'h':
 			printf("usage: rw_bench_rank --socket PATH --group NAME --rank R --steps S "
 			       "[--paths LIST] [--combine-paths LIST] [--barrier] [--cuda | --rank-path "
-			       "[--priority normal|high|both] | --host-rank-path] [--host-ns] "
+			       "[--priority normal|high|both] [--sms LIST] | --host-rank-path] [--host-ns] "
 			       "[--gate STEP:FILE] "
 			       "[workload]\n%s", rw_bench_wl_usage);
 			return 0;
@@ -384,10 +426,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "rw_bench_rank: need --socket, --rank < N*G and --steps >= 1\n");
 		return 2;
 	}
-	if ((cuda && rank_path) || (rpp.which >= 0 && (!rank_path || host_rank)) ||
+	if ((cuda && rank_path) || ((rpp.which >= 0 || rpp.n_sms) && (!rank_path || host_rank)) ||
 	    (rank_path && n_cpaths)) {
-		fprintf(stderr, "rw_bench_rank: --cuda or --rank-path, not both; --priority needs "
-			"--rank-path, which takes no --combine-paths (a combine takes its dispatch's)\n");
+		fprintf(stderr, "rw_bench_rank: --cuda or --rank-path, not both; --priority and --sms "
+			"need --rank-path, which takes no --combine-paths (a combine takes its "
+			"dispatch's)\n");
 		return 2;
 	}
 	if (rpp.which < 0)
@@ -506,6 +549,11 @@ int main(int argc, char **argv)
 			.recv_cap = (uint32_t)rows_cap };
 		CHECK(!gate_file || step != gate_step || gate_wait(gate_file) == 0,
 		      "step %llu: no gate %s", (unsigned long long)step, gate_file);
+		if (rpp.n_sms) {
+			rc = rw_client_rank_set_sms(rpp.rp, rp_sms(&rpp, step));
+			CHECK(rc == 0, "--sms: %s", rw_client_rank_message(rpp.rp));
+			printf("sms %llu %d\n", (unsigned long long)step, rp_sms(&rpp, step));
+		}
 		CHECK(!barrier || (rank_path ? rp_empty_pair(&rpp, w, &rd) : empty_pair(cl, &s, step)) == 0,
 		      "step %llu: barrier pair failed: %s", (unsigned long long)step,
 		      rank_path ? rw_client_rank_message(rpp.rp) : rw_client_last_message(cl));

@@ -311,13 +311,15 @@ CUresult CUDAAPI cuDeviceGetUuid(CUuuid *u, CUdevice d)
 CUresult CUDAAPI cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d)
 {
 	(void)d;
-	/* dmabuf export only with RW_FAKE_CUDA_DMABUF=1; 64-bit stream memory operations yes; every
-	 * other attribute asked is 0 (the GPUDirect write ordering among them: NONE, so a reader
-	 * must flush) */
+	/* dmabuf export only with RW_FAKE_CUDA_DMABUF=1; 64-bit stream memory operations yes; 132
+	 * SMs; every other attribute asked is 0 (the GPUDirect write ordering among them: NONE, so
+	 * a reader must flush) */
 	const char *dmabuf = getenv("RW_FAKE_CUDA_DMABUF");
 	*v = a == CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED && dmabuf && strcmp(dmabuf, "1") == 0;
 	if (a == CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS) /* as every GPU since Volta */
 		*v = 1;
+	if (a == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) /* an H200's (and an H100 SXM's) */
+		*v = 132;
 	return CUDA_SUCCESS;
 }
 

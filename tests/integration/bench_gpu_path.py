@@ -24,7 +24,11 @@ matmul loop (torch, another process, the same GPU), in one run. Per (shape, toke
 per mode (old = the CUDA mover, new = the rank path), one run of the ranks: step 0 warms up,
 steps 1..S run alone, then the matmul loop starts and steps S+1..2S run beside it (the ranks
 wait at a gate file, rw_bench_rank --gate). The new mode's ranks alternate their stream's
-priority step by step (--priority both: even steps the default, odd steps the greatest). With
+priority step by step (--priority both: even steps the default, odd steps the greatest). --sms
+LIST (a comma list of SM budgets, 0 = none: rw_client_rank_opts_t.max_sms, docs/rankpath.md "SMs
+beside the trainer's compute") crosses that with the budgets: each value holds for one step of
+each priority in turn (rw_bench_rank --sms), each segment runs that many times the steps, and
+every new cell is (priority, budget). With
 MPS (nvidia-cuda-mps-control on the machine) the ranks and the matmul loop are MPS clients (its
 pipe and log folders in the run's temp folder) and the daemons are kept out of it (their
 CUDA_MPS_PIPE_DIRECTORY an empty folder, where no control daemon answers). Printed per cell: p50
@@ -36,7 +40,7 @@ against the targets (docs/perf/rankpath.md).
   python3 bench_gpu_path.py [--shapes deepseek,glm,deepseek-h1024] [--tokens 512,1024,2048,4096]
                             [--steps 4] [--modes staging,cuda,rank] [--alt NAME=PATH] [--trace]
   python3 bench_gpu_path.py --suite rank [--shapes deepseek,glm] [--tokens 1,128,512,4096]
-                            [--mps auto|on|off] [--trace]
+                            [--mps auto|on|off] [--sms 0,8,16,32] [--trace]
   (run from the build directory's bench/ copy: $b/bench/gpu_path)"""
 import argparse
 import json
@@ -133,12 +137,13 @@ def trace_split(trace_dir, steps, only=None):
 
 
 def run_daemons(tmp, mode, daemon, shape, tokens, steps, seed, trace=False, rank_env=None,
-                daemon_env=None, gate=None, fake=None):
+                daemon_env=None, gate=None, fake=None, sms=None):
     """One cluster (2 railwaved) and its 2 x GPUS ranks of `mode` (staging, cuda or rank) for
     `steps` pairs. gate (STEP, fn): the ranks wait before step STEP until fn() has run (it
     returns once other work is going). rank_env / daemon_env: extra environment of the ranks /
-    the daemons. fake: a CUDA stand-in driver for both (CI). Returns the medians over steps 1..
-    and the raw pairs, host-call lines and daemon CPU readings."""
+    the daemons. fake: a CUDA stand-in driver for both (CI). sms: the rank path's SM budgets
+    (rw_bench_rank --sms LIST). Returns the medians over steps 1.. and the raw pairs, host-call
+    lines, each step's budget and daemon CPU readings."""
     hidden, experts, topk = SHAPES[shape]
     rec = ((16 + topk * 8 + 15) & ~15) + ((hidden * 2 + 15) & ~15)
     recv_mib = 64 + 6 * GPUS * tokens * rec // (1 << 20)
@@ -173,6 +178,8 @@ def run_daemons(tmp, mode, daemon, shape, tokens, steps, seed, trace=False, rank
             wl += ["--barrier", "--gate", "%d:%s" % (gate[0], gate_file)]
         flags = ["--rank-path", "--priority", "both" if gate else "normal"] if mode == "rank" \
             else ["--cuda"]
+        if mode == "rank" and sms:
+            flags += ["--sms", sms]
         for r in range(2 * GPUS):
             sock = c.cfg["nodes"][r // GPUS]["ipc_socket"]
             procs.append(subprocess.Popen(
@@ -201,7 +208,7 @@ def run_daemons(tmp, mode, daemon, shape, tokens, steps, seed, trace=False, rank
                 with open(gate_file, "w"):
                     pass
             time.sleep(0.002)
-        pairs, calls = {}, {}
+        pairs, calls, budgets = {}, {}, {}
         marker = "(rank path)" if mode == "rank" else "(CUDA buffer)"
         for r, p in enumerate(procs):
             p.wait(timeout=60)
@@ -215,6 +222,8 @@ def run_daemons(tmp, mode, daemon, shape, tokens, steps, seed, trace=False, rank
                     pairs.setdefault(int(f[1]), []).append([int(x) for x in f[2:6]])
                 elif f[:1] == ["call"]:
                     calls.setdefault(int(f[1]), []).append((int(f[2]), int(f[3]), f[4]))
+                elif f[:1] == ["sms"]:
+                    budgets[int(f[1])] = int(f[2])
         cpu1 = [cpu_times(c.procs[n].pid) for n in range(2)]
         rails = [rail_counters(c, n) for n in range(2)]
         with open(os.path.join(tmp, "d0.log")) as f:
@@ -235,6 +244,7 @@ def run_daemons(tmp, mode, daemon, shape, tokens, steps, seed, trace=False, rank
     comb = [max(v[3] for v in ps) - max(v[2] for v in ps) for s, ps in sorted(pairs.items()) if s > 0]
     res["ms"] = {"dispatch": statistics.median(disp) / 1e6, "combine": statistics.median(comb) / 1e6}
     res["pairs"], res["calls"], res["cpu_read"] = pairs, calls, (cpu0, cpu_g, cpu1)
+    res["sms"] = budgets
     phases = 2 * steps
     timed = 2 * (steps - 1)  # the CPU is read from the end of step 0 on
     res["cpu"] = [((b[0] - a[0]) / timed, (b[1] - a[1]) / timed) for a, b in zip(cpu0, cpu1)]
@@ -438,14 +448,22 @@ def pct(v, q):
     return v[max(0, -(-len(v) * q // 100) - 1)] if v else None
 
 
+def cell_label(res, step, mode):
+    """A step's cell besides its segment: the CUDA mover's `-`; the rank path's stream priority
+    (--priority both: odd steps high), with its SM budget where --sms set one (0: none)."""
+    if mode != "rank":
+        return "-"
+    prio = "high" if step & 1 else "normal"
+    return prio if step not in res.get("sms", {}) else "%s,sms=%d" % (prio, res["sms"][step])
+
+
 def cells(res, S, mode):
-    """Per (segment, priority) of one run: the steps, p50 ms of each kind, host ns per call
+    """Per (segment, cell label) of one run: the steps, p50 ms of each kind, host ns per call
     p50/p99 of each kind, and the phases' spans (for the matmul loop's rate)."""
     out = {}
     for seg, steps in (("alone", range(1, S + 1)), ("beside", range(S + 1, 2 * S + 1))):
-        prios = ("normal", "high") if mode == "rank" else ("-",)
-        for prio in prios:
-            st = [x for x in steps if mode != "rank" or (x & 1) == (prio == "high")]
+        for prio in sorted({cell_label(res, x, mode) for x in steps}):
+            st = [x for x in steps if cell_label(res, x, mode) == prio]
             ps = [res["pairs"][x] for x in st]
             cl = [c for x in st for c in res["calls"].get(x, [])]
             out[seg, prio] = {
@@ -495,8 +513,10 @@ def suite(a):
             smi, failed, t_start = [], 0, time.monotonic()
             for tokens in [int(t) for t in a.tokens.split(",")]:
                 for shape in a.shapes.split(","):
-                    S = SEGMENT_STEPS.get(tokens, 6) if not fake else 2
+                    S0 = SEGMENT_STEPS.get(tokens, 6) if not fake else 2
                     for name, mode in modes:
+                        # every (priority, budget) cell gets the steps a priority gets alone
+                        S = S0 * (len(a.sms.split(",")) if a.sms and mode == "rank" else 1)
                         if a.budget_s and time.monotonic() - t_start > a.budget_s:
                             print("# %s T=%d %s: skipped (past --budget-s %d)" % (
                                 shape, tokens, name, a.budget_s))
@@ -511,7 +531,8 @@ def suite(a):
                         try:
                             res = run_daemons(tmp, mode, cluster.DAEMON, shape, tokens, 2 * S + 1,
                                               a.seed, a.trace, rank_env=cli_env,
-                                              daemon_env=dmn_env, gate=(S + 1, beside), fake=fake)
+                                              daemon_env=dmn_env, gate=(S + 1, beside), fake=fake,
+                                              sms=a.sms)
                         except Exception as e:  # the other cells still run
                             failed += 1
                             print("# FAILED %s T=%d %s: %s" % (shape, tokens, name, str(e)[-3000:]))
@@ -576,13 +597,17 @@ def print_row(r):
 def targets(rows, base):
     """The issue's targets against this run's cells (docs/perf/rankpath.md)."""
     at = {(r[0], r[1], r[2], r[3], r[4]): r for r in rows}
-    print("== targets (new = rank path, default priority unless named)")
+    print("== targets (new = rank path, default priority and no SM budget unless named)")
 
     def say(what, got, ok):
         print("%-7s %s: %s" % ("met" if ok else "MISSED", what, got))
     for (shape, tokens, name, seg, prio), r in sorted(at.items()):
-        if name != "new" or seg != "alone" or prio != "normal":
+        # the base cell: the default priority, no budget (or the first of --sms)
+        bases = sorted(k[4] for k in at if k[:4] == (shape, tokens, "new", "alone") and
+                       k[4].split(",")[0] == "normal")
+        if name != "new" or seg != "alone" or not bases or prio != bases[0]:
             continue
+        labels = sorted(k[4] for k in at if k[:4] == (shape, tokens, "new", "alone"))
         v = r[5]
         old = at.get((shape, tokens, "old", "alone", "-"))
         if tokens in TARGETS_US:
@@ -598,7 +623,7 @@ def targets(rows, base):
                 say("%s T=%d no slower than the CUDA mover alone" % (shape, tokens),
                     "dispatch %.2f vs %.2f ms, combine %.2f vs %.2f ms" % (
                         v["d"], ov["d"], v["c"], ov["c"]), v["d"] <= ov["d"] and v["c"] <= ov["c"])
-        for prio2 in ("normal", "high"):
+        for prio2 in labels:
             b = at.get((shape, tokens, "new", "beside", prio2))
             al = at.get((shape, tokens, "new", "alone", prio2))
             if not b or not al:
@@ -611,7 +636,7 @@ def targets(rows, base):
                 say("%s T=%d matmul keeps >= 95%% beside (%s priority)" % (shape, tokens, prio2),
                     "%.1f of %.1f TFLOP/s = %.1f%%" % (b[6][0], base, 100 * b[6][0] / base),
                     b[6][0] >= 0.95 * base)
-        for prio2 in ("normal", "high"):
+        for prio2 in labels:
             al = at.get((shape, tokens, "new", "alone", prio2))
             if al and al[5]["dns"][1] is not None:
                 x = al[5]
@@ -633,6 +658,9 @@ def main():
     ap.add_argument("--suite", choices=["rank"], help="rank: the rank path's benchmark")
     ap.add_argument("--mps", choices=["auto", "on", "off"], default="auto",
                     help="--suite rank: ranks and matmul loop as MPS clients (auto: if found)")
+    ap.add_argument("--sms", metavar="LIST",
+                    help="--suite rank: the rank path's SM budgets in turn, crossed with the "
+                         "stream priorities (0: none; e.g. 0,8,16,32)")
     ap.add_argument("--budget-s", type=int, default=0,
                     help="--suite rank: start no cluster run after this many seconds")
     ap.add_argument("--matmul-loop", metavar="FOLDER", help=argparse.SUPPRESS)

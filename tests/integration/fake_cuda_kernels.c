@@ -10,10 +10,12 @@
  * memsets are stream work: at once, or late and in order with $RW_FAKE_CUDA_LAG_MS. Only the
  * mover's kernels exist; the index-based pack/unpack/combine are refused. The rank kernels
  * (cuda/rank_kernels.cu) are fake_cuda_rank.c's: their names and launches are handed over. The
- * module image is not looked at. */
+ * module image is not looked at. rw_fake_cuda_grid_take (fake_cuda_rank.h) tells the largest grid
+ * launched, so a test can check a budget of blocks was kept. */
 #include "config.h"
 
 #if RW_HAVE_CUDA_H
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -165,14 +167,28 @@ static void launch_run(const void *arg)
 	}
 }
 
+/* The largest grid (blocks) launched since the last rw_fake_cuda_grid_take. */
+static _Atomic unsigned long long grid_max;
+
+unsigned long long rw_fake_cuda_grid_take(void)
+{
+	return atomic_exchange(&grid_max, 0);
+}
+
 CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
 				unsigned by, unsigned bz, unsigned shared, CUstream s, void **params,
 				void **extra)
 {
-	(void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared, (void)s, (void)extra;
+	(void)bx, (void)by, (void)bz, (void)shared, (void)s, (void)extra;
 	rw_fake_cuda_count(RW_FAKE_N_KERNEL);
+	const unsigned long long grid = (unsigned long long)gx * gy * gz;
+	for (unsigned long long m = atomic_load(&grid_max); grid > m;)
+		if (atomic_compare_exchange_weak(&grid_max, &m, grid))
+			break;
+	if (grid == 0)
+		return CUDA_ERROR_INVALID_VALUE;
 	if (rw_fake_rank_function_of((uintptr_t)f))
-		return rw_fake_rank_launch((uintptr_t)f, s, params);
+		return rw_fake_rank_launch((uintptr_t)f, s, gx, params);
 	struct launch L = { .k = (uintptr_t)f, .a0 = ARG(0, CUdeviceptr) };
 	if (L.k == 1 || L.k == 2) {
 		L.n = ARG(1, uint32_t);

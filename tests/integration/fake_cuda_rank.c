@@ -170,7 +170,7 @@ int rw_fake_rank_function_of(uintptr_t f)
  * copies it at the call; a graph keeps the copy and replays it). */
 struct launch {
 	int k;
-	int pad;
+	unsigned grid;
 	union {
 		rw_cuda_rank_pack_t pack;
 		rw_cuda_rank_forward_t forward;
@@ -185,9 +185,11 @@ static void run(const void *arg)
 {
 	const struct launch *L = arg;
 	/* $RW_FAKE_CUDA_RANK_THREADS: rows split over that many threads, however few (the split
-	 * host ranks make for big phases, checked on small ones); unset: this thread alone. */
+	 * host ranks make for big phases, checked on small ones); unset: the launch's grid, its
+	 * blocks one after another on this thread. */
 	const char *v = getenv("RW_FAKE_CUDA_RANK_THREADS");
-	const rw_rank_host_par_t par = { v && atoi(v) > 0 ? (uint32_t)atoi(v) : 1, 0 };
+	const rw_rank_host_par_t par = v && atoi(v) > 0 ? (rw_rank_host_par_t){ .threads = (uint32_t)atoi(v) }
+							: (rw_rank_host_par_t){ .threads = 1, .blocks = L->grid };
 	switch (L->k) {
 	case K_PACK_INDEX: rw_rank_host_pack_index(&L->b.pack); break;
 	case K_PACK_ROWS: rw_rank_host_pack_rows(&L->b.pack, par); break;
@@ -205,7 +207,7 @@ static int launch_ready(const void *arg)
 	return L->k != K_CTL || L->b.ctl.op != RW_CUDA_RANK_OP_WAIT || ctl_ready(&L->b.ctl);
 }
 
-CUresult rw_fake_rank_launch(uintptr_t f, CUstream s, void **params)
+CUresult rw_fake_rank_launch(uintptr_t f, CUstream s, unsigned grid, void **params)
 {
 	static const size_t size[K_END] = {
 		[K_PACK_INDEX] = sizeof(rw_cuda_rank_pack_t), [K_PACK_ROWS] = sizeof(rw_cuda_rank_pack_t),
@@ -217,6 +219,7 @@ CUresult rw_fake_rank_launch(uintptr_t f, CUstream s, void **params)
 		return CUDA_ERROR_INVALID_HANDLE;
 	memset(&L, 0, sizeof(L));
 	L.k = (int)(f - HANDLE_BASE);
+	L.grid = grid;
 	memcpy(&L.b, params[0], size[L.k]);
 	rw_fake_cuda_submit_held(s, run, &L, sizeof(L), launch_ready);
 	return CUDA_SUCCESS;

@@ -13,8 +13,15 @@ uintptr_t rw_fake_rank_function(const char *name);
 /* 1 if `f` is a rank kernel's handle. */
 int rw_fake_rank_function_of(uintptr_t f);
 
-/* Launch rank kernel `f` (a handle from rw_fake_rank_function) on stream s: its argument block
- * (params[0], as the driver copies it at the call) runs on the CPU as stream work. */
-CUresult rw_fake_rank_launch(uintptr_t f, CUstream s, void **params);
+/* Launch rank kernel `f` (a handle from rw_fake_rank_function) on stream s over a grid of
+ * `grid` blocks: its argument block (params[0], as the driver copies it at the call) runs on the
+ * CPU as stream work, the data kernels block by block (each block its grid-stride items, as
+ * rank_kernels.cu's loops), so a result that depended on the grid would show. */
+CUresult rw_fake_rank_launch(uintptr_t f, CUstream s, unsigned grid, void **params);
+
+/* The largest grid (blocks, gx * gy * gz) of any kernel this process launched since the last
+ * call, then 0 again: exported by libfakecuda_kern.so for tests (dlsym), which check that an SM
+ * budget bounded every launch. */
+unsigned long long rw_fake_cuda_grid_take(void);
 
 #endif /* RW_FAKE_CUDA_RANK_H */

@@ -9,7 +9,10 @@ rank path) checks every received row, its metadata, every per-expert count and e
 sum and exits non-zero on the first wrong one; the benchmark fails when a rank does or when one
 did not say it verified its pairs on its mode's path. Asserted here: exit 0, and for each size
 every cell printed (old alone and beside; new alone and beside at both stream priorities) with
-its host time per call, and the targets' section. No timing is asserted.
+its host time per call, and the targets' section. Then the same at 5 tokens with the rank
+path's SM budgets crossed in (--sms 0,1,3: every launch of the ranks' kernels capped at 1 and 3
+blocks, which the stand-in plays block by block): every rank verified every pair under each
+budget, and every (priority, budget) cell printed. No timing is asserted.
 Run by tests/run as $b/test/bench_rankpath; exits 0 pass, 1 fail, 77 skip."""
 import os
 import re
@@ -53,6 +56,23 @@ def main():
               "T=%d: every cell timed steps and measured the host time of its calls" % tokens)
     check("== targets" in out and re.search(r"^(met|MISSED) +tiny T=1 alone p50 <= 150 us", out,
                                             re.M) is not None, "the targets were checked")
+
+    p = subprocess.run([sys.executable, BENCH, "--suite", "rank", "--shapes", "tiny", "--tokens",
+                        "5", "--mps", "off", "--sms", "0,1,3", "--seed", str(cluster.test_seed())],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, timeout=600)
+    out = p.stdout.decode()
+    print(out)
+    check(p.returncode == 0, "--sms 0,1,3: every cell ran, each rank verified every pair under "
+          "each budget (exit %d)" % p.returncode)
+    cells = {(int(m[1]), m[2], m[3], m[4]): [int(x) for x in m.groups()[4:]]
+             for m in row.finditer(out)}
+    want = [(5, "old", seg, "-") for seg in ("alone", "beside")] + \
+        [(5, "new", seg, "%s,sms=%d" % (prio, n)) for seg in ("alone", "beside")
+         for prio in ("normal", "high") for n in (0, 1, 3)]
+    check(all(w in cells for w in want) and all(cells[w][0] >= 1 for w in want if w in cells),
+          "--sms 0,1,3: every (priority, budget) cell printed and timed steps (%s)" % sorted(cells))
+    check(re.search(r"^(met|MISSED) +tiny T=5 beside within 1.2x of alone \(high,sms=3 "
+                    r"priority\)", out, re.M) is not None, "--sms 0,1,3: the targets per cell")
     return check.exit_code()
 
 

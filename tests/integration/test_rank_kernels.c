@@ -11,9 +11,11 @@
  * layout, its forwarding order, and the owner's fixed summation order (docs/dataflow.md "The
  * owner's sum"; rows of full mantissas, so another order gives other bits). Random workloads over the four paths (the balanced ones move records
  * off their native rail in pieces), both dtypes, int32 and int64 ids. Then the device error word:
- * a plan short of a record, an id out of range, a failed phase's status. Every buffer a kernel
+ * a plan short of a record, an id out of range, a failed phase's status; and every launch
+ * capped at 1, 2 and 3 blocks (the SM budget). Every buffer a kernel
  * touches is page-locked host memory, so with RW_CUDA_DRIVER=libcuda.so.1 the same cases run
  * the real kernels on a GPU. */
+#include <dlfcn.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -570,6 +572,10 @@ static void daemon_lists(sim_t *s, uint32_t n, rw_cuda_plan_entry_t *ent)
 	}
 }
 
+/* The most blocks each launch of run_case takes (rw_cuda_ext_stream_t.max_blocks; 0: the
+ * wrappers' own grids). */
+static uint32_t budget;
+
 static void run_case(uint32_t N, uint32_t G, uint32_t R, uint32_t topk, uint32_t E, uint32_t hidden,
 		     rw_path_t path, uint32_t dtype, int ids64)
 {
@@ -582,6 +588,7 @@ static void run_case(uint32_t N, uint32_t G, uint32_t R, uint32_t topk, uint32_t
 		      .ids64 = ids64, .path = path };
 	assert_int_equal(rw_cuda_stream_create(0, &s->stream), RW_OK);
 	assert_int_equal(rw_cuda_ext_stream_of(s->stream, &s->es), RW_OK);
+	s->es.max_blocks = budget;
 	host_setup(s);
 	const uint64_t row_bytes = s->node[0].ph.row_bytes, rec = s->node[0].ph.rec_size,
 		       crec = s->node[0].ph.crec_size, meta_bytes = 16 + 8ull * topk;
@@ -855,19 +862,47 @@ static void run_case(uint32_t N, uint32_t G, uint32_t R, uint32_t topk, uint32_t
 	free_all();
 }
 
-static void test_random_against_host_mover(void **state)
+/* On the stand-in: the largest grid this process launched since the last look
+ * (tests/integration/fake_cuda_rank.h), -1 on another driver. */
+static long long grid_take(void)
 {
-	(void)state;
+	void *h = dlopen(getenv("RW_CUDA_DRIVER"), RTLD_NOLOAD | RTLD_LAZY);
+	if (!h)
+		return -1;
+	unsigned long long (*take)(void);
+	*(void **)&take = dlsym(h, "rw_fake_cuda_grid_take");
+	const long long g = take ? (long long)take() : -1;
+	dlclose(h);
+	return g;
+}
+
+/* `cases` random workloads over the four paths, both dtypes, int32 and int64 ids, against the
+ * host mover. With budgets: every launch capped at c mod 4 blocks in case c (0: the wrappers'
+ * own grids), and on the stand-in no launch of the case took more. */
+static void random_cases(int cases, int budgets)
+{
 	static const rw_path_t paths[] = { RW_PATH_NATIVE, RW_PATH_RAIL_ONLY, RW_PATH_PERM_ONLY,
 					   RW_PATH_JOINT };
-	for (int c = 0; c < 24; c++) {
+	for (int c = 0; c < cases; c++) {
 		uint32_t N = 2 + rnd() % (MAXN - 1), G = 1 + rnd() % MAXG, R = 1 + rnd() % MAXR;
 		uint32_t topk = 1 + rnd() % 8, E = N * G * (1 + rnd() % 6);
 		uint32_t hidden = 1 + rnd() % 40, dtype = c % 2 ? RW_WIRE_BF16 : RW_WIRE_F32;
 		if (c % 5 == 0)
 			E = N * G * 12; /* more experts than the completion holds inline */
+		budget = budgets ? (uint32_t)(c % 4) : 0;
+		grid_take();
 		run_case(N, G, R, topk, E, hidden, paths[c % 4], dtype, c % 3 == 0);
+		const long long g = grid_take();
+		if (g >= 0 && budget)
+			assert_in_range(g, 1, budget);
 	}
+	budget = 0;
+}
+
+static void test_random_against_host_mover(void **state)
+{
+	(void)state;
+	random_cases(24, 0);
 }
 
 /* The device error word and the failed-phase status, on a hand-made phase: node 0 of 2, one
@@ -877,16 +912,19 @@ static void test_random_against_host_mover(void **state)
 static void test_random_threaded(void **state)
 {
 	(void)state;
-	static const rw_path_t paths[] = { RW_PATH_NATIVE, RW_PATH_RAIL_ONLY, RW_PATH_PERM_ONLY,
-					   RW_PATH_JOINT };
 	setenv("RW_FAKE_CUDA_RANK_THREADS", "3", 1);
-	for (int c = 0; c < 12; c++) {
-		uint32_t N = 2 + rnd() % (MAXN - 1), G = 1 + rnd() % MAXG, R = 1 + rnd() % MAXR;
-		uint32_t topk = 1 + rnd() % 8, E = N * G * (1 + rnd() % 6);
-		uint32_t hidden = 1 + rnd() % 40, dtype = c % 2 ? RW_WIRE_BF16 : RW_WIRE_F32;
-		run_case(N, G, R, topk, E, hidden, paths[c % 4], dtype, c % 3 == 0);
-	}
+	random_cases(12, 0);
 	unsetenv("RW_FAKE_CUDA_RANK_THREADS");
+}
+
+/* The same against the host mover with every launch capped at 1, 2 and 3 blocks (the rank
+ * path's SM budget): the same bytes. The stand-in plays each launch block by block, each block
+ * its grid-stride items, and no launch took more than the cap; on a GPU the kernels of
+ * rank_kernels.cu run at those grids. */
+static void test_random_budgets(void **state)
+{
+	(void)state;
+	random_cases(16, 1);
 }
 
 static void test_device_errors(void **state)
@@ -1144,6 +1182,7 @@ int main(int argc, char **argv)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_random_against_host_mover),
 		cmocka_unit_test(test_random_threaded),
+		cmocka_unit_test(test_random_budgets),
 		cmocka_unit_test(test_device_errors),
 		cmocka_unit_test(test_pack_numbering_at_scale),
 	};

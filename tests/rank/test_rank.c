@@ -7,6 +7,7 @@
  * executor consumes the words, this process also plays the daemon's part on the page: it writes
  * plan, arrived and the status lines through its own mapping of the same memory, as the daemon's
  * CPU does. A case checks what the stream wrote and what the daemon's side saw. */
+#include <dlfcn.h>
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
@@ -258,15 +259,22 @@ static rw_client_t *connect_to(const server_t *s, uint32_t local_gpu)
 	return c;
 }
 
-/* Connect and open the rank path (static: in static mode); skips the case where this build has
- * no kernel image. */
-static void rank_open_mode(rank_t *rk, const server_t *s, uint32_t local_gpu, int static_mode)
+/* Connect and open the rank path (static: in static mode) with an SM budget (0: none; 2: set
+ * after the open with rw_client_rank_set_sms, any other through rw_client_rank_open_opts);
+ * skips the case where this build has no kernel image. */
+static void rank_open_sms(rank_t *rk, const server_t *s, uint32_t local_gpu, int static_mode,
+			  int32_t max_sms)
 {
 	memset(rk, 0, sizeof(*rk));
 	rk->local_gpu = local_gpu;
 	rk->client = connect_to(s, local_gpu);
-	int rc = static_mode ? rw_client_rank_open_static(rk->client, 0, 256, &rk->rp)
-			    : rw_client_rank_open(rk->client, 0, 256, &rk->rp);
+	const rw_client_rank_opts_t o = { .max_recv = 256, .max_sms = max_sms,
+					  .flags = static_mode ? RW_RANK_OPEN_STATIC : 0 };
+	int rc = max_sms && max_sms != 2 ? rw_client_rank_open_opts(rk->client, 0, &o, &rk->rp)
+		 : static_mode		  ? rw_client_rank_open_static(rk->client, 0, 256, &rk->rp)
+					  : rw_client_rank_open(rk->client, 0, 256, &rk->rp);
+	if (rc == 0 && max_sms == 2)
+		rc = rw_client_rank_set_sms(rk->rp, 2);
 	if (rc == RW_E_NO_CUDA && !rw_cuda_kernels_available(0)) {
 		rw_client_close(rk->client);
 		print_message("skipped: %s\n", rw_client_rank_message(NULL));
@@ -288,9 +296,30 @@ static void rank_open_mode(rank_t *rk, const server_t *s, uint32_t local_gpu, in
 	assert_int_equal(rw_cuda_mem_alloc(0, (size_t)EXPERTS * 4, &rk->recv_counts), RW_OK);
 }
 
+static void rank_open_mode(rank_t *rk, const server_t *s, uint32_t local_gpu, int static_mode)
+{
+	rank_open_sms(rk, s, local_gpu, static_mode, 0);
+}
+
 static void rank_open(rank_t *rk, const server_t *s, uint32_t local_gpu)
 {
 	rank_open_mode(rk, s, local_gpu, 0);
+}
+
+/* On the stand-in: the largest grid (blocks) this process launched since the last look
+ * (tests/integration/fake_cuda_rank.h rw_fake_cuda_grid_take); -1 on another driver. */
+static long long grid_take(void)
+{
+	if (strcmp(getenv("RW_CUDA_DRIVER"), fake_driver) != 0)
+		return -1;
+	void *h = dlopen(fake_driver, RTLD_NOLOAD | RTLD_LAZY);
+	assert_non_null(h);
+	unsigned long long (*take)(void);
+	*(void **)&take = dlsym(h, "rw_fake_cuda_grid_take");
+	assert_non_null(take);
+	const long long g = (long long)take();
+	dlclose(h);
+	return g;
 }
 
 static void rank_close(rank_t *rk)
@@ -629,19 +658,32 @@ static void expect_header(const uint8_t *rec, uint32_t tag, uint16_t a, uint16_t
 	assert_int_equal(c32, c);
 }
 
+/* On the stand-in: no launch since the last look took more blocks than the budget, and
+ * without one the largest took more than 3 (the budget cases then test something). */
+static void expect_grids(int32_t max_sms)
+{
+	const long long g = grid_take();
+	if (g < 0)
+		return;
+	if (max_sms)
+		assert_in_range(g, 1, max_sms);
+	else
+		assert_true(g > 3);
+}
+
 /* A whole dispatch through the rank's stream, one node of two ranks, this rank (local GPU 1,
  * rail 1) playing against the daemon's plan and list: the pack writes a record per token with an
  * expert (all for this node: the local area of rail 1, in token order) with the wire's header,
  * top-k block and row; the forward copies the listed records (those naming this rank's experts)
  * into the outputs: rows, metadata and per-expert counts as the host mover writes them. fp32 and
  * bf16; then a capacity too small: RW_E_OVERFLOW, the rows that fit written, the rest counted. */
-static void test_dispatch_whole(void **state)
+static void dispatch_whole(int32_t max_sms)
 {
-	(void)state;
 	rank_t rk;
 	static routing_t rt;
 	server_t *s = server_start(1, 2, 2, NULL, 1);
-	rank_open(&rk, s, 1);
+	rank_open_sms(&rk, s, 1, 0, max_sms);
+	grid_take();
 	const uint32_t per_rank = EXPERTS / 2, mine = per_rank; /* rank 1: experts 32..63 */
 	for (uint32_t ph = 0; ph < 3; ph++) {
 		const int bf16 = ph == 1;
@@ -724,7 +766,14 @@ static void test_dispatch_whole(void **state)
 		if (ph == 2)
 			assert_non_null(strstr(rw_client_rank_message(rk.rp), "recv_cap"));
 	}
+	expect_grids(max_sms);
 	rank_teardown(&rk, s);
+}
+
+static void test_dispatch_whole(void **state)
+{
+	(void)state;
+	dispatch_whole(0);
 }
 
 /* A whole combine after a whole dispatch, one node of one rank (every expert its own), the test
@@ -734,13 +783,13 @@ static void test_dispatch_whole(void **state)
  * the reduce sums each token's terms from the owner's list, reading the combine's local area
  * from the plan block in place (the daemon decides it after the call), rounded once. fp32, bf16;
  * a second combine of one dispatch, or of a phase that is no dispatch, is refused. */
-static void test_combine_whole(void **state)
+static void combine_whole(int32_t max_sms)
 {
-	(void)state;
 	rank_t rk;
 	static routing_t rt;
 	server_t *s = server_start(1, 1, 2, NULL, 1);
-	rank_open(&rk, s, 0);
+	rank_open_sms(&rk, s, 0, 0, max_sms);
+	grid_take();
 	static uint8_t rows[RECV_CAP * HIDDEN_MAX * 4], want[HIDDEN_MAX * 4];
 	for (uint32_t ph = 0; ph < 2; ph++) {
 		const int bf16 = ph == 1;
@@ -838,7 +887,28 @@ static void test_combine_whole(void **state)
 	uint64_t k = 0;
 	assert_int_equal(rw_client_rank_combine(rk.rp, &rk.cs, &cb, &k), RW_E_STATE);
 	assert_non_null(strstr(rw_client_rank_message(rk.rp), "not a dispatch"));
+	expect_grids(max_sms);
 	rank_teardown(&rk, s);
+}
+
+static void test_combine_whole(void **state)
+{
+	(void)state;
+	combine_whole(0);
+}
+
+/* The SM budget (rw_client_rank_opts_t.max_sms): the whole dispatch and the whole combine above,
+ * every byte checked as there, with every launch of the rank path capped at 1, 2 (set after the
+ * open) and 3 blocks; on the stand-in, which plays each launch block by block with the
+ * grid-stride items of each, no launch took more (without a budget the same phases launch 50 and
+ * more). On a GPU (RW_CUDA_DRIVER=libcuda.so.1) the same runs rank_kernels.cu at those grids. */
+static void test_sms_budget_exact(void **state)
+{
+	(void)state;
+	for (int32_t sms = 1; sms <= 3; sms++) {
+		dispatch_whole(sms);
+		combine_whole(sms);
+	}
 }
 
 /* dispatch returns without waiting for the GPU, and submit follows the count kernel in stream
@@ -974,6 +1044,56 @@ static void test_daemon_lost_releases_the_stream(void **state)
 
 /* Bad calls are refused, named, before anything is enqueued (the next good call gets phase 1);
  * a second rank path on one client and a daemon that lends no page are refused too. */
+/* The SM budget's refusals, each named and nothing opened: a budget below 0, one above the
+ * device's SMs (the stand-in has an H200's 132), one for a host rank (no SMs), one with static
+ * mode's flag; options NULL, with an unknown flag or a reserved word set. The device's own count
+ * opens (static mode with the flag); rw_client_rank_set_sms refuses the same, keeping the
+ * budget, and takes 0. */
+static void test_sms_refusals(void **state)
+{
+	(void)state;
+	server_t *s = server_start(1, 2, 2, NULL, 1);
+	rw_client_t *c = connect_to(s, 0);
+	rw_client_rank_t *rp = NULL;
+	assert_int_equal(rw_cuda_init(), RW_OK);
+	const int sms = rw_cuda_device_sms(0);
+	if (grid_take() >= 0)
+		assert_int_equal(sms, 132);
+	assert_true(sms > 0);
+	const struct { rw_client_rank_opts_t o; int32_t device; const char *says; } bad[] = {
+		{ { .max_recv = 256, .max_sms = -1 }, 0, "max_sms -1 is outside 1.." },
+		{ { .max_recv = 256, .max_sms = sms + 1 }, 0, "SMs (0: the kernels' own choice)" },
+		{ { .max_recv = 256, .max_sms = 1 }, RW_RANK_HOST, "for CUDA ranks" },
+		{ { .max_recv = 256, .max_sms = -5, .flags = RW_RANK_OPEN_STATIC }, 0, "max_sms -5" },
+		{ { .max_recv = 256, .max_sms = 1, .flags = 6 }, 0, "unknown flags 0x6" },
+		{ { .max_recv = 256, .reserved = { 0, 0, 1 } }, 0, "reserved word 2" },
+	};
+	for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		assert_int_equal(rw_client_rank_open_opts(c, bad[i].device, &bad[i].o, &rp), RW_E_INVAL);
+		if (!strstr(rw_client_rank_message(NULL), bad[i].says))
+			fail_msg("case %u: '%s' does not say '%s'", i, rw_client_rank_message(NULL),
+				 bad[i].says);
+		assert_null(rp);
+	}
+	assert_int_equal(rw_client_rank_open_opts(c, 0, NULL, &rp), RW_E_INVAL);
+	assert_non_null(strstr(rw_client_rank_message(NULL), "no options"));
+	const rw_client_rank_opts_t all = { .max_recv = 256, .max_sms = sms,
+					    .flags = RW_RANK_OPEN_STATIC };
+	assert_int_equal(rw_client_rank_open_opts(c, 0, &all, &rp), 0);
+	assert_non_null(rp->st);
+	assert_int_equal(rp->max_sms, sms);
+	assert_int_equal(rw_client_rank_set_sms(rp, sms + 1), RW_E_INVAL);
+	assert_non_null(strstr(rw_client_rank_message(rp), "SMs"));
+	assert_int_equal(rw_client_rank_set_sms(rp, -1), RW_E_INVAL);
+	assert_int_equal(rp->max_sms, sms);
+	assert_int_equal(rw_client_rank_set_sms(rp, 0), 0);
+	assert_int_equal(rp->max_sms, 0);
+	assert_int_equal(rw_client_rank_set_sms(NULL, 1), RW_E_INVAL);
+	rw_client_rank_close(rp);
+	rw_client_close(c);
+	server_kill(s);
+}
+
 static void test_refusals(void **state)
 {
 	(void)state;
@@ -1195,14 +1315,20 @@ static void layer_free(layer_t *L)
 
 /* A server for one node of one rank over one rail, the rank's path (static mode or eager), a
  * layer's buffers and, with pl, the daemon's part played by a thread. */
-static server_t *layer_setup(rank_t *rk, layer_t *L, play_t *pl, int static_mode, int bf16)
+static server_t *layer_setup_sms(rank_t *rk, layer_t *L, play_t *pl, int static_mode, int bf16,
+				 int32_t max_sms)
 {
 	server_t *s = server_start(1, 1, 1, NULL, 1);
-	rank_open_mode(rk, s, 0, static_mode);
+	rank_open_sms(rk, s, 0, static_mode, max_sms);
 	layer_alloc(L, bf16);
 	if (pl)
 		play_start(pl, rk, s);
 	return s;
+}
+
+static server_t *layer_setup(rank_t *rk, layer_t *L, play_t *pl, int static_mode, int bf16)
+{
+	return layer_setup_sms(rk, L, pl, static_mode, bf16, 0);
 }
 
 static void layer_teardown(rank_t *rk, layer_t *L, play_t *pl, server_t *s)
@@ -1400,6 +1526,44 @@ static void test_graph_replays_a_layer(void **state)
 		rw_cuda_graph_destroy(g);
 		play_stop(&pl);
 		assert_int_equal(server_heard(s, RW_PW_DONE, 2 * REPLAYS), 2 * REPLAYS);
+		layer_teardown(&rk, &L, NULL, s);
+	}
+}
+
+/* Static mode under an SM budget: the graph case's layer (fp32, then bf16) captured with every
+ * launch capped at 1 block, then at 3 (rw_rank_ctl's WAIT and STAGE included, which take up to 16
+ * and thousands of blocks without one), replayed 10 times: each replay's rows, counts and
+ * combined rows as the routing says; on the stand-in no launch of the capture took more. */
+static void test_sms_budget_static(void **state)
+{
+	(void)state;
+	static routing_t rt;
+	static layer_out_t got;
+	for (int32_t sms = 1; sms <= 3; sms += 2) {
+		rank_t rk;
+		layer_t L;
+		play_t pl;
+		server_t *s = layer_setup_sms(&rk, &L, &pl, 1, sms == 3, sms);
+		const rw_cuda_ext_stream_t gs = { .device = rk.cs.device, .handle = rk.cs.handle };
+		rw_cuda_graph_t *g = NULL;
+		grid_take();
+		assert_int_equal(rw_cuda_graph_begin(&gs), RW_OK);
+		layer_enqueue(&L, &rk, RECV_CAP);
+		assert_int_equal(rw_cuda_graph_end(&gs, &g), RW_OK);
+		expect_grids(sms);
+		for (uint32_t i = 0; i < 10; i++) {
+			layer_inputs(&L, &rk, &rt, i);
+			assert_int_equal(rw_cuda_graph_launch(g, &gs), RW_OK);
+			assert_int_equal(rw_cuda_stream_sync(rk.stream), RW_OK);
+			rw_client_rank_check_t chk;
+			if (rw_client_rank_check(rk.rp, &chk))
+				fail_msg("budget %d, replay %u: %s", sms, i, rw_client_rank_message(rk.rp));
+			assert_int_equal(chk.done, 2 * (i + 1));
+			layer_read(&L, &rk, &got, 1);
+			layer_expect(&L, &rt, &got);
+		}
+		rw_cuda_graph_destroy(g);
+		play_stop(&pl);
 		layer_teardown(&rk, &L, NULL, s);
 	}
 }
@@ -1626,12 +1790,15 @@ int main(int argc, char **argv)
 		CASE(test_static_refusals),
 		CASE(test_graph_replays_a_layer),
 		CASE(test_graph_forward_backward),
+		CASE(test_sms_budget_static),
 		CASE(test_static_overflow),
 		CASE(test_static_daemon_lost),
 		CASE(test_count_row_is_the_host_count),
 		CASE(test_submit_after_the_kernel),
 		CASE(test_dispatch_whole),
 		CASE(test_combine_whole),
+		CASE(test_sms_budget_exact),
+		CASE(test_sms_refusals),
 		CASE(test_bad_id_named),
 		CASE(test_slot_busy),
 		CASE(test_daemon_lost_releases_the_stream),
