@@ -42,6 +42,7 @@
  *                   next dispatch is made (two buffer sets): that call drives the combine to
  *                   its end first, as a stream's order would; its answer is then kept and
  *                   checked
+ * Modes lib and host open the rank path with the SM budget $RW_PAGERANK_SMS (0 or unset: none).
  * With RW_PAGERANK_GO=FILE the rank joins its group, then waits for FILE (at most 60 s) before it
  * takes its page: a harness lets the group's ring ranks submit first (a pair a ring rank opened
  * before any rank of its node held a page).
@@ -422,10 +423,18 @@ static int lib_wait(lib_rank_t *lr, uint64_t k, uint32_t layer, rw_client_rank_d
 	return RW_E_TIMEOUT;
 }
 
+/* $RW_PAGERANK_SMS: the rank path's SM budget (rw_client_rank_open_opts), else none. */
+static int32_t lib_sms(void)
+{
+	const char *v = getenv("RW_PAGERANK_SMS");
+	return v ? (int32_t)atoi(v) : 0;
+}
+
 static int lib_open(rw_client_t *c, lib_rank_t *lr)
 {
 	const uint32_t cap = world * MAX_ROWS;
-	int rc = rw_client_rank_open(c, lr->on_host ? RW_RANK_HOST : 0, cap, &lr->rp);
+	const rw_client_rank_opts_t o = { .max_recv = cap, .max_sms = lib_sms() };
+	int rc = rw_client_rank_open_opts(c, lr->on_host ? RW_RANK_HOST : 0, &o, &lr->rp);
 	if (rc == RW_E_NO_CUDA) {
 		printf("skip: no rank path here: %s\n", rw_client_rank_message(NULL));
 		exit(77);
@@ -730,9 +739,9 @@ int main(int argc, char **argv)
 				}
 			}
 		printf("rank %u: %u steps x %u layers dispatched and combined through librailwave's "
-		       "%s rank path, verified (%llu rows, %llu tokens combined)\n", me, steps,
-		       layers, host ? "host" : "CUDA", (unsigned long long)rows,
-		       (unsigned long long)tokens);
+		       "%s rank path, verified (%llu rows, %llu tokens combined; SM budget %d)\n", me,
+		       steps, layers, host ? "host" : "CUDA", (unsigned long long)rows,
+		       (unsigned long long)tokens, lib_sms());
 lib_out:
 		rw_client_rank_close(lr.rp);
 		rw_client_close(c);

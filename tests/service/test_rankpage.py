@@ -36,7 +36,8 @@ that verify every row and sum) runs on the same two daemons.
    one between arrived and done: the group's phase fails on the others (their words written),
    and a new group's phases pass right after. The same 6 phases through librailwave's rank path
    itself (rw_client_rank_dispatch: the count, pack and forward kernels on the CUDA stand-in's
-   stream; the outputs — rows, metadata, per-expert counts — checked the same way).
+   stream; the outputs — rows, metadata, per-expert counts — checked the same way), and again
+   with the SM budget 1 (RW_PAGERANK_SMS: every launch of the ranks' kernels on one block).
 7. A daemon killed (SIGKILL) while a rank's stream waits on its words: the rank's watcher
    writes them (plan and arrived 2^62 ahead, every status RW_E_CLOSED), so the stream runs
    through; a group of four page ranks running phases at that moment: every one's phase fails
@@ -238,6 +239,14 @@ def main():
                                    env=dict(c.env, RW_CUDA_DRIVER=KERN_DRIVER)))
             passed(res, "6 dispatches and their combines through librailwave's rank path "
                    "(count, pack, forward, gather and reduce kernels on the stand-in driver)")
+            # the same with every launch of the ranks' kernels on one block (the SM budget)
+            res = cluster.outputs(page_job("libsms", 2, 3,
+                                           {r: "lib" for r in range(nodes * c.gpus)},
+                                           env=dict(c.env, RW_CUDA_DRIVER=KERN_DRIVER,
+                                                    RW_PAGERANK_SMS="1")))
+            passed(res, "the same with the SM budget 1 (rw_client_rank_open_opts)")
+            check(all("SM budget 1)" in v[1] for v in res.values()),
+                  "every lib rank ran under the SM budget 1")
         else:
             print("skip librailwave's rank path: no kernel stand-in (%s)" % KERN_DRIVER)
 
