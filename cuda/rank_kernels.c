@@ -95,7 +95,8 @@ static int aligned(uint64_t addr, uint64_t to)
 }
 
 /* Enough blocks to fill an H200 (132 SMs) several times over, fewer for little work: the
- * kernels loop over their items, so any grid is correct. */
+ * kernels loop over their items, so any grid is correct (rank_launch caps it at the stream's
+ * SM budget, rw_cuda_ext_stream_t.max_blocks). */
 static unsigned grid_for(uint64_t items)
 {
 	return items == 0 ? 1 : items < 2048 ? (unsigned)items : 2048;
