@@ -15,8 +15,9 @@ int rw_fake_rank_function_of(uintptr_t f);
 
 /* Launch rank kernel `f` (a handle from rw_fake_rank_function) on stream s over a grid of
  * `grid` blocks: its argument block (params[0], as the driver copies it at the call) runs on the
- * CPU as stream work, the data kernels block by block (each block its grid-stride items, as
- * rank_kernels.cu's loops), so a result that depended on the grid would show. */
+ * CPU as stream work, the data kernels (pack rows, forward, gather, reduce) block by block,
+ * each block its grid-stride items as rank_kernels.cu's loops, so a result that depended on the
+ * grid would show; pack index (one block) and rw_rank_ctl run whole. */
 CUresult rw_fake_rank_launch(uintptr_t f, CUstream s, unsigned grid, void **params);
 
 /* The largest grid (blocks, gx * gy * gz) of any kernel this process launched since the last
