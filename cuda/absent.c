@@ -3,6 +3,8 @@
 #include "config.h"
 
 #if !RW_HAVE_CUDA_H
+#include <stdio.h>
+
 #include "cuda/rw_cuda.h"
 
 #define RW_NO_CUDA RW_ERR_UNSUPPORTED
@@ -149,4 +151,26 @@ rw_status_t rw_cuda_graph_end(const rw_cuda_ext_stream_t *s, rw_cuda_graph_t **g
 rw_status_t rw_cuda_graph_launch(rw_cuda_graph_t *g, const rw_cuda_ext_stream_t *s)
 { (void)g; (void)s; return RW_NO_CUDA; }
 void rw_cuda_graph_destroy(rw_cuda_graph_t *g) { (void)g; }
+int rw_cuda_vmm_supported(int d) { (void)d; return 0; }
+rw_status_t rw_cuda_vmm_granularity(int d, size_t *g) { (void)d; (void)g; return RW_NO_CUDA; }
+rw_status_t rw_cuda_vmm_create(int d, size_t n, rw_cuda_vmm_t **v, char *why, size_t cap)
+{
+	(void)d; (void)n; (void)v;
+	if (why && cap)
+		snprintf(why, cap, "built without the CUDA toolkit's cuda.h");
+	return RW_NO_CUDA;
+}
+rw_status_t rw_cuda_vmm_import(int fd, size_t n, int d, const int *ds, unsigned nd,
+			       rw_cuda_vmm_t **v, char *why, size_t cap)
+{
+	(void)fd; (void)n; (void)d; (void)ds; (void)nd; (void)v;
+	if (why && cap)
+		snprintf(why, cap, "built without the CUDA toolkit's cuda.h");
+	return RW_NO_CUDA;
+}
+void rw_cuda_vmm_release(rw_cuda_vmm_t *v) { (void)v; }
+int rw_cuda_vmm_fd(const rw_cuda_vmm_t *v) { (void)v; return -1; }
+rw_cuda_dptr_t rw_cuda_vmm_dptr(const rw_cuda_vmm_t *v) { (void)v; return 0; }
+size_t rw_cuda_vmm_bytes(const rw_cuda_vmm_t *v) { (void)v; return 0; }
+int rw_cuda_vmm_device(const rw_cuda_vmm_t *v) { (void)v; return -1; }
 #endif /* !RW_HAVE_CUDA_H */

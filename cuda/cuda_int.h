@@ -37,7 +37,10 @@
 	X(cuFlushGPUDirectRDMAWrites) X(cuStreamWriteValue64) X(cuStreamWaitValue64) \
 	X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange) \
 	X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiate) X(cuGraphLaunch) \
-	X(cuGraphExecDestroy) X(cuGraphDestroy)
+	X(cuGraphExecDestroy) X(cuGraphDestroy) \
+	X(cuMemCreate) X(cuMemRelease) X(cuMemExportToShareableHandle) \
+	X(cuMemImportFromShareableHandle) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) \
+	X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity)
 
 #define RW_CU_STR_(x) #x
 #define RW_CU_NAME(x) RW_CU_STR_(x) /* expands the cuda.h version macro first */

@@ -185,6 +185,41 @@ int rw_cuda_gdr_ordering(int device);
 rw_status_t rw_cuda_gdr_flush(int device, int all_devices);
 
 /* ---------------------------------------------------------------------------------------------
+ * GPU memory lent by fd (cuda/vmm.c; docs/rankpath.md "The slab areas, lent per group")
+ * ------------------------------------------------------------------------------------------- */
+
+/* One physical allocation on one device made shareable as a POSIX fd (cuMemCreate with
+ * CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), mapped into this process. The owner creates and
+ * exports it; a process given a copy of the fd (SCM_RIGHTS) imports it. Release unmaps it here;
+ * the memory itself goes when no process maps or holds it. */
+typedef struct rw_cuda_vmm rw_cuda_vmm_t;
+#define RW_CUDA_VMM_DEVICES 16 /* devices one import grants access to, at most */
+
+/* 1 if `device` makes such memory (virtual memory management and POSIX fd handles, and the
+ * driver has every entry point), else 0. */
+int rw_cuda_vmm_supported(int device);
+/* The allocation granularity (CU_MEM_ALLOC_GRANULARITY_MINIMUM, a power of two). */
+rw_status_t rw_cuda_vmm_granularity(int device, size_t *gran_p);
+/* Owner: `bytes` rounded up to the granularity on `device`, exported once (rw_cuda_vmm_fd, owned
+ * by the allocation: send copies) and mapped read-write for `device`. On failure the reason is
+ * in why (naming the call that failed) and nothing is kept. */
+rw_status_t rw_cuda_vmm_create(int device, size_t bytes, rw_cuda_vmm_t **vmm_p, char *why,
+			       size_t cap);
+/* Importer: the allocation behind `fd` (a copy of an owner's export; the caller keeps and closes
+ * its fd), `bytes` long (a multiple of the granularity), on `device` (an ordinal of this
+ * process), mapped and granted read-write to each of devices[0..n) (1 <= n <=
+ * RW_CUDA_VMM_DEVICES). A device other than `device` gets access only where the two reach each
+ * other (cuDeviceCanAccessPeer): else RW_ERR_UNSUPPORTED, named. RW_ERR_INVAL: a bad fd (not
+ * such an export), size or device. The reason in why; nothing kept on failure. */
+rw_status_t rw_cuda_vmm_import(int fd, size_t bytes, int device, const int *devices, unsigned n,
+			       rw_cuda_vmm_t **vmm_p, char *why, size_t cap);
+void rw_cuda_vmm_release(rw_cuda_vmm_t *vmm);
+int rw_cuda_vmm_fd(const rw_cuda_vmm_t *vmm);             /* the owner's export; -1 imported */
+rw_cuda_dptr_t rw_cuda_vmm_dptr(const rw_cuda_vmm_t *vmm); /* the mapping in this process */
+size_t rw_cuda_vmm_bytes(const rw_cuda_vmm_t *vmm);
+int rw_cuda_vmm_device(const rw_cuda_vmm_t *vmm);
+
+/* ---------------------------------------------------------------------------------------------
  * Streams: async copies and kernels, with completions an event loop can watch
  * ------------------------------------------------------------------------------------------- */
 

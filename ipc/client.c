@@ -57,7 +57,8 @@ struct rw_client {
 	void *page;        /* the rank page (rw_client_rank_page), NULL until set up */
 	size_t page_bytes;
 	rw_client_slab_t slab[RW_CLIENT_SLAB_RAILS]; /* the group's slabs (rw_client_group_slab):
-	                                                * base NULL until that rail's is mapped */
+	                                                * lent once slab_gpu[rail].kind is set */
+	rw_client_slab_gpu_t slab_gpu[RW_CLIENT_SLAB_RAILS]; /* kind 0: not lent yet; GPU: its fd */
 	/* With a page, a watcher thread waits for the daemon to hang up and then writes the words
 	 * the rank's stream may wait on (rw_page_daemon_lost); watch_efd stops it at close. */
 	pthread_t watcher;
@@ -474,9 +475,12 @@ void rw_client_close(rw_client_t *c)
 		munmap(c->ring_map, c->ring_bytes);
 	if (c->page)
 		munmap(c->page, c->page_bytes);
-	for (unsigned r = 0; r < RW_CLIENT_SLAB_RAILS; r++)
+	for (unsigned r = 0; r < RW_CLIENT_SLAB_RAILS; r++) {
 		if (c->slab[r].base)
 			munmap(c->slab[r].base, c->slab[r].bytes);
+		if (c->slab_gpu[r].kind == RW_CLIENT_SLAB_GPU)
+			close(c->slab_gpu[r].fd);
+	}
 	if (c->sq_efd >= 0)
 		close(c->sq_efd);
 	if (c->cq_efd >= 0)
@@ -557,31 +561,52 @@ int rw_client_rank_page(rw_client_t *c, uint32_t max_recv, void **page_p, size_t
 	return 0;
 }
 
-int rw_client_group_slab(rw_client_t *c, uint32_t rail, rw_client_slab_t *slab_p)
+/* The slab request of either form (ipc/proto.h): form 0 knows host slabs only. */
+static int group_slab(rw_client_t *c, uint32_t rail, uint32_t form, rw_client_slab_t *slab_p,
+		      rw_client_slab_gpu_t *gpu_p)
 {
 	if (!c || !slab_p || rail >= RW_CLIENT_SLAB_RAILS)
 		return RW_E_INVAL;
-	if (c->slab[rail].base) { /* lent once per connection: the mapping we hold */
+	rw_client_slab_gpu_t *g = &c->slab_gpu[rail];
+	if (g->kind == RW_CLIENT_SLAB_GPU && !form) {
+		snprintf(c->last_msg, sizeof(c->last_msg), "rail %u's slab is GPU memory: "
+			 "rw_client_group_slab_kind lends it", rail);
+		return RW_E_STATE;
+	}
+	if (g->kind) { /* lent once per connection: what we hold */
 		*slab_p = c->slab[rail];
+		if (gpu_p)
+			*gpu_p = *g;
 		return 0;
 	}
-	rw_ipc_slab_setup_t req = { .rail = rail }; /* the rest 0 */
+	rw_ipc_slab_setup_t req = { .rail = rail, .form = form };
 	hdr_init(c, &req.hdr, RW_IPC_SLAB_SETUP);
 	rw_ipc_msg_t reply;
 	int fd, rc = request_lent(c, &req, sizeof(req), RW_IPC_SLAB_OK, &reply,
-				  sizeof(rw_ipc_slab_ok_t), &fd);
+				  form ? sizeof(rw_ipc_slab_ok_t) : RW_IPC_SLAB_OK_BASE_BYTES, &fd);
 	if (rc)
 		return rc;
 	const rw_ipc_slab_ok_t *ok = &reply.slab_ok;
+	const uint32_t kind = form ? ok->kind : RW_CLIENT_SLAB_HOST;
 	int bad = ok->rail != rail || ok->area_bytes > ok->bytes ||
-		  ok->local_off > ok->bytes - ok->area_bytes;
+		  ok->local_off > ok->bytes - ok->area_bytes ||
+		  (kind != RW_CLIENT_SLAB_HOST && kind != RW_CLIENT_SLAB_GPU) ||
+		  (kind == RW_CLIENT_SLAB_GPU && (ok->device < 0 || ok->bytes == 0));
 	for (int k = 0; k < 2 && !bad; k++) /* every area inside the slab */
 		bad = ok->recv_off[k] > ok->bytes - ok->area_bytes ||
 		      ok->send_off[k] > ok->bytes - ok->area_bytes;
 	uint64_t ino = 0;
-	void *map = map_lent(fd, ok->bytes, !bad, &ino);
-	if (!map)
+	void *map = NULL;
+	struct stat st;
+	if (kind == RW_CLIENT_SLAB_GPU) { /* kept for the caller's import, never mapped here */
+		if (bad || fstat(fd, &st) != 0) {
+			close(fd);
+			return RW_E_BADREPLY;
+		}
+		ino = (uint64_t)st.st_ino;
+	} else if (!(map = map_lent(fd, ok->bytes, !bad, &ino))) {
 		return RW_E_BADREPLY;
+	}
 	rw_client_slab_t *s = &c->slab[rail];
 	memset(s, 0, sizeof(*s));
 	s->base = map;
@@ -593,8 +618,29 @@ int rw_client_group_slab(rw_client_t *c, uint32_t rail, rw_client_slab_t *slab_p
 	memcpy(s->send_off, ok->send_off, sizeof(s->send_off));
 	s->local_off = ok->local_off;
 	s->object = ino;
+	memset(g, 0, sizeof(*g));
+	g->kind = (int32_t)kind;
+	g->fd = kind == RW_CLIENT_SLAB_GPU ? fd : -1;
+	g->device = kind == RW_CLIENT_SLAB_GPU ? ok->device : -1;
+	if (kind == RW_CLIENT_SLAB_GPU)
+		memcpy(g->uuid, ok->uuid, sizeof(g->uuid));
 	*slab_p = *s;
+	if (gpu_p)
+		*gpu_p = *g;
 	return 0;
+}
+
+int rw_client_group_slab(rw_client_t *c, uint32_t rail, rw_client_slab_t *slab_p)
+{
+	return group_slab(c, rail, 0, slab_p, NULL);
+}
+
+int rw_client_group_slab_kind(rw_client_t *c, uint32_t rail, rw_client_slab_t *slab_p,
+			      rw_client_slab_gpu_t *gpu_p)
+{
+	if (!gpu_p)
+		return RW_E_INVAL;
+	return group_slab(c, rail, RW_IPC_SLAB_FORM_KINDS, slab_p, gpu_p);
 }
 
 const char *rw_client_last_message(const rw_client_t *c) { return c->last_msg; }

@@ -69,7 +69,10 @@ typedef struct rw_ipc_buffer {
 /* One rail's slab of a group (docs/rankpath.md "The slab areas, lent per group"), as the
  * service gives it for lending: the fd stays the service's (the server sends a copy). */
 typedef struct rw_ipc_slab {
-	int fd;                /* a sealed memfd of `bytes` */
+	int fd;                /* HOST: a sealed memfd of `bytes`; GPU: the allocation's POSIX fd */
+	uint32_t kind;         /* RW_CLIENT_SLAB_HOST (or 0) or RW_CLIENT_SLAB_GPU */
+	int32_t device;        /* GPU: the device's ordinal in the daemon; HOST: -1 */
+	uint8_t uuid[16];      /* GPU: that device's UUID */
 	uint64_t bytes;
 	uint32_t rails;
 	uint64_t area_bytes;   /* each of the five areas */

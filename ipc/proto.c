@@ -84,8 +84,8 @@ int rw_ipc_parse_request(const void *buf, size_t len, int msg_flags, unsigned nf
 			return fail(why_p, "page setup: reserved not zero", RW_E_FIELD);
 		break;
 	case RW_IPC_SLAB_SETUP:
-		if (msg.slab_setup.reserved != 0)
-			return fail(why_p, "slab setup: reserved not zero", RW_E_FIELD);
+		if (msg.slab_setup.form != 0 && msg.slab_setup.form != RW_IPC_SLAB_FORM_KINDS)
+			return fail(why_p, "slab setup: unknown form (0 or 1)", RW_E_FIELD);
 		break;
 	case RW_IPC_DEREG:
 	case RW_IPC_DEREG_EVENT:

@@ -151,23 +151,34 @@ typedef struct rw_ipc_page_ok {
 
 /* The group's slab of one rail (docs/rankpath.md "The slab areas, lent per group"): the
  * carve-out of the daemon's memory that the rank's group alone uses on that rail, lent to a
- * joined rank of that group as a sealed memfd. The request names a rail only: the group is the
- * rank's own. Offsets are bytes from the start of the slab. */
+ * joined rank of that group with one fd. The request names a rail only: the group is the rank's
+ * own. Offsets are bytes from the start of the slab. Two forms: form 0 (the first; a client
+ * that knows host slabs only) is answered with the reply's first RW_IPC_SLAB_OK_BASE_BYTES and a
+ * sealed memfd, and a GPU slab is refused to it (RW_E_STATE, named); form
+ * RW_IPC_SLAB_FORM_KINDS is answered with the whole reply, whose kind says what the fd is: a
+ * sealed memfd (host memory) or a CUDA allocation's POSIX fd shareable handle (GPU memory of
+ * the device named, to import with cuMemImportFromShareableHandle). */
+#define RW_IPC_SLAB_FORM_KINDS 1
 typedef struct rw_ipc_slab_setup {
 	rw_ipc_hdr_t hdr;
 	uint32_t rail;      /* 0 .. rails - 1 */
-	uint32_t reserved;  /* 0 */
+	uint32_t form;      /* 0 or RW_IPC_SLAB_FORM_KINDS (was reserved: 0) */
 } rw_ipc_slab_setup_t;
 
 typedef struct rw_ipc_slab_ok {
 	rw_ipc_hdr_t hdr;
-	uint64_t bytes;        /* the memfd's size: map all of it */
+	uint64_t bytes;        /* the memory's size: map all of it */
 	uint32_t rail, rails;  /* this slab's rail, and the daemon's rails */
 	uint64_t area_bytes;   /* each of the five areas below */
 	uint64_t recv_off[2];  /* receive area: [0] dispatch records, [1] combine records */
 	uint64_t send_off[2];  /* send area: [0] dispatch records, [1] combine records */
 	uint64_t local_off;    /* the local area: records and rows that never leave the node */
+	/* Form RW_IPC_SLAB_FORM_KINDS only: */
+	uint32_t kind;         /* RW_CLIENT_SLAB_HOST or RW_CLIENT_SLAB_GPU (railwave.h) */
+	int32_t device;        /* GPU: the device's ordinal in the daemon; host: -1 */
+	uint8_t uuid[16];      /* GPU: the device's UUID (ordinals differ between processes) */
 } rw_ipc_slab_ok_t;
+#define RW_IPC_SLAB_OK_BASE_BYTES offsetof(rw_ipc_slab_ok_t, kind) /* the form 0 reply */
 
 typedef struct rw_ipc_error {
 	rw_ipc_hdr_t hdr;
@@ -191,7 +202,8 @@ _Static_assert(sizeof(rw_ipc_error_t) == 136, "wire size");
 _Static_assert(sizeof(rw_ipc_page_setup_t) == 24, "wire size");
 _Static_assert(sizeof(rw_ipc_page_ok_t) == 40, "wire size");
 _Static_assert(sizeof(rw_ipc_slab_setup_t) == 24, "wire size");
-_Static_assert(sizeof(rw_ipc_slab_ok_t) == 80, "wire size");
+_Static_assert(sizeof(rw_ipc_slab_ok_t) == 104, "wire size");
+_Static_assert(RW_IPC_SLAB_OK_BASE_BYTES == 80, "wire size of the form 0 slab reply");
 
 /* Any message; the receive buffer is exactly this big, so a longer datagram is MSG_TRUNC. */
 typedef union rw_ipc_msg {

@@ -366,7 +366,7 @@ int rw_client_rank_page(rw_client_t *client, uint32_t max_recv, void **page_p, s
  * its GPU (cuMemHostRegister with DEVICEMAP | PORTABLE) and unregisters it before
  * rw_client_close(), which unmaps it. The daemon lends a rail's slab once per connection: asked
  * again, the library gives the mapping it holds (one thread at a time). RW_E_INVAL: no such
- * rail; RW_E_STATE: the daemon lends none (group_area_mib 0, or GPU slabs); RW_E_LIMIT: the
+ * rail; RW_E_STATE: the daemon lends none (group_area_mib 0), or a GPU slab (below); RW_E_LIMIT: the
  * daemon's pool was spent when the group formed, so it has no slabs of its own; RW_E_BADREPLY:
  * a reply this library does not understand. */
 #define RW_CLIENT_SLAB_RAILS 64
@@ -381,6 +381,25 @@ typedef struct rw_client_slab {
 	uint64_t object;       /* the lent object's identity (its inode): equal for one memory */
 } rw_client_slab_t;
 int rw_client_group_slab(rw_client_t *client, uint32_t rail, rw_client_slab_t *slab_p);
+
+/* The same for a client that can import GPU memory (the rank path, rank/slabs.c). A host slab
+ * comes mapped as rw_client_group_slab maps it (*gpu_p: kind RW_CLIENT_SLAB_HOST, fd -1). A GPU
+ * slab (the daemon's carve-outs are GPU memory: docs/rankpath.md "The slab areas, lent per
+ * group") is not mapped (slab_p->base NULL; bytes, areas and object as for a host slab) and
+ * *gpu_p gives its fd — a CUDA allocation's POSIX fd shareable handle, to import with
+ * cuMemImportFromShareableHandle; the client's until rw_client_close(), which closes it — and
+ * its device's UUID (find the device in this process by it). rw_client_group_slab refuses a GPU
+ * slab (RW_E_STATE, named), as a daemon refuses it to an older library. */
+enum { RW_CLIENT_SLAB_HOST = 1, RW_CLIENT_SLAB_GPU = 2 };
+typedef struct rw_client_slab_gpu {
+	int32_t kind;          /* RW_CLIENT_SLAB_HOST or RW_CLIENT_SLAB_GPU */
+	int32_t fd;            /* GPU: the allocation's fd; host: -1 */
+	int32_t device;        /* GPU: the device's ordinal in the daemon (for messages); host: -1 */
+	uint32_t reserved;
+	uint8_t uuid[16];      /* GPU: the device's UUID */
+} rw_client_slab_gpu_t;
+int rw_client_group_slab_kind(rw_client_t *client, uint32_t rail, rw_client_slab_t *slab_p,
+			      rw_client_slab_gpu_t *gpu_p);
 
 /* ---- The rank path: CUDA work in the rank's own stream (docs/rankpath.md) -------------------
  * Instead of submitting on the ring and letting the daemon move the data, a CUDA rank enqueues a

@@ -7,6 +7,7 @@
 #include "ipc/server_int.h"
 
 #include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -31,14 +32,27 @@ int ipc_slab_setup(rw_ipc_client_t *c, const rw_ipc_slab_setup_t *req)
 	int code = srv->ops.group_slab(srv->ctx, c, req->rail, &slab, &why);
 	if (code)
 		return ipc_send_error(c, seq, code, why, 0);
+	if (!slab.kind)
+		slab.kind = RW_CLIENT_SLAB_HOST; /* a service that names no kind lends host memory */
+	const int gpu = slab.kind == RW_CLIENT_SLAB_GPU;
+	if (gpu && req->form != RW_IPC_SLAB_FORM_KINDS) {
+		char why_gpu[RW_IPC_ERRMSG_MAX];
+		snprintf(why_gpu, sizeof(why_gpu), "rail %u's slab is GPU memory: ask with slab form "
+			 "%u (rw_client_group_slab_kind)", req->rail, RW_IPC_SLAB_FORM_KINDS);
+		return ipc_send_error(c, seq, RW_E_STATE, why_gpu, 0);
+	}
 	/* What goes out is what the service says it is: a memfd of that size that cannot shrink
-	 * under the rank's mapping. */
+	 * under the rank's mapping, or an fd of a GPU allocation (opaque: only the driver can say
+	 * more, and the rank's import does). */
 	struct stat st;
-	const int seals = fcntl(slab.fd, F_GET_SEALS);
-	if (fstat(slab.fd, &st) < 0 || (uint64_t)st.st_size != slab.bytes || seals < 0 ||
-	    (seals & SLAB_SEALS) != SLAB_SEALS) {
-		rw_err("ipc: client=%u group=%s: rail %u's slab is not a sealed memfd of %llu bytes",
-		       c->info.id, c->info.group, req->rail, (unsigned long long)slab.bytes);
+	const int seals = gpu ? 0 : fcntl(slab.fd, F_GET_SEALS);
+	if (gpu ? (slab.fd < 0 || fstat(slab.fd, &st) < 0 || slab.device < 0)
+		: (slab.kind != RW_CLIENT_SLAB_HOST || fstat(slab.fd, &st) < 0 ||
+		   (uint64_t)st.st_size != slab.bytes || seals < 0 ||
+		   (seals & SLAB_SEALS) != SLAB_SEALS)) {
+		rw_err("ipc: client=%u group=%s: rail %u's slab is not a sealed memfd of %llu bytes "
+		       "nor a GPU allocation's fd", c->info.id, c->info.group, req->rail,
+		       (unsigned long long)slab.bytes);
 		return ipc_send_error(c, seq, RW_E_INTERNAL, "the daemon's slab is not lendable", 0);
 	}
 	rw_ipc_slab_ok_t ok;
@@ -51,6 +65,11 @@ int ipc_slab_setup(rw_ipc_client_t *c, const rw_ipc_slab_setup_t *req)
 	memcpy(ok.recv_off, slab.recv_off, sizeof(ok.recv_off));
 	memcpy(ok.send_off, slab.send_off, sizeof(ok.send_off));
 	ok.local_off = slab.local_off;
+	ok.kind = slab.kind;
+	ok.device = gpu ? slab.device : -1;
+	if (gpu)
+		memcpy(ok.uuid, slab.uuid, sizeof(ok.uuid));
 	c->slabs_lent |= 1ull << req->rail;
-	return ipc_send_msg(c, &ok, sizeof(ok), &slab.fd, 1); /* a failed send killed the client */
+	const size_t len = req->form == RW_IPC_SLAB_FORM_KINDS ? sizeof(ok) : RW_IPC_SLAB_OK_BASE_BYTES;
+	return ipc_send_msg(c, &ok, len, &slab.fd, 1); /* a failed send killed the client */
 }

@@ -30,8 +30,9 @@ typedef struct rw_rank_result {
 
 /* One rail's slab of the group as the rank path holds it (rank/slabs.c). */
 typedef struct rw_rank_slab {
-	rw_client_slab_t lent;  /* the client's mapping and the slab's areas */
+	rw_client_slab_t lent;  /* the client's mapping (host slabs) and the slab's areas */
 	rw_cuda_dptr_t dptr;    /* the mapping as the devices address it */
+	rw_cuda_vmm_t *vmm;     /* a GPU slab: the import mapped here; NULL for a host slab */
 } rw_rank_slab_t;
 
 /* Per slot, in page-locked host memory the kernels write and this CPU reads after done: the

@@ -148,6 +148,7 @@ struct exec_group {
 	 * pairs take a shared slot. */
 	int carve;
 	uint64_t carve_free_at;      /* as slot_free_at, for its carve-out */
+	char carve_why[192];         /* carve -1 although the pool had room: why ("" otherwise) */
 };
 
 /* One local rank's submission of one kind. */
@@ -505,6 +506,10 @@ void exec_carve_take(exec_t *x, exec_group_t *g);
 /* The group's last rank left: its reference goes now, or at carve_free_at (exec_carve_tick). */
 void exec_carve_drop(exec_t *x, exec_group_t *g);
 void exec_carve_tick(exec_t *x, uint64_t now);
+/* A rank of the group asks for its slab of `rail` (ipc/ipc.h ops.group_slab): its carve-out's
+ * fd (host or GPU memory), bytes and sub-areas; else an RW_E_* code and why. */
+int exec_carve_lend(exec_t *x, const exec_group_t *g, uint32_t rail, rw_ipc_slab_t *slab_p,
+		    const char **why_p);
 
 /* The pair's areas of `slot` on every rail (host and, for GPU slabs, device addresses). */
 void exec_areas_set(exec_pair_t *p, int slot);

@@ -489,29 +489,7 @@ static int group_slab(void *ctx, rw_ipc_client_t *client, uint32_t rail, rw_ipc_
 		*why_p = "slab setup: this rank is not in a group here";
 		return RW_E_STATE;
 	}
-	for (uint32_t r = 0; r < x->rails; r++)
-		if (rw_svc_mesh_slab_dev(x->mesh, r, NULL) >= 0) {
-			*why_p = "this daemon's slabs are GPU memory (GPUDirect): no group carve-outs";
-			return RW_E_STATE;
-		}
-	if (mb->g->carve < 0) {
-		*why_p = "the group has no slabs of its own: the daemon's pool (group_pool_mib) was "
-			 "spent when it formed";
-		return RW_E_LIMIT;
-	}
-	const uint32_t i = (uint32_t)mb->g->carve;
-	slab_p->fd = rw_svc_mesh_carve_fd(x->mesh, i, rail, &slab_p->bytes);
-	slab_p->rails = x->rails;
-	slab_p->area_bytes = x->carve_sub;
-	const uint64_t base = rw_svc_mesh_carve_off(x->mesh, i);
-	slab_p->local_off = exec_sub_off(x, EXEC_SLOTS + (int)i, SUB_LOCAL) - base;
-	for (int k = 0; k < RW_SVC_KIND_COUNT; k++) { /* the slot's sub-areas, inside the slab */
-		slab_p->recv_off[k] = exec_sub_off(x, EXEC_SLOTS + (int)i, exec_kind_desc(k)->sub_recv) -
-				      base;
-		slab_p->send_off[k] = exec_sub_off(x, EXEC_SLOTS + (int)i, exec_kind_desc(k)->sub_send) -
-				      base;
-	}
-	return 0;
+	return exec_carve_lend(x, mb->g, rail, slab_p, why_p);
 }
 
 const rw_ipc_server_ops_t exec_ipc_ops = {

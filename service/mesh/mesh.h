@@ -72,6 +72,13 @@ void rw_svc_mesh_carve_put(rw_svc_mesh_t *mesh, uint32_t index);
  * when it is not live. */
 int rw_svc_mesh_carve_fd(const rw_svc_mesh_t *mesh, uint32_t index, uint32_t rail,
 			 uint64_t *bytes_p);
+/* The device whose memory carve-out `index` is on `rail` (its UUID in uuid_p when not NULL),
+ * or -1 for host memory (or not live). A GPU carve-out's fd is a CUDA allocation's POSIX fd
+ * shareable handle, its bytes the allocation's (carve_bytes rounded up to the granularity). */
+int rw_svc_mesh_carve_gpu(const rw_svc_mesh_t *mesh, uint32_t index, uint32_t rail,
+			  uint8_t uuid_p[16]);
+/* Why the last rw_svc_mesh_carve_take failed for a reason other than the pool ("" if none). */
+const char *rw_svc_mesh_carve_why(const rw_svc_mesh_t *mesh);
 /* Offset of carve-out `index` in the mesh's memory (area_bytes + index * carve_bytes). */
 uint64_t rw_svc_mesh_carve_off(const rw_svc_mesh_t *mesh, uint32_t index);
 /* Our memory at offset `off` on `rail` (the shared area or a live carve-out), or NULL. */

@@ -10,8 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
+#include "cuda/rw_cuda.h"
 #include "service/mesh/mesh_int.h"
 
 #define CARVE_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
@@ -39,14 +41,18 @@ rw_status_t mesh_carve_init(rw_svc_mesh_t *m, uint64_t carve_bytes, uint32_t car
 	return RW_OK;
 }
 
-/* Deregister first (no byte of the region changes after it), then unmap and close. */
+/* Deregister first (no byte of the region changes after it), then unmap and close. A GPU
+ * carve-out's memory goes when no rank maps it any more either. */
 static void carve_free(rw_svc_mesh_t *m, mesh_carve_t *cv)
 {
 	for (uint32_t r = 0; r < m->rails; r++) {
 		if (cv->region[r])
 			rw_rail_dereg(cv->region[r]);
-		if (cv->mem[r])
+		if (cv->vmm[r])
+			rw_cuda_vmm_release(cv->vmm[r]);
+		else if (cv->mem[r])
 			munmap(cv->mem[r], m->carve_bytes);
+		cv->vmm[r] = NULL;
 		if (cv->fd[r] >= 0)
 			close(cv->fd[r]);
 		cv->region[r] = NULL;
@@ -69,6 +75,59 @@ void mesh_carve_fini(rw_svc_mesh_t *m)
 		m->peer[n].carve_remote = NULL;
 		m->peer[n].carve_known = NULL;
 	}
+}
+
+/* 1 when this process's CPU can read [p, p + n): the kernel says so for its first and last
+ * byte (process_vm_readv on ourselves fails with EFAULT where nothing readable is mapped). */
+static int cpu_reads(const uint8_t *p, size_t n)
+{
+	uint8_t b[2];
+	struct iovec local[2] = { { &b[0], 1 }, { &b[1], 1 } };
+	struct iovec remote[2] = { { (void *)p, 1 }, { (void *)(p + n - 1), 1 } };
+	return process_vm_readv(getpid(), local, 2, remote, 2, 0) == 2;
+}
+
+/* One rail of a carve-out in GPU memory (m->carve_dev[r]): a CUDA allocation exported as a POSIX
+ * fd (what the group's ranks are lent and import), mapped here, registered with the rail through
+ * its dmabuf where the rail takes one, else as host memory is where the transport reads the
+ * pages in place. The daemon reads the records' headers in place (its checks of what ranks and
+ * peers wrote): a GPU memory its CPU cannot read is refused, named (a header pull before the
+ * checks is not built), and so is the shm transport, which moves registered pages. */
+static rw_status_t carve_rail_gpu(rw_svc_mesh_t *m, mesh_carve_t *cv, uint32_t r)
+{
+	const int dev = m->carve_dev[r];
+	char why[112];
+	rw_status_t st = rw_cuda_vmm_create(dev, m->carve_bytes, &cv->vmm[r], why, sizeof(why));
+	if (st != RW_OK) {
+		snprintf(m->carve_why, sizeof(m->carve_why), "rail %u: GPU %d: %s", r, dev, why);
+		return st;
+	}
+	const rw_cuda_dptr_t dptr = rw_cuda_vmm_dptr(cv->vmm[r]);
+	uint8_t *va = (uint8_t *)(uintptr_t)dptr;
+	if (!cpu_reads(va, m->carve_bytes)) {
+		snprintf(m->carve_why, sizeof(m->carve_why), "rail %u: GPU %d's memory is not readable "
+			 "by the daemon's CPU, which checks the records' headers in place", r, dev);
+		return RW_ERR_UNSUPPORTED;
+	}
+	cv->mem[r] = va;
+	int dfd = -1;
+	st = rw_cuda_dmabuf_supported(dev) ? rw_cuda_dmabuf_export(dev, dptr, m->carve_bytes, &dfd)
+					   : RW_ERR_UNSUPPORTED;
+	if (st == RW_OK) {
+		st = rw_rail_reg_dmabuf(m->dev[r], dfd, 0, m->carve_bytes, dptr, &cv->region[r]);
+		close(dfd); /* the registration holds the dmabuf */
+	}
+	if (st == RW_ERR_UNSUPPORTED && m->svc->cfg.transport == RW_SVC_TRANSPORT_SHM) {
+		snprintf(m->carve_why, sizeof(m->carve_why), "rail %u: shm rails take no dmabuf and "
+			 "move registered pages: no GPU carve-outs on them", r);
+		return st;
+	}
+	if (st == RW_ERR_UNSUPPORTED)
+		st = rw_rail_reg_host(m->dev[r], va, m->carve_bytes, &cv->region[r]);
+	if (st != RW_OK)
+		snprintf(m->carve_why, sizeof(m->carve_why), "rail %u: the rail registers none of GPU "
+			 "%d's memory (%s)", r, dev, rw_status_str(st));
+	return st;
 }
 
 /* One rail of a carve-out: a sealed memfd, mapped, registered. Where the transport swapped the
@@ -132,9 +191,15 @@ rw_status_t rw_svc_mesh_carve_take(rw_svc_mesh_t *m, const char *group, uint32_t
 		return RW_ERR_AGAIN;
 	mesh_carve_t *cv = &m->carve[i];
 	snprintf(cv->group, sizeof(cv->group), "%s", group);
+	m->carve_why[0] = 0;
 	for (uint32_t r = 0; r < m->rails; r++) {
-		rw_status_t st = carve_rail(m, cv, r);
+		rw_status_t st = m->carve_dev[r] >= 0 ? carve_rail_gpu(m, cv, r) : carve_rail(m, cv, r);
 		if (st != RW_OK) {
+			if (m->carve_why[0])
+				rw_err("group %s: no carve-out: %s", group, m->carve_why);
+			else
+				snprintf(m->carve_why, sizeof(m->carve_why), "rail %u: %s", r,
+					 rw_status_str(st));
 			carve_free(m, cv);
 			return st;
 		}
@@ -179,10 +244,25 @@ int rw_svc_mesh_carve_fd(const rw_svc_mesh_t *m, uint32_t index, uint32_t rail, 
 {
 	if (index >= m->carve_max || rail >= m->rails || !m->carve[index].refs)
 		return -1;
+	const struct rw_cuda_vmm *v = m->carve[index].vmm[rail];
 	if (bytes_p)
-		*bytes_p = m->carve_bytes;
-	return m->carve[index].fd[rail];
+		*bytes_p = v ? rw_cuda_vmm_bytes(v) : m->carve_bytes;
+	return v ? rw_cuda_vmm_fd(v) : m->carve[index].fd[rail];
 }
+
+int rw_svc_mesh_carve_gpu(const rw_svc_mesh_t *m, uint32_t index, uint32_t rail,
+			  uint8_t uuid_p[16])
+{
+	if (index >= m->carve_max || rail >= m->rails || !m->carve[index].refs ||
+	    !m->carve[index].vmm[rail])
+		return -1;
+	const int dev = rw_cuda_vmm_device(m->carve[index].vmm[rail]);
+	if (uuid_p && rw_cuda_device_uuid(dev, uuid_p) != RW_OK)
+		return -1;
+	return dev;
+}
+
+const char *rw_svc_mesh_carve_why(const rw_svc_mesh_t *m) { return m->carve_why; }
 
 uint64_t rw_svc_mesh_carve_off(const rw_svc_mesh_t *m, uint32_t index)
 {

@@ -137,6 +137,7 @@ typedef struct mesh_carve {
 	int fd[RW_MAX_RAILS];         /* what a rank of the group is lent (shm: the transport's) */
 	uint8_t *mem[RW_MAX_RAILS];
 	rw_rail_region_t *region[RW_MAX_RAILS];
+	struct rw_cuda_vmm *vmm[RW_MAX_RAILS]; /* GPU memory (carve_dev): lent by its fd */
 } mesh_carve_t;
 
 struct rw_svc_mesh {
@@ -163,6 +164,10 @@ struct rw_svc_mesh {
 	uint64_t slab_dptr[RW_MAX_RAILS];
 	int slab_fd[RW_MAX_RAILS];
 	char host_why[128];           /* why the first host-memory rail is not on a GPU */
+	/* Where the groups' carve-outs are (mesh_slabs.c): -1 host memory, else GPU memory of
+	 * that device (the rail's slabs' GPU, or under the test hook the GPU beside the rail). */
+	int carve_dev[RW_MAX_RAILS];
+	char carve_why[160];          /* why the last carve-out could not be made */
 	/* Carve-outs (mesh_carve.c): offsets of the mesh's memory past area_bytes are carve-out
 	 * (offset - area_bytes) / carve_bytes, the same numbers on every node. */
 	uint64_t carve_bytes;         /* per rail and group; 0: no carve-outs */

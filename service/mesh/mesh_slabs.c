@@ -33,6 +33,8 @@ static int rail_gpu(const rw_svc_mesh_t *m, uint32_t r)
 	return -1;
 }
 
+static rw_status_t slabs_shared(rw_svc_mesh_t *m, uint32_t r);
+
 /* GPU memory for rail r, registered with its NIC; RW_ERR_UNSUPPORTED with the reason in why
  * (nothing kept) where one step says no. */
 static rw_status_t slabs_gpu(rw_svc_mesh_t *m, uint32_t r, char *why, size_t cap)
@@ -102,7 +104,36 @@ static rw_status_t slabs_gpu(rw_svc_mesh_t *m, uint32_t r, char *why, size_t cap
 	return RW_ERR_UNSUPPORTED;
 }
 
+/* Where rail r's group carve-outs go (mesh_carve.c): on the GPU of the rail's GPU slabs; under
+ * the test hook also on the GPU beside a rail whose slabs stayed in host memory, so that a
+ * machine without a GPUDirect NIC runs GPU carve-outs as far as its transport lets it (the
+ * stand-in driver's GPU memory is host memory the CPU and tcp reach); -1: host memory. */
+static int carve_dev(rw_svc_mesh_t *m, uint32_t r)
+{
+	if (!m->carve_bytes)
+		return -1;
+	if (m->slab_dev[r] >= 0)
+		return m->slab_dev[r];
+	const char *off = getenv("RAILWAVE_GPUDIRECT"), *test = getenv("RAILWAVE_TEST_GPUDIRECT");
+	if (!test || strcmp(test, "1") != 0 || (off && strcmp(off, "0") == 0) ||
+	    rw_cuda_init() != RW_OK)
+		return -1;
+	const int dev = rail_gpu(m, r);
+	return dev >= 0 && rw_cuda_vmm_supported(dev) ? dev : -1;
+}
+
 rw_status_t mesh_slabs_place(rw_svc_mesh_t *m, uint32_t r)
+{
+	rw_status_t st = slabs_shared(m, r);
+	m->carve_dev[r] = carve_dev(m, r);
+	if (m->carve_dev[r] >= 0)
+		rw_info("rail=%u: the groups' carve-outs in GPU %d's memory, lent by fd", r,
+			m->carve_dev[r]);
+	return st;
+}
+
+/* The rail's shared slabs: on its GPU where every step says yes, else in host memory. */
+static rw_status_t slabs_shared(rw_svc_mesh_t *m, uint32_t r)
 {
 	char why[128];
 	m->slab_dev[r] = -1;

@@ -320,6 +320,12 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d)
 		*v = 1;
 	if (a == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) /* an H200's (and an H100 SXM's) */
 		*v = 132;
+	/* memory lent by fd (tests/cuda/fake_cuda_vmm.c), unless RW_FAKE_CUDA_VMM=0 */
+	const char *vmm = getenv("RW_FAKE_CUDA_VMM");
+	if ((a == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED ||
+	     a == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED) &&
+	    !(vmm && strcmp(vmm, "0") == 0))
+		*v = 1;
 	return CUDA_SUCCESS;
 }
 

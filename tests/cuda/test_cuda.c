@@ -27,6 +27,7 @@
 
 #include "common/bf16.h"
 #include "cuda/rw_cuda.h"
+#include "tests/cuda/vmm_contract.h"
 #include "tests/cuda/words_contract.h"
 #include "sched/sched.h"
 
@@ -835,6 +836,22 @@ static void test_words_bad_addresses(void **state)
 	rw_words_case_bad_addresses();
 }
 
+/* ---- GPU memory lent by fd (cuda/vmm.c): the contract the stand-in is held to -------------- */
+
+static void test_vmm_export_import_same_memory(void **state)
+{
+	(void)state;
+	NEED_GPU();
+	rw_vmm_case_export_import_same_memory();
+}
+
+static void test_vmm_refusals(void **state)
+{
+	(void)state;
+	NEED_GPU();
+	rw_vmm_case_refusals();
+}
+
 /* ---- dmabuf ----------------------------------------------------------------------------- */
 
 static void test_dmabuf_probe(void **state)
@@ -892,6 +909,8 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_words_wait_holds_its_stream_only),
 		cmocka_unit_test(test_words_cyclic_geq_and_owed_words),
 		cmocka_unit_test(test_words_bad_addresses),
+		cmocka_unit_test(test_vmm_export_import_same_memory),
+		cmocka_unit_test(test_vmm_refusals),
 		cmocka_unit_test(test_dmabuf_probe),
 		cmocka_unit_test(test_shutdown),
 	};

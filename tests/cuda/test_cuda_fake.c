@@ -17,6 +17,7 @@
 
 #include "config.h"
 #include "cuda/rw_cuda.h"
+#include "tests/cuda/vmm_contract.h"
 #include "tests/cuda/words_contract.h"
 
 #if RW_HAVE_CUDA_H
@@ -648,6 +649,54 @@ static void test_words_bad_addresses(void **state)
 	rw_words_case_bad_addresses();
 }
 
+/* GPU memory lent by fd (tests/cuda/vmm_contract.c), the same cases test/cuda runs on a GPU;
+ * then what only the stand-in shows: nothing left mapped, a mapping faults until its access is
+ * set, and each of export, import and access failing says which call failed. */
+static void test_vmm_export_import_same_memory(void **state)
+{
+	(void)state;
+	rw_vmm_case_export_import_same_memory();
+}
+
+static void test_vmm_refusals(void **state)
+{
+	(void)state;
+	rw_vmm_case_refusals();
+	void *h = dlopen(fake_path, RTLD_NOW | RTLD_NOLOAD);
+	assert_non_null(h);
+	int (*live)(void) = (int (*)(void))dlsym(h, "rw_fake_cuda_vmm_live");
+	dlclose(h);
+	assert_non_null(live);
+	assert_int_equal(live(), 0); /* every mapping of both cases undone */
+	char why[160];
+	rw_cuda_vmm_t *v = NULL;
+	const struct { const char *fail, *named; } f[] = {
+		{ "export", "cuMemExportToShareableHandle" },
+		{ "access", "cuMemSetAccess" },
+	};
+	for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++) {
+		setenv("RW_FAKE_CUDA_VMM_FAIL", f[i].fail, 1);
+		why[0] = 0;
+		assert_int_not_equal(rw_cuda_vmm_create(0, 1, &v, why, sizeof(why)), RW_OK);
+		assert_non_null(strstr(why, f[i].named));
+	}
+	setenv("RW_FAKE_CUDA_VMM_FAIL", "import", 1);
+	assert_int_equal(rw_cuda_vmm_create(0, 1, &v, why, sizeof(why)), RW_OK);
+	const int dev = 0;
+	rw_cuda_vmm_t *imp = NULL;
+	assert_int_not_equal(rw_cuda_vmm_import(rw_cuda_vmm_fd(v), rw_cuda_vmm_bytes(v), 0, &dev, 1,
+						&imp, why, sizeof(why)), RW_OK);
+	assert_non_null(strstr(why, "cuMemImportFromShareableHandle"));
+	unsetenv("RW_FAKE_CUDA_VMM_FAIL");
+	rw_cuda_vmm_release(v);
+	assert_int_equal(live(), 0); /* the failed ones kept nothing */
+	setenv("RW_FAKE_CUDA_VMM", "0", 1); /* a device without VMM: refused, named */
+	assert_int_equal(rw_cuda_vmm_supported(0), 0);
+	assert_int_equal(rw_cuda_vmm_create(0, 1, &v, why, sizeof(why)), RW_ERR_UNSUPPORTED);
+	assert_non_null(strstr(why, "POSIX fd"));
+	unsetenv("RW_FAKE_CUDA_VMM");
+}
+
 /* The stand-in is stricter than a driver with HMM: a word in pageable host memory (the rank page
  * not registered) is refused, so a path that forgets cuMemHostRegister fails here; device
  * memory is taken. */
@@ -705,6 +754,8 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_words_cyclic_geq_and_owed_words),
 		cmocka_unit_test(test_words_bad_addresses),
 		cmocka_unit_test(test_words_need_registered_memory),
+		cmocka_unit_test(test_vmm_export_import_same_memory),
+		cmocka_unit_test(test_vmm_refusals),
 		cmocka_unit_test(test_shutdown_releases_contexts),
 	};
 	char self[PATH_MAX];

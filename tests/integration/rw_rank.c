@@ -172,28 +172,76 @@ static int redo(uint32_t step, uint32_t layer, int ok, const rw_cqe_t *cq, const
 #define CHECK(cond, ...) do { if (!(cond)) { fprintf(stderr, "rank %u: ", me); \
 	fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); return 1; } } while (0)
 
-/* --slabs: the group's slab of each rail, as mapped by rw_client_group_slab. */
+/* --slabs: the group's slab of each rail, as lent by rw_client_group_slab_kind: host memory
+ * mapped by the client and registered with CUDA, or GPU memory imported for device 0
+ * (cuda/vmm.c), read through a copy (slab_gpu). */
 static const char *go_file; /* --go */
 static int scribble;        /* --scribble */
 static _Atomic int scribbling;
 static uint32_t slab_rails;
 static rw_client_slab_t slabs[RW_CLIENT_SLAB_RAILS];
+static rw_cuda_vmm_t *slab_vmm[RW_CLIENT_SLAB_RAILS]; /* GPU slabs: the import */
+static uint8_t *slab_copy;                            /* GPU slabs: a receive area, copied */
 static uint64_t slab_rows; /* remote rows found in a slab */
 
 static int slabs_map(rw_client_t *c)
 {
 	for (uint32_t r = 0; r < slab_rails; r++) {
-		int rc = rw_client_group_slab(c, r, &slabs[r]);
+		rw_client_slab_gpu_t g;
+		int rc = rw_client_group_slab_kind(c, r, &slabs[r], &g);
 		CHECK(rc == 0, "slab of rail %u: %s (%s)", r, rw_client_strerror(rc),
 		      rw_client_last_message(c));
-		rw_cuda_dptr_t dptr = 0;
-		rw_status_t st = rw_cuda_host_register_mapped(slabs[r].base, slabs[r].bytes, &dptr);
-		CHECK(st == RW_OK && dptr, "slab of rail %u: cuMemHostRegister: %s", r, rw_status_str(st));
+		if (g.kind == RW_CLIENT_SLAB_GPU) {
+			int dev = -1;
+			const int mine = 0;
+			char why[160] = "";
+			CHECK(!scribble, "--scribble writes host slabs only");
+			CHECK(rw_cuda_device_by_uuid(g.uuid, &dev) == RW_OK, "slab of rail %u: the "
+			      "daemon's GPU %d is not visible here", r, g.device);
+			rw_status_t st = rw_cuda_vmm_import(g.fd, slabs[r].bytes, dev, &mine, 1,
+							    &slab_vmm[r], why, sizeof(why));
+			CHECK(st == RW_OK, "slab of rail %u: import: %s", r, why);
+			if (!slab_copy)
+				slab_copy = malloc(slabs[r].area_bytes);
+			CHECK(slab_copy, "out of memory");
+			printf("slab %u gpu device %d\n", r, dev);
+		} else {
+			rw_cuda_dptr_t dptr = 0;
+			rw_status_t st = rw_cuda_host_register_mapped(slabs[r].base, slabs[r].bytes,
+								      &dptr);
+			CHECK(st == RW_OK && dptr, "slab of rail %u: cuMemHostRegister: %s", r,
+			      rw_status_str(st));
+		}
 		printf("slab %u object %llu bytes %zu\n", r, (unsigned long long)slabs[r].object,
 		       slabs[r].bytes);
 	}
 	fflush(stdout);
 	return 0;
+}
+
+static void slabs_unmap(void)
+{
+	for (uint32_t r = 0; r < slab_rails; r++) { /* before the close unmaps them */
+		if (slab_vmm[r])
+			rw_cuda_vmm_release(slab_vmm[r]);
+		else
+			rw_cuda_host_unregister(slabs[r].base);
+		slab_vmm[r] = NULL;
+	}
+	free(slab_copy);
+	slab_copy = NULL;
+}
+
+/* Rail r's dispatch receive area as this CPU reads it: the mapping, or a copy of GPU memory. */
+static const uint8_t *slab_recv(uint32_t r)
+{
+	if (!slab_vmm[r])
+		return (const uint8_t *)slabs[r].base + slabs[r].recv_off[0];
+	const int dev = rw_cuda_vmm_device(slab_vmm[r]);
+	if (rw_cuda_memcpy_dtoh(dev, slab_copy, rw_cuda_vmm_dptr(slab_vmm[r]) + slabs[r].recv_off[0],
+				slabs[r].area_bytes) != RW_OK)
+		memset(slab_copy, 0, slabs[r].area_bytes); /* nothing found there, said by the caller */
+	return slab_copy;
 }
 
 static uint64_t row_hash(const uint8_t *p, uint32_t len)
@@ -235,7 +283,7 @@ static void slabs_find(const uint8_t *rows, uint32_t n, uint32_t len, uint8_t *f
 			head[key[i] & (cap - 1)] = (int32_t)i;
 		}
 		for (uint32_t r = 0; r < slab_rails; r++) {
-			const uint8_t *a = (const uint8_t *)slabs[r].base + slabs[r].recv_off[0];
+			const uint8_t *a = slab_recv(r);
 			for (uint64_t at = 0; at + len <= slabs[r].area_bytes; at += 16) {
 				const uint64_t k = row_hash(a + at, len);
 				for (int32_t i = head[k & (cap - 1)]; i >= 0; i = next[i])
@@ -1189,8 +1237,7 @@ int main(int argc, char **argv)
 		atomic_store(&scribbling, 0);
 		pthread_join(scribble_thread, NULL);
 	}
-	for (uint32_t r = 0; r < slab_rails; r++) /* before the close unmaps them */
-		rw_cuda_host_unregister(slabs[r].base);
+	slabs_unmap();
 	if (dump && fclose(dump) != 0 && rc == 0)
 		rc = 1;
 	if (b.rp) { /* its stream drained: nothing writes the page any more */

@@ -633,6 +633,19 @@ int rw_svc_mesh_carve_fd(const rw_svc_mesh_t *mesh, uint32_t index, uint32_t rai
 	return -1;
 }
 
+int rw_svc_mesh_carve_gpu(const rw_svc_mesh_t *mesh, uint32_t index, uint32_t rail,
+			  uint8_t uuid_p[16])
+{
+	(void)mesh, (void)index, (void)rail, (void)uuid_p;
+	return -1;
+}
+
+const char *rw_svc_mesh_carve_why(const rw_svc_mesh_t *mesh)
+{
+	(void)mesh;
+	return ""; /* the fake lends no carve-outs (rw_svc_mesh_carve_take: off) */
+}
+
 int rw_svc_mesh_slab_dev(const rw_svc_mesh_t *mesh, uint32_t rail, uint64_t *dptr_p)
 {
 	const fk_node_t *d = &fk_nodes[mesh->me];

@@ -83,7 +83,8 @@ class Raw:
             raise RuntimeError("hello refused: %r" % reply)
 
     def slab(self, rail, reserved=0):
-        """("ok", fd, fields) or ("error", code, message) or ("closed",)."""
+        """("ok", fd, fields) or ("error", code, message) or ("closed",); reserved is the
+        request's form field (was reserved)."""
         self.s.send(self.hdr(SLAB_SETUP) + struct.pack("<II", rail, reserved))
         msg, fds, _, _ = socket.recv_fds(self.s, 512, 4)
         if not msg:
@@ -94,11 +95,19 @@ class Raw:
             for fd in fds:
                 os.close(fd)
             return ("error", code, msg[24:136].split(b"\0")[0].decode())
-        if typ != SLAB_OK or len(msg) != 80 or len(fds) != 1:
+        if typ != SLAB_OK or len(msg) != (104 if reserved == 1 else 80) or len(fds) != 1:
             raise RuntimeError("bad slab reply: type %d, %d bytes, %d fds" % (typ, len(msg), len(fds)))
         nbytes, r, rails, area, rd, rc, sd, sc, loc = struct.unpack_from("<QIIQQQQQQ", msg, 16)
-        return ("ok", fds[0], dict(bytes=nbytes, rail=r, rails=rails, area=area, recv=(rd, rc),
-                                   send=(sd, sc), local=loc))
+        fields = dict(bytes=nbytes, rail=r, rails=rails, area=area, recv=(rd, rc), send=(sd, sc),
+                      local=loc)
+        if reserved == 1:  # form 1 (kinds)
+            kind, device = struct.unpack_from("<Ii", msg, 80)
+            fields.update(kind=kind, device=device, uuid=msg[88:104])
+        return ("ok", fds[0], fields)
+
+    def slab_kind(self, rail):
+        """Form 1 (kinds): the reply adds kind, device and uuid to the fields."""
+        return self.slab(rail, 1)
 
     def closed(self):
         """True once the daemon has closed the connection."""
@@ -369,15 +378,8 @@ class Slab(ctypes.Structure):
                 ("local_off", ctypes.c_uint64), ("object", ctypes.c_uint64)]
 
 
-def scenario_rank_path(tmp, seed):
-    with open(cluster.FAKE_KERN, "rb") as f:
-        if b"libasan" in f.read():  # this (unsanitized) interpreter cannot load it
-            print("skip rank path: the kernel stand-in is built with ASan here (the release "
-                  "build runs it)")
-            return
-    c = cluster.Cluster(tmp, 2, extra=AREA)
-    world = c.nodes * c.gpus
-    sock0 = c.cfg["nodes"][0]["ipc_socket"].encode()
+def rank_lib():
+    """librailwave through ctypes, this process a rank on the kernel stand-in driver."""
     os.environ["RW_CUDA_DRIVER"] = cluster.FAKE_KERN  # the driver this process (the rank) loads
     lib = ctypes.CDLL(cluster.LIBRAILWAVE)
     lib.rw_client_connect.argtypes = [ctypes.POINTER(cluster.ClientOpts),
@@ -391,6 +393,29 @@ def scenario_rank_path(tmp, seed):
     lib.rw_client_group_slab.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.POINTER(Slab)]
     lib.rw_client_rank_slab.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.POINTER(Slab),
                                         ctypes.POINTER(ctypes.c_uint64)]
+    return lib
+
+
+def rank_slabs(lib, rp, rails):
+    """[(rc, Slab, device address)] of each rail, as rw_client_rank_slab gives them."""
+    out = []
+    for r in range(rails):
+        sl, dptr = Slab(), ctypes.c_uint64()
+        rc = lib.rw_client_rank_slab(rp, r, ctypes.byref(sl), ctypes.byref(dptr))
+        out.append((rc, sl, dptr.value))
+    return out
+
+
+def scenario_rank_path(tmp, seed):
+    with open(cluster.FAKE_KERN, "rb") as f:
+        if b"libasan" in f.read():  # this (unsanitized) interpreter cannot load it
+            print("skip rank path: the kernel stand-in is built with ASan here (the release "
+                  "build runs it)")
+            return
+    c = cluster.Cluster(tmp, 2, extra=AREA)
+    world = c.nodes * c.gpus
+    sock0 = c.cfg["nodes"][0]["ipc_socket"].encode()
+    lib = rank_lib()
     held = []
 
     def rank_path(group, rank):
@@ -406,12 +431,7 @@ def scenario_rank_path(tmp, seed):
         return rp
 
     def slabs(rp):
-        out = []
-        for r in range(c.rails):
-            sl, dptr = Slab(), ctypes.c_uint64()
-            rc = lib.rw_client_rank_slab(rp, r, ctypes.byref(sl), ctypes.byref(dptr))
-            out.append((rc, sl, dptr.value))
-        return out
+        return rank_slabs(lib, rp, c.rails)
 
     try:
         c.start_all()
@@ -457,6 +477,175 @@ def scenario_rank_path(tmp, seed):
         c.stop()
 
 
+def vmm_fds(pid):
+    """How many of process pid's fds are GPU allocations of the stand-in (tests/cuda/fake_cuda_vmm.c)."""
+    n = 0
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        try:
+            n += os.readlink("/proc/%d/fd/%s" % (pid, fd)).startswith("/memfd:rw-fake-vmm")
+        except OSError:
+            pass
+    return n
+
+
+def vmm_maps(pid):
+    with open("/proc/%d/maps" % pid) as f:
+        return sum("rw-fake-vmm" in line for line in f)
+
+
+def wait_for(what, cond):
+    deadline = time.time() + cluster.WAIT
+    while not cond():
+        if time.time() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def gpu_rank_path(c):
+    """librailwave's rank path (rank/slabs.c) on GPU slabs, through ctypes on the kernel stand-in
+    (this process is the rank; release build only): imported and mapped, the same memory as
+    another rank of the group is lent, another group's apart, unmapped when the rank leaves, and
+    an import the driver refuses fails the open, naming the call."""
+    with open(cluster.FAKE_KERN, "rb") as f:
+        if b"libasan" in f.read():
+            print("skip gpu rank path: the kernel stand-in is built with ASan here")
+            return
+    world = c.nodes * c.gpus
+    sock0 = c.cfg["nodes"][0]["ipc_socket"]
+    lib = rank_lib()
+    held = []
+
+    def rank_path(group, rank):
+        o = cluster.ClientOpts(sock0.encode(), group.encode(), rank, world, 0, rank % c.gpus)
+        cl, rp = ctypes.c_void_p(), ctypes.c_void_p()
+        if lib.rw_client_connect(ctypes.byref(o), ctypes.byref(cl)) != 0:
+            raise RuntimeError("rank %d of %s cannot connect" % (rank, group))
+        rc = lib.rw_client_rank_open(cl, 0, 64, ctypes.byref(rp))
+        held.append((cl, rp if rc == 0 else None))
+        return rc, rp
+
+    def slabs(rp):
+        return rank_slabs(lib, rp, c.rails)
+
+    try:
+        rc, rp = rank_path("g.gpu", 0)
+        a = slabs(rp) if rc == 0 else []
+        check(rc == 0 and len(a) == c.rails and all(
+                  r == 0 and not sl.base and sl.bytes == 2 << 20 and dptr for r, sl, dptr in a),
+              "the rank path imports and maps its group's GPU slab of every rail (rc %d: %s)"
+              % (rc, [(r, sl.base, sl.bytes, hex(dptr)) for r, sl, dptr in a]))
+        check(vmm_maps(os.getpid()) == c.rails, "the rank maps one allocation per rail (%d)"
+              % vmm_maps(os.getpid()))
+        x = Raw(sock0)
+        x.hello("g.gpu", 1, world, 0, 1)
+        res = x.slab_kind(0)
+        if a and res[0] == "ok":
+            sl, dptr = a[0][1], a[0][2]
+            ctypes.memset(dptr + sl.local_off, 0x6d, 4096)  # the stand-in's device address
+            view = mmap.mmap(res[1], res[2]["bytes"])
+            check(os.fstat(res[1]).st_ino == sl.object and
+                  view[sl.local_off:sl.local_off + 4096] == b"\x6d" * 4096,
+                  "another rank of the group is lent the same allocation (inode %d) and sees what "
+                  "the rank path wrote through its mapping" % sl.object)
+            view.close()
+            os.close(res[1])
+        else:
+            check(False, "another rank of the group is lent its GPU slab: %s" % (res,))
+        x.close()
+        rc, rp2 = rank_path("g.gpu2", 0)
+        b = slabs(rp2) if rc == 0 else []
+        check(rc == 0 and b and not {sl.object for _, sl, _ in b} & {sl.object for _, sl, _ in a},
+              "another group's rank path holds other allocations")
+        for cl, p in held:
+            lib.rw_client_rank_close(p)
+            lib.rw_client_close(cl)
+        held.clear()
+        check(vmm_maps(os.getpid()) == 0 and vmm_fds(os.getpid()) == 0,
+              "ranks that left map and hold no allocation (maps %d, fds %d)"
+              % (vmm_maps(os.getpid()), vmm_fds(os.getpid())))
+        os.environ["RW_FAKE_CUDA_VMM_FAIL"] = "import"
+        rc, _ = rank_path("g.gpu3", 0)
+        msg = lib.rw_client_rank_message(None) or b""
+        check(rc != 0 and b"cuMemImportFromShareableHandle" in msg,
+              "an import the driver refuses fails the rank path's open, named (%d: %s)"
+              % (rc, msg.decode()))
+    finally:
+        os.environ.pop("RW_FAKE_CUDA_VMM_FAIL", None)
+        for cl, p in held:
+            if p:
+                lib.rw_client_rank_close(p)
+            lib.rw_client_close(cl)
+
+
+def scenario_gpu(tmp, seed):
+    """GPU slabs (the test hook RAILWAVE_TEST_GPUDIRECT=1 on tcp, the cross-process stand-in
+    driver in the daemons and the ranks): each group's carve-out is a CUDA allocation exported as
+    a POSIX fd, lent by SLAB_OK form 1 and imported by the ranks."""
+    c = cluster.Cluster(tmp, 2, extra=dict(AREA, transport="tcp"))
+    c.env.update(RAILWAVE_TEST_GPUDIRECT="1", RW_CUDA_DRIVER=cluster.FAKE_CUDA)
+    env = dict(c.env)
+    pids = []
+    try:
+        c.start_all()
+        pids = [c.procs[n].pid for n in range(c.nodes)]
+        check(all("the groups' carve-outs in GPU 0's memory, lent by fd" in daemon_log(tmp, n)
+                  for n in range(c.nodes)), "both daemons place the groups' carve-outs on GPU 0")
+        check(all(vmm_fds(p) == 0 for p in pids), "no GPU allocation before a group joins")
+        outs = c.collect([(r, c.rank(r, "job.a", 2, 4, seed, flags=["--slabs", str(c.rails)],
+                                     env=env)) for r in range(c.nodes * c.gpus)])
+        for r in outs:
+            gpu = [l for l in outs[r].splitlines() if l.startswith("slab ") and " gpu device " in l]
+            check("4 steps x 2 layers verified" in outs[r] and remote_rows(outs[r]) > 0 and
+                  len(gpu) == c.rails,
+                  "rank %d imported its group's GPU slab of each rail (%d), verified every phase, "
+                  "and found %d rows from the other node in them (read back from the GPU)"
+                  % (r, len(gpu), remote_rows(outs[r])))
+        x = Raw(c.cfg["nodes"][0]["ipc_socket"])
+        x.hello("g.raw", 0, c.nodes * c.gpus, 0, 0)
+        old = x.slab(0)
+        check(old[0] == "error" and old[1] == E_STATE and "GPU memory" in old[2],
+              "a client of the first form is refused a GPU slab, named: %s" % (old,))
+        res = x.slab_kind(0)
+        if res[0] == "ok":
+            name = os.readlink("/proc/self/fd/%d" % res[1])
+            check(res[2]["kind"] == 2 and res[2]["device"] == 0 and
+                  res[2]["bytes"] % (2 << 20) == 0 and name.startswith("/memfd:rw-fake-vmm-d0"),
+                  "form 1: kind GPU, device 0, %d bytes (the granularity's multiple), the fd the "
+                  "driver exported (%s)" % (res[2]["bytes"], name))
+            os.close(res[1])
+        else:
+            check(False, "form 1 lends the GPU slab: %s" % (res,))
+        check(vmm_fds(pids[0]) > 0, "the daemon holds the group's allocation while it is joined")
+        x.close()
+        gpu_rank_path(c)
+        check(wait_for("freed", lambda: all(vmm_fds(p) == 0 and vmm_maps(p) == 0 for p in pids)),
+              "every group gone: the daemons hold no GPU allocation and map none (fds %s, maps %s)"
+              % ([vmm_fds(p) for p in pids], [vmm_maps(p) for p in pids]))
+    finally:
+        c.stop()
+    # The export failing: the group gets no slabs, told why; another job runs meanwhile.
+    os.makedirs(os.path.join(tmp, "fail"), exist_ok=True)
+    c = cluster.Cluster(os.path.join(tmp, "fail"), 2, extra=dict(AREA, transport="tcp"))
+    c.env.update(RAILWAVE_TEST_GPUDIRECT="1", RW_CUDA_DRIVER=cluster.FAKE_CUDA)
+    c.node_env[0] = {"RW_FAKE_CUDA_VMM_FAIL": "export"}
+    try:
+        c.start_all()
+        x = Raw(c.cfg["nodes"][0]["ipc_socket"])
+        x.hello("g.nogpu", 0, c.nodes * c.gpus, 0, 0)
+        res = x.slab_kind(0)
+        check(res[0] == "error" and res[1] == E_STATE and "no group slabs" in res[2] and
+              "cuMemExportToShareableHandle" in res[2],
+              "the export failing: the group is refused its slabs, naming the call: %s" % (res,))
+        outs = c.collect([(r, c.rank(r, "job.b", 2, 2, seed, env=dict(c.env)))
+                          for r in range(c.nodes * c.gpus)])
+        check(all("2 steps x 2 layers verified" in o for o in outs.values()),
+              "the daemon serves another job meanwhile (verified on the shared area)")
+        x.close()
+    finally:
+        c.stop()
+
+
 def main():
     if not cluster.built(cluster.DAEMON, cluster.RANK, cluster.LIBRAILWAVE) or not all(
             os.path.exists(p) for p in (cluster.FAKE_CUDA, cluster.FAKE_KERN)):
@@ -469,7 +658,8 @@ def main():
                          ("late peer", scenario_late_peer),
                          ("hostile rank", scenario_hostile_rank),
                          ("attacks", scenario_attacks),
-                         ("rank path", scenario_rank_path)], tmp, seed)
+                         ("rank path", scenario_rank_path),
+                         ("gpu slabs", scenario_gpu)], tmp, seed)
     return check.exit_code()
 
 
