@@ -312,7 +312,7 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d)
 {
 	(void)d;
 	/* dmabuf export only with RW_FAKE_CUDA_DMABUF=1; 64-bit stream memory operations yes; 132
-	 * SMs; every other attribute asked is 0 (the GPUDirect write ordering among them: NONE, so
+	 * SMs; VMM with POSIX fds (below); every other attribute asked is 0 (the GPUDirect write ordering among them: NONE, so
 	 * a reader must flush) */
 	const char *dmabuf = getenv("RW_FAKE_CUDA_DMABUF");
 	*v = a == CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED && dmabuf && strcmp(dmabuf, "1") == 0;
