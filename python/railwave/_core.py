@@ -146,17 +146,21 @@ class Handle:
         key = self.layer | BACKWARD_LAYER
         idx, w = self.topk_idx, self.topk_weights
         if idx is None or (idx._version, w._version) != self.routing_version:
-            g._poison(key, self.step, self.n_experts)
+            if self.recv_n is None:  # static mode: the stream's keys are not the host's
+                g._poison(key, self.step, self.n_experts)
             raise BackwardMismatch(g._where(op_name("dispatch", key, self.step)), (
                 "the dispatch kept no routing for a backward (it ran with async_op=True or "
                 "under torch.no_grad())" if idx is None else
                 "topk_idx or topk_weights was changed in place after the dispatch; its "
                 "backward sends the routing of the forward again"))
         recv, _, _, _, hb = g._dispatch_key(rows, idx, w, self.n_experts, key, self.step).wait()
-        try:
-            perm = _permutation(self, hb)
-        except BackwardMismatch as e:
-            g._refuse_combine(e)  # B is open: fail it for every rank, then raise
+        if self.recv_n is not None:  # static mode: matched on the device, judged by check()
+            perm = _permutation_static(self, hb)
+        else:
+            try:
+                perm = _permutation(self, hb)
+            except BackwardMismatch as e:
+                g._refuse_combine(e)  # B is open: fail it for every rank, then raise
         if keep_open is None:
             keep_open = self.dispatch_backward
         if keep_open:
@@ -178,7 +182,10 @@ class Handle:
         self.bwd = None
         in_b = torch.empty_like(rows)
         in_b[perm] = rows
-        return self.group._submit_combine(in_b, hb).wait()
+        out = self.group._submit_combine(in_b, hb).wait()
+        if hb.recv_n is not None:
+            self.group._static_host_settle()  # autograd reads out at once
+        return out
 
 
 def _permutation(a: Handle, b: Handle) -> torch.Tensor:
@@ -192,6 +199,29 @@ def _permutation(a: Handle, b: Handle) -> torch.Tensor:
     sa, sb = torch.argsort(ka), torch.argsort(kb)
     if not torch.equal(ka[sa], kb[sb]):
         raise BackwardMismatch(op, "the backward pair received other tokens than the forward")
+    perm = torch.empty_like(sa)
+    perm[sa] = sb
+    return perm
+
+
+def _static_keys(h: Handle) -> torch.Tensor:
+    """int64 [room] on the device: keys() for the rows a static dispatch received, and for the
+    rows past its received count (garbage metadata) 2^62 + the row index, unique and last."""
+    room = h.num_recv
+    pos = torch.arange(room, dtype=torch.int64, device=h.device)
+    src = h._src.to(torch.int64)
+    k = src[:, 0] * (1 << 32) + src[:, 1]
+    return torch.where(pos < h.recv_n, k, pos + (1 << 62))
+
+
+def _permutation_static(a: Handle, b: Handle) -> torch.Tensor:
+    """_permutation of two static dispatches (room-sized, the received counts on the device),
+    with no host read: where A's keys and B's differ (the routing changed between forward and
+    backward, or B received other rows) the group's device flag is set, and Group.check()
+    raises BackwardMismatch. Rows past A's count map to rows past B's."""
+    ka, kb = _static_keys(a), _static_keys(b)
+    sa, sb = torch.argsort(ka), torch.argsort(kb)
+    a.group._static_bad |= (ka[sa] != kb[sb]).any().to(torch.int32)
     perm = torch.empty_like(sa)
     perm[sa] = sb
     return perm
@@ -218,19 +248,21 @@ def _received(meta: torch.Tensor, K: int, lut: torch.Tensor):
     return recv_idx, recv_w, mine
 
 
-def _rank_args(rp, x, topk_idx, topk_weights, E, layer, step):
+def _rank_args(rp, x, topk_idx, topk_weights, E, layer, step, zero_rows=False):
     """A rank-path dispatch's argument block and the tensors it names: x (copied when not
     16-byte aligned: the pack reads rows 16 bytes at a time), the int32 ids, and fresh outputs
-    of the room's size (rows, metadata, per-expert counts)."""
+    of the room's size (rows, metadata, per-expert counts). zero_rows: the rows start zero
+    (static mode, where the rows past the received count are returned: garbage there would
+    reach the experts, and inf or NaN times a zero weight is NaN in their gradients)."""
     T, H = x.shape
     K = topk_idx.shape[1]
-    cap, dev = rp.max_recv, x.device
+    cap, dev = rp.cap, x.device
     if x.data_ptr() % 16:
         x = x.clone()
     # int64 ids clamped first, so that none wraps into a valid int32 id (-2 and E are both out
     # of range: the count kernel reports the token)
     ids = topk_idx if topk_idx.dtype == torch.int32 else topk_idx.clamp(-2, E).to(torch.int32)
-    rx = torch.empty(cap, H, dtype=x.dtype, device=dev)
+    rx = (torch.zeros if zero_rows else torch.empty)(cap, H, dtype=x.dtype, device=dev)
     meta = torch.empty(cap, 4 + 2 * K, dtype=torch.int32, device=dev)
     counts = torch.empty(E, dtype=torch.int32, device=dev)
     d = _lib.RankDispatch(dtype=DTYPES[x.dtype], topk=K, layer=layer, step=step, token_count=T,
@@ -336,6 +368,8 @@ class Core:
         self._c = None
         self.static = bool(static)  # the rank path's static mode (docs/python.md "Static mode")
         self._static_keep = []  # the stand-in's host tensors of static calls not yet synced
+        self._static_bad = None  # int32 [1] on the device: a static backward pair mismatched
+        self._static_over = None  # an overflow a static dispatch read, for check() to raise
         self._rank = None  # railwave._rank.RankPath, opened at the first dispatch it serves
         self._rank_off = None  # why this Group fell back to the ring path, when it did
         self._said = ""  # the daemon's last reason a rank-path failure showed
@@ -843,7 +877,8 @@ class Core:
             return rp
         if not self.static and (self._rank_mode == 0 or self._rank_off is not None):
             return None
-        self._rank = _rank.open_for(self, dev, self._rank_room(), not x.is_cuda, self.static)
+        self._rank = _rank.open_for(self, dev, self._rank_room(), not x.is_cuda, self.static,
+                                    self.max_recv_tokens if self.static else None)
         return self._rank
 
     def _lut(self, E: int, device: torch.device) -> torch.Tensor:
@@ -862,7 +897,11 @@ class Core:
         """The rank path's receive room, fixed when it opens (the rank page is sized for it):
         max_recv_tokens, else world_size × max_tokens_per_rank, else world_size × the larger of
         this first dispatch's tokens and 256 — at most 65536, the daemon's default max_tokens,
-        which bounds a page's records."""
+        which bounds a page's records. Static mode with max_tokens_per_rank: the page holds
+        that worst case, and max_recv_tokens (when less) is the outputs' capacity (RankPath.cap:
+        rows past it are dropped and counted on the device, the group runs on)."""
+        if self.static and self.max_tokens_per_rank:
+            return self.world_size * self.max_tokens_per_rank
         if self.max_recv_tokens:
             return self.max_recv_tokens
         if self.max_tokens_per_rank:
@@ -940,18 +979,20 @@ class Core:
     def _dispatch_static(self, rp, x, topk_idx, topk_weights, E, layer, step):
         """A dispatch in static mode: enqueued and returned at once, nothing read back. The
         outputs are the room's size (recv_x [room, hidden], the tensors from the metadata
-        [room, k]); rows from the received count on (handle.recv_n, int32 on the device) carry
-        expert index -1 and weight 0. A failure of an earlier phase is raised here first (the
-        report, read from page-locked memory: the next host-visible call)."""
-        if torch.is_grad_enabled() and (x.requires_grad or topk_weights.requires_grad):
-            raise BadArgument(op_name("dispatch", layer, step), "static mode runs the forward "
-                              "only (no backward pairs): call it under torch.no_grad()")
-        self._static_report()
+        [room, k]); rows from the received count on (handle.recv_n, int32 on the device) are
+        zero in recv_x and carry expert index -1 and weight 0. A failure of an earlier phase is
+        raised here first (the report, read from page-locked memory: the next host-visible
+        call; an overflow waits for check()). Differentiable through railwave.autograd: its
+        backward pairs are static calls too (Handle.open_backward)."""
+        self._static_report(overflow_now=False)
         T, H = x.shape
         K = topk_idx.shape[1]
-        dt, dev, cap = x.dtype, x.device, rp.max_recv
+        dt, dev, cap = x.dtype, x.device, rp.cap
         what = ("dispatch", layer, step)
-        x, ids, rx, meta, counts, d = _rank_args(rp, x, topk_idx, topk_weights, E, layer, step)
+        x, ids, rx, meta, counts, d = _rank_args(rp, x, topk_idx, topk_weights, E, layer, step,
+                                                 zero_rows=True)
+        if self._static_bad is None:  # before any capture: it outlives every graph
+            self._static_bad = torch.zeros(1, dtype=torch.int32, device=dev)
         n = torch.zeros(1, dtype=torch.int32, device=dev)
         if not rp.host:
             rp.stream.handle = torch.cuda.current_stream(dev).cuda_stream
@@ -977,13 +1018,11 @@ class Core:
 
     def _combine_static(self, y, h):
         """The combine of a static dispatch: y has the room's rows (those past the received
-        count are not read); the combined rows come back at once, written in stream order."""
+        count are not read); the combined rows come back at once, written in stream order.
+        Always enqueued (a failure reported since is raised by the next dispatch or check()):
+        the dispatch is on the stream, and its pair needs this rank's combine."""
         rp = self._rank
         what = ("combine", h.layer, h.step)
-        if torch.is_grad_enabled() and y.requires_grad:
-            raise BadArgument(op_name(*what), "static mode runs the forward only (no backward "
-                              "pairs): call it under torch.no_grad()")
-        self._static_report()
         if y.data_ptr() % 16:
             y = y.clone()
         out = torch.empty(h.num_tokens, h.hidden, dtype=h.dtype, device=y.device)
@@ -1000,32 +1039,67 @@ class Core:
             self._static_keep.append((y, out))
         return _Done(out, what)
 
-    def _static_report(self):
-        """Raise what the stream reported failed since the last look (rw_client_rank_check)."""
+    def _static_report(self, overflow_now=True):
+        """Raise what the stream reported failed since the last look (rw_client_rank_check).
+        An overflow (rows dropped past the capacity; the group ran on) is kept for check()
+        unless overflow_now: raised by a dispatch, this rank would stop while the others
+        run on into a phase that then waits for it."""
         rp = self._rank
         if rp is None or not rp.static:
             return
         rc, c, msg = rp.check()
         if rc == CODES["RW_E_OVERFLOW"]:
-            raise ReceiveRoomExceeded(self._where("static dispatch phase %d" % c.over_phase),
-                                      "%d rows arrived past the room of %d rows and were dropped"
-                                      "; the room needed: %d rows (max_recv_tokens) (%s)"
-                                      % (c.overflow, rp.max_recv, c.need, msg), code=rc,
-                                      text=_lib.strerror(rc))
+            e = ReceiveRoomExceeded(self._where("static dispatch phase %d" % c.over_phase),
+                                    "%d rows arrived past the room of %d rows and were dropped"
+                                    "; the room needed: %d rows (max_recv_tokens) (%s)"
+                                    % (c.overflow, rp.cap, c.need, msg), code=rc,
+                                    text=_lib.strerror(rc))
+            if overflow_now:
+                raise e
+            if self._static_over is None:
+                self._static_over = e
+            return
+        if rc == CODES["RW_E_RANGE"]:
+            raise ReceiveRoomExceeded(self._where("static phase %d" % c.phase), (
+                "the daemon listed more rows for this rank than its rank page holds (%d rows: "
+                "%s), and failed the phase for the group; with max_tokens_per_rank the page "
+                "holds the worst case, world_size × that, and rows past max_recv_tokens are "
+                "dropped and counted instead (%s)")
+                % (rp.max_recv, "max_recv_tokens, max_tokens_per_rank unset"
+                   if not self.max_tokens_per_rank else "world_size × max_tokens_per_rank",
+                   msg), code=rc, text=_lib.strerror(rc))
         if rc:
             raise self._error(rc, "static phase %d" % c.phase, PhaseError, detail=msg)
+
+    def _static_host_settle(self) -> None:
+        """The stand-in's host tensors (the test switch) only: wait for its stream, so that a
+        static call's output can be read on the CPU at once (on a GPU nothing waits)."""
+        rp = self._rank
+        if rp is not None and rp.static and rp.host:
+            rp.sync(torch, None)
 
     def check(self) -> None:
         """Static mode: wait for the current stream's work, then raise the first failure the
         stream reported since the last check (PhaseError, PeerFailed, DaemonLost, or
-        ReceiveRoomExceeded naming the room needed). The host-visible call after graph
+        ReceiveRoomExceeded naming the room needed), else BackwardMismatch when a backward
+        pair received other rows than its forward. The host-visible call after graph
         replays. A no-op outside static mode."""
         rp = self._rank
         if rp is None or not rp.static:
             return
         rp.sync(torch, torch.device("cuda", rp.device) if not rp.host else None)
         self._static_keep.clear()
+        over, self._static_over = self._static_over, None
+        if over is not None:  # the earliest: what the report holds now stays for the next
+            raise over
         self._static_report()
+        bad = self._static_bad
+        if bad is not None and int(bad.item()):
+            bad.zero_()
+            raise BackwardMismatch(self._where("static backward"), "a backward pair received "
+                                   "other rows than its forward (the routing changed between "
+                                   "forward and backward, or the ranks ran different "
+                                   "backwards); its gradients are wrong")
 
     def _rank_detail(self, msg):
         """The library's message for a failed phase, with the daemon's reason when it sent a new

@@ -47,11 +47,14 @@ def host_as_device(env=os.environ) -> bool:
 
 class RankPath:
     """One Group's rank path on one device: opened with the Group's receive room (max_recv, the
-    records one dispatch may deliver to this rank), which every dispatch's outputs are sized
-    for. host: CPU tensors stand for device memory (the test switch), on the legacy stream."""
+    records one dispatch may deliver to this rank: the daemon fails a phase that would list
+    more), and cap, the rows every dispatch's outputs are sized for (max_recv, or less in
+    static mode: rows listed past it are dropped and counted on the device). host: CPU
+    tensors stand for device memory (the test switch), on the legacy stream."""
 
-    def __init__(self, lib, client, device, max_recv, host, static=False):
+    def __init__(self, lib, client, device, max_recv, host, static=False, cap=None):
         self.lib, self.device, self.max_recv, self.host = lib, device, max_recv, host
+        self.cap = min(cap or max_recv, max_recv)
         self.static = static
         self.waited = 0.0  # seconds spent blocked in reap (python/bench/overhead.py)
         rp = ctypes.c_void_p(0)
@@ -145,7 +148,7 @@ class RankPath:
             self.rp = None
 
 
-def open_for(core, device, max_recv, host, static=False):
+def open_for(core, device, max_recv, host, static=False, cap=None):
     """The Group's RankPath on device, or None where the ring path serves it: RAILWAVE_RANK_PATH
     unset and the rank path does not open (no driver, kernels or stream memory operations; no
     rank page or slabs from the daemon; a library without it). With RAILWAVE_RANK_PATH=1 that
@@ -158,7 +161,7 @@ def open_for(core, device, max_recv, host, static=False):
         core._rank_off = why
         return None
     try:
-        return RankPath(core._lib, core._c, device, max_recv, host, static)
+        return RankPath(core._lib, core._c, device, max_recv, host, static, cap)
     except RailWaveError as e:
         if forced:
             raise

@@ -56,9 +56,10 @@ class Group(Core):
     its room fails the phase for everyone (ReceiveRoomExceeded, naming the size needed).
     timeout (seconds) bounds every wait for the daemon; spin_us is how long a wait busy-polls
     before sleeping; stream_ordered: CUDA submissions without host synchronization
-    (docs/python.md "Stream order"); static: the rank path's static mode, forward only, nothing
-    read back, capturable in a CUDA graph (docs/python.md "Static mode"; check() raises what
-    failed)."""
+    (docs/python.md "Stream order"); static: the rank path's static mode, forward and backward
+    with nothing read back, capturable in a CUDA graph (docs/python.md "Static mode": the
+    outputs hold max_recv_tokens rows, or world_size × max_tokens_per_rank; check() raises
+    what failed)."""
 
     def __init__(self, name: str, rank: int, world_size: int, socket: Optional[str] = None, *,
                  node: int, local_gpu: int = -1, max_tokens_per_rank: Optional[int] = None,

@@ -10,7 +10,8 @@
 #       carried: the CUDA scenario of test_moe.py, examples/moe_train.py on CUDA against its
 #       one-process reference, and python/bench/overhead.py (the first two sizes, against the
 #       package of main as well: $GPUCARRY/before); stage 4, the rank path (docs/python.md "The
-#       rank path"): test_moe.py's rank, rankstatic (a CUDA graph) and rankkill scenarios, and
+#       rank path"): test_moe.py's rank, rankstatic (CUDA graphs of the forward and of forward +
+#       backward) and rankkill scenarios, and
 #       overhead.py --rank-path (host time per call). Outputs go to $OUT (or /tmp). STAGES:
 #       which of the four (default "1 2 3 4").
 # NVLink multicast stays off in every process (the GPU machines' rule): NCCL_NVLS_ENABLE=0 etc.
@@ -80,7 +81,7 @@ run)
 	}
 	case $stages in *" 4 "*) ;; *) exit 0 ;; esac
 	echo "== 4: RW_PY_ONLY=rank,rankstatic,rankkill RW_PY_RANK_DEVICE=cuda python3 tests/python/test_moe.py $C/b"
-	RW_PY_ONLY=rank,rankstatic,rankkill RW_PY_RANK_DEVICE=cuda RW_TEST_SEED=${SEED:-11} timeout 300 \
+	RW_PY_ONLY=rank,rankstatic,rankkill RW_PY_RANK_DEVICE=cuda RW_TEST_SEED=${SEED:-11} timeout 480 \
 		python3 tests/python/test_moe.py "$B" > "$O/test_moe_rank.txt" 2>&1
 	echo "rc $?"; grep -v '^  d[0-9]|' "$O/test_moe_rank.txt" | tail -30
 	grep 'WARN\|ERR' "$O/test_moe_rank.txt" | head -20

@@ -569,25 +569,81 @@ def dense_experts(experts, first, rx, ridx, rw):
     """Σ over this rank's experts of weight × expert(row), computed for every row (no host
     read: capturable in a CUDA graph); rows with no local expert give 0 (or what garbage past
     the received count gives: the combine reads the received rows only)."""
-    y = rx * 0
+    y = (rx * 0).float()
     for i, (a, b) in enumerate(experts):
         we = (rw * (ridx == i)).sum(1, keepdim=True)
-        y = y + (torch.relu(rx @ a.t()) @ b.t()) * we
-    return y
+        y = y + (torch.relu(rx @ a.t()) @ b.t()).float() * we
+    return y.to(rx.dtype)
 
 
-def static_inputs(seed, step, E, dev):
-    """This rank's tokens for a static step: the workload's shape for this rank (fixed over
-    steps, as a captured graph needs), fresh integer values and routing each step."""
-    T = workload(seed, 0, E, torch.float32, False)[0][RANK][0].shape[0]
-    g = torch.Generator().manual_seed(seed * 7919 + step * 31 + RANK)
-    x = torch.randint(-1, 2, (T, H), generator=g).float()
+def static_inputs(seed, step, E, dev, rank=None, dtype=torch.float32, gout=False):
+    """A rank's (default: this rank's) tokens for a static step: the workload's shape for that
+    rank (fixed over steps, as a captured graph needs), fresh values and routing each step:
+    small integers for fp32 (every sum exact in any order), real values for bf16. gout: the
+    output gradient too."""
+    r = RANK if rank is None else rank
+    T = workload(seed, 0, E, torch.float32, False)[0][r][0].shape[0]
+    g = torch.Generator().manual_seed(seed * 7919 + step * 31 + r)
+    real = dtype != torch.float32
+    val = (lambda shape: torch.randn(shape, generator=g)) if real else \
+        (lambda shape: torch.randint(-1, 2, shape, generator=g).float())
+    x = val((T, H))
     idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]) \
         if T else torch.zeros(0, K, dtype=torch.int64)
     if T:
         idx[torch.rand(T, K, generator=g) < 0.15] = -1
-    w = torch.randint(1, 3, (T, K), generator=g).float()
-    return x.to(dev), idx.to(dev), w.to(dev)
+    w = torch.rand(T, K, generator=g) + 0.5 if real else \
+        torch.randint(1, 3, (T, K), generator=g).float()
+    out = [x.to(dtype).to(dev), idx.to(dev), w.to(dev)]
+    if gout:
+        out.append(val((T, H)).to(dtype).to(dev))
+    return tuple(out)
+
+
+def static_experts(seed, E, dtype, dev):
+    """(every expert's weights as the reference takes them, this rank's as trainable
+    parameters on dev)."""
+    _, experts, _ = workload(seed, 0, E, dtype, dtype != torch.float32)
+    per = E // WORLD
+    mine = [(a.to(dtype).to(dev).requires_grad_(), b.to(dtype).to(dev).requires_grad_())
+            for a, b in experts[RANK * per:(RANK + 1) * per]]
+    return experts, mine
+
+
+def static_layer(g, mine, x, idx, w, E, layer):
+    """The MoE layer on a static Group, differentiable: dispatch -> dense experts -> combine,
+    nothing read back (capturable)."""
+    rx, ridx, rw, _, h = g.dispatch(x, idx, w, E, layer=layer, step=0)
+    return g.combine(dense_experts(mine, 0, rx, ridx, rw), h), h
+
+
+def static_compare(what, dtype, got, ref, mine, ref_experts):
+    """Mismatches of one static forward + backward against the one-process reference: got
+    (output, grad x, grad topk_weights), ref the reference's entry of this rank."""
+    bad = []
+    per = len(mine)
+    checks = [("output", got[0], ref["out"]), ("grad x", got[1], ref["gx"]),
+              ("grad topk_weights", got[2], ref["gw"])]
+    for i, (a, b) in enumerate(mine):
+        ga, gb = ref_experts[RANK * per + i]
+        checks += [("grad expert %d w1" % (RANK * per + i), a.grad, ga),
+                   ("grad expert %d w2" % (RANK * per + i), b.grad, gb)]
+    for name, a, b in checks:
+        a = None if a is None else a.detach().cpu()
+        if not close(a, b, dtype):
+            diff = (a.float() - b.float()).abs().max().item() if a is not None and \
+                a.shape == b.shape else "shape %s vs %s" % (
+                    None if a is None else tuple(a.shape), tuple(b.shape))
+            bad.append("%s %s %s differs (max |diff| %s)" % (what, dtype, name, diff))
+    return bad
+
+
+def static_reference(seed, step, E, dtype, experts):
+    """The one-process reference of a static step over every rank's inputs."""
+    ranks = [static_inputs(seed, step, E, torch.device("cpu"), rank=r, dtype=dtype, gout=True)
+             for r in range(WORLD)]
+    res, ref_experts = reference(ranks, experts, torch.zeros(len(experts), H), dtype, False)
+    return res[RANK], ref_experts
 
 
 def local_reference(x, idx, w, experts):
@@ -635,6 +691,118 @@ def cmd_static(c):
     return ["%d static steps equal (nothing read back between the calls)" % c["steps"]]
 
 
+def cmd_static_train(c):
+    """Static mode with autograd (docs/python.md "Static mode"): steps of forward and backward
+    (the combine's backward a static dispatch of the output gradient along the same routing,
+    the dispatch's backward that pair's static combine), fp32 and bf16, each step's output and
+    gradients (x, topk_weights, this rank's experts) equal to the one-process reference (fp32
+    exactly, bf16 within its bound); Group.check() after the forward and after the backward
+    (on the stand-in it lets the host compute on the rows)."""
+    dev, E, seed = device(c), c["experts"], c["seed"]
+    log = []
+    with join(c, static=True) as g:
+        for dtype, steps in ((torch.float32, c["steps"]), (torch.bfloat16, 2)):
+            experts, mine = static_experts(seed, E, dtype, dev)
+            for step in range(steps):
+                x0, idx, w0, gout = static_inputs(seed, 100 + step, E, dev, dtype=dtype,
+                                                  gout=True)
+                x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+                for a, b in mine:
+                    a.grad = b.grad = None
+                out, h = static_layer(g, mine, x, idx, w, E, layer=13)
+                if h.recv_n is None:
+                    raise AssertionError("the dispatch did not run in static mode")
+                g.check()
+                (out.float() * gout.float()).sum().backward()
+                g.check()
+                ref, ref_experts = static_reference(seed, 100 + step, E, dtype, experts)
+                bad = static_compare("static step %d" % step, dtype, (out, x.grad, w.grad),
+                                     ref, mine, ref_experts)
+                if bad:
+                    raise AssertionError("; ".join(bad))
+            log.append("%d %s" % (steps, str(dtype).split(".")[1]))
+        mismatch = static_mismatch(g, seed, E, dev)
+    worst = " (bf16 worst relative error %.2g)" % max(BF16_ERR) if BF16_ERR else ""
+    return ["static forward + backward equal: %s steps%s; %s" % (", ".join(log), worst,
+                                                                 mismatch)]
+
+
+def static_mismatch(g, seed, E, dev):
+    """Rank 0 changes token 0's routing between forward and backward behind autograd's back
+    (through .data, which no version counter sees): its backward pair sends that token to
+    other ranks than the forward did. Every rank whose rows differ between the two pairs
+    (the token's old ranks and its new one) gets BackwardMismatch from check() (found on the
+    device, no host read), the others no error; then a step is equal again."""
+    per = E // WORLD
+    experts, mine = static_experts(seed, E, torch.float32, dev)
+    x0, idx, w0, gout = static_inputs(seed, 200, E, dev, gout=True)
+    x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    out, _ = static_layer(g, mine, x, idx, w, E, layer=13)
+    g.check()
+    first = static_inputs(seed, 200, E, torch.device("cpu"), rank=0)[1][0]
+    old = {int(e) // per for e in first if e >= 0}
+    new = min(set(range(WORLD)) - old)
+    if RANK == 0:
+        idx.data[0] = torch.tensor([new * per] + [-1] * (K - 1), dtype=idx.dtype)
+    (out.float() * gout.float()).sum().backward()
+    if RANK in old | {new}:
+        line = expect("static backward with other routing", g.check, railwave.BackwardMismatch,
+                      "other rows than its forward")
+    else:
+        g.check()
+        line = "routing changed elsewhere: no error here"
+    x0, idx, w0, gout = static_inputs(seed, 201, E, dev, gout=True)
+    x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    for a, b in mine:
+        a.grad = b.grad = None
+    out, _ = static_layer(g, mine, x, idx, w, E, layer=13)
+    g.check()
+    (out.float() * gout.float()).sum().backward()
+    g.check()
+    ref, ref_experts = static_reference(seed, 201, E, torch.float32, experts)
+    bad = static_compare("static step after the mismatch", torch.float32,
+                         (out, x.grad, w.grad), ref, mine, ref_experts)
+    if bad:
+        raise AssertionError("; ".join(bad))
+    return line + "; the next step equal"
+
+
+def cmd_static_over(c):
+    """Static mode with a capacity (max_recv_tokens) below what some rank receives, the rank
+    page holding the worst case (max_tokens_per_rank): the rows past the capacity are
+    dropped, the stream runs on, and Group.check() raises ReceiveRoomExceeded naming the room
+    needed (the rows this rank was sent, counted from the reference's routing) on every rank
+    that overflowed, once; a rank that fitted gets no error. A second step runs (the group
+    was not failed) and says the same."""
+    dev, E, seed = device(c), c["experts"], c["seed"]
+    per = E // WORLD
+    room = c["room"]
+    x, idx, w = static_inputs(seed, 0, E, dev)
+    need = 0  # rows this rank receives: every token of every rank with an expert here
+    for r in range(WORLD):
+        ridx = static_inputs(seed, 0, E, torch.device("cpu"), rank=r)[1]
+        need += int(((ridx >= RANK * per) & (ridx < (RANK + 1) * per)).any(1).sum())
+    _, experts, _ = workload(seed, 0, E, torch.float32, False)
+    mine = [(a.to(dev), b.to(dev)) for a, b in experts[RANK * per:(RANK + 1) * per]]
+    with join(c, static=True, max_recv_tokens=room) as g, torch.no_grad():
+        lines = []
+        for step in range(2):
+            rx, ridx, rw, _, h = g.dispatch(x, idx, w, E, layer=14, step=0)
+            if rx.shape[0] != room:
+                raise AssertionError("recv_x has %d rows, the capacity is %d"
+                                     % (rx.shape[0], room))
+            g.combine(dense_experts(mine, 0, rx, ridx, rw), h)
+            if need <= room:
+                g.check()
+                lines.append("capacity %d, %d rows: no error" % (room, need))
+                continue
+            lines.append(expect("static dispatch past the capacity", g.check,
+                                railwave.ReceiveRoomExceeded, "the room needed: %d rows" % need,
+                                "room of %d rows" % room))
+            g.check()  # said once
+    return lines
+
+
 def cmd_graph(c):
     """A CUDA graph of dispatch -> experts -> combine captured once and replayed c["replays"]
     times with fresh inputs copied into its input tensors: every replay's output equal to the
@@ -667,6 +835,44 @@ def cmd_graph(c):
     return ["graph captured once, %d replays with fresh inputs equal" % c["replays"]]
 
 
+def cmd_graph_train(c):
+    """A CUDA graph of the layer's forward and backward (dispatch -> experts -> combine, the
+    loss, backward: two pairs a replay) captured once after an eager warm-up and replayed
+    c["replays"] times with fresh inputs, routing and output gradients copied in: every
+    replay's output and gradients equal to the one-process reference (GPU only)."""
+    dev, E, seed = device(c), c["experts"], c["seed"]
+    experts, mine = static_experts(seed, E, torch.float32, dev)
+    params = [p for ab in mine for p in ab]
+    with join(c, static=True) as g:
+        xs, idxs, ws, gs = static_inputs(seed, 0, E, dev, gout=True)
+        xs.requires_grad_()
+        ws.requires_grad_()
+        out, _ = static_layer(g, mine, xs, idxs, ws, E, layer=15)  # opens the path
+        (out.float() * gs.float()).sum().backward()
+        g.check()
+        for p in params + [xs, ws]:
+            p.grad = None  # the captured backward makes them in the graph's pool
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs, _ = static_layer(g, mine, xs, idxs, ws, E, layer=15)
+            (outs.float() * gs.float()).sum().backward()
+        g.check()
+        for r in range(c["replays"]):
+            x, idx, w, gout = static_inputs(seed, 1 + r, E, dev, gout=True)
+            with torch.no_grad():
+                for dst, src in ((xs, x), (idxs, idx), (ws, w), (gs, gout)):
+                    dst.copy_(src)
+            graph.replay()
+            g.check()
+            ref, ref_experts = static_reference(seed, 1 + r, E, torch.float32, experts)
+            bad = static_compare("replay %d" % r, torch.float32, (outs, xs.grad, ws.grad), ref,
+                                 mine, ref_experts)
+            if bad:
+                raise AssertionError("; ".join(bad))
+    return ["forward + backward graph captured once, %d replays with fresh inputs equal"
+            % c["replays"]]
+
+
 def cmd_recover(c):
     with join(c) as g:
         bad, _ = run_step(g, c["seed"], 2, c["experts"], torch.float32, layer=0)
@@ -683,7 +889,8 @@ def main():
             log = {"paths": cmd_paths, "flood": cmd_flood, "bad": cmd_bad, "open": cmd_open,
                    "lost": cmd_lost, "recover": cmd_recover, "kill_a": cmd_kill_a,
                    "kill_b": cmd_kill_b, "static": cmd_static,
-                   "graph": cmd_graph}[c["op"]](c)
+                   "static_train": cmd_static_train, "static_over": cmd_static_over,
+                   "graph": cmd_graph, "graph_train": cmd_graph_train}[c["op"]](c)
             print(json.dumps({"ok": True, "log": log}), flush=True)
         except Exception as e:
             print(json.dumps({"ok": False, "error": "%s: %s\n%s" % (

@@ -185,8 +185,21 @@ def scenario_static(cluster, tmp, ranks, nodes, seed, device):
         c.start_all()
         outs = check(ranks.run(dict(base, op="static")), "static mode", c)
         print("ok   rank path static: %s" % outs[0]["log"][0])
+        outs = check(ranks.run(dict(base, op="static_train", group="py.static.train")),
+                     "static forward + backward", c)
+        print("ok   rank path static: %s" % outs[0]["log"][0])
+        outs = check(ranks.run(dict(base, op="static_over", group="py.static.over", room=4)),
+                     "static overflow", c)
+        over = [o["log"][0] for o in outs.values() if "ReceiveRoomExceeded" in o["log"][0]]
+        if not over:
+            raise AssertionError("static overflow: no rank overflowed a room of 4 rows")
+        print("ok   rank path static: %d of %d ranks overflowed, e.g. %s"
+              % (len(over), len(outs), over[0]))
         if device == "cuda":
             outs = check(ranks.run(dict(base, op="graph", group="py.graph")), "CUDA graph", c)
+            print("ok   rank path static: %s" % outs[0]["log"][0])
+            outs = check(ranks.run(dict(base, op="graph_train", group="py.graph.train")),
+                         "CUDA graph with backward", c)
             print("ok   rank path static: %s" % outs[0]["log"][0])
     finally:
         c.stop()
