@@ -182,10 +182,7 @@ class Handle:
         self.bwd = None
         in_b = torch.empty_like(rows)
         in_b[perm] = rows
-        out = self.group._submit_combine(in_b, hb).wait()
-        if hb.recv_n is not None:
-            self.group._static_host_settle()  # autograd reads out at once
-        return out
+        return self.group._submit_combine(in_b, hb).wait()
 
 
 def _permutation(a: Handle, b: Handle) -> torch.Tensor:
@@ -367,7 +364,6 @@ class Core:
                  stream_ordered: bool, static: bool = False):
         self._c = None
         self.static = bool(static)  # the rank path's static mode (docs/python.md "Static mode")
-        self._static_keep = []  # the stand-in's host tensors of static calls not yet synced
         self._static_bad = None  # int32 [1] on the device: a static backward pair mismatched
         self._static_over = None  # an overflow a static dispatch read, for check() to raise
         self._rank = None  # railwave._rank.RankPath, opened at the first dispatch it serves
@@ -645,7 +641,11 @@ class Core:
         """Fail this (layer, step) for the whole group at once: a one-row dispatch whose expert
         id is out of range, which the daemon refuses for every rank of every node
         (docs/dataflow.md "Gather"). Used when this rank's own arguments are wrong, so the
-        other ranks get RW_E_PHASE now instead of waiting for the daemon's phase timeout."""
+        other ranks get RW_E_PHASE now instead of waiting for the daemon's phase timeout.
+        Not in static mode: its pairs' keys come from the stream's counters, which a host key
+        cannot name (and leaving to fail a pair would restart this rank's counters)."""
+        if self.static:
+            return
         try:
             ib, ob = self._buffer("in", 64), self._buffer("out", 4096)
             ib.np[:48] = 0
@@ -1035,8 +1035,8 @@ class Core:
         if rc:
             raise self._error(rc, "enqueue " + op_name(*what), detail=rp.message())
         h.combined = True
-        if rp.host:  # host memory the stand-in's stream reads later: held until check()
-            self._static_keep.append((y, out))
+        if rp.host:  # the stand-in's host tensors: out is read on the CPU at once
+            rp.sync(torch, None)
         return _Done(out, what)
 
     def _static_report(self, overflow_now=True):
@@ -1071,13 +1071,6 @@ class Core:
         if rc:
             raise self._error(rc, "static phase %d" % c.phase, PhaseError, detail=msg)
 
-    def _static_host_settle(self) -> None:
-        """The stand-in's host tensors (the test switch) only: wait for its stream, so that a
-        static call's output can be read on the CPU at once (on a GPU nothing waits)."""
-        rp = self._rank
-        if rp is not None and rp.static and rp.host:
-            rp.sync(torch, None)
-
     def check(self) -> None:
         """Static mode: wait for the current stream's work, then raise the first failure the
         stream reported since the last check (PhaseError, PeerFailed, DaemonLost, or
@@ -1088,7 +1081,6 @@ class Core:
         if rp is None or not rp.static:
             return
         rp.sync(torch, torch.device("cuda", rp.device) if not rp.host else None)
-        self._static_keep.clear()
         over, self._static_over = self._static_over, None
         if over is not None:  # the earliest: what the report holds now stays for the next
             raise over

@@ -94,7 +94,8 @@ class Group(Core):
                  max_tokens_per_rank: Optional[int] = None,
                  max_recv_tokens: Optional[int] = None, timeout: float = 300.0,
                  spin_us: Optional[int] = None, stream_ordered: Optional[bool] = None,
-                 static: bool = False, environ: Optional[Mapping[str, str]] = None) -> Group:
+                 static: Optional[bool] = None,
+                 environ: Optional[Mapping[str, str]] = None) -> Group:
         """Join with the arguments a launcher set in the environment (environ, default
         os.environ); an argument given here wins over its variable.
           name ← RAILWAVE_GROUP (deploy/slurm/railwave-run.sh: one name per job)
@@ -105,6 +106,7 @@ class Group(Core):
                  CUDA (or the rank path's test switch is on), else -1
           max_tokens_per_rank ← RAILWAVE_MAX_TOKENS_PER_RANK;  spin_us ← RAILWAVE_SPIN_US
                  (default 50);  stream_ordered ← RAILWAVE_STREAM_ORDERED (1: on)
+          static ← RAILWAVE_STATIC (1: the rank path's static mode)
         BadArgument names what is missing or not an integer."""
         env = os.environ if environ is None else environ
         if name is None:
@@ -138,6 +140,8 @@ class Group(Core):
             spin_us = _env_int(env, ("RAILWAVE_SPIN_US",), "busy-poll microseconds")
         if stream_ordered is None:
             stream_ordered = (_env_int(env, ("RAILWAVE_STREAM_ORDERED",), "0 or 1") or 0) != 0
+        if static is None:
+            static = (_env_int(env, ("RAILWAVE_STATIC",), "0 or 1") or 0) != 0
         socket = socket or env.get("RAILWAVE_SOCKET") or _lib.DEFAULT_SOCKET
         return cls(name, rank, world_size, socket,
                    node=node, local_gpu=-1 if local_gpu is None else local_gpu,

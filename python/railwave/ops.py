@@ -84,7 +84,7 @@ for _key in ("CPU", "CUDA"):
 
 def _dispatch_backward(handle, g_recv_x, g_recv_w, like_x):
     if g_recv_x is None:
-        g_recv_x = torch.zeros(handle.pad_to or handle.num_recv_tokens, handle.a.hidden,
+        g_recv_x = torch.zeros(handle.rows, handle.a.hidden,
                                dtype=like_x, device=handle.a.device)
     if g_recv_w is None:
         g_recv_w = torch.zeros(g_recv_x.shape[0], handle.a.topk, dtype=torch.float32,

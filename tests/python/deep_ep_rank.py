@@ -78,12 +78,14 @@ def raises(exc, needle, fn):
     raise AssertionError("no %s (wanted one naming %r)" % (exc.__name__, needle))
 
 
-def join(c):
+def join(c, static=False):
     os.environ["RAILWAVE_SOCKET"] = c["sockets"][RANK // int(os.environ["LOCAL_WORLD_SIZE"])]
     os.environ["RAILWAVE_DEEP_EP_GROUP"] = c["group"]
     if not dist.is_initialized():
         dist.init_process_group("gloo", init_method="file://" + c["store"], rank=RANK,
                                 world_size=WORLD)
+    if static:  # as a launcher would ask for it (docs/python.md "Environment")
+        os.environ["RAILWAVE_STATIC"] = "1"
     return deep_ep.Buffer(dist.group.WORLD, 0, 0, group_kwargs={"timeout": 120,
                                                                 "max_tokens_per_rank": 16})
 
@@ -577,7 +579,68 @@ def cmd_ops(c):
     return log
 
 
+def cmd_static(c):
+    """The Buffer on a static Group (the rank path's static mode, on the kernel stand-in): every
+    form of check_dispatch (its host list of counts and exact shapes: a host read), the frozen
+    dispatch, then the sync-free form, num_worst_tokens = the capacity: the rows padded to it
+    in (source rank, token) order (rows past the count zero, expert -1, weight 0), the list
+    empty, forward combine, cached dispatch and weighted combine equal to the reference; a
+    num_worst_tokens below the capacity refused on every rank alike, then a step equal."""
+    E = c["experts"]
+    log = []
+    buf = join(c, static=True)
+    g = buf.railwave_group
+    data = workload(c["seed"], E)
+    for dtype in (torch.float32, torch.bfloat16):
+        check_dispatch(buf, c, E, dtype, data, log)
+    check_frozen(buf, E, data, log)
+    expect(g._rank is not None and g._rank.static, "the Buffer's group is not on the static "
+           "rank path (%s)" % g._rank_off)
+    el, lo = E // WORLD, RANK * E // WORLD
+    worst = g._rank.cap
+    x, idx, w, gout = data[RANK]
+    for step in range(2):
+        recv_x, recv_idx, recv_w, counts, h, _ = buf.dispatch(
+            x.clone().requires_grad_(), topk_idx=idx, topk_weights=w, num_experts=E,
+            num_worst_tokens=worst)
+        expect(h.a.recv_n is not None and counts == [] and recv_x.shape[0] == worst,
+               "sync-free form: recv_n %s, counts %s, %d rows for num_worst_tokens %d"
+               % (h.a.recv_n, counts, recv_x.shape[0], worst))
+        f = factor(torch.where(recv_idx >= 0, recv_idx + lo, recv_idx))
+        y = (recv_w * f).sum(1, keepdim=True) * recv_x
+        out, _, _ = buf.combine(y, h)
+        g_recv = buf.dispatch(gout, handle=h)[0]
+        g_rows = (recv_w * f).sum(1, keepdim=True) * g_recv
+        g_w = f * (recv_x * g_recv).sum(1, keepdim=True)
+        gx, gw, _ = buf.combine(g_rows, h, topk_weights=g_w)
+        g.check()  # the host-visible call: nothing above read the device
+        n = h.num_recv_tokens
+        src = list(zip(h.src_rank.tolist(), h.src_token.tolist()))
+        want_rows = [(r, t) for r in range(WORLD) for t in range(data[r][0].shape[0])
+                     if ((data[r][1][t] >= lo) & (data[r][1][t] < lo + el)).any()]
+        expect(src == want_rows, "sync-free form: rows %s, wanted %s" % (src, want_rows))
+        if n:
+            equal(recv_x[:n], torch.stack([data[r][0][t] for r, t in src]), "sync-free recv_x")
+            equal(g_recv[:n], torch.stack([data[r][3][t] for r, t in src]),
+                  "sync-free cached dispatch rows")
+        expect(not recv_x[n:].any() and bool((recv_idx[n:] == -1).all()) and
+               not recv_w[n:].any(), "sync-free form: rows past the count %d not 0 / -1 / 0"
+               % n)
+        want_out, want_gx, want_gw = reference(x, idx, w, gout)
+        equal(out, want_out, "sync-free combined x")
+        equal(gx, want_gx, "sync-free grad x")
+        equal(gw, want_gw, "sync-free grad topk_weights")
+    log.append("sync-free form (num_worst_tokens %d = the capacity, %d rows here): dispatch, "
+               "combine, cached dispatch, weighted combine equal, twice" % (worst, n))
+    log.append("num_worst_tokens below the capacity: " + raises(
+        BadArgument, "below this static group's capacity", lambda: buf.dispatch(
+            x, topk_idx=idx, topk_weights=w, num_experts=E, num_worst_tokens=worst - 1)))
+    check_dispatch(buf, c, E, torch.float32, data, log)
+    buf.destroy()
+    return log
+
+
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from harness import serve
-    serve({"buffer": cmd_buffer, "errors": cmd_errors, "ops": cmd_ops})
+    serve({"buffer": cmd_buffer, "errors": cmd_errors, "ops": cmd_ops, "static": cmd_static})

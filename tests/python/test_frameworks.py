@@ -19,7 +19,11 @@ a backward free their handles. The shim distribution (python/shim-deep_ep) has t
 VERSION, makes `import deep_ep` give railwave.deep_ep and refuses to when a real DeepEP is
 importable.
 
-Run by tests/run as $b/test/python_frameworks; RW_PY_ONLY=buffer,errors,ops,shim picks
+static: the Buffer on a static Group (the rank path's static mode on the kernel stand-in):
+check_dispatch's forms with their host reads, and the sync-free form (num_worst_tokens = the
+capacity) forward and backward, equal; num_worst_tokens below the capacity refused.
+
+Run by tests/run as $b/test/python_frameworks; RW_PY_ONLY=buffer,errors,ops,shim,static picks
 scenarios. Exits 0 pass, 1 fail, 77 skip."""
 import os
 import subprocess
@@ -41,7 +45,8 @@ class Ranks(test_moe.Ranks):
 
 
 def scenario(td, tmp, ranks, nodes, seed, op):
-    c = td.Cluster(tmp, nodes, path="auto", extra=test_moe.PHASE_TIMEOUT)
+    c = td.Cluster(tmp, nodes, path="auto", extra=test_moe.CARVE if op == "static" else
+                   test_moe.PHASE_TIMEOUT)
     store = os.path.join(tmp, "store.%s" % op)
     try:
         c.start_all()
@@ -91,6 +96,23 @@ def scenario_shim(env):
     print("ok   shim: refuses beside a real DeepEP (%s)" % p.stderr.strip().splitlines()[-1])
 
 
+def scenario_static(td, build, tmp, env, nodes, seed):
+    """The Buffer on a static Group (docs/python.md "Megatron-Core"), on librailwave's rank path
+    with the kernel stand-in (CPU tensors standing for device memory, as test_moe's rank
+    scenarios): the exception, or None (also after a skip line)."""
+    renv = test_moe.stand_in_env(build, env)
+    if renv is None:
+        return None
+    ranks = Ranks(nodes * td.GPUS, td.GPUS, renv)
+    try:
+        scenario(td, tmp, ranks, nodes, seed, "static")
+    except Exception as e:
+        return e
+    finally:
+        ranks.stop()
+    return None
+
+
 def main():
     build = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(SRC, "build"))
     torch = harness.torch_or_skip()
@@ -104,7 +126,8 @@ def main():
         print("skip: railwaved or librailwave.so.1 not built in %s" % build)
         return 77
     td = test_moe.load_cluster(build)
-    only = [s for s in os.environ.get("RW_PY_ONLY", "buffer,errors,ops,shim").split(",") if s]
+    only = [s for s in os.environ.get("RW_PY_ONLY", "buffer,errors,ops,shim,static").split(",")
+            if s]
     seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or int(time.time()) % 100000 + 1
     print("seed %d (RW_TEST_SEED=%d reproduces)" % (seed, seed))
     env = dict(os.environ, RAILWAVE_LIB=lib, OMP_NUM_THREADS="1",
@@ -123,6 +146,8 @@ def main():
         except Exception as e:
             failed = e
         ranks.stop()
+        if failed is None and "static" in only:
+            failed = scenario_static(td, build, tmp, env, nodes, seed)
         if failed is not None:
             print("FAIL %s" % failed)
             return 1

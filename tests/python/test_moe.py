@@ -312,22 +312,33 @@ def main():
     return 0
 
 
+def stand_in_env(build, env):
+    """env for ranks on librailwave's rank path with the kernel stand-in, CPU tensors standing
+    for device memory (the package's test switch), or None after a skip line (no stand-in:
+    built with nvcc only)."""
+    kern = os.path.join(build, "tests", "integration", "libfakecuda_kern.so")
+    if not os.path.exists(kern):
+        print("skip: rank scenarios: no kernel stand-in %s (built with nvcc only)" % kern)
+        return None
+    renv = dict(env, RAILWAVE_RANK_PATH="1", RW_CUDA_DRIVER=kern,
+                RAILWAVE_TEST_HOST_AS_DEVICE="1")
+    # A sanitizer build's stand-in needs its runtime first in these (unsanitized) pythons.
+    asan = [l.split("=>")[1].split()[0] for l in subprocess.run(
+        ["ldd", kern], capture_output=True, text=True).stdout.splitlines()
+        if "libasan" in l and "=>" in l]
+    if asan:
+        renv.update(LD_PRELOAD=asan[0], ASAN_OPTIONS="detect_leaks=0")
+    return renv
+
+
 def rank_scenarios(cluster, build, tmp, env, nodes, seed, only, torch):
     """The rank path's scenarios (module docstring). 0, 1 (failed) or 0 after a skip line."""
     dev = os.environ.get("RW_PY_RANK_DEVICE", "cpu")
     renv = dict(env, RAILWAVE_RANK_PATH="1")
     if dev == "cpu":
-        kern = os.path.join(build, "tests", "integration", "libfakecuda_kern.so")
-        if not os.path.exists(kern):
-            print("skip: rank scenarios: no kernel stand-in %s (built with nvcc only)" % kern)
+        renv = stand_in_env(build, env)
+        if renv is None:
             return 0
-        renv.update(RW_CUDA_DRIVER=kern, RAILWAVE_TEST_HOST_AS_DEVICE="1")
-        # A sanitizer build's stand-in needs its runtime first in these (unsanitized) pythons.
-        asan = [l.split("=>")[1].split()[0] for l in subprocess.run(
-            ["ldd", kern], capture_output=True, text=True).stdout.splitlines()
-            if "libasan" in l and "=>" in l]
-        if asan:
-            renv.update(LD_PRELOAD=asan[0], ASAN_OPTIONS="detect_leaks=0")
     elif not torch.cuda.is_available():
         print("skip: rank scenarios on cuda: torch sees no CUDA device")
         return 0

@@ -1,8 +1,11 @@
 """railwave.deep_ep.Buffer: the subset of DeepEP's V1 Buffer that Megatron-Core's flex token
 dispatcher (deepep backend) calls, on a railwave.Group (docs/python.md "Megatron-Core").
 
-Every call is eager: it waits on the host for the daemon, so the returned counts are host
-numbers and nothing here can be captured in a CUDA graph. Streams are honoured the way DeepEP
+On an eager Group every call waits on the host for the daemon, so the returned counts are
+host numbers and nothing here can be captured in a CUDA graph. On a static Group (the rank
+path's static mode) a dispatch with num_worst_tokens, its combine, its cached dispatch and
+the backward combine read nothing back (capturable); a dispatch without num_worst_tokens reads
+the received count and the counts back once, as DeepEP's host list needs. Streams are honoured the way DeepEP
 does: an operation runs on the Buffer's communication stream after `previous_event` (else after
 the current stream), its outputs are made there, and then either the current stream waits for
 it (async_finish=False) or the returned EventOverlap marks it (async_finish=True).
@@ -22,7 +25,7 @@ timeout."""
 import torch
 
 from .. import group as _group
-from .._core import BACKWARD_LAYER, get_weights, put_weights, weight_cols
+from .._core import BACKWARD_LAYER, _static_keys, get_weights, put_weights, weight_cols
 from ..errors import BadArgument, BadArgumentType, RailWaveError, ReceiveRoomExceeded
 from .utils import EventHandle, EventOverlap, as_event
 
@@ -63,27 +66,32 @@ class Handle:
     """What a cached dispatch and a combine need of a dispatch (DeepEP's handle is a tuple of
     tensors; Megatron-Core passes it back untouched)."""
 
-    __slots__ = ("shared", "a", "order", "step", "pad_to", "ended")
+    __slots__ = ("shared", "a", "order", "step", "rows", "mapped", "ended")
 
-    def __init__(self, shared, a, order, step, pad_to):
+    def __init__(self, shared, a, order, step, rows, mapped):
         self.shared, self.a, self.step = shared, a, step  # a: the railwave.Handle of pair A
-        self.order = order  # returned row i is A's received row order[i]
-        self.pad_to = pad_to  # num_worst_tokens, or 0
+        self.order = order  # returned row i < mapped is A's received row order[i]
+        self.rows = rows  # rows the dispatch returned (num_worst_tokens, else those received)
+        self.mapped = mapped  # of them, A's rows (the rest is padding)
         self.ended = False  # the cached dispatch ended B itself (the dispatch had no backward)
 
     @property
     def num_recv_tokens(self):
-        return self.a.num_recv
+        """Rows received (a host read of the device count in static mode)."""
+        a = self.a
+        return a.num_recv if a.recv_n is None else int(a.recv_n.item())
 
     @property
     def src_rank(self):
         """int64 [num_recv]: the rank each returned row came from (ascending)."""
-        return self.a.src_rank[self.order.cpu()]
+        o = self.order[:self.num_recv_tokens]
+        return self.a.src_rank[o.to(self.a.src_rank.device)].cpu()
 
     @property
     def src_token(self):
         """int64 [num_recv]: the row's token on that rank (ascending within a rank)."""
-        return self.a.src_token[self.order.cpu()]
+        o = self.order[:self.num_recv_tokens]
+        return self.a.src_token[o.to(self.a.src_token.device)].cpu()
 
 
 def _group_of(group):
@@ -370,17 +378,36 @@ class Buffer:
         step = shared.step
         shared.step += 1
 
+        if g.static and num_worst_tokens:
+            if g._rank is None and not g.max_recv_tokens:
+                g.max_recv_tokens = num_worst_tokens  # the capacity, fixed when the path opens
+            cap = g._rank.cap if g._rank is not None else min(
+                g.max_recv_tokens, g.world_size * (g.max_tokens_per_rank or g.max_recv_tokens))
+            if num_worst_tokens < cap:
+                self._refuse_dispatch(BadArgument(
+                    op, "num_worst_tokens %d is below this static group's capacity of %d rows "
+                    "(max_recv_tokens, fixed when its rank path opened)"
+                    % (num_worst_tokens, cap)), E)
+
         def run():
             idx = topk_idx.contiguous()
             w = topk_weights.detach().contiguous()
             recv_x, recv_idx, recv_w, counts, a = g.dispatch(
                 x.detach().contiguous(), idx, w, E, layer=LAYER, step=step)
-            n = a.num_recv
             # Rows by (source rank, token), as DeepEP orders them: the daemon delivers them in
             # arrival order, and a dispatch recomputed by activation checkpointing must return
-            # the rows of the first in the same order.
-            order = torch.argsort(a.keys().to(recv_x.device))
+            # the rows of the first in the same order. Static mode: on the device, the rows
+            # past the received count last.
+            static = a.recv_n is not None
+            order = torch.argsort(_static_keys(a) if static else a.keys().to(recv_x.device))
             recv_x, recv_idx, recv_w = recv_x[order], recv_idx[order], recv_w[order]
+            if static and num_worst_tokens:  # sync-free: the capacity's rows, padded
+                n = a.num_recv
+            elif static:  # DeepEP's host list of counts and exact shapes: a host read
+                n = int(a.recv_n.item())
+                recv_x, recv_idx, recv_w = recv_x[:n], recv_idx[:n], recv_w[:n]
+            else:
+                n = a.num_recv
             if num_worst_tokens:
                 if n > num_worst_tokens:  # fail the pair for every rank now, then say why
                     g._refuse_combine(ReceiveRoomExceeded(
@@ -394,7 +421,7 @@ class Buffer:
             a.keep_routing(idx.clone(), w.clone())
             a.dispatch_backward = backward
             return recv_x, recv_idx, recv_w, counts, Handle(shared, a, order, step,
-                                                            num_worst_tokens)
+                                                            num_worst_tokens or n, n)
 
         (recv_x, recv_idx, recv_w, counts, h), ev = self._run(x.device, previous_event,
                                                               async_finish, run)
@@ -436,10 +463,11 @@ class Buffer:
             rows = torch.zeros(x.shape[0], H + weight_cols(x.dtype, a.topk), dtype=x.dtype,
                                device=x.device)
             rows[:, :H] = x.detach()
-            recv = a.open_backward(rows)[handle.order.to(x.device), :H]
+            m = handle.mapped
+            recv = a.open_backward(rows)[handle.order[:m].to(x.device), :H]
             handle.ended = a.bwd is None  # no backward of the dispatch: B ended already
-            if handle.pad_to:
-                recv = torch.cat([recv, recv.new_zeros(handle.pad_to - recv.shape[0], H)])
+            if handle.rows > m:
+                recv = torch.cat([recv, recv.new_zeros(handle.rows - m, H)])
             return (recv.contiguous(),)
 
         (recv,), ev = self._run(x.device, previous_event, async_finish, run)
@@ -457,8 +485,8 @@ class Buffer:
         op = "deep_ep: combine"
         self._check_handle(handle, op)
         a = handle.a
-        n = a.num_recv
-        want = handle.pad_to or n
+        m = handle.mapped
+        want = handle.rows
         forward = not a.combined
         try:
             if not isinstance(x, torch.Tensor) or x.dim() != 2:
@@ -489,10 +517,11 @@ class Buffer:
             self._refuse_pair(handle, e)
 
         def run():
-            y = x.detach()[:n]
-            order = handle.order.to(y.device)
+            y = x.detach()[:m]
+            order = handle.order[:m].to(y.device)
+            n = a.num_recv  # A's rows: those received (static mode: the capacity)
             if forward:
-                y_a = torch.empty_like(y)
+                y_a = y.new_zeros(n, y.shape[1])
                 y_a[order] = y  # back to A's order
                 return self._shared.group.combine(y_a, a), None
             dtype = a.bwd[0].dtype if a.bwd is not None else y.dtype
@@ -500,8 +529,8 @@ class Buffer:
             rows = torch.zeros(n, H + weight_cols(dtype, a.topk), dtype=dtype, device=y.device)
             rows[order, :H] = y.to(dtype)
             if topk_weights is not None:
-                w = topk_weights.detach()[:n].float() * a.local_mask.to(y.device)[order]
-                w_a = torch.empty_like(w)
+                w = topk_weights.detach()[:m].float() * a.local_mask.to(y.device)[order]
+                w_a = w.new_zeros(n, w.shape[1])
                 w_a[order] = w
                 put_weights(rows, H, w_a)
             out = a.close_backward(rows)
