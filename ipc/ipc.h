@@ -151,6 +151,9 @@ typedef struct rw_ipc_server_config {
 	 * the server runs a word poller (below) over every page's rank-written words. */
 	uint32_t page_rails;
 	uint32_t page_max_recv;
+	/* With page_rails: the word poller's schedule (max_watches is the server's), read at
+	 * create; NULL: the RW_IPC_POLLER_* defaults below. */
+	const struct rw_ipc_poller_config *poller;
 	/* Each local GPU's native rail, written into its rank's page (the column its count row
 	 * counts in): gpus_per_node entries, each < page_rails; NULL: GPU g on rail g % page_rails. */
 	const uint8_t *page_gpu_rail;
@@ -272,22 +275,38 @@ int rw_ipc_client_leaving(const rw_ipc_client_t *client);
  * The word poller (ipc/poller.c; docs/rankpath.md "The poller"): one thread that watches 64-bit
  * words in memory shared with ranks (their rank pages: written by a rank's stream or CPU) and
  * tells the loop when one moved. It reads the words and nothing else; the loop decides what a
- * value means (it trusts none). Adaptive: it spins while the loop says work is in flight or a
- * word moved within the last spin window, else sleeps in steps doubling from sleep_min_us to
- * sleep_max_us, so an idle daemon costs a bounded wake-up rate and a moved word is seen within
- * sleep_max_us at worst; with nothing watched it waits for a watch and costs nothing.
+ * value means (it trusts none). Adaptive, after the last move it saw: it spins for spin_us,
+ * then gives the CPU away between looks (sched_yield) for yield_us more, then sleeps in steps
+ * doubling from sleep_min_us up to a bound: busy_sleep_max_us while the loop says a phase is in
+ * flight, sleep_max_us otherwise. A stream can only write memory (nothing can wake the thread),
+ * so that bound is what a backed-off poller adds to a hand-off at worst (plus the kernel's
+ * scheduling delay; the thread's timer slack is 1 µs). The loop can: rw_ipc_poller_kick() ends
+ * a sleep and restarts the spin window (the loop did its part; a rank's word is likely next).
+ * busy_sleep_max_us 0: spin the whole time a phase is in flight. With nothing watched it waits
+ * for a watch and costs nothing.
  *
  * Every call below is made from the loop's thread; the callback runs on it too (from an ev_async
  * watcher), never inside a call of this API.
  * ------------------------------------------------------------------------------------------- */
+
+/* The daemon's defaults (docs/service.md "poller_*"; chosen by measurement, docs/perf/shm.md
+ * "The word poller's back-off"). */
+#define RW_IPC_POLLER_SPIN_US 50
+#define RW_IPC_POLLER_YIELD_US 0
+#define RW_IPC_POLLER_SLEEP_MIN_US 20
+#define RW_IPC_POLLER_SLEEP_MAX_US 1000
+#define RW_IPC_POLLER_BUSY_SLEEP_MAX_US 100
 
 typedef struct rw_ipc_poller rw_ipc_poller_t;
 
 typedef struct rw_ipc_poller_config {
 	uint32_t max_watches;  /* table size, 1..65536 */
 	uint32_t spin_us;      /* keep spinning this long after the last move (0: never spin) */
-	uint32_t sleep_min_us; /* first sleep once idle, >= 1 */
-	uint32_t sleep_max_us; /* bound on a sleep (and so on the latency while idle), >= min */
+	uint32_t yield_us;     /* then look between sched_yield()s this long (0: no yield step) */
+	uint32_t sleep_min_us; /* first sleep once backed off, >= 1 */
+	uint32_t sleep_max_us; /* bound on a sleep with no phase in flight, >= min */
+	uint32_t busy_sleep_max_us; /* bound on a sleep while a phase is in flight, >= min, <= max;
+	                             * 0: no sleep while one is (spin) */
 } rw_ipc_poller_config_t;
 
 /* What the loop hears: the word `id` now reads `value` (every change is reported at least by
@@ -308,13 +327,19 @@ void rw_ipc_poller_destroy(rw_ipc_poller_t *poller);
 rw_status_t rw_ipc_poller_watch(rw_ipc_poller_t *poller, const void *word, uint32_t *id_p);
 /* Stop watching: a retired report follows (changes seen before it may still be reported). */
 void rw_ipc_poller_unwatch(rw_ipc_poller_t *poller, uint32_t id);
-/* Phases are in flight (busy 1): spin; none (0): the spin window then sleep. Counted, so nested
- * phases each call it with 1 and later 0. */
+/* Look closely again: the thread's spin window restarts as after a move, and a sleep ends now
+ * (a futex wake, made only while it sleeps). For the loop's own progress in a phase (it wrote
+ * a word, or sent what a peer answers) after which a rank's word moves soon. */
+void rw_ipc_poller_kick(rw_ipc_poller_t *poller);
+/* Phases are in flight (busy 1): sleeps are bounded by busy_sleep_max_us; none (0): by
+ * sleep_max_us. Counted, so nested phases each call it with 1 and later 0. */
 void rw_ipc_poller_busy(rw_ipc_poller_t *poller, int busy);
 
 typedef struct rw_ipc_poller_stats {
 	uint64_t scans;       /* passes over the table */
 	uint64_t sleeps;      /* times the thread slept */
+	uint64_t yields;      /* sched_yield() calls between looks */
+	uint64_t kicks;       /* kicks that ended a sleep (a futex wake) */
 	uint64_t moves;       /* word changes reported */
 	uint64_t wakeups;     /* ev_async sends to the loop */
 	uint64_t parks;       /* times the thread waited, nothing watched, for a watch */

@@ -15,14 +15,23 @@
  *   (a stream's barrier before cuStreamWriteValue64, or a CPU's store-release) published them.
  *   P  loop (watch): raise `watched`, then signal `park_cv` under `park_mu` -> thread: reads
  *      `watched` under `park_mu` before it waits, so a watch made while it decides to park
- *      wakes it (a daemon with no rank page costs no wake-ups at all). */
+ *      wakes it (a daemon with no rank page costs no wake-ups at all).
+ *   K  loop (kick): add 1 to `kick`, then read `sleeping` (both seq_cst) and wake the futex if
+ *      set -> thread: set `sleeping`, then read `kick` (both seq_cst) and wait on the futex only
+ *      if it is still the value it saw: either the loop sees `sleeping` and wakes it, or the
+ *      thread sees the new `kick` (and the futex wait itself refuses a changed value). */
 #include <ev.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sched.h>
 #include <string.h>
+#include <linux/futex.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ipc/ipc.h"
 
@@ -62,7 +71,9 @@ struct rw_ipc_poller {
 	pthread_mutex_t park_mu;
 	pthread_cond_t park_cv;
 	pthread_t thread;
-	_Atomic uint64_t scans, sleeps, moves, wakeups, parks;
+	_Alignas(64) _Atomic uint32_t kick; /* loop adds 1: look closely again (pair K) */
+	_Atomic int sleeping;               /* thread: in a timed futex wait on `kick` */
+	_Atomic uint64_t scans, sleeps, yields, moves, wakeups, parks, kicks;
 };
 
 static uint64_t now_ns(void)
@@ -123,28 +134,48 @@ static unsigned scan(rw_ipc_poller_t *p)
 	return head - start;
 }
 
+/* Thread: after the last move (or kick), spin for spin_us, then look between sched_yield()s for
+ * yield_us, then sleep in doubling steps up to the bound of the moment (busy_sleep_max_us while a
+ * phase is in flight, else sleep_max_us), a kick ending a sleep; with nothing watched and no
+ * phase, park (pair P). */
 static void *run(void *arg)
 {
 	rw_ipc_poller_t *p = arg;
-	const uint64_t spin_ns = (uint64_t)p->cfg.spin_us * 1000;
+	const rw_ipc_poller_config_t *c = &p->cfg;
+	const uint64_t spin_ns = (uint64_t)c->spin_us * 1000, yield_ns = (uint64_t)c->yield_us * 1000;
 	uint64_t last_move = now_ns();
-	uint32_t nap_us = p->cfg.sleep_min_us;
+	uint32_t nap_us = c->sleep_min_us, kick_seen = atomic_load(&p->kick);
+	/* Sleeps as asked: the default slack (50 µs) would stretch every short one. */
+	(void)prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
 	while (!atomic_load_explicit(&p->stop, memory_order_relaxed)) {
 		unsigned n = scan(p);
 		atomic_fetch_add_explicit(&p->scans, 1, memory_order_relaxed);
 		uint64_t t = now_ns();
+		const uint32_t k = atomic_load(&p->kick);
+		if (k != kick_seen) {
+			kick_seen = k;
+			last_move = t;
+		}
 		if (n) {
 			atomic_fetch_add_explicit(&p->moves, n, memory_order_relaxed);
 			atomic_fetch_add_explicit(&p->wakeups, 1, memory_order_relaxed);
 			ev_async_send(p->loop, &p->async);
 			last_move = t;
 		}
-		if (atomic_load_explicit(&p->busy, memory_order_relaxed) > 0 || t - last_move < spin_ns) {
-			nap_us = p->cfg.sleep_min_us;
+		const int busy = atomic_load_explicit(&p->busy, memory_order_relaxed) > 0;
+		const uint64_t quiet = t - last_move;
+		if (quiet < spin_ns || (busy && c->busy_sleep_max_us == 0)) {
+			nap_us = c->sleep_min_us;
 			cpu_relax();
 			continue;
 		}
-		if (atomic_load_explicit(&p->watched, memory_order_relaxed) == 0) {
+		if (quiet < spin_ns + yield_ns) {
+			nap_us = c->sleep_min_us;
+			sched_yield();
+			atomic_fetch_add_explicit(&p->yields, 1, memory_order_relaxed);
+			continue;
+		}
+		if (!busy && atomic_load_explicit(&p->watched, memory_order_relaxed) == 0) {
 			/* nothing to look at: park until a watch (or the end), pair P */
 			atomic_fetch_add_explicit(&p->parks, 1, memory_order_relaxed);
 			pthread_mutex_lock(&p->park_mu);
@@ -152,13 +183,19 @@ static void *run(void *arg)
 			       !atomic_load_explicit(&p->stop, memory_order_relaxed))
 				pthread_cond_wait(&p->park_cv, &p->park_mu);
 			pthread_mutex_unlock(&p->park_mu);
-			nap_us = p->cfg.sleep_min_us;
+			nap_us = c->sleep_min_us;
 			continue;
 		}
+		const uint32_t bound = busy ? c->busy_sleep_max_us : c->sleep_max_us;
+		if (nap_us > bound)
+			nap_us = bound;
 		struct timespec nap = { .tv_sec = nap_us / 1000000, .tv_nsec = (long)(nap_us % 1000000) * 1000 };
-		nanosleep(&nap, NULL);
+		atomic_store(&p->sleeping, 1); /* pair K */
+		if (atomic_load(&p->kick) == kick_seen)
+			(void)syscall(SYS_futex, &p->kick, FUTEX_WAIT_PRIVATE, kick_seen, &nap, NULL, 0);
+		atomic_store(&p->sleeping, 0);
 		atomic_fetch_add_explicit(&p->sleeps, 1, memory_order_relaxed);
-		nap_us = nap_us * 2 > p->cfg.sleep_max_us ? p->cfg.sleep_max_us : nap_us * 2;
+		nap_us = nap_us * 2 > bound ? bound : nap_us * 2;
 	}
 	return NULL;
 }
@@ -184,7 +221,9 @@ rw_status_t rw_ipc_poller_create(struct ev_loop *loop, const rw_ipc_poller_confi
 				 rw_ipc_poller_cb cb, void *ctx, rw_ipc_poller_t **poller_p)
 {
 	if (!loop || !cfg || !cb || cfg->max_watches == 0 || cfg->max_watches > 65536 ||
-	    cfg->sleep_min_us == 0 || cfg->sleep_max_us < cfg->sleep_min_us)
+	    cfg->sleep_min_us == 0 || cfg->sleep_max_us < cfg->sleep_min_us ||
+	    (cfg->busy_sleep_max_us != 0 && (cfg->busy_sleep_max_us < cfg->sleep_min_us ||
+					      cfg->busy_sleep_max_us > cfg->sleep_max_us)))
 		return RW_ERR_INVAL;
 	rw_ipc_poller_t *p = calloc(1, sizeof(*p));
 	if (!p)
@@ -236,6 +275,7 @@ void rw_ipc_poller_destroy(rw_ipc_poller_t *p)
 	atomic_store_explicit(&p->stop, 1, memory_order_relaxed);
 	pthread_cond_signal(&p->park_cv);
 	pthread_mutex_unlock(&p->park_mu);
+	rw_ipc_poller_kick(p); /* a sleep ends now */
 	pthread_join(p->thread, NULL);
 	pthread_cond_destroy(&p->park_cv);
 	pthread_mutex_destroy(&p->park_mu);
@@ -279,6 +319,15 @@ void rw_ipc_poller_unwatch(rw_ipc_poller_t *p, uint32_t id)
 	atomic_store_explicit(&s->retire, 1, memory_order_release); /* pair R */
 }
 
+void rw_ipc_poller_kick(rw_ipc_poller_t *p)
+{
+	atomic_fetch_add(&p->kick, 1); /* pair K */
+	if (atomic_load(&p->sleeping)) {
+		(void)syscall(SYS_futex, &p->kick, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+		atomic_fetch_add_explicit(&p->kicks, 1, memory_order_relaxed);
+	}
+}
+
 void rw_ipc_poller_busy(rw_ipc_poller_t *p, int busy)
 {
 	atomic_fetch_add_explicit(&p->busy, busy ? 1 : -1, memory_order_relaxed);
@@ -290,6 +339,8 @@ void rw_ipc_poller_stats(const rw_ipc_poller_t *p, rw_ipc_poller_stats_t *st)
 	memset(st, 0, sizeof(*st));
 	st->scans = atomic_load_explicit(&q->scans, memory_order_relaxed);
 	st->sleeps = atomic_load_explicit(&q->sleeps, memory_order_relaxed);
+	st->yields = atomic_load_explicit(&q->yields, memory_order_relaxed);
+	st->kicks = atomic_load_explicit(&q->kicks, memory_order_relaxed);
 	st->moves = atomic_load_explicit(&q->moves, memory_order_relaxed);
 	st->wakeups = atomic_load_explicit(&q->wakeups, memory_order_relaxed);
 	st->parks = atomic_load_explicit(&q->parks, memory_order_relaxed);

@@ -354,6 +354,7 @@ static void prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 	rw_ipc_server_t *srv = w->data;
 	rw_ipc_server_flush(srv);
 	reap(srv);
+	ipc_pages_prepare(srv);
 }
 
 static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)

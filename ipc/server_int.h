@@ -123,6 +123,7 @@ struct rw_ipc_server {
 	rw_ipc_poller_t *poller;     /* with page_rails: watches the rank pages' words */
 	struct ipc_page *pages;      /* every page still mapped (its client may be gone) */
 	struct ipc_page **by_watch;  /* poller watch id -> page */
+	int pages_busy;              /* rank-path phases in flight (rw_ipc_server_pages_busy) */
 };
 
 /* Sending (server_conn.c). ipc_send_msg drops a client whose socket is full (-1); ipc_send_error
@@ -168,6 +169,10 @@ void ipc_page_free(rw_ipc_client_t *c);
 /* Server create / destroy: the poller (with page_rails), and every page left at the end. */
 rw_status_t ipc_pages_start(rw_ipc_server_t *srv);
 void ipc_pages_stop(rw_ipc_server_t *srv);
+/* Before the loop blocks: while a rank-path phase is in flight, the loop has just done its part
+ * of it (written a page word, sent to a peer) and a rank's word is likely next: kick the poller
+ * (its spin window restarts, a sleep ends). */
+void ipc_pages_prepare(rw_ipc_server_t *srv);
 
 /* server_slab.c: the group's slab of a rail, lent once per connection and rail. */
 int ipc_slab_setup(rw_ipc_client_t *c, const rw_ipc_slab_setup_t *req);

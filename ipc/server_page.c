@@ -82,13 +82,23 @@ rw_status_t ipc_pages_start(rw_ipc_server_t *srv)
 	if (srv->cfg.page_rails == 0)
 		return RW_OK;
 	const uint32_t clients = srv->cfg.max_clients ? srv->cfg.max_clients : 256;
-	const rw_ipc_poller_config_t pc = { .max_watches = clients * NWATCH, .spin_us = 200,
-					    .sleep_min_us = 20, .sleep_max_us = 1000 };
+	rw_ipc_poller_config_t pc = { .spin_us = RW_IPC_POLLER_SPIN_US,
+				      .yield_us = RW_IPC_POLLER_YIELD_US,
+				      .sleep_min_us = RW_IPC_POLLER_SLEEP_MIN_US,
+				      .sleep_max_us = RW_IPC_POLLER_SLEEP_MAX_US,
+				      .busy_sleep_max_us = RW_IPC_POLLER_BUSY_SLEEP_MAX_US };
+	if (srv->cfg.poller)
+		pc = *srv->cfg.poller;
+	pc.max_watches = clients * NWATCH;
 	srv->by_watch = calloc(pc.max_watches, sizeof(*srv->by_watch));
 	if (!srv->by_watch)
 		return RW_ERR_NOMEM;
 	rw_status_t st = rw_ipc_poller_create(srv->loop, &pc, page_word_moved, srv, &srv->poller);
 	if (st != RW_OK) {
+		if (st == RW_ERR_INVAL)
+			rw_err("ipc: the word poller's schedule is out of range (spin %u us, yield %u us, "
+			       "sleeps %u..%u us, %u us while busy)", pc.spin_us, pc.yield_us,
+			       pc.sleep_min_us, pc.sleep_max_us, pc.busy_sleep_max_us);
 		free(srv->by_watch);
 		srv->by_watch = NULL;
 	}
@@ -97,8 +107,16 @@ rw_status_t ipc_pages_start(rw_ipc_server_t *srv)
 
 void rw_ipc_server_pages_busy(rw_ipc_server_t *srv, int busy)
 {
-	if (srv->poller)
-		rw_ipc_poller_busy(srv->poller, busy);
+	if (!srv->poller)
+		return;
+	rw_ipc_poller_busy(srv->poller, busy);
+	srv->pages_busy += busy ? 1 : -1;
+}
+
+void ipc_pages_prepare(rw_ipc_server_t *srv)
+{
+	if (srv->pages_busy > 0)
+		rw_ipc_poller_kick(srv->poller);
 }
 
 void ipc_pages_stop(rw_ipc_server_t *srv)

@@ -1,9 +1,13 @@
 /* ipc/bench/poller_bench.c: what the word poller (ipc/poller.c) costs and how fast it sees a
- * word move, in one run, against a baseline of the same poller held spinning (busy) the whole
- * time: the poller's thread CPU per second of wall time, and the latency from a writer thread's
- * store to the loop's callback (p50, p99), for three regimes: phases in flight (busy: spin),
- * moves 50 µs apart (inside the spin window), moves 5 ms apart (asleep between them).
- * Usage: poller_bench [watches (64)] [seconds per regime (2)]. Not a test: it prints numbers. */
+ * word move, in one run: the daemon's schedule (the RW_IPC_POLLER_* defaults: spin, yield,
+ * sleeps bounded lower while a phase is in flight) against a baseline of the former schedule
+ * (spin 200 µs after a move and the whole time a phase is in flight: busy_sleep_max_us 0),
+ * alternating, each regime `reps` times: the poller's thread CPU per second of wall time, and the
+ * latency from a writer thread's store to the loop's callback (p50, p99). Regimes: no phase and
+ * no move (idle), a phase in flight and no move, a phase with moves 50 µs apart (a 1-token
+ * phase's hand-offs) and 1 ms apart (a long phase's: a host rank copying between its words).
+ * Usage: poller_bench [watches (64)] [seconds per regime (1)] [reps (3)]. Not a test: it prints
+ * numbers (medians over the reps, and new / old). */
 #include <ev.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -71,11 +75,12 @@ static int cmp_u64(const void *a, const void *b)
 
 /* One regime: returns the poller's CPU share of one core; fills p50/p99 (µs) when there was a
  * writer. */
-static double regime(struct run *r, int busy, uint64_t gap_ns, double secs, double *p50, double *p99)
+static double regime(struct run *r, const rw_ipc_poller_config_t *sched, int busy, uint64_t gap_ns,
+		     double secs, double *p50, double *p99)
 {
 	struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
-	const rw_ipc_poller_config_t cfg = { .max_watches = r->n_words, .spin_us = 200,
-					     .sleep_min_us = 20, .sleep_max_us = 1000 };
+	rw_ipc_poller_config_t cfg = *sched;
+	cfg.max_watches = r->n_words;
 	rw_ipc_poller_t *p;
 	if (rw_ipc_poller_create(loop, &cfg, on_word, r, &p) != RW_OK)
 		exit(1);
@@ -112,44 +117,83 @@ static double regime(struct run *r, int busy, uint64_t gap_ns, double secs, doub
 		*p50 = (double)r->lat[r->n_lat / 2] / 1000.;
 		*p99 = (double)r->lat[(size_t)r->n_lat * 99 / 100] / 1000.;
 	}
-	printf("    scans %llu sleeps %llu moves %llu wakeups %llu\n",
-	       (unsigned long long)(s1.scans - s0.scans), (unsigned long long)(s1.sleeps - s0.sleeps),
+	printf("    scans %llu yields %llu sleeps %llu moves %llu wakeups %llu\n",
+	       (unsigned long long)(s1.scans - s0.scans), (unsigned long long)(s1.yields - s0.yields),
+	       (unsigned long long)(s1.sleeps - s0.sleeps),
 	       (unsigned long long)(s1.moves - s0.moves), (unsigned long long)(s1.wakeups - s0.wakeups));
 	rw_ipc_poller_destroy(p);
 	ev_loop_destroy(loop);
 	return (double)(s1.cpu_ns - s0.cpu_ns) / wall;
 }
 
+static double median(double *x, int n)
+{
+	double y[16];
+	memcpy(y, x, (size_t)n * sizeof(*x));
+	for (int i = 1; i < n; i++)
+		for (int j = i; j > 0 && y[j - 1] > y[j]; j--) {
+			double t = y[j];
+			y[j] = y[j - 1];
+			y[j - 1] = t;
+		}
+	return n % 2 ? y[n / 2] : (y[n / 2 - 1] + y[n / 2]) / 2;
+}
+
 int main(int argc, char **argv)
 {
 	struct run *r = calloc(1, sizeof(*r));
+	if (!r)
+		return 2;
 	r->n_words = argc > 1 ? (unsigned)atoi(argv[1]) : 64;
-	double secs = argc > 2 ? atof(argv[2]) : 2.0;
-	if (!r || r->n_words == 0 || r->n_words > 4096 || secs <= 0)
+	double secs = argc > 2 ? atof(argv[2]) : 1.0;
+	int reps = argc > 3 ? atoi(argv[3]) : 3;
+	if (r->n_words == 0 || r->n_words > 4096 || secs <= 0 || reps < 1 || reps > 16)
 		return 2;
 	r->words = aligned_alloc(64, (size_t)r->n_words * 64);
 	memset((void *)r->words, 0, (size_t)r->n_words * 64);
-	printf("word poller: %u watched words, %.1f s per regime, spin window 200 us, sleeps 20..1000 us\n",
-	       r->n_words, secs);
-	struct { const char *name; int busy; uint64_t gap; } rs[] = {
-		{ "idle (no moves), adaptive", 0, 0 },
-		{ "idle (no moves), held spinning (baseline)", 1, 0 },
-		{ "moves every 50 us, adaptive", 0, 50000 },
-		{ "moves every 50 us, held spinning (baseline)", 1, 50000 },
-		{ "moves every 5 ms, adaptive", 0, 5000000 },
-		{ "moves every 5 ms, held spinning (baseline)", 1, 5000000 },
+	const rw_ipc_poller_config_t sched[2] = {
+		{ .spin_us = 200, .sleep_min_us = 20, .sleep_max_us = 1000 }, /* old: spin while busy */
+		{ .spin_us = RW_IPC_POLLER_SPIN_US, .yield_us = RW_IPC_POLLER_YIELD_US,
+		  .sleep_min_us = RW_IPC_POLLER_SLEEP_MIN_US, .sleep_max_us = RW_IPC_POLLER_SLEEP_MAX_US,
+		  .busy_sleep_max_us = RW_IPC_POLLER_BUSY_SLEEP_MAX_US },
 	};
-	double cpu[6], p50[6], p99[6];
-	for (int i = 0; i < 6; i++) {
-		printf("%s\n", rs[i].name);
-		cpu[i] = regime(r, rs[i].busy, rs[i].gap, secs, &p50[i], &p99[i]);
-		printf("    poller CPU %.2f%% of a core", 100 * cpu[i]);
+	printf("word poller: %u watched words, %.1f s per regime, %d reps alternating; old: spin 200 "
+	       "us, spin while busy, sleeps 20..1000 us; new: spin %u us, yield %u us, sleeps %u..%u "
+	       "us (%u us while busy)\n", r->n_words, secs, reps, sched[1].spin_us,
+	       sched[1].yield_us, sched[1].sleep_min_us, sched[1].sleep_max_us,
+	       sched[1].busy_sleep_max_us);
+	const struct { const char *name; int busy; uint64_t gap; } rs[] = {
+		{ "no phase, no moves", 0, 0 },
+		{ "phase in flight, no moves", 1, 0 },
+		{ "phase in flight, moves every 50 us", 1, 50000 },
+		{ "phase in flight, moves every 1 ms", 1, 1000000 },
+	};
+	for (size_t i = 0; i < sizeof(rs) / sizeof(rs[0]); i++) {
+		double cpu[2][16], p50[2][16], p99[2][16];
+		for (int k = 0; k < reps; k++)
+			for (int s = 0; s < 2; s++) {
+				printf("%s, %s (rep %d)\n", rs[i].name, s ? "new" : "old", k + 1);
+				cpu[s][k] = regime(r, &sched[s], rs[i].busy, rs[i].gap, secs, &p50[s][k],
+						   &p99[s][k]);
+			}
+		for (int s = 0; s < 2; s++) {
+			double lo = cpu[s][0], hi = cpu[s][0];
+			for (int k = 1; k < reps; k++) {
+				lo = cpu[s][k] < lo ? cpu[s][k] : lo;
+				hi = cpu[s][k] > hi ? cpu[s][k] : hi;
+			}
+			printf("  %s: poller CPU %.2f%% of a core (reps %.2f..%.2f)\n", s ? "new" : "old",
+			       100 * median(cpu[s], reps), 100 * lo, 100 * hi);
+		}
+		double c0 = median(cpu[0], reps), c1 = median(cpu[1], reps);
+		printf("= %-36s CPU old %.2f%% new %.2f%% (new/old %.3f)", rs[i].name, 100 * c0, 100 * c1,
+		       c0 > 0 ? c1 / c0 : 0);
 		if (rs[i].gap)
-			printf(", store -> callback p50 %.1f us p99 %.1f us", p50[i], p99[i]);
+			printf("; store -> callback p50 old %.1f us new %.1f us, p99 old %.1f new %.1f",
+			       median(p50[0], reps), median(p50[1], reps), median(p99[0], reps),
+			       median(p99[1], reps));
 		printf("\n");
 	}
-	printf("ratios adaptive / spinning: idle CPU %.4f; 50 us moves CPU %.3f p50 %.2f; 5 ms moves CPU %.4f p50 %.2f\n",
-	       cpu[0] / cpu[1], cpu[2] / cpu[3], p50[2] / p50[3], cpu[4] / cpu[5], p50[4] / p50[5]);
 	free((void *)r->words);
 	free(r);
 	return 0;

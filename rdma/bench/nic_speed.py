@@ -29,6 +29,10 @@ The 1-token rows are the control-plane floor (their p50 in µs is printed separa
 --rank-env LABEL=VAR=VALUE,... sets VAR in the ranks' environment for that label's runs (the
 same daemon under two labels: an A/B of a rank-side setting such as RAILWAVE_WAIT_SPIN_US);
 --daemon-env LABEL=VAR=VALUE,... the same for the daemons' environment.
+--idle-s S: the ranks of each (shape, tokens) join, open their path and wait S s (after the
+daemons settle: a 0.5 s window under 3% of a core each, 10 s at most) before their first step: the daemons' CPU over those S s (idle: rank pages watched, no
+phase) and over the steps (busy), per daemon, in % of a core (every thread's
+/proc/PID/task/TID/schedstat: ns on a CPU, since a 1-token run's steps last well under a second).
 --modes ring,rank: host ranks on the ring (the daemons' host mover copies every row) and on the
 rank path (rw_bench_rank --host-rank-path: the ranks pack, forward, gather and reduce on their
 own threads straight into and out of their group's carve-out, the daemons plan, post and track;
@@ -41,7 +45,8 @@ every node), unless --rank-env sets it.
                    [--tokens 1,128,1024,4096] [--paths native,rail-only,perm-only,joint,auto]
                    [--rounds 3] [--floor-rounds 20] [--gpus 2] [--rails 2] [--cuda]
                    [--daemons LABEL=PATH,...] [--rank-env LABEL=VAR=VALUE,...]
-                   [--daemon-env LABEL=VAR=VALUE,...] [--repeat 1] [--modes ring,rank]"""
+                   [--daemon-env LABEL=VAR=VALUE,...] [--repeat 1] [--modes ring,rank]
+                   [--idle-s S]"""
 import argparse
 import json
 import os
@@ -68,6 +73,19 @@ def cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def run_s(pid):
+    """CPU time of every thread of pid (/proc/PID/task/TID/schedstat: ns on a CPU), seconds: finer
+    than /proc/PID/stat's 10 ms ticks over a short window."""
+    n = 0
+    for t in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/schedstat" % (pid, t)) as f:
+                n += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # a thread that ended meanwhile
+    return n / 1e9
+
+
 def wakes(pid, loop_only=False):
     """Voluntary context switches of every thread of pid (loop_only: of its main thread, the
     daemon's event loop)."""
@@ -88,9 +106,11 @@ def med(xs):
     return statistics.median(xs) if xs else None
 
 
-def run_ranks(c, a, shape, tokens, paths, steps, group, env, mode="ring"):
+def run_ranks(c, a, shape, tokens, paths, steps, group, env, mode="ring", gated=None):
     """One rank process per (node, GPU); returns ({step: [(dsub, ddone, csub, cdone)]}, the
-    ranks' CPU seconds, their voluntary context switches)."""
+    ranks' CPU seconds, their voluntary context switches). gated: (FILE, fn): the ranks join
+    (and open the rank path) and wait before their first step until FILE exists; fn() runs
+    meanwhile and creates it."""
     hidden, experts, topk = SHAPES[shape]
     wl = ["--nodes", str(c.nodes), "--gpus", str(a.gpus), "--rails", str(a.rails),
           "--experts", str(experts), "--topk", str(topk), "--hidden", str(hidden),
@@ -100,7 +120,8 @@ def run_ranks(c, a, shape, tokens, paths, steps, group, env, mode="ring"):
         sock = c.cfg["nodes"][r // a.gpus]["ipc_socket"]
         argv = [RANK, "--socket", sock, "--group", group, "--rank", str(r), "--steps",
                 str(steps), "--paths", ",".join(paths)] + (["--cuda"] if a.cuda else []) + \
-            (["--host-rank-path"] if mode == "rank" else []) + wl
+            (["--host-rank-path"] if mode == "rank" else []) + \
+            (["--gate", "0:" + gated[0]] if gated else []) + wl
         procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       env=env))
     outs = [None] * len(procs)
@@ -110,6 +131,8 @@ def run_ranks(c, a, shape, tokens, paths, steps, group, env, mode="ring"):
     ts = [threading.Thread(target=reader, args=(i, p)) for i, p in enumerate(procs)]
     for t in ts:
         t.start()
+    if gated:
+        gated[1]()
     for t in ts:
         t.join(900)
     pairs, cpu, wk = {}, 0.0, 0
@@ -215,7 +238,10 @@ def run_cluster(tmp, a, nodes, transport, rate_gbs, results, build=("", cluster.
     os.makedirs(trace_dir)
     extra = {"transport": transport, "pace": transport == "shm",
              "nic_gbps": rate_gbs * 8, "recv_region_mib": recv_mib, "trace_dir": trace_dir,
-             "phase_timeout_ms": 60000, "heartbeat_timeout_ms": 10000, "log_level": "warn"}
+             "phase_timeout_ms": 60000, "heartbeat_timeout_ms": 10000, "log_level": "warn",
+             # a loaded host: a daemon mapping one rank's large buffers may not read the next
+             # rank's hello for seconds (the default 5 s dropped ranks at 128+ tokens, load 30+)
+             "ipc_hello_timeout_ms": 60000}
     modes = a.modes.split(",")
     if "rank" in modes:  # the rank path's records live in each group's carve-out
         area = max(carve_mib(a, nodes, s, t) for s in a.shapes.split(",")
@@ -239,11 +265,38 @@ def run_cluster(tmp, a, nodes, transport, rate_gbs, results, build=("", cluster.
                 rounds = a.floor_rounds if tokens == 1 else a.rounds
                 steps = len(paths) * (rounds + 1)
                 group = "%s-%d-%s" % (shape, tokens, mode)
+                idle = {}
+                gate = os.path.join(tmp, "gate-" + group)
+
+                def at_gate():
+                    """The ranks joined and wait before their first step (pages watched, no
+                    phase): the daemons' CPU over a.idle_s of wall time, then open the gate."""
+                    # every rank joined and opened its path, the daemons mapped its buffers
+                    # and the group's areas: wait until a 0.5 s window costs each daemon under
+                    # 3% of a core (10 s at most)
+                    for _ in range(20):
+                        r0 = sum(run_s(p.pid) for p in c.procs.values())
+                        time.sleep(0.5)
+                        if sum(run_s(p.pid) for p in c.procs.values()) - r0 < 0.015 * nodes:
+                            break
+                    t0, c0 = time.monotonic(), sum(run_s(p.pid) for p in c.procs.values())
+                    time.sleep(a.idle_s)
+                    idle["pct"] = 100 * (sum(run_s(p.pid) for p in c.procs.values()) - c0) / \
+                        (time.monotonic() - t0) / nodes
+                    idle["t0"], idle["run0"] = time.monotonic(), sum(run_s(p.pid)
+                                                                     for p in c.procs.values())
+                    idle["cpu0"] = sum(cpu_s(p.pid) for p in c.procs.values())
+                    open(gate, "w").close()
                 cpu0 = sum(cpu_s(p.pid) for p in c.procs.values())
                 wk0 = sum(wakes(p.pid) for p in c.procs.values())
                 lw0 = sum(wakes(p.pid, True) for p in c.procs.values())
                 pairs, rcpu, rwk = run_ranks(c, a, shape, tokens, paths, steps, group,
-                                             rank_env, mode)
+                                             rank_env, mode, (gate, at_gate) if a.idle_s else None)
+                busy = None
+                if idle:  # the daemons' CPU while the phases ran, per daemon, % of a core
+                    busy = 100 * (sum(run_s(p.pid) for p in c.procs.values()) - idle["run0"]) / \
+                        (time.monotonic() - idle["t0"]) / nodes
+                    cpu0 = idle["cpu0"]
                 cpu = (sum(cpu_s(p.pid) for p in c.procs.values()) - cpu0) / (2 * steps)
                 wk = (sum(wakes(p.pid) for p in c.procs.values()) - wk0) / (2 * steps)
                 lw = (sum(wakes(p.pid, True) for p in c.procs.values()) - lw0) / (2 * steps)
@@ -266,6 +319,7 @@ def run_cluster(tmp, a, nodes, transport, rate_gbs, results, build=("", cluster.
                             "ms": med(ms), "p50_us": med(ms) * 1e3 if ms else None,
                             "lb_ms": lb, "split": split, "cpu_ms": cpu * 1e3, "wakes": wk, "loop_wakes": lw,
                             "rank_cpu_ms": rcpu / steps * 1e3, "rank_wakes": rwk / steps,
+                            "idle_pct": idle.get("pct"), "busy_pct": busy,
                             "mb": max(per_rail, default=0) / 1e6, "per_rail": per_rail,
                             "memcpy_ms": None}
                         if transport == "shm" and per_rail and tokens >= 1024:
@@ -313,6 +367,9 @@ def main():
     ap.add_argument("--rank-env", help="LABEL=VAR=VALUE,...: the ranks' environment per label")
     ap.add_argument("--daemon-env", help="LABEL=VAR=VALUE,...: the daemons' environment per label")
     ap.add_argument("--repeat", type=int, default=1, help="with --daemons: times each, alternating")
+    ap.add_argument("--idle-s", type=float, default=0,
+                    help="the ranks join and wait this long before their first step: the "
+                         "daemons' CPU idle (pages watched, no phase) and while the steps run")
     ap.add_argument("--modes", default="ring", help="ring,rank: host ranks on the ring and on "
                     "the rank path (--host-rank-path), each (shape, tokens) in turn")
     a = ap.parse_args()
@@ -355,6 +412,14 @@ def main():
                 r["daemon"] + " " if r["daemon"] else "", r["nodes"], r["transport"], r["mode"],
                 r["shape"],
                 r["path"], r["kind"], r["p50_us"], r["loop_wakes"], r["wakes"] - r["loop_wakes"]))
+    if a.idle_s:
+        print("== the daemons' CPU, %% of a core per daemon: idle (ranks joined, no phase, %g s) "
+              "and busy (while the steps ran)" % a.idle_s)
+        for r in results:
+            if r["kind"] == "dispatch" and r["path"] == a.paths.split(",")[0]:
+                print("%s%d %-14s %-4s %-8s %5d  idle %6.2f  busy %6.2f" % (
+                    r["daemon"] + " " if r["daemon"] else "", r["nodes"], r["transport"],
+                    r["mode"], r["shape"], r["tokens"], r["idle_pct"], r["busy_pct"]))
     return 0
 
 

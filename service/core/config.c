@@ -10,6 +10,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "ipc/ipc.h" /* the word poller's defaults */
+
 #define CONFIG_MAX_BYTES (64u << 20) /* a cluster file is kilobytes; this only stops a wrong path */
 
 /* ---------------------------------------------------------------------------------------------
@@ -81,6 +83,12 @@ static const field_t fields[] = {
 	{"ipc_max_per_uid", K_U32, OFF(ipc_max_per_uid), 0, 1, 65536},
 	{"ipc_hello_timeout_ms", K_U32, OFF(ipc_hello_timeout_ms), 0, 100, 600000},
 	{"ipc_busy_poll_us", K_U32, OFF(ipc_busy_poll_us), 0, 0, 10000},
+	/* the word poller's schedule */
+	{"poller_spin_us", K_U32, OFF(poller_spin_us), 0, 0, 1000000},
+	{"poller_yield_us", K_U32, OFF(poller_yield_us), 0, 0, 1000000},
+	{"poller_sleep_min_us", K_U32, OFF(poller_sleep_min_us), 0, 1, 1000000},
+	{"poller_sleep_max_us", K_U32, OFF(poller_sleep_max_us), 0, 1, 1000000},
+	{"poller_busy_sleep_max_us", K_U32, OFF(poller_busy_sleep_max_us), 0, 0, 1000000},
 };
 #define N_FIELDS RW_ARRAY_SIZE(fields)
 
@@ -131,6 +139,16 @@ const rw_svc_option_t rw_svc_options[] = {
 	 "an IPC connection must join within this"},
 	{"ipc_busy_poll_us", "ipc-busy-poll-us", "RAILWAVE_IPC_BUSY_POLL_US", "US",
 	 "after a submission, poll the ranks' rings this long before sleeping (0 = never)"},
+	{"poller_spin_us", "poller-spin-us", "RAILWAVE_POLLER_SPIN_US", "US",
+	 "rank pages' word poller: spin this long after a word moved"},
+	{"poller_yield_us", "poller-yield-us", "RAILWAVE_POLLER_YIELD_US", "US",
+	 "then look between sched_yield()s this long"},
+	{"poller_sleep_min_us", "poller-sleep-min-us", "RAILWAVE_POLLER_SLEEP_MIN_US", "US",
+	 "then sleep from this long, doubling"},
+	{"poller_sleep_max_us", "poller-sleep-max-us", "RAILWAVE_POLLER_SLEEP_MAX_US", "US",
+	 "up to this long with no rank-path phase in flight"},
+	{"poller_busy_sleep_max_us", "poller-busy-sleep-max-us", "RAILWAVE_POLLER_BUSY_SLEEP_MAX_US",
+	 "US", "up to this long while one is (0 = spin while one is)"},
 	{NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -338,6 +356,15 @@ static rw_status_t finish(loader_t *ld)
 	if (cfg->heartbeat_timeout_ms <= cfg->heartbeat_interval_ms)
 		return cfg_fail(ld, "heartbeat_timeout_ms: %u must exceed heartbeat_interval_ms (%u)",
 			    cfg->heartbeat_timeout_ms, cfg->heartbeat_interval_ms);
+	if (cfg->poller_sleep_max_us < cfg->poller_sleep_min_us)
+		return cfg_fail(ld, "poller_sleep_max_us: %u is below poller_sleep_min_us (%u)",
+			    cfg->poller_sleep_max_us, cfg->poller_sleep_min_us);
+	if (cfg->poller_busy_sleep_max_us != 0 &&
+	    (cfg->poller_busy_sleep_max_us < cfg->poller_sleep_min_us ||
+	     cfg->poller_busy_sleep_max_us > cfg->poller_sleep_max_us))
+		return cfg_fail(ld, "poller_busy_sleep_max_us: %u is outside poller_sleep_min_us .. "
+			    "poller_sleep_max_us (%u .. %u; 0 = spin while busy)",
+			    cfg->poller_busy_sleep_max_us, cfg->poller_sleep_min_us, cfg->poller_sleep_max_us);
 	for (uint32_t i = 0; i < cfg->n_nodes; i++)
 		for (uint32_t r = 0; r < cfg->rails; r++) {
 			rw_svc_rail_cfg_t *rail = &cfg->nodes[i].rails[r];
@@ -403,6 +430,11 @@ static void set_defaults(loader_t *ld)
 	cfg->ipc_require_group_key = 0; /* docs/ipc.md: optional, so torchrun and the demo work */
 	cfg->ipc_max_per_uid = 64;
 	cfg->ipc_hello_timeout_ms = 5000;
+	cfg->poller_spin_us = RW_IPC_POLLER_SPIN_US;
+	cfg->poller_yield_us = RW_IPC_POLLER_YIELD_US;
+	cfg->poller_sleep_min_us = RW_IPC_POLLER_SLEEP_MIN_US;
+	cfg->poller_sleep_max_us = RW_IPC_POLLER_SLEEP_MAX_US;
+	cfg->poller_busy_sleep_max_us = RW_IPC_POLLER_BUSY_SLEEP_MAX_US;
 }
 
 static const char *env_get(char *const *envp, const char *name)

@@ -104,6 +104,9 @@ typedef struct rw_svc_config {
 	uint32_t ipc_max_per_uid;    /* IPC connections one uid may hold at once */
 	uint32_t ipc_hello_timeout_ms; /* an IPC connection that has not joined by then is closed */
 	uint32_t ipc_busy_poll_us;     /* docs/ipc.md "Busy polling" (0: sleep on the eventfds) */
+	/* the word poller's schedule (ipc/ipc.h "The word poller"; docs/rankpath.md "The poller") */
+	uint32_t poller_spin_us, poller_yield_us, poller_sleep_min_us, poller_sleep_max_us;
+	uint32_t poller_busy_sleep_max_us; /* 0: spin while a rank-path phase is in flight */
 } rw_svc_config_t;
 
 /* One override: `key` is a top-level field name as in the JSON file ("http", "node", ...).

@@ -108,6 +108,12 @@ rw_status_t rw_svc_exec_create(rw_svc_t *svc, const rw_svc_mover_ops_t *const *m
 rw_status_t rw_svc_exec_ipc_start(rw_svc_exec_t *x)
 {
 	rw_svc_t *svc = x->svc;
+	const rw_ipc_poller_config_t poller = {
+		.spin_us = svc->cfg.poller_spin_us, .yield_us = svc->cfg.poller_yield_us,
+		.sleep_min_us = svc->cfg.poller_sleep_min_us,
+		.sleep_max_us = svc->cfg.poller_sleep_max_us,
+		.busy_sleep_max_us = svc->cfg.poller_busy_sleep_max_us,
+	};
 	rw_ipc_server_config_t cfg = {
 		.socket_path = svc->cfg.ipc_socket,
 		.group = svc->cfg.ipc_group[0] ? svc->cfg.ipc_group : NULL,
@@ -122,6 +128,7 @@ rw_status_t rw_svc_exec_ipc_start(rw_svc_exec_t *x)
 		.hello_timeout_ms = svc->cfg.ipc_hello_timeout_ms,
 		.busy_poll_us = svc->cfg.ipc_busy_poll_us,
 		.page_rails = svc->cfg.rails, /* rank pages, their words watched (exec_page.c) */
+		.poller = &poller,
 		.page_gpu_rail = svc->topo.gpu_rail,
 	};
 	rw_status_t st = rw_ipc_server_create(svc->loop, &cfg, &exec_ipc_ops, x, &x->ipc);

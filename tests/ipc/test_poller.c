@@ -2,7 +2,9 @@
  * and words written by other threads, by a CPU store that releases a waiting stream, and by that
  * stream (cuStreamWriteValue64 on the stand-in driver, tests/cuda/libfakecuda.so): every change
  * is reported by its latest value, values never go back, a baseline is not a change, a retired
- * watch is reported once and never read again, a full notice queue loses nothing. */
+ * watch is reported once and never read again, a full notice queue loses nothing; while a phase
+ * is in flight the thread backs off (spin, yield, sleep) and still sees the next move, or spins
+ * the whole phase when told to. */
 #include <ev.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -222,6 +224,143 @@ static void test_parks_with_nothing_watched(void **state)
 	ev_loop_destroy(loop);
 }
 
+/* The thread's counters have reached *arg (scans, sleeps, yields: 0 = any). */
+struct at_least {
+	rw_ipc_poller_t *p;
+	uint64_t scans, sleeps, yields;
+};
+static int counted(void *arg)
+{
+	const struct at_least *w = arg;
+	rw_ipc_poller_stats_t st;
+	rw_ipc_poller_stats(w->p, &st);
+	return st.scans >= w->scans && st.sleeps >= w->sleeps && st.yields >= w->yields;
+}
+
+/* A poller on a new loop with schedule (spin, yield, busy bound), word 0 watched (its id in *a)
+ * and a phase in flight (busy); end_busy() ends it all. */
+static rw_ipc_poller_t *busy_poller(struct ev_loop **loop, uint32_t spin_us, uint32_t yield_us,
+				    uint32_t busy_sleep_max_us, uint32_t *a)
+{
+	*loop = ev_loop_new(EVFLAG_AUTO);
+	rw_ipc_poller_config_t c = cfg;
+	c.spin_us = spin_us;
+	c.yield_us = yield_us;
+	c.busy_sleep_max_us = busy_sleep_max_us;
+	rw_ipc_poller_t *p;
+	assert_int_equal(rw_ipc_poller_create(*loop, &c, on_word, &seen, &p), RW_OK);
+	assert_int_equal(rw_ipc_poller_watch(p, word(0), a), RW_OK);
+	rw_ipc_poller_busy(p, 1);
+	return p;
+}
+
+static void end_busy(rw_ipc_poller_t *p, struct ev_loop *loop)
+{
+	rw_ipc_poller_busy(p, 0);
+	rw_ipc_poller_destroy(p);
+	ev_loop_destroy(loop);
+}
+
+/* While a phase is in flight (busy) and no word moves, the poller goes from spinning to yielding
+ * to sleeping (it no longer holds a core for the whole phase), and a word that moves while it
+ * sleeps is still reported, by its latest value, in order; then it backs off again and the next
+ * move is reported too. No time is asserted: only that it slept and then saw each move. */
+static void test_backs_off_while_busy_and_sees_the_next_move(void **state)
+{
+	(void)state;
+	struct ev_loop *loop;
+	uint32_t a;
+	/* a yield window of 100 ms: a thread kept off the CPU across the whole of it (a loaded
+	 * host) would go straight to its sleeps and never yield */
+	rw_ipc_poller_t *p = busy_poller(&loop, 50, 100000, 100, &a);
+	rw_ipc_poller_stats_t st;
+	for (uint64_t v = 1; v <= 3; v++) {
+		rw_ipc_poller_stats(p, &st);
+		struct at_least backed_off = { p, 0, st.sleeps + 3, 0 };
+		run_until(loop, counted, &backed_off); /* asleep (after spinning and yielding) */
+		assert_true(counted(&backed_off));
+		const unsigned before = seen.reports[a];
+		atomic_store_explicit(word(0), 10 * v, memory_order_release);
+		atomic_store_explicit(word(0), 10 * v + 1, memory_order_release); /* latest wins */
+		for (int i = 0; i < 10000 && seen.last[a] != 10 * v + 1; i++) {
+			ev_run(loop, EVRUN_NOWAIT);
+			usleep(1000);
+		}
+		assert_int_equal(seen.last[a], 10 * v + 1);
+		assert_true(seen.reports[a] > before);
+	}
+	assert_int_equal(seen.backwards, 0);
+	rw_ipc_poller_stats(p, &st);
+	assert_true(st.yields >= 1);
+	end_busy(p, loop);
+}
+
+static rw_ipc_poller_t *kick_p;
+static int kicked(void *arg) /* kick until a kick ended a sleep */
+{
+	(void)arg;
+	rw_ipc_poller_stats_t st;
+	rw_ipc_poller_kick(kick_p);
+	rw_ipc_poller_stats(kick_p, &st);
+	return st.kicks >= 1;
+}
+
+/* A kick from the loop ends the thread's sleep (a futex wake, counted) and a word that moves
+ * after it is reported. */
+static void test_kick_ends_a_sleep(void **state)
+{
+	(void)state;
+	struct ev_loop *loop;
+	uint32_t a;
+	/* long sleeps while busy: a kick is what ends them */
+	rw_ipc_poller_t *p = busy_poller(&loop, 0, 0, cfg.sleep_max_us, &a);
+	struct at_least asleep = { p, 0, 2, 0 };
+	run_until(loop, counted, &asleep);
+	assert_true(counted(&asleep));
+	kick_p = p;
+	run_until(loop, kicked, NULL);
+	assert_true(kicked(NULL));
+	atomic_store_explicit(word(0), 4, memory_order_release);
+	run_until(loop, reported, &a);
+	assert_int_equal(seen.last[a], 4);
+	end_busy(p, loop);
+}
+
+/* busy_sleep_max_us 0: while busy the thread spins (no sleep, no yield) however long no word
+ * moves (kicks find no sleep to end), and still reports a move; once not busy it backs off and
+ * sleeps. */
+static void test_spins_while_busy_when_told(void **state)
+{
+	(void)state;
+	struct ev_loop *loop;
+	uint32_t a;
+	rw_ipc_poller_t *p = busy_poller(&loop, 0, 0, 0, &a);
+	rw_ipc_poller_stats_t st0, st1;
+	rw_ipc_poller_stats(p, &st0);
+	struct at_least seen_busy = { p, st0.scans + 3, 0, 0 }; /* passes that began after busy */
+	run_until(loop, counted, &seen_busy);
+	rw_ipc_poller_stats(p, &st0);
+	struct at_least many = { p, st0.scans + 20000, 0, 0 };
+	run_until(loop, counted, &many);
+	rw_ipc_poller_stats(p, &st1);
+	assert_true(counted(&many));
+	assert_int_equal(st1.sleeps, st0.sleeps);
+	assert_int_equal(st1.yields, st0.yields);
+	for (int i = 0; i < 100; i++)
+		rw_ipc_poller_kick(p); /* it never sleeps: no kick has a sleep to end */
+	rw_ipc_poller_stats(p, &st1);
+	assert_int_equal(st1.kicks, 0);
+	atomic_store_explicit(word(0), 9, memory_order_release);
+	run_until(loop, reported, &a);
+	assert_int_equal(seen.last[a], 9);
+	rw_ipc_poller_busy(p, 0);
+	struct at_least sleeps = { p, 0, st1.sleeps + 1, 0 };
+	run_until(loop, counted, &sleeps);
+	assert_true(counted(&sleeps));
+	rw_ipc_poller_destroy(p);
+	ev_loop_destroy(loop);
+}
+
 /* A full table refuses, and a slot comes back only with its retired report; bad arguments. */
 static void test_table_full_and_bad_arguments(void **state)
 {
@@ -235,6 +374,11 @@ static void test_table_full_and_bad_arguments(void **state)
 	assert_int_equal(rw_ipc_poller_create(loop, &bad, on_word, &seen, &p), RW_ERR_INVAL);
 	bad = cfg;
 	bad.max_watches = 0;
+	assert_int_equal(rw_ipc_poller_create(loop, &bad, on_word, &seen, &p), RW_ERR_INVAL);
+	bad = cfg;
+	bad.busy_sleep_max_us = bad.sleep_min_us - 1; /* a busy bound below the first sleep */
+	assert_int_equal(rw_ipc_poller_create(loop, &bad, on_word, &seen, &p), RW_ERR_INVAL);
+	bad.busy_sleep_max_us = bad.sleep_max_us + 1; /* or above the idle one */
 	assert_int_equal(rw_ipc_poller_create(loop, &bad, on_word, &seen, &p), RW_ERR_INVAL);
 	assert_int_equal(rw_ipc_poller_create(loop, &small, on_word, &seen, &p), RW_OK);
 	for (unsigned i = 0; i < 4; i++)
@@ -330,6 +474,10 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_full_queue_loses_nothing, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stream_written_word, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_parks_with_nothing_watched, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_backs_off_while_busy_and_sees_the_next_move, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_spins_while_busy_when_told, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_kick_ends_a_sleep, setup, teardown),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	rw_cuda_shutdown();
