@@ -65,11 +65,14 @@ static void page_word_moved(void *ctx, uint32_t id, uint64_t value, int retired)
 	if (step == RW_PAGE_SAME)
 		return;
 	if (step == RW_PAGE_BAD) {
-		rw_warn("ipc: client=%u group=%s rank=%u: rank page word %s went from %llu to %llu "
-			"(forward by 1 to %u only): dropping it", c->info.id, c->info.group, c->info.rank,
-			word_name[watched[j]], (unsigned long long)p->seen[j], (unsigned long long)value,
-			RW_PAGE_DEPTH);
-		ipc_client_kill(c, RW_IPC_LEFT_PROTOCOL, RW_E_RING_INDEX);
+		char why[128];
+		snprintf(why, sizeof(why), "rank page word %s went from %llu to %llu (forward by 1 "
+			 "to %u only)", word_name[watched[j]], (unsigned long long)p->seen[j],
+			 (unsigned long long)value, RW_PAGE_DEPTH);
+		rw_warn("ipc: client=%u group=%s rank=%u: %s: dropping it", c->info.id, c->info.group,
+			c->info.rank, why);
+		ipc_send_error(c, 0, RW_E_RING_INDEX, why, 1); /* the rank hears why */
+		ipc_client_kill(c, RW_IPC_LEFT_PROTOCOL, RW_E_RING_INDEX); /* also if the send failed */
 		return;
 	}
 	p->seen[j] = value;
