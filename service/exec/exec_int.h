@@ -132,6 +132,9 @@ typedef struct exec_member {
 	 * RW_PW_*; exec_page.c). */
 	uint64_t page_seen[RW_PW_COUNT];
 	uint64_t page_taken;         /* the last phase whose submit was taken (admitted or failed) */
+	uint64_t page_failed;        /* a phase not taken yet whose packed or done came ahead of
+					the daemon's word: failed on the page, refused when taken */
+	unsigned page_failed_word;   /* which (RW_PW_PACKED or RW_PW_DONE) */
 } exec_member_t;
 
 struct exec_group {

@@ -199,6 +199,13 @@ static int page_admit_combine(exec_t *x, exec_member_t *mb, rw_page_head_t *pg,
 static int page_submit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, uint64_t k)
 {
 	const rw_page_geom_t *geom = rw_ipc_client_page_geom(mb->client);
+	if (mb->page_failed == k) { /* its packed or done came first: failed then */
+		char why[RW_SVC_WHY_MAX];
+		snprintf(why, sizeof(why), "%s moved to %llu before its submit was taken",
+			 mb->page_failed_word == RW_PW_PACKED ? "packed" : "done",
+			 (unsigned long long)k);
+		return page_refuse(x, mb, pg, k, RW_E_TOKENS, why);
+	}
 	rw_page_layout_t l;
 	if (rw_page_layout(geom->nodes, geom->rails, geom->gpus, geom->max_recv, 1, &l) != 0)
 		return page_refuse(x, mb, pg, k, RW_E_INTERNAL, "the page's geometry is bad");
@@ -306,11 +313,21 @@ void exec_page_word(void *ctx, rw_ipc_client_t *client, unsigned word, uint64_t 
 				 word == RW_PW_PACKED ? "packed" : "done", (unsigned long long)value,
 				 answer == RW_PW_PLAN ? "plan" : "arrived");
 			exec_pair_t *p = mb->g->pair;
-			if (p && p->in[exec_kind(p)].sub[mb->local].page_k) /* its pair fails, named */
+			if (p && p->in[exec_kind(p)].sub[mb->local].page_k == value) /* its pair fails */
 				exec_pair_fail(p, RW_ERR_SUB_TOKENS, "group %s rank %u: %s", mb->g->name,
 					       x->me * x->gpus + mb->local, why);
-			else
+			else { /* a phase the pair does not hold (not taken yet: refused when it is);
+				* the word still covers the rank's phase the pair holds */
 				page_phase_fail(x, mb, pg, value, RW_E_TOKENS, why);
+				if ((int64_t)(value - mb->page_taken) > 0) {
+					mb->page_failed = value;
+					mb->page_failed_word = word;
+				}
+				if (p) {
+					exec_on_page_word(p, mb->local, word, value);
+					group_take(x, mb->g);
+				}
+			}
 		} else if (mb->g->pair) {
 			exec_group_t *g = mb->g;
 			exec_on_page_word(g->pair, mb->local, word, value);
