@@ -307,7 +307,14 @@ void exec_page_word(void *ctx, rw_ipc_client_t *client, unsigned word, uint64_t 
 	case RW_PW_PACKED:
 	case RW_PW_DONE: {
 		unsigned answer = word == RW_PW_PACKED ? RW_PW_PLAN : RW_PW_ARRIVED;
-		if (page_word_ahead(pg, answer, value)) {
+		exec_pair_t *q = mb->g->pair;
+		/* The daemon writes arrived as its pair enters the flush: a done for the phase the
+		 * pair holds before then is ahead, whatever the page's arrived says (the rank can
+		 * write that word too) */
+		const int early = word == RW_PW_DONE && q &&
+				  q->in[exec_kind(q)].sub[mb->local].page_k == value &&
+				  q->stage != ST_FLUSH_D && q->stage != ST_FLUSH_C;
+		if (early || page_word_ahead(pg, answer, value)) {
 			char why[RW_SVC_WHY_MAX];
 			snprintf(why, sizeof(why), "%s moved to %llu, past the daemon's %s",
 				 word == RW_PW_PACKED ? "packed" : "done", (unsigned long long)value,
