@@ -42,18 +42,25 @@
  *                   next dispatch is made (two buffer sets): that call drives the combine to
  *                   its end first, as a stream's order would; its answer is then kept and
  *                   checked
+ *         fuzz      every rank of the group with the same seed ($RW_PAGERANK_FUZZ, else SEED):
+ *                   LAYERS x STEPS rounds, most with one rank hostile ("mode fuzz" below);
+ *                   $RW_PAGERANK_FUZZ_DIR: where the ranks meet after a round whose attacker
+ *                   left; exit 0 iff every check held
  * Modes lib and host open the rank path with the SM budget $RW_PAGERANK_SMS (0 or unset: none).
  * With RW_PAGERANK_GO=FILE the rank joins its group, then waits for FILE (at most 60 s) before it
  * takes its page: a harness lets the group's ring ranks submit first (a pair a ring rank opened
  * before any rank of its node held a page).
  * Output: "rank R: S steps x L layers dispatched on the rank path, verified (N rows)"; for lie
  * also "lie: phase K failed: CODE: MESSAGE"; for die-*: "dying at ..." before it exits 3. */
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 
 #include "cuda/rw_cuda.h"
 #include "ipc/page.h"
@@ -77,6 +84,9 @@ static uint32_t me, nodes, gpus, world, experts, per_rank, rails;
 static rw_page_head_t *pg;
 static rw_page_layout_t lay;
 static rw_client_slab_t slabs[RW_CLIENT_SLAB_RAILS];
+static uint32_t native, max_tokens; /* the head's rail and max_tokens, read at join */
+static int lax;                     /* mode fuzz: this round's rows are not checked (scribbled) */
+static int kill_at = -1;            /* mode fuzz: the point of the phase the rank dies at */
 static rw_wl_work_t mine, *all; /* the rank's workload, and every rank's of the phase checked */
 static uint8_t *seen;           /* [world * MAX_ROWS]: rows delivered */
 
@@ -109,6 +119,20 @@ static const char *reason(rw_client_t *c)
 	return rw_client_last_message(c);
 }
 
+/* Mode fuzz: the rank dies here, as a SIGKILL finds it (no goodbye, nothing written). */
+static uint32_t *fz_next_round; /* mode fuzz: the round the rank's next life starts in */
+static uint64_t fz_seed;
+
+static _Noreturn void fz_die(const char *where)
+{
+	if (fz_next_round) /* the next life plays the next round */
+		++*fz_next_round;
+	printf("killed %s\n", where);
+	fflush(stdout);
+	raise(SIGKILL);
+	_exit(9);
+}
+
 /* wait_word, then phase k's status into *st_p (0, or the RW_E_* that failed it). */
 static int wait_status(unsigned w, uint64_t k, int32_t *st_p)
 {
@@ -136,18 +160,61 @@ static void count_row(const rw_wl_work_t *wk, uint32_t *row)
 		for (uint32_t d = 0; d < nodes; d++)
 			for (uint32_t q = 0; q < TOPK; q++)
 				if (wk->ids[t][q] >= 0 && node_of(wk->ids[t][q]) == d) {
-					row[d * rails + pg->rail]++;
+					row[d * rails + native]++;
 					break;
 				}
 }
 
-/* The pack kernel's: record i to node d (token order) where the plan entries put it. */
+/* How a lying pack corrupts the records of token lie_token (every destination's): REC_TOKEN a
+ * token past the rank's tokens (mode lie), the others mode fuzz's. */
+enum { REC_OK, REC_TOKEN, REC_TAG, REC_SRC, REC_OWNER, REC_TOPK, REC_IDS_OFF, REC_IDS_RANGE,
+       REC_ORDER, REC_IDS_NONE, REC_COUNT };
+static uint32_t lie_token, lie_salt;
+static const char *rec_lie_name(int lie)
+{
+	static const char *const name[REC_COUNT] = { "none", "token past", "tag", "source node",
+		"owner", "topk", "ids off the node", "id out of range", "token order", "no ids" };
+	return lie >= 0 && lie < REC_COUNT ? name[lie] : "?";
+}
+
+static void rec_lie(int lie, rw_wire_rec_hdr_t *rh, int32_t *ids, uint32_t d, uint32_t n,
+		    uint32_t prev)
+{
+	const uint32_t s = lie_salt;
+	switch (lie) {
+	case REC_TAG: rh->tag ^= 1 + s % 0xffff; break;
+	case REC_SRC: rh->src_node = (rh->src_node + 1 + s % (nodes - 1)) % nodes; break;
+	case REC_OWNER: rh->owner += 1 + s % 200; break;
+	case REC_TOPK: rh->topk = TOPK - 1; break;
+	case REC_IDS_OFF: /* every id an expert of the next node: none on the destination */
+		for (uint32_t q = 0; q < TOPK; q++)
+			ids[q] = (int32_t)(((d + 1) % nodes) * gpus * per_rank + s % (gpus * per_rank));
+		break;
+	case REC_IDS_RANGE: ids[s % TOPK] = (int32_t)(experts + s % 1000); break;
+	case REC_IDS_NONE:
+		for (uint32_t q = 0; q < TOPK; q++)
+			ids[q] = -1;
+		break;
+	case REC_ORDER: /* the previous record's token to that node again */
+		if (prev != UINT32_MAX) {
+			rh->token = prev;
+			break;
+		}
+		rh->token = n + 7 + s % 100; /* the token's first record to that node */
+		break;
+	default: rh->token = n + 7 + s % 100; break;
+	}
+}
+
+/* The pack kernel's: record i to node d (token order) where the plan entries put it; `lie`
+ * (REC_*): token lie_token's records corrupted. */
 static int pack(const rw_wl_work_t *wk, const uint8_t *slot, int bf16, uint32_t hidden, int lie)
 {
 	const rw_page_plan_head_t *h = (const void *)(slot + lay.plan);
 	const uint32_t *tags = (const void *)(slot + lay.plan_tag);
 	const rw_page_plan_entry_t *e = (const void *)(slot + lay.plan_entry);
-	uint32_t next[64] = { 0 };
+	uint32_t next[64] = { 0 }, prev[64];
+	memset(prev, 0xff, sizeof(prev));
 	for (uint32_t t = 0; t < wk->n; t++)
 		for (uint32_t d = 0; d < nodes; d++) {
 			int hit = 0;
@@ -162,8 +229,13 @@ static int pack(const rw_wl_work_t *wk, const uint8_t *slot, int bf16, uint32_t 
 			CHECK(off + h->rec_size <= slabs[rail].bytes, "plan offset past the slab");
 			uint8_t *rec = (uint8_t *)slabs[rail].base + off;
 			rw_wire_rec_hdr_t rh = { .tag = tags[d], .src_node = me / gpus, .owner = h->owner,
-						 .token = lie && t == 0 ? wk->n + 7 : t, .topk = TOPK };
-			rw_wire_rec_pack(rec, &rh, wk->ids[t], wk->w[t]);
+						 .token = t, .topk = TOPK };
+			int32_t ids[TOPK];
+			memcpy(ids, wk->ids[t], sizeof(ids));
+			if (lie && t == lie_token)
+				rec_lie(lie, &rh, ids, d, wk->n, prev[d]);
+			prev[d] = t;
+			rw_wire_rec_pack(rec, &rh, ids, wk->w[t]);
 			rw_wl_put_row(rec + h->row_off, bf16, wk->x + (size_t)t * hidden, hidden);
 		}
 	return 0;
@@ -224,6 +296,8 @@ static int forward(const rw_wl_shape_t *sh, const uint8_t *slot, uint32_t step, 
 	const rw_page_plan_rail_t *areas = (const void *)(slot + lay.plan_rail);
 	const uint64_t rec_size = rw_wire_rec_size(TOPK, sh->hidden, bf16 ? RW_WIRE_BF16 : RW_WIRE_F32);
 	uint32_t ecount[MAX_EXPERTS], got[MAX_EXPERTS] = { 0 };
+	if (lax)
+		return 0;
 	const uint32_t expect = expect_begin(sh, step, layer, ecount);
 	CHECK(lh->count == expect, "step %u layer %u: the list names %u rows, expected %u", step,
 	      layer, lh->count, expect);
@@ -279,8 +353,13 @@ static int combine(const rw_wl_shape_t *sh, const uint8_t *dslot, uint64_t k, ui
 		const uint8_t *rec = (const uint8_t *)slabs[de[j].rail].base + base +
 				     de[j].slot * rec_size;
 		rw_wire_rec_hdr_t rh;
-		CHECK(rw_wire_rec_unpack(rec, TOPK, &rh) == RW_OK, "combine row %u: header", j);
-		rw_wl_expert_row(&all[rh.src_node * gpus + rh.owner], rh.token, me, per_rank, hidden, v);
+		if (lax) /* the slabs were scribbled on: any rows will do */
+			memset(v, 0, sizeof(v));
+		else {
+			CHECK(rw_wire_rec_unpack(rec, TOPK, &rh) == RW_OK, "combine row %u: header", j);
+			rw_wl_expert_row(&all[rh.src_node * gpus + rh.owner], rh.token, me, per_rank,
+					 hidden, v);
+		}
 		rw_wl_put_row(stage0 + h * dh->stage_stride + (uint64_t)j * rowb, bf16, v, hidden);
 	}
 	uint8_t *slot = rw_page_slot_at(pg, &lay, k);
@@ -291,6 +370,8 @@ static int combine(const rw_wl_shape_t *sh, const uint8_t *dslot, uint64_t k, ui
 	memcpy(slot + lay.params, &prm, sizeof(prm));
 	memset(slot + lay.count_row, 0, sizeof(uint32_t) * nodes * rails);
 	word_set(RW_PW_SUBMIT, k);
+	if (kill_at == 4)
+		fz_die("after its combine's submit");
 	if (wait_status(RW_PW_PLAN, k, st_p))
 		return 1;
 	if (*st_p)
@@ -330,9 +411,11 @@ static int combine(const rw_wl_shape_t *sh, const uint8_t *dslot, uint64_t k, ui
 		rw_wl_put_row(out + ch->row_off, bf16, sum, hidden);
 	}
 	word_set(RW_PW_PACKED, k);
+	if (kill_at == 5)
+		fz_die("after its combine's packed");
 	if (wait_status(RW_PW_ARRIVED, k, st_p))
 		return 1;
-	if (*st_p)
+	if (*st_p || lax)
 		goto done;
 	const rw_page_list_head_t *rl = (const void *)(slot + lay.list);
 	const rw_page_list_entry_t *re = (const void *)(slot + lay.list_entry);
@@ -361,6 +444,531 @@ static int combine(const rw_wl_shape_t *sh, const uint8_t *dslot, uint64_t k, ui
 done:
 	word_set(RW_PW_DONE, k);
 	return 0;
+}
+
+/* The rank's page (lent) and its group's slab of every rail, mapped. */
+static int page_maps(rw_client_t *c, void *page)
+{
+	int rc;
+	pg = page;
+	rails = pg->rails;
+	native = pg->rail;
+	max_tokens = pg->max_tokens;
+	CHECK(rails <= RW_CLIENT_SLAB_RAILS && nodes * rails <= 64 * RW_CLIENT_SLAB_RAILS,
+	      "count row too big");
+	CHECK(rw_page_layout(pg->nodes, pg->rails, pg->gpus, pg->max_recv, 1, &lay) == 0, "layout");
+	for (uint32_t r = 0; r < rails; r++) {
+		rc = rw_client_group_slab(c, r, &slabs[r]);
+		CHECK(rc == 0, "slab of rail %u: %s: %s", r, rw_client_strerror(rc),
+		      rw_client_last_message(c));
+	}
+	return 0;
+}
+
+static int page_join(rw_client_t *c)
+{
+	void *page;
+	size_t bytes;
+	int rc = rw_client_rank_page(c, world * MAX_ROWS, &page, &bytes);
+	CHECK(rc == 0, "rank page: %s: %s", rw_client_strerror(rc), rw_client_last_message(c));
+	return page_maps(c, page);
+}
+
+/* Dispatch k of (step, layer): the parameters and count row of `mine` in its slot, as the count
+ * kernel leaves them before submit. Returns the slot. */
+static uint8_t *dispatch_slot(const rw_wl_shape_t *sh, uint32_t step, uint32_t layer, uint64_t k)
+{
+	const int bf16 = rw_wl_bf16(step, layer);
+	uint8_t *slot = rw_page_slot_at(pg, &lay, k);
+	const rw_page_params_t prm = { .kind = RW_KIND_DISPATCH,
+				       .dtype = bf16 ? RW_DTYPE_BF16 : RW_DTYPE_FP32, .topk = TOPK,
+				       .layer = layer, .hidden = sh->hidden, .n_experts = experts,
+				       .token_count = mine.n, .phase = k, .step = step,
+				       .path = path_of(step, layer) };
+	uint32_t row[64 * RW_CLIENT_SLAB_RAILS];
+	memcpy(slot + lay.params, &prm, sizeof(prm));
+	count_row(&mine, row);
+	memcpy(slot + lay.count_row, row, sizeof(uint32_t) * nodes * rails);
+	return slot;
+}
+
+/* --- mode fuzz: a hostile rank among good ones (tests/service/test_rankfuzz.py) -------------
+ * Every rank of the group runs this with the same seed ($RW_PAGERANK_FUZZ, else SEED), so each
+ * knows round i's plan: which rank attacks and how (fz_plan); round i is the dispatch of (step
+ * i / LAYERS, layer i % LAYERS) and its combine. The others play well and expect what the
+ * attack allows: a refused slot, a rewritten head, a racing slot leave their phase passing and
+ * every row checked; an attack that fails the phase must leave theirs ending, named (any
+ * reason, never a hang past the wait bound); their rows are checked whenever it passes, but
+ * in rounds where the slabs were scribbled on or the daemon's words forged. The attacker
+ * checks that the daemon told it what it did (the reason's words). A rank dropped, leaving or
+ * killed (SIGKILL, at a point of the phase) comes back: the process runs each life of the rank
+ * as a child, and a new life joins the group again, takes a new page and slabs and plays on
+ * from the next round (its leave failed the round's pair; a retry of that key would open a new
+ * pair the others, gone on, never join). */
+enum { FZ_NONE, FZ_SLOT, FZ_SLOT_RACE, FZ_HEAD, FZ_REC, FZ_SCRIBBLE, FZ_WORD_BACK, FZ_WORD_AHEAD,
+       FZ_PACKED_EARLY, FZ_DONE_EARLY, FZ_FORGE, FZ_KILL, FZ_COUNT };
+static const char *const fz_name[FZ_COUNT] = {
+	"none", "slot", "slot-race", "head", "record", "scribble", "word-back", "word-ahead",
+	"packed-early", "done-early", "forge", "kill" };
+enum { FZ_REJOIN = 4 }; /* a life's exit code: the rank comes back */
+
+typedef struct fz_shared {      /* the lives' memory (shared with the parent) */
+	uint32_t round;         /* the round the last life was in */
+	uint32_t attacked;      /* 1 + the last round whose attack was made */
+	uint32_t attacks, passed, failed;
+} fz_shared_t;
+
+static uint64_t fz_mix(uint64_t x) /* splitmix64's finalizer */
+{
+	x += UINT64_C(0x9e3779b97f4a7c15);
+	x = (x ^ (x >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+	x = (x ^ (x >> 27)) * UINT64_C(0x94d049bb133111eb);
+	return x ^ (x >> 31);
+}
+
+typedef struct fz_round {
+	int kind;
+	uint32_t attacker;
+	uint64_t r;             /* the attack's own randomness */
+} fz_round_t;
+
+/* Round i's plan: one round in eight attacks nobody. */
+static fz_round_t fz_plan(uint64_t seed, uint32_t i)
+{
+	const uint64_t x = fz_mix(fz_mix(seed) + i);
+	return (fz_round_t){ .kind = x % 8 == 0 ? FZ_NONE : 1 + (int)((x >> 8) % (FZ_COUNT - 1)),
+			     .attacker = (uint32_t)((x >> 32) % world), .r = fz_mix(x) };
+}
+
+/* Whether the attacker of a round of this kind leaves the group (dropped, gone, killed). */
+static int fz_leaves(int kind)
+{
+	return kind == FZ_WORD_BACK || kind == FZ_WORD_AHEAD || kind == FZ_PACKED_EARLY ||
+	       kind == FZ_DONE_EARLY || kind == FZ_FORGE || kind == FZ_KILL;
+}
+
+/* Whether the others' phase must pass in round i: an attack that its own refusal answers. */
+static int fz_must_pass(uint64_t seed, uint32_t i)
+{
+	const int kind = fz_plan(seed, i).kind;
+	return kind == FZ_NONE || kind == FZ_SLOT || kind == FZ_SLOT_RACE || kind == FZ_HEAD;
+}
+
+/* Round i after a round whose attacker left: every rank of the group meets first (a file per
+ * rank in $RW_PAGERANK_FUZZ_DIR), the attacker's next life once it joined again, as an elastic
+ * trainer's ranks meet again after one restarted. So no rank opens round i's pair while the
+ * leaver's seat is empty (its leave would fail that pair too, or a rank coming back to a
+ * failed key would open a pair of it the others never join). */
+static int fz_meet(uint32_t i)
+{
+	const char *dir = getenv("RW_PAGERANK_FUZZ_DIR");
+	char path[512];
+	if (!dir || i == 0 || !fz_leaves(fz_plan(fz_seed, i - 1).kind))
+		return 0;
+	snprintf(path, sizeof(path), "%s/r%u.%u", dir, i, me);
+	FILE *f = fopen(path, "w");
+	CHECK(f && fclose(f) == 0, "%s", path);
+	for (uint32_t q = 0; q < world; q++) {
+		snprintf(path, sizeof(path), "%s/r%u.%u", dir, i, q);
+		for (long t = 0; access(path, F_OK) != 0; t++) {
+			CHECK(t < WAIT_S * 1000L, "round %u: rank %u never came", i, q);
+			usleep(1000);
+		}
+	}
+	return 0;
+}
+
+/* Slot k's parameters or count row made wrong in one way (the rest as dispatch_slot left
+ * them, the reserved fields noise); returns the words the daemon's refusal must say. */
+static const char *slot_garble(uint8_t *slot, uint64_t r, uint64_t k)
+{
+	static char want[64];
+	rw_page_params_t q;
+	uint32_t *row = (uint32_t *)(void *)(slot + lay.count_row);
+	memcpy(&q, slot + lay.params, sizeof(q));
+	q.reserved = (uint16_t)(r >> 20);
+	q.reserved2 = (uint32_t)(r >> 30);
+	const uint32_t s = (uint32_t)(r >> 8), n = q.token_count;
+	unsigned v = (unsigned)(r % 13);
+	if ((v == 4 && rails < 2) || (v == 6 && (n == 0 || nodes < 2)))
+		v = 0;
+	switch (v) {
+	case 0:
+		q.phase = k + 1 + s % 1000;
+		snprintf(want, sizeof(want), "holds phase %llu's", (unsigned long long)q.phase);
+		break;
+	case 1:
+		q.kind = (uint8_t)(s & 1 ? 0 : 3 + s % 250);
+		snprintf(want, sizeof(want), "unknown kind %u", q.kind);
+		break;
+	case 2:
+		q.bad = 1 + s % (n ? n : 1);
+		snprintf(want, sizeof(want), "token %u has a top-k id outside", q.bad - 1);
+		break;
+	case 3:
+		q.token_count = max_tokens + 1 + s % 1000;
+		snprintf(want, sizeof(want), "the page's bound is %u", max_tokens);
+		break;
+	case 4:
+		row[(s % nodes) * rails + (native + 1 + s % (rails - 1)) % rails] = 1;
+		snprintf(want, sizeof(want), "(not its rail)");
+		break;
+	case 5:
+		row[(s % nodes) * rails + native] = n + 1 + s % 100;
+		snprintf(want, sizeof(want), "above its %u tokens", n);
+		break;
+	case 6: /* every node counts every token, one node each allowed */
+		q.topk = 1;
+		for (uint32_t d = 0; d < nodes; d++)
+			row[d * rails + native] = n;
+		snprintf(want, sizeof(want), "adds up to %u records", n * nodes);
+		break;
+	case 7:
+		q.topk = (uint16_t)(RW_MAX_TOPK + 1 + s % 100);
+		snprintf(want, sizeof(want), "topk %u (1..", q.topk);
+		break;
+	case 8:
+		q.hidden = 0;
+		snprintf(want, sizeof(want), "hidden 0,");
+		break;
+	case 9:
+		q.n_experts = s & 1 ? 0 : experts + 1;
+		snprintf(want, sizeof(want), "n_experts %u (a multiple", q.n_experts);
+		break;
+	case 10:
+		q.path = (uint16_t)(RW_PATH_REQ_JOINT + 1 + s % 1000);
+		snprintf(want, sizeof(want), "path %u: at most", q.path);
+		break;
+	case 11:
+		q.dtype = (uint8_t)(s & 1 ? 2 + s % 2 : 5 + s % 250); /* neither bf16 nor fp32 */
+		snprintf(want, sizeof(want), "dtype %u: the daemon carries", q.dtype);
+		break;
+	default: /* a combine no dispatch of this rank waits for */
+		q.kind = RW_KIND_COMBINE;
+		q.token_count = s % 4;
+		memset(row, 0, sizeof(uint32_t) * nodes * rails);
+		snprintf(want, sizeof(want), "no dispatch of this rank waits for it");
+		break;
+	}
+	memcpy(slot + lay.params, &q, sizeof(q));
+	return want;
+}
+
+/* Random bytes over 1 to 16 places of the group's slabs, anywhere in the rank's mapping. */
+static void scribble(uint64_t r)
+{
+	for (uint32_t n = 1 + (uint32_t)(r % 16), i = 0; i < n; i++) {
+		const uint64_t x = fz_mix(r + i);
+		const uint32_t rail = (uint32_t)(x % rails);
+		const uint64_t off = (x >> 8) % slabs[rail].bytes;
+		const uint64_t len = RW_MIN(1 + (x >> 40) % 256, slabs[rail].bytes - off);
+		uint8_t *at = (uint8_t *)slabs[rail].base + off;
+		for (uint64_t b = 0; b < len; b++)
+			at[b] = (uint8_t)fz_mix(x + b);
+	}
+}
+
+/* The daemon dropped the rank for the word it wrote: its watcher writes the owed words, the
+ * daemon's reason must say what was wrong. */
+static int fz_dropped(rw_client_t *c, uint32_t i, const char *want)
+{
+	CHECK(wait_word(RW_PW_PLAN, RW_PAGE_OWED_AHEAD) == 0, "round %u: not dropped", i);
+	const char *why = reason(c);
+	printf("dropped: %s\n", why);
+	CHECK(strstr(why, want), "round %u: dropped, but the reason (%s) does not say '%s'", i, why,
+	      want);
+	rw_client_close(c);
+	return FZ_REJOIN;
+}
+
+/* The record a lying pack corrupts: a token of `mine` with a record (its first record to each
+ * node); 0 when the rank has none. */
+static int rec_target(uint64_t r)
+{
+	for (uint32_t j = 0; j < mine.n; j++) {
+		const uint32_t t = (uint32_t)((r >> 16) + j) % mine.n;
+		for (uint32_t q = 0; q < TOPK; q++)
+			if (mine.ids[t][q] >= 0) {
+				lie_token = t;
+				lie_salt = (uint32_t)(r >> 24);
+				return 1 + (int)((r >> 4) % (REC_COUNT - 1));
+			}
+	}
+	return REC_OK;
+}
+
+/* A failed phase k's last words, as the rank's stream writes them (its kernels run empty):
+ * packed (where it is behind), then done. */
+static void phase_end(uint64_t k)
+{
+	if ((int64_t)(k - word(RW_PW_PACKED)) > 0)
+		word_set(RW_PW_PACKED, k);
+	word_set(RW_PW_DONE, k);
+}
+
+/* Round i, this rank's part; prints how it ended. 0 on, 1 a check failed, FZ_REJOIN. */
+static int fuzz_round(rw_client_t *c, const rw_wl_shape_t *sh, uint64_t *k_p, uint32_t i,
+		      uint32_t layers, const fz_round_t *f, int attack, fz_shared_t *shm)
+{
+	const uint32_t step = i / layers, layer = i % layers;
+	const int kind = attack ? f->kind : FZ_NONE, bf16 = rw_wl_bf16(step, layer);
+	const uint64_t r = f->r;
+	uint64_t rows = 0, tokens = 0;
+	lax = f->kind == FZ_SCRIBBLE || (f->kind == FZ_FORGE && (r & 256));
+	kill_at = kind == FZ_KILL ? 1 + (int)(r % 5) : -1;
+	printf("fuzz round %u %s by rank %u: rank %u ", i, fz_name[f->kind], f->attacker, me);
+	rw_wl_gen(sh, step, layer, me, &mine);
+	if (kind == FZ_HEAD) { /* the head's fields and the next status lines: noise */
+		uint8_t *h = (uint8_t *)pg;
+		for (size_t b = 0; b < offsetof(rw_page_head_t, word); b++)
+			h[b] = (uint8_t)fz_mix(r + b);
+		for (unsigned d = 0; d < RW_PAGE_DEPTH; d++)
+			atomic_store(&pg->status[d].v, fz_mix(r + d));
+	}
+	uint64_t k = ++*k_p;
+	uint8_t *slot = dispatch_slot(sh, step, layer, k);
+	int32_t st = 0;
+	if (kind == FZ_SLOT) { /* refused, named; then the same dispatch done right */
+		const char *want = slot_garble(slot, r, k);
+		word_set(RW_PW_SUBMIT, k);
+		if (wait_status(RW_PW_PLAN, k, &st))
+			return 1;
+		const char *why = reason(c);
+		printf("refused (%s), ", why);
+		CHECK(st != 0 && strstr(why, want), "round %u: a garbage slot got status %d, '%s' "
+		      "(want '%s')", i, st, why, want);
+		phase_end(k);
+		slot = dispatch_slot(sh, step, layer, k = ++*k_p);
+	}
+	word_set(RW_PW_SUBMIT, k); /* P1 */
+	if (kind == FZ_SLOT_RACE) { /* garbage and back while the daemon copies the slot */
+		uint8_t good[4096];
+		const size_t n = RW_MIN(sizeof(good), (size_t)lay.plan);
+		memcpy(good, slot, n);
+		for (uint32_t it = 0; it < 100 + r % 2000; it++) {
+			(void)slot_garble(slot, fz_mix(r + it), k);
+			memcpy(slot, good, n);
+		}
+	}
+	if (kill_at == 1)
+		fz_die("after its submit");
+
+	if (kind == FZ_DONE_EARLY) /* done before arrived: nothing was even planned */
+		word_set(RW_PW_DONE, k);
+	if (kind == FZ_PACKED_EARLY) /* packed with no record written */
+		word_set(RW_PW_PACKED, k);
+	if (wait_status(RW_PW_PLAN, k, &st))
+		return 1;
+	int lost = 0; /* the attack before the plan went with a dispatch the daemon refused */
+	for (int tries = 0; st == RW_E_STATE && strstr(reason(c), "is still running"); tries++) {
+		/* another round's pair still runs here (this rank came back after the group moved
+		 * on, or moved on first): the dispatch again, as a trainer retries it */
+		CHECK(tries < 1000, "round %u: refused 1000 times: %s", i, reason(c));
+		phase_end(k);
+		usleep(10000);
+		slot = dispatch_slot(sh, step, layer, k = ++*k_p);
+		word_set(RW_PW_SUBMIT, k);
+		if (wait_status(RW_PW_PLAN, k, &st))
+			return 1;
+		lost = 1;
+	}
+	if (!st && (kind == FZ_WORD_BACK || kind == FZ_WORD_AHEAD)) { /* planned: in the round's pair */
+			static const unsigned ws[3] = { RW_PW_SUBMIT, RW_PW_PACKED, RW_PW_DONE };
+			const unsigned w = ws[r % 3];
+			const uint64_t v = word(w);
+			word_set(w, kind == FZ_WORD_BACK ? v - 1 - (r >> 8) % 5 :
+				 (r >> 8) & 1 ? v + (UINT64_C(1) << 40) : v + RW_PAGE_DEPTH + 1 + (r >> 9) % 1000);
+			return fz_dropped(c, i, "rank page word");
+		}
+	if (!st && kind == FZ_FORGE && !(r & 256)) {
+		/* packed for the next phase, no record written, behind the daemon's plan forged to
+		 * match: the records check fails the round, naming this rank */
+		word_set(RW_PW_PLAN, k + 1);
+		word_set(RW_PW_PACKED, k + 1);
+		if (wait_status(RW_PW_ARRIVED, k, &st))
+			return 1;
+		const char *why = reason(c);
+		printf("forged plan %llu and packed: %s: %s; leaves\n", (unsigned long long)k + 1,
+		       rw_client_strerror(st), why);
+		CHECK(st && strstr(why, "record"), "round %u: packed with no records is not named: "
+		      "%d '%s'", i, st, why);
+		rw_client_close(c);
+		return FZ_REJOIN;
+	}
+	if (kind == FZ_SLOT_RACE && st && st != RW_E_PHASE) { /* it copied garbage: refused */
+		printf("refused (%s), ", reason(c));
+		phase_end(k);
+		slot = dispatch_slot(sh, step, layer, k = ++*k_p);
+		word_set(RW_PW_SUBMIT, k);
+		if (wait_status(RW_PW_PLAN, k, &st))
+			return 1;
+	}
+	int lie = REC_OK;
+	if (!st && ((kind != FZ_PACKED_EARLY && kind != FZ_DONE_EARLY) || lost)) {
+		lie = kind == FZ_REC ? rec_target(r) : REC_OK;
+		if (pack(&mine, slot, bf16, sh->hidden, lie))
+			return 1;
+		if (kind == FZ_SCRIBBLE && (r & 512))
+			scribble(r);
+		word_set(RW_PW_PACKED, k); /* P3 */
+		if (kill_at == 2)
+			fz_die("after its packed");
+		if (kind == FZ_SCRIBBLE && !(r & 512)) /* while the daemon checks and posts */
+			scribble(r);
+		if (kind == FZ_FORGE) { /* the daemon's arrived written by the rank, and done: the
+					 * daemon fails the phase all the same, named */
+			word_set(RW_PW_ARRIVED, k);
+			word_set(RW_PW_DONE, k);
+			for (long t = 0; !(st = (int32_t)atomic_load(&pg->status[k % RW_PAGE_DEPTH].v));
+			     t++) {
+				CHECK(t < WAIT_S * 1000L, "round %u: done with a forged arrived passed",
+				      i);
+				usleep(1000);
+			}
+			const char *why = reason(c);
+			printf("forged arrived %llu, done: %s: %s\n", (unsigned long long)k,
+			       rw_client_strerror(st), why);
+			shm->failed++;
+			CHECK(strstr(why, "done moved"), "round %u: done with a forged arrived is not "
+			      "named: '%s'", i, why);
+			return 0;
+		}
+	}
+	if (!st && wait_status(RW_PW_ARRIVED, k, &st))
+		return 1;
+	const int must_fail = ((kind == FZ_PACKED_EARLY || kind == FZ_DONE_EARLY) && !lost) ||
+			      lie != REC_OK;
+	if (st) {
+		const char *why = reason(c);
+		printf("failed: %s: %s\n", rw_client_strerror(st), why);
+		shm->failed++;
+		phase_end(k);
+		CHECK(why[0], "round %u: the phase failed with no reason", i);
+		CHECK(attack || !fz_must_pass(fz_seed, i), "round %u: a %s round must pass", i,
+		      fz_name[f->kind]);
+		/* what the attacker did is named, unless the last round's attacker left: its leave
+		 * may fail this round's pair first */
+		CHECK(kind != FZ_REC || strstr(why, "record"), "round %u: the lying pack (%s) "
+		      "is not named: '%s'", i, rec_lie_name(lie), why);
+		CHECK(kind != FZ_DONE_EARLY || lost || strstr(why, "done moved"), "round %u: done "
+		      "before arrived is not named: '%s'", i, why);
+		CHECK(kind != FZ_PACKED_EARLY || lost || strstr(why, "packed moved") ||
+		      strstr(why, "record"),
+		      "round %u: packed before the records is not named: '%s'", i, why);
+		if ((kind == FZ_PACKED_EARLY || kind == FZ_DONE_EARLY) && !lost) {
+			/* the rank goes, and comes back for the next round: where the daemon failed
+			 * only its phase (its word came before its submit was taken), its leave ends
+			 * the round's pair for the others */
+			printf("leaves\n");
+			rw_client_close(c);
+			return FZ_REJOIN;
+		}
+		return 0;
+	}
+	CHECK(!must_fail, "round %u: the %s attack (%s) passed", i, fz_name[kind],
+	      rec_lie_name(lie));
+	if (forward(sh, slot, step, layer, bf16, &rows))
+		return 1;
+	word_set(RW_PW_DONE, k); /* P5 */
+	if (kill_at == 3)
+		fz_die("after its done");
+	k = ++*k_p;
+	if (combine(sh, slot, k, step, layer, bf16, 0, &st, &tokens))
+		return 1;
+	if (st) {
+		const char *why = reason(c);
+		printf("combine failed: %s: %s\n", rw_client_strerror(st), why);
+		shm->failed++;
+		CHECK(why[0], "round %u: the combine failed with no reason", i);
+		CHECK(!fz_must_pass(fz_seed, i), "round %u: a %s round must pass", i,
+		      fz_name[f->kind]);
+		return 0;
+	}
+	printf("passed (%llu rows, %llu tokens)\n", (unsigned long long)rows,
+	       (unsigned long long)tokens);
+	shm->passed++;
+	return 0;
+}
+
+/* One life: join (again: the seat of a killed rank is free once its daemon saw it go), the
+ * page and the slabs, then the rounds from the one the last life was in. */
+static int fuzz_life(const rw_client_opts_t *o, const rw_wl_shape_t *sh, uint64_t seed,
+		     uint32_t layers, uint32_t rounds, fz_shared_t *shm)
+{
+	rw_client_t *c = NULL;
+	void *page = NULL;
+	size_t bytes;
+	for (int tries = 0;; tries++) {
+		int rc = rw_client_connect(o, &c);
+		if (rc == 0)
+			rc = rw_client_rank_page(c, world * MAX_ROWS, &page, &bytes);
+		if (rc == 0)
+			break;
+		CHECK(tries < 400, "join again: %s: %s", rw_client_strerror(rc),
+		      c ? rw_client_last_message(c) : "");
+		rw_client_close(c);
+		c = NULL;
+		usleep(25000);
+	}
+	if (page_maps(c, page))
+		return 1;
+	uint64_t k = 0;
+	fz_next_round = &shm->round;
+	for (uint32_t i = shm->round; i < rounds; i++) {
+		shm->round = i;
+		const fz_round_t f = fz_plan(seed, i);
+		const int attack = f.attacker == me && f.kind != FZ_NONE && shm->attacked != i + 1;
+		if (attack) {
+			shm->attacked = i + 1;
+			shm->attacks++;
+		}
+		if (fz_meet(i))
+			return 1;
+		const int rc = fuzz_round(c, sh, &k, i, layers, &f, attack, shm);
+		fflush(stdout);
+		if (rc == FZ_REJOIN) /* dropped or left: the next life plays the next round */
+			shm->round = i + 1;
+		if (rc)
+			return rc;
+	}
+	rw_client_close(c);
+	return 0;
+}
+
+static int fuzz_main(const rw_client_opts_t *o, const rw_wl_shape_t *sh, uint32_t layers,
+		     uint32_t steps)
+{
+	const char *fs = getenv("RW_PAGERANK_FUZZ");
+	const uint64_t seed = fs ? strtoull(fs, NULL, 10) : sh->seed;
+	fz_seed = seed;
+	fz_shared_t *shm = mmap(NULL, sizeof(*shm), PROT_READ | PROT_WRITE,
+				MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	CHECK(shm != MAP_FAILED, "shared memory");
+	uint32_t lives = 0;
+	int rc;
+	for (;;) {
+		fflush(stdout);
+		const pid_t pid = fork();
+		CHECK(pid >= 0, "fork");
+		if (pid == 0)
+			_exit(fuzz_life(o, sh, seed, layers, layers * steps, shm));
+		int ws;
+		CHECK(waitpid(pid, &ws, 0) == pid, "waitpid");
+		lives++;
+		CHECK(WIFEXITED(ws) || (WIFSIGNALED(ws) && WTERMSIG(ws) == SIGKILL),
+		      "life %u ended by signal %d", lives, WIFSIGNALED(ws) ? WTERMSIG(ws) : 0);
+		rc = WIFEXITED(ws) ? WEXITSTATUS(ws) : FZ_REJOIN;
+		CHECK(rc != FZ_REJOIN || shm->attacked == shm->round + 1 ||
+		      shm->attacked == shm->round,
+		      "round %u: the rank left without attacking", shm->round);
+		if (rc != FZ_REJOIN)
+			break;
+		CHECK(lives < 1000, "too many lives");
+	}
+	printf("fuzz: rank %u: seed %llu, %u rounds, %u attacks made, %u lives, %u passed, %u "
+	       "failed%s\n", me, (unsigned long long)seed, layers * steps, shm->attacks, lives,
+	       shm->passed, shm->failed, rc ? " (a check failed)" : "");
+	return rc;
 }
 
 /* --- mode lib: librailwave's rank path (rank/) on the CUDA driver $RW_CUDA_DRIVER names --- */
@@ -620,7 +1228,7 @@ int main(int argc, char **argv)
 {
 	if (argc < 10) {
 		fprintf(stderr, "usage: rw_pagerank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS "
-				"SEED [ok|lie|clie|one|until|late-until|die-plan|die-done|die-after|lib|host[-one|-until|-die|-bad]]\n");
+				"SEED [ok|lie|clie|one|until|late-until|die-plan|die-done|die-after|lib|host[-one|-until|-die|-bad]|fuzz]\n");
 		return 2;
 	}
 	me = (uint32_t)atoi(argv[3]);
@@ -634,6 +1242,15 @@ int main(int argc, char **argv)
 	CHECK(nodes <= 64 && world * MAX_ROWS <= RW_PAGE_MAX_RECV, "cluster too big for the test rank");
 	rw_client_opts_t o = { .socket_path = argv[1], .group = argv[2], .rank = me,
 			       .world_size = world, .node = me / gpus, .local_gpu = (int32_t)(me % gpus) };
+	const rw_wl_shape_t sh = { .seed = strtoull(argv[9], NULL, 10), .gpus = gpus,
+				   .experts = experts, .per_rank = per_rank, .hidden = HIDDEN };
+	all = calloc(world, sizeof(*all));
+	seen = calloc((size_t)world * MAX_ROWS, 1);
+	CHECK(all && seen && work_alloc(&mine) == 0, "out of memory");
+	for (uint32_t q = 0; q < world; q++)
+		CHECK(work_alloc(&all[q]) == 0, "out of memory");
+	if (strcmp(mode, "fuzz") == 0)
+		return fuzz_main(&o, &sh, layers, steps);
 	rw_client_t *c = NULL;
 	int rc = rw_client_connect(&o, &c);
 	CHECK(rc == 0, "connect: %s", rw_client_strerror(rc));
@@ -642,13 +1259,6 @@ int main(int argc, char **argv)
 		CHECK(i < WAIT_S * 100L, "no %s", go);
 		usleep(10000);
 	}
-	const rw_wl_shape_t sh = { .seed = strtoull(argv[9], NULL, 10), .gpus = gpus,
-				   .experts = experts, .per_rank = per_rank, .hidden = HIDDEN };
-	all = calloc(world, sizeof(*all));
-	seen = calloc((size_t)world * MAX_ROWS, 1);
-	CHECK(all && seen && work_alloc(&mine) == 0, "out of memory");
-	for (uint32_t q = 0; q < world; q++)
-		CHECK(work_alloc(&all[q]) == 0, "out of memory");
 	uint64_t k = 0, rows = 0;
 	const int host = strncmp(mode, "host", 4) == 0;
 	if (strcmp(mode, "lib") == 0 || host) { /* the library's rank path, CUDA or host */
@@ -747,20 +1357,8 @@ lib_out:
 		rw_client_close(c);
 		return 0;
 	}
-	void *page;
-	size_t bytes;
-	rc = rw_client_rank_page(c, world * MAX_ROWS, &page, &bytes);
-	CHECK(rc == 0, "rank page: %s: %s", rw_client_strerror(rc), rw_client_last_message(c));
-	pg = page;
-	rails = pg->rails;
-	CHECK(rw_page_layout(pg->nodes, pg->rails, pg->gpus, pg->max_recv, 1, &lay) == 0, "layout");
-	for (uint32_t r = 0; r < rails; r++) {
-		rc = rw_client_group_slab(c, r, &slabs[r]);
-		CHECK(rc == 0, "slab of rail %u: %s: %s", r, rw_client_strerror(rc),
-		      rw_client_last_message(c));
-	}
-	uint32_t row[64 * RW_CLIENT_SLAB_RAILS];
-	CHECK(nodes * rails <= sizeof(row) / sizeof(row[0]), "count row too big");
+	if (page_join(c))
+		return 1;
 	int expect_fail = strcmp(mode, "lie") == 0;
 	const int liar = expect_fail && me == 0, one = strcmp(mode, "one") == 0;
 	const int late = strcmp(mode, "late-until") == 0;
@@ -771,16 +1369,7 @@ lib_out:
 		for (uint32_t layer = 0; layer < layers; layer++) {
 			const int bf16 = rw_wl_bf16(step, layer);
 			rw_wl_gen(&sh, step, layer, me, &mine);
-			k++;
-			uint8_t *slot = rw_page_slot_at(pg, &lay, k);
-			const rw_page_params_t prm = {
-				.kind = RW_KIND_DISPATCH, .dtype = bf16 ? RW_DTYPE_BF16 : RW_DTYPE_FP32,
-				.topk = TOPK, .layer = layer, .hidden = sh.hidden, .n_experts = experts,
-				.token_count = mine.n, .phase = k, .step = step,
-				.path = path_of(step, layer) };
-			memcpy(slot + lay.params, &prm, sizeof(prm));
-			count_row(&mine, row);
-			memcpy(slot + lay.count_row, row, sizeof(uint32_t) * nodes * rails);
+			uint8_t *slot = dispatch_slot(&sh, step, layer, ++k);
 			word_set(RW_PW_SUBMIT, k); /* P1 */
 			if (strcmp(mode, "die-plan") == 0) {
 				printf("dying at submit %llu\n", (unsigned long long)k);
@@ -791,7 +1380,7 @@ lib_out:
 			if (wait_status(RW_PW_PLAN, k, &st))
 				return 1;
 			if (st == 0) {
-				if (pack(&mine, slot, bf16, sh.hidden, liar && k == 1))
+				if (pack(&mine, slot, bf16, sh.hidden, liar && k == 1 ? REC_TOKEN : REC_OK))
 					return 1;
 				word_set(RW_PW_PACKED, k); /* P3 */
 				if (wait_status(RW_PW_ARRIVED, k, &st))

@@ -100,6 +100,17 @@ class Checks:
             print("%d check(s) failed" % len(self.fails))
         return 1 if self.fails else 0
 
+    def run(self, c, fn):
+        """A script's body fn() on Cluster c: a RuntimeError fails a check; c.finish() at the
+        end (the logs kept when a check failed). Returns exit_code()."""
+        try:
+            fn()
+        except RuntimeError as e:
+            self(False, str(e))
+        finally:
+            c.finish(self.fails)
+        return self.exit_code()
+
 
 def test_seed():
     """The run's seed: RW_TEST_SEED, else one drawn from the clock; printed first so that a
@@ -125,13 +136,13 @@ def built(*paths):
     return all(os.access(p, os.X_OK) for p in (paths or (DAEMON, RANK, RAILWAVE)))
 
 
-def outputs(procs):
-    """Wait for (rank, process) pairs (one past the bound is killed): rank -> (exit code, its
-    output)."""
+def outputs(procs, wait=WAIT):
+    """Wait for (rank, process) pairs (one past the bound `wait`, seconds each, is killed):
+    rank -> (exit code, its output)."""
     res = {}
     for r, p in procs:
         try:
-            out, _ = p.communicate(timeout=WAIT)
+            out, _ = p.communicate(timeout=wait)
         except subprocess.TimeoutExpired:
             p.kill()
             out, _ = p.communicate()
