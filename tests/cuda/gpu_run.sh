@@ -37,7 +37,8 @@ echo "== build"
 sh scripts/bin2c.sh rw_cuda_kernels_fatbin "$out/cuda/kernels.fatbin" "$out/cuda/kernels_image.c"
 objs=
 for f in common/status.c common/log.c cuda/driver.c cuda/ipc.c cuda/stream.c cuda/kernels.c \
-	cuda/event.c cuda/absent.c sched/counts.c sched/topo.c "$out/cuda/kernels_image.c"; do
+	cuda/event.c cuda/words.c cuda/peer.c cuda/vmm.c cuda/absent.c sched/counts.c sched/topo.c \
+	"$out/cuda/kernels_image.c"; do
 	o="$out/cuda/$(basename "$f" .c).o"
 	$cc $cflags -c "$f" -o "$o"
 	objs="$objs $o"
@@ -45,8 +46,12 @@ done
 printf '#include <stdarg.h>\n#include <stddef.h>\n#include <stdint.h>\n#include <setjmp.h>\n#include <cmocka.h>\nint main(void){return 0;}\n' > "$out/t.c"
 if [ "${RW_GPU_MINI:-0}" != 1 ] && $cc "$out/t.c" -o "$out/t" -lcmocka >/dev/null 2>&1; then tflags=-lcmocka; else tflags=-DRW_MINI_CMOCKA; fi
 echo "test harness: $tflags"
+# test_cuda.c and the contracts it runs (the words', GPU memory lent by fd), one unit: the mini
+# harness keeps its state in statics.
+printf '#include "tests/cuda/test_cuda.c"\n#include "tests/cuda/words_contract.c"\n#include "tests/cuda/vmm_contract.c"\n' \
+	> "$out/test_cuda_all.c"
 # shellcheck disable=SC2086
-$cc $cflags $tflags -o "$out/test_cuda" tests/cuda/test_cuda.c $objs -ldl -lpthread -lm \
+$cc $cflags $tflags -o "$out/test_cuda" "$out/test_cuda_all.c" $objs -ldl -lpthread -lm \
 	$( [ "$tflags" = -lcmocka ] && echo -lcmocka )
 # shellcheck disable=SC2086
 $cc $cflags -o "$out/bench_pack" tests/cuda/bench_pack.c $objs -ldl -lpthread

@@ -10,7 +10,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifdef RW_MINI_CMOCKA
+#include "tests/cuda/mini_cmocka.h"
+#else
 #include <cmocka.h>
+#endif
 
 #include "cuda/rw_cuda.h"
 #include "tests/cuda/words_contract.h"

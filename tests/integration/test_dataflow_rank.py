@@ -12,7 +12,8 @@ each failure is named on every surviving rank (the daemon's notice) and their st
 through, and the next phases pass. Then, written here:
   cuda    two daemons, every forced path and the selector with every rank on the rank path, a
           node of rank-path ranks beside a node of host-memory ranks in one group, and nodes
-          whose two ranks are one of each;
+          whose two ranks are one of each; on the stand-in, the selector again on GPU slabs
+          (RAILWAVE_TEST_GPUDIRECT=1: the groups' carve-outs CUDA allocations lent by fd);
   stream  the ranks' stand-in GPU slow (RW_FAKE_CUDA_LAG_MS: their copies and kernels run late,
           in order): the inputs are copied in with no synchronization and the outputs read
           only after the phase's done, so a kernel that ran before its word or a done written
@@ -77,10 +78,18 @@ def scenario_cuda(tmp, seed):
     verifies every row and sum; the rank-path nodes' daemons count their phases."""
     runs = [(p, None) for p in ("native", "rail-only", "perm-only", "joint", "auto")]
     runs += [("joint", [0, 1]), ("auto", [2, 3]), ("joint", [0, 3]), ("perm-only", [1, 2])]
+    # On the stand-in, the selector once more with GPU slabs (the test hook: each group's
+    # carve-out a CUDA allocation lent by fd, imported by the ranks; docs/rankpath.md).
+    gpu_run = len(runs) if driver() != "real" else -1
+    if gpu_run >= 0:
+        runs.append(("auto", None))
     for i, (path, ranks) in enumerate(runs):
         sub = os.path.join(tmp, "cuda%d" % i)
         os.makedirs(sub)
         c = Cluster(sub, 2, path=path, cuda_ranks=RankPath(driver(), ranks))
+        if i == gpu_run:  # the daemons' environment only (the ranks keep the kernel stand-in)
+            for n in range(c.nodes):
+                c.node_env[n] = {"RAILWAVE_TEST_GPUDIRECT": "1", "RW_CUDA_DRIVER": cluster.FAKE_CUDA}
         try:
             c.start_all()
             outs = c.run_ranks("g.cuda", layers=4, steps=2, seed=seed + i, flags=["--empty"])
@@ -91,8 +100,13 @@ def scenario_cuda(tmp, seed):
             if ("(rank path)" in o) != (r in on):
                 raise RuntimeError("rank %d: %s" % (r, o))
         got = require_rank_phases(sub, "cuda %s" % path, {r // GPUS for r in on})
-        print("ok   cuda %-9s rank-path ranks %s N=2 G=%d (%s): rank-path phases per node %s"
-              % (path, "all" if ranks is None else ranks, GPUS, seed + i, got))
+        if i == gpu_run and not all("the groups' carve-outs in GPU 0's memory, lent by fd" in
+                                    open(os.path.join(sub, "d%d.log" % n)).read()
+                                    for n in range(c.nodes)):
+            raise RuntimeError("cuda gpu slabs: a daemon did not make GPU carve-outs")
+        print("ok   cuda %-9s rank-path ranks %s N=2 G=%d (%s)%s: rank-path phases per node %s"
+              % (path, "all" if ranks is None else ranks, GPUS, seed + i,
+                 " on GPU slabs" if i == gpu_run else "", got))
 
 
 def scenario_stream(tmp, seed):

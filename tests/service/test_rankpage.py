@@ -43,6 +43,9 @@ that verify every row and sum) runs on the same two daemons.
    through; a group of four page ranks running phases at that moment: every one's phase fails
    and its stream runs through (the survivor daemon's words on node 0, the watcher's on node
    1); the other daemon stops cleanly (ASan: no leak).
+8. The lib job again on GPU slabs (the test hook RAILWAVE_TEST_GPUDIRECT=1, the stand-in
+   drivers): the groups' carve-outs are CUDA allocations lent by fd and imported by the rank
+   path, whose kernels pack into and forward from them; every rank verified.
 Run by tests/run as $b/test/svc_rankpage; exits 0 pass, 1 fail, 77 skip."""
 import ctypes
 import os
@@ -332,13 +335,50 @@ def main():
     except RuntimeError as e:
         check(False, str(e))
     finally:
-        for n in list(c.procs):
-            c.kill(n)
-        if not FAILS:
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            print("logs kept in %s\n%s" % (tmp, c.logs()))
+        cleanup(c, tmp)
+    if KERN_DRIVER == FAKE_KERN and os.path.exists(FAKE_KERN):
+        gpu_slabs_lib()
     return 1 if FAILS else 0
+
+
+def cleanup(c, tmp):
+    """Every daemon still running killed; the logs kept (and shown) when a check failed."""
+    for n in list(c.procs):
+        c.kill(n)
+    if not FAILS:
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        print("logs kept in %s\n%s" % (tmp, c.logs()))
+
+
+def gpu_slabs_lib():
+    """8. The lib job on GPU slabs: daemons with the test hook RAILWAVE_TEST_GPUDIRECT=1 on the
+    cross-process stand-in make each group's carve-out a CUDA allocation lent by fd
+    (docs/rankpath.md "The slab areas, lent per group"); librailwave's rank path imports it and
+    its kernels (the stand-in's) pack into and forward from it: 6 dispatches and their combines,
+    every row, metadata entry, count and combined row verified; the daemons stop cleanly."""
+    tmp = tempfile.mkdtemp(prefix="rw-rankpage-gpu-")
+    nodes = 2
+    c = cluster.Cluster(tmp, nodes, rails=2, extra={"group_area_mib": 1, "group_pool_mib": 10})
+    c.env.update(RAILWAVE_TEST_GPUDIRECT="1", RW_CUDA_DRIVER=cluster.FAKE_CUDA)
+    try:
+        c.start_all()
+        check(all("the groups' carve-outs in GPU 0's memory, lent by fd" in c.log(n)
+                  for n in range(nodes)), "GPU slabs: both daemons make the groups' carve-outs "
+              "GPU allocations")
+        res = cluster.outputs([(r, c.pagerank(r, "libgpu", 2, 3, 5, "lib",
+                                              dict(c.env, RW_CUDA_DRIVER=KERN_DRIVER)))
+                               for r in range(nodes * c.gpus)])
+        bad = {r: (v[0], v[1][-300:]) for r, v in res.items()
+               if v[0] != 0 or "verified" not in v[1]}
+        check(not bad, "GPU slabs: 6 dispatches and their combines through librailwave's rank "
+              "path on imported GPU slabs, every rank verified %s" % (bad or ""))
+        c.stop()
+        check(True, "GPU slabs: every daemon exited 0")
+    except RuntimeError as e:
+        check(False, str(e))
+    finally:
+        cleanup(c, tmp)
 
 
 if __name__ == "__main__":
