@@ -34,6 +34,14 @@ and heartbeat_timeout_ms 5000:
    rail; another rank of the group, lent the same rail's slab, holds the same object and sees
    what is written through the rank path's mapping; another group's rank path holds other
    objects; one of a group formed with the pool spent opens without slabs (RW_E_LIMIT).
+8. GPU slabs (the test hook RAILWAVE_TEST_GPUDIRECT=1 on tcp, the stand-in drivers): each
+   group's carve-out is a CUDA allocation exported as a POSIX fd; the ranks import it
+   (rw_client_group_slab_kind, rank/slabs.c) and find every remote row in it; a client of the
+   first form is refused it, named; the rank path imports it (the same memory as another rank
+   of the group is lent, another group's apart, nothing mapped after leave, a refused import
+   named); with two GPUs per node a rank maps another GPU's slab only where the two reach each
+   other; a daemon whose export fails refuses the group its slabs, named, and serves another job;
+   once every group left the daemons hold and map no allocation.
 Every daemon then stops cleanly on SIGTERM (exit 0; under ASan: no leak, no report).
 Run by tests/run as $b/test/svc_slabs; exits 0 pass, 1 fail, 77 skip."""
 import ctypes
@@ -41,6 +49,7 @@ import mmap
 import os
 import socket
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -378,9 +387,9 @@ class Slab(ctypes.Structure):
                 ("local_off", ctypes.c_uint64), ("object", ctypes.c_uint64)]
 
 
-def rank_lib():
-    """librailwave through ctypes, this process a rank on the kernel stand-in driver."""
-    os.environ["RW_CUDA_DRIVER"] = cluster.FAKE_KERN  # the driver this process (the rank) loads
+def rank_lib(driver=cluster.FAKE_KERN):
+    """librailwave through ctypes, this process a rank on `driver` (the kernel stand-in)."""
+    os.environ["RW_CUDA_DRIVER"] = driver  # the driver this process (the rank) loads
     lib = ctypes.CDLL(cluster.LIBRAILWAVE)
     lib.rw_client_connect.argtypes = [ctypes.POINTER(cluster.ClientOpts),
                                       ctypes.POINTER(ctypes.c_void_p)]
@@ -578,6 +587,65 @@ def gpu_rank_path(c):
             lib.rw_client_close(cl)
 
 
+def open_rank_path(sock, group, rank, world, device):
+    """In a process of its own (python3 test_slabs.py --open ...: its driver and devices are the
+    environment's): the rank path opened on `device`; prints "open RC MESSAGE"."""
+    lib = rank_lib(os.environ["RW_CUDA_DRIVER"])
+    o = cluster.ClientOpts(sock.encode(), group.encode(), rank, world, 0, device)
+    cl, rp = ctypes.c_void_p(), ctypes.c_void_p()
+    if lib.rw_client_connect(ctypes.byref(o), ctypes.byref(cl)) != 0:
+        print("open connect-failed")
+        return 1
+    rc = lib.rw_client_rank_open(cl, device, 64, ctypes.byref(rp))
+    print("open %d %s" % (rc, (lib.rw_client_rank_message(None) or b"").decode() if rc else ""))
+    if rc == 0:
+        lib.rw_client_rank_close(rp)
+    lib.rw_client_close(cl)
+    return 0
+
+
+def two_gpus(tmp, seed):
+    """Two GPUs per node (the stand-ins' RW_FAKE_CUDA_DEVICES=2): rail r's carve-outs on GPU r;
+    a rank on GPU 0 maps rail 1's only where GPU 0 reaches GPU 1: the multi-GPU stand-in
+    (cuDeviceCanAccessPeer yes) opens, with RW_FAKE_CUDA_NO_P2P=1 and on a driver without the
+    peer query the open is refused, naming the two devices."""
+    sub = os.path.join(tmp, "two")
+    os.makedirs(sub, exist_ok=True)
+    c = cluster.Cluster(sub, 2, extra=dict(AREA, transport="tcp"))
+    c.env.update(RAILWAVE_TEST_GPUDIRECT="1", RW_CUDA_DRIVER=cluster.FAKE_CUDA,
+                 RW_FAKE_CUDA_DEVICES="2")
+    mgpu = os.path.join(os.path.dirname(cluster.FAKE_KERN), "libfakecuda_mgpu.so")
+    try:
+        c.start_all()
+        log = daemon_log(sub, 0)
+        check("rail=0: the groups' carve-outs in GPU 0's memory" in log and
+              "rail=1: the groups' carve-outs in GPU 1's memory" in log,
+              "two GPUs: rail r's carve-outs on GPU r")
+        sock = c.cfg["nodes"][0]["ipc_socket"]
+        world = c.nodes * c.gpus
+
+        def opened(group, **env):
+            e = dict(os.environ, RW_FAKE_CUDA_DEVICES="2", **env)
+            e.pop("RW_FAKE_CUDA_VMM_FAIL", None)
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--open", sock,
+                                  group, "0", str(world), "0"], env=e, capture_output=True,
+                                 text=True, timeout=cluster.WAIT).stdout
+            return [l for l in out.splitlines() if l.startswith("open ")] or [out]
+
+        res = opened("g.p2p", RW_CUDA_DRIVER=mgpu)
+        check(res == ["open 0 "], "a rank on GPU 0 imports rail 1's slab on GPU 1 where the two "
+              "reach each other (the multi-GPU stand-in): %s" % res)
+        res = opened("g.nop2p", RW_CUDA_DRIVER=mgpu, RW_FAKE_CUDA_NO_P2P="1")
+        check(len(res) == 1 and res[0].startswith("open -50 ") and
+              "device 0 cannot reach device 1's memory" in res[0],
+              "without peer access between them the open is refused, naming both: %s" % res)
+        res = opened("g.noquery", RW_CUDA_DRIVER=cluster.FAKE_KERN)
+        check(len(res) == 1 and res[0].startswith("open -50 ") and "cannot reach" in res[0],
+              "a driver that cannot say (no cuDeviceCanAccessPeer): refused too: %s" % res)
+    finally:
+        c.stop()
+
+
 def scenario_gpu(tmp, seed):
     """GPU slabs (the test hook RAILWAVE_TEST_GPUDIRECT=1 on tcp, the cross-process stand-in
     driver in the daemons and the ranks): each group's carve-out is a CUDA allocation exported as
@@ -624,6 +692,11 @@ def scenario_gpu(tmp, seed):
               % ([vmm_fds(p) for p in pids], [vmm_maps(p) for p in pids]))
     finally:
         c.stop()
+    with open(cluster.FAKE_KERN, "rb") as f:
+        if b"libasan" in f.read():
+            print("skip two gpus: the kernel stand-in is built with ASan here")
+        else:
+            two_gpus(tmp, seed)
     # The export failing: the group gets no slabs, told why; another job runs meanwhile.
     os.makedirs(os.path.join(tmp, "fail"), exist_ok=True)
     c = cluster.Cluster(os.path.join(tmp, "fail"), 2, extra=dict(AREA, transport="tcp"))
@@ -664,4 +737,7 @@ def main():
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--open"]:
+        sys.exit(open_rank_path(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]),
+                                int(sys.argv[6])))
     sys.exit(main())
