@@ -44,5 +44,11 @@ void rw_row_store(void *dst, int bf16, const float *acc, uint32_t hidden);
  * term is copied as it is); n = 0 gives zeros. No sum is kept beyond a block on the stack. */
 void rw_rows_sum(void *dst, int bf16, const void *const *rows, uint32_t n, uint32_t hidden,
 		 int from_zero);
+/* The same with term k's row at term(ctx, k), asked once per block of the row: for callers
+ * whose terms are not in an array (cuda/rank_cpu.c's reduce computes each from its list entry,
+ * so a token of any number of terms needs no memory of its own). */
+typedef const void *(*rw_rows_term_fn)(const void *ctx, uint32_t k);
+void rw_rows_sum_by(void *dst, int bf16, rw_rows_term_fn term, const void *ctx, uint32_t n,
+		    uint32_t hidden, int from_zero);
 
 #endif

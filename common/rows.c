@@ -1,6 +1,6 @@
 /* common/rows.c: rows of bf16 or fp32 elements summed in fp32 (common/bf16.h "Rows"), one
- * implementation for the daemon's combine (service/phase/forward.c) and the rank path's CPU
- * kernels (rank/host_kernels.c), so both give the same bits. */
+ * implementation for the daemon's combine (service/phase/forward.c) and the rank kernels' CPU
+ * versions (cuda/rank_cpu.c), so both give the same bits. */
 #include <stdint.h>
 #include <string.h>
 #ifdef __SSE2__
@@ -134,8 +134,8 @@ void rw_row_store(void *dst, int bf16, const float *acc, uint32_t hidden)
  * row; the sums of the whole phase never exist in memory. */
 #define REDUCE_BLOCK 512u
 
-void rw_rows_sum(void *dst, int bf16, const void *const *rows, uint32_t n, uint32_t hidden,
-		 int from_zero)
+void rw_rows_sum_by(void *dst, int bf16, rw_rows_term_fn term, const void *ctx, uint32_t n,
+		    uint32_t hidden, int from_zero)
 {
 	const size_t esz = bf16 ? 2 : 4;
 	uint8_t *out = dst;
@@ -144,18 +144,30 @@ void rw_rows_sum(void *dst, int bf16, const void *const *rows, uint32_t n, uint3
 		return;
 	}
 	if (n == 1 && !from_zero) { /* one term, copied as it is */
-		memcpy(out, rows[0], hidden * esz);
+		memcpy(out, term(ctx, 0), hidden * esz);
 		return;
 	}
 	float acc[REDUCE_BLOCK];
 	for (uint32_t i = 0; i < hidden; i += REDUCE_BLOCK) {
 		const uint32_t m = hidden - i < REDUCE_BLOCK ? hidden - i : REDUCE_BLOCK;
+		const uint8_t *first = (const uint8_t *)term(ctx, 0) + i * esz;
 		if (from_zero)
-			row_in(acc, (const uint8_t *)rows[0] + i * esz, bf16, m, ROW_ZERO_ADD);
+			row_in(acc, first, bf16, m, ROW_ZERO_ADD);
 		else
-			row_in(acc, (const uint8_t *)rows[0] + i * esz, bf16, m, ROW_SET);
+			row_in(acc, first, bf16, m, ROW_SET);
 		for (uint32_t k = 1; k < n; k++)
-			row_in(acc, (const uint8_t *)rows[k] + i * esz, bf16, m, ROW_ADD);
+			row_in(acc, (const uint8_t *)term(ctx, k) + i * esz, bf16, m, ROW_ADD);
 		rw_row_store(out + i * esz, bf16, acc, m);
 	}
+}
+
+static const void *array_term(const void *ctx, uint32_t k)
+{
+	return ((const void *const *)ctx)[k];
+}
+
+void rw_rows_sum(void *dst, int bf16, const void *const *rows, uint32_t n, uint32_t hidden,
+		 int from_zero)
+{
+	rw_rows_sum_by(dst, bf16, array_term, rows, n, hidden, from_zero);
 }

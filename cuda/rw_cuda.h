@@ -493,6 +493,39 @@ rw_status_t rw_cuda_rank_reduce(const rw_cuda_ext_stream_t *s, const rw_cuda_ran
  * rw_cuda_host_alloc). RW_ERR_INVAL: an address 0 or unaligned, an unknown operation or word. */
 rw_status_t rw_cuda_rank_ctl(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_ctl_t *a);
 
+/* ---- the rank kernels on the CPU (cuda/rank_cpu.c) ------------------------------------------ *
+ * One implementation for every CPU that plays a rank's stream: host ranks (rank/host.c), the
+ * daemon playing a ring rank of a rank-path pair (service/mover/mover_mix.c) and the CUDA
+ * stand-in driver (tests/integration/fake_cuda_rank.c). Each does what its kernel above states
+ * for its block, on this thread (or the threads `par` asks for), every address a pointer of this
+ * process, the sizes set (rec_size, crec_size: the functions below); errors go to the block's
+ * error word as the kernel's do. No allocation, no system call but the threads' start and join.
+ * `par`: rows copied and summed by up to par.threads threads (1: this one), each given at least
+ * par.min_bytes of rows (0: any split); the same bytes for any split. */
+#define RW_CUDA_CPU_THREADS_MAX 64
+typedef struct rw_cuda_cpu_par {
+	uint32_t threads;
+	uint32_t min_bytes;
+	uint32_t blocks;       /* 0: as above; N: a GPU grid of N blocks played on this thread, one
+	                          block after another, block b taking items b, b + N, b + 2N, ...
+	                          (rank_kernels.cu's grid-stride loops; the stand-in's launches) */
+} rw_cuda_cpu_par_t;
+/* Bytes of a dispatch record and of a combine record (common/wire_rec.h) of this shape. */
+uint32_t rw_cuda_cpu_rec_size(uint32_t topk, uint32_t hidden, uint32_t dtype);
+uint32_t rw_cuda_cpu_crec_size(uint32_t hidden, uint32_t dtype);
+/* rw_cuda_route_count's row and bad word (int32 ids), added to row[] and *bad. */
+void rw_cuda_cpu_count(const int32_t *ids, uint32_t n_tokens, uint32_t topk, uint32_t n_experts,
+		       uint32_t nodes, uint32_t rails, uint32_t rail, uint32_t *row, uint32_t *bad);
+/* rw_cuda_rank_pack. next: u32[nodes] of the caller's (the records to each node so far). In
+ * one pass on this thread, the block's scratch unused; or in two steps, the numbering into the
+ * scratch, then the records (split over threads). */
+void rw_cuda_cpu_pack(const rw_cuda_rank_pack_t *a, uint32_t *next);
+void rw_cuda_cpu_pack_index(const rw_cuda_rank_pack_t *a, uint32_t *next);
+void rw_cuda_cpu_pack_rows(const rw_cuda_rank_pack_t *a, rw_cuda_cpu_par_t par);
+void rw_cuda_cpu_forward(const rw_cuda_rank_forward_t *a, rw_cuda_cpu_par_t par);
+void rw_cuda_cpu_gather(const rw_cuda_rank_gather_t *a, rw_cuda_cpu_par_t par);
+void rw_cuda_cpu_reduce(const rw_cuda_rank_reduce_t *a, rw_cuda_cpu_par_t par);
+
 /* ---- graphs (cuda/graph.c) ----------------------------------------------------------------- *
  * Begin: what is enqueued on the stream from now on is recorded, not run (global capture mode:
  * a host synchronization of this process meanwhile fails and spoils the capture). End: the

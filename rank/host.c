@@ -56,6 +56,7 @@ struct rw_rank_host {
 	int stage;                     /* of phase driven + 1: 0 waits for plan, 1 for arrived */
 	host_phase_t ph[D];            /* phase k's blocks at k mod D */
 	void *scratch[D];              /* each slot's pack numbering */
+	uint32_t *next;                /* [nodes]: the numbering's records to each node so far */
 };
 
 static int64_t now_ns(void)
@@ -87,7 +88,7 @@ int rw_rank_host_open(rw_client_rank_t *r)
 	/* Default: the node's CPUs shared by its local ranks (each runs its copies at once). */
 	unsigned long per_rank = (unsigned long)cpus / (r->pg->gpus ? r->pg->gpus : 1);
 	h->threads = (uint32_t)setting("RAILWAVE_RANK_THREADS", per_rank ? per_rank : 1,
-				       RW_RANK_HOST_THREADS_MAX);
+				       RW_CUDA_CPU_THREADS_MAX);
 	if (h->threads == 0)
 		h->threads = 1;
 	h->spin_ns = 1000u * (uint32_t)setting("RAILWAVE_RANK_SPIN_US",
@@ -97,6 +98,8 @@ int rw_rank_host_open(rw_client_rank_t *r)
 	for (unsigned i = 0; i < D; i++)
 		if (!(h->scratch[i] = malloc(scratch)))
 			goto fail;
+	if (!(h->next = calloc(r->pg->nodes ? r->pg->nodes : 1, sizeof(*h->next))))
+		goto fail;
 	if (!(r->lines = calloc(D, sizeof(rw_rank_line_t))))
 		goto fail;
 	r->host = h;
@@ -104,6 +107,7 @@ int rw_rank_host_open(rw_client_rank_t *r)
 fail:
 	for (unsigned i = 0; i < D; i++)
 		free(h->scratch[i]);
+	free(h->next);
 	free(h);
 	snprintf(r->msg, RW_RANK_MSG_MAX, "rank path: out of memory for the pack's numbering "
 		 "(%zu bytes a slot)", scratch);
@@ -116,6 +120,7 @@ void rw_rank_host_close(rw_client_rank_t *r)
 		return;
 	for (unsigned i = 0; i < D; i++)
 		free(r->host->scratch[i]);
+	free(r->host->next);
 	free(r->host);
 	free(r->lines);
 	r->host = NULL;
@@ -170,14 +175,14 @@ int rw_rank_host_dispatch(rw_client_rank_t *r, uint64_t k, const rw_client_rank_
 	uint8_t *slot = rw_page_slot_at(r->pg, &r->layout, k);
 	rw_page_params_t *p = (rw_page_params_t *)(slot + r->layout.params);
 	/* The count kernel's work: the slot's row and bad word were zeroed by the caller. */
-	rw_rank_host_count((const int32_t *)(uintptr_t)d->topk_ids, d->token_count, d->topk,
+	rw_cuda_cpu_count((const int32_t *)(uintptr_t)d->topk_ids, d->token_count, d->topk,
 			   d->n_experts, r->pg->nodes, r->pg->rails, r->pg->rail,
 			   (uint32_t *)(slot + r->layout.count_row), &p->bad);
 	ph->kind = RW_KIND_DISPATCH;
 	ph->u.d.pk = *pk;
 	ph->u.d.fw = *fw;
 	ph->u.d.pk.scratch = (uint64_t)(uintptr_t)h->scratch[k % D];
-	ph->u.d.pk.rec_size = ph->u.d.fw.rec_size = rw_rank_host_rec_size(d->topk, d->hidden,
+	ph->u.d.pk.rec_size = ph->u.d.fw.rec_size = rw_cuda_cpu_rec_size(d->topk, d->hidden,
 									  pk->dtype);
 	word_store(r, RW_PW_SUBMIT, k); /* P1 */
 	r->next = k + 1;
@@ -191,7 +196,7 @@ int rw_rank_host_combine(rw_client_rank_t *r, uint64_t k, uint64_t rows, uint64_
 	ph->kind = RW_KIND_COMBINE;
 	ph->u.c.ga = *ga;
 	ph->u.c.re = *re;
-	ph->u.c.ga.crec_size = ph->u.c.re.crec_size = rw_rank_host_crec_size(ga->hidden, ga->dtype);
+	ph->u.c.ga.crec_size = ph->u.c.re.crec_size = rw_cuda_cpu_crec_size(ga->hidden, ga->dtype);
 	if (staged) /* this rank's rows into its staging area, before submit (P1) */
 		memcpy((void *)(uintptr_t)ga->rows[r->pg->owner], (const void *)(uintptr_t)rows,
 		       staged);
@@ -208,15 +213,15 @@ int rw_rank_host_drive(rw_client_rank_t *r, uint64_t target, int timeout_ms)
 	while ((int64_t)(target - h->driven) > 0 && h->driven + 1 < r->next) {
 		const uint64_t k = h->driven + 1;
 		host_phase_t *ph = &h->ph[k % D];
-		const rw_rank_host_par_t par = { .threads = h->threads, .min_bytes = PAR_MIN_BYTES };
+		const rw_cuda_cpu_par_t par = { .threads = h->threads, .min_bytes = PAR_MIN_BYTES };
 		if (h->stage == 0) {
 			if (!wait_word(r, RW_PW_PLAN, k, deadline))
 				return RW_E_TIMEOUT;
 			if (ph->kind == RW_KIND_DISPATCH) { /* P2 read: the plan's entries and tags */
-				rw_rank_host_pack_index(&ph->u.d.pk);
-				rw_rank_host_pack_rows(&ph->u.d.pk, par);
+				rw_cuda_cpu_pack_index(&ph->u.d.pk, h->next);
+				rw_cuda_cpu_pack_rows(&ph->u.d.pk, par);
 			} else {
-				rw_rank_host_gather(&ph->u.c.ga, par);
+				rw_cuda_cpu_gather(&ph->u.c.ga, par);
 			}
 			word_store(r, RW_PW_PACKED, k); /* P3 */
 			h->stage = 1;
@@ -224,9 +229,9 @@ int rw_rank_host_drive(rw_client_rank_t *r, uint64_t target, int timeout_ms)
 		if (!wait_word(r, RW_PW_ARRIVED, k, deadline))
 			return RW_E_TIMEOUT;
 		if (ph->kind == RW_KIND_DISPATCH) /* P4 read: the list, the slabs */
-			rw_rank_host_forward(&ph->u.d.fw, par);
+			rw_cuda_cpu_forward(&ph->u.d.fw, par);
 		else
-			rw_rank_host_reduce(&ph->u.c.re, par);
+			rw_cuda_cpu_reduce(&ph->u.c.re, par);
 		word_store(r, RW_PW_DONE, k); /* P5 */
 		h->driven = k;
 		h->stage = 0;

@@ -138,28 +138,4 @@ int rw_rank_host_combine(rw_client_rank_t *r, uint64_t k, uint64_t rows, uint64_
 			 const rw_cuda_rank_gather_t *ga, const rw_cuda_rank_reduce_t *re);
 int rw_rank_host_drive(rw_client_rank_t *r, uint64_t target, int timeout_ms);
 
-/* rank/host_kernels.c: the rank kernels on the CPU, for host ranks and the CUDA stand-in driver
- * (tests/integration/fake_cuda_rank.c): each does what cuda/rw_cuda.h "rank kernels" states for
- * its block, every address a pointer of this process, the sizes set (rec_size, crec_size: the
- * functions below). `par`: rows copied and summed by up to par.threads threads (1: this one),
- * each given at least par.min_bytes of rows (0: any split), the same bytes for any split.
- * Count: cuda/rw_cuda.h rw_cuda_route_count's row and bad word (int32 ids). */
-#define RW_RANK_HOST_THREADS_MAX 64
-typedef struct rw_rank_host_par {
-	uint32_t threads;
-	uint32_t min_bytes;
-	uint32_t blocks;       /* 0: as above; N: a GPU grid of N blocks played on this thread, one
-	                          block after another, block b taking items b, b + N, b + 2N, ...
-	                          (rank_kernels.cu's grid-stride loops; the stand-in's launches) */
-} rw_rank_host_par_t;
-uint32_t rw_rank_host_rec_size(uint32_t topk, uint32_t hidden, uint32_t dtype);
-uint32_t rw_rank_host_crec_size(uint32_t hidden, uint32_t dtype);
-void rw_rank_host_count(const int32_t *ids, uint32_t n_tokens, uint32_t topk, uint32_t n_experts,
-			uint32_t nodes, uint32_t rails, uint32_t rail, uint32_t *row, uint32_t *bad);
-void rw_rank_host_pack_index(const rw_cuda_rank_pack_t *a);
-void rw_rank_host_pack_rows(const rw_cuda_rank_pack_t *a, rw_rank_host_par_t par);
-void rw_rank_host_forward(const rw_cuda_rank_forward_t *a, rw_rank_host_par_t par);
-void rw_rank_host_gather(const rw_cuda_rank_gather_t *a, rw_rank_host_par_t par);
-void rw_rank_host_reduce(const rw_cuda_rank_reduce_t *a, rw_rank_host_par_t par);
-
 #endif /* RW_RANK_H */

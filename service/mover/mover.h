@@ -398,16 +398,17 @@ rw_status_t rw_svc_rank_reduce_list(const rw_svc_phase_t *ph, const rw_svc_rank_
 				    uint32_t *cursor, rw_page_list_entry_t *out, uint32_t max,
 				    uint32_t *n_p, char *why);
 /* A ring rank in a rank-path pair (service/mover/mover_mix.c; docs/rankpath.md "Ring and page
- * ranks in one group"): the daemon's CPU plays its stream under its plan block and lists, as a
- * page rank's kernels do, reading its inputs where its io's tokens, ids and weights say (host
- * memory: its own, or a staging copy of its CUDA buffers). Pack: local rank g's records, in
- * token order, one per destination node, where its plan entries say in the slabs (next: [N]
- * scratch). Forward: its list's rows and metadata entries to rows[j] and meta[j] (its output's
- * layout), its per-expert counts to counts[E] (more rows than its output holds:
- * RW_ERR_SUB_SPACE). Gather: the returns and local copies of its list's entries that hold terms
- * (staged[h]: local rank h's staged combine rows), at its combine plan's entries (acc: [hidden]
- * scratch). Reduce: each of its tokens' sum, from +0 in the list's order, to out (local[r]: rail
- * r's combine local area; rows: [G + N] scratch). */
+ * ranks in one group"): the daemon's CPU plays its stream under its plan block and lists, with
+ * the page rank's kernels' own CPU versions (cuda/rank_cpu.c), reading its inputs where its io's
+ * tokens, ids and weights say (host memory: its own, or a staging copy of its CUDA buffers).
+ * Pack: local rank g's records, in token order, one per destination node, where its plan
+ * entries say in the slabs (next: [N] scratch). Forward: its list's rows and metadata entries to
+ * rows[j] and meta[j] (its output's layout), its per-expert counts to counts[E] (more rows than
+ * its output holds: RW_ERR_SUB_SPACE). Gather: the returns and local copies of its list's
+ * entries that hold terms (staged[h]: local rank h's staged combine rows), at its combine plan's
+ * entries. Reduce: each of its tokens' sum, from +0 in the list's order, to out (local[r]: rail
+ * r's combine local area). RW_ERR_INVAL, why naming the rank: a plan or list that does not hold
+ * the rank's rows (the kernels' error word). */
 rw_status_t rw_svc_ring_pack(const rw_svc_phase_t *ph, uint32_t g, const uint32_t *tags,
 			     const rw_page_plan_entry_t *entry, uint8_t *const *slab, uint32_t *next,
 			     char *why);
@@ -415,10 +416,9 @@ rw_status_t rw_svc_ring_forward(const rw_svc_phase_t *ph, uint32_t g, const rw_s
 				uint8_t *rows, uint8_t *meta, uint32_t *counts, char *why);
 rw_status_t rw_svc_ring_gather(const rw_svc_phase_t *ph, uint32_t w, const rw_svc_rank_lists_t *ls,
 			       const uint32_t *tags, const rw_page_plan_entry_t *entry,
-			       uint8_t *const *slab, const uint8_t *const *staged, float *acc,
-			       char *why);
-void rw_svc_ring_reduce(const rw_svc_phase_t *ph, uint32_t g, const rw_page_list_entry_t *list,
-			uint32_t n, const uint8_t *const *local, const void **rows, uint8_t *out);
+			       uint8_t *const *slab, const uint8_t *const *staged, char *why);
+rw_status_t rw_svc_ring_reduce(const rw_svc_phase_t *ph, uint32_t g, const rw_page_list_entry_t *list,
+			       uint32_t n, const uint8_t *const *local, uint8_t *out, char *why);
 /* The rank path's mover (service/mover/mover_page.c; docs/rankpath.md "A phase"): takes a pair
  * whose local ranks are page ranks (rw_svc_rank_io_t.page) — and, in a group with page members
  * (rw_svc_phase_t.page_members), its ring ranks, whose streams the daemon's CPU plays

@@ -3,59 +3,93 @@
  * mover carries the whole pair and the daemon's CPU plays each ring rank's stream under the plan
  * block and lists a page rank's kernels get — its records packed where its plan entries say, its
  * rows forwarded from its list, its combine gather's returns and local copies written, its owner
- * sums made from its reduce list. The places and the fixed fp32 order are the kernels', so every
- * record and term lands where the page ranks look for it and a token's sum has the same bits
- * whatever kind of rank each term came from. Pure: no allocation, no system call; the caller
- * owns every buffer. A leaf of service/mover/. */
+ * sums made from its reduce list. It runs the kernels' own CPU versions (cuda/rank_cpu.c, what
+ * host ranks run) on the argument blocks a page rank's kernels take, so every record and term
+ * lands where the page ranks look for it and a token's sum has the same bits whatever kind of
+ * rank each term came from. This file only fills the blocks from the phase and names a failure.
+ * No allocation, no system call; the caller owns every buffer. A leaf of service/mover/. */
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "cuda/rw_cuda.h"
 #include "service/mover/mover.h"
 #include "service/phase/phase.h"
+
+/* The kernels read ipc/page.h's plan and list entries in place, in cuda/rank_abi.h's words. */
+_Static_assert(sizeof(rw_page_plan_entry_t) == sizeof(rw_cuda_plan_entry_t) &&
+	       offsetof(rw_page_plan_entry_t, first) == offsetof(rw_cuda_plan_entry_t, first) &&
+	       offsetof(rw_page_plan_entry_t, count) == offsetof(rw_cuda_plan_entry_t, count) &&
+	       offsetof(rw_page_plan_entry_t, offset) == offsetof(rw_cuda_plan_entry_t, offset),
+	       "plan entry layouts");
+_Static_assert(sizeof(rw_page_list_entry_t) == sizeof(rw_cuda_list_entry_t) &&
+	       offsetof(rw_page_list_entry_t, slot) == offsetof(rw_cuda_list_entry_t, slot) &&
+	       offsetof(rw_page_list_entry_t, rail) == offsetof(rw_cuda_list_entry_t, rail) &&
+	       offsetof(rw_page_list_entry_t, area) == offsetof(rw_cuda_list_entry_t, area) &&
+	       offsetof(rw_page_list_entry_t, node) == offsetof(rw_cuda_list_entry_t, node) &&
+	       offsetof(rw_page_list_entry_t, token) == offsetof(rw_cuda_list_entry_t, token),
+	       "list entry layouts");
+_Static_assert(RW_MAX_RAILS <= RW_CUDA_RANK_RAILS && RW_MAX_GPUS <= RW_CUDA_RANK_GPUS &&
+	       RW_MAX_TOPK <= 32 && (int)RW_PAGE_AREA_RECV == (int)RW_CUDA_AREA_RECV &&
+	       (int)RW_PAGE_AREA_LOCAL == (int)RW_CUDA_AREA_LOCAL, "the kernels' bounds");
+
+/* The daemon's CPU: one thread (the event loop's), any split. */
+static const rw_cuda_cpu_par_t one_thread = { .threads = 1 };
+
+static uint64_t addr(const void *p) { return (uint64_t)(uintptr_t)p; }
+
+static uint32_t cuda_dtype(const rw_svc_phase_t *ph)
+{
+	return ph->dtype == RW_WIRE_BF16 ? RW_CUDA_BF16 : RW_CUDA_FP32;
+}
+
+/* The step's error word as a sentence naming local rank g: RW_OK when it is clear. The lists
+ * and plans are the daemon's own, so a code here is a plan that does not hold a rank's rows. */
+static rw_status_t step_failed(const rw_svc_phase_t *ph, uint32_t g, const char *step,
+			       const uint32_t err[2], char *why)
+{
+	const uint32_t rank = ph->me * ph->gpus + g, at = err[1] - 1;
+	switch (err[0]) {
+	case 0:
+		return RW_OK;
+	case RW_CUDA_RANK_E_ID:
+		snprintf(why, RW_SVC_WHY_MAX, "local rank %u: its token %u names an expert outside "
+			 "[0, %u)", rank, at, ph->n_experts);
+		break;
+	case RW_CUDA_RANK_E_PLAN: /* the pack's detail names a node, the gather's a row */
+		if (!strcmp(step, "pack"))
+			snprintf(why, RW_SVC_WHY_MAX, "local rank %u: a record of its to node %u has "
+				 "no place in its plan", rank, at);
+		else
+			snprintf(why, RW_SVC_WHY_MAX, "local rank %u: row %u has no place in its "
+				 "combine plan", rank, at);
+		break;
+	default: /* E_REF, E_RECORD */
+		snprintf(why, RW_SVC_WHY_MAX, "local rank %u: its %s found entry %u of its list "
+			 "naming no %s", rank, step, at,
+			 err[0] == RW_CUDA_RANK_E_RECORD ? "record of this phase" : "place");
+		break;
+	}
+	return RW_ERR_INVAL;
+}
 
 rw_status_t rw_svc_ring_pack(const rw_svc_phase_t *ph, uint32_t g, const uint32_t *tags,
 			     const rw_page_plan_entry_t *entry, uint8_t *const *slab, uint32_t *next,
 			     char *why)
 {
 	const rw_svc_rank_io_t *io = &ph->io[RW_SVC_DISPATCH][g];
-	const uint64_t row_off = rw_wire_rec_row_off(ph->topk);
-	memset(next, 0, ph->nodes * sizeof(*next));
-	for (uint32_t t = 0; t < io->n_tokens; t++) {
-		const int32_t *ids = io->ids + (size_t)t * ph->topk;
-		for (uint32_t k = 0; k < ph->topk; k++) {
-			if (ids[k] < 0)
-				continue;
-			const uint32_t d = rw_sched_expert_node(ph->n_experts, ph->nodes, (uint32_t)ids[k]);
-			uint32_t q = 0; /* one record per (token, node): its first expert there */
-			while (q < k && (ids[q] < 0 ||
-					 rw_sched_expert_node(ph->n_experts, ph->nodes, (uint32_t)ids[q]) != d))
-				q++;
-			if (q < k)
-				continue;
-			uint32_t rail;
-			uint64_t off;
-			if (rw_page_plan_find(entry, ph->rails, d, next[d]++, (uint32_t)ph->rec_size, &rail,
-					      &off)) {
-				snprintf(why, RW_SVC_WHY_MAX, "local rank %u: its token %u has no place "
-					 "in its plan to node %u", ph->me * ph->gpus + g, t, d);
-				return RW_ERR_INVAL;
-			}
-			uint8_t *rec = slab[rail] + off;
-			const rw_wire_rec_hdr_t h = { .tag = tags[d], .src_node = ph->me, .owner = g,
-						      .token = t, .topk = ph->topk };
-			rw_wire_rec_pack(rec, &h, ids, io->weights + (size_t)t * ph->topk);
-			memcpy(rec + row_off, io->tokens + (size_t)t * ph->row_bytes, ph->row_bytes);
-		}
-	}
-	return RW_OK;
-}
-
-/* The record list entry e names: in a receive or a local area of the dispatch. */
-static const uint8_t *list_rec(const rw_svc_phase_t *ph, const rw_svc_rank_lists_t *ls,
-			       const rw_page_list_entry_t *e)
-{
-	const uint8_t *area = e->area == RW_PAGE_AREA_RECV ? ls->recv[e->rail] : ls->local[e->rail];
-	return area + (uint64_t)e->slot * ph->rec_size;
+	uint32_t err[2] = { 0, 0 };
+	rw_cuda_rank_pack_t a = {
+		.x = addr(io->tokens), .ids = addr(io->ids), .weights = addr(io->weights),
+		.entry = addr(entry), .tags = addr(tags), .err = addr(err),
+		.n_tokens = io->n_tokens, .topk = ph->topk, .hidden = ph->hidden,
+		.dtype = cuda_dtype(ph), .n_experts = ph->n_experts, .nodes = ph->nodes,
+		.rails = ph->rails, .me = ph->me, .owner = g, .rec_size = (uint32_t)ph->rec_size,
+	};
+	for (uint32_t r = 0; r < ph->rails; r++)
+		a.slab[r] = addr(slab[r]);
+	rw_cuda_cpu_pack(&a, next);
+	return step_failed(ph, g, "pack", err, why);
 }
 
 rw_status_t rw_svc_ring_forward(const rw_svc_phase_t *ph, uint32_t g, const rw_svc_rank_lists_t *ls,
@@ -65,85 +99,63 @@ rw_status_t rw_svc_ring_forward(const rw_svc_phase_t *ph, uint32_t g, const rw_s
 	rw_svc_out_layout_t o;
 	rw_svc_out_layout(io->out_cap, ph->n_experts, ph->topk, ph->row_bytes, RW_CQE_INLINE_COUNTS,
 			  &o);
-	memset(counts, 0, ph->n_experts * sizeof(*counts));
 	if (ls->n[g] > o.rows_cap) {
 		snprintf(why, RW_SVC_WHY_MAX, "local rank %u's dispatch output holds %llu rows; it "
 			 "receives %u", ph->me * ph->gpus + g, (unsigned long long)o.rows_cap,
 			 ls->n[g]);
 		return RW_ERR_SUB_SPACE;
 	}
-	const uint64_t row_off = rw_wire_rec_row_off(ph->topk);
-	int32_t ids[RW_MAX_TOPK];
-	float w[RW_MAX_TOPK];
-	for (uint32_t j = 0; j < ls->n[g]; j++) {
-		const uint8_t *rec = list_rec(ph, ls, &ls->list[g][j]);
-		rw_wire_rec_hdr_t h;
-		(void)rw_wire_rec_unpack(rec, ph->topk, &h); /* checked: the list was made from it */
-		for (uint32_t k = 0; k < ph->topk; k++) {
-			ids[k] = rw_wire_rec_id(rec, k);
-			w[k] = rw_wire_rec_weight(rec, ph->topk, k);
-		}
-		rw_svc_mover_meta_put(ph, meta + (uint64_t)j * o.meta_bytes, h.src_node,
-				      h.src_node * ph->gpus + h.owner, h.token, ids, w, g, counts);
-		memcpy(rows + (uint64_t)j * ph->row_bytes, rec + row_off, ph->row_bytes);
+	uint32_t err[2] = { 0, 0 }, recv_n = 0, overflow = 0;
+	rw_cuda_rank_forward_t a = {
+		.list = addr(ls->list[g]), .list_n = addr(&ls->n[g]), .rows = addr(rows),
+		.meta = addr(meta), .counts = addr(counts), .recv_n = addr(&recv_n),
+		.overflow = addr(&overflow), .err = addr(err), .cap = ls->n[g], .topk = ph->topk,
+		.hidden = ph->hidden, .dtype = cuda_dtype(ph), .n_experts = ph->n_experts,
+		.nodes = ph->nodes, .gpus = ph->gpus, .rails = ph->rails, .me = ph->me, .g = g,
+		.rec_size = (uint32_t)ph->rec_size,
+	};
+	for (uint32_t r = 0; r < ph->rails; r++) {
+		a.area[RW_CUDA_AREA_RECV][r] = addr(ls->recv[r]);
+		a.area[RW_CUDA_AREA_LOCAL][r] = addr(ls->local[r]);
 	}
-	return RW_OK;
+	rw_cuda_cpu_forward(&a, one_thread);
+	return step_failed(ph, g, "forward", err, why);
 }
 
 rw_status_t rw_svc_ring_gather(const rw_svc_phase_t *ph, uint32_t w, const rw_svc_rank_lists_t *ls,
 			       const uint32_t *tags, const rw_page_plan_entry_t *entry,
-			       uint8_t *const *slab, const uint8_t *const *staged, float *acc,
-			       char *why)
+			       uint8_t *const *slab, const uint8_t *const *staged, char *why)
 {
-	for (uint32_t j = 0; j < ls->n[w]; j++) {
-		const uint32_t t0 = ls->term_off[w][j], t1 = ls->term_off[w][j + 1];
-		if (t0 == t1)
-			continue; /* another local rank writes this one */
-		const rw_page_list_entry_t *e = &ls->list[w][j];
-		const rw_page_plan_entry_t *pe = &entry[(size_t)e->node * ph->rails + e->rail];
-		const uint32_t p = e->slot - pe->first;
-		if (p >= pe->count) {
-			snprintf(why, RW_SVC_WHY_MAX, "local rank %u: row %u has no place in its "
-				 "combine plan", ph->me * ph->gpus + w, j);
-			return RW_ERR_INVAL;
-		}
-		uint8_t *rec = slab[e->rail] + pe->offset + (uint64_t)p * ph->crec_size;
-		const rw_wire_crec_hdr_t h = { .tag = tags[e->node], .src_node = ph->me,
-					       .rail = e->rail, .slot = p };
-		rw_wire_crec_pack(rec, &h);
-		uint8_t *out = rec + RW_WIRE_CREC_HDR;
-		/* The local ranks' rows of the record, by rank: one is sent as it is, several are
-		 * summed in fp32 from the first and rounded once (as the gather kernel). */
-		for (uint32_t k = t0; k < t1; k++) {
-			const uint32_t ref = ls->term_ref[w][k];
-			const uint8_t *row = staged[RW_PAGE_TERM_RANK(ref)] +
-					     (uint64_t)RW_PAGE_TERM_ROW(ref) * ph->row_bytes;
-			if (t1 - t0 == 1)
-				memcpy(out, row, ph->row_bytes);
-			else if (k == t0)
-				rw_svc_row_load(acc, row, ph->dtype, ph->hidden);
-			else
-				rw_svc_row_acc(acc, row, ph->dtype, ph->hidden);
-		}
-		if (t1 - t0 > 1)
-			rw_svc_row_store(out, ph->dtype, acc, ph->hidden);
-	}
-	return RW_OK;
+	uint32_t err[2] = { 0, 0 };
+	rw_cuda_rank_gather_t a = {
+		.list = addr(ls->list[w]), .list_n = addr(&ls->n[w]), .entry = addr(entry),
+		.tags = addr(tags), .term_off = addr(ls->term_off[w]),
+		.terms = addr(ls->term_ref[w]), .err = addr(err), .cap = ls->n[w],
+		.n_terms = ls->n_terms[w], .hidden = ph->hidden, .dtype = cuda_dtype(ph),
+		.nodes = ph->nodes, .rails = ph->rails, .me = ph->me, .g = w,
+		.crec_size = (uint32_t)ph->crec_size,
+	};
+	for (uint32_t r = 0; r < ph->rails; r++)
+		a.slab[r] = addr(slab[r]);
+	for (uint32_t h = 0; h < ph->gpus; h++)
+		a.rows[h] = addr(staged[h]);
+	rw_cuda_cpu_gather(&a, one_thread);
+	return step_failed(ph, w, "gather", err, why);
 }
 
-void rw_svc_ring_reduce(const rw_svc_phase_t *ph, uint32_t g, const rw_page_list_entry_t *list,
-			uint32_t n, const uint8_t *const *local, const void **rows, uint8_t *out)
+rw_status_t rw_svc_ring_reduce(const rw_svc_phase_t *ph, uint32_t g, const rw_page_list_entry_t *list,
+			       uint32_t n, const uint8_t *const *local, uint8_t *out, char *why)
 {
-	const uint32_t n_tokens = ph->io[RW_SVC_DISPATCH][g].n_tokens;
-	uint32_t i = 0;
-	for (uint32_t t = 0; t < n_tokens; t++) {
-		uint32_t cnt = 0;
-		for (; i < n && list[i].token == t; i++) {
-			const rw_page_list_entry_t *e = &list[i];
-			const uint8_t *area = e->area == RW_PAGE_AREA_RECV ?
-				ph->recv_area[RW_SVC_COMBINE][e->rail] : local[e->rail];
-			rows[cnt++] = area + (uint64_t)e->slot * ph->crec_size + RW_WIRE_CREC_HDR;
-		}
-		rw_svc_rows_reduce(out + (uint64_t)t * ph->row_bytes, ph->dtype, rows, cnt, ph->hidden);
+	uint32_t err[2] = { 0, 0 };
+	rw_cuda_rank_reduce_t a = {
+		.list = addr(list), .list_n = addr(&n), .out = addr(out), .err = addr(err), .cap = n,
+		.n_tokens = ph->io[RW_SVC_DISPATCH][g].n_tokens, .hidden = ph->hidden,
+		.dtype = cuda_dtype(ph), .rails = ph->rails, .crec_size = (uint32_t)ph->crec_size,
+	};
+	for (uint32_t r = 0; r < ph->rails; r++) {
+		a.area[RW_CUDA_AREA_RECV][r] = addr(ph->recv_area[RW_SVC_COMBINE][r]);
+		a.area[RW_CUDA_AREA_LOCAL][r] = addr(local[r]);
 	}
+	rw_cuda_cpu_reduce(&a, one_thread);
+	return step_failed(ph, g, "reduce", err, why);
 }

@@ -59,13 +59,11 @@ typedef struct page_pair {
 	rw_page_list_entry_t *reduce[RW_MAX_GPUS];
 	uint32_t n_reduce[RW_MAX_GPUS];
 	/* The ring ranks (mover_mix.c): the daemon's copy of each one's top-k ids, its count row, its
-	 * per-expert counts; scratch for their packs, gathers and reduces. */
+	 * per-expert counts; scratch for their packs. */
 	int32_t *ring_ids[RW_MAX_GPUS];
 	uint32_t *ring_row[RW_MAX_GPUS];
 	uint32_t *ring_counts[RW_MAX_GPUS];
 	uint32_t *next;                /* [N] */
-	float *acc;                    /* [hidden] */
-	const void **rows;             /* [G + N] */
 	/* CUDA ring ranks' copies: marks not done per kind (inputs) and rank, all marks not done
 	 * (outputs too), each rank's flag to write once its outputs are copied (stream order), and
 	 * the node's row when count() waits for the ids' copies. */
@@ -138,8 +136,6 @@ static void pair_free(page_pair_t *pp, uint32_t gpus)
 		free(pp->ring_counts[g]);
 	}
 	free(pp->next);
-	free(pp->acc);
-	free(pp->rows);
 	free(pp);
 }
 
@@ -153,9 +149,7 @@ static rw_status_t pm_open(void *mover, const rw_svc_phase_t *ph, void **state_p
 	pp->ctx = m->ctx;
 	pp->ph = ph;
 	pp->next = calloc(ph->nodes, sizeof(uint32_t));
-	pp->acc = calloc(ph->hidden + 1, sizeof(float));
-	pp->rows = calloc((size_t)ph->gpus + ph->nodes, sizeof(void *));
-	if (!pp->next || !pp->acc || !pp->rows) {
+	if (!pp->next) {
 		pair_free(pp, ph->gpus);
 		return RW_ERR_NOMEM;
 	}
@@ -660,8 +654,12 @@ static rw_status_t ring_out(page_pair_t *pp, const rw_svc_phase_t *ph, rw_svc_ph
 		const uint8_t *local[RW_MAX_RAILS] = { 0 };
 		for (uint32_t r = 0; r < ph->rails; r++)
 			local[r] = ph->slab[r] + pp->comb_local_off[r];
-		if (st == RW_OK)
-			rw_svc_ring_reduce(ph, g, pp->reduce[g], pp->n_reduce[g], local, pp->rows, out);
+		if (st == RW_OK) {
+			rw_status_t rst = rw_svc_ring_reduce(ph, g, pp->reduce[g], pp->n_reduce[g],
+							     local, out, why);
+			if (rst != RW_OK)
+				return rst;
+		}
 		if (st == RW_OK && dev >= 0)
 			st = rw_svc_stage_h2d(pp->m->stage, dev, io->out.dptr, out, bytes);
 	} else {
@@ -812,7 +810,7 @@ static rw_status_t combine_plan(page_pair_t *pp, const rw_svc_phase_t *ph, char 
 					 io->page_k, &rk->head, rk->tags, rk->entries);
 		if (!io->page) { /* a ring rank: its gather now, as its kernel would */
 			rw_status_t st = rw_svc_ring_gather(ph, g, ls, rk->tags, rk->entries, ph->slab,
-							    staged, pp->acc, why);
+							    staged, why);
 			if (st != RW_OK)
 				return st;
 			continue;

@@ -22,7 +22,7 @@
 #include <cuda.h>
 
 #include "common/bf16.h"
-#include "rank/rank.h"
+#include "cuda/rw_cuda.h"
 #include "tests/cuda/fake_cuda_base.h"
 #include "tests/integration/fake_cuda_rank.h"
 
@@ -96,10 +96,10 @@ struct launch {
 };
 _Static_assert(sizeof(struct launch) <= 64, "a launch must fit a stream queue entry");
 
-/* rw_route_count as cuda/kernels.cu states it: the host ranks' count (rank/host_kernels.c). */
+/* rw_route_count as cuda/kernels.cu states it: the host ranks' count (cuda/rank_cpu.c). */
 static void route_count_run(const struct launch *L)
 {
-	rw_rank_host_count((const int32_t *)(uintptr_t)L->a0, L->n, L->w, L->bf16,
+	rw_cuda_cpu_count((const int32_t *)(uintptr_t)L->a0, L->n, L->w, L->bf16,
 			   L->bf16 / L->per_node, L->rails, L->rail, (uint32_t *)(uintptr_t)L->a1,
 			   (uint32_t *)(uintptr_t)L->n64);
 }

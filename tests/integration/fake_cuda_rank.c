@@ -1,7 +1,7 @@
 /* tests/integration/fake_cuda_rank.c: the rank kernels (cuda/rank_kernels.cu) on the CPU, joined
  * to the kernel stand-in (fake_cuda_kernels.c hands their names and launches here), so the rank
  * path runs without a GPU. Each runs the production CPU version the host ranks use
- * (rank/host_kernels.c: what cuda/rw_cuda.h "rank kernels" states, the host mover's bytes).
+ * (cuda/rank_cpu.c: what cuda/rw_cuda.h "rank kernels" states, the host mover's bytes).
  * Device memory here is host-addressable, so every address a block names is dereferenced as is.
  * A launch copies its block (as the driver does) and runs as stream work: at once, or late and
  * in order with $RW_FAKE_CUDA_LAG_MS. Static mode's rw_rank_ctl is this file's own (below). This checks the bytes the contract promises against the
@@ -16,7 +16,7 @@
 
 #include <cuda.h>
 
-#include "rank/rank.h"
+#include "cuda/rw_cuda.h"
 #include "tests/cuda/fake_cuda_base.h"
 #include "tests/integration/fake_cuda_rank.h"
 
@@ -188,14 +188,21 @@ static void run(const void *arg)
 	 * host ranks make for big phases, checked on small ones); unset: the launch's grid, its
 	 * blocks one after another on this thread. */
 	const char *v = getenv("RW_FAKE_CUDA_RANK_THREADS");
-	const rw_rank_host_par_t par = v && atoi(v) > 0 ? (rw_rank_host_par_t){ .threads = (uint32_t)atoi(v) }
-							: (rw_rank_host_par_t){ .threads = 1, .blocks = L->grid };
+	const rw_cuda_cpu_par_t par = v && atoi(v) > 0 ? (rw_cuda_cpu_par_t){ .threads = (uint32_t)atoi(v) }
+							: (rw_cuda_cpu_par_t){ .threads = 1, .blocks = L->grid };
 	switch (L->k) {
-	case K_PACK_INDEX: rw_rank_host_pack_index(&L->b.pack); break;
-	case K_PACK_ROWS: rw_rank_host_pack_rows(&L->b.pack, par); break;
-	case K_FORWARD: rw_rank_host_forward(&L->b.forward, par); break;
-	case K_GATHER: rw_rank_host_gather(&L->b.gather, par); break;
-	case K_REDUCE: rw_rank_host_reduce(&L->b.reduce, par); break;
+	case K_PACK_INDEX: {
+		uint32_t *next = calloc(L->b.pack.nodes ? L->b.pack.nodes : 1, sizeof(*next));
+		if (!next)
+			abort();
+		rw_cuda_cpu_pack_index(&L->b.pack, next);
+		free(next);
+		break;
+	}
+	case K_PACK_ROWS: rw_cuda_cpu_pack_rows(&L->b.pack, par); break;
+	case K_FORWARD: rw_cuda_cpu_forward(&L->b.forward, par); break;
+	case K_GATHER: rw_cuda_cpu_gather(&L->b.gather, par); break;
+	case K_REDUCE: rw_cuda_cpu_reduce(&L->b.reduce, par); break;
 	default: ctl(&L->b.ctl); break;
 	}
 }

@@ -12,7 +12,8 @@
  * owner's sum"; rows of full mantissas, so another order gives other bits). Random workloads over the four paths (the balanced ones move records
  * off their native rail in pieces), both dtypes, int32 and int64 ids. Then the device error word:
  * a plan short of a record, an id out of range, a failed phase's status; and every launch
- * capped at 1, 2 and 3 blocks (the SM budget). Every buffer a kernel
+ * capped at 1, 2 and 3 blocks (the SM budget). The daemon's one-pass CPU pack (its ring ranks')
+ * writes the same slabs as the pack kernel. Every buffer a kernel
  * touches is page-locked host memory, so with RW_CUDA_DRIVER=libcuda.so.1 the same cases run
  * the real kernels on a GPU. */
 #include <dlfcn.h>
@@ -639,6 +640,24 @@ static void run_case(uint32_t N, uint32_t G, uint32_t R, uint32_t topk, uint32_t
 			assert_int_equal(rw_svc_rank_records_check(&sn->ph, g, sn->rank[g].n, dtags, dent,
 								   slabs, why), RW_OK);
 		}
+		/* The one-pass CPU pack the daemon runs for its ring ranks (service/mover/mover_mix.c)
+		 * writes the same bytes into clean slabs, rank after rank. */
+		uint8_t *again[MAXR];
+		uint32_t next[MAXN];
+		for (uint32_t r = 0; r < R; r++)
+			again[r] = zalloc(sn->local_off[r] + sn->nloc[r] * rec);
+		for (uint32_t g = 0; g < G; g++) {
+			rw_cuda_rank_pack_t b;
+			dispatch_entries(s, n, g, ent);
+			pack_block(s, n, g, ent, NULL, &b);
+			b.rec_size = (uint32_t)rec;
+			for (uint32_t r = 0; r < R; r++)
+				b.slab[r] = A(again[r]);
+			rw_cuda_cpu_pack(&b, next);
+			assert_int_equal(s->err[0], 0);
+		}
+		for (uint32_t r = 0; r < R; r++)
+			assert_memory_equal(again[r], sn->slab[r], sn->local_off[r] + sn->nloc[r] * rec);
 		for (uint32_t r = 0; r < R; r++) {
 			/* the send slabs: the host mover's bytes */
 			assert_memory_equal(sn->slab[r], sn->area[0][0][r], sn->layout.out_total[r] * rec);
@@ -908,7 +927,7 @@ static void test_random_against_host_mover(void **state)
 /* The device error word and the failed-phase status, on a hand-made phase: node 0 of 2, one
  * rail, three tokens of top-2 over 4 experts (2 per node), fp32 rows of 4. */
 /* The same against the host mover with the rows split over 3 threads however small (the split
- * rank/host_kernels.c makes for a host rank's big phases): the same bytes. */
+ * cuda/rank_cpu.c makes for a host rank's big phases): the same bytes. */
 static void test_random_threaded(void **state)
 {
 	(void)state;

@@ -2,7 +2,7 @@
 """Host ranks on the rank path against real railwaved daemons (docs/rankpath.md "Host ranks"):
 ranks whose buffers are host memory open the rank path with RW_RANK_HOST (no CUDA) and run
 dispatch and combine through librailwave's calls, the pack, forward, gather and reduce done by
-the rank's own CPU (rank/host.c, rank/host_kernels.c) straight into and out of the group's
+the rank's own CPU (rank/host.c, cuda/rank_cpu.c) straight into and out of the group's
 slabs; the daemons only plan, post and track. tests/integration/rw_pagerank.c mode host.
 
 1. Two daemons (2 ranks a node, 2 rails): a group of four host ranks over 6 phases of the host

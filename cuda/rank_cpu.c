@@ -1,25 +1,24 @@
-/* rank/host_kernels.c: the rank path's five data steps on the CPU, for ranks whose buffers are
- * host memory (rank/host.c drives them) and for the CUDA stand-in driver, which runs the rank
- * kernels with these same functions (tests/integration/fake_cuda_rank.c): one implementation.
- * Each does exactly what cuda/rw_cuda.h "rank kernels" states and cuda/rank_kernels.cu does, on
- * the same argument blocks (cuda/rank_abi.h) with every address a plain pointer of this process:
- * the pack numbers a rank's records to each node with a running count in token order (what the
- * GPU's prefix count computes), the sums add in fp32 in list order and round once (bf16 to
- * nearest even, NaN kept quiet). The bytes written are the host mover's.
+/* cuda/rank_cpu.c: the rank kernels (cuda/rank_kernels.cu) on the CPU, one implementation for
+ * every CPU that plays a rank's stream: host ranks (rank/host.c), the daemon playing a ring rank
+ * of a rank-path pair (service/mover/mover_mix.c), and the CUDA stand-in driver
+ * (tests/integration/fake_cuda_rank.c). Each does exactly what cuda/rw_cuda.h "rank kernels"
+ * states and the kernel does, on the same argument blocks (cuda/rank_abi.h) with every address a
+ * plain pointer of this process: the pack numbers a rank's records to each node with a running
+ * count in token order (what the GPU's prefix count computes), the sums add in fp32 in list
+ * order and round once (bf16 to nearest even, NaN kept quiet: common/rows.c). The bytes written
+ * are the host mover's. No allocation: the caller owns every buffer.
  *
  * Threads: pack rows, forward, gather and reduce split their items (tokens or list entries) into
  * contiguous ranges, one per thread, when the rows are big enough to pay for a thread; each item
  * writes bytes no other item writes, so the result is the same bytes for any thread count. The
  * numbering (pack index) and the per-expert counts stay on the calling thread: they are small. */
-#include "rank/rank.h"
-
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "common/bf16.h"
 #include "common/wire_rec.h"
+#include "cuda/rw_cuda.h"
 
 static void *at(uint64_t addr) { return (void *)(uintptr_t)addr; }
 
@@ -44,13 +43,13 @@ static int failed(uint64_t status)
 
 static uint32_t dtype_size(uint32_t dtype) { return dtype == RW_CUDA_BF16 ? 2 : 4; }
 
-uint32_t rw_rank_host_rec_size(uint32_t topk, uint32_t hidden, uint32_t dtype)
+uint32_t rw_cuda_cpu_rec_size(uint32_t topk, uint32_t hidden, uint32_t dtype)
 {
 	return (uint32_t)(rw_wire_rec_row_off(topk) +
 			  rw_wire_align16((uint64_t)hidden * dtype_size(dtype)));
 }
 
-uint32_t rw_rank_host_crec_size(uint32_t hidden, uint32_t dtype)
+uint32_t rw_cuda_cpu_crec_size(uint32_t hidden, uint32_t dtype)
 {
 	return RW_WIRE_CREC_HDR + (uint32_t)rw_wire_align16((uint64_t)hidden * dtype_size(dtype));
 }
@@ -74,8 +73,8 @@ static void *par_main(void *arg)
 
 /* fn over [0, n) in up to par.threads contiguous ranges, the first on this thread; fewer when
  * a range would move under par.min_bytes (items of item_bytes each); a range whose thread cannot
- * start runs here. With par.blocks: that grid's blocks on this thread (rank.h). */
-static void par_for(rw_rank_host_par_t par, uint32_t n, uint64_t item_bytes, range_fn fn,
+ * start runs here. With par.blocks: that grid's blocks on this thread (cuda/rw_cuda.h). */
+static void par_for(rw_cuda_cpu_par_t par, uint32_t n, uint64_t item_bytes, range_fn fn,
 		    const void *ctx)
 {
 	if (par.blocks) { /* a grid's blocks in turn, each its grid-stride items */
@@ -85,7 +84,7 @@ static void par_for(rw_rank_host_par_t par, uint32_t n, uint64_t item_bytes, ran
 		return;
 	}
 	uint64_t by_size = par.min_bytes ? (uint64_t)n * item_bytes / par.min_bytes : n;
-	uint32_t t = par.threads < RW_RANK_HOST_THREADS_MAX ? par.threads : RW_RANK_HOST_THREADS_MAX;
+	uint32_t t = par.threads < RW_CUDA_CPU_THREADS_MAX ? par.threads : RW_CUDA_CPU_THREADS_MAX;
 	if (by_size < t)
 		t = (uint32_t)by_size;
 	if (t > n)
@@ -94,9 +93,9 @@ static void par_for(rw_rank_host_par_t par, uint32_t n, uint64_t item_bytes, ran
 		fn(ctx, 0, n);
 		return;
 	}
-	par_part_t part[RW_RANK_HOST_THREADS_MAX];
-	pthread_t tid[RW_RANK_HOST_THREADS_MAX];
-	int started[RW_RANK_HOST_THREADS_MAX] = { 0 };
+	par_part_t part[RW_CUDA_CPU_THREADS_MAX];
+	pthread_t tid[RW_CUDA_CPU_THREADS_MAX];
+	int started[RW_CUDA_CPU_THREADS_MAX] = { 0 };
 	for (uint32_t i = 0; i < t; i++)
 		part[i] = (par_part_t){ fn, ctx, (uint32_t)((uint64_t)n * i / t),
 					(uint32_t)((uint64_t)n * (i + 1) / t) };
@@ -136,7 +135,7 @@ static int token_nodes(const int32_t *ids, const int64_t *ids64, uint32_t topk,
 	return n;
 }
 
-void rw_rank_host_count(const int32_t *ids, uint32_t n_tokens, uint32_t topk, uint32_t n_experts,
+void rw_cuda_cpu_count(const int32_t *ids, uint32_t n_tokens, uint32_t topk, uint32_t n_experts,
 			uint32_t nodes, uint32_t rails, uint32_t rail, uint32_t *row, uint32_t *bad)
 {
 	for (uint32_t t = 0; t < n_tokens; t++) {
@@ -164,79 +163,100 @@ typedef struct pack_slot {
 } pack_slot_t;
 _Static_assert(sizeof(pack_slot_t) == RW_CUDA_RANK_PACK_SLOT, "pack scratch entry");
 
-void rw_rank_host_pack_index(const rw_cuda_rank_pack_t *a)
+/* Token t's slots (topk of them, in its nodes' order, then empty ones), numbered on from next[]
+ * (records to each node so far). */
+static void token_slots(const rw_cuda_rank_pack_t *a, uint32_t t, uint32_t *next,
+			pack_slot_t *slots)
 {
 	const rw_cuda_plan_entry_t *entry = at(a->entry);
+	uint32_t dest[32];
+	const uint64_t first = (uint64_t)t * a->topk;
+	int n = a->ids_int64 ? token_nodes(NULL, (const int64_t *)at(a->ids) + first, a->topk,
+					   a->n_experts, a->n_experts / a->nodes, dest)
+			     : token_nodes((const int32_t *)at(a->ids) + first, NULL, a->topk,
+					   a->n_experts, a->n_experts / a->nodes, dest);
+	if (n < 0) {
+		set_err(a->err, RW_CUDA_RANK_E_ID, t + 1);
+		n = 0;
+	}
+	for (uint32_t u = 0; u < a->topk; u++) {
+		pack_slot_t s = { 0, 0, 0 };
+		if ((int)u < n) {
+			uint32_t d = dest[u], i = next[d]++;
+			const rw_cuda_plan_entry_t *pe = entry + (uint64_t)d * a->rails;
+			s.dest = d;
+			for (uint32_t r = 0; r < a->rails; r++)
+				if (i - pe[r].first < pe[r].count) {
+					s.addr = a->slab[r] + pe[r].offset +
+						 (uint64_t)(i - pe[r].first) * a->rec_size;
+					break;
+				}
+			if (!s.addr)
+				set_err(a->err, RW_CUDA_RANK_E_PLAN, d + 1);
+		}
+		slots[u] = s;
+	}
+}
+
+/* Token t's record at slot s: header, top-k block, row, padding zeroed. */
+static void record_write(const rw_cuda_rank_pack_t *a, uint32_t t, pack_slot_t s)
+{
+	const uint32_t row_bytes = a->hidden * dtype_size(a->dtype);
+	const uint64_t row_off = rw_wire_rec_row_off(a->topk);
+	const uint32_t *tags = at(a->tags);
+	uint8_t *rec = at(s.addr);
+	const uint32_t w[4] = { tags[s.dest], (a->me & 0xffffu) | a->owner << 16, t,
+				a->topk & 0xffffu };
+	memcpy(rec, w, 16);
+	for (uint32_t k = 0; k < a->topk; k++) {
+		int32_t id = (int32_t)id_at(a, (uint64_t)t * a->topk + k);
+		memcpy(rec + RW_WIRE_REC_HDR + 4 * k, &id, 4);
+	}
+	memcpy(rec + RW_WIRE_REC_HDR + 4 * a->topk,
+	       (const float *)at(a->weights) + (uint64_t)t * a->topk, 4ull * a->topk);
+	/* the padding between the top-k block and the row, and after the row */
+	memset(rec + RW_WIRE_REC_HDR + 8 * a->topk, 0, row_off - RW_WIRE_REC_HDR - 8 * a->topk);
+	memcpy(rec + row_off, (const uint8_t *)at(a->x) + (uint64_t)t * row_bytes, row_bytes);
+	memset(rec + row_off + row_bytes, 0, a->rec_size - row_off - row_bytes);
+}
+
+void rw_cuda_cpu_pack(const rw_cuda_rank_pack_t *a, uint32_t *next)
+{
+	if (failed(a->status) || a->n_tokens == 0)
+		return;
+	memset(next, 0, a->nodes * sizeof(*next));
+	pack_slot_t slots[32];
+	for (uint32_t t = 0; t < a->n_tokens; t++) {
+		token_slots(a, t, next, slots);
+		for (uint32_t u = 0; u < a->topk; u++)
+			if (slots[u].addr)
+				record_write(a, t, slots[u]);
+	}
+}
+
+void rw_cuda_cpu_pack_index(const rw_cuda_rank_pack_t *a, uint32_t *next)
+{
 	pack_slot_t *scratch = at(a->scratch);
 	if (failed(a->status) || a->n_tokens == 0)
 		return;
-	uint32_t *next = calloc(a->nodes, sizeof(uint32_t)); /* records to each node so far */
-	if (!next)
-		abort();
-	for (uint32_t t = 0; t < a->n_tokens; t++) {
-		uint32_t dest[32];
-		const uint64_t first = (uint64_t)t * a->topk;
-		int n = a->ids_int64 ? token_nodes(NULL, (const int64_t *)at(a->ids) + first, a->topk,
-						   a->n_experts, a->n_experts / a->nodes, dest)
-				     : token_nodes((const int32_t *)at(a->ids) + first, NULL, a->topk,
-						   a->n_experts, a->n_experts / a->nodes, dest);
-		if (n < 0) {
-			set_err(a->err, RW_CUDA_RANK_E_ID, t + 1);
-			n = 0;
-		}
-		for (uint32_t u = 0; u < a->topk; u++) {
-			pack_slot_t s = { 0, 0, 0 };
-			if ((int)u < n) {
-				uint32_t d = dest[u], i = next[d]++;
-				const rw_cuda_plan_entry_t *pe = entry + (uint64_t)d * a->rails;
-				s.dest = d;
-				for (uint32_t r = 0; r < a->rails; r++)
-					if (i - pe[r].first < pe[r].count) {
-						s.addr = a->slab[r] + pe[r].offset +
-							 (uint64_t)(i - pe[r].first) * a->rec_size;
-						break;
-					}
-				if (!s.addr)
-					set_err(a->err, RW_CUDA_RANK_E_PLAN, d + 1);
-			}
-			scratch[(uint64_t)t * a->topk + u] = s;
-		}
-	}
-	free(next);
+	memset(next, 0, a->nodes * sizeof(*next));
+	for (uint32_t t = 0; t < a->n_tokens; t++)
+		token_slots(a, t, next, scratch + (uint64_t)t * a->topk);
 }
 
 static void pack_rows_range(const void *ctx, uint32_t lo, uint32_t hi)
 {
 	const rw_cuda_rank_pack_t *a = ctx;
-	const uint32_t row_bytes = a->hidden * dtype_size(a->dtype);
-	const uint64_t row_off = rw_wire_rec_row_off(a->topk);
 	const pack_slot_t *scratch = at(a->scratch);
-	const uint32_t *tags = at(a->tags);
 	for (uint32_t t = lo; t < hi; t++)
 		for (uint32_t u = 0; u < a->topk; u++) {
 			const pack_slot_t s = scratch[(uint64_t)t * a->topk + u];
-			if (!s.addr)
-				continue;
-			uint8_t *rec = at(s.addr);
-			const uint32_t w[4] = { tags[s.dest], (a->me & 0xffffu) | a->owner << 16, t,
-						a->topk & 0xffffu };
-			memcpy(rec, w, 16);
-			for (uint32_t k = 0; k < a->topk; k++) {
-				int32_t id = (int32_t)id_at(a, (uint64_t)t * a->topk + k);
-				memcpy(rec + RW_WIRE_REC_HDR + 4 * k, &id, 4);
-			}
-			memcpy(rec + RW_WIRE_REC_HDR + 4 * a->topk,
-			       (const float *)at(a->weights) + (uint64_t)t * a->topk, 4ull * a->topk);
-			/* the padding between the top-k block and the row, and after the row */
-			memset(rec + RW_WIRE_REC_HDR + 8 * a->topk, 0,
-			       row_off - RW_WIRE_REC_HDR - 8 * a->topk);
-			memcpy(rec + row_off, (const uint8_t *)at(a->x) + (uint64_t)t * row_bytes,
-			       row_bytes);
-			memset(rec + row_off + row_bytes, 0, a->rec_size - row_off - row_bytes);
+			if (s.addr)
+				record_write(a, t, s);
 		}
 }
 
-void rw_rank_host_pack_rows(const rw_cuda_rank_pack_t *a, rw_rank_host_par_t par)
+void rw_cuda_cpu_pack_rows(const rw_cuda_rank_pack_t *a, rw_cuda_cpu_par_t par)
 {
 	if (failed(a->status))
 		return;
@@ -296,7 +316,7 @@ static void forward_range(const void *ctx, uint32_t lo, uint32_t hi)
 	}
 }
 
-void rw_rank_host_forward(const rw_cuda_rank_forward_t *a, rw_rank_host_par_t par)
+void rw_cuda_cpu_forward(const rw_cuda_rank_forward_t *a, rw_cuda_cpu_par_t par)
 {
 	uint32_t listed = 0;
 	if (!failed(a->status))
@@ -403,7 +423,7 @@ static void gather_range(const void *ctx, uint32_t lo, uint32_t hi)
 	}
 }
 
-void rw_rank_host_gather(const rw_cuda_rank_gather_t *a, rw_rank_host_par_t par)
+void rw_cuda_cpu_gather(const rw_cuda_rank_gather_t *a, rw_cuda_cpu_par_t par)
 {
 	if (failed(a->status))
 		return;
@@ -430,6 +450,18 @@ typedef struct reduce_ctx {
 	uint32_t n; /* list entries */
 } reduce_ctx_t;
 
+/* The terms of one token: entries first .. first + n - 1 of the list, every address checked. */
+typedef struct reduce_terms {
+	const rw_cuda_rank_reduce_t *a;
+	const rw_cuda_list_entry_t *first;
+} reduce_terms_t;
+
+static const void *reduce_term(const void *ctx, uint32_t k)
+{
+	const reduce_terms_t *rt = ctx;
+	return at(reduce_addr(rt->a, &rt->first[k]) + RW_WIRE_CREC_HDR);
+}
+
 /* Tokens lo .. hi - 1: each one's entries start at the first entry whose token is >= it (the
  * list is in token order here, or one range covers every token). */
 static void reduce_range(const void *ctx, uint32_t lo, uint32_t hi)
@@ -446,40 +478,28 @@ static void reduce_range(const void *ctx, uint32_t lo, uint32_t hi)
 		else
 			top = mid;
 	}
-	const void *stack[RW_CUDA_RANK_TERMS_MAX], **rows = stack;
-	uint32_t room = RW_CUDA_RANK_TERMS_MAX;
 	for (uint32_t t = lo; t < hi; t++) {
 		while (i < n && list[i].token < t) /* (out of order: skipped, E_REF set) */
 			i++;
-		uint32_t cnt = 0, end = i;
+		uint32_t end = i;
 		while (end < n && list[end].token == t)
 			end++;
-		if (end - i > room) { /* more terms than the stack holds: the heap */
-			if (rows != stack)
-				free((void *)rows);
-			room = end - i;
-			rows = malloc((size_t)room * sizeof(*rows));
-			if (!rows)
-				abort();
-		}
 		int bad = 0;
-		for (; i < end; i++) {
-			uint64_t addr = reduce_addr(a, &list[i]);
-			rows[cnt++] = at(addr + RW_WIRE_CREC_HDR);
-			bad |= !addr;
-		}
+		for (uint32_t e = i; e < end; e++)
+			bad |= !reduce_addr(a, &list[e]);
+		const reduce_terms_t rt = { a, list + i };
+		const uint32_t cnt = end - i;
+		i = end;
 		if (bad) {
-			set_err(a->err, RW_CUDA_RANK_E_REF, i);
+			set_err(a->err, RW_CUDA_RANK_E_REF, end);
 			continue;
 		}
-		rw_rows_sum((uint8_t *)at(a->out) + (uint64_t)t * row_bytes, a->dtype == RW_CUDA_BF16,
-			    rows, cnt, a->hidden, 1);
+		rw_rows_sum_by((uint8_t *)at(a->out) + (uint64_t)t * row_bytes,
+			       a->dtype == RW_CUDA_BF16, reduce_term, &rt, cnt, a->hidden, 1);
 	}
-	if (rows != stack)
-		free((void *)rows);
 }
 
-void rw_rank_host_reduce(const rw_cuda_rank_reduce_t *a, rw_rank_host_par_t par)
+void rw_cuda_cpu_reduce(const rw_cuda_rank_reduce_t *a, rw_cuda_cpu_par_t par)
 {
 	if (failed(a->status) || a->n_tokens == 0)
 		return;
@@ -493,7 +513,7 @@ void rw_rank_host_reduce(const rw_cuda_rank_reduce_t *a, rw_rank_host_par_t par)
 		}
 	const reduce_ctx_t c = { a, n };
 	/* Unsorted (E_REF set, the sums are not the list's): one range, as one GPU thread skips. */
-	const rw_rank_host_par_t one = { .threads = 1 };
+	const rw_cuda_cpu_par_t one = { .threads = 1 };
 	par_for(sorted ? par : one, a->n_tokens, (uint64_t)a->hidden * dtype_size(a->dtype),
 		reduce_range, &c);
 }
