@@ -361,8 +361,9 @@ class Core:
     def __init__(self, name: str, rank: int, world_size: int, node: int, socket: str,
                  local_gpu: int, max_tokens_per_rank: Optional[int],
                  max_recv_tokens: Optional[int], timeout: float, spin_us: int,
-                 stream_ordered: bool, static: bool = False):
+                 stream_ordered: bool, static: bool = False, num_sms: int = 0):
         self._c = None
+        self.num_sms = num_sms  # the rank path's SM budget (0: the kernels' own choice)
         self.static = bool(static)  # the rank path's static mode (docs/python.md "Static mode")
         self._static_bad = None  # int32 [1] on the device: a static backward pair mismatched
         self._static_over = None  # an overflow a static dispatch read, for check() to raise
@@ -878,7 +879,8 @@ class Core:
         if not self.static and (self._rank_mode == 0 or self._rank_off is not None):
             return None
         self._rank = _rank.open_for(self, dev, self._rank_room(), not x.is_cuda, self.static,
-                                    self.max_recv_tokens if self.static else None)
+                                    self.max_recv_tokens if self.static else None,
+                                    self.num_sms)
         return self._rank
 
     def _lut(self, E: int, device: torch.device) -> torch.Tensor:
@@ -1070,6 +1072,19 @@ class Core:
                    msg), code=rc, text=_lib.strerror(rc))
         if rc:
             raise self._error(rc, "static phase %d" % c.phase, PhaseError, detail=msg)
+
+    def set_num_sms(self, num_sms: int) -> None:
+        """The SM budget of the rank path's kernels (docs/python.md "SMs"): every kernel this
+        Group enqueues in this process from now on takes at most num_sms blocks, so at most
+        num_sms SMs at a time; 0: the kernels' own choice. Kept for the rank path's open when
+        it is not open yet; a CUDA graph keeps the budget it was captured with. BadArgument:
+        not an int, below 0, or (from librailwave) above the device's SMs."""
+        if not isinstance(num_sms, int) or isinstance(num_sms, bool) or num_sms < 0:
+            raise BadArgument(self._where("set_num_sms"), "num_sms must be an int >= 0 (0: the "
+                              "kernels' own choice), got %r" % (num_sms,))
+        if self._rank is not None:
+            self._rank.set_sms(num_sms)
+        self.num_sms = num_sms
 
     def check(self) -> None:
         """Static mode: wait for the current stream's work, then raise the first failure the

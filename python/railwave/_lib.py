@@ -103,6 +103,15 @@ class RankDone(ctypes.Structure):
     _fields_ = [("recv_tokens", ctypes.c_uint32), ("overflow", ctypes.c_uint32)]
 
 
+class RankOpts(ctypes.Structure):
+    """rw_client_rank_opts_t: zeroed, then filled (a reserved word must stay 0)."""
+    _fields_ = [("max_recv", ctypes.c_uint32), ("max_sms", ctypes.c_int32),
+                ("flags", ctypes.c_uint32), ("reserved", ctypes.c_uint32 * 5)]
+
+
+RANK_OPEN_STATIC = 1  # RW_RANK_OPEN_STATIC
+
+
 class RankCheck(ctypes.Structure):
     _fields_ = [("done", ctypes.c_uint64), ("phase", ctypes.c_uint64),
                 ("over_phase", ctypes.c_uint64), ("overflow", ctypes.c_uint32),
@@ -123,6 +132,7 @@ assert Sqe.n_experts.offset == 120 and Sqe.event_id.offset == 124 and Sqe.path.o
 assert ctypes.sizeof(LostSignal) == 40
 assert ctypes.sizeof(ClientStream) == 16 and ctypes.sizeof(RankDispatch) == 88
 assert RankDispatch.recv_cap.offset == 80 and ctypes.sizeof(RankCombine) == 24
+assert ctypes.sizeof(RankOpts) == 32
 
 
 def _candidates():
@@ -187,9 +197,17 @@ def _bind(lib):
         "rw_client_rank_combine_static": rank["rw_client_rank_combine"],
         "rw_client_rank_check": (ctypes.c_int, [rank_p, ctypes.POINTER(RankCheck)]),
     }
+    sms = {  # the SM budget (a later library still)
+        "rw_client_rank_open_opts": (ctypes.c_int, [c_p, ctypes.c_int32,
+                                                    ctypes.POINTER(RankOpts),
+                                                    ctypes.POINTER(c_p)]),
+        "rw_client_rank_set_sms": (ctypes.c_int, [rank_p, ctypes.c_int32]),
+    }
     lib.rank_path = all(hasattr(lib, name) for name in rank)
     lib.rank_static = lib.rank_path and all(hasattr(lib, name) for name in static)
-    for table, have in ((rank, lib.rank_path), (static, lib.rank_static)):
+    lib.rank_sms = lib.rank_path and all(hasattr(lib, name) for name in sms)
+    for table, have in ((rank, lib.rank_path), (static, lib.rank_static),
+                        (sms, lib.rank_sms)):
         for name, (res, args) in table.items() if have else ():
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args

@@ -52,18 +52,25 @@ class RankPath:
     static mode: rows listed past it are dropped and counted on the device). host: CPU
     tensors stand for device memory (the test switch), on the legacy stream."""
 
-    def __init__(self, lib, client, device, max_recv, host, static=False, cap=None):
+    def __init__(self, lib, client, device, max_recv, host, static=False, cap=None, sms=0):
         self.lib, self.device, self.max_recv, self.host = lib, device, max_recv, host
         self.cap = min(cap or max_recv, max_recv)
         self.static = static
         self.waited = 0.0  # seconds spent blocked in reap (python/bench/overhead.py)
         rp = ctypes.c_void_p(0)
-        op = lib.rw_client_rank_open_static if static else lib.rw_client_rank_open
-        rc = op(client, device, max_recv, ctypes.byref(rp))
+        if sms:  # the SM budget: the options' open (a library without it refused it earlier)
+            opts = _lib.RankOpts(max_recv=max_recv, max_sms=sms,
+                                 flags=_lib.RANK_OPEN_STATIC if static else 0)
+            rc = lib.rw_client_rank_open_opts(client, device, ctypes.byref(opts),
+                                              ctypes.byref(rp))
+        else:
+            op = lib.rw_client_rank_open_static if static else lib.rw_client_rank_open
+            rc = op(client, device, max_recv, ctypes.byref(rp))
         if rc:
             self.rp = None
-            raise _lib.error(rc, "open the rank path%s on device %d (max_recv %d)"
-                             % (" in static mode" if static else "", device, max_recv),
+            raise _lib.error(rc, "open the rank path%s on device %d (max_recv %d%s)"
+                             % (" in static mode" if static else "", device, max_recv,
+                                ", max_sms %d" % sms if sms else ""),
                              lib.rw_client_rank_message(None).decode())
         self.rp = rp
         slab, dptr = _lib.ClientSlab(), ctypes.c_uint64(0)
@@ -80,6 +87,13 @@ class RankPath:
         self.phase = ctypes.c_uint64(0)
         self.phase_ref = ctypes.byref(self.phase)
         self._wait = lib.rw_client_rank_wait
+
+    def set_sms(self, sms):
+        """rw_client_rank_set_sms: the SM budget of the calls enqueued from now on."""
+        rc = self.lib.rw_client_rank_set_sms(self.rp, sms)
+        if rc:
+            raise _lib.error(rc, "set the rank path's SM budget to %d" % sms, self.message(),
+                             BadArgument)
 
     def message(self) -> str:
         return self.lib.rw_client_rank_message(self.rp).decode() if self.rp else ""
@@ -148,7 +162,7 @@ class RankPath:
             self.rp = None
 
 
-def open_for(core, device, max_recv, host, static=False, cap=None):
+def open_for(core, device, max_recv, host, static=False, cap=None, sms=0):
     """The Group's RankPath on device, or None where the ring path serves it: RAILWAVE_RANK_PATH
     unset and the rank path does not open (no driver, kernels or stream memory operations; no
     rank page or slabs from the daemon; a library without it). With RAILWAVE_RANK_PATH=1 that
@@ -160,10 +174,13 @@ def open_for(core, device, max_recv, host, static=False, cap=None):
             raise RailWaveError(core._where("open the rank path"), why)
         core._rank_off = why
         return None
+    if sms and not core._lib.rank_sms:
+        raise BadArgument(core._where("open the rank path"), "num_sms %d: librailwave %s has "
+                          "no SM budget (rw_client_rank_open_opts)" % (sms, _lib.path))
     try:
-        return RankPath(core._lib, core._c, device, max_recv, host, static, cap)
+        return RankPath(core._lib, core._c, device, max_recv, host, static, cap, sms)
     except RailWaveError as e:
-        if forced:
+        if forced or (sms and e.code == CODES["RW_E_INVAL"]):  # a bad budget is the caller's
             raise
         core._rank_off = str(e)
         return None

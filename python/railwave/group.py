@@ -59,12 +59,14 @@ class Group(Core):
     (docs/python.md "Stream order"); static: the rank path's static mode, forward and backward
     with nothing read back, capturable in a CUDA graph (docs/python.md "Static mode": the
     outputs hold max_recv_tokens rows, or world_size × max_tokens_per_rank; check() raises
-    what failed)."""
+    what failed). num_sms: the SM budget of the rank path's kernels in this process (0: their
+    own choice; set_num_sms changes it; docs/python.md "SMs")."""
 
     def __init__(self, name: str, rank: int, world_size: int, socket: Optional[str] = None, *,
                  node: int, local_gpu: int = -1, max_tokens_per_rank: Optional[int] = None,
                  max_recv_tokens: Optional[int] = None, timeout: float = 300.0,
-                 spin_us: int = 50, stream_ordered: bool = False, static: bool = False):
+                 spin_us: int = 50, stream_ordered: bool = False, static: bool = False,
+                 num_sms: int = 0):
         self._c = None  # close() (from __del__) sees a Group that never joined
         if not isinstance(name, str) or not name:
             raise BadArgumentType("Group", "name must be a non-empty str, got %r" % (name,))
@@ -77,6 +79,7 @@ class Group(Core):
         _check_int("max_tokens_per_rank", max_tokens_per_rank, 1, none_ok=True)
         _check_int("max_recv_tokens", max_recv_tokens, 1, none_ok=True)
         _check_int("spin_us", spin_us, 0)
+        _check_int("num_sms", num_sms, 0)
         if not isinstance(timeout, (int, float)) or not timeout > 0:
             raise BadArgument("Group", "timeout must be a positive number of seconds, got %r"
                               % (timeout,))
@@ -85,7 +88,7 @@ class Group(Core):
                               "opens: give max_tokens_per_rank or max_recv_tokens")
         socket = socket or os.environ.get("RAILWAVE_SOCKET") or _lib.DEFAULT_SOCKET
         super().__init__(name, rank, world_size, node, socket, local_gpu, max_tokens_per_rank,
-                         max_recv_tokens, timeout, spin_us, stream_ordered, static)
+                         max_recv_tokens, timeout, spin_us, stream_ordered, static, num_sms)
 
     @classmethod
     def from_env(cls, name: Optional[str] = None, *, rank: Optional[int] = None,
@@ -94,7 +97,7 @@ class Group(Core):
                  max_tokens_per_rank: Optional[int] = None,
                  max_recv_tokens: Optional[int] = None, timeout: float = 300.0,
                  spin_us: Optional[int] = None, stream_ordered: Optional[bool] = None,
-                 static: Optional[bool] = None,
+                 static: Optional[bool] = None, num_sms: Optional[int] = None,
                  environ: Optional[Mapping[str, str]] = None) -> Group:
         """Join with the arguments a launcher set in the environment (environ, default
         os.environ); an argument given here wins over its variable.
@@ -106,7 +109,8 @@ class Group(Core):
                  CUDA (or the rank path's test switch is on), else -1
           max_tokens_per_rank ← RAILWAVE_MAX_TOKENS_PER_RANK;  spin_us ← RAILWAVE_SPIN_US
                  (default 50);  stream_ordered ← RAILWAVE_STREAM_ORDERED (1: on)
-          static ← RAILWAVE_STATIC (1: the rank path's static mode)
+          static ← RAILWAVE_STATIC (1: the rank path's static mode);  num_sms ←
+                 RAILWAVE_NUM_SMS (the rank kernels' SM budget, default 0: none)
         BadArgument names what is missing or not an integer."""
         env = os.environ if environ is None else environ
         if name is None:
@@ -142,12 +146,14 @@ class Group(Core):
             stream_ordered = (_env_int(env, ("RAILWAVE_STREAM_ORDERED",), "0 or 1") or 0) != 0
         if static is None:
             static = (_env_int(env, ("RAILWAVE_STATIC",), "0 or 1") or 0) != 0
+        if num_sms is None:
+            num_sms = _env_int(env, ("RAILWAVE_NUM_SMS",), "the rank kernels' SM budget") or 0
         socket = socket or env.get("RAILWAVE_SOCKET") or _lib.DEFAULT_SOCKET
         return cls(name, rank, world_size, socket,
                    node=node, local_gpu=-1 if local_gpu is None else local_gpu,
                    max_tokens_per_rank=max_tokens_per_rank, max_recv_tokens=max_recv_tokens,
                    timeout=timeout, spin_us=50 if spin_us is None else spin_us,
-                   stream_ordered=stream_ordered, static=static)
+                   stream_ordered=stream_ordered, static=static, num_sms=num_sms)
 
     def __repr__(self) -> str:
         return "railwave.Group(%r, rank=%d, world_size=%d, node=%d, socket=%r%s)" % (

@@ -586,10 +586,14 @@ def cmd_static(c):
     in (source rank, token) order (rows past the count zero, expert -1, weight 0), the list
     empty, forward combine, cached dispatch and weighted combine equal to the reference; a
     num_worst_tokens below the capacity refused on every rank alike, then a step equal."""
+    import ctypes
+    grid = ctypes.CDLL(os.environ["RW_CUDA_DRIVER"]).rw_fake_cuda_grid_take
+    grid.restype = ctypes.c_ulonglong
     E = c["experts"]
     log = []
     buf = join(c, static=True)
     g = buf.railwave_group
+    deep_ep.Buffer.set_num_sms(2)  # before the rank path opens: kept for its open
     data = workload(c["seed"], E)
     for dtype in (torch.float32, torch.bfloat16):
         check_dispatch(buf, c, E, dtype, data, log)
@@ -600,6 +604,7 @@ def cmd_static(c):
     worst = g._rank.cap
     x, idx, w, gout = data[RANK]
     for step in range(2):
+        grid()
         recv_x, recv_idx, recv_w, counts, h, _ = buf.dispatch(
             x.clone().requires_grad_(), topk_idx=idx, topk_weights=w, num_experts=E,
             num_worst_tokens=worst)
@@ -614,6 +619,8 @@ def cmd_static(c):
         g_w = f * (recv_x * g_recv).sum(1, keepdim=True)
         gx, gw, _ = buf.combine(g_rows, h, topk_weights=g_w)
         g.check()  # the host-visible call: nothing above read the device
+        most = grid()
+        expect(most <= 2, "Buffer.set_num_sms(2): a rank kernel launched %d blocks" % most)
         n = h.num_recv_tokens
         src = list(zip(h.src_rank.tolist(), h.src_token.tolist()))
         want_rows = [(r, t) for r in range(WORLD) for t in range(data[r][0].shape[0])
@@ -635,6 +642,8 @@ def cmd_static(c):
     log.append("num_worst_tokens below the capacity: " + raises(
         BadArgument, "below this static group's capacity", lambda: buf.dispatch(
             x, topk_idx=idx, topk_weights=w, num_experts=E, num_worst_tokens=worst - 1)))
+    log.append("Buffer.set_num_sms(2): no rank kernel above 2 blocks; " + raises(
+        BadArgument, "outside 1..", lambda: deep_ep.Buffer.set_num_sms(100000)))
     check_dispatch(buf, c, E, torch.float32, data, log)
     buf.destroy()
     return log

@@ -803,6 +803,52 @@ def cmd_static_over(c):
     return lines
 
 
+def cmd_static_sms(c):
+    """The SM budget (docs/python.md "SMs"): static steps with Group(num_sms=2), then
+    set_num_sms(0) (the kernels' own choice), then set_num_sms(2) again, each step's output
+    equal to the one-process reference; the kernel stand-in tells the largest grid each step
+    launched: at most 2 blocks under the budget, more without it (the check can fail). Bad
+    budgets raise BadArgument (below 0 in the package, above the device's SMs from
+    librailwave) and leave the budget as it was."""
+    dev, E, seed = device(c), c["experts"], c["seed"]
+    if dev.type != "cpu":
+        return ["skip: the largest grid is the kernel stand-in's"]
+    import ctypes
+    grid = ctypes.CDLL(os.environ["RW_CUDA_DRIVER"]).rw_fake_cuda_grid_take
+    grid.restype = ctypes.c_ulonglong
+    _, experts, _ = workload(seed, 0, E, torch.float32, False)
+    per = E // WORLD
+    mine = [(a.to(dev), b.to(dev)) for a, b in experts[RANK * per:(RANK + 1) * per]]
+    seen = []
+    with join(c, static=True, num_sms=2) as g, torch.no_grad():
+        for step, budget in enumerate((2, 0, 2)):
+            if step:
+                g.set_num_sms(budget)
+            x, idx, w = static_inputs(seed, 300 + step, E, dev)
+            grid()
+            rx, ridx, rw, _, h = g.dispatch(x, idx, w, E, layer=16, step=0)
+            out = g.combine(dense_experts(mine, 0, rx, ridx, rw), h)
+            g.check()
+            most = grid()
+            seen.append(most)
+            if not torch.equal(out.cpu(), local_reference(x.cpu(), idx.cpu(), w.cpu(),
+                                                          experts)):
+                raise AssertionError("budget %d: output differs" % budget)
+            if budget and most > budget:
+                raise AssertionError("budget %d: a kernel launched %d blocks" % (budget, most))
+            if not budget and most <= 2:
+                raise AssertionError("no budget: the largest grid is %d blocks, so the budget "
+                                     "cases prove nothing" % most)
+        lines = [expect("num_sms -1", lambda: g.set_num_sms(-1), railwave.BadArgument,
+                        "num_sms must be an int >= 0"),
+                 expect("num_sms 100000", lambda: g.set_num_sms(100000),
+                        railwave.BadArgument, "100000")]
+        if g.num_sms != 2:
+            raise AssertionError("a refused budget changed it to %d" % g.num_sms)
+    return ["SM budget: largest grids %s at budgets 2, none, 2; outputs equal; %s"
+            % (seen, "; ".join(lines))]
+
+
 def cmd_graph(c):
     """A CUDA graph of dispatch -> experts -> combine captured once and replayed c["replays"]
     times with fresh inputs copied into its input tensors: every replay's output equal to the
@@ -890,6 +936,7 @@ def main():
                    "lost": cmd_lost, "recover": cmd_recover, "kill_a": cmd_kill_a,
                    "kill_b": cmd_kill_b, "static": cmd_static,
                    "static_train": cmd_static_train, "static_over": cmd_static_over,
+                   "static_sms": cmd_static_sms,
                    "graph": cmd_graph, "graph_train": cmd_graph_train}[c["op"]](c)
             print(json.dumps({"ok": True, "log": log}), flush=True)
         except Exception as e:

@@ -195,6 +195,9 @@ def scenario_static(cluster, tmp, ranks, nodes, seed, device):
             raise AssertionError("static overflow: no rank overflowed a room of 4 rows")
         print("ok   rank path static: %d of %d ranks overflowed, e.g. %s"
               % (len(over), len(outs), over[0]))
+        outs = check(ranks.run(dict(base, op="static_sms", group="py.static.sms")),
+                     "SM budget", c)
+        print("ok   rank path static: %s" % outs[0]["log"][0])
         if device == "cuda":
             outs = check(ranks.run(dict(base, op="graph", group="py.graph")), "CUDA graph", c)
             print("ok   rank path static: %s" % outs[0]["log"][0])

@@ -141,7 +141,8 @@ class Buffer:
     Unsupported. Group keyword arguments (max_tokens_per_rank, timeout, ...) may be passed as
     group_kwargs."""
 
-    num_sms = 20
+    num_sms = 20  # DeepEP's default; passed on once set_num_sms was called
+    _num_sms_set = False
 
     def __init__(self, group=None, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False,
                  num_qps_per_rank=24, allow_nvlink_for_low_latency_mode=True,
@@ -164,8 +165,11 @@ class Buffer:
             key = (name, self.rank, self.group_size)
             shared = _SHARED.get(key)
             if shared is None or shared.group._c is None:
+                kw = dict(group_kwargs or {})
+                if Buffer._num_sms_set:
+                    kw.setdefault("num_sms", Buffer.num_sms)
                 shared = _SHARED[key] = _Shared(_group.Group.from_env(
-                    name, rank=self.rank, world_size=self.group_size, **(group_kwargs or {})))
+                    name, rank=self.rank, world_size=self.group_size, **kw))
         shared.users += 1
         self._shared = shared
         self.railwave_group = shared.group
@@ -174,10 +178,18 @@ class Buffer:
     # ---- DeepEP's static helpers ------------------------------------------------------------
     @staticmethod
     def set_num_sms(new_num_sms):
-        """Accepted and kept (DeepEP's SM count for its kernels; RailWave runs none)."""
-        if not isinstance(new_num_sms, int) or new_num_sms <= 0:
+        """DeepEP's SM count for its kernels: here the SM budget of the rank path's kernels
+        (railwave.Group.set_num_sms) of every Buffer's group in this process, now and for the
+        groups joined later. A bad value (not a positive int, or above the device's SMs once
+        a group's rank path is open) raises BadArgument, the budget unchanged."""
+        if not isinstance(new_num_sms, int) or isinstance(new_num_sms, bool) or \
+                new_num_sms <= 0:
             raise BadArgument("deep_ep: set_num_sms", "a positive int, got %r" % (new_num_sms,))
+        for shared in _SHARED.values():
+            if shared.group._c is not None:
+                shared.group.set_num_sms(new_num_sms)
         Buffer.num_sms = new_num_sms
+        Buffer._num_sms_set = True
 
     @staticmethod
     def get_dispatch_config(num_ranks):
