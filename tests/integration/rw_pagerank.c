@@ -165,6 +165,13 @@ static void count_row(const rw_wl_work_t *wk, uint32_t *row)
 				}
 }
 
+/* How a lying gather or combine submit lies (combine's `lie`): a return's slot (mode clie), tag,
+ * source node or rail wrong, or never written; the submit's rows, hidden or dtype not its
+ * dispatch's. clied: the lie was told. */
+enum { CLIE_OK, CLIE_SLOT, CLIE_TAG, CLIE_SRC, CLIE_RAIL, CLIE_NONE, CLIE_ROWS, CLIE_HIDDEN,
+       CLIE_DTYPE, CLIE_COUNT };
+static int clied;
+
 /* How a lying pack corrupts the records of token lie_token (every destination's): REC_TOKEN a
  * token past the rank's tokens (mode lie), the others mode fuzz's. */
 enum { REC_OK, REC_TOKEN, REC_TAG, REC_SRC, REC_OWNER, REC_TOPK, REC_IDS_OFF, REC_IDS_RANGE,
@@ -368,6 +375,17 @@ static int combine(const rw_wl_shape_t *sh, const uint8_t *dslot, uint64_t k, ui
 				       .hidden = hidden, .token_count = dl->count, .phase = k,
 				       .step = step };
 	memcpy(slot + lay.params, &prm, sizeof(prm));
+	if (lie >= CLIE_ROWS) { /* a combine that does not answer its dispatch */
+		rw_page_params_t q = prm;
+		if (lie == CLIE_ROWS)
+			q.token_count += 1 + lie_salt % 5;
+		else if (lie == CLIE_HIDDEN)
+			q.hidden += 8;
+		else
+			q.dtype = bf16 ? RW_DTYPE_FP32 : RW_DTYPE_BF16;
+		memcpy(slot + lay.params, &q, sizeof(q));
+		clied = 1;
+	}
 	memset(slot + lay.count_row, 0, sizeof(uint32_t) * nodes * rails);
 	word_set(RW_PW_SUBMIT, k);
 	if (kill_at == 4)
@@ -384,7 +402,6 @@ static int combine(const rw_wl_shape_t *sh, const uint8_t *dslot, uint64_t k, ui
 	const uint32_t *tref = (const void *)(slot + lay.term_ref);
 	CHECK(ch->kind == 1 && ch->stage_off == dh->stage_off && ch->rec_size == crec,
 	      "combine %llu: plan head", (unsigned long long)k);
-	int lied = 0;
 	for (uint32_t j = 0; j < dl->count; j++) { /* the gather */
 		if (toff[j] == toff[j + 1])
 			continue; /* another local rank writes this one */
@@ -403,9 +420,18 @@ static int combine(const rw_wl_shape_t *sh, const uint8_t *dslot, uint64_t k, ui
 			       (uint64_t)(de[j].slot - pe->first) * crec;
 		rw_wire_crec_hdr_t hd = { .tag = tags[node], .src_node = me / gpus,
 					  .rail = de[j].rail, .slot = de[j].slot - pe->first };
-		if (lie && !lied && de[j].area == RW_PAGE_AREA_RECV) {
-			hd.slot += 1000; /* a gather that lied about where its return goes */
-			lied = 1;
+		if (lie && lie < CLIE_ROWS && !clied && de[j].area == RW_PAGE_AREA_RECV) {
+			clied = 1; /* a gather that lied in its first return to another node */
+			if (lie == CLIE_NONE)
+				continue; /* never written */
+			if (lie == CLIE_TAG)
+				hd.tag ^= 1 + lie_salt % 0xffff;
+			else if (lie == CLIE_SRC && nodes > 1)
+				hd.src_node = (hd.src_node + 1) % nodes;
+			else if (lie == CLIE_RAIL && rails > 1)
+				hd.rail = (hd.rail + 1) % rails;
+			else
+				hd.slot += 1000 + lie_salt % 1000;
 		}
 		rw_wire_crec_pack(out, &hd);
 		rw_wl_put_row(out + ch->row_off, bf16, sum, hidden);
@@ -805,7 +831,7 @@ static int fuzz_round(rw_client_t *c, const rw_wl_shape_t *sh, uint64_t *k_p, ui
 	}
 	int lie = REC_OK;
 	if (!st && ((kind != FZ_PACKED_EARLY && kind != FZ_DONE_EARLY) || lost)) {
-		lie = kind == FZ_REC ? rec_target(r) : REC_OK;
+		lie = kind == FZ_REC && !(r >> 40 & 1) ? rec_target(r) : REC_OK;
 		if (pack(&mine, slot, bf16, sh->hidden, lie))
 			return 1;
 		if (kind == FZ_SCRIBBLE && (r & 512))
@@ -873,17 +899,25 @@ static int fuzz_round(rw_client_t *c, const rw_wl_shape_t *sh, uint64_t *k_p, ui
 	if (kill_at == 3)
 		fz_die("after its done");
 	k = ++*k_p;
-	if (combine(sh, slot, k, step, layer, bf16, 0, &st, &tokens))
+	const int clie = kind == FZ_REC && (r >> 40 & 1) ? 1 + (int)((r >> 41) % (CLIE_COUNT - 1)) :
+							  CLIE_OK;
+	clied = 0;
+	lie_salt = (uint32_t)(r >> 24);
+	if (combine(sh, slot, k, step, layer, bf16, clie, &st, &tokens))
 		return 1;
 	if (st) {
 		const char *why = reason(c);
 		printf("combine failed: %s: %s\n", rw_client_strerror(st), why);
 		shm->failed++;
 		CHECK(why[0], "round %u: the combine failed with no reason", i);
+		CHECK(!clied || strstr(why, clie >= CLIE_ROWS ? "the dispatch delivered" :
+				       "combine record"), "round %u: the lying combine (%d) is not "
+		      "named: '%s'", i, clie, why);
 		CHECK(!fz_must_pass(fz_seed, i), "round %u: a %s round must pass", i,
 		      fz_name[f->kind]);
 		return 0;
 	}
+	CHECK(!clied, "round %u: the lying combine (%d) passed", i, clie);
 	printf("passed (%llu rows, %llu tokens)\n", (unsigned long long)rows,
 	       (unsigned long long)tokens);
 	shm->passed++;
@@ -1420,7 +1454,8 @@ lib_out:
 			}
 			k++; /* the combine takes the next phase number */
 			int32_t cst = 0;
-			if (combine(&sh, slot, k, step, layer, bf16, clie && k == 2, &cst, &combined))
+			if (combine(&sh, slot, k, step, layer, bf16, clie && k == 2 ? CLIE_SLOT : CLIE_OK,
+				    &cst, &combined))
 				return 1;
 			if (cst != 0 && (expect_cfail || until)) {
 				printf("%s: phase %llu failed: %s: %s\n", mode, (unsigned long long)k,

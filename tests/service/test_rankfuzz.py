@@ -7,7 +7,8 @@ with a host job of another group verified beside them (every row and sum exact) 
    makes one rank of most rounds hostile: a slot of garbage (one field or count-row entry made
    wrong, the reserved fields noise), a slot rewritten while the daemon copies it, its page
    head and status lines rewritten, a lying pack (a record's tag, source, owner, top-k count,
-   ids or token wrong), random bytes over the group's slabs, a word moved back or far ahead,
+   ids or token wrong) or gather (a return's header wrong or never written), a combine submit
+   whose rows, hidden or dtype are not its dispatch's, random bytes over the group's slabs, a word moved back or far ahead,
    packed before its records, done before arrived, the daemon's plan or arrived forged by the
    rank, or the rank SIGKILLed at a point of the phase (before or after its submit, after its
    packed or done, in the combine) — a dropped, leaving or killed rank joins again and plays
