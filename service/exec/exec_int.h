@@ -504,7 +504,8 @@ rw_status_t exec_plan_counted(exec_pair_t *p);
  * *done_p once every record is in place and the records match the count row. */
 rw_status_t exec_plan_records(exec_pair_t *p, uint32_t budget, int *done_p);
 /* ---- exec_carve.c: the groups' carve-outs --------------------------------------------------- */
-/* At the group's first join: g->carve, or -1 (off, GPU slabs, or the pool spent: logged). */
+/* At the group's first join: g->carve, or -1 (off, the pool spent, or the carve-out could not
+ * be made: logged, and why in g->carve_why). */
 void exec_carve_take(exec_t *x, exec_group_t *g);
 /* The group's last rank left: its reference goes now, or at carve_free_at (exec_carve_tick). */
 void exec_carve_drop(exec_t *x, exec_group_t *g);
