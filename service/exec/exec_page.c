@@ -181,8 +181,8 @@ static int page_admit_combine(exec_t *x, exec_member_t *mb, rw_page_head_t *pg,
 	if (prm->token_count != rows || prm->hidden != p->ph.hidden ||
 	    exec_wire_dtype(prm->dtype) != p->ph.dtype) {
 		snprintf(why, sizeof(why), "combine of %u rows of %u x dtype %u; the dispatch "
-			 "delivered %u rows of %u", prm->token_count, prm->hidden, prm->dtype, rows,
-			 p->ph.hidden);
+			 "delivered %u rows of %u x dtype %u", prm->token_count, prm->hidden,
+			 prm->dtype, rows, p->ph.hidden, p->in[RW_SVC_DISPATCH].sub[h].sqe.dtype);
 		page_refuse(x, mb, pg, k, RW_E_TOKENS, why);
 		exec_pair_fail(p, RW_ERR_SUB_TOKENS, "local rank %u: %s", x->me * x->gpus + h, why);
 		return 0;
