@@ -67,7 +67,7 @@ rw_status_t rw_svc_exec_create(rw_svc_t *svc, const rw_svc_mover_ops_t *const *m
 	const rw_svc_config_t *cfg = &svc->cfg;
 	if (cfg->group_area_mib) {
 		x->carve_bytes = (uint64_t)cfg->group_area_mib << 20;
-		x->carve_sub = (x->carve_bytes / 5) & ~(uint64_t)63;
+		x->carve_sub = rw_svc_carve_sub(x->carve_bytes);
 		x->carve_max = RW_MIN(cfg->group_pool_mib / cfg->group_area_mib,
 				      RW_WIRE_MAX_SLOTS - EXEC_SLOTS);
 		if (!x->carve_max) {
