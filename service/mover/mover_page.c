@@ -447,13 +447,15 @@ static rw_status_t pm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 	page_pair_t *pp = state;
 	const uint32_t R = ph->rails;
 	rw_page_plan_rail_t areas[RW_MAX_RAILS];
-	/* The local area of each rail, in order: the dispatch's local records, the combine's local
-	 * copies (each rank's rows of them), and on rail 0 the ranks' staged combine inputs, each
-	 * rank's room for every row it can receive (ipc/page.h "the plan block"). */
-	uint64_t rows_max = ph->n_in;
+	/* The local area of each rail: the dispatch's local records, the combine's local copies,
+	 * on rail 0 the ranks' staged combine inputs (rw_svc_local_plan; ipc/page.h "the plan
+	 * block"); `railwave size` sizes group_area_mib by the same arithmetic. */
+	uint32_t n[RW_MAX_RAILS] = { 0 };
 	for (uint32_t r = 0; r < R; r++)
-		rows_max += local_n(ph, r);
-	pp->stage_stride = LINE_UP(rows_max * ph->row_bytes);
+		n[r] = local_n(ph, r);
+	rw_svc_local_plan_t lp;
+	rw_svc_local_plan(R, ph->gpus, ph->rec_size, ph->crec_size, ph->row_bytes, ph->n_in, n, &lp);
+	pp->stage_stride = lp.stage_stride;
 	for (uint32_t r = 0; r < R; r++) {
 		if (!ph->slab[r]) {
 			snprintf(why, RW_SVC_WHY_MAX, "the group has no slabs of its own (the daemon's "
@@ -462,13 +464,10 @@ static rw_status_t pm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 			return RW_ERR_STATE;
 		}
 		areas[r] = rail_areas(ph, r);
-		const uint64_t n = local_n(ph, r);
-		pp->comb_local_off[r] = areas[r].local_off + LINE_UP(n * ph->rec_size);
-		uint64_t end = pp->comb_local_off[r] + LINE_UP(ph->gpus * n * ph->crec_size);
-		if (r == 0) {
-			pp->stage_off = end;
-			end += ph->gpus * pp->stage_stride;
-		}
+		pp->comb_local_off[r] = areas[r].local_off + lp.comb_off[r];
+		if (r == 0)
+			pp->stage_off = areas[0].local_off + lp.stage_off;
+		const uint64_t end = areas[r].local_off + lp.end[r];
 		if (end > ph->slab_bytes) { /* the local area is the slab's last */
 			snprintf(why, RW_SVC_WHY_MAX, "rail %u: local records, combine copies%s: %llu "
 				 "bytes; the group's local area holds %llu (group_area_mib)", r,
