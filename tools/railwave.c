@@ -27,6 +27,7 @@ static const rw_tool_cmd_t commands[] = {
 	{ "trace-synth", "phase records of synthetic routing (GLM-4.5-Air-shaped) for analyze", rw_tool_trace_synth },
 	{ "sim-replay", "recorded count matrices (JSON lines) through the simulator, every path", rw_tool_sim_replay },
 	{ "top", "live view of running railwaved daemons over their stats sockets", rw_tool_top },
+	{ "size", "the group_area_mib / group_pool_mib the rank path needs for a model's shape", rw_tool_size },
 	{ "keygen", "write a new cluster key for peer authentication (mode 0600)", rw_tool_keygen },
 };
 

@@ -21,6 +21,7 @@ int rw_tool_bench_plan(int argc, char **argv); /* tools/bench_plan.c */
 int rw_tool_bench_workload(int argc, char **argv); /* tools/bench_workload.c */
 int rw_tool_demo(int argc, char **argv);        /* tools/demo.c */
 int rw_tool_keygen(int argc, char **argv);      /* tools/keygen.c */
+int rw_tool_size(int argc, char **argv);        /* tools/size.c */
 int rw_tool_bench(int argc, char **argv);       /* tools/demo.c */
 int rw_tool_stats(int argc, char **argv);       /* tools/stats.c */
 int rw_tool_wait(int argc, char **argv);        /* tools/stats.c */
