@@ -150,6 +150,7 @@ static void publish_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	(void)loop;
 	(void)revents;
 	rw_svc_t *svc = w->data;
+	svc->metrics.rank_pages = rw_svc_rank_pages(svc);
 	rw_svc_metrics_publish(&svc->pub, &svc->metrics);
 }
 

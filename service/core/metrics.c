@@ -187,6 +187,84 @@ static void rail_series(rw_svc_buf_t *o, const rw_svc_metrics_t *m, const char *
 	}
 }
 
+static const char *status_name(int code)
+{
+	return rw_svc_err_name((rw_status_t)code);
+}
+
+/* One series per named reason of v (indexed by -code, as errors'), every unnamed one and the
+ * last slot summed into "other": no two series with one label. */
+static void by_reason(rw_svc_buf_t *o, const char *metric, const char *label, const uint64_t *v,
+		      const char *(*name)(int code))
+{
+	uint64_t other = 0;
+	for (uint32_t k = 1; k < RW_SVC_ERR_KINDS; k++) {
+		const char *n = name(-(int)k);
+		if (k == RW_SVC_ERR_KINDS - 1 || !strcmp(n, "other"))
+			other += v[k];
+		else if (v[k])
+			rw_svc_buf_printf(o, "%s{%s=\"%s\"} %llu\n", metric, label, n,
+					  (unsigned long long)v[k]);
+	}
+	if (other)
+		rw_svc_buf_printf(o, "%s{%s=\"other\"} %llu\n", metric, label,
+				  (unsigned long long)other);
+}
+
+/* A family of one unlabelled sample. */
+static void one(rw_svc_buf_t *o, const char *name, const char *type, const char *help, uint64_t v)
+{
+	head(o, name, type, help);
+	rw_svc_buf_printf(o, "%s %llu\n", name, (unsigned long long)v);
+}
+
+/* A counter with a sample for each of its n label values, zeros too. */
+static void each(rw_svc_buf_t *o, const char *metric, const char *help, const char *label,
+		 const uint64_t *v, int n, const char *(*name)(int i))
+{
+	head(o, metric, "counter", help);
+	for (int i = 0; i < n; i++)
+		rw_svc_buf_printf(o, "%s{%s=\"%s\"} %llu\n", metric, label, name(i),
+				  (unsigned long long)v[i]);
+}
+
+static const char *kind_name(int i)
+{
+	return rw_svc_kind_name((rw_svc_phase_kind_t)i);
+}
+
+static const char *slab_why_name(int i)
+{
+	return rw_svc_slab_why_name((rw_svc_slab_why_t)i);
+}
+
+/* The rank path (docs/service.md "Turning on the rank path"): its ranks, phases, failures and
+ * refusals by reason, carve-outs, and the slabs not lent by why. */
+static void rank_path_series(rw_svc_buf_t *o, const rw_svc_metrics_t *m)
+{
+	one(o, "railwave_rank_pages", "gauge", "Ranks holding a rank page (the rank path).",
+	    m->rank_pages);
+	one(o, "railwave_rank_path_busy", "gauge", "Rank-path pairs with a kind in flight.",
+	    m->rank_path_busy);
+	each(o, "railwave_rank_path_phases_total", "Rank-path phases completed here, by kind.",
+	     "kind", m->rank_path_done, RW_SVC_KIND_COUNT, kind_name);
+	head(o, "railwave_rank_path_failed_total", "counter",
+	     "Rank-path phases failed once in a pair, by error kind.");
+	by_reason(o, "railwave_rank_path_failed_total", "kind", m->rank_path_failed, status_name);
+	head(o, "railwave_rank_path_refused_total", "counter",
+	     "Rank-path phases the daemon refused on the rank's page, by client code.");
+	by_reason(o, "railwave_rank_path_refused_total", "code", m->rank_path_refused,
+		  rw_svc_client_code_name);
+	one(o, "railwave_carve_outs", "gauge", "Group carve-outs held now.", m->carve_outs);
+	one(o, "railwave_carve_outs_max", "gauge", "Group carve-outs the pool holds.",
+	    m->carve_outs_max);
+	one(o, "railwave_carve_outs_refused_total", "counter",
+	    "Groups formed with the carve-out pool spent.", m->carve_outs_refused);
+	each(o, "railwave_rank_slabs_refused_total",
+	     "Group slabs a rank asked for and was not lent (its rank path off), by why.", "why",
+	     m->slabs_refused, RW_SVC_SLAB_WHY_COUNT, slab_why_name);
+}
+
 void rw_svc_metrics_prometheus(const rw_svc_config_t *cfg, const rw_svc_metrics_t *m,
 			       rw_svc_buf_t *o)
 {
@@ -343,21 +421,11 @@ void rw_svc_metrics_prometheus(const rw_svc_config_t *cfg, const rw_svc_metrics_
 	}
 
 	head(o, "railwave_errors_total", "counter", "Errors by kind (rw_status_t).");
-	uint64_t other = 0;
-	for (uint32_t k = 1; k < RW_SVC_ERR_KINDS; k++) {
-		const char *kn = rw_svc_err_name((rw_status_t)-(int)k);
-		if (k == RW_SVC_ERR_KINDS - 1 || !strcmp(kn, "other"))
-			other += m->errors[k]; /* one series for every unnamed code */
-		else if (m->errors[k])
-			rw_svc_buf_printf(o, "railwave_errors_total{kind=\"%s\"} %llu\n", kn,
-					  (unsigned long long)m->errors[k]);
-	}
-	if (other)
-		rw_svc_buf_printf(o, "railwave_errors_total{kind=\"other\"} %llu\n",
-				  (unsigned long long)other);
+	by_reason(o, "railwave_errors_total", "kind", m->errors, status_name);
 
 	head(o, "railwave_clients", "gauge", "Trainer ranks connected.");
 	rw_svc_buf_printf(o, "railwave_clients %u\n", m->clients);
+	rank_path_series(o, m);
 	head(o, "railwave_stats_clients", "gauge", "Stats socket connections open.");
 	rw_svc_buf_printf(o, "railwave_stats_clients %u\n", m->stats_clients);
 	head(o, "railwave_stats_rejected_total", "counter",

@@ -56,6 +56,48 @@ struct rw_svc_stats {
 
 static double ns_to_us(uint64_t ns) { return (double)ns / 1e3; }
 
+
+/* The rank path's lines of `stats` (docs/service.md "Turning on the rank path"): the ranks
+ * holding a rank page, its phases by kind, its failures and refusals by reason, the slabs not
+ * lent by why. A reason's line only once it counted. */
+uint32_t rw_svc_rank_pages(const rw_svc_t *svc)
+{
+	uint32_t pages = 0;
+	for (const rw_ipc_client_t *c = svc->ipc ? rw_ipc_server_next_client(svc->ipc, NULL) : NULL;
+	     c; c = rw_ipc_server_next_client(svc->ipc, c))
+		pages += rw_ipc_client_page(c, NULL) != NULL;
+	return pages;
+}
+
+static void answer_rank_path(const rw_svc_t *svc, rw_svc_buf_t *o)
+{
+	const rw_svc_metrics_t *m = &svc->metrics;
+	rw_svc_buf_printf(o, "rank_pages %u\n", rw_svc_rank_pages(svc));
+	rw_svc_buf_printf(o, "rank_path_dispatches %llu\nrank_path_combines %llu\n",
+			  (unsigned long long)m->rank_path_done[RW_SVC_DISPATCH],
+			  (unsigned long long)m->rank_path_done[RW_SVC_COMBINE]);
+	uint64_t failed = 0, refused = 0;
+	for (uint32_t k = 0; k < RW_SVC_ERR_KINDS; k++) {
+		failed += m->rank_path_failed[k];
+		refused += m->rank_path_refused[k];
+	}
+	rw_svc_buf_printf(o, "rank_path_failed %llu\n", (unsigned long long)failed);
+	for (uint32_t k = 1; k < RW_SVC_ERR_KINDS; k++)
+		if (m->rank_path_failed[k])
+			rw_svc_buf_printf(o, "rank_path_failed_%s %llu\n",
+					  rw_svc_err_name((rw_status_t)-(int)k),
+					  (unsigned long long)m->rank_path_failed[k]);
+	rw_svc_buf_printf(o, "rank_path_refused %llu\n", (unsigned long long)refused);
+	for (uint32_t k = 1; k < RW_SVC_ERR_KINDS; k++)
+		if (m->rank_path_refused[k])
+			rw_svc_buf_printf(o, "rank_path_refused_%s %llu\n",
+					  rw_svc_client_code_name(-(int)k),
+					  (unsigned long long)m->rank_path_refused[k]);
+	for (int w = 0; w < RW_SVC_SLAB_WHY_COUNT; w++)
+		rw_svc_buf_printf(o, "rank_slabs_refused_%s %llu\n",
+				  rw_svc_slab_why_name((rw_svc_slab_why_t)w),
+				  (unsigned long long)m->slabs_refused[w]);
+}
 static void answer_summary(const rw_svc_t *svc, rw_svc_buf_t *o)
 {
 	const rw_svc_config_t *cfg = &svc->cfg;
@@ -100,6 +142,7 @@ static void answer_summary(const rw_svc_t *svc, rw_svc_buf_t *o)
 			  (unsigned long long)m->rank_path_phases);
 	rw_svc_buf_printf(o, "carve_outs %u/%u\ncarve_outs_refused %llu\n", m->carve_outs,
 			  m->carve_outs_max, (unsigned long long)m->carve_outs_refused);
+	answer_rank_path(svc, o);
 	rw_svc_buf_printf(o, "path %s\n", cfg->force_path == RW_SVC_PATH_AUTO ? "auto" :
 			  rw_sched_path_name((rw_path_t)cfg->force_path));
 	if (svc->anchors)

@@ -88,6 +88,9 @@ void rw_svc_stats_stop(rw_svc_stats_t *stats);
 /* Render one command's reply (without the trailing empty line) - what the socket sends.
  * Returns 0 for a known command, -1 for an unknown one (out then holds an "error ..." line). */
 int rw_svc_stats_answer(const rw_svc_t *svc, const char *line, rw_svc_buf_t *out);
+/* Ranks holding a rank page now (the rank path's ranks; ipc/): what `stats` says live and what
+ * the daemon copies into its metrics (rank_pages) before each publish. Loop thread only. */
+uint32_t rw_svc_rank_pages(const rw_svc_t *svc);
 
 /* =============================================================================================
  * Prometheus endpoint (service/core/http.c, libmicrohttpd; a no-op stub without RW_HAVE_MHD)

@@ -103,6 +103,20 @@ typedef struct rw_svc_decision {
 	rw_selection_t sel;
 } rw_svc_decision_t;
 
+/* Why a rank asking for its group's slab of a rail was lent none (the rank path stays off for
+ * it): the daemon has no carve-outs (group_area_mib 0), its slabs are GPU memory, or the pool
+ * (group_pool_mib) was spent when the group formed. rw_svc_slab_why_name: "off", "gpu", "pool". */
+typedef enum rw_svc_slab_why {
+	RW_SVC_SLAB_OFF = 0,
+	RW_SVC_SLAB_GPU = 1,
+	RW_SVC_SLAB_POOL = 2,
+	RW_SVC_SLAB_WHY_COUNT = 3,
+} rw_svc_slab_why_t;
+const char *rw_svc_slab_why_name(rw_svc_slab_why_t w);
+/* The name of a client code (RW_E_*) the rank path refuses a phase with: "tokens", "state",
+ * "phase", "dtype", "internal", "closed" or "other". */
+const char *rw_svc_client_code_name(int code);
+
 typedef struct rw_svc_metrics {
 	uint32_t rails, peers;       /* sizes (R, N) */
 	uint64_t start_ns;
@@ -144,6 +158,16 @@ typedef struct rw_svc_metrics {
 	uint64_t rank_path_phases;   /* rank-path phases (dispatch or combine) completed */
 	uint32_t carve_outs, carve_outs_max;
 	uint64_t carve_outs_refused;
+	/* The rank path as an operator sees it (docs/service.md "Turning on the rank path"): its
+	 * phases completed, by kind; its phases failed once in a pair, by rw_status_t (index as
+	 * errors'); its submissions refused on the page before a pair or for a word out of order,
+	 * by RW_E_ code (index: -code); the group slabs a rank asked for and was not lent, by why
+	 * (such a rank has no rank path: it falls back to the daemon's movers). */
+	uint32_t rank_pages;         /* ranks holding a rank page, as of the last publish */
+	uint64_t rank_path_done[RW_SVC_KIND_COUNT];
+	uint64_t rank_path_failed[RW_SVC_ERR_KINDS];
+	uint64_t rank_path_refused[RW_SVC_ERR_KINDS];
+	uint64_t slabs_refused[RW_SVC_SLAB_WHY_COUNT];
 	rw_svc_peer_metrics_t *peer; /* [peers], owned */
 } rw_svc_metrics_t;
 
@@ -226,10 +250,17 @@ static inline void rw_svc_metrics_rail_transport(rw_svc_metrics_t *m, uint32_t r
 		m->rail[rail].transport = *st;
 }
 
+/* errors[], rank_path_failed[], rank_path_refused[]: the slot of a negative code (the last one
+ * for every code past it). */
+static inline uint32_t rw_svc_err_slot(int code)
+{
+	uint32_t k = code < 0 ? (uint32_t)-code : 0;
+	return k < RW_SVC_ERR_KINDS ? k : RW_SVC_ERR_KINDS - 1;
+}
+
 static inline void rw_svc_metrics_error(rw_svc_metrics_t *m, rw_status_t st)
 {
-	uint32_t k = st < 0 ? (uint32_t)(-(int)st) : 0;
-	m->errors[k < RW_SVC_ERR_KINDS ? k : RW_SVC_ERR_KINDS - 1]++;
+	m->errors[rw_svc_err_slot((int)st)]++;
 }
 
 static inline void rw_svc_metrics_peer_state(rw_svc_metrics_t *m, uint32_t peer,

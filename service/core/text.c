@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ipc/railwave.h"
 #include "service/core/svc.h"
 
 const char *rw_svc_peer_state_name(rw_svc_peer_state_t s)
@@ -49,6 +50,25 @@ const char *rw_svc_err_name(rw_status_t st)
 	case RW_ERR_DEVICE: return "device";
 	case RW_ERR_SYS: return "sys";
 	case RW_ERR_FATAL: return "fatal";
+	}
+	return "other";
+}
+
+const char *rw_svc_slab_why_name(rw_svc_slab_why_t w)
+{
+	return w == RW_SVC_SLAB_OFF ? "off" : w == RW_SVC_SLAB_GPU ? "gpu" :
+	       w == RW_SVC_SLAB_POOL ? "pool" : "?";
+}
+
+const char *rw_svc_client_code_name(int code)
+{
+	switch (code) {
+	case RW_E_TOKENS: return "tokens";
+	case RW_E_STATE: return "state";
+	case RW_E_PHASE: return "phase";
+	case RW_E_DTYPE: return "dtype";
+	case RW_E_INTERNAL: return "internal";
+	case RW_E_CLOSED: return "closed";
 	}
 	return "other";
 }
