@@ -104,11 +104,12 @@ typedef struct rw_svc_decision {
 } rw_svc_decision_t;
 
 /* Why a rank asking for its group's slab of a rail was lent none (the rank path stays off for
- * it): the daemon has no carve-outs (group_area_mib 0), its slabs are GPU memory, or the pool
- * (group_pool_mib) was spent when the group formed. rw_svc_slab_why_name: "off", "gpu", "pool". */
+ * it): the daemon has no carve-outs (group_area_mib 0), the group's carve-out could not be made
+ * though the pool had room (its reason logged), or the pool (group_pool_mib) was spent when the
+ * group formed. rw_svc_slab_why_name: "off", "failed", "pool". */
 typedef enum rw_svc_slab_why {
 	RW_SVC_SLAB_OFF = 0,
-	RW_SVC_SLAB_GPU = 1,
+	RW_SVC_SLAB_FAILED = 1,
 	RW_SVC_SLAB_POOL = 2,
 	RW_SVC_SLAB_WHY_COUNT = 3,
 } rw_svc_slab_why_t;

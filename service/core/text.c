@@ -56,7 +56,7 @@ const char *rw_svc_err_name(rw_status_t st)
 
 const char *rw_svc_slab_why_name(rw_svc_slab_why_t w)
 {
-	return w == RW_SVC_SLAB_OFF ? "off" : w == RW_SVC_SLAB_GPU ? "gpu" :
+	return w == RW_SVC_SLAB_OFF ? "off" : w == RW_SVC_SLAB_FAILED ? "failed" :
 	       w == RW_SVC_SLAB_POOL ? "pool" : "?";
 }
 

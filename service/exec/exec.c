@@ -112,6 +112,8 @@ static void pair_failed(exec_pair_t *p)
 	rw_warn("group %s layer %u step %llu: %s failed (%s): %s", group, key.layer,
 		(unsigned long long)key.step, rw_svc_kind_name(kind), rw_status_str(e.st), e.msg);
 	rw_svc_metrics_error(&x->svc->metrics, e.st);
+	if (p->page_busy) /* page ranks in this kind: a rank-path phase */
+		x->svc->metrics.rank_path_failed[rw_svc_err_slot((int)e.st)]++;
 	rw_svc_metrics_phase(&x->svc->metrics, p->plan.have_layout ? p->plan.path : RW_PATH_JOINT,
 			     kind, 0, 0);
 	/* The peers' attempts whose rows this pair took (the key's end adds the rows waiting
@@ -396,6 +398,7 @@ static void complete(exec_pair_t *p)
 	p->out.page_done = 0; /* the combine's page ranks count their own done */
 	if (p->page_busy) { /* the rank path: until the combine's first submit, nothing runs */
 		x->svc->metrics.rank_path_phases++;
+		x->svc->metrics.rank_path_done[kind]++;
 		exec_page_busy(p, 0);
 	}
 	if (kind == RW_SVC_DISPATCH && !x->svc->draining) {

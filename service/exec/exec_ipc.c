@@ -483,13 +483,18 @@ static int group_slab(void *ctx, rw_ipc_client_t *client, uint32_t rail, rw_ipc_
 	}
 	if (!x->carve_max) {
 		*why_p = "this daemon lends no group slabs (group_area_mib is 0)";
+		x->svc->metrics.slabs_refused[RW_SVC_SLAB_OFF]++;
 		return RW_E_STATE;
 	}
 	if (!mb) {
 		*why_p = "slab setup: this rank is not in a group here";
 		return RW_E_STATE;
 	}
-	return exec_carve_lend(x, mb->g, rail, slab_p, why_p);
+	const int rc = exec_carve_lend(x, mb->g, rail, slab_p, why_p);
+	if (rc == RW_E_LIMIT || rc == RW_E_STATE) /* the pool spent; the carve-out not made */
+		x->svc->metrics.slabs_refused[rc == RW_E_LIMIT ? RW_SVC_SLAB_POOL :
+					      RW_SVC_SLAB_FAILED]++;
+	return rc;
 }
 
 const rw_ipc_server_ops_t exec_ipc_ops = {

@@ -23,6 +23,7 @@ static void page_phase_fail(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, ui
 		(unsigned long long)k, why);
 	rw_ipc_client_notice(x->ipc, mb->client, code, why);
 	rw_page_fail(pg, k, code);
+	x->svc->metrics.rank_path_refused[rw_svc_err_slot(code)]++;
 }
 
 /* page_phase_fail for an admission: the submit was taken (0). */
