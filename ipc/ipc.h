@@ -289,7 +289,7 @@ int rw_ipc_client_leaving(const rw_ipc_client_t *client);
  * watcher), never inside a call of this API.
  * ------------------------------------------------------------------------------------------- */
 
-/* The daemon's defaults (docs/service.md "poller_*"; chosen by measurement, docs/perf/shm.md
+/* The daemon's defaults (docs/service.md "Top-level fields", poller_*; measured: docs/perf/shm.md
  * "The word poller's back-off"). */
 #define RW_IPC_POLLER_SPIN_US 50
 #define RW_IPC_POLLER_YIELD_US 0
