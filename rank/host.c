@@ -57,6 +57,7 @@ struct rw_rank_host {
 	host_phase_t ph[D];            /* phase k's blocks at k mod D */
 	void *scratch[D];              /* each slot's pack numbering */
 	uint32_t *next;                /* [nodes]: the numbering's records to each node so far */
+	uint32_t nodes;                /* the page's nodes at open: next's size */
 };
 
 static int64_t now_ns(void)
@@ -98,7 +99,8 @@ int rw_rank_host_open(rw_client_rank_t *r)
 	for (unsigned i = 0; i < D; i++)
 		if (!(h->scratch[i] = malloc(scratch)))
 			goto fail;
-	if (!(h->next = calloc(r->pg->nodes ? r->pg->nodes : 1, sizeof(*h->next))))
+	h->nodes = r->pg->nodes;
+	if (!(h->next = calloc(h->nodes ? h->nodes : 1, sizeof(*h->next))))
 		goto fail;
 	if (!(r->lines = calloc(D, sizeof(rw_rank_line_t))))
 		goto fail;
@@ -174,9 +176,13 @@ int rw_rank_host_dispatch(rw_client_rank_t *r, uint64_t k, const rw_client_rank_
 	host_phase_t *ph = &h->ph[k % D];
 	uint8_t *slot = rw_page_slot_at(r->pg, &r->layout, k);
 	rw_page_params_t *p = (rw_page_params_t *)(slot + r->layout.params);
+	const uint32_t nodes = r->pg->nodes;
+	if (nodes != h->nodes || pk->nodes != h->nodes) /* the page's head rewritten since open */
+		return rw_rank_say(r->msg, RW_E_INVAL, "dispatch: the rank page says %u nodes; it "
+				   "was opened for %u", nodes, h->nodes);
 	/* The count kernel's work: the slot's row and bad word were zeroed by the caller. */
 	rw_cuda_cpu_count((const int32_t *)(uintptr_t)d->topk_ids, d->token_count, d->topk,
-			   d->n_experts, r->pg->nodes, r->pg->rails, r->pg->rail,
+			   d->n_experts, nodes, r->pg->rails, r->pg->rail,
 			   (uint32_t *)(slot + r->layout.count_row), &p->bad);
 	ph->kind = RW_KIND_DISPATCH;
 	ph->u.d.pk = *pk;

@@ -1183,6 +1183,44 @@ static void test_cpu_only_rank(void **state)
 	server_kill(s);
 }
 
+/* A host rank sizes its pack's numbering (records to each node) at open from its page's nodes:
+ * a page head rewritten since (the rank's own memory) refuses the dispatch, named, before the
+ * CPU counts or numbers anything; the head put back, the same dispatch is taken. */
+static void test_host_head_rewritten(void **state)
+{
+	(void)state;
+	server_t *s = server_start(2, 4, 2, NULL, 1);
+	rw_client_t *c = connect_to(s, 0);
+	rw_client_rank_t *rp = NULL;
+	if (rw_client_rank_open(c, RW_RANK_HOST, 256, &rp) != 0)
+		fail_msg("host rank open: %s", rw_client_rank_message(NULL));
+	static routing_t rt;
+	routing_gen(&rt, 77, 20, 4);
+	static float w[MAX_TOKENS * 32], x[MAX_TOKENS * HIDDEN_MAX];
+	static uint8_t recv_x[RECV_CAP * HIDDEN_MAX * 4], recv_meta[RECV_CAP * (16 + 8 * 32)];
+	static uint32_t recv_counts[EXPERTS];
+	const rw_client_rank_dispatch_t d = {
+		.dtype = RW_DTYPE_FP32, .topk = (uint16_t)rt.topk, .layer = 0, .step = 5,
+		.token_count = rt.n, .hidden = 16, .n_experts = EXPERTS, .tokens = (uintptr_t)x,
+		.topk_ids = (uintptr_t)rt.ids, .topk_weights = (uintptr_t)w, .recv_x = (uintptr_t)recv_x,
+		.recv_meta = (uintptr_t)recv_meta, .recv_counts = (uintptr_t)recv_counts,
+		.recv_cap = RECV_CAP };
+	const uint32_t nodes = rp->pg->nodes;
+	uint64_t k = 0;
+	rp->pg->nodes = nodes * 2; /* the experts still divide among the ranks it would mean */
+	assert_int_equal(rw_client_rank_dispatch(rp, NULL, &d, &k), RW_E_INVAL);
+	assert_non_null(strstr(rw_client_rank_message(rp), "the rank page says 4 nodes; it was "
+						 "opened for 2"));
+	assert_int_equal(word(&(rank_t){ .rp = rp }, RW_PW_SUBMIT), 0);
+	rp->pg->nodes = nodes;
+	assert_int_equal(rw_client_rank_dispatch(rp, NULL, &d, &k), 0);
+	assert_int_equal(k, 1);
+	assert_int_equal(word(&(rank_t){ .rp = rp }, RW_PW_SUBMIT), 1);
+	rw_client_rank_close(rp);
+	rw_client_close(c);
+	server_kill(s);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Static mode and CUDA graphs: the daemon played by a thread of this process
  * ------------------------------------------------------------------------------------------- */
@@ -1787,6 +1825,7 @@ int main(int argc, char **argv)
 	const struct CMUnitTest tests[] = {
 		/* first: its child must not inherit a loaded driver */
 		CASE(test_cpu_only_rank),
+		CASE(test_host_head_rewritten),
 		CASE(test_static_refusals),
 		CASE(test_graph_replays_a_layer),
 		CASE(test_graph_forward_backward),
