@@ -8,12 +8,13 @@ with a host job of another group verified beside them (every row and sum exact) 
    wrong, the reserved fields noise), a slot rewritten while the daemon copies it, its page
    head and status lines rewritten, a lying pack (a record's tag, source, owner, top-k count,
    ids or token wrong) or gather (a return's header wrong or never written), a combine submit
-   whose rows, hidden or dtype are not its dispatch's, random bytes over the group's slabs, a word moved back or far ahead,
-   packed before its records, done before arrived, the daemon's plan or arrived forged by the
-   rank, or the rank SIGKILLed at a point of the phase (before or after its submit, after its
-   packed or done, in the combine) — a dropped, leaving or killed rank joins again and plays
-   on. Every rank checks what the round allows (rw_pagerank.c "mode fuzz"): the others' phases
-   pass with every row checked where the attack is refused on its own, end named otherwise;
+   whose rows, hidden or dtype are not its dispatch's, random bytes over the group's slabs, a
+   word moved back or far ahead, packed before its records, done before arrived, the daemon's
+   plan or arrived forged by the rank, or the rank SIGKILLed at a point of the phase (after its
+   submit, packed or done, after its combine's submit or packed) — a dropped, leaving or
+   killed rank joins again and plays on. Every rank checks what the round allows
+   (rw_pagerank.c "mode fuzz"): the others' phases pass with every row checked where the
+   attack is refused on its own (a garbage slot, a rewritten head), end named otherwise;
    the attacker is told what it did. Every rank must exit 0.
 2. The daemon at node 1 SIGKILLed while a group of page ranks runs phases, RW_RANKFUZZ_KILLS
    times: every rank's phase fails and its stream runs through; the daemon restarted, a new
