@@ -564,13 +564,20 @@ static void test_files(void **state)
 	free(d_file);
 	free(d_embedded);
 
-	/* Every shipped example loads (with some node picked). */
+	/* Every shipped example loads (with some node picked); all but the embedded default turn
+	 * the rank path on, their carve-out sized by `railwave size` (a pool of at least one). */
 	const char *examples[] = {"deploy/clusters/loopback-4x4.json",
 				  "deploy/clusters/loopback-2x2-one-ip.json",
-				  "deploy/clusters/example-verbs-8x8.json"};
+				  "deploy/clusters/example-verbs-8x8.json",
+				  "deploy/clusters/shm-2x2.json", "deploy/clusters/shm-4x4.json"};
 	for (size_t i = 0; i < RW_ARRAY_SIZE(examples); i++) {
 		if (rw_svc_config_load(examples[i], NULL, node0_flag, 1, &cfg, err, sizeof(err))) {
 			print_error("%s: %s\n", examples[i], err);
+			fail();
+		}
+		if (i > 0 && (!cfg.group_area_mib || cfg.group_pool_mib < cfg.group_area_mib)) {
+			print_error("%s: group_area_mib %u, group_pool_mib %u: the rank path is off\n",
+				    examples[i], cfg.group_area_mib, cfg.group_pool_mib);
 			fail();
 		}
 		rw_svc_config_free(&cfg);
