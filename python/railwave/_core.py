@@ -883,6 +883,21 @@ class Core:
                                     self.num_sms)
         return self._rank
 
+    def path(self) -> Tuple[str, str]:
+        """Which path this Group's CUDA tensors take, and why (docs/service.md "Turning on the
+        rank path"): ("rank", "") once its rank path is open (kernels in the caller's stream);
+        ("mover", why) when it fell back to the daemon's movers (why: the library's or the
+        daemon's reason, such as no group slabs while group_area_mib is 0) or
+        RAILWAVE_RANK_PATH=0 keeps it off; ("undecided", "") until the first dispatch of a
+        device tensor decides."""
+        if self._rank is not None:
+            return ("rank", "")
+        if self._rank_off is not None:
+            return ("mover", self._rank_off)
+        if self._rank_mode == 0 and not self.static:
+            return ("mover", "RAILWAVE_RANK_PATH=0")
+        return ("undecided", "")
+
     def _lut(self, E: int, device: torch.device) -> torch.Tensor:
         """int64 [E + 2] on device: entry id + 1 is global expert id's index among this rank's
         experts, or -1 (entry 0: id -1, none; entry E + 1: any id past the experts). Made once

@@ -247,9 +247,9 @@ def cmd_paths(c):
         log.append("last step frozen-router, equal")
         if c.get("rank_path"):  # every phase above went through librailwave's rank path
             rp = g._rank
-            if rp is None or rp.phase.value == 0:
-                raise AssertionError("the rank path was not used (%s)" % g._rank_off)
-            log.append("all on the rank path (%d phases)" % rp.phase.value)
+            if rp is None or rp.phase.value == 0 or g.path() != ("rank", ""):
+                raise AssertionError("the rank path was not used (%s)" % (g.path(),))
+            log.append("all on the rank path (%d phases), Group.path() says so" % rp.phase.value)
     return log
 
 
