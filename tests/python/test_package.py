@@ -304,6 +304,50 @@ def check_install(fails, lib):
         print("ok   pip install ./python: loads %s" % p.replace(d, "$TMP"))
 
 
+def check_static_permutation(fails):
+    """railwave._core._permutation_static, the static backward's row matching (pure tensor
+    code, no daemon): two room-sized dispatches with the same received rows in other orders
+    and garbage metadata past their counts map each of A's rows to B's row of the same
+    (source rank, token), rows past the count to rows past the count; other rows in B set the
+    group's mismatch flag, the same rows leave it clear. 50 random cases."""
+    import torch
+    from railwave import _core
+    g = torch.Generator().manual_seed(7)
+
+    class Group:
+        _static_bad = torch.zeros(1, dtype=torch.int32)
+
+    def handle(src, n, room):
+        h = _core.Handle.__new__(_core.Handle)
+        meta = torch.randint(0, 1 << 20, (room, 2), generator=g, dtype=torch.int32)  # garbage
+        meta[:n] = src
+        h.group, h._src, h.num_recv, h.device = Group, meta, room, torch.device("cpu")
+        h.recv_n = torch.tensor([n], dtype=torch.int32)
+        return h
+
+    for case in range(50):
+        room = int(torch.randint(1, 40, (1,), generator=g))
+        n = int(torch.randint(0, room + 1, (1,), generator=g))
+        keys = torch.randperm(6 * 50, generator=g)[:n]
+        src = torch.stack([keys // 50, keys % 50], 1).to(torch.int32)
+        shuf = torch.randperm(n, generator=g)
+        a, b = handle(src, n, room), handle(src[shuf], n, room)
+        Group._static_bad.zero_()
+        perm = _core._permutation_static(a, b)
+        if not torch.equal(b._src[perm[:n]], a._src[:n]) or bool((perm[n:] < n).any()) or \
+                sorted(perm.tolist()) != list(range(room)) or int(Group._static_bad):
+            fails.append("static permutation case %d (room %d, %d rows) wrong: %s"
+                         % (case, room, n, perm.tolist()))
+            return
+        if n:
+            other = src.clone()
+            other[int(torch.randint(0, n, (1,), generator=g)), 1] += 1000  # another token
+            _core._permutation_static(a, handle(other, n, room))
+            if not int(Group._static_bad):
+                fails.append("static permutation case %d: other rows in B set no flag" % case)
+                return
+
+
 def main():
     build = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(SRC, "build"))
     try:
@@ -338,6 +382,11 @@ def main():
     if len(fails) == n:
         print("ok   RAILWAVE_RANK_PATH 0/1/unset; the host-as-device test switch only on the "
               "kernel stand-in")
+    n = len(fails)
+    check_static_permutation(fails)
+    if len(fails) == n:
+        print("ok   static backward: rows matched by (source rank, token) on the device, rows "
+              "past the count last, other rows flagged (50 random cases)")
     check_install(fails, lib)
     for f in fails:
         print("FAIL " + f)
