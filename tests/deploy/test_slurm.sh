@@ -15,7 +15,8 @@
 #      every worker runs as a task of its own srun step and is pointed at its own daemon's sockets
 #      only (the task-to-daemon map of --identity index); the table is written and parses, every
 #      daemon reloads it (its log, its stats), and `--check` through the same launcher reports
-#      regret.
+#      regret. The launcher's --group-area-mib / --group-pool-mib reach every daemon (their
+#      stats: a pool of 2 carve-outs).
 #   5. two jobs on the one node with one cluster file, each with --port-offset job, run at once;
 #      a third on the first one's ports fails, saying the port is in use and what to do; each
 #      trainer rank sees torch.distributed's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
@@ -229,12 +230,12 @@ echo "check rc $?"
 "$RAILWAVE" bench-workload describe --anchors "$RW_T/anchors.json" --nic-gbps 100 --nodes 3 --gpus 2 --rails 2 $wl |
 	python3 -c 'import json, sys; print("table_error [%s]" % json.load(sys.stdin)["selection"]["table_error"])'
 for i in 0 1 2; do
-	"$RAILWAVE" stats --socket "$RAILWAVE_RUNDIR/$i.stats" | sed -n "s/^\(node\|anchors\|anchor_reloads\) /stats $i \1 /p"
+	"$RAILWAVE" stats --socket "$RAILWAVE_RUNDIR/$i.stats" | sed -n "s/^\(node\|anchors\|anchor_reloads\|carve_outs\) /stats $i \1 /p"
 done
 EOT
 chmod +x "$T/calibrate.sh"
 rm -f "$T"/railwaved-*.log
-RW_T=$T launch "$T/run4.out" -- "$T/calibrate.sh"; rc=$?
+RW_T=$T launch "$T/run4.out" --group-area-mib 256 --group-pool-mib 512 -- "$T/calibrate.sh"; rc=$?
 [ $rc = 0 ] || no "run 4: launcher exit $rc"
 grep -q '^calibrate rc 0$' "$T/run4.out" || no "run 4: calibrate failed"
 grep -q "^wrote $T/anchors.json: 2 anchors" "$T/run4.out" || no "run 4: no table written"
@@ -245,7 +246,8 @@ for t in 0 1 2; do
 	grep -q "^node n$t: worker on .*, peers up" "$T/run4.out" || no "run 4: no worker for n$t"
 	grep -q "^reloaded (SIGHUP): .*n$t (pid [0-9]*, on " "$T/run4.out" || no "run 4: n$t not reloaded"
 	grep -q "^stats $t node n$t$" "$T/run4.out" && grep -q "^stats $t anchors 2$" "$T/run4.out" &&
-		grep -q "^stats $t anchor_reloads 1$" "$T/run4.out" || no "run 4: n$t's stats: $(grep "^stats $t" "$T/run4.out")"
+		grep -q "^stats $t anchor_reloads 1$" "$T/run4.out" &&
+		grep -q "^stats $t carve_outs [0-2]/2$" "$T/run4.out" || no "run 4: n$t's stats: $(grep "^stats $t" "$T/run4.out")"
 	f=$(ls "$T"/railwaved-*-$t.log 2>/dev/null | head -n 1)
 	grep -q "anchors: loaded 2 anchors from $T/anchors.json" "$f" 2>/dev/null || no "run 4: n$t did not log the reload"
 done
