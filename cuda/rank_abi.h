@@ -1,12 +1,14 @@
 /* cuda/rank_abi.h: the argument blocks of the rank kernels (cuda/rank_kernels.cu), the one
- * definition both sides compile: the host wrappers (cuda/rank_kernels.c, through cuda/rw_cuda.h
- * "rank kernels", where each block's meaning is stated) and nvcc. Plain C that C++ reads the same:
- * fixed-width fields, every 64-bit field 8-byte aligned, explicit padding, sizes checked on both
- * sides. A block is passed to its kernel by value (one kernel parameter).
+ * definition every side compiles: the host wrappers (cuda/rank_kernels.c, through cuda/rw_cuda.h
+ * "rank kernels", where each block's meaning is stated), nvcc, and the kernels' CPU versions
+ * (cuda/rank_cpu.c: host ranks, the daemon's ring ranks, the stand-in). Plain C that C++ reads
+ * the same: fixed-width fields, every 64-bit field 8-byte aligned, explicit padding, sizes
+ * checked on both sides. A block is passed to its kernel by value (one kernel parameter).
  *
  * The kernels read the rank page's plan entries and list entries in place: the two entry types
  * below have ipc/page.h's layouts (rw_page_plan_entry_t, rw_page_list_entry_t; the library
- * that passes a page's addresses checks the sizes), restated here because cuda/ sits below ipc/. */
+ * that passes a page's addresses, and service/mover/mover_mix.c that passes the daemon's own,
+ * check the sizes and offsets), restated here because cuda/ sits below ipc/. */
 #ifndef RW_CUDA_RANK_ABI_H
 #define RW_CUDA_RANK_ABI_H
 

@@ -177,9 +177,11 @@ int rw_rank_host_dispatch(rw_client_rank_t *r, uint64_t k, const rw_client_rank_
 	uint8_t *slot = rw_page_slot_at(r->pg, &r->layout, k);
 	rw_page_params_t *p = (rw_page_params_t *)(slot + r->layout.params);
 	const uint32_t nodes = r->pg->nodes;
-	if (nodes != h->nodes || pk->nodes != h->nodes) /* the page's head rewritten since open */
-		return rw_rank_say(r->msg, RW_E_INVAL, "dispatch: the rank page says %u nodes; it "
-				   "was opened for %u", nodes, h->nodes);
+	if (nodes != h->nodes || pk->nodes != h->nodes) { /* the page's head rewritten since open */
+		snprintf(r->msg, RW_RANK_MSG_MAX, "dispatch: the rank page says %u nodes; it was "
+			 "opened for %u", nodes, h->nodes);
+		return RW_E_INVAL;
+	}
 	/* The count kernel's work: the slot's row and bad word were zeroed by the caller. */
 	rw_cuda_cpu_count((const int32_t *)(uintptr_t)d->topk_ids, d->token_count, d->topk,
 			   d->n_experts, nodes, r->pg->rails, r->pg->rail,
