@@ -41,7 +41,7 @@ const char *rw_client_strerror(int err)
 	case RW_E_DTYPE: return "unknown dtype";
 	case RW_E_TOKENS: return "token count, topk or hidden out of range";
 	case RW_E_RANGE: return "data outside its registered buffer";
-	case RW_E_OVERFLOW: return "offset + length overflows";
+	case RW_E_OVERFLOW: return "overflow: a span past its buffer, or rows past the receive capacity";
 	case RW_E_HANDLE: return "unknown combine handle";
 	case RW_E_NO_CUDA: return "railwaved has no CUDA";
 	case RW_E_CUDA: return "CUDA failed";

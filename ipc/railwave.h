@@ -63,7 +63,7 @@ typedef enum rw_client_error {
 	RW_E_DTYPE = -44,           /* submission: unknown dtype */
 	RW_E_TOKENS = -45,          /* submission: token count, topk or hidden zero or too large */
 	RW_E_RANGE = -46,           /* submission: data outside its registered buffer */
-	RW_E_OVERFLOW = -47,        /* submission: offset + length overflows */
+	RW_E_OVERFLOW = -47,        /* a span past its buffer; rows past a rank path's recv_cap */
 	RW_E_HANDLE = -48,          /* combine: unknown handle id */
 	RW_E_NO_CUDA = -49,         /* the daemon has no usable CUDA driver */
 	RW_E_CUDA = -50,            /* CUDA failed in the daemon: importing an IPC handle, or a copy
