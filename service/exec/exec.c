@@ -688,11 +688,53 @@ static rw_status_t mover_move(exec_pair_t *p, uint32_t g, char *why)
 	return RW_OK;
 }
 
+exec_skip_t exec_dispatch_skip(const exec_t *x, const exec_member_t *mb, const exec_pair_t *p,
+			       const rw_wire_key_t *key, char *why, size_t len)
+{
+	if (!p || rw_wire_key_eq(&p->key, key) || p->stage != ST_GATHER_D ||
+	    p->in[RW_SVC_DISPATCH].sub[mb->local].have)
+		return EXEC_SKIP_NONE;
+	const uint32_t rank = x->me * x->gpus + mb->local;
+	if (mb->fresh) {
+		snprintf(why, len, "local rank %u joined again and went on to layer %u step %llu "
+			 "without this dispatch", rank, key->layer, (unsigned long long)key->step);
+		return EXEC_SKIP_PAIR;
+	}
+	uint32_t subs = 0, g = 0;
+	for (uint32_t l = 0; l < x->gpus; l++)
+		if (p->in[RW_SVC_DISPATCH].sub[l].have) {
+			subs |= 1u << l;
+			g = l;
+		}
+	if (!subs || (subs & ~p->fresh) != 0)
+		return EXEC_SKIP_NONE;
+	snprintf(why, len, "local rank %u joined again and went on to layer %u step %llu without "
+		 "this dispatch", x->me * x->gpus + g, p->key.layer, (unsigned long long)p->key.step);
+	return EXEC_SKIP_MINE;
+}
+
+void exec_key_fail(exec_t *x, const char *group, const rw_wire_key_t *key, uint32_t local,
+		   const char *why)
+{
+	/* No pair, so no epoch: the failure gets an id of its own, which the peers that pass it on
+	 * repeat, so a node that hears of it twice acts once. */
+	const uint32_t id = exec_epoch_new(++x->next_serial);
+	exec_key_end(x, &(exec_key_end_t){ .group = group, .key = key, .kind = RW_SVC_DISPATCH,
+					   .st = RW_ERR_INVAL, .msg = why, .answered = 1u << local,
+					   .epoch = id, .cause_node = x->me, .cause_id = id,
+					   .tell = EXEC_TELL_PEERS });
+}
+
 void exec_on_submit(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t g)
 {
 	exec_t *x = p->x;
 	char why[RW_SVC_WHY_MAX];
 	EXEC_TRACE(p, exec_trace_submit_(p, kind, g));
+	exec_member_t *mb = p->g ? p->g->member[g] : NULL;
+	if (kind == RW_SVC_DISPATCH && mb && mb->fresh) { /* its first dispatch since it joined */
+		p->fresh |= 1u << g;
+		mb->fresh = 0;
+	}
 	if (kind == RW_SVC_COMBINE && p->in[kind].n_sub == 1) { /* the combine's clock starts */
 		p->phase_t0 = rw_now_ns();
 		pair_arm_timer(p);

@@ -135,6 +135,10 @@ typedef struct exec_member {
 	uint64_t page_failed;        /* a phase not taken yet whose packed or done came ahead of
 					the daemon's word: failed on the page, refused when taken */
 	unsigned page_failed_word;   /* which (RW_PW_PACKED or RW_PW_DONE) */
+	/* No dispatch of this rank was taken since it joined: a rank that left and joined again
+	 * (its own input refused, librailwave's rejoin) owes none of the keys its group ran while
+	 * it was away (exec_dispatch_skip). */
+	int fresh;
 } exec_member_t;
 
 struct exec_group {
@@ -184,6 +188,8 @@ struct exec_pair {
 	const rw_svc_mover_ops_t *mv;
 	void *mv_mover, *mv_state;
 	uint32_t answered;           /* local ranks already answered with an error for this key */
+	uint32_t fresh;              /* local ranks whose dispatch here was their first since they
+				      * joined (exec_member_t.fresh) */
 	uint32_t serial;             /* names the pair in the mover's reports */
 	int carve;                   /* the carve-out it holds a reference on until freed, or -1 */
 	int page_busy;               /* its running kind has page ranks in flight: the word
@@ -593,6 +599,22 @@ void exec_pair_fail(exec_pair_t *p, rw_status_t st, const char *fmt, ...)
 void exec_pair_fail_peer(exec_pair_t *p, const rw_wire_phase_err_t *e, const char *msg);
 /* The trainer moved on without a combine: close quietly. */
 void exec_pair_abandon(exec_pair_t *p);
+/* A dispatch of `key` by member mb meets its group's pair `p` gathering another key without
+ * mb's dispatch: one of the two keys can never gather every local rank here, since a group's
+ * ranks run one sequence of keys. A rank that joined again (mb->fresh) went on past the keys its
+ * group ran while it was away: the pair's key is the skipped one when mb is fresh
+ * (EXEC_SKIP_PAIR: fail the pair, naming mb, then take the dispatch), mb's own when every rank
+ * in the pair came fresh (EXEC_SKIP_MINE: mb's key fails everywhere, exec_key_fail). Else
+ * EXEC_SKIP_NONE (the caller refuses the dispatch alone: the pair is still running). Changes
+ * nothing; why gets the sentence for a skip. */
+typedef enum { EXEC_SKIP_NONE = 0, EXEC_SKIP_PAIR, EXEC_SKIP_MINE } exec_skip_t;
+exec_skip_t exec_dispatch_skip(const exec_t *x, const exec_member_t *mb, const exec_pair_t *p,
+			       const rw_wire_key_t *key, char *why, size_t len);
+/* Dispatch `key` of group `group` fails on every node while no pair of it is open here: local
+ * rank `local` had its answer; the key becomes a tomb (later local ranks get why), the peers
+ * are told, each of them fails its pair of the key. */
+void exec_key_fail(exec_t *x, const char *group, const rw_wire_key_t *key, uint32_t local,
+		   const char *why);
 /* Submission of local rank g recorded in p->in[kind].sub[g] with p->ph.io[kind][g] resolved. */
 void exec_on_submit(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t g);
 void exec_on_counts(exec_pair_t *p, uint32_t node, const rw_wire_counts_t *c);

@@ -91,6 +91,7 @@ static void client_joined(void *ctx, rw_ipc_client_t *client)
 	mb->g = g;
 	mb->client = client;
 	mb->local = local;
+	mb->fresh = 1;
 	g->member[local] = mb;
 	g->n_members++;
 	exec_refused_drop(x, g->name, info->key_fp);
@@ -164,6 +165,9 @@ typedef struct admit {
 	rw_svc_phase_kind_t kind;
 	exec_pair_t *pair;           /* the pair it joins, or (REFUSE_PHASE) fails; NULL: none yet */
 	exec_pair_t *abandon;        /* a pair whose combine the trainer skipped: closed first */
+	exec_pair_t *skipped;        /* a pair this rank, joined again, went past: failed first
+				      * (exec_dispatch_skip) ... */
+	char skip_why[RW_SVC_WHY_MAX]; /* ... naming the rank */
 	int tomb_seen;               /* a tomb of the key was looked up (exec_tomb_pass settles it) */
 	rw_svc_rank_io_t io;         /* the rank's part of the phase, resolved from the submission */
 } admit_t;
@@ -271,6 +275,16 @@ static void admit_dispatch(const exec_t *x, const exec_member_t *mb, rw_ipc_clie
 	a->tomb_seen = 1;
 	if (exec_tomb_check(x, &a->key, RW_SVC_DISPATCH, mb->local, a->why, sizeof(a->why)))
 		return refuse(a, REFUSE_FAILED, RW_ERR_STATE, NULL);
+	switch (exec_dispatch_skip(x, mb, p, &a->key, a->skip_why, sizeof(a->skip_why))) {
+	case EXEC_SKIP_MINE: /* a rank that joined again went on past this key */
+		return refuse(a, REFUSE_PHASE, RW_ERR_CLIENT, "%s", a->skip_why);
+	case EXEC_SKIP_PAIR: /* this rank joined again past the pair's key: it fails first */
+		a->skipped = p;
+		p = NULL;
+		break;
+	case EXEC_SKIP_NONE:
+		break;
+	}
 	if (p && !rw_wire_key_eq(&p->key, &a->key)) {
 		if (p->stage != ST_WAIT_C || p->in[RW_SVC_COMBINE].n_sub != 0)
 			return refuse(a, REFUSE_RANK, RW_ERR_SUB_STATE, "layer %u step %llu is still "
@@ -417,13 +431,7 @@ static void dispatch_refuse(exec_t *x, exec_member_t *mb, rw_ipc_client_t *clien
 			       a->why);
 		return;
 	}
-	/* No pair, so no epoch: the failure gets an id of its own, which the peers that pass it on
-	 * repeat, so a node that hears of it twice acts once. */
-	const uint32_t id = exec_epoch_new(++x->next_serial);
-	exec_key_end(x, &(exec_key_end_t){ .group = mb->g->name, .key = &a->key,
-					   .kind = RW_SVC_DISPATCH, .st = RW_ERR_INVAL, .msg = a->why,
-					   .answered = 1u << local, .epoch = id, .cause_node = x->me,
-					   .cause_id = id, .tell = EXEC_TELL_PEERS });
+	exec_key_fail(x, mb->g->name, &a->key, local, a->why);
 }
 
 static void submission(void *ctx, rw_ipc_client_t *client, const rw_sqe_t *sqe)
@@ -452,6 +460,10 @@ static void submission(void *ctx, rw_ipc_client_t *client, const rw_sqe_t *sqe)
 		exec_tomb_pass(x, &a.key, a.kind, mb->local);
 	if (a.abandon)
 		exec_pair_abandon(a.abandon);
+	if (a.skipped) /* closed now: the dispatch opens its own pair */
+		exec_pair_fail(a.skipped, RW_ERR_CLIENT, "%s", a.skip_why);
+	if (mb && a.kind == RW_SVC_DISPATCH)
+		mb->fresh = 0;
 	switch (a.way) {
 	case ADMIT_JOIN:
 	case ADMIT_OPEN:

@@ -108,6 +108,17 @@ static int page_admit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, const rw
 	exec_tomb_pass(x, &key, RW_SVC_DISPATCH, mb->local);
 	if (tomb)
 		return page_refuse(x, mb, pg, k, RW_E_PHASE, why);
+	switch (exec_dispatch_skip(x, mb, p, &key, why, sizeof(why))) {
+	case EXEC_SKIP_MINE: /* a rank that joined again went on past this key */
+		exec_key_fail(x, g->name, &key, mb->local, why);
+		return page_refuse(x, mb, pg, k, RW_E_PHASE, why);
+	case EXEC_SKIP_PAIR: /* this rank joined again past the pair's key: it fails first */
+		exec_pair_fail(p, RW_ERR_CLIENT, "%s", why);
+		p = g->pair; /* NULL: the dispatch opens its own */
+		break;
+	case EXEC_SKIP_NONE:
+		break;
+	}
 	if (p && !rw_wire_key_eq(&p->key, &key)) {
 		if (p->stage != ST_WAIT_C || p->in[RW_SVC_COMBINE].n_sub != 0) {
 			snprintf(why, sizeof(why), "layer %u step %llu is still running in this group",
@@ -230,6 +241,8 @@ static int page_submit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, uint64_
 		page_admit_combine(x, mb, pg, &l, k, &params) :
 		page_admit(x, mb, pg, &l, k, &params, row);
 	free(row);
+	if (!wait && params.kind == RW_KIND_DISPATCH)
+		mb->fresh = 0; /* exec_dispatch_skip: it submitted since it joined */
 	return wait;
 }
 

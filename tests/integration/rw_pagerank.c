@@ -38,6 +38,10 @@
  *         host-die  dispatch the first phase (submit), then exit before its pack
  *         host-bad  rank 0's first dispatch has an id past the experts (token 1): the first
  *                   phase must fail on this rank, named; then the rest as host
+ *         host-rejoin  as host, but after step 0 the rank leaves (closes its rank path and
+ *                   its connection), joins again and goes on at step 2: it skips step 1
+ *         host-skip as host, with step 1 that must fail (a rank of the group skipped it):
+ *                   "host-skip: phase K failed: CODE: MESSAGE"; then the rest as host
  *         host-pipe as host, but each combine is left in flight (not waited for) while the
  *                   next dispatch is made (two buffer sets): that call drives the combine to
  *                   its end first, as a stream's order would; its answer is then kept and
@@ -50,6 +54,8 @@
  * With RW_PAGERANK_GO=FILE the rank joins its group, then waits for FILE (at most 60 s) before it
  * takes its page: a harness lets the group's ring ranks submit first (a pair a ring rank opened
  * before any rank of its node held a page).
+ * With RW_PAGERANK_DELAY_MS=N a host-rejoin rank waits N ms after it joined again, a host-skip
+ * rank before its step 1: a harness picks which of the two keys a node's pair opens with first.
  * Output: "rank R: S steps x L layers dispatched on the rank path, verified (N rows)"; for lie
  * also "lie: phase K failed: CODE: MESSAGE"; for die-*: "dying at ..." before it exits 3. */
 #include <signal.h>
@@ -1096,18 +1102,19 @@ static int lib_open(rw_client_t *c, lib_rank_t *lr)
 		      rw_cuda_ext_stream_of(lr->stream, &e) == RW_OK, "a CUDA stream");
 		lr->cs = (rw_client_stream_t){ .device = e.device, .handle = e.handle };
 	}
-	for (lr->cur = &lr->b[1];; lr->cur--) {
+	for (lr->cur = &lr->b[1]; !lr->host; lr->cur--) { /* once: a rank that joins again keeps them */
 		CHECK(lib_alloc(lr, (size_t)MAX_ROWS * HIDDEN * 4, &lr->cur->x) == 0 &&
 		      lib_alloc(lr, (size_t)MAX_ROWS * TOPK * 4, &lr->cur->ids) == 0 &&
 		      lib_alloc(lr, (size_t)MAX_ROWS * TOPK * 4, &lr->cur->w) == 0 &&
 		      lib_alloc(lr, (size_t)cap * HIDDEN * 4, &lr->cur->recv_x) == 0 &&
 		      lib_alloc(lr, (size_t)cap * META, &lr->cur->recv_meta) == 0 &&
 		      lib_alloc(lr, (size_t)MAX_EXPERTS * 4, &lr->cur->recv_counts) == 0, "buffers");
-		if (lr->cur == &lr->b[0])
+		if (lr->cur == &lr->b[0]) {
+			lr->host = calloc((size_t)cap, HIDDEN * 4 + META);
+			CHECK(lr->host, "out of memory");
 			break;
+		}
 	}
-	lr->host = calloc((size_t)cap, HIDDEN * 4 + META);
-	CHECK(lr->host, "out of memory");
 	return 0;
 }
 
@@ -1304,6 +1311,8 @@ int main(int argc, char **argv)
 	if (strcmp(mode, "lib") == 0 || host) { /* the library's rank path, CUDA or host */
 		const char *sub = host && mode[4] == '-' ? mode + 5 : "";
 		const int one = strcmp(sub, "one") == 0, bad = strcmp(sub, "bad") == 0;
+		const int rejoin = strcmp(sub, "rejoin") == 0, skip = strcmp(sub, "skip") == 0;
+		const char *delay = getenv("RW_PAGERANK_DELAY_MS");
 		int until = strcmp(sub, "until") == 0, expect_fail = bad;
 		static lib_rank_t lr;
 		lr.on_host = host;
@@ -1347,6 +1356,23 @@ int main(int argc, char **argv)
 		}
 		for (uint32_t step = 0; step < steps && strcmp(sub, "pipe") != 0; step++)
 			for (uint32_t layer = 0; layer < layers; layer++) {
+				if (rejoin && step == 1) { /* leave, join again, go on at step 2 */
+					if (layer == 0) {
+						rw_client_rank_close(lr.rp);
+						rw_client_close(c);
+						c = NULL;
+						rc = rw_client_connect(&o, &c);
+						CHECK(rc == 0, "connect again: %s", rw_client_strerror(rc));
+						if (lib_open(c, &lr))
+							return 1;
+						usleep(delay ? (useconds_t)atoi(delay) * 1000 : 0);
+					}
+					continue;
+				}
+				if (skip && step == 1 && layer == 0) {
+					usleep(delay ? (useconds_t)atoi(delay) * 1000 : 0);
+					expect_fail = 1;
+				}
 				rw_wl_gen(&sh, step, layer, me, &mine);
 				int st = 0;
 				uint32_t n = 0;

@@ -355,7 +355,8 @@ def cmd_flood(c):
 POISONED = ((railwave.errors.RW_E_PHASE, railwave.errors.RW_E_FIELD,
              railwave.errors.RW_E_EXPERTS),
             ("expert id out of range", "local ranks disagree on", "n_experts",
-             "has a top-k id outside"))  # the last: the daemon's words for a page rank's bad id
+             "has a top-k id outside",  # the daemon's words for a page rank's bad id
+             "joined again"))  # the rank path: the refused rank left and joined again past it
 LEFT = ((railwave.errors.RW_E_PHASE, railwave.errors.RW_E_HANDLE),
         (" left", "is not this rank's open dispatch"))
 

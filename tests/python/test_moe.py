@@ -20,9 +20,9 @@ standing for device memory: RAILWAVE_TEST_HOST_AS_DEVICE), with RW_PY_RANK_DEVIC
 with CUDA tensors; skipped where the build has no stand-in (no nvcc: no rank kernels).
 
 Run by tests/run as $b/test/python_moe (a wrapper ninja writes: test_moe.py BUILDDIR);
-RW_PY_ONLY=paths,bad,peer,cuda,stream,rank,rankstatic,rankkill picks scenarios (rankstatic: the static
-mode, and on a GPU its CUDA graph; rankbad, the bad-input cases on the rank path, only when named:
-about one run in three fails, docs/python.md "The rank path"). RW_PY_WAIT bounds each wait for a rank
+RW_PY_ONLY=paths,bad,peer,cuda,stream,rank,rankbad,rankstatic,rankkill picks scenarios (rankstatic: the
+static mode, and on a GPU its CUDA graph; rankbad, the bad-input cases on the rank path).
+RW_PY_WAIT bounds each wait for a rank
 (default 300 s). Exits 0 pass, 1 fail, 77 skip."""
 import json
 import os
@@ -266,9 +266,7 @@ def main():
         print("skip: railwaved or librailwave.so.1 not built in %s" % build)
         return 77
     cluster = load_cluster(build)
-    # rankbad only when named: a known defect (docs/python.md "The rank path") fails it in
-    # about one run in three
-    only = [s for s in os.environ.get("RW_PY_ONLY", "paths,bad,peer,cuda,stream,rank,"
+    only = [s for s in os.environ.get("RW_PY_ONLY", "paths,bad,peer,cuda,stream,rank,rankbad,"
                                       "rankstatic,rankkill").split(",") if s]
     seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or int(time.time()) % 100000 + 1
     print("seed %d (RW_TEST_SEED=%d reproduces)" % (seed, seed))

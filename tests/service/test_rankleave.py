@@ -6,6 +6,13 @@ before its combine while its node still flushes that dispatch (rank 0 of the nod
 done 0.5 s late). Every other rank of both nodes must see its phase fail well before the
 timeout (under 20 s), and a new group's phases must pass right after. A survivor on
 librailwave's rank path gets the reason from rw_client_rank_message.
+Then a rank that leaves between two steps and joins again past the next one (host ranks on
+librailwave's rank path, rw_pagerank host-rejoin: steps 0 and 2, while the others run 0, 1, 2,
+as railwave's package does when its own input was refused): step 1 can never gather on its
+node, so it fails on every other rank at once (well under the phase timeout), naming the
+rank that joined again, and step 2 passes for all; once with the others' step 1 opening its
+node's pair first, once with the rejoined rank's step 2 first. Before, step 1 waited for the
+phase timeout on the others and step 2 was refused to the rejoined rank ("still running").
 Run by tests/run as $b/test/svc_rankleave; exits 0 pass, 1 fail, 77 skip."""
 import os
 import sys
@@ -18,6 +25,30 @@ import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
 
 TIMEOUT_S = 60
 check = cluster.Checks()
+
+
+def rejoin(c, world, first, delayed):
+    """Rank 1 leaves after step 0 and joins again at step 2; the others' step 1 must fail at
+    once, naming it, and step 2 pass everywhere. `delayed`: the mode whose ranks wait 1.5 s at
+    that point, so that `first` opens node 0's pair."""
+    group = "rejoin" + delayed[5:]
+    t0 = time.time()
+    procs = []
+    for r in range(world):
+        mode = "host-rejoin" if r == 1 else "host-skip"
+        env = dict(c.env, RW_PAGERANK_DELAY_MS="1500") if mode == delayed else None
+        procs.append((r, c.pagerank(r, group, 1, 3, 7, mode, env=env)))
+    res = cluster.outputs(procs)
+    took = time.time() - t0
+    bad = {r: (v[0], v[1][-300:]) for r, v in res.items() if v[0] != 0 or "verified" not in v[1]}
+    check(not bad, "%s first: every rank's steps 0 and 2 passed %s" % (first, bad or ""))
+    bad = {r: v[1][-300:] for r, v in res.items()
+           if r != 1 and not any(l.startswith("host-skip: phase ") and "joined again" in l
+                                 for l in v[1].splitlines())}
+    check(not bad, "%s first: every other rank's step 1 failed naming the rank that joined "
+          "again %s" % (first, bad or ""))
+    check(took < 20, "%s first: the group ran in %.1f s, the phase timeout is %d s" %
+          (first, took, TIMEOUT_S))
 
 
 def main():
@@ -54,6 +85,9 @@ def main():
                   "that left (%r)" % res[0][1][-200:])
         else:
             print("skip the librailwave survivor: no kernel stand-in")
+        for first, delayed in (("the others' step 1", "host-rejoin"),
+                               ("the rejoined rank's step 2", "host-skip")):
+            rejoin(c, world, first, delayed)
         res = cluster.outputs([(r, c.pagerank(r, "after", 2, 3, 5, "ok")) for r in range(world)])
         bad = {r: (v[0], v[1][-300:]) for r, v in res.items()
                if v[0] != 0 or "verified" not in v[1]}
