@@ -735,6 +735,14 @@ void exec_on_submit(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t g)
 		p->fresh |= 1u << g;
 		mb->fresh = 0;
 	}
+	if (kind == RW_SVC_DISPATCH && p->g && p->g->left) { /* a seat whose page rank left */
+		uint32_t l = 0;
+		while (!(p->g->left & (1u << l)))
+			l++;
+		p->g->left = 0; /* the key it skipped: the next pair waits for it to come back */
+		return exec_pair_fail(p, RW_ERR_CLIENT, "local rank %u left before this dispatch "
+				      "(its seat is empty)", x->me * x->gpus + l);
+	}
 	if (kind == RW_SVC_COMBINE && p->in[kind].n_sub == 1) { /* the combine's clock starts */
 		p->phase_t0 = rw_now_ns();
 		pair_arm_timer(p);

@@ -149,6 +149,9 @@ struct exec_group {
 	exec_member_t *member[RW_MAX_GPUS];
 	uint32_t n_members;
 	exec_pair_t *pair;           /* the open pair, or NULL */
+	uint32_t left;               /* seats whose page rank left while the group stayed, until a
+				      * rank takes the seat again or the first dispatch pair that
+				      * opens meanwhile failed for it (the key it skipped) */
 	uint8_t key_fp[RW_WIRE_KEY_FP_SIZE]; /* its ranks' group key fingerprint (ipc/ipc.h) */
 	/* Its carve-out of the mesh's pool (service/mesh/mesh.h), taken at its first join: its
 	 * pairs' slot is EXEC_SLOTS + carve. -1: none (carve-outs off, or the pool was spent), its

@@ -30,8 +30,14 @@ static void member_leave(exec_t *x, exec_member_t *mb, rw_ipc_leave_t reason, in
 	if (rw_ipc_log_churn(x->ipc))
 		rw_info("rank %u of group %s left (%s, %d)", rank, g->name, rw_ipc_leave_str(reason),
 			error);
+	exec_pair_t *was = g->pair;
 	if (g->pair) /* the pair may use this rank's buffers: fail it everywhere */
 		exec_on_rank_left(g->pair, client, rank);
+	/* A page rank whose leave failed nothing (none open, or its part of the open pair done)
+	 * skips the next key its node opens: exec_on_submit fails that pair. One whose leave
+	 * failed the pair (closed), or holds its combine's failure, skipped nothing more. */
+	if (rw_ipc_client_page(client, NULL) && (!was || (g->pair == was && was->held.st == RW_OK)))
+		g->left |= 1u << mb->local;
 	g->member[mb->local] = NULL;
 	g->n_members--;
 	exec_tomb_left(x, g->hash, mb->local);
@@ -93,6 +99,7 @@ static void client_joined(void *ctx, rw_ipc_client_t *client)
 	mb->local = local;
 	mb->fresh = 1;
 	g->member[local] = mb;
+	g->left &= ~(1u << local);
 	g->n_members++;
 	exec_refused_drop(x, g->name, info->key_fp);
 	rw_ipc_client_set_data(client, mb);

@@ -40,6 +40,7 @@
  *                   phase must fail on this rank, named; then the rest as host
  *         host-rejoin  as host, but after step 0 the rank leaves (closes its rank path and
  *                   its connection), joins again and goes on at step 2: it skips step 1
+ *         host-quit as host, but after step 0 the rank leaves for good: "quit after step 0"
  *         host-skip as host, with step 1 that must fail (a rank of the group skipped it):
  *                   "host-skip: phase K failed: CODE: MESSAGE"; then the rest as host
  *         host-pipe as host, but each combine is left in flight (not waited for) while the
@@ -1312,6 +1313,7 @@ int main(int argc, char **argv)
 		const char *sub = host && mode[4] == '-' ? mode + 5 : "";
 		const int one = strcmp(sub, "one") == 0, bad = strcmp(sub, "bad") == 0;
 		const int rejoin = strcmp(sub, "rejoin") == 0, skip = strcmp(sub, "skip") == 0;
+		const int quit = strcmp(sub, "quit") == 0;
 		const char *delay = getenv("RW_PAGERANK_DELAY_MS");
 		int until = strcmp(sub, "until") == 0, expect_fail = bad;
 		static lib_rank_t lr;
@@ -1356,6 +1358,10 @@ int main(int argc, char **argv)
 		}
 		for (uint32_t step = 0; step < steps && strcmp(sub, "pipe") != 0; step++)
 			for (uint32_t layer = 0; layer < layers; layer++) {
+				if (quit && step == 1) {
+					printf("quit after step 0\n");
+					goto lib_out;
+				}
 				if (rejoin && step == 1) { /* leave, join again, go on at step 2 */
 					if (layer == 0) {
 						rw_client_rank_close(lr.rp);

@@ -356,7 +356,8 @@ POISONED = ((railwave.errors.RW_E_PHASE, railwave.errors.RW_E_FIELD,
              railwave.errors.RW_E_EXPERTS),
             ("expert id out of range", "local ranks disagree on", "n_experts",
              "has a top-k id outside",  # the daemon's words for a page rank's bad id
-             "joined again"))  # the rank path: the refused rank left and joined again past it
+             # the rank path: the refused rank left, and joined again past the key
+             "joined again", "left before this dispatch"))
 LEFT = ((railwave.errors.RW_E_PHASE, railwave.errors.RW_E_HANDLE),
         (" left", "is not this rank's open dispatch"))
 

@@ -13,6 +13,9 @@ node, so it fails on every other rank at once (well under the phase timeout), na
 rank that joined again, and step 2 passes for all; once with the others' step 1 opening its
 node's pair first, once with the rejoined rank's step 2 first. Before, step 1 waited for the
 phase timeout on the others and step 2 was refused to the rejoined rank ("still running").
+And a page rank that leaves for good after step 0 before its node opened step 1's pair
+(rw_pagerank host-quit, the others 1.5 s late): step 1 fails on every other rank at once,
+naming it ("local rank 1 left"); before, it waited for the phase timeout.
 Run by tests/run as $b/test/svc_rankleave; exits 0 pass, 1 fail, 77 skip."""
 import os
 import sys
@@ -43,12 +46,34 @@ def rejoin(c, world, first, delayed):
     bad = {r: (v[0], v[1][-300:]) for r, v in res.items() if v[0] != 0 or "verified" not in v[1]}
     check(not bad, "%s first: every rank's steps 0 and 2 passed %s" % (first, bad or ""))
     bad = {r: v[1][-300:] for r, v in res.items()
-           if r != 1 and not any(l.startswith("host-skip: phase ") and "joined again" in l
-                                 for l in v[1].splitlines())}
+           if r != 1 and not any(l.startswith("host-skip: phase ") and (
+               "local rank 1 joined again" in l or "local rank 1 left" in l)
+               for l in v[1].splitlines())}
+    # named as joined again, or as gone where its node's pair opened in between
     check(not bad, "%s first: every other rank's step 1 failed naming the rank that joined "
           "again %s" % (first, bad or ""))
     check(took < 20, "%s first: the group ran in %.1f s, the phase timeout is %d s" %
           (first, took, TIMEOUT_S))
+
+
+def quit(c, world):
+    """Rank 1 leaves for good after step 0, before its node's step 1 pair opens: every other
+    rank's step 1 must fail at once, naming it."""
+    t0 = time.time()
+    res = cluster.outputs([(r, c.pagerank(
+        r, "quit", 1, 2, 7, "host-quit" if r == 1 else "host-skip",
+        env=None if r == 1 else dict(c.env, RW_PAGERANK_DELAY_MS="1500")))
+        for r in range(world)])
+    took = time.time() - t0
+    check(res[1][0] == 0 and "quit after step 0" in res[1][1],
+          "rank 1 ran step 0 and left (%r)" % res[1][1][-200:])
+    bad = {r: (v[0], v[1][-300:]) for r, v in res.items() if r != 1 and (
+        v[0] != 0 or not any(l.startswith("host-skip: phase ") and "local rank 1 left" in l
+                             for l in v[1].splitlines()))}
+    check(not bad, "every other rank's step 1 failed naming the rank that left %s" %
+          (bad or ""))
+    check(took < 20, "the group's step 1 failed in %.1f s, the phase timeout is %d s" %
+          (took, TIMEOUT_S))
 
 
 def main():
@@ -88,6 +113,7 @@ def main():
         for first, delayed in (("the others' step 1", "host-rejoin"),
                                ("the rejoined rank's step 2", "host-skip")):
             rejoin(c, world, first, delayed)
+        quit(c, world)
         res = cluster.outputs([(r, c.pagerank(r, "after", 2, 3, 5, "ok")) for r in range(world)])
         bad = {r: (v[0], v[1][-300:]) for r, v in res.items()
                if v[0] != 0 or "verified" not in v[1]}
