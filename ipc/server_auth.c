@@ -281,12 +281,22 @@ static uint32_t connections_held(rw_ipc_server_t *srv, uid_t uid)
 	return n;
 }
 
-/* A connection that has not joined within hello_timeout_ms holds a slot for nothing. */
+/* A connection that has not joined within hello_timeout_ms holds a slot for nothing. Unless its
+ * hello is waiting unread: the loop was held past the deadline (a rank's large buffers mapped in
+ * one callback) and libev runs the expired timer before the read it queued in the same turn. Such
+ * a connection gets one more period, once, for the read to take the hello (a message arrives
+ * whole on the seqpacket socket, so a waiting one is a whole hello or a refusal, never a part). */
 void ipc_hello_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
-	(void)loop;
 	(void)revents;
 	rw_ipc_client_t *c = w->data;
+	struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
+	if (!c->hello_grace && poll(&pfd, 1, 0) == 1 && (pfd.revents & POLLIN)) {
+		c->hello_grace = 1;
+		ev_timer_set(w, (double)c->srv->cfg.hello_timeout_ms / 1000.0, 0.);
+		ev_timer_start(loop, w);
+		return;
+	}
 	char why[RW_IPC_ERRMSG_MAX];
 	snprintf(why, sizeof(why), "no hello within %u ms of connecting",
 		 c->srv->cfg.hello_timeout_ms);

@@ -62,6 +62,7 @@ struct rw_ipc_client {
 	int fd;
 	ev_io io;
 	ev_timer hello_timer; /* runs from accept until the hello is accepted */
+	int hello_grace;      /* the deadline met a hello waiting unread: one more period given */
 	rw_ipc_client_info_t info;
 	uint64_t start_time; /* the peer process's, from /proc at accept (0: unknown): with the pid,
 	                        the exporter identity of its CUDA imports */

@@ -2631,6 +2631,46 @@ static void test_hello_deadline(void **state)
 	h_stop(&H);
 }
 
+/* The loop held past the deadline by one long callback, with a hello sent meanwhile: the rank
+ * joins. libev runs the expired timer before the read queued in the same turn; the deadline sees
+ * the hello waiting and gives one more period. */
+typedef struct held_hello {
+	int fd;
+	unsigned hold_ms;
+} held_hello_t;
+
+static void send_hello_and_hold(harness_t *h, void *arg)
+{
+	(void)h;
+	held_hello_t *a = arg;
+	rw_ipc_hello_t m = make_hello("g", 1, 8, 0, -1);
+	raw_send(a->fd, &m, sizeof(m), NULL, 0);
+	usleep(a->hold_ms * 1000);
+}
+
+static void test_hello_deadline_held_loop(void **state)
+{
+	(void)state;
+	rw_ipc_server_config_t cfg;
+	base_config(&cfg, "");
+	cfg.hello_timeout_ms = 100;
+	h_start_cfg(&H, &cfg);
+	held_hello_t a = {.fd = raw_connect(H.path), .hold_ms = 300};
+	h_wait_clients(&H, 1); /* accepted: its deadline runs */
+	h_call(&H, send_hello_and_hold, &a);
+	rw_ipc_msg_t reply;
+	expect_reply(a.fd, RW_IPC_HELLO_OK, &reply);
+	assert_int_equal(h_stats(&H).hello_timeouts, 0);
+	/* A silent one still meets the deadline, grace or not. */
+	int mute = raw_connect(H.path);
+	expect_error(mute, RW_E_STATE, 1);
+	close(mute);
+	assert_int_equal(h_stats(&H).hello_timeouts, 1);
+	close(a.fd);
+	h_wait_clients(&H, 0);
+	h_stop(&H);
+}
+
 static void test_socket_folder(void **state)
 {
 	(void)state;
@@ -2748,6 +2788,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_connections_per_uid),
 		cmocka_unit_test(test_other_uid_refused_by_socket_mode),
 		cmocka_unit_test(test_hello_deadline),
+		cmocka_unit_test(test_hello_deadline_held_loop),
 		cmocka_unit_test(test_socket_folder),
 	};
 	return cmocka_run_group_tests_name("ipc_server", tests, NULL, NULL);
