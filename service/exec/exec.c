@@ -700,6 +700,17 @@ exec_skip_t exec_dispatch_skip(const exec_t *x, const exec_member_t *mb, const e
 			 "without this dispatch", rank, key->layer, (unsigned long long)key->step);
 		return EXEC_SKIP_PAIR;
 	}
+	if (mb->has_last && rw_wire_key_eq(&mb->last_key, &p->key)) {
+		snprintf(why, len, "local rank %u had its answer for this dispatch and went on to "
+			 "layer %u step %llu", rank, key->layer, (unsigned long long)key->step);
+		return EXEC_SKIP_PAIR;
+	}
+	if (mb->has_last && rw_wire_key_eq(&mb->last_key, key)) {
+		snprintf(why, len, "layer %u step %llu failed already; the group went on to layer %u "
+			 "step %llu", key->layer, (unsigned long long)key->step, p->key.layer,
+			 (unsigned long long)p->key.step);
+		return EXEC_SKIP_DONE;
+	}
 	uint32_t subs = 0, g = 0;
 	for (uint32_t l = 0; l < x->gpus; l++)
 		if (p->in[RW_SVC_DISPATCH].sub[l].have) {

@@ -139,6 +139,10 @@ typedef struct exec_member {
 	 * (its own input refused, librailwave's rejoin) owes none of the keys its group ran while
 	 * it was away (exec_dispatch_skip). */
 	int fresh;
+	/* The key of its last dispatch taken (admitted, refused or answered by a failed key's
+	 * tomb): a rank that had its answer for a key and went on never submits it again. */
+	rw_wire_key_t last_key;
+	int has_last;
 } exec_member_t;
 
 struct exec_group {
@@ -605,12 +609,17 @@ void exec_pair_abandon(exec_pair_t *p);
 /* A dispatch of `key` by member mb meets its group's pair `p` gathering another key without
  * mb's dispatch: one of the two keys can never gather every local rank here, since a group's
  * ranks run one sequence of keys. A rank that joined again (mb->fresh) went on past the keys its
- * group ran while it was away: the pair's key is the skipped one when mb is fresh
- * (EXEC_SKIP_PAIR: fail the pair, naming mb, then take the dispatch), mb's own when every rank
- * in the pair came fresh (EXEC_SKIP_MINE: mb's key fails everywhere, exec_key_fail). Else
+ * group ran while it was away: the pair's key is the skipped one when mb is fresh, or when mb
+ * already had its answer for that key (its last dispatch; a refused rank's late poison reopened
+ * it) (EXEC_SKIP_PAIR: fail the pair, naming mb, then take the dispatch); mb's own when every
+ * rank in the pair came fresh (EXEC_SKIP_MINE: mb's key fails everywhere, exec_key_fail). A
+ * rank that submits again the key it last had its answer for (a refused rank's poison of the key
+ * its refusal already failed) while its group went on gets that key's failure, alone
+ * (EXEC_SKIP_DONE: answered RW_E_PHASE; before, "still running" made railwave's package leave
+ * and join again, which failed the next key for every rank). Else
  * EXEC_SKIP_NONE (the caller refuses the dispatch alone: the pair is still running). Changes
  * nothing; why gets the sentence for a skip. */
-typedef enum { EXEC_SKIP_NONE = 0, EXEC_SKIP_PAIR, EXEC_SKIP_MINE } exec_skip_t;
+typedef enum { EXEC_SKIP_NONE = 0, EXEC_SKIP_PAIR, EXEC_SKIP_MINE, EXEC_SKIP_DONE } exec_skip_t;
 exec_skip_t exec_dispatch_skip(const exec_t *x, const exec_member_t *mb, const exec_pair_t *p,
 			       const rw_wire_key_t *key, char *why, size_t len);
 /* Dispatch `key` of group `group` fails on every node while no pair of it is open here: local

@@ -285,6 +285,8 @@ static void admit_dispatch(const exec_t *x, const exec_member_t *mb, rw_ipc_clie
 	switch (exec_dispatch_skip(x, mb, p, &a->key, a->skip_why, sizeof(a->skip_why))) {
 	case EXEC_SKIP_MINE: /* a rank that joined again went on past this key */
 		return refuse(a, REFUSE_PHASE, RW_ERR_CLIENT, "%s", a->skip_why);
+	case EXEC_SKIP_DONE: /* this rank had this key's answer: its group went on */
+		return refuse(a, REFUSE_RANK, RW_ERR_CLIENT, "%s", a->skip_why);
 	case EXEC_SKIP_PAIR: /* this rank joined again past the pair's key: it fails first */
 		a->skipped = p;
 		p = NULL;
@@ -469,8 +471,11 @@ static void submission(void *ctx, rw_ipc_client_t *client, const rw_sqe_t *sqe)
 		exec_pair_abandon(a.abandon);
 	if (a.skipped) /* closed now: the dispatch opens its own pair */
 		exec_pair_fail(a.skipped, RW_ERR_CLIENT, "%s", a.skip_why);
-	if (mb && a.kind == RW_SVC_DISPATCH)
+	if (mb && a.kind == RW_SVC_DISPATCH) {
 		mb->fresh = 0;
+		mb->last_key = a.key;
+		mb->has_last = 1;
+	}
 	switch (a.way) {
 	case ADMIT_JOIN:
 	case ADMIT_OPEN:

@@ -57,6 +57,8 @@
  * before any rank of its node held a page).
  * With RW_PAGERANK_DELAY_MS=N a host-rejoin rank waits N ms after it joined again, a host-skip
  * rank before its step 1: a harness picks which of the two keys a node's pair opens with first.
+ * With RW_PAGERANK_HOLD=FILE a rank of the library's modes stays connected after its last phase
+ * until FILE exists (at most 60 s): a harness sees what the others get while it stays.
  * Output: "rank R: S steps x L layers dispatched on the rank path, verified (N rows)"; for lie
  * also "lie: phase K failed: CODE: MESSAGE"; for die-*: "dying at ..." before it exits 3. */
 #include <signal.h>
@@ -1302,7 +1304,7 @@ int main(int argc, char **argv)
 	rw_client_t *c = NULL;
 	int rc = rw_client_connect(&o, &c);
 	CHECK(rc == 0, "connect: %s", rw_client_strerror(rc));
-	const char *go = getenv("RW_PAGERANK_GO");
+	const char *go = getenv("RW_PAGERANK_GO"), *hold = getenv("RW_PAGERANK_HOLD");
 	for (long i = 0; go && access(go, F_OK) != 0; i++) {
 		CHECK(i < WAIT_S * 100L, "no %s", go);
 		usleep(10000);
@@ -1425,6 +1427,10 @@ int main(int argc, char **argv)
 		       steps, layers, host ? "host" : "CUDA", (unsigned long long)rows,
 		       (unsigned long long)tokens, lib_sms());
 lib_out:
+		for (long i = 0; hold && access(hold, F_OK) != 0; i++) {
+			CHECK(i < WAIT_S * 100L, "no %s", hold);
+			usleep(10000);
+		}
 		rw_client_rank_close(lr.rp);
 		rw_client_close(c);
 		return 0;

@@ -16,8 +16,9 @@ slabs; the daemons only plan, post and track. tests/integration/rw_pagerank.c mo
    same 6 phases with each combine left in flight when the next dispatch is made (that call
    ends it first, as a stream's order would).
 2. Failures, named as on the CUDA rank path: a rank whose dispatch has a top-k id past the
-   experts gets RW_E_TOKENS naming the token, and the group's phase fails on the others (when
-   that rank leaves); a new group's phases pass. A rank killed after its submit, before its
+   experts gets RW_E_TOKENS naming the token, and the group's phase fails on the others at
+   once (each daemon's log naming that rank), while it stays connected (awaited far below the phase timeout); a
+   new group's phases pass. A rank killed after its submit, before its
    pack: the phase fails on the three others and their calls return; a new group's phases
    pass. A peer daemon killed (SIGKILL) while a group runs phases: every rank's phase fails and
    its wait returns (node 0: the survivor's failure; node 1: the library's watcher,
@@ -44,6 +45,8 @@ BENCH = os.path.join(B, "tools", "rw_bench_rank")
 FAKE_KERN = os.path.join(B, "tests", "integration", "libfakecuda_kern.so")
 SEED = 5  # the workload's seed: the page ranks' (rw_pagerank's) and the host job's
 check = cluster.Checks()
+# A phase left to its timeout is not awaited by the bad-id case: its deadline is far below.
+PHASE_TIMEOUT_S, BAD_DEADLINE_S = 120, 30
 
 
 def host_job(c, group, layers, steps, modes=None, ranks=None, env=None):
@@ -77,13 +80,14 @@ def verified_beside_host_job(c, group, what):
         check(False, "%s: the host job failed: %s" % (what, e))
 
 
-def on_cluster(tmp, nodes, body):
+def on_cluster(tmp, nodes, body, extra=None):
     """Daemons with group carve-outs (the host ranks' records live in their group's slabs; 72
     MiB a rail holds the benchmark's DeepSeek-V3 phase, tcp maps no page before it is written),
     the scenario `body(c)`, then every daemon still running must stop cleanly; logs on a
     failure."""
     os.makedirs(tmp)
-    c = cluster.Cluster(tmp, nodes, rails=2, extra={"group_area_mib": 72, "group_pool_mib": 720})
+    c = cluster.Cluster(tmp, nodes, rails=2, extra=dict({"group_area_mib": 72,
+                                                         "group_pool_mib": 720}, **(extra or {})))
     fails = len(check.fails)
     try:
         c.start_all()
@@ -136,21 +140,6 @@ def two_daemons(c):
     else:
         print("skip the mixed group: no kernel stand-in (%s)" % FAKE_KERN)
 
-    # a top-k id past the experts: this rank's submit is refused, named; the group's phase
-    # then fails on the others (here when the refused rank leaves; one that stayed would
-    # leave the pair to the phase timeout), and a new group's phases pass
-    res = cluster.outputs(host_job(c, "bad", 1, 1, {0: "host-bad", 1: "host-one",
-                                                    2: "host-one", 3: "host-one"}))
-    check(res[0][0] == 0 and "host-bad: phase 1 failed: " in res[0][1] and
-          "token 1 has a top-k expert id" in res[0][1],
-          "the bad id's rank: RW_E_TOKENS naming the token (%r)" % res[0][1][:200])
-    check(all(res[r][0] == 0 and "host-one: phase 1 failed: " in res[r][1] for r in (1, 2, 3)),
-          "the bad id failed the group's phase on the other ranks: %s" %
-          [res[r][1].splitlines()[:1] for r in (1, 2, 3)])
-    check("token 1 has a top-k id outside" in c.log(0), "the daemon's log names the token")
-    passed(cluster.outputs(host_job(c, "afterbad", 1, 2)),
-           "after the bad id, a new group's phases")
-
     # a rank killed after its submit, before its pack
     res = cluster.outputs(host_job(c, "die", 1, 1, {0: "host-one", 1: "host-die",
                                                     2: "host-one", 3: "host-one"}))
@@ -181,6 +170,39 @@ def two_daemons(c):
     c.procs.pop(1, None)
 
 
+def bad_id(c):
+    """A top-k id past the experts, on daemons whose phase timeout is PHASE_TIMEOUT_S: this
+    rank's submit is refused, named, and the refusal fails the group's phase on the three
+    others at once, naming the rank, while the bad rank stays connected (RW_PAGERANK_HOLD): the others' answers are awaited for BAD_DEADLINE_S only; no
+    node is dropped, a new group's phases pass."""
+    held = os.path.join(c.tmp, "bad-release")
+    bad = host_job(c, "bad", 1, 1, {0: "host-bad"}, ranks=[0],
+                   env=dict(c.env, RW_PAGERANK_HOLD=held))
+    others = host_job(c, "bad", 1, 1, {r: "host-one" for r in (1, 2, 3)}, ranks=[1, 2, 3])
+    res = {}
+    for r, p in others:
+        try:
+            res[r] = (p.communicate(timeout=BAD_DEADLINE_S)[0].decode(), p.returncode)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            res[r] = (p.communicate()[0].decode(), None)
+    open(held, "w").close()
+    res0 = cluster.outputs(bad)[0]
+    check(res0[0] == 0 and "host-bad: phase 1 failed: " in res0[1] and
+          "token 1 has a top-k expert id" in res0[1],
+          "the bad id's rank: RW_E_TOKENS naming the token (%r)" % res0[1][:200])
+    check(all(res[r][1] == 0 and "host-one: phase 1 failed: " in res[r][0] for r in (1, 2, 3)),
+          "the bad id failed the group's phase on the other ranks while it stayed: %s" %
+          {r: (v[1], v[0].splitlines()[:1]) for r, v in res.items()})
+    check(any("group bad " in l and "node 0 (n0): local rank 0: token 1 has a top-k id outside"
+              in l for l in c.log(1).splitlines()),
+          "the other node's daemon names the bad rank in the group's failure: %s" %
+          [l for l in c.log(1).splitlines() if "group bad " in l])
+    check("token 1 has a top-k id outside" in c.log(0), "the daemon's log names the token")
+    passed(cluster.outputs(host_job(c, "afterbad", 1, 2)),
+           "after the bad id, a new group's phases")
+
+
 def three_daemons(c):
     verified_beside_host_job(c, "three", "3 daemons, 6 phases")
 
@@ -191,6 +213,8 @@ def main():
         return 77
     tmp = tempfile.mkdtemp(prefix="rw-hostrank-")
     check.scenarios([("two daemons", lambda t, _: on_cluster(t + "/2", 2, two_daemons)),
+                     ("a bad id", lambda t, _: on_cluster(
+                         t + "/bad", 2, bad_id, {"phase_timeout_ms": PHASE_TIMEOUT_S * 1000})),
                      ("three daemons", lambda t, _: on_cluster(t + "/3", 3, three_daemons))],
                     tmp, 0)
     if not check.fails:
