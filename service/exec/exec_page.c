@@ -209,7 +209,8 @@ static int page_admit_combine(exec_t *x, exec_member_t *mb, rw_page_head_t *pg,
 }
 
 /* A dispatch its checks refused (the rank has its answer: why) fails its key on every node at
- * once, naming the rank, as a ring rank's refused dispatch does (exec_ipc.c): the key's pair
+ * once, naming the rank (a slot of no known kind counts as the dispatch of its layer and step:
+ * a combine is only ever refused to its rank alone), as a ring rank's refused dispatch does (exec_ipc.c): the key's pair
  * gathering here (the rank counted answered; the others get RW_E_PHASE), or with none of it
  * here the key itself (exec_key_fail: a tomb, the peers told). */
 static void page_refused_dispatch(exec_t *x, exec_member_t *mb, const rw_page_params_t *prm,
@@ -260,7 +261,7 @@ static int page_submit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, uint64_
 	    params_check(x, mb, &params, why, &code) != 0) {
 		free(row);
 		page_refuse(x, mb, pg, k, code, why);
-		if (params.kind == RW_KIND_DISPATCH)
+		if (params.kind != RW_KIND_COMBINE) /* a dispatch, or a slot of no known kind */
 			page_refused_dispatch(x, mb, &params, why);
 		return 0;
 	}

@@ -533,9 +533,11 @@ static uint8_t *dispatch_slot(const rw_wl_shape_t *sh, uint32_t step, uint32_t l
  * Every rank of the group runs this with the same seed ($RW_PAGERANK_FUZZ, else SEED), so each
  * knows round i's plan: which rank attacks and how (fz_plan); round i is the dispatch of (step
  * i / LAYERS, layer i % LAYERS) and its combine. The others play well and expect what the
- * attack allows: a refused slot and a rewritten head leave their phase passing and every row
- * checked; any other attack must leave theirs ending, named (any reason, never a hang past
- * the wait bound); their rows are checked whenever it passes, but in rounds where the slabs
+ * attack allows: a rewritten head, or a slot refused that is no dispatch (a stray combine),
+ * leaves their phase passing and every row checked; a dispatch slot refused fails the round's
+ * phase on every rank at once, each other rank's reason naming the attacker ("local rank A:"),
+ * and the attacker goes on to the next round without retrying the key; any other attack must
+ * leave theirs ending, named (any reason, never a hang past the wait bound); their rows are checked whenever it passes, but in rounds where the slabs
  * were scribbled on, the daemon's words forged or the slot raced (the daemon may have copied
  * a count row that lies plausibly: it plans what it copied, and the records check then names
  * the rank). The attacker
@@ -586,11 +588,26 @@ static int fz_leaves(int kind)
 	       kind == FZ_DONE_EARLY || kind == FZ_FORGE || kind == FZ_KILL;
 }
 
+/* Whether a garbage slot of randomness r is a combine no dispatch waits for (slot_garble's
+ * last way): refused to the attacker alone, which then makes the round's dispatch right. Every
+ * other garbage slot is a dispatch the daemon refuses: that fails the round's key everywhere. */
+static int fz_slot_alone(uint64_t r)
+{
+	return r % 13 == 12;
+}
+
 /* Whether the others' phase must pass in round i: an attack that its own refusal answers. */
 static int fz_must_pass(uint64_t seed, uint32_t i)
 {
-	const int kind = fz_plan(seed, i).kind;
-	return kind == FZ_NONE || kind == FZ_SLOT || kind == FZ_HEAD;
+	const fz_round_t f = fz_plan(seed, i);
+	return f.kind == FZ_NONE || f.kind == FZ_HEAD || (f.kind == FZ_SLOT && fz_slot_alone(f.r));
+}
+
+/* Whether round i's dispatch must fail on every rank, named: a refused dispatch slot. */
+static int fz_slot_fails(uint64_t seed, uint32_t i)
+{
+	const fz_round_t f = fz_plan(seed, i);
+	return f.kind == FZ_SLOT && !fz_slot_alone(f.r);
 }
 
 /* Round i after a round whose attacker left: every rank of the group meets first (a file per
@@ -682,7 +699,7 @@ static const char *slot_garble(uint8_t *slot, uint64_t r, uint64_t k)
 		q.dtype = (uint8_t)(s & 1 ? 2 + s % 2 : 5 + s % 250); /* neither bf16 nor fp32 */
 		snprintf(want, sizeof(want), "dtype %u: the daemon carries", q.dtype);
 		break;
-	default: /* a combine no dispatch of this rank waits for */
+	default: /* a combine no dispatch of this rank waits for (fz_slot_alone) */
 		q.kind = RW_KIND_COMBINE;
 		q.token_count = s % 4;
 		memset(row, 0, sizeof(uint32_t) * nodes * rails);
@@ -769,16 +786,22 @@ static int fuzz_round(rw_client_t *c, const rw_wl_shape_t *sh, uint64_t *k_p, ui
 	uint64_t k = ++*k_p;
 	uint8_t *slot = dispatch_slot(sh, step, layer, k);
 	int32_t st = 0;
-	if (kind == FZ_SLOT) { /* refused, named; then the same dispatch done right */
+	if (kind == FZ_SLOT) { /* refused, named; a stray combine: then the dispatch done right */
 		const char *want = slot_garble(slot, r, k);
 		word_set(RW_PW_SUBMIT, k);
 		if (wait_status(RW_PW_PLAN, k, &st))
 			return 1;
 		const char *why = reason(c);
-		printf("refused (%s), ", why);
+		printf("refused (%s)", why);
 		CHECK(st != 0 && strstr(why, want), "round %u: a garbage slot got status %d, '%s' "
 		      "(want '%s')", i, st, why, want);
 		phase_end(k);
+		if (!fz_slot_alone(r)) { /* its refusal failed the round's key on every rank */
+			printf("; the round failed\n");
+			shm->failed++;
+			return 0;
+		}
+		printf(", ");
 		slot = dispatch_slot(sh, step, layer, k = ++*k_p);
 	}
 	word_set(RW_PW_SUBMIT, k); /* P1 */
@@ -887,6 +910,11 @@ static int fuzz_round(rw_client_t *c, const rw_wl_shape_t *sh, uint64_t *k_p, ui
 		CHECK(why[0], "round %u: the phase failed with no reason", i);
 		CHECK(attack || !fz_must_pass(fz_seed, i), "round %u: a %s round must pass", i,
 		      fz_name[f->kind]);
+		char named[32];
+		snprintf(named, sizeof(named), "local rank %u: ", f->attacker);
+		CHECK(attack || !fz_slot_fails(fz_seed, i) || (st == RW_E_PHASE && strstr(why, named)),
+		      "round %u: the refused slot of rank %u failed this rank's phase with %d '%s' "
+		      "(want RW_E_PHASE naming '%s')", i, f->attacker, st, why, named);
 		/* what the attacker did is named, unless the last round's attacker left: its leave
 		 * may fail this round's pair first */
 		CHECK(kind != FZ_REC || strstr(why, "record"), "round %u: the lying pack (%s) "
@@ -908,6 +936,8 @@ static int fuzz_round(rw_client_t *c, const rw_wl_shape_t *sh, uint64_t *k_p, ui
 	}
 	CHECK(!must_fail, "round %u: the %s attack (%s) passed", i, fz_name[kind],
 	      rec_lie_name(lie));
+	CHECK(!fz_slot_fails(fz_seed, i), "round %u: rank %u's refused dispatch slot let this "
+	      "rank's phase pass", i, f->attacker);
 	if (forward(sh, slot, step, layer, bf16, &rows))
 		return 1;
 	word_set(RW_PW_DONE, k); /* P5 */

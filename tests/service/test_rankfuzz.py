@@ -14,8 +14,11 @@ with a host job of another group verified beside them (every row and sum exact) 
    submit, packed or done, after its combine's submit or packed) — a dropped, leaving or
    killed rank joins again and plays on. Every rank checks what the round allows
    (rw_pagerank.c "mode fuzz"): the others' phases pass with every row checked where the
-   attack is refused on its own (a garbage slot, a rewritten head), end named otherwise;
-   the attacker is told what it did. Every rank must exit 0.
+   attack is refused on its own (a rewritten head, a stray combine's slot); a garbage dispatch
+   slot is refused to its rank naming the field, and fails the round's phase on every other
+   rank at once, RW_E_PHASE naming the attacker ("local rank A: ..."), the next round passing
+   on; other attacks end the others' phases named; the attacker is told what it did. Every
+   rank must exit 0.
 2. The daemon at node 1 SIGKILLed while a group of page ranks runs phases, RW_RANKFUZZ_KILLS
    times: every rank's phase fails and its stream runs through; the daemon restarted, a new
    page group and a host job pass. (A host job spans both daemons: it runs beside stage 1 and
@@ -112,7 +115,7 @@ def fuzz(c, seed, rounds):
 
 
 def fuzz_checks(res, rounds):
-    kinds, dropped = collections.Counter(), {}
+    kinds, dropped, lines = collections.Counter(), {}, collections.defaultdict(dict)
     for r, (rc, out) in sorted(res.items()):
         summary = [ln for ln in out.splitlines() if ln.startswith("fuzz: rank")]
         ok = rc == 0 and summary and "check failed" not in summary[0]
@@ -120,11 +123,24 @@ def fuzz_checks(res, rounds):
               + ("" if ok else "\n" + out[-2500:]))
         for ln in out.splitlines():
             m = re.match(r"fuzz round (\d+) (\S+) by rank (\d+): rank (\d+) (.*)", ln)
+            if m:
+                lines[int(m.group(1))][int(m.group(4))] = ln
             if m and m.group(3) == m.group(4):
                 print("  " + ln[:240])  # what each attacker did and heard
                 kinds[m.group(2)] += 1
                 if "dropped: rank page word" in m.group(5):
                     dropped[m.group(1)] = m.group(5)
+    for i, by in sorted(lines.items()):  # a refused dispatch slot: the round fails everywhere
+        att = [ln for ln in by.values() if re.search(r" slot by rank (\d+): rank \1 refused .*"
+                                                      r"the round failed", ln)]
+        if att:
+            a = re.search(r"by rank (\d+)", att[0]).group(1)
+            others = {r: ln.split(": rank %d " % r, 1)[1][:160] for r, ln in by.items()
+                      if str(r) != a}
+            check(len(others) == len(res) - 1 and all(
+                "failed: " in v and "local rank %s: " % a in v for v in others.values()),
+                "round %d: rank %s's refused dispatch slot failed the phase of every other "
+                "rank, naming it: %s" % (i, a, others))
     check(dropped, "ranks that moved a word were dropped, told why (rw_pagerank checks the "
           "words): %s" % sorted(dropped.items())[:3])
     print("attacks played (lines of the attackers, a killed life's round counted again): %s"
