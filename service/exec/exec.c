@@ -232,6 +232,8 @@ static void describe_wait(const exec_pair_t *p, char *buf, size_t len)
 	if (p->send.state == SEND_WAIT_GRANT) {
 		snprintf(buf, len, "node %u (%s) to grant wave %u", d, x->svc->cfg.nodes[d].name,
 			 p->send.wave + 1);
+	} else if (p->send.state == SEND_WAIT_PACK && x->nodes == 1) {
+		snprintf(buf, len, "the data mover's pack of this node's own records");
 	} else if (p->send.state == SEND_WAIT_PACK) {
 		snprintf(buf, len, "the data mover's pack kernels for wave %u", p->send.wave);
 	} else if (p->send.state == SEND_DRAINING || p->send.state == SEND_PACED) {
@@ -365,10 +367,6 @@ static void local_cb(struct ev_loop *loop, ev_idle *w, int revents)
 	rw_status_t st = p->mv->local(p->mv_mover, p->mv_state, &p->ph, kind,
 				      x->hooks.local_slice ? x->hooks.local_slice : EXEC_LOCAL_SLICE,
 				      &done, why);
-	if (st == RW_ERR_AGAIN) { /* a page rank's packed resumes it (exec_on_page_word) */
-		p->local.state[kind] = LOCAL_WAIT_PACK;
-		return;
-	}
 	if (st != RW_OK)
 		return exec_pair_fail(p, st, "%s", why);
 	if (!done)
@@ -947,10 +945,6 @@ void exec_on_page_word(exec_pair_t *p, uint32_t g, unsigned word, uint64_t value
 	if (word == RW_PW_PACKED && (p->stage == ST_RUN_D || p->stage == ST_RUN_C) &&
 	    p->send.state == SEND_WAIT_PACK) {
 		send_progress(p); /* the mover's pack looks at every rank's word again */
-	} else if (word == RW_PW_PACKED && (p->stage == ST_RUN_D || p->stage == ST_RUN_C) &&
-		   p->local.state[exec_kind(p)] == LOCAL_WAIT_PACK) {
-		p->local.state[exec_kind(p)] = LOCAL_RUNNING; /* the mover's local looks again */
-		ev_idle_start(p->x->svc->loop, &p->x->local_idle);
 	} else if (word == RW_PW_DONE && (p->stage == ST_FLUSH_D || p->stage == ST_FLUSH_C) &&
 		   p->out.pending && !(p->out.page_done & (1u << g))) {
 		p->out.page_done |= 1u << g;

@@ -93,7 +93,8 @@ typedef enum exec_send_state {
 	SEND_WAIT_GRANT, /* the next wave's destination has not admitted us yet */
 	SEND_POSTING,    /* posting a wave (only inside exec_send_progress) */
 	SEND_PACED,      /* posting paused by the write-gap test hook; the pace timer resumes */
-	SEND_WAIT_PACK,  /* the mover is writing this wave's slabs; its RW_MV_OP_PACKED resumes */
+	SEND_WAIT_PACK,  /* the mover is writing this wave's slabs (a group on one node: its own
+			  * records); its RW_MV_OP_PACKED or a page rank's `packed` resumes */
 	SEND_DRAINING,   /* the wave is posted; the next starts when its writes are done */
 	SEND_DONE,       /* every wave posted and done */
 	EXEC_SEND_STATES
@@ -274,7 +275,7 @@ struct exec_pair {
 	} recv[RW_SVC_KIND_COUNT];
 
 	struct {                     /* local-node work of the running kind (idle slices) */
-		enum { LOCAL_IDLE, LOCAL_RUNNING, LOCAL_WAIT_PACK, LOCAL_DONE } state[RW_SVC_KIND_COUNT];
+		enum { LOCAL_IDLE, LOCAL_RUNNING, LOCAL_DONE } state[RW_SVC_KIND_COUNT];
 	} local;
 
 	struct {                     /* writing the outputs (ST_FLUSH_D, ST_FLUSH_C) */

@@ -64,6 +64,22 @@ static rw_status_t pack_dst(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t d
 	return st == RW_OK ? RW_OK : exec_err(p, st, "%s", why);
 }
 
+/* A group on one node posts no wave, but its pack step runs as a wave's does, for the node's own
+ * records (d = me): a wave of no writes. The mover's wait for them (a page rank's `packed`) and
+ * its checks are the same step, resumed the same way (WAIT_PACK), and the local work starts
+ * only once the sender is DONE. */
+static rw_status_t pack_alone(exec_pair_t *p)
+{
+	exec_send_move(p, SEND_POSTING);
+	rw_status_t st = pack_dst(p, p->send.kind, p->x->me);
+	if (st == RW_ERR_AGAIN)
+		return exec_send_move(p, SEND_WAIT_PACK);
+	if (st != RW_OK)
+		return p->err.st;
+	exec_send_move(p, SEND_DRAINING);
+	return exec_send_move(p, SEND_DONE);
+}
+
 /* The largest write on rail r. */
 static uint64_t write_chunk(const exec_pair_t *p, uint32_t r)
 {
@@ -157,6 +173,8 @@ rw_status_t exec_send_progress(exec_pair_t *p)
 	const rw_svc_phase_kind_t kind = p->send.kind;
 	const int waved = exec_gated(p);
 	int budget = x->hooks.write_gap_s > 0 ? 1 : -1; /* writes we may post now; -1: all */
+	if (x->nodes == 1)
+		return pack_alone(p);
 	for (;;) {
 		if (p->send.state != SEND_PACED && p->send.state != SEND_WAIT_PACK) {
 			/* Start the next wave, if there is one and we may. */

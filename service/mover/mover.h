@@ -188,8 +188,10 @@ typedef struct rw_svc_mover_ops {
 	/* The decision is known (ph->layout ...): size the outputs and forwarding tables. */
 	rw_status_t (*plan)(void *mover, void *state, const rw_svc_phase_t *ph, char *why);
 	/* Write the slabs of `kind` for destination d into ph->send_area (every rail), each record
-	 * at its (egress rail, slot). Called once per (kind, d), just before d's wave is posted.
-	 * With ph->pack_waits set, RW_ERR_AGAIN (why empty) means the bytes are being written
+	 * at its (egress rail, slot). Called once per (kind, d), just before d's wave is posted; a
+	 * pair that posts no wave (every rank on one node) is asked once for d = me instead, for
+	 * the node's own records, before its local work (nothing to write: RW_OK). Every kind's
+	 * local() comes after a pack() of that kind answered RW_OK. With ph->pack_waits set, RW_ERR_AGAIN (why empty) means the bytes are being written
 	 * asynchronously: post nothing for d yet; an RW_MV_OP_PACKED report follows, and pack() is
 	 * called again for (kind, d). Without it, pack() blocks until the bytes are there. */
 	rw_status_t (*pack)(void *mover, void *state, const rw_svc_phase_t *ph,
@@ -219,9 +221,8 @@ typedef struct rw_svc_mover_ops {
 			    rw_svc_phase_kind_t kind, uint32_t src, uint32_t rail, uint32_t upto,
 			    char *why);
 	/* The local-node records of `kind`: at most `budget` records per call, resumable;
-	 * *done_p = 1 once all are done. With ph->pack_waits set, RW_ERR_AGAIN (why empty) means
-	 * they are not written yet (a page rank's `packed` did not come): the executor calls
-	 * local() again when a page rank's `packed` moves. */
+	 * *done_p = 1 once all are done. Asked only once a pack() of `kind` answered RW_OK (a
+	 * mover whose ranks write the local area waits for them there). */
 	rw_status_t (*local)(void *mover, void *state, const rw_svc_phase_t *ph,
 			     rw_svc_phase_kind_t kind, uint32_t budget, int *done_p, char *why);
 	/* Every byte of `kind` is here: write the ranks' outputs. *pending_p = reports of

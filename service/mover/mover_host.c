@@ -544,6 +544,8 @@ static rw_status_t host_pack(void *mover, void *state, const rw_svc_phase_t *ph,
 			     rw_svc_phase_kind_t kind, uint32_t d, char *why)
 {
 	(void)mover;
+	if (d == ph->me) /* a group on one node: its own records are the local work's */
+		return RW_OK;
 	if (kind == RW_SVC_DISPATCH) {
 		dispatch_pack(state, ph, d);
 	} else {

@@ -581,17 +581,20 @@ static rw_status_t pm_arrived(void *mover, void *state, const rw_svc_phase_t *ph
 	return RW_OK;
 }
 
-/* The ranks write the node's own records into the local area: done once every rank's packed
- * came and every record is checked, as pack() does before the first wave. A group on one node
- * has no wave (pack() is never asked): without this, finish() read the local area before the
- * ranks wrote it. RW_ERR_AGAIN until then (the executor passes the word on). */
+/* The ranks wrote the node's own records into the local area: the pack step before it (the
+ * first wave's, or a group on one node's for d = me) waited for every rank's packed and checked
+ * every record. Nothing is left to do. */
 static rw_status_t pm_local(void *mover, void *state, const rw_svc_phase_t *ph,
 			    rw_svc_phase_kind_t kind, uint32_t budget, int *done_p, char *why)
 {
-	(void)budget;
-	rw_status_t st = pm_pack(mover, state, ph, kind, ph->me, why);
-	*done_p = st == RW_OK;
-	return st;
+	(void)mover, (void)ph, (void)budget;
+	const page_pair_t *pp = state;
+	*done_p = 1;
+	if (kind == RW_SVC_DISPATCH ? pp->checked : pp->c_checked)
+		return RW_OK;
+	snprintf(why, RW_SVC_WHY_MAX, "the %s local step came before its pack step",
+		 rw_svc_kind_name(kind));
+	return RW_ERR_STATE;
 }
 
 /* The forward lists' arrays, for the smallest max_recv of the ranks' pages, at most every record
