@@ -415,6 +415,17 @@ def rank_slabs(lib, rp, rails):
     return out
 
 
+def seen_by_other(fd, size, sl, addr, byte, what):
+    """4 KiB of `byte` written at the rank path's mapping `addr` of slab `sl`, read back through
+    another rank's lent fd: one object (the inode) and one memory. Closes fd."""
+    view = mmap.mmap(fd, size)
+    ctypes.memset(addr + sl.local_off, byte, 4096)
+    check(os.fstat(fd).st_ino == sl.object and
+          view[sl.local_off:sl.local_off + 4096] == bytes([byte]) * 4096, what)
+    view.close()
+    os.close(fd)
+
+
 def scenario_rank_path(tmp, seed):
     with open(cluster.FAKE_KERN, "rb") as f:
         if b"libasan" in f.read():  # this (unsanitized) interpreter cannot load it
@@ -454,14 +465,9 @@ def scenario_rank_path(tmp, seed):
         res = x.slab(0)
         if res[0] == "ok" and a[0][0] == 0:
             sl = a[0][1]
-            view = mmap.mmap(res[1], 1 << 20)
-            ctypes.memset(sl.base + sl.local_off, 0x3c, 4096)
-            check(os.fstat(res[1]).st_ino == sl.object and
-                  view[sl.local_off:sl.local_off + 4096] == b"\x3c" * 4096,
-                  "another rank of the group holds the same object (inode %d) and sees what the "
-                  "rank path wrote" % sl.object)
-            view.close()
-            os.close(res[1])
+            seen_by_other(res[1], 1 << 20, sl, sl.base, 0x3c,
+                          "another rank of the group holds the same object (inode %d) and sees "
+                          "what the rank path wrote" % sl.object)
         else:
             check(False, "another rank of the group is lent its slab: %s" % (res,))
         b = slabs(rank_path("g.other", 0))
@@ -550,15 +556,10 @@ def gpu_rank_path(c):
         x.hello("g.gpu", 1, world, 0, 1)
         res = x.slab_kind(0)
         if a and res[0] == "ok":
-            sl, dptr = a[0][1], a[0][2]
-            ctypes.memset(dptr + sl.local_off, 0x6d, 4096)  # the stand-in's device address
-            view = mmap.mmap(res[1], res[2]["bytes"])
-            check(os.fstat(res[1]).st_ino == sl.object and
-                  view[sl.local_off:sl.local_off + 4096] == b"\x6d" * 4096,
-                  "another rank of the group is lent the same allocation (inode %d) and sees what "
-                  "the rank path wrote through its mapping" % sl.object)
-            view.close()
-            os.close(res[1])
+            sl, dptr = a[0][1], a[0][2]  # dptr: the stand-in's device address, host-writable
+            seen_by_other(res[1], res[2]["bytes"], sl, dptr, 0x6d,
+                          "another rank of the group is lent the same allocation (inode %d) and "
+                          "sees what the rank path wrote through its mapping" % sl.object)
         else:
             check(False, "another rank of the group is lent its GPU slab: %s" % (res,))
         x.close()
