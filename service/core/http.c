@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -26,12 +27,25 @@ struct rw_svc_http {
 	struct MHD_Daemon *mhd;
 	uint16_t port;
 	rw_svc_metrics_t snap; /* used only by MHD's thread (one request at a time) */
-	/* Open connections, oldest first (MHD's thread only): when all but one slot are taken,
-	 * the oldest is shut down so that the next scraper always finds one (a slowloris from
-	 * many addresses cannot keep every slot). */
+	/* Open connections, oldest first, with their peers' addresses (MHD's thread only): when
+	 * all but one slot are taken, the oldest of the address holding the most is shut down, so
+	 * that the next scraper always finds one (a slowloris from many addresses cannot keep
+	 * every slot) and a scraper's one connection is not taken while another address holds
+	 * more (under a fast slowloris on a slow host it could become the oldest before MHD read
+	 * its request). */
 	int conn_fd[HTTP_CONNS_MAX];
+	uint32_t conn_addr[HTTP_CONNS_MAX];
 	uint32_t n_conn;
 };
+
+/* Drop entry i of the open-connection list, keeping the order. */
+static void conn_forget(rw_svc_http_t *http, uint32_t i)
+{
+	memmove(&http->conn_fd[i], &http->conn_fd[i + 1], (http->n_conn - i - 1) * sizeof(int));
+	memmove(&http->conn_addr[i], &http->conn_addr[i + 1],
+		(http->n_conn - i - 1) * sizeof(uint32_t));
+	http->n_conn--;
+}
 
 /* MHD_OPTION_NOTIFY_CONNECTION: keep the list; make room when the slots run low. A prompt
  * client is served within milliseconds of connecting, so it is never the oldest for long. */
@@ -48,19 +62,32 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 	if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
 		for (uint32_t i = 0; i < http->n_conn; i++)
 			if (http->conn_fd[i] == fd) {
-				memmove(&http->conn_fd[i], &http->conn_fd[i + 1],
-					(http->n_conn - i - 1) * sizeof(int));
-				http->n_conn--;
+				conn_forget(http, i);
 				break;
 			}
 		return;
 	}
 	if (http->n_conn >= HTTP_CONNS_MAX - 1) {
-		/* MHD sees the end at its next poll and closes it (CLOSED removes it here) */
-		shutdown(http->conn_fd[0], SHUT_RDWR);
-		memmove(&http->conn_fd[0], &http->conn_fd[1], (http->n_conn - 1) * sizeof(int));
-		http->n_conn--;
+		/* the oldest of the address holding the most; MHD sees the end at its next poll
+		 * and closes it (CLOSED would find it gone from the list) */
+		uint32_t victim = 0, most = 0;
+		for (uint32_t i = 0; i < http->n_conn; i++) {
+			uint32_t held = 0;
+			for (uint32_t j = 0; j < http->n_conn; j++)
+				held += http->conn_addr[j] == http->conn_addr[i];
+			if (held > most) {
+				most = held;
+				victim = i;
+			}
+		}
+		shutdown(http->conn_fd[victim], SHUT_RDWR);
+		conn_forget(http, victim);
 	}
+	struct sockaddr_in sa = {0};
+	socklen_t len = sizeof(sa);
+	if (getpeername(fd, (struct sockaddr *)&sa, &len) != 0 || sa.sin_family != AF_INET)
+		sa.sin_addr.s_addr = 0;
+	http->conn_addr[http->n_conn] = sa.sin_addr.s_addr;
 	http->conn_fd[http->n_conn++] = fd;
 }
 
