@@ -18,8 +18,12 @@
 #if RW_HAVE_MHD
 #include <microhttpd.h>
 
-/* Connections MHD keeps (MHD_OPTION_CONNECTION_LIMIT), and how many one address may hold. */
+/* Connections we keep, and how many one address may hold. MHD's own limit sits HTTP_CONNS_SLACK
+ * above ours: a connection we shut down to make room stays in MHD's count until its thread next
+ * polls and reaps it, and had MHD's limit been ours, a connection accepted in that window (a
+ * scrape, under a slowloris that reopens as fast as it is closed) would be refused by MHD. */
 #define HTTP_CONNS_MAX 32u
+#define HTTP_CONNS_SLACK 8u
 #define HTTP_CONNS_PER_ADDR 4u
 
 struct rw_svc_http {
@@ -28,7 +32,7 @@ struct rw_svc_http {
 	uint16_t port;
 	rw_svc_metrics_t snap; /* used only by MHD's thread (one request at a time) */
 	/* Open connections, oldest first, with their peers' addresses (MHD's thread only): when
-	 * all but one slot are taken, the oldest of the address holding the most is shut down, so
+	 * every slot is taken, the oldest of the address holding the most is shut down, so
 	 * that the next scraper always finds one (a slowloris from many addresses cannot keep
 	 * every slot) and a scraper's one connection is not taken while another address holds
 	 * more (under a fast slowloris on a slow host it could become the oldest before MHD read
@@ -67,9 +71,10 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 			}
 		return;
 	}
-	if (http->n_conn >= HTTP_CONNS_MAX - 1) {
+	if (http->n_conn >= HTTP_CONNS_MAX) {
 		/* the oldest of the address holding the most; MHD sees the end at its next poll
-		 * and closes it (CLOSED would find it gone from the list) */
+		 * and closes it (CLOSED would find it gone from the list; until then it holds one
+		 * of MHD's HTTP_CONNS_SLACK spare slots) */
 		uint32_t victim = 0, most = 0;
 		for (uint32_t i = 0; i < http->n_conn; i++) {
 			uint32_t held = 0;
@@ -226,12 +231,12 @@ rw_status_t rw_svc_http_start(rw_svc_t *svc, rw_svc_http_t **http_p)
 	}
 	http->port = ntohs(sin.sin_port);
 	/* One internal thread; a request renders at most a few hundred KiB. Idle connections
-	 * are closed after 10 s, at most 32 are kept and the oldest makes room for a new one
+	 * are closed after 10 s, at most 32 are kept and an old one makes room for a new one
 	 * (on_connection). MHD owns fd from here on. */
 	http->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL,
 				     NULL, handle, http, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
 				     MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_TIMEOUT, 10u,
-				     MHD_OPTION_CONNECTION_LIMIT, HTTP_CONNS_MAX,
+				     MHD_OPTION_CONNECTION_LIMIT, HTTP_CONNS_MAX + HTTP_CONNS_SLACK,
 				     /* one address cannot take every slot from the scrapers */
 				     MHD_OPTION_PER_IP_CONNECTION_LIMIT, HTTP_CONNS_PER_ADDR,
 				     MHD_OPTION_NOTIFY_CONNECTION, on_connection, http,
