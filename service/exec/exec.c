@@ -686,6 +686,26 @@ static rw_status_t mover_move(exec_pair_t *p, uint32_t g, char *why)
 	return RW_OK;
 }
 
+/* ---- the rule of absences (docs/rankpath.md "Failure") ------------------------------------- */
+
+void exec_seat_took(exec_group_t *g, uint32_t local, const rw_wire_key_t *key)
+{
+	g->seat[local] = (exec_seat_t){ .state = SEAT_ON, .last = *key };
+}
+
+void exec_seat_absent(exec_t *x, exec_group_t *g, uint32_t local, const rw_wire_key_t *key,
+		      exec_absence_t how, const char *why)
+{
+	exec_pair_t *p = g->pair;
+	if (!p || !rw_wire_key_eq(&p->key, key))
+		return exec_key_fail(x, g->name, key, local, why);
+	if (p->stage != ST_GATHER_D || p->in[RW_SVC_DISPATCH].sub[local].have)
+		return; /* the seat gave its dispatch: the pair has its answer from it */
+	if (how == EXEC_ABSENT_REFUSED)
+		p->answered |= 1u << local;
+	exec_pair_fail(p, how == EXEC_ABSENT_REFUSED ? RW_ERR_INVAL : RW_ERR_CLIENT, "%s", why);
+}
+
 exec_skip_t exec_dispatch_skip(const exec_t *x, const exec_member_t *mb, const exec_pair_t *p,
 			       const rw_wire_key_t *key, char *why, size_t len)
 {
@@ -693,17 +713,18 @@ exec_skip_t exec_dispatch_skip(const exec_t *x, const exec_member_t *mb, const e
 	    p->in[RW_SVC_DISPATCH].sub[mb->local].have)
 		return EXEC_SKIP_NONE;
 	const uint32_t rank = x->me * x->gpus + mb->local;
-	if (mb->fresh) {
+	const exec_seat_t *seat = &mb->g->seat[mb->local];
+	if (seat->state == SEAT_NEW) {
 		snprintf(why, len, "local rank %u joined again and went on to layer %u step %llu "
 			 "without this dispatch", rank, key->layer, (unsigned long long)key->step);
 		return EXEC_SKIP_PAIR;
 	}
-	if (mb->has_last && rw_wire_key_eq(&mb->last_key, &p->key)) {
+	if (seat->state == SEAT_ON && rw_wire_key_eq(&seat->last, &p->key)) {
 		snprintf(why, len, "local rank %u had its answer for this dispatch and went on to "
 			 "layer %u step %llu", rank, key->layer, (unsigned long long)key->step);
 		return EXEC_SKIP_PAIR;
 	}
-	if (mb->has_last && rw_wire_key_eq(&mb->last_key, key)) {
+	if (seat->state == SEAT_ON && rw_wire_key_eq(&seat->last, key)) {
 		snprintf(why, len, "layer %u step %llu failed already; the group went on to layer %u "
 			 "step %llu", key->layer, (unsigned long long)key->step, p->key.layer,
 			 (unsigned long long)p->key.step);
@@ -739,18 +760,19 @@ void exec_on_submit(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t g)
 	exec_t *x = p->x;
 	char why[RW_SVC_WHY_MAX];
 	EXEC_TRACE(p, exec_trace_submit_(p, kind, g));
-	exec_member_t *mb = p->g ? p->g->member[g] : NULL;
-	if (kind == RW_SVC_DISPATCH && mb && mb->fresh) { /* its first dispatch since it joined */
-		p->fresh |= 1u << g;
-		mb->fresh = 0;
-	}
-	if (kind == RW_SVC_DISPATCH && p->g && p->g->left) { /* a seat whose page rank left */
-		uint32_t l = 0;
-		while (!(p->g->left & (1u << l)))
-			l++;
-		p->g->left = 0; /* the key it skipped: the next pair waits for it to come back */
-		return exec_pair_fail(p, RW_ERR_CLIENT, "local rank %u left before this dispatch "
-				      "(its seat is empty)", x->me * x->gpus + l);
+	exec_group_t *grp = p->g;
+	if (kind == RW_SVC_DISPATCH && grp && grp->seat[g].state == SEAT_NEW)
+		p->fresh |= 1u << g; /* its first dispatch since it joined */
+	for (uint32_t l = 0; kind == RW_SVC_DISPATCH && grp && l < x->gpus; l++) {
+		if (grp->seat[l].state != SEAT_GAP)
+			continue;
+		/* the key its rank skipped; the pairs after it wait for a rank to take the seat */
+		for (uint32_t m = 0; m < x->gpus; m++)
+			if (grp->seat[m].state == SEAT_GAP)
+				grp->seat[m].state = SEAT_WAIT;
+		snprintf(why, sizeof(why), "local rank %u left before this dispatch (its seat is "
+			 "empty)", x->me * x->gpus + l);
+		return exec_seat_absent(x, grp, l, &p->key, EXEC_ABSENT_GONE, why);
 	}
 	if (kind == RW_SVC_COMBINE && p->in[kind].n_sub == 1) { /* the combine's clock starts */
 		p->phase_t0 = rw_now_ns();

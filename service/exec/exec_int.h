@@ -122,6 +122,26 @@ typedef struct exec_pair exec_pair_t;
 typedef struct exec_group exec_group_t;
 typedef struct rw_svc_exec exec_t;
 
+/* A local seat of a group, and what its node knows of the keys its rank answered
+ * (docs/rankpath.md "Failure", the rule of absences): a group's ranks run one sequence of keys,
+ * and each seat answers each key's dispatch once, by a submission or by an absence. Its state
+ * says which keys the seat may still submit: */
+typedef enum exec_seat_state {
+	SEAT_WAIT = 0,               /* no rank, owing nothing (never held, or its gap was spent):
+				      * a pair waits for a rank to take it */
+	SEAT_GAP,                    /* its rank left and its leave failed nothing: the next key
+				      * that gathers here is one it skipped */
+	SEAT_NEW,                    /* a rank joined and no dispatch of it was taken yet: a key
+				      * that gathers without it before its first is one it skipped */
+	SEAT_ON,                     /* its rank's last dispatch taken (admitted, refused, or
+				      * answered by a failed key's tomb) was of key `last` */
+} exec_seat_state_t;
+
+typedef struct exec_seat {
+	exec_seat_state_t state;
+	rw_wire_key_t last;          /* SEAT_ON */
+} exec_seat_t;
+
 typedef struct exec_member {
 	exec_group_t *g;
 	rw_ipc_client_t *client;
@@ -136,14 +156,6 @@ typedef struct exec_member {
 	uint64_t page_failed;        /* a phase not taken yet whose packed or done came ahead of
 					the daemon's word: failed on the page, refused when taken */
 	unsigned page_failed_word;   /* which (RW_PW_PACKED or RW_PW_DONE) */
-	/* No dispatch of this rank was taken since it joined: a rank that left and joined again
-	 * (its own input refused, librailwave's rejoin) owes none of the keys its group ran while
-	 * it was away (exec_dispatch_skip). */
-	int fresh;
-	/* The key of its last dispatch taken (admitted, refused or answered by a failed key's
-	 * tomb): a rank that had its answer for a key and went on never submits it again. */
-	rw_wire_key_t last_key;
-	int has_last;
 } exec_member_t;
 
 struct exec_group {
@@ -154,9 +166,7 @@ struct exec_group {
 	exec_member_t *member[RW_MAX_GPUS];
 	uint32_t n_members;
 	exec_pair_t *pair;           /* the open pair, or NULL */
-	uint32_t left;               /* seats whose page rank left while the group stayed, until a
-				      * rank takes the seat again or the first dispatch pair that
-				      * opens meanwhile failed for it (the key it skipped) */
+	exec_seat_t seat[RW_MAX_GPUS]; /* by local rank */
 	uint8_t key_fp[RW_WIRE_KEY_FP_SIZE]; /* its ranks' group key fingerprint (ipc/ipc.h) */
 	/* Its carve-out of the mesh's pool (service/mesh/mesh.h), taken at its first join: its
 	 * pairs' slot is EXEC_SLOTS + carve. -1: none (carve-outs off, or the pool was spent), its
@@ -197,7 +207,7 @@ struct exec_pair {
 	void *mv_mover, *mv_state;
 	uint32_t answered;           /* local ranks already answered with an error for this key */
 	uint32_t fresh;              /* local ranks whose dispatch here was their first since they
-				      * joined (exec_member_t.fresh) */
+				      * joined (SEAT_NEW when it came) */
 	uint32_t serial;             /* names the pair in the mover's reports */
 	int carve;                   /* the carve-out it holds a reference on until freed, or -1 */
 	int page_busy;               /* its running kind has page ranks in flight: the word
@@ -609,11 +619,11 @@ void exec_pair_fail_peer(exec_pair_t *p, const rw_wire_phase_err_t *e, const cha
 void exec_pair_abandon(exec_pair_t *p);
 /* A dispatch of `key` by member mb meets its group's pair `p` gathering another key without
  * mb's dispatch: one of the two keys can never gather every local rank here, since a group's
- * ranks run one sequence of keys. A rank that joined again (mb->fresh) went on past the keys its
- * group ran while it was away: the pair's key is the skipped one when mb is fresh, or when mb
+ * ranks run one sequence of keys. A rank that joined again (SEAT_NEW) went on past the keys its
+ * group ran while it was away: the pair's key is the skipped one when mb is new, or when mb
  * already had its answer for that key (its last dispatch; a refused rank's late poison reopened
  * it) (EXEC_SKIP_PAIR: fail the pair, naming mb, then take the dispatch); mb's own when every
- * rank in the pair came fresh (EXEC_SKIP_MINE: mb's key fails everywhere, exec_key_fail). A
+ * rank in the pair came new (EXEC_SKIP_MINE: mb's key fails everywhere, exec_key_fail). A
  * rank that submits again the key it last had its answer for (a refused rank's poison of the key
  * its refusal already failed) while its group went on gets that key's failure, alone
  * (EXEC_SKIP_DONE: answered RW_E_PHASE; before, "still running" made railwave's package leave
@@ -623,6 +633,28 @@ void exec_pair_abandon(exec_pair_t *p);
 typedef enum { EXEC_SKIP_NONE = 0, EXEC_SKIP_PAIR, EXEC_SKIP_MINE, EXEC_SKIP_DONE } exec_skip_t;
 exec_skip_t exec_dispatch_skip(const exec_t *x, const exec_member_t *mb, const exec_pair_t *p,
 			       const rw_wire_key_t *key, char *why, size_t len);
+/* The rule of absences (docs/rankpath.md "Failure"): a group's ranks run one sequence of keys,
+ * and each local seat answers each key's dispatch once: by a submission that joins the key's
+ * pair, or by an absence. A pair never waits for a seat that is absent: the first absence fails
+ * the key on every node at once, naming the seat. The absences:
+ *   - its rank's dispatch (or a slot of no known kind) refused: it has its answer (exec_ipc.c
+ *     dispatch_refuse, exec_page.c page_submit);
+ *   - its rank left and its leave failed nothing: the next key that gathers here (SEAT_GAP);
+ *   - its rank submits another key while it holds no claim on the pair's: it joined since
+ *     (SEAT_NEW) or had its answer for it (SEAT_ON, last) (exec_dispatch_skip, EXEC_SKIP_PAIR;
+ *     and, seen from the other side, EXEC_SKIP_MINE).
+ * The seat had a dispatch of `key` taken: admitted, refused, or answered by a tomb. */
+void exec_seat_took(exec_group_t *g, uint32_t local, const rw_wire_key_t *key);
+/* How a seat is absent: its rank's own input was refused (it has its answer: the tomb lets its
+ * retry of the key by; the failure is the input's, RW_ERR_INVAL), or it is gone from the key
+ * (left, or went on: RW_ERR_CLIENT). */
+typedef enum { EXEC_ABSENT_REFUSED = 0, EXEC_ABSENT_GONE } exec_absence_t;
+/* Seat `local` of g is absent from `key` (why names it, and the seat): the key's pair here
+ * fails on every node while it still gathers without that seat (a pair that has the seat's
+ * dispatch has its answer: nothing); with no pair of the key here, the key fails everywhere
+ * (exec_key_fail). */
+void exec_seat_absent(exec_t *x, exec_group_t *g, uint32_t local, const rw_wire_key_t *key,
+		      exec_absence_t how, const char *why);
 /* Dispatch `key` of group `group` fails on every node while no pair of it is open here: local
  * rank `local` had its answer; the key becomes a tomb (later local ranks get why), the peers
  * are told, each of them fails its pair of the key. */

@@ -34,10 +34,11 @@ static void member_leave(exec_t *x, exec_member_t *mb, rw_ipc_leave_t reason, in
 	if (g->pair) /* the pair may use this rank's buffers: fail it everywhere */
 		exec_on_rank_left(g->pair, client, rank);
 	/* A page rank whose leave failed nothing (none open, or its part of the open pair done)
-	 * skips the next key its node opens: exec_on_submit fails that pair. One whose leave
-	 * failed the pair (closed), or holds its combine's failure, skipped nothing more. */
-	if (rw_ipc_client_page(client, NULL) && (!was || (g->pair == was && was->held.st == RW_OK)))
-		g->left |= 1u << mb->local;
+	 * is absent from the next key that gathers here (SEAT_GAP: exec_on_submit fails that
+	 * pair). One whose leave failed the pair (closed), or holds its combine's failure, skipped
+	 * nothing more. */
+	g->seat[mb->local].state = rw_ipc_client_page(client, NULL) &&
+		(!was || (g->pair == was && was->held.st == RW_OK)) ? SEAT_GAP : SEAT_WAIT;
 	g->member[mb->local] = NULL;
 	g->n_members--;
 	exec_tomb_left(x, g->hash, mb->local);
@@ -97,9 +98,8 @@ static void client_joined(void *ctx, rw_ipc_client_t *client)
 	mb->g = g;
 	mb->client = client;
 	mb->local = local;
-	mb->fresh = 1;
 	g->member[local] = mb;
-	g->left &= ~(1u << local);
+	g->seat[local].state = SEAT_NEW;
 	g->n_members++;
 	exec_refused_drop(x, g->name, info->key_fp);
 	rw_ipc_client_set_data(client, mb);
@@ -176,6 +176,7 @@ typedef struct admit {
 				      * (exec_dispatch_skip) ... */
 	char skip_why[RW_SVC_WHY_MAX]; /* ... naming the rank */
 	int tomb_seen;               /* a tomb of the key was looked up (exec_tomb_pass settles it) */
+	int named;                   /* REFUSE_PHASE: why names the rank the key fails for */
 	rw_svc_rank_io_t io;         /* the rank's part of the phase, resolved from the submission */
 } admit_t;
 
@@ -284,6 +285,7 @@ static void admit_dispatch(const exec_t *x, const exec_member_t *mb, rw_ipc_clie
 		return refuse(a, REFUSE_FAILED, RW_ERR_STATE, NULL);
 	switch (exec_dispatch_skip(x, mb, p, &a->key, a->skip_why, sizeof(a->skip_why))) {
 	case EXEC_SKIP_MINE: /* a rank that joined again went on past this key */
+		a->named = 1;
 		return refuse(a, REFUSE_PHASE, RW_ERR_CLIENT, "%s", a->skip_why);
 	case EXEC_SKIP_DONE: /* this rank had this key's answer: its group went on */
 		return refuse(a, REFUSE_RANK, RW_ERR_CLIENT, "%s", a->skip_why);
@@ -434,13 +436,11 @@ static void dispatch_refuse(exec_t *x, exec_member_t *mb, rw_ipc_client_t *clien
 	rw_warn("group %s layer %u step %llu: local rank %u: %s", mb->g->name, a->key.layer,
 		(unsigned long long)a->key.step, local, a->why);
 	exec_answer_err(x, client, sqe, a->st, 0, a->why);
-	if (a->pair) {
-		a->pair->answered |= 1u << local;
-		exec_pair_fail(a->pair, RW_ERR_INVAL, "local rank %u: %s", x->me * x->gpus + local,
-			       a->why);
-		return;
-	}
-	exec_key_fail(x, mb->g->name, &a->key, local, a->why);
+	if (a->named) /* a skip: its sentence names the rank gone */
+		return exec_seat_absent(x, mb->g, local, &a->key, EXEC_ABSENT_REFUSED, a->why);
+	char msg[RW_SVC_WHY_MAX + 32];
+	snprintf(msg, sizeof(msg), "local rank %u: %s", x->me * x->gpus + local, a->why);
+	exec_seat_absent(x, mb->g, local, &a->key, EXEC_ABSENT_REFUSED, msg);
 }
 
 static void submission(void *ctx, rw_ipc_client_t *client, const rw_sqe_t *sqe)
@@ -470,12 +470,9 @@ static void submission(void *ctx, rw_ipc_client_t *client, const rw_sqe_t *sqe)
 	if (a.abandon)
 		exec_pair_abandon(a.abandon);
 	if (a.skipped) /* closed now: the dispatch opens its own pair */
-		exec_pair_fail(a.skipped, RW_ERR_CLIENT, "%s", a.skip_why);
-	if (mb && a.kind == RW_SVC_DISPATCH) {
-		mb->fresh = 0;
-		mb->last_key = a.key;
-		mb->has_last = 1;
-	}
+		exec_seat_absent(x, mb->g, mb->local, &a.skipped->key, EXEC_ABSENT_GONE, a.skip_why);
+	if (mb && a.kind == RW_SVC_DISPATCH)
+		exec_seat_took(mb->g, mb->local, &a.key);
 	switch (a.way) {
 	case ADMIT_JOIN:
 	case ADMIT_OPEN:

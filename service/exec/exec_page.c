@@ -110,12 +110,12 @@ static int page_admit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, const rw
 		return page_refuse(x, mb, pg, k, RW_E_PHASE, why);
 	switch (exec_dispatch_skip(x, mb, p, &key, why, sizeof(why))) {
 	case EXEC_SKIP_MINE: /* a rank that joined again went on past this key */
-		exec_key_fail(x, g->name, &key, mb->local, why);
+		exec_seat_absent(x, g, mb->local, &key, EXEC_ABSENT_REFUSED, why);
 		return page_refuse(x, mb, pg, k, RW_E_PHASE, why);
 	case EXEC_SKIP_DONE: /* this rank had this key's answer: its group went on */
 		return page_refuse(x, mb, pg, k, RW_E_PHASE, why);
 	case EXEC_SKIP_PAIR: /* this rank joined again past the pair's key: it fails first */
-		exec_pair_fail(p, RW_ERR_CLIENT, "%s", why);
+		exec_seat_absent(x, g, mb->local, &p->key, EXEC_ABSENT_GONE, why);
 		p = g->pair; /* NULL: the dispatch opens its own */
 		break;
 	case EXEC_SKIP_NONE:
@@ -208,29 +208,6 @@ static int page_admit_combine(exec_t *x, exec_member_t *mb, rw_page_head_t *pg,
 	return 0;
 }
 
-/* A dispatch its checks refused (the rank has its answer: why) fails its key on every node at
- * once, naming the rank (a slot of no known kind counts as the dispatch of its layer and step:
- * a combine is only ever refused to its rank alone), as a ring rank's refused dispatch does (exec_ipc.c): the key's pair
- * gathering here (the rank counted answered; the others get RW_E_PHASE), or with none of it
- * here the key itself (exec_key_fail: a tomb, the peers told). */
-static void page_refused_dispatch(exec_t *x, exec_member_t *mb, const rw_page_params_t *prm,
-				  const char *why)
-{
-	const rw_wire_key_t key = { .group = mb->g->hash, .layer = prm->layer, .step = prm->step };
-	exec_pair_t *p = mb->g->pair;
-	mb->fresh = 0;
-	mb->last_key = key;
-	mb->has_last = 1;
-	char msg[RW_SVC_WHY_MAX + 32];
-	snprintf(msg, sizeof(msg), "local rank %u: %s", x->me * x->gpus + mb->local, why);
-	if (!p || !rw_wire_key_eq(&p->key, &key))
-		return exec_key_fail(x, mb->g->name, &key, mb->local, msg);
-	if (p->stage != ST_GATHER_D || p->in[RW_SVC_DISPATCH].sub[mb->local].have)
-		return;
-	p->answered |= 1u << mb->local;
-	exec_pair_fail(p, RW_ERR_INVAL, "%s", msg);
-}
-
 /* Phase k submitted by the rank: its slot read once, checked. 1: it waits for the group's pair
  * to end (nothing was read into the daemon; it is taken again later); 0: taken. */
 static int page_submit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, uint64_t k)
@@ -261,20 +238,27 @@ static int page_submit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, uint64_
 	    params_check(x, mb, &params, why, &code) != 0) {
 		free(row);
 		page_refuse(x, mb, pg, k, code, why);
-		if (params.kind != RW_KIND_COMBINE) /* a dispatch, or a slot of no known kind */
-			page_refused_dispatch(x, mb, &params, why);
+		/* A dispatch, or a slot of no known kind (it had its answer for that layer and
+		 * step all the same), refused: an absence from its key, as a ring rank's refused
+		 * dispatch (exec_ipc.c); a combine is refused to its rank alone. */
+		if (params.kind != RW_KIND_COMBINE) {
+			const rw_wire_key_t key = { .group = mb->g->hash, .layer = params.layer,
+						    .step = params.step };
+			char msg[RW_SVC_WHY_MAX + 32];
+			snprintf(msg, sizeof(msg), "local rank %u: %s", x->me * x->gpus + mb->local,
+				 why);
+			exec_seat_took(mb->g, mb->local, &key);
+			exec_seat_absent(x, mb->g, mb->local, &key, EXEC_ABSENT_REFUSED, msg);
+		}
 		return 0;
 	}
 	const int wait = params.kind == RW_KIND_COMBINE ?
 		page_admit_combine(x, mb, pg, &l, k, &params) :
 		page_admit(x, mb, pg, &l, k, &params, row);
 	free(row);
-	if (!wait && params.kind == RW_KIND_DISPATCH) { /* exec_dispatch_skip's marks */
-		mb->fresh = 0;
-		mb->last_key = (rw_wire_key_t){ .group = mb->g->hash, .layer = params.layer,
-						.step = params.step };
-		mb->has_last = 1;
-	}
+	if (!wait && params.kind == RW_KIND_DISPATCH)
+		exec_seat_took(mb->g, mb->local, &(rw_wire_key_t){ .group = mb->g->hash,
+					.layer = params.layer, .step = params.step });
 	return wait;
 }
 
