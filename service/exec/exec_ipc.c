@@ -471,8 +471,6 @@ static void submission(void *ctx, rw_ipc_client_t *client, const rw_sqe_t *sqe)
 		exec_pair_abandon(a.abandon);
 	if (a.skipped) /* closed now: the dispatch opens its own pair */
 		exec_seat_absent(x, mb->g, mb->local, &a.skipped->key, EXEC_ABSENT_GONE, a.skip_why);
-	if (mb && a.kind == RW_SVC_DISPATCH)
-		exec_seat_took(mb->g, mb->local, &a.key);
 	switch (a.way) {
 	case ADMIT_JOIN:
 	case ADMIT_OPEN:
@@ -489,6 +487,9 @@ static void submission(void *ctx, rw_ipc_client_t *client, const rw_sqe_t *sqe)
 		exec_answer_err(x, client, sqe, a.st, 0, a.why);
 		break;
 	}
+	/* After its pair saw it (exec_on_submit marks a seat's first dispatch since it joined). */
+	if (mb && a.kind == RW_SVC_DISPATCH)
+		exec_seat_took(mb->g, mb->local, &a.key);
 }
 
 /* A rank asks for its group's slab of a rail: the group's carve-out (exec_carve.c), the one

@@ -285,6 +285,48 @@ static void test_rank_leaves_between_pairs(void **state)
 	cl_free(c);
 }
 
+/* A ring rank that left between pairs and joined again owes none of the keys its group ran
+ * meanwhile (docs/rankpath.md "Failure", the rule of absences): its first dispatch, of step 2,
+ * opens its node's pair alone; its node's other rank's dispatch of step 1, the key it skipped,
+ * then fails step 1 on every node at once, naming it (the other node's ranks get it from their
+ * own submissions, a tomb of the key), and step 2 passes for every rank. Before, the pair did
+ * not know its rank came new (a ring rank's dispatch was marked taken before its pair saw it):
+ * the other rank was refused "layer 0 step 2 is still running" and the other node's pair of
+ * step 1 waited for the phase timeout. */
+static void test_ring_rank_rejoins_past_a_key(void **state)
+{
+	(void)state;
+	opts_t o = { .nodes = 2, .path = "joint", .tokens = 20 };
+	cl_t *c = cl_new(&o, 640);
+	const char *what = "rank 1 joined again past step 1";
+	run_pair(c, 0, 0);
+	fk_client_die(c->rk[1].c);
+	settle(c);
+	rank_connect(c, 1);
+	dispatch_submit(c, 1, 2, 0, NULL);
+	settle(c);
+	expect_no_cqe(c, 1);
+	dispatch_submit(c, 0, 1, 0, NULL);
+	expect_err_now(c, 0, RW_E_PHASE, what);
+	CHECK(strstr(fk_client_notice(c->rk[0].c), "local rank 1 joined again"),
+	      "%s: rank 0 was not told why: '%s'", what, fk_client_notice(c->rk[0].c));
+	settle(c);
+	for (uint32_t r = c->G; r < c->W; r++) {
+		dispatch_submit(c, r, 1, 0, NULL);
+		expect_err_now(c, r, RW_E_PHASE, what);
+		CHECK(strstr(fk_client_notice(c->rk[r].c), "local rank 1 joined again"),
+		      "%s: rank %u was not told why: '%s'", what, r, fk_client_notice(c->rk[r].c));
+	}
+	expect_quiet_but(c, 0, 0);
+	for (uint32_t r = 0; r < c->W; r++)
+		if (r != 1)
+			dispatch_submit(c, r, 2, 0, NULL);
+	dispatch_collect(c, 2, 0);
+	combine_all(c, 2, 0);
+	expect_quiet_but(c, 0, 0);
+	cl_free(c);
+}
+
 /* ================================================================================================
  * A rank that aborts its pair (ipc/railwave.h "Failing a pair by its key")
  * ================================================================================================ */
@@ -444,6 +486,7 @@ int exec_leave_run(void)
 		cmocka_unit_test(test_peer_dies_silently),
 		cmocka_unit_test(test_rank_lost),
 		cmocka_unit_test(test_rank_leaves_between_pairs),
+		cmocka_unit_test(test_ring_rank_rejoins_past_a_key),
 		cmocka_unit_test(test_combine_waits_for_sources),
 		cmocka_unit_test(test_combine_failure_after_dispatch),
 		cmocka_unit_test(test_abort_names_its_key),
