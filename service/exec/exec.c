@@ -693,17 +693,43 @@ void exec_seat_took(exec_group_t *g, uint32_t local, const rw_wire_key_t *key)
 	g->seat[local] = (exec_seat_t){ .state = SEAT_ON, .last = *key };
 }
 
+/* What pair p still waits for from seat `local`: its dispatch while it gathers without it,
+ * its combine from its dispatch on until the seat's combine came. */
+static int seat_awaits(const exec_pair_t *p, uint32_t local, int kind)
+{
+	const int dispatch_in = p->in[RW_SVC_DISPATCH].sub[local].have;
+	if (kind == RW_SVC_DISPATCH)
+		return p->stage == ST_GATHER_D && !dispatch_in;
+	return p->stage <= ST_WAIT_C && !p->in[RW_SVC_COMBINE].sub[local].have &&
+	       (p->stage == ST_WAIT_C || dispatch_in);
+}
+
 void exec_seat_absent(exec_t *x, exec_group_t *g, uint32_t local, const rw_wire_key_t *key,
-		      exec_absence_t how, const char *why)
+		      int kind, exec_absence_t how, const char *why)
 {
 	exec_pair_t *p = g->pair;
-	if (!p || !rw_wire_key_eq(&p->key, key))
-		return exec_key_fail(x, g->name, key, local, why);
-	if (p->stage != ST_GATHER_D || p->in[RW_SVC_DISPATCH].sub[local].have)
-		return; /* the seat gave its dispatch: the pair has its answer from it */
-	if (how == EXEC_ABSENT_REFUSED)
-		p->answered |= 1u << local;
-	exec_pair_fail(p, how == EXEC_ABSENT_REFUSED ? RW_ERR_INVAL : RW_ERR_CLIENT, "%s", why);
+	const rw_status_t st = how == EXEC_ABSENT_REFUSED ? RW_ERR_INVAL : RW_ERR_CLIENT;
+	if (!p || !rw_wire_key_eq(&p->key, key)) {
+		if (kind != RW_SVC_COMBINE)
+			exec_key_fail(x, g->name, key, local, why);
+		return; /* a combine no pair here waits for: its rank's alone */
+	}
+	if (kind != RW_SVC_COMBINE && seat_awaits(p, local, RW_SVC_DISPATCH)) {
+		if (how == EXEC_ABSENT_REFUSED)
+			p->answered |= 1u << local;
+		return exec_pair_fail(p, st, "%s", why);
+	}
+	if (kind == RW_SVC_DISPATCH || !seat_awaits(p, local, RW_SVC_COMBINE))
+		return; /* the pair has the seat's answer */
+	if (p->stage == ST_WAIT_C)
+		return exec_pair_fail(p, st, "%s", why);
+	/* Its dispatch still runs here: it runs to its end, every rank gets its rows, and the pair
+	 * then fails as a combine failure on every node (complete), as when a rank leaves in its
+	 * dispatch's flush (exec_on_rank_left). */
+	if (p->held.st == RW_OK && p->err.st == RW_OK) {
+		p->held = (exec_error_t){ .st = st, .tell = EXEC_TELL_PEERS };
+		snprintf(p->held.msg, sizeof(p->held.msg), "%s", why);
+	}
 }
 
 exec_skip_t exec_dispatch_skip(const exec_t *x, const exec_member_t *mb, const exec_pair_t *p,
@@ -772,7 +798,7 @@ void exec_on_submit(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t g)
 				grp->seat[m].state = SEAT_WAIT;
 		snprintf(why, sizeof(why), "local rank %u left before this dispatch (its seat is "
 			 "empty)", x->me * x->gpus + l);
-		return exec_seat_absent(x, grp, l, &p->key, EXEC_ABSENT_GONE, why);
+		return exec_seat_absent(x, grp, l, &p->key, RW_SVC_DISPATCH, EXEC_ABSENT_GONE, why);
 	}
 	if (kind == RW_SVC_COMBINE && p->in[kind].n_sub == 1) { /* the combine's clock starts */
 		p->phase_t0 = rw_now_ns();

@@ -634,11 +634,12 @@ typedef enum { EXEC_SKIP_NONE = 0, EXEC_SKIP_PAIR, EXEC_SKIP_MINE, EXEC_SKIP_DON
 exec_skip_t exec_dispatch_skip(const exec_t *x, const exec_member_t *mb, const exec_pair_t *p,
 			       const rw_wire_key_t *key, char *why, size_t len);
 /* The rule of absences (docs/rankpath.md "Failure"): a group's ranks run one sequence of keys,
- * and each local seat answers each key's dispatch once: by a submission that joins the key's
- * pair, or by an absence. A pair never waits for a seat that is absent: the first absence fails
+ * and each local seat answers each key's dispatch (and, once its dispatch is in, the combine)
+ * once: by a submission that joins the key's pair, or by an absence. A pair never waits for a seat that is absent: the first absence fails
  * the key on every node at once, naming the seat. The absences:
- *   - its rank's dispatch (or a slot of no known kind) refused: it has its answer (exec_ipc.c
- *     dispatch_refuse, exec_page.c page_submit);
+ *   - its rank's dispatch refused: it has its answer (exec_ipc.c dispatch_refuse, exec_page.c);
+ *     a page rank's combine refused, or its slot of no known kind (a page rank has no abort:
+ *     its stream went on; a ring rank's refused combine is its own, to retry or abort);
  *   - its rank left and its leave failed nothing: the next key that gathers here (SEAT_GAP);
  *   - its rank submits another key while it holds no claim on the pair's: it joined since
  *     (SEAT_NEW) or had its answer for it (SEAT_ON, last) (exec_dispatch_skip, EXEC_SKIP_PAIR;
@@ -649,12 +650,17 @@ void exec_seat_took(exec_group_t *g, uint32_t local, const rw_wire_key_t *key);
  * retry of the key by; the failure is the input's, RW_ERR_INVAL), or it is gone from the key
  * (left, or went on: RW_ERR_CLIENT). */
 typedef enum { EXEC_ABSENT_REFUSED = 0, EXEC_ABSENT_GONE } exec_absence_t;
-/* Seat `local` of g is absent from `key` (why names it, and the seat): the key's pair here
- * fails on every node while it still gathers without that seat (a pair that has the seat's
- * dispatch has its answer: nothing); with no pair of the key here, the key fails everywhere
- * (exec_key_fail). */
+/* Seat `local` of g is absent from `kind` of `key` (why names it, and the seat;
+ * EXEC_KIND_ANY: a slot of no known kind, absent from whichever the pair waits for): the key's
+ * pair here fails on every node while it still waits for that of the seat — its dispatch while
+ * it gathers, its combine from its dispatch on (while the dispatch still runs here, it runs to
+ * its end and the pair fails at its combine, as docs/dataflow.md "Failures" has a combine
+ * failure); a pair that has the seat's answer changes nothing. With no pair of the key here a
+ * dispatch's absence fails the key everywhere (exec_key_fail); a combine no pair waits for is
+ * the rank's alone. */
+#define EXEC_KIND_ANY RW_SVC_KIND_COUNT
 void exec_seat_absent(exec_t *x, exec_group_t *g, uint32_t local, const rw_wire_key_t *key,
-		      exec_absence_t how, const char *why);
+		      int kind, exec_absence_t how, const char *why);
 /* Dispatch `key` of group `group` fails on every node while no pair of it is open here: local
  * rank `local` had its answer; the key becomes a tomb (later local ranks get why), the peers
  * are told, each of them fails its pair of the key. */

@@ -437,10 +437,11 @@ static void dispatch_refuse(exec_t *x, exec_member_t *mb, rw_ipc_client_t *clien
 		(unsigned long long)a->key.step, local, a->why);
 	exec_answer_err(x, client, sqe, a->st, 0, a->why);
 	if (a->named) /* a skip: its sentence names the rank gone */
-		return exec_seat_absent(x, mb->g, local, &a->key, EXEC_ABSENT_REFUSED, a->why);
+		return exec_seat_absent(x, mb->g, local, &a->key, RW_SVC_DISPATCH,
+					EXEC_ABSENT_REFUSED, a->why);
 	char msg[RW_SVC_WHY_MAX + 32];
 	snprintf(msg, sizeof(msg), "local rank %u: %s", x->me * x->gpus + local, a->why);
-	exec_seat_absent(x, mb->g, local, &a->key, EXEC_ABSENT_REFUSED, msg);
+	exec_seat_absent(x, mb->g, local, &a->key, RW_SVC_DISPATCH, EXEC_ABSENT_REFUSED, msg);
 }
 
 static void submission(void *ctx, rw_ipc_client_t *client, const rw_sqe_t *sqe)
@@ -470,7 +471,8 @@ static void submission(void *ctx, rw_ipc_client_t *client, const rw_sqe_t *sqe)
 	if (a.abandon)
 		exec_pair_abandon(a.abandon);
 	if (a.skipped) /* closed now: the dispatch opens its own pair */
-		exec_seat_absent(x, mb->g, mb->local, &a.skipped->key, EXEC_ABSENT_GONE, a.skip_why);
+		exec_seat_absent(x, mb->g, mb->local, &a.skipped->key, RW_SVC_DISPATCH,
+				 EXEC_ABSENT_GONE, a.skip_why);
 	switch (a.way) {
 	case ADMIT_JOIN:
 	case ADMIT_OPEN:

@@ -34,6 +34,17 @@ static int page_refuse(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, uint64_
 	return 0;
 }
 
+/* The rank's submission of `kind` of `key` was refused (why): its seat is absent from it
+ * (exec_seat_absent, the rule of absences), named. A page rank has no abort and its stream went
+ * on, so a refused combine is an absence too, where a ring rank's is its own to retry. */
+static void page_absent(exec_t *x, exec_member_t *mb, const rw_wire_key_t *key, int kind,
+			const char *why)
+{
+	char msg[RW_SVC_WHY_MAX + 32];
+	snprintf(msg, sizeof(msg), "local rank %u: %s", x->me * x->gpus + mb->local, why);
+	exec_seat_absent(x, mb->g, mb->local, key, kind, EXEC_ABSENT_REFUSED, msg);
+}
+
 /* The parameters as the executor would check a ring submission's, beyond rw_page_submit_check:
  * what the movers carry. 0, or -1 with why and *code_p set. */
 static int params_check(const exec_t *x, const exec_member_t *mb, const rw_page_params_t *p,
@@ -110,12 +121,12 @@ static int page_admit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, const rw
 		return page_refuse(x, mb, pg, k, RW_E_PHASE, why);
 	switch (exec_dispatch_skip(x, mb, p, &key, why, sizeof(why))) {
 	case EXEC_SKIP_MINE: /* a rank that joined again went on past this key */
-		exec_seat_absent(x, g, mb->local, &key, EXEC_ABSENT_REFUSED, why);
+		exec_seat_absent(x, g, mb->local, &key, RW_SVC_DISPATCH, EXEC_ABSENT_REFUSED, why);
 		return page_refuse(x, mb, pg, k, RW_E_PHASE, why);
 	case EXEC_SKIP_DONE: /* this rank had this key's answer: its group went on */
 		return page_refuse(x, mb, pg, k, RW_E_PHASE, why);
 	case EXEC_SKIP_PAIR: /* this rank joined again past the pair's key: it fails first */
-		exec_seat_absent(x, g, mb->local, &p->key, EXEC_ABSENT_GONE, why);
+		exec_seat_absent(x, g, mb->local, &p->key, RW_SVC_DISPATCH, EXEC_ABSENT_GONE, why);
 		p = g->pair; /* NULL: the dispatch opens its own */
 		break;
 	case EXEC_SKIP_NONE:
@@ -136,9 +147,7 @@ static int page_admit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, const rw
 	rw_status_t st;
 	if (p && (st = exec_plan_fits(p, &sqe, why, sizeof(why))) != RW_OK) {
 		page_phase_fail(x, mb, pg, k, exec_client_code(st, 0), why);
-		p->answered |= 1u << mb->local;
-		exec_pair_fail(p, RW_ERR_INVAL, "local rank %u: %s", x->me * x->gpus + mb->local,
-			       why);
+		page_absent(x, mb, &key, RW_SVC_DISPATCH, why);
 		return 0;
 	}
 	if (!p && x->svc->draining)
@@ -198,7 +207,7 @@ static int page_admit_combine(exec_t *x, exec_member_t *mb, rw_page_head_t *pg,
 			 "delivered %u rows of %u x dtype %u", prm->token_count, prm->hidden,
 			 prm->dtype, rows, p->ph.hidden, p->in[RW_SVC_DISPATCH].sub[h].sqe.dtype);
 		page_refuse(x, mb, pg, k, RW_E_TOKENS, why);
-		exec_pair_fail(p, RW_ERR_SUB_TOKENS, "local rank %u: %s", x->me * x->gpus + h, why);
+		page_absent(x, mb, &key, RW_SVC_COMBINE, why);
 		return 0;
 	}
 	const rw_sqe_t sqe = { .kind = RW_KIND_COMBINE, .dtype = prm->dtype, .layer = prm->layer,
@@ -238,18 +247,15 @@ static int page_submit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, uint64_
 	    params_check(x, mb, &params, why, &code) != 0) {
 		free(row);
 		page_refuse(x, mb, pg, k, code, why);
-		/* A dispatch, or a slot of no known kind (it had its answer for that layer and
-		 * step all the same), refused: an absence from its key, as a ring rank's refused
-		 * dispatch (exec_ipc.c); a combine is refused to its rank alone. */
-		if (params.kind != RW_KIND_COMBINE) {
-			const rw_wire_key_t key = { .group = mb->g->hash, .layer = params.layer,
-						    .step = params.step };
-			char msg[RW_SVC_WHY_MAX + 32];
-			snprintf(msg, sizeof(msg), "local rank %u: %s", x->me * x->gpus + mb->local,
-				 why);
+		/* The rank has its answer for the slot's layer and step, whatever kind it names: an
+		 * absence (a slot of no known kind, from whichever the key's pair waits for) */
+		const rw_wire_key_t key = { .group = mb->g->hash, .layer = params.layer,
+					    .step = params.step };
+		const int kind = params.kind == RW_KIND_DISPATCH ? RW_SVC_DISPATCH :
+				 params.kind == RW_KIND_COMBINE ? RW_SVC_COMBINE : EXEC_KIND_ANY;
+		if (kind != RW_SVC_COMBINE)
 			exec_seat_took(mb->g, mb->local, &key);
-			exec_seat_absent(x, mb->g, mb->local, &key, EXEC_ABSENT_REFUSED, msg);
-		}
+		page_absent(x, mb, &key, kind, why);
 		return 0;
 	}
 	const int wait = params.kind == RW_KIND_COMBINE ?

@@ -93,7 +93,7 @@ static uint32_t me, nodes, gpus, world, experts, per_rank, rails;
 static rw_page_head_t *pg;
 static rw_page_layout_t lay;
 static rw_client_slab_t slabs[RW_CLIENT_SLAB_RAILS];
-static uint32_t native, max_tokens; /* the head's rail and max_tokens, read at join */
+static uint32_t native, max_tokens, max_recv; /* the head's rail, bounds, read at join */
 static int lax;                     /* mode fuzz: this round's rows are not checked (scribbled) */
 static int kill_at = -1;            /* mode fuzz: the point of the phase the rank dies at */
 static rw_wl_work_t mine, *all; /* the rank's workload, and every rank's of the phase checked */
@@ -180,6 +180,50 @@ static void count_row(const rw_wl_work_t *wk, uint32_t *row)
 enum { CLIE_OK, CLIE_SLOT, CLIE_TAG, CLIE_SRC, CLIE_RAIL, CLIE_NONE, CLIE_ROWS, CLIE_HIDDEN,
        CLIE_DTYPE, CLIE_COUNT };
 static int clied;
+/* Mode fuzz: 1 + the randomness of a combine slot made wrong in a way its checks refuse
+ * (cslot_garble), else 0; and the words its refusal must say. */
+static uint64_t cgarble;
+static char cgarble_want[64];
+
+/* The combine slot's parameters or count row made wrong in one way (phase, kind, rows past the
+ * page's bound, a count-row entry, dtype, path); the words the daemon's refusal must say into
+ * cgarble_want. */
+static void cslot_garble(uint8_t *slot, uint64_t r, uint64_t k)
+{
+	rw_page_params_t q;
+	uint32_t *row = (uint32_t *)(void *)(slot + lay.count_row);
+	memcpy(&q, slot + lay.params, sizeof(q));
+	const uint32_t s = (uint32_t)(r >> 8);
+	char *want = cgarble_want;
+	const size_t len = sizeof(cgarble_want);
+	switch (r % 6) {
+	case 0:
+		q.phase = k + 1 + s % 1000;
+		snprintf(want, len, "holds phase %llu's", (unsigned long long)q.phase);
+		break;
+	case 1:
+		q.kind = (uint8_t)(s & 1 ? 0 : 3 + s % 250);
+		snprintf(want, len, "unknown kind %u", q.kind);
+		break;
+	case 2:
+		q.token_count = max_recv + 1 + s % 1000;
+		snprintf(want, len, "the page's bound is %u", max_recv);
+		break;
+	case 3:
+		row[(s % nodes) * rails + s % rails] = 1 + s % 100;
+		snprintf(want, len, "a combine");
+		break;
+	case 4:
+		q.dtype = (uint8_t)(s & 1 ? 2 + s % 2 : 5 + s % 250);
+		snprintf(want, len, "dtype %u: the daemon carries", q.dtype);
+		break;
+	default:
+		q.path = (uint16_t)(RW_PATH_REQ_JOINT + 1 + s % 1000);
+		snprintf(want, len, "path %u: at most", q.path);
+		break;
+	}
+	memcpy(slot + lay.params, &q, sizeof(q));
+}
 
 /* How a lying pack corrupts the records of token lie_token (every destination's): REC_TOKEN a
  * token past the rank's tokens (mode lie), the others mode fuzz's. */
@@ -398,6 +442,8 @@ static int combine(const rw_wl_shape_t *sh, const uint8_t *dslot, uint64_t k, ui
 		clied = 1;
 	}
 	memset(slot + lay.count_row, 0, sizeof(uint32_t) * nodes * rails);
+	if (cgarble)
+		cslot_garble(slot, cgarble - 1, k);
 	word_set(RW_PW_SUBMIT, k);
 	if (kill_at == 4)
 		fz_die("after its combine's submit");
@@ -491,6 +537,7 @@ static int page_maps(rw_client_t *c, void *page)
 	rails = pg->rails;
 	native = pg->rail;
 	max_tokens = pg->max_tokens;
+	max_recv = pg->max_recv;
 	CHECK(rails <= RW_CLIENT_SLAB_RAILS && nodes * rails <= 64 * RW_CLIENT_SLAB_RAILS,
 	      "count row too big");
 	CHECK(rw_page_layout(pg->nodes, pg->rails, pg->gpus, pg->max_recv, 1, &lay) == 0, "layout");
@@ -536,7 +583,8 @@ static uint8_t *dispatch_slot(const rw_wl_shape_t *sh, uint32_t step, uint32_t l
  * attack allows: a rewritten head, or a slot refused that is no dispatch (a stray combine),
  * leaves their phase passing and every row checked; a dispatch slot refused fails the round's
  * phase on every rank at once, each other rank's reason naming the attacker ("local rank A:"),
- * and the attacker goes on to the next round without retrying the key; any other attack must
+ * and the attacker goes on to the next round without retrying the key; a combine slot refused
+ * (cslot: its dispatch played well) fails the round's combine on every rank so, named; any other attack must
  * leave theirs ending, named (any reason, never a hang past the wait bound); their rows are checked whenever it passes, but in rounds where the slabs
  * were scribbled on, the daemon's words forged or the slot raced (the daemon may have copied
  * a count row that lies plausibly: it plans what it copied, and the records check then names
@@ -547,10 +595,10 @@ static uint8_t *dispatch_slot(const rw_wl_shape_t *sh, uint32_t step, uint32_t l
  * from the next round (its leave failed the round's pair; a retry of that key would open a new
  * pair the others, gone on, never join). */
 enum { FZ_NONE, FZ_SLOT, FZ_SLOT_RACE, FZ_HEAD, FZ_REC, FZ_SCRIBBLE, FZ_WORD_BACK, FZ_WORD_AHEAD,
-       FZ_PACKED_EARLY, FZ_DONE_EARLY, FZ_FORGE, FZ_KILL, FZ_COUNT };
+       FZ_PACKED_EARLY, FZ_DONE_EARLY, FZ_FORGE, FZ_KILL, FZ_CSLOT, FZ_COUNT };
 static const char *const fz_name[FZ_COUNT] = {
 	"none", "slot", "slot-race", "head", "record", "scribble", "word-back", "word-ahead",
-	"packed-early", "done-early", "forge", "kill" };
+	"packed-early", "done-early", "forge", "kill", "cslot" };
 enum { FZ_REJOIN = 4 }; /* a life's exit code: the rank comes back */
 
 typedef struct fz_shared {      /* the lives' memory (shared with the parent) */
@@ -948,6 +996,7 @@ static int fuzz_round(rw_client_t *c, const rw_wl_shape_t *sh, uint64_t *k_p, ui
 							  CLIE_OK;
 	clied = 0;
 	lie_salt = (uint32_t)(r >> 24);
+	cgarble = kind == FZ_CSLOT ? 1 + (r >> 4) : 0;
 	if (combine(sh, slot, k, step, layer, bf16, clie, &st, &tokens))
 		return 1;
 	if (st) {
@@ -955,6 +1004,13 @@ static int fuzz_round(rw_client_t *c, const rw_wl_shape_t *sh, uint64_t *k_p, ui
 		printf("combine failed: %s: %s\n", rw_client_strerror(st), why);
 		shm->failed++;
 		CHECK(why[0], "round %u: the combine failed with no reason", i);
+		char named[32];
+		snprintf(named, sizeof(named), "local rank %u: ", f->attacker);
+		CHECK(!cgarble || strstr(why, cgarble_want), "round %u: the garbage combine slot was "
+		      "refused with '%s' (want '%s')", i, why, cgarble_want);
+		CHECK(attack || f->kind != FZ_CSLOT || (st == RW_E_PHASE && strstr(why, named)),
+		      "round %u: the refused combine slot of rank %u failed this rank's combine with "
+		      "%d '%s' (want RW_E_PHASE naming '%s')", i, f->attacker, st, why, named);
 		CHECK(!clied || strstr(why, clie >= CLIE_ROWS ? "the dispatch delivered" :
 				       "combine record"), "round %u: the lying combine (%d) is not "
 		      "named: '%s'", i, clie, why);
@@ -963,6 +1019,8 @@ static int fuzz_round(rw_client_t *c, const rw_wl_shape_t *sh, uint64_t *k_p, ui
 		return 0;
 	}
 	CHECK(!clied, "round %u: the lying combine (%d) passed", i, clie);
+	CHECK(f->kind != FZ_CSLOT, "round %u: rank %u's refused combine slot let this rank's "
+	      "combine pass", i, f->attacker);
 	printf("passed (%llu rows, %llu tokens)\n", (unsigned long long)rows,
 	       (unsigned long long)tokens);
 	shm->passed++;

@@ -8,9 +8,11 @@ with a host job of another group verified beside them (every row and sum exact) 
    wrong, the reserved fields noise), a slot rewritten while the daemon copies it, its page
    head and status lines rewritten, a lying pack (a record's tag, source, owner, top-k count,
    ids or token wrong) or gather (a return's header wrong or never written), a combine submit
-   whose rows, hidden or dtype are not its dispatch's, random bytes over the group's slabs, a
-   word moved back or far ahead, packed before its records, done before arrived, the daemon's
-   plan or arrived forged by the rank, or the rank SIGKILLed at a point of the phase (after its
+   whose rows, hidden or dtype are not its dispatch's, a combine slot of garbage (its phase,
+   kind, rows, count row, dtype or path wrong: refused, naming the field, and the round's
+   combine fails on every other rank at once, RW_E_PHASE naming the attacker), random bytes over
+   the group's slabs, a word moved back or far ahead, packed before its records, done before
+   arrived, the daemon's plan or arrived forged by the rank, or the rank SIGKILLed at a point of the phase (after its
    submit, packed or done, after its combine's submit or packed) — a dropped, leaving or
    killed rank joins again and plays on. Every rank checks what the round allows
    (rw_pagerank.c "mode fuzz"): the others' phases pass with every row checked where the
@@ -130,17 +132,20 @@ def fuzz_checks(res, rounds):
                 kinds[m.group(2)] += 1
                 if "dropped: rank page word" in m.group(5):
                     dropped[m.group(1)] = m.group(5)
-    for i, by in sorted(lines.items()):  # a refused dispatch slot: the round fails everywhere
+    for i, by in sorted(lines.items()):  # a refused slot: the round fails everywhere, named
         att = [ln for ln in by.values() if re.search(r" slot by rank (\d+): rank \1 refused .*"
-                                                      r"the round failed", ln)]
+                                                      r"the round failed", ln) or
+               re.search(r" cslot by rank (\d+): rank \1 combine failed", ln)]
         if att:
             a = re.search(r"by rank (\d+)", att[0]).group(1)
+            what = "combine" if " cslot " in att[0] else "dispatch"
             others = {r: ln.split(": rank %d " % r, 1)[1][:160] for r, ln in by.items()
                       if str(r) != a}
             check(len(others) == len(res) - 1 and all(
-                "failed: " in v and "local rank %s: " % a in v for v in others.values()),
-                "round %d: rank %s's refused dispatch slot failed the phase of every other "
-                "rank, naming it: %s" % (i, a, others))
+                "failed: " in v and "local rank %s: " % a in v and
+                (what == "dispatch" or v.startswith("combine failed")) for v in others.values()),
+                "round %d: rank %s's refused %s slot failed the %s of every other rank, naming "
+                "it: %s" % (i, a, what, what, others))
     check(dropped, "ranks that moved a word were dropped, told why (rw_pagerank checks the "
           "words): %s" % sorted(dropped.items())[:3])
     print("attacks played (lines of the attackers, a killed life's round counted again): %s"
