@@ -128,7 +128,11 @@ static void pair_failed(exec_pair_t *p)
 			continue;
 		exec_answer_sub_err(x, s, e.st, e.remote, e.msg);
 		s->have = 0;
-		answered |= 1u << g;
+		/* A page rank whose done of this dispatch came has its rows and goes on to its
+		 * combine: the failure's words come too late for it, so the key's tomb waits for
+		 * it there (exec_page.c, page_admit_combine). */
+		if (!(kind == RW_SVC_DISPATCH && s->page_k && (p->out.page_done & (1u << g))))
+			answered |= 1u << g;
 	}
 	EXEC_TRACE(p, exec_trace_end_(p, kind, e.st));
 	pair_close(p, 0);

@@ -1568,6 +1568,9 @@ lib_out:
 			if (forward(&sh, slot, step, layer, bf16, &rows))
 				return 1;
 			if (strcmp(mode, "die-done") == 0) {
+				/* after the ranks beside it wrote their done: they hear of the
+				 * failure at their combine */
+				usleep(300 * 1000);
 				printf("dying at arrived %llu\n", (unsigned long long)k);
 				fflush(stdout);
 				_exit(3);

@@ -33,8 +33,9 @@ that verify every row and sum) runs on the same two daemons.
    As an attacker: a rank whose pack writes a record with a token past its tokens fails that
    phase on every rank of both nodes (RW_E_PHASE, the log naming the rank and the record), the
    node not dropped: the group's next phases pass; a rank killed between submit and packed, and
-   one between arrived and done: the group's phase fails on the others (their words written),
-   and a new group's phases pass right after. The same 6 phases through librailwave's rank path
+   one between arrived and done: the group's phase fails on the others (their words written;
+   a rank beside it whose dispatch ran through before it died hears of it at its combine,
+   RW_E_PHASE naming the rank), and a new group's phases pass right after. The same 6 phases through librailwave's rank path
    itself (rw_client_rank_dispatch: the count, pack and forward kernels on the CUDA stand-in's
    stream; the outputs — rows, metadata, per-expert counts — checked the same way), and again
    with the SM budget 1 (RW_PAGERANK_SMS: every launch of the ranks' kernels on one block).
@@ -281,15 +282,26 @@ def main():
         check("verified" in ring_out, "its ring rank verified its phase (%r)" % ring_out[-200:])
 
         for mode in ("die-plan", "die-done"):
+            # die-done: the others go on to the combine (until), and the ones whose dispatch
+            # ran through before rank 1 died hear of its failure there
+            other = "one" if mode == "die-plan" else "until"
             res = cluster.outputs(page_job(mode.replace("-", ""), 1, 1,
-                                   {r: "one" for r in range(nodes * c.gpus)} | {1: mode}))
+                                   {r: other for r in range(nodes * c.gpus)} | {1: mode}))
             check(res[1][0] == 3 and "dying at" in res[1][1], "%s: rank 1 died" % mode)
             others = [res[r] for r in res if r != 1]
-            check(all(v[0] == 0 and "one: phase 1" in v[1] for v in others),
+            check(all(v[0] == 0 and "%s: phase " % other in v[1] for v in others),
                   "%s: the other ranks' streams ran through: %s" % (mode, others))
             if mode == "die-plan":
                 check(all("one: phase 1 failed" in v[1] for v in others),
                       "die-plan: the phase failed on every other rank")
+            else:
+                check(all("failed: phase failed: " in v[1] and "local rank 1" in v[1]
+                          for v in others),
+                      "die-done: every other rank's dispatch or combine failed with "
+                      "RW_E_PHASE naming local rank 1: %s" % others)
+                check(any("until: phase 2 failed" in v[1] for v in others),
+                      "die-done: a rank beside rank 1 had its dispatch and heard at its "
+                      "combine: %s" % others)
             passed(cluster.outputs(page_job("after" + mode.replace("-", ""), 1, 2)),
                    "after %s, a new group's phases" % mode)
 
