@@ -170,6 +170,15 @@ rw_status_t rw_cuda_vmm_import(int fd, size_t n, int d, const int *ds, unsigned 
 }
 void rw_cuda_vmm_release(rw_cuda_vmm_t *v) { (void)v; }
 int rw_cuda_vmm_fd(const rw_cuda_vmm_t *v) { (void)v; return -1; }
+rw_status_t rw_cuda_pull_create(int d, rw_cuda_pull_t **p) { (void)d; (void)p; return RW_NO_CUDA; }
+void rw_cuda_pull_destroy(rw_cuda_pull_t *p) { (void)p; }
+int rw_cuda_pull_device(const rw_cuda_pull_t *p) { (void)p; return -1; }
+rw_status_t rw_cuda_pull_rows(rw_cuda_pull_t *p, void *d, size_t dp, rw_cuda_dptr_t s, size_t sp,
+			      size_t w, size_t n)
+{ (void)p; (void)d; (void)dp; (void)s; (void)sp; (void)w; (void)n; return RW_NO_CUDA; }
+rw_status_t rw_cuda_pull_mark(rw_cuda_pull_t *p, uint64_t *m) { (void)p; (void)m; return RW_NO_CUDA; }
+uint64_t rw_cuda_pull_landed(const rw_cuda_pull_t *p) { (void)p; return 0; }
+rw_status_t rw_cuda_pull_fault(rw_cuda_pull_t *p) { (void)p; return RW_NO_CUDA; }
 rw_cuda_dptr_t rw_cuda_vmm_dptr(const rw_cuda_vmm_t *v) { (void)v; return 0; }
 size_t rw_cuda_vmm_bytes(const rw_cuda_vmm_t *v) { (void)v; return 0; }
 int rw_cuda_vmm_device(const rw_cuda_vmm_t *v) { (void)v; return -1; }

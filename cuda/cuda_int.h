@@ -40,7 +40,7 @@
 	X(cuGraphExecDestroy) X(cuGraphDestroy) \
 	X(cuMemCreate) X(cuMemRelease) X(cuMemExportToShareableHandle) \
 	X(cuMemImportFromShareableHandle) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) \
-	X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity)
+	X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuMemcpy2DAsync)
 
 #define RW_CU_STR_(x) #x
 #define RW_CU_NAME(x) RW_CU_STR_(x) /* expands the cuda.h version macro first */

@@ -220,6 +220,33 @@ size_t rw_cuda_vmm_bytes(const rw_cuda_vmm_t *vmm);
 int rw_cuda_vmm_device(const rw_cuda_vmm_t *vmm);
 
 /* ---------------------------------------------------------------------------------------------
+ * Pulls: device memory read into host memory by copies, a word as the mark (cuda/pull.c;
+ * docs/rankpath.md "The slab areas, lent per group": the daemon reads its GPU carve-outs' record
+ * headers this way). No host function, no kernel, no eventfd: the caller's loop polls the word.
+ * ------------------------------------------------------------------------------------------- */
+
+/* A non-blocking stream on `device` and a page-locked word its marks write. Destroy waits for
+ * what is enqueued. RW_ERR_UNSUPPORTED: no cuMemcpy2DAsync or no 64-bit stream writes. */
+typedef struct rw_cuda_pull rw_cuda_pull_t;
+rw_status_t rw_cuda_pull_create(int device, rw_cuda_pull_t **pull_p);
+void rw_cuda_pull_destroy(rw_cuda_pull_t *pull);
+int rw_cuda_pull_device(const rw_cuda_pull_t *pull);
+/* Enqueue `rows` copies of `width` bytes, row i from src + i x src_pitch (device memory) to
+ * dst + i x dst_pitch (page-locked host memory, valid until a later mark landed): one
+ * cuMemcpy2DAsync, so records' headers come without their rows. rows or width 0: nothing. */
+rw_status_t rw_cuda_pull_rows(rw_cuda_pull_t *pull, void *dst, size_t dst_pitch, rw_cuda_dptr_t src,
+			      size_t src_pitch, size_t width, size_t rows);
+/* Enqueue the next mark (1, 2, ...; its number in *mark_p): the word takes that value once every
+ * copy enqueued before it is done, after the driver's memory barrier (cuStreamWriteValue64,
+ * default flags), so a CPU that sees it with rw_cuda_pull_landed sees those copies' bytes. */
+rw_status_t rw_cuda_pull_mark(rw_cuda_pull_t *pull, uint64_t *mark_p);
+/* The last mark landed (a load-acquire of the word; no CUDA call, any thread). */
+uint64_t rw_cuda_pull_landed(const rw_cuda_pull_t *pull);
+/* RW_OK while the stream is healthy (busy or idle); the failure (logged, named) when a copy on
+ * it faulted: no later mark lands then. */
+rw_status_t rw_cuda_pull_fault(rw_cuda_pull_t *pull);
+
+/* ---------------------------------------------------------------------------------------------
  * Streams: async copies and kernels, with completions an event loop can watch
  * ------------------------------------------------------------------------------------------- */
 

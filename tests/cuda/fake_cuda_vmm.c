@@ -9,7 +9,14 @@
  * memory before its access is set faults, as a GPU's would. Access for a device other than the
  * allocation's is refused with $RW_FAKE_CUDA_NO_P2P=1 (no peer access between them). Switches:
  * $RW_FAKE_CUDA_VMM=0 (no VMM support on any device), $RW_FAKE_CUDA_VMM_FAIL=export|import|access
- * (that call fails: CUDA_ERROR_OUT_OF_MEMORY, INVALID_VALUE, INVALID_DEVICE). */
+ * (that call fails: CUDA_ERROR_OUT_OF_MEMORY, INVALID_VALUE, INVALID_DEVICE) or =copy (a
+ * cuMemcpy2DAsync out of a mapping answers CUDA_ERROR_ILLEGAL_ADDRESS);
+ * $RW_FAKE_CUDA_VMM_NOCPU=1: this process's CPU cannot read or write the mappings, as a discrete
+ * GPU's memory behind PCIe (cuMemSetAccess grants the device and leaves the pages PROT_NONE):
+ * only the driver's copies reach them (cuMemcpy2DAsync reads through the allocation's fd), so a
+ * CPU load or store there faults. The daemon runs with it; the ranks (whose kernels are the CPU
+ * stand-ins) without. Another mapping of the exported fd (what a NIC's dmabuf would reach) is
+ * not the driver's and stays readable. */
 #include "config.h"
 
 #if RW_HAVE_CUDA_H
@@ -38,7 +45,7 @@ struct alloc {
 	int refs; /* the handle and each mapping */
 };
 static struct { uintptr_t va; size_t size; } resv[NMAP];
-static struct { uintptr_t va; size_t size; struct alloc *a; int access; } maps[NMAP];
+static struct { uintptr_t va; size_t size; size_t offset; struct alloc *a; int access; } maps[NMAP];
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int failing(const char *what)
@@ -247,6 +254,7 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr p, size_t size, size_t offset,
 		 (off_t)offset) != MAP_FAILED) {
 		maps[k].va = p;
 		maps[k].size = size;
+		maps[k].offset = offset;
 		maps[k].a = a;
 		maps[k].access = 0;
 		a->refs++;
@@ -295,13 +303,78 @@ CUresult CUDAAPI cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDes
 			else if (desc[j].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
 				maps[i].access |= 1 << l->id;
 		}
-		if (res == CUDA_SUCCESS && maps[i].access &&
+		const char *nocpu = getenv("RW_FAKE_CUDA_VMM_NOCPU");
+		if (res == CUDA_SUCCESS && maps[i].access && !(nocpu && strcmp(nocpu, "1") == 0) &&
 		    mprotect((void *)(uintptr_t)p, size, PROT_READ | PROT_WRITE) != 0)
 			res = CUDA_ERROR_OUT_OF_MEMORY;
 		break;
 	}
 	pthread_mutex_unlock(&mu);
 	return res;
+}
+
+/* A strided copy out of device memory into host memory (the daemon's header pulls, cuda/pull.c),
+ * as stream work: each row read through the allocation's fd where it lies in a mapping here
+ * (which the CPU may not be allowed to read: $RW_FAKE_CUDA_VMM_NOCPU), else copied as it is. */
+struct copy2d {
+	unsigned char *dst;
+	const unsigned char *src;
+	size_t dpitch, spitch, width, height;
+};
+
+/* Rows of [p, p + n) through the fd of the mapping holding it: 1 done, 0 not a mapping. */
+static int vmm_read(void *dst, uintptr_t p, size_t n)
+{
+	pthread_mutex_lock(&mu);
+	int done = 0;
+	for (int i = 0; i < NMAP && !done; i++)
+		if (maps[i].va && p >= maps[i].va && p + n <= maps[i].va + maps[i].size) {
+			const off_t at = (off_t)(maps[i].offset + (p - maps[i].va));
+			done = pread(maps[i].a->fd, dst, n, at) == (ssize_t)n ? 1 : -1;
+		}
+	pthread_mutex_unlock(&mu);
+	if (done < 0)
+		abort(); /* a short read of a memfd we hold: the stand-in is broken */
+	return done;
+}
+
+static void copy2d_run(const void *arg)
+{
+	const struct copy2d *c = arg;
+	for (size_t i = 0; i < c->height; i++) {
+		unsigned char *d = c->dst + i * c->dpitch;
+		const unsigned char *s = c->src + i * c->spitch;
+		if (!vmm_read(d, (uintptr_t)s, c->width))
+			memcpy(d, s, c->width);
+	}
+}
+
+static int in_mapping(uintptr_t p)
+{
+	pthread_mutex_lock(&mu);
+	int in = 0;
+	for (int i = 0; i < NMAP && !in; i++)
+		in = maps[i].va && p >= maps[i].va && p < maps[i].va + maps[i].size;
+	pthread_mutex_unlock(&mu);
+	return in;
+}
+
+CUresult CUDAAPI cuMemcpy2DAsync(const CUDA_MEMCPY2D *c, CUstream stream)
+{
+	if (!c || c->srcMemoryType != CU_MEMORYTYPE_DEVICE || c->dstMemoryType != CU_MEMORYTYPE_HOST ||
+	    c->srcXInBytes || c->srcY || c->dstXInBytes || c->dstY)
+		return CUDA_ERROR_NOT_SUPPORTED; /* what the daemon's pulls use, nothing else */
+	if (!c->srcDevice || !c->dstHost || c->WidthInBytes > c->srcPitch ||
+	    c->WidthInBytes > c->dstPitch)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (failing("copy") && in_mapping(c->srcDevice))
+		return CUDA_ERROR_ILLEGAL_ADDRESS;
+	if (!c->WidthInBytes || !c->Height)
+		return CUDA_SUCCESS;
+	struct copy2d a = { c->dstHost, (const unsigned char *)(uintptr_t)c->srcDevice, c->dstPitch,
+			    c->srcPitch, c->WidthInBytes, c->Height };
+	rw_fake_cuda_submit(stream, copy2d_run, &a, sizeof(a));
+	return CUDA_SUCCESS;
 }
 
 /* Test hook (found with dlsym): allocations still held by a handle or a mapping here. */

@@ -37,7 +37,7 @@ echo "== build"
 sh scripts/bin2c.sh rw_cuda_kernels_fatbin "$out/cuda/kernels.fatbin" "$out/cuda/kernels_image.c"
 objs=
 for f in common/status.c common/log.c cuda/driver.c cuda/ipc.c cuda/stream.c cuda/kernels.c \
-	cuda/event.c cuda/words.c cuda/peer.c cuda/vmm.c cuda/absent.c sched/counts.c sched/topo.c \
+	cuda/event.c cuda/words.c cuda/peer.c cuda/vmm.c cuda/pull.c cuda/absent.c sched/counts.c sched/topo.c \
 	"$out/cuda/kernels_image.c"; do
 	o="$out/cuda/$(basename "$f" .c).o"
 	$cc $cflags -c "$f" -o "$o"

@@ -852,6 +852,13 @@ static void test_vmm_refusals(void **state)
 	rw_vmm_case_refusals();
 }
 
+static void test_vmm_pull_rows(void **state)
+{
+	(void)state;
+	NEED_GPU();
+	rw_vmm_case_pull_rows();
+}
+
 /* ---- dmabuf ----------------------------------------------------------------------------- */
 
 static void test_dmabuf_probe(void **state)
@@ -911,6 +918,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_words_bad_addresses),
 		cmocka_unit_test(test_vmm_export_import_same_memory),
 		cmocka_unit_test(test_vmm_refusals),
+		cmocka_unit_test(test_vmm_pull_rows),
 		cmocka_unit_test(test_dmabuf_probe),
 		cmocka_unit_test(test_shutdown),
 	};

@@ -12,6 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -697,6 +700,47 @@ static void test_vmm_refusals(void **state)
 	unsetenv("RW_FAKE_CUDA_VMM");
 }
 
+/* The header pull (tests/cuda/vmm_contract.c), then the stand-in's discrete GPU
+ * ($RW_FAKE_CUDA_VMM_NOCPU=1): the CPU cannot read the mapping (the kernel says EFAULT), a mapping
+ * of the exported fd (a NIC's view) writes it, and the pull reads what was written; a copy the
+ * driver refuses ($RW_FAKE_CUDA_VMM_FAIL=copy) is named. */
+static void test_vmm_pull_rows(void **state)
+{
+	(void)state;
+	rw_vmm_case_pull_rows();
+	setenv("RW_FAKE_CUDA_VMM_NOCPU", "1", 1);
+	char why[160];
+	rw_cuda_vmm_t *v = NULL;
+	assert_int_equal(rw_cuda_vmm_create(0, 1, &v, why, sizeof(why)), RW_OK);
+	unsetenv("RW_FAKE_CUDA_VMM_NOCPU");
+	const rw_cuda_dptr_t d = rw_cuda_vmm_dptr(v);
+	uint8_t b[64];
+	struct iovec local = { b, sizeof(b) }, remote = { (void *)(uintptr_t)d, sizeof(b) };
+	assert_int_equal(process_vm_readv(getpid(), &local, 1, &remote, 1, 0), -1);
+	uint8_t *nic = mmap(NULL, rw_cuda_vmm_bytes(v), PROT_READ | PROT_WRITE, MAP_SHARED,
+			    rw_cuda_vmm_fd(v), 0);
+	assert_true(nic != MAP_FAILED);
+	for (int i = 0; i < 256; i++)
+		nic[1000 + i] = (uint8_t)(255 - i);
+	uint8_t *h = NULL;
+	assert_int_equal(rw_cuda_host_alloc(256, (void **)&h), RW_OK);
+	rw_cuda_pull_t *p = NULL;
+	uint64_t m = 0;
+	assert_int_equal(rw_cuda_pull_create(0, &p), RW_OK);
+	assert_int_equal(rw_cuda_pull_rows(p, h, 16, d + 1000, 32, 16, 8), RW_OK);
+	assert_int_equal(rw_cuda_pull_mark(p, &m), RW_OK);
+	assert_int_equal(rw_cuda_pull_landed(p), m); /* no lag: stream work runs at once */
+	for (int r = 0; r < 8; r++)
+		assert_memory_equal(h + 16 * r, nic + 1000 + 32 * r, 16);
+	setenv("RW_FAKE_CUDA_VMM_FAIL", "copy", 1);
+	assert_int_not_equal(rw_cuda_pull_rows(p, h, 16, d, 16, 16, 1), RW_OK);
+	unsetenv("RW_FAKE_CUDA_VMM_FAIL");
+	rw_cuda_pull_destroy(p);
+	rw_cuda_host_free(h);
+	munmap(nic, rw_cuda_vmm_bytes(v));
+	rw_cuda_vmm_release(v);
+}
+
 /* The stand-in is stricter than a driver with HMM: a word in pageable host memory (the rank page
  * not registered) is refused, so a path that forgets cuMemHostRegister fails here; device
  * memory is taken. */
@@ -756,6 +800,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_words_need_registered_memory),
 		cmocka_unit_test(test_vmm_export_import_same_memory),
 		cmocka_unit_test(test_vmm_refusals),
+		cmocka_unit_test(test_vmm_pull_rows),
 		cmocka_unit_test(test_shutdown_releases_contexts),
 	};
 	char self[PATH_MAX];

@@ -104,3 +104,56 @@ void rw_vmm_case_refusals(void)
 	close(p[0]);
 	close(p[1]);
 }
+
+/* Poll the pull's word as the daemon's loop does, for at most 10 s. */
+static int landed_by(rw_cuda_pull_t *p, uint64_t mark)
+{
+	for (int i = 0; i < 100000; i++) {
+		if (rw_cuda_pull_landed(p) >= mark)
+			return 1;
+		assert_int_equal(rw_cuda_pull_fault(p), RW_OK);
+		usleep(100);
+	}
+	return 0;
+}
+
+void rw_vmm_case_pull_rows(void)
+{
+	char why[160] = "";
+	rw_cuda_vmm_t *v = NULL;
+	assert_int_equal(rw_cuda_vmm_create(0, 1, &v, why, sizeof(why)), RW_OK);
+	enum { PITCH = 96, WIDTH = 24, ROWS = 100, OFF = 4096 };
+	static uint8_t a[OFF + PITCH * ROWS];
+	for (size_t i = 0; i < sizeof(a); i++)
+		a[i] = (uint8_t)(i * 13 + 1);
+	assert_int_equal(rw_cuda_memcpy_htod(0, rw_cuda_vmm_dptr(v), a, sizeof(a)), RW_OK);
+	uint8_t *h = NULL;
+	assert_int_equal(rw_cuda_host_alloc(PITCH * ROWS, (void **)&h), RW_OK);
+	memset(h, 0xee, PITCH * ROWS);
+	rw_cuda_pull_t *p = NULL;
+	assert_int_equal(rw_cuda_pull_create(0, &p), RW_OK);
+	assert_int_equal(rw_cuda_pull_device(p), 0);
+	assert_int_equal(rw_cuda_pull_landed(p), 0);
+	uint64_t m1 = 0, m2 = 0;
+	assert_int_equal(rw_cuda_pull_rows(p, h, PITCH, rw_cuda_vmm_dptr(v) + OFF, PITCH, WIDTH,
+					   ROWS / 2), RW_OK);
+	assert_int_equal(rw_cuda_pull_mark(p, &m1), RW_OK);
+	assert_int_equal(rw_cuda_pull_rows(p, h + PITCH * (ROWS / 2), PITCH,
+					   rw_cuda_vmm_dptr(v) + OFF + PITCH * (ROWS / 2), PITCH,
+					   WIDTH, ROWS / 2), RW_OK);
+	assert_int_equal(rw_cuda_pull_mark(p, &m2), RW_OK);
+	assert_int_equal(m1, 1);
+	assert_int_equal(m2, 2);
+	assert_true(landed_by(p, m2));
+	for (size_t r = 0; r < ROWS; r++)
+		for (size_t i = 0; i < PITCH; i++)
+			assert_int_equal(h[r * PITCH + i], i < WIDTH ? a[OFF + r * PITCH + i] : 0xee);
+	/* nothing to copy, and arguments that cannot be */
+	assert_int_equal(rw_cuda_pull_rows(p, h, PITCH, rw_cuda_vmm_dptr(v), PITCH, WIDTH, 0), RW_OK);
+	assert_int_equal(rw_cuda_pull_rows(p, h, 8, rw_cuda_vmm_dptr(v), PITCH, WIDTH, 1),
+			 RW_ERR_INVAL);
+	assert_int_equal(rw_cuda_pull_rows(p, h, PITCH, 0, PITCH, WIDTH, 1), RW_ERR_INVAL);
+	rw_cuda_pull_destroy(p);
+	rw_cuda_host_free(h);
+	rw_cuda_vmm_release(v);
+}

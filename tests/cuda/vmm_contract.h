@@ -8,5 +8,8 @@
 /* Each asserts with cmocka; the driver must be initialised and device 0 make such memory. */
 void rw_vmm_case_export_import_same_memory(void);
 void rw_vmm_case_refusals(void);
+/* The daemon's header pull (cuda/pull.c) out of such memory: strided rows land in page-locked
+ * host memory, nothing between them, and the mark's word says when (numbered 1, 2, ...). */
+void rw_vmm_case_pull_rows(void);
 
 #endif /* RW_TESTS_VMM_CONTRACT_H */
