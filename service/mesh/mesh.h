@@ -77,6 +77,15 @@ int rw_svc_mesh_carve_fd(const rw_svc_mesh_t *mesh, uint32_t index, uint32_t rai
  * shareable handle, its bytes the allocation's (carve_bytes rounded up to the granularity). */
 int rw_svc_mesh_carve_gpu(const rw_svc_mesh_t *mesh, uint32_t index, uint32_t rail,
 			  uint8_t uuid_p[16]);
+/* A GPU carve-out's page-locked host shadow on `rail` (carve_bytes, laid out as the carve-out:
+ * the daemon pulls the records' headers there and checks them there), or NULL (host memory, or
+ * not live). */
+uint8_t *rw_svc_mesh_carve_shadow(const rw_svc_mesh_t *mesh, uint32_t index, uint32_t rail);
+/* 1 when the daemon's CPU reads and writes carve-out `index` in place on every rail (host
+ * memory, or GPU memory mapped for the CPU: a coherent platform, the stand-in), 0 when not (a
+ * discrete GPU's: only the pulls read it, so no pair whose ranks the daemon plays on the CPU may
+ * use it). */
+int rw_svc_mesh_carve_cpu(const rw_svc_mesh_t *mesh, uint32_t index);
 /* Why the last rw_svc_mesh_carve_take failed for a reason other than the pool ("" if none). */
 const char *rw_svc_mesh_carve_why(const rw_svc_mesh_t *mesh);
 /* Offset of carve-out `index` in the mesh's memory (area_bytes + index * carve_bytes). */

@@ -48,6 +48,11 @@ static void carve_free(rw_svc_mesh_t *m, mesh_carve_t *cv)
 	for (uint32_t r = 0; r < m->rails; r++) {
 		if (cv->region[r])
 			rw_rail_dereg(cv->region[r]);
+		if (cv->nic[r])
+			munmap(cv->nic[r], m->carve_bytes);
+		if (cv->shadow[r])
+			rw_cuda_host_free(cv->shadow[r]);
+		cv->nic[r] = cv->shadow[r] = NULL;
 		if (cv->vmm[r])
 			rw_cuda_vmm_release(cv->vmm[r]);
 		else if (cv->mem[r])
@@ -60,6 +65,7 @@ static void carve_free(rw_svc_mesh_t *m, mesh_carve_t *cv)
 		cv->fd[r] = -1;
 	}
 	cv->refs = 0;
+	cv->cpu = 0;
 	cv->group[0] = 0;
 }
 
@@ -90,9 +96,13 @@ static int cpu_reads(const uint8_t *p, size_t n)
 /* One rail of a carve-out in GPU memory (m->carve_dev[r]): a CUDA allocation exported as a POSIX
  * fd (what the group's ranks are lent and import), mapped here, registered with the rail through
  * its dmabuf where the rail takes one, else as host memory is where the transport reads the
- * pages in place. The daemon reads the records' headers in place (its checks of what ranks and
- * peers wrote): a GPU memory its CPU cannot read is refused, named (a header pull before the
- * checks is not built), and so is the shm transport, which moves registered pages. */
+ * pages in place. The daemon never reads the records in it in place: it pulls their headers into
+ * the carve-out's page-locked host shadow by copies and checks them there
+ * (service/mover/mover_pull.c), so the memory need not be readable by its CPU (a discrete GPU's
+ * is not). A rail that reads through the CPU (tcp, only under the test hook: a GPUDirect rail
+ * takes the dmabuf) is then given a mapping of its own of the export, as a NIC's dmabuf would
+ * reach the memory; where the export maps nowhere (a real driver's) the carve-out is refused,
+ * named. The shm transport moves registered pages: no GPU carve-outs on it. */
 static rw_status_t carve_rail_gpu(rw_svc_mesh_t *m, mesh_carve_t *cv, uint32_t r)
 {
 	const int dev = m->carve_dev[r];
@@ -104,12 +114,17 @@ static rw_status_t carve_rail_gpu(rw_svc_mesh_t *m, mesh_carve_t *cv, uint32_t r
 	}
 	const rw_cuda_dptr_t dptr = rw_cuda_vmm_dptr(cv->vmm[r]);
 	uint8_t *va = (uint8_t *)(uintptr_t)dptr;
-	if (!cpu_reads(va, m->carve_bytes)) {
-		snprintf(m->carve_why, sizeof(m->carve_why), "rail %u: GPU %d's memory is not readable "
-			 "by the daemon's CPU, which checks the records' headers in place", r, dev);
-		return RW_ERR_UNSUPPORTED;
-	}
 	cv->mem[r] = va;
+	if ((st = rw_cuda_host_alloc(m->carve_bytes, (void **)&cv->shadow[r])) != RW_OK) {
+		cv->shadow[r] = NULL;
+		snprintf(m->carve_why, sizeof(m->carve_why), "rail %u: no page-locked host shadow of "
+			 "%llu MiB for GPU %d's carve-out (%s)", r,
+			 (unsigned long long)m->carve_bytes >> 20, dev, rw_status_str(st));
+		return st;
+	}
+	const int readable = cpu_reads(va, m->carve_bytes);
+	if (!readable)
+		cv->cpu = 0;
 	int dfd = -1;
 	st = rw_cuda_dmabuf_supported(dev) ? rw_cuda_dmabuf_export(dev, dptr, m->carve_bytes, &dfd)
 					   : RW_ERR_UNSUPPORTED;
@@ -122,8 +137,20 @@ static rw_status_t carve_rail_gpu(rw_svc_mesh_t *m, mesh_carve_t *cv, uint32_t r
 			 "move registered pages: no GPU carve-outs on them", r);
 		return st;
 	}
+	uint8_t *host = va;
+	if (st == RW_ERR_UNSUPPORTED && !readable) {
+		void *p = mmap(NULL, m->carve_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+			       rw_cuda_vmm_fd(cv->vmm[r]), 0);
+		if (p == MAP_FAILED) {
+			snprintf(m->carve_why, sizeof(m->carve_why), "rail %u reads memory through the "
+				 "CPU and GPU %d's is not mapped for it (the export maps nowhere: %m)",
+				 r, dev);
+			return RW_ERR_UNSUPPORTED;
+		}
+		host = cv->nic[r] = p;
+	}
 	if (st == RW_ERR_UNSUPPORTED)
-		st = rw_rail_reg_host(m->dev[r], va, m->carve_bytes, &cv->region[r]);
+		st = rw_rail_reg_host(m->dev[r], host, m->carve_bytes, &cv->region[r]);
 	if (st != RW_OK)
 		snprintf(m->carve_why, sizeof(m->carve_why), "rail %u: the rail registers none of GPU "
 			 "%d's memory (%s)", r, dev, rw_status_str(st));
@@ -192,6 +219,7 @@ rw_status_t rw_svc_mesh_carve_take(rw_svc_mesh_t *m, const char *group, uint32_t
 	mesh_carve_t *cv = &m->carve[i];
 	snprintf(cv->group, sizeof(cv->group), "%s", group);
 	m->carve_why[0] = 0;
+	cv->cpu = 1; /* until a rail's GPU memory says otherwise */
 	for (uint32_t r = 0; r < m->rails; r++) {
 		rw_status_t st = m->carve_dev[r] >= 0 ? carve_rail_gpu(m, cv, r) : carve_rail(m, cv, r);
 		if (st != RW_OK) {
@@ -260,6 +288,18 @@ int rw_svc_mesh_carve_gpu(const rw_svc_mesh_t *m, uint32_t index, uint32_t rail,
 	if (uuid_p && rw_cuda_device_uuid(dev, uuid_p) != RW_OK)
 		return -1;
 	return dev;
+}
+
+uint8_t *rw_svc_mesh_carve_shadow(const rw_svc_mesh_t *m, uint32_t index, uint32_t rail)
+{
+	if (index >= m->carve_max || rail >= m->rails || !m->carve[index].refs)
+		return NULL;
+	return m->carve[index].shadow[rail];
+}
+
+int rw_svc_mesh_carve_cpu(const rw_svc_mesh_t *m, uint32_t index)
+{
+	return index < m->carve_max && m->carve[index].refs && m->carve[index].cpu;
 }
 
 const char *rw_svc_mesh_carve_why(const rw_svc_mesh_t *m) { return m->carve_why; }

@@ -138,6 +138,13 @@ typedef struct mesh_carve {
 	uint8_t *mem[RW_MAX_RAILS];
 	rw_rail_region_t *region[RW_MAX_RAILS];
 	struct rw_cuda_vmm *vmm[RW_MAX_RAILS]; /* GPU memory (carve_dev): lent by its fd */
+	/* A GPU carve-out's page-locked host shadow (the checks read the records' headers there,
+	 * pulled: service/mover/mover_pull.c), the rail's own mapping of the export where the rail
+	 * reads memory through the CPU and the daemon's mapping is not readable (nic, the test
+	 * hook's tcp), and whether the daemon's CPU reads and writes every rail's memory in place. */
+	uint8_t *shadow[RW_MAX_RAILS];
+	uint8_t *nic[RW_MAX_RAILS];
+	int cpu;
 } mesh_carve_t;
 
 struct rw_svc_mesh {

@@ -640,6 +640,18 @@ int rw_svc_mesh_carve_gpu(const rw_svc_mesh_t *mesh, uint32_t index, uint32_t ra
 	return -1;
 }
 
+uint8_t *rw_svc_mesh_carve_shadow(const rw_svc_mesh_t *mesh, uint32_t index, uint32_t rail)
+{
+	(void)mesh, (void)index, (void)rail;
+	return NULL;
+}
+
+int rw_svc_mesh_carve_cpu(const rw_svc_mesh_t *mesh, uint32_t index)
+{
+	(void)mesh, (void)index;
+	return 1;
+}
+
 const char *rw_svc_mesh_carve_why(const rw_svc_mesh_t *mesh)
 {
 	(void)mesh;
