@@ -434,11 +434,14 @@ static void pair_check_done(exec_pair_t *p)
 /* ---- gather, exchange, decide ----------------------------------------------------------------- */
 
 /* The pair's slot: its group's carve-out where it has one and the mover takes fresh areas per
- * pair (the CUDA mover maps the shared slots once and keeps them); else a free shared slot. */
+ * pair (the CUDA mover maps the shared slots once and keeps them), and either reads it only
+ * through the header pull (the rank path) or the daemon's CPU reads the carve-out in place (not
+ * a discrete GPU's memory); else a free shared slot. */
 static int slot_take(exec_t *x, exec_pair_t *p)
 {
 	uint64_t now = rw_now_ns();
-	if (p->g->carve >= 0 && !p->mv->areas_fixed) {
+	if (p->g->carve >= 0 && !p->mv->areas_fixed &&
+	    (p->mv->no_records || rw_svc_mesh_carve_cpu(x->mesh, (uint32_t)p->g->carve))) {
 		if (now < p->g->carve_free_at)
 			return -1;
 		rw_svc_mesh_carve_hold(x->mesh, (uint32_t)p->g->carve);
