@@ -29,6 +29,10 @@ void exec_areas_set(exec_pair_t *p, int slot)
 		p->ph.slab[r] = carve ? rw_svc_mesh_at(x->mesh, r, base) : NULL;
 		p->ph.local_area[r] = carve ? rw_svc_mesh_at(x->mesh, r, exec_sub_off(x, slot, SUB_LOCAL))
 					    : NULL;
+		/* a GPU carve-out: its device and the host shadow its headers are pulled into */
+		const uint32_t i = (uint32_t)(slot - EXEC_SLOTS);
+		p->ph.slab_gpu[r] = carve ? rw_svc_mesh_carve_gpu(x->mesh, i, r, NULL) : -1;
+		p->ph.slab_shadow[r] = carve ? rw_svc_mesh_carve_shadow(x->mesh, i, r) : NULL;
 	}
 	p->ph.slab_bytes = slot >= EXEC_SLOTS ? x->carve_bytes : 0;
 }

@@ -109,6 +109,13 @@ typedef struct rw_svc_phase {
 	uint8_t *slab[RW_MAX_RAILS];
 	uint64_t slab_bytes;
 	uint8_t *local_area[RW_MAX_RAILS];
+	/* A pair on a GPU carve-out: slab_gpu[r] its device (-1: host memory, read in place) and
+	 * slab_shadow[r] its page-locked host shadow, laid out as slab[r]. slab[r] and the areas in
+	 * it are then the daemon's mapping of GPU memory (device addresses), which its CPU may not be
+	 * able to read: the rank mover pulls the records' headers into the shadow and checks them
+	 * there (rw_svc_pull_*, below), and no ring rank is played in it. */
+	int slab_gpu[RW_MAX_RAILS];
+	uint8_t *slab_shadow[RW_MAX_RAILS];
 	uint64_t send_dptr[RW_SVC_KIND_COUNT][RW_MAX_RAILS];
 	uint64_t recv_dptr[RW_SVC_KIND_COUNT][RW_MAX_RAILS];
 	rw_svc_rank_io_t io[RW_SVC_KIND_COUNT][RW_MAX_GPUS]; /* [kind][local rank] */
@@ -266,6 +273,25 @@ rw_status_t rw_svc_slab_push(const rw_svc_phase_t *ph, rw_svc_phase_kind_t kind,
 			     char *why);
 rw_status_t rw_svc_slab_pull(const rw_svc_phase_t *ph, rw_svc_phase_kind_t kind, uint32_t src,
 			     uint32_t rail, char *why);
+
+/* For movers (service/mover/mover_pull.c), with a pair on a GPU carve-out (ph->slab_shadow):
+ * the header pull. rows(): enqueue copies of `rows` pieces of `width` bytes `pitch` apart from
+ * byte `off` of rail's slab (device memory) to the same bytes of its shadow, on a stream of the
+ * daemon's on the slab's GPU; mark(): after every copy enqueued so far, fn(ctx, token, st) is
+ * called from the loop once they all landed (RW_OK) or one failed (RW_ERR_DEVICE, logged): the
+ * copies' marks are words the streams write, polled by the loop while one is outstanding (no
+ * host function, no kernel). sync(): block until every copy enqueued so far is done (a failed
+ * pair: none lands in the shadow after). RW_ERR_DEVICE / RW_ERR_INVAL with why, naming the rail
+ * and GPU. */
+typedef struct rw_svc_pull rw_svc_pull_t;
+typedef void (*rw_svc_pull_fn)(void *ctx, uint64_t token, rw_status_t st);
+rw_status_t rw_svc_pull_create(struct ev_loop *loop, rw_svc_pull_fn fn, void *ctx,
+			       rw_svc_pull_t **pull_p);
+void rw_svc_pull_destroy(rw_svc_pull_t *pull);
+rw_status_t rw_svc_pull_rows(rw_svc_pull_t *pull, const rw_svc_phase_t *ph, uint32_t rail,
+			     uint64_t off, uint64_t pitch, uint64_t width, uint32_t rows, char *why);
+rw_status_t rw_svc_pull_mark(rw_svc_pull_t *pull, uint64_t token, char *why);
+void rw_svc_pull_sync(rw_svc_pull_t *pull);
 
 /* For movers (service/mover/mover_rec.c): check an arrived dispatch record in `slot` of src's range on
  * `rail` (tag, source, owner) and read its header and top-k. RW_ERR_PROTO, with why naming the

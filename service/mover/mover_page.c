@@ -17,7 +17,15 @@
  * rank's CUDA buffers are staged through its pinned host memory by asynchronous copies
  * (service/mover/stage.c), as the host mover stages them: its inputs before it counts or its
  * rows are staged, its outputs after they are written; those copies' completions come back
- * through the loop as this mover's reports. */
+ * through the loop as this mover's reports.
+ * A pair on a GPU carve-out (ph->slab_shadow) reads no record in place: every check, and the
+ * lists made from the checked headers, read the carve-out's host shadow, into which the header
+ * pull (mover_pull.c) copies exactly what they read — each rank's records after its packed
+ * (header and top-k block, gathered; pack answers RW_ERR_AGAIN until they land), each received
+ * range after its arrival (rw_cuda_gdr_flush first; the range is checked when its pull lands, a
+ * bad one refused as RW_MV_OP_REFUSED, and finish waits for every such check), and the combine
+ * returns before they are posted. No ring rank is played there (the daemon's CPU may not reach
+ * the memory): such a pair fails, named. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,14 +79,31 @@ typedef struct page_pair {
 	uint32_t pending;
 	const rw_svc_rank_io_t *flag_io[RW_MAX_GPUS];
 	uint32_t *count_row;
+	/* The header pull (a GPU carve-out): per kind, the records' pull before the check (0 not
+	 * asked, 1 in flight, 2 landed with pull_st); the received ranges' pulls in flight, a bad one
+	 * met, finish waiting for them (its work done once the last lands). */
+	int pulled[RW_SVC_KIND_COUNT];
+	rw_status_t pull_st[RW_SVC_KIND_COUNT];
+	uint32_t rx_pulls[RW_SVC_KIND_COUNT];
+	int rx_bad, fin_wait[RW_SVC_KIND_COUNT];
 } page_pair_t;
 
 struct page_mover {
 	rw_svc_mover_done_fn done;
 	void *ctx;
 	rw_svc_stage_t *stage;
+	rw_svc_pull_t *pull;
 	page_pair_t *pairs;
 };
+
+/* A pull's token: the pair, what it was for, the kind, and for a range its (source, rail). */
+enum { PULL_PACK = 1, PULL_RANGE = 2 };
+static uint64_t pull_token(uint32_t serial, uint32_t what, rw_svc_phase_kind_t kind, uint32_t arg)
+{
+	return (uint64_t)serial << 32 | (uint64_t)what << 28 | (uint64_t)kind << 24 | (arg & 0xffffff);
+}
+
+static void pull_landed(void *ctx, uint64_t token, rw_status_t st);
 
 enum { OP_FLUSH = RW_SVC_KIND_COUNT }; /* stage token ops: the kind for inputs, OP_FLUSH outputs */
 
@@ -97,6 +122,11 @@ static rw_status_t pm_create(struct ev_loop *loop, rw_svc_mover_done_fn done, vo
 		free(m);
 		return st;
 	}
+	if ((st = rw_svc_pull_create(loop, pull_landed, m, &m->pull)) != RW_OK) {
+		rw_svc_stage_destroy(m->stage);
+		free(m);
+		return st;
+	}
 	*mover_p = m;
 	return RW_OK;
 }
@@ -105,6 +135,7 @@ static void pm_destroy(void *mover)
 {
 	page_mover_t *m = mover;
 	rw_svc_stage_destroy(m->stage); /* waits for every copy */
+	rw_svc_pull_destroy(m->pull);
 	free(m);
 }
 
@@ -399,6 +430,22 @@ static uint8_t *slot_of(const rw_svc_rank_io_t *io)
 	return rw_page_slot_at(io->page, &io->page_layout, io->page_k);
 }
 
+/* Whether the pair's slabs are (on some rail) GPU memory whose headers are pulled. */
+static int pulls(const rw_svc_phase_t *ph)
+{
+	for (uint32_t r = 0; r < ph->rails; r++)
+		if (ph->slab_shadow[r])
+			return 1;
+	return 0;
+}
+
+/* What the checks read for byte p of rail r's slab: its shadow's copy on a GPU carve-out, else
+ * p itself (host memory). */
+static const uint8_t *view(const rw_svc_phase_t *ph, uint32_t r, const uint8_t *p)
+{
+	return ph->slab_shadow[r] ? ph->slab_shadow[r] + (p - ph->slab[r]) : p;
+}
+
 /* The dispatch's areas of rail r, as offsets in the group's slab of that rail. */
 static rw_page_plan_rail_t rail_areas(const rw_svc_phase_t *ph, uint32_t r)
 {
@@ -476,6 +523,13 @@ static rw_status_t pm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 			return RW_ERR_RANGE;
 		}
 	}
+	for (uint32_t g = 0; g < ph->gpus && pulls(ph); g++)
+		if (!ph->io[RW_SVC_DISPATCH][g].page) {
+			snprintf(why, RW_SVC_WHY_MAX, "local rank %u is a ring rank: the group's slabs "
+				 "are GPU memory the daemon does not write (a group mixing ring and rank-path "
+				 "ranks needs host slabs)", ph->me * ph->gpus + g);
+			return RW_ERR_STATE;
+		}
 	const uint32_t *rows[RW_MAX_GPUS];
 	for (uint32_t g = 0; g < ph->gpus; g++)
 		rows[g] = ph->io[RW_SVC_DISPATCH][g].page_row;
@@ -508,6 +562,36 @@ static int packed(const rw_svc_rank_io_t *io)
 	return (int64_t)(v - io->page_k) >= 0;
 }
 
+/* The pull before the pack's check (a GPU carve-out): every rank's records of the dispatch —
+ * header and top-k block of each, at the places its plan block gives, never the rows — or the
+ * combine's returns, one header per slot of the receive layout; then the mark. */
+static rw_status_t pull_records(page_pair_t *pp, const rw_svc_phase_t *ph,
+				rw_svc_phase_kind_t kind, char *why)
+{
+	const uint32_t R = ph->rails;
+	const size_t nr = (size_t)ph->nodes * R;
+	rw_status_t st = RW_OK;
+	for (uint32_t g = 0; kind == RW_SVC_DISPATCH && g < ph->gpus && st == RW_OK; g++)
+		for (size_t i = 0; i < nr && st == RW_OK; i++) {
+			const rw_page_plan_entry_t *e = &pp->rk[g].entries[i];
+			if (ph->slab_shadow[i % R])
+				st = rw_svc_pull_rows(pp->m->pull, ph, (uint32_t)(i % R), e->offset,
+						      ph->rec_size, rw_wire_rec_row_off(ph->topk),
+						      e->count, why);
+		}
+	for (size_t i = 0; kind == RW_SVC_COMBINE && i < nr && st == RW_OK; i++) {
+		const uint32_t r = (uint32_t)(i % R);
+		const uint64_t area = (uint64_t)(ph->send_area[kind][r] - ph->slab[r]);
+		if (ph->slab_shadow[r])
+			st = rw_svc_pull_rows(pp->m->pull, ph, r,
+					      area + (uint64_t)ph->layout->in_first[i] * ph->crec_size,
+					      ph->crec_size, RW_WIRE_CREC_HDR, ph->layout->in_quota[i], why);
+	}
+	if (st == RW_OK)
+		st = rw_svc_pull_mark(pp->m->pull, pull_token(ph->serial, PULL_PACK, kind, 0), why);
+	return st;
+}
+
 /* Once every rank packed: every record checked before the first byte is posted. A lie fails the
  * pair here, before any wave: nothing of it leaves the node. */
 static rw_status_t pm_pack(void *mover, void *state, const rw_svc_phase_t *ph,
@@ -522,10 +606,28 @@ static rw_status_t pm_pack(void *mover, void *state, const rw_svc_phase_t *ph,
 			why[0] = '\0';
 			return RW_ERR_AGAIN; /* the executor passes the word on (RW_MV_OP_PACKED) */
 		}
+	if (pulls(ph)) { /* what the check reads, pulled first (reported as RW_MV_OP_PACKED) */
+		if (pp->pulled[kind] == 0) {
+			rw_status_t st = pull_records(pp, ph, kind, why);
+			if (st != RW_OK)
+				return st;
+			pp->pulled[kind] = 1;
+		}
+		if (pp->pulled[kind] == 1) {
+			why[0] = '\0';
+			return RW_ERR_AGAIN;
+		}
+		if (pp->pull_st[kind] != RW_OK) {
+			snprintf(why, RW_SVC_WHY_MAX, "pulling the %s records' headers out of the group's "
+				 "GPU slabs failed (%s)", rw_svc_kind_name(kind),
+				 rw_status_str(pp->pull_st[kind]));
+			return RW_ERR_DEVICE;
+		}
+	}
 	if (kind == RW_SVC_COMBINE) { /* every return the gathers wrote, before one is posted */
 		const uint8_t *ret[RW_MAX_RAILS];
 		for (uint32_t r = 0; r < ph->rails; r++)
-			ret[r] = ph->send_area[kind][r];
+			ret[r] = view(ph, r, ph->send_area[kind][r]);
 		rw_status_t st = rw_svc_rank_crecords_check(ph, &pp->lists, ret, why);
 		if (st != RW_OK)
 			return st;
@@ -534,7 +636,7 @@ static rw_status_t pm_pack(void *mover, void *state, const rw_svc_phase_t *ph,
 	}
 	const uint8_t *slab[RW_MAX_RAILS];
 	for (uint32_t r = 0; r < ph->rails; r++)
-		slab[r] = ph->slab[r];
+		slab[r] = view(ph, r, ph->slab[r]);
 	for (uint32_t g = 0; g < ph->gpus; g++) {
 		if (!ph->io[kind][g].page)
 			continue; /* the daemon packed them from its own copy of the ids */
@@ -548,18 +650,16 @@ static rw_status_t pm_pack(void *mover, void *state, const rw_svc_phase_t *ph,
 	return RW_OK;
 }
 
-/* A complete range: its headers checked as the host mover checks them (a bad one is the
- * sender's fault: RW_ERR_PROTO). */
-static rw_status_t pm_arrived(void *mover, void *state, const rw_svc_phase_t *ph,
-			      rw_svc_phase_kind_t kind, uint32_t src, uint32_t rail, char *why)
+/* A complete range's headers at `area` (its receive area, or that area's shadow), checked as the
+ * host mover checks them (a bad one is the sender's fault: RW_ERR_PROTO). */
+static rw_status_t range_check(const rw_svc_phase_t *ph, rw_svc_phase_kind_t kind, uint32_t src,
+			       uint32_t rail, const uint8_t *area, char *why)
 {
-	(void)mover, (void)state;
 	if (kind == RW_SVC_COMBINE) { /* returns: tag, source, rail and slot (the owner's reduce
 				       * reads them where the reduce list says) */
 		const uint32_t first = ph->layout->out_first[(size_t)src * ph->rails + rail];
 		for (uint32_t k = 0; k < ph->layout->out_pairs[src].quota[rail]; k++) {
-			const uint8_t *rec = ph->recv_area[kind][rail] +
-					     ((uint64_t)first + k) * ph->crec_size;
+			const uint8_t *rec = area + ((uint64_t)first + k) * ph->crec_size;
 			const rw_record_t *r;
 			rw_status_t st = rw_svc_mover_crec_read(ph, rec, src, rail, k, &r, why);
 			if (st != RW_OK)
@@ -572,13 +672,45 @@ static rw_status_t pm_arrived(void *mover, void *state, const rw_svc_phase_t *ph
 	int32_t ids[RW_MAX_TOPK];
 	float w[RW_MAX_TOPK];
 	for (uint32_t k = 0; k < ph->layout->in_quota[i]; k++) {
-		const uint8_t *rec = ph->recv_area[kind][rail] + ((uint64_t)first + k) * ph->rec_size;
+		const uint8_t *rec = area + ((uint64_t)first + k) * ph->rec_size;
 		rw_wire_rec_hdr_t h;
 		rw_status_t st = rw_svc_mover_rec_read(ph, rec, src, rail, k, &h, ids, w, why);
 		if (st != RW_OK)
 			return st;
 	}
 	return RW_OK;
+}
+
+/* A complete range: checked now, or — on a GPU carve-out — once its headers are pulled (after a
+ * GPUDirect flush where the GPU does not order the NIC's writes for its own copies): a bad one
+ * then comes as RW_MV_OP_REFUSED, and finish waits for every such pull. */
+static rw_status_t pm_arrived(void *mover, void *state, const rw_svc_phase_t *ph,
+			      rw_svc_phase_kind_t kind, uint32_t src, uint32_t rail, char *why)
+{
+	page_mover_t *m = mover;
+	page_pair_t *pp = state;
+	const uint8_t *area = ph->recv_area[kind][rail];
+	if (!ph->slab_shadow[rail])
+		return range_check(ph, kind, src, rail, area, why);
+	const size_t i = (size_t)src * ph->rails + rail;
+	const int dispatch = kind == RW_SVC_DISPATCH;
+	const uint64_t size = dispatch ? ph->rec_size : ph->crec_size;
+	const uint64_t first = dispatch ? ph->layout->in_first[i] : ph->layout->out_first[i];
+	const uint32_t n = dispatch ? ph->layout->in_quota[i] : ph->layout->out_pairs[src].quota[rail];
+	rw_status_t st = rw_cuda_gdr_flush(ph->slab_gpu[rail], 0);
+	if (st != RW_OK) {
+		snprintf(why, RW_SVC_WHY_MAX, "rail %u: GPU %d cannot make the NIC's writes visible "
+			 "to its copies (%s)", rail, ph->slab_gpu[rail], rw_status_str(st));
+		return RW_ERR_DEVICE;
+	}
+	st = rw_svc_pull_rows(m->pull, ph, rail, (uint64_t)(area - ph->slab[rail]) + first * size,
+			      size, dispatch ? rw_wire_rec_row_off(ph->topk) : RW_WIRE_CREC_HDR, n, why);
+	if (st == RW_OK)
+		st = rw_svc_pull_mark(m->pull, pull_token(ph->serial, PULL_RANGE, kind, (uint32_t)i),
+				      why);
+	if (st == RW_OK)
+		pp->rx_pulls[kind]++;
+	return st;
 }
 
 /* The ranks wrote the node's own records into the local area: the pack step before it (the
@@ -621,9 +753,9 @@ static rw_status_t lists_alloc(page_pair_t *pp, const rw_svc_phase_t *ph)
 		if (!ls->list[g] || !ls->term_off[g] || !ls->term_ref[g])
 			return RW_ERR_NOMEM;
 	}
-	for (uint32_t r = 0; r < ph->rails; r++) {
-		ls->recv[r] = ph->recv_area[RW_SVC_DISPATCH][r];
-		ls->local[r] = ph->local_area[r];
+	for (uint32_t r = 0; r < ph->rails; r++) { /* the headers as checked (pulled, on a GPU) */
+		ls->recv[r] = view(ph, r, ph->recv_area[RW_SVC_DISPATCH][r]);
+		ls->local[r] = view(ph, r, ph->local_area[r]);
 		ls->local_n[r] = local_n(ph, r);
 	}
 	return RW_OK;
@@ -711,12 +843,26 @@ static rw_status_t ring_out(page_pair_t *pp, const rw_svc_phase_t *ph, rw_svc_ph
 /* Every record is here and checked: each rank's forward list into its slot, then arrived = k
  * (P4); a FINISH per page rank follows its done (the executor's page words). A ring rank's
  * outputs are written now (ring_out). */
+static rw_status_t finish_now(page_pair_t *pp, const rw_svc_phase_t *ph,
+			      rw_svc_phase_kind_t kind, uint32_t *pending_p, char *why);
+
 static rw_status_t pm_finish(void *mover, void *state, const rw_svc_phase_t *ph,
 			     rw_svc_phase_kind_t kind, uint32_t *pending_p, char *why)
 {
 	(void)mover;
 	page_pair_t *pp = state;
 	*pending_p = page_ranks(ph, kind);
+	if (pp->rx_pulls[kind]) { /* a range's headers still being pulled: once they are checked */
+		pp->fin_wait[kind] = 1;
+		(*pending_p)++; /* its RW_MV_OP_FINISH (pull_landed) */
+		return RW_OK;
+	}
+	return finish_now(pp, ph, kind, pending_p, why);
+}
+
+static rw_status_t finish_now(page_pair_t *pp, const rw_svc_phase_t *ph,
+			      rw_svc_phase_kind_t kind, uint32_t *pending_p, char *why)
+{
 	if (kind == RW_SVC_COMBINE) { /* each owner's reduce list, then arrived = k (P4) */
 		for (uint32_t g = 0; g < ph->gpus; g++) {
 			const rw_svc_rank_io_t *io = &ph->io[kind][g];
@@ -780,7 +926,7 @@ static rw_status_t combine_plan(page_pair_t *pp, const rw_svc_phase_t *ph, char 
 			.send_off = (uint64_t)(ph->send_area[RW_SVC_COMBINE][r] - ph->slab[r]),
 			.recv_off = (uint64_t)(ph->recv_area[RW_SVC_COMBINE][r] - ph->slab[r]),
 			.local_off = pp->comb_local_off[r], .slab_bytes = ph->slab_bytes };
-		sent[r] = ph->send_area[RW_SVC_DISPATCH][r];
+		sent[r] = view(ph, r, ph->send_area[RW_SVC_DISPATCH][r]);
 	}
 	for (uint32_t g = 0; g < ph->gpus; g++) {
 		const rw_svc_rank_io_t *io = &ph->io[RW_SVC_COMBINE][g];
@@ -828,6 +974,49 @@ static rw_status_t combine_plan(page_pair_t *pp, const rw_svc_phase_t *ph, char 
 	return RW_OK;
 }
 
+/* A pull landed (the loop, mover_pull.c): a pack's records are there to check (the executor
+ * calls pack again), or a range's headers, checked now; finish's work once the last range's
+ * pull of a kind landed. Nothing of pp is touched after a report: it may end the pair. */
+static void pull_landed(void *ctx, uint64_t token, rw_status_t st)
+{
+	page_mover_t *m = ctx;
+	const uint32_t serial = (uint32_t)(token >> 32), what = (uint32_t)(token >> 28) & 0xf;
+	const rw_svc_phase_kind_t kind = (rw_svc_phase_kind_t)((token >> 24) & 0xf);
+	page_pair_t *pp = pair_of(m, serial);
+	if (!pp || kind >= RW_SVC_KIND_COUNT)
+		return; /* a pair that ended meanwhile */
+	const rw_svc_phase_t *ph = pp->ph;
+	if (what == PULL_PACK) {
+		pp->pulled[kind] = 2;
+		pp->pull_st[kind] = st;
+		m->done(m->ctx, serial, RW_MV_OP_PACKED, 0, RW_OK); /* pack answers */
+		return;
+	}
+	const uint32_t i = (uint32_t)(token & 0xffffff), src = i / ph->rails, rail = i % ph->rails;
+	char why[RW_SVC_WHY_MAX] = "";
+	if (pp->rx_pulls[kind])
+		pp->rx_pulls[kind]--;
+	if (st != RW_OK)
+		snprintf(why, sizeof(why), "pulling the headers of node %u's range on rail %u out of "
+			 "the group's GPU slab failed (%s)", src, rail, rw_status_str(st));
+	else
+		st = range_check(ph, kind, src, rail, view(ph, rail, ph->recv_area[kind][rail]), why);
+	if (st != RW_OK) {
+		pp->rx_bad = 1;
+		rw_warn("rank path: %s", why);
+		m->done(m->ctx, serial, RW_MV_OP_REFUSED, src, st);
+		return;
+	}
+	if (pp->rx_pulls[kind] || !pp->fin_wait[kind] || pp->rx_bad)
+		return;
+	pp->fin_wait[kind] = 0;
+	uint32_t more = 0;
+	st = finish_now(pp, ph, kind, &more, why);
+	if (st != RW_OK)
+		rw_warn("rank path: %s", why);
+	m->done(m->ctx, serial, RW_MV_OP_FINISH, 0, st);
+}
+
 static void pm_result(void *state, uint32_t g, uint32_t *recv_rows_p, const uint32_t **counts_p)
 {
 	const page_pair_t *pp = state;
@@ -842,6 +1031,14 @@ static void pm_quiesce(void *mover, void *state)
 {
 	page_mover_t *m = mover;
 	page_pair_t *pp = state;
+	for (int k = 0; k < RW_SVC_KIND_COUNT; k++)
+		if (pp->pulled[k] == 1 || pp->rx_pulls[k]) { /* no copy lands in the shadow after */
+			rw_svc_pull_sync(m->pull);
+			break;
+		}
+	memset(pp->pulled, 0, sizeof(pp->pulled));
+	memset(pp->rx_pulls, 0, sizeof(pp->rx_pulls));
+	memset(pp->fin_wait, 0, sizeof(pp->fin_wait));
 	if (!pp->pending)
 		return;
 	rw_svc_stage_sync(m->stage);

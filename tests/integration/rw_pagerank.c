@@ -542,9 +542,18 @@ static int page_maps(rw_client_t *c, void *page)
 	      "count row too big");
 	CHECK(rw_page_layout(pg->nodes, pg->rails, pg->gpus, pg->max_recv, 1, &lay) == 0, "layout");
 	for (uint32_t r = 0; r < rails; r++) {
-		rc = rw_client_group_slab(c, r, &slabs[r]);
+		rw_client_slab_gpu_t gpu;
+		rc = rw_client_group_slab_kind(c, r, &slabs[r], &gpu);
 		CHECK(rc == 0, "slab of rail %u: %s: %s", r, rw_client_strerror(rc),
 		      rw_client_last_message(c));
+		if (gpu.kind != RW_CLIENT_SLAB_GPU)
+			continue;
+		/* A GPU slab (the daemons' test hook): on the stand-in drivers the allocation's fd is
+		 * its memory (a memfd), which this CPU, playing the kernels, maps as they would see
+		 * it. A real driver's fd maps nowhere: this player is the stand-in's only. */
+		void *m = mmap(NULL, slabs[r].bytes, PROT_READ | PROT_WRITE, MAP_SHARED, gpu.fd, 0);
+		CHECK(m != MAP_FAILED, "GPU slab of rail %u: the CPU player maps only the stand-in's", r);
+		slabs[r].base = m;
 	}
 	return 0;
 }

@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import tempfile
 import time
@@ -134,6 +135,23 @@ def picked(items, prefix):
 def built(*paths):
     """True when every one of paths (default: railwaved, rw_rank, railwave) is executable."""
     return all(os.access(p, os.X_OK) for p in (paths or (DAEMON, RANK, RAILWAVE)))
+
+
+FAKE_COUNT_KEYS = ("host_fn", "kernel", "work", "word_write", "word_wait")
+
+
+def fake_cuda_counts(folder, pid):
+    """The stand-in driver's counts of process pid under $RW_FAKE_CUDA_COUNTS=folder
+    (tests/cuda/fake_cuda_base.h rw_fake_count): all zero if it asked nothing of the GPU yet."""
+    try:
+        with open(os.path.join(folder, str(pid)), "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return dict.fromkeys(FAKE_COUNT_KEYS, 0)
+    if len(raw) != 8 * len(FAKE_COUNT_KEYS):
+        raise RuntimeError("counts of pid %d: %d bytes, not %d"
+                           % (pid, len(raw), 8 * len(FAKE_COUNT_KEYS)))
+    return dict(zip(FAKE_COUNT_KEYS, struct.unpack("<%dQ" % len(FAKE_COUNT_KEYS), raw)))
 
 
 def outputs(procs, wait=WAIT):

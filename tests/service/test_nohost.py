@@ -19,7 +19,6 @@ mapped at $RW_FAKE_CUDA_COUNTS/<pid>, tests/cuda/fake_cuda_base.h).
    part reads as zero is the one the daemon's GPU work moves.
 Run by tests/run as $b/test/svc_nohost; exits 0 pass, 1 fail, 77 skip."""
 import os
-import struct
 import sys
 import tempfile
 import time
@@ -30,20 +29,11 @@ import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
 
 PAGERANK = cluster.PAGERANK
 FAKE_KERN = cluster.FAKE_KERN
-KEYS = ("host_fn", "kernel", "work", "word_write", "word_wait")
+KEYS = cluster.FAKE_COUNT_KEYS
 check = cluster.Checks()
 
 
-def counts(folder, pid):
-    """The stand-in's counts of process pid (all zero if it asked nothing of the GPU yet)."""
-    try:
-        with open(os.path.join(folder, str(pid)), "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        return dict.fromkeys(KEYS, 0)
-    if len(raw) != 8 * len(KEYS):
-        raise RuntimeError("counts of pid %d: %d bytes, not %d" % (pid, len(raw), 8 * len(KEYS)))
-    return dict(zip(KEYS, struct.unpack("<%dQ" % len(KEYS), raw)))
+counts = cluster.fake_cuda_counts
 
 
 def delta(after, before):

@@ -42,6 +42,17 @@ and heartbeat_timeout_ms 5000:
    named); with two GPUs per node a rank maps another GPU's slab only where the two reach each
    other; a daemon whose export fails refuses the group its slabs, named, and serves another job;
    once every group left the daemons hold and map no allocation.
+9. GPU slabs the daemon's CPU cannot read (the stand-in's discrete GPU, RW_FAKE_CUDA_VMM_NOCPU=1
+   in the daemons only: their mappings of the carve-outs are PROT_NONE, readable only through
+   the driver's copies; the test hook's tcp rail reads its own mapping of the export, as a NIC's
+   dmabuf would): every check reads the headers pulled into the carve-out's host shadow. A rank
+   of a CPU-played job lies in its first pack: that phase fails on every rank, named, no node is
+   dropped, the next phases are exact; librailwave's rank path (the kernel stand-in) runs 6
+   dispatches and their combines exact; a host job of another group runs on the shared area
+   meanwhile (its pairs cannot use a carve-out the CPU cannot reach); the daemons made no kernel
+   launch and called no host function, and their pulls' marks are stream writes. Then one
+   daemon's copies fail (RW_FAKE_CUDA_VMM_FAIL=copy): the group's phase fails, naming the pull,
+   while a host job on the same daemons verifies.
 Every daemon then stops cleanly on SIGTERM (exit 0; under ASan: no leak, no report).
 Run by tests/run as $b/test/svc_slabs; exits 0 pass, 1 fail, 77 skip."""
 import ctypes
@@ -720,6 +731,80 @@ def scenario_gpu(tmp, seed):
         c.stop()
 
 
+def scenario_gpu_pull(tmp, seed):
+    """GPU slabs the daemons' CPUs cannot read (RW_FAKE_CUDA_VMM_NOCPU=1 in the daemons): the
+    checks go through the header pull."""
+    tmp = os.path.join(tmp, "pull")  # logs of its own (the other scenarios' daemons went down)
+    folder = os.path.join(tmp, "counts")
+    os.makedirs(folder, exist_ok=True)
+    c = cluster.Cluster(tmp, 2, extra=dict(AREA, transport="tcp"))
+    c.env.update(RAILWAVE_TEST_GPUDIRECT="1", RW_CUDA_DRIVER=cluster.FAKE_CUDA)
+    nocpu = {"RW_FAKE_CUDA_VMM_NOCPU": "1", "RW_FAKE_CUDA_COUNTS": folder}
+    for n in range(c.nodes):
+        c.node_env[n] = dict(nocpu)
+    world = c.nodes * c.gpus
+    try:
+        c.start_all()
+        pids = [c.procs[n].pid for n in range(c.nodes)]
+        check(all("the groups' carve-outs in GPU 0's memory, lent by fd" in daemon_log(tmp, n)
+                  for n in range(c.nodes)), "pulled: both daemons place the carve-outs on GPU 0")
+        host = [(r, c.rank(r, "pull.host", 2, 20, seed)) for r in range(world)]
+        lie = [(r, c.pagerank(r, "pull.lie", 1, 3, 5, "lie")) for r in range(world)]
+        res = cluster.outputs(lie)
+        bad = {r: (v[0], v[1][-300:]) for r, v in res.items() if v[0] != 0 or "verified" not in v[1]}
+        check(not bad, "pulled: a CPU-played job on GPU slabs, phases 2 and 3 after the lie "
+              "exact on every rank %s" % (bad or ""))
+        check(all("lie: phase 1 failed: phase failed" in v[1] for v in res.values()),
+              "pulled: the lying rank's bad header, caught through the pull, failed phase 1 on "
+              "every rank of both nodes: %s" % [v[1].splitlines()[:1] for v in res.values()])
+        check("rank 0: record 0 to node" in daemon_log(tmp, 0) and "its token is past the "
+              "rank's tokens" in daemon_log(tmp, 0), "pulled: the daemon's log names the lying "
+              "rank and its record")
+        outs = c.collect(host)
+        check(all("20 steps x 2 layers verified" in outs[r] for r in outs),
+              "pulled: a host job of another group verified meanwhile (on the shared area)")
+        lib = [(r, c.pagerank(r, "pull.lib", 2, 3, seed, "lib",
+                              dict(c.env, RW_CUDA_DRIVER=cluster.FAKE_KERN))) for r in range(world)]
+        res = cluster.outputs(lib)
+        bad = {r: (v[0], v[1][-300:]) for r, v in res.items() if v[0] != 0 or "verified" not in v[1]}
+        check(not bad, "pulled: 6 dispatches and their combines through librailwave's rank path "
+              "on GPU slabs, every row and sum exact on every rank %s" % (bad or ""))
+        log = daemon_log(tmp, 0) + daemon_log(tmp, 1)
+        check(": down (" not in log, "pulled: no node was dropped")
+        for n, pid in enumerate(pids):
+            k = cluster.fake_cuda_counts(folder, pid)
+            check(k["host_fn"] == 0 and k["kernel"] == 0 and k["word_write"] > 0 and
+                  k["work"] > k["word_write"],
+                  "pulled: daemon %d pulled by copies with words as marks, no kernel and no host "
+                  "function (%s)" % (n, k))
+    finally:
+        c.stop()
+    # the copies failing on node 0: that group's phase fails, named; another job runs meanwhile
+    sub = os.path.join(tmp, "copyfail")
+    os.makedirs(sub, exist_ok=True)
+    c = cluster.Cluster(sub, 2, extra=dict(AREA, transport="tcp"))
+    c.env.update(RAILWAVE_TEST_GPUDIRECT="1", RW_CUDA_DRIVER=cluster.FAKE_CUDA)
+    c.node_env[0] = {"RW_FAKE_CUDA_VMM_NOCPU": "1", "RW_FAKE_CUDA_VMM_FAIL": "copy"}
+    c.node_env[1] = {"RW_FAKE_CUDA_VMM_NOCPU": "1"}
+    try:
+        c.start_all()
+        host = [(r, c.rank(r, "fail.host", 2, 10, seed)) for r in range(world)]
+        res = cluster.outputs([(r, c.pagerank(r, "fail.pull", 1, 3, 5, "until"))
+                               for r in range(world)])
+        check(all(v[0] == 0 and "until: phase 1 failed" in v[1] for v in res.values()),
+              "copies failing: the group's first phase fails on every rank: %s"
+              % [v[1].splitlines()[-1:] for v in res.values()])
+        check(any("cuMemcpy2DAsync" in v[1] or "GPU slab" in v[1] for v in res.values()) or
+              "cuMemcpy2DAsync" in daemon_log(sub, 0),
+              "copies failing: the failure names the pull: %s"
+              % [v[1].splitlines()[-1:] for v in res.values()])
+        outs = c.collect(host)
+        check(all("10 steps x 2 layers verified" in outs[r] for r in outs),
+              "copies failing: a host job on the same daemons verified meanwhile")
+    finally:
+        c.stop()
+
+
 def main():
     if not cluster.built(cluster.DAEMON, cluster.RANK, cluster.LIBRAILWAVE) or not all(
             os.path.exists(p) for p in (cluster.FAKE_CUDA, cluster.FAKE_KERN)):
@@ -733,7 +818,8 @@ def main():
                          ("hostile rank", scenario_hostile_rank),
                          ("attacks", scenario_attacks),
                          ("rank path", scenario_rank_path),
-                         ("gpu slabs", scenario_gpu)], tmp, seed)
+                         ("gpu slabs", scenario_gpu),
+                         ("gpu slabs pulled", scenario_gpu_pull)], tmp, seed)
     return check.exit_code()
 
 
