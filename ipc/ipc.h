@@ -154,8 +154,10 @@ typedef struct rw_ipc_server_config {
 	/* With page_rails: the word poller's schedule (max_watches is the server's), read at
 	 * create; NULL: the RW_IPC_POLLER_* defaults below. */
 	const struct rw_ipc_poller_config *poller;
-	/* Each local GPU's native rail, written into its rank's page (the column its count row
-	 * counts in): gpus_per_node entries, each < page_rails; NULL: GPU g on rail g % page_rails. */
+	/* Each local rank's native rail, written into its page (the column its count row counts
+	 * in): gpus_per_node entries, each < page_rails, indexed by the rank's place on its node
+	 * (rank % gpus_per_node, never the hello's local GPU); NULL: local rank g on rail
+	 * g % page_rails. */
 	const uint8_t *page_gpu_rail;
 } rw_ipc_server_config_t;
 

@@ -209,9 +209,11 @@ int ipc_page_setup(rw_ipc_client_t *c, const rw_ipc_page_setup_t *req)
 	const rw_page_geom_t geom = { .nodes = nodes, .rails = cfg->page_rails,
 				      .gpus = cfg->gpus_per_node, .max_tokens = c->srv->lim.max_tokens,
 				      .max_recv = req->max_recv };
-	const uint32_t g = c->info.local_gpu > 0 ? (uint32_t)c->info.local_gpu : 0;
-	const uint32_t rail = cfg->page_gpu_rail && g < cfg->gpus_per_node ? cfg->page_gpu_rail[g]
-									  : g % cfg->page_rails;
+	/* The rank's local index is its place on the node (rank % GPUs per node), as the service
+	 * counts it and checks its count row's rail and its records' owner: never the hello's
+	 * local GPU, which the rank chooses (-1, or another index). */
+	const uint32_t g = c->info.rank % cfg->gpus_per_node;
+	const uint32_t rail = cfg->page_gpu_rail ? cfg->page_gpu_rail[g] : g % cfg->page_rails;
 	rw_page_init(map, &geom, rail, &l);
 	((rw_page_head_t *)map)->node = c->info.node;
 	((rw_page_head_t *)map)->owner = g;

@@ -26,6 +26,7 @@ daemon (/proc/PID/fd, /proc/PID/maps) are counted before and after.
    the others are served.
 Then the host job's every phase verified, and every daemon exits 0 on SIGTERM (ASan: no leak).
 Run by tests/run as $b/test/svc_rankhostile; exits 0 pass, 1 fail, 77 skip."""
+import mmap
 import os
 import socket
 import struct
@@ -198,6 +199,24 @@ def scenario(c, tmp):
     res = x.slab(0)
     check(res[0] == "ok" and res[1] == SLAB_OK, "the connection still serves: slab of rail 0 lent")
     close_fds(res)
+
+    # The page's head says what the daemon checks: the rank's local index (rank % GPUs per node),
+    # its records' owner, and that index's rail, whatever local GPU its hello named (-1: none).
+    for rank, gpu in ((1, -1), (1, 0), (0, 1), (1, 7)):
+        v = Raw(sock)
+        v.hello("hx.own%d%d" % (rank, gpu + 1), rank, world, 0, gpu)
+        res = v.page(64)
+        if res[0] == "ok":
+            with mmap.mmap(res[3][0], 4096) as m:
+                gpus, rail, node, owner = struct.unpack_from("<IIII", m, 40)
+            local = rank % c.gpus
+            check(gpus == c.gpus and node == 0 and owner == local and rail == local % c.rails,
+                  "rank %d with local GPU %d: the page names owner %d (local rank %d) and rail %d "
+                  "(its local rank's rail %d)" % (rank, gpu, owner, local, rail, local % c.rails))
+        else:
+            check(False, "rank %d with local GPU %d is lent a page (%s)" % (rank, gpu, res))
+        close_fds(res)
+        v.close()
 
     # 2. Fields.
     res = x.page(64, reserved=1)
