@@ -277,4 +277,17 @@ void rw_page_fail(rw_page_head_t *pg, uint64_t k, int32_t err);
  * now or later — passes (the page stays mapped in the rank, so these CPU stores land). */
 void rw_page_daemon_lost(rw_page_head_t *pg, int32_t err);
 
+/* Waking the other side (ipc/page_word.c). A word stays memory a stream can write; a CPU that
+ * writes one may also wake whoever waits for it, and a CPU that waits may sleep until then,
+ * bounded, since a stream's store wakes no one. Both sides key a futex on the word's low 32 bits
+ * (rw_page_word_futex), shared between the processes that map the page. */
+uint32_t *rw_page_word_futex(const _Atomic uint64_t *word);
+/* Store-release `value`, then wake every waiter of the word (one syscall, waiters or none). */
+void rw_page_word_publish(_Atomic uint64_t *word, uint64_t value);
+/* Sleep at most `ns` while the word still reads `seen`: RW_PAGE_NAP_WOKEN when a publish ended
+ * it, RW_PAGE_NAP_MOVED when the word no longer read `seen` (no sleep), RW_PAGE_NAP_TIMEOUT at
+ * the bound (or a signal, or ns <= 0). Either way the caller looks at the word again. */
+enum { RW_PAGE_NAP_TIMEOUT = 0, RW_PAGE_NAP_WOKEN = 1, RW_PAGE_NAP_MOVED = 2 };
+int rw_page_word_nap(const _Atomic uint64_t *word, uint64_t seen, long ns);
+
 #endif /* RW_IPC_PAGE_H */
