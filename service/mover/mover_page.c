@@ -484,7 +484,7 @@ static void plan_publish(const rw_svc_rank_io_t *io)
 {
 	atomic_store_explicit(&io->page->status[io->page_k & (RW_PAGE_DEPTH - 1)].v, 0,
 			      memory_order_relaxed);
-	atomic_store_explicit(&io->page->word[RW_PW_PLAN].v, io->page_k, memory_order_release);
+	rw_page_word_publish(&io->page->word[RW_PW_PLAN].v, io->page_k); /* a host rank wakes */
 }
 
 /* The decision is known: each rank's plan block into its slot, then plan = k (P2). */
@@ -879,8 +879,7 @@ static rw_status_t finish_now(page_pair_t *pp, const rw_svc_phase_t *ph,
 			memcpy(slot + l->list, &head, sizeof(head));
 			memcpy(slot + l->list_entry, pp->reduce[g],
 			       (size_t)pp->n_reduce[g] * sizeof(rw_page_list_entry_t));
-			atomic_store_explicit(&io->page->word[RW_PW_ARRIVED].v, io->page_k,
-					      memory_order_release);
+			rw_page_word_publish(&io->page->word[RW_PW_ARRIVED].v, io->page_k);
 		}
 		return RW_OK;
 	}
@@ -905,8 +904,7 @@ static rw_status_t finish_now(page_pair_t *pp, const rw_svc_phase_t *ph,
 						   .n_recv = ls->n_recv[g] };
 		memcpy(slot + l->list, &head, sizeof(head));
 		memcpy(slot + l->list_entry, ls->list[g], (size_t)ls->n[g] * sizeof(ls->list[g][0]));
-		atomic_store_explicit(&io->page->word[RW_PW_ARRIVED].v, io->page_k,
-				      memory_order_release);
+		rw_page_word_publish(&io->page->word[RW_PW_ARRIVED].v, io->page_k);
 	}
 	return RW_OK;
 }
