@@ -282,7 +282,12 @@ int rw_ipc_client_leaving(const rw_ipc_client_t *client);
  * doubling from sleep_min_us up to a bound: busy_sleep_max_us while the loop says a phase is in
  * flight, sleep_max_us otherwise. A stream can only write memory (nothing can wake the thread),
  * so that bound is what a backed-off poller adds to a hand-off at worst (plus the kernel's
- * scheduling delay; the thread's timer slack is 1 µs). The loop can: rw_ipc_poller_kick() ends
+ * scheduling delay; the thread's timer slack is 1 µs). A CPU that writes a word with
+ * rw_page_word_publish (a host rank) ends the sleep at once: the thread sleeps on the watched
+ * words' futexes too (futex_waitv, at most 127 words; beyond, or before Linux 5.16, on the kick
+ * alone), and once every watched word's writer has woken it, it sleeps right after a move
+ * instead of spinning, where the host has fewer than RW_IPC_POLLER_WAKER_SPIN_CPUS online CPUs.
+ * The loop can: rw_ipc_poller_kick() ends
  * a sleep and restarts the spin window (the loop did its part; a rank's word is likely next).
  * busy_sleep_max_us 0: spin the whole time a phase is in flight. With nothing watched it waits
  * for a watch and costs nothing.
@@ -298,6 +303,11 @@ int rw_ipc_client_leaving(const rw_ipc_client_t *client);
 #define RW_IPC_POLLER_SLEEP_MIN_US 20
 #define RW_IPC_POLLER_SLEEP_MAX_US 1000
 #define RW_IPC_POLLER_BUSY_SLEEP_MAX_US 100
+/* Words whose writer wakes the thread (rw_page_word_publish: host ranks; learnt at its first
+ * wake) skip the spin and yield windows, the thread sleeping until the wake, on a host with
+ * fewer online CPUs than this (the ranks' spin rule, docs/ipc.md): there a spin takes the CPU
+ * the writer needs. */
+#define RW_IPC_POLLER_WAKER_SPIN_CPUS 8
 
 typedef struct rw_ipc_poller rw_ipc_poller_t;
 
@@ -345,6 +355,7 @@ typedef struct rw_ipc_poller_stats {
 	uint64_t moves;       /* word changes reported */
 	uint64_t wakeups;     /* ev_async sends to the loop */
 	uint64_t parks;       /* times the thread waited, nothing watched, for a watch */
+	uint64_t word_wakes;  /* sleeps a watched word's writer ended (rw_page_word_publish) */
 	uint64_t cpu_ns;      /* the thread's CPU time so far (CLOCK_THREAD_CPUTIME_ID) */
 } rw_ipc_poller_stats_t;
 void rw_ipc_poller_stats(const rw_ipc_poller_t *poller, rw_ipc_poller_stats_t *stats_p);

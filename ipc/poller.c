@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "ipc/ipc.h"
+#include "ipc/page.h"
 
 struct slot {
 	_Atomic(const _Atomic uint64_t *) word; /* loop writes; NULL: free or retiring */
@@ -42,6 +43,7 @@ struct slot {
 	/* thread-private */
 	const _Atomic uint64_t *cur;
 	uint64_t seen;
+	int waker;                               /* its writer ended a sleep (it publishes) */
 	/* loop-private */
 	int state;                               /* FREE, LIVE, RETIRING */
 };
@@ -73,7 +75,12 @@ struct rw_ipc_poller {
 	pthread_t thread;
 	_Alignas(64) _Atomic uint32_t kick; /* loop adds 1: look closely again (pair K) */
 	_Atomic int sleeping;               /* thread: in a timed futex wait on `kick` */
-	_Atomic uint64_t scans, sleeps, yields, moves, wakeups, parks, kicks;
+	/* thread-private: the sleep's futexes, `kick` and the watched words (futex_waitv) */
+	struct futex_waitv wv[FUTEX_WAITV_MAX];
+	uint32_t wv_slot[FUTEX_WAITV_MAX];  /* wv[i]'s slot (i >= 1; wv[0] is `kick`) */
+	int no_waitv;                       /* the kernel has no futex_waitv: `kick` alone */
+	int spin_for_wakers;                /* spin after a waker's move too (cores to spare) */
+	_Atomic uint64_t scans, sleeps, yields, moves, wakeups, parks, kicks, word_wakes;
 };
 
 static uint64_t now_ns(void)
@@ -103,9 +110,13 @@ static int push(rw_ipc_poller_t *p, uint32_t id, uint64_t value, int retired, ui
 	return 1;
 }
 
-/* Thread: one pass over the table; how many notices it queued. */
-static unsigned scan(rw_ipc_poller_t *p)
+/* Thread: one pass over the table; how many notices it queued; *full_p set when one did not
+ * fit (a word's change waits for the loop to drain); *silent_p: the watched words whose writer
+ * has not woken the thread yet (a stream's never will). */
+static unsigned scan(rw_ipc_poller_t *p, int *full_p, uint32_t *silent_p)
 {
+	*full_p = 0;
+	*silent_p = 0;
 	uint32_t head = atomic_load_explicit(&p->q_head, memory_order_relaxed);
 	const uint32_t start = head, high = atomic_load_explicit(&p->high, memory_order_acquire);
 	for (uint32_t i = 0; i < high; i++) {
@@ -115,6 +126,8 @@ static unsigned scan(rw_ipc_poller_t *p)
 				s->cur = NULL;
 				atomic_store_explicit(&s->retire, 0, memory_order_relaxed);
 				atomic_fetch_sub_explicit(&p->watched, 1, memory_order_relaxed);
+			} else {
+				*full_p = 1;
 			}
 			continue;
 		}
@@ -124,14 +137,65 @@ static unsigned scan(rw_ipc_poller_t *p)
 		if (w != s->cur) {
 			s->cur = w;
 			s->seen = s->base;
+			s->waker = 0;
 		}
+		*silent_p += !s->waker;
 		uint64_t v = atomic_load_explicit(w, memory_order_acquire);
-		if (v != s->seen && push(p, i, v, 0, &head))
-			s->seen = v;
+		if (v != s->seen) {
+			if (push(p, i, v, 0, &head))
+				s->seen = v;
+			else
+				*full_p = 1;
+		}
 	}
 	if (head != start)
 		atomic_store_explicit(&p->q_head, head, memory_order_release); /* pair N */
 	return head - start;
+}
+
+/* Thread: sleep at most nap_us or until a kick (pair K) — or until a watched word moves, where
+ * its writer wakes its futex (a host rank's CPU: rw_page_word_publish; a stream cannot, so its
+ * store waits for the bound). One futex_waitv over `kick` and the words as last seen (a word
+ * already moved refuses the wait at once); `kick` alone when the words are more than the call
+ * takes, when a change is waiting for room in the queue (its word would refuse every wait), or
+ * on a kernel without futex_waitv (Linux < 5.16). */
+static void nap(rw_ipc_poller_t *p, uint32_t kick_seen, uint32_t nap_us, int full)
+{
+	uint32_t n = 0;
+	if (!p->no_waitv && !full) {
+		const uint32_t high = atomic_load_explicit(&p->high, memory_order_acquire);
+		p->wv[n++] = (struct futex_waitv){ .val = kick_seen, .uaddr = (uintptr_t)&p->kick,
+						   .flags = FUTEX_32 | FUTEX_PRIVATE_FLAG };
+		for (uint32_t i = 0; i < high && n; i++) {
+			const struct slot *s = &p->slots[i];
+			if (!s->cur) /* free, retired, or not looked at yet (the next scan does) */
+				continue;
+			if (n == FUTEX_WAITV_MAX)
+				n = 0;
+			else
+				p->wv_slot[n] = i, p->wv[n++] = (struct futex_waitv){
+					.val = (uint32_t)s->seen,
+					.uaddr = (uintptr_t)rw_page_word_futex(s->cur),
+					.flags = FUTEX_32 }; /* shared: the writer is another process */
+		}
+	}
+	if (n > 1) {
+		struct timespec until;
+		clock_gettime(CLOCK_MONOTONIC, &until);
+		until.tv_nsec += (long)nap_us * 1000;
+		until.tv_sec += until.tv_nsec / 1000000000;
+		until.tv_nsec %= 1000000000;
+		long woke = syscall(SYS_futex_waitv, p->wv, n, 0, &until, CLOCK_MONOTONIC);
+		if (woke > 0) {
+			p->slots[p->wv_slot[woke]].waker = 1;
+			atomic_fetch_add_explicit(&p->word_wakes, 1, memory_order_relaxed);
+		}
+		if (woke >= 0 || errno != ENOSYS)
+			return;
+		p->no_waitv = 1;
+	}
+	const struct timespec t = { .tv_sec = nap_us / 1000000, .tv_nsec = (long)(nap_us % 1000000) * 1000 };
+	(void)syscall(SYS_futex, &p->kick, FUTEX_WAIT_PRIVATE, kick_seen, &t, NULL, 0);
 }
 
 /* Thread: after the last move (or kick), spin for spin_us, then look between sched_yield()s for
@@ -148,7 +212,9 @@ static void *run(void *arg)
 	/* Sleeps as asked: the default slack (50 µs) would stretch every short one. */
 	(void)prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
 	while (!atomic_load_explicit(&p->stop, memory_order_relaxed)) {
-		unsigned n = scan(p);
+		int full;
+		uint32_t silent;
+		unsigned n = scan(p, &full, &silent);
 		atomic_fetch_add_explicit(&p->scans, 1, memory_order_relaxed);
 		uint64_t t = now_ns();
 		const uint32_t k = atomic_load(&p->kick);
@@ -163,8 +229,10 @@ static void *run(void *arg)
 			last_move = t;
 		}
 		const int busy = atomic_load_explicit(&p->busy, memory_order_relaxed) > 0;
-		const uint64_t quiet = t - last_move;
-		if (quiet < spin_ns || (busy && c->busy_sleep_max_us == 0)) {
+		/* Every watched word's writer wakes the thread (host ranks): on a host without cores to
+		 * spare, sleeping at once leaves the CPU to them; a wake ends the sleep. */
+		const uint64_t quiet = silent || p->spin_for_wakers || full ? t - last_move : UINT64_MAX;
+		if ((busy && c->busy_sleep_max_us == 0) || quiet < spin_ns) {
 			nap_us = c->sleep_min_us;
 			cpu_relax();
 			continue;
@@ -187,12 +255,11 @@ static void *run(void *arg)
 			continue;
 		}
 		const uint32_t bound = busy ? c->busy_sleep_max_us : c->sleep_max_us;
-		if (nap_us > bound)
+		if (nap_us > bound || quiet == UINT64_MAX) /* wakers: the bound only backs a wake */
 			nap_us = bound;
-		struct timespec nap = { .tv_sec = nap_us / 1000000, .tv_nsec = (long)(nap_us % 1000000) * 1000 };
 		atomic_store(&p->sleeping, 1); /* pair K */
 		if (atomic_load(&p->kick) == kick_seen)
-			(void)syscall(SYS_futex, &p->kick, FUTEX_WAIT_PRIVATE, kick_seen, &nap, NULL, 0);
+			nap(p, kick_seen, nap_us, full);
 		atomic_store(&p->sleeping, 0);
 		atomic_fetch_add_explicit(&p->sleeps, 1, memory_order_relaxed);
 		nap_us = nap_us * 2 > bound ? bound : nap_us * 2;
@@ -236,6 +303,7 @@ rw_status_t rw_ipc_poller_create(struct ev_loop *loop, const rw_ipc_poller_confi
 	if (!p->slots || !p->q)
 		goto fail_free;
 	p->q_mask = qsize - 1;
+	p->spin_for_wakers = sysconf(_SC_NPROCESSORS_ONLN) >= RW_IPC_POLLER_WAKER_SPIN_CPUS;
 	pthread_mutex_init(&p->park_mu, NULL);
 	pthread_cond_init(&p->park_cv, NULL);
 	p->loop = loop;
@@ -344,6 +412,7 @@ void rw_ipc_poller_stats(const rw_ipc_poller_t *p, rw_ipc_poller_stats_t *st)
 	st->moves = atomic_load_explicit(&q->moves, memory_order_relaxed);
 	st->wakeups = atomic_load_explicit(&q->wakeups, memory_order_relaxed);
 	st->parks = atomic_load_explicit(&q->parks, memory_order_relaxed);
+	st->word_wakes = atomic_load_explicit(&q->word_wakes, memory_order_relaxed);
 	clockid_t cid;
 	struct timespec t;
 	if (pthread_getcpuclockid(q->thread, &cid) == 0 && clock_gettime(cid, &t) == 0)

@@ -22,14 +22,12 @@
 #define D RW_PAGE_DEPTH
 
 /* How long a wait spins before it sleeps (the ring's rw_client_wait default, on a host with
- * SPIN_MIN_CPUS online CPUs; none on a smaller one), and the sleeps: from SLEEP_MIN_NS
- * doubling to SLEEP_MAX_NS, so a long wait (a peer's rows, the trainer's other ranks) costs at
- * most one wake-up per SLEEP_MAX_NS (5000 a second, each a few microseconds) and adds at most
- * SLEEP_MAX_NS to a phase once the spin is over. */
+ * SPIN_MIN_CPUS online CPUs; none on a smaller one), and the longest sleep: the daemon's store of
+ * the word ends a sleep (rw_page_word_publish), so SLEEP_MAX_NS bounds only what nothing wakes (a
+ * failed phase's owed words, a daemon gone): at most 5000 wake-ups a second, each a few µs. */
 #define SPIN_US_DEFAULT 200
 #define SPIN_US_MAX 10000
 #define SPIN_MIN_CPUS 8
-#define SLEEP_MIN_NS 10000
 #define SLEEP_MAX_NS 200000
 /* Below this many row bytes a thread costs more than it saves: its start and join are some tens
  * of microseconds, in which one core copies ~256 KiB. */
@@ -134,38 +132,43 @@ uint32_t rw_rank_host_threads(const rw_client_rank_t *r)
 	return r->host ? r->host->threads : 0;
 }
 
+/* The rank's words: stored, then the daemon's poller woken if it sleeps on them (a futex wake
+ * per store, a few hundred ns; ipc/page.h "Waking the other side"). */
 static void word_store(rw_client_rank_t *r, unsigned w, uint64_t k)
 {
-	atomic_store_explicit(&r->pg->word[w].v, k, memory_order_release);
+	rw_page_word_publish(&r->pg->word[w].v, k);
 }
 
-static int reached(const rw_client_rank_t *r, unsigned w, uint64_t k)
-{
-	return (int64_t)(atomic_load_explicit(&r->pg->word[w].v, memory_order_acquire) - k) >= 0;
-}
-
-/* Until the daemon's word w reaches k (cyclic >=): spin, then sleep with a growing period up to
- * SLEEP_MAX_NS. deadline: an absolute CLOCK_MONOTONIC time in ns, 0 look once, -1 forever.
- * 1 reached, 0 not by the deadline. */
+/* Until the daemon's word w reaches k (cyclic >=): spin, then sleep on the word itself, each
+ * sleep at most SLEEP_MAX_NS and ended by the daemon's store of the word. deadline: an absolute
+ * CLOCK_MONOTONIC time in ns, 0 look once, -1 forever. 1 reached, 0 not by the deadline. */
 static int wait_word(rw_client_rank_t *r, unsigned w, uint64_t k, int64_t deadline)
 {
-	if (reached(r, w, k))
+	const _Atomic uint64_t *word = &r->pg->word[w].v;
+	uint64_t v = atomic_load_explicit(word, memory_order_acquire);
+	if ((int64_t)(v - k) >= 0)
 		return 1;
 	if (deadline == 0)
 		return 0;
 	const int64_t start = now_ns();
-	while (now_ns() - start < (int64_t)r->host->spin_ns)
-		if (reached(r, w, k))
+	while (now_ns() - start < (int64_t)r->host->spin_ns) {
+		v = atomic_load_explicit(word, memory_order_acquire);
+		if ((int64_t)(v - k) >= 0)
 			return 1;
-	long period = SLEEP_MIN_NS;
+	}
 	for (;;) {
-		if (deadline > 0 && now_ns() >= deadline)
-			return 0;
-		struct timespec ts = { 0, period };
-		nanosleep(&ts, NULL);
-		if (reached(r, w, k))
+		long nap = SLEEP_MAX_NS;
+		if (deadline > 0) {
+			const int64_t left = deadline - now_ns();
+			if (left <= 0)
+				return 0;
+			if (left < nap)
+				nap = (long)left;
+		}
+		(void)rw_page_word_nap(word, v, nap);
+		v = atomic_load_explicit(word, memory_order_acquire);
+		if ((int64_t)(v - k) >= 0)
 			return 1;
-		period = period * 2 > SLEEP_MAX_NS ? SLEEP_MAX_NS : period * 2;
 	}
 }
 

@@ -29,6 +29,8 @@ The 1-token rows are the control-plane floor (their p50 in µs is printed separa
 --rank-env LABEL=VAR=VALUE,... sets VAR in the ranks' environment for that label's runs (the
 same daemon under two labels: an A/B of a rank-side setting such as RAILWAVE_WAIT_SPIN_US);
 --daemon-env LABEL=VAR=VALUE,... the same for the daemons' environment.
+--ranks LABEL=PATH,...: that label's rank program (an old build's tools/rw_bench_rank: an A/B
+of a change on both sides of the rank path, the daemon's and librailwave's); default this build's.
 --idle-s S: the ranks of each (shape, tokens) join, open their path and wait S s (after the
 daemons settle: a 0.5 s window under 3% of a core each, 10 s at most) before their first step: the daemons' CPU over those S s (idle: rank pages watched, no
 phase) and over the steps (busy), per daemon, in % of a core (every thread's
@@ -45,7 +47,8 @@ every node), unless --rank-env sets it.
                    [--tokens 1,128,1024,4096] [--paths native,rail-only,perm-only,joint,auto]
                    [--rounds 3] [--floor-rounds 20] [--gpus 2] [--rails 2] [--cuda]
                    [--daemons LABEL=PATH,...] [--rank-env LABEL=VAR=VALUE,...]
-                   [--daemon-env LABEL=VAR=VALUE,...] [--repeat 1] [--modes ring,rank]
+                   [--daemon-env LABEL=VAR=VALUE,...] [--ranks LABEL=PATH,...]
+                   [--repeat 1] [--modes ring,rank]
                    [--idle-s S]"""
 import argparse
 import json
@@ -106,7 +109,7 @@ def med(xs):
     return statistics.median(xs) if xs else None
 
 
-def run_ranks(c, a, shape, tokens, paths, steps, group, env, mode="ring", gated=None):
+def run_ranks(c, a, shape, tokens, paths, steps, group, env, mode="ring", gated=None, prog=RANK):
     """One rank process per (node, GPU); returns ({step: [(dsub, ddone, csub, cdone)]}, the
     ranks' CPU seconds, their voluntary context switches). gated: (FILE, fn): the ranks join
     (and open the rank path) and wait before their first step until FILE exists; fn() runs
@@ -118,7 +121,7 @@ def run_ranks(c, a, shape, tokens, paths, steps, group, env, mode="ring", gated=
     procs = []
     for r in range(c.nodes * a.gpus):
         sock = c.cfg["nodes"][r // a.gpus]["ipc_socket"]
-        argv = [RANK, "--socket", sock, "--group", group, "--rank", str(r), "--steps",
+        argv = [prog, "--socket", sock, "--group", group, "--rank", str(r), "--steps",
                 str(steps), "--paths", ",".join(paths)] + (["--cuda"] if a.cuda else []) + \
             (["--host-rank-path"] if mode == "rank" else []) + \
             (["--gate", "0:" + gated[0]] if gated else []) + wl
@@ -226,9 +229,11 @@ def ceiling_us(per_rail):
     return int(out.split()[0])
 
 
-def run_cluster(tmp, a, nodes, transport, rate_gbs, results, build=("", cluster.DAEMON, {}, {})):
-    """One cluster of railwaved build[1] (labelled build[0]); every (shape, tokens) in turn;
-    rows appended to results."""
+def run_cluster(tmp, a, nodes, transport, rate_gbs, results,
+                build=("", cluster.DAEMON, {}, {}, RANK)):
+    """One cluster of railwaved build[1] (labelled build[0], its ranks' environment build[2],
+    its daemons' build[3], its rank program build[4]); every (shape, tokens) in turn; rows
+    appended to results."""
     max_rec = max(((16 + k * 8 + 15) & ~15) + ((h * 2 + 15) & ~15) for h, _, k in SHAPES.values())
     tmax = max(int(t) for t in a.tokens.split(","))
     # A node may receive every rank's records in one phase: the region grows with N.
@@ -291,7 +296,8 @@ def run_cluster(tmp, a, nodes, transport, rate_gbs, results, build=("", cluster.
                 wk0 = sum(wakes(p.pid) for p in c.procs.values())
                 lw0 = sum(wakes(p.pid, True) for p in c.procs.values())
                 pairs, rcpu, rwk = run_ranks(c, a, shape, tokens, paths, steps, group,
-                                             rank_env, mode, (gate, at_gate) if a.idle_s else None)
+                                             rank_env, mode, (gate, at_gate) if a.idle_s else None,
+                                             build[4])
                 busy = None
                 if idle:  # the daemons' CPU while the phases ran, per daemon, % of a core
                     busy = 100 * (sum(run_s(p.pid) for p in c.procs.values()) - idle["run0"]) / \
@@ -366,6 +372,8 @@ def main():
     ap.add_argument("--daemons", help="LABEL=PATH,...: run every cluster with each railwaved")
     ap.add_argument("--rank-env", help="LABEL=VAR=VALUE,...: the ranks' environment per label")
     ap.add_argument("--daemon-env", help="LABEL=VAR=VALUE,...: the daemons' environment per label")
+    ap.add_argument("--ranks", help="LABEL=PATH,...: the rank program per label (default: "
+                    "this build's tools/rw_bench_rank)")
     ap.add_argument("--repeat", type=int, default=1, help="with --daemons: times each, alternating")
     ap.add_argument("--idle-s", type=float, default=0,
                     help="the ranks join and wait this long before their first step: the "
@@ -382,10 +390,13 @@ def main():
               os.cpu_count()))
     print("N transport      mode shape    tok/r path      kind           ms    LB ms   x LB  "
           "decide  1stpost lastin   done   cpu/ph  MB/rail  memcpy wakes/ph rank-cpu rank-wk")
-    builds = [("", cluster.DAEMON, {}, {})]
+    builds = [("", cluster.DAEMON, {}, {}, RANK)]
     if a.daemons:
-        builds = [(d.split("=", 1)[0], os.path.abspath(d.split("=", 1)[1]), {}, {})
+        builds = [(d.split("=", 1)[0], os.path.abspath(d.split("=", 1)[1]), {}, {}, RANK)
                   for d in a.daemons.split(",")]
+    for e in (a.ranks.split(",") if a.ranks else []):
+        label, path = e.split("=", 1)
+        builds = [b[:4] + (os.path.abspath(path),) if b[0] == label else b for b in builds]
     for i, opt in ((2, a.rank_env), (3, a.daemon_env)):
         for e in (opt.split(",") if opt else []):
             label, var, value = e.split("=", 2)

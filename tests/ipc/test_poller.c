@@ -4,7 +4,8 @@
  * is reported by its latest value, values never go back, a baseline is not a change, a retired
  * watch is reported once and never read again, a full notice queue loses nothing; while a phase
  * is in flight the thread backs off (spin, yield, sleep) and still sees the next move, or spins
- * the whole phase when told to. */
+ * the whole phase when told to; a word published by another process (rw_page_word_publish, a
+ * host rank's store) ends the thread's sleep, and the daemon's publish ends a rank's nap. */
 #include <ev.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -16,12 +17,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "cuda/rw_cuda.h"
 #include "ipc/ipc.h"
+#include "ipc/page.h"
 #include "tests/lib/fake_driver.h"
 
 #define NW 16
@@ -462,6 +465,98 @@ static void test_stream_written_word(void **state)
 	ev_loop_destroy(loop);
 }
 
+/* Until process `pid` sleeps (its state in /proc/PID/stat is S), at most 10 s. */
+static int wait_sleeping(pid_t pid)
+{
+	char path[64], buf[256];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	for (int i = 0; i < 10000; i++) {
+		FILE *f = fopen(path, "r");
+		size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+		if (f)
+			fclose(f);
+		buf[n] = 0;
+		const char *close = strrchr(buf, ')'); /* "pid (comm) S ..." */
+		if (close && close[1] == ' ' && close[2] == 'S')
+			return 1;
+		usleep(1000);
+	}
+	return 0;
+}
+
+/* Publish `value` into word i from a child process, as a host rank does. */
+static void publish_from_child(unsigned i, uint64_t value)
+{
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		rw_page_word_publish(word(i), value);
+		_exit(0);
+	}
+	int status;
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* A word published by another process while the thread sleeps (sleeps of 1 s: nothing else ends
+ * them this soon) ends the sleep through the word's own futex (counted as a word wake-up, not a
+ * kick), and the value is reported. The thread may be between two sleeps when a value comes:
+ * then the next value is tried, each after it is seen asleep again. */
+static void test_published_word_ends_a_sleep(void **state)
+{
+	(void)state;
+	struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+	rw_ipc_poller_config_t c = cfg;
+	c.spin_us = 0;
+	c.sleep_min_us = c.sleep_max_us = 1000000;
+	rw_ipc_poller_t *p;
+	uint32_t a, b;
+	assert_int_equal(rw_ipc_poller_create(loop, &c, on_word, &seen, &p), RW_OK);
+	assert_int_equal(rw_ipc_poller_watch(p, word(0), &a), RW_OK);
+	assert_int_equal(rw_ipc_poller_watch(p, word(3), &b), RW_OK); /* watched, never moves */
+	rw_ipc_poller_stats_t st = { 0 };
+	for (uint64_t v = 1; v <= 20 && st.word_wakes == 0; v++) {
+		rw_ipc_poller_stats(p, &st);
+		struct at_least asleep = { p, 0, st.sleeps + 1, 0 };
+		run_until(loop, counted, &asleep); /* one sleep over: the next has likely begun */
+		publish_from_child(0, v);
+		run_until(loop, reported, &a);
+		assert_int_equal(seen.last[a], v);
+		seen.reports[a] = 0;
+		rw_ipc_poller_stats(p, &st);
+	}
+	assert_true(st.word_wakes >= 1);
+	assert_int_equal(st.kicks, 0);
+	assert_int_equal(seen.reports[b], 0);
+	assert_int_equal(seen.backwards, 0);
+	rw_ipc_poller_destroy(p);
+	ev_loop_destroy(loop);
+}
+
+/* The other direction: a process napping on a word (a host rank waiting for plan, 30 s bound)
+ * is woken by the publish of another (the daemon's), and a nap on a word that already moved does
+ * not sleep at all. */
+static void test_publish_ends_a_nap(void **state)
+{
+	(void)state;
+	atomic_store_explicit(word(5), 0x100000000ull, memory_order_relaxed); /* high half: 1 */
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		int r = rw_page_word_nap(word(5), 0x100000000ull, 30000000000L);
+		uint64_t v = atomic_load_explicit(word(5), memory_order_acquire);
+		_exit(r == RW_PAGE_NAP_WOKEN && v == 0x100000007ull ? 0 : 10 + r);
+	}
+	assert_true(wait_sleeping(pid));
+	rw_page_word_publish(word(5), 0x100000007ull);
+	int status;
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+	assert_int_equal(rw_page_word_nap(word(5), 0x100000000ull, 30000000000L), RW_PAGE_NAP_MOVED);
+	assert_int_equal(rw_page_word_nap(word(5), 0x100000007ull, 1000), RW_PAGE_NAP_TIMEOUT);
+}
+
 int main(int argc, char **argv)
 {
 	(void)argc;
@@ -478,6 +573,8 @@ int main(int argc, char **argv)
 						teardown),
 		cmocka_unit_test_setup_teardown(test_spins_while_busy_when_told, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_kick_ends_a_sleep, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_published_word_ends_a_sleep, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_publish_ends_a_nap, setup, teardown),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	rw_cuda_shutdown();
