@@ -47,7 +47,8 @@ and heartbeat_timeout_ms 5000:
    the driver's copies; the test hook's tcp rail reads its own mapping of the export, as a NIC's
    dmabuf would): every check reads the headers pulled into the carve-out's host shadow. A rank
    of a CPU-played job lies in its first pack: that phase fails on every rank, named, no node is
-   dropped, the next phases are exact; librailwave's rank path (the kernel stand-in) runs 6
+   dropped, the next phases are exact; likewise a rank whose gather writes a wrong return header
+   (the combine's pull); librailwave's rank path (the kernel stand-in) runs 6
    dispatches and their combines exact; a host job of another group runs on the shared area
    meanwhile (its pairs cannot use a carve-out the CPU cannot reach); the daemons made no kernel
    launch and called no host function, and their pulls' marks are stream writes. Then one
@@ -760,6 +761,16 @@ def scenario_gpu_pull(tmp, seed):
         check("rank 0: record 0 to node" in daemon_log(tmp, 0) and "its token is past the "
               "rank's tokens" in daemon_log(tmp, 0), "pulled: the daemon's log names the lying "
               "rank and its record")
+        res = cluster.outputs([(r, c.pagerank(r, "pull.clie", 1, 3, 5, "clie"))
+                               for r in range(world)])
+        check(all(v[0] == 0 and "clie: phase 2 failed: phase failed" in v[1] and "verified" in v[1]
+                  for v in res.values()),
+              "pulled: a return with a wrong header, caught through the combine's pull, failed "
+              "that combine on every rank, the next phases exact: %s"
+              % [v[1][-160:] for v in res.values()])
+        check("rank 0: its combine record for node 1" in daemon_log(tmp, 0) and "has a wrong "
+              "header" in daemon_log(tmp, 0), "pulled: the daemon's log names the rank whose "
+              "return was wrong")
         outs = c.collect(host)
         check(all("20 steps x 2 layers verified" in outs[r] for r in outs),
               "pulled: a host job of another group verified meanwhile (on the shared area)")
