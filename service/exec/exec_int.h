@@ -702,6 +702,10 @@ int exec_drained(exec_t *x);
 extern const rw_ipc_server_ops_t exec_ipc_ops;
 /* exec_page.c: a rank's page word moved (rw_ipc_server_ops_t.page_word). */
 void exec_page_word(void *ctx, rw_ipc_client_t *client, unsigned word, uint64_t value);
+/* exec_page.c: page rank mb leaves: the submits its page shows that the poller had not reported
+ * yet are taken first, so its leave fails the pair of what it submitted (its seat is absent
+ * from that key) instead of leaving its seat to look empty before that key. */
+void exec_page_leave(exec_t *x, exec_member_t *mb);
 void exec_member_free(exec_member_t *mb);
 extern const rw_svc_mesh_cbs_t exec_mesh_cbs;
 

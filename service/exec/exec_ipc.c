@@ -30,6 +30,7 @@ static void member_leave(exec_t *x, exec_member_t *mb, rw_ipc_leave_t reason, in
 	if (rw_ipc_log_churn(x->ipc))
 		rw_info("rank %u of group %s left (%s, %d)", rank, g->name, rw_ipc_leave_str(reason),
 			error);
+	exec_page_leave(x, mb); /* what its stream submitted and the poller had not reported */
 	exec_pair_t *was = g->pair;
 	if (g->pair) /* the pair may use this rank's buffers: fail it everywhere */
 		exec_on_rank_left(g->pair, client, rank);

@@ -318,6 +318,21 @@ static void retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		ev_timer_stop(loop, w);
 }
 
+void exec_page_leave(exec_t *x, exec_member_t *mb)
+{
+	rw_page_head_t *pg = rw_ipc_client_page(mb->client, NULL);
+	if (!pg)
+		return;
+	/* P1: the load-acquire of submit, as the poller's; a move past the depth it would drop the
+	 * rank for is not taken */
+	const uint64_t v = atomic_load_explicit(&pg->word[RW_PW_SUBMIT].v, memory_order_acquire);
+	const int64_t ahead = (int64_t)(v - mb->page_seen[RW_PW_SUBMIT]);
+	if (ahead <= 0 || ahead > RW_PAGE_DEPTH)
+		return;
+	mb->page_seen[RW_PW_SUBMIT] = v;
+	page_take(x, mb, pg);
+}
+
 /* A word the daemon answers (`answer`: plan for packed, arrived for done) must never be passed
  * by the rank's (its stream waits on the answer before it writes). */
 static int page_word_ahead(const rw_page_head_t *pg, unsigned answer, uint64_t value)

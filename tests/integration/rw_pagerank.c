@@ -96,6 +96,7 @@ static rw_client_slab_t slabs[RW_CLIENT_SLAB_RAILS];
 static uint32_t native, max_tokens, max_recv; /* the head's rail, bounds, read at join */
 static int lax;                     /* mode fuzz: this round's rows are not checked (scribbled) */
 static int kill_at = -1;            /* mode fuzz: the point of the phase the rank dies at */
+static int kill_leaves;             /* mode fuzz: it says goodbye there instead of dying */
 static rw_wl_work_t mine, *all; /* the rank's workload, and every rank's of the phase checked */
 static uint8_t *seen;           /* [world * MAX_ROWS]: rows delivered */
 
@@ -128,16 +129,30 @@ static const char *reason(rw_client_t *c)
 	return rw_client_last_message(c);
 }
 
-/* Mode fuzz: the rank dies here, as a SIGKILL finds it (no goodbye, nothing written). */
+/* Mode fuzz: the rank dies here, as a SIGKILL finds it (no goodbye, nothing written), or
+ * (kill_leaves) closes its connection and exits. */
 static uint32_t *fz_next_round; /* mode fuzz: the round the rank's next life starts in */
+static uint32_t *fz_no_meet;    /* mode fuzz: its next life goes on without meeting the others */
+static uint32_t *fz_elsewhere;  /* mode fuzz: 1 + the round whose attacker's next life visits */
+static int64_t fz_visit_round = -1; /* mode fuzz: this round's, when it is an elsewhere attack */
+static rw_client_t *fz_client;
 static uint64_t fz_seed;
+enum { FZ_REJOIN = 4 }; /* a life's exit code: the rank comes back */
 
 static _Noreturn void fz_die(const char *where)
 {
 	if (fz_next_round) /* the next life plays the next round */
 		++*fz_next_round;
-	printf("killed %s\n", where);
+	if (fz_no_meet && kill_at == 0)
+		*fz_no_meet = 1;
+	if (fz_elsewhere && fz_visit_round >= 0)
+		*fz_elsewhere = 1 + (uint32_t)fz_visit_round;
+	printf("%s %s\n", kill_leaves ? "left" : "killed", where);
 	fflush(stdout);
+	if (kill_leaves) {
+		rw_client_close(fz_client);
+		_exit(FZ_REJOIN);
+	}
 	raise(SIGKILL);
 	_exit(9);
 }
@@ -604,16 +619,18 @@ static uint8_t *dispatch_slot(const rw_wl_shape_t *sh, uint32_t step, uint32_t l
  * from the next round (its leave failed the round's pair; a retry of that key would open a new
  * pair the others, gone on, never join). */
 enum { FZ_NONE, FZ_SLOT, FZ_SLOT_RACE, FZ_HEAD, FZ_REC, FZ_SCRIBBLE, FZ_WORD_BACK, FZ_WORD_AHEAD,
-       FZ_PACKED_EARLY, FZ_DONE_EARLY, FZ_FORGE, FZ_KILL, FZ_CSLOT, FZ_COUNT };
+       FZ_PACKED_EARLY, FZ_DONE_EARLY, FZ_FORGE, FZ_KILL, FZ_CSLOT, FZ_KILL2, FZ_SLOT_AFTER,
+       FZ_ELSEWHERE, FZ_COUNT };
 static const char *const fz_name[FZ_COUNT] = {
 	"none", "slot", "slot-race", "head", "record", "scribble", "word-back", "word-ahead",
-	"packed-early", "done-early", "forge", "kill", "cslot" };
-enum { FZ_REJOIN = 4 }; /* a life's exit code: the rank comes back */
-
+	"packed-early", "done-early", "forge", "kill", "cslot", "kill2", "slot-after",
+	"elsewhere" };
 typedef struct fz_shared {      /* the lives' memory (shared with the parent) */
 	uint32_t round;         /* the round the last life was in */
 	uint32_t attacked;      /* 1 + the last round whose attack was made */
 	uint32_t attacks, passed, failed;
+	uint32_t no_meet;       /* the last life left before its round's submit (fz_die) */
+	uint32_t elsewhere;     /* 1 + the round of an elsewhere attack the last life died in */
 } fz_shared_t;
 
 static uint64_t fz_mix(uint64_t x) /* splitmix64's finalizer */
@@ -638,11 +655,36 @@ static fz_round_t fz_plan(uint64_t seed, uint32_t i)
 			     .attacker = (uint32_t)((x >> 32) % world), .r = fz_mix(x) };
 }
 
+/* Whether a round of this kind kills its attacker (or makes it leave) at a point of the phase:
+ * kill2 a second rank too; elsewhere's next life first joins another group under its rank. */
+static int fz_goes(int kind)
+{
+	return kind == FZ_KILL || kind == FZ_KILL2 || kind == FZ_ELSEWHERE;
+}
+
 /* Whether the attacker of a round of this kind leaves the group (dropped, gone, killed). */
 static int fz_leaves(int kind)
 {
 	return kind == FZ_WORD_BACK || kind == FZ_WORD_AHEAD || kind == FZ_PACKED_EARLY ||
-	       kind == FZ_DONE_EARLY || kind == FZ_FORGE || kind == FZ_KILL;
+	       kind == FZ_DONE_EARLY || kind == FZ_FORGE || fz_goes(kind);
+}
+
+/* A kill round's second victim (kill2: another rank, anywhere), or the attacker itself. */
+static uint32_t fz_second(const fz_round_t *f)
+{
+	return f->kind == FZ_KILL2 ? (f->attacker + 1 + (uint32_t)(f->r >> 12) % (world - 1)) % world
+				   : f->attacker;
+}
+
+/* Where victim `second` (0: the attacker, 1: kill2's other) of a kill round goes: the point of
+ * the phase (0 before its dispatch's submit, 1 after it, 2 after its packed, 3 after its done,
+ * 4 after its combine's submit, 5 after that packed, 6 after that done), and how (*leaves: a
+ * goodbye and exit, else SIGKILL). */
+static int fz_kill_point(const fz_round_t *f, int second, int *leaves)
+{
+	const uint64_t x = second ? f->r >> 20 : f->r;
+	*leaves = (int)(x >> 6 & 1);
+	return (int)(x % 7);
 }
 
 /* Whether a garbage slot of randomness r is a combine no dispatch waits for (slot_garble's
@@ -657,7 +699,17 @@ static int fz_slot_alone(uint64_t r)
 static int fz_must_pass(uint64_t seed, uint32_t i)
 {
 	const fz_round_t f = fz_plan(seed, i);
-	return f.kind == FZ_NONE || f.kind == FZ_HEAD || (f.kind == FZ_SLOT && fz_slot_alone(f.r));
+	return f.kind == FZ_NONE || f.kind == FZ_HEAD || f.kind == FZ_SLOT_AFTER ||
+	       (f.kind == FZ_SLOT && fz_slot_alone(f.r));
+}
+
+/* Whether round i's dispatch must fail on every other rank naming the attacker as gone: it
+ * left (or was killed) before its submit, alone. */
+static int fz_gone_first(uint64_t seed, uint32_t i)
+{
+	const fz_round_t f = fz_plan(seed, i);
+	int leaves;
+	return f.kind == FZ_KILL && fz_kill_point(&f, 0, &leaves) == 0;
 }
 
 /* Whether round i's dispatch must fail on every rank, named: a refused dispatch slot. */
@@ -672,7 +724,7 @@ static int fz_slot_fails(uint64_t seed, uint32_t i)
  * trainer's ranks meet again after one restarted. So no rank opens round i's pair while the
  * leaver's seat is empty (its leave would fail that pair too, or a rank coming back to a
  * failed key would open a pair of it the others never join). */
-static int fz_meet(uint32_t i)
+static int fz_meet(uint32_t i, int nowait)
 {
 	const char *dir = getenv("RW_PAGERANK_FUZZ_DIR");
 	char path[512];
@@ -681,7 +733,7 @@ static int fz_meet(uint32_t i)
 	snprintf(path, sizeof(path), "%s/r%u.%u", dir, i, me);
 	FILE *f = fopen(path, "w");
 	CHECK(f && fclose(f) == 0, "%s", path);
-	for (uint32_t q = 0; q < world; q++) {
+	for (uint32_t q = 0; q < world && !nowait; q++) {
 		snprintf(path, sizeof(path), "%s/r%u.%u", dir, i, q);
 		for (long t = 0; access(path, F_OK) != 0; t++) {
 			CHECK(t < WAIT_S * 1000L, "round %u: rank %u never came", i, q);
@@ -830,9 +882,14 @@ static int fuzz_round(rw_client_t *c, const rw_wl_shape_t *sh, uint64_t *k_p, ui
 	/* rows not checked: scribbled slabs, a forged arrived, a racing slot (the daemon may have
 	 * copied a count row that lies plausibly: its plan is not the rank's records) */
 	lax = f->kind == FZ_SCRIBBLE || f->kind == FZ_SLOT_RACE || (f->kind == FZ_FORGE && (r & 256));
-	kill_at = kind == FZ_KILL ? 1 + (int)(r % 5) : -1;
+	kill_at = -1;
+	if (fz_goes(kind))
+		kill_at = fz_kill_point(f, me != f->attacker, &kill_leaves);
+	fz_visit_round = kind == FZ_ELSEWHERE ? (int64_t)i : -1;
 	printf("fuzz round %u %s by rank %u: rank %u ", i, fz_name[f->kind], f->attacker, me);
 	rw_wl_gen(sh, step, layer, me, &mine);
+	if (kill_at == 0)
+		fz_die("before its submit");
 	if (kind == FZ_HEAD) { /* the head's fields and the next status lines: noise */
 		uint8_t *h = (uint8_t *)pg;
 		for (size_t b = 0; b < offsetof(rw_page_head_t, word); b++)
@@ -924,6 +981,8 @@ static int fuzz_round(rw_client_t *c, const rw_wl_shape_t *sh, uint64_t *k_p, ui
 		if (wait_status(RW_PW_PLAN, k, &st))
 			return 1;
 	}
+	if (!st && kind == FZ_SLOT_AFTER && r % 3 == 0) /* the daemon took it: never read again */
+		(void)slot_garble(slot, fz_mix(r), k);
 	int lie = REC_OK;
 	if (!st && ((kind != FZ_PACKED_EARLY && kind != FZ_DONE_EARLY) || lost)) {
 		lie = kind == FZ_REC && !(r >> 40 & 1) ? rec_target(r) : REC_OK;
@@ -932,6 +991,8 @@ static int fuzz_round(rw_client_t *c, const rw_wl_shape_t *sh, uint64_t *k_p, ui
 		if (kind == FZ_SCRIBBLE && (r & 512))
 			scribble(r);
 		word_set(RW_PW_PACKED, k); /* P3 */
+		if (kind == FZ_SLOT_AFTER && r % 3 == 1)
+			(void)slot_garble(slot, fz_mix(r), k);
 		if (kill_at == 2)
 			fz_die("after its packed");
 		if (kind == FZ_SCRIBBLE && !(r & 512)) /* while the daemon checks and posts */
@@ -965,13 +1026,22 @@ static int fuzz_round(rw_client_t *c, const rw_wl_shape_t *sh, uint64_t *k_p, ui
 		shm->failed++;
 		phase_end(k);
 		CHECK(why[0], "round %u: the phase failed with no reason", i);
-		CHECK(attack || !fz_must_pass(fz_seed, i), "round %u: a %s round must pass", i,
-		      fz_name[f->kind]);
+		CHECK((attack && kind != FZ_SLOT_AFTER) || !fz_must_pass(fz_seed, i),
+		      "round %u: a %s round must pass", i, fz_name[f->kind]);
 		char named[32];
 		snprintf(named, sizeof(named), "local rank %u: ", f->attacker);
 		CHECK(attack || !fz_slot_fails(fz_seed, i) || (st == RW_E_PHASE && strstr(why, named)),
 		      "round %u: the refused slot of rank %u failed this rank's phase with %d '%s' "
 		      "(want RW_E_PHASE naming '%s')", i, f->attacker, st, why, named);
+		char gone[48], again[48];
+		snprintf(gone, sizeof(gone), "local rank %u left", f->attacker);
+		snprintf(again, sizeof(again), "local rank %u joined again", f->attacker);
+		CHECK(attack || !fz_gone_first(fz_seed, i) ||
+		      (st == RW_E_PHASE && (strstr(why, gone) || strstr(why, again))),
+		      "round %u: rank %u went before its submit and this rank's phase failed with %d "
+		      "'%s' (want RW_E_PHASE naming it gone)", i, f->attacker, st, why);
+		CHECK(attack || !fz_goes(f->kind) || !strstr(why, "timed out"),
+		      "round %u: a rank that went left this rank to the phase timeout: '%s'", i, why);
 		/* what the attacker did is named, unless the last round's attacker left: its leave
 		 * may fail this round's pair first */
 		CHECK(kind != FZ_REC || strstr(why, "record"), "round %u: the lying pack (%s) "
@@ -995,8 +1065,12 @@ static int fuzz_round(rw_client_t *c, const rw_wl_shape_t *sh, uint64_t *k_p, ui
 	      rec_lie_name(lie));
 	CHECK(!fz_slot_fails(fz_seed, i), "round %u: rank %u's refused dispatch slot let this "
 	      "rank's phase pass", i, f->attacker);
+	CHECK(!fz_gone_first(fz_seed, i), "round %u: rank %u went before its submit and this "
+	      "rank's phase passed", i, f->attacker);
 	if (forward(sh, slot, step, layer, bf16, &rows))
 		return 1;
+	if (kind == FZ_SLOT_AFTER && r % 3 == 2)
+		(void)slot_garble(slot, fz_mix(r), k);
 	word_set(RW_PW_DONE, k); /* P5 */
 	if (kill_at == 3)
 		fz_die("after its done");
@@ -1008,6 +1082,8 @@ static int fuzz_round(rw_client_t *c, const rw_wl_shape_t *sh, uint64_t *k_p, ui
 	cgarble = kind == FZ_CSLOT ? 1 + (r >> 4) : 0;
 	if (combine(sh, slot, k, step, layer, bf16, clie, &st, &tokens))
 		return 1;
+	if (kill_at == 6)
+		fz_die("after its combine's done");
 	if (st) {
 		const char *why = reason(c);
 		printf("combine failed: %s: %s\n", rw_client_strerror(st), why);
@@ -1020,6 +1096,9 @@ static int fuzz_round(rw_client_t *c, const rw_wl_shape_t *sh, uint64_t *k_p, ui
 		CHECK(attack || f->kind != FZ_CSLOT || (st == RW_E_PHASE && strstr(why, named)),
 		      "round %u: the refused combine slot of rank %u failed this rank's combine with "
 		      "%d '%s' (want RW_E_PHASE naming '%s')", i, f->attacker, st, why, named);
+		CHECK(attack || !fz_goes(f->kind) || !strstr(why, "timed out"),
+		      "round %u: a rank that went left this rank's combine to the phase timeout: '%s'",
+		      i, why);
 		CHECK(!clied || strstr(why, clie >= CLIE_ROWS ? "the dispatch delivered" :
 				       "combine record"), "round %u: the lying combine (%d) is not "
 		      "named: '%s'", i, clie, why);
@@ -1036,6 +1115,36 @@ static int fuzz_round(rw_client_t *c, const rw_wl_shape_t *sh, uint64_t *k_p, ui
 	return 0;
 }
 
+/* An elsewhere attack's next life, first: it joins group "GROUP-xI" under its rank, takes a page
+ * and that group's slabs, submits round i's dispatch there (a pair that can never gather: no
+ * other rank is in that group) and leaves. Its group's seat is not taken by it meanwhile, nor is
+ * that group's key its group's (another group: another key). */
+static int fz_visit(const rw_client_opts_t *o, const rw_wl_shape_t *sh, uint32_t i,
+		    uint32_t layers)
+{
+	char name[RW_GROUP_NAME_MAX];
+	snprintf(name, sizeof(name), "%s-x%u", o->group, i);
+	rw_client_opts_t vo = *o;
+	vo.group = name;
+	rw_client_t *c = NULL;
+	void *page = NULL;
+	size_t bytes;
+	int rc = rw_client_connect(&vo, &c);
+	if (rc == 0)
+		rc = rw_client_rank_page(c, world * MAX_ROWS, &page, &bytes);
+	CHECK(rc == 0, "visit %s: %s: %s", name, rw_client_strerror(rc),
+	      c ? rw_client_last_message(c) : "");
+	if (page_maps(c, page))
+		return 1;
+	rw_wl_gen(sh, i / layers, i % layers, me, &mine);
+	(void)dispatch_slot(sh, i / layers, i % layers, 1);
+	word_set(RW_PW_SUBMIT, 1);
+	usleep(20000);
+	printf("visited group %s\n", name);
+	rw_client_close(c);
+	return 0;
+}
+
 /* One life: join (again: the seat of a killed rank is free once its daemon saw it go), the
  * page and the slabs, then the rounds from the one the last life was in. */
 static int fuzz_life(const rw_client_opts_t *o, const rw_wl_shape_t *sh, uint64_t seed,
@@ -1044,6 +1153,12 @@ static int fuzz_life(const rw_client_opts_t *o, const rw_wl_shape_t *sh, uint64_
 	rw_client_t *c = NULL;
 	void *page = NULL;
 	size_t bytes;
+	if (shm->elsewhere) {
+		const uint32_t i = shm->elsewhere - 1;
+		shm->elsewhere = 0;
+		if (fz_visit(o, sh, i, layers))
+			return 1;
+	}
 	for (int tries = 0;; tries++) {
 		int rc = rw_client_connect(o, &c);
 		if (rc == 0)
@@ -1060,15 +1175,23 @@ static int fuzz_life(const rw_client_opts_t *o, const rw_wl_shape_t *sh, uint64_
 		return 1;
 	uint64_t k = 0;
 	fz_next_round = &shm->round;
+	fz_no_meet = &shm->no_meet;
+	fz_elsewhere = &shm->elsewhere;
+	fz_client = c;
 	for (uint32_t i = shm->round; i < rounds; i++) {
 		shm->round = i;
 		const fz_round_t f = fz_plan(seed, i);
-		const int attack = f.attacker == me && f.kind != FZ_NONE && shm->attacked != i + 1;
+		const int attack = (f.attacker == me || fz_second(&f) == me) && f.kind != FZ_NONE &&
+				   shm->attacked != i + 1;
 		if (attack) {
 			shm->attacked = i + 1;
 			shm->attacks++;
 		}
-		if (fz_meet(i))
+		/* a life whose last one left before its round's submit goes on at once, as a
+		 * trainer's rank that restarted alone: the others meet without waiting for it */
+		const int nowait = shm->no_meet;
+		shm->no_meet = 0;
+		if (fz_meet(i, nowait))
 			return 1;
 		const int rc = fuzz_round(c, sh, &k, i, layers, &f, attack, shm);
 		fflush(stdout);

@@ -12,11 +12,16 @@ with a host job of another group verified beside them (every row and sum exact) 
    kind, rows, count row, dtype or path wrong: refused, naming the field, and the round's
    combine fails on every other rank at once, RW_E_PHASE naming the attacker), random bytes over
    the group's slabs, a word moved back or far ahead, packed before its records, done before
-   arrived, the daemon's plan or arrived forged by the rank, or the rank SIGKILLed at a point of the phase (after its
-   submit, packed or done, after its combine's submit or packed) — a dropped, leaving or
-   killed rank joins again and plays on. Every rank checks what the round allows
+   arrived, the daemon's plan or arrived forged by the rank, its slot rewritten once the daemon
+   took it, or the rank gone at one of seven points of the phase (before its dispatch's submit,
+   after that submit, packed or done, after its combine's submit, packed or done), SIGKILLed or
+   saying goodbye, alone, with a second rank in the same phase, or first joining another group
+   under its rank — a dropped, leaving or killed rank joins again and plays on (one gone before
+   its submit without waiting for the others). Every rank checks what the round allows
    (rw_pagerank.c "mode fuzz"): the others' phases pass with every row checked where the
-   attack is refused on its own (a rewritten head, a stray combine's slot); a garbage dispatch
+   attack is refused on its own (a rewritten head, a slot rewritten after the daemon took it,
+   a stray combine's slot); a round whose rank went before its submit fails on every other rank
+   naming it gone, and no round a rank went in ends by the phase timeout; a garbage dispatch
    slot is refused to its rank naming the field, and fails the round's phase on every other
    rank at once, RW_E_PHASE naming the attacker ("local rank A: ..."), the next round passing
    on; other attacks end the others' phases named; the attacker is told what it did. Every
