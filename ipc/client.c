@@ -47,7 +47,7 @@ struct rw_client {
 	/* Reads of the control socket: a request waits for its reply holding it; the reaping
 	 * thread reads notices only when it can take it at once. */
 	pthread_mutex_t sock_lock;
-	char last_msg[RW_IPC_ERRMSG_MAX];
+	char last_msg[3 * RW_IPC_ERRMSG_MAX]; /* notices read together are joined */
 	void *ring_map;
 	size_t ring_bytes;
 	int sq_efd;
@@ -178,8 +178,8 @@ static int take_error(rw_client_t *c, const rw_ipc_msg_t *msg, int len)
 {
 	if (len != (int)sizeof(rw_ipc_error_t) || msg->error.code >= 0)
 		return RW_E_BADREPLY;
-	memcpy(c->last_msg, msg->error.message, sizeof(c->last_msg));
-	c->last_msg[sizeof(c->last_msg) - 1] = '\0';
+	memcpy(c->last_msg, msg->error.message, RW_IPC_ERRMSG_MAX);
+	c->last_msg[RW_IPC_ERRMSG_MAX - 1] = '\0';
 	debug_msg(c, msg->error.code);
 	if (msg->error.fatal)
 		mark_closed(c, msg->error.code);
@@ -257,7 +257,11 @@ void rw_client_take_notices(rw_client_t *c)
 {
 	if (pthread_mutex_trylock(&c->sock_lock) != 0)
 		return;
-	for (;;) {
+	char before[sizeof(c->last_msg)];
+	for (unsigned taken = 0;; taken++) {
+		if (taken) /* the notices read here are joined, the first first: the first is the
+			      cause (a phase failed), a later one often its sequel */
+			memcpy(before, c->last_msg, sizeof(before));
 		rw_ipc_msg_t msg;
 		int fds[RW_IPC_MAX_FDS];
 		unsigned nfds;
@@ -274,6 +278,18 @@ void rw_client_take_notices(rw_client_t *c)
 			break;
 		}
 		take_error(c, &msg, got);
+		if (taken) { /* "before; then: new", cut short where it does not fit */
+			char now[RW_IPC_ERRMSG_MAX];
+			memcpy(now, c->last_msg, sizeof(now));
+			const size_t cap = sizeof(c->last_msg) - 1;
+			size_t n = strnlen(before, cap);
+			memcpy(c->last_msg, before, n);
+			for (const char *t = "; then: "; *t && n < cap; t++)
+				c->last_msg[n++] = *t;
+			for (const char *t = now; *t && n < cap; t++)
+				c->last_msg[n++] = *t;
+			c->last_msg[n] = '\0';
+		}
 	}
 	pthread_mutex_unlock(&c->sock_lock);
 }

@@ -289,7 +289,9 @@ const char *rw_client_last_message(const rw_client_t *client);
 
 /* Read, without waiting, the notices the daemon queued on the control socket (why a phase
  * failed; a page rank's comes before the status line its stream reads), so that
- * rw_client_last_message() says the latest; nothing while another thread reads the socket. */
+ * rw_client_last_message() says them: several read by one call are joined, the first first
+ * ("A; then: B": a static rank's failed dispatch, then its combine refused for it); nothing
+ * while another thread reads the socket. */
 void rw_client_take_notices(rw_client_t *client);
 
 /* Daemon-assigned id of this connection (for logs). */

@@ -203,6 +203,9 @@ def _bind(lib):
                                                     ctypes.POINTER(c_p)]),
         "rw_client_rank_set_sms": (ctypes.c_int, [rank_p, ctypes.c_int32]),
     }
+    if hasattr(lib, "rw_client_take_notices"):  # the daemon's reasons, read without waiting
+        lib.rw_client_take_notices.restype = None
+        lib.rw_client_take_notices.argtypes = [c_p]
     lib.rank_path = all(hasattr(lib, name) for name in rank)
     lib.rank_static = lib.rank_path and all(hasattr(lib, name) for name in static)
     lib.rank_sms = lib.rank_path and all(hasattr(lib, name) for name in sms)
