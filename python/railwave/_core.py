@@ -146,8 +146,7 @@ class Handle:
         key = self.layer | BACKWARD_LAYER
         idx, w = self.topk_idx, self.topk_weights
         if idx is None or (idx._version, w._version) != self.routing_version:
-            if self.recv_n is None:  # static mode: the stream's keys are not the host's
-                g._poison(key, self.step, self.n_experts)
+            g._poison(key, self.step, self.n_experts)  # static mode: through the stream
             raise BackwardMismatch(g._where(op_name("dispatch", key, self.step)), (
                 "the dispatch kept no routing for a backward (it ran with async_op=True or "
                 "under torch.no_grad())" if idx is None else
@@ -366,7 +365,7 @@ class Core:
         self.num_sms = num_sms  # the rank path's SM budget (0: the kernels' own choice)
         self.static = bool(static)  # the rank path's static mode (docs/python.md "Static mode")
         self._static_bad = None  # int32 [1] on the device: a static backward pair mismatched
-        self._static_over = None  # an overflow a static dispatch read, for check() to raise
+        self._static_over = None  # a failure a static call read, for check() to raise
         self._rank = None  # railwave._rank.RankPath, opened at the first dispatch it serves
         self._rank_off = None  # why this Group fell back to the ring path, when it did
         self._said = ""  # the daemon's last reason a rank-path failure showed
@@ -643,9 +642,9 @@ class Core:
         id is out of range, which the daemon refuses for every rank of every node
         (docs/dataflow.md "Gather"). Used when this rank's own arguments are wrong, so the
         other ranks get RW_E_PHASE now instead of waiting for the daemon's phase timeout.
-        Not in static mode: its pairs' keys come from the stream's counters, which a host key
-        cannot name (and leaving to fail a pair would restart this rank's counters)."""
+        Static mode: _poison_static (the same refusal, through the stream)."""
         if self.static:
+            self._poison_static(layer, step, num_experts)
             return
         try:
             ib, ob = self._buffer("in", 64), self._buffer("out", 4096)
@@ -674,6 +673,59 @@ class Core:
                 self._rejoin()
             except RailWaveError:
                 pass
+
+    def _poison_static(self, layer: int, step: int, num_experts: Any, like: Any = None) -> None:
+        """_poison on a static Group: this rank still takes its seat in the call the others
+        make, with a one-token static dispatch on (layer, step) whose expert id is out of range.
+        The stream takes the pair's key from its counters as the others' calls do (so they stay
+        in step), the count kernel marks the token, and the daemon refuses the submission and
+        fails the key on every node naming this rank (docs/rankpath.md "Failure"): the others'
+        next host-visible call (check(), the next static dispatch) raises PeerFailed at once
+        instead of at the daemon's phase timeout. The stream is then waited for (an error path,
+        never captured) and the refusal read off the report, so that this rank's own check()
+        does not raise it again; a failure the report held before is kept for check(). Best
+        effort: the caller raises the real error. like: a tensor of the call (the device of
+        a rank path not open yet)."""
+        try:
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                return  # a capture cannot wait; the graph is spoiled anyway
+            rp = self._rank
+            if rp is None:
+                if not (isinstance(like, torch.Tensor) and (like.is_cuda or self._host_dev)):
+                    like = torch.empty(0, device="cpu" if self._host_dev else "cuda")
+                rp = self._rank_for(like)
+            if rp is None or not rp.static:
+                return
+            self._static_hold()
+            dev = torch.device("cpu") if rp.host else torch.device("cuda", rp.device)
+            E = num_experts if isinstance(num_experts, int) and 0 < num_experts < 1 << 31 \
+                else self.world_size
+            x = torch.zeros(1, 4, dtype=torch.float32, device=dev)
+            ids = torch.full((1, 1), E, dtype=torch.int32, device=dev)  # past the experts
+            w = torch.zeros(1, 1, dtype=torch.float32, device=dev)
+            _, _, rx, meta, counts, d = _rank_args(rp, x, ids, w, E, layer, step)
+            n = torch.zeros(1, dtype=torch.int32, device=dev)
+            if not rp.host:
+                rp.stream.handle = torch.cuda.current_stream(dev).cuda_stream
+            if self._lib.rw_client_rank_dispatch_static(rp.rp, rp.stream_ref, ctypes.byref(d),
+                                                        n.data_ptr(), rp.phase_ref):
+                return
+            rp.sync(torch, None if rp.host else dev)
+            del x, ids, w, rx, meta, counts
+            rp.check()  # the refusal just made: this rank raises its own error instead
+            self._rank_detail("")  # and the daemon's notice of it is read
+        except Exception:
+            pass
+
+    def _static_hold(self) -> None:
+        """Wait for the stream and keep what the report holds for check() (the earliest failure
+        first), so that a call reading the report next sees its own phases only."""
+        self._rank.sync(torch, None if self._rank.host else torch.device("cuda", self._rank.device))
+        try:
+            self._static_report(overflow_now=False)
+        except RailWaveError as e:
+            if self._static_over is None:
+                self._static_over = e
 
     def _check_dispatch(self, x, topk_idx, topk_weights, num_experts):
         if not isinstance(x, torch.Tensor):
@@ -737,7 +789,10 @@ class Core:
             try:
                 self._check_dispatch(x, topk_idx, topk_weights, num_experts)
             except BadArgument:
-                self._poison(layer, step, num_experts)
+                if self.static:
+                    self._poison_static(layer, step, num_experts, x)
+                else:
+                    self._poison(layer, step, num_experts)
                 raise
             if x.shape[0] > self._max_tokens:
                 self._max_tokens = x.shape[0]
@@ -1076,6 +1131,8 @@ class Core:
             if self._static_over is None:
                 self._static_over = e
             return
+        if rc and self._static_bad is not None:  # a failed backward pair mismatches its
+            self._static_bad.zero_()               # forward: the failure is what is raised
         if rc == CODES["RW_E_RANGE"]:
             raise ReceiveRoomExceeded(self._where("static phase %d" % c.phase), (
                 "the daemon listed more rows for this rank than its rank page holds (%d rows: "
@@ -1086,7 +1143,8 @@ class Core:
                    if not self.max_tokens_per_rank else "world_size × max_tokens_per_rank",
                    msg), code=rc, text=_lib.strerror(rc))
         if rc:
-            raise self._error(rc, "static phase %d" % c.phase, PhaseError, detail=msg)
+            raise self._error(rc, "static phase %d" % c.phase, PhaseError,
+                              detail=self._rank_detail(msg))
 
     def set_num_sms(self, num_sms: int) -> None:
         """The SM budget of the rank path's kernels (docs/python.md "SMs"): every kernel this
@@ -1129,7 +1187,10 @@ class Core:
         only; the last reason shown is not repeated, as it may be an older phase's)."""
         if self._c is None:
             return msg
-        self._lib.rw_client_wait(self._c, self._cqe_ref, 1, 0)  # takes queued notices
+        if hasattr(self._lib, "rw_client_take_notices"):
+            self._lib.rw_client_take_notices(self._c)
+        else:  # an older library: a wait takes them only when a completion failed
+            self._lib.rw_client_wait(self._c, self._cqe_ref, 1, 0)
         said = self._lib.rw_client_last_message(self._c).decode()
         if not said or said == self._said:  # nothing new: not this phase's
             return msg

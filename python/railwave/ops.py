@@ -9,7 +9,8 @@ torch.ops.railwave.combine.default (railwave.torchtitan adds both to TorchTitan'
 The dispatch handle crosses the operator boundary as a CPU int64 tensor naming an entry of a
 process-local table.
 
-    dispatch(Tensor x, Tensor topk_idx, Tensor topk_weights, int num_experts)
+    dispatch(Tensor x, Tensor topk_idx, Tensor topk_weights, int num_experts,
+             int num_worst_tokens=0)
         -> (recv_x, recv_topk_idx, recv_topk_weights, num_recv_per_expert, handle_id)
     combine(Tensor x, Tensor handle_id, bool will_backward) -> combined
 
@@ -19,8 +20,9 @@ calls setup_context — and when False the combine frees the handle itself. The 
 (railwave._core Handle.open_backward / close_backward) runs through the Buffer: combine's
 backward is its cached dispatch, dispatch's backward its combine with topk_weights; a dispatch
 of x and topk_weights that need no gradient (a frozen router) has no backward, and the cached
-dispatch then ends the pair itself. Eager only: no fake (meta) kernels, so
-torch.compile does not trace through them. PyTorch ≥ 2.4 registers the backward with
+dispatch then ends the pair itself. num_worst_tokens > 0 is the Buffer's sync-free form on a
+static Group (rows padded to it, num_recv_per_expert counted on the device); 0 reads the counts
+back. No fake (meta) kernels, so torch.compile does not trace through them. PyTorch ≥ 2.4 registers the backward with
 torch.library.register_autograd; older PyTorch (Debian's 1.13) gets an Autograd kernel around
 an autograd.Function."""
 import itertools
@@ -31,8 +33,8 @@ from .errors import RailWaveError
 
 NAMESPACE = "railwave"
 _lib = torch.library.Library(NAMESPACE, "DEF")
-_lib.define("dispatch(Tensor x, Tensor topk_idx, Tensor topk_weights, int num_experts) -> "
-            "(Tensor, Tensor, Tensor, Tensor, Tensor)")
+_lib.define("dispatch(Tensor x, Tensor topk_idx, Tensor topk_weights, int num_experts, "
+            "int num_worst_tokens=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
 _lib.define("combine(Tensor x, Tensor handle_id, bool will_backward) -> Tensor")
 
 _state = {"buffer": None}
@@ -63,13 +65,21 @@ def _handle(handle_id, pop):
     return h
 
 
-def _dispatch_kernel(x, topk_idx, topk_weights, num_experts):
-    recv_x, recv_idx, recv_w, counts, h, _ = _buffer().dispatch(
-        x, topk_idx=topk_idx, topk_weights=topk_weights, num_experts=num_experts)
+def _dispatch_kernel(x, topk_idx, topk_weights, num_experts, num_worst_tokens=0):
+    b = _buffer()
+    recv_x, recv_idx, recv_w, counts, h, _ = b.dispatch(
+        x, topk_idx=topk_idx, topk_weights=topk_weights, num_experts=num_experts,
+        num_worst_tokens=num_worst_tokens)
     key = next(_ids)
     _handles[key] = h
-    return (recv_x, recv_idx, recv_w, torch.tensor(counts, dtype=torch.int64, device=x.device),
-            torch.tensor([key], dtype=torch.int64))
+    if num_worst_tokens:  # the sync-free form: no host list, counted here on the device
+        el = num_experts // b.group_size
+        flat = torch.where(recv_idx >= 0, recv_idx, torch.full_like(recv_idx, el)).reshape(-1)
+        counts = torch.zeros(el + 1, dtype=torch.int64, device=x.device).scatter_add_(
+            0, flat, torch.ones_like(flat))[:el]
+    else:
+        counts = torch.tensor(counts, dtype=torch.int64, device=x.device)
+    return recv_x, recv_idx, recv_w, counts, torch.tensor([key], dtype=torch.int64)
 
 
 def _combine_kernel(x, handle_id, will_backward):
@@ -111,7 +121,7 @@ if hasattr(torch.library, "register_autograd"):
 
     def _d_backward(ctx, g_recv_x, g_idx, g_recv_w, g_counts, g_hid):
         gx, gw = _dispatch_backward(ctx.handle, g_recv_x, g_recv_w, ctx.x_dtype)
-        return gx.to(ctx.x_dtype), None, gw, None
+        return gx.to(ctx.x_dtype), None, gw, None, None
 
     def _c_setup(ctx, inputs, output):
         ctx.handle = _handles.pop(int(inputs[1].reshape(-1)[0]), None) if inputs[2] else None
@@ -133,9 +143,9 @@ else:  # PyTorch < 2.4: an Autograd kernel that calls the operator below autogra
 
     class _DispatchFn(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, x, topk_idx, topk_weights, num_experts):
+        def forward(ctx, x, topk_idx, topk_weights, num_experts, num_worst_tokens=0):
             out = _below_autograd(torch.ops.railwave.dispatch, x, topk_idx, topk_weights,
-                                  num_experts)
+                                  num_experts, num_worst_tokens)
             ctx.handle = _handle(out[4], pop=False)
             ctx.x_dtype = x.dtype
             ctx.mark_non_differentiable(out[1], out[3], out[4])
@@ -144,7 +154,7 @@ else:  # PyTorch < 2.4: an Autograd kernel that calls the operator below autogra
         @staticmethod
         def backward(ctx, g_recv_x, g_idx, g_recv_w, g_counts, g_hid):
             gx, gw = _dispatch_backward(ctx.handle, g_recv_x, g_recv_w, ctx.x_dtype)
-            return gx.to(ctx.x_dtype), None, gw, None
+            return gx.to(ctx.x_dtype), None, gw, None, None
 
     class _CombineFn(torch.autograd.Function):
         @staticmethod
@@ -163,9 +173,10 @@ else:  # PyTorch < 2.4: an Autograd kernel that calls the operator below autogra
     _lib.impl("combine", lambda *a: _CombineFn.apply(*a), "Autograd")
 
 
-def dispatch(x, topk_idx, topk_weights, num_experts):
-    """torch.ops.railwave.dispatch (differentiable in x and topk_weights)."""
-    return torch.ops.railwave.dispatch(x, topk_idx, topk_weights, num_experts)
+def dispatch(x, topk_idx, topk_weights, num_experts, num_worst_tokens=0):
+    """torch.ops.railwave.dispatch (differentiable in x and topk_weights); num_worst_tokens:
+    the Buffer's, the sync-free form on a static Group."""
+    return torch.ops.railwave.dispatch(x, topk_idx, topk_weights, num_experts, num_worst_tokens)
 
 
 def combine(x, handle_id):

@@ -12,11 +12,15 @@ activation checkpointing save the outputs of railwave::dispatch and railwave::co
 own save list names DeepEP's and HybridEP's operators only): without it they are recomputed in
 the backward, i.e. communicated again.
 
-Dispatch and combine are the torch.library operators of railwave.ops, eager (each waits for the
-daemon on the host: no CUDA graph capture, no torch.compile through them); routing scores are
+Dispatch and combine are the torch.library operators of railwave.ops; routing scores are
 applied to the expert outputs on the expert's rank before the combine, in PyTorch, so autograd
-carries their gradient back through dispatch's backward. Importing this module needs
-TorchTitan."""
+carries their gradient back through dispatch's backward. On an eager Group each call waits for
+the daemon on the host and the expert-major rows are sized from the counts (a host read). On a
+static Group (RAILWAVE_STATIC=1, with max_tokens_per_rank) the dispatcher is sync-free: the
+Buffer's num_worst_tokens form (rows padded to the capacity) and the fixed-size expert-major
+layout (railwave.layout.expert_major_static: each local expert's block padded to the
+alignment, zero rows to a size set by the shapes), so nothing of the layer's forward or
+backward reads the device. Importing this module needs TorchTitan."""
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +33,7 @@ from torchtitan.models.common.token_dispatcher import (BaseEPTokenDispatcher,
 from . import ops
 from .deep_ep import Buffer
 from .errors import BadArgument, BadArgumentType
-from .layout import ExpertMajor, combine_rows, expert_major
+from .layout import ExpertMajor, combine_rows, expert_major, expert_major_static
 
 
 @dataclass(frozen=True)
@@ -73,11 +77,13 @@ class RailWaveTokenDispatcher(BaseEPTokenDispatcher):
         if self.ep_mesh is None:
             return LocalTokenDispatcher.dispatch(self, x_TD, topk_scores_TK, topk_expert_ids_TK,
                                                  num_local_tokens_per_expert_E)
+        worst = ops._buffer().static_capacity() or 0  # a static Group: the sync-free form
         recv_x, recv_idx, recv_w, _, handle_id = ops.dispatch(
             x_TD.contiguous(), topk_expert_ids_TK.contiguous(),
-            topk_scores_TK.float().contiguous(), self.num_experts)
+            topk_scores_TK.float().contiguous(), self.num_experts, worst)
         local = self.num_experts // self.ep_mesh.size()
-        rows, layout = expert_major(recv_x, recv_idx, recv_w, local, self.expert_alignment)
+        layout_of = expert_major_static if worst else expert_major
+        rows, layout = layout_of(recv_x, recv_idx, recv_w, local, self.expert_alignment)
         return rows, layout.counts, RailWaveDispatchMetadata(handle_id, layout)
 
     # Keywords newer TorchTitan passes to every dispatcher's combine (keyword-only): the token

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from railwave import deep_ep
 from railwave.errors import (BackwardMismatch, BadArgument, BadArgumentType, PhaseError,
                              RailWaveError, ReceiveRoomExceeded)
-from railwave.layout import combine_rows, expert_major
+from railwave.layout import combine_rows, expert_major, expert_major_static, static_rows
 
 torch.set_num_threads(1)
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -579,6 +579,46 @@ def cmd_ops(c):
     return log
 
 
+def check_ops_static(buf, E, data, worst):
+    """The TorchTitan dispatcher's static form (railwave/torchtitan.py) without TorchTitan:
+    railwave::dispatch with num_worst_tokens = the capacity, the fixed-size expert-major layout
+    (alignment 4), experts, combine_rows, railwave::combine, and the backward (autograd), twice:
+    the rows' count is static_rows(capacity) whatever the routing, the counts (on the device)
+    are the padded blocks, and the output and gradients equal the reference."""
+    from railwave import ops
+    ops.use(buf)
+    el, lo = E // WORLD, RANK * E // WORLD
+    x0, idx, w0, gout = data[RANK]
+    want_out, want_gx, want_gw = reference(x0, idx, w0, gout)
+    R = static_rows(worst, idx.shape[1], el, 4)
+    expect(buf.static_capacity() == worst, "static_capacity() %s, the capacity %d"
+           % (buf.static_capacity(), worst))
+    for step in range(2):
+        x = x0.clone().requires_grad_()
+        w = w0.clone().requires_grad_()
+        recv_x, recv_idx, recv_w, counts, hid = ops.dispatch(x, idx, w, E, worst)
+        rows, lay = expert_major_static(recv_x, recv_idx, recv_w, el, alignment=4)
+        n = int((recv_idx >= 0).any(1).sum())
+        want_counts = torch.bincount(recv_idx[recv_idx >= 0], minlength=el)
+        expect(rows.shape[0] == R and recv_x.shape[0] == worst and
+               torch.equal(counts, want_counts) and
+               torch.equal(lay.counts, (want_counts + 3) // 4 * 4),
+               "static ops: %d rows (want %d), counts %s, layout counts %s for %d rows received"
+               % (rows.shape[0], R, counts.tolist(), lay.counts.tolist(), n))
+        used = int(lay.counts.sum())  # the test's own host read, to build the experts' factor
+        fac = torch.cat([torch.repeat_interleave(torch.arange(el) + lo + 1.0, lay.counts),
+                         torch.full((R - used,), float("nan"))]).unsqueeze(1)
+        y = ops.combine(combine_rows(rows * fac, lay), hid)  # NaN past the blocks: never read
+        (y * gout).sum().backward()
+        buf.railwave_group.check()
+        equal(y.detach(), want_out, "static ops output")
+        equal(x.grad, want_gx, "static ops grad x")
+        equal(w.grad, want_gw, "static ops grad topk_weights")
+    return ("TorchTitan's static form (ops num_worst_tokens %d, expert_major_static): %d rows "
+            "fixed by the shapes (%d used here), forward and backward equal, twice"
+            % (worst, R, used))
+
+
 def cmd_static(c):
     """The Buffer on a static Group (the rank path's static mode, on the kernel stand-in): every
     form of check_dispatch (its host list of counts and exact shapes: a host read), the frozen
@@ -639,6 +679,7 @@ def cmd_static(c):
         equal(gw, want_gw, "sync-free grad topk_weights")
     log.append("sync-free form (num_worst_tokens %d = the capacity, %d rows here): dispatch, "
                "combine, cached dispatch, weighted combine equal, twice" % (worst, n))
+    log.append(check_ops_static(buf, E, data, worst))
     log.append("num_worst_tokens below the capacity: " + raises(
         BadArgument, "below this static group's capacity", lambda: buf.dispatch(
             x, topk_idx=idx, topk_weights=w, num_experts=E, num_worst_tokens=worst - 1)))

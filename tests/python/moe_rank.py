@@ -805,6 +805,142 @@ def cmd_static_over(c):
     return lines
 
 
+# The most a rank may wait for its check() to raise after another rank refused its own static
+# call: a resource budget, a third of the clusters' 60 s phase timeout (PHASE_TIMEOUT in
+# test_moe.py), so a rank left to the phase timeout fails it; the refusal itself takes a
+# daemon's round trip.
+STATIC_BAD_BUDGET_S = 20.0
+
+
+def static_bad_step(g, mine, E, dev, seed, step, fn):
+    """One static step of this rank: fn() instead of its dispatch when given (the bad call),
+    else dispatch -> experts -> combine and check(). Returns (seconds to the raise, the error)
+    or (seconds, None)."""
+    x, idx, w = static_inputs(seed, step, E, dev)
+    t0 = time.monotonic()
+    try:
+        if fn is not None:
+            fn(x, idx, w)
+        else:
+            rx, ridx, rw, _, h = g.dispatch(x, idx, w, E, layer=21, step=0)
+            g.combine(dense_experts(mine, 0, rx, ridx, rw), h)
+        g.check()
+    except railwave.RailWaveError as e:
+        return time.monotonic() - t0, e
+    return time.monotonic() - t0, None
+
+
+def cmd_static_bad(c):
+    """A bad argument on one rank of a static Group (docs/python.md "Static mode"): the rank
+    raises its error naming the argument, and still takes its seat in the call with a refused
+    one-token dispatch (railwave._core _poison_static), so every other rank's check() raises
+    PeerFailed (the daemon's reason naming the refused rank) within STATIC_BAD_BUDGET_S, far
+    below the phase timeout; then a step of every rank is equal to the one-process reference
+    (the ranks' stream counters stayed in step). The first case is every rank's first call
+    (the bad rank's rank path opens for the refusal). Last, a routing changed in place between
+    forward and backward on one rank: BackwardMismatch there, PeerFailed naming it from the
+    others' check() after their backward, then a forward + backward step equal (output and
+    gradients) to the one-process reference."""
+    dev, E, seed = device(c), c["experts"], c["seed"]
+    _, experts, _ = workload(seed, 0, E, torch.float32, False)
+    per = E // WORLD
+    mine = [(a.to(dev), b.to(dev)) for a, b in experts[RANK * per:(RANK + 1) * per]]
+    M = c["max_tokens"]
+    cases = [
+        (1 % WORLD, "wrong x dtype (the first call)",
+         lambda x, i, w: g.dispatch(x.double(), i, w, E, layer=21, step=0),
+         railwave.BadArgumentType, ("x has dtype torch.float64",)),
+        (2 % WORLD, "above max_tokens_per_rank",
+         lambda x, i, w: g.dispatch(torch.zeros(M + 1, H, device=dev), torch.zeros(
+             M + 1, K, dtype=torch.int64, device=dev), torch.ones(M + 1, K, device=dev), E,
+             layer=21, step=0),
+         railwave.BadArgument, ("above max_tokens_per_rank %d" % M,)),
+        (3 % WORLD, "topk_weights of another shape",
+         lambda x, i, w: g.dispatch(x, i, w[:, :1].contiguous(), E, layer=21, step=0),
+         railwave.BadArgument, ("topk_weights 1",)),
+        (0, "an expert id out of range (found by the stream)",
+         lambda x, i, w: g.dispatch(x, torch.full_like(i, E), w, E, layer=21, step=0),
+         railwave.PhaseError, ("top-k expert id outside",)),
+    ]
+    log, worst = [], 0.0
+    with join(c, static=True) as g:
+        for k, (who, what, fn, exc, needles) in enumerate(cases):
+            with torch.no_grad():
+                took, err = static_bad_step(g, mine, E, dev, seed, 300 + k,
+                                            fn if RANK == who else None)
+            if err is None:
+                raise AssertionError("%s on rank %d: rank %d raised nothing" % (what, who, RANK))
+            if RANK == who:
+                if not isinstance(err, exc) or any(n not in str(err) for n in needles):
+                    raise AssertionError("%s: %s: %s, expected %s with %s"
+                                         % (what, type(err).__name__, err, exc.__name__, needles))
+                log.append("%s -> %s" % (what, str(err).splitlines()[0][:150]))
+            else:
+                msg = str(err)
+                if not isinstance(err, railwave.PeerFailed) or "timed out after" in msg:
+                    raise AssertionError("peer of %s: %s: %s, expected PeerFailed at once"
+                                         % (what, type(err).__name__, msg))
+                per_node = int(os.environ["LOCAL_WORLD_SIZE"])
+                name = "local rank %d:" % who  # the daemon names a rank by its group rank
+                if who // per_node != RANK // per_node:
+                    name = "node %d (n%d): %s" % (who // per_node, who // per_node, name)
+                # (a node that heard it from another node prefixes that node's name too)
+                if "railwaved: " not in msg or name not in msg:
+                    raise AssertionError("peer of %s: %s does not name the refused rank (%r)"
+                                         % (what, msg, name))
+                if took > STATIC_BAD_BUDGET_S:
+                    raise AssertionError("peer of %s: check() raised after %.1f s, above the "
+                                         "budget of %.0f s" % (what, took, STATIC_BAD_BUDGET_S))
+                worst = max(worst, took)
+                if k == 0 or RANK == (who + 1) % WORLD:
+                    log.append("peer of %s -> %s" % (what, msg[msg.index("railwaved: "):][:160]))
+            x, idx, w = static_inputs(seed, 400 + k, E, dev)
+            with torch.no_grad():
+                rx, ridx, rw, _, h = g.dispatch(x, idx, w, E, layer=21, step=0)
+                out = g.combine(dense_experts(mine, 0, rx, ridx, rw), h)
+            g.check()
+            ref = local_reference(x.cpu(), idx.cpu(), w.cpu(), experts)
+            if not torch.equal(out.cpu(), ref):
+                raise AssertionError("static step after %s: output differs" % what)
+        # Rank 1 changes its topk_idx in place between forward and backward: its backward is
+        # refused before its backward pair (BackwardMismatch), and the pair fails for the
+        # others through the stream (their check() after the backward: PeerFailed naming it).
+        experts_t, mine_t = static_experts(seed, E, torch.float32, dev)
+        if not c.get("backward", True):
+            log.append("skip: a routing changed in place before the static backward (the "
+                       "ASan stand-in preloaded: the release build runs it)")
+        for step in (500, 501) if c.get("backward", True) else ():
+            x0, idx, w0, gout = static_inputs(seed, step, E, dev, gout=True)
+            x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+            for a, b in mine_t:
+                a.grad = b.grad = None
+            out, _ = static_layer(g, mine_t, x, idx, w, E, layer=22)
+            g.check()
+            if step == 500 and RANK == 1 % WORLD:
+                idx.add_(0)  # same values, a new version: an in-place routing change
+                log.append(expect("topk_idx changed in place before the static backward",
+                                  lambda: (out.float() * gout.float()).sum().backward(),
+                                  railwave.BackwardMismatch, "changed in place"))
+                continue
+            t0 = time.monotonic()
+            (out.float() * gout.float()).sum().backward()
+            if step == 500:
+                log.append(expect("peer of a routing changed in place", g.check,
+                                  railwave.PeerFailed, "railwaved: ", "local rank %d:"
+                                  % (1 % WORLD)))
+                worst = max(worst, time.monotonic() - t0)
+                continue
+            g.check()
+            ref, ref_experts = static_reference(seed, step, E, torch.float32, experts_t)
+            bad = static_compare("static step after the refused backward", torch.float32,
+                                 (out, x.grad, w.grad), ref, mine_t, ref_experts)
+            if bad:
+                raise AssertionError("; ".join(bad))
+    log.append("every step after a refusal equal; the others' check() raised within %.2f s "
+               "(budget %.0f s, phase timeout 60 s)" % (worst, STATIC_BAD_BUDGET_S))
+    return log
+
+
 def cmd_static_sms(c):
     """The SM budget (docs/python.md "SMs"): static steps with Group(num_sms=2), then
     set_num_sms(0) (the kernels' own choice), then set_num_sms(2) again, each step's output
@@ -938,7 +1074,7 @@ def main():
                    "lost": cmd_lost, "recover": cmd_recover, "kill_a": cmd_kill_a,
                    "kill_b": cmd_kill_b, "static": cmd_static,
                    "static_train": cmd_static_train, "static_over": cmd_static_over,
-                   "static_sms": cmd_static_sms,
+                   "static_sms": cmd_static_sms, "static_bad": cmd_static_bad,
                    "graph": cmd_graph, "graph_train": cmd_graph_train}[c["op"]](c)
             print(json.dumps({"ok": True, "log": log}), flush=True)
         except Exception as e:

@@ -20,8 +20,9 @@ standing for device memory: RAILWAVE_TEST_HOST_AS_DEVICE), with RW_PY_RANK_DEVIC
 with CUDA tensors; skipped where the build has no stand-in (no nvcc: no rank kernels).
 
 Run by tests/run as $b/test/python_moe (a wrapper ninja writes: test_moe.py BUILDDIR);
-RW_PY_ONLY=paths,bad,peer,cuda,stream,rank,rankbad,rankstatic,rankkill picks scenarios (rankstatic: the
-static mode, and on a GPU its CUDA graph; rankbad, the bad-input cases on the rank path).
+RW_PY_ONLY=paths,bad,peer,cuda,stream,rank,rankbad,rankstatic,rankstaticbad,rankkill picks
+scenarios (rankstatic: the static mode, and on a GPU its CUDA graph; rankbad, the bad-input
+cases on the rank path; rankstaticbad, a bad argument on one rank of a static Group).
 RW_PY_WAIT bounds each wait for a rank
 (default 300 s). Exits 0 pass, 1 fail, 77 skip."""
 import json
@@ -208,6 +209,26 @@ def scenario_static(cluster, tmp, ranks, nodes, seed, device):
         c.stop()
 
 
+def scenario_static_bad(cluster, tmp, ranks, nodes, seed, device, asan=False):
+    """A bad argument on one rank of a static Group: that rank raises it, every other rank's
+    check() raises PeerFailed within a budget far below the phase timeout, and the next step
+    is equal on every rank (moe_rank.cmd_static_bad)."""
+    c = cluster.Cluster(tmp, nodes, path="joint", extra=CARVE)
+    base = {"group": "py.static.bad", "experts": nodes * cluster.GPUS * 2, "seed": seed,
+            "device": device, "rank_path": True, "max_tokens": 13,
+            # an exception raised in a backward is a C++ throw inside torch, which a preloaded
+            # ASan runtime aborts on (as rankbad): the release build runs that case
+            "backward": not asan, "sockets": [n["ipc_socket"] for n in c.cfg["nodes"]]}
+    try:
+        c.start_all()
+        outs = check(ranks.run(dict(base, op="static_bad")), "static bad argument", c)
+    finally:
+        c.stop()
+    for r in sorted(outs):
+        for line in outs[r]["log"]:
+            print("ok   rank path static bad input rank %d: %s" % (r, line))
+
+
 def scenario_rankkill(cluster, tmp, ranks, nodes, seed, device):
     """On the rank path, a rank killed (SIGKILL) after its dispatch while every other rank waits
     in its combine of that pair: each of those gets PeerFailed at once (the daemon fails the
@@ -267,7 +288,7 @@ def main():
         return 77
     cluster = load_cluster(build)
     only = [s for s in os.environ.get("RW_PY_ONLY", "paths,bad,peer,cuda,stream,rank,rankbad,"
-                                      "rankstatic,rankkill").split(",") if s]
+                                      "rankstatic,rankstaticbad,rankkill").split(",") if s]
     seed = int(os.environ.get("RW_TEST_SEED", "0") or 0) or int(time.time()) % 100000 + 1
     print("seed %d (RW_TEST_SEED=%d reproduces)" % (seed, seed))
     env = dict(os.environ, RAILWAVE_LIB=lib,
@@ -305,7 +326,7 @@ def main():
                     return 1
                 finally:
                     cranks.stop()
-        if {"rank", "rankbad", "rankstatic", "rankkill"} & set(only):
+        if {"rank", "rankbad", "rankstatic", "rankstaticbad", "rankkill"} & set(only):
             rc = rank_scenarios(cluster, build, tmp, env, nodes, seed, only, torch)
             if rc:
                 return rc
@@ -358,6 +379,8 @@ def rank_scenarios(cluster, build, tmp, env, nodes, seed, only, torch):
             scenario_bad(cluster, tmp, ranks, nodes, seed, rank_path=True)
         if "rankstatic" in only:
             scenario_static(cluster, tmp, ranks, nodes, seed, dev)
+        if "rankstaticbad" in only:
+            scenario_static_bad(cluster, tmp, ranks, nodes, seed, dev, "LD_PRELOAD" in renv)
         if "rankkill" in only:
             scenario_rankkill(cluster, tmp, ranks, nodes, seed, dev)
     except Exception as e:

@@ -263,6 +263,24 @@ class Buffer:
         compute.wait_stream(comm)
         return out, EventOverlap(None)
 
+    def static_capacity(self):
+        """On a static Group, the rows of the sync-free dispatch (num_worst_tokens = this):
+        max_recv_tokens (at most world size × max_tokens_per_rank), else world size ×
+        max_tokens_per_rank, fixed when the rank path opens; None on an eager Group."""
+        g = self._shared.group
+        if not g.static:
+            return None
+        if g._rank is not None:
+            return g._rank.cap
+        W, M, N = g.world_size, g.max_tokens_per_rank, g.max_recv_tokens
+        if N:
+            return min(N, W * M) if M else N
+        if M:
+            return W * M
+        raise BadArgument("deep_ep: Buffer", "a static group's sync-free dispatch needs its "
+                          "capacity: max_tokens_per_rank (RAILWAVE_MAX_TOKENS_PER_RANK) or "
+                          "max_recv_tokens")
+
     # ---- failing the others' phase ----------------------------------------------------------
     def _refuse_dispatch(self, err, num_experts=None):
         """Raise err, an argument this rank's fresh dispatch (or get_dispatch_layout, before
