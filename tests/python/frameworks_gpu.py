@@ -212,12 +212,18 @@ def cmd_titan(rank, d):
     disp = moe.routed_experts.token_dispatcher
     assert isinstance(disp, rwtt.RailWaveTokenDispatcher), type(disp)
     disp.wire_meshes(ep_mesh=DeviceMesh("cpu", list(range(world))))
+    static = os.environ.get("RAILWAVE_STATIC") == "1"  # the sync-free dispatcher
+    group = ops._buffer().railwave_group
     losses, times = [], []
     for step in range(STEPS):
         t0 = time.perf_counter()
         loss = titan_loss(moe, rank, step)
         loss.backward()
         torch.cuda.synchronize()
+        group.check()  # static: the host-visible call that raises what failed
+        if static and (group._rank is None or not group._rank.static):
+            raise AssertionError("RAILWAVE_STATIC=1 but the dispatcher's group is not on the "
+                                 "static rank path (%s)" % (group.path(),))
         times.append(time.perf_counter() - t0)
         g = moe.router.gate.weight.grad.cpu()
         dist.all_reduce(g)  # the replicated router: Σ over ranks, as data parallelism does
@@ -229,9 +235,10 @@ def cmd_titan(rank, d):
     out_file = "%s/titan.%d.pt" % (d, rank)
     torch.save({"losses": losses, "ms": [t * 1e3 for t in times], "sac": {},
                 "replaced": replaced}, out_file)  # again below, with the SAC counts
-    print("titan rank %d: losses %s; step ms %s; %s" % (
-        rank, ["%.6f" % v for v in losses], ["%.1f" % (t * 1e3) for t in times], replaced[:1]),
-        flush=True)
+    print("titan rank %d%s: losses %s; step ms %s; %s" % (
+        rank, " (static: sync-free dispatcher, %d rows a layer's experts take)"
+        % ops._buffer().static_capacity() if static else "", ["%.6f" % v for v in losses],
+        ["%.1f" % (t * 1e3) for t in times], replaced[:1]), flush=True)
     # Selective AC: with RailWave's save list the backward dispatches no forward again; with
     # TorchTitan's default list alone (no railwave ops in it) it recomputes them (a second
     # pair, opened before the backward pair: ops.py _combine_backward). Same gradients.

@@ -8,8 +8,12 @@
 #   sh DIR/src/tests/python/frameworks_gpu.sh run DIR [STAGES]   there, DIR carried: installs
 #       the wheels into /tmp/site, starts two daemons (deploy/clusters/loopback-2x2-one-ip.json),
 #       then 1: Megatron-Core (4 ranks) and its reference, 2: TorchTitan (4 ranks) and its
-#       reference, 3: python/bench/frameworks_overhead.py on CPU and CUDA tensors.
-#       Logs go to $OUT (or /tmp).
+#       reference, 2s: TorchTitan on a static Group (RAILWAVE_STATIC=1: the sync-free
+#       dispatcher) and the reference, 3: python/bench/frameworks_overhead.py on CPU and CUDA
+#       tensors. Logs go to $OUT (or /tmp); RANK_TIMEOUT caps each rank (default 150 s).
+#       DIR may also be gpu_run.sh's .gpucarry (prepared with the wheels), run from the
+#       repository root: without DIR/src the sources are the working directory's
+#       (tests/python/gpu_run.sh ready does so).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 case "${1:-}" in
@@ -33,16 +37,17 @@ prepare)
 	du -sh "$d"
 	;;
 run)
-	D=$(readlink -f "$2"); O=${OUT:-/tmp}; stages=" ${3:-1 2 3} "
+	D=$(readlink -f "$2"); O=${OUT:-/tmp}; stages=" ${3:-1 2 3} "; RT=${RANK_TIMEOUT:-150}
+	S=$D/src; [ -d "$S" ] || S=$PWD
 	python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
 		"$D"/whl/*.whl || exit 1
-	export PYTHONPATH=/tmp/site:$D/src/python:$D/src/python/shim-deep_ep
+	export PYTHONPATH=/tmp/site:$S/python:$S/python/shim-deep_ep
 	export RAILWAVE_LIB=$D/b/lib/librailwave.so.1 LOCAL_WORLD_SIZE=2 WORLD_SIZE=4 PYTHONUNBUFFERED=1
 	export RAILWAVE_MAX_TOKENS_PER_RANK=48 OMP_NUM_THREADS=2
 	echo "== machine"; nvidia-smi -L; nproc
 	python3 -c 'import torch, sys; print(sys.version.split()[0], "torch", torch.__version__)'
 	python3 -m pip list 2>/dev/null | grep -i -E "^(megatron|torchtitan|spmd|tyro) "
-	cd "$D/src"
+	cd "$S"
 	mkdir -p /run/railwave
 	"$D/b/railwaved" --config deploy/clusters/loopback-2x2-one-ip.json --node 0 > "$O/d0.log" 2>&1 & d0=$!
 	"$D/b/railwaved" --config deploy/clusters/loopback-2x2-one-ip.json --node 1 > "$O/d1.log" 2>&1 & d1=$!
@@ -53,21 +58,29 @@ run)
 		for r in 0 1 2 3; do
 			s=$([ $r -lt 2 ] && echo a || echo b)
 			RANK=$r LOCAL_RANK=$((r % 2)) RAILWAVE_SOCKET=/run/railwave/$s.sock \
-				timeout 150 python3 tests/python/frameworks_gpu.py "$1" $r "$W" > "$O/$1.$r.log" 2>&1 &
+				timeout "$RT" python3 tests/python/frameworks_gpu.py "$1" $r "$W" > "$O/$1.$r.log" 2>&1 &
 			pids="$pids $!"
 		done
 		rc=0; for p in $pids; do wait "$p" || rc=1; done
 		for r in 0 1 2 3; do grep -v "^\s*$" "$O/$1.$r.log" | tail -4; done
 		return $rc
 	}
+	fail=0
+	ref() {  # ref NAME: the one-process reference compares; rc 1 when it differs
+		timeout 90 python3 tests/python/frameworks_gpu.py "$1" "$W" > "$O/$1.log" 2>&1; r=$?
+		tail -12 "$O/$1.log"; echo "rc $r"; return $r
+	}
 	case $stages in *" 1 "*)
 		echo "== 1: Megatron-Core MoELayer, flex dispatcher, deepep backend = railwave.deep_ep"
-		ranks megatron && timeout 90 python3 tests/python/frameworks_gpu.py megatron-ref "$W" 2>&1 | tail -12
-		echo "rc $?" ;; esac
+		{ ranks megatron && ref megatron-ref; } || fail=1 ;; esac
 	case $stages in *" 2 "*)
 		echo "== 2: TorchTitan MoE, railwave.torchtitan.railwave_dispatcher override"
-		ranks titan; timeout 90 python3 tests/python/frameworks_gpu.py titan-ref "$W" 2>&1 | tail -12
-		echo "rc $?" ;; esac
+		{ ranks titan && ref titan-ref; } || fail=1 ;; esac
+	case $stages in *" 2s "*)
+		echo "== 2s: TorchTitan MoE on a static Group (RAILWAVE_STATIC=1): the sync-free dispatcher"
+		export RAILWAVE_STATIC=1
+		{ ranks titan && ref titan-ref; } || fail=1
+		unset RAILWAVE_STATIC ;; esac
 	kill "$d0" "$d1"; wait "$d0"; wait "$d1"
 	case $stages in *" 3 "*)
 		echo "== 3: python/bench/frameworks_overhead.py (cpu, cuda)"
@@ -75,6 +88,7 @@ run)
 			RAILWAVE_MAX_TOKENS_PER_RANK= timeout 100 python3 python/bench/frameworks_overhead.py --build "$D/b" --device $dev \
 				--iters ${ITERS:-300} 2>&1 | grep -v 'INFO\|WARN'
 		done ;; esac
+	exit $fail
 	;;
 *)
 	echo "usage: sh tests/python/frameworks_gpu.sh prepare DIR [BUILD] | run DIR [STAGES]" >&2

@@ -6,6 +6,13 @@
 #       (the release binaries, librailwave.so.1, the shared libraries
 #       railwaved and ipc_bench need, wrappers that point LD_LIBRARY_PATH at them for those two
 #       binaries only, so python3 keeps its own libraries)
+#   sh tests/python/gpu_run.sh ready             there, from the repository root, with $GPUCARRY
+#       carried (prepared with the wheels: WHEELS, default /work/wheels): the readiness run, one
+#       call, < 240 s: the package on CUDA eager, on the rank path's static mode with CUDA
+#       graphs of the forward and of forward + backward replayed 100 times, a bad argument on
+#       one static rank, then Megatron-Core and TorchTitan (eager and static) with the real
+#       wheels (tests/python/frameworks_gpu.sh run); one verdict line per stage with its wall
+#       time, then "ready: N of M stages passed"
 #   sh tests/python/gpu_run.sh run [STAGES]      there, from the repository root, with $GPUCARRY
 #       carried: the CUDA scenario of test_moe.py, examples/moe_train.py on CUDA against its
 #       one-process reference, and python/bench/overhead.py (the first two sizes, against the
@@ -27,16 +34,53 @@ prepare)
 	cp "$b/bench/pair_bench" $C/b/bench/pair_bench
 	cp -L "$b/lib/librailwave.so.1" $C/b/lib/librailwave.so.1
 	mkdir -p $C/b/tests/lib && cp "$b/tests/lib/cluster.py" $C/b/tests/lib/   # the daemons' harness
+	mkdir -p $C/b/tools && cp "$b/tools/railwave" $C/b/tools/railwave.bin   # its keygen
+	W=${WHEELS:-/work/wheels}   # megatron-core, torchtitan and what they import (ready)
+	if [ -d "$W" ]; then mkdir -p $C/whl && cp "$W"/*.whl $C/whl/; fi
 	mkdir -p $C/before && git archive "${BEFORE:-main}" python/railwave | tar -x -C $C/before
-	for f in $(ldd "$b/railwaved" "$b/bench/ipc_bench" | awk '/=>/ {print $3}' | sort -u); do
+	for f in $(ldd "$b/railwaved" "$b/bench/ipc_bench" "$b/tools/railwave" | awk '/=>/ {print $3}' | sort -u); do
 		case $f in */libc.so*|*/libm.so*) ;; *) cp -L "$f" $C/lib/ ;; esac
 	done
 	printf '#!/bin/sh\nd=$(dirname "$(readlink -f "$0")")\nLD_LIBRARY_PATH=$d/../lib exec "$d/railwaved.bin" "$@"\n' \
 		> $C/b/railwaved
 	printf '#!/bin/sh\nd=$(dirname "$(readlink -f "$0")")\nLD_LIBRARY_PATH=$d/../../lib exec "$d/ipc_bench.bin" "$@"\n' \
 		> $C/b/bench/ipc_bench
-	chmod +x $C/b/railwaved $C/b/bench/ipc_bench
+	printf '#!/bin/sh\nd=$(dirname "$(readlink -f "$0")")\nLD_LIBRARY_PATH=$d/../../lib exec "$d/railwave.bin" "$@"\n' \
+		> $C/b/tools/railwave
+	chmod +x $C/b/railwaved $C/b/bench/ipc_bench $C/b/tools/railwave
 	du -sh "$C"
+	;;
+ready)
+	# Each stage: its command under a timeout (the caps add up to 235 s), then one line
+	# "STAGE pass|FAIL (rc) in S s: what"; the logs in $OUT (or /tmp).
+	B=$PWD/$C/b
+	O=${OUT:-/tmp}
+	t00=$(date +%s)
+	nvidia-smi -L | head -1
+	python3 -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.cuda.is_available())'
+	passed=0; total=0
+	stage() {  # stage NAME CAP WHAT CMD...: run CMD, print the verdict line
+		name=$1 cap=$2 what=$3; shift 3
+		t0=$(date +%s)
+		timeout "$cap" "$@" > "$O/ready_$name.txt" 2>&1; rc=$?
+		t=$(( $(date +%s) - t0 )); total=$((total + 1))
+		if [ $rc -ne 0 ]; then v="FAIL (rc $rc)"
+		elif grep -q '^skip' "$O/ready_$name.txt"; then v="SKIPPED ($(grep -m1 '^skip' "$O/ready_$name.txt" | cut -c1-120))"
+		else v=pass; passed=$((passed + 1)); fi
+		echo "$name $v in ${t} s (cap $cap s): $what"
+		[ $rc -eq 0 ] || grep -v '^  d[0-9]|' "$O/ready_$name.txt" | grep -m8 'FAIL\|Error\|error:' | cut -c1-300
+	}
+	export RW_TEST_SEED=${SEED:-11}
+	stage eager 45 "RW_PY_ONLY=cuda test_moe.py: CUDA tensors on the daemon's mover, every path exact" \
+		env RW_PY_ONLY=cuda python3 tests/python/test_moe.py "$B"
+	stage static 80 "RW_PY_ONLY=rankstatic,rankstaticbad RW_PY_RANK_DEVICE=cuda: static steps, fwd+bwd, overflow, SMs, CUDA graphs of fwd and of fwd+bwd replayed 100 times exact, a bad argument on one rank" \
+		env RW_PY_ONLY=rankstatic,rankstaticbad RW_PY_RANK_DEVICE=cuda python3 tests/python/test_moe.py "$B"
+	grep -h '^ok.*graph' "$O/ready_static.txt" | cut -c1-200
+	stage frameworks 110 "frameworks_gpu.sh run: Megatron-Core, TorchTitan eager and static, with the wheels, against one-process references" \
+		env RANK_TIMEOUT=40 sh tests/python/frameworks_gpu.sh run "$C" "1 2 2s"
+	grep -h '^== \|EQUAL\|DIFFER' "$O/ready_frameworks.txt" | cut -c1-200
+	echo "ready: $passed of $total stages passed in $(( $(date +%s) - t00 )) s"
+	[ $passed -eq $total ]
 	;;
 run)
 	B=$PWD/$C/b
@@ -90,7 +134,7 @@ run)
 		--sizes 2 2>&1 | grep -v 'INFO\|WARN'
 	;;
 *)
-	echo "usage: sh tests/python/gpu_run.sh prepare [BUILD] | run [STAGES]" >&2
+	echo "usage: sh tests/python/gpu_run.sh prepare [BUILD] | ready | run [STAGES]" >&2
 	exit 2
 	;;
 esac
