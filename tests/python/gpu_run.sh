@@ -124,8 +124,8 @@ run)
 		--before $C/before/python 2>&1 | grep -v 'INFO\|WARN'
 	}
 	case $stages in *" 4 "*) ;; *) exit 0 ;; esac
-	echo "== 4: RW_PY_ONLY=rank,rankstatic,rankkill RW_PY_RANK_DEVICE=cuda python3 tests/python/test_moe.py $C/b"
-	RW_PY_ONLY=rank,rankstatic,rankkill RW_PY_RANK_DEVICE=cuda RW_TEST_SEED=${SEED:-11} timeout 480 \
+	echo "== 4: RW_PY_ONLY=rank,rankstatic,rankstaticbad,rankkill RW_PY_RANK_DEVICE=cuda python3 tests/python/test_moe.py $C/b"
+	RW_PY_ONLY=rank,rankstatic,rankstaticbad,rankkill RW_PY_RANK_DEVICE=cuda RW_TEST_SEED=${SEED:-11} timeout 480 \
 		python3 tests/python/test_moe.py "$B" > "$O/test_moe_rank.txt" 2>&1
 	echo "rc $?"; grep -v '^  d[0-9]|' "$O/test_moe_rank.txt" | tail -30
 	grep 'WARN\|ERR' "$O/test_moe_rank.txt" | head -20

