@@ -49,8 +49,10 @@ def expert_major(recv_x, recv_topk_idx, recv_topk_weights, num_local_experts, al
 def static_rows(num_recv, topk, num_local_experts, alignment):
     """The rows of expert_major_static's layout for num_recv received rows: every entry of
     every row on this rank's experts (at most min(topk, experts) a row), plus each expert's
-    padding to the alignment."""
-    return num_recv * min(topk, num_local_experts) + num_local_experts * (alignment - 1)
+    padding to the alignment, rounded up to a multiple of it (a grouped GEMM may want the
+    whole operand aligned, as each block is)."""
+    n = num_recv * min(topk, num_local_experts) + num_local_experts * (alignment - 1)
+    return (n + alignment - 1) // alignment * alignment
 
 
 def expert_major_static(recv_x, recv_topk_idx, recv_topk_weights, num_local_experts,
