@@ -311,7 +311,8 @@ struct rw_svc_exec {
 	uint32_t nodes, rails, gpus, me;
 	uint64_t area_bytes, sub_bytes;
 	uint64_t carve_bytes;        /* a group's carve-out per rail (group_area_mib); 0: none */
-	uint64_t carve_sub;          /* each of its five sub-areas: carve_bytes / 5, 64-aligned */
+	uint64_t carve_sub;          /* each of its four record areas (rw_svc_carve_sub); the local
+				      * area is the rest, group_local_mib at least */
 	uint32_t carve_max;          /* carve-outs in the pool */
 	uint64_t *carve_put_at;      /* [carve_max]: when a left group's carve-out goes; 0: none */
 	exec_quiet_tag_t quiet[EXEC_QUIET_TAGS]; /* ring; quiet_next: the next to overwrite */
@@ -405,14 +406,14 @@ static inline uint64_t exec_sub_bytes(const exec_t *x, uint32_t slot)
 	return slot < EXEC_SLOTS ? x->sub_bytes :
 	       slot < EXEC_SLOTS + x->carve_max ? x->carve_sub : 0;
 }
-/* The sub-area (SUB_*) an offset of the mesh's memory lies in (past a carve-out's local area,
- * in its few spare bytes: SUB_LOCAL + 1). */
+/* The sub-area (SUB_*) an offset of the mesh's memory lies in (a carve-out's local area runs
+ * from its four record areas to its end). */
 static inline int exec_at_sub(const exec_t *x, uint64_t at)
 {
 	if (at < x->area_bytes)
 		return (int)((at / x->sub_bytes) % 4);
 	return (int)RW_MIN(((at - x->area_bytes) % x->carve_bytes) / x->carve_sub,
-			   (uint64_t)SUB_LOCAL + 1);
+			   (uint64_t)SUB_LOCAL);
 }
 
 /* The wire dtype of a submission's (the IPC server admits only bf16 and fp32, exec.c). */
