@@ -109,10 +109,10 @@ typedef struct rw_cuda_rank_gather {
 	uint32_t hidden, dtype, nodes, rails, me, g;
 	uint32_t crec_size;         /* set by the wrapper */
 	uint32_t stage_gpus;        /* with `stage`: the local ranks whose rows are staged */
-	/* 0, or the address of a dispatch plan head's stage_off (stage_stride follows, as in
-	 * rw_cuda_plan_head_t), read by the kernel: rows[] is then unused and local rank g < stage_gpus
-	 * has its rows at slab[0] + stage_off + g x stage_stride (static mode: the staging area is
-	 * known only once the dispatch's plan came, after the call) */
+	/* 0, or the address of a dispatch plan's staging table (rw_cuda_page_stage_t[stage_gpus]),
+	 * read by the kernel: rows[] is then unused and local rank g < stage_gpus has its rows at
+	 * slab[its entry's rail] + its entry's off (static mode: the staging areas are known only
+	 * once the dispatch's plan came, after the call) */
 	uint64_t stage;
 } rw_cuda_rank_gather_t;
 
@@ -156,12 +156,11 @@ typedef struct rw_cuda_page_params {
 	uint32_t bad, reserved2;
 } rw_cuda_page_params_t;
 
-/* ipc/page.h rw_page_plan_head_t (64 bytes): only stage_off and stage_stride are read here. */
-typedef struct rw_cuda_plan_head {
-	uint64_t phase;
-	uint32_t kind, me, owner, topk, rec_size, row_off, n_send, n_local;
-	uint64_t stage_off, stage_stride;
-} rw_cuda_plan_head_t;
+/* ipc/page.h rw_page_stage_t (16 bytes): where local rank g's combine input is staged. */
+typedef struct rw_cuda_page_stage {
+	uint64_t off;
+	uint32_t rail, rows;
+} rw_cuda_page_stage_t;
 
 /* The control block (device memory, zeroed at open; only the stream writes it). */
 typedef struct rw_cuda_rank_ctlblk {
@@ -223,8 +222,8 @@ typedef struct rw_cuda_rank_ctl {
 	uint64_t shadow;            /* this phase's shadow slot */
 	uint64_t ref;               /* combine: its dispatch's shadow slot */
 	uint64_t src;               /* STAGE: the caller's rows */
-	uint64_t slab0;             /* STAGE: rail 0's slab base */
-	uint64_t slab0_bytes;
+	uint64_t slab;              /* STAGE: the slab of the rank's native rail, where it stages */
+	uint64_t slab_bytes;
 	uint64_t out;               /* DONE of a dispatch: 0, or a u32 the row count goes to */
 	uint64_t step;              /* SUBMIT of a dispatch: the caller's base step */
 	uint32_t op, word;          /* word: the page word (ipc/page.h enum rw_page_word) */
@@ -238,6 +237,8 @@ typedef struct rw_cuda_rank_ctl {
 	uint32_t row_bytes;         /* STAGE: hidden x the dtype's size */
 	uint32_t page_kind;         /* the parameters' kind (ipc/railwave.h enum rw_kind) */
 	uint32_t o_term_ref;        /* the slot offset of the terms' refs */
+	uint32_t o_plan_stage;      /* STAGE: the slot offset of the plan's staging table */
+	uint32_t rail;              /* STAGE: the rank's native rail (its staging table entry's) */
 } rw_cuda_rank_ctl_t;
 
 /* What rw_rank_ctl computes, written once for the kernel and the CPU stand-in
@@ -276,6 +277,27 @@ RW_CUDA_RANK_HD rw_cuda_page_params_t rw_cuda_rank_params(const rw_cuda_rank_ctl
 	p.kind = (uint8_t)a->page_kind;
 	p.phase = k;
 	return p;
+}
+
+/* STAGE: where this rank's `bytes` of combine input go, from its entry of the dispatch plan's
+ * staging table (its shadow copy): the entry names the rank's own rail, and its room (rows x
+ * row_bytes) holds them inside the slab. 0 when it does not (the kernel reports E_STAGE). */
+RW_CUDA_RANK_HD uint64_t rw_cuda_rank_stage_dst(const rw_cuda_rank_ctl_t *a,
+						const rw_cuda_page_stage_t *e, uint64_t bytes)
+{
+	const uint64_t room = (uint64_t)e->rows * a->row_bytes;
+	if (e->rail != a->rail || bytes > room || e->off > a->slab_bytes ||
+	    room > a->slab_bytes - e->off)
+		return 0;
+	return a->slab + e->off;
+}
+
+/* The gather's rows of local rank g in static mode: at its staging table entry (the dispatch
+ * plan's, read after the wait), in its rail's slab; 0 for a rank or rail past the table. */
+RW_CUDA_RANK_HD uint64_t rw_cuda_rank_stage_rows(const rw_cuda_page_stage_t *tab, uint32_t n,
+						 const uint64_t *slab, uint32_t rails, uint32_t g)
+{
+	return g < n && tab[g].rail < rails && slab[tab[g].rail] ? slab[tab[g].rail] + tab[g].off : 0;
 }
 
 /* DONE: phase k's end into the report (the first failure kept, overflows added up). */

@@ -370,7 +370,8 @@ static void gather_range(const void *ctx, uint32_t lo, uint32_t hi)
 	const uint32_t *toff = at(a->term_off), *terms = at(a->terms);
 	const uint32_t row_bytes = a->hidden * dtype_size(a->dtype);
 	const void *rows[RW_CUDA_RANK_TERMS_MAX];
-	const uint64_t *stage = at(a->stage); /* static mode: the dispatch plan head's, read now */
+	const rw_cuda_page_stage_t *stage = at(a->stage); /* static mode: the dispatch plan's
+							    * staging table, read now */
 	for (uint32_t j = lo; j < hi; j++) {
 		const rw_cuda_list_entry_t *le = &list[j];
 		uint32_t j0 = toff ? toff[j] : 0, j1 = toff ? toff[j + 1] : 1;
@@ -398,8 +399,8 @@ static void gather_range(const void *ctx, uint32_t lo, uint32_t hi)
 				addr = a->rows[a->g] + (uint64_t)j * row_bytes;
 			} else {
 				const uint32_t g = terms[k] >> 24;
-				const uint64_t base = stage ? (g < a->stage_gpus ? a->slab[0] + stage[0] +
-										   g * stage[1] : 0)
+				const uint64_t base = stage ? rw_cuda_rank_stage_rows(stage, a->stage_gpus,
+										      a->slab, a->rails, g)
 							    : g < RW_CUDA_RANK_GPUS ? a->rows[g] : 0;
 				if (base)
 					addr = base + (uint64_t)(terms[k] & 0xffffffu) * row_bytes;

@@ -23,7 +23,7 @@ _Static_assert(sizeof(rw_cuda_list_entry_t) == 16, "list entry layout");
 _Static_assert(sizeof(rw_cuda_rank_pack_t) == 240, "pack block layout");
 _Static_assert(sizeof(rw_cuda_rank_forward_t) == 376, "forward block layout");
 _Static_assert(sizeof(rw_cuda_rank_gather_t) == 368, "gather block layout");
-_Static_assert(sizeof(rw_cuda_rank_ctl_t) == 192, "ctl block layout");
+_Static_assert(sizeof(rw_cuda_rank_ctl_t) == 200, "ctl block layout");
 _Static_assert(sizeof(rw_cuda_rank_tail_t) == 128, "shadow tail layout");
 _Static_assert(sizeof(rw_cuda_rank_reduce_t) == 456, "reduce block layout");
 
@@ -224,7 +224,7 @@ rw_status_t rw_cuda_rank_ctl(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_c
 	    a->depth == 0 || a->slot_bytes % 64 || a->word > 4 || a->o_term_ref < a->o_term_off ||
 	    (a->kind == 1 && (a->ref == 0 || !aligned(a->ref, 64))) || !aligned(a->out, 4) ||
 	    (a->op == RW_CUDA_RANK_OP_WAIT && a->word != 1 && a->word != 3) ||
-	    (a->op == RW_CUDA_RANK_OP_STAGE && (a->kind != 1 || a->slab0 == 0 || a->row_bytes == 0 ||
+	    (a->op == RW_CUDA_RANK_OP_STAGE && (a->kind != 1 || a->slab == 0 || a->row_bytes == 0 ||
 						(a->src == 0 && a->token_count))))
 		return RW_ERR_INVAL;
 	/* STAGE: enough blocks to copy every row the dispatch may deliver, in 16-byte pieces.

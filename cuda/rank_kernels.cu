@@ -18,7 +18,7 @@ static_assert(sizeof(rw_cuda_list_entry_t) == 16, "list entry layout");
 static_assert(sizeof(rw_cuda_rank_pack_t) == 240, "pack block layout");
 static_assert(sizeof(rw_cuda_rank_forward_t) == 376, "forward block layout");
 static_assert(sizeof(rw_cuda_rank_gather_t) == 368, "gather block layout");
-static_assert(sizeof(rw_cuda_rank_ctl_t) == 192, "ctl block layout");
+static_assert(sizeof(rw_cuda_rank_ctl_t) == 200, "ctl block layout");
 static_assert(sizeof(rw_cuda_rank_tail_t) == 128, "shadow tail layout");
 static_assert(sizeof(rw_cuda_rank_reduce_t) == 456, "reduce block layout");
 
@@ -412,10 +412,9 @@ extern "C" __global__ void __launch_bounds__(SUM_THREADS) rw_rank_gather(const r
 	const uint32_t *toff = reinterpret_cast<const uint32_t *>(a.term_off);
 	const uint32_t *terms = reinterpret_cast<const uint32_t *>(a.terms);
 	const uint32_t row_bytes = a.hidden * dtype_size(a.dtype);
-	// Static mode: the staging area from the dispatch's plan head (its shadow copy), read after
-	// the combine's plan wait; else the rows[] the call gave.
-	const uint64_t stage_off = a.stage ? reinterpret_cast<const uint64_t *>(a.stage)[0] : 0;
-	const uint64_t stage_stride = a.stage ? reinterpret_cast<const uint64_t *>(a.stage)[1] : 0;
+	// Static mode: the staging areas from the dispatch's plan (its shadow copy), read after the
+	// combine's plan wait; else the rows[] the call gave.
+	const rw_cuda_page_stage_t *stage = reinterpret_cast<const rw_cuda_page_stage_t *>(a.stage);
 	for (uint32_t j = blockIdx.x; j < n; j += gridDim.x) {
 		const rw_cuda_list_entry_t le = list[j];
 		// The entry's terms: [j0, j1) of terms, or rows[g] row j alone.
@@ -443,9 +442,9 @@ extern "C" __global__ void __launch_bounds__(SUM_THREADS) rw_rank_gather(const r
 				at = a.rows[a.g] + (uint64_t)j * row_bytes;
 			} else {
 				const uint32_t ref = terms[k], g = ref >> 24;
-				const uint64_t base = a.stage ? (g < a.stage_gpus ? a.slab[0] + stage_off +
-										 g * stage_stride : 0)
-							      : g < RW_CUDA_RANK_GPUS ? a.rows[g] : 0;
+				const uint64_t base = stage ? rw_cuda_rank_stage_rows(stage, a.stage_gpus,
+										      a.slab, a.rails, g)
+							    : g < RW_CUDA_RANK_GPUS ? a.rows[g] : 0;
 				if (base)
 					at = base + (uint64_t)(ref & 0xffffffu) * row_bytes;
 			}
@@ -693,23 +692,24 @@ __device__ void ctl_done(const rw_cuda_rank_ctl_t &a)
 	store_release_sys(page_word(a, 4), k); // done (P5)
 }
 
-// The caller's rows into this rank's staging area (where the dispatch's plan head, copied into
-// its shadow at its plan, says), then a +0 row for each row the dispatch dropped past its
+// The caller's rows into this rank's staging area (where the dispatch's plan's staging table,
+// copied into its shadow at its plan, says), then a +0 row for each row the dispatch dropped past its
 // capacity (the combine gives back every row the daemon listed: a dropped row adds nothing):
 // before the combine's submit (P1). Grid-stride, 16 bytes a thread where everything is aligned.
 __device__ void ctl_stage(const rw_cuda_rank_ctl_t &a)
 {
-	const rw_cuda_plan_head_t *h = reinterpret_cast<const rw_cuda_plan_head_t *>(a.ref + a.o_plan);
+	const rw_cuda_page_stage_t *e =
+		reinterpret_cast<const rw_cuda_page_stage_t *>(a.ref + a.o_plan_stage) + a.owner;
 	const rw_cuda_rank_tail_t *dt = shadow_tail(a, a.ref);
 	const uint64_t copy = (uint64_t)dt->recv_n * a.row_bytes;
 	const uint64_t bytes = ((uint64_t)dt->recv_n + dt->overflow) * a.row_bytes;
-	if (bytes > h->stage_stride || h->stage_off + (uint64_t)a.gpus * h->stage_stride > a.slab0_bytes) {
+	uint8_t *dst = reinterpret_cast<uint8_t *>(rw_cuda_rank_stage_dst(&a, e, bytes));
+	if (!dst) {
 		if (blockIdx.x == 0 && threadIdx.x == 0)
 			set_err(reinterpret_cast<uint64_t>(shadow_tail(a, a.shadow)->err),
 				RW_CUDA_RANK_E_STAGE, dt->recv_n + dt->overflow);
 		return;
 	}
-	uint8_t *dst = reinterpret_cast<uint8_t *>(a.slab0 + h->stage_off + a.owner * h->stage_stride);
 	const uint8_t *src = reinterpret_cast<const uint8_t *>(a.src);
 	const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
 	const uint64_t first = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;

@@ -605,7 +605,7 @@ static int group_slab(rw_client_t *c, uint32_t rail, uint32_t form, rw_client_sl
 	const rw_ipc_slab_ok_t *ok = &reply.slab_ok;
 	const uint32_t kind = form ? ok->kind : RW_CLIENT_SLAB_HOST;
 	int bad = ok->rail != rail || ok->area_bytes > ok->bytes ||
-		  ok->local_off > ok->bytes - ok->area_bytes ||
+		  ok->local_off > ok->bytes ||
 		  (kind != RW_CLIENT_SLAB_HOST && kind != RW_CLIENT_SLAB_GPU) ||
 		  (kind == RW_CLIENT_SLAB_GPU && (ok->device < 0 || ok->bytes == 0));
 	for (int k = 0; k < 2 && !bad; k++) /* every area inside the slab */

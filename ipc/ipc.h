@@ -75,7 +75,7 @@ typedef struct rw_ipc_slab {
 	uint8_t uuid[16];      /* GPU: that device's UUID */
 	uint64_t bytes;
 	uint32_t rails;
-	uint64_t area_bytes;   /* each of the five areas */
+	uint64_t area_bytes;   /* each of the four record areas (the local area: the rest) */
 	uint64_t recv_off[2];  /* [0] dispatch, [1] combine */
 	uint64_t send_off[2];
 	uint64_t local_off;    /* the rank path's local area */

@@ -15,7 +15,8 @@
 
 _Static_assert(sizeof(rw_page_params_t) == 48, "rank page ABI");
 _Static_assert(sizeof(rw_page_plan_entry_t) == 16, "rank page ABI");
-_Static_assert(sizeof(rw_page_plan_head_t) == 56, "rank page ABI");
+_Static_assert(sizeof(rw_page_plan_head_t) == 48, "rank page ABI");
+_Static_assert(sizeof(rw_page_stage_t) == 16, "rank page ABI");
 _Static_assert(sizeof(rw_page_plan_rail_t) == 32, "rank page ABI");
 _Static_assert(sizeof(rw_page_list_head_t) == 24, "rank page ABI");
 _Static_assert(sizeof(rw_page_list_entry_t) == 16, "rank page ABI");
@@ -37,6 +38,8 @@ int rw_page_layout(uint32_t nodes, uint32_t rails, uint32_t gpus, uint32_t max_r
 	off = ALIGN_UP(off + cells * sizeof(uint32_t), RW_PAGE_LINE);
 	l->plan = (uint32_t)off;
 	off = ALIGN_UP(off + sizeof(rw_page_plan_head_t), RW_PAGE_LINE);
+	l->plan_stage = (uint32_t)off;
+	off = ALIGN_UP(off + (uint64_t)gpus * sizeof(rw_page_stage_t), RW_PAGE_LINE);
 	l->plan_rail = (uint32_t)off;
 	off = ALIGN_UP(off + (uint64_t)rails * sizeof(rw_page_plan_rail_t), RW_PAGE_LINE);
 	l->plan_tag = (uint32_t)off;

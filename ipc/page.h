@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #define RW_PAGE_MAGIC 0x45475052u /* "RPGE" as little-endian bytes */
-#define RW_PAGE_VERSION 2
+#define RW_PAGE_VERSION 3
 #define RW_PAGE_DEPTH 4           /* phases of one rank in flight at most (power of two) */
 #define RW_PAGE_LINE 64
 #define RW_PAGE_OWED_AHEAD (UINT64_C(1) << 62) /* a lost daemon's words: last k + this */
@@ -78,9 +78,9 @@ typedef struct rw_page_params {
 } rw_page_params_t;
 
 /* ---- the plan block: what the daemon tells one rank about phase k (published by `plan`, P2) ---
- * The block is the head, then rw_page_plan_rail_t[rails], then uint32 tag[nodes], then
- * rw_page_plan_entry_t[nodes * rails] (each part on its own cache lines; rw_page_layout gives
- * their offsets). Offsets into slabs are bytes from the start of the group's slab of that rail
+ * The block is the head, then rw_page_stage_t[gpus] (the staging table), then
+ * rw_page_plan_rail_t[rails], then uint32 tag[nodes], then rw_page_plan_entry_t[nodes * rails]
+ * (each part on its own cache lines; rw_page_layout gives their offsets). Offsets into slabs are bytes from the start of the group's slab of that rail
  * (the carve-out lent at join), so a kernel needs only the slab's base address per rail.
  *
  * Dispatch: the rank's records are its (token, node) pairs for every node holding one of the
@@ -111,14 +111,23 @@ typedef struct rw_page_plan_head {
 	uint32_t row_off;      /* offset of the row in such a record */
 	uint32_t n_send;       /* records the rank writes for other nodes (entries d != me) */
 	uint32_t n_local;      /* records the rank writes into the local area (entries me) */
-	/* Where the node's ranks' combine inputs are, which a gather's terms name: local rank h's
-	 * row j at stage_off + h x stage_stride + j x (the row's bytes) of rail 0's slab, copied
-	 * there by h's stream before its combine `submit` (pair P1). A dispatch's block says it
-	 * first (the rank stages there before the plan of its combine comes); the combine's
-	 * repeats it. */
-	uint64_t stage_off;
-	uint64_t stage_stride;
+	uint32_t n_stage;      /* entries of the staging table that follows (the node's local ranks) */
+	uint32_t reserved;
 } rw_page_plan_head_t;
+
+/* Where local rank h's combine input is, which a gather's terms name: its row j at byte
+ * off + j x (the row's bytes) of rail `rail`'s slab, room for `rows` rows. The plan block's
+ * table holds one per local rank (rw_page_layout_t.plan_stage, the head's n_stage entries);
+ * h's stream copies its rows there before its combine `submit` (pair P1). A rank stages in
+ * its native rail's local area (the daemon lays the ranks of a rail one after another, each
+ * with room for the rows the phase can give it: at most its max_recv), so that each rail's
+ * carve-out holds only its own ranks' rows. A dispatch's block says it first (the rank stages
+ * there before the plan of its combine comes); the combine's repeats it. */
+typedef struct rw_page_stage {
+	uint64_t off;
+	uint32_t rail;
+	uint32_t rows;
+} rw_page_stage_t;
 
 /* Per rail, where this phase's areas are in the group's slab of that rail. */
 typedef struct rw_page_plan_rail {
@@ -175,7 +184,7 @@ typedef struct rw_page_list_entry {
  * uint32 term_off[max_recv + 1], then uint32 term_ref[gpus x max_recv]. Entry j of the rank's
  * dispatch forward list (the dispatch this combine answers) has terms term_ref[term_off[j] ..
  * term_off[j + 1]): each RW_PAGE_TERM(g, row) = row `row` of local rank g's combine input (in
- * the group's slab: the combine plan head's stage_off, stage_stride). The
+ * the group's slabs: entry g of the combine plan's staging table). The
  * combine record of entry j (where the combine plan's entries put it) is their fp32 sum in that
  * order, rounded once — one term copied as it is — the host mover's combine_pack for a record
  * several local ranks answered; an entry without terms is another rank's to write. */
@@ -188,6 +197,7 @@ typedef struct rw_page_layout {
 	uint32_t params;       /* rw_page_params_t */
 	uint32_t count_row;    /* uint32[nodes * rails]: row[d * rails + r], rw_sched_count's */
 	uint32_t plan;         /* rw_page_plan_head_t */
+	uint32_t plan_stage;   /* rw_page_stage_t[gpus] */
 	uint32_t plan_rail;    /* rw_page_plan_rail_t[rails] */
 	uint32_t plan_tag;     /* uint32[nodes] */
 	uint32_t plan_entry;   /* rw_page_plan_entry_t[nodes * rails] */

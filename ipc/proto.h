@@ -169,7 +169,7 @@ typedef struct rw_ipc_slab_ok {
 	rw_ipc_hdr_t hdr;
 	uint64_t bytes;        /* the memory's size: map all of it */
 	uint32_t rail, rails;  /* this slab's rail, and the daemon's rails */
-	uint64_t area_bytes;   /* each of the five areas below */
+	uint64_t area_bytes;   /* each of the four record areas below (the local area: the rest) */
 	uint64_t recv_off[2];  /* receive area: [0] dispatch records, [1] combine records */
 	uint64_t send_off[2];  /* send area: [0] dispatch records, [1] combine records */
 	uint64_t local_off;    /* the local area: records and rows that never leave the node */

@@ -376,10 +376,11 @@ typedef struct rw_client_slab {
 	void *base;            /* the mapping, `bytes` long */
 	size_t bytes;
 	uint32_t rail, rails;  /* this slab's rail, the daemon's rails */
-	uint64_t area_bytes;   /* each of the five areas */
+	uint64_t area_bytes;   /* each of the four record areas */
 	uint64_t recv_off[2];  /* the receive areas' offsets: [0] dispatch, [1] combine records */
 	uint64_t send_off[2];  /* the send areas' offsets, the same way */
-	uint64_t local_off;    /* the local area's: records and rows that never leave the node */
+	uint64_t local_off;    /* the local area's, up to the slab's end: records and rows that
+	                          never leave the node (group_local_mib of it at least) */
 	uint64_t object;       /* the lent object's identity (its inode): equal for one memory */
 } rw_client_slab_t;
 int rw_client_group_slab(rw_client_t *client, uint32_t rail, rw_client_slab_t *slab_p);

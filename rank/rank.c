@@ -512,15 +512,27 @@ int rw_client_rank_dispatch(rw_client_rank_t *r, const rw_client_stream_t *s,
 	return rc;
 }
 
+/* A staging table entry names one of this rank's slabs and a room of its rows inside it, at
+ * least `rows` rows. */
+static int stage_fits(const rw_client_rank_t *r, const rw_page_stage_t *e, uint64_t row_bytes,
+		      uint32_t rows)
+{
+	const uint64_t room = (uint64_t)e->rows * row_bytes;
+	return e->rail < r->n_slabs && rows <= e->rows && e->off <= r->slab[e->rail].lent.bytes &&
+	       room <= r->slab[e->rail].lent.bytes - e->off;
+}
+
 /* The gather's and reduce's blocks for a combine whose blocks are at `w`, of the dispatch whose
  * slot (its forward list, intact until the slot is reused) is at `dslot`: the combine's plan
- * entries, tags and terms, the local ranks' staged rows (where the dispatch's plan said: `dh`
- * read on this CPU, or with dh NULL the plan head at `stage` read by the gather on the GPU);
+ * entries, tags and terms, the local ranks' staged rows (where the dispatch's plan said: its
+ * staging table `tab` read on this CPU, or with tab NULL the table at `stage` read by the gather
+ * on the GPU; a rank whose entry names no slab of this rank, or a room past it, has none: a
+ * term naming it fails the gather, E_REF);
  * the reduce reads the combine's receive and local areas from its plan block's rails in place
  * (decided after this call). */
 void rw_rank_combine_blocks(const rw_client_rank_t *r, const rw_rank_where_t *w,
 			    rw_cuda_dptr_t dslot, const rw_page_params_t *dp,
-			    const rw_page_plan_head_t *dh, rw_cuda_dptr_t stage,
+			    const rw_page_stage_t *tab, rw_cuda_dptr_t stage,
 			    const rw_client_rank_combine_t *c, rw_cuda_rank_gather_t *ga,
 			    rw_cuda_rank_reduce_t *re)
 {
@@ -542,9 +554,11 @@ void rw_rank_combine_blocks(const rw_client_rank_t *r, const rw_rank_where_t *w,
 		.plan_rail = slot + r->layout.plan_rail, .cap = pg->max_recv,
 		.n_tokens = dp->token_count, .hidden = dp->hidden, .dtype = cuda_dtype(dp->dtype),
 		.rails = pg->rails };
-	if (dh) {
+	if (tab) {
+		const uint64_t row_bytes = (uint64_t)dp->hidden * (dp->dtype == RW_DTYPE_BF16 ? 2 : 4);
 		for (uint32_t g = 0; g < pg->gpus && g < RW_CUDA_RANK_GPUS; g++)
-			ga->rows[g] = r->slab[0].dptr + dh->stage_off + g * dh->stage_stride;
+			ga->rows[g] = stage_fits(r, &tab[g], row_bytes, 0) ?
+				      r->slab[tab[g].rail].dptr + tab[g].off : 0;
 	} else {
 		ga->stage = stage;
 		ga->stage_gpus = pg->gpus;
@@ -580,14 +594,17 @@ int rw_client_rank_combine(rw_client_rank_t *r, const rw_client_stream_t *s,
 		return say(r->msg, RW_E_STATE, "combine: phase %llu is not a dispatch of this rank "
 			   "that completed with 0 (rw_client_rank_wait), not combined yet, within %u "
 			   "phases", (unsigned long long)kd, D - 1);
-	const rw_page_plan_head_t dh = *(const rw_page_plan_head_t *)((const uint8_t *)r->pg +
-								    slot_off(r, kd) + r->layout.plan);
+	const uint8_t *dplan = (const uint8_t *)r->pg + slot_off(r, kd);
+	const rw_page_plan_head_t dh = *(const rw_page_plan_head_t *)(dplan + r->layout.plan);
+	rw_page_stage_t tab[RW_PAGE_MAX_GPUS]; /* read once: the daemon's, as the plan said it */
+	memcpy(tab, dplan + r->layout.plan_stage, r->pg->gpus * sizeof(tab[0]));
 	const uint64_t row_bytes = (uint64_t)dp->hidden * (dp->dtype == RW_DTYPE_BF16 ? 2 : 4);
 	const uint64_t staged = kept->recv_n * row_bytes;
-	if (r->n_slabs < r->pg->rails || dh.phase != kd || staged > dh.stage_stride ||
-	    dh.stage_off + (uint64_t)r->pg->gpus * dh.stage_stride > r->slab[0].lent.bytes)
+	const rw_page_stage_t *own = &tab[r->pg->owner];
+	if (r->n_slabs < r->pg->rails || dh.phase != kd || dh.n_stage != r->pg->gpus ||
+	    own->rail != r->pg->rail || !stage_fits(r, own, row_bytes, kept->recv_n))
 		return say(r->msg, RW_E_BADREPLY, "combine: dispatch %llu's plan names no staging "
-			   "area that holds this rank's %u rows in the group's slab",
+			   "area that holds this rank's %u rows in its rail's slab",
 			   (unsigned long long)kd, kept->recv_n);
 	if ((kept->recv_n && (c->rows == 0 || c->rows % 16)) ||
 	    (dp->token_count && (c->out == 0 || c->out % 16)))
@@ -603,7 +620,7 @@ int rw_client_rank_combine(rw_client_rank_t *r, const rw_client_stream_t *s,
 	rw_cuda_rank_gather_t ga;
 	rw_cuda_rank_reduce_t re;
 	const rw_rank_where_t w = where_of(r, k);
-	rw_rank_combine_blocks(r, &w, r->dptr + slot_off(r, kd), dp, &dh, 0, c, &ga, &re);
+	rw_rank_combine_blocks(r, &w, r->dptr + slot_off(r, kd), dp, tab, 0, c, &ga, &re);
 	slot_write(r, k, &p);
 	if (r->host) {
 		kept->combined = 1;

@@ -112,7 +112,7 @@ void rw_rank_dispatch_blocks(const rw_client_rank_t *r, const rw_rank_where_t *w
 			     rw_cuda_rank_forward_t *fw);
 void rw_rank_combine_blocks(const rw_client_rank_t *r, const rw_rank_where_t *w,
 			    rw_cuda_dptr_t dslot, const rw_page_params_t *dp,
-			    const rw_page_plan_head_t *dh, rw_cuda_dptr_t stage,
+			    const rw_page_stage_t *tab, rw_cuda_dptr_t stage,
 			    const rw_client_rank_combine_t *c, rw_cuda_rank_gather_t *ga,
 			    rw_cuda_rank_reduce_t *re);
 

@@ -23,10 +23,10 @@ _Static_assert(offsetof(rw_cuda_page_params_t, bad) == offsetof(rw_page_params_t
 	       "params restated");
 _Static_assert(offsetof(rw_cuda_page_params_t, phase) == offsetof(rw_page_params_t, phase),
 	       "params restated");
-_Static_assert(offsetof(rw_cuda_plan_head_t, stage_off) == offsetof(rw_page_plan_head_t, stage_off),
-	       "plan head restated");
-_Static_assert(offsetof(rw_cuda_plan_head_t, stage_stride) ==
-		       offsetof(rw_page_plan_head_t, stage_stride), "plan head restated");
+_Static_assert(sizeof(rw_cuda_page_stage_t) == sizeof(rw_page_stage_t) &&
+		       offsetof(rw_cuda_page_stage_t, rail) == offsetof(rw_page_stage_t, rail) &&
+		       offsetof(rw_cuda_page_stage_t, rows) == offsetof(rw_page_stage_t, rows),
+	       "staging table restated");
 _Static_assert(offsetof(rw_page_list_head_t, count) == 8, "the list's count (rw_rank_ctl reads it)");
 _Static_assert(sizeof(rw_cuda_rank_tail_t) == 2 * RW_PAGE_LINE &&
 		       offsetof(rw_cuda_rank_tail_t, err) == RW_PAGE_LINE +
@@ -109,6 +109,7 @@ static rw_cuda_rank_ctl_t ctl_block(const rw_client_rank_t *r, uint32_t op, uint
 		.status_off = offsetof(rw_page_head_t, status), .o_params = l->params,
 		.o_count_row = l->count_row, .o_plan = l->plan, .o_list = l->list,
 		.o_list_entry = l->list_entry, .o_term_off = l->term_off, .o_term_ref = l->term_ref,
+		.o_plan_stage = l->plan_stage, .rail = r->pg->rail,
 		.cells = r->pg->nodes * r->pg->rails, .max_recv = r->pg->max_recv,
 		.gpus = r->pg->gpus, .owner = r->pg->owner,
 		.page_kind = kind ? RW_KIND_COMBINE : RW_KIND_DISPATCH };
@@ -265,8 +266,9 @@ int rw_client_rank_combine_static(rw_client_rank_t *r, const rw_client_stream_t 
 	dc->combined = 1;
 	const rw_cuda_ext_stream_t es = rw_rank_stream(r, s);
 	rw_cuda_rank_ctl_t b = ctl_block(r, RW_CUDA_RANK_OP_BEGIN, 1, shadow);
-	b.ref = dshadow, b.src = c->rows, b.slab0 = r->slab[0].dptr;
-	b.slab0_bytes = r->slab[0].lent.bytes;
+	b.ref = dshadow, b.src = c->rows; /* it stages in its native rail's slab */
+	b.slab = r->pg->rail < r->n_slabs ? r->slab[r->pg->rail].dptr : 0;
+	b.slab_bytes = r->pg->rail < r->n_slabs ? r->slab[r->pg->rail].lent.bytes : 0;
 	b.row_bytes = dp.hidden * (dp.dtype == RW_DTYPE_BF16 ? 2u : 4u);
 	rw_status_t st = rw_cuda_rank_ctl(&es, &b);
 	b.op = RW_CUDA_RANK_OP_STAGE; /* this rank's rows staged before submit (P1) */
@@ -276,7 +278,7 @@ int rw_client_rank_combine_static(rw_client_rank_t *r, const rw_client_stream_t 
 	rw_cuda_rank_reduce_t re;
 	const rw_rank_where_t w = where_of(r, shadow);
 	rw_rank_combine_blocks(r, &w, dshadow, &dp, NULL,
-			       dshadow + r->layout.plan + offsetof(rw_page_plan_head_t, stage_off),
+			       dshadow + r->layout.plan_stage,
 			       c, &ga, &re);
 	rc = phase_enqueue(r, &es, st, &b, &ga, &re);
 	if (rc == 0)

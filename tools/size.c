@@ -1,9 +1,10 @@
 /* `railwave size`: the group carve-out the rank path needs for a model's shape (docs/service.md
  * "Turning on the rank path"). The daemon's own arithmetic (service/phase/phase.h
  * rw_svc_carve_size): the largest phase of the shape — every rank's tokens each naming every
- * node, under each of the four paths — against the two checks a phase meets, one sub-area of
- * the carve-out and its local area. Prints group_area_mib (per rail, per group), the
- * group_pool_mib for --groups groups, and the memory the carve-outs take per node. */
+ * node, under each of the four paths — against the two checks a phase meets, one record area of
+ * the carve-out and its local area. Prints group_area_mib and group_local_mib (per rail, per
+ * group), the group_pool_mib for --groups groups, the memory the carve-outs take per node, and
+ * each part of a carve-out. */
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
@@ -18,7 +19,7 @@ static int usage(FILE *f)
 	fprintf(f,
 		"usage: railwave size --hidden H [--dtype bf16|fp32] --topk K [--experts E]\n"
 		"                     --tokens T --gpus G --nodes N --rails R [--gpu-rail LIST]\n"
-		"                     [--groups J]\n"
+		"                     [--max-recv M] [--groups J]\n"
 		"  The group carve-out a rank-path group of this shape needs: every phase of T tokens\n"
 		"  per rank fits it, whatever the routing and the path (the largest one: every token\n"
 		"  of the world sent to one node).\n"
@@ -27,9 +28,12 @@ static int usage(FILE *f)
 		"  --tokens T      tokens per rank per phase (the largest a trainer submits)\n"
 		"  --gpus G        ranks per node                   --nodes N    --rails R\n"
 		"  --gpu-rail LIST each local GPU's rail, as the config's gpu_rail (default g %% R)\n"
+		"  --max-recv M    rows a rank receives per phase at most, as its rank open's max_recv\n"
+		"                  (default: every token of the world, N x G x T)\n"
 		"  --groups J      groups (jobs) a daemon holds at once: the pool (default 1)\n"
-		"Prints 'key value' lines: group_area_mib, group_pool_mib, node_mib (carve-out memory\n"
-		"per node at J groups: host memory, taken at each group's first join).\n");
+		"Prints 'key value' lines: group_area_mib, group_local_mib (of it, the local area),\n"
+		"group_pool_mib, node_mib (carve-out memory per node at J groups: host memory, taken\n"
+		"at each group's first join); '#' lines give each part of a carve-out.\n");
 	return f == stdout ? 0 : 2;
 }
 
@@ -69,10 +73,11 @@ int rw_tool_size(int argc, char **argv)
 		{ "tokens", required_argument, NULL, 't' }, { "gpus", required_argument, NULL, 'g' },
 		{ "nodes", required_argument, NULL, 'n' },  { "rails", required_argument, NULL, 'r' },
 		{ "gpu-rail", required_argument, NULL, 'm' }, { "groups", required_argument, NULL, 'j' },
-		{ "help", no_argument, NULL, 'h' },         { NULL, 0, NULL, 0 },
+		{ "max-recv", required_argument, NULL, 'x' }, { "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
 	};
 	uint32_t hidden = 0, topk = 0, experts = 0, tokens = 0, gpus = 0, nodes = 0, rails = 0;
-	uint32_t groups = 1, dtype = RW_WIRE_BF16, n_map = 0;
+	uint32_t groups = 1, dtype = RW_WIRE_BF16, n_map = 0, max_recv = 0;
 	uint8_t gpu_rail[RW_MAX_GPUS];
 	int c, bad = 0;
 	optind = 0; /* GNU getopt: full re-initialisation */
@@ -86,6 +91,7 @@ int rw_tool_size(int argc, char **argv)
 		case 'n': bad = parse_u32("--nodes", optarg, 1, RW_MAX_NODES, &nodes); break;
 		case 'r': bad = parse_u32("--rails", optarg, 1, RW_MAX_RAILS, &rails); break;
 		case 'j': bad = parse_u32("--groups", optarg, 1, 1024, &groups); break;
+		case 'x': bad = parse_u32("--max-recv", optarg, 1, 1u << 24, &max_recv); break;
 		case 'm': bad = parse_rails(optarg, gpu_rail, &n_map); break;
 		case 'd':
 			if (!strcmp(optarg, "bf16"))
@@ -134,22 +140,31 @@ int rw_tool_size(int argc, char **argv)
 		memcpy(topo.gpu_rail, gpu_rail, gpus);
 	}
 	rw_svc_carve_need_t need;
-	rw_status_t st = rw_svc_carve_size(&topo, topk, hidden, dtype, tokens, AREA_MIB_MAX, &need);
+	rw_status_t st = rw_svc_carve_size(&topo, topk, hidden, dtype, tokens, max_recv, AREA_MIB_MAX,
+					   &need);
 	if (st != RW_OK) {
 		fprintf(stderr, "railwave size: %s\n", rw_status_str(st));
 		return 2;
 	}
-	printf("# %u nodes x %u ranks, %u rails; hidden %u %s, top-%u, %u tokens per rank\n", nodes,
-	       gpus, rails, hidden, dtype == RW_WIRE_BF16 ? "bf16" : "fp32", topk, tokens);
-	printf("# largest phase: %llu records on one rail (%llu bytes of a sub-area), local area "
-	       "%llu bytes\n", (unsigned long long)need.max_records,
-	       (unsigned long long)need.sub_need, (unsigned long long)need.local_need);
+	const double mib = 1048576.0;
+	printf("# %u nodes x %u ranks, %u rails; hidden %u %s, top-%u, %u tokens per rank, %llu rows "
+	       "received per rank at most\n", nodes, gpus, rails, hidden,
+	       dtype == RW_WIRE_BF16 ? "bf16" : "fp32", topk, tokens,
+	       (unsigned long long)need.rank_rows);
+	printf("# record areas (dispatch receive and send, combine receive and send): %llu records "
+	       "on one rail at most, %.1f MiB each\n", (unsigned long long)need.max_records,
+	       need.sub_need / mib);
+	printf("# local area: %.1f MiB (local records %.1f, combine's local copies %.1f, the "
+	       "staged combine inputs of the rail's ranks %.1f)\n", need.local_need / mib,
+	       need.local_records / mib, need.local_copies / mib, need.local_staging / mib);
 	if (!need.area_mib) {
 		fprintf(stderr, "railwave size: no group_area_mib up to %u holds this shape's largest "
-				"phase: fewer tokens per rank per phase\n", AREA_MIB_MAX);
+				"phase: fewer tokens per rank per phase (or a smaller --max-recv)\n",
+			AREA_MIB_MAX);
 		return 1;
 	}
 	printf("group_area_mib %u\n", need.area_mib);
+	printf("group_local_mib %u\n", need.local_mib);
 	printf("group_pool_mib %llu\n", (unsigned long long)need.area_mib * groups);
 	printf("node_mib %llu\n", (unsigned long long)need.area_mib * groups * rails);
 	return 0;

@@ -27,7 +27,8 @@
 #                          shifted file is copied to every node with sbcast
 #   --daemon-cpu-bind B    srun --cpu-bind for the daemons' step (default none)
 #   --anchors FILE, --path P, --transport T, --log-level L, --phase-timeout-ms MS: for railwaved
-#   --group-area-mib MIB, --group-pool-mib MIB: the rank path's carve-outs for this job's shape
+#   --group-area-mib MIB, --group-local-mib MIB, --group-pool-mib MIB: the rank path's carve-outs
+#                          for this job's shape
 #                          (`railwave size`, docs/service.md "Turning on the rank path")
 # The ranks get RAILWAVE_SOCKET (their node's daemon), RAILWAVE_NODE (its index in the cluster
 # file), RAILWAVE_GROUP (job-JOBID: a group name no other job shares), RAILWAVE_GROUP_KEY (32
@@ -44,7 +45,7 @@
 set -u
 
 me=railwave-run
-usage() { sed -n '2,47p' "$0" >&2; exit 2; }
+usage() { sed -n '2,44p' "$0" >&2; exit 2; }
 die() { echo "$me: $*" >&2; exit 1; }
 bad() { echo "$me: $*" >&2; exit 2; }
 
@@ -54,7 +55,7 @@ while [ $# -gt 0 ]; do
 	case "$1" in
 	--config|--identity|--daemons-per-node|--ready-timeout|--rundir|--daemon-output|--anchors|\
 	--path|--transport|--log-level|--phase-timeout-ms|--key|--port-offset|--daemon-cpu-bind|\
-	--group-area-mib|--group-pool-mib)
+	--group-area-mib|--group-local-mib|--group-pool-mib)
 		[ $# -ge 2 ] || bad "$1 needs a value"
 		case "$1" in
 		--config) config=$2 ;;
@@ -72,10 +73,11 @@ while [ $# -gt 0 ]; do
 		--log-level) export RAILWAVE_LOG_LEVEL="$2" ;;
 		--phase-timeout-ms) export RAILWAVE_PHASE_TIMEOUT_MS="$2" ;;
 		--group-area-mib) export RAILWAVE_GROUP_AREA_MIB="$2" ;;
+		--group-local-mib) export RAILWAVE_GROUP_LOCAL_MIB="$2" ;;
 		--group-pool-mib) export RAILWAVE_GROUP_POOL_MIB="$2" ;;
 		esac
 		shift 2 ;;
-	-h|--help) sed -n '2,47p' "$0"; exit 0 ;;
+	-h|--help) sed -n '2,44p' "$0"; exit 0 ;;
 	--) shift; break ;;
 	*) bad "unknown option '$1' (see --help)" ;;
 	esac

@@ -68,6 +68,7 @@ static const field_t fields[] = {
 	{"recv_region_mib", K_U32, OFF(recv_region_mib), 0, 1, 1048576},
 	{"group_area_mib", K_U32, OFF(group_area_mib), 0, 0, 65536},
 	{"group_pool_mib", K_U32, OFF(group_pool_mib), 0, 1, 1048576},
+	{"group_local_mib", K_U32, OFF(group_local_mib), 0, 0, 65535},
 	{"stats_timeout_ms", K_U32, OFF(stats_timeout_ms), 0, 1, 3600000},
 	{"max_tokens", K_U32, OFF(max_tokens), 0, 1, 1048576},
 	{"log_level", K_LOGLEVEL, OFF(log_level), 0, 0, 0},
@@ -118,6 +119,8 @@ const rw_svc_option_t rw_svc_options[] = {
 	 "each group's own carve-out per rail (0 = groups share the region)"},
 	{"group_pool_mib", "group-pool-mib", "RAILWAVE_GROUP_POOL_MIB", "MIB",
 	 "per rail, the groups' carve-outs together"},
+	{"group_local_mib", "group-local-mib", "RAILWAVE_GROUP_LOCAL_MIB", "MIB",
+	 "of each carve-out, the local area (0 = a fifth)"},
 	{"stats_timeout_ms", "stats-timeout-ms", "RAILWAVE_STATS_TIMEOUT_MS", "MS",
 	 "stats client line deadline"},
 	{"pace", "pace", "RAILWAVE_PACE", "on|off", "pace every rail at its rate_gbps (tcp, shm)"},
@@ -353,6 +356,10 @@ static rw_status_t finish(loader_t *ld)
 {
 	rw_svc_config_t *cfg = ld->cfg;
 	rw_status_t st;
+	if (cfg->group_area_mib && cfg->group_local_mib >= cfg->group_area_mib)
+		return cfg_fail(ld, "group_local_mib: %u must be below group_area_mib (%u): the "
+			    "carve-out's four record areas take the rest", cfg->group_local_mib,
+			    cfg->group_area_mib);
 	if (cfg->heartbeat_timeout_ms <= cfg->heartbeat_interval_ms)
 		return cfg_fail(ld, "heartbeat_timeout_ms: %u must exceed heartbeat_interval_ms (%u)",
 			    cfg->heartbeat_timeout_ms, cfg->heartbeat_interval_ms);

@@ -63,11 +63,12 @@ rw_status_t rw_svc_exec_create(rw_svc_t *svc, const rw_svc_mover_ops_t *const *m
 	x->sub_bytes = (x->area_bytes / (4 * EXEC_SLOTS)) & ~(uint64_t)63;
 	x->area_bytes = x->sub_bytes * 4 * EXEC_SLOTS;
 	/* Each group's own carve-out (docs/rankpath.md "The slab areas, lent per group"): a slot of
-	 * four sub-areas per rail, as many as the pool holds and the wire's slot numbers name. */
+	 * four record areas and the local area per rail (group_local_mib of it), as many as the
+	 * pool holds and the wire's slot numbers name. */
 	const rw_svc_config_t *cfg = &svc->cfg;
 	if (cfg->group_area_mib) {
 		x->carve_bytes = (uint64_t)cfg->group_area_mib << 20;
-		x->carve_sub = rw_svc_carve_sub(x->carve_bytes);
+		x->carve_sub = rw_svc_carve_sub(x->carve_bytes, (uint64_t)cfg->group_local_mib << 20);
 		x->carve_max = RW_MIN(cfg->group_pool_mib / cfg->group_area_mib,
 				      RW_WIRE_MAX_SLOTS - EXEC_SLOTS);
 		if (!x->carve_max) {

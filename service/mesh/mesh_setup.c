@@ -75,6 +75,9 @@ rw_status_t rw_svc_mesh_create(rw_svc_t *svc, uint64_t area_bytes, uint64_t carv
 	if (carve_bytes) /* every node must number and size its carve-outs alike */
 		m->fingerprint ^= rw_wire_fingerprint("carve-outs", &svc->topo, transport,
 						      carve_bytes ^ ((uint64_t)carve_max << 48));
+	if (carve_bytes && cfg->group_local_mib) /* and split them alike */
+		m->fingerprint ^= rw_wire_fingerprint("carve-outs' local area", &svc->topo, transport,
+						      cfg->group_local_mib);
 	if (mesh_auth_init() != RW_OK) {
 		rw_err("mesh: cannot initialise libsodium");
 		st = RW_ERR_SYS;

@@ -344,13 +344,13 @@ void rw_svc_rank_plan(const rw_svc_phase_t *ph, uint32_t g, const uint32_t *cons
 /* Rank g's plan block for the combine of ph, phase k (ipc/page.h "Combine"): entries (s, r), s
  * another node, = source s's return range on rail r (the dispatch receive slots it filled,
  * combine records slot for slot at areas[r].send_off); (me, r) = rank g's copy of rail r's
- * local_n[r] local records at areas[r].local_off (rank h's copy at h x local_n[r] records);
- * the head names where the local ranks' combine inputs are staged (rank h's at stage_off +
- * h x stage_stride of rail 0's slab). */
+ * local_n[r] local records at areas[r].local_off (rank h's copy at h x local_n[r] records).
+ * Both heads say n_stage = the node's ranks: the caller writes the staging table after the
+ * head (ipc/page.h rw_page_stage_t, where each local rank's combine input is staged). */
 void rw_svc_rank_plan_combine(const rw_svc_phase_t *ph, uint32_t g, const uint32_t *local_n,
-			       const rw_page_plan_rail_t *areas, uint64_t stage_off,
-			       uint64_t stage_stride, uint64_t k, rw_page_plan_head_t *head,
-			       uint32_t *tags, rw_page_plan_entry_t *entries);
+			       const rw_page_plan_rail_t *areas, uint64_t k,
+			       rw_page_plan_head_t *head, uint32_t *tags,
+			       rw_page_plan_entry_t *entries);
 /* Check every record rank g's pack wrote under its plan block (tags, entries; slab[r]: rail r's
  * slab as the daemon maps it, the base of the entries' offsets) before a byte of it is posted:
  * the header's top-k, tag, source (this node), owner (g), token (below n_tokens, ascending per

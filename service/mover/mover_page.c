@@ -61,7 +61,7 @@ typedef struct page_pair {
 	 * (offsets in the slabs); the ranks whose combine submit came (bit g); its plans written,
 	 * its returns checked; each owner's reduce list, made at its plan. */
 	uint64_t comb_local_off[RW_MAX_RAILS];
-	uint64_t stage_off, stage_stride;
+	rw_page_stage_t stage[RW_MAX_GPUS];
 	uint32_t c_staged;
 	int c_planned, c_checked;
 	rw_page_list_entry_t *reduce[RW_MAX_GPUS];
@@ -201,10 +201,10 @@ static rw_status_t pm_open(void *mover, const rw_svc_phase_t *ph, void **state_p
 
 static rw_status_t combine_plan(page_pair_t *pp, const rw_svc_phase_t *ph, char *why);
 
-/* Local rank h's staged combine rows in rail 0's slab (ipc/page.h "the plan block"). */
+/* Local rank h's staged combine rows in its native rail's slab (ipc/page.h rw_page_stage_t). */
 static uint8_t *staged_at(const page_pair_t *pp, const rw_svc_phase_t *ph, uint32_t h)
 {
-	return ph->slab[0] + pp->stage_off + h * pp->stage_stride;
+	return ph->slab[pp->stage[h].rail] + pp->stage[h].off;
 }
 
 static uint64_t stage_token(const page_pair_t *pp, uint32_t op, uint32_t g)
@@ -465,13 +465,31 @@ static uint32_t local_n(const rw_svc_phase_t *ph, uint32_t r)
 	return n;
 }
 
-/* Rank g's plan block (the daemon's copy in rk, the areas of each rail) into its slot. */
+/* The rows a local rank can receive in the phase: one per record the node holds at most, and at
+ * most the smallest max_recv of the ranks' pages (a bound for a ring rank's list too: its
+ * output's room is checked at its forward): the forward lists' length and each rank's room in
+ * the staging. */
+static uint32_t rows_bound(const rw_svc_phase_t *ph)
+{
+	uint64_t rows_max = ph->n_in;
+	for (uint32_t r = 0; r < ph->rails; r++)
+		rows_max += local_n(ph, r);
+	uint32_t max = (uint32_t)RW_MIN((uint64_t)RW_PAGE_MAX_RECV, rows_max);
+	for (uint32_t g = 0; g < ph->gpus; g++)
+		if (ph->io[RW_SVC_DISPATCH][g].page)
+			max = RW_MIN(max, ph->io[RW_SVC_DISPATCH][g].page_max_recv);
+	return max;
+}
+
+/* Rank g's plan block (the daemon's copy in rk, the staging table, the areas of each rail)
+ * into its slot. */
 static void plan_write(const rw_svc_phase_t *ph, const rw_svc_rank_io_t *io, const page_rank_t *rk,
-		       const rw_page_plan_rail_t *areas)
+		       const rw_page_stage_t *stage, const rw_page_plan_rail_t *areas)
 {
 	uint8_t *slot = slot_of(io);
 	const rw_page_layout_t *l = &io->page_layout;
 	memcpy(slot + l->plan, &rk->head, sizeof(rk->head));
+	memcpy(slot + l->plan_stage, stage, ph->gpus * sizeof(stage[0]));
 	memcpy(slot + l->plan_rail, areas, ph->rails * sizeof(areas[0]));
 	memcpy(slot + l->plan_tag, rk->tags, ph->nodes * sizeof(uint32_t));
 	memcpy(slot + l->plan_entry, rk->entries,
@@ -495,14 +513,16 @@ static rw_status_t pm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 	const uint32_t R = ph->rails;
 	rw_page_plan_rail_t areas[RW_MAX_RAILS];
 	/* The local area of each rail: the dispatch's local records, the combine's local copies,
-	 * on rail 0 the ranks' staged combine inputs (rw_svc_local_plan; ipc/page.h "the plan
-	 * block"); `railwave size` sizes group_area_mib by the same arithmetic. */
+	 * the staged combine inputs of the rail's ranks, each with room for the rows a rank can
+	 * receive (rw_svc_local_plan; ipc/page.h rw_page_stage_t); `railwave size` sizes
+	 * group_area_mib and group_local_mib by the same arithmetic. */
 	uint32_t n[RW_MAX_RAILS] = { 0 };
 	for (uint32_t r = 0; r < R; r++)
 		n[r] = local_n(ph, r);
+	const uint32_t rows_room = rows_bound(ph);
 	rw_svc_local_plan_t lp;
-	rw_svc_local_plan(R, ph->gpus, ph->rec_size, ph->crec_size, ph->row_bytes, ph->n_in, n, &lp);
-	pp->stage_stride = lp.stage_stride;
+	rw_svc_local_plan(R, ph->gpus, ph->topo->gpu_rail, ph->rec_size, ph->crec_size,
+			  ph->row_bytes, rows_room, n, &lp);
 	for (uint32_t r = 0; r < R; r++) {
 		if (!ph->slab[r]) {
 			snprintf(why, RW_SVC_WHY_MAX, "the group has no slabs of its own (the daemon's "
@@ -512,13 +532,12 @@ static rw_status_t pm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 		}
 		areas[r] = rail_areas(ph, r);
 		pp->comb_local_off[r] = areas[r].local_off + lp.comb_off[r];
-		if (r == 0)
-			pp->stage_off = areas[0].local_off + lp.stage_off;
 		const uint64_t end = areas[r].local_off + lp.end[r];
 		if (end > ph->slab_bytes) { /* the local area is the slab's last */
-			snprintf(why, RW_SVC_WHY_MAX, "rail %u: local records, combine copies%s: %llu "
-				 "bytes; the group's local area holds %llu (group_area_mib)", r,
-				 r ? "" : ", staging", (unsigned long long)(end - areas[r].local_off),
+			snprintf(why, RW_SVC_WHY_MAX, "rail %u: local records, combine copies, staging "
+				 "(%u rows per rank): %llu bytes; the group's local area holds %llu "
+				 "(group_area_mib, group_local_mib)", r, rows_room,
+				 (unsigned long long)(end - areas[r].local_off),
 				 (unsigned long long)(ph->slab_bytes - areas[r].local_off));
 			return RW_ERR_RANGE;
 		}
@@ -530,6 +549,11 @@ static rw_status_t pm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 				 "ranks needs host slabs)", ph->me * ph->gpus + g);
 			return RW_ERR_STATE;
 		}
+	for (uint32_t g = 0; g < ph->gpus; g++) {
+		const uint32_t r = ph->topo->gpu_rail[g];
+		pp->stage[g] = (rw_page_stage_t){ .off = areas[r].local_off + lp.stage_at[g],
+						  .rail = r, .rows = rows_room };
+	}
 	const uint32_t *rows[RW_MAX_GPUS];
 	for (uint32_t g = 0; g < ph->gpus; g++)
 		rows[g] = ph->io[RW_SVC_DISPATCH][g].page_row;
@@ -537,8 +561,6 @@ static rw_status_t pm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 		const rw_svc_rank_io_t *io = &ph->io[RW_SVC_DISPATCH][g];
 		page_rank_t *rk = &pp->rk[g];
 		rw_svc_rank_plan(ph, g, rows, areas, io->page_k, &rk->head, rk->tags, rk->entries);
-		rk->head.stage_off = pp->stage_off; /* where its combine input goes (ipc/page.h) */
-		rk->head.stage_stride = pp->stage_stride;
 		if (!io->page) { /* a ring rank: its records packed now, as its kernel would */
 			rw_status_t st = rw_svc_ring_pack(ph, g, rk->tags, rk->entries, ph->slab,
 							  pp->next, why);
@@ -546,7 +568,7 @@ static rw_status_t pm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 				return st;
 			continue;
 		}
-		plan_write(ph, io, rk, areas);
+		plan_write(ph, io, rk, pp->stage, areas);
 		plan_publish(io); /* P2: the block before the word */
 	}
 	return RW_OK;
@@ -729,19 +751,11 @@ static rw_status_t pm_local(void *mover, void *state, const rw_svc_phase_t *ph,
 	return RW_ERR_STATE;
 }
 
-/* The forward lists' arrays, for the smallest max_recv of the ranks' pages, at most every record
- * the node holds (a bound for a ring rank's list too: its output's room is checked at its
- * forward). */
+/* The forward lists' arrays, rows_bound entries each. */
 static rw_status_t lists_alloc(page_pair_t *pp, const rw_svc_phase_t *ph)
 {
 	rw_svc_rank_lists_t *ls = &pp->lists;
-	uint64_t rows_max = ph->n_in;
-	for (uint32_t r = 0; r < ph->rails; r++)
-		rows_max += local_n(ph, r);
-	uint32_t max = (uint32_t)RW_MIN((uint64_t)RW_PAGE_MAX_RECV, rows_max);
-	for (uint32_t g = 0; g < ph->gpus; g++)
-		if (ph->io[RW_SVC_DISPATCH][g].page)
-			max = RW_MIN(max, ph->io[RW_SVC_DISPATCH][g].page_max_recv);
+	const uint32_t max = rows_bound(ph);
 	ls->max_recv = max;
 	for (uint32_t g = 0; g < ph->gpus; g++) {
 		if (!ls->list[g])
@@ -952,8 +966,8 @@ static rw_status_t combine_plan(page_pair_t *pp, const rw_svc_phase_t *ph, char 
 	for (uint32_t g = 0; g < ph->gpus; g++) {
 		const rw_svc_rank_io_t *io = &ph->io[RW_SVC_COMBINE][g];
 		page_rank_t *rk = &pp->rk[g];
-		rw_svc_rank_plan_combine(ph, g, ls->local_n, areas, pp->stage_off, pp->stage_stride,
-					 io->page_k, &rk->head, rk->tags, rk->entries);
+		rw_svc_rank_plan_combine(ph, g, ls->local_n, areas, io->page_k, &rk->head, rk->tags,
+					 rk->entries);
 		if (!io->page) { /* a ring rank: its gather now, as its kernel would */
 			rw_status_t st = rw_svc_ring_gather(ph, g, ls, rk->tags, rk->entries, ph->slab,
 							    staged, why);
@@ -961,7 +975,7 @@ static rw_status_t combine_plan(page_pair_t *pp, const rw_svc_phase_t *ph, char 
 				return st;
 			continue;
 		}
-		plan_write(ph, io, rk, areas);
+		plan_write(ph, io, rk, pp->stage, areas);
 		uint8_t *slot = slot_of(io);
 		const rw_page_layout_t *l = &io->page_layout;
 		memcpy(slot + l->term_off, ls->term_off[g], ((size_t)ls->n[g] + 1) * sizeof(uint32_t));

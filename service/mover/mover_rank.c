@@ -30,7 +30,8 @@ void rw_svc_rank_plan(const rw_svc_phase_t *ph, uint32_t g, const uint32_t *cons
 	const rw_svc_layout_t *l = ph->layout;
 	*head = (rw_page_plan_head_t){ .phase = k, .kind = 0, .me = ph->me, .owner = g,
 				       .topk = ph->topk, .rec_size = (uint32_t)ph->rec_size,
-				       .row_off = (uint32_t)rw_wire_rec_row_off(ph->topk) };
+				       .row_off = (uint32_t)rw_wire_rec_row_off(ph->topk),
+				       .n_stage = ph->gpus };
 	memset(entry, 0, (size_t)ph->nodes * R * sizeof(*entry));
 	for (uint32_t d = 0; d < ph->nodes; d++) {
 		tags[d] = d == ph->me ? ph->tag_in : ph->tag_to[d];
@@ -77,16 +78,14 @@ void rw_svc_rank_plan(const rw_svc_phase_t *ph, uint32_t g, const uint32_t *cons
 }
 
 void rw_svc_rank_plan_combine(const rw_svc_phase_t *ph, uint32_t g, const uint32_t *local_n,
-			       const rw_page_plan_rail_t *areas, uint64_t stage_off,
-			       uint64_t stage_stride, uint64_t k, rw_page_plan_head_t *head,
-			       uint32_t *tags, rw_page_plan_entry_t *entry)
+			       const rw_page_plan_rail_t *areas, uint64_t k,
+			       rw_page_plan_head_t *head, uint32_t *tags, rw_page_plan_entry_t *entry)
 {
 	const uint32_t R = ph->rails;
 	const rw_svc_layout_t *l = ph->layout;
 	*head = (rw_page_plan_head_t){ .phase = k, .kind = 1, .me = ph->me, .owner = g,
 				       .topk = ph->topk, .rec_size = (uint32_t)ph->crec_size,
-				       .row_off = RW_WIRE_CREC_HDR, .stage_off = stage_off,
-				       .stage_stride = stage_stride };
+				       .row_off = RW_WIRE_CREC_HDR, .n_stage = ph->gpus };
 	for (uint32_t s = 0; s < ph->nodes; s++) {
 		tags[s] = s == ph->me ? ph->tag_in : ph->tag_to[s];
 		for (uint32_t r = 0; r < R; r++) {

@@ -74,45 +74,52 @@ void rw_svc_layout_max(const rw_topo_t *topo, rw_path_t path, const uint32_t *co
 /* ---- a group's carve-out (the rank path's slabs) ------------------------------------------------
  * A carve-out of carve_bytes per rail is cut into five: the receive and send areas of dispatch
  * and combine records (rw_svc_carve_sub bytes each, in that order) and, last, the local area
- * (what is left). The daemon splits it so, and checks a phase against it in two places: the
- * layout's largest rail against one sub-area (rw_svc_layout_max x record size), and the page
- * mover's local area (rw_svc_local_plan). `railwave size` asks the same two for the largest
- * phase of a shape (rw_svc_carve_size). */
-uint64_t rw_svc_carve_sub(uint64_t carve_bytes);
+ * (what is left, at least local_bytes: group_local_mib; 0 asks for five equal areas). The
+ * daemon splits it so, and checks a phase against it in two places: the layout's largest rail
+ * against one record area (rw_svc_layout_max x record size), and the page mover's local area
+ * (rw_svc_local_plan). `railwave size` asks the same two for the largest phase of a shape
+ * (rw_svc_carve_size). */
+uint64_t rw_svc_carve_sub(uint64_t carve_bytes, uint64_t local_bytes);
 
 /* The local area of each rail in a page-rank phase, as offsets from its start: the dispatch's
  * local records (local_n[r] records of rec bytes), then the combine's local copies (gpus x
- * local_n[r] of crec), and on rail 0 after them the ranks' staged combine inputs, each rank's
- * room for every row it can receive (n_in + every rail's local_n rows of row_bytes, 64-byte
- * lines). end[r]: the bytes rail r's local area must hold. */
+ * local_n[r] of crec), then the staged combine inputs of the local ranks whose native rail is
+ * r (gpu_rail[g] == r), one after another in rank order, each with room for rank_rows rows of
+ * row_bytes (64-byte lines): rank g's at stage_at[g] of its native rail's local area. end[r]:
+ * the bytes rail r's local area must hold. */
 typedef struct rw_svc_local_plan {
 	uint64_t comb_off[RW_MAX_RAILS];
-	uint64_t stage_off, stage_stride;
+	uint64_t stage_at[RW_MAX_GPUS];
 	uint64_t end[RW_MAX_RAILS];
 } rw_svc_local_plan_t;
 
-void rw_svc_local_plan(uint32_t rails, uint32_t gpus, uint64_t rec, uint64_t crec,
-		       uint64_t row_bytes, uint64_t n_in, const uint32_t *local_n,
-		       rw_svc_local_plan_t *lp);
+void rw_svc_local_plan(uint32_t rails, uint32_t gpus, const uint8_t *gpu_rail, uint64_t rec,
+		       uint64_t crec, uint64_t row_bytes, uint64_t rank_rows,
+		       const uint32_t *local_n, rw_svc_local_plan_t *lp);
 
 /* The largest phase of a shape: every rank's `tokens` tokens each naming every node (one
  * record per (token, node), at the rank's native rail), so every node receives all it can on
- * every rail and keeps all its own; under each of the four paths. What it needs of a
- * carve-out: sub_need bytes in each sub-area, local_need in the local area (rail 0's, the
- * largest), and the smallest group_area_mib holding both (0: none up to max_mib). */
+ * every rail and keeps all its own; under each of the four paths; a rank receives at most
+ * max_recv rows (its page's bound; 0: every token of the world). What it needs of a
+ * carve-out: sub_need bytes in each record area, local_need in the local area (its largest
+ * rail's), and the smallest group_local_mib and group_area_mib holding both (0: none up to
+ * max_mib); the parts of the local area on that rail too. */
 typedef struct rw_svc_carve_need {
 	uint64_t sub_need, local_need;
 	uint64_t max_records;         /* the most records of any node on any rail */
-	uint32_t area_mib;
+	uint64_t local_records, local_copies, local_staging; /* the local area's parts */
+	uint64_t rank_rows;           /* the rows a rank's staging has room for */
+	uint32_t area_mib, local_mib;
 } rw_svc_carve_need_t;
 
 /* RW_ERR_INVAL: the topology fails rw_sched_topo_check, tokens or hidden 0, topk 0;
  * RW_ERR_NOMEM. dtype: RW_WIRE_BF16 or RW_WIRE_F32. */
 rw_status_t rw_svc_carve_size(const rw_topo_t *topo, uint32_t topk, uint32_t hidden,
-			      uint32_t dtype, uint32_t tokens, uint32_t max_mib,
+			      uint32_t dtype, uint32_t tokens, uint32_t max_recv, uint32_t max_mib,
 			      rw_svc_carve_need_t *need);
-/* Whether a carve-out of carve_bytes holds what `need` asks (both checks above). */
-int rw_svc_carve_fits(uint64_t carve_bytes, const rw_svc_carve_need_t *need);
+/* Whether a carve-out of carve_bytes, local_bytes of it asked for the local area, holds what
+ * `need` asks (both checks above). */
+int rw_svc_carve_fits(uint64_t carve_bytes, uint64_t local_bytes, const rw_svc_carve_need_t *need);
 
 /* ---- forwarding ("Receive and forward") ------------------------------------------------------
  * Expert e lives on global rank e / (E / W), W = N * G; the record goes to every local rank of

@@ -6,38 +6,38 @@
 
 #define LINE_UP(x) (((x) + 63) & ~(uint64_t)63)
 
-uint64_t rw_svc_carve_sub(uint64_t carve_bytes)
+uint64_t rw_svc_carve_sub(uint64_t carve_bytes, uint64_t local_bytes)
 {
-	return (carve_bytes / 5) & ~(uint64_t)63;
+	if (!local_bytes)
+		return (carve_bytes / 5) & ~(uint64_t)63;
+	return local_bytes < carve_bytes ? ((carve_bytes - local_bytes) / 4) & ~(uint64_t)63 : 0;
 }
 
-void rw_svc_local_plan(uint32_t rails, uint32_t gpus, uint64_t rec, uint64_t crec,
-		       uint64_t row_bytes, uint64_t n_in, const uint32_t *local_n,
-		       rw_svc_local_plan_t *lp)
+void rw_svc_local_plan(uint32_t rails, uint32_t gpus, const uint8_t *gpu_rail, uint64_t rec,
+		       uint64_t crec, uint64_t row_bytes, uint64_t rank_rows,
+		       const uint32_t *local_n, rw_svc_local_plan_t *lp)
 {
-	uint64_t rows_max = n_in;
-	for (uint32_t r = 0; r < rails; r++)
-		rows_max += local_n[r];
-	lp->stage_stride = LINE_UP(rows_max * row_bytes);
-	lp->stage_off = 0;
+	const uint64_t stride = LINE_UP(rank_rows * row_bytes);
 	for (uint32_t r = 0; r < rails; r++) {
 		lp->comb_off[r] = LINE_UP(local_n[r] * rec);
 		lp->end[r] = lp->comb_off[r] + LINE_UP(gpus * local_n[r] * crec);
-		if (r == 0) {
-			lp->stage_off = lp->end[0];
-			lp->end[0] += gpus * lp->stage_stride;
-		}
+	}
+	for (uint32_t g = 0; g < gpus; g++) { /* each rank's rows on its own rail, in rank order */
+		lp->stage_at[g] = lp->end[gpu_rail[g]];
+		lp->end[gpu_rail[g]] += stride;
 	}
 }
 
-int rw_svc_carve_fits(uint64_t carve_bytes, const rw_svc_carve_need_t *need)
+int rw_svc_carve_fits(uint64_t carve_bytes, uint64_t local_bytes, const rw_svc_carve_need_t *need)
 {
-	const uint64_t sub = rw_svc_carve_sub(carve_bytes);
+	if (local_bytes >= carve_bytes) /* the config's rule: the record areas get the rest */
+		return 0;
+	const uint64_t sub = rw_svc_carve_sub(carve_bytes, local_bytes);
 	return sub >= need->sub_need && carve_bytes - 4 * sub >= need->local_need;
 }
 
 rw_status_t rw_svc_carve_size(const rw_topo_t *topo, uint32_t topk, uint32_t hidden,
-			      uint32_t dtype, uint32_t tokens, uint32_t max_mib,
+			      uint32_t dtype, uint32_t tokens, uint32_t max_recv, uint32_t max_mib,
 			      rw_svc_carve_need_t *need)
 {
 	if (rw_sched_topo_check(topo) != RW_OK || !tokens || !hidden || !topk)
@@ -66,18 +66,26 @@ rw_status_t rw_svc_carve_size(const rw_topo_t *topo, uint32_t topk, uint32_t hid
 	const uint64_t rec = rw_wire_rec_size(topk, hidden, dtype);
 	need->max_records = max_rec;
 	need->sub_need = max_rec * rec;
-	/* n_in: every other node's every token (whatever the rails it came on) */
+	/* A rank receives at most one row per record into its node: every token of the world,
+	 * and at most its page's max_recv. */
+	const uint64_t world = (uint64_t)N * G * tokens;
+	need->rank_rows = max_recv ? RW_MIN(world, (uint64_t)max_recv) : world;
+	const uint64_t crec = rw_wire_crec_size(hidden, dtype), row = rw_wire_row_bytes(hidden, dtype);
 	rw_svc_local_plan_t lp;
-	rw_svc_local_plan(R, G, rec, rw_wire_crec_size(hidden, dtype),
-			  rw_wire_row_bytes(hidden, dtype), (uint64_t)(N - 1) * G * tokens, local_n,
-			  &lp);
-	need->local_need = 0;
-	for (uint32_t r = 0; r < R; r++)
-		need->local_need = RW_MAX(need->local_need, lp.end[r]);
+	rw_svc_local_plan(R, G, topo->gpu_rail, rec, crec, row, need->rank_rows, local_n, &lp);
+	uint32_t big = 0;
+	for (uint32_t r = 1; r < R; r++)
+		if (lp.end[r] > lp.end[big])
+			big = r;
+	need->local_need = lp.end[big];
+	need->local_records = local_n[big] * rec;
+	need->local_copies = (uint64_t)G * local_n[big] * crec;
+	need->local_staging = lp.end[big] - LINE_UP(need->local_copies) - lp.comb_off[big];
+	need->local_mib = (uint32_t)RW_MIN((need->local_need + (1u << 20) - 1) >> 20, UINT32_MAX);
 	need->area_mib = 0;
-	for (uint32_t m = 1; m <= max_mib; m++)
-		if (rw_svc_carve_fits((uint64_t)m << 20, need)) {
-			need->area_mib = m;
+	for (uint64_t m = need->local_mib + 1; m <= max_mib; m++)
+		if (rw_svc_carve_fits(m << 20, (uint64_t)need->local_mib << 20, need)) {
+			need->area_mib = (uint32_t)m;
 			break;
 		}
 	return RW_OK;

@@ -118,17 +118,18 @@ static void ctl_done(const rw_cuda_rank_ctl_t *a)
 
 static void ctl_stage(const rw_cuda_rank_ctl_t *a)
 {
-	const rw_cuda_plan_head_t *h = at(a->ref + a->o_plan);
+	const rw_cuda_page_stage_t *e = (const rw_cuda_page_stage_t *)at(a->ref + a->o_plan_stage) +
+					a->owner;
 	const rw_cuda_rank_tail_t *dt = ctl_tail(a, a->ref);
 	const uint64_t copy = (uint64_t)dt->recv_n * a->row_bytes;
 	const uint64_t bytes = ((uint64_t)dt->recv_n + dt->overflow) * a->row_bytes;
-	if (bytes > h->stage_stride || h->stage_off + (uint64_t)a->gpus * h->stage_stride > a->slab0_bytes) {
+	uint8_t *dst = at(rw_cuda_rank_stage_dst(a, e, bytes));
+	if (!dst) {
 		rw_cuda_rank_tail_t *t = ctl_tail(a, a->shadow); /* zeroed by BEGIN just before */
 		t->err[0] = RW_CUDA_RANK_E_STAGE;
 		t->err[1] = dt->recv_n + dt->overflow;
 		return;
 	}
-	uint8_t *dst = at(a->slab0 + h->stage_off + a->owner * h->stage_stride);
 	memcpy(dst, at(a->src), copy);
 	memset(dst + copy, 0, bytes - copy); /* the rows dropped past the capacity: +0 */
 }

@@ -422,8 +422,13 @@ static int combine(const rw_wl_shape_t *sh, const uint8_t *dslot, uint64_t k, ui
 	const uint64_t rec_size = rw_wire_rec_size(TOPK, hidden, bf16 ? RW_WIRE_BF16 : RW_WIRE_F32);
 	const uint64_t crec = rw_wire_crec_size(hidden, bf16 ? RW_WIRE_BF16 : RW_WIRE_F32);
 	float v[64], sum[64];
-	CHECK(hidden <= 64 && dh->stage_stride >= (uint64_t)dl->count * rowb, "staging stride");
-	uint8_t *stage0 = (uint8_t *)slabs[0].base + dh->stage_off;
+	const rw_page_stage_t *dst = (const void *)(dslot + lay.plan_stage);
+	CHECK(hidden <= 64 && dh->n_stage == gpus && dst[h].rail == native &&
+	      dst[h].rows >= dl->count &&
+	      dst[h].off + (uint64_t)dst[h].rows * rowb <= slabs[native].bytes,
+	      "dispatch %llu: its staging entry (rail %u, %u rows) holds its %u rows on its own rail",
+	      (unsigned long long)k, dst[h].rail, dst[h].rows, dl->count);
+	uint8_t *stage = (uint8_t *)slabs[native].base + dst[h].off;
 	for (uint32_t j = 0; j < dl->count; j++) { /* the expert outputs, staged (P1) */
 		const uint64_t base = de[j].area == RW_PAGE_AREA_RECV ? da[de[j].rail].recv_off
 								      : da[de[j].rail].local_off;
@@ -437,7 +442,7 @@ static int combine(const rw_wl_shape_t *sh, const uint8_t *dslot, uint64_t k, ui
 			rw_wl_expert_row(&all[rh.src_node * gpus + rh.owner], rh.token, me, per_rank,
 					 hidden, v);
 		}
-		rw_wl_put_row(stage0 + h * dh->stage_stride + (uint64_t)j * rowb, bf16, v, hidden);
+		rw_wl_put_row(stage + (uint64_t)j * rowb, bf16, v, hidden);
 	}
 	uint8_t *slot = rw_page_slot_at(pg, &lay, k);
 	const rw_page_params_t prm = { .kind = RW_KIND_COMBINE,
@@ -472,14 +477,20 @@ static int combine(const rw_wl_shape_t *sh, const uint8_t *dslot, uint64_t k, ui
 	const rw_page_plan_rail_t *ca = (const void *)(slot + lay.plan_rail);
 	const uint32_t *toff = (const void *)(slot + lay.term_off);
 	const uint32_t *tref = (const void *)(slot + lay.term_ref);
-	CHECK(ch->kind == 1 && ch->stage_off == dh->stage_off && ch->rec_size == crec,
-	      "combine %llu: plan head", (unsigned long long)k);
+	const rw_page_stage_t *cst = (const void *)(slot + lay.plan_stage);
+	CHECK(ch->kind == 1 && ch->n_stage == gpus && ch->rec_size == crec &&
+	      memcmp(cst, dst, gpus * sizeof(*cst)) == 0,
+	      "combine %llu: plan head and staging table (the dispatch's)", (unsigned long long)k);
 	for (uint32_t j = 0; j < dl->count; j++) { /* the gather */
 		if (toff[j] == toff[j + 1])
 			continue; /* another local rank writes this one */
 		memset(sum, 0, sizeof(sum));
 		for (uint32_t t = toff[j]; t < toff[j + 1]; t++) {
-			const uint8_t *r = stage0 + RW_PAGE_TERM_RANK(tref[t]) * ch->stage_stride +
+			const rw_page_stage_t *te = &cst[RW_PAGE_TERM_RANK(tref[t])];
+			CHECK(RW_PAGE_TERM_RANK(tref[t]) < gpus && te->rail < rails &&
+			      RW_PAGE_TERM_ROW(tref[t]) < te->rows,
+			      "combine %llu: term %u names a staged row", (unsigned long long)k, t);
+			const uint8_t *r = (const uint8_t *)slabs[te->rail].base + te->off +
 					   (uint64_t)RW_PAGE_TERM_ROW(tref[t]) * rowb;
 			for (uint32_t e = 0; e < hidden; e++)
 				sum[e] += rw_wl_get_elem(r, bf16, e);

@@ -528,7 +528,7 @@ static void daemon_lists(sim_t *s, uint32_t n, rw_cuda_plan_entry_t *ent)
 	for (uint32_t g = 0; g < G; g++) {
 		/* the daemon's combine plan block: the return ranges, and rank g's copy of the
 		 * local records */
-		rw_svc_rank_plan_combine(&sn->ph, g, sn->nloc, areas, 0, 0, 2, &head, tags,
+		rw_svc_rank_plan_combine(&sn->ph, g, sn->nloc, areas, 2, &head, tags,
 					 (rw_page_plan_entry_t *)ent); /* (rows staged by the test) */
 		for (uint32_t a = 0; a < s->N; a++)
 			for (uint32_t r = 0; r < R; r++) {

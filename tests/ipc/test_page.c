@@ -55,16 +55,18 @@ static void test_layout_properties(void **state)
 		if (rw_page_layout(nodes, rails, gpus, max_recv, page, &l) != 0) {
 			/* refused only past 1 GiB */
 			uint64_t low = (uint64_t)RW_PAGE_DEPTH *
-				       ((uint64_t)nodes * rails * 20 + max_recv * (20ull + 4 * gpus));
+				       ((uint64_t)nodes * rails * 20 + max_recv * (20ull + 4 * gpus) +
+					16ull * gpus);
 			assert_true(low > (UINT64_C(1) << 29));
 			continue;
 		}
 		const uint64_t cells = (uint64_t)nodes * rails;
-		uint64_t ends[10];
+		uint64_t ends[11];
 		unsigned n = 0;
 		check_block(l.params, sizeof(rw_page_params_t), l.slot_bytes, ends, &n);
 		check_block(l.count_row, cells * 4, l.slot_bytes, ends, &n);
 		check_block(l.plan, sizeof(rw_page_plan_head_t), l.slot_bytes, ends, &n);
+		check_block(l.plan_stage, gpus * sizeof(rw_page_stage_t), l.slot_bytes, ends, &n);
 		check_block(l.plan_rail, rails * sizeof(rw_page_plan_rail_t), l.slot_bytes, ends, &n);
 		check_block(l.plan_tag, nodes * 4ull, l.slot_bytes, ends, &n);
 		check_block(l.plan_entry, cells * sizeof(rw_page_plan_entry_t), l.slot_bytes, ends, &n);

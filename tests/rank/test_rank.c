@@ -398,9 +398,15 @@ static void daemon_plan(const rank_t *rk, uint64_t k)
 				h->n_send += n, sent += (uint64_t)n * h->rec_size;
 		}
 	}
-	/* where the combine's inputs are staged: the second half of rail 0's local area */
-	h->stage_off = pr[0].local_off + AREA / 2;
-	h->stage_stride = ((uint64_t)pg->max_recv * p->hidden * eb + 63) / 64 * 64;
+	/* where the combine's inputs are staged: the second half of each rank's native rail's
+	 * local area (g % rails), the ranks of a rail one after another */
+	rw_page_stage_t *st = (rw_page_stage_t *)(sl + lay(rk)->plan_stage);
+	const uint64_t stride = ((uint64_t)pg->max_recv * p->hidden * eb + 63) / 64 * 64;
+	h->n_stage = pg->gpus;
+	for (uint32_t g = 0; g < pg->gpus; g++)
+		st[g] = (rw_page_stage_t){ .off = pr[g % rails].local_off + AREA / 2 +
+						  (g / rails) * stride,
+					   .rail = g % rails, .rows = pg->max_recv };
 	atomic_store_explicit(&pg->status[k % RW_PAGE_DEPTH].v, 0, memory_order_relaxed);
 	atomic_store_explicit(&pg->word[RW_PW_PLAN].v, k, memory_order_release);
 }
@@ -442,8 +448,9 @@ static uint64_t daemon_plan_combine(const rank_t *rk, uint64_t k, uint64_t kd, u
 	uint32_t *term_off = (uint32_t *)(sl + lay(rk)->term_off);
 	uint32_t *term_ref = (uint32_t *)(sl + lay(rk)->term_ref);
 	*h = (rw_page_plan_head_t){ .phase = k, .kind = 1, .me = 0, .owner = 0, .rec_size = crec,
-				    .row_off = 16, .stage_off = dh->stage_off,
-				    .stage_stride = dh->stage_stride };
+				    .row_off = 16, .n_stage = dh->n_stage };
+	memcpy(sl + lay(rk)->plan_stage, slot(rk, kd) + lay(rk)->plan_stage,
+	       dh->n_stage * sizeof(rw_page_stage_t));
 	const rw_client_slab_t *sl0 = &rk->rp->slab[0].lent;
 	const uint64_t comb_local = sl0->local_off + AREA / 4;
 	for (uint32_t e = 0; e < page_of(rk)->rails; e++) {
@@ -848,10 +855,13 @@ static void combine_whole(int32_t max_sms)
 		assert_int_equal(rw_client_rank_combine(rk.rp, &rk.cs, &cb, &k), RW_E_STATE);
 		assert_int_equal(server_heard(s, RW_PW_SUBMIT, k), k);
 		/* staged before submit, where the dispatch's plan said */
-		const rw_page_plan_head_t *dh = (const rw_page_plan_head_t *)(slot(&rk, kd) +
-									     lay(&rk)->plan);
+		const rw_page_stage_t *own = (const rw_page_stage_t *)(slot(&rk, kd) +
+								      lay(&rk)->plan_stage) +
+					     page_of(&rk)->owner;
+		assert_int_equal(own->rail, page_of(&rk)->rail);
 		const rw_client_slab_t *sl0 = &rk.rp->slab[0].lent;
-		assert_memory_equal((const uint8_t *)sl0->base + dh->stage_off, rows, n * row_bytes);
+		assert_memory_equal((const uint8_t *)rk.rp->slab[own->rail].lent.base + own->off, rows,
+				    n * row_bytes);
 		/* the daemon's combine plan: rank 0's copy of rail 0's local records after them,
 		 * each record's one term its own row j, the combine records' size */
 		const uint32_t crec = (uint32_t)rw_sched_crec_bytes(hidden, eb);

@@ -1,19 +1,22 @@
 #!/usr/bin/env python3
 """`railwave size` against real railwaved daemons (docs/service.md "Turning on the rank path"):
-the group_area_mib it prints for a shape is exactly what the daemons need for that shape's
-largest phase.
+the group_area_mib and group_local_mib it prints for a shape are exactly what the daemons need
+for that shape's largest phase.
 
 Two daemons (tcp rails on loopback), 2 nodes x 2 ranks x 2 rails; the shape: hidden 7168 bf16,
 top-8, 8 experts, T tokens per rank. Every rank of group `sz` is a page rank in this process
-(librailwave through ctypes, its page lent by the daemon) that plays its stream from the CPU:
-its slot's parameters and its count row — the largest the shape allows, each of its T tokens
-naming both nodes (T records to each node at its native rail) — then `submit`.
-1. group_area_mib = the printed size: every rank's plan word reaches the phase with status 0
-   (the daemons planned it: the layout fits a sub-area of the carve-out and the local area
-   holds the local records, the combine copies and every rank's staging).
-2. group_area_mib = the printed size - 1: the phase is refused on every rank (RW_E_PHASE), and
-   the daemon's log names group_area_mib.
-3. Bad options are refused, named (a shape with no topology, --experts not a multiple).
+(librailwave through ctypes, its page lent by the daemon with max_recv M) that plays its stream
+from the CPU: its slot's parameters and its count row — the largest the shape allows, each of
+its T tokens naming both nodes (T records to each node at its native rail) — then `submit`.
+1. group_area_mib, group_local_mib = the printed sizes: every rank's plan word reaches the phase
+   with status 0 (the daemons planned it: the layout fits a record area of the carve-out and
+   the local area holds the local records, the combine copies and the staging of its rail's
+   ranks). M = every token of the world (the default) and M = a quarter of it (--max-recv).
+2. group_area_mib - 1: the phase is refused on every rank (RW_E_PHASE), the daemon's log names
+   the rail's need and group_area_mib (the record areas are a quarter MiB short).
+3. group_local_mib - 1: refused the same, the log naming the local area and group_local_mib.
+4. The '#' lines give each part; bad options are refused, named (a shape with no topology,
+   --experts not a multiple).
 Run by tests/run as $b/test/svc_carvesize; exits 0 pass, 1 fail, 77 skip."""
 import ctypes
 import os
@@ -53,13 +56,14 @@ def size(*extra):
     return p.returncode, {k: int(v) for k, v in keys.items()}, p.stderr
 
 
-def one_phase(lib, area_mib):
-    """Daemons with group_area_mib = area_mib, the group's largest phase submitted by every
-    rank: each rank's status once its plan word reaches the phase (None: never), and daemon
-    0's log."""
+def one_phase(lib, area_mib, local_mib, max_recv):
+    """Daemons with group_area_mib = area_mib and group_local_mib = local_mib, pages of
+    max_recv rows, the group's largest phase submitted by every rank: each rank's status once
+    its plan word reaches the phase (None: never), and daemon 0's log."""
     tmp = tempfile.mkdtemp(prefix="rw-carvesize-")
     c = cluster.Cluster(tmp, NODES, gpus=GPUS, rails=RAILS, experts=EXPERTS,
-                        extra={"group_area_mib": area_mib, "group_pool_mib": 4 * area_mib})
+                        extra={"group_area_mib": area_mib, "group_local_mib": local_mib,
+                               "group_pool_mib": 4 * area_mib})
     clients, status = [], []
     try:
         c.start_all()
@@ -74,7 +78,7 @@ def one_phase(lib, area_mib):
                 return [], c.log(0)
             clients.append(cl)
             addr, nbytes = ctypes.c_void_p(), ctypes.c_size_t()
-            rc = lib.rw_client_rank_page(cl, NODES * GPUS * TOKENS, ctypes.byref(addr),
+            rc = lib.rw_client_rank_page(cl, max_recv, ctypes.byref(addr),
                                          ctypes.byref(nbytes))
             if rc != 0:
                 check(False, "rank %d is lent a page (rc %d)" % (rank, rc))
@@ -122,25 +126,54 @@ def main():
                                         ctypes.POINTER(ctypes.c_void_p),
                                         ctypes.POINTER(ctypes.c_size_t)]
     rc, keys, err = size("--groups", "3")
-    check(rc == 0 and keys.get("group_area_mib", 0) > 1,
-          "railwave size prints a group_area_mib (%r %s)" % (keys, err.strip()))
+    check(rc == 0 and keys.get("group_area_mib", 0) > keys.get("group_local_mib", 0) > 1,
+          "railwave size prints a group_area_mib and its group_local_mib (%r %s)"
+          % (keys, err.strip()))
     if FAILS:
         return 1
-    area = keys["group_area_mib"]
+    area, local = keys["group_area_mib"], keys["group_local_mib"]
     check(keys.get("group_pool_mib") == 3 * area and keys.get("node_mib") == 3 * area * RAILS,
           "the pool for 3 groups and the memory per node (%r)" % keys)
+    world = NODES * GPUS * TOKENS
+    p = subprocess.run([cluster.RAILWAVE, "size", "--hidden", str(HIDDEN), "--topk", str(TOPK),
+                        "--tokens", str(TOKENS), "--gpus", str(GPUS), "--nodes", str(NODES),
+                        "--rails", str(RAILS)], capture_output=True, text=True)
+    parts = [ln for ln in p.stdout.splitlines() if ln.startswith("#")]
+    print("\n".join(parts))
+    check(any("%d rows received per rank" % world in ln for ln in parts) and
+          any("record areas" in ln for ln in parts) and
+          any("local area" in ln and "staged combine inputs" in ln for ln in parts),
+          "the '#' lines give each part of the carve-out")
 
-    status, _ = one_phase(lib, area)
+    status, _ = one_phase(lib, area, local, world)
     check(len(status) == NODES * GPUS and all(s == 0 for s in status),
-          "group_area_mib %d: the largest phase is planned on every rank (statuses %s)"
-          % (area, status))
-    status, log = one_phase(lib, area - 1)
+          "group_area_mib %d, group_local_mib %d: the largest phase is planned on every rank "
+          "(statuses %s)" % (area, local, status))
+    status, log = one_phase(lib, area - 1, local, world)
     check(len(status) == NODES * GPUS and all(s == E_PHASE for s in status),
           "group_area_mib %d: the phase is refused on every rank, RW_E_PHASE (statuses %s)"
           % (area - 1, status))
+    print("\n".join(ln for ln in log.splitlines() if "a rail needs" in ln)[:400])
+    check("a rail needs" in log and "group_area_mib" in log,
+          "the refusal names the rail's need and group_area_mib in the daemon's log")
+    status, log = one_phase(lib, area, local - 1, world)
+    check(len(status) == NODES * GPUS and all(s == E_PHASE for s in status),
+          "group_local_mib %d: the phase is refused on every rank, RW_E_PHASE (statuses %s)"
+          % (local - 1, status))
     print("\n".join(ln for ln in log.splitlines() if "local area holds" in ln)[:400])
-    check("group_area_mib" in log and "local area holds" in log,
-          "the refusal names the local area and group_area_mib in the daemon's log")
+    check("local area holds" in log and "group_local_mib" in log,
+          "the refusal names the local area and group_local_mib in the daemon's log")
+
+    # a rank's staging holds its max_recv rows: a smaller bound, a smaller local area
+    rc, small, err = size("--max-recv", str(world // 4))
+    check(rc == 0 and small.get("group_local_mib", 0) < local,
+          "--max-recv %d: a smaller group_local_mib (%r %s)" % (world // 4, small, err.strip()))
+    if rc == 0:
+        status, _ = one_phase(lib, small["group_area_mib"], small["group_local_mib"],
+                              world // 4)
+        check(len(status) == NODES * GPUS and all(s == 0 for s in status),
+              "pages of max_recv %d: the printed sizes plan the largest phase (statuses %s)"
+              % (world // 4, status))
 
     rc, _, err = size("--experts", "6")
     check(rc == 2 and "not a multiple" in err, "--experts 6 refused, named: %s" % err.strip())

@@ -72,6 +72,9 @@ static const bad_case_t bad_cases[] = {
 	{"\"heartbeat_interval_ms\": 0,", 0, 0, 0, "heartbeat_interval_ms: 0 out of range", RW_ERR_PARSE},
 	{"\"heartbeat_interval_ms\": 2000, \"heartbeat_timeout_ms\": 1000,", 0, 0, 0,
 	 "heartbeat_timeout_ms: 1000 must exceed heartbeat_interval_ms (2000)", RW_ERR_PARSE},
+	{"\"group_area_mib\": 8, \"group_local_mib\": 8,", 0, 0, 0,
+	 "group_local_mib: 8 must be below group_area_mib (8)", RW_ERR_PARSE},
+	{"\"group_local_mib\": 65536,", 0, 0, 0, "group_local_mib: 65536 out of range", RW_ERR_PARSE},
 	{"\"recv_region_mib\": 0,", 0, 0, 0, "recv_region_mib: 0 out of range", RW_ERR_PARSE},
 	{"\"stats_timeout_ms\": -5,", 0, 0, 0, "stats_timeout_ms: -5 out of range", RW_ERR_PARSE},
 	{"\"max_tokens\": 2000000,", 0, 0, 0, "max_tokens: 2000000 out of range", RW_ERR_PARSE},
@@ -565,7 +568,8 @@ static void test_files(void **state)
 	free(d_embedded);
 
 	/* Every shipped example loads (with some node picked); all but the embedded default turn
-	 * the rank path on, their carve-out sized by `railwave size` (a pool of at least one). */
+	 * the rank path on, their carve-out sized by `railwave size` (a pool of at least one, the
+	 * local area apart). */
 	const char *examples[] = {"deploy/clusters/loopback-4x4.json",
 				  "deploy/clusters/loopback-2x2-one-ip.json",
 				  "deploy/clusters/example-verbs-8x8.json",
@@ -575,9 +579,11 @@ static void test_files(void **state)
 			print_error("%s: %s\n", examples[i], err);
 			fail();
 		}
-		if (i > 0 && (!cfg.group_area_mib || cfg.group_pool_mib < cfg.group_area_mib)) {
-			print_error("%s: group_area_mib %u, group_pool_mib %u: the rank path is off\n",
-				    examples[i], cfg.group_area_mib, cfg.group_pool_mib);
+		if (i > 0 && (!cfg.group_area_mib || cfg.group_pool_mib < cfg.group_area_mib ||
+			      !cfg.group_local_mib)) {
+			print_error("%s: group_area_mib %u, group_local_mib %u, group_pool_mib %u: the "
+				    "rank path is off, or its local area not sized\n", examples[i],
+				    cfg.group_area_mib, cfg.group_local_mib, cfg.group_pool_mib);
 			fail();
 		}
 		rw_svc_config_free(&cfg);

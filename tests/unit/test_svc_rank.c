@@ -564,11 +564,10 @@ static void test_lists_match_host_forwarding(void **state)
 		plan_block_t *cp = calloc(G, sizeof(*cp));
 		assert_non_null(cp);
 		for (uint32_t g = 0; g < G; g++) {
-			rw_svc_rank_plan_combine(&c.ph, g, ls.local_n, c.areas, 4096, 512, 10, &cp[g].head,
+			rw_svc_rank_plan_combine(&c.ph, g, ls.local_n, c.areas, 10, &cp[g].head,
 						 cp[g].tags, cp[g].entry);
 			assert_int_equal(cp[g].head.kind, 1);
-			assert_int_equal(cp[g].head.stage_off, 4096);
-			assert_int_equal(cp[g].head.stage_stride, 512);
+			assert_int_equal(cp[g].head.n_stage, G); /* the staging table: one per rank */
 			assert_int_equal(cp[g].head.rec_size, c.ph.crec_size);
 			for (uint32_t j = 0; j < ls.n[g]; j++) {
 				const rw_page_list_entry_t *e = &ls.list[g][j];
