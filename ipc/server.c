@@ -265,8 +265,8 @@ static void client_cb(struct ev_loop *loop, ev_io *w, int revents)
 				memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(fd));
 				if (nfds < RW_IPC_MAX_FDS)
 					fds[nfds++] = fd;
-				else
-					close(fd); /* cannot happen with our cmsg space; be safe */
+				else /* cannot happen with our cmsg space; be safe */
+					ipc_fd_discard(c->srv, fd);
 			}
 		}
 		/* 0 bytes is end-of-file, or an empty datagram that SOCK_SEQPACKET cannot tell from
@@ -275,9 +275,9 @@ static void client_cb(struct ev_loop *loop, ev_io *w, int revents)
 			ipc_client_kill(c, RW_IPC_LEFT_EOF, 0);
 		else
 			handle_message(c, &raw, (size_t)n, mh.msg_flags, fds, nfds, bad_cmsg);
-		for (unsigned i = 0; i < nfds; i++)
+		for (unsigned i = 0; i < nfds; i++) /* never close() here: server_close.c */
 			if (fds[i] >= 0)
-				close(fds[i]);
+				ipc_fd_discard(c->srv, fds[i]);
 	}
 }
 
@@ -585,7 +585,9 @@ rw_status_t rw_ipc_server_create(struct ev_loop *loop, const rw_ipc_server_confi
 		.max_events = cfg.max_events,
 		.dtypes = cfg.dtypes ? cfg.dtypes : UINT32_MAX,
 	};
-	rw_status_t st = ipc_pages_start(srv);
+	rw_status_t st = ipc_closer_start(srv);
+	if (st == RW_OK && (st = ipc_pages_start(srv)) != RW_OK)
+		ipc_closer_stop(srv);
 	if (st != RW_OK) {
 		free(srv->socket_path);
 		free(srv);
@@ -596,6 +598,7 @@ rw_status_t rw_ipc_server_create(struct ev_loop *loop, const rw_ipc_server_confi
 	srv->cfg.group = NULL;
 	if (st != RW_OK) {
 		ipc_pages_stop(srv);
+		ipc_closer_stop(srv);
 		free(srv->socket_path);
 		free(srv);
 		return st;
@@ -632,6 +635,7 @@ void rw_ipc_server_destroy(rw_ipc_server_t *srv)
 	close(srv->listen_fd);
 	unlink(srv->socket_path);
 	ipc_pages_stop(srv);
+	ipc_closer_stop(srv);
 	if (srv->cuda)
 		rw_cuda_ipc_cache_destroy(srv->cuda);
 	free(srv->socket_path);

@@ -3,7 +3,7 @@
  * ipc/server.c: accept, control messages, buffer registration, the reaper; ipc/server_auth.c:
  * rank authentication, i.e. admission by peer credentials and the per-uid cap, the hello
  * timeout, groups and group keys; ipc/server_event.c: registered events; ipc/server_ring.c: the
- * rings). Not installed and not for service/: the daemon's face is ipc/ipc.h. */
+ * rings; ipc/server_close.c: the descriptors clients pass, closed off the loop). Not installed and not for service/: the daemon's face is ipc/ipc.h. */
 #ifndef RW_IPC_SERVER_INT_H
 #define RW_IPC_SERVER_INT_H
 
@@ -125,6 +125,7 @@ struct rw_ipc_server {
 	struct ipc_page *pages;      /* every page still mapped (its client may be gone) */
 	struct ipc_page **by_watch;  /* poller watch id -> page */
 	int pages_busy;              /* rank-path phases in flight (rw_ipc_server_pages_busy) */
+	struct ipc_closer *closer;   /* closes the descriptors clients pass (server_close.c) */
 };
 
 /* Sending (server_conn.c). ipc_send_msg drops a client whose socket is full (-1); ipc_send_error
@@ -177,6 +178,14 @@ void ipc_pages_prepare(rw_ipc_server_t *srv);
 
 /* server_slab.c: the group's slab of a rail, lent once per connection and rail. */
 int ipc_slab_setup(rw_ipc_client_t *c, const rw_ipc_slab_setup_t *req);
+
+/* server_close.c: a descriptor a client passed is closed by a thread of its own, never on the
+ * loop (a lingering socket's close waits), a socket's SO_LINGER turned off first. Start at
+ * server create; stop at destroy (the thread ends on its own once its queue is closed). */
+typedef struct ipc_closer ipc_closer_t;
+rw_status_t ipc_closer_start(rw_ipc_server_t *srv);
+void ipc_closer_stop(rw_ipc_server_t *srv);
+void ipc_fd_discard(rw_ipc_server_t *srv, int fd);
 
 /* server_ring.c: the rings. */
 int ipc_ring_setup(rw_ipc_client_t *c, const rw_ipc_ring_setup_t *req);

@@ -24,10 +24,14 @@ daemon (/proc/PID/fd, /proc/PID/maps) are counted before and after.
    mappings come back to the baseline and a joining rank is lent a page afterwards.
 6. A client that sends requests and never reads the replies is dropped when its socket fills;
    the others are served.
+7. A TCP socket with SO_LINGER (an hour) and data its peer never reads, passed on a request
+   and closed by the sender: refused (RW_E_FDS), and the next client is served at once (the
+   daemon's close() of it would wait out the linger).
 Then the host job's every phase verified, and every daemon exits 0 on SIGTERM (ASan: no leak).
 Run by tests/run as $b/test/svc_rankhostile; exits 0 pass, 1 fail, 77 skip."""
 import mmap
 import os
+import signal
 import socket
 import struct
 import sys
@@ -338,6 +342,52 @@ def scenario(c, tmp):
     check(w.closed(), "a client that never reads its replies is dropped (%d requests sent)" % sent)
     w.close()
     settled(pid, base, "after the client that never read")
+
+    # 7. A socket with SO_LINGER and data its peer never reads, passed as an fd: the sender
+    # closes its copy, so the daemon's close is the last, and close() waits out the linger
+    # (an hour here) with whatever thread makes it held.
+    lst = socket.socket()
+    lst.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(1)
+    tcp = socket.socket()
+    tcp.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    tcp.connect(lst.getsockname())
+    peer, _ = lst.accept()
+    tcp.setblocking(False)
+    try:
+        while True:
+            tcp.send(b"x" * 65536)
+    except BlockingIOError:
+        pass
+    tcp.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 3600))
+    z = Raw(sock)
+    c.procs[0].send_signal(signal.SIGSTOP)  # so that the daemon's close is the last one
+    z.send(PAGE_SETUP, struct.pack("<II", 64, 0), [tcp.fileno()])
+    tcp.close()
+    c.procs[0].send_signal(signal.SIGCONT)
+    res = z.reply()
+    check(err(res, E_FDS) and z.closed(), "a lingering socket passed before the hello: RW_E_FDS, "
+          "dropped (%s)" % (res,))
+    z.close()
+    q = Raw(sock)
+    try:
+        q.hello("hx.linger", 0, world, 0, 0)
+        served = True
+    except (socket.timeout, RuntimeError):
+        served = False
+    check(served, "the daemon serves the next client at once (the old daemon's loop waited in "
+          "close() for the socket's linger)")
+    q.close()
+    peer.setblocking(False)
+    try:  # the old daemon's close returns once the data is read
+        while peer.recv(1 << 20):
+            pass
+    except BlockingIOError:
+        pass
+    peer.close()
+    lst.close()
+    settled(pid, base, "after the lingering socket")
 
     outs = c.collect(job)
     check(all("400 steps x 2 layers verified" in outs[r] for r in outs),
