@@ -304,9 +304,9 @@ int rw_ipc_client_leaving(const rw_ipc_client_t *client);
 #define RW_IPC_POLLER_SLEEP_MAX_US 1000
 #define RW_IPC_POLLER_BUSY_SLEEP_MAX_US 100
 /* Words whose writer wakes the thread (rw_page_word_publish: host ranks; learnt at its first
- * wake) skip the spin and yield windows, the thread sleeping until the wake, on a host with
- * fewer online CPUs than this (the ranks' spin rule, docs/ipc.md): there a spin takes the CPU
- * the writer needs. */
+ * wake) skip the spin and yield windows, the thread sleeping until the wake for up to
+ * sleep_max_us even while a phase is in flight, on a host with fewer online CPUs than this (the
+ * ranks' spin rule, docs/ipc.md): there a spin takes the CPU the writer needs. */
 #define RW_IPC_POLLER_WAKER_SPIN_CPUS 8
 
 typedef struct rw_ipc_poller rw_ipc_poller_t;
@@ -319,6 +319,9 @@ typedef struct rw_ipc_poller_config {
 	uint32_t sleep_max_us; /* bound on a sleep with no phase in flight, >= min */
 	uint32_t busy_sleep_max_us; /* bound on a sleep while a phase is in flight, >= min, <= max;
 	                             * 0: no sleep while one is (spin) */
+	uint32_t waker_spin_cpus;   /* words whose writers wake the thread keep the spin window
+	                             * (and the busy bound) on a host with this many online CPUs
+	                             * or more; 0: RW_IPC_POLLER_WAKER_SPIN_CPUS */
 } rw_ipc_poller_config_t;
 
 /* What the loop hears: the word `id` now reads `value` (every change is reported at least by

@@ -254,8 +254,11 @@ static void *run(void *arg)
 			nap_us = c->sleep_min_us;
 			continue;
 		}
-		const uint32_t bound = busy ? c->busy_sleep_max_us : c->sleep_max_us;
-		if (nap_us > bound || quiet == UINT64_MAX) /* wakers: the bound only backs a wake */
+		/* Wakers: a move ends the sleep, so its bound is only a safety net, the idle one even
+		 * while a phase is in flight (a long phase costs no 10,000 wake-ups a second). */
+		const uint32_t bound = busy && quiet != UINT64_MAX ? c->busy_sleep_max_us :
+				       c->sleep_max_us;
+		if (nap_us > bound || quiet == UINT64_MAX)
 			nap_us = bound;
 		atomic_store(&p->sleeping, 1); /* pair K */
 		if (atomic_load(&p->kick) == kick_seen)
@@ -303,7 +306,8 @@ rw_status_t rw_ipc_poller_create(struct ev_loop *loop, const rw_ipc_poller_confi
 	if (!p->slots || !p->q)
 		goto fail_free;
 	p->q_mask = qsize - 1;
-	p->spin_for_wakers = sysconf(_SC_NPROCESSORS_ONLN) >= RW_IPC_POLLER_WAKER_SPIN_CPUS;
+	p->spin_for_wakers = sysconf(_SC_NPROCESSORS_ONLN) >=
+			     (cfg->waker_spin_cpus ? cfg->waker_spin_cpus : RW_IPC_POLLER_WAKER_SPIN_CPUS);
 	pthread_mutex_init(&p->park_mu, NULL);
 	pthread_cond_init(&p->park_cv, NULL);
 	p->loop = loop;

@@ -533,6 +533,43 @@ static void test_published_word_ends_a_sleep(void **state)
 	ev_loop_destroy(loop);
 }
 
+/* Once every watched word has woken the thread, a phase in flight no longer bounds its sleeps
+ * by busy_sleep_max_us (100 µs: about 3000 sleeps in 0.3 s) but by sleep_max_us (1 ms: about
+ * 300): the words' writers end a sleep themselves. A sleep is never shorter than its bound unless
+ * something ends it, and nothing does here, so the count can only come out below the limit. */
+static void test_wakers_sleep_long_while_busy(void **state)
+{
+	(void)state;
+	struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+	rw_ipc_poller_config_t c = cfg;
+	c.spin_us = 0;
+	c.busy_sleep_max_us = 100;
+	c.waker_spin_cpus = 1u << 20; /* as on a host short of CPUs, whatever this one has */
+	rw_ipc_poller_t *p;
+	uint32_t a;
+	assert_int_equal(rw_ipc_poller_create(loop, &c, on_word, &seen, &p), RW_OK);
+	assert_int_equal(rw_ipc_poller_watch(p, word(0), &a), RW_OK);
+	rw_ipc_poller_stats_t st = { 0 };
+	for (uint64_t v = 1; v <= 200 && st.word_wakes == 0; v++) { /* until word 0 woke it */
+		rw_ipc_poller_stats(p, &st);
+		struct at_least asleep = { p, 0, st.sleeps + 1, 0 };
+		run_until(loop, counted, &asleep);
+		publish_from_child(0, v);
+		run_until(loop, reported, &a);
+		seen.reports[a] = 0;
+		rw_ipc_poller_stats(p, &st);
+	}
+	assert_true(st.word_wakes >= 1);
+	rw_ipc_poller_busy(p, 1);
+	rw_ipc_poller_stats(p, &st);
+	const uint64_t before = st.sleeps;
+	usleep(300000);
+	rw_ipc_poller_stats(p, &st);
+	assert_true(st.sleeps - before <= 600);
+	assert_true(st.sleeps - before >= 1);
+	end_busy(p, loop);
+}
+
 /* The other direction: a process napping on a word (a host rank waiting for plan, 30 s bound)
  * is woken by the publish of another (the daemon's), and a nap on a word that already moved does
  * not sleep at all. */
@@ -575,6 +612,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_kick_ends_a_sleep, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_published_word_ends_a_sleep, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_publish_ends_a_nap, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_wakers_sleep_long_while_busy, setup, teardown),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	rw_cuda_shutdown();
