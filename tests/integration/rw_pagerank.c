@@ -1001,6 +1001,12 @@ static int fuzz_round(rw_client_t *c, const rw_wl_shape_t *sh, uint64_t *k_p, ui
 			return 1;
 		if (kind == FZ_SCRIBBLE && (r & 512))
 			scribble(r);
+		if (kind == FZ_FORGE) { /* the daemon's arrived written by the rank, and done, then
+					 * packed: the daemon cannot have reached its own flush (where a
+					 * done is due) before it sees that done */
+			word_set(RW_PW_ARRIVED, k);
+			word_set(RW_PW_DONE, k);
+		}
 		word_set(RW_PW_PACKED, k); /* P3 */
 		if (kind == FZ_SLOT_AFTER && r % 3 == 1)
 			(void)slot_garble(slot, fz_mix(r), k);
@@ -1008,10 +1014,7 @@ static int fuzz_round(rw_client_t *c, const rw_wl_shape_t *sh, uint64_t *k_p, ui
 			fz_die("after its packed");
 		if (kind == FZ_SCRIBBLE && !(r & 512)) /* while the daemon checks and posts */
 			scribble(r);
-		if (kind == FZ_FORGE) { /* the daemon's arrived written by the rank, and done: the
-					 * daemon fails the phase all the same, named */
-			word_set(RW_PW_ARRIVED, k);
-			word_set(RW_PW_DONE, k);
+		if (kind == FZ_FORGE) { /* the daemon fails the phase all the same, named */
 			for (long t = 0; !(st = (int32_t)atomic_load(&pg->status[k % RW_PAGE_DEPTH].v));
 			     t++) {
 				CHECK(t < WAIT_S * 1000L, "round %u: done with a forged arrived passed",
