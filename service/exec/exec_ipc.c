@@ -32,14 +32,20 @@ static void member_leave(exec_t *x, exec_member_t *mb, rw_ipc_leave_t reason, in
 			error);
 	exec_page_leave(x, mb); /* what its stream submitted and the poller had not reported */
 	exec_pair_t *was = g->pair;
-	if (g->pair) /* the pair may use this rank's buffers: fail it everywhere */
-		exec_on_rank_left(g->pair, client, rank);
-	/* A page rank whose leave failed nothing (none open, or its part of the open pair done)
-	 * is absent from the next key that gathers here (SEAT_GAP: exec_on_submit fails that
-	 * pair). One whose leave failed the pair (closed), or holds its combine's failure, skipped
-	 * nothing more. */
-	g->seat[mb->local].state = rw_ipc_client_page(client, NULL) &&
-		(!was || (g->pair == was && was->held.st == RW_OK)) ? SEAT_GAP : SEAT_WAIT;
+	if (was) /* the pair may use this rank's buffers: fail it everywhere */
+		exec_on_rank_left(was, client, rank);
+	if (was && !g->pair) { /* its leave ended that pair: a submit that waited for its end */
+		exec_page_leave(x, mb);
+		if ((was = g->pair) != NULL)
+			exec_on_rank_left(was, client, rank);
+	}
+	/* A page rank whose leave failed nothing (none open, its part of the open pair done, or
+	 * the pair it ended completed) is absent from the next key that gathers here (SEAT_GAP:
+	 * exec_on_submit fails that pair). One whose leave failed the pair, or holds its combine's
+	 * failure, skipped nothing more. */
+	const int failed = was && (was->err.st != RW_OK || was->held.st != RW_OK);
+	g->seat[mb->local].state = rw_ipc_client_page(client, NULL) && !failed ? SEAT_GAP :
+									     SEAT_WAIT;
 	g->member[mb->local] = NULL;
 	g->n_members--;
 	exec_tomb_left(x, g->hash, mb->local);

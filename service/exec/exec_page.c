@@ -327,10 +327,9 @@ void exec_page_leave(exec_t *x, exec_member_t *mb)
 	 * rank for is not taken */
 	const uint64_t v = atomic_load_explicit(&pg->word[RW_PW_SUBMIT].v, memory_order_acquire);
 	const int64_t ahead = (int64_t)(v - mb->page_seen[RW_PW_SUBMIT]);
-	if (ahead <= 0 || ahead > RW_PAGE_DEPTH)
-		return;
-	mb->page_seen[RW_PW_SUBMIT] = v;
-	page_take(x, mb, pg);
+	if (ahead > 0 && ahead <= RW_PAGE_DEPTH)
+		mb->page_seen[RW_PW_SUBMIT] = v;
+	page_take(x, mb, pg); /* a submit that waits for its group's pair stays (that pair ends) */
 }
 
 /* A word the daemon answers (`answer`: plan for packed, arrived for done) must never be passed
