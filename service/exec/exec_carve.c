@@ -1,5 +1,6 @@
 /* Each group's carve-out of the mesh's pool (service/mesh/mesh.h; docs/rankpath.md "The slab
- * areas, lent per group"): taken at the group's first join, held by the group and by each of its
+ * areas, lent per group"): taken at the group's first slab request (a group whose ranks map
+ * nothing runs on the shared slots and holds none of the pool), held by the group and by each of its
  * pairs until that pair is freed, and given back when the last rank left — after a heartbeat
  * timeout when the group's last pair failed, since a peer may still have writes in flight into
  * it then (docs/dataflow.md "Region reuse"). A group without one shares the area's slots. */
@@ -7,7 +8,7 @@
 
 #include "service/exec/exec_int.h"
 
-void exec_carve_take(exec_t *x, exec_group_t *g)
+static void carve_take(exec_t *x, exec_group_t *g)
 {
 	g->carve = -1;
 	g->carve_why[0] = 0;
@@ -29,6 +30,14 @@ void exec_carve_take(exec_t *x, exec_group_t *g)
 	rw_warn("group %s: no carve-out of its own (%s): its pairs share the region and its ranks "
 		"are lent no slabs", g->name, st == RW_ERR_AGAIN ? "the pool is spent: every one of "
 		"group_pool_mib / group_area_mib is held" : g->carve_why);
+}
+
+void exec_carve_want(exec_t *x, exec_group_t *g)
+{
+	if (g->carve_tried)
+		return;
+	g->carve_tried = 1;
+	carve_take(x, g);
 }
 
 void exec_carve_drop(exec_t *x, exec_group_t *g)
@@ -62,7 +71,7 @@ int exec_carve_lend(exec_t *x, const exec_group_t *g, uint32_t rail, rw_ipc_slab
 	}
 	if (g->carve < 0) {
 		*why_p = "the group has no slabs of its own: the daemon's pool (group_pool_mib) was "
-			 "spent when it formed";
+			 "spent when it first asked";
 		return RW_E_LIMIT;
 	}
 	const uint32_t i = (uint32_t)g->carve;

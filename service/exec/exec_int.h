@@ -168,10 +168,11 @@ struct exec_group {
 	exec_pair_t *pair;           /* the open pair, or NULL */
 	exec_seat_t seat[RW_MAX_GPUS]; /* by local rank */
 	uint8_t key_fp[RW_WIRE_KEY_FP_SIZE]; /* its ranks' group key fingerprint (ipc/ipc.h) */
-	/* Its carve-out of the mesh's pool (service/mesh/mesh.h), taken at its first join: its
-	 * pairs' slot is EXEC_SLOTS + carve. -1: none (carve-outs off, or the pool was spent), its
-	 * pairs take a shared slot. */
+	/* Its carve-out of the mesh's pool (service/mesh/mesh.h), taken at its first slab request
+	 * (a rank that will map it), tried once: its pairs' slot is EXEC_SLOTS + carve. -1: none
+	 * (none asked yet, carve-outs off, or the pool was spent), its pairs take a shared slot. */
 	int carve;
+	int carve_tried;             /* exec_carve_want ran for it */
 	uint64_t carve_free_at;      /* as slot_free_at, for its carve-out */
 	char carve_why[192];         /* carve -1 although the pool had room: why ("" otherwise) */
 };
@@ -529,9 +530,10 @@ rw_status_t exec_plan_counted(exec_pair_t *p);
  * *done_p once every record is in place and the records match the count row. */
 rw_status_t exec_plan_records(exec_pair_t *p, uint32_t budget, int *done_p);
 /* ---- exec_carve.c: the groups' carve-outs --------------------------------------------------- */
-/* At the group's first join: g->carve, or -1 (off, the pool spent, or the carve-out could not
- * be made: logged, and why in g->carve_why). */
-void exec_carve_take(exec_t *x, exec_group_t *g);
+/* A rank of the group asks for its slab or submits on its page (the first time only; a group
+ * none of whose ranks maps a slab holds none of the pool): g->carve, or -1 (off, the pool
+ * spent, or the carve-out could not be made: logged, and why in g->carve_why). */
+void exec_carve_want(exec_t *x, exec_group_t *g);
 /* The group's last rank left: its reference goes now, or at carve_free_at (exec_carve_tick). */
 void exec_carve_drop(exec_t *x, exec_group_t *g);
 void exec_carve_tick(exec_t *x, uint64_t now);

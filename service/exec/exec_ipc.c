@@ -91,7 +91,7 @@ static void client_joined(void *ctx, rw_ipc_client_t *client)
 		g->world = info->world_size;
 		memcpy(g->key_fp, info->key_fp, sizeof(g->key_fp));
 		rw_list_add(&x->groups, &g->link);
-		exec_carve_take(x, g);
+		g->carve = -1; /* taken at its first slab request (group_slab) */
 	}
 	if (g->member[local]) {
 		exec_drop_client(x, client, RW_ERR_EXISTS);
@@ -521,6 +521,7 @@ static int group_slab(void *ctx, rw_ipc_client_t *client, uint32_t rail, rw_ipc_
 		*why_p = "slab setup: this rank is not in a group here";
 		return RW_E_STATE;
 	}
+	exec_carve_want(x, mb->g);
 	const int rc = exec_carve_lend(x, mb->g, rail, slab_p, why_p);
 	if (rc == RW_E_LIMIT || rc == RW_E_STATE) /* the pool spent; the carve-out not made */
 		x->svc->metrics.slabs_refused[rc == RW_E_LIMIT ? RW_SVC_SLAB_POOL :

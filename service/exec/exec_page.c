@@ -222,6 +222,7 @@ static int page_admit_combine(exec_t *x, exec_member_t *mb, rw_page_head_t *pg,
 static int page_submit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, uint64_t k)
 {
 	const rw_page_geom_t *geom = rw_ipc_client_page_geom(mb->client);
+	exec_carve_want(x, mb->g); /* a page rank's kernels write into the group's carve-out */
 	if (mb->page_failed == k) { /* its packed or done came first: failed then */
 		char why[RW_SVC_WHY_MAX];
 		snprintf(why, sizeof(why), "%s moved to %llu before its submit was taken",

@@ -361,12 +361,17 @@ def scenario_attacks(tmp, seed):
         x.close()
         wait_left(c, 0, "job.b")
         wait_left(c, 0, "job.a")
+        # a group whose rank asks for no slab (any local process, keyless) takes none of the
+        # pool: before, a carve-out was taken at the group's first join
+        squat = Raw(sock0)
+        squat.hello("squat", 0, world, 0, 0)
         d = Raw(sock0)
         d.hello("job.d", 0, world, 0, 0)
         res = d.slab(0)
         st = c.stats(0)
         check(res[0] == "ok" and "carve_outs 1/2\n" in st,
-              "a new group is lent a slab from the pool's freed places; stats: %s"
+              "a new group is lent a slab from the pool's freed places, a group that asked for "
+              "none holding nothing; stats: %s"
               % [l for l in st.splitlines() if l.startswith("carve_outs ")])
         if res[0] == "ok" and b_map:
             d_obj = os.fstat(res[1]).st_ino
@@ -381,6 +386,7 @@ def scenario_attacks(tmp, seed):
             d_map.close()
             os.close(res[1])
         d.close()
+        squat.close()
         if b_map:
             b_map.close()
         if b_fd is not None:
