@@ -404,7 +404,7 @@ rw_status_t exec_plan_send_row(exec_pair_t *p)
 	for (uint32_t peer = 0; peer < x->nodes && st == RW_OK; peer++)
 		if (peer != x->me &&
 		    rw_svc_mesh_send(x->mesh, peer, RW_WIRE_COUNTS, buf, (uint32_t)len) != RW_OK)
-			st = exec_err(p, RW_ERR_PEER, "cannot send counts to node %u (%s)", peer,
+			st = exec_err(p, RW_ERR_PEER, "cannot send counts to peer %u (%s)", peer,
 				      x->svc->cfg.nodes[peer].name);
 	free(buf);
 	return st;
