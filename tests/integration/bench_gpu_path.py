@@ -70,23 +70,18 @@ GPUS = 4
 RAILS = 2
 
 
-def line_up(n):
-    return (n + 63) & ~63
-
-
 def carve_mib(shape, tokens):
-    """group_area_mib for the rank path at (shape, tokens per rank): a carve-out's local area (a
-    fifth of it, service/mover/mover_page.c pm_plan) holds on rail 0 the dispatch's local
-    records, every rank's copies of them for the combine, and each rank's staging room for all
-    the rows the node can receive; bounded here as if every token reached both nodes."""
-    hidden, _, topk = SHAPES[shape]
-    row = hidden * 2
-    rec = ((16 + topk * 8 + 15) & ~15) + ((row + 15) & ~15)
-    crec = 16 + ((row + 15) & ~15)
-    local = GPUS // RAILS * tokens           # local records on one rail
-    rows_max = 2 * GPUS * tokens             # the other node's records in + every local one
-    need = line_up(local * rec) + line_up(GPUS * local * crec) + GPUS * line_up(rows_max * row)
-    return max(4, -(-(5 * need + (4 << 20)) // (1 << 20)))
+    """group_area_mib, group_local_mib and group_pool_mib for the rank path at (shape, tokens
+    per rank): what `railwave size` prints for this cluster (2 nodes x GPUS ranks, RAILS rails),
+    the sizes the daemons' own arithmetic needs for the shape's largest phase."""
+    hidden, experts, topk = SHAPES[shape]
+    p = subprocess.run([cluster.RAILWAVE, "size", "--hidden", str(hidden), "--topk", str(topk),
+                        "--experts", str(experts), "--tokens", str(tokens), "--gpus", str(GPUS),
+                        "--nodes", "2", "--rails", str(RAILS)], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError("railwave size: %s" % p.stderr.strip())
+    keys = dict(ln.split() for ln in p.stdout.splitlines() if ln and not ln.startswith("#"))
+    return {k: int(keys[k]) for k in ("group_area_mib", "group_local_mib", "group_pool_mib")}
 
 
 def cpu_times(pid):
@@ -152,7 +147,7 @@ def run_daemons(tmp, mode, daemon, shape, tokens, steps, seed, trace=False, rank
     extra = {"recv_region_mib": recv_mib, "phase_timeout_ms": 60000, "heartbeat_timeout_ms": 10000}
     if mode == "rank":  # the rank path's records live in the group's carve-out
         extra["recv_region_mib"] = 16
-        extra["group_area_mib"] = extra["group_pool_mib"] = carve_mib(shape, tokens)
+        extra.update(carve_mib(shape, tokens))
     trace_dir = os.path.join(tmp, "trace-%s-%s-%d" % (mode, shape, tokens))
     if trace:
         os.makedirs(trace_dir, exist_ok=True)
