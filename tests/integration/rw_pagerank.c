@@ -57,6 +57,8 @@
  * before any rank of its node held a page).
  * With RW_PAGERANK_DELAY_MS=N a host-rejoin rank waits N ms after it joined again, a host-skip
  * rank before its step 1: a harness picks which of the two keys a node's pair opens with first.
+ * With RW_PAGERANK_LEAVE_DELAY_MS=N a host-rejoin rank waits N ms before it leaves: its node's
+ * pair of step 1 is open when it goes.
  * With RW_PAGERANK_HOLD=FILE a rank of the library's modes stays connected after its last phase
  * until FILE exists (at most 60 s): a harness sees what the others get while it stays.
  * Output: "rank R: S steps x L layers dispatched on the rank path, verified (N rows)"; for lie
@@ -1600,6 +1602,8 @@ int main(int argc, char **argv)
 				}
 				if (rejoin && step == 1) { /* leave, join again, go on at step 2 */
 					if (layer == 0) {
+						const char *ld = getenv("RW_PAGERANK_LEAVE_DELAY_MS");
+						usleep(ld ? (useconds_t)atoi(ld) * 1000 : 0);
 						rw_client_rank_close(lr.rp);
 						rw_client_close(c);
 						c = NULL;

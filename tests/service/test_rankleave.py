@@ -11,7 +11,8 @@ librailwave's rank path, rw_pagerank host-rejoin: steps 0 and 2, while the other
 as railwave's package does when its own input was refused): step 1 can never gather on its
 node, so it fails on every other rank at once (well under the phase timeout), naming the
 rank that joined again, and step 2 passes for all; once with the others' step 1 opening its
-node's pair first, once with the rejoined rank's step 2 first. Before, step 1 waited for the
+node's pair first, once with the rejoined rank's step 2 first, once with rank 1 leaving while
+its node's pair of step 1 is open (its leave fails that pair). Before, step 1 waited for the
 phase timeout on the others and step 2 was refused to the rejoined rank ("still running").
 And a page rank that leaves for good after step 0 before its node opened step 1's pair
 (rw_pagerank host-quit, the others 1.5 s late): step 1 fails on every other rank at once,
@@ -30,16 +31,21 @@ TIMEOUT_S = 60
 check = cluster.Checks()
 
 
-def rejoin(c, world, first, delayed):
+def rejoin(c, world, first, delayed, leave_late=False):
     """Rank 1 leaves after step 0 and joins again at step 2; the others' step 1 must fail at
     once, naming it, and step 2 pass everywhere. `delayed`: the mode whose ranks wait 1.5 s at
-    that point, so that `first` opens node 0's pair."""
-    group = "rejoin" + delayed[5:]
+    that point, so that `first` opens node 0's pair. leave_late: rank 1 leaves 1 s after step
+    0, while its node's pair of step 1 is open (its leave fails that pair, so its seat owes no
+    gap: before, a leave that failed the pair was taken for one that failed nothing, and step
+    2 then failed on every rank, "left before this dispatch")."""
+    group = "rejoin" + delayed[5:] + ("late" if leave_late else "")
     t0 = time.time()
     procs = []
     for r in range(world):
         mode = "host-rejoin" if r == 1 else "host-skip"
         env = dict(c.env, RW_PAGERANK_DELAY_MS="1500") if mode == delayed else None
+        if leave_late and r == 1:
+            env = dict(c.env, RW_PAGERANK_LEAVE_DELAY_MS="1000")
         procs.append((r, c.pagerank(r, group, 1, 3, 7, mode, env=env)))
     res = cluster.outputs(procs)
     took = time.time() - t0
@@ -113,6 +119,8 @@ def main():
         for first, delayed in (("the others' step 1", "host-rejoin"),
                                ("the rejoined rank's step 2", "host-skip")):
             rejoin(c, world, first, delayed)
+        rejoin(c, world, "the others' step 1 (rank 1 leaving while it runs)", "none",
+               leave_late=True)
         quit(c, world)
         res = cluster.outputs([(r, c.pagerank(r, "after", 2, 3, 5, "ok")) for r in range(world)])
         bad = {r: (v[0], v[1][-300:]) for r, v in res.items()
