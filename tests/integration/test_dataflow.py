@@ -778,7 +778,7 @@ def main():
             try:
                 fn(tmp, seed)
             except Exception as e:  # report and fail
-                print("FAIL %s: %s" % (name, e))
+                cluster.print_failure(name, e)
                 return 1
     return 0
 

@@ -248,7 +248,7 @@ def main():
             if " rc 77: " in str(e):  # a rank found no CUDA or no rank path here
                 print("skip: %s" % str(e).split(" rc 77: ", 1)[1].splitlines()[0][-200:])
                 return 77
-            print("FAIL %s: %s" % (name, e))
+            cluster.print_failure(name, e)
             return 1
     return 0
 

@@ -16,6 +16,7 @@ and nothing is patched from outside: what differs between clusters is an argumen
 import ctypes
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -152,6 +153,16 @@ def fake_cuda_counts(folder, pid):
         raise RuntimeError("counts of pid %d: %d bytes, not %d"
                            % (pid, len(raw), 8 * len(FAKE_COUNT_KEYS)))
     return dict(zip(FAKE_COUNT_KEYS, struct.unpack("<%dQ" % len(FAKE_COUNT_KEYS), raw)))
+
+
+def print_failure(name, e):
+    """A scenario's failure: each line of what failed (not the daemons' logs that follow it) as
+    a FAIL line of its own, so that tests/run's summary shows every failing rank, then the whole
+    message."""
+    lines = [l for l in str(e).splitlines() if l.strip() and not re.match(r"\s*d\d+\| ", l)]
+    for l in lines[:12]:
+        print("FAIL %s: %s" % (name, l.strip()[:300]))
+    print(str(e))
 
 
 def outputs(procs, wait=WAIT):
