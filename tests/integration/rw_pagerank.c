@@ -34,7 +34,8 @@
  *         host      the same through the rank path of a host rank (RW_RANK_HOST: no CUDA, the
  *                   buffers host memory, rw_client_rank_wait packing and forwarding on this
  *                   CPU: rank/host.c); odd layers wait by looking with timeout 0 until done
- *         host-one, host-until   as one and until, through the host rank path
+ *         host-one, host-until   as one and until, through the host rank path (host-until: a
+ *                   call refused because the daemon is gone, RW_E_CLOSED, is its phase failing)
  *         host-die  dispatch the first phase (submit), then exit before its pack
  *         host-bad  rank 0's first dispatch has an id past the experts (token 1): the first
  *                   phase must fail on this rank, named; then the rest as host
@@ -1272,6 +1273,7 @@ typedef struct lib_rank {
 
 enum { HIDDEN = 24, META = 16 + 8 * TOPK };
 static int lib_die;
+static int lib_until; /* mode host-until: a call the gone daemon refused is the phase failing */
 
 /* Buffers the phases read and write: device memory, or a host rank's own (16-byte aligned). */
 static int lib_alloc(const lib_rank_t *lr, size_t bytes, rw_cuda_dptr_t *p)
@@ -1381,6 +1383,8 @@ static int lib_send(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uint
 		.tokens = lr->cur->x, .topk_ids = lr->cur->ids, .topk_weights = lr->cur->w, .recv_x = lr->cur->recv_x,
 		.recv_meta = lr->cur->recv_meta, .recv_counts = lr->cur->recv_counts, .recv_cap = cap };
 	int rc = rw_client_rank_dispatch(lr->rp, &lr->cs, &d, k_p);
+	if (rc == RW_E_CLOSED && lib_until) /* the daemon went before this call */
+		return 2;
 	CHECK(rc == 0, "dispatch: %s: %s", rw_client_strerror(rc), rw_client_rank_message(lr->rp));
 	if (lib_die) { /* mode host-die: killed after submit, before its pack */
 		printf("dying at submit %llu\n", (unsigned long long)*k_p);
@@ -1438,7 +1442,12 @@ static int lib_check(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uin
 static int lib_phase(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uint32_t layer,
 		     int bad_id, uint64_t *k_p, int *st_p, uint64_t *rows_p, uint32_t *recv_p)
 {
-	if (lib_send(lr, sh, step, layer, bad_id, k_p))
+	const int sent = lib_send(lr, sh, step, layer, bad_id, k_p);
+	if (sent == 2) { /* refused by a daemon that is gone: this phase failed */
+		*st_p = RW_E_CLOSED;
+		return 0;
+	}
+	if (sent)
 		return 1;
 	return lib_check(lr, sh, step, layer, k_p, st_p, rows_p, recv_p);
 }
@@ -1465,6 +1474,8 @@ static int lib_csend(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, uin
 	      "expert rows to the device");
 	const rw_client_rank_combine_t cb = { .dispatch = kd, .rows = lr->cur->recv_x, .out = lr->cur->x };
 	int rc = rw_client_rank_combine(lr->rp, &lr->cs, &cb, k_p);
+	if (rc == RW_E_CLOSED && lib_until) /* the daemon went before this call */
+		return 2;
 	CHECK(rc == 0, "combine: %s: %s", rw_client_strerror(rc), rw_client_rank_message(lr->rp));
 	return 0;
 }
@@ -1497,7 +1508,12 @@ static int lib_combine(lib_rank_t *lr, const rw_wl_shape_t *sh, uint32_t step, u
 		       uint64_t kd, uint32_t n, int *st_p, uint64_t *tokens_p)
 {
 	uint64_t k = 0;
-	if (lib_csend(lr, sh, step, layer, kd, n, &k))
+	const int sent = lib_csend(lr, sh, step, layer, kd, n, &k);
+	if (sent == 2) { /* refused by a daemon that is gone: this phase failed */
+		*st_p = RW_E_CLOSED;
+		return 0;
+	}
+	if (sent)
 		return 1;
 	return lib_ccheck(lr, sh, step, layer, k, st_p, tokens_p);
 }
@@ -1557,6 +1573,7 @@ int main(int argc, char **argv)
 		static lib_rank_t lr;
 		lr.on_host = host;
 		lib_die = strcmp(sub, "die") == 0;
+		lib_until = strcmp(sub, "until") == 0;
 		if (lib_open(c, &lr))
 			return 1;
 		uint64_t tokens = 0;
