@@ -7,7 +7,7 @@
 #       railwaved and ipc_bench need, wrappers that point LD_LIBRARY_PATH at them for those two
 #       binaries only, so python3 keeps its own libraries)
 #   sh tests/python/gpu_run.sh ready             there, from the repository root, with $GPUCARRY
-#       carried (prepared with the wheels: WHEELS, default /work/wheels): the readiness run, one
+#       carried (prepared with the wheels: WHEELS, default .whl/, git-ignored): the readiness run, one
 #       call, < 240 s: the package on CUDA eager, on the rank path's static mode with CUDA
 #       graphs of the forward and of forward + backward replayed 100 times, a bad argument on
 #       one static rank, then Megatron-Core and TorchTitan (eager and static) with the real
@@ -35,7 +35,7 @@ prepare)
 	cp -L "$b/lib/librailwave.so.1" $C/b/lib/librailwave.so.1
 	mkdir -p $C/b/tests/lib && cp "$b/tests/lib/cluster.py" $C/b/tests/lib/   # the daemons' harness
 	mkdir -p $C/b/tools && cp "$b/tools/railwave" $C/b/tools/railwave.bin   # its keygen
-	W=${WHEELS:-/work/wheels}   # megatron-core, torchtitan and what they import (ready)
+	W=${WHEELS:-.whl}   # megatron-core, torchtitan and what they import (ready; docs/python.md)
 	if [ -d "$W" ]; then mkdir -p $C/whl && cp "$W"/*.whl $C/whl/; fi
 	mkdir -p $C/before && git archive "${BEFORE:-main}" python/railwave | tar -x -C $C/before
 	for f in $(ldd "$b/railwaved" "$b/bench/ipc_bench" "$b/tools/railwave" | awk '/=>/ {print $3}' | sort -u); do
