@@ -75,13 +75,10 @@ def carve_mib(shape, tokens):
     per rank): what `railwave size` prints for this cluster (2 nodes x GPUS ranks, RAILS rails),
     the sizes the daemons' own arithmetic needs for the shape's largest phase."""
     hidden, experts, topk = SHAPES[shape]
-    p = subprocess.run([cluster.RAILWAVE, "size", "--hidden", str(hidden), "--topk", str(topk),
-                        "--experts", str(experts), "--tokens", str(tokens), "--gpus", str(GPUS),
-                        "--nodes", "2", "--rails", str(RAILS)], capture_output=True, text=True)
-    if p.returncode != 0:
-        raise RuntimeError("railwave size: %s" % p.stderr.strip())
-    keys = dict(ln.split() for ln in p.stdout.splitlines() if ln and not ln.startswith("#"))
-    return {k: int(keys[k]) for k in ("group_area_mib", "group_local_mib", "group_pool_mib")}
+    rc, keys, err = cluster.railwave_size(hidden, topk, experts, tokens, GPUS, 2, RAILS)
+    if rc != 0:
+        raise RuntimeError("railwave size: %s" % err.strip())
+    return {k: keys[k] for k in ("group_area_mib", "group_local_mib", "group_pool_mib")}
 
 
 def cpu_times(pid):

@@ -155,6 +155,17 @@ def fake_cuda_counts(folder, pid):
     return dict(zip(FAKE_COUNT_KEYS, struct.unpack("<%dQ" % len(FAKE_COUNT_KEYS), raw)))
 
 
+def railwave_size(hidden, topk, experts, tokens, gpus, nodes, rails, *extra):
+    """`railwave size` for a shape and cluster (docs/service.md "Turning on the rank path"):
+    (exit code, {key: MiB} of its value lines, stderr)."""
+    p = subprocess.run([RAILWAVE, "size", "--hidden", str(hidden), "--topk", str(topk),
+                        "--experts", str(experts), "--tokens", str(tokens), "--gpus", str(gpus),
+                        "--nodes", str(nodes), "--rails", str(rails)] + list(extra),
+                       capture_output=True, text=True)
+    keys = dict(ln.split() for ln in p.stdout.splitlines() if ln and not ln.startswith("#"))
+    return p.returncode, {k: int(v) for k, v in keys.items()}, p.stderr
+
+
 def print_failure(name, e):
     """A scenario's failure: each line of what failed (not the daemons' logs that follow it) as
     a FAIL line of its own, so that tests/run's summary shows every failing rank, then the whole

@@ -48,12 +48,7 @@ def check(cond, what):
 
 def size(*extra):
     """`railwave size` for the test's shape: (exit code, {key: value}, stderr)."""
-    p = subprocess.run([cluster.RAILWAVE, "size", "--hidden", str(HIDDEN), "--topk", str(TOPK),
-                        "--experts", str(EXPERTS), "--tokens", str(TOKENS), "--gpus", str(GPUS),
-                        "--nodes", str(NODES), "--rails", str(RAILS)] + list(extra),
-                       capture_output=True, text=True)
-    keys = dict(ln.split() for ln in p.stdout.splitlines() if ln and not ln.startswith("#"))
-    return p.returncode, {k: int(v) for k, v in keys.items()}, p.stderr
+    return cluster.railwave_size(HIDDEN, TOPK, EXPERTS, TOKENS, GPUS, NODES, RAILS, *extra)
 
 
 def one_phase(lib, area_mib, local_mib, max_recv):
