@@ -69,6 +69,8 @@ static const field_t fields[] = {
 	{"group_area_mib", K_U32, OFF(group_area_mib), 0, 0, 65536},
 	{"group_pool_mib", K_U32, OFF(group_pool_mib), 0, 1, 1048576},
 	{"group_local_mib", K_U32, OFF(group_local_mib), 0, 0, 65535},
+	{"group_carve_per_uid", K_U32, OFF(group_carve_per_uid), 0, 0, 65536},
+	{"group_carve_idle_s", K_U32, OFF(group_carve_idle_s), 0, 0, 604800},
 	{"stats_timeout_ms", K_U32, OFF(stats_timeout_ms), 0, 1, 3600000},
 	{"max_tokens", K_U32, OFF(max_tokens), 0, 1, 1048576},
 	{"log_level", K_LOGLEVEL, OFF(log_level), 0, 0, 0},
@@ -121,6 +123,10 @@ const rw_svc_option_t rw_svc_options[] = {
 	 "per rail, the groups' carve-outs together"},
 	{"group_local_mib", "group-local-mib", "RAILWAVE_GROUP_LOCAL_MIB", "MIB",
 	 "of each carve-out, the local area (0 = a fifth)"},
+	{"group_carve_per_uid", "group-carve-per-uid", "RAILWAVE_GROUP_CARVE_PER_UID", "N",
+	 "carve-outs one uid's groups may hold (0 = no bound)"},
+	{"group_carve_idle_s", "group-carve-idle-s", "RAILWAVE_GROUP_CARVE_IDLE_S", "S",
+	 "take back a carve-out idle this long when the pool is spent (0 = never)"},
 	{"stats_timeout_ms", "stats-timeout-ms", "RAILWAVE_STATS_TIMEOUT_MS", "MS",
 	 "stats client line deadline"},
 	{"pace", "pace", "RAILWAVE_PACE", "on|off", "pace every rail at its rate_gbps (tcp, shm)"},
@@ -429,6 +435,8 @@ static void set_defaults(loader_t *ld)
 	cfg->recv_region_mib = 64;
 	cfg->group_area_mib = 0;
 	cfg->group_pool_mib = 256;
+	cfg->group_carve_per_uid = 0;
+	cfg->group_carve_idle_s = 600;
 	cfg->stats_timeout_ms = 30000;
 	cfg->max_tokens = 65536;
 	cfg->log_level = RW_LOG_INFO;

@@ -259,7 +259,11 @@ static void rank_path_series(rw_svc_buf_t *o, const rw_svc_metrics_t *m)
 	one(o, "railwave_carve_outs_max", "gauge", "Group carve-outs the pool holds.",
 	    m->carve_outs_max);
 	one(o, "railwave_carve_outs_refused_total", "counter",
-	    "Groups formed with the carve-out pool spent.", m->carve_outs_refused);
+	    "Groups refused a carve-out: the pool spent, or their uid at group_carve_per_uid.",
+	    m->carve_outs_refused);
+	one(o, "railwave_carve_outs_taken_back_total", "counter",
+	    "Carve-outs taken back from a group idle for group_carve_idle_s.",
+	    m->carve_outs_taken_back);
 	each(o, "railwave_rank_slabs_refused_total",
 	     "Group slabs a rank asked for and was not lent (its rank path off), by why.", "why",
 	     m->slabs_refused, RW_SVC_SLAB_WHY_COUNT, slab_why_name);

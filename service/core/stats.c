@@ -140,8 +140,9 @@ static void answer_summary(const rw_svc_t *svc, rw_svc_buf_t *o)
 	rw_svc_buf_printf(o, "peer_keys_refused %llu\n", (unsigned long long)m->peer_keys_refused);
 	rw_svc_buf_printf(o, "rank_path_busy %u\nrank_path_phases %llu\n", m->rank_path_busy,
 			  (unsigned long long)m->rank_path_phases);
-	rw_svc_buf_printf(o, "carve_outs %u/%u\ncarve_outs_refused %llu\n", m->carve_outs,
-			  m->carve_outs_max, (unsigned long long)m->carve_outs_refused);
+	rw_svc_buf_printf(o, "carve_outs %u/%u\ncarve_outs_refused %llu\ncarve_outs_taken_back %llu\n",
+			  m->carve_outs, m->carve_outs_max, (unsigned long long)m->carve_outs_refused,
+			  (unsigned long long)m->carve_outs_taken_back);
 	answer_rank_path(svc, o);
 	rw_svc_buf_printf(o, "path %s\n", cfg->force_path == RW_SVC_PATH_AUTO ? "auto" :
 			  rw_sched_path_name((rw_path_t)cfg->force_path));

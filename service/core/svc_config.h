@@ -86,6 +86,9 @@ typedef struct rw_svc_config {
 	uint32_t recv_region_mib;    /* receive region per node (all peers and rails share it) */
 	uint32_t group_area_mib;     /* a group's own carve-out per rail; 0: groups share the area */
 	uint32_t group_pool_mib;     /* per rail: what the groups' carve-outs may hold together */
+	uint32_t group_carve_per_uid; /* carve-outs the groups of one uid may hold; 0: no bound */
+	uint32_t group_carve_idle_s; /* a carve-out with no phase for this long is taken back when
+				      * another group finds the pool spent; 0: never */
 	uint32_t group_local_mib;    /* of group_area_mib, the local area; the rest is four equal
 	                              * record areas. 0: a fifth (the five areas equal) */
 	uint32_t stats_timeout_ms;   /* a stats client must finish each line within this */

@@ -154,11 +154,13 @@ typedef struct rw_svc_metrics {
 	char slabs[160];
 	/* The groups' carve-outs (docs/rankpath.md "The slab areas, lent per group"): held now (by
 	 * groups, and by pairs still draining), the pool's size, and groups that formed with the
-	 * pool spent (their pairs share the region, their ranks are lent no slabs). */
+	 * pool spent or their uid at group_carve_per_uid (their pairs share the region, their ranks
+	 * are lent no slabs), and carve-outs taken back from a group idle for group_carve_idle_s. */
 	uint32_t rank_path_busy;     /* rank-path pairs whose running kind is in flight now */
 	uint64_t rank_path_phases;   /* rank-path phases (dispatch or combine) completed */
 	uint32_t carve_outs, carve_outs_max;
 	uint64_t carve_outs_refused;
+	uint64_t carve_outs_taken_back;
 	/* The rank path as an operator sees it (docs/service.md "Turning on the rank path"): its
 	 * phases completed, by kind; its phases failed once in a pair, by rw_status_t (index as
 	 * errors'); its submissions refused on the page before a pair or for a word out of order,
