@@ -390,6 +390,7 @@ static void complete(exec_pair_t *p)
 	for (uint32_t g = 0; g < x->gpus; g++)
 		(kind == RW_SVC_COMBINE ? exec_answer_combine : exec_answer_dispatch)(x, p, g);
 	rw_svc_metrics_phase(&x->svc->metrics, p->plan.path, kind, 1, rw_now_ns() - p->phase_t0);
+	exec_carve_ran(p);
 	EXEC_TRACE(p, exec_trace_end_(p, kind, RW_OK));
 	if (kind == RW_SVC_DISPATCH && p->held.st != RW_OK) { /* exec_pair_fail_peer */
 		exec_stage_move(p, ST_WAIT_C);

@@ -45,6 +45,7 @@
 #define EXEC_COUNT_SLICE 8192u  /* tokens counted (or put into records) per idle slice */
 #define EXEC_MOVERS_MAX 4
 #define EXEC_QUIET_TAGS 256     /* ended pairs' tags kept from new pairs (exec_quiet_tag_t) */
+#define EXEC_CARVE_IDLE_UIDS 16 /* uids whose idle carve-outs' clocks are kept (exec_carve.c) */
 
 /* The four sub-areas of a slot in each rail's memory; a group's carve-out has a fifth, the
  * local area of the rank path (records and rows that never leave the node). */
@@ -174,7 +175,14 @@ struct exec_group {
 	int carve;
 	int carve_tried;             /* exec_carve_want ran for it */
 	uint64_t carve_free_at;      /* as slot_free_at, for its carve-out */
-	char carve_why[192];         /* carve -1 although the pool had room: why ("" otherwise) */
+	int carve_code;              /* carve -1 after a try: RW_E_LIMIT (the pool spent, the
+				      * per-uid bound, taken back) or RW_E_STATE (not made); 0 */
+	char carve_why[256];         /* then why, as its ranks are told */
+	uid_t carve_uid;             /* charged to: the uid of the rank whose request took it */
+	uint64_t carve_idle_at;      /* no phase completed in it since (taken, or inherited:
+				      * exec_carve.c; or its last completed phase) */
+	int carve_ran;               /* a phase completed in its carve-out */
+	int carve_lost;              /* its carve-out was taken back (carve_why says so) */
 };
 
 /* One local rank's submission of one kind. */
@@ -316,6 +324,12 @@ struct rw_svc_exec {
 				      * area is the rest, group_local_mib at least */
 	uint32_t carve_max;          /* carve-outs in the pool */
 	uint64_t *carve_put_at;      /* [carve_max]: when a left group's carve-out goes; 0: none */
+	/* Carve-outs given back with no phase run in them, by uid (exec_carve.c): the idle clock
+	 * of that uid's next one taken within group_carve_idle_s starts at `since`. at 0: free. */
+	struct exec_carve_idle {
+		uid_t uid;
+		uint64_t since, at;
+	} carve_idle[EXEC_CARVE_IDLE_UIDS];
 	exec_quiet_tag_t quiet[EXEC_QUIET_TAGS]; /* ring; quiet_next: the next to overwrite */
 	uint32_t quiet_next;
 	int slot_busy[EXEC_SLOTS];
@@ -530,15 +544,22 @@ rw_status_t exec_plan_counted(exec_pair_t *p);
  * *done_p once every record is in place and the records match the count row. */
 rw_status_t exec_plan_records(exec_pair_t *p, uint32_t budget, int *done_p);
 /* ---- exec_carve.c: the groups' carve-outs --------------------------------------------------- */
-/* A rank of the group asks for its slab or submits on its page (the first time only; a group
- * none of whose ranks maps a slab holds none of the pool): g->carve, or -1 (off, the pool
- * spent, or the carve-out could not be made: logged, and why in g->carve_why). */
-void exec_carve_want(exec_t *x, exec_group_t *g);
+/* Rank mb of a group asks for its slab or submits on its page (the first time only; a group
+ * none of whose ranks maps a slab holds none of the pool): g->carve, charged to mb's uid, or
+ * -1 (off, mb's uid at group_carve_per_uid, the pool spent with no carve-out idle for
+ * group_carve_idle_s to take back, or the carve-out could not be made: logged, and why in
+ * g->carve_why). Taking one back fails that group's later page phases and slab requests. */
+void exec_carve_want(exec_t *x, const exec_member_t *mb);
+/* 1 when the group's carve-out was taken back (its ranks' slabs are not what the daemon reads:
+ * a page phase is refused), with why and RW_E_LIMIT; 0 otherwise. */
+int exec_carve_lost(const exec_group_t *g, char *why, size_t len, int32_t *code_p);
+/* A phase completed in pair p's carve-out: its group's idle clock starts again. */
+void exec_carve_ran(exec_pair_t *p);
 /* The group's last rank left: its reference goes now, or at carve_free_at (exec_carve_tick). */
 void exec_carve_drop(exec_t *x, exec_group_t *g);
 void exec_carve_tick(exec_t *x, uint64_t now);
 /* A rank of the group asks for its slab of `rail` (ipc/ipc.h ops.group_slab): its carve-out's
- * fd (host or GPU memory), bytes and sub-areas; else an RW_E_* code and why. */
+ * fd (host or GPU memory), bytes and sub-areas; else an RW_E_* code and why (g->carve_why). */
 int exec_carve_lend(exec_t *x, const exec_group_t *g, uint32_t rail, rw_ipc_slab_t *slab_p,
 		    const char **why_p);
 

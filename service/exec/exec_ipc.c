@@ -526,7 +526,7 @@ static int group_slab(void *ctx, rw_ipc_client_t *client, uint32_t rail, rw_ipc_
 		*why_p = "slab setup: this rank is not in a group here";
 		return RW_E_STATE;
 	}
-	exec_carve_want(x, mb->g);
+	exec_carve_want(x, mb);
 	const int rc = exec_carve_lend(x, mb->g, rail, slab_p, why_p);
 	if (rc == RW_E_LIMIT || rc == RW_E_STATE) /* the pool spent; the carve-out not made */
 		x->svc->metrics.slabs_refused[rc == RW_E_LIMIT ? RW_SVC_SLAB_POOL :

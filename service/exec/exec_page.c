@@ -222,7 +222,7 @@ static int page_admit_combine(exec_t *x, exec_member_t *mb, rw_page_head_t *pg,
 static int page_submit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, uint64_t k)
 {
 	const rw_page_geom_t *geom = rw_ipc_client_page_geom(mb->client);
-	exec_carve_want(x, mb->g); /* a page rank's kernels write into the group's carve-out */
+	exec_carve_want(x, mb); /* a page rank's kernels write into the group's carve-out */
 	if (mb->page_failed == k) { /* its packed or done came first: failed then */
 		char why[RW_SVC_WHY_MAX];
 		snprintf(why, sizeof(why), "%s moved to %llu before its submit was taken",
@@ -245,7 +245,8 @@ static int page_submit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, uint64_
 	int32_t code = RW_E_TOKENS;
 	if (rw_page_submit_check(geom, &params, row, k, x->svc->topo.gpu_rail[mb->local], why,
 				 sizeof(why)) != 0 ||
-	    params_check(x, mb, &params, why, &code) != 0) {
+	    params_check(x, mb, &params, why, &code) != 0 ||
+	    exec_carve_lost(mb->g, why, sizeof(why), &code) != 0) {
 		free(row);
 		page_refuse(x, mb, pg, k, code, why);
 		/* The rank has its answer for the slot's layer and step, whatever kind it names: an
