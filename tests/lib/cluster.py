@@ -166,6 +166,34 @@ def railwave_size(hidden, topk, experts, tokens, gpus, nodes, rails, *extra):
     return p.returncode, {k: int(v) for k, v in keys.items()}, p.stderr
 
 
+def wait_for(cond, wait=WAIT):
+    """Polls cond() until it holds (True) or `wait` seconds passed (False)."""
+    deadline = time.time() + wait
+    while not cond():
+        if time.time() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def slab_objects(out):
+    """{rail: object} from the "slab RAIL object INODE bytes B" lines of rw_rank --slabs."""
+    objs = {}
+    for line in out.splitlines():
+        w = line.split()
+        if len(w) == 6 and w[0] == "slab" and w[2] == "object":
+            objs[int(w[1])] = int(w[3])
+    return objs
+
+
+def remote_rows(out):
+    """rw_rank --slabs' count of rows from other nodes found in its group's slabs; -1: none said."""
+    for line in out.splitlines():
+        if line.endswith("remote rows seen in the group's slabs"):
+            return int(line.split(", ")[-1].split()[0])
+    return -1
+
+
 def print_failure(name, e):
     """A scenario's failure: each line of what failed (not the daemons' logs that follow it) as
     a FAIL line of its own, so that tests/run's summary shows every failing rank, then the whole

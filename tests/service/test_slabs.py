@@ -166,21 +166,7 @@ def daemon_log(tmp, n):
         return f.read()
 
 
-def slab_objects(out):
-    """{rail: object} from rw_rank --slabs output."""
-    objs = {}
-    for line in out.splitlines():
-        w = line.split()
-        if len(w) == 6 and w[0] == "slab" and w[2] == "object":
-            objs[int(w[1])] = int(w[3])
-    return objs
-
-
-def remote_rows(out):
-    for line in out.splitlines():
-        if line.endswith("remote rows seen in the group's slabs"):
-            return int(line.split(", ")[-1].split()[0])
-    return -1
+slab_objects, remote_rows = cluster.slab_objects, cluster.remote_rows
 
 
 def scenario_lent(tmp, seed, transport):
@@ -526,15 +512,6 @@ def vmm_maps(pid):
         return sum("rw-fake-vmm" in line for line in f)
 
 
-def wait_for(what, cond):
-    deadline = time.time() + cluster.WAIT
-    while not cond():
-        if time.time() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def gpu_rank_path(c):
     """librailwave's rank path (rank/slabs.c) on GPU slabs, through ctypes on the kernel stand-in
     (this process is the rank; release build only): imported and mapped, the same memory as
@@ -706,7 +683,7 @@ def scenario_gpu(tmp, seed):
         check(vmm_fds(pids[0]) > 0, "the daemon holds the group's allocation while it is joined")
         x.close()
         gpu_rank_path(c)
-        check(wait_for("freed", lambda: all(vmm_fds(p) == 0 and vmm_maps(p) == 0 for p in pids)),
+        check(cluster.wait_for(lambda: all(vmm_fds(p) == 0 and vmm_maps(p) == 0 for p in pids)),
               "every group gone: the daemons hold no GPU allocation and map none (fds %s, maps %s)"
               % ([vmm_fds(p) for p in pids], [vmm_maps(p) for p in pids]))
     finally:
