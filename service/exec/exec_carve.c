@@ -23,37 +23,42 @@ static uint64_t idle_ns(const exec_t *x)
 	return (uint64_t)x->svc->cfg.group_carve_idle_s * 1000000000ull;
 }
 
-/* Group g gives its carve-out back having run no phase in it: its uid's clock is kept. */
-static void idle_keep(exec_t *x, const exec_group_t *g, uint64_t now)
+/* Keep uid's clock (its entry, a free one, else the oldest). */
+static void idle_put(exec_t *x, const struct exec_carve_idle *keep)
 {
-	if (g->carve_ran || !idle_ns(x))
-		return;
 	struct exec_carve_idle *e = &x->carve_idle[0];
 	for (uint32_t i = 0; i < EXEC_CARVE_IDLE_UIDS; i++) {
 		struct exec_carve_idle *c = &x->carve_idle[i];
-		if (c->at && c->uid == g->carve_uid) {
+		if (c->at && c->uid == keep->uid) {
 			e = c;
 			break;
 		}
-		if (c->at < e->at) /* a free one (0), else the oldest */
+		if (c->at < e->at)
 			e = c;
 	}
-	*e = (struct exec_carve_idle){ .uid = g->carve_uid, .since = g->carve_idle_at, .at = now };
+	*e = *keep;
 }
 
-/* Where the idle clock of a carve-out uid takes now starts: now, or the clock of its last one
- * given back idle within group_carve_idle_s. */
-static uint64_t idle_since(exec_t *x, uid_t uid, uint64_t now)
+/* Group g gives its carve-out back having run no phase in it: its uid's clock is kept. */
+static void idle_keep(exec_t *x, const exec_group_t *g, uint64_t now)
+{
+	if (!g->carve_ran && idle_ns(x))
+		idle_put(x, &(struct exec_carve_idle){ .uid = g->carve_uid, .since = g->carve_idle_at,
+						       .at = now });
+}
+
+/* The clock uid's last carve-out given back idle left (taken out of the table), or at 0. */
+static struct exec_carve_idle idle_take(exec_t *x, uid_t uid)
 {
 	for (uint32_t i = 0; i < EXEC_CARVE_IDLE_UIDS; i++) {
 		struct exec_carve_idle *c = &x->carve_idle[i];
 		if (c->at && c->uid == uid) {
-			const uint64_t since = c->since, at = c->at;
+			const struct exec_carve_idle e = *c;
 			c->at = 0;
-			return now - at < idle_ns(x) ? since : now;
+			return e;
 		}
 	}
-	return now;
+	return (struct exec_carve_idle){ .uid = uid };
 }
 
 static uint32_t uid_holds(const exec_t *x, uid_t uid)
@@ -92,9 +97,10 @@ static exec_group_t *idle_holder(const exec_t *x, uint64_t now)
 	return best;
 }
 
-/* Take h's carve-out back for group `to`: its regions deregistered and memfds closed now (no pair
- * reads them), its ranks told; the group goes on without slabs, its page phases refused. */
-static void take_back(exec_t *x, exec_group_t *h, const char *to, uint64_t now)
+/* Take h's carve-out back for group `to` of uid `by`: its regions deregistered and memfds closed
+ * now (no pair reads them), its ranks told; the group goes on without slabs, its page phases
+ * refused. Its clock is kept for its uid's next carve-out unless that uid takes it itself. */
+static void take_back(exec_t *x, exec_group_t *h, const char *to, uid_t by, uint64_t now)
 {
 	const unsigned long long idle = (now - h->carve_idle_at) / 1000000000ull;
 	snprintf(h->carve_why, sizeof(h->carve_why), "the group's carve-out was taken back, %llu s "
@@ -108,7 +114,8 @@ static void take_back(exec_t *x, exec_group_t *h, const char *to, uint64_t now)
 	for (uint32_t l = 0; x->ipc && l < x->gpus; l++)
 		if (h->member[l])
 			rw_ipc_client_notice(x->ipc, h->member[l]->client, RW_E_LIMIT, h->carve_why);
-	idle_keep(x, h, now);
+	if (h->carve_uid != by)
+		idle_keep(x, h, now);
 	const uint32_t i = (uint32_t)h->carve;
 	h->carve = -1;
 	rw_svc_mesh_carve_put(x->mesh, i); /* the last reference: deregistered, unmapped, closed */
@@ -151,22 +158,29 @@ static void carve_take(exec_t *x, exec_group_t *g, uid_t uid)
 		return;
 	}
 	const uint64_t now = rw_now_ns();
+	/* Its idle clock starts now, or goes on from its uid's carve-out given back idle within
+	 * group_carve_idle_s: found before any is taken back, so a uid taking back its own idle
+	 * one does not inherit that one's clock. */
+	const struct exec_carve_idle was = idle_take(x, uid);
+	const uint64_t since = was.at && now - was.at < idle_ns(x) ? was.since : now;
 	uint32_t i;
 	rw_status_t st = rw_svc_mesh_carve_take(x->mesh, g->name, &i);
 	exec_group_t *h;
 	if (st == RW_ERR_AGAIN && (h = idle_holder(x, now)) != NULL) {
-		take_back(x, h, g->name, now);
+		take_back(x, h, g->name, uid, now);
 		st = rw_svc_mesh_carve_take(x->mesh, g->name, &i);
 	}
 	if (st == RW_OK) {
 		g->carve = (int)i;
 		g->carve_uid = uid;
 		g->carve_ran = 0;
-		g->carve_idle_at = idle_since(x, uid, now);
+		g->carve_idle_at = since;
 		rw_dbg("group %s: carve-out %u (%llu MiB per rail), uid %u", g->name, i,
 		       (unsigned long long)x->carve_bytes >> 20, (unsigned)uid);
 		return;
 	}
+	if (was.at)
+		idle_put(x, &was); /* kept for its next */
 	x->svc->metrics.carve_outs_refused++;
 	g->carve_code = st == RW_ERR_AGAIN ? RW_E_LIMIT : RW_E_STATE;
 	if (st == RW_ERR_AGAIN)
