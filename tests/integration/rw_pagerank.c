@@ -60,6 +60,9 @@
  * rank before its step 1: a harness picks which of the two keys a node's pair opens with first.
  * With RW_PAGERANK_LEAVE_DELAY_MS=N a host-rejoin rank waits N ms before it leaves: its node's
  * pair of step 1 is open when it goes.
+ * With RW_PAGERANK_SUBMIT_GO=FILE a rank of the CPU-played modes takes its page and its group's
+ * slabs, then waits for FILE (at most 60 s) before its first submit: a harness acts on the
+ * group's carve-out while it holds it and has submitted nothing (its idle carve-out taken back).
  * With RW_PAGERANK_HOLD=FILE a rank of the library's modes stays connected after its last phase
  * until FILE exists (at most 60 s): a harness sees what the others get while it stays.
  * Output: "rank R: S steps x L layers dispatched on the rank path, verified (N rows)"; for lie
@@ -555,6 +558,16 @@ static int combine(const rw_wl_shape_t *sh, const uint8_t *dslot, uint64_t k, ui
 	*tokens_p += mine.n;
 done:
 	word_set(RW_PW_DONE, k);
+	return 0;
+}
+
+/* Wait for `path` to exist (a harness's go; at most WAIT_S seconds); NULL: no wait. 0, or 1. */
+static int wait_file(const char *path)
+{
+	for (long i = 0; path && access(path, F_OK) != 0; i++) {
+		CHECK(i < WAIT_S * 100L, "no %s", path);
+		usleep(10000);
+	}
 	return 0;
 }
 
@@ -1557,10 +1570,8 @@ int main(int argc, char **argv)
 	int rc = rw_client_connect(&o, &c);
 	CHECK(rc == 0, "connect: %s", rw_client_strerror(rc));
 	const char *go = getenv("RW_PAGERANK_GO"), *hold = getenv("RW_PAGERANK_HOLD");
-	for (long i = 0; go && access(go, F_OK) != 0; i++) {
-		CHECK(i < WAIT_S * 100L, "no %s", go);
-		usleep(10000);
-	}
+	if (wait_file(go))
+		return 1;
 	uint64_t k = 0, rows = 0;
 	const int host = strncmp(mode, "host", 4) == 0;
 	if (strcmp(mode, "lib") == 0 || host) { /* the library's rank path, CUDA or host */
@@ -1682,15 +1693,15 @@ int main(int argc, char **argv)
 		       steps, layers, host ? "host" : "CUDA", (unsigned long long)rows,
 		       (unsigned long long)tokens, lib_sms());
 lib_out:
-		for (long i = 0; hold && access(hold, F_OK) != 0; i++) {
-			CHECK(i < WAIT_S * 100L, "no %s", hold);
-			usleep(10000);
-		}
+		if (wait_file(hold))
+			return 1;
 		rw_client_rank_close(lr.rp);
 		rw_client_close(c);
 		return 0;
 	}
 	if (page_join(c))
+		return 1;
+	if (wait_file(getenv("RW_PAGERANK_SUBMIT_GO")))
 		return 1;
 	int expect_fail = strcmp(mode, "lie") == 0;
 	const int liar = expect_fail && me == 0, one = strcmp(mode, "one") == 0;
