@@ -20,7 +20,11 @@ cluster files size it) unless a scenario says otherwise.
    local ranks, its slabs mapped): its pair waits for the other local rank and never reaches the
    carve-out, so past group_carve_idle_s (2 s) a job takes it back all the same and verifies 40
    phases; the lone rank's dispatch then fails on the phase timeout as it would have.
-3. Per uid (a pool of two, group_carve_per_uid 1): the squatter's first group gets a carve-out,
+3. An idle rank-path job (rw_pagerank, every rank of a group on both nodes, its page and slabs
+   taken, its first submit held back: RW_PAGERANK_SUBMIT_GO): past group_carve_idle_s (2 s) a
+   job takes its carve-out back on both nodes and verifies 40 phases; the idle job's first page
+   phase then fails on every rank, named ("taken back").
+4. Per uid (a pool of two, group_carve_per_uid 1): the squatter's first group gets a carve-out,
    its second is refused (RW_E_LIMIT, naming the uid and the bound); a job of another uid gets the
    other carve-out and verifies 40 phases.
 Each scenario ends with every client gone: the daemon's carve-out memfds, their mappings and
@@ -296,6 +300,45 @@ def scenario_lone_rank(tmp, seed):
         c.stop()
 
 
+def scenario_idle_page(tmp, seed):
+    idle = 2
+    c = nobody_cluster(tmp, 2, {"group_carve_idle_s": idle})
+    go = os.path.join(tmp, "go.idle")
+    procs = []
+    try:
+        c.start_all()
+        base = slab_state(c, 0)
+        env = dict(c.env, RW_PAGERANK_SUBMIT_GO=go)
+        procs = [(r, c.pagerank(r, "job.idle", 1, 1, seed, "one", env))
+                 for r in range(c.nodes * c.gpus)]
+        t0 = time.time()
+        check(wait_for(lambda: all("carve_outs 1/1\n" in c.stats(n) for n in range(c.nodes))
+                       or any(p.poll() is not None for _, p in procs)),
+              "an idle rank-path job holds the pool of both nodes")
+        time.sleep(max(0.0, t0 + idle + 0.5 - time.time()))
+        ok, _ = run_job(c, "job.a", seed)
+        check(ok, "a job takes it back on both nodes and verifies 40 phases in its slabs")
+        check(all("group job.idle (uid 0): its carve-out taken back for group job.a" in c.log(n)
+                  for n in range(c.nodes)), "both daemons log the carve-out taken back")
+        open(go, "w").close()
+        res = cluster.outputs(procs)
+        procs = []
+        bad = {r: v for r, v in res.items() if v[0] != 0 or "one: phase 1 failed" not in v[1]
+               or "taken back" not in v[1]}
+        check(not bad, "the idle job's first page phase fails on every rank, named: %s"
+              % (bad or sorted({v[1].strip().splitlines()[-1][:110] for v in res.values()})))
+        refused = [[l for l in c.stats(n).splitlines() if l.startswith("rank_path_refused")]
+                   for n in range(c.nodes)]
+        check(all("rank_path_refused %d" % c.gpus in r for r in refused),
+              "each daemon refused its ranks' submits on their pages: %s" % refused)
+        back_to(c, 0, base, "idle page job")
+    finally:
+        for _, p in procs:
+            p.kill()
+            p.wait()
+        c.stop()
+
+
 def scenario_per_uid(tmp, seed):
     c = nobody_cluster(tmp, 2, {"group_pool_mib": 2, "group_carve_per_uid": 1})
     sock0 = c.cfg["nodes"][0]["ipc_socket"]
@@ -332,8 +375,9 @@ def scenario_per_uid(tmp, seed):
 
 
 def main():
-    if not cluster.built(cluster.DAEMON, cluster.RANK) or not os.path.exists(cluster.FAKE_CUDA):
-        print("skip: railwaved, rw_rank or the CUDA stand-in not built")
+    if not cluster.built(cluster.DAEMON, cluster.RANK, cluster.PAGERANK) or not os.path.exists(
+            cluster.FAKE_CUDA):
+        print("skip: railwaved, rw_rank, rw_pagerank or the CUDA stand-in not built")
         return 77
     if os.getuid() != 0 or not shutil.which("setpriv"):
         print("skip: needs root and setpriv to run the squatter as nobody")
@@ -343,6 +387,7 @@ def main():
         os.chmod(tmp, 0o755)  # the socket's group and mode keep other uids out, not the folder
         check.scenarios([("taken back", scenario_taken_back),
                          ("lone rank", scenario_lone_rank),
+                         ("idle page job", scenario_idle_page),
                          ("per uid", scenario_per_uid)], tmp, seed)
     return check.exit_code()
 
