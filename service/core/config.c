@@ -72,6 +72,7 @@ static const field_t fields[] = {
 	{"group_carve_per_uid", K_U32, OFF(group_carve_per_uid), 0, 0, 65536},
 	{"group_carve_idle_s", K_U32, OFF(group_carve_idle_s), 0, 0, 604800},
 	{"stats_timeout_ms", K_U32, OFF(stats_timeout_ms), 0, 1, 3600000},
+	{"gpu_stall_ms", K_U32, OFF(gpu_stall_ms), 0, 10, 3600000},
 	{"max_tokens", K_U32, OFF(max_tokens), 0, 1, 1048576},
 	{"log_level", K_LOGLEVEL, OFF(log_level), 0, 0, 0},
 	{"path", K_FORCEPATH, OFF(force_path), 0, 0, 0},
@@ -129,6 +130,8 @@ const rw_svc_option_t rw_svc_options[] = {
 	 "take back a carve-out idle this long when the pool is spent (0 = never)"},
 	{"stats_timeout_ms", "stats-timeout-ms", "RAILWAVE_STATS_TIMEOUT_MS", "MS",
 	 "stats client line deadline"},
+	{"gpu_stall_ms", "gpu-stall-ms", "RAILWAVE_GPU_STALL_MS", "MS",
+	 "a GPU whose copies have not landed for this long is stalled"},
 	{"pace", "pace", "RAILWAVE_PACE", "on|off", "pace every rail at its rate_gbps (tcp, shm)"},
 	{"rail_weights", "rail-weights", "RAILWAVE_RAIL_WEIGHTS", "config|measured",
 	 "rail capacity weights: rate_gbps, or measured throughput"},
@@ -438,6 +441,7 @@ static void set_defaults(loader_t *ld)
 	cfg->group_carve_per_uid = 0;
 	cfg->group_carve_idle_s = 600;
 	cfg->stats_timeout_ms = 30000;
+	cfg->gpu_stall_ms = 5000;
 	cfg->max_tokens = 65536;
 	cfg->log_level = RW_LOG_INFO;
 	cfg->force_path = RW_SVC_PATH_AUTO;

@@ -92,6 +92,7 @@ typedef struct rw_svc_config {
 	uint32_t group_local_mib;    /* of group_area_mib, the local area; the rest is four equal
 	                              * record areas. 0: a fifth (the five areas equal) */
 	uint32_t stats_timeout_ms;   /* a stats client must finish each line within this */
+	uint32_t gpu_stall_ms;       /* a GPU whose marks have not landed for this long is stalled */
 	uint32_t max_tokens;         /* tokens per submission (the IPC server refuses more) */
 	rw_log_level_t log_level;
 	int force_path;              /* RW_SVC_PATH_AUTO or an rw_path_t */

@@ -77,6 +77,7 @@ static const bad_case_t bad_cases[] = {
 	{"\"group_local_mib\": 65536,", 0, 0, 0, "group_local_mib: 65536 out of range", RW_ERR_PARSE},
 	{"\"recv_region_mib\": 0,", 0, 0, 0, "recv_region_mib: 0 out of range", RW_ERR_PARSE},
 	{"\"stats_timeout_ms\": -5,", 0, 0, 0, "stats_timeout_ms: -5 out of range", RW_ERR_PARSE},
+	{"\"gpu_stall_ms\": 5,", 0, 0, 0, "gpu_stall_ms: 5 out of range", RW_ERR_PARSE},
 	{"\"max_tokens\": 2000000,", 0, 0, 0, "max_tokens: 2000000 out of range", RW_ERR_PARSE},
 	{"\"ipc_busy_poll_us\": 10001,", 0, 0, 0, "ipc_busy_poll_us: 10001 out of range", RW_ERR_PARSE},
 	{"\"poller_sleep_min_us\": 0,", 0, 0, 0, "poller_sleep_min_us: 0 out of range", RW_ERR_PARSE},
@@ -446,6 +447,7 @@ static void test_precedence(void **state)
 	assert_int_equal(rw_svc_config_load_text(make_json(NULL, NULL, NULL), NULL, &n1, 1, &cfg,
 						 err, sizeof(err)), RW_OK);
 	assert_int_equal(cfg.phase_timeout_ms, 10000);
+	assert_int_equal(cfg.gpu_stall_ms, 5000);
 	rw_svc_config_free(&cfg);
 	assert_int_equal(rw_svc_config_load_text(json, NULL, &n1, 1, &cfg, err, sizeof(err)), RW_OK);
 	assert_int_equal(cfg.phase_timeout_ms, 111);
