@@ -61,6 +61,7 @@ rw_status_t rw_cuda_stream_create_prio(int d, int h, rw_cuda_stream_t **s, int *
 	return RW_NO_CUDA;
 }
 void rw_cuda_stream_destroy(rw_cuda_stream_t *s) { (void)s; }
+void rw_cuda_stream_abandon(rw_cuda_stream_t *s) { (void)s; }
 int rw_cuda_stream_device(const rw_cuda_stream_t *s) { (void)s; return -1; }
 int rw_cuda_stream_fd(const rw_cuda_stream_t *s) { (void)s; return -1; }
 rw_status_t rw_cuda_copy_dtoh_async(rw_cuda_stream_t *s, void *a, rw_cuda_dptr_t b, size_t n)
@@ -172,6 +173,7 @@ void rw_cuda_vmm_release(rw_cuda_vmm_t *v) { (void)v; }
 int rw_cuda_vmm_fd(const rw_cuda_vmm_t *v) { (void)v; return -1; }
 rw_status_t rw_cuda_pull_create(int d, rw_cuda_pull_t **p) { (void)d; (void)p; return RW_NO_CUDA; }
 void rw_cuda_pull_destroy(rw_cuda_pull_t *p) { (void)p; }
+void rw_cuda_pull_abandon(rw_cuda_pull_t *p) { (void)p; }
 int rw_cuda_pull_device(const rw_cuda_pull_t *p) { (void)p; return -1; }
 rw_status_t rw_cuda_pull_rows(rw_cuda_pull_t *p, void *d, size_t dp, rw_cuda_dptr_t s, size_t sp,
 			      size_t w, size_t n)

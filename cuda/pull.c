@@ -62,6 +62,19 @@ void rw_cuda_pull_destroy(rw_cuda_pull_t *p)
 	free(p);
 }
 
+void rw_cuda_pull_abandon(rw_cuda_pull_t *p)
+{
+	if (!p)
+		return;
+	/* No wait: the driver frees the stream once its work is done. The word is not freed: a
+	 * mark still queued writes it. */
+	if (rw_cu_enter(p->device) == RW_OK)
+		rw_cu.cuStreamDestroy(p->stream);
+	if (rw_cuda_pull_landed(p) == p->made)
+		rw_cu.cuMemFreeHost((void *)p->word);
+	free(p);
+}
+
 int rw_cuda_pull_device(const rw_cuda_pull_t *p) { return p->device; }
 
 rw_status_t rw_cuda_pull_rows(rw_cuda_pull_t *p, void *dst, size_t dst_pitch, rw_cuda_dptr_t src,

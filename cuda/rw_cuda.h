@@ -230,6 +230,10 @@ int rw_cuda_vmm_device(const rw_cuda_vmm_t *vmm);
 typedef struct rw_cuda_pull rw_cuda_pull_t;
 rw_status_t rw_cuda_pull_create(int device, rw_cuda_pull_t **pull_p);
 void rw_cuda_pull_destroy(rw_cuda_pull_t *pull);
+/* A hung device's pull given up without waiting (cuStreamDestroy returns at once and the driver
+ * releases the stream once its work is done): the word its marks write is left allocated while
+ * a mark may still land in it (the process's exit reclaims it). */
+void rw_cuda_pull_abandon(rw_cuda_pull_t *pull);
 int rw_cuda_pull_device(const rw_cuda_pull_t *pull);
 /* Enqueue `rows` copies of `width` bytes, row i from src + i x src_pitch (device memory) to
  * dst + i x dst_pitch (page-locked host memory, valid until a later mark landed): one
@@ -261,6 +265,10 @@ rw_status_t rw_cuda_stream_create_prio(int device, int high, rw_cuda_stream_t **
 				       int *priority_p);
 /* Waits for the stream's outstanding work, then frees it. */
 void rw_cuda_stream_destroy(rw_cuda_stream_t *stream);
+/* A hung device's stream given up without waiting (cuStreamDestroy returns at once and the
+ * driver releases the stream once its work is done): its record and eventfd stay allocated while
+ * a queued mark's host function may still write them (the process's exit reclaims them). */
+void rw_cuda_stream_abandon(rw_cuda_stream_t *stream);
 
 int rw_cuda_stream_device(const rw_cuda_stream_t *stream);
 /* The eventfd (EFD_NONBLOCK) to watch for EV_READ; rw_cuda_stream_poll() drains it. */

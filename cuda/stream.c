@@ -101,6 +101,20 @@ void rw_cuda_stream_destroy(rw_cuda_stream_t *s)
 	free(s);
 }
 
+void rw_cuda_stream_abandon(rw_cuda_stream_t *s)
+{
+	if (s == NULL)
+		return;
+	/* No wait: the driver frees the stream once its work is done. s and its eventfd stay while
+	 * a mark's host function is still queued (it writes them). */
+	if (rw_cu_enter(s->device) == RW_OK)
+		rw_cu.cuStreamDestroy(s->stream);
+	if (atomic_load_explicit(&s->done, memory_order_acquire) != s->tail)
+		return;
+	close(s->efd);
+	free(s);
+}
+
 int rw_cuda_stream_device(const rw_cuda_stream_t *s) { return s->device; }
 int rw_cuda_stream_fd(const rw_cuda_stream_t *s) { return s->efd; }
 

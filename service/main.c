@@ -301,6 +301,7 @@ int main(int argc, char **argv)
 	snprintf(ident, sizeof(ident), "railwaved node=%s", svc.cfg.nodes[svc.cfg.me].name);
 	rw_log_set_ident(ident);
 	rw_log_set_level(svc.cfg.log_level);
+	rw_svc_gpu_stall_set(svc.cfg.gpu_stall_ms); /* the movers' bound on a GPU's progress */
 	if (rw_svc_metrics_init(&svc.metrics, svc.cfg.rails, svc.cfg.n_nodes) ||
 	    rw_svc_metrics_pub_init(&svc.pub, svc.cfg.rails, svc.cfg.n_nodes)) {
 		rw_err("out of memory");

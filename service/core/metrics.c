@@ -255,6 +255,12 @@ static void rank_path_series(rw_svc_buf_t *o, const rw_svc_metrics_t *m)
 	     "Rank-path phases the daemon refused on the rank's page, by client code.");
 	by_reason(o, "railwave_rank_path_refused_total", "code", m->rank_path_refused,
 		  rw_svc_client_code_name);
+	int stalled[64];
+	uint64_t held = 0;
+	one(o, "railwave_gpus_stalled", "gauge", "GPUs whose copies stopped landing (gpu_stall_ms).",
+	    rw_svc_gpu_stalled_list(stalled, 64, &held));
+	one(o, "railwave_gpu_held_bytes", "gauge",
+	    "Page-locked memory held for GPU copies that may still land.", held);
 	one(o, "railwave_carve_outs", "gauge", "Group carve-outs held now.", m->carve_outs);
 	one(o, "railwave_carve_outs_max", "gauge", "Group carve-outs the pool holds.",
 	    m->carve_outs_max);

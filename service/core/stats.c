@@ -98,6 +98,19 @@ static void answer_rank_path(const rw_svc_t *svc, rw_svc_buf_t *o)
 				  rw_svc_slab_why_name((rw_svc_slab_why_t)w),
 				  (unsigned long long)m->slabs_refused[w]);
 }
+/* The daemon's GPUs that stopped making progress (docs/rankpath.md "A hung GPU"): how many, which,
+ * and the page-locked memory held for their copies that may still land. */
+static void answer_gpus(rw_svc_buf_t *o)
+{
+	int dev[64];
+	uint64_t held = 0;
+	unsigned n = rw_svc_gpu_stalled_list(dev, 64, &held);
+	rw_svc_buf_printf(o, "gpus_stalled %u", n);
+	for (unsigned i = 0; i < n; i++)
+		rw_svc_buf_printf(o, "%s%d", i ? "," : " ", dev[i]);
+	rw_svc_buf_printf(o, "\ngpu_held_bytes %llu\n", (unsigned long long)held);
+}
+
 static void answer_summary(const rw_svc_t *svc, rw_svc_buf_t *o)
 {
 	const rw_svc_config_t *cfg = &svc->cfg;
@@ -144,6 +157,7 @@ static void answer_summary(const rw_svc_t *svc, rw_svc_buf_t *o)
 			  m->carve_outs, m->carve_outs_max, (unsigned long long)m->carve_outs_refused,
 			  (unsigned long long)m->carve_outs_taken_back);
 	answer_rank_path(svc, o);
+	answer_gpus(o);
 	rw_svc_buf_printf(o, "path %s\n", cfg->force_path == RW_SVC_PATH_AUTO ? "auto" :
 			  rw_sched_path_name((rw_path_t)cfg->force_path));
 	if (svc->anchors)

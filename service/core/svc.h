@@ -103,4 +103,22 @@ void rw_svc_http_stop(rw_svc_http_t *http);
 /* The bound port (useful with port 0). */
 uint16_t rw_svc_http_port(const rw_svc_http_t *http);
 
+/* The daemon's GPUs' progress (service/core/gpu.c; docs/rankpath.md "A hung GPU"), one table per
+ * process: a device one of the daemon's streams (the movers' staging, the header pull) waited on
+ * for the bound without one of its marks landing is stalled: logged once, shown by stats and
+ * metrics, and every copy asked of it is refused, named, until each stream that stalled on it
+ * saw a mark land again. stall_set: the bound (gpu_stall_ms; 0 keeps the default, 5000 ms).
+ * stall / moved: a stream of device d stalled (its oldest mark waiting since `since_ns`) / landed
+ * a mark again (landed 1) or was given up (0); the first stall and the last landing are logged.
+ * stalled: whether d is stalled now, with a sentence naming it in why (len bytes) if why.
+ * stalled_list: the stalled devices (up to max of them) and, in *held_bytes_p, the page-locked
+ * memory held for copies that may still land. held: that memory grew or shrank. */
+void rw_svc_gpu_stall_set(uint32_t ms);
+uint64_t rw_svc_gpu_stall_ns(void);
+void rw_svc_gpu_stall(int device, uint64_t since_ns);
+void rw_svc_gpu_moved(int device, int landed);
+int rw_svc_gpu_stalled(int device, char *why, size_t len);
+unsigned rw_svc_gpu_stalled_list(int *devices, unsigned max, uint64_t *held_bytes_p);
+void rw_svc_gpu_held(int64_t delta_bytes);
+
 #endif /* RW_SVC_H */

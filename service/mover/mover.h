@@ -44,7 +44,8 @@ typedef struct rw_svc_rank_io {
 	uint64_t out_cap;            /* bytes at out */
 	/* Stream order (ipc/railwave.h "Stream-ordered submission"), set by the executor from the
 	 * submission: wait_ev, when set, is the rank's event: stage() makes every stream that reads
-	 * the rank's inputs wait on it first (a host-side mover synchronizes it). With signal set,
+	 * the rank's inputs wait on it first (a host-side mover's staging stream too; nothing waits on
+	 * the loop). With signal set,
 	 * the mover writes flag_value into the 32-bit word at flag_dptr (device flag_dev, the
 	 * output's) after the rank's outputs, on the stream that wrote them, before it reports
 	 * RW_MV_OP_FINISH. A failed pair's flags are the executor's (after quiesce). Every span of
@@ -238,10 +239,16 @@ typedef struct rw_svc_mover_ops {
 			      rw_svc_phase_kind_t kind, uint32_t *pending_p, char *why);
 	/* Rank g's dispatch result: rows written and per-expert counts ([n_experts]). */
 	void (*result)(void *state, uint32_t g, uint32_t *recv_rows_p, const uint32_t **counts_p);
-	/* The pair failed: return only once nothing of this mover touches the ranks' memory for
-	 * this pair any more (reports may still follow; the executor ignores them). */
+	/* The pair failed: stop it at once, never waiting for a GPU (docs/rankpath.md "A hung
+	 * GPU"): no later report of it changes anything the executor counts on (reports may still
+	 * follow; the executor ignores them); the daemon's memory that copies still queued may
+	 * write is held by the mover until they land (rw_svc_stage_retire). Copies already queued
+	 * into a rank's CUDA memory may still land after the rank got its error. */
 	void (*quiesce)(void *mover, void *state);
 	void (*close)(void *mover, void *state);
+	/* Optional: 0 while copies this mover enqueued out of or into the carve-out ph's slabs lie
+	 * in (a closed pair's) may still land; the executor keeps the carve-out until 1. */
+	int (*settled)(void *mover, const rw_svc_phase_t *ph);
 	/* Optional (NULL: the executor counts on the host, rw_sched_count_step in idle slices).
 	 * Called once per pair, when every local rank's dispatch stage() has been called (some may
 	 * still be pending): write the node's count row — row[d * R + r], rw_sched_count's, every
@@ -257,6 +264,12 @@ typedef struct rw_svc_mover_ops {
 
 extern const rw_svc_mover_ops_t rw_svc_mover_host;
 
+/* For movers that stage CUDA ranks (service/mover/stage.c): a pair that ends with copies that
+ * may not have landed (`unsettled`: marks pending, or copies with none) hands each local rank's
+ * pinned staging (ph->stage_in[g], stage_out[g]) to the stage, against the devices devs[g] its
+ * copies went to (rw_svc_stage_retire); devs is cleared. */
+void rw_svc_stage_retire_pair(rw_svc_stage_t *stage, const rw_svc_phase_t *ph, uint64_t *devs,
+			      int unsettled);
 /* For movers that copy a CUDA rank's outputs from the host (service/mover/stage.c): the mark after
  * rank g's copies completed with `st`: its flag written when *flag_io names it (stream order,
  * rw_svc_stage_flag; then cleared), and RW_MV_OP_FINISH reported. */
@@ -280,9 +293,11 @@ rw_status_t rw_svc_slab_pull(const rw_svc_phase_t *ph, rw_svc_phase_kind_t kind,
  * daemon's on the slab's GPU; mark(): after every copy enqueued so far, fn(ctx, token, st) is
  * called from the loop once they all landed (RW_OK) or one failed (RW_ERR_DEVICE, logged): the
  * copies' marks are words the streams write, polled by the loop while one is outstanding (no
- * host function, no kernel). sync(): block until every copy enqueued so far is done (a failed
- * pair: none lands in the shadow after). RW_ERR_DEVICE / RW_ERR_INVAL with why, naming the rail
- * and GPU. */
+ * host function, no kernel); a batch on a device that stalled (rw_svc_gpu_stall) fails with
+ * RW_ERR_TIMEOUT, and rows() refuses a stalled device, named. forget(): a pair that ends drops
+ * its batches (tokens whose high 32 bits are `serial`) unreported, without waiting: its copies
+ * stay queued on the device's one stream, before any later pull of the same shadow.
+ * RW_ERR_DEVICE / RW_ERR_INVAL with why, naming the rail and GPU. */
 typedef struct rw_svc_pull rw_svc_pull_t;
 typedef void (*rw_svc_pull_fn)(void *ctx, uint64_t token, rw_status_t st);
 rw_status_t rw_svc_pull_create(struct ev_loop *loop, rw_svc_pull_fn fn, void *ctx,
@@ -291,7 +306,9 @@ void rw_svc_pull_destroy(rw_svc_pull_t *pull);
 rw_status_t rw_svc_pull_rows(rw_svc_pull_t *pull, const rw_svc_phase_t *ph, uint32_t rail,
 			     uint64_t off, uint64_t pitch, uint64_t width, uint32_t rows, char *why);
 rw_status_t rw_svc_pull_mark(rw_svc_pull_t *pull, uint64_t token, char *why);
-void rw_svc_pull_sync(rw_svc_pull_t *pull);
+void rw_svc_pull_forget(rw_svc_pull_t *pull, uint32_t serial);
+/* 1 when no copy of the pull out of ph's GPU slabs may still land (their GPUs' marks all in). */
+int rw_svc_pull_settled(const rw_svc_pull_t *pull, const rw_svc_phase_t *ph);
 
 /* For movers (service/mover/mover_rec.c): check an arrived dispatch record in `slot` of src's range on
  * `rail` (tag, source, owner) and read its header and top-k. RW_ERR_PROTO, with why naming the

@@ -21,8 +21,12 @@ typedef struct host_pair {
 	struct host_pair *next;      /* m->pairs: open states, for the stage's reports */
 	uint32_t serial;
 	rw_arena_t mem;
+	const rw_svc_phase_t *ph;    /* the executor's, while the pair is open */
 	uint32_t marks[RW_SVC_KIND_COUNT][RW_MAX_GPUS]; /* staging marks not done, per kind, rank */
 	uint32_t pending;            /* marks of any kind not yet done */
+	uint64_t devs[RW_MAX_GPUS];  /* the devices rank g's copies went to (bit d) */
+	int loose;                   /* copies that may not have landed with no mark pending: a
+				      * failed enqueue, or marks a stall gave up on */
 	/* local-node records: (rank, token) of every token with an expert on this node */
 	uint32_t n_local;
 	uint32_t *local_ref;         /* [2 * n_local] */
@@ -60,6 +64,21 @@ static uint64_t stage_token(const host_pair_t *hp, uint32_t op, uint32_t g)
 	return rw_svc_stage_token(hp->serial, op, g);
 }
 
+/* The next open pair with copies pending on a stalled device: given up (its marks, if they land,
+ * are reported to nobody; its staging retired at quiesce), its serial and first rank there. */
+static int stalled_pair(host_mover_t *m, int device, uint32_t *serial_p, int *g_p)
+{
+	for (host_pair_t *hp = m->pairs; hp; hp = hp->next)
+		if (hp->pending && (*g_p = rw_svc_stage_rank_on(hp->devs, device)) >= 0) {
+			hp->pending = 0;
+			hp->loose = 1;
+			memset(hp->marks, 0, sizeof(hp->marks));
+			*serial_p = hp->serial;
+			return 1;
+		}
+	return 0;
+}
+
 /* A staging mark completed (the loop's ev_io on the stream's eventfd). */
 static void stage_done(void *ctx, uint64_t token, rw_status_t st)
 {
@@ -70,13 +89,21 @@ static void stage_done(void *ctx, uint64_t token, rw_status_t st)
 		m->done(m->ctx, 0, RW_MV_OP_ALL, 0, st);
 		return;
 	}
+	const int stalled = rw_svc_stage_dev_of(token);
 	uint32_t serial, op, g;
+	int on;
+	/* a device stalled: each pair with copies pending on it fails (a report may end a pair:
+	 * the search starts over each time) */
+	while (stalled >= 0 && stalled_pair(m, stalled, &serial, &on))
+		m->done(m->ctx, serial, RW_MV_OP_FINISH, (uint32_t)on, st);
+	if (stalled >= 0)
+		return;
 	rw_svc_stage_token_split(token, &serial, &op, &g);
 	host_pair_t *hp = m->pairs;
 	while (hp && hp->serial != serial)
 		hp = hp->next;
 	if (!hp || g >= RW_MAX_GPUS || !hp->pending)
-		return; /* a pair that ended meanwhile (it waited for its copies then) */
+		return; /* a pair that ended or failed meanwhile (its staging retired then) */
 	hp->pending--;
 	if (op == OP_FLUSH) {
 		rw_svc_stage_flushed(m->done, m->ctx, serial, g, &hp->flag_io[g], st);
@@ -124,6 +151,7 @@ static rw_status_t host_open(void *mover, const rw_svc_phase_t *ph, void **state
 	if (!hp)
 		return RW_ERR_NOMEM;
 	hp->m = m;
+	hp->ph = ph;
 	hp->serial = ph->serial;
 	hp->next = m->pairs;
 	m->pairs = hp;
@@ -131,17 +159,17 @@ static rw_status_t host_open(void *mover, const rw_svc_phase_t *ph, void **state
 	return RW_OK;
 }
 
+/* Nothing here waits for a GPU (docs/rankpath.md "A hung GPU"): where a rank's copies may not
+ * have landed, its staging is handed to the stage, which frees it once they did (a copy never
+ * lands in freed memory), and the rank gets its error at once. */
 static void host_quiesce(void *mover, void *state)
 {
 	host_mover_t *m = mover;
 	host_pair_t *hp = state;
-	if (hp->pending) {
-		/* Copies into or out of ranks' memory are still queued: wait for them (failure path
-		 * only; copies take microseconds to milliseconds), so nothing touches a rank's memory
-		 * after it got its error and may reuse or free it. */
-		rw_svc_stage_sync(m->stage);
-		hp->pending = 0;
-	}
+	rw_svc_stage_retire_pair(m->stage, hp->ph, hp->devs, hp->pending || hp->loose);
+	hp->pending = 0;
+	hp->loose = 0;
+	memset(hp->marks, 0, sizeof(hp->marks));
 }
 
 static void host_close(void *mover, void *state)
@@ -176,16 +204,6 @@ static rw_status_t host_stage(void *mover, void *state, rw_svc_phase_t *ph,
 	if (kind == RW_SVC_COMBINE)
 		len[0] = (uint64_t)hp->rank_out.n[g] * ph->row_bytes;
 	uint64_t need = 0;
-	/* Stream order: the rank's inputs are ready once its event is (this blocks the loop; the
-	 * CUDA mover makes its streams wait instead). */
-	if (io->wait_ev) {
-		rw_status_t st = rw_cuda_event_sync(io->wait_ev);
-		if (st != RW_OK) {
-			snprintf(why, RW_SVC_WHY_MAX, "cannot wait for local rank %u's event: %s", g,
-				 rw_status_str(st));
-			return RW_ERR_DEVICE;
-		}
-	}
 	for (unsigned i = 0; i < n_in; i++) {
 		host[i] = io->in[i].host;
 		if (io->in[i].dev >= 0)
@@ -201,15 +219,26 @@ static rw_status_t host_stage(void *mover, void *state, rw_svc_phase_t *ph,
 		for (unsigned i = 0; i < n_in && st == RW_OK; i++) {
 			if (io->in[i].dev < 0)
 				continue;
-			uint8_t *dst = (uint8_t *)stage->ptr + off;
-			st = rw_svc_stage_d2h(m->stage, io->in[i].dev, dst, io->in[i].dptr, len[i]);
-			host[i] = dst;
-			off += (len[i] + 63) & ~(uint64_t)63;
+			if (rw_svc_gpu_stalled(io->in[i].dev, why, RW_SVC_WHY_MAX))
+				return RW_ERR_DEVICE; /* named: refused until it moves again */
+			if (io->in[i].dev < 64)
+				hp->devs[g] |= 1ull << io->in[i].dev;
 			unsigned k = 0;
 			while (k < ndev && devs[k] != io->in[i].dev)
 				k++;
-			if (k == ndev)
+			if (k == ndev) {
 				devs[ndev++] = io->in[i].dev;
+				/* Stream order: the copies wait on the GPU for the rank's event (never
+				 * the loop: a rank's kernel that never ends stalls the device, named) */
+				if (io->wait_ev)
+					st = rw_svc_stage_wait_event(m->stage, io->in[i].dev, io->wait_ev);
+			}
+			uint8_t *dst = (uint8_t *)stage->ptr + off;
+			if (st == RW_OK)
+				st = rw_svc_stage_d2h(m->stage, io->in[i].dev, dst, io->in[i].dptr,
+						      len[i]);
+			host[i] = dst;
+			off += (len[i] + 63) & ~(uint64_t)63;
 		}
 		for (unsigned k = 0; k < ndev && st == RW_OK; k++) {
 			st = rw_svc_stage_mark(m->stage, devs[k], stage_token(hp, (uint32_t)kind, g));
@@ -219,6 +248,7 @@ static rw_status_t host_stage(void *mover, void *state, rw_svc_phase_t *ph,
 			}
 		}
 		if (st != RW_OK) {
+			hp->loose = 1;
 			snprintf(why, RW_SVC_WHY_MAX, "cannot stage local rank %u's CUDA %s: %s", g,
 				 kind == RW_SVC_COMBINE ? "combine rows" : "inputs", rw_status_str(st));
 			return RW_ERR_DEVICE;
@@ -629,6 +659,11 @@ static rw_status_t host_finish(void *mover, void *state, const rw_svc_phase_t *p
 				memcpy(hp->counts_dst[g], hp->rank_out.expert_counts[g], counts);
 			if (io->out.dev < 0)
 				continue;
+			if (rw_svc_gpu_stalled(io->out.dev, why, RW_SVC_WHY_MAX)) {
+				*pending_p = pending;
+				return RW_ERR_DEVICE; /* named: refused until it moves again */
+			}
+			hp->devs[g] |= io->out.dev < 64 ? 1ull << io->out.dev : 0;
 			uint64_t n = hp->rank_out.n[g];
 			st = rw_svc_stage_h2d(m->stage, io->out.dev, io->out.dptr + o->counts_off,
 					      hp->counts_dst[g], counts);
@@ -652,6 +687,11 @@ static rw_status_t host_finish(void *mover, void *state, const rw_svc_phase_t *p
 			 * the local work, which ran to the end before this. */
 			if (io->out.dev < 0)
 				continue;
+			if (rw_svc_gpu_stalled(io->out.dev, why, RW_SVC_WHY_MAX)) {
+				*pending_p = pending;
+				return RW_ERR_DEVICE; /* named: refused until it moves again */
+			}
+			hp->devs[g] |= io->out.dev < 64 ? 1ull << io->out.dev : 0;
 			st = rw_svc_stage_h2d(m->stage, io->out.dev, io->out.dptr, hp->c_out[g],
 					      n * ph->row_bytes);
 		}
@@ -659,6 +699,7 @@ static rw_status_t host_finish(void *mover, void *state, const rw_svc_phase_t *p
 			st = rw_svc_stage_mark(m->stage, io->out.dev, stage_token(hp, OP_FLUSH, g));
 		hp->flag_io[g] = st == RW_OK && io->signal ? io : NULL;
 		if (st != RW_OK) {
+			hp->loose = 1;
 			snprintf(why, RW_SVC_WHY_MAX, "cannot copy results into local rank %u's CUDA "
 				 "memory: %s", g, rw_status_str(st));
 			*pending_p = pending;

@@ -77,6 +77,9 @@ typedef struct page_pair {
 	 * the node's row when count() waits for the ids' copies. */
 	uint32_t marks[RW_SVC_KIND_COUNT][RW_MAX_GPUS];
 	uint32_t pending;
+	uint64_t devs[RW_MAX_GPUS];    /* the devices rank g's copies went to (bit d) */
+	int loose;                     /* copies that may not have landed with no mark pending:
+					* a failed enqueue, or marks a stall gave up on */
 	const rw_svc_rank_io_t *flag_io[RW_MAX_GPUS];
 	uint32_t *count_row;
 	/* The header pull (a GPU carve-out): per kind, the records' pull before the check (0 not
@@ -221,8 +224,11 @@ static rw_status_t ring_fetch(page_pair_t *pp, const rw_svc_phase_t *ph, rw_svc_
 {
 	const rw_svc_rank_io_t *io = &ph->io[kind][g];
 	uint64_t need = 0, off = 0, devs = 0;
-	for (unsigned i = 0; i < n_in; i++)
+	for (unsigned i = 0; i < n_in; i++) {
 		need += io->in[i].dev >= 0 ? LINE_UP(len[i]) : 0;
+		if (io->in[i].dev >= 0 && rw_svc_gpu_stalled(io->in[i].dev, why, RW_SVC_WHY_MAX))
+			return RW_ERR_DEVICE; /* named: refused until it moves again */
+	}
 	rw_status_t st = need ? rw_svc_pinned_reserve(ph->stage_in[g], need) : RW_OK;
 	for (unsigned i = 0; i < n_in && st == RW_OK; i++) {
 		at[i] = io->in[i].host;
@@ -232,12 +238,18 @@ static rw_status_t ring_fetch(page_pair_t *pp, const rw_svc_phase_t *ph, rw_svc_
 			st = RW_ERR_INVAL;
 			break;
 		}
+		/* Stream order: the copies wait on the GPU for the rank's event (never the loop) */
+		if (io->wait_ev && !(devs >> io->in[i].dev & 1))
+			st = rw_svc_stage_wait_event(pp->m->stage, io->in[i].dev, io->wait_ev);
 		uint8_t *dst = (uint8_t *)ph->stage_in[g]->ptr + off;
-		st = rw_svc_stage_d2h(pp->m->stage, io->in[i].dev, dst, io->in[i].dptr, len[i]);
+		if (st == RW_OK)
+			st = rw_svc_stage_d2h(pp->m->stage, io->in[i].dev, dst, io->in[i].dptr,
+					      len[i]);
 		at[i] = dst;
 		off += LINE_UP(len[i]);
 		devs |= 1ull << io->in[i].dev;
 	}
+	pp->devs[g] |= devs;
 	for (int d = 0; d < 64 && st == RW_OK; d++)
 		if ((devs >> d & 1) &&
 		    (st = rw_svc_stage_mark(pp->m->stage, d, stage_token(pp, kind, g))) == RW_OK) {
@@ -245,6 +257,7 @@ static rw_status_t ring_fetch(page_pair_t *pp, const rw_svc_phase_t *ph, rw_svc_
 			pp->pending++;
 		}
 	if (st != RW_OK) {
+		pp->loose = 1;
 		snprintf(why, RW_SVC_WHY_MAX, "cannot copy local rank %u's CUDA %s to the host: %s",
 			 ph->me * ph->gpus + g, kind == RW_SVC_COMBINE ? "combine rows" : "inputs",
 			 rw_status_str(st));
@@ -253,8 +266,8 @@ static rw_status_t ring_fetch(page_pair_t *pp, const rw_svc_phase_t *ph, rw_svc_
 	return RW_OK;
 }
 
-/* A ring rank's inputs as its stream would have them, once its event passed (stream order: this
- * blocks the loop, as the host mover does) and its CUDA buffers are copied: its dispatch's ids
+/* A ring rank's inputs as its stream would have them, once its CUDA buffers are copied (stream
+ * order: the copies wait on the GPU for its event, ring_fetch): its dispatch's ids
  * read once (the pack and the count read the daemon's copy, never the rank's memory, which it
  * may rewrite after submitting: what the peers were counted is what is sent), its rows and
  * weights, its count row to come; its combine rows, to be staged beside the page ranks'.
@@ -264,11 +277,6 @@ static rw_status_t ring_stage(page_pair_t *pp, rw_svc_phase_t *ph, rw_svc_phase_
 {
 	rw_svc_rank_io_t *io = &ph->io[kind][g];
 	const uint8_t *at[3];
-	if (io->wait_ev && rw_cuda_event_sync(io->wait_ev) != RW_OK) {
-		snprintf(why, RW_SVC_WHY_MAX, "cannot wait for local rank %u's event",
-			 ph->me * ph->gpus + g);
-		return RW_ERR_DEVICE;
-	}
 	if (kind == RW_SVC_COMBINE) {
 		const uint64_t len = (uint64_t)(pp->lists.list[g] ? pp->lists.n[g] : 0) * ph->row_bytes;
 		rw_status_t st = ring_fetch(pp, ph, kind, g, &len, 1, at, why);
@@ -385,6 +393,22 @@ static page_pair_t *pair_of(const page_mover_t *m, uint32_t serial)
 	return pp;
 }
 
+/* The next open pair with copies pending on a stalled device: given up (its marks, if they land,
+ * are reported to nobody; its staging retired at quiesce), its serial and first rank there. */
+static int stalled_pair(page_mover_t *m, int device, uint32_t *serial_p, int *g_p)
+{
+	page_pair_t *pp = m->pairs;
+	while (pp && (!pp->pending || (*g_p = rw_svc_stage_rank_on(pp->devs, device)) < 0))
+		pp = pp->older;
+	if (!pp)
+		return 0;
+	pp->pending = 0;
+	pp->loose = 1;
+	memset(pp->marks, 0, sizeof(pp->marks));
+	*serial_p = pp->ph->serial;
+	return 1;
+}
+
 /* A copy of a ring rank's CUDA buffers completed (the loop's ev_io on the stream's eventfd):
  * its inputs are readable (a combine's rows go to its staging area, and the combine may plan),
  * or its outputs are in its memory (its flag written, stream order); a count that waited for the
@@ -400,11 +424,19 @@ static void stage_done(void *ctx, uint64_t token, rw_status_t st)
 		m->done(m->ctx, 0, RW_MV_OP_ALL, 0, st);
 		return;
 	}
+	const int stalled = rw_svc_stage_dev_of(token);
 	uint32_t serial, op, g;
+	int on;
+	/* a device stalled: each pair with copies pending on it fails (a report may end a pair:
+	 * the search starts over each time) */
+	while (stalled >= 0 && stalled_pair(m, stalled, &serial, &on))
+		m->done(m->ctx, serial, RW_MV_OP_FINISH, (uint32_t)on, st);
+	if (stalled >= 0)
+		return;
 	rw_svc_stage_token_split(token, &serial, &op, &g);
 	page_pair_t *pp = pair_of(m, serial);
 	if (!pp || g >= RW_MAX_GPUS || !pp->pending)
-		return; /* a pair that ended meanwhile (it waited for its copies then) */
+		return; /* a pair that ended or failed meanwhile (its staging retired then) */
 	pp->pending--;
 	if (op == OP_FLUSH) { /* its outputs are in its memory */
 		rw_svc_stage_flushed(m->done, m->ctx, serial, g, &pp->flag_io[g], st);
@@ -574,6 +606,15 @@ static rw_status_t pm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 	return RW_OK;
 }
 
+/* A stalled GPU one of the pair's GPU slabs lies on, named in why: 1; else 0. */
+static int stalled_slab(const rw_svc_phase_t *ph, char *why)
+{
+	for (uint32_t r = 0; r < ph->rails; r++)
+		if (ph->slab_shadow[r] && rw_svc_gpu_stalled(ph->slab_gpu[r], why, RW_SVC_WHY_MAX))
+			return 1;
+	return 0;
+}
+
 /* Rank g's packed reached its phase (P3: the load-acquire before its records are read); a ring
  * rank's records were packed by the daemon. */
 static int packed(const rw_svc_rank_io_t *io)
@@ -640,6 +681,8 @@ static rw_status_t pm_pack(void *mover, void *state, const rw_svc_phase_t *ph,
 			return RW_ERR_AGAIN;
 		}
 		if (pp->pull_st[kind] != RW_OK) {
+			if (pp->pull_st[kind] == RW_ERR_TIMEOUT && stalled_slab(ph, why))
+				return RW_ERR_DEVICE; /* named: the GPU that stopped */
 			snprintf(why, RW_SVC_WHY_MAX, "pulling the %s records' headers out of the group's "
 				 "GPU slabs failed (%s)", rw_svc_kind_name(kind),
 				 rw_status_str(pp->pull_st[kind]));
@@ -795,6 +838,10 @@ static rw_status_t ring_out(page_pair_t *pp, const rw_svc_phase_t *ph, rw_svc_ph
 	const int dev = io->out.dev;
 	uint8_t *out = io->out.host;
 	rw_status_t st = RW_OK;
+	if (dev >= 0 && rw_svc_gpu_stalled(dev, why, RW_SVC_WHY_MAX))
+		return RW_ERR_DEVICE; /* named: refused until it moves again */
+	if (dev >= 0 && dev < 64)
+		pp->devs[g] |= 1ull << dev;
 	if (kind == RW_SVC_COMBINE) {
 		const uint64_t bytes = (uint64_t)ph->io[RW_SVC_DISPATCH][g].n_tokens * ph->row_bytes;
 		if (dev >= 0 && (st = rw_svc_pinned_reserve(ph->stage_out[g], bytes)) == RW_OK)
@@ -842,6 +889,7 @@ static rw_status_t ring_out(page_pair_t *pp, const rw_svc_phase_t *ph, rw_svc_ph
 	if (st == RW_OK && dev >= 0)
 		st = rw_svc_stage_mark(pp->m->stage, dev, stage_token(pp, OP_FLUSH, g));
 	if (st != RW_OK) {
+		pp->loose = 1;
 		snprintf(why, RW_SVC_WHY_MAX, "cannot copy results into local rank %u's CUDA memory: "
 			 "%s", ph->me * ph->gpus + g, rw_status_str(st));
 		return RW_ERR_DEVICE;
@@ -1008,7 +1056,9 @@ static void pull_landed(void *ctx, uint64_t token, rw_status_t st)
 	char why[RW_SVC_WHY_MAX] = "";
 	if (pp->rx_pulls[kind])
 		pp->rx_pulls[kind]--;
-	if (st != RW_OK)
+	if (st == RW_ERR_TIMEOUT && rw_svc_gpu_stalled(ph->slab_gpu[rail], why, sizeof(why)))
+		st = RW_ERR_DEVICE; /* named: the GPU that stopped; not node src's fault */
+	else if (st != RW_OK)
 		snprintf(why, sizeof(why), "pulling the headers of node %u's range on rail %u out of "
 			 "the group's GPU slab failed (%s)", src, rail, rw_status_str(st));
 	else
@@ -1037,24 +1087,22 @@ static void pm_result(void *state, uint32_t g, uint32_t *recv_rows_p, const uint
 	*counts_p = pp->ring_counts[g];
 }
 
-/* The page ranks' kernels are theirs to stop (the executor owes their words); a ring rank's
- * copies still queued are waited for, so nothing touches its memory once it has its error. */
+/* The page ranks' kernels are theirs to stop (the executor owes their words). Nothing here waits
+ * for a GPU (docs/rankpath.md "A hung GPU"): the pair's header pulls are forgotten (their copies
+ * stay queued on the device's one pull stream, ahead of any later pull of the shadow), and where
+ * a ring rank's copies may not have landed, its staging is handed to the stage, which frees it
+ * once they did; the rank gets its error at once. */
 static void pm_quiesce(void *mover, void *state)
 {
 	page_mover_t *m = mover;
 	page_pair_t *pp = state;
-	for (int k = 0; k < RW_SVC_KIND_COUNT; k++)
-		if (pp->pulled[k] == 1 || pp->rx_pulls[k]) { /* no copy lands in the shadow after */
-			rw_svc_pull_sync(m->pull);
-			break;
-		}
+	rw_svc_pull_forget(m->pull, pp->ph->serial);
 	memset(pp->pulled, 0, sizeof(pp->pulled));
 	memset(pp->rx_pulls, 0, sizeof(pp->rx_pulls));
 	memset(pp->fin_wait, 0, sizeof(pp->fin_wait));
-	if (!pp->pending)
-		return;
-	rw_svc_stage_sync(m->stage);
+	rw_svc_stage_retire_pair(m->stage, pp->ph, pp->devs, pp->pending || pp->loose);
 	pp->pending = 0;
+	pp->loose = 0;
 	memset(pp->marks, 0, sizeof(pp->marks));
 }
 
@@ -1062,6 +1110,14 @@ static void pm_close(void *mover, void *state)
 {
 	pm_quiesce(mover, state);
 	pair_free(state, RW_MAX_GPUS);
+}
+
+/* A closed pair's carve-out stays the executor's until no pull out of it may still land: a late
+ * copy then never reads memory the pool gave back, nor writes a shadow another group got. */
+static int pm_settled(void *mover, const rw_svc_phase_t *ph)
+{
+	const page_mover_t *m = mover;
+	return rw_svc_pull_settled(m->pull, ph);
 }
 
 const rw_svc_mover_ops_t rw_svc_mover_rank = {
@@ -1081,5 +1137,6 @@ const rw_svc_mover_ops_t rw_svc_mover_rank = {
 	.result = pm_result,
 	.quiesce = pm_quiesce,
 	.close = pm_close,
+	.settled = pm_settled,
 	.count = pm_count,
 };

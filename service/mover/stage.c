@@ -2,7 +2,9 @@
  * buffers"): one rw_cuda stream per device, its completion eventfd watched by an ev_io on the
  * daemon's loop, so async copies never block the loop; and growable pinned host buffers for the
  * executor to stage into. */
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <ev.h>
 
@@ -12,21 +14,40 @@
 
 #define STAGE_MAX_DEVICES 64
 #define STAGE_POLL_BATCH 64
+#define STAGE_NO_TOKEN (RW_SVC_STAGE_ALL - 100) /* a retire's own mark: reported to nobody */
 
 typedef struct stage_dev {
 	rw_cuda_stream_t *stream; /* NULL until first used (or after it failed) */
 	ev_io io;
 	uint32_t pending;         /* marks made, not yet delivered */
+	uint64_t made, landed;    /* marks made and landed on this stream, ever */
+	uint64_t moved_at;        /* when a mark last landed, or the first of an idle stream was made */
+	int dirty;                /* copies enqueued since the last mark */
+	int stalled;              /* declared stalled (rw_svc_gpu_stall), not landed since */
 	struct rw_svc_stage *st;
 } stage_dev_t;
+
+/* Memory a retired pair's copies may still touch: freed once every device in devs landed the
+ * mark it waits for. */
+typedef struct stage_held {
+	struct stage_held *next;
+	void *ptr;
+	size_t size;
+	uint64_t devs;
+	uint64_t until[STAGE_MAX_DEVICES];
+} stage_held_t;
 
 struct rw_svc_stage {
 	struct ev_loop *loop;
 	rw_svc_stage_done_fn done;
 	void *ctx;
 	stage_dev_t dev[STAGE_MAX_DEVICES];
+	stage_held_t *held;
+	ev_timer watch;           /* while a mark is outstanding: the stall bound */
 	int used;
 };
+
+static void watch_cb(struct ev_loop *loop, ev_timer *w, int revents);
 
 rw_status_t rw_svc_stage_create(struct ev_loop *loop, rw_svc_stage_done_fn done, void *ctx,
 				rw_svc_stage_t **stage_p)
@@ -39,8 +60,44 @@ rw_status_t rw_svc_stage_create(struct ev_loop *loop, rw_svc_stage_done_fn done,
 	s->ctx = ctx;
 	for (int d = 0; d < STAGE_MAX_DEVICES; d++)
 		s->dev[d].st = s;
+	ev_init(&s->watch, watch_cb);
+	s->watch.data = s;
 	*stage_p = s;
 	return RW_OK;
+}
+
+/* Whether memory the copies on d enqueued so far touch is still in use by the GPU. */
+static int dev_busy(const stage_dev_t *d)
+{
+	return d->stream && (d->landed < d->made || d->dirty);
+}
+
+/* Free the held memory whose devices all landed (or lost their stream: it faulted, and a
+ * faulted context writes nothing more). */
+static void held_sweep(rw_svc_stage_t *s)
+{
+	for (stage_held_t **hp = &s->held; *hp;) {
+		stage_held_t *h = *hp;
+		int busy = 0;
+		for (int d = 0; d < STAGE_MAX_DEVICES && !busy; d++)
+			busy = (h->devs >> d & 1) && s->dev[d].stream && s->dev[d].landed < h->until[d];
+		if (busy) {
+			hp = &h->next;
+			continue;
+		}
+		*hp = h->next;
+		rw_svc_gpu_held(-(int64_t)h->size);
+		rw_cuda_host_free(h->ptr);
+		free(h);
+	}
+}
+
+static void dev_unstall(stage_dev_t *d, int landed)
+{
+	if (!d->stalled)
+		return;
+	d->stalled = 0;
+	rw_svc_gpu_moved((int)(d - d->st->dev), landed);
 }
 
 static void dev_close(rw_svc_stage_t *s, stage_dev_t *d)
@@ -48,20 +105,92 @@ static void dev_close(rw_svc_stage_t *s, stage_dev_t *d)
 	if (!d->stream)
 		return;
 	ev_io_stop(s->loop, &d->io);
-	rw_cuda_stream_destroy(d->stream); /* waits for what is still enqueued */
+	if (d->stalled && dev_busy(d))
+		rw_cuda_stream_abandon(d->stream); /* a copy may still land: nothing of it freed */
+	else
+		rw_cuda_stream_destroy(d->stream); /* waits for what is still enqueued */
+	dev_unstall(d, 0);
 	d->stream = NULL;
 	d->pending = 0;
+	d->dirty = 0;
+	d->landed = d->made;
 }
 
 void rw_svc_stage_destroy(rw_svc_stage_t *s)
 {
 	if (!s)
 		return;
-	for (int d = 0; d < STAGE_MAX_DEVICES; d++)
-		dev_close(s, &s->dev[d]);
+	ev_timer_stop(s->loop, &s->watch);
+	uint64_t abandoned = 0;
+	for (int d = 0; d < STAGE_MAX_DEVICES; d++) {
+		if (s->dev[d].stalled && dev_busy(&s->dev[d]))
+			abandoned |= 1ull << d;
+		dev_close(s, &s->dev[d]); /* a device's copies done, or its stream abandoned */
+	}
+	for (stage_held_t *h = s->held, *nx; h; h = nx) {
+		nx = h->next;
+		rw_svc_gpu_held(-(int64_t)h->size);
+		if (h->devs & abandoned) /* the driver's queued copies still name it: not freed */
+			rw_warn("stage: %zu bytes of page-locked staging left to a stalled GPU's "
+				"copies", h->size);
+		else
+			rw_cuda_host_free(h->ptr);
+		free(h);
+	}
 	if (s->used)
 		rw_cuda_shutdown(); /* after the IPC cache (rw_svc_ipc_stop) and the streams */
 	free(s);
+}
+
+void rw_svc_stage_watch(struct ev_loop *loop, struct ev_timer *w, int need)
+{
+	if (!need) {
+		ev_timer_stop(loop, w);
+		return;
+	}
+	if (ev_is_active(w))
+		return;
+	double every = (double)rw_svc_gpu_stall_ns() * 0.25e-9;
+	every = every < 0.01 ? 0.01 : every > 1.0 ? 1.0 : every;
+	ev_timer_set(w, every, every);
+	ev_timer_start(loop, w);
+}
+
+int rw_svc_stage_rank_on(const uint64_t *devs, int device)
+{
+	for (int g = 0; g < RW_MAX_GPUS; g++)
+		if (devs[g] >> device & 1)
+			return g;
+	return -1;
+}
+
+/* The stall bound's timer runs while some mark is outstanding or memory is held. */
+static void watch_arm(rw_svc_stage_t *s)
+{
+	int need = s->held != NULL;
+	for (int d = 0; d < STAGE_MAX_DEVICES && !need; d++)
+		need = s->dev[d].stream && s->dev[d].landed < s->dev[d].made;
+	rw_svc_stage_watch(s->loop, &s->watch, need);
+}
+
+static void watch_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	rw_svc_stage_t *s = w->data;
+	const uint64_t now = rw_now_ns(), bound = rw_svc_gpu_stall_ns();
+	for (int i = 0; i < STAGE_MAX_DEVICES; i++) {
+		stage_dev_t *d = &s->dev[i];
+		if (!d->stream || d->stalled || d->landed >= d->made || now - d->moved_at < bound)
+			continue;
+		/* Its marks stopped: the pairs waiting on it fail now; its copies, if they ever land,
+		 * land in memory still held (rw_svc_stage_retire). */
+		d->stalled = 1;
+		rw_svc_gpu_stall(i, d->moved_at);
+		d->pending = 0;
+		s->done(s->ctx, RW_SVC_STAGE_DEV(i), RW_ERR_TIMEOUT);
+	}
+	watch_arm(s);
 }
 
 static void dev_io_cb(struct ev_loop *loop, ev_io *w, int revents)
@@ -74,33 +203,43 @@ static void dev_io_cb(struct ev_loop *loop, ev_io *w, int revents)
 	uint64_t tokens[STAGE_POLL_BATCH];
 	for (;;) {
 		if (!d->stream)
-			return;
+			break;
 		int n = rw_cuda_stream_poll(d->stream, tokens, STAGE_POLL_BATCH);
 		if (n < 0) {
 			/* A faulted stream never completes its marks: report every pending one as
 			 * failed, then drop the stream (the next use makes a new one). */
 			rw_err("stage: CUDA stream of device %d failed: %s", device,
 			       rw_status_str((rw_status_t)n));
-			ev_io_stop(s->loop, &d->io);
-			rw_cuda_stream_destroy(d->stream);
-			d->stream = NULL;
-			d->pending = 0;
+			dev_close(s, d);
+			held_sweep(s);
 			s->done(s->ctx, RW_SVC_STAGE_ALL, (rw_status_t)n);
-			return;
+			break;
+		}
+		if (n > 0) {
+			d->landed += (uint64_t)n;
+			d->moved_at = rw_now_ns();
+			dev_unstall(d, 1);
 		}
 		for (int i = 0; i < n; i++) {
-			d->pending--;
+			if (tokens[i] == STAGE_NO_TOKEN)
+				continue;
+			if (d->pending)
+				d->pending--;
 			s->done(s->ctx, tokens[i], RW_OK);
 		}
 		if (n < STAGE_POLL_BATCH)
-			return;
+			break;
 	}
+	held_sweep(s);
+	watch_arm(s);
 }
 
 static rw_status_t dev_get(rw_svc_stage_t *s, int device, stage_dev_t **d_p)
 {
 	if (device < 0 || device >= STAGE_MAX_DEVICES)
 		return RW_ERR_INVAL;
+	if (rw_svc_gpu_stalled(device, NULL, 0))
+		return RW_ERR_TIMEOUT;
 	stage_dev_t *d = &s->dev[device];
 	if (!d->stream) {
 		rw_status_t st = rw_cuda_stream_create(device, &d->stream);
@@ -119,14 +258,43 @@ rw_status_t rw_svc_stage_d2h(rw_svc_stage_t *s, int device, void *dst, uint64_t 
 {
 	stage_dev_t *d;
 	rw_status_t st = dev_get(s, device, &d);
-	return st != RW_OK || n == 0 ? st : rw_cuda_copy_dtoh_async(d->stream, dst, src, n);
+	if (st != RW_OK || n == 0)
+		return st;
+	d->dirty = 1;
+	return rw_cuda_copy_dtoh_async(d->stream, dst, src, n);
 }
 
 rw_status_t rw_svc_stage_h2d(rw_svc_stage_t *s, int device, uint64_t dst, const void *src, size_t n)
 {
 	stage_dev_t *d;
 	rw_status_t st = dev_get(s, device, &d);
-	return st != RW_OK || n == 0 ? st : rw_cuda_copy_htod_async(d->stream, dst, src, n);
+	if (st != RW_OK || n == 0)
+		return st;
+	d->dirty = 1;
+	return rw_cuda_copy_htod_async(d->stream, dst, src, n);
+}
+
+rw_status_t rw_svc_stage_wait_event(rw_svc_stage_t *s, int device, struct rw_cuda_event *ev)
+{
+	stage_dev_t *d;
+	rw_status_t st = dev_get(s, device, &d);
+	if (st != RW_OK)
+		return st;
+	d->dirty = 1;
+	return rw_cuda_stream_wait_event(d->stream, ev);
+}
+
+static rw_status_t dev_mark(rw_svc_stage_t *s, stage_dev_t *d, uint64_t token)
+{
+	rw_status_t st = rw_cuda_stream_mark(d->stream, token);
+	if (st != RW_OK)
+		return st;
+	if (d->landed == d->made)
+		d->moved_at = rw_now_ns(); /* an idle stream's wait starts now */
+	d->made++;
+	d->dirty = 0;
+	watch_arm(s);
+	return RW_OK;
 }
 
 rw_status_t rw_svc_stage_mark(rw_svc_stage_t *s, int device, uint64_t token)
@@ -134,17 +302,64 @@ rw_status_t rw_svc_stage_mark(rw_svc_stage_t *s, int device, uint64_t token)
 	stage_dev_t *d;
 	rw_status_t st = dev_get(s, device, &d);
 	if (st == RW_OK)
-		st = rw_cuda_stream_mark(d->stream, token);
+		st = dev_mark(s, d, token);
 	if (st == RW_OK)
 		d->pending++;
 	return st;
 }
 
-void rw_svc_stage_sync(rw_svc_stage_t *s)
+size_t rw_svc_stage_retire(rw_svc_stage_t *s, uint64_t devs, rw_svc_pinned_t *const *bufs,
+			   unsigned n)
 {
-	for (int i = 0; i < STAGE_MAX_DEVICES; i++)
-		if (s->dev[i].stream && s->dev[i].pending)
-			rw_cuda_stream_sync(s->dev[i].stream);
+	uint64_t busy = 0, until[STAGE_MAX_DEVICES] = { 0 };
+	for (int d = 0; d < STAGE_MAX_DEVICES; d++) {
+		stage_dev_t *sd = &s->dev[d];
+		if (!(devs >> d & 1) || !dev_busy(sd))
+			continue;
+		/* Copies with no mark behind them (a pair that failed between a copy and its mark)
+		 * get one of the stage's own, so their end is known; failing that, the next mark
+		 * anyone makes on the stream comes after them. */
+		until[d] = sd->made + (uint64_t)sd->dirty;
+		if (sd->dirty && dev_mark(s, sd, STAGE_NO_TOKEN) == RW_OK)
+			until[d] = sd->made;
+		busy |= 1ull << d;
+	}
+	size_t taken = 0;
+	for (unsigned i = 0; busy && i < n; i++) {
+		if (!bufs[i] || !bufs[i]->ptr)
+			continue;
+		stage_held_t *h = calloc(1, sizeof(*h));
+		if (!h) { /* cannot track it: never freed rather than freed under a copy */
+			rw_err("stage: out of memory tracking %zu bytes of staging a GPU may still "
+			       "write: left allocated", bufs[i]->size);
+			bufs[i]->ptr = NULL;
+			bufs[i]->size = 0;
+			continue;
+		}
+		h->ptr = bufs[i]->ptr;
+		h->size = bufs[i]->size;
+		h->devs = busy;
+		memcpy(h->until, until, sizeof(until));
+		h->next = s->held;
+		s->held = h;
+		taken += h->size;
+		rw_svc_gpu_held((int64_t)h->size);
+		bufs[i]->ptr = NULL;
+		bufs[i]->size = 0;
+	}
+	watch_arm(s);
+	return taken;
+}
+
+void rw_svc_stage_retire_pair(rw_svc_stage_t *s, const rw_svc_phase_t *ph, uint64_t *devs,
+			      int unsettled)
+{
+	for (uint32_t g = 0; g < ph->gpus && g < RW_MAX_GPUS; g++) {
+		rw_svc_pinned_t *bufs[2] = { ph->stage_in[g], ph->stage_out[g] };
+		if (devs[g] && unsettled)
+			rw_svc_stage_retire(s, devs[g], bufs, 2);
+		devs[g] = 0;
+	}
 }
 
 rw_status_t rw_svc_pinned_reserve(rw_svc_pinned_t *b, size_t bytes)

@@ -3,8 +3,11 @@
  * staging, one stream per device; every stream's completion eventfd is an ev_io on the loop, and
  * a completed mark calls `done(ctx, token, RW_OK)` from the loop. A stream that faults reports
  * done(ctx, RW_SVC_STAGE_ALL, error) once: every mark still pending on any device of the stage
- * must be treated as failed by the caller. Nothing here blocks except rw_svc_stage_sync() and
- * _destroy(). */
+ * must be treated as failed by the caller. A device whose marks have not advanced for the stall
+ * bound (rw_svc_gpu_stall_set) reports done(ctx, RW_SVC_STAGE_DEV(d), RW_ERR_TIMEOUT) once: every
+ * mark pending on device d must be treated as failed; its copies may still land later, so the
+ * memory they touch is handed to rw_svc_stage_retire(). Nothing here blocks the loop; only
+ * _destroy() waits, and only for a device that is not stalled. */
 #ifndef RW_SVC_STAGE_H
 #define RW_SVC_STAGE_H
 
@@ -17,16 +20,32 @@ struct ev_loop;
 typedef struct rw_svc_stage rw_svc_stage_t;
 typedef void (*rw_svc_stage_done_fn)(void *ctx, uint64_t token, rw_status_t st);
 #define RW_SVC_STAGE_ALL UINT64_MAX
+/* A stall report's token (never a mark's: a mark's op is < 256 and its serial's low byte is
+ * never all ones together with op 0xff). */
+#define RW_SVC_STAGE_DEV(d) (RW_SVC_STAGE_ALL - 1 - (uint64_t)(d))
+static inline int rw_svc_stage_dev_of(uint64_t token)
+{
+	return token < RW_SVC_STAGE_ALL && token >= RW_SVC_STAGE_DEV(63) ?
+	       (int)(RW_SVC_STAGE_ALL - 1 - token) : -1;
+}
 
 rw_status_t rw_svc_stage_create(struct ev_loop *loop, rw_svc_stage_done_fn done, void *ctx,
 				rw_svc_stage_t **stage_p);
-/* Waits for every enqueued copy, frees the streams; rw_cuda_shutdown() if CUDA was used. */
+/* Waits for every enqueued copy of a device that is not stalled and frees its stream; a stalled
+ * device's stream is abandoned (cuStreamDestroy, which does not wait; its mark state and the
+ * buffers retired against it are left to the driver and the process's exit, since a copy may
+ * still write them). rw_cuda_shutdown() if CUDA was used. */
 void rw_svc_stage_destroy(rw_svc_stage_t *stage);
 /* Enqueue a copy on `device`'s stream (created on first use). Host memory should be pinned
- * (rw_svc_pinned_t) and must stay valid until a later mark completes. n == 0: nothing. */
+ * (rw_svc_pinned_t) and must stay valid until a later mark completes (or be retired). n == 0:
+ * nothing. RW_ERR_TIMEOUT: the device is stalled (rw_svc_gpu_stalled names it). */
 rw_status_t rw_svc_stage_d2h(rw_svc_stage_t *stage, int device, void *dst, uint64_t src, size_t n);
 rw_status_t rw_svc_stage_h2d(rw_svc_stage_t *stage, int device, uint64_t dst, const void *src,
 			     size_t n);
+/* Stream order: what is enqueued on `device` after this waits on the GPU for the event's most
+ * recent record (a rank's, docs/cuda.md "Carried by a submission"); the loop never waits. */
+struct rw_cuda_event;
+rw_status_t rw_svc_stage_wait_event(rw_svc_stage_t *stage, int device, struct rw_cuda_event *ev);
 /* done(token) follows once everything enqueued on `device` before it has finished. */
 rw_status_t rw_svc_stage_mark(rw_svc_stage_t *stage, int device, uint64_t token);
 /* A mover's mark token: its pair's serial, an op of its own (< 256) and a local rank; split back
@@ -48,10 +67,23 @@ static inline void rw_svc_stage_token_split(uint64_t token, uint32_t *serial_p, 
  * the rank's phase (the executor then writes the flag again and posts the error). */
 struct rw_svc_rank_io;
 rw_status_t rw_svc_stage_flag(const struct rw_svc_rank_io *io);
-/* Block until every stream with pending marks is idle: failure paths only (a failed phase must
- * not write into a rank's memory after the rank got its error). The marks are still delivered
- * by the loop afterwards. */
-void rw_svc_stage_sync(rw_svc_stage_t *stage);
+/* The first local rank g < RW_MAX_GPUS whose devs[g] (devices its copies went to, bit d) holds
+ * `device`, or -1:
+ * the rank a stall report names. */
+int rw_svc_stage_rank_on(const uint64_t *devs, int device);
+/* The stall bound's periodic timer (a quarter of gpu_stall_ms, within 10 ms..1 s): started while
+ * `need`, else stopped. */
+struct ev_timer;
+void rw_svc_stage_watch(struct ev_loop *loop, struct ev_timer *w, int need);
+/* A pair that ends (quiesce, close) while copies it enqueued on the devices in `devs` (bit d:
+ * device d) may not have landed: unless every such device is idle, each non-empty buffer of
+ * bufs[0..n) is taken over by the stage (its memory moved out: the buffer is left empty, and its
+ * owner's next reserve gets new memory) and freed once every mark made on those devices so far
+ * has landed, or their stream faulted. The loop never waits; a copy never lands in freed memory.
+ * Returns the bytes taken over (0: the devices were idle). */
+struct rw_svc_pinned;
+size_t rw_svc_stage_retire(rw_svc_stage_t *stage, uint64_t devs, struct rw_svc_pinned *const *bufs,
+			   unsigned n);
 
 /* A pinned host buffer that only grows (powers of two from 64 KiB). */
 typedef struct rw_svc_pinned {

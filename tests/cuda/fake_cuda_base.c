@@ -3,7 +3,8 @@
  * cross-process IPC): devices ($RW_FAKE_CUDA_DEVICES, default 1) with fixed names and UUIDs, a
  * refcounted primary context, and copies, since "device memory" is host-addressable in both.
  * What differs between them (allocation, IPC handles, pointer lookup, streams) stays in each.
- * The stream work queue ($RW_FAKE_CUDA_LAG_MS: a slow GPU) is here too (fake_cuda_base.h), and
+ * The stream work queue ($RW_FAKE_CUDA_LAG_MS: a slow GPU; $RW_FAKE_CUDA_HANG=file: a hung one)
+ * is here too (fake_cuda_base.h), and
  * stream order across processes: interprocess events (a shared page of two counters, opened by
  * another process through /proc/<pid>/fd) and 32- and 64-bit stream memory operations, all as
  * stream work, so a wait holds every later item of its stream as a GPU's would, and no other.
@@ -79,6 +80,7 @@ struct rw_fake_stream {
 	pthread_cond_t more, ran;
 	pthread_t thread;
 	int worker_up, dying;
+	int orphan; /* destroyed with its work held by the hang: the worker frees it when done */
 	struct rw_fake_graph *capture; /* being captured: work is recorded here, not run */
 };
 static pthread_mutex_t q_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -93,6 +95,21 @@ static int lag(void)
 		lag_ms = e ? atoi(e) : 0;
 	}
 	return lag_ms;
+}
+
+/* $RW_FAKE_CUDA_HANG=file: while the file exists, no work item of any stream but the legacy one
+ * runs (a hung GPU: a kernel that never ends, a wedged copy engine): copies never land, marks
+ * never come, a synchronization waits; once the file is removed the queued work runs in order.
+ * A test turns it on and off in a running process by creating and removing the file. */
+static int hung(void)
+{
+	static const char *file;
+	static int looked;
+	if (!looked) {
+		file = getenv("RW_FAKE_CUDA_HANG");
+		looked = 1;
+	}
+	return file && file[0] && access(file, F_OK) == 0;
 }
 
 /* The stream s names, or the legacy one (NULL, or a handle this file did not make). Locked. */
@@ -120,13 +137,23 @@ static void *worker(void *arg)
 			break;
 		struct work w = q->queue[q->head % QMAX];
 		pthread_mutex_unlock(&q_mu);
+		while (q != &legacy && hung()) {
+			const struct timespec hang_nap = { 0, 5000000 };
+			nanosleep(&hang_nap, NULL);
+		}
 		nanosleep(&nap, NULL);
 		w.fn(w.arg);
 		pthread_mutex_lock(&q_mu);
 		q->head++;
 		pthread_cond_broadcast(&q->ran);
 	}
+	const int orphan = q->orphan;
 	pthread_mutex_unlock(&q_mu);
+	if (orphan) {
+		pthread_cond_destroy(&q->more);
+		pthread_cond_destroy(&q->ran);
+		free(q);
+	}
 	return NULL;
 }
 
@@ -146,7 +173,11 @@ void *rw_fake_cuda_stream_create(void)
 
 void rw_fake_cuda_stream_destroy(void *s)
 {
-	rw_fake_cuda_drain(s);
+	/* cuStreamDestroy does not wait: a stream destroyed with work still queued is released by
+	 * the driver once that work is done. The stand-in waits for it, unless the hang holds it:
+	 * then its worker runs it once the hang ends and frees the stream. */
+	if (!hung() || !rw_fake_cuda_busy(s))
+		rw_fake_cuda_drain(s);
 	pthread_mutex_lock(&q_mu);
 	struct rw_fake_stream *q = stream_find(s);
 	if (q == &legacy) {
@@ -161,6 +192,12 @@ void rw_fake_cuda_stream_destroy(void *s)
 	q->dying = 1;
 	pthread_cond_signal(&q->more);
 	int up = q->worker_up;
+	if (up && q->head != q->tail) {
+		q->orphan = 1;
+		pthread_detach(q->thread);
+		pthread_mutex_unlock(&q_mu);
+		return;
+	}
 	pthread_mutex_unlock(&q_mu);
 	if (up)
 		pthread_join(q->thread, NULL);
@@ -188,7 +225,7 @@ static void submit(const void *s, rw_fake_work_fn fn, const void *arg, size_t le
 		pthread_mutex_unlock(&q_mu);
 		return;
 	}
-	if (lag() <= 0 && q->head == q->tail && (!hold || hold(arg))) {
+	if (lag() <= 0 && q->head == q->tail && (!hold || hold(arg)) && (q == &legacy || !hung())) {
 		pthread_mutex_unlock(&q_mu);
 		fn(arg);
 		return;

@@ -264,8 +264,8 @@ def scenario_stream(tmp, seed):
     inputs before the event, or wrote the flag before the outputs, leaves stale bytes the ranks'
     exact checks catch; each rank checks that the flag holds V-1 before each submission and
     exactly V after its completion. Every forced path and the selector on the CUDA mover (kernel
-    stand-in), two on the host mover (the stand-in without kernels: it synchronizes the event
-    and writes the flag with a driver call); then an error still writes the flag, and a daemon
+    stand-in), two on the host mover (the stand-in without kernels: its staging stream waits
+    on the event, and it writes the flag with a driver call); then an error still writes the flag, and a daemon
     killed mid-phase leaves the rank to write its owed flag itself (rw_client_lost_signals)."""
     if os.environ.get("RW_IT_CUDA") == "real":
         drivers = [("real", None, [(p, 0, 0) for p in ("native", "rail-only", "perm-only",

@@ -35,8 +35,10 @@ static void test_cuda_ranks(void **state)
 }
 
 /* A CUDA rank dies while its input copies' marks are still pending (the stand-in driver holds
- * them): its node's pair waits for the copies (rw_svc_stage_sync) before the ranks get
- * RW_E_PHASE, every other rank fails too, the late marks find no pair, and the key passes. */
+ * them): its node's pair fails at once without waiting for them (docs/rankpath.md "A hung
+ * GPU"): the ranks get RW_E_PHASE while the copies are still held, the staging they write is
+ * held by the stage (not freed with the dead rank's member) until they land, the late marks
+ * find no pair, and the key passes. */
 static void test_cuda_rank_lost(void **state)
 {
 	(void)state;
@@ -53,10 +55,16 @@ static void test_cuda_rank_lost(void **state)
 	for (uint32_t r = 0; r < c->W; r++)
 		expect_no_cqe(c, r);
 	fk_client_die(c->rk[3].c);
-	fake_cuda_hold(0);
-	for (uint32_t r = 0; r < 3; r++)
+	for (uint32_t r = 0; r < 3; r++) /* answered while the copies are still held */
 		expect_err(c, r, RW_E_PHASE, "a CUDA rank died with copies pending");
+	int dev[4];
+	uint64_t held = 0;
+	rw_svc_gpu_stalled_list(dev, 4, &held);
+	assert_true(held > 0); /* the dead rank's staging, kept for the copies into it */
+	fake_cuda_hold(0);
 	settle(c);
+	rw_svc_gpu_stalled_list(dev, 4, &held);
+	assert_int_equal(held, 0); /* freed once they landed */
 	expect_no_timeouts(c);
 	rank_connect_cuda(c, 3);
 	retry_key(c, 0, 0);

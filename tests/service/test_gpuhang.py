@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""A hung GPU never holds the daemon's loop (docs/rankpath.md "A hung GPU"): two real railwaved
+daemons on loopback tcp, real rank processes (tests/integration/rw_rank.c, rw_pagerank.c), the
+groups' carve-outs in GPU memory the daemons' CPUs cannot read (the CUDA stand-in's discrete
+GPU, RW_FAKE_CUDA_VMM_NOCPU=1, as test_slabs.py's pulled scenario), so every check of a GPU
+group reads headers the daemon pulls out of GPU 0 by copies on its own stream. Node 0's daemon
+runs with the stand-in's hang switch (RW_FAKE_CUDA_HANG=FILE: while FILE exists no stream work
+of that process runs, as on a GPU whose copy engine is wedged or whose kernel never ends) and
+gpu_stall_ms 1000:
+
+1. Stalled: with FILE created, a GPU group's first phase fails on every rank of both nodes; node
+   0's log says once that GPU 0's copies have not landed and names it in the pair's failure;
+   `stats` on node 0 answers and names the stalled GPU. A second GPU group is refused, named
+   (GPU 0 is stalled), while the device stays stalled. Meanwhile a host job of another group on
+   the same daemons verifies every phase through node 0's loop, the peer never takes node 0
+   down (its heartbeats answered), and the page-locked memory and carve-outs held for the
+   stalled copies are not given back while the device is stalled.
+2. Moves again: FILE removed, the queued copies land; node 0 logs that GPU 0 moves again, `stats`
+   shows no stalled GPU, and a new GPU group's phases verify exactly.
+3. The staging stalls, then SIGTERM: FILE created again, a job of CUDA ranks (rw_rank --cuda,
+   staged through the daemon's pinned memory) fails its dispatch on every rank, the failure
+   naming GPU 0, and its staging is held (stats gpu_held_bytes) instead of freed under copies
+   that may land; a GPU group is then refused, named. Both daemons stop on SIGTERM with exit 0
+   (under ASan: no leak, no report): the hung device's streams are abandoned, never waited for.
+Run by tests/run as $b/test/svc_gpuhang; exits 0 pass, 1 fail, 77 skip."""
+import os
+import sys
+import tempfile
+import time
+
+B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(B, "tests", "lib"))
+import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
+
+check = cluster.Checks()
+AREA = {"group_area_mib": 1, "group_pool_mib": 2, "heartbeat_timeout_ms": 5000,
+        "transport": "tcp", "gpu_stall_ms": 1000}
+
+
+def summary(c, n):
+    return {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] if " " in ln else ""
+            for ln in c.stats(n).splitlines()}
+
+
+def wait_for(what, cond):
+    deadline = time.time() + cluster.WAIT
+    while time.time() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    print("gave up waiting for %s" % what)
+    return False
+
+
+def gpu_job(c, group, mode, seed, steps=3):
+    return [(r, c.pagerank(r, group, 1, steps, seed, mode)) for r in range(c.nodes * c.gpus)]
+
+
+def scenario_hang(tmp, seed):
+    hang = os.path.join(tmp, "hang")
+    c = cluster.Cluster(tmp, 2, extra=AREA)
+    c.env.update(RAILWAVE_TEST_GPUDIRECT="1", RW_CUDA_DRIVER=cluster.FAKE_CUDA)
+    c.node_env[0] = {"RW_FAKE_CUDA_VMM_NOCPU": "1", "RW_FAKE_CUDA_HANG": hang}
+    c.node_env[1] = {"RW_FAKE_CUDA_VMM_NOCPU": "1"}
+    world = c.nodes * c.gpus
+    try:
+        c.start_all()
+        check("the groups' carve-outs in GPU 0's memory" in c.log(0),
+              "node 0 places the carve-outs on GPU 0")
+        host = [(r, c.rank(r, "hang.host", 2, 30, seed)) for r in range(world)]
+        # 1. stalled
+        open(hang, "w").close()
+        res = cluster.outputs(gpu_job(c, "hang.gpu", "until", 5))
+        check(all(v[0] == 0 and "until: phase 1 failed" in v[1] for v in res.values()),
+              "stalled: the GPU group's first phase failed on every rank of both nodes: %s"
+              % [v[1].splitlines()[-1:] for v in res.values()])
+        log0 = c.log(0)
+        check(log0.count("GPU 0: copies queued") == 1 and "have not landed; its pairs fail"
+              in log0, "stalled: node 0 logged GPU 0's stall once")
+        check("group hang.gpu layer 0 step 0: dispatch failed" in log0 and
+              "GPU 0 is stalled: copies queued" in log0,
+              "stalled: the pair's failure names the GPU: %s"
+              % [ln for ln in log0.splitlines() if "hang.gpu" in ln][:2])
+        st = summary(c, 0)
+        check(st.get("gpus_stalled") == "1 0", "stalled: stats names GPU 0 stalled (%s)"
+              % st.get("gpus_stalled"))
+        check(st.get("carve_outs", "").startswith("1/"),
+              "stalled: the failed group's carve-out is held while its copies may land (%s)"
+              % st.get("carve_outs"))
+        res = cluster.outputs(gpu_job(c, "hang.again", "until", 6))
+        check(all(v[0] == 0 and "until: phase 1 failed" in v[1] for v in res.values()),
+              "stalled: a second GPU group's first phase failed on every rank: %s"
+              % [v[1].splitlines()[-1:] for v in res.values()])
+        check(c.log(0).count("GPU 0 is stalled") > log0.count("GPU 0 is stalled"),
+              "stalled: the second group was refused, naming the stalled GPU")
+        check(c.log(0).count("GPU 0: copies queued") == 1,
+              "stalled: the stall was logged once, not per pair")
+        outs = c.collect(host)
+        check(all("30 steps x 2 layers verified" in outs[r] for r in outs),
+              "stalled: a host job of another group verified every phase meanwhile")
+        for n in range(c.nodes):
+            peers = " ".join(c.stats(n, "stats peers").split())
+            check("state=up" in peers and "reconnects=0" in peers,
+                  "stalled: node %d kept its peer up: %s" % (n, peers))
+        check(": down (" not in c.log(0) + c.log(1), "stalled: no node was dropped")
+        # 2. moves again
+        os.unlink(hang)
+        check(wait_for("GPU 0 to move again", lambda: "GPU 0 moves again" in c.log(0)),
+              "moved: node 0 logged that GPU 0 moves again once its copies landed")
+        check(wait_for("stats to clear", lambda: summary(c, 0).get("gpus_stalled") == "0"),
+              "moved: stats shows no stalled GPU")
+        check(wait_for("the held memory to go",
+                       lambda: summary(c, 0).get("gpu_held_bytes") == "0" and
+                       summary(c, 0).get("carve_outs", "").startswith("0/")),
+              "moved: nothing held for the landed copies (%s)" % {
+                  k: v for k, v in summary(c, 0).items() if k in ("gpu_held_bytes", "carve_outs")})
+        res = cluster.outputs(gpu_job(c, "hang.after", "ok", seed))
+        bad = {r: (v[0], v[1][-300:]) for r, v in res.items() if v[0] != 0 or "verified" not in v[1]}
+        check(not bad, "moved: a new GPU group verified every phase %s" % (bad or ""))
+        # 3. the staging stalls: CUDA ranks staged through pinned memory; then SIGTERM
+        open(hang, "w").close()
+        cuda = [(r, c.rank(r, "hang.cuda", 1, 1, seed, mode="fail", flags=["--cuda"]))
+                for r in range(world)]
+        res = cluster.outputs(cuda)
+        check(all(v[0] == 0 for v in res.values()),
+              "staging stalled: every CUDA rank's dispatch failed: %s"
+              % {r: v[1][-200:] for r, v in res.items() if v[0] != 0})
+        log0 = c.log(0)
+        check(log0.count("GPU 0: copies queued") == 2, "staging stalled: the stall logged")
+        check("a CUDA copy for local rank" in log0 and log0.count("GPU 0 is stalled") >= 3,
+              "staging stalled: the pair's failure names the GPU: %s"
+              % [ln for ln in log0.splitlines() if "hang.cuda" in ln and "failed" in ln][:1])
+        held = int(summary(c, 0).get("gpu_held_bytes", "0"))
+        check(held > 0, "staging stalled: the failed pair's staging is held for its copies "
+              "(%d bytes)" % held)
+        res = cluster.outputs(gpu_job(c, "hang.last", "until", 7))
+        check(all(v[0] == 0 and "GPU 0 is stalled" in v[1] for v in res.values()),
+              "staging stalled: a GPU group is refused, named, on every rank: %s"
+              % [v[1].splitlines()[-1:] for v in res.values()])
+    finally:
+        c.stop()  # raises unless every daemon exits 0
+    check("left to a stalled GPU's copies" in c.log(0),
+          "SIGTERM while stalled: node 0 left GPU 0's stream and staging to the driver, exit 0")
+
+
+def main():
+    if not cluster.built(cluster.DAEMON, cluster.RANK, cluster.PAGERANK) or \
+            not os.path.exists(cluster.FAKE_CUDA):
+        print("skip: railwaved, the ranks or the CUDA stand-in not built")
+        return 77
+    seed = cluster.test_seed()
+    with tempfile.TemporaryDirectory(prefix="rwgpuhang.", dir="/tmp") as tmp:
+        check.scenarios([("hung gpu", scenario_hang)], tmp, seed)
+    return check.exit_code()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
