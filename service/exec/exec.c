@@ -78,13 +78,23 @@ static void pair_close(exec_pair_t *p, int clean)
 		rw_svc_stop(x->svc);
 }
 
+/* Whether no mover's copy out of or into the pair's carve-out may still land (a hung GPU's may
+ * not for long: the carve-out then stays out of the pool until they do). */
+static int carve_settled(const exec_t *x, const exec_pair_t *p)
+{
+	for (uint32_t i = 0; p->carve >= 0 && i < x->n_movers; i++)
+		if (x->movers[i].ops->settled && !x->movers[i].ops->settled(x->movers[i].mover, &p->ph))
+			return 0;
+	return 1;
+}
+
 static void reaper_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 {
 	(void)loop, (void)revents;
 	exec_t *x = w->data;
 	exec_pair_t *p, *nx;
 	rw_list_for_each_safe(&x->pairs, p, nx, link)
-		if (!exec_open(p) && p->outstanding == 0) {
+		if (!exec_open(p) && p->outstanding == 0 && carve_settled(x, p)) {
 			rw_list_del(&p->link);
 			if (p->carve >= 0) /* none of its writes reads the carve-out any more */
 				rw_svc_mesh_carve_put(x->mesh, (uint32_t)p->carve);
@@ -856,6 +866,18 @@ void exec_on_submit(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t g)
 		pair_inputs_moved(p, kind);
 }
 
+/* The stalled GPU one of local rank g's spans lies on, named in why. */
+static void rank_gpu_stalled(const rw_svc_phase_t *ph, uint32_t g, char *why, size_t len)
+{
+	for (int k = 0; k < RW_SVC_KIND_COUNT; k++) {
+		const rw_svc_rank_io_t *io = &ph->io[k][g];
+		const int dev[4] = { io->in[0].dev, io->in[1].dev, io->in[2].dev, io->out.dev };
+		for (int i = 0; i < 4; i++)
+			if (dev[i] >= 0 && rw_svc_gpu_stalled(dev[i], why, len))
+				return;
+	}
+}
+
 void exec_on_mover_done(void *ctx, uint32_t serial, rw_svc_mover_op_t op, uint32_t g, rw_status_t st)
 {
 	exec_t *x = ctx;
@@ -893,9 +915,13 @@ void exec_on_mover_done(void *ctx, uint32_t serial, rw_svc_mover_op_t op, uint32
 					      p->mv->name, rw_status_str(st));
 		return pair_counted(p);
 	}
-	if (st != RW_OK)
+	if (st != RW_OK) {
+		char stalled[RW_SVC_WHY_MAX] = "";
+		if (st == RW_ERR_TIMEOUT) /* a GPU stopped: name it (the movers' stall bound) */
+			rank_gpu_stalled(&p->ph, g, stalled, sizeof(stalled));
 		return exec_pair_fail(p, RW_ERR_DEVICE, "a CUDA copy for local rank %u failed: %s",
-				      x->me * x->gpus + g, rw_status_str(st));
+				      x->me * x->gpus + g, stalled[0] ? stalled : rw_status_str(st));
+	}
 	if (op == RW_MV_OP_STAGE_D || op == RW_MV_OP_STAGE_C) {
 		const rw_svc_phase_kind_t kind =
 			op == exec_kind_desc(RW_SVC_COMBINE)->staged ? RW_SVC_COMBINE : RW_SVC_DISPATCH;
