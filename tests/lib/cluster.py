@@ -176,6 +176,24 @@ def wait_for(cond, wait=WAIT):
     return True
 
 
+def fds_named(pid, prefix):
+    """How many of process pid's fds link to a name that starts with `prefix` (e.g. a memfd's
+    "/memfd:NAME")."""
+    n = 0
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        try:
+            n += os.readlink("/proc/%d/fd/%s" % (pid, fd)).startswith(prefix)
+        except OSError:
+            pass
+    return n
+
+
+def maps_named(pid, name):
+    """How many of process pid's mappings name `name`."""
+    with open("/proc/%d/maps" % pid) as f:
+        return sum(name in line for line in f)
+
+
 def slab_objects(out):
     """{rail: object} from the "slab RAIL object INODE bytes B" lines of rw_rank --slabs."""
     objs = {}

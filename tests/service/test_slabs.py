@@ -498,18 +498,11 @@ def scenario_rank_path(tmp, seed):
 
 def vmm_fds(pid):
     """How many of process pid's fds are GPU allocations of the stand-in (tests/cuda/fake_cuda_vmm.c)."""
-    n = 0
-    for fd in os.listdir("/proc/%d/fd" % pid):
-        try:
-            n += os.readlink("/proc/%d/fd/%s" % (pid, fd)).startswith("/memfd:rw-fake-vmm")
-        except OSError:
-            pass
-    return n
+    return cluster.fds_named(pid, "/memfd:rw-fake-vmm")
 
 
 def vmm_maps(pid):
-    with open("/proc/%d/maps" % pid) as f:
-        return sum("rw-fake-vmm" in line for line in f)
+    return cluster.maps_named(pid, "rw-fake-vmm")
 
 
 def gpu_rank_path(c):

@@ -24,7 +24,12 @@ cluster files size it) unless a scenario says otherwise.
    taken, its first submit held back: RW_PAGERANK_SUBMIT_GO): past group_carve_idle_s (2 s) a
    job takes its carve-out back on both nodes and verifies 40 phases; the idle job's first page
    phase then fails on every rank, named ("taken back").
-4. Per uid (a pool of two, group_carve_per_uid 1): the squatter's first group gets a carve-out,
+4. A GPU carve-out (the daemons' test hook RAILWAVE_TEST_GPUDIRECT=1 on tcp, the stand-in
+   driver: each carve-out a CUDA allocation exported as a POSIX fd): the squatter holds the
+   exported fd of its group's and maps it; taken back for a job that verifies 40 phases, the
+   daemon keeps no handle nor mapping of it although the squatter still does, and the squatter's
+   mapping holds its own bytes only.
+5. Per uid (a pool of two, group_carve_per_uid 1): the squatter's first group gets a carve-out,
    its second is refused (RW_E_LIMIT, naming the uid and the bound); a job of another uid gets the
    other carve-out and verifies 40 phases.
 Each scenario ends with every client gone: the daemon's carve-out memfds, their mappings and
@@ -86,10 +91,11 @@ for line in sys.stdin:
                                         0, 0, b"\0" * 16, 0, 0, b""))
         msg, _, typ = recv(name)
         print("ok" if typ == HELLO_OK else "refused")
-    elif w[0] == "slab":  # slab NAME RAIL: "ok INODE" (mapped, filled with 0xaa) or the error
-        conns[name].send(hdr(SLAB_SETUP) + struct.pack("<II", int(w[2]), 0))
+    elif w[0] in ("slab", "slabk"):  # slab[k] NAME RAIL: "ok INODE" (mapped, filled with 0xaa)
+        form = 1 if w[0] == "slabk" else 0  # or the error; slabk: form 1 (GPU slabs too)
+        conns[name].send(hdr(SLAB_SETUP) + struct.pack("<II", int(w[2]), form))
         msg, fds, typ = recv(name)
-        if typ == SLAB_OK and len(fds) == 1:
+        if typ == SLAB_OK and len(fds) == 1:  # the stand-in's GPU allocation maps as a memfd
             size = struct.unpack_from("<Q", msg, 16)[0]
             maps[name] = mmap.mmap(fds[0], size)
             maps[name][:] = b"\xaa" * size
@@ -156,14 +162,7 @@ def nobody_cluster(tmp, nodes, extra):
 def slab_state(c, n):
     """(memfds of carve-outs open in daemon n, their mappings, `carve_outs H/M`)."""
     pid = c.procs[n].pid
-    fds = 0
-    for fd in os.listdir("/proc/%d/fd" % pid):
-        try:
-            fds += SLAB in os.readlink("/proc/%d/fd/%s" % (pid, fd))
-        except OSError:
-            pass
-    with open("/proc/%d/maps" % pid) as f:
-        maps = sum(SLAB in l for l in f)
+    fds, maps = cluster.fds_named(pid, "/memfd:" + SLAB), cluster.maps_named(pid, SLAB)
     held = [l for l in c.stats(n).splitlines() if l.startswith("carve_outs ")]
     return fds, maps, held
 
@@ -339,6 +338,48 @@ def scenario_idle_page(tmp, seed):
         c.stop()
 
 
+def vmm_held(pid):
+    """(fds, mappings) of the CUDA stand-in's GPU allocations in process pid."""
+    return cluster.fds_named(pid, "/memfd:rw-fake-vmm"), cluster.maps_named(pid, "rw-fake-vmm")
+
+
+def scenario_gpu(tmp, seed):
+    idle = 2
+    tmp = os.path.join(tmp, "gpu")  # logs of its own
+    os.makedirs(tmp, exist_ok=True)
+    c = nobody_cluster(tmp, 2, {"group_carve_idle_s": idle})
+    c.env.update(RAILWAVE_TEST_GPUDIRECT="1", RW_CUDA_DRIVER=cluster.FAKE_CUDA)
+    sq = None
+    try:
+        c.start_all()
+        pid0 = c.procs[0].pid
+        check("the groups' carve-outs in GPU 0's memory, lent by fd" in c.log(0) and
+              vmm_held(pid0) == (0, 0), "the daemon places carve-outs on GPU 0, none made yet")
+        sq = Squatter(c.cfg["nodes"][0]["ipc_socket"])
+        sq.do("hello", "a", "squat.gpu", 0, c.nodes * c.gpus)
+        t0 = time.time()
+        res = sq.do("slabk", "a", 0).split()
+        check(res[0] == "ok" and vmm_held(pid0)[0] > 0, "the squatter holds its group's GPU "
+              "carve-out's exported fd and maps it; the daemon holds the allocation (%s)"
+              % (vmm_held(pid0),))
+        time.sleep(max(0.0, t0 + idle + 0.5 - time.time()))
+        ok, _ = run_job(c, "job.a", seed)
+        check(ok, "a job takes it back and verifies 40 phases in its GPU slabs")
+        check("group squat.gpu (uid %d): its carve-out taken back for group job.a" % sq.uid
+              in c.log(0), "the daemon logs the GPU carve-out taken back")
+        check(wait_for(lambda: vmm_held(pid0) == (0, 0)), "the job gone, the daemon holds and "
+              "maps no GPU allocation (%s) while the squatter still maps the one taken back"
+              % (vmm_held(pid0),))
+        check(sq.do("look", "a") == "own", "the squatter's mapping holds its own bytes only")
+        sq.do("close", "a")
+        sq.end()
+        sq = None
+    finally:
+        if sq:
+            sq.p.kill()
+        c.stop()
+
+
 def scenario_per_uid(tmp, seed):
     c = nobody_cluster(tmp, 2, {"group_pool_mib": 2, "group_carve_per_uid": 1})
     sock0 = c.cfg["nodes"][0]["ipc_socket"]
@@ -388,6 +429,7 @@ def main():
         check.scenarios([("taken back", scenario_taken_back),
                          ("lone rank", scenario_lone_rank),
                          ("idle page job", scenario_idle_page),
+                         ("gpu carve-out", scenario_gpu),
                          ("per uid", scenario_per_uid)], tmp, seed)
     return check.exit_code()
 
