@@ -151,7 +151,7 @@ typedef struct rw_cuda_page_params {
 	uint8_t kind, dtype;
 	uint16_t topk;
 	uint32_t layer, hidden, n_experts, token_count;
-	uint16_t path, reserved;
+	uint16_t path, abort;
 	uint64_t phase, step;
 	uint32_t bad, reserved2;
 } rw_cuda_page_params_t;
@@ -239,6 +239,8 @@ typedef struct rw_cuda_rank_ctl {
 	uint32_t o_term_ref;        /* the slot offset of the terms' refs */
 	uint32_t o_plan_stage;      /* STAGE: the slot offset of the plan's staging table */
 	uint32_t rail;              /* STAGE: the rank's native rail (its staging table entry's) */
+	uint32_t abort;             /* SUBMIT of a combine: 0, or the parameters' abort reason (the
+	                             * rank gives no combine: ipc/page.h rw_page_params_t.abort) */
 } rw_cuda_rank_ctl_t;
 
 /* What rw_rank_ctl computes, written once for the kernel and the CPU stand-in
@@ -251,7 +253,8 @@ typedef struct rw_cuda_rank_ctl {
 
 /* SUBMIT: phase k's parameters. A dispatch: the block's, its step the caller's base plus the
  * layer's counter (advanced), the count kernel's bad word from its shadow; a combine: its
- * dispatch's (layer and step too), giving back every row the dispatch was listed. */
+ * dispatch's (layer and step too), giving back every row the dispatch was listed, with the
+ * block's abort reason. */
 RW_CUDA_RANK_HD rw_cuda_page_params_t rw_cuda_rank_params(const rw_cuda_rank_ctl_t *a,
 							   rw_cuda_rank_ctlblk_t *c, uint64_t k,
 							   const rw_cuda_page_params_t *own,
@@ -263,6 +266,7 @@ RW_CUDA_RANK_HD rw_cuda_page_params_t rw_cuda_rank_params(const rw_cuda_rank_ctl
 		p = *ref;
 		p.token_count = ref_tail->recv_n + ref_tail->overflow;
 		p.bad = 0;
+		p.abort = (uint16_t)a->abort;
 	} else {
 		p.dtype = (uint8_t)a->dtype;
 		p.topk = (uint16_t)a->topk;

@@ -18,7 +18,7 @@ static_assert(sizeof(rw_cuda_list_entry_t) == 16, "list entry layout");
 static_assert(sizeof(rw_cuda_rank_pack_t) == 240, "pack block layout");
 static_assert(sizeof(rw_cuda_rank_forward_t) == 376, "forward block layout");
 static_assert(sizeof(rw_cuda_rank_gather_t) == 368, "gather block layout");
-static_assert(sizeof(rw_cuda_rank_ctl_t) == 200, "ctl block layout");
+static_assert(sizeof(rw_cuda_rank_ctl_t) == 208, "ctl block layout");
 static_assert(sizeof(rw_cuda_rank_tail_t) == 128, "shadow tail layout");
 static_assert(sizeof(rw_cuda_rank_reduce_t) == 456, "reduce block layout");
 

@@ -133,6 +133,11 @@ int rw_page_submit_check(const rw_page_geom_t *pg, const rw_page_params_t *param
 		snprintf(why, why_len, "unknown kind %u", p->kind);
 		return -1;
 	}
+	if (p->abort && (p->kind != RW_KIND_COMBINE || p->abort >= RW_PAGE_ABORT_COUNT)) {
+		snprintf(why, why_len, "abort %u on a %s (a combine's, 1..%u)", p->abort,
+			 p->kind == RW_KIND_COMBINE ? "combine" : "dispatch", RW_PAGE_ABORT_COUNT - 1);
+		return -1;
+	}
 	if (p->bad) {
 		snprintf(why, why_len, "token %u has a top-k id outside [0, %u) (the count kernel "
 			 "counted nothing for it)", p->bad - 1, p->n_experts);
@@ -170,4 +175,16 @@ int rw_page_submit_check(const rw_page_geom_t *pg, const rw_page_params_t *param
 		return -1;
 	}
 	return 0;
+}
+
+const char *rw_page_abort_str(unsigned reason)
+{
+	switch (reason) {
+	case RW_PAGE_ABORT_ARGUMENT:
+		return "its combine's arguments were refused on its host";
+	case RW_PAGE_ABORT_ROUTING:
+		return "its backward's routing is not its forward's";
+	default:
+		return "an unknown reason";
+	}
 }

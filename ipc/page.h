@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #define RW_PAGE_MAGIC 0x45475052u /* "RPGE" as little-endian bytes */
-#define RW_PAGE_VERSION 3
+#define RW_PAGE_VERSION 4 /* 4: rw_page_params_t.abort (a combine that fails its pair) */
 #define RW_PAGE_DEPTH 4           /* phases of one rank in flight at most (power of two) */
 #define RW_PAGE_LINE 64
 #define RW_PAGE_OWED_AHEAD (UINT64_C(1) << 62) /* a lost daemon's words: last k + this */
@@ -68,7 +68,10 @@ typedef struct rw_page_params {
 	uint32_t token_count;  /* dispatch: its tokens; combine: the rows it gives back (its
 	                          dispatch's forward list), staged before submit */
 	uint16_t path;         /* enum rw_path_request */
-	uint16_t reserved;
+	uint16_t abort;        /* a combine: 0, or RW_PAGE_ABORT_*: the rank gives no combine for
+	                          its dispatch's pair (its own call was refused on its host); the
+	                          daemon fails that pair on every node, naming the rank and the
+	                          reason, as a ring rank's RW_SQE_ABORT. A dispatch: 0 */
 	uint64_t phase;        /* k: must equal the submit word it is published with */
 	uint64_t step;
 	uint32_t bad;          /* the count kernel's: 1 + a token with an expert id outside
@@ -76,6 +79,15 @@ typedef struct rw_page_params {
 	                          zeroed with the count row before the kernel */
 	uint32_t reserved2;
 } rw_page_params_t;
+
+/* rw_page_params_t.abort: why a rank aborts its combine (rw_page_abort_str names it). */
+enum rw_page_abort {
+	RW_PAGE_ABORT_NONE = 0,
+	RW_PAGE_ABORT_ARGUMENT = 1, /* the combine's arguments were refused (rows, dtype, shape,
+	                               device, handle) */
+	RW_PAGE_ABORT_ROUTING = 2,  /* a backward's routing is not its forward's */
+	RW_PAGE_ABORT_COUNT
+};
 
 /* ---- the plan block: what the daemon tells one rank about phase k (published by `plan`, P2) ---
  * The block is the head, then rw_page_stage_t[gpus] (the staging table), then
@@ -258,12 +270,17 @@ static inline uint8_t *rw_page_slot_at(void *page, const rw_page_layout_t *layou
  * kind known, at most the page's max_tokens tokens; a dispatch's row counts only at the rank's
  * native rail (row[d * rails + rail]), no entry above token_count and the whole at most
  * token_count x min(topk, nodes) (a token is one record per node holding one of its experts);
- * a combine's row is zero; the count kernel found no bad top-k id (`bad`). 0, or -1 with `why`
+ * a combine's row is zero; the count kernel found no bad top-k id (`bad`); `abort` only on a
+ * combine, and a known reason. 0, or -1 with `why`
  * naming what is wrong (the caller names the phase). The executor checks the
  * rest as it checks a ring submission. */
 int rw_page_submit_check(const rw_page_geom_t *geom, const rw_page_params_t *params,
 			 const uint32_t *row, uint64_t k, uint32_t native_rail, char *why,
 			 size_t why_len);
+
+/* What abort reason `reason` (rw_page_params_t.abort) says, for a sentence "... aborted its
+ * combine of ...: <this>". */
+const char *rw_page_abort_str(unsigned reason);
 
 /* Daemon: write the head of a fresh (zeroed) page made for `geom`, of a rank whose native rail
  * is `rail`. */

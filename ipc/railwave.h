@@ -606,6 +606,26 @@ int rw_client_rank_dispatch_static(rw_client_rank_t *rank, const rw_client_strea
 int rw_client_rank_combine_static(rw_client_rank_t *rank, const rw_client_stream_t *stream,
 				  const rw_client_rank_combine_t *c, uint64_t *call_p);
 
+/* Failing a pair from the rank path: the rank gives no combine for dispatch `dispatch` (eager
+ * mode: its phase number, a dispatch that completed with 0 and was not combined; static mode: its
+ * call number) because its own call was refused on this host (`reason`: RW_RANK_ABORT_*). It
+ * takes that combine's place in the stream: phase *phase_p (eager: the next number; static:
+ * *phase_p is the call's number, the stream takes the phase number), a combine of the
+ * dispatch's key marked abort in its page slot, submit, the waits and words, no kernel. The
+ * daemon fails the pair on every node while it waits for this rank's combine, naming the rank
+ * and the reason ("local rank R: aborted its combine of layer L step S: ..."): every other
+ * rank's combine of it fails (RW_E_PHASE) at once, and this phase answers RW_E_PHASE too
+ * (rw_client_rank_wait, or rw_client_rank_check in static mode); an abort of a pair that has
+ * ended fails nothing and answers that pair's failure or RW_E_STATE. The rank's phase numbers
+ * and (static mode) its stream's counters stay in step with the others', so its next call
+ * meets theirs. Capturable in static mode (a graph replays the abort each time). The errors of
+ * rw_client_rank_combine (or _combine_static) for the dispatch; RW_E_INVAL: an unknown reason. */
+#define RW_RANK_ABORT_ARGUMENT 1 /* the combine's arguments were refused (rows, dtype, shape,
+                                    device, handle) */
+#define RW_RANK_ABORT_ROUTING 2  /* a backward's routing is not its forward's */
+int rw_client_rank_abort(rw_client_rank_t *rank, const rw_client_stream_t *stream,
+			 uint64_t dispatch, uint32_t reason, uint64_t *phase_p);
+
 /* What the stream reported since the last check (call it once the stream's work is done, e.g.
  * after cuStreamSynchronize or an event; the report is cleared by the call). */
 typedef struct rw_client_rank_check {

@@ -567,33 +567,61 @@ void rw_rank_combine_blocks(const rw_client_rank_t *r, const rw_rank_where_t *w,
 		ga->slab[e] = re->slab[e] = r->slab[e].dptr;
 }
 
+/* What a combine and an abort of dispatch kd check first: the arguments, eager mode, the daemon
+ * there, the stream's device, and kd a dispatch of this rank that completed with 0
+ * (rw_client_rank_wait), not combined yet, within D - 1 phases. *s_p: the stream (a host rank's
+ * when NULL); *kept_p, *dp_p: kd's answer and parameters. 0, or the error (r->msg says). */
+static int combine_due(rw_client_rank_t *r, const rw_client_stream_t **s_p, uint64_t kd,
+		       const void *args, const uint64_t *phase_p, const char *what,
+		       rw_rank_result_t **kept_p, const rw_page_params_t **dp_p)
+{
+	static const rw_client_stream_t host_stream = { .device = RW_RANK_HOST };
+	const rw_client_stream_t *s = *s_p;
+	if (!s && r->host)
+		s = *s_p = &host_stream;
+	if (!s || !args || !phase_p)
+		return say(r->msg, RW_E_INVAL, "%s: NULL argument", what);
+	if (r->st)
+		return say(r->msg, RW_E_STATE, "%s: the rank path was opened in static mode "
+			   "(rw_client_rank_combine_static)", what);
+	const uint64_t k = r->next;
+	int rc = rw_rank_phase_open(r, what, k);
+	if (rc)
+		return rc;
+	if (s->reserved || s->device != r->device)
+		return say(r->msg, RW_E_INVAL, "%s: a reserved field is not 0, or the stream is "
+			   "not on the rank path's device %d", what, r->device);
+	rw_rank_result_t *kept = *kept_p = &r->kept[kd % RW_RANK_KEPT];
+	const rw_page_params_t *dp = *dp_p = slot_params(r, kd);
+	if (kd == 0 || kd >= k || k - kd >= D || kept->phase != kd || kept->error ||
+	    kept->combined || dp->kind != RW_KIND_DISPATCH || dp->phase != kd)
+		return say(r->msg, RW_E_STATE, "%s: phase %llu is not a dispatch of this rank "
+			   "that completed with 0 (rw_client_rank_wait), not combined yet, within %u "
+			   "phases", what, (unsigned long long)kd, D - 1);
+	return 0;
+}
+
+/* The combine phase k of dispatch dp, as the daemon sees it (abort: its reason, else 0). */
+static rw_page_params_t combine_params(const rw_page_params_t *dp, uint64_t k, uint32_t rows,
+				       uint16_t abort)
+{
+	return (rw_page_params_t){ .kind = RW_KIND_COMBINE, .dtype = dp->dtype, .topk = dp->topk,
+				   .layer = dp->layer, .hidden = dp->hidden,
+				   .n_experts = dp->n_experts, .token_count = rows,
+				   .path = dp->path, .abort = abort, .phase = k, .step = dp->step };
+}
+
 int rw_client_rank_combine(rw_client_rank_t *r, const rw_client_stream_t *s,
 			   const rw_client_rank_combine_t *c, uint64_t *phase_p)
 {
 	if (!r)
 		return RW_E_INVAL;
-	const rw_client_stream_t host_stream = { .device = RW_RANK_HOST };
-	if (!s && r->host)
-		s = &host_stream;
-	if (!s || !c || !phase_p)
-		return say(r->msg, RW_E_INVAL, "combine: NULL argument");
-	if (r->st)
-		return say(r->msg, RW_E_STATE, "combine: the rank path was opened in static mode "
-			   "(rw_client_rank_combine_static)");
-	const uint64_t k = r->next, kd = c->dispatch;
-	int rc = rw_rank_phase_open(r, "combine", k);
+	rw_rank_result_t *kept;
+	const rw_page_params_t *dp;
+	int rc = combine_due(r, &s, c ? c->dispatch : 0, c, phase_p, "combine", &kept, &dp);
 	if (rc)
 		return rc;
-	if (s->reserved || s->device != r->device)
-		return say(r->msg, RW_E_INVAL, "combine: a reserved field is not 0, or the stream is "
-			   "not on the rank path's device %d", r->device);
-	rw_rank_result_t *kept = &r->kept[kd % RW_RANK_KEPT];
-	const rw_page_params_t *dp = slot_params(r, kd);
-	if (kd == 0 || kd >= k || k - kd >= D || kept->phase != kd || kept->error ||
-	    kept->combined || dp->kind != RW_KIND_DISPATCH || dp->phase != kd)
-		return say(r->msg, RW_E_STATE, "combine: phase %llu is not a dispatch of this rank "
-			   "that completed with 0 (rw_client_rank_wait), not combined yet, within %u "
-			   "phases", (unsigned long long)kd, D - 1);
+	const uint64_t k = r->next, kd = c->dispatch;
 	const uint8_t *dplan = (const uint8_t *)r->pg + slot_off(r, kd);
 	const rw_page_plan_head_t dh = *(const rw_page_plan_head_t *)(dplan + r->layout.plan);
 	rw_page_stage_t tab[RW_PAGE_MAX_GPUS]; /* read once: the daemon's, as the plan said it */
@@ -613,10 +641,7 @@ int rw_client_rank_combine(rw_client_rank_t *r, const rw_client_stream_t *s,
 	rc = take_slot(r, k);
 	if (rc)
 		return rc;
-	const rw_page_params_t p = { .kind = RW_KIND_COMBINE, .dtype = dp->dtype, .topk = dp->topk,
-				     .layer = dp->layer, .hidden = dp->hidden,
-				     .n_experts = dp->n_experts, .token_count = kept->recv_n,
-				     .path = dp->path, .phase = k, .step = dp->step };
+	const rw_page_params_t p = combine_params(dp, k, kept->recv_n, 0);
 	rw_cuda_rank_gather_t ga;
 	rw_cuda_rank_reduce_t re;
 	const rw_rank_where_t w = where_of(r, k);
@@ -636,6 +661,45 @@ int rw_client_rank_combine(rw_client_rank_t *r, const rw_client_stream_t *s,
 		kept->combined = 1;
 		*phase_p = k;
 	}
+	return rc;
+}
+
+/* An abort runs no kernel between its words: the daemon fails it, whatever it holds. */
+static rw_status_t no_kernel(const rw_cuda_ext_stream_t *s, const void *b)
+{
+	(void)s;
+	(void)b;
+	return RW_OK;
+}
+
+int rw_rank_abort_eager(rw_client_rank_t *r, const rw_client_stream_t *s, uint64_t kd,
+			uint32_t reason, uint64_t *phase_p)
+{
+	rw_rank_result_t *kept;
+	const rw_page_params_t *dp;
+	int rc = combine_due(r, &s, kd, &kd, phase_p, "abort", &kept, &dp);
+	if (rc == 0)
+		rc = take_slot(r, r->next);
+	if (rc)
+		return rc;
+	const uint64_t k = r->next;
+	const rw_page_params_t p = combine_params(dp, k, kept->recv_n, (uint16_t)reason);
+	slot_write(r, k, &p);
+	kept->combined = 1;
+	*phase_p = k;
+	if (r->host) { /* its gather and reduce find the phase failed and touch nothing */
+		rw_cuda_rank_gather_t ga;
+		rw_cuda_rank_reduce_t re;
+		const rw_client_rank_combine_t none = { .dispatch = kd };
+		const rw_rank_where_t w = where_of(r, k);
+		rw_rank_combine_blocks(r, &w, r->dptr + slot_off(r, kd), dp, NULL, 0, &none, &ga,
+				       &re);
+		return rw_rank_host_combine(r, k, 0, 0, &ga, &re);
+	}
+	const rw_cuda_ext_stream_t es = rw_rank_stream(r, s);
+	rc = phase_enqueue(r, &es, k, RW_OK, "abort", no_kernel, NULL, no_kernel, NULL);
+	if (rc)
+		kept->combined = 0;
 	return rc;
 }
 

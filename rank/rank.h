@@ -110,6 +110,11 @@ int rw_rank_phase_open(rw_client_rank_t *r, const char *what, uint64_t k);
 void rw_rank_dispatch_blocks(const rw_client_rank_t *r, const rw_rank_where_t *w,
 			     const rw_client_rank_dispatch_t *d, rw_cuda_rank_pack_t *pk,
 			     rw_cuda_rank_forward_t *fw);
+/* rw_client_rank_abort in eager mode (static.c picks the mode): the combine of dispatch kd
+ * marked `reason`, its words enqueued without kernels (a host rank: played so); the arguments
+ * and kd checked as rw_client_rank_combine's. */
+int rw_rank_abort_eager(rw_client_rank_t *r, const rw_client_stream_t *s, uint64_t kd,
+			uint32_t reason, uint64_t *phase_p);
 void rw_rank_combine_blocks(const rw_client_rank_t *r, const rw_rank_where_t *w,
 			    rw_cuda_dptr_t dslot, const rw_page_params_t *dp,
 			    const rw_page_stage_t *tab, rw_cuda_dptr_t stage,

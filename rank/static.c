@@ -23,6 +23,11 @@ _Static_assert(offsetof(rw_cuda_page_params_t, bad) == offsetof(rw_page_params_t
 	       "params restated");
 _Static_assert(offsetof(rw_cuda_page_params_t, phase) == offsetof(rw_page_params_t, phase),
 	       "params restated");
+_Static_assert(offsetof(rw_cuda_page_params_t, abort) == offsetof(rw_page_params_t, abort),
+	       "params restated");
+_Static_assert(RW_RANK_ABORT_ARGUMENT == RW_PAGE_ABORT_ARGUMENT &&
+		       RW_RANK_ABORT_ROUTING == RW_PAGE_ABORT_ROUTING &&
+		       RW_PAGE_ABORT_COUNT == RW_RANK_ABORT_ROUTING + 1, "abort reasons restated");
 _Static_assert(sizeof(rw_cuda_page_stage_t) == sizeof(rw_page_stage_t) &&
 		       offsetof(rw_cuda_page_stage_t, rail) == offsetof(rw_page_stage_t, rail) &&
 		       offsetof(rw_cuda_page_stage_t, rows) == offsetof(rw_page_stage_t, rows),
@@ -141,7 +146,8 @@ static int call_open(rw_client_rank_t *r, const char *what, const rw_client_stre
 								memory_order_acquire) + 1);
 }
 
-/* From SUBMIT on (`pre`: the status of what came before it): the phase's words and kernels.
+/* From SUBMIT on (`pre`: the status of what came before it): the phase's words and kernels
+ * (none when `first` is NULL: an abort, which the daemon fails whatever it holds).
  * A failure after SUBMIT was enqueued breaks the rank path (the stream took a phase number the
  * daemon will wait on). */
 static int phase_enqueue(rw_client_rank_t *r, const rw_cuda_ext_stream_t *es, rw_status_t pre,
@@ -163,6 +169,8 @@ static int phase_enqueue(rw_client_rank_t *r, const rw_cuda_ext_stream_t *es, rw
 		return rw_rank_say(r->msg, RW_E_CUDA, "%s: enqueueing its first work or submit failed "
 				   "(%s)", what, rw_status_str(st));
 	for (unsigned i = 0; i < sizeof(step) / sizeof(step[0]) && st == RW_OK; i++) {
+		if (step[i].op == KERNEL && !first) /* an abort: its words only */
+			continue;
 		if (step[i].op != KERNEL) {
 			b->op = step[i].op, b->word = step[i].word;
 			st = rw_cuda_rank_ctl(es, b);
@@ -236,6 +244,34 @@ int rw_client_rank_dispatch_static(rw_client_rank_t *r, const rw_client_stream_t
 	return rc;
 }
 
+/* The static dispatch call cd whose combine is due (a static dispatch among the last calls,
+ * not combined yet), or NULL with the error in r->msg. */
+static rw_rank_call_t *combine_due(rw_client_rank_t *r, const char *what, uint64_t cd)
+{
+	rw_rank_call_t *dc = &r->st->call[cd % RW_RANK_SHADOWS];
+	if (cd == 0 || cd > r->st->calls || r->st->calls - cd >= RW_RANK_SHADOWS - 1 ||
+	    dc->call != cd || dc->kind != RW_KIND_DISPATCH || dc->combined) {
+		rw_rank_say(r->msg, RW_E_STATE, "%s: call %llu is not a static dispatch of this "
+			    "rank path among its last %u calls, not combined yet", what,
+			    (unsigned long long)cd, RW_RANK_SHADOWS - 2);
+		return NULL;
+	}
+	return dc;
+}
+
+/* The combine call of dispatch call dc: its number (*cc_p) and shadow taken, dc marked
+ * combined; its BEGIN block, naming dc's shadow. */
+static rw_cuda_rank_ctl_t combine_call(rw_client_rank_t *r, rw_rank_call_t *dc, uint64_t *cc_p)
+{
+	rw_cuda_dptr_t shadow;
+	rw_rank_call_t *call = call_take(r, cc_p, &shadow);
+	call->kind = RW_KIND_COMBINE;
+	dc->combined = 1;
+	rw_cuda_rank_ctl_t b = ctl_block(r, RW_CUDA_RANK_OP_BEGIN, 1, shadow);
+	b.ref = r->st->shadow[dc->call % RW_RANK_SHADOWS];
+	return b;
+}
+
 int rw_client_rank_combine_static(rw_client_rank_t *r, const rw_client_stream_t *s,
 				  const rw_client_rank_combine_t *c, uint64_t *call_p)
 {
@@ -245,12 +281,9 @@ int rw_client_rank_combine_static(rw_client_rank_t *r, const rw_client_stream_t 
 	if (rc)
 		return rc;
 	const uint64_t cd = c->dispatch;
-	rw_rank_call_t *dc = &r->st->call[cd % RW_RANK_SHADOWS];
-	if (cd == 0 || cd > r->st->calls || r->st->calls - cd >= RW_RANK_SHADOWS - 1 ||
-	    dc->call != cd || dc->kind != RW_KIND_DISPATCH || dc->combined)
-		return rw_rank_say(r->msg, RW_E_STATE, "combine: call %llu is not a static dispatch "
-				   "of this rank path among its last %u calls, not combined yet",
-				   (unsigned long long)cd, RW_RANK_SHADOWS - 2);
+	rw_rank_call_t *dc = combine_due(r, "combine", cd);
+	if (!dc)
+		return RW_E_STATE;
 	const rw_page_params_t dp = dc->p;
 	if (c->rows % 16 || (dp.token_count && (c->out == 0 || c->out % 16)) ||
 	    (r->pg->max_recv && c->rows == 0))
@@ -260,13 +293,10 @@ int rw_client_rank_combine_static(rw_client_rank_t *r, const rw_client_stream_t 
 		return rw_rank_say(r->msg, RW_E_STATE, "combine: the rank path holds no group slabs");
 	const rw_cuda_dptr_t dshadow = r->st->shadow[cd % RW_RANK_SHADOWS];
 	uint64_t cc;
-	rw_cuda_dptr_t shadow;
-	rw_rank_call_t *call = call_take(r, &cc, &shadow);
-	call->kind = RW_KIND_COMBINE;
-	dc->combined = 1;
+	rw_cuda_rank_ctl_t b = combine_call(r, dc, &cc);
+	const rw_cuda_dptr_t shadow = b.shadow;
 	const rw_cuda_ext_stream_t es = rw_rank_stream(r, s);
-	rw_cuda_rank_ctl_t b = ctl_block(r, RW_CUDA_RANK_OP_BEGIN, 1, shadow);
-	b.ref = dshadow, b.src = c->rows; /* it stages in its native rail's slab */
+	b.src = c->rows; /* it stages in its native rail's slab */
 	b.slab = r->pg->rail < r->n_slabs ? r->slab[r->pg->rail].dptr : 0;
 	b.slab_bytes = r->pg->rail < r->n_slabs ? r->slab[r->pg->rail].lent.bytes : 0;
 	b.row_bytes = dp.hidden * (dp.dtype == RW_DTYPE_BF16 ? 2u : 4u);
@@ -284,6 +314,42 @@ int rw_client_rank_combine_static(rw_client_rank_t *r, const rw_client_stream_t 
 	if (rc == 0)
 		*call_p = cc;
 	return rc;
+}
+
+/* Static mode's abort: BEGIN, SUBMIT of a combine of call cd marked `reason` (the stream takes
+ * its number and its dispatch's key from device memory, as a combine), the waits and words, no
+ * kernel; the daemon fails it (and the pair on every node while it waits for this rank). */
+static int abort_static(rw_client_rank_t *r, const rw_client_stream_t *s, uint64_t cd,
+			uint32_t reason, uint64_t *call_p)
+{
+	int rc = call_open(r, "abort", s, &cd, call_p);
+	if (rc)
+		return rc;
+	rw_rank_call_t *dc = combine_due(r, "abort", cd);
+	if (!dc)
+		return RW_E_STATE;
+	uint64_t cc;
+	rw_cuda_rank_ctl_t b = combine_call(r, dc, &cc);
+	const rw_cuda_ext_stream_t es = rw_rank_stream(r, s);
+	b.abort = reason;
+	rc = phase_enqueue(r, &es, rw_cuda_rank_ctl(&es, &b), &b, NULL, NULL);
+	if (rc == 0)
+		*call_p = cc;
+	return rc;
+}
+
+/* Here, not in rank.c: it picks the mode, as rw_client_rank_open_opts. */
+int rw_client_rank_abort(rw_client_rank_t *r, const rw_client_stream_t *s, uint64_t dispatch,
+			 uint32_t reason, uint64_t *phase_p)
+{
+	if (!r)
+		return RW_E_INVAL;
+	if (reason == RW_PAGE_ABORT_NONE || reason >= RW_PAGE_ABORT_COUNT)
+		return rw_rank_say(r->msg, RW_E_INVAL, "abort: reason %u (1..%u)", reason,
+				   RW_PAGE_ABORT_COUNT - 1);
+	if (r->st)
+		return abort_static(r, s, dispatch, reason, phase_p);
+	return rw_rank_abort_eager(r, s, dispatch, reason, phase_p);
 }
 
 int rw_client_rank_check(rw_client_rank_t *r, rw_client_rank_check_t *check_p)

@@ -159,7 +159,7 @@ class Handle:
             try:
                 perm = _permutation(self, hb)
             except BackwardMismatch as e:
-                g._refuse_combine(e)  # B is open: fail it for every rank, then raise
+                g._refuse_combine(e, hb, _lib.RANK_ABORT_ROUTING)  # B: fail it, then raise
         if keep_open is None:
             keep_open = self.dispatch_backward
         if keep_open:
@@ -389,6 +389,7 @@ class Core:
         opts.timeout_ms = int(min(self.timeout, 60.0) * 1000)
         self._connect()
         self._open = None  # the handle of the dispatch whose combine is due, if any
+        self._static_due = None  # static mode: the last dispatch (its combine due, if not yet)
         self._in = self._out = None
         self._plans = {}  # host dispatch shape → _host.DispatchPlan on the current buffers
         self._cuda = None
@@ -1085,6 +1086,7 @@ class Core:
         recv_w = meta[:, 4 + K:].view(torch.float32).masked_fill(~mine, 0.0)
         h = Handle(self, k, layer, step, dt, H, K, E, T, cap, meta[:, 1:3], mine, dev)
         h.rank_phase, h.recv_n = k, n
+        self._static_due = h
         lo = self.rank * el
         return _Done((rx, recv_idx, recv_w, counts[lo:lo + el].to(torch.int64), h), what)
 
@@ -1228,7 +1230,7 @@ class Core:
         try:
             k = self._rank_enqueue(rp, y, self._lib.rw_client_rank_combine, c, what)
         except RailWaveError as e:
-            self._refuse_combine(e)  # fail the pair for every rank, then raise
+            self._refuse_combine(e, h)  # fail the pair for every rank, then raise
         h.combined = True
 
         def finish(res):
@@ -1279,7 +1281,7 @@ class Core:
             try:
                 self._check_combine(expert_out, handle)
             except BadArgument as e:
-                self._refuse_combine(e)
+                self._refuse_combine(e, handle)
         if h.recv_n is not None:
             return self._combine_static(y, h)
         if h.rank_phase:
@@ -1328,21 +1330,74 @@ class Core:
         return self._submit(s, self._csqe_ref, ("combine", h.layer, h.step), finish, args, keep,
                             order)
 
-    def _refuse_combine(self, err: RailWaveError) -> None:
-        """Raise err, the reason this rank cannot give the open pair's combine, after failing
-        that pair for every rank (_abort_pair; on the rank path _rejoin), so that their
-        combines fail at once."""
-        h = self._open
+    def _refuse_combine(self, err: RailWaveError, handle: Any = None,
+                        reason: int = _lib.RANK_ABORT_ARGUMENT) -> None:
+        """Raise err, the reason this rank cannot give a pair's combine, after failing that pair
+        for every rank, so that their combines fail at once: the pair of handle when it is one
+        of this Group's dispatches not combined yet, else the open pair (eager), else the last
+        static dispatch not combined. The ring path aborts it by its key (_abort_pair); the
+        rank path by the combine's own slot, marked abort (_abort_rank: eager, static, and
+        captured alike), so that the phase numbers and the stream's counters stay in step; a
+        library without the abort leaves the group and joins again (_rejoin) instead."""
+        h = None
+        for c in (handle, self._open, self._static_due):
+            if isinstance(c, Handle) and c.group is self and not c.combined:
+                h = c
+                break
         if h is not None and h.rank_phase:
             h.combined = True
-            self._open = None
-            try:
-                self._rejoin()
-            except RailWaveError:  # the daemon gone: err is still the reason to give
-                pass
+            if self._open is h:
+                self._open = None
+            if not self._abort_rank(h, reason) and h.recv_n is None:
+                try:
+                    self._rejoin()
+                except RailWaveError:  # the daemon gone: err is still the reason to give
+                    pass
         elif h is not None:
             self._abort_pair()
         raise err
+
+    def _abort_rank(self, h, reason: int) -> bool:
+        """Give no combine for rank-path dispatch h: rw_client_rank_abort enqueues, in the
+        combine's place on the current stream, a combine of h's key whose page slot is marked
+        abort, with its words and no kernel. The daemon fails h's pair on every node while it
+        waits for this rank ("local rank R: aborted its combine of layer L step S: ..."): every
+        other rank's combine raises PeerFailed at once. Eager: its phase is waited for here (an
+        error path). Static: the stream takes the phase's number and key from its counters as
+        a combine would, so this rank's next call still meets the others'; outside a capture
+        the stream is waited for and the abort's own failure read off the report (this rank
+        raises err instead), what the report held before kept for check(). During a capture
+        the abort is captured as the combine would have been: each replay fails its pair the
+        same way, at once, and never leaves the others waiting (shapes and dtypes are fixed
+        in a graph, so a call refused at capture would be refused at every replay). False:
+        the library has no abort."""
+        rp = self._rank
+        if rp is None or not getattr(self._lib, "rank_abort", False):
+            return False
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        try:
+            if h.recv_n is not None and not capturing:
+                self._static_hold()
+            if not rp.host:
+                rp.stream.handle = torch.cuda.current_stream(h.device).cuda_stream
+            k = ctypes.c_uint64(0)
+            if self._lib.rw_client_rank_abort(rp.rp, rp.stream_ref, h.rank_phase, reason,
+                                              ctypes.byref(k)):
+                return True  # the pair had ended, or the rank path is gone: nothing to fail
+            if capturing:
+                return True
+            if h.recv_n is not None:
+                rp.sync(torch, None if rp.host else h.device)
+                rp.check()  # its own failure: this rank raises err instead
+            else:
+                deadline, wait = time.monotonic() + min(self.timeout, 30.0), CODES["RW_E_TIMEOUT"]
+                while self._lib.rw_client_rank_wait(rp.rp, k.value, 100, None) == wait and \
+                        time.monotonic() < deadline:
+                    pass
+            self._rank_detail("")  # and the daemon's notice of it is read
+        except Exception:  # best effort: the caller raises the real error
+            pass
+        return True
 
     def _rejoin(self) -> None:
         """Leave the group and join again. The daemon fails the open pair for every rank (a rank

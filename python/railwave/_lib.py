@@ -110,6 +110,8 @@ class RankOpts(ctypes.Structure):
 
 
 RANK_OPEN_STATIC = 1  # RW_RANK_OPEN_STATIC
+RANK_ABORT_ARGUMENT = 1  # RW_RANK_ABORT_ARGUMENT: the combine's arguments were refused
+RANK_ABORT_ROUTING = 2  # RW_RANK_ABORT_ROUTING: a backward's routing is not its forward's
 
 
 class RankCheck(ctypes.Structure):
@@ -203,14 +205,19 @@ def _bind(lib):
                                                     ctypes.POINTER(c_p)]),
         "rw_client_rank_set_sms": (ctypes.c_int, [rank_p, ctypes.c_int32]),
     }
+    abort = {  # failing a pair from the rank path (a later library still)
+        "rw_client_rank_abort": (ctypes.c_int, [rank_p, ctypes.POINTER(ClientStream), u64, u32,
+                                                u64_p]),
+    }
     if hasattr(lib, "rw_client_take_notices"):  # the daemon's reasons, read without waiting
         lib.rw_client_take_notices.restype = None
         lib.rw_client_take_notices.argtypes = [c_p]
     lib.rank_path = all(hasattr(lib, name) for name in rank)
     lib.rank_static = lib.rank_path and all(hasattr(lib, name) for name in static)
     lib.rank_sms = lib.rank_path and all(hasattr(lib, name) for name in sms)
+    lib.rank_abort = lib.rank_path and all(hasattr(lib, name) for name in abort)
     for table, have in ((rank, lib.rank_path), (static, lib.rank_static),
-                        (sms, lib.rank_sms)):
+                        (sms, lib.rank_sms), (abort, lib.rank_abort)):
         for name, (res, args) in table.items() if have else ():
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args

@@ -99,5 +99,5 @@ def combine(expert_out: torch.Tensor, handle: Handle) -> torch.Tensor:
             op_name("combine", handle.layer, handle.step),
             "expert_out needs a gradient but the dispatch kept no routing for the backward "
             "(it ran with async_op=True or under torch.no_grad()): dispatch synchronously with "
-            "grad enabled"))
+            "grad enabled"), handle)
     return _Combine.apply(expert_out, handle)

@@ -167,7 +167,10 @@ static int page_admit(exec_t *x, exec_member_t *mb, rw_page_head_t *pg, const rw
 
 /* A checked combine joins the pair of its dispatch (docs/rankpath.md "A phase", Combine): the
  * rank's rows are staged (P1), and once every local rank's are, the mover plans it. It must
- * give back exactly the rows its dispatch delivered; else the phase fails on every node. */
+ * give back exactly the rows its dispatch delivered; else the phase fails on every node. A
+ * combine marked abort (ipc/page.h rw_page_params_t.abort: the rank's own call was refused on
+ * its host) fails the pair on every node while it waits for this rank's combine, named, as a
+ * ring rank's RW_SQE_ABORT; one that comes after the pair ended is answered alone. */
 static int page_admit_combine(exec_t *x, exec_member_t *mb, rw_page_head_t *pg,
 			      const rw_page_layout_t *l, uint64_t k, const rw_page_params_t *prm)
 {
@@ -198,6 +201,14 @@ static int page_admit_combine(exec_t *x, exec_member_t *mb, rw_page_head_t *pg,
 	if (p->in[RW_SVC_COMBINE].sub[h].have)
 		return page_refuse(x, mb, pg, k, RW_E_STATE, "this rank already submitted this "
 				   "combine");
+	if (prm->abort) { /* it gives no combine: its pair fails on every node, named (an abort
+			   * of a pair that ended was answered alone above) */
+		snprintf(why, sizeof(why), "aborted its combine of layer %u step %llu: %s",
+			 prm->layer, (unsigned long long)prm->step, rw_page_abort_str(prm->abort));
+		page_refuse(x, mb, pg, k, RW_E_PHASE, why);
+		page_absent(x, mb, &key, RW_SVC_COMBINE, why);
+		return 0;
+	}
 	uint32_t rows = 0;
 	const uint32_t *counts;
 	p->mv->result(p->mv_state, h, &rows, &counts);

@@ -44,6 +44,11 @@
  *         host-quit as host, but after step 0 the rank leaves for good: "quit after step 0"
  *         host-skip as host, with step 1 that must fail (a rank of the group skipped it):
  *                   "host-skip: phase K failed: CODE: MESSAGE"; then the rest as host
+ *         host-abort as host, but at step 1 layer 0 the rank gives no combine: it aborts
+ *                   it (rw_client_rank_abort), which must answer RW_E_PHASE: "host-abort:
+ *                   phase K aborted: CODE: MESSAGE"; then the rest as host
+ *         host-cskip as host, with step 1 layer 0's combine that must fail (another rank
+ *                   aborted it): "host-cskip: phase K failed: CODE: MESSAGE"; then the rest
  *         host-pipe as host, but each combine is left in flight (not waited for) while the
  *                   next dispatch is made (two buffer sets): that call drives the combine to
  *                   its end first, as a stream's order would; its answer is then kept and
@@ -771,17 +776,16 @@ static int fz_meet(uint32_t i, int nowait)
 }
 
 /* Slot k's parameters or count row made wrong in one way (the rest as dispatch_slot left
- * them, the reserved fields noise); returns the words the daemon's refusal must say. */
+ * them, the reserved word noise); returns the words the daemon's refusal must say. */
 static const char *slot_garble(uint8_t *slot, uint64_t r, uint64_t k)
 {
 	static char want[64];
 	rw_page_params_t q;
 	uint32_t *row = (uint32_t *)(void *)(slot + lay.count_row);
 	memcpy(&q, slot + lay.params, sizeof(q));
-	q.reserved = (uint16_t)(r >> 20);
 	q.reserved2 = (uint32_t)(r >> 30);
 	const uint32_t s = (uint32_t)(r >> 8), n = q.token_count;
-	unsigned v = (unsigned)(r % 13);
+	unsigned v = (unsigned)(r % 14);
 	if ((v == 4 && rails < 2) || (v == 6 && (n == 0 || nodes < 2)))
 		v = 0;
 	switch (v) {
@@ -834,6 +838,10 @@ static const char *slot_garble(uint8_t *slot, uint64_t r, uint64_t k)
 	case 11:
 		q.dtype = (uint8_t)(s & 1 ? 2 + s % 2 : 5 + s % 250); /* neither bf16 nor fp32 */
 		snprintf(want, sizeof(want), "dtype %u: the daemon carries", q.dtype);
+		break;
+	case 12: /* only a combine may abort */
+		q.abort = (uint16_t)(1 + s % 0xfffe);
+		snprintf(want, sizeof(want), "abort %u on a dispatch", q.abort);
 		break;
 	default: /* a combine no dispatch of this rank waits for (fz_slot_alone) */
 		q.kind = RW_KIND_COMBINE;
@@ -1578,7 +1586,8 @@ int main(int argc, char **argv)
 		const char *sub = host && mode[4] == '-' ? mode + 5 : "";
 		const int one = strcmp(sub, "one") == 0, bad = strcmp(sub, "bad") == 0;
 		const int rejoin = strcmp(sub, "rejoin") == 0, skip = strcmp(sub, "skip") == 0;
-		const int quit = strcmp(sub, "quit") == 0;
+		const int quit = strcmp(sub, "quit") == 0, abort_ = strcmp(sub, "abort") == 0;
+		const int cskip = strcmp(sub, "cskip") == 0;
 		const char *delay = getenv("RW_PAGERANK_DELAY_MS");
 		int until = strcmp(sub, "until") == 0, expect_fail = bad;
 		static lib_rank_t lr;
@@ -1671,8 +1680,31 @@ int main(int argc, char **argv)
 					printf("%s: phase %llu passed\n", mode, (unsigned long long)k);
 					goto lib_out;
 				}
+				if (abort_ && step == 1 && layer == 0) { /* no combine: fail the pair */
+					uint64_t ka = 0;
+					rc = rw_client_rank_abort(lr.rp, NULL, k, RW_RANK_ABORT_ARGUMENT,
+								  &ka);
+					CHECK(rc == 0, "abort of phase %llu: %s: %s",
+					      (unsigned long long)k, rw_client_strerror(rc),
+					      rw_client_rank_message(lr.rp));
+					rc = rw_client_rank_wait(lr.rp, ka, WAIT_S * 1000, NULL);
+					printf("host-abort: phase %llu aborted: %s: %s\n",
+					       (unsigned long long)ka, rw_client_strerror(rc),
+					       rw_client_rank_message(lr.rp));
+					fflush(stdout);
+					CHECK(rc == RW_E_PHASE, "the abort answered %s, not RW_E_PHASE",
+					      rw_client_strerror(rc));
+					continue;
+				}
 				if (lib_combine(&lr, &sh, step, layer, k, n, &st, &tokens))
 					return 1;
+				if (st != 0 && cskip && step == 1 && layer == 0) { /* another aborted it */
+					printf("host-cskip: phase %llu failed: %s: %s\n",
+					       (unsigned long long)k + 1, rw_client_strerror(st),
+					       rw_client_rank_message(lr.rp));
+					fflush(stdout);
+					continue;
+				}
 				if (st != 0 && until) {
 					printf("%s: phase %llu failed: %s: %s\n", mode,
 					       (unsigned long long)k + 1, rw_client_strerror(st),

@@ -359,7 +359,8 @@ POISONED = ((railwave.errors.RW_E_PHASE, railwave.errors.RW_E_FIELD,
              # the rank path: the refused rank left, and joined again past the key
              "joined again", "left before this dispatch"))
 LEFT = ((railwave.errors.RW_E_PHASE, railwave.errors.RW_E_HANDLE),
-        (" left", "is not this rank's open dispatch"))
+        (" left", "is not this rank's open dispatch", "aborted the pair",
+         "aborted its combine"))  # the ring's RW_SQE_ABORT, the rank path's abort slot
 
 
 RANK_PATH = [False]  # the command's rank_path: librailwave's rank path carries the phases
@@ -446,15 +447,12 @@ def cmd_bad(c):
                                   railwave.PhaseError, cause=POISONED))
             good()
         # One rank combines with the wrong shape / dtype / a non-contiguous tensor: it is refused
-        # there, and that rank leaves and rejoins so that the others' combines fail at once.
-        # Not on the rank path: its rank fails the pair by leaving (railwave._core _rejoin), and
-        # a page rank that leaves while its node still flushes the dispatch is let go without
-        # failing the pair (the daemon's exec_on_rank_left), so the others wait for its
-        # combine until the phase timeout.
+        # there, and that rank aborts the pair so that the others' combines fail at once (the
+        # ring: RW_SQE_ABORT; the rank path: its combine's page slot marked abort, _abort_rank).
         # Every token goes to that rank's experts (expert e lives on rank e / (E / WORLD)), so
         # the others' combines depend on its rows (with none received, whether they saw it leave
         # depended on timing).
-        for i, (who, what, bad_y, exc, needle) in enumerate([] if RANK_PATH[0] else [
+        for i, (who, what, bad_y, exc, needle) in enumerate([
                 (0, "combine wrong rows", lambda rx: torch.zeros(rx.shape[0] + 1, H), ValueError,
                  "received rows"),
                 (1, "combine wrong dtype", lambda rx: rx.to(torch.bfloat16), TypeError,
@@ -841,7 +839,9 @@ def cmd_static_bad(c):
     PeerFailed (the daemon's reason naming the refused rank) within STATIC_BAD_BUDGET_S, far
     below the phase timeout; then a step of every rank is equal to the one-process reference
     (the ranks' stream counters stayed in step). The first case is every rank's first call
-    (the bad rank's rank path opens for the refusal). Last, a routing changed in place between
+    (the bad rank's rank path opens for the refusal). A combine's bad argument after a good
+    dispatch: the rank aborts its combine through the stream (_abort_rank), every other rank's
+    check() raises PeerFailed naming the abort, and 20 static pairs after it are equal. Last, a routing changed in place between
     forward and backward on one rank: BackwardMismatch there, PeerFailed naming it from the
     others' check() after their backward, then a forward + backward step equal (output and
     gradients) to the one-process reference."""
@@ -865,10 +865,21 @@ def cmd_static_bad(c):
         (0, "an expert id out of range (found by the stream)",
          lambda x, i, w: g.dispatch(x, torch.full_like(i, E), w, E, layer=21, step=0),
          railwave.PhaseError, ("top-k expert id outside",)),
+        (1 % WORLD, "a combine of another dtype (after a good dispatch)",
+         lambda x, i, w: bad_combine(x, i, w),
+         railwave.BadArgumentType, ("expert_out has dtype torch.float64",)),
     ]
+
+    def bad_combine(x, i, w):
+        """The dispatch as every rank's, then a combine its checks refuse: the rank aborts its
+        combine through the stream (its slot marked abort), and the pair fails everywhere."""
+        rx, ridx, rw, _, h = g.dispatch(x, i, w, E, layer=21, step=0)
+        g.combine(dense_experts(mine, 0, rx, ridx, rw).double(), h)
+
     log, worst = [], 0.0
     with join(c, static=True) as g:
         for k, (who, what, fn, exc, needles) in enumerate(cases):
+            combine = "combine" in what
             with torch.no_grad():
                 took, err = static_bad_step(g, mine, E, dev, seed, 300 + k,
                                             fn if RANK == who else None)
@@ -889,7 +900,8 @@ def cmd_static_bad(c):
                 if who // per_node != RANK // per_node:
                     name = "node %d (n%d): %s" % (who // per_node, who // per_node, name)
                 # (a node that heard it from another node prefixes that node's name too)
-                if "railwaved: " not in msg or name not in msg:
+                if "railwaved: " not in msg or name not in msg or \
+                        (combine and "aborted its combine of layer 21" not in msg):
                     raise AssertionError("peer of %s: %s does not name the refused rank (%r)"
                                          % (what, msg, name))
                 if took > STATIC_BAD_BUDGET_S:
@@ -898,14 +910,20 @@ def cmd_static_bad(c):
                 worst = max(worst, took)
                 if k == 0 or RANK == (who + 1) % WORLD:
                     log.append("peer of %s -> %s" % (what, msg[msg.index("railwaved: "):][:160]))
-            x, idx, w = static_inputs(seed, 400 + k, E, dev)
-            with torch.no_grad():
-                rx, ridx, rw, _, h = g.dispatch(x, idx, w, E, layer=21, step=0)
-                out = g.combine(dense_experts(mine, 0, rx, ridx, rw), h)
-            g.check()
-            ref = local_reference(x.cpu(), idx.cpu(), w.cpu(), experts)
-            if not torch.equal(out.cpu(), ref):
-                raise AssertionError("static step after %s: output differs" % what)
+            # the next step equal (after an aborted combine, 20: the ranks' phase numbers and
+            # stream counters stayed in step, where a rank that left and joined again restarted
+            # its counters and no later static call of it met the others')
+            for j in range(20 if combine else 1):
+                x, idx, w = static_inputs(seed, 400 + 20 * k + j, E, dev)
+                with torch.no_grad():
+                    rx, ridx, rw, _, h = g.dispatch(x, idx, w, E, layer=21, step=0)
+                    out = g.combine(dense_experts(mine, 0, rx, ridx, rw), h)
+                g.check()
+                ref = local_reference(x.cpu(), idx.cpu(), w.cpu(), experts)
+                if not torch.equal(out.cpu(), ref):
+                    raise AssertionError("static step %d after %s: output differs" % (j, what))
+            if combine:
+                log.append("20 static pairs after the aborted combine equal")
         # Rank 1 changes its topk_idx in place between forward and backward: its backward is
         # refused before its backward pair (BackwardMismatch), and the pair fails for the
         # others through the stream (their check() after the backward: PeerFailed naming it).

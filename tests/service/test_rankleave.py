@@ -82,6 +82,32 @@ def quit(c, world):
           (took, TIMEOUT_S))
 
 
+def abort(c, world):
+    """Rank 1 cannot give its combine of step 1 (its own call refused on its host): it aborts
+    it through its page (rw_client_rank_abort: a combine slot marked abort). Every other rank's
+    combine of step 1 must fail at once, naming rank 1 and the abort, the aborting rank's own
+    answer be RW_E_PHASE, and steps 0 and 2 pass for all: the ranks' phase numbers stay in step
+    (before, the rank left and joined again, and the other nodes waited for the timeout)."""
+    t0 = time.time()
+    res = cluster.outputs([(r, c.pagerank(r, "abort", 1, 3, 7,
+                                          "host-abort" if r == 1 else "host-cskip"))
+                           for r in range(world)])
+    took = time.time() - t0
+    bad = {r: (v[0], v[1][-300:]) for r, v in res.items() if v[0] != 0 or "verified" not in v[1]}
+    check(not bad, "abort: every rank's steps 0 and 2 passed %s" % (bad or ""))
+    check(any(l.startswith("host-abort: phase ") and "aborted: phase failed:" in l and
+              "aborted its combine of layer 0 step 1" in l for l in res[1][1].splitlines()),
+          "abort: rank 1's abort answered RW_E_PHASE, naming it (%r)" % res[1][1][-300:])
+    bad = {r: v[1][-300:] for r, v in res.items()
+           if r != 1 and not any(l.startswith("host-cskip: phase ") and "local rank 1" in l and
+                                 "aborted its combine of layer 0 step 1" in l
+                                 for l in v[1].splitlines())}
+    check(not bad, "abort: every other rank's combine of step 1 failed naming rank 1's abort %s"
+          % (bad or ""))
+    check(took < 20, "abort: the group ran in %.1f s, the phase timeout is %d s" %
+          (took, TIMEOUT_S))
+
+
 def main():
     if not cluster.built(cluster.DAEMON, cluster.PAGERANK):
         print("skip: railwaved or rw_pagerank not built")
@@ -122,6 +148,7 @@ def main():
         rejoin(c, world, "the others' step 1 (rank 1 leaving while it runs)", "none",
                leave_late=True)
         quit(c, world)
+        abort(c, world)
         res = cluster.outputs([(r, c.pagerank(r, "after", 2, 3, 5, "ok")) for r in range(world)])
         bad = {r: (v[0], v[1][-300:]) for r, v in res.items()
                if v[0] != 0 or "verified" not in v[1]}
