@@ -398,6 +398,11 @@ void rw_svc_stage_flushed(rw_svc_mover_done_fn done, void *ctx, uint32_t serial,
 
 rw_status_t rw_svc_stage_flag(const struct rw_svc_rank_io *io)
 {
+	/* A blocking driver copy: never on a stalled GPU, where it would hold the loop. */
+	if (rw_svc_gpu_stalled(io->flag_dev, NULL, 0)) {
+		rw_warn("GPU %d is stalled: a completion flag not written", io->flag_dev);
+		return RW_ERR_TIMEOUT;
+	}
 	rw_status_t st = rw_cuda_write_u32(io->flag_dev, io->flag_dptr, io->flag_value);
 	if (st != RW_OK)
 		rw_warn("cannot write a completion flag on GPU %d: %s", io->flag_dev,
