@@ -71,6 +71,49 @@ static void test_cuda_rank_lost(void **state)
 	cl_free(c);
 }
 
+/* A GPU whose copies stop landing (docs/rankpath.md "A hung GPU"): with the stall bound at 50 ms
+ * and the stand-in holding every stream's work, CUDA rank 3's input copies never land; its
+ * node's pair fails on its own once the bound passed (no rank died, no phase timeout), every
+ * rank answered, GPU 0 listed stalled and the pair's staging held; a retry meanwhile is
+ * refused at once on node 1 (GPU 0 is stalled), without queueing a copy. Once the copies land,
+ * GPU 0 moves again, the staging is freed and the key passes. */
+static void test_cuda_stall(void **state)
+{
+	(void)state;
+	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+		skip();
+	opts_t o = { .nodes = 2, .path = "native", .tokens = 20 };
+	cl_t *c = cl_new(&o, 870);
+	fk_client_die(c->rk[3].c);
+	settle(c);
+	rank_connect_cuda(c, 3);
+	run_pair(c, 0, 1);
+	rw_svc_gpu_stall_set(50);
+	fake_cuda_hold(1);
+	dispatch_submit_all(c, 0, 0);
+	for (uint32_t r = 0; r < c->W; r++) {
+		rw_cqe_t q = next_cqe(c, r);
+		CHECK(q.status == RW_CQ_ERROR && (q.error == RW_E_CUDA || q.error == RW_E_PHASE),
+		      "stalled: rank %u: status %u error %d", r, q.status, q.error);
+	}
+	int dev[4];
+	uint64_t held = 0;
+	assert_int_equal(rw_svc_gpu_stalled_list(dev, 4, &held), 1);
+	assert_int_equal(dev[0], 0);
+	assert_true(held > 0); /* rank 3's staging, kept for the copies into it */
+	char why[160];
+	assert_true(rw_svc_gpu_stalled(0, why, sizeof(why)));
+	assert_non_null(strstr(why, "GPU 0 is stalled: copies queued"));
+	fake_cuda_hold(0);
+	settle(c);
+	assert_int_equal(rw_svc_gpu_stalled_list(dev, 4, &held), 0);
+	assert_int_equal(held, 0); /* freed once they landed */
+	rw_svc_gpu_stall_set(0);
+	expect_no_timeouts(c);
+	retry_key(c, 0, 0);
+	cl_free(c);
+}
+
 /* ================================================================================================
  * The count row on the GPU (docs/dataflow.md "Count on the GPU"): the CUDA mover listed first, as
  * main.c lists it, on the kernel stand-in (tests/integration/libfakecuda_kern.so, whose kernels
@@ -319,6 +362,7 @@ int exec_gpu_run(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_cuda_ranks),
 		cmocka_unit_test(test_cuda_rank_lost),
+		cmocka_unit_test(test_cuda_stall),
 		cmocka_unit_test(test_cuda_combine_order),
 		cmocka_unit_test(test_gpu_count_paths),
 		cmocka_unit_test(test_gpu_count_mixed),
