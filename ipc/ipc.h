@@ -292,8 +292,15 @@ int rw_ipc_client_leaving(const rw_ipc_client_t *client);
  * busy_sleep_max_us 0: spin the whole time a phase is in flight. With nothing watched it waits
  * for a watch and costs nothing.
  *
- * Every call below is made from the loop's thread; the callback runs on it too (from an ev_async
- * watcher), never inside a call of this API.
+ * With loop_waits, the loop waits on the words itself as well (docs/rankpath.md "The poller"):
+ * a publishing writer's wake ends the loop's own block, and the thread keeps the words no one
+ * wakes for (a stream's). A kick does nothing while every watched word wakes a sleeper and the
+ * thread would not spin (fewer than RW_IPC_POLLER_WAKER_SPIN_CPUS CPUs).
+ *
+ * Every call below is made from the loop's thread; the callback runs on it too (from the loop's
+ * watchers: its ev_async, and with loop_waits an ev_io and an ev_prepare), never inside a call
+ * of this API. A value is never handed on twice in a row (the loop's own look and the thread's
+ * notice may both see a move).
  * ------------------------------------------------------------------------------------------- */
 
 /* The daemon's defaults (docs/service.md "Top-level fields", poller_*; measured: docs/perf/shm.md
@@ -322,6 +329,10 @@ typedef struct rw_ipc_poller_config {
 	uint32_t waker_spin_cpus;   /* words whose writers wake the thread keep the spin window
 	                             * (and the busy bound) on a host with this many online CPUs
 	                             * or more; 0: RW_IPC_POLLER_WAKER_SPIN_CPUS */
+	uint32_t loop_waits;        /* 1: the loop waits on the words itself too (an io_uring
+	                             * FUTEX_WAITV, Linux 6.7+; where the kernel or the host's
+	                             * policy refuses it, as 0): a writer's wake reaches the loop
+	                             * directly, and the thread then sleeps on its kick alone */
 } rw_ipc_poller_config_t;
 
 /* What the loop hears: the word `id` now reads `value` (every change is reported at least by
@@ -359,6 +370,8 @@ typedef struct rw_ipc_poller_stats {
 	uint64_t wakeups;     /* ev_async sends to the loop */
 	uint64_t parks;       /* times the thread waited, nothing watched, for a watch */
 	uint64_t word_wakes;  /* sleeps a watched word's writer ended (rw_page_word_publish) */
+	uint64_t loop_wakes;  /* the loop's own waits a word's writer ended (loop_waits) */
+	uint32_t loop_waits;  /* 1 while the loop's wait covers every watched word */
 	uint64_t cpu_ns;      /* the thread's CPU time so far (CLOCK_THREAD_CPUTIME_ID) */
 } rw_ipc_poller_stats_t;
 void rw_ipc_poller_stats(const rw_ipc_poller_t *poller, rw_ipc_poller_stats_t *stats_p);

@@ -19,7 +19,14 @@
  *   K  loop (kick): add 1 to `kick`, then read `sleeping` (both seq_cst) and wake the futex if
  *      set -> thread: set `sleeping`, then read `kick` (both seq_cst) and wait on the futex only
  *      if it is still the value it saw: either the loop sees `sleeping` and wakes it, or the
- *      thread sees the new `kick` (and the futex wait itself refuses a changed value). */
+ *      thread sees the new `kick` (and the futex wait itself refuses a changed value).
+ *   L  loop (its own wait, cfg.loop_waits): it reads the words itself (acquire) and arms one
+ *      io_uring FUTEX_WAITV over them as last delivered, then raises `loop_waits` -> thread:
+ *      load `loop_waits`; while set it sleeps on `kick` alone, since a publishing writer's wake
+ *      reaches the loop directly (a word that moved before the arm refuses it: the loop looks
+ *      again before it blocks). A stream's word wakes no one: the thread's scan still sees it.
+ *   The loop hands a value on only if it differs from the last it handed on (`delivered`):
+ *   the thread's notice and the loop's own look may report the same move. */
 #include <ev.h>
 #include <errno.h>
 #include <pthread.h>
@@ -28,6 +35,8 @@
 #include <sched.h>
 #include <string.h>
 #include <linux/futex.h>
+#include <linux/io_uring.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -43,9 +52,11 @@ struct slot {
 	/* thread-private */
 	const _Atomic uint64_t *cur;
 	uint64_t seen;
-	int waker;                               /* its writer ended a sleep (it publishes) */
+	_Atomic int waker;  /* its writer ended a sleep, the thread's or the loop's (it publishes);
+	                     * the loop clears it at watch, published by pair W */
 	/* loop-private */
 	int state;                               /* FREE, LIVE, RETIRING */
+	uint64_t delivered;                      /* the last value handed to the callback */
 };
 enum { FREE = 0, LIVE = 1, RETIRING = 2 };
 
@@ -80,7 +91,11 @@ struct rw_ipc_poller {
 	uint32_t wv_slot[FUTEX_WAITV_MAX];  /* wv[i]'s slot (i >= 1; wv[0] is `kick`) */
 	int no_waitv;                       /* the kernel has no futex_waitv: `kick` alone */
 	int spin_for_wakers;                /* spin after a waker's move too (cores to spare) */
+	_Atomic uint32_t silent;            /* thread: watched words that never woke anyone */
+	_Atomic int loop_waits;             /* loop: its futex wait covers every live word (L) */
+	struct loop_wait *lw;               /* loop-private; NULL: the loop does not wait */
 	_Atomic uint64_t scans, sleeps, yields, moves, wakeups, parks, kicks, word_wakes;
+	uint64_t loop_wakes;                /* loop-private */
 };
 
 static uint64_t now_ns(void)
@@ -137,9 +152,8 @@ static unsigned scan(rw_ipc_poller_t *p, int *full_p, uint32_t *silent_p)
 		if (w != s->cur) {
 			s->cur = w;
 			s->seen = s->base;
-			s->waker = 0;
 		}
-		*silent_p += !s->waker;
+		*silent_p += !atomic_load_explicit(&s->waker, memory_order_relaxed);
 		uint64_t v = atomic_load_explicit(w, memory_order_acquire);
 		if (v != s->seen) {
 			if (push(p, i, v, 0, &head))
@@ -162,7 +176,8 @@ static unsigned scan(rw_ipc_poller_t *p, int *full_p, uint32_t *silent_p)
 static void nap(rw_ipc_poller_t *p, uint32_t kick_seen, uint32_t nap_us, int full)
 {
 	uint32_t n = 0;
-	if (!p->no_waitv && !full) {
+	/* The loop waits on the words itself (pair L): a wake of ours would be a second one. */
+	if (!p->no_waitv && !full && !atomic_load_explicit(&p->loop_waits, memory_order_acquire)) {
 		const uint32_t high = atomic_load_explicit(&p->high, memory_order_acquire);
 		p->wv[n++] = (struct futex_waitv){ .val = kick_seen, .uaddr = (uintptr_t)&p->kick,
 						   .flags = FUTEX_32 | FUTEX_PRIVATE_FLAG };
@@ -187,7 +202,7 @@ static void nap(rw_ipc_poller_t *p, uint32_t kick_seen, uint32_t nap_us, int ful
 		until.tv_nsec %= 1000000000;
 		long woke = syscall(SYS_futex_waitv, p->wv, n, 0, &until, CLOCK_MONOTONIC);
 		if (woke > 0) {
-			p->slots[p->wv_slot[woke]].waker = 1;
+			atomic_store_explicit(&p->slots[p->wv_slot[woke]].waker, 1, memory_order_relaxed);
 			atomic_fetch_add_explicit(&p->word_wakes, 1, memory_order_relaxed);
 		}
 		if (woke >= 0 || errno != ENOSYS)
@@ -215,6 +230,7 @@ static void *run(void *arg)
 		int full;
 		uint32_t silent;
 		unsigned n = scan(p, &full, &silent);
+		atomic_store_explicit(&p->silent, silent, memory_order_relaxed);
 		atomic_fetch_add_explicit(&p->scans, 1, memory_order_relaxed);
 		uint64_t t = now_ns();
 		const uint32_t k = atomic_load(&p->kick);
@@ -270,7 +286,238 @@ static void *run(void *arg)
 	return NULL;
 }
 
-/* Loop: hand every queued notice to the callback. */
+
+/* ---------------------------------------------------------------------------------------------
+ * The loop's own wait on the words (cfg.loop_waits, pair L). One io_uring holds at most one
+ * FUTEX_WAITV over the live words as last delivered (and, when the watched set changed, a cancel
+ * of it); a completion makes the ring's fd readable, an ev_io of the loop. So a host rank's
+ * rw_page_word_publish wakes the loop, the thread that acts on the word, rather than this
+ * thread, which then wakes the loop: one thread woken per hand-off instead of two.
+ * ------------------------------------------------------------------------------------------- */
+#ifndef IORING_OP_FUTEX_WAITV
+#define IORING_OP_FUTEX_WAITV 53 /* Linux 6.7 */
+#endif
+enum { LW_WAIT = 1, LW_CANCEL = 2 };
+
+struct loop_wait {
+	int fd;
+	ev_io io;
+	ev_prepare prep;
+	void *sq_map, *cq_map, *sqes_map;
+	size_t sq_bytes, cq_bytes, sqes_bytes;
+	struct io_uring_sqe *sqes;
+	_Atomic unsigned *sq_tail, *cq_head, *cq_tail;
+	unsigned *sq_array, sq_mask, cq_mask;
+	const struct io_uring_cqe *cqes;
+	int armed;      /* a FUTEX_WAITV is in the kernel */
+	int cancelling; /* and its cancel too */
+	int dirty;      /* a watch came or went since it was armed */
+	int broken;     /* the kernel refused a request: the thread relays every word again */
+	uint32_t n;
+	struct futex_waitv wv[FUTEX_WAITV_MAX];
+	uint32_t slot[FUTEX_WAITV_MAX];
+};
+
+static void lw_close(struct loop_wait *lw)
+{
+	if (lw->sqes_map && lw->sqes_map != MAP_FAILED)
+		munmap(lw->sqes_map, lw->sqes_bytes);
+	if (lw->cq_map && lw->cq_map != MAP_FAILED && lw->cq_map != lw->sq_map)
+		munmap(lw->cq_map, lw->cq_bytes);
+	if (lw->sq_map && lw->sq_map != MAP_FAILED)
+		munmap(lw->sq_map, lw->sq_bytes);
+	close(lw->fd); /* cancels what is still armed */
+	free(lw);
+}
+
+/* A ring whose kernel has FUTEX_WAITV (Linux 6.7+), or NULL (older, io_uring refused by the
+ * host's policy: io_uring_disabled, a container's seccomp). */
+static struct loop_wait *lw_open(void)
+{
+	struct io_uring_params pr;
+	memset(&pr, 0, sizeof(pr));
+	int fd = (int)syscall(SYS_io_uring_setup, 4, &pr);
+	if (fd < 0)
+		return NULL;
+	const size_t probe_bytes = sizeof(struct io_uring_probe) + 256 * sizeof(struct io_uring_probe_op);
+	struct io_uring_probe *probe = calloc(1, probe_bytes);
+	const int ok = probe && syscall(SYS_io_uring_register, fd, IORING_REGISTER_PROBE, probe, 256) == 0 &&
+		       probe->last_op >= IORING_OP_FUTEX_WAITV &&
+		       (probe->ops[IORING_OP_FUTEX_WAITV].flags & IO_URING_OP_SUPPORTED);
+	free(probe);
+	struct loop_wait *lw = ok ? calloc(1, sizeof(*lw)) : NULL;
+	if (!lw) {
+		close(fd);
+		return NULL;
+	}
+	lw->fd = fd;
+	lw->sq_bytes = pr.sq_off.array + pr.sq_entries * sizeof(unsigned);
+	lw->cq_bytes = pr.cq_off.cqes + pr.cq_entries * sizeof(struct io_uring_cqe);
+	const int single = (pr.features & IORING_FEAT_SINGLE_MMAP) != 0;
+	if (single)
+		lw->sq_bytes = lw->cq_bytes = RW_MAX(lw->sq_bytes, lw->cq_bytes);
+	lw->sqes_bytes = pr.sq_entries * sizeof(struct io_uring_sqe);
+	lw->sq_map = mmap(NULL, lw->sq_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
+			  IORING_OFF_SQ_RING);
+	lw->cq_map = single ? lw->sq_map :
+		     mmap(NULL, lw->cq_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
+			  IORING_OFF_CQ_RING);
+	lw->sqes_map = mmap(NULL, lw->sqes_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+			    fd, IORING_OFF_SQES);
+	if (lw->sq_map == MAP_FAILED || lw->cq_map == MAP_FAILED || lw->sqes_map == MAP_FAILED) {
+		lw_close(lw);
+		return NULL;
+	}
+	uint8_t *sq = lw->sq_map, *cq = lw->cq_map;
+	lw->sqes = lw->sqes_map;
+	lw->sq_tail = (_Atomic unsigned *)(void *)(sq + pr.sq_off.tail);
+	lw->sq_mask = *(const unsigned *)(const void *)(sq + pr.sq_off.ring_mask);
+	lw->sq_array = (unsigned *)(void *)(sq + pr.sq_off.array);
+	lw->cq_head = (_Atomic unsigned *)(void *)(cq + pr.cq_off.head);
+	lw->cq_tail = (_Atomic unsigned *)(void *)(cq + pr.cq_off.tail);
+	lw->cq_mask = *(const unsigned *)(const void *)(cq + pr.cq_off.ring_mask);
+	lw->cqes = (const struct io_uring_cqe *)(const void *)(cq + pr.cq_off.cqes);
+	return lw;
+}
+
+/* One request, submitted now (the kernel copies a FUTEX_WAITV's array at submission); -1 when
+ * the kernel refused it. Never more than two are queued, in a ring of four. */
+static int lw_submit(struct loop_wait *lw, uint8_t op, uint64_t addr, uint32_t len, uint64_t data)
+{
+	const unsigned tail = atomic_load_explicit(lw->sq_tail, memory_order_relaxed);
+	const unsigned i = tail & lw->sq_mask;
+	struct io_uring_sqe *q = &lw->sqes[i];
+	memset(q, 0, sizeof(*q));
+	q->opcode = op;
+	q->addr = addr;
+	q->len = len;
+	q->user_data = data;
+	lw->sq_array[i] = i;
+	atomic_store_explicit(lw->sq_tail, tail + 1, memory_order_release); /* the kernel's acquire */
+	long r;
+	do
+		r = syscall(SYS_io_uring_enter, lw->fd, 1, 0, 0, NULL, 0);
+	while (r < 0 && errno == EINTR);
+	return r == 1 ? 0 : -1;
+}
+
+/* Loop: hand `v`, word `id`'s value, on unless it is the last one handed on (the thread's
+ * notice and the loop's own look may both carry a move); a word no longer watched says nothing. */
+static void deliver(rw_ipc_poller_t *p, uint32_t id, uint64_t v)
+{
+	struct slot *s = &p->slots[id];
+	if (s->state != LIVE || v == s->delivered)
+		return;
+	s->delivered = v;
+	p->cb(p->ctx, id, v, 0);
+}
+
+static uint64_t word_now(const struct slot *s)
+{
+	const _Atomic uint64_t *w = atomic_load_explicit(&s->word, memory_order_relaxed);
+	return atomic_load_explicit(w, memory_order_acquire); /* the writer's release */
+}
+
+/* Loop: look at every live word itself (a callback may watch or unwatch others meanwhile). */
+static void loop_look(rw_ipc_poller_t *p)
+{
+	for (uint32_t i = 0; i < atomic_load_explicit(&p->high, memory_order_relaxed); i++)
+		if (p->slots[i].state == LIVE) /* in slot order, as the thread's scan */
+			deliver(p, i, word_now(&p->slots[i]));
+}
+
+static void wake_thread(rw_ipc_poller_t *p);
+
+/* Loop: the thread is to wait on the words again (the loop no longer can, pair L). */
+static void lw_give_up(rw_ipc_poller_t *p)
+{
+	if (atomic_exchange_explicit(&p->loop_waits, 0, memory_order_release))
+		wake_thread(p);
+}
+
+/* Loop, before it blocks: arm the wait over every live word as last delivered (a word that
+ * moved since refuses it at once: the completion comes now), or cancel one armed over a table
+ * that has changed since (its completion then re-arms). */
+static void lw_prepare(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+	(void)loop; (void)revents;
+	rw_ipc_poller_t *p = w->data;
+	struct loop_wait *lw = p->lw;
+	if (lw->broken)
+		return;
+	if (lw->armed) {
+		if (lw->dirty && !lw->cancelling) {
+			if (lw_submit(lw, IORING_OP_ASYNC_CANCEL, LW_WAIT, 0, LW_CANCEL) == 0)
+				lw->cancelling = 1;
+			else
+				lw->broken = 1, lw_give_up(p);
+		}
+		return;
+	}
+	loop_look(p);
+	uint32_t n = 0, live = 0;
+	const uint32_t high = atomic_load_explicit(&p->high, memory_order_relaxed);
+	for (uint32_t i = 0; i < high; i++) {
+		const struct slot *s = &p->slots[i];
+		if (s->state != LIVE)
+			continue;
+		if (live++ == FUTEX_WAITV_MAX)
+			break;
+		lw->slot[n] = i;
+		lw->wv[n++] = (struct futex_waitv){
+			.val = (uint32_t)s->delivered, .flags = FUTEX_32, /* shared: another process */
+			.uaddr = (uintptr_t)rw_page_word_futex(atomic_load_explicit(&s->word,
+										  memory_order_relaxed)) };
+	}
+	if (n == 0 || live > n) { /* nothing to wait on, or more than one call takes */
+		lw_give_up(p);
+		return;
+	}
+	if (lw_submit(lw, IORING_OP_FUTEX_WAITV, (uintptr_t)lw->wv, n, LW_WAIT) != 0) {
+		lw->broken = 1;
+		lw_give_up(p);
+		return;
+	}
+	lw->armed = 1;
+	lw->dirty = 0;
+	lw->n = n;
+	atomic_store_explicit(&p->loop_waits, 1, memory_order_release); /* pair L */
+}
+
+/* Loop: the ring's completions (the wait ended: a word's wake, a word that had moved, or the
+ * cancel), then a look at every word; the next prepare arms again. */
+static void lw_ready(struct ev_loop *loop, ev_io *w, int revents)
+{
+	(void)loop; (void)revents;
+	rw_ipc_poller_t *p = w->data;
+	struct loop_wait *lw = p->lw;
+	unsigned head = atomic_load_explicit(lw->cq_head, memory_order_relaxed);
+	const unsigned tail = atomic_load_explicit(lw->cq_tail, memory_order_acquire);
+	for (; head != tail; head++) {
+		const struct io_uring_cqe *c = &lw->cqes[head & lw->cq_mask];
+		if (c->user_data == LW_CANCEL) {
+			lw->cancelling = 0;
+			continue;
+		}
+		lw->armed = 0;
+		if (c->res >= 0 && (uint32_t)c->res < lw->n) {
+			if (!lw->dirty) /* else its slot may hold another word by now */
+				atomic_store_explicit(&p->slots[lw->slot[c->res]].waker, 1,
+						      memory_order_relaxed);
+			p->loop_wakes++;
+		} else if (c->res != -EAGAIN && c->res != -ECANCELED) {
+			rw_warn("ipc: the loop's wait on the rank pages' words failed (%s): the poller "
+				"thread relays them", strerror(-c->res));
+			lw->broken = 1;
+			lw_give_up(p);
+		}
+	}
+	atomic_store_explicit(lw->cq_head, head, memory_order_release); /* the kernel's acquire */
+	loop_look(p);
+}
+
+/* Loop: hand every queued notice on, in the thread's order (a rank's words in the order it wrote
+ * them, as far as one scan can tell): a retirement; a move, unless the loop has handed it on. */
 static void drain(struct ev_loop *loop, ev_async *w, int revents)
 {
 	(void)loop; (void)revents;
@@ -280,11 +527,30 @@ static void drain(struct ev_loop *loop, ev_async *w, int revents)
 	while (tail != head) {
 		struct notice n = p->q[tail & p->q_mask];
 		tail++;
-		if (n.retired)
-			p->slots[n.id].state = FREE;
-		p->cb(p->ctx, n.id, n.value, (int)n.retired);
+		if (!n.retired) {
+			/* A notice behind what the loop's own look handed on is stale: the word as it
+			 * reads now, which also shows a word that really went back (the loop judges). */
+			uint64_t v = n.value;
+			if (p->lw && p->slots[n.id].state == LIVE &&
+			    (int64_t)(v - p->slots[n.id].delivered) <= 0)
+				v = word_now(&p->slots[n.id]);
+			deliver(p, n.id, v);
+			continue;
+		}
+		p->slots[n.id].state = FREE;
+		p->cb(p->ctx, n.id, 0, 1);
 	}
 	atomic_store_explicit(&p->q_tail, tail, memory_order_release); /* pair T */
+}
+
+static void lw_stop(rw_ipc_poller_t *p)
+{
+	if (!p->lw)
+		return;
+	ev_io_stop(p->loop, &p->lw->io);
+	ev_prepare_stop(p->loop, &p->lw->prep);
+	lw_close(p->lw);
+	p->lw = NULL;
 }
 
 rw_status_t rw_ipc_poller_create(struct ev_loop *loop, const rw_ipc_poller_config_t *cfg,
@@ -317,10 +583,25 @@ rw_status_t rw_ipc_poller_create(struct ev_loop *loop, const rw_ipc_poller_confi
 	ev_async_init(&p->async, drain);
 	p->async.data = p;
 	ev_async_start(loop, &p->async);
+	if (cfg->loop_waits && !(p->lw = lw_open()))
+		rw_info("ipc: the loop cannot wait on the rank pages' words itself (io_uring with "
+			"FUTEX_WAITV: Linux 6.7+, and not refused by the host's policy): the poller "
+			"thread relays every word");
+	if (p->lw) {
+		ev_io_init(&p->lw->io, lw_ready, p->lw->fd, EV_READ);
+		p->lw->io.data = p;
+		ev_io_start(loop, &p->lw->io);
+		ev_prepare_init(&p->lw->prep, lw_prepare);
+		ev_set_priority(&p->lw->prep, EV_MINPRI); /* after every other prepare: none of
+							    * them watches a word after the arm */
+		p->lw->prep.data = p;
+		ev_prepare_start(loop, &p->lw->prep);
+	}
 	int err = pthread_create(&p->thread, NULL, run, p);
 	if (err != 0) {
 		errno = err;
 		rw_err("ipc: cannot start the word poller thread: %m");
+		lw_stop(p);
 		ev_async_stop(loop, &p->async);
 		pthread_cond_destroy(&p->park_cv);
 		pthread_mutex_destroy(&p->park_mu);
@@ -347,10 +628,11 @@ void rw_ipc_poller_destroy(rw_ipc_poller_t *p)
 	atomic_store_explicit(&p->stop, 1, memory_order_relaxed);
 	pthread_cond_signal(&p->park_cv);
 	pthread_mutex_unlock(&p->park_mu);
-	rw_ipc_poller_kick(p); /* a sleep ends now */
+	wake_thread(p); /* a sleep ends now */
 	pthread_join(p->thread, NULL);
 	pthread_cond_destroy(&p->park_cv);
 	pthread_mutex_destroy(&p->park_mu);
+	lw_stop(p);
 	ev_async_stop(p->loop, &p->async);
 	free(p->q);
 	free(p->slots);
@@ -367,7 +649,11 @@ rw_status_t rw_ipc_poller_watch(rw_ipc_poller_t *p, const void *word, uint32_t *
 			continue;
 		const _Atomic uint64_t *w = word;
 		s->state = LIVE;
-		s->base = atomic_load_explicit(w, memory_order_acquire);
+		s->base = s->delivered = atomic_load_explicit(w, memory_order_acquire);
+		atomic_store_explicit(&s->waker, 0, memory_order_relaxed); /* published by pair W */
+		atomic_fetch_add_explicit(&p->silent, 1, memory_order_relaxed); /* till its scan */
+		if (p->lw)
+			p->lw->dirty = 1;
 		if (i >= atomic_load_explicit(&p->high, memory_order_relaxed))
 			atomic_store_explicit(&p->high, i + 1, memory_order_release);
 		atomic_store_explicit(&s->word, w, memory_order_release); /* pair W */
@@ -387,17 +673,28 @@ void rw_ipc_poller_unwatch(rw_ipc_poller_t *p, uint32_t id)
 		return;
 	struct slot *s = &p->slots[id];
 	s->state = RETIRING;
+	if (p->lw)
+		p->lw->dirty = 1;
 	atomic_store_explicit(&s->word, NULL, memory_order_relaxed);
 	atomic_store_explicit(&s->retire, 1, memory_order_release); /* pair R */
 }
 
-void rw_ipc_poller_kick(rw_ipc_poller_t *p)
+static void wake_thread(rw_ipc_poller_t *p)
 {
 	atomic_fetch_add(&p->kick, 1); /* pair K */
 	if (atomic_load(&p->sleeping)) {
 		(void)syscall(SYS_futex, &p->kick, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 		atomic_fetch_add_explicit(&p->kicks, 1, memory_order_relaxed);
 	}
+}
+
+void rw_ipc_poller_kick(rw_ipc_poller_t *p)
+{
+	/* Every watched word wakes a sleeper itself and the thread would not spin after the kick
+	 * (a small host): waking it only costs a CPU the ranks need. */
+	if (!p->spin_for_wakers && atomic_load_explicit(&p->silent, memory_order_relaxed) == 0)
+		return;
+	wake_thread(p);
 }
 
 void rw_ipc_poller_busy(rw_ipc_poller_t *p, int busy)
@@ -417,6 +714,8 @@ void rw_ipc_poller_stats(const rw_ipc_poller_t *p, rw_ipc_poller_stats_t *st)
 	st->wakeups = atomic_load_explicit(&q->wakeups, memory_order_relaxed);
 	st->parks = atomic_load_explicit(&q->parks, memory_order_relaxed);
 	st->word_wakes = atomic_load_explicit(&q->word_wakes, memory_order_relaxed);
+	st->loop_wakes = q->loop_wakes;
+	st->loop_waits = atomic_load_explicit(&q->loop_waits, memory_order_relaxed);
 	clockid_t cid;
 	struct timespec t;
 	if (pthread_getcpuclockid(q->thread, &cid) == 0 && clock_gettime(cid, &t) == 0)

@@ -89,7 +89,8 @@ rw_status_t ipc_pages_start(rw_ipc_server_t *srv)
 				      .yield_us = RW_IPC_POLLER_YIELD_US,
 				      .sleep_min_us = RW_IPC_POLLER_SLEEP_MIN_US,
 				      .sleep_max_us = RW_IPC_POLLER_SLEEP_MAX_US,
-				      .busy_sleep_max_us = RW_IPC_POLLER_BUSY_SLEEP_MAX_US };
+				      .busy_sleep_max_us = RW_IPC_POLLER_BUSY_SLEEP_MAX_US,
+				      .loop_waits = 1 };
 	if (srv->cfg.poller)
 		pc = *srv->cfg.poller;
 	pc.max_watches = clients * NWATCH;

@@ -114,6 +114,7 @@ rw_status_t rw_svc_exec_ipc_start(rw_svc_exec_t *x)
 		.sleep_min_us = svc->cfg.poller_sleep_min_us,
 		.sleep_max_us = svc->cfg.poller_sleep_max_us,
 		.busy_sleep_max_us = svc->cfg.poller_busy_sleep_max_us,
+		.loop_waits = 1, /* a host rank's word wakes the loop itself (docs/rankpath.md) */
 	};
 	rw_ipc_server_config_t cfg = {
 		.socket_path = svc->cfg.ipc_socket,

@@ -5,7 +5,9 @@
  * watch is reported once and never read again, a full notice queue loses nothing; while a phase
  * is in flight the thread backs off (spin, yield, sleep) and still sees the next move, or spins
  * the whole phase when told to; a word published by another process (rw_page_word_publish, a
- * host rank's store) ends the thread's sleep, and the daemon's publish ends a rank's nap. */
+ * host rank's store) ends the thread's sleep, and the daemon's publish ends a rank's nap; with
+ * loop_waits, such a store wakes the loop itself, blocked in ev_run, while the thread sleeps on,
+ * and a word no one wakes for is still reported, each value once. */
 #include <ev.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -78,6 +80,15 @@ static const rw_ipc_poller_config_t cfg = {
 	.max_watches = NW * 4, .spin_us = 100, .sleep_min_us = 20, .sleep_max_us = 1000,
 };
 
+/* cfg with no spin and every sleep sleep_us long: nothing but a wake ends one soon. */
+static rw_ipc_poller_config_t sleepy(uint32_t sleep_us)
+{
+	rw_ipc_poller_config_t c = cfg;
+	c.spin_us = 0;
+	c.sleep_min_us = c.sleep_max_us = sleep_us;
+	return c;
+}
+
 /* Run the loop until done(arg) or 10 s (then the case fails on its own assertions). */
 static void run_until(struct ev_loop *loop, int (*done)(void *), void *arg)
 {
@@ -97,17 +108,24 @@ static int all_at(void *arg)
 	return 1;
 }
 
+/* Words first .. n_words-1 written 1..last: stored as a stream writes (no wake), or published
+ * as a host rank's CPU does. */
 struct writer_args {
 	unsigned n_words;
 	uint64_t last;
+	unsigned first;
+	int publish;
 };
 
 static void *writer(void *arg)
 {
 	const struct writer_args *a = arg;
 	for (uint64_t k = 1; k <= a->last; k++) {
-		for (unsigned i = 0; i < a->n_words; i++)
-			atomic_store_explicit(word(i), k, memory_order_release);
+		for (unsigned i = a->first; i < a->n_words; i++)
+			if (a->publish)
+				rw_page_word_publish(word(i), k);
+			else
+				atomic_store_explicit(word(i), k, memory_order_release);
 		if (k % 64 == 0)
 			usleep(200); /* idle gaps: the poller goes from spinning to sleeping and back */
 	}
@@ -123,7 +141,7 @@ static void test_reports_every_word_in_order(void **state)
 	assert_int_equal(rw_ipc_poller_create(loop, &cfg, on_word, &seen, &p), RW_OK);
 	for (unsigned i = 0; i < NW; i++)
 		assert_int_equal(rw_ipc_poller_watch(p, word(i), &seen.id_of[i]), RW_OK);
-	struct writer_args a = { NW, 2000 };
+	struct writer_args a = { NW, 2000, 0, 0 };
 	pthread_t t;
 	assert_int_equal(pthread_create(&t, NULL, writer, &a), 0);
 	run_until(loop, all_at, &a.last);
@@ -419,7 +437,7 @@ static void test_full_queue_loses_nothing(void **state)
 	assert_int_equal(rw_ipc_poller_create(loop, &c, on_word, &seen, &p), RW_OK);
 	for (unsigned i = 0; i < NW * 4; i++)
 		assert_int_equal(rw_ipc_poller_watch(p, word(i), &seen.id_of[i]), RW_OK);
-	struct writer_args a = { NW * 4, 500 };
+	struct writer_args a = { NW * 4, 500, 0, 0 };
 	writer(&a); /* here, with the loop not running: the queue fills and stays full */
 	uint64_t last = 500;
 	run_until(loop, all_four_x, &last);
@@ -506,9 +524,7 @@ static void test_published_word_ends_a_sleep(void **state)
 {
 	(void)state;
 	struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
-	rw_ipc_poller_config_t c = cfg;
-	c.spin_us = 0;
-	c.sleep_min_us = c.sleep_max_us = 1000000;
+	const rw_ipc_poller_config_t c = sleepy(1000000);
 	rw_ipc_poller_t *p;
 	uint32_t a, b;
 	assert_int_equal(rw_ipc_poller_create(loop, &c, on_word, &seen, &p), RW_OK);
@@ -570,6 +586,142 @@ static void test_wakers_sleep_long_while_busy(void **state)
 	end_busy(p, loop);
 }
 
+/* Run the loop blocking (EVRUN_ONCE: it sleeps in its own wait until something is ready) until
+ * done(arg), or until a 10 s guard timer fires (then the case fails on its own assertions). */
+static void guard_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop; (void)revents;
+	*(int *)w->data = 1;
+}
+static void run_blocking_until(struct ev_loop *loop, int (*done)(void *), void *arg)
+{
+	int fired = 0;
+	ev_timer guard;
+	ev_timer_init(&guard, guard_cb, 10.0, 0.0);
+	guard.data = &fired;
+	ev_timer_start(loop, &guard);
+	while (!done(arg) && !fired)
+		ev_run(loop, EVRUN_ONCE);
+	ev_timer_stop(loop, &guard);
+}
+
+/* A poller on `loop` whose loop waits on the words itself, word(0) watched (id in *a), the
+ * wait armed; NULL (the case then skips, saying why) where the kernel or the host's policy
+ * refuses the loop's wait (io_uring FUTEX_WAITV: Linux 6.7+). */
+static rw_ipc_poller_t *loop_waiting_poller(struct ev_loop *loop, rw_ipc_poller_config_t c,
+					    uint32_t *a)
+{
+	rw_ipc_poller_t *p;
+	c.loop_waits = 1;
+	assert_int_equal(rw_ipc_poller_create(loop, &c, on_word, &seen, &p), RW_OK);
+	assert_int_equal(rw_ipc_poller_watch(p, word(0), a), RW_OK);
+	ev_run(loop, EVRUN_NOWAIT); /* its prepare arms the loop's wait */
+	rw_ipc_poller_stats_t st;
+	rw_ipc_poller_stats(p, &st);
+	if (st.loop_waits)
+		return p;
+	print_message("skipped: the loop cannot wait on words here (io_uring FUTEX_WAITV: Linux "
+		      "6.7+, not refused by the host's policy)\n");
+	rw_ipc_poller_destroy(p);
+	return NULL;
+}
+
+static uint32_t kick_retired_id;
+static int kick_until_retired(void *arg) /* the thread naps on its kick: kick it to look */
+{
+	(void)arg;
+	rw_ipc_poller_kick(kick_p);
+	return seen.retired[kick_retired_id] == 1;
+}
+
+/* With loop_waits, a word published by another process wakes the loop, blocked in ev_run, while
+ * the thread sleeps on (30 s sleeps on its kick alone: had the loop not woken by itself, the
+ * 10 s guard would end the wait first); no word ever wakes the thread. The loop's wait follows
+ * the table: a word watched after it was armed (a cancel, then a new arm) wakes it too, and a
+ * word retired and unmapped meanwhile harms nothing (ASan). */
+static void test_loop_waits_on_published_words(void **state)
+{
+	(void)state;
+	struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+	uint32_t a, b, d;
+	rw_ipc_poller_t *p = loop_waiting_poller(loop, sleepy(30000000), &a);
+	if (!p) {
+		ev_loop_destroy(loop);
+		skip();
+	}
+	kick_p = p;
+	run_until(loop, kicked, NULL); /* the nap it began before the arm ends: from now on it
+					* naps on its kick alone */
+	for (uint64_t v = 1; v <= 5; v++) {
+		ev_run(loop, EVRUN_NOWAIT); /* armed again before the store (else its look sees it) */
+		publish_from_child(0, v);
+		run_blocking_until(loop, reported, &a);
+		assert_int_equal(seen.last[a], v);
+		seen.reports[a] = 0;
+	}
+	/* d, on a mapping of its own, is watched and armed; then b comes and d goes */
+	uint8_t *own = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	assert_true(own != MAP_FAILED);
+	assert_int_equal(rw_ipc_poller_watch(p, own, &d), RW_OK);
+	ev_run(loop, EVRUN_NOWAIT); /* cancel the wait over a alone, arm it over a and d */
+	ev_run(loop, EVRUN_NOWAIT);
+	assert_int_equal(rw_ipc_poller_watch(p, word(3), &b), RW_OK);
+	rw_ipc_poller_unwatch(p, d);
+	kick_retired_id = d;
+	run_until(loop, kick_until_retired, NULL);
+	assert_int_equal(seen.retired[d], 1);
+	munmap(own, 4096);
+	for (uint64_t v = 1; v <= 3; v++) {
+		ev_run(loop, EVRUN_NOWAIT);
+		publish_from_child(3, v);
+		run_blocking_until(loop, reported, &b);
+		assert_int_equal(seen.last[b], v);
+		seen.reports[b] = 0;
+	}
+	rw_ipc_poller_stats_t st;
+	rw_ipc_poller_stats(p, &st);
+	assert_true(st.loop_wakes >= 8);
+	assert_int_equal(st.word_wakes, 0);
+	assert_int_equal(seen.reports[d], 0);
+	assert_int_equal(seen.backwards, 0);
+	rw_ipc_poller_destroy(p);
+	ev_loop_destroy(loop);
+}
+
+/* With loop_waits, words published (the loop's wait sees them) beside words only stored (as a
+ * stream writes: only the thread's scan sees them), 1..2000 each from two threads: every word's
+ * last value arrives, and no value is handed on twice or goes back, though the loop's own look
+ * and the thread's notices both carry the published ones. */
+static void test_loop_waits_beside_silent_words(void **state)
+{
+	(void)state;
+	struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+	uint32_t a;
+	rw_ipc_poller_t *p = loop_waiting_poller(loop, cfg, &a);
+	if (!p) {
+		ev_loop_destroy(loop);
+		skip();
+	}
+	seen.id_of[0] = a;
+	for (unsigned i = 1; i < NW; i++)
+		assert_int_equal(rw_ipc_poller_watch(p, word(i), &seen.id_of[i]), RW_OK);
+	struct writer_args pub = { NW / 2, 2000, 0, 1 }, silent = { NW, 2000, NW / 2, 0 };
+	pthread_t t1, t2;
+	assert_int_equal(pthread_create(&t1, NULL, writer, &pub), 0);
+	assert_int_equal(pthread_create(&t2, NULL, writer, &silent), 0);
+	run_until(loop, all_at, &pub.last);
+	pthread_join(t1, NULL);
+	pthread_join(t2, NULL);
+	for (unsigned i = 0; i < NW; i++)
+		assert_int_equal(seen.last[seen.id_of[i]], 2000);
+	assert_int_equal(seen.backwards, 0);
+	rw_ipc_poller_stats_t st;
+	rw_ipc_poller_stats(p, &st);
+	assert_true(st.loop_wakes >= 1);
+	rw_ipc_poller_destroy(p);
+	ev_loop_destroy(loop);
+}
+
 /* The other direction: a process napping on a word (a host rank waiting for plan, 30 s bound)
  * is woken by the publish of another (the daemon's), and a nap on a word that already moved does
  * not sleep at all. */
@@ -613,6 +765,8 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_published_word_ends_a_sleep, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_publish_ends_a_nap, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_wakers_sleep_long_while_busy, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_loop_waits_on_published_words, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_loop_waits_beside_silent_words, setup, teardown),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	rw_cuda_shutdown();
