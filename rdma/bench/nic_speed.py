@@ -17,7 +17,8 @@ Per (cluster, shape, tokens, path, kind), medians over the steps after the first
   cpu     the daemons' CPU (user + system) per phase, all nodes together, ms;
   wakes   the daemons' voluntary context switches per phase (every thread: loop and copiers),
           all nodes together: how often a daemon slept and was woken, which a loaded machine
-          changes less than it changes time;
+          changes less than it changes time (with --idle-s counted, as cpu, from the end of
+          the idle window; else from before the ranks join, their setup spread over the steps);
   rank    the ranks' CPU (user + system) per phase, every rank together, ms, and their voluntary
           context switches per phase (whole processes: setup and checks included);
   memcpy  the same bytes per (node, rail) copied by plain memcpy with one thread per (node,
@@ -291,6 +292,9 @@ def run_cluster(tmp, a, nodes, transport, rate_gbs, results,
                     idle["t0"], idle["run0"] = time.monotonic(), sum(run_s(p.pid)
                                                                      for p in c.procs.values())
                     idle["cpu0"] = sum(cpu_s(p.pid) for p in c.procs.values())
+                    # the wake-ups too from here: the idle window's sleeps are not the phases'
+                    idle["wk0"] = sum(wakes(p.pid) for p in c.procs.values())
+                    idle["lw0"] = sum(wakes(p.pid, True) for p in c.procs.values())
                     open(gate, "w").close()
                 cpu0 = sum(cpu_s(p.pid) for p in c.procs.values())
                 wk0 = sum(wakes(p.pid) for p in c.procs.values())
@@ -302,7 +306,7 @@ def run_cluster(tmp, a, nodes, transport, rate_gbs, results,
                 if idle:  # the daemons' CPU while the phases ran, per daemon, % of a core
                     busy = 100 * (sum(run_s(p.pid) for p in c.procs.values()) - idle["run0"]) / \
                         (time.monotonic() - idle["t0"]) / nodes
-                    cpu0 = idle["cpu0"]
+                    cpu0, wk0, lw0 = idle["cpu0"], idle["wk0"], idle["lw0"]
                 cpu = (sum(cpu_s(p.pid) for p in c.procs.values()) - cpu0) / (2 * steps)
                 wk = (sum(wakes(p.pid) for p in c.procs.values()) - wk0) / (2 * steps)
                 lw = (sum(wakes(p.pid, True) for p in c.procs.values()) - lw0) / (2 * steps)
