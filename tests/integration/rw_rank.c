@@ -52,6 +52,9 @@
  *     --go FILE           after joining (and mapping the slabs) wait for FILE to exist before
  *                         the first dispatch (at most 60 s): a harness starts the rest of the
  *                         cluster meanwhile, e.g. a peer daemon that was not running yet
+ *     --stay FILE         after the last phase, stay connected (buffers registered) until FILE
+ *                         exists (at most 60 s): a harness looks at the daemon meanwhile, e.g.
+ *                         while a failed phase's copies into those buffers are still queued
  *     --paths             every dispatch asks for a data path, each in turn: (step * 7 + layer)
  *                         % 5 of ipc/railwave.h's rw_path_request (the daemon's choice, native,
  *                         rail-only, permutation-only, joint), as rw_pagerank's phases do, so a
@@ -176,6 +179,20 @@ static int redo(uint32_t step, uint32_t layer, int ok, const rw_cqe_t *cq, const
  * mapped by the client and registered with CUDA, or GPU memory imported for device 0
  * (cuda/vmm.c), read through a copy (slab_gpu). */
 static const char *go_file; /* --go */
+static const char *stay_file; /* --stay */
+
+/* Until `file` exists (at most 60 s): 0, else 1 (said). */
+static int wait_file(const char *file)
+{
+	for (uint64_t t0 = rw_now_ns(); file && access(file, F_OK) != 0;) {
+		if (rw_now_ns() - t0 > 60000000000ull) {
+			fprintf(stderr, "rank %u: %s never appeared\n", me, file);
+			return 1;
+		}
+		usleep(1000);
+	}
+	return 0;
+}
 static int scribble;        /* --scribble */
 static _Atomic int scribbling;
 static uint32_t slab_rails;
@@ -1087,7 +1104,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: rw_rank SOCKET GROUP RANK NODES GPUS EXPERTS LAYERS STEPS SEED MODE "
 				"[--hidden H] [--tokens T] [--first-step S] [--submit-experts E] "
 				"[--retry N DIR] [--empty] [--paths] [--cuda] [--slabs R] [--scribble] "
-				"[--go FILE] [--stream-ordered] [--rank-path] [--noisy] [--dump FILE]\n");
+				"[--go FILE] [--stay FILE] [--stream-ordered] [--rank-path] [--noisy] [--dump FILE]\n");
 		return 2;
 	}
 	const char *sock = argv[1], *group = argv[2], *mode = argv[10];
@@ -1129,6 +1146,8 @@ int main(int argc, char **argv)
 			b.cuda = 1;
 		} else if (strcmp(argv[i], "--scribble") == 0) {
 			scribble = 1;
+		} else if (strcmp(argv[i], "--stay") == 0 && i + 1 < argc) {
+			stay_file = argv[++i];
 		} else if (strcmp(argv[i], "--go") == 0 && i + 1 < argc) {
 			go_file = argv[++i];
 		} else if (strcmp(argv[i], "--slabs") == 0 && i + 1 < argc) {
@@ -1200,13 +1219,9 @@ int main(int argc, char **argv)
 		atomic_store(&scribbling, 1);
 		CHECK(pthread_create(&scribble_thread, NULL, scribbler, NULL) == 0, "scribbler thread");
 	}
-	for (uint64_t t0 = rw_now_ns(); go_file && access(go_file, F_OK) != 0;) {
-		if (rw_now_ns() - t0 > 60000000000ull) {
-			fprintf(stderr, "rank %u: %s never appeared\n", me, go_file);
-			rw_client_close(c);
-			return 1;
-		}
-		usleep(1000);
+	if (wait_file(go_file)) {
+		rw_client_close(c);
+		return 1;
 	}
 	mine.x = malloc(sizeof(float) * MAX_ROWS * hidden);
 	mine.ids = malloc(sizeof(*mine.ids) * MAX_ROWS);
@@ -1221,6 +1236,8 @@ int main(int argc, char **argv)
 	ecount = malloc(sizeof(uint32_t) * experts);
 	outv = malloc(sizeof(float) * hidden);
 	rc = run(c, &b, mode, layers, steps, seed, submit_experts);
+	if (wait_file(stay_file))
+		rc = 1;
 	free(mine.x);
 	free(mine.ids);
 	free(mine.w);

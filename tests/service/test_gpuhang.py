@@ -17,11 +17,15 @@ gpu_stall_ms 1000:
    stalled copies are not given back while the device is stalled.
 2. Moves again: FILE removed, the queued copies land; node 0 logs that GPU 0 moves again, `stats`
    shows no stalled GPU, and a new GPU group's phases verify exactly.
-3. The staging stalls, then SIGTERM: FILE created again, a job of CUDA ranks (rw_rank --cuda,
-   staged through the daemon's pinned memory) fails its dispatch on every rank, the failure
-   naming GPU 0, and its staging is held (stats gpu_held_bytes) instead of freed under copies
-   that may land; a GPU group is then refused, named. Both daemons stop on SIGTERM with exit 0
-   (under ASan: no leak, no report): the hung device's streams are abandoned, never waited for.
+3. The staging stalls: FILE created again, a job of CUDA ranks (rw_rank --cuda, staged through
+   the daemon's pinned memory) fails its dispatch on every rank, the failure naming GPU 0, and
+   its staging is held (stats gpu_held_bytes) instead of freed under copies that may land; a GPU
+   group is then refused, named. The CUDA ranks stay connected (--stay) until step 4: a copy
+   that lands after its rank left would reach memory the rank gave back (docs/rankpath.md "A
+   hung GPU", what is not held).
+4. FILE removed: the staging's copies land, the staging is freed, the CUDA ranks go. FILE created again, a GPU
+   group stalls the pull once more, and both daemons stop on SIGTERM with exit 0 (under ASan:
+   no leak, no report): the hung device's pull stream is abandoned, never waited for.
 Run by tests/run as $b/test/svc_gpuhang; exits 0 pass, 1 fail, 77 skip."""
 import os
 import sys
@@ -117,17 +121,19 @@ def scenario_hang(tmp, seed):
         res = cluster.outputs(gpu_job(c, "hang.after", "ok", seed))
         bad = {r: (v[0], v[1][-300:]) for r, v in res.items() if v[0] != 0 or "verified" not in v[1]}
         check(not bad, "moved: a new GPU group verified every phase %s" % (bad or ""))
-        # 3. the staging stalls: CUDA ranks staged through pinned memory; then SIGTERM
+        # 3. the staging stalls: CUDA ranks staged through pinned memory, which stay connected
+        # (their buffers mapped) until the copies queued into them landed
+        stay = os.path.join(tmp, "stay")
         open(hang, "w").close()
-        cuda = [(r, c.rank(r, "hang.cuda", 1, 1, seed, mode="fail", flags=["--cuda"]))
+        cuda = [(r, c.rank(r, "hang.cuda", 1, 1, seed, mode="fail", flags=["--cuda", "--stay",
+                                                                            stay]))
                 for r in range(world)]
-        res = cluster.outputs(cuda)
-        check(all(v[0] == 0 for v in res.values()),
-              "staging stalled: every CUDA rank's dispatch failed: %s"
-              % {r: v[1][-200:] for r, v in res.items() if v[0] != 0})
+        check(wait_for("the staging to stall", lambda: "hang.cuda layer 0 step 0: dispatch "
+                       "failed" in c.log(0)), "staging stalled: the CUDA group's pair failed")
         log0 = c.log(0)
         check(log0.count("GPU 0: copies queued") == 2, "staging stalled: the stall logged")
-        check("a CUDA copy for local rank" in log0 and log0.count("GPU 0 is stalled") >= 3,
+        check("a CUDA copy for local rank" in log0 and "GPU 0 is stalled: copies queued" in
+              log0.split("hang.cuda layer 0 step 0: dispatch failed", 1)[1].split("\n", 1)[0],
               "staging stalled: the pair's failure names the GPU: %s"
               % [ln for ln in log0.splitlines() if "hang.cuda" in ln and "failed" in ln][:1])
         held = int(summary(c, 0).get("gpu_held_bytes", "0"))
@@ -137,10 +143,25 @@ def scenario_hang(tmp, seed):
         check(all(v[0] == 0 and "GPU 0 is stalled" in v[1] for v in res.values()),
               "staging stalled: a GPU group is refused, named, on every rank: %s"
               % [v[1].splitlines()[-1:] for v in res.values()])
+        # 4. the staging moves again; then the pull stalls once more, and SIGTERM
+        os.unlink(hang)
+        check(wait_for("the staging to be freed", lambda: summary(c, 0).get("gpus_stalled") == "0"
+                       and summary(c, 0).get("gpu_held_bytes") == "0"),
+              "staging moved: its copies landed, GPU 0 no longer stalled, the staging freed")
+        open(stay, "w").close()
+        res = cluster.outputs(cuda)
+        check(all(v[0] == 0 for v in res.values()),
+              "staging stalled: every CUDA rank's dispatch failed: %s"
+              % {r: v[1][-200:] for r, v in res.items() if v[0] != 0})
+        open(hang, "w").close()
+        res = cluster.outputs(gpu_job(c, "hang.end", "until", 8))
+        check(all(v[0] == 0 and "until: phase 1 failed" in v[1] for v in res.values()),
+              "stalled at the end: the GPU group's first phase failed on every rank")
+        check(summary(c, 0).get("gpus_stalled") == "1 0", "stalled at the end: GPU 0 stalled")
     finally:
         c.stop()  # raises unless every daemon exits 0
-    check("left to a stalled GPU's copies" in c.log(0),
-          "SIGTERM while stalled: node 0 left GPU 0's stream and staging to the driver, exit 0")
+    check("header pull: GPU 0's stream abandoned with its copies queued" in c.log(0),
+          "SIGTERM while stalled: node 0 gave GPU 0's pull stream up without waiting, exit 0")
 
 
 def main():
