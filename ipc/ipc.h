@@ -315,6 +315,10 @@ int rw_ipc_client_leaving(const rw_ipc_client_t *client);
  * sleep_max_us even while a phase is in flight, on a host with fewer online CPUs than this (the
  * ranks' spin rule, docs/ipc.md): there a spin takes the CPU the writer needs. */
 #define RW_IPC_POLLER_WAKER_SPIN_CPUS 8
+/* With loop_waits, while the loop's own wait covers every watched word and each has woken a
+ * sleeper, the thread has nothing to look for but a watch or an unwatch, which wake it: its
+ * sleeps are bounded by this (or sleep_max_us if longer), a safety net only. */
+#define RW_IPC_POLLER_COVERED_SLEEP_US 100000
 
 typedef struct rw_ipc_poller rw_ipc_poller_t;
 

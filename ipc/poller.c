@@ -271,9 +271,12 @@ static void *run(void *arg)
 			continue;
 		}
 		/* Wakers: a move ends the sleep, so its bound is only a safety net, the idle one even
-		 * while a phase is in flight (a long phase costs no 10,000 wake-ups a second). */
-		const uint32_t bound = busy && quiet != UINT64_MAX ? c->busy_sleep_max_us :
-				       c->sleep_max_us;
+		 * while a phase is in flight (a long phase costs no 10,000 wake-ups a second). And
+		 * when the loop's own wait covers them all (pair L) the thread has nothing to look
+		 * at but a watch or a retirement, each of which wakes it: a longer net still. */
+		uint32_t bound = busy && quiet != UINT64_MAX ? c->busy_sleep_max_us : c->sleep_max_us;
+		if (quiet == UINT64_MAX && atomic_load_explicit(&p->loop_waits, memory_order_acquire))
+			bound = RW_MAX(bound, RW_IPC_POLLER_COVERED_SLEEP_US);
 		if (nap_us > bound || quiet == UINT64_MAX)
 			nap_us = bound;
 		atomic_store(&p->sleeping, 1); /* pair K */
@@ -652,8 +655,6 @@ rw_status_t rw_ipc_poller_watch(rw_ipc_poller_t *p, const void *word, uint32_t *
 		s->base = s->delivered = atomic_load_explicit(w, memory_order_acquire);
 		atomic_store_explicit(&s->waker, 0, memory_order_relaxed); /* published by pair W */
 		atomic_fetch_add_explicit(&p->silent, 1, memory_order_relaxed); /* till its scan */
-		if (p->lw)
-			p->lw->dirty = 1;
 		if (i >= atomic_load_explicit(&p->high, memory_order_relaxed))
 			atomic_store_explicit(&p->high, i + 1, memory_order_release);
 		atomic_store_explicit(&s->word, w, memory_order_release); /* pair W */
@@ -661,6 +662,11 @@ rw_status_t rw_ipc_poller_watch(rw_ipc_poller_t *p, const void *word, uint32_t *
 		atomic_fetch_add_explicit(&p->watched, 1, memory_order_relaxed);
 		pthread_cond_signal(&p->park_cv);
 		pthread_mutex_unlock(&p->park_mu);
+		if (p->lw) { /* the loop's wait covers it at its next arm; the thread, which may sleep
+			      * long while that wait covers every word, looks now (a stream's word) */
+			p->lw->dirty = 1;
+			wake_thread(p);
+		}
 		*id_p = i;
 		return RW_OK;
 	}
@@ -677,6 +683,8 @@ void rw_ipc_poller_unwatch(rw_ipc_poller_t *p, uint32_t id)
 		p->lw->dirty = 1;
 	atomic_store_explicit(&s->word, NULL, memory_order_relaxed);
 	atomic_store_explicit(&s->retire, 1, memory_order_release); /* pair R */
+	if (p->lw)
+		wake_thread(p); /* it reports the retirement now, however long it meant to sleep */
 }
 
 static void wake_thread(rw_ipc_poller_t *p)

@@ -688,6 +688,48 @@ static void test_loop_waits_on_published_words(void **state)
 	ev_loop_destroy(loop);
 }
 
+/* With loop_waits, once the loop's wait covers every watched word and each has woken it, the
+ * thread sleeps long (RW_IPC_POLLER_COVERED_SLEEP_US, 100 ms: at most a few sleeps in 0.3 s
+ * where its 1 ms bound would give about 300): nothing is left for it to look at. A watch wakes
+ * it (a word only stored, as a stream writes, is reported), and so does an unwatch (the
+ * retirement is reported without a kick). */
+static void test_loop_waits_thread_sleeps_long(void **state)
+{
+	(void)state;
+	struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+	uint32_t a, b;
+	rw_ipc_poller_config_t c = cfg;
+	c.waker_spin_cpus = 1u << 20; /* as on a host short of CPUs, whatever this one has */
+	rw_ipc_poller_t *p = loop_waiting_poller(loop, c, &a);
+	if (!p) {
+		ev_loop_destroy(loop);
+		skip();
+	}
+	ev_run(loop, EVRUN_NOWAIT);
+	publish_from_child(0, 1);
+	run_blocking_until(loop, reported, &a);
+	assert_int_equal(seen.last[a], 1);
+	rw_ipc_poller_stats_t st;
+	rw_ipc_poller_stats(p, &st);
+	assert_true(st.loop_wakes >= 1);
+	usleep(20000); /* the thread's next scans find no word that never woke anyone */
+	rw_ipc_poller_stats(p, &st);
+	const uint64_t before = st.sleeps;
+	usleep(300000);
+	rw_ipc_poller_stats(p, &st);
+	assert_true(st.sleeps - before <= 10);
+	assert_int_equal(rw_ipc_poller_watch(p, word(4), &b), RW_OK);
+	atomic_store_explicit(word(4), 3, memory_order_release);
+	run_until(loop, reported, &b);
+	assert_int_equal(seen.last[b], 3);
+	rw_ipc_poller_unwatch(p, b);
+	run_until(loop, retired_one, &b);
+	assert_int_equal(seen.retired[b], 1);
+	assert_int_equal(seen.backwards, 0);
+	rw_ipc_poller_destroy(p);
+	ev_loop_destroy(loop);
+}
+
 /* With loop_waits, words published (the loop's wait sees them) beside words only stored (as a
  * stream writes: only the thread's scan sees them), 1..2000 each from two threads: every word's
  * last value arrives, and no value is handed on twice or goes back, though the loop's own look
@@ -767,6 +809,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_wakers_sleep_long_while_busy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_loop_waits_on_published_words, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_loop_waits_beside_silent_words, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_loop_waits_thread_sleeps_long, setup, teardown),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	rw_cuda_shutdown();
