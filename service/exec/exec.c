@@ -807,7 +807,11 @@ void exec_on_submit(exec_pair_t *p, rw_svc_phase_kind_t kind, uint32_t g)
 	exec_group_t *grp = p->g;
 	if (kind == RW_SVC_DISPATCH && grp && grp->seat[g].state == SEAT_NEW)
 		p->fresh |= 1u << g; /* its first dispatch since it joined */
-	for (uint32_t l = 0; kind == RW_SVC_DISPATCH && grp && l < x->gpus; l++) {
+	/* A gap is owed to the ranks that went on beside the seat: a rank new since its join (a
+	 * group formed again, its ranks restarted one by one) may be ahead of the one that left
+	 * only in being back first, and the seat's next rank runs this key with it. */
+	for (uint32_t l = 0; kind == RW_SVC_DISPATCH && grp && !(p->fresh & (1u << g)) &&
+			     l < x->gpus; l++) {
 		if (grp->seat[l].state != SEAT_GAP)
 			continue;
 		/* the key its rank skipped; the pairs after it wait for a rank to take the seat */

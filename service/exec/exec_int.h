@@ -130,8 +130,9 @@ typedef struct rw_svc_exec exec_t;
 typedef enum exec_seat_state {
 	SEAT_WAIT = 0,               /* no rank, owing nothing (never held, or its gap was spent):
 				      * a pair waits for a rank to take it */
-	SEAT_GAP,                    /* its rank left and its leave failed nothing: the next key
-				      * that gathers here is one it skipped */
+	SEAT_GAP,                    /* its rank (ring or page) left and its leave failed
+				      * nothing: the next key a rank that is not new since its
+				      * join dispatches here is one it skipped */
 	SEAT_NEW,                    /* a rank joined and no dispatch of it was taken yet: a key
 				      * that gathers without it before its first is one it skipped */
 	SEAT_ON,                     /* its rank's last dispatch taken (admitted, refused, or
@@ -662,9 +663,10 @@ exec_skip_t exec_dispatch_skip(const exec_t *x, const exec_member_t *mb, const e
  * once: by a submission that joins the key's pair, or by an absence. A pair never waits for a seat that is absent: the first absence fails
  * the key on every node at once, naming the seat. The absences:
  *   - its rank's dispatch refused: it has its answer (exec_ipc.c dispatch_refuse, exec_page.c);
- *     a page rank's combine refused, or its slot of no known kind (a page rank has no abort:
- *     its stream went on; a ring rank's refused combine is its own, to retry or abort);
- *   - its rank left and its leave failed nothing: the next key that gathers here (SEAT_GAP);
+ *     a page rank's combine refused or aborted, or its slot of no known kind (its stream went
+ *     on; a ring rank's refused combine is its own, to retry or abort);
+ *   - its rank left and its leave failed nothing: the next key that a rank not new since its
+ *     join dispatches here (SEAT_GAP);
  *   - its rank submits another key while it holds no claim on the pair's: it joined since
  *     (SEAT_NEW) or had its answer for it (SEAT_ON, last) (exec_dispatch_skip, EXEC_SKIP_PAIR;
  *     and, seen from the other side, EXEC_SKIP_MINE).

@@ -31,10 +31,11 @@ static void member_leave(exec_t *x, exec_member_t *mb, rw_ipc_leave_t reason, in
 		rw_info("rank %u of group %s left (%s, %d)", rank, g->name, rw_ipc_leave_str(reason),
 			error);
 	exec_page_leave(x, mb); /* what its stream submitted and the poller had not reported */
-	/* A page rank whose leave failed nothing (none open, its part of the open pair done, or
-	 * the pair it ended completed) is absent from the next key that gathers here (SEAT_GAP:
-	 * exec_on_submit fails that pair). One whose leave failed a pair, or holds its combine's
-	 * failure, skipped nothing more. (A closed pair stays readable until the loop's reaper.) */
+	/* A rank, ring or page, whose leave failed nothing (none open, its part of the open pair
+	 * done, or the pair it ended completed) is absent from the next key that gathers here
+	 * (SEAT_GAP: exec_on_submit fails that pair). One whose leave failed a pair, or holds its
+	 * combine's failure, skipped nothing more. (A closed pair stays readable until the loop's
+	 * reaper.) */
 	int failed = 0;
 	exec_pair_t *was = g->pair;
 	if (was) { /* the pair may use this rank's buffers: fail it everywhere */
@@ -49,8 +50,7 @@ static void member_leave(exec_t *x, exec_member_t *mb, rw_ipc_leave_t reason, in
 			failed |= next->err.st != RW_OK || next->held.st != RW_OK;
 		}
 	}
-	g->seat[mb->local].state = rw_ipc_client_page(client, NULL) && !failed ? SEAT_GAP :
-									     SEAT_WAIT;
+	g->seat[mb->local].state = failed ? SEAT_WAIT : SEAT_GAP;
 	g->member[mb->local] = NULL;
 	g->n_members--;
 	exec_tomb_left(x, g->hash, mb->local);

@@ -94,6 +94,8 @@
  *
  * The workload and its reference are tests/lib/workload.h's (the executor test runs the same):
  * rank r hosts experts [r*E/W, (r+1)*E/W); expert e's "MLP" multiplies by (e % 3 + 1).
+ * With RW_RANK_STEP_DELAY_MS=N the rank waits N ms before each step after its first (a
+ * harness lets another rank of the group leave between two steps).
  * Output: "rank R: S steps x L layers verified" (ok), "submitted" once its first dispatch is in
  * and then "failed as expected: <error>: <the daemon's reason>" (fail), "ready" (idle). */
 #include <math.h>
@@ -859,8 +861,11 @@ static int run(rw_client_t *c, rank_buf_t *b, const char *mode, uint32_t layers,
 	CHECK(mine.x && mine.ids && mine.w && all && seen && ecount && outv, "out of memory");
 	for (uint32_t q = 0; q < world; q++)
 		CHECK(all[q].x && all[q].ids && all[q].w, "out of memory");
+	const char *step_delay = getenv("RW_RANK_STEP_DELAY_MS");
 	for (uint32_t step = first_step; step < first_step + steps; step++)
 		for (uint32_t layer = 0; layer < layers; layer++) {
+			if (step_delay && step > first_step && layer == 0)
+				usleep((useconds_t)atoi(step_delay) * 1000);
 			int bf16 = rw_wl_bf16(step, layer);
 			uint32_t esz = bf16 ? 2 : 4, row = hidden * esz;
 			rw_wl_gen(&sh, step, layer, me, &mine);

@@ -1294,6 +1294,8 @@ static void *play_run(void *arg)
 			}
 			pl->listed = n;
 			daemon_arrive(rk, k, pl->list, n);
+		} else if (p.abort) { /* no combine comes: the pair fails (P6), as the daemon's */
+			rw_page_fail(page_of(rk), k, RW_E_PHASE);
 		} else {
 			/* the rows given back: every row the dispatch was listed */
 			const uint32_t n = p.token_count;
@@ -1710,6 +1712,20 @@ static void test_static_refusals(void **state)
 	rank_teardown(&rk, s);
 }
 
+/* The layer once more in static mode, eager, on routing i with room enough: it passes, every
+ * combined row, received count and per-expert count as the routing says. */
+static void layer_passes(layer_t *L, rank_t *rk, uint32_t i)
+{
+	static routing_t rt;
+	static layer_out_t got;
+	layer_inputs(L, rk, &rt, i);
+	layer_enqueue(L, rk, RECV_CAP);
+	assert_int_equal(rw_cuda_stream_sync(rk->stream), RW_OK);
+	assert_int_equal(rw_client_rank_check(rk->rp, NULL), 0);
+	layer_read(L, rk, &got, 1);
+	layer_expect(L, &rt, &got);
+}
+
 /* Rows past recv_cap in static mode: the rows that fit are written and counted in the caller's
  * row count, the rest dropped and counted on the device; the stream runs on (the combine gives
  * back what was written), and the next check says how much room was needed, once. */
@@ -1747,13 +1763,7 @@ static void test_static_overflow(void **state)
 		assert_memory_equal(got.out + t * row_bytes, want, row_bytes);
 	}
 	assert_int_equal(rw_client_rank_check(rk.rp, &chk), 0); /* told once */
-	/* room enough again: the next layer passes */
-	layer_inputs(&L, &rk, &rt, 8);
-	layer_enqueue(&L, &rk, RECV_CAP);
-	assert_int_equal(rw_cuda_stream_sync(rk.stream), RW_OK);
-	assert_int_equal(rw_client_rank_check(rk.rp, &chk), 0);
-	layer_read(&L, &rk, &got, 1);
-	layer_expect(&L, &rt, &got);
+	layer_passes(&L, &rk, 8); /* room enough again */
 	layer_teardown(&rk, &L, &pl, s);
 }
 
@@ -1794,6 +1804,58 @@ static void test_static_daemon_lost(void **state)
 	assert_int_equal(rw_client_rank_dispatch_static(rk.rp, &rk.cs, &d, L.recv_n, &k), RW_E_CLOSED);
 	rw_cuda_graph_destroy(g);
 	layer_teardown(&rk, &L, NULL, s);
+}
+
+/* A combine's abort captured in the combine's place (rw_client_rank_abort in static mode: its
+ * arguments refused at capture, where shapes are fixed, so every replay would refuse them) and
+ * replayed: each replay's stream takes the dispatch's key and the abort's phase number from its
+ * counters, writes a combine slot of that key marked abort and runs through the daemon's
+ * failure; the check names the abort's phase (RW_E_PHASE), every replay's dispatch has its own
+ * step, and an eager static layer after the replays passes with its keys in step. */
+static void test_static_abort_captured(void **state)
+{
+	(void)state;
+	rank_t rk;
+	layer_t L;
+	play_t pl;
+	server_t *s = layer_setup(&rk, &L, &pl, 1, 0);
+	static routing_t rt;
+	const rw_cuda_ext_stream_t gs = { .device = rk.cs.device, .handle = rk.cs.handle };
+	rw_cuda_graph_t *g = NULL;
+	uint64_t cd = 0, ca = 0;
+	const rw_client_rank_dispatch_t d = layer_dispatch(&L, &rk, RECV_CAP);
+	assert_int_equal(rw_cuda_graph_begin(&gs), RW_OK);
+	assert_int_equal(rw_client_rank_dispatch_static(rk.rp, &rk.cs, &d, L.recv_n, &cd), 0);
+	assert_int_equal(rw_client_rank_abort(rk.rp, &rk.cs, cd, RW_RANK_ABORT_ARGUMENT, &ca), 0);
+	assert_int_equal(rw_cuda_graph_end(&gs, &g), RW_OK);
+	assert_int_equal(ca, cd + 1);
+	assert_int_equal(word(&rk, RW_PW_SUBMIT), 0); /* captured, not run */
+	uint64_t again = 0; /* its dispatch has its combine (the abort) */
+	assert_int_equal(rw_client_rank_abort(rk.rp, &rk.cs, cd, RW_RANK_ABORT_ARGUMENT, &again),
+			 RW_E_STATE);
+	assert_int_equal(rw_client_rank_abort(rk.rp, &rk.cs, cd, 0, &again), RW_E_INVAL);
+	enum { REPLAYS = 5 };
+	for (uint32_t i = 0; i < REPLAYS; i++) {
+		layer_inputs(&L, &rk, &rt, i);
+		assert_int_equal(rw_cuda_graph_launch(g, &gs), RW_OK);
+		assert_int_equal(rw_cuda_stream_sync(rk.stream), RW_OK);
+		rw_client_rank_check_t chk;
+		assert_int_equal(rw_client_rank_check(rk.rp, &chk), RW_E_PHASE);
+		assert_int_equal(chk.phase, 2 * i + 2);
+		assert_int_equal(chk.done, 2 * i + 2);
+		const rw_page_params_t *dp = &pl.seen[2 * i], *ap = &pl.seen[2 * i + 1];
+		assert_int_equal(dp->kind, RW_KIND_DISPATCH);
+		assert_int_equal(dp->step, 100 + i);
+		assert_int_equal(ap->kind, RW_KIND_COMBINE);
+		assert_int_equal(ap->abort, RW_RANK_ABORT_ARGUMENT);
+		assert_int_equal(ap->layer, dp->layer);
+		assert_int_equal(ap->step, dp->step);
+	}
+	rw_cuda_graph_destroy(g);
+	layer_passes(&L, &rk, REPLAYS); /* an eager static layer: its keys in step */
+	assert_int_equal(pl.seen[2 * REPLAYS].step, 100 + REPLAYS);
+	assert_int_equal(pl.seen[2 * REPLAYS + 1].abort, 0);
+	layer_teardown(&rk, &L, &pl, s);
 }
 
 /* After every case: a server it left (a failed assertion skips its own cleanup). */
@@ -1842,6 +1904,7 @@ int main(int argc, char **argv)
 		CASE(test_sms_budget_static),
 		CASE(test_static_overflow),
 		CASE(test_static_daemon_lost),
+		CASE(test_static_abort_captured),
 		CASE(test_count_row_is_the_host_count),
 		CASE(test_submit_after_the_kernel),
 		CASE(test_dispatch_whole),

@@ -17,6 +17,14 @@ phase timeout on the others and step 2 was refused to the rejoined rank ("still 
 And a page rank that leaves for good after step 0 before its node opened step 1's pair
 (rw_pagerank host-quit, the others 1.5 s late): step 1 fails on every other rank at once,
 naming it ("local rank 1 left"); before, it waited for the phase timeout.
+Then a rank that aborts its combine of step 1 through its page (rw_client_rank_abort: its
+own call refused on its host): every other rank's combine fails at once naming the abort, and
+steps 0 and 2 pass. A ring rank (rw_rank) that leaves for good after step 0: every other
+rank's step 1 fails at once, naming it (before, a ring rank's leave owed no gap and step 1
+waited). And a group formed again, its ranks restarted one by one, whose old rank 1 leaves
+after the new rank 0 joined and before it dispatches: the new run passes (a rank new since its
+join is not charged with the old rank's gap; before, every rank failed "left before this
+dispatch").
 Run by tests/run as $b/test/svc_rankleave; exits 0 pass, 1 fail, 77 skip."""
 import os
 import sys
@@ -108,6 +116,58 @@ def abort(c, world):
           (took, TIMEOUT_S))
 
 
+def ring_quit(c, world):
+    """A ring rank (rw_rank: host buffers, submissions on its ring) leaves for good after step
+    0, before its node's step 1 pair opens (the others 1.5 s late): every other rank's step 1
+    must fail at once, naming it ("local rank 1 left before this dispatch"), as a page rank's
+    leave does. Before, a ring rank's leave marked no gap and step 1 waited for the phase
+    timeout on every other rank."""
+    t0 = time.time()
+    late = dict(c.env, RW_RANK_STEP_DELAY_MS="1500")
+    res = cluster.outputs([(r, c.rank(r, "ringquit", 1, 1 if r == 1 else 2, 7,
+                                      env=None if r == 1 else late)) for r in range(world)])
+    took = time.time() - t0
+    check(res[1][0] == 0 and "verified" in res[1][1],
+          "ring: rank 1 ran step 0 and left (%r)" % res[1][1][-200:])
+    bad = {r: (v[0], v[1][-300:]) for r, v in res.items() if r != 1 and (
+        v[0] == 0 or "step 1 layer 0 dispatch failed" not in v[1] or
+        "local rank 1 left before this dispatch" not in v[1])}
+    check(not bad, "ring: every other rank's step 1 failed naming the ring rank that left %s" %
+          (bad or ""))
+    check(took < 20, "ring: the group's step 1 failed in %.1f s, the phase timeout is %d s" %
+          (took, TIMEOUT_S))
+
+
+def reform(c, world, tmp):
+    """A group formed again, its ranks restarted one by one: rank 1 of the first run stays
+    connected after its last phase until rank 0's new process joined, then leaves (its leave
+    fails nothing: a gap), and only then does the new rank 0 dispatch; the new rank 1 comes
+    last. The new run must pass: a rank new since its join is not owed the gap (the seat's
+    next rank runs the key with it). Before, the new rank 0's dispatch failed on every rank,
+    "local rank 1 left before this dispatch" (a page rank's leave; a ring rank's too, once its
+    leave owed a gap)."""
+    hold, go = os.path.join(tmp, "reform.hold"), os.path.join(tmp, "reform.go")
+    first = [(r, c.pagerank(r, "reform", 1, 1, 7, "host",
+                            env=dict(c.env, RW_PAGERANK_HOLD=hold) if r == 1 else None))
+             for r in range(world)]
+    res = cluster.outputs([p for p in first if p[0] != 1])
+    bad = {r: (v[0], v[1][-300:]) for r, v in res.items() if v[0] != 0 or "verified" not in v[1]}
+    check(not bad, "reform: the first run passed %s" % (bad or ""))
+    new0 = c.pagerank(0, "reform", 1, 1, 7, "host", env=dict(c.env, RW_PAGERANK_GO=go))
+    others = [(r, c.pagerank(r, "reform", 1, 1, 7, "host")) for r in range(2, world)]
+    joined = cluster.wait_for(lambda: c.log(0).count("rank 0 of group reform joined") >= 2, 20)
+    check(joined, "reform: the new rank 0 joined beside the old rank 1")
+    open(hold, "w").close()  # the old rank 1 leaves
+    res = cluster.outputs([first[1]])
+    check(res[1][0] == 0, "reform: the old rank 1 passed and left (%r)" % res[1][1][-200:])
+    cluster.wait_for(lambda: "rank 1 of group reform left" in c.log(0), 20)
+    open(go, "w").close()  # the new rank 0 dispatches, then the new rank 1 comes
+    time.sleep(0.5)
+    res = cluster.outputs([(0, new0), (1, c.pagerank(1, "reform", 1, 1, 7, "host"))] + others)
+    bad = {r: (v[0], v[1][-300:]) for r, v in res.items() if v[0] != 0 or "verified" not in v[1]}
+    check(not bad, "reform: the run formed again passed on every rank %s" % (bad or ""))
+
+
 def main():
     if not cluster.built(cluster.DAEMON, cluster.PAGERANK):
         print("skip: railwaved or rw_pagerank not built")
@@ -149,6 +209,8 @@ def main():
                leave_late=True)
         quit(c, world)
         abort(c, world)
+        ring_quit(c, world)
+        reform(c, world, tmp)
         res = cluster.outputs([(r, c.pagerank(r, "after", 2, 3, 5, "ok")) for r in range(world)])
         bad = {r: (v[0], v[1][-300:]) for r, v in res.items()
                if v[0] != 0 or "verified" not in v[1]}
