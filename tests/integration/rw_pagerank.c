@@ -212,8 +212,8 @@ static uint64_t cgarble;
 static char cgarble_want[64];
 
 /* The combine slot's parameters or count row made wrong in one way (phase, kind, rows past the
- * page's bound, a count-row entry, dtype, path); the words the daemon's refusal must say into
- * cgarble_want. */
+ * page's bound, a count-row entry, dtype, path, an abort reason past the known ones), or marked
+ * an abort; the words the daemon's refusal must say into cgarble_want. */
 static void cslot_garble(uint8_t *slot, uint64_t r, uint64_t k)
 {
 	rw_page_params_t q;
@@ -222,10 +222,19 @@ static void cslot_garble(uint8_t *slot, uint64_t r, uint64_t k)
 	const uint32_t s = (uint32_t)(r >> 8);
 	char *want = cgarble_want;
 	const size_t len = sizeof(cgarble_want);
-	switch (r % 6) {
+	switch (r % 8) {
 	case 0:
 		q.phase = k + 1 + s % 1000;
 		snprintf(want, len, "holds phase %llu's", (unsigned long long)q.phase);
+		break;
+	case 6: /* an abort (rw_client_rank_abort's slot): the pair fails, named */
+		q.abort = (uint16_t)(1 + s % (RW_PAGE_ABORT_COUNT - 1));
+		snprintf(want, len, "aborted its combine of layer %u step %llu", q.layer,
+			 (unsigned long long)q.step);
+		break;
+	case 7:
+		q.abort = (uint16_t)(RW_PAGE_ABORT_COUNT + s % 1000);
+		snprintf(want, len, "abort %u on a combine", q.abort);
 		break;
 	case 1:
 		q.kind = (uint8_t)(s & 1 ? 0 : 3 + s % 250);
@@ -719,12 +728,15 @@ static int fz_kill_point(const fz_round_t *f, int second, int *leaves)
 	return (int)(x % 7);
 }
 
+/* The ways slot_garble makes a slot wrong (the last: a combine no dispatch waits for). */
+#define SLOT_GARBLES 14
+
 /* Whether a garbage slot of randomness r is a combine no dispatch waits for (slot_garble's
  * last way): refused to the attacker alone, which then makes the round's dispatch right. Every
  * other garbage slot is a dispatch the daemon refuses: that fails the round's key everywhere. */
 static int fz_slot_alone(uint64_t r)
 {
-	return r % 13 == 12;
+	return r % SLOT_GARBLES == SLOT_GARBLES - 1;
 }
 
 /* Whether the others' phase must pass in round i: an attack that its own refusal answers. */
@@ -785,7 +797,7 @@ static const char *slot_garble(uint8_t *slot, uint64_t r, uint64_t k)
 	memcpy(&q, slot + lay.params, sizeof(q));
 	q.reserved2 = (uint32_t)(r >> 30);
 	const uint32_t s = (uint32_t)(r >> 8), n = q.token_count;
-	unsigned v = (unsigned)(r % 14);
+	unsigned v = (unsigned)(r % SLOT_GARBLES);
 	if ((v == 4 && rails < 2) || (v == 6 && (n == 0 || nodes < 2)))
 		v = 0;
 	switch (v) {
