@@ -5,11 +5,12 @@ with a host job of another group verified beside them (every row and sum exact) 
 1. A group of four page ranks (tests/integration/rw_pagerank, mode fuzz: each plays its stream
    from the CPU) runs RW_RANKFUZZ_ROUNDS rounds (a dispatch and its combine each); a seeded plan
    makes one rank of most rounds hostile: a slot of garbage (one field or count-row entry made
-   wrong, the reserved fields noise), a slot rewritten while the daemon copies it, its page
+   wrong, the reserved word noise), a slot rewritten while the daemon copies it, its page
    head and status lines rewritten, a lying pack (a record's tag, source, owner, top-k count,
    ids or token wrong) or gather (a return's header wrong or never written), a combine submit
    whose rows, hidden or dtype are not its dispatch's, a combine slot of garbage (its phase,
-   kind, rows, count row, dtype or path wrong: refused, naming the field, and the round's
+   kind, rows, count row, dtype, path or abort reason wrong: refused, naming the field) or
+   marked an abort (rw_client_rank_abort's slot: "aborted its combine"), and the round's
    combine fails on every other rank at once, RW_E_PHASE naming the attacker), random bytes over
    the group's slabs, a word moved back or far ahead, packed before its records, done before
    arrived, the daemon's plan or arrived forged by the rank, its slot rewritten once the daemon
