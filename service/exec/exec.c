@@ -102,6 +102,22 @@ static void reaper_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 		}
 }
 
+/* Page rank g of the pair's dispatch has its rows: its done of it counted, or (stored since
+ * the poller's last report) in its page now, once the flush published its arrived (a done
+ * before then is a lie, exec_page.c). Ordered after whatever this loop stored before (a
+ * status line: pair_failed). */
+static int page_rows_taken(const exec_pair_t *p, uint32_t g, const exec_sub_t *s)
+{
+	if (p->out.page_done & (1u << g))
+		return 1;
+	const rw_page_head_t *pg = p->x->ipc ? rw_ipc_client_page(s->client, NULL) : NULL;
+	if (!pg || p->stage != ST_FLUSH_D)
+		return 0;
+	atomic_thread_fence(memory_order_seq_cst);
+	const uint64_t done = atomic_load_explicit(&pg->word[RW_PW_DONE].v, memory_order_acquire);
+	return (int64_t)(done - s->page_k) >= 0;
+}
+
 /* Act on the pair's recorded failure: every local rank with a submission of the running kind
  * gets its error (what failed, in its message), the pair is closed, and then its key is ended
  * (tomb, ended attempts, the peers told) and a peer that sent bad data is dropped — after the
@@ -131,17 +147,30 @@ static void pair_failed(exec_pair_t *p)
 	uint32_t *taken = calloc(x->nodes, sizeof(uint32_t));
 	for (uint32_t n = 0; taken && n < x->nodes; n++)
 		taken[n] = p->xchg.have_row && p->xchg.have_row[n] ? p->xchg.peer_params[n].epoch : 0;
-	uint32_t answered = kind == RW_SVC_DISPATCH ? p->answered : 0;
+	uint32_t answered = kind == RW_SVC_DISPATCH ? p->answered : 0, either = 0;
 	for (uint32_t g = 0; g < x->gpus; g++) {
 		exec_sub_t *s = &p->in[kind].sub[g];
 		if (!s->have)
 			continue;
+		const int rows = kind == RW_SVC_DISPATCH && s->page_k;
+		/* A page rank whose done of this dispatch is in has its rows and goes on to its
+		 * combine, its status line left ok: the key's tomb waits for it there (exec_page.c,
+		 * page_admit_combine), so it hears the failure as its combine's. */
+		if (rows && page_rows_taken(p, g, s)) {
+			s->have = 0;
+			continue;
+		}
 		exec_answer_sub_err(x, s, e.st, e.remote, e.msg);
 		s->have = 0;
-		/* A page rank whose done of this dispatch came has its rows and goes on to its
-		 * combine: the failure's words come too late for it, so the key's tomb waits for
-		 * it there (exec_page.c, page_admit_combine). */
-		if (!(kind == RW_SVC_DISPATCH && s->page_k && (p->out.page_done & (1u << g))))
+		/* Its done may have come after the poller's last report (the loop had not read
+		 * it), or come as the status went out: its CPU may have read the status before it
+		 * and gone on to its combine, or after it. Status stored, then done loaded (the
+		 * rank's CPU loads done, then the status): a done not in now was not in when its
+		 * CPU read the status, which it then saw failed. One that is in may go either way:
+		 * its combine hears the failure, a dispatch of the key again is its retry. */
+		if (rows && page_rows_taken(p, g, s))
+			either |= 1u << g;
+		else
 			answered |= 1u << g;
 	}
 	EXEC_TRACE(p, exec_trace_end_(p, kind, e.st));
@@ -149,7 +178,8 @@ static void pair_failed(exec_pair_t *p)
 	/* Ranks of this phase that come later get its error at once (a dispatch retry of the key
 	 * by an answered rank starts afresh). */
 	exec_key_end(x, &(exec_key_end_t){ .group = group, .key = &key, .kind = kind, .st = e.st,
-					   .msg = e.msg, .answered = answered, .epoch = epoch,
+					   .msg = e.msg, .answered = answered, .either = either,
+					   .epoch = epoch,
 					   .cause_node = e.cause_id ? e.cause_node : x->me,
 					   .cause_id = e.cause_id ? e.cause_id : epoch,
 					   .taken = taken, .tell = e.tell });
@@ -1028,6 +1058,9 @@ void exec_on_page_word(exec_pair_t *p, uint32_t g, unsigned word, uint64_t value
 	const exec_sub_t *s = &p->in[exec_kind(p)].sub[g];
 	if (!exec_open(p) || !s->have || !s->page_k || (int64_t)(value - s->page_k) < 0)
 		return; /* not this pair's phase of that rank */
+	if (word == RW_PW_DONE && exec_kind(p) == RW_SVC_DISPATCH && p->key.layer == 0 &&
+	    p->key.step + 1 == p->x->hooks.done_deaf_step)
+		return; /* the test switch: its report comes too late */
 	if (word == RW_PW_PACKED && (p->stage == ST_RUN_D || p->stage == ST_RUN_C) &&
 	    p->send.state == SEND_WAIT_PACK) {
 		send_progress(p); /* the mover's pack looks at every rank's word again */

@@ -13,12 +13,17 @@ struct rw_svc_mover_ops;
 typedef struct rw_svc_exec rw_svc_exec_t;
 
 /* Test hooks (docs/dataflow.md "Tests"), read in one place by main.c from the environment
- * (RAILWAVE_TEST_CHUNK_KIB, RAILWAVE_TEST_WRITE_GAP_MS, RAILWAVE_TEST_LOCAL_SLICE). Zero: off.
+ * (RAILWAVE_TEST_CHUNK_KIB, RAILWAVE_TEST_WRITE_GAP_MS, RAILWAVE_TEST_LOCAL_SLICE,
+ * RAILWAVE_TEST_DONE_DEAF). Zero: off.
  * They let a test act while writes are in flight, and resume local work record by record. */
 typedef struct rw_svc_exec_hooks {
 	uint64_t chunk_bytes;        /* cap every rail write at this many bytes */
 	double write_gap_s;          /* post one write per this many seconds per pair */
 	uint32_t local_slice;        /* local-node records per idle slice */
+	/* RAILWAVE_TEST_DONE_DEAF=STEP: 1 + STEP; the loop takes no page rank's done of the
+	 * dispatch of layer 0 step STEP (as if the poller's reports came after whatever fails the
+	 * pair): the pair waits for them until it fails, the ranks' done in their pages. */
+	uint64_t done_deaf_step;
 	/* The in-process test's attempt epochs for this node's pairs (0: a random one), so that
 	 * it can offer a pair the immediate tag of another; NULL: random. Not from the
 	 * environment. */

@@ -21,7 +21,12 @@ void rw_svc_exec_hooks_from_env(char *const *envp, rw_svc_exec_hooks_t *hooks_p)
 			h.write_gap_s = strtod(v, NULL) / 1000.0;
 		else if (n == 25 && !strncmp(*e, "RAILWAVE_TEST_LOCAL_SLICE", n))
 			h.local_slice = (uint32_t)strtoul(v, NULL, 10);
+		else if (n == 23 && !strncmp(*e, "RAILWAVE_TEST_DONE_DEAF", n))
+			h.done_deaf_step = strtoull(v, NULL, 10) + 1;
 	}
+	if (h.done_deaf_step)
+		rw_warn("test switch RAILWAVE_TEST_DONE_DEAF: the ranks' done of the dispatch of "
+			"layer 0 step %llu is not taken", (unsigned long long)(h.done_deaf_step - 1));
 	if (h.chunk_bytes || h.write_gap_s > 0 || h.local_slice)
 		rw_warn("test hooks on: rail writes of at most %llu bytes, one per %.0f ms per phase, "
 			"%u local records per idle slice",

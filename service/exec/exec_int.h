@@ -466,6 +466,10 @@ typedef struct exec_key_end {
 	rw_status_t st;
 	const char *msg;             /* why, for the ranks that come late and for the peers */
 	uint32_t answered;           /* local ranks that already have their error */
+	uint32_t either;             /* page ranks whose done of the failed dispatch came as the
+				      * status went out: each reads either (exec.c pair_failed),
+				      * so its combine is refused with msg and a dispatch of the
+				      * key again is its retry */
 	uint32_t epoch;              /* this node's attempt (its count row's epoch), or an id */
 	uint32_t cause_node, cause_id; /* where the failure began, and its id there */
 	const uint32_t *taken;       /* [N] per node: the epoch of its row the pair took, 0 none;
@@ -481,6 +485,10 @@ void exec_key_end(exec_t *x, const exec_key_end_t *e);
  * applies to it): 1, with the failure's reason in why; 0 when none applies. Changes nothing. */
 int exec_tomb_check(const exec_t *x, const rw_wire_key_t *key, rw_svc_phase_kind_t kind,
 		    uint32_t local, char *why, size_t len);
+/* A page rank's combine of `key` whose dispatch failed after its rows came (its done was in,
+ * or came as it failed: an `either` rank): 1 with the failure's reason, as exec_tomb_check. */
+int exec_tomb_late(const exec_t *x, const rw_wire_key_t *key, uint32_t local, char *why,
+		   size_t len);
 /* The submission exec_tomb_check looked at went its way: a tomb that applied counts the rank's
  * answer; one too old, or one the rank already had its answer from (its retry), goes. */
 void exec_tomb_pass(exec_t *x, const rw_wire_key_t *key, rw_svc_phase_kind_t kind,

@@ -26,6 +26,8 @@ typedef struct exec_tomb {
 	rw_wire_key_t key;           /* key.group: the group's hash */
 	rw_svc_phase_kind_t kind;    /* the phase that failed: its submissions get the error */
 	uint32_t answered;           /* bit g: local rank g got its error (or left) */
+	uint32_t either;             /* bit g: page rank g's done of the dispatch came as it failed:
+				      * it hears at its dispatch or at its combine (exec_key_end_t) */
 	uint64_t t_ns;
 	char msg[RW_SVC_WHY_MAX];    /* why it failed, for the ranks that come late */
 } exec_tomb_t;
@@ -135,7 +137,7 @@ static void tomb_settle(exec_t *x, exec_tomb_t *t)
 }
 
 static void tomb_add(exec_t *x, const char *group, const rw_wire_key_t *key,
-		     rw_svc_phase_kind_t kind, uint32_t answered, const char *msg)
+		     rw_svc_phase_kind_t kind, uint32_t answered, uint32_t either, const char *msg)
 {
 	if (group && kind == RW_SVC_DISPATCH)
 		exec_rows_drop(x, group, key, -1, 0);
@@ -157,6 +159,7 @@ static void tomb_add(exec_t *x, const char *group, const rw_wire_key_t *key,
 		rw_list_add(bucket(x, IDX_TOMB, key), &t->hlink);
 	}
 	t->answered |= answered;
+	t->either = (t->either | either) & ~t->answered;
 	t->t_ns = rw_now_ns();
 	tomb_settle(x, t);
 }
@@ -173,6 +176,16 @@ int exec_tomb_check(const exec_t *x, const rw_wire_key_t *key, rw_svc_phase_kind
 		    uint32_t local, char *why, size_t len)
 {
 	const exec_tomb_t *t = tomb_find(x, key, kind);
+	if (!t || !tomb_applies(x, t, local) || (t->either & (1u << local)))
+		return 0; /* an `either` rank that dispatches the key again heard at its dispatch */
+	snprintf(why, len, "%s", t->msg);
+	return 1;
+}
+
+int exec_tomb_late(const exec_t *x, const rw_wire_key_t *key, uint32_t local, char *why,
+		   size_t len)
+{
+	const exec_tomb_t *t = tomb_find(x, key, RW_SVC_DISPATCH);
 	if (!t || !tomb_applies(x, t, local))
 		return 0;
 	snprintf(why, len, "%s", t->msg);
@@ -545,7 +558,7 @@ void exec_key_end(exec_t *x, const exec_key_end_t *e)
 		if (dst_epoch)
 			dst_epoch[n] = ep;
 	}
-	tomb_add(x, e->group, e->key, e->kind, e->answered, e->msg);
+	tomb_add(x, e->group, e->key, e->kind, e->answered, e->either, e->msg);
 	exec_ended_add(x, e->key, e->cause_node, e->cause_id); /* it may reach us again, passed on */
 	if (e->tell != EXEC_TELL_NONE)
 		tell_peers(x, e, e->tell == EXEC_TELL_PEERS ? dst_epoch : NULL);

@@ -190,7 +190,7 @@ static int page_admit_combine(exec_t *x, exec_member_t *mb, rw_page_head_t *pg,
 		/* The dispatch's pair failed after this rank's stream had its rows (its done came,
 		 * another local rank's had not: the pair was still the dispatch's): the combine is
 		 * where this rank hears of it, and its retry of the dispatch starts afresh. */
-		if (exec_tomb_check(x, &key, RW_SVC_DISPATCH, h, why, sizeof(why))) {
+		if (exec_tomb_late(x, &key, h, why, sizeof(why))) {
 			exec_tomb_pass(x, &key, RW_SVC_DISPATCH, h);
 			return page_refuse(x, mb, pg, k, RW_E_PHASE, why);
 		}
