@@ -224,6 +224,15 @@ void rw_ipc_client_notice(rw_ipc_server_t *server, rw_ipc_client_t *client, int 
 
 const rw_ipc_client_info_t *rw_ipc_client_info(const rw_ipc_client_t *client);
 
+/* Keep the client's CUDA buffers mapped in the daemon past its leave (copies the daemon queued
+ * on a GPU may still read or write them: docs/rankpath.md "A hung GPU") until every keep taken
+ * is dropped; the client itself goes as always (client_left, its socket, its host buffers).
+ * Each keep is dropped once with rw_ipc_keep_drop; a server destroyed first drops what is left
+ * (its CUDA import cache closes every mapping). NULL: out of memory. */
+typedef struct rw_ipc_keep rw_ipc_keep_t;
+rw_ipc_keep_t *rw_ipc_client_keep(rw_ipc_client_t *client);
+void rw_ipc_keep_drop(rw_ipc_server_t *server, rw_ipc_keep_t *keep);
+
 /* A rank-path phase starts running (busy 1) or stops (0): while any runs, the server's word
  * poller spins instead of sleeping between scans (rw_ipc_poller_busy; counted, so each 1 is
  * matched by one 0). No-op on a server without page rails. */

@@ -57,12 +57,68 @@ static buf_slot_t *buf_alloc_slot(rw_ipc_client_t *c)
 	return NULL;
 }
 
+/* A client's CUDA mappings kept past its leave: its connection's references in the import
+ * cache, released together once the last keep is dropped. */
+struct rw_ipc_keep {
+	struct rw_ipc_keep *next;
+	rw_ipc_client_t *client;     /* NULL once it left */
+	uint64_t conn;
+	unsigned refs;
+	rw_cuda_ipc_map_t **maps;    /* its buffers deregistered while it stays */
+	unsigned n_maps;
+};
+
+rw_ipc_keep_t *rw_ipc_client_keep(rw_ipc_client_t *c)
+{
+	if (!c->keep) {
+		rw_ipc_keep_t *k = calloc(1, sizeof(*k));
+		if (!k)
+			return NULL;
+		k->client = c;
+		k->conn = c->info.id;
+		k->next = c->srv->keeps;
+		c->srv->keeps = k;
+		c->keep = k;
+	}
+	c->keep->refs++;
+	return c->keep;
+}
+
+void rw_ipc_keep_drop(rw_ipc_server_t *srv, rw_ipc_keep_t *k)
+{
+	if (!srv || !k || --k->refs)
+		return;
+	for (rw_ipc_keep_t **kp = &srv->keeps; *kp; kp = &(*kp)->next)
+		if (*kp == k) {
+			*kp = k->next;
+			break;
+		}
+	if (k->client)
+		k->client->keep = NULL;
+	for (unsigned i = 0; k->client && i < k->n_maps; i++)
+		rw_cuda_ipc_release(srv->cuda, k->maps[i], k->conn);
+	if (!k->client) /* it left: every reference its connection held */
+		rw_cuda_ipc_release_owner(srv->cuda, k->conn);
+	free(k->maps);
+	free(k);
+}
+
 static void buf_release(rw_ipc_client_t *c, buf_slot_t *b)
 {
 	if (b->pub.kind == RW_IPC_BUF_HOST && b->map)
 		munmap(b->map, b->pub.size);
-	if (b->pub.kind == RW_IPC_BUF_CUDA && b->cuda_map)
+	/* Kept: its reference goes with the keep's last drop (rw_ipc_keep_drop); one that cannot
+	 * be noted stays until the import cache closes, never closed under a copy */
+	rw_ipc_keep_t *k = c->keep;
+	if (b->pub.kind == RW_IPC_BUF_CUDA && b->cuda_map && !k)
 		rw_cuda_ipc_release(c->srv->cuda, b->cuda_map, c->info.id);
+	if (b->pub.kind == RW_IPC_BUF_CUDA && b->cuda_map && k && k->client) {
+		rw_cuda_ipc_map_t **m = realloc(k->maps, (k->n_maps + 1) * sizeof(*m));
+		if (m) {
+			m[k->n_maps++] = b->cuda_map;
+			k->maps = m;
+		}
+	}
 	memset(b, 0, sizeof(*b));
 	c->nbufs--;
 	c->srv->stats.buffers--;
@@ -307,6 +363,8 @@ static void client_free(rw_ipc_client_t *c)
 				*pp = c->flush_next;
 				break;
 			}
+	if (c->keep) /* its CUDA references stay the keep's */
+		c->keep->client = NULL;
 	if (c->bufs) {
 		for (uint32_t i = 0; i < srv->lim.max_buffers; i++)
 			if (c->bufs[i].id)
@@ -636,6 +694,11 @@ void rw_ipc_server_destroy(rw_ipc_server_t *srv)
 	unlink(srv->socket_path);
 	ipc_pages_stop(srv);
 	ipc_closer_stop(srv);
+	for (rw_ipc_keep_t *k = srv->keeps, *nx; k; k = nx) {
+		nx = k->next;
+		free(k->maps);
+		free(k);
+	}
 	if (srv->cuda)
 		rw_cuda_ipc_cache_destroy(srv->cuda);
 	free(srv->socket_path);

@@ -58,6 +58,7 @@ struct rw_ipc_client {
 	rw_ipc_client_t *group_next;
 	rw_ipc_client_t *reap_next;
 	rw_ipc_client_t *flush_next;
+	struct rw_ipc_keep *keep;    /* its CUDA mappings kept past its leave (rw_ipc_client_keep) */
 	ipc_group_t *group;
 	int fd;
 	ev_io io;
@@ -126,6 +127,7 @@ struct rw_ipc_server {
 	struct ipc_page **by_watch;  /* poller watch id -> page */
 	int pages_busy;              /* rank-path phases in flight (rw_ipc_server_pages_busy) */
 	struct ipc_closer *closer;   /* closes the descriptors clients pass (server_close.c) */
+	struct rw_ipc_keep *keeps;   /* every keep not yet dropped (rw_ipc_client_keep) */
 };
 
 /* Sending (server_conn.c). ipc_send_msg drops a client whose socket is full (-1); ipc_send_error

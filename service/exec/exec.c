@@ -92,6 +92,7 @@ static void reaper_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 {
 	(void)loop, (void)revents;
 	exec_t *x = w->data;
+	exec_answer_late_sweep(x);
 	exec_pair_t *p, *nx;
 	rw_list_for_each_safe(&x->pairs, p, nx, link)
 		if (!exec_open(p) && p->outstanding == 0 && carve_settled(x, p)) {
@@ -133,7 +134,18 @@ static void pair_failed(exec_pair_t *p)
 	const uint32_t epoch = p->xchg.params.epoch ? p->xchg.params.epoch : exec_epoch_new(p->serial);
 	char group[RW_GROUP_NAME_MAX]; /* copied: the close lets go of the group */
 	snprintf(group, sizeof(group), "%s", p->g ? p->g->name : "?");
-	if (p->mv_state) /* nothing may touch a rank's memory once it has its error */
+	/* A CUDA rank whose memory the mover's copies may still touch gets its error once they
+	 * landed (or its GPU is declared stalled): asked before quiesce retires their staging */
+	uint32_t held = 0;
+	for (uint32_t g = 0; p->mv_state && p->mv->fence && g < x->gpus; g++) {
+		exec_sub_t *s = &p->in[kind].sub[g];
+		rw_svc_stage_fence_t f;
+		if (!s->have || s->page_k || !p->mv->fence(p->mv_mover, p->mv_state, g, &f))
+			continue; /* a page rank's memory is its own kernels' */
+		exec_answer_late(x, s, &f, e.st, e.remote, e.msg);
+		held |= 1u << g;
+	}
+	if (p->mv_state) /* nothing more of the pair's is enqueued on a GPU */
 		p->mv->quiesce(p->mv_mover, p->mv_state);
 	rw_warn("group %s layer %u step %llu: %s failed (%s): %s", group, key.layer,
 		(unsigned long long)key.step, rw_svc_kind_name(kind), rw_status_str(e.st), e.msg);
@@ -160,7 +172,8 @@ static void pair_failed(exec_pair_t *p)
 			s->have = 0;
 			continue;
 		}
-		exec_answer_sub_err(x, s, e.st, e.remote, e.msg);
+		if (!(held & (1u << g)))
+			exec_answer_sub_err(x, s, e.st, e.remote, e.msg);
 		s->have = 0;
 		/* Its done may have come after the poller's last report (the loop had not read
 		 * it), or come as the status went out: its CPU may have read the status before it
@@ -1097,7 +1110,15 @@ void exec_on_rank_left(exec_pair_t *p, rw_ipc_client_t *client, uint32_t rank)
 		s->have = 0; /* no answer to a rank that has gone */
 		return;
 	}
-	for (int k = 0; k < RW_SVC_KIND_COUNT; k++) /* no completions to the leaving client */
+	/* No completions to the leaving client; its CUDA memory stays mapped until the copies the
+	 * mover queued into or out of it landed (the pair's quiesce does not wait for them) */
+	for (uint32_t g = 0; p->mv_state && p->mv->fence && g < p->x->gpus; g++) {
+		rw_svc_stage_fence_t f;
+		if (p->in[kind].sub[g].client == client && p->in[kind].sub[g].have &&
+		    p->mv->fence(p->mv_mover, p->mv_state, g, &f))
+			exec_answer_late_keep(p->x, client, &f);
+	}
+	for (int k = 0; k < RW_SVC_KIND_COUNT; k++)
 		for (uint32_t g = 0; g < p->x->gpus; g++)
 			if (p->in[k].sub[g].client == client)
 				p->in[k].sub[g].have = 0;
@@ -1140,6 +1161,7 @@ void exec_fail_open(exec_t *x, const char *why)
 			exec_err_tell(p, RW_ERR_STATE, EXEC_TELL_NONE, "%s", why);
 			pair_failed(p);
 		}
+	exec_answer_late_flush(x); /* before the clients go */
 }
 
 void exec_stop(exec_t *x)

@@ -2,6 +2,7 @@
  * completion entries, and the one place where an internal rw_status_t becomes the client's
  * RW_E_* code (exec_client_code, and exec_drop_client for a rank refused at joining). A failed submission's reason travels first as a notice on the rank's control
  * socket, so rw_client_last_message() names what failed when the error completion is read. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "service/exec/exec_int.h"
@@ -113,4 +114,113 @@ void exec_answer_combine(exec_t *x, exec_pair_t *p, uint32_t g)
 	c.handle_id = p->out.handle[g];
 	rw_ipc_complete(x->ipc, s->client, &c);
 	s->have = 0;
+}
+
+/* A failed pair's answer held until the copies into or out of its rank's CUDA memory landed,
+ * and the rank's mappings kept until then (past its answer when its GPU stalled, past its
+ * leave). */
+struct exec_late {
+	struct exec_late *next;
+	exec_sub_t sub;              /* sub.client NULL once the rank left */
+	int owed;                    /* its answer not sent yet */
+	rw_svc_stage_fence_t fence;
+	rw_ipc_keep_t *keep;         /* its CUDA mappings */
+	rw_status_t st;
+	int remote;
+	char msg[RW_SVC_WHY_MAX];
+};
+
+/* The answer; with `stalled` >= 0 it says the copies may still land (the rank's sentence is
+ * short: the GPU first; the daemon's log has the whole line). */
+static void late_answer(exec_t *x, struct exec_late *l, int stalled)
+{
+	const int owed = l->owed;
+	l->owed = 0;
+	if (!owed || !l->sub.client)
+		return;
+	if (stalled < 0)
+		return exec_answer_sub_err(x, &l->sub, l->st, l->remote, l->msg);
+	char why[2 * RW_SVC_WHY_MAX];
+	snprintf(why, sizeof(why), "GPU %d stalled, copies into this rank may still land: %s",
+		 stalled, l->msg);
+	rw_warn("local rank %u answered with its copies still queued on stalled GPU %d: %s",
+		rw_ipc_client_info(l->sub.client)->rank, stalled, l->msg);
+	exec_answer_sub_err(x, &l->sub, l->st, l->remote, why);
+}
+
+/* Answer what is owed once landed or stalled; 1 once the copies landed (the entry can go). */
+static int late_check(exec_t *x, struct exec_late *l)
+{
+	int stalled = -1;
+	const int landed = rw_svc_stage_fenced(&l->fence, &stalled);
+	if (landed || stalled >= 0)
+		late_answer(x, l, landed ? -1 : stalled);
+	return landed;
+}
+
+static void late_hold(exec_t *x, struct exec_late *l, rw_ipc_client_t *client)
+{
+	if (late_check(x, l) || !x->ipc || !client ||
+	    !(l->keep = rw_ipc_client_keep(client))) { /* landed, or nothing to hold it with */
+		late_answer(x, l, -1);
+		free(l);
+		return;
+	}
+	l->next = x->late;
+	x->late = l;
+}
+
+void exec_answer_late(exec_t *x, const exec_sub_t *s, const rw_svc_stage_fence_t *f,
+		      rw_status_t st, int remote, const char *msg)
+{
+	struct exec_late *l = calloc(1, sizeof(*l));
+	if (!l)
+		return exec_answer_sub_err(x, s, st, remote, msg);
+	*l = (struct exec_late){ .sub = *s, .owed = 1, .fence = *f, .st = st, .remote = remote };
+	snprintf(l->msg, sizeof(l->msg), "%s", msg);
+	late_hold(x, l, s->client);
+}
+
+void exec_answer_late_keep(exec_t *x, rw_ipc_client_t *client, const rw_svc_stage_fence_t *f)
+{
+	struct exec_late *l = calloc(1, sizeof(*l));
+	if (!l) {
+		rw_err("exec: out of memory keeping the CUDA mappings of a leaving rank whose copies "
+		       "are still queued");
+		return;
+	}
+	*l = (struct exec_late){ .fence = *f };
+	late_hold(x, l, client);
+}
+
+void exec_answer_late_sweep(exec_t *x)
+{
+	for (struct exec_late **lp = &x->late; *lp;) {
+		struct exec_late *l = *lp;
+		if (!late_check(x, l)) {
+			lp = &l->next;
+			continue;
+		}
+		*lp = l->next;
+		rw_ipc_keep_drop(x->ipc, l->keep);
+		free(l);
+	}
+}
+
+void exec_answer_late_gone(exec_t *x, const rw_ipc_client_t *client)
+{
+	for (struct exec_late *l = x->late; l; l = l->next)
+		if (l->sub.client == client)
+			l->sub.client = NULL;
+}
+
+void exec_answer_late_flush(exec_t *x)
+{
+	while (x->late) {
+		struct exec_late *l = x->late;
+		x->late = l->next;
+		late_answer(x, l, -1);
+		rw_ipc_keep_drop(x->ipc, l->keep);
+		free(l);
+	}
 }

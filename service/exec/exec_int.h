@@ -354,6 +354,7 @@ struct rw_svc_exec {
 	ev_idle local_idle;          /* runs pairs' local work between network events */
 	ev_prepare reaper;           /* frees closed pairs outside every callback chain */
 	rw_svc_exec_hooks_t hooks;
+	struct exec_late *late;      /* failed pairs' answers held for their copies (exec_answer.c) */
 	rw_svc_rail_meter_t meter[RW_MAX_RAILS]; /* rail_weights: measured (rail_health.h) */
 	struct rw_svc_trace *trace;  /* phase traces (trace.h); NULL when trace_dir is unset */
 	ev_timer page_retry;         /* exec_page.c: retries submits that wait for the group's
@@ -451,6 +452,24 @@ void exec_answer_err(exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe, rw
  * status and the owed words: ipc/page.h rw_page_fail), a ring rank's as above. */
 void exec_answer_sub_err(exec_t *x, const exec_sub_t *s, rw_status_t st, int remote,
 			 const char *msg);
+/* A failed pair's rank whose CUDA memory copies the mover queued may still touch (mover op
+ * fence, *f where they end, looked at with rw_svc_stage_fenced) gets its error once they
+ * landed, never before (a retry would reuse the buffers, a leave unmap them): its CUDA mappings
+ * are kept past a leave meanwhile (rw_ipc_client_keep). Once a GPU they wait on is declared stalled (gpu_stall_ms) the answer
+ * goes out naming it, and the mappings stay until the copies land (a late copy never reaches
+ * memory the daemon unmapped). Answered now when they already landed or the GPU is stalled. */
+void exec_answer_late(exec_t *x, const exec_sub_t *s, const rw_svc_stage_fence_t *f,
+		      rw_status_t st, int remote, const char *msg);
+/* A rank that leaves a pair with such copies queued: its CUDA mappings kept until they landed
+ * (no answer: it is gone). */
+void exec_answer_late_keep(exec_t *x, rw_ipc_client_t *client, const rw_svc_stage_fence_t *f);
+/* From the loop's every turn: the held answers whose copies landed or whose GPU stalled. */
+void exec_answer_late_sweep(exec_t *x);
+/* The client left: nothing more is sent it; its mappings stay until its copies landed. */
+void exec_answer_late_gone(exec_t *x, const rw_ipc_client_t *client);
+/* The daemon stops: every held answer goes now; the keeps are dropped (the IPC server closes
+ * every mapping next). */
+void exec_answer_late_flush(exec_t *x);
 /* Refuse a joining rank: RW_ERR_INVAL (its world or node does not fit this cluster),
  * RW_ERR_EXISTS (its rank is taken), RW_ERR_NOMEM. */
 void exec_drop_client(exec_t *x, rw_ipc_client_t *client, rw_status_t st);

@@ -134,6 +134,7 @@ static void client_left(void *ctx, rw_ipc_client_t *client, rw_ipc_leave_t reaso
 	exec_member_t *mb = rw_ipc_client_data(client);
 	if (x->svc->metrics.clients)
 		x->svc->metrics.clients--;
+	exec_answer_late_gone(x, client);
 	if (mb)
 		member_leave(x, mb, reason, error);
 }

@@ -242,13 +242,18 @@ typedef struct rw_svc_mover_ops {
 	/* The pair failed: stop it at once, never waiting for a GPU (docs/rankpath.md "A hung
 	 * GPU"): no later report of it changes anything the executor counts on (reports may still
 	 * follow; the executor ignores them); the daemon's memory that copies still queued may
-	 * write is held by the mover until they land (rw_svc_stage_retire). Copies already queued
-	 * into a rank's CUDA memory may still land after the rank got its error. */
+	 * write is held by the mover until they land (rw_svc_stage_retire). A rank whose CUDA
+	 * memory copies still queued may touch gets its error once they landed (fence, below). */
 	void (*quiesce)(void *mover, void *state);
 	void (*close)(void *mover, void *state);
 	/* Optional: 0 while copies this mover enqueued out of or into the carve-out ph's slabs lie
 	 * in (a closed pair's) may still land; the executor keeps the carve-out until 1. */
 	int (*settled)(void *mover, const rw_svc_phase_t *ph);
+	/* Optional, asked of a failed pair just before quiesce(): 1 when copies this mover enqueued
+	 * into or out of local rank g's CUDA memory may not have landed, *f where they end. The
+	 * executor then holds the rank's answer until rw_svc_stage_fenced(f) says they landed,
+	 * or names the stalled GPU they wait on (docs/rankpath.md "A hung GPU"). */
+	int (*fence)(void *mover, void *state, uint32_t g, rw_svc_stage_fence_t *f);
 	/* Optional (NULL: the executor counts on the host, rw_sched_count_step in idle slices).
 	 * Called once per pair, when every local rank's dispatch stage() has been called (some may
 	 * still be pending): write the node's count row — row[d * R + r], rw_sched_count's, every

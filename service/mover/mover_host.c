@@ -161,7 +161,7 @@ static rw_status_t host_open(void *mover, const rw_svc_phase_t *ph, void **state
 
 /* Nothing here waits for a GPU (docs/rankpath.md "A hung GPU"): where a rank's copies may not
  * have landed, its staging is handed to the stage, which frees it once they did (a copy never
- * lands in freed memory), and the rank gets its error at once. */
+ * lands in freed memory); the executor answers the rank once they did (host_fence). */
 static void host_quiesce(void *mover, void *state)
 {
 	host_mover_t *m = mover;
@@ -170,6 +170,15 @@ static void host_quiesce(void *mover, void *state)
 	hp->pending = 0;
 	hp->loose = 0;
 	memset(hp->marks, 0, sizeof(hp->marks));
+}
+
+/* A failed pair's rank g whose copies may not have landed (its answer waits for them). */
+static int host_fence(void *mover, void *state, uint32_t g, rw_svc_stage_fence_t *f)
+{
+	host_mover_t *m = mover;
+	const host_pair_t *hp = state;
+	return g < RW_MAX_GPUS && hp->devs[g] && (hp->pending || hp->loose) &&
+	       rw_svc_stage_fence(m->stage, hp->devs[g], f);
 }
 
 static void host_close(void *mover, void *state)
@@ -734,5 +743,6 @@ const rw_svc_mover_ops_t rw_svc_mover_host = {
 	.finish = host_finish,
 	.result = host_result,
 	.quiesce = host_quiesce,
+	.fence = host_fence,
 	.close = host_close,
 };

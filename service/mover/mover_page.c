@@ -1091,7 +1091,7 @@ static void pm_result(void *state, uint32_t g, uint32_t *recv_rows_p, const uint
  * for a GPU (docs/rankpath.md "A hung GPU"): the pair's header pulls are forgotten (their copies
  * stay queued on the device's one pull stream, ahead of any later pull of the shadow), and where
  * a ring rank's copies may not have landed, its staging is handed to the stage, which frees it
- * once they did; the rank gets its error at once. */
+ * once they did; the executor answers the rank once they did (pm_fence). */
 static void pm_quiesce(void *mover, void *state)
 {
 	page_mover_t *m = mover;
@@ -1104,6 +1104,15 @@ static void pm_quiesce(void *mover, void *state)
 	pp->pending = 0;
 	pp->loose = 0;
 	memset(pp->marks, 0, sizeof(pp->marks));
+}
+
+/* A failed pair's rank g whose copies may not have landed (its answer waits for them). */
+static int pm_fence(void *mover, void *state, uint32_t g, rw_svc_stage_fence_t *f)
+{
+	page_mover_t *m = mover;
+	const page_pair_t *pp = state;
+	return g < RW_MAX_GPUS && pp->devs[g] && (pp->pending || pp->loose) &&
+	       rw_svc_stage_fence(m->stage, pp->devs[g], f);
 }
 
 static void pm_close(void *mover, void *state)
@@ -1136,6 +1145,7 @@ const rw_svc_mover_ops_t rw_svc_mover_rank = {
 	.finish = pm_finish,
 	.result = pm_result,
 	.quiesce = pm_quiesce,
+	.fence = pm_fence,
 	.close = pm_close,
 	.settled = pm_settled,
 	.count = pm_count,

@@ -33,8 +33,7 @@ typedef struct stage_held {
 	struct stage_held *next;
 	void *ptr;
 	size_t size;
-	uint64_t devs;
-	uint64_t until[STAGE_MAX_DEVICES];
+	rw_svc_stage_fence_t f;      /* where the copies that may touch it end */
 } stage_held_t;
 
 struct rw_svc_stage {
@@ -78,10 +77,8 @@ static void held_sweep(rw_svc_stage_t *s)
 {
 	for (stage_held_t **hp = &s->held; *hp;) {
 		stage_held_t *h = *hp;
-		int busy = 0;
-		for (int d = 0; d < STAGE_MAX_DEVICES && !busy; d++)
-			busy = (h->devs >> d & 1) && s->dev[d].stream && s->dev[d].landed < h->until[d];
-		if (busy) {
+		int stalled;
+		if (!rw_svc_stage_fenced(&h->f, &stalled)) {
 			hp = &h->next;
 			continue;
 		}
@@ -130,7 +127,7 @@ void rw_svc_stage_destroy(rw_svc_stage_t *s)
 	for (stage_held_t *h = s->held, *nx; h; h = nx) {
 		nx = h->next;
 		rw_svc_gpu_held(-(int64_t)h->size);
-		if (h->devs & abandoned) /* the driver's queued copies still name it: not freed */
+		if (h->f.devs & abandoned) /* the driver's queued copies still name it: not freed */
 			rw_warn("stage: %zu bytes of page-locked staging left to a stalled GPU's "
 				"copies", h->size);
 		else
@@ -308,10 +305,10 @@ rw_status_t rw_svc_stage_mark(rw_svc_stage_t *s, int device, uint64_t token)
 	return st;
 }
 
-size_t rw_svc_stage_retire(rw_svc_stage_t *s, uint64_t devs, rw_svc_pinned_t *const *bufs,
-			   unsigned n)
+int rw_svc_stage_fence(rw_svc_stage_t *s, uint64_t devs, rw_svc_stage_fence_t *f)
 {
-	uint64_t busy = 0, until[STAGE_MAX_DEVICES] = { 0 };
+	memset(f, 0, sizeof(*f));
+	f->stage = s;
 	for (int d = 0; d < STAGE_MAX_DEVICES; d++) {
 		stage_dev_t *sd = &s->dev[d];
 		if (!(devs >> d & 1) || !dev_busy(sd))
@@ -319,11 +316,35 @@ size_t rw_svc_stage_retire(rw_svc_stage_t *s, uint64_t devs, rw_svc_pinned_t *co
 		/* Copies with no mark behind them (a pair that failed between a copy and its mark)
 		 * get one of the stage's own, so their end is known; failing that, the next mark
 		 * anyone makes on the stream comes after them. */
-		until[d] = sd->made + (uint64_t)sd->dirty;
+		f->until[d] = sd->made + (uint64_t)sd->dirty;
 		if (sd->dirty && dev_mark(s, sd, STAGE_NO_TOKEN) == RW_OK)
-			until[d] = sd->made;
-		busy |= 1ull << d;
+			f->until[d] = sd->made;
+		f->devs |= 1ull << d;
 	}
+	return f->devs != 0;
+}
+
+int rw_svc_stage_fenced(const rw_svc_stage_fence_t *f, int *stalled_p)
+{
+	const rw_svc_stage_t *s = f->stage;
+	int busy = 0;
+	*stalled_p = -1;
+	for (int d = 0; d < STAGE_MAX_DEVICES; d++) {
+		const stage_dev_t *sd = &s->dev[d];
+		if (!(f->devs >> d & 1) || !sd->stream || sd->landed >= f->until[d])
+			continue; /* landed, or its stream faulted (a faulted context writes nothing) */
+		busy = 1;
+		if (sd->stalled && *stalled_p < 0)
+			*stalled_p = d;
+	}
+	return !busy;
+}
+
+size_t rw_svc_stage_retire(rw_svc_stage_t *s, uint64_t devs, rw_svc_pinned_t *const *bufs,
+			   unsigned n)
+{
+	rw_svc_stage_fence_t f;
+	const uint64_t busy = rw_svc_stage_fence(s, devs, &f) ? f.devs : 0;
 	size_t taken = 0;
 	for (unsigned i = 0; busy && i < n; i++) {
 		if (!bufs[i] || !bufs[i]->ptr)
@@ -338,8 +359,7 @@ size_t rw_svc_stage_retire(rw_svc_stage_t *s, uint64_t devs, rw_svc_pinned_t *co
 		}
 		h->ptr = bufs[i]->ptr;
 		h->size = bufs[i]->size;
-		h->devs = busy;
-		memcpy(h->until, until, sizeof(until));
+		h->f = f;
 		h->next = s->held;
 		s->held = h;
 		taken += h->size;

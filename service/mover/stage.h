@@ -75,6 +75,22 @@ int rw_svc_stage_rank_on(const uint64_t *devs, int device);
  * `need`, else stopped. */
 struct ev_timer;
 void rw_svc_stage_watch(struct ev_loop *loop, struct ev_timer *w, int need);
+/* Where a pair's copies on the devices in `devs` end: for each busy device d (bit d of devs), the
+ * number of marks its stream must have landed (until[d]) for every copy enqueued on it so far to
+ * have landed, on `stage`. What the executor waits for before it answers a failed pair's CUDA
+ * rank (docs/rankpath.md "A hung GPU"); valid while the stage lives. */
+typedef struct rw_svc_stage_fence {
+	const rw_svc_stage_t *stage;
+	uint64_t devs;
+	uint64_t until[64];
+} rw_svc_stage_fence_t;
+/* Fill *f for the copies enqueued on `devs` so far (a device with copies behind its last mark
+ * gets a mark of the stage's own, reported to nobody). Returns 0 when they are all idle. */
+int rw_svc_stage_fence(rw_svc_stage_t *stage, uint64_t devs, rw_svc_stage_fence_t *f);
+/* 1 once every copy *f covers has landed (or its stream faulted: a faulted context writes
+ * nothing more); 0 while some may still land, with *stalled_p the first such device declared
+ * stalled (-1: none). Never waits. */
+int rw_svc_stage_fenced(const rw_svc_stage_fence_t *f, int *stalled_p);
 /* A pair that ends (quiesce, close) while copies it enqueued on the devices in `devs` (bit d:
  * device d) may not have landed: unless every such device is idle, each non-empty buffer of
  * bufs[0..n) is taken over by the stage (its memory moved out: the buffer is left empty, and its

@@ -85,6 +85,13 @@ void rw_cuda_ipc_release(rw_cuda_ipc_cache_t *cache, rw_cuda_ipc_map_t *map, uin
 	cuda_live--;
 	free(map);
 }
+/* Only a kept client's leave releases by owner (rw_ipc_client_keep): the fuzzer keeps none */
+unsigned rw_cuda_ipc_release_owner(rw_cuda_ipc_cache_t *cache, uint64_t conn)
+{
+	(void)cache;
+	(void)conn;
+	abort();
+}
 int rw_cuda_ipc_map_device(const rw_cuda_ipc_map_t *map) { return map->device; }
 /* Interprocess events (stream order): heap objects too; the handle's first byte picks the
  * driver's answer. */

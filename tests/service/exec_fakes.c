@@ -50,6 +50,10 @@ struct rw_ipc_client {
 	int joined, left, dropped, drop_pending, drop_error;
 	char notice[128];            /* the last notice (why a submission failed) */
 	uint32_t n_notices;
+	unsigned keeps;              /* rw_ipc_client_keep's not yet dropped: its buffers stay */
+	struct rw_ipc_keep {
+		struct rw_ipc_client *c;
+	} keep;
 };
 
 typedef struct fk_node {
@@ -246,8 +250,26 @@ static void client_leave(rw_ipc_client_t *c, rw_ipc_leave_t reason, int error)
 		s->ops.client_left(s->ctx, c, reason, error);
 	c->drop_pending = 0;
 	c->left = 1;
-	client_release_bufs(c);
+	if (!c->keeps)
+		client_release_bufs(c);
 }
+
+/* ipc.h: a kept client's buffers stay mapped past its leave until the last keep is dropped */
+rw_ipc_keep_t *rw_ipc_client_keep(rw_ipc_client_t *c)
+{
+	c->keeps++;
+	c->keep.c = c;
+	return &c->keep;
+}
+
+void rw_ipc_keep_drop(rw_ipc_server_t *server, rw_ipc_keep_t *k)
+{
+	(void)server;
+	if (k && k->c->keeps && --k->c->keeps == 0 && k->c->left)
+		client_release_bufs(k->c);
+}
+
+unsigned fk_client_keeps(const rw_ipc_client_t *c) { return c->keeps; }
 
 int fk_step(fk_world_t *w)
 {

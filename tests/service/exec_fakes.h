@@ -161,5 +161,8 @@ const rw_cqe_t *fk_client_cqe(const rw_ipc_client_t *c, uint32_t i);
 rw_svc_mesh_t *fk_mesh(uint32_t node);
 /* The reason the executor gave with the client's last error completion ("" if none). */
 const char *fk_client_notice(const rw_ipc_client_t *c);
+/* Keeps of its buffers the service holds (rw_ipc_client_keep): while any is held after the
+ * client left, its buffers are still allocated. */
+unsigned fk_client_keeps(const rw_ipc_client_t *c);
 
 #endif /* RW_TEST_EXEC_FAKES_H */

@@ -34,40 +34,104 @@ static void test_cuda_ranks(void **state)
 	}
 }
 
+/* Two nodes, rank 3's buffer in CUDA memory; one pair passes, then (with the stall bound at
+ * stall_ms when not 0) the stand-in holds every stream's work and every rank submits the
+ * dispatch of step 0 layer 0: rank 3's input copies are queued and do not land. */
+static cl_t *cuda_copies_held(uint64_t salt, uint32_t stall_ms)
+{
+	opts_t o = { .nodes = 2, .path = "native", .tokens = 20 };
+	cl_t *c = cl_new(&o, salt);
+	fk_client_die(c->rk[3].c);
+	settle(c);
+	rank_connect_cuda(c, 3);
+	run_pair(c, 0, 1);
+	if (stall_ms)
+		rw_svc_gpu_stall_set(stall_ms);
+	fake_cuda_hold(1);
+	dispatch_submit_all(c, 0, 0);
+	return c;
+}
+
 /* A CUDA rank dies while its input copies' marks are still pending (the stand-in driver holds
  * them): its node's pair fails at once without waiting for them (docs/rankpath.md "A hung
- * GPU"): the ranks get RW_E_PHASE while the copies are still held, the staging they write is
- * held by the stage (not freed with the dead rank's member) until they land, the late marks
- * find no pair, and the key passes. */
+ * GPU"): the other (host) ranks get RW_E_PHASE while the copies are still held, the staging they
+ * write is held by the stage (not freed with the dead rank's member) and the dead rank's CUDA
+ * buffer stays mapped (kept: the stand-in frees it at the last keep's drop, so a copy after
+ * that is an ASan error) until they land, the late marks find no pair, and the key passes. */
 static void test_cuda_rank_lost(void **state)
 {
 	(void)state;
 	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
 		skip();
-	opts_t o = { .nodes = 2, .path = "native", .tokens = 20 };
-	cl_t *c = cl_new(&o, 860);
-	fk_client_die(c->rk[3].c);
-	settle(c);
-	rank_connect_cuda(c, 3);
-	run_pair(c, 0, 1);
-	fake_cuda_hold(1);
-	dispatch_submit_all(c, 0, 0);
+	cl_t *c = cuda_copies_held(860, 0);
 	for (uint32_t r = 0; r < c->W; r++)
 		expect_no_cqe(c, r);
-	fk_client_die(c->rk[3].c);
+	rw_ipc_client_t *gone = c->rk[3].c;
+	fk_client_die(gone);
 	for (uint32_t r = 0; r < 3; r++) /* answered while the copies are still held */
 		expect_err(c, r, RW_E_PHASE, "a CUDA rank died with copies pending");
 	int dev[4];
 	uint64_t held = 0;
 	rw_svc_gpu_stalled_list(dev, 4, &held);
 	assert_true(held > 0); /* the dead rank's staging, kept for the copies into it */
+	assert_int_equal(fk_client_keeps(gone), 1); /* its CUDA buffer, which they read */
 	fake_cuda_hold(0);
 	settle(c);
 	rw_svc_gpu_stalled_list(dev, 4, &held);
 	assert_int_equal(held, 0); /* freed once they landed */
+	assert_int_equal(fk_client_keeps(gone), 0);
 	expect_no_timeouts(c);
 	rank_connect_cuda(c, 3);
 	retry_key(c, 0, 0);
+	cl_free(c);
+}
+
+/* A failed pair's CUDA rank with copies pending gets its error once they landed, never before
+ * (a retry would reuse its buffers, a leave unmap them: docs/rankpath.md "A hung GPU"). Host
+ * rank 2 dies while rank 3's input copies are held by the stand-in: node 0's ranks and nothing
+ * else are answered; rank 3's error comes once the copies land, naming the leave, not a stall;
+ * the key passes. Then rank 3 leaves while its answer is held: its CUDA buffer stays mapped
+ * (kept) until its copies landed (the stand-in frees it at the last keep's drop: a copy after
+ * that is an ASan error), and the key passes with both ranks back. */
+static void test_cuda_answer_late(void **state)
+{
+	(void)state;
+	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+		skip();
+	cl_t *c = cuda_copies_held(875, 0);
+	fk_client_die(c->rk[2].c);
+	expect_err(c, 0, RW_E_PHASE, "a peer's pair failed");
+	expect_err(c, 1, RW_E_PHASE, "a peer's pair failed");
+	settle(c);
+	expect_no_cqe(c, 3); /* its input copies have not landed */
+	assert_int_equal(fk_client_keeps(c->rk[3].c), 1);
+	fake_cuda_hold(0);
+	expect_err(c, 3, RW_E_PHASE, "its copies landed");
+	assert_non_null(strstr(fk_client_notice(c->rk[3].c), "local rank 2 left"));
+	assert_null(strstr(fk_client_notice(c->rk[3].c), "stalled"));
+	settle(c);
+	assert_int_equal(fk_client_keeps(c->rk[3].c), 0);
+	rank_connect(c, 2);
+	retry_key(c, 0, 0);
+
+	fake_cuda_hold(1);
+	dispatch_submit_all(c, 1, 0);
+	fk_client_die(c->rk[2].c);
+	expect_err(c, 0, RW_E_PHASE, "a peer's pair failed");
+	expect_err(c, 1, RW_E_PHASE, "a peer's pair failed");
+	settle(c);
+	expect_no_cqe(c, 3);
+	rw_ipc_client_t *gone = c->rk[3].c;
+	fk_client_die(gone); /* leaves before its answer */
+	settle(c);
+	assert_int_equal(fk_client_keeps(gone), 1); /* its buffer still mapped for the copies */
+	fake_cuda_hold(0);
+	settle(c);
+	assert_int_equal(fk_client_keeps(gone), 0);
+	expect_no_timeouts(c);
+	rank_connect(c, 2);
+	rank_connect_cuda(c, 3);
+	retry_key(c, 1, 0);
 	cl_free(c);
 }
 
@@ -82,20 +146,17 @@ static void test_cuda_stall(void **state)
 	(void)state;
 	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
 		skip();
-	opts_t o = { .nodes = 2, .path = "native", .tokens = 20 };
-	cl_t *c = cl_new(&o, 870);
-	fk_client_die(c->rk[3].c);
-	settle(c);
-	rank_connect_cuda(c, 3);
-	run_pair(c, 0, 1);
-	rw_svc_gpu_stall_set(50);
-	fake_cuda_hold(1);
-	dispatch_submit_all(c, 0, 0);
+	cl_t *c = cuda_copies_held(870, 50);
 	for (uint32_t r = 0; r < c->W; r++) {
 		rw_cqe_t q = next_cqe(c, r);
 		CHECK(q.status == RW_CQ_ERROR && (q.error == RW_E_CUDA || q.error == RW_E_PHASE),
 		      "stalled: rank %u: status %u error %d", r, q.status, q.error);
 	}
+	/* Rank 3 is answered once its GPU is declared stalled, told its copies may still land;
+	 * its buffer stays mapped for them */
+	assert_non_null(strstr(fk_client_notice(c->rk[3].c),
+			       "GPU 0 stalled, copies into this rank may still land"));
+	assert_int_equal(fk_client_keeps(c->rk[3].c), 1);
 	int dev[4];
 	uint64_t held = 0;
 	assert_int_equal(rw_svc_gpu_stalled_list(dev, 4, &held), 1);
@@ -108,6 +169,7 @@ static void test_cuda_stall(void **state)
 	settle(c);
 	assert_int_equal(rw_svc_gpu_stalled_list(dev, 4, &held), 0);
 	assert_int_equal(held, 0); /* freed once they landed */
+	assert_int_equal(fk_client_keeps(c->rk[3].c), 0);
 	rw_svc_gpu_stall_set(0);
 	expect_no_timeouts(c);
 	retry_key(c, 0, 0);
@@ -362,6 +424,7 @@ int exec_gpu_run(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_cuda_ranks),
 		cmocka_unit_test(test_cuda_rank_lost),
+		cmocka_unit_test(test_cuda_answer_late),
 		cmocka_unit_test(test_cuda_stall),
 		cmocka_unit_test(test_cuda_combine_order),
 		cmocka_unit_test(test_gpu_count_paths),

@@ -18,14 +18,19 @@ gpu_stall_ms 1000:
 2. Moves again: FILE removed, the queued copies land; node 0 logs that GPU 0 moves again, `stats`
    shows no stalled GPU, and a new GPU group's phases verify exactly.
 3. The staging stalls: FILE created again, a job of CUDA ranks (rw_rank --cuda, staged through
-   the daemon's pinned memory) fails its dispatch on every rank, the failure naming GPU 0, and
+   the daemon's pinned memory) fails its dispatch on every rank, the failure naming GPU 0, node
+   0's ranks told their copies may still land (answered once GPU 0 is declared stalled), and
    its staging is held (stats gpu_held_bytes) instead of freed under copies that may land; a GPU
-   group is then refused, named. The CUDA ranks stay connected (--stay) until step 4: a copy
-   that lands after its rank left would reach memory the rank gave back (docs/rankpath.md "A
-   hung GPU", what is not held).
-4. FILE removed: the staging's copies land, the staging is freed, the CUDA ranks go. FILE created again, a GPU
+   group is then refused, named. The CUDA ranks leave at once; node 0 keeps their buffers
+   mapped until the copies land (docs/rankpath.md "A hung GPU", a rank's own memory).
+4. FILE removed: the staging's copies land, the staging is freed. FILE created again, a GPU
    group stalls the pull once more, and both daemons stop on SIGTERM with exit 0 (under ASan:
    no leak, no report): the hung device's pull stream is abandoned, never waited for.
+Answered late (two more daemons, gpu_stall_ms 60000, node 0 hung, host carve-outs): a CUDA
+job's node-1 rank is killed after every rank submitted; node 0's CUDA ranks are not answered
+while their copies are hung, then fail naming the leave once FILE goes; in a second round they
+are killed while their answers are held, and node 0 keeps their buffers mapped (the stand-in's
+memfds in /proc/PID/maps) until the copies landed, then unmaps them and serves a host job.
 Run by tests/run as $b/test/svc_gpuhang; exits 0 pass, 1 fail, 77 skip."""
 import os
 import sys
@@ -121,12 +126,11 @@ def scenario_hang(tmp, seed):
         res = cluster.outputs(gpu_job(c, "hang.after", "ok", seed))
         bad = {r: (v[0], v[1][-300:]) for r, v in res.items() if v[0] != 0 or "verified" not in v[1]}
         check(not bad, "moved: a new GPU group verified every phase %s" % (bad or ""))
-        # 3. the staging stalls: CUDA ranks staged through pinned memory, which stay connected
-        # (their buffers mapped) until the copies queued into them landed
-        stay = os.path.join(tmp, "stay")
+        # 3. the staging stalls: CUDA ranks staged through pinned memory get their error once
+        # GPU 0 is declared stalled, told that its copies may still land, and leave at once:
+        # node 0 keeps their buffers mapped until the copies queued into them landed
         open(hang, "w").close()
-        cuda = [(r, c.rank(r, "hang.cuda", 1, 1, seed, mode="fail", flags=["--cuda", "--stay",
-                                                                            stay]))
+        cuda = [(r, c.rank(r, "hang.cuda", 1, 1, seed, mode="fail", flags=["--cuda"]))
                 for r in range(world)]
         check(wait_for("the staging to stall", lambda: "hang.cuda layer 0 step 0: dispatch "
                        "failed" in c.log(0)), "staging stalled: the CUDA group's pair failed")
@@ -139,6 +143,16 @@ def scenario_hang(tmp, seed):
         held = int(summary(c, 0).get("gpu_held_bytes", "0"))
         check(held > 0, "staging stalled: the failed pair's staging is held for its copies "
               "(%d bytes)" % held)
+        res = cluster.outputs(cuda)
+        check(all(v[0] == 0 for v in res.values()),
+              "staging stalled: every CUDA rank's dispatch failed: %s"
+              % {r: v[1][-200:] for r, v in res.items() if v[0] != 0})
+        check(all("GPU 0 stalled, copies into this rank may still land" in res[r][1]
+                  for r in range(c.gpus)),
+              "staging stalled: node 0's CUDA ranks were told their copies may still land: %s"
+              % [res[r][1].splitlines()[-1:] for r in range(c.gpus)])
+        check("answered with its copies still queued on stalled GPU 0" in c.log(0),
+              "staging stalled: node 0 logged the answers given with copies queued")
         res = cluster.outputs(gpu_job(c, "hang.last", "until", 7))
         check(all(v[0] == 0 and "GPU 0 is stalled" in v[1] for v in res.values()),
               "staging stalled: a GPU group is refused, named, on every rank: %s"
@@ -147,12 +161,8 @@ def scenario_hang(tmp, seed):
         os.unlink(hang)
         check(wait_for("the staging to be freed", lambda: summary(c, 0).get("gpus_stalled") == "0"
                        and summary(c, 0).get("gpu_held_bytes") == "0"),
-              "staging moved: its copies landed, GPU 0 no longer stalled, the staging freed")
-        open(stay, "w").close()
-        res = cluster.outputs(cuda)
-        check(all(v[0] == 0 for v in res.values()),
-              "staging stalled: every CUDA rank's dispatch failed: %s"
-              % {r: v[1][-200:] for r, v in res.items() if v[0] != 0})
+              "staging moved: its copies landed into the gone ranks' buffers, still mapped; "
+              "GPU 0 no longer stalled, the staging freed")
         open(hang, "w").close()
         res = cluster.outputs(gpu_job(c, "hang.end", "until", 8))
         check(all(v[0] == 0 and "until: phase 1 failed" in v[1] for v in res.values()),
@@ -164,6 +174,82 @@ def scenario_hang(tmp, seed):
           "SIGTERM while stalled: node 0 gave GPU 0's pull stream up without waiting, exit 0")
 
 
+def wait_line(proc, text):
+    """Read proc's output until a line holding text (False at its end)."""
+    for ln in iter(proc.stdout.readline, b""):
+        if text in ln.decode():
+            return True
+    return False
+
+
+def late_round(c, hang, group, seed, leave):
+    """One CUDA job with node 0's copies hung (FILE) and node 1's rank killed after every rank
+    submitted: node 0's CUDA ranks are not answered while their copies may land; with `leave`
+    they are killed meanwhile. Then FILE goes and the copies land. Returns node 0's outputs."""
+    world, g = c.nodes * c.gpus, c.gpus
+    pid0 = c.procs[0].pid
+    maps0 = cluster.maps_named(pid0, "rw-fake-cuda")  # the ranks' buffers it maps (stand-in)
+    open(hang, "w").close()
+    cuda = [(r, c.rank(r, group, 1, 1, seed, mode="fail", flags=["--cuda"]))
+            for r in range(world)]
+    check(all(wait_line(p, "submitted") for _, p in cuda), "%s: every rank submitted" % group)
+    time.sleep(0.5)  # node 0 has staged them (its loop is idle otherwise)
+    cuda[g][1].kill()  # node 1's first rank: both nodes' pairs fail
+    res1 = cluster.outputs(cuda[g + 1:])
+    check(all(v[0] == 0 and "failed as expected" in v[1] for v in res1.values()),
+          "%s: node 1's other ranks failed at once: %s" % (group, res1))
+    time.sleep(1.5)
+    check(all(p.poll() is None for _, p in cuda[:g]),
+          "%s: node 0's CUDA ranks not answered while their copies are hung" % group)
+    check(int(summary(c, 0).get("gpu_held_bytes", "0")) > 0 and
+          summary(c, 0).get("gpus_stalled") == "0",
+          "%s: their staging held, GPU 0 not declared stalled (gpu_stall_ms 60000)" % group)
+    if leave:
+        for _, p in cuda[:g]:
+            p.kill()
+            p.wait()
+        check(wait_for("node 0 to see them go", lambda: "group=%s " % group not in
+                       c.stats(0, "stats clients")),
+              "%s: node 0's CUDA ranks left while their answers were held" % group)
+        check(cluster.maps_named(pid0, "rw-fake-cuda") > maps0,
+              "%s: their CUDA buffers stay mapped in node 0 for the copies (%d > %d)"
+              % (group, cluster.maps_named(pid0, "rw-fake-cuda"), maps0))
+    os.unlink(hang)
+    res0 = cluster.outputs(cuda[:g])
+    check(wait_for("the staging to be freed", lambda: summary(c, 0).get("gpu_held_bytes") == "0"),
+          "%s: the copies landed, the staging freed" % group)
+    check(wait_for("the buffers to be unmapped",
+                   lambda: cluster.maps_named(pid0, "rw-fake-cuda") == maps0),
+          "%s: then node 0 maps no buffer of the job's ranks" % group)
+    return res0
+
+
+def scenario_late(tmp, seed):
+    """A failed pair's CUDA ranks get their error only once the copies into their memory
+    landed (the hang lifted before the stall bound); ranks that leave before it keep their
+    buffers mapped in the daemon until then, so the late copies reach nothing unmapped."""
+    tmp = os.path.join(tmp, "late")
+    os.mkdir(tmp)
+    hang = os.path.join(tmp, "hang")
+    c = cluster.Cluster(tmp, 2, extra=dict(AREA, gpu_stall_ms=60000))
+    c.env.update(RW_CUDA_DRIVER=cluster.FAKE_CUDA)
+    c.node_env[0] = {"RW_FAKE_CUDA_HANG": hang}
+    try:
+        c.start_all()
+        res = late_round(c, hang, "late.answer", seed, False)
+        check(all(v[0] == 0 and "failed as expected" in v[1] and "left" in v[1] and
+                  "stalled" not in v[1] for v in res.values()),
+              "answered late: node 0's CUDA ranks failed once their copies landed, naming the "
+              "leave: %s" % {r: v[1][-200:] for r, v in res.items()})
+        late_round(c, hang, "late.leave", seed + 1, True)
+        host = [(r, c.rank(r, "late.host", 2, 5, seed)) for r in range(c.nodes * c.gpus)]
+        outs = c.collect(host)
+        check(all("5 steps x 2 layers verified" in outs[r] for r in outs),
+              "after the late copies: node 0 serves a host job")
+    finally:
+        c.stop()  # raises unless every daemon exits 0 (ASan: no report, no leak)
+
+
 def main():
     if not cluster.built(cluster.DAEMON, cluster.RANK, cluster.PAGERANK) or \
             not os.path.exists(cluster.FAKE_CUDA):
@@ -171,7 +257,8 @@ def main():
         return 77
     seed = cluster.test_seed()
     with tempfile.TemporaryDirectory(prefix="rwgpuhang.", dir="/tmp") as tmp:
-        check.scenarios([("hung gpu", scenario_hang)], tmp, seed)
+        check.scenarios([("hung gpu", scenario_hang), ("answered late", scenario_late)], tmp,
+                        seed)
     return check.exit_code()
 
 
