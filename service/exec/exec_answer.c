@@ -50,30 +50,47 @@ static rw_cqe_t cqe_for(const rw_sqe_t *sqe, uint8_t status)
 	return c;
 }
 
-void exec_answer_err(exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe, rw_status_t st,
-		     int remote, const char *msg)
+/* The GPU a stream-ordered submission's flag lies on when it is stalled, else -1: its flag is
+ * a synchronous write (rw_ipc_signal_now), which would hold the loop. */
+static int flag_stalled(const rw_ipc_client_t *client, const rw_sqe_t *sqe)
+{
+	rw_ipc_event_t ev;
+	if (!(sqe->flags & RW_SQE_SIGNAL) || rw_ipc_event_lookup(client, sqe->event_id, &ev) != RW_OK)
+		return -1;
+	return rw_svc_gpu_stalled(ev.device, NULL, 0) ? ev.device : -1;
+}
+
+int exec_answer_err(exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe, rw_status_t st,
+		    int remote, const char *msg)
 {
 	if (!x->ipc)
-		return;
+		return 0;
 	int code = exec_client_code(st, remote);
 	rw_ipc_client_notice(x->ipc, client, code, msg && msg[0] ? msg : rw_status_str(st));
-	rw_ipc_signal_now(client, sqe); /* stream order: the flag before the CQE, errors too */
+	const int stalled = flag_stalled(client, sqe);
+	if (stalled < 0)
+		rw_ipc_signal_now(client, sqe); /* stream order: the flag before the CQE, errors too */
+	else
+		rw_warn("local rank %u: the completion flag of a failed submission is not written "
+			"now: GPU %d is stalled", rw_ipc_client_info(client)->rank, stalled);
 	rw_cqe_t c = cqe_for(sqe, RW_CQ_ERROR);
 	c.error = code;
 	rw_ipc_complete(x->ipc, client, &c);
+	return stalled >= 0;
 }
 
-void exec_answer_sub_err(exec_t *x, const exec_sub_t *s, rw_status_t st, int remote,
-			 const char *msg)
+int exec_answer_sub_err(exec_t *x, const exec_sub_t *s, rw_status_t st, int remote,
+			const char *msg)
 {
 	if (!s->page_k)
 		return exec_answer_err(x, s->client, &s->sqe, st, remote, msg);
 	rw_page_head_t *pg = x->ipc ? rw_ipc_client_page(s->client, NULL) : NULL;
 	if (!pg)
-		return;
+		return 0;
 	const int code = exec_client_code(st, remote);
 	rw_ipc_client_notice(x->ipc, s->client, code, msg && msg[0] ? msg : rw_status_str(st));
 	rw_page_fail(pg, s->page_k, code); /* P6: the status, then the words its stream waits on */
+	return 0;
 }
 
 void exec_answer_dispatch(exec_t *x, exec_pair_t *p, uint32_t g)
@@ -123,6 +140,8 @@ struct exec_late {
 	struct exec_late *next;
 	exec_sub_t sub;              /* sub.client NULL once the rank left */
 	int owed;                    /* its answer not sent yet */
+	int flag_owed;               /* answered without its stream-ordered flag (GPU stalled):
+				      * written once the copies landed */
 	rw_svc_stage_fence_t fence;
 	rw_ipc_keep_t *keep;         /* its CUDA mappings */
 	rw_status_t st;
@@ -138,14 +157,25 @@ static void late_answer(exec_t *x, struct exec_late *l, int stalled)
 	l->owed = 0;
 	if (!owed || !l->sub.client)
 		return;
-	if (stalled < 0)
-		return exec_answer_sub_err(x, &l->sub, l->st, l->remote, l->msg);
+	if (stalled < 0) {
+		exec_answer_sub_err(x, &l->sub, l->st, l->remote, l->msg);
+		return;
+	}
 	char why[2 * RW_SVC_WHY_MAX];
 	snprintf(why, sizeof(why), "GPU %d stalled, copies into this rank may still land: %s",
 		 stalled, l->msg);
 	rw_warn("local rank %u answered with its copies still queued on stalled GPU %d: %s",
 		rw_ipc_client_info(l->sub.client)->rank, stalled, l->msg);
-	exec_answer_sub_err(x, &l->sub, l->st, l->remote, why);
+	l->flag_owed = exec_answer_sub_err(x, &l->sub, l->st, l->remote, why);
+}
+
+/* The copies landed (the GPU moves again): the flag its answer went without, if its rank
+ * stayed. */
+static void late_flag(struct exec_late *l)
+{
+	if (l->flag_owed && l->sub.client)
+		rw_ipc_signal_now(l->sub.client, &l->sub.sqe);
+	l->flag_owed = 0;
 }
 
 /* Answer what is owed once landed or stalled; 1 once the copies landed (the entry can go). */
@@ -174,8 +204,10 @@ void exec_answer_late(exec_t *x, const exec_sub_t *s, const rw_svc_stage_fence_t
 		      rw_status_t st, int remote, const char *msg)
 {
 	struct exec_late *l = calloc(1, sizeof(*l));
-	if (!l)
-		return exec_answer_sub_err(x, s, st, remote, msg);
+	if (!l) {
+		exec_answer_sub_err(x, s, st, remote, msg);
+		return;
+	}
 	*l = (struct exec_late){ .sub = *s, .owed = 1, .fence = *f, .st = st, .remote = remote };
 	snprintf(l->msg, sizeof(l->msg), "%s", msg);
 	late_hold(x, l, s->client);
@@ -202,6 +234,7 @@ void exec_answer_late_sweep(exec_t *x)
 			continue;
 		}
 		*lp = l->next;
+		late_flag(l);
 		rw_ipc_keep_drop(x->ipc, l->keep);
 		free(l);
 	}

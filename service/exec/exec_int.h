@@ -445,13 +445,16 @@ static inline uint32_t exec_all_local(const exec_t *x) { return (uint32_t)((1ull
 /* ---- exec_answer.c: completions to the ranks --------------------------------------------- */
 /* The client's code for an internal status (`remote`: a peer's failure). */
 int exec_client_code(rw_status_t st, int remote);
-/* Answer a submission with an error: `msg` first (rw_client_last_message), then the CQE. */
-void exec_answer_err(exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe, rw_status_t st,
-		     int remote, const char *msg);
+/* Answer a submission with an error: `msg` first (rw_client_last_message), then the CQE. A
+ * stream-ordered submission's flag is written before (rw_ipc_signal_now), unless its GPU is
+ * stalled (that synchronous write would hold the loop): then it is not, logged, and 1 is
+ * returned (the caller may write it once the GPU moves again). */
+int exec_answer_err(exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe, rw_status_t st,
+		    int remote, const char *msg);
 /* The same for a pair's submission: a page rank's phase fails on its page (the sentence, then
  * status and the owed words: ipc/page.h rw_page_fail), a ring rank's as above. */
-void exec_answer_sub_err(exec_t *x, const exec_sub_t *s, rw_status_t st, int remote,
-			 const char *msg);
+int exec_answer_sub_err(exec_t *x, const exec_sub_t *s, rw_status_t st, int remote,
+			const char *msg);
 /* A failed pair's rank whose CUDA memory copies the mover queued may still touch (mover op
  * fence, *f where they end, looked at with rw_svc_stage_fenced) gets its error once they
  * landed, never before (a retry would reuse the buffers, a leave unmap them): its CUDA mappings

@@ -51,6 +51,9 @@ struct rw_ipc_client {
 	char notice[128];            /* the last notice (why a submission failed) */
 	uint32_t n_notices;
 	unsigned keeps;              /* rw_ipc_client_keep's not yet dropped: its buffers stay */
+	uint32_t event_id;           /* its one stream-order event (0: none), flag on device 0 */
+	rw_cuda_dptr_t flag;
+	uint32_t flags_written;      /* by rw_ipc_signal_now */
 	struct rw_ipc_keep {
 		struct rw_ipc_client *c;
 	} keep;
@@ -130,6 +133,10 @@ static void client_release_bufs(rw_ipc_client_t *c)
 		c->buf[i].mem = NULL;
 		c->buf[i].known = 0;
 	}
+	if (c->flag)
+		rw_cuda_mem_free(0, c->flag);
+	c->flag = 0;
+	c->event_id = 0;
 }
 
 void fk_world_free(fk_world_t *w)
@@ -986,10 +993,30 @@ void *rw_ipc_client_data(const rw_ipc_client_t *client) { return client->data; }
  * by the executor (unknown event), and there is never a flag to write. */
 rw_status_t rw_ipc_event_lookup(const rw_ipc_client_t *client, uint32_t id, rw_ipc_event_t *ev_p)
 {
-	(void)client, (void)id, (void)ev_p;
-	return RW_ERR_NOTFOUND;
+	if (!client->event_id || id != client->event_id)
+		return RW_ERR_NOTFOUND;
+	*ev_p = (rw_ipc_event_t){ .id = id, .device = 0, .event = NULL, .flag_dptr = client->flag };
+	return RW_OK;
 }
-void rw_ipc_signal_now(rw_ipc_client_t *client, const rw_sqe_t *sqe) { (void)client, (void)sqe; }
+
+/* As ipc/server_event.c: the flag written synchronously (the stand-in's memory), counted */
+void rw_ipc_signal_now(rw_ipc_client_t *client, const rw_sqe_t *sqe)
+{
+	if (!(sqe->flags & RW_SQE_SIGNAL) || sqe->event_id != client->event_id || !client->flag)
+		return;
+	if (rw_cuda_write_u32(0, client->flag, sqe->output.reserved) == RW_OK)
+		client->flags_written++;
+}
+
+uint32_t *fk_client_flag_event(rw_ipc_client_t *c, uint32_t id)
+{
+	if (!c->flag && rw_cuda_mem_alloc(0, 64, &c->flag) != RW_OK)
+		return NULL;
+	c->event_id = id;
+	return (uint32_t *)(uintptr_t)c->flag;
+}
+
+uint32_t fk_client_flags_written(const rw_ipc_client_t *c) { return c->flags_written; }
 
 /* ---- fake clients --------------------------------------------------------------------------- */
 

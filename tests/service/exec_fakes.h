@@ -164,5 +164,9 @@ const char *fk_client_notice(const rw_ipc_client_t *c);
 /* Keeps of its buffers the service holds (rw_ipc_client_keep): while any is held after the
  * client left, its buffers are still allocated. */
 unsigned fk_client_keeps(const rw_ipc_client_t *c);
+/* Give the client stream-order event `id` whose flag is a word of the stand-in's device 0
+ * memory (returned: host-addressable); rw_ipc_signal_now writes it and counts. */
+uint32_t *fk_client_flag_event(rw_ipc_client_t *c, uint32_t id);
+uint32_t fk_client_flags_written(const rw_ipc_client_t *c);
 
 #endif /* RW_TEST_EXEC_FAKES_H */

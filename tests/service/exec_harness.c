@@ -420,6 +420,11 @@ void dispatch_submit(cl_t *c, uint32_t r, uint32_t step, uint32_t layer, const s
 		s.flags = RW_SQE_WAIT_EVENT;
 		s.event_id = so->wait_event;
 	}
+	if (so && so->signal_event) {
+		s.flags |= RW_SQE_SIGNAL;
+		s.event_id = so->signal_event;
+		s.output.reserved = so->flag_value;
+	}
 	t->ds = s;
 	fk_client_submit(t->c, &s);
 }

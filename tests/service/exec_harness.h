@@ -162,6 +162,8 @@ typedef struct sub_opts {
 	uint64_t output_capacity;  /* 0: all of it */
 	int local_only;            /* every id moved to an expert of the rank's own node */
 	uint32_t wait_event;       /* != 0: stream-ordered (RW_SQE_WAIT_EVENT) on this event id */
+	uint32_t signal_event;     /* != 0: RW_SQE_SIGNAL, flag_value into this event's flag */
+	uint32_t flag_value;
 } sub_opts_t;
 
 void dispatch_submit(cl_t *c, uint32_t r, uint32_t step, uint32_t layer, const sub_opts_t *so);

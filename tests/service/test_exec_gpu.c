@@ -176,6 +176,46 @@ static void test_cuda_stall(void **state)
 	cl_free(c);
 }
 
+/* A stream-ordered CUDA rank (RW_SQE_SIGNAL) whose GPU stalls with its copies queued: its error
+ * goes out once the stall is declared, but its flag, a synchronous write on that GPU that would
+ * hold the loop, is not written then; it is written once the copies landed (docs/rankpath.md
+ * "A hung GPU"). */
+static void test_cuda_stall_flag(void **state)
+{
+	(void)state;
+	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+		skip();
+	opts_t o = { .nodes = 2, .path = "native", .tokens = 20 };
+	cl_t *c = cl_new(&o, 890);
+	fk_client_die(c->rk[3].c);
+	settle(c);
+	rank_connect_cuda(c, 3);
+	run_pair(c, 0, 1);
+	volatile uint32_t *flag = fk_client_flag_event(c->rk[3].c, 5);
+	assert_non_null(flag);
+	*flag = 0;
+	rw_svc_gpu_stall_set(50);
+	fake_cuda_hold(1);
+	const sub_opts_t so = { .signal_event = 5, .flag_value = 9 };
+	for (uint32_t r = 0; r < c->W; r++)
+		dispatch_submit(c, r, 0, 0, r == 3 ? &so : NULL);
+	for (uint32_t r = 0; r < c->W; r++) {
+		rw_cqe_t q = next_cqe(c, r);
+		CHECK(q.status == RW_CQ_ERROR, "stalled: rank %u: status %u", r, q.status);
+	}
+	assert_non_null(strstr(fk_client_notice(c->rk[3].c), "GPU 0 stalled, copies"));
+	assert_int_equal(fk_client_flags_written(c->rk[3].c), 0); /* not on the stalled GPU */
+	assert_int_equal(*flag, 0);
+	fake_cuda_hold(0);
+	settle(c);
+	assert_int_equal(fk_client_flags_written(c->rk[3].c), 1); /* once its copies landed */
+	assert_int_equal(*flag, 9);
+	rw_svc_gpu_stall_set(0);
+	expect_no_timeouts(c);
+	retry_key(c, 0, 0);
+	cl_free(c);
+}
+
 /* ================================================================================================
  * The count row on the GPU (docs/dataflow.md "Count on the GPU"): the CUDA mover listed first, as
  * main.c lists it, on the kernel stand-in (tests/integration/libfakecuda_kern.so, whose kernels
@@ -426,6 +466,7 @@ int exec_gpu_run(void)
 		cmocka_unit_test(test_cuda_rank_lost),
 		cmocka_unit_test(test_cuda_answer_late),
 		cmocka_unit_test(test_cuda_stall),
+		cmocka_unit_test(test_cuda_stall_flag),
 		cmocka_unit_test(test_cuda_combine_order),
 		cmocka_unit_test(test_gpu_count_paths),
 		cmocka_unit_test(test_gpu_count_mixed),
