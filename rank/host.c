@@ -244,6 +244,10 @@ int rw_rank_host_drive(rw_client_rank_t *r, uint64_t target, int timeout_ms)
 		else
 			rw_cuda_cpu_reduce(&ph->u.c.re, par);
 		word_store(r, RW_PW_DONE, k); /* P5 */
+		/* Before the status read that follows (rw_client_rank_wait): the daemon stores a
+		 * failure's status and then reads done (exec.c, page_rows_taken), so one of the two
+		 * sees the other's store. The futex wake's syscall orders it too, but not by contract. */
+		atomic_thread_fence(memory_order_seq_cst);
 		h->driven = k;
 		h->stage = 0;
 	}
