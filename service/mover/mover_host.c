@@ -177,8 +177,7 @@ static int host_fence(void *mover, void *state, uint32_t g, rw_svc_stage_fence_t
 {
 	host_mover_t *m = mover;
 	const host_pair_t *hp = state;
-	return g < RW_MAX_GPUS && hp->devs[g] && (hp->pending || hp->loose) &&
-	       rw_svc_stage_fence(m->stage, hp->devs[g], f);
+	return rw_svc_stage_rank_fence(m->stage, hp->devs, hp->pending || hp->loose, g, f);
 }
 
 static void host_close(void *mover, void *state)

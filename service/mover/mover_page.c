@@ -1111,8 +1111,7 @@ static int pm_fence(void *mover, void *state, uint32_t g, rw_svc_stage_fence_t *
 {
 	page_mover_t *m = mover;
 	const page_pair_t *pp = state;
-	return g < RW_MAX_GPUS && pp->devs[g] && (pp->pending || pp->loose) &&
-	       rw_svc_stage_fence(m->stage, pp->devs[g], f);
+	return rw_svc_stage_rank_fence(m->stage, pp->devs, pp->pending || pp->loose, g, f);
 }
 
 static void pm_close(void *mover, void *state)

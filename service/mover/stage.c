@@ -324,6 +324,12 @@ int rw_svc_stage_fence(rw_svc_stage_t *s, uint64_t devs, rw_svc_stage_fence_t *f
 	return f->devs != 0;
 }
 
+int rw_svc_stage_rank_fence(rw_svc_stage_t *s, const uint64_t *devs, int unsettled, uint32_t g,
+			    rw_svc_stage_fence_t *f)
+{
+	return g < RW_MAX_GPUS && devs[g] && unsettled && rw_svc_stage_fence(s, devs[g], f);
+}
+
 int rw_svc_stage_fenced(const rw_svc_stage_fence_t *f, int *stalled_p)
 {
 	const rw_svc_stage_t *s = f->stage;

@@ -87,6 +87,11 @@ typedef struct rw_svc_stage_fence {
 /* Fill *f for the copies enqueued on `devs` so far (a device with copies behind its last mark
  * gets a mark of the stage's own, reported to nobody). Returns 0 when they are all idle. */
 int rw_svc_stage_fence(rw_svc_stage_t *stage, uint64_t devs, rw_svc_stage_fence_t *f);
+/* A pair's local rank g, whose copies went to the devices devs[g] (bit d): rw_svc_stage_fence
+ * of those, where the pair still has copies that may not have landed (`unsettled`), else 0.
+ * Every mover that stages a rank's copies answers its `fence` op with this. */
+int rw_svc_stage_rank_fence(rw_svc_stage_t *stage, const uint64_t *devs, int unsettled, uint32_t g,
+			    rw_svc_stage_fence_t *f);
 /* 1 once every copy *f covers has landed (or its stream faulted: a faulted context writes
  * nothing more); 0 while some may still land, with *stalled_p the first such device declared
  * stalled (-1: none). Never waits. */
