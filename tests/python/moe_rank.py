@@ -49,8 +49,12 @@ def workload(seed, step, E, dtype, router):
 
 
 def reference(ranks, experts, router_w, dtype, router):
-    """The layer in one process: per source rank, output and gradients of sum(out * gout)."""
-    params = [(a.to(dtype).requires_grad_(), b.to(dtype).requires_grad_()) for a, b in experts]
+    """The layer in one process: per source rank, output and gradients of sum(out * gout).
+    The experts' gradients are of fresh copies: .to() of an fp32 tensor to fp32 is the tensor
+    itself, whose .grad would gather every call's gradients (a caller reusing its experts over
+    steps got step 0's added to step 1's)."""
+    params = [(a.detach().to(dtype, copy=True).requires_grad_(),
+               b.detach().to(dtype, copy=True).requires_grad_()) for a, b in experts]
     res = []
     for x0, idx0, w0, gout in ranks:
         x = x0.clone().requires_grad_()
@@ -86,11 +90,15 @@ def close(a, b, dtype, zeros_for_none=False, bound=2 ** -6):
     """a (RailWave's) equals b (the reference's): exactly for fp32, within bf16's rounding.
     None (no gradient) equals only None; with zeros_for_none an a of zeros also equals a b of
     None: railwave.MoE on a rank that received no rows of a frozen router's dispatch makes its
-    output depend on an expert (a zero gradient) that the reference never used."""
+    output depend on an expert (a zero gradient) that the reference never used. a and b in the
+    same memory is an error: such a check passes whatever RailWave computed (CPU tensors,
+    where .to(device) copies nothing, once hid a wrong reference that way)."""
     if b is None:
         return a is None or (zeros_for_none and not a.any())
     if a is None:
         return False
+    if a.numel() and a.device == b.device and a.data_ptr() == b.data_ptr():
+        raise AssertionError("a check compares a tensor with the reference's own memory")
     a, b = a.float(), b.float()
     if a.shape != b.shape:
         return False
@@ -602,19 +610,40 @@ def static_inputs(seed, step, E, dev, rank=None, dtype=torch.float32, gout=False
 
 def static_experts(seed, E, dtype, dev):
     """(every expert's weights as the reference takes them, this rank's as trainable
-    parameters on dev)."""
+    parameters on dev: copies on every device, so that on the stand-in's CPU tensors too
+    RailWave's gradients and the reference's are apart, as on a GPU)."""
     _, experts, _ = workload(seed, 0, E, dtype, dtype != torch.float32)
     per = E // WORLD
-    mine = [(a.to(dtype).to(dev).requires_grad_(), b.to(dtype).to(dev).requires_grad_())
+    mine = [(a.to(dtype).to(dev, copy=True).requires_grad_(),
+             b.to(dtype).to(dev, copy=True).requires_grad_())
             for a, b in experts[RANK * per:(RANK + 1) * per]]
     return experts, mine
 
 
-def static_layer(g, mine, x, idx, w, E, layer):
+def static_layer(g, mine, x, idx, w, E, layer, seen=None):
     """The MoE layer on a static Group, differentiable: dispatch -> dense experts -> combine,
-    nothing read back (capturable)."""
+    nothing read back (capturable). seen (a dict, not in a capture): gets the received rows
+    ("rx") and, in the backward, the gradient that reaches the experts' output ("gy")."""
     rx, ridx, rw, _, h = g.dispatch(x, idx, w, E, layer=layer, step=0)
-    return g.combine(dense_experts(mine, 0, rx, ridx, rw), h), h
+    y = dense_experts(mine, 0, rx, ridx, rw)
+    if seen is not None:
+        seen["rx"] = rx
+        y.register_hook(lambda gy: seen.__setitem__("gy", gy))
+    return g.combine(y, h), h
+
+
+def static_padding(what, h, seen):
+    """docs/python.md "Static mode": the rows past the received count are zero in recv_x, and
+    the gradient that reaches them in the backward is zero, so experts that compute on the
+    whole capacity add nothing from them to their weights' gradients."""
+    n = int(h.recv_n)
+    bad = []
+    if seen["rx"][n:].any():
+        bad.append("%s: recv_x rows past the received %d are not zero" % (what, n))
+    if "gy" not in seen or seen["gy"].shape[0] != h.num_recv or seen["gy"][n:].any():
+        bad.append("%s: the experts' output gradient past the received %d rows is %s" % (
+            what, n, "missing" if "gy" not in seen else "not zero"))
+    return bad
 
 
 def static_compare(what, dtype, got, ref, mine, ref_experts):
@@ -666,7 +695,7 @@ def cmd_static(c):
     """Static mode (docs/python.md "Static mode"): steps of dispatch -> experts -> combine with
     nothing read back; Group.check() after each phase (the host-visible call: on the stand-in
     it also lets the host compute on the rows); every output equal to the one-process
-    reference; the rows past the received count carry expert -1 and weight 0."""
+    reference; the rows past the received count are zero, with expert -1 and weight 0."""
     dev, E, seed = device(c), c["experts"], c["seed"]
     _, experts, _ = workload(seed, 0, E, torch.float32, False)
     per = E // WORLD
@@ -677,9 +706,10 @@ def cmd_static(c):
             rx, ridx, rw, counts, h = g.dispatch(x, idx, w, E, layer=11, step=0)
             g.check()
             n = int(h.recv_n)
-            if rx.shape[0] != g._rank.max_recv or (ridx[n:] != -1).any() or rw[n:].any():
+            if rx.shape[0] != g._rank.max_recv or (ridx[n:] != -1).any() or rw[n:].any() or \
+                    rx[n:].any():
                 raise AssertionError("static step %d: rows past the received %d are not "
-                                     "expert -1 / weight 0" % (step, n))
+                                     "zero, expert -1, weight 0" % (step, n))
             want = torch.stack([(ridx[:n] == e).sum() for e in range(per)]).cpu()
             if not torch.equal(counts.cpu(), want):
                 raise AssertionError("static step %d: counts %s, want %s" % (
@@ -713,7 +743,8 @@ def cmd_static_train(c):
                 x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
                 for a, b in mine:
                     a.grad = b.grad = None
-                out, h = static_layer(g, mine, x, idx, w, E, layer=13)
+                seen = {}
+                out, h = static_layer(g, mine, x, idx, w, E, layer=13, seen=seen)
                 if h.recv_n is None:
                     raise AssertionError("the dispatch did not run in static mode")
                 g.check()
@@ -722,6 +753,7 @@ def cmd_static_train(c):
                 ref, ref_experts = static_reference(seed, 100 + step, E, dtype, experts)
                 bad = static_compare("static step %d" % step, dtype, (out, x.grad, w.grad),
                                      ref, mine, ref_experts)
+                bad += static_padding("static step %d %s" % (step, dtype), h, seen)
                 if bad:
                     raise AssertionError("; ".join(bad))
             log.append("%d %s" % (steps, str(dtype).split(".")[1]))
