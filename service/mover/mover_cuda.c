@@ -4,7 +4,8 @@
  * the return slabs and, per owner token, into its output row — and the loop's CPU only writes record
  * headers, metadata and the row lists the kernels follow. The slabs are the mesh's host memory,
  * registered and mapped into the GPUs, so kernels read and write them directly (no staging
- * copy). Completions come back as stream marks on an eventfd watched by the loop. The arithmetic
+ * copy). Its streams are two stages' (service/mover/stage.c: marks on an eventfd watched by the
+ * loop, the stall bound, fences), so nothing here waits for a GPU. The arithmetic
  * is the host mover's (service/mover/mover_host.c, service/phase/forward.c): fp32 sums in the same order
  * (service/mover/mover_owner.c), bf16 rounded by the same formula. RAILWAVE_CUDA_MOVER=0 turns it off, =check verifies every
  * row it copies (docs/dataflow.md "Test hooks"). */
@@ -85,35 +86,89 @@ static void mark_done(cuda_mover_t *m, uint64_t token)
 	}
 }
 
-static void dev_io_cb(struct ev_loop *loop, ev_io *w, int revents)
+/* Free the held memory whose marks landed on both lanes (or whose streams faulted); the timer
+ * runs while some is held. */
+static void held_sweep(cuda_mover_t *m)
+{
+	for (cm_held_t **hp = &m->held; *hp;) {
+		cm_held_t *h = *hp;
+		int stalled;
+		if (!rw_svc_stage_fenced(&h->f[0], &stalled) || !rw_svc_stage_fenced(&h->f[1], &stalled)) {
+			hp = &h->next;
+			continue;
+		}
+		*hp = h->next;
+		rw_svc_gpu_held(-(int64_t)h->tab.size);
+		rw_svc_pinned_free(&h->tab);
+		for (uint32_t i = 0; i < h->n_blk; i++)
+			rw_cuda_mem_free(h->blk[i].dev, h->blk[i].ptr);
+		free(h);
+	}
+	rw_svc_stage_watch(m->loop, &m->held_watch, m->held != NULL);
+}
+
+static void held_watch_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	(void)loop, (void)revents;
-	cm_dev_t *d = w->data;
-	cuda_mover_t *m = d->m;
-	uint64_t tokens[CM_POLL_BATCH];
-	for (;;) {
-		if (!d->stream)
-			return;
-		int n = rw_cuda_stream_poll(d->stream, tokens, CM_POLL_BATCH);
-		if (n < 0) {
-			/* A faulted stream never completes its marks: every pending op fails. */
-			rw_err("cuda mover: stream of device %d failed: %s", rw_cuda_stream_device(d->stream),
-			       rw_status_str((rw_status_t)n));
-			cm_dev_drop(m, d);
-			for (cm_pair_t *cp = m->pairs; cp; cp = cp->next) {
-				cp->pending = cp->marks_c = cp->marks_pk = 0;
-				cp->pulls_left = 0;
-				cp->fin_wait = 0;
-				memset(cp->marks_d, 0, sizeof(cp->marks_d));
+	held_sweep(w->data);
+}
+
+/* The next pair with marks pending on a lane of a stalled device: given up (its marks, if they
+ * land, are reported to nobody; what it may still touch is held at quiesce), its serial and a
+ * local rank with memory there (the executor names the device from the rank's spans). */
+static int stalled_pair(cuda_mover_t *m, int device, uint32_t *serial_p, uint32_t *g_p)
+{
+	for (cm_pair_t *cp = m->pairs; cp; cp = cp->next) {
+		if (!cp->pending || !((cp->devs | cp->pull_devs) >> device & 1))
+			continue;
+		cp->pending = cp->marks_c = cp->marks_pk = 0;
+		cp->pulls_left = 0;
+		cp->fin_wait = 0;
+		memset(cp->marks_d, 0, sizeof(cp->marks_d));
+		cp->loose = 1;
+		*serial_p = cp->serial;
+		*g_p = 0;
+		for (uint32_t g = 0; g < cp->gpus && g < RW_MAX_GPUS; g++)
+			for (int k = 0; k < 2; k++) {
+				const rw_svc_rank_io_t *io = &cp->ph->io[k][g];
+				if (io->in[0].dev == device || io->in[1].dev == device ||
+				    io->in[2].dev == device || io->out.dev == device) {
+					*g_p = g;
+					return 1;
+				}
 			}
-			m->done(m->ctx, 0, RW_MV_OP_ALL, 0, (rw_status_t)n);
-			return;
-		}
-		for (int i = 0; i < n; i++)
-			mark_done(m, tokens[i]);
-		if (n < CM_POLL_BATCH)
-			return;
+		return 1;
 	}
+	return 0;
+}
+
+/* A lane's report (service/mover/stage.c, from the loop): a mark landed, a device's marks
+ * stopped for the stall bound, or a stream faulted. */
+static void lane_done(void *ctx, uint64_t token, rw_status_t st)
+{
+	cuda_mover_t *m = ctx;
+	const int stalled = rw_svc_stage_dev_of(token);
+	if (token == RW_SVC_STAGE_ALL) {
+		/* A faulted stream never completes its marks: every pending op fails. */
+		rw_err("cuda mover: a stream failed: %s", rw_status_str(st));
+		for (cm_pair_t *cp = m->pairs; cp; cp = cp->next) {
+			cp->loose |= cp->pending != 0;
+			cp->pending = cp->marks_c = cp->marks_pk = 0;
+			cp->pulls_left = 0;
+			cp->fin_wait = 0;
+			memset(cp->marks_d, 0, sizeof(cp->marks_d));
+		}
+		m->done(m->ctx, 0, RW_MV_OP_ALL, 0, st);
+	} else if (stalled >= 0) {
+		/* Each pair with marks pending on it fails, named (a report may end a pair: the
+		 * search starts over each time). */
+		uint32_t serial, g;
+		while (stalled_pair(m, stalled, &serial, &g))
+			m->done(m->ctx, serial, RW_MV_OP_FINISH, g, st);
+	} else {
+		mark_done(m, token);
+	}
+	held_sweep(m);
 }
 
 /* ---- pools: mapped slab areas, device blocks, pinned row lists ---------------------------------- */
@@ -127,9 +182,22 @@ static rw_status_t cm_create(struct ev_loop *loop, rw_svc_mover_done_fn done, vo
 	if (!m)
 		return RW_ERR_NOMEM;
 	m->loop = loop;
-	m->io_cb = dev_io_cb;
 	m->done = done;
 	m->ctx = ctx;
+	ev_init(&m->held_watch, held_watch_cb);
+	m->held_watch.data = m;
+	rw_status_t st = rw_svc_stage_create(loop, lane_done, m, &m->st);
+	if (st == RW_OK)
+		st = rw_svc_stage_create(loop, lane_done, m, &m->pst);
+	if (st != RW_OK) {
+		rw_svc_stage_destroy(m->st);
+		free(m);
+		return st;
+	}
+	/* The host mover, destroyed after this one, may still hold streams and the ranks' pinned
+	 * staging in the same primary contexts: its stage shuts CUDA down. */
+	rw_svc_stage_keep_cuda(m->st);
+	rw_svc_stage_keep_cuda(m->pst);
 	const char *e = getenv("RAILWAVE_CUDA_MOVER");
 	if (e && strcmp(e, "0") == 0) {
 		m->off = 1;
@@ -144,12 +212,40 @@ static rw_status_t cm_create(struct ev_loop *loop, rw_svc_mover_done_fn done, vo
 	return RW_OK;
 }
 
+/* Waits for the lanes of every device that is not stalled; a stalled device's streams are
+ * abandoned (service/mover/stage.c), and what its queued work may still touch — held memory,
+ * pooled blocks, the mapped slab areas — is left to the process's exit, never freed under it. */
 static void cm_destroy(void *mover)
 {
 	cuda_mover_t *m = mover;
-	for (int d = 0; d < CM_DEVICES; d++) {
-		cm_dev_drop(m, &m->pull[d]);
-		cm_dev_drop(m, &m->dev[d]);
+	uint64_t stuck = 0;
+	for (int d = 0; d < CM_DEVICES; d++)
+		if (rw_svc_gpu_stalled(d, NULL, 0))
+			stuck |= 1ull << d;
+	rw_svc_stage_fence_t f[2];
+	uint64_t busy = rw_svc_stage_fence(m->st, UINT64_MAX, &f[0]) ? f[0].devs : 0;
+	busy |= rw_svc_stage_fence(m->pst, UINT64_MAX, &f[1]) ? f[1].devs : 0;
+	stuck &= busy;
+	rw_svc_stage_destroy(m->pst);
+	rw_svc_stage_destroy(m->st);
+	ev_timer_stop(m->loop, &m->held_watch);
+	for (cm_held_t *h = m->held, *nx; h; h = nx) {
+		nx = h->next;
+		rw_svc_gpu_held(-(int64_t)h->tab.size);
+		if ((h->f[0].devs | h->f[1].devs) & stuck) {
+			rw_warn("cuda mover: %zu bytes of row lists and %u device blocks left to a stalled "
+				"GPU's kernels", h->tab.size, h->n_blk);
+		} else {
+			rw_svc_pinned_free(&h->tab);
+			for (uint32_t i = 0; i < h->n_blk; i++)
+				rw_cuda_mem_free(h->blk[i].dev, h->blk[i].ptr);
+		}
+		free(h);
+	}
+	if (stuck) {
+		rw_warn("cuda mover: the pools and mapped slab areas left to a stalled GPU's kernels");
+		free(m);
+		return;
 	}
 	for (int i = 0; i < CM_BLOCKS; i++)
 		if (m->blk[i].ptr)
@@ -158,8 +254,6 @@ static void cm_destroy(void *mover)
 		rw_svc_pinned_free(&m->tabs[i].buf);
 	for (uint32_t i = 0; i < m->n_reg; i++)
 		rw_cuda_host_unregister(m->reg[i].base);
-	/* No rw_cuda_shutdown() here: the host mover (destroyed after us) may still hold streams
-	 * and the ranks' pinned staging in the same primary contexts; its stage releases them. */
 	free(m);
 }
 
@@ -207,19 +301,98 @@ static rw_status_t cm_open(void *mover, const rw_svc_phase_t *ph, void **state_p
 	return RW_OK;
 }
 
+/* Whether work of cp may not have landed: marks pending or given up, or work with no mark. */
+static int cm_unsettled(const cm_pair_t *cp)
+{
+	return cp->pending || cp->loose || cp->dirty;
+}
+
+/* The ranks whose memory the pair's kernels and copies may touch: every rank with CUDA memory,
+ * against every device the pair used (a kernel on one reads other devices' memory, peer
+ * access); a host-memory rank's bytes only ever pass through its pinned staging. */
+static void cm_rank_devs(const cm_pair_t *cp, uint64_t *devs, int cuda_only)
+{
+	for (uint32_t g = 0; g < RW_MAX_GPUS; g++) {
+		int cuda = 0;
+		for (int k = 0; k < 2 && g < cp->gpus; k++) {
+			const rw_svc_rank_io_t *io = &cp->ph->io[k][g];
+			cuda |= io->in[0].dev >= 0 || io->in[1].dev >= 0 || io->in[2].dev >= 0 ||
+				io->out.dev >= 0;
+		}
+		devs[g] = g < cp->gpus && (cuda || !cuda_only) ? cp->devs : 0;
+	}
+}
+
+/* Nothing here waits for a GPU (docs/rankpath.md "A hung GPU"): where the pair's work may not
+ * have landed, a mark of quiesce's own goes behind it on each device that has none (reported,
+ * so the held memory is looked at once it lands), the ranks' pinned staging is handed to the
+ * stage, and the pair's row lists and device blocks leave the pools for the held list; all of
+ * it is freed once every mark made on the pair's devices up to now has landed. The executor
+ * answers a CUDA rank once its own memory is out of reach (cm_fence). */
 static void cm_quiesce(void *mover, void *state)
 {
-	(void)mover;
+	cuda_mover_t *m = mover;
 	cm_pair_t *cp = state;
-	if (cp->pending || cp->dirty) {
-		/* Kernels or copies touching ranks' memory (or pooled blocks) may still run: wait
-		 * (failure path; on success every device's last work is marked and done). */
-		cm_pair_sync(cp);
+	if (cm_unsettled(cp)) {
+		for (int d = 0; d < CM_DEVICES; d++)
+			if (cp->dirty >> d & 1) /* refused on a stalled GPU: the fence marks it */
+				(void)rw_svc_stage_mark(m->st, d, cm_token(cp, OP_QUIET, (uint32_t)d));
+		uint64_t devs[RW_MAX_GPUS];
+		cm_rank_devs(cp, devs, 0);
+		rw_svc_stage_retire_pair(m->st, cp->ph, devs, 1);
+		rw_svc_stage_fence_t f[2];
+		const int busy = rw_svc_stage_fence(m->st, cp->devs, &f[0]) |
+				 rw_svc_stage_fence(m->pst, cp->pull_devs, &f[1]);
+		cm_held_t *h = busy ? calloc(1, sizeof(*h)) : NULL;
+		if (h) {
+			h->f[0] = f[0];
+			h->f[1] = f[1];
+			if (cp->tab >= 0) { /* the buffer moves out: the pool's next reserve gets new memory */
+				h->tab = m->tabs[cp->tab].buf;
+				m->tabs[cp->tab].buf = (rw_svc_pinned_t){ 0 };
+				m->tabs[cp->tab].busy = 0;
+				cp->tab = -1;
+				rw_svc_gpu_held((int64_t)h->tab.size);
+			}
+			for (int d = 0; d < CM_DEVICES; d++)
+				for (int k = 0; k < 2; k++) {
+					int *b = k ? &cp->cnt_blk[d] : &cp->zero_blk[d];
+					if (!*b)
+						continue;
+					h->blk[h->n_blk].dev = m->blk[*b - 1].dev;
+					h->blk[h->n_blk++].ptr = m->blk[*b - 1].ptr;
+					memset(&m->blk[*b - 1], 0, sizeof(m->blk[0])); /* a new one next */
+					*b = 0;
+				}
+			h->next = m->held;
+			m->held = h;
+			if (h->tab.ptr || h->n_blk)
+				rw_info("cuda mover: pair %u given up with its work queued: %zu bytes of row "
+					"lists and %u device blocks held until it lands", cp->serial,
+					h->tab.size, h->n_blk);
+		}
+		if (busy && !h) /* cannot track it: never freed rather than freed under a kernel */
+			rw_err("cuda mover: out of memory tracking pair %u's row lists and blocks a GPU may "
+			       "still use: left allocated", cp->serial);
 		cp->pending = cp->marks_c = cp->marks_pk = 0;
 		memset(cp->marks_d, 0, sizeof(cp->marks_d));
+		cp->loose = 0;
+		cp->dirty = 0;
+		held_sweep(m);
 	}
 	cp->pulls_left = 0; /* what a pull brought is not taken any more */
 	cp->fin_wait = 0;
+}
+
+/* A failed pair's rank g whose CUDA memory the pair's work may still read or write (its answer
+ * waits for it, or for the stall bound). */
+static int cm_fence(void *mover, void *state, uint32_t g, rw_svc_stage_fence_t *f)
+{
+	cuda_mover_t *m = mover;
+	const cm_pair_t *cp = state;
+	uint64_t devs[RW_MAX_GPUS];
+	cm_rank_devs(cp, devs, 1);
+	return rw_svc_stage_rank_fence(m->st, devs, cm_unsettled(cp), g, f);
 }
 
 static void cm_close(void *mover, void *state)
@@ -327,6 +500,10 @@ static rw_status_t cm_stage(void *mover, void *state, rw_svc_phase_t *ph,
 			    rw_svc_phase_kind_t kind, uint32_t g, int *pending_p, char *why)
 {
 	cm_pair_t *cp = state;
+	const uint32_t on = cm_span_devs(&ph->io[kind][g]) | 1u << cp->home;
+	for (int d = 0; d < CM_DEVICES; d++) /* named: refused until it moves again */
+		if ((on >> d & 1) && rw_svc_gpu_stalled(d, why, RW_SVC_WHY_MAX))
+			return RW_ERR_DEVICE;
 	if (kind == 1 && (cm_span_devs(&ph->io[1][g]) & ~cp->reach)) {
 		/* combine rows on a device the dispatch did not use: it and the pair's reach
 		 * each other too */
@@ -354,14 +531,15 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 	cuda_mover_t *m = mover;
 	cm_pair_t *cp = state;
 	const uint32_t G = ph->gpus;
+	if (!ph->pack_waits) { /* the loop never waits for the kernels (pack below) */
+		snprintf(why, RW_SVC_WHY_MAX, "the CUDA mover needs an executor that waits for its "
+			 "pack reports");
+		return RW_ERR_STATE;
+	}
 	if (!m->said_pack) {
 		m->said_pack = 1;
-		if (ph->pack_waits)
-			rw_info("cuda mover: the dispatch pack is asynchronous (the executor posts on the "
-				"kernels' completion report)");
-		else
-			rw_warn("cuda mover: the executor cannot wait for a pack report: the first dispatch "
-				"pack of each pair blocks the loop until its kernels are done");
+		rw_info("cuda mover: the dispatch pack is asynchronous (the executor posts on the "
+			"kernels' completion report)");
 	}
 	rw_status_t st = cm_map_areas(m, cp, ph, why);
 	if (st != RW_OK)
@@ -495,23 +673,13 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 
 /* The slabs were written ahead (dispatch: kernels launched at plan in pieces, each piece's
  * headers written when its marks complete; combine: with the ranks' staging), but a write may be
- * posted only once its bytes are there. An executor that waits for reports (ph->pack_waits)
- * posts what ready() offers and gets an RW_MV_OP_PACKED report as each further piece is in: the
- * loop never blocks. One that does not is served the old way: the first dispatch pack waits for
- * every kernel here. */
+ * posted only once its bytes are there: the executor (ph->pack_waits, which plan() requires)
+ * posts what ready() offers and gets an RW_MV_OP_PACKED report as each further piece is in; the
+ * loop never waits for the kernels. */
 static rw_status_t cm_pack(void *mover, void *state, const rw_svc_phase_t *ph,
 			   rw_svc_phase_kind_t kind, uint32_t d, char *why)
 {
-	(void)mover, (void)d;
-	cm_pair_t *cp = state;
-	if (kind != 0 || cp->packed || ph->pack_waits)
-		return RW_OK;
-	rw_status_t st = cm_pair_sync(cp);
-	if (st != RW_OK) {
-		snprintf(why, RW_SVC_WHY_MAX, "the dispatch pack kernels failed: %s", rw_status_str(st));
-		return RW_ERR_DEVICE;
-	}
-	cm_pack_all_done(cp);
+	(void)mover, (void)state, (void)ph, (void)kind, (void)d, (void)why;
 	return RW_OK;
 }
 
@@ -660,6 +828,7 @@ const rw_svc_mover_ops_t rw_svc_mover_cuda = {
 	.finish = cm_finish,
 	.result = cm_result,
 	.quiesce = cm_quiesce,
+	.fence = cm_fence,
 	.close = cm_close,
 	.count = cm_count,
 };

@@ -1,7 +1,6 @@
 /* The CUDA data mover's private header (service/mover/mover_cuda.c is the mover as the executor sees
  * it; service/mover/mover_cuda_run.c holds what it launches and keeps): its types and what the two
- * files share. mover_cuda.c calls mover_cuda_run.c, never the other way (a stream watcher
- * callback is handed over as a pointer). */
+ * files share. mover_cuda.c calls mover_cuda_run.c, never the other way. */
 #ifndef RW_SVC_MOVER_CUDA_INT_H
 #define RW_SVC_MOVER_CUDA_INT_H
 
@@ -16,17 +15,19 @@
 #define CM_REGS (2 * RW_MAX_RAILS * 4) /* mapped slot areas: slots x rails, with room */
 #define CM_BLOCKS 64    /* pooled device blocks (zero rows, count rows) */
 #define CM_TABS 4       /* pooled pinned row-list buffers (a pair holds one from plan to close) */
-#define CM_POLL_BATCH 64
 
 typedef struct cuda_mover cuda_mover_t;
 
-/* One device's stream; its completion eventfd is an ev_io on the loop. */
-typedef struct cm_dev {
-	rw_cuda_stream_t *stream;
-	ev_io io;
-	cuda_mover_t *m;
-	int kernels;                 /* 0 unknown, 1 loaded, -1 absent (logged once) */
-} cm_dev_t;
+/* Memory the kernels or copies of a pair that ended may still touch (cm_quiesce): the pair's
+ * row lists (pinned) and device blocks, moved out of the pools, freed once every mark made on
+ * the pair's devices up to then has landed on both lanes (cm_held_sweep). */
+typedef struct cm_held {
+	struct cm_held *next;
+	rw_svc_pinned_t tab;
+	struct { int dev; rw_cuda_dptr_t ptr; } blk[2 * CM_DEVICES];
+	uint32_t n_blk;
+	rw_svc_stage_fence_t f[2];   /* the main lanes', the pull lanes' */
+} cm_held_t;
 
 /* A row list of one device: entries are appended, [launched, n) not yet launched. Copy lists
  * use `copy`; sum lists `sum` with their source addresses in `src`. */
@@ -57,6 +58,8 @@ typedef struct cm_pair {
 	uint32_t reach;              /* devices made to reach each other's memory for this pair */
 	uint32_t dirty;              /* devices with work enqueued after their last mark */
 	uint32_t pending;            /* marks not yet completed */
+	int loose;                   /* marks given up (a stalled or faulted device): work of the
+	                                pair may still land */
 	uint32_t marks_d[RW_MAX_GPUS]; /* dispatch staging marks per rank */
 	uint32_t marks_c;            /* marks of the combine's slab and fold kernels */
 	uint32_t c_staged;           /* ranks whose combine rows are in (bit g) */
@@ -132,7 +135,6 @@ typedef struct cm_pair {
 
 struct cuda_mover {
 	struct ev_loop *loop;
-	void (*io_cb)(struct ev_loop *loop, ev_io *w, int revents); /* the stream watcher's */
 	rw_svc_mover_done_fn done;
 	void *ctx;
 	int off;                     /* RAILWAVE_CUDA_MOVER=0: decline every pair */
@@ -140,18 +142,23 @@ struct cuda_mover {
 	int said_pack;               /* how pack() waits was logged */
 	uint32_t peer_ok[CM_DEVICES]; /* bit b of [a]: kernels on a may touch b's memory (enabled) */
 	int said_count;              /* that count rows come from the GPU was logged */
-	cm_dev_t dev[CM_DEVICES];
+	int kernels[CM_DEVICES];     /* 0 unknown, 1 loaded, -1 absent (logged once) */
+	/* The lanes, one stream per device each (service/mover/stage.c: marks on an eventfd watched
+	 * by the loop, the stall bound, fences): the kernels and copies of the pairs; the header
+	 * pulls out of GPU slabs, so a pull never queues behind pack and forwards. */
+	rw_svc_stage_t *st, *pst;
 	cm_pair_t *pairs;
+	cm_held_t *held;
+	ev_timer held_watch;         /* while memory is held: looks whether its marks landed */
 	struct { uint8_t *base; uint64_t bytes; rw_cuda_dptr_t dptr; } reg[CM_REGS];
 	uint32_t n_reg;
 	struct { int dev; rw_cuda_dptr_t ptr; size_t size; int busy; } blk[CM_BLOCKS];
 	struct { rw_svc_pinned_t buf; int busy; } tabs[CM_TABS];
-	cm_dev_t pull[CM_DEVICES];   /* per slab device: the lane of arrived headers' copies */
 	uint64_t slab_pulls;         /* header pulls out of GPU slabs */
 };
 
 enum { OP_STAGE_D = 0, OP_STAGE_C = 1, OP_FLUSH_D = 2, OP_FLUSH_C = 3, OP_PACK = 4, OP_COUNT = 5,
-       OP_PULL = 6 };
+       OP_PULL = 6, OP_QUIET = 7 /* quiesce's own mark behind a failed pair's last work */ };
 
 /* A mark's token: the pair, the op, and a local rank or a device. */
 static inline uint64_t cm_token(const cm_pair_t *cp, uint32_t op, uint32_t g)
@@ -161,14 +168,8 @@ static inline uint64_t cm_token(const cm_pair_t *cp, uint32_t op, uint32_t g)
 int cm_dev_kernels(cuda_mover_t *m, int dev);
 rw_cuda_dptr_t cm_hptr(const void *p);
 cm_pair_t *cm_pair_find(cuda_mover_t *m, uint32_t serial);
-void cm_dev_drop(cuda_mover_t *m, cm_dev_t *d);
-rw_status_t cm_dev_stream(cuda_mover_t *m, int device, rw_cuda_stream_t **s_p);
-/* mover_cuda_list.c: lane d (a device's main stream, or its pull lane) of `device`, created
- * and watched from the loop on first use (m->io_cb reports its marks). */
-rw_status_t cm_lane_stream(cuda_mover_t *m, cm_dev_t *d, int device, rw_cuda_stream_t **s_p);
 rw_status_t cm_pair_stream(cm_pair_t *cp, int device, rw_cuda_stream_t **s_p);
 rw_status_t cm_pair_mark(cm_pair_t *cp, int device, uint32_t op, uint32_t g);
-rw_status_t cm_pair_sync(cm_pair_t *cp);
 rw_status_t cm_map_areas(cuda_mover_t *m, cm_pair_t *cp, const rw_svc_phase_t *ph, char *why);
 int cm_blk_take(cuda_mover_t *m, int dev, size_t size);
 int cm_span_dev_ok(cuda_mover_t *m, const rw_svc_span_mem_t *s);
@@ -189,10 +190,8 @@ void cm_list_carve(cm_list_t *l, uint8_t *base, size_t *off, uint32_t n, uint32_
 void cm_lists_carve(cm_pair_t *cp, const rw_svc_phase_t *ph, uint8_t *base, size_t *off,
 			const uint32_t *ranks_on, const uint32_t *recs_on, const uint32_t *local_on,
 			const uint32_t *own_on);
-/* mover_cuda_pack.c: the dispatch pack in pieces; an OP_PACK mark of device dev completed;
- * every piece is in (after a sync). */
+/* mover_cuda_pack.c: the dispatch pack in pieces; an OP_PACK mark of device dev completed. */
 void cm_pack_piece_done(cm_pair_t *cp, int dev);
-void cm_pack_all_done(cm_pair_t *cp);
 rw_status_t cm_dispatch_pack_launch(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why);
 int cm_forward_one(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t ref, uint32_t src_node,
 		       uint32_t src_rank, uint32_t token, const int32_t *ids, const float *weights,

@@ -1,7 +1,6 @@
 /* The row lists the CUDA mover's kernels follow (service/mover/mover_cuda_int.h cm_list_t): carved
- * from a pair's pinned buffer, which the kernels read mapped, and filled entry by entry; and the
- * streams they run on, each watched from the loop. The leaf every other file of the mover
- * calls. */
+ * from a pair's pinned buffer, which the kernels read mapped, and filled entry by entry. The
+ * leaf every other file of the mover calls. */
 #include "service/mover/mover_cuda_int.h"
 
 rw_cuda_dptr_t cm_hptr(const void *p) { return (rw_cuda_dptr_t)(uintptr_t)p; }
@@ -41,19 +40,4 @@ void cm_list_src(cm_list_t *l, rw_cuda_dptr_t src)
 	l->src[l->n_src++] = src;
 	l->sum[l->n - 1].count++;
 	l->addr_bits |= src;
-}
-
-rw_status_t cm_lane_stream(cuda_mover_t *m, cm_dev_t *d, int device, rw_cuda_stream_t **s_p)
-{
-	if (!d->stream) {
-		rw_status_t st = rw_cuda_stream_create(device, &d->stream);
-		if (st != RW_OK)
-			return st;
-		d->m = m;
-		ev_io_init(&d->io, m->io_cb, rw_cuda_stream_fd(d->stream), EV_READ);
-		d->io.data = d;
-		ev_io_start(m->loop, &d->io);
-	}
-	*s_p = d->stream;
-	return RW_OK;
 }

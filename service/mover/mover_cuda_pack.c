@@ -73,15 +73,6 @@ void cm_pack_piece_done(cm_pair_t *cp, int dev)
 	pack_advance(cp);
 }
 
-/* Every stream the pair used is idle (pack() without a waiting executor): all pieces are in. */
-void cm_pack_all_done(cm_pair_t *cp)
-{
-	for (uint32_t k = 0; k < cp->pk_keys; k++)
-		cp->pk_left[k] = 0;
-	cp->marks_pk = 0;
-	pack_advance(cp);
-}
-
 /* Piece of slab bytes: the executor's write (ph->write_max) times what keeps the pieces per
  * destination at most CM_PIECES_MAX; the whole slab where records are under a cache line. */
 static uint64_t piece_bytes(const rw_svc_phase_t *ph, uint64_t slab_max)

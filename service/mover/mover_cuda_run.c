@@ -18,26 +18,13 @@ cm_pair_t *cm_pair_find(cuda_mover_t *m, uint32_t serial)
 	return cp;
 }
 
-void cm_dev_drop(cuda_mover_t *m, cm_dev_t *d)
-{
-	if (!d->stream)
-		return;
-	ev_io_stop(m->loop, &d->io);
-	rw_cuda_stream_destroy(d->stream); /* waits for what is still enqueued */
-	d->stream = NULL;
-}
-
-rw_status_t cm_dev_stream(cuda_mover_t *m, int device, rw_cuda_stream_t **s_p)
+/* Work of cp is about to be enqueued on `device`: its stream (the main lane), noted for
+ * quiesce. RW_ERR_TIMEOUT: the device is stalled. */
+rw_status_t cm_pair_stream(cm_pair_t *cp, int device, rw_cuda_stream_t **s_p)
 {
 	if (device < 0 || device >= CM_DEVICES)
 		return RW_ERR_INVAL;
-	return cm_lane_stream(m, &m->dev[device], device, s_p);
-}
-
-/* Work of cp is about to be enqueued on `device`: its stream, noted for quiesce. */
-rw_status_t cm_pair_stream(cm_pair_t *cp, int device, rw_cuda_stream_t **s_p)
-{
-	rw_status_t st = cm_dev_stream(cp->m, device, s_p);
+	rw_status_t st = rw_svc_stage_stream(cp->m->st, device, s_p);
 	if (st == RW_OK) {
 		cp->devs |= 1u << device;
 		cp->dirty |= 1u << device;
@@ -50,32 +37,12 @@ rw_status_t cm_pair_mark(cm_pair_t *cp, int device, uint32_t op, uint32_t g)
 	rw_cuda_stream_t *s;
 	rw_status_t st = cm_pair_stream(cp, device, &s);
 	if (st == RW_OK)
-		st = rw_cuda_stream_mark(s, cm_token(cp, op, g));
+		st = rw_svc_stage_mark(cp->m->st, device, cm_token(cp, op, g));
 	if (st != RW_OK)
 		return st;
 	cp->dirty &= ~(1u << device);
 	cp->pending++;
 	return RW_OK;
-}
-
-/* Block until every stream cp used is idle (failure paths, and the dispatch slabs: pack()). */
-rw_status_t cm_pair_sync(cm_pair_t *cp)
-{
-	rw_status_t res = RW_OK;
-	for (int d = 0; d < CM_DEVICES; d++)
-		if ((cp->devs & (1u << d)) && cp->m->dev[d].stream) {
-			rw_status_t st = rw_cuda_stream_sync(cp->m->dev[d].stream);
-			if (st != RW_OK)
-				res = st;
-		}
-	for (int d = 0; d < CM_DEVICES; d++) /* header pulls out of GPU slabs */
-		if ((cp->pull_devs & (1u << d)) && cp->m->pull[d].stream) {
-			rw_status_t st = rw_cuda_stream_sync(cp->m->pull[d].stream);
-			if (st != RW_OK)
-				res = st;
-		}
-	cp->dirty = 0;
-	return res;
 }
 
 /* The device address of the pair's slot areas on every rail. The executor carves a slot of each
@@ -393,8 +360,9 @@ void cm_check_copies(cm_pair_t *cp, const rw_svc_phase_t *ph, const cm_list_t *l
 	uint8_t a[4096], b[4096];
 	uint32_t bad = 0, first = 0, at = 0;
 	const size_t rb = ph->row_bytes;
-	if (dev >= 0 && cp->m->dev[dev].stream)
-		rw_cuda_stream_sync(cp->m->dev[dev].stream);
+	rw_cuda_stream_t *s; /* a test hook's wait (bring-up only), never on a stalled GPU */
+	if (dev >= 0 && dev < CM_DEVICES && rw_svc_stage_stream(cp->m->st, dev, &s) == RW_OK)
+		rw_cuda_stream_sync(s);
 	for (uint32_t i = from; i < to; i++)
 		for (size_t off = 0; off < rb; off += sizeof(a)) {
 			size_t n = RW_MIN(sizeof(a), rb - off);
@@ -724,14 +692,14 @@ int cm_dev_kernels(cuda_mover_t *m, int dev)
 {
 	if (dev < 0 || dev >= CM_DEVICES)
 		return 0;
-	cm_dev_t *d = &m->dev[dev];
-	if (d->kernels == 0) {
-		d->kernels = rw_cuda_kernels_available(dev) ? 1 : -1;
-		if (d->kernels < 0)
+	int *k = &m->kernels[dev];
+	if (*k == 0) {
+		*k = rw_cuda_kernels_available(dev) ? 1 : -1;
+		if (*k < 0)
 			rw_info("cuda mover: no kernels on device %d: the host mover stages its ranks", dev);
 		else
 			rw_info("cuda mover: kernels loaded on device %d: its ranks' bytes move on the GPU",
 				dev);
 	}
-	return d->kernels > 0;
+	return *k > 0;
 }

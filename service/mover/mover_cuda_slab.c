@@ -106,20 +106,21 @@ rw_status_t cm_slab_pull(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind, uint
 	rw_cuda_stream_t *s = NULL;
 	rw_status_t st = rw_cuda_gdr_flush(dev, (readers & (readers - 1)) != 0);
 	if (st == RW_OK) /* a lane of its own: a pull does not queue behind pack and forwards */
-		st = cm_lane_stream(m, &m->pull[dev], dev, &s);
-	if (st == RW_OK)
+		st = rw_svc_stage_stream(m->pst, dev, &s);
+	if (st == RW_OK) {
+		cp->pull_devs |= 1u << dev;
 		st = rw_cuda_copy_rows(s, cm_hptr(l->copy + l->launched), upto - from, row,
 				       (l->addr_bits & 15) == 0);
+	}
 	l->launched = l->n;
 	if (st == RW_OK)
-		st = rw_cuda_stream_mark(s, cm_token(cp, OP_PULL, (uint32_t)dev));
+		st = rw_svc_stage_mark(m->pst, dev, cm_token(cp, OP_PULL, (uint32_t)dev));
 	if (st != RW_OK) {
 		snprintf(why, RW_SVC_WHY_MAX, "cannot read %u %s headers from rail %u's slab on GPU %d: %s",
 			 upto - from, kind ? "combine" : "dispatch", rail, dev, rw_status_str(st));
 		return RW_ERR_DEVICE;
 	}
 	cp->pending++;
-	cp->pull_devs |= 1u << dev;
 	cp->pulls[cp->n_pulls++] = (cm_pull_t){ .src = src, .rail = rail, .upto = upto,
 					       .kind = (int8_t)kind, .dev = (int8_t)dev };
 	cp->pulls_left++;

@@ -44,6 +44,7 @@ struct rw_svc_stage {
 	stage_held_t *held;
 	ev_timer watch;           /* while a mark is outstanding: the stall bound */
 	int used;
+	int keep_cuda;            /* rw_svc_stage_keep_cuda: no rw_cuda_shutdown() at destroy */
 };
 
 static void watch_cb(struct ev_loop *loop, ev_timer *w, int revents);
@@ -134,7 +135,7 @@ void rw_svc_stage_destroy(rw_svc_stage_t *s)
 			rw_cuda_host_free(h->ptr);
 		free(h);
 	}
-	if (s->used)
+	if (s->used && !s->keep_cuda)
 		rw_cuda_shutdown(); /* after the IPC cache (rw_svc_ipc_stop) and the streams */
 	free(s);
 }
@@ -269,6 +270,22 @@ rw_status_t rw_svc_stage_h2d(rw_svc_stage_t *s, int device, uint64_t dst, const 
 		return st;
 	d->dirty = 1;
 	return rw_cuda_copy_htod_async(d->stream, dst, src, n);
+}
+
+rw_status_t rw_svc_stage_stream(rw_svc_stage_t *s, int device, struct rw_cuda_stream **s_p)
+{
+	stage_dev_t *d;
+	rw_status_t st = dev_get(s, device, &d);
+	if (st != RW_OK)
+		return st;
+	d->dirty = 1;
+	*s_p = d->stream;
+	return RW_OK;
+}
+
+void rw_svc_stage_keep_cuda(rw_svc_stage_t *s)
+{
+	s->keep_cuda = 1;
 }
 
 rw_status_t rw_svc_stage_wait_event(rw_svc_stage_t *s, int device, struct rw_cuda_event *ev)

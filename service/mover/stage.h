@@ -42,6 +42,14 @@ void rw_svc_stage_destroy(rw_svc_stage_t *stage);
 rw_status_t rw_svc_stage_d2h(rw_svc_stage_t *stage, int device, void *dst, uint64_t src, size_t n);
 rw_status_t rw_svc_stage_h2d(rw_svc_stage_t *stage, int device, uint64_t dst, const void *src,
 			     size_t n);
+/* For a mover that enqueues work of its own (kernels, stream writes) on the stage's streams (the
+ * CUDA mover): `device`'s stream, created on first use; the caller's work counts as a copy (a
+ * later mark, fence or retire covers it). RW_ERR_TIMEOUT: the device is stalled. */
+struct rw_cuda_stream;
+rw_status_t rw_svc_stage_stream(rw_svc_stage_t *stage, int device, struct rw_cuda_stream **s_p);
+/* The stage's destroy leaves rw_cuda_shutdown() to another stage destroyed later (a mover
+ * destroyed before one whose stage still holds streams in the same primary contexts). */
+void rw_svc_stage_keep_cuda(rw_svc_stage_t *stage);
 /* Stream order: what is enqueued on `device` after this waits on the GPU for the event's most
  * recent record (a rank's, docs/cuda.md "Carried by a submission"); the loop never waits. */
 struct rw_cuda_event;

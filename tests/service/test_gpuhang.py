@@ -31,6 +31,13 @@ job's node-1 rank is killed after every rank submitted; node 0's CUDA ranks are 
 while their copies are hung, then fail naming the leave once FILE goes; in a second round they
 are killed while their answers are held, and node 0 keeps their buffers mapped (the stand-in's
 memfds in /proc/PID/maps) until the copies landed, then unmaps them and serves a host job.
+The CUDA mover (two more daemons, gpu_stall_ms 1000, node 0 hung, CUDA ranks on the kernel
+stand-in, so the daemon's CUDA mover carries them with kernels on its own streams): a CUDA job
+verifies first; with FILE created a CUDA job's dispatch fails on every rank, node 0's failure and
+its ranks' errors naming GPU 0 once the bound passed, while a host job of another group verifies
+every phase through node 0's loop, `stats` answers `gpus_stalled 1 0` and the failed pair's
+staging is held; a second CUDA job is refused naming GPU 0; FILE removed, GPU 0 moves again,
+nothing stays held, and a new CUDA job verifies; both daemons exit 0 (ASan: no leak).
 Run by tests/run as $b/test/svc_gpuhang; exits 0 pass, 1 fail, 77 skip."""
 import os
 import sys
@@ -59,6 +66,18 @@ def wait_for(what, cond):
         time.sleep(0.05)
     print("gave up waiting for %s" % what)
     return False
+
+
+def served_meanwhile(c, host):
+    """While a GPU is stalled: the host job of another group verified every phase through
+    node 0's loop, and neither node took its peer down."""
+    outs = c.collect(host)
+    check(all("30 steps x 2 layers verified" in outs[r] for r in outs),
+          "stalled: a host job of another group verified every phase meanwhile")
+    for n in range(c.nodes):
+        peers = " ".join(c.stats(n, "stats peers").split())
+        check("state=up" in peers and "reconnects=0" in peers,
+              "stalled: node %d kept its peer up: %s" % (n, peers))
 
 
 def gpu_job(c, group, mode, seed, steps=3):
@@ -104,13 +123,7 @@ def scenario_hang(tmp, seed):
               "stalled: the second group was refused, naming the stalled GPU")
         check(c.log(0).count("GPU 0: copies queued") == 1,
               "stalled: the stall was logged once, not per pair")
-        outs = c.collect(host)
-        check(all("30 steps x 2 layers verified" in outs[r] for r in outs),
-              "stalled: a host job of another group verified every phase meanwhile")
-        for n in range(c.nodes):
-            peers = " ".join(c.stats(n, "stats peers").split())
-            check("state=up" in peers and "reconnects=0" in peers,
-                  "stalled: node %d kept its peer up: %s" % (n, peers))
+        served_meanwhile(c, host)
         check(": down (" not in c.log(0) + c.log(1), "stalled: no node was dropped")
         # 2. moves again
         os.unlink(hang)
@@ -250,15 +263,111 @@ def scenario_late(tmp, seed):
         c.stop()  # raises unless every daemon exits 0 (ASan: no report, no leak)
 
 
+def scenario_cuda_mover(tmp, seed):
+    """The CUDA mover's failed pair is given up without waiting for its GPU: failed naming the
+    device once the bound passed, what its kernels and copies may touch held until they land."""
+    tmp = os.path.join(tmp, "mover")
+    os.mkdir(tmp)
+    hang = os.path.join(tmp, "hang")
+    c = cluster.Cluster(tmp, 2, extra=AREA)
+    c.env.update(RW_CUDA_DRIVER=cluster.FAKE_KERN)
+    c.node_env[0] = {"RW_FAKE_CUDA_HANG": hang,
+                     "RW_FAKE_CUDA_COUNTS": os.path.join(tmp, "counts")}
+    os.mkdir(os.path.join(tmp, "counts"))
+    cu = ["--cuda"]
+    world, g = c.nodes * c.gpus, c.gpus
+    try:
+        c.start_all()
+        c.run_ranks("mover.warm", 1, 2, seed, flags=cu)
+        check("cuda mover: kernels loaded on device 0" in c.log(0) and
+              "cuda mover: rail 0 slot area" in c.log(0),
+              "cuda mover: node 0's CUDA mover carried the CUDA job's pairs")
+        host = [(r, c.rank(r, "mover.host", 2, 30, seed)) for r in range(world)]
+        open(hang, "w").close()
+        cuda = [(r, c.rank(r, "mover.hang", 1, 1, seed + 1, mode="fail", flags=cu))
+                for r in range(world)]
+        res = cluster.outputs(cuda)
+        log0 = c.log(0)
+        check(all(v[0] == 0 for v in res.values()),
+              "stalled: the CUDA job's dispatch failed on every rank: %s"
+              % {r: v[1][-200:] for r, v in res.items() if v[0] != 0})
+        check(log0.count("GPU 0: copies queued") == 1, "stalled: node 0 logged GPU 0's stall once")
+        failed = [ln for ln in log0.splitlines()
+                  if "mover.hang layer 0 step 0: dispatch failed" in ln]
+        check(failed and "GPU 0 is stalled: copies queued" in failed[0],
+              "stalled: node 0's pair failure names the GPU: %s" % failed[:1])
+        check(all("GPU 0 stalled, copies into this rank may still land" in res[r][1]
+                  for r in range(g)),
+              "stalled: node 0's CUDA ranks were told GPU 0 stalled: %s"
+              % [res[r][1].splitlines()[-1:] for r in range(g)])
+        st = summary(c, 0)
+        check(st.get("gpus_stalled") == "1 0", "stalled: stats names GPU 0 stalled (%s)"
+              % st.get("gpus_stalled"))
+        check(int(st.get("gpu_held_bytes", "0")) > 0,
+              "stalled: the failed pair's staging is held for its copies (%s bytes)"
+              % st.get("gpu_held_bytes"))
+        res = cluster.outputs([(r, c.rank(r, "mover.again", 1, 1, seed + 2, mode="fail", flags=cu))
+                               for r in range(world)])
+        check(all(v[0] == 0 for v in res.values()) and
+              all("GPU 0 is stalled" in res[r][1] for r in range(g)),
+              "stalled: a second CUDA job is refused, naming GPU 0: %s"
+              % [v[1].splitlines()[-1:] for v in res.values()])
+        served_meanwhile(c, host)
+        os.unlink(hang)
+        check(wait_for("GPU 0 to move again", lambda: "GPU 0 moves again" in c.log(0)),
+              "moved: node 0 logged that GPU 0 moves again")
+        check(wait_for("the held memory to go", lambda: summary(c, 0).get("gpus_stalled") == "0"
+                       and summary(c, 0).get("gpu_held_bytes") == "0"),
+              "moved: GPU 0 not stalled, nothing held (%s)"
+              % {k: v for k, v in summary(c, 0).items()
+                 if k in ("gpus_stalled", "gpu_held_bytes")})
+        # after the plan: node 0 stages its ranks (landed), then FILE, then node 1's last rank
+        # submits: node 0 plans and its pack kernels hang behind the switch
+        def work():  # node 0's stream work run so far (the stand-in's counts)
+            return cluster.fake_cuda_counts(os.path.join(tmp, "counts"), c.procs[0].pid)["work"]
+        w0 = work()
+        cuda = [(r, c.rank(r, "mover.plan", 1, 1, seed + 4, mode="fail", flags=cu))
+                for r in range(world - 1)]
+        check(all(wait_line(p, "submitted") for _, p in cuda), "after the plan: ranks submitted")
+
+        def settled():  # node 0's staging ran: its stream work grew, then stopped growing
+            before = work()
+            time.sleep(0.3)
+            return work() == before > w0
+        check(wait_for("node 0's staging to land", settled), "after the plan: node 0 staged")
+        open(hang, "w").close()
+        cuda.append((world - 1, c.rank(world - 1, "mover.plan", 1, 1, seed + 4, mode="fail",
+                                       flags=cu)))
+        res = cluster.outputs(cuda)
+        check(all(v[0] == 0 for v in res.values()) and
+              all("GPU 0 stalled, copies into this rank may still land" in res[r][1]
+                  for r in range(g)),
+              "after the plan: every rank failed, node 0's naming GPU 0: %s"
+              % [v[1].splitlines()[-1:] for v in res.values()])
+        check("row lists and 2 device blocks held until it lands" in c.log(0),
+              "after the plan: the pair's row lists and device blocks held for its kernels")
+        check(int(summary(c, 0).get("gpu_held_bytes", "0")) > 0,
+              "after the plan: held memory counted (%s bytes)"
+              % summary(c, 0).get("gpu_held_bytes"))
+        os.unlink(hang)
+        check(wait_for("the held memory to go", lambda: summary(c, 0).get("gpus_stalled") == "0"
+                       and summary(c, 0).get("gpu_held_bytes") == "0"),
+              "after the plan: the kernels landed, nothing held")
+        outs = c.run_ranks("mover.after", 2, 3, seed + 3, flags=cu)
+        check(all("verified" in outs[r] for r in outs), "moved: a new CUDA job verified")
+    finally:
+        c.stop()  # raises unless every daemon exits 0 (ASan: no report, no leak)
+
+
 def main():
     if not cluster.built(cluster.DAEMON, cluster.RANK, cluster.PAGERANK) or \
-            not os.path.exists(cluster.FAKE_CUDA):
+            not os.path.exists(cluster.FAKE_CUDA) or not os.path.exists(cluster.FAKE_KERN):
         print("skip: railwaved, the ranks or the CUDA stand-in not built")
         return 77
     seed = cluster.test_seed()
     with tempfile.TemporaryDirectory(prefix="rwgpuhang.", dir="/tmp") as tmp:
-        check.scenarios([("hung gpu", scenario_hang), ("answered late", scenario_late)], tmp,
-                        seed)
+        check.scenarios([("hung gpu", scenario_hang), ("answered late", scenario_late),
+                         ("cuda mover", scenario_cuda_mover)], tmp, seed)
     return check.exit_code()
 
 
