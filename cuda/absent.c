@@ -36,6 +36,7 @@ rw_status_t rw_cuda_ipc_export(rw_cuda_dptr_t p, size_t n, rw_cuda_ipc_desc_t *d
 { (void)p; (void)n; (void)d; return RW_NO_CUDA; }
 rw_status_t rw_cuda_ipc_cache_create(rw_cuda_ipc_cache_t **c) { (void)c; return RW_NO_CUDA; }
 void rw_cuda_ipc_cache_destroy(rw_cuda_ipc_cache_t *c) { (void)c; }
+void rw_cuda_ipc_cache_leave(rw_cuda_ipc_cache_t *c) { (void)c; }
 rw_status_t rw_cuda_ipc_import(rw_cuda_ipc_cache_t *c, const rw_cuda_ipc_desc_t *d,
 			       const rw_cuda_ipc_owner_t *o, rw_cuda_ipc_map_t **m, rw_cuda_dptr_t *p)
 { (void)c; (void)d; (void)o; (void)m; (void)p; return RW_NO_CUDA; }

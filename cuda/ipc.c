@@ -152,6 +152,24 @@ void rw_cuda_ipc_cache_destroy(rw_cuda_ipc_cache_t *cache)
 	free(cache);
 }
 
+void rw_cuda_ipc_cache_leave(rw_cuda_ipc_cache_t *cache)
+{
+	unsigned n = 0;
+
+	if (cache == NULL)
+		return;
+	for (struct rw_cuda_ipc_map *m = cache->head, *nx; m; m = nx) {
+		nx = m->next;
+		n++;
+		free(m->users);
+		free(m);
+	}
+	if (n)
+		rw_warn("cuda: ipc cache left %u mapping(s) open to the process's exit: copies queued "
+			"on a GPU may still use them", n);
+	free(cache);
+}
+
 static int process_known(const rw_cuda_ipc_owner_t *o)
 {
 	return o->pid > 0 && o->start_time != 0;

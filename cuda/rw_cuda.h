@@ -106,6 +106,9 @@ typedef struct rw_cuda_ipc_map rw_cuda_ipc_map_t; /* one imported allocation, re
 rw_status_t rw_cuda_ipc_cache_create(rw_cuda_ipc_cache_t **cache_p);
 /* Closes every mapping still held (and logs how many there were). */
 void rw_cuda_ipc_cache_destroy(rw_cuda_ipc_cache_t *cache);
+/* Frees the cache and closes no mapping (logs how many it left): at shutdown, where copies queued
+ * on a GPU that did not finish them may still use the mappings; the process's exit unmaps them. */
+void rw_cuda_ipc_cache_leave(rw_cuda_ipc_cache_t *cache);
 
 /* Who asks for an import: the connection that will hold the reference, and the process that
  * exported the memory as the daemon knows it. Every connection of one process shares that

@@ -924,13 +924,9 @@ int rw_client_submit(rw_client_t *c, const rw_sqe_t *entries, unsigned n)
 	return 0;
 }
 
-int rw_client_poll(rw_client_t *c, rw_cqe_t *out, unsigned max)
+/* Up to max completions out of the ring. */
+static int cq_take(rw_client_t *c, rw_cqe_t *out, unsigned max)
 {
-	if (!c || (!out && max))
-		return RW_E_INVAL;
-	int closed = atomic_load(&c->closed_code);
-	if (closed)
-		return closed;
 	int avail = rw_ring_cons_avail(&c->cq);
 	if (avail < 0)
 		return mark_closed(c, RW_E_BADREPLY);
@@ -946,6 +942,16 @@ int rw_client_poll(rw_client_t *c, rw_cqe_t *out, unsigned max)
 	if (failed) /* the daemon said why before it posted the completion */
 		rw_client_take_notices(c);
 	return (int)n;
+}
+
+int rw_client_poll(rw_client_t *c, rw_cqe_t *out, unsigned max)
+{
+	if (!c || (!out && max))
+		return RW_E_INVAL;
+	int closed = atomic_load(&c->closed_code);
+	if (closed)
+		return closed;
+	return cq_take(c, out, max);
 }
 
 /* The daemon wrote to our control socket while we waited: EOF, or a fatal error message. */
@@ -1044,8 +1050,11 @@ int rw_client_wait(rw_client_t *c, rw_cqe_t *out, unsigned max, int timeout_ms)
 		}
 		if (r > 0 && (pfd[1].revents & (POLLIN | POLLHUP | POLLERR))) {
 			int rc = socket_event(c);
-			if (rc < 0)
-				return rc;
+			if (rc < 0) { /* what the daemon posted before it closed (a stopping daemon's
+				       * last answers, published just before) still comes first */
+				n = cq_take(c, out, max);
+				return n > 0 ? n : rc;
+			}
 		}
 		rw_ring_cons_disarm(&c->cq);
 	}

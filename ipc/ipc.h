@@ -227,8 +227,9 @@ const rw_ipc_client_info_t *rw_ipc_client_info(const rw_ipc_client_t *client);
 /* Keep the client's CUDA buffers mapped in the daemon past its leave (copies the daemon queued
  * on a GPU may still read or write them: docs/rankpath.md "A hung GPU") until every keep taken
  * is dropped; the client itself goes as always (client_left, its socket, its host buffers).
- * Each keep is dropped once with rw_ipc_keep_drop; a server destroyed first drops what is left
- * (its CUDA import cache closes every mapping). NULL: out of memory. */
+ * Each keep is dropped once with rw_ipc_keep_drop; a server destroyed while a keep is still
+ * taken closes no CUDA mapping (the copies it was taken for may still run: the process's exit
+ * unmaps them, rw_cuda_ipc_cache_leave), else it closes every one. NULL: out of memory. */
 typedef struct rw_ipc_keep rw_ipc_keep_t;
 rw_ipc_keep_t *rw_ipc_client_keep(rw_ipc_client_t *client);
 void rw_ipc_keep_drop(rw_ipc_server_t *server, rw_ipc_keep_t *keep);

@@ -683,6 +683,7 @@ void rw_ipc_server_destroy(rw_ipc_server_t *srv)
 {
 	if (!srv)
 		return;
+	rw_ipc_server_flush(srv); /* the last answers (the daemon's "stopping") reach the ranks */
 	for (rw_ipc_client_t *c = srv->clients; c; c = c->next)
 		ipc_client_kill(c, RW_IPC_LEFT_SHUTDOWN, 0);
 	reap(srv);
@@ -694,12 +695,16 @@ void rw_ipc_server_destroy(rw_ipc_server_t *srv)
 	unlink(srv->socket_path);
 	ipc_pages_stop(srv);
 	ipc_closer_stop(srv);
+	unsigned kept = 0; /* keeps never dropped: their copies may still run */
 	for (rw_ipc_keep_t *k = srv->keeps, *nx; k; k = nx) {
 		nx = k->next;
+		kept++;
 		free(k->maps);
 		free(k);
 	}
-	if (srv->cuda)
+	if (srv->cuda && kept) /* every client is gone: what the cache maps is the keeps' */
+		rw_cuda_ipc_cache_leave(srv->cuda);
+	else if (srv->cuda)
 		rw_cuda_ipc_cache_destroy(srv->cuda);
 	free(srv->socket_path);
 	free(srv);

@@ -1161,7 +1161,6 @@ void exec_fail_open(exec_t *x, const char *why)
 			exec_err_tell(p, RW_ERR_STATE, EXEC_TELL_NONE, "%s", why);
 			pair_failed(p);
 		}
-	exec_answer_late_flush(x); /* before the clients go */
 }
 
 void exec_stop(exec_t *x)
@@ -1172,6 +1171,7 @@ void exec_stop(exec_t *x)
 	ev_prepare_stop(loop, &x->reaper);
 	ev_timer_stop(loop, &x->page_retry);
 	exec_fail_open(x, "daemon stopping");
+	exec_answer_late_flush(x); /* none once rw_svc_exec_ipc_stop ran: it flushed them */
 	exec_trace_stop(x); /* after the failed pairs' records */
 }
 

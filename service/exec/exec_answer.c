@@ -247,13 +247,35 @@ void exec_answer_late_gone(exec_t *x, const rw_ipc_client_t *client)
 			l->sub.client = NULL;
 }
 
+unsigned exec_answer_late_moving(exec_t *x, unsigned *held_p, uint64_t *devs_p)
+{
+	unsigned moving = 0, held = 0;
+	uint64_t devs = 0;
+	for (const struct exec_late *l = x->late; l; l = l->next) {
+		int stalled;
+		if (rw_svc_stage_fenced(&l->fence, &stalled))
+			continue;
+		held++;
+		moving += stalled < 0;
+		devs |= stalled >= 0 ? 1ull << stalled : l->fence.devs;
+	}
+	*held_p = held;
+	*devs_p = devs;
+	return moving;
+}
+
 void exec_answer_late_flush(exec_t *x)
 {
 	while (x->late) {
 		struct exec_late *l = x->late;
 		x->late = l->next;
-		late_answer(x, l, -1);
-		rw_ipc_keep_drop(x->ipc, l->keep);
+		int stalled = -1;
+		const int landed = rw_svc_stage_fenced(&l->fence, &stalled);
+		late_answer(x, l, landed ? -1 : stalled);
+		if (landed) {
+			late_flag(l);
+			rw_ipc_keep_drop(x->ipc, l->keep);
+		} /* else its keep stays the IPC server's, whose destroy leaves the mappings open */
 		free(l);
 	}
 }

@@ -1,9 +1,13 @@
 /* The executor as the daemon sees it (service/exec/exec.h): created with its data movers and the
  * peer mesh, given its IPC socket, drained on SIGTERM and torn down after the loop — in an order
- * that never lets a part outlive what it uses: ranks' buffers go (IPC stop) before the movers,
- * every outstanding write reports (mesh destroy) before the pairs are freed. */
+ * that never lets a part outlive what it uses: the copies queued into ranks' memory land (or are
+ * named and their mappings left open) before the ranks' buffers go (IPC stop), the buffers go
+ * before the movers, every outstanding write reports (mesh destroy) before the pairs are freed. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <ev.h>
 
 #include "service/exec/exec_int.h"
 
@@ -143,11 +147,79 @@ rw_status_t rw_svc_exec_ipc_start(rw_svc_exec_t *x)
 	return st;
 }
 
+/* "0,2": the GPUs of devs. */
+static void gpu_list(uint64_t devs, char *out, size_t len)
+{
+	size_t at = 0;
+	out[0] = '\0';
+	for (int d = 0; d < 64 && at < len; d++)
+		if (devs >> d & 1) {
+			int n = snprintf(out + at, len - at, "%s%d", at ? "," : "", d);
+			at += n > 0 ? (size_t)n : 0;
+		}
+}
+
+static void drain_wake(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	(void)loop, (void)w, (void)revents; /* its only job: ev_run(EVRUN_ONCE) returns */
+}
+
+/* Shutdown's wait for the GPUs (docs/service.md "Signals"): the copies the movers queued into or
+ * out of ranks' CUDA memory (the failed pairs' held answers, exec_answer_late) land before the
+ * IPC server closes the mappings they use. The loop turns again meanwhile — the stage's marks are
+ * eventfds on it and its stall bound a timer (service/mover/stage.c) — until every such copy
+ * landed or waits on a GPU declared stalled, at most gpu_stall_ms + 2 s (the stall is declared
+ * within a second of its bound). New phases stay refused (draining); the peers, the stats and
+ * the ranks are served. What has not landed by then is named, and its mappings are left open.
+ * A second signal does not end the wait: the stage's destroy would then wait for the same
+ * copies, unbounded, on a GPU not yet declared stalled. */
+static void copies_drain(exec_t *x)
+{
+	struct ev_loop *loop = x->svc->loop;
+	unsigned held;
+	uint64_t devs;
+	unsigned moving = exec_answer_late_moving(x, &held, &devs);
+	if (!held)
+		return;
+	const uint64_t t0 = rw_now_ns(), cap = rw_svc_gpu_stall_ns() + 2000000000ull;
+	char gpus[192];
+	gpu_list(devs, gpus, sizeof(gpus));
+	if (moving)
+		rw_info("shutdown: waiting up to %llu ms for the copies queued into or out of %u "
+			"ranks' CUDA memory on GPU %s to land before their mappings close",
+			(unsigned long long)(cap / 1000000), held, gpus);
+	ev_timer wake;
+	ev_init(&wake, drain_wake);
+	while (moving) {
+		const uint64_t spent = rw_now_ns() - t0;
+		if (spent >= cap)
+			break;
+		ev_timer_set(&wake, (double)(cap - spent) * 1e-9, 0.);
+		ev_timer_start(loop, &wake);
+		ev_run(loop, EVRUN_ONCE);
+		ev_timer_stop(loop, &wake);
+		moving = exec_answer_late_moving(x, &held, &devs);
+	}
+	const unsigned long long ms = (rw_now_ns() - t0) / 1000000;
+	if (!held) {
+		rw_info("shutdown: the copies into ranks' CUDA memory landed after %llu ms", ms);
+		return;
+	}
+	gpu_list(devs, gpus, sizeof(gpus));
+	rw_warn("shutdown: GPU %s: copies queued into or out of %u ranks' CUDA memory have not "
+		"landed (%s, after %llu ms): their mappings are left open to the process's exit, "
+		"never closed under a copy", gpus, held,
+		moving ? "not declared stalled" : "stalled", ms);
+}
+
 void rw_svc_exec_ipc_stop(rw_svc_exec_t *x)
 {
 	if (!x || !x->ipc)
 		return;
+	x->svc->draining = 1; /* nothing new opens while the copies drain */
 	exec_fail_open(x, "daemon stopping"); /* before the clients' buffers go away */
+	copies_drain(x);
+	exec_answer_late_flush(x); /* then the held answers, and the mappings that may close */
 	rw_ipc_server_destroy(x->ipc);
 	x->ipc = NULL;
 	x->svc->ipc = NULL;

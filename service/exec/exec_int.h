@@ -470,8 +470,14 @@ void exec_answer_late_keep(exec_t *x, rw_ipc_client_t *client, const rw_svc_stag
 void exec_answer_late_sweep(exec_t *x);
 /* The client left: nothing more is sent it; its mappings stay until its copies landed. */
 void exec_answer_late_gone(exec_t *x, const rw_ipc_client_t *client);
-/* The daemon stops: every held answer goes now; the keeps are dropped (the IPC server closes
- * every mapping next). */
+/* Shutdown's drain (rw_svc_exec_ipc_stop): of the held entries whose copies have not landed
+ * (*held_p), how many wait on no stalled GPU (returned); the GPUs they wait on in *devs_p (bit
+ * d: the stalled one where there is one, else every device of the entry's fence). */
+unsigned exec_answer_late_moving(exec_t *x, unsigned *held_p, uint64_t *devs_p);
+/* The daemon stops: every held answer goes now (naming the stalled GPU where its copies have
+ * not landed). The keeps of those whose copies landed are dropped; the others' stay with the
+ * IPC server, which then leaves their mappings open to the process's exit (ipc/ipc.h
+ * rw_ipc_server_destroy), never closed under a copy. */
 void exec_answer_late_flush(exec_t *x);
 /* Refuse a joining rank: RW_ERR_INVAL (its world or node does not fit this cluster),
  * RW_ERR_EXISTS (its rank is taken), RW_ERR_NOMEM. */
@@ -746,8 +752,9 @@ void exec_on_mover_done(void *ctx, uint32_t serial, rw_svc_mover_op_t op, uint32
 			rw_status_t st);
 /* The executor's watchers: the tick (slot waits, ageing), the idle local work, the reaper. */
 void exec_start(exec_t *x);
-/* Stop the watchers and fail every open pair ("daemon stopping"). */
+/* Stop the watchers, fail every open pair ("daemon stopping") and flush the held answers. */
 void exec_stop(exec_t *x);
+/* Fail every open pair with `why` (the peers are not told); their held answers stay held. */
 void exec_fail_open(exec_t *x, const char *why);
 /* After the mesh reported every outstanding write: free every pair struct. */
 void exec_free_pairs(exec_t *x);

@@ -285,6 +285,36 @@ unsigned rw_fake_cuda_drain(const void *s)
 	return n;
 }
 
+static int overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn)
+{
+	return a < b + bn && b < a + an;
+}
+
+static void copy_run(const void *a);
+struct copy_args {
+	void *dst;
+	const void *src;
+	size_t n;
+};
+
+unsigned rw_fake_cuda_copies_naming(uintptr_t p, size_t n)
+{
+	unsigned found = 0;
+	pthread_mutex_lock(&q_mu);
+	for (const struct rw_fake_stream *q = streams; q; q = q->next)
+		for (unsigned i = q->head; i != q->tail; i++) {
+			const struct work *w = &q->queue[i % QMAX];
+			struct copy_args c;
+			if (w->fn != copy_run)
+				continue;
+			memcpy(&c, w->arg, sizeof(c));
+			found += overlaps((uintptr_t)c.dst, c.n, p, n) ||
+				 overlaps((uintptr_t)c.src, c.n, p, n);
+		}
+	pthread_mutex_unlock(&q_mu);
+	return found;
+}
+
 struct host_fn_args {
 	CUhostFn fn;
 	void *arg;
@@ -490,11 +520,6 @@ CUresult CUDAAPI cuMemHostAlloc(void **p, size_t n, unsigned int f)
 CUresult CUDAAPI cuMemFreeHost(void *p) { pin_drop((uintptr_t)p); free(p); return CUDA_SUCCESS; }
 CUresult CUDAAPI cuMemHostRegister(void *p, size_t n, unsigned int f) { (void)f; pin_add((uintptr_t)p, n); return CUDA_SUCCESS; }
 CUresult CUDAAPI cuMemHostUnregister(void *p) { pin_drop((uintptr_t)p); return CUDA_SUCCESS; }
-struct copy_args {
-	void *dst;
-	const void *src;
-	size_t n;
-};
 static void copy_run(const void *a)
 {
 	const struct copy_args *c = a;

@@ -45,6 +45,11 @@ void rw_fake_cuda_host_fn(const void *stream, void (*fn)(void *), void *arg);
  * queued or running. */
 unsigned rw_fake_cuda_drain(const void *stream);
 
+/* Asynchronous copies (cuMemcpy*Async) queued or running on any stream whose source or
+ * destination overlaps [p, p + n): what a mapping of that range closed now would pull from under
+ * them (the cross-process stand-in's cuIpcCloseMemHandle says so on stderr). */
+unsigned rw_fake_cuda_copies_naming(uintptr_t p, size_t n);
+
 /* Open another process's fd `fd` (pid's /proc/<pid>/fd/<fd>) read-write: how both stand-ins
  * share "device" memory and events across processes. -1 when it cannot. */
 int rw_fake_open_peer_fd(int pid, int fd);

@@ -174,6 +174,12 @@ CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr p)
 	if (!b || !b->imported || (uintptr_t)b->mem != p)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (--b->refs == 0) {
+		/* A GPU would fault (or the driver wait) on a copy into a closed mapping: said on
+		 * stderr for the tests (svc_drainstop), and the copy then faults here too. */
+		const unsigned queued = rw_fake_cuda_copies_naming((uintptr_t)b->mem, b->size);
+		if (queued)
+			fprintf(stderr, "fake cuda: IPC mapping of %zu bytes closed under %u queued "
+				"copies\n", b->size, queued);
 		munmap(b->mem, b->size);
 		memset(b, 0, sizeof(*b));
 	}

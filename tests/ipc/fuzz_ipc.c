@@ -57,6 +57,11 @@ void rw_cuda_ipc_cache_destroy(rw_cuda_ipc_cache_t *cache)
 		abort(); /* an import outlived its client */
 	free(cache);
 }
+void rw_cuda_ipc_cache_leave(rw_cuda_ipc_cache_t *cache)
+{
+	(void)cache;
+	abort(); /* only a keep never dropped leaves mappings, and no keep is taken here */
+}
 rw_status_t rw_cuda_ipc_import(rw_cuda_ipc_cache_t *cache, const rw_cuda_ipc_desc_t *desc,
 			       const rw_cuda_ipc_owner_t *owner, rw_cuda_ipc_map_t **map_p,
 			       rw_cuda_dptr_t *dptr_p)

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Shutdown waits for the GPU (docs/service.md "Signals", docs/rankpath.md "A hung GPU"): on
+SIGTERM the copies a daemon queued into or out of its ranks' CUDA memory land before it closes
+the IPC mappings they use, bounded by gpu_stall_ms. Two real railwaved daemons on loopback tcp,
+real CUDA rank processes (tests/integration/rw_rank.c --cuda, staged through node 0's pinned
+memory) on the cross-process CUDA stand-in, node 0 with its hang switch (RW_FAKE_CUDA_HANG=FILE:
+while FILE exists no stream work of that process runs). In each scenario FILE is created, every
+rank submits a dispatch, node 1's first rank is killed: the pairs fail on both nodes and node
+0's CUDA ranks have their answers held while the copies staging their inputs hang (node 0 maps
+their buffers). Then node 0 gets SIGTERM. The stand-in says on stderr (into node 0's log) when an
+IPC mapping is closed while a copy naming it is queued ("closed under N queued copies").
+
+1. Lands (gpu_stall_ms 60000): node 0 does not exit while the copies hang; it logs that it
+   waits for them, answers `stats`, and keeps the ranks' buffers mapped. FILE removed: the
+   copies land, node 0 answers its ranks (their error names the killed rank's leave), closes
+   the mappings after the copies (no "closed under" line) and exits 0.
+2. Stays hung (gpu_stall_ms 4000): node 0 exits 0 by itself, FILE still there, after the stall
+   bound (plus the drain's 2 s margin at most), naming GPU 0 in its log; no mapping is closed
+   under the queued copies (the import cache leaves them to the process's exit, logged), and
+   its ranks were told their copies may still land.
+Run by tests/run as $b/test/svc_drainstop; exits 0 pass, 1 fail, 77 skip."""
+import os
+import signal
+import sys
+import tempfile
+import time
+
+B = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(B, "tests", "lib"))
+import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
+
+check = cluster.Checks()
+UNDER = "fake cuda: IPC mapping of"  # the stand-in's line: closed under a queued copy
+
+
+def summary(c, n):
+    return {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] if " " in ln else ""
+            for ln in c.stats(n).splitlines()}
+
+
+def submitted(proc):
+    """Read a rank's output until its "submitted" line (False at its end)."""
+    return any("submitted" in ln.decode() for ln in iter(proc.stdout.readline, b""))
+
+
+def held_job(c, hang, group, seed, unanswered):
+    """FILE created, a CUDA job whose pairs fail once node 1's first rank is killed after every
+    rank submitted; node 0's ranks are left waiting for their held answers (checked with
+    `unanswered`: the stall bound is far). Returns node 0's rank processes and node 0's count of
+    stand-in mappings before the job."""
+    world, g = c.nodes * c.gpus, c.gpus
+    maps0 = cluster.maps_named(c.procs[0].pid, "rw-fake-cuda")
+    open(hang, "w").close()
+    ranks = [(r, c.rank(r, group, 1, 1, seed, mode="fail", flags=["--cuda"]))
+             for r in range(world)]
+    check(all(submitted(p) for _, p in ranks), "%s: every rank submitted" % group)
+    time.sleep(0.5)  # node 0 has staged them (its loop is idle otherwise)
+    ranks[g][1].kill()  # node 1's first rank: both nodes' pairs fail
+    res1 = cluster.outputs(ranks[g + 1:])
+    check(all(v[0] == 0 and "failed as expected" in v[1] for v in res1.values()),
+          "%s: node 1's other ranks failed at once: %s" % (group, res1))
+    check(cluster.wait_for(lambda: int(summary(c, 0).get("gpu_held_bytes", "0")) > 0),
+          "%s: node 0 holds its ranks' staging for the hung copies" % group)
+    if unanswered:
+        check(all(p.poll() is None for _, p in ranks[:g]),
+              "%s: node 0's CUDA ranks not answered while their copies hang" % group)
+    return ranks[:g], maps0
+
+
+def node0_exit(c):
+    """Wait for node 0 (signalled) to exit; it is no longer the cluster's to stop. Its status,
+    or "hang" when it was still running after cluster.WAIT (then killed)."""
+    d0 = c.procs.pop(0)
+    try:
+        return d0.wait(cluster.WAIT)
+    except Exception:
+        d0.kill()
+        d0.wait()
+        return "hang"
+
+
+def with_held_job(tmp, name, stall_ms, seed, body):
+    """Two daemons (node 0 with the hang switch, gpu_stall_ms stall_ms) in tmp/name, a held_job
+    of group drain.NAME, then body(c, hang, node 0's ranks, node 0's mappings before the job);
+    node 1 must exit 0 at the end (ASan: no report, no leak)."""
+    tmp = os.path.join(tmp, name)
+    os.mkdir(tmp)
+    hang = os.path.join(tmp, "hang")
+    c = cluster.Cluster(tmp, 2, extra={"transport": "tcp", "gpu_stall_ms": stall_ms})
+    c.env.update(RW_CUDA_DRIVER=cluster.FAKE_CUDA)
+    c.node_env[0] = {"RW_FAKE_CUDA_HANG": hang}
+    try:
+        c.start_all()
+        ranks0, maps0 = held_job(c, hang, "drain." + name, seed, stall_ms > 10000)
+        body(c, hang, ranks0, maps0)
+    finally:
+        if os.path.exists(hang):
+            os.unlink(hang)
+        c.stop()
+
+
+def lands(c, hang, ranks0, maps0):
+    d0 = c.procs[0]
+    d0.send_signal(signal.SIGTERM)
+    check(cluster.wait_for(lambda: "shutdown: waiting up to" in c.log(0)),
+          "SIGTERM: node 0 waits for the copies queued into its ranks' memory: %s"
+          % [ln for ln in c.log(0).splitlines() if "shutdown" in ln][-3:])
+    time.sleep(1.0)
+    check(d0.poll() is None, "SIGTERM: node 0 still runs while the copies hang")
+    check(summary(c, 0).get("gpus_stalled") == "0",
+          "SIGTERM: node 0 answers stats meanwhile, GPU 0 not declared stalled")
+    check(cluster.maps_named(d0.pid, "rw-fake-cuda") > maps0,
+          "SIGTERM: node 0 keeps its ranks' buffers mapped (%d > %d)"
+          % (cluster.maps_named(d0.pid, "rw-fake-cuda"), maps0))
+    os.unlink(hang)
+    rc = node0_exit(c)
+    check(rc == 0, "FILE removed: node 0 exited 0 (%s)" % rc)
+    log0 = c.log(0)
+    check("shutdown: the copies into ranks' CUDA memory landed after" in log0,
+          "FILE removed: node 0 logged that the copies landed before the mappings closed")
+    check(UNDER not in log0 and "left open" not in log0,
+          "no mapping was closed under a queued copy: %s"
+          % [ln for ln in log0.splitlines() if UNDER in ln or "left open" in ln])
+    res0 = cluster.outputs(ranks0)
+    check(all(v[0] == 0 and "failed as expected" in v[1] and "left" in v[1] and
+              "stalled" not in v[1] for v in res0.values()),
+          "node 0's ranks were answered once their copies landed, naming the leave: %s"
+          % {r: v[1][-200:] for r, v in res0.items()})
+
+
+def hung(c, hang, ranks0, maps0):
+    t0 = time.time()
+    c.procs[0].send_signal(signal.SIGTERM)
+    rc = node0_exit(c)
+    check(rc == 0, "GPU hung at SIGTERM: node 0 exited 0 by itself in %.1f s (%s)"
+          % (time.time() - t0, rc))
+    check(os.path.exists(hang), "GPU hung at SIGTERM: the copies never landed (FILE kept)")
+    log0 = c.log(0)
+    named = [ln for ln in log0.splitlines() if "shutdown: GPU 0: copies queued" in ln]
+    check(len(named) == 1 and "have not landed (stalled" in named[0] and
+          "left open to the process's exit" in named[0],
+          "GPU hung at SIGTERM: node 0 named GPU 0 and left the mappings open: %s"
+          % (named or [ln for ln in log0.splitlines() if "shutdown" in ln][-3:]))
+    check("cuda: ipc cache left" in log0 and UNDER not in log0,
+          "GPU hung at SIGTERM: no mapping closed under the queued copies: %s"
+          % [ln for ln in log0.splitlines() if UNDER in ln or "ipc cache" in ln])
+    res0 = cluster.outputs(ranks0)
+    check(all(v[0] == 0 and "GPU 0 stalled, copies into this rank may still land" in v[1]
+              for v in res0.values()),
+          "GPU hung at SIGTERM: node 0's ranks were told their copies may still land: %s"
+          % {r: v[1][-200:] for r, v in res0.items()})
+
+
+def main():
+    if not cluster.built(cluster.DAEMON, cluster.RANK) or not os.path.exists(cluster.FAKE_CUDA):
+        print("skip: railwaved, rw_rank or the CUDA stand-in not built")
+        return 77
+    seed = cluster.test_seed()
+    with tempfile.TemporaryDirectory(prefix="rwdrainstop.", dir="/tmp") as tmp:
+        check.scenarios([
+            ("copies land at SIGTERM", lambda t, s: with_held_job(t, "lands", 60000, s, lands)),
+            ("GPU hung at SIGTERM", lambda t, s: with_held_job(t, "hung", 4000, s, hung)),],
+            tmp, seed)
+    return check.exit_code()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
