@@ -240,9 +240,13 @@ class Buffer:
             s = self._streams[device] = torch.cuda.Stream(device)
         return s
 
-    def _run(self, device, previous_event, async_finish, fn):
+    def _run(self, device, previous_event, async_finish, fn, inputs=()):
         """fn() on the communication stream ordered after previous_event (else the current
-        stream); returns (fn's tensors, the EventOverlap DeepEP would return)."""
+        stream); returns (fn's tensors, the EventOverlap DeepEP would return). inputs: the
+        caller's tensors fn reads (made on the current stream, or any other), recorded on the
+        communication stream: the caller may drop them as soon as this returns, while the rank
+        path's kernels that read them still wait in the stream for the daemon's plan; without
+        the record the caching allocator hands their memory to the caller's next tensor."""
         prev = as_event(previous_event)
         if device.type != "cuda":
             out = fn()
@@ -255,6 +259,9 @@ class Buffer:
             comm.wait_stream(compute)
         with torch.cuda.stream(comm):
             out = fn()
+        for t in inputs:
+            if isinstance(t, torch.Tensor) and t.is_cuda:
+                t.record_stream(comm)  # made elsewhere, read on comm
         for t in out:
             if isinstance(t, torch.Tensor) and t.is_cuda:
                 t.record_stream(compute)  # made on comm, used on compute
@@ -333,7 +340,7 @@ class Buffer:
             return in_rank.sum(0).int(), per_expert, in_rank
 
         (per_rank, per_expert, in_rank), ev = self._run(topk_idx.device, previous_event,
-                                                        async_finish, layout)
+                                                        async_finish, layout, (topk_idx,))
         return per_rank, None, per_expert, in_rank, ev
 
     @staticmethod
@@ -454,7 +461,8 @@ class Buffer:
                                                             num_worst_tokens or n, n)
 
         (recv_x, recv_idx, recv_w, counts, h), ev = self._run(x.device, previous_event,
-                                                              async_finish, run)
+                                                              async_finish, run,
+                                                              (x, topk_idx, topk_weights))
         if num_worst_tokens:
             per_expert = []
         else:
@@ -500,7 +508,7 @@ class Buffer:
                 recv = torch.cat([recv, recv.new_zeros(handle.rows - m, H)])
             return (recv.contiguous(),)
 
-        (recv,), ev = self._run(x.device, previous_event, async_finish, run)
+        (recv,), ev = self._run(x.device, previous_event, async_finish, run, (x,))
         return recv, None, None, None, None, ev
 
     # ---- combine ----------------------------------------------------------------------------
@@ -567,7 +575,8 @@ class Buffer:
             cw = get_weights(out, H, a.topk) if topk_weights is not None else None
             return out[:, :H].to(x.dtype).contiguous(), cw
 
-        (out, cw), ev = self._run(x.device, previous_event, async_finish, run)
+        (out, cw), ev = self._run(x.device, previous_event, async_finish, run,
+                                  (x, topk_weights))
         if bias is not None:
             for b_t in (bias if isinstance(bias, (tuple, list)) else (bias,)):
                 if b_t is not None:
