@@ -18,6 +18,8 @@ IPC mapping is closed while a copy naming it is queued ("closed under N queued c
    bound (plus the drain's 2 s margin at most), naming GPU 0 in its log; no mapping is closed
    under the queued copies (the import cache leaves them to the process's exit, logged), and
    its ranks were told their copies may still land.
+3. As 1, with the kernel stand-in (where the build has the CUDA mover's kernels): node 0's CUDA
+   mover carries the CUDA ranks, its copies and kernels on the stage's streams.
 Run by tests/run as $b/test/svc_drainstop; exits 0 pass, 1 fail, 77 skip."""
 import os
 import signal
@@ -79,18 +81,22 @@ def node0_exit(c):
         return "hang"
 
 
-def with_held_job(tmp, name, stall_ms, seed, body):
-    """Two daemons (node 0 with the hang switch, gpu_stall_ms stall_ms) in tmp/name, a held_job
-    of group drain.NAME, then body(c, hang, node 0's ranks, node 0's mappings before the job);
-    node 1 must exit 0 at the end (ASan: no report, no leak)."""
+def with_held_job(tmp, name, stall_ms, seed, body, driver=cluster.FAKE_CUDA):
+    """Two daemons (node 0 with the hang switch, gpu_stall_ms stall_ms) on the stand-in `driver`
+    in tmp/name, a held_job of group drain.NAME, then body(c, hang, node 0's ranks, node 0's
+    mappings before the job); node 1 must exit 0 at the end (ASan: no report, no leak)."""
     tmp = os.path.join(tmp, name)
     os.mkdir(tmp)
     hang = os.path.join(tmp, "hang")
     c = cluster.Cluster(tmp, 2, extra={"transport": "tcp", "gpu_stall_ms": stall_ms})
-    c.env.update(RW_CUDA_DRIVER=cluster.FAKE_CUDA)
+    c.env.update(RW_CUDA_DRIVER=driver)
     c.node_env[0] = {"RW_FAKE_CUDA_HANG": hang}
     try:
         c.start_all()
+        if driver == cluster.FAKE_KERN:
+            c.run_ranks("drain.warm", 1, 1, seed, flags=["--cuda"])
+            check("cuda mover: kernels loaded on device 0" in c.log(0),
+                  "%s: node 0's CUDA mover carries the CUDA ranks' pairs" % name)
         ranks0, maps0 = held_job(c, hang, "drain." + name, seed, stall_ms > 10000)
         body(c, hang, ranks0, maps0)
     finally:
@@ -159,7 +165,10 @@ def main():
     with tempfile.TemporaryDirectory(prefix="rwdrainstop.", dir="/tmp") as tmp:
         check.scenarios([
             ("copies land at SIGTERM", lambda t, s: with_held_job(t, "lands", 60000, s, lands)),
-            ("GPU hung at SIGTERM", lambda t, s: with_held_job(t, "hung", 4000, s, hung)),],
+            ("GPU hung at SIGTERM", lambda t, s: with_held_job(t, "hung", 4000, s, hung))]
+            + ([("CUDA mover: copies land at SIGTERM", lambda t, s: with_held_job(
+                t, "mover", 60000, s, lands, cluster.FAKE_KERN))]
+               if os.path.exists(cluster.FAKE_KERN) else []),
             tmp, seed)
     return check.exit_code()
 
