@@ -384,8 +384,8 @@ int main(int argc, char **argv)
 	rc = 0;
 	rw_info("stopping");
 
-	rw_svc_health_stop(&svc); /* idempotent, fine when never started */
-	rw_svc_exec_ipc_stop(svc.exec);
+	rw_svc_exec_ipc_stop(svc.exec); /* may wait for the GPUs, the loop turning */
+	rw_svc_health_stop(&svc); /* after: the watchdog is fed meanwhile; idempotent */
 stop_exec:
 	rw_svc_exec_destroy(svc.exec);
 	svc.exec = NULL;

@@ -144,7 +144,10 @@ rw_status_t rw_svc_health_start(rw_svc_t *svc)
 void rw_svc_health_stopping(rw_svc_t *svc)
 {
 	atomic_store(&health.draining, 1);
-	uint64_t bound_ms = (uint64_t)svc->cfg.phase_timeout_ms + 1000 + RW_SVC_HEALTH_STOP_MARGIN_MS;
+	/* the phases' drain, then the GPUs' (rw_svc_exec_ipc_stop), then the teardown's margin */
+	uint64_t bound_ms = (uint64_t)svc->cfg.phase_timeout_ms + 1000 +
+			    rw_svc_gpu_stall_ns() / 1000000 + RW_SVC_GPU_DRAIN_MARGIN_MS +
+			    RW_SVC_HEALTH_STOP_MARGIN_MS;
 	char msg[96];
 	snprintf(msg, sizeof(msg), "STOPPING=1\nEXTEND_TIMEOUT_USEC=%llu",
 		 (unsigned long long)bound_ms * 1000u);

@@ -120,5 +120,8 @@ void rw_svc_gpu_moved(int device, int landed);
 int rw_svc_gpu_stalled(int device, char *why, size_t len);
 unsigned rw_svc_gpu_stalled_list(int *devices, unsigned max, uint64_t *held_bytes_p);
 void rw_svc_gpu_held(int64_t delta_bytes);
+/* Shutdown waits for the copies queued into ranks' CUDA memory (rw_svc_exec_ipc_stop) at most the
+ * stall bound plus this: the stage declares a stall within a second of its bound. */
+#define RW_SVC_GPU_DRAIN_MARGIN_MS 2000
 
 #endif /* RW_SVC_H */

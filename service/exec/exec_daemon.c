@@ -181,7 +181,8 @@ static void copies_drain(exec_t *x)
 	unsigned moving = exec_answer_late_moving(x, &held, &devs);
 	if (!held)
 		return;
-	const uint64_t t0 = rw_now_ns(), cap = rw_svc_gpu_stall_ns() + 2000000000ull;
+	const uint64_t t0 = rw_now_ns();
+	const uint64_t cap = rw_svc_gpu_stall_ns() + RW_SVC_GPU_DRAIN_MARGIN_MS * 1000000ull;
 	char gpus[192];
 	gpu_list(devs, gpus, sizeof(gpus));
 	if (moving)

@@ -39,6 +39,7 @@ PHASE_TIMEOUT_MS = 2000
 WEDGE_MS = 3500
 HEALTH_STALE_MS = 2000  # service/core/health.h RW_SVC_HEALTH_STALE_MS
 STOP_MARGIN_MS = 4000   # service/core/health.h RW_SVC_HEALTH_STOP_MARGIN_MS
+GPU_DRAIN_MS = 5000 + 2000  # gpu_stall_ms's default + service/core/svc.h RW_SVC_GPU_DRAIN_MARGIN_MS
 
 
 def http(port, path):
@@ -230,7 +231,7 @@ def main():
         procs[0].send_signal(signal.SIGTERM)
         assert procs[0].wait(WAIT) == 0, log(0)
         del procs[0]
-        stop = "STOPPING=1\nEXTEND_TIMEOUT_USEC=%d" % ((PHASE_TIMEOUT_MS + 1000 + STOP_MARGIN_MS) * 1000)
+        stop = "STOPPING=1\nEXTEND_TIMEOUT_USEC=%d" % ((PHASE_TIMEOUT_MS + 1000 + GPU_DRAIN_MS + STOP_MARGIN_MS) * 1000)
         assert notify.seen(stop), notify.msgs
 
         # Log format: ISO-8601 UTC ms + ident with node=; journald: priority prefix, no stamp.
