@@ -63,13 +63,31 @@ __device__ __forceinline__ uint64_t list_addr(const uint64_t (&area)[RW_CUDA_ARE
 	return area[le.area][le.rail] + (uint64_t)le.slot * size;
 }
 
-// Copy `bytes` from s to d with the block's threads: 16-byte vectors when both addresses and
-// the length allow, 4-byte words when they allow that, bytes otherwise.
+// 16-byte vectors a thread loads before it stores any (block_copy, sum_rows): with one load in
+// flight per thread, a block reading host memory over PCIe waits a round trip (~1-2 us) per
+// 16 bytes x threads, which a capped grid (the SM budget) cannot hide with other blocks.
+#define RW_RK_UNROLL 4
+
+// Copy `bytes` from s to d (not overlapping) with the block's threads: 16-byte vectors when both
+// addresses and the length allow (RW_RK_UNROLL loads in flight per thread), 4-byte words when
+// they allow that, bytes otherwise.
 __device__ __forceinline__ void block_copy(uint8_t *d, const uint8_t *s, uint32_t bytes)
 {
 	if (((uintptr_t)d | (uintptr_t)s | bytes) % 16 == 0) {
-		for (uint32_t i = threadIdx.x; i < bytes / 16; i += blockDim.x)
-			reinterpret_cast<uint4 *>(d)[i] = reinterpret_cast<const uint4 *>(s)[i];
+		const uint4 *s4 = reinterpret_cast<const uint4 *>(s);
+		uint4 *d4 = reinterpret_cast<uint4 *>(d);
+		const uint32_t n = bytes / 16;
+		for (uint32_t i = threadIdx.x; i < n; i += RW_RK_UNROLL * blockDim.x) {
+			uint4 v[RW_RK_UNROLL];
+#pragma unroll
+			for (uint32_t k = 0; k < RW_RK_UNROLL; k++)
+				if (i + k * blockDim.x < n)
+					v[k] = s4[i + k * blockDim.x];
+#pragma unroll
+			for (uint32_t k = 0; k < RW_RK_UNROLL; k++)
+				if (i + k * blockDim.x < n)
+					d4[i + k * blockDim.x] = v[k];
+		}
 	} else if (((uintptr_t)d | (uintptr_t)s | bytes) % 4 == 0) {
 		for (uint32_t i = threadIdx.x; i < bytes / 4; i += blockDim.x)
 			reinterpret_cast<uint32_t *>(d)[i] = reinterpret_cast<const uint32_t *>(s)[i];
@@ -386,6 +404,63 @@ __device__ __forceinline__ void sum_rows(uint8_t *dst, const uint64_t *taddr, ui
 	}
 	if (cnt == 1 && !from_zero) {
 		block_copy(dst, reinterpret_cast<const uint8_t *>(taddr[0]), row_bytes);
+		return;
+	}
+	// 16 bytes per thread and term (8 bf16 or 4 fp32 elements) when the row and every address
+	// allow: a warp then reads 512 contiguous bytes of a term at once (over PCIe for the combine
+	// rows in host slabs) rather than 64 or 128. Each element's sum is the same adds in the same
+	// order as the loop below, so the same bits.
+	bool vec = row_bytes % 16 == 0 && (uintptr_t)dst % 16 == 0;
+	for (uint32_t k = 0; k < cnt && vec; k++)
+		vec = taddr[k] % 16 == 0;
+	if (vec) {
+		const uint32_t per = bf16 ? 8 : 4;
+		for (uint32_t v = threadIdx.x; v < row_bytes / 16; v += blockDim.x) {
+			float acc[8];
+			for (uint32_t k0 = 0; k0 < cnt; k0 += RW_RK_UNROLL) {
+				uint4 t[RW_RK_UNROLL];
+#pragma unroll
+				for (uint32_t k = 0; k < RW_RK_UNROLL; k++)
+					if (k0 + k < cnt)
+						t[k] = reinterpret_cast<const uint4 *>(taddr[k0 + k])[v];
+#pragma unroll
+				for (uint32_t k = 0; k < RW_RK_UNROLL; k++) {
+					if (k0 + k >= cnt)
+						break;
+					const uint32_t w[4] = { t[k].x, t[k].y, t[k].z, t[k].w };
+					float f[8];
+#pragma unroll
+					for (uint32_t i = 0; i < 4; i++) {
+						if (bf16) {
+							f[2 * i] = __uint_as_float(w[i] << 16);
+							f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+						} else {
+							f[i] = __uint_as_float(w[i]);
+						}
+					}
+#pragma unroll
+					for (uint32_t e = 0; e < 8; e++) {
+						if (e >= per)
+							break;
+						if (k0 + k == 0)
+							acc[e] = from_zero ? __fadd_rn(0.0f, f[e]) : f[e];
+						else
+							acc[e] = __fadd_rn(acc[e], f[e]);
+					}
+				}
+			}
+			uint4 o;
+			if (bf16) {
+				o.x = f32_bf16_host(acc[0]) | (uint32_t)f32_bf16_host(acc[1]) << 16;
+				o.y = f32_bf16_host(acc[2]) | (uint32_t)f32_bf16_host(acc[3]) << 16;
+				o.z = f32_bf16_host(acc[4]) | (uint32_t)f32_bf16_host(acc[5]) << 16;
+				o.w = f32_bf16_host(acc[6]) | (uint32_t)f32_bf16_host(acc[7]) << 16;
+			} else {
+				o = make_uint4(__float_as_uint(acc[0]), __float_as_uint(acc[1]),
+					       __float_as_uint(acc[2]), __float_as_uint(acc[3]));
+			}
+			reinterpret_cast<uint4 *>(dst)[v] = o;
+		}
 		return;
 	}
 	for (uint32_t h = threadIdx.x; h < hidden; h += blockDim.x) {
