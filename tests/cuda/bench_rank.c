@@ -27,7 +27,9 @@
  * versions (cuda/rank_cpu.c, which tests/integration/test_rank_kernels.c holds to the host
  * mover) run on the same inputs, and the device error word must be 0; a mismatch exits 1.
  *   bench_rank [--shapes deepseek,glm] [--tokens 1,128,512,4096] [--reps 20] [--blocks N]
- *              [--variant] [--seed S]
+ *              [--variant] [--slabs host|gpu] [--seed S]
+ * --slabs gpu puts the slabs in device memory (a GPU carve-out of the rank's own device: the
+ * kernels and the ceilings then move the bytes device to device, D2D).
  * Exits 0 when every case verified, 1 on a mismatch or a failed call, 77 without a GPU (or the
  * rank image). RW_CUDA_DRIVER picks the driver (the smoke test: the kernel stand-in). */
 #include <dlfcn.h>
@@ -117,6 +119,9 @@ static int cmp_double(const void *a, const void *b)
 }
 
 static int reps = 20;
+static int variant;   /* --variant: copy16 at the 128-byte-rounded stride too */
+static int gpu_slabs; /* --slabs gpu: the slabs in device memory (a GPU carve-out), the memfds
+		       * their host mirrors for the setup and the checks */
 
 /* Median microseconds of one launch of op on stream st (its CUstream: h); -1 on a failed call. */
 static double time_op(rw_cuda_stream_t *st, CUstream h, op_fn op, void *ctx)
@@ -202,7 +207,7 @@ static void hmem_unmap(hmem_t *m)
 	m->p = NULL;
 }
 
-#define NDEV 16
+#define NDEV 32
 static rw_cuda_dptr_t devs[NDEV];
 static unsigned n_devs;
 
@@ -338,6 +343,8 @@ static int layout(phase_t *p)
 		p->ccopy[r] = o;
 		o = up(o + (uint64_t)p->rk[0][0].cnt[0] * p->crec, 4096);
 		if (hmem_map(&p->slab[r], o + 4096) != 0)
+			return -1;
+		if (gpu_slabs && !(p->slab[r].d = dev_alloc(p->slab[r].bytes)))
 			return -1;
 	}
 	return 0;
@@ -564,7 +571,6 @@ static void ceil_list(phase_t *p, uint32_t n, uint32_t unit, uint64_t stride, in
 	}
 }
 
-static int variant;
 
 static void gbps(char *buf, size_t len, double us, uint64_t bytes)
 {
@@ -609,7 +615,7 @@ static int measure(phase_t *p, const char *kname, op_fn op, uint32_t n, uint32_t
 		snprintf(c3, sizeof(c3), " | copy16@128 %s x%.2f", v, vu > 0 ? vu / us : 0);
 	}
 	printf("%-8s T=%-5u %-7s %s %8.3f MB %s | copy16 %s x%.2f | memcpy %s x%.2f%s\n",
-	       p->sh->name, p->T, kname, d2h ? "D2H" : "H2D", (double)bytes / 1e6, k, c1,
+	       p->sh->name, p->T, kname, gpu_slabs ? "D2D" : d2h ? "D2H" : "H2D", (double)bytes / 1e6, k, c1,
 	       cu > 0 ? cu / us : 0, c2, mu > 0 ? mu / us : 0, c3);
 	fflush(stdout);
 	return 0;
@@ -617,9 +623,23 @@ static int measure(phase_t *p, const char *kname, op_fn op, uint32_t n, uint32_t
 
 /* ---- checks against the CPU versions ---- */
 
+/* The slabs' contents into their host mirrors (slabs in device memory), or back. */
+static int slabs_sync(phase_t *p, int to_host)
+{
+	for (int r = 0; r < RAILS && gpu_slabs; r++)
+		if ((to_host ? rw_cuda_memcpy_dtoh(0, p->slab[r].p, p->slab[r].d, p->slab[r].bytes)
+			     : rw_cuda_memcpy_htod(0, p->slab[r].d, p->slab[r].p, p->slab[r].bytes)) != RW_OK)
+			return -1;
+	return 0;
+}
+
+/* Before a kernel's check: the device error word must be 0; the slabs as the kernel left them
+ * in the host mirrors. */
 static int err_clear(phase_t *p, const char *kname)
 {
 	uint32_t e[2];
+	if (slabs_sync(p, 1) != 0)
+		return -1;
 	if (rw_cuda_memcpy_dtoh(0, e, p->err, 8) != RW_OK)
 		return -1;
 	if (e[0]) {
@@ -841,7 +861,7 @@ static int run_case(const shape_t *sh, uint32_t T, rw_cuda_stream_t *st, uint32_
 	if (rw_cuda_ext_stream_of(st, &p->es) != RW_OK)
 		goto out;
 	p->es.max_blocks = blocks;
-	if (gen_tokens(p) != 0 || layout(p) != 0 || build(p) != 0) {
+	if (gen_tokens(p) != 0 || layout(p) != 0 || build(p) != 0 || slabs_sync(p, 0) != 0) {
 		fprintf(stderr, "bench_rank: %s T=%u: setting up the phase failed\n", sh->name, T);
 		goto out;
 	}
@@ -857,6 +877,7 @@ static int run_case(const shape_t *sh, uint32_t T, rw_cuda_stream_t *st, uint32_
 	}
 	void *cl = NULL;
 	if (hmem_map(&p->chost, most + 4096) != 0 || !(p->cdev = dev_alloc(most + 16)) ||
+	    (gpu_slabs && !(p->chost.d = dev_alloc(most + 4096))) ||
 	    rw_cuda_host_alloc(mostn * sizeof(rw_cuda_row_copy_t), &cl) != RW_OK)
 		goto out;
 	p->clist = cl;
@@ -864,10 +885,10 @@ static int run_case(const shape_t *sh, uint32_t T, rw_cuda_stream_t *st, uint32_
 	fill_bf16(p->chost.p, most);
 	printf("%-8s T=%-5u hidden %u bf16, %u experts, top-%d, %d nodes x %d ranks: records to nodes "
 	       "0/1 %u/%u, forward rows %u, reduce terms %u; rec_size %u (mod 128 = %u), crec_size %u "
-	       "(mod 128 = %u), row %u (mod 128 = %u); blocks %s\n",
+	       "(mod 128 = %u), row %u (mod 128 = %u); slabs in %s; blocks %s\n",
 	       sh->name, T, sh->hidden, sh->experts, TOPK, NODES, GPUS, me->cnt[0], me->cnt[1], nf,
 	       nr, p->rec, p->rec % 128, p->crec, p->crec % 128, p->row_bytes, p->row_bytes % 128,
-	       blocks ? "capped" : "the wrappers'");
+	       gpu_slabs ? "device memory" : "host memory", blocks ? "capped" : "the wrappers'");
 	if (blocks)
 		printf("%-8s T=%-5u max_blocks %u\n", sh->name, T, blocks);
 	uint8_t *ref_rows = NULL;
@@ -910,7 +931,7 @@ static int parse_list(const char *s, uint32_t *v, int max)
 static void usage(void)
 {
 	fprintf(stderr, "usage: bench_rank [--shapes deepseek,glm] [--tokens 1,128,512,4096] "
-			"[--reps N] [--blocks N] [--variant] [--seed S]\n");
+			"[--reps N] [--blocks N] [--variant] [--slabs host|gpu] [--seed S]\n");
 }
 
 int main(int argc, char **argv)
@@ -947,6 +968,13 @@ int main(int argc, char **argv)
 		} else if (strcmp(argv[i], "--blocks") == 0 && v) {
 			blocks = (uint32_t)strtoul(v, NULL, 10);
 			i++;
+		} else if (strcmp(argv[i], "--slabs") == 0 && v) {
+			gpu_slabs = strcmp(v, "gpu") == 0;
+			i++;
+			if (!gpu_slabs && strcmp(v, "host") != 0) {
+				usage();
+				return 2;
+			}
 		} else if (strcmp(argv[i], "--seed") == 0 && v) {
 			seed = strtoull(v, NULL, 0);
 			i++;

@@ -2,8 +2,9 @@
 """The rank kernels' benchmark (cuda/bench_rank, docs/perf/rankpath.md "The kernels alone") runs,
 so that its code does not rot between GPU sessions: a short run on the kernel stand-in
 (tests/integration/libfakecuda_kern.so: the kernels played by cuda/rank_cpu.c on the CPU), both
-shapes at 1 and 9 tokens per rank, two repetitions, the 128-byte stride variant on, then once
-more with every launch capped at 2 blocks. The benchmark checks each kernel's output byte for
+shapes at 1 and 9 tokens per rank, two repetitions, the 128-byte stride variant on; then once
+more with every launch capped at 2 blocks, and once with the slabs in device memory
+(--slabs gpu). The benchmark checks each kernel's output byte for
 byte against cuda/rank_cpu.c run on the same inputs and the device error word, and exits non-zero
 on the first difference. Asserted here: exit 0; for every (shape, tokens) the phase's header
 line, one line per kernel (pack, forward, gather, reduce) with its bytes, its time and both
@@ -28,7 +29,7 @@ def run(extra):
     return p.returncode, p.stdout.decode()
 
 
-def check_out(rc, out, what):
+def check_out(rc, out, what, gpu=False):
     fails = []
     if rc != 0:
         fails.append("%s: exit %d" % (what, rc))
@@ -41,6 +42,7 @@ def check_out(rc, out, what):
                 fails.append("%s: %s T=%d: no phase line" % (what, shape, t))
             for k, d in (("pack", "D2H"), ("forward", "H2D"), ("gather", "D2H"),
                          ("reduce", "H2D")):
+                d = "D2D" if gpu else d
                 line = r"^%s +T=%d +%s +%s +[\d.]+ MB +%s us +%s GB/s \| copy16 +%s us +%s GB/s " \
                        r"x[\d.]+ \| memcpy +%s us +%s GB/s x[\d.]+ \| copy16@128 " % \
                        (shape, t, k, d, NUM, NUM, NUM, NUM, NUM, NUM)
@@ -68,6 +70,11 @@ def main():
     fails += check_out(rc, out, "2 blocks")
     if "max_blocks 2" not in out:
         fails.append("2 blocks: the cap was not applied")
+    rc, out = run(["--slabs", "gpu"])
+    print(out)
+    fails += check_out(rc, out, "slabs in device memory", gpu=True)
+    if "slabs in device memory" not in out:
+        fails.append("--slabs gpu: the slabs were not in device memory")
     for f in fails:
         print("FAIL", f)
     print("bench_rank: %s" % ("FAIL" if fails else "ok"))
