@@ -20,7 +20,8 @@
  * ceilings moving the same bytes the same way in the same run: copy16 (cuda/kernels.cu
  * rw_copy_rows16: one 16-byte zero-copy load and store per element, a list entry per record at
  * the record stride between a device buffer and a registered memfd) and memcpy (one
- * cuMemcpyAsync of all the bytes). ratio = ceiling's us / kernel's us. --variant adds copy16 at
+ * cuMemcpyAsync of all the bytes). ratio = ceiling's us / kernel's us; --blocks caps the rank
+ * kernels only (the ceilings keep their own grids). --variant adds copy16 at
  * the record stride rounded up to 128 bytes: whether the records' 16-byte (not 128-byte)
  * alignment costs the copy itself bandwidth.
  * After the timing each kernel's output is checked byte for byte against the kernels' CPU
