@@ -8,9 +8,11 @@
 #   sh DIR/src/tests/python/frameworks_gpu.sh run DIR [STAGES]   there, DIR carried: installs
 #       the wheels into /tmp/site, starts two daemons (deploy/clusters/loopback-2x2-one-ip.json),
 #       then 1: Megatron-Core (4 ranks) and its reference, 1l: 1 beside busy loops on all but
-#       two cores (late daemons), 2: TorchTitan (4 ranks) and its reference, 2s: TorchTitan on
-#       a static Group (RAILWAVE_STATIC=1: the sync-free dispatcher) and the reference, 3:
-#       python/bench/frameworks_overhead.py on CPU and CUDA tensors. Logs go to $OUT (or /tmp); RANK_TIMEOUT caps each rank (default 150 s).
+#       two cores (late daemons; the count from getconf: nproc follows OMP_NUM_THREADS), 2:
+#       TorchTitan (4 ranks) and its reference, 2s: TorchTitan on a static Group
+#       (RAILWAVE_STATIC=1: the sync-free dispatcher) and the reference, 3:
+#       python/bench/frameworks_overhead.py on CPU and CUDA tensors. Logs go to $OUT (or /tmp);
+#       RANK_TIMEOUT caps each rank (default 150 s).
 #       DIR may also be gpu_run.sh's .gpucarry (prepared with the wheels), run from the
 #       repository root: without DIR/src the sources are the working directory's
 #       (tests/python/gpu_run.sh ready does so).
@@ -77,8 +79,8 @@ run)
 		# The same beside busy loops on all but two cores: the daemons are late, the rank path's
 		# kernels wait in the communication stream, and a caller's tensor that stream still
 		# reads must not be handed back to the allocator (deep_ep's inputs recorded on it).
-		echo "== 1l: Megatron-Core as in 1, beside $(( $(nproc) - 2 )) busy loops"
-		hogs=; for _ in $(seq $(( $(nproc) - 2 ))); do python3 -c 'while True: pass' & hogs="$hogs $!"; done
+		echo "== 1l: Megatron-Core as in 1, beside $(( $(getconf _NPROCESSORS_ONLN) - 2 )) busy loops"
+		hogs=; for _ in $(seq $(( $(getconf _NPROCESSORS_ONLN) - 2 ))); do python3 -c 'while True: pass' & hogs="$hogs $!"; done
 		{ ranks megatron && ref megatron-ref; } || fail=1
 		kill $hogs 2>/dev/null ;; esac
 	case $stages in *" 2 "*)

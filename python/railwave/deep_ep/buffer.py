@@ -426,6 +426,8 @@ class Buffer:
                     "(max_recv_tokens, fixed when its rank path opened)"
                     % (num_worst_tokens, cap)), E)
 
+        al = expert_alignment
+
         def run():
             idx = topk_idx.contiguous()
             w = topk_weights.detach().contiguous()
@@ -457,17 +459,16 @@ class Buffer:
             # The routing the backward pair sends again, safe from in-place changes.
             a.keep_routing(idx.clone(), w.clone())
             a.dispatch_backward = backward
-            return recv_x, recv_idx, recv_w, counts, Handle(shared, a, order, step,
-                                                            num_worst_tokens or n, n)
+            # DeepEP's host list of counts, read here on the communication stream, which
+            # wrote them: with async_finish the caller's stream has not waited for it yet.
+            per_expert = [] if num_worst_tokens else [
+                (c + al - 1) // al * al for c in counts.tolist()]
+            return recv_x, recv_idx, recv_w, per_expert, Handle(shared, a, order, step,
+                                                                num_worst_tokens or n, n)
 
-        (recv_x, recv_idx, recv_w, counts, h), ev = self._run(x.device, previous_event,
-                                                              async_finish, run,
-                                                              (x, topk_idx, topk_weights))
-        if num_worst_tokens:
-            per_expert = []
-        else:
-            al = expert_alignment
-            per_expert = [(c + al - 1) // al * al for c in counts.tolist()]
+        (recv_x, recv_idx, recv_w, per_expert, h), ev = self._run(x.device, previous_event,
+                                                                  async_finish, run,
+                                                                  (x, topk_idx, topk_weights))
         return recv_x, recv_idx, (recv_w if w_given else None), per_expert, h, ev
 
     def _check_handle(self, handle, op):
