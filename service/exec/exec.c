@@ -88,6 +88,30 @@ static int carve_settled(const exec_t *x, const exec_pair_t *p)
 	return 1;
 }
 
+unsigned exec_carves_moving(const exec_t *x, unsigned *held_p, uint64_t *devs_p)
+{
+	unsigned moving = 0, held = 0;
+	uint64_t devs = 0;
+	const exec_pair_t *p;
+	rw_list_for_each(&x->pairs, p, link) {
+		if (exec_open(p) || p->carve < 0 || carve_settled(x, p))
+			continue;
+		int stalled = 0;
+		for (uint32_t r = 0; r < p->ph.rails && r < RW_MAX_RAILS; r++) {
+			const int d = p->ph.slab_gpu[r];
+			if (d < 0 || d >= 64)
+				continue;
+			devs |= 1ull << d;
+			stalled |= rw_svc_gpu_stalled(d, NULL, 0);
+		}
+		held++;
+		moving += !stalled;
+	}
+	*held_p = held;
+	*devs_p = devs;
+	return moving;
+}
+
 static void reaper_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 {
 	(void)loop, (void)revents;

@@ -164,31 +164,49 @@ static void drain_wake(struct ev_loop *loop, ev_timer *w, int revents)
 	(void)loop, (void)w, (void)revents; /* its only job: ev_run(EVRUN_ONCE) returns */
 }
 
+/* What shutdown waits for: the held answers' copies (ranks' CUDA memory) and the closed pairs'
+ * carve-out pulls; how many of either have not landed, how many of those on no stalled GPU
+ * (returned), and their GPUs. */
+typedef struct copies_left {
+	unsigned ranks, carves; /* not landed */
+	uint64_t devs;
+} copies_left_t;
+
+static unsigned copies_moving(exec_t *x, copies_left_t *c)
+{
+	uint64_t d1, d2;
+	const unsigned moving = exec_answer_late_moving(x, &c->ranks, &d1) +
+				exec_carves_moving(x, &c->carves, &d2);
+	c->devs = d1 | d2;
+	return moving;
+}
+
 /* Shutdown's wait for the GPUs (docs/service.md "Signals"): the copies the movers queued into or
  * out of ranks' CUDA memory (the failed pairs' held answers, exec_answer_late) land before the
- * IPC server closes the mappings they use. The loop turns again meanwhile — the stage's marks are
- * eventfds on it and its stall bound a timer (service/mover/stage.c) — until every such copy
- * landed or waits on a GPU declared stalled, at most gpu_stall_ms + 2 s (the stall is declared
- * within a second of its bound). New phases stay refused (draining); the peers, the stats and
- * the ranks are served. What has not landed by then is named, and its mappings are left open.
- * A second signal does not end the wait: the stage's destroy would then wait for the same
- * copies, unbounded, on a GPU not yet declared stalled. */
+ * IPC server closes the mappings they use, and the header pulls out of closed pairs' carve-outs
+ * before the mesh frees them (rw_svc_exec_destroy). The loop turns again meanwhile — the
+ * stage's marks are eventfds on it and its stall bound a timer (service/mover/stage.c) — until
+ * every such copy landed or waits on a GPU declared stalled, at most gpu_stall_ms + 2 s (the
+ * stall is declared within a second of its bound). New phases stay refused (draining); the
+ * peers, the stats and the ranks are served. What has not landed by then is named; the ranks'
+ * mappings it may use are left open. A second signal does not end the wait: the stage's destroy
+ * would then wait for the same copies, unbounded, on a GPU not yet declared stalled. */
 static void copies_drain(exec_t *x)
 {
 	struct ev_loop *loop = x->svc->loop;
-	unsigned held;
-	uint64_t devs;
-	unsigned moving = exec_answer_late_moving(x, &held, &devs);
-	if (!held)
+	copies_left_t left;
+	unsigned moving = copies_moving(x, &left);
+	if (!left.ranks && !left.carves)
 		return;
 	const uint64_t t0 = rw_now_ns();
 	const uint64_t cap = rw_svc_gpu_stall_ns() + RW_SVC_GPU_DRAIN_MARGIN_MS * 1000000ull;
 	char gpus[192];
-	gpu_list(devs, gpus, sizeof(gpus));
+	gpu_list(left.devs, gpus, sizeof(gpus));
 	if (moving)
 		rw_info("shutdown: waiting up to %llu ms for the copies queued into or out of %u "
-			"ranks' CUDA memory on GPU %s to land before their mappings close",
-			(unsigned long long)(cap / 1000000), held, gpus);
+			"ranks' CUDA memory and %u group carve-outs on GPU %s to land before their "
+			"memory goes", (unsigned long long)(cap / 1000000), left.ranks, left.carves,
+			gpus);
 	ev_timer wake;
 	ev_init(&wake, drain_wake);
 	while (moving) {
@@ -199,18 +217,24 @@ static void copies_drain(exec_t *x)
 		ev_timer_start(loop, &wake);
 		ev_run(loop, EVRUN_ONCE);
 		ev_timer_stop(loop, &wake);
-		moving = exec_answer_late_moving(x, &held, &devs);
+		moving = copies_moving(x, &left);
 	}
 	const unsigned long long ms = (rw_now_ns() - t0) / 1000000;
-	if (!held) {
-		rw_info("shutdown: the copies into ranks' CUDA memory landed after %llu ms", ms);
+	if (!left.ranks && !left.carves) {
+		rw_info("shutdown: the copies into ranks' CUDA memory and group carve-outs landed "
+			"after %llu ms", ms);
 		return;
 	}
-	gpu_list(devs, gpus, sizeof(gpus));
-	rw_warn("shutdown: GPU %s: copies queued into or out of %u ranks' CUDA memory have not "
-		"landed (%s, after %llu ms): their mappings are left open to the process's exit, "
-		"never closed under a copy", gpus, held,
-		moving ? "not declared stalled" : "stalled", ms);
+	gpu_list(left.devs, gpus, sizeof(gpus));
+	const char *why = moving ? "not declared stalled" : "stalled";
+	if (left.ranks)
+		rw_warn("shutdown: GPU %s: copies queued into or out of %u ranks' CUDA memory have "
+			"not landed (%s, after %llu ms): their mappings are left open to the "
+			"process's exit, never closed under a copy", gpus, left.ranks, why, ms);
+	if (left.carves)
+		rw_warn("shutdown: GPU %s: header pulls out of %u group carve-outs have not landed "
+			"(%s, after %llu ms): the carve-outs are freed with the mesh all the same",
+			gpus, left.carves, why, ms);
 }
 
 void rw_svc_exec_ipc_stop(rw_svc_exec_t *x)

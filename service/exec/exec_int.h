@@ -754,6 +754,10 @@ void exec_on_mover_done(void *ctx, uint32_t serial, rw_svc_mover_op_t op, uint32
 void exec_start(exec_t *x);
 /* Stop the watchers, fail every open pair ("daemon stopping") and flush the held answers. */
 void exec_stop(exec_t *x);
+/* Shutdown's drain (rw_svc_exec_ipc_stop): closed pairs whose carve-out a mover's copy (a header
+ * pull) may still read or write (*held_p), how many of them on no stalled GPU (returned), and
+ * their GPUs (*devs_p, bit d). */
+unsigned exec_carves_moving(const exec_t *x, unsigned *held_p, uint64_t *devs_p);
 /* Fail every open pair with `why` (the peers are not told); their held answers stay held. */
 void exec_fail_open(exec_t *x, const char *why);
 /* After the mesh reported every outstanding write: free every pair struct. */

@@ -64,8 +64,14 @@ void rw_fake_cuda_count(enum rw_fake_count what)
 /* ---- the stream work queues ---- */
 
 #define QMAX 4096
+/* What a queued copy writes and reads (zero for other work): rw_fake_cuda_copies_naming. */
+struct span {
+	uintptr_t dst, src;
+	size_t dst_n, src_n;
+};
 struct work {
 	rw_fake_work_fn fn;
+	struct span span;
 	int (*hold)(const void *); /* recorded in a graph: its launch queues behind it */
 	size_t len;
 	unsigned char arg[RW_FAKE_WORK_ARG];
@@ -212,7 +218,7 @@ static int capture_record(struct rw_fake_stream *q, rw_fake_work_fn fn, const vo
 			  int (*hold)(const void *));
 
 static void submit(const void *s, rw_fake_work_fn fn, const void *arg, size_t len,
-		   int (*hold)(const void *))
+		   int (*hold)(const void *), const struct span *span)
 {
 	rw_fake_cuda_count(RW_FAKE_N_WORK);
 	if (len > sizeof(legacy.queue[0].arg)) {
@@ -243,6 +249,7 @@ static void submit(const void *s, rw_fake_work_fn fn, const void *arg, size_t le
 	while (q->tail - q->head == QMAX)
 		pthread_cond_wait(&q->ran, &q_mu);
 	q->queue[q->tail % QMAX].fn = fn;
+	q->queue[q->tail % QMAX].span = span ? *span : (struct span){ 0 };
 	memcpy(q->queue[q->tail % QMAX].arg, arg, len);
 	q->tail++;
 	pthread_cond_signal(&q->more);
@@ -251,13 +258,20 @@ static void submit(const void *s, rw_fake_work_fn fn, const void *arg, size_t le
 
 void rw_fake_cuda_submit(const void *s, rw_fake_work_fn fn, const void *arg, size_t len)
 {
-	submit(s, fn, arg, len, NULL);
+	submit(s, fn, arg, len, NULL, NULL);
+}
+
+void rw_fake_cuda_submit_copy(const void *s, rw_fake_work_fn fn, const void *arg, size_t len,
+			      uintptr_t dst, size_t dst_n, uintptr_t src, size_t src_n)
+{
+	const struct span span = { dst, src, dst_n, src_n };
+	submit(s, fn, arg, len, NULL, &span);
 }
 
 void rw_fake_cuda_submit_held(const void *s, rw_fake_work_fn fn, const void *arg, size_t len,
 			      int (*hold)(const void *))
 {
-	submit(s, fn, arg, len, hold);
+	submit(s, fn, arg, len, hold, NULL);
 }
 
 unsigned rw_fake_cuda_busy(const void *s)
@@ -290,26 +304,15 @@ static int overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn)
 	return a < b + bn && b < a + an;
 }
 
-static void copy_run(const void *a);
-struct copy_args {
-	void *dst;
-	const void *src;
-	size_t n;
-};
-
 unsigned rw_fake_cuda_copies_naming(uintptr_t p, size_t n)
 {
 	unsigned found = 0;
 	pthread_mutex_lock(&q_mu);
 	for (const struct rw_fake_stream *q = streams; q; q = q->next)
 		for (unsigned i = q->head; i != q->tail; i++) {
-			const struct work *w = &q->queue[i % QMAX];
-			struct copy_args c;
-			if (w->fn != copy_run)
-				continue;
-			memcpy(&c, w->arg, sizeof(c));
-			found += overlaps((uintptr_t)c.dst, c.n, p, n) ||
-				 overlaps((uintptr_t)c.src, c.n, p, n);
+			const struct span *c = &q->queue[i % QMAX].span;
+			found += (c->dst_n && overlaps(c->dst, c->dst_n, p, n)) ||
+				 (c->src_n && overlaps(c->src, c->src_n, p, n));
 		}
 	pthread_mutex_unlock(&q_mu);
 	return found;
@@ -517,9 +520,29 @@ CUresult CUDAAPI cuMemHostAlloc(void **p, size_t n, unsigned int f)
 	*p = m;
 	return CUDA_SUCCESS;
 }
-CUresult CUDAAPI cuMemFreeHost(void *p) { pin_drop((uintptr_t)p); free(p); return CUDA_SUCCESS; }
+CUresult CUDAAPI cuMemFreeHost(void *p)
+{
+	size_t n = 0;
+	pthread_mutex_lock(&pin_mu);
+	for (unsigned i = 0; i < n_pinned; i++)
+		if (pinned[i].p == (uintptr_t)p)
+			n = pinned[i].n;
+	pthread_mutex_unlock(&pin_mu);
+	const unsigned queued = n ? rw_fake_cuda_copies_naming((uintptr_t)p, n) : 0;
+	if (queued) /* a copy that lands later writes freed memory: said for the tests */
+		fprintf(stderr, "fake cuda: page-locked memory of %zu bytes freed under %u queued "
+			"copies\n", n, queued);
+	pin_drop((uintptr_t)p);
+	free(p);
+	return CUDA_SUCCESS;
+}
 CUresult CUDAAPI cuMemHostRegister(void *p, size_t n, unsigned int f) { (void)f; pin_add((uintptr_t)p, n); return CUDA_SUCCESS; }
 CUresult CUDAAPI cuMemHostUnregister(void *p) { pin_drop((uintptr_t)p); return CUDA_SUCCESS; }
+struct copy_args {
+	void *dst;
+	const void *src;
+	size_t n;
+};
 static void copy_run(const void *a)
 {
 	const struct copy_args *c = a;
@@ -528,7 +551,7 @@ static void copy_run(const void *a)
 static CUresult copy_async(CUstream st, void *d, const void *s, size_t n)
 {
 	struct copy_args c = { d, s, n };
-	rw_fake_cuda_submit(st, copy_run, &c, sizeof(c));
+	rw_fake_cuda_submit_copy(st, copy_run, &c, sizeof(c), (uintptr_t)d, n, (uintptr_t)s, n);
 	return CUDA_SUCCESS;
 }
 CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr d, const void *s, size_t n, CUstream st) { return copy_async(st, (void *)(uintptr_t)d, s, n); }
@@ -691,7 +714,7 @@ CUresult CUDAAPI cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags)
 {
 	(void)flags;
 	struct ev_args r = { e->pg, atomic_load(&e->pg->recorded) };
-	submit(s, event_wait_run, &r, sizeof(r), event_ready);
+	submit(s, event_wait_run, &r, sizeof(r), event_ready, NULL);
 	return CUDA_SUCCESS;
 }
 
@@ -753,7 +776,8 @@ static CUresult value_op(CUstream s, CUdeviceptr addr, uint64_t v, int bits, int
 	if (bits == 64)
 		rw_fake_cuda_count(wait ? RW_FAKE_N_WORD_WAIT : RW_FAKE_N_WORD_WRITE);
 	/* A wait returns at once, as the driver's: only later work of its own stream is held. */
-	submit(s, wait ? value_wait_run : value_write_run, &w, sizeof(w), wait ? value_ready : NULL);
+	submit(s, wait ? value_wait_run : value_write_run, &w, sizeof(w), wait ? value_ready : NULL,
+	       NULL);
 	return CUDA_SUCCESS;
 }
 
@@ -900,7 +924,7 @@ CUresult CUDAAPI cuGraphLaunch(CUgraphExec exec, CUstream s)
 {
 	const struct rw_fake_graph *g = ((struct rw_fake_graph_exec *)exec)->g;
 	for (unsigned i = 0; i < g->n; i++)
-		submit(s, g->items[i].fn, g->items[i].arg, g->items[i].len, g->items[i].hold);
+		submit(s, g->items[i].fn, g->items[i].arg, g->items[i].len, g->items[i].hold, NULL);
 	return CUDA_SUCCESS;
 }
 

@@ -45,9 +45,13 @@ void rw_fake_cuda_host_fn(const void *stream, void (*fn)(void *), void *arg);
  * queued or running. */
 unsigned rw_fake_cuda_drain(const void *stream);
 
-/* Asynchronous copies (cuMemcpy*Async) queued or running on any stream whose source or
- * destination overlaps [p, p + n): what a mapping of that range closed now would pull from under
- * them (the cross-process stand-in's cuIpcCloseMemHandle says so on stderr). */
+/* As rw_fake_cuda_submit, for a copy that writes [dst, dst + dst_n) and reads [src, src + src_n). */
+void rw_fake_cuda_submit_copy(const void *stream, rw_fake_work_fn fn, const void *arg, size_t len,
+			      uintptr_t dst, size_t dst_n, uintptr_t src, size_t src_n);
+/* Copies (rw_fake_cuda_submit_copy: cuMemcpy*Async, the 2D pull) queued or running on any stream
+ * whose source or destination overlaps [p, p + n): what memory freed or unmapped now would pull
+ * from under them. cuIpcCloseMemHandle (cross-process stand-in), cuMemFreeHost and cuMemUnmap
+ * say so on stderr: "fake cuda: ... under N queued copies". */
 unsigned rw_fake_cuda_copies_naming(uintptr_t p, size_t n);
 
 /* Open another process's fd `fd` (pid's /proc/<pid>/fd/<fd>) read-write: how both stand-ins

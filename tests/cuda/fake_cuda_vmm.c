@@ -266,6 +266,10 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr p, size_t size, size_t offset,
 
 CUresult CUDAAPI cuMemUnmap(CUdeviceptr p, size_t size)
 {
+	const unsigned queued = rw_fake_cuda_copies_naming((uintptr_t)p, size);
+	if (queued) /* a GPU would fault on them: said for the tests */
+		fprintf(stderr, "fake cuda: VMM mapping of %zu bytes unmapped under %u queued copies\n",
+			size, queued);
 	pthread_mutex_lock(&mu);
 	CUresult res = CUDA_ERROR_INVALID_VALUE;
 	for (int i = 0; i < NMAP; i++)
@@ -373,7 +377,9 @@ CUresult CUDAAPI cuMemcpy2DAsync(const CUDA_MEMCPY2D *c, CUstream stream)
 		return CUDA_SUCCESS;
 	struct copy2d a = { c->dstHost, (const unsigned char *)(uintptr_t)c->srcDevice, c->dstPitch,
 			    c->srcPitch, c->WidthInBytes, c->Height };
-	rw_fake_cuda_submit(stream, copy2d_run, &a, sizeof(a));
+	rw_fake_cuda_submit_copy(stream, copy2d_run, &a, sizeof(a), (uintptr_t)c->dstHost,
+				 c->dstPitch * (c->Height - 1) + c->WidthInBytes, (uintptr_t)c->srcDevice,
+				 c->srcPitch * (c->Height - 1) + c->WidthInBytes);
 	return CUDA_SUCCESS;
 }
 

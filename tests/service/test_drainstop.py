@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Shutdown waits for the GPU (docs/service.md "Signals", docs/rankpath.md "A hung GPU"): on
 SIGTERM the copies a daemon queued into or out of its ranks' CUDA memory land before it closes
-the IPC mappings they use, bounded by gpu_stall_ms. Two real railwaved daemons on loopback tcp,
+the IPC mappings they use, and the header pulls out of group carve-outs before the carve-outs
+are freed, bounded by gpu_stall_ms. Two real railwaved daemons on loopback tcp,
 real CUDA rank processes (tests/integration/rw_rank.c --cuda, staged through node 0's pinned
 memory) on the cross-process CUDA stand-in, node 0 with its hang switch (RW_FAKE_CUDA_HANG=FILE:
-while FILE exists no stream work of that process runs). In each scenario FILE is created, every
-rank submits a dispatch, node 1's first rank is killed: the pairs fail on both nodes and node
+while FILE exists no stream work of that process runs). In scenarios 1, 2 and 4 FILE is created,
+every rank submits a dispatch, node 1's first rank is killed: the pairs fail on both nodes and node
 0's CUDA ranks have their answers held while the copies staging their inputs hang (node 0 maps
 their buffers). Then node 0 gets SIGTERM. The stand-in says on stderr (into node 0's log) when an
-IPC mapping is closed while a copy naming it is queued ("closed under N queued copies").
+IPC mapping is closed, page-locked memory freed or a VMM mapping unmapped while a copy naming it
+is queued ("fake cuda: ... under N queued copies").
 
 1. Lands (gpu_stall_ms 60000): node 0 does not exit while the copies hang; it logs that it
    waits for them, answers `stats`, and keeps the ranks' buffers mapped. FILE removed: the
@@ -18,7 +20,11 @@ IPC mapping is closed while a copy naming it is queued ("closed under N queued c
    bound (plus the drain's 2 s margin at most), naming GPU 0 in its log; no mapping is closed
    under the queued copies (the import cache leaves them to the process's exit, logged), and
    its ranks were told their copies may still land.
-3. As 1, with the kernel stand-in (where the build has the CUDA mover's kernels): node 0's CUDA
+3. A carve-out's pull (the groups' carve-outs on the stand-in's discrete GPU, phase_timeout_ms
+   3000, gpu_stall_ms 60000): a GPU group's phase (rw_pagerank) times out with node 0's header
+   pull out of its carve-out hung; node 0 holds the carve-out. SIGTERM: node 0 waits; FILE
+   removed: the pull lands, then the mesh frees the carve-out (no "under" line), exit 0.
+4. As 1, with the kernel stand-in (where the build has the CUDA mover's kernels): node 0's CUDA
    mover carries the CUDA ranks, its copies and kernels on the stage's streams.
 Run by tests/run as $b/test/svc_drainstop; exits 0 pass, 1 fail, 77 skip."""
 import os
@@ -32,7 +38,8 @@ sys.path.insert(0, os.path.join(B, "tests", "lib"))
 import cluster  # noqa: E402  (the multi-daemon harness: tests/lib/cluster.py)
 
 check = cluster.Checks()
-UNDER = "fake cuda: IPC mapping of"  # the stand-in's line: closed under a queued copy
+UNDER = "queued copies"  # the stand-in's "fake cuda: ... under N queued copies"
+LANDED = "shutdown: the copies into ranks' CUDA memory and group carve-outs landed after"
 
 
 def summary(c, n):
@@ -105,14 +112,21 @@ def with_held_job(tmp, name, stall_ms, seed, body, driver=cluster.FAKE_CUDA):
         c.stop()
 
 
-def lands(c, hang, ranks0, maps0):
+def sigterm_waits(c, what):
+    """SIGTERM to node 0, which must say it waits for the copies (`what`) and still run a
+    second later. Returns its process."""
     d0 = c.procs[0]
     d0.send_signal(signal.SIGTERM)
     check(cluster.wait_for(lambda: "shutdown: waiting up to" in c.log(0)),
-          "SIGTERM: node 0 waits for the copies queued into its ranks' memory: %s"
-          % [ln for ln in c.log(0).splitlines() if "shutdown" in ln][-3:])
+          "SIGTERM: node 0 waits for %s: %s"
+          % (what, [ln for ln in c.log(0).splitlines() if "shutdown" in ln][-3:]))
     time.sleep(1.0)
-    check(d0.poll() is None, "SIGTERM: node 0 still runs while the copies hang")
+    check(d0.poll() is None, "SIGTERM: node 0 still runs while %s hang" % what)
+    return d0
+
+
+def lands(c, hang, ranks0, maps0):
+    d0 = sigterm_waits(c, "the copies queued into its ranks' memory")
     check(summary(c, 0).get("gpus_stalled") == "0",
           "SIGTERM: node 0 answers stats meanwhile, GPU 0 not declared stalled")
     check(cluster.maps_named(d0.pid, "rw-fake-cuda") > maps0,
@@ -122,7 +136,7 @@ def lands(c, hang, ranks0, maps0):
     rc = node0_exit(c)
     check(rc == 0, "FILE removed: node 0 exited 0 (%s)" % rc)
     log0 = c.log(0)
-    check("shutdown: the copies into ranks' CUDA memory landed after" in log0,
+    check(LANDED in log0,
           "FILE removed: node 0 logged that the copies landed before the mappings closed")
     check(UNDER not in log0 and "left open" not in log0,
           "no mapping was closed under a queued copy: %s"
@@ -157,6 +171,43 @@ def hung(c, hang, ranks0, maps0):
           % {r: v[1][-200:] for r, v in res0.items()})
 
 
+def scenario_carve(tmp, seed):
+    tmp = os.path.join(tmp, "carve")
+    os.mkdir(tmp)
+    hang = os.path.join(tmp, "hang")
+    c = cluster.Cluster(tmp, 2, extra={"transport": "tcp", "group_area_mib": 1,
+                                       "group_pool_mib": 2, "phase_timeout_ms": 3000,
+                                       "gpu_stall_ms": 60000})
+    c.env.update(RAILWAVE_TEST_GPUDIRECT="1", RW_CUDA_DRIVER=cluster.FAKE_CUDA)
+    c.node_env[0] = {"RW_FAKE_CUDA_VMM_NOCPU": "1", "RW_FAKE_CUDA_HANG": hang}
+    c.node_env[1] = {"RW_FAKE_CUDA_VMM_NOCPU": "1"}
+    try:
+        c.start_all()
+        check("the groups' carve-outs in GPU 0's memory" in c.log(0),
+              "carve: node 0 places the carve-outs on GPU 0")
+        open(hang, "w").close()
+        res = cluster.outputs([(r, c.pagerank(r, "drain.carve", 1, 1, seed, "one"))
+                               for r in range(c.nodes * c.gpus)])
+        check(all(v[0] == 0 and "one: phase 1 failed" in v[1] for v in res.values()),
+              "carve: the GPU group's phase failed, node 0's header pull hung: %s"
+              % [v[1].splitlines()[-1:] for v in res.values()])
+        check(summary(c, 0).get("carve_outs", "").startswith("1/"),
+              "carve: node 0 holds the failed pair's carve-out for its pull (%s)"
+              % summary(c, 0).get("carve_outs"))
+        sigterm_waits(c, "the pulls out of the carve-out")
+        os.unlink(hang)
+        rc = node0_exit(c)
+        check(rc == 0, "carve: FILE removed: node 0 exited 0 (%s)" % rc)
+        log0 = c.log(0)
+        check(LANDED in log0 and UNDER not in log0,
+              "carve: the pull landed before the carve-out was freed: %s"
+              % [ln for ln in log0.splitlines() if UNDER in ln or "shutdown" in ln][-3:])
+    finally:
+        if os.path.exists(hang):
+            os.unlink(hang)
+        c.stop()
+
+
 def main():
     if not cluster.built(cluster.DAEMON, cluster.RANK) or not os.path.exists(cluster.FAKE_CUDA):
         print("skip: railwaved, rw_rank or the CUDA stand-in not built")
@@ -165,7 +216,8 @@ def main():
     with tempfile.TemporaryDirectory(prefix="rwdrainstop.", dir="/tmp") as tmp:
         check.scenarios([
             ("copies land at SIGTERM", lambda t, s: with_held_job(t, "lands", 60000, s, lands)),
-            ("GPU hung at SIGTERM", lambda t, s: with_held_job(t, "hung", 4000, s, hung))]
+            ("GPU hung at SIGTERM", lambda t, s: with_held_job(t, "hung", 4000, s, hung)),
+            ("a carve-out's pull at SIGTERM", scenario_carve)]
             + ([("CUDA mover: copies land at SIGTERM", lambda t, s: with_held_job(
                 t, "mover", 60000, s, lands, cluster.FAKE_KERN))]
                if os.path.exists(cluster.FAKE_KERN) else []),
