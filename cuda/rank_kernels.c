@@ -176,7 +176,15 @@ rw_status_t rw_cuda_rank_forward(const rw_cuda_ext_stream_t *s, const rw_cuda_ra
 	rw_cuda_rank_forward_t b = *a;
 	b.rec_size = rec_bytes(a->topk, a->hidden, a->dtype);
 	b.reserved = 0;
-	return rank_launch(s, RW_RK_FORWARD, grid_for(a->cap), 256, 4u * (a->n_experts / world), &b);
+	/* The blocks count their records' experts into `counts` with atomics: zeroed first, in
+	 * the stream (a memset node when captured). */
+	if (rank_load(s->device) != 0 || !rw_cu.cuMemsetD8Async)
+		return RW_ERR_UNSUPPORTED;
+	CUresult res = rw_cu.cuMemsetD8Async((CUdeviceptr)a->counts, 0, 4ull * a->n_experts,
+					     (CUstream)(uintptr_t)s->handle);
+	if (res != CUDA_SUCCESS)
+		return rw_cu_fail(res, "cuMemsetD8Async");
+	return rank_launch(s, RW_RK_FORWARD, grid_for(a->cap), 256, 0, &b);
 }
 
 rw_status_t rw_cuda_rank_gather(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_gather_t *a)
