@@ -78,40 +78,6 @@ static void pair_close(exec_pair_t *p, int clean)
 		rw_svc_stop(x->svc);
 }
 
-/* Whether no mover's copy out of or into the pair's carve-out may still land (a hung GPU's may
- * not for long: the carve-out then stays out of the pool until they do). */
-static int carve_settled(const exec_t *x, const exec_pair_t *p)
-{
-	for (uint32_t i = 0; p->carve >= 0 && i < x->n_movers; i++)
-		if (x->movers[i].ops->settled && !x->movers[i].ops->settled(x->movers[i].mover, &p->ph))
-			return 0;
-	return 1;
-}
-
-unsigned exec_carves_moving(const exec_t *x, unsigned *held_p, uint64_t *devs_p)
-{
-	unsigned moving = 0, held = 0;
-	uint64_t devs = 0;
-	const exec_pair_t *p;
-	rw_list_for_each(&x->pairs, p, link) {
-		if (exec_open(p) || p->carve < 0 || carve_settled(x, p))
-			continue;
-		int stalled = 0;
-		for (uint32_t r = 0; r < p->ph.rails && r < RW_MAX_RAILS; r++) {
-			const int d = p->ph.slab_gpu[r];
-			if (d < 0 || d >= 64)
-				continue;
-			devs |= 1ull << d;
-			stalled |= rw_svc_gpu_stalled(d, NULL, 0);
-		}
-		held++;
-		moving += !stalled;
-	}
-	*held_p = held;
-	*devs_p = devs;
-	return moving;
-}
-
 static void reaper_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 {
 	(void)loop, (void)revents;
@@ -119,7 +85,7 @@ static void reaper_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 	exec_answer_late_sweep(x);
 	exec_pair_t *p, *nx;
 	rw_list_for_each_safe(&x->pairs, p, nx, link)
-		if (!exec_open(p) && p->outstanding == 0 && carve_settled(x, p)) {
+		if (!exec_open(p) && p->outstanding == 0 && exec_carve_settled(x, p)) {
 			rw_list_del(&p->link);
 			if (p->carve >= 0) /* none of its writes reads the carve-out any more */
 				rw_svc_mesh_carve_put(x->mesh, (uint32_t)p->carve);

@@ -233,8 +233,8 @@ static void copies_drain(exec_t *x)
 			"process's exit, never closed under a copy", gpus, left.ranks, why, ms);
 	if (left.carves)
 		rw_warn("shutdown: GPU %s: header pulls out of %u group carve-outs have not landed "
-			"(%s, after %llu ms): the carve-outs are freed with the mesh all the same",
-			gpus, left.carves, why, ms);
+			"(%s, after %llu ms): the carve-outs are left to the process's exit, never "
+			"freed under a copy", gpus, left.carves, why, ms);
 }
 
 void rw_svc_exec_ipc_stop(rw_svc_exec_t *x)
@@ -262,6 +262,7 @@ void rw_svc_exec_destroy(rw_svc_exec_t *x)
 	if (!x)
 		return;
 	exec_stop(x);
+	exec_carves_leave(x); /* what a copy on a GPU may still use, the mesh does not free */
 	rw_svc_mesh_destroy(x->mesh); /* reports every outstanding write */
 	exec_free_pairs(x);
 	exec_keys_free(x);

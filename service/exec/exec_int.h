@@ -599,6 +599,16 @@ void exec_carve_tick(exec_t *x, uint64_t now);
  * fd (host or GPU memory), bytes and sub-areas; else an RW_E_* code and why (g->carve_why). */
 int exec_carve_lend(exec_t *x, const exec_group_t *g, uint32_t rail, rw_ipc_slab_t *slab_p,
 		    const char **why_p);
+/* Whether no mover's copy out of or into pair p's carve-out may still land (a hung GPU's may
+ * not for long: the pair, and so the carve-out, stays out of the pool until they do). */
+int exec_carve_settled(const exec_t *x, const exec_pair_t *p);
+/* Shutdown's drain (rw_svc_exec_ipc_stop): closed pairs whose carve-out a mover's copy (a header
+ * pull) may still read or write (*held_p), how many of them on no stalled GPU (returned), and
+ * their GPUs (*devs_p, bit d). */
+unsigned exec_carves_moving(const exec_t *x, unsigned *held_p, uint64_t *devs_p);
+/* Shutdown, before the mesh goes (rw_svc_exec_destroy): every carve-out such a copy may still
+ * use is left to the process's exit (rw_svc_mesh_carve_leave), named with its GPUs. */
+void exec_carves_leave(exec_t *x);
 
 /* The pair's areas of `slot` on every rail (host and, for GPU slabs, device addresses). */
 void exec_areas_set(exec_pair_t *p, int slot);
@@ -754,10 +764,6 @@ void exec_on_mover_done(void *ctx, uint32_t serial, rw_svc_mover_op_t op, uint32
 void exec_start(exec_t *x);
 /* Stop the watchers, fail every open pair ("daemon stopping") and flush the held answers. */
 void exec_stop(exec_t *x);
-/* Shutdown's drain (rw_svc_exec_ipc_stop): closed pairs whose carve-out a mover's copy (a header
- * pull) may still read or write (*held_p), how many of them on no stalled GPU (returned), and
- * their GPUs (*devs_p, bit d). */
-unsigned exec_carves_moving(const exec_t *x, unsigned *held_p, uint64_t *devs_p);
 /* Fail every open pair with `why` (the peers are not told); their held answers stay held. */
 void exec_fail_open(exec_t *x, const char *why);
 /* After the mesh reported every outstanding write: free every pair struct. */

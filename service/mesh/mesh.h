@@ -68,6 +68,13 @@ void rw_svc_mesh_carve_hold(rw_svc_mesh_t *mesh, uint32_t index);
  * that still maps one keeps pages that nothing else uses any more (the next take makes fresh
  * ones). */
 void rw_svc_mesh_carve_put(rw_svc_mesh_t *mesh, uint32_t index);
+/* Shutdown, for a carve-out that a copy queued on a GPU may still read or write (a header pull
+ * on a hung GPU: docs/rankpath.md "A hung GPU"); `why` says which. When it goes (its last
+ * reference, or rw_svc_mesh_destroy) it is deregistered from its rails as usual, but its memory
+ * — on each rail the GPU mapping with its export, the page-locked shadow, the host mapping and
+ * memfd — is left to the process's exit, logged by name, never unmapped, freed or closed under
+ * that copy. Not live: nothing. */
+void rw_svc_mesh_carve_leave(rw_svc_mesh_t *mesh, uint32_t index, const char *why);
 /* Carve-out `index`'s memfd on `rail` (what is lent; it stays the mesh's) and its bytes; -1
  * when it is not live. */
 int rw_svc_mesh_carve_fd(const rw_svc_mesh_t *mesh, uint32_t index, uint32_t rail,

@@ -41,8 +41,50 @@ rw_status_t mesh_carve_init(rw_svc_mesh_t *m, uint64_t carve_bytes, uint32_t car
 	return RW_OK;
 }
 
-/* Deregister first (no byte of the region changes after it), then unmap and close. A GPU
- * carve-out's memory goes when no rank maps it any more either. */
+/* The memory of carve-outs left to the process's exit (carve_keep), kept reachable from here:
+ * nothing frees it, whichever mesh it came from. */
+typedef struct carve_kept {
+	struct carve_kept *next;
+	mesh_carve_t cv;
+} carve_kept_t;
+static carve_kept_t *carve_kept;
+
+/* A carve-out a queued copy may still use goes (deregistered already): its memory on every rail
+ * is kept as it is, named in the log. The rail's own mapping of the export (nic) is no copy's. */
+static void carve_keep(rw_svc_mesh_t *m, mesh_carve_t *cv)
+{
+	char what[160] = "";
+	size_t at = 0;
+	for (uint32_t r = 0; r < m->rails && at < sizeof(what); r++) {
+		const int dev = cv->vmm[r] ? rw_cuda_vmm_device(cv->vmm[r]) : -1;
+		int n;
+		if (dev >= 0)
+			n = snprintf(what + at, sizeof(what) - at, "%srail %u: GPU %d's mapping of %zu "
+				     "bytes%s", r ? "; " : "", r, dev, rw_cuda_vmm_bytes(cv->vmm[r]),
+				     cv->shadow[r] ? " and its page-locked shadow" : "");
+		else
+			n = snprintf(what + at, sizeof(what) - at, "%srail %u: host memfd of %llu bytes",
+				     r ? "; " : "", r, (unsigned long long)m->carve_bytes);
+		at += n > 0 ? (size_t)n : 0;
+	}
+	rw_warn("group %s: carve-out %u left to the process's exit, never freed under a copy (%s): "
+		"%s", cv->group, (uint32_t)(cv - m->carve), cv->left, what);
+	carve_kept_t *k = malloc(sizeof(*k));
+	if (k) { /* else the memory is still never freed, only no longer listed */
+		*k = (carve_kept_t){ .next = carve_kept, .cv = *cv };
+		carve_kept = k;
+	}
+}
+
+void rw_svc_mesh_carve_leave(rw_svc_mesh_t *m, uint32_t index, const char *why)
+{
+	if (index < m->carve_max && m->carve[index].refs && !m->carve[index].left[0])
+		snprintf(m->carve[index].left, sizeof(m->carve[index].left), "%s", why);
+}
+
+/* Deregister first (no byte of the region changes after it), then unmap and close — unless a
+ * copy queued on a GPU may still use the memory (rw_svc_mesh_carve_leave): then it is kept. A
+ * GPU carve-out's memory goes when no rank maps it any more either. */
 static void carve_free(rw_svc_mesh_t *m, mesh_carve_t *cv)
 {
 	for (uint32_t r = 0; r < m->rails; r++) {
@@ -50,23 +92,30 @@ static void carve_free(rw_svc_mesh_t *m, mesh_carve_t *cv)
 			rw_rail_dereg(cv->region[r]);
 		if (cv->nic[r])
 			munmap(cv->nic[r], m->carve_bytes);
+		cv->region[r] = NULL;
+		cv->nic[r] = NULL;
+	}
+	if (cv->left[0])
+		carve_keep(m, cv);
+	for (uint32_t r = 0; r < m->rails && !cv->left[0]; r++) {
 		if (cv->shadow[r])
 			rw_cuda_host_free(cv->shadow[r]);
-		cv->nic[r] = cv->shadow[r] = NULL;
 		if (cv->vmm[r])
 			rw_cuda_vmm_release(cv->vmm[r]);
 		else if (cv->mem[r])
 			munmap(cv->mem[r], m->carve_bytes);
-		cv->vmm[r] = NULL;
 		if (cv->fd[r] >= 0)
 			close(cv->fd[r]);
-		cv->region[r] = NULL;
-		cv->mem[r] = NULL;
+	}
+	for (uint32_t r = 0; r < m->rails; r++) {
+		cv->shadow[r] = cv->mem[r] = NULL;
+		cv->vmm[r] = NULL;
 		cv->fd[r] = -1;
 	}
 	cv->refs = 0;
 	cv->cpu = 0;
 	cv->group[0] = 0;
+	cv->left[0] = 0;
 }
 
 void mesh_carve_fini(rw_svc_mesh_t *m)

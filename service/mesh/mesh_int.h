@@ -145,6 +145,9 @@ typedef struct mesh_carve {
 	uint8_t *shadow[RW_MAX_RAILS];
 	uint8_t *nic[RW_MAX_RAILS];
 	int cpu;
+	/* A copy queued on a GPU may still read or write it (rw_svc_mesh_carve_leave): when it goes,
+	 * its memory is left to the process's exit, never freed. Why, for the log; "": freed. */
+	char left[160];
 } mesh_carve_t;
 
 struct rw_svc_mesh {

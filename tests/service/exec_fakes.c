@@ -654,6 +654,10 @@ uint64_t rw_svc_mesh_carve_off(const rw_svc_mesh_t *mesh, uint32_t index)
 
 void rw_svc_mesh_carve_hold(rw_svc_mesh_t *mesh, uint32_t index) { (void)mesh, (void)index; }
 void rw_svc_mesh_carve_put(rw_svc_mesh_t *mesh, uint32_t index) { (void)mesh, (void)index; }
+void rw_svc_mesh_carve_leave(rw_svc_mesh_t *mesh, uint32_t index, const char *why)
+{
+	(void)mesh, (void)index, (void)why;
+}
 
 int rw_svc_mesh_carve_fd(const rw_svc_mesh_t *mesh, uint32_t index, uint32_t rail,
 			 uint64_t *bytes_p)

@@ -5,7 +5,7 @@ the IPC mappings they use, and the header pulls out of group carve-outs before t
 are freed, bounded by gpu_stall_ms. Two real railwaved daemons on loopback tcp,
 real CUDA rank processes (tests/integration/rw_rank.c --cuda, staged through node 0's pinned
 memory) on the cross-process CUDA stand-in, node 0 with its hang switch (RW_FAKE_CUDA_HANG=FILE:
-while FILE exists no stream work of that process runs). In scenarios 1, 2 and 4 FILE is created,
+while FILE exists no stream work of that process runs). In scenarios 1, 2 and 5 FILE is created,
 every rank submits a dispatch, node 1's first rank is killed: the pairs fail on both nodes and node
 0's CUDA ranks have their answers held while the copies staging their inputs hang (node 0 maps
 their buffers). Then node 0 gets SIGTERM. The stand-in says on stderr (into node 0's log) when an
@@ -24,7 +24,12 @@ is queued ("fake cuda: ... under N queued copies").
    3000, gpu_stall_ms 60000): a GPU group's phase (rw_pagerank) times out with node 0's header
    pull out of its carve-out hung; node 0 holds the carve-out. SIGTERM: node 0 waits; FILE
    removed: the pull lands, then the mesh frees the carve-out (no "under" line), exit 0.
-4. As 1, with the kernel stand-in (where the build has the CUDA mover's kernels): node 0's CUDA
+4. As 3 with gpu_stall_ms 2000, FILE left: GPU 0 is declared stalled (the phase fails naming
+   it) with the pull still queued. SIGTERM: node 0 exits 0 by itself within the bound, FILE
+   still there; it names the pull that did not land and the carve-out it left to its exit (the
+   VMM mapping and page-locked shadow of each rail); nothing is freed or unmapped under the
+   pull (no "under" line).
+5. As 1, with the kernel stand-in (where the build has the CUDA mover's kernels): node 0's CUDA
    mover carries the CUDA ranks, its copies and kernels on the stage's streams.
 Run by tests/run as $b/test/svc_drainstop; exits 0 pass, 1 fail, 77 skip."""
 import os
@@ -148,19 +153,29 @@ def lands(c, hang, ranks0, maps0):
           % {r: v[1][-200:] for r, v in res0.items()})
 
 
-def hung(c, hang, ranks0, maps0):
+def sigterm_hung(c, hang, name, line, left, bound_s=None):
+    """SIGTERM to node 0 with FILE left (its GPU stalled, or about to be): it must exit 0 by
+    itself (within bound_s seconds, when given), FILE still there, and name in one log line
+    (the one with `line`) the copies that have not landed on its stalled GPU and what it left
+    to its exit (`left`). Returns node 0's log."""
     t0 = time.time()
     c.procs[0].send_signal(signal.SIGTERM)
     rc = node0_exit(c)
-    check(rc == 0, "GPU hung at SIGTERM: node 0 exited 0 by itself in %.1f s (%s)"
-          % (time.time() - t0, rc))
-    check(os.path.exists(hang), "GPU hung at SIGTERM: the copies never landed (FILE kept)")
+    took = time.time() - t0
+    check(rc == 0 and (bound_s is None or took < bound_s),
+          "%s: node 0 exited 0 by itself in %.1f s (%s)" % (name, took, rc))
+    check(os.path.exists(hang), "%s: the copies never landed (FILE kept)" % name)
     log0 = c.log(0)
-    named = [ln for ln in log0.splitlines() if "shutdown: GPU 0: copies queued" in ln]
-    check(len(named) == 1 and "have not landed (stalled" in named[0] and
-          "left open to the process's exit" in named[0],
-          "GPU hung at SIGTERM: node 0 named GPU 0 and left the mappings open: %s"
-          % (named or [ln for ln in log0.splitlines() if "shutdown" in ln][-3:]))
+    named = [ln for ln in log0.splitlines() if line in ln]
+    check(len(named) == 1 and "have not landed (stalled" in named[0] and left in named[0],
+          "%s: node 0 named GPU 0's copies that did not land, %s: %s"
+          % (name, left, named or [ln for ln in log0.splitlines() if "shutdown" in ln][-3:]))
+    return log0
+
+
+def hung(c, hang, ranks0, maps0):
+    log0 = sigterm_hung(c, hang, "GPU hung at SIGTERM", "shutdown: GPU 0: copies queued",
+                        "left open to the process's exit")
     check("cuda: ipc cache left" in log0 and UNDER not in log0,
           "GPU hung at SIGTERM: no mapping closed under the queued copies: %s"
           % [ln for ln in log0.splitlines() if UNDER in ln or "ipc cache" in ln])
@@ -171,29 +186,38 @@ def hung(c, hang, ranks0, maps0):
           % {r: v[1][-200:] for r, v in res0.items()})
 
 
-def scenario_carve(tmp, seed):
-    tmp = os.path.join(tmp, "carve")
+def scenario_carve(tmp, seed, stalled):
+    """A GPU group's phase fails with node 0's header pull out of its carve-out hung; SIGTERM.
+    `stalled` (gpu_stall_ms 2000): GPU 0 is declared stalled first, node 0 exits by itself with
+    the pull still hung and leaves the carve-out to its exit, named. Else (60000): it waits, and
+    frees the carve-out once the pull landed (FILE removed)."""
+    name = "carvestall" if stalled else "carve"
+    tmp = os.path.join(tmp, name)
     os.mkdir(tmp)
     hang = os.path.join(tmp, "hang")
     c = cluster.Cluster(tmp, 2, extra={"transport": "tcp", "group_area_mib": 1,
                                        "group_pool_mib": 2, "phase_timeout_ms": 3000,
-                                       "gpu_stall_ms": 60000})
+                                       "gpu_stall_ms": 2000 if stalled else 60000})
     c.env.update(RAILWAVE_TEST_GPUDIRECT="1", RW_CUDA_DRIVER=cluster.FAKE_CUDA)
     c.node_env[0] = {"RW_FAKE_CUDA_VMM_NOCPU": "1", "RW_FAKE_CUDA_HANG": hang}
     c.node_env[1] = {"RW_FAKE_CUDA_VMM_NOCPU": "1"}
+    group = "drain." + name
     try:
         c.start_all()
         check("the groups' carve-outs in GPU 0's memory" in c.log(0),
-              "carve: node 0 places the carve-outs on GPU 0")
+              "%s: node 0 places the carve-outs on GPU 0" % name)
         open(hang, "w").close()
-        res = cluster.outputs([(r, c.pagerank(r, "drain.carve", 1, 1, seed, "one"))
+        res = cluster.outputs([(r, c.pagerank(r, group, 1, 1, seed, "one"))
                                for r in range(c.nodes * c.gpus)])
         check(all(v[0] == 0 and "one: phase 1 failed" in v[1] for v in res.values()),
-              "carve: the GPU group's phase failed, node 0's header pull hung: %s"
-              % [v[1].splitlines()[-1:] for v in res.values()])
+              "%s: the GPU group's phase failed, node 0's header pull hung: %s"
+              % (name, [v[1].splitlines()[-1:] for v in res.values()]))
         check(summary(c, 0).get("carve_outs", "").startswith("1/"),
-              "carve: node 0 holds the failed pair's carve-out for its pull (%s)"
-              % summary(c, 0).get("carve_outs"))
+              "%s: node 0 holds the failed pair's carve-out for its pull (%s)"
+              % (name, summary(c, 0).get("carve_outs")))
+        if stalled:
+            carve_stalled(c, hang, group)
+            return
         sigterm_waits(c, "the pulls out of the carve-out")
         os.unlink(hang)
         rc = node0_exit(c)
@@ -208,6 +232,26 @@ def scenario_carve(tmp, seed):
         c.stop()
 
 
+def carve_stalled(c, hang, group):
+    """GPU 0 declared stalled with the pull out of group's carve-out still queued: SIGTERM ends
+    node 0 within the bound (gpu_stall_ms + 2 s, with a margin for ASan), exit 0, the carve-out's
+    memory (VMM mapping, page-locked shadow) left to the exit and named, nothing freed or unmapped
+    under the pull (no stand-in "under" line)."""
+    check(cluster.wait_for(lambda: summary(c, 0).get("gpus_stalled", "").split()[1:2] == ["0"]),
+          "carvestall: node 0 declared GPU 0 stalled (%s)" % summary(c, 0).get("gpus_stalled"))
+    log0 = sigterm_hung(c, hang, "carvestall", "header pulls out of", "left to the process's exit",
+                        2.0 + 2.0 + 3.0)
+    left = [ln for ln in log0.splitlines()
+            if "group %s: carve-out" % group in ln and "left to the process's exit" in ln]
+    check(len(left) == 1 and "(GPU 0 stalled with a header pull out of it queued)" in left[0] and
+          "rail 0: GPU 0's mapping of" in left[0] and "page-locked shadow" in left[0],
+          "carvestall: node 0 named the carve-out it left, its GPU mapping and shadow: %s"
+          % (left or [ln for ln in log0.splitlines() if "carve" in ln][-3:]))
+    check(UNDER not in log0,
+          "carvestall: nothing freed or unmapped under the queued pull: %s"
+          % [ln for ln in log0.splitlines() if UNDER in ln])
+
+
 def main():
     if not cluster.built(cluster.DAEMON, cluster.RANK) or not os.path.exists(cluster.FAKE_CUDA):
         print("skip: railwaved, rw_rank or the CUDA stand-in not built")
@@ -217,7 +261,9 @@ def main():
         check.scenarios([
             ("copies land at SIGTERM", lambda t, s: with_held_job(t, "lands", 60000, s, lands)),
             ("GPU hung at SIGTERM", lambda t, s: with_held_job(t, "hung", 4000, s, hung)),
-            ("a carve-out's pull at SIGTERM", scenario_carve)]
+            ("a carve-out's pull at SIGTERM", lambda t, s: scenario_carve(t, s, False)),
+            ("a carve-out's pull, GPU stalled at SIGTERM",
+             lambda t, s: scenario_carve(t, s, True))]
             + ([("CUDA mover: copies land at SIGTERM", lambda t, s: with_held_job(
                 t, "mover", 60000, s, lands, cluster.FAKE_KERN))]
                if os.path.exists(cluster.FAKE_KERN) else []),
