@@ -32,6 +32,10 @@ static void slot_release(exec_pair_t *p, int clean)
 	if (slot < EXEC_SLOTS) {
 		x->slot_busy[slot] = 0;
 		x->slot_free_at[slot] = free_at;
+		if (!clean) { /* until its movers' work settled (slot_hold_check) */
+			x->slot_held[slot] = 1;
+			p->slot_held = slot;
+		}
 	} else if (p->g) { /* the group's carve-out: only its own next pair uses it */
 		p->g->carve_free_at = free_at;
 	}
@@ -45,6 +49,37 @@ static int any_running(const exec_t *x)
 		if (exec_open(q) && q->stage != ST_WAIT_C)
 			return 1;
 	return 0;
+}
+
+/* Whether no mover's kernel or copy of the (closed) pair may still land. */
+static int movers_settled(const exec_t *x, const exec_pair_t *p)
+{
+	for (uint32_t i = 0; i < x->n_movers; i++)
+		if (x->movers[i].ops->settled && !x->movers[i].ops->settled(x->movers[i].mover, &p->ph))
+			return 0;
+	return 1;
+}
+
+/* A failed pair's shared slot goes back into use only once its movers' work settled: the CUDA
+ * mover's pack and sum kernels write the slot's send areas, and on a hung GPU they may land
+ * long after the heartbeat timeout that keeps the slot idle for the peers' writes. `closing`:
+ * asked as the pair closes (a slot kept is said then, and said again when it returns). */
+static void slot_hold_check(exec_pair_t *p, int closing)
+{
+	exec_t *x = p->x;
+	const int s = p->slot_held;
+	if (s < 0)
+		return;
+	if (!movers_settled(x, p)) {
+		if (closing)
+			rw_info("slot %d kept out of use: failed pair %u's work on the GPU has not landed "
+				"and may still write its areas", s, p->serial);
+		return;
+	}
+	if (!closing)
+		rw_info("slot %d back in use: failed pair %u's GPU work landed", s, p->serial);
+	x->slot_held[s] = 0;
+	p->slot_held = -1;
 }
 
 /* Close a pair (success or failure): stop using the ranks' buffers at once. */
@@ -71,6 +106,7 @@ static void pair_close(exec_pair_t *p, int clean)
 	if (p->mv_state)
 		p->mv->close(p->mv_mover, p->mv_state);
 	p->mv_state = NULL;
+	slot_hold_check(p, 1);
 	rw_svc_layout_free(&p->plan.layout);
 	rw_arena_free(&p->mem);
 	p->tr = NULL; /* it lived in the arena */
@@ -84,13 +120,17 @@ static void reaper_cb(struct ev_loop *loop, ev_prepare *w, int revents)
 	exec_t *x = w->data;
 	exec_answer_late_sweep(x);
 	exec_pair_t *p, *nx;
-	rw_list_for_each_safe(&x->pairs, p, nx, link)
-		if (!exec_open(p) && p->outstanding == 0 && exec_carve_settled(x, p)) {
+	rw_list_for_each_safe(&x->pairs, p, nx, link) {
+		if (exec_open(p))
+			continue;
+		slot_hold_check(p, 0);
+		if (p->outstanding == 0 && p->slot_held < 0 && exec_carve_settled(x, p)) {
 			rw_list_del(&p->link);
 			if (p->carve >= 0) /* none of its writes reads the carve-out any more */
 				rw_svc_mesh_carve_put(x->mesh, (uint32_t)p->carve);
 			free(p);
 		}
+	}
 }
 
 /* Page rank g of the pair's dispatch has its rows: its done of it counted, or (stored since
@@ -265,9 +305,14 @@ static void describe_wait(const exec_pair_t *p, char *buf, size_t len)
 	case ST_EXCHANGE:
 		exec_plan_waiting(p, buf, len);
 		return;
-	case ST_WAIT_SLOT:
-		snprintf(buf, len, "a free receive slot (other groups' pairs hold both)");
+	case ST_WAIT_SLOT: {
+		int held = 0;
+		for (int s = 0; s < EXEC_SLOTS; s++)
+			held += x->slot_held[s];
+		snprintf(buf, len, "a free receive slot (other groups' pairs hold them%s)",
+			 held ? "; failed pairs' GPU work that has not landed keeps some" : "");
 		return;
+	}
 	case ST_FLUSH_D:
 	case ST_FLUSH_C:
 		snprintf(buf, len, "%u copies of the outputs into the ranks' GPU memory", p->out.pending);
@@ -480,7 +525,8 @@ static void pair_check_done(exec_pair_t *p)
 /* The pair's slot: its group's carve-out where it has one and the mover takes fresh areas per
  * pair (the CUDA mover maps the shared slots once and keeps them), and either reads it only
  * through the header pull (the rank path) or the daemon's CPU reads the carve-out in place (not
- * a discrete GPU's memory); else a free shared slot. */
+ * a discrete GPU's memory); else a free shared slot: not busy, not kept for a failed pair's GPU
+ * work (slot_hold_check), idle past a failed pair's heartbeat timeout. */
 static int slot_take(exec_t *x, exec_pair_t *p)
 {
 	uint64_t now = rw_now_ns();
@@ -493,23 +539,77 @@ static int slot_take(exec_t *x, exec_pair_t *p)
 		return EXEC_SLOTS + p->g->carve;
 	}
 	for (int s = 0; s < EXEC_SLOTS; s++)
-		if (!x->slot_busy[s] && now >= x->slot_free_at[s]) {
+		if (!x->slot_busy[s] && !x->slot_held[s] && now >= x->slot_free_at[s]) {
 			x->slot_busy[s] = 1;
 			return s;
 		}
 	return -1;
 }
 
+/* The GPUs a closed pair's kernels and copies ran on: its ranks' CUDA memory and its slabs. */
+static uint64_t pair_devs(const exec_pair_t *p)
+{
+	uint64_t devs = 0;
+	for (int k = 0; k < RW_SVC_KIND_COUNT; k++)
+		for (uint32_t g = 0; g < p->ph.gpus && g < RW_MAX_GPUS; g++) {
+			const rw_svc_rank_io_t *io = &p->ph.io[k][g];
+			const int d[4] = { io->in[0].dev, io->in[1].dev, io->in[2].dev, io->out.dev };
+			for (int i = 0; i < 4; i++)
+				if (d[i] >= 0 && d[i] < 64)
+					devs |= 1ull << d[i];
+		}
+	for (uint32_t r = 0; r < p->ph.rails && r < RW_MAX_RAILS; r++)
+		if (p->ph.slab_dev[r] >= 0 && p->ph.slab_dev[r] < 64)
+			devs |= 1ull << p->ph.slab_dev[r];
+	return devs;
+}
+
+/* Every shared slot is kept for a failed pair whose work may still land on a GPU declared
+ * stalled: none frees before that GPU moves again, so a pair waiting for one is refused, named
+ * (why: the first such GPU), rather than left to its phase timeout. While one of them
+ * waits on a GPU not (yet) declared stalled, or a slot is only busy or idle, the pair waits. */
+static int slots_stalled(const exec_t *x, char *why, size_t len)
+{
+	uint64_t stalled = 0;
+	for (int s = 0; s < EXEC_SLOTS; s++) {
+		if (!x->slot_held[s])
+			return 0;
+		const exec_pair_t *q;
+		uint64_t devs = 0;
+		rw_list_for_each(&x->pairs, q, link)
+			if (q->slot_held == s)
+				devs = pair_devs(q);
+		uint64_t st = 0;
+		for (int d = 0; d < 64; d++)
+			if ((devs >> d & 1) && rw_svc_gpu_stalled(d, NULL, 0))
+				st |= 1ull << d;
+		if (!st)
+			return 0;
+		stalled |= st;
+	}
+	int d = 0;
+	while (!(stalled >> d & 1))
+		d++;
+	snprintf(why, len, "no receive slot is free: GPU %d is stalled, and failed pairs' kernels "
+		 "queued on it may still write each of the %d slots (refused until it moves again)", d,
+		 EXEC_SLOTS);
+	return 1;
+}
+
 static void pair_exchange(exec_pair_t *p)
 {
 	exec_t *x = p->x;
 	int slot = slot_take(x, p);
+	char why[RW_SVC_WHY_MAX];
+	if (slot < 0 && slots_stalled(x, why, sizeof(why)))
+		return exec_pair_fail(p, RW_ERR_DEVICE, "%s", why);
 	if (slot < 0) {
 		if (p->stage != ST_WAIT_SLOT)
 			exec_stage_move(p, ST_WAIT_SLOT); /* the tick retries */
 		return;
 	}
 	p->xchg.slot = slot;
+	PTRACE(p, "group %s: slot %d", p->g->name, slot);
 	exec_areas_set(p, slot);
 	exec_stage_move(p, ST_EXCHANGE);
 	if (exec_plan_send_row(p) != RW_OK)
@@ -627,6 +727,7 @@ exec_pair_t *exec_pair_open(exec_t *x, exec_group_t *g, const rw_wire_key_t *key
 	p->tag = rw_wire_key_tag(key);
 	p->serial = ++x->next_serial;
 	p->carve = -1;
+	p->slot_held = -1;
 	p->stage = ST_GATHER_D; /* where every pair begins: no change to check */
 	p->t0 = p->phase_t0 = rw_now_ns();
 	if (exec_plan_init(p, sqe) != RW_OK || exec_recv_init(p) != RW_OK) {

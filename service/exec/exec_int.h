@@ -220,6 +220,8 @@ struct exec_pair {
 				      * joined (SEAT_NEW when it came) */
 	uint32_t serial;             /* names the pair in the mover's reports */
 	int carve;                   /* the carve-out it holds a reference on until freed, or -1 */
+	int slot_held;               /* closed after a failure: the shared slot it keeps out of use
+				      * until its movers' work settled, or -1 */
 	int page_busy;               /* its running kind has page ranks in flight: the word
 				      * poller spins (exec_page_busy) */
 	struct exec_trace_pair *tr;  /* phase trace (trace.h); NULL when off or closed */
@@ -335,6 +337,8 @@ struct rw_svc_exec {
 	uint32_t quiet_next;
 	int slot_busy[EXEC_SLOTS];
 	uint64_t slot_free_at[EXEC_SLOTS];
+	int slot_held[EXEC_SLOTS];   /* kept out of use: a failed pair's GPU work may still write
+				      * its areas (the pair's slot_held, exec.c) */
 	rw_list_t groups;
 	rw_list_t pairs;
 	rw_list_t rows;              /* early count rows (exec_keys.c) */

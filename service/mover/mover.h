@@ -247,7 +247,8 @@ typedef struct rw_svc_mover_ops {
 	void (*quiesce)(void *mover, void *state);
 	void (*close)(void *mover, void *state);
 	/* Optional: 0 while copies this mover enqueued out of or into the carve-out ph's slabs lie
-	 * in (a closed pair's) may still land; the executor keeps the carve-out until 1. */
+	 * in (a closed pair's), or kernels of the failed pair ph that write its shared slot's areas,
+	 * may still land; the executor keeps the carve-out, or the slot, until 1. */
 	int (*settled)(void *mover, const rw_svc_phase_t *ph);
 	/* Optional, asked of a failed pair just before quiesce(): 1 when copies this mover enqueued
 	 * into or out of local rank g's CUDA memory may not have landed, *f where they end. The

@@ -279,8 +279,13 @@ static rw_status_t cm_open(void *mover, const rw_svc_phase_t *ph, void **state_p
 {
 	cuda_mover_t *m = mover;
 	cm_pair_t *cp = calloc(1, sizeof(*cp));
-	if (!cp)
+	cm_held_t *spare = calloc(1, sizeof(*spare));
+	if (!cp || !spare) {
+		free(cp);
+		free(spare);
 		return RW_ERR_NOMEM;
+	}
+	cp->spare = spare;
 	cp->m = m;
 	cp->serial = ph->serial;
 	cp->gpus = ph->gpus;
@@ -343,8 +348,10 @@ static void cm_quiesce(void *mover, void *state)
 		rw_svc_stage_fence_t f[2];
 		const int busy = rw_svc_stage_fence(m->st, cp->devs, &f[0]) |
 				 rw_svc_stage_fence(m->pst, cp->pull_devs, &f[1]);
-		cm_held_t *h = busy ? calloc(1, sizeof(*h)) : NULL;
+		cm_held_t *h = busy ? cp->spare : NULL;
 		if (h) {
+			cp->spare = NULL;
+			h->serial = cp->serial;
 			h->f[0] = f[0];
 			h->f[1] = f[1];
 			if (cp->tab >= 0) { /* the buffer moves out: the pool's next reserve gets new memory */
@@ -371,9 +378,6 @@ static void cm_quiesce(void *mover, void *state)
 					"lists and %u device blocks held until it lands", cp->serial,
 					h->tab.size, h->n_blk);
 		}
-		if (busy && !h) /* cannot track it: never freed rather than freed under a kernel */
-			rw_err("cuda mover: out of memory tracking pair %u's row lists and blocks a GPU may "
-			       "still use: left allocated", cp->serial);
 		cp->pending = cp->marks_c = cp->marks_pk = 0;
 		memset(cp->marks_d, 0, sizeof(cp->marks_d));
 		cp->loose = 0;
@@ -382,6 +386,19 @@ static void cm_quiesce(void *mover, void *state)
 	}
 	cp->pulls_left = 0; /* what a pull brought is not taken any more */
 	cp->fin_wait = 0;
+}
+
+/* Whether the kernels and copies of the (closed) pair ph may no longer write its slot's areas:
+ * nothing of it is held (cm_quiesce holds what a failed pair's queued work may touch until
+ * every mark made on its devices by then has landed). The executor keeps the slot out of use
+ * until then, so late pack or sum kernels never write a later pair's slabs. */
+static int cm_settled(void *mover, const rw_svc_phase_t *ph)
+{
+	const cuda_mover_t *m = mover;
+	for (const cm_held_t *h = m->held; h; h = h->next)
+		if (h->serial == ph->serial)
+			return 0;
+	return 1;
 }
 
 /* A failed pair's rank g whose CUDA memory the pair's work may still read or write (its answer
@@ -412,6 +429,7 @@ static void cm_close(void *mover, void *state)
 		m->tabs[cp->tab].busy = 0;
 	cm_count_release(cp);
 	rw_arena_free(&cp->mem);
+	free(cp->spare);
 	free(cp);
 }
 
@@ -828,6 +846,7 @@ const rw_svc_mover_ops_t rw_svc_mover_cuda = {
 	.finish = cm_finish,
 	.result = cm_result,
 	.quiesce = cm_quiesce,
+	.settled = cm_settled,
 	.fence = cm_fence,
 	.close = cm_close,
 	.count = cm_count,

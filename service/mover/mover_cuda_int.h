@@ -27,6 +27,7 @@ typedef struct cm_held {
 	struct { int dev; rw_cuda_dptr_t ptr; } blk[2 * CM_DEVICES];
 	uint32_t n_blk;
 	rw_svc_stage_fence_t f[2];   /* the main lanes', the pull lanes' */
+	uint32_t serial;             /* the pair's: its slot's areas are not settled until freed */
 } cm_held_t;
 
 /* A row list of one device: entries are appended, [launched, n) not yet launched. Copy lists
@@ -100,6 +101,7 @@ typedef struct cm_pair {
 	uint32_t *rx_pulled[2];
 	int fin_wait;
 	int tab;                     /* pool index of the pinned row lists (-1: none) */
+	cm_held_t *spare;            /* quiesce's held entry, taken at open: holding never fails */
 	cm_list_t fwd[CM_DEVICES], sums[CM_DEVICES]; /* per device: forwards; owner-sum adds */
 	cm_list_t pack, cslab;       /* the dispatch slabs' rows; the combine slabs' sums */
 	uint8_t **pk_hdr;            /* [n_rec]: where each dispatch record's header goes */

@@ -38,6 +38,12 @@ its ranks' errors naming GPU 0 once the bound passed, while a host job of anothe
 every phase through node 0's loop, `stats` answers `gpus_stalled 1 0` and the failed pair's
 staging is held; a second CUDA job is refused naming GPU 0; FILE removed, GPU 0 moves again,
 nothing stays held, and a new CUDA job verifies; both daemons exit 0 (ASan: no leak).
+Slot settle (two more daemons, node 0 hung at debug log level, so its milestones name each
+pair's shared slot): a CUDA pair whose pack kernels hang fails and node 0 keeps its slot out of
+use past the heartbeat timeout; a host job of another group verifies on the other slot, none of
+its pairs on the kept one; FILE removed while a host job runs, it verifies and the slot returns;
+two such CUDA pairs keep both slots, and a host job is then refused on every rank, naming GPU 0;
+FILE removed, both slots return and a CUDA job and a host job verify side by side.
 Run by tests/run as $b/test/svc_gpuhang; exits 0 pass, 1 fail, 77 skip."""
 import os
 import sys
@@ -263,17 +269,53 @@ def scenario_late(tmp, seed):
         c.stop()  # raises unless every daemon exits 0 (ASan: no report, no leak)
 
 
-def scenario_cuda_mover(tmp, seed):
-    """The CUDA mover's failed pair is given up without waiting for its GPU: failed naming the
-    device once the bound passed, what its kernels and copies may touch held until they land."""
-    tmp = os.path.join(tmp, "mover")
+def kern_cluster(tmp, name, extra):
+    """Two daemons whose CUDA ranks run on the kernel stand-in (the daemon's CUDA mover carries
+    them), node 0's with the hang switch FILE and its counts under tmp/name/counts. Returns
+    (tmp/name, FILE, the cluster)."""
+    tmp = os.path.join(tmp, name)
     os.mkdir(tmp)
     hang = os.path.join(tmp, "hang")
-    c = cluster.Cluster(tmp, 2, extra=AREA)
+    c = cluster.Cluster(tmp, 2, extra=extra)
     c.env.update(RW_CUDA_DRIVER=cluster.FAKE_KERN)
     c.node_env[0] = {"RW_FAKE_CUDA_HANG": hang,
                      "RW_FAKE_CUDA_COUNTS": os.path.join(tmp, "counts")}
     os.mkdir(os.path.join(tmp, "counts"))
+    return tmp, hang, c
+
+
+def hang_after_plan(c, tmp, hang, groups, seed, slots=False):
+    """A CUDA job per group (1 step, mode fail) whose pack kernels hang on node 0: every rank but
+    node 1's last submits and node 0 stages them (its stream work grew, then stopped growing: the
+    stand-in's counts under tmp/counts; with `slots`, node 0's debug log also names each group's
+    slot, taken once its count landed), then FILE, then node 1's last rank of each group
+    submits, so node 0 plans and its pack kernels queue behind the switch. (group, rank) ->
+    (exit code, output)."""
+    world = c.nodes * c.gpus
+
+    def work():  # node 0's stream work run so far
+        return cluster.fake_cuda_counts(os.path.join(tmp, "counts"), c.procs[0].pid)["work"]
+    w0 = work()
+    procs = [((grp, r), c.rank(r, grp, 1, 1, seed + i, mode="fail", flags=["--cuda"]))
+             for i, grp in enumerate(groups) for r in range(world - 1)]
+    check(all(wait_line(p, "submitted") for _, p in procs), "after the plan: ranks submitted")
+
+    def staged():
+        before = work()
+        time.sleep(0.3)
+        return work() == before > w0 and (not slots or all(slots_taken(c.log(0), grp)
+                                                           for grp in groups))
+    check(wait_for("node 0's staging to land", staged), "after the plan: node 0 staged")
+    open(hang, "w").close()
+    procs += [((grp, world - 1), c.rank(world - 1, grp, 1, 1, seed + i, mode="fail",
+                                        flags=["--cuda"])) for i, grp in enumerate(groups)]
+    return cluster.outputs(procs)
+
+
+def scenario_cuda_mover(tmp, seed):
+    """The CUDA mover's failed pair is given up without waiting for its GPU: failed naming the
+    device once the bound passed, what its kernels and copies may touch held until they land."""
+    tmp, hang, c = kern_cluster(tmp, "mover", AREA)
     cu = ["--cuda"]
     world, g = c.nodes * c.gpus, c.gpus
     try:
@@ -321,26 +363,9 @@ def scenario_cuda_mover(tmp, seed):
               "moved: GPU 0 not stalled, nothing held (%s)"
               % {k: v for k, v in summary(c, 0).items()
                  if k in ("gpus_stalled", "gpu_held_bytes")})
-        # after the plan: node 0 stages its ranks (landed), then FILE, then node 1's last rank
-        # submits: node 0 plans and its pack kernels hang behind the switch
-        def work():  # node 0's stream work run so far (the stand-in's counts)
-            return cluster.fake_cuda_counts(os.path.join(tmp, "counts"), c.procs[0].pid)["work"]
-        w0 = work()
-        cuda = [(r, c.rank(r, "mover.plan", 1, 1, seed + 4, mode="fail", flags=cu))
-                for r in range(world - 1)]
-        check(all(wait_line(p, "submitted") for _, p in cuda), "after the plan: ranks submitted")
-
-        def settled():  # node 0's staging ran: its stream work grew, then stopped growing
-            before = work()
-            time.sleep(0.3)
-            return work() == before > w0
-        check(wait_for("node 0's staging to land", settled), "after the plan: node 0 staged")
-        open(hang, "w").close()
-        cuda.append((world - 1, c.rank(world - 1, "mover.plan", 1, 1, seed + 4, mode="fail",
-                                       flags=cu)))
-        res = cluster.outputs(cuda)
+        res = hang_after_plan(c, tmp, hang, ["mover.plan"], seed + 4)
         check(all(v[0] == 0 for v in res.values()) and
-              all("GPU 0 stalled, copies into this rank may still land" in res[r][1]
+              all("GPU 0 stalled, copies into this rank may still land" in res["mover.plan", r][1]
                   for r in range(g)),
               "after the plan: every rank failed, node 0's naming GPU 0: %s"
               % [v[1].splitlines()[-1:] for v in res.values()])
@@ -359,6 +384,92 @@ def scenario_cuda_mover(tmp, seed):
         c.stop()  # raises unless every daemon exits 0 (ASan: no report, no leak)
 
 
+def slots_taken(log, group):
+    """The shared slots node 0's pairs of `group` took (its debug milestones)."""
+    return [int(ln.rsplit(" ", 1)[1]) for ln in log.splitlines()
+            if ": group %s: slot " % group in ln]
+
+
+def scenario_slot(tmp, seed):
+    """A failed CUDA pair's shared slot stays out of use while its pack kernels may still write
+    it, past the heartbeat timeout that keeps it idle for the peers' writes; a pair that would
+    need it runs on another slot, or is refused, named, when every slot waits on the stalled
+    GPU; once the kernels land the slot returns."""
+    hb_ms = 1000
+    tmp, hang, c = kern_cluster(tmp, "slot", dict(AREA, heartbeat_timeout_ms=hb_ms,
+                                                  log_level="debug"))
+    cu = ["--cuda"]
+    world, g = c.nodes * c.gpus, c.gpus
+    kept = "kept out of use: failed pair"
+    try:
+        c.start_all()
+        c.run_ranks("slot.warm", 1, 2, seed, flags=cu)
+        check("cuda mover: rail 0 slot area" in c.log(0),
+              "slot: node 0's CUDA mover carried the CUDA job's pairs")
+        # 1. one slot kept: a host job runs on the other one while the hang lasts
+        res = hang_after_plan(c, tmp, hang, ["slot.one"], seed + 1, slots=True)
+        check(all(v[0] == 0 for v in res.values()) and
+              all("GPU 0 stalled" in res["slot.one", r][1] for r in range(g)),
+              "one kept: the CUDA job failed on every rank, node 0's naming GPU 0: %s"
+              % [v[1].splitlines()[-1:] for v in res.values()])
+        lines = [ln for ln in c.log(0).splitlines() if kept in ln]
+        check(len(lines) == 1, "one kept: node 0 keeps the failed pair's slot: %s" % lines)
+        held = int(lines[0].split("slot ", 1)[1].split(" ", 1)[0]) if lines else -1
+        check(slots_taken(c.log(0), "slot.one") == [held],
+              "one kept: the slot kept is the failed pair's (%s)" % slots_taken(c.log(0), "slot.one"))
+        time.sleep(hb_ms / 1000.0 + 0.5)  # its heartbeat timeout passed
+        outs = c.run_ranks("slot.host", 2, 5, seed + 2)
+        check(all("5 steps x 2 layers verified" in outs[r] for r in outs),
+              "one kept: a host job verified every phase meanwhile")
+        took = slots_taken(c.log(0), "slot.host")
+        check(len(took) == 10 and held not in took,
+              "one kept: none of its 10 pairs took slot %d while the hang lasted (%s)"
+              % (held, took))
+        check("back in use" not in c.log(0) and summary(c, 0).get("gpus_stalled") == "1 0",
+              "one kept: still kept, GPU 0 stalled")
+        # the kernels land while a host job runs: it verifies, the slot returns
+        host = [(r, c.rank(r, "slot.land", 2, 20, seed + 3)) for r in range(world)]
+        time.sleep(0.5)
+        os.unlink(hang)
+        outs = c.collect(host)
+        check(all("20 steps x 2 layers verified" in outs[r] for r in outs),
+              "landed: a host job running as the kernels landed verified every phase")
+        check(wait_for("the slot to return", lambda: "slot %d back in use: failed pair" % held
+                       in c.log(0)), "landed: node 0 put slot %d back in use" % held)
+        check(wait_for("the held memory to go", lambda: summary(c, 0).get("gpus_stalled") == "0"
+                       and summary(c, 0).get("gpu_held_bytes") == "0"),
+              "landed: GPU 0 moves again, nothing held")
+        # 2. both slots kept on the stalled GPU: a host job is refused, named
+        res = hang_after_plan(c, tmp, hang, ["slot.a", "slot.b"], seed + 4, slots=True)
+        check(all(v[0] == 0 for v in res.values()),
+              "both kept: both CUDA jobs failed on every rank: %s"
+              % {k: v[1][-200:] for k, v in res.items() if v[0] != 0})
+        lines = [ln for ln in c.log(0).splitlines() if kept in ln][1:]
+        check(sorted(int(ln.split("slot ", 1)[1].split(" ", 1)[0]) for ln in lines) == [0, 1],
+              "both kept: node 0 keeps slots 0 and 1: %s" % lines)
+        time.sleep(hb_ms / 1000.0 + 0.5)
+        res = cluster.outputs([(r, c.rank(r, "slot.refused", 1, 1, seed + 5, mode="fail"))
+                               for r in range(world)])
+        check(all(v[0] == 0 for v in res.values()) and
+              all("no receive slot is free: GPU 0 is stalled" in res[r][1] for r in range(g)),
+              "both kept: a host job is refused on every rank, node 0's naming the slots and "
+              "GPU 0: %s" % [v[1].splitlines()[-1:] for v in res.values()])
+        check(not slots_taken(c.log(0), "slot.refused"), "both kept: the refused job took no slot")
+        os.unlink(hang)
+        check(wait_for("both slots to return", lambda: c.log(0).count("back in use: failed pair")
+                       == 3), "landed: node 0 put both slots back in use")
+        check(wait_for("the held memory to go", lambda: summary(c, 0).get("gpus_stalled") == "0"
+                       and summary(c, 0).get("gpu_held_bytes") == "0"),
+              "landed: GPU 0 moves again, nothing held")
+        cuda = [(r, c.rank(r, "slot.cuda", 2, 3, seed + 6, flags=cu)) for r in range(world)]
+        host = [(r, c.rank(r, "slot.after", 2, 3, seed + 7)) for r in range(world)]
+        outs = list(c.collect(cuda).values()) + list(c.collect(host).values())
+        check(all("3 steps x 2 layers verified" in v for v in outs),
+              "landed: a CUDA job and a host job verified side by side")
+    finally:
+        c.stop()  # raises unless every daemon exits 0 (ASan: no report, no leak)
+
+
 def main():
     if not cluster.built(cluster.DAEMON, cluster.RANK, cluster.PAGERANK) or \
             not os.path.exists(cluster.FAKE_CUDA) or not os.path.exists(cluster.FAKE_KERN):
@@ -367,7 +478,8 @@ def main():
     seed = cluster.test_seed()
     with tempfile.TemporaryDirectory(prefix="rwgpuhang.", dir="/tmp") as tmp:
         check.scenarios([("hung gpu", scenario_hang), ("answered late", scenario_late),
-                         ("cuda mover", scenario_cuda_mover)], tmp, seed)
+                         ("cuda mover", scenario_cuda_mover), ("slot settle", scenario_slot)],
+                        tmp, seed)
     return check.exit_code()
 
 
