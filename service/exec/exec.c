@@ -51,15 +51,6 @@ static int any_running(const exec_t *x)
 	return 0;
 }
 
-/* Whether no mover's kernel or copy of the (closed) pair may still land. */
-static int movers_settled(const exec_t *x, const exec_pair_t *p)
-{
-	for (uint32_t i = 0; i < x->n_movers; i++)
-		if (x->movers[i].ops->settled && !x->movers[i].ops->settled(x->movers[i].mover, &p->ph))
-			return 0;
-	return 1;
-}
-
 /* A failed pair's shared slot goes back into use only once its movers' work settled: the CUDA
  * mover's pack and sum kernels write the slot's send areas, and on a hung GPU they may land
  * long after the heartbeat timeout that keeps the slot idle for the peers' writes. `closing`:
@@ -70,7 +61,7 @@ static void slot_hold_check(exec_pair_t *p, int closing)
 	const int s = p->slot_held;
 	if (s < 0)
 		return;
-	if (!movers_settled(x, p)) {
+	if (!exec_movers_settled(x, p)) {
 		if (closing)
 			rw_info("slot %d kept out of use: failed pair %u's work on the GPU has not landed "
 				"and may still write its areas", s, p->serial);

@@ -268,12 +268,17 @@ int exec_carve_lend(exec_t *x, const exec_group_t *g, uint32_t rail, rw_ipc_slab
 	return 0;
 }
 
-int exec_carve_settled(const exec_t *x, const exec_pair_t *p)
+int exec_movers_settled(const exec_t *x, const exec_pair_t *p)
 {
-	for (uint32_t i = 0; p->carve >= 0 && i < x->n_movers; i++)
+	for (uint32_t i = 0; i < x->n_movers; i++)
 		if (x->movers[i].ops->settled && !x->movers[i].ops->settled(x->movers[i].mover, &p->ph))
 			return 0;
 	return 1;
+}
+
+int exec_carve_settled(const exec_t *x, const exec_pair_t *p)
+{
+	return p->carve < 0 || exec_movers_settled(x, p);
 }
 
 /* Pair p's carve-out GPUs (bit d), and whether one of them is declared stalled. */

@@ -603,6 +603,9 @@ void exec_carve_tick(exec_t *x, uint64_t now);
  * fd (host or GPU memory), bytes and sub-areas; else an RW_E_* code and why (g->carve_why). */
 int exec_carve_lend(exec_t *x, const exec_group_t *g, uint32_t rail, rw_ipc_slab_t *slab_p,
 		    const char **why_p);
+/* Whether no mover's kernel or copy of the (closed) pair p may still land (its shared slot
+ * stays out of use until then). */
+int exec_movers_settled(const exec_t *x, const exec_pair_t *p);
 /* Whether no mover's copy out of or into pair p's carve-out may still land (a hung GPU's may
  * not for long: the pair, and so the carve-out, stays out of the pool until they do). */
 int exec_carve_settled(const exec_t *x, const exec_pair_t *p);
