@@ -62,24 +62,20 @@ int rw_cuda_device_sms(int device)
 }
 
 /* Launch kernel k with its argument block (copied by the driver at the call), on at most the
- * stream's budget of blocks (every rank kernel is grid-stride: any grid is correct); `zero`
- * bytes at `zero_at` (0: none) are cleared in the stream first (a memset node when captured). */
+ * stream's budget of blocks (every rank kernel is grid-stride: any grid is correct). */
 static rw_status_t rank_launch(const rw_cuda_ext_stream_t *s, int k, unsigned grid, unsigned block,
-			       rw_cuda_dptr_t zero_at, uint64_t zero, const void *args)
+			       unsigned shared, const void *args)
 {
 	void *params[] = { (void *)args };
-	const CUstream h = (CUstream)(uintptr_t)s->handle;
 	CUresult res;
 
 	if (s->max_blocks && grid > s->max_blocks)
 		grid = s->max_blocks;
-	if (rank_load(s->device) != 0 || (zero_at && !rw_cu.cuMemsetD8Async))
+	if (rank_load(s->device) != 0)
 		return RW_ERR_UNSUPPORTED;
 	/* rank_load() left the device's context current. */
-	if (zero_at && (res = rw_cu.cuMemsetD8Async((CUdeviceptr)zero_at, 0, zero, h)) != CUDA_SUCCESS)
-		return rw_cu_fail(res, "cuMemsetD8Async");
-	res = rw_cu.cuLaunchKernel(rw_cu_devices[s->device].rank_fn[k], grid, 1, 1, block, 1, 1, 0,
-				   h, params, NULL);
+	res = rw_cu.cuLaunchKernel(rw_cu_devices[s->device].rank_fn[k], grid, 1, 1, block, 1, 1,
+				   shared, (CUstream)(uintptr_t)s->handle, params, NULL);
 	return res == CUDA_SUCCESS ? RW_OK : rw_cu_fail(res, rank_names[k]);
 }
 
@@ -154,9 +150,9 @@ rw_status_t rw_cuda_rank_pack(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_
 	rw_cuda_rank_pack_t b = *a;
 	b.rec_size = rec_bytes(a->topk, a->hidden, a->dtype);
 	b.reserved = 0;
-	rw_status_t st = rank_launch(s, RW_RK_PACK_INDEX, 1, 512, 0, 0, &b);
+	rw_status_t st = rank_launch(s, RW_RK_PACK_INDEX, 1, 512, 0, &b);
 	if (st == RW_OK)
-		st = rank_launch(s, RW_RK_PACK_ROWS, grid_for(a->n_tokens), 128, 0, 0, &b);
+		st = rank_launch(s, RW_RK_PACK_ROWS, grid_for(a->n_tokens), 128, 0, &b);
 	return st;
 }
 
@@ -180,9 +176,7 @@ rw_status_t rw_cuda_rank_forward(const rw_cuda_ext_stream_t *s, const rw_cuda_ra
 	rw_cuda_rank_forward_t b = *a;
 	b.rec_size = rec_bytes(a->topk, a->hidden, a->dtype);
 	b.reserved = 0;
-	/* The blocks count their records' experts into `counts` with atomics: zeroed first. */
-	return rank_launch(s, RW_RK_FORWARD, grid_for(a->cap), 256, a->counts, 4ull * a->n_experts,
-			   &b);
+	return rank_launch(s, RW_RK_FORWARD, grid_for(a->cap), 256, 4u * (a->n_experts / world), &b);
 }
 
 rw_status_t rw_cuda_rank_gather(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_gather_t *a)
@@ -203,7 +197,7 @@ rw_status_t rw_cuda_rank_gather(const rw_cuda_ext_stream_t *s, const rw_cuda_ran
 		return RW_ERR_INVAL;
 	rw_cuda_rank_gather_t b = *a;
 	b.crec_size = crec_bytes(a->hidden, a->dtype);
-	return rank_launch(s, RW_RK_GATHER, grid_for(a->cap), 256, 0, 0, &b);
+	return rank_launch(s, RW_RK_GATHER, grid_for(a->cap), 256, 0, &b);
 }
 
 rw_status_t rw_cuda_rank_reduce(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_reduce_t *a)
@@ -219,7 +213,7 @@ rw_status_t rw_cuda_rank_reduce(const rw_cuda_ext_stream_t *s, const rw_cuda_ran
 		return RW_OK;
 	rw_cuda_rank_reduce_t b = *a;
 	b.crec_size = crec_bytes(a->hidden, a->dtype);
-	return rank_launch(s, RW_RK_REDUCE, grid_for(a->n_tokens), 256, 0, 0, &b);
+	return rank_launch(s, RW_RK_REDUCE, grid_for(a->n_tokens), 256, 0, &b);
 }
 
 rw_status_t rw_cuda_rank_ctl(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_ctl_t *a)
@@ -242,7 +236,7 @@ rw_status_t rw_cuda_rank_ctl(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_c
 		grid = grid_for(((uint64_t)a->max_recv * a->row_bytes / 16 + 255) / 256);
 	else if (a->op == RW_CUDA_RANK_OP_WAIT)
 		grid = 1 + (a->max_recv > 16 * 4096 ? 15 : a->max_recv / 4096);
-	return rank_launch(s, RW_RK_CTL, grid, 256, 0, 0, a);
+	return rank_launch(s, RW_RK_CTL, grid, 256, 0, a);
 }
 
 #endif /* RW_HAVE_CUDA_H */

@@ -276,97 +276,68 @@ extern "C" __global__ void rw_rank_pack_rows(const rw_cuda_rank_pack_t a)
 
 // ---- forward -------------------------------------------------------------------------------
 // One block per listed record (grid-stride over the list): its header checked for the phase's
-// top-k and owner, then the metadata entry and the row, and its ids of this rank's experts
-// counted into `counts` (global atomics on counts the wrapper zeroed in the stream before the
-// launch: integer sums, whatever the order). Block 0 also writes recv_n and overflow. The list's
-// length is read from memory: the daemon wrote it before `arrived`.
-//
-// The list, the phase's status and the records may be host memory (the rank page, host slabs):
-// every read of it is a PCIe round trip (~2 us on an H100), where 16-byte vectors side by side
-// stream at ~50 GB/s. So each block reads what every thread needs once, by thread 0, with
-// 16-byte loads (the list entry, the record's header), and shares it; only the row and the
-// top-k block are read by many threads, as vectors and words side by side.
+// top-k and owner, then the metadata entry and the row. Block 0 also writes recv_n and overflow,
+// and counts this rank's experts in a shared-memory histogram (sums: the order of the shared
+// atomics cannot change them) before it writes every expert's count. The list's length is read
+// from memory: the daemon wrote it before `arrived`.
 
 #define FWD_THREADS 256
 
-// The phase's count of listed entries, read once per block by thread 0, at most cap; `listed`
-// gets the count as listed. The phase failed (P6): 0 listed, and *failed_p (if given) true.
-__device__ __forceinline__ uint32_t block_list_count(uint64_t status, uint64_t list_n,
-						     uint32_t cap, uint32_t *listed_p,
-						     bool *failed_p = nullptr)
-{
-	__shared__ uint32_t listed_s, failed_s;
-	if (threadIdx.x == 0) {
-		failed_s = failed(status);
-		listed_s = failed_s ? 0 : *reinterpret_cast<const volatile uint32_t *>(list_n);
-	}
-	__syncthreads();
-	*listed_p = listed_s;
-	if (failed_p)
-		*failed_p = failed_s != 0;
-	return min(listed_s, cap);
-}
-
-// List entry i: one 16-byte load where the list is 16-byte aligned (the rank page's and the
-// shadow's are), else field by field.
-__device__ __forceinline__ rw_cuda_list_entry_t load_entry(const rw_cuda_list_entry_t *list,
-							   uint32_t i)
-{
-	if ((uintptr_t)list % 16)
-		return list[i];
-	const uint4 v = reinterpret_cast<const uint4 *>(list)[i];
-	rw_cuda_list_entry_t le;
-	le.slot = v.x;
-	le.rail = (uint16_t)(v.y & 0xffffu);
-	le.area = (uint16_t)(v.y >> 16);
-	le.node = v.z;
-	le.token = v.w;
-	return le;
-}
-
 extern "C" __global__ void __launch_bounds__(FWD_THREADS) rw_rank_forward(const rw_cuda_rank_forward_t a)
 {
-	__shared__ uint4 head_s; // the record's 16-byte header
-	__shared__ uint64_t at_s; // where the record is; 0: skip it (its error is set)
-	uint32_t listed;
-	const uint32_t n = block_list_count(a.status, a.list_n, a.cap, &listed);
+	extern __shared__ uint32_t hist[]; // this rank's experts (per_rank entries)
+	const uint32_t listed = failed(a.status) ? 0 : *reinterpret_cast<const volatile uint32_t *>(a.list_n);
+	const uint32_t n = min(listed, a.cap);
 	const uint32_t per_rank = a.n_experts / (a.nodes * a.gpus);
 	const uint32_t mine = (a.me * a.gpus + a.g) * per_rank; // this rank's first expert
 	const rw_cuda_list_entry_t *list = reinterpret_cast<const rw_cuda_list_entry_t *>(a.list);
 	const uint32_t row_bytes = a.hidden * dtype_size(a.dtype);
 	const uint32_t row_off = (uint32_t)rw_wire_rec_row_off(a.topk);
 	const uint32_t meta_bytes = 16 + 8 * a.topk;
-	uint32_t *counts = reinterpret_cast<uint32_t *>(a.counts);
-	if (blockIdx.x == 0 && threadIdx.x == 0) {
-		*reinterpret_cast<uint32_t *>(a.recv_n) = n;
-		*reinterpret_cast<uint32_t *>(a.overflow) = listed - n;
-	}
-	for (uint32_t i = blockIdx.x; i < n; i += gridDim.x) {
+	if (blockIdx.x == 0) {
 		if (threadIdx.x == 0) {
-			const uint64_t at = list_addr(a.area, a.rails, load_entry(list, i), a.rec_size);
-			at_s = at;
-			if (!at) {
-				set_err(a.err, RW_CUDA_RANK_E_REF, i + 1);
-			} else {
-				const uint4 h = *reinterpret_cast<const uint4 *>(at); // records: 16-byte aligned
-				const uint32_t topk = h.w & 0xffffu, owner = h.y >> 16;
-				if (topk != a.topk || owner >= a.gpus) {
-					set_err(a.err, RW_CUDA_RANK_E_RECORD, i + 1);
-					at_s = 0;
-				}
-				head_s = h;
-			}
+			*reinterpret_cast<uint32_t *>(a.recv_n) = n;
+			*reinterpret_cast<uint32_t *>(a.overflow) = listed - n;
+		}
+		for (uint32_t e = threadIdx.x; e < per_rank; e += blockDim.x)
+			hist[e] = 0;
+		__syncthreads();
+		for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+			const uint64_t at = list_addr(a.area, a.rails, list[i], a.rec_size);
+			if (!at)
+				continue; // E_REF: set by the block that copies it
+			const uint8_t *rec = reinterpret_cast<const uint8_t *>(at);
+			if (*reinterpret_cast<const uint16_t *>(rec + RW_WIRE_REC_TOPK) != a.topk ||
+			    *reinterpret_cast<const uint16_t *>(rec + RW_WIRE_REC_OWNER) >= a.gpus)
+				continue; // E_RECORD: likewise
+			const int32_t *ids = reinterpret_cast<const int32_t *>(rec + RW_WIRE_REC_HDR);
+			for (uint32_t k = 0; k < a.topk; k++)
+				if (ids[k] >= 0 && (uint32_t)ids[k] - mine < per_rank)
+					atomicAdd(&hist[ids[k] - mine], 1u);
 		}
 		__syncthreads();
-		const uint64_t at = at_s;
-		const uint4 h = head_s;
-		__syncthreads(); // at_s and head_s are rewritten for the block's next record
-		if (!at)
+		uint32_t *counts = reinterpret_cast<uint32_t *>(a.counts);
+		for (uint32_t e = threadIdx.x; e < a.n_experts; e += blockDim.x)
+			counts[e] = e - mine < per_rank ? hist[e - mine] : 0;
+	}
+	for (uint32_t i = blockIdx.x; i < n; i += gridDim.x) {
+		const uint64_t at = list_addr(a.area, a.rails, list[i], a.rec_size);
+		if (!at) {
+			if (threadIdx.x == 0)
+				set_err(a.err, RW_CUDA_RANK_E_REF, i + 1);
 			continue;
+		}
 		const uint8_t *rec = reinterpret_cast<const uint8_t *>(at);
-		const uint32_t src_node = h.y & 0xffffu, owner = h.y >> 16;
+		const uint32_t topk = *reinterpret_cast<const uint16_t *>(rec + RW_WIRE_REC_TOPK);
+		const uint32_t owner = *reinterpret_cast<const uint16_t *>(rec + RW_WIRE_REC_OWNER);
+		if (topk != a.topk || owner >= a.gpus) {
+			if (threadIdx.x == 0)
+				set_err(a.err, RW_CUDA_RANK_E_RECORD, i + 1);
+			continue;
+		}
 		uint32_t *meta = reinterpret_cast<uint32_t *>(a.meta + (uint64_t)i * meta_bytes);
 		const uint32_t *w = reinterpret_cast<const uint32_t *>(rec);
+		const uint32_t src_node = *reinterpret_cast<const uint16_t *>(rec + RW_WIRE_REC_SRC);
 		for (uint32_t j = threadIdx.x; j < meta_bytes / 4; j += blockDim.x) {
 			uint32_t v;
 			if (j == 0)
@@ -374,15 +345,11 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) rw_rank_forward(const 
 			else if (j == 1)
 				v = src_node * a.gpus + owner;
 			else if (j == 2)
-				v = h.z; // the token
+				v = w[RW_WIRE_REC_TOKEN / 4];
 			else if (j == 3)
 				v = 0;
-			else { // ids then weights: the record's top-k block as it is
+			else // ids then weights: the record's top-k block as it is
 				v = w[RW_WIRE_REC_HDR / 4 + j - 4];
-				const int32_t id = (int32_t)v;
-				if (j - 4 < a.topk && id >= 0 && (uint32_t)id - mine < per_rank)
-					atomicAdd(&counts[id], 1u);
-			}
 			meta[j] = v;
 		}
 		block_copy(reinterpret_cast<uint8_t *>(a.rows) + (uint64_t)i * row_bytes, rec + row_off,
@@ -398,6 +365,15 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) rw_rank_forward(const 
 // the canonical NaN).
 
 #define SUM_THREADS 256
+
+// A gather's or reduce's list length: what list_n says, at most cap (more: E_REF, once).
+__device__ __forceinline__ uint32_t list_count(uint64_t list_n, uint32_t cap, uint64_t err)
+{
+	const uint32_t listed = *reinterpret_cast<const volatile uint32_t *>(list_n);
+	if (listed > cap && blockIdx.x == 0 && threadIdx.x == 0)
+		set_err(err, RW_CUDA_RANK_E_REF, cap + 1);
+	return min(listed, cap);
+}
 
 __device__ __forceinline__ float elem_f32(uint64_t row, uint32_t h, bool bf16)
 {
@@ -503,17 +479,9 @@ __device__ __forceinline__ void sum_rows(uint8_t *dst, const uint64_t *taddr, ui
 extern "C" __global__ void __launch_bounds__(SUM_THREADS) rw_rank_gather(const rw_cuda_rank_gather_t a)
 {
 	__shared__ uint64_t taddr[RW_CUDA_RANK_TERMS_MAX];
-	// What every thread needs of entry j, read once by thread 0 (the page is host memory: one
-	// PCIe round trip per read, see the forward's note): the entry, its terms' range, its plan
-	// entry, its destination's tag; code 0 (go on), 1 (skip: another rank writes it), 2 (error
-	// set: skip).
-	__shared__ rw_cuda_list_entry_t le_s;
-	__shared__ rw_cuda_plan_entry_t pe_s;
-	__shared__ uint32_t j0_s, j1_s, tag_s, code_s;
-	uint32_t listed;
-	const uint32_t n = block_list_count(a.status, a.list_n, a.cap, &listed);
-	if (listed > a.cap && blockIdx.x == 0 && threadIdx.x == 0)
-		set_err(a.err, RW_CUDA_RANK_E_REF, a.cap + 1);
+	if (failed(a.status))
+		return;
+	const uint32_t n = list_count(a.list_n, a.cap, a.err);
 	const rw_cuda_list_entry_t *list = reinterpret_cast<const rw_cuda_list_entry_t *>(a.list);
 	const rw_cuda_plan_entry_t *plan = reinterpret_cast<const rw_cuda_plan_entry_t *>(a.entry);
 	const uint32_t *toff = reinterpret_cast<const uint32_t *>(a.term_off);
@@ -523,43 +491,25 @@ extern "C" __global__ void __launch_bounds__(SUM_THREADS) rw_rank_gather(const r
 	// combine's plan wait; else the rows[] the call gave.
 	const rw_cuda_page_stage_t *stage = reinterpret_cast<const rw_cuda_page_stage_t *>(a.stage);
 	for (uint32_t j = blockIdx.x; j < n; j += gridDim.x) {
-		if (threadIdx.x == 0) {
-			const rw_cuda_list_entry_t le = load_entry(list, j);
-			// The entry's terms: [j0, j1) of terms, or rows[g] row j alone.
-			const uint32_t j0 = toff ? toff[j] : 0, j1 = toff ? toff[j + 1] : 1;
-			uint32_t code = 0;
-			if (toff && (j1 < j0 || j1 > a.n_terms || j1 - j0 > RW_CUDA_RANK_TERMS_MAX)) {
+		const rw_cuda_list_entry_t le = list[j];
+		// The entry's terms: [j0, j1) of terms, or rows[g] row j alone.
+		const uint32_t j0 = toff ? toff[j] : 0, j1 = toff ? toff[j + 1] : 1;
+		if (toff && (j1 < j0 || j1 > a.n_terms || j1 - j0 > RW_CUDA_RANK_TERMS_MAX)) {
+			if (threadIdx.x == 0)
 				set_err(a.err, RW_CUDA_RANK_E_REF, j + 1);
-				code = 2;
-			} else if (j1 == j0) {
-				code = 1; // another local rank writes this record
-			} else if (le.node >= a.nodes || le.rail >= a.rails) {
-				set_err(a.err, RW_CUDA_RANK_E_PLAN, j + 1);
-				code = 2;
-			} else {
-				// The return range of (node, rail) must hold the slot (slots count per rail).
-				const rw_cuda_plan_entry_t pe = plan[(uint64_t)le.node * a.rails + le.rail];
-				if (le.slot - pe.first >= pe.count) {
-					set_err(a.err, RW_CUDA_RANK_E_PLAN, j + 1);
-					code = 2;
-				}
-				pe_s = pe;
-				tag_s = reinterpret_cast<const uint32_t *>(a.tags)[le.node];
-			}
-			le_s = le;
-			j0_s = j0;
-			j1_s = j1;
-			code_s = code;
-		}
-		__syncthreads();
-		const uint32_t code = code_s, j0 = j0_s, j1 = j1_s;
-		if (code) {
-			__syncthreads(); // the shared entry is rewritten by the block's next entry
 			continue;
 		}
-		const rw_cuda_list_entry_t le = le_s;
-		const rw_cuda_plan_entry_t pe = pe_s;
-		const uint32_t tag = tag_s;
+		if (j1 == j0)
+			continue; // another local rank writes this record
+		// The return range of (node, rail) must hold the slot (slots count per rail).
+		const uint32_t r = le.rail;
+		const rw_cuda_plan_entry_t *pe = le.node < a.nodes && r < a.rails
+			? plan + (uint64_t)le.node * a.rails + r : nullptr;
+		if (!pe || le.slot - pe->first >= pe->count) {
+			if (threadIdx.x == 0)
+				set_err(a.err, RW_CUDA_RANK_E_PLAN, j + 1);
+			continue;
+		}
 		bool bad = false;
 		for (uint32_t k = j0 + threadIdx.x; k < j1; k += blockDim.x) {
 			uint64_t at = 0;
@@ -576,21 +526,19 @@ extern "C" __global__ void __launch_bounds__(SUM_THREADS) rw_rank_gather(const r
 			taddr[k - j0] = at;
 			bad |= !at;
 		}
-		// (also the barrier after which le_s, pe_s and the others may be rewritten)
 		if (__syncthreads_or(bad)) {
 			if (threadIdx.x == 0)
 				set_err(a.err, RW_CUDA_RANK_E_REF, j + 1);
 			continue;
 		}
 		// The combine record of receive slot p = le.slot on rail r from node le.node.
-		const uint32_t r = le.rail;
-		uint8_t *rec = reinterpret_cast<uint8_t *>(a.slab[r] + pe.offset +
-							   (uint64_t)(le.slot - pe.first) * a.crec_size);
+		uint8_t *rec = reinterpret_cast<uint8_t *>(a.slab[r] + pe->offset +
+							   (uint64_t)(le.slot - pe->first) * a.crec_size);
 		if (threadIdx.x == 0) {
 			uint32_t *w = reinterpret_cast<uint32_t *>(rec);
-			w[RW_WIRE_CREC_TAG / 4] = tag;
+			w[RW_WIRE_CREC_TAG / 4] = reinterpret_cast<const uint32_t *>(a.tags)[le.node];
 			w[RW_WIRE_CREC_SRC / 4] = (a.me & 0xffffu) | (r << 16);
-			w[RW_WIRE_CREC_SLOT / 4] = le.slot - pe.first;
+			w[RW_WIRE_CREC_SLOT / 4] = le.slot - pe->first;
 			w[RW_WIRE_CREC_SLOT / 4 + 1] = 0;
 		}
 		sum_rows(rec + RW_WIRE_CREC_HDR, taddr, j1 - j0, a.hidden, a.dtype, false);
@@ -619,13 +567,9 @@ extern "C" __global__ void __launch_bounds__(SUM_THREADS) rw_rank_reduce(const r
 {
 	__shared__ uint64_t taddr[SUM_THREADS];
 	__shared__ uint32_t range[2];
-	uint32_t listed;
-	bool phase_failed;
-	const uint32_t n = block_list_count(a.status, a.list_n, a.cap, &listed, &phase_failed);
-	if (phase_failed)
-		return; // out is left as it was
-	if (listed > a.cap && blockIdx.x == 0 && threadIdx.x == 0)
-		set_err(a.err, RW_CUDA_RANK_E_REF, a.cap + 1);
+	if (failed(a.status))
+		return;
+	const uint32_t n = list_count(a.list_n, a.cap, a.err);
 	const rw_cuda_list_entry_t *list = reinterpret_cast<const rw_cuda_list_entry_t *>(a.list);
 	const uint32_t row_bytes = a.hidden * dtype_size(a.dtype);
 	if (blockIdx.x == 0)
