@@ -1,4 +1,4 @@
-/* cuda/bench/bench_rank.c: the rank kernels alone (cuda/rw_cuda.h "rank kernels"), in one process
+/* tests/cuda/bench_rank.c (built as cuda/bench_rank): the rank kernels alone (cuda/rw_cuda.h "rank kernels"), in one process
  * on one GPU, against a copy of the same bytes measured in the same run (docs/perf/rankpath.md
  * "The kernels alone").
  *

@@ -80,7 +80,8 @@ run)
 		# kernels wait in the communication stream, and a caller's tensor that stream still
 		# reads must not be handed back to the allocator (deep_ep's inputs recorded on it).
 		echo "== 1l: Megatron-Core as in 1, beside $(( $(getconf _NPROCESSORS_ONLN) - 2 )) busy loops"
-		hogs=; for _ in $(seq $(( $(getconf _NPROCESSORS_ONLN) - 2 ))); do python3 -c 'while True: pass' & hogs="$hogs $!"; done
+		hogs=; trap 'kill $hogs 2>/dev/null' EXIT  # a run cut short leaves no loop behind
+		for _ in $(seq $(( $(getconf _NPROCESSORS_ONLN) - 2 ))); do python3 -c 'while True: pass' & hogs="$hogs $!"; done
 		{ ranks megatron && ref megatron-ref; } || fail=1
 		kill $hogs 2>/dev/null ;; esac
 	case $stages in *" 2 "*)
