@@ -60,30 +60,40 @@ static int flag_stalled(const rw_ipc_client_t *client, const rw_sqe_t *sqe)
 	return rw_svc_gpu_stalled(ev.device, NULL, 0) ? ev.device : -1;
 }
 
-int exec_answer_err(exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe, rw_status_t st,
-		    int remote, const char *msg)
+/* exec_answer_err; `busy` >= 0: that GPU still has copies into the rank queued (not declared
+ * stalled), so its stream-ordered flag is left unwritten as for a stalled one. */
+static int answer_err(exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe, rw_status_t st,
+		      int remote, const char *msg, int busy)
 {
 	if (!x->ipc)
 		return 0;
 	int code = exec_client_code(st, remote);
 	rw_ipc_client_notice(x->ipc, client, code, msg && msg[0] ? msg : rw_status_str(st));
-	const int stalled = flag_stalled(client, sqe);
+	const int stalled = !(sqe->flags & RW_SQE_SIGNAL) ? -1 :
+			    busy >= 0 ? busy : flag_stalled(client, sqe);
 	if (stalled < 0)
 		rw_ipc_signal_now(client, sqe); /* stream order: the flag before the CQE, errors too */
 	else
 		rw_warn("local rank %u: the completion flag of a failed submission is not written "
-			"now: GPU %d is stalled", rw_ipc_client_info(client)->rank, stalled);
+			"now: GPU %d %s", rw_ipc_client_info(client)->rank, stalled,
+			busy >= 0 ? "still has copies into it queued" : "is stalled");
 	rw_cqe_t c = cqe_for(sqe, RW_CQ_ERROR);
 	c.error = code;
 	rw_ipc_complete(x->ipc, client, &c);
 	return stalled >= 0;
 }
 
-int exec_answer_sub_err(exec_t *x, const exec_sub_t *s, rw_status_t st, int remote,
-			const char *msg)
+int exec_answer_err(exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe, rw_status_t st,
+		    int remote, const char *msg)
+{
+	return answer_err(x, client, sqe, st, remote, msg, -1);
+}
+
+static int sub_err(exec_t *x, const exec_sub_t *s, rw_status_t st, int remote, const char *msg,
+		   int busy)
 {
 	if (!s->page_k)
-		return exec_answer_err(x, s->client, &s->sqe, st, remote, msg);
+		return answer_err(x, s->client, &s->sqe, st, remote, msg, busy);
 	rw_page_head_t *pg = x->ipc ? rw_ipc_client_page(s->client, NULL) : NULL;
 	if (!pg)
 		return 0;
@@ -91,6 +101,12 @@ int exec_answer_sub_err(exec_t *x, const exec_sub_t *s, rw_status_t st, int remo
 	rw_ipc_client_notice(x->ipc, s->client, code, msg && msg[0] ? msg : rw_status_str(st));
 	rw_page_fail(pg, s->page_k, code); /* P6: the status, then the words its stream waits on */
 	return 0;
+}
+
+int exec_answer_sub_err(exec_t *x, const exec_sub_t *s, rw_status_t st, int remote,
+			const char *msg)
+{
+	return sub_err(x, s, st, remote, msg, -1);
 }
 
 void exec_answer_dispatch(exec_t *x, exec_pair_t *p, uint32_t g)
@@ -149,24 +165,36 @@ struct exec_late {
 	char msg[RW_SVC_WHY_MAX];
 };
 
-/* The answer; with `stalled` >= 0 it says the copies may still land (the rank's sentence is
- * short: the GPU first; the daemon's log has the whole line). */
-static void late_answer(exec_t *x, struct exec_late *l, int stalled)
+/* The answer; with `dev` >= 0 it says the copies may still land on that GPU, declared stalled
+ * (`stalled`) or still busy when shutdown stopped waiting, and leaves a stream-ordered flag
+ * unwritten (the rank's sentence is short: the GPU first; the daemon's log has the whole line). */
+static void late_answer(exec_t *x, struct exec_late *l, int dev, int stalled)
 {
 	const int owed = l->owed;
 	l->owed = 0;
 	if (!owed || !l->sub.client)
 		return;
-	if (stalled < 0) {
+	if (dev < 0) {
 		exec_answer_sub_err(x, &l->sub, l->st, l->remote, l->msg);
 		return;
 	}
+	const char *state = stalled ? "stalled" : "busy at shutdown";
 	char why[2 * RW_SVC_WHY_MAX];
-	snprintf(why, sizeof(why), "GPU %d stalled, copies into this rank may still land: %s",
-		 stalled, l->msg);
-	rw_warn("local rank %u answered with its copies still queued on stalled GPU %d: %s",
-		rw_ipc_client_info(l->sub.client)->rank, stalled, l->msg);
-	l->flag_owed = exec_answer_sub_err(x, &l->sub, l->st, l->remote, why);
+	snprintf(why, sizeof(why), "GPU %d %s, copies into this rank may still land: %s", dev,
+		 state, l->msg);
+	rw_warn("local rank %u answered with its copies still queued on %s GPU %d: %s",
+		rw_ipc_client_info(l->sub.client)->rank, state, dev, l->msg);
+	l->flag_owed = sub_err(x, &l->sub, l->st, l->remote, why, stalled ? -1 : dev);
+}
+
+/* Answer what the copies not landed allow (checked at once): the declared stalled GPU, else the
+ * first the fence covers, busy; the flag stays unwritten either way. */
+static void late_answer_unlanded(exec_t *x, struct exec_late *l, int stalled)
+{
+	if (stalled >= 0)
+		late_answer(x, l, stalled, 1);
+	else
+		late_answer(x, l, l->fence.devs ? __builtin_ctzll(l->fence.devs) : 0, 0);
 }
 
 /* The copies landed (the GPU moves again): the flag its answer went without, if its rank
@@ -183,21 +211,37 @@ static int late_check(exec_t *x, struct exec_late *l)
 {
 	int stalled = -1;
 	const int landed = rw_svc_stage_fenced(&l->fence, &stalled);
-	if (landed || stalled >= 0)
-		late_answer(x, l, landed ? -1 : stalled);
+	if (landed)
+		late_answer(x, l, -1, 0);
+	else if (stalled >= 0)
+		late_answer(x, l, stalled, 1);
 	return landed;
 }
 
 static void late_hold(exec_t *x, struct exec_late *l, rw_ipc_client_t *client)
 {
-	if (late_check(x, l) || !x->ipc || !client ||
-	    !(l->keep = rw_ipc_client_keep(client))) { /* landed, or nothing to hold it with */
-		late_answer(x, l, -1);
+	if (late_check(x, l)) {
 		free(l);
 		return;
 	}
-	l->next = x->late;
-	x->late = l;
+	if (x->ipc && client && (l->keep = rw_ipc_client_keep(client))) {
+		l->next = x->late;
+		x->late = l;
+		return;
+	}
+	/* nothing to hold it with: answered now, as copies that may still land unless they did */
+	int stalled = -1;
+	if (rw_svc_stage_fenced(&l->fence, &stalled)) {
+		late_answer(x, l, -1, 0);
+		late_flag(l);
+	} else {
+		late_answer_unlanded(x, l, stalled);
+		if (l->flag_owed && l->sub.client)
+			rw_err("local rank %u: out of memory holding a failed submission until its "
+			       "copies land: its completion flag is never written",
+			       rw_ipc_client_info(l->sub.client)->rank);
+	}
+	free(l);
 }
 
 void exec_answer_late(exec_t *x, const exec_sub_t *s, const rw_svc_stage_fence_t *f,
@@ -271,11 +315,13 @@ void exec_answer_late_flush(exec_t *x)
 		x->late = l->next;
 		int stalled = -1;
 		const int landed = rw_svc_stage_fenced(&l->fence, &stalled);
-		late_answer(x, l, landed ? -1 : stalled);
 		if (landed) {
+			late_answer(x, l, -1, 0);
 			late_flag(l);
 			rw_ipc_keep_drop(x->ipc, l->keep);
-		} /* else its keep stays the IPC server's, whose destroy leaves the mappings open */
+		} else { /* its keep stays the IPC server's, whose destroy leaves the mappings open */
+			late_answer_unlanded(x, l, stalled);
+		}
 		free(l);
 	}
 }

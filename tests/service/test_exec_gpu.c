@@ -4,6 +4,8 @@
  * exec_harness.h. */
 #include "tests/service/test_exec.h"
 
+#include "service/exec/exec_int.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,8 +38,9 @@ static void test_cuda_ranks(void **state)
 
 /* Two nodes, rank 3's buffer in CUDA memory; one pair passes, then (with the stall bound at
  * stall_ms when not 0) the stand-in holds every stream's work and every rank submits the
- * dispatch of step 0 layer 0: rank 3's input copies are queued and do not land. */
-static cl_t *cuda_copies_held(uint64_t salt, uint32_t stall_ms)
+ * dispatch of step 0 layer 0: rank 3's input copies are queued and do not land. flag_p not NULL:
+ * rank 3's submission asks for its stream-ordered flag (event 5, *flag_p, cleared) to be 9. */
+static cl_t *cuda_copies_held(uint64_t salt, uint32_t stall_ms, volatile uint32_t **flag_p)
 {
 	opts_t o = { .nodes = 2, .path = "native", .tokens = 20 };
 	cl_t *c = cl_new(&o, salt);
@@ -45,10 +48,18 @@ static cl_t *cuda_copies_held(uint64_t salt, uint32_t stall_ms)
 	settle(c);
 	rank_connect_cuda(c, 3);
 	run_pair(c, 0, 1);
+	if (flag_p) {
+		*flag_p = fk_client_flag_event(c->rk[3].c, 5);
+		assert_non_null(*flag_p);
+		**flag_p = 0;
+	}
 	if (stall_ms)
 		rw_svc_gpu_stall_set(stall_ms);
 	fake_cuda_hold(1);
-	dispatch_submit_all(c, 0, 0);
+	const sub_opts_t so = { .signal_event = 5, .flag_value = 9 };
+	for (uint32_t r = 0; r < c->W; r++)
+		dispatch_submit(c, r, 0, 0, r == 3 && flag_p ? &so : NULL);
+	settle(c);
 	return c;
 }
 
@@ -63,7 +74,7 @@ static void test_cuda_rank_lost(void **state)
 	(void)state;
 	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
 		skip();
-	cl_t *c = cuda_copies_held(860, 0);
+	cl_t *c = cuda_copies_held(860, 0, NULL);
 	for (uint32_t r = 0; r < c->W; r++)
 		expect_no_cqe(c, r);
 	rw_ipc_client_t *gone = c->rk[3].c;
@@ -98,7 +109,7 @@ static void test_cuda_answer_late(void **state)
 	(void)state;
 	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
 		skip();
-	cl_t *c = cuda_copies_held(875, 0);
+	cl_t *c = cuda_copies_held(875, 0, NULL);
 	fk_client_die(c->rk[2].c);
 	expect_err(c, 0, RW_E_PHASE, "a peer's pair failed");
 	expect_err(c, 1, RW_E_PHASE, "a peer's pair failed");
@@ -146,7 +157,7 @@ static void test_cuda_stall(void **state)
 	(void)state;
 	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
 		skip();
-	cl_t *c = cuda_copies_held(870, 50);
+	cl_t *c = cuda_copies_held(870, 50, NULL);
 	for (uint32_t r = 0; r < c->W; r++) {
 		rw_cqe_t q = next_cqe(c, r);
 		CHECK(q.status == RW_CQ_ERROR && (q.error == RW_E_CUDA || q.error == RW_E_PHASE),
@@ -185,20 +196,8 @@ static void test_cuda_stall_flag(void **state)
 	(void)state;
 	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
 		skip();
-	opts_t o = { .nodes = 2, .path = "native", .tokens = 20 };
-	cl_t *c = cl_new(&o, 890);
-	fk_client_die(c->rk[3].c);
-	settle(c);
-	rank_connect_cuda(c, 3);
-	run_pair(c, 0, 1);
-	volatile uint32_t *flag = fk_client_flag_event(c->rk[3].c, 5);
-	assert_non_null(flag);
-	*flag = 0;
-	rw_svc_gpu_stall_set(50);
-	fake_cuda_hold(1);
-	const sub_opts_t so = { .signal_event = 5, .flag_value = 9 };
-	for (uint32_t r = 0; r < c->W; r++)
-		dispatch_submit(c, r, 0, 0, r == 3 ? &so : NULL);
+	volatile uint32_t *flag;
+	cl_t *c = cuda_copies_held(890, 50, &flag);
 	for (uint32_t r = 0; r < c->W; r++) {
 		rw_cqe_t q = next_cqe(c, r);
 		CHECK(q.status == RW_CQ_ERROR, "stalled: rank %u: status %u", r, q.status);
@@ -213,6 +212,36 @@ static void test_cuda_stall_flag(void **state)
 	rw_svc_gpu_stall_set(0);
 	expect_no_timeouts(c);
 	retry_key(c, 0, 0);
+	cl_free(c);
+}
+
+/* Shutdown stopped waiting (its drain cap) while a CUDA rank's copies are still queued on a GPU
+ * not declared stalled: the held answer says the copies may still land, and the rank's
+ * stream-ordered flag, a synchronous write to that busy GPU, is not written — neither then nor
+ * once the copies land after. rw_svc_exec_ipc_stop's steps (exec_fail_open, then
+ * exec_answer_late_flush) without its wait, which would run out only at gpu_stall_ms + 2 s. */
+static void test_cuda_flush_unlanded(void **state)
+{
+	(void)state;
+	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+		skip();
+	volatile uint32_t *flag;
+	cl_t *c = cuda_copies_held(891, 600000, &flag); /* a stall never declared in the case */
+	exec_t *x = c->svc[c->rk[3].node].exec;
+	exec_fail_open(x, "daemon stopping"); /* rw_svc_exec_ipc_stop's steps, the drain's wait out */
+	settle(c);
+	expect_no_cqe(c, 3); /* held for its copies */
+	exec_answer_late_flush(x);
+	rw_cqe_t q = next_cqe(c, 3);
+	assert_int_equal(q.status, RW_CQ_ERROR);
+	assert_non_null(strstr(fk_client_notice(c->rk[3].c), "GPU 0 busy at shutdown, copies "
+							     "into this rank may still land"));
+	assert_int_equal(fk_client_flags_written(c->rk[3].c), 0);
+	fake_cuda_hold(0);
+	settle(c);
+	assert_int_equal(fk_client_flags_written(c->rk[3].c), 0); /* the answer is gone: no flag */
+	assert_int_equal(*flag, 0);
+	rw_svc_gpu_stall_set(0);
 	cl_free(c);
 }
 
@@ -472,6 +501,7 @@ int exec_gpu_run(void)
 		cmocka_unit_test(test_cuda_answer_late),
 		cmocka_unit_test(test_cuda_stall),
 		cmocka_unit_test(test_cuda_stall_flag),
+		cmocka_unit_test(test_cuda_flush_unlanded),
 		cmocka_unit_test(test_cuda_combine_order),
 		cmocka_unit_test(test_gpu_count_paths),
 		cmocka_unit_test(test_gpu_count_mixed),
