@@ -948,10 +948,11 @@ int rw_client_poll(rw_client_t *c, rw_cqe_t *out, unsigned max)
 {
 	if (!c || (!out && max))
 		return RW_E_INVAL;
+	/* What the daemon posted before it closed (a stopping daemon's last answers) comes
+	 * first, however the closure was noticed: the closed code only once the ring is empty. */
 	int closed = atomic_load(&c->closed_code);
-	if (closed)
-		return closed;
-	return cq_take(c, out, max);
+	int n = cq_take(c, out, max);
+	return n == 0 && closed ? closed : n;
 }
 
 /* The daemon wrote to our control socket while we waited: EOF, or a fatal error message. */
@@ -1050,12 +1051,9 @@ int rw_client_wait(rw_client_t *c, rw_cqe_t *out, unsigned max, int timeout_ms)
 		}
 		if (r > 0 && (pfd[1].revents & (POLLIN | POLLHUP | POLLERR))) {
 			int rc = socket_event(c);
-			if (rc < 0) { /* what the daemon posted before it closed (a stopping daemon's
-				       * last answers, published just before) still comes first */
-				n = cq_take(c, out, max);
-				return n > 0 ? n : rc;
-			}
-		}
+			if (rc < 0 && !atomic_load(&c->closed_code))
+				return rc;
+		} /* a closure is answered by the poll above, once the ring is empty */
 		rw_ring_cons_disarm(&c->cq);
 	}
 }

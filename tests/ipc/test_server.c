@@ -1450,16 +1450,23 @@ static void complete_held(harness_t *h, void *arg)
 	h->nheld = 0;
 }
 
-static void test_deregister_busy(void **state)
+/* Start the harness holding submissions (no echo); one rank with a host buffer `id`. */
+static rw_client_t *start_holding(uint32_t *id)
 {
-	(void)state;
 	h_start(&H);
 	int off = 0;
 	h_call(&H, set_echo, &off);
 	rw_client_t *c = connect_rank("g", 0);
-	uint32_t id;
 	void *addr;
-	assert_int_equal(rw_client_register_host(c, 65536, &id, &addr), 0);
+	assert_int_equal(rw_client_register_host(c, 65536, id, &addr), 0);
+	return c;
+}
+
+static void test_deregister_busy(void **state)
+{
+	(void)state;
+	uint32_t id;
+	rw_client_t *c = start_holding(&id);
 	rw_sqe_t e = valid_sqe(id, 1);
 	assert_int_equal(rw_client_submit(c, &e, 1), 0);
 	for (int i = 0; i < 5000 && h_snap(&H).nheld == 0; i++)
@@ -1880,6 +1887,44 @@ static void test_drop_inside_callback(void **state)
 	assert_int_equal(rw_client_wait(c, &cqe, 1, 5000), RW_E_CLOSED);
 	rw_client_close(c);
 	h_stop(&H);
+}
+
+/* Regression: the completions a stopping daemon posted before it closed were lost past the
+ * first wait's max once the client knew of the closure (here a request saw it first): every one
+ * must come, in order, and only then the closed code. */
+static void test_completions_before_close_all_come(void **state)
+{
+	(void)state;
+	uint32_t id;
+	rw_client_t *c = start_holding(&id);
+	enum { N = 5 };
+	rw_sqe_t e[N];
+	for (int i = 0; i < N; i++)
+		e[i] = valid_sqe(id, 1 + i);
+	assert_int_equal(rw_client_submit(c, e, N), 0);
+	/* the daemon holds all N before it answers and closes */
+	for (int i = 0; i < 5000 && h_snap(&H).nheld < N; i++)
+		usleep(1000);
+	assert_int_equal(h_snap(&H).nheld, N);
+	h_call(&H, complete_held, NULL);
+	h_stop(&H); /* publishes what is pending, then closes every connection */
+	uint32_t id2;
+	void *addr2;
+	int closed = rw_client_register_host(c, 65536, &id2, &addr2);
+	assert_true(closed < 0);
+	rw_cqe_t cqe[2];
+	int got = 0;
+	while (got < N) {
+		int n = rw_client_wait(c, cqe, 2, 5000);
+		if (n <= 0)
+			fail_msg("after %d of %d completions: %d (%s)", got, N, n,
+				 n < 0 ? rw_client_strerror(n) : "timeout");
+		for (int k = 0; k < n; k++, got++)
+			assert_int_equal(cqe[k].user_data, e[got].user_data);
+	}
+	assert_int_equal(rw_client_wait(c, cqe, 2, 5000), closed);
+	assert_int_equal(rw_client_poll(c, cqe, 2), closed);
+	rw_client_close(c);
 }
 
 static void set_left_hook(harness_t *h, void *arg) { h->left_hook = *(int *)arg; }
@@ -2785,6 +2830,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_completion_backpressure),
 		cmocka_unit_test(test_submit_and_reap_on_two_threads),
 		cmocka_unit_test(test_drop_inside_callback),
+		cmocka_unit_test(test_completions_before_close_all_come),
 		cmocka_unit_test(test_wait_spins_then_sleeps),
 		cmocka_unit_test(test_drop_other_client_from_left_callback),
 		cmocka_unit_test(test_busy_poll_server),
