@@ -49,6 +49,10 @@ struct rw_svc_stage {
 
 static void watch_cb(struct ev_loop *loop, ev_timer *w, int revents);
 
+/* Devices whose stream some stage of this process abandoned (dev_close): their queued work may
+ * still run, so CUDA is never shut down under it (rw_svc_stage_destroy). The loop's thread only. */
+static uint64_t stage_abandoned;
+
 rw_status_t rw_svc_stage_create(struct ev_loop *loop, rw_svc_stage_done_fn done, void *ctx,
 				rw_svc_stage_t **stage_p)
 {
@@ -103,9 +107,10 @@ static void dev_close(rw_svc_stage_t *s, stage_dev_t *d)
 	if (!d->stream)
 		return;
 	ev_io_stop(s->loop, &d->io);
-	if (d->stalled && dev_busy(d))
+	if (d->stalled && dev_busy(d)) {
 		rw_cuda_stream_abandon(d->stream); /* a copy may still land: nothing of it freed */
-	else
+		stage_abandoned |= 1ull << (d - s->dev);
+	} else
 		rw_cuda_stream_destroy(d->stream); /* waits for what is still enqueued */
 	dev_unstall(d, 0);
 	d->stream = NULL;
@@ -135,8 +140,16 @@ void rw_svc_stage_destroy(rw_svc_stage_t *s)
 			rw_cuda_host_free(h->ptr);
 		free(h);
 	}
-	if (s->used && !s->keep_cuda)
-		rw_cuda_shutdown(); /* after the IPC cache (rw_svc_ipc_stop) and the streams */
+	if (s->used && !s->keep_cuda) {
+		/* A stalled GPU's queued copies and kernels (another stage's, the CUDA mover's, the
+		 * header pull's) may still run: no module unloaded, no context released under them. */
+		int stalled[1];
+		if (stage_abandoned || rw_svc_gpu_stalled_list(stalled, 1, NULL))
+			rw_warn("stage: CUDA left to the process's exit (modules, contexts): a stalled "
+				"GPU's queued work may still run");
+		else
+			rw_cuda_shutdown(); /* after the IPC cache (rw_svc_ipc_stop) and the streams */
+	}
 	free(s);
 }
 

@@ -34,7 +34,9 @@ rw_status_t rw_svc_stage_create(struct ev_loop *loop, rw_svc_stage_done_fn done,
 /* Waits for every enqueued copy of a device that is not stalled and frees its stream; a stalled
  * device's stream is abandoned (cuStreamDestroy, which does not wait; its mark state and the
  * buffers retired against it are left to the driver and the process's exit, since a copy may
- * still write them). rw_cuda_shutdown() if CUDA was used. */
+ * still write them). rw_cuda_shutdown() if CUDA was used, unless a stream of some stage was
+ * abandoned or a GPU is stalled (rw_svc_gpu_stalled_list): then CUDA (modules, contexts) is left
+ * to the process's exit, logged, never unloaded under a stalled GPU's queued work. */
 void rw_svc_stage_destroy(rw_svc_stage_t *stage);
 /* Enqueue a copy on `device`'s stream (created on first use). Host memory should be pinned
  * (rw_svc_pinned_t) and must stay valid until a later mark completes (or be retired). n == 0:

@@ -18,8 +18,9 @@ is queued ("fake cuda: ... under N queued copies").
    the mappings after the copies (no "closed under" line) and exits 0.
 2. Stays hung (gpu_stall_ms 4000): node 0 exits 0 by itself, FILE still there, after the stall
    bound (plus the drain's 2 s margin at most), naming GPU 0 in its log; no mapping is closed
-   under the queued copies (the import cache leaves them to the process's exit, logged), and
-   its ranks were told their copies may still land.
+   under the queued copies (the import cache leaves them to the process's exit, logged), CUDA
+   is not shut down under them (left to the exit, logged), and its ranks were told their copies
+   may still land.
 3. A carve-out's pull (the groups' carve-outs on the stand-in's discrete GPU, phase_timeout_ms
    3000, gpu_stall_ms 60000): a GPU group's phase (rw_pagerank) times out with node 0's header
    pull out of its carve-out hung; node 0 holds the carve-out. SIGTERM: node 0 waits; FILE
@@ -179,6 +180,9 @@ def hung(c, hang, ranks0, maps0):
     check("cuda: ipc cache left" in log0 and UNDER not in log0,
           "GPU hung at SIGTERM: no mapping closed under the queued copies: %s"
           % [ln for ln in log0.splitlines() if UNDER in ln or "ipc cache" in ln])
+    check("stage: CUDA left to the process's exit" in log0,
+          "GPU hung at SIGTERM: CUDA not shut down (module unload, context release) under the "
+          "queued copies: %s" % [ln for ln in log0.splitlines() if "stage:" in ln])
     res0 = cluster.outputs(ranks0)
     check(all(v[0] == 0 and "GPU 0 stalled, copies into this rank may still land" in v[1]
               for v in res0.values()),
