@@ -561,22 +561,26 @@ static uint64_t pair_devs(const exec_pair_t *p)
  * waits on a GPU not (yet) declared stalled, or a slot is only busy or idle, the pair waits. */
 static int slots_stalled(const exec_t *x, char *why, size_t len)
 {
+	for (int s = 0; s < EXEC_SLOTS; s++)
+		if (!x->slot_held[s])
+			return 0; /* a slot only busy or idle: the pair waits */
+	int list[64];
+	unsigned n = rw_svc_gpu_stalled_list(list, 64, NULL);
+	uint64_t gpus = 0;
+	for (unsigned i = 0; i < n; i++)
+		gpus |= 1ull << list[i];
+	if (!gpus)
+		return 0;
 	uint64_t stalled = 0;
 	for (int s = 0; s < EXEC_SLOTS; s++) {
-		if (!x->slot_held[s])
-			return 0;
 		const exec_pair_t *q;
 		uint64_t devs = 0;
 		rw_list_for_each(&x->pairs, q, link)
 			if (q->slot_held == s)
 				devs = pair_devs(q);
-		uint64_t st = 0;
-		for (int d = 0; d < 64; d++)
-			if ((devs >> d & 1) && rw_svc_gpu_stalled(d, NULL, 0))
-				st |= 1ull << d;
-		if (!st)
+		if (!(devs & gpus))
 			return 0;
-		stalled |= st;
+		stalled |= devs & gpus;
 	}
 	int d = 0;
 	while (!(stalled >> d & 1))
