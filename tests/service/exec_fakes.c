@@ -123,9 +123,13 @@ static void ev_free(fk_ev_t *ev)
 	free(ev);
 }
 
-static void client_release_bufs(rw_ipc_client_t *c)
+/* Free the client's host buffers, and with `cuda` its CUDA buffers and flag too (ipc.h: a keep
+ * holds only the CUDA mappings past a leave; host buffers go at the leave). */
+static void client_release_bufs(rw_ipc_client_t *c, int cuda)
 {
 	for (uint32_t i = 0; i < c->n_buf; i++) {
+		if (c->buf[i].cuda && !cuda)
+			continue;
 		if (c->buf[i].cuda && c->buf[i].mem)
 			rw_cuda_mem_free(0, (rw_cuda_dptr_t)(uintptr_t)c->buf[i].mem);
 		else
@@ -133,6 +137,8 @@ static void client_release_bufs(rw_ipc_client_t *c)
 		c->buf[i].mem = NULL;
 		c->buf[i].known = 0;
 	}
+	if (!cuda)
+		return;
 	if (c->flag)
 		rw_cuda_mem_free(0, c->flag);
 	c->flag = 0;
@@ -152,7 +158,7 @@ void fk_world_free(fk_world_t *w)
 	while (fk_clients) {
 		rw_ipc_client_t *c = fk_clients;
 		fk_clients = c->next;
-		client_release_bufs(c);
+		client_release_bufs(c, 1);
 		free(c->cqe);
 		free(c);
 	}
@@ -257,8 +263,7 @@ static void client_leave(rw_ipc_client_t *c, rw_ipc_leave_t reason, int error)
 		s->ops.client_left(s->ctx, c, reason, error);
 	c->drop_pending = 0;
 	c->left = 1;
-	if (!c->keeps)
-		client_release_bufs(c);
+	client_release_bufs(c, !c->keeps);
 }
 
 /* ipc.h: a kept client's buffers stay mapped past its leave until the last keep is dropped */
@@ -273,7 +278,7 @@ void rw_ipc_keep_drop(rw_ipc_server_t *server, rw_ipc_keep_t *k)
 {
 	(void)server;
 	if (k && k->c->keeps && --k->c->keeps == 0 && k->c->left)
-		client_release_bufs(k->c);
+		client_release_bufs(k->c, 1);
 }
 
 unsigned fk_client_keeps(const rw_ipc_client_t *c) { return c->keeps; }
