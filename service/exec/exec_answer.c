@@ -50,50 +50,182 @@ static rw_cqe_t cqe_for(const rw_sqe_t *sqe, uint8_t status)
 	return c;
 }
 
-/* The GPU a stream-ordered submission's flag lies on when it is stalled, else -1: its flag is
- * a synchronous write (rw_ipc_signal_now), which would hold the loop. */
-static int flag_stalled(const rw_ipc_client_t *client, const rw_sqe_t *sqe)
+/* ---- stream-ordered flags of error answers (docs/rankpath.md "A hung GPU") ----------------
+ * The flag is a synchronous write (rw_ipc_signal_now, a cuMemcpyHtoD): never on a stalled GPU,
+ * where it would hold the loop. Such a flag is owed by the rank's member (exec_member_t.flag,
+ * one entry per event: bounded by the 64 events a client may register) and written by the
+ * loop's sweep once the GPU moves again; a leave drops it with the member. */
+
+/* Cyclic, as the rank's stream compares (ipc/railwave.h: (int32_t)(flag - V) >= 0). */
+static int flag_newer(uint32_t a, uint32_t b) { return (int32_t)(a - b) > 0; }
+
+static void flag_write(rw_ipc_client_t *client, uint16_t event_id, uint32_t value)
 {
-	rw_ipc_event_t ev;
-	if (!(sqe->flags & RW_SQE_SIGNAL) || rw_ipc_event_lookup(client, sqe->event_id, &ev) != RW_OK)
-		return -1;
-	return rw_svc_gpu_stalled(ev.device, NULL, 0) ? ev.device : -1;
+	rw_sqe_t s;
+	memset(&s, 0, sizeof(s));
+	s.flags = RW_SQE_SIGNAL;
+	s.event_id = event_id;
+	s.output.reserved = value;
+	rw_ipc_signal_now(client, &s);
 }
 
-/* exec_answer_err; `busy` >= 0: that GPU still has copies into the rank queued (not declared
- * stalled), so its stream-ordered flag is left unwritten as for a stalled one. */
+/* Member mb's entry for event id, else a new one (*fresh_p 1) in a free entry, else in one whose
+ * event is no longer registered (its flag has nowhere to go), else in one that only records a
+ * value written; NULL when each of the 64 owes the flag of a registered event, which a
+ * client's at most 64 events never reach. */
+static exec_flag_t *flag_entry(exec_member_t *mb, uint16_t id, int *fresh_p)
+{
+	exec_flag_t *free_e = NULL, *gone = NULL, *written = NULL;
+	for (unsigned i = 0; i < EXEC_FLAG_EVENTS; i++) {
+		exec_flag_t *e = &mb->flag[i];
+		if (e->event_id == id) {
+			*fresh_p = 0;
+			return e;
+		}
+		if (!e->event_id)
+			free_e = free_e ? free_e : e;
+		else if (!e->owed)
+			written = written ? written : e;
+	}
+	for (unsigned i = 0; !free_e && i < EXEC_FLAG_EVENTS && !gone; i++) {
+		rw_ipc_event_t ev;
+		if (rw_ipc_event_lookup(mb->client, mb->flag[i].event_id, &ev) != RW_OK)
+			gone = &mb->flag[i];
+	}
+	exec_flag_t *e = free_e ? free_e : gone ? gone : written;
+	*fresh_p = 1;
+	return e;
+}
+
+static int late_owes(const exec_t *x, const rw_ipc_client_t *client, uint16_t event_id);
+
+/* Entry e was written: it stays as a record of its value only while a held answer of the rank
+ * may still write an older one of that event (which then is not written over it); kept longer,
+ * a record would outlive the 2^31 values the cyclic comparison can tell apart. */
+static void flag_written(const exec_t *x, const rw_ipc_client_t *client, exec_flag_t *e)
+{
+	e->owed = 0;
+	if (!late_owes(x, client, e->event_id))
+		e->event_id = 0;
+}
+
+/* The flag of a failed stream-ordered submission (before its CQE): written now unless its GPU
+ * is stalled, then owed; per event the newest value wins, so an older value owed or written
+ * before is never written over a newer one. */
+static void flag_answer(exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe)
+{
+	rw_ipc_event_t ev;
+	if (!(sqe->flags & RW_SQE_SIGNAL))
+		return;
+	if (rw_ipc_event_lookup(client, sqe->event_id, &ev) != RW_OK || ev.device < 0 ||
+	    ev.device >= 64) {
+		rw_ipc_signal_now(client, sqe); /* the server's to refuse */
+		return;
+	}
+	exec_member_t *mb = rw_ipc_client_data(client);
+	const uint32_t rank = rw_ipc_client_info(client)->rank;
+	const int stalled = rw_svc_gpu_stalled(ev.device, NULL, 0);
+	int fresh = 1;
+	exec_flag_t *e = mb ? flag_entry(mb, sqe->event_id, &fresh) : NULL;
+	uint32_t v = sqe->output.reserved;
+	if (e && !fresh) {
+		if (!flag_newer(v, e->value) && !e->owed) {
+			flag_written(x, client, e); /* that value or a newer one is written already */
+			return;
+		}
+		if (flag_newer(e->value, v))
+			v = e->value;
+	}
+	if (e)
+		*e = (exec_flag_t){ .event_id = sqe->event_id, .owed = (uint8_t)stalled,
+				    .dev = (int8_t)ev.device, .value = v };
+	if (!stalled) {
+		flag_write(client, sqe->event_id, v);
+		if (e)
+			flag_written(x, client, e);
+	} else if (e) {
+		x->flag_devs |= 1ull << ev.device;
+		rw_warn("local rank %u: the completion flag of a failed submission (event %u, value "
+			"%u) is not written now: GPU %d is stalled; it is written once it moves again",
+			rank, sqe->event_id, v, ev.device);
+	} else { /* not a member (the IPC server is dropping it), or no entry left */
+		rw_err("local rank %u: the completion flag of a failed submission (event %u, value "
+		       "%u) is not written: GPU %d is stalled and %s", rank, sqe->event_id, v,
+		       ev.device, mb ? "every entry owes a flag" : "the rank is leaving");
+	}
+}
+
+/* The owed flags whose GPU is not stalled now are written; with `stopping` those whose GPU is
+ * are dropped, logged. Cheap while every GPU an owed flag waits on is still stalled. */
+static void flags_sweep(exec_t *x, int stopping)
+{
+	if (!x->flag_devs || !x->ipc)
+		return;
+	int list[64];
+	const unsigned n = rw_svc_gpu_stalled_list(list, 64, NULL);
+	uint64_t stalled = 0, devs = 0;
+	for (unsigned i = 0; i < n; i++)
+		stalled |= 1ull << list[i];
+	if (!stopping && !(x->flag_devs & ~stalled))
+		return;
+	exec_group_t *g;
+	rw_list_for_each(&x->groups, g, link)
+		for (uint32_t l = 0; l < x->gpus; l++) {
+			exec_member_t *mb = g->member[l];
+			for (unsigned i = 0; mb && i < EXEC_FLAG_EVENTS; i++) {
+				exec_flag_t *e = &mb->flag[i];
+				if (!e->event_id || !e->owed)
+					continue;
+				const uint32_t rank = rw_ipc_client_info(mb->client)->rank;
+				if (!(stalled >> e->dev & 1)) {
+					flag_write(mb->client, e->event_id, e->value);
+					rw_info("local rank %u: GPU %d moves again: the completion flag "
+						"of a failed submission written (event %u, value %u)",
+						rank, e->dev, e->event_id, e->value);
+					flag_written(x, mb->client, e);
+				} else if (stopping) {
+					rw_warn("local rank %u: daemon stopping with GPU %d stalled: the "
+						"completion flag of a failed submission (event %u, value "
+						"%u) is never written", rank, e->dev, e->event_id,
+						e->value);
+					e->event_id = 0;
+				} else {
+					devs |= 1ull << e->dev;
+				}
+			}
+		}
+	x->flag_devs = devs;
+}
+
+/* exec_answer_err; `held` >= 0: copies into the rank may still be queued on GPU `held`, so its
+ * stream-ordered flag is not written now: 1 is returned when it has one, for the caller to
+ * write once they landed (late_flag). */
 static int answer_err(exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe, rw_status_t st,
-		      int remote, const char *msg, int busy)
+		      int remote, const char *msg, int held)
 {
 	if (!x->ipc)
 		return 0;
 	int code = exec_client_code(st, remote);
 	rw_ipc_client_notice(x->ipc, client, code, msg && msg[0] ? msg : rw_status_str(st));
-	const int stalled = !(sqe->flags & RW_SQE_SIGNAL) ? -1 :
-			    busy >= 0 ? busy : flag_stalled(client, sqe);
-	if (stalled < 0)
-		rw_ipc_signal_now(client, sqe); /* stream order: the flag before the CQE, errors too */
-	else
-		rw_warn("local rank %u: the completion flag of a failed submission is not written "
-			"now: GPU %d %s", rw_ipc_client_info(client)->rank, stalled,
-			busy >= 0 ? "still has copies into it queued" : "is stalled");
+	if (held < 0)
+		flag_answer(x, client, sqe); /* stream order: the flag before the CQE, errors too */
 	rw_cqe_t c = cqe_for(sqe, RW_CQ_ERROR);
 	c.error = code;
 	rw_ipc_complete(x->ipc, client, &c);
-	return stalled >= 0;
+	return held >= 0 && (sqe->flags & RW_SQE_SIGNAL);
 }
 
-int exec_answer_err(exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe, rw_status_t st,
-		    int remote, const char *msg)
+void exec_answer_err(exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe, rw_status_t st,
+		     int remote, const char *msg)
 {
-	return answer_err(x, client, sqe, st, remote, msg, -1);
+	answer_err(x, client, sqe, st, remote, msg, -1);
 }
 
 static int sub_err(exec_t *x, const exec_sub_t *s, rw_status_t st, int remote, const char *msg,
-		   int busy)
+		   int held)
 {
 	if (!s->page_k)
-		return answer_err(x, s->client, &s->sqe, st, remote, msg, busy);
+		return answer_err(x, s->client, &s->sqe, st, remote, msg, held);
 	rw_page_head_t *pg = x->ipc ? rw_ipc_client_page(s->client, NULL) : NULL;
 	if (!pg)
 		return 0;
@@ -103,10 +235,10 @@ static int sub_err(exec_t *x, const exec_sub_t *s, rw_status_t st, int remote, c
 	return 0;
 }
 
-int exec_answer_sub_err(exec_t *x, const exec_sub_t *s, rw_status_t st, int remote,
-			const char *msg)
+void exec_answer_sub_err(exec_t *x, const exec_sub_t *s, rw_status_t st, int remote,
+			 const char *msg)
 {
-	return sub_err(x, s, st, remote, msg, -1);
+	sub_err(x, s, st, remote, msg, -1);
 }
 
 void exec_answer_dispatch(exec_t *x, exec_pair_t *p, uint32_t g)
@@ -156,8 +288,8 @@ struct exec_late {
 	struct exec_late *next;
 	exec_sub_t sub;              /* sub.client NULL once the rank left */
 	int owed;                    /* its answer not sent yet */
-	int flag_owed;               /* answered without its stream-ordered flag (GPU stalled):
-				      * written once the copies landed */
+	int flag_owed;               /* answered before the copies landed, without its
+				      * stream-ordered flag: written (flag_answer) once they did */
 	rw_svc_stage_fence_t fence;
 	rw_ipc_keep_t *keep;         /* its CUDA mappings */
 	rw_status_t st;
@@ -166,8 +298,9 @@ struct exec_late {
 };
 
 /* The answer; with `dev` >= 0 it says the copies may still land on that GPU, declared stalled
- * (`stalled`) or still busy when shutdown stopped waiting, and leaves a stream-ordered flag
- * unwritten (the rank's sentence is short: the GPU first; the daemon's log has the whole line). */
+ * (`stalled`) or still busy when shutdown stopped waiting, and keeps a stream-ordered flag
+ * for when they landed (the rank's sentence is short: the GPU first; the daemon's log has the
+ * whole line). */
 static void late_answer(exec_t *x, struct exec_late *l, int dev, int stalled)
 {
 	const int owed = l->owed;
@@ -184,11 +317,11 @@ static void late_answer(exec_t *x, struct exec_late *l, int dev, int stalled)
 		 state, l->msg);
 	rw_warn("local rank %u answered with its copies still queued on %s GPU %d: %s",
 		rw_ipc_client_info(l->sub.client)->rank, state, dev, l->msg);
-	l->flag_owed = sub_err(x, &l->sub, l->st, l->remote, why, stalled ? -1 : dev);
+	l->flag_owed = sub_err(x, &l->sub, l->st, l->remote, why, dev);
 }
 
 /* Answer what the copies not landed allow (checked at once): the declared stalled GPU, else the
- * first the fence covers, busy; the flag stays unwritten either way. */
+ * first the fence covers, busy; the flag stays with the entry either way. */
 static void late_answer_unlanded(exec_t *x, struct exec_late *l, int stalled)
 {
 	if (stalled >= 0)
@@ -197,12 +330,34 @@ static void late_answer_unlanded(exec_t *x, struct exec_late *l, int stalled)
 		late_answer(x, l, l->fence.devs ? __builtin_ctzll(l->fence.devs) : 0, 0);
 }
 
-/* The copies landed (the GPU moves again): the flag its answer went without, if its rank
- * stayed. */
-static void late_flag(struct exec_late *l)
+/* The copies landed: the flag its answer went without, if its rank stayed (owed by its member
+ * instead while the flag's GPU is still stalled). */
+static void late_flag(exec_t *x, struct exec_late *l)
+{
+	const int owed = l->flag_owed;
+	l->flag_owed = 0; /* before: flag_answer keeps a record only for the others owed */
+	if (owed && l->sub.client && x->ipc)
+		flag_answer(x, l->sub.client, &l->sub.sqe);
+}
+
+/* Whether a held entry of the client will still write a flag of that event (with its answer,
+ * or after it once its copies landed). */
+static int late_owes(const exec_t *x, const rw_ipc_client_t *client, uint16_t event_id)
+{
+	for (const struct exec_late *l = x->late; l; l = l->next)
+		if ((l->owed || l->flag_owed) && l->sub.client == client && !l->sub.page_k &&
+		    (l->sub.sqe.flags & RW_SQE_SIGNAL) && l->sub.sqe.event_id == event_id)
+			return 1;
+	return 0;
+}
+
+/* The daemon stops before the copies landed: the flag stays unwritten, named. */
+static void late_flag_lost(struct exec_late *l, const char *why)
 {
 	if (l->flag_owed && l->sub.client)
-		rw_ipc_signal_now(l->sub.client, &l->sub.sqe);
+		rw_err("local rank %u: %s: the completion flag of its failed submission (event %u, "
+		       "value %u) is never written", rw_ipc_client_info(l->sub.client)->rank, why,
+		       l->sub.sqe.event_id, l->sub.sqe.output.reserved);
 	l->flag_owed = 0;
 }
 
@@ -233,13 +388,10 @@ static void late_hold(exec_t *x, struct exec_late *l, rw_ipc_client_t *client)
 	int stalled = -1;
 	if (rw_svc_stage_fenced(&l->fence, &stalled)) {
 		late_answer(x, l, -1, 0);
-		late_flag(l);
+		late_flag(x, l);
 	} else {
 		late_answer_unlanded(x, l, stalled);
-		if (l->flag_owed && l->sub.client)
-			rw_err("local rank %u: out of memory holding a failed submission until its "
-			       "copies land: its completion flag is never written",
-			       rw_ipc_client_info(l->sub.client)->rank);
+		late_flag_lost(l, "out of memory holding a failed submission until its copies land");
 	}
 	free(l);
 }
@@ -278,10 +430,11 @@ void exec_answer_late_sweep(exec_t *x)
 			continue;
 		}
 		*lp = l->next;
-		late_flag(l);
+		late_flag(x, l);
 		rw_ipc_keep_drop(x->ipc, l->keep);
 		free(l);
 	}
+	flags_sweep(x, 0);
 }
 
 void exec_answer_late_gone(exec_t *x, const rw_ipc_client_t *client)
@@ -289,6 +442,15 @@ void exec_answer_late_gone(exec_t *x, const rw_ipc_client_t *client)
 	for (struct exec_late *l = x->late; l; l = l->next)
 		if (l->sub.client == client)
 			l->sub.client = NULL;
+	exec_member_t *mb = rw_ipc_client_data(client);
+	unsigned owed = 0;
+	for (unsigned i = 0; mb && i < EXEC_FLAG_EVENTS; i++) {
+		owed += mb->flag[i].event_id && mb->flag[i].owed;
+		mb->flag[i] = (exec_flag_t){ 0 };
+	}
+	if (owed) /* its stream is gone with it, or waits on the hung GPU anyway */
+		rw_warn("local rank %u left with %u completion flags of failed submissions owed on "
+			"a stalled GPU: dropped", rw_ipc_client_info(client)->rank, owed);
 }
 
 unsigned exec_answer_late_moving(exec_t *x, unsigned *held_p, uint64_t *devs_p)
@@ -317,11 +479,13 @@ void exec_answer_late_flush(exec_t *x)
 		const int landed = rw_svc_stage_fenced(&l->fence, &stalled);
 		if (landed) {
 			late_answer(x, l, -1, 0);
-			late_flag(l);
+			late_flag(x, l);
 			rw_ipc_keep_drop(x->ipc, l->keep);
 		} else { /* its keep stays the IPC server's, whose destroy leaves the mappings open */
 			late_answer_unlanded(x, l, stalled);
+			late_flag_lost(l, "daemon stopping with copies into it queued");
 		}
 		free(l);
 	}
+	flags_sweep(x, 1);
 }

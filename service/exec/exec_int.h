@@ -144,6 +144,21 @@ typedef struct exec_seat {
 	rw_wire_key_t last;          /* SEAT_ON */
 } exec_seat_t;
 
+/* A stream-ordered event's completion flag as the executor's error answers left it
+ * (exec_answer.c): the newest value, owed (its GPU stalled), or written and kept while a held
+ * answer of the rank may still write an older one. A rank's stream waits on increasing values
+ * (cuStreamWaitValue32 GEQ, ipc/railwave.h), so the newest covers every older one: an older
+ * value is never written over it. */
+typedef struct exec_flag {
+	uint16_t event_id;           /* 0: a free entry */
+	uint8_t owed;                /* not written yet: its GPU was stalled (written once it moves) */
+	int8_t dev;                  /* the flag's GPU */
+	uint32_t value;
+} exec_flag_t;
+/* A client registers at most 64 events (ipc/ipc.h max_events), so one entry per event fits
+ * (an entry whose event was deregistered is reused). */
+#define EXEC_FLAG_EVENTS 64
+
 typedef struct exec_member {
 	exec_group_t *g;
 	rw_ipc_client_t *client;
@@ -158,6 +173,7 @@ typedef struct exec_member {
 	uint64_t page_failed;        /* a phase not taken yet whose packed or done came ahead of
 					the daemon's word: failed on the page, refused when taken */
 	unsigned page_failed_word;   /* which (RW_PW_PACKED or RW_PW_DONE) */
+	exec_flag_t flag[EXEC_FLAG_EVENTS]; /* its error answers' stream-ordered flags */
 } exec_member_t;
 
 struct exec_group {
@@ -359,6 +375,7 @@ struct rw_svc_exec {
 	ev_prepare reaper;           /* frees closed pairs outside every callback chain */
 	rw_svc_exec_hooks_t hooks;
 	struct exec_late *late;      /* failed pairs' answers held for their copies (exec_answer.c) */
+	uint64_t flag_devs;          /* GPUs (bit d) members' owed flags wait on (exec_answer.c) */
 	rw_svc_rail_meter_t meter[RW_MAX_RAILS]; /* rail_weights: measured (rail_health.h) */
 	struct rw_svc_trace *trace;  /* phase traces (trace.h); NULL when trace_dir is unset */
 	ev_timer page_retry;         /* exec_page.c: retries submits that wait for the group's
@@ -451,14 +468,16 @@ static inline uint32_t exec_all_local(const exec_t *x) { return (uint32_t)((1ull
 int exec_client_code(rw_status_t st, int remote);
 /* Answer a submission with an error: `msg` first (rw_client_last_message), then the CQE. A
  * stream-ordered submission's flag is written before (rw_ipc_signal_now), unless its GPU is
- * stalled (that synchronous write would hold the loop): then it is not, logged, and 1 is
- * returned (the caller may write it once the GPU moves again). */
-int exec_answer_err(exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe, rw_status_t st,
-		    int remote, const char *msg);
+ * stalled (that synchronous write would hold the loop): then the rank's member owes it (one
+ * entry per event, the newest value), logged, and exec_answer_late_sweep writes it once that GPU
+ * moves again; it is dropped if the rank leaves first or the daemon stops with the GPU still
+ * stalled. Nothing is asked of the caller. */
+void exec_answer_err(exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe, rw_status_t st,
+		     int remote, const char *msg);
 /* The same for a pair's submission: a page rank's phase fails on its page (the sentence, then
  * status and the owed words: ipc/page.h rw_page_fail), a ring rank's as above. */
-int exec_answer_sub_err(exec_t *x, const exec_sub_t *s, rw_status_t st, int remote,
-			const char *msg);
+void exec_answer_sub_err(exec_t *x, const exec_sub_t *s, rw_status_t st, int remote,
+			 const char *msg);
 /* A failed pair's rank whose CUDA memory copies the mover queued may still touch (mover op
  * fence, *f where they end, looked at with rw_svc_stage_fenced) gets its error once they
  * landed, never before (a retry would reuse the buffers, a leave unmap them): its CUDA mappings
@@ -470,9 +489,11 @@ void exec_answer_late(exec_t *x, const exec_sub_t *s, const rw_svc_stage_fence_t
 /* A rank that leaves a pair with such copies queued: its CUDA mappings kept until they landed
  * (no answer: it is gone). */
 void exec_answer_late_keep(exec_t *x, rw_ipc_client_t *client, const rw_svc_stage_fence_t *f);
-/* From the loop's every turn: the held answers whose copies landed or whose GPU stalled. */
+/* From the loop's every turn: the held answers whose copies landed or whose GPU stalled, and
+ * the owed flags whose GPU moves again (written). */
 void exec_answer_late_sweep(exec_t *x);
-/* The client left: nothing more is sent it; its mappings stay until its copies landed. */
+/* The client left: nothing more is sent it, its owed flags are dropped (logged); its mappings
+ * stay until its copies landed. */
 void exec_answer_late_gone(exec_t *x, const rw_ipc_client_t *client);
 /* Shutdown's drain (rw_svc_exec_ipc_stop): of the held entries whose copies have not landed
  * (*held_p), how many wait on no stalled GPU (returned); the GPUs they wait on in *devs_p (bit
@@ -481,7 +502,9 @@ unsigned exec_answer_late_moving(exec_t *x, unsigned *held_p, uint64_t *devs_p);
 /* The daemon stops: every held answer goes now (naming the stalled GPU where its copies have
  * not landed). The keeps of those whose copies landed are dropped; the others' stay with the
  * IPC server, which then leaves their mappings open to the process's exit (ipc/ipc.h
- * rw_ipc_server_destroy), never closed under a copy. */
+ * rw_ipc_server_destroy), never closed under a copy. Owed flags whose GPU moved are written,
+ * those whose GPU is still stalled dropped, logged (the rank's stream waits on it as on the
+ * hung GPU). */
 void exec_answer_late_flush(exec_t *x);
 /* Refuse a joining rank: RW_ERR_INVAL (its world or node does not fit this cluster),
  * RW_ERR_EXISTS (its rank is taken), RW_ERR_NOMEM. */

@@ -1008,9 +1008,15 @@ rw_status_t rw_ipc_event_lookup(const rw_ipc_client_t *client, uint32_t id, rw_i
 	return RW_OK;
 }
 
-/* As ipc/server_event.c: the flag written synchronously (the stand-in's memory), counted */
+/* As ipc/server_event.c: the flag written synchronously (the stand-in's memory), counted. The
+ * real server has freed a client that left (and closed the flag's mapping): a write then is a
+ * contract violation. */
 void rw_ipc_signal_now(rw_ipc_client_t *client, const rw_sqe_t *sqe)
 {
+	if (client->left) {
+		violation(fk_world, "a completion flag written for a client that left");
+		return;
+	}
 	if (!(sqe->flags & RW_SQE_SIGNAL) || sqe->event_id != client->event_id || !client->flag)
 		return;
 	if (rw_cuda_write_u32(0, client->flag, sqe->output.reserved) == RW_OK)

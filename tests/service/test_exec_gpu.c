@@ -63,6 +63,16 @@ static cl_t *cuda_copies_held(uint64_t salt, uint32_t stall_ms, volatile uint32_
 	return c;
 }
 
+/* A stall case's end: the bound back to its default, no phase timed out, the key of step 0
+ * layer 0 passes (every rank connected again), the cluster freed. */
+static void stall_case_end(cl_t *c)
+{
+	rw_svc_gpu_stall_set(0);
+	expect_no_timeouts(c);
+	retry_key(c, 0, 0);
+	cl_free(c);
+}
+
 /* A CUDA rank dies while its input copies' marks are still pending (the stand-in driver holds
  * them): its node's pair fails at once without waiting for them (docs/rankpath.md "A hung
  * GPU"): the other (host) ranks get RW_E_PHASE while the copies are still held, the staging they
@@ -181,10 +191,7 @@ static void test_cuda_stall(void **state)
 	assert_int_equal(rw_svc_gpu_stalled_list(dev, 4, &held), 0);
 	assert_int_equal(held, 0); /* freed once they landed */
 	assert_int_equal(fk_client_keeps(c->rk[3].c), 0);
-	rw_svc_gpu_stall_set(0);
-	expect_no_timeouts(c);
-	retry_key(c, 0, 0);
-	cl_free(c);
+	stall_case_end(c);
 }
 
 /* A stream-ordered CUDA rank (RW_SQE_SIGNAL) whose GPU stalls with its copies queued: its error
@@ -209,9 +216,153 @@ static void test_cuda_stall_flag(void **state)
 	settle(c);
 	assert_int_equal(fk_client_flags_written(c->rk[3].c), 1); /* once its copies landed */
 	assert_int_equal(*flag, 9);
+	stall_case_end(c);
+}
+
+/* Rank 3 submits a stream-ordered combine (event 5, value `value`) that is refused at once: no
+ * dispatch of step 5 is open. */
+static void refused_signalled(cl_t *c, uint32_t value)
+{
+	rw_sqe_t s = combine_sqe(c, 3, 5, 0);
+	s.flags = RW_SQE_SIGNAL;
+	s.event_id = 5;
+	s.output.reserved = value;
+	fk_client_submit(c->rk[3].c, &s);
+	expect_err_now(c, 3, RW_E_HANDLE, "a combine with no dispatch open");
+}
+
+/* GPU 0 stalled (cuda_copies_held with the bound at 50 ms: every rank answered, GPU 0 listed),
+ * then rank 3's refused_signalled: its flag, a synchronous write on the stalled GPU that would
+ * hold the loop, is not written with the error. */
+static void refused_on_stalled(cl_t *c, uint32_t value)
+{
+	for (uint32_t r = 0; r < c->W; r++) {
+		rw_cqe_t q = next_cqe(c, r);
+		CHECK(q.status == RW_CQ_ERROR, "stalled: rank %u: status %u", r, q.status);
+	}
+	assert_true(rw_svc_gpu_stalled(0, NULL, 0));
+	const uint32_t before = fk_client_flags_written(c->rk[3].c);
+	refused_signalled(c, value);
+	settle(c);
+	assert_true(rw_svc_gpu_stalled(0, NULL, 0));
+	assert_int_equal(fk_client_flags_written(c->rk[3].c), before); /* not during the stall */
+}
+
+/* A stream-ordered submission refused while its GPU is stalled: its flag is not written then,
+ * and is written exactly once when the GPU moves again (before, never: the rank's stream that
+ * waits on it waited forever after the GPU recovered). */
+static void test_cuda_stall_refused_flag(void **state)
+{
+	(void)state;
+	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+		skip();
+	cl_t *c = cuda_copies_held(892, 50, NULL);
+	volatile uint32_t *flag = fk_client_flag_event(c->rk[3].c, 5);
+	assert_non_null(flag);
+	*flag = 0;
+	refused_on_stalled(c, 11);
+	assert_int_equal(*flag, 0);
+	fake_cuda_hold(0);
+	settle(c);
+	assert_false(rw_svc_gpu_stalled(0, NULL, 0));
+	assert_int_equal(fk_client_flags_written(c->rk[3].c), 1);
+	assert_int_equal(*flag, 11);
+	settle(c);
+	assert_int_equal(fk_client_flags_written(c->rk[3].c), 1); /* once */
+	stall_case_end(c);
+}
+
+/* Two flags of one event owed across the stall: the held answer's (value 9, its copies queued)
+ * and a refused submission's (value 10). Once the GPU moves, the event's flag is written once,
+ * with the newer value (the rank's stream waits GEQ on increasing values: 10 releases both
+ * waits; 9 written after 10 would hold the second). */
+static void test_cuda_stall_flags_one_event(void **state)
+{
+	(void)state;
+	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+		skip();
+	volatile uint32_t *flag;
+	cl_t *c = cuda_copies_held(893, 50, &flag);
+	refused_on_stalled(c, 10);
+	assert_int_equal(fk_client_flags_written(c->rk[3].c), 0);
+	fake_cuda_hold(0);
+	settle(c);
+	assert_int_equal(fk_client_flags_written(c->rk[3].c), 1);
+	assert_int_equal(*flag, 10);
+	stall_case_end(c);
+}
+
+/* An older value never written over a newer one: rank 3's answer held for its copies (a host
+ * rank left, no stall declared) owes value 9 of event 5; a refusal meanwhile writes 10 at once
+ * (its GPU is not stalled). Once the copies land the held answer goes out and its 9 is not
+ * written (before: it was, and a stream waiting for 10 would have waited forever). */
+static void test_cuda_flag_held_older(void **state)
+{
+	(void)state;
+	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+		skip();
+	volatile uint32_t *flag;
+	cl_t *c = cuda_copies_held(896, 600000, &flag); /* a stall never declared in the case */
+	fk_client_die(c->rk[2].c);
+	expect_err(c, 0, RW_E_PHASE, "a peer's pair failed");
+	expect_err(c, 1, RW_E_PHASE, "a peer's pair failed");
+	settle(c);
+	expect_no_cqe(c, 3); /* held for its copies */
+	refused_signalled(c, 10);
+	assert_int_equal(fk_client_flags_written(c->rk[3].c), 1);
+	assert_int_equal(*flag, 10);
+	fake_cuda_hold(0);
+	expect_err(c, 3, RW_E_PHASE, "its copies landed");
+	settle(c);
+	assert_int_equal(fk_client_flags_written(c->rk[3].c), 1);
+	assert_int_equal(*flag, 10);
+	rank_connect(c, 2);
+	stall_case_end(c);
+}
+
+/* A rank leaves while its refused submission's flag is owed on the stalled GPU: the flag goes
+ * with it, never written after (the fake IPC counts a write for a client that left as a
+ * violation: the real server has freed it); its buffer kept for the copies is freed once they
+ * landed; the rank comes back and the key passes. */
+static void test_cuda_stall_flag_leave(void **state)
+{
+	(void)state;
+	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+		skip();
+	cl_t *c = cuda_copies_held(894, 50, NULL);
+	assert_non_null(fk_client_flag_event(c->rk[3].c, 5));
+	refused_on_stalled(c, 12);
+	rw_ipc_client_t *gone = c->rk[3].c;
+	fk_client_die(gone);
+	settle(c);
+	fake_cuda_hold(0);
+	settle(c);
+	assert_false(rw_svc_gpu_stalled(0, NULL, 0));
+	assert_int_equal(fk_client_flags_written(gone), 0);
+	assert_int_equal(fk_client_keeps(gone), 0);
+	rank_connect_cuda(c, 3);
+	stall_case_end(c);
+}
+
+/* The daemon stops with a refused submission's flag owed on a GPU still stalled: dropped, logged
+ * (rw_svc_exec_ipc_stop's flush), never written after, even once the GPU moves. */
+static void test_cuda_stall_flag_stop(void **state)
+{
+	(void)state;
+	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+		skip();
+	cl_t *c = cuda_copies_held(895, 50, NULL);
+	volatile uint32_t *flag = fk_client_flag_event(c->rk[3].c, 5);
+	assert_non_null(flag);
+	*flag = 0;
+	refused_on_stalled(c, 13);
+	exec_answer_late_flush(c->svc[c->rk[3].node].exec);
+	fake_cuda_hold(0);
+	settle(c);
+	assert_false(rw_svc_gpu_stalled(0, NULL, 0));
+	assert_int_equal(fk_client_flags_written(c->rk[3].c), 0);
+	assert_int_equal(*flag, 0);
 	rw_svc_gpu_stall_set(0);
-	expect_no_timeouts(c);
-	retry_key(c, 0, 0);
 	cl_free(c);
 }
 
@@ -501,6 +652,11 @@ int exec_gpu_run(void)
 		cmocka_unit_test(test_cuda_answer_late),
 		cmocka_unit_test(test_cuda_stall),
 		cmocka_unit_test(test_cuda_stall_flag),
+		cmocka_unit_test(test_cuda_stall_refused_flag),
+		cmocka_unit_test(test_cuda_stall_flags_one_event),
+		cmocka_unit_test(test_cuda_flag_held_older),
+		cmocka_unit_test(test_cuda_stall_flag_leave),
+		cmocka_unit_test(test_cuda_stall_flag_stop),
 		cmocka_unit_test(test_cuda_flush_unlanded),
 		cmocka_unit_test(test_cuda_combine_order),
 		cmocka_unit_test(test_gpu_count_paths),
