@@ -11,6 +11,7 @@ import os
 import sys
 import time
 import traceback
+import warnings
 
 import torch
 
@@ -620,16 +621,27 @@ def static_experts(seed, E, dtype, dev):
     return experts, mine
 
 
-def static_layer(g, mine, x, idx, w, E, layer, seen=None):
+def static_layer(g, mine, x, idx, w, E, layer, seen=None, mark=None):
     """The MoE layer on a static Group, differentiable: dispatch -> dense experts -> combine,
     nothing read back (capturable). seen (a dict, not in a capture): gets the received rows
-    ("rx") and, in the backward, the gradient that reaches the experts' output ("gy")."""
+    ("rx") and, in the backward, the gradient that reaches the experts' output ("gy"). mark
+    (cmd_graph_train's probes): called with each stage's name once the stage is enqueued, in
+    the forward here and in the backward from hooks (on autograd's device thread)."""
+    stage = mark or (lambda what: None)
     rx, ridx, rw, _, h = g.dispatch(x, idx, w, E, layer=layer, step=0)
+    stage("dispatch")
     y = dense_experts(mine, 0, rx, ridx, rw)
+    stage("experts")
     if seen is not None:
         seen["rx"] = rx
         y.register_hook(lambda gy: seen.__setitem__("gy", gy))
-    return g.combine(y, h), h
+    out = g.combine(y, h)
+    stage("combine")
+    if mark is not None and out.requires_grad:  # post-hooks: after each backward node ran
+        out.grad_fn.register_hook(lambda gi, go: mark("combine's backward (static dispatch)"))
+        rx.register_hook(lambda grad: mark("the experts' backward"))
+        rx.grad_fn.register_hook(lambda gi, go: mark("dispatch's backward (static combine)"))
+    return out, h
 
 
 def static_padding(what, h, seen):
@@ -1073,11 +1085,111 @@ def cmd_graph(c):
     return ["graph captured once, %d replays with fresh inputs equal" % c["replays"]]
 
 
+CAPTURE_STATUS = ("none", "active", "invalidated")  # CUstreamCaptureStatus
+
+
+class CaptureProbe:
+    """Where a CUDA graph capture broke: mark(stage), after each stage of the captured step,
+    reads the capturing stream's status (cuStreamIsCapturing, legal during a capture: from the
+    first illegal call on it reads "invalidated"), in the forward and from the backward's hooks
+    on autograd's device thread. Every later call on the stream fails with "operation failed
+    due to a previous error during capture", which names nothing."""
+
+    def __init__(self, stream):
+        import ctypes
+        self.ctypes = ctypes
+        self.cu = ctypes.CDLL("libcuda.so.1")
+        self.cu.cuStreamIsCapturing.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+        self.stream = ctypes.c_void_p(stream.cuda_stream)
+        self.seen = []  # (stage, status)
+
+    def mark(self, stage):
+        st = self.ctypes.c_int(-1)
+        rc = self.cu.cuStreamIsCapturing(self.stream, self.ctypes.byref(st))
+        ok = rc == 0 and 0 <= st.value < len(CAPTURE_STATUS)
+        self.seen.append((stage, CAPTURE_STATUS[st.value] if ok else "CUresult %d" % rc))
+
+    def where(self):
+        last = "its start"
+        for stage, status in self.seen:
+            if status != "active":
+                return "capture %s by the stage '%s' (active after '%s')" % (status, stage, last)
+            last = stage
+        return "capture still active after its last stage marked, '%s'" % last
+
+
+def exception_chain(e, width=240):
+    """e and the exceptions it was raised while handling, the first raised first, one line each
+    (a failed capture's own error comes last: torch.cuda.graph ends the capture on the way
+    out, and that raises too)."""
+    chain, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text = str(e).strip().splitlines()
+        chain.append("%s: %s" % (type(e).__name__, text[0][:width] if text else ""))
+        e = e.__cause__ or e.__context__
+    return chain[::-1]
+
+
+def capture(graph, stream, step, mark):
+    """step(mark) captured into graph on stream, a host synchronization in it raising at once
+    (torch.cuda.set_sync_debug_mode: a capture cannot wait). Returns (step's result or None,
+    what was raised or None, the distinct warnings PyTorch gave meanwhile, first lines)."""
+    res = err = None
+    prev = torch.cuda.current_stream(stream.device)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        try:
+            with torch.cuda.graph(graph, stream=stream):
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    res = step(mark)
+                finally:
+                    torch.cuda.set_sync_debug_mode(0)
+        except Exception as e:
+            err = e
+            torch.cuda.set_stream(prev)  # a failed capture_end skips torch.cuda.graph's restore
+    said = []
+    for w in warned:
+        line = (str(w.message).strip().splitlines() or [""])[0][:300]
+        if line not in said:
+            said.append(line)
+    return res, err, said
+
+
+def stage_waits(done, limit=90.0):
+    """A mark for an eager run of a captured step: waits (at most limit s, above the test
+    clusters' phase timeout) for the current stream's work so far, so that an asynchronous
+    error is raised by the stage that made it; done gets each stage passed."""
+    def mark(stage):
+        ev = torch.cuda.Event()
+        ev.record()
+        deadline = time.monotonic() + limit
+        while not ev.query():
+            if time.monotonic() > deadline:
+                raise TimeoutError("the stream did not get through '%s' in %.0f s" % (stage, limit))
+            time.sleep(1e-3)
+        torch.cuda.synchronize()
+        done.append(stage)
+    return mark
+
+
 def cmd_graph_train(c):
     """A CUDA graph of the layer's forward and backward (dispatch -> experts -> combine, the
     loss, backward: two pairs a replay) captured once after an eager warm-up and replayed
     c["replays"] times with fresh inputs, routing and output gradients copied in: every
-    replay's output and gradients equal to the one-process reference (GPU only)."""
+    replay's output and gradients equal to the one-process reference (GPU only).
+
+    The warm-up runs on the stream the capture then uses (PyTorch's recipe), and its autograd
+    graph is dropped before the capture: a leaf's gradient accumulator (AccumulateGrad) kept
+    alive from the warm-up keeps the stream it was made on, and the captured backward makes
+    that stream wait for captured work; the default stream cannot join a capture, which is
+    then invalidated (PyTorch warns: "The AccumulateGrad node's stream does not match ...
+    break CUDA graph capture if the AccumulateGrad node's stream is the default stream"). This
+    test's warm-up once ran on the default stream and held its output through the capture.
+    A failed capture is raised with where it broke (CaptureProbe), the first error of the
+    chain, PyTorch's warnings, and an eager run of the same step with a wait after each stage
+    (every rank fails the capture alike, so every rank runs it: the same calls as a replay)."""
     dev, E, seed = device(c), c["experts"], c["seed"]
     experts, mine = static_experts(seed, E, torch.float32, dev)
     params = [p for ab in mine for p in ab]
@@ -1085,15 +1197,43 @@ def cmd_graph_train(c):
         xs, idxs, ws, gs = static_inputs(seed, 0, E, dev, gout=True)
         xs.requires_grad_()
         ws.requires_grad_()
-        out, _ = static_layer(g, mine, xs, idxs, ws, E, layer=15)  # opens the path
-        (out.float() * gs.float()).sum().backward()
-        g.check()
-        for p in params + [xs, ws]:
+        leaves = params + [xs, ws]
+
+        def step(mark):
+            o, _ = static_layer(g, mine, xs, idxs, ws, E, layer=15, mark=mark)
+            (o.float() * gs.float()).sum().backward()
+            mark("backward's end (the leaves' gradients)")
+            return o
+
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            step(lambda what: None)  # opens the path
+            g.check()
+        torch.cuda.current_stream(dev).wait_stream(side)
+        for p in leaves:
             p.grad = None  # the captured backward makes them in the graph's pool
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outs, _ = static_layer(g, mine, xs, idxs, ws, E, layer=15)
-            (outs.float() * gs.float()).sum().backward()
+        probe = CaptureProbe(side)
+        outs, err, said = capture(graph, side, step, probe.mark)
+        if err is not None:
+            chain = exception_chain(err)
+            for p in leaves:
+                p.grad = None
+            done = []
+            try:
+                with torch.cuda.stream(side):
+                    step(stage_waits(done))
+                    g.check()
+                rerun = "all %d stages passed" % len(done)
+            except Exception as e:
+                rerun = "failed after '%s': %s" % (done[-1] if done else "its start",
+                                                   exception_chain(e)[0])
+            raise AssertionError(
+                "capture of forward + backward failed: %s; first error: %s; PyTorch warned: "
+                "%s; eager run with a wait after each stage: %s%s" % (
+                    probe.where(), chain[0], " | ".join(said) or "nothing", rerun,
+                    "; then: " + " <- ".join(chain[1:]) if len(chain) > 1 else "")) from None
         g.check()
         for r in range(c["replays"]):
             x, idx, w, gout = static_inputs(seed, 1 + r, E, dev, gout=True)

@@ -92,6 +92,9 @@ class Ranks:
                     elif line.startswith("{"):
                         out[r] = json.loads(line)
                         del pending[fd]
+                        if not out[r]["ok"] and noise[r]:  # what it printed (PyTorch's warnings)
+                            out[r]["error"] += "\n  (its output before: %s)" % "".join(
+                                noise[r][-4:]).strip()[-600:]
                     else:
                         noise[r].append(line)
         for r in pending.values():
@@ -110,9 +113,14 @@ class Ranks:
 
 
 def check(outs, what, cluster):
-    bad = ["rank %d: %s" % (r, o["error"]) for r, o in sorted(outs.items()) if not o["ok"]]
+    """outs when every rank answered ok, else RuntimeError: the daemons' last log lines, then
+    the first failing rank's error in full and the others' first lines (the end of the output
+    is what a GPU run keeps)."""
+    bad = [(r, o["error"]) for r, o in sorted(outs.items()) if not o["ok"]]
     if bad:
-        raise RuntimeError("%s:\n%s\n%s" % (what, "\n".join(bad), cluster.logs()))
+        errs = ["rank %d: %s" % bad[0]] + ["rank %d: %s" % (r, (e.splitlines() or [""])[0][:400])
+                                            for r, e in bad[1:]]
+        raise RuntimeError("%s:\n%s\n%s" % (what, cluster.logs(), "\n".join(errs)))
     return outs
 
 
