@@ -86,33 +86,6 @@ static void mark_done(cuda_mover_t *m, uint64_t token)
 	}
 }
 
-/* Free the held memory whose marks landed on both lanes (or whose streams faulted); the timer
- * runs while some is held. */
-static void held_sweep(cuda_mover_t *m)
-{
-	for (cm_held_t **hp = &m->held; *hp;) {
-		cm_held_t *h = *hp;
-		int stalled;
-		if (!rw_svc_stage_fenced(&h->f[0], &stalled) || !rw_svc_stage_fenced(&h->f[1], &stalled)) {
-			hp = &h->next;
-			continue;
-		}
-		*hp = h->next;
-		rw_svc_gpu_held(-(int64_t)h->tab.size);
-		rw_svc_pinned_free(&h->tab);
-		for (uint32_t i = 0; i < h->n_blk; i++)
-			rw_cuda_mem_free(h->blk[i].dev, h->blk[i].ptr);
-		free(h);
-	}
-	rw_svc_stage_watch(m->loop, &m->held_watch, m->held != NULL);
-}
-
-static void held_watch_cb(struct ev_loop *loop, ev_timer *w, int revents)
-{
-	(void)loop, (void)revents;
-	held_sweep(w->data);
-}
-
 /* The next pair with marks pending on a lane of a stalled device: given up (its marks, if they
  * land, are reported to nobody; what it may still touch is held at quiesce), its serial and a
  * local rank with memory there (the executor names the device from the rank's spans). */
@@ -168,7 +141,7 @@ static void lane_done(void *ctx, uint64_t token, rw_status_t st)
 	} else {
 		mark_done(m, token);
 	}
-	held_sweep(m);
+	rw_svc_stage_sweep(m->st); /* what quiesce held, fenced on both lanes */
 }
 
 /* ---- pools: mapped slab areas, device blocks, pinned row lists ---------------------------------- */
@@ -184,8 +157,6 @@ static rw_status_t cm_create(struct ev_loop *loop, rw_svc_mover_done_fn done, vo
 	m->loop = loop;
 	m->done = done;
 	m->ctx = ctx;
-	ev_init(&m->held_watch, held_watch_cb);
-	m->held_watch.data = m;
 	rw_status_t st = rw_svc_stage_create(loop, lane_done, m, &m->st);
 	if (st == RW_OK)
 		st = rw_svc_stage_create(loop, lane_done, m, &m->pst);
@@ -213,8 +184,9 @@ static rw_status_t cm_create(struct ev_loop *loop, rw_svc_mover_done_fn done, vo
 }
 
 /* Waits for the lanes of every device that is not stalled; a stalled device's streams are
- * abandoned (service/mover/stage.c), and what its queued work may still touch — held memory,
- * pooled blocks, the mapped slab areas — is left to the process's exit, never freed under it. */
+ * abandoned (service/mover/stage.c), and what its queued work may still touch — held memory (the
+ * main lane's destroy, after the pull lane's), pooled blocks, the mapped slab areas — is left to
+ * the process's exit, never freed under it. */
 static void cm_destroy(void *mover)
 {
 	cuda_mover_t *m = mover;
@@ -228,20 +200,6 @@ static void cm_destroy(void *mover)
 	stuck &= busy;
 	rw_svc_stage_destroy(m->pst);
 	rw_svc_stage_destroy(m->st);
-	ev_timer_stop(m->loop, &m->held_watch);
-	for (cm_held_t *h = m->held, *nx; h; h = nx) {
-		nx = h->next;
-		rw_svc_gpu_held(-(int64_t)h->tab.size);
-		if ((h->f[0].devs | h->f[1].devs) & stuck) {
-			rw_warn("cuda mover: %zu bytes of row lists and %u device blocks left to a stalled "
-				"GPU's kernels", h->tab.size, h->n_blk);
-		} else {
-			rw_svc_pinned_free(&h->tab);
-			for (uint32_t i = 0; i < h->n_blk; i++)
-				rw_cuda_mem_free(h->blk[i].dev, h->blk[i].ptr);
-		}
-		free(h);
-	}
 	if (stuck) {
 		rw_warn("cuda mover: the pools and mapped slab areas left to a stalled GPU's kernels");
 		free(m);
@@ -279,7 +237,7 @@ static rw_status_t cm_open(void *mover, const rw_svc_phase_t *ph, void **state_p
 {
 	cuda_mover_t *m = mover;
 	cm_pair_t *cp = calloc(1, sizeof(*cp));
-	cm_held_t *spare = calloc(1, sizeof(*spare));
+	rw_svc_held_t *spare = calloc(1, sizeof(*spare));
 	if (!cp || !spare) {
 		free(cp);
 		free(spare);
@@ -331,9 +289,10 @@ static void cm_rank_devs(const cm_pair_t *cp, uint64_t *devs, int cuda_only)
 /* Nothing here waits for a GPU (docs/rankpath.md "A hung GPU"): where the pair's work may not
  * have landed, a mark of quiesce's own goes behind it on each device that has none (reported,
  * so the held memory is looked at once it lands), the ranks' pinned staging is handed to the
- * stage, and the pair's row lists and device blocks leave the pools for the held list; all of
- * it is freed once every mark made on the pair's devices up to now has landed. The executor
- * answers a CUDA rank once its own memory is out of reach (cm_fence). */
+ * stage, and the pair's row lists and device blocks leave the pools for the main lane's held
+ * list (rw_svc_stage_hold, fenced on both lanes); all of it is freed once every mark made on the
+ * pair's devices up to now has landed. The executor answers a CUDA rank once its own memory is
+ * out of reach (cm_fence). */
 static void cm_quiesce(void *mover, void *state)
 {
 	cuda_mover_t *m = mover;
@@ -348,18 +307,18 @@ static void cm_quiesce(void *mover, void *state)
 		rw_svc_stage_fence_t f[2];
 		const int busy = rw_svc_stage_fence(m->st, cp->devs, &f[0]) |
 				 rw_svc_stage_fence(m->pst, cp->pull_devs, &f[1]);
-		cm_held_t *h = busy ? cp->spare : NULL;
+		rw_svc_held_t *h = busy ? cp->spare : NULL;
 		if (h) {
 			cp->spare = NULL;
 			h->serial = cp->serial;
+			h->tagged = 1;
 			h->f[0] = f[0];
 			h->f[1] = f[1];
 			if (cp->tab >= 0) { /* the buffer moves out: the pool's next reserve gets new memory */
-				h->tab = m->tabs[cp->tab].buf;
+				h->host = m->tabs[cp->tab].buf;
 				m->tabs[cp->tab].buf = (rw_svc_pinned_t){ 0 };
 				m->tabs[cp->tab].busy = 0;
 				cp->tab = -1;
-				rw_svc_gpu_held((int64_t)h->tab.size);
 			}
 			for (int d = 0; d < CM_DEVICES; d++)
 				for (int k = 0; k < 2; k++) {
@@ -371,18 +330,17 @@ static void cm_quiesce(void *mover, void *state)
 					memset(&m->blk[*b - 1], 0, sizeof(m->blk[0])); /* a new one next */
 					*b = 0;
 				}
-			h->next = m->held;
-			m->held = h;
-			if (h->tab.ptr || h->n_blk)
+			if (h->host.ptr || h->n_blk)
 				rw_info("cuda mover: pair %u given up with its work queued: %zu bytes of row "
 					"lists and %u device blocks held until it lands", cp->serial,
-					h->tab.size, h->n_blk);
+					h->host.size, h->n_blk);
+			rw_svc_stage_hold(m->st, h);
 		}
 		cp->pending = cp->marks_c = cp->marks_pk = 0;
 		memset(cp->marks_d, 0, sizeof(cp->marks_d));
 		cp->loose = 0;
 		cp->dirty = 0;
-		held_sweep(m);
+		rw_svc_stage_sweep(m->st);
 	}
 	cp->pulls_left = 0; /* what a pull brought is not taken any more */
 	cp->fin_wait = 0;
@@ -395,10 +353,7 @@ static void cm_quiesce(void *mover, void *state)
 static int cm_settled(void *mover, const rw_svc_phase_t *ph)
 {
 	const cuda_mover_t *m = mover;
-	for (const cm_held_t *h = m->held; h; h = h->next)
-		if (h->serial == ph->serial)
-			return 0;
-	return 1;
+	return !rw_svc_stage_holds(m->st, ph->serial);
 }
 
 /* A failed pair's rank g whose CUDA memory the pair's work may still read or write (its answer
@@ -549,11 +504,6 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 	cuda_mover_t *m = mover;
 	cm_pair_t *cp = state;
 	const uint32_t G = ph->gpus;
-	if (!ph->pack_waits) { /* the loop never waits for the kernels (pack below) */
-		snprintf(why, RW_SVC_WHY_MAX, "the CUDA mover needs an executor that waits for its "
-			 "pack reports");
-		return RW_ERR_STATE;
-	}
 	if (!m->said_pack) {
 		m->said_pack = 1;
 		rw_info("cuda mover: the dispatch pack is asynchronous (the executor posts on the "
@@ -691,9 +641,9 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 
 /* The slabs were written ahead (dispatch: kernels launched at plan in pieces, each piece's
  * headers written when its marks complete; combine: with the ranks' staging), but a write may be
- * posted only once its bytes are there: the executor (ph->pack_waits, which plan() requires)
- * posts what ready() offers and gets an RW_MV_OP_PACKED report as each further piece is in; the
- * loop never waits for the kernels. */
+ * posted only once its bytes are there: the executor (which waits for RW_MV_OP_PACKED: it sets
+ * ph->pack_waits on every pair) posts what ready() offers and gets an RW_MV_OP_PACKED report as
+ * each further piece is in; the loop never waits for the kernels. */
 static rw_status_t cm_pack(void *mover, void *state, const rw_svc_phase_t *ph,
 			   rw_svc_phase_kind_t kind, uint32_t d, char *why)
 {

@@ -18,17 +18,8 @@
 
 typedef struct cuda_mover cuda_mover_t;
 
-/* Memory the kernels or copies of a pair that ended may still touch (cm_quiesce): the pair's
- * row lists (pinned) and device blocks, moved out of the pools, freed once every mark made on
- * the pair's devices up to then has landed on both lanes (cm_held_sweep). */
-typedef struct cm_held {
-	struct cm_held *next;
-	rw_svc_pinned_t tab;
-	struct { int dev; rw_cuda_dptr_t ptr; } blk[2 * CM_DEVICES];
-	uint32_t n_blk;
-	rw_svc_stage_fence_t f[2];   /* the main lanes', the pull lanes' */
-	uint32_t serial;             /* the pair's: its slot's areas are not settled until freed */
-} cm_held_t;
+/* quiesce holds each device's zero row and count block (rw_svc_held_t) */
+_Static_assert(2 * CM_DEVICES <= RW_SVC_HELD_BLOCKS, "a pair's device blocks fit a held entry");
 
 /* A row list of one device: entries are appended, [launched, n) not yet launched. Copy lists
  * use `copy`; sum lists `sum` with their source addresses in `src`. */
@@ -101,7 +92,7 @@ typedef struct cm_pair {
 	uint32_t *rx_pulled[2];
 	int fin_wait;
 	int tab;                     /* pool index of the pinned row lists (-1: none) */
-	cm_held_t *spare;            /* quiesce's held entry, taken at open: holding never fails */
+	rw_svc_held_t *spare;        /* quiesce's held entry, taken at open: holding never fails */
 	cm_list_t fwd[CM_DEVICES], sums[CM_DEVICES]; /* per device: forwards; owner-sum adds */
 	cm_list_t pack, cslab;       /* the dispatch slabs' rows; the combine slabs' sums */
 	uint8_t **pk_hdr;            /* [n_rec]: where each dispatch record's header goes */
@@ -150,8 +141,6 @@ struct cuda_mover {
 	 * pulls out of GPU slabs, so a pull never queues behind pack and forwards. */
 	rw_svc_stage_t *st, *pst;
 	cm_pair_t *pairs;
-	cm_held_t *held;
-	ev_timer held_watch;         /* while memory is held: looks whether its marks landed */
 	struct { uint8_t *base; uint64_t bytes; rw_cuda_dptr_t dptr; } reg[CM_REGS];
 	uint32_t n_reg;
 	struct { int dev; rw_cuda_dptr_t ptr; size_t size; int busy; } blk[CM_BLOCKS];

@@ -27,22 +27,13 @@ typedef struct stage_dev {
 	struct rw_svc_stage *st;
 } stage_dev_t;
 
-/* Memory a retired pair's copies may still touch: freed once every device in devs landed the
- * mark it waits for. */
-typedef struct stage_held {
-	struct stage_held *next;
-	void *ptr;
-	size_t size;
-	rw_svc_stage_fence_t f;      /* where the copies that may touch it end */
-} stage_held_t;
-
 struct rw_svc_stage {
 	struct ev_loop *loop;
 	rw_svc_stage_done_fn done;
 	void *ctx;
 	stage_dev_t dev[STAGE_MAX_DEVICES];
-	stage_held_t *held;
-	ev_timer watch;           /* while a mark is outstanding: the stall bound */
+	rw_svc_held_t *held;      /* rw_svc_stage_hold */
+	ev_timer watch;           /* while a mark is outstanding or memory held: the stall bound */
 	int used;
 	int keep_cuda;            /* rw_svc_stage_keep_cuda: no rw_cuda_shutdown() at destroy */
 };
@@ -76,21 +67,30 @@ static int dev_busy(const stage_dev_t *d)
 	return d->stream && (d->landed < d->made || d->dirty);
 }
 
-/* Free the held memory whose devices all landed (or lost their stream: it faulted, and a
+static void held_free(rw_svc_held_t *h)
+{
+	rw_svc_gpu_held(-(int64_t)h->host.size);
+	rw_svc_pinned_free(&h->host);
+	for (uint32_t i = 0; i < h->n_blk; i++)
+		rw_cuda_mem_free(h->blk[i].dev, h->blk[i].ptr);
+	free(h);
+}
+
+/* Free the held memory whose fences all landed (or lost their stream: it faulted, and a
  * faulted context writes nothing more). */
 static void held_sweep(rw_svc_stage_t *s)
 {
-	for (stage_held_t **hp = &s->held; *hp;) {
-		stage_held_t *h = *hp;
-		int stalled;
-		if (!rw_svc_stage_fenced(&h->f, &stalled)) {
+	for (rw_svc_held_t **hp = &s->held; *hp;) {
+		rw_svc_held_t *h = *hp;
+		int landed = 1, stalled;
+		for (int i = 0; i < 2 && landed; i++)
+			landed = !h->f[i].devs || rw_svc_stage_fenced(&h->f[i], &stalled);
+		if (!landed) {
 			hp = &h->next;
 			continue;
 		}
 		*hp = h->next;
-		rw_svc_gpu_held(-(int64_t)h->size);
-		rw_cuda_host_free(h->ptr);
-		free(h);
+		held_free(h);
 	}
 }
 
@@ -130,15 +130,19 @@ void rw_svc_stage_destroy(rw_svc_stage_t *s)
 			abandoned |= 1ull << d;
 		dev_close(s, &s->dev[d]); /* a device's copies done, or its stream abandoned */
 	}
-	for (stage_held_t *h = s->held, *nx; h; h = nx) {
+	/* f[0] is this stage's: its abandoned streams; f[1] another stage's, destroyed first (its
+	 * streams closed, stage_abandoned has theirs). The driver's queued work may still name what
+	 * such an entry holds: not freed. */
+	for (rw_svc_held_t *h = s->held, *nx; h; h = nx) {
 		nx = h->next;
-		rw_svc_gpu_held(-(int64_t)h->size);
-		if (h->f.devs & abandoned) /* the driver's queued copies still name it: not freed */
-			rw_warn("stage: %zu bytes of page-locked staging left to a stalled GPU's "
-				"copies", h->size);
-		else
-			rw_cuda_host_free(h->ptr);
-		free(h);
+		if ((h->f[0].devs & abandoned) || (h->f[1].devs & stage_abandoned)) {
+			rw_warn("stage: %zu bytes of page-locked memory and %u device blocks left to a "
+				"stalled GPU's queued work", h->host.size, h->n_blk);
+			rw_svc_gpu_held(-(int64_t)h->host.size);
+			free(h);
+		} else {
+			held_free(h);
+		}
 	}
 	if (s->used && !s->keep_cuda) {
 		/* A stalled GPU's queued copies and kernels (another stage's, the CUDA mover's, the
@@ -201,6 +205,7 @@ static void watch_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		d->pending = 0;
 		s->done(s->ctx, RW_SVC_STAGE_DEV(i), RW_ERR_TIMEOUT);
 	}
+	held_sweep(s); /* a fence on another stage lands unseen by this one's marks */
 	watch_arm(s);
 }
 
@@ -385,7 +390,7 @@ size_t rw_svc_stage_retire(rw_svc_stage_t *s, uint64_t devs, rw_svc_pinned_t *co
 	for (unsigned i = 0; busy && i < n; i++) {
 		if (!bufs[i] || !bufs[i]->ptr)
 			continue;
-		stage_held_t *h = calloc(1, sizeof(*h));
+		rw_svc_held_t *h = calloc(1, sizeof(*h));
 		if (!h) { /* cannot track it: never freed rather than freed under a copy */
 			rw_err("stage: out of memory tracking %zu bytes of staging a GPU may still "
 			       "write: left allocated", bufs[i]->size);
@@ -393,18 +398,36 @@ size_t rw_svc_stage_retire(rw_svc_stage_t *s, uint64_t devs, rw_svc_pinned_t *co
 			bufs[i]->size = 0;
 			continue;
 		}
-		h->ptr = bufs[i]->ptr;
-		h->size = bufs[i]->size;
-		h->f = f;
-		h->next = s->held;
-		s->held = h;
-		taken += h->size;
-		rw_svc_gpu_held((int64_t)h->size);
+		h->host = *bufs[i];
+		h->f[0] = f;
+		taken += h->host.size;
+		rw_svc_stage_hold(s, h);
 		bufs[i]->ptr = NULL;
 		bufs[i]->size = 0;
 	}
-	watch_arm(s);
 	return taken;
+}
+
+void rw_svc_stage_hold(rw_svc_stage_t *s, rw_svc_held_t *h)
+{
+	rw_svc_gpu_held((int64_t)h->host.size);
+	h->next = s->held;
+	s->held = h;
+	watch_arm(s);
+}
+
+void rw_svc_stage_sweep(rw_svc_stage_t *s)
+{
+	held_sweep(s);
+	watch_arm(s);
+}
+
+int rw_svc_stage_holds(const rw_svc_stage_t *s, uint32_t serial)
+{
+	for (const rw_svc_held_t *h = s->held; h; h = h->next)
+		if (h->tagged && h->serial == serial)
+			return 1;
+	return 0;
 }
 
 void rw_svc_stage_retire_pair(rw_svc_stage_t *s, const rw_svc_phase_t *ph, uint64_t *devs,

@@ -124,5 +124,32 @@ typedef struct rw_svc_pinned {
 rw_status_t rw_svc_pinned_reserve(rw_svc_pinned_t *b, size_t bytes);
 void rw_svc_pinned_free(rw_svc_pinned_t *b);
 
+/* Memory a pair that ended may still have GPU work queued on: page-locked memory (counted in
+ * rw_svc_gpu_held) and device blocks, held by a stage until every fence in f has landed (or its
+ * stream faulted), then freed. rw_svc_stage_retire holds each retired buffer in one; a mover
+ * that also enqueues on a second stage (the CUDA mover's pull lane) fences that one in f[1] and
+ * allocates its entry ahead, so holding never fails. f[0] is on the stage that holds it. At the
+ * stage's destroy, an entry one of whose fences names a device whose stream some stage abandoned
+ * (stalled, work queued) is left to the process's exit, logged; the others are freed. */
+#define RW_SVC_HELD_BLOCKS 64
+typedef struct rw_svc_held {
+	struct rw_svc_held *next;
+	uint32_t serial;             /* the pair's, where `tagged` (rw_svc_stage_holds) */
+	int tagged;                  /* 0: a retired buffer, of no pair named */
+	rw_svc_pinned_t host;
+	struct { int dev; uint64_t ptr; } blk[RW_SVC_HELD_BLOCKS]; /* rw_cuda_mem_alloc's */
+	uint32_t n_blk;
+	rw_svc_stage_fence_t f[2];   /* a fence with no devs is none */
+} rw_svc_held_t;
+/* The stage takes h (calloc'd; freed by the stage) and frees it and its memory once its fences
+ * landed. Looked at when a mark of the stage lands, by its stall timer (which runs while it holds
+ * anything), and by rw_svc_stage_sweep. */
+void rw_svc_stage_hold(rw_svc_stage_t *stage, rw_svc_held_t *h);
+/* Free what has landed now: for a holder whose fences name another stage, whose own marks do not
+ * wake this one (the CUDA mover calls it from that stage's reports). */
+void rw_svc_stage_sweep(rw_svc_stage_t *stage);
+/* Whether the stage still holds a tagged entry of pair `serial`. */
+int rw_svc_stage_holds(const rw_svc_stage_t *stage, uint32_t serial);
+
 
 #endif /* RW_SVC_STAGE_H */
