@@ -209,6 +209,11 @@ enum {
 	RW_CUDA_RANK_OP_DONE = 4,   /* the report, the caller's row count; done = k */
 	RW_CUDA_RANK_OP_STAGE = 5,  /* combine: the caller's rows into this rank's staging area,
 	                             * a +0 row for each row its dispatch dropped */
+	RW_CUDA_RANK_OP_SNAP = 6,   /* eager mode: WAIT's copy of page slot `slot_k` into the
+	                             * mirror `shadow`, without the wait (the stream waited on the
+	                             * word with cuStreamWaitValue): the kernels after it read
+	                             * device memory, not the page (docs/rankpath.md "Eager mode's
+	                             * mirrors"); ctl and report unused */
 };
 
 #define RW_CUDA_RANK_E_STAGE 5    /* static combine: its dispatch's staging area does not hold
@@ -241,6 +246,7 @@ typedef struct rw_cuda_rank_ctl {
 	uint32_t rail;              /* STAGE: the rank's native rail (its staging table entry's) */
 	uint32_t abort;             /* SUBMIT of a combine: 0, or the parameters' abort reason (the
 	                             * rank gives no combine: ipc/page.h rw_page_params_t.abort) */
+	uint32_t slot_k;            /* SNAP: the phase's page slot (its number mod depth) */
 } rw_cuda_rank_ctl_t;
 
 /* What rw_rank_ctl computes, written once for the kernel and the CPU stand-in

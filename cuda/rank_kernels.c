@@ -218,23 +218,30 @@ rw_status_t rw_cuda_rank_reduce(const rw_cuda_ext_stream_t *s, const rw_cuda_ran
 
 rw_status_t rw_cuda_rank_ctl(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_ctl_t *a)
 {
-	if (s == NULL || a == NULL || a->op > RW_CUDA_RANK_OP_STAGE || a->ctl == 0 ||
-	    !aligned(a->ctl, 8) || a->report == 0 || !aligned(a->report, 8) || a->page == 0 ||
-	    !aligned(a->page, 64) || a->shadow == 0 || !aligned(a->shadow, 64) || a->kind > 1 ||
-	    a->depth == 0 || a->slot_bytes % 64 || a->word > 4 || a->o_term_ref < a->o_term_off ||
+	if (s == NULL || a == NULL)
+		return RW_ERR_INVAL;
+	/* SNAP (eager mode) uses neither the control block nor the report. */
+	const int copy = a->op == RW_CUDA_RANK_OP_WAIT || a->op == RW_CUDA_RANK_OP_SNAP;
+	if (a->op > RW_CUDA_RANK_OP_SNAP ||
+	    (a->op != RW_CUDA_RANK_OP_SNAP && (a->ctl == 0 || !aligned(a->ctl, 8) ||
+					       a->report == 0 || !aligned(a->report, 8))) ||
+	    a->page == 0 || !aligned(a->page, 64) || a->shadow == 0 || !aligned(a->shadow, 64) ||
+	    a->kind > 1 || a->depth == 0 || a->slot_bytes % 64 || a->word > 4 ||
+	    a->o_term_ref < a->o_term_off ||
 	    (a->kind == 1 && (a->ref == 0 || !aligned(a->ref, 64))) || !aligned(a->out, 4) ||
-	    (a->op == RW_CUDA_RANK_OP_WAIT && a->word != 1 && a->word != 3) ||
+	    (copy && a->word != 1 && a->word != 3) ||
+	    (a->op == RW_CUDA_RANK_OP_SNAP && a->slot_k >= a->depth) ||
 	    (a->op == RW_CUDA_RANK_OP_STAGE && (a->kind != 1 || a->slab == 0 || a->row_bytes == 0 ||
 						(a->src == 0 && a->token_count))))
 		return RW_ERR_INVAL;
 	/* STAGE: enough blocks to copy every row the dispatch may deliver, in 16-byte pieces.
-	 * WAIT: a block per 64 KiB a full list (max_recv entries of 16 bytes) would take, at most
-	 * 16: each waits on its own and copies its share (a list or terms read over PCIe by one
-	 * block would take a round trip per 4 KiB). The others: one block. */
+	 * WAIT and SNAP: a block per 64 KiB a full list (max_recv entries of 16 bytes) would take,
+	 * at most 16: each copies its share (a list or terms read over PCIe by one block would
+	 * take a round trip per 4 KiB). The others: one block. */
 	unsigned grid = 1;
 	if (a->op == RW_CUDA_RANK_OP_STAGE)
 		grid = grid_for(((uint64_t)a->max_recv * a->row_bytes / 16 + 255) / 256);
-	else if (a->op == RW_CUDA_RANK_OP_WAIT)
+	else if (copy)
 		grid = 1 + (a->max_recv > 16 * 4096 ? 15 : a->max_recv / 4096);
 	return rank_launch(s, RW_RK_CTL, grid, 256, 0, a);
 }

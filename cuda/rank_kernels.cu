@@ -706,22 +706,19 @@ __device__ __forceinline__ void grid_copy(uint8_t *d, const uint8_t *s, uint64_t
 	}
 }
 
-// Every block's thread 0 waits for the word (a block copies only after it saw it itself); the
-// sizes of what is copied are read once the word came.
-__device__ void ctl_wait(const rw_cuda_rank_ctl_t &a)
+// Page slot `sk` (a phase number mod depth) into the shadow (static mode) or the mirror (eager
+// mode, SNAP): the status into the tail, then the plan (plan word; a combine's terms too) or the
+// list (arrived). The sizes of what is copied are read by each block's thread 0 (at most 16
+// blocks read the same words: each such read of host memory is a PCIe round trip, and reads of
+// one address queue behind each other), after the word came.
+__device__ void ctl_copy(const rw_cuda_rank_ctl_t &a, uint32_t sk)
 {
 	__shared__ uint32_t n_s, nterm_s;
-	const uint64_t k = shadow_params(a, a.shadow)->phase;
-	const uint64_t slot = page_slot(a, k);
+	const uint64_t slot = a.page + a.slot0 + (uint64_t)sk * a.slot_bytes;
 	if (threadIdx.x == 0) {
-		uint32_t nap = 32;
-		while ((int64_t)(load_acquire_sys(page_word(a, a.word)) - k) < 0) {
-			__nanosleep(nap);
-			nap = nap < 2048 ? nap * 2 : nap;
-		}
 		if (blockIdx.x == 0)
 			shadow_tail(a, a.shadow)->status = *reinterpret_cast<const volatile int32_t *>(
-				a.page + a.status_off + 64ull * (k % a.depth));
+				a.page + a.status_off + 64ull * sk);
 		if (a.word == 1 && a.kind == 1) { // the terms of the dispatch's list entries
 			const uint32_t n = min(*reinterpret_cast<const uint32_t *>(a.ref + a.o_list + 8),
 					       a.max_recv);
@@ -750,6 +747,22 @@ __device__ void ctl_wait(const rw_cuda_rank_ctl_t &a)
 		grid_copy(reinterpret_cast<uint8_t *>(a.shadow + a.o_list_entry),
 			  reinterpret_cast<const uint8_t *>(slot + a.o_list_entry), 16ull * n_s);
 	}
+}
+
+// Every block's thread 0 waits for the word (a block copies only after it saw it itself), then
+// the block copies its share of the slot.
+__device__ void ctl_wait(const rw_cuda_rank_ctl_t &a)
+{
+	const uint64_t k = shadow_params(a, a.shadow)->phase;
+	if (threadIdx.x == 0) {
+		uint32_t nap = 32;
+		while ((int64_t)(load_acquire_sys(page_word(a, a.word)) - k) < 0) {
+			__nanosleep(nap);
+			nap = nap < 2048 ? nap * 2 : nap;
+		}
+	}
+	__syncthreads();
+	ctl_copy(a, (uint32_t)(k % a.depth));
 }
 
 __device__ void ctl_done(const rw_cuda_rank_ctl_t &a)
@@ -814,5 +827,6 @@ extern "C" __global__ void __launch_bounds__(256) rw_rank_ctl(const rw_cuda_rank
 		break;
 	case RW_CUDA_RANK_OP_DONE: ctl_done(a); break;
 	case RW_CUDA_RANK_OP_STAGE: ctl_stage(a); break;
+	case RW_CUDA_RANK_OP_SNAP: ctl_copy(a, a.slot_k); break;
 	}
 }

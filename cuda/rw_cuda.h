@@ -526,9 +526,12 @@ rw_status_t rw_cuda_rank_reduce(const rw_cuda_ext_stream_t *s, const rw_cuda_ran
 
 /* Static mode's hand-offs (cuda/rank_abi.h RW_CUDA_RANK_OP_*; docs/rankpath.md "Static mode and
  * CUDA graphs"): one operation of rw_rank_ctl on the stream, reading the phase number from the
- * control block, so that a replayed graph takes a new phase each time. The block's addresses
+ * control block, so that a replayed graph takes a new phase each time; and eager mode's SNAP,
+ * which copies page slot slot_k into a device mirror after the stream's wait on the word
+ * (docs/rankpath.md "Eager mode's mirrors"; ctl and report unused). The block's addresses
  * are device addresses (the page and the report through rw_cuda_host_register_mapped /
- * rw_cuda_host_alloc). RW_ERR_INVAL: an address 0 or unaligned, an unknown operation or word. */
+ * rw_cuda_host_alloc). RW_ERR_INVAL: an address 0 or unaligned, an unknown operation or word,
+ * slot_k past depth. */
 rw_status_t rw_cuda_rank_ctl(const rw_cuda_ext_stream_t *s, const rw_cuda_rank_ctl_t *a);
 
 /* ---- the rank kernels on the CPU (cuda/rank_cpu.c) ------------------------------------------ *

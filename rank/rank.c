@@ -173,23 +173,28 @@ checked:;
 	/* Each slot's pack scratch (phases on different streams may pack at once) and its line. */
 	const size_t scratch = rw_cuda_rank_pack_scratch(r->pg->max_tokens ? r->pg->max_tokens : 1,
 							 32);
+	const size_t mirror = (size_t)r->layout.slot_bytes + sizeof(rw_cuda_rank_tail_t);
 	for (unsigned i = 0; i < D && rc == 0; i++)
-		if (rw_cuda_mem_alloc(device, scratch, &r->scratch[i]) != RW_OK)
+		if (rw_cuda_mem_alloc(device, scratch, &r->scratch[i]) != RW_OK ||
+		    rw_cuda_mem_alloc(device, mirror, &r->mirror[i]) != RW_OK)
 			rc = RW_E_CUDA;
 	if (rc == 0 && rw_cuda_host_alloc(D * sizeof(rw_rank_line_t), (void **)&r->lines) != RW_OK)
 		rc = RW_E_CUDA;
 	if (rc) {
-		say(open_msg, rc, "rank path: no device memory for the pack's scratch (%zu bytes a "
-		    "slot) or no page-locked memory", scratch);
+		say(open_msg, rc, "rank path: no device memory for the pack's scratch and the slot's "
+		    "mirror (%zu + %zu bytes a slot) or no page-locked memory", scratch, mirror);
 		goto fail_mem;
 	}
 	memset(r->lines, 0, D * sizeof(rw_rank_line_t));
 	*rank_p = r;
 	return 0;
 fail_mem:
-	for (unsigned i = 0; i < D; i++)
+	for (unsigned i = 0; i < D; i++) {
 		if (r->scratch[i])
 			rw_cuda_mem_free(device, r->scratch[i]);
+		if (r->mirror[i])
+			rw_cuda_mem_free(device, r->mirror[i]);
+	}
 	rw_rank_slabs_close(r);
 fail_page:
 	if (!host)
@@ -217,8 +222,10 @@ void rw_client_rank_close(rw_client_rank_t *r)
 		return;
 	}
 	rw_cuda_host_free(r->lines);
-	for (unsigned i = 0; i < D; i++)
+	for (unsigned i = 0; i < D; i++) {
 		rw_cuda_mem_free(r->device, r->scratch[i]);
+		rw_cuda_mem_free(r->device, r->mirror[i]);
+	}
 	rw_rank_slabs_close(r);
 	rw_cuda_host_unregister(r->pg);
 	free(r);
@@ -343,13 +350,42 @@ static uint32_t cuda_dtype(uint8_t dtype)
 	return dtype == RW_DTYPE_BF16 ? RW_CUDA_BF16 : RW_CUDA_FP32;
 }
 
-/* Where eager phase k's blocks are: slot k mod D of the page, its status line, its line. */
+/* Slot k's blocks as eager phase k's kernels read them: its mirror (device memory; the stream's
+ * SNAP copies the slot there after each wait), or for a host rank the page's slot itself. */
+static rw_cuda_dptr_t slot_read(const rw_client_rank_t *r, uint64_t k)
+{
+	return r->host ? r->dptr + slot_off(r, k) : r->mirror[k % D];
+}
+
+/* Where eager phase k's blocks are: slot_read's, its status (the page head's line for a host
+ * rank; for a CUDA rank the status SNAP copied into the mirror's tail), its line. */
 static rw_rank_where_t where_of(const rw_client_rank_t *r, uint64_t k)
 {
-	return (rw_rank_where_t){
-		.slot = r->dptr + slot_off(r, k),
-		.status = r->dptr + offsetof(rw_page_head_t, status) + (k % D) * sizeof(rw_page_line_t),
-		.line = (rw_cuda_dptr_t)(uintptr_t)&r->lines[k % D], .scratch = r->scratch[k % D] };
+	const rw_cuda_dptr_t status = r->host ?
+		r->dptr + offsetof(rw_page_head_t, status) + (k % D) * sizeof(rw_page_line_t) :
+		r->mirror[k % D] + r->layout.slot_bytes + offsetof(rw_cuda_rank_tail_t, status);
+	return (rw_rank_where_t){ .slot = slot_read(r, k), .status = status,
+				  .line = (rw_cuda_dptr_t)(uintptr_t)&r->lines[k % D],
+				  .scratch = r->scratch[k % D] };
+}
+
+rw_cuda_rank_ctl_t rw_rank_ctl_block(const rw_client_rank_t *r, uint32_t op, uint32_t kind,
+				     rw_cuda_dptr_t shadow)
+{
+	const rw_page_layout_t *l = &r->layout;
+	return (rw_cuda_rank_ctl_t){
+		.ctl = r->st ? r->st->ctl : 0,
+		.report = r->st ? (rw_cuda_dptr_t)(uintptr_t)r->st->report : 0,
+		.page = r->dptr, .shadow = shadow, .op = op, .kind = kind,
+		.depth = RW_PAGE_DEPTH, .slot0 = l->slot0, .slot_bytes = l->slot_bytes,
+		.word_off = offsetof(rw_page_head_t, word),
+		.status_off = offsetof(rw_page_head_t, status), .o_params = l->params,
+		.o_count_row = l->count_row, .o_plan = l->plan, .o_list = l->list,
+		.o_list_entry = l->list_entry, .o_term_off = l->term_off, .o_term_ref = l->term_ref,
+		.o_plan_stage = l->plan_stage, .rail = r->pg->rail,
+		.cells = r->pg->nodes * r->pg->rails, .max_recv = r->pg->max_recv,
+		.gpus = r->pg->gpus, .owner = r->pg->owner,
+		.page_kind = kind ? RW_KIND_COMBINE : RW_KIND_DISPATCH };
 }
 
 /* The pack's and the forward's argument blocks for a dispatch whose blocks are at `w` (eager:
@@ -431,12 +467,13 @@ static rw_status_t reduce_fn(const rw_cuda_ext_stream_t *s, const void *b)
 }
 
 /* After what the stream does before submit (its status `pre`): submit = k, then the daemon plans
- * (P2); kernel `a` writes this rank's records where the plan puts them, then packed (P3); the
- * daemon posts, the peers' records arrive, it lists this rank's (P4); kernel `b` reads them out;
- * done (P5): the slot and the receive areas are free. */
+ * (P2); `snap` (NULL: an abort, no kernels) copies the slot's status and plan into its mirror,
+ * kernel `a` writes this rank's records where the plan puts them, then packed (P3); the
+ * daemon posts, the peers' records arrive, it lists this rank's (P4); `snap` copies the list,
+ * kernel `b` reads them out; done (P5): the slot and the receive areas are free. */
 static int phase_enqueue(rw_client_rank_t *r, const rw_cuda_ext_stream_t *es, uint64_t k,
-			 rw_status_t pre, const char *what, launch_fn a, const void *ab, launch_fn b,
-			 const void *bb)
+			 rw_status_t pre, const char *what, rw_cuda_rank_ctl_t *snap, launch_fn a,
+			 const void *ab, launch_fn b, const void *bb)
 {
 	rw_status_t st = pre;
 	if (st == RW_OK)
@@ -446,12 +483,20 @@ static int phase_enqueue(rw_client_rank_t *r, const rw_cuda_ext_stream_t *es, ui
 			   what, rw_status_str(st));
 	r->next = k + 1; /* submitted: k is spent whatever follows */
 	st = rw_cuda_word_wait(es, word_dev(r, RW_PW_PLAN), k);
+	if (st == RW_OK && snap) {
+		snap->word = RW_PW_PLAN;
+		st = rw_cuda_rank_ctl(es, snap);
+	}
 	if (st == RW_OK)
 		st = a(es, ab);
 	if (st == RW_OK)
 		st = rw_cuda_word_write(es, word_dev(r, RW_PW_PACKED), k);
 	if (st == RW_OK)
 		st = rw_cuda_word_wait(es, word_dev(r, RW_PW_ARRIVED), k);
+	if (st == RW_OK && snap) {
+		snap->word = RW_PW_ARRIVED;
+		st = rw_cuda_rank_ctl(es, snap);
+	}
 	if (st == RW_OK)
 		st = b(es, bb);
 	if (st == RW_OK)
@@ -506,7 +551,9 @@ int rw_client_rank_dispatch(rw_client_rank_t *r, const rw_client_stream_t *s,
 						 r->pg->rail, slot_dev + r->layout.count_row,
 						 slot_dev + r->layout.params +
 							 offsetof(rw_page_params_t, bad));
-	rc = phase_enqueue(r, &es, k, st, "dispatch", pack_fn, &pk, forward_fn, &fw);
+	rw_cuda_rank_ctl_t snap = rw_rank_ctl_block(r, RW_CUDA_RANK_OP_SNAP, 0, r->mirror[k % D]);
+	snap.slot_k = (uint32_t)(k % D);
+	rc = phase_enqueue(r, &es, k, st, "dispatch", &snap, pack_fn, &pk, forward_fn, &fw);
 	if (rc == 0)
 		*phase_p = k;
 	return rc;
@@ -645,7 +692,7 @@ int rw_client_rank_combine(rw_client_rank_t *r, const rw_client_stream_t *s,
 	rw_cuda_rank_gather_t ga;
 	rw_cuda_rank_reduce_t re;
 	const rw_rank_where_t w = where_of(r, k);
-	rw_rank_combine_blocks(r, &w, r->dptr + slot_off(r, kd), dp, tab, 0, c, &ga, &re);
+	rw_rank_combine_blocks(r, &w, slot_read(r, kd), dp, tab, 0, c, &ga, &re);
 	slot_write(r, k, &p);
 	if (r->host) {
 		kept->combined = 1;
@@ -656,7 +703,10 @@ int rw_client_rank_combine(rw_client_rank_t *r, const rw_client_stream_t *s,
 	rw_status_t st = RW_OK; /* this rank's rows into its staging area, before submit (P1) */
 	if (staged)
 		st = rw_cuda_copy_ext(&es, ga.rows[r->pg->owner], c->rows, staged);
-	rc = phase_enqueue(r, &es, k, st, "combine", gather_fn, &ga, reduce_fn, &re);
+	rw_cuda_rank_ctl_t snap = rw_rank_ctl_block(r, RW_CUDA_RANK_OP_SNAP, 1, r->mirror[k % D]);
+	snap.slot_k = (uint32_t)(k % D);
+	snap.ref = r->mirror[kd % D]; /* the dispatch's list count, for the terms */
+	rc = phase_enqueue(r, &es, k, st, "combine", &snap, gather_fn, &ga, reduce_fn, &re);
 	if (rc == 0) {
 		kept->combined = 1;
 		*phase_p = k;
@@ -692,12 +742,11 @@ int rw_rank_abort_eager(rw_client_rank_t *r, const rw_client_stream_t *s, uint64
 		rw_cuda_rank_reduce_t re;
 		const rw_client_rank_combine_t none = { .dispatch = kd };
 		const rw_rank_where_t w = where_of(r, k);
-		rw_rank_combine_blocks(r, &w, r->dptr + slot_off(r, kd), dp, NULL, 0, &none, &ga,
-				       &re);
+		rw_rank_combine_blocks(r, &w, slot_read(r, kd), dp, NULL, 0, &none, &ga, &re);
 		return rw_rank_host_combine(r, k, 0, 0, &ga, &re);
 	}
 	const rw_cuda_ext_stream_t es = rw_rank_stream(r, s);
-	rc = phase_enqueue(r, &es, k, RW_OK, "abort", no_kernel, NULL, no_kernel, NULL);
+	rc = phase_enqueue(r, &es, k, RW_OK, "abort", NULL, no_kernel, NULL, no_kernel, NULL);
 	if (rc)
 		kept->combined = 0;
 	return rc;

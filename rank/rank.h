@@ -44,9 +44,9 @@ typedef struct rw_rank_line {
 	uint8_t pad[48];
 } rw_rank_line_t;
 
-/* Where one phase's blocks are, as the kernels address them: its slot (the page's slot k mod D in
- * eager mode, its shadow in static mode), its status word, its line (rw_rank_line_t layout:
- * error word, row counts) and the pack's scratch. */
+/* Where one phase's blocks are, as the kernels address them: its slot (eager mode: slot k mod D's
+ * mirror, or for a host rank the page's slot itself; static mode: its shadow), its status word,
+ * its line (rw_rank_line_t layout: error word, row counts) and the pack's scratch. */
 typedef struct rw_rank_where {
 	rw_cuda_dptr_t slot, status, line, scratch;
 } rw_rank_where_t;
@@ -83,6 +83,10 @@ struct rw_client_rank {
 	rw_rank_result_t kept[RW_RANK_KEPT]; /* phase k at k mod RW_RANK_KEPT */
 	rw_rank_line_t *lines;  /* [RW_PAGE_DEPTH], page-locked (rw_cuda_host_alloc) */
 	rw_cuda_dptr_t scratch[RW_PAGE_DEPTH]; /* device memory of each slot's pack */
+	/* Eager mode, device memory of each slot (slot_bytes + the tail, as a static shadow): what
+	 * the stream's SNAP copies of slot k mod D after the plan and arrived waits, and what the
+	 * kernels read instead of the page (docs/rankpath.md "Eager mode's mirrors"). */
+	rw_cuda_dptr_t mirror[RW_PAGE_DEPTH];
 	char msg[RW_RANK_MSG_MAX];
 	/* The group's slabs (rank/slabs.c): rails 0 .. n_slabs - 1 mapped and registered; none
 	 * when the daemon lends none (slabs_code: its answer, RW_E_STATE or RW_E_LIMIT). */
@@ -99,6 +103,11 @@ int rw_rank_say(char *buf, int code, const char *fmt, ...) __attribute__((format
 /* rw_client_rank_open with an SM budget (checked: rw_client_rank_open_opts's errors). */
 int rw_rank_open(rw_client_t *client, int32_t device, uint32_t max_recv, int32_t max_sms,
 		 rw_client_rank_t **rank_p);
+/* The operation block of rw_rank_ctl for op and kind on the slots' copy at `shadow` (a static
+ * shadow or an eager mirror): the page's geometry and layout, static mode's control block and
+ * report (0 in eager mode). */
+rw_cuda_rank_ctl_t rw_rank_ctl_block(const rw_client_rank_t *r, uint32_t op, uint32_t kind,
+				     rw_cuda_dptr_t shadow);
 /* The stream the rank path's work of one call goes to: the caller's, with the budget. */
 rw_cuda_ext_stream_t rw_rank_stream(const rw_client_rank_t *r, const rw_client_stream_t *s);
 /* The calling thread's buffer for why its last open failed (rw_client_rank_message(NULL)). */

@@ -100,26 +100,6 @@ int rw_client_rank_open_opts(rw_client_t *client, int32_t device, const rw_clien
 	return rw_rank_open(client, device, o->max_recv, o->max_sms, rank_p);
 }
 
-/* The static operation block of a call whose blocks are in `shadow`: the page's geometry and
- * layout, the control block and the report. */
-static rw_cuda_rank_ctl_t ctl_block(const rw_client_rank_t *r, uint32_t op, uint32_t kind,
-				    rw_cuda_dptr_t shadow)
-{
-	const rw_page_layout_t *l = &r->layout;
-	return (rw_cuda_rank_ctl_t){
-		.ctl = r->st->ctl, .report = (rw_cuda_dptr_t)(uintptr_t)r->st->report,
-		.page = r->dptr, .shadow = shadow, .op = op, .kind = kind,
-		.depth = RW_PAGE_DEPTH, .slot0 = l->slot0, .slot_bytes = l->slot_bytes,
-		.word_off = offsetof(rw_page_head_t, word),
-		.status_off = offsetof(rw_page_head_t, status), .o_params = l->params,
-		.o_count_row = l->count_row, .o_plan = l->plan, .o_list = l->list,
-		.o_list_entry = l->list_entry, .o_term_off = l->term_off, .o_term_ref = l->term_ref,
-		.o_plan_stage = l->plan_stage, .rail = r->pg->rail,
-		.cells = r->pg->nodes * r->pg->rails, .max_recv = r->pg->max_recv,
-		.gpus = r->pg->gpus, .owner = r->pg->owner,
-		.page_kind = kind ? RW_KIND_COMBINE : RW_KIND_DISPATCH };
-}
-
 /* Where a call's blocks are: its shadow (the status line and line in its tail). */
 static rw_rank_where_t where_of(const rw_client_rank_t *r, rw_cuda_dptr_t shadow)
 {
@@ -223,7 +203,7 @@ int rw_client_rank_dispatch_static(rw_client_rank_t *r, const rw_client_stream_t
 				      .n_experts = d->n_experts, .token_count = d->token_count,
 				      .path = d->path, .step = d->step };
 	const rw_cuda_ext_stream_t es = rw_rank_stream(r, s);
-	rw_cuda_rank_ctl_t b = ctl_block(r, RW_CUDA_RANK_OP_BEGIN, 0, shadow);
+	rw_cuda_rank_ctl_t b = rw_rank_ctl_block(r, RW_CUDA_RANK_OP_BEGIN, 0, shadow);
 	b.dtype = d->dtype, b.topk = d->topk, b.layer = d->layer, b.hidden = d->hidden;
 	b.n_experts = d->n_experts, b.token_count = d->token_count, b.path = d->path;
 	b.step = d->step, b.out = recv_n;
@@ -267,7 +247,7 @@ static rw_cuda_rank_ctl_t combine_call(rw_client_rank_t *r, rw_rank_call_t *dc, 
 	rw_rank_call_t *call = call_take(r, cc_p, &shadow);
 	call->kind = RW_KIND_COMBINE;
 	dc->combined = 1;
-	rw_cuda_rank_ctl_t b = ctl_block(r, RW_CUDA_RANK_OP_BEGIN, 1, shadow);
+	rw_cuda_rank_ctl_t b = rw_rank_ctl_block(r, RW_CUDA_RANK_OP_BEGIN, 1, shadow);
 	b.ref = r->st->shadow[dc->call % RW_RANK_SHADOWS];
 	return b;
 }

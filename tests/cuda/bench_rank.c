@@ -28,9 +28,12 @@
  * versions (cuda/rank_cpu.c, which tests/integration/test_rank_kernels.c holds to the host
  * mover) run on the same inputs, and the device error word must be 0; a mismatch exits 1.
  *   bench_rank [--shapes deepseek,glm] [--tokens 1,128,512,4096] [--reps 20] [--blocks N]
- *              [--variant] [--slabs host|gpu] [--seed S]
+ *              [--variant] [--slabs host|gpu] [--page dev|host] [--seed S]
  * --slabs gpu puts the slabs in device memory (a GPU carve-out of the rank's own device: the
- * kernels and the ceilings then move the bytes device to device, D2D).
+ * kernels and the ceilings then move the bytes device to device, D2D). --page host has the
+ * kernels read the lists, plan entries, tags and list counts from the registered page (host
+ * memory) as eager mode did before its mirrors; the default, dev, from a copy in device memory
+ * (what eager mode's mirrors and static mode's shadows give them).
  * Exits 0 when every case verified, 1 on a mismatch or a failed call, 77 without a GPU (or the
  * rank image). RW_CUDA_DRIVER picks the driver (the smoke test: the kernel stand-in). */
 #include <dlfcn.h>
@@ -121,6 +124,7 @@ static int cmp_double(const void *a, const void *b)
 
 static int reps = 20;
 static int variant;   /* --variant: copy16 at the 128-byte-rounded stride too */
+static int dev_page = 1; /* --page dev (default) | host */
 static int gpu_slabs; /* --slabs gpu: the slabs in device memory (a GPU carve-out), the memfds
 		       * their host mirrors for the setup and the checks */
 
@@ -248,6 +252,8 @@ typedef struct phase {
 	/* areas of slab r (byte offsets): see layout() */
 	uint64_t send0, local[RAILS], recv[RAILS], junk[RAILS], cgather[RAILS], cret0, ccopy[RAILS];
 	hmem_t page;           /* lists, plan entries, tags, list counts (the rank page's part) */
+	rw_cuda_dptr_t page_d; /* --page dev: the page's copy in device memory the kernels read */
+	size_t page_bytes;
 	rw_cuda_plan_entry_t *pent, *cent;
 	uint32_t *tags, *ctags, *nfl, *nrl;
 	rw_cuda_list_entry_t *fl, *rl;
@@ -351,6 +357,14 @@ static int layout(phase_t *p)
 	return 0;
 }
 
+/* The device address the kernels read a page byte at: the page's copy in device memory with
+ * --page dev (what eager mode's mirrors and static mode's shadows give the kernels), else the
+ * registered page itself (host memory, over PCIe). */
+static uint64_t page_dev(const phase_t *p, const void *host)
+{
+	return (p->page_d ? p->page_d : p->page.d) + (uint64_t)((const uint8_t *)host - p->page.p);
+}
+
 /* Rank (n,g)'s pack block: its records to node 0 where node 0 holds them, the rest to junk,
  * except rank (0,0)'s to node 1 (its send area). dev: device addresses, else host ones. */
 static void pack_block(phase_t *p, int n, int g, int dev, rw_cuda_plan_entry_t *ent,
@@ -362,20 +376,14 @@ static void pack_block(phase_t *p, int n, int g, int dev, rw_cuda_plan_entry_t *
 	ent[1 * RAILS + g] = (rw_cuda_plan_entry_t){ 0, p->rk[n][g].cnt[1],
 						     n == 0 && g == 0 ? p->send0 : p->junk[g] };
 	*a = (rw_cuda_rank_pack_t){
-		.entry = dev ? p->page.d + (uint64_t)((uint8_t *)ent - p->page.p) : (uint64_t)(uintptr_t)ent,
-		.tags = dev ? p->page.d + (uint64_t)((uint8_t *)p->tags - p->page.p) : (uint64_t)(uintptr_t)p->tags,
+		.entry = dev ? page_dev(p, ent) : (uint64_t)(uintptr_t)ent,
+		.tags = dev ? page_dev(p, p->tags) : (uint64_t)(uintptr_t)p->tags,
 		.n_tokens = p->T, .topk = TOPK, .hidden = p->sh->hidden, .dtype = RW_CUDA_BF16,
 		.n_experts = p->sh->experts, .nodes = NODES, .rails = RAILS, .me = (uint32_t)n,
 		.owner = (uint32_t)g,
 	};
 	for (int r = 0; r < RAILS; r++)
 		a->slab[r] = dev ? p->slab[r].d : (uint64_t)(uintptr_t)p->slab[r].p;
-}
-
-/* Host address of a device-visible address in the page or a slab (for the CPU versions). */
-static uint64_t page_dev(const phase_t *p, const void *host)
-{
-	return p->page.d + (uint64_t)((const uint8_t *)host - p->page.p);
 }
 
 static int build(phase_t *p)
@@ -388,8 +396,9 @@ static int build(phase_t *p)
 	maxrl = T * (GPUS + 1);
 	size_t pb = 4096 + 2 * NODES * RAILS * sizeof(rw_cuda_plan_entry_t) +
 		    (size_t)(maxfl + maxrl + 2) * sizeof(rw_cuda_list_entry_t);
-	if (hmem_map(&p->page, pb) != 0)
+	if (hmem_map(&p->page, pb) != 0 || (dev_page && !(p->page_d = dev_alloc(pb))))
 		return -1;
+	p->page_bytes = pb;
 	uint8_t *q = p->page.p;
 	p->tags = (uint32_t *)q;
 	p->ctags = p->tags + 4;
@@ -532,6 +541,8 @@ static int build(phase_t *p)
 		p->red.area[RW_CUDA_AREA_LOCAL][r] = p->slab[r].d + p->ccopy[r];
 		p->red.area[RW_CUDA_AREA_RECV][r] = p->slab[r].d + p->cret0; /* rail 0's only used */
 	}
+	if (p->page_d && rw_cuda_memcpy_htod(0, p->page_d, p->page.p, pb) != RW_OK)
+		return -1;
 	return 0;
 }
 
@@ -886,10 +897,11 @@ static int run_case(const shape_t *sh, uint32_t T, rw_cuda_stream_t *st, uint32_
 	fill_bf16(p->chost.p, most);
 	printf("%-8s T=%-5u hidden %u bf16, %u experts, top-%d, %d nodes x %d ranks: records to nodes "
 	       "0/1 %u/%u, forward rows %u, reduce terms %u; rec_size %u (mod 128 = %u), crec_size %u "
-	       "(mod 128 = %u), row %u (mod 128 = %u); slabs in %s; blocks %s\n",
+	       "(mod 128 = %u), row %u (mod 128 = %u); slabs in %s; page in %s; blocks %s\n",
 	       sh->name, T, sh->hidden, sh->experts, TOPK, NODES, GPUS, me->cnt[0], me->cnt[1], nf,
 	       nr, p->rec, p->rec % 128, p->crec, p->crec % 128, p->row_bytes, p->row_bytes % 128,
-	       gpu_slabs ? "device memory" : "host memory", blocks ? "capped" : "the wrappers'");
+	       gpu_slabs ? "device memory" : "host memory", dev_page ? "device memory" : "host memory",
+	       blocks ? "capped" : "the wrappers'");
 	if (blocks)
 		printf("%-8s T=%-5u max_blocks %u\n", sh->name, T, blocks);
 	uint8_t *ref_rows = NULL;
@@ -932,7 +944,7 @@ static int parse_list(const char *s, uint32_t *v, int max)
 static void usage(void)
 {
 	fprintf(stderr, "usage: bench_rank [--shapes deepseek,glm] [--tokens 1,128,512,4096] "
-			"[--reps N] [--blocks N] [--variant] [--slabs host|gpu] [--seed S]\n");
+			"[--reps N] [--blocks N] [--variant] [--slabs host|gpu] [--page dev|host] [--seed S]\n");
 }
 
 int main(int argc, char **argv)
@@ -973,6 +985,13 @@ int main(int argc, char **argv)
 			gpu_slabs = strcmp(v, "gpu") == 0;
 			i++;
 			if (!gpu_slabs && strcmp(v, "host") != 0) {
+				usage();
+				return 2;
+			}
+		} else if (strcmp(argv[i], "--page") == 0 && v) {
+			dev_page = strcmp(v, "dev") == 0;
+			i++;
+			if (!dev_page && strcmp(v, "host") != 0) {
 				usage();
 				return 2;
 			}

@@ -3,8 +3,9 @@
 so that its code does not rot between GPU sessions: a short run on the kernel stand-in
 (tests/integration/libfakecuda_kern.so: the kernels played by cuda/rank_cpu.c on the CPU), both
 shapes at 1 and 9 tokens per rank, two repetitions, the 128-byte stride variant on; then once
-more with every launch capped at 2 blocks, and once with the slabs in device memory
-(--slabs gpu). The benchmark checks each kernel's output byte for
+more with every launch capped at 2 blocks, once with the slabs in device memory
+(--slabs gpu), and once with the kernels reading the page itself (--page host, which the
+stand-in refuses unless RW_FAKE_RANK_HOST_READS=1 says it is meant). The benchmark checks each kernel's output byte for
 byte against cuda/rank_cpu.c run on the same inputs and the device error word, and exits non-zero
 on the first difference. Asserted here: exit 0; for every (shape, tokens) the phase's header
 line, one line per kernel (pack, forward, gather, reduce) with its bytes, its time and both
@@ -21,8 +22,8 @@ FAKE = os.path.join(B, "tests", "integration", "libfakecuda_kern.so")
 NUM = r"(?:[\d.]+|-)"
 
 
-def run(extra):
-    env = dict(os.environ, RW_CUDA_DRIVER=FAKE)
+def run(extra, env_add=None):
+    env = dict(os.environ, RW_CUDA_DRIVER=FAKE, **(env_add or {}))
     p = subprocess.run([BENCH, "--shapes", "deepseek,glm", "--tokens", "1,9", "--reps", "2",
                         "--variant"] + extra, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        env=env, timeout=300)
@@ -71,6 +72,10 @@ def main():
     rc, out = run(["--slabs", "gpu"])
     print(out)
     fails += check_out(rc, out, "slabs in device memory", gpu=True)
+    # the kernels reading the page itself: the stand-in refuses that unless told
+    rc, out = run(["--page", "host"], {"RW_FAKE_RANK_HOST_READS": "1"})
+    print(out)
+    fails += check_out(rc, out, "page in host memory")
     for f in fails:
         print("FAIL", f)
     print("bench_rank: %s" % ("FAIL" if fails else "ok"))

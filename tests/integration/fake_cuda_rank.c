@@ -4,13 +4,14 @@
  * (cuda/rank_cpu.c: what cuda/rw_cuda.h "rank kernels" states, the host mover's bytes).
  * Device memory here is host-addressable, so every address a block names is dereferenced as is.
  * A launch copies its block (as the driver does) and runs as stream work: at once, or late and
- * in order with $RW_FAKE_CUDA_LAG_MS. Static mode's rw_rank_ctl is this file's own (below). This checks the bytes the contract promises against the
+ * in order with $RW_FAKE_CUDA_LAG_MS. rw_rank_ctl (static mode's hand-offs, eager mode's SNAP) is this file's own (below). This checks the bytes the contract promises against the
  * host mover's (tests/integration/test_rank_kernels.c), not the GPU code: test/cuda runs that
  * on a GPU. */
 #include "config.h"
 
 #if RW_HAVE_CUDA_H
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,7 +32,7 @@ static const char *const names[K_END] = {
 
 static void *at(uint64_t addr) { return (void *)(uintptr_t)addr; }
 
-/* ---- static mode's hand-offs (rank_kernels.cu rw_rank_ctl), one operation per launch ---- */
+/* ---- rank_kernels.cu rw_rank_ctl: static mode's hand-offs, eager mode's SNAP, one operation a launch ---- */
 
 static rw_cuda_page_params_t *ctl_params(const rw_cuda_rank_ctl_t *a, uint64_t sh)
 {
@@ -76,14 +77,13 @@ static int ctl_ready(const void *arg)
 	return (int64_t)(atomic_load_explicit(ctl_word(a, a->word), memory_order_acquire) - k) >= 0;
 }
 
-static void ctl_wait(const rw_cuda_rank_ctl_t *a)
+/* Page slot `sk` (a phase number mod depth) into the shadow or mirror: WAIT's copy after its
+ * word, SNAP's (eager mode: the stream waited on the word itself) at once. */
+static void ctl_copy(const rw_cuda_rank_ctl_t *a, uint64_t sk)
 {
-	if (rw_fake_cuda_wait_until(ctl_ready, a, "rw_rank_ctl wait") != 0)
-		return;
-	const uint64_t k = ctl_params(a, a->shadow)->phase;
-	const uint8_t *slot = ctl_slot(a, k);
+	const uint8_t *slot = ctl_slot(a, sk);
 	uint8_t *sh = at(a->shadow);
-	memcpy(&ctl_tail(a, a->shadow)->status, at(a->page + a->status_off + 64ull * (k % a->depth)), 4);
+	memcpy(&ctl_tail(a, a->shadow)->status, at(a->page + a->status_off + 64ull * (sk % a->depth)), 4);
 	if (a->word == 1) {
 		memcpy(sh + a->o_plan, slot + a->o_plan, a->o_list - a->o_plan);
 		if (a->kind == 1) { /* the terms of the dispatch's list entries */
@@ -102,6 +102,13 @@ static void ctl_wait(const rw_cuda_rank_ctl_t *a)
 		memcpy(sh + a->o_list, slot + a->o_list, a->o_list_entry - a->o_list);
 		memcpy(sh + a->o_list_entry, slot + a->o_list_entry, 16ull * n);
 	}
+}
+
+static void ctl_wait(const rw_cuda_rank_ctl_t *a)
+{
+	if (rw_fake_cuda_wait_until(ctl_ready, a, "rw_rank_ctl wait") != 0)
+		return;
+	ctl_copy(a, ctl_params(a, a->shadow)->phase);
 }
 
 static void ctl_done(const rw_cuda_rank_ctl_t *a)
@@ -149,6 +156,7 @@ static void ctl(const rw_cuda_rank_ctl_t *a)
 				      memory_order_release);
 		break;
 	case RW_CUDA_RANK_OP_DONE: ctl_done(a); break;
+	case RW_CUDA_RANK_OP_SNAP: ctl_copy(a, a->slot_k); break;
 	default: ctl_stage(a); break;
 	}
 }
@@ -215,6 +223,37 @@ static int launch_ready(const void *arg)
 	return L->k != K_CTL || L->b.ctl.op != RW_CUDA_RANK_OP_WAIT || ctl_ready(&L->b.ctl);
 }
 
+/* The words a data kernel reads in every block (its status, list length and entries, plan
+ * entries, tags, terms) must be device memory: read from host memory (the rank page), each is a
+ * PCIe round trip, and the reads of one address by every block queue behind each other (on an
+ * H100: ~0.5 us each, milliseconds a phase; docs/rankpath.md "Eager mode's mirrors"). A launch
+ * naming page memory there is refused, so every rank-path test checks the rule;
+ * $RW_FAKE_RANK_HOST_READS=1 lifts it (the kernels' benchmark measures that case). */
+typedef struct { const char *what; uint64_t at; } read_t;
+
+static const char *host_read(const struct launch *L)
+{
+#define R(kind, f) { #f, L->b.kind.f }
+	const read_t pack[] = { R(pack, status), R(pack, entry), R(pack, tags) };
+	const read_t forward[] = { R(forward, status), R(forward, list), R(forward, list_n) };
+	const read_t gather[] = { R(gather, status), R(gather, list), R(gather, list_n),
+				  R(gather, entry), R(gather, tags), R(gather, term_off),
+				  R(gather, terms), R(gather, stage) };
+	const read_t reduce[] = { R(reduce, status), R(reduce, list), R(reduce, list_n),
+				  R(reduce, plan_rail) };
+#undef R
+	const read_t *r = L->k == K_FORWARD ? forward : L->k == K_GATHER ? gather :
+			  L->k == K_REDUCE ? reduce : pack;
+	const size_t n = L->k == K_FORWARD ? 3 : L->k == K_GATHER ? 8 : L->k == K_REDUCE ? 4 : 3;
+	const char *v = getenv("RW_FAKE_RANK_HOST_READS");
+	if ((v && strcmp(v, "1") == 0) || L->k == K_CTL)
+		return NULL;
+	for (size_t i = 0; i < n; i++)
+		if (r[i].at && !rw_fake_cuda_is_device_mem((uintptr_t)r[i].at, 4))
+			return r[i].what;
+	return NULL;
+}
+
 CUresult rw_fake_rank_launch(uintptr_t f, CUstream s, unsigned grid, void **params)
 {
 	static const size_t size[K_END] = {
@@ -229,6 +268,12 @@ CUresult rw_fake_rank_launch(uintptr_t f, CUstream s, unsigned grid, void **para
 	L.k = (int)(f - HANDLE_BASE);
 	L.grid = grid;
 	memcpy(&L.b, params[0], size[L.k]);
+	const char *bad = host_read(&L);
+	if (bad) {
+		fprintf(stderr, "fake_cuda_rank: %s reads %s from host memory (it must be device "
+			"memory: a mirror or a shadow)\n", names[L.k], bad);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
 	rw_fake_cuda_submit_held(s, run, &L, sizeof(L), launch_ready);
 	return CUDA_SUCCESS;
 }
