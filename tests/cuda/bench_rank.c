@@ -683,6 +683,8 @@ static uint64_t hslab(const phase_t *p, uint64_t d)
 			return (uint64_t)(uintptr_t)(p->slab[r].p + (d - p->slab[r].d));
 	if (d >= p->page.d && d < p->page.d + p->page.bytes)
 		return (uint64_t)(uintptr_t)(p->page.p + (d - p->page.d));
+	if (p->page_d && d >= p->page_d && d < p->page_d + p->page_bytes) /* --page dev's copy */
+		return (uint64_t)(uintptr_t)(p->page.p + (d - p->page_d));
 	return d;
 }
 
