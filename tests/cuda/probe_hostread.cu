@@ -1,5 +1,5 @@
 // tests/cuda/probe_hostread.cu: do a kernel's reads of ONE host-memory address by many warps
-// queue behind each other? (docs/perf/rankpath.md "Eager mode's mirrors": they do, ~1 us each on
+// queue behind each other? (docs/perf/rankpath.md "Reads of one host address queue": they do, ~1 us each on
 // an H100, which is why the rank kernels read the page's words from a device mirror.) Each kernel
 // runs G blocks x 256 threads and reads pinned, mapped host memory (or device memory: "dev") in
 // one pattern; best of 7 launches, CUDA events. A standalone probe (runtime API), built by hand:
