@@ -35,12 +35,14 @@ CUDA_MPS_PIPE_DIRECTORY an empty folder, where no control daemon answers). Print
 of last submission -> last completion (dispatch / combine), host ns inside the rank's submitting
 calls (p50 / p99), daemon CPU ms per timed phase (utime + stime over the segment / its phases,
 the barrier pairs' work included), the matmul loop's TFLOP/s while phases ran, and the ratios
-against the targets (docs/perf/rankpath.md).
+against the targets (docs/perf/rankpath.md). --matmul-sm-pct P gives the matmul loop P % of the
+SMs (its MPS client's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE): the trainer's compute on a budget of
+SMs, the ranks' kernels on the rest, as a trainer reserving SMs for communication would run.
 
   python3 bench_gpu_path.py [--shapes deepseek,glm,deepseek-h1024] [--tokens 512,1024,2048,4096]
                             [--steps 4] [--modes staging,cuda,rank] [--alt NAME=PATH] [--trace]
   python3 bench_gpu_path.py --suite rank [--shapes deepseek,glm] [--tokens 1,128,512,4096]
-                            [--mps auto|on|off] [--sms 0,8,16,32] [--trace]
+                            [--mps auto|on|off] [--sms 0,8,16,32] [--matmul-sm-pct P] [--trace]
   (run from the build directory's bench/ copy: $b/bench/gpu_path)"""
 import argparse
 import json
@@ -497,7 +499,14 @@ def suite(a):
         mm = None
         try:
             if not fake:
-                mm = Matmul(tmp, dict(os.environ, **(cli_env or {})))
+                mm_env = dict(os.environ, **(cli_env or {}))
+                if a.matmul_sm_pct:  # the trainer's compute leaves the other SMs to the ranks
+                    if not ctl:
+                        raise RuntimeError("--matmul-sm-pct needs MPS (its clients' SM share)")
+                    mm_env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(a.matmul_sm_pct)
+                    print("# matmul loop: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%d (its share of "
+                          "the SMs; the ranks' kernels take the rest)" % a.matmul_sm_pct)
+                mm = Matmul(tmp, mm_env)
                 mm.on()
                 time.sleep(2)
                 alone = mm.off()
@@ -653,6 +662,10 @@ def main():
     ap.add_argument("--sms", metavar="LIST",
                     help="--suite rank: the rank path's SM budgets in turn, crossed with the "
                          "stream priorities (0: none; e.g. 0,8,16,32)")
+    ap.add_argument("--matmul-sm-pct", type=int, default=0,
+                    help="--suite rank, MPS: the matmul loop's share of the SMs in percent "
+                         "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), the trainer's SM budget for "
+                         "its compute; 0: all")
     ap.add_argument("--budget-s", type=int, default=0,
                     help="--suite rank: start no cluster run after this many seconds")
     ap.add_argument("--matmul-loop", metavar="FOLDER", help=argparse.SUPPRESS)
