@@ -934,6 +934,11 @@ class Core:
             return rp
         if not self.static and (self._rank_mode == 0 or self._rank_off is not None):
             return None
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RailWaveError(self._where("open the rank path"), (
+                "the first dispatch of a Group opens its rank path (device memory, the daemon's "
+                "page and slabs, with host waits), which a CUDA graph capture cannot hold: make "
+                "one dispatch before capturing"))
         self._rank = _rank.open_for(self, dev, self._rank_room(), not x.is_cuda, self.static,
                                     self.max_recv_tokens if self.static else None,
                                     self.num_sms)
@@ -957,12 +962,18 @@ class Core:
     def _lut(self, E: int, device: torch.device) -> torch.Tensor:
         """int64 [E + 2] on device: entry id + 1 is global expert id's index among this rank's
         experts, or -1 (entry 0: id -1, none; entry E + 1: any id past the experts). Made once
-        per (E, device)."""
+        per (E, device), copied from the host (complete when made, for any stream). One first
+        needed during a CUDA graph capture, which cannot hold a host copy, is written on the
+        device by the graph, for that graph alone (its values exist once the graph replays)."""
         lut = self._luts.get((E, device))
         if lut is None:
             el = E // self.world_size
-            lut = torch.full((E + 2,), -1, dtype=torch.int64)
-            lut[1 + self.rank * el:1 + (self.rank + 1) * el] = torch.arange(el)
+            capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+            lut = torch.full((E + 2,), -1, dtype=torch.int64,
+                             device=device if capturing else _CPU)
+            lut[1 + self.rank * el:1 + (self.rank + 1) * el] = torch.arange(el, device=lut.device)
+            if capturing:
+                return lut
             lut = self._luts[(E, device)] = lut.to(device)
         return lut
 

@@ -1056,13 +1056,23 @@ def cmd_static_sms(c):
 def cmd_graph(c):
     """A CUDA graph of dispatch -> experts -> combine captured once and replayed c["replays"]
     times with fresh inputs copied into its input tensors: every replay's output equal to the
-    one-process reference (GPU only)."""
+    one-process reference (GPU only). First a capture whose dispatch would open the rank path:
+    refused with RailWaveError before anything is enqueued (the open waits on the host)."""
     dev, E, seed = device(c), c["experts"], c["seed"]
     _, experts, _ = workload(seed, 0, E, torch.float32, False)
     per = E // WORLD
     mine = [(a.to(dev), b.to(dev)) for a, b in experts[RANK * per:(RANK + 1) * per]]
     with join(c, static=True) as g, torch.no_grad():
         xs, idxs, ws = static_inputs(seed, 0, E, dev)
+        early = torch.cuda.CUDAGraph()
+
+        def capture_first():
+            with torch.cuda.graph(early):
+                xs.add(0)  # a node: the capture ends cleanly when the dispatch raises
+                g.dispatch(xs, idxs, ws, E, layer=12, step=0)
+        refused = expect("a dispatch captured before the rank path opened", capture_first,
+                         railwave.RailWaveError, "make one dispatch before capturing")
+        del early
         rx, ridx, rw, _, h = g.dispatch(xs, idxs, ws, E, layer=12, step=0)  # opens the path
         g.combine(dense_experts(mine, 0, rx, ridx, rw), h)
         g.check()
@@ -1082,7 +1092,8 @@ def cmd_graph(c):
             if not torch.equal(outs.cpu(), ref):
                 raise AssertionError("replay %d: output differs (max |diff| %s)" % (
                     r, (outs.cpu() - ref).abs().max().item()))
-    return ["graph captured once, %d replays with fresh inputs equal" % c["replays"]]
+    return ["graph captured once, %d replays with fresh inputs equal; %s" % (c["replays"],
+                                                                              refused)]
 
 
 CAPTURE_STATUS = ("none", "active", "invalidated")  # CUstreamCaptureStatus
