@@ -1,6 +1,7 @@
 /* The daemon's GPUs' progress (docs/rankpath.md "A hung GPU"): one table per process (one daemon
  * per process), kept by the movers' streams (service/mover/stage.c, mover_pull.c) and read by
- * the stats and the metrics. The loop's thread only. */
+ * the stats and the metrics; and GPU sets as the logs and the stats name them. The loop's
+ * thread only. */
 #include <stdio.h>
 
 #include "service/core/svc.h"
@@ -74,4 +75,24 @@ unsigned rw_svc_gpu_stalled_list(int *devices, unsigned max, uint64_t *held_byte
 void rw_svc_gpu_held(int64_t delta_bytes)
 {
 	gpus.held_bytes = (uint64_t)((int64_t)gpus.held_bytes + delta_bytes);
+}
+
+int rw_svc_gpus_stalled(uint64_t devs, char *why, size_t len)
+{
+	for (int d = 0; d < RW_SVC_GPUS_MAX; d++)
+		if ((devs >> d & 1) && rw_svc_gpu_stalled(d, why, len))
+			return 1;
+	return 0;
+}
+
+void rw_svc_gpu_list(uint64_t devs, char *out, size_t len)
+{
+	size_t at = 0;
+	if (len)
+		out[0] = '\0';
+	for (int d = 0; d < 64 && at < len; d++)
+		if (devs >> d & 1) {
+			int n = snprintf(out + at, len - at, "%s%d", at ? "," : "", d);
+			at += n > 0 ? (size_t)n : 0;
+		}
 }

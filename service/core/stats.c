@@ -103,12 +103,14 @@ static void answer_rank_path(const rw_svc_t *svc, rw_svc_buf_t *o)
 static void answer_gpus(rw_svc_buf_t *o)
 {
 	int dev[64];
-	uint64_t held = 0;
-	unsigned n = rw_svc_gpu_stalled_list(dev, 64, &held);
-	rw_svc_buf_printf(o, "gpus_stalled %u", n);
+	uint64_t held = 0, devs = 0;
+	const unsigned n = rw_svc_gpu_stalled_list(dev, 64, &held);
 	for (unsigned i = 0; i < n; i++)
-		rw_svc_buf_printf(o, "%s%d", i ? "," : " ", dev[i]);
-	rw_svc_buf_printf(o, "\ngpu_held_bytes %llu\n", (unsigned long long)held);
+		devs |= 1ull << dev[i];
+	char list[192];
+	rw_svc_gpu_list(devs, list, sizeof(list));
+	rw_svc_buf_printf(o, "gpus_stalled %u%s%s\ngpu_held_bytes %llu\n", n, n ? " " : "", list,
+			  (unsigned long long)held);
 }
 
 static void answer_summary(const rw_svc_t *svc, rw_svc_buf_t *o)

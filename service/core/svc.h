@@ -112,7 +112,9 @@ uint16_t rw_svc_http_port(const rw_svc_http_t *http);
  * a mark again (landed 1) or was given up (0); the first stall and the last landing are logged.
  * stalled: whether d is stalled now, with a sentence naming it in why (len bytes) if why.
  * stalled_list: the stalled devices (up to max of them) and, in *held_bytes_p, the page-locked
- * memory held for copies that may still land. held: that memory grew or shrank. */
+ * memory held for copies that may still land. held: that memory grew or shrank. gpus_stalled:
+ * whether a device of devs (bit d) is stalled, the first such named in why as stalled does.
+ * gpu_list: devs written as "0,2" (the empty string for none), cut to len bytes. */
 void rw_svc_gpu_stall_set(uint32_t ms);
 uint64_t rw_svc_gpu_stall_ns(void);
 void rw_svc_gpu_stall(int device, uint64_t since_ns);
@@ -120,6 +122,8 @@ void rw_svc_gpu_moved(int device, int landed);
 int rw_svc_gpu_stalled(int device, char *why, size_t len);
 unsigned rw_svc_gpu_stalled_list(int *devices, unsigned max, uint64_t *held_bytes_p);
 void rw_svc_gpu_held(int64_t delta_bytes);
+int rw_svc_gpus_stalled(uint64_t devs, char *why, size_t len);
+void rw_svc_gpu_list(uint64_t devs, char *out, size_t len);
 /* Shutdown waits for the copies queued into ranks' CUDA memory (rw_svc_exec_ipc_stop) at most the
  * stall bound plus this: the stage declares a stall within a second of its bound. */
 #define RW_SVC_GPU_DRAIN_MARGIN_MS 2000

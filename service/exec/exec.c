@@ -537,24 +537,6 @@ static int slot_take(exec_t *x, exec_pair_t *p)
 	return -1;
 }
 
-/* The GPUs a closed pair's kernels and copies ran on: its ranks' CUDA memory and its slabs. */
-static uint64_t pair_devs(const exec_pair_t *p)
-{
-	uint64_t devs = 0;
-	for (int k = 0; k < RW_SVC_KIND_COUNT; k++)
-		for (uint32_t g = 0; g < p->ph.gpus && g < RW_MAX_GPUS; g++) {
-			const rw_svc_rank_io_t *io = &p->ph.io[k][g];
-			const int d[4] = { io->in[0].dev, io->in[1].dev, io->in[2].dev, io->out.dev };
-			for (int i = 0; i < 4; i++)
-				if (d[i] >= 0 && d[i] < 64)
-					devs |= 1ull << d[i];
-		}
-	for (uint32_t r = 0; r < p->ph.rails && r < RW_MAX_RAILS; r++)
-		if (p->ph.slab_dev[r] >= 0 && p->ph.slab_dev[r] < 64)
-			devs |= 1ull << p->ph.slab_dev[r];
-	return devs;
-}
-
 /* Every shared slot is kept for a failed pair whose work may still land on a GPU declared
  * stalled: none frees before that GPU moves again, so a pair waiting for one is refused, named
  * (why: the first such GPU), rather than left to its phase timeout. While one of them
@@ -577,7 +559,8 @@ static int slots_stalled(const exec_t *x, char *why, size_t len)
 		uint64_t devs = 0;
 		rw_list_for_each(&x->pairs, q, link)
 			if (q->slot_held == s)
-				devs = pair_devs(q);
+				devs = rw_svc_phase_devs(&q->ph, RW_SVC_DEVS_RANKS |
+							 RW_SVC_DEVS_SLABS); /* its kernels' and copies' */
 		if (!(devs & gpus))
 			return 0;
 		stalled |= devs & gpus;

@@ -281,22 +281,6 @@ int exec_carve_settled(const exec_t *x, const exec_pair_t *p)
 	return p->carve < 0 || exec_movers_settled(x, p);
 }
 
-/* Pair p's carve-out GPUs (bit d), and whether one of them is declared stalled. */
-static uint64_t pair_gpus(const exec_pair_t *p, int *stalled_p)
-{
-	uint64_t devs = 0;
-	int stalled = 0;
-	for (uint32_t r = 0; r < p->ph.rails && r < RW_MAX_RAILS; r++) {
-		const int d = p->ph.slab_gpu[r];
-		if (d < 0 || d >= 64)
-			continue;
-		devs |= 1ull << d;
-		stalled |= rw_svc_gpu_stalled(d, NULL, 0);
-	}
-	*stalled_p = stalled;
-	return devs;
-}
-
 unsigned exec_carves_moving(const exec_t *x, unsigned *held_p, uint64_t *devs_p)
 {
 	unsigned moving = 0, held = 0;
@@ -305,10 +289,10 @@ unsigned exec_carves_moving(const exec_t *x, unsigned *held_p, uint64_t *devs_p)
 	rw_list_for_each(&x->pairs, p, link) {
 		if (exec_open(p) || p->carve < 0 || exec_carve_settled(x, p))
 			continue;
-		int stalled;
-		devs |= pair_gpus(p, &stalled);
+		const uint64_t gpus = rw_svc_phase_devs(&p->ph, RW_SVC_DEVS_CARVE);
+		devs |= gpus;
 		held++;
-		moving += !stalled;
+		moving += !rw_svc_gpus_stalled(gpus, NULL, 0);
 	}
 	*held_p = held;
 	*devs_p = devs;
@@ -321,16 +305,11 @@ void exec_carves_leave(exec_t *x)
 	rw_list_for_each(&x->pairs, p, link) {
 		if (p->carve < 0 || exec_carve_settled(x, p))
 			continue;
-		int stalled;
-		const uint64_t devs = pair_gpus(p, &stalled);
-		char why[128];
-		int at = snprintf(why, sizeof(why), "GPU");
-		for (int d = 0; d < 64 && at > 0 && (size_t)at < sizeof(why); d++)
-			if (devs >> d & 1)
-				at += snprintf(why + at, sizeof(why) - (size_t)at, " %d", d);
-		if (at > 0 && (size_t)at < sizeof(why))
-			snprintf(why + at, sizeof(why) - (size_t)at, " %s with a header pull out of it "
-				 "queued", stalled ? "stalled" : "not declared stalled");
+		const uint64_t devs = rw_svc_phase_devs(&p->ph, RW_SVC_DEVS_CARVE);
+		char gpus[192], why[256];
+		rw_svc_gpu_list(devs, gpus, sizeof(gpus));
+		snprintf(why, sizeof(why), "GPU %s %s with a header pull out of it queued", gpus,
+			 rw_svc_gpus_stalled(devs, NULL, 0) ? "stalled" : "not declared stalled");
 		rw_svc_mesh_carve_leave(x->mesh, (uint32_t)p->carve, why);
 	}
 }

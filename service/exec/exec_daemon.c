@@ -147,18 +147,6 @@ rw_status_t rw_svc_exec_ipc_start(rw_svc_exec_t *x)
 	return st;
 }
 
-/* "0,2": the GPUs of devs. */
-static void gpu_list(uint64_t devs, char *out, size_t len)
-{
-	size_t at = 0;
-	out[0] = '\0';
-	for (int d = 0; d < 64 && at < len; d++)
-		if (devs >> d & 1) {
-			int n = snprintf(out + at, len - at, "%s%d", at ? "," : "", d);
-			at += n > 0 ? (size_t)n : 0;
-		}
-}
-
 static void drain_wake(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	(void)loop, (void)w, (void)revents; /* its only job: ev_run(EVRUN_ONCE) returns */
@@ -201,7 +189,7 @@ static void copies_drain(exec_t *x)
 	const uint64_t t0 = rw_now_ns();
 	const uint64_t cap = rw_svc_gpu_stall_ns() + RW_SVC_GPU_DRAIN_MARGIN_MS * 1000000ull;
 	char gpus[192];
-	gpu_list(left.devs, gpus, sizeof(gpus));
+	rw_svc_gpu_list(left.devs, gpus, sizeof(gpus));
 	if (moving)
 		rw_info("shutdown: waiting up to %llu ms for the copies queued into or out of %u "
 			"ranks' CUDA memory and %u group carve-outs on GPU %s to land before their "
@@ -225,7 +213,7 @@ static void copies_drain(exec_t *x)
 			"after %llu ms", ms);
 		return;
 	}
-	gpu_list(left.devs, gpus, sizeof(gpus));
+	rw_svc_gpu_list(left.devs, gpus, sizeof(gpus));
 	const char *why = moving ? "not declared stalled" : "stalled";
 	if (left.ranks)
 		rw_warn("shutdown: GPU %s: copies queued into or out of %u ranks' CUDA memory have "

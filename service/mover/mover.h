@@ -145,6 +145,32 @@ static inline uint32_t rw_svc_phase_fwd_mask(const rw_svc_phase_t *ph, const int
 	return rw_svc_fwd_mask(ph->n_experts, ph->nodes, ph->gpus, ph->me, ids, ph->topk);
 }
 
+/* GPU sets (bit d: device d; an ordinal outside 0..63, or -1 for host memory, is no bit). A
+ * rank's spans of one kind: its CUDA inputs and output. A pair's, of `which`: RW_SVC_DEVS_RANKS
+ * its local ranks' spans of both kinds, RW_SVC_DEVS_SLABS its slabs in GPU memory (slab_dev),
+ * RW_SVC_DEVS_CARVE its group's GPU carve-out (slab_gpu). */
+static inline uint64_t rw_svc_dev_bit(int dev)
+{
+	return dev >= 0 && dev < 64 ? 1ull << dev : 0;
+}
+static inline uint64_t rw_svc_rank_io_devs(const rw_svc_rank_io_t *io)
+{
+	return rw_svc_dev_bit(io->in[0].dev) | rw_svc_dev_bit(io->in[1].dev) |
+	       rw_svc_dev_bit(io->in[2].dev) | rw_svc_dev_bit(io->out.dev);
+}
+enum { RW_SVC_DEVS_RANKS = 1, RW_SVC_DEVS_SLABS = 2, RW_SVC_DEVS_CARVE = 4 };
+static inline uint64_t rw_svc_phase_devs(const rw_svc_phase_t *ph, unsigned which)
+{
+	uint64_t devs = 0;
+	for (uint32_t g = 0; (which & RW_SVC_DEVS_RANKS) && g < ph->gpus && g < RW_MAX_GPUS; g++)
+		for (int k = 0; k < RW_SVC_KIND_COUNT; k++)
+			devs |= rw_svc_rank_io_devs(&ph->io[k][g]);
+	for (uint32_t r = 0; r < ph->rails && r < RW_MAX_RAILS; r++)
+		devs |= (which & RW_SVC_DEVS_SLABS ? rw_svc_dev_bit(ph->slab_dev[r]) : 0) |
+			(which & RW_SVC_DEVS_CARVE ? rw_svc_dev_bit(ph->slab_gpu[r]) : 0);
+	return devs;
+}
+
 /* A mover's asynchronous report: `op` of local rank g of the pair with this serial finished.
  * Always called from the loop, never from inside a mover call. */
 typedef enum rw_svc_mover_op {

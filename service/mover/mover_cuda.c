@@ -457,30 +457,17 @@ static rw_status_t cm_peer_reach(cuda_mover_t *m, uint32_t used, char *why)
 	return RW_OK;
 }
 
-/* The devices of a rank's spans of one kind. */
-static uint32_t cm_span_devs(const rw_svc_rank_io_t *io)
-{
-	uint32_t used = 0;
-	for (int i = 0; i < 3; i++)
-		if (io->in[i].dev >= 0 && io->in[i].dev < CM_DEVICES)
-			used |= 1u << io->in[i].dev;
-	if (io->out.dev >= 0 && io->out.dev < CM_DEVICES)
-		used |= 1u << io->out.dev;
-	return used;
-}
-
 static rw_status_t cm_stage(void *mover, void *state, rw_svc_phase_t *ph,
 			    rw_svc_phase_kind_t kind, uint32_t g, int *pending_p, char *why)
 {
 	cm_pair_t *cp = state;
-	const uint32_t on = cm_span_devs(&ph->io[kind][g]) | 1u << cp->home;
-	for (int d = 0; d < CM_DEVICES; d++) /* named: refused until it moves again */
-		if ((on >> d & 1) && rw_svc_gpu_stalled(d, why, RW_SVC_WHY_MAX))
-			return RW_ERR_DEVICE;
-	if (kind == 1 && (cm_span_devs(&ph->io[1][g]) & ~cp->reach)) {
+	const uint32_t on = cm_devs(rw_svc_rank_io_devs(&ph->io[kind][g])) | 1u << cp->home;
+	if (rw_svc_gpus_stalled(on, why, RW_SVC_WHY_MAX)) /* named: refused until it moves again */
+		return RW_ERR_DEVICE;
+	if (kind == 1 && (cm_devs(rw_svc_rank_io_devs(&ph->io[1][g])) & ~cp->reach)) {
 		/* combine rows on a device the dispatch did not use: it and the pair's reach
 		 * each other too */
-		uint32_t used = cp->reach | cm_span_devs(&ph->io[1][g]);
+		uint32_t used = cp->reach | cm_devs(rw_svc_rank_io_devs(&ph->io[1][g]));
 		rw_status_t pst = cm_peer_reach(mover, used, why);
 		if (pst != RW_OK)
 			return pst;
@@ -546,8 +533,8 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 	}
 	uint32_t used = 0;
 	for (uint32_t g = 0; g < G; g++)
-		used |= 1u << cp->xdev[g] | cm_span_devs(&ph->io[0][g]);
-	used |= cm_slab_devs(ph); /* kernels write and read the slabs on a GPU too */
+		used |= 1u << cp->xdev[g] | cm_devs(rw_svc_rank_io_devs(&ph->io[0][g]));
+	used |= cm_devs(rw_svc_phase_devs(ph, RW_SVC_DEVS_SLABS)); /* kernels use GPU slabs too */
 	if ((st = cm_peer_reach(m, used, why)) != RW_OK)
 		return st;
 	cp->reach = used;

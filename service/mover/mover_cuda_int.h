@@ -18,6 +18,12 @@
 
 typedef struct cuda_mover cuda_mover_t;
 
+/* A GPU set (rw_svc_phase_devs, rw_svc_rank_io_devs) cut to the devices this mover drives. */
+static inline uint32_t cm_devs(uint64_t devs)
+{
+	return (uint32_t)(devs & ((1ull << CM_DEVICES) - 1));
+}
+
 /* quiesce holds each device's zero row and count block (rw_svc_held_t) */
 _Static_assert(2 * CM_DEVICES <= RW_SVC_HELD_BLOCKS, "a pair's device blocks fit a held entry");
 
@@ -203,12 +209,11 @@ rw_status_t cm_combine_take(cm_pair_t *cp, const rw_svc_phase_t *ph, uint32_t d,
 				uint32_t upto, char *why);
 
 void cm_host_copy_out(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind, uint32_t g);
-/* mover_cuda_slab.c: slabs on a GPU. Any rail's / their devices; the slabs' device addresses
+/* mover_cuda_slab.c: slabs on a GPU. Any rail's; the slabs' device addresses
  * (after the shadows are mapped); the header lists carved from the pair's pinned buffer; an
  * arrived range's headers up to record `upto` pulled into the shadow (asynchronously: an OP_PULL
  * mark, and mover_cuda.c takes them when it is done). */
 int cm_slab_any(const rw_svc_phase_t *ph);
-uint32_t cm_slab_devs(const rw_svc_phase_t *ph);
 rw_status_t cm_slab_map(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why);
 void cm_slab_carve(cm_pair_t *cp, const rw_svc_phase_t *ph, uint8_t *base, size_t *off);
 rw_status_t cm_slab_pull(cm_pair_t *cp, const rw_svc_phase_t *ph, int kind, uint32_t src,

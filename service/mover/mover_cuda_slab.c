@@ -24,15 +24,6 @@ int cm_slab_any(const rw_svc_phase_t *ph)
 	return 0;
 }
 
-uint32_t cm_slab_devs(const rw_svc_phase_t *ph)
-{
-	uint32_t devs = 0;
-	for (uint32_t r = 0; r < ph->rails; r++)
-		if (ph->slab_dev[r] >= 0 && ph->slab_dev[r] < CM_DEVICES)
-			devs |= 1u << ph->slab_dev[r];
-	return devs;
-}
-
 rw_status_t cm_slab_map(cm_pair_t *cp, const rw_svc_phase_t *ph, char *why)
 {
 	for (uint32_t r = 0; r < ph->rails; r++)

@@ -33,6 +33,7 @@
 
 #include "config.h"
 #include "service/core/svc.h"
+#include "service/mover/mover.h"
 
 static char railwaved_path[512];
 
@@ -500,6 +501,73 @@ static void test_stats_commands(void **state)
 
 	close(fd);
 	server_stop(f);
+}
+
+/* GPU sets as the logs and the stats name them: "0,2" (rw_svc_gpu_list), whether one of a set
+ * is stalled (rw_svc_gpus_stalled, naming the first), and the stats' "gpus_stalled" line. */
+static void test_gpu_sets(void **state)
+{
+	(void)state;
+	char list[16], why[160];
+	rw_svc_gpu_list(0, list, sizeof(list));
+	assert_string_equal(list, "");
+	rw_svc_gpu_list(1ull << 0 | 1ull << 2 | 1ull << 63, list, sizeof(list));
+	assert_string_equal(list, "0,2,63");
+	rw_svc_gpu_list(0x3ffull, list, 8); /* cut to the buffer, terminated */
+	assert_string_equal(list, "0,1,2,3");
+
+	/* A pair's sets: its ranks' CUDA spans (both kinds), its GPU slabs, its GPU carve-out; host
+	 * memory (-1) and ordinals past 63 are no bit, nor ranks and rails past the pair's. */
+	static rw_svc_phase_t ph;
+	ph.gpus = 2;
+	ph.rails = 2;
+	for (int k = 0; k < RW_SVC_KIND_COUNT; k++)
+		for (int g = 0; g < RW_MAX_GPUS; g++) {
+			rw_svc_rank_io_t *io = &ph.io[k][g];
+			io->in[0].dev = io->in[1].dev = io->in[2].dev = io->out.dev = -1;
+		}
+	for (int r = 0; r < RW_MAX_RAILS; r++)
+		ph.slab_dev[r] = ph.slab_gpu[r] = -1;
+	ph.io[0][0].in[1].dev = 3;
+	ph.io[1][1].out.dev = 4;
+	ph.io[1][1].in[0].dev = 70;
+	ph.io[0][2].out.dev = 9; /* rank 2: not the pair's */
+	ph.slab_dev[1] = 6;
+	ph.slab_gpu[0] = 7;
+	ph.slab_gpu[2] = 8; /* rail 2: not the pair's */
+	assert_int_equal(rw_svc_rank_io_devs(&ph.io[1][1]), 1ull << 4);
+	assert_int_equal(rw_svc_phase_devs(&ph, RW_SVC_DEVS_RANKS), 1ull << 3 | 1ull << 4);
+	assert_int_equal(rw_svc_phase_devs(&ph, RW_SVC_DEVS_RANKS | RW_SVC_DEVS_SLABS),
+			 1ull << 3 | 1ull << 4 | 1ull << 6);
+	assert_int_equal(rw_svc_phase_devs(&ph, RW_SVC_DEVS_CARVE), 1ull << 7);
+	rw_svc_gpu_list(rw_svc_phase_devs(&ph, RW_SVC_DEVS_RANKS | RW_SVC_DEVS_SLABS |
+					  RW_SVC_DEVS_CARVE), list, sizeof(list));
+	assert_string_equal(list, "3,4,6,7");
+
+	assert_false(rw_svc_gpus_stalled(1ull << 2 | 1ull << 5, why, sizeof(why)));
+	rw_svc_gpu_stall(5, rw_now_ns());
+	rw_svc_gpu_stall(2, rw_now_ns());
+	assert_false(rw_svc_gpus_stalled(1ull << 0 | 1ull << 3, why, sizeof(why)));
+	assert_true(rw_svc_gpus_stalled(1ull << 0 | 1ull << 5 | 1ull << 2, why, sizeof(why)));
+	assert_non_null(strstr(why, "GPU 2 is stalled")); /* the first of the set */
+	assert_true(rw_svc_gpus_stalled(1ull << 5, NULL, 0));
+
+	for (int moved = 0; moved < 2; moved++) {
+		if (moved) {
+			rw_svc_gpu_moved(5, 1);
+			rw_svc_gpu_moved(2, 1);
+			assert_false(rw_svc_gpus_stalled(UINT64_MAX, NULL, 0));
+		}
+		fixture_t *f = server_start("10000"); /* the table is the loop's: set before it runs */
+		int fd = connect_unix(f->sock);
+		assert_true(fd >= 0);
+		char *r = ask(fd, "stats\n");
+		assert_non_null(strstr(r, moved ? "\ngpus_stalled 0\ngpu_held_bytes 0\n"
+						: "\ngpus_stalled 2 2,5\ngpu_held_bytes 0\n"));
+		free(r);
+		close(fd);
+		server_stop(f);
+	}
 }
 
 static void test_stats_garbage(void **state)
@@ -1185,6 +1253,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_hist_quantiles),
 		cmocka_unit_test(test_metrics_helpers),
 		cmocka_unit_test(test_stats_commands),
+		cmocka_unit_test(test_gpu_sets),
 		cmocka_unit_test(test_stats_garbage),
 		cmocka_unit_test(test_stats_slowloris),
 		cmocka_unit_test(test_stats_many_clients),
