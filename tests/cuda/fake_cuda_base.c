@@ -63,6 +63,13 @@ void rw_fake_cuda_count(enum rw_fake_count what)
 
 /* ---- the stream work queues ---- */
 
+/* One item of stream work runs; counted once it did (what it wrote is there to be read). */
+static void work_run(rw_fake_work_fn fn, const void *arg)
+{
+	fn(arg);
+	rw_fake_cuda_count(RW_FAKE_N_WORK_RUN);
+}
+
 #define QMAX 4096
 /* What a queued copy writes and reads (zero for other work): rw_fake_cuda_copies_naming. */
 struct span {
@@ -148,7 +155,7 @@ static void *worker(void *arg)
 			nanosleep(&hang_nap, NULL);
 		}
 		nanosleep(&nap, NULL);
-		w.fn(w.arg);
+		work_run(w.fn, w.arg);
 		pthread_mutex_lock(&q_mu);
 		q->head++;
 		pthread_cond_broadcast(&q->ran);
@@ -222,7 +229,7 @@ static void submit(const void *s, rw_fake_work_fn fn, const void *arg, size_t le
 {
 	rw_fake_cuda_count(RW_FAKE_N_WORK);
 	if (len > sizeof(legacy.queue[0].arg)) {
-		fn(arg);
+		work_run(fn, arg);
 		return;
 	}
 	pthread_mutex_lock(&q_mu);
@@ -233,13 +240,13 @@ static void submit(const void *s, rw_fake_work_fn fn, const void *arg, size_t le
 	}
 	if (lag() <= 0 && q->head == q->tail && (!hold || hold(arg)) && (q == &legacy || !hung())) {
 		pthread_mutex_unlock(&q_mu);
-		fn(arg);
+		work_run(fn, arg);
 		return;
 	}
 	if (!q->worker_up) {
 		if (pthread_create(&q->thread, NULL, worker, q) != 0) {
 			pthread_mutex_unlock(&q_mu);
-			fn(arg);
+			work_run(fn, arg);
 			return;
 		}
 		if (q == &legacy)

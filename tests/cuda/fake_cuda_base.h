@@ -66,13 +66,15 @@ int rw_fake_cuda_is_device_mem(uintptr_t p, size_t n);
 /* What this process asked of the GPU, counted per process: host functions (cuLaunchHostFunc:
  * a driver thread calls back into the process, as a CUDA mover's mark writes its eventfd),
  * kernel launches, stream work of any kind (copies, memsets, kernels, host functions, stream
- * memory operations), 64-bit stream writes and waits of words. With $RW_FAKE_CUDA_COUNTS set to
- * a folder, the counts live in <folder>/<pid> from the first counted call: RW_FAKE_N_END
- * little-endian uint64 words in this order, mapped shared and each added to atomically, so a
- * reader at any time sees exact totals; the file stays after the process. */
+ * memory operations), 64-bit stream writes and waits of words; and the stream work that ran
+ * (work less work_run: the items queued and not run yet, under the hang switch too, plus those
+ * a capture recorded instead of running; a graph's launch counts its items again in both). With
+ * $RW_FAKE_CUDA_COUNTS set to a folder, the counts live in <folder>/<pid> from the first counted
+ * call: RW_FAKE_N_END little-endian uint64 words in this order, mapped shared and each added to
+ * atomically, so a reader at any time sees exact totals; the file stays after the process. */
 enum rw_fake_count {
 	RW_FAKE_N_HOST_FN, RW_FAKE_N_KERNEL, RW_FAKE_N_WORK, RW_FAKE_N_WORD_WRITE,
-	RW_FAKE_N_WORD_WAIT, RW_FAKE_N_END
+	RW_FAKE_N_WORD_WAIT, RW_FAKE_N_WORK_RUN, RW_FAKE_N_END
 };
 void rw_fake_cuda_count(enum rw_fake_count what);
 

@@ -2,7 +2,9 @@
 control address is 127.0.0.(n+1) and its rail r 127.0.r.(n+1), ports picked free, a cluster
 key made for the run; rank processes are tests/integration/rw_rank (GPUS per node) that verify
 every row and sum themselves. Also the small helpers the scripts share: free_port, the stats
-socket client ask_stats, and a process's CPU time and resident memory.
+socket client ask_stats, a process's CPU time and resident memory, waits on conditions
+(wait_for, read_until, still_running), and the CUDA stand-in's hang switch (HangSwitch,
+hang_cluster, held_cuda_job) for the hung-GPU scripts.
 
 The build copies this file to $b/tests/lib/cluster.py, and a script run from $b/test/ imports
 it from there:
@@ -138,7 +140,7 @@ def built(*paths):
     return all(os.access(p, os.X_OK) for p in (paths or (DAEMON, RANK, RAILWAVE)))
 
 
-FAKE_COUNT_KEYS = ("host_fn", "kernel", "work", "word_write", "word_wait")
+FAKE_COUNT_KEYS = ("host_fn", "kernel", "work", "word_write", "word_wait", "work_run")
 
 
 def fake_cuda_counts(folder, pid):
@@ -166,14 +168,39 @@ def railwave_size(hidden, topk, experts, tokens, gpus, nodes, rails, *extra):
     return p.returncode, {k: int(v) for k, v in keys.items()}, p.stderr
 
 
-def wait_for(cond, wait=WAIT):
-    """Polls cond() until it holds (True) or `wait` seconds passed (False)."""
+def wait_for(cond, wait=WAIT, what=None):
+    """Polls cond() until it holds (True) or `wait` seconds passed (False; with `what`, a string
+    or a function that makes one then, printed as what it gave up waiting for)."""
     deadline = time.time() + wait
     while not cond():
         if time.time() > deadline:
+            if what:
+                print("gave up waiting %.0f s for %s" % (wait, what() if callable(what) else what))
             return False
         time.sleep(0.05)
     return True
+
+
+def read_until(proc, text):
+    """Reads proc's output (a pipe) line by line until one holds `text`: True, or False at its
+    end."""
+    for ln in iter(proc.stdout.readline, b""):
+        if text in ln.decode():
+            return True
+    return False
+
+
+def still_running(procs, watch_s=1.0):
+    """True when none of the processes `procs` ((name, Popen) pairs) exited within watch_s
+    seconds. An absence can only be watched for a while: call it once what would end them
+    wrongly has already happened (an answer a defect would send is sent by then), so such a
+    process exits well within the watch; passing never depends on its length."""
+    deadline = time.time() + watch_s
+    while time.time() < deadline:
+        if any(p.poll() is not None for _, p in procs):
+            return False
+        time.sleep(0.05)
+    return all(p.poll() is None for _, p in procs)
 
 
 def fds_named(pid, prefix):
@@ -379,6 +406,11 @@ class Cluster:
     def stats(self, n, cmd="stats"):
         return ask_stats(self.cfg["nodes"][n]["stats_socket"], cmd)
 
+    def summary(self, n):
+        """Daemon n's `stats` as {key: the rest of its line} ("gpus_stalled": "1 0")."""
+        return {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] if " " in ln else ""
+                for ln in self.stats(n).splitlines()}
+
     def phases_passed(self, n, path, kind):
         """Daemon n's `stats phases` line of (path, kind) when phases of it passed and none
         failed; else None."""
@@ -508,3 +540,99 @@ class Cluster:
         ranks = range(self.nodes * self.gpus) if ranks is None else ranks
         return self.collect([(r, self.rank(r, group, layers, steps, seed, flags=flags))
                              for r in ranks])
+
+
+# ---- a hung GPU: the CUDA stand-in's hang switch (svc_gpuhang, svc_drainstop) ----
+
+class HangSwitch:
+    """The CUDA stand-in's hang switch in daemon `node` of Cluster c (RW_FAKE_CUDA_HANG=FILE:
+    while FILE exists none of that process's stream work runs, as on a GPU whose copy engine is
+    wedged or whose kernel never ends; tests/cuda/fake_cuda_base.c) and that daemon's stand-in
+    counts (RW_FAKE_CUDA_COUNTS), both under tmp. Made before c starts; `env`: more of that
+    daemon's own environment."""
+
+    def __init__(self, c, tmp, node=0, env=None):
+        self.c, self.node = c, node
+        self.path = os.path.join(tmp, "hang")
+        self.folder = os.path.join(tmp, "counts")
+        os.mkdir(self.folder)
+        c.node_env[node] = dict(env or {}, RW_FAKE_CUDA_HANG=self.path,
+                                RW_FAKE_CUDA_COUNTS=self.folder)
+
+    def on(self):
+        open(self.path, "w").close()
+
+    def off(self):
+        os.unlink(self.path)
+
+    def is_on(self):
+        return os.path.exists(self.path)
+
+    def release(self):
+        """Off, if on (a scenario's end, whatever happened)."""
+        if self.is_on():
+            self.off()
+
+    def counts(self):
+        """The daemon's stand-in counts now (fake_cuda_counts)."""
+        return fake_cuda_counts(self.folder, self.c.procs[self.node].pid)
+
+    def wait_marked(self, since, marks):
+        """Until the daemon queued `marks` more marks (host functions on its streams) than in the
+        counts `since`: each local rank's staging ends with one on its GPU's stream, so a mark
+        per local rank says every one of them was staged, whether or not the switch lets the
+        copies run. False after WAIT."""
+        return wait_for(lambda: self.counts()["host_fn"] - since["host_fn"] >= marks,
+                        what=lambda: "%d marks on node %d's streams since %s (%s)"
+                        % (marks, self.node, since, self.counts()))
+
+    def wait_ran(self):
+        """Until every item of stream work the daemon asked for ran (with the switch off: on, the
+        queued work waits). False after WAIT."""
+        def ran():
+            k = self.counts()
+            return k["work_run"] == k["work"]
+        return wait_for(ran, what=lambda: "node %d's stream work to run (%s)"
+                        % (self.node, self.counts()))
+
+
+def hang_cluster(tmp, extra, driver=FAKE_CUDA, gpu_carve_outs=False):
+    """Two daemons on the CUDA stand-in `driver` (theirs and their ranks'), node 0's with a
+    HangSwitch under tmp. gpu_carve_outs: the groups' carve-outs in GPU memory the
+    daemons' CPUs cannot read (RAILWAVE_TEST_GPUDIRECT=1 and the stand-in's discrete GPU,
+    RW_FAKE_CUDA_VMM_NOCPU=1, as svc_slabs' pulled scenario), so every check of a GPU group reads
+    headers the daemon pulls out of GPU 0 by copies on its own stream. Returns (cluster,
+    switch), not started."""
+    c = Cluster(tmp, 2, extra=extra)
+    c.env.update(RW_CUDA_DRIVER=driver)
+    env0 = {}
+    if gpu_carve_outs:
+        c.env.update(RAILWAVE_TEST_GPUDIRECT="1")
+        env0["RW_FAKE_CUDA_VMM_NOCPU"] = "1"
+        c.node_env[1] = {"RW_FAKE_CUDA_VMM_NOCPU": "1"}
+    return c, HangSwitch(c, tmp, 0, env0)
+
+
+def held_cuda_job(c, hang, check, group, seed):
+    """A job of CUDA ranks (rw_rank --cuda, MODE fail, one step) whose pairs fail while node 0's
+    staging hangs: the switch on, every rank submits, node 0 stages each of its ranks (its marks
+    counted), node 1's first rank is killed, node 1's other ranks fail at once, and node 0 holds
+    its ranks' staging for the hung copies (stats gpu_held_bytes). Each step is a `check`.
+    Returns node 0's rank processes ((rank, Popen) pairs), not answered yet unless a defect did,
+    and how many of the stand-in's mappings node 0 had before the job."""
+    world, g = c.nodes * c.gpus, c.gpus
+    maps0 = maps_named(c.procs[0].pid, "rw-fake-cuda")
+    since = hang.counts()
+    hang.on()
+    ranks = [(r, c.rank(r, group, 1, 1, seed, mode="fail", flags=["--cuda"]))
+             for r in range(world)]
+    check(all(read_until(p, "submitted") for _, p in ranks), "%s: every rank submitted" % group)
+    check(hang.wait_marked(since, g), "%s: node 0 staged its %d ranks' inputs" % (group, g))
+    ranks[g][1].kill()  # node 1's first rank: both nodes' pairs fail
+    res1 = outputs(ranks[g + 1:])
+    check(all(v[0] == 0 and "failed as expected" in v[1] for v in res1.values()),
+          "%s: node 1's other ranks failed at once: %s" % (group, res1))
+    check(wait_for(lambda: int(c.summary(0).get("gpu_held_bytes", "0")) > 0,
+                   what="node 0 to hold the staging"),
+          "%s: node 0 holds its ranks' staging for the hung copies" % group)
+    return ranks[:g], maps0

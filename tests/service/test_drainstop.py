@@ -5,10 +5,11 @@ the IPC mappings they use, and the header pulls out of group carve-outs before t
 are freed, bounded by gpu_stall_ms. Two real railwaved daemons on loopback tcp,
 real CUDA rank processes (tests/integration/rw_rank.c --cuda, staged through node 0's pinned
 memory) on the cross-process CUDA stand-in, node 0 with its hang switch (RW_FAKE_CUDA_HANG=FILE:
-while FILE exists no stream work of that process runs). In scenarios 1, 2 and 5 FILE is created,
-every rank submits a dispatch, node 1's first rank is killed: the pairs fail on both nodes and node
-0's CUDA ranks have their answers held while the copies staging their inputs hang (node 0 maps
-their buffers). Then node 0 gets SIGTERM. The stand-in says on stderr (into node 0's log) when an
+while FILE exists no stream work of that process runs; tests/lib/cluster.py HangSwitch). In
+scenarios 1, 2 and 5 FILE is created, every rank submits a dispatch, and once node 0 staged its
+ranks' inputs (the stand-in counts a mark per rank) node 1's first rank is killed: the pairs fail
+on both nodes and node 0's CUDA ranks have their answers held while the copies staging their
+inputs hang (node 0 maps their buffers). Then node 0 gets SIGTERM. The stand-in says on stderr (into node 0's log) when an
 IPC mapping is closed, page-locked memory freed or a VMM mapping unmapped while a copy naming it
 is queued ("fake cuda: ... under N queued copies").
 
@@ -48,40 +49,6 @@ UNDER = "queued copies"  # the stand-in's "fake cuda: ... under N queued copies"
 LANDED = "shutdown: the copies into ranks' CUDA memory and group carve-outs landed after"
 
 
-def summary(c, n):
-    return {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] if " " in ln else ""
-            for ln in c.stats(n).splitlines()}
-
-
-def submitted(proc):
-    """Read a rank's output until its "submitted" line (False at its end)."""
-    return any("submitted" in ln.decode() for ln in iter(proc.stdout.readline, b""))
-
-
-def held_job(c, hang, group, seed, unanswered):
-    """FILE created, a CUDA job whose pairs fail once node 1's first rank is killed after every
-    rank submitted; node 0's ranks are left waiting for their held answers (checked with
-    `unanswered`: the stall bound is far). Returns node 0's rank processes and node 0's count of
-    stand-in mappings before the job."""
-    world, g = c.nodes * c.gpus, c.gpus
-    maps0 = cluster.maps_named(c.procs[0].pid, "rw-fake-cuda")
-    open(hang, "w").close()
-    ranks = [(r, c.rank(r, group, 1, 1, seed, mode="fail", flags=["--cuda"]))
-             for r in range(world)]
-    check(all(submitted(p) for _, p in ranks), "%s: every rank submitted" % group)
-    time.sleep(0.5)  # node 0 has staged them (its loop is idle otherwise)
-    ranks[g][1].kill()  # node 1's first rank: both nodes' pairs fail
-    res1 = cluster.outputs(ranks[g + 1:])
-    check(all(v[0] == 0 and "failed as expected" in v[1] for v in res1.values()),
-          "%s: node 1's other ranks failed at once: %s" % (group, res1))
-    check(cluster.wait_for(lambda: int(summary(c, 0).get("gpu_held_bytes", "0")) > 0),
-          "%s: node 0 holds its ranks' staging for the hung copies" % group)
-    if unanswered:
-        check(all(p.poll() is None for _, p in ranks[:g]),
-              "%s: node 0's CUDA ranks not answered while their copies hang" % group)
-    return ranks[:g], maps0
-
-
 def node0_exit(c):
     """Wait for node 0 (signalled) to exit; it is no longer the cluster's to stop. Its status,
     or "hang" when it was still running after cluster.WAIT (then killed)."""
@@ -96,49 +63,50 @@ def node0_exit(c):
 
 def with_held_job(tmp, name, stall_ms, seed, body, driver=cluster.FAKE_CUDA):
     """Two daemons (node 0 with the hang switch, gpu_stall_ms stall_ms) on the stand-in `driver`
-    in tmp/name, a held_job of group drain.NAME, then body(c, hang, node 0's ranks, node 0's
-    mappings before the job); node 1 must exit 0 at the end (ASan: no report, no leak)."""
+    in tmp/name, a cluster.held_cuda_job of group drain.NAME (node 0's ranks checked unanswered
+    while the stall bound is far), then body(c, hang, node 0's ranks, node 0's mappings before
+    the job); node 1 must exit 0 at the end (ASan: no report, no leak)."""
     tmp = os.path.join(tmp, name)
     os.mkdir(tmp)
-    hang = os.path.join(tmp, "hang")
-    c = cluster.Cluster(tmp, 2, extra={"transport": "tcp", "gpu_stall_ms": stall_ms})
-    c.env.update(RW_CUDA_DRIVER=driver)
-    c.node_env[0] = {"RW_FAKE_CUDA_HANG": hang}
+    c, hang = cluster.hang_cluster(tmp, {"transport": "tcp", "gpu_stall_ms": stall_ms}, driver)
+    group = "drain." + name
     try:
         c.start_all()
         if driver == cluster.FAKE_KERN:
             c.run_ranks("drain.warm", 1, 1, seed, flags=["--cuda"])
             check("cuda mover: kernels loaded on device 0" in c.log(0),
                   "%s: node 0's CUDA mover carries the CUDA ranks' pairs" % name)
-        ranks0, maps0 = held_job(c, hang, "drain." + name, seed, stall_ms > 10000)
+        ranks0, maps0 = cluster.held_cuda_job(c, hang, check, group, seed)
+        if stall_ms > 10000:
+            check(cluster.still_running(ranks0),
+                  "%s: node 0's CUDA ranks not answered while their copies hang" % group)
         body(c, hang, ranks0, maps0)
     finally:
-        if os.path.exists(hang):
-            os.unlink(hang)
+        hang.release()
         c.stop()
 
 
 def sigterm_waits(c, what):
-    """SIGTERM to node 0, which must say it waits for the copies (`what`) and still run a
-    second later. Returns its process."""
+    """SIGTERM to node 0, which must say it waits for the copies (`what`) and not exit while
+    they hang (watched for a second once it said so). Returns its process."""
     d0 = c.procs[0]
     d0.send_signal(signal.SIGTERM)
-    check(cluster.wait_for(lambda: "shutdown: waiting up to" in c.log(0)),
+    check(cluster.wait_for(lambda: "shutdown: waiting up to" in c.log(0),
+                           what="node 0 to say it waits"),
           "SIGTERM: node 0 waits for %s: %s"
           % (what, [ln for ln in c.log(0).splitlines() if "shutdown" in ln][-3:]))
-    time.sleep(1.0)
-    check(d0.poll() is None, "SIGTERM: node 0 still runs while %s hang" % what)
+    check(cluster.still_running([(0, d0)]), "SIGTERM: node 0 still runs while %s hang" % what)
     return d0
 
 
 def lands(c, hang, ranks0, maps0):
     d0 = sigterm_waits(c, "the copies queued into its ranks' memory")
-    check(summary(c, 0).get("gpus_stalled") == "0",
+    check(c.summary(0).get("gpus_stalled") == "0",
           "SIGTERM: node 0 answers stats meanwhile, GPU 0 not declared stalled")
     check(cluster.maps_named(d0.pid, "rw-fake-cuda") > maps0,
           "SIGTERM: node 0 keeps its ranks' buffers mapped (%d > %d)"
           % (cluster.maps_named(d0.pid, "rw-fake-cuda"), maps0))
-    os.unlink(hang)
+    hang.off()
     rc = node0_exit(c)
     check(rc == 0, "FILE removed: node 0 exited 0 (%s)" % rc)
     log0 = c.log(0)
@@ -165,7 +133,7 @@ def sigterm_hung(c, hang, name, line, left, bound_s=None):
     took = time.time() - t0
     check(rc == 0 and (bound_s is None or took < bound_s),
           "%s: node 0 exited 0 by itself in %.1f s (%s)" % (name, took, rc))
-    check(os.path.exists(hang), "%s: the copies never landed (FILE kept)" % name)
+    check(hang.is_on(), "%s: the copies never landed (FILE kept)" % name)
     log0 = c.log(0)
     named = [ln for ln in log0.splitlines() if line in ln]
     check(len(named) == 1 and "have not landed (stalled" in named[0] and left in named[0],
@@ -198,32 +166,29 @@ def scenario_carve(tmp, seed, stalled):
     name = "carvestall" if stalled else "carve"
     tmp = os.path.join(tmp, name)
     os.mkdir(tmp)
-    hang = os.path.join(tmp, "hang")
-    c = cluster.Cluster(tmp, 2, extra={"transport": "tcp", "group_area_mib": 1,
-                                       "group_pool_mib": 2, "phase_timeout_ms": 3000,
-                                       "gpu_stall_ms": 2000 if stalled else 60000})
-    c.env.update(RAILWAVE_TEST_GPUDIRECT="1", RW_CUDA_DRIVER=cluster.FAKE_CUDA)
-    c.node_env[0] = {"RW_FAKE_CUDA_VMM_NOCPU": "1", "RW_FAKE_CUDA_HANG": hang}
-    c.node_env[1] = {"RW_FAKE_CUDA_VMM_NOCPU": "1"}
+    c, hang = cluster.hang_cluster(tmp, {"transport": "tcp", "group_area_mib": 1,
+                                         "group_pool_mib": 2, "phase_timeout_ms": 3000,
+                                         "gpu_stall_ms": 2000 if stalled else 60000},
+                                   gpu_carve_outs=True)
     group = "drain." + name
     try:
         c.start_all()
         check("the groups' carve-outs in GPU 0's memory" in c.log(0),
               "%s: node 0 places the carve-outs on GPU 0" % name)
-        open(hang, "w").close()
+        hang.on()
         res = cluster.outputs([(r, c.pagerank(r, group, 1, 1, seed, "one"))
                                for r in range(c.nodes * c.gpus)])
         check(all(v[0] == 0 and "one: phase 1 failed" in v[1] for v in res.values()),
               "%s: the GPU group's phase failed, node 0's header pull hung: %s"
               % (name, [v[1].splitlines()[-1:] for v in res.values()]))
-        check(summary(c, 0).get("carve_outs", "").startswith("1/"),
+        check(c.summary(0).get("carve_outs", "").startswith("1/"),
               "%s: node 0 holds the failed pair's carve-out for its pull (%s)"
-              % (name, summary(c, 0).get("carve_outs")))
+              % (name, c.summary(0).get("carve_outs")))
         if stalled:
             carve_stalled(c, hang, group)
             return
         sigterm_waits(c, "the pulls out of the carve-out")
-        os.unlink(hang)
+        hang.off()
         rc = node0_exit(c)
         check(rc == 0, "carve: FILE removed: node 0 exited 0 (%s)" % rc)
         log0 = c.log(0)
@@ -231,8 +196,7 @@ def scenario_carve(tmp, seed, stalled):
               "carve: the pull landed before the carve-out was freed: %s"
               % [ln for ln in log0.splitlines() if UNDER in ln or "shutdown" in ln][-3:])
     finally:
-        if os.path.exists(hang):
-            os.unlink(hang)
+        hang.release()
         c.stop()
 
 
@@ -241,8 +205,8 @@ def carve_stalled(c, hang, group):
     node 0 within the bound (gpu_stall_ms + 2 s, with a margin for ASan), exit 0, the carve-out's
     memory (VMM mapping, page-locked shadow) left to the exit and named, nothing freed or unmapped
     under the pull (no stand-in "under" line)."""
-    check(cluster.wait_for(lambda: summary(c, 0).get("gpus_stalled", "").split()[1:2] == ["0"]),
-          "carvestall: node 0 declared GPU 0 stalled (%s)" % summary(c, 0).get("gpus_stalled"))
+    check(cluster.wait_for(lambda: c.summary(0).get("gpus_stalled", "").split()[1:2] == ["0"]),
+          "carvestall: node 0 declared GPU 0 stalled (%s)" % c.summary(0).get("gpus_stalled"))
     log0 = sigterm_hung(c, hang, "carvestall", "header pulls out of", "left to the process's exit",
                         2.0 + 2.0 + 3.0)
     left = [ln for ln in log0.splitlines()

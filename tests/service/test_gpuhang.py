@@ -27,10 +27,11 @@ gpu_stall_ms 1000:
    group stalls the pull once more, and both daemons stop on SIGTERM with exit 0 (under ASan:
    no leak, no report): the hung device's pull stream is abandoned, never waited for.
 Answered late (two more daemons, gpu_stall_ms 60000, node 0 hung, host carve-outs): a CUDA
-job's node-1 rank is killed after every rank submitted; node 0's CUDA ranks are not answered
-while their copies are hung, then fail naming the leave once FILE goes; in a second round they
-are killed while their answers are held, and node 0 keeps their buffers mapped (the stand-in's
-memfds in /proc/PID/maps) until the copies landed, then unmaps them and serves a host job.
+job's node-1 rank is killed once every rank submitted and node 0 staged its ranks' inputs (the
+stand-in counts a mark per rank); node 0's CUDA ranks are not answered while their copies are
+hung, then fail naming the leave once FILE goes; in a second round they are killed while their
+answers are held, and node 0 keeps their buffers mapped (the stand-in's memfds in
+/proc/PID/maps) until the copies landed, then unmaps them and serves a host job.
 The CUDA mover (two more daemons, gpu_stall_ms 1000, node 0 hung, CUDA ranks on the kernel
 stand-in, so the daemon's CUDA mover carries them with kernels on its own streams): a CUDA job
 verifies first; with FILE created a CUDA job's dispatch fails on every rank, node 0's failure and
@@ -44,6 +45,10 @@ use past the heartbeat timeout; a host job of another group verifies on the othe
 its pairs on the kept one; FILE removed while a host job runs, it verifies and the slot returns;
 two such CUDA pairs keep both slots, and a host job is then refused on every rank, naming GPU 0;
 FILE removed, both slots return and a CUDA job and a host job verify side by side.
+Each step waits for the condition it needs, bounded (cluster.WAIT), never for time to pass: a
+log line, a stats field, node 0's stand-in counts (tests/cuda/fake_cuda_base.h: the marks it
+queued, the stream work that ran); the one timed wait is the heartbeat timeout a kept slot must
+outlast.
 Run by tests/run as $b/test/svc_gpuhang; exits 0 pass, 1 fail, 77 skip."""
 import os
 import sys
@@ -59,21 +64,6 @@ AREA = {"group_area_mib": 1, "group_pool_mib": 2, "heartbeat_timeout_ms": 5000,
         "transport": "tcp", "gpu_stall_ms": 1000}
 
 
-def summary(c, n):
-    return {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] if " " in ln else ""
-            for ln in c.stats(n).splitlines()}
-
-
-def wait_for(what, cond):
-    deadline = time.time() + cluster.WAIT
-    while time.time() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    print("gave up waiting for %s" % what)
-    return False
-
-
 def served_meanwhile(c, host):
     """While a GPU is stalled: the host job of another group verified every phase through
     node 0's loop, and neither node took its peer down."""
@@ -86,16 +76,21 @@ def served_meanwhile(c, host):
               "stalled: node %d kept its peer up: %s" % (n, peers))
 
 
+def nothing_held(c):
+    """Until node 0 names no stalled GPU and holds no memory for copies that may land."""
+    return cluster.wait_for(lambda: c.summary(0).get("gpus_stalled") == "0" and
+                            c.summary(0).get("gpu_held_bytes") == "0",
+                            what=lambda: "node 0 to hold nothing: %s" % {
+                                k: v for k, v in c.summary(0).items()
+                                if k in ("gpus_stalled", "gpu_held_bytes")})
+
+
 def gpu_job(c, group, mode, seed, steps=3):
     return [(r, c.pagerank(r, group, 1, steps, seed, mode)) for r in range(c.nodes * c.gpus)]
 
 
 def scenario_hang(tmp, seed):
-    hang = os.path.join(tmp, "hang")
-    c = cluster.Cluster(tmp, 2, extra=AREA)
-    c.env.update(RAILWAVE_TEST_GPUDIRECT="1", RW_CUDA_DRIVER=cluster.FAKE_CUDA)
-    c.node_env[0] = {"RW_FAKE_CUDA_VMM_NOCPU": "1", "RW_FAKE_CUDA_HANG": hang}
-    c.node_env[1] = {"RW_FAKE_CUDA_VMM_NOCPU": "1"}
+    c, hang = cluster.hang_cluster(tmp, AREA, gpu_carve_outs=True)
     world = c.nodes * c.gpus
     try:
         c.start_all()
@@ -103,7 +98,7 @@ def scenario_hang(tmp, seed):
               "node 0 places the carve-outs on GPU 0")
         host = [(r, c.rank(r, "hang.host", 2, 30, seed)) for r in range(world)]
         # 1. stalled
-        open(hang, "w").close()
+        hang.on()
         res = cluster.outputs(gpu_job(c, "hang.gpu", "until", 5))
         check(all(v[0] == 0 and "until: phase 1 failed" in v[1] for v in res.values()),
               "stalled: the GPU group's first phase failed on every rank of both nodes: %s"
@@ -115,7 +110,7 @@ def scenario_hang(tmp, seed):
               "GPU 0 is stalled: copies queued" in log0,
               "stalled: the pair's failure names the GPU: %s"
               % [ln for ln in log0.splitlines() if "hang.gpu" in ln][:2])
-        st = summary(c, 0)
+        st = c.summary(0)
         check(st.get("gpus_stalled") == "1 0", "stalled: stats names GPU 0 stalled (%s)"
               % st.get("gpus_stalled"))
         check(st.get("carve_outs", "").startswith("1/"),
@@ -132,36 +127,39 @@ def scenario_hang(tmp, seed):
         served_meanwhile(c, host)
         check(": down (" not in c.log(0) + c.log(1), "stalled: no node was dropped")
         # 2. moves again
-        os.unlink(hang)
-        check(wait_for("GPU 0 to move again", lambda: "GPU 0 moves again" in c.log(0)),
+        hang.off()
+        check(cluster.wait_for(lambda: "GPU 0 moves again" in c.log(0),
+                               what="GPU 0 to move again"),
               "moved: node 0 logged that GPU 0 moves again once its copies landed")
-        check(wait_for("stats to clear", lambda: summary(c, 0).get("gpus_stalled") == "0"),
-              "moved: stats shows no stalled GPU")
-        check(wait_for("the held memory to go",
-                       lambda: summary(c, 0).get("gpu_held_bytes") == "0" and
-                       summary(c, 0).get("carve_outs", "").startswith("0/")),
+        check(cluster.wait_for(lambda: c.summary(0).get("gpus_stalled") == "0",
+                               what="stats to clear"), "moved: stats shows no stalled GPU")
+        check(cluster.wait_for(lambda: c.summary(0).get("gpu_held_bytes") == "0" and
+                               c.summary(0).get("carve_outs", "").startswith("0/"),
+                               what="the held memory to go"),
               "moved: nothing held for the landed copies (%s)" % {
-                  k: v for k, v in summary(c, 0).items() if k in ("gpu_held_bytes", "carve_outs")})
+                  k: v for k, v in c.summary(0).items() if k in ("gpu_held_bytes", "carve_outs")})
         res = cluster.outputs(gpu_job(c, "hang.after", "ok", seed))
         bad = {r: (v[0], v[1][-300:]) for r, v in res.items() if v[0] != 0 or "verified" not in v[1]}
         check(not bad, "moved: a new GPU group verified every phase %s" % (bad or ""))
         # 3. the staging stalls: CUDA ranks staged through pinned memory get their error once
         # GPU 0 is declared stalled, told that its copies may still land, and leave at once:
         # node 0 keeps their buffers mapped until the copies queued into them landed
-        open(hang, "w").close()
+        hang.on()
         cuda = [(r, c.rank(r, "hang.cuda", 1, 1, seed, mode="fail", flags=["--cuda"]))
                 for r in range(world)]
-        check(wait_for("the staging to stall", lambda: "hang.cuda layer 0 step 0: dispatch "
-                       "failed" in c.log(0)), "staging stalled: the CUDA group's pair failed")
+        check(cluster.wait_for(lambda: "hang.cuda layer 0 step 0: dispatch failed" in c.log(0),
+                               what="the staging to stall"),
+              "staging stalled: the CUDA group's pair failed")
         log0 = c.log(0)
         check(log0.count("GPU 0: copies queued") == 2, "staging stalled: the stall logged")
         check("a CUDA copy for local rank" in log0 and "GPU 0 is stalled: copies queued" in
               log0.split("hang.cuda layer 0 step 0: dispatch failed", 1)[1].split("\n", 1)[0],
               "staging stalled: the pair's failure names the GPU: %s"
               % [ln for ln in log0.splitlines() if "hang.cuda" in ln and "failed" in ln][:1])
-        held = int(summary(c, 0).get("gpu_held_bytes", "0"))
-        check(held > 0, "staging stalled: the failed pair's staging is held for its copies "
-              "(%d bytes)" % held)
+        check(cluster.wait_for(lambda: int(c.summary(0).get("gpu_held_bytes", "0")) > 0,
+                               what="the failed pair's staging to be held"),
+              "staging stalled: the failed pair's staging is held for its copies (%s bytes)"
+              % c.summary(0).get("gpu_held_bytes"))
         res = cluster.outputs(cuda)
         check(all(v[0] == 0 for v in res.values()),
               "staging stalled: every CUDA rank's dispatch failed: %s"
@@ -177,68 +175,48 @@ def scenario_hang(tmp, seed):
               "staging stalled: a GPU group is refused, named, on every rank: %s"
               % [v[1].splitlines()[-1:] for v in res.values()])
         # 4. the staging moves again; then the pull stalls once more, and SIGTERM
-        os.unlink(hang)
-        check(wait_for("the staging to be freed", lambda: summary(c, 0).get("gpus_stalled") == "0"
-                       and summary(c, 0).get("gpu_held_bytes") == "0"),
-              "staging moved: its copies landed into the gone ranks' buffers, still mapped; "
-              "GPU 0 no longer stalled, the staging freed")
-        open(hang, "w").close()
+        hang.off()
+        check(nothing_held(c), "staging moved: its copies landed into the gone ranks' buffers, "
+              "still mapped; GPU 0 no longer stalled, the staging freed")
+        hang.on()
         res = cluster.outputs(gpu_job(c, "hang.end", "until", 8))
         check(all(v[0] == 0 and "until: phase 1 failed" in v[1] for v in res.values()),
               "stalled at the end: the GPU group's first phase failed on every rank")
-        check(summary(c, 0).get("gpus_stalled") == "1 0", "stalled at the end: GPU 0 stalled")
+        check(c.summary(0).get("gpus_stalled") == "1 0", "stalled at the end: GPU 0 stalled")
     finally:
         c.stop()  # raises unless every daemon exits 0
     check("header pull: GPU 0's stream abandoned with its copies queued" in c.log(0),
           "SIGTERM while stalled: node 0 gave GPU 0's pull stream up without waiting, exit 0")
 
 
-def wait_line(proc, text):
-    """Read proc's output until a line holding text (False at its end)."""
-    for ln in iter(proc.stdout.readline, b""):
-        if text in ln.decode():
-            return True
-    return False
-
-
 def late_round(c, hang, group, seed, leave):
-    """One CUDA job with node 0's copies hung (FILE) and node 1's rank killed after every rank
-    submitted: node 0's CUDA ranks are not answered while their copies may land; with `leave`
-    they are killed meanwhile. Then FILE goes and the copies land. Returns node 0's outputs."""
-    world, g = c.nodes * c.gpus, c.gpus
+    """One CUDA job with node 0's copies hung and node 1's rank killed after every rank
+    submitted and node 0 staged its ranks (cluster.held_cuda_job): node 0's CUDA ranks are not
+    answered while their copies may land; with `leave` they are killed meanwhile. Then the switch
+    goes off and the copies land. Returns node 0's outputs."""
     pid0 = c.procs[0].pid
-    maps0 = cluster.maps_named(pid0, "rw-fake-cuda")  # the ranks' buffers it maps (stand-in)
-    open(hang, "w").close()
-    cuda = [(r, c.rank(r, group, 1, 1, seed, mode="fail", flags=["--cuda"]))
-            for r in range(world)]
-    check(all(wait_line(p, "submitted") for _, p in cuda), "%s: every rank submitted" % group)
-    time.sleep(0.5)  # node 0 has staged them (its loop is idle otherwise)
-    cuda[g][1].kill()  # node 1's first rank: both nodes' pairs fail
-    res1 = cluster.outputs(cuda[g + 1:])
-    check(all(v[0] == 0 and "failed as expected" in v[1] for v in res1.values()),
-          "%s: node 1's other ranks failed at once: %s" % (group, res1))
-    time.sleep(1.5)
-    check(all(p.poll() is None for _, p in cuda[:g]),
+    cuda0, maps0 = cluster.held_cuda_job(c, hang, check, group, seed)
+    check(cluster.still_running(cuda0),
           "%s: node 0's CUDA ranks not answered while their copies are hung" % group)
-    check(int(summary(c, 0).get("gpu_held_bytes", "0")) > 0 and
-          summary(c, 0).get("gpus_stalled") == "0",
-          "%s: their staging held, GPU 0 not declared stalled (gpu_stall_ms 60000)" % group)
+    check(c.summary(0).get("gpus_stalled") == "0",
+          "%s: GPU 0 not declared stalled (gpu_stall_ms 60000)" % group)
     if leave:
-        for _, p in cuda[:g]:
+        for _, p in cuda0:
             p.kill()
             p.wait()
-        check(wait_for("node 0 to see them go", lambda: "group=%s " % group not in
-                       c.stats(0, "stats clients")),
+        check(cluster.wait_for(lambda: "group=%s " % group not in c.stats(0, "stats clients"),
+                               what="node 0 to see them go"),
               "%s: node 0's CUDA ranks left while their answers were held" % group)
         check(cluster.maps_named(pid0, "rw-fake-cuda") > maps0,
               "%s: their CUDA buffers stay mapped in node 0 for the copies (%d > %d)"
               % (group, cluster.maps_named(pid0, "rw-fake-cuda"), maps0))
-    os.unlink(hang)
-    res0 = cluster.outputs(cuda[:g])
-    check(wait_for("the staging to be freed", lambda: summary(c, 0).get("gpu_held_bytes") == "0"),
+    hang.off()
+    res0 = cluster.outputs(cuda0)
+    check(cluster.wait_for(lambda: c.summary(0).get("gpu_held_bytes") == "0",
+                           what="the staging to be freed"),
           "%s: the copies landed, the staging freed" % group)
-    check(wait_for("the buffers to be unmapped",
-                   lambda: cluster.maps_named(pid0, "rw-fake-cuda") == maps0),
+    check(cluster.wait_for(lambda: cluster.maps_named(pid0, "rw-fake-cuda") == maps0,
+                           what="the buffers to be unmapped"),
           "%s: then node 0 maps no buffer of the job's ranks" % group)
     return res0
 
@@ -249,10 +227,7 @@ def scenario_late(tmp, seed):
     buffers mapped in the daemon until then, so the late copies reach nothing unmapped."""
     tmp = os.path.join(tmp, "late")
     os.mkdir(tmp)
-    hang = os.path.join(tmp, "hang")
-    c = cluster.Cluster(tmp, 2, extra=dict(AREA, gpu_stall_ms=60000))
-    c.env.update(RW_CUDA_DRIVER=cluster.FAKE_CUDA)
-    c.node_env[0] = {"RW_FAKE_CUDA_HANG": hang}
+    c, hang = cluster.hang_cluster(tmp, dict(AREA, gpu_stall_ms=60000))
     try:
         c.start_all()
         res = late_round(c, hang, "late.answer", seed, False)
@@ -266,47 +241,36 @@ def scenario_late(tmp, seed):
         check(all("5 steps x 2 layers verified" in outs[r] for r in outs),
               "after the late copies: node 0 serves a host job")
     finally:
+        hang.release()
         c.stop()  # raises unless every daemon exits 0 (ASan: no report, no leak)
 
 
 def kern_cluster(tmp, name, extra):
     """Two daemons whose CUDA ranks run on the kernel stand-in (the daemon's CUDA mover carries
-    them), node 0's with the hang switch FILE and its counts under tmp/name/counts. Returns
-    (tmp/name, FILE, the cluster)."""
+    them), node 0's with the hang switch under tmp/name and at debug log level, so that its
+    milestones name each pair's shared slot (slots_taken). Returns (the cluster, its switch)."""
     tmp = os.path.join(tmp, name)
     os.mkdir(tmp)
-    hang = os.path.join(tmp, "hang")
-    c = cluster.Cluster(tmp, 2, extra=extra)
-    c.env.update(RW_CUDA_DRIVER=cluster.FAKE_KERN)
-    c.node_env[0] = {"RW_FAKE_CUDA_HANG": hang,
-                     "RW_FAKE_CUDA_COUNTS": os.path.join(tmp, "counts")}
-    os.mkdir(os.path.join(tmp, "counts"))
-    return tmp, hang, c
+    return cluster.hang_cluster(tmp, dict(extra, log_level="debug"), driver=cluster.FAKE_KERN)
 
 
-def hang_after_plan(c, tmp, hang, groups, seed, slots=False):
+def hang_after_plan(c, hang, groups, seed):
     """A CUDA job per group (1 step, mode fail) whose pack kernels hang on node 0: every rank but
-    node 1's last submits and node 0 stages them (its stream work grew, then stopped growing: the
-    stand-in's counts under tmp/counts; with `slots`, node 0's debug log also names each group's
-    slot, taken once its count landed), then FILE, then node 1's last rank of each group
-    submits, so node 0 plans and its pack kernels queue behind the switch. (group, rank) ->
-    (exit code, output)."""
+    node 1's last submits; node 0 stages them, counts their rows on GPU 0 and takes a slot for
+    each group's pair (its debug milestones), and every item of stream work it asked for ran (the
+    stand-in's counts); then the switch on, then node 1's last rank of each group submits, so
+    node 0 plans and only its pack kernels queue behind the switch. (group, rank) -> (exit code,
+    output)."""
     world = c.nodes * c.gpus
-
-    def work():  # node 0's stream work run so far
-        return cluster.fake_cuda_counts(os.path.join(tmp, "counts"), c.procs[0].pid)["work"]
-    w0 = work()
     procs = [((grp, r), c.rank(r, grp, 1, 1, seed + i, mode="fail", flags=["--cuda"]))
              for i, grp in enumerate(groups) for r in range(world - 1)]
-    check(all(wait_line(p, "submitted") for _, p in procs), "after the plan: ranks submitted")
-
-    def staged():
-        before = work()
-        time.sleep(0.3)
-        return work() == before > w0 and (not slots or all(slots_taken(c.log(0), grp)
-                                                           for grp in groups))
-    check(wait_for("node 0's staging to land", staged), "after the plan: node 0 staged")
-    open(hang, "w").close()
+    check(all(cluster.read_until(p, "submitted") for _, p in procs),
+          "after the plan: ranks submitted")
+    check(cluster.wait_for(lambda: all(slots_taken(c.log(0), grp) for grp in groups),
+                           what=lambda: "node 0's pairs of %s to take slots: %s"
+                           % (groups, {grp: slots_taken(c.log(0), grp) for grp in groups}))
+          and hang.wait_ran(), "after the plan: node 0 staged and counted, its GPU idle")
+    hang.on()
     procs += [((grp, world - 1), c.rank(world - 1, grp, 1, 1, seed + i, mode="fail",
                                         flags=["--cuda"])) for i, grp in enumerate(groups)]
     return cluster.outputs(procs)
@@ -315,7 +279,7 @@ def hang_after_plan(c, tmp, hang, groups, seed, slots=False):
 def scenario_cuda_mover(tmp, seed):
     """The CUDA mover's failed pair is given up without waiting for its GPU: failed naming the
     device once the bound passed, what its kernels and copies may touch held until they land."""
-    tmp, hang, c = kern_cluster(tmp, "mover", AREA)
+    c, hang = kern_cluster(tmp, "mover", AREA)
     cu = ["--cuda"]
     world, g = c.nodes * c.gpus, c.gpus
     try:
@@ -325,7 +289,7 @@ def scenario_cuda_mover(tmp, seed):
               "cuda mover: rail 0 slot area" in c.log(0),
               "cuda mover: node 0's CUDA mover carried the CUDA job's pairs")
         host = [(r, c.rank(r, "mover.host", 2, 30, seed)) for r in range(world)]
-        open(hang, "w").close()
+        hang.on()
         cuda = [(r, c.rank(r, "mover.hang", 1, 1, seed + 1, mode="fail", flags=cu))
                 for r in range(world)]
         res = cluster.outputs(cuda)
@@ -342,7 +306,7 @@ def scenario_cuda_mover(tmp, seed):
                   for r in range(g)),
               "stalled: node 0's CUDA ranks were told GPU 0 stalled: %s"
               % [res[r][1].splitlines()[-1:] for r in range(g)])
-        st = summary(c, 0)
+        st = c.summary(0)
         check(st.get("gpus_stalled") == "1 0", "stalled: stats names GPU 0 stalled (%s)"
               % st.get("gpus_stalled"))
         check(int(st.get("gpu_held_bytes", "0")) > 0,
@@ -355,15 +319,14 @@ def scenario_cuda_mover(tmp, seed):
               "stalled: a second CUDA job is refused, naming GPU 0: %s"
               % [v[1].splitlines()[-1:] for v in res.values()])
         served_meanwhile(c, host)
-        os.unlink(hang)
-        check(wait_for("GPU 0 to move again", lambda: "GPU 0 moves again" in c.log(0)),
+        hang.off()
+        check(cluster.wait_for(lambda: "GPU 0 moves again" in c.log(0),
+                               what="GPU 0 to move again"),
               "moved: node 0 logged that GPU 0 moves again")
-        check(wait_for("the held memory to go", lambda: summary(c, 0).get("gpus_stalled") == "0"
-                       and summary(c, 0).get("gpu_held_bytes") == "0"),
-              "moved: GPU 0 not stalled, nothing held (%s)"
-              % {k: v for k, v in summary(c, 0).items()
+        check(nothing_held(c), "moved: GPU 0 not stalled, nothing held (%s)"
+              % {k: v for k, v in c.summary(0).items()
                  if k in ("gpus_stalled", "gpu_held_bytes")})
-        res = hang_after_plan(c, tmp, hang, ["mover.plan"], seed + 4)
+        res = hang_after_plan(c, hang, ["mover.plan"], seed + 4)
         check(all(v[0] == 0 for v in res.values()) and
               all("GPU 0 stalled, copies into this rank may still land" in res["mover.plan", r][1]
                   for r in range(g)),
@@ -371,16 +334,15 @@ def scenario_cuda_mover(tmp, seed):
               % [v[1].splitlines()[-1:] for v in res.values()])
         check("row lists and 2 device blocks held until it lands" in c.log(0),
               "after the plan: the pair's row lists and device blocks held for its kernels")
-        check(int(summary(c, 0).get("gpu_held_bytes", "0")) > 0,
+        check(int(c.summary(0).get("gpu_held_bytes", "0")) > 0,
               "after the plan: held memory counted (%s bytes)"
-              % summary(c, 0).get("gpu_held_bytes"))
-        os.unlink(hang)
-        check(wait_for("the held memory to go", lambda: summary(c, 0).get("gpus_stalled") == "0"
-                       and summary(c, 0).get("gpu_held_bytes") == "0"),
-              "after the plan: the kernels landed, nothing held")
+              % c.summary(0).get("gpu_held_bytes"))
+        hang.off()
+        check(nothing_held(c), "after the plan: the kernels landed, nothing held")
         outs = c.run_ranks("mover.after", 2, 3, seed + 3, flags=cu)
         check(all("verified" in outs[r] for r in outs), "moved: a new CUDA job verified")
     finally:
+        hang.release()
         c.stop()  # raises unless every daemon exits 0 (ASan: no report, no leak)
 
 
@@ -396,8 +358,7 @@ def scenario_slot(tmp, seed):
     need it runs on another slot, or is refused, named, when every slot waits on the stalled
     GPU; once the kernels land the slot returns."""
     hb_ms = 1000
-    tmp, hang, c = kern_cluster(tmp, "slot", dict(AREA, heartbeat_timeout_ms=hb_ms,
-                                                  log_level="debug"))
+    c, hang = kern_cluster(tmp, "slot", dict(AREA, heartbeat_timeout_ms=hb_ms))
     cu = ["--cuda"]
     world, g = c.nodes * c.gpus, c.gpus
     kept = "kept out of use: failed pair"
@@ -407,7 +368,7 @@ def scenario_slot(tmp, seed):
         check("cuda mover: rail 0 slot area" in c.log(0),
               "slot: node 0's CUDA mover carried the CUDA job's pairs")
         # 1. one slot kept: a host job runs on the other one while the hang lasts
-        res = hang_after_plan(c, tmp, hang, ["slot.one"], seed + 1, slots=True)
+        res = hang_after_plan(c, hang, ["slot.one"], seed + 1)
         check(all(v[0] == 0 for v in res.values()) and
               all("GPU 0 stalled" in res["slot.one", r][1] for r in range(g)),
               "one kept: the CUDA job failed on every rank, node 0's naming GPU 0: %s"
@@ -415,9 +376,11 @@ def scenario_slot(tmp, seed):
         lines = [ln for ln in c.log(0).splitlines() if kept in ln]
         check(len(lines) == 1, "one kept: node 0 keeps the failed pair's slot: %s" % lines)
         held = int(lines[0].split("slot ", 1)[1].split(" ", 1)[0]) if lines else -1
-        check(slots_taken(c.log(0), "slot.one") == [held],
-              "one kept: the slot kept is the failed pair's (%s)" % slots_taken(c.log(0), "slot.one"))
-        time.sleep(hb_ms / 1000.0 + 0.5)  # its heartbeat timeout passed
+        check(slots_taken(c.log(0), "slot.one") == [held], "one kept: the slot kept is the "
+              "failed pair's (%s)" % slots_taken(c.log(0), "slot.one"))
+        # The heartbeat timeout that keeps a failed pair's slot idle for the peers' writes
+        # passes: it began as the pair closed, before the line above was logged.
+        time.sleep(hb_ms / 1000.0)
         outs = c.run_ranks("slot.host", 2, 5, seed + 2)
         check(all("5 steps x 2 layers verified" in outs[r] for r in outs),
               "one kept: a host job verified every phase meanwhile")
@@ -425,29 +388,30 @@ def scenario_slot(tmp, seed):
         check(len(took) == 10 and held not in took,
               "one kept: none of its 10 pairs took slot %d while the hang lasted (%s)"
               % (held, took))
-        check("back in use" not in c.log(0) and summary(c, 0).get("gpus_stalled") == "1 0",
+        check("back in use" not in c.log(0) and c.summary(0).get("gpus_stalled") == "1 0",
               "one kept: still kept, GPU 0 stalled")
         # the kernels land while a host job runs: it verifies, the slot returns
         host = [(r, c.rank(r, "slot.land", 2, 20, seed + 3)) for r in range(world)]
-        time.sleep(0.5)
-        os.unlink(hang)
+        check(cluster.wait_for(lambda: slots_taken(c.log(0), "slot.land"),
+                               what="the host job's first pair on node 0"),
+              "landed: a host job runs (its first pair took a slot)")
+        hang.off()
         outs = c.collect(host)
         check(all("20 steps x 2 layers verified" in outs[r] for r in outs),
               "landed: a host job running as the kernels landed verified every phase")
-        check(wait_for("the slot to return", lambda: "slot %d back in use: failed pair" % held
-                       in c.log(0)), "landed: node 0 put slot %d back in use" % held)
-        check(wait_for("the held memory to go", lambda: summary(c, 0).get("gpus_stalled") == "0"
-                       and summary(c, 0).get("gpu_held_bytes") == "0"),
-              "landed: GPU 0 moves again, nothing held")
+        check(cluster.wait_for(lambda: "slot %d back in use: failed pair" % held in c.log(0),
+                               what="the slot to return"),
+              "landed: node 0 put slot %d back in use" % held)
+        check(nothing_held(c), "landed: GPU 0 moves again, nothing held")
         # 2. both slots kept on the stalled GPU: a host job is refused, named
-        res = hang_after_plan(c, tmp, hang, ["slot.a", "slot.b"], seed + 4, slots=True)
+        res = hang_after_plan(c, hang, ["slot.a", "slot.b"], seed + 4)
         check(all(v[0] == 0 for v in res.values()),
               "both kept: both CUDA jobs failed on every rank: %s"
               % {k: v[1][-200:] for k, v in res.items() if v[0] != 0})
         lines = [ln for ln in c.log(0).splitlines() if kept in ln][1:]
         check(sorted(int(ln.split("slot ", 1)[1].split(" ", 1)[0]) for ln in lines) == [0, 1],
               "both kept: node 0 keeps slots 0 and 1: %s" % lines)
-        time.sleep(hb_ms / 1000.0 + 0.5)
+        time.sleep(hb_ms / 1000.0)  # past their heartbeat timeout, as above
         res = cluster.outputs([(r, c.rank(r, "slot.refused", 1, 1, seed + 5, mode="fail"))
                                for r in range(world)])
         check(all(v[0] == 0 for v in res.values()) and
@@ -455,18 +419,18 @@ def scenario_slot(tmp, seed):
               "both kept: a host job is refused on every rank, node 0's naming the slots and "
               "GPU 0: %s" % [v[1].splitlines()[-1:] for v in res.values()])
         check(not slots_taken(c.log(0), "slot.refused"), "both kept: the refused job took no slot")
-        os.unlink(hang)
-        check(wait_for("both slots to return", lambda: c.log(0).count("back in use: failed pair")
-                       == 3), "landed: node 0 put both slots back in use")
-        check(wait_for("the held memory to go", lambda: summary(c, 0).get("gpus_stalled") == "0"
-                       and summary(c, 0).get("gpu_held_bytes") == "0"),
-              "landed: GPU 0 moves again, nothing held")
+        hang.off()
+        check(cluster.wait_for(lambda: c.log(0).count("back in use: failed pair") == 3,
+                               what="both slots to return"),
+              "landed: node 0 put both slots back in use")
+        check(nothing_held(c), "landed: GPU 0 moves again, nothing held")
         cuda = [(r, c.rank(r, "slot.cuda", 2, 3, seed + 6, flags=cu)) for r in range(world)]
         host = [(r, c.rank(r, "slot.after", 2, 3, seed + 7)) for r in range(world)]
         outs = list(c.collect(cuda).values()) + list(c.collect(host).values())
         check(all("3 steps x 2 layers verified" in v for v in outs),
               "landed: a CUDA job and a host job verified side by side")
     finally:
+        hang.release()
         c.stop()  # raises unless every daemon exits 0 (ASan: no report, no leak)
 
 
