@@ -102,13 +102,10 @@ static int stalled_pair(cuda_mover_t *m, int device, uint32_t *serial_p, uint32_
 		*serial_p = cp->serial;
 		*g_p = 0;
 		for (uint32_t g = 0; g < cp->gpus && g < RW_MAX_GPUS; g++)
-			for (int k = 0; k < 2; k++) {
-				const rw_svc_rank_io_t *io = &cp->ph->io[k][g];
-				if (io->in[0].dev == device || io->in[1].dev == device ||
-				    io->in[2].dev == device || io->out.dev == device) {
-					*g_p = g;
-					return 1;
-				}
+			if ((rw_svc_rank_io_devs(&cp->ph->io[0][g]) |
+			     rw_svc_rank_io_devs(&cp->ph->io[1][g])) >> device & 1) {
+				*g_p = g;
+				return 1;
 			}
 		return 1;
 	}

@@ -270,35 +270,36 @@ static rw_status_t dev_get(rw_svc_stage_t *s, int device, stage_dev_t **d_p)
 	return RW_OK;
 }
 
-rw_status_t rw_svc_stage_d2h(rw_svc_stage_t *s, int device, void *dst, uint64_t src, size_t n)
+/* Device `device`'s stream for work about to be enqueued (`work`: it counts as a copy, a later
+ * mark covers it); with no work, only whether the device may be used. */
+static rw_status_t dev_use(rw_svc_stage_t *s, int device, int work, rw_cuda_stream_t **cs_p)
 {
 	stage_dev_t *d;
 	rw_status_t st = dev_get(s, device, &d);
-	if (st != RW_OK || n == 0)
-		return st;
-	d->dirty = 1;
-	return rw_cuda_copy_dtoh_async(d->stream, dst, src, n);
+	if (st == RW_OK && work) {
+		d->dirty = 1;
+		*cs_p = d->stream;
+	}
+	return st;
+}
+
+rw_status_t rw_svc_stage_d2h(rw_svc_stage_t *s, int device, void *dst, uint64_t src, size_t n)
+{
+	rw_cuda_stream_t *cs;
+	rw_status_t st = dev_use(s, device, n != 0, &cs);
+	return st != RW_OK || n == 0 ? st : rw_cuda_copy_dtoh_async(cs, dst, src, n);
 }
 
 rw_status_t rw_svc_stage_h2d(rw_svc_stage_t *s, int device, uint64_t dst, const void *src, size_t n)
 {
-	stage_dev_t *d;
-	rw_status_t st = dev_get(s, device, &d);
-	if (st != RW_OK || n == 0)
-		return st;
-	d->dirty = 1;
-	return rw_cuda_copy_htod_async(d->stream, dst, src, n);
+	rw_cuda_stream_t *cs;
+	rw_status_t st = dev_use(s, device, n != 0, &cs);
+	return st != RW_OK || n == 0 ? st : rw_cuda_copy_htod_async(cs, dst, src, n);
 }
 
 rw_status_t rw_svc_stage_stream(rw_svc_stage_t *s, int device, struct rw_cuda_stream **s_p)
 {
-	stage_dev_t *d;
-	rw_status_t st = dev_get(s, device, &d);
-	if (st != RW_OK)
-		return st;
-	d->dirty = 1;
-	*s_p = d->stream;
-	return RW_OK;
+	return dev_use(s, device, 1, s_p);
 }
 
 void rw_svc_stage_keep_cuda(rw_svc_stage_t *s)
@@ -308,12 +309,9 @@ void rw_svc_stage_keep_cuda(rw_svc_stage_t *s)
 
 rw_status_t rw_svc_stage_wait_event(rw_svc_stage_t *s, int device, struct rw_cuda_event *ev)
 {
-	stage_dev_t *d;
-	rw_status_t st = dev_get(s, device, &d);
-	if (st != RW_OK)
-		return st;
-	d->dirty = 1;
-	return rw_cuda_stream_wait_event(d->stream, ev);
+	rw_cuda_stream_t *cs;
+	rw_status_t st = dev_use(s, device, 1, &cs);
+	return st != RW_OK ? st : rw_cuda_stream_wait_event(cs, ev);
 }
 
 static rw_status_t dev_mark(rw_svc_stage_t *s, stage_dev_t *d, uint64_t token)
