@@ -40,7 +40,10 @@ phase) and over the steps (busy), per daemon, in % of a core (every thread's
 rank path (rw_bench_rank --host-rank-path: the ranks pack, forward, gather and reduce on their
 own threads straight into and out of their group's carve-out, the daemons plan, post and track;
 docs/rankpath.md "Host ranks"), the same (shape, tokens) one after the other on the same
-daemons; rows labelled by mode. The rank path's threads: RAILWAVE_RANK_THREADS = the CPUs left
+daemons; rows labelled by mode. With --cuda, ring is the daemon's CUDA mover and rank the rank
+path with CUDA ranks (rw_bench_rank --rank-path: the kernels in each rank's stream, on the
+system's driver, or on $RW_BENCH_FAKE_CUDA, a stand-in libcuda, where there is no GPU). The
+host rank path's threads: RAILWAVE_RANK_THREADS = the CPUs left
 after each daemon's loop, poller and shm copiers, over every rank of the run (one host plays
 every node), unless --rank-env sets it.
 
@@ -122,9 +125,12 @@ def run_ranks(c, a, shape, tokens, paths, steps, group, env, mode="ring", gated=
     procs = []
     for r in range(c.nodes * a.gpus):
         sock = c.cfg["nodes"][r // a.gpus]["ipc_socket"]
+        if mode == "rank":  # the rank path: CUDA ranks' kernels in their streams, or host ranks'
+            flags = ["--rank-path"] if a.cuda else ["--host-rank-path"]
+        else:  # the ring: the daemon's CUDA mover, or its host mover
+            flags = ["--cuda"] if a.cuda else []
         argv = [prog, "--socket", sock, "--group", group, "--rank", str(r), "--steps",
-                str(steps), "--paths", ",".join(paths)] + (["--cuda"] if a.cuda else []) + \
-            (["--host-rank-path"] if mode == "rank" else []) + \
+                str(steps), "--paths", ",".join(paths)] + flags + \
             (["--gate", "0:" + gated[0]] if gated else []) + wl
         procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       env=env))
@@ -253,8 +259,9 @@ def run_cluster(tmp, a, nodes, transport, rate_gbs, results,
         area = max(carve_mib(a, nodes, s, t) for s in a.shapes.split(",")
                    for t in (int(x) for x in a.tokens.split(",")))
         extra["group_area_mib"], extra["group_pool_mib"] = area, 2 * area
+    fake = os.environ.get("RW_BENCH_FAKE_CUDA")  # a stand-in libcuda: the run without a GPU
     c = cluster.Cluster(tmp, nodes, path="auto", extra=extra, gpus=a.gpus, rails=a.rails,
-                        cuda_ranks="real" if a.cuda else None, daemon=build[1])
+                        cuda_ranks=(fake or "real") if a.cuda else None, daemon=build[1])
     if a.cuda:
         c.env.pop("RAILWAVE_CUDA_MOVER", None)
     rank_env = dict(c.env, **build[2])
@@ -382,12 +389,10 @@ def main():
     ap.add_argument("--idle-s", type=float, default=0,
                     help="the ranks join and wait this long before their first step: the "
                          "daemons' CPU idle (pages watched, no phase) and while the steps run")
-    ap.add_argument("--modes", default="ring", help="ring,rank: host ranks on the ring and on "
-                    "the rank path (--host-rank-path), each (shape, tokens) in turn")
+    ap.add_argument("--modes", default="ring", help="ring,rank: the ring (the daemons' host or, "
+                    "with --cuda, CUDA mover) and the rank path (host ranks' threads or, with "
+                    "--cuda, CUDA ranks' kernels), each (shape, tokens) in turn")
     a = ap.parse_args()
-    if a.cuda and "rank" in a.modes.split(","):
-        ap.error("--modes rank is for host ranks (CUDA ranks on the rank path: bench/gpu_path "
-                 "--suite rank)")
     print("== railwave at NIC speed: G=%d %s ranks per node, R=%d rails, bf16; %d rounds of "
           "every path after one warm-up round (%d for 1 token); nproc %d" % (
               a.gpus, "CUDA" if a.cuda else "host", a.rails, a.rounds, a.floor_rounds,
