@@ -90,7 +90,6 @@ rw_status_t exec_plan_init(exec_pair_t *p, const rw_sqe_t *sqe)
 	rw_svc_phase_t *ph = &p->ph;
 	size_t n = x->nodes, nr = (size_t)x->nodes * x->rails;
 	ph->serial = p->serial;
-	ph->pack_waits = 1; /* pack_dst() waits for RW_MV_OP_PACKED */
 	ph->write_max = x->hooks.chunk_bytes ? RW_MIN((uint64_t)EXEC_CHUNK_MAX, x->hooks.chunk_bytes)
 					     : EXEC_CHUNK_MAX;
 	ph->nodes = x->nodes;

@@ -122,11 +122,6 @@ typedef struct rw_svc_phase {
 	rw_svc_rank_io_t io[RW_SVC_KIND_COUNT][RW_MAX_GPUS]; /* [kind][local rank] */
 	/* Each local rank's pinned host staging (grows; kept across pairs by the executor). */
 	rw_svc_pinned_t *stage_in[RW_MAX_GPUS], *stage_out[RW_MAX_GPUS];
-	/* Set by an executor that waits for RW_MV_OP_PACKED (the daemon's sets it on every pair):
-	 * pack() may then answer RW_ERR_AGAIN instead of blocking (see pack below) and ready() short.
-	 * 0: pack() returns only once its bytes are there. The movers that write slabs
-	 * asynchronously (the CUDA mover, the rank pages) assume it set. */
-	int pack_waits;
 	/* The executor's largest rail write (bytes): a mover that packs a slab in pieces and
 	 * offers them through ready() cuts them at multiples of it. */
 	uint64_t write_max;
@@ -227,10 +222,10 @@ typedef struct rw_svc_mover_ops {
 	 * at its (egress rail, slot). Called once per (kind, d), just before d's wave is posted; a
 	 * pair that posts no wave (every rank on one node) is asked once for d = me instead, for
 	 * the node's own records, before its local work (nothing to write: RW_OK). Every kind's
-	 * local() comes after a pack() of that kind answered RW_OK. With ph->pack_waits set,
-	 * RW_ERR_AGAIN (why empty) means the bytes are being written asynchronously: post nothing
-	 * for d yet; an RW_MV_OP_PACKED report follows, and pack() is called again for (kind, d).
-	 * Without it, pack() blocks until the bytes are there. */
+	 * local() comes after a pack() of that kind answered RW_OK. RW_ERR_AGAIN (why empty)
+	 * means the bytes are being written asynchronously (the CUDA mover, the rank pages): post
+	 * nothing for d yet; an RW_MV_OP_PACKED report follows, and pack() is called again for
+	 * (kind, d). The executor always waits for that report; pack() never blocks the loop. */
 	rw_status_t (*pack)(void *mover, void *state, const rw_svc_phase_t *ph,
 			    rw_svc_phase_kind_t kind, uint32_t d, char *why);
 	/* Optional (NULL: a slab pack() answered RW_OK for is whole). After pack(kind, d) answered

@@ -625,9 +625,9 @@ static rw_status_t cm_plan(void *mover, void *state, const rw_svc_phase_t *ph, c
 
 /* The slabs were written ahead (dispatch: kernels launched at plan in pieces, each piece's
  * headers written when its marks complete; combine: with the ranks' staging), but a write may be
- * posted only once its bytes are there: the executor (which waits for RW_MV_OP_PACKED: it sets
- * ph->pack_waits on every pair) posts what ready() offers and gets an RW_MV_OP_PACKED report as
- * each further piece is in; the loop never waits for the kernels. */
+ * posted only once its bytes are there: the executor (which waits for RW_MV_OP_PACKED) posts
+ * what ready() offers and gets an RW_MV_OP_PACKED report as each further piece is in; the loop
+ * never waits for the kernels. */
 static rw_status_t cm_pack(void *mover, void *state, const rw_svc_phase_t *ph,
 			   rw_svc_phase_kind_t kind, uint32_t d, char *why)
 {

@@ -983,17 +983,12 @@ int main(int argc, char **argv)
 		} else if (strcmp(argv[i], "--blocks") == 0 && v) {
 			blocks = (uint32_t)strtoul(v, NULL, 10);
 			i++;
-		} else if (strcmp(argv[i], "--slabs") == 0 && v) {
-			gpu_slabs = strcmp(v, "gpu") == 0;
+		} else if ((strcmp(argv[i], "--slabs") == 0 || strcmp(argv[i], "--page") == 0) && v) {
+			/* where the slabs (gpu|host) or the page's words (dev|host) live */
+			int *on = argv[i][2] == 's' ? &gpu_slabs : &dev_page;
+			*on = strcmp(v, argv[i][2] == 's' ? "gpu" : "dev") == 0;
 			i++;
-			if (!gpu_slabs && strcmp(v, "host") != 0) {
-				usage();
-				return 2;
-			}
-		} else if (strcmp(argv[i], "--page") == 0 && v) {
-			dev_page = strcmp(v, "dev") == 0;
-			i++;
-			if (!dev_page && strcmp(v, "host") != 0) {
+			if (!*on && strcmp(v, "host") != 0) {
 				usage();
 				return 2;
 			}
