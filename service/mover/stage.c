@@ -34,6 +34,7 @@ struct rw_svc_stage {
 	stage_dev_t dev[STAGE_MAX_DEVICES];
 	rw_svc_held_t *held;      /* rw_svc_stage_hold */
 	ev_timer watch;           /* while a mark is outstanding or memory held: the stall bound */
+	uint64_t watch_last;      /* when the watch last ran or started (0: stopped) */
 	int used;
 	int keep_cuda;            /* rw_svc_stage_keep_cuda: no rw_cuda_shutdown() at destroy */
 };
@@ -185,7 +186,33 @@ static void watch_arm(rw_svc_stage_t *s)
 	int need = s->held != NULL;
 	for (int d = 0; d < STAGE_MAX_DEVICES && !need; d++)
 		need = s->dev[d].stream && s->dev[d].landed < s->dev[d].made;
+	if (!need)
+		s->watch_last = 0;
+	else if (!ev_is_active(&s->watch))
+		s->watch_last = rw_now_ns();
 	rw_svc_stage_watch(s->loop, &s->watch, need);
+}
+
+static void dev_poll(rw_svc_stage_t *s, stage_dev_t *d);
+
+/* A tick later than twice its period means this loop did not run meanwhile (a stopped or starved
+ * daemon): that time is not the GPUs' silence, so every outstanding wait starts later by it, as
+ * the heartbeats forgive a late tick (service/mesh/mesh_session.c). */
+static void watch_forgive(rw_svc_stage_t *s, uint64_t now)
+{
+	const uint64_t last = s->watch_last;
+	const uint64_t period = (uint64_t)(s->watch.repeat * 1e9);
+	s->watch_last = now;
+	if (!last || now - last <= 2 * period)
+		return;
+	const uint64_t late = now - last - period;
+	rw_dbg("stage: stall watch %llu ms late (this loop did not run): not counted as the GPUs' "
+	       "silence", (unsigned long long)(late / 1000000u));
+	for (int i = 0; i < STAGE_MAX_DEVICES; i++) {
+		stage_dev_t *d = &s->dev[i];
+		if (d->stream && d->landed < d->made)
+			d->moved_at = d->moved_at + late < now ? d->moved_at + late : now;
+	}
 }
 
 static void watch_cb(struct ev_loop *loop, ev_timer *w, int revents)
@@ -194,9 +221,16 @@ static void watch_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	(void)revents;
 	rw_svc_stage_t *s = w->data;
 	const uint64_t now = rw_now_ns(), bound = rw_svc_gpu_stall_ns();
+	watch_forgive(s, now);
 	for (int i = 0; i < STAGE_MAX_DEVICES; i++) {
 		stage_dev_t *d = &s->dev[i];
 		if (!d->stream || d->stalled || d->landed >= d->made || now - d->moved_at < bound)
+			continue;
+		/* Marks that landed while the loop did not run are read before the verdict (libev
+		 * runs this timer before the stream's pending io callback in one iteration). */
+		dev_poll(s, d);
+		if (!d->stream || d->landed >= d->made || d->moved_at >= now ||
+		    now - d->moved_at < bound)
 			continue;
 		/* Its marks stopped: the pairs waiting on it fail now; its copies, if they ever land,
 		 * land in memory still held (rw_svc_stage_retire). */
@@ -209,13 +243,11 @@ static void watch_cb(struct ev_loop *loop, ev_timer *w, int revents)
 	watch_arm(s);
 }
 
-static void dev_io_cb(struct ev_loop *loop, ev_io *w, int revents)
+/* Every mark of d's stream that landed: reported, d's clock moved (a faulted stream: its pending
+ * marks failed, the stream dropped). */
+static void dev_poll(rw_svc_stage_t *s, stage_dev_t *d)
 {
-	(void)loop;
-	(void)revents;
-	stage_dev_t *d = w->data;
-	rw_svc_stage_t *s = d->st;
-	int device = (int)(d - s->dev);
+	const int device = (int)(d - s->dev);
 	uint64_t tokens[STAGE_POLL_BATCH];
 	for (;;) {
 		if (!d->stream)
@@ -246,8 +278,16 @@ static void dev_io_cb(struct ev_loop *loop, ev_io *w, int revents)
 		if (n < STAGE_POLL_BATCH)
 			break;
 	}
-	held_sweep(s);
-	watch_arm(s);
+}
+
+static void dev_io_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	(void)loop;
+	(void)revents;
+	stage_dev_t *d = w->data;
+	dev_poll(d->st, d);
+	held_sweep(d->st);
+	watch_arm(d->st);
 }
 
 static rw_status_t dev_get(rw_svc_stage_t *s, int device, stage_dev_t **d_p)

@@ -51,6 +51,7 @@ queued, the stream work that ran); the one timed wait is the heartbeat timeout a
 outlast.
 Run by tests/run as $b/test/svc_gpuhang; exits 0 pass, 1 fail, 77 skip."""
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -434,6 +435,41 @@ def scenario_slot(tmp, seed):
         c.stop()  # raises unless every daemon exits 0 (ASan: no report, no leak)
 
 
+def scenario_own_stall(tmp, seed):
+    """A daemon's own stall is not its GPU's (as service/mesh/mesh_session.c's heartbeats forgive
+    a late tick): node 0, whose stand-in GPU takes 5 ms a work item (RW_FAKE_CUDA_LAG_MS), is
+    stopped (SIGSTOP, as a loaded machine stops a process) for 1.5 x gpu_stall_ms at a moment its
+    stream work is queued, while a CUDA job runs; once continued, its copies land at once. The job
+    verifies every phase and node 0 declares no GPU stalled."""
+    tmp = os.path.join(tmp, "own")
+    os.mkdir(tmp)
+    c = cluster.Cluster(tmp, 2, extra=AREA)
+    c.env.update(RW_CUDA_DRIVER=cluster.FAKE_CUDA)
+    hang = cluster.HangSwitch(c, tmp, 0, {"RW_FAKE_CUDA_LAG_MS": "5"})  # its counts; never on
+    world = c.nodes * c.gpus
+    try:
+        c.start_all()
+        ranks = [(r, c.rank(r, "own.cuda", 1, 100, seed, flags=["--cuda"]))
+                 for r in range(world)]
+
+        def queued():
+            k = hang.counts()
+            return k["work"] > k["work_run"]
+        check(cluster.wait_for(queued, what="node 0's stream work to be queued"),
+              "own stall: node 0 has stream work queued")
+        c.procs[0].send_signal(signal.SIGSTOP)
+        time.sleep(1.5 * AREA["gpu_stall_ms"] / 1000.0)  # the stop is the condition
+        c.procs[0].send_signal(signal.SIGCONT)
+        outs = c.collect(ranks)
+        check(all("100 steps x 1 layers verified" in outs[r] for r in outs),
+              "own stall: the CUDA job verified every phase")
+        check("GPU 0: copies queued" not in c.log(0),
+              "own stall: node 0 declared no GPU stalled: %s"
+              % [ln for ln in c.log(0).splitlines() if "GPU 0" in ln][:2])
+    finally:
+        c.stop()
+
+
 def main():
     if not cluster.built(cluster.DAEMON, cluster.RANK, cluster.PAGERANK) or \
             not os.path.exists(cluster.FAKE_CUDA) or not os.path.exists(cluster.FAKE_KERN):
@@ -442,7 +478,8 @@ def main():
     seed = cluster.test_seed()
     with tempfile.TemporaryDirectory(prefix="rwgpuhang.", dir="/tmp") as tmp:
         check.scenarios([("hung gpu", scenario_hang), ("answered late", scenario_late),
-                         ("cuda mover", scenario_cuda_mover), ("slot settle", scenario_slot)],
+                         ("cuda mover", scenario_cuda_mover), ("slot settle", scenario_slot),
+                         ("own stall", scenario_own_stall)],
                         tmp, seed)
     return check.exit_code()
 
