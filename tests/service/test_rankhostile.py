@@ -173,6 +173,13 @@ def scenario(c, tmp):
         fds0 = descriptors(pid)
         time.sleep(0.5)
     job = [(r, c.rank(r, "job.h", 2, 400, 5)) for r in range(world)]
+    # The job's ranks on node 0 hold their connections before the attacks begin: step 4 fills
+    # the uid's connection cap, and a rank still starting (a loaded machine) would lose its
+    # place to it.
+    local = ["rank %d of group job.h joined" % r for r in range(c.gpus)]
+    check(cluster.wait_for(lambda: all(x in c.log(0) for x in local),
+                           what="node 0's job ranks to join"),
+          "the host job's ranks on node 0 joined before the attacks")
 
     # 1. Out of order, repeated.
     x = Raw(sock)
