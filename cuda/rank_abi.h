@@ -5,7 +5,8 @@
  * the same: fixed-width fields, every 64-bit field 8-byte aligned, explicit padding, sizes
  * checked on both sides. A block is passed to its kernel by value (one kernel parameter).
  *
- * The kernels read the rank page's plan entries and list entries in place: the two entry types
+ * The kernels read the rank page slot's plan entries and list entries from its device copy (eager
+ * mode's mirror, static mode's shadow: rw_rank_ctl WAIT and SNAP): the two entry types
  * below have ipc/page.h's layouts (rw_page_plan_entry_t, rw_page_list_entry_t; the library
  * that passes a page's addresses, and service/mover/mover_mix.c that passes the daemon's own,
  * check the sizes and offsets), restated here because cuda/ sits below ipc/. */
@@ -124,10 +125,11 @@ typedef struct rw_cuda_rank_reduce {
 	uint64_t area[RW_CUDA_AREAS][RW_CUDA_RANK_RAILS];
 	uint64_t out;               /* n_tokens rows */
 	uint64_t status, err;
-	/* 0, or the combine plan block's rw_cuda_plan_rail_t[rails] (read in place, after the
-	 * caller's wait, as the list is): an entry on rail r is then at slab[r] + that rail's
-	 * local_off (LOCAL) or recv_off (RECV) + slot x crec_size, area[] unused — the combine's
-	 * local areas are decided by the daemon after the caller enqueued the kernel. */
+	/* 0, or the combine plan block's rw_cuda_plan_rail_t[rails] (in the slot's mirror or
+	 * shadow, read after the stream's copy, as the list is): an entry on rail r is then at
+	 * slab[r] + that rail's local_off (LOCAL) or recv_off (RECV) + slot x crec_size, area[]
+	 * unused — the combine's local areas are decided by the daemon after the caller enqueued
+	 * the kernel. */
 	uint64_t plan_rail;
 	uint64_t slab[RW_CUDA_RANK_RAILS];
 	uint32_t cap;               /* entries list_n may say at most */

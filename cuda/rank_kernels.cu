@@ -139,8 +139,8 @@ extern "C" __global__ void __launch_bounds__(PACK_THREADS) rw_rank_pack_index(co
 	const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 	const uint32_t per_node = a.n_experts / a.nodes;
 	const uint32_t windows = (a.nodes + 63) / 64;
-	// The plan entries sit in the rank page (host memory): read once into shared memory when
-	// they fit, rather than over the bus for every record.
+	// The plan entries (in the slot's mirror or shadow): read once into shared memory when
+	// they fit, rather than once for every record.
 	const uint32_t cells = a.nodes * a.rails;
 	const rw_cuda_plan_entry_t *plan = reinterpret_cast<const rw_cuda_plan_entry_t *>(a.entry);
 	if (cells <= PACK_PLAN_SHARED) {
@@ -548,7 +548,8 @@ extern "C" __global__ void __launch_bounds__(SUM_THREADS) rw_rank_gather(const r
 }
 
 // A reduce list entry's combine record: a LOCAL one where the combine plan's rail areas put the
-// combine's local area (read in place, after the stream's wait), when the block names them.
+// combine's local area (read from the slot's mirror or shadow, after the stream's copy), when
+// the block names them.
 __device__ __forceinline__ uint64_t reduce_addr(const rw_cuda_rank_reduce_t &a,
 						const rw_cuda_list_entry_t &le)
 {
@@ -735,11 +736,14 @@ __device__ void ctl_copy(const rw_cuda_rank_ctl_t &a, uint32_t sk)
 	if (a.word == 1) { // plan: the head, rails, tags, entries; a combine's terms too
 		grid_copy(reinterpret_cast<uint8_t *>(a.shadow + a.o_plan),
 			  reinterpret_cast<const uint8_t *>(slot + a.o_plan), a.o_list - a.o_plan);
-		if (a.kind == 1) {
+		if (a.kind == 1) { // rounded up to 16 bytes (16-byte pieces): the slot's regions
+				   // are line-aligned and line-padded, so the rest stays inside them
 			grid_copy(reinterpret_cast<uint8_t *>(a.shadow + a.o_term_off),
-				  reinterpret_cast<const uint8_t *>(slot + a.o_term_off), 4ull * (n_s + 1));
+				  reinterpret_cast<const uint8_t *>(slot + a.o_term_off),
+				  (4ull * (n_s + 1) + 15) & ~15ull);
 			grid_copy(reinterpret_cast<uint8_t *>(a.shadow + a.o_term_ref),
-				  reinterpret_cast<const uint8_t *>(slot + a.o_term_ref), 4ull * nterm_s);
+				  reinterpret_cast<const uint8_t *>(slot + a.o_term_ref),
+				  (4ull * nterm_s + 15) & ~15ull);
 		}
 	} else { // arrived: the list head and its entries (at most max_recv)
 		grid_copy(reinterpret_cast<uint8_t *>(a.shadow + a.o_list),

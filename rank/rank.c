@@ -83,7 +83,7 @@ static int sms_check(char *msg, int32_t device, int32_t max_sms)
 int rw_client_rank_open(rw_client_t *client, int32_t device, uint32_t max_recv,
 			rw_client_rank_t **rank_p)
 {
-	return rw_rank_open(client, device, max_recv, 0, rank_p);
+	return rw_rank_open(client, device, max_recv, 0, 1, rank_p);
 }
 
 int rw_client_rank_set_sms(rw_client_rank_t *r, int32_t max_sms)
@@ -103,7 +103,7 @@ rw_cuda_ext_stream_t rw_rank_stream(const rw_client_rank_t *r, const rw_client_s
 }
 
 int rw_rank_open(rw_client_t *client, int32_t device, uint32_t max_recv, int32_t max_sms,
-		 rw_client_rank_t **rank_p)
+		 int eager, rw_client_rank_t **rank_p)
 {
 	open_msg[0] = '\0';
 	if (!client || !rank_p)
@@ -176,7 +176,7 @@ checked:;
 	const size_t mirror = (size_t)r->layout.slot_bytes + sizeof(rw_cuda_rank_tail_t);
 	for (unsigned i = 0; i < D && rc == 0; i++)
 		if (rw_cuda_mem_alloc(device, scratch, &r->scratch[i]) != RW_OK ||
-		    rw_cuda_mem_alloc(device, mirror, &r->mirror[i]) != RW_OK)
+		    (eager && rw_cuda_mem_alloc(device, mirror, &r->mirror[i]) != RW_OK))
 			rc = RW_E_CUDA;
 	if (rc == 0 && rw_cuda_host_alloc(D * sizeof(rw_rank_line_t), (void **)&r->lines) != RW_OK)
 		rc = RW_E_CUDA;
@@ -390,7 +390,7 @@ rw_cuda_rank_ctl_t rw_rank_ctl_block(const rw_client_rank_t *r, uint32_t op, uin
 
 /* The pack's and the forward's argument blocks for a dispatch whose blocks are at `w` (eager:
  * where_of; static mode: its shadow): the plan's entries and tags and the forward list in its
- * slot (read by the kernels after the waits, in place), the group's slabs (entry offsets from
+ * slot (read by the kernels after the waits, from `w`'s copy), the group's slabs (entry offsets from
  * each slab's start; the dispatch receive and local areas at the offsets the daemon lent them
  * with), its status line, error word and row counts. */
 void rw_rank_dispatch_blocks(const rw_client_rank_t *r, const rw_rank_where_t *w,
@@ -575,8 +575,8 @@ static int stage_fits(const rw_client_rank_t *r, const rw_page_stage_t *e, uint6
  * staging table `tab` read on this CPU, or with tab NULL the table at `stage` read by the gather
  * on the GPU; a rank whose entry names no slab of this rank, or a room past it, has none: a
  * term naming it fails the gather, E_REF);
- * the reduce reads the combine's receive and local areas from its plan block's rails in place
- * (decided after this call). */
+ * the reduce reads the combine's receive and local areas from its plan block's rails in `w`'s
+ * copy (decided after this call). */
 void rw_rank_combine_blocks(const rw_client_rank_t *r, const rw_rank_where_t *w,
 			    rw_cuda_dptr_t dslot, const rw_page_params_t *dp,
 			    const rw_page_stage_t *tab, rw_cuda_dptr_t stage,

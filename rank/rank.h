@@ -100,9 +100,10 @@ struct rw_client_rank {
 /* rank/rank.c, for rank/static.c (which rank.c never calls: static mode's calls are its own, and
  * so is rw_client_rank_open_opts, which picks the mode). */
 int rw_rank_say(char *buf, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* rw_client_rank_open with an SM budget (checked: rw_client_rank_open_opts's errors). */
+/* rw_client_rank_open with an SM budget (checked: rw_client_rank_open_opts's errors); `eager`:
+ * a CUDA rank's slots get their mirrors (static mode has its shadows instead). */
 int rw_rank_open(rw_client_t *client, int32_t device, uint32_t max_recv, int32_t max_sms,
-		 rw_client_rank_t **rank_p);
+		 int eager, rw_client_rank_t **rank_p);
 /* The operation block of rw_rank_ctl for op and kind on the slots' copy at `shadow` (a static
  * shadow or an eager mirror): the page's geometry and layout, static mode's control block and
  * report (0 in eager mode). */

@@ -47,7 +47,7 @@ static int open_static(rw_client_t *client, int32_t device, uint32_t max_recv, i
 	if (device == RW_RANK_HOST) /* its phases need this CPU's calls: no graph holds them */
 		return rw_rank_say(rw_rank_open_msg(), RW_E_INVAL, "rank path: "
 				   "static mode is for CUDA ranks, not RW_RANK_HOST");
-	int rc = rw_rank_open(client, device, max_recv, max_sms, &r);
+	int rc = rw_rank_open(client, device, max_recv, max_sms, 0, &r);
 	if (rc)
 		return rc;
 	rw_rank_static_t *st = calloc(1, sizeof(*st));
@@ -97,7 +97,7 @@ int rw_client_rank_open_opts(rw_client_t *client, int32_t device, const rw_clien
 				   "flags 0x%x", o->flags & ~RW_RANK_OPEN_STATIC);
 	if (o->flags & RW_RANK_OPEN_STATIC)
 		return open_static(client, device, o->max_recv, o->max_sms, rank_p);
-	return rw_rank_open(client, device, o->max_recv, o->max_sms, rank_p);
+	return rw_rank_open(client, device, o->max_recv, o->max_sms, 1, rank_p);
 }
 
 /* Where a call's blocks are: its shadow (the status line and line in its tail). */

@@ -99,19 +99,36 @@ static exec_flag_t *flag_entry(exec_member_t *mb, uint16_t id, int *fresh_p)
 
 static int late_owes(const exec_t *x, const rw_ipc_client_t *client, uint16_t event_id);
 
-/* Entry e was written: it stays as a record of its value only while a held answer of the rank
- * may still write an older one of that event (which then is not written over it); kept longer,
- * a record would outlive the 2^31 values the cyclic comparison can tell apart. */
+/* A submission of the rank on that event not answered yet, in a pair still gathering or
+ * running: its error answer, if it fails, would come after a newer value written now. */
+static int pair_owes(const exec_t *x, const rw_ipc_client_t *client, uint16_t event_id)
+{
+	const exec_pair_t *p;
+	rw_list_for_each(&x->pairs, p, link)
+		for (unsigned k = 0; k < RW_SVC_KIND_COUNT; k++)
+			for (uint32_t g = 0; g < RW_MAX_GPUS; g++) {
+				const exec_sub_t *u = &p->in[k].sub[g];
+				if (u->have && u->client == client && !u->page_k &&
+				    (u->sqe.flags & RW_SQE_SIGNAL) && u->sqe.event_id == event_id)
+					return 1;
+			}
+	return 0;
+}
+
+/* Entry e was written: it stays as a record of its value while an answer of the rank on that
+ * event may still come with an older one (a held answer, or a submission in a pair not done
+ * yet), which then is not written over it; kept longer, a record would outlive the 2^31 values
+ * the cyclic comparison can tell apart. */
 static void flag_written(const exec_t *x, const rw_ipc_client_t *client, exec_flag_t *e)
 {
 	e->owed = 0;
-	if (!late_owes(x, client, e->event_id))
+	if (!late_owes(x, client, e->event_id) && !pair_owes(x, client, e->event_id))
 		e->event_id = 0;
 }
 
 /* The flag of a failed stream-ordered submission (before its CQE): written now unless its GPU
- * is stalled, then owed; per event the newest value wins, so an older value owed or written
- * before is never written over a newer one. */
+ * is stalled, then owed; per event the newest value wins, so no error answer writes an older
+ * value over a newer one owed or written before. */
 static void flag_answer(exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe)
 {
 	rw_ipc_event_t ev;
@@ -177,7 +194,15 @@ static void flags_sweep(exec_t *x, int stopping)
 				if (!e->event_id || !e->owed)
 					continue;
 				const uint32_t rank = rw_ipc_client_info(mb->client)->rank;
-				if (!(stalled >> e->dev & 1)) {
+				rw_ipc_event_t ev;
+				if (!(stalled >> e->dev & 1) &&
+				    rw_ipc_event_lookup(mb->client, e->event_id, &ev) != RW_OK) {
+					rw_info("local rank %u: GPU %d moves again: the completion flag "
+						"of a failed submission (event %u, value %u) has nowhere "
+						"to go: the rank deregistered the event", rank, e->dev,
+						e->event_id, e->value);
+					e->event_id = 0;
+				} else if (!(stalled >> e->dev & 1)) {
 					flag_write(mb->client, e->event_id, e->value);
 					rw_info("local rank %u: GPU %d moves again: the completion flag "
 						"of a failed submission written (event %u, value %u)",

@@ -145,10 +145,11 @@ typedef struct exec_seat {
 } exec_seat_t;
 
 /* A stream-ordered event's completion flag as the executor's error answers left it
- * (exec_answer.c): the newest value, owed (its GPU stalled), or written and kept while a held
- * answer of the rank may still write an older one. A rank's stream waits on increasing values
- * (cuStreamWaitValue32 GEQ, ipc/railwave.h), so the newest covers every older one: an older
- * value is never written over it. */
+ * (exec_answer.c): the newest value, owed (its GPU stalled), or written and kept while an error
+ * answer of the rank may still come with an older one (a held answer, a submission in a pair).
+ * A rank's stream waits on increasing values (cuStreamWaitValue32 GEQ, ipc/railwave.h), so the
+ * newest covers every older one: no error answer writes an older value over it (a success's
+ * flag, the mover's stream write, is not this table's: docs/rankpath.md "A hung GPU"). */
 typedef struct exec_flag {
 	uint16_t event_id;           /* 0: a free entry */
 	uint8_t owed;                /* not written yet: its GPU was stalled (written once it moves) */

@@ -284,8 +284,10 @@ static void cm_rank_devs(const cm_pair_t *cp, uint64_t *devs, int cuda_only)
 }
 
 /* Nothing here waits for a GPU (docs/rankpath.md "A hung GPU"): where the pair's work may not
- * have landed, a mark of quiesce's own goes behind it on each device that has none (reported,
- * so the held memory is looked at once it lands), the ranks' pinned staging is handed to the
+ * have landed, a mark of quiesce's own goes behind it on each device that has none (reported to
+ * nobody: the held memory is looked at when a mark of that lane lands or at its stall watch's
+ * next tick, so entries fenced on the pull lane alone wait for the main lane's tick, at most
+ * a second), the ranks' pinned staging is handed to the
  * stage, and the pair's row lists and device blocks leave the pools for the main lane's held
  * list (rw_svc_stage_hold, fenced on both lanes); all of it is freed once every mark made on the
  * pair's devices up to now has landed. The executor answers a CUDA rank once its own memory is

@@ -68,6 +68,14 @@ static int dev_busy(const stage_dev_t *d)
 	return d->stream && (d->landed < d->made || d->dirty);
 }
 
+/* d's stream must be abandoned, not destroyed (which waits for its queued work): work is queued
+ * on it and its GPU is stalled, as this stage declared it or as another did (the other lane
+ * may have declared it while this one's mark is younger than the bound). */
+static int dev_hung(const rw_svc_stage_t *s, const stage_dev_t *d)
+{
+	return dev_busy(d) && (d->stalled || rw_svc_gpu_stalled((int)(d - s->dev), NULL, 0));
+}
+
 static void held_free(rw_svc_held_t *h)
 {
 	rw_svc_gpu_held(-(int64_t)h->host.size);
@@ -108,7 +116,7 @@ static void dev_close(rw_svc_stage_t *s, stage_dev_t *d)
 	if (!d->stream)
 		return;
 	ev_io_stop(s->loop, &d->io);
-	if (d->stalled && dev_busy(d)) {
+	if (dev_hung(s, d)) {
 		rw_cuda_stream_abandon(d->stream); /* a copy may still land: nothing of it freed */
 		stage_abandoned |= 1ull << (d - s->dev);
 	} else
@@ -127,7 +135,7 @@ void rw_svc_stage_destroy(rw_svc_stage_t *s)
 	ev_timer_stop(s->loop, &s->watch);
 	uint64_t abandoned = 0;
 	for (int d = 0; d < STAGE_MAX_DEVICES; d++) {
-		if (s->dev[d].stalled && dev_busy(&s->dev[d]))
+		if (dev_hung(s, &s->dev[d]))
 			abandoned |= 1ull << d;
 		dev_close(s, &s->dev[d]); /* a device's copies done, or its stream abandoned */
 	}

@@ -226,7 +226,7 @@ static int launch_ready(const void *arg)
 /* The words a data kernel reads in every block (its status, list length and entries, plan
  * entries, tags, terms) must be device memory: read from host memory (the rank page), each is a
  * PCIe round trip, and the reads of one address by every block queue behind each other (on an
- * H100: ~0.5 us each, milliseconds a phase; docs/rankpath.md "Eager mode's mirrors"). A launch
+ * H100: ~1.07 us each, milliseconds a phase; docs/rankpath.md "Eager mode's mirrors"). A launch
  * naming page memory there is refused, so every rank-path test checks the rule;
  * $RW_FAKE_RANK_HOST_READS=1 lifts it (the kernels' benchmark measures that case). */
 typedef struct { const char *what; uint64_t at; } read_t;

@@ -1025,6 +1025,46 @@ static void test_slot_busy(void **state)
 	rank_teardown(&rk, s);
 }
 
+/* The daemon fails phase k after its plan (the pack ran, `packed` came), with a list already in
+ * the slot (a half-written one, or slot k - D's): P6's status, then the owed words. The stream's
+ * second copy of the slot (arrived) takes the failed status into the mirror, so the forward
+ * writes nothing: recv_x keeps its bytes, the phase answers RW_E_PHASE with no rows. */
+static void test_failed_after_plan_writes_nothing(void **state)
+{
+	(void)state;
+	rank_t rk;
+	static routing_t rt;
+	static uint8_t before[RECV_CAP * 2 * 128], after[RECV_CAP * 2 * 128];
+	server_t *s = rank_setup(&rk, 1);
+	routing_gen(&rt, 23, 64, 4);
+	for (size_t i = 0; i < sizeof(before); i++)
+		before[i] = (uint8_t)(0xa5 ^ i);
+	assert_int_equal(rw_cuda_memcpy_htod(0, rk.recv_x, before, sizeof(before)), RW_OK);
+	const uint64_t k = dispatch(&rk, &rt, 0);
+	assert_int_equal(server_heard(s, RW_PW_SUBMIT, k), k);
+	daemon_plan(&rk, k);
+	assert_int_equal(server_heard(s, RW_PW_PACKED, k), k);
+	/* a list of this rank's own local records, as a good phase would have had */
+	static rw_page_list_entry_t list[8];
+	const uint32_t rail = page_of(&rk)->rail;
+	for (uint32_t j = 0; j < 8; j++)
+		list[j] = (rw_page_list_entry_t){ .slot = j, .rail = (uint16_t)rail,
+						  .area = RW_PAGE_AREA_LOCAL, .node = 0, .token = j };
+	uint8_t *sl = slot(&rk, k);
+	*(rw_page_list_head_t *)(sl + lay(&rk)->list) =
+		(rw_page_list_head_t){ .phase = k, .count = 8, .kind = 0 };
+	memcpy(sl + lay(&rk)->list_entry, list, sizeof(list));
+	rw_page_fail(page_of(&rk), k, RW_E_PHASE);
+	rw_client_rank_done_t done;
+	memset(&done, 0xff, sizeof(done));
+	assert_int_equal(rw_client_rank_wait(rk.rp, k, 10000, &done), RW_E_PHASE);
+	assert_int_equal(rw_cuda_stream_sync(rk.stream), RW_OK);
+	assert_int_equal(rw_cuda_memcpy_dtoh(0, after, rk.recv_x, sizeof(after)), RW_OK);
+	assert_memory_equal(after, before, sizeof(before));
+	assert_int_equal(rk.rp->lines[k % RW_PAGE_DEPTH].recv_n, 0);
+	rank_teardown(&rk, s);
+}
+
 /* The daemon dies with phases on the stream: librailwave's watcher writes the owed words, the
  * stream runs through (done written), every phase answers RW_E_CLOSED and so does the next
  * dispatch. */
@@ -1913,6 +1953,7 @@ int main(int argc, char **argv)
 		CASE(test_sms_refusals),
 		CASE(test_bad_id_named),
 		CASE(test_slot_busy),
+		CASE(test_failed_after_plan_writes_nothing),
 		CASE(test_daemon_lost_releases_the_stream),
 		CASE(test_refusals),
 	};

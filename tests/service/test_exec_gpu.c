@@ -644,9 +644,46 @@ static void test_gpu_combine_order(void **state)
 		}
 }
 
+/* The older value of a submission still in a pair is not written over a newer one: rank 3's
+ * dispatch (event 5, value 9) waits in its pair for the other ranks; its combine (value 10) is
+ * refused at once and writes 10; then the pair fails (rank 2 dies): its error answer's 9 is not
+ * written over the 10 (before, it was, and a stream not yet at its wait for 10 waited forever). */
+static void test_cuda_flag_open_older(void **state)
+{
+	(void)state;
+	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+		skip();
+	opts_t o = { .nodes = 2, .path = "native", .tokens = 20 };
+	cl_t *c = cl_new(&o, 897);
+	fk_client_die(c->rk[3].c);
+	settle(c);
+	rank_connect_cuda(c, 3);
+	run_pair(c, 0, 1);
+	volatile uint32_t *flag = fk_client_flag_event(c->rk[3].c, 5);
+	assert_non_null(flag);
+	*flag = 0;
+	const sub_opts_t so = { .signal_event = 5, .flag_value = 9 };
+	dispatch_submit(c, 3, 0, 0, &so); /* its pair waits for the other ranks */
+	settle(c);
+	rw_sqe_t s = combine_sqe(c, 3, 5, 0);
+	s.flags = RW_SQE_SIGNAL;
+	s.event_id = 5;
+	s.output.reserved = 10;
+	fk_client_submit(c->rk[3].c, &s);
+	settle(c);
+	assert_int_equal(*flag, 10);
+	assert_int_equal(fk_client_flags_written(c->rk[3].c), 1);
+	fk_client_die(c->rk[2].c); /* the pair fails: rank 3's dispatch is answered with an error */
+	settle(c);
+	assert_int_equal(*flag, 10);
+	assert_int_equal(fk_client_flags_written(c->rk[3].c), 1);
+	cl_free(c);
+}
+
 int exec_gpu_run(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_cuda_flag_open_older),
 		cmocka_unit_test(test_cuda_ranks),
 		cmocka_unit_test(test_cuda_rank_lost),
 		cmocka_unit_test(test_cuda_answer_late),
