@@ -14,13 +14,19 @@
  * CUDA buffers (staging through pinned host memory, docs/dataflow.md "CUDA buffers")
  * ================================================================================================ */
 
+/* The in-process CUDA stand-in is loaded, with its hold switch (else these cases skip). */
+static int cuda_stand_in(void)
+{
+	return rw_cuda_init() == RW_OK && fake_cuda_hold;
+}
+
 /* Ranks 0 and 3 keep their buffers in CUDA memory of the stand-in driver
  * (tests/cuda/libfakecuda.so): inputs are staged in, outputs copied back after async marks that
  * complete through the loop; every path checks exactly as with host buffers, with empty phases. */
 static void test_cuda_ranks(void **state)
 {
 	(void)state;
-	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+	if (!cuda_stand_in())
 		skip();
 	for (uint32_t pi = 0; pi < RW_ARRAY_SIZE(path_names); pi += 2) {
 		opts_t o = { .nodes = 2, .path = path_names[pi], .empty = 1, .experts = 24 };
@@ -36,11 +42,9 @@ static void test_cuda_ranks(void **state)
 	}
 }
 
-/* Two nodes, rank 3's buffer in CUDA memory; one pair passes, then (with the stall bound at
- * stall_ms when not 0) the stand-in holds every stream's work and every rank submits the
- * dispatch of step 0 layer 0: rank 3's input copies are queued and do not land. flag_p not NULL:
- * rank 3's submission asks for its stream-ordered flag (event 5, *flag_p, cleared) to be 9. */
-static cl_t *cuda_copies_held(uint64_t salt, uint32_t stall_ms, volatile uint32_t **flag_p)
+/* Two nodes, rank 3 reconnected with its buffer in CUDA memory, one pair passed; flag_p not
+ * NULL: rank 3's flag of event 5, cleared. */
+static cl_t *cuda_rank3(uint64_t salt, volatile uint32_t **flag_p)
 {
 	opts_t o = { .nodes = 2, .path = "native", .tokens = 20 };
 	cl_t *c = cl_new(&o, salt);
@@ -53,6 +57,16 @@ static cl_t *cuda_copies_held(uint64_t salt, uint32_t stall_ms, volatile uint32_
 		assert_non_null(*flag_p);
 		**flag_p = 0;
 	}
+	return c;
+}
+
+/* Two nodes, rank 3's buffer in CUDA memory; one pair passes, then (with the stall bound at
+ * stall_ms when not 0) the stand-in holds every stream's work and every rank submits the
+ * dispatch of step 0 layer 0: rank 3's input copies are queued and do not land. flag_p not NULL:
+ * rank 3's submission asks for its stream-ordered flag (event 5, *flag_p, cleared) to be 9. */
+static cl_t *cuda_copies_held(uint64_t salt, uint32_t stall_ms, volatile uint32_t **flag_p)
+{
+	cl_t *c = cuda_rank3(salt, flag_p);
 	if (stall_ms)
 		rw_svc_gpu_stall_set(stall_ms);
 	fake_cuda_hold(1);
@@ -82,7 +96,7 @@ static void stall_case_end(cl_t *c)
 static void test_cuda_rank_lost(void **state)
 {
 	(void)state;
-	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+	if (!cuda_stand_in())
 		skip();
 	cl_t *c = cuda_copies_held(860, 0, NULL);
 	for (uint32_t r = 0; r < c->W; r++)
@@ -117,7 +131,7 @@ static void test_cuda_rank_lost(void **state)
 static void test_cuda_answer_late(void **state)
 {
 	(void)state;
-	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+	if (!cuda_stand_in())
 		skip();
 	cl_t *c = cuda_copies_held(875, 0, NULL);
 	fk_client_die(c->rk[2].c);
@@ -165,7 +179,7 @@ static void test_cuda_answer_late(void **state)
 static void test_cuda_stall(void **state)
 {
 	(void)state;
-	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+	if (!cuda_stand_in())
 		skip();
 	cl_t *c = cuda_copies_held(870, 50, NULL);
 	for (uint32_t r = 0; r < c->W; r++) {
@@ -201,7 +215,7 @@ static void test_cuda_stall(void **state)
 static void test_cuda_stall_flag(void **state)
 {
 	(void)state;
-	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+	if (!cuda_stand_in())
 		skip();
 	volatile uint32_t *flag;
 	cl_t *c = cuda_copies_held(890, 50, &flag);
@@ -254,7 +268,7 @@ static void refused_on_stalled(cl_t *c, uint32_t value)
 static void test_cuda_stall_refused_flag(void **state)
 {
 	(void)state;
-	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+	if (!cuda_stand_in())
 		skip();
 	cl_t *c = cuda_copies_held(892, 50, NULL);
 	volatile uint32_t *flag = fk_client_flag_event(c->rk[3].c, 5);
@@ -279,7 +293,7 @@ static void test_cuda_stall_refused_flag(void **state)
 static void test_cuda_stall_flags_one_event(void **state)
 {
 	(void)state;
-	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+	if (!cuda_stand_in())
 		skip();
 	volatile uint32_t *flag;
 	cl_t *c = cuda_copies_held(893, 50, &flag);
@@ -299,7 +313,7 @@ static void test_cuda_stall_flags_one_event(void **state)
 static void test_cuda_flag_held_older(void **state)
 {
 	(void)state;
-	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+	if (!cuda_stand_in())
 		skip();
 	volatile uint32_t *flag;
 	cl_t *c = cuda_copies_held(896, 600000, &flag); /* a stall never declared in the case */
@@ -327,7 +341,7 @@ static void test_cuda_flag_held_older(void **state)
 static void test_cuda_stall_flag_leave(void **state)
 {
 	(void)state;
-	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+	if (!cuda_stand_in())
 		skip();
 	cl_t *c = cuda_copies_held(894, 50, NULL);
 	assert_non_null(fk_client_flag_event(c->rk[3].c, 5));
@@ -349,7 +363,7 @@ static void test_cuda_stall_flag_leave(void **state)
 static void test_cuda_stall_flag_stop(void **state)
 {
 	(void)state;
-	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+	if (!cuda_stand_in())
 		skip();
 	cl_t *c = cuda_copies_held(895, 50, NULL);
 	volatile uint32_t *flag = fk_client_flag_event(c->rk[3].c, 5);
@@ -374,7 +388,7 @@ static void test_cuda_stall_flag_stop(void **state)
 static void test_cuda_flush_unlanded(void **state)
 {
 	(void)state;
-	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+	if (!cuda_stand_in())
 		skip();
 	volatile uint32_t *flag;
 	cl_t *c = cuda_copies_held(891, 600000, &flag); /* a stall never declared in the case */
@@ -605,7 +619,7 @@ static void test_gpu_dev_slabs_bad_record(void **state)
 static void test_cuda_combine_order(void **state)
 {
 	(void)state;
-	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+	if (!cuda_stand_in())
 		skip();
 	for (int rows_first = 1; rows_first >= 0; rows_first--) {
 		opts_t o = { .nodes = 2, .path = "native", .tokens = 24 };
@@ -651,17 +665,10 @@ static void test_gpu_combine_order(void **state)
 static void test_cuda_flag_open_older(void **state)
 {
 	(void)state;
-	if (rw_cuda_init() != RW_OK || !fake_cuda_hold)
+	if (!cuda_stand_in())
 		skip();
-	opts_t o = { .nodes = 2, .path = "native", .tokens = 20 };
-	cl_t *c = cl_new(&o, 897);
-	fk_client_die(c->rk[3].c);
-	settle(c);
-	rank_connect_cuda(c, 3);
-	run_pair(c, 0, 1);
-	volatile uint32_t *flag = fk_client_flag_event(c->rk[3].c, 5);
-	assert_non_null(flag);
-	*flag = 0;
+	volatile uint32_t *flag;
+	cl_t *c = cuda_rank3(897, &flag);
 	const sub_opts_t so = { .signal_event = 5, .flag_value = 9 };
 	dispatch_submit(c, 3, 0, 0, &so); /* its pair waits for the other ranks */
 	settle(c);
