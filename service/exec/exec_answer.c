@@ -172,6 +172,36 @@ static void flag_answer(exec_t *x, rw_ipc_client_t *client, const rw_sqe_t *sqe)
 	}
 }
 
+/* Member mb's owed flag e in a sweep: written once its GPU is not in `stalled` (dropped where the
+ * rank deregistered its event), dropped at a stop while it still is; its GPU's bit while it
+ * stays owed, else 0. */
+static uint64_t flag_sweep_one(exec_t *x, exec_member_t *mb, exec_flag_t *e, uint64_t stalled,
+			       int stopping)
+{
+	const uint32_t rank = rw_ipc_client_info(mb->client)->rank;
+	rw_ipc_event_t ev;
+	if (stalled >> e->dev & 1) {
+		if (!stopping)
+			return 1ull << e->dev;
+		rw_warn("local rank %u: daemon stopping with GPU %d stalled: the completion flag of "
+			"a failed submission (event %u, value %u) is never written", rank, e->dev,
+			e->event_id, e->value);
+		e->event_id = 0;
+	} else if (rw_ipc_event_lookup(mb->client, e->event_id, &ev) != RW_OK) {
+		rw_info("local rank %u: GPU %d moves again: the completion flag of a failed "
+			"submission (event %u, value %u) has nowhere to go: the rank deregistered "
+			"the event", rank, e->dev, e->event_id, e->value);
+		e->event_id = 0;
+	} else {
+		flag_write(mb->client, e->event_id, e->value);
+		rw_info("local rank %u: GPU %d moves again: the completion flag of a failed "
+			"submission written (event %u, value %u)", rank, e->dev, e->event_id,
+			e->value);
+		flag_written(x, mb->client, e);
+	}
+	return 0;
+}
+
 /* The owed flags whose GPU is not stalled now are written; with `stopping` those whose GPU is
  * are dropped, logged. Cheap while every GPU an owed flag waits on is still stalled. */
 static void flags_sweep(exec_t *x, int stopping)
@@ -187,38 +217,12 @@ static void flags_sweep(exec_t *x, int stopping)
 		return;
 	exec_group_t *g;
 	rw_list_for_each(&x->groups, g, link)
-		for (uint32_t l = 0; l < x->gpus; l++) {
-			exec_member_t *mb = g->member[l];
-			for (unsigned i = 0; mb && i < EXEC_FLAG_EVENTS; i++) {
-				exec_flag_t *e = &mb->flag[i];
-				if (!e->event_id || !e->owed)
-					continue;
-				const uint32_t rank = rw_ipc_client_info(mb->client)->rank;
-				rw_ipc_event_t ev;
-				if (!(stalled >> e->dev & 1) &&
-				    rw_ipc_event_lookup(mb->client, e->event_id, &ev) != RW_OK) {
-					rw_info("local rank %u: GPU %d moves again: the completion flag "
-						"of a failed submission (event %u, value %u) has nowhere "
-						"to go: the rank deregistered the event", rank, e->dev,
-						e->event_id, e->value);
-					e->event_id = 0;
-				} else if (!(stalled >> e->dev & 1)) {
-					flag_write(mb->client, e->event_id, e->value);
-					rw_info("local rank %u: GPU %d moves again: the completion flag "
-						"of a failed submission written (event %u, value %u)",
-						rank, e->dev, e->event_id, e->value);
-					flag_written(x, mb->client, e);
-				} else if (stopping) {
-					rw_warn("local rank %u: daemon stopping with GPU %d stalled: the "
-						"completion flag of a failed submission (event %u, value "
-						"%u) is never written", rank, e->dev, e->event_id,
-						e->value);
-					e->event_id = 0;
-				} else {
-					devs |= 1ull << e->dev;
-				}
+		for (uint32_t l = 0; l < x->gpus; l++)
+			for (unsigned i = 0; g->member[l] && i < EXEC_FLAG_EVENTS; i++) {
+				exec_flag_t *e = &g->member[l]->flag[i];
+				if (e->event_id && e->owed)
+					devs |= flag_sweep_one(x, g->member[l], e, stalled, stopping);
 			}
-		}
 	x->flag_devs = devs;
 }
 
