@@ -17,6 +17,7 @@
 
 #include <cuda.h>
 
+#include "common/common.h"
 #include "cuda/rw_cuda.h"
 #include "tests/cuda/fake_cuda_base.h"
 #include "tests/integration/fake_cuda_rank.h"
@@ -242,12 +243,17 @@ static const char *host_read(const struct launch *L)
 	const read_t reduce[] = { R(reduce, status), R(reduce, list), R(reduce, list_n),
 				  R(reduce, plan_rail) };
 #undef R
-	const read_t *r = L->k == K_FORWARD ? forward : L->k == K_GATHER ? gather :
-			  L->k == K_REDUCE ? reduce : pack;
-	const size_t n = L->k == K_FORWARD ? 3 : L->k == K_GATHER ? 8 : L->k == K_REDUCE ? 4 : 3;
 	const char *v = getenv("RW_FAKE_RANK_HOST_READS");
 	if ((v && strcmp(v, "1") == 0) || L->k == K_CTL)
 		return NULL;
+	const read_t *r = pack;
+	size_t n = RW_ARRAY_SIZE(pack);
+	if (L->k == K_FORWARD)
+		r = forward, n = RW_ARRAY_SIZE(forward);
+	else if (L->k == K_GATHER)
+		r = gather, n = RW_ARRAY_SIZE(gather);
+	else if (L->k == K_REDUCE)
+		r = reduce, n = RW_ARRAY_SIZE(reduce);
 	for (size_t i = 0; i < n; i++)
 		if (r[i].at && !rw_fake_cuda_is_device_mem((uintptr_t)r[i].at, 4))
 			return r[i].what;
