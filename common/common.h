@@ -127,6 +127,25 @@ static inline uint64_t rw_get_le(const uint8_t *p, unsigned bytes)
 /* Monotonic clock in nanoseconds. */
 uint64_t rw_now_ns(void);
 
+/* qsort's comparison of doubles, ascending (the benchmarks' medians). */
+static inline int rw_cmp_double(const void *a, const void *b)
+{
+	const double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+/* xorshift64*: the next of a reproducible sequence from *state (never 0), for tests' and
+ * benchmarks' data drawn from a printed seed. */
+static inline uint64_t rw_xorshift64s(uint64_t *state)
+{
+	uint64_t x = *state;
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	*state = x;
+	return x * 2685821657736338717ull;
+}
+
 #define RW_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define RW_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define RW_MAX(a, b) ((a) > (b) ? (a) : (b))

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/common.h"
 #include "sched/sched.h"
 #include "tools/synth.h"
 #include "tools/tools.h"
@@ -21,12 +22,6 @@
 /* ---- timing: median over batches, each batch long enough for the clock ---- */
 
 typedef void (*bench_fn_t)(void *arg);
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
 
 /* Median nanoseconds per call of fn(arg). */
 static double time_median_ns(bench_fn_t fn, void *arg, double min_seconds, unsigned min_reps)
@@ -46,7 +41,7 @@ static double time_median_ns(bench_fn_t fn, void *arg, double min_seconds, unsig
 			fn(arg);
 		per_call[reps++] = (double)(rw_now_ns() - a) / (double)batch;
 	}
-	qsort(per_call, reps, sizeof(double), cmp_double);
+	qsort(per_call, reps, sizeof(double), rw_cmp_double);
 	return reps % 2 ? per_call[reps / 2] : 0.5 * (per_call[reps / 2 - 1] + per_call[reps / 2]);
 }
 

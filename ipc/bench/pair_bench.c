@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/common.h"
 #include "ipc/railwave.h"
 
 static double now_us(void)
@@ -26,12 +27,6 @@ static double cpu_us(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
 	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
 }
 
 /* Reap the completion of one submission: spin, then sleep (as railwave.Group._reap). */
@@ -159,7 +154,7 @@ int main(int argc, char **argv)
 	double sum = 0;
 	for (long i = 0; i < iters; i++)
 		sum += pair_us[i];
-	qsort(pair_us, (size_t)iters, sizeof(double), cmp_double);
+	qsort(pair_us, (size_t)iters, sizeof(double), rw_cmp_double);
 	printf("pairs %ld p50_us %.2f mean_us %.2f cpu_us %.2f\n", iters, pair_us[iters / 2],
 	       sum / iters, cpu);
 	free(pair_us);

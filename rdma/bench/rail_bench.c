@@ -821,12 +821,6 @@ static int pace_main(const uint64_t *rates, int nrates, const uint64_t *rails_li
 
 /* ---- main -------------------------------------------------------------------------------- */
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return x < y ? -1 : x > y;
-}
-
 static double best(const double *v, int n)
 {
 	double m = v[0];
@@ -837,7 +831,7 @@ static double best(const double *v, int n)
 
 static double median(double *v, int n)
 {
-	qsort(v, (size_t)n, sizeof(*v), cmp_double);
+	qsort(v, (size_t)n, sizeof(*v), rw_cmp_double);
 	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 

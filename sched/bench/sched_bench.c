@@ -10,17 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/common.h"
 #include "sched/sched.h"
 
 /* ---- timing: median of batches, each long enough for the clock ---- */
 
 typedef void (*bench_fn_t)(void *arg);
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
 
 static double min_time = 0.2;
 static int use_min; /* --stat min: the fastest batch, the lower envelope on a busy machine */
@@ -42,7 +37,7 @@ static double time_ns(bench_fn_t fn, void *arg)
 			fn(arg);
 		per_call[reps++] = (double)(rw_now_ns() - a) / (double)batch;
 	}
-	qsort(per_call, reps, sizeof(double), cmp_double);
+	qsort(per_call, reps, sizeof(double), rw_cmp_double);
 	return use_min ? per_call[0] : per_call[reps / 2];
 }
 

@@ -22,12 +22,6 @@
 
 typedef rw_status_t (*op_fn)(void *ctx);
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
-
 /* Median seconds per launch of op. */
 static double time_op(rw_cuda_stream_t *s, op_fn op, void *ctx)
 {
@@ -46,7 +40,7 @@ static double time_op(rw_cuda_stream_t *s, op_fn op, void *ctx)
 			return -1;
 		t[b] = (double)(rw_now_ns() - t0) / 1e9 / PER_BATCH;
 	}
-	qsort(t, BATCHES, sizeof(double), cmp_double);
+	qsort(t, BATCHES, sizeof(double), rw_cmp_double);
 	return t[BATCHES / 2];
 }
 
@@ -84,13 +78,7 @@ static rw_status_t do_combine(void *p)
 }
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-static uint64_t rng(void)
-{
-	rng_state ^= rng_state >> 12;
-	rng_state ^= rng_state << 25;
-	rng_state ^= rng_state >> 27;
-	return rng_state * 2685821657736338717ull;
-}
+static uint64_t rng(void) { return rw_xorshift64s(&rng_state); }
 
 /* Fill device memory with random bytes (never time on zeros). */
 static int fill_random(rw_cuda_dptr_t d, size_t bytes)

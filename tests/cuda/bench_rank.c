@@ -65,13 +65,7 @@ typedef struct shape {
 static const shape_t shapes[] = { { "deepseek", 7168, 256 }, { "glm", 4096, 128 } };
 
 static uint64_t rng_state;
-static uint64_t rng(void)
-{
-	rng_state ^= rng_state >> 12;
-	rng_state ^= rng_state << 25;
-	rng_state ^= rng_state >> 27;
-	return rng_state * 2685821657736338717ull;
-}
+static uint64_t rng(void) { return rw_xorshift64s(&rng_state); }
 
 /* Random finite bf16 values (exponent below the top), never zeros alone. */
 static void fill_bf16(void *p, size_t bytes)
@@ -116,12 +110,6 @@ static void events_load(void)
 
 typedef rw_status_t (*op_fn)(void *ctx);
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
-
 static int reps = 20;
 static int variant;   /* --variant: copy16 at the 128-byte-rounded stride too */
 static int dev_page = 1; /* --page dev (default) | host */
@@ -164,7 +152,7 @@ static double time_op(rw_cuda_stream_t *st, CUstream h, op_fn op, void *ctx)
 			t[i] = (double)(rw_now_ns() - t0) / 1e3;
 		}
 	}
-	qsort(t, (size_t)reps, sizeof(double), cmp_double);
+	qsort(t, (size_t)reps, sizeof(double), rw_cmp_double);
 	return t[reps / 2];
 }
 

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #ifdef RW_MINI_CMOCKA
+#include "common/common.h"
 #include "tests/cuda/mini_cmocka.h"
 #else
 #include <cmocka.h>
@@ -52,13 +53,7 @@ static const char *self_path;
 
 /* xorshift64*: fresh data per run is drawn from the seed printed in main() */
 static uint64_t rng_state = 88172645463325252ull;
-static uint64_t rng(void)
-{
-	rng_state ^= rng_state >> 12;
-	rng_state ^= rng_state << 25;
-	rng_state ^= rng_state >> 27;
-	return rng_state * 2685821657736338717ull;
-}
+static uint64_t rng(void) { return rw_xorshift64s(&rng_state); }
 static float rng_unit(void) { return (float)((rng() >> 40) / 16777216.0) * 2.0f - 1.0f; }
 
 
